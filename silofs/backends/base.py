@@ -1,0 +1,105 @@
+"""The Backend protocol every object store implements, and what they share.
+
+Owns the contract between the node daemon and a store: list a dataset prefix, read a
+byte range of one object as of the version the manifest saw, and say which errors are
+worth retrying. Backend methods block (SDK calls); callers run them in threads behind a
+CapacityLimiter. A backend never caches, never rate-limits and never touches LMDB.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Protocol, TypeVar
+
+from ..errors import BackendError
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class ObjectInfo:
+    """One object under the dataset prefix, as the listing saw it."""
+
+    key: str  # path relative to the dataset prefix, '/'-separated, no leading '/'
+    size: int
+    mtime: float  # seconds since the epoch
+    version: str  # token for conditional reads: S3/Azure etag, GCS generation, local mtime_ns
+    content_id: str  # store-reported content identity (etag, md5, crc32c+generation, ...)
+
+
+@dataclass(frozen=True)
+class BackendOptions:
+    """Settings common to all stores; store-specific ones go in `extra`."""
+
+    endpoint_url: str | None = None
+    connect_timeout: float = 10.0
+    read_timeout: float = 30.0
+    max_attempts: int = 5  # total tries for a retryable error, with backoff
+    backoff_base: float = 0.2  # seconds; doubled each retry, with full jitter
+    backoff_max: float = 10.0
+    page_size: int = 1000
+    extra: dict[str, str] = field(default_factory=dict)
+
+
+class Backend(Protocol):
+    """A read-only view of one dataset prefix in one store."""
+
+    uri: str  # canonical dataset URI, e.g. s3://bucket/prefix/
+
+    def check(self) -> None:
+        """Raise NotFoundError / AccessDeniedError / UnreachableError if unusable."""
+
+    def list(self) -> Iterator[ObjectInfo]:
+        """Every object under the prefix, paginated, in any order.
+
+        Keys ending in '/' (directory markers) and empty-named keys are skipped.
+        """
+
+    def get_range(self, info: ObjectInfo, start: int, length: int) -> bytes:
+        """Bytes [start, start+length) of the object as of `info.version`.
+
+        Raises ObjectChangedError if the object no longer has that version; returns
+        fewer bytes only at the end of the object.
+        """
+
+    def close(self) -> None:
+        """Release clients and connection pools."""
+
+
+def retry_call(fn: Callable[[], T], opts: BackendOptions, what: str) -> T:
+    """Call `fn`, retrying retryable BackendErrors with capped exponential backoff."""
+    attempt = 1
+    while True:
+        try:
+            return fn()
+        except BackendError as exc:
+            if not exc.retryable or attempt >= opts.max_attempts:
+                raise
+            delay = random.uniform(0, min(opts.backoff_max, opts.backoff_base * 2**attempt))
+            log.warning("%s: %s; retry %d/%d in %.2fs", what, exc, attempt,
+                        opts.max_attempts - 1, delay)
+            time.sleep(delay)
+            attempt += 1
+
+
+def join_prefix(prefix: str, key: str) -> str:
+    """Store key for a dataset-relative key (prefix is '' or ends with '/')."""
+    return prefix + key
+
+
+def relative_key(prefix: str, store_key: str) -> str | None:
+    """Dataset-relative key, or None for keys that are not files (markers, empty)."""
+    if not store_key.startswith(prefix):
+        return None
+    rel = store_key[len(prefix):]
+    if not rel or rel.endswith("/") or rel.startswith("/") or "//" in rel:
+        return None
+    if any(part in (".", "..") for part in rel.split("/")):
+        return None
+    return rel

@@ -1,0 +1,84 @@
+"""A local directory as a bucket: the embedded default that needs no cloud account.
+
+Owns walking a directory tree into ObjectInfo and reading byte ranges with pread.
+The version token is mtime_ns+size, so a file rewritten after listing is detected.
+Never follows a symlink out of the directory and never writes.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from collections.abc import Iterator
+
+from ..errors import AccessDeniedError, NotFoundError, ObjectChangedError, UnreachableError
+from . import DatasetURI
+from .base import BackendOptions, ObjectInfo
+
+
+def _version(st: os.stat_result) -> str:
+    return f"{st.st_mtime_ns}-{st.st_size}"
+
+
+class LocalBackend:
+    def __init__(self, uri: DatasetURI, opts: BackendOptions) -> None:
+        self.root = uri.bucket
+        self.uri = uri.canonical
+        self.opts = opts
+
+    def check(self) -> None:
+        try:
+            st = os.stat(self.root)
+        except FileNotFoundError:
+            raise NotFoundError(f"directory {self.root} does not exist") from None
+        except PermissionError:
+            raise AccessDeniedError(f"no permission to read {self.root}") from None
+        if not os.path.isdir(self.root):
+            raise NotFoundError(f"{self.root} is not a directory")
+        if not os.access(self.root, os.R_OK | os.X_OK):
+            raise AccessDeniedError(f"no permission to list {self.root}")
+        del st
+
+    def list(self) -> Iterator[ObjectInfo]:
+        stack = [""]
+        while stack:
+            rel_dir = stack.pop()
+            try:
+                entries = list(os.scandir(os.path.join(self.root, rel_dir)))
+            except PermissionError:
+                raise AccessDeniedError(f"no permission to list {self.root}/{rel_dir}") from None
+            except FileNotFoundError:
+                continue  # removed while listing
+            for entry in entries:
+                rel = f"{rel_dir}{entry.name}"
+                if entry.is_dir(follow_symlinks=False):
+                    stack.append(rel + "/")
+                elif entry.is_file(follow_symlinks=False):
+                    st = entry.stat(follow_symlinks=False)
+                    v = _version(st)
+                    yield ObjectInfo(rel, st.st_size, st.st_mtime, v, f"local:{st.st_ino}-{v}")
+
+    def get_range(self, info: ObjectInfo, start: int, length: int) -> bytes:
+        path = os.path.join(self.root, info.key)
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        except FileNotFoundError:
+            raise ObjectChangedError(f"{self.uri}{info.key} was deleted since listing") from None
+        except PermissionError:
+            raise AccessDeniedError(f"no permission to read {path}") from None
+        except OSError as exc:
+            raise UnreachableError(f"cannot open {path}: {exc.strerror}") from None
+        try:
+            if _version(os.fstat(fd)) != info.version:
+                raise ObjectChangedError(f"{self.uri}{info.key} changed since listing")
+            try:
+                return os.pread(fd, length, start)
+            except OSError as exc:
+                if exc.errno == errno.EIO:
+                    raise UnreachableError(f"I/O error reading {path}") from None
+                raise
+        finally:
+            os.close(fd)
+
+    def close(self) -> None:
+        pass

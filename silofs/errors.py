@@ -1,0 +1,54 @@
+"""Typed errors shared by the node side.
+
+Owns the error vocabulary that crosses module boundaries. Every error here carries a
+one-line message fit for a user; callers at the boundary (CLI, fs.py, control API) turn
+them into an exit status, an errno or a JSON error body. Never holds a traceback for
+the user and never decides how an error is shown.
+"""
+
+from __future__ import annotations
+
+
+class SilofsError(Exception):
+    """An error with a one-line message meant for a person."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class UsageError(SilofsError):
+    """Bad input from a user: a malformed URI, size, flag or config value."""
+
+
+class BackendError(SilofsError):
+    """A store could not do what was asked. Subclasses say whether to retry."""
+
+    retryable: bool = False
+
+
+class NotFoundError(BackendError):
+    """The bucket, container, prefix or object does not exist."""
+
+
+class AccessDeniedError(BackendError):
+    """Credentials are missing, wrong, expired, or lack permission."""
+
+
+class UnreachableError(BackendError):
+    """The endpoint could not be reached (DNS, refused connection, TLS)."""
+
+    retryable = True
+
+
+class TransientError(BackendError):
+    """Throttling, 5xx, timeouts: worth retrying with backoff."""
+
+    retryable = True
+
+
+class ObjectChangedError(BackendError):
+    """The object's content identity differs from the manifest: never mix bytes."""
