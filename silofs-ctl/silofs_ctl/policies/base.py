@@ -1,0 +1,157 @@
+"""The one interface every policy implements, and the small tools they share.
+
+Owns: the Policy and CachePolicy protocols, gang placement of jobs on nodes, max-min fair
+division of a capacity (water-filling), handing out left-over remote IO, and the uniform
+per-pool fill of cache units in a priority order. Never: reads scenarios, simulates time,
+or talks to daemons.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Protocol
+
+from ..estimator import Estimator
+from ..model import Allocation, Cluster, Job
+
+log = logging.getLogger(__name__)
+
+
+class Policy(Protocol):
+    """(jobs, cluster, estimator) -> allocation of GPUs, cache per unit, IO per job.
+
+    With a ComputeEstimator a policy runs in its vanilla form: it decides GPUs only and
+    leaves cache and remote IO alone. With a SiloDEstimator it decides all three.
+    """
+
+    name: str
+
+    def allocate(
+        self, jobs: Sequence[Job], cluster: Cluster, estimator: Estimator
+    ) -> Allocation: ...
+
+
+class CachePolicy(Protocol):
+    """A cache system that is not co-designed with the scheduler (the baselines).
+
+    It sees which jobs the scheduler runs and fills in `alloc.cache` (or sets lru).
+    """
+
+    name: str
+
+    def fill_cache(self, jobs: Sequence[Job], cluster: Cluster, alloc: Allocation) -> None: ...
+
+
+def water_fill(capacity: float, demands: Mapping[str, float]) -> dict[str, float]:
+    """Max-min fair division of `capacity` among `demands` (each gets at most its demand)."""
+    out = {name: 0.0 for name in demands}
+    left = capacity
+    pending = sorted(demands.items(), key=lambda kv: kv[1])
+    while pending:
+        fair = left / len(pending) if not math.isinf(left) else math.inf
+        name, demand = pending[0]
+        if demand > fair:
+            for other, _ in pending:
+                out[other] = fair
+            return out
+        out[name] = demand
+        left -= demand
+        pending.pop(0)
+    return out
+
+
+def spread_leftover_io(
+    alloc: Allocation, jobs: Sequence[Job], cluster: Cluster, ceiling: Mapping[str, float]
+) -> None:
+    """Give remote IO no job was allocated to the allocated jobs, max-min fairly, each up
+    to `ceiling` (its GPU-bound rate: the most it could ever fetch).
+
+    Steady state does not need it (allocations already cover the demand at the planned
+    hit ratio), but a cache that is still filling, or whose new items are not effective
+    until the next epoch, hits less than planned; spare link capacity then shortens that.
+    """
+    if math.isinf(cluster.remote_io):
+        for job in jobs:
+            if job.name in alloc.io:
+                alloc.io[job.name] = math.inf
+        return
+    used = sum(alloc.io.values())
+    room = {
+        j.name: max(0.0, ceiling[j.name] - alloc.io[j.name]) for j in jobs if j.name in alloc.io
+    }
+    extra = water_fill(max(0.0, cluster.remote_io - used), room)
+    for name, add in extra.items():
+        alloc.io[name] += add
+
+
+def fill_units(
+    order: Iterable[str], cluster: Cluster, already: Mapping[str, float] | None = None
+) -> dict[str, float]:
+    """Fill cache units in `order`, each up to its dataset size, from its own pool."""
+    cache = dict(already or {})
+    left = dict(cluster.pools)
+    for key, held in cache.items():
+        left[cluster.units[key].pool] -= held
+    for key in order:
+        unit = cluster.units[key]
+        take = min(unit.size - cache.get(key, 0.0), left[unit.pool])
+        if take > 0:
+            cache[key] = cache.get(key, 0.0) + take
+            left[unit.pool] -= take
+    return cache
+
+
+def place(jobs: Sequence[Job], cluster: Cluster, *, strict: bool) -> dict[str, dict[str, int]]:
+    """Gang placement in the given order: a job gets all its GPUs or none.
+
+    A running job keeps the nodes it has (moving it would throw away node-local state).
+    Others go best-fit on one node, else spread over the emptiest nodes. With strict
+    (FIFO), the first job that does not fit blocks every later one; otherwise later,
+    smaller jobs may fill the gap (backfilling).
+    """
+    free = dict(cluster.node_gpus)
+    out: dict[str, dict[str, int]] = {}
+    for job in jobs:
+        spot = _keep(job, free) or _fit(job.gpus, free)
+        if spot is None:
+            if strict:
+                break
+            continue
+        for node, n in spot.items():
+            free[node] -= n
+        out[job.name] = spot
+    return out
+
+
+def _keep(job: Job, free: Mapping[str, int]) -> dict[str, int] | None:
+    if not job.placement:
+        return None
+    if all(free.get(node, 0) >= n for node, n in job.placement.items()):
+        return dict(job.placement)
+    return None
+
+
+def _fit(gpus: int, free: Mapping[str, int]) -> dict[str, int] | None:
+    single = [node for node, n in free.items() if n >= gpus]
+    if single:
+        best = min(single, key=lambda node: free[node])
+        return {best: gpus}
+    if sum(free.values()) < gpus:
+        return None
+    spot: dict[str, int] = {}
+    need = gpus
+    for node in sorted(free, key=lambda node: -free[node]):
+        take = min(need, free[node])
+        if take > 0:
+            spot[node] = take
+            need -= take
+        if need == 0:
+            break
+    return spot
+
+
+def by_priority(jobs: Sequence[Job], key: Callable[[Job], float]) -> list[Job]:
+    """Jobs sorted by `key`, ties broken by submit time then name (deterministic)."""
+    return sorted(jobs, key=lambda j: (key(j), j.submit, j.name))

@@ -1,0 +1,46 @@
+"""CoorDL baseline: each job caches its own copy of its data in its own nodes' disks.
+
+Owns: the static per-job cache of CoorDL (papers/silod.md §2.1, §8): uniform caching,
+but a job's cache is fixed by where it runs, the share of a node's disk that goes with
+the GPUs it holds there, and is never shared with another job, even on the same dataset.
+Never: moves cache between jobs according to benefit; that is what it lacks.
+
+The simulator gives every job a private cache unit ("job:NAME") when this baseline runs.
+A job time-shared by Gavel has no placement; it gets its GPU fraction of all disks.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+from ..model import Allocation, Cluster, Job
+
+log = logging.getLogger(__name__)
+
+
+def static_share(job: Job, cluster: Cluster, placement: dict[str, int] | None) -> float:
+    """Bytes of disk that come with the job's GPUs."""
+    if placement:
+        return sum(
+            cluster.node_cache[node] * n / cluster.node_gpus[node]
+            for node, n in placement.items()
+            if cluster.node_gpus[node] > 0
+        )
+    total = cluster.total_gpus
+    return cluster.total_cache * job.gpus / total if total > 0 else 0.0
+
+
+class CoordlCache:
+    name = "coordl"
+
+    def fill_cache(self, jobs: Sequence[Job], cluster: Cluster, alloc: Allocation) -> None:
+        cache: dict[str, float] = {}
+        for job in jobs:
+            if alloc.gpu_share.get(job.name, 0.0) <= 0:
+                continue
+            share = static_share(job, cluster, alloc.placement.get(job.name))
+            for key, weight in job.reads.items():
+                unit = cluster.units[key]
+                cache[key] = min(unit.size, cache.get(key, 0.0) + share * weight)
+        alloc.cache = cache

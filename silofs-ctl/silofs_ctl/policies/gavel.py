@@ -1,0 +1,202 @@
+"""Gavel's max-min fairness (Eq. 8) and its SiloD form (Eq. 9), solved exactly.
+
+Owns: the max-min fair division of GPUs, cache and remote IO among jobs, normalised by
+each job's throughput under the equal division. Never: places jobs on nodes (Gavel
+time-shares GPUs, so a share is a fraction of time on the requested GPUs).
+
+The exact solution (docs/CONTROLLER.md has the derivation). Give every job the rate
+t_j = lam * e_j, where e_j = perf(j, R^equal). A job needs GPU share t_j / f*_j and remote
+IO t_j * miss_j. For a fixed lam the IO the cluster needs is
+
+    need(lam) = min over cache c of  sum_u A_u(lam) * (1 - c_u / d_u),
+    A_u(lam) = sum over jobs j reading unit u of (weight_ju * t_j),
+
+a fractional knapsack per pool: cache units by A_u / d_u, highest first. With no job
+frozen A_u = lam * E_u, so the order is lam-independent and need(lam) = lam * H with
+H = sum_u E_u (1 - c*_u / d_u): the Eq. 9 optimum is the closed form
+
+    lam* = min( B / H,  G / sum_j (e_j g_j / f*_j),  min_j f*_j / e_j ).
+
+Eq. 9 only lifts the worst job. So that spare resources are not left idle, filling goes
+on the usual progressive way (Gavel's water filling): jobs held by their own ceiling
+(f*_j) or by IO they cannot get are frozen, and the rest rise together. Once some jobs
+are frozen need(lam) is concave and piecewise linear; Newton's method from a feasible
+lam reaches its root exactly, one linear piece per step.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from ..estimator import Estimator, equal_share_perf, hit_ratio
+from ..model import Allocation, Cluster, Job
+from .base import fill_units, spread_leftover_io
+
+log = logging.getLogger(__name__)
+
+_TOL = 1e-9  # relative: two levels this close are the same binding constraint
+
+
+@dataclass
+class MaxMin:
+    """Rates (bytes/s) per job and the cache per unit that feeds them with least IO."""
+
+    level: float
+    rates: dict[str, float]
+    cache: dict[str, float]
+
+
+class _Loads:
+    """A_u(lam) = fixed_u + lam * slope_u for every cache unit."""
+
+    def __init__(
+        self, jobs: Sequence[Job], fixed: Mapping[str, float], e: Mapping[str, float]
+    ) -> None:
+        self.fixed: dict[str, float] = {}
+        self.slope: dict[str, float] = {}
+        for job in jobs:
+            for key, weight in job.reads.items():
+                if job.name in fixed:
+                    self.fixed[key] = self.fixed.get(key, 0.0) + weight * fixed[job.name]
+                else:
+                    self.slope[key] = self.slope.get(key, 0.0) + weight * e[job.name]
+        for key in self.fixed.keys() | self.slope.keys():
+            self.fixed.setdefault(key, 0.0)
+            self.slope.setdefault(key, 0.0)
+
+    def best_cache(self, lam: float, cluster: Cluster) -> dict[str, float]:
+        """The knapsack at lam. Ties go to the larger slope, so the returned cache is
+        also optimal just right of lam (the piece Newton's method must follow)."""
+
+        def rank(key: str) -> tuple[float, float, str]:
+            size = cluster.units[key].size
+            load = self.fixed[key] + lam * self.slope[key]
+            return (-load / size, -self.slope[key] / size, key)
+
+        return fill_units(sorted(self.fixed, key=rank), cluster)
+
+    def io_line(self, cache: Mapping[str, float], cluster: Cluster) -> tuple[float, float]:
+        """(a, b) with IO needed = a + b * lam for this cache."""
+        a = b = 0.0
+        for key in self.fixed:
+            size = cluster.units[key].size
+            miss = max(0.0, 1.0 - cache.get(key, 0.0) / size) if size > 0 else 0.0
+            a += self.fixed[key] * miss
+            b += self.slope[key] * miss
+        return a, b
+
+
+def _io_limit(loads: _Loads, cluster: Cluster, start: float) -> float:
+    """Largest lam >= start with need(lam) <= B, by Newton's method on the concave
+    piecewise-linear need(lam); each step's line lies above need, so every iterate is
+    feasible, and a repeated line means the root is reached."""
+    budget = cluster.remote_io
+    if math.isinf(budget):
+        return math.inf
+    lam = start
+    for _ in range(4 * len(loads.fixed) + 16):
+        a, b = loads.io_line(loads.best_cache(lam, cluster), cluster)
+        if b <= 0.0:
+            return math.inf if a <= budget * (1 + _TOL) else lam
+        nxt = max(lam, (budget - a) / b)
+        if nxt <= lam * (1 + 1e-15) + 1e-300:
+            return nxt
+        lam = nxt
+    log.warning("max-min IO limit did not converge; using lam=%g", lam)
+    return lam
+
+
+def _gpu_limit(
+    free: Sequence[Job],
+    fixed: Mapping[str, float],
+    e: Mapping[str, float],
+    jobs: Sequence[Job],
+    total_gpus: float,
+) -> float:
+    used = sum(j.gpus * fixed[j.name] / j.f_star for j in jobs if j.name in fixed)
+    per_lam = sum(j.gpus * e[j.name] / j.f_star for j in free)
+    return max(0.0, total_gpus - used) / per_lam if per_lam > 0 else math.inf
+
+
+def maxmin_level(
+    jobs: Sequence[Job], cluster: Cluster, e: Mapping[str, float], io_aware: bool = True
+) -> tuple[float, dict[str, float]]:
+    """The Eq. 9 optimum in closed form: (lam*, cache*). Every job gets lam* * e_j."""
+    loads = _Loads(jobs, {}, e)
+    cache = loads.best_cache(1.0, cluster) if io_aware else {}
+    _, h = loads.io_line(cache, cluster)
+    io = cluster.remote_io / h if io_aware and h > 0 else math.inf
+    gpu = _gpu_limit(jobs, {}, e, jobs, cluster.total_gpus)
+    cap = min((j.f_star / e[j.name] for j in jobs), default=math.inf)
+    return min(io, gpu, cap), cache
+
+
+def maxmin(
+    jobs: Sequence[Job], cluster: Cluster, e: Mapping[str, float], io_aware: bool = True
+) -> MaxMin:
+    """Progressive filling whose first round is exactly the Eq. 9 optimum."""
+    live = [j for j in jobs if e.get(j.name, 0.0) > 0 and j.f_star > 0]
+    fixed: dict[str, float] = {j.name: 0.0 for j in jobs if j not in live}
+    free = list(live)
+    lam = 0.0
+    first = None
+    while free:
+        loads = _Loads(jobs, fixed, e)
+        lam_io = _io_limit(loads, cluster, lam) if io_aware else math.inf
+        lam_gpu = _gpu_limit(free, fixed, e, jobs, cluster.total_gpus)
+        caps = {j.name: j.f_star / e[j.name] for j in free}
+        lam = max(lam, min(lam_io, lam_gpu, min(caps.values())))
+        first = lam if first is None else first
+        frozen = _binding(free, caps, lam, lam_io, lam_gpu, loads, cluster)
+        for job in frozen:
+            fixed[job.name] = min(job.f_star, lam * e[job.name])
+        free = [j for j in free if j not in frozen]
+    cache = _Loads(jobs, fixed, e).best_cache(0.0, cluster) if io_aware else {}
+    return MaxMin(first or 0.0, fixed, cache)
+
+
+def _binding(
+    free: Sequence[Job],
+    caps: Mapping[str, float],
+    lam: float,
+    lam_io: float,
+    lam_gpu: float,
+    loads: _Loads,
+    cluster: Cluster,
+) -> list[Job]:
+    """The jobs that cannot rise above lam: all of them if GPUs ran out; those at their
+    own ceiling; and, if IO ran out, those that still miss the cache."""
+    near = lam * (1 + _TOL)
+    if lam_gpu <= near:
+        return list(free)
+    frozen = [j for j in free if caps[j.name] <= near]
+    if lam_io <= near:
+        cache = loads.best_cache(lam, cluster)
+        frozen += [j for j in free if j not in frozen and hit_ratio(j, cache, cluster) < 1 - _TOL]
+    return frozen or list(free)
+
+
+class GavelPolicy:
+    """Max-min fairness over perf(j, R) / perf(j, R^equal) (Eq. 8, or Eq. 9 with SiloD)."""
+
+    name = "gavel"
+
+    def allocate(self, jobs: Sequence[Job], cluster: Cluster, estimator: Estimator) -> Allocation:
+        e = equal_share_perf(jobs, cluster, estimator)
+        result = maxmin(jobs, cluster, e, io_aware=estimator.io_aware)
+        alloc = Allocation()
+        for job in jobs:
+            rate = result.rates.get(job.name, 0.0)
+            alloc.gpu_share[job.name] = min(1.0, rate / job.f_star) if job.f_star > 0 else 0.0
+        if not estimator.io_aware:
+            return alloc
+        alloc.cache = result.cache
+        for job in jobs:
+            rate = result.rates.get(job.name, 0.0)
+            alloc.io[job.name] = rate * (1.0 - hit_ratio(job, result.cache, cluster))
+        ceiling = {j.name: result.rates.get(j.name, 0.0) for j in jobs}
+        spread_leftover_io(alloc, jobs, cluster, ceiling)
+        return alloc
