@@ -1,0 +1,267 @@
+"""Amazon S3 (and S3-compatible stores) through boto3.
+
+Owns: listing a bucket prefix with ListObjectsV2, ranged GETs pinned to the listed ETag
+(If-Match), and turning botocore's exceptions into typed BackendErrors whose messages name
+the bucket or endpoint and say what to do. Credentials and region come from boto3's normal
+chain (env, profile, ~/.aws, SSO, container/instance role); the endpoint from
+opts.endpoint_url or AWS_ENDPOINT_URL.
+
+Never retries inside botocore (retry policy lives in base.retry_call, one place), never does
+I/O at construction (the client, and with it the credential chain that may query the
+instance metadata service, is built on first use), never writes to the bucket.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import boto3
+import botocore.exceptions as bx
+from botocore.config import Config
+
+from ..errors import (
+    AccessDeniedError,
+    BackendError,
+    NotFoundError,
+    ObjectChangedError,
+    TransientError,
+    UnreachableError,
+)
+from . import DatasetURI
+from .base import BackendOptions, ObjectInfo, join_prefix, relative_key, retry_call
+
+log = logging.getLogger(__name__)
+
+# Enough for the fetcher's threads to share one client without "pool is full" churn.
+DEFAULT_POOL = 32
+
+_DENIED = {
+    "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken",
+    "ExpiredTokenException", "TokenRefreshRequired", "InvalidToken", "AllAccessDisabled",
+    "AccountProblem", "RequestTimeTooSkewed", "InvalidSecurity", "401", "403",
+}  # fmt: skip
+_TRANSIENT = {
+    "SlowDown", "Throttling", "ThrottlingException", "ThrottledException",
+    "RequestThrottled", "RequestLimitExceeded", "TooManyRequests", "TooManyRequestsException",
+    "RequestTimeout", "RequestTimeoutException", "InternalError", "ServiceUnavailable",
+    "OperationAborted", "429",
+}  # fmt: skip
+# Connection broke during a request or a body read: worth another try.
+_BROKEN_OFF = (
+    bx.ReadTimeoutError, bx.ConnectionClosedError, bx.ResponseStreamingError,
+    bx.IncompleteReadError,
+)  # fmt: skip
+_CHANGED = {"PreconditionFailed", "412", "NoSuchKey", "404", "InvalidRange", "416"}
+_CREDS_HINT = (
+    "boto3 takes credentials from AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, AWS_PROFILE, "
+    "~/.aws/credentials or ~/.aws/config, or an instance/container role"
+)
+
+
+def _code(exc: bx.ClientError) -> tuple[str, int]:
+    err = exc.response.get("Error", {})
+    status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
+    return str(err.get("Code", status)), int(status or 0)
+
+
+def _etag(raw: str) -> str:
+    return raw.strip('"')
+
+
+class S3Backend:
+    """A read-only view of s3://bucket/prefix/; safe to share between threads."""
+
+    def __init__(self, uri: DatasetURI, opts: BackendOptions) -> None:
+        self.bucket = uri.bucket
+        self.prefix = uri.prefix
+        self.uri = uri.canonical
+        self.opts = opts
+        self.endpoint_url = opts.endpoint_url or os.environ.get("AWS_ENDPOINT_URL") or None
+        self._client: Any = None
+        self._cred_source = "none found"
+        self._lock = threading.Lock()
+
+    # -- client ---------------------------------------------------------------------
+
+    def _endpoint_name(self) -> str:
+        return self.endpoint_url or "the AWS S3 endpoint"
+
+    def _config(self) -> Config:
+        extra = self.opts.extra
+        style = extra.get("addressing_style")  # path | virtual | auto (botocore's choice)
+        s3_cfg = {"addressing_style": style} if style else {}
+        return Config(
+            connect_timeout=self.opts.connect_timeout,
+            read_timeout=self.opts.read_timeout,
+            # One try per call: base.retry_call owns retries and backoff.
+            retries={"total_max_attempts": 1, "mode": "standard"},
+            max_pool_connections=int(extra.get("max_pool_connections", DEFAULT_POOL)),
+            s3=s3_cfg,
+        )
+
+    def client(self) -> Any:
+        """The shared boto3 client, built on first use (the credential chain may do I/O)."""
+        with self._lock:
+            if self._client is None:
+                session = boto3.session.Session(
+                    profile_name=self.opts.extra.get("profile"),
+                    region_name=self.opts.extra.get("region"),
+                )
+                self._client = session.client(
+                    "s3", endpoint_url=self.endpoint_url, config=self._config()
+                )
+                creds = session.get_credentials()
+                self._cred_source = getattr(creds, "method", None) or "none found"
+            return self._client
+
+    def _call(self, what: str, fn: Any, **kwargs: Any) -> Any:
+        """One S3 request with botocore errors translated; `what` names the target."""
+        try:
+            return fn(**kwargs)
+        except (bx.ClientError, bx.BotoCoreError) as exc:
+            raise self._classify(exc, what) from exc
+
+    # -- Backend protocol -------------------------------------------------------------
+
+    def check(self) -> None:
+        retry_call(self._check_once, self.opts, f"check {self.uri}")
+
+    def _check_once(self) -> None:
+        client = self._client_or_raise()
+        self._call(f"bucket {self.bucket}", client.head_bucket, Bucket=self.bucket)
+        page = self._list_page(None, max_keys=1)
+        if not page.get("Contents"):
+            raise NotFoundError(
+                f"no objects under {self.uri}: check the prefix (bucket {self.bucket} exists)"
+            )
+
+    def list(self) -> Iterator[ObjectInfo]:
+        token: str | None = None
+        while True:
+            fetch = functools.partial(self._list_page, token)
+            page = retry_call(fetch, self.opts, f"list {self.uri}")
+            for obj in page.get("Contents", ()):
+                info = self._info(obj)
+                if info is not None:
+                    yield info
+            token = page.get("NextContinuationToken")
+            if not page.get("IsTruncated") or not token:
+                return
+
+    def get_range(self, info: ObjectInfo, start: int, length: int) -> bytes:
+        # Clamp to the listed size: past-the-end reads are short (or empty) without a
+        # request, and the server never sees an unsatisfiable Range.
+        end = min(start + length, info.size)
+        if length <= 0 or start >= end:
+            return b""
+        fetch = functools.partial(self._get_once, info, start, end)
+        return retry_call(fetch, self.opts, f"read {self.uri}{info.key}")
+
+    def close(self) -> None:
+        with self._lock:
+            if self._client is not None:
+                self._client.close()
+                self._client = None
+
+    # -- internals --------------------------------------------------------------------
+
+    def _client_or_raise(self) -> Any:
+        try:
+            return self.client()
+        except (bx.BotoCoreError, bx.ClientError) as exc:
+            raise self._classify(exc, f"bucket {self.bucket}") from exc
+
+    def _list_page(self, token: str | None, max_keys: int | None = None) -> dict[str, Any]:
+        kwargs: dict[str, Any] = {
+            "Bucket": self.bucket,
+            "Prefix": self.prefix,
+            "MaxKeys": max_keys or self.opts.page_size,
+        }
+        if token:
+            kwargs["ContinuationToken"] = token
+        client = self._client_or_raise()
+        return self._call(f"bucket {self.bucket}", client.list_objects_v2, **kwargs)
+
+    def _info(self, obj: dict[str, Any]) -> ObjectInfo | None:
+        key = relative_key(self.prefix, obj["Key"])
+        if key is None:
+            return None
+        etag = _etag(obj["ETag"])
+        size = int(obj["Size"])
+        return ObjectInfo(
+            key=key,
+            size=size,
+            mtime=obj["LastModified"].timestamp(),
+            version=etag,
+            content_id=f"s3:{etag}:{size}",
+        )
+
+    def _get_once(self, info: ObjectInfo, start: int, end: int) -> bytes:
+        store_key = join_prefix(self.prefix, info.key)
+        what = f"s3://{self.bucket}/{store_key}"
+        client = self._client_or_raise()
+        try:
+            resp = client.get_object(
+                Bucket=self.bucket,
+                Key=store_key,
+                Range=f"bytes={start}-{end - 1}",
+                IfMatch=f'"{info.version}"',
+            )
+            # Some S3-compatible stores ignore If-Match: check the ETag ourselves as well.
+            if _etag(resp.get("ETag", "")) not in ("", info.version):
+                resp["Body"].close()
+                raise ObjectChangedError(f"{what} changed since listing (new ETag)")
+            data = resp["Body"].read()
+        except bx.ClientError as exc:
+            code, status = _code(exc)
+            if code in _CHANGED or status in (404, 412, 416):
+                raise ObjectChangedError(
+                    f"{what} changed or was deleted since listing ({code})"
+                ) from exc
+            raise self._classify(exc, what) from exc
+        except bx.BotoCoreError as exc:
+            raise self._classify(exc, what) from exc
+        if len(data) != end - start:
+            raise TransientError(f"short read from {what}: got {len(data)} of {end - start} bytes")
+        return data
+
+    def _classify(self, exc: Exception, what: str) -> BackendError:
+        """Map a botocore exception to a typed error naming `what` and the remedy."""
+        ep = self._endpoint_name()
+        if isinstance(exc, bx.ClientError):
+            return self._classify_client_error(exc, what)
+        if isinstance(exc, (bx.NoCredentialsError, bx.PartialCredentialsError)):
+            return AccessDeniedError(f"no usable AWS credentials for {self.uri}; {_CREDS_HINT}")
+        if isinstance(exc, (bx.CredentialRetrievalError, bx.ProfileNotFound)):
+            return AccessDeniedError(f"cannot load AWS credentials for {self.uri}: {exc}")
+        if isinstance(exc, _BROKEN_OFF):
+            return TransientError(f"S3 request for {what} at {ep} broke off: {exc}")
+        if isinstance(exc, (bx.EndpointConnectionError, bx.ConnectionError, bx.SSLError)):
+            return UnreachableError(
+                f"cannot reach S3 endpoint {ep} for {self.uri}: {exc}; "
+                "check the endpoint URL, DNS and network"
+            )
+        return BackendError(f"S3 request for {what} failed: {exc}")
+
+    def _classify_client_error(self, exc: bx.ClientError, what: str) -> BackendError:
+        code, status = _code(exc)
+        if code in ("NoSuchBucket",) or (code == "404" and what.startswith("bucket ")):
+            return NotFoundError(
+                f"bucket {self.bucket} does not exist at {self._endpoint_name()}; "
+                "check the bucket name and endpoint"
+            )
+        if code in _DENIED or status in (401, 403):
+            return AccessDeniedError(
+                f"access to {what} denied ({code}); credentials source: {self._cred_source}; "
+                f"{_CREDS_HINT}, and need s3:ListBucket and s3:GetObject"
+            )
+        if code in _TRANSIENT or status == 429 or status >= 500:
+            return TransientError(f"S3 busy or failing for {what} ({code}, HTTP {status})")
+        if code == "InvalidObjectState":
+            return BackendError(f"{what} is archived (e.g. Glacier); restore it before reading")
+        return BackendError(f"S3 refused a request for {what} ({code}, HTTP {status})")
