@@ -1,0 +1,359 @@
+"""Azure Blob Storage through azure-storage-blob.
+
+Owns: choosing credentials (connection string, account key or SAS token, from opts.extra
+or the environment) and the blob endpoint (opts.endpoint_url, AZURE_STORAGE_BLOB_ENDPOINT,
+the connection string's BlobEndpoint, or the public cloud), listing a container prefix
+page by page, ranged downloads pinned to the listed ETag (If-Match), and turning
+azure-core's exceptions into typed BackendErrors naming the container and what to do.
+
+Never retries inside the SDK (retry_total=0; base.retry_call owns retries), never does I/O
+at construction, never writes to the container, never decompresses blob content (ranges
+address the stored bytes).
+"""
+
+from __future__ import annotations
+
+import binascii
+import functools
+import ipaddress
+import logging
+import os
+import threading
+from base64 import b64decode, b64encode
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+import requests
+from azure.core import MatchConditions
+from azure.core import exceptions as ax
+from azure.core.credentials import AzureNamedKeyCredential, AzureSasCredential
+
+from ..errors import (
+    AccessDeniedError,
+    BackendError,
+    NotFoundError,
+    ObjectChangedError,
+    TransientError,
+    UnreachableError,
+    UsageError,
+)
+from . import DatasetURI
+from .base import BackendOptions, ObjectInfo, join_prefix, relative_key, retry_call
+
+log = logging.getLogger(__name__)
+
+DEFAULT_POOL = 32  # connections per client, shared by the fetcher's threads
+_CRED_KEYS = ("connection_string", "account_key", "sas_token")
+_CREDS_HINT = (
+    "set AZURE_STORAGE_CONNECTION_STRING, AZURE_STORAGE_KEY or AZURE_STORAGE_SAS_TOKEN "
+    "(or the connection_string/account_key/sas_token options)"
+)
+_DENIED = {
+    "AuthenticationFailed", "AuthorizationFailure", "AuthorizationPermissionMismatch",
+    "AuthorizationSourceIPMismatch", "AuthorizationProtocolMismatch",
+    "InsufficientAccountPermissions", "NoAuthenticationInformation", "AccountIsDisabled",
+    "InvalidAuthenticationInfo",
+}  # fmt: skip
+_TRANSIENT = {"ServerBusy", "OperationTimedOut", "InternalError", "IncompleteBody"}
+_CHANGED = {"ConditionNotMet", "BlobNotFound", "InvalidRange", "ContainerNotFound"}
+# The development emulator's account and key (public, documented; not a secret).
+_DEV_ACCOUNT = "devstoreaccount1"
+_DEV_KEY = (
+    "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
+)
+
+
+@dataclass(frozen=True)
+class AzureAuth:
+    """Where to connect and with what; resolved without I/O."""
+
+    account_url: str
+    credential: AzureNamedKeyCredential | AzureSasCredential | None
+    source: str  # e.g. "account key from AZURE_STORAGE_KEY", for error messages
+    anonymous: bool = False
+
+
+def parse_connection_string(conn: str) -> dict[str, str]:
+    """Name=Value;... pairs with lower-cased names (values may contain '=')."""
+    fields: dict[str, str] = {}
+    for part in conn.split(";"):
+        if not part.strip():
+            continue
+        name, sep, value = part.partition("=")
+        if not sep:
+            raise UsageError("malformed Azure connection string: expected Name=Value;... pairs")
+        fields[name.strip().lower()] = value.strip()
+    if fields.get("usedevelopmentstorage", "").lower() == "true":
+        fields.setdefault("accountname", _DEV_ACCOUNT)
+        fields.setdefault("accountkey", _DEV_KEY)
+        fields.setdefault("blobendpoint", f"http://127.0.0.1:10000/{_DEV_ACCOUNT}")
+    return fields
+
+
+def _is_path_style_host(host: str) -> bool:
+    """Emulators (Azurite) put the account in the path: an IP or localhost host."""
+    if host in ("localhost", "host.docker.internal"):
+        return True
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
+
+
+def _normalise_endpoint(endpoint: str, account: str) -> str:
+    endpoint = endpoint.rstrip("/")
+    parts = urlsplit(endpoint)
+    if not parts.scheme or not parts.hostname:
+        raise UsageError(f"Azure blob endpoint must be a URL like https://HOST, not {endpoint!r}")
+    if _is_path_style_host(parts.hostname) and parts.path in ("", "/"):
+        endpoint = f"{endpoint}/{account}"
+    return endpoint
+
+
+def _credential_settings(opts: BackendOptions) -> tuple[dict[str, str], str]:
+    """The credential settings and where they came from: opts.extra wins as a whole."""
+    if any(k in opts.extra for k in _CRED_KEYS):
+        return {k: opts.extra[k] for k in _CRED_KEYS if opts.extra.get(k)}, "options"
+    env = os.environ
+    found = {
+        "connection_string": env.get("AZURE_STORAGE_CONNECTION_STRING", ""),
+        "account_key": env.get("AZURE_STORAGE_KEY") or env.get("AZURE_STORAGE_ACCOUNT_KEY", ""),
+        "sas_token": env.get("AZURE_STORAGE_SAS_TOKEN", ""),
+    }
+    return {k: v for k, v in found.items() if v}, "environment"
+
+
+def _key_credential(account: str, key: str, source: str) -> AzureNamedKeyCredential:
+    try:
+        b64decode(key, validate=True)
+    except (binascii.Error, ValueError):
+        raise UsageError(f"Azure account key from {source} is not valid base64") from None
+    return AzureNamedKeyCredential(account, key)
+
+
+def resolve_auth(uri: DatasetURI, opts: BackendOptions) -> AzureAuth:
+    """Pick endpoint and credential for `uri` (no I/O; raises UsageError on bad config)."""
+    settings, origin = _credential_settings(opts)
+    account = uri.account
+    conn_str = settings.get("connection_string")
+    conn = parse_connection_string(conn_str) if conn_str else {}
+    if conn.get("accountname") and conn["accountname"] != account:
+        raise UsageError(
+            f"the Azure connection string ({origin}) is for account {conn['accountname']!r} "
+            f"but the dataset URI names account {account!r}"
+        )
+    endpoint = (
+        opts.endpoint_url
+        or os.environ.get("AZURE_STORAGE_BLOB_ENDPOINT")
+        or conn.get("blobendpoint")
+        or "{}://{}.blob.{}".format(
+            conn.get("defaultendpointsprotocol", "https"),
+            account,
+            conn.get("endpointsuffix", "core.windows.net"),
+        )
+    )
+    url = _normalise_endpoint(endpoint, account)
+    if conn.get("accountkey"):
+        src = f"connection string from {origin}"
+        return AzureAuth(url, _key_credential(account, conn["accountkey"], src), src)
+    if conn.get("sharedaccesssignature"):
+        sas = conn["sharedaccesssignature"].lstrip("?")
+        return AzureAuth(url, AzureSasCredential(sas), f"SAS in connection string from {origin}")
+    if settings.get("account_key"):
+        src = f"account key from {origin}"
+        return AzureAuth(url, _key_credential(account, settings["account_key"], src), src)
+    if settings.get("sas_token"):
+        sas = settings["sas_token"].lstrip("?")
+        return AzureAuth(url, AzureSasCredential(sas), f"SAS token from {origin}")
+    anonymous = opts.extra.get("anonymous", "").lower() in ("1", "true", "yes")
+    return AzureAuth(url, None, "anonymous access" if anonymous else "none", anonymous)
+
+
+def _error_code(exc: ax.HttpResponseError) -> str:
+    code = getattr(exc, "error_code", None)
+    return str(getattr(code, "value", code) or "")
+
+
+def _content_id(props: Any) -> str:
+    md5 = props.content_settings.content_md5 if props.content_settings else None
+    if md5:
+        return f"az-md5:{b64encode(bytes(md5)).decode()}:{props.size}"
+    return f"az-etag:{props.etag}:{props.size}"
+
+
+class AzureBackend:
+    """A read-only view of az://account/container/prefix/; safe to share between threads."""
+
+    def __init__(self, uri: DatasetURI, opts: BackendOptions) -> None:
+        self.account = uri.account
+        self.container_name = uri.bucket
+        self.prefix = uri.prefix
+        self.uri = uri.canonical
+        self.opts = opts
+        self.auth = resolve_auth(uri, opts)
+        self._container_client: Any = None
+        self._lock = threading.Lock()
+
+    # -- client ---------------------------------------------------------------------
+
+    def _container(self) -> Any:
+        """The shared ContainerClient, built on first use; fast error if no credentials."""
+        if self.auth.credential is None and not self.auth.anonymous:
+            raise AccessDeniedError(
+                f"no Azure credentials for {self.uri}: {_CREDS_HINT}; "
+                "or set anonymous=true for a public container"
+            )
+        with self._lock:
+            if self._container_client is None:
+                from azure.storage.blob import BlobServiceClient
+
+                session = requests.Session()
+                adapter = requests.adapters.HTTPAdapter(
+                    pool_maxsize=int(self.opts.extra.get("max_pool_connections", DEFAULT_POOL)),
+                    max_retries=0,
+                )
+                session.mount("https://", adapter)
+                session.mount("http://", adapter)
+                service = BlobServiceClient(
+                    self.auth.account_url,
+                    credential=self.auth.credential,
+                    retry_total=0,  # base.retry_call owns retries
+                    connection_timeout=self.opts.connect_timeout,
+                    read_timeout=self.opts.read_timeout,
+                    session=session,
+                )
+                self._container_client = service.get_container_client(self.container_name)
+            return self._container_client
+
+    # -- Backend protocol -------------------------------------------------------------
+
+    def check(self) -> None:
+        retry_call(self._check_once, self.opts, f"check {self.uri}")
+
+    def _check_once(self) -> None:
+        items, _ = self._list_page(None, page_size=1)
+        if not items:
+            raise NotFoundError(
+                f"no blobs under {self.uri}: check the prefix "
+                f"(container {self.container_name} exists)"
+            )
+
+    def list(self) -> Iterator[ObjectInfo]:
+        token: str | None = None
+        while True:
+            fetch = functools.partial(self._list_page, token)
+            items, token = retry_call(fetch, self.opts, f"list {self.uri}")
+            for props in items:
+                info = self._info(props)
+                if info is not None:
+                    yield info
+            if not token:
+                return
+
+    def get_range(self, info: ObjectInfo, start: int, length: int) -> bytes:
+        # Clamp to the listed size: no request for an empty or past-the-end range.
+        end = min(start + length, info.size)
+        if length <= 0 or start >= end:
+            return b""
+        fetch = functools.partial(self._get_once, info, start, end)
+        return retry_call(fetch, self.opts, f"read {self.uri}{info.key}")
+
+    def close(self) -> None:
+        with self._lock:
+            if self._container_client is not None:
+                self._container_client.close()
+                self._container_client = None
+
+    # -- internals --------------------------------------------------------------------
+
+    def _list_page(self, token: str | None, page_size: int | None = None) -> tuple[list, str]:
+        container = self._container()
+        what = f"container {self.container_name}"
+        try:
+            # include=metadata so hierarchical-namespace directory blobs can be skipped.
+            pager = container.list_blobs(
+                name_starts_with=self.prefix or None,
+                include=["metadata"],
+                results_per_page=page_size or self.opts.page_size,
+            ).by_page(continuation_token=token)
+            items = list(next(pager, []))
+            return items, pager.continuation_token
+        except ax.AzureError as exc:
+            raise self._classify(exc, what) from exc
+
+    def _info(self, props: Any) -> ObjectInfo | None:
+        key = relative_key(self.prefix, props.name)
+        if key is None:
+            return None
+        if (props.metadata or {}).get("hdi_isfolder", "").lower() == "true":
+            return None  # a directory in a hierarchical-namespace account, not a file
+        return ObjectInfo(
+            key=key,
+            size=int(props.size),
+            mtime=props.last_modified.timestamp(),
+            version=str(props.etag),
+            content_id=_content_id(props),
+        )
+
+    def _get_once(self, info: ObjectInfo, start: int, end: int) -> bytes:
+        store_key = join_prefix(self.prefix, info.key)
+        what = f"{self.uri}{info.key}"
+        blob = self._container().get_blob_client(store_key)
+        try:
+            downloader = blob.download_blob(
+                offset=start,
+                length=end - start,
+                etag=info.version,
+                match_condition=MatchConditions.IfNotModified,
+                max_concurrency=1,
+                decompress=False,
+            )
+            data = downloader.readall()
+        except ax.HttpResponseError as exc:
+            code = _error_code(exc)
+            changed = isinstance(exc, ax.ResourceModifiedError) or code in _CHANGED
+            if changed or exc.status_code in (404, 412, 416):
+                raise ObjectChangedError(
+                    f"{what} changed or was deleted since listing ({code or exc.status_code})"
+                ) from exc
+            raise self._classify(exc, what) from exc
+        except ax.AzureError as exc:
+            raise self._classify(exc, what) from exc
+        if len(data) != end - start:
+            raise TransientError(f"short read from {what}: got {len(data)} of {end - start} bytes")
+        return data
+
+    def _classify(self, exc: Exception, what: str) -> BackendError:
+        """Map an azure-core exception to a typed error naming `what` and the remedy."""
+        ep = self.auth.account_url
+        if isinstance(exc, ax.HttpResponseError):
+            return self._classify_http(exc, what)
+        if isinstance(exc, ax.ServiceRequestError):  # never reached the service
+            return UnreachableError(
+                f"cannot reach Azure blob endpoint {ep} for {self.uri}: {exc.message}; "
+                "check the account name, endpoint and network"
+            )
+        if isinstance(exc, (ax.ServiceResponseError, ax.IncompleteReadError, ax.DecodeError)):
+            return TransientError(f"Azure response for {what} from {ep} broke off: {exc.message}")
+        return BackendError(f"Azure request for {what} at {ep} failed: {exc}")
+
+    def _classify_http(self, exc: ax.HttpResponseError, what: str) -> BackendError:
+        code = _error_code(exc)
+        status = exc.status_code or 0
+        if code == "ContainerNotFound" or (status == 404 and what.startswith("container ")):
+            hint = "" if self.auth.credential else " (or it is private and no credentials were set)"
+            return NotFoundError(
+                f"container {self.container_name} does not exist in account {self.account} "
+                f"at {self.auth.account_url}{hint}; check the URI"
+            )
+        if code in _DENIED or status in (401, 403) or isinstance(exc, ax.ClientAuthenticationError):
+            return AccessDeniedError(
+                f"access to {what} denied ({code or status}) using {self.auth.source}; "
+                f"check the key or SAS (expiry, permissions r+l); {_CREDS_HINT}"
+            )
+        if code in _TRANSIENT or status in (408, 429) or status >= 500:
+            return TransientError(f"Azure busy or failing for {what} ({code}, HTTP {status})")
+        return BackendError(f"Azure refused a request for {what} ({code}, HTTP {status})")
