@@ -1,0 +1,350 @@
+"""Google Cloud Storage through google-cloud-storage.
+
+Owns: choosing credentials (anonymous, a key file, gcloud's application-default file, or
+the GCE metadata server only when this machine is on GCE), the endpoint (opts.endpoint_url
+or STORAGE_EMULATOR_HOST), listing a bucket prefix page by page, ranged downloads pinned
+to the listed generation, and turning google exceptions into typed BackendErrors naming
+the bucket and what to do.
+
+Never retries inside the library (retry=None; base.retry_call owns retries), never does
+I/O at construction (credentials are resolved on first use), never probes the metadata
+server off GCE (that can hang for seconds when no credentials exist: missing credentials
+are a fast AccessDeniedError instead), never transcodes (ranges address stored bytes).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import os
+import threading
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import google.auth
+import google.auth.exceptions as gax
+import requests
+from google.api_core import exceptions as gx
+from google.auth.credentials import AnonymousCredentials, Credentials
+from google.auth.transport.requests import AuthorizedSession
+
+from ..errors import (
+    AccessDeniedError,
+    BackendError,
+    NotFoundError,
+    ObjectChangedError,
+    TransientError,
+    UnreachableError,
+)
+from . import DatasetURI
+from .base import BackendOptions, ObjectInfo, join_prefix, relative_key, retry_call
+
+log = logging.getLogger(__name__)
+
+DEFAULT_POOL = 32  # connections per client, shared by the fetcher's threads
+READ_ONLY_SCOPE = "https://www.googleapis.com/auth/devstorage.read_only"
+_LIST_FIELDS = "items(name,size,updated,generation,md5Hash,crc32c),nextPageToken"
+# What the library raises for a failed request (HTTP status, auth, transport).
+_SDK_ERRORS = (gx.GoogleAPICallError, gax.GoogleAuthError, requests.exceptions.RequestException)
+_CREDS_HINT = (
+    "set GOOGLE_APPLICATION_CREDENTIALS to a key file, run "
+    "`gcloud auth application-default login`, or pass anonymous=true for a public bucket"
+)
+
+
+def _truthy(value: str | None) -> bool:
+    return (value or "").lower() in ("1", "true", "yes")
+
+
+def _emulator_endpoint() -> str | None:
+    host = os.environ.get("STORAGE_EMULATOR_HOST")
+    if not host:
+        return None
+    return host if "://" in host else f"http://{host}"
+
+
+def _adc_file() -> Path:
+    """gcloud's application-default credentials file (Linux/macOS location)."""
+    config_dir = os.environ.get("CLOUDSDK_CONFIG") or os.path.expanduser("~/.config/gcloud")
+    return Path(config_dir) / "application_default_credentials.json"
+
+
+def _on_gce() -> bool:
+    """True on a GCE/GKE VM (DMI says Google) or when a metadata host is configured."""
+    if os.environ.get("GCE_METADATA_HOST") or os.environ.get("GCE_METADATA_IP"):
+        return True
+    try:
+        return Path("/sys/class/dmi/id/product_name").read_text().startswith("Google")
+    except OSError:
+        return False
+
+
+def _load_key_file(path: str, origin: str) -> tuple[Credentials, str | None]:
+    """Credentials from an operator-chosen JSON file; one-line AccessDeniedError if unusable."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            info = json.load(f)
+    except OSError as exc:
+        raise AccessDeniedError(
+            f"cannot read Google credentials file {path} (from {origin}): {exc.strerror}"
+        ) from None
+    except ValueError:
+        raise AccessDeniedError(
+            f"Google credentials file {path} (from {origin}) is not JSON; "
+            "expected a service-account key or an application-default credentials file"
+        ) from None
+    if not isinstance(info, dict) or "type" not in info:
+        raise AccessDeniedError(f"Google credentials file {path} (from {origin}) has no 'type'")
+    try:
+        return _credentials_from_info(info)
+    except (gax.GoogleAuthError, ValueError, KeyError) as exc:
+        raise AccessDeniedError(
+            f"Google credentials file {path} (from {origin}) is unusable: {exc}"
+        ) from None
+
+
+def _credentials_from_info(info: dict[str, Any]) -> tuple[Credentials, str | None]:
+    kind = info["type"]
+    if kind == "service_account":
+        from google.oauth2 import service_account
+
+        creds = service_account.Credentials.from_service_account_info(
+            info, scopes=[READ_ONLY_SCOPE]
+        )
+        return creds, info.get("project_id")
+    if kind == "authorized_user":
+        from google.oauth2 import credentials as user_credentials
+
+        creds = user_credentials.Credentials.from_authorized_user_info(
+            info, scopes=[READ_ONLY_SCOPE]
+        )
+        return creds, info.get("quota_project_id")
+    # Other types (workload identity federation, impersonation): the generic loader, as
+    # google.auth.default() uses for GOOGLE_APPLICATION_CREDENTIALS. Its warning is about
+    # configs from untrusted sources; this file is the operator's own setting.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return google.auth.load_credentials_from_dict(info, scopes=[READ_ONLY_SCOPE])
+
+
+def resolve_credentials(opts: BackendOptions) -> tuple[Credentials, str | None, str]:
+    """(credentials, project, source) with no network I/O; AccessDeniedError if none."""
+    if _truthy(opts.extra.get("anonymous")):
+        return AnonymousCredentials(), None, "anonymous access"
+    if key_file := opts.extra.get("key_file"):
+        creds, project = _load_key_file(key_file, "the key_file option")
+        return creds, project, f"key file {key_file}"
+    if _emulator_endpoint():
+        return AnonymousCredentials(), None, "anonymous access (STORAGE_EMULATOR_HOST)"
+    if key_file := os.environ.get("GOOGLE_APPLICATION_CREDENTIALS"):
+        creds, project = _load_key_file(key_file, "GOOGLE_APPLICATION_CREDENTIALS")
+        return creds, project, f"key file {key_file}"
+    if (adc := _adc_file()).is_file():
+        creds, project = _load_key_file(str(adc), "gcloud application-default login")
+        return creds, project, f"application-default credentials {adc}"
+    if _on_gce():
+        from google.auth import compute_engine
+
+        return compute_engine.Credentials(), None, "the GCE metadata server"
+    raise AccessDeniedError(f"no Google credentials found: {_CREDS_HINT}")
+
+
+def _content_id(blob: Any) -> str:
+    if blob.md5_hash:
+        digest = f"md5:{blob.md5_hash}"
+    elif blob.crc32c:
+        digest = f"crc32c:{blob.crc32c}"  # composite objects have no MD5
+    else:
+        digest = "none"
+    return f"gs-{digest}:{blob.size}:{blob.generation}"
+
+
+def _refused_connection(exc: requests.exceptions.ConnectionError) -> bool:
+    """True if the connection was never made (refused, DNS), not dropped mid-response."""
+    text = repr(exc)
+    return any(s in text for s in ("NewConnectionError", "NameResolutionError", "ConnectTimeout"))
+
+
+class GCSBackend:
+    """A read-only view of gs://bucket/prefix/; safe to share between threads."""
+
+    def __init__(self, uri: DatasetURI, opts: BackendOptions) -> None:
+        self.bucket_name = uri.bucket
+        self.prefix = uri.prefix
+        self.uri = uri.canonical
+        self.opts = opts
+        self.endpoint_url = opts.endpoint_url or _emulator_endpoint()
+        self.cred_source = "not resolved yet"
+        self._client: Any = None
+        self._lock = threading.Lock()
+
+    # -- client ---------------------------------------------------------------------
+
+    def _timeout(self) -> tuple[float, float]:
+        return (self.opts.connect_timeout, self.opts.read_timeout)
+
+    def client(self) -> Any:
+        """The shared storage.Client, built on first use; AccessDeniedError without creds."""
+        with self._lock:
+            if self._client is None:
+                from google.cloud import storage
+
+                creds, project, self.cred_source = resolve_credentials(self.opts)
+                session = AuthorizedSession(
+                    creds, refresh_timeout=self.opts.connect_timeout + self.opts.read_timeout
+                )
+                adapter = requests.adapters.HTTPAdapter(
+                    pool_maxsize=int(self.opts.extra.get("max_pool_connections", DEFAULT_POOL)),
+                    max_retries=0,
+                )
+                session.mount("https://", adapter)
+                session.mount("http://", adapter)
+                options = {"api_endpoint": self.endpoint_url} if self.endpoint_url else None
+                # project=None means "no project" (no ADC lookup); reads do not need one.
+                self._client = storage.Client(
+                    project=self.opts.extra.get("project") or project,
+                    credentials=creds,
+                    client_options=options,
+                    _http=session,
+                )
+            return self._client
+
+    def _endpoint_name(self) -> str:
+        return self.endpoint_url or "storage.googleapis.com"
+
+    # -- Backend protocol -------------------------------------------------------------
+
+    def check(self) -> None:
+        retry_call(self._check_once, self.opts, f"check {self.uri}")
+
+    def _check_once(self) -> None:
+        # Listing, not bucket metadata: objectViewer may list but not read bucket metadata.
+        items, _ = self._list_page(None, page_size=1)
+        if not items:
+            raise NotFoundError(
+                f"no objects under {self.uri}: check the prefix (bucket {self.bucket_name} exists)"
+            )
+
+    def list(self) -> Iterator[ObjectInfo]:
+        token: str | None = None
+        while True:
+            fetch = functools.partial(self._list_page, token)
+            items, token = retry_call(fetch, self.opts, f"list {self.uri}")
+            for blob in items:
+                info = self._info(blob)
+                if info is not None:
+                    yield info
+            if not token:
+                return
+
+    def get_range(self, info: ObjectInfo, start: int, length: int) -> bytes:
+        # Clamp to the listed size: no request for an empty or past-the-end range.
+        end = min(start + length, info.size)
+        if length <= 0 or start >= end:
+            return b""
+        fetch = functools.partial(self._get_once, info, start, end)
+        return retry_call(fetch, self.opts, f"read {self.uri}{info.key}")
+
+    def close(self) -> None:
+        with self._lock:
+            if self._client is not None:
+                self._client.close()
+                self._client = None
+
+    # -- internals --------------------------------------------------------------------
+
+    def _list_page(self, token: str | None, page_size: int | None = None) -> tuple[list, str]:
+        what = f"bucket {self.bucket_name}"
+        try:
+            pages = self.client().list_blobs(
+                self.bucket_name,
+                prefix=self.prefix or None,
+                page_size=page_size or self.opts.page_size,
+                page_token=token,
+                fields=_LIST_FIELDS,
+                timeout=self._timeout(),
+                retry=None,
+            )
+            items = list(next(pages.pages, []))
+            return items, pages.next_page_token
+        except _SDK_ERRORS as exc:
+            raise self._classify(exc, what) from exc
+
+    def _info(self, blob: Any) -> ObjectInfo | None:
+        key = relative_key(self.prefix, blob.name)
+        if key is None:
+            return None
+        return ObjectInfo(
+            key=key,
+            size=int(blob.size),
+            mtime=blob.updated.timestamp() if blob.updated else 0.0,
+            version=str(blob.generation),
+            content_id=_content_id(blob),
+        )
+
+    def _get_once(self, info: ObjectInfo, start: int, end: int) -> bytes:
+        store_key = join_prefix(self.prefix, info.key)
+        what = f"{self.uri}{info.key}"
+        client = self.client()
+        # Pinned to the listed generation: an overwrite makes it 404, never other bytes.
+        blob = client.bucket(self.bucket_name).blob(store_key, generation=int(info.version))
+        try:
+            data = blob.download_as_bytes(
+                start=start,
+                end=end - 1,  # inclusive
+                raw_download=True,  # stored bytes, even for Content-Encoding: gzip
+                checksum=None,  # a range cannot be checked against the object's hash
+                timeout=self._timeout(),
+                retry=None,
+            )
+        except (gx.NotFound, gx.PreconditionFailed, gx.RequestRangeNotSatisfiable) as exc:
+            raise ObjectChangedError(
+                f"{what} is no longer at generation {info.version} (changed or deleted since "
+                f"listing; HTTP {exc.code})"
+            ) from exc
+        except _SDK_ERRORS as exc:
+            raise self._classify(exc, what) from exc
+        if len(data) != end - start:
+            raise TransientError(f"short read from {what}: got {len(data)} of {end - start} bytes")
+        return data
+
+    def _classify(self, exc: Exception, what: str) -> BackendError:
+        """Map a google/requests exception to a typed error naming `what` and the remedy."""
+        ep = self._endpoint_name()
+        if isinstance(exc, gx.GoogleAPICallError):
+            return self._classify_http(exc, what)
+        if isinstance(exc, gax.RefreshError):
+            return AccessDeniedError(
+                f"cannot get a Google access token using {self.cred_source}: {exc}"
+            )
+        if isinstance(exc, gax.TransportError):
+            return UnreachableError(f"cannot reach the Google token endpoint for {what}: {exc}")
+        if isinstance(exc, (requests.exceptions.SSLError, requests.exceptions.ProxyError)):
+            return UnreachableError(f"cannot reach GCS endpoint {ep} for {self.uri}: {exc}")
+        if isinstance(exc, requests.exceptions.ConnectionError) and _refused_connection(exc):
+            return UnreachableError(
+                f"cannot reach GCS endpoint {ep} for {self.uri}: connection failed; "
+                "check the endpoint URL and network"
+            )
+        if isinstance(exc, requests.exceptions.RequestException):
+            return TransientError(f"GCS request for {what} at {ep} broke off: {exc}")
+        return BackendError(f"GCS request for {what} at {ep} failed: {exc!r}")
+
+    def _classify_http(self, exc: gx.GoogleAPICallError, what: str) -> BackendError:
+        status = int(exc.code or 0)
+        if status == 404 and what.startswith("bucket "):
+            return NotFoundError(
+                f"bucket {self.bucket_name} does not exist at {self._endpoint_name()}; "
+                "check the bucket name"
+            )
+        if status in (401, 403):
+            return AccessDeniedError(
+                f"access to {what} denied (HTTP {status}) using {self.cred_source}; "
+                f"the identity needs storage.objects.list and storage.objects.get; {_CREDS_HINT}"
+            )
+        if status in (408, 429) or status >= 500:
+            return TransientError(f"GCS busy or failing for {what} (HTTP {status})")
+        return BackendError(f"GCS refused a request for {what} (HTTP {status}): {exc.message}")
