@@ -1,0 +1,447 @@
+"""Clients for the node daemon's HTTP/1.1 + JSON Unix socket.
+
+Owns: ControlClient (blocking, stdlib only, for the CLI and the controller's
+agents) and AsyncControlClient (trio, a keep-alive connection pool, for mount
+processes fetching chunk bytes), plus turning transport failures and error
+answers into ControlError with a one-line message.
+
+Never: interprets what an endpoint means, retries a non-idempotent request that
+may have reached the daemon, or imports trio/h11 at module level (the CLI imports
+this module and should not pay ~100 ms for a trio it never uses).
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import logging
+import select
+import socket
+from typing import TYPE_CHECKING, Any
+from urllib.parse import quote
+
+if TYPE_CHECKING:
+    import trio
+
+log = logging.getLogger(__name__)
+
+# Methods whose repeat has the same effect as one call (RFC 9110 9.2.2); only
+# these are retried after a connection failed mid-request.
+IDEMPOTENT = frozenset({"GET", "HEAD", "PUT", "DELETE", "OPTIONS"})
+# Read size for response bodies. Measured on 8 MiB bodies: 256 KiB and 1 MiB
+# perform alike, 4 MiB is ~40% slower (each recv allocates the full size, then
+# shrinks it).
+_RECV_SIZE = 256 * 1024
+# Same reasoning as the server's SOCKET_BUFFER (fewer wakeups per chunk body).
+_SOCKET_BUFFER = 4 * 1024 * 1024
+_COALESCE_LIMIT = 256 * 1024
+_FRAMING = frozenset({"content-length", "transfer-encoding", "host"})
+
+
+class ControlError(Exception):
+    """A request to the daemon failed. ``status`` is None when no HTTP answer came."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.status = status
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def quote_segment(s: str) -> str:
+    """Percent-encode ``s`` as one path segment ("/" included), e.g. a dataset URI."""
+    return quote(s, safe="")
+
+
+def unreachable(socket_path: str) -> str:
+    return (
+        f"cannot reach the silofs daemon at {socket_path} "
+        "(is it running? start it with `silofs daemon`)"
+    )
+
+
+def _connect_error(socket_path: str, exc: OSError) -> ControlError:
+    if isinstance(exc, PermissionError):
+        return ControlError(f"no permission to connect to the silofs daemon at {socket_path}")
+    return ControlError(unreachable(socket_path))
+
+
+def _error_text(status: int, body: bytes) -> str:
+    """The server's {"error"} text, else the first line of whatever it sent."""
+    try:
+        message = json.loads(body)["error"]
+        if isinstance(message, str) and message:
+            return message.splitlines()[0]
+    except (ValueError, KeyError, TypeError):
+        pass
+    lines = body.decode("utf-8", "replace").strip().splitlines()
+    return f"HTTP {status}: {lines[0]}" if lines else f"HTTP {status}"
+
+
+def _decode(headers: dict[str, str], body: bytes) -> Any:
+    """Parsed JSON for JSON answers, the raw bytes otherwise."""
+    if not headers.get("content-type", "").startswith("application/json"):
+        return body
+    return json.loads(body) if body else None
+
+
+def _encode(body: dict | bytes | None) -> tuple[bytes | None, str | None]:
+    if body is None:
+        return None, None
+    if isinstance(body, bytes | bytearray | memoryview):
+        return bytes(body), "application/octet-stream"
+    return json.dumps(body, separators=(",", ":")).encode(), "application/json"
+
+
+def _request_headers(
+    method: str, payload: bytes | None, ctype: str | None, extra: dict[str, str]
+) -> list[tuple[str, str]]:
+    headers = [("host", "localhost")]
+    if payload is not None or method in ("POST", "PUT", "PATCH"):
+        headers.append(("content-length", str(len(payload or b""))))
+    given = {k.lower() for k in extra}
+    if ctype and "content-type" not in given:
+        headers.append(("content-type", ctype))
+    # Framing is decided from the payload, never from caller-supplied headers.
+    headers.extend((k, v) for k, v in extra.items() if k.lower() not in _FRAMING)
+    return headers
+
+
+def _describe(exc: BaseException) -> str:
+    return str(exc) or type(exc).__name__
+
+
+def _peer_closed(sock: socket.socket) -> bool:
+    """An idle keep-alive socket that is readable has been closed (or sent junk)."""
+    try:
+        readable, _, _ = select.select([sock], [], [], 0)
+    except (OSError, ValueError):
+        return True
+    return bool(readable)
+
+
+# ------------------------------------------------------------------ blocking
+
+
+class _ConnectFailed(Exception):
+    def __init__(self, exc: OSError) -> None:
+        super().__init__(str(exc))
+        self.exc = exc
+
+
+class _UnixHTTPConnection(http.client.HTTPConnection):
+    """http.client over AF_UNIX: only connect() differs from TCP."""
+
+    def __init__(self, socket_path: str, timeout: float, owner: ControlClient) -> None:
+        super().__init__("localhost", timeout=timeout)
+        self.socket_path = socket_path
+        self.owner = owner
+
+    def connect(self) -> None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(self.timeout)
+        try:
+            sock.connect(self.socket_path)
+        except OSError as exc:
+            sock.close()
+            raise _ConnectFailed(exc) from exc
+        self.sock = sock
+        self.owner.connections_opened += 1
+
+
+class ControlClient:
+    """Blocking client with one keep-alive connection, reopened when dropped.
+
+    Not thread-safe: use one per thread.
+    """
+
+    def __init__(self, socket_path: str, timeout: float = 10.0) -> None:
+        self.socket_path = socket_path
+        self.timeout = timeout
+        self.connections_opened = 0
+        self._conn: _UnixHTTPConnection | None = None
+
+    def request(self, method: str, path: str, body: dict | None = None) -> Any:
+        """Parsed JSON (or bytes for other content types); ControlError on failure."""
+        status, headers, data = self.request_raw(method, path, body)
+        if status >= 400:
+            raise ControlError(_error_text(status, data), status)
+        return _decode(headers, data)
+
+    def request_raw(
+        self, method: str, path: str, body: dict | None = None
+    ) -> tuple[int, dict[str, str], bytes]:
+        """(status, lower-cased headers, body) for any status; ControlError if no answer."""
+        method = method.upper()
+        payload, ctype = _encode(body)
+        headers = {"content-type": ctype} if ctype else {}
+        attempts = 2 if method in IDEMPOTENT else 1
+        for attempt in range(attempts):
+            conn = self._connection()
+            try:
+                conn.request(method, path, body=payload, headers=headers)
+                resp = conn.getresponse()
+                data = resp.read()
+            except _ConnectFailed as exc:
+                self.close()
+                raise _connect_error(self.socket_path, exc.exc) from None
+            except TimeoutError:
+                self.close()
+                raise ControlError(self._too_slow(method, path)) from None
+            except (OSError, http.client.HTTPException) as exc:
+                self.close()
+                if attempt + 1 < attempts:
+                    log.debug("retrying %s %s on a new connection after %r", method, path, exc)
+                    continue
+                raise ControlError(self._failed(exc)) from None
+            if resp.will_close:
+                self.close()
+            return resp.status, {k.lower(): v for k, v in resp.getheaders()}, data
+        raise AssertionError("unreachable")
+
+    def _connection(self) -> _UnixHTTPConnection:
+        conn = self._conn
+        if conn is not None and conn.sock is not None and _peer_closed(conn.sock):
+            self.close()  # the daemon closed it while idle (idle timeout, restart)
+            conn = None
+        if conn is None:
+            conn = self._conn = _UnixHTTPConnection(self.socket_path, self.timeout, self)
+        return conn
+
+    def _too_slow(self, method: str, path: str) -> str:
+        return (
+            f"the silofs daemon at {self.socket_path} did not answer "
+            f"{method} {path} within {self.timeout:g}s"
+        )
+
+    def _failed(self, exc: BaseException) -> str:
+        return f"connection to the silofs daemon at {self.socket_path} failed: {_describe(exc)}"
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    def __enter__(self) -> ControlClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+# ---------------------------------------------------------------------- trio
+
+
+class _Dropped(Exception):
+    """The connection failed mid-request; the request may be retried if idempotent."""
+
+
+class _AsyncConnection:
+    """One keep-alive connection; used by one request at a time."""
+
+    def __init__(self, stream: trio.SocketStream) -> None:
+        import h11
+
+        self.stream = stream
+        self.h11 = h11.Connection(h11.CLIENT)
+
+    def close(self) -> None:
+        # Synchronous on purpose: safe to call while being cancelled.
+        self.stream.socket.close()
+
+    def looks_dead(self) -> bool:
+        return _peer_closed(self.stream.socket)  # type: ignore[arg-type]
+
+    async def roundtrip(
+        self, method: str, target: str, headers: list[tuple[str, str]], body: bytes | None
+    ) -> tuple[int, dict[str, str], bytes, bool]:
+        """(status, headers, body, reusable) for one request."""
+        await self._send_request(method, target, headers, body)
+        return await self._receive_response()
+
+    async def _send_request(
+        self, method: str, target: str, headers: list[tuple[str, str]], body: bytes | None
+    ) -> None:
+        import h11
+
+        conn = self.h11
+        head = conn.send(h11.Request(method=method, target=target, headers=headers))
+        parts = [head]
+        if body:
+            parts.extend(conn.send_with_data_passthrough(h11.Data(data=body)))
+        parts.append(conn.send(h11.EndOfMessage()))
+        if sum(len(p) for p in parts) <= _COALESCE_LIMIT:
+            parts = [b"".join(parts)]
+        for part in parts:
+            if part:
+                await self.stream.send_all(part)
+
+    async def _receive_response(self) -> tuple[int, dict[str, str], bytes, bool]:
+        import h11
+
+        while True:
+            event = await self._next_event()
+            if isinstance(event, h11.Response):
+                break
+            if not isinstance(event, h11.InformationalResponse):
+                raise _Dropped(f"unexpected {type(event).__name__} before the response")
+        headers: dict[str, str] = {}
+        for name, value in event.headers:
+            key = name.decode("ascii").lower()
+            text = value.decode("latin-1")
+            headers[key] = f"{headers[key]}, {text}" if key in headers else text
+        chunks: list[bytes | bytearray] = []
+        while True:
+            part = await self._next_event()
+            if isinstance(part, h11.Data):
+                chunks.append(part.data)
+            elif isinstance(part, h11.EndOfMessage):
+                break
+            else:
+                raise _Dropped(f"unexpected {type(part).__name__} in the response body")
+        body = b"".join(chunks)  # one join (and the only copy on our side): no O(n^2)
+        reusable = self.h11.our_state is h11.DONE and self.h11.their_state is h11.DONE
+        if reusable:
+            self.h11.start_next_cycle()
+        return event.status_code, headers, body, reusable
+
+    async def _next_event(self) -> Any:
+        import h11
+
+        while True:
+            event = self.h11.next_event()
+            if event is h11.NEED_DATA:
+                self.h11.receive_data(await self.stream.receive_some(_RECV_SIZE))
+            elif isinstance(event, h11.ConnectionClosed):
+                raise _Dropped("the daemon closed the connection")
+            else:
+                return event
+
+
+class AsyncControlClient:
+    """trio client with a pool of up to ``max_connections`` keep-alive connections."""
+
+    def __init__(self, socket_path: str, max_connections: int = 16, timeout: float = 30.0) -> None:
+        import trio
+
+        self.socket_path = socket_path
+        self.timeout = timeout
+        self.connections_opened = 0
+        self._idle: list[_AsyncConnection] = []
+        self._slots = trio.Semaphore(max_connections)
+        self._closed = False
+
+    async def json(self, method: str, path: str, body: dict | None = None) -> Any:
+        """Parsed JSON (bytes for other content types); ControlError on >= 400."""
+        status, headers, data = await self.request(method, path, body)
+        if status >= 400:
+            raise ControlError(_error_text(status, data), status)
+        return _decode(headers, data)
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        body: dict | bytes | None = None,
+        *,
+        headers: dict[str, str] | None = None,
+    ) -> tuple[int, dict[str, str], bytes]:
+        """(status, lower-cased headers, body) for any status; ControlError if no answer."""
+        if self._closed:
+            raise ControlError("AsyncControlClient is closed")
+        method = method.upper()
+        payload, ctype = _encode(body)
+        request_headers = _request_headers(method, payload, ctype, headers or {})
+        async with self._slots:
+            try:
+                return await self._attempt(method, path, request_headers, payload, fresh=False)
+            except _Dropped as exc:
+                if method not in IDEMPOTENT:  # it may have reached the daemon: never repeat
+                    raise ControlError(self._failed(exc)) from None
+                log.debug("retrying %s %s on a new connection after %s", method, path, exc)
+            try:
+                return await self._attempt(method, path, request_headers, payload, fresh=True)
+            except _Dropped as exc:
+                raise ControlError(self._failed(exc)) from None
+
+    async def _attempt(
+        self,
+        method: str,
+        path: str,
+        headers: list[tuple[str, str]],
+        payload: bytes | None,
+        *,
+        fresh: bool,
+    ) -> tuple[int, dict[str, str], bytes]:
+        import h11
+        import trio
+
+        conn: _AsyncConnection | None = None
+        try:
+            with trio.fail_after(self.timeout):
+                conn = await self._checkout(fresh)
+                status, rheaders, data, reusable = await conn.roundtrip(
+                    method, path, headers, payload
+                )
+        except trio.TooSlowError:
+            if conn is not None:
+                conn.close()
+            raise ControlError(
+                f"the silofs daemon at {self.socket_path} did not answer "
+                f"{method} {path} within {self.timeout:g}s"
+            ) from None
+        except (
+            OSError,
+            trio.BrokenResourceError,
+            trio.ClosedResourceError,
+            h11.ProtocolError,
+        ) as exc:
+            assert conn is not None  # connect failures are ControlError already
+            conn.close()
+            raise _Dropped(_describe(exc)) from None
+        except BaseException:  # _Dropped, ControlError, cancellation: state unknown
+            if conn is not None:
+                conn.close()
+            raise
+        if reusable and not self._closed:
+            self._idle.append(conn)
+        else:
+            conn.close()
+        return status, rheaders, data
+
+    async def _checkout(self, fresh: bool) -> _AsyncConnection:
+        """An idle connection (unless ``fresh``) or a new one; ControlError if unreachable."""
+        import trio
+
+        while self._idle and not fresh:
+            conn = self._idle.pop()  # LIFO: the warmest connection, least likely timed out
+            if not conn.looks_dead():
+                return conn
+            conn.close()
+        try:
+            stream = await trio.open_unix_socket(self.socket_path)
+        except OSError as exc:
+            raise _connect_error(self.socket_path, exc) from None
+        for opt in (socket.SO_SNDBUF, socket.SO_RCVBUF):
+            try:
+                stream.socket.setsockopt(socket.SOL_SOCKET, opt, _SOCKET_BUFFER)
+            except OSError:
+                pass  # best effort, as on the server
+        self.connections_opened += 1
+        return _AsyncConnection(stream)
+
+    def _failed(self, exc: BaseException) -> str:
+        return f"connection to the silofs daemon at {self.socket_path} failed: {exc}"
+
+    async def aclose(self) -> None:
+        self._closed = True
+        while self._idle:
+            self._idle.pop().close()
+
+    async def __aenter__(self) -> AsyncControlClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
