@@ -113,13 +113,17 @@ def _describe(exc: BaseException) -> str:
     return str(exc) or type(exc).__name__
 
 
-def _peer_closed(sock: socket.socket) -> bool:
-    """An idle keep-alive socket that is readable has been closed (or sent junk)."""
+def _peer_closed(sock: Any) -> bool:
+    """An idle keep-alive socket that is readable has been closed (or sent junk).
+
+    poll, not select: a mount process may hold more than FD_SETSIZE (1024) fds.
+    """
+    poller = select.poll()
     try:
-        readable, _, _ = select.select([sock], [], [], 0)
-    except (OSError, ValueError):
+        poller.register(sock.fileno(), select.POLLIN)
+        return bool(poller.poll(0))
+    except (OSError, ValueError):  # closed socket (fileno -1) or similar
         return True
-    return bool(readable)
 
 
 # ------------------------------------------------------------------ blocking
@@ -252,7 +256,7 @@ class _AsyncConnection:
         self.stream.socket.close()
 
     def looks_dead(self) -> bool:
-        return _peer_closed(self.stream.socket)  # type: ignore[arg-type]
+        return _peer_closed(self.stream.socket)
 
     async def roundtrip(
         self, method: str, target: str, headers: list[tuple[str, str]], body: bytes | None

@@ -11,6 +11,7 @@ import functools
 import json
 import logging
 import os
+import resource
 import shutil
 import socket
 import stat
@@ -411,6 +412,21 @@ def test_sync_client_reconnects_after_idle_close(sock_path: str) -> None:
             wait_for(lambda: _peer_closed(sock), "the idle close")
             assert client.request("POST", "/v1/echo", {"again": 1}) == {"again": 1}
             assert client.connections_opened == 2
+
+
+def test_idle_check_works_above_fd_setsize() -> None:
+    """A busy mount process can hold >1024 fds; select() would fail there."""
+    if resource.getrlimit(resource.RLIMIT_NOFILE)[0] <= 1500:
+        pytest.skip("RLIMIT_NOFILE too low to place an fd above 1024")
+    a, b = socket.socketpair()
+    high = socket.socket(fileno=os.dup2(a.fileno(), 1500))
+    try:
+        assert not _peer_closed(high)
+        b.close()
+        assert _peer_closed(high)
+    finally:
+        high.close()
+        a.close()
 
 
 def test_sync_client_raw_bytes_and_text(server: str) -> None:
