@@ -168,6 +168,19 @@ def _refused_connection(exc: requests.exceptions.ConnectionError) -> bool:
     return any(s in text for s in ("NewConnectionError", "NameResolutionError", "ConnectTimeout"))
 
 
+def _disable_bucket_metadata_fetch(client: Any) -> None:
+    """Stop the library's background bucket-metadata GET (for tracing attributes).
+
+    google-cloud-storage >= 3.x fetches bucket metadata in a thread on a bucket's first
+    use (unless DISABLE_GCS_PYTHON_CLIENT_OTEL_BUCKET_METADATA is set): an extra request
+    that needs storage.buckets.get, which a read-only objectViewer lacks, and that is
+    invisible to retry_call. Scoped to this client rather than set in os.environ.
+    tests/unit/test_backend_retry.py counts requests, so a rename here shows up there.
+    """
+    if getattr(client, "_bucket_metadata_cache", None) is not None:
+        client._bucket_metadata_cache = None
+
+
 class GCSBackend:
     """A read-only view of gs://bucket/prefix/; safe to share between threads."""
 
@@ -204,12 +217,14 @@ class GCSBackend:
                 session.mount("http://", adapter)
                 options = {"api_endpoint": self.endpoint_url} if self.endpoint_url else None
                 # project=None means "no project" (no ADC lookup); reads do not need one.
-                self._client = storage.Client(
+                client = storage.Client(
                     project=self.opts.extra.get("project") or project,
                     credentials=creds,
                     client_options=options,
                     _http=session,
                 )
+                _disable_bucket_metadata_fetch(client)
+                self._client = client
             return self._client
 
     def _endpoint_name(self) -> str:
