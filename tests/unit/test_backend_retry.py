@@ -1,0 +1,388 @@
+"""Retry policy: base.retry_call, and each SDK backend leaving retries to it.
+
+Owns two things: retry_call's contract (what is retried, how often, how long it waits),
+and proof that the S3, Azure and GCS backends turn throttling/5xx into TransientError,
+retry them through retry_call only (one request per attempt: the SDKs' own retries are
+off) and never retry what cannot succeed (403). The stores here are an in-process fake
+HTTP server answering from a script; no emulator, no sleeps longer than microseconds.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from silofs.backends import BackendOptions, ObjectInfo, base, open_backend, parse_uri
+from silofs.errors import (
+    AccessDeniedError,
+    BackendError,
+    NotFoundError,
+    ObjectChangedError,
+    TransientError,
+    UnreachableError,
+)
+from tests.servers import clean_env
+
+# ---------------------------------------------------------------------------------------
+# retry_call
+
+
+@pytest.fixture
+def sleeps(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """Record retry_call's backoff delays instead of sleeping."""
+    delays: list[float] = []
+    monkeypatch.setattr(base.time, "sleep", delays.append)
+    return delays
+
+
+def _flaky(errors: list[Exception], result: str = "ok") -> tuple[list[int], object]:
+    calls = [0]
+
+    def fn() -> str:
+        calls[0] += 1
+        if errors:
+            raise errors.pop(0)
+        return result
+
+    return calls, fn
+
+
+OPTS = BackendOptions(max_attempts=4, backoff_base=0.2, backoff_max=10.0)
+
+
+def test_success_needs_one_call(sleeps: list[float]) -> None:
+    calls, fn = _flaky([])
+    assert base.retry_call(fn, OPTS, "t") == "ok"
+    assert calls == [1] and sleeps == []
+
+
+@pytest.mark.parametrize("error", [TransientError("503"), UnreachableError("refused")])
+def test_retryable_errors_are_retried_until_success(
+    sleeps: list[float], error: BackendError
+) -> None:
+    calls, fn = _flaky([error, error])
+    assert base.retry_call(fn, OPTS, "t") == "ok"
+    assert calls == [3]
+    assert len(sleeps) == 2
+    # Full jitter under a doubling cap: attempt n waits in [0, base * 2**n].
+    assert 0 <= sleeps[0] <= 0.4 and 0 <= sleeps[1] <= 0.8
+
+
+def test_gives_up_after_max_attempts_with_the_last_error(sleeps: list[float]) -> None:
+    errors: list[Exception] = [TransientError(f"busy {i}") for i in range(10)]
+    calls, fn = _flaky(errors)
+    with pytest.raises(TransientError, match="busy 3"):
+        base.retry_call(fn, OPTS, "t")
+    assert calls == [4]
+    assert len(sleeps) == 3
+
+
+def test_backoff_is_capped(sleeps: list[float]) -> None:
+    opts = BackendOptions(max_attempts=12, backoff_base=1.0, backoff_max=0.5)
+    calls, fn = _flaky([TransientError("x") for _ in range(11)])
+    assert base.retry_call(fn, opts, "t") == "ok"
+    assert len(sleeps) == 11 and max(sleeps) <= 0.5
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        NotFoundError("no bucket"),
+        AccessDeniedError("denied"),
+        ObjectChangedError("changed"),
+        BackendError("refused"),
+    ],
+)
+def test_permanent_errors_are_not_retried(sleeps: list[float], error: BackendError) -> None:
+    calls, fn = _flaky([error])
+    with pytest.raises(type(error)):
+        base.retry_call(fn, OPTS, "t")
+    assert calls == [1] and sleeps == []
+
+
+def test_non_backend_errors_propagate_untouched(sleeps: list[float]) -> None:
+    calls, fn = _flaky([ValueError("a bug")])
+    with pytest.raises(ValueError):
+        base.retry_call(fn, OPTS, "t")
+    assert calls == [1] and sleeps == []
+
+
+def test_max_attempts_one_means_no_retry(sleeps: list[float]) -> None:
+    calls, fn = _flaky([TransientError("x")])
+    with pytest.raises(TransientError):
+        base.retry_call(fn, BackendOptions(max_attempts=1), "t")
+    assert calls == [1] and sleeps == []
+
+
+# ---------------------------------------------------------------------------------------
+# A scripted fake store
+
+
+@dataclass
+class Reply:
+    status: int
+    body: bytes = b""
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class FakeStore:
+    """Serves `script` in order (one reply per request); records what was asked."""
+
+    script: list[Reply]
+    seen: list[str] = field(default_factory=list)
+    url: str = ""
+
+    def next_reply(self, method: str, path: str) -> Reply:
+        self.seen.append(f"{method} {path}")
+        if not self.script:
+            return Reply(599, b"fake store: script exhausted")
+        return self.script.pop(0)
+
+
+def _handler(fake: FakeStore) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        def _reply(self) -> None:
+            length = int(self.headers.get("Content-Length") or 0)
+            if length:
+                self.rfile.read(length)
+            reply = fake.next_reply(self.command, self.path)
+            self.send_response(reply.status)
+            for name, value in reply.headers.items():
+                self.send_header(name, value)
+            self.send_header("Content-Length", str(len(reply.body)))
+            self.end_headers()
+            if self.command != "HEAD":
+                self.wfile.write(reply.body)
+
+        do_GET = do_HEAD = do_PUT = do_POST = _reply  # noqa: N815 - http.server's naming
+
+        def log_message(self, *_args: object) -> None:
+            pass
+
+    return Handler
+
+
+@pytest.fixture
+def fake_store() -> Iterator[FakeStore]:
+    fake = FakeStore(script=[])
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(fake))
+    fake.url = f"http://127.0.0.1:{server.server_address[1]}"
+    # A short poll interval keeps shutdown() (which waits for one poll) fast.
+    thread = threading.Thread(target=server.serve_forever, args=(0.01,), daemon=True)
+    thread.start()
+    yield fake
+    server.shutdown()
+    server.server_close()
+    thread.join(timeout=5)
+
+
+# ---------------------------------------------------------------------------------------
+# Per-store scripts: a listing of one object p/a.txt = b"abc", a ranged GET, and errors
+
+DATA = b"abc"
+XML_DECL = '<?xml version="1.0" encoding="utf-8"?>'
+LAST_MODIFIED = "Mon, 01 Jan 2024 00:00:00 GMT"
+
+
+def s3_list_ok() -> Reply:
+    xml = (
+        '<?xml version="1.0" encoding="UTF-8"?>'
+        '<ListBucketResult xmlns="http://s3.amazonaws.com/doc/2006-03-01/">'
+        "<Name>bkt</Name><Prefix>p/</Prefix><KeyCount>1</KeyCount><MaxKeys>1000</MaxKeys>"
+        "<IsTruncated>false</IsTruncated><Contents><Key>p/a.txt</Key>"
+        "<LastModified>2024-01-01T00:00:00.000Z</LastModified><ETag>&quot;e1&quot;</ETag>"
+        "<Size>3</Size><StorageClass>STANDARD</StorageClass></Contents></ListBucketResult>"
+    )
+    return Reply(200, xml.encode(), {"Content-Type": "application/xml"})
+
+
+def s3_get_ok() -> Reply:
+    headers = {"ETag": '"e1"', "Content-Range": "bytes 0-2/3", "Last-Modified": LAST_MODIFIED}
+    return Reply(206, DATA, headers)
+
+
+def s3_error(status: int, code: str) -> Reply:
+    xml = f"{XML_DECL}<Error><Code>{code}</Code><Message>m</Message></Error>"
+    return Reply(status, xml.encode(), {"Content-Type": "application/xml"})
+
+
+def az_list_ok() -> Reply:
+    xml = (
+        '<?xml version="1.0" encoding="utf-8"?>'
+        '<EnumerationResults ServiceEndpoint="http://127.0.0.1/acct/" ContainerName="cont">'
+        "<Prefix>p/</Prefix><Blobs><Blob><Name>p/a.txt</Name><Properties>"
+        f"<Last-Modified>{LAST_MODIFIED}</Last-Modified><Etag>0x8D1</Etag>"
+        "<Content-Length>3</Content-Length><BlobType>BlockBlob</BlobType>"
+        "</Properties><Metadata /></Blob></Blobs><NextMarker /></EnumerationResults>"
+    )
+    return Reply(200, xml.encode(), {"Content-Type": "application/xml"})
+
+
+def az_get_ok() -> Reply:
+    headers = {
+        "ETag": "0x8D1",
+        "Content-Range": "bytes 0-2/3",
+        "Last-Modified": LAST_MODIFIED,
+        "x-ms-blob-type": "BlockBlob",
+        "Content-Type": "application/octet-stream",
+    }
+    return Reply(206, DATA, headers)
+
+
+def az_error(status: int, code: str) -> Reply:
+    xml = f"{XML_DECL}<Error><Code>{code}</Code><Message>m</Message></Error>"
+    return Reply(status, xml.encode(), {"x-ms-error-code": code, "Content-Type": "application/xml"})
+
+
+def gcs_list_ok() -> Reply:
+    body = {
+        "kind": "storage#objects",
+        "items": [
+            {
+                "kind": "storage#object",
+                "name": "p/a.txt",
+                "bucket": "bkt",
+                "size": "3",
+                "generation": "7",
+                "md5Hash": "kAFQmDzST7DWlj99KOF/cg==",
+                "updated": "2024-01-01T00:00:00.000Z",
+            }
+        ],
+    }
+    return Reply(200, json.dumps(body).encode(), {"Content-Type": "application/json"})
+
+
+def gcs_get_ok() -> Reply:
+    headers = {"Content-Range": "bytes 0-2/3", "x-goog-generation": "7"}
+    return Reply(206, DATA, headers)
+
+
+def gcs_error(status: int, reason: str) -> Reply:
+    body = {"error": {"code": status, "message": reason, "errors": [{"reason": reason}]}}
+    return Reply(status, json.dumps(body).encode(), {"Content-Type": "application/json"})
+
+
+@dataclass(frozen=True)
+class Kind:
+    uri: str
+    list_ok: object
+    get_ok: object
+    error: object
+    transient: tuple[tuple[int, str], ...]  # (status, code) pairs the store sends when busy
+    denied: tuple[int, str]
+
+
+KINDS = {
+    "s3": Kind(
+        "s3://bkt/p/",
+        s3_list_ok,
+        s3_get_ok,
+        s3_error,
+        ((503, "SlowDown"), (500, "InternalError"), (503, "ServiceUnavailable")),
+        (403, "AccessDenied"),
+    ),
+    "azure": Kind(
+        "az://acct/cont/p/",
+        az_list_ok,
+        az_get_ok,
+        az_error,
+        ((503, "ServerBusy"), (500, "InternalError"), (429, "TooManyRequests")),
+        (403, "AuthenticationFailed"),
+    ),
+    "gcs": Kind(
+        "gs://bkt/p/",
+        gcs_list_ok,
+        gcs_get_ok,
+        gcs_error,
+        ((429, "rateLimitExceeded"), (503, "backendError"), (500, "internalError")),
+        (403, "forbidden"),
+    ),
+}
+
+
+def _backend(kind: str, fake: FakeStore, monkeypatch: pytest.MonkeyPatch, attempts: int):  # noqa: ANN202
+    clean_env(monkeypatch)
+    extra: dict[str, str] = {}
+    if kind == "s3":
+        monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+        monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+        monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+        monkeypatch.setenv("AWS_CONFIG_FILE", "/dev/null")
+        monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", "/dev/null")
+    elif kind == "azure":
+        extra["sas_token"] = "sv=2024-01-01&sig=fake"
+    else:
+        extra["anonymous"] = "true"
+    opts = BackendOptions(
+        endpoint_url=fake.url, max_attempts=attempts, backoff_base=0.001, extra=extra
+    )
+    return open_backend(parse_uri(KINDS[kind].uri), opts)
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_throttling_and_5xx_on_list_are_retried_one_request_per_attempt(
+    kind: str, fake_store: FakeStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    k = KINDS[kind]
+    fake_store.script = [k.error(*t) for t in k.transient] + [k.list_ok()]
+    backend = _backend(kind, fake_store, monkeypatch, attempts=len(k.transient) + 1)
+    infos = list(backend.list())
+    assert [(i.key, i.size) for i in infos] == [("a.txt", 3)]
+    assert len(fake_store.seen) == len(k.transient) + 1, fake_store.seen
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_throttled_range_get_is_retried(
+    kind: str, fake_store: FakeStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    k = KINDS[kind]
+    fake_store.script = [k.list_ok(), k.error(*k.transient[0]), k.get_ok()]
+    backend = _backend(kind, fake_store, monkeypatch, attempts=3)
+    (info,) = list(backend.list())
+    assert backend.get_range(info, 0, 3) == DATA
+    assert len(fake_store.seen) == 3, fake_store.seen
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_sdk_does_not_retry_behind_retry_call(
+    kind: str, fake_store: FakeStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    k = KINDS[kind]
+    fake_store.script = [k.error(*k.transient[0]) for _ in range(10)]
+    backend = _backend(kind, fake_store, monkeypatch, attempts=2)
+    with pytest.raises(TransientError):
+        list(backend.list())
+    assert len(fake_store.seen) == 2, fake_store.seen
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_access_denied_is_not_retried(
+    kind: str, fake_store: FakeStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    k = KINDS[kind]
+    fake_store.script = [k.error(*k.denied) for _ in range(5)]
+    backend = _backend(kind, fake_store, monkeypatch, attempts=5)
+    with pytest.raises(AccessDeniedError):
+        list(backend.list())
+    assert len(fake_store.seen) == 1, fake_store.seen
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_precondition_failed_on_get_is_object_changed(
+    kind: str, fake_store: FakeStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    k = KINDS[kind]
+    changed = {"s3": (412, "PreconditionFailed"), "azure": (412, "ConditionNotMet")}
+    status, code = changed.get(kind, (404, "notFound"))  # GCS: generation gone
+    fake_store.script = [k.list_ok()] + [k.error(status, code) for _ in range(3)]
+    backend = _backend(kind, fake_store, monkeypatch, attempts=3)
+    info: ObjectInfo = next(iter(backend.list()))
+    with pytest.raises(ObjectChangedError):
+        backend.get_range(info, 0, 3)
+    assert len(fake_store.seen) == 2, fake_store.seen

@@ -1,0 +1,133 @@
+"""Dataset URI parsing and backend choice: canonical names, and clear UsageErrors.
+
+Owns the edge cases of silofs.backends.parse_uri/open_backend. Never starts a server and
+never lets a backend touch the network (construction must do no I/O).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import pytest
+
+from silofs.backends import BackendOptions, DatasetURI, open_backend, parse_uri
+from silofs.errors import UsageError
+
+
+@pytest.mark.parametrize(
+    ("uri", "expected"),
+    [
+        ("s3://bucket/some/prefix", DatasetURI("s3", "bucket", "some/prefix/")),
+        ("s3://bucket", DatasetURI("s3", "bucket", "")),
+        ("s3://bucket/", DatasetURI("s3", "bucket", "")),
+        ("S3://bucket/p", DatasetURI("s3", "bucket", "p/")),
+        ("s3://bucket/my%20data/", DatasetURI("s3", "bucket", "my data/")),
+        ("gs://bkt/a/b/", DatasetURI("gs", "bkt", "a/b/")),
+        ("az://acct/container/p", DatasetURI("az", "container", "p/", account="acct")),
+        ("az://acct/container", DatasetURI("az", "container", "", account="acct")),
+        (
+            "https://acct.blob.core.windows.net/container/p/q",
+            DatasetURI("az", "container", "p/q/", account="acct"),
+        ),
+        (
+            "https://ACCT.blob.core.chinacloudapi.cn/container",
+            DatasetURI("az", "container", "", account="acct"),
+        ),
+        ("file:///srv/data/", DatasetURI("file", "/srv/data", "")),
+        ("file://localhost/srv/data", DatasetURI("file", "/srv/data", "")),
+    ],
+)
+def test_parse(uri: str, expected: DatasetURI) -> None:
+    assert parse_uri(uri) == expected
+
+
+def test_bare_path_is_an_absolute_local_directory(
+    tmp_path: os.PathLike[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    parsed = parse_uri("data/set")
+    assert parsed.scheme == "file"
+    assert parsed.bucket == os.path.join(str(tmp_path), "data", "set")
+
+
+@pytest.mark.parametrize(
+    "variants",
+    [
+        ["s3://b/p", "s3://b/p/", "s3://b//p//", "S3://b/p"],
+        ["gs://b", "gs://b/", "gs://b//"],
+        ["az://acct/c/p", "az://acct/c/p/", "https://acct.blob.core.windows.net/c/p/"],
+        ["file:///srv/d", "file:///srv/d/", "file:///srv//d/."],
+    ],
+)
+def test_canonical_name_ignores_slash_spelling(variants: list[str]) -> None:
+    names = {parse_uri(v).canonical for v in variants}
+    assert len(names) == 1, names
+    assert names.pop().endswith("/")
+
+
+def test_canonical_forms() -> None:
+    assert parse_uri("s3://b/p").canonical == "s3://b/p/"
+    assert parse_uri("gs://b").canonical == "gs://b/"
+    assert parse_uri("az://acct/c/p").canonical == "az://acct/c/p/"
+    assert parse_uri("file:///srv/d").canonical == "file:///srv/d/"
+
+
+@pytest.mark.parametrize(
+    ("uri", "words"),
+    [
+        ("", ["empty"]),
+        ("s3://", ["bucket", "s3://BUCKET/PREFIX"]),
+        ("s3:///prefix-only", ["bucket"]),
+        ("gs://", ["bucket", "gs://BUCKET/PREFIX"]),
+        ("az://acct", ["container", "az://ACCOUNT/CONTAINER/PREFIX"]),
+        ("az://acct/", ["container"]),
+        ("az:///container/p", ["account"]),
+        ("https://acct.blob.core.windows.net/", ["container"]),
+        ("https://acct.blob.core.windows.net", ["container"]),
+        ("ftp://host/x", ["unknown URI scheme 'ftp'", "s3://bucket/prefix", "gs://"]),
+        ("https://example.com/data", ["unknown URI scheme 'https'"]),
+        ("hdfs://namenode/data", ["unknown URI scheme 'hdfs'"]),
+        ("file://otherhost/srv", ["file:///absolute/path"]),
+    ],
+)
+def test_bad_uris_are_usage_errors_that_say_what_is_wrong(uri: str, words: list[str]) -> None:
+    with pytest.raises(UsageError) as err:
+        parse_uri(uri)
+    message = str(err.value)
+    assert "\n" not in message
+    for word in words:
+        assert word in message, (word, message)
+
+
+def _no_network(*_args: object, **_kwargs: object) -> None:
+    raise AssertionError("backend construction must not open connections")
+
+
+@pytest.mark.parametrize(
+    ("uri", "cls_name", "extra"),
+    [
+        ("file:///srv/none", "LocalBackend", {}),
+        ("s3://bucket/p", "S3Backend", {}),
+        ("az://acct/container/p", "AzureBackend", {"sas_token": "sv=2024&sig=x"}),
+        ("az://acct/container/p", "AzureBackend", {}),  # missing creds: raised on use
+        ("gs://bucket/p", "GCSBackend", {}),  # missing creds: raised on use
+    ],
+)
+def test_open_backend_picks_the_store_without_io(
+    uri: str, cls_name: str, extra: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(socket.socket, "connect", _no_network)
+    monkeypatch.setattr(socket, "create_connection", _no_network)
+    monkeypatch.setattr(socket, "getaddrinfo", _no_network)
+    for name in ("GOOGLE_APPLICATION_CREDENTIALS", "AZURE_STORAGE_CONNECTION_STRING"):
+        monkeypatch.delenv(name, raising=False)
+    backend = open_backend(parse_uri(uri), BackendOptions(extra=extra))
+    assert type(backend).__name__ == cls_name
+    assert backend.uri == parse_uri(uri).canonical
+    backend.close()
+
+
+def test_open_backend_rejects_an_unknown_scheme() -> None:
+    with pytest.raises(UsageError, match="no backend"):
+        open_backend(DatasetURI("ftp", "b", ""), BackendOptions())
