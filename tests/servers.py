@@ -16,6 +16,7 @@ import base64
 import logging
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -99,6 +100,15 @@ class ServerProcess:
         self.log_file.close()
 
 
+def _die_with_parent() -> None:
+    """In the child: get SIGTERM if pytest dies (even by SIGKILL), so no server outlives it."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        pr_set_pdeathsig = 1
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+
+
 def start_server(
     name: str, argv: list[str], ready_url: str, env: dict[str, str] | None = None
 ) -> ServerProcess:
@@ -107,7 +117,12 @@ def start_server(
     full_env = {**os.environ, "NO_PROXY": LOCALHOST_NO_PROXY, **(env or {})}
     try:
         proc = subprocess.Popen(
-            argv, stdout=log_file, stderr=subprocess.STDOUT, env=full_env, cwd=tempfile.gettempdir()
+            argv,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            env=full_env,
+            cwd=tempfile.gettempdir(),
+            preexec_fn=_die_with_parent,
         )
     except OSError as exc:
         log_file.close()
