@@ -18,6 +18,7 @@ import functools
 import ipaddress
 import logging
 import os
+import re
 import threading
 from base64 import b64decode, b64encode
 from collections.abc import Iterator
@@ -43,6 +44,8 @@ from . import DatasetURI
 from .base import BackendOptions, ObjectInfo, join_prefix, relative_key, retry_call
 
 log = logging.getLogger(__name__)
+
+_ERRNO_TEXT = re.compile(r"\[Errno -?\d+\] ([^'\")\]]+)")
 
 DEFAULT_POOL = 32  # connections per client, shared by the fetcher's threads
 _CRED_KEYS = ("connection_string", "account_key", "sas_token")
@@ -170,6 +173,12 @@ def resolve_auth(uri: DatasetURI, opts: BackendOptions) -> AzureAuth:
         return AzureAuth(url, AzureSasCredential(sas), f"SAS token from {origin}")
     anonymous = opts.extra.get("anonymous", "").lower() in ("1", "true", "yes")
     return AzureAuth(url, None, "anonymous access" if anonymous else "none", anonymous)
+
+
+def _reason(exc: BaseException) -> str:
+    """The OS-level reason inside a wrapped connection error ('Connection refused'), short."""
+    found = _ERRNO_TEXT.search(str(exc))
+    return found.group(1).strip() if found else str(exc)[:160]
 
 
 def _error_code(exc: ax.HttpResponseError) -> str:
@@ -333,7 +342,7 @@ class AzureBackend:
             return self._classify_http(exc, what)
         if isinstance(exc, ax.ServiceRequestError):  # never reached the service
             return UnreachableError(
-                f"cannot reach Azure blob endpoint {ep} for {self.uri}: {exc.message}; "
+                f"cannot reach Azure blob endpoint {ep} for {self.uri}: {_reason(exc)}; "
                 "check the account name, endpoint and network"
             )
         if isinstance(exc, (ax.ServiceResponseError, ax.IncompleteReadError, ax.DecodeError)):

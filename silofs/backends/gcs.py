@@ -18,6 +18,7 @@ import functools
 import json
 import logging
 import os
+import re
 import threading
 import warnings
 from collections.abc import Iterator
@@ -43,6 +44,8 @@ from . import DatasetURI
 from .base import BackendOptions, ObjectInfo, join_prefix, relative_key, retry_call
 
 log = logging.getLogger(__name__)
+
+_ERRNO_TEXT = re.compile(r"\[Errno -?\d+\] ([^'\")\]]+)")
 
 DEFAULT_POOL = 32  # connections per client, shared by the fetcher's threads
 READ_ONLY_SCOPE = "https://www.googleapis.com/auth/devstorage.read_only"
@@ -160,6 +163,12 @@ def _content_id(blob: Any) -> str:
     else:
         digest = "none"
     return f"gs-{digest}:{blob.size}:{blob.generation}"
+
+
+def _reason(exc: BaseException) -> str:
+    """The OS-level reason inside a wrapped connection error ('Connection refused'), short."""
+    found = _ERRNO_TEXT.search(str(exc))
+    return found.group(1).strip() if found else str(exc)[:160]
 
 
 def _refused_connection(exc: requests.exceptions.ConnectionError) -> bool:
@@ -341,7 +350,7 @@ class GCSBackend:
             return UnreachableError(f"cannot reach GCS endpoint {ep} for {self.uri}: {exc}")
         if isinstance(exc, requests.exceptions.ConnectionError) and _refused_connection(exc):
             return UnreachableError(
-                f"cannot reach GCS endpoint {ep} for {self.uri}: connection failed; "
+                f"cannot reach GCS endpoint {ep} for {self.uri}: {_reason(exc)}; "
                 "check the endpoint URL and network"
             )
         if isinstance(exc, requests.exceptions.RequestException):
