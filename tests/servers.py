@@ -171,7 +171,19 @@ def _wait_ready(server: ServerProcess, url: str) -> None:
 
 
 class Store(Protocol):
-    kind: str
+    """What every store helper offers (LocalStore, S3Server, AzuriteServer, GCSServer).
+
+    uri(bucket, prefix)       the dataset URI silofs takes, e.g. s3://bucket/prefix/
+    create(bucket, objects)   make the bucket/container and upload {store key: bytes}
+                              (keys ending in '/' are directory markers)
+    put(bucket, key, data)    create or overwrite one object (for changed-object tests)
+    options(**overrides)      BackendOptions reaching this server (endpoint, credentials)
+    apply_env(monkeypatch)    clear ambient cloud settings, set this server's credentials
+    unreachable_options(port) options pointing at a closed port, credentials intact
+    bad_credentials(...)      (uri, options) that the server must refuse, or pytest.skip
+    """
+
+    kind: str  # local | s3 | azure | gcs
 
     def uri(self, bucket: str, prefix: str = "") -> str: ...
 
@@ -262,7 +274,7 @@ class S3Server:
             aws_access_key_id=self.env["AWS_ACCESS_KEY_ID"],
             aws_secret_access_key=self.env["AWS_SECRET_ACCESS_KEY"],
             region_name=self.env["AWS_DEFAULT_REGION"],
-        ).client("s3", endpoint_url=self.endpoint_url, verify=False)
+        ).client("s3", endpoint_url=self.endpoint_url)
 
     def uri(self, bucket: str, prefix: str = "") -> str:
         return f"s3://{bucket}/{prefix}"
