@@ -48,6 +48,10 @@ class Job:
     submit: float = 0.0
     # Where the job runs now, node -> GPUs (None: not placed, or placement not modelled).
     placement: Mapping[str, int] | None = None
+    # Fraction of its reads that hit the cache right now. Not c/d: items cached during
+    # this epoch help only from the next (§6 "Delayed effectiveness"), which the
+    # data manager sees per job. None: take the cache as filled (Cluster.cached).
+    hit_now: float | None = None
 
 
 @dataclass(frozen=True)
@@ -59,6 +63,17 @@ class Cluster:
     remote_io: float
     pools: Mapping[str, float]
     units: Mapping[str, CacheUnit]
+    # Bytes cached now per unit (None: assume allocations take effect at once). A cache
+    # only fills from its readers' remote fetches, so IO must be planned with what is
+    # there now, not with the allocation: a job whose data is allocated but not yet
+    # cached and which gets no IO would never fill it.
+    cached: Mapping[str, float] | None = None
+
+    def effective(self, cache: Mapping[str, float]) -> dict[str, float]:
+        """The part of an allocation that is filled already."""
+        if self.cached is None:
+            return dict(cache)
+        return {k: min(v, self.cached.get(k, 0.0)) for k, v in cache.items()}
 
     @classmethod
     def pooled(

@@ -13,7 +13,7 @@ import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Protocol
 
-from ..estimator import Estimator
+from ..estimator import Estimator, hit_ratio
 from ..model import Allocation, Cluster, Job
 
 log = logging.getLogger(__name__)
@@ -42,6 +42,19 @@ class CachePolicy(Protocol):
     name: str
 
     def fill_cache(self, jobs: Sequence[Job], cluster: Cluster, alloc: Allocation) -> None: ...
+
+
+def current_hits(
+    jobs: Sequence[Job], cluster: Cluster, cache: Mapping[str, float]
+) -> dict[str, float] | None:
+    """Each job's hit ratio now, or None when nothing says the present differs from the
+    plan (no fill level, no per-job measurement): then plan with the allocation."""
+    if cluster.cached is None and all(j.hit_now is None for j in jobs):
+        return None
+    filled = cluster.effective(cache)
+    return {
+        j.name: j.hit_now if j.hit_now is not None else hit_ratio(j, filled, cluster) for j in jobs
+    }
 
 
 def water_fill(capacity: float, demands: Mapping[str, float]) -> dict[str, float]:

@@ -29,11 +29,11 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..estimator import Estimator, equal_share_perf, hit_ratio
-from ..model import Allocation, Cluster, Job
-from .base import fill_units, spread_leftover_io
+from ..model import Allocation, CacheUnit, Cluster, Job
+from .base import current_hits, fill_units, spread_leftover_io, water_fill
 
 log = logging.getLogger(__name__)
 
@@ -179,24 +179,69 @@ def _binding(
     return frozen or list(free)
 
 
+def with_fixed_hits(
+    jobs: Sequence[Job], cluster: Cluster, hits: Mapping[str, float]
+) -> tuple[list[Job], Cluster]:
+    """The problem as it stands now, when cache cannot change: each job reads a private
+    unit alone in a pool that holds exactly its current hit ratio of the data."""
+    units: dict[str, CacheUnit] = {}
+    pools: dict[str, float] = {}
+    fixed = []
+    for job in jobs:
+        key = f"now:{job.name}"
+        size = cluster.units[next(iter(job.reads))].size
+        units[key] = CacheUnit(key, key, job.dataset, size)
+        pools[key] = hits[job.name] * size
+        fixed.append(replace(job, reads={key: 1.0}, hit_now=None))
+    return fixed, replace(cluster, units=units, pools=pools, cached=None)
+
+
 class GavelPolicy:
-    """Max-min fairness over perf(j, R) / perf(j, R^equal) (Eq. 8, or Eq. 9 with SiloD)."""
+    """Max-min fairness over perf(j, R) / perf(j, R^equal) (Eq. 8, or Eq. 9 with SiloD).
+
+    The cache allocation is the steady-state optimum. GPU shares and IO are the max-min
+    optimum for each job's hit ratio now (Job.hit_now, else the cache as filled), which
+    converge to the steady state as the cache fills and its items become effective; the
+    caller re-runs the policy while they do. Planning IO with the steady state instead
+    would starve exactly the jobs whose cache is being filled.
+    """
 
     name = "gavel"
 
     def allocate(self, jobs: Sequence[Job], cluster: Cluster, estimator: Estimator) -> Allocation:
         e = equal_share_perf(jobs, cluster, estimator)
-        result = maxmin(jobs, cluster, e, io_aware=estimator.io_aware)
-        alloc = Allocation()
+        plan = maxmin(jobs, cluster, e, io_aware=estimator.io_aware)
+        alloc = Allocation(cache=plan.cache if estimator.io_aware else {})
+        hits = current_hits(jobs, cluster, plan.cache) if estimator.io_aware else None
+        if hits is not None:
+            now_jobs, now_cluster = with_fixed_hits(jobs, cluster, hits)
+            plan = maxmin(now_jobs, now_cluster, e)
         for job in jobs:
-            rate = result.rates.get(job.name, 0.0)
+            rate = plan.rates.get(job.name, 0.0)
             alloc.gpu_share[job.name] = min(1.0, rate / job.f_star) if job.f_star > 0 else 0.0
         if not estimator.io_aware:
             return alloc
-        alloc.cache = result.cache
+        spread_leftover_gpus(alloc, jobs, cluster)
+        if hits is None:
+            hits = {j.name: hit_ratio(j, plan.cache, cluster) for j in jobs}
         for job in jobs:
-            rate = result.rates.get(job.name, 0.0)
-            alloc.io[job.name] = rate * (1.0 - hit_ratio(job, result.cache, cluster))
-        ceiling = {j.name: result.rates.get(j.name, 0.0) for j in jobs}
+            alloc.io[job.name] = plan.rates.get(job.name, 0.0) * (1.0 - hits[job.name])
+        ceiling = {j.name: alloc.gpu_share[j.name] * j.f_star for j in jobs}
         spread_leftover_io(alloc, jobs, cluster, ceiling)
         return alloc
+
+
+def spread_leftover_gpus(alloc: Allocation, jobs: Sequence[Job], cluster: Cluster) -> None:
+    """Hand GPU time the max-min plan leaves idle to the jobs, max-min fairly in GPUs.
+
+    Nobody's planned rate drops, so the Eq. 9 level is kept; but a job whose hits turn
+    out better than planned (another job filling a shared dataset, an epoch starting)
+    can then use all of its IO allocation instead of idling at its planned rate.
+    """
+    used = sum(alloc.gpu_share[j.name] * j.gpus for j in jobs)
+    room = {j.name: (1.0 - alloc.gpu_share[j.name]) * j.gpus for j in jobs}
+    extra = water_fill(max(0.0, cluster.total_gpus - used), room)
+    for job in jobs:
+        if job.gpus > 0:
+            share = alloc.gpu_share[job.name] + extra[job.name] / job.gpus
+            alloc.gpu_share[job.name] = min(1.0, share)

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 from ..estimator import Estimator, hit_ratio, unit_efficiency
 from ..model import Allocation, Cluster, Job
-from .base import by_priority, fill_units, place, spread_leftover_io
+from .base import by_priority, current_hits, fill_units, place, spread_leftover_io
 
 log = logging.getLogger(__name__)
 
@@ -101,8 +101,12 @@ class SjfPolicy:
         eff = unit_efficiency(running, cluster)
         alloc.cache = fill_units(sorted(eff, key=lambda k: (-eff[k], k)), cluster, cache)
         left = cluster.remote_io
+        # IO for the hit ratios as they are now (delayed effectiveness, filling)
+        hits = current_hits(running, cluster, alloc.cache) or {
+            j.name: hit_ratio(j, alloc.cache, cluster) for j in running
+        }
         for job in running:
-            need = job.f_star * (1.0 - hit_ratio(job, alloc.cache, cluster))
+            need = job.f_star * (1.0 - hits[job.name])
             alloc.io[job.name] = min(need, left)
             left -= alloc.io[job.name]
         spread_leftover_io(alloc, running, cluster, {j.name: j.f_star for j in running})

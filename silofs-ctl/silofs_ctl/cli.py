@@ -1,0 +1,27 @@
+"""`silofs-ctl`: the controller side's command line.
+
+Owns the click group and which commands it has; each command lives in its own module
+and is registered here with one `main.add_command(...)` line. Never: holds a command's
+logic, or lets an exception reach the user as a traceback.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import click
+
+from .simulate_cmd import simulate_cmd
+
+log = logging.getLogger(__name__)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("-v", "--verbose", count=True, help="More log output (-vv for debug).")
+def main(verbose: int) -> None:
+    """SiloD's controller: allocate cache and remote IO across silofs nodes, or simulate."""
+    level = logging.WARNING - 10 * min(verbose, 2)
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+main.add_command(simulate_cmd)

@@ -1,0 +1,102 @@
+"""LRU under deep learning's access pattern: every item once per epoch, in a new random order.
+
+Owns the closed forms the simulator uses for the Alluxio baseline. Never: keeps state.
+
+One dataset alone in an LRU cache holding a fraction r of it. An item read at position x
+(a fraction of the epoch) is read again at position y of the next epoch. In between,
+the items after x in this epoch and before y in the next are touched; the two sets are
+independent random subsets, so the distinct bytes in between are (1-x) + y - (1-x)y =
+1 - x(1-y). The item hits iff that is under r, i.e. x(1-y) > s with s = 1 - r. For x, y
+independent and uniform, P(XZ > s) = 1 - s + s ln s: the steady-state hit ratio (it
+thrashes: r = 0.5 gives 0.153, not the 0.5 of uniform caching). Conditioned on the
+position y, the hit probability is max(0, 1 - s/(1-y)): hits happen early in an epoch
+and stop at y = r.
+
+Several datasets in one LRU pool: each dataset holds, at steady state, the distinct
+bytes its readers touched within the pool's characteristic time T (Che's approximation),
+with T set so the holdings fill the pool. A dataset then behaves like one alone in an LRU
+of its holding's size. This is exact for one dataset and an approximation otherwise.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Mapping, Sequence
+
+log = logging.getLogger(__name__)
+
+
+def steady_hit_ratio(r: float) -> float:
+    """Expected hit ratio of one epoch after the first, LRU holding fraction r."""
+    if r >= 1.0:
+        return 1.0
+    if r <= 0.0:
+        return 0.0
+    s = 1.0 - r
+    return 1.0 - s + s * math.log(s)
+
+
+def hit_between(r: float, y0: float, y1: float) -> float:
+    """Mean hit probability over epoch positions [y0, y1], LRU holding fraction r."""
+    if r >= 1.0:
+        return 1.0
+    if y1 <= y0:
+        return hit_at(r, y0)
+    s = 1.0 - r
+    top = min(y1, r)
+    if top <= y0:
+        return 0.0
+    # integral of 1 - s/(1-y) dy from y0 to top
+    hits = (top - y0) - s * math.log((1.0 - y0) / (1.0 - top))
+    return max(0.0, hits / (y1 - y0))
+
+
+def hit_at(r: float, y: float) -> float:
+    if r >= 1.0:
+        return 1.0
+    return max(0.0, 1.0 - (1.0 - r) / (1.0 - y)) if y < 1.0 else 0.0
+
+
+def distinct_fraction(w: float) -> float:
+    """Expected distinct fraction of a dataset one reader touches in a window of w epochs."""
+    if w <= 0:
+        return 0.0
+    if w <= 1.0:
+        return w - w**3 / 6.0
+    if w >= 2.0:
+        return 1.0
+    # window [x, x+w) with x uniform: it covers a whole epoch iff x >= 2 - w; otherwise it
+    # covers (1-x) of one epoch and x+w-1 of the next, overlapping in expectation by the
+    # product. Integrating u = 1 - x over (w-1, 1]:
+    inner = w * (2.0 - w) - (w / 2 - 1 / 3 - w * (w - 1) ** 2 / 2 + (w - 1) ** 3 / 3)
+    return inner + (w - 1.0)
+
+
+def holdings(
+    capacity: float, sizes: Mapping[str, float], readers: Mapping[str, Sequence[float]]
+) -> dict[str, float]:
+    """Steady-state bytes each dataset holds in an LRU pool of `capacity`.
+
+    readers: dataset -> read rates (bytes/s) of the jobs reading it now.
+    """
+    active = {k: v for k, v in readers.items() if any(rate > 0 for rate in v)}
+    if sum(sizes[k] for k in active) <= capacity:
+        return {k: sizes[k] for k in active}
+
+    def held(k: str, t: float) -> float:
+        untouched = 1.0
+        for rate in active[k]:
+            untouched *= 1.0 - distinct_fraction(t * rate / sizes[k])
+        return sizes[k] * (1.0 - untouched)
+
+    lo, hi = 0.0, 1.0
+    while sum(held(k, hi) for k in active) < capacity:
+        hi *= 2.0
+    for _ in range(100):
+        mid = (lo + hi) / 2
+        if sum(held(k, mid) for k in active) < capacity:
+            lo = mid
+        else:
+            hi = mid
+    return {k: held(k, lo) for k in active}

@@ -1,0 +1,187 @@
+"""Simulation scenarios: the TOML format, loaded into typed specs and validated.
+
+Owns: the scenario schema (docs/CONTROLLER.md), sizes/rates/durations with units, and
+error messages that name the file and line of the offending key. tomllib gives no line
+numbers, so lines come from a light scan of the text (tables and `key =` lines).
+Never: simulates, and never accepts a key it does not know (a typo would silently fall
+back to a default and skew results).
+
+    [cluster]
+    remote_io = "200MB/s"
+    [[cluster.nodes]]      # one table per node; `count = N` repeats it
+    gpus = 4
+    cache = "1TiB"
+    [[jobs]]
+    name = "resnet50-a"
+    submit = "0s"
+    gpus = 1
+    dataset = "imagenet-a"  # jobs naming the same dataset share it
+    dataset_size = "1.3TiB" # needed on the first job that names a dataset
+    ideal_io = "114MB/s"    # f*
+    epochs = 13
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .tomlcheck import Checker, ConfigError, load_toml, parse_duration
+
+log = logging.getLogger(__name__)
+
+TOP_KEYS = {"description", "cluster", "jobs"}
+CLUSTER_KEYS = {"remote_io", "nodes"}
+NODE_KEYS = {"name", "gpus", "cache", "count"}
+JOB_KEYS = {"name", "submit", "gpus", "dataset", "dataset_size", "ideal_io", "epochs"}
+__all__ = ["JobSpec", "NodeSpec", "Scenario", "ScenarioError", "load_scenario", "parse_duration"]
+
+
+class ScenarioError(ConfigError):
+    """A scenario that cannot be used; the message names the file and line."""
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    name: str
+    gpus: int
+    cache: int
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    name: str
+    submit: float
+    gpus: int
+    dataset: str
+    dataset_size: int
+    ideal_io: float
+    epochs: float
+    line: int = 0
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    description: str
+    remote_io: float
+    nodes: tuple[NodeSpec, ...]
+    jobs: tuple[JobSpec, ...]
+
+    @property
+    def total_gpus(self) -> int:
+        return sum(n.gpus for n in self.nodes)
+
+    @property
+    def datasets(self) -> dict[str, int]:
+        return {j.dataset: j.dataset_size for j in self.jobs}
+
+
+def load_scenario(path: str | Path) -> Scenario:
+    """Read and validate a scenario file; ScenarioError names the line at fault."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ScenarioError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    return parse_scenario(text, str(path))
+
+
+def parse_scenario(text: str, path: str = "<scenario>") -> Scenario:
+    data = load_toml(text, path, ScenarioError)
+    ld = Checker(path, text, ScenarioError)
+    ld.check_keys(data, TOP_KEYS, ())
+    description = data.get("description", "")
+    if not isinstance(description, str):
+        raise ld.fail(("description",), "description must be a string")
+    cluster = ld.need(data, "cluster", ())
+    if not isinstance(cluster, dict):
+        raise ld.fail(("cluster",), "[cluster] must be a table")
+    ld.check_keys(cluster, CLUSTER_KEYS, ("cluster",))
+    remote_io = ld.rate(
+        ld.need(cluster, "remote_io", ("cluster",)), ("cluster", "remote_io"), "remote_io"
+    )
+    if remote_io <= 0:
+        raise ld.fail(("cluster", "remote_io"), 'remote_io must be positive (or "unlimited")')
+    nodes = _nodes(ld, cluster.get("nodes"))
+    jobs = _jobs(ld, data.get("jobs"), sum(n.gpus for n in nodes))
+    return Scenario(Path(path).stem, description, remote_io, nodes, jobs)
+
+
+def _nodes(ld: Checker, raw: Any) -> tuple[NodeSpec, ...]:
+    if not isinstance(raw, list) or not raw:
+        raise ld.fail(("cluster",), "the cluster needs at least one [[cluster.nodes]] table")
+    nodes: list[NodeSpec] = []
+    for i, table in enumerate(raw):
+        where = ("cluster", "nodes", i)
+        ld.check_keys(table, NODE_KEYS, where)
+        raw_gpus = ld.need(table, "gpus", where)
+        gpus = int(ld.number(raw_gpus, where + ("gpus",), "gpus", integer=True))
+        cache = ld.size(ld.need(table, "cache", where), where + ("cache",), "cache")
+        count = int(ld.number(table.get("count", 1), where + ("count",), "count", integer=True))
+        base = str(table.get("name", f"node{i}"))
+        for k in range(count):
+            name = base if count == 1 else f"{base}-{k}"
+            if any(n.name == name for n in nodes):
+                raise ld.fail(where + ("name",), f"node name {name!r} used twice")
+            nodes.append(NodeSpec(name, gpus, cache))
+    return tuple(nodes)
+
+
+def _jobs(ld: Checker, raw: Any, total_gpus: int) -> tuple[JobSpec, ...]:
+    if not isinstance(raw, list) or not raw:
+        raise ld.fail((), "the scenario needs at least one [[jobs]] table")
+    sizes: dict[str, int] = {}
+    names: set[str] = set()
+    jobs = []
+    for i, table in enumerate(raw):
+        job = _job(ld, table, ("jobs", i), sizes)
+        if job.name in names:
+            raise ld.fail(("jobs", i, "name"), f"job name {job.name!r} used twice")
+        if job.gpus > total_gpus:
+            raise ld.fail(
+                ("jobs", i, "gpus"),
+                f"job {job.name!r} needs {job.gpus} GPUs but the cluster has only {total_gpus}",
+            )
+        names.add(job.name)
+        jobs.append(job)
+    return tuple(jobs)
+
+
+def _job(ld: Checker, table: dict, where: tuple, sizes: dict[str, int]) -> JobSpec:
+    ld.check_keys(table, JOB_KEYS, where)
+    name = ld.need(table, "name", where)
+    dataset = ld.need(table, "dataset", where)
+    for key, value in (("name", name), ("dataset", dataset)):
+        if not isinstance(value, str) or not value:
+            raise ld.fail(where + (key,), f"{key} must be a non-empty string")
+    if "dataset_size" in table:
+        size = ld.size(table["dataset_size"], where + ("dataset_size",), "dataset_size")
+        if size == 0:
+            raise ld.fail(where + ("dataset_size",), "dataset_size must not be zero")
+        if sizes.get(dataset, size) != size:
+            raise ld.fail(
+                where + ("dataset_size",),
+                f"dataset {dataset!r} was given size {sizes[dataset]} bytes before, now {size}",
+            )
+        sizes[dataset] = size
+    elif dataset not in sizes:
+        raise ld.fail(where, f"missing key 'dataset_size' (first job naming {dataset!r})")
+    ideal = ld.rate(ld.need(table, "ideal_io", where), where + ("ideal_io",), "ideal_io")
+    if ideal <= 0 or math.isinf(ideal):
+        raise ld.fail(where + ("ideal_io",), "ideal_io must be a positive, finite rate")
+    return JobSpec(
+        name=name,
+        submit=ld.duration(table.get("submit", 0), where + ("submit",), "submit"),
+        gpus=int(ld.number(ld.need(table, "gpus", where), where + ("gpus",), "gpus", integer=True)),
+        dataset=dataset,
+        dataset_size=sizes[dataset],
+        ideal_io=ideal,
+        epochs=float(
+            ld.number(ld.need(table, "epochs", where), where + ("epochs",), "epochs", integer=False)
+        ),
+        line=ld.lines.line(*where) or 0,
+    )
