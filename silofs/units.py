@@ -17,7 +17,9 @@ from .errors import UsageError
 _BINARY = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40, "p": 2**50}
 _DECIMAL = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12, "p": 10**15}
 _SIZE_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*([kmgtp]?)(i?)(b?)\s*$", re.I)
-_RATE_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*([kKmMgGtTpP]?)(i?)(B|b|bit)?(ps|/s)?\s*$")
+_RATE_RE = re.compile(
+    r"^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*([kKmMgGtTpP]?)(i?)(B|b|bit)?(ps|/s)?\s*$"
+)
 
 
 def _multiplier(prefix: str, binary_marker: str, unit: str) -> int:

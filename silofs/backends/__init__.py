@@ -17,7 +17,9 @@ from .base import Backend, BackendOptions, ObjectInfo
 
 __all__ = ["Backend", "BackendOptions", "ObjectInfo", "DatasetURI", "parse_uri", "open_backend"]
 
-_AZURE_HOST = re.compile(r"^([a-z0-9]{3,24})\.blob\.core\.(windows\.net|chinacloudapi\.cn|usgovcloudapi\.net)$")
+_AZURE_HOST = re.compile(
+    r"^([a-z0-9]{3,24})\.blob\.core\.(windows\.net|chinacloudapi\.cn|usgovcloudapi\.net)$"
+)
 
 
 @dataclass(frozen=True)

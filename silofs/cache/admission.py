@@ -1,0 +1,143 @@
+"""Admission and eviction policy, and the one LMDB writer that carries them out.
+
+Owns the quota each dataset may fill (promise 1: uniform admission up to its
+allocation; datasets without an allocation share what is left, first come first served)
+and the Writer: the only code that opens LMDB write txns, batching admissions into
+large txns from one thread. Never fetches and never serves reads; a full queue drops an
+admission (the chunk is admitted on a later miss) rather than slow a reader down.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+import trio
+
+from .store import AdmitResult, CacheStore, PendingChunk, Usage
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class QuotaPolicy:
+    """A frozen view of the allocations, safe to hand to the writer thread."""
+
+    cache_size: int
+    allocations: Mapping[int, int] = field(default_factory=dict)  # dataset id -> bytes
+
+    def quota(self, dsid: int, usage: Mapping[int, Usage]) -> int:
+        if dsid in self.allocations:
+            return self.allocations[dsid]
+        shared = self.cache_size - sum(self.allocations.values())
+        others = sum(u.bytes for d, u in usage.items()
+                     if d != dsid and d not in self.allocations)
+        return max(0, shared - others)
+
+    def excess(self, usage: Mapping[int, Usage]) -> dict[int, int]:
+        """Datasets over their quota, with the size each must shrink to."""
+        out: dict[int, int] = {}
+        for dsid, u in usage.items():
+            q = self.quota(dsid, usage)
+            if u.bytes > q:
+                out[dsid] = q
+        return out
+
+
+@dataclass
+class WriterStats:
+    admitted_chunks: int = 0
+    admitted_bytes: int = 0
+    rejected_chunks: int = 0
+    dropped_chunks: int = 0  # queue full
+    evicted_bytes: int = 0
+    batches: int = 0
+    map_full: int = 0
+
+
+class Writer:
+    """Serialises every LMDB write of the node in one thread at a time."""
+
+    def __init__(self, store: CacheStore, usage: dict[int, Usage],
+                 policy: Callable[[], QuotaPolicy], *, batch_bytes: int,
+                 batch_seconds: float, queue_bytes: int, sync_seconds: float) -> None:
+        self.store = store
+        self.usage = usage  # owned by the trio loop; replaced after each write
+        self.policy = policy
+        self.batch_bytes = batch_bytes
+        self.batch_seconds = batch_seconds
+        self.queue_bytes = queue_bytes
+        self.sync_seconds = sync_seconds
+        self.stats = WriterStats()
+        self._queue: list[PendingChunk] = []
+        self._queued = 0
+        self._wakeup = trio.Event()
+        self._lock = trio.Lock()  # one write txn at a time, in one thread
+
+    def offer(self, item: PendingChunk) -> bool:
+        """Queue a chunk for admission; False (and counted) when the queue is full."""
+        if self._queued + len(item.value) > self.queue_bytes:
+            self.stats.dropped_chunks += 1
+            return False
+        self._queue.append(item)
+        self._queued += len(item.value)
+        self._wakeup.set()
+        return True
+
+    async def call(self, fn: Callable[..., T], *args: object) -> T:
+        """Run a write operation in the writer thread, serialised with admissions."""
+        async with self._lock:
+            return await trio.to_thread.run_sync(fn, *args)
+
+    async def _with_usage(self, fn: Callable[..., T], *args: object) -> T:
+        """Like call(), for writes that change accounting: fn gets a private copy of
+        the usage taken under the lock, and the copy becomes the truth once committed."""
+        async with self._lock:
+            usage = {k: Usage(v.bytes, v.chunks) for k, v in self.usage.items()}
+            result = await trio.to_thread.run_sync(fn, *args, usage)
+            self.usage.clear()  # in place: other components hold this dict
+            self.usage.update(usage)
+            return result
+
+    async def run(self) -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._sync_loop)
+            while True:
+                await self._wakeup.wait()
+                # Let a batch build up: one txn per ~50 ms or 32 MiB, not one per chunk.
+                with trio.move_on_after(self.batch_seconds):
+                    while self._queued < self.batch_bytes:
+                        self._wakeup = trio.Event()
+                        await self._wakeup.wait()
+                await self.flush()
+
+    async def flush(self) -> None:
+        batch, self._queue, self._queued = self._queue, [], 0
+        self._wakeup = trio.Event()
+        if not batch:
+            return
+        quota = self.policy().quota
+        res: AdmitResult = await self._with_usage(
+            lambda b, usage: self.store.admit(b, usage, quota), batch)
+        self.stats.batches += 1
+        self.stats.admitted_chunks += res.admitted
+        self.stats.admitted_bytes += res.admitted_bytes
+        self.stats.rejected_chunks += res.rejected
+        self.stats.map_full += int(res.full)
+
+    async def shrink(self, dsid: int, target: int) -> int:
+        """Evict random chunks of `dsid` until it holds at most `target` bytes."""
+        freed: int = await self._with_usage(self.store.evict_random, dsid, target)
+        self.stats.evicted_bytes += freed
+        if freed:
+            log.info("evicted %d bytes of dataset %d to fit %d", freed, dsid, target)
+        return freed
+
+    async def _sync_loop(self) -> None:
+        while True:
+            await trio.sleep(self.sync_seconds)
+            await self.call(self.store.sync)

@@ -1,0 +1,332 @@
+"""The LMDB environment: chunks, per-dataset accounting, manifests, persisted settings.
+
+Owns every LMDB database of a cache dir and the invariants between them:
+  chunks    chunk key (16 B)            -> encoded chunk (format.py)
+  owners    dataset id (8 B) + chunk key -> data length (u32): who is charged for it
+  usage     dataset id                   -> (bytes, chunks) charged to the dataset
+  datasets  dataset id                   -> JSON record (uri, objects, size, listed_at)
+  names     canonical URI                -> dataset id
+  objects   dataset id + object key      -> JSON [size, mtime, version, content_id]
+  meta      name                         -> JSON (format version, allocations, ...)
+A chunk, its owners row and its usage are changed in one write txn, so accounting never
+drifts from content, even across kill -9. Only the daemon writes, from one thread at a
+time (the Writer); mount processes open the same env and only read. This module never
+decides what to admit or evict: callers pass the quota and the target.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import struct
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
+
+import lmdb
+
+from ..backends.base import ObjectInfo
+from ..errors import SilofsError
+from .format import KEY_SIZE
+
+log = logging.getLogger(__name__)
+
+STORE_VERSION = 1
+_ID = struct.Struct(">Q")  # big-endian so a dataset's rows sort together
+_USAGE = struct.Struct("<QQ")
+_LEN = struct.Struct("<I")
+_DBS = (b"chunks", b"owners", b"usage", b"datasets", b"names", b"objects", b"meta")
+_EVICT_BATCH = 512
+
+
+@dataclass
+class Usage:
+    bytes: int = 0
+    chunks: int = 0
+
+
+@dataclass(frozen=True)
+class PendingChunk:
+    """A fetched chunk waiting for admission."""
+
+    dataset: int
+    key: bytes
+    value: bytes  # encoded (header + data)
+    data_len: int
+    replace: bool = False  # overwrite a cached value that failed verification
+
+
+@dataclass
+class AdmitResult:
+    admitted: int = 0
+    admitted_bytes: int = 0
+    rejected: int = 0  # over quota: uniform admission keeps what it has
+    present: int = 0  # already cached (another mount or dataset got there first)
+    full: bool = False  # LMDB map full: the disk budget is used up
+
+
+def dataset_prefix(dsid: int) -> bytes:
+    return _ID.pack(dsid)
+
+
+class CacheStore:
+    """One cache dir's LMDB env, opened by the daemon (writer) or a mount (reader)."""
+
+    def __init__(self, path: str, map_size: int, *, readonly: bool = False) -> None:
+        self.path = path
+        self.readonly = readonly
+        try:
+            self.env = lmdb.open(
+                path, map_size=map_size, max_dbs=len(_DBS) + 2, subdir=True,
+                readonly=readonly, create=not readonly,
+                # sync=False: a kill -9 loses nothing (the page cache keeps committed
+                # pages); an OS crash can lose the last txns but never corrupts the env.
+                # The Writer calls sync() periodically to bound that window.
+                sync=False, metasync=False, readahead=False, max_readers=1024,
+                lock=True,
+            )
+        except lmdb.Error as exc:
+            raise SilofsError(f"cannot open cache at {path}: {exc}") from None
+        self.dbs = {name: self.env.open_db(name, create=not readonly) for name in _DBS}
+        if not readonly:
+            self._check_version()
+
+    # -- small helpers -------------------------------------------------------------
+    def db(self, name: bytes) -> lmdb._Database:
+        return self.dbs[name]
+
+    def _check_version(self) -> None:
+        with self.env.begin(write=True) as txn:
+            raw = txn.get(b"store_version", db=self.db(b"meta"))
+            if raw is None:
+                txn.put(b"store_version", json.dumps(STORE_VERSION).encode(), db=self.db(b"meta"))
+            elif json.loads(raw) != STORE_VERSION:
+                raise SilofsError(f"cache at {self.path} has store version {raw.decode()}, this "
+                                  f"silofs reads {STORE_VERSION}: use another --cache-dir")
+
+    def close(self) -> None:
+        self.env.close()
+
+    def sync(self) -> None:
+        self.env.sync(True)
+
+    def read_txn(self) -> lmdb.Transaction:
+        # buffers=True: get() returns memoryviews into the map, valid while the txn is.
+        return self.env.begin(buffers=True)
+
+    # -- meta ----------------------------------------------------------------------
+    def get_meta(self, name: str) -> object | None:
+        with self.env.begin() as txn:
+            raw = txn.get(name.encode(), db=self.db(b"meta"))
+        return None if raw is None else json.loads(raw)
+
+    def put_meta(self, name: str, value: object | None) -> None:
+        with self.env.begin(write=True) as txn:
+            if value is None:
+                txn.delete(name.encode(), db=self.db(b"meta"))
+            else:
+                txn.put(name.encode(), json.dumps(value).encode(), db=self.db(b"meta"))
+
+    def iter_meta(self, prefix: str) -> Iterator[tuple[str, object]]:
+        with self.env.begin() as txn:
+            cur = txn.cursor(db=self.db(b"meta"))
+            p = prefix.encode()
+            if cur.set_range(p):
+                for k, v in cur:
+                    if not k.startswith(p):
+                        break
+                    yield k.decode(), json.loads(v)
+
+    # -- datasets and manifests ----------------------------------------------------
+    def dataset_id(self, uri: str, *, create: bool) -> int | None:
+        with self.env.begin(write=create) as txn:
+            raw = txn.get(uri.encode(), db=self.db(b"names"))
+            if raw is not None:
+                return _ID.unpack(raw)[0]
+            if not create:
+                return None
+            next_raw = txn.get(b"next_dataset_id", db=self.db(b"meta"))
+            dsid = json.loads(next_raw) if next_raw else 1
+            txn.put(b"next_dataset_id", json.dumps(dsid + 1).encode(), db=self.db(b"meta"))
+            txn.put(uri.encode(), _ID.pack(dsid), db=self.db(b"names"))
+            txn.put(_ID.pack(dsid), json.dumps({"uri": uri}).encode(), db=self.db(b"datasets"))
+            return dsid
+
+    def dataset_record(self, dsid: int) -> dict:
+        with self.env.begin() as txn:
+            raw = txn.get(_ID.pack(dsid), db=self.db(b"datasets"))
+        return json.loads(raw) if raw else {}
+
+    def all_datasets(self) -> dict[int, dict]:
+        with self.env.begin() as txn:
+            return {_ID.unpack(k)[0]: json.loads(v)
+                    for k, v in txn.cursor(db=self.db(b"datasets"))}
+
+    def replace_manifest(self, dsid: int, objects: Iterable[ObjectInfo], record: dict) -> None:
+        """Swap a dataset's manifest in one txn, so readers see the old or the new one."""
+        prefix = _ID.pack(dsid)
+        odb = self.db(b"objects")
+        with self.env.begin(write=True) as txn:
+            cur = txn.cursor(db=odb)
+            if cur.set_range(prefix):
+                while cur.key().startswith(prefix):
+                    if not cur.delete():
+                        break
+            for o in objects:
+                value = json.dumps([o.size, o.mtime, o.version, o.content_id]).encode()
+                txn.put(prefix + o.key.encode(), value, db=odb)
+            txn.put(prefix, json.dumps(record).encode(), db=self.db(b"datasets"))
+
+    def iter_manifest(self, dsid: int) -> Iterator[ObjectInfo]:
+        prefix = _ID.pack(dsid)
+        n = len(prefix)
+        with self.env.begin() as txn:
+            cur = txn.cursor(db=self.db(b"objects"))
+            if not cur.set_range(prefix):
+                return
+            for k, v in cur:
+                if not k.startswith(prefix):
+                    break
+                size, mtime, version, cid = json.loads(v)
+                yield ObjectInfo(k[n:].decode(), size, mtime, version, cid)
+
+    def get_object(self, dsid: int, key: str) -> ObjectInfo | None:
+        with self.env.begin() as txn:
+            raw = txn.get(_ID.pack(dsid) + key.encode(), db=self.db(b"objects"))
+        if raw is None:
+            return None
+        size, mtime, version, cid = json.loads(raw)
+        return ObjectInfo(key, size, mtime, version, cid)
+
+    # -- accounting ----------------------------------------------------------------
+    def load_usage(self) -> dict[int, Usage]:
+        """Bytes and chunks per dataset, read from the usage rows (no cache walk)."""
+        with self.env.begin() as txn:
+            return {_ID.unpack(k)[0]: Usage(*_USAGE.unpack(v))
+                    for k, v in txn.cursor(db=self.db(b"usage"))}
+
+    def _put_usage(self, txn: lmdb.Transaction, dsid: int, u: Usage) -> None:
+        txn.put(_ID.pack(dsid), _USAGE.pack(u.bytes, u.chunks), db=self.db(b"usage"))
+
+    def _remove_chunk(self, txn: lmdb.Transaction, key: bytes, usage: dict[int, Usage]) -> int:
+        """Delete a chunk and uncharge its owner; returns the data bytes freed.
+
+        The owner is found from the owners rows, not the header, because this runs
+        when a value failed verification and its header cannot be trusted.
+        """
+        txn.delete(key, db=self.db(b"chunks"))
+        for owner in list(usage):
+            row = _ID.pack(owner) + key
+            length_raw = txn.get(row, db=self.db(b"owners"))
+            if length_raw is not None:
+                return self._uncharge(txn, owner, row, _LEN.unpack(length_raw)[0], usage)
+        return 0
+
+    def _uncharge(self, txn: lmdb.Transaction, owner: int, row: bytes, length: int,
+                  usage: dict[int, Usage]) -> int:
+        txn.delete(row, db=self.db(b"owners"))
+        u = usage.setdefault(owner, Usage())
+        u.bytes -= length
+        u.chunks -= 1
+        self._put_usage(txn, owner, u)
+        return length
+
+    def admit(self, items: list[PendingChunk], usage: dict[int, Usage],
+              quota: Callable[[int, Mapping[int, Usage]], int]) -> AdmitResult:
+        """Admit `items` in one txn. `usage` is updated in place to the committed state.
+
+        quota(dataset, usage) is the most bytes the dataset may hold right now; a chunk
+        that would take it over is rejected (uniform admission: no eviction to make room).
+        """
+        res = AdmitResult()
+        work = {k: Usage(v.bytes, v.chunks) for k, v in usage.items()}
+        try:
+            with self.env.begin(write=True) as txn:
+                for item in items:
+                    self._admit_one(txn, item, work, quota, res)
+        except lmdb.MapFullError:
+            log.warning("cache map is full; admission pauses until space is freed")
+            return AdmitResult(rejected=len(items), full=True)
+        usage.clear()
+        usage.update(work)
+        return res
+
+    def _admit_one(self, txn: lmdb.Transaction, item: PendingChunk, work: dict[int, Usage],
+                   quota: Callable[[int, Mapping[int, Usage]], int], res: AdmitResult) -> None:
+        chunks = self.db(b"chunks")
+        if txn.get(item.key, db=chunks) is not None:
+            if not item.replace:
+                res.present += 1
+                return
+            self._remove_chunk(txn, item.key, work)
+        u = work.setdefault(item.dataset, Usage())
+        if u.bytes + item.data_len > quota(item.dataset, work):
+            res.rejected += 1
+            return
+        txn.put(item.key, item.value, db=chunks)
+        txn.put(_ID.pack(item.dataset) + item.key, _LEN.pack(item.data_len),
+                db=self.db(b"owners"))
+        u.bytes += item.data_len
+        u.chunks += 1
+        self._put_usage(txn, item.dataset, u)
+        res.admitted += 1
+        res.admitted_bytes += item.data_len
+
+    def evict_random(self, dsid: int, target_bytes: int, usage: dict[int, Usage]) -> int:
+        """Evict random chunks of `dsid` until it holds <= target_bytes. Returns bytes freed.
+
+        Chunk keys are hashes, so seeking to a random key within the dataset's owners
+        range picks a uniformly random chunk without walking the cache. Works in small
+        txns so the writer never holds the lock long.
+        """
+        freed = 0
+        prefix = _ID.pack(dsid)
+        while usage.get(dsid, Usage()).bytes > target_bytes:
+            work = {k: Usage(v.bytes, v.chunks) for k, v in usage.items()}
+            with self.env.begin(write=True) as txn:
+                for _ in range(_EVICT_BATCH):
+                    if work.get(dsid, Usage()).bytes <= target_bytes:
+                        break
+                    key = self._random_owned_key(txn, prefix)
+                    if key is None:
+                        work[dsid] = Usage()  # accounting said more than there is
+                        self._put_usage(txn, dsid, work[dsid])
+                        break
+                    freed += self._remove_owned(txn, dsid, key, work)
+            usage.clear()
+            usage.update(work)
+            if usage.get(dsid, Usage()).chunks <= 0 and usage[dsid].bytes > target_bytes:
+                usage[dsid] = Usage()
+        return freed
+
+    def _random_owned_key(self, txn: lmdb.Transaction, prefix: bytes) -> bytes | None:
+        cur = txn.cursor(db=self.db(b"owners"))
+        probe = prefix + random.randbytes(KEY_SIZE)
+        if cur.set_range(probe) and cur.key().startswith(prefix):
+            return cur.key()[len(prefix):]
+        if cur.set_range(prefix) and cur.key().startswith(prefix):
+            return cur.key()[len(prefix):]
+        return None
+
+    def _remove_owned(self, txn: lmdb.Transaction, dsid: int, key: bytes,
+                      work: dict[int, Usage]) -> int:
+        row = _ID.pack(dsid) + key
+        length = _LEN.unpack(txn.get(row, db=self.db(b"owners")))[0]
+        txn.delete(key, db=self.db(b"chunks"))
+        return self._uncharge(txn, dsid, row, length, work)
+
+
+def env_map_size(cache_size: int) -> int:
+    """LMDB map size for a byte budget: data + B-tree/overflow-page slack + manifests."""
+    return int(cache_size * 1.25) + (256 << 20)
+
+
+def disk_free(path: str) -> int:
+    st = os.statvfs(path)
+    return st.f_bavail * st.f_frsize
+
+
+def now() -> float:
+    return time.time()

@@ -1,0 +1,388 @@
+"""`silofs daemon|mount|unmount`: the node-side command line.
+
+Owns flags, their translation into settings, starting a default daemon when none runs,
+the readiness handshake with a background mount process, and turning every error into
+one line on stderr with a non-zero exit. Never serves FUSE or talks to a store itself.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import click
+
+from .config import MountSettings, NodeSettings, default_socket, load_node_settings
+from .control.client import ControlClient, ControlError
+from .errors import SilofsError, UsageError
+from .units import parse_rate, parse_size
+
+log = logging.getLogger(__name__)
+
+DAEMON_START_TIMEOUT = 30.0
+MOUNT_READY_TIMEOUT = 600.0
+
+
+def setup_logging(level: str, log_file: str | None = None) -> None:
+    logging.basicConfig(
+        level=getattr(logging, level.upper(), logging.INFO), filename=log_file,
+        format="%(asctime)s %(process)d %(levelname)s %(name)s: %(message)s")
+
+
+def fail(message: str, code: int = 1) -> None:
+    click.echo(f"silofs: error: {message}", err=True)
+    sys.exit(code)
+
+
+def one_line_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Errors we expect become one line on stderr; the traceback goes to the log only."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except (SilofsError, ControlError) as exc:
+            fail(str(exc))
+        except KeyboardInterrupt:
+            fail("interrupted", 130)
+
+    return wrapper
+
+
+def state_dir() -> str:
+    if os.geteuid() == 0:
+        return "/var/log/silofs"
+    base = os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state")
+    return os.path.join(base, "silofs")
+
+
+def _size(_ctx: click.Context, _param: click.Parameter, value: str | None) -> int | None:
+    try:
+        return None if value is None else parse_size(value)
+    except UsageError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
+def _rate(_ctx: click.Context, _param: click.Parameter, value: str | None) -> int | None:
+    try:
+        return None if value is None else parse_rate(value)
+    except UsageError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
+def _octal(_ctx: click.Context, _param: click.Parameter, value: str) -> int:
+    try:
+        return int(value, 8)
+    except ValueError:
+        raise click.BadParameter(f"{value!r} is not an octal mode like 0444") from None
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="silofs")
+def main() -> None:
+    """silofs: mount a bucket read-only, served from a local-SSD cache."""
+
+
+socket_option = click.option("--socket", default=None, envvar="SILOFS_SOCKET",
+                             help="Control socket of the node daemon.")
+
+
+# -- daemon ----------------------------------------------------------------------------
+@main.command()
+@click.option("--config", "config_file", type=click.Path(), default=None,
+              help="TOML settings (see configs/silofs.toml).")
+@socket_option
+@click.option("--cache-dir", default=None, help="Directory of the LMDB cache.")
+@click.option("--cache-size", default=None, callback=_size, help="Cache budget, e.g. 500G.")
+@click.option("--chunk-size", default=None, callback=_size, help="Default chunk size.")
+@click.option("--endpoint-url", default=None, help="Default store endpoint.")
+@click.option("--log-level", default=None, help="debug, info, warning, error.")
+@one_line_errors
+def daemon(config_file: str | None, socket: str | None, cache_dir: str | None,
+           cache_size: int | None, chunk_size: int | None, endpoint_url: str | None,
+           log_level: str | None) -> None:
+    """Run the node daemon in the foreground (systemd Type=notify)."""
+    from .control.http import AddressInUseError
+    from .daemon import run_daemon
+
+    settings = load_node_settings(config_file, socket=socket, cache_dir=cache_dir,
+                                  cache_size=cache_size, chunk_size=chunk_size,
+                                  endpoint_url=endpoint_url, log_level=log_level)
+    setup_logging(settings.log_level, settings.log_file)
+    try:
+        run_daemon(settings)
+    except AddressInUseError as exc:
+        raise SilofsError(str(exc)) from None
+
+
+# -- mount -----------------------------------------------------------------------------
+def _check_mountpoint(path: str) -> str:
+    path = os.path.abspath(path)
+    try:
+        if not os.path.isdir(path):
+            raise UsageError(f"mountpoint {path} does not exist or is not a directory: "
+                             "create it first")
+    except OSError as exc:
+        raise UsageError(f"mountpoint {path} is unusable ({exc.strerror}): if it is a dead "
+                         f"mount, run `silofs unmount {path}`") from None
+    if os.path.ismount(path):
+        raise UsageError(f"mountpoint {path} is busy: something is already mounted there")
+    return path
+
+
+def _start_daemon(socket: str, cache_dir: str | None, cache_size: int | None,
+                  endpoint_url: str | None) -> None:
+    """Start a default node daemon in the background and wait until it answers."""
+    os.makedirs(state_dir(), exist_ok=True)
+    log_path = os.path.join(state_dir(), "daemon.log")
+    args = [sys.executable, "-m", "silofs", "daemon", "--socket", socket]
+    for flag, value in (("--cache-dir", cache_dir), ("--cache-size", cache_size),
+                        ("--endpoint-url", endpoint_url)):
+        if value is not None:
+            args += [flag, str(value)]
+    with open(log_path, "ab") as logf:
+        logf.write(f"--- starting: {' '.join(args)}\n".encode())
+        logf.flush()
+        proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=logf, stderr=logf,
+                                start_new_session=True)
+    deadline = time.monotonic() + DAEMON_START_TIMEOUT
+    with ControlClient(socket, timeout=2) as client:
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise SilofsError(_last_error(log_path) or
+                                  f"the silofs daemon exited; see {log_path}")
+            try:
+                client.request("GET", "/v1/status")
+                return
+            except ControlError:
+                time.sleep(0.05)
+    proc.kill()
+    raise SilofsError(f"the silofs daemon did not start within {DAEMON_START_TIMEOUT:.0f}s; "
+                      f"see {log_path}")
+
+
+def _last_error(log_path: str) -> str | None:
+    with open(log_path, errors="replace") as f:
+        lines = [ln.strip() for ln in f.read().splitlines()[-20:]]
+    for line in reversed(lines):
+        if line.startswith("silofs: error: "):
+            return line[len("silofs: error: "):]
+    return None
+
+
+def _ensure_daemon(socket: str, cache_dir: str | None, cache_size: int | None,
+                   endpoint_url: str | None) -> None:
+    try:
+        with ControlClient(socket, timeout=5) as client:
+            node = client.request("GET", "/v1/status")["node"]
+    except ControlError as exc:
+        if exc.status is not None:
+            raise
+        _start_daemon(socket, cache_dir, cache_size, endpoint_url)
+        return
+    if cache_dir and os.path.abspath(cache_dir) != os.path.abspath(node["cache_dir"]):
+        click.echo(f"silofs: note: the running daemon uses cache dir {node['cache_dir']}; "
+                   "--cache-dir is ignored", err=True)
+
+
+def _wait_listing(socket: str, uri: str, refresh: bool, endpoint_url: str | None) -> dict:
+    """Open the dataset in the daemon, with a progress line on a terminal."""
+    tty = sys.stderr.isatty()
+    with ControlClient(socket, timeout=30) as client:
+        ds = client.request("POST", "/v1/datasets",
+                            {"uri": uri, "refresh": refresh, "endpoint_url": endpoint_url})
+        deadline = time.monotonic() + MOUNT_READY_TIMEOUT
+        while ds["state"] in ("checking", "listing") and time.monotonic() < deadline:
+            if tty and ds["state"] == "listing":
+                click.echo(f"\rlisting {ds['uri']}: {ds['listed']} objects", nl=False, err=True)
+            time.sleep(0.1)
+            ds = client.request("GET", f"/v1/datasets/{ds['id']}")
+    if tty and ds.get("listed"):
+        click.echo(f"\rlisted {ds['uri']}: {ds['listed']} objects", err=True)
+    if ds["state"] != "ready":
+        raise SilofsError(ds.get("error") or f"listing {uri} did not finish")
+    return ds
+
+
+@main.command()
+@click.argument("uri")
+@click.argument("mountpoint")
+@click.option("--job", default=None, help="Job name (remote IO is allocated per job). "
+              "Default: the mountpoint's name.")
+@socket_option
+@click.option("--cache-dir", default=None, help="Cache dir, if this starts the daemon.")
+@click.option("--cache-size", default=None, callback=_size,
+              help="Cache budget, if this starts the daemon (e.g. 100G).")
+@click.option("--chunk-size", default=None, callback=_size, help="Chunk size (default 4M).")
+@click.option("--endpoint-url", default=None, envvar="AWS_ENDPOINT_URL",
+              help="S3-compatible endpoint (also AWS_ENDPOINT_URL).")
+@click.option("--io-limit", default=None, callback=_rate,
+              help="Initial remote IO allocation of the job, e.g. 200MB/s.")
+@click.option("--refresh", is_flag=True, help="List the bucket again.")
+@click.option("--foreground", "-f", is_flag=True, help="Serve in this process.")
+@click.option("--allow-other", is_flag=True, help="Let other users read the mount.")
+@click.option("--uid", type=int, default=None, help="Owner of files (default: you).")
+@click.option("--gid", type=int, default=None, help="Group of files (default: yours).")
+@click.option("--file-mode", default="0444", callback=_octal, help="Mode of files.")
+@click.option("--dir-mode", default="0555", callback=_octal, help="Mode of directories.")
+@click.option("--log-level", default="info")
+@one_line_errors
+def mount(uri: str, mountpoint: str, job: str | None, socket: str | None,
+          cache_dir: str | None, cache_size: int | None, chunk_size: int | None,
+          endpoint_url: str | None, io_limit: int | None, refresh: bool, foreground: bool,
+          allow_other: bool, uid: int | None, gid: int | None, file_mode: int, dir_mode: int,
+          log_level: str) -> None:
+    """Mount the bucket prefix URI read-only at MOUNTPOINT.
+
+    URI: file:///abs/dir (or a local path), s3://bucket/prefix, az://account/container/prefix,
+    gs://bucket/prefix. Returns once the mount is ready.
+    """
+    from .backends import parse_uri
+
+    socket = socket or default_socket()
+    canonical = parse_uri(uri).canonical
+    mountpoint = _check_mountpoint(mountpoint)
+    if chunk_size is not None and not (64 << 10) <= chunk_size <= (64 << 20):
+        raise UsageError("--chunk-size must be between 64KiB and 64MiB")
+    _ensure_daemon(socket, cache_dir, cache_size, endpoint_url)
+    _wait_listing(socket, canonical, refresh, endpoint_url)
+    settings = MountSettings(
+        uri=canonical, mountpoint=mountpoint, job=job or os.path.basename(mountpoint),
+        chunk_size=chunk_size, allow_other=allow_other,
+        uid=os.getuid() if uid is None else uid, gid=os.getgid() if gid is None else gid,
+        file_mode=file_mode, dir_mode=dir_mode, refresh=False, io_limit=io_limit,
+        endpoint_url=endpoint_url)
+    if foreground:
+        _mount_foreground(settings, socket, log_level)
+    else:
+        _mount_background(settings, socket, log_level)
+
+
+def _mount_foreground(settings: MountSettings, socket: str, log_level: str) -> None:
+    from .mount import run_mount
+
+    setup_logging(log_level)
+    errors: list[str] = []
+
+    def ready(error: str | None) -> None:
+        if error:
+            errors.append(error)
+        else:
+            click.echo(f"silofs: {settings.uri} mounted at {settings.mountpoint}", err=True)
+
+    run_mount(settings, socket, ready)
+    if errors:
+        raise SilofsError(errors[0])
+
+
+def _mount_background(settings: MountSettings, socket: str, log_level: str) -> None:
+    os.makedirs(state_dir(), exist_ok=True)
+    log_path = os.path.join(state_dir(), f"mount-{settings.job}.log")
+    read_fd, write_fd = os.pipe()
+    args = [sys.executable, "-m", "silofs", "mount-process", "--ready-fd", str(write_fd),
+            "--socket", socket, "--log-level", log_level, "--log-file", log_path,
+            json.dumps(vars(settings))]
+    proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, pass_fds=(write_fd,),
+                            start_new_session=True)
+    os.close(write_fd)
+    with os.fdopen(read_fd) as pipe:
+        answer = pipe.readline().strip()  # EOF if the child dies before it answers
+    if answer == "ok":
+        return
+    if proc.poll() is None and not answer:
+        proc.kill()
+    raise SilofsError(answer.removeprefix("error: ") or
+                      f"the mount process exited before the mount was ready; see {log_path}")
+
+
+@main.command("mount-process", hidden=True)
+@click.option("--ready-fd", type=int, required=True)
+@click.option("--socket", required=True)
+@click.option("--log-level", default="info")
+@click.option("--log-file", default=None)
+@click.argument("settings_json")
+def mount_process(ready_fd: int, socket: str, log_level: str, log_file: str | None,
+                  settings_json: str) -> None:
+    """Internal: the background mount process started by `silofs mount`."""
+    from .mount import run_mount
+
+    setup_logging(log_level, log_file)
+    settings = MountSettings(**json.loads(settings_json))
+    pipe = os.fdopen(ready_fd, "w")
+
+    def ready(error: str | None) -> None:
+        pipe.write("ok\n" if error is None else f"error: {error}\n")
+        pipe.close()
+
+    try:
+        run_mount(settings, socket, ready)
+    except BaseException as exc:
+        log.exception("mount process failed")
+        if not pipe.closed:
+            ready(f"mount process failed: {exc}")
+        raise SystemExit(1) from None
+
+
+# -- unmount ---------------------------------------------------------------------------
+def silofs_mounts() -> dict[str, str]:
+    """Mountpoint -> fs type of the FUSE mounts in this namespace that are ours."""
+    out = {}
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            fields = line.split()
+            sep = fields.index("-")
+            if fields[sep + 1].startswith("fuse") and "silofs" in line:
+                out[fields[4].encode().decode("unicode_escape")] = fields[sep + 1]
+    return out
+
+
+@main.command()
+@click.argument("mountpoint")
+@socket_option
+@click.option("--lazy", "-z", is_flag=True, help="Detach now, finish when no longer busy.")
+@one_line_errors
+def unmount(mountpoint: str, socket: str | None, lazy: bool) -> None:
+    """Unmount a silofs mount and wait for its process to finish."""
+    path = os.path.realpath(mountpoint) if os.path.exists(mountpoint) else \
+        os.path.abspath(mountpoint)
+    if path not in silofs_mounts():
+        raise UsageError(f"{path} is not a silofs mount")
+    pid = _mount_pid(socket or default_socket(), path)
+    cmd = ["fusermount3", "-u"] + (["-z"] if lazy else []) + [path]
+    res = subprocess.run(cmd, capture_output=True, text=True)
+    if res.returncode != 0:
+        reason = (res.stderr.strip().splitlines() or ["fusermount3 failed"])[-1]
+        raise SilofsError(f"cannot unmount {path}: {reason}")
+    deadline = time.monotonic() + 10
+    while pid and time.monotonic() < deadline and _alive(pid):
+        time.sleep(0.05)
+
+
+def _mount_pid(socket: str, path: str) -> int | None:
+    try:
+        with ControlClient(socket, timeout=5) as client:
+            for m in client.request("GET", "/v1/status")["mounts"]:
+                if m["mountpoint"] == path:
+                    return int(m["pid"])
+    except ControlError:
+        pass
+    return None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+__all__ = ["main", "NodeSettings"]

@@ -1,0 +1,140 @@
+"""Typed settings for the node daemon and for one mount, from TOML and flags.
+
+Owns defaults, the config file grammar (configs/silofs.toml documents every key), and
+validation into one-line UsageErrors. Never starts anything and never touches the cache.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+from dataclasses import dataclass, field
+
+from .errors import UsageError
+from .units import parse_rate, parse_size
+
+
+def default_socket() -> str:
+    if env := os.environ.get("SILOFS_SOCKET"):
+        return env
+    if os.geteuid() == 0:
+        return "/run/silofs/control.sock"
+    runtime = os.environ.get("XDG_RUNTIME_DIR") or f"/tmp/silofs-{os.geteuid()}"
+    return os.path.join(runtime, "silofs", "control.sock")
+
+
+def default_cache_dir() -> str:
+    if env := os.environ.get("SILOFS_CACHE_DIR"):
+        return env
+    if os.geteuid() == 0:
+        return "/var/cache/silofs"
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
+    return os.path.join(base, "silofs")
+
+
+@dataclass
+class NodeSettings:
+    """[daemon] and [backend] sections of silofs.toml."""
+
+    socket: str = field(default_factory=default_socket)
+    socket_mode: int = 0o666  # anyone may read status; changes are checked by peer creds
+    socket_group: str | None = None  # group owning the socket file
+    admin_group: str | None = None  # members may change allocations (root always may)
+    cache_dir: str = field(default_factory=default_cache_dir)
+    cache_size: int | None = None  # None: 10 GiB, or half the free disk if less
+    chunk_size: int = 4 << 20
+    fetch_threads: int = 16  # concurrent remote GETs and listings, all jobs together
+    writer_batch_bytes: int = 32 << 20
+    writer_batch_seconds: float = 0.05
+    admission_queue_bytes: int = 256 << 20
+    sync_seconds: float = 5.0
+    log_level: str = "info"
+    log_file: str | None = None
+    # backend
+    endpoint_url: str | None = None
+    connect_timeout: float = 10.0
+    read_timeout: float = 30.0
+    max_attempts: int = 5
+    page_size: int = 1000
+    backend_extra: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class MountSettings:
+    uri: str
+    mountpoint: str
+    job: str
+    chunk_size: int | None = None  # None: the daemon's default
+    allow_other: bool = False
+    uid: int = field(default_factory=os.getuid)
+    gid: int = field(default_factory=os.getgid)
+    file_mode: int = 0o444
+    dir_mode: int = 0o555
+    refresh: bool = False
+    readahead_chunks: int = 4  # sequential reads of large objects fetch this far ahead
+    buffer_bytes: int = 128 << 20  # fetched chunks held in the mount process (not admitted)
+    read_ahead_kb: int = 1024  # bdi read-ahead: 1 MiB kernel read requests
+    attr_timeout: float = 3600.0  # the snapshot never changes under a mount
+    io_limit: int | None = None
+    endpoint_url: str | None = None
+    admission: str = "uniform"
+
+
+_SIZE_KEYS = {"cache_size", "chunk_size", "writer_batch_bytes", "admission_queue_bytes"}
+_SECTIONS = {"daemon", "backend"}
+
+
+def _convert(name: str, value: object, kind: type | str) -> object:
+    if name in _SIZE_KEYS:
+        return parse_size(value)  # type: ignore[arg-type]
+    if name == "socket_mode" and isinstance(value, str):
+        try:
+            return int(value, 8)
+        except ValueError:
+            raise UsageError(f"socket_mode must be octal like \"0660\", not {value!r}") from None
+    if name == "backend_extra":
+        if not isinstance(value, dict):
+            raise UsageError("backend_extra must be a table")
+        return {str(k): str(v) for k, v in value.items()}
+    return value
+
+
+def load_node_settings(path: str | None, **overrides: object) -> NodeSettings:
+    """Settings from the TOML file at `path` (if any), then non-None overrides."""
+    values: dict[str, object] = {}
+    if path:
+        try:
+            with open(path, "rb") as f:
+                doc = tomllib.load(f)
+        except FileNotFoundError:
+            raise UsageError(f"config file {path} does not exist") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise UsageError(f"config file {path}: {exc}") from None
+        known = {f.name: f.type for f in dataclasses.fields(NodeSettings)}
+        for section, table in doc.items():
+            if section not in _SECTIONS or not isinstance(table, dict):
+                raise UsageError(f"config file {path}: unknown section [{section}]")
+            for key, value in table.items():
+                if key not in known:
+                    raise UsageError(f"config file {path}: unknown key {key!r} in [{section}]")
+                values[key] = _convert(key, value, known[key])
+    for key, value in overrides.items():
+        if value is not None:
+            values[key] = _convert(key, value, str)
+    settings = NodeSettings(**values)  # type: ignore[arg-type]
+    _validate(settings)
+    return settings
+
+
+def _validate(s: NodeSettings) -> None:
+    if s.chunk_size < 64 << 10 or s.chunk_size > 64 << 20:
+        raise UsageError("chunk_size must be between 64KiB and 64MiB")
+    if s.cache_size is not None and s.cache_size < s.chunk_size:
+        raise UsageError("cache_size must be at least one chunk")
+    if s.fetch_threads < 1:
+        raise UsageError("fetch_threads must be at least 1")
+
+
+def parse_io_limit(text: str | None) -> int | None:
+    return None if text is None else parse_rate(text)

@@ -1,0 +1,376 @@
+"""The node daemon: one trio loop owning datasets, jobs, mounts, fetches and the writer.
+
+Owns the node's state and its lifecycle: opening the cache env, binding the control
+socket, listing datasets into persisted manifests, registering mount processes, serving
+their misses through the Fetcher, and reporting status. HTTP routing lives in
+control/routes.py; LMDB writes go through the Writer. Never serves FUSE requests (mount
+processes do) and never blocks the loop: SDK calls and write txns run in threads.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import signal
+import socket
+import time
+import uuid
+from dataclasses import dataclass, field
+
+import trio
+
+from . import __version__
+from .backends import Backend, BackendOptions, DatasetURI, open_backend, parse_uri
+from .backends.base import ObjectInfo
+from .cache.admission import QuotaPolicy, Writer
+from .cache.store import CacheStore, Usage, disk_free, env_map_size
+from .config import NodeSettings
+from .errors import BackendError, SilofsError, UnreachableError, UsageError
+from .fetch import FetchCounters, Fetcher
+from .limiter import TokenBucket
+from .units import format_size
+
+log = logging.getLogger(__name__)
+
+DEFAULT_CACHE_SIZE = 10 << 30
+
+
+@dataclass
+class MountCounters:
+    """Cumulative counters a mount process reports; the daemon keeps the last report."""
+
+    bytes_read: int = 0
+    hit_bytes: int = 0
+    miss_bytes: int = 0
+    hits: int = 0
+    misses: int = 0
+    corrupt_chunks: int = 0
+
+    def minus(self, other: MountCounters) -> MountCounters:
+        return MountCounters(*(a - b for a, b in zip(vars(self).values(), vars(other).values(),
+                                                     strict=True)))
+
+    def add(self, other: MountCounters) -> None:
+        for k, v in vars(other).items():
+            setattr(self, k, getattr(self, k) + v)
+
+
+@dataclass
+class DatasetState:
+    id: int
+    uri: DatasetURI
+    name: str
+    backend: Backend
+    state: str = "checking"  # checking | listing | ready | error
+    error: str = ""
+    listed: int = 0
+    record: dict = field(default_factory=dict)
+    reads: MountCounters = field(default_factory=MountCounters)
+    fetch: FetchCounters = field(default_factory=FetchCounters)
+    ready: trio.Event = field(default_factory=trio.Event)
+
+
+@dataclass
+class JobState:
+    name: str
+    limiter: TokenBucket
+    reads: MountCounters = field(default_factory=MountCounters)
+    fetch: FetchCounters = field(default_factory=FetchCounters)
+
+
+@dataclass
+class MountState:
+    id: str
+    job: str
+    dsid: int
+    mountpoint: str
+    pid: int
+    uid: int
+    chunk_size: int
+    started: float = field(default_factory=time.time)
+    reported: MountCounters = field(default_factory=MountCounters)
+    fetch: FetchCounters = field(default_factory=FetchCounters)
+
+
+def resolve_cache_size(settings: NodeSettings) -> int:
+    """The cache budget: the setting, checked against the disk, or a safe default."""
+    os.makedirs(settings.cache_dir, exist_ok=True)
+    free = disk_free(settings.cache_dir) + _existing_env_bytes(settings.cache_dir)
+    if settings.cache_size is None:
+        return max(settings.chunk_size, min(DEFAULT_CACHE_SIZE, free // 2))
+    if settings.cache_size > free:
+        raise UsageError(f"cache size {format_size(settings.cache_size)} is larger than the "
+                         f"space on {settings.cache_dir} ({format_size(free)} free): "
+                         "choose a smaller --cache-size")
+    return settings.cache_size
+
+
+def _existing_env_bytes(cache_dir: str) -> int:
+    try:
+        return os.stat(os.path.join(cache_dir, "data.mdb")).st_blocks * 512
+    except FileNotFoundError:
+        return 0
+
+
+def check_cache_dir(path: str) -> None:
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"cannot create cache dir {path}: {exc.strerror}") from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise UsageError(f"cache dir {path} is not writable: choose another --cache-dir")
+
+
+class Daemon:
+    def __init__(self, settings: NodeSettings) -> None:
+        self.settings = settings
+        check_cache_dir(settings.cache_dir)
+        self.cache_size = resolve_cache_size(settings)
+        self.map_size = env_map_size(self.cache_size)
+        self.store = CacheStore(settings.cache_dir, self.map_size)
+        self.usage: dict[int, Usage] = self.store.load_usage()
+        self.allocations: dict[str, int] = {}  # canonical URI -> bytes (control API)
+        self.datasets: dict[int, DatasetState] = {}
+        self.jobs: dict[str, JobState] = {}
+        self.mounts: dict[str, MountState] = {}
+        self.writer = Writer(self.store, self.usage, self.quota_policy,
+                             batch_bytes=settings.writer_batch_bytes,
+                             batch_seconds=settings.writer_batch_seconds,
+                             queue_bytes=settings.admission_queue_bytes,
+                             sync_seconds=settings.sync_seconds)
+        self.fetcher = Fetcher(self.store, self.writer, settings.fetch_threads)
+        self.backend_opts = BackendOptions(
+            endpoint_url=settings.endpoint_url, connect_timeout=settings.connect_timeout,
+            read_timeout=settings.read_timeout, max_attempts=settings.max_attempts,
+            page_size=settings.page_size, extra=dict(settings.backend_extra))
+        self.started = time.time()
+        self.nursery: trio.Nursery | None = None
+
+    # -- policy --------------------------------------------------------------------
+    def quota_policy(self) -> QuotaPolicy:
+        by_id = {ds.id: self.allocations[ds.uri.canonical] for ds in self.datasets.values()
+                 if ds.uri.canonical in self.allocations}
+        return QuotaPolicy(self.cache_size, by_id)
+
+    # -- datasets ------------------------------------------------------------------
+    def find_dataset(self, name: str) -> DatasetState | None:
+        for ds in self.datasets.values():
+            if name in (ds.name, ds.uri.canonical, str(ds.id)):
+                return ds
+        try:
+            canonical = parse_uri(name).canonical
+        except UsageError:
+            return None
+        return next((d for d in self.datasets.values() if d.uri.canonical == canonical), None)
+
+    def _short_name(self, uri: DatasetURI, dsid: int) -> str:
+        base = (uri.bucket + "/" + uri.prefix).rstrip("/").split("/")[-1] or uri.bucket
+        taken = {d.name for d in self.datasets.values() if d.id != dsid}
+        return base if base not in taken else f"{base}-{dsid}"
+
+    async def open_dataset(self, uri_text: str, refresh: bool,
+                           endpoint_url: str | None = None) -> DatasetState:
+        """Register a dataset (idempotent) and start checking/listing it if needed."""
+        uri = parse_uri(uri_text)
+        dsid = await self.writer.call(lambda: self.store.dataset_id(uri.canonical, create=True))
+        assert dsid is not None
+        ds = self.datasets.get(dsid)
+        if ds is not None and ds.state in ("checking", "listing"):
+            return ds
+        if ds is None or ds.state == "error" or refresh:
+            if ds is None:
+                opts = self.backend_opts
+                if endpoint_url:
+                    opts = dataclasses.replace(opts, endpoint_url=endpoint_url)
+                backend = open_backend(uri, opts)
+                ds = DatasetState(dsid, uri, self._short_name(uri, dsid), backend)
+                self.datasets[dsid] = ds
+            ds.state, ds.error, ds.ready = "checking", "", trio.Event()
+            assert self.nursery is not None
+            self.nursery.start_soon(self._prepare_dataset, ds, refresh)
+        return ds
+
+    async def _prepare_dataset(self, ds: DatasetState, refresh: bool) -> None:
+        record = self.store.dataset_record(ds.id)
+        have_manifest = "objects" in record
+        try:
+            try:
+                await trio.to_thread.run_sync(ds.backend.check, limiter=self.fetcher.threads)
+            except UnreachableError as exc:
+                if not have_manifest or refresh:
+                    raise
+                log.warning("%s: %s; serving the persisted listing and cached chunks",
+                            ds.uri.canonical, exc)
+            if refresh or not have_manifest:
+                record = await self._list(ds)
+            ds.record = record
+            ds.state = "ready"
+        except BackendError as exc:
+            ds.state, ds.error = "error", str(exc)
+            log.error("dataset %s: %s", ds.uri.canonical, exc)
+        finally:
+            ds.ready.set()
+
+    async def _list(self, ds: DatasetState) -> dict:
+        ds.state, ds.listed = "listing", 0
+        objects: list[ObjectInfo] = []
+
+        def collect() -> None:
+            for obj in ds.backend.list():
+                objects.append(obj)
+                ds.listed = len(objects)  # progress only; read by status
+
+        t0 = time.monotonic()
+        await trio.to_thread.run_sync(collect, limiter=self.fetcher.threads)
+        if not objects:
+            raise BackendError(f"{ds.uri.canonical} has no objects: check the prefix")
+        record = {"uri": ds.uri.canonical, "objects": len(objects),
+                  "size": sum(o.size for o in objects), "listed_at": time.time()}
+        await self.writer.call(self.store.replace_manifest, ds.id, objects, record)
+        log.info("listed %s: %d objects, %s in %.1fs", ds.uri.canonical, len(objects),
+                 format_size(record["size"]), time.monotonic() - t0)
+        return record
+
+    # -- jobs and mounts -----------------------------------------------------------
+    def job(self, name: str, io_limit: int | None = None) -> JobState:
+        job = self.jobs.get(name)
+        if job is None:
+            job = self.jobs[name] = JobState(name, TokenBucket(io_limit))
+        return job
+
+    def register_mount(self, ds: DatasetState, job: str, mountpoint: str, pid: int, uid: int,
+                       chunk_size: int | None, io_limit: int | None) -> MountState:
+        if ds.state != "ready":
+            raise UsageError(f"dataset {ds.uri.canonical} is not ready ({ds.state})")
+        cs = chunk_size or self.settings.chunk_size
+        m = MountState(uuid.uuid4().hex[:12], job, ds.id, mountpoint, pid, uid, cs)
+        self.mounts[m.id] = m
+        j = self.job(job)
+        if io_limit is not None:
+            j.limiter.set_rate(io_limit)
+        log.info("mount %s: %s at %s for job %s (pid %d)", m.id, ds.uri.canonical,
+                 mountpoint, job, pid)
+        return m
+
+    def unregister_mount(self, mount_id: str) -> None:
+        m = self.mounts.pop(mount_id, None)
+        if m is not None:
+            log.info("mount %s at %s is gone", m.id, m.mountpoint)
+
+    def report(self, m: MountState, counters: MountCounters) -> None:
+        delta = counters.minus(m.reported)
+        m.reported = counters
+        self.datasets[m.dsid].reads.add(delta)
+        self.job(m.job).reads.add(delta)
+
+    async def get_chunk(self, m: MountState, key: str, index: int,
+                        refetch: bool) -> tuple[bytes, str]:
+        """(bytes, 'cache'|'remote') for a mount's miss. Only objects in the mount's own
+        dataset manifest are served (promise 6)."""
+        ds = self.datasets[m.dsid]
+        obj = self.store.get_object(ds.id, key)
+        if obj is None:
+            raise UsageError(f"{key!r} is not in the listing of {ds.uri.canonical}")
+        job = self.job(m.job)
+        if not refetch:
+            data = self.fetcher.cached(obj, m.chunk_size, index, ds.fetch)
+            if data is not None:
+                ds.fetch.cache_served += 1
+                return data, "cache"
+        else:
+            ds.fetch.corrupt_chunks += 1
+        try:
+            data, fetched = await self.fetcher.fetch(ds.id, ds.backend, job.limiter, obj,
+                                                     m.chunk_size, index, replace=refetch)
+        except BackendError:
+            for c in (ds.fetch, job.fetch, m.fetch):
+                c.errors += 1
+            raise
+        if fetched:
+            for c in (ds.fetch, job.fetch, m.fetch):
+                c.remote_gets += 1
+                c.remote_bytes += len(data)
+        return data, "remote"
+
+    # -- lifecycle -----------------------------------------------------------------
+    async def run(self, task_status: trio.TaskStatus = trio.TASK_STATUS_IGNORED) -> None:
+        from .control.http import serve_unix
+        from .control.routes import build_router
+
+        router = build_router(self)
+        gid = _group_id(self.settings.socket_group)
+        async with trio.open_nursery() as nursery:
+            self.nursery = nursery
+            nursery.start_soon(self.writer.run)
+            nursery.start_soon(self._reap_mounts)
+            await nursery.start(lambda task_status: serve_unix(
+                self.settings.socket, router, mode=self.settings.socket_mode, gid=gid,
+                max_body=1 << 20, task_status=task_status))
+            log.info("silofs %s daemon ready: socket %s, cache %s (%s)", __version__,
+                     self.settings.socket, self.settings.cache_dir, format_size(self.cache_size))
+            sd_notify("READY=1")
+            task_status.started()
+            with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+                async for signum in signals:
+                    log.info("received %s; shutting down", signal.Signals(signum).name)
+                    break
+            sd_notify("STOPPING=1")
+            await self.writer.flush()
+            nursery.cancel_scope.cancel()
+        await trio.to_thread.run_sync(self.store.sync)
+
+    async def _reap_mounts(self) -> None:
+        """Forget mounts whose process died without saying goodbye (kill -9, fusermount)."""
+        while True:
+            await trio.sleep(2)
+            for m in list(self.mounts.values()):
+                if not _pid_alive(m.pid):
+                    self.unregister_mount(m.id)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _group_id(group: str | None) -> int | None:
+    if group is None:
+        return None
+    import grp
+
+    try:
+        return int(group) if group.isdigit() else grp.getgrnam(group).gr_gid
+    except KeyError:
+        raise UsageError(f"group {group!r} does not exist") from None
+
+
+def sd_notify(message: str) -> None:
+    """Tell systemd (Type=notify) about our state; a no-op outside systemd."""
+    addr = os.environ.get("NOTIFY_SOCKET")
+    if not addr:
+        return
+    if addr.startswith("@"):
+        addr = "\0" + addr[1:]
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
+            s.sendto(message.encode(), addr)
+    except OSError as exc:
+        log.warning("sd_notify failed: %s", exc)
+
+
+def run_daemon(settings: NodeSettings) -> None:
+    """Run the daemon in the foreground until SIGTERM/SIGINT. Raises SilofsError."""
+    daemon = Daemon(settings)
+    try:
+        trio.run(daemon.run)
+    finally:
+        daemon.store.close()
+
+
+__all__ = ["Daemon", "run_daemon", "SilofsError"]

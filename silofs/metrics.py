@@ -1,0 +1,56 @@
+"""Prometheus text exposition of the daemon's status.
+
+Owns metric names, types and labels. Renders from the status view (a plain dict), so
+metrics and `silofs-ctl status` can never disagree. Never keeps counters of its own.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+_DATASET = {
+    "size": ("silofs_dataset_size_bytes", "gauge", "Bytes in the dataset listing"),
+    "objects": ("silofs_dataset_objects", "gauge", "Objects in the dataset listing"),
+    "cached_bytes": ("silofs_dataset_cached_bytes", "gauge", "Bytes cached for the dataset"),
+    "bytes_read": ("silofs_dataset_read_bytes_total", "counter", "Bytes read through mounts"),
+    "hit_bytes": ("silofs_dataset_hit_bytes_total", "counter", "Bytes served from cache"),
+    "remote_bytes": ("silofs_dataset_remote_bytes_total", "counter", "Bytes fetched remotely"),
+    "corrupt_chunks": ("silofs_dataset_corrupt_chunks_total", "counter",
+                       "Cached chunks that failed verification"),
+}
+_JOB = {
+    "bytes_read": ("silofs_job_read_bytes_total", "counter", "Bytes read by the job"),
+    "remote_bytes": ("silofs_job_remote_bytes_total", "counter", "Remote bytes of the job"),
+    "limiter_wait_s": ("silofs_job_limiter_wait_seconds_total", "counter",
+                       "Time the job's fetches waited on its IO allocation"),
+}
+
+
+def _esc(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def _family(lines: list[str], rows: list[dict[str, Any]], spec: dict, label: str,
+            key: str) -> None:
+    for field, (name, kind, help_text) in spec.items():
+        lines.append(f"# HELP {name} {help_text}")
+        lines.append(f"# TYPE {name} {kind}")
+        for row in rows:
+            value = row.get(field)
+            if value is not None:
+                lines.append(f'{name}{{{label}="{_esc(str(row[key]))}"}} {value}')
+
+
+def render(status: dict[str, Any]) -> str:
+    node = status["node"]
+    lines = [
+        "# HELP silofs_cache_size_bytes Cache budget of the node",
+        "# TYPE silofs_cache_size_bytes gauge",
+        f"silofs_cache_size_bytes {node['cache_size']}",
+        "# HELP silofs_cached_bytes Bytes cached on the node",
+        "# TYPE silofs_cached_bytes gauge",
+        f"silofs_cached_bytes {node['cached_bytes']}",
+    ]
+    _family(lines, status["datasets"], _DATASET, "dataset", "uri")
+    _family(lines, status["jobs"], _JOB, "job", "name")
+    return "\n".join(lines) + "\n"

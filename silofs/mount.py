@@ -1,0 +1,193 @@
+"""One mount process: registers with the daemon, mounts the manifest, serves reads.
+
+Owns the life of one FUSE mount: readiness (the `silofs mount` parent returns only once
+the mount answers), raising the bdi read-ahead, periodic counter reports, re-registering
+after a daemon restart, and a clean unmount on SIGTERM or `fusermount3 -u`. Never lists
+a store or fetches from one (the daemon does) and never writes LMDB.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import signal
+from collections.abc import Callable
+
+import pyfuse3
+import trio
+
+from .cache.store import CacheStore
+from .config import MountSettings
+from .control.client import AsyncControlClient, ControlError
+from .errors import SilofsError
+from .fs import Presentation, SilofsFS
+from .manifest import Manifest
+from .reader import ChunkReader, MissError
+
+log = logging.getLogger(__name__)
+
+READY_TIMEOUT = 600.0  # listing a large bucket can take minutes
+
+
+async def open_dataset(client: AsyncControlClient, uri: str, refresh: bool,
+                       endpoint_url: str | None) -> dict:
+    """Ask the daemon for the dataset and wait, polling, until its listing is ready."""
+    ds = await client.json("POST", "/v1/datasets",
+                           {"uri": uri, "refresh": refresh, "endpoint_url": endpoint_url})
+    with trio.fail_after(READY_TIMEOUT):
+        while ds["state"] in ("checking", "listing"):
+            await trio.sleep(0.1)
+            ds = await client.json("GET", f"/v1/datasets/{ds['id']}")
+    if ds["state"] != "ready":
+        raise SilofsError(ds.get("error") or f"dataset {uri} is {ds['state']}")
+    return ds
+
+
+def raise_read_ahead(target: str, kb: int) -> None:
+    """Raise the mount's bdi read_ahead_kb so the kernel sends 1 MiB reads, not 128 KiB.
+
+    `target` must be resolved (realpath) before mounting. The bdi is found through
+    /proc/self/mountinfo: stat()ing our own mountpoint from the process that serves it
+    would deadlock, and realpath() stats every component.
+    """
+    try:
+        with open("/proc/self/mountinfo") as f:
+            lines = f.read().splitlines()
+        for line in reversed(lines):  # the newest mount at that path is ours
+            fields = line.split()
+            path = fields[4].encode().decode("unicode_escape")
+            if path == target and " - fuse" in line:
+                with open(f"/sys/class/bdi/{fields[2]}/read_ahead_kb", "w") as bdi:
+                    bdi.write(str(kb))
+                return
+    except OSError as exc:
+        log.info("could not raise read_ahead_kb for %s: %s", target, exc)
+
+
+class MountProcess:
+    def __init__(self, settings: MountSettings, socket_path: str) -> None:
+        self.s = settings
+        self.client = AsyncControlClient(socket_path, max_connections=32)
+        self.dataset: dict = {}
+        self.mount_id = ""
+        self.reader: ChunkReader | None = None
+        # Resolved now: once mounted, this process must never stat its own mountpoint.
+        self.realpath = os.path.realpath(settings.mountpoint)
+
+    async def register(self) -> dict:
+        self.dataset = await open_dataset(self.client, self.s.uri, self.s.refresh,
+                                          self.s.endpoint_url)
+        body = {"dataset": self.dataset["id"], "job": self.s.job,
+                "mountpoint": os.path.abspath(self.s.mountpoint),
+                "chunk_size": self.s.chunk_size, "io_limit": self.s.io_limit}
+        reg = await self.client.json("POST", "/v1/mounts", body)
+        self.mount_id = reg["id"]
+        if self.reader is not None:
+            self.reader.mount_id = self.mount_id
+            await self._report()
+        return reg
+
+    async def _reregister(self) -> None:
+        log.warning("the daemon does not know this mount (restarted?); registering again")
+        self.s = dataclasses.replace(self.s, refresh=False)
+        try:
+            await self.register()
+        except (ControlError, SilofsError) as exc:
+            raise MissError(f"cannot re-register with the daemon: {exc}") from None
+
+    def _options(self) -> set[str]:
+        name = self.s.uri.replace(",", "_")
+        opts = set(pyfuse3.default_options) | {f"fsname=silofs:{name}", "subtype=silofs",
+                                               "ro", "noatime"}
+        if self.s.allow_other:
+            opts.add("allow_other")
+        return opts
+
+    async def run(self, ready: Callable[[str | None], None]) -> None:
+        """Mount and serve until unmounted. ready(None) once serving, ready(msg) on failure."""
+        try:
+            reg = await self.register()
+            store = CacheStore(reg["cache_dir"], reg["map_size"], readonly=True)
+            manifest = await trio.to_thread.run_sync(
+                lambda: Manifest(store.iter_manifest(reg["dataset"])))
+            self.reader = ChunkReader(store, self.client, reg["chunk_size"],
+                                      self.s.buffer_bytes, self.s.readahead_chunks,
+                                      self._reregister)
+            self.reader.mount_id = self.mount_id
+            self.reader.renew()
+            look = Presentation(self.s.uid, self.s.gid, self.s.file_mode, self.s.dir_mode,
+                                self.s.attr_timeout)
+            pyfuse3.init(SilofsFS(manifest, self.reader, look), self.s.mountpoint,
+                         self._options())
+        except (ControlError, SilofsError, RuntimeError, OSError) as exc:
+            await self._goodbye()
+            ready(_mount_error(exc, self.s.mountpoint))
+            return
+        raise_read_ahead(self.realpath, self.s.read_ahead_kb)
+        log.info("mounted %s at %s (%d files)", self.s.uri, self.s.mountpoint, manifest.files)
+        ready(None)
+        await self._serve()
+
+    async def _serve(self) -> None:
+        unmount = True
+        try:
+            async with trio.open_nursery() as nursery:
+                assert self.reader is not None
+                self.reader.nursery = nursery
+                nursery.start_soon(self._report_loop)
+                nursery.start_soon(self._signals)
+                await pyfuse3.main()
+                unmount = False  # main() returned: the kernel already unmounted us
+                nursery.cancel_scope.cancel()
+        finally:
+            pyfuse3.close(unmount=unmount)
+            with trio.CancelScope(shield=True):
+                await self._report()
+                await self._goodbye()
+            log.info("unmounted %s", self.s.mountpoint)
+
+    async def _signals(self) -> None:
+        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as sigs:
+            async for _ in sigs:
+                pyfuse3.terminate()
+                return
+
+    async def _report_loop(self) -> None:
+        last = None
+        while True:
+            await trio.sleep(0.25)
+            assert self.reader is not None
+            now = dataclasses.astuple(self.reader.counters)
+            if now != last:
+                await self._report()
+                last = now
+
+    async def _report(self) -> None:
+        if self.reader is None or not self.mount_id:
+            return
+        try:
+            await self.client.json("PUT", f"/v1/mounts/{self.mount_id}/stats",
+                                   dataclasses.asdict(self.reader.counters))
+        except ControlError as exc:
+            log.debug("could not report counters: %s", exc)
+
+    async def _goodbye(self) -> None:
+        if self.mount_id:
+            try:
+                with trio.move_on_after(2):
+                    await self.client.json("DELETE", f"/v1/mounts/{self.mount_id}")
+            except ControlError:
+                pass
+
+
+def _mount_error(exc: BaseException, mountpoint: str) -> str:
+    if isinstance(exc, RuntimeError) and "fuse" in str(exc).lower():
+        return (f"cannot mount at {mountpoint}: {exc} (is /dev/fuse available and the "
+                "mountpoint an empty, unmounted directory?)")
+    return str(exc)
+
+
+def run_mount(settings: MountSettings, socket_path: str,
+              ready: Callable[[str | None], None]) -> None:
+    trio.run(MountProcess(settings, socket_path).run, ready)

@@ -1,0 +1,197 @@
+"""The mount process's view of the cache: hits from LMDB, misses through the daemon.
+
+Owns the hit path (a memoryview of an LMDB value from a read txn that stays open until
+the FUSE reply is sent; checksum checked once per chunk per open file), a bounded
+buffer of chunks fetched by this mount (so a 4 MiB chunk read in 1 MiB requests is
+fetched once even when its dataset is full), single-flight and read-ahead of misses,
+and the counters the daemon reports. Never talks to a store and never writes LMDB.
+
+Invariant: an LMDB memoryview is never held across an await. Another task renews the
+read txn at the start of its read, which would invalidate it; pyfuse3 sends a reply
+synchronously after the handler returns, so a view returned without awaiting is safe.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+import lmdb
+import trio
+
+from .backends.base import ObjectInfo
+from .cache.format import ChunkFormatError, chunk_key, verify_chunk
+from .cache.store import CacheStore
+from .control.client import AsyncControlClient, ControlError, quote_segment
+from .daemon import MountCounters
+from .fetch import chunk_length
+
+log = logging.getLogger(__name__)
+
+
+class MissError(Exception):
+    """A miss could not be served; fs.py answers EIO. The message is already logged."""
+
+
+@dataclass
+class OpenFile:
+    obj: ObjectInfo
+    verified: set[int] = field(default_factory=set)  # chunk indexes checked on this handle
+    next_offset: int = -1  # where a sequential reader reads next
+
+
+class ChunkBuffer:
+    """Chunks this mount fetched, most recent last, bounded in bytes."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self.bytes = 0
+        self._items: OrderedDict[bytes, tuple[bytes, bool]] = OrderedDict()
+
+    def get(self, key: bytes) -> tuple[bytes, bool] | None:
+        item = self._items.get(key)
+        if item is not None:
+            self._items.move_to_end(key)
+        return item
+
+    def put(self, key: bytes, data: bytes, from_cache: bool) -> None:
+        old = self._items.pop(key, None)
+        if old is not None:
+            self.bytes -= len(old[0])
+        self._items[key] = (data, from_cache)
+        self.bytes += len(data)
+        while self.bytes > self.max_bytes and len(self._items) > 1:
+            _, (evicted, _) = self._items.popitem(last=False)
+            self.bytes -= len(evicted)
+
+
+class ChunkReader:
+    def __init__(self, store: CacheStore, client: AsyncControlClient, chunk_size: int,
+                 buffer_bytes: int, readahead: int,
+                 reregister: Callable[[], Awaitable[None]]) -> None:
+        self.store = store
+        self.client = client
+        self.chunk_size = chunk_size
+        self.readahead = readahead
+        self.buffer = ChunkBuffer(buffer_bytes)
+        self.counters = MountCounters()
+        self.mount_id = ""
+        self._reregister = reregister
+        self._txn: lmdb.Transaction | None = None
+        self._chunks_db = store.db(b"chunks")
+        self._flights: dict[bytes, trio.Event] = {}
+        self._prefetch_slots = trio.Semaphore(max(1, readahead))
+        self.nursery: trio.Nursery | None = None
+
+    # -- the hit path (synchronous) --------------------------------------------------
+    def renew(self) -> None:
+        """Start a fresh read snapshot. Safe only where no LMDB view is still in use."""
+        if self._txn is not None:
+            self._txn.abort()
+        try:
+            self._txn = self.store.env.begin(buffers=True)
+        except lmdb.MapResizedError:
+            self.store.env.set_mapsize(0)  # the daemon grew the map: adopt its size
+            self._txn = self.store.env.begin(buffers=True)
+
+    def _from_lmdb(self, f: OpenFile, index: int, key: bytes) -> memoryview | None:
+        assert self._txn is not None
+        value = self._txn.get(key, db=self._chunks_db)
+        if value is None:
+            return None
+        expected = chunk_length(f.obj, self.chunk_size, index)
+        if index in f.verified:
+            return memoryview(value)[len(value) - expected:]
+        try:
+            data = verify_chunk(value, f.obj.content_id, self.chunk_size, index, expected)
+        except ChunkFormatError as exc:
+            self.counters.corrupt_chunks += 1
+            log.warning("cached chunk %d of %s failed verification (%s); refetching",
+                        index, f.obj.key, exc)
+            raise
+        f.verified.add(index)
+        return data
+
+    # -- one chunk, any source -------------------------------------------------------
+    async def chunk(self, f: OpenFile, index: int) -> tuple[memoryview | bytes, bool]:
+        """(data, hit): from LMDB (hit), this mount's buffer, or the daemon."""
+        key = chunk_key(f.obj.content_id, self.chunk_size, index)
+        refetch = False
+        try:
+            view = self._from_lmdb(f, index, key)
+            if view is not None:
+                return view, True  # no await between the get and the reply
+        except ChunkFormatError:
+            refetch = True
+        if not refetch and (item := self.buffer.get(key)) is not None:
+            return item
+        return await self._miss(f.obj, index, key, refetch)
+
+    async def _miss(self, obj: ObjectInfo, index: int, key: bytes,
+                    refetch: bool) -> tuple[bytes, bool]:
+        while (event := self._flights.get(key)) is not None:
+            await event.wait()
+            if not refetch and (item := self.buffer.get(key)) is not None:
+                return item
+        self._flights[key] = trio.Event()
+        try:
+            data, from_cache = await self._ask_daemon(obj, index, refetch)
+            self.buffer.put(key, data, from_cache)
+            return data, from_cache
+        finally:
+            self._flights.pop(key).set()
+
+    async def _ask_daemon(self, obj: ObjectInfo, index: int, refetch: bool) -> tuple[bytes, bool]:
+        for attempt in (1, 2):
+            path = (f"/v1/chunks?mount={self.mount_id}&key={quote_segment(obj.key)}"
+                    f"&index={index}" + ("&refetch=1" if refetch else ""))
+            try:
+                status, headers, body = await self.client.request("GET", path)
+            except ControlError as exc:
+                status, headers, body = None, {}, str(exc).encode()
+            if status == 200:
+                return body, headers.get("x-silofs-source") == "cache"
+            gone = status is None or (status == 404 and b"no mount" in body)
+            if gone and attempt == 1:
+                try:
+                    await self._reregister()  # the daemon restarted: introduce ourselves
+                    continue
+                except (ControlError, MissError) as exc:
+                    body = str(exc).encode()
+            msg = _error_text(body)
+            log.error("reading %s chunk %d: %s", obj.key, index, msg)
+            raise MissError(msg)
+        raise AssertionError("unreachable")
+
+    # -- read-ahead --------------------------------------------------------------------
+    def prefetch(self, f: OpenFile, after: int) -> None:
+        """Fetch the next chunks of a sequentially read object in the background."""
+        if self.nursery is None or self._txn is None:
+            return
+        last = (f.obj.size - 1) // self.chunk_size
+        for index in range(after + 1, min(last, after + self.readahead) + 1):
+            key = chunk_key(f.obj.content_id, self.chunk_size, index)
+            if (key in self._flights or self.buffer.get(key) is not None
+                    or self._txn.get(key, db=self._chunks_db) is not None):
+                continue
+            self.nursery.start_soon(self._prefetch_one, f.obj, index, key)
+
+    async def _prefetch_one(self, obj: ObjectInfo, index: int, key: bytes) -> None:
+        async with self._prefetch_slots:
+            if key in self._flights or self.buffer.get(key) is not None:
+                return
+            try:
+                await self._miss(obj, index, key, False)
+            except MissError:
+                pass  # the reader will ask again and get the error itself
+
+
+def _error_text(body: bytes) -> str:
+    import json
+
+    try:
+        return str(json.loads(body)["error"])
+    except (ValueError, KeyError, TypeError):
+        return body.decode(errors="replace")[:200] or "no answer from the silofs daemon"
