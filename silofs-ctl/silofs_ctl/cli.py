@@ -11,6 +11,7 @@ import logging
 
 import click
 
+from .controller_cmd import controller
 from .simulate_cmd import simulate_cmd
 
 log = logging.getLogger(__name__)
@@ -25,3 +26,4 @@ def main(verbose: int) -> None:
 
 
 main.add_command(simulate_cmd)
+main.add_command(controller)

@@ -1,0 +1,99 @@
+"""`silofs-ctl controller run`: the long-running allocation loop, or one dry run of it.
+
+Owns the command's options, signal handling and the allocation table it prints. Never:
+holds planning logic (controller.py), or shows a traceback for a bad config.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+from types import FrameType
+
+import click
+
+from silofs.units import format_rate, format_size
+
+from .controller import Controller, Plan, load_controller_config
+from .tomlcheck import ConfigError
+
+log = logging.getLogger(__name__)
+
+
+def render_plan(plan: Plan, down: dict[str, str]) -> str:
+    rows = ["{:16} {:48} {:>12}".format("node", "dataset", "cache")]
+    for node in sorted(plan.cache):
+        for dataset, nbytes in sorted(plan.cache[node].items()):
+            rows.append(f"{node[:16]:16} {dataset[:48]:48} {format_size(nbytes):>12}")
+    rows += [
+        "",
+        "{:24} {:16} {:>12} {:>12} {:>12}".format("job", "nodes", "f*", "remote IO", "per node"),
+    ]
+    for job in plan.jobs:
+        per_node = None if job.io is None else job.io / max(1, len(job.nodes))
+        rows.append(
+            f"{job.name[:24]:24} {','.join(job.nodes)[:16]:16} "
+            f"{format_rate(job.f_star) if job.f_star else '?':>12} "
+            f"{format_rate(job.io):>12} {format_rate(per_node):>12}"
+            + (f"  ({job.note})" if job.note else "")
+        )
+    for node, why in sorted(down.items()):
+        rows.append(f"node {node} is down: {why}")
+    return "\n".join(rows)
+
+
+@click.group("controller")
+def controller() -> None:
+    """SiloD's controller for silofs node daemons."""
+
+
+@controller.command("run")
+@click.option(
+    "--config",
+    "config_path",
+    required=True,
+    type=click.Path(dir_okay=False),
+    help="controller.toml: policy, remote IO, nodes and their sockets, jobs file.",
+)
+@click.option("--dry-run", is_flag=True, help="Print the allocation table it would push; exit.")
+@click.option(
+    "--once",
+    is_flag=True,
+    help="Plan and push once, then exit (status 1 if a node could not be updated).",
+)
+def run_cmd(config_path: str, dry_run: bool, once: bool) -> None:
+    """Watch jobs and node daemons; push cache and remote IO allocations.
+
+    Re-plans whenever the set of jobs changes (jobs file, or jobs seen on the daemons)
+    and every interval; a node that is down is retried and does not stop the others.
+    """
+    try:
+        config = load_controller_config(config_path)
+    except ConfigError as exc:
+        raise click.ClickException(str(exc)) from None
+    ctl = Controller(config)
+    try:
+        if dry_run or once:
+            plan = ctl.round(dry_run=dry_run, force=True)
+            assert plan is not None
+            click.echo(render_plan(plan, ctl.down))
+            if once and ctl.down:
+                sys.exit(1)
+            return
+        _stop_on_signals(ctl)
+        log.warning("controller running: policy %s, %d nodes", config.policy, len(config.nodes))
+        ctl.run()
+    except ConfigError as exc:
+        raise click.ClickException(str(exc)) from None
+    finally:
+        ctl.close()
+
+
+def _stop_on_signals(ctl: Controller) -> None:
+    def stop(signum: int, _frame: FrameType | None) -> None:
+        log.warning("signal %d: stopping", signum)
+        ctl.stop.set()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)

@@ -1,0 +1,380 @@
+"""The controller against in-process fake nodes: planning, splitting, pushing, failures."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from silofs_ctl.cli import main
+from silofs_ctl.controller import (
+    Controller,
+    ControllerConfig,
+    JobEntry,
+    NodeConfig,
+    NodeError,
+    NodeSeen,
+    RateTracker,
+    load_controller_config,
+    load_jobs_file,
+    parse_status,
+    plan_allocations,
+)
+from silofs_ctl.controller_cmd import render_plan
+from silofs_ctl.tomlcheck import ConfigError
+
+MB, GB, TB = 10**6, 10**9, 10**12
+IMAGENET = "s3://data/imagenet/"
+WIKI = "s3://data/wiki/"
+
+
+class FakeNode:
+    """Answers like a daemon: status reflects what was PUT; can be taken down."""
+
+    def __init__(self, name: str, cache_size: int) -> None:
+        self.name = name
+        self.cache_size = cache_size
+        self.datasets: dict[str, dict] = {}
+        self.jobs: dict[str, dict] = {}
+        self.puts: list[tuple] = []
+        self.down = False
+
+    def add_dataset(self, uri: str, size: int, cached: int = 0) -> None:
+        short = uri.rstrip("/").rsplit("/", 1)[-1]
+        self.datasets[uri] = {
+            "name": short,
+            "uri": uri,
+            "size": size,
+            "cached_bytes": cached,
+            "cache_allocation": None,
+            "hit_ratio": 0.0,
+        }
+
+    def add_job(self, name: str, uri: str, **fields: object) -> None:
+        self.jobs[name] = {
+            "name": name,
+            "datasets": [uri],
+            "io_allocation": None,
+            "bytes_read": 0,
+            "hit_ratio": 0.0,
+            **fields,
+        }
+
+    def _check(self) -> None:
+        if self.down:
+            raise NodeError(f"cannot reach the silofs daemon at /run/{self.name}.sock")
+
+    def status(self) -> dict:
+        self._check()
+        return {
+            "node": {"cache_size": self.cache_size},
+            "datasets": list(self.datasets.values()),
+            "jobs": list(self.jobs.values()),
+        }
+
+    def put_cache(self, dataset: str, nbytes: int) -> None:
+        self._check()
+        self.puts.append(("cache", dataset, nbytes))
+        self.datasets.setdefault(
+            dataset, {"uri": dataset, "name": dataset, "size": 0, "cached_bytes": 0}
+        )["cache_allocation"] = nbytes
+
+    def put_io(self, job: str, rate: int | None) -> None:
+        self._check()
+        self.puts.append(("io", job, rate))
+        if job in self.jobs:
+            self.jobs[job]["io_allocation"] = rate
+
+
+def config(policy: str = "gavel", io: float = 100 * MB, **kw: object) -> ControllerConfig:
+    nodes = (
+        NodeConfig("n1", "/run/n1.sock", gpus=4, cache=1 * TB),
+        NodeConfig("n2", "/run/n2.sock", gpus=4, cache=1 * TB),
+    )
+    return ControllerConfig(policy=policy, remote_io=io, nodes=nodes, **kw)
+
+
+def two_nodes() -> dict[str, FakeNode]:
+    n1, n2 = FakeNode("n1", 1 * TB), FakeNode("n2", 1 * TB)
+    for node in (n1, n2):
+        node.add_dataset(IMAGENET, 1300 * GB)
+        node.add_job("dist", IMAGENET)  # one job on both nodes
+    n1.add_dataset(WIKI, 100 * GB)
+    n1.add_job("local", WIKI)
+    return {"n1": n1, "n2": n2}
+
+
+def controller(
+    nodes: dict[str, FakeNode], cfg: ControllerConfig, entries: list[JobEntry]
+) -> Controller:
+    ctl = Controller(cfg, factory=lambda node: nodes[node.name])
+    ctl.entries = entries
+    return ctl
+
+
+ENTRIES = [
+    JobEntry("dist", IMAGENET, gpus=8, ideal_io=912 * MB),
+    JobEntry("local", "wiki", gpus=1, ideal_io=20 * MB),
+]
+
+
+def test_distributed_job_io_is_split_evenly_and_each_node_gets_its_datasets() -> None:
+    nodes = two_nodes()
+    ctl = controller(nodes, config(), ENTRIES)
+    plan = ctl.round(force=True)
+    assert plan is not None
+    dist = next(j for j in plan.jobs if j.name == "dist")
+    assert dist.nodes == ("n1", "n2")
+    # both jobs read remotely now (nothing cached): the link is fully allocated, and
+    # the distributed job's share is split evenly over its two nodes
+    n1_io = nodes["n1"].jobs["dist"]["io_allocation"]
+    n2_io = nodes["n2"].jobs["dist"]["io_allocation"]
+    assert n1_io == n2_io == int(dist.io / 2)
+    local_io = nodes["n1"].jobs["local"]["io_allocation"]
+    assert local_io + n1_io + n2_io == pytest.approx(100 * MB, abs=2)
+    # a short name in the jobs file resolves to the daemon's canonical URI
+    assert nodes["n1"].datasets[WIKI]["cache_allocation"] == 100 * GB
+    for node in nodes.values():
+        cached = node.datasets[IMAGENET]["cache_allocation"]
+        assert 0 < cached <= 1 * TB
+        assert sum(d["cache_allocation"] for d in node.datasets.values()) <= 1 * TB
+    # nothing changed: the next round pushes nothing
+    before = [len(n.puts) for n in nodes.values()]
+    ctl.round(force=True)
+    assert [len(n.puts) for n in nodes.values()] == before
+
+
+def test_a_node_that_is_down_does_not_stop_the_others_and_is_retried() -> None:
+    nodes = two_nodes()
+    nodes["n2"].down = True
+    ctl = controller(nodes, config(), ENTRIES)
+    ctl.round(force=True)
+    assert "n2" in ctl.down and "cannot reach" in ctl.down["n2"]
+    assert nodes["n1"].jobs["local"]["io_allocation"] is not None
+    assert nodes["n2"].puts == []
+    nodes["n2"].down = False
+    # coming back changes the set of reachable nodes: the next poll re-plans by itself
+    assert ctl.round() is not None
+    assert "n2" not in ctl.down
+    assert nodes["n2"].jobs["dist"]["io_allocation"] is not None
+
+
+def test_a_node_failing_during_the_push_only_loses_its_own_updates() -> None:
+    nodes = two_nodes()
+
+    def flaky(dataset: str, nbytes: int) -> None:
+        raise NodeError("the silofs daemon at /run/n2.sock did not answer")
+
+    nodes["n2"].put_cache = flaky  # type: ignore[method-assign]
+    ctl = controller(nodes, config(), ENTRIES)
+    ctl.round(force=True)
+    assert "did not answer" in ctl.down["n2"]
+    assert nodes["n1"].datasets[IMAGENET]["cache_allocation"] is not None
+
+
+def test_measured_throughput_replaces_a_missing_ideal_rate() -> None:
+    nodes = two_nodes()
+    entries = [JobEntry("dist", IMAGENET, gpus=8, ideal_io=912 * MB)]  # "local" has no f*
+    ctl = controller(nodes, config(), entries)
+    plan = ctl.round(force=True)
+    assert plan is not None
+    local = next(j for j in plan.jobs if j.name == "local")
+    assert local.f_star is None and local.io is None and "unthrottled" in local.note
+    assert nodes["n1"].jobs["local"]["io_allocation"] is None
+    # it runs unthrottled and reports 30 MB/s: that becomes its f*, and it is planned
+    nodes["n1"].jobs["local"]["throughput"] = 30 * MB
+    plan = ctl.round()
+    assert plan is not None
+    local = next(j for j in plan.jobs if j.name == "local")
+    assert local.f_star == pytest.approx(30 * MB)
+    assert nodes["n1"].jobs["local"]["io_allocation"] is not None
+
+
+def test_rate_tracker_measures_from_counters_when_status_has_no_rates() -> None:
+    tracker = RateTracker()
+    status = {
+        "jobs": [
+            {
+                "name": "j",
+                "datasets": [WIKI],
+                "io_allocation": None,
+                "bytes_read": 1000 * MB,
+                "hit_ratio": 0.0,
+            }
+        ]
+    }
+    tracker.update({"n1": parse_status("n1", status)}, now=100.0)
+    status["jobs"][0].update(bytes_read=1600 * MB, hit_ratio=0.25)  # 400 MB hit of 1600
+    seen = {"n1": parse_status("n1", status)}
+    tracker.update(seen, now=110.0)
+    job = seen["n1"].jobs["j"]
+    assert job.throughput == pytest.approx(60 * MB)  # 600 MB in 10 s
+    assert job.hit_now == pytest.approx(400 / 600)  # the window's hits, not lifetime
+    assert tracker.ideal["j"] == pytest.approx(60 * MB)
+    # throttled, a lower rate does not lower the estimate
+    status["jobs"][0].update(bytes_read=1700 * MB, io_allocation=5 * MB)
+    tracker.update({"n1": parse_status("n1", status)}, now=120.0)
+    assert tracker.ideal["j"] == pytest.approx(60 * MB)
+
+
+def test_plan_without_any_node_reachable_uses_the_jobs_file() -> None:
+    entries = [
+        JobEntry("a", IMAGENET, gpus=1, ideal_io=114 * MB, nodes=("n1",), dataset_size=1300 * GB)
+    ]
+    plan = plan_allocations(config(), entries, {}, {})
+    assert plan.cache["n1"] == {IMAGENET: 1 * TB}
+    assert plan.io["n1"]["a"] == pytest.approx(100 * MB, abs=1)
+
+
+def test_idle_datasets_keep_their_cache_while_there_is_room() -> None:
+    nodes = two_nodes()
+    nodes["n2"].add_dataset("s3://data/old/", 500 * GB, cached=300 * GB)
+    seen = {name: parse_status(name, node.status()) for name, node in nodes.items()}
+    plan = plan_allocations(config(), ENTRIES, seen, {})
+    room = 1 * TB - plan.cache["n2"][IMAGENET]
+    assert plan.cache["n2"]["s3://data/old/"] == min(300 * GB, room)
+
+
+@pytest.mark.parametrize("policy", ["gavel", "sjf", "fifo", "greedy"])
+def test_every_policy_plans_within_each_node_budget(policy: str) -> None:
+    nodes = two_nodes()
+    seen = {name: parse_status(name, node.status()) for name, node in nodes.items()}
+    plan = plan_allocations(config(policy), ENTRIES, seen, {})
+    for node in ("n1", "n2"):
+        assert sum(plan.cache[node].values()) <= 1 * TB
+    io = [r for node in plan.io.values() for r in node.values() if r is not None]
+    assert sum(io) <= 100 * MB + 2
+
+
+def test_dry_run_table_lists_nodes_jobs_and_splits() -> None:
+    nodes = two_nodes()
+    ctl = controller(nodes, config(), ENTRIES)
+    plan = ctl.round(dry_run=True, force=True)
+    assert plan is not None
+    assert all(n.puts == [] for n in nodes.values())  # a dry run pushes nothing
+    table = render_plan(plan, {"n3": "cannot reach"})
+    assert IMAGENET in table and "dist" in table and "n1,n2" in table
+    assert "node n3 is down: cannot reach" in table
+
+
+# ------------------------------------------------------------------ files
+
+
+CONFIG = """\
+policy = "gavel"
+remote_io = "1GB/s"
+interval = "30s"
+jobs_file = "jobs.toml"
+
+[[nodes]]
+name = "n1"
+socket = "{sock1}"
+gpus = 8
+cache = "1TiB"
+
+[[nodes]]
+name = "n2"
+socket = "{sock2}"
+"""
+
+JOBS = """\
+[[jobs]]
+name = "dist"
+dataset = "s3://data/imagenet/"
+gpus = 8
+ideal_io = "912MB/s"
+nodes = ["n1", "n2"]
+dataset_size = "1.3TB"
+"""
+
+
+def write_config(tmp_path: Path, text: str = CONFIG) -> str:
+    (tmp_path / "jobs.toml").write_text(JOBS)
+    path = tmp_path / "controller.toml"
+    path.write_text(text.format(sock1=tmp_path / "n1.sock", sock2=tmp_path / "n2.sock"))
+    return str(path)
+
+
+def test_config_and_jobs_file_load(tmp_path: Path) -> None:
+    cfg = load_controller_config(write_config(tmp_path))
+    assert cfg.remote_io == 1e9 and cfg.interval == 30.0 and cfg.policy == "gavel"
+    assert cfg.nodes[0].cache == 2**40 and cfg.nodes[1].cache is None
+    assert cfg.jobs_file == str(tmp_path / "jobs.toml")
+    (entry,) = load_jobs_file(cfg.jobs_file)
+    assert entry.nodes == ("n1", "n2") and entry.dataset_size == 1.3e12
+
+
+def test_config_mistakes_name_the_line(tmp_path: Path) -> None:
+    text = CONFIG.replace("gpus = 8", "gpus = 8\ngpu_count = 8")
+    with pytest.raises(ConfigError, match=r"controller.toml:10: unknown key 'gpu_count'"):
+        load_controller_config(write_config(tmp_path, text))
+    text = CONFIG.replace('policy = "gavel"', 'policy = "lottery"')
+    with pytest.raises(ConfigError, match=r":1: unknown policy 'lottery'"):
+        load_controller_config(write_config(tmp_path, text))
+
+
+def test_a_broken_jobs_file_keeps_the_previous_jobs(tmp_path: Path) -> None:
+    cfg = load_controller_config(write_config(tmp_path))
+    ctl = Controller(cfg, factory=lambda node: FakeNode(node.name, TB))
+    assert ctl.reload_jobs() and [e.name for e in ctl.entries] == ["dist"]
+    assert not ctl.reload_jobs()  # unchanged
+    (tmp_path / "jobs.toml").write_text(JOBS + "\nnodez = 1\n")
+    assert not ctl.reload_jobs()
+    assert [e.name for e in ctl.entries] == ["dist"]
+
+
+def test_cli_dry_run_with_nodes_down_prints_the_table(tmp_path: Path) -> None:
+    res = CliRunner().invoke(
+        main, ["controller", "run", "--config", write_config(tmp_path), "--dry-run"]
+    )
+    assert res.exit_code == 0, res.output
+    assert "dist" in res.output and "s3://data/imagenet/" in res.output
+    assert "node n1 is down" in res.output and "node n2 is down" in res.output
+
+
+def test_cli_once_fails_when_a_node_is_down(tmp_path: Path) -> None:
+    res = CliRunner().invoke(
+        main, ["controller", "run", "--config", write_config(tmp_path), "--once"]
+    )
+    assert res.exit_code == 1
+    assert "Traceback" not in res.output
+
+
+def test_cli_bad_config_is_one_line(tmp_path: Path) -> None:
+    text = CONFIG.replace('remote_io = "1GB/s"', 'remote_io = "-1GB/s"')
+    res = CliRunner().invoke(main, ["controller", "run", "--config", write_config(tmp_path, text)])
+    assert res.exit_code == 1
+    assert res.output.strip().count("\n") == 0
+    assert "controller.toml:2: remote_io must not be negative" in res.output
+
+
+def test_status_with_the_contract_field_names_parses() -> None:
+    seen = parse_status(
+        "n1",
+        {
+            "node": {"cache_size": 64 * 2**20},
+            "datasets": [
+                {
+                    "name": "imagenet",
+                    "uri": IMAGENET,
+                    "size": 10,
+                    "cached_bytes": 5,
+                    "cache_allocation": None,
+                    "hit_ratio": 0.5,
+                }
+            ],
+            "jobs": [
+                {
+                    "name": "j",
+                    "dataset": IMAGENET,
+                    "io_allocation": 7,
+                    "throughput": 9,
+                    "remote_bytes_per_s": 3,
+                    "limiter_wait_s": 0.0,
+                }
+            ],
+        },
+    )
+    assert isinstance(seen, NodeSeen)
+    assert seen.jobs["j"].dataset == IMAGENET and seen.jobs["j"].throughput == 9
+    assert seen.datasets[IMAGENET].cached == 5 and seen.cache_size == 64 * 2**20

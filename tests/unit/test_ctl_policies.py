@@ -1,0 +1,306 @@
+"""SiloD's estimator and policies against cases computed by hand from the paper's formulas."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import pytest
+from silofs_ctl.estimator import (
+    ComputeEstimator,
+    SiloDEstimator,
+    cache_efficiency,
+    equal_share_perf,
+    silod_perf,
+    unit_efficiency,
+)
+from silofs_ctl.model import Allocation, Cluster, Job
+from silofs_ctl.policies import (
+    AlluxioCache,
+    CoordlCache,
+    FifoPolicy,
+    GavelPolicy,
+    GreedyPolicy,
+    QuiverCache,
+    SjfPolicy,
+)
+from silofs_ctl.policies.base import water_fill
+from silofs_ctl.policies.gavel import maxmin_level
+from silofs_ctl.policies.greedy import greedy_cache
+from silofs_ctl.policies.sjf import silod_choice
+
+MB, GB, TB = 1e6, 1e9, 1e12
+
+
+def job(name: str, dataset: str, f_star: float, gpus: int = 1, **kw: object) -> Job:
+    return Job(name, dataset, gpus, f_star, {dataset: 1.0}, **kw)
+
+
+def cluster(gpus: int, cache: float, io: float, datasets: dict[str, float]) -> Cluster:
+    return Cluster.pooled({"n0": gpus}, {"n0": cache}, io, datasets)
+
+
+# ------------------------------------------------------------------ estimator
+
+
+def test_eq4_io_bound_and_compute_bound() -> None:
+    # ResNet-50 (f* = 114 MB/s) with half its data cached and 50 MB/s of remote IO:
+    # b / (1 - c/d) = 50 / 0.5 = 100 < 114, so IO-bound at 100 MB/s.
+    assert silod_perf(114 * MB, 50 * MB, 0.5) == pytest.approx(100 * MB)
+    # with 60 MB/s it would feed 120 > f*: compute-bound at f*
+    assert silod_perf(114 * MB, 60 * MB, 0.5) == pytest.approx(114 * MB)
+    # fully cached needs no remote IO at all
+    assert silod_perf(114 * MB, 0.0, 1.0) == pytest.approx(114 * MB)
+    assert silod_perf(114 * MB, 0.0, 0.0) == 0.0
+
+
+def test_eq5_cache_efficiency_matches_the_papers_numbers() -> None:
+    # §2.2: ResNet-50 on ImageNet-1k saves 114 MB/s with 143 GB (~0.8 MB/s per GB);
+    # BERT on web search saves 2 MB/s with 20,971 GB (9.5e-5 MB/s per GB).
+    c = cluster(2, 1 * TB, 50 * MB, {"imagenet-1k": 143 * GB, "websearch": 20971 * GB})
+    resnet = cache_efficiency(job("r", "imagenet-1k", 114 * MB), c)
+    bert = cache_efficiency(job("b", "websearch", 2 * MB), c)
+    assert resnet * GB / MB == pytest.approx(0.797, abs=1e-3)
+    assert bert * GB / MB == pytest.approx(9.54e-5, rel=1e-2)
+
+
+def test_dataset_sharing_sums_efficiency_and_charges_cache_once() -> None:
+    # §6: two jobs on ImageNet-1k use 143 GB of cache, not 286 GB.
+    c = cluster(4, 300 * GB, 50 * MB, {"imagenet-1k": 143 * GB, "other": 200 * GB})
+    jobs = [
+        job("a", "imagenet-1k", 114 * MB),
+        job("b", "imagenet-1k", 114 * MB),
+        job("c", "other", 150 * MB),
+    ]
+    eff = unit_efficiency(jobs, c)
+    assert eff["imagenet-1k"] == pytest.approx(2 * 114 * MB / (143 * GB))
+    cache = greedy_cache(jobs, c)
+    # the shared dataset saves 228 MB/s per 143 GB, the other 150 per 200 GB: first, whole;
+    # the other gets what is left (Algorithm 2 line 4)
+    assert cache == {"imagenet-1k": 143 * GB, "other": pytest.approx(157 * GB)}
+
+
+def test_equal_share_is_the_silod_perf_of_an_even_split() -> None:
+    # Figure 4: 2 GPUs, 1.4 TB cache, 100 MB/s; two jobs on different 1.36 TB datasets.
+    # Equal share: 1 GPU, 0.7 TB, 50 MB/s each: 50 / (1 - 0.7/1.36) = 103.03 MB/s.
+    c = cluster(2, 1.4 * TB, 100 * MB, {"a": 1.36 * TB, "b": 1.36 * TB})
+    jobs = [job("j0", "a", 114 * MB), job("j1", "b", 114 * MB)]
+    e = equal_share_perf(jobs, c, SiloDEstimator())
+    assert e["j0"] == pytest.approx(50 * MB / (1 - 0.7 / 1.36))
+    assert equal_share_perf(jobs, c, ComputeEstimator())["j0"] == pytest.approx(114 * MB)
+
+
+# ------------------------------------------------------------------- Gavel
+
+
+def figure4() -> tuple[list[Job], Cluster]:
+    c = cluster(2, 1.4 * TB, 100 * MB, {"a": 1.36 * TB, "b": 1.36 * TB})
+    return [job("j0", "a", 114 * MB), job("j1", "b", 114 * MB)], c
+
+
+def test_eq9_level_by_hand_on_figure4() -> None:
+    # lam* = B / H with H = e * (2 - 1.4/1.36) (any split of the cache between two units of
+    # equal efficiency), e = 103.03 MB/s: lam* = 100 / (103.03 * 0.9706) = 1.0000.
+    jobs, c = figure4()
+    e = equal_share_perf(jobs, c, SiloDEstimator())
+    lam, cache = maxmin_level(jobs, c, e)
+    assert lam == pytest.approx(100 * MB / (e["j0"] * (2 - 1.4 / 1.36)))
+    assert lam == pytest.approx(1.0, abs=1e-3)
+    assert sum(cache.values()) == pytest.approx(1.4 * TB)
+
+
+def test_silod_gavel_lifts_the_worst_job_and_then_the_cached_one() -> None:
+    # Both reach the equal-share 103 MB/s; the fully cached job then rises to f* = 114
+    # without costing the other anything (it needs no IO).
+    jobs, c = figure4()
+    alloc = GavelPolicy().allocate(jobs, c, SiloDEstimator())
+    rates = {j.name: alloc.gpu_share[j.name] * j.f_star for j in jobs}
+    cached = max(alloc.cache, key=lambda k: alloc.cache[k])
+    fast = "j0" if cached == "a" else "j1"
+    slow = "j1" if fast == "j0" else "j0"
+    assert alloc.cache[cached] == pytest.approx(1.36 * TB)
+    assert rates[fast] == pytest.approx(114 * MB)
+    assert alloc.io[fast] == pytest.approx(0.0, abs=1)
+    # the slow one gets all the IO and 0.04 TB of cache: 100 / (1 - 0.04/1.36) = 103.03
+    assert alloc.io[slow] == pytest.approx(100 * MB)
+    assert silod_perf(114 * MB, alloc.io[slow], 0.04 / 1.36) == pytest.approx(103.03 * MB, rel=1e-3)
+
+
+def test_silod_gavel_gives_io_to_a_job_whose_cache_is_not_filled_yet() -> None:
+    # Regression: planning IO with the allocation gave the fully-allocated job 0 IO, so
+    # its empty cache could never fill. With nothing cached, both need all their reads.
+    jobs, c = figure4()
+    empty = replace(c, cached={"a": 0.0, "b": 0.0})
+    alloc = GavelPolicy().allocate(jobs, empty, SiloDEstimator())
+    assert alloc.io["j0"] == pytest.approx(50 * MB)
+    assert alloc.io["j1"] == pytest.approx(50 * MB)
+    # a job that measures its hits per epoch (delayed effectiveness) is believed
+    filled = [replace(jobs[0], hit_now=0.0), jobs[1]]
+    alloc = GavelPolicy().allocate(filled, replace(c, cached={"a": 1.36 * TB}), SiloDEstimator())
+    assert alloc.io["j0"] > 40 * MB
+
+
+def test_vanilla_gavel_is_gpu_max_min_and_leaves_storage_alone() -> None:
+    # 4 GPUs; jobs of 4, 2 and 1 GPUs, equal normalised shares: x = 4/3 / g capped at 1.
+    # perf/perf_equal is the same for all: x_j * g_j / (4/3) -> lam = 4 / sum(g_j x_eq_j)
+    c = cluster(4, 1 * TB, 100 * MB, {"d": 1 * TB})
+    jobs = [
+        job("big", "d", 400 * MB, gpus=4),
+        job("mid", "d", 200 * MB, gpus=2),
+        job("one", "d", 100 * MB, gpus=1),
+    ]
+    alloc = GavelPolicy().allocate(jobs, c, ComputeEstimator())
+    assert alloc.cache == {} and alloc.io == {}
+    # equal share in GPUs: 4/3 each -> x_eq = 1/3, 2/3, 1. Level lam with
+    # sum x_eq*g*lam = (4/3+4/3+1)*lam = 4 -> lam = 12/11; "one" caps at 1 first
+    # (its x_eq is already 1), then big and mid share the rest: (4/3+4/3) lam' = 3.
+    assert alloc.gpu_share["one"] == pytest.approx(1.0)
+    assert alloc.gpu_share["big"] == pytest.approx(1 / 3 * 9 / 8)
+    assert alloc.gpu_share["mid"] == pytest.approx(2 / 3 * 9 / 8)
+    assert sum(alloc.gpu_share[j.name] * j.gpus for j in jobs) == pytest.approx(4.0)
+
+
+# --------------------------------------------------------------------- SJF
+
+
+def eq7_brute_force(j: Job, c: Cluster, readers: int) -> float:
+    """min over a grid of (cache, IO) of Eq. 7, straight from the formula."""
+    d = c.units[j.dataset].size
+    pool = c.total_cache
+    best = math.inf
+    for i in range(101):
+        cache = min(d, pool) * i / 100
+        # IO on a grid, plus the demand f*(1 - c/d) where perf stops growing with IO
+        for io in [j.f_star * k / 100 for k in range(201)] + [j.f_star * (1 - cache / d)]:
+            if io <= 0 and cache < d:
+                continue
+            perf = silod_perf(j.f_star, io, cache / d)
+            cost = j.gpus / c.total_gpus + cache / (readers * pool) + io / c.remote_io
+            best = min(best, cost * j.remaining / perf)
+    return best
+
+
+@pytest.mark.parametrize(
+    "f_star,size,io",
+    [
+        (114 * MB, 143 * GB, 200 * MB),
+        (2 * MB, 20 * TB, 200 * MB),
+        (300 * MB, 1.3 * TB, 50 * MB),
+        (50 * MB, 500 * GB, 1000 * MB),
+    ],
+)
+def test_eq7_closed_form_matches_brute_force(f_star: float, size: float, io: float) -> None:
+    c = cluster(8, 1 * TB, io, {"d": size})
+    j = job("j", "d", f_star, gpus=2, remaining=10 * TB)
+    choice = silod_choice(j, c, {"d": 1})
+    assert choice.score == pytest.approx(eq7_brute_force(j, c, 1), rel=1e-9)
+
+
+def test_silod_sjf_runs_the_cache_efficient_job_first() -> None:
+    # §5.1: two ResNet-50 jobs, same GPUs and steps; ImageNet-1k (143 GB) vs ImageNet-22k
+    # (1.3 TB). Vanilla SJF sees a tie; SiloD's Eq. 7 prefers the 1k job.
+    c = cluster(1, 200 * GB, 50 * MB, {"in22k": 1.3 * TB, "in1k": 143 * GB})
+    jobs = [
+        job("a-22k", "in22k", 114 * MB, remaining=5 * TB, submit=0),
+        job("b-1k", "in1k", 114 * MB, remaining=5 * TB, submit=1),
+    ]
+    vanilla = SjfPolicy().allocate(jobs, c, ComputeEstimator())
+    silod = SjfPolicy().allocate(jobs, c, SiloDEstimator())
+    assert vanilla.running() == ["a-22k"]  # tie, broken by submit time
+    assert silod.running() == ["b-1k"]
+    assert silod.cache["in1k"] == pytest.approx(143 * GB)
+    assert silod.io["b-1k"] == pytest.approx(50 * MB)  # nothing cached yet: all it can get
+
+
+def test_sjf_backfills_and_shorter_remaining_work_goes_first() -> None:
+    c = cluster(4, 1 * TB, 100 * MB, {"d": 1 * TB})
+    jobs = [
+        job("long", "d", 100 * MB, gpus=2, remaining=10 * TB),
+        job("wide", "d", 100 * MB, gpus=4, remaining=1 * TB),
+        job("short", "d", 100 * MB, gpus=2, remaining=1 * TB),
+    ]
+    alloc = SjfPolicy().allocate(jobs, c, ComputeEstimator())
+    # scores W/f*g/G: short 0.5e4, wide 1e4, long 5e4 -> short runs, wide does not fit,
+    # long backfills the 2 free GPUs
+    assert sorted(alloc.running()) == ["long", "short"]
+
+
+# -------------------------------------------------------------------- FIFO
+
+
+def test_fifo_blocks_behind_the_head_job_and_silod_form_adds_algorithm2() -> None:
+    c = cluster(4, 150 * GB, 100 * MB, {"small": 100 * GB, "big": 1 * TB})
+    jobs = [
+        job("first", "big", 10 * MB, gpus=2, submit=0),
+        job("wide", "small", 100 * MB, gpus=4, submit=1),
+        job("late", "small", 100 * MB, gpus=1, submit=2),
+    ]
+    vanilla = FifoPolicy().allocate(jobs, c, ComputeEstimator())
+    assert vanilla.running() == ["first"] and vanilla.cache == {}
+    silod = FifoPolicy().allocate(jobs, c, SiloDEstimator())
+    assert silod.running() == ["first"]
+    assert silod.cache == {"big": pytest.approx(150 * GB)}  # only running jobs' data
+    assert silod.io == {}  # remote IO stays with the link (max-min fair)
+
+
+def test_greedy_policy_caches_most_efficient_first_last_one_partially() -> None:
+    c = cluster(8, 1 * TB, 100 * MB, {"x": 400 * GB, "y": 800 * GB, "z": 100 * GB})
+    jobs = [job("jx", "x", 100 * MB), job("jy", "y", 400 * MB), job("jz", "z", 10 * MB)]
+    # efficiencies: y 0.5, x 0.25, z 0.1 MB/s per GB -> y whole, x gets the 200 GB left
+    alloc = GreedyPolicy().allocate(jobs, c, SiloDEstimator())
+    assert alloc.cache == {"y": pytest.approx(800 * GB), "x": pytest.approx(200 * GB)}
+
+
+# -------------------------------------------------------------- baselines
+
+
+def running(jobs: list[Job]) -> Allocation:
+    return Allocation(
+        gpu_share={j.name: 1.0 for j in jobs}, placement={j.name: {"n0": j.gpus} for j in jobs}
+    )
+
+
+def test_quiver_caches_whole_datasets_by_benefit_over_size() -> None:
+    # Figure 4: benefit/cost ties; Quiver caches one dataset whole and nothing of the
+    # other (1.36 TB does not fit in the 0.04 TB left).
+    jobs, c = figure4()
+    alloc = running(jobs)
+    QuiverCache().fill_cache(jobs, c, alloc)
+    assert alloc.cache == {"a": pytest.approx(1.36 * TB)}
+    # a job whose speed-up is under 5% does not count: with 1 GB/s of fair share
+    # neither job is IO-bound, so nothing is cached
+    alloc = running(jobs)
+    QuiverCache().fill_cache(jobs, replace(c, remote_io=2000 * MB), alloc)
+    assert alloc.cache == {}
+
+
+def test_quiver_figure4_worst_job_matches_the_paper() -> None:
+    # Quiver: job-1 reads remotely with the link to itself: 50 MB/s over a 0.04 TB-less
+    # dataset is ~52 MB/s in the paper (50 MB/s per job; see figure4.toml).
+    assert silod_perf(114 * MB, 50 * MB, 0.04 / 1.36) == pytest.approx(51.5 * MB, rel=1e-2)
+
+
+def test_coordl_static_share_follows_gpus_on_the_node() -> None:
+    c = Cluster.pooled(
+        {"n0": 8, "n1": 8}, {"n0": 800 * GB, "n1": 800 * GB}, 100 * MB, {"a": 1 * TB, "b": 50 * GB}
+    )
+    jobs = [job("a", "a", 100 * MB, gpus=2), job("b", "b", 100 * MB, gpus=4)]
+    alloc = Allocation(
+        gpu_share={"a": 1.0, "b": 1.0}, placement={"a": {"n0": 2}, "b": {"n0": 2, "n1": 2}}
+    )
+    CoordlCache().fill_cache(jobs, c, alloc)
+    assert alloc.cache["a"] == pytest.approx(200 * GB)  # 2/8 of node n0's disk
+    assert alloc.cache["b"] == pytest.approx(50 * GB)  # 400 GB of disk, but d = 50 GB
+
+
+def test_alluxio_only_marks_lru() -> None:
+    jobs, c = figure4()
+    alloc = running(jobs)
+    AlluxioCache().fill_cache(jobs, c, alloc)
+    assert alloc.lru and alloc.cache == {}
+
+
+def test_water_fill_is_max_min_fair() -> None:
+    assert water_fill(100, {"a": 10, "b": 60, "c": 60}) == {"a": 10, "b": 45, "c": 45}
+    assert water_fill(100, {"a": 10, "b": 20}) == {"a": 10, "b": 20}
+    assert water_fill(math.inf, {"a": 10}) == {"a": 10}

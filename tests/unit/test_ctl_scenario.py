@@ -1,0 +1,198 @@
+"""Scenario files: what is refused, with a message naming the line; and the simulate CLI."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from silofs_ctl.cli import main
+from silofs_ctl.scenario import ScenarioError, load_scenario, parse_duration, parse_scenario
+
+GOOD = """\
+description = "two jobs"
+[cluster]
+remote_io = "200MB/s"
+
+[[cluster.nodes]]
+gpus = 4
+cache = "1TiB"
+
+[[cluster.nodes]]
+gpus = 4
+cache = "1TB"
+
+[[jobs]]
+name = "resnet50-a"
+submit = "0s"
+gpus = 1
+dataset = "imagenet-a"
+dataset_size = "1.3TiB"
+ideal_io = "114MB/s"
+epochs = 13
+
+[[jobs]]
+name = "resnet50-b"
+submit = "1.5h"
+gpus = 8
+dataset = "imagenet-a"
+ideal_io = "912MB/s"
+epochs = 0.5
+"""
+
+
+def line_of(text: str, needle: str) -> int:
+    return next(i for i, line in enumerate(text.splitlines(), 1) if needle in line)
+
+
+def refused(text: str) -> str:
+    with pytest.raises(ScenarioError) as info:
+        parse_scenario(text, "s.toml")
+    return str(info.value)
+
+
+def test_good_scenario_units() -> None:
+    s = parse_scenario(GOOD, "s.toml")
+    assert s.remote_io == 200e6
+    assert [n.cache for n in s.nodes] == [2**40, 10**12]  # TiB binary, TB decimal
+    a, b = s.jobs
+    assert a.dataset_size == b.dataset_size == round(1.3 * 2**40)  # named once, shared
+    assert (a.submit, b.submit) == (0.0, 5400.0)
+    assert b.epochs == 0.5 and b.ideal_io == 912e6
+    assert s.total_gpus == 8
+
+
+def test_unknown_key_is_refused_naming_its_line() -> None:
+    text = GOOD.replace("epochs = 0.5", "epochs = 0.5\nepoch = 3")
+    message = refused(text)
+    assert message.startswith(f"s.toml:{line_of(text, 'epoch = 3')}: ")
+    assert "unknown key 'epoch'" in message
+
+
+def test_unknown_key_in_cluster_and_nodes_tables() -> None:
+    text = GOOD.replace('remote_io = "200MB/s"', 'remote_io = "200MB/s"\nlink = 3')
+    assert refused(text).startswith(f"s.toml:{line_of(text, 'link = 3')}: unknown key 'link'")
+    text = GOOD.replace('cache = "1TB"', 'cache = "1TB"\nssd = "2TB"')
+    assert refused(text).startswith(f"s.toml:{line_of(text, 'ssd =')}: unknown key 'ssd'")
+
+
+@pytest.mark.parametrize(
+    "old,new,needle",
+    [
+        ('dataset_size = "1.3TiB"', 'dataset_size = "-1.3TiB"', "dataset_size"),
+        ('cache = "1TB"', "cache = -5", "cache = -5"),
+        ('ideal_io = "114MB/s"', 'ideal_io = "-114MB/s"', "ideal_io"),
+        ('submit = "1.5h"', 'submit = "-1.5h"', "submit"),
+    ],
+)
+def test_negative_sizes_rates_and_times_are_refused_naming_the_line(
+    old: str, new: str, needle: str
+) -> None:
+    text = GOOD.replace(old, new)
+    message = refused(text)
+    assert message.startswith(f"s.toml:{line_of(text, new)}: ")
+    assert "must not be negative" in message and needle.split()[0] in message
+
+
+def test_job_larger_than_the_cluster_is_refused_naming_the_line() -> None:
+    text = GOOD.replace("gpus = 8", "gpus = 9")
+    message = refused(text)
+    assert message == (
+        f"s.toml:{line_of(text, 'gpus = 9')}: job 'resnet50-b' needs 9 GPUs "
+        "but the cluster has only 8"
+    )
+
+
+@pytest.mark.parametrize(
+    "old,new,expect",
+    [
+        ("epochs = 13", "epochs = 0", "epochs must be positive"),
+        ("gpus = 1", 'gpus = "one"', "gpus must be a whole number"),
+        (
+            'dataset = "imagenet-a"\ndataset_size = "1.3TiB"',
+            'dataset = "imagenet-a"',
+            "missing key 'dataset_size'",
+        ),
+        ('ideal_io = "912MB/s"', 'ideal_io = "912MB/s"\ndataset_size = "1TB"', "was given size"),
+        ('name = "resnet50-b"', 'name = "resnet50-a"', "used twice"),
+        ('remote_io = "200MB/s"', 'remote_io = "fast"', "not a rate"),
+        ('ideal_io = "114MB/s"', 'ideal_io = "unlimited"', "positive, finite"),
+    ],
+)
+def test_other_mistakes_name_the_line(old: str, new: str, expect: str) -> None:
+    text = GOOD.replace(old, new, 1)
+    message = refused(text)
+    assert expect in message
+    assert message.split(":")[1].isdigit()
+
+
+def test_syntax_errors_and_missing_tables() -> None:
+    assert "not valid TOML" in refused(GOOD + "oops = [")
+    assert "at least one [[jobs]]" in refused(GOOD.split("[[jobs]]")[0])
+    assert "missing key 'cluster'" in refused('description = "x"\n')
+
+
+def test_durations() -> None:
+    assert parse_duration("90") == 90 and parse_duration(90) == 90
+    assert parse_duration("5m") == 300 and parse_duration("2d") == 172800
+    assert parse_duration("250ms") == 0.25
+
+
+# ---------------------------------------------------------------------- CLI
+
+
+def write(tmp_path: Path, text: str) -> str:
+    path = tmp_path / "s.toml"
+    path.write_text(text)
+    return str(path)
+
+
+def test_cli_simulate_prints_jct_makespan_and_fairness(tmp_path: Path) -> None:
+    res = CliRunner().invoke(
+        main, ["simulate", write(tmp_path, GOOD), "--scheduler", "fifo", "--cache", "silod"]
+    )
+    assert res.exit_code == 0, res.output
+    for needle in ("resnet50-a", "resnet50-b", "average JCT", "makespan", "average fairness"):
+        assert needle in res.output
+
+
+def test_cli_simulate_json_and_plot(tmp_path: Path) -> None:
+    png = tmp_path / "out.png"
+    res = CliRunner().invoke(
+        main,
+        [
+            "simulate",
+            write(tmp_path, GOOD),
+            "--scheduler",
+            "gavel",
+            "--cache",
+            "alluxio",
+            "--json",
+            "--plot",
+            str(png),
+        ],
+    )
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.output)
+    assert data["scheduler"] == "gavel" and data["cache"] == "alluxio"
+    assert {j["name"] for j in data["jobs"]} == {"resnet50-a", "resnet50-b"}
+    assert data["makespan_s"] >= max(j["jct_s"] for j in data["jobs"])
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_cli_refuses_a_bad_scenario_in_one_line(tmp_path: Path) -> None:
+    text = GOOD.replace("gpus = 8", "gpus = 64")
+    res = CliRunner().invoke(main, ["simulate", write(tmp_path, text)])
+    assert res.exit_code == 1
+    assert "Traceback" not in res.output
+    lines = res.output.strip().splitlines()
+    assert lines == [
+        f"Error: {tmp_path / 's.toml'}:{line_of(text, 'gpus = 64')}: "
+        "job 'resnet50-b' needs 64 GPUs but the cluster has only 8"
+    ]
+
+
+def test_load_scenario_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(ScenarioError, match="cannot read"):
+        load_scenario(tmp_path / "nope.toml")

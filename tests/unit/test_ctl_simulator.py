@@ -1,0 +1,214 @@
+"""The simulator against closed forms: uniform caching, LRU, delayed effectiveness, IO sharing."""
+
+from __future__ import annotations
+
+import random
+from collections import OrderedDict
+from pathlib import Path
+
+import pytest
+from silofs_ctl.lru import distinct_fraction, hit_between, steady_hit_ratio
+from silofs_ctl.scenario import load_scenario, parse_scenario
+from silofs_ctl.simulator import CACHE_CHOICES, SimulationError, simulate
+
+SCENARIOS = Path(__file__).resolve().parents[2] / "configs" / "scenarios"
+
+
+def one_job(cache: str, size: str, epochs: int = 6, io: str = "100MB/s") -> str:
+    return f"""
+[cluster]
+remote_io = "{io}"
+[[cluster.nodes]]
+gpus = 1
+cache = "{cache}"
+[[jobs]]
+name = "solo"
+gpus = 1
+dataset = "d"
+dataset_size = "{size}"
+ideal_io = "200MB/s"
+epochs = {epochs}
+"""
+
+
+@pytest.mark.parametrize("scheduler", ["fifo", "sjf", "gavel"])
+@pytest.mark.parametrize("cache,size", [("250GB", "1TB"), ("500GB", "1TB"), ("900GB", "1TB")])
+def test_uniform_caching_hits_c_over_d_from_the_second_epoch(
+    scheduler: str, cache: str, size: str
+) -> None:
+    scenario = parse_scenario(one_job(cache, size))
+    result = simulate(scenario, scheduler, "silod")
+    ratio = scenario.nodes[0].cache / scenario.jobs[0].dataset_size
+    hits = result.jobs[0].epoch_hit_ratios
+    assert len(hits) == 6
+    # delayed effectiveness: what the first epoch caches only helps from the next one
+    assert hits[0] == pytest.approx(0.0)
+    assert hits[1:] == pytest.approx([ratio] * 5, rel=1e-9)
+
+
+def test_uniform_job_completion_time_by_hand() -> None:
+    # d = 1 TB, c = 500 GB, 100 MB/s link, f* = 200 MB/s. Epoch 1 reads everything
+    # remotely: 1e12 / 1e8 = 10,000 s. Later epochs hit half: 100 / (1 - 0.5) = 200 MB/s
+    # = f*, so 5,000 s each. Five epochs: 10,000 + 4 * 5,000 = 30,000 s.
+    result = simulate(parse_scenario(one_job("500GB", "1TB", epochs=5)), "fifo", "silod")
+    assert result.jobs[0].jct == pytest.approx(30_000)
+    assert result.makespan == pytest.approx(30_000)
+
+
+@pytest.mark.parametrize("cache", ["250GB", "500GB", "900GB"])
+def test_lru_hit_ratio_is_the_random_once_per_epoch_closed_form(cache: str) -> None:
+    scenario = parse_scenario(one_job(cache, "1TB"))
+    result = simulate(scenario, "fifo", "alluxio")
+    r = scenario.nodes[0].cache / scenario.jobs[0].dataset_size
+    hits = result.jobs[0].epoch_hit_ratios
+    assert hits[0] == pytest.approx(0.0)  # cold
+    # 1 - s + s ln s with s = 1 - c/d: LRU thrashes (0.153 instead of 0.5 at c/d = 0.5)
+    assert hits[1:] == pytest.approx([steady_hit_ratio(r)] * 5, rel=1e-9)
+    assert steady_hit_ratio(r) < r
+
+
+def exact_lru(items: int, capacity: int, epochs: int, rng: random.Random) -> list[float]:
+    cache: OrderedDict[int, None] = OrderedDict()
+    out = []
+    for _ in range(epochs):
+        hits = 0
+        for item in rng.sample(range(items), items):
+            if item in cache:
+                hits += 1
+                cache.move_to_end(item)
+            else:
+                cache[item] = None
+                if len(cache) > capacity:
+                    cache.popitem(last=False)
+        out.append(hits / items)
+    return out
+
+
+@pytest.mark.parametrize("r", [0.3, 0.5, 0.8])
+def test_lru_closed_form_matches_an_item_level_lru(r: float) -> None:
+    rng = random.Random(42)
+    n = 4000
+    hits = exact_lru(n, int(r * n), 9, rng)
+    assert hits[0] == 0.0
+    measured = sum(hits[1:]) / len(hits[1:])
+    assert measured == pytest.approx(steady_hit_ratio(r), abs=0.01)
+
+
+def test_lru_position_profile_integrates_to_the_epoch_average() -> None:
+    r = 0.6
+    steps = [i / 50 for i in range(51)]
+    total = sum(hit_between(r, a, b) * (b - a) for a, b in zip(steps, steps[1:], strict=False))
+    assert total == pytest.approx(steady_hit_ratio(r), rel=1e-12)
+    assert distinct_fraction(1.0) == pytest.approx(5 / 6)
+    assert distinct_fraction(2.0) == 1.0
+
+
+def test_a_new_job_hits_what_another_job_cached_in_its_first_epoch() -> None:
+    # Job a fills the shared dataset's 500 GB during its first epoch; job b arrives after
+    # that, so everything cached is unread by b: b hits c/d from its very first epoch.
+    text = (
+        one_job("500GB", "1TB", epochs=3).replace(
+            "[[cluster.nodes]]\ngpus = 1", "[[cluster.nodes]]\ngpus = 2"
+        )
+        + """
+[[jobs]]
+name = "later"
+submit = "20000s"
+gpus = 1
+dataset = "d"
+ideal_io = "200MB/s"
+epochs = 1
+"""
+    )
+    result = simulate(parse_scenario(text), "fifo", "silod")
+    later = next(j for j in result.jobs if j.name == "later")
+    assert later.epoch_hit_ratios == pytest.approx([0.5])
+
+
+def test_unallocated_remote_io_is_shared_max_min_fairly() -> None:
+    # Vanilla FIFO with CoorDL: nobody allocates IO. Two jobs with no useful cache want
+    # 30 and 200 MB/s of a 100 MB/s link: the small one gets 30, the big one 70.
+    text = """
+[cluster]
+remote_io = "100MB/s"
+[[cluster.nodes]]
+gpus = 2
+cache = "0"
+[[jobs]]
+name = "small"
+gpus = 1
+dataset = "a"
+dataset_size = "30GB"
+ideal_io = "30MB/s"
+epochs = 1
+[[jobs]]
+name = "big"
+gpus = 1
+dataset = "b"
+dataset_size = "700GB"
+ideal_io = "200MB/s"
+epochs = 1
+"""
+    result = simulate(parse_scenario(text), "fifo", "coordl")
+    small, big = (next(j for j in result.jobs if j.name == n) for n in ("small", "big"))
+    assert small.jct == pytest.approx(1000)  # 30 GB at 30 MB/s
+    # big: 70 MB/s for 1000 s (70 GB), then the whole link: 630 GB at 100 MB/s
+    assert big.jct == pytest.approx(1000 + 6300)
+    assert result.timeline[0][2] == pytest.approx(100e6)
+
+
+def test_jobs_wait_for_gpus_and_never_start_before_submission() -> None:
+    text = (
+        one_job("0", "100GB", epochs=1, io="1GB/s")
+        + """
+[[jobs]]
+name = "second"
+submit = "10s"
+gpus = 1
+dataset = "d"
+ideal_io = "200MB/s"
+epochs = 1
+"""
+    )
+    result = simulate(parse_scenario(text), "fifo", "silod")
+    solo, second = result.jobs
+    assert solo.finish == pytest.approx(500)  # 100 GB at 200 MB/s
+    assert second.start == pytest.approx(solo.finish)  # one GPU: it waits
+    assert all(j.start is not None and j.start >= j.submit for j in result.jobs)
+
+
+def test_figure4_silod_max_min_beats_quiver_for_the_worst_job() -> None:
+    scenario = load_scenario(SCENARIOS / "figure4.toml")
+    silod = simulate(scenario, "gavel", "silod")
+    quiver = simulate(scenario, "gavel", "quiver")
+    worst = {r.cache: max(j.jct for j in r.jobs) for r in (silod, quiver)}
+    assert worst["silod"] < worst["quiver"]
+    assert min(j.fairness for j in silod.jobs) > min(j.fairness for j in quiver.jobs)
+
+
+@pytest.mark.parametrize("path", sorted(SCENARIOS.glob("*.toml")), ids=lambda p: p.name)
+def test_every_example_scenario_loads(path: Path) -> None:
+    scenario = load_scenario(path)
+    assert scenario.jobs and scenario.nodes
+
+
+@pytest.mark.parametrize("cache", CACHE_CHOICES)
+@pytest.mark.parametrize("scheduler", ["fifo", "sjf", "gavel"])
+def test_every_pair_completes_the_small_scenarios(scheduler: str, cache: str) -> None:
+    for name in ("figure4.toml", "cache-efficiency.toml", "single-job.toml"):
+        scenario = load_scenario(SCENARIOS / name)
+        result = simulate(scenario, scheduler, cache)
+        work = {j.name: j.epochs * j.dataset_size for j in scenario.jobs}
+        for j in result.jobs:
+            assert j.finish is not None
+            assert j.bytes_read == pytest.approx(work[j.name])
+        # the link is never used beyond its capacity
+        assert max(io for _, _, io in result.timeline) <= scenario.remote_io * (1 + 1e-9)
+
+
+def test_unknown_policy_names_are_refused() -> None:
+    scenario = parse_scenario(one_job("1GB", "1TB"))
+    with pytest.raises(SimulationError, match="unknown scheduler"):
+        simulate(scenario, "lottery", "silod")
+    with pytest.raises(SimulationError, match="unknown cache"):
+        simulate(scenario, "fifo", "memcached")
