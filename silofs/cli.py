@@ -57,6 +57,9 @@ def one_line_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def state_dir() -> str:
+    """Where background daemons and mounts write their logs."""
+    if env := os.environ.get("SILOFS_LOG_DIR"):
+        return env
     if os.geteuid() == 0:
         return "/var/log/silofs"
     base = os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state")

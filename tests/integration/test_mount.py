@@ -1,0 +1,209 @@
+"""Reads through real FUSE mounts equal the store's bytes, for local and S3 datasets."""
+
+from __future__ import annotations
+
+import hashlib
+import mmap
+import os
+import random
+import subprocess
+import threading
+from pathlib import Path
+
+import pytest
+
+from .conftest import Node, drop_file_cache, mounted, needs_fuse, wait_for
+
+pytestmark = [needs_fuse, pytest.mark.fuse]
+
+CHUNK = 256 << 10
+
+
+def sample_tree(seed: int = 1) -> dict[str, bytes]:
+    """Small files, multi-chunk files, an empty file, odd names, a deep directory."""
+    rnd = random.Random(seed)
+    tree = {f"train/img{i:03d}.jpg": rnd.randbytes(rnd.randint(10_000, 60_000))
+            for i in range(40)}
+    tree["big/shard-0.tar"] = rnd.randbytes(5 * CHUNK + 12345)
+    tree["big/shard-1.tar"] = rnd.randbytes(3 * CHUNK)  # ends exactly on a chunk boundary
+    tree["empty.txt"] = b""
+    tree["with space/naïve café ☃.txt"] = "unicode body ✓".encode() * 100
+    tree["a/b/c/d/e/f/g/deep.bin"] = rnd.randbytes(777)
+    return tree
+
+
+def sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def read_all(mp: Path, tree: dict[str, bytes]) -> dict[str, str]:
+    return {k: sha((mp / k).read_bytes()) for k in tree}
+
+
+@pytest.fixture(params=["local", "s3"])
+def store(request: pytest.FixtureRequest, local_store, monkeypatch, bucket_name):
+    """(store helper, uri, extra mount args, env) for a bucket holding sample_tree()."""
+    if request.param == "local":
+        s = local_store
+        args: list[str] = []
+    else:
+        s = request.getfixturevalue("s3_server")
+        args = ["--endpoint-url", s.endpoint_url]
+    s.apply_env(monkeypatch)
+    s.create(bucket_name, sample_tree())
+    return s, s.uri(bucket_name), args
+
+
+def test_every_file_reads_back_identical(make_node, store, tmp_path: Path) -> None:
+    s, uri, args = store
+    node: Node = make_node(cache_size="64M")
+    mp = node.mount(uri, tmp_path / "mnt", "--chunk-size", "256K", *args)
+    tree = sample_tree()
+    expected = {k: sha(v) for k, v in tree.items()}
+    assert read_all(mp, tree) == expected
+    listed = {str(p.relative_to(mp)) for p in mp.rglob("*") if p.is_file()}
+    assert listed == set(tree)
+    assert (mp / "empty.txt").stat().st_size == 0
+    # Second pass from the cache, page cache dropped: same bytes, no new remote GETs.
+    first = node.settle(str(mp), sum(map(len, tree.values())))
+    for k in tree:
+        drop_file_cache(mp / k)
+    assert read_all(mp, tree) == expected
+    m = node.settle(str(mp), 2 * sum(map(len, tree.values())))
+    assert m["remote_gets"] == first["remote_gets"]
+    assert m["hit_bytes"] - first["hit_bytes"] == sum(map(len, tree.values()))
+
+
+def test_posix_tools_agree_with_the_source(make_node, local_store, monkeypatch, bucket_name,
+                                           tmp_path: Path) -> None:
+    local_store.apply_env(monkeypatch)
+    local_store.create(bucket_name, sample_tree())
+    src = local_store.root / bucket_name
+    node = make_node()
+    mp = node.mount(local_store.uri(bucket_name), tmp_path / "mnt", "--chunk-size", "256K")
+
+    def walk(root: Path) -> list[tuple[str, list[str], list[str]]]:
+        return sorted((os.path.relpath(d, root), sorted(ds), sorted(fs))
+                      for d, ds, fs in os.walk(root))
+
+    assert walk(mp) == walk(src)
+
+    def run(cmd: str, cwd: Path) -> bytes:
+        return subprocess.run(cmd, shell=True, cwd=cwd, check=True, capture_output=True).stdout
+
+    find = "find . -type f -printf '%P %s\\n' | sort"
+    assert run(find, mp) == run(find, src)
+    def du_files(root: Path) -> list[bytes]:
+        out = run("du -ab . | sort -k2", root).splitlines()
+        return [ln for ln in out if (root / ln.split(b"\t")[1].decode()).is_file()]
+
+    assert du_files(mp) == du_files(src)
+    tar = ("tar c --sort=name --mode=0444 --owner=0 --group=0 --numeric-owner --mtime=@0 "
+           "--format=gnu . | sha256sum")
+    assert run(tar, mp) == run(tar, src)
+
+    big = sample_tree()["big/shard-0.tar"]
+    with open(mp / "big/shard-0.tar", "rb") as f:
+        with mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ) as m:
+            assert m[:] == big
+            assert m[CHUNK - 10: CHUNK + 10] == big[CHUNK - 10: CHUNK + 10]
+        for off, n in [(0, 1), (CHUNK - 3, 7), (3 * CHUNK + 5, 2 * CHUNK), (len(big) - 4, 100),
+                       (len(big) + 10, 5)]:
+            f.seek(off)
+            assert f.read(n) == big[off: off + n]
+
+
+def test_the_mount_is_read_only(make_node, local_store, monkeypatch, bucket_name,
+                                tmp_path: Path) -> None:
+    local_store.apply_env(monkeypatch)
+    local_store.create(bucket_name, sample_tree())
+    node = make_node()
+    mp = node.mount(local_store.uri(bucket_name), tmp_path / "mnt")
+    attempts = [
+        lambda: open(mp / "train/img000.jpg", "r+b"),
+        lambda: open(mp / "new.txt", "wb"),
+        lambda: os.mkdir(mp / "newdir"),
+        lambda: os.unlink(mp / "empty.txt"),
+        lambda: os.rename(mp / "empty.txt", mp / "moved.txt"),
+        lambda: os.rmdir(mp / "a"),
+        lambda: os.chmod(mp / "empty.txt", 0o777),
+        lambda: os.truncate(mp / "empty.txt", 0),
+    ]
+    for attempt in attempts:
+        with pytest.raises(OSError) as exc:
+            attempt()
+        assert exc.value.errno == 30, exc.value  # EROFS
+    assert (local_store.root / bucket_name / "empty.txt").exists()
+
+
+def test_hit_ratio_follows_the_cache_share(make_node, local_store, monkeypatch, bucket_name,
+                                           tmp_path: Path) -> None:
+    """Uniform caching: with cache = half the dataset, every epoch after the first hits 0.5."""
+    rnd = random.Random(7)
+    tree = {f"d/{i:04d}.bin": rnd.randbytes(20_000) for i in range(200)}
+    total = sum(map(len, tree.values()))
+    local_store.apply_env(monkeypatch)
+    local_store.create(bucket_name, tree)
+    allocation = total // 2
+    node = make_node(cache_size=str(allocation), args=("--chunk-size", "256K"))
+    mp = node.mount(local_store.uri(bucket_name), tmp_path / "mnt")
+    read = 0
+    for epoch in range(4):
+        before = node.settle(str(mp), read)
+        order = list(tree)
+        rnd.shuffle(order)
+        for k in order:
+            assert (mp / k).read_bytes() == tree[k]
+            drop_file_cache(mp / k)
+        read += total
+        after = node.settle(str(mp), read)
+        ratio = (after["hit_bytes"] - before["hit_bytes"]) / total
+        cached = node.status()["datasets"][0]["cached_bytes"]
+        assert cached <= allocation
+        if epoch == 0:
+            assert ratio == 0.0
+        else:
+            assert abs(ratio - 0.5) <= 0.05, f"epoch {epoch}: hit ratio {ratio:.3f}"
+
+
+def test_concurrent_readers_of_a_cold_file_fetch_each_chunk_once(
+        make_node, local_store, monkeypatch, bucket_name, tmp_path: Path) -> None:
+    data = random.Random(3).randbytes(8 * CHUNK)
+    local_store.apply_env(monkeypatch)
+    local_store.create(bucket_name, {"cold.bin": data})
+    node = make_node()
+    mp = node.mount(local_store.uri(bucket_name), tmp_path / "mnt", "--chunk-size", "256K")
+    results: list[bytes] = []
+    barrier = threading.Barrier(8)
+
+    def reader() -> None:
+        with open(mp / "cold.bin", "rb") as f:
+            barrier.wait()
+            results.append(f.read())
+
+    threads = [threading.Thread(target=reader) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert results == [data] * 8
+    m = node.settle(str(mp), len(data))
+    assert m["remote_gets"] == 8
+    assert m["remote_bytes"] == len(data)
+
+
+def test_unmount_and_fusermount_both_end_the_mount(make_node, local_store, monkeypatch,
+                                                   bucket_name, tmp_path: Path) -> None:
+    local_store.apply_env(monkeypatch)
+    local_store.create(bucket_name, sample_tree())
+    node = make_node()
+    uri = local_store.uri(bucket_name)
+    mp1 = node.mount(uri, tmp_path / "m1", "--job", "one")
+    mp2 = node.mount(uri, tmp_path / "m2", "--job", "two")
+    assert len(node.status()["mounts"]) == 2
+    res = node.run("unmount", str(mp1))
+    assert res.returncode == 0, res.stderr
+    assert not mounted(mp1)
+    subprocess.run(["fusermount3", "-u", str(mp2)], check=True)
+    assert not mounted(mp2)
+    wait_for(lambda: not node.status()["mounts"], what="the daemon to notice both unmounts")
