@@ -10,9 +10,13 @@ the SiloD paper use them. Rates in bits (bps, Kbps, Mbps, Gbps) are decimal.
 
 from __future__ import annotations
 
+import math
 import re
+from fractions import Fraction
 
 from .errors import UsageError
+
+MAX_VALUE = 2**63 - 1  # sizes and rates end up in u64 fields and LMDB rows
 
 _BINARY = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40, "p": 2**50}
 _DECIMAL = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12, "p": 10**15}
@@ -29,44 +33,67 @@ def _multiplier(prefix: str, binary_marker: str, unit: str) -> int:
     return _DECIMAL[prefix]
 
 
+def _number(value: int | float, what: str) -> Fraction:
+    """A non-string input (TOML int or float) as an exact, checked number."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise UsageError(f"not a {what}: {value!r}")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise UsageError(f"not a {what}: {value!r}")
+    if value < 0:
+        raise UsageError(f"{what} must not be negative: {value}")
+    return Fraction(value)
+
+
+def _checked(value: Fraction, text: object, what: str) -> int:
+    n = round(value)
+    if n > MAX_VALUE:
+        raise UsageError(f"{what} too large: {_short(text)}")
+    return n
+
+
+def _short(text: object) -> str:
+    r = repr(text)
+    return r if len(r) <= 40 else r[:37] + "..."
+
+
 def parse_size(text: str | int) -> int:
     """Bytes in `text`: 4096, 500M (MiB), 1.5GiB, 2T (TiB), 10GB (10**10)."""
-    if isinstance(text, int):
-        if text < 0:
-            raise UsageError(f"size must not be negative: {text}")
-        return text
-    m = _SIZE_RE.match(str(text))
+    if not isinstance(text, str):
+        return _checked(_number(text, "size"), text, "size")
+    m = _SIZE_RE.match(text)
     if not m:
-        raise UsageError(f"not a size: {text!r} (try 4096, 500M, 1.5GiB, 2T, 10GB)")
+        raise UsageError(f"not a size: {_short(text)} (try 4096, 500M, 1.5GiB, 2T, 10GB)")
     number, prefix, binary, unit = m.groups()
     if binary and not prefix:
-        raise UsageError(f"not a size: {text!r}")
-    value = float(number) * _multiplier(prefix, binary, unit.lower())
-    return int(round(value))
+        raise UsageError(f"not a size: {_short(text)}")
+    # Fraction, not float: "11111111111111111111" is that many bytes, and a huge number
+    # is a "too large" UsageError rather than an OverflowError from float infinity.
+    value = Fraction(number) * _multiplier(prefix, binary, unit.lower())
+    return _checked(value, text, "size")
 
 
 def parse_rate(text: str | int | None) -> int | None:
     """Bytes per second in `text`; None means unlimited. 0 means no remote IO."""
     if text is None:
         return None
-    if isinstance(text, int):
-        if text < 0:
-            raise UsageError(f"rate must not be negative: {text}")
-        return text
-    raw = str(text).strip()
+    if isinstance(text, float) and text == math.inf:
+        return None
+    if not isinstance(text, str):
+        return _checked(_number(text, "rate"), text, "rate")
+    raw = text.strip()
     if raw.lower() in ("unlimited", "inf", "none"):
         return None
     m = _RATE_RE.match(raw)
     if not m:
-        raise UsageError(f"not a rate: {text!r} (try 200MB/s, 1.5Gbps, 0, unlimited)")
+        raise UsageError(f"not a rate: {_short(text)} (try 200MB/s, 1.5Gbps, 0, unlimited)")
     number, prefix, binary, unit, _per_s = m.groups()
     if binary and not prefix:
-        raise UsageError(f"not a rate: {text!r}")
+        raise UsageError(f"not a rate: {_short(text)}")
     if unit in ("b", "bit"):
         # A lower-case b is a bit, as in Gbps or Mb/s; bit rates are decimal.
-        return int(round(float(number) * _DECIMAL[prefix.lower()] / 8))
+        return _checked(Fraction(number) * _DECIMAL[prefix.lower()] / 8, text, "rate")
     mult = _BINARY[prefix.lower()] if binary or not unit else _DECIMAL[prefix.lower()]
-    return int(round(float(number) * mult))
+    return _checked(Fraction(number) * mult, text, "rate")
 
 
 def format_size(n: float) -> str:
