@@ -205,7 +205,11 @@ class NodeClient(Protocol):
 
 
 class NodeError(Exception):
-    """A node did not answer or refused a request; one line."""
+    """A node did not answer (unreachable) or refused one request; one line."""
+
+    def __init__(self, message: str, unreachable: bool = True) -> None:
+        super().__init__(message)
+        self.unreachable = unreachable
 
 
 class SocketNode:
@@ -222,7 +226,7 @@ class SocketNode:
         try:
             return self.client.request(method, path, body)
         except ControlError as exc:
-            raise NodeError(str(exc)) from None
+            raise NodeError(str(exc), unreachable=exc.status is None) from None
 
     def status(self) -> dict:
         answer = self._call("GET", "/v1/status")
@@ -599,28 +603,45 @@ def push_plan(
     }
     for node, future in futures.items():
         try:
-            report.pushed += future.result()
+            pushed, refused = future.result()
         except NodeError as exc:
             report.failed[node] = str(exc)
+            continue
+        report.pushed += pushed
+        if refused:
+            report.failed[node] = refused[0] + (
+                f" (and {len(refused) - 1} more)" if len(refused) > 1 else ""
+            )
     return report
 
 
-def _push_node(client: NodeClient, plan: Plan, node: str, status: NodeSeen | None) -> int:
+def _push_node(
+    client: NodeClient, plan: Plan, node: str, status: NodeSeen | None
+) -> tuple[int, list[str]]:
+    """(updates pushed, refusals). An unreachable node raises and ends its round; a
+    refused update is reported and the node's other updates still go out."""
     if status is None:
         raise NodeError(f"node {node} gave no status this round; not pushing to it")
-    count = 0
+    updates: list[tuple[Callable[[], None], str]] = []
     for dataset, nbytes in sorted(plan.cache.get(node, {}).items()):
         held = status.datasets.get(dataset)
         if held is None or held.allocation is None or int(held.allocation) != nbytes:
-            client.put_cache(dataset, nbytes)
-            count += 1
+            updates.append((lambda d=dataset, n=nbytes: client.put_cache(d, n), dataset))
     for job, rate in sorted(plan.io.get(node, {}).items()):
         seen_job = status.jobs.get(job)
         current = None if seen_job is None else seen_job.allocation
         if seen_job is None or current != (None if rate is None else float(rate)):
-            client.put_io(job, rate)
-            count += 1
-    return count
+            updates.append((lambda j=job, r=rate: client.put_io(j, r), job))
+    pushed, refused = 0, []
+    for update, what in updates:
+        try:
+            update()
+            pushed += 1
+        except NodeError as exc:
+            if exc.unreachable:
+                raise
+            refused.append(f"{what}: {exc}")
+    return pushed, refused
 
 
 # --------------------------------------------------------------------------- loop
@@ -644,7 +665,8 @@ class Controller:
         self.pool = ThreadPoolExecutor(max_workers=max(1, len(config.nodes)))
         self.down: dict[str, str] = {}
         self.entries: list[JobEntry] = []
-        self.jobs_stamp: tuple | None = None
+        # (mtime, size) of the jobs file as last read; None: missing; "" : never looked
+        self.jobs_stamp: tuple | str | None = ""
         self.signature: str | None = None
         self.next_round = 0.0
         self.stop = threading.Event()

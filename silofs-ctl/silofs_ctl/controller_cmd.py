@@ -39,7 +39,7 @@ def render_plan(plan: Plan, down: dict[str, str]) -> str:
             + (f"  ({job.note})" if job.note else "")
         )
     for node, why in sorted(down.items()):
-        rows.append(f"node {node} is down: {why}")
+        rows.append(f"node {node} not updated: {why}")
     return "\n".join(rows)
 
 

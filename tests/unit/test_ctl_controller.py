@@ -172,6 +172,20 @@ def test_a_node_failing_during_the_push_only_loses_its_own_updates() -> None:
     assert nodes["n1"].datasets[IMAGENET]["cache_allocation"] is not None
 
 
+def test_a_refused_update_does_not_hold_back_the_nodes_other_updates() -> None:
+    nodes = two_nodes()
+
+    def refuse(dataset: str, nbytes: int) -> None:
+        raise NodeError("no such dataset", unreachable=False)
+
+    nodes["n1"].put_cache = refuse  # type: ignore[method-assign]
+    ctl = controller(nodes, config(), ENTRIES)
+    ctl.round(force=True)
+    assert "no such dataset" in ctl.down["n1"]
+    assert nodes["n1"].jobs["local"]["io_allocation"] is not None
+    assert nodes["n1"].jobs["dist"]["io_allocation"] is not None
+
+
 def test_measured_throughput_replaces_a_missing_ideal_rate() -> None:
     nodes = two_nodes()
     entries = [JobEntry("dist", IMAGENET, gpus=8, ideal_io=912 * MB)]  # "local" has no f*
@@ -254,7 +268,7 @@ def test_dry_run_table_lists_nodes_jobs_and_splits() -> None:
     assert all(n.puts == [] for n in nodes.values())  # a dry run pushes nothing
     table = render_plan(plan, {"n3": "cannot reach"})
     assert IMAGENET in table and "dist" in table and "n1,n2" in table
-    assert "node n3 is down: cannot reach" in table
+    assert "node n3 not updated: cannot reach" in table
 
 
 # ------------------------------------------------------------------ files
@@ -323,13 +337,25 @@ def test_a_broken_jobs_file_keeps_the_previous_jobs(tmp_path: Path) -> None:
     assert [e.name for e in ctl.entries] == ["dist"]
 
 
+def test_a_missing_jobs_file_is_reported_once_and_picked_up_when_it_appears(
+    tmp_path: Path,
+) -> None:
+    cfg = load_controller_config(write_config(tmp_path))
+    (tmp_path / "jobs.toml").unlink()
+    ctl = Controller(cfg, factory=lambda node: FakeNode(node.name, TB))
+    assert ctl.reload_jobs() and ctl.entries == []
+    assert not ctl.reload_jobs()
+    (tmp_path / "jobs.toml").write_text(JOBS)
+    assert ctl.reload_jobs() and [e.name for e in ctl.entries] == ["dist"]
+
+
 def test_cli_dry_run_with_nodes_down_prints_the_table(tmp_path: Path) -> None:
     res = CliRunner().invoke(
         main, ["controller", "run", "--config", write_config(tmp_path), "--dry-run"]
     )
     assert res.exit_code == 0, res.output
     assert "dist" in res.output and "s3://data/imagenet/" in res.output
-    assert "node n1 is down" in res.output and "node n2 is down" in res.output
+    assert "node n1 not updated" in res.output and "node n2 not updated" in res.output
 
 
 def test_cli_once_fails_when_a_node_is_down(tmp_path: Path) -> None:

@@ -1,0 +1,5 @@
+"""`python -m silofs_ctl`: the same as the `silofs-ctl` command. Owns nothing else."""
+
+from silofs_ctl.cli import main
+
+main()
