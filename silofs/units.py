@@ -79,7 +79,7 @@ def parse_rate(text: str | int | None) -> int | None:
     if isinstance(text, float) and text == math.inf:
         return None
     if not isinstance(text, str):
-        return _checked(_number(text, "rate"), text, "rate")
+        return _rate(_number(text, "rate"), text)
     raw = text.strip()
     if raw.lower() in ("unlimited", "inf", "none"):
         return None
@@ -90,10 +90,17 @@ def parse_rate(text: str | int | None) -> int | None:
     if binary and not prefix:
         raise UsageError(f"not a rate: {_short(text)}")
     if unit in ("b", "bit"):
-        # A lower-case b is a bit, as in Gbps or Mb/s; bit rates are decimal.
-        return _checked(Fraction(number) * _DECIMAL[prefix.lower()] / 8, text, "rate")
-    mult = _BINARY[prefix.lower()] if binary or not unit else _DECIMAL[prefix.lower()]
-    return _checked(Fraction(number) * mult, text, "rate")
+        # A lower-case b is a bit, as in Gbps or Mb/s; bit rates are decimal unless
+        # marked binary (Mibps).
+        mult = Fraction(_BINARY[prefix.lower()] if binary else _DECIMAL[prefix.lower()], 8)
+    else:
+        mult = Fraction(_BINARY[prefix.lower()] if binary or not unit else _DECIMAL[prefix.lower()])
+    return _rate(Fraction(number) * mult, text)
+
+
+def _rate(value: Fraction, text: object) -> int:
+    # 0 means "no remote IO at all": a positive rate must never round down to it.
+    return max(1, _checked(value, text, "rate")) if value > 0 else 0
 
 
 def format_size(n: float) -> str:
