@@ -107,8 +107,10 @@ def format_size(n: float) -> str:
     """Human-readable binary size: 1536 -> '1.5KiB'."""
     value = float(n)
     for suffix in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(value) < 1024 or suffix == "TiB":
-            return f"{value:.0f}{suffix}" if suffix == "B" else f"{value:.1f}{suffix}"
+        # Decide on the printed (rounded) value: 1048575 is '1.0MiB', not '1024.0KiB'.
+        number = f"{value:.0f}" if suffix == "B" else f"{value:.1f}"
+        if abs(float(number)) < 1024 or suffix == "TiB":
+            return number + suffix
         value /= 1024
     raise AssertionError("unreachable")
 
@@ -119,7 +121,8 @@ def format_rate(n: float | None) -> str:
         return "unlimited"
     value = float(n)
     for suffix in ("B/s", "KB/s", "MB/s", "GB/s"):
-        if abs(value) < 1000 or suffix == "GB/s":
-            return f"{value:.0f}{suffix}" if suffix == "B/s" else f"{value:.1f}{suffix}"
+        number = f"{value:.0f}" if suffix == "B/s" else f"{value:.1f}"
+        if abs(float(number)) < 1000 or suffix == "GB/s":
+            return number + suffix
         value /= 1000
     raise AssertionError("unreachable")
