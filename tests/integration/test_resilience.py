@@ -1,0 +1,153 @@
+"""Corrupted cache values, kill -9 of the daemon or a mount: correct bytes, nothing lost."""
+
+from __future__ import annotations
+
+import random
+import threading
+from pathlib import Path
+
+import pytest
+
+from silofs.cache.format import chunk_key, verify_chunk
+from silofs.cache.store import CacheStore, env_map_size
+from silofs.fetch import chunk_length
+from silofs.units import parse_size
+
+from .conftest import Node, drop_file_cache, mounted, needs_fuse, wait_for
+
+pytestmark = [needs_fuse, pytest.mark.fuse]
+
+CHUNK = 256 << 10
+
+
+def open_env(node: Node) -> CacheStore:
+    return CacheStore(node.cache_dir, env_map_size(parse_size(node.cache_size)))
+
+
+def check_accounting(store: CacheStore) -> dict[int, int]:
+    """Usage rows must equal the owners rows, and every owned chunk must exist."""
+    owned: dict[int, int] = {}
+    with store.env.begin() as txn:
+        for k, v in txn.cursor(db=store.db(b"owners")):
+            dsid = int.from_bytes(k[:8], "big")
+            owned[dsid] = owned.get(dsid, 0) + int.from_bytes(v, "little")
+            assert txn.get(k[8:], db=store.db(b"chunks")) is not None
+    usage = {d: u.bytes for d, u in store.load_usage().items() if u.bytes or u.chunks}
+    assert usage == owned
+    return owned
+
+
+def chunk_keys(store: CacheStore) -> set[bytes]:
+    with store.env.begin() as txn:
+        return {bytes(k) for k, _ in txn.cursor(db=store.db(b"chunks"))}
+
+
+def test_corrupted_chunk_is_refetched_and_counted(make_node, local_store, monkeypatch,
+                                                  bucket_name, tmp_path: Path) -> None:
+    data = random.Random(5).randbytes(3 * CHUNK + 100)
+    local_store.apply_env(monkeypatch)
+    local_store.create(bucket_name, {"x/shard.bin": data})
+    node = make_node()
+    mp = node.mount(local_store.uri(bucket_name), tmp_path / "mnt", "--chunk-size", "256K")
+    assert (mp / "x/shard.bin").read_bytes() == data
+    wait_for(lambda: node.status()["datasets"][0]["cached_chunks"] == 4, what="admission")
+
+    store = open_env(node)
+    dsid = node.status()["datasets"][0]["id"]
+    obj = store.get_object(dsid, "x/shard.bin")
+    key = chunk_key(obj.content_id, CHUNK, 1)
+    with store.env.begin(write=True) as txn:
+        value = bytearray(txn.get(key, db=store.db(b"chunks")))
+        value[-5000] ^= 0xFF
+        txn.put(key, bytes(value), db=store.db(b"chunks"))
+
+    drop_file_cache(mp / "x/shard.bin")
+    assert (mp / "x/shard.bin").read_bytes() == data
+    wait_for(lambda: node.mount_status(str(mp))["corrupt_chunks"] >= 1, what="corrupt count")
+    assert node.status()["datasets"][0]["corrupt_chunks"] >= 1
+
+    def repaired() -> bool:
+        with store.env.begin() as txn:
+            value = txn.get(key, db=store.db(b"chunks"))
+            if value is None:
+                return False
+            verify_chunk(value, obj.content_id, CHUNK, 1, chunk_length(obj, CHUNK, 1))
+            return True
+
+    wait_for(repaired, what="the refetched chunk to replace the corrupt one")
+    check_accounting(store)
+
+
+def _tree(n: int = 240) -> dict[str, bytes]:
+    rnd = random.Random(11)
+    return {f"e/{i:04d}.bin": rnd.randbytes(30_000) for i in range(n)}
+
+
+def _read_in_background(mp: Path, tree: dict[str, bytes]) -> threading.Thread:
+    def run() -> None:
+        for k in tree:
+            try:
+                (mp / k).read_bytes()
+            except OSError:
+                pass  # the daemon or the mount is being killed under us
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return t
+
+
+def test_kill_9_of_the_daemon_during_admission(make_node, local_store, monkeypatch,
+                                               bucket_name, tmp_path: Path) -> None:
+    tree = _tree()
+    total = sum(map(len, tree.values()))
+    local_store.apply_env(monkeypatch)
+    local_store.create(bucket_name, tree)
+    node = make_node()
+    mp = node.mount(local_store.uri(bucket_name), tmp_path / "mnt")
+    reader = _read_in_background(mp, tree)
+    wait_for(lambda: node.mount_status(str(mp))["bytes_read"] > total // 3, what="reads")
+    node.kill9()
+    reader.join(60)
+
+    store = open_env(node)
+    committed = chunk_keys(store)
+    assert committed, "nothing was committed before the kill"
+    check_accounting(store)
+    store.close()
+
+    node.start()  # same cache dir and socket; the mount re-registers on its next miss
+    for k, v in tree.items():
+        drop_file_cache(mp / k)
+        assert (mp / k).read_bytes() == v
+    store = open_env(node)
+    assert committed <= chunk_keys(store)
+    ds = node.status()["datasets"][0]
+    wait_for(lambda: check_accounting(store).get(ds["id"]) ==
+             node.status()["datasets"][0]["cached_bytes"], what="status to match LMDB")
+
+
+def test_kill_9_of_a_mount_during_admission(make_node, local_store, monkeypatch, bucket_name,
+                                            tmp_path: Path) -> None:
+    import os
+    import signal
+
+    tree = _tree()
+    local_store.apply_env(monkeypatch)
+    local_store.create(bucket_name, tree)
+    node = make_node()
+    uri = local_store.uri(bucket_name)
+    mp = node.mount(uri, tmp_path / "mnt")
+    reader = _read_in_background(mp, tree)
+    wait_for(lambda: node.mount_status(str(mp))["bytes_read"] > 1_000_000, what="reads")
+    os.kill(node.mount_status(str(mp))["pid"], signal.SIGKILL)
+    reader.join(60)
+    wait_for(lambda: not node.status()["mounts"], what="the daemon to reap the dead mount")
+
+    res = node.run("unmount", str(mp))
+    assert res.returncode == 0, res.stderr
+    assert not mounted(mp)
+    mp = node.mount(uri, mp)
+    for k, v in tree.items():
+        assert (mp / k).read_bytes() == v
+    store = open_env(node)
+    check_accounting(store)
