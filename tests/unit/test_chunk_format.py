@@ -1,0 +1,238 @@
+"""The on-disk chunk format (silofs/cache/format.py), pinned byte for byte.
+
+Owns the golden bytes of one encoded chunk and its LMDB key: if either test here fails,
+the layout changed, and that needs a new FORMAT_VERSION, not a new golden value. Also
+owns verify_chunk's promise (DESIGN.md promise 3): any damaged or foreign value is a
+ChunkFormatError (a miss), never other exceptions and never wrong bytes.
+"""
+
+from __future__ import annotations
+
+import struct
+
+import pytest
+import xxhash
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from silofs.cache.format import (
+    FORMAT_VERSION,
+    KEY_SIZE,
+    MAGIC,
+    ChunkFormatError,
+    chunk_key,
+    decode_header,
+    encode_chunk,
+    verify_chunk,
+)
+
+GOLDEN = bytes.fromhex(
+    "534c4643010042000300000000000000010000000000000000040000000000000b000000"
+    "3754d385ee6b26ea0700612f622e6a70670b0073333a6162633a3230303068656c6c6f20"
+    "776f726c64"
+)
+GOLDEN_KEY = "e9f155be0f43134fcfa2cc8569eb5504"
+
+CID = "s3:abc:2000"
+
+
+def golden() -> bytes:
+    return encode_chunk(
+        dataset=3, index=1, chunk_size=1024, key="a/b.jpg", content_id=CID, data=b"hello world"
+    )
+
+
+def test_golden_bytes() -> None:
+    assert golden() == GOLDEN
+    assert golden().hex() == GOLDEN.hex()  # a readable diff when it fails
+
+
+def test_golden_chunk_key() -> None:
+    key = chunk_key(CID, 1024, 1)
+    assert key.hex() == GOLDEN_KEY
+    assert len(key) == KEY_SIZE
+
+
+def test_golden_layout_fields() -> None:
+    # The same pin, field by field, so a failure says which field moved.
+    magic, version, hdr_len, dataset, index, csize, length, checksum = struct.unpack_from(
+        "<4sHHQQQIQ", GOLDEN
+    )
+    assert (magic, version, hdr_len) == (b"SLFC", 1, 66)
+    assert (dataset, index, csize, length) == (3, 1, 1024, 11)
+    assert GOLDEN[44:66] == b"\x07\x00a/b.jpg\x0b\x00s3:abc:2000"
+    assert GOLDEN[66:] == b"hello world"
+    zeroed = GOLDEN[:36] + b"\0" * 8 + GOLDEN[44:]
+    assert checksum == xxhash.xxh3_64_intdigest(zeroed)
+    assert MAGIC == b"SLFC" and FORMAT_VERSION == 1
+
+
+def test_decode_header() -> None:
+    h = decode_header(GOLDEN)
+    assert (h.dataset, h.index, h.chunk_size, h.length) == (3, 1, 1024, 11)
+    assert (h.key, h.content_id, h.header_len) == ("a/b.jpg", CID, 66)
+
+
+def test_verify_returns_the_data() -> None:
+    data = verify_chunk(GOLDEN, CID, 1024, 1, 11)
+    assert isinstance(data, memoryview)
+    assert bytes(data) == b"hello world"
+    # A memoryview value (LMDB buffers=True) works the same.
+    assert bytes(verify_chunk(memoryview(GOLDEN), CID, 1024, 1, 11)) == b"hello world"
+
+
+def test_chunk_key_depends_on_every_part() -> None:
+    keys = {
+        chunk_key(CID, 1024, 1),
+        chunk_key(CID, 1024, 2),
+        chunk_key(CID, 2048, 1),
+        chunk_key("s3:abc:2001", 1024, 1),
+        # The separator keeps ("x1", 0) and ("x", 10) apart.
+        chunk_key("x1", 0, 1),
+        chunk_key("x", 10, 1),
+    }
+    assert len(keys) == 6
+
+
+@settings(max_examples=300)
+@given(st.data())
+def test_any_single_flipped_byte_is_detected(data: st.DataObject) -> None:
+    pos = data.draw(st.integers(min_value=0, max_value=len(GOLDEN) - 1), label="pos")
+    mask = data.draw(st.integers(min_value=1, max_value=255), label="mask")
+    damaged = bytearray(GOLDEN)
+    damaged[pos] ^= mask
+    with pytest.raises(ChunkFormatError):
+        verify_chunk(bytes(damaged), CID, 1024, 1, 11)
+
+
+def test_every_position_and_bit_is_detected() -> None:
+    # Exhaustive over single-bit flips of the golden value (66 + 11 bytes x 8 bits).
+    for pos in range(len(GOLDEN)):
+        for bit in range(8):
+            damaged = bytearray(GOLDEN)
+            damaged[pos] ^= 1 << bit
+            with pytest.raises(ChunkFormatError):
+                verify_chunk(bytes(damaged), CID, 1024, 1, 11)
+
+
+@settings(max_examples=200)
+@given(
+    dataset=st.integers(min_value=0, max_value=2**64 - 1),
+    index=st.integers(min_value=0, max_value=2**40),
+    chunk_size=st.integers(min_value=1, max_value=2**40),
+    key=st.text(max_size=200),
+    content_id=st.text(min_size=1, max_size=80),
+    payload=st.binary(max_size=300),
+    pos_frac=st.floats(min_value=0, max_value=1, exclude_max=True),
+    mask=st.integers(min_value=1, max_value=255),
+)
+def test_round_trip_and_flip_property(
+    dataset: int,
+    index: int,
+    chunk_size: int,
+    key: str,
+    content_id: str,
+    payload: bytes,
+    pos_frac: float,
+    mask: int,
+) -> None:
+    value = encode_chunk(dataset, index, chunk_size, key, content_id, payload)
+    h = decode_header(value)
+    assert (h.dataset, h.index, h.chunk_size, h.key, h.content_id, h.length) == (
+        dataset,
+        index,
+        chunk_size,
+        key,
+        content_id,
+        len(payload),
+    )
+    assert bytes(verify_chunk(value, content_id, chunk_size, index, len(payload))) == payload
+    damaged = bytearray(value)
+    damaged[int(pos_frac * len(value))] ^= mask
+    with pytest.raises(ChunkFormatError):
+        verify_chunk(bytes(damaged), content_id, chunk_size, index, len(payload))
+
+
+@pytest.mark.parametrize(
+    ("content_id", "chunk_size", "index", "length"),
+    [
+        ("s3:abc:2001", 1024, 1, 11),  # wrong content id (object changed)
+        ("s3:abc:200", 1024, 1, 11),
+        ("", 1024, 1, 11),
+        (CID, 1024, 0, 11),  # wrong index
+        (CID, 1024, 2, 11),
+        (CID, 2048, 1, 11),  # wrong chunk size
+        (CID, 1023, 1, 11),
+        (CID, 1024, 1, 10),  # wrong expected length
+        (CID, 1024, 1, 12),
+        (CID, 1024, 1, 0),
+    ],
+)
+def test_identity_mismatch_is_detected(
+    content_id: str, chunk_size: int, index: int, length: int
+) -> None:
+    with pytest.raises(ChunkFormatError):
+        verify_chunk(GOLDEN, content_id, chunk_size, index, length)
+
+
+@pytest.mark.parametrize("cut", [0, 1, 4, 8, 43, 44, 45, 47, 65, 66, 67, len(GOLDEN) - 1])
+def test_truncated_values_are_detected(cut: int) -> None:
+    with pytest.raises(ChunkFormatError):
+        verify_chunk(GOLDEN[:cut], CID, 1024, 1, 11)
+
+
+def test_extended_value_is_detected() -> None:
+    with pytest.raises(ChunkFormatError):
+        verify_chunk(GOLDEN + b"!", CID, 1024, 1, 11)
+    with pytest.raises(ChunkFormatError):
+        verify_chunk(GOLDEN + b"!", CID, 1024, 1, 12)
+
+
+def _resealed(value: bytes) -> bytes:
+    """`value` with a correct checksum for whatever its other bytes now say."""
+    zeroed = value[:36] + b"\0" * 8 + value[44:]
+    return value[:36] + struct.pack("<Q", xxhash.xxh3_64_intdigest(zeroed)) + value[44:]
+
+
+def test_unknown_version_is_detected_even_with_a_valid_checksum() -> None:
+    for version in (0, 2, 0xFFFF):
+        v2 = _resealed(GOLDEN[:4] + struct.pack("<H", version) + GOLDEN[6:])
+        with pytest.raises(ChunkFormatError, match="version"):
+            verify_chunk(v2, CID, 1024, 1, 11)
+
+
+def test_bad_magic_is_detected_even_with_a_valid_checksum() -> None:
+    for magic in (b"SLFD", b"\0\0\0\0", b"slfc"):
+        bad = _resealed(magic + GOLDEN[4:])
+        with pytest.raises(ChunkFormatError, match="magic"):
+            verify_chunk(bad, CID, 1024, 1, 11)
+
+
+def test_resealed_foreign_dataset_or_key_still_verifies() -> None:
+    # Chunks are content-addressed: another dataset's chunk of the same content is
+    # served (that is the point of sharing), so dataset and key are not identity checks.
+    value = encode_chunk(9, 1, 1024, "other/name.jpg", CID, b"hello world")
+    assert bytes(verify_chunk(value, CID, 1024, 1, 11)) == b"hello world"
+
+
+def test_bad_variable_header_is_a_format_error() -> None:
+    # Inconsistent lengths inside the variable part, resealed so only the parser sees it.
+    var_bad = bytearray(GOLDEN)
+    var_bad[44] = 0xFF  # key_len 255 runs past the header
+    with pytest.raises(ChunkFormatError):
+        verify_chunk(_resealed(bytes(var_bad)), CID, 1024, 1, 11)
+    utf8_bad = bytearray(GOLDEN)
+    utf8_bad[46] = 0xFF  # invalid utf-8 in the key
+    with pytest.raises(ChunkFormatError):
+        decode_header(_resealed(bytes(utf8_bad)))
+    # hdr_len shorter than the fixed part plus the two length fields
+    short = GOLDEN[:6] + struct.pack("<H", 10) + GOLDEN[8:]
+    with pytest.raises(ChunkFormatError):
+        decode_header(short)
+
+
+def test_empty_chunk() -> None:
+    value = encode_chunk(1, 0, 4096, "empty", "cid", b"")
+    assert bytes(verify_chunk(value, "cid", 4096, 0, 0)) == b""
+    with pytest.raises(ChunkFormatError):
+        verify_chunk(value[:-1], "cid", 4096, 0, 0)
