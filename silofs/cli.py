@@ -388,4 +388,18 @@ def _alive(pid: int) -> bool:
     return True
 
 
+@main.command()
+@click.option("--dir", "root", default=None,
+              help="Where the sample data, cache and mount go (default: /var/tmp/silofs-demo).")
+@click.option("--epochs", default=2, show_default=True, help="How many passes to read.")
+@one_line_errors
+def demo(root: str | None, epochs: int) -> None:
+    """Mount a local sample dataset, read it twice, show the cache at work."""
+    from pathlib import Path
+
+    from .demo import run_demo
+
+    run_demo(Path(root or "/var/tmp/silofs-demo"), epochs)
+
+
 __all__ = ["main", "NodeSettings"]
