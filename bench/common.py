@@ -1,0 +1,355 @@
+"""Shared helpers of the silofs benchmarks: a private node, timed reads, figures.
+
+Owns starting a silofs daemon on a socket and cache dir of its own (never the node's
+default daemon), mounting and unmounting with the real `silofs` command, a cleanup that
+leaves no FUSE mount and no process of ours behind, dropping the page cache, timed
+whole-file reads with N reader threads, and the formatting of figures. Never measures
+anything itself (throughput.py and limiter.py do) and never changes silofs.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # run from a checkout without installing
+
+from silofs.control.client import ControlClient, ControlError  # noqa: E402
+
+READ_BUF = 1 << 20
+
+
+def silofs_cmd(*args: str) -> list[str]:
+    return [sys.executable, "-m", "silofs", *args]
+
+
+def mounted(path: str) -> bool:
+    target = os.path.abspath(path)
+    with open("/proc/self/mountinfo") as f:
+        return any(line.split()[4].encode().decode("unicode_escape") == target for line in f)
+
+
+def force_unmount(path: str) -> None:
+    """Unmount `path` if it is mounted: plainly, then lazily if it is busy."""
+    if not mounted(path):
+        return
+    subprocess.run(["fusermount3", "-u", path], capture_output=True)
+    if mounted(path):
+        subprocess.run(["fusermount3", "-u", "-z", path], capture_output=True)
+
+
+def drop_caches() -> None:
+    """Write back dirty pages and drop the page cache, dentries and inodes (needs root)."""
+    os.sync()
+    with open("/proc/sys/vm/drop_caches", "w") as f:
+        f.write("3\n")
+
+
+def check_root() -> None:
+    if os.geteuid() != 0:
+        sys.exit("this benchmark drops the page cache: run it as root")
+    if not os.path.exists("/dev/fuse") or shutil.which("fusermount3") is None:
+        sys.exit("FUSE is missing: /dev/fuse and fusermount3 (apt-get install fuse3)")
+
+
+def wait_for(pred: Callable[[], Any], timeout: float, what: str) -> Any:
+    end = time.monotonic() + timeout
+    while True:
+        value = pred()
+        if value:
+            return value
+        if time.monotonic() > end:
+            raise RuntimeError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(0.02)
+
+
+class Node:
+    """A silofs daemon of our own under `root`, and the mounts we made through it."""
+
+    def __init__(
+        self,
+        root: Path,
+        cache_size: int,
+        env: dict[str, str] | None = None,
+        chunk_size: str | None = None,
+    ) -> None:
+        self.root = root
+        self.socket = str(root / "ctl.sock")
+        self.cache_dir = str(root / "cache")
+        self.cache_size = cache_size
+        self.chunk_size = chunk_size
+        self.logs = root / "logs"
+        self.logs.mkdir(parents=True, exist_ok=True)
+        self.env = {
+            **os.environ,
+            **(env or {}),
+            "SILOFS_LOG_DIR": str(self.logs),
+            "SILOFS_SOCKET": self.socket,
+            "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+        }
+        self.proc: subprocess.Popen | None = None
+        self.mountpoints: list[str] = []
+
+    def __enter__(self) -> Node:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.cleanup()
+
+    def start(self) -> None:
+        args = [
+            "daemon",
+            "--socket",
+            self.socket,
+            "--cache-dir",
+            self.cache_dir,
+            "--cache-size",
+            str(self.cache_size),
+        ]
+        if self.chunk_size:
+            args += ["--chunk-size", self.chunk_size]
+        with open(self.logs / "daemon.log", "ab") as log:
+            self.proc = subprocess.Popen(
+                silofs_cmd(*args), stdout=log, stderr=log, env=self.env, start_new_session=True
+            )
+        wait_for(self._answers, 30, f"the daemon on {self.socket} (log: {self.logs})")
+
+    def _answers(self) -> bool:
+        assert self.proc is not None
+        if self.proc.poll() is not None:
+            raise RuntimeError(
+                f"daemon exited {self.proc.returncode}: "
+                f"{(self.logs / 'daemon.log').read_text()[-2000:]}"
+            )
+        try:
+            self.status()
+            return True
+        except ControlError:
+            return False
+
+    def status(self) -> dict:
+        with ControlClient(self.socket, timeout=10) as c:
+            return c.request("GET", "/v1/status")
+
+    def mount_status(self, mountpoint: str) -> dict:
+        for m in self.status()["mounts"]:
+            if m["mountpoint"] == os.path.abspath(mountpoint):
+                return m
+        raise RuntimeError(f"no mount at {mountpoint} in the daemon's status")
+
+    def job_status(self, job: str) -> dict:
+        for j in self.status()["jobs"]:
+            if j["name"] == job:
+                return j
+        raise RuntimeError(f"no job {job} in the daemon's status")
+
+    def settled(self, mountpoint: str, bytes_read: int, timeout: float = 10) -> dict:
+        """The mount's status once its reported bytes_read reaches `bytes_read` (mounts
+        report counters every 0.25 s)."""
+        return wait_for(
+            lambda: (m := self.mount_status(mountpoint))["bytes_read"] >= bytes_read and m,
+            timeout,
+            f"the counters of {mountpoint} to reach {bytes_read}",
+        )
+
+    def mount(self, uri: str, mountpoint: str, *args: str) -> None:
+        os.makedirs(mountpoint, exist_ok=True)
+        self.mountpoints.append(mountpoint)
+        res = subprocess.run(
+            silofs_cmd("mount", uri, mountpoint, "--socket", self.socket, *args),
+            capture_output=True,
+            text=True,
+            env=self.env,
+            timeout=600,
+        )
+        if res.returncode != 0 or not mounted(mountpoint):
+            raise RuntimeError(
+                f"silofs mount failed ({res.returncode}): {res.stderr.strip()} (logs: {self.logs})"
+            )
+
+    def mount_pid(self, mountpoint: str) -> int:
+        return int(self.mount_status(mountpoint)["pid"])
+
+    def unmount(self, mountpoint: str) -> None:
+        res = subprocess.run(
+            silofs_cmd("unmount", mountpoint, "--socket", self.socket),
+            capture_output=True,
+            text=True,
+            env=self.env,
+            timeout=60,
+        )
+        if res.returncode != 0:
+            print(f"warning: silofs unmount {mountpoint}: {res.stderr.strip()}", file=sys.stderr)
+        force_unmount(mountpoint)
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def cleanup(self) -> None:
+        """No mount and no process of this node survives this, whatever happened."""
+        for mp in self.mountpoints:
+            try:
+                force_unmount(mp)
+            except OSError:
+                pass
+        # Mount processes carry our private socket path on their command line.
+        for pid in pids_with(self.socket):
+            if self.proc is not None and pid == self.proc.pid:
+                continue
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self.stop()
+
+
+def pids_with(text: str) -> list[int]:
+    """Processes whose command line contains `text` (a path unique to this run)."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and int(entry) != os.getpid():
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    if text.encode() in f.read():
+                        out.append(int(entry))
+            except OSError:
+                pass
+    return out
+
+
+# -- timed reads -------------------------------------------------------------------------
+def read_whole(path: str, buf: bytearray) -> int:
+    """Read a file to its end in len(buf)-sized reads; the bytes read."""
+    n = 0
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        view = memoryview(buf)
+        while got := os.readv(fd, [view]):
+            n += got
+    finally:
+        os.close(fd)
+    return n
+
+
+def read_files(paths: Sequence[str], readers: int) -> tuple[float, int]:
+    """(seconds, bytes) to read every file once with `readers` threads, each taking the
+    next file from a shared list (as a data loader's workers do)."""
+    if readers <= 1:
+        buf = bytearray(READ_BUF)
+        t0 = time.perf_counter()
+        total = sum(read_whole(p, buf) for p in paths)
+        return time.perf_counter() - t0, total
+    it = iter(paths)
+    import threading
+
+    lock = threading.Lock()
+
+    def worker() -> int:
+        buf = bytearray(READ_BUF)
+        n = 0
+        while True:
+            with lock:
+                p = next(it, None)
+            if p is None:
+                return n
+            n += read_whole(p, buf)
+
+    with ThreadPoolExecutor(readers) as pool:
+        t0 = time.perf_counter()
+        futures = [pool.submit(worker) for _ in range(readers)]
+        total = sum(f.result() for f in futures)
+        return time.perf_counter() - t0, total
+
+
+# -- figures -----------------------------------------------------------------------------
+@dataclass
+class Samples:
+    """Repeated measurements of one figure; reported as the median and the range."""
+
+    values: list[float]
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.values) if self.values else float("nan")
+
+    def text(self, fmt: str = "{:.2f}") -> str:
+        if len(self.values) <= 1:
+            return fmt.format(self.median)
+        lo, hi = min(self.values), max(self.values)
+        return f"{fmt.format(self.median)} ({fmt.format(lo)}-{fmt.format(hi)})"
+
+
+def load_average() -> str:
+    with open("/proc/loadavg") as f:
+        return " ".join(f.read().split()[:3])
+
+
+def busy_processes(min_cpu: float = 20.0, interval: float = 1.0) -> list[str]:
+    """Other processes using more than `min_cpu`% of a core now: a shared-machine warning."""
+
+    def ticks() -> dict[int, tuple[int, str]]:
+        out = {}
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    stat = f.read()
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    cmd = f.read().replace(b"\0", b" ").decode(errors="replace")[:90]
+            except OSError:
+                continue
+            fields = stat.rsplit(")", 1)[1].split()
+            out[int(entry)] = (int(fields[11]) + int(fields[12]), cmd)
+        return out
+
+    before = ticks()
+    time.sleep(interval)
+    after = ticks()
+    hz = os.sysconf("SC_CLK_TCK")
+    busy = []
+    for pid, (t, cmd) in after.items():
+        if pid in before and pid != os.getpid():
+            cpu = 100.0 * (t - before[pid][0]) / hz / interval
+            if cpu >= min_cpu:
+                busy.append(f"{cpu:4.0f}% pid {pid} {cmd.strip() or '[kernel]'}")
+    return busy
+
+
+@dataclass
+class ProcTimes:
+    """CPU seconds and major page faults of one process (and its threads) so far."""
+
+    cpu_s: float
+    major_faults: int
+
+    @classmethod
+    def of(cls, pid: int) -> ProcTimes:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        hz = os.sysconf("SC_CLK_TCK")
+        return cls((int(fields[11]) + int(fields[12])) / hz, int(fields[9]))
+
+    def minus(self, other: ProcTimes) -> ProcTimes:
+        return ProcTimes(self.cpu_s - other.cpu_s, self.major_faults - other.major_faults)
+
+
+def ratio(a: float, b: float) -> float:
+    return a / b if b else float("nan")
