@@ -228,6 +228,9 @@ def _wait_listing(socket: str, uri: str, refresh: bool, endpoint_url: str | None
               help="S3-compatible endpoint (also AWS_ENDPOINT_URL).")
 @click.option("--io-limit", default=None, callback=_rate,
               help="Initial remote IO allocation of the job, e.g. 200MB/s.")
+@click.option("--admission", type=click.Choice(["uniform", "lru"]), default=None,
+              help="Cache admission of the dataset: uniform (training epochs; default) or "
+              "lru (irregular access, e.g. curriculum learning).")
 @click.option("--refresh", is_flag=True, help="List the bucket again.")
 @click.option("--foreground", "-f", is_flag=True, help="Serve in this process.")
 @click.option("--allow-other", is_flag=True, help="Let other users read the mount.")
@@ -239,7 +242,8 @@ def _wait_listing(socket: str, uri: str, refresh: bool, endpoint_url: str | None
 @one_line_errors
 def mount(uri: str, mountpoint: str, job: str | None, socket: str | None,
           cache_dir: str | None, cache_size: int | None, chunk_size: int | None,
-          endpoint_url: str | None, io_limit: int | None, refresh: bool, foreground: bool,
+          endpoint_url: str | None, io_limit: int | None, admission: str | None,
+          refresh: bool, foreground: bool,
           allow_other: bool, uid: int | None, gid: int | None, file_mode: int, dir_mode: int,
           log_level: str) -> None:
     """Mount the bucket prefix URI read-only at MOUNTPOINT.
@@ -261,7 +265,7 @@ def mount(uri: str, mountpoint: str, job: str | None, socket: str | None,
         chunk_size=chunk_size, allow_other=allow_other,
         uid=os.getuid() if uid is None else uid, gid=os.getgid() if gid is None else gid,
         file_mode=file_mode, dir_mode=dir_mode, refresh=False, io_limit=io_limit,
-        endpoint_url=endpoint_url)
+        endpoint_url=endpoint_url, admission=admission)
     if foreground:
         _mount_foreground(settings, socket, log_level)
     else:

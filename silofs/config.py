@@ -78,7 +78,7 @@ class MountSettings:
     attr_timeout: float = 3600.0  # the snapshot never changes under a mount
     io_limit: int | None = None
     endpoint_url: str | None = None
-    admission: str = "uniform"
+    admission: str | None = None  # None: keep the dataset's mode (default uniform)
 
 
 _SIZE_KEYS = {"cache_size", "chunk_size", "writer_batch_bytes", "admission_queue_bytes"}

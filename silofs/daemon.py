@@ -16,6 +16,7 @@ import signal
 import socket
 import time
 import uuid
+from collections import deque
 from dataclasses import dataclass, field
 
 import trio
@@ -29,7 +30,7 @@ from .config import NodeSettings
 from .errors import BackendError, SilofsError, UnreachableError, UsageError
 from .fetch import FetchCounters, Fetcher
 from .limiter import TokenBucket
-from .units import format_size
+from .units import format_rate, format_size
 
 log = logging.getLogger(__name__)
 
@@ -71,12 +72,37 @@ class DatasetState:
     ready: trio.Event = field(default_factory=trio.Event)
 
 
+RATE_WINDOW = 5.0  # seconds over which per-job throughput is reported
+
+
 @dataclass
 class JobState:
     name: str
     limiter: TokenBucket
     reads: MountCounters = field(default_factory=MountCounters)
     fetch: FetchCounters = field(default_factory=FetchCounters)
+    epoch: int = 0
+    # Cached bytes per dataset when the job's current epoch began: only those chunks can
+    # serve hits in this epoch (SiloD §6, "Delayed effectiveness").
+    epoch_cached: dict[int, int] = field(default_factory=dict)
+    samples: deque[tuple[float, int, int]] = field(default_factory=deque)
+
+    def sample(self, now: float) -> None:
+        self.samples.append((now, self.reads.bytes_read, self.fetch.remote_bytes))
+        while len(self.samples) > 2 and self.samples[1][0] < now - 2 * RATE_WINDOW:
+            self.samples.popleft()
+
+    def rates(self, now: float) -> tuple[float, float]:
+        """(bytes read/s, remote bytes/s) over the last RATE_WINDOW seconds."""
+        if not self.samples:
+            return 0.0, 0.0
+        base = self.samples[0]
+        for sample in self.samples:
+            if sample[0] <= now - RATE_WINDOW:
+                base = sample
+        span = max(now - base[0], 1e-3)
+        return ((self.reads.bytes_read - base[1]) / span,
+                (self.fetch.remote_bytes - base[2]) / span)
 
 
 @dataclass
@@ -91,6 +117,7 @@ class MountState:
     started: float = field(default_factory=time.time)
     reported: MountCounters = field(default_factory=MountCounters)
     fetch: FetchCounters = field(default_factory=FetchCounters)
+    epoch: int = 0
 
 
 def resolve_cache_size(settings: NodeSettings) -> int:
@@ -130,7 +157,15 @@ class Daemon:
         self.map_size = env_map_size(self.cache_size)
         self.store = CacheStore(settings.cache_dir, self.map_size)
         self.usage: dict[int, Usage] = self.store.load_usage()
-        self.allocations: dict[str, int] = {}  # canonical URI -> bytes (control API)
+        # Allocations are keyed by canonical URI / job name, persisted in the env's meta
+        # db, and kept for datasets and jobs that are not mounted yet (promise 4).
+        self.allocations: dict[str, int] = {
+            k.removeprefix("cache:"): int(v) for k, v in self.store.iter_meta("cache:")}
+        self.io_allocations: dict[str, int | None] = {
+            k.removeprefix("io:"): v["bytes_per_s"] for k, v in self.store.iter_meta("io:")}
+        self.modes: dict[str, str] = {
+            k.removeprefix("mode:"): str(v) for k, v in self.store.iter_meta("mode:")}
+        self._enforce = trio.Event()
         self.datasets: dict[int, DatasetState] = {}
         self.jobs: dict[str, JobState] = {}
         self.mounts: dict[str, MountState] = {}
@@ -151,7 +186,56 @@ class Daemon:
     def quota_policy(self) -> QuotaPolicy:
         by_id = {ds.id: self.allocations[ds.uri.canonical] for ds in self.datasets.values()
                  if ds.uri.canonical in self.allocations}
-        return QuotaPolicy(self.cache_size, by_id)
+        lru = frozenset(ds.id for ds in self.datasets.values()
+                        if self.modes.get(ds.uri.canonical) == "lru")
+        return QuotaPolicy(self.cache_size, by_id, lru)
+
+    async def set_cache_allocation(self, uri: str, size: int | None) -> None:
+        """Allocate `size` bytes of cache to a dataset (None: back to the shared pool)."""
+        others = sum(v for k, v in self.allocations.items() if k != uri)
+        if size is not None and others + size > self.cache_size:
+            over = others + size - self.cache_size
+            raise UsageError(f"allocations would total {format_size(others + size)}, "
+                             f"{format_size(over)} more than the cache "
+                             f"({format_size(self.cache_size)})")
+        await self.writer.call(self.store.put_meta, f"cache:{uri}", size)
+        if size is None:
+            self.allocations.pop(uri, None)
+        else:
+            self.allocations[uri] = size
+        log.info("cache allocation of %s: %s", uri,
+                 "shared pool" if size is None else format_size(size))
+        self._enforce.set()
+
+    async def set_io_allocation(self, job: str, rate: int | None) -> None:
+        """Allocate remote IO to a job (None: unlimited). Applies to queued fetches too."""
+        await self.writer.call(self.store.put_meta, f"io:{job}", {"bytes_per_s": rate})
+        self.io_allocations[job] = rate
+        if job in self.jobs:
+            self.jobs[job].limiter.set_rate(rate)
+        log.info("remote IO allocation of job %s: %s", job, format_rate(rate))
+
+    async def set_mode(self, uri: str, mode: str) -> None:
+        if mode not in ("uniform", "lru"):
+            raise UsageError(f"admission mode must be uniform or lru, not {mode!r}")
+        await self.writer.call(self.store.put_meta, f"mode:{uri}", mode)
+        old = self.modes.get(uri, "uniform")
+        self.modes[uri] = mode
+        ds = self.find_dataset(uri)
+        if ds is not None and old == "lru" and mode == "uniform":
+            await self.writer.call(self.writer.lru.forget, ds.id)
+        log.info("admission mode of %s: %s", uri, mode)
+
+    async def _enforce_loop(self) -> None:
+        """Shrink datasets that hold more than their quota (promise 1). Eviction runs in
+        small txns in the writer thread, so reads never pause."""
+        while True:
+            with trio.move_on_after(5):
+                await self._enforce.wait()
+            self._enforce = trio.Event()
+            policy = self.quota_policy()
+            for dsid, target in policy.excess(self.usage).items():
+                await self.writer.shrink(dsid, target, lru=dsid in policy.lru)
 
     # -- datasets ------------------------------------------------------------------
     def find_dataset(self, name: str) -> DatasetState | None:
@@ -233,22 +317,21 @@ class Daemon:
         return record
 
     # -- jobs and mounts -----------------------------------------------------------
-    def job(self, name: str, io_limit: int | None = None) -> JobState:
+    def job(self, name: str) -> JobState:
         job = self.jobs.get(name)
         if job is None:
-            job = self.jobs[name] = JobState(name, TokenBucket(io_limit))
+            job = self.jobs[name] = JobState(name, TokenBucket(self.io_allocations.get(name)))
         return job
 
     def register_mount(self, ds: DatasetState, job: str, mountpoint: str, pid: int, uid: int,
-                       chunk_size: int | None, io_limit: int | None) -> MountState:
+                       chunk_size: int | None) -> MountState:
         if ds.state != "ready":
             raise UsageError(f"dataset {ds.uri.canonical} is not ready ({ds.state})")
         cs = chunk_size or self.settings.chunk_size
         m = MountState(uuid.uuid4().hex[:12], job, ds.id, mountpoint, pid, uid, cs)
         self.mounts[m.id] = m
         j = self.job(job)
-        if io_limit is not None:
-            j.limiter.set_rate(io_limit)
+        j.epoch_cached.setdefault(ds.id, self.usage.get(ds.id, Usage()).bytes)
         log.info("mount %s: %s at %s for job %s (pid %d)", m.id, ds.uri.canonical,
                  mountpoint, job, pid)
         return m
@@ -258,11 +341,26 @@ class Daemon:
         if m is not None:
             log.info("mount %s at %s is gone", m.id, m.mountpoint)
 
-    def report(self, m: MountState, counters: MountCounters) -> None:
+    async def report(self, m: MountState, counters: MountCounters, epoch: int,
+                     touched: list[bytes]) -> None:
         delta = counters.minus(m.reported)
         m.reported = counters
         self.datasets[m.dsid].reads.add(delta)
-        self.job(m.job).reads.add(delta)
+        job = self.job(m.job)
+        job.reads.add(delta)
+        job.sample(time.monotonic())
+        m.epoch = epoch
+        if epoch > job.epoch:
+            job.epoch = epoch
+            job.epoch_cached[m.dsid] = self.usage.get(m.dsid, Usage()).bytes
+        if touched and self.modes.get(self.datasets[m.dsid].uri.canonical) == "lru":
+            await self.writer.touch(m.dsid, touched)
+
+    def effective_cache(self, job: JobState) -> int:
+        """Cached bytes that can serve the job's current epoch: what was cached when the
+        epoch began and is still cached. A lower bound when other jobs share the dataset."""
+        return sum(min(cached, self.usage.get(dsid, Usage()).bytes)
+                   for dsid, cached in job.epoch_cached.items())
 
     async def get_chunk(self, m: MountState, key: str, index: int,
                         refetch: bool) -> tuple[bytes, str]:
@@ -304,6 +402,7 @@ class Daemon:
             self.nursery = nursery
             nursery.start_soon(self.writer.run)
             nursery.start_soon(self._reap_mounts)
+            nursery.start_soon(self._enforce_loop)
             await nursery.start(lambda task_status: serve_unix(
                 self.settings.socket, router, mode=self.settings.socket_mode, gid=gid,
                 max_body=1 << 20, task_status=task_status))

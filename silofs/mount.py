@@ -72,6 +72,8 @@ class MountProcess:
         self.dataset: dict = {}
         self.mount_id = ""
         self.reader: ChunkReader | None = None
+        self.fs: SilofsFS | None = None
+        self.lru = False
         # Resolved now: once mounted, this process must never stat its own mountpoint.
         self.realpath = os.path.realpath(settings.mountpoint)
 
@@ -80,9 +82,11 @@ class MountProcess:
                                           self.s.endpoint_url)
         body = {"dataset": self.dataset["id"], "job": self.s.job,
                 "mountpoint": os.path.abspath(self.s.mountpoint),
-                "chunk_size": self.s.chunk_size, "io_limit": self.s.io_limit}
+                "chunk_size": self.s.chunk_size, "io_limit": self.s.io_limit,
+                "admission": self.s.admission}
         reg = await self.client.json("POST", "/v1/mounts", body)
         self.mount_id = reg["id"]
+        self.lru = reg.get("admission") == "lru"
         if self.reader is not None:
             self.reader.mount_id = self.mount_id
             await self._report()
@@ -115,11 +119,12 @@ class MountProcess:
                                       self.s.buffer_bytes, self.s.readahead_chunks,
                                       self._reregister)
             self.reader.mount_id = self.mount_id
+            self.reader.track_hits = self.lru
             self.reader.renew()
             look = Presentation(self.s.uid, self.s.gid, self.s.file_mode, self.s.dir_mode,
                                 self.s.attr_timeout)
-            pyfuse3.init(SilofsFS(manifest, self.reader, look), self.s.mountpoint,
-                         self._options())
+            self.fs = SilofsFS(manifest, self.reader, look)
+            pyfuse3.init(self.fs, self.s.mountpoint, self._options())
         except (ControlError, SilofsError, RuntimeError, OSError) as exc:
             await self._goodbye()
             ready(_mount_error(exc, self.s.mountpoint))
@@ -157,8 +162,8 @@ class MountProcess:
         last = None
         while True:
             await trio.sleep(0.25)
-            assert self.reader is not None
-            now = dataclasses.astuple(self.reader.counters)
+            assert self.reader is not None and self.fs is not None
+            now = (dataclasses.astuple(self.reader.counters), self.fs.epoch)
             if now != last:
                 await self._report()
                 last = now
@@ -166,9 +171,12 @@ class MountProcess:
     async def _report(self) -> None:
         if self.reader is None or not self.mount_id:
             return
+        touched, self.reader.touched = self.reader.touched, []
+        body = {**dataclasses.asdict(self.reader.counters),
+                "epoch": self.fs.epoch if self.fs else 0, "touched": [k.hex() for k in touched]}
         try:
-            await self.client.json("PUT", f"/v1/mounts/{self.mount_id}/stats",
-                                   dataclasses.asdict(self.reader.counters))
+            answer = await self.client.json("PUT", f"/v1/mounts/{self.mount_id}/stats", body)
+            self.reader.track_hits = answer.get("admission") == "lru"
         except ControlError as exc:
             log.debug("could not report counters: %s", exc)
 

@@ -84,6 +84,9 @@ class ChunkReader:
         self._flights: dict[bytes, trio.Event] = {}
         self._prefetch_slots = trio.Semaphore(max(1, readahead))
         self.nursery: trio.Nursery | None = None
+        # In LRU mode the daemon needs to know what was hit: it never sees hits itself.
+        self.track_hits = False
+        self.touched: list[bytes] = []
 
     # -- the hit path (synchronous) --------------------------------------------------
     def renew(self) -> None:
@@ -122,6 +125,8 @@ class ChunkReader:
         try:
             view = self._from_lmdb(f, index, key)
             if view is not None:
+                if self.track_hits and len(self.touched) < 65536:
+                    self.touched.append(key)
                 return view, True  # no await between the get and the reply
         except ChunkFormatError:
             refetch = True

@@ -16,6 +16,7 @@ from typing import TypeVar
 
 import trio
 
+from .lru import LruIndex
 from .store import AdmitResult, CacheStore, PendingChunk, Usage
 
 log = logging.getLogger(__name__)
@@ -29,6 +30,7 @@ class QuotaPolicy:
 
     cache_size: int
     allocations: Mapping[int, int] = field(default_factory=dict)  # dataset id -> bytes
+    lru: frozenset[int] = frozenset()  # datasets in irregular-access (LRU) mode
 
     def quota(self, dsid: int, usage: Mapping[int, Usage]) -> int:
         if dsid in self.allocations:
@@ -66,6 +68,7 @@ class Writer:
                  policy: Callable[[], QuotaPolicy], *, batch_bytes: int,
                  batch_seconds: float, queue_bytes: int, sync_seconds: float) -> None:
         self.store = store
+        self.lru = LruIndex(store)
         self.usage = usage  # owned by the trio loop; replaced after each write
         self.policy = policy
         self.batch_bytes = batch_bytes
@@ -120,18 +123,39 @@ class Writer:
         self._wakeup = trio.Event()
         if not batch:
             return
-        quota = self.policy().quota
-        res: AdmitResult = await self._with_usage(
-            lambda b, usage: self.store.admit(b, usage, quota), batch)
+        policy = self.policy()
+        res: AdmitResult = await self._with_usage(self._admit_batch, batch, policy)
         self.stats.batches += 1
         self.stats.admitted_chunks += res.admitted
         self.stats.admitted_bytes += res.admitted_bytes
         self.stats.rejected_chunks += res.rejected
         self.stats.map_full += int(res.full)
 
-    async def shrink(self, dsid: int, target: int) -> int:
-        """Evict random chunks of `dsid` until it holds at most `target` bytes."""
-        freed: int = await self._with_usage(self.store.evict_random, dsid, target)
+    def _admit_batch(self, batch: list[PendingChunk], policy: QuotaPolicy,
+                     usage: dict[int, Usage]) -> AdmitResult:
+        """In the writer thread. LRU datasets first make room by evicting their least
+        recently used chunks; uniform datasets admit only what fits (promise 1)."""
+        incoming: dict[int, int] = {}
+        for item in batch:
+            if item.dataset in policy.lru:
+                incoming[item.dataset] = incoming.get(item.dataset, 0) + item.data_len
+        for dsid, need in incoming.items():
+            target = max(0, policy.quota(dsid, usage) - need)
+            if usage.get(dsid, Usage()).bytes > target:
+                self.stats.evicted_bytes += self.lru.evict_oldest(dsid, target, usage)
+        res = self.store.admit(batch, usage, policy.quota)
+        for dsid in incoming:
+            self.lru.touch(dsid, [i.key for i in batch if i.dataset == dsid])
+        return res
+
+    async def touch(self, dsid: int, keys: list[bytes]) -> None:
+        """Record hits of an LRU dataset reported by a mount."""
+        await self.call(self.lru.touch, dsid, keys)
+
+    async def shrink(self, dsid: int, target: int, lru: bool = False) -> int:
+        """Evict chunks of `dsid` (random, or least recently used) until it fits `target`."""
+        evict = self.lru.evict_oldest if lru else self.store.evict_random
+        freed: int = await self._with_usage(evict, dsid, target)
         self.stats.evicted_bytes += freed
         if freed:
             log.info("evicted %d bytes of dataset %d to fit %d", freed, dsid, target)

@@ -79,7 +79,7 @@ class CacheStore:
         self.readonly = readonly
         try:
             self.env = lmdb.open(
-                path, map_size=map_size, max_dbs=len(_DBS) + 2, subdir=True,
+                path, map_size=map_size, max_dbs=len(_DBS) + 4, subdir=True,
                 readonly=readonly, create=not readonly,
                 # sync=False: a kill -9 loses nothing (the page cache keeps committed
                 # pages); an OS crash can lose the last txns but never corrupts the env.

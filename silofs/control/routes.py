@@ -13,9 +13,11 @@ import os
 import time
 from typing import Any
 
-from ..daemon import Daemon, DatasetState, JobState, MountCounters, MountState
+from ..backends import parse_uri
+from ..daemon import Daemon, DatasetState, JobState, MountCounters, MountState, _group_id
 from ..errors import BackendError, NotFoundError, ObjectChangedError, UsageError
-from .http import HTTPError, Request, Response, Router, json_response
+from ..units import parse_rate, parse_size
+from .http import HTTPError, Request, Response, Router, json_response, peer_may_change
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +42,7 @@ def dataset_view(d: Daemon, ds: DatasetState) -> dict[str, Any]:
         "cached_bytes": u.bytes if u else 0,
         "cached_chunks": u.chunks if u else 0,
         "cache_allocation": d.allocations.get(ds.uri.canonical),
+        "admission": d.modes.get(ds.uri.canonical, "uniform"),
         "bytes_read": ds.reads.bytes_read,
         "hit_bytes": ds.reads.hit_bytes,
         "hit_ratio": _ratio(ds.reads.hit_bytes, ds.reads.bytes_read),
@@ -138,6 +141,23 @@ def _mount(d: Daemon, req: Request, mount_id: str) -> MountState:
     return m
 
 
+async def _initial_settings(d: Daemon, req: Request, ds: DatasetState, job: str,
+                            io_limit: int | None, mode: str | None) -> None:
+    """A mount's --io-limit / --admission apply only where no allocation exists yet: the
+    controller's decisions win over a mount's defaults."""
+    if io_limit is not None and job not in d.io_allocations:
+        await d.set_io_allocation(job, io_limit)
+    if mode is not None and mode != d.modes.get(ds.uri.canonical, "uniform"):
+        if ds.uri.canonical in d.modes:
+            log.info("mount asked for %s admission of %s; keeping %s", mode,
+                     ds.uri.canonical, d.modes[ds.uri.canonical])
+            return
+        try:
+            await d.set_mode(ds.uri.canonical, mode)
+        except UsageError as exc:
+            raise HTTPError(400, str(exc)) from None
+
+
 def _backend_status(exc: BackendError) -> int:
     if isinstance(exc, ObjectChangedError):
         return 409
@@ -146,8 +166,112 @@ def _backend_status(exc: BackendError) -> int:
     return 502
 
 
+def _dataset_uri(d: Daemon, name: str) -> str:
+    """Canonical URI for an allocation: a known dataset's name, or any dataset URI (an
+    allocation for a dataset not mounted yet is kept until it appears)."""
+    ds = d.find_dataset(name)
+    if ds is not None:
+        return ds.uri.canonical
+    if "://" in name or name.startswith("/"):
+        try:
+            return parse_uri(name).canonical
+        except UsageError as exc:
+            raise HTTPError(400, str(exc)) from None
+    raise HTTPError(404, f"no dataset named {name!r} on this node: use its URI to allocate "
+                         "before it is mounted")
+
+
+def _require_admin(d: Daemon, req: Request) -> None:
+    admin_gid = _group_id(d.settings.admin_group)
+    if not peer_may_change(req.peer, admin_gid):
+        log.warning("refused %s %s from uid %d (pid %d)", req.method, req.path, req.peer.uid,
+                    req.peer.pid)
+        who = "root" + (f" or group {d.settings.admin_group}" if d.settings.admin_group else "")
+        raise HTTPError(403, f"changing allocations needs {who}; you are uid {req.peer.uid}")
+
+
+def _job_name(job: str) -> str:
+    if not job or len(job) > 256 or any(c in job for c in "\x00\n\r\t /"):
+        raise HTTPError(400, "a job name is 1-256 characters without spaces, '/' or control "
+                             "characters")
+    return job
+
+
+def _parse_amount(body: dict, name: str, parse: Any, *, allow_null: bool) -> int | None:
+    if name not in body:
+        raise HTTPError(400, f"missing field {name!r}")
+    value = body[name]
+    if value is None and allow_null:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise HTTPError(400, f"field {name!r} must be an integer or a string with units")
+    try:
+        parsed = parse(value)
+    except UsageError as exc:
+        raise HTTPError(400, str(exc)) from None
+    if parsed is None and not allow_null:
+        raise HTTPError(400, f"field {name!r} must be a size")
+    return parsed
+
+
+def _allocation_routes(r: Router, d: Daemon) -> None:
+    async def get_cache(req: Request, name: str) -> Response:
+        uri = _dataset_uri(d, name)
+        return json_response({"dataset": uri, "bytes": d.allocations.get(uri)})
+
+    async def put_cache(req: Request, name: str) -> Response:
+        _require_admin(d, req)
+        body = req.json()
+        uri = _dataset_uri(d, name)
+        size = _parse_amount(body, "bytes", parse_size, allow_null=True)
+        try:
+            await d.set_cache_allocation(uri, size)
+        except UsageError as exc:
+            raise HTTPError(409, str(exc)) from None
+        return json_response({"dataset": uri, "bytes": size})
+
+    async def get_io(req: Request, job: str) -> Response:
+        job = _job_name(job)
+        return json_response({"job": job, "bytes_per_s": d.io_allocations.get(job)})
+
+    async def put_io(req: Request, job: str) -> Response:
+        _require_admin(d, req)
+        body = req.json()
+        job = _job_name(job)
+        rate = _parse_amount(body, "bytes_per_s", parse_rate, allow_null=True)
+        await d.set_io_allocation(job, rate)
+        return json_response({"job": job, "bytes_per_s": rate})
+
+    async def get_mode(req: Request, name: str) -> Response:
+        uri = _dataset_uri(d, name)
+        return json_response({"dataset": uri, "mode": d.modes.get(uri, "uniform")})
+
+    async def put_mode(req: Request, name: str) -> Response:
+        _require_admin(d, req)
+        mode = _field(req.json(), "mode", str)
+        uri = _dataset_uri(d, name)
+        try:
+            await d.set_mode(uri, mode)
+        except UsageError as exc:
+            raise HTTPError(400, str(exc)) from None
+        return json_response({"dataset": uri, "mode": mode})
+
+    async def allocations(req: Request) -> Response:
+        return json_response({"cache": d.allocations, "io": d.io_allocations,
+                              "admission": d.modes, "cache_size": d.cache_size})
+
+    r.add("GET", "/v1/datasets/{name}/cache", get_cache)
+    r.add("PUT", "/v1/datasets/{name}/cache", put_cache)
+    r.add("GET", "/v1/datasets/{name}/admission", get_mode)
+    r.add("PUT", "/v1/datasets/{name}/admission", put_mode)
+    r.add("GET", "/v1/jobs/{job}/io", get_io)
+    r.add("PUT", "/v1/jobs/{job}/io", put_io)
+    r.add("GET", "/v1/allocations", allocations)
+
+
 def build_router(d: Daemon) -> Router:
     r = Router()
+    _allocation_routes(r, d)
 
     async def status(req: Request) -> Response:
         return json_response(status_view(d))
@@ -173,28 +297,18 @@ def build_router(d: Daemon) -> Router:
         if chunk_size is not None and not (64 << 10) <= chunk_size <= (64 << 20):
             raise HTTPError(400, "chunk_size must be between 64KiB and 64MiB")
         io_limit = _field(body, "io_limit", int, required=False)
+        mode = _field(body, "admission", str, required=False)
+        job = _job_name(_field(body, "job", str))
+        await _initial_settings(d, req, ds, job, io_limit, mode)
         try:
-            m = d.register_mount(
-                ds,
-                _field(body, "job", str),
-                _field(body, "mountpoint", str),
-                req.peer.pid,
-                req.peer.uid,
-                chunk_size,
-                io_limit,
-            )
+            m = d.register_mount(ds, job, _field(body, "mountpoint", str), req.peer.pid,
+                                 req.peer.uid, chunk_size)
         except UsageError as exc:
             raise HTTPError(409, str(exc)) from None
-        return json_response(
-            {
-                "id": m.id,
-                "chunk_size": m.chunk_size,
-                "dataset": ds.id,
-                "cache_dir": d.settings.cache_dir,
-                "map_size": d.map_size,
-            },
-            status=201,
-        )
+        return json_response({"id": m.id, "chunk_size": m.chunk_size, "dataset": ds.id,
+                              "cache_dir": d.settings.cache_dir, "map_size": d.map_size,
+                              "admission": d.modes.get(ds.uri.canonical, "uniform")},
+                             status=201)
 
     async def del_mount(req: Request, mount_id: str) -> Response:
         _mount(d, req, mount_id)
@@ -205,8 +319,17 @@ def build_router(d: Daemon) -> Router:
         m = _mount(d, req, mount_id)
         body = req.json()
         counters = MountCounters(**{k: _field(body, k, int) for k in vars(MountCounters())})
-        d.report(m, counters)
-        return json_response({"ok": True})
+        epoch = _field(body, "epoch", int, required=False) or 0
+        touched = body.get("touched") or []
+        if not isinstance(touched, list) or len(touched) > 65536:
+            raise HTTPError(400, "field 'touched' must be a list of chunk keys")
+        try:
+            keys = [bytes.fromhex(k) for k in touched if isinstance(k, str) and len(k) == 32]
+        except ValueError:
+            raise HTTPError(400, "field 'touched' must hold hex chunk keys") from None
+        await d.report(m, counters, epoch, keys)
+        return json_response({"ok": True, "admission": d.modes.get(
+            d.datasets[m.dsid].uri.canonical, "uniform")})
 
     async def get_chunk(req: Request) -> Response:
         m = _mount(d, req, req.query.get("mount", ""))

@@ -1,0 +1,76 @@
+"""Recency order of cached chunks for datasets in irregular-access (LRU) mode.
+
+Owns two LMDB databases: lru (dataset id + sequence number -> chunk key) and lrupos
+(dataset id + chunk key -> sequence number), and evicting a dataset's least recently
+used chunks to make room. Uniform datasets never touch these (SiloD §6, "Handling
+irregular data access": curriculum-style jobs whose items are reused within an epoch).
+Rows can go stale when a chunk is evicted by other means; eviction skips those. Called
+only from the Writer thread; never decides quotas.
+"""
+
+from __future__ import annotations
+
+import logging
+import struct
+
+from .store import CacheStore, Usage
+
+log = logging.getLogger(__name__)
+
+_ID = struct.Struct(">Q")
+_SEQ = struct.Struct(">Q")
+
+
+class LruIndex:
+    def __init__(self, store: CacheStore) -> None:
+        self.store = store
+        self.order = store.env.open_db(b"lru")
+        self.pos = store.env.open_db(b"lrupos")
+        self._seq = self._last_seq()
+
+    def _last_seq(self) -> int:
+        with self.store.env.begin() as txn:
+            cur = txn.cursor(db=self.order)
+            best = 0
+            for key, _ in cur:  # one row per dataset would do, but this runs once at start
+                best = max(best, _SEQ.unpack(key[8:16])[0])
+            return best
+
+    def touch(self, dsid: int, keys: list[bytes]) -> None:
+        """Mark chunks as just used (newest last)."""
+        prefix = _ID.pack(dsid)
+        with self.store.env.begin(write=True) as txn:
+            for key in keys:
+                old = txn.get(prefix + key, db=self.pos)
+                if old is not None:
+                    txn.delete(prefix + old, db=self.order)
+                self._seq += 1
+                seq = _SEQ.pack(self._seq)
+                txn.put(prefix + seq, key, db=self.order)
+                txn.put(prefix + key, seq, db=self.pos)
+
+    def evict_oldest(self, dsid: int, target_bytes: int, usage: dict[int, Usage]) -> int:
+        """Evict least recently used chunks of `dsid` until it holds <= target_bytes."""
+        prefix = _ID.pack(dsid)
+        owners = self.store.db(b"owners")
+        freed = 0
+        with self.store.env.begin(write=True) as txn:
+            cur = txn.cursor(db=self.order)
+            while usage.get(dsid, Usage()).bytes > target_bytes:
+                if not cur.set_range(prefix) or not cur.key().startswith(prefix):
+                    break
+                key = bytes(cur.value())
+                cur.delete()
+                txn.delete(prefix + key, db=self.pos)
+                if txn.get(prefix + key, db=owners) is not None:
+                    freed += self.store._remove_owned(txn, dsid, key, usage)
+        return freed
+
+    def forget(self, dsid: int) -> None:
+        """Drop a dataset's recency rows (it went back to uniform admission)."""
+        prefix = _ID.pack(dsid)
+        with self.store.env.begin(write=True) as txn:
+            for db in (self.order, self.pos):
+                cur = txn.cursor(db=db)
+                while cur.set_range(prefix) and cur.key().startswith(prefix):
+                    cur.delete()
