@@ -12,6 +12,7 @@ import logging
 import click
 
 from .controller_cmd import controller
+from .node_cmds import admission, allocate_cache, allocate_io, status
 from .simulate_cmd import simulate_cmd
 
 log = logging.getLogger(__name__)
@@ -27,3 +28,7 @@ def main(verbose: int) -> None:
 
 main.add_command(simulate_cmd)
 main.add_command(controller)
+main.add_command(status)
+main.add_command(allocate_cache)
+main.add_command(allocate_io)
+main.add_command(admission)

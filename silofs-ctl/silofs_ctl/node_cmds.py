@@ -1,0 +1,118 @@
+"""`silofs-ctl status`, `allocate-cache`, `allocate-io`, `admission`: one node by hand.
+
+Owns the operator's view of one node daemon through its control socket (SiloD's Table 3
+API: allocateCacheSize(dataset, size), allocateRemoteIO(job, rate)). Talks to the daemon
+only through the control API; never touches the cache or the mounts directly.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+import click
+
+from silofs.config import default_socket
+from silofs.control.client import ControlClient, ControlError, quote_segment
+from silofs.errors import UsageError
+from silofs.units import format_rate, format_size, parse_rate, parse_size
+
+log = logging.getLogger(__name__)
+
+socket_option = click.option("--socket", default=None, envvar="SILOFS_SOCKET",
+                             help="The node daemon's control socket.")
+
+
+def _call(socket: str | None, method: str, path: str, body: dict | None = None) -> Any:
+    try:
+        with ControlClient(socket or default_socket()) as client:
+            return client.request(method, path, body)
+    except ControlError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.1f}%"
+
+
+def _table(rows: list[list[str]], header: list[str]) -> str:
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+    lines = ["  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
+             for row in [header, *rows]]
+    return "\n".join(lines)
+
+
+def render_status(s: dict) -> str:
+    node = s["node"]
+    out = [f"node: cache {format_size(node['cached_bytes'])} of "
+           f"{format_size(node['cache_size'])} in {node['cache_dir']}"]
+    ds_rows = [[d["name"], d["uri"], format_size(d["size"]), str(d["objects"]),
+                format_size(d["cached_bytes"]),
+                "shared" if d["cache_allocation"] is None else format_size(d["cache_allocation"]),
+                d.get("admission", "uniform"), _pct(d["hit_ratio"])] for d in s["datasets"]]
+    out += ["", "datasets:", _table(ds_rows, ["name", "uri", "size", "objects", "cached",
+                                              "allocation", "admission", "hit ratio"])]
+    job_rows = [[j["name"], format_rate(j["io_allocation"]), format_rate(j["throughput"]),
+                 format_rate(j["remote_bytes_per_s"]), _pct(j["hit_ratio"]),
+                 f"{j['limiter_wait_s']:.1f}s", format_size(j["effective_cache"]),
+                 str(j["epoch"])] for j in s["jobs"]]
+    out += ["", "jobs:", _table(job_rows, ["job", "io allocation", "throughput", "remote",
+                                           "hit ratio", "limiter wait", "effective cache",
+                                           "epoch"])]
+    m_rows = [[m["job"], m["mountpoint"], format_size(m["bytes_read"]), str(m["hits"]),
+               str(m["misses"]), format_size(m["remote_bytes"])] for m in s["mounts"]]
+    out += ["", "mounts:", _table(m_rows, ["job", "mountpoint", "read", "hits", "misses",
+                                           "remote"])]
+    return "\n".join(out)
+
+
+@click.command()
+@socket_option
+@click.option("--json", "as_json", is_flag=True, help="The daemon's answer as JSON.")
+def status(socket: str | None, as_json: bool) -> None:
+    """Datasets, jobs and mounts of a node: sizes, cache, hit ratios, rates."""
+    s = _call(socket, "GET", "/v1/status")
+    click.echo(json.dumps(s, indent=2) if as_json else render_status(s))
+
+
+@click.command("allocate-cache")
+@click.argument("dataset")
+@click.argument("size")
+@socket_option
+def allocate_cache(dataset: str, size: str, socket: str | None) -> None:
+    """Give DATASET (its URI or short name) SIZE bytes of cache (e.g. 200G, or 'none' to
+    return it to the shared pool)."""
+    try:
+        nbytes = None if size.lower() in ("none", "shared") else parse_size(size)
+    except UsageError as exc:
+        raise click.BadParameter(str(exc), param_hint="SIZE") from None
+    ans = _call(socket, "PUT", f"/v1/datasets/{quote_segment(dataset)}/cache",
+                {"bytes": nbytes})
+    shown = "the shared pool" if ans["bytes"] is None else format_size(ans["bytes"])
+    click.echo(f"{ans['dataset']}: cache allocation {shown}")
+
+
+@click.command("allocate-io")
+@click.argument("job")
+@click.argument("rate")
+@socket_option
+def allocate_io(job: str, rate: str, socket: str | None) -> None:
+    """Give JOB a remote IO allocation of RATE (200MB/s, 1.5Gbps, 0, unlimited)."""
+    try:
+        rate_bps = parse_rate(rate)
+    except UsageError as exc:
+        raise click.BadParameter(str(exc), param_hint="RATE") from None
+    ans = _call(socket, "PUT", f"/v1/jobs/{quote_segment(job)}/io", {"bytes_per_s": rate_bps})
+    click.echo(f"{ans['job']}: remote IO allocation {format_rate(ans['bytes_per_s'])}")
+
+
+@click.command()
+@click.argument("dataset")
+@click.argument("mode", type=click.Choice(["uniform", "lru"]))
+@socket_option
+def admission(dataset: str, mode: str, socket: str | None) -> None:
+    """Set DATASET's cache admission: uniform (epochs) or lru (irregular access)."""
+    ans = _call(socket, "PUT", f"/v1/datasets/{quote_segment(dataset)}/admission",
+                {"mode": mode})
+    click.echo(f"{ans['dataset']}: admission {ans['mode']}")
