@@ -32,8 +32,10 @@ MOUNT_READY_TIMEOUT = 600.0
 
 def setup_logging(level: str, log_file: str | None = None) -> None:
     logging.basicConfig(
-        level=getattr(logging, level.upper(), logging.INFO), filename=log_file,
-        format="%(asctime)s %(process)d %(levelname)s %(name)s: %(message)s")
+        level=getattr(logging, level.upper(), logging.INFO),
+        filename=log_file,
+        format="%(asctime)s %(process)d %(levelname)s %(name)s: %(message)s",
+    )
 
 
 def fail(message: str, code: int = 1) -> None:
@@ -93,14 +95,20 @@ def main() -> None:
     """silofs: mount a bucket read-only, served from a local-SSD cache."""
 
 
-socket_option = click.option("--socket", default=None, envvar="SILOFS_SOCKET",
-                             help="Control socket of the node daemon.")
+socket_option = click.option(
+    "--socket", default=None, envvar="SILOFS_SOCKET", help="Control socket of the node daemon."
+)
 
 
 # -- daemon ----------------------------------------------------------------------------
 @main.command()
-@click.option("--config", "config_file", type=click.Path(), default=None,
-              help="TOML settings (see configs/silofs.toml).")
+@click.option(
+    "--config",
+    "config_file",
+    type=click.Path(),
+    default=None,
+    help="TOML settings (see configs/silofs.toml).",
+)
 @socket_option
 @click.option("--cache-dir", default=None, help="Directory of the LMDB cache.")
 @click.option("--cache-size", default=None, callback=_size, help="Cache budget, e.g. 500G.")
@@ -108,16 +116,28 @@ socket_option = click.option("--socket", default=None, envvar="SILOFS_SOCKET",
 @click.option("--endpoint-url", default=None, help="Default store endpoint.")
 @click.option("--log-level", default=None, help="debug, info, warning, error.")
 @one_line_errors
-def daemon(config_file: str | None, socket: str | None, cache_dir: str | None,
-           cache_size: int | None, chunk_size: int | None, endpoint_url: str | None,
-           log_level: str | None) -> None:
+def daemon(
+    config_file: str | None,
+    socket: str | None,
+    cache_dir: str | None,
+    cache_size: int | None,
+    chunk_size: int | None,
+    endpoint_url: str | None,
+    log_level: str | None,
+) -> None:
     """Run the node daemon in the foreground (systemd Type=notify)."""
     from .control.http import AddressInUseError
     from .daemon import run_daemon
 
-    settings = load_node_settings(config_file, socket=socket, cache_dir=cache_dir,
-                                  cache_size=cache_size, chunk_size=chunk_size,
-                                  endpoint_url=endpoint_url, log_level=log_level)
+    settings = load_node_settings(
+        config_file,
+        socket=socket,
+        cache_dir=cache_dir,
+        cache_size=cache_size,
+        chunk_size=chunk_size,
+        endpoint_url=endpoint_url,
+        log_level=log_level,
+    )
     setup_logging(settings.log_level, settings.log_file)
     try:
         run_daemon(settings)
@@ -130,45 +150,55 @@ def _check_mountpoint(path: str) -> str:
     path = os.path.abspath(path)
     try:
         if not os.path.isdir(path):
-            raise UsageError(f"mountpoint {path} does not exist or is not a directory: "
-                             "create it first")
+            raise UsageError(
+                f"mountpoint {path} does not exist or is not a directory: create it first"
+            )
     except OSError as exc:
-        raise UsageError(f"mountpoint {path} is unusable ({exc.strerror}): if it is a dead "
-                         f"mount, run `silofs unmount {path}`") from None
+        raise UsageError(
+            f"mountpoint {path} is unusable ({exc.strerror}): if it is a dead "
+            f"mount, run `silofs unmount {path}`"
+        ) from None
     if os.path.ismount(path):
         raise UsageError(f"mountpoint {path} is busy: something is already mounted there")
     return path
 
 
-def _start_daemon(socket: str, cache_dir: str | None, cache_size: int | None,
-                  endpoint_url: str | None) -> None:
+def _start_daemon(
+    socket: str, cache_dir: str | None, cache_size: int | None, endpoint_url: str | None
+) -> None:
     """Start a default node daemon in the background and wait until it answers."""
     os.makedirs(state_dir(), exist_ok=True)
     log_path = os.path.join(state_dir(), "daemon.log")
     args = [sys.executable, "-m", "silofs", "daemon", "--socket", socket]
-    for flag, value in (("--cache-dir", cache_dir), ("--cache-size", cache_size),
-                        ("--endpoint-url", endpoint_url)):
+    for flag, value in (
+        ("--cache-dir", cache_dir),
+        ("--cache-size", cache_size),
+        ("--endpoint-url", endpoint_url),
+    ):
         if value is not None:
             args += [flag, str(value)]
     with open(log_path, "ab") as logf:
         logf.write(f"--- starting: {' '.join(args)}\n".encode())
         logf.flush()
-        proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=logf, stderr=logf,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            args, stdin=subprocess.DEVNULL, stdout=logf, stderr=logf, start_new_session=True
+        )
     deadline = time.monotonic() + DAEMON_START_TIMEOUT
     with ControlClient(socket, timeout=2) as client:
         while time.monotonic() < deadline:
             if proc.poll() is not None:
-                raise SilofsError(_last_error(log_path) or
-                                  f"the silofs daemon exited; see {log_path}")
+                raise SilofsError(
+                    _last_error(log_path) or f"the silofs daemon exited; see {log_path}"
+                )
             try:
                 client.request("GET", "/v1/status")
                 return
             except ControlError:
                 time.sleep(0.05)
     proc.kill()
-    raise SilofsError(f"the silofs daemon did not start within {DAEMON_START_TIMEOUT:.0f}s; "
-                      f"see {log_path}")
+    raise SilofsError(
+        f"the silofs daemon did not start within {DAEMON_START_TIMEOUT:.0f}s; see {log_path}"
+    )
 
 
 def _last_error(log_path: str) -> str | None:
@@ -176,12 +206,13 @@ def _last_error(log_path: str) -> str | None:
         lines = [ln.strip() for ln in f.read().splitlines()[-20:]]
     for line in reversed(lines):
         if line.startswith("silofs: error: "):
-            return line[len("silofs: error: "):]
+            return line[len("silofs: error: ") :]
     return None
 
 
-def _ensure_daemon(socket: str, cache_dir: str | None, cache_size: int | None,
-                   endpoint_url: str | None) -> None:
+def _ensure_daemon(
+    socket: str, cache_dir: str | None, cache_size: int | None, endpoint_url: str | None
+) -> None:
     try:
         with ControlClient(socket, timeout=5) as client:
             node = client.request("GET", "/v1/status")["node"]
@@ -191,16 +222,20 @@ def _ensure_daemon(socket: str, cache_dir: str | None, cache_size: int | None,
         _start_daemon(socket, cache_dir, cache_size, endpoint_url)
         return
     if cache_dir and os.path.abspath(cache_dir) != os.path.abspath(node["cache_dir"]):
-        click.echo(f"silofs: note: the running daemon uses cache dir {node['cache_dir']}; "
-                   "--cache-dir is ignored", err=True)
+        click.echo(
+            f"silofs: note: the running daemon uses cache dir {node['cache_dir']}; "
+            "--cache-dir is ignored",
+            err=True,
+        )
 
 
 def _wait_listing(socket: str, uri: str, refresh: bool, endpoint_url: str | None) -> dict:
     """Open the dataset in the daemon, with a progress line on a terminal."""
     tty = sys.stderr.isatty()
     with ControlClient(socket, timeout=30) as client:
-        ds = client.request("POST", "/v1/datasets",
-                            {"uri": uri, "refresh": refresh, "endpoint_url": endpoint_url})
+        ds = client.request(
+            "POST", "/v1/datasets", {"uri": uri, "refresh": refresh, "endpoint_url": endpoint_url}
+        )
         deadline = time.monotonic() + MOUNT_READY_TIMEOUT
         while ds["state"] in ("checking", "listing") and time.monotonic() < deadline:
             if tty and ds["state"] == "listing":
@@ -217,20 +252,39 @@ def _wait_listing(socket: str, uri: str, refresh: bool, endpoint_url: str | None
 @main.command()
 @click.argument("uri")
 @click.argument("mountpoint")
-@click.option("--job", default=None, help="Job name (remote IO is allocated per job). "
-              "Default: the mountpoint's name.")
+@click.option(
+    "--job",
+    default=None,
+    help="Job name (remote IO is allocated per job). Default: the mountpoint's name.",
+)
 @socket_option
 @click.option("--cache-dir", default=None, help="Cache dir, if this starts the daemon.")
-@click.option("--cache-size", default=None, callback=_size,
-              help="Cache budget, if this starts the daemon (e.g. 100G).")
+@click.option(
+    "--cache-size",
+    default=None,
+    callback=_size,
+    help="Cache budget, if this starts the daemon (e.g. 100G).",
+)
 @click.option("--chunk-size", default=None, callback=_size, help="Chunk size (default 4M).")
-@click.option("--endpoint-url", default=None, envvar="AWS_ENDPOINT_URL",
-              help="S3-compatible endpoint (also AWS_ENDPOINT_URL).")
-@click.option("--io-limit", default=None, callback=_rate,
-              help="Initial remote IO allocation of the job, e.g. 200MB/s.")
-@click.option("--admission", type=click.Choice(["uniform", "lru"]), default=None,
-              help="Cache admission of the dataset: uniform (training epochs; default) or "
-              "lru (irregular access, e.g. curriculum learning).")
+@click.option(
+    "--endpoint-url",
+    default=None,
+    envvar="AWS_ENDPOINT_URL",
+    help="S3-compatible endpoint (also AWS_ENDPOINT_URL).",
+)
+@click.option(
+    "--io-limit",
+    default=None,
+    callback=_rate,
+    help="Initial remote IO allocation of the job, e.g. 200MB/s.",
+)
+@click.option(
+    "--admission",
+    type=click.Choice(["uniform", "lru"]),
+    default=None,
+    help="Cache admission of the dataset: uniform (training epochs; default) or "
+    "lru (irregular access, e.g. curriculum learning).",
+)
 @click.option("--refresh", is_flag=True, help="List the bucket again.")
 @click.option("--foreground", "-f", is_flag=True, help="Serve in this process.")
 @click.option("--allow-other", is_flag=True, help="Let other users read the mount.")
@@ -240,12 +294,26 @@ def _wait_listing(socket: str, uri: str, refresh: bool, endpoint_url: str | None
 @click.option("--dir-mode", default="0555", callback=_octal, help="Mode of directories.")
 @click.option("--log-level", default="info")
 @one_line_errors
-def mount(uri: str, mountpoint: str, job: str | None, socket: str | None,
-          cache_dir: str | None, cache_size: int | None, chunk_size: int | None,
-          endpoint_url: str | None, io_limit: int | None, admission: str | None,
-          refresh: bool, foreground: bool,
-          allow_other: bool, uid: int | None, gid: int | None, file_mode: int, dir_mode: int,
-          log_level: str) -> None:
+def mount(
+    uri: str,
+    mountpoint: str,
+    job: str | None,
+    socket: str | None,
+    cache_dir: str | None,
+    cache_size: int | None,
+    chunk_size: int | None,
+    endpoint_url: str | None,
+    io_limit: int | None,
+    admission: str | None,
+    refresh: bool,
+    foreground: bool,
+    allow_other: bool,
+    uid: int | None,
+    gid: int | None,
+    file_mode: int,
+    dir_mode: int,
+    log_level: str,
+) -> None:
     """Mount the bucket prefix URI read-only at MOUNTPOINT.
 
     URI: file:///abs/dir (or a local path), s3://bucket/prefix, az://account/container/prefix,
@@ -261,11 +329,20 @@ def mount(uri: str, mountpoint: str, job: str | None, socket: str | None,
     _ensure_daemon(socket, cache_dir, cache_size, endpoint_url)
     _wait_listing(socket, canonical, refresh, endpoint_url)
     settings = MountSettings(
-        uri=canonical, mountpoint=mountpoint, job=job or os.path.basename(mountpoint),
-        chunk_size=chunk_size, allow_other=allow_other,
-        uid=os.getuid() if uid is None else uid, gid=os.getgid() if gid is None else gid,
-        file_mode=file_mode, dir_mode=dir_mode, refresh=False, io_limit=io_limit,
-        endpoint_url=endpoint_url, admission=admission)
+        uri=canonical,
+        mountpoint=mountpoint,
+        job=job or os.path.basename(mountpoint),
+        chunk_size=chunk_size,
+        allow_other=allow_other,
+        uid=os.getuid() if uid is None else uid,
+        gid=os.getgid() if gid is None else gid,
+        file_mode=file_mode,
+        dir_mode=dir_mode,
+        refresh=False,
+        io_limit=io_limit,
+        endpoint_url=endpoint_url,
+        admission=admission,
+    )
     if foreground:
         _mount_foreground(settings, socket, log_level)
     else:
@@ -293,12 +370,29 @@ def _mount_background(settings: MountSettings, socket: str, log_level: str) -> N
     os.makedirs(state_dir(), exist_ok=True)
     log_path = os.path.join(state_dir(), f"mount-{settings.job}.log")
     read_fd, write_fd = os.pipe()
-    args = [sys.executable, "-m", "silofs", "mount-process", "--ready-fd", str(write_fd),
-            "--socket", socket, "--log-level", log_level, "--log-file", log_path,
-            json.dumps(vars(settings))]
-    proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, pass_fds=(write_fd,),
-                            start_new_session=True)
+    args = [
+        sys.executable,
+        "-m",
+        "silofs",
+        "mount-process",
+        "--ready-fd",
+        str(write_fd),
+        "--socket",
+        socket,
+        "--log-level",
+        log_level,
+        "--log-file",
+        log_path,
+        json.dumps(vars(settings)),
+    ]
+    proc = subprocess.Popen(
+        args,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        pass_fds=(write_fd,),
+        start_new_session=True,
+    )
     os.close(write_fd)
     with os.fdopen(read_fd) as pipe:
         answer = pipe.readline().strip()  # EOF if the child dies before it answers
@@ -306,8 +400,10 @@ def _mount_background(settings: MountSettings, socket: str, log_level: str) -> N
         return
     if proc.poll() is None and not answer:
         proc.kill()
-    raise SilofsError(answer.removeprefix("error: ") or
-                      f"the mount process exited before the mount was ready; see {log_path}")
+    raise SilofsError(
+        answer.removeprefix("error: ")
+        or f"the mount process exited before the mount was ready; see {log_path}"
+    )
 
 
 @main.command("mount-process", hidden=True)
@@ -316,8 +412,9 @@ def _mount_background(settings: MountSettings, socket: str, log_level: str) -> N
 @click.option("--log-level", default="info")
 @click.option("--log-file", default=None)
 @click.argument("settings_json")
-def mount_process(ready_fd: int, socket: str, log_level: str, log_file: str | None,
-                  settings_json: str) -> None:
+def mount_process(
+    ready_fd: int, socket: str, log_level: str, log_file: str | None, settings_json: str
+) -> None:
     """Internal: the background mount process started by `silofs mount`."""
     from .mount import run_mount
 
@@ -358,8 +455,9 @@ def silofs_mounts() -> dict[str, str]:
 @one_line_errors
 def unmount(mountpoint: str, socket: str | None, lazy: bool) -> None:
     """Unmount a silofs mount and wait for its process to finish."""
-    path = os.path.realpath(mountpoint) if os.path.exists(mountpoint) else \
-        os.path.abspath(mountpoint)
+    path = (
+        os.path.realpath(mountpoint) if os.path.exists(mountpoint) else os.path.abspath(mountpoint)
+    )
     if path not in silofs_mounts():
         raise UsageError(f"{path} is not a silofs mount")
     pid = _mount_pid(socket or default_socket(), path)
@@ -393,8 +491,12 @@ def _alive(pid: int) -> bool:
 
 
 @main.command()
-@click.option("--dir", "root", default=None,
-              help="Where the sample data, cache and mount go (default: /var/tmp/silofs-demo).")
+@click.option(
+    "--dir",
+    "root",
+    default=None,
+    help="Where the sample data, cache and mount go (default: /var/tmp/silofs-demo).",
+)
 @click.option("--epochs", default=2, show_default=True, help="How many passes to read.")
 @one_line_errors
 def demo(root: str | None, epochs: int) -> None:

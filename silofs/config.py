@@ -92,7 +92,7 @@ def _convert(name: str, value: object, kind: type | str) -> object:
         try:
             return int(value, 8)
         except ValueError:
-            raise UsageError(f"socket_mode must be octal like \"0660\", not {value!r}") from None
+            raise UsageError(f'socket_mode must be octal like "0660", not {value!r}') from None
     if name == "backend_extra":
         if not isinstance(value, dict):
             raise UsageError("backend_extra must be a table")

@@ -49,8 +49,9 @@ class MountCounters:
     corrupt_chunks: int = 0
 
     def minus(self, other: MountCounters) -> MountCounters:
-        return MountCounters(*(a - b for a, b in zip(vars(self).values(), vars(other).values(),
-                                                     strict=True)))
+        return MountCounters(
+            *(a - b for a, b in zip(vars(self).values(), vars(other).values(), strict=True))
+        )
 
     def add(self, other: MountCounters) -> None:
         for k, v in vars(other).items():
@@ -101,8 +102,10 @@ class JobState:
             if sample[0] <= now - RATE_WINDOW:
                 base = sample
         span = max(now - base[0], 1e-3)
-        return ((self.reads.bytes_read - base[1]) / span,
-                (self.fetch.remote_bytes - base[2]) / span)
+        return (
+            (self.reads.bytes_read - base[1]) / span,
+            (self.fetch.remote_bytes - base[2]) / span,
+        )
 
 
 @dataclass
@@ -127,9 +130,11 @@ def resolve_cache_size(settings: NodeSettings) -> int:
     if settings.cache_size is None:
         return max(settings.chunk_size, min(DEFAULT_CACHE_SIZE, free // 2))
     if settings.cache_size > free:
-        raise UsageError(f"cache size {format_size(settings.cache_size)} is larger than the "
-                         f"space on {settings.cache_dir} ({format_size(free)} free): "
-                         "choose a smaller --cache-size")
+        raise UsageError(
+            f"cache size {format_size(settings.cache_size)} is larger than the "
+            f"space on {settings.cache_dir} ({format_size(free)} free): "
+            "choose a smaller --cache-size"
+        )
     return settings.cache_size
 
 
@@ -160,34 +165,49 @@ class Daemon:
         # Allocations are keyed by canonical URI / job name, persisted in the env's meta
         # db, and kept for datasets and jobs that are not mounted yet (promise 4).
         self.allocations: dict[str, int] = {
-            k.removeprefix("cache:"): int(v) for k, v in self.store.iter_meta("cache:")}
+            k.removeprefix("cache:"): int(v) for k, v in self.store.iter_meta("cache:")
+        }
         self.io_allocations: dict[str, int | None] = {
-            k.removeprefix("io:"): v["bytes_per_s"] for k, v in self.store.iter_meta("io:")}
+            k.removeprefix("io:"): v["bytes_per_s"] for k, v in self.store.iter_meta("io:")
+        }
         self.modes: dict[str, str] = {
-            k.removeprefix("mode:"): str(v) for k, v in self.store.iter_meta("mode:")}
+            k.removeprefix("mode:"): str(v) for k, v in self.store.iter_meta("mode:")
+        }
         self._enforce = trio.Event()
         self.datasets: dict[int, DatasetState] = {}
         self.jobs: dict[str, JobState] = {}
         self.mounts: dict[str, MountState] = {}
-        self.writer = Writer(self.store, self.usage, self.quota_policy,
-                             batch_bytes=settings.writer_batch_bytes,
-                             batch_seconds=settings.writer_batch_seconds,
-                             queue_bytes=settings.admission_queue_bytes,
-                             sync_seconds=settings.sync_seconds)
+        self.writer = Writer(
+            self.store,
+            self.usage,
+            self.quota_policy,
+            batch_bytes=settings.writer_batch_bytes,
+            batch_seconds=settings.writer_batch_seconds,
+            queue_bytes=settings.admission_queue_bytes,
+            sync_seconds=settings.sync_seconds,
+        )
         self.fetcher = Fetcher(self.store, self.writer, settings.fetch_threads)
         self.backend_opts = BackendOptions(
-            endpoint_url=settings.endpoint_url, connect_timeout=settings.connect_timeout,
-            read_timeout=settings.read_timeout, max_attempts=settings.max_attempts,
-            page_size=settings.page_size, extra=dict(settings.backend_extra))
+            endpoint_url=settings.endpoint_url,
+            connect_timeout=settings.connect_timeout,
+            read_timeout=settings.read_timeout,
+            max_attempts=settings.max_attempts,
+            page_size=settings.page_size,
+            extra=dict(settings.backend_extra),
+        )
         self.started = time.time()
         self.nursery: trio.Nursery | None = None
 
     # -- policy --------------------------------------------------------------------
     def quota_policy(self) -> QuotaPolicy:
-        by_id = {ds.id: self.allocations[ds.uri.canonical] for ds in self.datasets.values()
-                 if ds.uri.canonical in self.allocations}
-        lru = frozenset(ds.id for ds in self.datasets.values()
-                        if self.modes.get(ds.uri.canonical) == "lru")
+        by_id = {
+            ds.id: self.allocations[ds.uri.canonical]
+            for ds in self.datasets.values()
+            if ds.uri.canonical in self.allocations
+        }
+        lru = frozenset(
+            ds.id for ds in self.datasets.values() if self.modes.get(ds.uri.canonical) == "lru"
+        )
         return QuotaPolicy(self.cache_size, by_id, lru)
 
     async def set_cache_allocation(self, uri: str, size: int | None) -> None:
@@ -195,16 +215,19 @@ class Daemon:
         others = sum(v for k, v in self.allocations.items() if k != uri)
         if size is not None and others + size > self.cache_size:
             over = others + size - self.cache_size
-            raise UsageError(f"allocations would total {format_size(others + size)}, "
-                             f"{format_size(over)} more than the cache "
-                             f"({format_size(self.cache_size)})")
+            raise UsageError(
+                f"allocations would total {format_size(others + size)}, "
+                f"{format_size(over)} more than the cache "
+                f"({format_size(self.cache_size)})"
+            )
         await self.writer.call(self.store.put_meta, f"cache:{uri}", size)
         if size is None:
             self.allocations.pop(uri, None)
         else:
             self.allocations[uri] = size
-        log.info("cache allocation of %s: %s", uri,
-                 "shared pool" if size is None else format_size(size))
+        log.info(
+            "cache allocation of %s: %s", uri, "shared pool" if size is None else format_size(size)
+        )
         self._enforce.set()
 
     async def set_io_allocation(self, job: str, rate: int | None) -> None:
@@ -253,8 +276,9 @@ class Daemon:
         taken = {d.name for d in self.datasets.values() if d.id != dsid}
         return base if base not in taken else f"{base}-{dsid}"
 
-    async def open_dataset(self, uri_text: str, refresh: bool,
-                           endpoint_url: str | None = None) -> DatasetState:
+    async def open_dataset(
+        self, uri_text: str, refresh: bool, endpoint_url: str | None = None
+    ) -> DatasetState:
         """Register a dataset (idempotent) and start checking/listing it if needed."""
         uri = parse_uri(uri_text)
         dsid = await self.writer.call(lambda: self.store.dataset_id(uri.canonical, create=True))
@@ -284,8 +308,9 @@ class Daemon:
             except UnreachableError as exc:
                 if not have_manifest or refresh:
                     raise
-                log.warning("%s: %s; serving the persisted listing and cached chunks",
-                            ds.uri.canonical, exc)
+                log.warning(
+                    "%s: %s; serving the persisted listing and cached chunks", ds.uri.canonical, exc
+                )
             if refresh or not have_manifest:
                 record = await self._list(ds)
             ds.record = record
@@ -309,11 +334,20 @@ class Daemon:
         await trio.to_thread.run_sync(collect, limiter=self.fetcher.threads)
         if not objects:
             raise BackendError(f"{ds.uri.canonical} has no objects: check the prefix")
-        record = {"uri": ds.uri.canonical, "objects": len(objects),
-                  "size": sum(o.size for o in objects), "listed_at": time.time()}
+        record = {
+            "uri": ds.uri.canonical,
+            "objects": len(objects),
+            "size": sum(o.size for o in objects),
+            "listed_at": time.time(),
+        }
         await self.writer.call(self.store.replace_manifest, ds.id, objects, record)
-        log.info("listed %s: %d objects, %s in %.1fs", ds.uri.canonical, len(objects),
-                 format_size(record["size"]), time.monotonic() - t0)
+        log.info(
+            "listed %s: %d objects, %s in %.1fs",
+            ds.uri.canonical,
+            len(objects),
+            format_size(record["size"]),
+            time.monotonic() - t0,
+        )
         return record
 
     # -- jobs and mounts -----------------------------------------------------------
@@ -323,8 +357,15 @@ class Daemon:
             job = self.jobs[name] = JobState(name, TokenBucket(self.io_allocations.get(name)))
         return job
 
-    def register_mount(self, ds: DatasetState, job: str, mountpoint: str, pid: int, uid: int,
-                       chunk_size: int | None) -> MountState:
+    def register_mount(
+        self,
+        ds: DatasetState,
+        job: str,
+        mountpoint: str,
+        pid: int,
+        uid: int,
+        chunk_size: int | None,
+    ) -> MountState:
         if ds.state != "ready":
             raise UsageError(f"dataset {ds.uri.canonical} is not ready ({ds.state})")
         cs = chunk_size or self.settings.chunk_size
@@ -332,8 +373,9 @@ class Daemon:
         self.mounts[m.id] = m
         j = self.job(job)
         j.epoch_cached.setdefault(ds.id, self.usage.get(ds.id, Usage()).bytes)
-        log.info("mount %s: %s at %s for job %s (pid %d)", m.id, ds.uri.canonical,
-                 mountpoint, job, pid)
+        log.info(
+            "mount %s: %s at %s for job %s (pid %d)", m.id, ds.uri.canonical, mountpoint, job, pid
+        )
         return m
 
     def unregister_mount(self, mount_id: str) -> None:
@@ -341,8 +383,9 @@ class Daemon:
         if m is not None:
             log.info("mount %s at %s is gone", m.id, m.mountpoint)
 
-    async def report(self, m: MountState, counters: MountCounters, epoch: int,
-                     touched: list[bytes]) -> None:
+    async def report(
+        self, m: MountState, counters: MountCounters, epoch: int, touched: list[bytes]
+    ) -> None:
         delta = counters.minus(m.reported)
         m.reported = counters
         self.datasets[m.dsid].reads.add(delta)
@@ -359,11 +402,14 @@ class Daemon:
     def effective_cache(self, job: JobState) -> int:
         """Cached bytes that can serve the job's current epoch: what was cached when the
         epoch began and is still cached. A lower bound when other jobs share the dataset."""
-        return sum(min(cached, self.usage.get(dsid, Usage()).bytes)
-                   for dsid, cached in job.epoch_cached.items())
+        return sum(
+            min(cached, self.usage.get(dsid, Usage()).bytes)
+            for dsid, cached in job.epoch_cached.items()
+        )
 
-    async def get_chunk(self, m: MountState, key: str, index: int,
-                        refetch: bool) -> tuple[bytes, str]:
+    async def get_chunk(
+        self, m: MountState, key: str, index: int, refetch: bool
+    ) -> tuple[bytes, str]:
         """(bytes, 'cache'|'remote') for a mount's miss. Only objects in the mount's own
         dataset manifest are served (promise 6)."""
         ds = self.datasets[m.dsid]
@@ -379,8 +425,9 @@ class Daemon:
         else:
             ds.fetch.corrupt_chunks += 1
         try:
-            data, fetched = await self.fetcher.fetch(ds.id, ds.backend, job.limiter, obj,
-                                                     m.chunk_size, index, replace=refetch)
+            data, fetched = await self.fetcher.fetch(
+                ds.id, ds.backend, job.limiter, obj, m.chunk_size, index, replace=refetch
+            )
         except BackendError:
             for c in (ds.fetch, job.fetch, m.fetch):
                 c.errors += 1
@@ -403,11 +450,23 @@ class Daemon:
             nursery.start_soon(self.writer.run)
             nursery.start_soon(self._reap_mounts)
             nursery.start_soon(self._enforce_loop)
-            await nursery.start(lambda task_status: serve_unix(
-                self.settings.socket, router, mode=self.settings.socket_mode, gid=gid,
-                max_body=1 << 20, task_status=task_status))
-            log.info("silofs %s daemon ready: socket %s, cache %s (%s)", __version__,
-                     self.settings.socket, self.settings.cache_dir, format_size(self.cache_size))
+            await nursery.start(
+                lambda task_status: serve_unix(
+                    self.settings.socket,
+                    router,
+                    mode=self.settings.socket_mode,
+                    gid=gid,
+                    max_body=1 << 20,
+                    task_status=task_status,
+                )
+            )
+            log.info(
+                "silofs %s daemon ready: socket %s, cache %s (%s)",
+                __version__,
+                self.settings.socket,
+                self.settings.cache_dir,
+                format_size(self.cache_size),
+            )
             sd_notify("READY=1")
             task_status.started()
             with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:

@@ -55,8 +55,7 @@ def read_epoch(mnt: Path) -> tuple[int, int, float]:
 
 
 def _silofs(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "silofs", *args], capture_output=True,
-                          text=True)
+    return subprocess.run([sys.executable, "-m", "silofs", *args], capture_output=True, text=True)
 
 
 def _mount_stats(socket: str) -> dict:
@@ -78,8 +77,19 @@ def run_demo(root: Path, epochs: int) -> None:
     click.echo(f"sample dataset: {data} ({SMALL_FILES} x 110KiB files and one 64MiB shard)")
     make_dataset(data)
     mnt.mkdir(parents=True, exist_ok=True)
-    res = _silofs("mount", str(data), str(mnt), "--socket", socket, "--job", "demo",
-                  "--cache-dir", str(root / "cache"), "--cache-size", "1G")
+    res = _silofs(
+        "mount",
+        str(data),
+        str(mnt),
+        "--socket",
+        socket,
+        "--job",
+        "demo",
+        "--cache-dir",
+        str(root / "cache"),
+        "--cache-size",
+        "1G",
+    )
     if res.returncode != 0:
         raise click.ClickException(res.stderr.strip().removeprefix("silofs: error: "))
     click.echo(f"mounted file://{data}/ at {mnt}")
@@ -88,10 +98,12 @@ def run_demo(root: Path, epochs: int) -> None:
             n, nbytes, secs = read_epoch(mnt)
             _mount_stats.expected += nbytes  # type: ignore[attr-defined]
             m = _mount_stats(socket)
-            click.echo(f"epoch {epoch}: {n} files, {nbytes / 1e6:.0f} MB in {secs:.2f}s "
-                       f"({nbytes / 1e6 / secs:.0f} MB/s); cache hits so far "
-                       f"{m['hit_bytes'] / 1e6:.0f} MB of {m['bytes_read'] / 1e6:.0f} MB read, "
-                       f"remote GETs {m['remote_gets']}")
+            click.echo(
+                f"epoch {epoch}: {n} files, {nbytes / 1e6:.0f} MB in {secs:.2f}s "
+                f"({nbytes / 1e6 / secs:.0f} MB/s); cache hits so far "
+                f"{m['hit_bytes'] / 1e6:.0f} MB of {m['bytes_read'] / 1e6:.0f} MB read, "
+                f"remote GETs {m['remote_gets']}"
+            )
     finally:
         _silofs("unmount", str(mnt), "--socket", socket)
         _stop_daemon(socket)

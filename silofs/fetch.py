@@ -54,8 +54,9 @@ class Fetcher:
         self.threads = trio.CapacityLimiter(threads)
         self._flights: dict[bytes, _Flight] = {}
 
-    def cached(self, obj: ObjectInfo, chunk_size: int, index: int,
-               counters: FetchCounters) -> bytes | None:
+    def cached(
+        self, obj: ObjectInfo, chunk_size: int, index: int, counters: FetchCounters
+    ) -> bytes | None:
         """A verified copy of the chunk from LMDB, or None (a corrupt value is counted)."""
         key = chunk_key(obj.content_id, chunk_size, index)
         expected = chunk_length(obj, chunk_size, index)
@@ -67,12 +68,25 @@ class Fetcher:
                 return bytes(verify_chunk(value, obj.content_id, chunk_size, index, expected))
             except ChunkFormatError as exc:
                 counters.corrupt_chunks += 1
-                log.warning("cached chunk %d of %s failed verification (%s); refetching",
-                            index, obj.key, exc)
+                log.warning(
+                    "cached chunk %d of %s failed verification (%s); refetching",
+                    index,
+                    obj.key,
+                    exc,
+                )
                 return None
 
-    async def fetch(self, dsid: int, backend: Backend, limiter: TokenBucket, obj: ObjectInfo,
-                    chunk_size: int, index: int, *, replace: bool = False) -> tuple[bytes, bool]:
+    async def fetch(
+        self,
+        dsid: int,
+        backend: Backend,
+        limiter: TokenBucket,
+        obj: ObjectInfo,
+        chunk_size: int,
+        index: int,
+        *,
+        replace: bool = False,
+    ) -> tuple[bytes, bool]:
         """(bytes, whether this call did the GET): the chunk from the store, admitted if
         its dataset has room. Callers asking for a chunk already in flight share its GET."""
         key = chunk_key(obj.content_id, chunk_size, index)
@@ -85,8 +99,9 @@ class Fetcher:
             return flight.data, False
         flight = self._flights[key] = _Flight()
         try:
-            flight.data = await self._fetch_once(dsid, backend, limiter, obj, chunk_size,
-                                                 index, key, replace)
+            flight.data = await self._fetch_once(
+                dsid, backend, limiter, obj, chunk_size, index, key, replace
+            )
             return flight.data, True
         except BackendError as exc:
             flight.error = exc
@@ -95,9 +110,17 @@ class Fetcher:
             del self._flights[key]
             flight.done.set()
 
-    async def _fetch_once(self, dsid: int, backend: Backend, limiter: TokenBucket,
-                          obj: ObjectInfo, chunk_size: int, index: int, key: bytes,
-                          replace: bool) -> bytes:
+    async def _fetch_once(
+        self,
+        dsid: int,
+        backend: Backend,
+        limiter: TokenBucket,
+        obj: ObjectInfo,
+        chunk_size: int,
+        index: int,
+        key: bytes,
+        replace: bool,
+    ) -> bytes:
         length = chunk_length(obj, chunk_size, index)
         await limiter.charge(length)
         start = index * chunk_size
@@ -105,9 +128,11 @@ class Fetcher:
         def get_and_encode() -> tuple[bytes, bytes]:
             data = backend.get_range(obj, start, length) if length else b""
             if len(data) != length:
-                raise ObjectChangedError(f"{backend.uri}{obj.key}: expected {length} bytes "
-                                         f"at {start}, got {len(data)}; it changed since "
-                                         "listing (run silofs mount --refresh)")
+                raise ObjectChangedError(
+                    f"{backend.uri}{obj.key}: expected {length} bytes "
+                    f"at {start}, got {len(data)}; it changed since "
+                    "listing (run silofs mount --refresh)"
+                )
             return data, encode_chunk(dsid, index, chunk_size, obj.key, obj.content_id, data)
 
         try:

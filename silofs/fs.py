@@ -90,8 +90,9 @@ class SilofsFS(pyfuse3.Operations):
         a.st_atime_ns = a.st_mtime_ns = a.st_ctime_ns = ns
         return a
 
-    async def lookup(self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext
-                     ) -> pyfuse3.EntryAttributes:
+    async def lookup(
+        self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext
+    ) -> pyfuse3.EntryAttributes:
         node = self.manifest.lookup(parent_inode, name)
         if node is None:
             raise pyfuse3.FUSEError(errno.ENOENT)
@@ -133,8 +134,7 @@ class SilofsFS(pyfuse3.Operations):
         return None
 
     # -- files -----------------------------------------------------------------------
-    async def open(self, inode: int, flags: int, ctx: pyfuse3.RequestContext
-                   ) -> pyfuse3.FileInfo:
+    async def open(self, inode: int, flags: int, ctx: pyfuse3.RequestContext) -> pyfuse3.FileInfo:
         node = self._node(inode)
         if node.is_dir:
             raise pyfuse3.FUSEError(errno.EISDIR)
@@ -183,8 +183,9 @@ class SilofsFS(pyfuse3.Operations):
         except MissError:
             raise pyfuse3.FUSEError(errno.EIO) from None
 
-    async def _read_span(self, f: OpenFile, off: int, end: int, first: int, last: int,
-                         sequential: bool) -> bytes:
+    async def _read_span(
+        self, f: OpenFile, off: int, end: int, first: int, last: int, sequential: bool
+    ) -> bytes:
         """A request crossing chunk boundaries: copy each part before the next await."""
         cs = self.reader.chunk_size
         parts = []

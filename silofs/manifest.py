@@ -21,8 +21,9 @@ ROOT_INODE = 1
 class Node:
     __slots__ = ("inode", "parent", "name", "obj", "children", "names", "mtime", "size")
 
-    def __init__(self, inode: int, parent: int, name: bytes, obj: ObjectInfo | None,
-                 mtime: float) -> None:
+    def __init__(
+        self, inode: int, parent: int, name: bytes, obj: ObjectInfo | None, mtime: float
+    ) -> None:
         self.inode = inode
         self.parent = parent
         self.name = name
@@ -49,8 +50,11 @@ class Manifest:
             self._add(obj)
         self._freeze()
         if self.shadowed:
-            log.warning("%d keys are hidden behind a directory of the same name, e.g. %s",
-                        len(self.shadowed), self.shadowed[0])
+            log.warning(
+                "%d keys are hidden behind a directory of the same name, e.g. %s",
+                len(self.shadowed),
+                self.shadowed[0],
+            )
 
     def _new(self, parent: Node, name: bytes, obj: ObjectInfo | None, mtime: float) -> Node:
         node = Node(len(self.nodes), parent.inode, name, obj, mtime)

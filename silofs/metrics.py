@@ -15,14 +15,20 @@ _DATASET = {
     "bytes_read": ("silofs_dataset_read_bytes_total", "counter", "Bytes read through mounts"),
     "hit_bytes": ("silofs_dataset_hit_bytes_total", "counter", "Bytes served from cache"),
     "remote_bytes": ("silofs_dataset_remote_bytes_total", "counter", "Bytes fetched remotely"),
-    "corrupt_chunks": ("silofs_dataset_corrupt_chunks_total", "counter",
-                       "Cached chunks that failed verification"),
+    "corrupt_chunks": (
+        "silofs_dataset_corrupt_chunks_total",
+        "counter",
+        "Cached chunks that failed verification",
+    ),
 }
 _JOB = {
     "bytes_read": ("silofs_job_read_bytes_total", "counter", "Bytes read by the job"),
     "remote_bytes": ("silofs_job_remote_bytes_total", "counter", "Remote bytes of the job"),
-    "limiter_wait_s": ("silofs_job_limiter_wait_seconds_total", "counter",
-                       "Time the job's fetches waited on its IO allocation"),
+    "limiter_wait_s": (
+        "silofs_job_limiter_wait_seconds_total",
+        "counter",
+        "Time the job's fetches waited on its IO allocation",
+    ),
 }
 
 
@@ -30,8 +36,7 @@ def _esc(value: str) -> str:
     return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
-def _family(lines: list[str], rows: list[dict[str, Any]], spec: dict, label: str,
-            key: str) -> None:
+def _family(lines: list[str], rows: list[dict[str, Any]], spec: dict, label: str, key: str) -> None:
     for field, (name, kind, help_text) in spec.items():
         lines.append(f"# HELP {name} {help_text}")
         lines.append(f"# TYPE {name} {kind}")

@@ -30,11 +30,13 @@ log = logging.getLogger(__name__)
 READY_TIMEOUT = 600.0  # listing a large bucket can take minutes
 
 
-async def open_dataset(client: AsyncControlClient, uri: str, refresh: bool,
-                       endpoint_url: str | None) -> dict:
+async def open_dataset(
+    client: AsyncControlClient, uri: str, refresh: bool, endpoint_url: str | None
+) -> dict:
     """Ask the daemon for the dataset and wait, polling, until its listing is ready."""
-    ds = await client.json("POST", "/v1/datasets",
-                           {"uri": uri, "refresh": refresh, "endpoint_url": endpoint_url})
+    ds = await client.json(
+        "POST", "/v1/datasets", {"uri": uri, "refresh": refresh, "endpoint_url": endpoint_url}
+    )
     with trio.fail_after(READY_TIMEOUT):
         while ds["state"] in ("checking", "listing"):
             await trio.sleep(0.1)
@@ -78,12 +80,17 @@ class MountProcess:
         self.realpath = os.path.realpath(settings.mountpoint)
 
     async def register(self) -> dict:
-        self.dataset = await open_dataset(self.client, self.s.uri, self.s.refresh,
-                                          self.s.endpoint_url)
-        body = {"dataset": self.dataset["id"], "job": self.s.job,
-                "mountpoint": os.path.abspath(self.s.mountpoint),
-                "chunk_size": self.s.chunk_size, "io_limit": self.s.io_limit,
-                "admission": self.s.admission}
+        self.dataset = await open_dataset(
+            self.client, self.s.uri, self.s.refresh, self.s.endpoint_url
+        )
+        body = {
+            "dataset": self.dataset["id"],
+            "job": self.s.job,
+            "mountpoint": os.path.abspath(self.s.mountpoint),
+            "chunk_size": self.s.chunk_size,
+            "io_limit": self.s.io_limit,
+            "admission": self.s.admission,
+        }
         reg = await self.client.json("POST", "/v1/mounts", body)
         self.mount_id = reg["id"]
         self.lru = reg.get("admission") == "lru"
@@ -102,8 +109,12 @@ class MountProcess:
 
     def _options(self) -> set[str]:
         name = self.s.uri.replace(",", "_")
-        opts = set(pyfuse3.default_options) | {f"fsname=silofs:{name}", "subtype=silofs",
-                                               "ro", "noatime"}
+        opts = set(pyfuse3.default_options) | {
+            f"fsname=silofs:{name}",
+            "subtype=silofs",
+            "ro",
+            "noatime",
+        }
         if self.s.allow_other:
             opts.add("allow_other")
         return opts
@@ -114,15 +125,22 @@ class MountProcess:
             reg = await self.register()
             store = CacheStore(reg["cache_dir"], reg["map_size"], readonly=True)
             manifest = await trio.to_thread.run_sync(
-                lambda: Manifest(store.iter_manifest(reg["dataset"])))
-            self.reader = ChunkReader(store, self.client, reg["chunk_size"],
-                                      self.s.buffer_bytes, self.s.readahead_chunks,
-                                      self._reregister)
+                lambda: Manifest(store.iter_manifest(reg["dataset"]))
+            )
+            self.reader = ChunkReader(
+                store,
+                self.client,
+                reg["chunk_size"],
+                self.s.buffer_bytes,
+                self.s.readahead_chunks,
+                self._reregister,
+            )
             self.reader.mount_id = self.mount_id
             self.reader.track_hits = self.lru
             self.reader.renew()
-            look = Presentation(self.s.uid, self.s.gid, self.s.file_mode, self.s.dir_mode,
-                                self.s.attr_timeout)
+            look = Presentation(
+                self.s.uid, self.s.gid, self.s.file_mode, self.s.dir_mode, self.s.attr_timeout
+            )
             self.fs = SilofsFS(manifest, self.reader, look)
             pyfuse3.init(self.fs, self.s.mountpoint, self._options())
         except (ControlError, SilofsError, RuntimeError, OSError) as exc:
@@ -172,8 +190,11 @@ class MountProcess:
         if self.reader is None or not self.mount_id:
             return
         touched, self.reader.touched = self.reader.touched, []
-        body = {**dataclasses.asdict(self.reader.counters),
-                "epoch": self.fs.epoch if self.fs else 0, "touched": [k.hex() for k in touched]}
+        body = {
+            **dataclasses.asdict(self.reader.counters),
+            "epoch": self.fs.epoch if self.fs else 0,
+            "touched": [k.hex() for k in touched],
+        }
         try:
             answer = await self.client.json("PUT", f"/v1/mounts/{self.mount_id}/stats", body)
             self.reader.track_hits = answer.get("admission") == "lru"
@@ -191,11 +212,14 @@ class MountProcess:
 
 def _mount_error(exc: BaseException, mountpoint: str) -> str:
     if isinstance(exc, RuntimeError) and "fuse" in str(exc).lower():
-        return (f"cannot mount at {mountpoint}: {exc} (is /dev/fuse available and the "
-                "mountpoint an empty, unmounted directory?)")
+        return (
+            f"cannot mount at {mountpoint}: {exc} (is /dev/fuse available and the "
+            "mountpoint an empty, unmounted directory?)"
+        )
     return str(exc)
 
 
-def run_mount(settings: MountSettings, socket_path: str,
-              ready: Callable[[str | None], None]) -> None:
+def run_mount(
+    settings: MountSettings, socket_path: str, ready: Callable[[str | None], None]
+) -> None:
     trio.run(MountProcess(settings, socket_path).run, ready)

@@ -68,9 +68,15 @@ class ChunkBuffer:
 
 
 class ChunkReader:
-    def __init__(self, store: CacheStore, client: AsyncControlClient, chunk_size: int,
-                 buffer_bytes: int, readahead: int,
-                 reregister: Callable[[], Awaitable[None]]) -> None:
+    def __init__(
+        self,
+        store: CacheStore,
+        client: AsyncControlClient,
+        chunk_size: int,
+        buffer_bytes: int,
+        readahead: int,
+        reregister: Callable[[], Awaitable[None]],
+    ) -> None:
         self.store = store
         self.client = client
         self.chunk_size = chunk_size
@@ -106,13 +112,14 @@ class ChunkReader:
             return None
         expected = chunk_length(f.obj, self.chunk_size, index)
         if index in f.verified:
-            return memoryview(value)[len(value) - expected:]
+            return memoryview(value)[len(value) - expected :]
         try:
             data = verify_chunk(value, f.obj.content_id, self.chunk_size, index, expected)
         except ChunkFormatError as exc:
             self.counters.corrupt_chunks += 1
-            log.warning("cached chunk %d of %s failed verification (%s); refetching",
-                        index, f.obj.key, exc)
+            log.warning(
+                "cached chunk %d of %s failed verification (%s); refetching", index, f.obj.key, exc
+            )
             raise
         f.verified.add(index)
         return data
@@ -134,8 +141,9 @@ class ChunkReader:
             return item
         return await self._miss(f.obj, index, key, refetch)
 
-    async def _miss(self, obj: ObjectInfo, index: int, key: bytes,
-                    refetch: bool) -> tuple[bytes, bool]:
+    async def _miss(
+        self, obj: ObjectInfo, index: int, key: bytes, refetch: bool
+    ) -> tuple[bytes, bool]:
         while (event := self._flights.get(key)) is not None:
             await event.wait()
             if not refetch and (item := self.buffer.get(key)) is not None:
@@ -150,8 +158,10 @@ class ChunkReader:
 
     async def _ask_daemon(self, obj: ObjectInfo, index: int, refetch: bool) -> tuple[bytes, bool]:
         for attempt in (1, 2):
-            path = (f"/v1/chunks?mount={self.mount_id}&key={quote_segment(obj.key)}"
-                    f"&index={index}" + ("&refetch=1" if refetch else ""))
+            path = (
+                f"/v1/chunks?mount={self.mount_id}&key={quote_segment(obj.key)}"
+                f"&index={index}" + ("&refetch=1" if refetch else "")
+            )
             try:
                 status, headers, body = await self.client.request("GET", path)
             except ControlError as exc:
@@ -178,8 +188,11 @@ class ChunkReader:
         last = (f.obj.size - 1) // self.chunk_size
         for index in range(after + 1, min(last, after + self.readahead) + 1):
             key = chunk_key(f.obj.content_id, self.chunk_size, index)
-            if (key in self._flights or self.buffer.get(key) is not None
-                    or self._txn.get(key, db=self._chunks_db) is not None):
+            if (
+                key in self._flights
+                or self.buffer.get(key) is not None
+                or self._txn.get(key, db=self._chunks_db) is not None
+            ):
                 continue
             self.nursery.start_soon(self._prefetch_one, f.obj, index, key)
 

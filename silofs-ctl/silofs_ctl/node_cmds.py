@@ -20,8 +20,9 @@ from silofs.units import format_rate, format_size, parse_rate, parse_size
 
 log = logging.getLogger(__name__)
 
-socket_option = click.option("--socket", default=None, envvar="SILOFS_SOCKET",
-                             help="The node daemon's control socket.")
+socket_option = click.option(
+    "--socket", default=None, envvar="SILOFS_SOCKET", help="The node daemon's control socket."
+)
 
 
 def _call(socket: str | None, method: str, path: str, body: dict | None = None) -> Any:
@@ -38,32 +39,86 @@ def _pct(x: float) -> str:
 
 def _table(rows: list[list[str]], header: list[str]) -> str:
     widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
-    lines = ["  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
-             for row in [header, *rows]]
+    lines = [
+        "  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
+        for row in [header, *rows]
+    ]
     return "\n".join(lines)
 
 
 def render_status(s: dict) -> str:
     node = s["node"]
-    out = [f"node: cache {format_size(node['cached_bytes'])} of "
-           f"{format_size(node['cache_size'])} in {node['cache_dir']}"]
-    ds_rows = [[d["name"], d["uri"], format_size(d["size"]), str(d["objects"]),
-                format_size(d["cached_bytes"]),
-                "shared" if d["cache_allocation"] is None else format_size(d["cache_allocation"]),
-                d.get("admission", "uniform"), _pct(d["hit_ratio"])] for d in s["datasets"]]
-    out += ["", "datasets:", _table(ds_rows, ["name", "uri", "size", "objects", "cached",
-                                              "allocation", "admission", "hit ratio"])]
-    job_rows = [[j["name"], format_rate(j["io_allocation"]), format_rate(j["throughput"]),
-                 format_rate(j["remote_bytes_per_s"]), _pct(j["hit_ratio"]),
-                 f"{j['limiter_wait_s']:.1f}s", format_size(j["effective_cache"]),
-                 str(j["epoch"])] for j in s["jobs"]]
-    out += ["", "jobs:", _table(job_rows, ["job", "io allocation", "throughput", "remote",
-                                           "hit ratio", "limiter wait", "effective cache",
-                                           "epoch"])]
-    m_rows = [[m["job"], m["mountpoint"], format_size(m["bytes_read"]), str(m["hits"]),
-               str(m["misses"]), format_size(m["remote_bytes"])] for m in s["mounts"]]
-    out += ["", "mounts:", _table(m_rows, ["job", "mountpoint", "read", "hits", "misses",
-                                           "remote"])]
+    out = [
+        f"node: cache {format_size(node['cached_bytes'])} of "
+        f"{format_size(node['cache_size'])} in {node['cache_dir']}"
+    ]
+    ds_rows = [
+        [
+            d["name"],
+            d["uri"],
+            format_size(d["size"]),
+            str(d["objects"]),
+            format_size(d["cached_bytes"]),
+            "shared" if d["cache_allocation"] is None else format_size(d["cache_allocation"]),
+            d.get("admission", "uniform"),
+            _pct(d["hit_ratio"]),
+        ]
+        for d in s["datasets"]
+    ]
+    out += [
+        "",
+        "datasets:",
+        _table(
+            ds_rows,
+            ["name", "uri", "size", "objects", "cached", "allocation", "admission", "hit ratio"],
+        ),
+    ]
+    job_rows = [
+        [
+            j["name"],
+            format_rate(j["io_allocation"]),
+            format_rate(j["throughput"]),
+            format_rate(j["remote_bytes_per_s"]),
+            _pct(j["hit_ratio"]),
+            f"{j['limiter_wait_s']:.1f}s",
+            format_size(j["effective_cache"]),
+            str(j["epoch"]),
+        ]
+        for j in s["jobs"]
+    ]
+    out += [
+        "",
+        "jobs:",
+        _table(
+            job_rows,
+            [
+                "job",
+                "io allocation",
+                "throughput",
+                "remote",
+                "hit ratio",
+                "limiter wait",
+                "effective cache",
+                "epoch",
+            ],
+        ),
+    ]
+    m_rows = [
+        [
+            m["job"],
+            m["mountpoint"],
+            format_size(m["bytes_read"]),
+            str(m["hits"]),
+            str(m["misses"]),
+            format_size(m["remote_bytes"]),
+        ]
+        for m in s["mounts"]
+    ]
+    out += [
+        "",
+        "mounts:",
+        _table(m_rows, ["job", "mountpoint", "read", "hits", "misses", "remote"]),
+    ]
     return "\n".join(out)
 
 
@@ -87,8 +142,7 @@ def allocate_cache(dataset: str, size: str, socket: str | None) -> None:
         nbytes = None if size.lower() in ("none", "shared") else parse_size(size)
     except UsageError as exc:
         raise click.BadParameter(str(exc), param_hint="SIZE") from None
-    ans = _call(socket, "PUT", f"/v1/datasets/{quote_segment(dataset)}/cache",
-                {"bytes": nbytes})
+    ans = _call(socket, "PUT", f"/v1/datasets/{quote_segment(dataset)}/cache", {"bytes": nbytes})
     shown = "the shared pool" if ans["bytes"] is None else format_size(ans["bytes"])
     click.echo(f"{ans['dataset']}: cache allocation {shown}")
 
@@ -113,6 +167,5 @@ def allocate_io(job: str, rate: str, socket: str | None) -> None:
 @socket_option
 def admission(dataset: str, mode: str, socket: str | None) -> None:
     """Set DATASET's cache admission: uniform (epochs) or lru (irregular access)."""
-    ans = _call(socket, "PUT", f"/v1/datasets/{quote_segment(dataset)}/admission",
-                {"mode": mode})
+    ans = _call(socket, "PUT", f"/v1/datasets/{quote_segment(dataset)}/admission", {"mode": mode})
     click.echo(f"{ans['dataset']}: admission {ans['mode']}")

@@ -67,21 +67,29 @@ def parse_uri(uri: str) -> DatasetURI:
     if scheme == "az":
         segs = path.strip("/").split("/", 1)
         if not parts.netloc or not segs[0]:
-            raise UsageError(f"az URI needs an account and a container: "
-                             f"az://ACCOUNT/CONTAINER/PREFIX, not {uri!r}")
-        return DatasetURI("az", segs[0], _norm_prefix(segs[1] if len(segs) > 1 else ""),
-                          account=parts.netloc)
+            raise UsageError(
+                f"az URI needs an account and a container: "
+                f"az://ACCOUNT/CONTAINER/PREFIX, not {uri!r}"
+            )
+        return DatasetURI(
+            "az", segs[0], _norm_prefix(segs[1] if len(segs) > 1 else ""), account=parts.netloc
+        )
     if scheme == "https" and _AZURE_HOST.match(parts.netloc.lower()):
         account = _AZURE_HOST.match(parts.netloc.lower()).group(1)
         segs = path.strip("/").split("/", 1)
         if not segs[0]:
-            raise UsageError(f"Azure URL needs a container: "
-                             f"https://ACCOUNT.blob.core.windows.net/CONTAINER/PREFIX, not {uri!r}")
-        return DatasetURI("az", segs[0], _norm_prefix(segs[1] if len(segs) > 1 else ""),
-                          account=account)
-    raise UsageError(f"unknown URI scheme {parts.scheme!r} in {uri!r} "
-                     "(use file:///dir, s3://bucket/prefix, az://account/container/prefix "
-                     "or gs://bucket/prefix)")
+            raise UsageError(
+                f"Azure URL needs a container: "
+                f"https://ACCOUNT.blob.core.windows.net/CONTAINER/PREFIX, not {uri!r}"
+            )
+        return DatasetURI(
+            "az", segs[0], _norm_prefix(segs[1] if len(segs) > 1 else ""), account=account
+        )
+    raise UsageError(
+        f"unknown URI scheme {parts.scheme!r} in {uri!r} "
+        "(use file:///dir, s3://bucket/prefix, az://account/container/prefix "
+        "or gs://bucket/prefix)"
+    )
 
 
 def open_backend(uri: DatasetURI, opts: BackendOptions) -> Backend:

@@ -82,8 +82,9 @@ def retry_call(fn: Callable[[], T], opts: BackendOptions, what: str) -> T:
             if not exc.retryable or attempt >= opts.max_attempts:
                 raise
             delay = random.uniform(0, min(opts.backoff_max, opts.backoff_base * 2**attempt))
-            log.warning("%s: %s; retry %d/%d in %.2fs", what, exc, attempt,
-                        opts.max_attempts - 1, delay)
+            log.warning(
+                "%s: %s; retry %d/%d in %.2fs", what, exc, attempt, opts.max_attempts - 1, delay
+            )
             time.sleep(delay)
             attempt += 1
 
@@ -97,7 +98,7 @@ def relative_key(prefix: str, store_key: str) -> str | None:
     """Dataset-relative key, or None for keys that are not files (markers, empty)."""
     if not store_key.startswith(prefix):
         return None
-    rel = store_key[len(prefix):]
+    rel = store_key[len(prefix) :]
     if not rel or rel.endswith("/") or rel.startswith("/") or "//" in rel:
         return None
     if any(part in (".", "..") for part in rel.split("/")):

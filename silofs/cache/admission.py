@@ -36,8 +36,7 @@ class QuotaPolicy:
         if dsid in self.allocations:
             return self.allocations[dsid]
         shared = self.cache_size - sum(self.allocations.values())
-        others = sum(u.bytes for d, u in usage.items()
-                     if d != dsid and d not in self.allocations)
+        others = sum(u.bytes for d, u in usage.items() if d != dsid and d not in self.allocations)
         return max(0, shared - others)
 
     def excess(self, usage: Mapping[int, Usage]) -> dict[int, int]:
@@ -64,9 +63,17 @@ class WriterStats:
 class Writer:
     """Serialises every LMDB write of the node in one thread at a time."""
 
-    def __init__(self, store: CacheStore, usage: dict[int, Usage],
-                 policy: Callable[[], QuotaPolicy], *, batch_bytes: int,
-                 batch_seconds: float, queue_bytes: int, sync_seconds: float) -> None:
+    def __init__(
+        self,
+        store: CacheStore,
+        usage: dict[int, Usage],
+        policy: Callable[[], QuotaPolicy],
+        *,
+        batch_bytes: int,
+        batch_seconds: float,
+        queue_bytes: int,
+        sync_seconds: float,
+    ) -> None:
         self.store = store
         self.lru = LruIndex(store)
         self.usage = usage  # owned by the trio loop; replaced after each write
@@ -131,8 +138,9 @@ class Writer:
         self.stats.rejected_chunks += res.rejected
         self.stats.map_full += int(res.full)
 
-    def _admit_batch(self, batch: list[PendingChunk], policy: QuotaPolicy,
-                     usage: dict[int, Usage]) -> AdmitResult:
+    def _admit_batch(
+        self, batch: list[PendingChunk], policy: QuotaPolicy, usage: dict[int, Usage]
+    ) -> AdmitResult:
         """In the writer thread. LRU datasets first make room by evicting their least
         recently used chunks; uniform datasets admit only what fits (promise 1)."""
         incoming: dict[int, int] = {}

@@ -63,13 +63,13 @@ def _variable_part(key: str, content_id: str) -> bytes:
     return _LEN16.pack(len(k)) + k + _LEN16.pack(len(c)) + c
 
 
-def encode_chunk(dataset: int, index: int, chunk_size: int, key: str, content_id: str,
-                 data: bytes | memoryview) -> bytes:
+def encode_chunk(
+    dataset: int, index: int, chunk_size: int, key: str, content_id: str, data: bytes | memoryview
+) -> bytes:
     """Header + data as one value, checksum filled in."""
     var = _variable_part(key, content_id)
     hdr_len = _FIXED.size + len(var)
-    fixed = _FIXED.pack(MAGIC, FORMAT_VERSION, hdr_len, dataset, index, chunk_size,
-                        len(data), 0)
+    fixed = _FIXED.pack(MAGIC, FORMAT_VERSION, hdr_len, dataset, index, chunk_size, len(data), 0)
     h = xxhash.xxh3_64(fixed)
     h.update(var)
     h.update(data)
@@ -103,8 +103,9 @@ def decode_header(value: bytes | memoryview) -> ChunkHeader:
     return ChunkHeader(dataset, index, csize, length, checksum, key, cid, hdr_len)
 
 
-def verify_chunk(value: bytes | memoryview, content_id: str, chunk_size: int, index: int,
-                 expected_length: int) -> memoryview:
+def verify_chunk(
+    value: bytes | memoryview, content_id: str, chunk_size: int, index: int, expected_length: int
+) -> memoryview:
     """The data of `value` if it is exactly the expected chunk, else ChunkFormatError.
 
     Checks identity fields first (cheap) and the checksum last (one pass over the data).

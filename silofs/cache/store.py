@@ -79,12 +79,19 @@ class CacheStore:
         self.readonly = readonly
         try:
             self.env = lmdb.open(
-                path, map_size=map_size, max_dbs=len(_DBS) + 4, subdir=True,
-                readonly=readonly, create=not readonly,
+                path,
+                map_size=map_size,
+                max_dbs=len(_DBS) + 4,
+                subdir=True,
+                readonly=readonly,
+                create=not readonly,
                 # sync=False: a kill -9 loses nothing (the page cache keeps committed
                 # pages); an OS crash can lose the last txns but never corrupts the env.
                 # The Writer calls sync() periodically to bound that window.
-                sync=False, metasync=False, readahead=False, max_readers=1024,
+                sync=False,
+                metasync=False,
+                readahead=False,
+                max_readers=1024,
                 lock=True,
             )
         except lmdb.Error as exc:
@@ -103,8 +110,10 @@ class CacheStore:
             if raw is None:
                 txn.put(b"store_version", json.dumps(STORE_VERSION).encode(), db=self.db(b"meta"))
             elif json.loads(raw) != STORE_VERSION:
-                raise SilofsError(f"cache at {self.path} has store version {raw.decode()}, this "
-                                  f"silofs reads {STORE_VERSION}: use another --cache-dir")
+                raise SilofsError(
+                    f"cache at {self.path} has store version {raw.decode()}, this "
+                    f"silofs reads {STORE_VERSION}: use another --cache-dir"
+                )
 
     def close(self) -> None:
         self.env.close()
@@ -161,8 +170,7 @@ class CacheStore:
 
     def all_datasets(self) -> dict[int, dict]:
         with self.env.begin() as txn:
-            return {_ID.unpack(k)[0]: json.loads(v)
-                    for k, v in txn.cursor(db=self.db(b"datasets"))}
+            return {_ID.unpack(k)[0]: json.loads(v) for k, v in txn.cursor(db=self.db(b"datasets"))}
 
     def replace_manifest(self, dsid: int, objects: Iterable[ObjectInfo], record: dict) -> None:
         """Swap a dataset's manifest in one txn, so readers see the old or the new one."""
@@ -204,8 +212,10 @@ class CacheStore:
     def load_usage(self) -> dict[int, Usage]:
         """Bytes and chunks per dataset, read from the usage rows (no cache walk)."""
         with self.env.begin() as txn:
-            return {_ID.unpack(k)[0]: Usage(*_USAGE.unpack(v))
-                    for k, v in txn.cursor(db=self.db(b"usage"))}
+            return {
+                _ID.unpack(k)[0]: Usage(*_USAGE.unpack(v))
+                for k, v in txn.cursor(db=self.db(b"usage"))
+            }
 
     def _put_usage(self, txn: lmdb.Transaction, dsid: int, u: Usage) -> None:
         txn.put(_ID.pack(dsid), _USAGE.pack(u.bytes, u.chunks), db=self.db(b"usage"))
@@ -224,8 +234,9 @@ class CacheStore:
                 return self._uncharge(txn, owner, row, _LEN.unpack(length_raw)[0], usage)
         return 0
 
-    def _uncharge(self, txn: lmdb.Transaction, owner: int, row: bytes, length: int,
-                  usage: dict[int, Usage]) -> int:
+    def _uncharge(
+        self, txn: lmdb.Transaction, owner: int, row: bytes, length: int, usage: dict[int, Usage]
+    ) -> int:
         txn.delete(row, db=self.db(b"owners"))
         u = usage.setdefault(owner, Usage())
         u.bytes -= length
@@ -233,8 +244,12 @@ class CacheStore:
         self._put_usage(txn, owner, u)
         return length
 
-    def admit(self, items: list[PendingChunk], usage: dict[int, Usage],
-              quota: Callable[[int, Mapping[int, Usage]], int]) -> AdmitResult:
+    def admit(
+        self,
+        items: list[PendingChunk],
+        usage: dict[int, Usage],
+        quota: Callable[[int, Mapping[int, Usage]], int],
+    ) -> AdmitResult:
         """Admit `items` in one txn. `usage` is updated in place to the committed state.
 
         quota(dataset, usage) is the most bytes the dataset may hold right now; a chunk
@@ -253,8 +268,14 @@ class CacheStore:
         usage.update(work)
         return res
 
-    def _admit_one(self, txn: lmdb.Transaction, item: PendingChunk, work: dict[int, Usage],
-                   quota: Callable[[int, Mapping[int, Usage]], int], res: AdmitResult) -> None:
+    def _admit_one(
+        self,
+        txn: lmdb.Transaction,
+        item: PendingChunk,
+        work: dict[int, Usage],
+        quota: Callable[[int, Mapping[int, Usage]], int],
+        res: AdmitResult,
+    ) -> None:
         chunks = self.db(b"chunks")
         if txn.get(item.key, db=chunks) is not None:
             if not item.replace:
@@ -266,8 +287,7 @@ class CacheStore:
             res.rejected += 1
             return
         txn.put(item.key, item.value, db=chunks)
-        txn.put(_ID.pack(item.dataset) + item.key, _LEN.pack(item.data_len),
-                db=self.db(b"owners"))
+        txn.put(_ID.pack(item.dataset) + item.key, _LEN.pack(item.data_len), db=self.db(b"owners"))
         u.bytes += item.data_len
         u.chunks += 1
         self._put_usage(txn, item.dataset, u)
@@ -305,13 +325,14 @@ class CacheStore:
         cur = txn.cursor(db=self.db(b"owners"))
         probe = prefix + random.randbytes(KEY_SIZE)
         if cur.set_range(probe) and cur.key().startswith(prefix):
-            return cur.key()[len(prefix):]
+            return cur.key()[len(prefix) :]
         if cur.set_range(prefix) and cur.key().startswith(prefix):
-            return cur.key()[len(prefix):]
+            return cur.key()[len(prefix) :]
         return None
 
-    def _remove_owned(self, txn: lmdb.Transaction, dsid: int, key: bytes,
-                      work: dict[int, Usage]) -> int:
+    def _remove_owned(
+        self, txn: lmdb.Transaction, dsid: int, key: bytes, work: dict[int, Usage]
+    ) -> int:
         row = _ID.pack(dsid) + key
         length = _LEN.unpack(txn.get(row, db=self.db(b"owners")))[0]
         txn.delete(key, db=self.db(b"chunks"))

@@ -54,9 +54,14 @@ def dataset_view(d: Daemon, ds: DatasetState) -> dict[str, Any]:
 
 
 def job_view(d: Daemon, j: JobState) -> dict[str, Any]:
+    throughput, remote_rate = j.rates(time.monotonic())
     return {
         "name": j.name,
         "io_allocation": j.limiter.rate,
+        "throughput": round(throughput),
+        "remote_bytes_per_s": round(remote_rate),
+        "epoch": j.epoch,
+        "effective_cache": d.effective_cache(j),
         "datasets": sorted(
             {d.datasets[m.dsid].uri.canonical for m in d.mounts.values() if m.job == j.name}
         ),
@@ -141,16 +146,21 @@ def _mount(d: Daemon, req: Request, mount_id: str) -> MountState:
     return m
 
 
-async def _initial_settings(d: Daemon, req: Request, ds: DatasetState, job: str,
-                            io_limit: int | None, mode: str | None) -> None:
+async def _initial_settings(
+    d: Daemon, req: Request, ds: DatasetState, job: str, io_limit: int | None, mode: str | None
+) -> None:
     """A mount's --io-limit / --admission apply only where no allocation exists yet: the
     controller's decisions win over a mount's defaults."""
     if io_limit is not None and job not in d.io_allocations:
         await d.set_io_allocation(job, io_limit)
     if mode is not None and mode != d.modes.get(ds.uri.canonical, "uniform"):
         if ds.uri.canonical in d.modes:
-            log.info("mount asked for %s admission of %s; keeping %s", mode,
-                     ds.uri.canonical, d.modes[ds.uri.canonical])
+            log.info(
+                "mount asked for %s admission of %s; keeping %s",
+                mode,
+                ds.uri.canonical,
+                d.modes[ds.uri.canonical],
+            )
             return
         try:
             await d.set_mode(ds.uri.canonical, mode)
@@ -177,23 +187,26 @@ def _dataset_uri(d: Daemon, name: str) -> str:
             return parse_uri(name).canonical
         except UsageError as exc:
             raise HTTPError(400, str(exc)) from None
-    raise HTTPError(404, f"no dataset named {name!r} on this node: use its URI to allocate "
-                         "before it is mounted")
+    raise HTTPError(
+        404, f"no dataset named {name!r} on this node: use its URI to allocate before it is mounted"
+    )
 
 
 def _require_admin(d: Daemon, req: Request) -> None:
     admin_gid = _group_id(d.settings.admin_group)
     if not peer_may_change(req.peer, admin_gid):
-        log.warning("refused %s %s from uid %d (pid %d)", req.method, req.path, req.peer.uid,
-                    req.peer.pid)
+        log.warning(
+            "refused %s %s from uid %d (pid %d)", req.method, req.path, req.peer.uid, req.peer.pid
+        )
         who = "root" + (f" or group {d.settings.admin_group}" if d.settings.admin_group else "")
         raise HTTPError(403, f"changing allocations needs {who}; you are uid {req.peer.uid}")
 
 
 def _job_name(job: str) -> str:
     if not job or len(job) > 256 or any(c in job for c in "\x00\n\r\t /"):
-        raise HTTPError(400, "a job name is 1-256 characters without spaces, '/' or control "
-                             "characters")
+        raise HTTPError(
+            400, "a job name is 1-256 characters without spaces, '/' or control characters"
+        )
     return job
 
 
@@ -257,8 +270,14 @@ def _allocation_routes(r: Router, d: Daemon) -> None:
         return json_response({"dataset": uri, "mode": mode})
 
     async def allocations(req: Request) -> Response:
-        return json_response({"cache": d.allocations, "io": d.io_allocations,
-                              "admission": d.modes, "cache_size": d.cache_size})
+        return json_response(
+            {
+                "cache": d.allocations,
+                "io": d.io_allocations,
+                "admission": d.modes,
+                "cache_size": d.cache_size,
+            }
+        )
 
     r.add("GET", "/v1/datasets/{name}/cache", get_cache)
     r.add("PUT", "/v1/datasets/{name}/cache", put_cache)
@@ -301,14 +320,22 @@ def build_router(d: Daemon) -> Router:
         job = _job_name(_field(body, "job", str))
         await _initial_settings(d, req, ds, job, io_limit, mode)
         try:
-            m = d.register_mount(ds, job, _field(body, "mountpoint", str), req.peer.pid,
-                                 req.peer.uid, chunk_size)
+            m = d.register_mount(
+                ds, job, _field(body, "mountpoint", str), req.peer.pid, req.peer.uid, chunk_size
+            )
         except UsageError as exc:
             raise HTTPError(409, str(exc)) from None
-        return json_response({"id": m.id, "chunk_size": m.chunk_size, "dataset": ds.id,
-                              "cache_dir": d.settings.cache_dir, "map_size": d.map_size,
-                              "admission": d.modes.get(ds.uri.canonical, "uniform")},
-                             status=201)
+        return json_response(
+            {
+                "id": m.id,
+                "chunk_size": m.chunk_size,
+                "dataset": ds.id,
+                "cache_dir": d.settings.cache_dir,
+                "map_size": d.map_size,
+                "admission": d.modes.get(ds.uri.canonical, "uniform"),
+            },
+            status=201,
+        )
 
     async def del_mount(req: Request, mount_id: str) -> Response:
         _mount(d, req, mount_id)
@@ -328,8 +355,9 @@ def build_router(d: Daemon) -> Router:
         except ValueError:
             raise HTTPError(400, "field 'touched' must hold hex chunk keys") from None
         await d.report(m, counters, epoch, keys)
-        return json_response({"ok": True, "admission": d.modes.get(
-            d.datasets[m.dsid].uri.canonical, "uniform")})
+        return json_response(
+            {"ok": True, "admission": d.modes.get(d.datasets[m.dsid].uri.canonical, "uniform")}
+        )
 
     async def get_chunk(req: Request) -> Response:
         m = _mount(d, req, req.query.get("mount", ""))

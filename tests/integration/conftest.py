@@ -81,16 +81,30 @@ class Node:
     def start(self, *extra: str) -> None:
         log = open(self.logs / "daemon.log", "ab")
         self.proc = subprocess.Popen(
-            silofs_cmd("daemon", "--socket", self.socket, "--cache-dir", self.cache_dir,
-                       "--cache-size", self.cache_size, *extra),
-            stdout=log, stderr=log, env=self.env, start_new_session=True)
+            silofs_cmd(
+                "daemon",
+                "--socket",
+                self.socket,
+                "--cache-dir",
+                self.cache_dir,
+                "--cache-size",
+                self.cache_size,
+                *extra,
+            ),
+            stdout=log,
+            stderr=log,
+            env=self.env,
+            start_new_session=True,
+        )
         wait_for(self._answers, what=f"the daemon on {self.socket} (log: {self.logs})")
 
     def _answers(self) -> bool:
         assert self.proc is not None
         if self.proc.poll() is not None:
-            raise AssertionError(f"daemon exited {self.proc.returncode}: "
-                                 f"{(self.logs / 'daemon.log').read_text()[-2000:]}")
+            raise AssertionError(
+                f"daemon exited {self.proc.returncode}: "
+                f"{(self.logs / 'daemon.log').read_text()[-2000:]}"
+            )
         try:
             self.status()
             return True
@@ -127,17 +141,26 @@ class Node:
 
     def settle(self, mountpoint: str, bytes_read: int) -> dict:
         """The mount's status once its reported bytes_read reaches `bytes_read`."""
-        return wait_for(lambda: (m := self.mount_status(mountpoint))["bytes_read"] >= bytes_read
-                        and m, what=f"mount counters to reach {bytes_read} bytes")
+        return wait_for(
+            lambda: (m := self.mount_status(mountpoint))["bytes_read"] >= bytes_read and m,
+            what=f"mount counters to reach {bytes_read} bytes",
+        )
 
     # -- mounts --------------------------------------------------------------------
-    def run(self, *args: str, env: dict[str, str] | None = None,
-            timeout: float = 120) -> subprocess.CompletedProcess:
-        return subprocess.run(silofs_cmd(*args), capture_output=True, text=True,
-                              env={**self.env, **(env or {})}, timeout=timeout)
+    def run(
+        self, *args: str, env: dict[str, str] | None = None, timeout: float = 120
+    ) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            silofs_cmd(*args),
+            capture_output=True,
+            text=True,
+            env={**self.env, **(env or {})},
+            timeout=timeout,
+        )
 
-    def mount(self, uri: str, mountpoint: Path | str, *args: str,
-              env: dict[str, str] | None = None) -> Path:
+    def mount(
+        self, uri: str, mountpoint: Path | str, *args: str, env: dict[str, str] | None = None
+    ) -> Path:
         mp = Path(mountpoint)
         mp.mkdir(parents=True, exist_ok=True)
         self.mountpoints.append(str(mp))
@@ -177,8 +200,13 @@ def make_node(tmp_path: Path) -> Iterator[Callable[..., Node]]:
         pytest.skip(FUSE_MISSING)
     nodes: list[Node] = []
 
-    def factory(cache_size: str = "64M", env: dict[str, str] | None = None,
-                start: bool = True, name: str = "node", args: tuple[str, ...] = ()) -> Node:
+    def factory(
+        cache_size: str = "64M",
+        env: dict[str, str] | None = None,
+        start: bool = True,
+        name: str = "node",
+        args: tuple[str, ...] = (),
+    ) -> Node:
         root = tmp_path / f"{name}{len(nodes)}"
         root.mkdir()
         node = Node(root, cache_size, {**os.environ, **(env or {})})

@@ -29,8 +29,9 @@ def node(make_node, local_store, monkeypatch) -> Node:
     return make_node()
 
 
-def try_mount(node: Node, uri: str, mp: Path, *args: str,
-              env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+def try_mount(
+    node: Node, uri: str, mp: Path, *args: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
     mp.mkdir(parents=True, exist_ok=True)
     node.mountpoints.append(str(mp))
     res = node.run("mount", uri, str(mp), "--socket", node.socket, *args, env=env)
@@ -48,8 +49,7 @@ def test_unknown_scheme_and_bad_uri(node: Node, tmp_path: Path) -> None:
     assert_one_line_error(try_mount(node, "s3:///prefix", tmp_path / "m2"), "bucket")
 
 
-def test_missing_and_busy_mountpoint(node: Node, local_store, bucket_name,
-                                     tmp_path: Path) -> None:
+def test_missing_and_busy_mountpoint(node: Node, local_store, bucket_name, tmp_path: Path) -> None:
     local_store.create(bucket_name, {"a": b"1"})
     uri = local_store.uri(bucket_name)
     res = node.run("mount", uri, str(tmp_path / "absent"), "--socket", node.socket)
@@ -60,26 +60,44 @@ def test_missing_and_busy_mountpoint(node: Node, local_store, bucket_name,
     assert mounted(mp)
 
 
-def test_s3_missing_bucket_bad_credentials_unreachable(make_node, s3_server, s3_auth_server,
-                                                       monkeypatch, bucket_name, closed_port,
-                                                       tmp_path: Path) -> None:
+def test_s3_missing_bucket_bad_credentials_unreachable(
+    make_node, s3_server, s3_auth_server, monkeypatch, bucket_name, closed_port, tmp_path: Path
+) -> None:
     s3_server.apply_env(monkeypatch)
     s3_server.create(bucket_name, {"k": b"v"})
     node = make_node()
-    res = try_mount(node, f"s3://{bucket_name}-missing/", tmp_path / "m1",
-                    "--endpoint-url", s3_server.endpoint_url)
+    res = try_mount(
+        node,
+        f"s3://{bucket_name}-missing/",
+        tmp_path / "m1",
+        "--endpoint-url",
+        s3_server.endpoint_url,
+    )
     assert_one_line_error(res, "does not exist")
-    res = try_mount(node, f"s3://{bucket_name}/no-such-prefix/", tmp_path / "m2",
-                    "--endpoint-url", s3_server.endpoint_url)
+    res = try_mount(
+        node,
+        f"s3://{bucket_name}/no-such-prefix/",
+        tmp_path / "m2",
+        "--endpoint-url",
+        s3_server.endpoint_url,
+    )
     assert_one_line_error(res, "no-such-prefix")
-    res = try_mount(node, f"s3://{bucket_name}/", tmp_path / "m3",
-                    "--endpoint-url", f"http://127.0.0.1:{closed_port}")
+    res = try_mount(
+        node,
+        f"s3://{bucket_name}/",
+        tmp_path / "m3",
+        "--endpoint-url",
+        f"http://127.0.0.1:{closed_port}",
+    )
     assert_one_line_error(res, f"127.0.0.1:{closed_port}")
     # A second daemon with wrong keys in its environment, against an auth-checking server.
-    bad = make_node(env={"AWS_ACCESS_KEY_ID": "AKIAWRONGWRONGWRONG0",
-                         "AWS_SECRET_ACCESS_KEY": "wrong"}, name="bad")
-    res = try_mount(bad, f"s3://{bucket_name}/", tmp_path / "m4",
-                    "--endpoint-url", s3_auth_server.endpoint_url)
+    bad = make_node(
+        env={"AWS_ACCESS_KEY_ID": "AKIAWRONGWRONGWRONG0", "AWS_SECRET_ACCESS_KEY": "wrong"},
+        name="bad",
+    )
+    res = try_mount(
+        bad, f"s3://{bucket_name}/", tmp_path / "m4", "--endpoint-url", s3_auth_server.endpoint_url
+    )
     assert_one_line_error(res, "credentials")
 
 
@@ -87,38 +105,67 @@ def test_cache_dir_not_writable_and_cache_too_large(make_node, tmp_path: Path) -
     node = make_node(start=False)
     blocker = tmp_path / "file"
     blocker.write_text("not a directory")
-    res = subprocess.run(silofs_cmd("daemon", "--socket", node.socket, "--cache-dir",
-                                    str(blocker / "cache")), capture_output=True, text=True)
+    res = subprocess.run(
+        silofs_cmd("daemon", "--socket", node.socket, "--cache-dir", str(blocker / "cache")),
+        capture_output=True,
+        text=True,
+    )
     assert_one_line_error(res, "cache dir")
-    res = subprocess.run(silofs_cmd("daemon", "--socket", node.socket, "--cache-dir",
-                                    node.cache_dir, "--cache-size", "1000T"),
-                         capture_output=True, text=True)
+    res = subprocess.run(
+        silofs_cmd(
+            "daemon",
+            "--socket",
+            node.socket,
+            "--cache-dir",
+            node.cache_dir,
+            "--cache-size",
+            "1000T",
+        ),
+        capture_output=True,
+        text=True,
+    )
     assert_one_line_error(res, "larger than the space")
     assert not os.path.exists(node.socket)
 
 
-def test_mount_reports_a_daemon_that_cannot_start(make_node, local_store, bucket_name,
-                                                  tmp_path: Path) -> None:
+def test_mount_reports_a_daemon_that_cannot_start(
+    make_node, local_store, bucket_name, tmp_path: Path
+) -> None:
     node = make_node(start=False)
     local_store.create(bucket_name, {"a": b"1"})
-    res = try_mount(node, local_store.uri(bucket_name), tmp_path / "mnt",
-                    "--cache-dir", node.cache_dir, "--cache-size", "1000T")
+    res = try_mount(
+        node,
+        local_store.uri(bucket_name),
+        tmp_path / "mnt",
+        "--cache-dir",
+        node.cache_dir,
+        "--cache-size",
+        "1000T",
+    )
     assert_one_line_error(res, "larger than the space")
 
 
 def test_second_daemon_on_the_same_socket(node: Node) -> None:
-    res = subprocess.run(silofs_cmd("daemon", "--socket", node.socket, "--cache-dir",
-                                    node.cache_dir + "2"), capture_output=True, text=True,
-                         timeout=60)
+    res = subprocess.run(
+        silofs_cmd("daemon", "--socket", node.socket, "--cache-dir", node.cache_dir + "2"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert_one_line_error(res, "already listening")
     assert node.status()["node"]["pid"] == node.proc.pid  # the first one is unharmed
 
 
-def test_mount_starts_a_default_daemon(make_node, local_store, bucket_name,
-                                       tmp_path: Path) -> None:
+def test_mount_starts_a_default_daemon(make_node, local_store, bucket_name, tmp_path: Path) -> None:
     node = make_node(start=False)
     local_store.create(bucket_name, {"d/a.txt": b"hello"})
-    mp = node.mount(local_store.uri(bucket_name), tmp_path / "mnt", "--cache-dir",
-                    node.cache_dir, "--cache-size", "32M")
+    mp = node.mount(
+        local_store.uri(bucket_name),
+        tmp_path / "mnt",
+        "--cache-dir",
+        node.cache_dir,
+        "--cache-size",
+        "32M",
+    )
     assert (mp / "d/a.txt").read_bytes() == b"hello"
     assert node.status()["node"]["cache_size"] == 32 << 20

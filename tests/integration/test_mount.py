@@ -22,8 +22,7 @@ CHUNK = 256 << 10
 def sample_tree(seed: int = 1) -> dict[str, bytes]:
     """Small files, multi-chunk files, an empty file, odd names, a deep directory."""
     rnd = random.Random(seed)
-    tree = {f"train/img{i:03d}.jpg": rnd.randbytes(rnd.randint(10_000, 60_000))
-            for i in range(40)}
+    tree = {f"train/img{i:03d}.jpg": rnd.randbytes(rnd.randint(10_000, 60_000)) for i in range(40)}
     tree["big/shard-0.tar"] = rnd.randbytes(5 * CHUNK + 12345)
     tree["big/shard-1.tar"] = rnd.randbytes(3 * CHUNK)  # ends exactly on a chunk boundary
     tree["empty.txt"] = b""
@@ -74,8 +73,9 @@ def test_every_file_reads_back_identical(make_node, store, tmp_path: Path) -> No
     assert m["hit_bytes"] - first["hit_bytes"] == sum(map(len, tree.values()))
 
 
-def test_posix_tools_agree_with_the_source(make_node, local_store, monkeypatch, bucket_name,
-                                           tmp_path: Path) -> None:
+def test_posix_tools_agree_with_the_source(
+    make_node, local_store, monkeypatch, bucket_name, tmp_path: Path
+) -> None:
     local_store.apply_env(monkeypatch)
     local_store.create(bucket_name, sample_tree())
     src = local_store.root / bucket_name
@@ -83,8 +83,9 @@ def test_posix_tools_agree_with_the_source(make_node, local_store, monkeypatch, 
     mp = node.mount(local_store.uri(bucket_name), tmp_path / "mnt", "--chunk-size", "256K")
 
     def walk(root: Path) -> list[tuple[str, list[str], list[str]]]:
-        return sorted((os.path.relpath(d, root), sorted(ds), sorted(fs))
-                      for d, ds, fs in os.walk(root))
+        return sorted(
+            (os.path.relpath(d, root), sorted(ds), sorted(fs)) for d, ds, fs in os.walk(root)
+        )
 
     assert walk(mp) == walk(src)
 
@@ -93,28 +94,37 @@ def test_posix_tools_agree_with_the_source(make_node, local_store, monkeypatch, 
 
     find = "find . -type f -printf '%P %s\\n' | sort"
     assert run(find, mp) == run(find, src)
+
     def du_files(root: Path) -> list[bytes]:
         out = run("du -ab . | sort -k2", root).splitlines()
         return [ln for ln in out if (root / ln.split(b"\t")[1].decode()).is_file()]
 
     assert du_files(mp) == du_files(src)
-    tar = ("tar c --sort=name --mode=0444 --owner=0 --group=0 --numeric-owner --mtime=@0 "
-           "--format=gnu . | sha256sum")
+    tar = (
+        "tar c --sort=name --mode=0444 --owner=0 --group=0 --numeric-owner --mtime=@0 "
+        "--format=gnu . | sha256sum"
+    )
     assert run(tar, mp) == run(tar, src)
 
     big = sample_tree()["big/shard-0.tar"]
     with open(mp / "big/shard-0.tar", "rb") as f:
         with mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ) as m:
             assert m[:] == big
-            assert m[CHUNK - 10: CHUNK + 10] == big[CHUNK - 10: CHUNK + 10]
-        for off, n in [(0, 1), (CHUNK - 3, 7), (3 * CHUNK + 5, 2 * CHUNK), (len(big) - 4, 100),
-                       (len(big) + 10, 5)]:
+            assert m[CHUNK - 10 : CHUNK + 10] == big[CHUNK - 10 : CHUNK + 10]
+        for off, n in [
+            (0, 1),
+            (CHUNK - 3, 7),
+            (3 * CHUNK + 5, 2 * CHUNK),
+            (len(big) - 4, 100),
+            (len(big) + 10, 5),
+        ]:
             f.seek(off)
-            assert f.read(n) == big[off: off + n]
+            assert f.read(n) == big[off : off + n]
 
 
-def test_the_mount_is_read_only(make_node, local_store, monkeypatch, bucket_name,
-                                tmp_path: Path) -> None:
+def test_the_mount_is_read_only(
+    make_node, local_store, monkeypatch, bucket_name, tmp_path: Path
+) -> None:
     local_store.apply_env(monkeypatch)
     local_store.create(bucket_name, sample_tree())
     node = make_node()
@@ -136,8 +146,9 @@ def test_the_mount_is_read_only(make_node, local_store, monkeypatch, bucket_name
     assert (local_store.root / bucket_name / "empty.txt").exists()
 
 
-def test_hit_ratio_follows_the_cache_share(make_node, local_store, monkeypatch, bucket_name,
-                                           tmp_path: Path) -> None:
+def test_hit_ratio_follows_the_cache_share(
+    make_node, local_store, monkeypatch, bucket_name, tmp_path: Path
+) -> None:
     """Uniform caching: with cache = half the dataset, every epoch after the first hits 0.5."""
     rnd = random.Random(7)
     tree = {f"d/{i:04d}.bin": rnd.randbytes(20_000) for i in range(200)}
@@ -167,7 +178,8 @@ def test_hit_ratio_follows_the_cache_share(make_node, local_store, monkeypatch, 
 
 
 def test_concurrent_readers_of_a_cold_file_fetch_each_chunk_once(
-        make_node, local_store, monkeypatch, bucket_name, tmp_path: Path) -> None:
+    make_node, local_store, monkeypatch, bucket_name, tmp_path: Path
+) -> None:
     data = random.Random(3).randbytes(8 * CHUNK)
     local_store.apply_env(monkeypatch)
     local_store.create(bucket_name, {"cold.bin": data})
@@ -192,8 +204,9 @@ def test_concurrent_readers_of_a_cold_file_fetch_each_chunk_once(
     assert m["remote_bytes"] == len(data)
 
 
-def test_unmount_and_fusermount_both_end_the_mount(make_node, local_store, monkeypatch,
-                                                   bucket_name, tmp_path: Path) -> None:
+def test_unmount_and_fusermount_both_end_the_mount(
+    make_node, local_store, monkeypatch, bucket_name, tmp_path: Path
+) -> None:
     local_store.apply_env(monkeypatch)
     local_store.create(bucket_name, sample_tree())
     node = make_node()

@@ -42,8 +42,9 @@ def chunk_keys(store: CacheStore) -> set[bytes]:
         return {bytes(k) for k, _ in txn.cursor(db=store.db(b"chunks"))}
 
 
-def test_corrupted_chunk_is_refetched_and_counted(make_node, local_store, monkeypatch,
-                                                  bucket_name, tmp_path: Path) -> None:
+def test_corrupted_chunk_is_refetched_and_counted(
+    make_node, local_store, monkeypatch, bucket_name, tmp_path: Path
+) -> None:
     data = random.Random(5).randbytes(3 * CHUNK + 100)
     local_store.apply_env(monkeypatch)
     local_store.create(bucket_name, {"x/shard.bin": data})
@@ -96,8 +97,9 @@ def _read_in_background(mp: Path, tree: dict[str, bytes]) -> threading.Thread:
     return t
 
 
-def test_kill_9_of_the_daemon_during_admission(make_node, local_store, monkeypatch,
-                                               bucket_name, tmp_path: Path) -> None:
+def test_kill_9_of_the_daemon_during_admission(
+    make_node, local_store, monkeypatch, bucket_name, tmp_path: Path
+) -> None:
     tree = _tree()
     total = sum(map(len, tree.values()))
     local_store.apply_env(monkeypatch)
@@ -122,12 +124,17 @@ def test_kill_9_of_the_daemon_during_admission(make_node, local_store, monkeypat
     store = open_env(node)
     assert committed <= chunk_keys(store)
     ds = node.status()["datasets"][0]
-    wait_for(lambda: check_accounting(store).get(ds["id"]) ==
-             node.status()["datasets"][0]["cached_bytes"], what="status to match LMDB")
+    wait_for(
+        lambda: (
+            check_accounting(store).get(ds["id"]) == node.status()["datasets"][0]["cached_bytes"]
+        ),
+        what="status to match LMDB",
+    )
 
 
-def test_kill_9_of_a_mount_during_admission(make_node, local_store, monkeypatch, bucket_name,
-                                            tmp_path: Path) -> None:
+def test_kill_9_of_a_mount_during_admission(
+    make_node, local_store, monkeypatch, bucket_name, tmp_path: Path
+) -> None:
     import os
     import signal
 
