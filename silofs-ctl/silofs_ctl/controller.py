@@ -585,6 +585,11 @@ def _keep_idle(
 class PushReport:
     pushed: int = 0
     failed: dict[str, str] = field(default_factory=dict)
+    unreachable: set[str] = field(default_factory=set)
+
+
+# What each node last accepted from us: node -> {("cache" | "io", name): value}.
+Pushed = dict[str, dict[tuple[str, str], int | None]]
 
 
 def push_plan(
@@ -592,56 +597,65 @@ def push_plan(
     clients: Mapping[str, NodeClient],
     seen: Mapping[str, NodeSeen],
     pool: ThreadPoolExecutor,
+    pushed: Pushed | None = None,
 ) -> PushReport:
     """Send each node what differs from what it reports; nodes in parallel, a failing
     node only loses its own updates (the next round retries it)."""
     report = PushReport()
+    memory = pushed if pushed is not None else {}
     futures = {
-        node: pool.submit(_push_node, clients[node], plan, node, seen.get(node))
+        node: pool.submit(_push_node, clients[node], plan, seen[node], memory.setdefault(node, {}))
         for node in clients
-        if plan.cache.get(node) or plan.io.get(node)
+        if node in seen and (plan.cache.get(node) or plan.io.get(node))
     }
     for node, future in futures.items():
         try:
-            pushed, refused = future.result()
+            count, refused = future.result()
         except NodeError as exc:
             report.failed[node] = str(exc)
+            report.unreachable.add(node)
             continue
-        report.pushed += pushed
+        report.pushed += count
         if refused:
-            report.failed[node] = refused[0] + (
-                f" (and {len(refused) - 1} more)" if len(refused) > 1 else ""
-            )
+            more = f" (and {len(refused) - 1} more)" if len(refused) > 1 else ""
+            report.failed[node] = refused[0] + more
     return report
 
 
 def _push_node(
-    client: NodeClient, plan: Plan, node: str, status: NodeSeen | None
+    client: NodeClient, plan: Plan, status: NodeSeen, memory: dict[tuple[str, str], int | None]
 ) -> tuple[int, list[str]]:
-    """(updates pushed, refusals). An unreachable node raises and ends its round; a
-    refused update is reported and the node's other updates still go out."""
-    if status is None:
-        raise NodeError(f"node {node} gave no status this round; not pushing to it")
-    updates: list[tuple[Callable[[], None], str]] = []
+    """(updates pushed, refusals). Pushes what differs from what the node reports or, for
+    what it does not report (a job with no mount there yet), from what it last accepted.
+    An unreachable node raises and ends its round; a refused update is reported and the
+    node's other updates still go out."""
+    node = status.name
+    updates: list[tuple[str, str, int | None]] = []
     for dataset, nbytes in sorted(plan.cache.get(node, {}).items()):
         held = status.datasets.get(dataset)
-        if held is None or held.allocation is None or int(held.allocation) != nbytes:
-            updates.append((lambda d=dataset, n=nbytes: client.put_cache(d, n), dataset))
+        current = held.allocation if held else memory.get(("cache", dataset), -1)
+        if current is None or int(current) != nbytes:
+            updates.append(("cache", dataset, nbytes))
     for job, rate in sorted(plan.io.get(node, {}).items()):
         seen_job = status.jobs.get(job)
-        current = None if seen_job is None else seen_job.allocation
-        if seen_job is None or current != (None if rate is None else float(rate)):
-            updates.append((lambda j=job, r=rate: client.put_io(j, r), job))
-    pushed, refused = 0, []
-    for update, what in updates:
+        current = seen_job.allocation if seen_job else memory.get(("io", job), -1)
+        if current != (None if rate is None else float(rate)):
+            updates.append(("io", job, rate))
+    count, refused = 0, []
+    for kind, name, value in updates:
         try:
-            update()
-            pushed += 1
+            if kind == "cache":
+                client.put_cache(name, int(value or 0))
+            else:
+                client.put_io(name, value)
         except NodeError as exc:
             if exc.unreachable:
                 raise
-            refused.append(f"{what}: {exc}")
-    return pushed, refused
+            refused.append(f"{name}: {exc}")
+            continue
+        memory[(kind, name)] = value
+        count += 1
+    return count, refused
 
 
 # --------------------------------------------------------------------------- loop
@@ -663,7 +677,9 @@ class Controller:
         self.clients = {n.name: factory(n) for n in config.nodes}
         self.rates = RateTracker()
         self.pool = ThreadPoolExecutor(max_workers=max(1, len(config.nodes)))
-        self.down: dict[str, str] = {}
+        self.down: dict[str, str] = {}  # unreachable nodes, and why
+        self.refused: dict[str, str] = {}  # nodes that refused an update last round
+        self.pushed: Pushed = {}
         self.entries: list[JobEntry] = []
         # (mtime, size) of the jobs file as last read; None: missing; "" : never looked
         self.jobs_stamp: tuple | str | None = ""
@@ -691,6 +707,7 @@ class Controller:
         if self.down.get(name) != why:
             log.warning("node %s: %s (will retry)", name, why)
         self.down[name] = why
+        self.pushed.pop(name, None)  # it may come back without them: push all again
 
     def reload_jobs(self) -> bool:
         """Re-read the jobs file if it changed; a broken file keeps the last good one."""
@@ -730,12 +747,25 @@ class Controller:
         self.signature, self.next_round = signature, now + self.config.interval
         if dry_run:
             return plan
-        report = push_plan(plan, self.clients, seen, self.pool)
+        report = push_plan(plan, self.clients, seen, self.pool, self.pushed)
+        self.refused = {}
         for node, why in report.failed.items():
-            self._node_down(node, why)
+            if node not in report.unreachable:
+                log.warning("node %s refused: %s", node, why)
+                self.refused[node] = why
+            else:
+                self._node_down(node, why)
+        if report.failed:
+            self.next_round = now  # retry what did not land at the next poll
+        # (a node that is down is polled every time anyway; it coming back re-plans)
         if report.pushed:
             log.info("pushed %d allocation changes", report.pushed)
         return plan
+
+    @property
+    def not_updated(self) -> dict[str, str]:
+        """Nodes whose allocations may not be what the last plan says."""
+        return {**self.refused, **self.down}
 
     def run(self) -> None:
         while not self.stop.is_set():

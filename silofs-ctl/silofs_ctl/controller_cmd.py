@@ -77,8 +77,8 @@ def run_cmd(config_path: str, dry_run: bool, once: bool) -> None:
         if dry_run or once:
             plan = ctl.round(dry_run=dry_run, force=True)
             assert plan is not None
-            click.echo(render_plan(plan, ctl.down))
-            if once and ctl.down:
+            click.echo(render_plan(plan, ctl.not_updated))
+            if once and ctl.not_updated:
                 sys.exit(1)
             return
         _stop_on_signals(ctl)

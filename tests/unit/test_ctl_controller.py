@@ -159,6 +159,28 @@ def test_a_node_that_is_down_does_not_stop_the_others_and_is_retried() -> None:
     assert nodes["n2"].jobs["dist"]["io_allocation"] is not None
 
 
+def test_a_job_the_node_does_not_list_is_pushed_once_not_every_round() -> None:
+    # A job named in the jobs file for a node where it has no mount yet: the daemon
+    # accepts its IO allocation but does not list it in its status.
+    nodes = two_nodes()
+    entries = [
+        *ENTRIES,
+        JobEntry("queued", WIKI, ideal_io=10 * MB, nodes=("n2",), dataset_size=100 * GB),
+    ]
+    ctl = controller(nodes, config(), entries)
+    ctl.round(force=True)
+    assert [p for p in nodes["n2"].puts if p[1] == "queued"] != []
+    before = len(nodes["n2"].puts)
+    ctl.round(force=True)
+    assert len(nodes["n2"].puts) == before
+    # after the node was unreachable it may have lost it: pushed again
+    nodes["n2"].down = True
+    ctl.round(force=True)
+    nodes["n2"].down = False
+    ctl.round()
+    assert len([p for p in nodes["n2"].puts if p[1] == "queued"]) == 2
+
+
 def test_a_node_failing_during_the_push_only_loses_its_own_updates() -> None:
     nodes = two_nodes()
 
@@ -168,7 +190,7 @@ def test_a_node_failing_during_the_push_only_loses_its_own_updates() -> None:
     nodes["n2"].put_cache = flaky  # type: ignore[method-assign]
     ctl = controller(nodes, config(), ENTRIES)
     ctl.round(force=True)
-    assert "did not answer" in ctl.down["n2"]
+    assert "did not answer" in ctl.not_updated["n2"]
     assert nodes["n1"].datasets[IMAGENET]["cache_allocation"] is not None
 
 
@@ -181,9 +203,14 @@ def test_a_refused_update_does_not_hold_back_the_nodes_other_updates() -> None:
     nodes["n1"].put_cache = refuse  # type: ignore[method-assign]
     ctl = controller(nodes, config(), ENTRIES)
     ctl.round(force=True)
-    assert "no such dataset" in ctl.down["n1"]
+    assert "no such dataset" in ctl.refused["n1"] and "n1" not in ctl.down
     assert nodes["n1"].jobs["local"]["io_allocation"] is not None
     assert nodes["n1"].jobs["dist"]["io_allocation"] is not None
+    # what did not land is retried at the very next poll, not an interval later
+    del nodes["n1"].put_cache
+    assert ctl.round() is not None
+    assert nodes["n1"].datasets[IMAGENET]["cache_allocation"] is not None
+    assert ctl.not_updated == {}
 
 
 def test_measured_throughput_replaces_a_missing_ideal_rate() -> None:
