@@ -270,7 +270,8 @@ class JobSeen:
     bytes_read: float
     hit_bytes: float
     throughput: float | None = None
-    hit_now: float | None = None
+    hit_now: float | None = None  # measured over the last poll window
+    effective_cache: float | None = None  # cached bytes that can serve this epoch
 
 
 @dataclass
@@ -307,6 +308,7 @@ def parse_status(node: str, status: Mapping[str, Any]) -> NodeSeen:
             bytes_read=read,
             hit_bytes=float(j.get("hit_ratio") or 0) * read,
             throughput=_opt_float(j.get("throughput")),
+            effective_cache=_opt_float(j.get("effective_cache")),
         )
     return NodeSeen(node, _opt_float(info.get("cache_size")), datasets, jobs)
 
@@ -462,7 +464,8 @@ def _job(
     reports = [seen[n].jobs[name] for n in nodes if n in seen and name in seen[n].jobs]
     done = sum(r.bytes_read for r in reports)
     remaining = max(0.0, entry.epochs * size - done) if entry and entry.epochs else math.inf
-    hits = [r.hit_now for r in reports if r.hit_now is not None]
+    hits = [_hit_now(r, size) for r in reports]
+    hits = [h for h in hits if h is not None]
     hit_now = sum(hits) / len(hits) if hits and len(hits) == len(nodes) else None
     per_node = max(1, gpus // len(nodes))
     return Job(
@@ -475,6 +478,14 @@ def _job(
         placement={n: per_node for n in nodes},
         hit_now=hit_now,
     )
+
+
+def _hit_now(report: JobSeen, size: float) -> float | None:
+    """The job's hit ratio this epoch on one node: its effective cache over the dataset
+    (uniform caching; what was cached when the epoch began, §6), else as measured."""
+    if report.effective_cache is not None and size > 0:
+        return min(1.0, report.effective_cache / size)
+    return report.hit_now
 
 
 def _cluster(

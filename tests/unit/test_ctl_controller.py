@@ -258,6 +258,28 @@ def test_rate_tracker_measures_from_counters_when_status_has_no_rates() -> None:
     assert tracker.ideal["j"] == pytest.approx(60 * MB)
 
 
+def test_effective_cache_drives_the_io_plan() -> None:
+    # Both nodes hold all of ImageNet, but "dist" began its epoch before it was cached:
+    # its effective cache is 0, so it still needs IO for every read this epoch.
+    nodes = two_nodes()
+    for node in nodes.values():
+        node.datasets[IMAGENET]["cached_bytes"] = 1300 * GB
+        node.jobs["dist"]["effective_cache"] = 0
+    cfg = config(io=100 * MB)
+    seen = {name: parse_status(name, node.status()) for name, node in nodes.items()}
+    cold = plan_allocations(cfg, ENTRIES, seen, {})
+    for node in nodes.values():
+        node.jobs["dist"]["effective_cache"] = 1300 * GB
+    seen = {name: parse_status(name, node.status()) for name, node in nodes.items()}
+    warm = plan_allocations(cfg, ENTRIES, seen, {})
+    cold_io = {p.name: p.io for p in cold.jobs}
+    warm_io = {p.name: p.io for p in warm.jobs}
+    # cold: dist needs the link for every read, so the small job is squeezed below its
+    # 20 MB/s; warm: dist needs no IO at all, and the small job gets all it can use
+    assert cold_io["dist"] > 80 * MB and cold_io["local"] < 19 * MB
+    assert warm_io["local"] == pytest.approx(20 * MB, abs=2)
+
+
 def test_plan_without_any_node_reachable_uses_the_jobs_file() -> None:
     entries = [
         JobEntry("a", IMAGENET, gpus=1, ideal_io=114 * MB, nodes=("n1",), dataset_size=1300 * GB)
