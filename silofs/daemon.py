@@ -234,8 +234,7 @@ class Daemon:
         """Allocate remote IO to a job (None: unlimited). Applies to queued fetches too."""
         await self.writer.call(self.store.put_meta, f"io:{job}", {"bytes_per_s": rate})
         self.io_allocations[job] = rate
-        if job in self.jobs:
-            self.jobs[job].limiter.set_rate(rate)
+        self.job(job).limiter.set_rate(rate)  # listed in status even before it mounts
         log.info("remote IO allocation of job %s: %s", job, format_rate(rate))
 
     async def set_mode(self, uri: str, mode: str) -> None:
@@ -355,6 +354,7 @@ class Daemon:
         job = self.jobs.get(name)
         if job is None:
             job = self.jobs[name] = JobState(name, TokenBucket(self.io_allocations.get(name)))
+            job.sample(time.monotonic())  # the zero point of its rates
         return job
 
     def register_mount(
@@ -445,6 +445,8 @@ class Daemon:
 
         router = build_router(self)
         gid = _group_id(self.settings.socket_group)
+        for job in self.io_allocations:
+            self.job(job)  # persisted allocations are listed before their jobs mount
         async with trio.open_nursery() as nursery:
             self.nursery = nursery
             nursery.start_soon(self.writer.run)

@@ -10,6 +10,11 @@ from typing import Any
 
 _DATASET = {
     "size": ("silofs_dataset_size_bytes", "gauge", "Bytes in the dataset listing"),
+    "cache_allocation": (
+        "silofs_dataset_cache_allocation_bytes",
+        "gauge",
+        "Cache allocated to the dataset (absent: shared pool)",
+    ),
     "objects": ("silofs_dataset_objects", "gauge", "Objects in the dataset listing"),
     "cached_bytes": ("silofs_dataset_cached_bytes", "gauge", "Bytes cached for the dataset"),
     "bytes_read": ("silofs_dataset_read_bytes_total", "counter", "Bytes read through mounts"),
@@ -24,6 +29,27 @@ _DATASET = {
 _JOB = {
     "bytes_read": ("silofs_job_read_bytes_total", "counter", "Bytes read by the job"),
     "remote_bytes": ("silofs_job_remote_bytes_total", "counter", "Remote bytes of the job"),
+    "throughput": (
+        "silofs_job_throughput_bytes_per_second",
+        "gauge",
+        "Bytes read by the job per second, last 5 s",
+    ),
+    "remote_bytes_per_s": (
+        "silofs_job_remote_bytes_per_second",
+        "gauge",
+        "Remote bytes per second of the job, last 5 s",
+    ),
+    "io_allocation": (
+        "silofs_job_io_allocation_bytes_per_second",
+        "gauge",
+        "Remote IO allocation of the job (absent: unlimited)",
+    ),
+    "effective_cache": (
+        "silofs_job_effective_cache_bytes",
+        "gauge",
+        "Cached bytes valid for the job's current epoch",
+    ),
+    "hit_ratio": ("silofs_job_hit_ratio", "gauge", "Share of the job's bytes served from cache"),
     "limiter_wait_s": (
         "silofs_job_limiter_wait_seconds_total",
         "counter",

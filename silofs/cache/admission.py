@@ -60,6 +60,17 @@ class WriterStats:
     map_full: int = 0
 
 
+def _newest_that_fit(items: list[PendingChunk], quota: int) -> set[int]:
+    """ids of the most recently fetched items (last in the batch) that fit in `quota`."""
+    kept: set[int] = set()
+    room = quota
+    for item in reversed(items):
+        if item.data_len <= room:
+            kept.add(id(item))
+            room -= item.data_len
+    return kept
+
+
 class Writer:
     """Serialises every LMDB write of the node in one thread at a time."""
 
@@ -141,18 +152,21 @@ class Writer:
     def _admit_batch(
         self, batch: list[PendingChunk], policy: QuotaPolicy, usage: dict[int, Usage]
     ) -> AdmitResult:
-        """In the writer thread. LRU datasets first make room by evicting their least
-        recently used chunks; uniform datasets admit only what fits (promise 1)."""
-        incoming: dict[int, int] = {}
-        for item in batch:
-            if item.dataset in policy.lru:
-                incoming[item.dataset] = incoming.get(item.dataset, 0) + item.data_len
-        for dsid, need in incoming.items():
-            target = max(0, policy.quota(dsid, usage) - need)
+        """In the writer thread. LRU datasets make room by evicting their least recently
+        used chunks; uniform datasets admit only what fits (promise 1)."""
+        lru_ds = {i.dataset for i in batch if i.dataset in policy.lru}
+        dropped = 0
+        for dsid in lru_ds:
+            quota = policy.quota(dsid, usage)
+            kept = _newest_that_fit([i for i in batch if i.dataset == dsid], quota)
+            dropped += sum(1 for i in batch if i.dataset == dsid) - len(kept)
+            batch = [i for i in batch if i.dataset != dsid or id(i) in kept]
+            target = quota - sum(i.data_len for i in batch if i.dataset == dsid)
             if usage.get(dsid, Usage()).bytes > target:
                 self.stats.evicted_bytes += self.lru.evict_oldest(dsid, target, usage)
         res = self.store.admit(batch, usage, policy.quota)
-        for dsid in incoming:
+        res.rejected += dropped
+        for dsid in lru_ds:
             self.lru.touch(dsid, [i.key for i in batch if i.dataset == dsid])
         return res
 

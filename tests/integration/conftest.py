@@ -66,9 +66,10 @@ def force_unmount(path: str) -> None:
 class Node:
     """One silofs node: a daemon subprocess, its cache dir and socket, and its mounts."""
 
-    def __init__(self, root: Path, cache_size: str, env: dict[str, str]) -> None:
+    def __init__(self, root: Path, cache_size: str, env: dict[str, str],
+                 socket: str | None = None) -> None:
         self.root = root
-        self.socket = str(root / "ctl.sock")
+        self.socket = socket or str(root / "ctl.sock")
         self.cache_dir = str(root / "cache")
         self.cache_size = cache_size
         self.logs = root / "logs"
@@ -200,16 +201,12 @@ def make_node(tmp_path: Path) -> Iterator[Callable[..., Node]]:
         pytest.skip(FUSE_MISSING)
     nodes: list[Node] = []
 
-    def factory(
-        cache_size: str = "64M",
-        env: dict[str, str] | None = None,
-        start: bool = True,
-        name: str = "node",
-        args: tuple[str, ...] = (),
-    ) -> Node:
+    def factory(cache_size: str = "64M", env: dict[str, str] | None = None,
+                start: bool = True, name: str = "node", args: tuple[str, ...] = (),
+                socket: str | None = None) -> Node:
         root = tmp_path / f"{name}{len(nodes)}"
         root.mkdir()
-        node = Node(root, cache_size, {**os.environ, **(env or {})})
+        node = Node(root, cache_size, {**os.environ, **(env or {})}, socket)
         nodes.append(node)
         if start:
             node.start(*args)

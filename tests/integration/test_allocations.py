@@ -1,0 +1,442 @@
+"""Allocations through the real control socket: cache per dataset, remote IO per job."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from silofs.control.client import ControlClient, ControlError, quote_segment
+
+from .conftest import Node, drop_file_cache, needs_fuse, wait_for
+
+pytestmark = [needs_fuse, pytest.mark.fuse]
+
+MB = 1_000_000
+
+
+def make_tree(n: int, size: int, seed: int) -> dict[str, bytes]:
+    rnd = random.Random(seed)
+    return {f"f/{i:04d}.bin": rnd.randbytes(size) for i in range(n)}
+
+
+def read_tree(mp: Path, tree: dict[str, bytes], order: list[str] | None = None) -> None:
+    for k in order or list(tree):
+        assert (mp / k).read_bytes() == tree[k], k
+        drop_file_cache(mp / k)
+
+
+def put_cache(node: Node, dataset: str, size: int | None) -> dict:
+    return node.request("PUT", f"/v1/datasets/{quote_segment(dataset)}/cache", {"bytes": size})
+
+
+def put_io(node: Node, job: str, rate: int | None) -> dict:
+    return node.request("PUT", f"/v1/jobs/{quote_segment(job)}/io", {"bytes_per_s": rate})
+
+
+def job_status(node: Node, job: str) -> dict:
+    return next(j for j in node.status()["jobs"] if j["name"] == job)
+
+
+# -- remote IO -----------------------------------------------------------------------
+class RateProbe:
+    """Samples a job's remote bytes from status, to measure rates over any window."""
+
+    def __init__(self, node: Node, job: str) -> None:
+        self.node, self.job = node, job
+        self.samples: list[tuple[float, int]] = []
+
+    def sample(self) -> None:
+        self.samples.append((time.monotonic(), job_status(self.node, self.job)["remote_bytes"]))
+
+    def run_for(self, seconds: float, period: float = 0.05) -> None:
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            self.sample()
+            time.sleep(period)  # pacing the sampler, not synchronising with the daemon
+
+    def rate(self, t0: float, t1: float) -> float:
+        a = min(self.samples, key=lambda s: abs(s[0] - t0))
+        b = min(self.samples, key=lambda s: abs(s[0] - t1))
+        return (b[1] - a[1]) / (b[0] - a[0])
+
+    def windows(self, start: float, end: float, width: float = 1.0) -> list[float]:
+        ts = [t for t, _ in self.samples if start <= t <= end - width]
+        return [self.rate(t, t + width) for t in ts]
+
+
+def _greedy_readers(mp: Path, files: list[str], stop: threading.Event) -> list[threading.Thread]:
+    def read(name: str) -> None:
+        try:
+            with open(mp / name, "rb") as f:
+                while not stop.is_set() and f.read(1 << 20):
+                    pass
+        except OSError:
+            pass  # unmounted under the reader at the end of the test
+
+    threads = [threading.Thread(target=read, args=(n,), daemon=True) for n in files]
+    for t in threads:
+        t.start()
+    return threads
+
+
+@pytest.fixture
+def big_dataset(local_store, monkeypatch, bucket_name) -> tuple[str, list[str]]:
+    local_store.apply_env(monkeypatch)
+    root = local_store.root / bucket_name
+    root.mkdir(parents=True)
+    names = [f"big{i}.bin" for i in range(4)]
+    for name in names:
+        with open(root / name, "wb") as f:  # 240 MB each: never exhausted at 40 MB/s
+            for _ in range(240):
+                f.write(os.urandom(MB))
+    return local_store.uri(bucket_name), names
+
+
+def test_limiter_holds_the_allocation_and_follows_changes(
+    make_node, big_dataset, tmp_path: Path
+) -> None:
+    uri, names = big_dataset
+    node = make_node(cache_size="64M", args=("--chunk-size", "256K"))
+    put_cache(node, uri, 0)  # nothing admitted: every read below is a remote GET
+    mp = node.mount(uri, tmp_path / "mnt", "--job", "j", "--io-limit", "20MB/s")
+    assert job_status(node, "j")["io_allocation"] == 20 * MB
+    probe = RateProbe(node, "j")
+    stop = threading.Event()
+    _greedy_readers(mp, names, stop)
+    try:
+        probe.sample()
+        t0 = probe.samples[0][0]
+        probe.run_for(21.5)
+        windows = probe.windows(t0 + 1, t0 + 21.5)
+        assert len(windows) > 100
+        worst = max(abs(w / (20 * MB) - 1) for w in windows)
+        assert worst <= 0.10, f"a 1 s window was {worst:.1%} off 20 MB/s"
+        overall = probe.rate(t0 + 1, t0 + 21)
+        assert abs(overall / (20 * MB) - 1) <= 0.03, f"20 s average {overall / MB:.2f} MB/s"
+
+        put_io(node, "j", 40 * MB)
+        changed = time.monotonic()
+        probe.run_for(1.5)
+        after = probe.rate(changed + 0.2, changed + 1.2)
+        assert abs(after / (40 * MB) - 1) <= 0.10, f"{after / MB:.1f} MB/s after raising"
+    finally:
+        stop.set()
+    assert job_status(node, "j")["limiter_wait_s"] > 1
+
+
+def test_two_jobs_share_cache_but_not_remote_io(
+    make_node, local_store, monkeypatch, bucket_name, tmp_path: Path
+) -> None:
+    local_store.apply_env(monkeypatch)
+    shared = make_tree(60, 50_000, 1)
+    cold = make_tree(40, 100_000, 2)
+    local_store.create(bucket_name, {**shared, **{"cold/" + k: v for k, v in cold.items()}})
+    node = make_node()
+    uri = local_store.uri(bucket_name)
+    mp_a = node.mount(uri, tmp_path / "a", "--job", "a")
+    mp_b = node.mount(uri, tmp_path / "b", "--job", "b")
+    read_tree(mp_a, shared)
+    wait_for(lambda: node.status()["datasets"][0]["cached_chunks"] == 60, what="admission")
+    read_tree(mp_b, shared)
+    b = node.settle(str(mp_b), sum(map(len, shared.values())))
+    assert b["remote_gets"] == 0 and b["hit_bytes"] == b["bytes_read"]
+
+    put_io(node, "a", 2 * MB)
+    halves = [list(cold)[:20], list(cold)[20:]]
+    cold_tree = {"cold/" + k: v for k, v in cold.items()}
+    readers = [
+        threading.Thread(target=read_tree, args=(mp, cold_tree, ["cold/" + k for k in h]))
+        for mp, h in ((mp_a, halves[0]), (mp_b, halves[1]))
+    ]
+    for t in readers:
+        t.start()
+    readers[1].join(30)
+    assert not readers[1].is_alive()
+    a_busy = readers[0].is_alive()  # 2 MB at 2 MB/s: job a is still being paced
+    readers[0].join(30)
+    assert a_busy
+    assert job_status(node, "b")["limiter_wait_s"] < 0.05
+    assert job_status(node, "a")["limiter_wait_s"] > 0.5
+    assert job_status(node, "a")["io_allocation"] == 2 * MB
+    assert job_status(node, "b")["io_allocation"] is None
+
+
+# -- cache ---------------------------------------------------------------------------
+def test_shrinking_an_allocation_evicts_to_fit_and_sets_the_hit_ratio(
+    make_node, local_store, monkeypatch, bucket_name, tmp_path: Path
+) -> None:
+    tree = make_tree(100, 40_000, 3)
+    total = sum(map(len, tree.values()))
+    local_store.apply_env(monkeypatch)
+    local_store.create(bucket_name, tree)
+    node = make_node()
+    uri = local_store.uri(bucket_name)
+    put_cache(node, uri, total)
+    mp = node.mount(uri, tmp_path / "mnt")
+    read_tree(mp, tree)
+    wait_for(lambda: node.status()["datasets"][0]["cached_bytes"] == total, what="full cache")
+
+    put_cache(node, uri, total // 4)
+    wait_for(
+        lambda: node.status()["datasets"][0]["cached_bytes"] <= total // 4,
+        what="eviction down to 25%",
+    )
+    before = node.settle(str(mp), total)
+    order = list(tree)
+    random.Random(9).shuffle(order)
+    read_tree(mp, tree, order)
+    after = node.settle(str(mp), 2 * total)
+    ratio = (after["hit_bytes"] - before["hit_bytes"]) / total
+    assert abs(ratio - 0.25) <= 0.05, ratio
+    assert node.status()["datasets"][0]["cached_bytes"] <= total // 4
+
+
+def test_allocations_cannot_exceed_the_cache(make_node) -> None:
+    node = make_node(cache_size="64M")
+    put_cache(node, "s3://one/a/", 40 << 20)
+    with pytest.raises(ControlError) as exc:
+        put_cache(node, "s3://two/b/", 30 << 20)
+    assert exc.value.status == 409
+    assert "6.0MiB more than the cache" in str(exc.value)
+    assert node.request("GET", "/v1/allocations")["cache"] == {"s3://one/a/": 40 << 20}
+
+
+def test_allocations_persist_and_apply_when_the_dataset_appears(
+    make_node, local_store, monkeypatch, bucket_name, tmp_path: Path
+) -> None:
+    tree = make_tree(10, 10_000, 4)
+    local_store.apply_env(monkeypatch)
+    local_store.create(bucket_name, tree)
+    uri = local_store.uri(bucket_name)
+    node = make_node()
+    put_cache(node, uri, 30_000)
+    put_io(node, "later", 5 * MB)
+    node.request("PUT", f"/v1/datasets/{quote_segment(uri)}/admission", {"mode": "lru"})
+    expected = node.request("GET", "/v1/allocations")
+    node.stop()
+    node.start()
+    assert node.request("GET", "/v1/allocations") == expected
+    node.kill9()
+    node.start()
+    assert node.request("GET", "/v1/allocations") == expected
+    mp = node.mount(uri, tmp_path / "mnt", "--job", "later", "--io-limit", "1MB/s")
+    read_tree(mp, tree)
+    ds = node.status()["datasets"][0]
+    assert ds["cache_allocation"] == 30_000 and ds["admission"] == "lru"
+    assert ds["cached_bytes"] <= 30_000
+    assert job_status(node, "later")["io_allocation"] == 5 * MB  # the controller's wins
+
+
+def test_lru_mode_keeps_what_was_used_last(
+    make_node, local_store, monkeypatch, bucket_name, tmp_path: Path
+) -> None:
+    tree = make_tree(20, 50_000, 5)
+    local_store.apply_env(monkeypatch)
+    local_store.create(bucket_name, tree)
+    uri = local_store.uri(bucket_name)
+    node = make_node()
+    put_cache(node, uri, 500_000)
+    mp = node.mount(uri, tmp_path / "mnt", "--admission", "lru")
+    order = sorted(tree)
+    read_tree(mp, tree, order)
+    total = sum(map(len, tree.values()))
+    before = node.settle(str(mp), total)
+    wait_for(lambda: node.status()["datasets"][0]["cached_chunks"] == 10, what="LRU admission")
+    read_tree(mp, tree, order[-10:])  # the ten read last are the ones LRU kept
+    after = node.settle(str(mp), total + 500_000)
+    assert after["hit_bytes"] - before["hit_bytes"] == 500_000
+    assert node.status()["datasets"][0]["cached_bytes"] <= 500_000
+
+
+def test_status_and_metrics_report_jobs(
+    make_node, local_store, monkeypatch, bucket_name, tmp_path: Path
+) -> None:
+    tree = make_tree(30, 20_000, 6)
+    local_store.apply_env(monkeypatch)
+    local_store.create(bucket_name, tree)
+    node = make_node()
+    mp = node.mount(local_store.uri(bucket_name), tmp_path / "mnt", "--job", "train")
+    read_tree(mp, tree)
+    wait_for(lambda: node.status()["datasets"][0]["cached_chunks"] == 30, what="admission")
+    read_tree(mp, tree)
+    j = wait_for(
+        lambda: (j := job_status(node, "train"))["epoch"] >= 2 and j, what="two epochs counted"
+    )
+    assert j["effective_cache"] == sum(map(len, tree.values()))
+    assert j["throughput"] > 0 and 0.4 <= j["hit_ratio"] <= 0.6
+    with ControlClient(node.socket) as c:
+        status, headers, body = c.request_raw("GET", "/metrics")
+    text = body.decode()
+    assert status == 200 and headers["content-type"].startswith("text/plain")
+    for name in (
+        'silofs_job_throughput_bytes_per_second{job="train"}',
+        'silofs_job_effective_cache_bytes{job="train"}',
+        'silofs_job_limiter_wait_seconds_total{job="train"}',
+        "silofs_dataset_cached_bytes{dataset=",
+    ):
+        assert name in text, name
+
+
+# -- who may change allocations --------------------------------------------------------
+def _as_nobody(socket: str, calls: list[tuple[str, str, dict | None]]) -> list:
+    """Run control calls in a child process that has become uid/gid 65534."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child: drop privileges, call, report, exit without cleanup
+        try:
+            os.close(r)
+            os.setgroups([])
+            os.setgid(65534)
+            os.setuid(65534)
+            out = []
+            for method, path, body in calls:
+                try:
+                    with ControlClient(socket) as c:
+                        out.append(["ok", c.request(method, path, body)])
+                except ControlError as exc:
+                    out.append(["error", exc.status, str(exc)])
+            os.write(w, json.dumps(out).encode())
+        finally:
+            os._exit(0)
+    os.close(w)
+    with os.fdopen(r) as f:
+        data = f.read()
+    os.waitpid(pid, 0)
+    return json.loads(data)
+
+
+def test_only_root_or_the_admin_group_may_change(make_node) -> None:
+    sock_dir = tempfile.mkdtemp(prefix="silofs-authz-")
+    os.chmod(sock_dir, 0o755)
+    node = make_node(socket=os.path.join(sock_dir, "ctl.sock"))
+    put_io(node, "j", 7 * MB)
+    before = node.request("GET", "/v1/allocations")
+    answers = _as_nobody(
+        node.socket,
+        [
+            ("GET", "/v1/status", None),
+            ("PUT", "/v1/jobs/j/io", {"bytes_per_s": 1}),
+            ("PUT", f"/v1/datasets/{quote_segment('s3://b/p/')}/cache", {"bytes": 1}),
+            ("PUT", f"/v1/datasets/{quote_segment('s3://b/p/')}/admission", {"mode": "lru"}),
+        ],
+    )
+    assert answers[0][0] == "ok" and "datasets" in answers[0][1]
+    for answer in answers[1:]:
+        assert answer[0] == "error" and answer[1] == 403, answer
+        assert "uid 65534" in answer[2]
+    assert node.request("GET", "/v1/allocations") == before
+    assert "refused PUT" in (node.logs / "daemon.log").read_text()
+    os.rmdir(sock_dir) if not os.listdir(sock_dir) else None
+
+
+# -- fuzzing the control API -------------------------------------------------------------
+def test_fuzzed_control_requests_never_crash_or_change_state_when_refused(make_node) -> None:
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    node = make_node(cache_size="64M")
+    put_cache(node, "s3://keep/me/", 1 << 20)
+    put_io(node, "keep", 3 * MB)
+    names = st.sampled_from(
+        [
+            "keep",
+            "s3://keep/me/",
+            "s3%3A%2F%2Fx",
+            "",
+            "..",
+            "%00",
+            "a b",
+            "x" * 300,
+            "/etc/passwd",
+            "\u2603",
+        ]
+    )
+    segments = st.one_of(names, st.text(max_size=12))
+    paths = st.one_of(
+        st.builds(lambda n: f"/v1/datasets/{quote_segment(n)}/cache", segments),
+        st.builds(lambda n: f"/v1/jobs/{quote_segment(n)}/io", segments),
+        st.builds(lambda n: f"/v1/datasets/{quote_segment(n)}/admission", segments),
+        st.sampled_from(
+            [
+                "/v1/status",
+                "/v1/mounts",
+                "/v1/datasets",
+                "/v1/chunks?index=x",
+                "/metrics",
+                "/v2/x",
+                "/v1/mounts/zzz/stats",
+                "/v1/allocations",
+            ]
+        ),
+        st.text(max_size=30).map(lambda t: "/" + quote_segment(t)),
+    )
+    values = st.one_of(
+        st.none(),
+        st.booleans(),
+        st.integers(-(2**70), 2**70),
+        st.floats(allow_nan=True),
+        st.text(max_size=20),
+        st.sampled_from(
+            [
+                "10GB",
+                "1.5GiB",
+                "-5M",
+                "200MB/s",
+                "1.5Gbps",
+                "0",
+                "unlimited",
+                "1e9",
+                "lru",
+                "uniform",
+                "fast",
+            ]
+        ),
+        st.lists(st.integers(), max_size=3),
+    )
+    bodies = st.one_of(
+        st.none(),
+        st.dictionaries(
+            st.sampled_from(
+                [
+                    "bytes",
+                    "bytes_per_s",
+                    "mode",
+                    "uri",
+                    "refresh",
+                    "dataset",
+                    "job",
+                    "mountpoint",
+                    "x",
+                ]
+            ),
+            values,
+            max_size=4,
+        ),
+    )
+    methods = st.sampled_from(["GET", "PUT", "POST", "DELETE", "PATCH"])
+
+    @settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(method=methods, path=paths, body=bodies)
+    def fuzz(method: str, path: str, body: dict | None) -> None:
+        before = node.request("GET", "/v1/allocations")
+        try:
+            with ControlClient(node.socket, timeout=10) as c:
+                status, _headers, raw = c.request_raw(method, path, body)
+        except ControlError as exc:
+            assert exc.status is not None, f"daemon unreachable after {method} {path}: {exc}"
+            return
+        if status >= 400:
+            assert status < 500, (status, method, path, body, raw[:200])
+            assert "error" in json.loads(raw)
+            assert node.request("GET", "/v1/allocations") == before
+
+    fuzz()
+    assert node.proc is not None and node.proc.poll() is None
+    assert node.request("GET", "/v1/allocations")["cache_size"] == 64 << 20
