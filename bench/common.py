@@ -138,6 +138,11 @@ class Node:
         except ControlError:
             return False
 
+    @property
+    def daemon_pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
     def status(self) -> dict:
         with ControlClient(self.socket, timeout=10) as c:
             return c.request("GET", "/v1/status")
@@ -276,6 +281,72 @@ def read_files(paths: Sequence[str], readers: int) -> tuple[float, int]:
         futures = [pool.submit(worker) for _ in range(readers)]
         total = sum(f.result() for f in futures)
         return time.perf_counter() - t0, total
+
+
+# -- profiles ---------------------------------------------------------------------------
+class Profiler:
+    """`py-spy record` of one process while a block runs, as raw collapsed stacks.
+
+    --nonblocking: the target is never paused, so it runs at its normal speed, but py-spy
+    itself takes CPU (on 2 cores, figures measured under it are not comparable)."""
+
+    def __init__(self, pid: int, out: str, rate: int = 250) -> None:
+        self.pid, self.out, self.rate = pid, out, rate
+        self.proc: subprocess.Popen | None = None
+
+    def __enter__(self) -> Profiler:
+        exe = shutil.which("py-spy")
+        if exe is None:
+            sys.exit("profiling needs py-spy: pip install py-spy")
+        args = [exe, "record", "-p", str(self.pid), "-r", str(self.rate), "--format", "raw"]
+        self.proc = subprocess.Popen(
+            [*args, "-o", self.out, "--nonblocking"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        time.sleep(1.0)  # py-spy attaches
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGINT)
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        print(f"  profile: {self.out}")
+
+
+def profile_summary(path: str, top: int = 12) -> str:
+    """The functions with the most samples in a raw py-spy profile: self and inclusive."""
+    own: dict[str, int] = {}
+    incl: dict[str, int] = {}
+    total = 0
+    try:
+        lines = Path(path).read_text().splitlines()
+    except FileNotFoundError:
+        return f"  (no profile at {path})"
+    for line in lines:
+        stack, _, count = line.rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        n = int(count)
+        total += n
+        frames = [f.strip() for f in stack.split(";") if f.strip()]
+        if frames:
+            own[frames[-1]] = own.get(frames[-1], 0) + n
+        for f in set(frames):
+            incl[f] = incl.get(f, 0) + n
+    if not total:
+        return "  (no samples)"
+    out = [f"  {total} samples; self time:"]
+    for f, n in sorted(own.items(), key=lambda kv: -kv[1])[:top]:
+        out.append(f"    {100 * n / total:5.1f}%  {f}")
+    out.append("  inclusive:")
+    for f, n in sorted(incl.items(), key=lambda kv: -kv[1])[:top]:
+        out.append(f"    {100 * n / total:5.1f}%  {f}")
+    return "\n".join(out)
 
 
 # -- figures -----------------------------------------------------------------------------

@@ -10,30 +10,32 @@ cache of the whole machine) and never changes silofs.
 
     sudo python bench/throughput.py                      # 512 MiB + 2000 x 110 KiB
     sudo python bench/throughput.py --size-mb 256 --files 1000 --readers 1,4 --keep
-    sudo python bench/throughput.py --profile /tmp/prof  # py-spy the mount, extra passes
+    sudo python bench/throughput.py --profile /tmp/prof  # py-spy: cold pass, extra warm passes
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
-import signal
-import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 from common import (
     Node,
     ProcTimes,
+    Profiler,
     Samples,
     busy_processes,
     check_root,
     drop_caches,
     load_average,
+    profile_summary,
     ratio,
     read_files,
 )
@@ -75,18 +77,45 @@ def small_paths(root: Path | str, files: int) -> list[str]:
 
 
 # -- measurements ------------------------------------------------------------------------
-def big_pass(root: Path | str) -> float:
-    """GB/s (10**9) reading the big file once, after dropping the page cache."""
-    drop_caches()
-    secs, n = read_files([os.path.join(root, "big.bin")], 1)
-    return n / secs / 1e9
+@dataclass
+class Pass:
+    """One timed read pass: its rate, wall time, and the CPU and major page faults of
+    the watched processes (the silofs mount and daemon) during it."""
+
+    rate: float
+    secs: float
+    cost: dict[str, ProcTimes]
+
+    def cost_text(self) -> str:
+        return "; ".join(
+            f"{who} {c.cpu_s:.2f} CPU-s ({100 * c.cpu_s / self.secs:.0f}% of a core), "
+            f"{c.major_faults} major faults"
+            for who, c in self.cost.items()
+        )
 
 
-def small_pass(paths: list[str], readers: int) -> float:
-    """Files/s reading `paths` once with `readers` threads, after dropping the page cache."""
+def timed_read(paths: list[str], readers: int, watch: dict[str, int] | None) -> Pass:
+    """Drop the page cache, then read `paths` once; rate = bytes/s."""
     drop_caches()
-    secs, _ = read_files(paths, readers)
-    return len(paths) / secs
+    watch = watch or {}
+    t0 = {who: ProcTimes.of(pid) for who, pid in watch.items()}
+    secs, n = read_files(paths, readers)
+    cost = {who: ProcTimes.of(pid).minus(t0[who]) for who, pid in watch.items()}
+    return Pass(n / secs, secs, cost)
+
+
+def big_pass(root: Path | str, watch: dict[str, int] | None = None) -> Pass:
+    """The big file once, after dropping the page cache; rate in GB/s (10**9)."""
+    p = timed_read([os.path.join(root, "big.bin")], 1, watch)
+    p.rate /= 1e9
+    return p
+
+
+def small_pass(paths: list[str], readers: int, watch: dict[str, int] | None = None) -> Pass:
+    """`paths` once with `readers` threads, after dropping the page cache; files/s."""
+    p = timed_read(paths, readers, watch)
+    p.rate = len(paths) / p.secs
+    return p
 
 
 def verify(local: Path, mp: str, files: int) -> list[str]:
@@ -103,48 +132,6 @@ def verify(local: Path, mp: str, files: int) -> list[str]:
                 if not x:
                     break
     return bad
-
-
-class Profiler:
-    """py-spy record of one process while a block runs (raw collapsed stacks)."""
-
-    def __init__(self, pid: int, out: str) -> None:
-        self.pid, self.out = pid, out
-        self.proc: subprocess.Popen | None = None
-
-    def __enter__(self) -> Profiler:
-        exe = shutil.which("py-spy")
-        if exe is None:
-            sys.exit("--profile needs py-spy: pip install py-spy")
-        self.proc = subprocess.Popen(
-            [
-                exe,
-                "record",
-                "-p",
-                str(self.pid),
-                "-r",
-                "250",
-                "--format",
-                "raw",
-                "-o",
-                self.out,
-                "--nonblocking",
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        time.sleep(1.0)  # py-spy attaches
-        return self
-
-    def __exit__(self, *_exc: object) -> None:
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGINT)
-        try:
-            self.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        print(f"  profile: {self.out}")
 
 
 # -- the run -----------------------------------------------------------------------------
@@ -170,8 +157,9 @@ def main() -> int:
         "--profile",
         metavar="PREFIX",
         default=None,
-        help="after the measured passes, py-spy record the mount process "
-        "during one more warm pass of each kind into PREFIX-*.txt",
+        help="py-spy record the daemon and the mount during the cold pass (its figures are "
+        "then not comparable) and the mount during one extra warm pass of each kind, into "
+        "PREFIX-*.txt, and print the top functions",
     )
     args = ap.parse_args()
     readers = [int(r) for r in args.readers.split(",")]
@@ -190,6 +178,8 @@ def main() -> int:
             dataset_dir(base, args.size_mb, args.files).with_name(
                 f"d-{args.size_mb}M-{args.files}x110K.complete"
             ).unlink(missing_ok=True)
+            with contextlib.suppress(OSError):
+                base.rmdir()  # only if nothing else is in it
 
 
 COUNTERS = ("bytes_read", "hits", "misses", "hit_bytes", "remote_bytes", "remote_gets")
@@ -223,6 +213,9 @@ class Mount:
         self.node.unmount(self.mp)
         self.pid = 0
 
+    def chunk_size(self) -> int:
+        return int(self.node.mount_status(self.mp)["chunk_size"])
+
     def fresh(self) -> None:
         self.close()
         self.open()
@@ -235,6 +228,45 @@ class Mount:
             for k in COUNTERS:
                 out[k] += st[k]
         return out
+
+
+def dataset_status(node: Node, uri: str) -> dict:
+    for ds in node.status()["datasets"]:
+        if ds["uri"].rstrip("/") == uri.rstrip("/"):
+            return ds
+    raise RuntimeError(f"no dataset {uri} in the daemon's status")
+
+
+def stable_cached_chunks(node: Node, uri: str) -> int:
+    """The dataset's cached chunk count once the writer has stopped admitting."""
+    last = -1
+    while True:
+        n = dataset_status(node, uri)["cached_chunks"]
+        if n == last:
+            return n
+        last = n
+        time.sleep(0.5)
+
+
+def fill_cache(node: Node, m: Mount, data: Path, files: int, attempts: int = 3) -> None:
+    """Re-read until every chunk is admitted. The daemon's writer drops chunks when its
+    admission queue is full (counted as dropped_chunks): a fast cold pass can leave a
+    few chunks out, and the warm passes would then measure misses."""
+    cs = m.chunk_size()
+    want = -(-(os.path.getsize(data / "big.bin")) // cs) + files
+    everything = [str(Path(m.mp) / "big.bin")] + small_paths(m.mp, files)
+    for attempt in range(attempts + 1):
+        have = stable_cached_chunks(node, m.uri)
+        w = node.status()["node"]["writer"]
+        print(
+            f"cache: {have}/{want} chunks admitted; writer: admitted {w['admitted_chunks']}, "
+            f"dropped (queue full) {w['dropped_chunks']}, rejected {w['rejected_chunks']}"
+        )
+        if have >= want or attempt == attempts:
+            return
+        m.fresh()  # an empty mount-side buffer: every missing chunk goes to the daemon
+        _, n = read_files(everything, 4)
+        m.expected += n
 
 
 def run(args: argparse.Namespace, data: Path, readers: list[int], tmp: Path) -> int:
@@ -258,24 +290,43 @@ def run(args: argparse.Namespace, data: Path, readers: list[int], tmp: Path) -> 
         m.open()
         print(f"mount: {time.perf_counter() - t0:.2f}s (listing {args.files + 1} objects)")
 
+        profiles: list[str] = []
+
+        @contextlib.contextmanager
+        def profiling(kind: str, daemon: bool = True) -> Iterator[None]:
+            """py-spy on the mount process (and the daemon) during one silofs pass."""
+            if not args.profile:
+                yield
+                return
+            with contextlib.ExitStack() as stack:
+                targets = [("mount", m.pid)] + ([("daemon", node.daemon_pid)] if daemon else [])
+                for who, pid in targets:
+                    out = f"{args.profile}-{kind}-{who}.txt"
+                    stack.enter_context(Profiler(pid, out))
+                    profiles.append(out)
+                yield
+
         # Cold pass: everything is a miss served by the daemon from the local dir
         # (itself cold). Small files are split into one group per reader count.
         print("\n== pass 1: cold cache (remote = the local dir, page cache dropped) ==")
-        cold_big = big_pass(mp)
-        local_cold_big = big_pass(data)
+        watch = {"mount": m.pid, "daemon": node.daemon_pid}
+        with profiling("cold-big"):
+            cold_big = big_pass(mp, watch)
+        local_cold_big = big_pass(data).rate
         print(
-            f"big file   silofs {cold_big:6.2f} GB/s   local {local_cold_big:6.2f} GB/s   "
-            f"ratio {ratio(cold_big, local_cold_big):.2f}x"
+            f"big file   silofs {cold_big.rate:6.2f} GB/s   local {local_cold_big:6.2f} GB/s   "
+            f"ratio {ratio(cold_big.rate, local_cold_big):.2f}x\n    {cold_big.cost_text()}"
         )
         group = args.files // len(readers)
         for i, r in enumerate(readers):
             part = slice(i * group, (i + 1) * group)
-            cold = small_pass(fuse_small[part], r)
+            with profiling(f"cold-small-x{r}"):
+                cold = small_pass(fuse_small[part], r, watch)
             # Local reads of the same files after drop_caches: what silofs read cold.
-            local = small_pass(local_small[part], r)
+            local = small_pass(local_small[part], r).rate
             print(
-                f"small x{r:<2}  silofs {cold:6.0f} files/s local {local:6.0f} files/s "
-                f"ratio {ratio(cold, local):.2f}x   ({group} files)"
+                f"small x{r:<2}  silofs {cold.rate:6.0f} files/s local {local:6.0f} files/s "
+                f"ratio {ratio(cold.rate, local):.2f}x   ({group} files)\n    {cold.cost_text()}"
             )
         m.expected = big_bytes + group * len(readers) * SMALL_BYTES
         st = m.snapshot()
@@ -284,7 +335,8 @@ def run(args: argparse.Namespace, data: Path, readers: list[int], tmp: Path) -> 
             f"hit ratio {ratio(st['hit_bytes'], st['bytes_read']):.3f} "
             f"remote_gets {st['remote_gets']} remote_bytes {st['remote_bytes']}"
         )
-        before = st
+        fill_cache(node, m, data, args.files)
+        before = m.snapshot()
 
         # Warm passes, interleaved with local disk so machine noise hits both alike.
         how = "a fresh mount process per pass" if not args.no_remount else "one mount process"
@@ -295,25 +347,28 @@ def run(args: argparse.Namespace, data: Path, readers: list[int], tmp: Path) -> 
         big_s, big_l = Samples([]), Samples([])
         small_s = {r: Samples([]) for r in readers}
         small_l = {r: Samples([]) for r in readers}
-        costs: dict[str, list[ProcTimes]] = {}
+        costs: dict[str, list[Pass]] = {}
 
-        def timed(kind: str, nbytes: int, fn: Callable[[], float]) -> float:
+        def timed(kind: str, nbytes: int, fn: Callable[[dict[str, int]], Pass]) -> float:
             if not args.no_remount:
                 m.fresh()
-            t0 = ProcTimes.of(m.pid)
-            value = fn()
-            costs.setdefault(kind, []).append(ProcTimes.of(m.pid).minus(t0))
+            p = fn({"mount": m.pid})
+            costs.setdefault(kind, []).append(p)
             m.expected += nbytes
-            return value
+            return p.rate
 
         for _ in range(args.repeat):
-            big_s.values.append(timed("big", big_bytes, lambda: big_pass(mp)))
-            big_l.values.append(big_pass(data))
+            big_s.values.append(timed("big", big_bytes, lambda w: big_pass(mp, w)))
+            big_l.values.append(big_pass(data).rate)
             for r in readers:
                 small_s[r].values.append(
-                    timed(f"x{r}", args.files * SMALL_BYTES, lambda r=r: small_pass(fuse_small, r))
+                    timed(
+                        f"x{r}",
+                        args.files * SMALL_BYTES,
+                        lambda w, r=r: small_pass(fuse_small, r, w),
+                    )
                 )
-                small_l[r].values.append(small_pass(local_small, r))
+                small_l[r].values.append(small_pass(local_small, r).rate)
         after = m.snapshot()
         ok = True
         rb = ratio(big_s.median, big_l.median)
@@ -330,11 +385,13 @@ def run(args: argparse.Namespace, data: Path, readers: list[int], tmp: Path) -> 
                 f"local {small_l[r].text('{:.0f}')} files/s   ratio {rs:.2f}x "
                 f"(target >= {SMALL_TARGET}x) {'ok' if rs >= SMALL_TARGET else 'MISS'}"
             )
-        for kind, cs in costs.items():
+        for kind, ps in costs.items():
+            cpu = sum(p.cost["mount"].cpu_s for p in ps) / len(ps)
+            busy = sum(p.cost["mount"].cpu_s / p.secs for p in ps) / len(ps)
+            faults = ", ".join(str(p.cost["mount"].major_faults) for p in ps)
             print(
-                f"  mount process, {kind:>3} pass: {sum(c.cpu_s for c in cs) / len(cs):.2f} "
-                f"CPU-s, {sum(c.major_faults for c in cs) // len(cs)} major page faults "
-                f"(per pass: {', '.join(str(c.major_faults) for c in cs)})"
+                f"  mount process, {kind:>3} pass: {cpu:.2f} CPU-s ({100 * busy:.0f}% of a "
+                f"core), major page faults per pass: {faults}"
             )
         d = {k: after[k] - before[k] for k in COUNTERS}
         print(
@@ -344,15 +401,19 @@ def run(args: argparse.Namespace, data: Path, readers: list[int], tmp: Path) -> 
         )
 
         if args.profile:
-            print("\n== profile of the mount process, extra warm passes ==")
+            print("\n== profiles (py-spy, --nonblocking; figures under py-spy) ==")
             m.fresh()
-            with Profiler(m.pid, f"{args.profile}-big.txt"):
-                print(f"  big     {big_pass(mp):.2f} GB/s (under py-spy)")
+            with profiling("warm-big", daemon=False):
+                print(f"  big     {big_pass(mp).rate:.2f} GB/s (under py-spy)")
             for r in readers:
                 m.fresh()
-                with Profiler(m.pid, f"{args.profile}-small-x{r}.txt"):
-                    print(f"  small x{r} {small_pass(fuse_small, r):.0f} files/s (under py-spy)")
+                with profiling(f"warm-small-x{r}", daemon=False):
+                    print(
+                        f"  small x{r} {small_pass(fuse_small, r).rate:.0f} files/s (under py-spy)"
+                    )
             m.expected = 0
+            for out in profiles:
+                print(f"\n{out}:\n{profile_summary(out)}")
 
         if not args.no_verify:
             bad = verify(data, mp, args.files)
