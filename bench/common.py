@@ -59,6 +59,10 @@ def drop_caches() -> None:
 def check_root() -> None:
     if os.geteuid() != 0:
         sys.exit("this benchmark drops the page cache: run it as root")
+    check_fuse()
+
+
+def check_fuse() -> None:
     if not os.path.exists("/dev/fuse") or shutil.which("fusermount3") is None:
         sys.exit("FUSE is missing: /dev/fuse and fusermount3 (apt-get install fuse3)")
 
