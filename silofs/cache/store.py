@@ -303,6 +303,9 @@ class CacheStore:
         """
         freed = 0
         prefix = _ID.pack(dsid)
+        # Usage is never negative: a negative target (an allocation computed below zero)
+        # means "empty it", and must not loop forever once the dataset is empty.
+        target_bytes = max(0, target_bytes)
         while usage.get(dsid, Usage()).bytes > target_bytes:
             work = {k: Usage(v.bytes, v.chunks) for k, v in usage.items()}
             with self.env.begin(write=True) as txn:
