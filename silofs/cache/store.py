@@ -7,6 +7,8 @@ Owns every LMDB database of a cache dir and the invariants between them:
   datasets  dataset id                   -> JSON record (uri, objects, size, listed_at)
   names     canonical URI                -> dataset id
   objects   dataset id + object key      -> JSON [size, mtime, version, content_id]
+            (a key too long for LMDB is stored as its first bytes + a hash, and the
+            full key is appended to the JSON list)
   meta      name                         -> JSON (format version, allocations, ...)
 A chunk, its owners row and its usage are changed in one write txn, so accounting never
 drifts from content, even across kill -9. Only the daemon writes, from one thread at a
@@ -26,6 +28,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
 import lmdb
+import xxhash
 
 from ..backends.base import ObjectInfo
 from ..errors import SilofsError
@@ -97,6 +100,7 @@ class CacheStore:
         except lmdb.Error as exc:
             raise SilofsError(f"cannot open cache at {path}: {exc}") from None
         self.dbs = {name: self.env.open_db(name, create=not readonly) for name in _DBS}
+        self._max_key = self.env.max_key_size()  # 511 in stock LMDB; S3 keys reach 1024
         if not readonly:
             self._check_version()
 
@@ -172,6 +176,14 @@ class CacheStore:
         with self.env.begin() as txn:
             return {_ID.unpack(k)[0]: json.loads(v) for k, v in txn.cursor(db=self.db(b"datasets"))}
 
+    def _object_row(self, prefix: bytes, key: str) -> tuple[bytes, bool]:
+        """The objects-db key of `key`, and whether it is the hashed form of a long key."""
+        raw = key.encode()
+        if len(prefix) + len(raw) <= self._max_key:
+            return prefix + raw, False
+        keep = self._max_key - len(prefix) - 16
+        return prefix + raw[:keep] + xxhash.xxh3_128_digest(raw), True
+
     def replace_manifest(self, dsid: int, objects: Iterable[ObjectInfo], record: dict) -> None:
         """Swap a dataset's manifest in one txn, so readers see the old or the new one."""
         prefix = _ID.pack(dsid)
@@ -183,8 +195,11 @@ class CacheStore:
                     if not cur.delete():
                         break
             for o in objects:
-                value = json.dumps([o.size, o.mtime, o.version, o.content_id]).encode()
-                txn.put(prefix + o.key.encode(), value, db=odb)
+                row, long = self._object_row(prefix, o.key)
+                fields = [o.size, o.mtime, o.version, o.content_id]
+                if long:
+                    fields.append(o.key)
+                txn.put(row, json.dumps(fields).encode(), db=odb)
             txn.put(prefix, json.dumps(record).encode(), db=self.db(b"datasets"))
 
     def iter_manifest(self, dsid: int) -> Iterator[ObjectInfo]:
@@ -197,15 +212,19 @@ class CacheStore:
             for k, v in cur:
                 if not k.startswith(prefix):
                     break
-                size, mtime, version, cid = json.loads(v)
-                yield ObjectInfo(k[n:].decode(), size, mtime, version, cid)
+                size, mtime, version, cid, *long_key = json.loads(v)
+                key = long_key[0] if long_key else k[n:].decode()
+                yield ObjectInfo(key, size, mtime, version, cid)
 
     def get_object(self, dsid: int, key: str) -> ObjectInfo | None:
+        row, _ = self._object_row(_ID.pack(dsid), key)
         with self.env.begin() as txn:
-            raw = txn.get(_ID.pack(dsid) + key.encode(), db=self.db(b"objects"))
+            raw = txn.get(row, db=self.db(b"objects"))
         if raw is None:
             return None
-        size, mtime, version, cid = json.loads(raw)
+        size, mtime, version, cid, *long_key = json.loads(raw)
+        if long_key and long_key[0] != key:
+            return None  # another long key with the same first bytes and hash
         return ObjectInfo(key, size, mtime, version, cid)
 
     # -- accounting ----------------------------------------------------------------
