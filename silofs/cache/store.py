@@ -42,6 +42,11 @@ _USAGE = struct.Struct("<QQ")
 _LEN = struct.Struct("<I")
 _DBS = (b"chunks", b"owners", b"usage", b"datasets", b"names", b"objects", b"meta")
 _EVICT_BATCH = 512
+# LMDB needs free pages even to delete (copy-on-write). Admission therefore leaves this
+# much of the map free, so eviction can always run: a full cache must stay shrinkable.
+_HEADROOM_DB = b"headroom"  # filled and emptied inside one txn; never holds committed rows
+_HEADROOM_MIN_PAGES = 32
+_HEADROOM_MAX_PAGES = 256
 
 
 @dataclass
@@ -101,7 +106,14 @@ class CacheStore:
             raise SilofsError(f"cannot open cache at {path}: {exc}") from None
         self.dbs = {name: self.env.open_db(name, create=not readonly) for name in _DBS}
         self._max_key = self.env.max_key_size()  # 511 in stock LMDB; S3 keys reach 1024
+        psize = self.env.stat()["psize"]
+        self._headroom_pages = max(
+            _HEADROOM_MIN_PAGES, min(map_size // psize // 256, _HEADROOM_MAX_PAGES)
+        )
+        # Two values fill a leaf page; values this size never need contiguous pages.
+        self._headroom_value = bytes(psize // 2 - 128)
         if not readonly:
+            self._headroom_db = self.env.open_db(_HEADROOM_DB)
             self._check_version()
 
     # -- small helpers -------------------------------------------------------------
@@ -128,6 +140,20 @@ class CacheStore:
     def read_txn(self) -> lmdb.Transaction:
         # buffers=True: get() returns memoryviews into the map, valid while the txn is.
         return self.env.begin(buffers=True)
+
+    def _check_headroom(self, txn: lmdb.Transaction) -> None:
+        """Raise MapFullError unless the map keeps a few free pages after this txn.
+
+        Allocating the pages (and freeing them again in the same txn) asks LMDB itself,
+        which knows about free-list pages still pinned by readers. Leaf-sized values, not
+        one large value: overflow pages must be contiguous, and asking for a contiguous
+        run every txn would grow the file past a fragmented free list.
+        """
+        db = self._headroom_db
+        value = self._headroom_value
+        for i in range(2 * self._headroom_pages):
+            txn.put(i.to_bytes(4, "big"), value, append=True, db=db)
+        txn.drop(db, delete=False)
 
     # -- meta ----------------------------------------------------------------------
     def get_meta(self, name: str) -> object | None:
@@ -280,6 +306,8 @@ class CacheStore:
             with self.env.begin(write=True) as txn:
                 for item in items:
                     self._admit_one(txn, item, work, quota, res)
+                if res.admitted:
+                    self._check_headroom(txn)
         except lmdb.MapFullError:
             log.warning("cache map is full; admission pauses until space is freed")
             return AdmitResult(rejected=len(items), full=True)
@@ -325,18 +353,30 @@ class CacheStore:
         # Usage is never negative: a negative target (an allocation computed below zero)
         # means "empty it", and must not loop forever once the dataset is empty.
         target_bytes = max(0, target_bytes)
+        batch = _EVICT_BATCH
         while usage.get(dsid, Usage()).bytes > target_bytes:
             work = {k: Usage(v.bytes, v.chunks) for k, v in usage.items()}
-            with self.env.begin(write=True) as txn:
-                for _ in range(_EVICT_BATCH):
-                    if work.get(dsid, Usage()).bytes <= target_bytes:
-                        break
-                    key = self._random_owned_key(txn, prefix)
-                    if key is None:
-                        work[dsid] = Usage()  # accounting said more than there is
-                        self._put_usage(txn, dsid, work[dsid])
-                        break
-                    freed += self._remove_owned(txn, dsid, key, work)
+            batch_freed = 0
+            try:
+                with self.env.begin(write=True) as txn:
+                    for _ in range(batch):
+                        if work.get(dsid, Usage()).bytes <= target_bytes:
+                            break
+                        key = self._random_owned_key(txn, prefix)
+                        if key is None:
+                            work[dsid] = Usage()  # accounting said more than there is
+                            self._put_usage(txn, dsid, work[dsid])
+                            break
+                        batch_freed += self._remove_owned(txn, dsid, key, work)
+            except lmdb.MapFullError:
+                # Deleting needs free pages too; smaller txns need fewer (the headroom
+                # admission leaves always fits one).
+                if batch == 1:
+                    raise
+                batch //= 2
+                log.warning("cache map is full; evicting in batches of %d", batch)
+                continue
+            freed += batch_freed
             usage.clear()
             usage.update(work)
             if usage.get(dsid, Usage()).chunks <= 0 and usage[dsid].bytes > target_bytes:
