@@ -410,20 +410,29 @@ def busy_processes(min_cpu: float = 20.0, interval: float = 1.0) -> list[str]:
 
 @dataclass
 class ProcTimes:
-    """CPU seconds and major page faults of one process (and its threads) so far."""
+    """CPU seconds (user, system) and major page faults of a process (all its threads)."""
 
-    cpu_s: float
+    user_s: float
+    sys_s: float
     major_faults: int
+
+    @property
+    def cpu_s(self) -> float:
+        return self.user_s + self.sys_s
 
     @classmethod
     def of(cls, pid: int) -> ProcTimes:
         with open(f"/proc/{pid}/stat") as f:
             fields = f.read().rsplit(")", 1)[1].split()
         hz = os.sysconf("SC_CLK_TCK")
-        return cls((int(fields[11]) + int(fields[12])) / hz, int(fields[9]))
+        return cls(int(fields[11]) / hz, int(fields[12]) / hz, int(fields[9]))
 
     def minus(self, other: ProcTimes) -> ProcTimes:
-        return ProcTimes(self.cpu_s - other.cpu_s, self.major_faults - other.major_faults)
+        return ProcTimes(
+            self.user_s - other.user_s,
+            self.sys_s - other.sys_s,
+            self.major_faults - other.major_faults,
+        )
 
 
 def ratio(a: float, b: float) -> float:

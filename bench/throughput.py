@@ -88,7 +88,8 @@ class Pass:
 
     def cost_text(self) -> str:
         return "; ".join(
-            f"{who} {c.cpu_s:.2f} CPU-s ({100 * c.cpu_s / self.secs:.0f}% of a core), "
+            f"{who} {c.cpu_s:.2f} CPU-s ({100 * c.cpu_s / self.secs:.0f}% of a core, "
+            f"{100 * c.sys_s / max(c.cpu_s, 1e-9):.0f}% in the kernel), "
             f"{c.major_faults} major faults"
             for who, c in self.cost.items()
         )
@@ -387,11 +388,13 @@ def run(args: argparse.Namespace, data: Path, readers: list[int], tmp: Path) -> 
             )
         for kind, ps in costs.items():
             cpu = sum(p.cost["mount"].cpu_s for p in ps) / len(ps)
+            kernel = sum(p.cost["mount"].sys_s for p in ps) / len(ps)
             busy = sum(p.cost["mount"].cpu_s / p.secs for p in ps) / len(ps)
             faults = ", ".join(str(p.cost["mount"].major_faults) for p in ps)
             print(
                 f"  mount process, {kind:>3} pass: {cpu:.2f} CPU-s ({100 * busy:.0f}% of a "
-                f"core), major page faults per pass: {faults}"
+                f"core, {100 * kernel / max(cpu, 1e-9):.0f}% in the kernel), major page faults "
+                f"per pass: {faults}"
             )
         d = {k: after[k] - before[k] for k in COUNTERS}
         print(
