@@ -322,11 +322,17 @@ class Profiler:
         print(f"  profile: {self.out}")
 
 
+# Leaf frames of a thread that waits for work: the trio loop in epoll, an idle trio
+# worker thread. py-spy --nonblocking cannot tell idle threads apart, so we do.
+IDLE_LEAVES = ("EpollIOManager.get_events", "WorkerThread._work", "epoll_wait")
+
+
 def profile_summary(path: str, top: int = 12) -> str:
-    """The functions with the most samples in a raw py-spy profile: self and inclusive."""
+    """The functions with the most busy samples in a raw py-spy profile, self and
+    inclusive, as shares of the busy (not idle) samples."""
     own: dict[str, int] = {}
     incl: dict[str, int] = {}
-    total = 0
+    total = idle = 0
     try:
         lines = Path(path).read_text().splitlines()
     except FileNotFoundError:
@@ -338,18 +344,21 @@ def profile_summary(path: str, top: int = 12) -> str:
         n = int(count)
         total += n
         frames = [f.strip() for f in stack.split(";") if f.strip()]
-        if frames:
-            own[frames[-1]] = own.get(frames[-1], 0) + n
+        if not frames or frames[-1].startswith(IDLE_LEAVES):
+            idle += n
+            continue
+        own[frames[-1]] = own.get(frames[-1], 0) + n
         for f in set(frames):
             incl[f] = incl.get(f, 0) + n
-    if not total:
-        return "  (no samples)"
-    out = [f"  {total} samples; self time:"]
+    busy = total - idle
+    if not busy:
+        return f"  {total} samples, all idle"
+    out = [f"  {total} samples, {busy} busy ({100 * busy / total:.0f}%); self time of busy:"]
     for f, n in sorted(own.items(), key=lambda kv: -kv[1])[:top]:
-        out.append(f"    {100 * n / total:5.1f}%  {f}")
+        out.append(f"    {100 * n / busy:5.1f}%  {f}")
     out.append("  inclusive:")
     for f, n in sorted(incl.items(), key=lambda kv: -kv[1])[:top]:
-        out.append(f"    {100 * n / total:5.1f}%  {f}")
+        out.append(f"    {100 * n / busy:5.1f}%  {f}")
     return "\n".join(out)
 
 

@@ -405,6 +405,8 @@ def main() -> int:
                 node.unmount(mp)
             fig = report(run, chunk)
             ok &= not run.bad and not run.errors
+            if run.step is not None and run.step[2] == "ok":
+                label += f" -> {fmt_rate(run.step[1])}"
             summary.append((label, rate, fig))
     except BaseException:
         show_logs(tmp)
@@ -418,12 +420,12 @@ def main() -> int:
         f"{args.chunk_size}) =="
     )
     print(
-        f"  {'allocation':>12} {'achieved MB/s':>14} {'ratio':>6} {'per-second ratio min-max':>26}"
+        f"  {'allocation':>24} {'achieved MB/s':>14} {'ratio':>6} {'per-second ratio min-max':>26}"
     )
     for label, rate, fig in summary:
         rr = f"{fig['ratio']:.3f}" if rate else "-"
         mm = f"{fig['min']:.2f}-{fig['max']:.2f}" if rate else "-"
-        print(f"  {label:>12} {fig['overall'] / 1e6:14.2f} {rr:>6} {mm:>26}")
+        print(f"  {label:>24} {fig['overall'] / 1e6:14.2f} {rr:>6} {mm:>26}")
     unlimited = [fig["overall"] for _, rate, fig in summary if rate is None]
     if unlimited:
         for label, rate, _fig in summary:
