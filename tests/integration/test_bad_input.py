@@ -169,3 +169,52 @@ def test_mount_starts_a_default_daemon(make_node, local_store, bucket_name, tmp_
     )
     assert (mp / "d/a.txt").read_bytes() == b"hello"
     assert node.status()["node"]["cache_size"] == 32 << 20
+
+
+def test_azure_missing_container_and_expired_sas(
+    make_node, azurite_server, monkeypatch, bucket_name, tmp_path: Path
+) -> None:
+    import datetime as dt
+
+    from azure.storage.blob import ContainerSasPermissions, generate_container_sas
+
+    from tests.servers import AZURITE_ACCOUNT, AZURITE_KEY
+
+    azurite_server.apply_env(monkeypatch)
+    azurite_server.create(bucket_name, {"k": b"v"})
+    node = make_node(env={"AZURE_STORAGE_CONNECTION_STRING": azurite_server.connection_string})
+    res = try_mount(node, f"az://{AZURITE_ACCOUNT}", tmp_path / "m0")
+    assert_one_line_error(res, "container")
+    res = try_mount(node, f"az://{AZURITE_ACCOUNT}/{bucket_name}-missing/", tmp_path / "m1")
+    assert_one_line_error(res, f"{bucket_name}-missing")
+
+    expired = generate_container_sas(
+        AZURITE_ACCOUNT,
+        bucket_name,
+        account_key=AZURITE_KEY,
+        permission=ContainerSasPermissions(read=True, list=True),
+        expiry=dt.datetime.now(dt.timezone.utc) - dt.timedelta(hours=1),
+    )
+    bad = make_node(env={"AZURE_STORAGE_SAS_TOKEN": expired}, name="sas")
+    res = try_mount(
+        bad,
+        f"az://{AZURITE_ACCOUNT}/{bucket_name}/",
+        tmp_path / "m2",
+        "--endpoint-url",
+        azurite_server.endpoint_url,
+    )
+    assert_one_line_error(res, "denied", "SAS")
+
+
+def test_gcs_key_file_that_is_not_json(
+    make_node, gcs_server, monkeypatch, bucket_name, tmp_path: Path
+) -> None:
+    gcs_server.apply_env(monkeypatch)
+    gcs_server.create(bucket_name, {"k": b"v"})
+    key_file = tmp_path / "key.json"
+    key_file.write_text("this is not json")
+    node = make_node(env={"GOOGLE_APPLICATION_CREDENTIALS": str(key_file)})
+    res = try_mount(
+        node, f"gs://{bucket_name}/", tmp_path / "m", "--endpoint-url", gcs_server.endpoint_url
+    )
+    assert_one_line_error(res, str(key_file))

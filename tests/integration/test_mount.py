@@ -39,16 +39,30 @@ def read_all(mp: Path, tree: dict[str, bytes]) -> dict[str, str]:
     return {k: sha((mp / k).read_bytes()) for k in tree}
 
 
-@pytest.fixture(params=["local", "s3"])
+def store_env(kind: str, s) -> tuple[dict[str, str], list[str]]:
+    """Environment for the daemon and mount flags that reach store `s` the usual way."""
+    if kind == "s3":
+        return {}, ["--endpoint-url", s.endpoint_url]
+    if kind == "azure":
+        return {"AZURE_STORAGE_CONNECTION_STRING": s.connection_string}, []
+    if kind == "gcs":
+        return {"STORAGE_EMULATOR_HOST": s.endpoint_url}, []
+    return {}, []
+
+
+_SERVER = {"s3": "s3_server", "azure": "azurite_server", "gcs": "gcs_server"}
+
+
+@pytest.fixture(params=["local", "s3", "azure", "gcs"])
 def store(request: pytest.FixtureRequest, local_store, monkeypatch, bucket_name):
-    """(store helper, uri, extra mount args, env) for a bucket holding sample_tree()."""
-    if request.param == "local":
-        s = local_store
-        args: list[str] = []
-    else:
-        s = request.getfixturevalue("s3_server")
-        args = ["--endpoint-url", s.endpoint_url]
+    """(store helper, uri, extra mount args) for a bucket holding sample_tree(); the
+    credentials are in the environment the daemon will inherit."""
+    kind = request.param
+    s = local_store if kind == "local" else request.getfixturevalue(_SERVER[kind])
     s.apply_env(monkeypatch)
+    env, args = store_env(kind, s)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
     s.create(bucket_name, sample_tree())
     return s, s.uri(bucket_name), args
 
