@@ -193,7 +193,7 @@ def test_azure_missing_container_and_expired_sas(
         bucket_name,
         account_key=AZURITE_KEY,
         permission=ContainerSasPermissions(read=True, list=True),
-        expiry=dt.datetime.now(dt.timezone.utc) - dt.timedelta(hours=1),
+        expiry=dt.datetime.now(dt.UTC) - dt.timedelta(hours=1),
     )
     bad = make_node(env={"AZURE_STORAGE_SAS_TOKEN": expired}, name="sas")
     res = try_mount(
