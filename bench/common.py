@@ -87,6 +87,7 @@ class Node:
         cache_size: int,
         env: dict[str, str] | None = None,
         chunk_size: str | None = None,
+        extra_path: list[str] | None = None,
     ) -> None:
         self.root = root
         self.socket = str(root / "ctl.sock")
@@ -100,7 +101,9 @@ class Node:
             **(env or {}),
             "SILOFS_LOG_DIR": str(self.logs),
             "SILOFS_SOCKET": self.socket,
-            "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+            "PYTHONPATH": os.pathsep.join(
+                [*(extra_path or []), str(ROOT), os.environ.get("PYTHONPATH", "")]
+            ),
         }
         self.proc: subprocess.Popen | None = None
         self.mountpoints: list[str] = []
@@ -323,7 +326,8 @@ class Profiler:
 
 
 # Leaf frames of a thread that waits for work: the trio loop in epoll, an idle trio
-# worker thread. py-spy --nonblocking cannot tell idle threads apart, so we do.
+# worker thread (also any stack in WorkerThread._work outside _handle_job). py-spy
+# --nonblocking cannot tell idle threads apart, so we do.
 IDLE_LEAVES = ("EpollIOManager.get_events", "WorkerThread._work", "epoll_wait")
 
 
@@ -344,7 +348,9 @@ def profile_summary(path: str, top: int = 12) -> str:
         n = int(count)
         total += n
         frames = [f.strip() for f in stack.split(";") if f.strip()]
-        if not frames or frames[-1].startswith(IDLE_LEAVES):
+        names = [f.split(" (", 1)[0] for f in frames]
+        waiting_worker = "WorkerThread._work" in names and "WorkerThread._handle_job" not in names
+        if not frames or frames[-1].startswith(IDLE_LEAVES) or waiting_worker:
             idle += n
             continue
         own[frames[-1]] = own.get(frames[-1], 0) + n

@@ -41,6 +41,24 @@ from common import (
 )
 
 SMALL_BYTES = 110 << 10
+
+# --lmdb-readahead: an experiment that changes no file of silofs. The silofs processes of
+# this run import it (sitecustomize on their PYTHONPATH); it makes every read-only LMDB
+# env, which only mount processes open, use readahead=True instead of MDB_NORDAHEAD.
+READAHEAD_HOOK = """\
+import lmdb
+
+_open = lmdb.open
+
+
+def _open_with_readahead(path, **kw):
+    if kw.get("readonly"):
+        kw["readahead"] = True
+    return _open(path, **kw)
+
+
+lmdb.open = _open_with_readahead
+"""
 BIG_TARGET = 0.8
 SMALL_TARGET = 0.5
 
@@ -152,6 +170,12 @@ def main() -> int:
         action="store_true",
         help="keep one mount process for all warm passes (its mapped LMDB pages then "
         "survive drop_caches: a RAM-warm figure, not an SSD-warm one)",
+    )
+    ap.add_argument(
+        "--lmdb-readahead",
+        action="store_true",
+        help="experiment: mount processes open the LMDB cache with readahead=True "
+        "(silofs opens it with readahead=False, i.e. MADV_RANDOM); changes no file",
     )
     ap.add_argument("--no-verify", action="store_true", help="skip the byte-for-byte check")
     ap.add_argument(
@@ -280,7 +304,19 @@ def run(args: argparse.Namespace, data: Path, readers: list[int], tmp: Path) -> 
     for line in busy_processes():
         print(f"  busy: {line}")
 
-    node = Node(tmp / "node", cache_size=total * 2 + (512 << 20), chunk_size=args.chunk_size)
+    extra_path = []
+    if args.lmdb_readahead:
+        hook = tmp / "hook"
+        hook.mkdir()
+        (hook / "sitecustomize.py").write_text(READAHEAD_HOOK)
+        extra_path.append(str(hook))
+        print("experiment: mount processes open the cache env with readahead=True")
+    node = Node(
+        tmp / "node",
+        cache_size=total * 2 + (512 << 20),
+        chunk_size=args.chunk_size,
+        extra_path=extra_path,
+    )
     with node:
         node.start()
         mount_args = ["--job", "bench"]
