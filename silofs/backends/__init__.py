@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from urllib.parse import unquote, urlsplit
 
 from ..errors import UsageError
@@ -30,6 +30,9 @@ class DatasetURI:
     bucket: str  # bucket / container; for file, the absolute directory
     prefix: str  # '' or ends with '/'
     account: str = ""  # Azure storage account
+    # Azure endpoint suffix from an https://ACCOUNT.blob.SUFFIX URL (sovereign clouds);
+    # empty: the public cloud unless the credentials or an override say otherwise.
+    blob_suffix: str = field(default="", compare=False)
 
     @property
     def canonical(self) -> str:
@@ -75,7 +78,8 @@ def parse_uri(uri: str) -> DatasetURI:
             "az", segs[0], _norm_prefix(segs[1] if len(segs) > 1 else ""), account=parts.netloc
         )
     if scheme == "https" and _AZURE_HOST.match(parts.netloc.lower()):
-        account = _AZURE_HOST.match(parts.netloc.lower()).group(1)
+        host = _AZURE_HOST.match(parts.netloc.lower())
+        account, suffix = host.group(1), "core." + host.group(2)
         segs = path.strip("/").split("/", 1)
         if not segs[0]:
             raise UsageError(
@@ -83,7 +87,11 @@ def parse_uri(uri: str) -> DatasetURI:
                 f"https://ACCOUNT.blob.core.windows.net/CONTAINER/PREFIX, not {uri!r}"
             )
         return DatasetURI(
-            "az", segs[0], _norm_prefix(segs[1] if len(segs) > 1 else ""), account=account
+            "az",
+            segs[0],
+            _norm_prefix(segs[1] if len(segs) > 1 else ""),
+            account=account,
+            blob_suffix=suffix,
         )
     raise UsageError(
         f"unknown URI scheme {parts.scheme!r} in {uri!r} "

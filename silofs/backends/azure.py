@@ -155,7 +155,7 @@ def resolve_auth(uri: DatasetURI, opts: BackendOptions) -> AzureAuth:
         or "{}://{}.blob.{}".format(
             conn.get("defaultendpointsprotocol", "https"),
             account,
-            conn.get("endpointsuffix", "core.windows.net"),
+            conn.get("endpointsuffix", uri.blob_suffix or "core.windows.net"),
         )
     )
     url = _normalise_endpoint(endpoint, account)

@@ -17,7 +17,9 @@ from .base import BackendOptions, ObjectInfo
 
 
 def _version(st: os.stat_result) -> str:
-    return f"{st.st_mtime_ns}-{st.st_size}"
+    # The inode catches a file replaced by rename with the same size and mtime (cp -p,
+    # rsync -t); ctime is left out because chmod would then look like a change.
+    return f"{st.st_ino}-{st.st_mtime_ns}-{st.st_size}"
 
 
 class LocalBackend:
@@ -56,7 +58,7 @@ class LocalBackend:
                 elif entry.is_file(follow_symlinks=False):
                     st = entry.stat(follow_symlinks=False)
                     v = _version(st)
-                    yield ObjectInfo(rel, st.st_size, st.st_mtime, v, f"local:{st.st_ino}-{v}")
+                    yield ObjectInfo(rel, st.st_size, st.st_mtime, v, f"local:{v}")
 
     def get_range(self, info: ObjectInfo, start: int, length: int) -> bytes:
         path = os.path.join(self.root, info.key)

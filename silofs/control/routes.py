@@ -168,6 +168,29 @@ async def _initial_settings(
             raise HTTPError(400, str(exc)) from None
 
 
+def _check_local_access(req: Request, uri: str) -> None:
+    """A root daemon reads local directories as root: a non-root peer may only open a
+    directory it owns or that everyone may read, so the mount is no back door."""
+    if req.peer.uid in (0, os.getuid()):
+        return
+    try:
+        parsed = parse_uri(uri)
+    except UsageError:
+        return  # open_dataset reports it
+    if parsed.scheme != "file":
+        return
+    try:
+        st = os.stat(parsed.bucket)
+    except OSError:
+        return  # the backend's check reports a missing directory
+    if st.st_uid != req.peer.uid and (st.st_mode & 0o005) != 0o005:
+        raise HTTPError(
+            403,
+            f"uid {req.peer.uid} may not read {parsed.bucket} through the "
+            "silofs daemon: it is neither yours nor world-readable",
+        )
+
+
 def _backend_status(exc: BackendError) -> int:
     if isinstance(exc, ObjectChangedError):
         return 409
@@ -300,6 +323,7 @@ def build_router(d: Daemon) -> Router:
         uri = _field(body, "uri", str)
         refresh = _field(body, "refresh", bool, required=False) or False
         endpoint_url = _field(body, "endpoint_url", str, required=False)
+        _check_local_access(req, uri)
         try:
             ds = await d.open_dataset(uri, refresh, endpoint_url)
         except UsageError as exc:

@@ -131,3 +131,16 @@ def test_open_backend_picks_the_store_without_io(
 def test_open_backend_rejects_an_unknown_scheme() -> None:
     with pytest.raises(UsageError, match="no backend"):
         open_backend(DatasetURI("ftp", "b", ""), BackendOptions())
+
+
+def test_sovereign_cloud_url_keeps_its_endpoint_suffix(monkeypatch) -> None:
+    from silofs.backends.azure import resolve_auth
+    from silofs.backends.base import BackendOptions
+
+    monkeypatch.delenv("AZURE_STORAGE_BLOB_ENDPOINT", raising=False)
+    monkeypatch.delenv("AZURE_STORAGE_CONNECTION_STRING", raising=False)
+    monkeypatch.setenv("AZURE_STORAGE_KEY", "a2V5")
+    uri = parse_uri("https://acct.blob.core.chinacloudapi.cn/data/train")
+    assert uri.canonical == "az://acct/data/train/"
+    auth = resolve_auth(uri, BackendOptions())
+    assert auth.account_url == "https://acct.blob.core.chinacloudapi.cn"
