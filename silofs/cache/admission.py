@@ -40,12 +40,26 @@ class QuotaPolicy:
         return max(0, shared - others)
 
     def excess(self, usage: Mapping[int, Usage]) -> dict[int, int]:
-        """Datasets over their quota, with the size each must shrink to."""
+        """Datasets over their quota, with the size each must shrink to.
+
+        A plan: once every entry is applied, every dataset fits its quota and no more
+        was evicted than that needs. Allocated datasets shrink to their allocation. The
+        unallocated ones share one pool; when it overflows, the datasets registered last
+        (highest ids) give back first: first come, first served.
+        """
         out: dict[int, int] = {}
         for dsid, u in usage.items():
-            q = self.quota(dsid, usage)
-            if u.bytes > q:
-                out[dsid] = q
+            if dsid in self.allocations and u.bytes > self.allocations[dsid]:
+                out[dsid] = self.allocations[dsid]
+        pool = {d: u.bytes for d, u in usage.items() if d not in self.allocations}
+        over = sum(pool.values()) - max(0, self.cache_size - sum(self.allocations.values()))
+        for dsid in sorted(pool, reverse=True):
+            if over <= 0:
+                break
+            cut = min(over, pool[dsid])
+            if cut > 0:
+                out[dsid] = pool[dsid] - cut
+                over -= cut
         return out
 
 
