@@ -133,9 +133,17 @@ class Writer:
         the usage taken under the lock, and the copy becomes the truth once committed."""
         async with self._lock:
             usage = {k: Usage(v.bytes, v.chunks) for k, v in self.usage.items()}
-            result = await trio.to_thread.run_sync(fn, *args, usage)
-            self.usage.clear()  # in place: other components hold this dict
-            self.usage.update(usage)
+            try:
+                result = await trio.to_thread.run_sync(fn, *args, usage)
+            except BaseException:
+                # fn may have committed some txns before it failed (eviction works in
+                # several); the copy may also hold changes of an aborted txn. The usage
+                # rows are the committed truth, and cheap to read.
+                usage = self.store.load_usage()
+                raise
+            finally:
+                self.usage.clear()  # in place: other components hold this dict
+                self.usage.update(usage)
             return result
 
     async def run(self) -> None:
