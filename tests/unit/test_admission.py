@@ -1,0 +1,416 @@
+"""Quota policy and the one LMDB writer (silofs/cache/admission.py), in-process with trio.
+
+Owns QuotaPolicy's arithmetic (allocated datasets get their allocation; the rest share
+what is left, first come first served; excess() is a shrink plan that evicts no more
+than needed) and the Writer's contract: offers are batched into one txn, a full queue
+drops and counts, shrink() evicts, call() serialises with everything else, and the
+in-memory usage always equals the committed usage rows. Time is trio's MockClock.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
+
+import pytest
+import trio
+import trio.testing
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from silofs.cache.admission import QuotaPolicy, Writer
+from silofs.cache.store import CacheStore, PendingChunk, Usage
+from tests.unit.test_store import check, chunk, owned
+
+MAP = 64 << 20
+
+
+def U(n: int) -> Usage:  # noqa: N802 - reads like a constructor in tables below
+    return Usage(n, max(1, n // 100) if n else 0)
+
+
+# -- QuotaPolicy -------------------------------------------------------------------------
+def test_allocated_datasets_get_their_allocation() -> None:
+    p = QuotaPolicy(1000, {1: 300, 2: 200})
+    usage = {1: U(300), 2: U(0), 3: U(450)}
+    assert p.quota(1, usage) == 300
+    assert p.quota(2, usage) == 200
+    assert p.quota(1, {}) == 300  # whatever the others hold
+
+
+def test_unallocated_datasets_share_the_rest_first_come_first_served() -> None:
+    p = QuotaPolicy(1000, {1: 300})
+    # 700 shared; dataset 3 got there first with 450, so 4 may fill the other 250.
+    usage = {1: U(300), 3: U(450)}
+    assert p.quota(3, usage) == 700
+    assert p.quota(4, usage) == 250
+    usage[4] = U(250)
+    assert p.quota(4, usage) == 250
+    assert p.quota(5, usage) == 0
+    # Allocated datasets' bytes do not count against the shared pool.
+    usage[1] = U(999)
+    assert p.quota(5, usage) == 0 and p.quota(4, usage) == 250
+
+
+def test_no_allocations_means_one_pool() -> None:
+    p = QuotaPolicy(1000)
+    assert p.quota(1, {}) == 1000
+    assert p.quota(1, {1: U(900)}) == 1000
+    assert p.quota(2, {1: U(900)}) == 100
+
+
+def test_over_allocated_cache_leaves_no_shared_pool() -> None:
+    p = QuotaPolicy(1000, {1: 600, 2: 600})
+    assert p.quota(3, {}) == 0
+    assert p.excess({3: U(10)}) == {3: 0}
+
+
+def test_excess_of_allocated_datasets() -> None:
+    p = QuotaPolicy(1000, {1: 300, 2: 200})
+    usage = {1: U(500), 2: U(200), 3: U(100)}
+    assert p.excess(usage) == {1: 300}
+    assert p.excess({1: U(300), 2: U(0)}) == {}
+
+
+def test_excess_of_the_shared_pool_evicts_only_what_is_needed() -> None:
+    # The pool shrank from 1000 to 700 (dataset 1 got an allocation). Datasets 2 and 3
+    # hold 500 + 400 = 900 of it: 200 must go, not 2 x 200 (each shrunk to 700 - other).
+    p = QuotaPolicy(1000, {1: 300})
+    usage = {1: U(0), 2: U(500), 3: U(400)}
+    plan = p.excess(usage)
+    after = {d: (plan[d] if d in plan else u.bytes) for d, u in usage.items()}
+    assert sum(after[d] for d in (2, 3)) == 700
+    # First come first served: the newer dataset (higher id) gives back first.
+    assert plan == {3: 200}
+
+
+def _apply(plan: dict[int, int], usage: dict[int, Usage]) -> dict[int, Usage]:
+    return {d: (U(plan[d]) if d in plan else u) for d, u in usage.items()}
+
+
+@settings(max_examples=300)
+@given(
+    cache=st.integers(0, 10_000),
+    allocs=st.dictionaries(st.integers(1, 6), st.integers(0, 4000), max_size=3),
+    held=st.dictionaries(st.integers(1, 6), st.integers(0, 6000), max_size=6),
+)
+def test_excess_plan_fits_and_is_minimal(
+    cache: int, allocs: dict[int, int], held: dict[int, int]
+) -> None:
+    p = QuotaPolicy(cache, allocs)
+    usage = {d: U(b) for d, b in held.items()}
+    plan = p.excess(usage)
+    for d, target in plan.items():
+        assert 0 <= target < usage[d].bytes, "a plan only shrinks"
+    after = _apply(plan, usage)
+    for d, u in after.items():
+        assert u.bytes <= p.quota(d, after), f"dataset {d} still over its quota"
+    # Minimal: exactly the bytes over each allocation, plus what overflows the pool.
+    shared = max(0, cache - sum(allocs.values()))
+    pool = sum(b for d, b in held.items() if d not in allocs)
+    needed = sum(max(0, b - allocs[d]) for d, b in held.items() if d in allocs)
+    needed += max(0, pool - shared)
+    assert sum(usage[d].bytes - t for d, t in plan.items()) == needed
+    assert p.excess(after) == {}
+
+
+# -- Writer --------------------------------------------------------------------------------
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[CacheStore]:
+    s = CacheStore(str(tmp_path / "cache"), MAP)
+    yield s
+    s.close()
+
+
+def make_writer(store: CacheStore, policy: QuotaPolicy | None = None, **kw: float) -> Writer:
+    args: dict[str, float] = {
+        "batch_bytes": 1 << 30,
+        "batch_seconds": 0.05,
+        "queue_bytes": 1 << 30,
+        "sync_seconds": math.inf,
+    }
+    args.update(kw)
+    pol = policy or QuotaPolicy(1 << 40)
+    return Writer(store, store.load_usage(), lambda: pol, **args)  # type: ignore[arg-type]
+
+
+def run(fn: Callable[[], Awaitable[None]]) -> None:
+    trio.run(fn, clock=trio.testing.MockClock(autojump_threshold=0))
+
+
+class AdmitSpy:
+    """Counts store.admit calls (one call = one write txn) and their sizes."""
+
+    def __init__(self, store: CacheStore, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.batches: list[int] = []
+        real = store.admit
+
+        def admit(items: list[PendingChunk], *a: object, **k: object) -> object:
+            self.batches.append(len(items))
+            return real(items, *a, **k)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(store, "admit", admit)
+
+
+def test_flush_admits_all_offers_in_one_txn(
+    store: CacheStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    spy = AdmitSpy(store, monkeypatch)
+
+    async def main() -> None:
+        w = make_writer(store)
+        for i in range(7):
+            assert w.offer(chunk(1, i))
+        await w.flush()
+        assert spy.batches == [7]
+        assert (w.stats.batches, w.stats.admitted_chunks, w.stats.admitted_bytes) == (1, 7, 700)
+        assert w.usage == {1: Usage(700, 7)}
+        await w.flush()  # nothing queued: no txn
+        assert spy.batches == [7]
+        check(store, w.usage)
+
+    run(main)
+
+
+def test_run_batches_offers_within_the_batch_window(
+    store: CacheStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    spy = AdmitSpy(store, monkeypatch)
+
+    async def main() -> None:
+        w = make_writer(store, batch_seconds=0.05)
+        flushed: list[float] = []
+        done = trio.Event()
+        real_flush = w.flush
+
+        async def flush() -> None:
+            await real_flush()
+            flushed.append(trio.current_time())
+            done.set()
+
+        w.flush = flush  # type: ignore[method-assign]
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(w.run)
+            await trio.testing.wait_all_tasks_blocked()
+            t0 = trio.current_time()
+            for i in range(5):
+                w.offer(chunk(1, i))
+                await trio.sleep(0.001)  # offers trickle in (virtual time)
+            await done.wait()
+            assert spy.batches == [5], "five offers, one txn"
+            assert flushed[0] - t0 >= 0.05 - 1e-9, "waited for the batch window"
+            assert flushed[0] - t0 < 0.05 + 0.01
+            nursery.cancel_scope.cancel()
+        check(store, w.usage)
+        assert w.usage[1] == Usage(500, 5)
+
+    run(main)
+
+
+def test_run_flushes_early_when_the_batch_is_big(
+    store: CacheStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    spy = AdmitSpy(store, monkeypatch)
+    size = len(chunk(1, 0).value)
+
+    async def main() -> None:
+        w = make_writer(store, batch_bytes=3 * size, batch_seconds=10)
+        done = trio.Event()
+        real_flush = w.flush
+
+        async def flush() -> None:
+            await real_flush()
+            done.set()
+
+        w.flush = flush  # type: ignore[method-assign]
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(w.run)
+            await trio.testing.wait_all_tasks_blocked()
+            t0 = trio.current_time()
+            for i in range(3):
+                w.offer(chunk(1, i))
+            await done.wait()
+            assert trio.current_time() - t0 < 1, "did not wait for the 10 s window"
+            assert spy.batches == [3]
+            nursery.cancel_scope.cancel()
+
+    run(main)
+
+
+def test_a_full_queue_drops_and_counts(store: CacheStore) -> None:
+    size = len(chunk(1, 0).value)
+
+    async def main() -> None:
+        w = make_writer(store, queue_bytes=3 * size)
+        accepted = [w.offer(chunk(1, i)) for i in range(5)]
+        assert accepted == [True, True, True, False, False]
+        assert w.stats.dropped_chunks == 2
+        await w.flush()
+        assert w.usage[1] == Usage(300, 3)
+        assert w.offer(chunk(1, 10)), "room again after a flush"
+        assert w.stats.dropped_chunks == 2
+
+    run(main)
+
+
+def test_writer_respects_the_quota(store: CacheStore) -> None:
+    async def main() -> None:
+        w = make_writer(store, QuotaPolicy(550))
+        for i in range(10):
+            w.offer(chunk(1, i))
+        await w.flush()
+        assert (w.stats.admitted_chunks, w.stats.rejected_chunks) == (5, 5)
+        assert w.usage[1] == Usage(500, 5)
+        check(store, w.usage)
+
+    run(main)
+
+
+def test_shrink_evicts_random_chunks(store: CacheStore) -> None:
+    async def main() -> None:
+        w = make_writer(store)
+        for i in range(100):
+            w.offer(chunk(1, i))
+        for i in range(20):
+            w.offer(chunk(2, i))
+        await w.flush()
+        others = owned(store, 2)
+        freed = await w.shrink(1, 2500)
+        assert freed == 7500 and w.stats.evicted_bytes == 7500
+        assert w.usage[1] == Usage(2500, 25)
+        assert owned(store, 2) == others
+        check(store, w.usage)
+        assert await w.shrink(1, 2500) == 0
+
+    run(main)
+
+
+def test_usage_dict_is_updated_in_place(store: CacheStore) -> None:
+    # Other components (status, excess) hold the same dict object.
+    async def main() -> None:
+        usage = store.load_usage()
+        pol = QuotaPolicy(1 << 30)
+        w = Writer(
+            store,
+            usage,
+            lambda: pol,
+            batch_bytes=1 << 20,
+            batch_seconds=0.05,
+            queue_bytes=1 << 20,
+            sync_seconds=math.inf,
+        )
+        w.offer(chunk(1, 0))
+        await w.flush()
+        assert usage is w.usage and usage == {1: Usage(100, 1)}
+        await w.shrink(1, 0)
+        assert usage.get(1, Usage()) == Usage()
+
+    run(main)
+
+
+def test_call_serialises_with_other_writes(store: CacheStore) -> None:
+    async def main() -> None:
+        w = make_writer(store)
+        release = threading.Event()
+        started = threading.Event()
+        order: list[str] = []
+
+        def slow() -> str:
+            order.append("slow start")
+            started.set()
+            assert release.wait(10)
+            order.append("slow end")
+            return "slow"
+
+        def quick() -> str:
+            order.append("quick")
+            return "quick"
+
+        results: dict[str, object] = {}
+
+        async def do(name: str, fn: Callable[[], object]) -> None:
+            results[name] = await w.call(fn)
+
+        async def flush() -> None:
+            await w.flush()
+            order.append("flush")
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(do, "slow", slow)
+            assert await trio.to_thread.run_sync(started.wait, 10)
+            nursery.start_soon(do, "quick", quick)
+            await trio.testing.wait_all_tasks_blocked()  # queued first: the lock is FIFO
+            w.offer(chunk(1, 0))
+            nursery.start_soon(flush)
+            await trio.testing.wait_all_tasks_blocked()
+            # Both wait for the lock while the slow write holds it.
+            assert w._lock.locked() and w._lock.statistics().tasks_waiting == 2
+            assert order == ["slow start"]
+            release.set()
+        assert order == ["slow start", "slow end", "quick", "flush"]
+        assert results == {"slow": "slow", "quick": "quick"}
+        check(store, w.usage)
+
+    run(main)
+
+
+def test_a_failed_write_leaves_usage_equal_to_the_committed_rows(
+    store: CacheStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # An eviction that commits some txns and then fails (disk error, full map) must not
+    # leave the writer's usage at the pre-eviction numbers: admission would then think
+    # the dataset holds more than it does, until a restart.
+    async def main() -> None:
+        w = make_writer(store)
+        for i in range(50):
+            w.offer(chunk(1, i))
+        await w.flush()
+        real = store.evict_random
+
+        def evict_then_fail(dsid: int, target: int, usage: dict[int, Usage]) -> int:
+            real(dsid, 3000, usage)  # committed
+            raise OSError("disk error after the first txn")
+
+        monkeypatch.setattr(store, "evict_random", evict_then_fail)
+        with pytest.raises(OSError):
+            await w.shrink(1, 0)
+        assert w.usage == store.load_usage() == {1: Usage(3000, 30)}
+        check(store, w.usage)
+
+    run(main)
+
+
+def test_sync_loop_syncs_periodically(store: CacheStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = trio.testing.MockClock()  # moved by hand: the sync runs in a thread
+    syncs: list[float] = []
+    monkeypatch.setattr(store, "sync", lambda: None)
+
+    async def main() -> None:
+        w = make_writer(store, sync_seconds=5.0)
+        synced = trio.Event()
+        real_call = w.call
+
+        async def call(fn: Callable[..., object], *args: object) -> object:
+            result = await real_call(fn, *args)
+            if fn == store.sync:
+                syncs.append(trio.current_time())
+                synced.set()  # the loop's next step is its sleep: no checkpoint between
+            return result
+
+        w.call = call  # type: ignore[method-assign]
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(w.run)
+            for _ in range(3):
+                await trio.testing.wait_all_tasks_blocked()
+                clock.jump(4.9)
+                await trio.testing.wait_all_tasks_blocked()
+                assert not synced.is_set(), "synced early"
+                clock.jump(0.1)
+                await synced.wait()
+                synced = trio.Event()
+            nursery.cancel_scope.cancel()
+        assert syncs == pytest.approx([5.0, 10.0, 15.0])
+
+    trio.run(main, clock=clock)
