@@ -60,11 +60,14 @@ class TokenBucket:
                 self._refill()
                 if self._rate is None:
                     break
-                if self._rate > 0 and self._tokens >= 0:
+                # A debt worth less than a nanosecond is paid: waking at the computed
+                # deadline leaves float dust of either sign, which must not cost
+                # another wait.
+                if self._rate > 0 and self._tokens >= -self._rate * 1e-9:
                     self._tokens -= n
                     break
                 wait = float("inf") if self._rate == 0 else -self._tokens / self._rate
-                with trio.move_on_after(max(wait, 0.001)):
+                with trio.move_on_after(wait):
                     await self._changed.wait()
         self.charged_bytes += n
         self.waited_seconds += trio.current_time() - start
