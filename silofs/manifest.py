@@ -43,7 +43,8 @@ class Manifest:
         self.nodes: list[Node | None] = [None]  # index = inode; inode 0 is unused
         self.total_bytes = 0
         self.files = 0
-        self.shadowed: list[str] = []
+        self.shadowed: list[str] = []  # hidden behind a directory of the same name
+        self.skipped: list[str] = []  # no path names them: empty, '.' or '..' parts, NUL
         root = Node(ROOT_INODE, ROOT_INODE, b"", None, 0.0)
         self.nodes.append(root)
         for obj in sorted(objects, key=lambda o: o.key):
@@ -55,6 +56,12 @@ class Manifest:
                 len(self.shadowed),
                 self.shadowed[0],
             )
+        if self.skipped:
+            log.warning(
+                "%d keys cannot be file paths (empty, '.' or '..' parts), e.g. %r",
+                len(self.skipped),
+                self.skipped[0],
+            )
 
     def _new(self, parent: Node, name: bytes, obj: ObjectInfo | None, mtime: float) -> Node:
         node = Node(len(self.nodes), parent.inode, name, obj, mtime)
@@ -65,6 +72,11 @@ class Manifest:
 
     def _add(self, obj: ObjectInfo) -> None:
         parts = [p.encode() for p in obj.key.split("/")]
+        if any(p in (b"", b".", b"..") or b"\0" in p for p in parts):
+            # "a//b", "/a", "./a", "a/..": a directory entry named "", "." or ".." would
+            # break readdir and lookup (and "." would make the tree a loop).
+            self.skipped.append(obj.key)
+            return
         cur = self.nodes[ROOT_INODE]
         for part in parts[:-1]:
             assert cur is not None and cur.children is not None
