@@ -90,6 +90,7 @@ class Manifest:
                 self.files -= 1
                 self.total_bytes -= child.size
                 child.obj, child.children, child.size = None, {}, 0
+                child.mtime = 0.0  # a directory's mtime is its newest visible entry's
             child.mtime = max(child.mtime, obj.mtime)
             cur = child
         assert cur is not None and cur.children is not None
