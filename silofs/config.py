@@ -83,6 +83,18 @@ class MountSettings:
 
 _SIZE_KEYS = {"cache_size", "chunk_size", "writer_batch_bytes", "admission_queue_bytes"}
 _SECTIONS = {"daemon", "backend"}
+_BACKEND_KEYS = {
+    "endpoint_url",
+    "connect_timeout",
+    "read_timeout",
+    "max_attempts",
+    "page_size",
+    "backend_extra",
+}
+
+
+def _section_of(key: str) -> str:
+    return "backend" if key in _BACKEND_KEYS else "daemon"
 
 
 def _convert(name: str, value: object, kind: type | str) -> object:
@@ -113,11 +125,23 @@ def load_node_settings(path: str | None, **overrides: object) -> NodeSettings:
             raise UsageError(f"config file {path}: {exc}") from None
         known = {f.name: f.type for f in dataclasses.fields(NodeSettings)}
         for section, table in doc.items():
-            if section not in _SECTIONS or not isinstance(table, dict):
+            if not isinstance(table, dict):
+                if section in known:
+                    raise UsageError(
+                        f"config file {path}: key {section!r} must be in a section: "
+                        f"put it under [{_section_of(section)}]"
+                    )
+                raise UsageError(f"config file {path}: unknown key {section!r} outside a section")
+            if section not in _SECTIONS:
                 raise UsageError(f"config file {path}: unknown section [{section}]")
             for key, value in table.items():
                 if key not in known:
                     raise UsageError(f"config file {path}: unknown key {key!r} in [{section}]")
+                if _section_of(key) != section:
+                    raise UsageError(
+                        f"config file {path}: key {key!r} belongs in [{_section_of(key)}], "
+                        f"not [{section}]"
+                    )
                 values[key] = _convert(key, value, known[key])
     for key, value in overrides.items():
         if value is not None:
