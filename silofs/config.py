@@ -98,17 +98,37 @@ def _section_of(key: str) -> str:
 
 
 def _convert(name: str, value: object, kind: type | str) -> object:
+    """`value` as the type of setting `name` (declared `kind`), or a UsageError naming it."""
+    try:
+        return _typed(name, value, str(kind).replace(" | None", ""))
+    except UsageError as exc:
+        raise UsageError(f"{name}: {exc}") from None
+
+
+def _typed(name: str, value: object, kind: str) -> object:
     if name in _SIZE_KEYS:
         return parse_size(value)  # type: ignore[arg-type]
     if name == "socket_mode" and isinstance(value, str):
         try:
             return int(value, 8)
         except ValueError:
-            raise UsageError(f'socket_mode must be octal like "0660", not {value!r}') from None
+            raise UsageError(f'must be octal like "0660", not {value!r}') from None
     if name == "backend_extra":
         if not isinstance(value, dict):
-            raise UsageError("backend_extra must be a table")
+            raise UsageError("must be a table, like { region = \"eu-west-1\" }")
+        if any(isinstance(v, dict | list) for v in value.values()):
+            raise UsageError("values must be strings or numbers")
         return {str(k): str(v) for k, v in value.items()}
+    # TOML has its own types; a value of the wrong one would only fail later, in the
+    # daemon, as a TypeError. bool is an int in Python, never in a config file.
+    if kind == "int" and (isinstance(value, bool) or not isinstance(value, int)):
+        raise UsageError(f"must be a whole number, not {value!r}")
+    if kind == "float":
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise UsageError(f"must be a number, not {value!r}")
+        return float(value)
+    if kind == "str" and not isinstance(value, str):
+        raise UsageError(f"must be a string, not {value!r}")
     return value
 
 
@@ -142,10 +162,14 @@ def load_node_settings(path: str | None, **overrides: object) -> NodeSettings:
                         f"config file {path}: key {key!r} belongs in [{_section_of(key)}], "
                         f"not [{section}]"
                     )
-                values[key] = _convert(key, value, known[key])
+                try:
+                    values[key] = _convert(key, value, known[key])
+                except UsageError as exc:
+                    raise UsageError(f"config file {path}: {exc}") from None
+    known = {f.name: f.type for f in dataclasses.fields(NodeSettings)}
     for key, value in overrides.items():
         if value is not None:
-            values[key] = _convert(key, value, str)
+            values[key] = _convert(key, value, known.get(key, "object"))
     settings = NodeSettings(**values)  # type: ignore[arg-type]
     _validate(settings)
     return settings
