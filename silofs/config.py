@@ -108,11 +108,8 @@ def _convert(name: str, value: object, kind: type | str) -> object:
 def _typed(name: str, value: object, kind: str) -> object:
     if name in _SIZE_KEYS:
         return parse_size(value)  # type: ignore[arg-type]
-    if name == "socket_mode" and isinstance(value, str):
-        try:
-            return int(value, 8)
-        except ValueError:
-            raise UsageError(f'must be octal like "0660", not {value!r}') from None
+    if name == "socket_mode":
+        return _mode(value)
     if name == "backend_extra":
         if not isinstance(value, dict):
             raise UsageError("must be a table, like { region = \"eu-west-1\" }")
@@ -130,6 +127,22 @@ def _typed(name: str, value: object, kind: str) -> object:
     if kind == "str" and not isinstance(value, str):
         raise UsageError(f"must be a string, not {value!r}")
     return value
+
+
+def _mode(value: object) -> int:
+    """A permission mode: an octal string ("0660"), or a TOML integer (0o660)."""
+    mode: int | None = None
+    if isinstance(value, str):
+        try:
+            mode = int(value.strip(), 8)
+        except ValueError:
+            mode = None
+    elif isinstance(value, int) and not isinstance(value, bool):
+        mode = value
+    # 660 written as a decimal integer is 0o1224: refuse it rather than guess.
+    if mode is None or not 0 <= mode <= 0o777:
+        raise UsageError(f'must be an octal permission mode like "0660", not {value!r}')
+    return mode
 
 
 def load_node_settings(path: str | None, **overrides: object) -> NodeSettings:
