@@ -81,6 +81,7 @@ class MountSettings:
     admission: str | None = None  # None: keep the dataset's mode (default uniform)
 
 
+_LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 _SIZE_KEYS = {"cache_size", "chunk_size", "writer_batch_bytes", "admission_queue_bytes"}
 _SECTIONS = {"daemon", "backend"}
 _BACKEND_KEYS = {
@@ -112,7 +113,7 @@ def _typed(name: str, value: object, kind: str) -> object:
         return _mode(value)
     if name == "backend_extra":
         if not isinstance(value, dict):
-            raise UsageError("must be a table, like { region = \"eu-west-1\" }")
+            raise UsageError('must be a table, like { region = "eu-west-1" }')
         if any(isinstance(v, dict | list) for v in value.values()):
             raise UsageError("values must be strings or numbers")
         return {str(k): str(v) for k, v in value.items()}
@@ -195,6 +196,22 @@ def _validate(s: NodeSettings) -> None:
         raise UsageError("cache_size must be at least one chunk")
     if s.fetch_threads < 1:
         raise UsageError("fetch_threads must be at least 1")
+    # A queue smaller than one encoded chunk (data + header) drops every admission.
+    if s.admission_queue_bytes < s.chunk_size + (64 << 10):
+        raise UsageError("admission_queue_bytes must hold at least one chunk (chunk_size)")
+    if s.sync_seconds <= 0:
+        raise UsageError("sync_seconds must be more than 0")  # 0: the writer syncs nonstop
+    if s.writer_batch_seconds < 0:
+        raise UsageError("writer_batch_seconds must not be negative")
+    if s.log_level.lower() not in _LOG_LEVELS:
+        raise UsageError(f"log_level must be one of {', '.join(_LOG_LEVELS)}, not {s.log_level!r}")
+    if s.max_attempts < 1:
+        raise UsageError("max_attempts must be at least 1")
+    if s.page_size < 1:
+        raise UsageError("page_size must be at least 1")
+    for name in ("connect_timeout", "read_timeout"):
+        if getattr(s, name) <= 0:
+            raise UsageError(f"{name} must be more than 0 seconds")
 
 
 def parse_io_limit(text: str | None) -> int | None:
