@@ -155,6 +155,10 @@ def load_node_settings(path: str | None, **overrides: object) -> NodeSettings:
                 doc = tomllib.load(f)
         except FileNotFoundError:
             raise UsageError(f"config file {path} does not exist") from None
+        except OSError as exc:  # a directory, no permission, an I/O error
+            raise UsageError(f"cannot read config file {path}: {exc.strerror}") from None
+        except UnicodeDecodeError as exc:
+            raise UsageError(f"config file {path} is not UTF-8 text ({exc.reason})") from None
         except tomllib.TOMLDecodeError as exc:
             raise UsageError(f"config file {path}: {exc}") from None
         known = {f.name: f.type for f in dataclasses.fields(NodeSettings)}
