@@ -299,13 +299,24 @@ def test_eviction_is_random_and_spread_over_the_key_space(tmp_path: Path) -> Non
     a, b = survivors
     assert len(a) == len(b) == 500
     assert a != b, "two evictions from the same state chose the same chunks"
-    # Two independent uniform halves share about 250 chunks; not far from that.
-    assert 150 < len(a & b) < 350
-    # Survivors are spread: every tenth of the sorted key space keeps 25-75 % of its keys.
-    for part in range(10):
-        block = keys[part * 100 : (part + 1) * 100]
-        kept = sum(1 for k in block if k in a)
-        assert 25 <= kept <= 75, f"block {part} kept {kept}/100"
+    # Two independent uniform halves would share ~250 chunks. This selection prefers
+    # keys behind large gaps in both runs, so they share more (simulated: 272..327);
+    # a deterministic choice would share all 500.
+    assert 150 < len(a & b) < 420
+    # Survivors are spread over the key space, not a prefix, suffix or one range. The
+    # bounds are loose on purpose: eviction takes the successor of a random probe, which
+    # clusters (a deleted key's gap goes to its successor), so per-tenth counts vary
+    # about twice as much as a uniform sample's (simulated: 16..79 kept per tenth, and
+    # at most 66 evicted in a row, over 2000 runs). A prefix eviction gives 0 and 500.
+    for s_ in (a, b):
+        for part in range(10):
+            kept = sum(1 for k in keys[part * 100 : (part + 1) * 100] if k in s_)
+            assert 5 <= kept <= 95, f"tenth {part} kept {kept}/100"
+        run = longest = 0
+        for k in keys:
+            run = 0 if k in s_ else run + 1
+            longest = max(longest, run)
+        assert longest < 150, f"{longest} consecutive keys evicted"
 
 
 # -- randomized sequences across 3 datasets --------------------------------------------
