@@ -49,6 +49,7 @@ class SilofsFS(pyfuse3.Operations):
         self.reader = reader
         self.look = look
         self._files: dict[int, OpenFile] = {}
+        self._attrs: dict[int, pyfuse3.EntryAttributes] = {}
         self._next_fh = 1
         # Epoch tracking (SiloD §6): a training epoch opens every file once; once every
         # file has been opened since the last boundary, the next epoch begins.
@@ -65,6 +66,14 @@ class SilofsFS(pyfuse3.Operations):
         return node
 
     def _attr(self, node: Node) -> pyfuse3.EntryAttributes:
+        # The snapshot never changes under a mount, so each inode's attributes are built
+        # once; pyfuse3 copies them into every reply.
+        a = self._attrs.get(node.inode)
+        if a is None:
+            a = self._attrs[node.inode] = self._build_attr(node)
+        return a
+
+    def _build_attr(self, node: Node) -> pyfuse3.EntryAttributes:
         a = pyfuse3.EntryAttributes()
         a.st_ino = node.inode
         a.generation = 0

@@ -136,6 +136,7 @@ class MountProcess:
                 self._reregister,
             )
             self.reader.mount_id = self.mount_id
+            self.reader.dataset_id = reg["dataset"]
             self.reader.track_hits = self.lru
             self.reader.renew()
             look = Presentation(

@@ -23,7 +23,7 @@ import trio
 
 from .backends.base import ObjectInfo
 from .cache.format import ChunkFormatError, chunk_key, verify_chunk
-from .cache.store import CacheStore
+from .cache.store import CacheStore, dataset_prefix
 from .control.client import AsyncControlClient, ControlError, quote_segment
 from .daemon import MountCounters
 from .fetch import chunk_length
@@ -87,6 +87,8 @@ class ChunkReader:
         self._reregister = reregister
         self._txn: lmdb.Transaction | None = None
         self._chunks_db = store.db(b"chunks")
+        self._owners_db = store.db(b"owners")
+        self.dataset_id = 0
         self._flights: dict[bytes, trio.Event] = {}
         self._prefetch_slots = trio.Semaphore(max(1, readahead))
         self.nursery: trio.Nursery | None = None
@@ -181,6 +183,13 @@ class ChunkReader:
         raise AssertionError("unreachable")
 
     # -- read-ahead --------------------------------------------------------------------
+    def _owned(self, key: bytes) -> bool:
+        """Whether our dataset has the chunk cached, without touching the value's pages
+        (a get on the chunks db would fault in up to chunk_size bytes per probe). A chunk
+        owned by another dataset is missed here; the daemon then serves it from LMDB."""
+        assert self._txn is not None
+        return self._txn.get(dataset_prefix(self.dataset_id) + key, db=self._owners_db) is not None
+
     def prefetch(self, f: OpenFile, after: int) -> None:
         """Fetch the next chunks of a sequentially read object in the background."""
         if self.nursery is None or self._txn is None:
@@ -188,11 +197,7 @@ class ChunkReader:
         last = (f.obj.size - 1) // self.chunk_size
         for index in range(after + 1, min(last, after + self.readahead) + 1):
             key = chunk_key(f.obj.content_id, self.chunk_size, index)
-            if (
-                key in self._flights
-                or self.buffer.get(key) is not None
-                or self._txn.get(key, db=self._chunks_db) is not None
-            ):
+            if key in self._flights or self.buffer.get(key) is not None or self._owned(key):
                 continue
             self.nursery.start_soon(self._prefetch_one, f.obj, index, key)
 

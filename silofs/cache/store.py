@@ -98,7 +98,11 @@ class CacheStore:
                 # The Writer calls sync() periodically to bound that window.
                 sync=False,
                 metasync=False,
-                readahead=False,
+                # Readers (mount processes) serve whole values that span many contiguous
+                # overflow pages: with readahead off, a cold 110 KiB value costs ~28
+                # synchronous 4 KiB faults (bench/README.md: 0.07x -> 1.2x of local disk).
+                # The writer touches scattered B-tree pages, where readahead only wastes IO.
+                readahead=readonly,
                 max_readers=1024,
                 lock=True,
             )
