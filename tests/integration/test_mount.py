@@ -79,6 +79,11 @@ def test_every_file_reads_back_identical(make_node, store, tmp_path: Path) -> No
     assert (mp / "empty.txt").stat().st_size == 0
     # Second pass from the cache, page cache dropped: same bytes, no new remote GETs.
     first = node.settle(str(mp), sum(map(len, tree.values())))
+    chunks = sum(-(-len(v) // CHUNK) for v in tree.values())
+    wait_for(
+        lambda: node.status()["datasets"][0]["cached_chunks"] == chunks,
+        what="the first pass to be admitted",
+    )
     for k in tree:
         drop_file_cache(mp / k)
     assert read_all(mp, tree) == expected
