@@ -19,6 +19,7 @@ import uuid
 from collections import deque
 from dataclasses import dataclass, field
 
+import lmdb
 import trio
 
 from . import __version__
@@ -317,6 +318,10 @@ class Daemon:
         except BackendError as exc:
             ds.state, ds.error = "error", str(exc)
             log.error("dataset %s: %s", ds.uri.canonical, exc)
+        except lmdb.Error as exc:
+            ds.state = "error"
+            ds.error = f"cannot save the listing of {ds.uri.canonical} in the cache: {exc}"
+            log.error("%s", ds.error)
         finally:
             ds.ready.set()
 

@@ -8,12 +8,23 @@ Never follows a symlink out of the directory and never writes.
 from __future__ import annotations
 
 import errno
+import logging
 import os
 from collections.abc import Iterator
 
 from ..errors import AccessDeniedError, NotFoundError, ObjectChangedError, UnreachableError
 from . import DatasetURI
 from .base import BackendOptions, ObjectInfo
+
+log = logging.getLogger(__name__)
+
+
+def _utf8(name: str) -> bool:
+    try:
+        name.encode()
+    except UnicodeEncodeError:  # surrogate-escaped bytes from a non-UTF-8 file name
+        return False
+    return True
 
 
 def _version(st: os.stat_result) -> str:
@@ -53,6 +64,13 @@ class LocalBackend:
                 continue  # removed while listing
             for entry in entries:
                 rel = f"{rel_dir}{entry.name}"
+                if not _utf8(rel):
+                    log.warning(
+                        "skipping %r in %s: the name is not UTF-8, as object keys must be",
+                        rel,
+                        self.root,
+                    )
+                    continue
                 if entry.is_dir(follow_symlinks=False):
                     stack.append(rel + "/")
                 elif entry.is_file(follow_symlinks=False):

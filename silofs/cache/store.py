@@ -348,8 +348,10 @@ class CacheStore:
     def evict_random(self, dsid: int, target_bytes: int, usage: dict[int, Usage]) -> int:
         """Evict random chunks of `dsid` until it holds <= target_bytes. Returns bytes freed.
 
-        Chunk keys are hashes, so seeking to a random key within the dataset's owners
-        range picks a uniformly random chunk without walking the cache. Works in small
+        Chunk keys are hashes, so the successor of a random probe within the dataset's
+        owners range is a random chunk, chosen without walking the cache. It is not
+        exactly uniform (a key after a larger gap is likelier), but it is independent of
+        access order, which is what keeps the hit ratio at cache/dataset. Works in small
         txns so the writer never holds the lock long.
         """
         freed = 0

@@ -369,3 +369,13 @@ def test_gcs_emulator_host_env_means_anonymous(
     monkeypatch.setenv("STORAGE_EMULATOR_HOST", host)
     backend = open_backend(parse_uri(store.uri(dataset, PREFIX)), BackendOptions(page_size=PAGE))
     assert len(_listing(backend)) == len(FILES)
+
+
+def test_local_names_that_are_not_utf8_are_skipped_not_fatal(tmp_path) -> None:
+    import os
+
+    (tmp_path / "good.bin").write_bytes(b"y")
+    with open(os.path.join(bytes(tmp_path), b"bad\xff.bin"), "wb") as f:
+        f.write(b"x")
+    keys = [o.key for o in open_backend(parse_uri(str(tmp_path)), BackendOptions()).list()]
+    assert keys == ["good.bin"]
