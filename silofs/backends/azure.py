@@ -14,14 +14,12 @@ address the stored bytes).
 from __future__ import annotations
 
 import binascii
-import functools
 import ipaddress
 import logging
 import os
 import re
 import threading
 from base64 import b64decode, b64encode
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -41,7 +39,7 @@ from ..errors import (
     UsageError,
 )
 from . import DatasetURI
-from .base import BackendOptions, ObjectInfo, join_prefix, relative_key, retry_call
+from .base import BackendOptions, ObjectInfo, RetryingBackend, join_prefix, relative_key
 
 log = logging.getLogger(__name__)
 
@@ -193,7 +191,7 @@ def _content_id(props: Any) -> str:
     return f"az-etag:{props.etag}:{props.size}"
 
 
-class AzureBackend:
+class AzureBackend(RetryingBackend):
     """A read-only view of az://account/container/prefix/; safe to share between threads."""
 
     def __init__(self, uri: DatasetURI, opts: BackendOptions) -> None:
@@ -239,9 +237,6 @@ class AzureBackend:
 
     # -- Backend protocol -------------------------------------------------------------
 
-    def check(self) -> None:
-        retry_call(self._check_once, self.opts, f"check {self.uri}")
-
     def _check_once(self) -> None:
         items, _ = self._list_page(None, page_size=1)
         if not items:
@@ -249,26 +244,6 @@ class AzureBackend:
                 f"no blobs under {self.uri}: check the prefix "
                 f"(container {self.container_name} exists)"
             )
-
-    def list(self) -> Iterator[ObjectInfo]:
-        token: str | None = None
-        while True:
-            fetch = functools.partial(self._list_page, token)
-            items, token = retry_call(fetch, self.opts, f"list {self.uri}")
-            for props in items:
-                info = self._info(props)
-                if info is not None:
-                    yield info
-            if not token:
-                return
-
-    def get_range(self, info: ObjectInfo, start: int, length: int) -> bytes:
-        # Clamp to the listed size: no request for an empty or past-the-end range.
-        end = min(start + length, info.size)
-        if length <= 0 or start >= end:
-            return b""
-        fetch = functools.partial(self._get_once, info, start, end)
-        return retry_call(fetch, self.opts, f"read {self.uri}{info.key}")
 
     def close(self) -> None:
         with self._lock:

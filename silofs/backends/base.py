@@ -8,12 +8,13 @@ CapacityLimiter. A backend never caches, never rate-limits and never touches LMD
 
 from __future__ import annotations
 
+import functools
 import logging
 import random
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from ..errors import BackendError
 
@@ -70,6 +71,55 @@ class Backend(Protocol):
 
     def close(self) -> None:
         """Release clients and connection pools."""
+
+
+class RetryingBackend:
+    """What every object-store backend shares: one retry policy around each listing page
+    and each ranged GET, and reads clamped to the size the listing saw.
+
+    Subclasses set `uri` and `opts` and provide one-try operations: _check_once(),
+    _list_page(token) -> (items, next token or None), _info(item) -> ObjectInfo or None,
+    and _get_once(info, start, end) -> bytes.
+    """
+
+    uri: str
+    opts: BackendOptions
+
+    def check(self) -> None:
+        retry_call(self._check_once, self.opts, f"check {self.uri}")
+
+    def list(self) -> Iterator[ObjectInfo]:
+        token: str | None = None
+        while True:
+            fetch = functools.partial(self._list_page, token)
+            items, token = retry_call(fetch, self.opts, f"list {self.uri}")
+            for item in items:
+                info = self._info(item)
+                if info is not None:
+                    yield info
+            if not token:
+                return
+
+    def get_range(self, info: ObjectInfo, start: int, length: int) -> bytes:
+        # Clamp to the listed size: past-the-end reads are short (or empty) without a
+        # request, and the server never sees an unsatisfiable range.
+        end = min(start + length, info.size)
+        if length <= 0 or start >= end:
+            return b""
+        fetch = functools.partial(self._get_once, info, start, end)
+        return retry_call(fetch, self.opts, f"read {self.uri}{info.key}")
+
+    def _check_once(self) -> None:
+        raise NotImplementedError
+
+    def _list_page(self, token: str | None) -> tuple[Iterable[Any], str | None]:
+        raise NotImplementedError
+
+    def _info(self, item: Any) -> ObjectInfo | None:
+        raise NotImplementedError
+
+    def _get_once(self, info: ObjectInfo, start: int, end: int) -> bytes:
+        raise NotImplementedError
 
 
 def retry_call(fn: Callable[[], T], opts: BackendOptions, what: str) -> T:

@@ -14,14 +14,12 @@ are a fast AccessDeniedError instead), never transcodes (ranges address stored b
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 import os
 import re
 import threading
 import warnings
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +39,7 @@ from ..errors import (
     UnreachableError,
 )
 from . import DatasetURI
-from .base import BackendOptions, ObjectInfo, join_prefix, relative_key, retry_call
+from .base import BackendOptions, ObjectInfo, RetryingBackend, join_prefix, relative_key
 
 log = logging.getLogger(__name__)
 
@@ -190,7 +188,7 @@ def _disable_bucket_metadata_fetch(client: Any) -> None:
         client._bucket_metadata_cache = None
 
 
-class GCSBackend:
+class GCSBackend(RetryingBackend):
     """A read-only view of gs://bucket/prefix/; safe to share between threads."""
 
     def __init__(self, uri: DatasetURI, opts: BackendOptions) -> None:
@@ -241,9 +239,6 @@ class GCSBackend:
 
     # -- Backend protocol -------------------------------------------------------------
 
-    def check(self) -> None:
-        retry_call(self._check_once, self.opts, f"check {self.uri}")
-
     def _check_once(self) -> None:
         # Listing, not bucket metadata: objectViewer may list but not read bucket metadata.
         items, _ = self._list_page(None, page_size=1)
@@ -251,26 +246,6 @@ class GCSBackend:
             raise NotFoundError(
                 f"no objects under {self.uri}: check the prefix (bucket {self.bucket_name} exists)"
             )
-
-    def list(self) -> Iterator[ObjectInfo]:
-        token: str | None = None
-        while True:
-            fetch = functools.partial(self._list_page, token)
-            items, token = retry_call(fetch, self.opts, f"list {self.uri}")
-            for blob in items:
-                info = self._info(blob)
-                if info is not None:
-                    yield info
-            if not token:
-                return
-
-    def get_range(self, info: ObjectInfo, start: int, length: int) -> bytes:
-        # Clamp to the listed size: no request for an empty or past-the-end range.
-        end = min(start + length, info.size)
-        if length <= 0 or start >= end:
-            return b""
-        fetch = functools.partial(self._get_once, info, start, end)
-        return retry_call(fetch, self.opts, f"read {self.uri}{info.key}")
 
     def close(self) -> None:
         with self._lock:

@@ -13,11 +13,9 @@ instance metadata service, is built on first use), never writes to the bucket.
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
 import threading
-from collections.abc import Iterator
 from typing import Any
 
 import boto3
@@ -33,7 +31,7 @@ from ..errors import (
     UnreachableError,
 )
 from . import DatasetURI
-from .base import BackendOptions, ObjectInfo, join_prefix, relative_key, retry_call
+from .base import BackendOptions, ObjectInfo, RetryingBackend, join_prefix, relative_key
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +71,7 @@ def _etag(raw: str) -> str:
     return raw.strip('"')
 
 
-class S3Backend:
+class S3Backend(RetryingBackend):
     """A read-only view of s3://bucket/prefix/; safe to share between threads."""
 
     def __init__(self, uri: DatasetURI, opts: BackendOptions) -> None:
@@ -128,39 +126,14 @@ class S3Backend:
 
     # -- Backend protocol -------------------------------------------------------------
 
-    def check(self) -> None:
-        retry_call(self._check_once, self.opts, f"check {self.uri}")
-
     def _check_once(self) -> None:
         client = self._client_or_raise()
         self._call(f"bucket {self.bucket}", client.head_bucket, Bucket=self.bucket)
-        page = self._list_page(None, max_keys=1)
+        page = self._list_raw(None, max_keys=1)
         if not page.get("Contents"):
             raise NotFoundError(
                 f"no objects under {self.uri}: check the prefix (bucket {self.bucket} exists)"
             )
-
-    def list(self) -> Iterator[ObjectInfo]:
-        token: str | None = None
-        while True:
-            fetch = functools.partial(self._list_page, token)
-            page = retry_call(fetch, self.opts, f"list {self.uri}")
-            for obj in page.get("Contents", ()):
-                info = self._info(obj)
-                if info is not None:
-                    yield info
-            token = page.get("NextContinuationToken")
-            if not page.get("IsTruncated") or not token:
-                return
-
-    def get_range(self, info: ObjectInfo, start: int, length: int) -> bytes:
-        # Clamp to the listed size: past-the-end reads are short (or empty) without a
-        # request, and the server never sees an unsatisfiable Range.
-        end = min(start + length, info.size)
-        if length <= 0 or start >= end:
-            return b""
-        fetch = functools.partial(self._get_once, info, start, end)
-        return retry_call(fetch, self.opts, f"read {self.uri}{info.key}")
 
     def close(self) -> None:
         with self._lock:
@@ -176,7 +149,12 @@ class S3Backend:
         except (bx.BotoCoreError, bx.ClientError) as exc:
             raise self._classify(exc, f"bucket {self.bucket}") from exc
 
-    def _list_page(self, token: str | None, max_keys: int | None = None) -> dict[str, Any]:
+    def _list_page(self, token: str | None) -> tuple[list[dict[str, Any]], str | None]:
+        page = self._list_raw(token)
+        more = page.get("IsTruncated") and page.get("NextContinuationToken")
+        return page.get("Contents", []), more or None
+
+    def _list_raw(self, token: str | None, max_keys: int | None = None) -> dict[str, Any]:
         kwargs: dict[str, Any] = {
             "Bucket": self.bucket,
             "Prefix": self.prefix,
