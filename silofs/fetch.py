@@ -90,13 +90,14 @@ class Fetcher:
         """(bytes, whether this call did the GET): the chunk from the store, admitted if
         its dataset has room. Callers asking for a chunk already in flight share its GET."""
         key = chunk_key(obj.content_id, chunk_size, index)
-        flight = self._flights.get(key)
-        if flight is not None:
+        while (flight := self._flights.get(key)) is not None:
             await flight.done.wait()
             if flight.error is not None:
                 raise flight.error
-            assert flight.data is not None
-            return flight.data, False
+            if flight.data is not None:
+                return flight.data, False
+            # The leader was cancelled (its client went away) or failed otherwise: the
+            # next waiter leads a new flight rather than inheriting nothing.
         flight = self._flights[key] = _Flight()
         try:
             flight.data = await self._fetch_once(

@@ -1,0 +1,121 @@
+"""Fetcher single-flight: one GET per chunk, errors shared, a cancelled leader replaced."""
+
+from __future__ import annotations
+
+import threading
+
+import trio
+
+from silofs.backends.base import ObjectInfo
+from silofs.cache.admission import QuotaPolicy, Writer
+from silofs.cache.store import CacheStore, env_map_size
+from silofs.errors import TransientError
+from silofs.fetch import Fetcher
+from silofs.limiter import TokenBucket
+
+OBJ = ObjectInfo("a.bin", 1000, 0.0, "v1", "test:a")
+
+
+class SlowBackend:
+    uri = "test://b/"
+
+    def __init__(self, fail: bool = False) -> None:
+        self.calls = 0
+        self.release = threading.Event()
+        self.fail = fail
+
+    def get_range(self, info: ObjectInfo, start: int, length: int) -> bytes:
+        self.calls += 1
+        self.release.wait(10)
+        if self.fail:
+            raise TransientError("store is busy")
+        return b"x" * length
+
+
+def _fetcher(tmp_path) -> Fetcher:
+    store = CacheStore(str(tmp_path), env_map_size(1 << 20))
+    writer = Writer(
+        store,
+        {},
+        lambda: QuotaPolicy(1 << 20),
+        batch_bytes=1 << 20,
+        batch_seconds=0.01,
+        queue_bytes=1 << 20,
+        sync_seconds=60,
+    )
+    return Fetcher(store, writer, threads=4)
+
+
+def test_concurrent_askers_share_one_get(tmp_path) -> None:
+    backend = SlowBackend()
+    results: list[tuple[bytes, bool]] = []
+
+    async def main() -> None:
+        fetcher = _fetcher(tmp_path)
+        limiter = TokenBucket(None)
+        async with trio.open_nursery() as n:
+            for _ in range(5):
+                n.start_soon(lambda: _ask(fetcher, backend, limiter, results))
+            await trio.sleep(0.05)
+            backend.release.set()
+
+    trio.run(main)
+    assert backend.calls == 1
+    assert sorted(r[1] for r in results) == [False] * 4 + [True]
+    assert all(r[0] == b"x" * 1000 for r in results)
+
+
+async def _ask(fetcher: Fetcher, backend, limiter, out: list) -> None:
+    out.append(await fetcher.fetch(1, backend, limiter, OBJ, 4096, 0))
+
+
+def test_a_cancelled_leader_is_replaced_by_a_waiter(tmp_path) -> None:
+    """A leader parked on its job's limiter (rate 0) gives up; a waiter of another job,
+    with its own allocation, leads a new flight instead of failing."""
+    backend = SlowBackend()
+    backend.release.set()
+    results: list[tuple[bytes, bool]] = []
+
+    async def main() -> None:
+        fetcher = _fetcher(tmp_path)
+        async with trio.open_nursery() as n:
+            leader = trio.CancelScope()
+
+            async def lead() -> None:
+                with leader:
+                    await fetcher.fetch(1, backend, TokenBucket(0), OBJ, 4096, 0)
+
+            n.start_soon(lead)
+            await trio.sleep(0.02)
+            n.start_soon(lambda: _ask(fetcher, backend, TokenBucket(None), results))
+            await trio.sleep(0.02)
+            assert not results  # waiting on the parked leader's flight
+            leader.cancel()
+
+    trio.run(main)
+    assert results == [(b"x" * 1000, True)]
+    assert backend.calls == 1
+
+
+def test_a_failed_get_fails_every_waiter_once(tmp_path) -> None:
+    backend = SlowBackend(fail=True)
+    errors: list[Exception] = []
+
+    async def main() -> None:
+        fetcher = _fetcher(tmp_path)
+        limiter = TokenBucket(None)
+
+        async def ask() -> None:
+            try:
+                await fetcher.fetch(1, backend, limiter, OBJ, 4096, 0)
+            except TransientError as exc:
+                errors.append(exc)
+
+        async with trio.open_nursery() as n:
+            for _ in range(3):
+                n.start_soon(ask)
+            await trio.sleep(0.05)
+            backend.release.set()
+
+    trio.run(main)
+    assert backend.calls == 1 and len(errors) == 3
