@@ -498,14 +498,16 @@ def _alive(pid: int) -> bool:
     help="Where the sample data, cache and mount go (default: /var/tmp/silofs-demo).",
 )
 @click.option("--epochs", default=2, show_default=True, help="How many passes to read.")
+@click.option("--files", default=500, hidden=True)
+@click.option("--big-mb", default=64, hidden=True)
 @one_line_errors
-def demo(root: str | None, epochs: int) -> None:
+def demo(root: str | None, epochs: int, files: int, big_mb: int) -> None:
     """Mount a local sample dataset, read it twice, show the cache at work."""
     from pathlib import Path
 
     from .demo import run_demo
 
-    run_demo(Path(root or "/var/tmp/silofs-demo"), epochs)
+    run_demo(Path(root or "/var/tmp/silofs-demo"), epochs, files, big_mb << 20)
 
 
 __all__ = ["main", "NodeSettings"]

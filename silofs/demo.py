@@ -25,17 +25,17 @@ SMALL_SIZE = 110 << 10
 BIG_SIZE = 64 << 20
 
 
-def make_dataset(root: Path) -> None:
+def make_dataset(root: Path, files: int = SMALL_FILES, big: int = BIG_SIZE) -> None:
     marker = root / ".complete"
     if marker.exists():
         return
     rnd = random.Random(0)
-    for i in range(SMALL_FILES):
+    for i in range(files):
         path = root / "train" / f"class{i % 10}" / f"img{i:05d}.jpg"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(rnd.randbytes(SMALL_SIZE))
     (root / "shards").mkdir(exist_ok=True)
-    (root / "shards" / "shard-000.tar").write_bytes(os.urandom(BIG_SIZE))
+    (root / "shards" / "shard-000.tar").write_bytes(os.urandom(big))
     marker.write_text("")
 
 
@@ -72,10 +72,10 @@ def _mount_stats(socket: str) -> dict:
 _mount_stats.expected = 0  # type: ignore[attr-defined]
 
 
-def run_demo(root: Path, epochs: int) -> None:
+def run_demo(root: Path, epochs: int, files: int = SMALL_FILES, big: int = BIG_SIZE) -> None:
     data, mnt, socket = root / "bucket", root / "mnt", str(root / "control.sock")
-    click.echo(f"sample dataset: {data} ({SMALL_FILES} x 110KiB files and one 64MiB shard)")
-    make_dataset(data)
+    click.echo(f"sample dataset: {data} ({files} x 110KiB files and one {big >> 20}MiB shard)")
+    make_dataset(data, files, big)
     mnt.mkdir(parents=True, exist_ok=True)
     res = _silofs(
         "mount",
@@ -116,4 +116,11 @@ def _stop_daemon(socket: str) -> None:
             pid = c.request("GET", "/v1/status")["node"]["pid"]
         os.kill(pid, signal.SIGTERM)
     except (ControlError, ProcessLookupError):
-        pass
+        return
+    deadline = time.monotonic() + 15  # it flushes pending admissions first
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.05)

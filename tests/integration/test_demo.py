@@ -1,0 +1,44 @@
+"""README's first command: `silofs demo` mounts a sample, reads it twice, cleans up."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from .conftest import _pids_with, force_unmount, mounted, needs_fuse, silofs_cmd
+
+pytestmark = [needs_fuse, pytest.mark.fuse]
+
+
+@pytest.fixture
+def demo_dir(tmp_path: Path):
+    yield tmp_path
+    force_unmount(str(tmp_path / "mnt"))
+    for pid in _pids_with(str(tmp_path / "control.sock")):
+        os.kill(pid, signal.SIGKILL)
+
+
+def test_demo_shows_the_second_epoch_served_from_cache(demo_dir: Path) -> None:
+    tmp_path = demo_dir
+    res = subprocess.run(
+        silofs_cmd("demo", "--dir", str(tmp_path), "--files", "60", "--big-mb", "8"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert res.returncode == 0, res.stderr
+    epochs = re.findall(
+        r"epoch (\d): .*cache hits so far (\d+) MB of (\d+) MB read, "
+        r"remote GETs (\d+)",
+        res.stdout,
+    )
+    assert [e[0] for e in epochs] == ["1", "2"], res.stdout
+    (_, hit1, read1, gets1), (_, hit2, read2, gets2) = epochs
+    assert hit1 == "0" and gets1 == gets2 and int(hit2) == int(read2) - int(read1)
+    assert not mounted(tmp_path / "mnt")
+    assert not _pids_with(str(tmp_path / "control.sock"))
