@@ -28,7 +28,7 @@ from .backends.base import ObjectInfo
 from .cache.admission import QuotaPolicy, Writer
 from .cache.store import CacheStore, Usage, disk_free, env_map_size
 from .config import NodeSettings
-from .errors import BackendError, SilofsError, UnreachableError, UsageError
+from .errors import BackendError, UnreachableError, UsageError
 from .fetch import FetchCounters, Fetcher
 from .limiter import TokenBucket
 from .units import format_rate, format_size
@@ -71,7 +71,6 @@ class DatasetState:
     record: dict = field(default_factory=dict)
     reads: MountCounters = field(default_factory=MountCounters)
     fetch: FetchCounters = field(default_factory=FetchCounters)
-    ready: trio.Event = field(default_factory=trio.Event)
 
 
 RATE_WINDOW = 5.0  # seconds over which per-job throughput is reported
@@ -158,6 +157,9 @@ def check_cache_dir(path: str) -> None:
 class Daemon:
     def __init__(self, settings: NodeSettings) -> None:
         self.settings = settings
+        # Resolved once, so a misspelt group stops the daemon at start, not a request.
+        self.admin_gid = _group_id(settings.admin_group)
+        self.socket_gid = _group_id(settings.socket_group)
         check_cache_dir(settings.cache_dir)
         self.cache_size = resolve_cache_size(settings)
         self.map_size = env_map_size(self.cache_size)
@@ -294,7 +296,7 @@ class Daemon:
                 backend = open_backend(uri, opts)
                 ds = DatasetState(dsid, uri, self._short_name(uri, dsid), backend)
                 self.datasets[dsid] = ds
-            ds.state, ds.error, ds.ready = "checking", "", trio.Event()
+            ds.state, ds.error = "checking", ""
             assert self.nursery is not None
             self.nursery.start_soon(self._prepare_dataset, ds, refresh)
         return ds
@@ -322,8 +324,6 @@ class Daemon:
             ds.state = "error"
             ds.error = f"cannot save the listing of {ds.uri.canonical} in the cache: {exc}"
             log.error("%s", ds.error)
-        finally:
-            ds.ready.set()
 
     async def _list(self, ds: DatasetState) -> dict:
         ds.state, ds.listed = "listing", 0
@@ -422,13 +422,11 @@ class Daemon:
         if obj is None:
             raise UsageError(f"{key!r} is not in the listing of {ds.uri.canonical}")
         job = self.job(m.job)
-        if not refetch:
+        if not refetch:  # a refetch was counted as corrupt by the mount that saw it
             data = self.fetcher.cached(obj, m.chunk_size, index, ds.fetch)
             if data is not None:
                 ds.fetch.cache_served += 1
                 return data, "cache"
-        else:
-            ds.fetch.corrupt_chunks += 1
         try:
             data, fetched = await self.fetcher.fetch(
                 ds.id, ds.backend, job.limiter, obj, m.chunk_size, index, replace=refetch
@@ -449,7 +447,6 @@ class Daemon:
         from .control.routes import build_router
 
         router = build_router(self)
-        gid = _group_id(self.settings.socket_group)
         for job in self.io_allocations:
             self.job(job)  # persisted allocations are listed before their jobs mount
         async with trio.open_nursery() as nursery:
@@ -462,7 +459,7 @@ class Daemon:
                     self.settings.socket,
                     router,
                     mode=self.settings.socket_mode,
-                    gid=gid,
+                    gid=self.socket_gid,
                     max_body=1 << 20,
                     task_status=task_status,
                 )
@@ -538,4 +535,4 @@ def run_daemon(settings: NodeSettings) -> None:
         daemon.store.close()
 
 
-__all__ = ["Daemon", "run_daemon", "SilofsError"]
+__all__ = ["Daemon", "run_daemon"]

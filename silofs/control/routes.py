@@ -14,7 +14,7 @@ import time
 from typing import Any
 
 from ..backends import parse_uri
-from ..daemon import Daemon, DatasetState, JobState, MountCounters, MountState, _group_id
+from ..daemon import Daemon, DatasetState, JobState, MountCounters, MountState
 from ..errors import BackendError, NotFoundError, ObjectChangedError, UsageError
 from ..units import parse_rate, parse_size
 from .http import HTTPError, Request, Response, Router, json_response, peer_may_change
@@ -150,7 +150,15 @@ async def _initial_settings(
     d: Daemon, req: Request, ds: DatasetState, job: str, io_limit: int | None, mode: str | None
 ) -> None:
     """A mount's --io-limit / --admission apply only where no allocation exists yet: the
-    controller's decisions win over a mount's defaults."""
+    controller's decisions win over a mount's defaults. They are allocations, so they
+    are taken only from root or the admin group."""
+    if (io_limit is not None or mode is not None) and not peer_may_change(req.peer, d.admin_gid):
+        log.warning(
+            "ignoring --io-limit/--admission of a mount by uid %d: allocations "
+            "are changed by root or the admin group",
+            req.peer.uid,
+        )
+        return
     if io_limit is not None and job not in d.io_allocations:
         await d.set_io_allocation(job, io_limit)
     if mode is not None and mode != d.modes.get(ds.uri.canonical, "uniform"):
@@ -216,8 +224,7 @@ def _dataset_uri(d: Daemon, name: str) -> str:
 
 
 def _require_admin(d: Daemon, req: Request) -> None:
-    admin_gid = _group_id(d.settings.admin_group)
-    if not peer_may_change(req.peer, admin_gid):
+    if not peer_may_change(req.peer, d.admin_gid):
         log.warning(
             "refused %s %s from uid %d (pid %d)", req.method, req.path, req.peer.uid, req.peer.pid
         )
