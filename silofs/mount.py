@@ -75,6 +75,7 @@ class MountProcess:
         self.mount_id = ""
         self.reader: ChunkReader | None = None
         self.fs: SilofsFS | None = None
+        self._registering = False
         self.lru = False
         # Resolved now: once mounted, this process must never stat its own mountpoint.
         self.realpath = os.path.realpath(settings.mountpoint)
@@ -87,7 +88,9 @@ class MountProcess:
             "dataset": self.dataset["id"],
             "job": self.s.job,
             "mountpoint": os.path.abspath(self.s.mountpoint),
-            "chunk_size": self.s.chunk_size,
+            # After a daemon restart, keep the chunk size this mount's reads are cut with:
+            # the new daemon's default may differ.
+            "chunk_size": self.reader.chunk_size if self.reader else self.s.chunk_size,
             "io_limit": self.s.io_limit,
             "admission": self.s.admission,
         }
@@ -102,10 +105,13 @@ class MountProcess:
     async def _reregister(self) -> None:
         log.warning("the daemon does not know this mount (restarted?); registering again")
         self.s = dataclasses.replace(self.s, refresh=False)
+        self._registering = True  # register() reports, which must not recurse here
         try:
             await self.register()
         except (ControlError, SilofsError) as exc:
             raise MissError(f"cannot re-register with the daemon: {exc}") from None
+        finally:
+            self._registering = False
 
     def _options(self) -> set[str]:
         name = self.s.uri.replace(",", "_")
@@ -201,6 +207,13 @@ class MountProcess:
             self.reader.track_hits = answer.get("admission") == "lru"
         except ControlError as exc:
             log.debug("could not report counters: %s", exc)
+            if exc.status == 404 and not self._registering:
+                # The daemon restarted. A mount serving only hits never sends a miss, so
+                # this is where it finds out and introduces itself again.
+                try:
+                    await self._reregister()
+                except MissError as again:
+                    log.warning("%s", again)
 
     async def _goodbye(self) -> None:
         if self.mount_id:

@@ -13,6 +13,7 @@ synchronously after the handler returns, so a view returned without awaiting is 
 
 from __future__ import annotations
 
+import json
 import logging
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
@@ -212,8 +213,6 @@ class ChunkReader:
 
 
 def _error_text(body: bytes) -> str:
-    import json
-
     try:
         return str(json.loads(body)["error"])
     except (ValueError, KeyError, TypeError):

@@ -158,3 +158,23 @@ def test_kill_9_of_a_mount_during_admission(
         assert (mp / k).read_bytes() == v
     store = open_env(node)
     check_accounting(store)
+
+
+def test_a_mount_serving_only_hits_reappears_after_a_daemon_restart(
+    make_node, local_store, monkeypatch, bucket_name, tmp_path: Path
+) -> None:
+    tree = _tree(20)
+    local_store.apply_env(monkeypatch)
+    local_store.create(bucket_name, tree)
+    node = make_node()
+    mp = node.mount(local_store.uri(bucket_name), tmp_path / "mnt", "--job", "hits")
+    for k, v in tree.items():
+        assert (mp / k).read_bytes() == v
+    wait_for(lambda: node.status()["datasets"][0]["cached_chunks"] == len(tree), what="admission")
+    node.stop()
+    node.start()
+    for k, v in tree.items():  # all hits: the daemon sees no miss from this mount
+        drop_file_cache(mp / k)
+        assert (mp / k).read_bytes() == v
+    m = wait_for(lambda: node.status()["mounts"], what="the mount to register again")[0]
+    assert m["job"] == "hits" and m["mountpoint"] == str(mp)
