@@ -11,6 +11,7 @@ import functools
 import json
 import logging
 import os
+import stat
 import subprocess
 import sys
 import time
@@ -149,15 +150,21 @@ def daemon(
 def _check_mountpoint(path: str) -> str:
     path = os.path.abspath(path)
     try:
-        if not os.path.isdir(path):
-            raise UsageError(
-                f"mountpoint {path} does not exist or is not a directory: create it first"
-            )
+        st = os.stat(path)  # isdir() would hide ENOTCONN, the sign of a dead mount
+    except FileNotFoundError:
+        raise UsageError(f"mountpoint {path} does not exist: create it first") from None
     except OSError as exc:
         raise UsageError(
             f"mountpoint {path} is unusable ({exc.strerror}): if it is a dead "
             f"mount, run `silofs unmount {path}`"
         ) from None
+    if not stat.S_ISDIR(st.st_mode):
+        raise UsageError(f"mountpoint {path} is not a directory")
+    if os.path.realpath(path) in silofs_mounts():
+        raise UsageError(
+            f"mountpoint {path} is busy: a silofs mount is there (perhaps one "
+            f"whose process died): run `silofs unmount {path}` first"
+        )
     if os.path.ismount(path):
         raise UsageError(f"mountpoint {path} is busy: something is already mounted there")
     return path

@@ -150,6 +150,8 @@ def test_kill_9_of_a_mount_during_admission(
     reader.join(60)
     wait_for(lambda: not node.status()["mounts"], what="the daemon to reap the dead mount")
 
+    res = node.run("mount", uri, str(mp), "--socket", node.socket)
+    assert res.returncode != 0 and "busy" in res.stderr and "silofs unmount" in res.stderr
     res = node.run("unmount", str(mp))
     assert res.returncode == 0, res.stderr
     assert not mounted(mp)
