@@ -1,0 +1,56 @@
+"""The daemon as systemd runs it: Type=notify readiness, and the documented config."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import socket
+import subprocess
+from pathlib import Path
+
+from silofs.config import NodeSettings, load_node_settings
+
+from .conftest import silofs_cmd, wait_for
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_daemon_tells_systemd_it_is_ready_and_stopping(tmp_path: Path) -> None:
+    notify = tmp_path / "notify.sock"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sd:
+        sd.bind(str(notify))
+        sd.settimeout(30)
+        proc = subprocess.Popen(
+            silofs_cmd(
+                "daemon",
+                "--socket",
+                str(tmp_path / "ctl.sock"),
+                "--cache-dir",
+                str(tmp_path / "cache"),
+                "--cache-size",
+                "16M",
+            ),
+            env={**os.environ, "NOTIFY_SOCKET": str(notify)},
+            stderr=subprocess.PIPE,
+        )
+        try:
+            assert sd.recv(256) == b"READY=1"
+            assert (tmp_path / "ctl.sock").exists()  # ready means the socket answers
+            proc.terminate()
+            assert sd.recv(256) == b"STOPPING=1"
+            wait_for(lambda: proc.poll() is not None, what="the daemon to exit")
+            assert proc.returncode == 0
+        finally:
+            proc.kill()
+            proc.wait()
+
+
+def test_configs_silofs_toml_documents_every_setting_and_loads() -> None:
+    path = REPO / "configs" / "silofs.toml"
+    text = path.read_text()
+    for f in dataclasses.fields(NodeSettings):
+        assert re.search(rf"^#? ?{f.name} = ", text, re.M), f"{f.name} is not documented"
+    settings = load_node_settings(str(path))
+    assert settings.chunk_size == NodeSettings().chunk_size
+    assert settings.max_attempts == NodeSettings().max_attempts
