@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
-from ..errors import BackendError
+from ..errors import BackendError, TransientError
 
 log = logging.getLogger(__name__)
 
@@ -106,8 +106,16 @@ class RetryingBackend:
         end = min(start + length, info.size)
         if length <= 0 or start >= end:
             return b""
-        fetch = functools.partial(self._get_once, info, start, end)
+        fetch = functools.partial(self._get_exact, info, start, end)
         return retry_call(fetch, self.opts, f"read {self.uri}{info.key}")
+
+    def _get_exact(self, info: ObjectInfo, start: int, end: int) -> bytes:
+        data = self._get_once(info, start, end)
+        if len(data) != end - start:  # a dropped connection, not a changed object: retry
+            raise TransientError(
+                f"short read from {self.uri}{info.key}: got {len(data)} of {end - start} bytes"
+            )
+        return data
 
     def _check_once(self) -> None:
         raise NotImplementedError

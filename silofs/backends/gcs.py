@@ -306,8 +306,6 @@ class GCSBackend(RetryingBackend):
             ) from exc
         except _SDK_ERRORS as exc:
             raise self._classify(exc, what) from exc
-        if len(data) != end - start:
-            raise TransientError(f"short read from {what}: got {len(data)} of {end - start} bytes")
         return data
 
     def _classify(self, exc: Exception, what: str) -> BackendError:

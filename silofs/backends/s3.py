@@ -204,8 +204,6 @@ class S3Backend(RetryingBackend):
             raise self._classify(exc, what) from exc
         except bx.BotoCoreError as exc:
             raise self._classify(exc, what) from exc
-        if len(data) != end - start:
-            raise TransientError(f"short read from {what}: got {len(data)} of {end - start} bytes")
         return data
 
     def _classify(self, exc: Exception, what: str) -> BackendError:
