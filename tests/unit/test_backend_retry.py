@@ -386,3 +386,23 @@ def test_precondition_failed_on_get_is_object_changed(
     with pytest.raises(ObjectChangedError):
         backend.get_range(info, 0, 3)
     assert len(fake_store.seen) == 2, fake_store.seen
+
+
+def test_a_short_body_is_retried_then_served_whole() -> None:
+    from silofs.backends.base import RetryingBackend
+
+    class Flaky(RetryingBackend):
+        uri = "test://b/"
+        opts = BackendOptions(max_attempts=3, backoff_base=0.0)
+        calls = 0
+
+        def _get_once(self, info: ObjectInfo, start: int, end: int) -> bytes:
+            self.calls += 1
+            n = end - start
+            return b"x" * (n // 2 if self.calls == 1 else n)
+
+    b = Flaky()
+    info = ObjectInfo("k", 100, 0.0, "v", "c")
+    assert b.get_range(info, 10, 50) == b"x" * 50
+    assert b.calls == 2
+    assert b.get_range(info, 90, 50) == b"x" * 10  # clamped to the listed size
