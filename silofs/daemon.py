@@ -145,6 +145,18 @@ def _existing_env_bytes(cache_dir: str) -> int:
         return 0
 
 
+def share_cache_with_group(cache_dir: str, gid: int | None) -> None:
+    """Let members of the socket group run mount processes: those read the env directly,
+    and LMDB readers need write access to its lock file. Other users get nothing, so cached
+    bytes stay reachable only through mounts (promise 6)."""
+    if gid is None:
+        return
+    data, lock = os.path.join(cache_dir, "data.mdb"), os.path.join(cache_dir, "lock.mdb")
+    for path, mode in ((cache_dir, 0o750), (data, 0o640), (lock, 0o660)):
+        os.chown(path, -1, gid)
+        os.chmod(path, mode)
+
+
 def check_cache_dir(path: str) -> None:
     try:
         os.makedirs(path, exist_ok=True)
@@ -164,6 +176,7 @@ class Daemon:
         self.cache_size = resolve_cache_size(settings)
         self.map_size = env_map_size(self.cache_size)
         self.store = CacheStore(settings.cache_dir, self.map_size)
+        share_cache_with_group(settings.cache_dir, self.socket_gid)
         self.usage: dict[int, Usage] = self.store.load_usage()
         # Allocations are keyed by canonical URI / job name, persisted in the env's meta
         # db, and kept for datasets and jobs that are not mounted yet (promise 4).

@@ -54,3 +54,35 @@ def test_configs_silofs_toml_documents_every_setting_and_loads() -> None:
     settings = load_node_settings(str(path))
     assert settings.chunk_size == NodeSettings().chunk_size
     assert settings.max_attempts == NodeSettings().max_attempts
+
+
+def test_the_socket_group_may_read_the_cache_and_others_may_not(tmp_path: Path) -> None:
+    import grp
+    import stat
+
+    group = grp.getgrgid(0).gr_name
+    cfg = tmp_path / "silofs.toml"
+    cfg.write_text(f'[daemon]\nsocket_group = "{group}"\n')
+    sock, cache = tmp_path / "ctl.sock", tmp_path / "cache"
+    proc = subprocess.Popen(
+        silofs_cmd(
+            "daemon",
+            "--config",
+            str(cfg),
+            "--socket",
+            str(sock),
+            "--cache-dir",
+            str(cache),
+            "--cache-size",
+            "16M",
+        )
+    )
+    try:
+        wait_for(sock.exists, what="the socket")
+        modes = {p: stat.S_IMODE(os.stat(cache / p).st_mode) for p in ("data.mdb", "lock.mdb")}
+        assert modes == {"data.mdb": 0o640, "lock.mdb": 0o660}
+        assert stat.S_IMODE(os.stat(cache).st_mode) == 0o750
+        assert os.stat(cache / "lock.mdb").st_gid == 0
+    finally:
+        proc.terminate()
+        proc.wait(15)
