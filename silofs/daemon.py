@@ -117,7 +117,6 @@ class MountState:
     pid: int
     uid: int
     chunk_size: int
-    started: float = field(default_factory=time.time)
     reported: MountCounters = field(default_factory=MountCounters)
     fetch: FetchCounters = field(default_factory=FetchCounters)
     epoch: int = 0

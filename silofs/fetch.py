@@ -60,7 +60,7 @@ class Fetcher:
         """A verified copy of the chunk from LMDB, or None (a corrupt value is counted)."""
         key = chunk_key(obj.content_id, chunk_size, index)
         expected = chunk_length(obj, chunk_size, index)
-        with self.store.env.begin(buffers=True) as txn:
+        with self.store.read_txn() as txn:
             value = txn.get(key, db=self.store.db(b"chunks"))
             if value is None:
                 return None

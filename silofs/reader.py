@@ -103,10 +103,10 @@ class ChunkReader:
         if self._txn is not None:
             self._txn.abort()
         try:
-            self._txn = self.store.env.begin(buffers=True)
+            self._txn = self.store.read_txn()
         except lmdb.MapResizedError:
             self.store.env.set_mapsize(0)  # the daemon grew the map: adopt its size
-            self._txn = self.store.env.begin(buffers=True)
+            self._txn = self.store.read_txn()
 
     def _from_lmdb(self, f: OpenFile, index: int, key: bytes) -> memoryview | None:
         assert self._txn is not None

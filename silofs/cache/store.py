@@ -23,7 +23,6 @@ import logging
 import os
 import random
 import struct
-import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
@@ -415,7 +414,3 @@ def env_map_size(cache_size: int) -> int:
 def disk_free(path: str) -> int:
     st = os.statvfs(path)
     return st.f_bavail * st.f_frsize
-
-
-def now() -> float:
-    return time.time()
