@@ -1,7 +1,8 @@
 """`silofs-ctl controller run`: the long-running allocation loop, or one dry run of it.
 
 Owns the command's options, signal handling and the allocation table it prints. Never:
-holds planning logic (controller.py), or shows a traceback for a bad config.
+holds planning logic (plan.py) or the loop (controller.py), or shows a traceback for a
+bad config.
 """
 
 from __future__ import annotations
@@ -15,7 +16,9 @@ import click
 
 from silofs.units import format_rate, format_size
 
-from .controller import Controller, Plan, load_controller_config
+from .controller import Controller
+from .controller_config import load_controller_config
+from .plan import Plan
 from .tomlcheck import ConfigError
 
 log = logging.getLogger(__name__)

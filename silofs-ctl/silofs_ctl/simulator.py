@@ -14,7 +14,7 @@ Model (docs/CONTROLLER.md has the details):
   fetches itself were already read (no effect until its next epoch), items another job
   on the same dataset fetches are unread by this one with probability
   (unread - H) / (not cached). At an epoch start H is the whole cached amount.
-- LRU (Alluxio): lru.py; hit ratio is 0 in a job's first epoch and the closed form after.
+- LRU (Alluxio): sim_lru.py; hit ratio is 0 in a job's first epoch and the closed form after.
 - The remote link is divided max-min fairly among jobs' remote demands, each capped by
   its IO allocation when the policy made one.
 - Rates are constant between events: arrivals, completions, epoch ends, a cache unit
@@ -28,7 +28,7 @@ import logging
 import math
 from dataclasses import dataclass, field, replace
 
-from . import lru
+from . import sim_lru
 from .estimator import ComputeEstimator, Estimator, SiloDEstimator, equal_share_perf
 from .model import POOL, Allocation, CacheUnit, Cluster, Job
 from .policies import CACHES, SCHEDULERS
@@ -322,7 +322,7 @@ class Simulation:
             rate = job.rate if job.rate > 0 else job.share * job.spec.ideal_io
             rates.setdefault(job.spec.dataset, []).append(rate)
             sizes[job.spec.dataset] = job.size
-        self.target = lru.holdings(self.cluster.total_cache, sizes, rates)
+        self.target = sim_lru.holdings(self.cluster.total_cache, sizes, rates)
         for dataset in list(self.resident):
             self.resident[dataset] = min(self.resident[dataset], self.target.get(dataset, 0.0))
 
@@ -360,7 +360,7 @@ class Simulation:
             return 0.0
         step = r / _LRU_SEGMENTS
         job.boundary = min(r, (math.floor(y / step + 1e-9) + 1) * step)
-        return lru.hit_between(r, y, job.boundary)
+        return sim_lru.hit_between(r, y, job.boundary)
 
     # ------------------------------------------------------------------- time
 

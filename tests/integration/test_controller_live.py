@@ -13,7 +13,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from silofs_ctl.controller import Controller, load_controller_config
+from silofs_ctl.controller import Controller
+from silofs_ctl.controller_config import load_controller_config
 
 from .conftest import dump
 

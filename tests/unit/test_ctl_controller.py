@@ -7,20 +7,18 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 from silofs_ctl.cli import main
-from silofs_ctl.controller import (
-    Controller,
+from silofs_ctl.controller import Controller
+from silofs_ctl.controller_cmd import render_plan
+from silofs_ctl.controller_config import (
     ControllerConfig,
     JobEntry,
     NodeConfig,
-    NodeError,
-    NodeSeen,
-    RateTracker,
     load_controller_config,
     load_jobs_file,
-    parse_status,
-    plan_allocations,
 )
-from silofs_ctl.controller_cmd import render_plan
+from silofs_ctl.nodes import NodeError
+from silofs_ctl.observe import NodeSeen, RateTracker, parse_status
+from silofs_ctl.plan import plan_allocations
 from silofs_ctl.tomlcheck import ConfigError
 
 MB, GB, TB = 10**6, 10**9, 10**12

@@ -7,8 +7,8 @@ from collections import OrderedDict
 from pathlib import Path
 
 import pytest
-from silofs_ctl.lru import distinct_fraction, hit_between, steady_hit_ratio
 from silofs_ctl.scenario import load_scenario, parse_scenario
+from silofs_ctl.sim_lru import distinct_fraction, hit_between, steady_hit_ratio
 from silofs_ctl.simulator import CACHE_CHOICES, SimulationError, simulate
 
 SCENARIOS = Path(__file__).resolve().parents[2] / "configs" / "scenarios"

@@ -2,7 +2,7 @@
 
 Owns: only the marker that the cache is a single LRU pool; what LRU does under
 random-once-per-epoch access (it thrashes) is modelled by the simulator (simulator.py,
-docs/CONTROLLER.md). Never: allocates cache or IO.
+sim_lru.py, docs/CONTROLLER.md). Never: allocates cache or IO.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""LRU under deep learning's access pattern: every item once per epoch, in a new random order.
+"""The simulator's model of an LRU cache under deep learning's access pattern: every item
+once per epoch, in a new random order (not silofs/cache/lru.py, the daemon's real LRU).
 
 Owns the closed forms the simulator uses for the Alluxio baseline. Never: keeps state.
 

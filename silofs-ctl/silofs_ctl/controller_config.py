@@ -1,0 +1,175 @@
+"""The controller's settings and its jobs file: TOML -> typed, checked dataclasses.
+
+Owns: the controller.toml and jobs.toml schemas (docs/CONTROLLER.md,
+configs/controller.toml), their defaults, and error messages naming the file and line.
+Never: talks to a node, plans, or accepts a key it does not know (a typo would silently
+fall back to a default).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .policies import FifoPolicy, GavelPolicy, GreedyPolicy, Policy, SjfPolicy
+from .tomlcheck import Checker, ConfigError, load_toml
+
+log = logging.getLogger(__name__)
+
+# The policies a controller config may name.
+POLICIES: dict[str, type[Policy]] = {
+    "gavel": GavelPolicy,
+    "sjf": SjfPolicy,
+    "fifo": FifoPolicy,
+    "greedy": GreedyPolicy,
+}
+CONFIG_KEYS = {"policy", "remote_io", "interval", "poll", "timeout", "jobs_file", "nodes"}
+NODE_KEYS = {"name", "socket", "gpus", "cache"}
+JOB_KEYS = {"name", "dataset", "gpus", "ideal_io", "nodes", "dataset_size", "epochs"}
+
+
+@dataclass(frozen=True)
+class NodeConfig:
+    name: str
+    socket: str
+    gpus: int = 0  # 0: as many as the jobs seen on it use
+    cache: int | None = None  # budget to divide; None: the daemon's own cache size
+
+
+@dataclass(frozen=True)
+class ControllerConfig:
+    policy: str
+    remote_io: float
+    nodes: tuple[NodeConfig, ...]
+    jobs_file: str | None = None
+    interval: float = 30.0
+    poll: float = 2.0
+    timeout: float = 5.0
+
+
+@dataclass(frozen=True)
+class JobEntry:
+    """One job as the jobs file describes it; every field but name and dataset optional."""
+
+    name: str
+    dataset: str
+    gpus: int = 1
+    ideal_io: float | None = None
+    nodes: tuple[str, ...] = ()
+    dataset_size: int | None = None
+    epochs: float | None = None
+
+
+def load_controller_config(path: str) -> ControllerConfig:
+    text = _read(path)
+    data = load_toml(text, path)
+    ck = Checker(path, text)
+    ck.check_keys(data, CONFIG_KEYS, ())
+    policy = data.get("policy", "gavel")
+    if policy not in POLICIES:
+        raise ck.fail(("policy",), f"unknown policy {policy!r} (try {', '.join(POLICIES)})")
+    remote_io = ck.rate(ck.need(data, "remote_io", ()), ("remote_io",), "remote_io")
+    nodes = _config_nodes(ck, data.get("nodes"))
+    jobs_file = data.get("jobs_file")
+    if jobs_file is not None and not isinstance(jobs_file, str):
+        raise ck.fail(("jobs_file",), "jobs_file must be a path")
+    if jobs_file:
+        jobs_file = str(Path(path).parent / jobs_file)  # relative to the config
+    return ControllerConfig(
+        policy=policy,
+        remote_io=remote_io,
+        nodes=nodes,
+        jobs_file=jobs_file,
+        interval=_positive(ck, data, "interval", 30.0),
+        poll=_positive(ck, data, "poll", 2.0),
+        timeout=_positive(ck, data, "timeout", 5.0),
+    )
+
+
+def _positive(ck: Checker, data: Mapping[str, Any], key: str, default: float) -> float:
+    value = ck.duration(data.get(key, default), (key,), key)
+    if value <= 0:
+        raise ck.fail((key,), f"{key} must be positive")
+    return value
+
+
+def _config_nodes(ck: Checker, raw: Any) -> tuple[NodeConfig, ...]:
+    if not isinstance(raw, list) or not raw:
+        raise ck.fail((), "the config needs at least one [[nodes]] table")
+    nodes = []
+    for i, table in enumerate(raw):
+        where = ("nodes", i)
+        ck.check_keys(table, NODE_KEYS, where)
+        name, socket = ck.need(table, "name", where), ck.need(table, "socket", where)
+        for key, value in (("name", name), ("socket", socket)):
+            if not isinstance(value, str) or not value:
+                raise ck.fail(where + (key,), f"{key} must be a non-empty string")
+        if any(n.name == name for n in nodes):
+            raise ck.fail(where + ("name",), f"node name {name!r} used twice")
+        gpus = 0
+        if "gpus" in table:
+            gpus = int(ck.number(table["gpus"], where + ("gpus",), "gpus", integer=True))
+        cache = ck.size(table["cache"], where + ("cache",), "cache") if "cache" in table else None
+        nodes.append(NodeConfig(name, socket, gpus, cache))
+    return tuple(nodes)
+
+
+def load_jobs_file(path: str) -> list[JobEntry]:
+    text = _read(path)
+    data = load_toml(text, path)
+    ck = Checker(path, text)
+    ck.check_keys(data, {"jobs"}, ())
+    raw = data.get("jobs", [])
+    if not isinstance(raw, list):
+        raise ck.fail(("jobs",), "jobs must be [[jobs]] tables")
+    entries: list[JobEntry] = []
+    for i, table in enumerate(raw):
+        entry = _job_entry(ck, table, ("jobs", i))
+        if any(e.name == entry.name for e in entries):
+            raise ck.fail(("jobs", i, "name"), f"job name {entry.name!r} used twice")
+        entries.append(entry)
+    return entries
+
+
+def _job_entry(ck: Checker, table: dict, where: tuple) -> JobEntry:
+    ck.check_keys(table, JOB_KEYS, where)
+    name, dataset = ck.need(table, "name", where), ck.need(table, "dataset", where)
+    for key, value in (("name", name), ("dataset", dataset)):
+        if not isinstance(value, str) or not value:
+            raise ck.fail(where + (key,), f"{key} must be a non-empty string")
+    nodes = table.get("nodes", [])
+    if not isinstance(nodes, list) or not all(isinstance(n, str) for n in nodes):
+        raise ck.fail(where + ("nodes",), "nodes must be a list of node names")
+    ideal = None
+    if "ideal_io" in table:
+        ideal = ck.rate(table["ideal_io"], where + ("ideal_io",), "ideal_io")
+        if ideal <= 0 or math.isinf(ideal):
+            raise ck.fail(where + ("ideal_io",), "ideal_io must be a positive, finite rate")
+    return JobEntry(
+        name=name,
+        dataset=dataset,
+        gpus=int(ck.number(table.get("gpus", 1), where + ("gpus",), "gpus", integer=True)),
+        ideal_io=ideal,
+        nodes=tuple(nodes),
+        dataset_size=(
+            ck.size(table["dataset_size"], where + ("dataset_size",), "dataset_size")
+            if "dataset_size" in table
+            else None
+        ),
+        epochs=(
+            float(ck.number(table["epochs"], where + ("epochs",), "epochs", integer=False))
+            if "epochs" in table
+            else None
+        ),
+    )
+
+
+def _read(path: str) -> str:
+    try:
+        return Path(path).read_text()
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from None

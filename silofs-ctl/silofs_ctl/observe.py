@@ -1,0 +1,128 @@
+"""What the controller sees: node statuses parsed, and rates measured from their counters.
+
+Owns: the fields the controller reads from GET /v1/status (docs/CONTROLLER.md), the
+per-node view of datasets and jobs, and RateTracker (a job's throughput and hit ratio
+over a poll window, and its best unthrottled rate, its f* when none is given).
+Never: talks to a node (the loop fetches statuses and hands them here), plans or pushes.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+# A job's measured rate counts as its f* only over a window at least this long.
+MIN_MEASURE_S = 5.0
+
+
+@dataclass
+class DatasetSeen:
+    uri: str
+    name: str
+    size: float
+    cached: float
+    allocation: float | None
+
+
+@dataclass
+class JobSeen:
+    """A job as one node reports it; rates per node, None when not measured yet."""
+
+    name: str
+    dataset: str
+    allocation: float | None
+    bytes_read: float
+    hit_bytes: float
+    throughput: float | None = None
+    hit_now: float | None = None  # measured over the last poll window
+    effective_cache: float | None = None  # cached bytes that can serve this epoch
+
+
+@dataclass
+class NodeSeen:
+    name: str
+    cache_size: float | None
+    datasets: dict[str, DatasetSeen]
+    jobs: dict[str, JobSeen]
+
+
+def parse_status(node: str, status: Mapping[str, Any]) -> NodeSeen:
+    """The fields the controller uses from GET /v1/status (docs/CONTROLLER.md)."""
+    info = status.get("node") or {}
+    datasets = {}
+    for d in status.get("datasets") or []:
+        uri = str(d.get("uri") or d.get("name"))
+        datasets[uri] = DatasetSeen(
+            uri=uri,
+            name=str(d.get("name") or uri),
+            size=float(d.get("size") or 0),
+            cached=float(d.get("cached_bytes") or 0),
+            allocation=_opt_float(d.get("cache_allocation")),
+        )
+    jobs = {}
+    for j in status.get("jobs") or []:
+        names = j.get("datasets") or ([j["dataset"]] if j.get("dataset") else [])
+        if not names:
+            continue  # a job with no mount yet reads nothing
+        read = float(j.get("bytes_read") or 0)
+        jobs[str(j["name"])] = JobSeen(
+            name=str(j["name"]),
+            dataset=str(names[0]),
+            allocation=_opt_float(j.get("io_allocation")),
+            bytes_read=read,
+            hit_bytes=float(j.get("hit_ratio") or 0) * read,
+            throughput=_opt_float(j.get("throughput")),
+            effective_cache=_opt_float(j.get("effective_cache")),
+        )
+    return NodeSeen(node, _opt_float(info.get("cache_size")), datasets, jobs)
+
+
+def _opt_float(value: Any) -> float | None:
+    return None if value is None else float(value)
+
+
+@dataclass
+class RateTracker:
+    """Rates from successive counters, and each job's best unthrottled throughput.
+
+    Status may give "throughput" directly; otherwise it is the change in bytes_read over
+    the window since the previous sample (at least MIN_MEASURE_S long). hit_now is the
+    hit ratio of the bytes read in that window: the per-job effective hit ratio.
+    """
+
+    samples: dict[tuple[str, str], tuple[float, float, float]] = field(default_factory=dict)
+    ideal: dict[str, float] = field(default_factory=dict)
+
+    def update(self, seen: Mapping[str, NodeSeen], now: float) -> None:
+        totals: dict[str, float] = {}
+        unthrottled: dict[str, bool] = {}
+        for node in seen.values():
+            for job in node.jobs.values():
+                self._measure(node.name, job, now)
+                if job.throughput is not None:
+                    totals[job.name] = totals.get(job.name, 0.0) + job.throughput
+                free = job.allocation is None
+                unthrottled[job.name] = unthrottled.get(job.name, True) and free
+        for name, rate in totals.items():
+            if unthrottled.get(name) and rate > 0:
+                self.ideal[name] = max(self.ideal.get(name, 0.0), rate)
+
+    def _measure(self, node: str, job: JobSeen, now: float) -> None:
+        key = (node, job.name)
+        before = self.samples.get(key)
+        if before is None or job.bytes_read < before[1]:  # first sample, or counters reset
+            self.samples[key] = (now, job.bytes_read, job.hit_bytes)
+            return
+        elapsed = now - before[0]
+        if elapsed < MIN_MEASURE_S:
+            return
+        read = job.bytes_read - before[1]
+        if job.throughput is None:
+            job.throughput = read / elapsed
+        if read > 0:
+            job.hit_now = min(1.0, max(0.0, (job.hit_bytes - before[2]) / read))
+        self.samples[key] = (now, job.bytes_read, job.hit_bytes)

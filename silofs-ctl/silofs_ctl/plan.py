@@ -1,0 +1,252 @@
+"""Planning: the cluster as observed -> a policy's problem -> what to push to each node.
+
+Owns: building the policy's jobs and per-node cache units from the jobs file and the
+node statuses, running the policy with SiloD's estimator, and turning its Allocation
+into per-node cache bytes and per-node job IO (a distributed job's IO split evenly over
+its nodes). Never: talks to a node, keeps state between rounds, or schedules GPUs (jobs
+and their placement are facts here).
+
+Each node keeps its own cache, so a cache unit is a (node, dataset) pair drawing from that
+node's budget. A job on several nodes reads an equal share through each; its IO
+allocation is split evenly across its nodes (papers/silod.md §6).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from .controller_config import POLICIES, ControllerConfig, JobEntry, NodeConfig
+from .estimator import SiloDEstimator
+from .model import Allocation, CacheUnit, Cluster, Job
+from .observe import JobSeen, NodeSeen
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class JobPlan:
+    name: str
+    dataset: str
+    nodes: tuple[str, ...]
+    f_star: float | None
+    io: float | None  # total bytes/s; None: unthrottled
+    note: str = ""
+
+
+@dataclass
+class Plan:
+    """What to push: cache bytes per (node, dataset URI), IO per (node, job)."""
+
+    cache: dict[str, dict[str, int]]
+    io: dict[str, dict[str, int | None]]
+    jobs: list[JobPlan]
+
+
+def unit_key(node: str, dataset: str) -> str:
+    return f"{node}|{dataset}"
+
+
+def plan_allocations(
+    config: ControllerConfig,
+    entries: Sequence[JobEntry],
+    seen: Mapping[str, NodeSeen],
+    ideal: Mapping[str, float],
+) -> Plan:
+    """Run the policy on the cluster as observed and turn its decision into pushes."""
+    jobs, cluster, unknown = build_problem(config, entries, seen, ideal)
+    alloc = POLICIES[config.policy]().allocate(jobs, cluster, SiloDEstimator())
+    return to_plan(config, jobs, unknown, cluster, alloc, seen)
+
+
+def build_problem(
+    config: ControllerConfig,
+    entries: Sequence[JobEntry],
+    seen: Mapping[str, NodeSeen],
+    ideal: Mapping[str, float],
+) -> tuple[list[Job], Cluster, list[JobPlan]]:
+    """Jobs (with f* known) and the cluster of per-node caches they read through.
+
+    Returns also the running jobs whose f* is unknown: they get no allocation (they run
+    unthrottled until measured) and are not part of the policy's problem.
+    """
+    by_name = {e.name: e for e in entries}
+    where: dict[str, list[str]] = {}
+    dataset_of: dict[str, str] = {}
+    for node in seen.values():
+        for job in node.jobs.values():
+            where.setdefault(job.name, []).append(node.name)
+            dataset_of.setdefault(job.name, job.dataset)
+    for entry in entries:
+        for node in entry.nodes:
+            if node in {n.name for n in config.nodes} and node not in where.get(entry.name, []):
+                where.setdefault(entry.name, []).append(node)
+        if entry.name in where:
+            dataset_of[entry.name] = _canonical(entry.dataset, seen) or dataset_of.get(
+                entry.name, entry.dataset
+            )
+    units: dict[str, CacheUnit] = {}
+    jobs: list[Job] = []
+    unknown: list[JobPlan] = []
+    for name in sorted(where):
+        entry = by_name.get(name)
+        dataset = dataset_of[name]
+        nodes = tuple(sorted(where[name]))
+        f_star = entry.ideal_io if entry and entry.ideal_io else ideal.get(name)
+        size = _dataset_size(dataset, entry, seen)
+        if f_star is None or size is None:
+            why = (
+                "f* not known yet: unthrottled until measured"
+                if f_star is None
+                else ("dataset size not known")
+            )
+            unknown.append(JobPlan(name, dataset, nodes, f_star, None, why))
+            continue
+        reads = {}
+        for node in nodes:
+            key = unit_key(node, dataset)
+            units[key] = CacheUnit(key, node, dataset, size)
+            reads[key] = 1.0 / len(nodes)
+        jobs.append(_job(name, dataset, entry, f_star, reads, nodes, seen, size))
+    return jobs, _cluster(config, jobs, units, seen), unknown
+
+
+def _job(
+    name: str,
+    dataset: str,
+    entry: JobEntry | None,
+    f_star: float,
+    reads: dict[str, float],
+    nodes: tuple[str, ...],
+    seen: Mapping[str, NodeSeen],
+    size: float,
+) -> Job:
+    gpus = entry.gpus if entry else 1
+    reports = [seen[n].jobs[name] for n in nodes if n in seen and name in seen[n].jobs]
+    done = sum(r.bytes_read for r in reports)
+    remaining = max(0.0, entry.epochs * size - done) if entry and entry.epochs else math.inf
+    hits = [_hit_now(r, size) for r in reports]
+    hits = [h for h in hits if h is not None]
+    hit_now = sum(hits) / len(hits) if hits and len(hits) == len(nodes) else None
+    per_node = max(1, gpus // len(nodes))
+    return Job(
+        name=name,
+        dataset=dataset,
+        gpus=gpus,
+        f_star=f_star,
+        reads=reads,
+        remaining=remaining,
+        placement={n: per_node for n in nodes},
+        hit_now=hit_now,
+    )
+
+
+def _hit_now(report: JobSeen, size: float) -> float | None:
+    """The job's hit ratio this epoch on one node: its effective cache over the dataset
+    (uniform caching; what was cached when the epoch began, §6), else as measured."""
+    if report.effective_cache is not None and size > 0:
+        return min(1.0, report.effective_cache / size)
+    return report.hit_now
+
+
+def _cluster(
+    config: ControllerConfig,
+    jobs: Sequence[Job],
+    units: dict[str, CacheUnit],
+    seen: Mapping[str, NodeSeen],
+) -> Cluster:
+    # The jobs already run, so every node has at least the GPUs its jobs hold.
+    used: dict[str, int] = {}
+    for job in jobs:
+        for node, n in (job.placement or {}).items():
+            used[node] = used.get(node, 0) + n
+    gpus = {n.name: max(n.gpus, used.get(n.name, 0)) for n in config.nodes}
+    pools = {n.name: float(_budget(n, seen)) for n in config.nodes}
+    cached = {}
+    for key, unit in units.items():
+        node = seen.get(unit.pool)
+        ds = node.datasets.get(unit.dataset) if node else None
+        cached[key] = ds.cached if ds else 0.0
+    return Cluster(gpus, dict(pools), config.remote_io, pools, units, cached)
+
+
+def _budget(node: NodeConfig, seen: Mapping[str, NodeSeen]) -> float:
+    if node.cache is not None:
+        return node.cache
+    status = seen.get(node.name)
+    if status is None or status.cache_size is None:
+        return 0.0
+    return status.cache_size
+
+
+def _canonical(dataset: str, seen: Mapping[str, NodeSeen]) -> str | None:
+    """A dataset named by URI or by a daemon's short name -> its canonical URI."""
+    for node in seen.values():
+        for ds in node.datasets.values():
+            if dataset in (ds.uri, ds.name):
+                return ds.uri
+    return None
+
+
+def _dataset_size(
+    dataset: str, entry: JobEntry | None, seen: Mapping[str, NodeSeen]
+) -> float | None:
+    if entry and entry.dataset_size:
+        return float(entry.dataset_size)
+    for node in seen.values():
+        ds = node.datasets.get(dataset)
+        if ds and ds.size > 0:
+            return ds.size
+    return None
+
+
+def to_plan(
+    config: ControllerConfig,
+    jobs: Sequence[Job],
+    unknown: Sequence[JobPlan],
+    cluster: Cluster,
+    alloc: Allocation,
+    seen: Mapping[str, NodeSeen],
+) -> Plan:
+    cache: dict[str, dict[str, int]] = {n.name: {} for n in config.nodes}
+    for key, unit in cluster.units.items():
+        cache[unit.pool][unit.dataset] = int(alloc.cache.get(key, 0.0))
+    _keep_idle(cache, cluster, seen)
+    io: dict[str, dict[str, int | None]] = {n.name: {} for n in config.nodes}
+    plans = []
+    for job in jobs:
+        total = alloc.io.get(job.name)
+        nodes = tuple(sorted({cluster.units[k].pool for k in job.reads}))
+        for node in nodes:
+            io[node][job.name] = _split(total, len(nodes))
+        plans.append(JobPlan(job.name, job.dataset, nodes, job.f_star, total))
+    for job in unknown:
+        for node in job.nodes:
+            io.setdefault(node, {})[job.name] = None
+        plans.append(job)
+    return Plan(cache, io, sorted(plans, key=lambda p: p.name))
+
+
+def _split(total: float | None, parts: int) -> int | None:
+    """A distributed job's IO divided evenly across its nodes; None stays unthrottled."""
+    if total is None or math.isinf(total):
+        return None
+    return int(total / parts)
+
+
+def _keep_idle(
+    cache: dict[str, dict[str, int]], cluster: Cluster, seen: Mapping[str, NodeSeen]
+) -> None:
+    """Datasets no running job reads keep what they have cached while their node has
+    room (a job may come back to them), and are squeezed to 0 when it has not."""
+    for node, status in seen.items():
+        if node not in cache:
+            continue
+        room = cluster.pools.get(node, 0.0) - sum(cache[node].values())
+        idle = [d for d in status.datasets.values() if d.uri not in cache[node]]
+        for ds in sorted(idle, key=lambda d: (-d.cached, d.uri)):
+            keep = int(max(0.0, min(ds.cached, room)))
+            cache[node][ds.uri] = keep
+            room -= keep
