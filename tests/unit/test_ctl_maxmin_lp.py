@@ -121,3 +121,116 @@ def assert_feasible(jobs: list[Job], cluster: Cluster, rates: dict, cache: dict)
     assert io <= cluster.remote_io * (1 + 1e-7)
     assert sum(rates[j.name] / j.f_star * j.gpus for j in jobs) <= cluster.total_gpus * (1 + 1e-9)
     assert all(rates[j.name] <= j.f_star * (1 + 1e-9) for j in jobs)
+
+
+def large_instance(n_jobs: int, seed: int) -> tuple[list[Job], Cluster]:
+    """A live-controller-shaped instance: n_jobs jobs, n_jobs/10 datasets, n_jobs/8 nodes
+    each its own pool, a tenth of the jobs spread over two nodes; MB/s and GB."""
+    rng = random.Random(seed)
+    n_pools, n_data = n_jobs // 8, n_jobs // 10
+    pools = {f"p{i}": rng.uniform(500, 4000) for i in range(n_pools)}
+    sizes = {f"d{i}": rng.uniform(100, 2000) for i in range(n_data)}
+    units: dict[str, CacheUnit] = {}
+    jobs = []
+    for i in range(n_jobs):
+        ds = f"d{rng.randrange(n_data)}"
+        first = rng.randrange(n_pools)
+        where = [f"p{first}"] + ([f"p{(first + 1) % n_pools}"] if rng.random() < 0.1 else [])
+        reads = {}
+        for pool in where:
+            key = f"{pool}|{ds}"
+            units[key] = CacheUnit(key, pool, ds, sizes[ds])
+            reads[key] = 1.0 / len(where)
+        gpus = rng.choice([1, 1, 2, 4, 8])
+        jobs.append(Job(f"j{i}", ds, gpus, gpus * rng.uniform(10, 120), reads))
+    demand = sum(j.f_star for j in jobs)
+    cluster = Cluster({"all": 8 * n_pools}, {"all": sum(pools.values())}, demand / 5, pools, units)
+    return jobs, cluster
+
+
+def sparse_lp_level(jobs: list[Job], cluster: Cluster, e: dict[str, float]) -> float:
+    """lp_level's program with a sparse constraint matrix (thousands of variables)."""
+    from scipy.sparse import coo_matrix
+
+    keys = sorted(cluster.units)
+    index = {k: u for u, k in enumerate(keys)}
+    n, m = len(jobs), len(keys)
+    nv = 1 + 2 * n + m
+    data: list[float] = []
+    rows: list[int] = []
+    cols: list[int] = []
+    rhs: list[float] = []
+
+    def add(coefs: dict[int, float], bound: float) -> None:
+        for k, v in coefs.items():
+            rows.append(len(rhs))
+            cols.append(k)
+            data.append(v)
+        rhs.append(bound)
+
+    for j, job in enumerate(jobs):
+        add({1 + j: -job.f_star}, -e[job.name])
+        add({1 + j: 1.0, 0: -1.0}, 0.0)
+        miss = {
+            1 + 2 * n + index[k]: -e[job.name] * w / cluster.units[k].size
+            for k, w in job.reads.items()
+        }
+        add({**miss, 1 + n + j: -1.0}, -e[job.name] * sum(job.reads.values()))
+    add({**{1 + j: float(job.gpus) for j, job in enumerate(jobs)}, 0: -cluster.total_gpus}, 0.0)
+    add({**{1 + n + j: 1.0 for j in range(n)}, 0: -cluster.remote_io}, 0.0)
+    for pool, cap in cluster.pools.items():
+        add({1 + 2 * n + u: 1.0 for u, k in enumerate(keys) if cluster.units[k].pool == pool}, cap)
+    a_ub = coo_matrix((data, (rows, cols)), shape=(len(rhs), nv)).tocsr()
+    bounds = [(0, None)] * (1 + 2 * n) + [(0, cluster.units[k].size) for k in keys]
+    cost = np.zeros(nv)
+    cost[0] = 1.0
+    res = linprog(
+        cost,
+        A_ub=a_ub,
+        b_ub=np.array(rhs),
+        bounds=bounds,
+        method="highs",
+        options={"primal_feasibility_tolerance": 1e-10, "dual_feasibility_tolerance": 1e-10},
+    )
+    assert res.status == 0, res.message
+    return 1.0 / res.x[0]
+
+
+def reference_maxmin(jobs: list[Job], cluster: Cluster, e: dict[str, float]) -> dict[str, float]:
+    """Progressive filling one round at a time, every round solving the knapsack: the
+    plain form of policies/gavel.py's maxmin, before ceiling rounds were taken in bulk."""
+    from silofs_ctl.policies.gavel import _binding, _gpu_limit, _io_limit, _Loads
+
+    live = [j for j in jobs if e.get(j.name, 0.0) > 0 and j.f_star > 0]
+    fixed = {j.name: 0.0 for j in jobs if j not in live}
+    free, lam = list(live), 0.0
+    while free:
+        loads = _Loads(jobs, fixed, e)
+        lam_io = _io_limit(loads, cluster, lam)
+        lam_gpu = _gpu_limit(free, fixed, e, jobs, cluster.total_gpus)
+        caps = {j.name: j.f_star / e[j.name] for j in free}
+        lam = max(lam, min(lam_io, lam_gpu, min(caps.values())))
+        frozen = _binding(free, caps, lam, lam_io, lam_gpu, loads, cluster)
+        for job in frozen:
+            fixed[job.name] = min(job.f_star, lam * e[job.name])
+        names = {j.name for j in frozen}
+        free = [j for j in free if j.name not in names]
+    return fixed
+
+
+@pytest.mark.parametrize("io_scale", [1.0, 0.05])
+def test_fast_maxmin_at_1000_jobs_matches_lp_and_round_by_round_filling(io_scale: float) -> None:
+    """The bulk ceiling rounds change nothing: the level is the LP's, every job's rate is
+    the plain round-by-round loop's, and the allocation is feasible."""
+    jobs, cluster = large_instance(1000, seed=12)
+    from dataclasses import replace
+
+    cluster = replace(cluster, remote_io=cluster.remote_io * io_scale)
+    e = equal_share_perf(jobs, cluster, SiloDEstimator())
+    fast = maxmin(jobs, cluster, e)
+    assert fast.level == pytest.approx(sparse_lp_level(jobs, cluster, e), rel=1e-6)
+    slow = reference_maxmin(jobs, cluster, e)
+    assert fast.rates.keys() == slow.keys()
+    for name, rate in slow.items():
+        assert fast.rates[name] == pytest.approx(rate, rel=1e-12, abs=1e-12)
+    assert_feasible(jobs, cluster, fast.rates, fast.cache)

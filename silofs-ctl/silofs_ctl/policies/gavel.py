@@ -137,25 +137,128 @@ def maxmin_level(
 def maxmin(
     jobs: Sequence[Job], cluster: Cluster, e: Mapping[str, float], io_aware: bool = True
 ) -> MaxMin:
-    """Progressive filling whose first round is exactly the Eq. 9 optimum."""
+    """Progressive filling whose first round is exactly the Eq. 9 optimum.
+
+    Each round raises the free jobs together to the first binding limit and freezes the
+    jobs it binds. Most rounds only reach the next job's own ceiling (f*_j / e_j); they
+    are taken in bulk (_cap_rounds) with the same outcome, so the number of full rounds,
+    each of which solves the cache knapsack, is the number of times IO or GPUs bind.
+    """
     live = [j for j in jobs if e.get(j.name, 0.0) > 0 and j.f_star > 0]
-    fixed: dict[str, float] = {j.name: 0.0 for j in jobs if j not in live}
-    free = list(live)
+    live_names = {j.name for j in live}
+    fixed: dict[str, float] = {j.name: 0.0 for j in jobs if j.name not in live_names}
+    caps = {j.name: j.f_star / e[j.name] for j in live}
+    # Free jobs in ascending ceiling: a round's own-ceiling freezes are then a prefix.
+    free = sorted(live, key=lambda j: (caps[j.name], j.name))
     lam = 0.0
     first = None
     while free:
+        for level, group in _cap_rounds(free, lam, caps, fixed, e, jobs, cluster, io_aware):
+            lam = max(lam, level)
+            first = lam if first is None else first
+            for job in group:
+                fixed[job.name] = min(job.f_star, lam * e[job.name])
+            free = free[len(group) :]
+        if not free:
+            break
         loads = _Loads(jobs, fixed, e)
         lam_io = _io_limit(loads, cluster, lam) if io_aware else math.inf
         lam_gpu = _gpu_limit(free, fixed, e, jobs, cluster.total_gpus)
-        caps = {j.name: j.f_star / e[j.name] for j in free}
-        lam = max(lam, min(lam_io, lam_gpu, min(caps.values())))
+        lam = max(lam, min(lam_io, lam_gpu, caps[free[0].name]))
         first = lam if first is None else first
         frozen = _binding(free, caps, lam, lam_io, lam_gpu, loads, cluster)
         for job in frozen:
             fixed[job.name] = min(job.f_star, lam * e[job.name])
-        free = [j for j in free if j not in frozen]
+        gone = {j.name for j in frozen}
+        free = [j for j in free if j.name not in gone]
     cache = _Loads(jobs, fixed, e).best_cache(0.0, cluster) if io_aware else {}
     return MaxMin(first or 0.0, fixed, cache)
+
+
+# A bulk round must be one the plain loop would also take as a pure ceiling round. GPU
+# use is summed in another order than _gpu_limit does, so near a tie with the GPU limit
+# the round is left to the plain loop (exact either way, only slower).
+_MARGIN = 1e-9
+
+
+def _cap_rounds(
+    free: Sequence[Job],
+    lam: float,
+    caps: Mapping[str, float],
+    fixed: Mapping[str, float],
+    e: Mapping[str, float],
+    jobs: Sequence[Job],
+    cluster: Cluster,
+    io_aware: bool,
+) -> list[tuple[float, list[Job]]]:
+    """The leading rounds of progressive filling in which neither GPUs nor IO bind, each
+    as (level, the jobs frozen at their ceiling), for `free` in ascending ceiling.
+
+    Round g (level L_g, the least free ceiling) only freezes its ceiling group when the
+    GPU and IO limits lie above L_g (1 + _TOL), given rounds 0..g-1 done. Both GPU use
+    and IO need (the knapsack) only grow with every job's rate, and every job's rate at
+    round g is at least its rate at round g-1, so that holds for a prefix of rounds:
+    binary search finds it, GPUs with prefix sums, IO with O(log rounds) solutions of
+    the same _io_limit the plain round would compute.
+    """
+    groups: list[tuple[float, int]] = []  # (level, end index in free)
+    i = 0
+    while i < len(free):
+        level = caps[free[i].name]
+        near = level * (1 + _TOL)
+        k = i + 1
+        while k < len(free) and caps[free[k].name] <= near:
+            k += 1
+        groups.append((level, k))
+        i = k
+    # GPUs: with groups < g frozen at their level, used(g) + per_lam(g) * lam.
+    used0 = sum(j.gpus * fixed[j.name] / j.f_star for j in jobs if j.name in fixed)
+    per_lam = sum(j.gpus * e[j.name] / j.f_star for j in free)
+    gpu_ok: list[bool] = []
+    used, start = used0, 0
+    for level, end in groups:
+        near = level * (1 + _TOL) * (1 + _MARGIN)
+        gpu_ok.append(used + per_lam * near < cluster.total_gpus * (1 - _MARGIN))
+        if not gpu_ok[-1]:
+            break
+        for job in free[start:end]:
+            used += job.gpus * min(job.f_star, level * e[job.name]) / job.f_star
+            per_lam -= job.gpus * e[job.name] / job.f_star
+        start = end
+    top = len(gpu_ok) if all(gpu_ok) else len(gpu_ok) - 1  # rounds 0..top-1 GPU-free
+    if io_aware and not math.isinf(cluster.remote_io) and top > 0:
+
+        def io_ok(g: int) -> bool:
+            """Round g's IO limit, computed as the plain loop would, is above its level."""
+            frozen = dict(fixed)
+            begin = 0
+            for level, end in groups[:g]:
+                for job in free[begin:end]:
+                    frozen[job.name] = min(job.f_star, level * e[job.name])
+                begin = end
+            start = max(lam, groups[g - 1][0]) if g > 0 else lam
+            limit = _io_limit(_Loads(jobs, frozen, e), cluster, start)
+            return limit > groups[g][0] * (1 + _TOL)
+
+        # Usually IO binds in none of the rounds, or (just after it bound) in the first.
+        if not io_ok(top - 1):
+            if not io_ok(0):
+                top = 0
+            else:
+                lo, hi = 1, top - 1  # io_ok holds below lo, fails at hi
+                while lo < hi:
+                    mid = (lo + hi) // 2
+                    if io_ok(mid):
+                        lo = mid + 1
+                    else:
+                        hi = mid
+                top = lo
+    out = []
+    begin = 0
+    for level, end in groups[:top]:
+        out.append((level, list(free[begin:end])))
+        begin = end
+    return out
 
 
 def _binding(
@@ -175,7 +278,10 @@ def _binding(
     frozen = [j for j in free if caps[j.name] <= near]
     if lam_io <= near:
         cache = loads.best_cache(lam, cluster)
-        frozen += [j for j in free if j not in frozen and hit_ratio(j, cache, cluster) < 1 - _TOL]
+        held = {j.name for j in frozen}
+        frozen += [
+            j for j in free if j.name not in held and hit_ratio(j, cache, cluster) < 1 - _TOL
+        ]
     return frozen or list(free)
 
 
