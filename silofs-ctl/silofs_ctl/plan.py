@@ -73,6 +73,8 @@ def build_problem(
     unthrottled until measured) and are not part of the policy's problem.
     """
     by_name = {e.name: e for e in entries}
+    configured = {n.name for n in config.nodes}
+    index = _DatasetIndex(seen)
     where: dict[str, list[str]] = {}
     dataset_of: dict[str, str] = {}
     for node in seen.values():
@@ -81,10 +83,10 @@ def build_problem(
             dataset_of.setdefault(job.name, job.dataset)
     for entry in entries:
         for node in entry.nodes:
-            if node in {n.name for n in config.nodes} and node not in where.get(entry.name, []):
+            if node in configured and node not in where.get(entry.name, []):
                 where.setdefault(entry.name, []).append(node)
         if entry.name in where:
-            dataset_of[entry.name] = _canonical(entry.dataset, seen) or dataset_of.get(
+            dataset_of[entry.name] = index.canonical(entry.dataset) or dataset_of.get(
                 entry.name, entry.dataset
             )
     units: dict[str, CacheUnit] = {}
@@ -95,7 +97,7 @@ def build_problem(
         dataset = dataset_of[name]
         nodes = tuple(sorted(where[name]))
         f_star = entry.ideal_io if entry and entry.ideal_io else ideal.get(name)
-        size = _dataset_size(dataset, entry, seen)
+        size = float(entry.dataset_size) if entry and entry.dataset_size else index.size(dataset)
         if f_star is None or size is None:
             why = (
                 "f* not known yet: unthrottled until measured"
@@ -181,25 +183,30 @@ def _budget(node: NodeConfig, seen: Mapping[str, NodeSeen]) -> float:
     return status.cache_size
 
 
-def _canonical(dataset: str, seen: Mapping[str, NodeSeen]) -> str | None:
-    """A dataset named by URI or by a daemon's short name -> its canonical URI."""
-    for node in seen.values():
-        for ds in node.datasets.values():
-            if dataset in (ds.uri, ds.name):
-                return ds.uri
-    return None
+class _DatasetIndex:
+    """The datasets the nodes report, indexed once per plan (a lookup per job that scans
+    every node would make planning O(jobs x nodes)).
 
+    Lookups answer what a scan of the nodes in order would: the first dataset whose URI
+    or short name matches, and the first positive size reported for a URI.
+    """
 
-def _dataset_size(
-    dataset: str, entry: JobEntry | None, seen: Mapping[str, NodeSeen]
-) -> float | None:
-    if entry and entry.dataset_size:
-        return float(entry.dataset_size)
-    for node in seen.values():
-        ds = node.datasets.get(dataset)
-        if ds and ds.size > 0:
-            return ds.size
-    return None
+    def __init__(self, seen: Mapping[str, NodeSeen]) -> None:
+        self.uris: dict[str, str] = {}
+        self.sizes: dict[str, float] = {}
+        for node in seen.values():
+            for key, ds in node.datasets.items():
+                self.uris.setdefault(ds.uri, ds.uri)
+                self.uris.setdefault(ds.name, ds.uri)
+                if ds.size > 0:
+                    self.sizes.setdefault(key, ds.size)
+
+    def canonical(self, dataset: str) -> str | None:
+        """A dataset named by URI or by a daemon's short name -> its canonical URI."""
+        return self.uris.get(dataset)
+
+    def size(self, dataset: str) -> float | None:
+        return self.sizes.get(dataset)
 
 
 def to_plan(

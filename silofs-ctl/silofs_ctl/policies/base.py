@@ -62,16 +62,14 @@ def water_fill(capacity: float, demands: Mapping[str, float]) -> dict[str, float
     out = {name: 0.0 for name in demands}
     left = capacity
     pending = sorted(demands.items(), key=lambda kv: kv[1])
-    while pending:
-        fair = left / len(pending) if not math.isinf(left) else math.inf
-        name, demand = pending[0]
+    for i, (name, demand) in enumerate(pending):  # smallest demand first
+        fair = left / (len(pending) - i) if not math.isinf(left) else math.inf
         if demand > fair:
-            for other, _ in pending:
+            for other, _ in pending[i:]:
                 out[other] = fair
             return out
         out[name] = demand
         left -= demand
-        pending.pop(0)
     return out
 
 

@@ -40,15 +40,19 @@ class Choice:
     units: list[str]
 
 
-def vanilla_score(job: Job, cluster: Cluster) -> float:
-    """Eq. 6 with GPUs as the only resource and perf = f*."""
-    return job.remaining / job.f_star * job.gpus / cluster.total_gpus
+def vanilla_score(job: Job, cluster: Cluster, total_gpus: int | None = None) -> float:
+    """Eq. 6 with GPUs as the only resource and perf = f*. total_gpus: the cluster's,
+    when the caller has it (summing the nodes per job is O(jobs x nodes))."""
+    total = cluster.total_gpus if total_gpus is None else total_gpus
+    return job.remaining / job.f_star * job.gpus / total
 
 
-def silod_choice(job: Job, cluster: Cluster, readers: dict[str, int]) -> Choice:
+def silod_choice(
+    job: Job, cluster: Cluster, readers: dict[str, int], total_gpus: int | None = None
+) -> Choice:
     """Eq. 7 minimised in closed form (see the module docstring)."""
     b_total = cluster.remote_io
-    cost = job.gpus / cluster.total_gpus
+    cost = job.gpus / (cluster.total_gpus if total_gpus is None else total_gpus)
     miss = 1.0
     units = []
     for key, weight in job.reads.items():
@@ -78,11 +82,12 @@ class SjfPolicy:
         for job in jobs:
             for key in job.reads:
                 readers[key] = readers.get(key, 0) + 1
+        total = cluster.total_gpus
         if estimator.io_aware:
-            choices = {j.name: silod_choice(j, cluster, readers) for j in jobs}
+            choices = {j.name: silod_choice(j, cluster, readers, total) for j in jobs}
             order = by_priority(jobs, lambda j: choices[j.name].score)
         else:
-            order = by_priority(jobs, lambda j: vanilla_score(j, cluster))
+            order = by_priority(jobs, lambda j: vanilla_score(j, cluster, total))
         alloc = Allocation(placement=place(order, cluster, strict=False))
         running = [j for j in order if j.name in alloc.placement]
         alloc.gpu_share = {j.name: 1.0 for j in running}
