@@ -26,6 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 
 from silofs.control.client import ControlClient, ControlError  # noqa: E402
+from silofs.mountinfo import is_mounted  # noqa: E402
 
 READ_BUF = 1 << 20
 
@@ -36,8 +37,7 @@ def silofs_cmd(*args: str) -> list[str]:
 
 def mounted(path: str) -> bool:
     target = os.path.abspath(path)
-    with open("/proc/self/mountinfo") as f:
-        return any(line.split()[4].encode().decode("unicode_escape") == target for line in f)
+    return is_mounted(target)
 
 
 def force_unmount(path: str) -> None:

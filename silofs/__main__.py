@@ -1,3 +1,3 @@
-from .cli import main
+from silofs.cli import main
 
 main()

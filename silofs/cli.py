@@ -20,10 +20,11 @@ from typing import Any
 
 import click
 
-from .config import MountSettings, NodeSettings, default_socket, load_node_settings
-from .control.client import ControlClient, ControlError
-from .errors import SilofsError, UsageError
-from .units import parse_rate, parse_size
+from silofs.config import MountSettings, NodeSettings, default_socket, load_node_settings
+from silofs.control.client import ControlClient, ControlError
+from silofs.errors import SilofsError, UsageError
+from silofs.mountinfo import silofs_mounts
+from silofs.units import parse_rate, parse_size
 
 log = logging.getLogger(__name__)
 
@@ -127,8 +128,8 @@ def daemon(
     log_level: str | None,
 ) -> None:
     """Run the node daemon in the foreground (systemd Type=notify)."""
-    from .control.http import AddressInUseError
-    from .daemon import run_daemon
+    from silofs.control.server import AddressInUseError
+    from silofs.node.service import run_daemon
 
     settings = load_node_settings(
         config_file,
@@ -326,7 +327,7 @@ def mount(
     URI: file:///abs/dir (or a local path), s3://bucket/prefix, az://account/container/prefix,
     gs://bucket/prefix. Returns once the mount is ready.
     """
-    from .backends import parse_uri
+    from silofs.uri import parse_uri
 
     socket = socket or default_socket()
     canonical = parse_uri(uri).canonical
@@ -357,7 +358,7 @@ def mount(
 
 
 def _mount_foreground(settings: MountSettings, socket: str, log_level: str) -> None:
-    from .mount import run_mount
+    from silofs.mount.process import run_mount
 
     setup_logging(log_level)
     errors: list[str] = []
@@ -423,7 +424,7 @@ def mount_process(
     ready_fd: int, socket: str, log_level: str, log_file: str | None, settings_json: str
 ) -> None:
     """Internal: the background mount process started by `silofs mount`."""
-    from .mount import run_mount
+    from silofs.mount.process import run_mount
 
     setup_logging(log_level, log_file)
     settings = MountSettings(**json.loads(settings_json))
@@ -443,18 +444,6 @@ def mount_process(
 
 
 # -- unmount ---------------------------------------------------------------------------
-def silofs_mounts() -> dict[str, str]:
-    """Mountpoint -> fs type of the FUSE mounts in this namespace that are ours."""
-    out = {}
-    with open("/proc/self/mountinfo") as f:
-        for line in f:
-            fields = line.split()
-            sep = fields.index("-")
-            if fields[sep + 1].startswith("fuse") and "silofs" in line:
-                out[fields[4].encode().decode("unicode_escape")] = fields[sep + 1]
-    return out
-
-
 @main.command()
 @click.argument("mountpoint")
 @socket_option
@@ -512,7 +501,7 @@ def demo(root: str | None, epochs: int, files: int, big_mb: int) -> None:
     """Mount a local sample dataset, read it twice, show the cache at work."""
     from pathlib import Path
 
-    from .demo import run_demo
+    from silofs.demo import run_demo
 
     run_demo(Path(root or "/var/tmp/silofs-demo"), epochs, files, big_mb << 20)
 

@@ -11,8 +11,8 @@ import os
 import tomllib
 from dataclasses import dataclass, field
 
-from .errors import UsageError
-from .units import parse_rate, parse_size
+from silofs.errors import UsageError
+from silofs.units import parse_rate, parse_size
 
 
 def default_socket() -> str:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import click
 
-from .control.client import ControlClient, ControlError
+from silofs.control.client import ControlClient, ControlError
 
 SMALL_FILES = 500
 SMALL_SIZE = 110 << 10

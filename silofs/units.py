@@ -14,7 +14,7 @@ import math
 import re
 from fractions import Fraction
 
-from .errors import UsageError
+from silofs.errors import UsageError
 
 MAX_VALUE = 2**63 - 1  # sizes and rates end up in u64 fields and LMDB rows
 

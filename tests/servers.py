@@ -32,7 +32,7 @@ from typing import IO, Protocol
 
 import pytest
 
-from silofs.backends import BackendOptions
+from silofs.node.backends import BackendOptions
 
 log = logging.getLogger(__name__)
 

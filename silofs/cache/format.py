@@ -20,10 +20,17 @@ Layout of a value (little-endian):
 
 from __future__ import annotations
 
+import logging
 import struct
 from dataclasses import dataclass
+from typing import Protocol
 
 import xxhash
+
+from silofs.errors import UsageError
+from silofs.records import ObjectInfo
+
+log = logging.getLogger(__name__)
 
 MAGIC = b"SLFC"
 FORMAT_VERSION = 1
@@ -47,6 +54,39 @@ class ChunkHeader:
     key: str
     content_id: str
     header_len: int
+
+
+def chunk_length(obj: ObjectInfo, chunk_size: int, index: int) -> int:
+    """Bytes in chunk `index` of `obj`; UsageError if the index is past the end."""
+    start = index * chunk_size
+    if index < 0 or (start >= obj.size and not (obj.size == 0 and index == 0)):
+        raise UsageError(f"chunk {index} is past the end of {obj.key}")
+    return min(chunk_size, obj.size - start)
+
+
+@dataclass(frozen=True)
+class ChunkRef:
+    """Chunk `index` of a listed object cut into `chunk_size` pieces, with its key and
+    length computed once: every step of a read or a miss passes this along."""
+
+    obj: ObjectInfo
+    chunk_size: int
+    index: int
+    key: bytes
+    length: int
+
+    @classmethod
+    def of(cls, obj: ObjectInfo, chunk_size: int, index: int) -> ChunkRef:
+        length = chunk_length(obj, chunk_size, index)
+        return cls(obj, chunk_size, index, chunk_key(obj.content_id, chunk_size, index), length)
+
+    @property
+    def start(self) -> int:
+        return self.index * self.chunk_size
+
+
+class CorruptCounter(Protocol):
+    corrupt_chunks: int
 
 
 def chunk_key(content_id: str, chunk_size: int, index: int) -> bytes:
@@ -122,3 +162,21 @@ def verify_chunk(
     if h.intdigest() != hdr.checksum:
         raise ChunkFormatError("checksum mismatch")
     return mv[hdr.header_len :]
+
+
+def checked_chunk(
+    value: bytes | memoryview, ref: ChunkRef, counts: CorruptCounter
+) -> memoryview | None:
+    """The data of a cached value if it is exactly `ref`, else None: a corrupt value is
+    counted in `counts` and logged once here, and the caller treats it as a miss."""
+    try:
+        return verify_chunk(value, ref.obj.content_id, ref.chunk_size, ref.index, ref.length)
+    except ChunkFormatError as exc:
+        counts.corrupt_chunks += 1
+        log.warning(
+            "cached chunk %d of %s failed verification (%s); refetching",
+            ref.index,
+            ref.obj.key,
+            exc,
+        )
+        return None

@@ -29,9 +29,9 @@ from dataclasses import dataclass
 import lmdb
 import xxhash
 
-from ..backends.base import ObjectInfo
-from ..errors import SilofsError
-from .format import KEY_SIZE
+from silofs.cache.format import KEY_SIZE
+from silofs.errors import SilofsError
+from silofs.records import ObjectInfo
 
 log = logging.getLogger(__name__)
 
@@ -372,7 +372,7 @@ class CacheStore:
                             work[dsid] = Usage()  # accounting said more than there is
                             self._put_usage(txn, dsid, work[dsid])
                             break
-                        batch_freed += self._remove_owned(txn, dsid, key, work)
+                        batch_freed += self.remove_owned(txn, dsid, key, work)
             except lmdb.MapFullError:
                 # Deleting needs free pages too; smaller txns need fewer (the headroom
                 # admission leaves always fits one).
@@ -397,9 +397,15 @@ class CacheStore:
             return cur.key()[len(prefix) :]
         return None
 
-    def _remove_owned(
+    def owns(self, txn: lmdb.Transaction, dsid: int, key: bytes) -> bool:
+        """Whether `dsid` holds chunk `key`, read from its owners row: cheap, and it never
+        faults in the chunk's value pages (a get on the chunks db would)."""
+        return txn.get(_ID.pack(dsid) + key, db=self.db(b"owners")) is not None
+
+    def remove_owned(
         self, txn: lmdb.Transaction, dsid: int, key: bytes, work: dict[int, Usage]
     ) -> int:
+        """Delete a chunk `dsid` owns and uncharge it, in the caller's write txn."""
         row = _ID.pack(dsid) + key
         length = _LEN.unpack(txn.get(row, db=self.db(b"owners")))[0]
         txn.delete(key, db=self.db(b"chunks"))

@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 
 from silofs.control.client import ControlClient, ControlError
+from silofs.mountinfo import is_mounted
 
 FUSE_MISSING = None
 if not os.path.exists("/dev/fuse"):
@@ -51,8 +52,7 @@ def silofs_cmd(*args: str) -> list[str]:
 
 def mounted(path: Path | str) -> bool:
     target = os.path.realpath(path) if not isinstance(path, Path) else str(path)
-    with open("/proc/self/mountinfo") as f:
-        return any(line.split()[4].encode().decode("unicode_escape") == target for line in f)
+    return is_mounted(target)
 
 
 def force_unmount(path: str) -> None:
@@ -66,8 +66,9 @@ def force_unmount(path: str) -> None:
 class Node:
     """One silofs node: a daemon subprocess, its cache dir and socket, and its mounts."""
 
-    def __init__(self, root: Path, cache_size: str, env: dict[str, str],
-                 socket: str | None = None) -> None:
+    def __init__(
+        self, root: Path, cache_size: str, env: dict[str, str], socket: str | None = None
+    ) -> None:
         self.root = root
         self.socket = socket or str(root / "ctl.sock")
         self.cache_dir = str(root / "cache")
@@ -201,9 +202,14 @@ def make_node(tmp_path: Path) -> Iterator[Callable[..., Node]]:
         pytest.skip(FUSE_MISSING)
     nodes: list[Node] = []
 
-    def factory(cache_size: str = "64M", env: dict[str, str] | None = None,
-                start: bool = True, name: str = "node", args: tuple[str, ...] = (),
-                socket: str | None = None) -> Node:
+    def factory(
+        cache_size: str = "64M",
+        env: dict[str, str] | None = None,
+        start: bool = True,
+        name: str = "node",
+        args: tuple[str, ...] = (),
+        socket: str | None = None,
+    ) -> Node:
         root = tmp_path / f"{name}{len(nodes)}"
         root.mkdir()
         node = Node(root, cache_size, {**os.environ, **(env or {})}, socket)

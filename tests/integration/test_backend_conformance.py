@@ -19,7 +19,6 @@ from pathlib import Path
 
 import pytest
 
-from silofs.backends import Backend, BackendOptions, ObjectInfo, open_backend, parse_uri
 from silofs.errors import (
     AccessDeniedError,
     NotFoundError,
@@ -27,6 +26,9 @@ from silofs.errors import (
     UnreachableError,
     UsageError,
 )
+from silofs.node.backends import Backend, BackendOptions, open_backend
+from silofs.records import ObjectInfo
+from silofs.uri import parse_uri
 from tests.servers import LocalStore, Store, clean_env
 
 pytestmark = pytest.mark.servers

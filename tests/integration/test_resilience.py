@@ -8,9 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from silofs.cache.format import chunk_key, verify_chunk
+from silofs.cache.format import chunk_key, chunk_length, verify_chunk
 from silofs.cache.store import CacheStore, env_map_size
-from silofs.fetch import chunk_length
 from silofs.units import parse_size
 
 from .conftest import Node, drop_file_cache, mounted, needs_fuse, wait_for

@@ -20,8 +20,9 @@ import trio.testing
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from silofs.cache.admission import QuotaPolicy, Writer
 from silofs.cache.store import CacheStore, PendingChunk, Usage
+from silofs.node.quota import QuotaPolicy
+from silofs.node.writer import Writer
 from tests.unit.test_store import check, chunk, owned
 
 MAP = 64 << 20

@@ -17,7 +17,6 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from silofs.backends import BackendOptions, ObjectInfo, base, open_backend, parse_uri
 from silofs.errors import (
     AccessDeniedError,
     BackendError,
@@ -26,6 +25,9 @@ from silofs.errors import (
     TransientError,
     UnreachableError,
 )
+from silofs.node.backends import BackendOptions, base, open_backend
+from silofs.records import ObjectInfo
+from silofs.uri import parse_uri
 from tests.servers import clean_env
 
 # ---------------------------------------------------------------------------------------
@@ -389,7 +391,7 @@ def test_precondition_failed_on_get_is_object_changed(
 
 
 def test_a_short_body_is_retried_then_served_whole() -> None:
-    from silofs.backends.base import RetryingBackend
+    from silofs.node.backends.base import RetryingBackend
 
     class Flaky(RetryingBackend):
         uri = "test://b/"

@@ -29,7 +29,7 @@ import trio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import silofs.control.http as control_http
+import silofs.control.peer as control_peer
 from silofs.control.client import (
     AsyncControlClient,
     ControlClient,
@@ -37,18 +37,9 @@ from silofs.control.client import (
     _peer_closed,
     quote_segment,
 )
-from silofs.control.http import (
-    AddressInUseError,
-    HTTPError,
-    Peer,
-    Request,
-    Response,
-    Router,
-    json_response,
-    peer_may_change,
-    serve_unix,
-    text_response,
-)
+from silofs.control.peer import Peer, peer_may_change
+from silofs.control.router import HTTPError, Request, Response, Router, json_response, text_response
+from silofs.control.server import AddressInUseError, serve_unix
 
 BLOB = os.urandom(32 << 20)
 DEADLINE = 10.0
@@ -624,9 +615,9 @@ def test_peer_may_change(monkeypatch: pytest.MonkeyPatch) -> None:
             raise KeyError(uid)
         return FakeUser()
 
-    monkeypatch.setattr(control_http.pwd, "getpwuid", getpwuid)
+    monkeypatch.setattr(control_peer.pwd, "getpwuid", getpwuid)
     monkeypatch.setattr(
-        control_http.os, "getgrouplist", lambda name, gid: [gid, 1234] if name == "alice" else [gid]
+        control_peer.os, "getgrouplist", lambda name, gid: [gid, 1234] if name == "alice" else [gid]
     )
     assert peer_may_change(Peer(pid=1, uid=1000, gid=1000), 1234)  # supplementary group
     assert not peer_may_change(Peer(pid=1, uid=1000, gid=1000), 999)
@@ -709,7 +700,8 @@ def test_random_bytes_never_kill_the_server(sock_path: str) -> None:
 
 BENCH_SERVER = """
 import sys, trio
-from silofs.control.http import Response, Router, serve_unix
+from silofs.control.router import Response, Router
+from silofs.control.server import serve_unix
 blob = bytes(range(256)) * (8 << 12)  # 8 MiB
 
 async def handler(req):

@@ -6,12 +6,14 @@ import threading
 
 import trio
 
-from silofs.backends.base import ObjectInfo
-from silofs.cache.admission import QuotaPolicy, Writer
+from silofs.cache.format import ChunkRef
 from silofs.cache.store import CacheStore, env_map_size
 from silofs.errors import TransientError
-from silofs.fetch import Fetcher
-from silofs.limiter import TokenBucket
+from silofs.node.fetch import Fetcher
+from silofs.node.limiter import TokenBucket
+from silofs.node.quota import QuotaPolicy
+from silofs.node.writer import Writer
+from silofs.records import ObjectInfo
 
 OBJ = ObjectInfo("a.bin", 1000, 0.0, "v1", "test:a")
 
@@ -66,7 +68,7 @@ def test_concurrent_askers_share_one_get(tmp_path) -> None:
 
 
 async def _ask(fetcher: Fetcher, backend, limiter, out: list) -> None:
-    out.append(await fetcher.fetch(1, backend, limiter, OBJ, 4096, 0))
+    out.append(await fetcher.fetch(1, backend, limiter, ChunkRef.of(OBJ, 4096, 0)))
 
 
 def test_a_cancelled_leader_is_replaced_by_a_waiter(tmp_path) -> None:
@@ -83,7 +85,7 @@ def test_a_cancelled_leader_is_replaced_by_a_waiter(tmp_path) -> None:
 
             async def lead() -> None:
                 with leader:
-                    await fetcher.fetch(1, backend, TokenBucket(0), OBJ, 4096, 0)
+                    await fetcher.fetch(1, backend, TokenBucket(0), ChunkRef.of(OBJ, 4096, 0))
 
             n.start_soon(lead)
             await trio.sleep(0.02)
@@ -107,7 +109,7 @@ def test_a_failed_get_fails_every_waiter_once(tmp_path) -> None:
 
         async def ask() -> None:
             try:
-                await fetcher.fetch(1, backend, limiter, OBJ, 4096, 0)
+                await fetcher.fetch(1, backend, limiter, ChunkRef.of(OBJ, 4096, 0))
             except TransientError as exc:
                 errors.append(exc)
 

@@ -15,7 +15,7 @@ import pytest
 import trio
 import trio.testing
 
-from silofs.limiter import TokenBucket
+from silofs.node.limiter import TokenBucket
 
 MiB = 1 << 20
 

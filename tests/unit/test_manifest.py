@@ -12,8 +12,8 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from silofs.backends.base import ObjectInfo
-from silofs.manifest import ROOT_INODE, Manifest, Node
+from silofs.mount.manifest import ROOT_INODE, Manifest, Node
+from silofs.records import ObjectInfo
 
 
 def obj(key: str, size: int = 10, mtime: float = 100.0) -> ObjectInfo:

@@ -28,7 +28,6 @@ from hypothesis.stateful import (
     rule,
 )
 
-from silofs.backends.base import ObjectInfo
 from silofs.cache.format import chunk_key, decode_header, encode_chunk, verify_chunk
 from silofs.cache.store import (
     AdmitResult,
@@ -38,6 +37,7 @@ from silofs.cache.store import (
     dataset_prefix,
     env_map_size,
 )
+from silofs.records import ObjectInfo
 
 MAP = 64 << 20
 Quota = Callable[[int, Mapping[int, Usage]], int]

@@ -11,8 +11,9 @@ import socket
 
 import pytest
 
-from silofs.backends import BackendOptions, DatasetURI, open_backend, parse_uri
 from silofs.errors import UsageError
+from silofs.node.backends import BackendOptions, open_backend
+from silofs.uri import DatasetURI, parse_uri
 
 
 @pytest.mark.parametrize(
@@ -134,8 +135,8 @@ def test_open_backend_rejects_an_unknown_scheme() -> None:
 
 
 def test_sovereign_cloud_url_keeps_its_endpoint_suffix(monkeypatch) -> None:
-    from silofs.backends.azure import resolve_auth
-    from silofs.backends.base import BackendOptions
+    from silofs.node.backends.azure import resolve_auth
+    from silofs.node.backends.base import BackendOptions
 
     monkeypatch.delenv("AZURE_STORAGE_BLOB_ENDPOINT", raising=False)
     monkeypatch.delenv("AZURE_STORAGE_CONNECTION_STRING", raising=False)

@@ -1,8 +1,8 @@
-"""Dataset URIs and the choice of backend for them.
+"""Dataset URIs: parsing and the canonical name a dataset goes by everywhere.
 
-Owns URI parsing and canonical dataset names (the name cache is allocated to). Imports
-each store's SDK lazily so that a node reading only S3 never loads the Azure SDK.
-Never does I/O itself.
+Owns the grammar of file://, s3://, az://, https://ACCOUNT.blob..., gs:// and bare local
+paths, and the canonical URI cache is allocated to. Shared by the CLI, the daemon and
+the backends. Never does I/O beyond normalising a local path.
 """
 
 from __future__ import annotations
@@ -12,10 +12,7 @@ import re
 from dataclasses import dataclass, field
 from urllib.parse import unquote, urlsplit
 
-from ..errors import UsageError
-from .base import Backend, BackendOptions, ObjectInfo
-
-__all__ = ["Backend", "BackendOptions", "ObjectInfo", "DatasetURI", "parse_uri", "open_backend"]
+from silofs.errors import UsageError
 
 _AZURE_HOST = re.compile(
     r"^([a-z0-9]{3,24})\.blob\.core\.(windows\.net|chinacloudapi\.cn|usgovcloudapi\.net)$"
@@ -98,24 +95,3 @@ def parse_uri(uri: str) -> DatasetURI:
         "(use file:///dir, s3://bucket/prefix, az://account/container/prefix "
         "or gs://bucket/prefix)"
     )
-
-
-def open_backend(uri: DatasetURI, opts: BackendOptions) -> Backend:
-    """A backend for `uri`. Creating it does no I/O; call check() for that."""
-    if uri.scheme == "file":
-        from .local import LocalBackend
-
-        return LocalBackend(uri, opts)
-    if uri.scheme == "s3":
-        from .s3 import S3Backend
-
-        return S3Backend(uri, opts)
-    if uri.scheme == "az":
-        from .azure import AzureBackend
-
-        return AzureBackend(uri, opts)
-    if uri.scheme == "gs":
-        from .gcs import GCSBackend
-
-        return GCSBackend(uri, opts)
-    raise UsageError(f"no backend for scheme {uri.scheme!r}")

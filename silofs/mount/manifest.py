@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 
-from .backends.base import ObjectInfo
+from silofs.records import ObjectInfo
 
 log = logging.getLogger(__name__)
 

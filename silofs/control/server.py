@@ -1,9 +1,9 @@
-"""A small HTTP/1.1 + JSON server over a Unix socket, on trio and h11.
+"""The control transport: HTTP/1.1 over a Unix socket, on trio and h11.
 
 Owns: binding the daemon's socket (stale-socket takeover, refusing a live one),
-SO_PEERCRED peer credentials, request framing and limits (header size, body size,
-idle timeout), routing ``/v1/x/{param}`` patterns to async handlers, and turning
-every failure into a one-line ``{"error": ...}`` JSON answer.
+request framing and limits (header size, body size, idle timeout), keep-alive, and
+turning every failure into a one-line ``{"error": ...}`` JSON answer. Routing lives in
+control/router.py, peer credentials in control/peer.py.
 
 Never: contains silofs business logic (the daemon registers routes), trusts a
 peer without its credentials, or lets one connection's failure (malformed bytes,
@@ -16,20 +16,26 @@ import contextlib
 import errno
 import fcntl
 import http
-import json
 import logging
 import os
-import pwd
 import socket
 import stat
-import struct
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
-from urllib.parse import parse_qsl, unquote, urlsplit
 
 import h11
 import trio
+
+from silofs.control.peer import peer_credentials
+from silofs.control.router import (
+    HTTPError,
+    Request,
+    Response,
+    Router,
+    error_response,
+    one_line,
+    parse_target,
+)
 
 log = logging.getLogger(__name__)
 
@@ -46,232 +52,10 @@ SOCKET_BUFFER = 4 * 1024 * 1024
 # sending for a little while, so it can see our answer instead of EPIPE/ECONNRESET.
 _LINGER_SECONDS = 2.0
 _LINGER_BYTES = 64 * 1024 * 1024
-_UCRED = struct.Struct("iII")  # struct ucred {pid_t pid; uid_t uid; gid_t gid;}
-
-
-@dataclass
-class Peer:
-    """Credentials of the process at the other end of a connection (SO_PEERCRED)."""
-
-    pid: int
-    uid: int
-    gid: int
-
-
-class HTTPError(Exception):
-    """Raise from a handler to answer ``status`` with body ``{"error": message}``."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-
-    def __str__(self) -> str:
-        return self.message
 
 
 class AddressInUseError(Exception):
     """Another process is accepting connections on the socket path."""
-
-
-@dataclass
-class Request:
-    method: str
-    path: str  # percent-decoded, without the query string
-    query: dict[str, str]
-    headers: dict[str, str]  # names lower-cased; repeated headers joined with ", "
-    body: bytes
-    peer: Peer
-
-    def json(self) -> Any:
-        """The body as a JSON object; HTTPError(400) if it is not one."""
-        try:
-            obj = json.loads(self.body)
-        except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError
-            raise HTTPError(400, f"request body is not valid JSON: {_one_line(exc)}") from None
-        if not isinstance(obj, dict):
-            raise HTTPError(400, f"request body must be a JSON object, not {type(obj).__name__}")
-        return obj
-
-
-@dataclass
-class Response:
-    status: int = 200
-    body: bytes | bytearray | memoryview = b""
-    content_type: str = "application/json"
-    headers: dict[str, str] = field(default_factory=dict)
-
-
-def json_response(obj: Any, status: int = 200) -> Response:
-    """Compact JSON plus a newline, so curl output ends cleanly."""
-    text = json.dumps(obj, separators=(",", ":")) + "\n"
-    return Response(status=status, body=text.encode())
-
-
-def text_response(text: str, content_type: str = "text/plain; version=0.0.4") -> Response:
-    """Plain text; the default content type is Prometheus' exposition format."""
-    return Response(body=text.encode(), content_type=content_type)
-
-
-def error_response(status: int, message: str) -> Response:
-    return json_response({"error": message}, status)
-
-
-def _one_line(exc: BaseException) -> str:
-    lines = str(exc).strip().splitlines()
-    return lines[0] if lines else type(exc).__name__
-
-
-# --------------------------------------------------------------------- routing
-
-Handler = Callable[..., Awaitable[Response]]
-
-
-@dataclass
-class _Route:
-    method: str
-    pattern: str
-    segments: list[str]  # literal text, or "{name}" for a parameter
-    handler: Handler
-
-    def match(self, parts: list[str]) -> dict[str, str] | None:
-        if len(parts) != len(self.segments):
-            return None
-        params: dict[str, str] = {}
-        for seg, part in zip(self.segments, parts, strict=True):
-            if seg.startswith("{"):
-                if not part:  # a parameter never matches an empty segment
-                    return None
-                params[seg[1:-1]] = part
-            elif seg != part:
-                return None
-        return params
-
-    def specificity(self) -> tuple[bool, ...]:
-        # Literal segments beat parameters position by position, so
-        # "/v1/datasets/stats" wins over "/v1/datasets/{name}".
-        return tuple(not s.startswith("{") for s in self.segments)
-
-
-class Router:
-    """Maps (method, path pattern) to ``async def handler(req, **params) -> Response``."""
-
-    def __init__(self) -> None:
-        self._routes: list[_Route] = []
-
-    def add(self, method: str, pattern: str, handler: Handler) -> None:
-        if not pattern.startswith("/"):
-            raise ValueError(f"route pattern must start with '/': {pattern!r}")
-        method = method.upper()
-        segments = pattern.split("/")[1:]
-        for seg in segments:
-            if seg.startswith("{") != seg.endswith("}") or seg == "{}":
-                raise ValueError(f"bad parameter segment {seg!r} in {pattern!r}")
-        if any(r.method == method and r.segments == segments for r in self._routes):
-            raise ValueError(f"duplicate route {method} {pattern}")
-        self._routes.append(_Route(method, pattern, segments, handler))
-
-    def resolve(self, method: str, parts: list[str]) -> tuple[Handler, dict[str, str]]:
-        """The handler and params for decoded path segments, or HTTPError 404/405."""
-        matches = [(r, p) for r in self._routes if (p := r.match(parts)) is not None]
-        if not matches:
-            raise HTTPError(404, f"no such endpoint: /{'/'.join(parts)}")
-        wanted = [method, "GET"] if method == "HEAD" else [method]
-        for want in wanted:
-            found = [(r, p) for r, p in matches if r.method == want]
-            if found:
-                route, params = max(found, key=lambda rp: rp[0].specificity())
-                return route.handler, params
-        allowed = sorted({r.method for r, _ in matches})
-        raise _MethodNotAllowed(method, allowed)
-
-    async def dispatch(self, req: Request, parts: list[str] | None = None) -> Response:
-        """Run the matching handler; every failure becomes an error Response.
-
-        ``parts`` are the decoded path segments from parse_target; without them
-        the decoded path is split, which cannot keep an encoded "/" in a param.
-        """
-        try:
-            if parts is None:
-                parts = req.path.split("/")[1:]
-            handler, params = self.resolve(req.method, parts)
-            resp = await handler(req, **params)
-            if not isinstance(resp, Response):
-                raise TypeError(f"handler returned {type(resp).__name__}, not Response")
-            return resp
-        except _MethodNotAllowed as exc:
-            resp = error_response(405, str(exc))
-            resp.headers["allow"] = ", ".join(exc.allowed)
-            return resp
-        except HTTPError as exc:
-            return error_response(exc.status, exc.message)
-        except Exception as exc:
-            log.exception("handler for %s %s failed", req.method, req.path)
-            return error_response(500, f"internal error: {type(exc).__name__}: {_one_line(exc)}")
-
-
-class _MethodNotAllowed(HTTPError):
-    def __init__(self, method: str, allowed: list[str]) -> None:
-        super().__init__(405, f"method {method} not allowed here; use {', '.join(allowed)}")
-        self.allowed = allowed
-
-
-def parse_target(target: bytes) -> tuple[str, list[str], dict[str, str]]:
-    """Request target -> (decoded path, decoded segments, query). HTTPError 400 if bad.
-
-    Segments are split before percent-decoding, so an encoded "/" (%2F) stays
-    inside its segment: that is how a whole dataset URI travels as one param.
-    """
-    try:
-        text = target.decode("ascii")
-    except UnicodeDecodeError:
-        raise HTTPError(400, "request target is not ASCII; percent-encode it") from None
-    if not text.startswith("/"):
-        split = urlsplit(text)  # absolute-form, e.g. "http://x/v1/status"
-        if split.scheme not in ("http", "https") or not split.path.startswith("/"):
-            raise HTTPError(400, f"bad request target {text[:100]!r}")
-        text = split.path + (f"?{split.query}" if split.query else "")
-    raw_path, _, raw_query = text.partition("?")
-    try:
-        path = unquote(raw_path, errors="strict")
-        parts = [unquote(p, errors="strict") for p in raw_path.split("/")[1:]]
-        query = dict(parse_qsl(raw_query, keep_blank_values=True, errors="strict"))
-    except UnicodeDecodeError:
-        raise HTTPError(400, "request target is not valid UTF-8 after percent-decoding") from None
-    return path, parts, query
-
-
-# --------------------------------------------------------------- permissions
-
-
-def peer_credentials(sock: Any) -> Peer:
-    """SO_PEERCRED of a connected Unix socket (stdlib or trio socket)."""
-    raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size)
-    pid, uid, gid = _UCRED.unpack(raw)
-    return Peer(pid=pid, uid=uid, gid=gid)
-
-
-def peer_may_change(peer: Peer, admin_gid: int | None) -> bool:
-    """Whether a peer may call mutating endpoints: root, or a member of admin_gid.
-
-    Membership counts the primary gid from SO_PEERCRED and the user's
-    supplementary groups from the group database (the peer's own process
-    groups are not visible through SO_PEERCRED).
-    """
-    if peer.uid == 0:
-        return True
-    if admin_gid is None:
-        return False
-    if peer.gid == admin_gid:
-        return True
-    try:
-        user = pwd.getpwuid(peer.uid)
-    except KeyError:  # a uid without a passwd entry has no supplementary groups
-        return False
-    try:
-        return admin_gid in os.getgrouplist(user.pw_name, user.pw_gid)
-    except OSError:
-        return False
 
 
 # ------------------------------------------------------------ one connection
@@ -441,7 +225,7 @@ def _reject_for(exc: h11.RemoteProtocolError) -> _Reject:
     status = exc.error_status_hint
     if status == 431:
         return _Reject(431, "request header too large")
-    return _Reject(status, f"malformed HTTP request: {_one_line(exc)}")
+    return _Reject(status, f"malformed HTTP request: {one_line(exc)}")
 
 
 async def _drain(stream: trio.SocketStream) -> None:
@@ -498,7 +282,7 @@ async def _serve_connection(stream: trio.SocketStream, router: Router, limits: L
         log.exception("bug: unexpected error serving a control connection")
         if conn is not None:  # a 500 tells the client more than a dropped connection
             with contextlib.suppress(Exception):
-                await conn._reject(_Reject(500, f"internal error: {_one_line(exc)}"))
+                await conn._reject(_Reject(500, f"internal error: {one_line(exc)}"))
     finally:
         await trio.aclose_forcefully(stream)
 

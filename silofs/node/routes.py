@@ -13,11 +13,14 @@ import os
 import time
 from typing import Any
 
-from ..backends import parse_uri
-from ..daemon import Daemon, DatasetState, JobState, MountCounters, MountState
-from ..errors import BackendError, NotFoundError, ObjectChangedError, UsageError
-from ..units import parse_rate, parse_size
-from .http import HTTPError, Request, Response, Router, json_response, peer_may_change
+from silofs.control.peer import peer_may_change
+from silofs.control.router import HTTPError, Request, Response, Router, json_response
+from silofs.errors import BackendError, NotFoundError, ObjectChangedError, UsageError
+from silofs.node.daemon import Daemon
+from silofs.node.state import DatasetState, JobState, MountState
+from silofs.records import MountCounters
+from silofs.units import parse_rate, parse_size
+from silofs.uri import parse_uri
 
 log = logging.getLogger(__name__)
 
@@ -406,7 +409,7 @@ def build_router(d: Daemon) -> Router:
         return Response(200, data, "application/octet-stream", {"x-silofs-source": source})
 
     async def metrics(req: Request) -> Response:
-        from ..metrics import render
+        from silofs.node.metrics import render
 
         return Response(
             200, render(status_view(d)).encode(), "text/plain; version=0.0.4; charset=utf-8"

@@ -12,157 +12,28 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import signal
-import socket
 import time
 import uuid
-from collections import deque
-from dataclasses import dataclass, field
 
 import lmdb
 import trio
 
-from . import __version__
-from .backends import Backend, BackendOptions, DatasetURI, open_backend, parse_uri
-from .backends.base import ObjectInfo
-from .cache.admission import QuotaPolicy, Writer
-from .cache.store import CacheStore, Usage, disk_free, env_map_size
-from .config import NodeSettings
-from .errors import BackendError, UnreachableError, UsageError
-from .fetch import FetchCounters, Fetcher
-from .limiter import TokenBucket
-from .units import format_rate, format_size
+from silofs.cache.format import ChunkRef
+from silofs.cache.store import CacheStore, Usage, env_map_size
+from silofs.config import NodeSettings
+from silofs.errors import BackendError, UnreachableError, UsageError
+from silofs.node.backends import BackendOptions, open_backend
+from silofs.node.cachedir import check_cache_dir, resolve_cache_size, share_cache_with_group
+from silofs.node.fetch import Fetcher
+from silofs.node.limiter import TokenBucket
+from silofs.node.quota import QuotaPolicy
+from silofs.node.state import DatasetState, JobState, MountState
+from silofs.node.writer import Writer
+from silofs.records import MountCounters, ObjectInfo
+from silofs.units import format_rate, format_size
+from silofs.uri import DatasetURI, parse_uri
 
 log = logging.getLogger(__name__)
-
-DEFAULT_CACHE_SIZE = 10 << 30
-
-
-@dataclass
-class MountCounters:
-    """Cumulative counters a mount process reports; the daemon keeps the last report."""
-
-    bytes_read: int = 0
-    hit_bytes: int = 0
-    miss_bytes: int = 0
-    hits: int = 0
-    misses: int = 0
-    corrupt_chunks: int = 0
-
-    def minus(self, other: MountCounters) -> MountCounters:
-        return MountCounters(
-            *(a - b for a, b in zip(vars(self).values(), vars(other).values(), strict=True))
-        )
-
-    def add(self, other: MountCounters) -> None:
-        for k, v in vars(other).items():
-            setattr(self, k, getattr(self, k) + v)
-
-
-@dataclass
-class DatasetState:
-    id: int
-    uri: DatasetURI
-    name: str
-    backend: Backend
-    state: str = "checking"  # checking | listing | ready | error
-    error: str = ""
-    listed: int = 0
-    record: dict = field(default_factory=dict)
-    reads: MountCounters = field(default_factory=MountCounters)
-    fetch: FetchCounters = field(default_factory=FetchCounters)
-
-
-RATE_WINDOW = 5.0  # seconds over which per-job throughput is reported
-
-
-@dataclass
-class JobState:
-    name: str
-    limiter: TokenBucket
-    reads: MountCounters = field(default_factory=MountCounters)
-    fetch: FetchCounters = field(default_factory=FetchCounters)
-    epoch: int = 0
-    # Cached bytes per dataset when the job's current epoch began: only those chunks can
-    # serve hits in this epoch (SiloD §6, "Delayed effectiveness").
-    epoch_cached: dict[int, int] = field(default_factory=dict)
-    samples: deque[tuple[float, int, int]] = field(default_factory=deque)
-
-    def sample(self, now: float) -> None:
-        self.samples.append((now, self.reads.bytes_read, self.fetch.remote_bytes))
-        while len(self.samples) > 2 and self.samples[1][0] < now - 2 * RATE_WINDOW:
-            self.samples.popleft()
-
-    def rates(self, now: float) -> tuple[float, float]:
-        """(bytes read/s, remote bytes/s) over the last RATE_WINDOW seconds."""
-        if not self.samples:
-            return 0.0, 0.0
-        base = self.samples[0]
-        for sample in self.samples:
-            if sample[0] <= now - RATE_WINDOW:
-                base = sample
-        span = max(now - base[0], 1e-3)
-        return (
-            (self.reads.bytes_read - base[1]) / span,
-            (self.fetch.remote_bytes - base[2]) / span,
-        )
-
-
-@dataclass
-class MountState:
-    id: str
-    job: str
-    dsid: int
-    mountpoint: str
-    pid: int
-    uid: int
-    chunk_size: int
-    reported: MountCounters = field(default_factory=MountCounters)
-    fetch: FetchCounters = field(default_factory=FetchCounters)
-    epoch: int = 0
-
-
-def resolve_cache_size(settings: NodeSettings) -> int:
-    """The cache budget: the setting, checked against the disk, or a safe default."""
-    os.makedirs(settings.cache_dir, exist_ok=True)
-    free = disk_free(settings.cache_dir) + _existing_env_bytes(settings.cache_dir)
-    if settings.cache_size is None:
-        return max(settings.chunk_size, min(DEFAULT_CACHE_SIZE, free // 2))
-    if settings.cache_size > free:
-        raise UsageError(
-            f"cache size {format_size(settings.cache_size)} is larger than the "
-            f"space on {settings.cache_dir} ({format_size(free)} free): "
-            "choose a smaller --cache-size"
-        )
-    return settings.cache_size
-
-
-def _existing_env_bytes(cache_dir: str) -> int:
-    try:
-        return os.stat(os.path.join(cache_dir, "data.mdb")).st_blocks * 512
-    except FileNotFoundError:
-        return 0
-
-
-def share_cache_with_group(cache_dir: str, gid: int | None) -> None:
-    """Let members of the socket group run mount processes: those read the env directly,
-    and LMDB readers need write access to its lock file. Other users get nothing, so cached
-    bytes stay reachable only through mounts (promise 6)."""
-    if gid is None:
-        return
-    data, lock = os.path.join(cache_dir, "data.mdb"), os.path.join(cache_dir, "lock.mdb")
-    for path, mode in ((cache_dir, 0o750), (data, 0o640), (lock, 0o660)):
-        os.chown(path, -1, gid)
-        os.chmod(path, mode)
-
-
-def check_cache_dir(path: str) -> None:
-    try:
-        os.makedirs(path, exist_ok=True)
-    except OSError as exc:
-        raise UsageError(f"cannot create cache dir {path}: {exc.strerror}") from None
-    if not os.access(path, os.W_OK | os.X_OK):
-        raise UsageError(f"cache dir {path} is not writable: choose another --cache-dir")
 
 
 class Daemon:
@@ -263,7 +134,7 @@ class Daemon:
             await self.writer.call(self.writer.lru.forget, ds.id)
         log.info("admission mode of %s: %s", uri, mode)
 
-    async def _enforce_loop(self) -> None:
+    async def enforce_loop(self) -> None:
         """Shrink datasets that hold more than their quota (promise 1). Eviction runs in
         small txns in the writer thread, so reads never pause."""
         while True:
@@ -434,18 +305,20 @@ class Daemon:
         if obj is None:
             raise UsageError(f"{key!r} is not in the listing of {ds.uri.canonical}")
         job = self.job(m.job)
+        ref = ChunkRef.of(obj, m.chunk_size, index)
         if not refetch:  # a refetch was counted as corrupt by the mount that saw it
-            data = self.fetcher.cached(obj, m.chunk_size, index, ds.fetch)
+            data = self.fetcher.cached(ref, ds.fetch)
             if data is not None:
                 ds.fetch.cache_served += 1
                 return data, "cache"
         try:
             data, fetched = await self.fetcher.fetch(
-                ds.id, ds.backend, job.limiter, obj, m.chunk_size, index, replace=refetch
+                ds.id, ds.backend, job.limiter, ref, replace=refetch
             )
-        except BackendError:
+        except BackendError as exc:
             for c in (ds.fetch, job.fetch, m.fetch):
                 c.errors += 1
+            log.error("%s: chunk %d of %s: %s", ds.uri.canonical, index, key, exc)
             raise
         if fetched:
             for c in (ds.fetch, job.fetch, m.fetch):
@@ -453,48 +326,7 @@ class Daemon:
                 c.remote_bytes += len(data)
         return data, "remote"
 
-    # -- lifecycle -----------------------------------------------------------------
-    async def run(self, task_status: trio.TaskStatus = trio.TASK_STATUS_IGNORED) -> None:
-        from .control.http import serve_unix
-        from .control.routes import build_router
-
-        router = build_router(self)
-        for job in self.io_allocations:
-            self.job(job)  # persisted allocations are listed before their jobs mount
-        async with trio.open_nursery() as nursery:
-            self.nursery = nursery
-            nursery.start_soon(self.writer.run)
-            nursery.start_soon(self._reap_mounts)
-            nursery.start_soon(self._enforce_loop)
-            await nursery.start(
-                lambda task_status: serve_unix(
-                    self.settings.socket,
-                    router,
-                    mode=self.settings.socket_mode,
-                    gid=self.socket_gid,
-                    max_body=1 << 20,
-                    task_status=task_status,
-                )
-            )
-            log.info(
-                "silofs %s daemon ready: socket %s, cache %s (%s)",
-                __version__,
-                self.settings.socket,
-                self.settings.cache_dir,
-                format_size(self.cache_size),
-            )
-            sd_notify("READY=1")
-            task_status.started()
-            with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-                async for signum in signals:
-                    log.info("received %s; shutting down", signal.Signals(signum).name)
-                    break
-            sd_notify("STOPPING=1")
-            await self.writer.flush()
-            nursery.cancel_scope.cancel()
-        await trio.to_thread.run_sync(self.store.sync)
-
-    async def _reap_mounts(self) -> None:
+    async def reap_mounts(self) -> None:
         """Forget mounts whose process died without saying goodbye (kill -9, fusermount)."""
         while True:
             await trio.sleep(2)
@@ -524,27 +356,4 @@ def _group_id(group: str | None) -> int | None:
         raise UsageError(f"group {group!r} does not exist") from None
 
 
-def sd_notify(message: str) -> None:
-    """Tell systemd (Type=notify) about our state; a no-op outside systemd."""
-    addr = os.environ.get("NOTIFY_SOCKET")
-    if not addr:
-        return
-    if addr.startswith("@"):
-        addr = "\0" + addr[1:]
-    try:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
-            s.sendto(message.encode(), addr)
-    except OSError as exc:
-        log.warning("sd_notify failed: %s", exc)
-
-
-def run_daemon(settings: NodeSettings) -> None:
-    """Run the daemon in the foreground until SIGTERM/SIGINT. Raises SilofsError."""
-    daemon = Daemon(settings)
-    try:
-        trio.run(daemon.run)
-    finally:
-        daemon.store.close()
-
-
-__all__ = ["Daemon", "run_daemon"]
+__all__ = ["Daemon"]

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import struct
 
-from .store import CacheStore, Usage
+from silofs.cache.store import CacheStore, Usage
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +52,6 @@ class LruIndex:
     def evict_oldest(self, dsid: int, target_bytes: int, usage: dict[int, Usage]) -> int:
         """Evict least recently used chunks of `dsid` until it holds <= target_bytes."""
         prefix = _ID.pack(dsid)
-        owners = self.store.db(b"owners")
         freed = 0
         with self.store.env.begin(write=True) as txn:
             cur = txn.cursor(db=self.order)
@@ -62,8 +61,8 @@ class LruIndex:
                 key = bytes(cur.value())
                 cur.delete()
                 txn.delete(prefix + key, db=self.pos)
-                if txn.get(prefix + key, db=owners) is not None:
-                    freed += self.store._remove_owned(txn, dsid, key, usage)
+                if self.store.owns(txn, dsid, key):
+                    freed += self.store.remove_owned(txn, dsid, key, usage)
         return freed
 
     def forget(self, dsid: int) -> None:

@@ -1,66 +1,27 @@
-"""Admission and eviction policy, and the one LMDB writer that carries them out.
+"""The node's one LMDB writer: admission, eviction, and every other write txn.
 
-Owns the quota each dataset may fill (promise 1: uniform admission up to its
-allocation; datasets without an allocation share what is left, first come first served)
-and the Writer: the only code that opens LMDB write txns, batching admissions into
-large txns from one thread. Never fetches and never serves reads; a full queue drops an
+Owns the Writer: the only code that opens LMDB write txns, batching admissions into
+large txns from one thread and carrying out the quota policy (silofs/node/quota.py) on
+them. Never decides quotas, never fetches and never serves reads; a full queue drops an
 admission (the chunk is admitted on a later miss) rather than slow a reader down.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TypeVar
 
 import trio
 
-from .lru import LruIndex
-from .store import AdmitResult, CacheStore, PendingChunk, Usage
+from silofs.cache.store import AdmitResult, CacheStore, PendingChunk, Usage
+from silofs.node.lru_index import LruIndex
+from silofs.node.quota import QuotaPolicy
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
-
-
-@dataclass(frozen=True)
-class QuotaPolicy:
-    """A frozen view of the allocations, safe to hand to the writer thread."""
-
-    cache_size: int
-    allocations: Mapping[int, int] = field(default_factory=dict)  # dataset id -> bytes
-    lru: frozenset[int] = frozenset()  # datasets in irregular-access (LRU) mode
-
-    def quota(self, dsid: int, usage: Mapping[int, Usage]) -> int:
-        if dsid in self.allocations:
-            return self.allocations[dsid]
-        shared = self.cache_size - sum(self.allocations.values())
-        others = sum(u.bytes for d, u in usage.items() if d != dsid and d not in self.allocations)
-        return max(0, shared - others)
-
-    def excess(self, usage: Mapping[int, Usage]) -> dict[int, int]:
-        """Datasets over their quota, with the size each must shrink to.
-
-        A plan: once every entry is applied, every dataset fits its quota and no more
-        was evicted than that needs. Allocated datasets shrink to their allocation. The
-        unallocated ones share one pool; when it overflows, the datasets registered last
-        (highest ids) give back first: first come, first served.
-        """
-        out: dict[int, int] = {}
-        for dsid, u in usage.items():
-            if dsid in self.allocations and u.bytes > self.allocations[dsid]:
-                out[dsid] = self.allocations[dsid]
-        pool = {d: u.bytes for d, u in usage.items() if d not in self.allocations}
-        over = sum(pool.values()) - max(0, self.cache_size - sum(self.allocations.values()))
-        for dsid in sorted(pool, reverse=True):
-            if over <= 0:
-                break
-            cut = min(over, pool[dsid])
-            if cut > 0:
-                out[dsid] = pool[dsid] - cut
-                over -= cut
-        return out
 
 
 @dataclass

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 
 import pyfuse3
 
-from .manifest import Manifest, Node
-from .reader import ChunkReader, MissError, OpenFile
+from silofs.mount.manifest import Manifest, Node
+from silofs.mount.reader import ChunkReader, MissError, OpenFile
 
 log = logging.getLogger(__name__)
 

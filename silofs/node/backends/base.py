@@ -16,22 +16,12 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
-from ..errors import BackendError, TransientError
+from silofs.errors import BackendError, TransientError
+from silofs.records import ObjectInfo
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
-
-
-@dataclass(frozen=True)
-class ObjectInfo:
-    """One object under the dataset prefix, as the listing saw it."""
-
-    key: str  # path relative to the dataset prefix, '/'-separated, no leading '/'
-    size: int
-    mtime: float  # seconds since the epoch
-    version: str  # token for conditional reads: S3/Azure etag, GCS generation, local mtime_ns
-    content_id: str  # store-reported content identity (etag, md5, crc32c+generation, ...)
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,7 @@ from google.api_core import exceptions as gx
 from google.auth.credentials import AnonymousCredentials, Credentials
 from google.auth.transport.requests import AuthorizedSession
 
-from ..errors import (
+from silofs.errors import (
     AccessDeniedError,
     BackendError,
     NotFoundError,
@@ -38,8 +38,9 @@ from ..errors import (
     TransientError,
     UnreachableError,
 )
-from . import DatasetURI
-from .base import BackendOptions, ObjectInfo, RetryingBackend, join_prefix, relative_key
+from silofs.node.backends.base import BackendOptions, RetryingBackend, join_prefix, relative_key
+from silofs.records import ObjectInfo
+from silofs.uri import DatasetURI
 
 log = logging.getLogger(__name__)
 

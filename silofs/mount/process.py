@@ -17,13 +17,14 @@ from collections.abc import Callable
 import pyfuse3
 import trio
 
-from .cache.store import CacheStore
-from .config import MountSettings
-from .control.client import AsyncControlClient, ControlError
-from .errors import SilofsError
-from .fs import Presentation, SilofsFS
-from .manifest import Manifest
-from .reader import ChunkReader, MissError
+from silofs.cache.store import CacheStore
+from silofs.config import MountSettings
+from silofs.control.client import AsyncControlClient, ControlError
+from silofs.errors import SilofsError
+from silofs.mount.fs import Presentation, SilofsFS
+from silofs.mount.manifest import Manifest
+from silofs.mount.reader import ChunkReader, MissError
+from silofs.mountinfo import mounts
 
 log = logging.getLogger(__name__)
 
@@ -54,13 +55,9 @@ def raise_read_ahead(target: str, kb: int) -> None:
     would deadlock, and realpath() stats every component.
     """
     try:
-        with open("/proc/self/mountinfo") as f:
-            lines = f.read().splitlines()
-        for line in reversed(lines):  # the newest mount at that path is ours
-            fields = line.split()
-            path = fields[4].encode().decode("unicode_escape")
-            if path == target and " - fuse" in line:
-                with open(f"/sys/class/bdi/{fields[2]}/read_ahead_kb", "w") as bdi:
+        for entry in reversed(mounts()):  # the newest mount at that path is ours
+            if entry.mountpoint == target and entry.fstype.startswith("fuse"):
+                with open(f"/sys/class/bdi/{entry.device}/read_ahead_kb", "w") as bdi:
                     bdi.write(str(kb))
                 return
     except OSError as exc:
@@ -98,7 +95,7 @@ class MountProcess:
         self.mount_id = reg["id"]
         self.lru = reg.get("admission") == "lru"
         if self.reader is not None:
-            self.reader.mount_id = self.mount_id
+            self.reader.registered(self.mount_id, self.lru)
             await self._report()
         return reg
 
@@ -136,15 +133,13 @@ class MountProcess:
             self.reader = ChunkReader(
                 store,
                 self.client,
-                reg["chunk_size"],
-                self.s.buffer_bytes,
-                self.s.readahead_chunks,
-                self._reregister,
+                dataset_id=reg["dataset"],
+                chunk_size=reg["chunk_size"],
+                buffer_bytes=self.s.buffer_bytes,
+                readahead=self.s.readahead_chunks,
+                reregister=self._reregister,
             )
-            self.reader.mount_id = self.mount_id
-            self.reader.dataset_id = reg["dataset"]
-            self.reader.track_hits = self.lru
-            self.reader.renew()
+            self.reader.registered(self.mount_id, self.lru)
             look = Presentation(
                 self.s.uid, self.s.gid, self.s.file_mode, self.s.dir_mode, self.s.attr_timeout
             )
@@ -164,7 +159,7 @@ class MountProcess:
         try:
             async with trio.open_nursery() as nursery:
                 assert self.reader is not None
-                self.reader.nursery = nursery
+                self.reader.start(nursery)
                 nursery.start_soon(self._report_loop)
                 nursery.start_soon(self._signals)
                 await pyfuse3.main()

@@ -22,12 +22,11 @@ from dataclasses import dataclass, field
 import lmdb
 import trio
 
-from .backends.base import ObjectInfo
-from .cache.format import ChunkFormatError, chunk_key, verify_chunk
-from .cache.store import CacheStore, dataset_prefix
-from .control.client import AsyncControlClient, ControlError, quote_segment
-from .daemon import MountCounters
-from .fetch import chunk_length
+from silofs.cache.format import ChunkFormatError, ChunkRef, checked_chunk
+from silofs.cache.store import CacheStore
+from silofs.control.client import AsyncControlClient, ControlError, quote_segment
+from silofs.flight import SingleFlight
+from silofs.records import MountCounters, ObjectInfo
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +72,8 @@ class ChunkReader:
         self,
         store: CacheStore,
         client: AsyncControlClient,
+        *,
+        dataset_id: int,
         chunk_size: int,
         buffer_bytes: int,
         readahead: int,
@@ -80,6 +81,7 @@ class ChunkReader:
     ) -> None:
         self.store = store
         self.client = client
+        self.dataset_id = dataset_id
         self.chunk_size = chunk_size
         self.readahead = readahead
         self.buffer = ChunkBuffer(buffer_bytes)
@@ -88,14 +90,22 @@ class ChunkReader:
         self._reregister = reregister
         self._txn: lmdb.Transaction | None = None
         self._chunks_db = store.db(b"chunks")
-        self._owners_db = store.db(b"owners")
-        self.dataset_id = 0
-        self._flights: dict[bytes, trio.Event] = {}
+        self._flights: SingleFlight[bytes, tuple[bytes, bool]] = SingleFlight()
         self._prefetch_slots = trio.Semaphore(max(1, readahead))
-        self.nursery: trio.Nursery | None = None
+        self._nursery: trio.Nursery | None = None
         # In LRU mode the daemon needs to know what was hit: it never sees hits itself.
         self.track_hits = False
         self.touched: list[bytes] = []
+
+    def registered(self, mount_id: str, track_hits: bool) -> None:
+        """The daemon knows this mount by `mount_id` (again, after a daemon restart)."""
+        self.mount_id = mount_id
+        self.track_hits = track_hits
+
+    def start(self, nursery: trio.Nursery) -> None:
+        """Begin serving: open the first read snapshot; read-ahead runs in `nursery`."""
+        self._nursery = nursery
+        self.renew()
 
     # -- the hit path (synchronous) --------------------------------------------------
     def renew(self) -> None:
@@ -108,62 +118,49 @@ class ChunkReader:
             self.store.env.set_mapsize(0)  # the daemon grew the map: adopt its size
             self._txn = self.store.read_txn()
 
-    def _from_lmdb(self, f: OpenFile, index: int, key: bytes) -> memoryview | None:
+    def _from_lmdb(self, f: OpenFile, ref: ChunkRef) -> memoryview | None:
+        """The cached chunk, or None if absent. ChunkFormatError if it is corrupt."""
         assert self._txn is not None
-        value = self._txn.get(key, db=self._chunks_db)
+        value = self._txn.get(ref.key, db=self._chunks_db)
         if value is None:
             return None
-        expected = chunk_length(f.obj, self.chunk_size, index)
-        if index in f.verified:
-            return memoryview(value)[len(value) - expected :]
-        try:
-            data = verify_chunk(value, f.obj.content_id, self.chunk_size, index, expected)
-        except ChunkFormatError as exc:
-            self.counters.corrupt_chunks += 1
-            log.warning(
-                "cached chunk %d of %s failed verification (%s); refetching", index, f.obj.key, exc
-            )
-            raise
-        f.verified.add(index)
+        if ref.index in f.verified:
+            return memoryview(value)[len(value) - ref.length :]
+        data = checked_chunk(value, ref, self.counters)
+        if data is None:
+            raise ChunkFormatError(f"chunk {ref.index} of {ref.obj.key}")
+        f.verified.add(ref.index)
         return data
 
     # -- one chunk, any source -------------------------------------------------------
     async def chunk(self, f: OpenFile, index: int) -> tuple[memoryview | bytes, bool]:
         """(data, hit): from LMDB (hit), this mount's buffer, or the daemon."""
-        key = chunk_key(f.obj.content_id, self.chunk_size, index)
-        refetch = False
+        ref = ChunkRef.of(f.obj, self.chunk_size, index)
         try:
-            view = self._from_lmdb(f, index, key)
-            if view is not None:
-                if self.track_hits and len(self.touched) < 65536:
-                    self.touched.append(key)
-                return view, True  # no await between the get and the reply
+            view = self._from_lmdb(f, ref)
         except ChunkFormatError:
-            refetch = True
-        if not refetch and (item := self.buffer.get(key)) is not None:
+            return await self._miss(ref, refetch=True)
+        if view is not None:
+            if self.track_hits and len(self.touched) < 65536:
+                self.touched.append(ref.key)
+            return view, True  # no await between the get and the reply
+        if (item := self.buffer.get(ref.key)) is not None:
             return item
-        return await self._miss(f.obj, index, key, refetch)
+        return await self._miss(ref, refetch=False)
 
-    async def _miss(
-        self, obj: ObjectInfo, index: int, key: bytes, refetch: bool
-    ) -> tuple[bytes, bool]:
-        while (event := self._flights.get(key)) is not None:
-            await event.wait()
-            if not refetch and (item := self.buffer.get(key)) is not None:
-                return item
-        self._flights[key] = trio.Event()
-        try:
-            data, from_cache = await self._ask_daemon(obj, index, refetch)
-            self.buffer.put(key, data, from_cache)
+    async def _miss(self, ref: ChunkRef, refetch: bool) -> tuple[bytes, bool]:
+        async def ask() -> tuple[bytes, bool]:
+            data, from_cache = await self._ask_daemon(ref, refetch)
+            self.buffer.put(ref.key, data, from_cache)
             return data, from_cache
-        finally:
-            self._flights.pop(key).set()
 
-    async def _ask_daemon(self, obj: ObjectInfo, index: int, refetch: bool) -> tuple[bytes, bool]:
+        return (await self._flights.run(ref.key, ask))[0]
+
+    async def _ask_daemon(self, ref: ChunkRef, refetch: bool) -> tuple[bytes, bool]:
         for attempt in (1, 2):
             path = (
-                f"/v1/chunks?mount={self.mount_id}&key={quote_segment(obj.key)}"
-                f"&index={index}" + ("&refetch=1" if refetch else "")
+                f"/v1/chunks?mount={self.mount_id}&key={quote_segment(ref.obj.key)}"
+                f"&index={ref.index}" + ("&refetch=1" if refetch else "")
             )
             try:
                 status, headers, body = await self.client.request("GET", path)
@@ -179,35 +176,34 @@ class ChunkReader:
                 except (ControlError, MissError) as exc:
                     body = str(exc).encode()
             msg = _error_text(body)
-            log.error("reading %s chunk %d: %s", obj.key, index, msg)
+            log.error("reading %s chunk %d: %s", ref.obj.key, ref.index, msg)
             raise MissError(msg)
         raise AssertionError("unreachable")
 
     # -- read-ahead --------------------------------------------------------------------
-    def _owned(self, key: bytes) -> bool:
-        """Whether our dataset has the chunk cached, without touching the value's pages
-        (a get on the chunks db would fault in up to chunk_size bytes per probe). A chunk
-        owned by another dataset is missed here; the daemon then serves it from LMDB."""
-        assert self._txn is not None
-        return self._txn.get(dataset_prefix(self.dataset_id) + key, db=self._owners_db) is not None
-
     def prefetch(self, f: OpenFile, after: int) -> None:
-        """Fetch the next chunks of a sequentially read object in the background."""
-        if self.nursery is None or self._txn is None:
+        """Fetch the next chunks of a sequentially read object in the background.
+
+        A chunk counts as cached if our dataset's owners row says so (probing the value
+        would fault in up to chunk_size bytes); one owned by another dataset is missed
+        here and the daemon serves it from LMDB."""
+        if self._nursery is None or self._txn is None:
             return
         last = (f.obj.size - 1) // self.chunk_size
         for index in range(after + 1, min(last, after + self.readahead) + 1):
-            key = chunk_key(f.obj.content_id, self.chunk_size, index)
-            if key in self._flights or self.buffer.get(key) is not None or self._owned(key):
-                continue
-            self.nursery.start_soon(self._prefetch_one, f.obj, index, key)
+            ref = ChunkRef.of(f.obj, self.chunk_size, index)
+            if self._wanted(ref) and not self.store.owns(self._txn, self.dataset_id, ref.key):
+                self._nursery.start_soon(self._prefetch_one, ref)
 
-    async def _prefetch_one(self, obj: ObjectInfo, index: int, key: bytes) -> None:
+    def _wanted(self, ref: ChunkRef) -> bool:
+        return ref.key not in self._flights and self.buffer.get(ref.key) is None
+
+    async def _prefetch_one(self, ref: ChunkRef) -> None:
         async with self._prefetch_slots:
-            if key in self._flights or self.buffer.get(key) is not None:
+            if not self._wanted(ref):
                 return
             try:
-                await self._miss(obj, index, key, False)
+                await self._miss(ref, False)
             except MissError:
                 pass  # the reader will ask again and get the error itself
 

@@ -29,7 +29,7 @@ from azure.core import MatchConditions
 from azure.core import exceptions as ax
 from azure.core.credentials import AzureNamedKeyCredential, AzureSasCredential
 
-from ..errors import (
+from silofs.errors import (
     AccessDeniedError,
     BackendError,
     NotFoundError,
@@ -38,8 +38,9 @@ from ..errors import (
     UnreachableError,
     UsageError,
 )
-from . import DatasetURI
-from .base import BackendOptions, ObjectInfo, RetryingBackend, join_prefix, relative_key
+from silofs.node.backends.base import BackendOptions, RetryingBackend, join_prefix, relative_key
+from silofs.records import ObjectInfo
+from silofs.uri import DatasetURI
 
 log = logging.getLogger(__name__)
 

@@ -22,7 +22,7 @@ import boto3
 import botocore.exceptions as bx
 from botocore.config import Config
 
-from ..errors import (
+from silofs.errors import (
     AccessDeniedError,
     BackendError,
     NotFoundError,
@@ -30,8 +30,9 @@ from ..errors import (
     TransientError,
     UnreachableError,
 )
-from . import DatasetURI
-from .base import BackendOptions, ObjectInfo, RetryingBackend, join_prefix, relative_key
+from silofs.node.backends.base import BackendOptions, RetryingBackend, join_prefix, relative_key
+from silofs.records import ObjectInfo
+from silofs.uri import DatasetURI
 
 log = logging.getLogger(__name__)
 

@@ -12,9 +12,10 @@ import logging
 import os
 from collections.abc import Iterator
 
-from ..errors import AccessDeniedError, NotFoundError, ObjectChangedError, UnreachableError
-from . import DatasetURI
-from .base import BackendOptions, ObjectInfo
+from silofs.errors import AccessDeniedError, NotFoundError, ObjectChangedError, UnreachableError
+from silofs.node.backends.base import BackendOptions
+from silofs.records import ObjectInfo
+from silofs.uri import DatasetURI
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +80,8 @@ class LocalBackend:
                     yield ObjectInfo(rel, st.st_size, st.st_mtime, v, f"local:{v}")
 
     def get_range(self, info: ObjectInfo, start: int, length: int) -> bytes:
+        # As every backend: clamped to the listed size, then exactly that many bytes.
+        length = max(0, min(length, info.size - start))
         path = os.path.join(self.root, info.key)
         try:
             fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
@@ -92,11 +95,14 @@ class LocalBackend:
             if _version(os.fstat(fd)) != info.version:
                 raise ObjectChangedError(f"{self.uri}{info.key} changed since listing")
             try:
-                return os.pread(fd, length, start)
+                data = os.pread(fd, length, start)
             except OSError as exc:
                 if exc.errno == errno.EIO:
                     raise UnreachableError(f"I/O error reading {path}") from None
                 raise
+            if len(data) != length:  # shorter than listed, with the same version
+                raise ObjectChangedError(f"{self.uri}{info.key} changed since listing")
+            return data
         finally:
             os.close(fd)
 

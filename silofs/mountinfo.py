@@ -1,0 +1,62 @@
+"""The kernel's table of mounts (/proc/self/mountinfo), parsed once, correctly.
+
+Owns reading mountinfo lines into records: the mountpoint with the kernel's octal
+escapes (\\040 space, \\011 tab, \\012 newline, \\134 backslash) undone on bytes and
+decoded as the filesystem encoding, so /mnt/données stays /mnt/données. Never stats a
+mountpoint: the process serving a FUSE mount would deadlock on its own.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+
+_ESCAPE = re.compile(rb"\\([0-7]{3})")
+
+
+@dataclass(frozen=True)
+class MountEntry:
+    device: str  # "major:minor", the bdi name under /sys/class/bdi
+    mountpoint: str
+    fstype: str  # e.g. "fuse.silofs"
+    source: str  # e.g. "silofs:s3://bucket/prefix/"
+
+
+def unescape(field: bytes) -> str:
+    """A mountinfo path field as the path it names."""
+    return os.fsdecode(_ESCAPE.sub(lambda m: bytes([int(m.group(1), 8)]), field))
+
+
+def parse_line(line: bytes) -> MountEntry | None:
+    fields = line.split()
+    try:
+        sep = fields.index(b"-", 6)
+        return MountEntry(
+            device=fields[2].decode(),
+            mountpoint=unescape(fields[4]),
+            fstype=fields[sep + 1].decode(),
+            source=unescape(fields[sep + 2]),
+        )
+    except (ValueError, IndexError):
+        return None
+
+
+def mounts(path: str = "/proc/self/mountinfo") -> list[MountEntry]:
+    """Every mount in this mount namespace, oldest first."""
+    with open(path, "rb") as f:
+        return [e for line in f if (e := parse_line(line)) is not None]
+
+
+def silofs_mounts() -> dict[str, MountEntry]:
+    """Mountpoint -> entry of the silofs FUSE mounts in this namespace."""
+    return {
+        e.mountpoint: e
+        for e in mounts()
+        if e.fstype.startswith("fuse")
+        and (e.fstype == "fuse.silofs" or e.source.startswith("silofs:"))
+    }
+
+
+def is_mounted(path: str) -> bool:
+    return any(e.mountpoint == path for e in mounts())

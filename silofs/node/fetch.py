@@ -1,0 +1,81 @@
+"""The miss path in the daemon: single-flight per chunk, limiter charge, range GET.
+
+Owns turning "chunk i of object o" into bytes: from LMDB if another mount admitted it
+meanwhile, else one remote GET per chunk however many readers wait for it, charged to
+the asking job's token bucket before the GET (promise 2), then offered to the Writer.
+Never serves FUSE requests and never writes LMDB itself (the Writer does).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import trio
+
+from silofs.cache.format import ChunkRef, checked_chunk, encode_chunk
+from silofs.cache.store import CacheStore, PendingChunk
+from silofs.flight import SingleFlight
+from silofs.node.backends.base import Backend
+from silofs.node.limiter import TokenBucket
+from silofs.node.writer import Writer
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class FetchCounters:
+    remote_gets: int = 0
+    remote_bytes: int = 0
+    cache_served: int = 0  # asked of the daemon but found admitted by another mount
+    corrupt_chunks: int = 0
+    errors: int = 0
+
+
+class Fetcher:
+    def __init__(self, store: CacheStore, writer: Writer, threads: int) -> None:
+        self.store = store
+        self.writer = writer
+        self.threads = trio.CapacityLimiter(threads)
+        self._flights: SingleFlight[bytes, bytes] = SingleFlight()
+
+    def cached(self, ref: ChunkRef, counters: FetchCounters) -> bytes | None:
+        """A verified copy of the chunk from LMDB, or None (a corrupt value is counted)."""
+        with self.store.read_txn() as txn:
+            value = txn.get(ref.key, db=self.store.db(b"chunks"))
+            if value is None:
+                return None
+            data = checked_chunk(value, ref, counters)
+            return None if data is None else bytes(data)
+
+    async def fetch(
+        self,
+        dsid: int,
+        backend: Backend,
+        limiter: TokenBucket,
+        ref: ChunkRef,
+        *,
+        replace: bool = False,
+    ) -> tuple[bytes, bool]:
+        """(bytes, whether this call did the GET): the chunk from the store, admitted if
+        its dataset has room. Callers asking for a chunk already in flight share its GET."""
+        return await self._flights.run(
+            ref.key, lambda: self._fetch_once(dsid, backend, limiter, ref, replace)
+        )
+
+    async def _fetch_once(
+        self, dsid: int, backend: Backend, limiter: TokenBucket, ref: ChunkRef, replace: bool
+    ) -> bytes:
+        await limiter.charge(ref.length)
+        obj = ref.obj
+
+        def get_and_encode() -> tuple[bytes, bytes]:
+            # The backend returns exactly ref.length bytes or raises (its contract).
+            data = backend.get_range(obj, ref.start, ref.length) if ref.length else b""
+            return data, encode_chunk(
+                dsid, ref.index, ref.chunk_size, obj.key, obj.content_id, data
+            )
+
+        data, value = await trio.to_thread.run_sync(get_and_encode, limiter=self.threads)
+        self.writer.offer(PendingChunk(dsid, ref.key, value, ref.length, replace=replace))
+        return data

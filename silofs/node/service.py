@@ -1,0 +1,92 @@
+"""The node daemon process: its socket, its tasks, its signals and systemd.
+
+Owns the life of `silofs daemon`: starting the Daemon's background tasks (writer,
+mount reaper, enforcer), serving the control API on the Unix socket, telling systemd
+READY=1/STOPPING=1, and a clean stop (flush, sync) on SIGTERM/SIGINT. The state and its
+operations live in node/daemon.py, the API in node/routes.py. Never handles a request
+itself.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+
+import trio
+
+from silofs import __version__
+from silofs.config import NodeSettings
+from silofs.control.server import serve_unix
+from silofs.node.daemon import Daemon
+from silofs.node.routes import build_router
+from silofs.units import format_size
+
+log = logging.getLogger(__name__)
+
+
+async def serve(daemon: Daemon, task_status: trio.TaskStatus = trio.TASK_STATUS_IGNORED) -> None:
+    """Run the daemon until SIGTERM/SIGINT; task_status.started() once it answers."""
+    settings = daemon.settings
+    router = build_router(daemon)
+    for job in daemon.io_allocations:
+        daemon.job(job)  # persisted allocations are listed before their jobs mount
+    async with trio.open_nursery() as nursery:
+        daemon.nursery = nursery
+        nursery.start_soon(daemon.writer.run)
+        nursery.start_soon(daemon.reap_mounts)
+        nursery.start_soon(daemon.enforce_loop)
+        await nursery.start(
+            lambda task_status: serve_unix(
+                settings.socket,
+                router,
+                mode=settings.socket_mode,
+                gid=daemon.socket_gid,
+                max_body=1 << 20,
+                task_status=task_status,
+            )
+        )
+        log.info(
+            "silofs %s daemon ready: socket %s, cache %s (%s)",
+            __version__,
+            settings.socket,
+            settings.cache_dir,
+            format_size(daemon.cache_size),
+        )
+        sd_notify("READY=1")
+        task_status.started()
+        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            async for signum in signals:
+                log.info("received %s; shutting down", signal.Signals(signum).name)
+                break
+        sd_notify("STOPPING=1")
+        await daemon.writer.flush()
+        nursery.cancel_scope.cancel()
+    await trio.to_thread.run_sync(daemon.store.sync)
+
+
+def sd_notify(message: str) -> None:
+    """Tell systemd (Type=notify) about our state; a no-op outside systemd."""
+    addr = os.environ.get("NOTIFY_SOCKET")
+    if not addr:
+        return
+    if addr.startswith("@"):
+        addr = "\0" + addr[1:]
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
+            s.sendto(message.encode(), addr)
+    except OSError as exc:
+        log.warning("sd_notify failed: %s", exc)
+
+
+def run_daemon(settings: NodeSettings) -> None:
+    """Run the daemon in the foreground until SIGTERM/SIGINT. Raises SilofsError."""
+    daemon = Daemon(settings)
+    try:
+        trio.run(serve, daemon)
+    finally:
+        daemon.store.close()
+
+
+__all__ = ["run_daemon", "serve", "sd_notify"]

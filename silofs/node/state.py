@@ -1,0 +1,79 @@
+"""The node's state records: datasets, jobs and mounts as the daemon tracks them.
+
+Owns the shape of per-dataset, per-job and per-mount state and the job's rate window.
+Plain data with small derived figures; never does I/O and never changes allocations.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from silofs.node.backends import Backend
+from silofs.node.fetch import FetchCounters
+from silofs.node.limiter import TokenBucket
+from silofs.records import MountCounters
+from silofs.uri import DatasetURI
+
+
+@dataclass
+class DatasetState:
+    id: int
+    uri: DatasetURI
+    name: str
+    backend: Backend
+    state: str = "checking"  # checking | listing | ready | error
+    error: str = ""
+    listed: int = 0
+    record: dict = field(default_factory=dict)
+    reads: MountCounters = field(default_factory=MountCounters)
+    fetch: FetchCounters = field(default_factory=FetchCounters)
+
+
+RATE_WINDOW = 5.0  # seconds over which per-job throughput is reported
+
+
+@dataclass
+class JobState:
+    name: str
+    limiter: TokenBucket
+    reads: MountCounters = field(default_factory=MountCounters)
+    fetch: FetchCounters = field(default_factory=FetchCounters)
+    epoch: int = 0
+    # Cached bytes per dataset when the job's current epoch began: only those chunks can
+    # serve hits in this epoch (SiloD §6, "Delayed effectiveness").
+    epoch_cached: dict[int, int] = field(default_factory=dict)
+    samples: deque[tuple[float, int, int]] = field(default_factory=deque)
+
+    def sample(self, now: float) -> None:
+        self.samples.append((now, self.reads.bytes_read, self.fetch.remote_bytes))
+        while len(self.samples) > 2 and self.samples[1][0] < now - 2 * RATE_WINDOW:
+            self.samples.popleft()
+
+    def rates(self, now: float) -> tuple[float, float]:
+        """(bytes read/s, remote bytes/s) over the last RATE_WINDOW seconds."""
+        if not self.samples:
+            return 0.0, 0.0
+        base = self.samples[0]
+        for sample in self.samples:
+            if sample[0] <= now - RATE_WINDOW:
+                base = sample
+        span = max(now - base[0], 1e-3)
+        return (
+            (self.reads.bytes_read - base[1]) / span,
+            (self.fetch.remote_bytes - base[2]) / span,
+        )
+
+
+@dataclass
+class MountState:
+    id: str
+    job: str
+    dsid: int
+    mountpoint: str
+    pid: int
+    uid: int
+    chunk_size: int
+    reported: MountCounters = field(default_factory=MountCounters)
+    fetch: FetchCounters = field(default_factory=FetchCounters)
+    epoch: int = 0
