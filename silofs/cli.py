@@ -56,8 +56,22 @@ def one_line_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
             fail(str(exc))
         except KeyboardInterrupt:
             fail("interrupted", 130)
+        except BaseExceptionGroup as group:
+            # trio reports a task's failure inside a nursery as a group: one expected
+            # error is still one line, anything else stays a traceback (a bug).
+            expected = group.subgroup((SilofsError, ControlError))
+            if expected is None or group.split((SilofsError, ControlError))[1] is not None:
+                raise
+            fail(str(_first_leaf(expected)))
 
     return wrapper
+
+
+def _first_leaf(group: BaseExceptionGroup) -> BaseException:
+    exc: BaseException = group
+    while isinstance(exc, BaseExceptionGroup):
+        exc = exc.exceptions[0]
+    return exc
 
 
 def state_dir() -> str:
@@ -128,7 +142,6 @@ def daemon(
     log_level: str | None,
 ) -> None:
     """Run the node daemon in the foreground (systemd Type=notify)."""
-    from silofs.control.server import AddressInUseError
     from silofs.node.service import run_daemon
 
     settings = load_node_settings(
@@ -141,10 +154,7 @@ def daemon(
         log_level=log_level,
     )
     setup_logging(settings.log_level, settings.log_file)
-    try:
-        run_daemon(settings)
-    except AddressInUseError as exc:
-        raise SilofsError(str(exc)) from None
+    run_daemon(settings)
 
 
 # -- mount -----------------------------------------------------------------------------

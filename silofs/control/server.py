@@ -36,6 +36,7 @@ from silofs.control.router import (
     one_line,
     parse_target,
 )
+from silofs.errors import SilofsError
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +55,7 @@ _LINGER_SECONDS = 2.0
 _LINGER_BYTES = 64 * 1024 * 1024
 
 
-class AddressInUseError(Exception):
+class AddressInUseError(SilofsError):
     """Another process is accepting connections on the socket path."""
 
 
@@ -375,14 +376,17 @@ async def serve_unix(
     max_body: int = 1 << 20,
     max_header: int = 16384,
     idle_timeout: float = 300.0,
+    bound: tuple[socket.socket, int] | None = None,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve ``router`` on a Unix socket at ``path`` until cancelled.
 
-    Raises AddressInUseError if another process is listening on ``path``.
+    ``bound`` is a socket already bound by bind_unix() (a daemon binds before it starts
+    any task, so a busy socket is one plain AddressInUseError); otherwise this binds,
+    raising AddressInUseError if another process is listening on ``path``.
     Removes the socket file on the way out (only if it is still ours).
     """
-    sock, ino = bind_unix(path, mode=mode, uid=uid, gid=gid)
+    sock, ino = bound or bind_unix(path, mode=mode, uid=uid, gid=gid)
     limits = Limits(max_body=max_body, max_header=max_header, idle_timeout=idle_timeout)
     listener = trio.SocketListener(trio.socket.from_stdlib_socket(sock))
 

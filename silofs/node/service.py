@@ -18,7 +18,7 @@ import trio
 
 from silofs import __version__
 from silofs.config import NodeSettings
-from silofs.control.server import serve_unix
+from silofs.control.server import bind_unix, serve_unix
 from silofs.node.daemon import Daemon
 from silofs.node.routes import build_router
 from silofs.units import format_size
@@ -32,37 +32,37 @@ async def serve(daemon: Daemon, task_status: trio.TaskStatus = trio.TASK_STATUS_
     router = build_router(daemon)
     for job in daemon.io_allocations:
         daemon.job(job)  # persisted allocations are listed before their jobs mount
-    async with trio.open_nursery() as nursery:
-        daemon.nursery = nursery
-        nursery.start_soon(daemon.writer.run)
-        nursery.start_soon(daemon.reap_mounts)
-        nursery.start_soon(daemon.enforce_loop)
-        await nursery.start(
-            lambda task_status: serve_unix(
-                settings.socket,
-                router,
-                mode=settings.socket_mode,
-                gid=daemon.socket_gid,
-                max_body=1 << 20,
-                task_status=task_status,
+    # Bound before any task starts: a busy socket is one AddressInUseError, not a failure
+    # inside a nursery (which trio reports as an ExceptionGroup).
+    bound = bind_unix(settings.socket, mode=settings.socket_mode, uid=None, gid=daemon.socket_gid)
+    # The signal handler is in place before READY=1: a SIGTERM right after systemd hears
+    # READY still gets STOPPING=1, a flush and a final sync.
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async with trio.open_nursery() as nursery:
+            daemon.nursery = nursery
+            nursery.start_soon(daemon.writer.run)
+            nursery.start_soon(daemon.reap_mounts)
+            nursery.start_soon(daemon.enforce_loop)
+            await nursery.start(
+                lambda task_status: serve_unix(
+                    settings.socket, router, max_body=1 << 20, bound=bound, task_status=task_status
+                )
             )
-        )
-        log.info(
-            "silofs %s daemon ready: socket %s, cache %s (%s)",
-            __version__,
-            settings.socket,
-            settings.cache_dir,
-            format_size(daemon.cache_size),
-        )
-        sd_notify("READY=1")
-        task_status.started()
-        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            log.info(
+                "silofs %s daemon ready: socket %s, cache %s (%s)",
+                __version__,
+                settings.socket,
+                settings.cache_dir,
+                format_size(daemon.cache_size),
+            )
+            sd_notify("READY=1")
+            task_status.started()
             async for signum in signals:
                 log.info("received %s; shutting down", signal.Signals(signum).name)
                 break
-        sd_notify("STOPPING=1")
-        await daemon.writer.flush()
-        nursery.cancel_scope.cancel()
+            sd_notify("STOPPING=1")
+            await daemon.writer.flush()
+            nursery.cancel_scope.cancel()
     await trio.to_thread.run_sync(daemon.store.sync)
 
 
