@@ -422,18 +422,46 @@ class GCSServer:
 # Finding the server programs
 
 
-def _azurite_binary() -> str:
-    candidates = [shutil.which("azurite-blob")]
+AZURITE_VERSION = "3.35.0"  # the version the suite was last run against
+
+
+def _azurite_candidates() -> list[str]:
+    candidates = [shutil.which("azurite-blob") or ""]
     if prefix := os.environ.get("SILOFS_NODE_PREFIX"):
         candidates.append(str(Path(prefix) / "node_modules" / ".bin" / "azurite-blob"))
     candidates.append(str(REPO / ".ci" / "node" / "node_modules" / ".bin" / "azurite-blob"))
-    for path in candidates:
+    return candidates
+
+
+def _azurite_binary() -> str:
+    """Azurite from PATH or .ci/node; installed there with npm on first use, so the
+    README's test command needs nothing but its setup line (which installs npm)."""
+    for path in _azurite_candidates():
         if path and os.access(path, os.X_OK):
             return path
+    npm = shutil.which("npm")
+    if npm is not None:
+        res = subprocess.run(
+            [
+                npm,
+                "install",
+                "--prefix",
+                str(REPO / ".ci" / "node"),
+                "--no-audit",
+                "--no-fund",
+                f"azurite@{AZURITE_VERSION}",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        binary = REPO / ".ci" / "node" / "node_modules" / ".bin" / "azurite-blob"
+        if res.returncode == 0 and os.access(binary, os.X_OK):
+            return str(binary)
     pytest.fail(
         "azurite-blob not found on PATH, in $SILOFS_NODE_PREFIX/node_modules/.bin or "
-        f"{REPO}/.ci/node/node_modules/.bin; install it with "
-        f"`npm install --prefix {REPO}/.ci/node azurite`",
+        f"{REPO}/.ci/node/node_modules/.bin, and npm could not install it; run "
+        f"`npm install --prefix {REPO}/.ci/node azurite@{AZURITE_VERSION}`",
         pytrace=False,
     )
 
