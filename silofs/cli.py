@@ -345,7 +345,7 @@ def mount(
     if chunk_size is not None and not (64 << 10) <= chunk_size <= (64 << 20):
         raise UsageError("--chunk-size must be between 64KiB and 64MiB")
     _ensure_daemon(socket, cache_dir, cache_size, endpoint_url)
-    _wait_listing(socket, canonical, refresh, endpoint_url)
+    ds = _wait_listing(socket, canonical, refresh, endpoint_url)
     settings = MountSettings(
         uri=canonical,
         mountpoint=mountpoint,
@@ -360,6 +360,7 @@ def mount(
         io_limit=io_limit,
         endpoint_url=endpoint_url,
         admission=admission,
+        dataset_id=ds["id"],
     )
     if foreground:
         _mount_foreground(settings, socket, log_level)

@@ -79,6 +79,9 @@ class MountSettings:
     io_limit: int | None = None
     endpoint_url: str | None = None
     admission: str | None = None  # None: keep the dataset's mode (default uniform)
+    # The dataset `silofs mount` already opened and waited for: the mount process
+    # registers against it instead of opening it a second time.
+    dataset_id: int | None = None
 
 
 _LOG_LEVELS = ("debug", "info", "warning", "error", "critical")

@@ -78,9 +78,12 @@ class MountProcess:
         self.realpath = os.path.realpath(settings.mountpoint)
 
     async def register(self) -> dict:
-        self.dataset = await open_dataset(
-            self.client, self.s.uri, self.s.refresh, self.s.endpoint_url
-        )
+        if self.s.dataset_id is not None:
+            self.dataset = {"id": self.s.dataset_id}  # opened by `silofs mount` already
+        else:
+            self.dataset = await open_dataset(
+                self.client, self.s.uri, self.s.refresh, self.s.endpoint_url
+            )
         body = {
             "dataset": self.dataset["id"],
             "job": self.s.job,
@@ -101,7 +104,8 @@ class MountProcess:
 
     async def _reregister(self) -> None:
         log.warning("the daemon does not know this mount (restarted?); registering again")
-        self.s = dataclasses.replace(self.s, refresh=False)
+        # A restarted daemon knows no dataset: open it again (its saved listing).
+        self.s = dataclasses.replace(self.s, refresh=False, dataset_id=None)
         self._registering = True  # register() reports, which must not recurse here
         try:
             await self.register()
