@@ -51,11 +51,6 @@ class SilofsFS(pyfuse3.Operations):
         self._files: dict[int, OpenFile] = {}
         self._attrs: dict[int, pyfuse3.EntryAttributes] = {}
         self._next_fh = 1
-        # Epoch tracking (SiloD §6): a training epoch opens every file once; once every
-        # file has been opened since the last boundary, the next epoch begins.
-        self.epoch = 0
-        self._opened = bytearray(len(manifest.nodes))
-        self._opened_count = 0
         self._blocks = sum(-(-n.size // 4096) for n in manifest.nodes[1:] if n)
 
     # -- attributes ------------------------------------------------------------------
@@ -151,22 +146,11 @@ class SilofsFS(pyfuse3.Operations):
             raise pyfuse3.FUSEError(errno.EROFS)
         fh = self._next_fh
         self._next_fh += 1
-        self._mark_opened(inode)
         assert node.obj is not None
         self._files[fh] = OpenFile(node.obj)
         # keep_cache: the snapshot never changes under a mount, so the page cache of a
         # file stays valid across opens.
         return pyfuse3.FileInfo(fh=fh, keep_cache=True)
-
-    def _mark_opened(self, inode: int) -> None:
-        if self._opened[inode]:
-            return
-        self._opened[inode] = 1
-        self._opened_count += 1
-        if self._opened_count >= self.manifest.files:
-            self.epoch += 1
-            self._opened = bytearray(len(self.manifest.nodes))
-            self._opened_count = 0
 
     async def read(self, fh: int, off: int, size: int) -> bytes | memoryview:
         f = self._files.get(fh)

@@ -187,7 +187,7 @@ class MountProcess:
         while True:
             await trio.sleep(0.25)
             assert self.reader is not None and self.fs is not None
-            now = (dataclasses.astuple(self.reader.counters), self.fs.epoch)
+            now = dataclasses.astuple(self.reader.counters)
             if now != last:
                 await self._report()
                 last = now
@@ -198,7 +198,6 @@ class MountProcess:
         touched, self.reader.touched = self.reader.touched, []
         body = {
             **dataclasses.asdict(self.reader.counters),
-            "epoch": self.fs.epoch if self.fs else 0,
             "touched": [k.hex() for k in touched],
         }
         try:

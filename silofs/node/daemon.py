@@ -271,21 +271,29 @@ class Daemon:
         if m is not None:
             log.info("mount %s at %s is gone", m.id, m.mountpoint)
 
-    async def report(
-        self, m: MountState, counters: MountCounters, epoch: int, touched: list[bytes]
-    ) -> None:
+    async def report(self, m: MountState, counters: MountCounters, touched: list[bytes]) -> None:
         delta = counters.minus(m.reported)
         m.reported = counters
-        self.datasets[m.dsid].reads.add(delta)
+        ds = self.datasets[m.dsid]
+        ds.reads.add(delta)
         job = self.job(m.job)
         job.reads.add(delta)
         job.sample(time.monotonic())
-        m.epoch = epoch
-        if epoch > job.epoch:
-            job.epoch = epoch
-            job.epoch_cached[m.dsid] = self.usage.get(m.dsid, Usage()).bytes
-        if touched and self.modes.get(self.datasets[m.dsid].uri.canonical) == "lru":
+        self._advance_epoch(job, ds, delta.bytes_read)
+        if touched and self.modes.get(ds.uri.canonical) == "lru":
             await self.writer.touch(m.dsid, touched)
+
+    def _advance_epoch(self, job: JobState, ds: DatasetState, read: int) -> None:
+        """An epoch ends each time the job has read one dataset's worth of bytes. Reads
+        the kernel page cache served never reach a mount and are not counted: with
+        datasets larger than RAM (the case silofs is for) that is a small lag."""
+        total = job.dataset_bytes[ds.id] = job.dataset_bytes.get(ds.id, 0) + max(0, read)
+        size = ds.record.get("size", 0)
+        epoch = total // size if size > 0 else 0
+        if epoch > job.epochs.get(ds.id, 0):
+            job.epochs[ds.id] = epoch
+            job.epoch_cached[ds.id] = self.usage.get(ds.id, Usage()).bytes
+            job.epoch = max(job.epochs.values())
 
     def effective_cache(self, job: JobState) -> int:
         """Cached bytes that can serve the job's current epoch: what was cached when the

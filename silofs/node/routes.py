@@ -380,7 +380,7 @@ def build_router(d: Daemon) -> Router:
         m = _mount(d, req, mount_id)
         body = req.json()
         counters = MountCounters(**{k: _field(body, k, int) for k in vars(MountCounters())})
-        epoch = _field(body, "epoch", int, required=False) or 0
+        _field(body, "epoch", int, required=False)  # sent by older mounts; the daemon counts
         touched = body.get("touched") or []
         if not isinstance(touched, list) or len(touched) > 65536:
             raise HTTPError(400, "field 'touched' must be a list of chunk keys")
@@ -388,7 +388,7 @@ def build_router(d: Daemon) -> Router:
             keys = [bytes.fromhex(k) for k in touched if isinstance(k, str) and len(k) == 32]
         except ValueError:
             raise HTTPError(400, "field 'touched' must hold hex chunk keys") from None
-        await d.report(m, counters, epoch, keys)
+        await d.report(m, counters, keys)
         return json_response(
             {"ok": True, "admission": d.modes.get(d.datasets[m.dsid].uri.canonical, "uniform")}
         )

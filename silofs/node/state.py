@@ -39,7 +39,12 @@ class JobState:
     limiter: TokenBucket
     reads: MountCounters = field(default_factory=MountCounters)
     fetch: FetchCounters = field(default_factory=FetchCounters)
-    epoch: int = 0
+    epoch: int = 0  # the highest of its per-dataset epochs
+    # Per dataset: bytes the job read through its mounts, and the epoch that makes. An
+    # epoch is one dataset's worth of bytes read, as the simulator and the controller
+    # count it, whatever files were read (a subset, or one shard in many opens).
+    dataset_bytes: dict[int, int] = field(default_factory=dict)
+    epochs: dict[int, int] = field(default_factory=dict)
     # Cached bytes per dataset when the job's current epoch began: only those chunks can
     # serve hits in this epoch (SiloD §6, "Delayed effectiveness").
     epoch_cached: dict[int, int] = field(default_factory=dict)
@@ -76,4 +81,3 @@ class MountState:
     chunk_size: int
     reported: MountCounters = field(default_factory=MountCounters)
     fetch: FetchCounters = field(default_factory=FetchCounters)
-    epoch: int = 0
