@@ -85,19 +85,44 @@ def holdings(
     if sum(sizes[k] for k in active) <= capacity:
         return {k: sizes[k] for k in active}
 
-    def held(k: str, t: float) -> float:
-        untouched = 1.0
-        for rate in active[k]:
-            untouched *= 1.0 - distinct_fraction(t * rate / sizes[k])
-        return sizes[k] * (1.0 - untouched)
+    # Per dataset: its size and each reader's rate in dataset sizes per second.
+    items = {k: (sizes[k], [rate / sizes[k] for rate in active[k]]) for k in active}
 
+    def held(k: str, t: float) -> float:
+        size, per = items[k]
+        untouched = 1.0
+        for x in per:
+            untouched *= 1.0 - distinct_fraction(t * x)
+        return size * (1.0 - untouched)
+
+    def excess(t: float) -> float:
+        return sum(held(k, t) for k in items) - capacity
+
+    # The holdings grow with T: find the T at which they fill the pool, from below so
+    # that they never exceed it. Regula falsi with the Illinois fix: a few evaluations
+    # where bisection to full precision took a hundred (this runs at every epoch end).
     lo, hi = 0.0, 1.0
-    while sum(held(k, hi) for k in active) < capacity:
+    f_lo, f_hi = -capacity, excess(hi)
+    while f_hi < 0:
+        lo, f_lo = hi, f_hi
         hi *= 2.0
-    for _ in range(100):
-        mid = (lo + hi) / 2
-        if sum(held(k, mid) for k in active) < capacity:
-            lo = mid
+        f_hi = excess(hi)
+    kept = 0  # which end the last step moved: -1 lo, 1 hi
+    for _ in range(200):
+        if hi - lo <= 1e-13 * hi or -f_lo <= 1e-13 * capacity:
+            break
+        mid = hi - f_hi * (hi - lo) / (f_hi - f_lo)
+        if not lo < mid < hi:
+            mid = (lo + hi) / 2
+        f_mid = excess(mid)
+        if f_mid < 0:
+            lo, f_lo = mid, f_mid
+            if kept == -1:
+                f_hi /= 2
+            kept = -1
         else:
-            hi = mid
-    return {k: held(k, lo) for k in active}
+            hi, f_hi = mid, f_mid
+            if kept == 1:
+                f_lo /= 2
+            kept = 1
+    return {k: held(k, lo) for k in items}

@@ -9,19 +9,22 @@ from __future__ import annotations
 import json
 import logging
 import math
+import signal
+import sys
+from types import FrameType
 
 import click
 
 from .plot import PlotError, plot_timeline
 from .policies import SCHEDULERS
 from .scenario import ScenarioError, load_scenario
-from .simulator import CACHE_CHOICES, SimResult, SimulationError, simulate
+from .simulator import CACHE_CHOICES, SimResult, Simulation, SimulationError
 
 log = logging.getLogger(__name__)
 
 
 def fmt_duration(seconds: float | None) -> str:
-    if seconds is None or math.isinf(seconds):
+    if seconds is None or math.isinf(seconds) or math.isnan(seconds):
         return "-"
     if seconds < 120:
         return f"{seconds:.0f}s"
@@ -40,8 +43,14 @@ def render(result: SimResult) -> str:
             f"{j.fairness:6.3f}"
         )
     worst = min(j.fairness for j in result.jobs)
+    rows.append("")
+    if result.interrupted:
+        rows.append(
+            f"interrupted at {fmt_duration(result.until)} simulated: "
+            f"{len(result.finished)} of {len(result.jobs)} jobs finished; JCT and makespan "
+            "are of the finished jobs"
+        )
     rows += [
-        "",
         f"scheduler {result.scheduler}, cache {result.cache}, {len(result.jobs)} jobs",
         f"average JCT       {fmt_duration(result.avg_jct)}",
         f"makespan          {fmt_duration(result.makespan)}",
@@ -91,7 +100,7 @@ def simulate_cmd(
     """
     try:
         spec = load_scenario(scenario)
-        result = simulate(spec, scheduler, cache, interval=interval)
+        result = _run_until_done_or_interrupted(Simulation(spec, scheduler, cache, interval))
         if plot:
             title = f"{spec.name}: {scheduler} + {cache}"
             plot_timeline(result.timeline, spec.remote_io, title, plot)
@@ -101,3 +110,21 @@ def simulate_cmd(
         click.echo(json.dumps(result.to_dict(), indent=2))
     else:
         click.echo(render(result))
+    if result.interrupted:
+        sys.exit(130)
+
+
+def _run_until_done_or_interrupted(sim: Simulation) -> SimResult:
+    """Run; the first Ctrl-C stops after the current step and the results so far are
+    printed, a second one interrupts at once (the default handler is back)."""
+
+    def stop(signum: int, _frame: FrameType | None) -> None:
+        signal.signal(signal.SIGINT, previous)
+        log.warning("interrupted: stopping after this step (Ctrl-C again to abort)")
+        sim.request_stop()
+
+    previous = signal.signal(signal.SIGINT, stop)
+    try:
+        return sim.run()
+    finally:
+        signal.signal(signal.SIGINT, previous)

@@ -77,14 +77,26 @@ class SimResult:
     jobs: list[JobResult]
     # (time, total data throughput, remote IO) from each instant to the next
     timeline: list[tuple[float, float, float]] = field(default_factory=list)
+    # Stopped (Ctrl-C) before every job finished: JCT and makespan are of the finished
+    # jobs, an unfinished job's fairness is of the work it did so far.
+    interrupted: bool = False
+    until: float = 0.0  # simulated time reached
+
+    @property
+    def finished(self) -> list[JobResult]:
+        return [j for j in self.jobs if j.finish is not None]
 
     @property
     def avg_jct(self) -> float:
-        return sum(j.jct or 0.0 for j in self.jobs) / len(self.jobs)
+        done = self.finished
+        return sum(j.jct or 0.0 for j in done) / len(done) if done else math.nan
 
     @property
     def makespan(self) -> float:
-        return max(j.finish or 0.0 for j in self.jobs) - min(j.submit for j in self.jobs)
+        done = self.finished
+        if not done:
+            return math.nan
+        return max(j.finish or 0.0 for j in done) - min(j.submit for j in self.jobs)
 
     @property
     def avg_fairness(self) -> float:
@@ -98,6 +110,8 @@ class SimResult:
             "avg_jct_s": self.avg_jct,
             "makespan_s": self.makespan,
             "avg_fairness": self.avg_fairness,
+            "interrupted": self.interrupted,
+            "simulated_s": self.until,
             "jobs": [
                 {
                     "name": j.name,
@@ -140,17 +154,21 @@ class _Job:
     rate: float = 0.0
     remote: float = 0.0
     boundary: float = math.inf  # LRU: epoch position where the current hit ratio ends
+    # Fixed for the job's life; plain attributes because the event loop reads them for
+    # every active job at every step.
+    name: str = field(init=False)
+    eps: float = field(init=False)  # bytes that count as nothing left (rounding)
 
-    @property
-    def name(self) -> str:
-        return self.spec.name
+    def __post_init__(self) -> None:
+        self.name = self.spec.name
+        self.eps = max(1.0, self.size * 1e-12)
 
     @property
     def unread(self) -> float:
         return max(0.0, self.size - self.pos)
 
     def tol(self) -> float:
-        return max(1.0, self.size * 1e-12)
+        return self.eps
 
 
 class Simulation:
@@ -189,13 +207,20 @@ class Simulation:
         # the live controller does, and whenever a unit becomes full.
         self.interval = interval
         self.next_plan = math.inf
+        self.steps = 0  # events simulated
+        self.plans = 0  # policy runs
+        # Set by request_stop (e.g. from a SIGINT handler); run() ends after the current
+        # step, so the partial results are of a consistent state.
+        self.stop_requested = False
+
+    def request_stop(self) -> None:
+        self.stop_requested = True
 
     # ------------------------------------------------------------------ driver
 
     def run(self) -> SimResult:
         self._arrivals()
-        steps = 0
-        while self.pending or self.active:
+        while (self.pending or self.active) and not self.stop_requested:
             if self.dirty:
                 self._reschedule()
             self._rates()
@@ -203,20 +228,22 @@ class Simulation:
             self._record()
             self._advance(dt)
             self._boundaries()
-            steps += 1
-            if steps > _MAX_STEPS:
+            self.steps += 1
+            if self.steps > _MAX_STEPS:
                 raise SimulationError(f"gave up after {_MAX_STEPS} steps at t={self.now:.0f}s")
         return self._result()
 
     def _step(self) -> float:
         candidates = [self.pending[0].spec.submit - self.now] if self.pending else []
         candidates.append(self.next_plan - self.now)
+        add = candidates.append
         for job in self.active:
-            if job.rate > 0:
-                candidates.append((job.work - job.read) / job.rate)
-                candidates.append(job.unread / job.rate)
+            rate = job.rate
+            if rate > 0:
+                add((job.work - job.read) / rate)
+                add(max(0.0, job.size - job.pos) / rate)
                 if job.boundary < math.inf:
-                    candidates.append((job.boundary * job.size - job.pos) / job.rate)
+                    add((job.boundary * job.size - job.pos) / rate)
         candidates.extend(self._fill_steps())
         finite = [max(0.0, c) for c in candidates if c < math.inf]
         if not finite:
@@ -251,6 +278,7 @@ class Simulation:
     # -------------------------------------------------------------- decisions
 
     def _reschedule(self) -> None:
+        self.plans += 1
         views = [self._view(job) for job in self.active]
         cluster = replace(self.cluster, cached=None if self.lru else dict(self.filled))
         alloc = self.policy.allocate(views, cluster, self.estimator)
@@ -346,9 +374,10 @@ class Simulation:
     def _hit(self, job: _Job) -> float:
         job.boundary = math.inf
         if not self.lru:
-            if job.unread <= job.tol():
+            unread = max(0.0, job.size - job.pos)
+            if unread <= job.eps:
                 return min(1.0, self.filled[job.unit] / job.size)
-            return min(1.0, job.effective / job.unread)
+            return min(1.0, job.effective / unread)
         if job.epochs_done == 0:
             return job.first_hit
         held = min(self.resident.get(job.spec.dataset, 0.0), self.target.get(job.spec.dataset, 0.0))
@@ -415,12 +444,12 @@ class Simulation:
 
     def _boundaries(self) -> None:
         for job in list(self.active):
-            if job.work - job.read <= job.tol():
+            if job.work - job.read <= job.eps:
                 self._close_epoch(job)
                 job.finish = self.now
                 self.active.remove(job)
                 self.dirty = True
-            elif job.unread <= job.tol():
+            elif job.size - job.pos <= job.eps:  # unread <= eps
                 self._close_epoch(job)
                 job.pos = 0.0
                 job.epochs_done += 1
@@ -466,14 +495,22 @@ class Simulation:
                 bytes_read=j.read,
                 hit_bytes=j.hit_bytes,
                 remote_bytes=j.remote_bytes,
-                fairness=j.work / j.equal_integral if j.equal_integral > 0 else 1.0,
+                fairness=(j.work if j.finish is not None else j.read) / j.equal_integral
+                if j.equal_integral > 0
+                else 1.0,
                 epoch_hit_ratios=j.epoch_hit_ratios,
             )
             for j in sorted(self.all, key=lambda j: (j.spec.submit, j.name))
         ]
         self.timeline.append((self.now, 0.0, 0.0))
         return SimResult(
-            self.scenario.name, self.scheduler_name, self.cache_name, jobs, self.timeline
+            self.scenario.name,
+            self.scheduler_name,
+            self.cache_name,
+            jobs,
+            self.timeline,
+            interrupted=bool(self.pending or self.active),
+            until=self.now,
         )
 
 

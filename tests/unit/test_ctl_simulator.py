@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import os
 import random
+import re
+import signal
 from collections import OrderedDict
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
+from silofs_ctl.cli import main
 from silofs_ctl.scenario import load_scenario, parse_scenario
 from silofs_ctl.sim_lru import distinct_fraction, hit_between, steady_hit_ratio
-from silofs_ctl.simulator import CACHE_CHOICES, SimulationError, simulate
+from silofs_ctl.simulator import CACHE_CHOICES, Simulation, SimulationError, simulate
 
 SCENARIOS = Path(__file__).resolve().parents[2] / "configs" / "scenarios"
 
@@ -212,3 +217,45 @@ def test_unknown_policy_names_are_refused() -> None:
         simulate(scenario, "lottery", "silod")
     with pytest.raises(SimulationError, match="unknown cache"):
         simulate(scenario, "fifo", "memcached")
+
+
+def test_ctrl_c_stops_after_the_step_and_prints_the_results_so_far(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The first SIGINT ends the run cleanly: the table of what finished, a note saying
+    it was interrupted, exit status 130; the handler is the default one again after."""
+    real = Simulation._boundaries
+    steps = {"n": 0}
+
+    def boundaries(self: Simulation) -> None:
+        real(self)
+        steps["n"] += 1
+        if steps["n"] == 200:
+            os.kill(os.getpid(), signal.SIGINT)  # handled before this returns
+
+    monkeypatch.setattr(Simulation, "_boundaries", boundaries)
+    before = signal.getsignal(signal.SIGINT)
+    res = CliRunner().invoke(main, ["simulate", str(SCENARIOS / "trace-300.toml")])
+    assert res.exit_code == 130, res.output
+    note = re.search(r"interrupted at .* simulated: (\d+) of 300 jobs finished", res.output)
+    assert note, res.output
+    assert 0 < int(note.group(1)) < 300
+    assert steps["n"] == 200  # stopped after the step in which Ctrl-C came
+    assert signal.getsignal(signal.SIGINT) is before
+
+
+def test_an_interrupted_result_averages_the_finished_jobs_only() -> None:
+    sim = Simulation(load_scenario(SCENARIOS / "trace-300.toml"), "gavel", "silod")
+    real = sim._boundaries
+
+    def boundaries() -> None:
+        real()
+        if sim.steps == 300:
+            sim.request_stop()
+
+    sim._boundaries = boundaries  # type: ignore[method-assign]
+    result = sim.run()
+    done = [j for j in result.jobs if j.finish is not None]
+    assert result.interrupted and 0 < len(done) < len(result.jobs)
+    assert result.avg_jct == pytest.approx(sum(j.jct for j in done) / len(done))
+    assert result.to_dict()["interrupted"] is True
