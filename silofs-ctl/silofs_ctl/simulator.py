@@ -196,6 +196,7 @@ class Simulation:
         )
         self.all = list(self.pending)
         self.active: list[_Job] = []
+        self._readers: dict[str, list[_Job]] | None = None  # by unit; None: rebuild
         self.filled: dict[str, float] = {key: 0.0 for key in self.cluster.units}
         self.allocated: dict[str, float] = {key: 0.0 for key in self.cluster.units}
         self.lru = False
@@ -270,10 +271,14 @@ class Simulation:
         return out
 
     def _unit_readers(self) -> dict[str, list[_Job]]:
-        out: dict[str, list[_Job]] = {}
-        for job in self.active:
-            out.setdefault(job.unit, []).append(job)
-        return out
+        """Active jobs by the unit they read, in `active` order. Kept until the active set
+        changes (arrivals and completions reset it), as every step needs it twice."""
+        if self._readers is None:
+            out: dict[str, list[_Job]] = {}
+            for job in self.active:
+                out.setdefault(job.unit, []).append(job)
+            self._readers = out
+        return self._readers
 
     # -------------------------------------------------------------- decisions
 
@@ -408,7 +413,8 @@ class Simulation:
             job.hit_bytes += got * job.hit
             job.epoch_hits += got * job.hit
             job.remote_bytes += job.remote * dt
-            inflow.setdefault(job.unit, []).append((job, job.remote * dt))
+            if job.remote > 0 or self.lru:  # fetching nothing fills nothing
+                inflow.setdefault(job.unit, []).append((job, job.remote * dt))
         if self.lru:
             self._lru_fill(inflow)
         else:
@@ -420,8 +426,10 @@ class Simulation:
         for key, fetched in inflow.items():
             size = self.cluster.units[key].size
             room = max(0.0, min(self.allocated[key], size) - self.filled[key])
+            if room <= 0:
+                continue
             total = sum(b for _, b in fetched)
-            if room <= 0 or total <= 0:
+            if total <= 0:
                 continue
             admit = min(total, room)
             uncached = max(size - self.filled[key], 1e-9)
@@ -448,6 +456,7 @@ class Simulation:
                 self._close_epoch(job)
                 job.finish = self.now
                 self.active.remove(job)
+                self._readers = None
                 self.dirty = True
             elif job.size - job.pos <= job.eps:  # unread <= eps
                 self._close_epoch(job)
@@ -475,6 +484,7 @@ class Simulation:
             held = self.resident.get(job.spec.dataset, 0.0)
             job.first_hit = min(1.0, held / job.size)
             self.active.append(job)
+            self._readers = None
             self.dirty = True
 
     # ---------------------------------------------------------------- results
