@@ -17,6 +17,10 @@ log = logging.getLogger(__name__)
 
 # A job's measured rate counts as its f* only over a window at least this long.
 MIN_MEASURE_S = 5.0
+# ... and only while its IO allocation did not hold it back: null, or its remote fetches
+# under this fraction of it (a token bucket lets a job that needs more reach its rate,
+# so one well under it is limited by its GPUs or its own pipeline, not by IO).
+UNLIMITED_BELOW = 0.8
 
 
 @dataclass
@@ -38,6 +42,7 @@ class JobSeen:
     bytes_read: float
     hit_bytes: float
     throughput: float | None = None
+    remote_rate: float | None = None  # remote bytes/s fetched lately
     hit_now: float | None = None  # measured over the last poll window
     effective_cache: float | None = None  # cached bytes that can serve this epoch
 
@@ -76,6 +81,7 @@ def parse_status(node: str, status: Mapping[str, Any]) -> NodeSeen:
             bytes_read=read,
             hit_bytes=float(j.get("hit_ratio") or 0) * read,
             throughput=_opt_float(j.get("throughput")),
+            remote_rate=_opt_float(j.get("remote_bytes_per_s")),
             effective_cache=_opt_float(j.get("effective_cache")),
         )
     return NodeSeen(node, _opt_float(info.get("cache_size")), datasets, jobs)
@@ -87,7 +93,8 @@ def _opt_float(value: Any) -> float | None:
 
 @dataclass
 class RateTracker:
-    """Rates from successive counters, and each job's best unthrottled throughput.
+    """Rates from successive counters, and each job's best throughput while its IO
+    allocation did not limit it (on every node it runs on): its f* when none is given.
 
     Status may give "throughput" directly; otherwise it is the change in bytes_read over
     the window since the previous sample (at least MIN_MEASURE_S long). hit_now is the
@@ -105,7 +112,7 @@ class RateTracker:
                 self._measure(node.name, job, now)
                 if job.throughput is not None:
                     totals[job.name] = totals.get(job.name, 0.0) + job.throughput
-                free = job.allocation is None
+                free = _not_limited(job)
                 unthrottled[job.name] = unthrottled.get(job.name, True) and free
         for name, rate in totals.items():
             if unthrottled.get(name) and rate > 0:
@@ -125,4 +132,18 @@ class RateTracker:
             job.throughput = read / elapsed
         if read > 0:
             job.hit_now = min(1.0, max(0.0, (job.hit_bytes - before[2]) / read))
+            if job.remote_rate is None:
+                job.remote_rate = (read - (job.hit_bytes - before[2])) / elapsed
         self.samples[key] = (now, job.bytes_read, job.hit_bytes)
+
+
+def _not_limited(job: JobSeen) -> bool:
+    """Is the job's throughput its own (no IO allocation, or fetching well under it)?"""
+    if job.allocation is None:
+        return True
+    remote = job.remote_rate
+    if remote is None and job.throughput is not None:
+        # every byte read may have been fetched: an upper bound on its remote rate
+        hit = job.hit_now or 0.0
+        remote = job.throughput * (1.0 - hit)
+    return remote is not None and remote < UNLIMITED_BELOW * job.allocation

@@ -16,12 +16,13 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .controller_config import POLICIES, ControllerConfig, JobEntry, NodeConfig
-from .estimator import SiloDEstimator
+from .estimator import SiloDEstimator, hit_ratio
 from .model import Allocation, CacheUnit, Cluster, Job
 from .observe import JobSeen, NodeSeen
+from .policies.base import current_hits, water_fill
 
 log = logging.getLogger(__name__)
 
@@ -55,10 +56,51 @@ def plan_allocations(
     seen: Mapping[str, NodeSeen],
     ideal: Mapping[str, float],
 ) -> Plan:
-    """Run the policy on the cluster as observed and turn its decision into pushes."""
+    """Run the policy on the cluster as observed and turn its decision into pushes.
+
+    The link total holds under every policy. Jobs whose f* is not known yet are outside
+    the policy's problem: they are set aside an equal per-job share of the link (the
+    policy divides the rest), and they share, max-min, what the policy leaves
+    unallocated together with the jobs it gives no IO to (FIFO and greedy give none).
+    """
     jobs, cluster, unknown = build_problem(config, entries, seen, ideal)
-    alloc = POLICIES[config.policy]().allocate(jobs, cluster, SiloDEstimator())
-    return to_plan(config, jobs, unknown, cluster, alloc, seen)
+    reserve = 0.0
+    if unknown and not math.isinf(config.remote_io):
+        reserve = config.remote_io * len(unknown) / (len(unknown) + len(jobs))
+    policy_view = replace(cluster, remote_io=config.remote_io - reserve)
+    alloc = POLICIES[config.policy]().allocate(jobs, policy_view, SiloDEstimator())
+    left_io = share_the_rest(alloc, jobs, unknown, cluster)
+    return to_plan(config, jobs, unknown, cluster, alloc, seen, left_io)
+
+
+def share_the_rest(
+    alloc: Allocation, jobs: Sequence[Job], unknown: Sequence[JobPlan], cluster: Cluster
+) -> dict[str, float]:
+    """Divide the link the policy left unallocated among the jobs it gave no IO (added
+    to `alloc.io`) and the jobs it did not plan (returned, by name), max-min fairly.
+
+    A planned job is first given up to its demand now, f* (1 - hit ratio now), then up
+    to f* (it can never fetch faster; a cache still filling or not yet effective hits
+    less than planned); a job whose f* is unknown has no such bound. With no limit on
+    the link (remote_io infinite) nothing is throttled.
+    """
+    left_jobs = [j for j in jobs if j.name not in alloc.io]
+    if math.isinf(cluster.remote_io):
+        alloc.io.update({j.name: math.inf for j in left_jobs})
+        return {j.name: math.inf for j in unknown}
+    left = max(0.0, cluster.remote_io - sum(alloc.io.values()))
+    hits = current_hits(left_jobs, cluster, alloc.cache) or {
+        j.name: hit_ratio(j, alloc.cache, cluster) for j in left_jobs
+    }
+    demand = {j.name: j.f_star * (1.0 - hits[j.name]) for j in left_jobs}
+    demand.update({j.name: math.inf for j in unknown})
+    got = water_fill(left, demand)
+    left -= sum(got.values())
+    room = {j.name: max(0.0, j.f_star - got[j.name]) for j in left_jobs}
+    for name, more in water_fill(max(0.0, left), room).items():
+        got[name] += more
+    alloc.io.update({j.name: got[j.name] for j in left_jobs})
+    return {j.name: got[j.name] for j in unknown}
 
 
 def build_problem(
@@ -100,7 +142,7 @@ def build_problem(
         size = float(entry.dataset_size) if entry and entry.dataset_size else index.size(dataset)
         if f_star is None or size is None:
             why = (
-                "f* not known yet: unthrottled until measured"
+                "f* not known yet: shares what the policy leaves until measured"
                 if f_star is None
                 else ("dataset size not known")
             )
@@ -216,7 +258,11 @@ def to_plan(
     cluster: Cluster,
     alloc: Allocation,
     seen: Mapping[str, NodeSeen],
+    unknown_io: Mapping[str, float] | None = None,
 ) -> Plan:
+    """Per-node pushes: cache per dataset, IO per job split evenly over its nodes. A job
+    missing from alloc.io (or from unknown_io, for jobs the policy did not plan) is left
+    unthrottled (null)."""
     cache: dict[str, dict[str, int]] = {n.name: {} for n in config.nodes}
     for key, unit in cluster.units.items():
         cache[unit.pool][unit.dataset] = int(alloc.cache.get(key, 0.0))
@@ -230,9 +276,10 @@ def to_plan(
             io[node][job.name] = _split(total, len(nodes))
         plans.append(JobPlan(job.name, job.dataset, nodes, job.f_star, total))
     for job in unknown:
+        total = (unknown_io or {}).get(job.name)
         for node in job.nodes:
-            io.setdefault(node, {})[job.name] = None
-        plans.append(job)
+            io.setdefault(node, {})[job.name] = _split(total, len(job.nodes))
+        plans.append(replace(job, io=total))
     return Plan(cache, io, sorted(plans, key=lambda p: p.name))
 
 

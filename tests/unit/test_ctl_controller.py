@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
@@ -218,15 +219,73 @@ def test_measured_throughput_replaces_a_missing_ideal_rate() -> None:
     plan = ctl.round(force=True)
     assert plan is not None
     local = next(j for j in plan.jobs if j.name == "local")
-    assert local.f_star is None and local.io is None and "unthrottled" in local.note
-    assert nodes["n1"].jobs["local"]["io_allocation"] is None
-    # it runs unthrottled and reports 30 MB/s: that becomes its f*, and it is planned
-    nodes["n1"].jobs["local"]["throughput"] = 30 * MB
+    # out of the policy's problem, it gets its per-job share of the link set aside
+    assert local.f_star is None and "shares what the policy leaves" in local.note
+    assert local.io == pytest.approx(50 * MB, abs=2)
+    assert nodes["n1"].jobs["local"]["io_allocation"] == int(local.io)
+    # at its allocation, 45 MB/s says nothing of its f* (IO may be what holds it back)
+    nodes["n1"].jobs["local"].update(throughput=45 * MB, remote_bytes_per_s=45 * MB)
+    plan = ctl.round(force=True)
+    assert plan is not None
+    assert next(j for j in plan.jobs if j.name == "local").f_star is None
+    # fetching 30 MB/s, well under its 50: that is its own speed, so its f*
+    nodes["n1"].jobs["local"].update(throughput=30 * MB, remote_bytes_per_s=30 * MB)
     plan = ctl.round()
     assert plan is not None
     local = next(j for j in plan.jobs if j.name == "local")
     assert local.f_star == pytest.approx(30 * MB)
     assert nodes["n1"].jobs["local"]["io_allocation"] is not None
+
+
+def test_jobs_without_f_star_share_the_rest_max_min_under_every_policy() -> None:
+    nodes = two_nodes()
+    nodes["n2"].add_dataset(WIKI, 100 * GB)
+    nodes["n2"].add_job("new-a", WIKI)
+    nodes["n2"].add_job("new-b", WIKI)
+    seen = {name: parse_status(name, node.status()) for name, node in nodes.items()}
+    for policy in ("gavel", "sjf", "fifo", "greedy"):
+        plan = plan_allocations(config(policy, io=100 * MB), ENTRIES, seen, {})
+        io = {p.name: p.io for p in plan.jobs}
+        assert None not in io.values(), (policy, io)
+        assert sum(io.values()) <= 100 * MB + 4, (policy, io)
+        # the two unknown jobs are alike: equal shares, at least their set-aside 2/4
+        assert io["new-a"] == pytest.approx(io["new-b"], abs=1), policy
+        assert io["new-a"] + io["new-b"] >= 50 * MB - 2, (policy, io)
+
+
+@pytest.mark.parametrize("policy", ["fifo", "greedy"])
+def test_fifo_and_greedy_enforce_the_link_max_min_by_demand(policy: str) -> None:
+    # FIFO and greedy allocate no IO: every job shares the link, up to what it can use.
+    # "local" needs 20 MB/s and gets it; "dist" needs 912 and gets the remaining 80.
+    nodes = two_nodes()
+    seen = {name: parse_status(name, node.status()) for name, node in nodes.items()}
+    plan = plan_allocations(config(policy, io=100 * MB), ENTRIES, seen, {})
+    io = {p.name: p.io for p in plan.jobs}
+    assert io["local"] == pytest.approx(20 * MB, abs=1)
+    assert io["dist"] == pytest.approx(80 * MB, abs=1)
+    assert plan.io["n1"]["dist"] == plan.io["n2"]["dist"] == int(io["dist"] / 2)
+    # with no limit on the link nothing is throttled
+    unlimited = plan_allocations(config(policy, io=math.inf), ENTRIES, seen, {})
+    assert all(r is None for node in unlimited.io.values() for r in node.values())
+
+
+def test_rate_tracker_counts_a_throttled_job_that_fetches_well_under_its_allocation() -> None:
+    def status(rate: float, remote: float | None, alloc: float | None) -> dict:
+        job = {"name": "j", "datasets": [WIKI], "io_allocation": alloc, "throughput": rate}
+        if remote is not None:
+            job["remote_bytes_per_s"] = remote
+        return {"jobs": [job]}
+
+    tracker = RateTracker()
+    tracker.update({"n1": parse_status("n1", status(40 * MB, 40 * MB, 50 * MB))}, now=0.0)
+    assert "j" not in tracker.ideal  # 80% of its allocation: maybe IO-bound
+    tracker.update({"n1": parse_status("n1", status(70 * MB, 30 * MB, 50 * MB))}, now=10.0)
+    assert tracker.ideal["j"] == pytest.approx(70 * MB)  # mostly hits, IO to spare
+    # no remote rate reported: its throughput bounds it (all of it may be fetched)
+    tracker.update({"n1": parse_status("n1", status(90 * MB, None, 100 * MB))}, now=20.0)
+    assert tracker.ideal["j"] == pytest.approx(70 * MB)
+    tracker.update({"n1": parse_status("n1", status(75 * MB, None, 100 * MB))}, now=30.0)
+    assert tracker.ideal["j"] == pytest.approx(75 * MB)
 
 
 def test_rate_tracker_measures_from_counters_when_status_has_no_rates() -> None:
@@ -303,7 +362,8 @@ def test_every_policy_plans_within_each_node_budget(policy: str) -> None:
     plan = plan_allocations(config(policy), ENTRIES, seen, {})
     for node in ("n1", "n2"):
         assert sum(plan.cache[node].values()) <= 1 * TB
-    io = [r for node in plan.io.values() for r in node.values() if r is not None]
+    io = [r for node in plan.io.values() for r in node.values()]
+    assert None not in io  # the link total holds under every policy
     assert sum(io) <= 100 * MB + 2
 
 
