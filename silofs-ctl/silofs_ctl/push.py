@@ -69,19 +69,26 @@ def _push_node(
     An unreachable node raises and ends its round; a refused update is reported and the
     node's other updates still go out."""
     node = status.name
-    updates: list[tuple[str, str, int | None]] = []
-    for dataset, nbytes in sorted(plan.cache.get(node, {}).items()):
+    # (shrinks first?, kind, name, value): the node refuses a cache allocation that would
+    # take its allocations over its cache size, so every shrink must land before any
+    # grow or a grow sorted before the shrink that makes room for it waits a round.
+    updates: list[tuple[bool, str, str, int | None]] = []
+    for dataset, nbytes in plan.cache.get(node, {}).items():
         held = status.datasets.get(dataset)
         current = held.allocation if held else memory.get(("cache", dataset), -1)
         if current is None or int(current) != nbytes:
-            updates.append(("cache", dataset, nbytes))
-    for job, rate in sorted(plan.io.get(node, {}).items()):
+            shrink = current is not None and current >= 0 and nbytes < current
+            updates.append((not shrink, "cache", dataset, nbytes))
+    for job, rate in plan.io.get(node, {}).items():
         seen_job = status.jobs.get(job)
         current = seen_job.allocation if seen_job else memory.get(("io", job), -1)
         if current != (None if rate is None else float(rate)):
-            updates.append(("io", job, rate))
+            # null is unlimited: going to it is a grow, leaving it a shrink
+            shrink = rate is not None and (current is None or (current >= 0 and rate < current))
+            updates.append((not shrink, "io", job, rate))
+    updates.sort(key=lambda u: u[:3])  # shrinks, then grows; cache before IO; by name
     count, refused = 0, []
-    for kind, name, value in updates:
+    for _, kind, name, value in updates:
         try:
             if kind == "cache":
                 client.put_cache(name, int(value or 0))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -19,7 +20,8 @@ from silofs_ctl.controller_config import (
 )
 from silofs_ctl.nodes import NodeError
 from silofs_ctl.observe import NodeSeen, RateTracker, parse_status
-from silofs_ctl.plan import plan_allocations
+from silofs_ctl.plan import Plan, plan_allocations
+from silofs_ctl.push import push_plan
 from silofs_ctl.tomlcheck import ConfigError
 
 MB, GB, TB = 10**6, 10**9, 10**12
@@ -511,3 +513,44 @@ def test_status_with_the_contract_field_names_parses() -> None:
     assert isinstance(seen, NodeSeen)
     assert seen.jobs["j"].dataset == IMAGENET and seen.jobs["j"].throughput == 9
     assert seen.datasets[IMAGENET].cached == 5 and seen.cache_size == 64 * 2**20
+
+
+class StrictNode(FakeNode):
+    """Refuses, as the daemon does (409), a cache allocation taking the node's allocations
+    over its cache size."""
+
+    def put_cache(self, dataset: str, nbytes: int) -> None:
+        others = sum(
+            d.get("cache_allocation") or 0 for uri, d in self.datasets.items() if uri != dataset
+        )
+        if others + nbytes > self.cache_size:
+            raise NodeError(f"allocations would total {others + nbytes}", unreachable=False)
+        super().put_cache(dataset, nbytes)
+
+
+def test_pushes_shrink_before_they_grow_so_one_round_moves_cache() -> None:
+    # s3://a/ grows 300 -> 700 GB and s3://b/ shrinks 700 -> 300 GB on a 1 TB node: in
+    # name order the grow would come first and be refused until the next round
+    node = StrictNode("n1", 1 * TB)
+    for uri, held in (("s3://a/", 300 * GB), ("s3://b/", 700 * GB)):
+        node.add_dataset(uri, 1 * TB)
+        node.datasets[uri]["cache_allocation"] = held
+    node.add_job("j", "s3://a/", io_allocation=50 * MB)
+    node.add_job("k", "s3://b/", io_allocation=None)
+    plan = Plan(
+        cache={"n1": {"s3://a/": 700 * GB, "s3://b/": 300 * GB}},
+        io={"n1": {"j": 80 * MB, "k": 20 * MB}},
+        jobs=[],
+    )
+    seen = {"n1": parse_status("n1", node.status())}
+    with ThreadPoolExecutor(1) as pool:
+        report = push_plan(plan, {"n1": node}, seen, pool)
+    assert report.failed == {} and report.pushed == 4
+    assert node.datasets["s3://a/"]["cache_allocation"] == 700 * GB
+    # shrinks (cache b, IO k from unlimited) before grows (cache a, IO j)
+    assert node.puts == [
+        ("cache", "s3://b/", 300 * GB),
+        ("io", "k", 20 * MB),
+        ("cache", "s3://a/", 700 * GB),
+        ("io", "j", 80 * MB),
+    ]
