@@ -554,3 +554,18 @@ def test_pushes_shrink_before_they_grow_so_one_round_moves_cache() -> None:
         ("cache", "s3://a/", 700 * GB),
         ("io", "j", 80 * MB),
     ]
+
+
+def test_the_example_config_names_the_socket_a_root_daemon_listens_on(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """configs/controller.toml's local node is reachable with the daemons' defaults."""
+    from silofs.config import default_socket
+
+    monkeypatch.delenv("SILOFS_SOCKET", raising=False)
+    monkeypatch.setattr("os.geteuid", lambda: 0)  # the daemon as a system service
+    path = Path(__file__).resolve().parents[2] / "configs" / "controller.toml"
+    cfg = load_controller_config(str(path))
+    assert cfg.nodes[0].socket == default_socket()
+    # and the forwarding example reaches the same socket on the remote node
+    assert f":{default_socket()} " in path.read_text()
