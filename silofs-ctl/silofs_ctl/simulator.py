@@ -213,6 +213,8 @@ class Simulation:
         # Set by request_stop (e.g. from a SIGINT handler); run() ends after the current
         # step, so the partial results are of a consistent state.
         self.stop_requested = False
+        self.soonest_job_event = math.inf  # from now, set by _rates
+        self.totals = (0.0, 0.0)  # total data rate and remote rate, set by _rates
 
     def request_stop(self) -> None:
         self.stop_requested = True
@@ -235,16 +237,11 @@ class Simulation:
         return self._result()
 
     def _step(self) -> float:
+        """Time to the next event: the soonest job event (_rates found it), arrival,
+        re-plan, or a unit filling up."""
         candidates = [self.pending[0].spec.submit - self.now] if self.pending else []
         candidates.append(self.next_plan - self.now)
-        add = candidates.append
-        for job in self.active:
-            rate = job.rate
-            if rate > 0:
-                add((job.work - job.read) / rate)
-                add(max(0.0, job.size - job.pos) / rate)
-                if job.boundary < math.inf:
-                    add((job.boundary * job.size - job.pos) / rate)
+        candidates.append(self.soonest_job_event)
         candidates.extend(self._fill_steps())
         finite = [max(0.0, c) for c in candidates if c < math.inf]
         if not finite:
@@ -368,6 +365,11 @@ class Simulation:
             need = job.share * job.spec.ideal_io * (1.0 - job.hit)
             demands[job.name] = need if job.io_cap is None else min(need, job.io_cap)
         shares = water_fill(self.scenario.remote_io, demands)
+        # One pass sets the rates and, while at it, finds the soonest job event (its end,
+        # its epoch's end, the end of its LRU segment) and the totals _record keeps:
+        # the event loop's cost is passes over the active jobs.
+        soonest = math.inf
+        total_rate = total_remote = 0.0
         for job in self.active:
             gpu_rate = job.share * job.spec.ideal_io
             if job.hit >= 1.0 - 1e-12:
@@ -375,6 +377,20 @@ class Simulation:
             else:
                 job.remote = shares[job.name]
                 job.rate = min(gpu_rate, job.remote / (1.0 - job.hit))
+            rate = job.rate
+            total_rate += rate
+            total_remote += job.remote
+            if rate > 0:
+                soonest = min(
+                    soonest,
+                    (job.work - job.read) / rate,
+                    max(0.0, job.size - job.pos) / rate,
+                    (job.boundary * job.size - job.pos) / rate
+                    if job.boundary < math.inf
+                    else math.inf,
+                )
+        self.soonest_job_event = soonest
+        self.totals = (total_rate, total_remote)
 
     def _hit(self, job: _Job) -> float:
         job.boundary = math.inf
@@ -490,7 +506,7 @@ class Simulation:
     # ---------------------------------------------------------------- results
 
     def _record(self) -> None:
-        point = (self.now, sum(j.rate for j in self.active), sum(j.remote for j in self.active))
+        point = (self.now, *self.totals)
         if self.timeline and self.timeline[-1][1:] == point[1:]:
             return
         self.timeline.append(point)
