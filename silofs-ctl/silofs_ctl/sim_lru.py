@@ -75,38 +75,72 @@ def distinct_fraction(w: float) -> float:
 
 
 def holdings(
-    capacity: float, sizes: Mapping[str, float], readers: Mapping[str, Sequence[float]]
+    capacity: float,
+    sizes: Mapping[str, float],
+    readers: Mapping[str, Sequence[float]],
+    guess: float | None = None,
 ) -> dict[str, float]:
     """Steady-state bytes each dataset holds in an LRU pool of `capacity`.
 
     readers: dataset -> read rates (bytes/s) of the jobs reading it now.
+    guess: the pool's characteristic time T last time (see fill_time), if known.
     """
+    return holdings_at(capacity, sizes, readers, guess)[0]
+
+
+def holdings_at(
+    capacity: float,
+    sizes: Mapping[str, float],
+    readers: Mapping[str, Sequence[float]],
+    guess: float | None = None,
+) -> tuple[dict[str, float], float | None]:
+    """holdings, and the characteristic time T they were found at (None: everything
+    fits). Pass T back as `guess` next time: the search starts next to it."""
     active = {k: v for k, v in readers.items() if any(rate > 0 for rate in v)}
     if sum(sizes[k] for k in active) <= capacity:
-        return {k: sizes[k] for k in active}
-
+        return {k: sizes[k] for k in active}, None
     # Per dataset: its size and each reader's rate in dataset sizes per second.
-    items = {k: (sizes[k], [rate / sizes[k] for rate in active[k]]) for k in active}
+    items = [(k, sizes[k], [rate / sizes[k] for rate in active[k]]) for k in active]
 
-    def held(k: str, t: float) -> float:
-        size, per = items[k]
-        untouched = 1.0
-        for x in per:
-            untouched *= 1.0 - distinct_fraction(t * x)
-        return size * (1.0 - untouched)
+    def held_all(t: float) -> list[float]:
+        out = []
+        for _, size, per in items:
+            untouched = 1.0
+            for x in per:
+                untouched *= 1.0 - distinct_fraction(t * x)
+            out.append(size * (1.0 - untouched))
+        return out
 
     def excess(t: float) -> float:
-        return sum(held(k, t) for k in items) - capacity
+        return sum(held_all(t)) - capacity
 
     # The holdings grow with T: find the T at which they fill the pool, from below so
     # that they never exceed it. Regula falsi with the Illinois fix: a few evaluations
     # where bisection to full precision took a hundred (this runs at every epoch end).
-    lo, hi = 0.0, 1.0
-    f_lo, f_hi = -capacity, excess(hi)
-    while f_hi < 0:
-        lo, f_lo = hi, f_hi
-        hi *= 2.0
-        f_hi = excess(hi)
+    if guess and guess > 0:
+        lo, hi = guess, guess * 1.01
+        f_lo = excess(lo)
+        if f_lo >= 0:
+            hi, f_hi = lo, f_lo
+            lo = guess / 1.01
+            f_lo = excess(lo)
+            while f_lo >= 0:
+                hi, f_hi = lo, f_lo
+                lo /= 2.0
+                f_lo = excess(lo)
+        else:
+            f_hi = excess(hi)
+            while f_hi < 0:
+                lo, f_lo = hi, f_hi
+                hi *= 2.0
+                f_hi = excess(hi)
+    else:
+        lo, hi = 0.0, 1.0
+        f_lo, f_hi = -capacity, excess(hi)
+        while f_hi < 0:
+            lo, f_lo = hi, f_hi
+            hi *= 2.0
+            f_hi = excess(hi)
     kept = 0  # which end the last step moved: -1 lo, 1 hi
     for _ in range(200):
         if hi - lo <= 1e-13 * hi or -f_lo <= 1e-13 * capacity:
@@ -125,4 +159,4 @@ def holdings(
             if kept == 1:
                 f_lo /= 2
             kept = 1
-    return {k: held(k, lo) for k in items}
+    return {k: held for (k, _, _), held in zip(items, held_all(lo), strict=True)}, lo

@@ -202,6 +202,7 @@ class Simulation:
         self.lru = False
         self.resident: dict[str, float] = {}  # LRU: bytes of each dataset held
         self.target: dict[str, float] = {}  # LRU: steady-state holding
+        self.lru_time: float | None = None  # LRU: the pool's characteristic time, last
         self.timeline: list[tuple[float, float, float]] = []
         self.dirty = True
         # While a cache fills, its effective size changes: re-plan every `interval`, as
@@ -352,7 +353,9 @@ class Simulation:
             rate = job.rate if job.rate > 0 else job.share * job.spec.ideal_io
             rates.setdefault(job.spec.dataset, []).append(rate)
             sizes[job.spec.dataset] = job.size
-        self.target = sim_lru.holdings(self.cluster.total_cache, sizes, rates)
+        self.target, self.lru_time = sim_lru.holdings_at(
+            self.cluster.total_cache, sizes, rates, self.lru_time
+        )
         for dataset in list(self.resident):
             self.resident[dataset] = min(self.resident[dataset], self.target.get(dataset, 0.0))
 
@@ -421,7 +424,7 @@ class Simulation:
             if job.rate <= 0:
                 continue
             got = job.rate * dt
-            unread = job.unread
+            unread = max(0.0, job.size - job.pos)
             if not self.lru and unread > 0:
                 job.effective *= max(0.0, unread - got) / unread  # H/unread stays constant
             job.read += got
