@@ -199,6 +199,7 @@ class Simulation:
         self._readers: dict[str, list[_Job]] | None = None  # by unit; None: rebuild
         self.filled: dict[str, float] = {key: 0.0 for key in self.cluster.units}
         self.allocated: dict[str, float] = {key: 0.0 for key in self.cluster.units}
+        self.in_use: set[str] = set()  # units allocated or holding bytes (see _apply)
         self.lru = False
         self.resident: dict[str, float] = {}  # LRU: bytes of each dataset held
         self.target: dict[str, float] = {}  # LRU: steady-state holding
@@ -333,11 +334,18 @@ class Simulation:
             self._lru_targets()
             return
         readers = self._unit_readers()
-        for key in self.cluster.units:
+        # Units neither allocated nor holding anything, and not in the new allocation,
+        # stay as they are: only the others are visited (CoorDL has a unit per job of
+        # the whole trace, most of them long finished or not yet arrived).
+        for key in self.in_use | alloc.cache.keys():
             want = max(0.0, alloc.cache.get(key, 0.0))
             self.allocated[key] = want
             if self.filled[key] > want:
                 self._evict(key, want, readers.get(key, []))
+        self.in_use = {k for k in self.in_use | alloc.cache.keys() if self._used(k)}
+
+    def _used(self, key: str) -> bool:
+        return self.allocated[key] > 0 or self.filled[key] > 0
 
     def _evict(self, key: str, keep: float, readers: list[_Job]) -> None:
         """Shrinking evicts random cached items: every reader loses the same fraction."""
