@@ -200,6 +200,7 @@ class Simulation:
         self.filled: dict[str, float] = {key: 0.0 for key in self.cluster.units}
         self.allocated: dict[str, float] = {key: 0.0 for key in self.cluster.units}
         self.in_use: set[str] = set()  # units allocated or holding bytes (see _apply)
+        self.equal_for: tuple[str, ...] | None = None  # the jobs equal_rate is for
         self.lru = False
         self.resident: dict[str, float] = {}  # LRU: bytes of each dataset held
         self.target: dict[str, float] = {}  # LRU: steady-state holding
@@ -290,11 +291,16 @@ class Simulation:
             self.cache_policy.fill_cache(views, cluster, alloc)
         self._apply(alloc)
         self.next_plan = self.now + self.interval if self._filling() else math.inf
-        equal = equal_share_perf(
-            [self._reference_view(j) for j in self.active], self.reference, SiloDEstimator()
-        )
-        for job in self.active:
-            job.equal_rate = equal[job.name]
+        # The equal share depends on the set of active jobs only: most re-plans (a cache
+        # filling, an epoch starting) keep it.
+        names = tuple(j.name for j in self.active)
+        if names != self.equal_for:
+            equal = equal_share_perf(
+                [self._reference_view(j) for j in self.active], self.reference, SiloDEstimator()
+            )
+            for job in self.active:
+                job.equal_rate = equal[job.name]
+            self.equal_for = names
         self.dirty = False
 
     def _filling(self) -> bool:
