@@ -196,6 +196,7 @@ class Simulation:
         )
         self.all = list(self.pending)
         self.active: list[_Job] = []
+        self.running: list[_Job] = []  # active jobs with GPUs, in `active` order (_apply)
         self._readers: dict[str, list[_Job]] | None = None  # by unit; None: rebuild
         self.filled: dict[str, float] = {key: 0.0 for key in self.cluster.units}
         self.allocated: dict[str, float] = {key: 0.0 for key in self.cluster.units}
@@ -290,6 +291,11 @@ class Simulation:
         if self.cache_policy is not None:
             self.cache_policy.fill_cache(views, cluster, alloc)
         self._apply(alloc)
+        # (after _apply: LRU targets are set with the rates of the step that ended)
+        for job in self.active:
+            if job.share <= 0:
+                job.rate = job.remote = 0.0
+        self.running = [job for job in self.active if job.share > 0]
         self.next_plan = self.now + self.interval if self._filling() else math.inf
         # The equal share depends on the set of active jobs only: most re-plans (a cache
         # filling, an epoch starting) keep it.
@@ -376,8 +382,11 @@ class Simulation:
     # ------------------------------------------------------------------ rates
 
     def _rates(self) -> None:
+        # Jobs without GPUs (waiting, preempted) have no rate and fetch nothing
+        # (_reschedule zeroed them); a zero demand changes no one's max-min share, so
+        # they are left out.
         demands: dict[str, float] = {}
-        for job in self.active:
+        for job in self.running:
             job.hit = self._hit(job)
             need = job.share * job.spec.ideal_io * (1.0 - job.hit)
             demands[job.name] = need if job.io_cap is None else min(need, job.io_cap)
@@ -387,7 +396,7 @@ class Simulation:
         # the event loop's cost is passes over the active jobs.
         soonest = math.inf
         total_rate = total_remote = 0.0
-        for job in self.active:
+        for job in self.running:
             gpu_rate = job.share * job.spec.ideal_io
             if job.hit >= 1.0 - 1e-12:
                 job.rate, job.remote = gpu_rate, 0.0
@@ -433,8 +442,9 @@ class Simulation:
 
     def _advance(self, dt: float) -> None:
         inflow: dict[str, list[tuple[_Job, float]]] = {}
-        for job in self.active:
+        for job in self.active:  # waiting counts: fairness is over the job's lifetime
             job.equal_integral += job.equal_rate * dt
+        for job in self.running:
             if job.rate <= 0:
                 continue
             got = job.rate * dt
