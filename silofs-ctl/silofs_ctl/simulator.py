@@ -196,7 +196,8 @@ class Simulation:
         )
         self.all = list(self.pending)
         self.active: list[_Job] = []
-        self.running: list[_Job] = []  # active jobs with GPUs, in `active` order (_apply)
+        self.running: list[_Job] = []  # active jobs with GPUs, in `active` order
+        self.running_units: dict[str, list[_Job]] = {}  # the same by unit
         self._readers: dict[str, list[_Job]] | None = None  # by unit; None: rebuild
         self.filled: dict[str, float] = {key: 0.0 for key in self.cluster.units}
         self.allocated: dict[str, float] = {key: 0.0 for key in self.cluster.units}
@@ -255,8 +256,10 @@ class Simulation:
 
     def _fill_steps(self) -> list[float]:
         out = []
-        for key, readers in self._unit_readers().items():
-            inflow = sum(j.remote for j in readers)
+        everyone = self._unit_readers()
+        for key, fetching in self.running_units.items():  # only running jobs fetch
+            readers = everyone[key]
+            inflow = sum(j.remote for j in fetching)
             if inflow <= 0:
                 continue
             size = self.cluster.units[key].size
@@ -296,6 +299,9 @@ class Simulation:
             if job.share <= 0:
                 job.rate = job.remote = 0.0
         self.running = [job for job in self.active if job.share > 0]
+        self.running_units = {}
+        for job in self.running:
+            self.running_units.setdefault(job.unit, []).append(job)
         self.next_plan = self.now + self.interval if self._filling() else math.inf
         # The equal share depends on the set of active jobs only: most re-plans (a cache
         # filling, an epoch starting) keep it.
