@@ -74,6 +74,46 @@ class AdmitResult:
     full: bool = False  # LMDB map full: the disk budget is used up
 
 
+class CacheDamagedError(SilofsError):
+    """The env's files are not a readable LMDB env (damaged meta or tree pages)."""
+
+
+# What LMDB raises for a damaged file, as opposed to a missing, locked or unwritable one.
+_DAMAGE = (
+    lmdb.InvalidError,
+    lmdb.CorruptedError,
+    lmdb.PageNotFoundError,
+    lmdb.VersionMismatchError,
+)
+
+
+_META_MAGIC, _META_VERSION, _P_META = 0xBEEFC0DE, 1, 0x08
+
+
+def meta_pages_damaged(data_path: str, psize: int | None = None) -> bool:
+    """Whether either LMDB meta page of data.mdb (pages 0 and 1) is not a sane meta page:
+    P_META flag, magic, data version, and a last page number inside the file. LMDB
+    alternates between the two, so one damaged page is enough to fail an open."""
+    psize = psize or os.sysconf("SC_PAGE_SIZE")  # LMDB's page size is the OS page size
+    try:
+        with open(data_path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            pages = [f.read(psize) for _ in range(2)]
+    except OSError:
+        return False  # missing or unreadable: not ours to move
+    for page in pages:
+        if len(page) < 160:
+            return True
+        flags = struct.unpack_from("<H", page, 10)[0]
+        magic, version = struct.unpack_from("<II", page, 16)
+        last_pg = struct.unpack_from("<Q", page, 136)[0]
+        if not flags & _P_META or magic != _META_MAGIC or version != _META_VERSION:
+            return True
+        if last_pg * psize >= max(size, 2 * psize) and last_pg > 1:
+            return True
+    return False
+
+
 def dataset_prefix(dsid: int) -> bytes:
     return _ID.pack(dsid)
 
@@ -84,6 +124,20 @@ class CacheStore:
     def __init__(self, path: str, map_size: int, *, readonly: bool = False) -> None:
         self.path = path
         self.readonly = readonly
+        try:
+            self._open(map_size)
+        except (*_DAMAGE, SilofsError) as exc:
+            if getattr(self, "env", None) is not None:
+                self.env.close()
+            # Damaged meta pages show as MDB_INVALID, or as ENOMEM/EINVAL when a size or
+            # page number in them is garbage: check them before calling it damage, so a
+            # permission or version problem stays what it is.
+            if isinstance(exc, _DAMAGE) or meta_pages_damaged(os.path.join(path, "data.mdb")):
+                raise CacheDamagedError(f"cache at {path} is damaged: {exc}") from None
+            raise
+
+    def _open(self, map_size: int) -> None:
+        path, readonly = self.path, self.readonly
         try:
             self.env = lmdb.open(
                 path,
@@ -105,6 +159,8 @@ class CacheStore:
                 max_readers=1024,
                 lock=True,
             )
+        except _DAMAGE:
+            raise
         except lmdb.Error as exc:
             raise SilofsError(f"cannot open cache at {path}: {exc}") from None
         self.dbs = {name: self.env.open_db(name, create=not readonly) for name in _DBS}

@@ -1,12 +1,15 @@
-"""The cache directory: its checks, its size budget and its permissions.
+"""The cache directory: its checks, its size budget, its lock and its permissions.
 
-Owns creating and checking cache_dir, choosing the cache budget against the disk, and
-the modes of the directory and the LMDB files. Never opens LMDB (cache/store.py does).
+Owns creating and checking cache_dir, choosing the cache budget against the disk, the
+daemon's lock on the directory (one daemon per cache dir), moving a damaged env aside,
+and the modes of the directory and the LMDB files. Never opens LMDB (cache/store.py does).
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
+import time
 
 from silofs.cache.store import disk_free
 from silofs.config import NodeSettings
@@ -57,3 +60,51 @@ def check_cache_dir(path: str) -> None:
         raise UsageError(f"cannot create cache dir {path}: {exc.strerror}") from None
     if not os.access(path, os.W_OK | os.X_OK):
         raise UsageError(f"cache dir {path} is not writable: choose another --cache-dir")
+
+
+LOCK_FILE = "daemon.lock"
+
+
+def lock_cache_dir(path: str) -> int:
+    """Take the cache dir's daemon lock (flock on cache_dir/daemon.lock) and return its fd.
+
+    The fd is held for the life of the daemon and the kernel drops the lock when the
+    process ends, however it ends (kill -9 included), so a stale lock cannot exist. Two
+    daemons writing one env would each keep their own usage rows in memory and write
+    them back: the second refuses to start instead. Mount processes never take it."""
+    lock_path = os.path.join(path, LOCK_FILE)
+    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        try:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip()
+        finally:
+            os.close(fd)
+        who = f" (pid {holder})" if holder.isdigit() else ""
+        raise UsageError(
+            f"another silofs daemon{who} is using cache dir {path}: "
+            "stop it or choose another --cache-dir"
+        ) from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd
+
+
+def move_aside(path: str) -> str:
+    """Move a damaged env (data.mdb, lock.mdb) to cache_dir/broken-TIMESTAMP/ and return
+    that directory. A cache is disposable: the daemon starts again with an empty one, and
+    the damaged files stay for whoever wants to look at them (and to delete them)."""
+    stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
+    target = os.path.join(path, f"broken-{stamp}")
+    n = 1
+    while os.path.exists(target):
+        n += 1
+        target = os.path.join(path, f"broken-{stamp}-{n}")
+    os.mkdir(target, 0o700)
+    for name in ("data.mdb", "lock.mdb"):
+        try:
+            os.rename(os.path.join(path, name), os.path.join(target, name))
+        except FileNotFoundError:
+            pass
+    return target

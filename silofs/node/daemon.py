@@ -10,24 +10,33 @@ processes do) and never blocks the loop: SDK calls and write txns run in threads
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import os
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 
 import lmdb
 import trio
 
 from silofs.cache.format import ChunkRef
-from silofs.cache.store import CacheStore, Usage, env_map_size
+from silofs.cache.store import CacheDamagedError, CacheStore, Usage, env_map_size
 from silofs.config import NodeSettings
 from silofs.errors import BackendError, UnreachableError, UsageError
 from silofs.node.backends import BackendOptions, open_backend
-from silofs.node.cachedir import check_cache_dir, resolve_cache_size, share_cache_with_group
+from silofs.node.cachedir import (
+    check_cache_dir,
+    lock_cache_dir,
+    move_aside,
+    resolve_cache_size,
+    share_cache_with_group,
+)
 from silofs.node.fetch import Fetcher
 from silofs.node.limiter import TokenBucket
 from silofs.node.quota import QuotaPolicy
 from silofs.node.state import DatasetState, JobState, MountState
+from silofs.node.supervise import run_once
 from silofs.node.writer import Writer
 from silofs.records import MountCounters, ObjectInfo
 from silofs.units import format_rate, format_size
@@ -43,9 +52,11 @@ class Daemon:
         self.admin_gid = _group_id(settings.admin_group)
         self.socket_gid = _group_id(settings.socket_group)
         check_cache_dir(settings.cache_dir)
+        # Held until the process ends: a second daemon on this cache dir refuses to start.
+        self.lock_fd = lock_cache_dir(settings.cache_dir)
         self.cache_size = resolve_cache_size(settings)
         self.map_size = env_map_size(self.cache_size)
-        self.store = CacheStore(settings.cache_dir, self.map_size)
+        self.store = _open_store(settings.cache_dir, self.map_size)
         share_cache_with_group(settings.cache_dir, self.socket_gid)
         self.usage: dict[int, Usage] = self.store.load_usage()
         # Allocations are keyed by canonical URI / job name, persisted in the env's meta
@@ -60,6 +71,8 @@ class Daemon:
             k.removeprefix("mode:"): str(v) for k, v in self.store.iter_meta("mode:")
         }
         self._enforce = trio.Event()
+        # Allocation changes check the sum and then write it (an await): one at a time.
+        self._allocating = trio.Lock()
         self.datasets: dict[int, DatasetState] = {}
         self.jobs: dict[str, JobState] = {}
         self.mounts: dict[str, MountState] = {}
@@ -84,6 +97,19 @@ class Daemon:
         self.started = time.time()
         self.nursery: trio.Nursery | None = None
 
+    # -- tasks -----------------------------------------------------------------------
+    def spawn(
+        self,
+        what: str,
+        fn: Callable[..., Awaitable[object]],
+        *args: object,
+        on_failure: Callable[[str], None] | None = None,
+    ) -> None:
+        """Start a one-shot task in the daemon's nursery, supervised (node/supervise.py):
+        an unexpected exception is logged once and given to on_failure, never raised."""
+        assert self.nursery is not None
+        self.nursery.start_soon(functools.partial(run_once, what, fn, *args, on_failure=on_failure))
+
     # -- policy --------------------------------------------------------------------
     def quota_policy(self) -> QuotaPolicy:
         by_id = {
@@ -97,7 +123,14 @@ class Daemon:
         return QuotaPolicy(self.cache_size, by_id, lru)
 
     async def set_cache_allocation(self, uri: str, size: int | None) -> None:
-        """Allocate `size` bytes of cache to a dataset (None: back to the shared pool)."""
+        """Allocate `size` bytes of cache to a dataset (None: back to the shared pool).
+
+        The check and the write are one step under a lock: without it two concurrent PUTs
+        both pass the check before either is recorded, and together exceed the cache."""
+        async with self._allocating:
+            await self._set_cache_allocation(uri, size)
+
+    async def _set_cache_allocation(self, uri: str, size: int | None) -> None:
         others = sum(v for k, v in self.allocations.items() if k != uri)
         if size is not None and others + size > self.cache_size:
             over = others + size - self.cache_size
@@ -180,8 +213,17 @@ class Daemon:
                 ds = DatasetState(dsid, uri, self._short_name(uri, dsid), backend)
                 self.datasets[dsid] = ds
             ds.state, ds.error = "checking", ""
-            assert self.nursery is not None
-            self.nursery.start_soon(self._prepare_dataset, ds, refresh)
+
+            def failed(message: str, ds: DatasetState = ds) -> None:
+                ds.state, ds.error = "error", f"cannot open {ds.uri.canonical}: {message}"
+
+            self.spawn(
+                f"preparing {ds.uri.canonical}",
+                self._prepare_dataset,
+                ds,
+                refresh,
+                on_failure=failed,
+            )
         return ds
 
     async def _prepare_dataset(self, ds: DatasetState, refresh: bool) -> None:
@@ -338,9 +380,32 @@ class Daemon:
         """Forget mounts whose process died without saying goodbye (kill -9, fusermount)."""
         while True:
             await trio.sleep(2)
-            for m in list(self.mounts.values()):
-                if not _pid_alive(m.pid):
-                    self.unregister_mount(m.id)
+            await self.reap_once()
+
+    async def reap_once(self) -> None:
+        reaped = False
+        for m in list(self.mounts.values()):
+            if not _pid_alive(m.pid):
+                self.unregister_mount(m.id)
+                reaped = True
+        if reaped:
+            # A dead mount process may have left a read snapshot in the lock file's reader
+            # table; while it stays, LMDB cannot reuse pages freed after it, and data.mdb
+            # grows to the map limit. reader_check clears slots of dead processes.
+            cleared = await trio.to_thread.run_sync(self.store.env.reader_check)
+            if cleared:
+                log.info("cleared %d stale LMDB reader slot(s) of dead mounts", cleared)
+
+
+def _open_store(cache_dir: str, map_size: int) -> CacheStore:
+    """The node's env; a damaged one is moved aside and replaced by an empty one (a cache
+    is disposable: refusing to start would need someone to delete it by hand)."""
+    try:
+        return CacheStore(cache_dir, map_size)
+    except CacheDamagedError as exc:
+        moved = move_aside(cache_dir)
+        log.error("%s; moved it to %s and starting with an empty cache", exc, moved)
+        return CacheStore(cache_dir, map_size)
 
 
 def _pid_alive(pid: int) -> bool:

@@ -21,6 +21,7 @@ from silofs.config import NodeSettings
 from silofs.control.server import bind_unix, serve_unix
 from silofs.node.daemon import Daemon
 from silofs.node.routes import build_router
+from silofs.node.supervise import run_forever
 from silofs.units import format_size
 
 log = logging.getLogger(__name__)
@@ -40,9 +41,18 @@ async def serve(daemon: Daemon, task_status: trio.TaskStatus = trio.TASK_STATUS_
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async with trio.open_nursery() as nursery:
             daemon.nursery = nursery
-            nursery.start_soon(daemon.writer.run)
-            nursery.start_soon(daemon.reap_mounts)
-            nursery.start_soon(daemon.enforce_loop)
+            # Every background loop is supervised (node/supervise.py): a failure is one
+            # ERROR line and the loop restarts after a backoff; the daemon goes on. The
+            # writer restarts too: offers queued meanwhile wait (or are dropped, counted,
+            # when the queue is full), and a failure that persists shows as one ERROR
+            # line per restart (backoff up to a minute).
+            for what, loop in (
+                ("the writer", daemon.writer.run),
+                ("the writer's sync loop", daemon.writer.sync_loop),
+                ("the mount reaper", daemon.reap_mounts),
+                ("the enforcer", daemon.enforce_loop),
+            ):
+                nursery.start_soon(run_forever, what, loop)
             await nursery.start(
                 lambda task_status: serve_unix(
                     settings.socket, router, max_body=1 << 20, bound=bound, task_status=task_status
@@ -87,6 +97,7 @@ def run_daemon(settings: NodeSettings) -> None:
         trio.run(serve, daemon)
     finally:
         daemon.store.close()
+        os.close(daemon.lock_fd)
 
 
 __all__ = ["run_daemon", "serve", "sd_notify"]

@@ -108,16 +108,16 @@ class Writer:
             return result
 
     async def run(self) -> None:
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(self._sync_loop)
-            while True:
-                await self._wakeup.wait()
-                # Let a batch build up: one txn per ~50 ms or 32 MiB, not one per chunk.
-                with trio.move_on_after(self.batch_seconds):
-                    while self._queued < self.batch_bytes:
-                        self._wakeup = trio.Event()
-                        await self._wakeup.wait()
-                await self.flush()
+        """The admission loop. The daemon runs it and sync_loop() under supervision
+        (node/supervise.py): a failed batch is logged and the loop restarted."""
+        while True:
+            await self._wakeup.wait()
+            # Let a batch build up: one txn per ~50 ms or 32 MiB, not one per chunk.
+            with trio.move_on_after(self.batch_seconds):
+                while self._queued < self.batch_bytes:
+                    self._wakeup = trio.Event()
+                    await self._wakeup.wait()
+            await self.flush()
 
     async def flush(self) -> None:
         batch, self._queue, self._queued = self._queue, [], 0
@@ -166,7 +166,7 @@ class Writer:
             log.info("evicted %d bytes of dataset %d to fit %d", freed, dsid, target)
         return freed
 
-    async def _sync_loop(self) -> None:
+    async def sync_loop(self) -> None:
         while True:
             await trio.sleep(self.sync_seconds)
             await self.call(self.store.sync)

@@ -402,7 +402,7 @@ def test_sync_loop_syncs_periodically(store: CacheStore, monkeypatch: pytest.Mon
 
         w.call = call  # type: ignore[method-assign]
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(w.run)
+            nursery.start_soon(w.sync_loop)
             for _ in range(3):
                 await trio.testing.wait_all_tasks_blocked()
                 clock.jump(4.9)

@@ -1,0 +1,73 @@
+"""Supervision of the daemon's background tasks: one place that decides what a failure means.
+
+Owns running a task so that an unexpected exception never reaches the daemon's nursery
+(trio would cancel every other task and the daemon would exit 1): the failure is logged
+once, as one ERROR line naming the task, the exception and where it was raised (the full
+traceback goes to DEBUG), then either reported to the caller (`on_failure`: a dataset or
+a request marked failed) or the task is restarted after a backoff (long-lived loops: the
+writer, its sync loop, the enforcer, the mount reaper). Never swallows cancellation
+(trio.Cancelled is a BaseException and passes through) and never retries a one-shot task.
+"""
+
+from __future__ import annotations
+
+import logging
+import traceback
+from collections.abc import Awaitable, Callable
+
+import trio
+
+log = logging.getLogger(__name__)
+
+RESTART_MIN = 1.0  # seconds before the first restart of a failed loop
+RESTART_MAX = 60.0  # the backoff doubles up to this while the loop keeps failing
+HEALTHY_AFTER = 60.0  # a loop that ran this long before failing restarts at RESTART_MIN
+
+
+def describe(exc: BaseException, *, where: bool = True) -> str:
+    """One line: type, message and (for the log) the innermost frame that raised it."""
+    text = str(exc).splitlines()[0] if str(exc) else ""
+    line = f"{type(exc).__name__}{': ' + text if text else ''}"
+    tb = traceback.extract_tb(exc.__traceback__)
+    if where and tb:
+        line += f" (at {tb[-1].filename.rsplit('/', 1)[-1]}:{tb[-1].lineno})"
+    return line
+
+
+async def run_once(
+    what: str,
+    fn: Callable[..., Awaitable[object]],
+    *args: object,
+    on_failure: Callable[[str], None] | None = None,
+) -> None:
+    """Run a one-shot task; an unexpected exception is logged once and handed to
+    `on_failure` (one line), never raised."""
+    try:
+        await fn(*args)
+    except Exception as exc:
+        log.error("%s failed: %s", what, describe(exc))
+        log.debug("%s failed", what, exc_info=True)
+        if on_failure is not None:
+            on_failure(describe(exc, where=False))
+
+
+async def run_forever(what: str, fn: Callable[..., Awaitable[object]], *args: object) -> None:
+    """Run a loop that should never return; restart it (with backoff) when it fails.
+
+    A loop that returns is done (no restart). Each failure is one ERROR line."""
+    delay = RESTART_MIN
+    while True:
+        started = trio.current_time()
+        try:
+            await fn(*args)
+            return
+        except Exception as exc:
+            if trio.current_time() - started > HEALTHY_AFTER:
+                delay = RESTART_MIN
+            log.error("%s failed: %s; restarting it in %.0fs", what, describe(exc), delay)
+            log.debug("%s failed", what, exc_info=True)
+        await trio.sleep(delay)
+        delay = min(delay * 2, RESTART_MAX)
+
+
+__all__ = ["describe", "run_forever", "run_once"]

@@ -1,0 +1,298 @@
+"""The Daemon's operations without FUSE and without a socket: a local store in tmp_path.
+
+Owns what the daemon must survive and refuse, tested where /dev/fuse is missing: a task
+that fails unexpectedly marks its dataset failed and the daemon goes on; background loops
+restart; two daemons never share a cache dir; a damaged env is moved aside; concurrent
+allocations cannot together exceed the cache; a mount that re-registers with its own id is
+the same mount (its counters are not counted twice); dead mounts are reaped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import lmdb
+import pytest
+import trio
+import trio.testing
+
+from silofs.cache.store import meta_pages_damaged
+from silofs.config import NodeSettings
+from silofs.errors import UsageError
+from silofs.node import daemon as daemon_mod
+from silofs.node.daemon import Daemon
+from silofs.node.supervise import run_forever
+from silofs.records import MountCounters
+
+MiB = 1 << 20
+
+
+def settings(tmp_path: Path, cache_size: int = 100 * MiB) -> NodeSettings:
+    return NodeSettings(
+        socket=str(tmp_path / "ctl.sock"),
+        cache_dir=str(tmp_path / "cache"),
+        cache_size=cache_size,
+        chunk_size=256 << 10,
+        sync_seconds=0.5,
+    )
+
+
+@pytest.fixture
+def bucket(tmp_path: Path) -> Path:
+    root = tmp_path / "bucket"
+    root.mkdir()
+    for i in range(4):
+        (root / f"f{i}.bin").write_bytes(bytes([i]) * (300 << 10))
+    return root
+
+
+@pytest.fixture
+def daemon(tmp_path: Path) -> Iterator[Daemon]:
+    d = Daemon(settings(tmp_path))
+    yield d
+    d.store.close()
+    os.close(d.lock_fd)
+
+
+@contextlib.asynccontextmanager
+async def running(d: Daemon) -> AsyncIterator[Daemon]:
+    """The daemon's loops as service.serve runs them, minus the socket."""
+    async with trio.open_nursery() as nursery:
+        d.nursery = nursery
+        for what, loop in (("writer", d.writer.run), ("enforcer", d.enforce_loop)):
+            nursery.start_soon(run_forever, what, loop)
+        yield d
+        nursery.cancel_scope.cancel()
+
+
+async def ready(d: Daemon, uri: str, endpoint_url: str | None = None) -> daemon_mod.DatasetState:
+    ds = await d.open_dataset(uri, False, endpoint_url)
+    with trio.fail_after(30):
+        while ds.state in ("checking", "listing"):
+            await trio.sleep(0.01)
+    return ds
+
+
+# -- supervision -------------------------------------------------------------------------
+def test_a_dataset_is_listed_and_served(daemon: Daemon, bucket: Path) -> None:
+    async def main() -> None:
+        async with running(daemon) as d:
+            ds = await ready(d, f"file://{bucket}/")
+            assert ds.state == "ready", ds.error
+            m = d.register_mount(ds, "j", "/mnt/x", os.getpid(), os.getuid(), None)
+            data, source = await d.get_chunk(m, "f2.bin", 1, False)
+            assert data == bytes([2]) * ((300 << 10) - (256 << 10))
+            assert source == "remote"
+
+    trio.run(main)
+
+
+def test_a_path_longer_than_path_max_fails_the_dataset_not_the_daemon(
+    daemon: Daemon, bucket: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    deep = tmp_path / "deep"
+    deep.mkdir()
+    (deep / "a.bin").write_bytes(b"x")
+    fd = os.open(deep, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for _ in range(20):  # 20 x 250 characters: past PATH_MAX (4096) from the root
+            os.mkdir("d" * 250, dir_fd=fd)
+            nfd = os.open("d" * 250, os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+            os.close(fd)
+            fd = nfd
+        os.close(os.open("f.bin", os.O_WRONLY | os.O_CREAT, dir_fd=fd))
+    finally:
+        os.close(fd)
+
+    async def main() -> None:
+        async with running(daemon) as d:
+            ds = await ready(d, f"file://{deep}/")
+            assert ds.state == "error"
+            assert "File name too long" in ds.error and "\n" not in ds.error
+            ok = await ready(d, f"file://{bucket}/")  # the daemon goes on
+            assert ok.state == "ready"
+
+    trio.run(main)
+    failed = [r for r in caplog.records if r.levelname == "ERROR"]
+    assert len(failed) == 1 and "preparing file://" in failed[0].getMessage()
+
+
+def test_a_file_deleted_while_listing_fails_the_dataset_not_the_daemon(
+    daemon: Daemon, bucket: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from silofs.node.backends import local
+
+    real_list = local.LocalBackend.list
+
+    def vanishing(self: local.LocalBackend) -> Iterator:
+        for n, info in enumerate(real_list(self)):
+            if n == 1:  # what os.DirEntry.stat raises when the file went after scandir
+                raise FileNotFoundError(2, "No such file or directory", "f1.bin")
+            yield info
+
+    monkeypatch.setattr(local.LocalBackend, "list", vanishing)
+
+    async def main() -> None:
+        async with running(daemon) as d:
+            ds = await ready(d, f"file://{bucket}/")
+            assert ds.state == "error" and "No such file" in ds.error
+            monkeypatch.setattr(local.LocalBackend, "list", real_list)
+            again = await ready(d, f"file://{bucket}/")  # an errored dataset may be retried
+            assert again.state == "ready"
+
+    trio.run(main)
+
+
+def test_an_endpoint_that_is_not_a_url_fails_the_dataset_not_the_daemon(daemon: Daemon) -> None:
+    pytest.importorskip("boto3")
+
+    async def main() -> None:
+        async with running(daemon) as d:
+            ds = await ready(d, "s3://bucket/prefix/", endpoint_url="notaurl")
+            assert ds.state == "error" and "notaurl" in ds.error
+
+    trio.run(main)
+
+
+def test_a_failing_loop_is_restarted(caplog: pytest.LogCaptureFixture) -> None:
+    calls = []
+
+    async def flaky() -> None:
+        calls.append(trio.current_time())
+        if len(calls) < 3:
+            raise lmdb.MapFullError("mdb_put: MDB_MAP_FULL")
+        await trio.sleep_forever()
+
+    async def main() -> None:
+        with trio.move_on_after(100):
+            await run_forever("the enforcer", flaky)
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    assert len(calls) == 3
+    assert calls[2] - calls[1] > calls[1] - calls[0] >= 1  # backoff
+    errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert len(errors) == 2 and all("MapFullError" in e for e in errors)
+
+
+def test_the_enforcer_survives_a_failed_shrink(
+    daemon: Daemon, bucket: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real_shrink = daemon.writer.shrink
+    failures = []
+
+    async def shrink(dsid: int, target: int, lru: bool = False) -> int:
+        if not failures:
+            failures.append(dsid)
+            raise lmdb.MapFullError("mdb_put: MDB_MAP_FULL")
+        return await real_shrink(dsid, target, lru)
+
+    monkeypatch.setattr(daemon.writer, "shrink", shrink)
+    monkeypatch.setattr("silofs.node.supervise.RESTART_MIN", 0.05)
+
+    async def main() -> None:
+        async with running(daemon) as d:
+            ds = await ready(d, f"file://{bucket}/")
+            m = d.register_mount(ds, "j", "/mnt/x", os.getpid(), os.getuid(), None)
+            for name in ("f0.bin", "f1.bin", "f2.bin"):
+                await d.get_chunk(m, name, 0, False)
+            with trio.fail_after(10):
+                while d.usage.get(ds.id) is None or d.usage[ds.id].bytes < 3 * (256 << 10):
+                    await trio.sleep(0.01)
+            await d.set_cache_allocation(ds.uri.canonical, 256 << 10)
+            with trio.fail_after(20):
+                while d.usage[ds.id].bytes > 256 << 10:
+                    await trio.sleep(0.05)
+            assert failures == [ds.id]
+
+    trio.run(main)
+
+
+# -- one daemon per cache dir, damaged envs ----------------------------------------------
+def test_a_second_daemon_on_the_same_cache_dir_refuses(daemon: Daemon, tmp_path: Path) -> None:
+    with pytest.raises(UsageError, match=f"another silofs daemon \\(pid {os.getpid()}\\)"):
+        Daemon(settings(tmp_path))
+
+
+def test_the_lock_goes_with_the_daemon(tmp_path: Path) -> None:
+    d = Daemon(settings(tmp_path))
+    d.store.close()
+    os.close(d.lock_fd)
+    again = Daemon(settings(tmp_path))
+    again.store.close()
+    os.close(again.lock_fd)
+
+
+def test_a_cache_with_damaged_meta_pages_is_moved_aside(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    d = Daemon(settings(tmp_path))
+    trio.run(d.writer.call, d.store.put_meta, "cache:file:///x/", 1 << 20)
+    d.store.close()
+    os.close(d.lock_fd)
+    data = tmp_path / "cache" / "data.mdb"
+    assert not meta_pages_damaged(str(data))  # a healthy env is never moved aside
+    psize = os.sysconf("SC_PAGE_SIZE")
+    with open(data, "r+b") as f:
+        for page in (0, 1):  # both meta pages
+            f.seek(page * psize + 16)
+            f.write(bytes(b ^ 0xFF for b in f.read(64)).ljust(64, b"\xff"))
+    fresh = Daemon(settings(tmp_path))
+    try:
+        assert fresh.allocations == {}  # an empty cache
+        broken = [p for p in (tmp_path / "cache").iterdir() if p.name.startswith("broken-")]
+        assert len(broken) == 1 and (broken[0] / "data.mdb").exists()
+        errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+        assert len(errors) == 1 and "moved it to" in errors[0] and "\n" not in errors[0]
+    finally:
+        fresh.store.close()
+        os.close(fresh.lock_fd)
+
+
+# -- allocations ---------------------------------------------------------------------------
+def test_concurrent_allocations_cannot_exceed_the_cache(daemon: Daemon) -> None:
+    outcomes: dict[str, str] = {}
+
+    async def put(uri: str) -> None:
+        try:
+            await daemon.set_cache_allocation(uri, 80 * MiB)
+            outcomes[uri] = "ok"
+        except UsageError:
+            outcomes[uri] = "refused"
+
+    async def main() -> None:
+        async with running(daemon):
+            async with trio.open_nursery() as n:
+                n.start_soon(put, "file:///a/")
+                n.start_soon(put, "file:///b/")
+
+    trio.run(main)
+    assert sorted(outcomes.values()) == ["ok", "refused"]
+    assert sum(daemon.allocations.values()) <= daemon.cache_size
+
+
+# -- mounts --------------------------------------------------------------------------------
+def test_a_dead_mount_is_reaped(daemon: Daemon, bucket: Path) -> None:
+    async def main() -> None:
+        async with running(daemon) as d:
+            ds = await ready(d, f"file://{bucket}/")
+            d.register_mount(ds, "j", "/mnt/x", 2**22 + 12345, os.getuid(), None)  # no such pid
+            alive = d.register_mount(ds, "j", "/mnt/y", os.getpid(), os.getuid(), None)
+            await d.reap_once()
+            assert list(d.mounts) == [alive.id]
+
+    trio.run(main)
+
+
+def test_report_counts_deltas(daemon: Daemon, bucket: Path) -> None:
+    async def main() -> None:
+        async with running(daemon) as d:
+            ds = await ready(d, f"file://{bucket}/")
+            m = d.register_mount(ds, "j", "/mnt/x", os.getpid(), os.getuid(), None)
+            await d.report(m, MountCounters(bytes_read=100), [])
+            await d.report(m, MountCounters(bytes_read=250), [])
+            assert ds.reads.bytes_read == 250 and d.jobs["j"].reads.bytes_read == 250
+
+    trio.run(main)
