@@ -41,10 +41,13 @@ _FRAMING = frozenset({"content-length", "transfer-encoding", "host"})
 class ControlError(Exception):
     """A request to the daemon failed. ``status`` is None when no HTTP answer came."""
 
-    def __init__(self, message: str, status: int | None = None) -> None:
+    def __init__(self, message: str, status: int | None = None, *, timed_out: bool = False) -> None:
         super().__init__(message)
         self.message = message
         self.status = status
+        # The daemon accepted the request and then said nothing for the timeout: it is
+        # frozen or overloaded, not gone (a restarted daemon refuses or resets instead).
+        self.timed_out = timed_out
 
     def __str__(self) -> str:
         return self.message
@@ -250,6 +253,10 @@ class _AsyncConnection:
 
         self.stream = stream
         self.h11 = h11.Connection(h11.CLIENT)
+        # The request's timeout measures silence: every received byte (a 102 Processing
+        # heartbeat included) moves this scope's deadline `silence` seconds on.
+        self.scope: trio.CancelScope | None = None
+        self.silence = 0.0
 
     def close(self) -> None:
         # Synchronous on purpose: safe to call while being cancelled.
@@ -317,7 +324,12 @@ class _AsyncConnection:
         while True:
             event = self.h11.next_event()
             if event is h11.NEED_DATA:
-                self.h11.receive_data(await self.stream.receive_some(_RECV_SIZE))
+                data = await self.stream.receive_some(_RECV_SIZE)
+                if self.scope is not None and data:
+                    import trio
+
+                    self.scope.deadline = trio.current_time() + self.silence
+                self.h11.receive_data(data)
             elif isinstance(event, h11.ConnectionClosed):
                 raise _Dropped("the daemon closed the connection")
             else:
@@ -325,7 +337,12 @@ class _AsyncConnection:
 
 
 class AsyncControlClient:
-    """trio client with a pool of up to ``max_connections`` keep-alive connections."""
+    """trio client with a pool of up to ``max_connections`` keep-alive connections.
+
+    ``timeout`` is the longest silence the client accepts after sending a request: the
+    daemon sends "102 Processing" every 5 s while a handler waits, so a request that the
+    daemon is slowing down on purpose (a limiter) waits as long as it takes, and a frozen
+    daemon (SIGSTOP, a stuck loop) fails the request after ``timeout`` seconds."""
 
     def __init__(self, socket_path: str, max_connections: int = 16, timeout: float = 30.0) -> None:
         import trio
@@ -357,7 +374,10 @@ class AsyncControlClient:
             raise ControlError("AsyncControlClient is closed")
         method = method.upper()
         payload, ctype = _encode(body)
-        request_headers = _request_headers(method, payload, ctype, headers or {})
+        # Ask for "102 Processing" while the daemon works (control/server.py): a wait it
+        # chose, such as a rate limiter, is then never cut by self.timeout.
+        extra = {"x-silofs-progress": "1", **(headers or {})}
+        request_headers = _request_headers(method, payload, ctype, extra)
         async with self._slots:
             try:
                 return await self._attempt(method, path, request_headers, payload, fresh=False)
@@ -384,17 +404,20 @@ class AsyncControlClient:
 
         conn: _AsyncConnection | None = None
         try:
-            with trio.fail_after(self.timeout):
+            with trio.fail_after(self.timeout) as scope:
                 conn = await self._checkout(fresh)
+                conn.scope, conn.silence = scope, self.timeout
                 status, rheaders, data, reusable = await conn.roundtrip(
                     method, path, headers, payload
                 )
+                conn.scope = None
         except trio.TooSlowError:
             if conn is not None:
                 conn.close()
             raise ControlError(
-                f"the silofs daemon at {self.socket_path} did not answer "
-                f"{method} {path} within {self.timeout:g}s"
+                f"the silofs daemon at {self.socket_path} said nothing for "
+                f"{self.timeout:g}s after {method} {path} (frozen or overloaded?)",
+                timed_out=True,
             ) from None
         except (
             OSError,

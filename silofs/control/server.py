@@ -53,6 +53,10 @@ SOCKET_BUFFER = 4 * 1024 * 1024
 # sending for a little while, so it can see our answer instead of EPIPE/ECONNRESET.
 _LINGER_SECONDS = 2.0
 _LINGER_BYTES = 64 * 1024 * 1024
+# A client that asks for progress (header x-silofs-progress) hears "102 Processing" this
+# often while its handler waits (e.g. on a rate limiter): silence longer than this means
+# the daemon is frozen, not busy.
+PROGRESS_SECONDS = 5.0
 
 
 class AddressInUseError(SilofsError):
@@ -125,11 +129,53 @@ class _ServerConnection:
         except trio.TooSlowError:
             log.debug("closing connection from pid %d: request not finished in time", self.peer.pid)
             return False
-        resp = await self.router.dispatch(req, parts)
+        resp = await self._dispatch(req, parts)
+        if resp is None:
+            return False  # the client left while its handler ran: nobody to answer
         log.debug("%s %s -> %d", req.method, req.path, resp.status)
         with trio.fail_after(self.limits.idle_timeout):
             await self._send(resp, with_body=req.method != "HEAD")
         return self.conn.our_state is h11.DONE and self.conn.their_state is h11.DONE
+
+    async def _dispatch(self, req: Request, parts: list[str]) -> Response | None:
+        """Run the handler while watching the connection: a client that closes it cancels
+        the handler (a mount that gave up must not keep a limiter slot or a GET), and a
+        client that sent `x-silofs-progress` gets `102 Processing` every PROGRESS_SECONDS
+        while the handler waits, so its timeout measures silence (a frozen daemon), not
+        a wait the daemon chose (a rate limiter). None if the client left."""
+        answer: list[Response] = []
+
+        async def handler(scope: trio.CancelScope) -> None:
+            answer.append(await self.router.dispatch(req, parts))
+            scope.cancel()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(handler, nursery.cancel_scope)
+            nursery.start_soon(self._watch_peer, nursery.cancel_scope)
+            if "x-silofs-progress" in req.headers:
+                nursery.start_soon(self._progress)
+        if not answer:
+            log.debug("%s %s: the client left; handler cancelled", req.method, req.path)
+        return answer[0] if answer else None
+
+    async def _watch_peer(self, scope: trio.CancelScope) -> None:
+        try:
+            data = await self.stream.receive_some(_RECV_SIZE)
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+            data = b""
+        self.conn.receive_data(data)  # a pipelined request is kept for the next cycle
+        if not data:
+            scope.cancel()
+
+    async def _progress(self) -> None:
+        event = h11.InformationalResponse(status_code=102, headers=[])
+        while True:
+            await trio.sleep(PROGRESS_SECONDS)
+            # Shielded: a send cut short by the handler finishing would corrupt the
+            # stream; 102 is a few bytes, bounded by the idle timeout all the same.
+            with trio.CancelScope(shield=True) as shielded:
+                shielded.deadline = trio.current_time() + self.limits.idle_timeout
+                await self.stream.send_all(self.conn.send(event))
 
     async def _next_event(self) -> Any:
         while True:

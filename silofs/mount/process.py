@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import secrets
 import signal
 from collections.abc import Callable
 
@@ -69,7 +70,11 @@ class MountProcess:
         self.s = settings
         self.client = AsyncControlClient(socket_path, max_connections=32)
         self.dataset: dict = {}
-        self.mount_id = ""
+        # Ours for the life of the process, sent with every registration: a registration
+        # repeated because the daemon answered slowly is the same mount to the daemon
+        # (one entry, counters never counted twice), and a restarted daemon learns it.
+        self.mount_id = secrets.token_hex(8)
+        self.registered = False
         self.reader: ChunkReader | None = None
         self.fs: SilofsFS | None = None
         self._registering = False
@@ -85,6 +90,7 @@ class MountProcess:
                 self.client, self.s.uri, self.s.refresh, self.s.endpoint_url
             )
         body = {
+            "id": self.mount_id,
             "dataset": self.dataset["id"],
             "job": self.s.job,
             "mountpoint": os.path.abspath(self.s.mountpoint),
@@ -95,7 +101,8 @@ class MountProcess:
             "admission": self.s.admission,
         }
         reg = await self.client.json("POST", "/v1/mounts", body)
-        self.mount_id = reg["id"]
+        self.mount_id = reg["id"]  # ours, unless the daemon is older than this mount
+        self.registered = True
         self.lru = reg.get("admission") == "lru"
         if self.reader is not None:
             self.reader.registered(self.mount_id, self.lru)
@@ -193,7 +200,7 @@ class MountProcess:
                 last = now
 
     async def _report(self) -> None:
-        if self.reader is None or not self.mount_id:
+        if self.reader is None or not self.registered:
             return
         touched, self.reader.touched = self.reader.touched, []
         body = {
@@ -214,7 +221,7 @@ class MountProcess:
                     log.warning("%s", again)
 
     async def _goodbye(self) -> None:
-        if self.mount_id:
+        if self.registered:
             try:
                 with trio.move_on_after(2):
                     await self.client.json("DELETE", f"/v1/mounts/{self.mount_id}")

@@ -162,13 +162,15 @@ class ChunkReader:
                 f"/v1/chunks?mount={self.mount_id}&key={quote_segment(ref.obj.key)}"
                 f"&index={ref.index}" + ("&refetch=1" if refetch else "")
             )
+            frozen = False
             try:
                 status, headers, body = await self.client.request("GET", path)
             except ControlError as exc:
                 status, headers, body = None, {}, str(exc).encode()
+                frozen = exc.timed_out  # silent for client.timeout s: EIO, no re-register
             if status == 200:
                 return body, headers.get("x-silofs-source") == "cache"
-            gone = status is None or (status == 404 and b"no mount" in body)
+            gone = (status is None and not frozen) or (status == 404 and b"no mount" in body)
             if gone and attempt == 1:
                 try:
                     await self._reregister()  # the daemon restarted: introduce ourselves

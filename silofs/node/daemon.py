@@ -295,11 +295,22 @@ class Daemon:
         pid: int,
         uid: int,
         chunk_size: int | None,
+        mount_id: str | None = None,
     ) -> MountState:
+        """Register a mount process. A mount that registers again with its own id (it
+        gave up on a slow answer, or the daemon restarted) is the same mount: one entry,
+        and its cumulative counters keep their baseline, so nothing is counted twice."""
         if ds.state != "ready":
             raise UsageError(f"dataset {ds.uri.canonical} is not ready ({ds.state})")
         cs = chunk_size or self.settings.chunk_size
-        m = MountState(uuid.uuid4().hex[:12], job, ds.id, mountpoint, pid, uid, cs)
+        known = self.mounts.get(mount_id) if mount_id else None
+        if known is not None:
+            if (known.uid, known.dsid, known.job) != (uid, ds.id, job):
+                raise UsageError(f"mount id {mount_id} is taken by another mount")
+            known.pid, known.mountpoint = pid, mountpoint
+            log.info("mount %s registered again (pid %d)", known.id, pid)
+            return known
+        m = MountState(mount_id or uuid.uuid4().hex[:12], job, ds.id, mountpoint, pid, uid, cs)
         self.mounts[m.id] = m
         j = self.job(job)
         j.epoch_cached.setdefault(ds.id, self.usage.get(ds.id, Usage()).bytes)

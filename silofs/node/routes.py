@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import time
 from typing import Any
 
@@ -25,6 +26,7 @@ from silofs.uri import parse_uri
 log = logging.getLogger(__name__)
 
 _MAX_NAME = 1024
+_MOUNT_ID = re.compile(r"[0-9a-f]{8,32}")  # a mount process chooses its own id
 
 
 def _ratio(hit: int, total: int) -> float:
@@ -352,10 +354,19 @@ def build_router(d: Daemon) -> Router:
         io_limit = _field(body, "io_limit", int, required=False)
         mode = _field(body, "admission", str, required=False)
         job = _job_name(_field(body, "job", str))
+        mount_id = _field(body, "id", str, required=False)
+        if mount_id is not None and not _MOUNT_ID.fullmatch(mount_id):
+            raise HTTPError(400, "field 'id' must be 8-32 lowercase hex digits")
         await _initial_settings(d, req, ds, job, io_limit, mode)
         try:
             m = d.register_mount(
-                ds, job, _field(body, "mountpoint", str), req.peer.pid, req.peer.uid, chunk_size
+                ds,
+                job,
+                _field(body, "mountpoint", str),
+                req.peer.pid,
+                req.peer.uid,
+                chunk_size,
+                mount_id=mount_id,
             )
         except UsageError as exc:
             raise HTTPError(409, str(exc)) from None

@@ -296,3 +296,23 @@ def test_report_counts_deltas(daemon: Daemon, bucket: Path) -> None:
             assert ds.reads.bytes_read == 250 and d.jobs["j"].reads.bytes_read == 250
 
     trio.run(main)
+
+
+def test_a_mount_registering_again_with_its_id_is_the_same_mount(
+    daemon: Daemon, bucket: Path
+) -> None:
+    async def main() -> None:
+        async with running(daemon) as d:
+            ds = await ready(d, f"file://{bucket}/")
+            pid, uid = os.getpid(), os.getuid()
+            m = d.register_mount(ds, "j", "/mnt/x", pid, uid, None, mount_id="00ff00ff00ff")
+            await d.report(m, MountCounters(bytes_read=1000), [])
+            # a slow answer made the mount give up and register again
+            again = d.register_mount(ds, "j", "/mnt/x", pid, uid, None, mount_id="00ff00ff00ff")
+            assert again is m and len(d.mounts) == 1
+            await d.report(again, MountCounters(bytes_read=1500), [])
+            assert d.jobs["j"].reads.bytes_read == 1500  # not 2500
+            with pytest.raises(UsageError, match="taken"):
+                d.register_mount(ds, "other", "/mnt/y", pid, uid, None, mount_id="00ff00ff00ff")
+
+    trio.run(main)
