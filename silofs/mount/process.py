@@ -68,7 +68,9 @@ def raise_read_ahead(target: str, kb: int) -> None:
 class MountProcess:
     def __init__(self, settings: MountSettings, socket_path: str) -> None:
         self.s = settings
-        self.client = AsyncControlClient(socket_path, max_connections=32)
+        self.client = AsyncControlClient(
+            socket_path, max_connections=32, timeout=settings.daemon_timeout
+        )
         self.dataset: dict = {}
         # Ours for the life of the process, sent with every registration: a registration
         # repeated because the daemon answered slowly is the same mount to the daemon
@@ -181,6 +183,8 @@ class MountProcess:
             with trio.CancelScope(shield=True):
                 await self._report()
                 await self._goodbye()
+            if self.reader is not None:
+                self.reader.close()
             log.info("unmounted %s", self.s.mountpoint)
 
     async def _signals(self) -> None:

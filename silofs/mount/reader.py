@@ -30,6 +30,10 @@ from silofs.records import MountCounters, ObjectInfo
 
 log = logging.getLogger(__name__)
 
+# A mount's read snapshot is released after this long without a FUSE read (see
+# ChunkReader._release_when_idle); the next read begins a fresh one.
+SNAPSHOT_IDLE_SECONDS = 0.5
+
 
 class MissError(Exception):
     """A miss could not be served; fs.py answers EIO. The message is already logged."""
@@ -89,6 +93,7 @@ class ChunkReader:
         self.mount_id = ""
         self._reregister = reregister
         self._txn: lmdb.Transaction | None = None
+        self._reads = 0  # reads begun; the idle task compares it between its ticks
         self._chunks_db = store.db(b"chunks")
         self._flights: SingleFlight[bytes, tuple[bytes, bool]] = SingleFlight()
         self._prefetch_slots = trio.Semaphore(max(1, readahead))
@@ -106,10 +111,36 @@ class ChunkReader:
         """Begin serving: open the first read snapshot; read-ahead runs in `nursery`."""
         self._nursery = nursery
         self.renew()
+        nursery.start_soon(self._release_when_idle)
+
+    async def _release_when_idle(self) -> None:
+        """Drop the read snapshot after SNAPSHOT_IDLE_SECONDS without a read.
+
+        While a snapshot is open LMDB cannot reuse any page freed after it began: one
+        idle mount made data.mdb grow to the map limit under another dataset's
+        admissions and evictions, and admission stopped. The next read (or a lookup in
+        _snapshot) begins a new one; the hit path pays one integer increment for this."""
+        seen = -1
+        while True:
+            await trio.sleep(SNAPSHOT_IDLE_SECONDS)
+            if self._reads == seen and self._txn is not None:
+                # No await since the last read began: no LMDB view is in use (invariant).
+                self._txn.abort()
+                self._txn = None
+            seen = self._reads
+
+    def close(self) -> None:
+        """Release the read snapshot and the env: an open snapshot left behind by an
+        ended process pins LMDB pages until the daemon's reader_check clears it."""
+        if self._txn is not None:
+            self._txn.abort()
+            self._txn = None
+        self.store.close()
 
     # -- the hit path (synchronous) --------------------------------------------------
     def renew(self) -> None:
         """Start a fresh read snapshot. Safe only where no LMDB view is still in use."""
+        self._reads += 1
         if self._txn is not None:
             self._txn.abort()
         try:
@@ -118,10 +149,17 @@ class ChunkReader:
             self.store.env.set_mapsize(0)  # the daemon grew the map: adopt its size
             self._txn = self.store.read_txn()
 
+    def _snapshot(self) -> lmdb.Transaction:
+        """The current read snapshot; a new one if it was released while idle (a read
+        that awaited a miss for longer than SNAPSHOT_IDLE_SECONDS)."""
+        if self._txn is None:
+            self.renew()
+        assert self._txn is not None
+        return self._txn
+
     def _from_lmdb(self, f: OpenFile, ref: ChunkRef) -> memoryview | None:
         """The cached chunk, or None if absent. ChunkFormatError if it is corrupt."""
-        assert self._txn is not None
-        value = self._txn.get(ref.key, db=self._chunks_db)
+        value = self._snapshot().get(ref.key, db=self._chunks_db)
         if value is None:
             return None
         if ref.index in f.verified:
@@ -189,12 +227,13 @@ class ChunkReader:
         A chunk counts as cached if our dataset's owners row says so (probing the value
         would fault in up to chunk_size bytes); one owned by another dataset is missed
         here and the daemon serves it from LMDB."""
-        if self._nursery is None or self._txn is None:
+        if self._nursery is None:
             return
+        txn = self._snapshot()
         last = (f.obj.size - 1) // self.chunk_size
         for index in range(after + 1, min(last, after + self.readahead) + 1):
             ref = ChunkRef.of(f.obj, self.chunk_size, index)
-            if self._wanted(ref) and not self.store.owns(self._txn, self.dataset_id, ref.key):
+            if self._wanted(ref) and not self.store.owns(txn, self.dataset_id, ref.key):
                 self._nursery.start_soon(self._prefetch_one, ref)
 
     def _wanted(self, ref: ChunkRef) -> bool:

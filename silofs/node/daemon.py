@@ -394,18 +394,17 @@ class Daemon:
             await self.reap_once()
 
     async def reap_once(self) -> None:
-        reaped = False
         for m in list(self.mounts.values()):
             if not _pid_alive(m.pid):
                 self.unregister_mount(m.id)
-                reaped = True
-        if reaped:
-            # A dead mount process may have left a read snapshot in the lock file's reader
-            # table; while it stays, LMDB cannot reuse pages freed after it, and data.mdb
-            # grows to the map limit. reader_check clears slots of dead processes.
-            cleared = await trio.to_thread.run_sync(self.store.env.reader_check)
-            if cleared:
-                log.info("cleared %d stale LMDB reader slot(s) of dead mounts", cleared)
+        # A mount process that ended without closing the env (kill -9, or any exit while
+        # a read txn was open) leaves its read snapshot in the lock file's reader table.
+        # While it stays, LMDB reuses no page freed after it: data.mdb grows to the map
+        # limit and admission stops. reader_check clears slots of dead processes; it scans
+        # the table (max_readers slots, one kill(pid, 0) each), so it runs every tick.
+        cleared = await trio.to_thread.run_sync(self.store.env.reader_check)
+        if cleared:
+            log.info("cleared %d stale LMDB reader slot(s) of ended processes", cleared)
 
 
 def _open_store(cache_dir: str, map_size: int) -> CacheStore:

@@ -2,7 +2,9 @@
 
 Owns starting `silofs daemon` as a subprocess on a socket in tmp_path, mounting with the
 real `silofs mount` command, and a teardown that leaves no mount and no process behind,
-even when a test fails or a process was killed. Skips (with the reason) only where FUSE
+even when a test fails or a process was killed. The teardown also reads every daemon and
+mount log of the test: a traceback or an ERROR line fails the test unless the test
+declared it (node.expect_errors(pattern, ...)). Skips (with the reason) only where FUSE
 itself is missing.
 """
 
@@ -10,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -78,6 +81,25 @@ class Node:
         self.env = {**env, "SILOFS_LOG_DIR": str(self.logs), "SILOFS_SOCKET": self.socket}
         self.proc: subprocess.Popen | None = None
         self.mountpoints: list[str] = []
+        self.expected: list[re.Pattern[str]] = []
+
+    # -- logs ----------------------------------------------------------------------
+    def expect_errors(self, *patterns: str) -> None:
+        """Declare ERROR records (regexes searched in the record's first line) this test
+        provokes on purpose; their tracebacks, if any, are expected with them."""
+        self.expected.extend(re.compile(p) for p in patterns)
+
+    def log_problems(self) -> list[str]:
+        """Log records (daemon and mounts) with a traceback or at ERROR/CRITICAL level
+        that no expect_errors() pattern covers."""
+        problems = []
+        for path in sorted(self.logs.iterdir()):
+            for record in _records(path.read_text(errors="replace")):
+                first = record.splitlines()[0]
+                bad = _LEVEL.search(first) or "Traceback (most recent call last)" in record
+                if bad and not any(p.search(first) for p in self.expected):
+                    problems.append(f"{path.name}: {record.strip()[:2000]}")
+        return problems
 
     # -- daemon --------------------------------------------------------------------
     def start(self, *extra: str) -> None:
@@ -182,6 +204,22 @@ class Node:
         self.stop()
 
 
+_START = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+ \d+ [A-Z]+ ")
+_LEVEL = re.compile(r"^\S+ \S+ \d+ (ERROR|CRITICAL) ")
+
+
+def _records(text: str) -> list[str]:
+    """A log file cut into records: a line with the log format's prefix starts one; other
+    lines (a traceback, stray stderr) belong to the record before them."""
+    records: list[str] = []
+    for line in text.splitlines(keepends=True):
+        if _START.match(line) or not records:
+            records.append(line)
+        else:
+            records[-1] += line
+    return records
+
+
 def _pids_with(text: str) -> list[int]:
     out = []
     for entry in os.listdir("/proc"):
@@ -221,6 +259,13 @@ def make_node(tmp_path: Path) -> Iterator[Callable[..., Node]]:
     yield factory
     for node in nodes:
         node.cleanup()
+    problems = [p for node in nodes for p in node.log_problems()]
+    if problems:
+        pytest.fail(
+            "unexpected errors in the silofs logs (declare expected ones with "
+            "node.expect_errors):\n" + "\n".join(problems),
+            pytrace=False,
+        )
 
 
 def drop_file_cache(path: Path | str) -> None:

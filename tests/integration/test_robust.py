@@ -1,0 +1,143 @@
+"""A node daemon a shared host can trust: idle mounts pin nothing, slow is not gone.
+
+Owns, on real FUSE mounts and a real daemon: an idle mount releases its LMDB read
+snapshot, so another dataset's admissions and evictions reuse pages and admission keeps
+up round after round; a daemon stopped (SIGSTOP) for longer than the mount's timeout
+leaves one registration and counters counted once; a second daemon on the same cache
+dir refuses with one line.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import lmdb
+import pytest
+
+from .conftest import force_unmount, needs_fuse, wait_for
+
+pytestmark = [needs_fuse, pytest.mark.fuse]
+
+MiB = 1 << 20
+
+
+def active_readers(cache_dir: str) -> dict[int, str]:
+    """pid -> txnid of every LMDB reader slot (txnid '-' when it holds no snapshot)."""
+    env = lmdb.open(cache_dir, readonly=True, lock=True, max_dbs=16)
+    try:
+        out: dict[int, str] = {}
+        for line in env.readers().splitlines()[1:]:
+            fields = line.split()
+            if len(fields) == 3 and fields[0].isdigit():
+                pid, txnid = int(fields[0]), fields[2]
+                if out.get(pid, "-") == "-":
+                    out[pid] = txnid
+        return out
+    finally:
+        env.close()
+
+
+def test_an_idle_mount_holds_no_snapshot_while_another_dataset_churns(
+    make_node, local_store, monkeypatch, tmp_path: Path
+) -> None:
+    local_store.apply_env(monkeypatch)
+    local_store.create("idle", {f"i{n}": os.urandom(64 << 10) for n in range(4)})
+    busy_files = {f"b{n:02d}": os.urandom(MiB) for n in range(48)}
+    local_store.create("busy", busy_files)
+    node = make_node(cache_size="64M")
+    idle = node.mount(local_store.uri("idle"), tmp_path / "idle", "--job", "idle")
+    (idle / "i0").read_bytes()  # the idle mount has read once, then stays idle
+    idle_pid = node.mount_status(str(idle))["pid"]
+    wait_for(
+        lambda: active_readers(node.cache_dir).get(idle_pid, "-") == "-",
+        what="the idle mount to release its read snapshot",
+    )
+    name = None
+
+    def cached() -> int:
+        return next(d["cached_bytes"] for d in node.status()["datasets"] if d["name"] == name)
+
+    for _round in range(10):  # ~400 MiB admitted and evicted: more than the 336 MiB map
+        # A fresh mount each round: a mount's own chunk buffer would serve the misses.
+        busy = node.mount(
+            local_store.uri("busy"),
+            tmp_path / f"busy{_round}",
+            "--job",
+            "busy",
+            "--chunk-size",
+            "1M",
+        )
+        if name is None:
+            name = next(d["name"] for d in node.status()["datasets"] if "/busy/" in d["uri"])
+        node.request("PUT", f"/v1/datasets/{name}/cache", {"bytes": "40M"})
+        for key, data in busy_files.items():
+            assert (busy / key).read_bytes() == data
+        if _round % 2:  # its read snapshot stays in the reader table: the daemon clears it
+            pid = node.mount_status(str(busy))["pid"]
+            os.kill(pid, signal.SIGKILL)
+            wait_for(lambda p=pid: not os.path.exists(f"/proc/{p}"), what="the mount to die")
+            force_unmount(str(busy))
+        else:
+            res = node.run("unmount", str(busy), "--socket", node.socket)
+            assert res.returncode == 0, res.stderr
+        wait_for(lambda: cached() >= 40 * MiB, what=f"round {_round}: 40 MiB admitted")
+        node.request("PUT", f"/v1/datasets/{name}/cache", {"bytes": "4M"})
+        wait_for(lambda: cached() <= 4 * MiB, what=f"round {_round}: shrunk to 4 MiB")
+        assert active_readers(node.cache_dir).get(idle_pid, "-") == "-"
+    wait_for(
+        lambda: all(t == "-" for t in active_readers(node.cache_dir).values()),
+        what="no reader slot left holding a snapshot",
+    )
+    writer = node.status()["node"]["writer"]
+    assert writer["map_full"] == 0, writer
+    assert (idle / "i1").read_bytes()  # the idle mount still serves
+
+
+def test_a_stopped_daemon_leaves_one_registration_and_true_counters(
+    make_node, local_store, monkeypatch, tmp_path: Path
+) -> None:
+    local_store.apply_env(monkeypatch)
+    files = {f"f{n}": os.urandom(256 << 10) for n in range(8)}
+    local_store.create("data", files)
+    node = make_node(env={"SILOFS_DAEMON_TIMEOUT": "2"})
+    mp = node.mount(local_store.uri("data"), tmp_path / "mnt", "--job", "stall")
+    assert (mp / "f0").read_bytes() == files["f0"]
+    assert node.proc is not None
+    os.kill(node.proc.pid, signal.SIGSTOP)
+    try:
+        # An uncached read against a frozen daemon fails with EIO after the mount's
+        # timeout (2 s here, 30 s by default), not after minutes.
+        with pytest.raises(OSError) as err:
+            (mp / "f1").read_bytes()
+        assert err.value.errno == 5
+    finally:
+        os.kill(node.proc.pid, signal.SIGCONT)
+    node.expect_errors(r"reading f1 chunk 0: .*said nothing for 2s")
+    total = sum(len(files[k]) for k in ("f0", "f2", "f3"))
+    for key in ("f2", "f3"):
+        assert (mp / key).read_bytes() == files[key]
+    m = node.settle(str(mp), total)
+    assert len(node.status()["mounts"]) == 1
+    assert m["bytes_read"] == total  # counted once
+    job = next(j for j in node.status()["jobs"] if j["name"] == "stall")
+    assert job["bytes_read"] == total
+
+
+def test_a_second_daemon_on_the_same_cache_dir_refuses(make_node) -> None:
+    node = make_node()
+    res = node.run(
+        "daemon",
+        "--socket",
+        str(node.root / "other.sock"),
+        "--cache-dir",
+        node.cache_dir,
+        "--cache-size",
+        node.cache_size,
+        timeout=60,
+    )
+    assert res.returncode != 0
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and "another silofs daemon" in lines[0], res.stderr
+    assert node.status()["node"]["pid"] == node.proc.pid  # the first one is untouched
