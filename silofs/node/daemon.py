@@ -216,6 +216,7 @@ class Daemon:
 
             def failed(message: str, ds: DatasetState = ds) -> None:
                 ds.state, ds.error = "error", f"cannot open {ds.uri.canonical}: {message}"
+                ds.prepare_errors += 1
 
             self.spawn(
                 f"preparing {ds.uri.canonical}",
@@ -244,6 +245,7 @@ class Daemon:
             ds.state = "ready"
         except BackendError as exc:
             ds.state, ds.error = "error", str(exc)
+            ds.prepare_errors += 1
             log.error("dataset %s: %s", ds.uri.canonical, exc)
         except lmdb.Error as exc:
             ds.state = "error"

@@ -25,6 +25,16 @@ _DATASET = {
         "counter",
         "Cached chunks that failed verification",
     ),
+    "store_errors": (
+        "silofs_dataset_store_errors_total",
+        "counter",
+        "Store operations that failed after their retries (checks, listings, GETs)",
+    ),
+    "store_retries": (
+        "silofs_dataset_store_retries_total",
+        "counter",
+        "Store operations retried after a retryable error",
+    ),
 }
 _JOB = {
     "bytes_read": ("silofs_job_read_bytes_total", "counter", "Bytes read by the job"),

@@ -33,6 +33,11 @@ def _ratio(hit: int, total: int) -> float:
     return hit / total if total else 0.0
 
 
+def _retries(ds: DatasetState) -> int:
+    counters = getattr(ds.backend, "counters", None)  # the local backend never retries
+    return counters.retries if counters is not None else 0
+
+
 def dataset_view(d: Daemon, ds: DatasetState) -> dict[str, Any]:
     u = d.usage.get(ds.id)
     return {
@@ -54,6 +59,10 @@ def dataset_view(d: Daemon, ds: DatasetState) -> dict[str, Any]:
         "remote_bytes": ds.fetch.remote_bytes,
         "remote_gets": ds.fetch.remote_gets,
         "corrupt_chunks": ds.fetch.corrupt_chunks + ds.reads.corrupt_chunks,
+        # Failed store operations (after retries): chunk GETs, checks, listings; and the
+        # retries the backend made (node/backends/base.py retry_call).
+        "store_errors": ds.fetch.errors + ds.prepare_errors,
+        "store_retries": _retries(ds),
         "mounts": sum(1 for m in d.mounts.values() if m.dsid == ds.id),
     }
 

@@ -28,6 +28,7 @@ class DatasetState:
     record: dict = field(default_factory=dict)
     reads: MountCounters = field(default_factory=MountCounters)
     fetch: FetchCounters = field(default_factory=FetchCounters)
+    prepare_errors: int = 0  # checks and listings that failed (after their retries)
 
 
 RATE_WINDOW = 5.0  # seconds over which per-job throughput is reported

@@ -316,3 +316,46 @@ def test_a_mount_registering_again_with_its_id_is_the_same_mount(
                 d.register_mount(ds, "other", "/mnt/y", pid, uid, None, mount_id="00ff00ff00ff")
 
     trio.run(main)
+
+
+# -- store errors and retries in status and /metrics ---------------------------------------
+def test_retries_are_counted_per_backend(monkeypatch: pytest.MonkeyPatch) -> None:
+    from silofs.errors import TransientError
+    from silofs.node.backends import base
+
+    monkeypatch.setattr(base.time, "sleep", lambda _s: None)
+    counters = base.StoreCounters()
+    calls = []
+
+    def flaky() -> str:
+        calls.append(1)
+        if len(calls) < 3:
+            raise TransientError("503 slow down")
+        return "ok"
+
+    assert base.retry_call(flaky, base.BackendOptions(), "t", counters) == "ok"
+    assert counters.retries == 2
+
+
+def test_store_errors_show_in_status_and_metrics(daemon: Daemon, bucket: Path) -> None:
+    from silofs.node.metrics import render
+    from silofs.node.routes import dataset_view, status_view
+
+    async def main() -> None:
+        async with running(daemon) as d:
+            missing = await ready(d, f"file://{bucket}-missing/")
+            assert missing.state == "error"
+            assert dataset_view(d, missing)["store_errors"] == 1
+            ds = await ready(d, f"file://{bucket}/")
+            m = d.register_mount(ds, "j", "/mnt/x", os.getpid(), os.getuid(), None)
+            (bucket / "f3.bin").unlink()  # gone after the listing: the GET fails
+            with pytest.raises(Exception, match="f3.bin"):
+                await d.get_chunk(m, "f3.bin", 0, False)
+            view = dataset_view(d, ds)
+            assert view["store_errors"] == 1 and view["store_retries"] == 0
+            text = render(status_view(d))
+            uri = ds.uri.canonical
+            assert f'silofs_dataset_store_errors_total{{dataset="{uri}"}} 1' in text
+            assert f'silofs_dataset_store_retries_total{{dataset="{uri}"}} 0' in text
+
+    trio.run(main)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import logging
 import random
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -20,6 +21,7 @@ from silofs.errors import BackendError, TransientError
 from silofs.records import ObjectInfo
 
 log = logging.getLogger(__name__)
+_COUNTERS_LOCK = threading.Lock()
 
 T = TypeVar("T")
 
@@ -36,6 +38,14 @@ class BackendOptions:
     backoff_max: float = 10.0
     page_size: int = 1000
     extra: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class StoreCounters:
+    """What a dataset's store did wrong, for status and /metrics. Incremented from the
+    fetch threads; a lost increment under a race is acceptable for a counter this coarse."""
+
+    retries: int = 0  # retryable errors that were retried (each retry once)
 
 
 class Backend(Protocol):
@@ -75,14 +85,23 @@ class RetryingBackend:
     uri: str
     opts: BackendOptions
 
+    @property
+    def counters(self) -> StoreCounters:
+        """Retries of this backend (one per dataset), created on first use."""
+        counters = self.__dict__.get("_counters")
+        if counters is None:
+            with _COUNTERS_LOCK:
+                counters = self.__dict__.setdefault("_counters", StoreCounters())
+        return counters
+
     def check(self) -> None:
-        retry_call(self._check_once, self.opts, f"check {self.uri}")
+        retry_call(self._check_once, self.opts, f"check {self.uri}", self.counters)
 
     def list(self) -> Iterator[ObjectInfo]:
         token: str | None = None
         while True:
             fetch = functools.partial(self._list_page, token)
-            items, token = retry_call(fetch, self.opts, f"list {self.uri}")
+            items, token = retry_call(fetch, self.opts, f"list {self.uri}", self.counters)
             for item in items:
                 info = self._info(item)
                 if info is not None:
@@ -97,7 +116,7 @@ class RetryingBackend:
         if length <= 0 or start >= end:
             return b""
         fetch = functools.partial(self._get_exact, info, start, end)
-        return retry_call(fetch, self.opts, f"read {self.uri}{info.key}")
+        return retry_call(fetch, self.opts, f"read {self.uri}{info.key}", self.counters)
 
     def _get_exact(self, info: ObjectInfo, start: int, end: int) -> bytes:
         data = self._get_once(info, start, end)
@@ -120,8 +139,11 @@ class RetryingBackend:
         raise NotImplementedError
 
 
-def retry_call(fn: Callable[[], T], opts: BackendOptions, what: str) -> T:
-    """Call `fn`, retrying retryable BackendErrors with capped exponential backoff."""
+def retry_call(
+    fn: Callable[[], T], opts: BackendOptions, what: str, counters: StoreCounters | None = None
+) -> T:
+    """Call `fn`, retrying retryable BackendErrors with capped exponential backoff; each
+    retry is counted in `counters` (the dataset's, shown in status and /metrics)."""
     attempt = 1
     while True:
         try:
@@ -133,6 +155,8 @@ def retry_call(fn: Callable[[], T], opts: BackendOptions, what: str) -> T:
             log.warning(
                 "%s: %s; retry %d/%d in %.2fs", what, exc, attempt, opts.max_attempts - 1, delay
             )
+            if counters is not None:
+                counters.retries += 1
             time.sleep(delay)
             attempt += 1
 
