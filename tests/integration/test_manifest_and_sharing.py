@@ -65,6 +65,7 @@ def test_an_object_changed_since_listing_is_eio_never_mixed(
     old = b"o" * 600_000
     s3_server.create(bucket_name, {"f.bin": old, "g.bin": b"g" * 10})
     node = make_node()
+    node.expect_errors(r"f\.bin changed or was deleted since listing")
     mp = node.mount(
         s3_server.uri(bucket_name),
         tmp_path / "mnt",

@@ -108,6 +108,8 @@ def test_kill_9_of_the_daemon_during_admission(
     reader = _read_in_background(mp, tree)
     wait_for(lambda: node.mount_status(str(mp))["bytes_read"] > total // 3, what="reads")
     node.kill9()
+    # Reads that miss while no daemon answers fail (EIO) until it is back.
+    node.expect_errors(r"cannot re-register with the daemon: cannot reach the silofs daemon")
     reader.join(60)
 
     store = open_env(node)
