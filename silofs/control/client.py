@@ -354,7 +354,7 @@ class AsyncControlClient:
         self._slots = trio.Semaphore(max_connections)
         self._closed = False
 
-    async def json(self, method: str, path: str, body: dict | None = None) -> Any:
+    async def json(self, method: str, path: str, body: dict | bytes | None = None) -> Any:
         """Parsed JSON (bytes for other content types); ControlError on >= 400."""
         status, headers, data = await self.request(method, path, body)
         if status >= 400:

@@ -20,6 +20,7 @@ import logging
 import os
 import socket
 import stat
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -71,6 +72,8 @@ class Limits:
     max_body: int = 1 << 20
     max_header: int = 16384
     idle_timeout: float = 300.0
+    # Larger bodies for a few routes (method, path) -> limit; None: max_body everywhere.
+    body_limit: Callable[[str, str], int] | None = None
 
 
 class _Reject(Exception):
@@ -197,14 +200,17 @@ class _ServerConnection:
             path, parts, query = parse_target(event.target)
         except HTTPError as exc:
             raise _Reject(exc.status, exc.message) from None
+        limit = self.limits.max_body
+        if self.limits.body_limit is not None:
+            limit = self.limits.body_limit(method, path)
         length = headers.get("content-length")
-        if length is not None and int(length) > self.limits.max_body:
-            raise _Reject(413, self._too_large())
+        if length is not None and int(length) > limit:
+            raise _Reject(413, self._too_large(limit))
         if self.conn.they_are_waiting_for_100_continue:
             await self.stream.send_all(
                 self.conn.send(h11.InformationalResponse(status_code=100, headers=[]))
             )
-        body = await self._read_body()
+        body = await self._read_body(limit)
         return Request(method, path, query, headers, body, self.peer), parts
 
     def _check_header_size(self, event: h11.Request) -> None:
@@ -214,7 +220,7 @@ class _ServerConnection:
         if size > self.limits.max_header:
             raise _Reject(431, f"request header too large (limit {self.limits.max_header} bytes)")
 
-    async def _read_body(self) -> bytes:
+    async def _read_body(self, limit: int) -> bytes:
         chunks: list[bytes] = []
         total = 0
         while True:
@@ -223,14 +229,14 @@ class _ServerConnection:
                 return b"".join(chunks)  # one join: no quadratic concatenation
             if isinstance(event, h11.Data):
                 total += len(event.data)
-                if total > self.limits.max_body:  # chunked bodies have no length up front
-                    raise _Reject(413, self._too_large())
+                if total > limit:  # chunked bodies have no length up front
+                    raise _Reject(413, self._too_large(limit))
                 chunks.append(event.data)
             elif isinstance(event, h11.ConnectionClosed):
                 raise h11.RemoteProtocolError("peer closed connection mid-request")
 
-    def _too_large(self) -> str:
-        return f"request body too large (limit {self.limits.max_body} bytes)"
+    def _too_large(self, limit: int) -> str:
+        return f"request body too large (limit {limit} bytes)"
 
     async def _send(self, resp: Response, *, with_body: bool = True) -> None:
         body = memoryview(resp.body).cast("B")
@@ -420,6 +426,7 @@ async def serve_unix(
     uid: int | None = None,
     gid: int | None = None,
     max_body: int = 1 << 20,
+    body_limit: Callable[[str, str], int] | None = None,
     max_header: int = 16384,
     idle_timeout: float = 300.0,
     bound: tuple[socket.socket, int] | None = None,
@@ -433,7 +440,9 @@ async def serve_unix(
     Removes the socket file on the way out (only if it is still ours).
     """
     sock, ino = bound or bind_unix(path, mode=mode, uid=uid, gid=gid)
-    limits = Limits(max_body=max_body, max_header=max_header, idle_timeout=idle_timeout)
+    limits = Limits(
+        max_body=max_body, max_header=max_header, idle_timeout=idle_timeout, body_limit=body_limit
+    )
     listener = trio.SocketListener(trio.socket.from_stdlib_socket(sock))
 
     async def handle(stream: trio.SocketStream) -> None:

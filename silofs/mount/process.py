@@ -20,7 +20,7 @@ import trio
 
 from silofs.cache.store import CacheStore
 from silofs.config import MountSettings
-from silofs.control.client import AsyncControlClient, ControlError
+from silofs.control.client import AsyncControlClient, ControlError, quote_segment
 from silofs.errors import SilofsError
 from silofs.mount.fs import Presentation, SilofsFS
 from silofs.mount.manifest import Manifest
@@ -80,6 +80,8 @@ class MountProcess:
         self.reader: ChunkReader | None = None
         self.fs: SilofsFS | None = None
         self._registering = False
+        self._nursery: trio.Nursery | None = None
+        self._offering = False
         self.lru = False
         # Resolved now: once mounted, this process must never stat its own mountpoint.
         self.realpath = os.path.realpath(settings.mountpoint)
@@ -122,6 +124,35 @@ class MountProcess:
             raise MissError(f"cannot re-register with the daemon: {exc}") from None
         finally:
             self._registering = False
+        if self._nursery is not None and not self._offering:
+            self._offering = True
+            self._nursery.start_soon(self._offer_buffer)
+
+    async def _offer_buffer(self) -> None:
+        """Offer the chunks this mount fetched (its buffer, at most buffer_bytes) to the
+        restarted daemon, one request at a time: admissions a restart lost come back
+        without a remote GET. The daemon checks each against its listing."""
+        assert self.reader is not None
+        counts: dict[str, int] = {}
+        try:
+            for ref, data in self.reader.buffer.fetched():
+                path = (
+                    f"/v1/mounts/{self.mount_id}/offer?key={quote_segment(ref.obj.key)}"
+                    f"&index={ref.index}&content_id={quote_segment(ref.obj.content_id)}"
+                )
+                try:
+                    answer = await self.client.json("PUT", path, data)
+                except ControlError as exc:
+                    if exc.status == 409:  # stale for this listing: skip it
+                        counts["refused"] = counts.get("refused", 0) + 1
+                        continue
+                    log.info("stopped offering buffered chunks: %s", exc)
+                    break
+                counts[answer["chunk"]] = counts.get(answer["chunk"], 0) + 1
+        finally:
+            self._offering = False
+        if counts:
+            log.info("offered buffered chunks to the daemon again: %s", counts)
 
     def _options(self) -> set[str]:
         name = self.s.uri.replace(",", "_")
@@ -172,6 +203,7 @@ class MountProcess:
         try:
             async with trio.open_nursery() as nursery:
                 assert self.reader is not None
+                self._nursery = nursery
                 self.reader.start(nursery)
                 nursery.start_soon(self._report_loop)
                 nursery.start_soon(self._signals)

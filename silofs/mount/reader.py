@@ -53,6 +53,7 @@ class ChunkBuffer:
         self.max_bytes = max_bytes
         self.bytes = 0
         self._items: OrderedDict[bytes, tuple[bytes, bool]] = OrderedDict()
+        self._refs: dict[bytes, ChunkRef] = {}  # what each item is, to offer it again
 
     def get(self, key: bytes) -> tuple[bytes, bool] | None:
         item = self._items.get(key)
@@ -60,15 +61,27 @@ class ChunkBuffer:
             self._items.move_to_end(key)
         return item
 
-    def put(self, key: bytes, data: bytes, from_cache: bool) -> None:
+    def put(self, key: bytes, data: bytes, from_cache: bool, ref: ChunkRef | None = None) -> None:
         old = self._items.pop(key, None)
         if old is not None:
             self.bytes -= len(old[0])
         self._items[key] = (data, from_cache)
+        if ref is not None:
+            self._refs[key] = ref
         self.bytes += len(data)
         while self.bytes > self.max_bytes and len(self._items) > 1:
-            _, (evicted, _) = self._items.popitem(last=False)
+            gone, (evicted, _) = self._items.popitem(last=False)
+            self._refs.pop(gone, None)
             self.bytes -= len(evicted)
+
+    def fetched(self) -> list[tuple[ChunkRef, bytes]]:
+        """Chunks the daemon fetched remotely for us (not served from its cache): after a
+        daemon restart they are offered for admission again (mount/process.py)."""
+        return [
+            (self._refs[k], data)
+            for k, (data, from_cache) in self._items.items()
+            if not from_cache and k in self._refs
+        ]
 
 
 class ChunkReader:
@@ -189,7 +202,7 @@ class ChunkReader:
     async def _miss(self, ref: ChunkRef, refetch: bool) -> tuple[bytes, bool]:
         async def ask() -> tuple[bytes, bool]:
             data, from_cache = await self._ask_daemon(ref, refetch)
-            self.buffer.put(ref.key, data, from_cache)
+            self.buffer.put(ref.key, data, from_cache, ref)
             return data, from_cache
 
         return (await self._flights.run(ref.key, ask))[0]

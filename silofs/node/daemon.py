@@ -20,8 +20,8 @@ from collections.abc import Awaitable, Callable
 import lmdb
 import trio
 
-from silofs.cache.format import ChunkRef
-from silofs.cache.store import CacheDamagedError, CacheStore, Usage, env_map_size
+from silofs.cache.format import ChunkRef, encode_chunk
+from silofs.cache.store import CacheDamagedError, CacheStore, PendingChunk, Usage, env_map_size
 from silofs.config import NodeSettings
 from silofs.errors import BackendError, UnreachableError, UsageError
 from silofs.node.backends import BackendOptions, open_backend
@@ -388,6 +388,31 @@ class Daemon:
                 c.remote_gets += 1
                 c.remote_bytes += len(data)
         return data, "remote"
+
+    def offer_chunk(self, m: MountState, key: str, index: int, content_id: str, data: bytes) -> str:
+        """A chunk a mount holds in its buffer, offered again after a daemon restart:
+        'present' (cached already), 'queued' (offered to the Writer, admitted if its
+        dataset has room) or 'dropped' (queue full). UsageError if it does not match the
+        dataset's listing: the object key, the content id the mount fetched it under (a
+        refreshed listing makes it stale), the index and the exact length. The chunk
+        key is computed here from the listing, never taken from the mount."""
+        ds = self.datasets[m.dsid]
+        obj = self.store.get_object(ds.id, key)
+        if obj is None:
+            raise UsageError(f"{key!r} is not in the listing of {ds.uri.canonical}")
+        if obj.content_id != content_id:
+            raise UsageError(f"{key!r} changed since this chunk was fetched")
+        last = max(0, (obj.size - 1) // m.chunk_size)
+        if not 0 <= index <= last:
+            raise UsageError(f"{key!r} has no chunk {index}")
+        ref = ChunkRef.of(obj, m.chunk_size, index)
+        if len(data) != ref.length:
+            raise UsageError(f"chunk {index} of {key!r} is {ref.length} bytes, not {len(data)}")
+        if self.fetcher.cached(ref, ds.fetch) is not None:
+            return "present"
+        value = encode_chunk(ds.id, index, m.chunk_size, obj.key, obj.content_id, data)
+        ok = self.writer.offer(PendingChunk(ds.id, ref.key, value, ref.length))
+        return "queued" if ok else "dropped"
 
     async def reap_mounts(self) -> None:
         """Forget mounts whose process died without saying goodbye (kill -9, fusermount)."""

@@ -33,6 +33,17 @@ def _ratio(hit: int, total: int) -> float:
     return hit / total if total else 0.0
 
 
+# A chunk offered by a mount (PUT /v1/mounts/{id}/offer) is its only large request body.
+MAX_OFFER_BODY = (64 << 20) + 4096
+
+
+def body_limit(method: str, path: str) -> int:
+    """The control server's body limit per route: 1 MiB, a chunk for offers."""
+    if method == "PUT" and path.startswith("/v1/mounts/") and path.endswith("/offer"):
+        return MAX_OFFER_BODY
+    return 1 << 20
+
+
 def _retries(ds: DatasetState) -> int:
     counters = getattr(ds.backend, "counters", None)  # the local backend never retries
     return counters.retries if counters is not None else 0
@@ -428,6 +439,24 @@ def build_router(d: Daemon) -> Router:
             raise HTTPError(_backend_status(exc), str(exc)) from None
         return Response(200, data, "application/octet-stream", {"x-silofs-source": source})
 
+    async def offer(req: Request, mount_id: str) -> Response:
+        m = _mount(d, req, mount_id)
+        # The bytes come from the mount, and other users' mounts may read them once
+        # admitted: only a peer that could write the cache anyway may offer (promise 3).
+        if req.peer.uid not in (0, os.getuid()):
+            raise HTTPError(403, "only root (or the daemon's user) may offer chunks")
+        key = req.query.get("key", "")
+        try:
+            index = int(req.query.get("index", ""))
+        except ValueError:
+            raise HTTPError(400, "index must be an integer") from None
+        content_id = req.query.get("content_id", "")
+        try:
+            outcome = d.offer_chunk(m, key, index, content_id, req.body)
+        except UsageError as exc:
+            raise HTTPError(409, str(exc)) from None
+        return json_response({"chunk": outcome})
+
     async def metrics(req: Request) -> Response:
         from silofs.node.metrics import render
 
@@ -442,5 +471,6 @@ def build_router(d: Daemon) -> Router:
     r.add("DELETE", "/v1/mounts/{mount_id}", del_mount)
     r.add("PUT", "/v1/mounts/{mount_id}/stats", mount_stats)
     r.add("GET", "/v1/chunks", get_chunk)
+    r.add("PUT", "/v1/mounts/{mount_id}/offer", offer)
     r.add("GET", "/metrics", metrics)
     return r

@@ -20,7 +20,7 @@ from silofs import __version__
 from silofs.config import NodeSettings
 from silofs.control.server import bind_unix, serve_unix
 from silofs.node.daemon import Daemon
-from silofs.node.routes import build_router
+from silofs.node.routes import body_limit, build_router
 from silofs.node.supervise import run_forever
 from silofs.units import format_size
 
@@ -55,7 +55,12 @@ async def serve(daemon: Daemon, task_status: trio.TaskStatus = trio.TASK_STATUS_
                 nursery.start_soon(run_forever, what, loop)
             await nursery.start(
                 lambda task_status: serve_unix(
-                    settings.socket, router, max_body=1 << 20, bound=bound, task_status=task_status
+                    settings.socket,
+                    router,
+                    max_body=1 << 20,
+                    body_limit=body_limit,
+                    bound=bound,
+                    task_status=task_status,
                 )
             )
             log.info(

@@ -16,7 +16,7 @@ from pathlib import Path
 import lmdb
 import pytest
 
-from .conftest import force_unmount, needs_fuse, wait_for
+from .conftest import drop_file_cache, force_unmount, needs_fuse, wait_for
 
 pytestmark = [needs_fuse, pytest.mark.fuse]
 
@@ -141,3 +141,32 @@ def test_a_second_daemon_on_the_same_cache_dir_refuses(make_node) -> None:
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and "another silofs daemon" in lines[0], res.stderr
     assert node.status()["node"]["pid"] == node.proc.pid  # the first one is untouched
+
+
+def test_a_restarted_daemon_gets_the_mounts_buffered_chunks_back(
+    make_node, local_store, monkeypatch, tmp_path: Path
+) -> None:
+    local_store.apply_env(monkeypatch)
+    files = {f"f{n}": os.urandom(200 << 10) for n in range(6)}
+    local_store.create("data", files)
+    uri = local_store.uri("data")
+    node = make_node()
+    quoted = uri.replace("/", "%2F").replace(":", "%3A")
+    node.request("PUT", f"/v1/datasets/{quoted}/cache", {"bytes": 0})  # admit nothing
+    mp = node.mount(uri, tmp_path / "mnt", "--job", "offers")
+    for key, data in files.items():
+        assert (mp / key).read_bytes() == data  # fetched, held in the mount's buffer only
+    assert node.status()["datasets"][0]["cached_chunks"] == 0
+    node.stop()
+    node.start()
+    node.request("PUT", f"/v1/datasets/{quoted}/cache", {"bytes": None})
+    drop_file_cache(mp / "f0")
+    assert (mp / "f0").read_bytes() == files["f0"]  # served from the buffer; it reports,
+    # hears 404, registers again and offers what it holds
+    ds = wait_for(
+        lambda: (d := node.status()["datasets"]) and d[0]["cached_chunks"] == len(files) and d[0],
+        what="the buffered chunks to be admitted",
+    )
+    assert ds["remote_gets"] == 0  # no GET after the restart
+    log = "".join(p.read_text() for p in node.logs.iterdir() if p.name.startswith("mount"))
+    assert "offered buffered chunks to the daemon again: {'queued': 6}" in log

@@ -359,3 +359,33 @@ def test_store_errors_show_in_status_and_metrics(daemon: Daemon, bucket: Path) -
             assert f'silofs_dataset_store_retries_total{{dataset="{uri}"}} 0' in text
 
     trio.run(main)
+
+
+def test_an_offered_chunk_is_checked_against_the_listing_then_admitted(
+    daemon: Daemon, bucket: Path
+) -> None:
+    async def main() -> None:
+        async with running(daemon) as d:
+            ds = await ready(d, f"file://{bucket}/")
+            m = d.register_mount(ds, "j", "/mnt/x", os.getpid(), os.getuid(), None)
+            obj = d.store.get_object(ds.id, "f1.bin")
+            assert obj is not None
+            good = bytes([1]) * (256 << 10)
+            with pytest.raises(UsageError, match="changed"):
+                d.offer_chunk(m, "f1.bin", 0, "another-version", good)
+            with pytest.raises(UsageError, match="not 10"):
+                d.offer_chunk(m, "f1.bin", 0, obj.content_id, b"x" * 10)
+            with pytest.raises(UsageError, match="no chunk 9"):
+                d.offer_chunk(m, "f1.bin", 9, obj.content_id, good)
+            with pytest.raises(UsageError, match="not in the listing"):
+                d.offer_chunk(m, "nope.bin", 0, obj.content_id, good)
+            assert d.offer_chunk(m, "f1.bin", 0, obj.content_id, good) == "queued"
+            with trio.fail_after(10):
+                while d.usage.get(ds.id) is None or d.usage[ds.id].chunks < 1:
+                    await trio.sleep(0.01)
+            assert d.offer_chunk(m, "f1.bin", 0, obj.content_id, good) == "present"
+            data, source = await d.get_chunk(m, "f1.bin", 0, False)
+            assert data == good and source == "cache"
+            assert ds.fetch.remote_gets == 0
+
+    trio.run(main)
