@@ -83,7 +83,7 @@ class MountSettings:
     # registers against it instead of opening it a second time.
     dataset_id: int | None = None
     # The longest silence the mount accepts from the daemon after a request (seconds).
-    # The daemon sends "102 Processing" every 5 s while it works on one, so only a frozen
+    # The daemon sends "102 Processing" while it works on one, so only a frozen
     # daemon hits it: an uncached read then fails with EIO. SILOFS_DAEMON_TIMEOUT sets it.
     daemon_timeout: float = field(
         default_factory=lambda: float(os.environ.get("SILOFS_DAEMON_TIMEOUT", "30"))

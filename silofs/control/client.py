@@ -340,7 +340,8 @@ class AsyncControlClient:
     """trio client with a pool of up to ``max_connections`` keep-alive connections.
 
     ``timeout`` is the longest silence the client accepts after sending a request: the
-    daemon sends "102 Processing" every 5 s while a handler waits, so a request that the
+    daemon sends "102 Processing" three times per ``timeout`` (at least every 5 s) while a
+    handler waits, so a request that the
     daemon is slowing down on purpose (a limiter) waits as long as it takes, and a frozen
     daemon (SIGSTOP, a stuck loop) fails the request after ``timeout`` seconds."""
 
@@ -376,7 +377,7 @@ class AsyncControlClient:
         payload, ctype = _encode(body)
         # Ask for "102 Processing" while the daemon works (control/server.py): a wait it
         # chose, such as a rate limiter, is then never cut by self.timeout.
-        extra = {"x-silofs-progress": "1", **(headers or {})}
+        extra = {"x-silofs-progress": f"{self.timeout:g}", **(headers or {})}
         request_headers = _request_headers(method, payload, ctype, extra)
         async with self._slots:
             try:

@@ -54,9 +54,9 @@ SOCKET_BUFFER = 4 * 1024 * 1024
 # sending for a little while, so it can see our answer instead of EPIPE/ECONNRESET.
 _LINGER_SECONDS = 2.0
 _LINGER_BYTES = 64 * 1024 * 1024
-# A client that asks for progress (header x-silofs-progress) hears "102 Processing" this
-# often while its handler waits (e.g. on a rate limiter): silence longer than this means
-# the daemon is frozen, not busy.
+# A client that asks for progress (header x-silofs-progress: the seconds of silence it
+# accepts) hears "102 Processing" at least this often while its handler waits (e.g. on a
+# rate limiter), and 3 times within its silence: only a frozen daemon stays silent.
 PROGRESS_SECONDS = 5.0
 
 
@@ -156,7 +156,7 @@ class _ServerConnection:
             nursery.start_soon(handler, nursery.cancel_scope)
             nursery.start_soon(self._watch_peer, nursery.cancel_scope)
             if "x-silofs-progress" in req.headers:
-                nursery.start_soon(self._progress)
+                nursery.start_soon(self._progress, _progress_interval(req.headers))
         if not answer:
             log.debug("%s %s: the client left; handler cancelled", req.method, req.path)
         return answer[0] if answer else None
@@ -170,10 +170,10 @@ class _ServerConnection:
         if not data:
             scope.cancel()
 
-    async def _progress(self) -> None:
+    async def _progress(self, interval: float) -> None:
         event = h11.InformationalResponse(status_code=102, headers=[])
         while True:
-            await trio.sleep(PROGRESS_SECONDS)
+            await trio.sleep(interval)
             # Shielded: a send cut short by the handler finishing would corrupt the
             # stream; 102 is a few bytes, bounded by the idle timeout all the same.
             with trio.CancelScope(shield=True) as shielded:
@@ -272,6 +272,18 @@ class _ServerConnection:
         except (trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlowError, OSError):
             return
         await _drain(self.stream)
+
+
+def _progress_interval(headers: dict[str, str]) -> float:
+    """How often to send 102: a third of the silence the client accepts (the header's
+    value, in seconds), at most PROGRESS_SECONDS, at least 0.1 s."""
+    try:
+        silence = float(headers["x-silofs-progress"])
+    except ValueError:
+        silence = 3 * PROGRESS_SECONDS
+    if not silence > 0:  # also NaN
+        silence = 3 * PROGRESS_SECONDS
+    return max(0.1, min(PROGRESS_SECONDS, silence / 3))
 
 
 def _reject_for(exc: h11.RemoteProtocolError) -> _Reject:

@@ -170,3 +170,24 @@ def test_a_restarted_daemon_gets_the_mounts_buffered_chunks_back(
     assert ds["remote_gets"] == 0  # no GET after the restart
     log = "".join(p.read_text() for p in node.logs.iterdir() if p.name.startswith("mount"))
     assert "offered buffered chunks to the daemon again: {'queued': 6}" in log
+
+
+def test_a_limiter_wait_longer_than_the_timeout_is_not_cut(
+    make_node, local_store, monkeypatch, tmp_path: Path
+) -> None:
+    local_store.apply_env(monkeypatch)
+    files = {"a": os.urandom(MiB), "b": os.urandom(MiB)}
+    local_store.create("slow", files)
+    node = make_node(env={"SILOFS_DAEMON_TIMEOUT": "1"})
+    mp = node.mount(
+        local_store.uri("slow"),
+        tmp_path / "mnt",
+        *("--job", "slow", "--io-limit", "300K/s", "--chunk-size", "1M"),
+    )
+    # The first chunk puts the job's bucket in debt; the second waits ~3.5 s for it,
+    # against a mount that accepts 1 s of silence.
+    for key, data in files.items():
+        assert (mp / key).read_bytes() == data
+    job = next(j for j in node.status()["jobs"] if j["name"] == "slow")
+    assert job["limiter_wait_s"] > 2.0
+    assert len(node.status()["mounts"]) == 1
