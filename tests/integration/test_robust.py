@@ -191,3 +191,31 @@ def test_a_limiter_wait_longer_than_the_timeout_is_not_cut(
     job = next(j for j in node.status()["jobs"] if j["name"] == "slow")
     assert job["limiter_wait_s"] > 2.0
     assert len(node.status()["mounts"]) == 1
+
+
+def test_concurrent_allocations_cannot_together_exceed_the_cache(make_node) -> None:
+    import threading
+
+    from silofs.control.client import ControlClient, ControlError
+
+    node = make_node(cache_size="100M")
+    outcomes: list[str] = []
+    start = threading.Barrier(2)
+
+    def put(name: str) -> None:
+        with ControlClient(node.socket, timeout=10) as c:
+            start.wait()
+            try:
+                c.request("PUT", f"/v1/datasets/file%3A%2F%2F%2F{name}%2F/cache", {"bytes": "80M"})
+                outcomes.append("ok")
+            except ControlError as exc:
+                outcomes.append(f"{exc.status}")
+
+    threads = [threading.Thread(target=put, args=(n,)) for n in ("a", "b")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert sorted(outcomes) == ["409", "ok"]
+    allocs = node.request("GET", "/v1/allocations")
+    assert sum(allocs["cache"].values()) <= allocs["cache_size"]
