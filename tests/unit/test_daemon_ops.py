@@ -389,3 +389,36 @@ def test_an_offered_chunk_is_checked_against_the_listing_then_admitted(
             assert ds.fetch.remote_gets == 0
 
     trio.run(main)
+
+
+def test_the_writer_is_restarted_after_a_failed_batch(
+    daemon: Daemon, bucket: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    real_admit = daemon.store.admit
+    failures = []
+
+    def admit(*args: object) -> object:
+        if not failures:
+            failures.append(1)
+            raise lmdb.MapFullError("mdb_put: MDB_MAP_FULL")
+        return real_admit(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(daemon.store, "admit", admit)
+    monkeypatch.setattr("silofs.node.supervise.RESTART_MIN", 0.05)
+
+    async def main() -> None:
+        async with running(daemon) as d:
+            ds = await ready(d, f"file://{bucket}/")
+            m = d.register_mount(ds, "j", "/mnt/x", os.getpid(), os.getuid(), None)
+            await d.get_chunk(m, "f0.bin", 0, False)  # its batch fails: lost, not fatal
+            with trio.fail_after(10):
+                while not failures:
+                    await trio.sleep(0.01)
+            await d.get_chunk(m, "f1.bin", 0, False)  # offered to the restarted writer
+            with trio.fail_after(10):
+                while d.usage.get(ds.id) is None or d.usage[ds.id].chunks < 1:
+                    await trio.sleep(0.01)
+
+    trio.run(main)
+    errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert len(errors) == 1 and errors[0].startswith("writer failed: MapFullError")
