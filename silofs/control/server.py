@@ -27,7 +27,7 @@ from typing import Any
 import h11
 import trio
 
-from silofs.control.peer import peer_credentials
+from silofs.control.peer import Peer, peer_credentials
 from silofs.control.router import (
     HTTPError,
     Request,
@@ -72,8 +72,9 @@ class Limits:
     max_body: int = 1 << 20
     max_header: int = 16384
     idle_timeout: float = 300.0
-    # Larger bodies for a few routes (method, path) -> limit; None: max_body everywhere.
-    body_limit: Callable[[str, str], int] | None = None
+    # Larger bodies for a few routes and peers: (method, path, peer) -> limit, decided
+    # before the body is read; None: max_body everywhere.
+    body_limit: Callable[[str, str, Peer], int] | None = None
 
 
 class _Reject(Exception):
@@ -141,11 +142,13 @@ class _ServerConnection:
         return self.conn.our_state is h11.DONE and self.conn.their_state is h11.DONE
 
     async def _dispatch(self, req: Request, parts: list[str]) -> Response | None:
-        """Run the handler while watching the connection: a client that closes it cancels
-        the handler (a mount that gave up must not keep a limiter slot or a GET), and a
-        client that sent `x-silofs-progress` gets `102 Processing` every PROGRESS_SECONDS
-        while the handler waits, so its timeout measures silence (a frozen daemon), not
-        a wait the daemon chose (a rate limiter). None if the client left."""
+        """Run the handler while watching the connection. A client that closes it (or
+        half-closes it after its request, which HTTP/1.1 clients here never do) cancels
+        the handler: a mount that gave up must not keep a limiter slot or a GET. A client
+        that sent `x-silofs-progress: SECONDS` gets `102 Processing` three times within
+        SECONDS (at least every PROGRESS_SECONDS) while the handler waits, so its timeout
+        measures silence (a frozen daemon), not a wait the daemon chose (a rate limiter).
+        None if the client left."""
         answer: list[Response] = []
 
         async def handler(scope: trio.CancelScope) -> None:
@@ -202,7 +205,7 @@ class _ServerConnection:
             raise _Reject(exc.status, exc.message) from None
         limit = self.limits.max_body
         if self.limits.body_limit is not None:
-            limit = self.limits.body_limit(method, path)
+            limit = self.limits.body_limit(method, path, self.peer)
         length = headers.get("content-length")
         if length is not None and int(length) > limit:
             raise _Reject(413, self._too_large(limit))
@@ -438,7 +441,7 @@ async def serve_unix(
     uid: int | None = None,
     gid: int | None = None,
     max_body: int = 1 << 20,
-    body_limit: Callable[[str, str], int] | None = None,
+    body_limit: Callable[[str, str, Peer], int] | None = None,
     max_header: int = 16384,
     idle_timeout: float = 300.0,
     bound: tuple[socket.socket, int] | None = None,

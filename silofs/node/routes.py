@@ -14,7 +14,7 @@ import re
 import time
 from typing import Any
 
-from silofs.control.peer import peer_may_change
+from silofs.control.peer import Peer, peer_may_change
 from silofs.control.router import HTTPError, Request, Response, Router, json_response
 from silofs.errors import BackendError, NotFoundError, ObjectChangedError, UsageError
 from silofs.node.daemon import Daemon
@@ -37,9 +37,11 @@ def _ratio(hit: int, total: int) -> float:
 MAX_OFFER_BODY = (64 << 20) + 4096
 
 
-def body_limit(method: str, path: str) -> int:
-    """The control server's body limit per route: 1 MiB, a chunk for offers."""
-    if method == "PUT" and path.startswith("/v1/mounts/") and path.endswith("/offer"):
+def body_limit(method: str, path: str, peer: Peer) -> int:
+    """The control server's body limit, decided before the body is read: 1 MiB, or a
+    chunk for an offer from a peer that may offer (others get 403 after 1 MiB at most)."""
+    offer = method == "PUT" and path.startswith("/v1/mounts/") and path.endswith("/offer")
+    if offer and peer.uid in (0, os.getuid()):
         return MAX_OFFER_BODY
     return 1 << 20
 
