@@ -3,7 +3,7 @@
 Owns: a reproducible synthetic live cluster (J jobs, J/10 datasets, J/8 nodes of 8 GPUs,
 as the controller sees it after a poll), the timing of plan_allocations per policy split
 into its stages (build_problem; the policy's allocate and sharing the rest of the link;
-to_plan), the table and the
+to_plan) in CPU seconds (the figures hold on a busy machine), the table and the
 fitted exponent of time in J (least-squares slope of log time over log J). With
 --git-rev it also runs the same clusters against another revision's silofs-ctl, in a
 subprocess on a `git archive` copy (the working tree and the index are left alone), so
@@ -139,16 +139,16 @@ def time_policy(api: Any, policy: str, n_jobs: int, profile: bool = False) -> Ti
     prof = cProfile.Profile() if profile else None
     if prof:
         prof.enable()
-    t0 = time.perf_counter()
+    t0 = time.process_time()
     jobs, cluster, unknown = api.build_problem(config, entries, seen, ideal)
-    t1 = time.perf_counter()
+    t1 = time.process_time()
     alloc = api.POLICIES[policy]().allocate(jobs, cluster, SiloDEstimator())
     extra = []
     if hasattr(api, "share_the_rest"):  # the link shared after the policy (issue 12)
         extra = [api.share_the_rest(alloc, jobs, unknown, cluster)]
-    t2 = time.perf_counter()
+    t2 = time.process_time()
     api.to_plan(config, jobs, unknown, cluster, alloc, seen, *extra)
-    t3 = time.perf_counter()
+    t3 = time.process_time()
     if prof:
         prof.disable()
         pstats.Stats(prof, stream=sys.stderr).sort_stats("cumulative").print_stats(25)

@@ -66,10 +66,21 @@ class _Loads:
         for key in self.fixed.keys() | self.slope.keys():
             self.fixed.setdefault(key, 0.0)
             self.slope.setdefault(key, 0.0)
+        self.one_per_pool: bool | None = None  # see best_cache
 
     def best_cache(self, lam: float, cluster: Cluster) -> dict[str, float]:
         """The knapsack at lam. Ties go to the larger slope, so the returned cache is
         also optimal just right of lam (the piece Newton's method must follow)."""
+
+        if self.one_per_pool is None:
+            pools_used: dict[str, int] = {}
+            for unit in cluster.units.values():
+                pools_used[unit.pool] = pools_used.get(unit.pool, 0) + 1
+            self.one_per_pool = all(pools_used[cluster.units[k].pool] == 1 for k in self.fixed)
+        if self.one_per_pool:
+            # Every unit alone in its pool (the problem as it stands now, with_fixed_hits):
+            # no order to choose, each holds what its pool does.
+            return fill_units(self.fixed, cluster)
 
         def rank(key: str) -> tuple[float, float, str]:
             size = cluster.units[key].size
