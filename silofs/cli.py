@@ -29,7 +29,6 @@ from silofs.units import parse_rate, parse_size
 log = logging.getLogger(__name__)
 
 DAEMON_START_TIMEOUT = 30.0
-MOUNT_READY_TIMEOUT = 600.0
 
 
 def setup_logging(level: str, log_file: str | None = None) -> None:
@@ -254,10 +253,16 @@ def _wait_listing(socket: str, uri: str, refresh: bool, endpoint_url: str | None
         ds = client.request(
             "POST", "/v1/datasets", {"uri": uri, "refresh": refresh, "endpoint_url": endpoint_url}
         )
-        deadline = time.monotonic() + MOUNT_READY_TIMEOUT
-        while ds["state"] in ("checking", "listing") and time.monotonic() < deadline:
+        # No time limit: the listing of a huge prefix takes what it takes; the daemon
+        # reports its progress, shown here on a terminal.
+        while ds["state"] in ("checking", "listing"):
             if tty and ds["state"] == "listing":
-                click.echo(f"\rlisting {ds['uri']}: {ds['listed']} objects", nl=False, err=True)
+                rate = ds.get("list_rate") or 0
+                click.echo(
+                    f"\rlisting {ds['uri']}: {ds['listed']} objects ({rate:,.0f}/s)",
+                    nl=False,
+                    err=True,
+                )
             time.sleep(0.1)
             ds = client.request("GET", f"/v1/datasets/{ds['id']}")
     if tty and ds.get("listed"):
@@ -265,6 +270,18 @@ def _wait_listing(socket: str, uri: str, refresh: bool, endpoint_url: str | None
     if ds["state"] != "ready":
         raise SilofsError(ds.get("error") or f"listing {uri} did not finish")
     return ds
+
+
+def _ttl(_ctx: click.Context, _param: click.Parameter, value: str) -> float | None:
+    if value in ("indefinite", "inf", "-1"):
+        return None
+    try:
+        ttl = float(value)
+    except ValueError:
+        raise click.BadParameter("a number of seconds or 'indefinite'") from None
+    if not 0 <= ttl < 10**9:
+        raise click.BadParameter("a number of seconds or 'indefinite'")
+    return ttl
 
 
 @main.command()
@@ -304,6 +321,14 @@ def _wait_listing(socket: str, uri: str, refresh: bool, endpoint_url: str | None
     "lru (irregular access, e.g. curriculum learning).",
 )
 @click.option("--refresh", is_flag=True, help="List the bucket again.")
+@click.option(
+    "--metadata-ttl",
+    default="indefinite",
+    callback=_ttl,
+    help="Seconds a listing is trusted before the mount lists again (and the kernel's "
+    "name/attribute cache), or 'indefinite' (default: list only on --refresh or "
+    "`silofs-ctl refresh`).",
+)
 @click.option("--foreground", "-f", is_flag=True, help="Serve in this process.")
 @click.option("--allow-other", is_flag=True, help="Let other users read the mount.")
 @click.option("--uid", type=int, default=None, help="Owner of files (default: you).")
@@ -324,6 +349,7 @@ def mount(
     io_limit: int | None,
     admission: str | None,
     refresh: bool,
+    metadata_ttl: float | None,
     foreground: bool,
     allow_other: bool,
     uid: int | None,
@@ -361,6 +387,7 @@ def mount(
         endpoint_url=endpoint_url,
         admission=admission,
         dataset_id=ds["id"],
+        metadata_ttl=metadata_ttl,
     )
     if foreground:
         _mount_foreground(settings, socket, log_level)

@@ -75,7 +75,11 @@ class MountSettings:
     readahead_chunks: int = 4  # sequential reads of large objects fetch this far ahead
     buffer_bytes: int = 128 << 20  # fetched chunks held in the mount process (not admitted)
     read_ahead_kb: int = 1024  # bdi read-ahead: 1 MiB kernel read requests
-    attr_timeout: float = 3600.0  # the snapshot never changes under a mount
+    attr_timeout: float = 3600.0  # kernel entry/attr cache when the metadata TTL is indefinite
+    # Seconds a listing is trusted before the mount asks the daemon to list again, and
+    # the kernel's entry/attr timeouts; None ("indefinite"): only `--refresh` or
+    # `silofs-ctl refresh` list again.
+    metadata_ttl: float | None = None
     io_limit: int | None = None
     endpoint_url: str | None = None
     admission: str | None = None  # None: keep the dataset's mode (default uniform)

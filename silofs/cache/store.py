@@ -6,9 +6,10 @@ Owns every LMDB database of a cache dir and the invariants between them:
   usage     dataset id                   -> (bytes, chunks) charged to the dataset
   datasets  dataset id                   -> JSON record (uri, objects, size, listed_at)
   names     canonical URI                -> dataset id
-  objects   dataset id + object key      -> JSON [size, mtime, version, content_id]
-            (a key too long for LMDB is stored as its first bytes + a hash, and the
-            full key is appended to the JSON list)
+  dirents   dataset id + generation + parent inode + name -> inode, kind   (listing.py)
+  inodes    dataset id + generation + inode -> attributes, path, version, content id
+  objects   (before listing generations: dataset id + object key -> JSON; rows are
+            deleted when their dataset is next listed, never written any more)
   meta      name                         -> JSON (format version, allocations, ...)
 A chunk, its owners row and its usage are changed in one write txn, so accounting never
 drifts from content, even across kill -9. Only the daemon writes, from one thread at a
@@ -27,9 +28,9 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
 import lmdb
-import xxhash
 
 from silofs.cache.format import KEY_SIZE
+from silofs.cache.listing import ListingBuilder, ListingReader, delete_generations
 from silofs.errors import SilofsError
 from silofs.records import ObjectInfo
 
@@ -39,7 +40,18 @@ STORE_VERSION = 1
 _ID = struct.Struct(">Q")  # big-endian so a dataset's rows sort together
 _USAGE = struct.Struct("<QQ")
 _LEN = struct.Struct("<I")
-_DBS = (b"chunks", b"owners", b"usage", b"datasets", b"names", b"objects", b"meta")
+_DBS = (
+    b"chunks",
+    b"owners",
+    b"usage",
+    b"datasets",
+    b"names",
+    b"objects",
+    b"meta",
+    b"dirents",
+    b"inodes",
+)
+LISTING_BATCH = 10_000  # objects per listing write txn: bounds the writer's hold and memory
 _EVICT_BATCH = 512
 # LMDB needs free pages even to delete (copy-on-write). Admission therefore leaves this
 # much of the map free, so eviction can always run: a full cache must stay shrinkable.
@@ -261,56 +273,95 @@ class CacheStore:
         with self.env.begin() as txn:
             return {_ID.unpack(k)[0]: json.loads(v) for k, v in txn.cursor(db=self.db(b"datasets"))}
 
-    def _object_row(self, prefix: bytes, key: str) -> tuple[bytes, bool]:
-        """The objects-db key of `key`, and whether it is the hashed form of a long key."""
-        raw = key.encode()
-        if len(prefix) + len(raw) <= self._max_key:
-            return prefix + raw, False
-        keep = self._max_key - len(prefix) - 16
-        return prefix + raw[:keep] + xxhash.xxh3_128_digest(raw), True
+    # -- listings (silofs/cache/listing.py) ----------------------------------------
+    def listing(self, dsid: int, gen: int) -> ListingReader:
+        return ListingReader(dsid, gen, self.db(b"dirents"), self.db(b"inodes"), self._max_key)
 
-    def replace_manifest(self, dsid: int, objects: Iterable[ObjectInfo], record: dict) -> None:
-        """Swap a dataset's manifest in one txn, so readers see the old or the new one."""
-        prefix = _ID.pack(dsid)
-        odb = self.db(b"objects")
+    def current_generation(self, dsid: int) -> int | None:
+        """The generation the dataset record names, None if never listed (or listed by a
+        silofs before generations, whose rows a mount cannot serve)."""
+        gen = self.dataset_record(dsid).get("gen")
+        return int(gen) if gen is not None else None
+
+    def begin_listing(self, dsid: int) -> ListingBuilder:
+        """A builder for the dataset's next generation. Rows of any generation but the
+        current one (a listing killed half way, or one already replaced) must have been
+        deleted first (delete_stale_generations)."""
+        current = self.current_generation(dsid)
+        gen = (current or 0) + 1
+        b = ListingBuilder(
+            dsid, gen, self.db(b"dirents"), self.db(b"inodes"), self._max_key, previous=current
+        )
         with self.env.begin(write=True) as txn:
-            cur = txn.cursor(db=odb)
+            b.start(txn)
+        return b
+
+    def add_to_listing(self, builder: ListingBuilder, objects: list[ObjectInfo]) -> None:
+        with self.env.begin(write=True) as txn:
+            builder.add(txn, objects)
+
+    def finish_listing(self, builder: ListingBuilder, record: dict) -> dict:
+        """Make the builder's generation the dataset's listing, atomically: mounts see the
+        old generation or the new one. Returns the record written."""
+        full = {**self.dataset_record(builder.dsid), **record, **builder.record()}
+        with self.env.begin(write=True) as txn:
+            txn.put(_ID.pack(builder.dsid), json.dumps(full).encode(), db=self.db(b"datasets"))
+        return full
+
+    def delete_stale_generations(
+        self, dsid: int, keep: set[int], limit: int = LISTING_BATCH
+    ) -> int:
+        """Delete up to `limit` listing rows of generations not in `keep` (and legacy
+        objects rows), in one txn; returns the number deleted (< limit: all gone)."""
+        dbs = (self.db(b"dirents"), self.db(b"inodes"), self.db(b"objects"))
+        with self.env.begin(write=True) as txn:
+            legacy = 0
+            cur = txn.cursor(db=self.db(b"objects"))
+            prefix = _ID.pack(dsid)
             if cur.set_range(prefix):
-                while cur.key().startswith(prefix):
+                while legacy < limit and cur.key().startswith(prefix):
                     if not cur.delete():
                         break
-            for o in objects:
-                row, long = self._object_row(prefix, o.key)
-                fields = [o.size, o.mtime, o.version, o.content_id]
-                if long:
-                    fields.append(o.key)
-                txn.put(row, json.dumps(fields).encode(), db=odb)
-            txn.put(prefix, json.dumps(record).encode(), db=self.db(b"datasets"))
+                    legacy += 1
+            return legacy + delete_generations(txn, dsid, keep, dbs[:2], limit - legacy)
+
+    def replace_manifest(self, dsid: int, objects: Iterable[ObjectInfo], record: dict) -> dict:
+        """List `objects` as the dataset's new generation (all at once: tests, small sets)."""
+        current = self.current_generation(dsid)
+        keep = {current} if current is not None else set()
+        while self.delete_stale_generations(dsid, keep) >= LISTING_BATCH:
+            pass
+        b = self.begin_listing(dsid)
+        batch: list[ObjectInfo] = []
+        for o in objects:
+            batch.append(o)
+            if len(batch) >= LISTING_BATCH:
+                self.add_to_listing(b, batch)
+                batch = []
+        self.add_to_listing(b, batch)
+        return self.finish_listing(b, record)
 
     def iter_manifest(self, dsid: int) -> Iterator[ObjectInfo]:
-        prefix = _ID.pack(dsid)
-        n = len(prefix)
+        """The visible files of the dataset's current listing."""
+        gen = self.current_generation(dsid)
+        if gen is None:
+            return
+        reader = self.listing(dsid, gen)
         with self.env.begin() as txn:
-            cur = txn.cursor(db=self.db(b"objects"))
-            if not cur.set_range(prefix):
-                return
-            for k, v in cur:
-                if not k.startswith(prefix):
-                    break
-                size, mtime, version, cid, *long_key = json.loads(v)
-                key = long_key[0] if long_key else k[n:].decode()
-                yield ObjectInfo(key, size, mtime, version, cid)
+            for e in reader.iter_files(txn):
+                obj = e.obj
+                assert obj is not None
+                yield obj
 
-    def get_object(self, dsid: int, key: str) -> ObjectInfo | None:
-        row, _ = self._object_row(_ID.pack(dsid), key)
+    def get_object(self, dsid: int, key: str, gen: int | None = None) -> ObjectInfo | None:
+        """The object listed under `key` in generation `gen` (default: the current one)."""
+        if gen is None:
+            gen = self.current_generation(dsid)
+            if gen is None:
+                return None
         with self.env.begin() as txn:
-            raw = txn.get(row, db=self.db(b"objects"))
-        if raw is None:
-            return None
-        size, mtime, version, cid, *long_key = json.loads(raw)
-        if long_key and long_key[0] != key:
-            return None  # another long key with the same first bytes and hash
-        return ObjectInfo(key, size, mtime, version, cid)
+            e = self.listing(dsid, gen).resolve(txn, key)
+            return None if e is None else e.obj
 
     # -- accounting ----------------------------------------------------------------
     def load_usage(self) -> dict[int, Usage]:

@@ -3,7 +3,8 @@
 Owns inode attributes, directory listing, open file handles and the shape of each
 read (which chunks cover [off, off+size)), and every errno a reader sees: EROFS for
 anything that would write, ENOENT for unknown names, EIO when a miss cannot be served.
-lookup/getattr/readdir come from the in-memory manifest and never touch the network.
+lookup/getattr/readdir are served from the dataset's directory index in the shared LMDB
+env (mount/manifest.py), through a read txn renewed per operation; never the network.
 Never fetches or verifies bytes itself (reader.py does).
 """
 
@@ -17,7 +18,8 @@ from dataclasses import dataclass
 
 import pyfuse3
 
-from silofs.mount.manifest import Manifest, Node
+from silofs.cache.listing import ListingReader
+from silofs.mount.manifest import Entry, Manifest
 from silofs.mount.reader import ChunkReader, MissError, OpenFile
 
 log = logging.getLogger(__name__)
@@ -38,6 +40,17 @@ async def _erofs(*_args: object, **_kwargs: object) -> None:
     raise pyfuse3.FUSEError(errno.EROFS)
 
 
+@dataclass
+class _DirHandle:
+    """An open directory: its generation's reader and where the last readdir stopped, so
+    the next one resumes with a B-tree seek instead of counting from the start."""
+
+    inode: int
+    listing: ListingReader
+    pos: int = 0  # readdir offset of `key`
+    key: bytes | None = None  # position key (cache/listing.py) of the entry at `pos`
+
+
 class SilofsFS(pyfuse3.Operations):
     supports_dot_lookup = True
     enable_writeback_cache = False
@@ -49,36 +62,33 @@ class SilofsFS(pyfuse3.Operations):
         self.reader = reader
         self.look = look
         self._files: dict[int, OpenFile] = {}
-        self._attrs: dict[int, pyfuse3.EntryAttributes] = {}
+        self._dirs: dict[int, _DirHandle] = {}
         self._next_fh = 1
-        self._blocks = sum(-(-n.size // 4096) for n in manifest.nodes[1:] if n)
+
+    def switch(self, record: dict) -> None:
+        """Serve the listing generation `record` names (the daemon listed again)."""
+        self.manifest.switch(record)
 
     # -- attributes ------------------------------------------------------------------
-    def _node(self, inode: int) -> Node:
-        node = self.manifest.get(inode)
+    def _node(self, inode: int) -> Entry:
+        m = self.manifest
+        m.renew()
+        node = m.get_any(inode)
         if node is None:
             raise pyfuse3.FUSEError(errno.ENOENT)
         return node
 
-    def _attr(self, node: Node) -> pyfuse3.EntryAttributes:
-        # The snapshot never changes under a mount, so each inode's attributes are built
-        # once; pyfuse3 copies them into every reply.
-        a = self._attrs.get(node.inode)
-        if a is None:
-            a = self._attrs[node.inode] = self._build_attr(node)
-        return a
-
-    def _build_attr(self, node: Node) -> pyfuse3.EntryAttributes:
+    def _attr(self, node: Entry) -> pyfuse3.EntryAttributes:
         a = pyfuse3.EntryAttributes()
         a.st_ino = node.inode
         a.generation = 0
+        # The kernel keeps names and attributes exactly as long as the metadata TTL says:
+        # a refresh is seen by the kernel no later than that.
         a.entry_timeout = self.look.timeout
         a.attr_timeout = self.look.timeout
         if node.is_dir:
             a.st_mode = stat.S_IFDIR | self.look.dir_mode
-            assert node.children is not None
-            subdirs = sum(1 for i in node.children.values() if self.manifest.nodes[i].is_dir)
-            a.st_nlink = 2 + subdirs
+            a.st_nlink = 2 + node.aux  # aux: its subdirectories
             a.st_size = 4096
         else:
             a.st_mode = stat.S_IFREG | self.look.file_mode
@@ -97,7 +107,9 @@ class SilofsFS(pyfuse3.Operations):
     async def lookup(
         self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext
     ) -> pyfuse3.EntryAttributes:
-        node = self.manifest.lookup(parent_inode, name)
+        m = self.manifest
+        m.renew()
+        node = m.lookup(parent_inode, name)
         if node is None:
             raise pyfuse3.FUSEError(errno.ENOENT)
         return self._attr(node)
@@ -109,48 +121,86 @@ class SilofsFS(pyfuse3.Operations):
         return not (mode & os.W_OK)
 
     async def statfs(self, ctx: pyfuse3.RequestContext) -> pyfuse3.StatvfsData:
+        m = self.manifest
         s = pyfuse3.StatvfsData()
         s.f_bsize = s.f_frsize = 4096
-        s.f_blocks = self._blocks
+        s.f_blocks = int(m.record.get("blocks", -(-m.total_bytes // 4096)))
         s.f_bfree = s.f_bavail = 0
-        s.f_files = self.manifest.inode_count
+        s.f_files = m.inode_count
         s.f_ffree = s.f_favail = 0
         s.f_namemax = 1024
         return s
 
     # -- directories -----------------------------------------------------------------
     async def opendir(self, inode: int, ctx: pyfuse3.RequestContext) -> int:
-        if not self._node(inode).is_dir:
+        m = self.manifest
+        m.renew()
+        node = m.get(inode)
+        if node is None:
+            raise pyfuse3.FUSEError(errno.ENOENT)
+        if not node.is_dir:
             raise pyfuse3.FUSEError(errno.ENOTDIR)
-        return inode
+        fh = self._next_fh
+        self._next_fh += 1
+        self._dirs[fh] = _DirHandle(inode, m.reader)
+        return fh
 
     async def readdir(self, fh: int, start_id: int, token: pyfuse3.ReaddirToken) -> None:
-        node = self._node(fh)
-        assert node.children is not None
-        for i in range(start_id, len(node.names)):
-            name = node.names[i]
-            child = self.manifest.nodes[node.children[name]]
-            assert child is not None
-            if not pyfuse3.readdir_reply(token, name, self._attr(child), i + 1):
+        """Offsets are positions in the directory's index order (1 = after the first
+        entry), stable for the generation the handle opened. pyfuse3 answers READDIRPLUS,
+        so each entry carries its attributes and `ls -l`/`find` need no lookups."""
+        h = self._dirs.get(fh)
+        if h is None:
+            raise pyfuse3.FUSEError(errno.EBADF)
+        m = self.manifest
+        m.renew()
+        txn = m.txn
+        if start_id == h.pos:
+            after = h.key
+        elif start_id == 0:
+            after = None
+        else:  # a seekdir() elsewhere: count from the start (rare)
+            after = None
+            for i, (key, _, _) in enumerate(h.listing.children(txn, h.inode)):
+                if i + 1 == start_id:
+                    after = key
+                    break
+            else:
+                return
+        pos = start_id
+        same = h.listing is m.reader
+        for key, name, ino in h.listing.children(txn, h.inode, after):
+            child = m.get(ino) if same else h.listing.get(txn, ino)
+            if child is None:
+                continue  # a collision-free index never gets here
+            if not pyfuse3.readdir_reply(token, name, self._attr(child), pos + 1):
                 break
+            pos += 1
+            h.pos, h.key = pos, key
 
     async def releasedir(self, fh: int) -> None:
-        return None
+        self._dirs.pop(fh, None)
 
     # -- files -----------------------------------------------------------------------
     async def open(self, inode: int, flags: int, ctx: pyfuse3.RequestContext) -> pyfuse3.FileInfo:
-        node = self._node(inode)
+        m = self.manifest
+        m.renew()
+        node = m.get(inode)  # the current listing only: a deleted object cannot be opened
+        if node is None:
+            raise pyfuse3.FUSEError(errno.ENOENT)
         if node.is_dir:
             raise pyfuse3.FUSEError(errno.EISDIR)
         if flags & _WRITE_FLAGS:
             raise pyfuse3.FUSEError(errno.EROFS)
         fh = self._next_fh
         self._next_fh += 1
-        assert node.obj is not None
-        self._files[fh] = OpenFile(node.obj)
-        # keep_cache: the snapshot never changes under a mount, so the page cache of a
-        # file stays valid across opens.
-        return pyfuse3.FileInfo(fh=fh, keep_cache=True)
+        obj = node.obj
+        assert obj is not None
+        self._files[fh] = OpenFile(obj)
+        # keep_cache: the kernel's pages of this inode can only be of this version if the
+        # version was listed already when this mount started (a refresh may have changed
+        # the object since, and the inode number follows the path, not the version).
+        return pyfuse3.FileInfo(fh=fh, keep_cache=node.since <= m.first_gen)
 
     async def read(self, fh: int, off: int, size: int) -> bytes | memoryview:
         f = self._files.get(fh)

@@ -1,139 +1,132 @@
-"""The in-memory tree a mount serves: inodes, names, sizes, from one listing snapshot.
+"""A mount's view of its dataset's listing: lookups in the shared LMDB directory index.
 
-Owns turning a flat list of object keys into directories and inode numbers, and the
-lookups lookup/getattr/readdir need. Directories come from '/' in keys; inode numbers
-follow sorted paths, so a remount of the same snapshot gives the same numbers. Never does
-network or LMDB I/O: the daemon lists and persists (cache/store.py), this only indexes.
+Owns what lookup/getattr/readdir need from one listing generation (cache/listing.py):
+'.' and '..', a bounded cache of recently used entries, the path of an inode, the
+listing's totals, and moving to a newer generation when the daemon lists again. The
+listing itself stays in the env, once per node, so a mount's memory does not grow with
+the object count. Never does network I/O, never writes LMDB, and never keeps an LMDB
+buffer past the call that read it (entries are decoded copies).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections import OrderedDict
+from collections.abc import Iterator
 
-from silofs.records import ObjectInfo
+import lmdb
+
+from silofs.cache.listing import ROOT_INODE, Entry, ListingReader
+from silofs.cache.store import CacheStore
 
 log = logging.getLogger(__name__)
 
-ROOT_INODE = 1
+__all__ = ["ROOT_INODE", "Entry", "Manifest"]
 
-
-class Node:
-    __slots__ = ("inode", "parent", "name", "obj", "children", "names", "mtime", "size")
-
-    def __init__(
-        self, inode: int, parent: int, name: bytes, obj: ObjectInfo | None, mtime: float
-    ) -> None:
-        self.inode = inode
-        self.parent = parent
-        self.name = name
-        self.obj = obj  # None for a directory
-        self.children: dict[bytes, int] | None = None if obj else {}
-        self.names: list[bytes] = []  # readdir order, filled by freeze()
-        self.mtime = mtime
-        self.size = obj.size if obj else 0
-
-    @property
-    def is_dir(self) -> bool:
-        return self.obj is None
+CACHE_ENTRIES = 8192  # decoded entries kept per mount (~200 B each): bounded, not per object
 
 
 class Manifest:
-    def __init__(self, objects: Iterable[ObjectInfo]) -> None:
-        self.nodes: list[Node | None] = [None]  # index = inode; inode 0 is unused
-        self.total_bytes = 0
-        self.files = 0
-        self.shadowed: list[str] = []  # hidden behind a directory of the same name
-        self.skipped: list[str] = []  # no path names them: empty, '.' or '..' parts, NUL
-        root = Node(ROOT_INODE, ROOT_INODE, b"", None, 0.0)
-        self.nodes.append(root)
-        for obj in sorted(objects, key=lambda o: o.key):
-            self._add(obj)
-        self._freeze()
-        if self.shadowed:
-            log.warning(
-                "%d keys are hidden behind a directory of the same name, e.g. %s",
-                len(self.shadowed),
-                self.shadowed[0],
-            )
-        if self.skipped:
-            log.warning(
-                "%d keys cannot be file paths (empty, '.' or '..' parts), e.g. %r",
-                len(self.skipped),
-                self.skipped[0],
-            )
+    def __init__(
+        self, store: CacheStore, dsid: int, record: dict, cache_entries: int = CACHE_ENTRIES
+    ) -> None:
+        self.store = store
+        self.dsid = dsid
+        self.cache_entries = cache_entries
+        self._cache: OrderedDict[int, Entry] = OrderedDict()
+        self._txn: lmdb.Transaction | None = None
+        self.previous: ListingReader | None = None
+        self.reader = self._use(record)
+        self.first_gen = self.reader.gen
 
-    def _new(self, parent: Node, name: bytes, obj: ObjectInfo | None, mtime: float) -> Node:
-        node = Node(len(self.nodes), parent.inode, name, obj, mtime)
-        self.nodes.append(node)
-        assert parent.children is not None
-        parent.children[name] = node.inode
-        return node
+    def _use(self, record: dict) -> ListingReader:
+        self.record = record
+        self.gen = int(record["gen"])
+        self.files = int(record.get("objects", 0))
+        self.total_bytes = int(record.get("size", 0))
+        self.inode_count = int(record.get("inodes", 1))
+        self.ordinals = int(record.get("ordinals", self.files))
+        self.shadowed = list(record.get("shadowed_keys", []))
+        self.skipped = list(record.get("skipped_keys", []))
+        self._cache.clear()
+        return self.store.listing(self.dsid, self.gen)
 
-    def _add(self, obj: ObjectInfo) -> None:
-        parts = [p.encode() for p in obj.key.split("/")]
-        if any(p in (b"", b".", b"..") or b"\0" in p for p in parts):
-            # "a//b", "/a", "./a", "a/..": a directory entry named "", "." or ".." would
-            # break readdir and lookup (and "." would make the tree a loop).
-            self.skipped.append(obj.key)
-            return
-        cur = self.nodes[ROOT_INODE]
-        for part in parts[:-1]:
-            assert cur is not None and cur.children is not None
-            ino = cur.children.get(part)
-            child = self.nodes[ino] if ino else None
-            if child is None:
-                child = self._new(cur, part, None, obj.mtime)
-            elif not child.is_dir:
-                # A file "a" and a key "a/b": a directory must win or "a/b" is unreachable.
-                self.shadowed.append(child.obj.key)  # type: ignore[union-attr]
-                self.files -= 1
-                self.total_bytes -= child.size
-                child.obj, child.children, child.size = None, {}, 0
-                child.mtime = 0.0  # a directory's mtime is its newest visible entry's
-            child.mtime = max(child.mtime, obj.mtime)
-            cur = child
-        assert cur is not None and cur.children is not None
-        if parts[-1] in cur.children:
-            self.shadowed.append(obj.key)
-            return
-        self._new(cur, parts[-1], obj, obj.mtime)
-        self.files += 1
-        self.total_bytes += obj.size
+    def switch(self, record: dict) -> None:
+        """Serve the newer generation `record` names from now on. Handles already open
+        keep their ObjectInfo (their version); the previous generation stays readable
+        for getattr of inodes the kernel still holds until the daemon deletes it."""
+        self.previous = self.reader
+        self.reader = self._use(record)
+        log.info("listing generation %d: %d files", self.gen, self.files)
 
-    def _freeze(self) -> None:
-        root = self.nodes[ROOT_INODE]
-        assert root is not None
-        root.mtime = max((n.mtime for n in self.nodes[2:] if n), default=0.0)
-        for node in self.nodes[1:]:
-            if node is not None and node.children is not None:
-                node.names = sorted(node.children)
+    # -- the read txn --------------------------------------------------------------
+    def renew(self) -> None:
+        """A fresh snapshot; call at the start of each FUSE operation."""
+        if self._txn is not None:
+            self._txn.abort()
+        try:
+            self._txn = self.store.env.begin()
+        except lmdb.MapResizedError:
+            self.store.env.set_mapsize(0)  # the daemon grew the map: adopt its size
+            self._txn = self.store.env.begin()
 
-    def get(self, inode: int) -> Node | None:
-        if 0 < inode < len(self.nodes):
-            return self.nodes[inode]
-        return None
+    @property
+    def txn(self) -> lmdb.Transaction:
+        if self._txn is None:
+            self.renew()
+        assert self._txn is not None
+        return self._txn
 
-    def lookup(self, parent: int, name: bytes) -> Node | None:
+    def close(self) -> None:
+        if self._txn is not None:
+            self._txn.abort()
+            self._txn = None
+
+    # -- lookups -------------------------------------------------------------------
+    def get(self, inode: int) -> Entry | None:
+        e = self._cache.get(inode)
+        if e is not None:
+            self._cache.move_to_end(inode)
+            return e
+        e = self.reader.get(self.txn, inode)
+        if e is None:
+            return None
+        self._remember(e)
+        return e
+
+    def get_any(self, inode: int) -> Entry | None:
+        """The inode in the current generation, else in the previous one (an inode the
+        kernel learnt before a refresh, e.g. fstat of a file open since then)."""
+        e = self.get(inode)
+        if e is None and self.previous is not None:
+            e = self.previous.get(self.txn, inode)
+        return e
+
+    def _remember(self, e: Entry) -> None:
+        self._cache[e.inode] = e
+        if len(self._cache) > self.cache_entries:
+            self._cache.popitem(last=False)
+
+    def lookup(self, parent: int, name: bytes) -> Entry | None:
         node = self.get(parent)
-        if node is None or node.children is None:
+        if node is None or not node.is_dir:
             return None
         if name == b".":
             return node
         if name == b"..":
             return self.get(node.parent)
-        ino = node.children.get(name)
-        return self.nodes[ino] if ino else None
+        ino = self.reader.child(self.txn, parent, name)
+        return None if ino is None else self.get(ino)
 
-    def path(self, node: Node) -> str:
-        parts = []
-        while node.inode != ROOT_INODE:
-            parts.append(node.name.decode(errors="surrogateescape"))
-            parent = self.nodes[node.parent]
-            assert parent is not None
-            node = parent
-        return "/".join(reversed(parts))
+    def children(
+        self, parent: int, after: bytes | None = None
+    ) -> Iterator[tuple[bytes, bytes, int]]:
+        """(position key, name, inode) of a directory's entries after position `after`."""
+        return self.reader.children(self.txn, parent, after)
 
-    @property
-    def inode_count(self) -> int:
-        return len(self.nodes) - 1
+    def names(self, inode: int) -> list[bytes]:
+        """Every name in a directory, in readdir order (tests and small directories)."""
+        return [name for _, name, _ in self.children(inode)]
+
+    def path(self, node: Entry) -> str:
+        return node.path.decode("utf-8", "surrogateescape")

@@ -13,6 +13,7 @@ import logging
 import os
 import secrets
 import signal
+import time
 from collections.abc import Callable
 
 import pyfuse3
@@ -29,8 +30,6 @@ from silofs.mountinfo import mounts
 
 log = logging.getLogger(__name__)
 
-READY_TIMEOUT = 600.0  # listing a large bucket can take minutes
-
 
 async def open_dataset(
     client: AsyncControlClient, uri: str, refresh: bool, endpoint_url: str | None
@@ -39,10 +38,11 @@ async def open_dataset(
     ds = await client.json(
         "POST", "/v1/datasets", {"uri": uri, "refresh": refresh, "endpoint_url": endpoint_url}
     )
-    with trio.fail_after(READY_TIMEOUT):
-        while ds["state"] in ("checking", "listing"):
-            await trio.sleep(0.1)
-            ds = await client.json("GET", f"/v1/datasets/{ds['id']}")
+    # No time limit: a first listing of tens of millions of objects takes as long as it
+    # takes, and the daemon reports its progress in status.
+    while ds["state"] in ("checking", "listing"):
+        await trio.sleep(0.1)
+        ds = await client.json("GET", f"/v1/datasets/{ds['id']}")
     if ds["state"] != "ready":
         raise SilofsError(ds.get("error") or f"dataset {uri} is {ds['state']}")
     return ds
@@ -82,6 +82,8 @@ class MountProcess:
         self._registering = False
         self._nursery: trio.Nursery | None = None
         self._offering = False
+        self._relisting = False
+        self.store: CacheStore | None = None
         self.lru = False
         # Resolved now: once mounted, this process must never stat its own mountpoint.
         self.realpath = os.path.realpath(settings.mountpoint)
@@ -171,9 +173,12 @@ class MountProcess:
         try:
             reg = await self.register()
             store = CacheStore(reg["cache_dir"], reg["map_size"], readonly=True)
-            manifest = await trio.to_thread.run_sync(
-                lambda: Manifest(store.iter_manifest(reg["dataset"]))
-            )
+            # The listing stays in the env: opening it reads one record, whatever its size.
+            record = store.dataset_record(reg["dataset"])
+            if "gen" not in record:
+                raise SilofsError(f"dataset {self.s.uri} has no saved listing")
+            manifest = Manifest(store, reg["dataset"], record)
+            self.store = store
             self.reader = ChunkReader(
                 store,
                 self.client,
@@ -185,7 +190,11 @@ class MountProcess:
             )
             self.reader.registered(self.mount_id, self.lru)
             look = Presentation(
-                self.s.uid, self.s.gid, self.s.file_mode, self.s.dir_mode, self.s.attr_timeout
+                self.s.uid,
+                self.s.gid,
+                self.s.file_mode,
+                self.s.dir_mode,
+                self.s.attr_timeout if self.s.metadata_ttl is None else self.s.metadata_ttl,
             )
             self.fs = SilofsFS(manifest, self.reader, look)
             pyfuse3.init(self.fs, self.s.mountpoint, self._options())
@@ -230,10 +239,41 @@ class MountProcess:
         while True:
             await trio.sleep(0.25)
             assert self.reader is not None and self.fs is not None
+            self._follow_listing()
             now = dataclasses.astuple(self.reader.counters)
             if now != last:
                 await self._report()
                 last = now
+
+    def _follow_listing(self) -> None:
+        """Move to a newer listing generation once the daemon has written one (a refresh,
+        or a metadata TTL that expired). One record read per report period."""
+        assert self.fs is not None and self.store is not None
+        record = self.store.dataset_record(self.fs.manifest.dsid)
+        gen = record.get("gen")
+        if gen is not None and gen != self.fs.manifest.gen:
+            self.fs.switch(record)
+        ttl = self.s.metadata_ttl
+        if ttl is not None and not self._relisting:
+            age = time.time() - float(record.get("listed_at", 0))
+            if age > ttl:
+                assert self._nursery is not None
+                self._relisting = True
+                self._nursery.start_soon(self._relist)
+
+    async def _relist(self) -> None:
+        """Ask the daemon to list again (the metadata TTL expired); it lists once however
+        many mounts ask, and this mount follows the new generation when it is written."""
+        try:
+            body = {"uri": self.s.uri, "refresh": True, "endpoint_url": self.s.endpoint_url}
+            ds = await self.client.json("POST", "/v1/datasets", body)
+            while ds["state"] in ("checking", "listing"):
+                await trio.sleep(0.25)
+                ds = await self.client.json("GET", f"/v1/datasets/{ds['id']}")
+        except ControlError as exc:
+            log.warning("could not refresh the listing: %s", exc)
+        finally:
+            self._relisting = False
 
     async def _report(self) -> None:
         if self.reader is None or not self.registered:

@@ -211,7 +211,8 @@ class ChunkReader:
         for attempt in (1, 2):
             path = (
                 f"/v1/chunks?mount={self.mount_id}&key={quote_segment(ref.obj.key)}"
-                f"&index={ref.index}" + ("&refetch=1" if refetch else "")
+                f"&index={ref.index}&version={quote_segment(ref.obj.version)}"
+                + ("&refetch=1" if refetch else "")
             )
             frozen = False
             try:

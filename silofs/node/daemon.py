@@ -21,7 +21,14 @@ import lmdb
 import trio
 
 from silofs.cache.format import ChunkRef, encode_chunk
-from silofs.cache.store import CacheDamagedError, CacheStore, PendingChunk, Usage, env_map_size
+from silofs.cache.store import (
+    LISTING_BATCH,
+    CacheDamagedError,
+    CacheStore,
+    PendingChunk,
+    Usage,
+    env_map_size,
+)
 from silofs.config import NodeSettings
 from silofs.errors import BackendError, UnreachableError, UsageError
 from silofs.node.backends import BackendOptions, open_backend
@@ -229,7 +236,8 @@ class Daemon:
 
     async def _prepare_dataset(self, ds: DatasetState, refresh: bool) -> None:
         record = self.store.dataset_record(ds.id)
-        have_manifest = "objects" in record
+        # A listing saved before generations (no "gen") cannot be served: list again.
+        have_manifest = "gen" in record
         try:
             try:
                 await trio.to_thread.run_sync(ds.backend.check, limiter=self.fetcher.threads)
@@ -253,31 +261,79 @@ class Daemon:
             log.error("%s", ds.error)
 
     async def _list(self, ds: DatasetState) -> dict:
-        ds.state, ds.listed = "listing", 0
-        objects: list[ObjectInfo] = []
+        """List the store into a new generation of the dataset's directory index.
 
-        def collect() -> None:
+        Pages stream from the backend thread into the writer in batches of LISTING_BATCH
+        objects, one write txn each, through a channel that holds two batches: daemon
+        memory stays flat however large the listing. The generation becomes visible only
+        when the record naming it is written (finish_listing), so a daemon killed half
+        way leaves the previous listing in place; its rows are deleted by the next one.
+        """
+        ds.state, ds.listed = "listing", 0
+        ds.list_started = time.monotonic()
+        current = self.store.current_generation(ds.id)
+        keep = {current} if current is not None else set()
+        while (
+            await self.writer.call(self.store.delete_stale_generations, ds.id, keep)
+            >= LISTING_BATCH
+        ):
+            pass
+        builder = await self.writer.call(self.store.begin_listing, ds.id)
+        send, recv = trio.open_memory_channel[list[ObjectInfo]](2)
+
+        def produce() -> None:
+            batch: list[ObjectInfo] = []
             for obj in ds.backend.list():
-                objects.append(obj)
-                ds.listed = len(objects)  # progress only; read by status
+                batch.append(obj)
+                ds.listed += 1  # progress only; read by status
+                if len(batch) >= LISTING_BATCH:
+                    trio.from_thread.run(send.send, batch)
+                    batch = []
+            if batch:
+                trio.from_thread.run(send.send, batch)
+
+        async def producer() -> None:
+            async with send:
+                await trio.to_thread.run_sync(produce, limiter=self.fetcher.threads)
 
         t0 = time.monotonic()
-        await trio.to_thread.run_sync(collect, limiter=self.fetcher.threads)
-        if not objects:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(producer)
+            async with recv:
+                async for batch in recv:
+                    await self.writer.call(self.store.add_to_listing, builder, batch)
+        if ds.listed == 0:
             raise BackendError(f"{ds.uri.canonical} has no objects: check the prefix")
-        record = {
-            "uri": ds.uri.canonical,
-            "objects": len(objects),
-            "size": sum(o.size for o in objects),
-            "listed_at": time.time(),
-        }
-        await self.writer.call(self.store.replace_manifest, ds.id, objects, record)
+        record = await self.writer.call(
+            self.store.finish_listing,
+            builder,
+            {"uri": ds.uri.canonical, "listed_at": time.time()},
+        )
+        t = builder.totals
+        if t.shadowed:
+            log.warning(
+                "%s: %d keys are hidden behind a directory of the same name (or listed twice),"
+                " e.g. %s",
+                ds.uri.canonical,
+                t.shadowed,
+                t.shadowed_keys[0],
+            )
+        if t.skipped:
+            log.warning(
+                "%s: %d keys cannot be file paths (empty, '.' or '..' parts), e.g. %r",
+                ds.uri.canonical,
+                t.skipped,
+                t.skipped_keys[0],
+            )
+        elapsed = time.monotonic() - t0
         log.info(
-            "listed %s: %d objects, %s in %.1fs",
+            "listed %s: %d objects, %s in %.1fs (%.0f objects/s), generation %d",
             ds.uri.canonical,
-            len(objects),
+            ds.listed,
             format_size(record["size"]),
-            time.monotonic() - t0,
+            elapsed,
+            ds.listed / max(elapsed, 1e-9),
+            record["gen"],
         )
         return record
 
@@ -359,12 +415,21 @@ class Daemon:
         )
 
     async def get_chunk(
-        self, m: MountState, key: str, index: int, refetch: bool
+        self, m: MountState, key: str, index: int, refetch: bool, version: str | None = None
     ) -> tuple[bytes, str]:
         """(bytes, 'cache'|'remote') for a mount's miss. Only objects in the mount's own
-        dataset manifest are served (promise 6)."""
+        dataset listing are served (promise 6). `version` is the one the reader's handle
+        opened: after a refresh an open file keeps reading it (the previous generation
+        is kept until the next listing), never the new version's bytes."""
         ds = self.datasets[m.dsid]
         obj = self.store.get_object(ds.id, key)
+        if version is not None and (obj is None or obj.version != version):
+            gen = ds.record.get("gen")
+            old = self.store.get_object(ds.id, key, gen - 1) if gen else None
+            if old is not None and old.version == version:
+                obj = old
+            elif obj is not None:
+                raise UsageError(f"{key!r} changed in {ds.uri.canonical} since it was opened")
         if obj is None:
             raise UsageError(f"{key!r} is not in the listing of {ds.uri.canonical}")
         job = self.job(m.job)

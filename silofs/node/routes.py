@@ -51,6 +51,13 @@ def _retries(ds: DatasetState) -> int:
     return counters.retries if counters is not None else 0
 
 
+def _list_rate(ds: DatasetState) -> float:
+    """Objects listed per second while a listing runs (0 otherwise)."""
+    if ds.state != "listing" or not ds.list_started:
+        return 0.0
+    return ds.listed / max(time.monotonic() - ds.list_started, 1e-3)
+
+
 def dataset_view(d: Daemon, ds: DatasetState) -> dict[str, Any]:
     u = d.usage.get(ds.id)
     return {
@@ -60,6 +67,8 @@ def dataset_view(d: Daemon, ds: DatasetState) -> dict[str, Any]:
         "state": ds.state,
         "error": ds.error or None,
         "listed": ds.listed,
+        "list_rate": _list_rate(ds),
+        "generation": ds.record.get("gen"),
         "objects": ds.record.get("objects", 0),
         "size": ds.record.get("size", 0),
         "cached_bytes": u.bytes if u else 0,
@@ -434,7 +443,9 @@ def build_router(d: Daemon) -> Router:
         except ValueError:
             raise HTTPError(400, "index must be an integer") from None
         try:
-            data, source = await d.get_chunk(m, key, index, req.query.get("refetch") == "1")
+            data, source = await d.get_chunk(
+                m, key, index, req.query.get("refetch") == "1", req.query.get("version")
+            )
         except UsageError as exc:
             raise HTTPError(404, str(exc)) from None
         except BackendError as exc:

@@ -25,6 +25,7 @@ class DatasetState:
     state: str = "checking"  # checking | listing | ready | error
     error: str = ""
     listed: int = 0
+    list_started: float = 0.0  # monotonic; with `listed`, the listing rate in status
     record: dict = field(default_factory=dict)
     reads: MountCounters = field(default_factory=MountCounters)
     fetch: FetchCounters = field(default_factory=FetchCounters)

@@ -1,23 +1,55 @@
-"""The tree a mount serves (silofs/manifest.py), built from listings in memory.
+"""The tree a mount serves: the LMDB directory index (silofs/cache/listing.py) read through
+silofs/mount/manifest.py, built from listings written by the daemon's code path.
 
 Owns: directories from '/', inode numbers that do not depend on listing order, readdir
-order, lookup of '.' and '..', the file-versus-directory-prefix conflict (the directory
-wins and the file is reported), keys no POSIX path can name, and the totals.
+order and resumable positions, lookup of '.' and '..', the file-versus-directory-prefix
+conflict (the directory wins and the file is reported), keys no POSIX path can name,
+names too long for an LMDB key, non-UTF-8 names, the totals, batches that split a
+directory, generations (a new listing is invisible until finished; stale rows are
+deleted), and agreement with the in-memory Manifest mounts used before
+(tests/unit/reference_manifest.py) on every path, kind, size and object.
 """
 
 from __future__ import annotations
 
+import itertools
 import random
+from collections.abc import Iterator
+from pathlib import Path
 
-from hypothesis import given, settings
+import pytest
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from silofs.mount.manifest import ROOT_INODE, Manifest, Node
+from silofs.cache.listing import Entry
+from silofs.cache.store import CacheStore
+from silofs.mount.manifest import ROOT_INODE, Manifest
 from silofs.records import ObjectInfo
+from tests.unit.reference_manifest import Manifest as OldManifest
+
+_ids = itertools.count(1)
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CacheStore]:
+    s = CacheStore(str(tmp_path_factory.mktemp("env")), 256 << 20)
+    yield s
+    s.close()
 
 
 def obj(key: str, size: int = 10, mtime: float = 100.0) -> ObjectInfo:
     return ObjectInfo(key, size, mtime, f"v-{key}", f"c-{key}")
+
+
+def build(store: CacheStore, listing: list[ObjectInfo], batch: int | None = None) -> Manifest:
+    """List `listing` as a fresh dataset through the daemon's path (begin, batches, finish)."""
+    dsid = next(_ids)
+    b = store.begin_listing(dsid)
+    step = batch or max(1, len(listing))
+    for i in range(0, max(1, len(listing)), step):
+        store.add_to_listing(b, listing[i : i + step])
+    record = store.finish_listing(b, {"uri": f"file:///d{dsid}/"})
+    return Manifest(store, dsid, record)
 
 
 LISTING = [
@@ -29,7 +61,7 @@ LISTING = [
 ]
 
 
-def node_at(m: Manifest, path: str) -> Node | None:
+def node_at(m: Manifest, path: str) -> Entry | None:
     node = m.get(ROOT_INODE)
     for part in path.split("/") if path else []:
         assert node is not None
@@ -39,31 +71,31 @@ def node_at(m: Manifest, path: str) -> Node | None:
     return node
 
 
-def walk_paths(m: Manifest) -> dict[str, Node]:
+def walk_paths(m: Manifest) -> dict[str, Entry]:
     """Every path reachable from the root via lookup of readdir names."""
-    out: dict[str, Node] = {}
+    out: dict[str, Entry] = {}
     stack = [(m.get(ROOT_INODE), "")]
     while stack:
         node, path = stack.pop()
         assert node is not None
-        for name in node.names:
+        for _, name, ino in m.children(node.inode):
             child = m.lookup(node.inode, name)
-            assert child is not None
+            assert child is not None and child.inode == ino
             assert child.inode not in {n.inode for n in out.values()}, f"{name!r} loops"
-            p = f"{path}/{name.decode()}" if path else name.decode()
+            p = f"{path}/{name.decode(errors='surrogateescape')}" if path else name.decode()
             out[p] = child
             if child.is_dir:
                 stack.append((child, p))
     return out
 
 
-def test_directories_come_from_slashes() -> None:
-    m = Manifest(LISTING)
+def test_directories_come_from_slashes(store: CacheStore) -> None:
+    m = build(store, LISTING)
     root = m.get(ROOT_INODE)
     assert root is not None and root.is_dir and root.inode == ROOT_INODE
-    assert root.names == [b"README", b"train", b"val"]
+    assert m.names(ROOT_INODE) == [b"README", b"train", b"val"]
     train = node_at(m, "train")
-    assert train is not None and train.is_dir and train.names == [b"cats", b"dogs"]
+    assert train is not None and train.is_dir and m.names(train.inode) == [b"cats", b"dogs"]
     cat = node_at(m, "train/cats/2.jpg")
     assert cat is not None and not cat.is_dir
     assert cat.obj == LISTING[1] and cat.size == 200 and cat.mtime == 20.0
@@ -73,96 +105,157 @@ def test_directories_come_from_slashes() -> None:
     assert files == {o.key for o in LISTING}
     assert {p for p, n in paths.items() if n.is_dir} == {"train", "train/cats", "train/dogs", "val"}
     assert m.inode_count == len(paths) + 1
+    # nlink of a directory counts its subdirectories
+    assert train.aux == 2 and root.aux == 2
 
 
-def test_totals() -> None:
-    m = Manifest(LISTING)
+def test_totals(store: CacheStore) -> None:
+    m = build(store, LISTING)
     assert m.files == 5
     assert m.total_bytes == 100 + 200 + 300 + 400 + 5
     assert m.shadowed == []
-    empty = Manifest([])
+    empty = build(store, [])
     assert (empty.files, empty.total_bytes, empty.inode_count) == (0, 0, 1)
     root = empty.get(ROOT_INODE)
-    assert root is not None and root.names == [] and root.mtime == 0.0
+    assert root is not None and empty.names(ROOT_INODE) == [] and root.mtime == 0.0
 
 
-def test_directory_mtime_is_the_newest_inside() -> None:
-    m = Manifest(LISTING)
+def test_directory_mtime_is_the_newest_inside(store: CacheStore) -> None:
+    m = build(store, LISTING)
     assert node_at(m, "train/cats").mtime == 20.0  # type: ignore[union-attr]
     assert node_at(m, "train").mtime == 30.0  # type: ignore[union-attr]
     assert node_at(m, "val").mtime == 5.0  # type: ignore[union-attr]
     assert m.get(ROOT_INODE).mtime == 30.0  # type: ignore[union-attr]
 
 
-def test_inode_numbers_do_not_depend_on_listing_order() -> None:
-    base = Manifest(LISTING)
+def test_inode_numbers_do_not_depend_on_listing_order_or_batches(store: CacheStore) -> None:
+    base = build(store, LISTING)
     expected = {p: n.inode for p, n in walk_paths(base).items()}
     rng = random.Random(3)
-    for _ in range(20):
+    for i in range(20):
         shuffled = LISTING[:]
         rng.shuffle(shuffled)
-        m = Manifest(shuffled)
+        m = build(store, shuffled, batch=1 + i % 3)
         assert {p: n.inode for p, n in walk_paths(m).items()} == expected
 
 
-@settings(max_examples=100, deadline=None)
-@given(
+def test_inode_numbers_are_kept_across_a_refresh(store: CacheStore) -> None:
+    dsid = next(_ids)
+    store.replace_manifest(dsid, LISTING, {})
+    first = Manifest(store, dsid, store.dataset_record(dsid))
+    before = {p: n.inode for p, n in walk_paths(first).items()}
+    changed = [*LISTING[1:4], obj("train/cats/3.jpg"), ObjectInfo("README", 6, 2.0, "v2", "c2")]
+    store.replace_manifest(dsid, changed, {})
+    second = Manifest(store, dsid, store.dataset_record(dsid))
+    after = walk_paths(second)
+    assert second.gen == first.gen + 1
+    for p, n in after.items():
+        if p in before:
+            assert n.inode == before[p], p
+    assert "train/cats/1.jpg" not in after and "train/cats/3.jpg" in after
+    # `since`: the generation that first showed this version of the path
+    assert after["train/dogs/1.jpg"].since == first.gen
+    assert after["README"].since == second.gen
+    assert after["README"].obj.version == "v2"  # type: ignore[union-attr]
+
+
+def _tree(m: Manifest | OldManifest) -> dict[str, tuple]:
+    out = {}
+    if isinstance(m, OldManifest):
+        stack = [(m.get(ROOT_INODE), "")]
+        while stack:
+            node, path = stack.pop()
+            assert node is not None
+            for name in node.names:
+                child = m.lookup(node.inode, name)
+                assert child is not None
+                p = f"{path}/{name.decode(errors='surrogateescape')}" if path else name.decode()
+                out[p] = (child.is_dir, child.size, child.obj, node.names)
+                if child.is_dir:
+                    stack.append((child, p))
+        return out
+    for p, n in walk_paths(m).items():
+        parent = m.get(n.parent)
+        assert parent is not None
+        out[p] = (n.is_dir, n.size, n.obj, m.names(parent.inode))
+    return out
+
+
+KEYS = st.lists(
     st.lists(
-        st.lists(st.sampled_from(["a", "b", "c", "dd", "é", "日"]), min_size=1, max_size=4).map(
-            "/".join
-        ),
-        max_size=25,
-        unique=True,
-    ),
-    st.randoms(use_true_random=False),
+        st.sampled_from(["a", "b", "c", "dd", "é", "日", "", ".", ".."]), min_size=1, max_size=4
+    ).map("/".join),
+    max_size=25,
 )
-def test_inode_numbers_property(keys: list[str], rnd: random.Random) -> None:
-    listing = [obj(k, size=len(k)) for k in keys]
-    a = Manifest(listing)
+
+
+@settings(
+    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(KEYS, st.randoms(use_true_random=False), st.integers(1, 7))
+def test_equal_to_the_old_in_memory_manifest(
+    store: CacheStore, keys: list[str], rnd: random.Random, batch: int
+) -> None:
+    """Same paths, kinds, sizes, objects, readdir names and counts as the old Manifest,
+    whatever the listing order and batch size (duplicates included)."""
+    listing = [ObjectInfo(k, len(k), float(i), "v", f"c{i}") for i, k in enumerate(keys)]
+    # A duplicate key: the first listed wins in both (the old one sorted stably).
+    old = OldManifest(listing)
+    new = build(store, listing, batch)
+    assert _tree(new) == _tree(old)
+    assert (new.files, new.total_bytes, new.inode_count) == (
+        old.files,
+        old.total_bytes,
+        old.inode_count,
+    )
+    assert new.record["shadowed"] == len(old.shadowed)
+    assert new.record["skipped"] == len(old.skipped)
+    # Shuffled: the same visible tree (modulo which duplicate wins) and the same inodes.
     shuffled = listing[:]
     rnd.shuffle(shuffled)
-    b = Manifest(shuffled)
-    pa, pb = walk_paths(a), walk_paths(b)
-    assert {p: n.inode for p, n in pa.items()} == {p: n.inode for p, n in pb.items()}
-    assert a.shadowed == b.shadowed
-    # Every inode number is used once and get() returns that node.
-    inodes = [n.inode for n in pa.values()]
-    assert len(set(inodes)) == len(inodes)
-    for p, n in pa.items():
-        assert a.get(n.inode) is n
-        assert a.path(n) == p
-    # Visible files plus shadowed keys account for the whole listing.
-    visible = {p for p, n in pa.items() if not n.is_dir}
-    assert visible | set(a.shadowed) == set(keys)
-    assert not visible & set(a.shadowed)
-    assert a.files == len(visible)
-    assert a.total_bytes == sum(len(k) for k in visible)
+    again = build(store, shuffled, batch)
+    a, b = walk_paths(new), walk_paths(again)
+    assert {p: (n.inode, n.is_dir) for p, n in a.items()} == {
+        p: (n.inode, n.is_dir) for p, n in b.items()
+    } or len(set(keys)) != len(keys)
+    assert again.record["shadowed"] == new.record["shadowed"]
 
 
-def test_readdir_order_is_sorted_bytes() -> None:
+def test_readdir_order_is_sorted_bytes(store: CacheStore) -> None:
     names = ["b", "B", "a", "_", "Z", "10", "9", "é", "e", "a.b", "a-b"]
-    m = Manifest([obj(f"d/{n}") for n in names])
+    m = build(store, [obj(f"d/{n}") for n in names])
     d = node_at(m, "d")
     assert d is not None
-    assert d.names == sorted(n.encode() for n in names)
-    assert d.names[0] == b"10" and d.names[-1] == "é".encode()
+    got = m.names(d.inode)
+    assert got == sorted(n.encode() for n in names)
+    assert got[0] == b"10" and got[-1] == "é".encode()
 
 
-def test_lookup_dot_and_dotdot() -> None:
-    m = Manifest(LISTING)
-    root = m.get(ROOT_INODE)
+def test_readdir_resumes_after_any_position(store: CacheStore) -> None:
+    m = build(store, [obj(f"d/{i:05d}") for i in range(500)], batch=37)
+    d = node_at(m, "d")
+    assert d is not None
+    whole = list(m.children(d.inode))
+    assert [n for _, n, _ in whole] == [f"{i:05d}".encode() for i in range(500)]
+    for cut in (0, 1, 250, 498, 499):
+        rest = list(m.children(d.inode, whole[cut][0]))
+        assert rest == whole[cut + 1 :]
+
+
+def test_lookup_dot_and_dotdot(store: CacheStore) -> None:
+    m = build(store, LISTING)
     cats = node_at(m, "train/cats")
     train = node_at(m, "train")
-    assert root is not None and cats is not None and train is not None
-    assert m.lookup(cats.inode, b".") is cats
-    assert m.lookup(cats.inode, b"..") is train
-    assert m.lookup(train.inode, b"..") is root
-    assert m.lookup(ROOT_INODE, b"..") is root  # the root is its own parent
-    assert m.lookup(ROOT_INODE, b".") is root
+    assert cats is not None and train is not None
+    assert m.lookup(cats.inode, b".") == cats
+    assert m.lookup(cats.inode, b"..") == train
+    assert m.lookup(train.inode, b"..").inode == ROOT_INODE  # type: ignore[union-attr]
+    assert m.lookup(ROOT_INODE, b"..").inode == ROOT_INODE  # type: ignore[union-attr]
+    assert m.lookup(ROOT_INODE, b".").inode == ROOT_INODE  # type: ignore[union-attr]
 
 
-def test_lookup_misses() -> None:
-    m = Manifest(LISTING)
+def test_lookup_misses(store: CacheStore) -> None:
+    m = build(store, LISTING)
     readme = node_at(m, "README")
     assert readme is not None
     assert m.lookup(ROOT_INODE, b"nope") is None
@@ -171,55 +264,113 @@ def test_lookup_misses() -> None:
     assert m.lookup(readme.inode, b".") is None
     assert m.lookup(10_000, b"x") is None
     assert m.get(0) is None and m.get(-1) is None and m.get(10_000) is None
+    assert m.get(1 << 64) is None
 
 
-def test_file_and_directory_prefix_the_directory_wins() -> None:
-    m = Manifest([obj("a", 7, 50.0), obj("a/b", 3, 1.0), obj("c", 1)])
-    a = node_at(m, "a")
-    assert a is not None and a.is_dir and a.names == [b"b"]
-    assert a.size == 0 and a.obj is None
-    b = node_at(m, "a/b")
-    assert b is not None and b.obj is not None and b.obj.key == "a/b"
-    assert m.shadowed == ["a"]
-    assert m.files == 2 and m.total_bytes == 3 + 1
-    # The hidden file's mtime does not leak into the directory.
-    assert a.mtime == 1.0
+def test_file_and_directory_prefix_the_directory_wins(store: CacheStore) -> None:
+    for order in ([0, 1, 2], [1, 0, 2], [2, 1, 0]):
+        listing = [obj("a", 7, 50.0), obj("a/b", 3, 1.0), obj("c", 1)]
+        m = build(store, [listing[i] for i in order], batch=1)
+        a = node_at(m, "a")
+        assert a is not None and a.is_dir and m.names(a.inode) == [b"b"]
+        assert a.size == 0 and a.obj is None
+        b = node_at(m, "a/b")
+        assert b is not None and b.obj is not None and b.obj.key == "a/b"
+        assert m.shadowed == ["a"]
+        assert m.files == 2 and m.total_bytes == 3 + 1
+        # The hidden file's mtime does not leak into the directory.
+        assert a.mtime == 1.0
 
 
-def test_shadowing_is_the_same_whatever_the_order() -> None:
+def test_shadowing_is_the_same_whatever_the_order(store: CacheStore) -> None:
     listing = [obj("x/y"), obj("x"), obj("x/y/z"), obj("x/w")]
     for order in (listing, listing[::-1]):
-        m = Manifest(order)
+        m = build(store, order)
         assert sorted(m.shadowed) == ["x", "x/y"]
         assert node_at(m, "x/y/z") is not None
         assert node_at(m, "x/w") is not None
         assert m.files == 2
 
 
-def test_duplicate_keys_are_reported_once_visible() -> None:
-    m = Manifest([obj("k", 1), obj("k", 2)])
-    assert m.files == 1 and len(m.shadowed) == 1
-    root = m.get(ROOT_INODE)
-    assert root is not None and root.names == [b"k"]
+def test_duplicate_keys_are_reported_once_visible(store: CacheStore) -> None:
+    m = build(store, [obj("k", 1), obj("k", 2)])
+    assert m.files == 1 and m.record["shadowed"] == 1
+    assert m.names(ROOT_INODE) == [b"k"]
+    assert node_at(m, "k").size == 1  # type: ignore[union-attr]
 
 
-def test_keys_no_path_can_name_are_left_out_and_reported() -> None:
+def test_keys_no_path_can_name_are_left_out_and_reported(store: CacheStore) -> None:
     bad = ["a//b", "/lead", "./x", "d/../y", "d/.", "..", "nul\0byte"]
     good = [obj("d/ok", 4), obj("fine", 6)]
-    m = Manifest([*good, *(obj(k) for k in bad)])
+    m = build(store, [*good, *(obj(k) for k in bad)])
     paths = walk_paths(m)
     assert set(paths) == {"d", "d/ok", "fine"}
     for node in paths.values():
         assert node.name not in (b"", b".", b"..") and b"\0" not in node.name
     assert m.files == 2 and m.total_bytes == 10
-    assert sorted(m.skipped) == sorted(bad)
+    assert m.record["skipped"] == len(bad)
+    assert set(m.skipped) <= set(bad) and m.skipped
     # '.' and '..' still mean the directory and its parent.
     d = node_at(m, "d")
-    assert d is not None and m.lookup(d.inode, b"..") is m.get(ROOT_INODE)
+    assert d is not None and m.lookup(d.inode, b"..") == m.get(ROOT_INODE)
 
 
-def test_unicode_names() -> None:
-    m = Manifest([obj("日本/ファイル.txt"), obj("ñ/ü 1.jpg")])
+def test_unicode_and_non_utf8_names(store: CacheStore) -> None:
+    raw = b"caf\xe9".decode("utf-8", "surrogateescape")  # latin-1 bytes, not UTF-8
+    m = build(store, [obj("日本/ファイル.txt"), obj("ñ/ü 1.jpg"), obj(f"x/{raw}")])
     f = node_at(m, "日本/ファイル.txt")
     assert f is not None and f.name == "ファイル.txt".encode()
     assert m.path(f) == "日本/ファイル.txt"
+    x = node_at(m, "x")
+    assert x is not None and m.names(x.inode) == [b"caf\xe9"]
+    e = m.lookup(x.inode, b"caf\xe9")
+    assert e is not None and e.obj is not None and e.obj.key == f"x/{raw}"
+
+
+@pytest.mark.parametrize("length", [255, 256, 480, 491, 492, 600, 1024])
+def test_names_too_long_for_an_lmdb_key(store: CacheStore, length: int) -> None:
+    long = "n" * (length - 1)
+    twins = [long + "a", long + "b", long[:-1] + "é"[:1]]  # same first bytes
+    m = build(store, [obj(f"d/{t}", size=i) for i, t in enumerate(twins)] + [obj(f"{long}a/x")])
+    d = node_at(m, "d")
+    assert d is not None
+    assert sorted(m.names(d.inode)) == sorted(t.encode() for t in twins)
+    for i, t in enumerate(twins):
+        e = m.lookup(d.inode, t.encode())
+        assert e is not None and e.size == i and e.obj.key == f"d/{t}"  # type: ignore[union-attr]
+    assert m.lookup(d.inode, (long + "c").encode()) is None
+    assert node_at(m, f"{long}a/x") is not None
+    assert store.get_object(m.dsid, f"d/{twins[1]}").size == 1  # type: ignore[union-attr]
+
+
+def test_an_unfinished_listing_is_invisible_and_cleaned(store: CacheStore) -> None:
+    dsid = next(_ids)
+    store.replace_manifest(dsid, LISTING, {})
+    gen = store.current_generation(dsid)
+    b = store.begin_listing(dsid)  # a daemon killed mid-listing: never finished
+    store.add_to_listing(b, [obj("partial")])
+    assert store.current_generation(dsid) == gen
+    assert {o.key for o in store.iter_manifest(dsid)} == {o.key for o in LISTING}
+    assert store.get_object(dsid, "partial") is None
+    # The next listing deletes the partial generation and starts clean.
+    store.replace_manifest(dsid, [obj("new")], {})
+    assert {o.key for o in store.iter_manifest(dsid)} == {"new"}
+    assert store.current_generation(dsid) == gen + 1  # type: ignore[operator]
+    assert store.get_object(dsid, "README", gen) is not None  # the previous one is kept
+    store.replace_manifest(dsid, [obj("newer")], {})
+    assert store.get_object(dsid, "README", gen) is None  # ... until the next listing
+    with store.env.begin() as txn:  # no rows of other generations are left
+        for db in (b"dirents", b"inodes"):
+            gens = {
+                bytes(k[8:12])
+                for k, _ in txn.cursor(db=store.db(db))
+                if k[:8] == dsid.to_bytes(8, "big")
+            }
+            assert len(gens) == 2, gens
+
+
+def test_memory_is_bounded(store: CacheStore, tmp_path: Path) -> None:
+    m = build(store, [obj(f"d{i % 10}/f{i}") for i in range(3000)], batch=500)
+    m.cache_entries = 100
+    assert len(walk_paths(m)) == 3010
+    assert len(m._cache) <= 100

@@ -486,7 +486,10 @@ def test_manifest_round_trip(store: CacheStore) -> None:
         assert store.get_object(ds2, o.key) is None
     assert store.get_object(ds1, "missing") is None
     assert store.get_object(ds1, "dir0") is None
-    assert store.dataset_record(ds1) == record
+    saved = store.dataset_record(ds1)
+    assert saved["uri"] == record["uri"] and saved["listed_at"] == 1.5
+    # The listing's own totals replace what the caller guessed.
+    assert saved["objects"] == len(objs) and saved["size"] == sum(o.size for o in objs)
     assert list(store.iter_manifest(999)) == []
     # Replacing swaps the whole listing and leaves the other dataset alone.
     store.replace_manifest(ds1, UNICODE[:2], {"uri": "s3://b/one/", "objects": 2})
@@ -501,15 +504,16 @@ def test_manifest_round_trip(store: CacheStore) -> None:
 
 
 def test_manifest_of_neighbouring_ids_do_not_mix(store: CacheStore) -> None:
-    # Dataset 1's rows must end where dataset 2's begin, whatever the keys' bytes.
+    # Dataset 1's rows must end where dataset 2's begin, whatever the keys' bytes. (A key
+    # with NUL names no path, so it is not listed at all: "\x01" is the lowest byte.)
     store.replace_manifest(1, [ObjectInfo("\x7f\uffff", 1, 1.0, "v", "c")], {})
-    store.replace_manifest(2, [ObjectInfo("\x00zero", 2, 2.0, "v", "c")], {})
+    store.replace_manifest(2, [ObjectInfo("\x01zero", 2, 2.0, "v", "c")], {})
     store.replace_manifest(256, [ObjectInfo("x", 3, 3.0, "v", "c")], {})
     assert [o.key for o in store.iter_manifest(1)] == ["\x7f\uffff"]
-    assert [o.key for o in store.iter_manifest(2)] == ["\x00zero"]
+    assert [o.key for o in store.iter_manifest(2)] == ["\x01zero"]
     assert [o.key for o in store.iter_manifest(256)] == ["x"]
     store.replace_manifest(1, [], {})
-    assert [o.key for o in store.iter_manifest(2)] == ["\x00zero"]
+    assert [o.key for o in store.iter_manifest(2)] == ["\x01zero"]
 
 
 @pytest.mark.parametrize("length", [400, 503, 504, 1024])

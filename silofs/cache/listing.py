@@ -1,0 +1,428 @@
+"""A dataset's listing as a directory index in LMDB: built in batches, read on demand.
+
+Owns the on-disk form of a listing and both of its sides:
+  dirents  dataset id (8) + generation (4) + parent inode (8) + name -> inode (8) + kind (1)
+           (+ the full name when it is too long for an LMDB key: the key then holds its
+           first bytes and an xxh3_128 of the whole name)
+  inodes   dataset id (8) + generation (4) + inode (8) -> _INODE header + path
+           [+ NUL version NUL content id, for a file]
+ListingBuilder turns a stream of ObjectInfo (any order, any size) into those rows, one
+bounded batch per write txn, keeping only one batch of directory state in memory.
+ListingReader answers lookup/getattr/readdir/resolve-a-path from a read txn, so a mount
+never holds the listing in memory. Never opens the env, never decides when to list, and
+never talks to a store.
+
+Invariants:
+- Inode numbers hash the path (xxh3_64 of "d:" or "f:" + path), so they do not depend on
+  listing order and a path keeps its inode across refreshes; the root is 1. A collision
+  (another path already has the number in this generation) probes the next number.
+- A generation is written completely before the dataset record names it; rows of other
+  generations are garbage the daemon deletes in bounded txns (delete_generations).
+- Keys no POSIX path can name (empty, '.' or '..' parts, NUL) are skipped and counted; a
+  file whose name is also a directory prefix is shadowed (the directory wins, whatever the
+  order the keys arrive in), and so is a second object under the same key.
+"""
+
+from __future__ import annotations
+
+import logging
+import struct
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+
+import lmdb
+import xxhash
+
+from silofs.records import ObjectInfo
+
+log = logging.getLogger(__name__)
+
+ROOT_INODE = 1
+DIR, FILE = 0, 1
+_ID = struct.Struct(">Q")
+_GEN = struct.Struct(">I")
+_INO = struct.Struct(">Q")
+_DIRENT = struct.Struct("<QB")
+# kind, parent, size, mtime, aux (dirs: subdirectories; files: ordinal), since (the
+# generation whose listing first showed this path with this version: a mount that started
+# later cannot have other bytes of it in the kernel's page cache).
+_INODE = struct.Struct("<BQQdQI")
+_INO_MASK = (1 << 63) - 1  # signed-safe for every consumer of st_ino
+_SAMPLES = 5  # shadowed/skipped keys kept as examples for the log and the record
+
+
+def encode_name(key: str) -> list[bytes] | None:
+    """The path components of an object key, or None if no POSIX path can name it."""
+    parts = key.encode("utf-8", "surrogateescape").split(b"/")
+    for p in parts:
+        if p in (b"", b".", b"..") or b"\0" in p:
+            return None
+    return parts
+
+
+def _gen_prefix(dsid: int, gen: int) -> bytes:
+    return _ID.pack(dsid) + _GEN.pack(gen)
+
+
+@dataclass(slots=True)
+class Entry:
+    """One inode of a listing generation."""
+
+    inode: int
+    is_dir: bool
+    parent: int
+    size: int
+    mtime: float
+    aux: int  # directories: number of subdirectories; files: ordinal in the listing
+    since: int
+    path: bytes
+    version: str = ""
+    content_id: str = ""
+
+    @property
+    def name(self) -> bytes:
+        return self.path.rsplit(b"/", 1)[-1]
+
+    @property
+    def obj(self) -> ObjectInfo | None:
+        if self.is_dir:
+            return None
+        key = self.path.decode("utf-8", "surrogateescape")
+        return ObjectInfo(key, self.size, self.mtime, self.version, self.content_id)
+
+
+def _enc(text: str) -> bytes:
+    return text.encode("utf-8", "surrogateescape")
+
+
+def _dec(raw: bytes) -> str:
+    return raw.decode("utf-8", "surrogateescape")
+
+
+def _decode_inode(ino: int, raw: bytes | memoryview) -> Entry:
+    kind, parent, size, mtime, aux, since = _INODE.unpack_from(raw)
+    tail = bytes(raw[_INODE.size :])
+    if kind == DIR:
+        return Entry(ino, True, parent, size, mtime, aux, since, tail)
+    path, version, cid = tail.split(b"\0", 2)
+    return Entry(ino, False, parent, size, mtime, aux, since, path, _dec(version), _dec(cid))
+
+
+def _encode_inode(e: Entry) -> bytes:
+    head = _INODE.pack(DIR if e.is_dir else FILE, e.parent, e.size, e.mtime, e.aux, e.since)
+    if e.is_dir:
+        return head + e.path
+    return head + e.path + b"\0" + _enc(e.version) + b"\0" + _enc(e.content_id)
+
+
+class _Rows:
+    """Row keys of one (dataset, generation), and the long-name fallback."""
+
+    def __init__(self, dsid: int, gen: int, max_key: int) -> None:
+        self.prefix = _gen_prefix(dsid, gen)
+        self.gen = gen
+        self._room = max_key - len(self.prefix) - _INO.size  # bytes left for a name
+
+    def dirent(self, parent: int, name: bytes) -> tuple[bytes, bool]:
+        """The dirents key of (parent, name), and whether the name had to be hashed."""
+        base = self.prefix + _INO.pack(parent)
+        if len(name) <= self._room:
+            return base + name, False
+        return base + name[: self._room - 16] + xxhash.xxh3_128_digest(name), True
+
+    def dir_prefix(self, parent: int) -> bytes:
+        return self.prefix + _INO.pack(parent)
+
+    def inode(self, ino: int) -> bytes:
+        return self.prefix + _INO.pack(ino)
+
+
+@dataclass
+class ListingTotals:
+    files: int = 0
+    bytes: int = 0
+    inodes: int = 1  # the root
+    shadowed: int = 0
+    skipped: int = 0
+    shadowed_keys: list[str] = field(default_factory=list)
+    skipped_keys: list[str] = field(default_factory=list)
+    next_ordinal: int = 0
+    blocks: int = 0  # 4 KiB blocks the files would take on a disk (statfs)
+
+
+class ListingBuilder:
+    """Writes one generation of a dataset's listing, one batch per write txn.
+
+    Memory is one batch of objects plus the directories that batch touched: directory
+    state (mtime, subdirectory count) is read from and written back to the inodes rows at
+    the end of every batch, never kept for the whole listing.
+    """
+
+    def __init__(
+        self,
+        dsid: int,
+        gen: int,
+        dirents: lmdb._Database,
+        inodes: lmdb._Database,
+        max_key: int,
+        previous: int | None = None,
+    ) -> None:
+        self.dsid = dsid
+        self.gen = gen
+        self.rows = _Rows(dsid, gen, max_key)
+        self.prev = _Rows(dsid, previous, max_key) if previous is not None else None
+        self.dirents = dirents
+        self.inodes = inodes
+        self.totals = ListingTotals()
+        self._dirs: dict[int, Entry] = {}  # this batch's directories, by inode
+
+    def start(self, txn: lmdb.Transaction) -> None:
+        """Write the empty root. The generation's rows must not exist yet."""
+        root = Entry(ROOT_INODE, True, ROOT_INODE, 0, 0.0, 0, self.gen, b"")
+        txn.put(self.rows.inode(ROOT_INODE), _encode_inode(root), db=self.inodes)
+
+    def add(self, txn: lmdb.Transaction, objects: Iterable[ObjectInfo]) -> None:
+        """Add a batch of objects in the caller's write txn."""
+        try:
+            for obj in objects:
+                self._add(txn, obj)
+        finally:
+            for d in self._dirs.values():
+                txn.put(self.rows.inode(d.inode), _encode_inode(d), db=self.inodes)
+            self._dirs.clear()
+
+    # -- one object ----------------------------------------------------------------
+    def _dir(self, txn: lmdb.Transaction, ino: int) -> Entry:
+        d = self._dirs.get(ino)
+        if d is None:
+            raw = txn.get(self.rows.inode(ino), db=self.inodes)
+            assert raw is not None, f"directory inode {ino} has no row"
+            d = self._dirs[ino] = _decode_inode(ino, raw)
+        return d
+
+    def _free_inode(self, txn: lmdb.Transaction, kind: bytes, path: bytes) -> int:
+        ino = xxhash.xxh3_64_intdigest(kind + path) & _INO_MASK
+        while (
+            ino <= ROOT_INODE
+            or ino in self._dirs
+            or txn.get(self.rows.inode(ino), db=self.inodes) is not None
+        ):
+            ino = (ino + 1) & _INO_MASK  # a collision: order-dependent, and rare (2^-63)
+        return ino
+
+    def _new_dir(
+        self, txn: lmdb.Transaction, parent: Entry, name: bytes, row: bytes, long: bool
+    ) -> Entry:
+        path = parent.path + b"/" + name if parent.inode != ROOT_INODE else name
+        ino = self._free_inode(txn, b"d:", path)
+        d = Entry(ino, True, parent.inode, 0, 0.0, 0, self.gen, path)
+        self._dirs[ino] = d
+        parent.aux += 1
+        self.totals.inodes += 1
+        txn.put(row, _DIRENT.pack(ino, DIR) + (name if long else b""), db=self.dirents)
+        return d
+
+    def _note(self, keys: list[str], key: str) -> None:
+        if len(keys) < _SAMPLES:
+            keys.append(key)
+
+    def _shadow_file(self, txn: lmdb.Transaction, ino: int) -> None:
+        """A file that turned out to be a directory prefix: it leaves the listing."""
+        raw = txn.get(self.rows.inode(ino), db=self.inodes)
+        assert raw is not None
+        f = _decode_inode(ino, raw)
+        txn.delete(self.rows.inode(ino), db=self.inodes)
+        self.totals.files -= 1
+        self.totals.bytes -= f.size
+        self.totals.blocks -= -(-f.size // 4096)
+        self.totals.inodes -= 1
+        self.totals.shadowed += 1
+        self._note(self.totals.shadowed_keys, f.path.decode("utf-8", "surrogateescape"))
+
+    def _add(self, txn: lmdb.Transaction, obj: ObjectInfo) -> None:
+        t = self.totals
+        parts = encode_name(obj.key)
+        if parts is None:
+            # "a//b", "/a", "./a", "a/..": an entry named "", "." or ".." would break
+            # readdir and lookup (and "." would make the tree a loop).
+            t.skipped += 1
+            self._note(t.skipped_keys, obj.key)
+            return
+        chain = [self._dir(txn, ROOT_INODE)]
+        for part in parts[:-1]:
+            parent = chain[-1]
+            row, long = self.rows.dirent(parent.inode, part)
+            raw = txn.get(row, db=self.dirents)
+            if raw is None:
+                chain.append(self._new_dir(txn, parent, part, row, long))
+                continue
+            ino, kind = _DIRENT.unpack_from(raw)
+            if kind == FILE:
+                # A file "a" and a key "a/b": the directory wins or "a/b" is unreachable.
+                self._shadow_file(txn, ino)
+                chain.append(self._new_dir(txn, parent, part, row, long))
+            else:
+                chain.append(self._dir(txn, ino))
+        parent = chain[-1]
+        name = parts[-1]
+        row, long = self.rows.dirent(parent.inode, name)
+        if txn.get(row, db=self.dirents) is not None:
+            # A duplicate key, or a file whose name a directory already took.
+            t.shadowed += 1
+            self._note(t.shadowed_keys, obj.key)
+            return
+        path = b"/".join(parts)
+        ino = self._free_inode(txn, b"f:", path)
+        since = self.gen
+        if self.prev is not None:
+            old = txn.get(self.prev.inode(ino), db=self.inodes)
+            if old is not None:
+                e = _decode_inode(ino, old)
+                if not e.is_dir and e.path == path and e.version == obj.version:
+                    since = e.since
+        f = Entry(
+            ino,
+            False,
+            parent.inode,
+            obj.size,
+            obj.mtime,
+            t.next_ordinal,
+            since,
+            path,
+            obj.version,
+            obj.content_id,
+        )
+        txn.put(self.rows.inode(ino), _encode_inode(f), db=self.inodes)
+        txn.put(row, _DIRENT.pack(ino, FILE) + (name if long else b""), db=self.dirents)
+        t.next_ordinal += 1
+        t.files += 1
+        t.bytes += obj.size
+        t.blocks += -(-obj.size // 4096)
+        t.inodes += 1
+        for d in chain:  # a directory's mtime is its newest entry's
+            if obj.mtime > d.mtime:
+                d.mtime = obj.mtime
+
+    def record(self) -> dict:
+        t = self.totals
+        return {
+            "gen": self.gen,
+            "objects": t.files,
+            "size": t.bytes,
+            "inodes": t.inodes,
+            "ordinals": t.next_ordinal,
+            "blocks": t.blocks,
+            "shadowed": t.shadowed,
+            "skipped": t.skipped,
+            "shadowed_keys": t.shadowed_keys,
+            "skipped_keys": t.skipped_keys,
+        }
+
+
+class ListingReader:
+    """Lookups in one generation of one dataset's listing, through the caller's txn."""
+
+    def __init__(
+        self, dsid: int, gen: int, dirents: lmdb._Database, inodes: lmdb._Database, max_key: int
+    ) -> None:
+        self.dsid = dsid
+        self.gen = gen
+        self.rows = _Rows(dsid, gen, max_key)
+        self.dirents = dirents
+        self.inodes = inodes
+
+    def get(self, txn: lmdb.Transaction, ino: int) -> Entry | None:
+        if not 0 < ino <= _INO_MASK:
+            return None
+        raw = txn.get(self.rows.inode(ino), db=self.inodes)
+        return None if raw is None else _decode_inode(ino, raw)
+
+    def child(self, txn: lmdb.Transaction, parent: int, name: bytes) -> int | None:
+        """The inode of `name` in directory `parent` (no '.'/'..' handling)."""
+        row, long = self.rows.dirent(parent, name)
+        raw = txn.get(row, db=self.dirents)
+        if raw is None:
+            return None
+        if long and bytes(raw[_DIRENT.size :]) != name:
+            return None  # another long name with the same first bytes and hash
+        return _DIRENT.unpack_from(raw)[0]
+
+    def lookup(self, txn: lmdb.Transaction, parent: int, name: bytes) -> Entry | None:
+        ino = self.child(txn, parent, name)
+        return None if ino is None else self.get(txn, ino)
+
+    def children(
+        self, txn: lmdb.Transaction, parent: int, after: bytes | None = None
+    ) -> Iterator[tuple[bytes, bytes, int]]:
+        """(row key, name, inode) of a directory's entries in index order, after `after`
+        (a row key this generator returned earlier)."""
+        prefix = self.rows.dir_prefix(parent)
+        n = len(prefix)
+        cur = txn.cursor(db=self.dirents)
+        start = prefix if after is None else after
+        if not cur.set_range(start):
+            return
+        if after is not None and cur.key() == after and not cur.next():
+            return
+        for k, v in cur:
+            if not k.startswith(prefix):
+                return
+            key = bytes(k)
+            name = bytes(v[_DIRENT.size :]) or key[n:]
+            yield key, name, _DIRENT.unpack_from(v)[0]
+
+    def resolve(self, txn: lmdb.Transaction, key: str) -> Entry | None:
+        """The file listed under object key `key`, or None."""
+        parts = encode_name(key)
+        if parts is None:
+            return None
+        ino: int | None = ROOT_INODE
+        for part in parts:
+            assert ino is not None
+            ino = self.child(txn, ino, part)
+            if ino is None:
+                return None
+        e = self.get(txn, ino)  # type: ignore[arg-type]
+        return e if e is not None and not e.is_dir else None
+
+    def iter_files(self, txn: lmdb.Transaction) -> Iterator[Entry]:
+        cur = txn.cursor(db=self.inodes)
+        prefix = self.rows.prefix
+        if not cur.set_range(prefix):
+            return
+        for k, v in cur:
+            if not k.startswith(prefix):
+                return
+            e = _decode_inode(_INO.unpack(k[len(prefix) :])[0], v)
+            if not e.is_dir:
+                yield e
+
+
+def delete_generations(
+    txn: lmdb.Transaction,
+    dsid: int,
+    keep: set[int],
+    dbs: Iterable[lmdb._Database],
+    limit: int,
+) -> int:
+    """Delete up to `limit` rows of `dsid` whose generation is not in `keep`; returns how
+    many were deleted (fewer than `limit`: nothing is left to delete)."""
+    done = 0
+    ds = _ID.pack(dsid)
+    for db in dbs:
+        cur = txn.cursor(db=db)
+        if not cur.set_range(ds):
+            continue
+        while done < limit:
+            k = cur.key()
+            if not k.startswith(ds):
+                break
+            gen = _GEN.unpack(k[8:12])[0]
+            if gen in keep:
+                if not cur.set_range(_gen_prefix(dsid, gen + 1)):
+                    break
+                continue
+            if not cur.delete():
+                break
+            done += 1
+    return done
