@@ -11,6 +11,7 @@ buffer past the call that read it (entries are decoded copies).
 from __future__ import annotations
 
 import logging
+import time
 from collections import OrderedDict
 from collections.abc import Iterator
 
@@ -23,6 +24,7 @@ log = logging.getLogger(__name__)
 
 __all__ = ["ROOT_INODE", "Entry", "Manifest"]
 
+RENEW_SECONDS = 0.5
 CACHE_ENTRIES = 8192  # decoded entries kept per mount (~200 B each): bounded, not per object
 
 
@@ -35,6 +37,7 @@ class Manifest:
         self.cache_entries = cache_entries
         self._cache: OrderedDict[int, Entry] = OrderedDict()
         self._txn: lmdb.Transaction | None = None
+        self._txn_at = 0.0
         self.previous: ListingReader | None = None
         self.reader = self._use(record)
         self.first_gen = self.reader.gen
@@ -57,13 +60,22 @@ class Manifest:
         for getattr of inodes the kernel still holds until the daemon deletes it."""
         self.previous = self.reader
         self.reader = self._use(record)
+        self._txn_at = 0.0  # the next operation reads a snapshot that has `record`
         log.info("listing generation %d: %d files", self.gen, self.files)
 
     # -- the read txn --------------------------------------------------------------
     def renew(self) -> None:
-        """A fresh snapshot; call at the start of each FUSE operation."""
+        """Call at the start of each FUSE operation: a fresh snapshot if this one is older
+        than RENEW_SECONDS. A generation's rows never change once its record is written,
+        and are deleted only when the next listing starts (long after this mount moved
+        on), so an older snapshot answers the same; renewing less often saves the
+        txn churn, and bounding the age keeps the writer from growing the map."""
+        now = time.monotonic()
         if self._txn is not None:
+            if now - self._txn_at < RENEW_SECONDS:
+                return
             self._txn.abort()
+        self._txn_at = now
         try:
             self._txn = self.store.env.begin()
         except lmdb.MapResizedError:

@@ -1,0 +1,279 @@
+"""Metadata at scale: first listing, env bytes, mount start, lookups, mount memory.
+
+Owns the figures of issue 10, for this checkout and for a baseline checkout (the commit
+before the LMDB directory index, in a git worktree) in the same run:
+  1. a local store tree of --objects files (default 1 M, 0-byte files in directories of
+     1000, written once under --data-dir and reused): first-listing rate through the
+     daemon (`silofs mount` of a new dataset), daemon peak RSS (VmHWM) while listing, env
+     bytes per object, mount-ready time from the saved listing (`silofs mount` wall time),
+     mount-process RSS after 10 k random stats (lookups/s) and after `find` over the tree;
+  2. a generated listing of --generated objects (default 10 M; this checkout only: the
+     baseline would need ~10 GB per mount) written with the daemon's own listing code
+     (CacheStore.begin_listing/add_to_listing/finish_listing, the path backends feed),
+     then the mount-ready time and mount RSS from it.
+Never changes silofs; every daemon and mount it starts is private and gone at exit.
+Run as root (FUSE, dropping dentries between phases):
+    python bench/metadata.py [--objects 1000000] [--generated 10000000] [--baseline-rev REV]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from common import ROOT, Node, check_fuse, silofs_cmd  # noqa: I001
+
+from silofs.control.client import ControlClient
+
+PER_DIR = 1000
+
+
+def proc_kb(pid: int, field: str) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    return 0
+
+
+def mib(kb: int) -> str:
+    return f"{kb / 1024:,.0f} MiB"
+
+
+def drop_dentries() -> None:
+    try:
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("2\n")
+    except OSError:
+        pass
+
+
+def make_tree(root: Path, n: int) -> Path:
+    tree = root / f"tree-{n}"
+    done = tree / ".complete"
+    if done.exists():
+        return tree
+    print(f"writing {n:,} empty files under {tree} (once) ...", flush=True)
+    shutil.rmtree(tree, ignore_errors=True)
+    for i in range(0, n, PER_DIR):
+        d = tree / f"d{i // PER_DIR:05d}"
+        d.mkdir(parents=True)
+        for j in range(i, min(n, i + PER_DIR)):
+            os.close(os.open(d / f"img_{j:08d}.jpg", os.O_CREAT | os.O_WRONLY, 0o644))
+    done.touch()
+    return tree
+
+
+def tree_paths(n: int, k: int, rng: random.Random) -> list[str]:
+    return [f"d{i // PER_DIR:05d}/img_{i:08d}.jpg" for i in rng.sample(range(n), min(k, n))]
+
+
+def env_bytes(cache_dir: str) -> int:
+    return os.stat(os.path.join(cache_dir, "data.mdb")).st_blocks * 512
+
+
+def first_listing(node: Node, uri: str, n: int) -> dict:
+    """POST the dataset and poll until listed, sampling the daemon's memory."""
+    before = env_bytes(node.cache_dir)
+    t0 = time.monotonic()
+    with ControlClient(node.socket, timeout=60) as c:
+        ds = c.request("POST", "/v1/datasets", {"uri": uri, "refresh": False})
+        while ds["state"] in ("checking", "listing"):
+            time.sleep(0.2)
+            ds = c.request("GET", f"/v1/datasets/{ds['id']}")
+    elapsed = time.monotonic() - t0
+    if ds["state"] != "ready":
+        raise RuntimeError(f"listing failed: {ds}")
+    return {
+        "list_s": elapsed,
+        "list_rate": n / elapsed,
+        "daemon_peak_kb": proc_kb(node.daemon_pid, "VmHWM"),
+        "env_per_obj": (env_bytes(node.cache_dir) - before) / n,
+    }
+
+
+def mount_figures(node: Node, uri: str, mp: str, paths: list[str], find: bool) -> dict:
+    out: dict[str, float] = {}
+    t0 = time.monotonic()
+    node.mount(uri, mp)
+    out["mount_s"] = time.monotonic() - t0
+    pid = node.mount_pid(mp)
+    out["rss_mounted_kb"] = proc_kb(pid, "VmRSS")
+    drop_dentries()
+    t0 = time.monotonic()
+    for p in paths:
+        os.stat(os.path.join(mp, p))
+    el = time.monotonic() - t0
+    # Each stat of a cold path is one FUSE LOOKUP per component not yet known.
+    out["stats_per_s"] = len(paths) / el
+    out["rss_lookups_kb"] = proc_kb(pid, "VmRSS")
+    if find:
+        t0 = time.monotonic()
+        res = subprocess.run(["find", mp], capture_output=True, check=True)
+        out["find_s"] = time.monotonic() - t0
+        out["find_entries"] = res.stdout.count(b"\n")
+        out["rss_find_kb"] = proc_kb(pid, "VmRSS")
+    node.unmount(mp)
+    return out
+
+
+def baseline_checkout(work: Path, rev: str) -> Path:
+    path = work / f"baseline-{rev[:12]}"
+    if not path.exists():
+        subprocess.run(
+            ["git", "-C", str(ROOT), "worktree", "add", "--detach", str(path), rev],
+            check=True,
+            capture_output=True,
+        )
+    return path
+
+
+def default_baseline() -> str:
+    """The parent of the commit that introduced the directory index."""
+    out = subprocess.run(
+        ["git", "-C", str(ROOT), "log", "--format=%H", "--grep", "Listing as an LMDB directory"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    if not out:
+        sys.exit("cannot find the directory-index commit: pass --baseline-rev")
+    return out[-1] + "^"
+
+
+def run_tree(label: str, code: Path | None, work: Path, tree: Path, n: int) -> dict:
+    root = Path(tempfile.mkdtemp(prefix=f"{label}-", dir=work))
+    rng = random.Random(1)
+    paths = tree_paths(n, 10_000, rng)
+    with Node(root, 8 << 30, extra_path=[str(code)] if code else None) as node:
+        node.start()
+        uri = f"file://{tree}/"
+        fig = first_listing(node, uri, n)
+        fig |= mount_figures(node, uri, str(root / "mnt"), paths, find=True)
+        node.stop()
+    shutil.rmtree(root, ignore_errors=True)
+    return fig
+
+
+def run_generated(work: Path, n: int) -> dict:
+    """A generated listing written with the daemon's listing code, then mounted."""
+    from silofs.cache.store import LISTING_BATCH, CacheStore, env_map_size
+    from silofs.records import ObjectInfo
+
+    root = Path(tempfile.mkdtemp(prefix="generated-", dir=work))
+    empty = root / "bucket"
+    empty.mkdir()
+    uri = f"file://{empty}/"
+    cache_size = 8 << 30
+    (root / "cache").mkdir()
+    store = CacheStore(str(root / "cache"), env_map_size(cache_size))
+    dsid = store.dataset_id(uri, create=True)
+    assert dsid is not None
+    t0 = time.monotonic()
+    b = store.begin_listing(dsid)
+    batch: list[ObjectInfo] = []
+    for i in range(n):
+        key = f"shard{i // 1_000_000:03d}/d{i // PER_DIR:05d}/img_{i:08d}.jpg"
+        batch.append(ObjectInfo(key, 110_000, 1.7e9 + i, f"etag{i:x}", f"etag{i:x}-110000"))
+        if len(batch) >= LISTING_BATCH:
+            store.add_to_listing(b, batch)
+            batch = []
+    store.add_to_listing(b, batch)
+    store.finish_listing(b, {"uri": uri, "listed_at": time.time()})
+    fig: dict[str, float] = {"write_s": time.monotonic() - t0}
+    fig["env_per_obj"] = env_bytes(str(root / "cache")) / n
+    store.close()
+    rng = random.Random(2)
+    idx = rng.sample(range(n), 10_000)
+    paths = [f"shard{i // 1_000_000:03d}/d{i // PER_DIR:05d}/img_{i:08d}.jpg" for i in idx]
+    with Node(root, cache_size) as node:
+        node.start()
+        fig |= mount_figures(node, uri, str(root / "mnt"), paths, find=False)
+        node.stop()
+    shutil.rmtree(root, ignore_errors=True)
+    return fig
+
+
+def show(label: str, f: dict) -> None:
+    def g(k: str, fmt: str) -> str:
+        return fmt.format(f[k]) if k in f else "-"
+
+    print(f"  {label}")
+    if "list_s" in f:
+        print(
+            f"    first listing       {g('list_s', '{:.1f}')} s  "
+            f"({g('list_rate', '{:,.0f}')} objects/s), daemon peak RSS "
+            f"{mib(int(f['daemon_peak_kb']))}"
+        )
+    if "write_s" in f:
+        print(f"    listing written     {g('write_s', '{:.1f}')} s (daemon batch path)")
+    print(f"    env bytes/object    {g('env_per_obj', '{:.0f}')}")
+    print(f"    mount ready         {g('mount_s', '{:.2f}')} s (`silofs mount` wall time)")
+    print(f"    mount RSS           {mib(int(f['rss_mounted_kb']))} after mounting")
+    print(
+        f"    10k random stats    {g('stats_per_s', '{:,.0f}')} paths/s, "
+        f"RSS {mib(int(f['rss_lookups_kb']))}"
+    )
+    if "find_s" in f:
+        print(
+            f"    find (whole tree)   {g('find_s', '{:.1f}')} s, {int(f['find_entries']):,} "
+            f"entries, RSS {mib(int(f['rss_find_kb']))}"
+        )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--objects", type=int, default=1_000_000, help="files in the local tree")
+    ap.add_argument("--generated", type=int, default=10_000_000, help="0: skip")
+    ap.add_argument("--data-dir", default="/var/tmp/silofs-bench-meta")
+    ap.add_argument("--baseline-rev", default=None, help="default: before the index")
+    ap.add_argument("--no-baseline", action="store_true")
+    args = ap.parse_args()
+    check_fuse()
+    data = Path(args.data_dir)
+    data.mkdir(parents=True, exist_ok=True)
+    tree = make_tree(data, args.objects)
+    results: list[tuple[str, dict]] = []
+    if not args.no_baseline:
+        rev = args.baseline_rev or default_baseline()
+        code = baseline_checkout(data, rev)
+        sha = subprocess.run(
+            ["git", "-C", str(code), "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+        print(f"baseline {sha}: {args.objects:,} objects ...", flush=True)
+        results.append(
+            (
+                f"baseline {sha}, {args.objects:,} objects",
+                run_tree("base", code, data, tree, args.objects),
+            )
+        )
+    print(f"this checkout: {args.objects:,} objects ...", flush=True)
+    results.append(
+        (
+            f"this checkout, {args.objects:,} objects",
+            run_tree("this", None, data, tree, args.objects),
+        )
+    )
+    if args.generated:
+        print(f"this checkout: generated listing of {args.generated:,} objects ...", flush=True)
+        results.append(
+            (f"this checkout, generated {args.generated:,}", run_generated(data, args.generated))
+        )
+    print()
+    for label, fig in results:
+        show(label, fig)
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    _ = silofs_cmd
+    main()
