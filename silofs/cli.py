@@ -246,8 +246,11 @@ def _ensure_daemon(
         )
 
 
-def _wait_listing(socket: str, uri: str, refresh: bool, endpoint_url: str | None) -> dict:
-    """Open the dataset in the daemon, with a progress line on a terminal."""
+def _wait_listing(
+    socket: str, uri: str, refresh: bool, endpoint_url: str | None, background: bool = False
+) -> dict:
+    """Open the dataset in the daemon, with a progress line on a terminal. In the
+    background mode, only until the daemon has begun writing the listing."""
     tty = sys.stderr.isatty()
     with ControlClient(socket, timeout=30) as client:
         ds = client.request(
@@ -256,6 +259,8 @@ def _wait_listing(socket: str, uri: str, refresh: bool, endpoint_url: str | None
         # No time limit: the listing of a huge prefix takes what it takes; the daemon
         # reports its progress, shown here on a terminal.
         while ds["state"] in ("checking", "listing"):
+            if background and ds.get("building_gen") is not None:
+                return ds
             if tty and ds["state"] == "listing":
                 rate = ds.get("list_rate") or 0
                 click.echo(
@@ -329,6 +334,12 @@ def _ttl(_ctx: click.Context, _param: click.Parameter, value: str) -> float | No
     "name/attribute cache), or 'indefinite' (default: list only on --refresh or "
     "`silofs-ctl refresh`).",
 )
+@click.option(
+    "--list-in-background",
+    is_flag=True,
+    help="Mount as soon as listing starts; a lookup of a name not listed yet waits for the "
+    "listing rather than failing.",
+)
 @click.option("--foreground", "-f", is_flag=True, help="Serve in this process.")
 @click.option("--allow-other", is_flag=True, help="Let other users read the mount.")
 @click.option("--uid", type=int, default=None, help="Owner of files (default: you).")
@@ -350,6 +361,7 @@ def mount(
     admission: str | None,
     refresh: bool,
     metadata_ttl: float | None,
+    list_in_background: bool,
     foreground: bool,
     allow_other: bool,
     uid: int | None,
@@ -371,7 +383,7 @@ def mount(
     if chunk_size is not None and not (64 << 10) <= chunk_size <= (64 << 20):
         raise UsageError("--chunk-size must be between 64KiB and 64MiB")
     _ensure_daemon(socket, cache_dir, cache_size, endpoint_url)
-    ds = _wait_listing(socket, canonical, refresh, endpoint_url)
+    ds = _wait_listing(socket, canonical, refresh, endpoint_url, list_in_background)
     settings = MountSettings(
         uri=canonical,
         mountpoint=mountpoint,
@@ -388,6 +400,7 @@ def mount(
         admission=admission,
         dataset_id=ds["id"],
         metadata_ttl=metadata_ttl,
+        list_in_background=list_in_background,
     )
     if foreground:
         _mount_foreground(settings, socket, log_level)

@@ -57,6 +57,7 @@ class NodeSettings:
     read_timeout: float = 30.0
     max_attempts: int = 5
     page_size: int = 1000
+    list_workers: int = 16  # prefixes listed at once (stores with delimiter listings)
     backend_extra: dict[str, str] = field(default_factory=dict)
 
 
@@ -80,6 +81,9 @@ class MountSettings:
     # the kernel's entry/attr timeouts; None ("indefinite"): only `--refresh` or
     # `silofs-ctl refresh` list again.
     metadata_ttl: float | None = None
+    # Mount while the first listing is still being written; lookups of names not listed
+    # yet wait for the listing instead of failing.
+    list_in_background: bool = False
     io_limit: int | None = None
     endpoint_url: str | None = None
     admission: str | None = None  # None: keep the dataset's mode (default uniform)
@@ -103,6 +107,7 @@ _BACKEND_KEYS = {
     "read_timeout",
     "max_attempts",
     "page_size",
+    "list_workers",
     "backend_extra",
 }
 
@@ -226,6 +231,8 @@ def _validate(s: NodeSettings) -> None:
         raise UsageError("max_attempts must be at least 1")
     if s.page_size < 1:
         raise UsageError("page_size must be at least 1")
+    if not 1 <= s.list_workers <= 256:
+        raise UsageError("list_workers must be between 1 and 256")
     for name in ("connect_timeout", "read_timeout"):
         if getattr(s, name) <= 0:
             raise UsageError(f"{name} must be more than 0 seconds")

@@ -12,7 +12,7 @@ import logging
 import click
 
 from .controller_cmd import controller
-from .node_cmds import admission, allocate_cache, allocate_io, status
+from .node_cmds import admission, allocate_cache, allocate_io, refresh, status
 from .simulate_cmd import simulate_cmd
 
 log = logging.getLogger(__name__)
@@ -32,3 +32,4 @@ main.add_command(status)
 main.add_command(allocate_cache)
 main.add_command(allocate_io)
 main.add_command(admission)
+main.add_command(refresh)

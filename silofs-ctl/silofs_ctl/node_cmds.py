@@ -1,4 +1,5 @@
-"""`silofs-ctl status`, `allocate-cache`, `allocate-io`, `admission`: one node by hand.
+"""`silofs-ctl status`, `allocate-cache`, `allocate-io`, `admission`, `refresh`: one node
+by hand.
 
 Owns the operator's view of one node daemon through its control socket (SiloD's Table 3
 API: allocateCacheSize(dataset, size), allocateRemoteIO(job, rate)). Talks to the daemon
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from typing import Any
 
 import click
@@ -169,3 +171,28 @@ def admission(dataset: str, mode: str, socket: str | None) -> None:
     """Set DATASET's cache admission: uniform (epochs) or lru (irregular access)."""
     ans = _call(socket, "PUT", f"/v1/datasets/{quote_segment(dataset)}/admission", {"mode": mode})
     click.echo(f"{ans['dataset']}: admission {ans['mode']}")
+
+
+@click.command()
+@click.argument("dataset")
+@click.option("--wait/--no-wait", default=True, help="Wait until the new listing is served.")
+@socket_option
+def refresh(dataset: str, wait: bool, socket: str | None) -> None:
+    """List DATASET again and swap the listing under its mounts, without remounting.
+
+    Files already open keep reading the version they opened; new opens see the new
+    listing (within the mounts' --metadata-ttl for names the kernel has cached)."""
+    ds = _call(socket, "GET", f"/v1/datasets/{quote_segment(dataset)}")
+    ans = _call(socket, "POST", "/v1/datasets", {"uri": ds["uri"], "refresh": True})
+    while wait and ans["state"] in ("checking", "listing"):
+        time.sleep(0.2)
+        ans = _call(socket, "GET", f"/v1/datasets/{ans['id']}")
+    if ans["state"] == "error":
+        raise click.ClickException(ans.get("error") or "the listing failed")
+    if wait:
+        click.echo(
+            f"{ans['name']}: listing generation {ans.get('generation')}, "
+            f"{ans['objects']} objects, {format_size(ans['size'])}"
+        )
+    else:
+        click.echo(f"{ans['name']}: {ans['state']}")

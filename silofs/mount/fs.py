@@ -63,11 +63,14 @@ class SilofsFS(pyfuse3.Operations):
         self.look = look
         self._files: dict[int, OpenFile] = {}
         self._dirs: dict[int, _DirHandle] = {}
+        self._opened_as: dict[int, tuple[int, int]] = {}  # fh -> (inode, generation)
+        self.stale_inodes: list[int] = []  # attributes the kernel must fetch again
         self._next_fh = 1
 
-    def switch(self, record: dict) -> None:
-        """Serve the listing generation `record` names (the daemon listed again)."""
-        self.manifest.switch(record)
+    def switch(self, record: dict) -> list[Entry]:
+        """Serve the listing generation `record` names (the daemon listed again); returns
+        recently used entries that changed, for the caller to invalidate in the kernel."""
+        return self.manifest.switch(record)
 
     # -- attributes ------------------------------------------------------------------
     def _node(self, inode: int) -> Entry:
@@ -110,6 +113,10 @@ class SilofsFS(pyfuse3.Operations):
         m = self.manifest
         m.renew()
         node = m.lookup(parent_inode, name)
+        if node is None and await m.wait_listed():
+            # --list-in-background: a name not listed yet is not a missing name.
+            m.renew()
+            node = m.lookup(parent_inode, name)
         if node is None:
             raise pyfuse3.FUSEError(errno.ENOENT)
         return self._attr(node)
@@ -153,6 +160,11 @@ class SilofsFS(pyfuse3.Operations):
         if h is None:
             raise pyfuse3.FUSEError(errno.EBADF)
         m = self.manifest
+        if await m.wait_listed():
+            # A directory's entries are complete only with the whole listing (a fanned-out
+            # listing fills directories in any order); the handle moves to the completed
+            # generation, which has the same inode numbers.
+            h.listing = m.reader
         m.renew()
         txn = m.txn
         if start_id == h.pos:
@@ -197,6 +209,7 @@ class SilofsFS(pyfuse3.Operations):
         obj = node.obj
         assert obj is not None
         self._files[fh] = OpenFile(obj)
+        self._opened_as[fh] = (inode, m.gen)
         # keep_cache: the kernel's pages of this inode can only be of this version if the
         # version was listed already when this mount started (a refresh may have changed
         # the object since, and the inode number follows the path, not the version).
@@ -253,7 +266,15 @@ class SilofsFS(pyfuse3.Operations):
             c.miss_bytes += n
 
     async def release(self, fh: int) -> None:
-        self._files.pop(fh, None)
+        f = self._files.pop(fh, None)
+        opened = self._opened_as.pop(fh, None)
+        if f is not None and opened is not None and opened[1] != self.manifest.gen:
+            # A handle of an older listing: its reads stopped at the old size, and a short
+            # read makes the kernel shrink the file's size to it. Once it is closed, the
+            # kernel must ask again (process.py invalidates these between requests).
+            node = self.manifest.get(opened[0])
+            if node is None or node.version != f.obj.version:
+                self.stale_inodes.append(opened[0])
 
     async def flush(self, fh: int) -> None:
         # ENOSYS once makes the kernel stop sending FLUSH: +55% small-file reads.

@@ -16,6 +16,7 @@ from collections import OrderedDict
 from collections.abc import Iterator
 
 import lmdb
+import trio
 
 from silofs.cache.listing import ROOT_INODE, Entry, ListingReader
 from silofs.cache.store import CacheStore
@@ -30,8 +31,19 @@ CACHE_ENTRIES = 8192  # decoded entries kept per mount (~200 B each): bounded, n
 
 class Manifest:
     def __init__(
-        self, store: CacheStore, dsid: int, record: dict, cache_entries: int = CACHE_ENTRIES
+        self,
+        store: CacheStore,
+        dsid: int,
+        record: dict,
+        cache_entries: int = CACHE_ENTRIES,
+        building: bool = False,
     ) -> None:
+        # True while serving a generation the daemon is still writing: a miss may be a
+        # name not listed yet, so the FUSE side waits (wait_listed) instead of ENOENT.
+        self.building = building
+        self.completed = trio.Event()
+        if not building:
+            self.completed.set()
         self.store = store
         self.dsid = dsid
         self.cache_entries = cache_entries
@@ -54,14 +66,49 @@ class Manifest:
         self._cache.clear()
         return self.store.listing(self.dsid, self.gen)
 
-    def switch(self, record: dict) -> None:
+    def switch(self, record: dict) -> list[Entry]:
         """Serve the newer generation `record` names from now on. Handles already open
         keep their ObjectInfo (their version); the previous generation stays readable
-        for getattr of inodes the kernel still holds until the daemon deletes it."""
+        for getattr of inodes the kernel still holds until the daemon deletes it.
+        Returns the recently used entries that changed or went away: the kernel may
+        cache them, and the caller invalidates them."""
+        recent = list(self._cache.values())
+        if self.building and int(record["gen"]) == self.gen:
+            self.building = False  # the generation we served is complete: same inodes
+            self._use(record)
+            self.completed.set()
+            self._txn_at = 0.0
+            return []
         self.previous = self.reader
         self.reader = self._use(record)
         self._txn_at = 0.0  # the next operation reads a snapshot that has `record`
         log.info("listing generation %d: %d files", self.gen, self.files)
+        self.renew()
+        stale = []
+        for old in recent:
+            new = self.reader.get(self.txn, old.inode)
+            if new is None or (new.size, new.mtime, new.version, new.aux) != (
+                old.size,
+                old.mtime,
+                old.version,
+                old.aux,
+            ):
+                stale.append(old)
+        return stale
+
+    def listing_failed(self) -> None:
+        """The listing being served will not complete: misses answer ENOENT again."""
+        self.building = False
+        self.completed.set()
+
+    async def wait_listed(self) -> bool:
+        """While the generation is being written, wait until it is complete; True if it
+        was (the caller looks again), False if nothing was being written."""
+        if not self.building:
+            return False
+        await self.completed.wait()
+        self._txn_at = 0.0  # look in a snapshot that holds the whole listing
+        return True
 
     # -- the read txn --------------------------------------------------------------
     def renew(self) -> None:

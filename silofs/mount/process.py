@@ -24,7 +24,7 @@ from silofs.config import MountSettings
 from silofs.control.client import AsyncControlClient, ControlError, quote_segment
 from silofs.errors import SilofsError
 from silofs.mount.fs import Presentation, SilofsFS
-from silofs.mount.manifest import Manifest
+from silofs.mount.manifest import Entry, Manifest
 from silofs.mount.reader import ChunkReader, MissError
 from silofs.mountinfo import mounts
 
@@ -105,6 +105,7 @@ class MountProcess:
             "chunk_size": self.reader.chunk_size if self.reader else self.s.chunk_size,
             "io_limit": self.s.io_limit,
             "admission": self.s.admission,
+            "background": self.s.list_in_background,
         }
         reg = await self.client.json("POST", "/v1/mounts", body)
         self.mount_id = reg["id"]  # ours, unless the daemon is older than this mount
@@ -175,9 +176,14 @@ class MountProcess:
             store = CacheStore(reg["cache_dir"], reg["map_size"], readonly=True)
             # The listing stays in the env: opening it reads one record, whatever its size.
             record = store.dataset_record(reg["dataset"])
-            if "gen" not in record:
+            building = reg.get("building_gen")
+            if building is not None:
+                # --list-in-background: serve the generation being written; lookups of
+                # names it does not hold yet wait until it is complete (fs.py).
+                record = {"gen": building}
+            elif "gen" not in record:
                 raise SilofsError(f"dataset {self.s.uri} has no saved listing")
-            manifest = Manifest(store, reg["dataset"], record)
+            manifest = Manifest(store, reg["dataset"], record, building=building is not None)
             self.store = store
             self.reader = ChunkReader(
                 store,
@@ -239,20 +245,36 @@ class MountProcess:
         while True:
             await trio.sleep(0.25)
             assert self.reader is not None and self.fs is not None
-            self._follow_listing()
+            await self._follow_listing()
             now = dataclasses.astuple(self.reader.counters)
             if now != last:
                 await self._report()
                 last = now
 
-    def _follow_listing(self) -> None:
+    async def _follow_listing(self) -> None:
         """Move to a newer listing generation once the daemon has written one (a refresh,
         or a metadata TTL that expired). One record read per report period."""
         assert self.fs is not None and self.store is not None
-        record = self.store.dataset_record(self.fs.manifest.dsid)
+        m = self.fs.manifest
+        record = self.store.dataset_record(m.dsid)
         gen = record.get("gen")
-        if gen is not None and gen != self.fs.manifest.gen:
-            self.fs.switch(record)
+        if gen is not None and (gen != m.gen or m.building):
+            if gen == m.gen or not m.building:
+                stale = self.fs.switch(record)  # a newer listing, or ours is complete now
+                if stale:
+                    log.info("the new listing changed %d recently used entries", len(stale))
+                    await trio.to_thread.run_sync(_invalidate, stale)
+        if self.fs.stale_inodes:
+            inodes, self.fs.stale_inodes = self.fs.stale_inodes, []
+            await trio.to_thread.run_sync(_invalidate_attrs, inodes)
+        if m.building and gen != m.gen:
+            try:
+                ds = await self.client.json("GET", f"/v1/datasets/{m.dsid}")
+            except ControlError:
+                return
+            if ds.get("state") == "error":
+                log.error("listing failed: %s", ds.get("error"))
+                m.listing_failed()
         ttl = self.s.metadata_ttl
         if ttl is not None and not self._relisting:
             age = time.time() - float(record.get("listed_at", 0))
@@ -303,6 +325,27 @@ class MountProcess:
                     await self.client.json("DELETE", f"/v1/mounts/{self.mount_id}")
             except ControlError:
                 pass
+
+
+def _invalidate(stale: list[Entry]) -> None:
+    """Tell the kernel to forget names and attributes that a new listing changed. Runs
+    in a thread: a notification can block until the kernel is done with a request this
+    process has to answer."""
+    for e in stale:
+        try:
+            pyfuse3.invalidate_inode(e.inode, attr_only=True)
+            if e.inode != e.parent:  # the root has no name to forget
+                pyfuse3.invalidate_entry(e.parent, e.name)
+        except OSError as exc:  # ENOENT: the kernel did not have it
+            log.debug("invalidating inode %d: %s", e.inode, exc)
+
+
+def _invalidate_attrs(inodes: list[int]) -> None:
+    for ino in inodes:
+        try:
+            pyfuse3.invalidate_inode(ino, attr_only=True)
+        except OSError as exc:
+            log.debug("invalidating inode %d: %s", ino, exc)
 
 
 def _mount_error(exc: BaseException, mountpoint: str) -> str:

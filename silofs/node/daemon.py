@@ -21,6 +21,7 @@ import lmdb
 import trio
 
 from silofs.cache.format import ChunkRef, encode_chunk
+from silofs.cache.listing import ListingBuilder
 from silofs.cache.store import (
     LISTING_BATCH,
     CacheDamagedError,
@@ -99,6 +100,7 @@ class Daemon:
             read_timeout=settings.read_timeout,
             max_attempts=settings.max_attempts,
             page_size=settings.page_size,
+            list_workers=settings.list_workers,
             extra=dict(settings.backend_extra),
         )
         self.started = time.time()
@@ -279,6 +281,13 @@ class Daemon:
         ):
             pass
         builder = await self.writer.call(self.store.begin_listing, ds.id)
+        ds.building_gen = builder.gen  # mounts that asked to may serve it while it grows
+        try:
+            return await self._fill(ds, builder)
+        finally:
+            ds.building_gen = None
+
+    async def _fill(self, ds: DatasetState, builder: ListingBuilder) -> dict:
         send, recv = trio.open_memory_channel[list[ObjectInfo]](2)
 
         def produce() -> None:
@@ -354,11 +363,15 @@ class Daemon:
         uid: int,
         chunk_size: int | None,
         mount_id: str | None = None,
+        background: bool = False,
     ) -> MountState:
         """Register a mount process. A mount that registers again with its own id (it
         gave up on a slow answer, or the daemon restarted) is the same mount: one entry,
-        and its cumulative counters keep their baseline, so nothing is counted twice."""
-        if ds.state != "ready":
+        and its cumulative counters keep their baseline, so nothing is counted twice.
+        A mount that asked for it (`background`) may serve a listing still being
+        written: its lookups of names not listed yet wait for the listing (mount/fs.py)."""
+        listing = background and ds.state == "listing" and ds.building_gen is not None
+        if ds.state != "ready" and not listing:
             raise UsageError(f"dataset {ds.uri.canonical} is not ready ({ds.state})")
         cs = chunk_size or self.settings.chunk_size
         known = self.mounts.get(mount_id) if mount_id else None
@@ -423,6 +436,8 @@ class Daemon:
         is kept until the next listing), never the new version's bytes."""
         ds = self.datasets[m.dsid]
         obj = self.store.get_object(ds.id, key)
+        if obj is None and ds.building_gen is not None:  # a mount of a listing in progress
+            obj = self.store.get_object(ds.id, key, ds.building_gen)
         if version is not None and (obj is None or obj.version != version):
             gen = ds.record.get("gen")
             old = self.store.get_object(ds.id, key, gen - 1) if gen else None

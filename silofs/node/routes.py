@@ -69,6 +69,7 @@ def dataset_view(d: Daemon, ds: DatasetState) -> dict[str, Any]:
         "listed": ds.listed,
         "list_rate": _list_rate(ds),
         "generation": ds.record.get("gen"),
+        "building_gen": ds.building_gen,
         "objects": ds.record.get("objects", 0),
         "size": ds.record.get("size", 0),
         "cached_bytes": u.bytes if u else 0,
@@ -398,6 +399,7 @@ def build_router(d: Daemon) -> Router:
                 req.peer.uid,
                 chunk_size,
                 mount_id=mount_id,
+                background=body.get("background") is True,
             )
         except UsageError as exc:
             raise HTTPError(409, str(exc)) from None
@@ -408,6 +410,11 @@ def build_router(d: Daemon) -> Router:
                 "dataset": ds.id,
                 "cache_dir": d.settings.cache_dir,
                 "map_size": d.map_size,
+                # A mount serves the listing being written only if there is no complete
+                # one (a first listing, --list-in-background).
+                "building_gen": None
+                if d.store.current_generation(ds.id) is not None
+                else ds.building_gen,
                 "admission": d.modes.get(ds.uri.canonical, "uniform"),
             },
             status=201,

@@ -26,6 +26,7 @@ class DatasetState:
     error: str = ""
     listed: int = 0
     list_started: float = 0.0  # monotonic; with `listed`, the listing rate in status
+    building_gen: int | None = None  # the listing generation being written, while listing
     record: dict = field(default_factory=dict)
     reads: MountCounters = field(default_factory=MountCounters)
     fetch: FetchCounters = field(default_factory=FetchCounters)

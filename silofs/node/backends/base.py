@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import functools
 import logging
+import queue
 import random
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
@@ -37,6 +39,10 @@ class BackendOptions:
     backoff_base: float = 0.2  # seconds; doubled each retry, with full jitter
     backoff_max: float = 10.0
     page_size: int = 1000
+    # Prefixes listed at once when a store lists by delimiter (S3 ListObjectsV2 with
+    # Delimiter='/'): a listing of many directories takes ~1/list_workers of the serial
+    # round trips. 1 lists serially, one page after another.
+    list_workers: int = 16
     extra: dict[str, str] = field(default_factory=dict)
 
 
@@ -98,6 +104,9 @@ class RetryingBackend:
         retry_call(self._check_once, self.opts, f"check {self.uri}", self.counters)
 
     def list(self) -> Iterator[ObjectInfo]:
+        if self.opts.list_workers > 1 and self._lists_by_prefix():
+            yield from self._list_fanned_out()
+            return
         token: str | None = None
         while True:
             fetch = functools.partial(self._list_page, token)
@@ -125,6 +134,77 @@ class RetryingBackend:
                 f"short read from {self.uri}{info.key}: got {len(data)} of {end - start} bytes"
             )
         return data
+
+    # -- fan-out by delimiter ------------------------------------------------------
+    def _lists_by_prefix(self) -> bool:
+        """Whether _list_dir_page is implemented (stores with delimiter listings)."""
+        return False
+
+    def _list_dir_page(
+        self, prefix: str, token: str | None
+    ) -> tuple[Iterable[Any], list[str], str | None]:
+        """One page of a delimiter listing of `prefix`: (objects directly under it, the
+        sub-prefixes on this page, next token or None)."""
+        raise NotImplementedError
+
+    def _list_fanned_out(self) -> Iterator[ObjectInfo]:
+        """Every object, listing each '/'-delimited prefix as its own task on
+        opts.list_workers threads. Pages go through a queue of 2 x list_workers pages, so
+        a consumer that writes slower than the store lists holds the workers back
+        instead of buffering the listing: memory stays flat. Any worker's error ends the
+        listing with that error; a consumer that stops early stops the workers."""
+        root = getattr(self, "prefix", "")
+        workers = self.opts.list_workers
+        out: queue.Queue[list[ObjectInfo] | BaseException | None] = queue.Queue(2 * workers)
+        stop = threading.Event()
+        lock = threading.Lock()
+        pending = [1]  # prefixes submitted and not finished
+
+        def put(item: list[ObjectInfo] | BaseException | None) -> None:
+            while not stop.is_set():
+                try:
+                    out.put(item, timeout=0.2)
+                    return
+                except queue.Full:
+                    continue
+
+        def walk(prefix: str) -> None:
+            try:
+                token: str | None = None
+                while not stop.is_set():
+                    fetch = functools.partial(self._list_dir_page, prefix, token)
+                    items, subs, token = retry_call(fetch, self.opts, f"list {self.uri}")
+                    for sub in subs:
+                        with lock:
+                            pending[0] += 1
+                        pool.submit(walk, sub)
+                    infos = [i for i in map(self._info, items) if i is not None]
+                    if infos:
+                        put(infos)
+                    if not token:
+                        break
+            except BaseException as exc:  # handed to the consumer, which raises it
+                put(exc)
+                return
+            with lock:
+                pending[0] -= 1
+                last = pending[0] == 0
+            if last:
+                put(None)
+
+        pool = ThreadPoolExecutor(workers, thread_name_prefix="silofs-list")
+        try:
+            pool.submit(walk, root)
+            while True:
+                item = out.get()
+                if item is None:
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                yield from item
+        finally:
+            stop.set()
+            pool.shutdown(wait=False, cancel_futures=True)
 
     def _check_once(self) -> None:
         raise NotImplementedError

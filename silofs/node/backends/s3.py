@@ -155,12 +155,31 @@ class S3Backend(RetryingBackend):
         more = page.get("IsTruncated") and page.get("NextContinuationToken")
         return page.get("Contents", []), more or None
 
-    def _list_raw(self, token: str | None, max_keys: int | None = None) -> dict[str, Any]:
+    def _lists_by_prefix(self) -> bool:
+        return True
+
+    def _list_dir_page(
+        self, prefix: str, token: str | None
+    ) -> tuple[list[dict[str, Any]], list[str], str | None]:
+        page = self._list_raw(token, prefix=prefix, delimiter="/")
+        subs = [p["Prefix"] for p in page.get("CommonPrefixes", []) or []]
+        more = page.get("IsTruncated") and page.get("NextContinuationToken")
+        return page.get("Contents", []), subs, more or None
+
+    def _list_raw(
+        self,
+        token: str | None,
+        max_keys: int | None = None,
+        prefix: str | None = None,
+        delimiter: str | None = None,
+    ) -> dict[str, Any]:
         kwargs: dict[str, Any] = {
             "Bucket": self.bucket,
-            "Prefix": self.prefix,
+            "Prefix": self.prefix if prefix is None else prefix,
             "MaxKeys": max_keys or self.opts.page_size,
         }
+        if delimiter:
+            kwargs["Delimiter"] = delimiter
         if token:
             kwargs["ContinuationToken"] = token
         client = self._client_or_raise()

@@ -1,0 +1,167 @@
+"""First-listing rate of an S3 prefix, serial vs fanned out, with per-request latency.
+
+Owns one figure of issue 10: objects listed per second by S3Backend.list() (the code the
+daemon's listing runs) against a minimal ListObjectsV2 server (ListServer, below) behind
+tests/faultproxy.py with a first-byte delay of 0, 10 and 50 ms per request, with
+list_workers=1 (one page after another, the behaviour before fan-out) and
+list_workers=16 (delimiter-split prefixes in parallel).
+The bucket has --dirs directories of --per-dir objects. Never changes silofs; the server
+and the proxy live in this process.
+    python bench/listing.py [--dirs 100] [--per-dir 1000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import bisect
+import os
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from urllib.parse import parse_qs, quote, urlsplit
+from xml.sax.saxutils import escape
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
+
+from silofs.node.backends.base import BackendOptions  # noqa: E402
+from silofs.node.backends.s3 import S3Backend  # noqa: E402
+from silofs.uri import parse_uri  # noqa: E402
+from tests.faultproxy import FaultPlan, FaultProxy  # noqa: E402
+
+
+class ListServer:
+    """ListObjectsV2 (prefix, delimiter, max-keys, continuation) over a sorted in-memory
+    key list: moto spends ~1.7 s of CPU per 1000-key page of a 40 k-key bucket, which
+    would measure moto, not the number of round trips a listing makes."""
+
+    def __init__(self, keys: list[str]) -> None:
+        self.keys = sorted(keys)
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *_args: object) -> None:
+                pass
+
+            def do_GET(self) -> None:  # noqa: N802 - http.server's name
+                q = {k: v[0] for k, v in parse_qs(urlsplit(self.path).query).items()}
+                body = outer.page(
+                    q.get("prefix", ""),
+                    q.get("delimiter", ""),
+                    int(q.get("max-keys", "1000")),
+                    q.get("continuation-token"),
+                    q.get("encoding-type") == "url",
+                )
+                self.send_response(200)
+                self.send_header("Content-Type", "application/xml")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.port = self.httpd.server_address[1]
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def page(self, prefix: str, delim: str, max_keys: int, token: str | None, enc: bool) -> bytes:
+        keys = self.keys
+        i = bisect.bisect_left(keys, prefix)
+        if token:
+            kind, after = token[0], token[2:]
+            i = (
+                bisect.bisect_right(keys, after)
+                if kind == "k"
+                else bisect.bisect_left(keys, after[:-1] + chr(ord(delim) + 1))
+            )
+        contents: list[str] = []
+        prefixes: list[str] = []
+        last = ""
+        while (
+            i < len(keys)
+            and keys[i].startswith(prefix)
+            and len(contents) + len(prefixes) < max_keys
+        ):
+            key = keys[i]
+            cut = key.find(delim, len(prefix)) if delim else -1
+            if cut >= 0:
+                cp = key[: cut + 1]
+                prefixes.append(cp)
+                last = "p:" + cp
+                i = bisect.bisect_left(keys, cp[:-1] + chr(ord(delim) + 1))
+                continue
+            contents.append(key)
+            last = "k:" + key
+            i += 1
+        truncated = i < len(keys) and keys[i].startswith(prefix)
+        q = (lambda k: quote(k, safe="/")) if enc else escape
+        parts = [
+            '<?xml version="1.0" encoding="UTF-8"?>',
+            '<ListBucketResult xmlns="http://s3.amazonaws.com/doc/2006-03-01/">',
+            f"<Name>bench</Name><Prefix>{q(prefix)}</Prefix><MaxKeys>{max_keys}</MaxKeys>",
+            f"<KeyCount>{len(contents) + len(prefixes)}</KeyCount>",
+            f"<IsTruncated>{'true' if truncated else 'false'}</IsTruncated>",
+        ]
+        if delim:
+            parts.append(f"<Delimiter>{q(delim)}</Delimiter>")
+        if enc:
+            parts.append("<EncodingType>url</EncodingType>")
+        for k in contents:
+            parts.append(
+                f"<Contents><Key>{q(k)}</Key><LastModified>2024-01-01T00:00:00.000Z"
+                '</LastModified><ETag>"d41d8cd98f00b204e9800998ecf8427e"</ETag>'
+                "<Size>0</Size><StorageClass>STANDARD</StorageClass></Contents>"
+            )
+        for cp in prefixes:
+            parts.append(f"<CommonPrefixes><Prefix>{q(cp)}</Prefix></CommonPrefixes>")
+        if truncated:
+            parts.append(f"<NextContinuationToken>{escape(last)}</NextContinuationToken>")
+        parts.append("</ListBucketResult>")
+        return "".join(parts).encode()
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--dirs", type=int, default=100)
+    ap.add_argument("--per-dir", type=int, default=1000)
+    ap.add_argument("--delays-ms", default="0,10,50")
+    args = ap.parse_args()
+    n = args.dirs * args.per_dir
+    keys = [f"data/d{d:04d}/img_{i:06d}.jpg" for d in range(args.dirs) for i in range(args.per_dir)]
+    server = ListServer(keys)
+    os.environ.update(
+        {"AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "x", "AWS_DEFAULT_REGION": "us-east-1"}
+    )
+    uri = parse_uri("s3://bench/data/")
+    print(f"{n:,} objects in {args.dirs} directories of {args.per_dir}; page size 1000")
+    print(f"{'delay':>6} {'workers':>8} {'seconds':>8} {'objects/s':>10}  speed-up")
+    try:
+        for delay in [float(x) for x in args.delays_ms.split(",")]:
+            plan = FaultPlan(first_byte_delay=delay / 1000)
+            with FaultProxy(("127.0.0.1", server.port), plan) as proxy:
+                serial = 0.0
+                for workers in (1, 16):
+                    opts = BackendOptions(endpoint_url=proxy.url, list_workers=workers)
+                    b = S3Backend(uri, opts)
+                    t0 = time.monotonic()
+                    got = sum(1 for _ in b.list())
+                    el = time.monotonic() - t0
+                    b.close()
+                    assert got == n, (got, n)
+                    serial = serial or el
+                    print(
+                        f"{delay:>4.0f}ms {workers:>8} {el:>8.2f} {n / el:>10,.0f}  "
+                        f"{serial / el:.1f}x",
+                        flush=True,
+                    )
+    finally:
+        server.close()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,164 @@
+"""Listings through a real mount: the directory index, refresh without remounting,
+a daemon killed mid-listing, and mounting while the first listing runs (issue 10).
+
+Owns what a reader of the mount sees of a listing: readdir of a large directory equal to
+the store (the kernel resumes it at our offsets), hard names, `silofs-ctl refresh` while
+a file is open (the open handle keeps its version, new opens see the new one, deleted
+files vanish, new ones appear), the old listing surviving kill -9 mid-listing and the
+next listing starting clean, and --list-in-background never answering ENOENT for a
+name the listing has not reached.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from silofs.cache.store import CacheStore
+
+from .conftest import Node, needs_fuse, wait_for
+
+pytestmark = [needs_fuse, pytest.mark.fuse]
+
+
+def _ctl(node: Node, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "silofs_ctl", *args, "--socket", node.socket],
+        capture_output=True,
+        text=True,
+        env=node.env,
+        timeout=120,
+    )
+
+
+def _tree(root: Path, dirs: int, per_dir: int) -> None:
+    for d in range(dirs):
+        sub = root / f"d{d:03d}"
+        sub.mkdir(parents=True)
+        for i in range(per_dir):
+            os.close(os.open(sub / f"f{i:05d}", os.O_CREAT | os.O_WRONLY, 0o644))
+
+
+def test_readdir_of_a_large_directory_and_hard_names(
+    make_node, local_store, monkeypatch, bucket_name, tmp_path: Path
+) -> None:
+    local_store.apply_env(monkeypatch)
+    names = [f"file-{i:05d}-{'x' * (i % 200)}" for i in range(3000)]
+    tree = {f"big/{n}": b"" for n in names}
+    tree |= {"a/b": b"under a", "x" * 255: b"long", "日本/ファイル": b"jp"}
+    local_store.create(bucket_name, tree)
+    node: Node = make_node()
+    mp = node.mount(local_store.uri(bucket_name), tmp_path / "mnt")
+    # Many READDIRPLUS requests, each resumed at the offset the last one ended at.
+    assert os.listdir(mp / "big") == sorted(names, key=str.encode)
+    assert len({e.inode() for e in os.scandir(mp / "big")}) == len(names)
+    assert (mp / "a" / "b").read_bytes() == b"under a"
+    assert (mp / ("x" * 255)).read_bytes() == b"long"
+    assert (mp / "日本" / "ファイル").read_bytes() == b"jp"
+    with pytest.raises(OSError) as exc:
+        os.stat(mp / ("x" * 256))
+    assert exc.value.errno in (errno.ENAMETOOLONG, errno.ENOENT)
+    st = os.stat(mp / "big")
+    assert st.st_nlink == 2
+    assert os.stat(mp).st_nlink == 2 + 3  # a, big, 日本
+
+
+def test_refresh_while_a_file_is_open(
+    make_node, local_store, monkeypatch, bucket_name, tmp_path: Path
+) -> None:
+    local_store.apply_env(monkeypatch)
+    old, new = b"old version " * 1000, b"NEW " * 5000
+    local_store.create(bucket_name, {"a.bin": old, "gone.txt": b"bye", "d/keep.txt": b"k"})
+    node: Node = make_node()
+    mp = node.mount(local_store.uri(bucket_name), tmp_path / "mnt")
+    assert (mp / "gone.txt").read_bytes() == b"bye"
+    with open(mp / "a.bin", "rb") as held:
+        assert held.read(100) == old[:100]
+        local_store.put(bucket_name, "a.bin", new)
+        local_store.put(bucket_name, "fresh.txt", b"fresh")
+        os.unlink(Path(local_store.root) / bucket_name / "gone.txt")
+        res = _ctl(node, "refresh", "--wait", bucket_name)
+        assert res.returncode == 0, res.stderr
+        assert "generation 2" in res.stdout
+        # The mount follows the new listing within its report period.
+        wait_for(lambda: (mp / "fresh.txt").exists(), what="the new listing in the mount")
+        assert (mp / "fresh.txt").read_bytes() == b"fresh"
+        assert sorted(os.listdir(mp)) == ["a.bin", "d", "fresh.txt"]
+        with pytest.raises(FileNotFoundError):
+            open(mp / "gone.txt", "rb")
+        # The open handle keeps reading the version it opened: never a mix.
+        assert held.read() == old[100:]
+    # A new open sees the new version, with its new size (the mount tells the kernel to
+    # drop the names and attributes it cached, right after moving to the new listing).
+    wait_for(lambda: os.stat(mp / "a.bin").st_size == len(new), what="the kernel to drop old attrs")
+    assert (mp / "a.bin").read_bytes() == new
+    assert (mp / "d" / "keep.txt").read_bytes() == b"k"
+    ds = node.request("GET", f"/v1/datasets/{bucket_name}")
+    assert ds["generation"] == 2 and ds["objects"] == 3
+
+
+def test_daemon_killed_mid_listing_keeps_the_old_listing(make_node, tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    _tree(store, 1, 10)
+    uri = f"file://{store}/"
+    node: Node = make_node(cache_size="256M")
+    mp = node.mount(uri, tmp_path / "mnt")
+    assert len(os.listdir(mp / "d000")) == 10
+    assert node.run("unmount", str(mp)).returncode == 0
+    _tree(store / "more", 40, 1500)  # 60k files: a listing of several batches
+    ds = node.request("POST", "/v1/datasets", {"uri": uri, "refresh": True})
+
+    def progress() -> dict | None:
+        d = node.request("GET", f"/v1/datasets/{ds['id']}")
+        return d if d["listed"] > 10_000 or d["state"] != "listing" else None
+
+    seen = wait_for(progress, timeout=60, what="the listing to pass one batch")
+    node.kill9()
+    node.start()
+    # The listing that was complete is still served; a half-written one is not. (On a
+    # machine fast enough to finish 60k objects before the kill, the new one is served.)
+    mp = node.mount(uri, mp)
+    finished = seen["state"] == "ready"
+    assert sorted(os.listdir(mp)) == (["d000", "more"] if finished else ["d000"]), seen
+    assert node.run("unmount", str(mp)).returncode == 0
+    # The next listing starts clean and sees everything.
+    mp = node.mount(uri, mp, "--refresh")
+    assert len(os.listdir(mp / "more")) == 40
+    assert sum(len(os.listdir(mp / "more" / d)) for d in os.listdir(mp / "more")) == 60_000
+    assert node.run("unmount", str(mp)).returncode == 0
+    node.stop()
+    cache = CacheStore(node.cache_dir, 1 << 30, readonly=True)
+    try:
+        dsid = ds["id"]
+        gens = set()
+        with cache.env.begin() as txn:
+            for db in (b"dirents", b"inodes"):
+                for k, _ in txn.cursor(db=cache.db(db)):
+                    if int.from_bytes(k[:8], "big") == dsid:
+                        gens.add(int.from_bytes(k[8:12], "big"))
+        # Only the current generation and the one before it (kept for open files).
+        current = cache.current_generation(dsid)
+        assert current is not None and gens <= {current, current - 1}
+    finally:
+        cache.close()
+
+
+def test_list_in_background_never_answers_enoent_for_unlisted_names(
+    make_node, tmp_path: Path
+) -> None:
+    store = tmp_path / "store"
+    _tree(store, 30, 1000)
+    uri = f"file://{store}/"
+    node: Node = make_node(cache_size="256M")
+    mp = node.mount(uri, tmp_path / "mnt", "--list-in-background")
+    # The last directory, whatever the listing reached: a lookup waits, never fails.
+    assert (mp / "d029" / "f00999").stat().st_size == 0
+    assert len(os.listdir(mp / "d017")) == 1000
+    assert not (mp / "d030").exists()
+    ds = node.status()["datasets"][0]
+    assert ds["state"] == "ready" and ds["objects"] == 30_000
