@@ -435,7 +435,7 @@ class Daemon:
         opened: after a refresh an open file keeps reading it (the previous generation
         is kept until the next listing), never the new version's bytes."""
         ds = self.datasets[m.dsid]
-        obj = self.store.get_object(ds.id, key)
+        obj = self.store.get_object(ds.id, key, ds.record.get("gen"))
         if obj is None and ds.building_gen is not None:  # a mount of a listing in progress
             obj = self.store.get_object(ds.id, key, ds.building_gen)
         if version is not None and (obj is None or obj.version != version):
