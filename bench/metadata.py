@@ -26,6 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from common import ROOT, Node, check_fuse, silofs_cmd  # noqa: I001
@@ -220,11 +221,62 @@ def run_generated(work: Path, n: int) -> dict:
     return fig
 
 
+def run_refresh(work: Path, n: int) -> dict:
+    """A refresh of `n` generated objects with 1% changed, 0.5% new and 0.5% deleted,
+    through the daemon's listing code: delete stale rows, write, swap."""
+    from silofs.cache.store import LISTING_BATCH, CacheStore, env_map_size
+    from silofs.records import ObjectInfo
+
+    root = Path(tempfile.mkdtemp(prefix="refresh-", dir=work))
+    store = CacheStore(str(root), env_map_size(4 << 30))
+    dsid = store.dataset_id("file:///refresh/", create=True)
+    assert dsid is not None
+
+    def listing(gen: int) -> Iterator[ObjectInfo]:
+        for i in range(n + (n // 200 if gen else 0)):
+            if gen and i % 200 == 7:
+                continue  # deleted
+            v = f"e{i:x}" + ("-2" if gen and i % 100 == 3 else "")
+            key = f"d{i // PER_DIR:05d}/img_{i:08d}.jpg"
+            yield ObjectInfo(key, 110_000, 1.7e9 + i, v, v)
+
+    def relist(gen: int) -> float:
+        t0 = time.monotonic()
+        current = store.current_generation(dsid)
+        keep = {current} if current is not None else set()
+        while store.delete_stale_generations(dsid, keep) >= LISTING_BATCH:
+            pass
+        b = store.begin_listing(dsid)
+        batch: list[ObjectInfo] = []
+        for o in listing(gen):
+            batch.append(o)
+            if len(batch) >= LISTING_BATCH:
+                store.add_to_listing(b, batch)
+                batch = []
+        store.add_to_listing(b, batch)
+        store.finish_listing(b, {"listed_at": time.time()})
+        return time.monotonic() - t0
+
+    first = relist(0)
+    second = relist(1)
+    third = relist(1)  # also deletes the first generation's rows
+    store.close()
+    shutil.rmtree(root, ignore_errors=True)
+    return {"first_s": first, "refresh_s": second, "refresh_delete_s": third}
+
+
 def show(label: str, f: dict) -> None:
     def g(k: str, fmt: str) -> str:
         return fmt.format(f[k]) if k in f else "-"
 
     print(f"  {label}")
+    if "refresh_s" in f:
+        print(
+            f"    first listing       {f['first_s']:.1f} s; refresh (1% changed) "
+            f"{f['refresh_s']:.1f} s; refresh that also deletes a generation "
+            f"{f['refresh_delete_s']:.1f} s"
+        )
+        return
     if "list_s" in f:
         print(
             f"    first listing       {g('list_s', '{:.1f}')} s  "
@@ -256,6 +308,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--objects", type=int, default=1_000_000, help="files in the local tree")
     ap.add_argument("--generated", type=int, default=10_000_000, help="0: skip")
+    ap.add_argument("--refresh-objects", type=int, default=1_000_000, help="0: skip")
     ap.add_argument("--data-dir", default="/var/tmp/silofs-bench-meta")
     ap.add_argument("--baseline-rev", default=None, help="default: before the index")
     ap.add_argument("--no-baseline", action="store_true")
@@ -294,6 +347,14 @@ def main() -> None:
         print(f"this checkout: generated listing of {args.generated:,} objects ...", flush=True)
         results.append(
             (f"this checkout, generated {args.generated:,}", run_generated(data, args.generated))
+        )
+    if args.refresh_objects:
+        print(f"this checkout: refresh of {args.refresh_objects:,} objects ...", flush=True)
+        results.append(
+            (
+                f"this checkout, refresh of {args.refresh_objects:,}",
+                run_refresh(data, args.refresh_objects),
+            )
         )
     print()
     for label, fig in results:

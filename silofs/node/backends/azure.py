@@ -269,6 +269,31 @@ class AzureBackend(RetryingBackend):
         except ax.AzureError as exc:
             raise self._classify(exc, what) from exc
 
+    def _lists_by_prefix(self) -> bool:
+        return True
+
+    def _list_dir_page(self, prefix: str, token: str | None) -> tuple[list, list[str], str | None]:
+        from azure.storage.blob import BlobPrefix  # imported with the client, lazily
+
+        container = self._container()
+        what = f"container {self.container_name}"
+        try:
+            pager = container.walk_blobs(
+                name_starts_with=prefix or None,
+                include=["metadata"],
+                delimiter="/",
+                results_per_page=self.opts.page_size,
+            ).by_page(continuation_token=token)
+            items, subs = [], []
+            for item in next(pager, []):
+                if isinstance(item, BlobPrefix):
+                    subs.append(item.name)
+                else:
+                    items.append(item)
+            return items, subs, pager.continuation_token
+        except ax.AzureError as exc:
+            raise self._classify(exc, what) from exc
+
     def _info(self, props: Any) -> ObjectInfo | None:
         key = relative_key(self.prefix, props.name)
         if key is None:

@@ -273,6 +273,30 @@ class GCSBackend(RetryingBackend):
         except _SDK_ERRORS as exc:
             raise self._classify(exc, what) from exc
 
+    def _lists_by_prefix(self) -> bool:
+        return True
+
+    def _list_dir_page(self, prefix: str, token: str | None) -> tuple[list, list[str], str | None]:
+        what = f"bucket {self.bucket_name}"
+        try:
+            pages = self.client().list_blobs(
+                self.bucket_name,
+                prefix=prefix or None,
+                delimiter="/",
+                page_size=self.opts.page_size,
+                page_token=token,
+                fields=_LIST_FIELDS + ",prefixes",
+                timeout=self._timeout(),
+                retry=None,
+            )
+            page = next(pages.pages, None)
+            if page is None:
+                return [], [], None
+            items = list(page)
+            return items, list(page.prefixes), pages.next_page_token
+        except _SDK_ERRORS as exc:
+            raise self._classify(exc, what) from exc
+
     def _info(self, blob: Any) -> ObjectInfo | None:
         key = relative_key(self.prefix, blob.name)
         if key is None:
