@@ -4,7 +4,7 @@ Owns inode attributes, directory listing, open file handles and the shape of eac
 read (which chunks cover [off, off+size)), and every errno a reader sees: EROFS for
 anything that would write, ENOENT for unknown names, EIO when a miss cannot be served.
 lookup/getattr/readdir are served from the dataset's directory index in the shared LMDB
-env (mount/manifest.py), through a read txn renewed per operation; never the network.
+env (mount/manifest.py), through a read txn at most 0.5 s old; never the network.
 Never fetches or verifies bytes itself (reader.py does).
 """
 
@@ -14,6 +14,7 @@ import errno
 import logging
 import os
 import stat
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import pyfuse3
@@ -24,6 +25,7 @@ from silofs.mount.reader import ChunkReader, MissError, OpenFile
 
 log = logging.getLogger(__name__)
 
+ATTR_CACHE = 8192  # attribute replies kept per mount
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
 
 
@@ -63,6 +65,7 @@ class SilofsFS(pyfuse3.Operations):
         self.look = look
         self._files: dict[int, OpenFile] = {}
         self._dirs: dict[int, _DirHandle] = {}
+        self._attrs: OrderedDict[int, pyfuse3.EntryAttributes] = OrderedDict()
         self._opened_as: dict[int, tuple[int, int]] = {}  # fh -> (inode, generation)
         self.stale_inodes: list[int] = []  # attributes the kernel must fetch again
         self._next_fh = 1
@@ -70,7 +73,9 @@ class SilofsFS(pyfuse3.Operations):
     def switch(self, record: dict) -> list[Entry]:
         """Serve the listing generation `record` names (the daemon listed again); returns
         recently used entries that changed, for the caller to invalidate in the kernel."""
-        return self.manifest.switch(record)
+        stale = self.manifest.switch(record)
+        self._attrs.clear()
+        return stale
 
     # -- attributes ------------------------------------------------------------------
     def _node(self, inode: int) -> Entry:
@@ -82,6 +87,18 @@ class SilofsFS(pyfuse3.Operations):
         return node
 
     def _attr(self, node: Entry) -> pyfuse3.EntryAttributes:
+        # Building EntryAttributes costs ~12 us of Cython setters, more than the LMDB
+        # lookup: keep the recently used ones (bounded; emptied when the listing changes).
+        a = self._attrs.get(node.inode)
+        if a is not None:
+            self._attrs.move_to_end(node.inode)
+            return a
+        a = self._attrs[node.inode] = self._build_attr(node)
+        if len(self._attrs) > ATTR_CACHE:
+            self._attrs.popitem(last=False)
+        return a
+
+    def _build_attr(self, node: Entry) -> pyfuse3.EntryAttributes:
         a = pyfuse3.EntryAttributes()
         a.st_ino = node.inode
         a.generation = 0
