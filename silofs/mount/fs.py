@@ -197,12 +197,17 @@ class SilofsFS(pyfuse3.Operations):
             else:
                 return
         pos = start_id
-        same = h.listing is m.reader
+        attrs = self._attrs
+        # A walk (find, ls -R) touches each entry once: reading rows past the caches keeps
+        # them for what is looked up again, and saves their upkeep per entry.
         for key, name, ino in h.listing.children(txn, h.inode, after):
-            child = m.get(ino) if same else h.listing.get(txn, ino)
-            if child is None:
-                continue  # a collision-free index never gets here
-            if not pyfuse3.readdir_reply(token, name, self._attr(child), pos + 1):
+            attr = attrs.get(ino)
+            if attr is None:
+                child = h.listing.get(txn, ino)
+                if child is None:
+                    continue  # a collision-free index never gets here
+                attr = self._build_attr(child)
+            if not pyfuse3.readdir_reply(token, name, attr, pos + 1):
                 break
             pos += 1
             h.pos, h.key = pos, key
