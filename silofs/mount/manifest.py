@@ -129,6 +129,14 @@ class Manifest:
             self.store.env.set_mapsize(0)  # the daemon grew the map: adopt its size
             self._txn = self.store.env.begin()
 
+    def release_if_idle(self) -> None:
+        """Drop a snapshot no operation would use again (older than RENEW_SECONDS): an
+        open snapshot keeps LMDB from reusing pages freed after it began (reader.py does
+        the same for chunk reads). Entries are decoded copies, so nothing refers to it."""
+        if self._txn is not None and time.monotonic() - self._txn_at >= RENEW_SECONDS:
+            self._txn.abort()
+            self._txn = None
+
     @property
     def txn(self) -> lmdb.Transaction:
         if self._txn is None:

@@ -230,6 +230,8 @@ class MountProcess:
             with trio.CancelScope(shield=True):
                 await self._report()
                 await self._goodbye()
+            if self.fs is not None:
+                self.fs.manifest.close()  # before the env closes
             if self.reader is not None:
                 self.reader.close()
             log.info("unmounted %s", self.s.mountpoint)
@@ -245,6 +247,7 @@ class MountProcess:
         while True:
             await trio.sleep(0.25)
             assert self.reader is not None and self.fs is not None
+            self.fs.manifest.release_if_idle()
             await self._follow_listing()
             now = dataclasses.astuple(self.reader.counters)
             if now != last:
