@@ -306,11 +306,18 @@ class Daemon:
                 await trio.to_thread.run_sync(produce, limiter=self.fetcher.threads)
 
         t0 = time.monotonic()
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(producer)
-            async with recv:
-                async for batch in recv:
-                    await self.writer.call(self.store.add_to_listing, builder, batch)
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(producer)
+                async with recv:
+                    async for batch in recv:
+                        await self.writer.call(self.store.add_to_listing, builder, batch)
+        except BaseExceptionGroup as group:
+            # One task failed (the listing thread or a write): its error is the listing's,
+            # as when the listing was one call (BackendError -> the dataset's error).
+            if len(group.exceptions) == 1:
+                raise group.exceptions[0] from None
+            raise
         if ds.listed == 0:
             raise BackendError(f"{ds.uri.canonical} has no objects: check the prefix")
         record = await self.writer.call(
