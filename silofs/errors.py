@@ -52,3 +52,11 @@ class TransientError(BackendError):
 
 class ObjectChangedError(BackendError):
     """The object's content identity differs from the manifest: never mix bytes."""
+
+
+class ChecksumMismatchError(TransientError):
+    """A store's body did not match the checksum the store sent with it: retried."""
+
+
+class VersionMismatchError(SilofsError):
+    """A mount asked for a version of an object other than the one now listed."""

@@ -1,21 +1,33 @@
 """On-disk format of one cached chunk, and how chunks are named.
 
-Owns the byte layout of an LMDB value (a versioned header, then the chunk's bytes) and
-the content-derived chunk key. A golden-bytes test pins this layout: changing it means a
-new FORMAT_VERSION, never a silent reinterpretation of old caches. Never does I/O.
+Owns the byte layout of an LMDB value (a versioned header, then the chunk's bytes), the
+content-derived chunk key, and the one verify-count-log of a cached value. A golden-bytes
+test pins this layout: changing it means a new FORMAT_VERSION, never a silent
+reinterpretation of old caches. Never does I/O.
 
-Layout of a value (little-endian):
+Layout of a version-2 value (little-endian):
     magic      4s   b"SLFC"
-    version    u16  FORMAT_VERSION
-    hdr_len    u16  bytes before the data, including the variable part
+    version    u16  FORMAT_VERSION (2)
+    blk_shift  u8   log2 of the checksum block size (16: 64 KiB)
+    reserved   u8   0
+    hdr_len    u32  bytes before the data: fixed part, variable part, block sums
     dataset    u64  id of the dataset that admitted (and is charged for) the chunk
     index      u64  chunk index within the object
     csize      u64  nominal chunk size the object was cut with
     length     u32  number of data bytes that follow the header
-    checksum   u64  xxh3_64 over the header (with this field zero) and the data
+    hdr_sum    u64  xxh3_64 over the header bytes [0, hdr_len) with this field zero
     key_len    u16, key (utf-8): the object key as the admitting dataset listed it
     cid_len    u16, content_id (utf-8): store-reported identity (etag/md5/generation+size)
+    sums       u64 x ceil(length / block): xxh3_64 of each data block (the last may be short)
     data       length bytes
+
+Why per-block sums: every read of a cached chunk is verified when it is served (promise
+3), and a FUSE read of [off, off+size) checks the header and only the blocks it covers,
+so the cost follows the bytes served, not the chunk size (bench/verify_cost.py).
+
+Version-1 values (one xxh3_64 over header and data) are not verified any more: they are
+a miss (StaleFormatError, not counted as corrupt) and the refetch replaces them with a
+version-2 value. A cache written by this version is read as a miss by an older one.
 """
 
 from __future__ import annotations
@@ -33,15 +45,25 @@ from silofs.records import ObjectInfo
 log = logging.getLogger(__name__)
 
 MAGIC = b"SLFC"
-FORMAT_VERSION = 1
-_FIXED = struct.Struct("<4sHHQQQIQ")
-_CHECKSUM_OFFSET = _FIXED.size - 8
+FORMAT_VERSION = 2
+BLOCK_SHIFT = 16
+BLOCK_SIZE = 1 << BLOCK_SHIFT
+_FIXED = struct.Struct("<4sHBBIQQQIQ")
+_SUM_OFFSET = _FIXED.size - 8
+_ZERO_SUM = b"\0" * 8
 _LEN16 = struct.Struct("<H")
+_SUM = struct.Struct("<Q")
+_V1_PREFIX = struct.Struct("<4sH")
 KEY_SIZE = 16
+_hash = xxhash.xxh3_64_intdigest
 
 
 class ChunkFormatError(Exception):
     """A cached value failed verification; the caller treats it as a miss."""
+
+
+class StaleFormatError(ChunkFormatError):
+    """A well-formed value of an older FORMAT_VERSION: a miss, refetched, not corrupt."""
 
 
 @dataclass(frozen=True)
@@ -50,10 +72,12 @@ class ChunkHeader:
     index: int
     chunk_size: int
     length: int
-    checksum: int
+    checksum: int  # of the header
     key: str
     content_id: str
     header_len: int
+    sums_offset: int  # where the block sums start
+    block_shift: int
 
 
 def chunk_length(obj: ObjectInfo, chunk_size: int, index: int) -> int:
@@ -103,74 +127,119 @@ def _variable_part(key: str, content_id: str) -> bytes:
     return _LEN16.pack(len(k)) + k + _LEN16.pack(len(c)) + c
 
 
+def _blocks(length: int, shift: int) -> int:
+    return (length + (1 << shift) - 1) >> shift
+
+
 def encode_chunk(
     dataset: int, index: int, chunk_size: int, key: str, content_id: str, data: bytes | memoryview
 ) -> bytes:
-    """Header + data as one value, checksum filled in."""
+    """Header + data as one value, block sums and header sum filled in."""
+    mv = memoryview(data)
+    n = len(mv)
+    sums = b"".join(_SUM.pack(_hash(mv[off : off + BLOCK_SIZE])) for off in range(0, n, BLOCK_SIZE))
     var = _variable_part(key, content_id)
-    hdr_len = _FIXED.size + len(var)
-    fixed = _FIXED.pack(MAGIC, FORMAT_VERSION, hdr_len, dataset, index, chunk_size, len(data), 0)
-    h = xxhash.xxh3_64(fixed)
-    h.update(var)
-    h.update(data)
-    fixed = fixed[:_CHECKSUM_OFFSET] + struct.pack("<Q", h.intdigest())
-    return b"".join((fixed, var, data))
+    hdr_len = _FIXED.size + len(var) + len(sums)
+    fixed = _FIXED.pack(
+        MAGIC, FORMAT_VERSION, BLOCK_SHIFT, 0, hdr_len, dataset, index, chunk_size, n, 0
+    )
+    header = fixed[:_SUM_OFFSET] + _SUM.pack(_hash(fixed + var + sums)) + var + sums
+    return header + bytes(mv)
 
 
 def decode_header(value: bytes | memoryview) -> ChunkHeader:
-    """Parse the header without touching the data (cheap; no checksum)."""
+    """Parse and check the header (its own checksum included) without touching the data."""
     if len(value) < _FIXED.size:
+        if len(value) >= _V1_PREFIX.size and _V1_PREFIX.unpack_from(value) == (MAGIC, 1):
+            raise StaleFormatError("chunk format version 1")
         raise ChunkFormatError("value shorter than a chunk header")
-    magic, version, hdr_len, dataset, index, csize, length, checksum = _FIXED.unpack_from(value)
+    magic, version, shift, _, hdr_len, dataset, index, csize, length, checksum = _FIXED.unpack_from(
+        value
+    )
     if magic != MAGIC:
         raise ChunkFormatError("bad magic")
     if version != FORMAT_VERSION:
+        if version == 1:
+            raise StaleFormatError("chunk format version 1")
         raise ChunkFormatError(f"unknown chunk format version {version}")
+    if not 12 <= shift <= 26:
+        raise ChunkFormatError(f"bad block size 2**{shift}")
     if hdr_len + length != len(value) or hdr_len < _FIXED.size + 4:
         raise ChunkFormatError("header length does not match the value")
+    mv = memoryview(value)
+    h = xxhash.xxh3_64(mv[:_SUM_OFFSET])
+    h.update(_ZERO_SUM)
+    h.update(mv[_FIXED.size : hdr_len])
+    if h.intdigest() != checksum:
+        raise ChunkFormatError("header checksum mismatch")
     pos = _FIXED.size
     try:
         (klen,) = _LEN16.unpack_from(value, pos)
-        key = bytes(value[pos + 2 : pos + 2 + klen]).decode()
+        key = bytes(mv[pos + 2 : pos + 2 + klen]).decode()
         pos += 2 + klen
         (clen,) = _LEN16.unpack_from(value, pos)
-        cid = bytes(value[pos + 2 : pos + 2 + clen]).decode()
+        cid = bytes(mv[pos + 2 : pos + 2 + clen]).decode()
         pos += 2 + clen
     except (struct.error, UnicodeDecodeError) as exc:
         raise ChunkFormatError(f"bad variable header: {exc}") from None
-    if pos != hdr_len:
+    if pos + 8 * _blocks(length, shift) != hdr_len:
         raise ChunkFormatError("variable header length mismatch")
-    return ChunkHeader(dataset, index, csize, length, checksum, key, cid, hdr_len)
+    return ChunkHeader(dataset, index, csize, length, checksum, key, cid, hdr_len, pos, shift)
 
 
 def verify_chunk(
-    value: bytes | memoryview, content_id: str, chunk_size: int, index: int, expected_length: int
+    value: bytes | memoryview,
+    content_id: str,
+    chunk_size: int,
+    index: int,
+    expected_length: int,
+    lo: int = 0,
+    hi: int | None = None,
 ) -> memoryview:
-    """The data of `value` if it is exactly the expected chunk, else ChunkFormatError.
+    """The whole data of `value` if it is the expected chunk, else ChunkFormatError.
 
-    Checks identity fields first (cheap) and the checksum last (one pass over the data).
+    Checks the header (its checksum and identity fields) on every call, and the data
+    blocks covering [lo, hi) (default: all of it). Bytes outside those blocks are NOT
+    verified: the caller serves only [lo, hi) of the returned view.
     """
     hdr = decode_header(value)
     if hdr.content_id != content_id or hdr.index != index or hdr.chunk_size != chunk_size:
         raise ChunkFormatError("chunk header names another object or chunk")
     if hdr.length != expected_length:
         raise ChunkFormatError(f"chunk length {hdr.length} != expected {expected_length}")
+    if hi is None:
+        hi = hdr.length
+    if not 0 <= lo <= hi <= hdr.length:
+        raise ValueError(f"range [{lo}, {hi}) outside a chunk of {hdr.length} bytes")
     mv = memoryview(value)
-    h = xxhash.xxh3_64(mv[:_CHECKSUM_OFFSET])
-    h.update(b"\0" * 8)
-    h.update(mv[_FIXED.size :])
-    if h.intdigest() != hdr.checksum:
-        raise ChunkFormatError("checksum mismatch")
-    return mv[hdr.header_len :]
+    data = mv[hdr.header_len :]
+    shift = hdr.block_shift
+    bs = 1 << shift
+    if hi > lo:
+        for b in range(lo >> shift, ((hi - 1) >> shift) + 1):
+            (want,) = _SUM.unpack_from(mv, hdr.sums_offset + 8 * b)
+            if _hash(data[b << shift : (b << shift) + bs]) != want:
+                raise ChunkFormatError(f"checksum mismatch in block {b}")
+    return data
 
 
 def checked_chunk(
-    value: bytes | memoryview, ref: ChunkRef, counts: CorruptCounter
+    value: bytes | memoryview,
+    ref: ChunkRef,
+    counts: CorruptCounter,
+    lo: int = 0,
+    hi: int | None = None,
 ) -> memoryview | None:
-    """The data of a cached value if it is exactly `ref`, else None: a corrupt value is
-    counted in `counts` and logged once here, and the caller treats it as a miss."""
+    """The data of a cached value if it is exactly `ref` (verified over [lo, hi), default
+    all of it), else None: a corrupt value is counted in `counts` and logged here, and
+    the caller treats it as a miss (and refetches, replacing the value). A value of an
+    older format is a miss too, but not counted as corrupt."""
     try:
-        return verify_chunk(value, ref.obj.content_id, ref.chunk_size, ref.index, ref.length)
+        return verify_chunk(
+            value, ref.obj.content_id, ref.chunk_size, ref.index, ref.length, lo, hi
+        )
+    except StaleFormatError:
+        return None
     except ChunkFormatError as exc:
         counts.corrupt_chunks += 1
         log.warning(

@@ -252,11 +252,12 @@ class SilofsFS(pyfuse3.Operations):
         f.next_offset = end
         try:
             if first == last:
-                data, hit = await r.chunk(f, first)
+                lo, hi = off - first * cs, end - first * cs
+                data, hit = await r.chunk(f, first, lo, hi)  # verifies [lo, hi) of a hit
                 self._count(end - off, hit)
                 if sequential and f.obj.size > cs:
                     r.prefetch(f, first)
-                return memoryview(data)[off - first * cs : end - first * cs]
+                return memoryview(data)[lo:hi]
             return await self._read_span(f, off, end, first, last, sequential)
         except MissError:
             raise pyfuse3.FUSEError(errno.EIO) from None
@@ -268,9 +269,9 @@ class SilofsFS(pyfuse3.Operations):
         cs = self.reader.chunk_size
         parts = []
         for index in range(first, last + 1):
-            data, hit = await self.reader.chunk(f, index)
             lo = max(off, index * cs) - index * cs
             hi = min(end, (index + 1) * cs) - index * cs
+            data, hit = await self.reader.chunk(f, index, lo, hi)
             parts.append(bytes(data[lo:hi]))
             self._count(hi - lo, hit)
         if sequential:

@@ -1,10 +1,17 @@
 """The mount process's view of the cache: hits from LMDB, misses through the daemon.
 
 Owns the hit path (a memoryview of an LMDB value from a read txn that stays open until
-the FUSE reply is sent; checksum checked once per chunk per open file), a bounded
+the FUSE reply is sent; the header and the checksum blocks covering the bytes a request
+serves are verified on every request, so damage that lands while a file is open is
+caught too), a bounded
 buffer of chunks fetched by this mount (so a 4 MiB chunk read in 1 MiB requests is
 fetched once even when its dataset is full), single-flight and read-ahead of misses,
 and the counters the daemon reports. Never talks to a store and never writes LMDB.
+
+A file is one version from open to close: every chunk of it is looked up by the content
+id of the mount's own listing, and misses carry the listed version (&version=) so the
+daemon serves that version or refuses (409, EIO here), never bytes of a version a later
+refresh listed.
 
 Invariant: an LMDB memoryview is never held across an await. Another task renews the
 read txn at the start of its read, which would invalidate it; pyfuse3 sends a reply
@@ -17,7 +24,7 @@ import json
 import logging
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import lmdb
 import trio
@@ -42,7 +49,6 @@ class MissError(Exception):
 @dataclass
 class OpenFile:
     obj: ObjectInfo
-    verified: set[int] = field(default_factory=set)  # chunk indexes checked on this handle
     next_offset: int = -1  # where a sequential reader reads next
 
 
@@ -170,25 +176,27 @@ class ChunkReader:
         assert self._txn is not None
         return self._txn
 
-    def _from_lmdb(self, f: OpenFile, ref: ChunkRef) -> memoryview | None:
-        """The cached chunk, or None if absent. ChunkFormatError if it is corrupt."""
+    def _from_lmdb(self, ref: ChunkRef, lo: int, hi: int) -> memoryview | None:
+        """The cached chunk with [lo, hi) verified, or None if absent.
+        ChunkFormatError if it is corrupt (or of an older format)."""
         value = self._snapshot().get(ref.key, db=self._chunks_db)
         if value is None:
             return None
-        if ref.index in f.verified:
-            return memoryview(value)[len(value) - ref.length :]
-        data = checked_chunk(value, ref, self.counters)
+        data = checked_chunk(value, ref, self.counters, lo, hi)
         if data is None:
             raise ChunkFormatError(f"chunk {ref.index} of {ref.obj.key}")
-        f.verified.add(ref.index)
         return data
 
     # -- one chunk, any source -------------------------------------------------------
-    async def chunk(self, f: OpenFile, index: int) -> tuple[memoryview | bytes, bool]:
-        """(data, hit): from LMDB (hit), this mount's buffer, or the daemon."""
+    async def chunk(
+        self, f: OpenFile, index: int, lo: int = 0, hi: int | None = None
+    ) -> tuple[memoryview | bytes, bool]:
+        """(data, hit): the whole chunk from LMDB (hit), this mount's buffer, or the
+        daemon. Of an LMDB hit only [lo, hi) (chunk offsets; default all) is verified,
+        so the caller serves only that part of it."""
         ref = ChunkRef.of(f.obj, self.chunk_size, index)
         try:
-            view = self._from_lmdb(f, ref)
+            view = self._from_lmdb(ref, lo, ref.length if hi is None else hi)
         except ChunkFormatError:
             return await self._miss(ref, refetch=True)
         if view is not None:

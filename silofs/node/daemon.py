@@ -31,7 +31,7 @@ from silofs.cache.store import (
     env_map_size,
 )
 from silofs.config import NodeSettings
-from silofs.errors import BackendError, UnreachableError, UsageError
+from silofs.errors import BackendError, UnreachableError, UsageError, VersionMismatchError
 from silofs.node.backends import BackendOptions, open_backend
 from silofs.node.cachedir import (
     check_cache_dir,
@@ -440,7 +440,8 @@ class Daemon:
         """(bytes, 'cache'|'remote') for a mount's miss. Only objects in the mount's own
         dataset listing are served (promise 6). `version` is the one the reader's handle
         opened: after a refresh an open file keeps reading it (the previous generation
-        is kept until the next listing), never the new version's bytes."""
+        is kept until the next listing), never the new version's bytes: if neither
+        listing has that version, VersionMismatchError (409; EIO in the mount)."""
         ds = self.datasets[m.dsid]
         obj = self.store.get_object(ds.id, key, ds.record.get("gen"))
         if obj is None and ds.building_gen is not None:  # a mount of a listing in progress
@@ -451,16 +452,21 @@ class Daemon:
             if old is not None and old.version == version:
                 obj = old
             elif obj is not None:
-                raise UsageError(f"{key!r} changed in {ds.uri.canonical} since it was opened")
+                ds.fetch.version_mismatches += 1
+                raise VersionMismatchError(
+                    f"{ds.uri.canonical}{key} changed since this mount listed it "
+                    "(a refresh listed another version); remount to read the new one"
+                )
         if obj is None:
             raise UsageError(f"{key!r} is not in the listing of {ds.uri.canonical}")
         job = self.job(m.job)
         ref = ChunkRef.of(obj, m.chunk_size, index)
         if not refetch:  # a refetch was counted as corrupt by the mount that saw it
-            data = self.fetcher.cached(ref, ds.fetch)
+            data, bad = self.fetcher.cached(ref, ds.fetch)
             if data is not None:
                 ds.fetch.cache_served += 1
                 return data, "cache"
+            refetch = bad  # replace the bad value rather than keep missing on it
         try:
             data, fetched = await self.fetcher.fetch(
                 ds.id, ds.backend, job.limiter, ref, replace=refetch

@@ -30,6 +30,7 @@ class FetchCounters:
     cache_served: int = 0  # asked of the daemon but found admitted by another mount
     corrupt_chunks: int = 0
     errors: int = 0
+    version_mismatches: int = 0  # asked for a version other than the one now listed
 
 
 class Fetcher:
@@ -39,14 +40,16 @@ class Fetcher:
         self.threads = trio.CapacityLimiter(threads)
         self._flights: SingleFlight[bytes, bytes] = SingleFlight()
 
-    def cached(self, ref: ChunkRef, counters: FetchCounters) -> bytes | None:
-        """A verified copy of the chunk from LMDB, or None (a corrupt value is counted)."""
+    def cached(self, ref: ChunkRef, counters: FetchCounters) -> tuple[bytes | None, bool]:
+        """(a verified copy of the chunk from LMDB or None, whether a value is there that
+        failed verification: corrupt (counted) or of an older format; the caller fetches
+        with replace=True so the bad value does not stay in the way of every read)."""
         with self.store.read_txn() as txn:
             value = txn.get(ref.key, db=self.store.db(b"chunks"))
             if value is None:
-                return None
+                return None, False
             data = checked_chunk(value, ref, counters)
-            return None if data is None else bytes(data)
+            return (None, True) if data is None else (bytes(data), False)
 
     async def fetch(
         self,

@@ -16,7 +16,13 @@ from typing import Any
 
 from silofs.control.peer import Peer, peer_may_change
 from silofs.control.router import HTTPError, Request, Response, Router, json_response
-from silofs.errors import BackendError, NotFoundError, ObjectChangedError, UsageError
+from silofs.errors import (
+    BackendError,
+    NotFoundError,
+    ObjectChangedError,
+    UsageError,
+    VersionMismatchError,
+)
 from silofs.node.daemon import Daemon
 from silofs.node.state import DatasetState, JobState, MountState
 from silofs.records import MountCounters
@@ -453,6 +459,8 @@ def build_router(d: Daemon) -> Router:
             data, source = await d.get_chunk(
                 m, key, index, req.query.get("refetch") == "1", req.query.get("version")
             )
+        except VersionMismatchError as exc:
+            raise HTTPError(409, str(exc)) from None
         except UsageError as exc:
             raise HTTPError(404, str(exc)) from None
         except BackendError as exc:

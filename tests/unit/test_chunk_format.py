@@ -2,8 +2,10 @@
 
 Owns the golden bytes of one encoded chunk and its LMDB key: if either test here fails,
 the layout changed, and that needs a new FORMAT_VERSION, not a new golden value. Also
-owns verify_chunk's promise (DESIGN.md promise 3): any damaged or foreign value is a
-ChunkFormatError (a miss), never other exceptions and never wrong bytes.
+owns verify_chunk's promise (docs/SEMANTICS.md promise 3): any damaged or foreign value
+is a ChunkFormatError (a miss), never other exceptions and never wrong bytes; a range
+read checks the header and the blocks it covers; a version-1 value is a StaleFormatError
+(a miss that is refetched, not counted as corrupt).
 """
 
 from __future__ import annotations
@@ -16,24 +18,40 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from silofs.cache.format import (
+    BLOCK_SIZE,
     FORMAT_VERSION,
     KEY_SIZE,
     MAGIC,
     ChunkFormatError,
+    ChunkRef,
+    StaleFormatError,
+    checked_chunk,
     chunk_key,
     decode_header,
     encode_chunk,
     verify_chunk,
 )
+from silofs.records import ObjectInfo
 
+# Version 2: fixed part (48 B), key, content id, one block sum, data.
 GOLDEN = bytes.fromhex(
+    "534c4643020010004e0000000300000000000000010000000000000000040000000000000b000000"
+    "e2885af128fd3ca70700612f622e6a70670b0073333a6162633a323030308b98e640eab147d4"
+    "68656c6c6f20776f726c64"
+)
+# The same chunk as version 1 wrote it (one xxh3_64 over header and data): kept so an old
+# cache's values are recognised as stale, not as damage.
+GOLDEN_V1 = bytes.fromhex(
     "534c4643010042000300000000000000010000000000000000040000000000000b000000"
     "3754d385ee6b26ea0700612f622e6a70670b0073333a6162633a3230303068656c6c6f20"
     "776f726c64"
 )
 GOLDEN_KEY = "e9f155be0f43134fcfa2cc8569eb5504"
+# xxh3_64 of a multi-block value (1024-byte pattern x 150 = 150 KiB, three blocks).
+GOLDEN_MULTI_HASH = "3e80755148b492da"
 
 CID = "s3:abc:2000"
+HDR = 78  # header length of GOLDEN
 
 
 def golden() -> bytes:
@@ -47,6 +65,17 @@ def test_golden_bytes() -> None:
     assert golden().hex() == GOLDEN.hex()  # a readable diff when it fails
 
 
+def test_golden_multi_block_value() -> None:
+    value = encode_chunk(3, 1, 1 << 20, "big", "c", bytes(range(256)) * 600)
+    assert xxhash.xxh3_64_hexdigest(value) == GOLDEN_MULTI_HASH
+    h = decode_header(value)
+    assert h.header_len == 48 + 2 + 3 + 2 + 1 + 3 * 8
+    for b in range(3):
+        block = value[h.header_len + b * BLOCK_SIZE : h.header_len + (b + 1) * BLOCK_SIZE]
+        (want,) = struct.unpack_from("<Q", value, h.sums_offset + 8 * b)
+        assert want == xxhash.xxh3_64_intdigest(block)
+
+
 def test_golden_chunk_key() -> None:
     key = chunk_key(CID, 1024, 1)
     assert key.hex() == GOLDEN_KEY
@@ -55,22 +84,71 @@ def test_golden_chunk_key() -> None:
 
 def test_golden_layout_fields() -> None:
     # The same pin, field by field, so a failure says which field moved.
-    magic, version, hdr_len, dataset, index, csize, length, checksum = struct.unpack_from(
-        "<4sHHQQQIQ", GOLDEN
+    magic, version, shift, reserved, hdr_len, dataset, index, csize, length, checksum = (
+        struct.unpack_from("<4sHBBIQQQIQ", GOLDEN)
     )
-    assert (magic, version, hdr_len) == (b"SLFC", 1, 66)
+    assert (magic, version, shift, reserved, hdr_len) == (b"SLFC", 2, 16, 0, HDR)
     assert (dataset, index, csize, length) == (3, 1, 1024, 11)
-    assert GOLDEN[44:66] == b"\x07\x00a/b.jpg\x0b\x00s3:abc:2000"
-    assert GOLDEN[66:] == b"hello world"
-    zeroed = GOLDEN[:36] + b"\0" * 8 + GOLDEN[44:]
+    assert GOLDEN[48:70] == b"\x07\x00a/b.jpg\x0b\x00s3:abc:2000"
+    assert GOLDEN[70:78] == struct.pack("<Q", xxhash.xxh3_64_intdigest(b"hello world"))
+    assert GOLDEN[78:] == b"hello world"
+    zeroed = GOLDEN[:40] + b"\0" * 8 + GOLDEN[48:HDR]
     assert checksum == xxhash.xxh3_64_intdigest(zeroed)
-    assert MAGIC == b"SLFC" and FORMAT_VERSION == 1
+    assert MAGIC == b"SLFC" and FORMAT_VERSION == 2 and BLOCK_SIZE == 64 << 10
+
+
+def test_version_1_values_are_stale_not_corrupt() -> None:
+    with pytest.raises(StaleFormatError):
+        verify_chunk(GOLDEN_V1, CID, 1024, 1, 11)
+
+    class Counts:
+        corrupt_chunks = 0
+
+    counts = Counts()
+    obj = ObjectInfo("a/b.jpg", 1024 + 11, 0.0, "v", CID)
+    assert checked_chunk(GOLDEN_V1, ChunkRef.of(obj, 1024, 1), counts) is None
+    assert counts.corrupt_chunks == 0
+    assert bytes(checked_chunk(GOLDEN, ChunkRef.of(obj, 1024, 1), counts)) == b"hello world"
+    damaged = GOLDEN[:-1] + b"D"
+    assert checked_chunk(damaged, ChunkRef.of(obj, 1024, 1), counts) is None
+    assert counts.corrupt_chunks == 1
+
+
+def test_range_verification_checks_only_the_covered_blocks() -> None:
+    data = bytes(range(256)) * 1024  # 256 KiB: four blocks
+    value = bytearray(encode_chunk(1, 0, 1 << 20, "k", "c", data))
+    hdr = decode_header(bytes(value)).header_len
+    value[hdr + 2 * BLOCK_SIZE + 5] ^= 1  # damage block 2
+    v = bytes(value)
+    n = len(data)
+    # Ranges within blocks 0-1 or 3 are served; any range touching block 2 is refused.
+    assert bytes(verify_chunk(v, "c", 1 << 20, 0, n, 0, 2 * BLOCK_SIZE)[:10]) == data[:10]
+    verify_chunk(v, "c", 1 << 20, 0, n, 3 * BLOCK_SIZE, n)
+    verify_chunk(v, "c", 1 << 20, 0, n, 5, 5)  # empty range: header only
+    for lo, hi in [
+        (0, n),
+        (2 * BLOCK_SIZE - 1, 2 * BLOCK_SIZE + 1),
+        (2 * BLOCK_SIZE + 5, 3 * BLOCK_SIZE),
+    ]:
+        with pytest.raises(ChunkFormatError, match="block 2"):
+            verify_chunk(v, "c", 1 << 20, 0, n, lo, hi)
+
+
+def test_header_damage_is_detected_on_any_range() -> None:
+    data = bytes(300 << 10)
+    value = encode_chunk(1, 0, 1 << 20, "k", "c", data)
+    hdr = decode_header(value).header_len
+    for pos in range(0, hdr):
+        damaged = bytearray(value)
+        damaged[pos] ^= 0x10
+        with pytest.raises(ChunkFormatError):
+            verify_chunk(bytes(damaged), "c", 1 << 20, 0, len(data), 0, 0)
 
 
 def test_decode_header() -> None:
     h = decode_header(GOLDEN)
     assert (h.dataset, h.index, h.chunk_size, h.length) == (3, 1, 1024, 11)
-    assert (h.key, h.content_id, h.header_len) == ("a/b.jpg", CID, 66)
+    assert (h.key, h.content_id, h.header_len, h.sums_offset) == ("a/b.jpg", CID, HDR, 70)
 
 
 def test_verify_returns_the_data() -> None:
@@ -106,7 +184,7 @@ def test_any_single_flipped_byte_is_detected(data: st.DataObject) -> None:
 
 
 def test_every_position_and_bit_is_detected() -> None:
-    # Exhaustive over single-bit flips of the golden value (66 + 11 bytes x 8 bits).
+    # Exhaustive over single-bit flips of the golden value (78 + 11 bytes x 8 bits).
     for pos in range(len(GOLDEN)):
         for bit in range(8):
             damaged = bytearray(GOLDEN)
@@ -175,7 +253,9 @@ def test_identity_mismatch_is_detected(
         verify_chunk(GOLDEN, content_id, chunk_size, index, length)
 
 
-@pytest.mark.parametrize("cut", [0, 1, 4, 8, 43, 44, 45, 47, 65, 66, 67, len(GOLDEN) - 1])
+@pytest.mark.parametrize(
+    "cut", [0, 1, 4, 8, 39, 40, 47, 48, 49, 69, 70, 77, 78, 79, len(GOLDEN) - 1]
+)
 def test_truncated_values_are_detected(cut: int) -> None:
     with pytest.raises(ChunkFormatError):
         verify_chunk(GOLDEN[:cut], CID, 1024, 1, 11)
@@ -189,16 +269,17 @@ def test_extended_value_is_detected() -> None:
 
 
 def _resealed(value: bytes) -> bytes:
-    """`value` with a correct checksum for whatever its other bytes now say."""
-    zeroed = value[:36] + b"\0" * 8 + value[44:]
-    return value[:36] + struct.pack("<Q", xxhash.xxh3_64_intdigest(zeroed)) + value[44:]
+    """`value` with a correct header checksum for whatever its header now says."""
+    (hdr_len,) = struct.unpack_from("<I", value, 8)
+    zeroed = value[:40] + b"\0" * 8 + value[48:hdr_len]
+    return value[:40] + struct.pack("<Q", xxhash.xxh3_64_intdigest(zeroed)) + value[48:]
 
 
 def test_unknown_version_is_detected_even_with_a_valid_checksum() -> None:
-    for version in (0, 2, 0xFFFF):
-        v2 = _resealed(GOLDEN[:4] + struct.pack("<H", version) + GOLDEN[6:])
+    for version in (0, 3, 0xFFFF):
+        other = _resealed(GOLDEN[:4] + struct.pack("<H", version) + GOLDEN[6:])
         with pytest.raises(ChunkFormatError, match="version"):
-            verify_chunk(v2, CID, 1024, 1, 11)
+            verify_chunk(other, CID, 1024, 1, 11)
 
 
 def test_bad_magic_is_detected_even_with_a_valid_checksum() -> None:
@@ -218,17 +299,20 @@ def test_resealed_foreign_dataset_or_key_still_verifies() -> None:
 def test_bad_variable_header_is_a_format_error() -> None:
     # Inconsistent lengths inside the variable part, resealed so only the parser sees it.
     var_bad = bytearray(GOLDEN)
-    var_bad[44] = 0xFF  # key_len 255 runs past the header
+    var_bad[48] = 0xFF  # key_len 255 runs past the header
     with pytest.raises(ChunkFormatError):
         verify_chunk(_resealed(bytes(var_bad)), CID, 1024, 1, 11)
     utf8_bad = bytearray(GOLDEN)
-    utf8_bad[46] = 0xFF  # invalid utf-8 in the key
+    utf8_bad[50] = 0xFF  # invalid utf-8 in the key
     with pytest.raises(ChunkFormatError):
         decode_header(_resealed(bytes(utf8_bad)))
     # hdr_len shorter than the fixed part plus the two length fields
-    short = GOLDEN[:6] + struct.pack("<H", 10) + GOLDEN[8:]
+    short = GOLDEN[:8] + struct.pack("<I", 10) + GOLDEN[12:]
     with pytest.raises(ChunkFormatError):
         decode_header(short)
+    # a block size out of bounds
+    with pytest.raises(ChunkFormatError, match="block size"):
+        decode_header(_resealed(GOLDEN[:6] + b"\x40" + GOLDEN[7:]))
 
 
 def test_empty_chunk() -> None:
