@@ -8,7 +8,9 @@ CapacityLimiter. A backend never caches, never rate-limits and never touches LMD
 
 from __future__ import annotations
 
+import base64
 import functools
+import hashlib
 import logging
 import queue
 import random
@@ -19,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
-from silofs.errors import BackendError, TransientError
+from silofs.errors import BackendError, ChecksumMismatchError, TransientError
 from silofs.records import ObjectInfo
 
 log = logging.getLogger(__name__)
@@ -52,6 +54,8 @@ class StoreCounters:
     fetch threads; a lost increment under a race is acceptable for a counter this coarse."""
 
     retries: int = 0  # retryable errors that were retried (each retry once)
+    checksum_errors: int = 0  # bodies that did not match the store's checksum (retried)
+    short_reads: int = 0  # bodies shorter than the range asked for (retried)
 
 
 class Backend(Protocol):
@@ -86,6 +90,10 @@ class RetryingBackend:
     Subclasses set `uri` and `opts` and provide one-try operations: _check_once(),
     _list_page(token) -> (items, next token or None), _info(item) -> ObjectInfo or None,
     and _get_once(info, start, end) -> bytes.
+
+    _get_once checks whatever checksum the store sends for the bytes it returned and
+    raises ChecksumMismatchError (retried, counted in `counters`) on a mismatch; a short
+    body is retried here. What each store can and cannot check is in docs/SEMANTICS.md.
     """
 
     uri: str
@@ -128,8 +136,13 @@ class RetryingBackend:
         return retry_call(fetch, self.opts, f"read {self.uri}{info.key}", self.counters)
 
     def _get_exact(self, info: ObjectInfo, start: int, end: int) -> bytes:
-        data = self._get_once(info, start, end)
+        try:
+            data = self._get_once(info, start, end)
+        except ChecksumMismatchError:
+            self.counters.checksum_errors += 1
+            raise
         if len(data) != end - start:  # a dropped connection, not a changed object: retry
+            self.counters.short_reads += 1
             raise TransientError(
                 f"short read from {self.uri}{info.key}: got {len(data)} of {end - start} bytes"
             )
@@ -217,6 +230,11 @@ class RetryingBackend:
 
     def _get_once(self, info: ObjectInfo, start: int, end: int) -> bytes:
         raise NotImplementedError
+
+
+def md5_b64(data: bytes) -> str:
+    """Base64 MD5, as Azure's Content-MD5 and GCS's x-goog-hash carry it."""
+    return base64.b64encode(hashlib.md5(data, usedforsecurity=False).digest()).decode()
 
 
 def retry_call(

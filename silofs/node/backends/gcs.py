@@ -26,6 +26,7 @@ from typing import Any
 import google.auth
 import google.auth.exceptions as gax
 import requests
+import urllib3
 from google.api_core import exceptions as gx
 from google.auth.credentials import AnonymousCredentials, Credentials
 from google.auth.transport.requests import AuthorizedSession
@@ -33,6 +34,7 @@ from google.auth.transport.requests import AuthorizedSession
 from silofs.errors import (
     AccessDeniedError,
     BackendError,
+    ChecksumMismatchError,
     NotFoundError,
     ObjectChangedError,
     TransientError,
@@ -313,17 +315,24 @@ class GCSBackend(RetryingBackend):
         store_key = join_prefix(self.prefix, info.key)
         what = f"{self.uri}{info.key}"
         client = self.client()
+        from google.cloud.storage.exceptions import DataCorruption  # loaded by client()
+
         # Pinned to the listed generation: an overwrite makes it 404, never other bytes.
         blob = client.bucket(self.bucket_name).blob(store_key, generation=int(info.version))
+        # A read of the whole object is checked against the object's crc32c (x-goog-hash);
+        # a range has no checksum to check against (docs/SEMANTICS.md).
+        whole = start == 0 and end == info.size
         try:
             data = blob.download_as_bytes(
-                start=start,
-                end=end - 1,  # inclusive
+                start=None if whole else start,
+                end=None if whole else end - 1,  # inclusive
                 raw_download=True,  # stored bytes, even for Content-Encoding: gzip
-                checksum=None,  # a range cannot be checked against the object's hash
+                checksum="crc32c" if whole else None,
                 timeout=self._timeout(),
                 retry=None,
             )
+        except DataCorruption as exc:
+            raise ChecksumMismatchError(f"{what}: body does not match its crc32c") from exc
         except (gx.NotFound, gx.PreconditionFailed, gx.RequestRangeNotSatisfiable) as exc:
             raise ObjectChangedError(
                 f"{what} is no longer at generation {info.version} (changed or deleted since "
@@ -331,6 +340,10 @@ class GCSBackend(RetryingBackend):
             ) from exc
         except _SDK_ERRORS as exc:
             raise self._classify(exc, what) from exc
+        except urllib3.exceptions.HTTPError as exc:
+            # The library reads the body from urllib3 itself: a body cut short (a closed
+            # connection, a Content-Length that promised more) arrives unwrapped.
+            raise TransientError(f"GCS response for {what} broke off: {exc}") from exc
         return data
 
     def _classify(self, exc: Exception, what: str) -> BackendError:

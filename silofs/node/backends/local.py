@@ -1,7 +1,8 @@
 """A local directory as a bucket: the embedded default that needs no cloud account.
 
 Owns walking a directory tree into ObjectInfo and reading byte ranges with pread.
-The version token is mtime_ns+size, so a file rewritten after listing is detected.
+The version token is inode+mtime_ns+ctime_ns+size, checked before and after each read,
+so a file rewritten after listing (even with its mtime restored) is detected.
 Never follows a symlink out of the directory and never writes.
 """
 
@@ -30,8 +31,10 @@ def _utf8(name: str) -> bool:
 
 def _version(st: os.stat_result) -> str:
     # The inode catches a file replaced by rename with the same size and mtime (cp -p,
-    # rsync -t); ctime is left out because chmod would then look like a change.
-    return f"{st.st_ino}-{st.st_mtime_ns}-{st.st_size}"
+    # rsync -t); ctime catches a rewrite in place that restored the mtime (os.utime,
+    # touch -d): no user can set ctime. The price: chmod/chown/link also change ctime,
+    # so they read as a change (EIO for open files until a refresh), never as old bytes.
+    return f"{st.st_ino}-{st.st_mtime_ns}-{st.st_ctime_ns}-{st.st_size}"
 
 
 class LocalBackend:
@@ -102,6 +105,9 @@ class LocalBackend:
                 raise
             if len(data) != length:  # shorter than listed, with the same version
                 raise ObjectChangedError(f"{self.uri}{info.key} changed since listing")
+            # A rewrite racing the pread: the bytes read may mix versions, so check again.
+            if _version(os.fstat(fd)) != info.version:
+                raise ObjectChangedError(f"{self.uri}{info.key} changed while being read")
             return data
         finally:
             os.close(fd)

@@ -13,8 +13,10 @@ instance metadata service, is built on first use), never writes to the bucket.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
+import re
 import threading
 from typing import Any
 
@@ -25,6 +27,7 @@ from botocore.config import Config
 from silofs.errors import (
     AccessDeniedError,
     BackendError,
+    ChecksumMismatchError,
     NotFoundError,
     ObjectChangedError,
     TransientError,
@@ -72,6 +75,26 @@ def _etag(raw: str) -> str:
     return raw.strip('"')
 
 
+_MD5_ETAG = re.compile(r"[0-9a-f]{32}")
+
+
+def _check_md5_etag(resp: dict[str, Any], data: bytes, what: str) -> None:
+    """A whole single-part object's ETag is the MD5 of its bytes, unless it is encrypted
+    with SSE-KMS or SSE-C (then it is not): check it where it is. Multipart ETags carry a
+    '-N' suffix and are not an MD5 of the bytes; those are not checked."""
+    etag = _etag(resp.get("ETag", "")).lower()
+    if not _MD5_ETAG.fullmatch(etag):
+        return
+    if resp.get("SSECustomerAlgorithm") or resp.get("ServerSideEncryption", "AES256") not in (
+        "AES256",
+        "",
+    ):
+        return
+    got = hashlib.md5(data, usedforsecurity=False).hexdigest()
+    if got != etag:
+        raise ChecksumMismatchError(f"{what}: body MD5 {got} does not match its ETag {etag}")
+
+
 class S3Backend(RetryingBackend):
     """A read-only view of s3://bucket/prefix/; safe to share between threads."""
 
@@ -83,6 +106,9 @@ class S3Backend(RetryingBackend):
         self.endpoint_url = opts.endpoint_url or os.environ.get("AWS_ENDPOINT_URL") or None
         self._client: Any = None
         self._cred_source = "none found"
+        # Check a whole single-part object's MD5 ETag (off for stores whose ETags are not
+        # MD5s even without SSE-KMS, e.g. some S3-compatible stores with encryption).
+        self._md5_etag = opts.extra.get("verify_etag_md5", "true").lower() not in ("0", "false")
         self._lock = threading.Lock()
 
     # -- client ---------------------------------------------------------------------
@@ -203,18 +229,27 @@ class S3Backend(RetryingBackend):
         store_key = join_prefix(self.prefix, info.key)
         what = f"s3://{self.bucket}/{store_key}"
         client = self._client_or_raise()
+        whole = start == 0 and end == info.size
+        kwargs: dict[str, Any] = {
+            "Bucket": self.bucket,
+            "Key": store_key,
+            "IfMatch": f'"{info.version}"',
+            # The object's full-object checksum (CRC32/CRC64NVME/SHA, when it has one) comes
+            # only with a GET of the whole object; botocore then verifies the body while
+            # reading it and raises FlexibleChecksumError on a mismatch.
+            "ChecksumMode": "ENABLED",
+        }
+        if not whole:  # S3 sends no checksum for a range: see docs/SEMANTICS.md
+            kwargs["Range"] = f"bytes={start}-{end - 1}"
         try:
-            resp = client.get_object(
-                Bucket=self.bucket,
-                Key=store_key,
-                Range=f"bytes={start}-{end - 1}",
-                IfMatch=f'"{info.version}"',
-            )
+            resp = client.get_object(**kwargs)
             # Some S3-compatible stores ignore If-Match: check the ETag ourselves as well.
             if _etag(resp.get("ETag", "")) not in ("", info.version):
                 resp["Body"].close()
                 raise ObjectChangedError(f"{what} changed since listing (new ETag)")
             data = resp["Body"].read()
+        except bx.FlexibleChecksumError as exc:
+            raise ChecksumMismatchError(f"{what}: body does not match its checksum: {exc}") from exc
         except bx.ClientError as exc:
             code, status = _code(exc)
             if code in _CHANGED or status in (404, 412, 416):
@@ -224,6 +259,8 @@ class S3Backend(RetryingBackend):
             raise self._classify(exc, what) from exc
         except bx.BotoCoreError as exc:
             raise self._classify(exc, what) from exc
+        if whole and self._md5_etag and len(data) == end - start:
+            _check_md5_etag(resp, data, what)
         return data
 
     def _classify(self, exc: Exception, what: str) -> BackendError:
