@@ -10,15 +10,15 @@ Layout of a version-2 value (little-endian):
     version    u16  FORMAT_VERSION (2)
     blk_shift  u8   log2 of the checksum block size (16: 64 KiB)
     reserved   u8   0
-    hdr_len    u32  bytes before the data: fixed part, variable part, block sums
+    hdr_len    u32  bytes before the data: fixed part, variable part, block sums, hdr_sum
     dataset    u64  id of the dataset that admitted (and is charged for) the chunk
     index      u64  chunk index within the object
     csize      u64  nominal chunk size the object was cut with
     length     u32  number of data bytes that follow the header
-    hdr_sum    u64  xxh3_64 over the header bytes [0, hdr_len) with this field zero
     key_len    u16, key (utf-8): the object key as the admitting dataset listed it
     cid_len    u16, content_id (utf-8): store-reported identity (etag/md5/generation+size)
     sums       u64 x ceil(length / block): xxh3_64 of each data block (the last may be short)
+    hdr_sum    u64  xxh3_64 of the header bytes before it, [0, hdr_len - 8)
     data       length bytes
 
 Why per-block sums: every read of a cached chunk is verified when it is served (promise
@@ -48,12 +48,11 @@ MAGIC = b"SLFC"
 FORMAT_VERSION = 2
 BLOCK_SHIFT = 16
 BLOCK_SIZE = 1 << BLOCK_SHIFT
-_FIXED = struct.Struct("<4sHBBIQQQIQ")
-_SUM_OFFSET = _FIXED.size - 8
-_ZERO_SUM = b"\0" * 8
+_FIXED = struct.Struct("<4sHBBIQQQI")
 _LEN16 = struct.Struct("<H")
 _SUM = struct.Struct("<Q")
 _V1_PREFIX = struct.Struct("<4sH")
+_MIN_HDR = _FIXED.size + 4 + 8  # two empty strings, no blocks, the header sum
 KEY_SIZE = 16
 _hash = xxhash.xxh3_64_intdigest
 
@@ -72,7 +71,7 @@ class ChunkHeader:
     index: int
     chunk_size: int
     length: int
-    checksum: int  # of the header
+    checksum: int  # of the header (hdr_sum)
     key: str
     content_id: str
     header_len: int
@@ -139,52 +138,60 @@ def encode_chunk(
     n = len(mv)
     sums = b"".join(_SUM.pack(_hash(mv[off : off + BLOCK_SIZE])) for off in range(0, n, BLOCK_SIZE))
     var = _variable_part(key, content_id)
-    hdr_len = _FIXED.size + len(var) + len(sums)
+    hdr_len = _FIXED.size + len(var) + len(sums) + 8
     fixed = _FIXED.pack(
-        MAGIC, FORMAT_VERSION, BLOCK_SHIFT, 0, hdr_len, dataset, index, chunk_size, n, 0
+        MAGIC, FORMAT_VERSION, BLOCK_SHIFT, 0, hdr_len, dataset, index, chunk_size, n
     )
-    header = fixed[:_SUM_OFFSET] + _SUM.pack(_hash(fixed + var + sums)) + var + sums
-    return header + bytes(mv)
+    header = fixed + var + sums
+    return header + _SUM.pack(_hash(header)) + bytes(mv)
 
 
-def decode_header(value: bytes | memoryview) -> ChunkHeader:
-    """Parse and check the header (its own checksum included) without touching the data."""
-    if len(value) < _FIXED.size:
-        if len(value) >= _V1_PREFIX.size and _V1_PREFIX.unpack_from(value) == (MAGIC, 1):
+def _parse(mv: memoryview) -> tuple[int, int, int, int, int, int, int, int, int, int]:
+    """(dataset, index, csize, length, hdr_len, shift, key_at, cid_at, sums_at, checksum)
+    of a value whose header checksum holds, else ChunkFormatError. Touches no data."""
+    n = len(mv)
+    if n < _FIXED.size:
+        if n >= _V1_PREFIX.size and _V1_PREFIX.unpack_from(mv) == (MAGIC, 1):
             raise StaleFormatError("chunk format version 1")
         raise ChunkFormatError("value shorter than a chunk header")
-    magic, version, shift, _, hdr_len, dataset, index, csize, length, checksum = _FIXED.unpack_from(
-        value
-    )
+    magic, version, shift, _, hdr_len, dataset, index, csize, length = _FIXED.unpack_from(mv)
     if magic != MAGIC:
         raise ChunkFormatError("bad magic")
     if version != FORMAT_VERSION:
         if version == 1:
             raise StaleFormatError("chunk format version 1")
         raise ChunkFormatError(f"unknown chunk format version {version}")
+    if hdr_len + length != n or hdr_len < _MIN_HDR:
+        raise ChunkFormatError("header length does not match the value")
+    (checksum,) = _SUM.unpack_from(mv, hdr_len - 8)
+    if _hash(mv[: hdr_len - 8]) != checksum:
+        raise ChunkFormatError("header checksum mismatch")
+    # The header is as written (or a checksum collision); a writer's own inconsistency
+    # is still refused below rather than trusted.
     if not 12 <= shift <= 26:
         raise ChunkFormatError(f"bad block size 2**{shift}")
-    if hdr_len + length != len(value) or hdr_len < _FIXED.size + 4:
-        raise ChunkFormatError("header length does not match the value")
-    mv = memoryview(value)
-    h = xxhash.xxh3_64(mv[:_SUM_OFFSET])
-    h.update(_ZERO_SUM)
-    h.update(mv[_FIXED.size : hdr_len])
-    if h.intdigest() != checksum:
-        raise ChunkFormatError("header checksum mismatch")
-    pos = _FIXED.size
-    try:
-        (klen,) = _LEN16.unpack_from(value, pos)
-        key = bytes(mv[pos + 2 : pos + 2 + klen]).decode()
-        pos += 2 + klen
-        (clen,) = _LEN16.unpack_from(value, pos)
-        cid = bytes(mv[pos + 2 : pos + 2 + clen]).decode()
-        pos += 2 + clen
-    except (struct.error, UnicodeDecodeError) as exc:
-        raise ChunkFormatError(f"bad variable header: {exc}") from None
-    if pos + 8 * _blocks(length, shift) != hdr_len:
+    key_at = _FIXED.size + 2
+    (klen,) = _LEN16.unpack_from(mv, _FIXED.size)
+    cid_at = key_at + klen + 2
+    if cid_at > hdr_len - 8:
+        raise ChunkFormatError("bad variable header: key runs past the header")
+    (clen,) = _LEN16.unpack_from(mv, cid_at - 2)
+    sums_at = cid_at + clen
+    if sums_at + 8 * _blocks(length, shift) + 8 != hdr_len:
         raise ChunkFormatError("variable header length mismatch")
-    return ChunkHeader(dataset, index, csize, length, checksum, key, cid, hdr_len, pos, shift)
+    return dataset, index, csize, length, hdr_len, shift, key_at, cid_at, sums_at, checksum
+
+
+def decode_header(value: bytes | memoryview) -> ChunkHeader:
+    """Parse and check the header (its own checksum included) without touching the data."""
+    mv = memoryview(value)
+    dataset, index, csize, length, hdr_len, shift, key_at, cid_at, sums_at, checksum = _parse(mv)
+    try:
+        key = bytes(mv[key_at : cid_at - 2]).decode()
+        cid = bytes(mv[cid_at:sums_at]).decode()
+    except UnicodeDecodeError as exc:
+        raise ChunkFormatError(f"bad variable header: {exc}") from None
+    return ChunkHeader(dataset, index, csize, length, checksum, key, cid, hdr_len, sums_at, shift)
 
 
 def verify_chunk(
@@ -200,25 +207,25 @@ def verify_chunk(
 
     Checks the header (its checksum and identity fields) on every call, and the data
     blocks covering [lo, hi) (default: all of it). Bytes outside those blocks are NOT
-    verified: the caller serves only [lo, hi) of the returned view.
+    verified: the caller serves only [lo, hi) of the returned view. This is the hit
+    path of every FUSE read: no strings decoded, no objects built.
     """
-    hdr = decode_header(value)
-    if hdr.content_id != content_id or hdr.index != index or hdr.chunk_size != chunk_size:
-        raise ChunkFormatError("chunk header names another object or chunk")
-    if hdr.length != expected_length:
-        raise ChunkFormatError(f"chunk length {hdr.length} != expected {expected_length}")
-    if hi is None:
-        hi = hdr.length
-    if not 0 <= lo <= hi <= hdr.length:
-        raise ValueError(f"range [{lo}, {hi}) outside a chunk of {hdr.length} bytes")
     mv = memoryview(value)
-    data = mv[hdr.header_len :]
-    shift = hdr.block_shift
-    bs = 1 << shift
+    _, idx, csize, length, hdr_len, shift, _, cid_at, sums_at, _ = _parse(mv)
+    if idx != index or csize != chunk_size or mv[cid_at:sums_at] != content_id.encode():
+        raise ChunkFormatError("chunk header names another object or chunk")
+    if length != expected_length:
+        raise ChunkFormatError(f"chunk length {length} != expected {expected_length}")
+    if hi is None:
+        hi = length
+    if not 0 <= lo <= hi <= length:
+        raise ValueError(f"range [{lo}, {hi}) outside a chunk of {length} bytes")
+    data = mv[hdr_len:]
     if hi > lo:
-        for b in range(lo >> shift, ((hi - 1) >> shift) + 1):
-            (want,) = _SUM.unpack_from(mv, hdr.sums_offset + 8 * b)
-            if _hash(data[b << shift : (b << shift) + bs]) != want:
+        first, last = lo >> shift, (hi - 1) >> shift
+        want = struct.unpack_from(f"<{last - first + 1}Q", mv, sums_at + 8 * first)
+        for b, w in zip(range(first, last + 1), want, strict=True):
+            if _hash(data[b << shift : (b + 1) << shift]) != w:
                 raise ChunkFormatError(f"checksum mismatch in block {b}")
     return data
 

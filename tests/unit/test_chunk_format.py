@@ -33,10 +33,10 @@ from silofs.cache.format import (
 )
 from silofs.records import ObjectInfo
 
-# Version 2: fixed part (48 B), key, content id, one block sum, data.
+# Version 2: fixed part (40 B), key, content id, one block sum, header sum, data.
 GOLDEN = bytes.fromhex(
     "534c4643020010004e0000000300000000000000010000000000000000040000000000000b000000"
-    "e2885af128fd3ca70700612f622e6a70670b0073333a6162633a323030308b98e640eab147d4"
+    "0700612f622e6a70670b0073333a6162633a323030308b98e640eab147d4aed4aa45869579d5"
     "68656c6c6f20776f726c64"
 )
 # The same chunk as version 1 wrote it (one xxh3_64 over header and data): kept so an old
@@ -48,7 +48,7 @@ GOLDEN_V1 = bytes.fromhex(
 )
 GOLDEN_KEY = "e9f155be0f43134fcfa2cc8569eb5504"
 # xxh3_64 of a multi-block value (1024-byte pattern x 150 = 150 KiB, three blocks).
-GOLDEN_MULTI_HASH = "3e80755148b492da"
+GOLDEN_MULTI_HASH = "68b9eeea27fe0917"
 
 CID = "s3:abc:2000"
 HDR = 78  # header length of GOLDEN
@@ -69,7 +69,7 @@ def test_golden_multi_block_value() -> None:
     value = encode_chunk(3, 1, 1 << 20, "big", "c", bytes(range(256)) * 600)
     assert xxhash.xxh3_64_hexdigest(value) == GOLDEN_MULTI_HASH
     h = decode_header(value)
-    assert h.header_len == 48 + 2 + 3 + 2 + 1 + 3 * 8
+    assert h.header_len == 40 + 2 + 3 + 2 + 1 + 3 * 8 + 8
     for b in range(3):
         block = value[h.header_len + b * BLOCK_SIZE : h.header_len + (b + 1) * BLOCK_SIZE]
         (want,) = struct.unpack_from("<Q", value, h.sums_offset + 8 * b)
@@ -84,16 +84,15 @@ def test_golden_chunk_key() -> None:
 
 def test_golden_layout_fields() -> None:
     # The same pin, field by field, so a failure says which field moved.
-    magic, version, shift, reserved, hdr_len, dataset, index, csize, length, checksum = (
-        struct.unpack_from("<4sHBBIQQQIQ", GOLDEN)
+    magic, version, shift, reserved, hdr_len, dataset, index, csize, length = struct.unpack_from(
+        "<4sHBBIQQQI", GOLDEN
     )
     assert (magic, version, shift, reserved, hdr_len) == (b"SLFC", 2, 16, 0, HDR)
     assert (dataset, index, csize, length) == (3, 1, 1024, 11)
-    assert GOLDEN[48:70] == b"\x07\x00a/b.jpg\x0b\x00s3:abc:2000"
-    assert GOLDEN[70:78] == struct.pack("<Q", xxhash.xxh3_64_intdigest(b"hello world"))
-    assert GOLDEN[78:] == b"hello world"
-    zeroed = GOLDEN[:40] + b"\0" * 8 + GOLDEN[48:HDR]
-    assert checksum == xxhash.xxh3_64_intdigest(zeroed)
+    assert GOLDEN[40:62] == b"\x07\x00a/b.jpg\x0b\x00s3:abc:2000"
+    assert GOLDEN[62:70] == struct.pack("<Q", xxhash.xxh3_64_intdigest(b"hello world"))
+    assert GOLDEN[70:HDR] == struct.pack("<Q", xxhash.xxh3_64_intdigest(GOLDEN[:70]))
+    assert GOLDEN[HDR:] == b"hello world"
     assert MAGIC == b"SLFC" and FORMAT_VERSION == 2 and BLOCK_SIZE == 64 << 10
 
 
@@ -148,7 +147,7 @@ def test_header_damage_is_detected_on_any_range() -> None:
 def test_decode_header() -> None:
     h = decode_header(GOLDEN)
     assert (h.dataset, h.index, h.chunk_size, h.length) == (3, 1, 1024, 11)
-    assert (h.key, h.content_id, h.header_len, h.sums_offset) == ("a/b.jpg", CID, HDR, 70)
+    assert (h.key, h.content_id, h.header_len, h.sums_offset) == ("a/b.jpg", CID, HDR, 62)
 
 
 def test_verify_returns_the_data() -> None:
@@ -254,7 +253,7 @@ def test_identity_mismatch_is_detected(
 
 
 @pytest.mark.parametrize(
-    "cut", [0, 1, 4, 8, 39, 40, 47, 48, 49, 69, 70, 77, 78, 79, len(GOLDEN) - 1]
+    "cut", [0, 1, 4, 8, 39, 40, 41, 61, 62, 69, 70, 77, 78, 79, len(GOLDEN) - 1]
 )
 def test_truncated_values_are_detected(cut: int) -> None:
     with pytest.raises(ChunkFormatError):
@@ -271,8 +270,8 @@ def test_extended_value_is_detected() -> None:
 def _resealed(value: bytes) -> bytes:
     """`value` with a correct header checksum for whatever its header now says."""
     (hdr_len,) = struct.unpack_from("<I", value, 8)
-    zeroed = value[:40] + b"\0" * 8 + value[48:hdr_len]
-    return value[:40] + struct.pack("<Q", xxhash.xxh3_64_intdigest(zeroed)) + value[48:]
+    body = value[: hdr_len - 8]
+    return body + struct.pack("<Q", xxhash.xxh3_64_intdigest(body)) + value[hdr_len:]
 
 
 def test_unknown_version_is_detected_even_with_a_valid_checksum() -> None:
@@ -299,11 +298,11 @@ def test_resealed_foreign_dataset_or_key_still_verifies() -> None:
 def test_bad_variable_header_is_a_format_error() -> None:
     # Inconsistent lengths inside the variable part, resealed so only the parser sees it.
     var_bad = bytearray(GOLDEN)
-    var_bad[48] = 0xFF  # key_len 255 runs past the header
+    var_bad[40] = 0xFF  # key_len 255 runs past the header
     with pytest.raises(ChunkFormatError):
         verify_chunk(_resealed(bytes(var_bad)), CID, 1024, 1, 11)
     utf8_bad = bytearray(GOLDEN)
-    utf8_bad[50] = 0xFF  # invalid utf-8 in the key
+    utf8_bad[42] = 0xFF  # invalid utf-8 in the key
     with pytest.raises(ChunkFormatError):
         decode_header(_resealed(bytes(utf8_bad)))
     # hdr_len shorter than the fixed part plus the two length fields
