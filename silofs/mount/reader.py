@@ -199,6 +199,12 @@ class ChunkReader:
             view = self._from_lmdb(ref, lo, ref.length if hi is None else hi)
         except ChunkFormatError:
             return await self._miss(ref, refetch=True)
+        except lmdb.Error as exc:
+            # LMDB has no checksums of its own pages: a damaged B-tree page can make a
+            # lookup fail. A miss, like a damaged value; never an exception out of read().
+            self.counters.corrupt_chunks += 1
+            log.warning("cache lookup of chunk %d of %s failed: %s", index, f.obj.key, exc)
+            return await self._miss(ref, refetch=True)
         if view is not None:
             if self.track_hits and len(self.touched) < 65536:
                 self.touched.append(ref.key)
@@ -255,7 +261,11 @@ class ChunkReader:
         last = (f.obj.size - 1) // self.chunk_size
         for index in range(after + 1, min(last, after + self.readahead) + 1):
             ref = ChunkRef.of(f.obj, self.chunk_size, index)
-            if self._wanted(ref) and not self.store.owns(txn, self.dataset_id, ref.key):
+            try:
+                owned = self.store.owns(txn, self.dataset_id, ref.key)
+            except lmdb.Error:
+                return  # a damaged page: the reader's own lookup will count it
+            if self._wanted(ref) and not owned:
                 self._nursery.start_soon(self._prefetch_one, ref)
 
     def _wanted(self, ref: ChunkRef) -> bool:

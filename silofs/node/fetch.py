@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
+import lmdb
 import trio
 
 from silofs.cache.format import ChunkRef, checked_chunk, encode_chunk
@@ -45,7 +46,14 @@ class Fetcher:
         failed verification: corrupt (counted) or of an older format; the caller fetches
         with replace=True so the bad value does not stay in the way of every read)."""
         with self.store.read_txn() as txn:
-            value = txn.get(ref.key, db=self.store.db(b"chunks"))
+            try:
+                value = txn.get(ref.key, db=self.store.db(b"chunks"))
+            except lmdb.Error as exc:  # a damaged LMDB page (LMDB checks none)
+                counters.corrupt_chunks += 1
+                log.warning(
+                    "cache lookup of chunk %d of %s failed: %s", ref.index, ref.obj.key, exc
+                )
+                return None, False
             if value is None:
                 return None, False
             data = checked_chunk(value, ref, counters)

@@ -1,0 +1,238 @@
+"""Byte flips in the cache env, online and offline: wrong bytes served stays 0.
+
+Owns the whole-system form of promise 3 (docs/SEMANTICS.md): bytes are flipped in the
+LMDB file of a real node (chunk data, chunk headers, B-tree pages) while real FUSE mounts
+read (re-reading through handles opened before the damage, and through fresh opens), and
+again while the node is down; every byte read is compared with the store's. Reads may
+fail (EIO) where damage cannot be repaired; no read may return a wrong byte.
+
+Short form (CI, a few seconds): a small dataset and a few dozen flips. Long form, run by
+hand: SILOFS_LONG=1 python -m pytest -q -s tests/reliability/test_byteflips.py
+(more data, hundreds of flips; prints the figures).
+"""
+
+from __future__ import annotations
+
+import errno
+import mmap
+import os
+import random
+import struct
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from tests.integration.conftest import Node, force_unmount, mounted, needs_fuse, wait_for
+
+pytestmark = [needs_fuse, pytest.mark.fuse]
+
+LONG = os.environ.get("SILOFS_LONG") == "1"
+CHUNK = 256 << 10
+PAGE = 4096
+P_BRANCH, P_LEAF, P_OVERFLOW = 0x01, 0x02, 0x04
+_PAGE_HEAD = struct.Struct("<QHHI")  # pgno, pad, flags, (lower/upper | overflow pages)
+_VALUE_HEAD = struct.Struct("<4sHBBI")  # magic, version, blk_shift, reserved, hdr_len
+
+
+@dataclass
+class Tally:
+    reads: int = 0
+    wrong_bytes: int = 0
+    wrong_reads: int = 0
+    eio: int = 0
+    other_errors: int = 0
+    flips: dict[str, int] = field(default_factory=lambda: {"data": 0, "header": 0, "btree": 0})
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def read(self, got: bytes | int, want: bytes) -> None:
+        with self.lock:
+            self.reads += 1
+            if isinstance(got, int):
+                if got == errno.EIO:
+                    self.eio += 1
+                else:
+                    self.other_errors += 1
+                return
+            n = min(len(got), len(want))
+            bad = sum(1 for a, b in zip(got[:n], want[:n], strict=True) if a != b)
+            bad += abs(len(got) - len(want))
+            if bad:
+                self.wrong_bytes += bad
+                self.wrong_reads += 1
+
+
+def _dataset(n_small: int, n_big: int, seed: int) -> dict[str, bytes]:
+    rnd = random.Random(seed)
+    files = {f"s/{i:04d}.bin": rnd.randbytes(rnd.randint(60_000, 120_000)) for i in range(n_small)}
+    files.update({f"b/{i:03d}.bin": rnd.randbytes(4 * CHUNK + 1234) for i in range(n_big)})
+    return files
+
+
+def _pread(fd: int, size: int, off: int) -> bytes | int:
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)  # the read must reach FUSE
+        return os.pread(fd, size, off)
+    except OSError as exc:
+        return exc.errno or -1
+
+
+class Flipper:
+    """Flips one byte at a time in data.mdb: in a chunk's data or header (found by their
+    overflow pages) or anywhere in a B-tree (branch or leaf) page."""
+
+    def __init__(self, cache_dir: str, rnd: random.Random) -> None:
+        self.path = os.path.join(cache_dir, "data.mdb")
+        self.rnd = rnd
+
+    def _pages(self) -> tuple[list[tuple[int, int, int]], list[int]]:
+        """([(value offset, hdr_len, length)], [B-tree page offsets]) as the file is now."""
+        values: list[tuple[int, int, int]] = []
+        btree: list[int] = []
+        with open(self.path, "rb") as f, mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ) as m:
+            for p in range(2, len(m) // PAGE):  # pages 0, 1: LMDB's meta pages
+                pgno, _, flags, _ = _PAGE_HEAD.unpack_from(m, p * PAGE)
+                if pgno != p:
+                    continue  # free, or a continuation page of an overflow value
+                if flags == P_OVERFLOW:
+                    at = p * PAGE + 16
+                    magic, version, _, _, hdr_len = _VALUE_HEAD.unpack_from(m, at)
+                    if magic == b"SLFC" and version == 2:
+                        (length,) = struct.unpack_from("<I", m, at + 36)
+                        values.append((at, hdr_len, length))
+                elif flags & (P_BRANCH | P_LEAF) and not flags & P_OVERFLOW:
+                    btree.append(p * PAGE)
+        return values, btree
+
+    def flip(self, kind: str) -> bool:
+        values, btree = self._pages()
+        if kind == "btree":
+            if not btree:
+                return False
+            pos = self.rnd.choice(btree) + self.rnd.randrange(16, PAGE)
+        else:
+            if not values:
+                return False
+            at, hdr_len, length = self.rnd.choice(values)
+            if kind == "header":
+                pos = at + self.rnd.randrange(hdr_len)
+            elif length:
+                pos = at + hdr_len + self.rnd.randrange(length)
+            else:
+                return False
+        fd = os.open(self.path, os.O_RDWR)
+        try:
+            (b,) = os.pread(fd, 1, pos)
+            os.pwrite(fd, bytes([b ^ (1 << self.rnd.randrange(8))]), pos)
+        finally:
+            os.close(fd)
+        return True
+
+
+def _read_all(mp: Path, files: dict[str, bytes], tally: Tally) -> None:
+    for key, want in files.items():
+        fd = os.open(mp / key, os.O_RDONLY)
+        try:
+            tally.read(_pread(fd, len(want) + 1, 0), want)
+        finally:
+            os.close(fd)
+
+
+def _corrupt_count(node: Node) -> int:
+    return sum(d["corrupt_chunks"] for d in node.status()["datasets"])
+
+
+def test_byte_flips_never_serve_a_wrong_byte(
+    make_node, local_store, monkeypatch, bucket_name, tmp_path: Path
+) -> None:
+    n_small, n_big, online, offline = (400, 24, 400, 150) if LONG else (16, 3, 24, 12)
+    rnd = random.Random(2026)
+    files = _dataset(n_small, n_big, seed=9)
+    local_store.apply_env(monkeypatch)
+    local_store.create(bucket_name, files)
+    uri = local_store.uri(bucket_name)
+    node = make_node(cache_size="512M" if LONG else "64M")
+    mp = node.mount(uri, tmp_path / "m0", "--chunk-size", "256K")
+    warm = Tally()
+    _read_all(mp, files, warm)
+    assert warm.wrong_bytes == 0 and warm.eio == 0
+    chunks = sum(-(-len(v) // CHUNK) for v in files.values())
+    wait_for(lambda: node.status()["datasets"][0]["cached_chunks"] == chunks, what="admission")
+
+    # -- online: flips while two readers read, one through handles opened before --------
+    tally = Tally()
+    flipper = Flipper(node.cache_dir, rnd)
+    stop = threading.Event()
+    keys = list(files)
+    handles = {k: os.open(mp / k, os.O_RDONLY) for k in keys}
+
+    def reread_open_handles(seed: int) -> None:
+        r = random.Random(seed)
+        while not stop.is_set():
+            k = r.choice(keys)
+            want = files[k]
+            off = r.randrange(len(want))
+            size = r.choice((4096, 128 << 10, 1 << 20))
+            tally.read(_pread(handles[k], size, off), want[off : off + size])
+
+    def fresh_opens(seed: int) -> None:
+        r = random.Random(seed)
+        while not stop.is_set():
+            k = r.choice(keys)
+            fd = os.open(mp / k, os.O_RDONLY)
+            try:
+                tally.read(_pread(fd, len(files[k]), 0), files[k])
+            finally:
+                os.close(fd)
+
+    threads = [
+        threading.Thread(target=reread_open_handles, args=(1,), daemon=True),
+        threading.Thread(target=fresh_opens, args=(2,), daemon=True),
+    ]
+    for t in threads:
+        t.start()
+    try:
+        for i in range(online):
+            kind = ("data", "header", "btree")[i % 3]
+            if flipper.flip(kind):
+                tally.flips[kind] += 1
+            before = tally.reads
+            wait_for(lambda b=before: tally.reads >= b + 8, what="reads after a flip")
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(30)
+        for fd in handles.values():
+            os.close(fd)
+    assert mounted(mp), "the mount died under byte flips"
+    online_tally = tally
+    online_corrupt = _corrupt_count(node)  # as reported so far (mounts report every 250 ms)
+
+    # -- offline: flips while the node is down, then a fresh mount reads everything -----
+    force_unmount(str(mp))
+    wait_for(lambda: not mounted(mp), what="unmount")
+    node.stop()
+    off_tally = Tally()
+    for i in range(offline):
+        kind = ("data", "header", "btree")[i % 3]
+        if flipper.flip(kind):
+            off_tally.flips[kind] += 1
+    node.start()
+    mp2 = node.mount(uri, tmp_path / "m1", "--chunk-size", "256K")
+    _read_all(mp2, files, off_tally)
+    _read_all(mp2, files, off_tally)  # again: what was refetched is now served
+    offline_corrupt = _corrupt_count(node)  # since the restart
+
+    print(
+        f"\nbyteflips ({'long' if LONG else 'short'}): {len(files)} files, {chunks} chunks; "
+        f"online flips {online_tally.flips}, reads {online_tally.reads}, "
+        f"EIO {online_tally.eio}, other errors {online_tally.other_errors}, "
+        f"wrong bytes {online_tally.wrong_bytes}, corrupt chunks counted {online_corrupt}; "
+        f"offline flips {off_tally.flips}, reads {off_tally.reads}, EIO {off_tally.eio}, "
+        f"wrong bytes {off_tally.wrong_bytes}, corrupt chunks counted {offline_corrupt}"
+    )
+    assert online_tally.wrong_bytes == 0, f"{online_tally.wrong_reads} reads returned wrong bytes"
+    assert off_tally.wrong_bytes == 0, f"{off_tally.wrong_reads} reads returned wrong bytes"
+    assert online_tally.other_errors == 0 and off_tally.other_errors == 0
+    assert sum(online_tally.flips.values()) >= online * 2 // 3
