@@ -1,7 +1,8 @@
 """Byte flips in the cache env, online and offline: wrong bytes served stays 0.
 
 Owns the whole-system form of promise 3 (docs/SEMANTICS.md): bytes are flipped in the
-LMDB file of a real node (chunk data, chunk headers, B-tree pages) while real FUSE mounts
+LMDB file of a real node (chunk data, chunk headers, the B-tree pages of the chunk index)
+while real FUSE mounts
 read (re-reading through handles opened before the damage, and through fresh opens), and
 again while the node is down; every byte read is compared with the store's. Reads may
 fail (EIO) where damage cannot be repaired; no read may return a wrong byte.
@@ -78,6 +79,25 @@ def _pread(fd: int, size: int, off: int) -> bytes | int:
         return exc.errno or -1
 
 
+def _chunk_index_page(m: mmap.mmap, at: int) -> bool:
+    """Whether a branch or leaf page holds keys of the chunks or owners db (16- and 24-byte
+    keys; this dataset's listing keys are 17-18 bytes, the main db's are names). Listing
+    rows (JSON) carry no checksum (docs/SEMANTICS.md), so their pages are not flipped."""
+    _, _, _, lower = _PAGE_HEAD.unpack_from(m, at)
+    lower &= 0xFFFF
+    n = (lower - 16) // 2
+    if n <= 0 or n > 500:
+        return False
+    for i in range(n):
+        (off,) = struct.unpack_from("<H", m, at + 16 + 2 * i)
+        if not 16 <= off <= PAGE - 8:
+            return False
+        (ksize,) = struct.unpack_from("<H", m, at + off + 6)
+        if ksize not in (16, 24) and not (i == 0 and ksize == 0):  # a branch's first key
+            return False
+    return True
+
+
 class Flipper:
     """Flips one byte at a time in data.mdb: in a chunk's data or header (found by their
     overflow pages) or anywhere in a B-tree (branch or leaf) page."""
@@ -101,7 +121,7 @@ class Flipper:
                     if magic == b"SLFC" and version == 2:
                         (length,) = struct.unpack_from("<I", m, at + 36)
                         values.append((at, hdr_len, length))
-                elif flags & (P_BRANCH | P_LEAF) and not flags & P_OVERFLOW:
+                elif flags & (P_BRANCH | P_LEAF) and _chunk_index_page(m, p * PAGE):
                     btree.append(p * PAGE)
         return values, btree
 
