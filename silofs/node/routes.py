@@ -64,6 +64,12 @@ def _list_rate(ds: DatasetState) -> float:
     return ds.listed / max(time.monotonic() - ds.list_started, 1e-3)
 
 
+def _store_count(ds: DatasetState, name: str) -> int:
+    """One of a RetryingBackend's StoreCounters (a local directory has none)."""
+    counters = getattr(ds.backend, "counters", None)
+    return getattr(counters, name, 0) if counters is not None else 0
+
+
 def dataset_view(d: Daemon, ds: DatasetState) -> dict[str, Any]:
     u = d.usage.get(ds.id)
     return {
@@ -92,6 +98,10 @@ def dataset_view(d: Daemon, ds: DatasetState) -> dict[str, Any]:
         # retries the backend made (node/backends/base.py retry_call).
         "store_errors": ds.fetch.errors + ds.prepare_errors,
         "store_retries": _retries(ds),
+        # Store bodies refused and retried: checksum mismatches, short bodies.
+        "store_checksum_errors": _store_count(ds, "checksum_errors"),
+        "store_short_reads": _store_count(ds, "short_reads"),
+        "version_mismatches": ds.fetch.version_mismatches,
         "mounts": sum(1 for m in d.mounts.values() if m.dsid == ds.id),
     }
 

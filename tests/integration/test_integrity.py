@@ -84,7 +84,7 @@ def test_a_bad_whole_object_body_is_retried_never_returned(
     assert backend.get_range(info, 0, info.size) == SMALL
     assert proxy.stats[kind] == 1
     if kind == "corrupt":
-        assert backend.integrity["checksum_errors"] == 1  # type: ignore[attr-defined]
+        assert backend.counters.checksum_errors == 1  # type: ignore[attr-defined]
     backend.close()
 
 
@@ -113,7 +113,7 @@ def test_a_corrupted_range_is_detected_only_where_the_store_checksums_ranges(
     assert proxy.stats["corrupt"] == 1
     if store.kind == "azure":
         assert got == BIG[1 << 20 : 2 << 20]
-        assert backend.integrity["checksum_errors"] == 1  # type: ignore[attr-defined]
+        assert backend.counters.checksum_errors == 1  # type: ignore[attr-defined]
     else:
         assert got != BIG[1 << 20 : 2 << 20]  # the documented gap
     backend.close()
