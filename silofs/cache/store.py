@@ -394,8 +394,10 @@ class CacheStore:
     ) -> int:
         txn.delete(row, db=self.db(b"owners"))
         u = usage.setdefault(owner, Usage())
-        u.bytes -= length
-        u.chunks -= 1
+        # Never below zero: LMDB checksums none of its pages, and a damaged owners row
+        # (its length) must not make every later admission fail on a negative usage.
+        u.bytes = max(0, u.bytes - length)
+        u.chunks = max(0, u.chunks - 1)
         self._put_usage(txn, owner, u)
         return length
 

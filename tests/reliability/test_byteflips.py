@@ -143,7 +143,10 @@ class Flipper:
                 return False
         fd = os.open(self.path, os.O_RDWR)
         try:
-            (b,) = os.pread(fd, 1, pos)
+            got = os.pread(fd, 1, pos)
+            if not got:
+                return False  # a stale header on a free page, claiming bytes past the end
+            (b,) = got
             os.pwrite(fd, bytes([b ^ (1 << self.rnd.randrange(8))]), pos)
         finally:
             os.close(fd)
