@@ -3,10 +3,10 @@
 Owns the hit path (a memoryview of an LMDB value from a read txn that stays open until
 the FUSE reply is sent; the header and the checksum blocks covering the bytes a request
 serves are verified on every request, so damage that lands while a file is open is
-caught too), a bounded
-buffer of chunks fetched by this mount (so a 4 MiB chunk read in 1 MiB requests is
-fetched once even when its dataset is full), single-flight and read-ahead of misses,
-and the counters the daemon reports. Never talks to a store and never writes LMDB.
+caught too), a bounded buffer of chunks fetched by this mount (so a 4 MiB chunk read in
+1 MiB requests is fetched once even when its dataset is full), single-flight and
+read-ahead of misses, and the counters the daemon reports. Never talks to a store and
+never writes LMDB.
 
 A file is one version from open to close: every chunk of it is looked up by the content
 id of the mount's own listing, and misses carry the listed version (&version=) so the
