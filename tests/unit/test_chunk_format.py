@@ -319,3 +319,29 @@ def test_empty_chunk() -> None:
     assert bytes(verify_chunk(value, "cid", 4096, 0, 0)) == b""
     with pytest.raises(ChunkFormatError):
         verify_chunk(value[:-1], "cid", 4096, 0, 0)
+
+
+@settings(max_examples=150)
+@given(
+    size=st.integers(min_value=1, max_value=5 * BLOCK_SIZE + 7),
+    a=st.floats(min_value=0, max_value=1),
+    b=st.floats(min_value=0, max_value=1),
+    where=st.floats(min_value=0, max_value=1, exclude_max=True),
+)
+def test_a_flip_is_detected_exactly_when_its_block_is_served(
+    size: int, a: float, b: float, where: float
+) -> None:
+    data = bytes(range(256)) * (size // 256 + 1)
+    data = data[:size]
+    value = bytearray(encode_chunk(1, 0, 1 << 20, "k", "c", data))
+    hdr = decode_header(bytes(value)).header_len
+    lo, hi = sorted((int(a * size), int(b * size)))
+    pos = int(where * size)
+    value[hdr + pos] ^= 0x01
+    covered = hi > lo and lo // BLOCK_SIZE <= pos // BLOCK_SIZE <= (hi - 1) // BLOCK_SIZE
+    if covered:
+        with pytest.raises(ChunkFormatError, match="block"):
+            verify_chunk(bytes(value), "c", 1 << 20, 0, size, lo, hi)
+    else:  # outside what is served: not looked at (the next read of it will be)
+        view = verify_chunk(bytes(value), "c", 1 << 20, 0, size, lo, hi)
+        assert bytes(view[lo:hi]) == data[lo:hi]
