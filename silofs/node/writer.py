@@ -134,12 +134,15 @@ class Writer:
             # walks it. Those chunks are served (the fetch returned them) but not cached;
             # the daemon keeps serving misses instead of dying on every admission.
             self.stats.failed_batches += 1
-            log.error(
-                "admitting %d chunks failed: %s; the cache env may be damaged "
-                "(stop silofs and remove the cache directory to rebuild it)",
-                len(batch),
-                exc,
-            )
+            n = self.stats.failed_batches
+            if n == 1 or n % 100 == 0:  # a damaged page fails every batch: do not flood
+                log.error(
+                    "admitting %d chunks failed (%d batches so far): %s; the cache env may "
+                    "be damaged (stop silofs and remove the cache directory to rebuild it)",
+                    len(batch),
+                    n,
+                    exc,
+                )
             return
         self.stats.batches += 1
         self.stats.admitted_chunks += res.admitted
