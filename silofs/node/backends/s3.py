@@ -108,7 +108,11 @@ class S3Backend(RetryingBackend):
         self._cred_source = "none found"
         # Check a whole single-part object's MD5 ETag (off for stores whose ETags are not
         # MD5s even without SSE-KMS, e.g. some S3-compatible stores with encryption).
-        self._md5_etag = opts.extra.get("verify_etag_md5", "true").lower() not in ("0", "false")
+        # S3 Express One Zone (directory buckets, "--x-s3" names) has no MD5 ETags.
+        self._md5_etag = opts.extra.get("verify_etag_md5", "true").lower() not in (
+            "0",
+            "false",
+        ) and not self.bucket.endswith("--x-s3")
         self._lock = threading.Lock()
 
     # -- client ---------------------------------------------------------------------
