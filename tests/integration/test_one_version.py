@@ -58,5 +58,6 @@ def test_an_open_file_never_mixes_versions_after_a_refresh(
         # Here chunk 1.. were never cached in the old version: the daemon refused them.
         assert _pread(fd, 4096, CHUNK + 100) == errno.EIO
         assert os.pread(fd, 4096, 0) == old[:4096]  # the cached chunk 0 is still served
+        assert node.status()["datasets"][0]["version_mismatches"] >= 1
     finally:
         os.close(fd)
