@@ -501,10 +501,12 @@ class Daemon:
         ref = ChunkRef.of(obj, m.chunk_size, index)
         if len(data) != ref.length:
             raise UsageError(f"chunk {index} of {key!r} is {ref.length} bytes, not {len(data)}")
-        if self.fetcher.cached(ref, ds.fetch) is not None:
+        cached, bad = self.fetcher.cached(ref, ds.fetch)
+        if cached is not None:
             return "present"
         value = encode_chunk(ds.id, index, m.chunk_size, obj.key, obj.content_id, data)
-        ok = self.writer.offer(PendingChunk(ds.id, ref.key, value, ref.length))
+        # A value that failed verification (or is of an older format) is replaced.
+        ok = self.writer.offer(PendingChunk(ds.id, ref.key, value, ref.length, replace=bad))
         return "queued" if ok else "dropped"
 
     async def reap_mounts(self) -> None:

@@ -13,7 +13,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
-import lmdb
 import trio
 
 from silofs.cache.store import AdmitResult, CacheStore, PendingChunk, Usage
@@ -34,7 +33,6 @@ class WriterStats:
     evicted_bytes: int = 0
     batches: int = 0
     map_full: int = 0
-    failed_batches: int = 0  # an LMDB error (a damaged page): the batch was not admitted
 
 
 def _newest_that_fit(items: list[PendingChunk], quota: int) -> set[int]:
@@ -127,23 +125,7 @@ class Writer:
         if not batch:
             return
         policy = self.policy()
-        try:
-            res: AdmitResult = await self._with_usage(self._admit_batch, batch, policy)
-        except lmdb.Error as exc:
-            # LMDB checksums none of its pages: a damaged B-tree page fails every txn that
-            # walks it. Those chunks are served (the fetch returned them) but not cached;
-            # the daemon keeps serving misses instead of dying on every admission.
-            self.stats.failed_batches += 1
-            n = self.stats.failed_batches
-            if n == 1 or n % 100 == 0:  # a damaged page fails every batch: do not flood
-                log.error(
-                    "admitting %d chunks failed (%d batches so far): %s; the cache env may "
-                    "be damaged (stop silofs and remove the cache directory to rebuild it)",
-                    len(batch),
-                    n,
-                    exc,
-                )
-            return
+        res: AdmitResult = await self._with_usage(self._admit_batch, batch, policy)
         self.stats.batches += 1
         self.stats.admitted_chunks += res.admitted
         self.stats.admitted_bytes += res.admitted_bytes

@@ -14,7 +14,6 @@ import threading
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 
-import lmdb
 import pytest
 import trio
 import trio.testing
@@ -416,35 +415,6 @@ def test_sync_loop_syncs_periodically(store: CacheStore, monkeypatch: pytest.Mon
         assert syncs == pytest.approx([5.0, 10.0, 15.0])
 
     trio.run(main, clock=clock)
-
-
-def test_an_lmdb_error_drops_the_batch_not_the_writer(
-    store: CacheStore, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # LMDB checksums none of its pages: a damaged B-tree page fails the admission txn.
-    real = store.admit
-    fail = [True]
-
-    def admit(items: list[PendingChunk], *a: object, **k: object) -> object:
-        if fail[0]:
-            raise lmdb.CorruptedError("mdb_get: MDB_CORRUPTED: Located page was wrong type")
-        return real(items, *a, **k)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(store, "admit", admit)
-
-    async def main() -> None:
-        w = make_writer(store)
-        assert w.offer(chunk(1, 0))
-        await w.flush()
-        assert (w.stats.failed_batches, w.stats.admitted_chunks) == (1, 0)
-        assert w.usage == {}
-        fail[0] = False
-        assert w.offer(chunk(1, 1))
-        await w.flush()
-        assert (w.stats.failed_batches, w.stats.admitted_chunks) == (1, 1)
-        check(store, w.usage)
-
-    run(main)
 
 
 def test_uncharging_never_goes_below_zero(store: CacheStore) -> None:
