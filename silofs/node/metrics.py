@@ -35,6 +35,21 @@ _DATASET = {
         "counter",
         "Store operations retried after a retryable error",
     ),
+    "store_checksum_errors": (
+        "silofs_dataset_store_checksum_errors_total",
+        "counter",
+        "Store bodies that did not match the store's checksum (refused, retried)",
+    ),
+    "store_short_reads": (
+        "silofs_dataset_store_short_reads_total",
+        "counter",
+        "Store bodies shorter than the range asked for (refused, retried)",
+    ),
+    "version_mismatches": (
+        "silofs_dataset_version_mismatches_total",
+        "counter",
+        "Chunk requests refused: the mount listed another version of the object",
+    ),
 }
 _JOB = {
     "bytes_read": ("silofs_job_read_bytes_total", "counter", "Bytes read by the job"),

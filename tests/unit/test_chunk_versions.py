@@ -1,0 +1,79 @@
+"""The daemon serves a mount only the version it listed, and replaces bad cached values.
+
+Owns, in-process (a Daemon without its socket, a local directory as the store): a chunk
+request naming a content id other than the listing's is VersionMismatchError (409 on the
+socket), counted in status and /metrics, and never answered with bytes; a cached value
+that fails verification or is of format 1 is refetched and replaced, not missed forever.
+The same on real FUSE mounts: tests/integration/test_one_version.py.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import trio
+
+from silofs.cache.format import ChunkRef, StaleFormatError, decode_header, verify_chunk
+from silofs.errors import VersionMismatchError
+from silofs.node.daemon import Daemon
+from silofs.node.metrics import render
+from silofs.node.routes import dataset_view, status_view
+from tests.unit.test_chunk_format import GOLDEN_V1
+from tests.unit.test_daemon_ops import bucket, daemon, ready, running  # noqa: F401
+
+
+def test_a_request_for_another_version_is_refused(daemon: Daemon, bucket: Path) -> None:  # noqa: F811
+    async def main() -> None:
+        async with running(daemon) as d:
+            ds = await ready(d, f"file://{bucket}/")
+            m = d.register_mount(ds, "j", "/mnt/x", os.getpid(), os.getuid(), None)
+            obj = d.store.get_object(ds.id, "f1.bin")
+            assert obj is not None
+            data, _ = await d.get_chunk(m, "f1.bin", 0, False, obj.content_id)
+            assert data == bytes([1]) * len(data)
+            with pytest.raises(VersionMismatchError, match="changed since this mount listed"):
+                await d.get_chunk(m, "f1.bin", 0, False, "local:an-older-listing")
+            assert dataset_view(d, ds)["version_mismatches"] == 1
+            uri = ds.uri.canonical
+            text = render(status_view(d))
+            assert f'silofs_dataset_version_mismatches_total{{dataset="{uri}"}} 1' in text
+
+    trio.run(main)
+
+
+def test_a_bad_cached_value_is_replaced_not_missed_forever(
+    daemon: Daemon,  # noqa: F811
+    bucket: Path,  # noqa: F811
+) -> None:
+    async def main() -> None:
+        async with running(daemon) as d:
+            ds = await ready(d, f"file://{bucket}/")
+            m = d.register_mount(ds, "j", "/mnt/x", os.getpid(), os.getuid(), None)
+            obj = d.store.get_object(ds.id, "f2.bin")
+            assert obj is not None
+            ref = ChunkRef.of(obj, m.chunk_size, 0)
+            # A format-1 value under the chunk's key (as an older silofs left it).
+            with d.store.env.begin(write=True) as txn:
+                txn.put(ref.key, GOLDEN_V1, db=d.store.db(b"chunks"))
+            data, source = await d.get_chunk(m, "f2.bin", 0, False, obj.content_id)
+            assert source == "remote" and data == bytes([2]) * ref.length
+
+            def replaced() -> bool:
+                with d.store.read_txn() as txn:
+                    value = txn.get(ref.key, db=d.store.db(b"chunks"))
+                    try:
+                        verify_chunk(value, obj.content_id, m.chunk_size, 0, ref.length)
+                    except StaleFormatError:
+                        return False
+                    return decode_header(value).length == ref.length
+
+            with trio.fail_after(10):
+                while not replaced():
+                    await trio.sleep(0.01)
+            assert ds.fetch.corrupt_chunks == 0  # stale, not corrupt
+            data, source = await d.get_chunk(m, "f2.bin", 0, False, obj.content_id)
+            assert source == "cache" and data == bytes([2]) * ref.length
+
+    trio.run(main)
