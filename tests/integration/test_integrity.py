@@ -132,7 +132,7 @@ def test_azure_checks_a_range_longer_than_4mib_in_parts(
     gets = [r for r in proxy.history if r.method == "GET" and "big" in r.target]
     assert proxy.stats["corrupt"] == 2
     assert len(gets) >= 4  # two 4 MiB-or-less parts; the first two GETs refused, retried
-    assert backend.integrity["checksum_errors"] == 2  # type: ignore[attr-defined]
+    assert backend.counters.checksum_errors == 2  # type: ignore[attr-defined]
     backend.close()
 
 

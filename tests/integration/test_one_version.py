@@ -40,6 +40,7 @@ def test_an_open_file_never_mixes_versions_after_a_refresh(
     uri = local_store.uri(bucket_name)
     node = make_node()
     a = node.mount(uri, tmp_path / "a", "--chunk-size", "256K")
+    node.expect_errors(r"changed since this mount listed it")  # the refused reads, logged
 
     fd = os.open(a / "d/shard.bin", os.O_RDONLY)
     try:
