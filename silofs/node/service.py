@@ -14,6 +14,7 @@ import os
 import signal
 import socket
 
+import lmdb
 import trio
 
 from silofs import __version__
@@ -76,7 +77,10 @@ async def serve(daemon: Daemon, task_status: trio.TaskStatus = trio.TASK_STATUS_
                 log.info("received %s; shutting down", signal.Signals(signum).name)
                 break
             sd_notify("STOPPING=1")
-            await daemon.writer.flush()
+            try:
+                await daemon.writer.flush()
+            except lmdb.Error as exc:  # a damaged env: those chunks are lost, not the exit
+                log.error("the last admissions failed: %s", exc)
             nursery.cancel_scope.cancel()
     await trio.to_thread.run_sync(daemon.store.sync)
 
