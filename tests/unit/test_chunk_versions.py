@@ -1,7 +1,7 @@
 """The daemon serves a mount only the version it listed, and replaces bad cached values.
 
 Owns, in-process (a Daemon without its socket, a local directory as the store): a chunk
-request naming a content id other than the listing's is VersionMismatchError (409 on the
+request naming a version no listing generation has is VersionMismatchError (409 on the
 socket), counted in status and /metrics, and never answered with bytes; a cached value
 that fails verification or is of format 1 is refetched and replaced, not missed forever.
 The same on real FUSE mounts: tests/integration/test_one_version.py.
@@ -31,10 +31,10 @@ def test_a_request_for_another_version_is_refused(daemon: Daemon, bucket: Path) 
             m = d.register_mount(ds, "j", "/mnt/x", os.getpid(), os.getuid(), None)
             obj = d.store.get_object(ds.id, "f1.bin")
             assert obj is not None
-            data, _ = await d.get_chunk(m, "f1.bin", 0, False, obj.content_id)
+            data, _ = await d.get_chunk(m, "f1.bin", 0, False, obj.version)
             assert data == bytes([1]) * len(data)
             with pytest.raises(VersionMismatchError, match="changed since this mount listed"):
-                await d.get_chunk(m, "f1.bin", 0, False, "local:an-older-listing")
+                await d.get_chunk(m, "f1.bin", 0, False, "a-version-no-listing-has")
             assert dataset_view(d, ds)["version_mismatches"] == 1
             uri = ds.uri.canonical
             text = render(status_view(d))
@@ -57,7 +57,7 @@ def test_a_bad_cached_value_is_replaced_not_missed_forever(
             # A format-1 value under the chunk's key (as an older silofs left it).
             with d.store.env.begin(write=True) as txn:
                 txn.put(ref.key, GOLDEN_V1, db=d.store.db(b"chunks"))
-            data, source = await d.get_chunk(m, "f2.bin", 0, False, obj.content_id)
+            data, source = await d.get_chunk(m, "f2.bin", 0, False, obj.version)
             assert source == "remote" and data == bytes([2]) * ref.length
 
             def replaced() -> bool:
@@ -73,7 +73,7 @@ def test_a_bad_cached_value_is_replaced_not_missed_forever(
                 while not replaced():
                     await trio.sleep(0.01)
             assert ds.fetch.corrupt_chunks == 0  # stale, not corrupt
-            data, source = await d.get_chunk(m, "f2.bin", 0, False, obj.content_id)
+            data, source = await d.get_chunk(m, "f2.bin", 0, False, obj.version)
             assert source == "cache" and data == bytes([2]) * ref.length
 
     trio.run(main)
