@@ -203,7 +203,7 @@ def test_byte_flips_never_serve_a_wrong_byte(
     # A damaged B-tree page fails admissions (the supervised writer restarts) and lookups
     # (a counted miss); misses during the restart may fail (EIO, counted, never bytes).
     node.expect_errors(
-        r"the writer failed: \w+: mdb_",
+        r"the writer failed: ",  # an LMDB error, or a damaged owners row (struct.error)
         r"the last admissions failed: mdb_",
         r"silofs\.mount\.reader: reading ",
         r"pyfuse3: fuse_release\(\): fuse_reply_\* failed",  # a release racing the unmount
