@@ -1,7 +1,8 @@
 """Who is at the other end of a control connection, and what they may change.
 
-Owns SO_PEERCRED credentials and the admin check (root, or a member of admin_group,
-supplementary groups included). Never trusts anything a peer says about itself.
+Owns SO_PEERCRED credentials, the peer's groups (primary plus supplementary, from the
+group database) and the admin check (root, or a member of admin_group). Never trusts
+anything a peer says about itself: only the kernel's credentials and the databases.
 """
 
 from __future__ import annotations
@@ -10,10 +11,16 @@ import os
 import pwd
 import socket
 import struct
+import time
 from dataclasses import dataclass
 from typing import Any
 
 _UCRED = struct.Struct("iII")  # struct ucred {pid_t pid; uid_t uid; gid_t gid;}
+# NSS lookups can be slow (LDAP) and misses ask for groups on every request: remember
+# them a little while. A group change takes effect within _GROUPS_TTL seconds.
+_GROUPS_TTL = 30.0
+_GROUPS_MAX = 4096
+_groups_cache: dict[tuple[int, int], tuple[float, frozenset[int]]] = {}
 
 
 @dataclass
@@ -32,24 +39,36 @@ def peer_credentials(sock: Any) -> Peer:
     return Peer(pid=pid, uid=uid, gid=gid)
 
 
-def peer_may_change(peer: Peer, admin_gid: int | None) -> bool:
-    """Whether a peer may call mutating endpoints: root, or a member of admin_gid.
+def peer_groups(peer: Peer) -> frozenset[int]:
+    """The gids a peer reads files with: its gid from SO_PEERCRED plus the supplementary
+    groups of its uid in the group database.
 
-    Membership counts the primary gid from SO_PEERCRED and the user's
-    supplementary groups from the group database (the peer's own process
-    groups are not visible through SO_PEERCRED).
+    SO_PEERCRED does not carry supplementary groups. The database is what the user gets
+    at every login, so it is what the user could read with on this host anyway; a process
+    that dropped groups gains nothing it could not get back by logging in again.
     """
+    now = time.monotonic()
+    hit = _groups_cache.get((peer.uid, peer.gid))
+    if hit is not None and now - hit[0] < _GROUPS_TTL:
+        return hit[1]
+    groups = {peer.gid}
+    try:
+        user = pwd.getpwuid(peer.uid)
+        groups.update(os.getgrouplist(user.pw_name, user.pw_gid))
+    except (KeyError, OSError):  # a uid without a passwd entry has no other groups
+        pass
+    if len(_groups_cache) >= _GROUPS_MAX:
+        _groups_cache.clear()
+    _groups_cache[(peer.uid, peer.gid)] = (now, frozenset(groups))
+    return frozenset(groups)
+
+
+def peer_may_change(peer: Peer, admin_gid: int | None) -> bool:
+    """Whether a peer is trusted: root, or a member of admin_gid (supplementary groups
+    included). Trusted peers may change allocations, name store options, open any
+    dataset, and act on any job."""
     if peer.uid == 0:
         return True
     if admin_gid is None:
         return False
-    if peer.gid == admin_gid:
-        return True
-    try:
-        user = pwd.getpwuid(peer.uid)
-    except KeyError:  # a uid without a passwd entry has no supplementary groups
-        return False
-    try:
-        return admin_gid in os.getgrouplist(user.pw_name, user.pw_gid)
-    except OSError:
-        return False
+    return admin_gid in peer_groups(peer)

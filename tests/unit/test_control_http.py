@@ -619,6 +619,7 @@ def test_peer_may_change(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(
         control_peer.os, "getgrouplist", lambda name, gid: [gid, 1234] if name == "alice" else [gid]
     )
+    control_peer._groups_cache.clear()
     assert peer_may_change(Peer(pid=1, uid=1000, gid=1000), 1234)  # supplementary group
     assert not peer_may_change(Peer(pid=1, uid=1000, gid=1000), 999)
     assert not peer_may_change(Peer(pid=1, uid=4242, gid=4242), 1234)  # no passwd entry

@@ -3,6 +3,7 @@
 Owns walking a directory tree into ObjectInfo and reading byte ranges with pread.
 The version token is inode+mtime_ns+ctime_ns+size, checked before and after each read,
 so a file rewritten after listing (even with its mtime restored) is detected.
+Also decides, per object, whether a non-root peer could read it itself (check_peer_read).
 Never follows a symlink out of the directory and never writes.
 """
 
@@ -11,9 +12,11 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import stat
 from collections.abc import Iterator
 
 from silofs.errors import AccessDeniedError, NotFoundError, ObjectChangedError, UnreachableError
+from silofs.node.access import R, X, mode_allows
 from silofs.node.backends.base import BackendOptions
 from silofs.records import ObjectInfo
 from silofs.uri import DatasetURI
@@ -114,3 +117,84 @@ class LocalBackend:
 
     def close(self) -> None:
         pass
+
+    # -- access as a peer (docs/SECURITY.md) ---------------------------------------
+    # The daemon runs as root; a non-root peer may get only bytes it could read itself.
+    # Each check walks the real path from "/" one component at a time with
+    # O_PATH|O_NOFOLLOW and judges the peer's uid/gids against each fstat: no symlink
+    # is followed, and what is judged is what was opened (no check-then-open race on
+    # the path). get_range opens the path again, but it serves only the inode whose
+    # version the listing recorded, and check_peer_read proves the peer could read that
+    # same inode, so a path swapped in between yields ObjectChangedError, never bytes.
+    def _walk(self, rel: str, uid: int, gids: frozenset[int], last: int) -> os.stat_result:
+        real_root = os.path.realpath(self.root)
+        names = [n for n in real_root.split("/") + rel.split("/") if n]
+        fd = os.open("/", os.O_PATH | os.O_DIRECTORY)
+        try:
+            st = os.fstat(fd)
+            where = "/"
+            for name in names:
+                if not (stat.S_ISDIR(st.st_mode) and mode_allows(*_ids(st), uid, gids, X)):
+                    raise AccessDeniedError(f"uid {uid} may not search {where}")
+                _refuse_acl(fd, where)
+                try:
+                    nfd = os.open(name, os.O_PATH | os.O_NOFOLLOW, dir_fd=fd)
+                except FileNotFoundError:
+                    raise ObjectChangedError(f"{self.uri}{rel} was deleted since listing") from None
+                os.close(fd)
+                fd, where = nfd, os.path.join(where, name)
+                st = os.fstat(fd)
+                if stat.S_ISLNK(st.st_mode):
+                    raise AccessDeniedError(
+                        f"{where} is a symbolic link: not followed for uid {uid}"
+                    )
+            if not mode_allows(*_ids(st), uid, gids, last):
+                raise AccessDeniedError(f"uid {uid} may not read {where}")
+            _refuse_acl(fd, where)
+            return st
+        finally:
+            os.close(fd)
+
+    def check_peer_read(self, info: ObjectInfo, uid: int, gids: frozenset[int]) -> None:
+        """AccessDeniedError unless uid/gids may read the listed object itself: search on
+        every directory from "/", read on the file, no symlink, no POSIX ACL."""
+        st = self._walk(info.key, uid, gids, R)
+        if not stat.S_ISREG(st.st_mode) or _version(st) != info.version:
+            raise ObjectChangedError(f"{self.uri}{info.key} changed since listing")
+
+    def check_peer_list(self, uid: int, gids: frozenset[int], *, tree: bool) -> None:
+        """AccessDeniedError unless uid/gids may list the dataset root (search on its
+        ancestors, read+search on it) and, with `tree`, every directory under it: a
+        mount shows the names of the whole listing, so it must show only names the
+        peer could list itself."""
+        self._walk("", uid, gids, R | X)
+        if not tree:
+            return
+        stack = [""]
+        while stack:
+            rel_dir = stack.pop()
+            try:
+                entries = list(os.scandir(os.path.join(self.root, rel_dir)))
+            except FileNotFoundError:
+                continue
+            for entry in entries:
+                if entry.is_dir(follow_symlinks=False):
+                    rel = f"{rel_dir}{entry.name}/"
+                    st = entry.stat(follow_symlinks=False)
+                    if not mode_allows(*_ids(st), uid, gids, R | X):
+                        raise AccessDeniedError(f"uid {uid} may not list {self.root}/{rel}")
+                    stack.append(rel)
+
+
+def _ids(st: os.stat_result) -> tuple[int, int, int]:
+    return st.st_mode, st.st_uid, st.st_gid
+
+
+def _refuse_acl(fd: int, where: str) -> None:
+    """Mode bits are all the explicit check reads; a POSIX ACL could deny what they
+    allow, so a path with one is refused to non-root peers (fail closed)."""
+    try:
+        os.getxattr(f"/proc/self/fd/{fd}", "system.posix_acl_access")
+    except OSError:
+        return  # ENODATA: no ACL; ENOTSUP: a filesystem without ACLs
+    raise AccessDeniedError(f"{where} has a POSIX ACL: silofs serves it to root and admins only")
