@@ -2,13 +2,15 @@
 
 Owns creating and checking cache_dir, choosing the cache budget against the disk, the
 daemon's lock on the directory (one daemon per cache dir), moving a damaged env aside,
-and the modes of the directory and the LMDB files. Never opens LMDB (cache/store.py does).
+and the modes of the directory and the LMDB files (docs/SECURITY.md). Never opens LMDB
+(cache/store.py does).
 """
 
 from __future__ import annotations
 
 import fcntl
 import os
+import stat
 import time
 
 from silofs.cache.store import disk_free
@@ -41,16 +43,29 @@ def _existing_env_bytes(cache_dir: str) -> int:
         return 0
 
 
-def share_cache_with_group(cache_dir: str, gid: int | None) -> None:
-    """Let members of the socket group run mount processes: those read the env directly,
-    and LMDB readers need write access to its lock file. Other users get nothing, so cached
-    bytes stay reachable only through mounts (promise 6)."""
-    if gid is None:
-        return
+def secure_cache_dir(cache_dir: str, gid: int | None) -> None:
+    """Set the modes docs/SECURITY.md promises, on a new cache and an existing one.
+
+    Without socket_group: directory 0700, data.mdb and lock.mdb 0600, so cached bytes
+    (some of them root-only files) reach others only through the daemon's checks. With
+    socket_group: its members run mount processes, which read the env directly and need
+    write access to the lock file: 0750 / 0640 / 0660, group socket_group. Called before
+    the env is opened (the directory mode shuts out new opens of files LMDB creates with
+    the umask) and again after (the files it just created).
+    """
     data, lock = os.path.join(cache_dir, "data.mdb"), os.path.join(cache_dir, "lock.mdb")
-    for path, mode in ((cache_dir, 0o750), (data, 0o640), (lock, 0o660)):
-        os.chown(path, -1, gid)
-        os.chmod(path, mode)
+    modes = (0o700, 0o600, 0o600) if gid is None else (0o750, 0o640, 0o660)
+    for path, mode in zip((cache_dir, data, lock), modes, strict=True):
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            continue
+        if stat.S_ISLNK(st.st_mode):  # a root daemon would chmod or write the target
+            raise UsageError(f"{path} is a symbolic link: refusing to use it as the cache")
+        if gid is not None and st.st_gid != gid:
+            os.chown(path, -1, gid, follow_symlinks=False)
+        if stat.S_IMODE(st.st_mode) != mode:
+            os.chmod(path, mode, follow_symlinks=False)
 
 
 def check_cache_dir(path: str) -> None:
@@ -60,6 +75,13 @@ def check_cache_dir(path: str) -> None:
         raise UsageError(f"cannot create cache dir {path}: {exc.strerror}") from None
     if not os.access(path, os.W_OK | os.X_OK):
         raise UsageError(f"cache dir {path} is not writable: choose another --cache-dir")
+    st = os.lstat(path)
+    if stat.S_ISLNK(st.st_mode) or st.st_uid != os.geteuid():
+        # Its owner could swap data.mdb for a link and have us write where they choose.
+        raise UsageError(
+            f"cache dir {path} is not owned by uid {os.geteuid()} (the daemon's): "
+            "choose another --cache-dir"
+        )
 
 
 LOCK_FILE = "daemon.lock"

@@ -38,7 +38,7 @@ from silofs.node.cachedir import (
     lock_cache_dir,
     move_aside,
     resolve_cache_size,
-    share_cache_with_group,
+    secure_cache_dir,
 )
 from silofs.node.fetch import Fetcher
 from silofs.node.limiter import TokenBucket
@@ -60,12 +60,13 @@ class Daemon:
         self.admin_gid = _group_id(settings.admin_group)
         self.socket_gid = _group_id(settings.socket_group)
         check_cache_dir(settings.cache_dir)
+        secure_cache_dir(settings.cache_dir, self.socket_gid)  # before LMDB opens a file
         # Held until the process ends: a second daemon on this cache dir refuses to start.
         self.lock_fd = lock_cache_dir(settings.cache_dir)
         self.cache_size = resolve_cache_size(settings)
         self.map_size = env_map_size(self.cache_size)
         self.store = _open_store(settings.cache_dir, self.map_size)
-        share_cache_with_group(settings.cache_dir, self.socket_gid)
+        secure_cache_dir(settings.cache_dir, self.socket_gid)
         self.usage: dict[int, Usage] = self.store.load_usage()
         # Allocations are keyed by canonical URI / job name, persisted in the env's meta
         # db, and kept for datasets and jobs that are not mounted yet (promise 4).
