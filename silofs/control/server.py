@@ -1,8 +1,10 @@
 """The control transport: HTTP/1.1 over a Unix socket, on trio and h11.
 
-Owns: binding the daemon's socket (stale-socket takeover, refusing a live one),
-request framing and limits (header size, body size, idle timeout), keep-alive, and
-turning every failure into a one-line ``{"error": ...}`` JSON answer. Routing lives in
+Owns: binding the daemon's socket (stale-socket takeover, refusing a live one, refusing
+a directory someone else controls), the accept loop and its connection limits (per uid
+and in total; EMFILE backs off quietly), request framing and limits (header size, body
+size, idle timeout), keep-alive, and turning every failure into a one-line
+``{"error": ...}`` JSON answer. Routing lives in
 control/router.py, peer credentials in control/peer.py.
 
 Never: contains silofs business logic (the daemon registers routes), trusts a
@@ -20,6 +22,7 @@ import logging
 import os
 import socket
 import stat
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -64,6 +67,10 @@ class AddressInUseError(SilofsError):
     """Another process is accepting connections on the socket path."""
 
 
+class SocketDirError(SilofsError):
+    """The socket's directory is controlled by someone we must not trust."""
+
+
 # ------------------------------------------------------------ one connection
 
 
@@ -89,14 +96,16 @@ class _Reject(Exception):
 class _ServerConnection:
     """One accepted connection: read a request, dispatch, answer, repeat (keep-alive)."""
 
-    def __init__(self, stream: trio.SocketStream, router: Router, limits: Limits) -> None:
+    def __init__(
+        self, stream: trio.SocketStream, router: Router, limits: Limits, peer: Peer | None = None
+    ) -> None:
         self.stream = stream
         self.router = router
         self.limits = limits
         # max_incomplete_event_size bounds the buffered, not-yet-parsed header
         # block; h11 reports overflow as RemoteProtocolError with hint 431.
         self.conn = h11.Connection(h11.SERVER, max_incomplete_event_size=limits.max_header)
-        self.peer = peer_credentials(stream.socket)
+        self.peer = peer or peer_credentials(stream.socket)
 
     async def run(self) -> None:
         while True:
@@ -337,12 +346,14 @@ def _response_event(resp: Response, length: int) -> h11.Response:
 _DISCONNECTS = (trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlowError, OSError)
 
 
-async def _serve_connection(stream: trio.SocketStream, router: Router, limits: Limits) -> None:
+async def _serve_connection(
+    stream: trio.SocketStream, router: Router, limits: Limits, peer: Peer | None = None
+) -> None:
     """Connection task: never lets an exception escape into the server's nursery."""
     conn: _ServerConnection | None = None
     try:
         tune_socket(stream.socket)
-        conn = _ServerConnection(stream, router, limits)
+        conn = _ServerConnection(stream, router, limits, peer)
         await conn.run()
     except _DISCONNECTS as exc:
         log.debug("connection ended: %r", exc)
@@ -394,12 +405,41 @@ def _check_existing(path: str) -> None:
     raise AddressInUseError(f"another silofs daemon is already listening on {path}")
 
 
+def check_socket_dir(parent: str) -> None:
+    """SocketDirError unless no one but us and root controls the socket's directory.
+
+    Every directory from "/" down to ``parent`` must be owned by root or by us, and one
+    that others may write must be sticky (like /tmp). Otherwise its owner, or anyone who
+    can write it, could replace our socket (clients would talk to them) or swap it for
+    a link between bind() and chmod() (a root daemon would chmod the link's target).
+    """
+    euid = os.geteuid()
+    path = "/"
+    for name in [n for n in os.path.realpath(parent).split("/") if n] + [""]:
+        st = os.lstat(path)
+        if st.st_uid not in (0, euid):
+            raise SocketDirError(
+                f"socket directory {path} is owned by uid {st.st_uid}, not by uid {euid} "
+                "or root: choose another --socket"
+            )
+        if st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
+            raise SocketDirError(
+                f"socket directory {path} is writable by others (mode "
+                f"{stat.S_IMODE(st.st_mode):04o}, not sticky): choose another --socket"
+            )
+        path = os.path.join(path, name)
+
+
 def bind_unix(
     path: str, *, mode: int, uid: int | None, gid: int | None
 ) -> tuple[socket.socket, int]:
     """The listening socket at ``path`` and the socket file's inode (blocking; startup only)."""
     parent = os.path.dirname(os.path.abspath(path))
-    os.makedirs(parent, exist_ok=True)
+    try:
+        os.makedirs(parent, mode=0o755, exist_ok=True)
+    except OSError as exc:
+        raise SocketDirError(f"cannot create socket directory {parent}: {exc.strerror}") from None
+    check_socket_dir(parent)
     # Locking the parent directory makes check-unlink-bind atomic between two
     # daemons starting at once (else both could see a stale file and one would
     # unlink the other's fresh socket), without leaving a lock file behind.
@@ -433,6 +473,125 @@ def _remove_if_ours(path: str, ino: int) -> None:
         pass
 
 
+@dataclass
+class ConnectionLimits:
+    """Open connections at once: `per_uid` for one untrusted uid, `total` for all
+    untrusted peers together; trusted peers (root, admins) are exempt from `per_uid`
+    and may use `reserve` more than `total`, so status answers during a flood."""
+
+    per_uid: int = 64
+    total: int = 1024
+    reserve: int = 64
+    trusted: Callable[[Peer], bool] = lambda peer: peer.uid == 0
+
+
+# Errors that mean "out of file descriptors or memory for now", not a broken listener.
+_ACCEPT_CAPACITY = {errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS}
+_REFUSALS_AT_ONCE = 64  # connections being told "too many" at once; beyond, just closed
+
+
+class _Acceptor:
+    """The accept loop: counts open connections per uid and refuses over the limits
+    with a one-line 429 before reading the request."""
+
+    def __init__(self, router: Router, limits: Limits, conns: ConnectionLimits) -> None:
+        self.router = router
+        self.limits = limits
+        self.conns = conns
+        self.open: dict[int, int] = {}  # uid -> open connections
+        self.untrusted = 0
+        self.everyone = 0
+        self.refusing = 0
+        self.last_warning = 0.0
+
+    async def run(self, sock: trio.socket.SocketType, nursery: trio.Nursery) -> None:
+        while True:
+            try:
+                conn, _ = await sock.accept()
+            except OSError as exc:
+                if exc.errno not in _ACCEPT_CAPACITY:
+                    raise
+                # Out of fds: the pending connection waits in the backlog. One line a
+                # minute, not a traceback every 0.1 s.
+                self._warn(f"accept: {os.strerror(exc.errno)}; waiting for connections to close")
+                await trio.sleep(0.1)
+                continue
+            try:
+                peer = peer_credentials(conn)
+            except OSError:
+                conn.close()
+                continue
+            stream = trio.SocketStream(conn)
+            refusal = self._admit(peer)
+            if refusal is None:
+                nursery.start_soon(self._serve, stream, peer)
+            elif self.refusing < _REFUSALS_AT_ONCE:
+                self.refusing += 1
+                nursery.start_soon(self._refuse, stream, refusal)
+            else:
+                conn.close()
+
+    def _admit(self, peer: Peer) -> str | None:
+        if self.conns.trusted(peer):
+            if self.everyone >= self.conns.total + self.conns.reserve:
+                return f"too many connections ({self.everyone} open)"
+            return None
+        mine = self.open.get(peer.uid, 0)
+        if mine >= self.conns.per_uid:
+            self._warn(f"uid {peer.uid} has {mine} connections open; refusing more")
+            return f"too many connections from uid {peer.uid} (limit {self.conns.per_uid})"
+        if self.untrusted >= self.conns.total:
+            self._warn(f"{self.untrusted} connections open; refusing more")
+            return f"too many connections to the daemon (limit {self.conns.total})"
+        return None
+
+    async def _serve(self, stream: trio.SocketStream, peer: Peer) -> None:
+        trusted = self.conns.trusted(peer)
+        self.open[peer.uid] = self.open.get(peer.uid, 0) + 1
+        self.everyone += 1
+        self.untrusted += not trusted
+        try:
+            await _serve_connection(stream, self.router, self.limits, peer)
+        finally:
+            self.everyone -= 1
+            self.untrusted -= not trusted
+            left = self.open[peer.uid] - 1
+            if left:
+                self.open[peer.uid] = left
+            else:
+                del self.open[peer.uid]
+
+    async def _refuse(self, stream: trio.SocketStream, message: str) -> None:
+        resp = error_response(429, message)
+        head = (
+            f"HTTP/1.1 429 Too Many Requests\r\ncontent-type: application/json\r\n"
+            f"content-length: {len(resp.body)}\r\nconnection: close\r\n\r\n"
+        ).encode()
+        try:
+            with trio.move_on_after(1.0):
+                await stream.send_all(head + bytes(resp.body))
+                await stream.send_eof()
+                await _drain_briefly(stream)
+        except _DISCONNECTS:
+            pass
+        finally:
+            self.refusing -= 1
+            await trio.aclose_forcefully(stream)
+
+    def _warn(self, message: str) -> None:
+        now = time.monotonic()
+        if now - self.last_warning >= 60:
+            self.last_warning = now
+            log.warning("%s", message)
+
+
+async def _drain_briefly(stream: trio.SocketStream) -> None:
+    """Read what the refused client already sent, so closing does not reset the
+    connection before it reads our answer."""
+    while await stream.receive_some(_RECV_SIZE):
+        pass
+
+
 async def serve_unix(
     path: str,
     router: Router,
@@ -444,6 +603,7 @@ async def serve_unix(
     body_limit: Callable[[str, str, Peer], int] | None = None,
     max_header: int = 16384,
     idle_timeout: float = 300.0,
+    connections: ConnectionLimits | None = None,
     bound: tuple[socket.socket, int] | None = None,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
@@ -458,17 +618,13 @@ async def serve_unix(
     limits = Limits(
         max_body=max_body, max_header=max_header, idle_timeout=idle_timeout, body_limit=body_limit
     )
-    listener = trio.SocketListener(trio.socket.from_stdlib_socket(sock))
-
-    async def handle(stream: trio.SocketStream) -> None:
-        await _serve_connection(stream, router, limits)
-
+    acceptor = _Acceptor(router, limits, connections or ConnectionLimits())
+    tsock = trio.socket.from_stdlib_socket(sock)
     try:
         async with trio.open_nursery() as nursery:
-            await nursery.start(trio.serve_listeners, handle, [listener])
+            nursery.start_soon(acceptor.run, tsock, nursery)
             log.info("control API listening on %s", path)
             task_status.started()
     finally:
         _remove_if_ours(path, ino)
-        with trio.CancelScope(shield=True):
-            await listener.aclose()
+        tsock.close()
