@@ -59,6 +59,17 @@ class NodeSettings:
     page_size: int = 1000
     list_workers: int = 16  # prefixes listed at once (stores with delimiter listings)
     backend_extra: dict[str, str] = field(default_factory=dict)
+    # [limits]: what one non-admin uid may hold at once (docs/SECURITY.md); root and the
+    # admin group are exempt. max_connections caps everyone's connections together
+    # (root and admins get ADMIN_CONNECTION_RESERVE more, so status still answers).
+    max_datasets_per_uid: int = 64
+    max_mounts_per_uid: int = 256
+    max_jobs_per_uid: int = 256
+    max_connections_per_uid: int = 64
+    max_connections: int = 1024
+    # [access]: cloud URI prefix -> groups whose members may open datasets under it
+    # ("*": every local user). Root and the admin group may open any dataset.
+    access: dict[str, list[str]] = field(default_factory=dict)
 
 
 @dataclass
@@ -100,7 +111,14 @@ class MountSettings:
 
 _LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 _SIZE_KEYS = {"cache_size", "chunk_size", "writer_batch_bytes", "admission_queue_bytes"}
-_SECTIONS = {"daemon", "backend"}
+_SECTIONS = {"daemon", "backend", "limits", "access"}
+_LIMIT_KEYS = {
+    "max_datasets_per_uid",
+    "max_mounts_per_uid",
+    "max_jobs_per_uid",
+    "max_connections_per_uid",
+    "max_connections",
+}
 _BACKEND_KEYS = {
     "endpoint_url",
     "connect_timeout",
@@ -113,6 +131,8 @@ _BACKEND_KEYS = {
 
 
 def _section_of(key: str) -> str:
+    if key in _LIMIT_KEYS:
+        return "limits"
     return "backend" if key in _BACKEND_KEYS else "daemon"
 
 
@@ -129,6 +149,10 @@ def _typed(name: str, value: object, kind: str) -> object:
         return parse_size(value)  # type: ignore[arg-type]
     if name == "socket_mode":
         return _mode(value)
+    if name == "access":
+        if not isinstance(value, dict):
+            raise UsageError('must be a table, like { "s3://public/" = ["ml-users"] }')
+        return _access(value)
     if name == "backend_extra":
         if not isinstance(value, dict):
             raise UsageError('must be a table, like { region = "eu-west-1" }')
@@ -146,6 +170,30 @@ def _typed(name: str, value: object, kind: str) -> object:
     if kind == "str" and not isinstance(value, str):
         raise UsageError(f"must be a string, not {value!r}")
     return value
+
+
+def _access(table: dict) -> dict[str, list[str]]:
+    """[access]: "scheme://bucket/prefix/" = ["group", ...]. Prefixes are matched against
+    canonical URIs as text, so each must be one (ending in "/"): "s3://public" would
+    also match "s3://public-private/"."""
+    from silofs.uri import parse_uri  # config stays importable without the URI grammar
+
+    out: dict[str, list[str]] = {}
+    for prefix, groups in table.items():
+        if not isinstance(groups, list) or not all(isinstance(g, str) and g for g in groups):
+            raise UsageError(f'{prefix!r} must name a list of groups, like ["ml-users"]')
+        try:
+            uri = parse_uri(prefix)
+        except UsageError as exc:
+            raise UsageError(f"{prefix!r}: {exc}") from None
+        if uri.scheme == "file":
+            raise UsageError(
+                f"{prefix!r}: local datasets are checked per file as the user, not listed here"
+            )
+        if uri.canonical != prefix:
+            raise UsageError(f"{prefix!r} must be written as its canonical URI {uri.canonical!r}")
+        out[prefix] = list(groups)
+    return out
 
 
 def _mode(value: object) -> int:
@@ -190,6 +238,12 @@ def load_node_settings(path: str | None, **overrides: object) -> NodeSettings:
                 raise UsageError(f"config file {path}: unknown key {section!r} outside a section")
             if section not in _SECTIONS:
                 raise UsageError(f"config file {path}: unknown section [{section}]")
+            if section == "access":
+                try:
+                    values["access"] = _access(table)
+                except UsageError as exc:
+                    raise UsageError(f"config file {path}: [access] {exc}") from None
+                continue
             for key, value in table.items():
                 if key not in known:
                     raise UsageError(f"config file {path}: unknown key {key!r} in [{section}]")
@@ -236,6 +290,9 @@ def _validate(s: NodeSettings) -> None:
     for name in ("connect_timeout", "read_timeout"):
         if getattr(s, name) <= 0:
             raise UsageError(f"{name} must be more than 0 seconds")
+    for name in sorted(_LIMIT_KEYS):
+        if getattr(s, name) < 1:
+            raise UsageError(f"{name} must be at least 1")
 
 
 def parse_io_limit(text: str | None) -> int | None:

@@ -1,7 +1,8 @@
-"""The records both processes speak: an object as listed, and a mount's counters.
+"""The records both processes speak: an object as listed, a mount's counters, a job name.
 
 Owns only plain data shared by the node daemon, the mount processes and the cache
-format, so that neither side has to import the other to name them. Never does I/O.
+format, so that neither side has to import the other to name them, and the job-name
+grammar both the CLI and the daemon check. Never does I/O.
 """
 
 from __future__ import annotations
@@ -39,3 +40,27 @@ class MountCounters:
     def add(self, other: MountCounters) -> None:
         for k, v in vars(other).items():
             setattr(self, k, getattr(self, k) + v)
+
+
+JOB_NAME_MAX_BYTES = 255
+JOB_NAME_RULE = (
+    "a job name is 1-255 bytes of UTF-8, printable, without whitespace, '/', '\"' or '\\'"
+)
+
+
+def job_name_error(name: object) -> str | None:
+    """Why `name` is not a job name, or None if it is one. The one place the grammar is
+    written (docs/SECURITY.md): job names become URL path segments, log lines, Prometheus
+    label values and LMDB meta keys, so each must survive all of them. A lone surrogate
+    (legal in JSON, not in UTF-8) once made /metrics answer 500 for everyone."""
+    if not isinstance(name, str) or not name:
+        return JOB_NAME_RULE
+    try:
+        size = len(name.encode())
+    except UnicodeEncodeError:
+        return f"{JOB_NAME_RULE}; this one is not encodable as UTF-8"
+    if size > JOB_NAME_MAX_BYTES:
+        return f"{JOB_NAME_RULE}; this one is {size} bytes"
+    if not name.isprintable() or any(c.isspace() or c in '/"\\' for c in name):
+        return JOB_NAME_RULE
+    return None

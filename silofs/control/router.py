@@ -42,14 +42,45 @@ class Request:
     peer: Peer
 
     def json(self) -> Any:
-        """The body as a JSON object; HTTPError(400) if it is not one."""
+        """The body as a JSON object; HTTPError(400) if it is not one, nests deeper than
+        MAX_JSON_DEPTH, or holds a string that is not UTF-8 encodable (a lone surrogate
+        escape like "\\ud800" is valid JSON and would fail later, in a log line or
+        /metrics)."""
         try:
             obj = json.loads(self.body)
-        except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError
+        except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, >4300 digits
             raise HTTPError(400, f"request body is not valid JSON: {one_line(exc)}") from None
+        except RecursionError:
+            raise HTTPError(400, "request body nests too deeply") from None
         if not isinstance(obj, dict):
             raise HTTPError(400, f"request body must be a JSON object, not {type(obj).__name__}")
+        _check_json(obj)
         return obj
+
+
+MAX_JSON_DEPTH = 32
+
+
+def _check_json(obj: Any) -> None:
+    """HTTPError(400) for nesting deeper than MAX_JSON_DEPTH or unencodable text."""
+    stack = [(obj, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if depth > MAX_JSON_DEPTH:
+            raise HTTPError(400, f"request body nests deeper than {MAX_JSON_DEPTH} levels")
+        if isinstance(value, dict):
+            for k, v in value.items():
+                stack.append((k, depth))
+                stack.append((v, depth + 1))
+        elif isinstance(value, list):
+            stack.extend((v, depth + 1) for v in value)
+        elif isinstance(value, str):
+            try:
+                value.encode()
+            except UnicodeEncodeError:
+                raise HTTPError(
+                    400, "request body holds text that is not UTF-8 (a lone surrogate?)"
+                ) from None
 
 
 @dataclass

@@ -46,7 +46,7 @@ from silofs.node.quota import QuotaPolicy
 from silofs.node.state import DatasetState, JobState, MountState
 from silofs.node.supervise import run_once
 from silofs.node.writer import Writer
-from silofs.records import MountCounters, ObjectInfo
+from silofs.records import MountCounters, ObjectInfo, job_name_error
 from silofs.units import format_rate, format_size
 from silofs.uri import DatasetURI, parse_uri
 
@@ -74,7 +74,9 @@ class Daemon:
             k.removeprefix("cache:"): int(v) for k, v in self.store.iter_meta("cache:")
         }
         self.io_allocations: dict[str, int | None] = {
-            k.removeprefix("io:"): v["bytes_per_s"] for k, v in self.store.iter_meta("io:")
+            k.removeprefix("io:"): v["bytes_per_s"]
+            for k, v in self.store.iter_meta("io:")
+            if _valid_persisted_job(k.removeprefix("io:"))
         }
         self.modes: dict[str, str] = {
             k.removeprefix("mode:"): str(v) for k, v in self.store.iter_meta("mode:")
@@ -106,6 +108,12 @@ class Daemon:
         )
         self.started = time.time()
         self.nursery: trio.Nursery | None = None
+        # Access (docs/SECURITY.md), all in memory: the uid that opened each dataset
+        # first (counted against its limit), the uids whose mount of a local dataset
+        # passed the directory-tree check since its last listing, and the cloud policy.
+        self.opened_by: dict[int, int] = {}
+        self.tree_checked: dict[int, set[int]] = {}
+        self.cloud_access = _resolve_access(settings.access)
 
     # -- tasks -----------------------------------------------------------------------
     def spawn(
@@ -251,6 +259,7 @@ class Daemon:
                     "%s: %s; serving the persisted listing and cached chunks", ds.uri.canonical, exc
                 )
             if refresh or not have_manifest:
+                self.tree_checked.pop(ds.id, None)  # a new listing: check mounts again
                 record = await self._list(ds)
             ds.record = record
             ds.state = "ready"
@@ -539,6 +548,63 @@ def _open_store(cache_dir: str, map_size: int) -> CacheStore:
         moved = move_aside(cache_dir)
         log.error("%s; moved it to %s and starting with an empty cache", exc, moved)
         return CacheStore(cache_dir, map_size)
+
+    # -- ownership and per-uid limits (docs/SECURITY.md) ----------------------------
+    def job_owner(self, job: str) -> int | None:
+        """The uid a job belongs to: the one that registered its oldest live mount. Kept
+        in memory only, with the mounts: a job with no mount left belongs to no one,
+        and after a daemon restart the first mount to re-register claims it."""
+        return next((m.uid for m in self.mounts.values() if m.job == job), None)
+
+    def held_by(self, uid: int) -> tuple[int, int, int]:
+        """(datasets, mounts, jobs) a uid holds, as its limits count them."""
+        datasets = sum(1 for dsid in self.datasets if self.opened_by.get(dsid) == uid)
+        mine = [m for m in self.mounts.values() if m.uid == uid]
+        return datasets, len(mine), len({m.job for m in mine})
+
+    def forget_idle_dataset(self, uid: int) -> bool:
+        """Forget the oldest dataset `uid` opened that no mount uses and that is not being
+        listed, to make room under its limit. Its listing and chunks stay in the cache;
+        opening it again reuses them. False if there is none."""
+        used = {m.dsid for m in self.mounts.values()}
+        for dsid, ds in self.datasets.items():
+            if (
+                self.opened_by.get(dsid) == uid
+                and dsid not in used
+                and ds.state not in ("checking", "listing")
+            ):
+                del self.datasets[dsid]
+                self.opened_by.pop(dsid, None)
+                self.tree_checked.pop(dsid, None)
+                ds.backend.close()
+                log.info("forgot idle dataset %s (opened by uid %d)", ds.uri.canonical, uid)
+                return True
+        return False
+
+    def forget_idle_jobs(self, keep: int) -> None:
+        """Keep at most `keep` jobs that have neither a mount nor an IO allocation, the
+        oldest forgotten first: a user cycling job names must not grow the daemon."""
+        busy = {m.job for m in self.mounts.values()} | set(self.io_allocations)
+        idle = [name for name in self.jobs if name not in busy]
+        for name in idle[: max(0, len(idle) - keep)]:
+            del self.jobs[name]
+
+
+def _valid_persisted_job(name: str) -> bool:
+    """Allocations persisted before job names were checked may hold a name that breaks
+    /metrics for everyone: skip it (the row stays; an admin may reset it)."""
+    why = job_name_error(name)
+    if why is not None:
+        log.warning("ignoring the persisted IO allocation of job %r: %s", name, why)
+    return why is None
+
+
+def _resolve_access(access: dict[str, list[str]]) -> dict[str, frozenset[int] | None]:
+    """[access] with group names resolved once at start ("*": every local user)."""
+    return {
+        prefix: None if "*" in groups else frozenset(_group_id(g) for g in groups)  # type: ignore[misc]
+        for prefix, groups in access.items()
+    }
 
 
 def _pid_alive(pid: int) -> bool:

@@ -1,9 +1,11 @@
 """The daemon's HTTP API: routes, request validation, and JSON views of daemon state.
 
 Owns the versioned paths under /v1, what each accepts and answers, and who may call it
-(promise 6: changes only from root or the admin group; anyone may read status). Every
-malformed request gets a 4xx JSON error and changes nothing. Never holds state of its
-own: it reads and calls the Daemon.
+(docs/SECURITY.md: allocations and store options only from root or the admin group; a
+peer opens, mounts and reads only what it could read itself, holds its own jobs, and
+stays within its per-uid limits; anyone may read status). Every malformed request gets
+a 4xx JSON error and changes nothing. Never holds state of its own: it reads and calls
+the Daemon.
 """
 
 from __future__ import annotations
@@ -14,25 +16,33 @@ import re
 import time
 from typing import Any
 
-from silofs.control.peer import Peer, peer_may_change
+import trio
+
+from silofs.control.peer import Peer, peer_groups, peer_may_change
 from silofs.control.router import HTTPError, Request, Response, Router, json_response
 from silofs.errors import (
+    AccessDeniedError,
     BackendError,
     NotFoundError,
     ObjectChangedError,
     UsageError,
     VersionMismatchError,
 )
+from silofs.node.access import cloud_allowed
+from silofs.node.backends.local import LocalBackend
 from silofs.node.daemon import Daemon
 from silofs.node.state import DatasetState, JobState, MountState
-from silofs.records import MountCounters
+from silofs.records import MountCounters, job_name_error
 from silofs.units import parse_rate, parse_size
-from silofs.uri import parse_uri
+from silofs.uri import DatasetURI, parse_uri
 
 log = logging.getLogger(__name__)
 
 _MAX_NAME = 1024
 _MOUNT_ID = re.compile(r"[0-9a-f]{8,32}")  # a mount process chooses its own id
+# Jobs with neither a mount nor an IO allocation kept for status; older ones are
+# forgotten, so cycling job names cannot grow the daemon without bound.
+_IDLE_JOBS_KEPT = 1024
 
 
 def _ratio(hit: int, total: int) -> float:
@@ -194,9 +204,135 @@ def _mount(d: Daemon, req: Request, mount_id: str) -> MountState:
     m = d.mounts.get(mount_id)
     if m is None:
         raise HTTPError(404, f"no mount {mount_id!r} (the daemon restarted?)")
-    if req.peer.uid not in (0, m.uid):
+    if req.peer.uid != m.uid and not _trusted(d, req):
         raise HTTPError(403, "this mount belongs to another user")
     return m
+
+
+# -- authorization (docs/SECURITY.md) ------------------------------------------------
+def _trusted(d: Daemon, req: Request) -> bool:
+    """Root and the admin group: exempt from the checks below."""
+    return peer_may_change(req.peer, d.admin_gid)
+
+
+def _refuse(req: Request, status: int, message: str) -> HTTPError:
+    log.warning("refused %s %s from uid %d: %s", req.method, req.path, req.peer.uid, message)
+    return HTTPError(status, message)
+
+
+_OPEN_FIELDS = {"uri", "refresh"}
+
+
+def _check_store_options(d: Daemon, req: Request, body: dict) -> None:
+    """A store option (endpoint_url, ...) makes the daemon send its credentials where
+    the caller says: only trusted peers may name one."""
+    named = sorted(k for k, v in body.items() if k not in _OPEN_FIELDS and v is not None)
+    if named and not _trusted(d, req):
+        raise _refuse(
+            req,
+            403,
+            f"store options ({', '.join(named)}) are for root or the admin group; "
+            f"uid {req.peer.uid} may only name a dataset URI",
+        )
+
+
+async def _check_dataset_access(
+    d: Daemon, req: Request, uri: DatasetURI, *, mount: DatasetState | None = None
+) -> None:
+    """403 unless an untrusted peer may open (or, with `mount`, mount) the dataset: a
+    local directory it can list itself (for a mount: every directory under it, since the
+    mount shows all their names), or a cloud prefix [access] grants one of its groups."""
+    if _trusted(d, req):
+        return
+    uid, gids = req.peer.uid, peer_groups(req.peer)
+    if uri.scheme != "file":
+        if not cloud_allowed(uri.canonical, gids, d.cloud_access):
+            raise _refuse(
+                req,
+                403,
+                f"uid {uid} may not open {uri.canonical}: cloud datasets are opened by root, "
+                "the admin group, or a group the daemon's [access] lists for the prefix",
+            )
+        return
+    if mount is not None and uid in d.tree_checked.get(mount.id, ()):
+        return
+    backend = mount.backend if mount is not None else LocalBackend(uri, d.backend_opts)
+    check = getattr(backend, "check_peer_list", None)
+    if check is None:  # not a local backend (a test double): nothing to walk
+        return
+    try:
+        await trio.to_thread.run_sync(
+            lambda: check(uid, gids, tree=mount is not None), limiter=d.fetcher.threads
+        )
+    except AccessDeniedError as exc:
+        raise _refuse(req, 403, str(exc)) from None
+    except (BackendError, OSError):
+        if mount is not None:  # fail closed; opening reports a missing directory itself
+            raise _refuse(req, 403, f"cannot check that uid {uid} may list {uri.bucket}") from None
+        return
+    if mount is not None:
+        d.tree_checked.setdefault(mount.id, set()).add(uid)
+
+
+async def _check_object_access(d: Daemon, req: Request, m: MountState, key: str) -> None:
+    """An untrusted peer gets a local object's bytes (cached or not) only if it could
+    read the file itself, checked on every request: a chmod takes effect at once."""
+    if _trusted(d, req):
+        return
+    ds = d.datasets[m.dsid]
+    check = getattr(ds.backend, "check_peer_read", None)
+    if ds.uri.scheme != "file" or check is None:
+        return
+    obj = d.store.get_object(ds.id, key, ds.record.get("gen"))
+    if obj is None and ds.building_gen is not None:  # as Daemon.get_chunk looks it up
+        obj = d.store.get_object(ds.id, key, ds.building_gen)
+    if obj is None:
+        return  # get_chunk answers 404
+    version = req.query.get("version")
+    if version is not None and version != obj.version:
+        # The previous listing's version would be served from the cache, and only the
+        # file as it is now can be judged: no old bytes for an untrusted peer.
+        raise HTTPError(
+            409,
+            f"{ds.uri.canonical}{key} changed since this mount listed it; "
+            "remount to read the new one",
+        )
+    uid, gids = req.peer.uid, peer_groups(req.peer)
+    try:
+        await trio.to_thread.run_sync(check, obj, uid, gids, limiter=d.fetcher.threads)
+    except AccessDeniedError as exc:
+        raise _refuse(req, 403, str(exc)) from None
+    except ObjectChangedError as exc:
+        raise HTTPError(409, str(exc)) from None
+    except (BackendError, OSError) as exc:
+        raise _refuse(req, 403, f"cannot check that uid {uid} may read {key}: {exc}") from None
+
+
+def _check_limit(req: Request, what: str, held: int, limit: int) -> None:
+    if held >= limit:
+        raise _refuse(
+            req,
+            429,
+            f"uid {req.peer.uid} already holds {held} {what} (limit {limit}): "
+            f"release some, or ask an admin to raise max_{what}_per_uid",
+        )
+
+
+def _check_job(d: Daemon, req: Request, job: str, *, again: bool = False) -> None:
+    """A job belongs to the uid that registered its oldest live mount: no one else may
+    register under it (spend its IO, push its stats), except root and admins. A mount
+    registering `again` under its own id holds nothing new: no limit applies."""
+    if _trusted(d, req):
+        return
+    owner = d.job_owner(job)
+    if owner is not None and owner != req.peer.uid:
+        raise _refuse(req, 403, f"job {job!r} belongs to uid {owner}, not to uid {req.peer.uid}")
+    if again:
+        return
+    _, mounts, jobs = d.held_by(req.peer.uid)
+    _check_limit(req, "mounts", mounts, d.settings.max_mounts_per_uid)
+    if owner is None:
+        _check_limit(req, "jobs", jobs, d.settings.max_jobs_per_uid)
 
 
 async def _initial_settings(
@@ -227,29 +363,6 @@ async def _initial_settings(
             await d.set_mode(ds.uri.canonical, mode)
         except UsageError as exc:
             raise HTTPError(400, str(exc)) from None
-
-
-def _check_local_access(req: Request, uri: str) -> None:
-    """A root daemon reads local directories as root: a non-root peer may only open a
-    directory it owns or that everyone may read, so the mount is no back door."""
-    if req.peer.uid in (0, os.getuid()):
-        return
-    try:
-        parsed = parse_uri(uri)
-    except UsageError:
-        return  # open_dataset reports it
-    if parsed.scheme != "file":
-        return
-    try:
-        st = os.stat(parsed.bucket)
-    except OSError:
-        return  # the backend's check reports a missing directory
-    if st.st_uid != req.peer.uid and (st.st_mode & 0o005) != 0o005:
-        raise HTTPError(
-            403,
-            f"uid {req.peer.uid} may not read {parsed.bucket} through the "
-            "silofs daemon: it is neither yours nor world-readable",
-        )
 
 
 def _backend_status(exc: BackendError) -> int:
@@ -286,10 +399,9 @@ def _require_admin(d: Daemon, req: Request) -> None:
 
 
 def _job_name(job: str) -> str:
-    if not job or len(job) > 256 or any(c in job for c in "\x00\n\r\t /"):
-        raise HTTPError(
-            400, "a job name is 1-256 characters without spaces, '/' or control characters"
-        )
+    why = job_name_error(job)
+    if why is not None:
+        raise HTTPError(400, why)
     return job
 
 
@@ -305,6 +417,8 @@ def _parse_amount(body: dict, name: str, parse: Any, *, allow_null: bool) -> int
         parsed = parse(value)
     except UsageError as exc:
         raise HTTPError(400, str(exc)) from None
+    except ValueError:  # more digits than int() converts (4300)
+        raise HTTPError(400, f"field {name!r} is not a number silofs can use") from None
     if parsed is None and not allow_null:
         raise HTTPError(400, f"field {name!r} must be a size")
     return parsed
@@ -383,11 +497,22 @@ def build_router(d: Daemon) -> Router:
         uri = _field(body, "uri", str)
         refresh = _field(body, "refresh", bool, required=False) or False
         endpoint_url = _field(body, "endpoint_url", str, required=False)
-        _check_local_access(req, uri)
+        _check_store_options(d, req, body)
+        try:
+            parsed = parse_uri(uri)
+        except UsageError as exc:
+            raise HTTPError(400, str(exc)) from None
+        await _check_dataset_access(d, req, parsed)
+        if d.find_dataset(parsed.canonical) is None and not _trusted(d, req):
+            held, _, _ = d.held_by(req.peer.uid)
+            if held >= d.settings.max_datasets_per_uid and d.forget_idle_dataset(req.peer.uid):
+                held -= 1
+            _check_limit(req, "datasets", held, d.settings.max_datasets_per_uid)
         try:
             ds = await d.open_dataset(uri, refresh, endpoint_url)
         except UsageError as exc:
             raise HTTPError(400, str(exc)) from None
+        d.opened_by.setdefault(ds.id, req.peer.uid)
         return json_response(dataset_view(d, ds))
 
     async def get_dataset(req: Request, name: str) -> Response:
@@ -400,17 +525,23 @@ def build_router(d: Daemon) -> Router:
         if chunk_size is not None and not (64 << 10) <= chunk_size <= (64 << 20):
             raise HTTPError(400, "chunk_size must be between 64KiB and 64MiB")
         io_limit = _field(body, "io_limit", int, required=False)
+        if io_limit is not None:
+            io_limit = _parse_amount(body, "io_limit", parse_rate, allow_null=True)
         mode = _field(body, "admission", str, required=False)
         job = _job_name(_field(body, "job", str))
         mount_id = _field(body, "id", str, required=False)
         if mount_id is not None and not _MOUNT_ID.fullmatch(mount_id):
             raise HTTPError(400, "field 'id' must be 8-32 lowercase hex digits")
+        mountpoint = _field(body, "mountpoint", str)
+        await _check_dataset_access(d, req, ds.uri, mount=ds)
+        known = d.mounts.get(mount_id) if mount_id else None
+        _check_job(d, req, job, again=known is not None and known.uid == req.peer.uid)
         await _initial_settings(d, req, ds, job, io_limit, mode)
         try:
             m = d.register_mount(
                 ds,
                 job,
-                _field(body, "mountpoint", str),
+                mountpoint,
                 req.peer.pid,
                 req.peer.uid,
                 chunk_size,
@@ -419,6 +550,7 @@ def build_router(d: Daemon) -> Router:
             )
         except UsageError as exc:
             raise HTTPError(409, str(exc)) from None
+        d.forget_idle_jobs(keep=_IDLE_JOBS_KEPT)
         return json_response(
             {
                 "id": m.id,
@@ -465,6 +597,7 @@ def build_router(d: Daemon) -> Router:
             index = int(req.query.get("index", ""))
         except ValueError:
             raise HTTPError(400, "index must be an integer") from None
+        await _check_object_access(d, req, m, key)
         try:
             data, source = await d.get_chunk(
                 m, key, index, req.query.get("refetch") == "1", req.query.get("version")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import resource
 import signal
 import socket
 
@@ -19,7 +20,8 @@ import trio
 
 from silofs import __version__
 from silofs.config import NodeSettings
-from silofs.control.server import bind_unix, serve_unix
+from silofs.control.peer import peer_may_change
+from silofs.control.server import ConnectionLimits, bind_unix, serve_unix
 from silofs.node.daemon import Daemon
 from silofs.node.routes import body_limit, build_router
 from silofs.node.supervise import run_forever
@@ -60,6 +62,7 @@ async def serve(daemon: Daemon, task_status: trio.TaskStatus = trio.TASK_STATUS_
                     router,
                     max_body=1 << 20,
                     body_limit=body_limit,
+                    connections=connection_limits(daemon),
                     bound=bound,
                     task_status=task_status,
                 )
@@ -83,6 +86,35 @@ async def serve(daemon: Daemon, task_status: trio.TaskStatus = trio.TASK_STATUS_
                 log.error("the last admissions failed: %s", exc)
             nursery.cancel_scope.cancel()
     await trio.to_thread.run_sync(daemon.store.sync)
+
+
+# File descriptors kept for everything but connections: LMDB, store clients, logs.
+_FD_HEADROOM = 256
+
+
+def connection_limits(daemon: Daemon) -> ConnectionLimits:
+    """The configured limits, with the total lowered to fit RLIMIT_NOFILE: running out of
+    fds fails misses and listings, so connections must hit their own limit first."""
+    s = daemon.settings
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    reserve = 64
+    total = s.max_connections
+    if soft != resource.RLIM_INFINITY and total + reserve > soft - _FD_HEADROOM:
+        total = max(16, (soft - _FD_HEADROOM) * 3 // 4)
+        reserve = max(4, (soft - _FD_HEADROOM) // 4)
+        log.warning(
+            "max_connections %d does not fit the fd limit %d: using %d (+%d for admins)",
+            s.max_connections,
+            soft,
+            total,
+            reserve,
+        )
+    return ConnectionLimits(
+        per_uid=s.max_connections_per_uid,
+        total=total,
+        reserve=reserve,
+        trusted=lambda peer: peer_may_change(peer, daemon.admin_gid),
+    )
 
 
 def sd_notify(message: str) -> None:
