@@ -106,6 +106,7 @@ class _ServerConnection:
         # block; h11 reports overflow as RemoteProtocolError with hint 431.
         self.conn = h11.Connection(h11.SERVER, max_incomplete_event_size=limits.max_header)
         self.peer = peer or peer_credentials(stream.socket)
+        self.head = False  # the current request is HEAD: its answers carry no body
 
     async def run(self) -> None:
         while True:
@@ -205,6 +206,7 @@ class _ServerConnection:
 
     async def _read_request(self, event: Any) -> tuple[Request, list[str]]:
         assert isinstance(event, h11.Request), event
+        self.head = event.method == b"HEAD"
         self._check_header_size(event)
         method = event.method.decode("ascii", "replace")
         headers = _header_dict(event.headers)
@@ -279,7 +281,8 @@ class _ServerConnection:
         resp.headers["connection"] = "close"
         try:
             with trio.fail_after(self.limits.idle_timeout):
-                await self._send(resp)
+                # h11 refuses a body after HEAD: "HEAD *" once got no answer at all.
+                await self._send(resp, with_body=not self.head)
             await self.stream.send_eof()
         except (trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlowError, OSError):
             return

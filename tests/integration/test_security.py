@@ -1,0 +1,530 @@
+"""Authorization as a real second user against a real root daemon (docs/SECURITY.md).
+
+Every rule of the authorization matrix is tried by processes running as unprivileged
+users created for the session (useradd), talking to a `silofs daemon` running as root.
+The users' processes are forked from the test and drop to the user's uid, gid and
+supplementary groups before they connect, so the daemon sees them through SO_PEERCRED
+exactly as it sees any local user. (They are forked rather than exec'ed because this
+host's Python lives under /root, which other users cannot enter; and /dev/fuse is
+0600 here, so a second user cannot mount at all: the tests send the requests a mount
+process sends: POST /v1/datasets, POST /v1/mounts, GET /v1/chunks, PUT stats.)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import pwd
+import shutil
+import socket
+import stat
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import pytest
+
+from silofs.control.client import ControlClient
+
+from .conftest import Node, needs_fuse, silofs_cmd, wait_for
+
+pytestmark = [needs_fuse, pytest.mark.fuse]
+
+_ROOT_ONLY = "" if os.geteuid() == 0 else "needs root (useradd, a root daemon)"
+_NO_USERADD = "" if shutil.which("useradd") else "useradd is not installed"
+
+
+@dataclass
+class User:
+    name: str
+    uid: int
+    gid: int
+
+
+@dataclass
+class Users:
+    alice: User  # untrusted, in the cloud-access group
+    bob: User  # untrusted
+    carol: User  # in the admin group
+    cloud_group: str
+    admin_group: str
+
+
+@pytest.fixture(scope="session")
+def users() -> Iterator[Users]:
+    if _ROOT_ONLY or _NO_USERADD:
+        pytest.skip(_ROOT_ONLY or _NO_USERADD)
+    tag = f"sfz{os.getpid() % 100000}"
+    groups = {"cloud": f"{tag}-cloud", "admin": f"{tag}-adm"}
+    made_users: list[str] = []
+    made_groups: list[str] = []
+    try:
+        for g in groups.values():
+            subprocess.run(["groupadd", g], check=True, capture_output=True)
+            made_groups.append(g)
+        spec = {"a": groups["cloud"], "b": None, "c": groups["admin"]}
+        for short, extra in spec.items():
+            name = f"{tag}-{short}"
+            cmd = ["useradd", "--no-create-home", "--shell", "/usr/sbin/nologin", "-U"]
+            cmd += ["-G", extra] if extra else []
+            subprocess.run([*cmd, name], check=True, capture_output=True)
+            made_users.append(name)
+        got = [pwd.getpwnam(n) for n in made_users]
+        yield Users(
+            *(User(p.pw_name, p.pw_uid, p.pw_gid) for p in got),
+            cloud_group=groups["cloud"],
+            admin_group=groups["admin"],
+        )
+    finally:
+        for name in made_users:
+            subprocess.run(["userdel", name], capture_output=True)
+        for g in made_groups:
+            subprocess.run(["groupdel", g], capture_output=True)
+
+
+def as_user(user: User, fn: Callable[..., Any], *args: Any) -> Any:
+    """fn(*args) in a forked child running as `user` (uid, gid, supplementary groups)."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns into pytest
+        try:
+            os.close(r)
+            os.setgroups(os.getgrouplist(user.name, user.gid))
+            os.setgid(user.gid)
+            os.setuid(user.uid)
+            out: tuple[str, Any] = ("ok", fn(*args))
+        except BaseException as exc:  # noqa: BLE001 - reported to the parent
+            out = ("error", f"{type(exc).__name__}: {exc}")
+        try:
+            os.write(w, pickle.dumps(out))
+        finally:
+            os._exit(0)
+    os.close(w)
+    with os.fdopen(r, "rb") as f:
+        data = f.read()
+    os.waitpid(pid, 0)
+    kind, value = pickle.loads(data)
+    if kind != "ok":
+        raise AssertionError(f"as {user.name}: {value}")
+    return value
+
+
+Call = tuple[str, str, Any]  # method, path, JSON body (or None)
+
+
+def _calls(sock: str, calls: list[Call]) -> list[tuple[int, Any]]:
+    out: list[tuple[int, Any]] = []
+    with ControlClient(sock, timeout=30) as c:
+        for method, path, body in calls:
+            status, headers, data = c.request_raw(method, path, body)
+            if headers.get("content-type", "").startswith("application/json"):
+                out.append((status, json.loads(data)))
+            else:
+                out.append((status, data))
+    return out
+
+
+def call(user: User | None, sock: str, method: str, path: str, body: Any = None) -> tuple[int, Any]:
+    """(status, decoded body) of one request, as `user` (None: as root)."""
+    if user is None:
+        return _calls(sock, [(method, path, body)])[0]
+    return as_user(user, _calls, sock, [(method, path, body)])[0]
+
+
+def error_of(answer: tuple[int, Any], status: int) -> str:
+    """The one-line error of an answer that must have `status`."""
+    got, body = answer
+    assert got == status, answer
+    assert isinstance(body, dict) and set(body) == {"error"}, body
+    assert "\n" not in body["error"]
+    return body["error"]
+
+
+# ----------------------------------------------------------------------- the node
+
+
+@dataclass
+class Site:
+    node: Node
+    base: Path
+    flat: Path  # 0755 dir: pub.txt 0644, secret.txt 0600 root
+    tree: Path  # 0755 dir with a 0700 subdirectory
+    private: Path  # 0700 dir
+    config: Path
+
+    @property
+    def sock(self) -> str:
+        return self.node.socket
+
+
+def _write_config(path: Path, users: Users, extra: str = "") -> None:
+    path.write_text(
+        f'[daemon]\nadmin_group = "{users.admin_group}"\n'
+        "[backend]\n"
+        # Nothing leaves the host: cloud datasets fail to connect at once.
+        'endpoint_url = "http://127.0.0.1:9"\nmax_attempts = 1\nconnect_timeout = 2.0\n'
+        "[limits]\nmax_datasets_per_uid = 3\nmax_mounts_per_uid = 3\nmax_jobs_per_uid = 2\n"
+        "max_connections_per_uid = 4\n"
+        f'[access]\n"s3://public-{os.getpid()}/" = ["{users.cloud_group}"]\n' + extra
+    )
+
+
+@pytest.fixture
+def site(users: Users) -> Iterator[Site]:
+    # Under /tmp, not pytest's tmp_path: /tmp/pytest-of-root is 0700, and the users
+    # must reach the socket and the datasets like any user on the host.
+    base = Path(tempfile.mkdtemp(prefix="silofs-sec-", dir="/tmp"))
+    base.chmod(0o755)
+    flat, tree, private = base / "flat", base / "tree", base / "private"
+    for d in (flat, tree, private, tree / "locked"):
+        d.mkdir()
+        d.chmod(0o755)
+    (flat / "pub.txt").write_bytes(b"public bytes\n" * 100)
+    (flat / "pub.txt").chmod(0o644)
+    (flat / "secret.txt").write_bytes(b"root-only secret\n" * 100)
+    (flat / "secret.txt").chmod(0o600)
+    (flat / "shadow-link").symlink_to("/etc/shadow")
+    (tree / "a.txt").write_bytes(b"a" * 1000)
+    (tree / "locked" / "hidden-name.txt").write_bytes(b"h" * 10)
+    (tree / "locked").chmod(0o700)
+    (private / "p.txt").write_bytes(b"p" * 10)
+    private.chmod(0o700)
+    cfg = base / "silofs.toml"
+    _write_config(cfg, users)
+    node_root = base / "node"
+    node_root.mkdir()
+    node_root.chmod(0o755)
+    node = Node(node_root, "64M", dict(os.environ))
+    try:
+        node.start("--config", str(cfg))
+        yield Site(node, base, flat, tree, private, cfg)
+    finally:
+        node.cleanup()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def open_ready(user: User | None, site: Site, uri: str) -> dict:
+    answer = call(user, site.sock, "POST", "/v1/datasets", {"uri": uri})
+    assert answer[0] == 200, answer
+    dsid = answer[1]["id"]
+    return wait_for(
+        lambda: (
+            (ds := call(None, site.sock, "GET", f"/v1/datasets/{dsid}")[1])["state"]
+            in ("ready", "error")
+            and ds
+        ),
+        what=f"dataset {uri} to be listed",
+    )
+
+
+def register(user: User | None, site: Site, dsid: int, job: str, **extra: Any) -> tuple[int, Any]:
+    body = {"dataset": dsid, "job": job, "mountpoint": f"/nonexistent/{job}", **extra}
+    return call(user, site.sock, "POST", "/v1/mounts", body)
+
+
+def chunk(user: User | None, site: Site, mount_id: str, key: str) -> tuple[int, Any]:
+    return call(
+        user, site.sock, "GET", f"/v1/chunks?mount={mount_id}&key={quote(key)}&index=0", None
+    )
+
+
+# ------------------------------------------------------------------ bytes as the peer
+
+
+def test_a_user_gets_only_bytes_it_could_read_itself(users: Users, site: Site) -> None:
+    alice = users.alice
+    ds = open_ready(alice, site, str(site.flat))
+    assert ds["state"] == "ready" and ds["objects"] == 2  # the symlink is not listed
+    status, reg = register(alice, site, ds["id"], "alice-job")
+    assert status == 201, reg
+    ok = chunk(alice, site, reg["id"], "pub.txt")
+    assert ok[0] == 200 and ok[1] == b"public bytes\n" * 100
+    denied = error_of(chunk(alice, site, reg["id"], "secret.txt"), 403)
+    assert "may not read" in denied and "secret.txt" in denied
+    # Cached by a trusted reader first: still not served to alice.
+    status, root_reg = register(None, site, ds["id"], "root-job")
+    assert status == 201
+    assert chunk(None, site, root_reg["id"], "secret.txt")[1] == b"root-only secret\n" * 100
+    assert chunk(None, site, root_reg["id"], "secret.txt")[0] == 200
+    error_of(chunk(alice, site, reg["id"], "secret.txt"), 403)
+    # A symlink to /etc/shadow is not in the listing, so it is no key to ask for.
+    error_of(chunk(alice, site, reg["id"], "shadow-link"), 404)
+    # A chmod takes effect on the next request, cached or not.
+    (site.flat / "pub.txt").chmod(0o600)
+    error_of(chunk(alice, site, reg["id"], "pub.txt"), 403)
+
+
+def test_etc_shadow_through_the_api(users: Users, site: Site) -> None:
+    """The attack of issue 9, as it was: open /etc, mount it, ask for shadow."""
+    alice = users.alice
+    answer = call(alice, site.sock, "POST", "/v1/datasets", {"uri": "/etc"})
+    if answer[0] == 403:  # a dir under /etc alice cannot list: already refused
+        return
+    assert answer[0] == 200, answer
+    ds = wait_for(
+        lambda: (
+            (d := call(None, site.sock, "GET", f"/v1/datasets/{answer[1]['id']}")[1])["state"]
+            in ("ready", "error")
+            and d
+        ),
+        what="/etc to be listed",
+    )
+    status, reg = register(alice, site, ds["id"], "etc-job")
+    if status == 403:  # /etc holds a directory alice cannot list: the mount is refused
+        assert "may not list" in reg["error"] or "may not search" in reg["error"], reg
+        return
+    assert status == 201, reg
+    error_of(chunk(alice, site, reg["id"], "shadow"), 403)
+
+
+def test_local_directories_a_user_cannot_list(users: Users, site: Site) -> None:
+    alice = users.alice
+    err = error_of(call(alice, site.sock, "POST", "/v1/datasets", {"uri": str(site.private)}), 403)
+    assert "may not" in err and str(site.private) in err
+    # Opening a directory it may list is fine, but a mount would show the names in a
+    # subdirectory it may not list: refused.
+    ds = open_ready(alice, site, str(site.tree))
+    err = error_of(register(alice, site, ds["id"], "tree-job"), 403)
+    assert "locked" in err
+    # Root opened the private dir: alice still may not mount it.
+    root_ds = open_ready(None, site, str(site.private))
+    error_of(register(alice, site, root_ds["id"], "p-job"), 403)
+    assert register(users.carol, site, root_ds["id"], "p-job")[0] == 201  # admin may
+
+
+def test_store_options_and_cloud_datasets(users: Users, site: Site) -> None:
+    alice, bob, carol = users.alice, users.bob, users.carol
+    body = {"uri": str(site.flat), "endpoint_url": "http://attacker.example:80"}
+    err = error_of(call(alice, site.sock, "POST", "/v1/datasets", body), 403)
+    assert "endpoint_url" in err
+    err = error_of(
+        call(alice, site.sock, "POST", "/v1/datasets", {"uri": str(site.flat), "region": "x"}),
+        403,
+    )
+    assert "region" in err
+    # The client's default body names endpoint_url: null, which is no option.
+    ok = call(
+        alice, site.sock, "POST", "/v1/datasets", {"uri": str(site.flat), "endpoint_url": None}
+    )
+    assert ok[0] == 200
+    assert call(carol, site.sock, "POST", "/v1/datasets", body)[0] == 200  # admin may
+    public = f"s3://public-{os.getpid()}/imagenet/"
+    assert call(alice, site.sock, "POST", "/v1/datasets", {"uri": public})[0] == 200
+    err = error_of(call(bob, site.sock, "POST", "/v1/datasets", {"uri": public}), 403)
+    assert "[access]" in err
+    error_of(call(alice, site.sock, "POST", "/v1/datasets", {"uri": "s3://private/x"}), 403)
+    error_of(
+        call(alice, site.sock, "POST", "/v1/datasets", {"uri": f"s3://public-{os.getpid()}x/"}), 403
+    )
+    assert call(carol, site.sock, "POST", "/v1/datasets", {"uri": "s3://private/x"})[0] == 200
+    # Allocations stay admin-only.
+    error_of(call(alice, site.sock, "PUT", "/v1/jobs/j/io", {"bytes_per_s": "1G"}), 403)
+    assert call(carol, site.sock, "PUT", "/v1/jobs/j/io", {"bytes_per_s": "1G"})[0] == 200
+
+
+def test_a_job_belongs_to_its_user(users: Users, site: Site) -> None:
+    alice, bob, carol = users.alice, users.bob, users.carol
+    ds = open_ready(alice, site, str(site.flat))
+    status, reg = register(alice, site, ds["id"], "train")
+    assert status == 201
+    err = error_of(register(bob, site, ds["id"], "train"), 403)
+    assert f"uid {alice.uid}" in err
+    stats = {k: 0 for k in ("bytes_read", "hit_bytes", "miss_bytes", "hits", "misses")}
+    stats["corrupt_chunks"] = 0
+    error_of(call(bob, site.sock, "PUT", f"/v1/mounts/{reg['id']}/stats", stats), 403)
+    error_of(chunk(bob, site, reg["id"], "pub.txt"), 403)  # its IO
+    error_of(call(bob, site.sock, "DELETE", f"/v1/mounts/{reg['id']}"), 403)
+    assert call(alice, site.sock, "PUT", f"/v1/mounts/{reg['id']}/stats", stats)[0] == 200
+    assert register(None, site, ds["id"], "train")[0] == 201  # root may
+    assert register(carol, site, ds["id"], "train")[0] == 201  # the admin group may
+    # Once the job's last mount is gone, the name is free again.
+    for m in call(None, site.sock, "GET", "/v1/status")[1]["mounts"]:
+        assert call(None, site.sock, "DELETE", f"/v1/mounts/{m['id']}")[0] == 200
+    assert register(bob, site, ds["id"], "train")[0] == 201
+
+
+def test_per_uid_limits(users: Users, site: Site) -> None:
+    alice, bob = users.alice, users.bob
+    dirs = []
+    for i in range(4):
+        d = site.base / f"ds{i}"
+        d.mkdir()
+        d.chmod(0o755)
+        (d / "f").write_bytes(b"x")
+        dirs.append(d)
+    ids = [open_ready(alice, site, str(d))["id"] for d in dirs[:3]]
+    # Three idle datasets: a fourth makes the daemon forget the oldest idle one.
+    assert open_ready(alice, site, str(dirs[3]))["state"] == "ready"
+    ids = [open_ready(alice, site, str(d))["id"] for d in dirs[:3]]
+    assert register(alice, site, ids[0], "j1")[0] == 201
+    assert register(alice, site, ids[1], "j2")[0] == 201
+    err = error_of(register(alice, site, ids[2], "j3"), 429)  # a third job
+    assert "jobs" in err and "limit 2" in err
+    assert register(alice, site, ids[2], "j1")[0] == 201
+    # Three datasets in use: no fourth.
+    err = error_of(call(alice, site.sock, "POST", "/v1/datasets", {"uri": str(dirs[3])}), 429)
+    assert "datasets" in err
+    error_of(register(alice, site, ids[2], "j2"), 429)  # a fourth mount
+    assert register(bob, site, ids[2], "bob-job")[0] == 201  # per uid, not global
+    assert register(None, site, ids[2], "root-job")[0] == 201  # root is exempt
+
+
+def _hold_connections(sock_path: str, n: int) -> list[str]:
+    """Open n connections, one request each, keeping them all open; their status lines."""
+    socks, lines = [], []
+    for _ in range(n):
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.settimeout(10)
+        s.connect(sock_path)
+        s.sendall(b"GET /v1/status HTTP/1.1\r\nhost: x\r\n\r\n")
+        head = s.recv(65536).split(b"\r\n", 1)[0].decode()
+        lines.append(head)
+        socks.append(s)
+    for s in socks:
+        s.close()
+    return lines
+
+
+def test_connections_per_uid(users: Users, site: Site) -> None:
+    lines = as_user(users.alice, _hold_connections, site.sock, 6)
+    assert lines[:4] == ["HTTP/1.1 200 OK"] * 4, lines
+    assert all(line.startswith("HTTP/1.1 429") for line in lines[4:]), lines
+    assert _hold_connections(site.sock, 6) == ["HTTP/1.1 200 OK"] * 6  # root is exempt
+
+
+# ------------------------------------------------------------------- cache file modes
+
+
+def _try_open(path: str) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.read(1)
+    except PermissionError:
+        return "denied"
+    return "read"
+
+
+def test_cache_files_are_private_and_fixed_at_start(users: Users, site: Site) -> None:
+    cache = Path(site.node.cache_dir)
+    modes = {p: stat.S_IMODE(os.stat(cache / p).st_mode) for p in ("data.mdb", "lock.mdb")}
+    assert modes == {"data.mdb": 0o600, "lock.mdb": 0o600}
+    assert stat.S_IMODE(cache.stat().st_mode) == 0o700
+    assert as_user(users.alice, _try_open, str(cache / "data.mdb")) == "denied"
+    # An existing cache left readable by an older daemon is fixed at the next start.
+    site.node.stop()
+    cache.chmod(0o755)
+    (cache / "data.mdb").chmod(0o644)
+    assert as_user(users.alice, _try_open, str(cache / "data.mdb")) == "read"
+    site.node.start("--config", str(site.config))
+    assert stat.S_IMODE((cache / "data.mdb").stat().st_mode) == 0o600
+    assert stat.S_IMODE(cache.stat().st_mode) == 0o700
+    assert as_user(users.alice, _try_open, str(cache / "data.mdb")) == "denied"
+
+
+def test_socket_directory_owned_by_another_user_is_refused(users: Users, site: Site) -> None:
+    evil = site.base / "evil"
+    evil.mkdir()
+    os.chown(evil, users.alice.uid, users.alice.gid)
+    loose = site.base / "loose"
+    loose.mkdir()
+    loose.chmod(0o777)
+    for d, needle in ((evil, f"owned by uid {users.alice.uid}"), (loose, "writable by others")):
+        res = subprocess.run(
+            [
+                *silofs_cmd("daemon"),
+                "--socket",
+                str(d / "ctl.sock"),
+                "--cache-dir",
+                str(site.base / "cache2"),
+                "--cache-size",
+                "64M",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert res.returncode != 0
+        lines = res.stderr.strip().splitlines()
+        assert len(lines) == 1 and needle in lines[0], res.stderr
+        assert not (d / "ctl.sock").exists()
+
+
+# ---------------------------------------------------------------- bad input: 400s
+
+
+def _raw(sock_path: str, request: bytes) -> tuple[str, bytes]:
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(10)
+    s.connect(sock_path)
+    s.sendall(request)
+    data = b""
+    deadline = time.monotonic() + 10
+    while b"\r\n\r\n" not in data and time.monotonic() < deadline:
+        more = s.recv(65536)
+        if not more:
+            break
+        data += more
+    s.close()
+    head, _, body = data.partition(b"\r\n\r\n")
+    return head.split(b"\r\n", 1)[0].decode(), body
+
+
+def _post_raw(path: str, body: bytes) -> bytes:
+    return (
+        f"POST {path} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+        f"content-length: {len(body)}\r\nconnection: close\r\n\r\n"
+    ).encode() + body
+
+
+def test_bad_input_is_a_one_line_400_and_metrics_survive(users: Users, site: Site) -> None:
+    alice = users.alice
+    ds = open_ready(alice, site, str(site.flat))
+    bodies = {
+        "deep JSON": b'{"uri": ' + b"[" * 100000 + b"]" * 100000 + b"}",
+        "nested 40 deep": b'{"uri": ' + b"[" * 40 + b"]" * 40 + b"}",
+        "lone surrogate in a job": json.dumps(
+            {"dataset": ds["id"], "job": "x\ud800", "mountpoint": "/m"}
+        ).encode(),
+        "5,000-digit io_limit": b'{"dataset": %d, "job": "big", "mountpoint": "/m", "io_limit": %s}'
+        % (ds["id"], b"9" * 5000),
+        "negative io_limit": json.dumps(
+            {"dataset": ds["id"], "job": "neg", "mountpoint": "/m", "io_limit": -5}
+        ).encode(),
+        "control char in a job": json.dumps(
+            {"dataset": ds["id"], "job": "a\x07b", "mountpoint": "/m"}
+        ).encode(),
+        "256-byte job": json.dumps(
+            {"dataset": ds["id"], "job": "é" * 128, "mountpoint": "/m"}
+        ).encode(),
+    }
+    for what, body in bodies.items():
+        path = "/v1/datasets" if what.startswith(("deep", "nested")) else "/v1/mounts"
+        for who in (alice, None):
+            line, resp = (
+                as_user(who, _raw, site.sock, _post_raw(path, body))
+                if who
+                else _raw(site.sock, _post_raw(path, body))
+            )
+            assert line.startswith("HTTP/1.1 400"), (what, line, resp[:200])
+            err = json.loads(resp)["error"]
+            assert "\n" not in err, what
+    sizes = {"bytes_per_s": "9" * 5000 + "G"}
+    error_of(call(None, site.sock, "PUT", "/v1/jobs/j/io", sizes), 400)
+    error_of(call(None, site.sock, "PUT", "/v1/jobs/j/io", {"bytes_per_s": -1}), 400)
+    cache = {"bytes": "9" * 5000}
+    error_of(call(None, site.sock, "PUT", f"/v1/datasets/{ds['id']}/cache", cache), 400)
+    line, _ = _raw(site.sock, b"HEAD * HTTP/1.1\r\nhost: x\r\n\r\n")
+    assert line.startswith("HTTP/1.1 400"), line
+    line, _ = as_user(alice, _raw, site.sock, b"HEAD * HTTP/1.1\r\nhost: x\r\n\r\n")
+    assert line.startswith("HTTP/1.1 400"), line
+    # Nothing bad was stored: /metrics still answers everyone, the job list has no such job.
+    status, text = call(alice, site.sock, "GET", "/metrics")
+    assert status == 200 and b"silofs_" in text
+    jobs = {j["name"] for j in call(None, site.sock, "GET", "/v1/status")[1]["jobs"]}
+    assert not jobs & {"big", "neg", "x\ud800"}
