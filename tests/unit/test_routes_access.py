@@ -1,0 +1,300 @@
+"""Authorization in the /v1 routes without FUSE or sockets (docs/SECURITY.md).
+
+A real Daemon (real LMDB env, real writer task) and the real router, called with the
+credentials a peer would have: the access decisions are computed from stat results
+and uids/gids, so untrusted peers need no real second user here (the integration test
+tests/integration/test_security.py runs the same rules as real users).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+import tempfile
+from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from silofs.config import NodeSettings, load_node_settings
+from silofs.control.peer import Peer
+from silofs.control.router import HTTPError, Request
+from silofs.control.server import SocketDirError, check_socket_dir
+from silofs.errors import AccessDeniedError, ObjectChangedError, UsageError
+from silofs.node.access import R, W, X, cloud_allowed, mode_allows
+from silofs.node.backends import BackendOptions
+from silofs.node.backends.local import LocalBackend
+from silofs.node.cachedir import secure_cache_dir
+from silofs.node.daemon import Daemon
+from silofs.node.routes import build_router
+from silofs.records import job_name_error
+from silofs.uri import parse_uri
+
+NOBODY = 65534  # any uid that owns none of the files; no passwd entry needed
+ROOT = Peer(pid=1, uid=0, gid=0)
+ALICE = Peer(pid=2, uid=NOBODY, gid=NOBODY)
+BOB = Peer(pid=3, uid=NOBODY - 1, gid=NOBODY - 1)
+
+
+@pytest.fixture
+def world() -> Iterator[Path]:
+    """A 0755 directory under /tmp: pytest's tmp_path sits in a 0700 dir of root's."""
+    base = Path(tempfile.mkdtemp(prefix="silofs-acc-", dir="/tmp"))
+    base.chmod(0o755)
+    yield base
+    shutil.rmtree(base, ignore_errors=True)
+
+
+# ------------------------------------------------------------------ pure decisions
+
+
+def test_mode_bits_use_one_class_only() -> None:
+    # The owner class decides for the owner, even when others get more.
+    assert not mode_allows(0o077, 5, 9, 5, [9], R)
+    assert mode_allows(0o400, 5, 9, 5, [], R)
+    assert mode_allows(0o040, 5, 9, 6, [1, 9], R)  # a supplementary group
+    assert not mode_allows(0o704, 5, 9, 6, [9], R)  # group class decides: nothing
+    assert mode_allows(0o004, 5, 9, 6, [1], R)
+    assert not mode_allows(0o004, 5, 9, 6, [1], R | X)
+    assert mode_allows(0o007, 5, 9, 6, [], R | W | X)
+
+
+def test_cloud_policy_prefixes_and_groups() -> None:
+    policy = {"s3://public/": frozenset({100}), "gs://open/": None}
+    assert cloud_allowed("s3://public/imagenet/", [100], policy)
+    assert not cloud_allowed("s3://public/imagenet/", [101], policy)
+    assert not cloud_allowed("s3://public-private/", [100], policy)
+    assert cloud_allowed("gs://open/x/", [], policy)
+    assert not cloud_allowed("az://acct/c/", [100], policy)
+
+
+@pytest.mark.parametrize(
+    "name, ok",
+    [
+        ("train-1", True),
+        ("ünïcode_ok.v2", True),
+        ("x" * 255, True),
+        ("é" * 128, False),  # 256 bytes
+        ("", False),
+        ("a b", False),
+        ("a/b", False),
+        ('a"b', False),
+        ("a\\b", False),
+        ("a\x00b", False),
+        ("a\x7fb", False),
+        ("bell\x07", False),
+        ("x\ud800", False),  # a lone surrogate: not UTF-8
+        (12, False),
+    ],
+)
+def test_job_name_grammar(name: Any, ok: bool) -> None:
+    assert (job_name_error(name) is None) is ok
+
+
+def test_access_config(tmp_path: Path) -> None:
+    cfg = tmp_path / "s.toml"
+    cfg.write_text('[access]\n"s3://public/" = ["users"]\n[limits]\nmax_mounts_per_uid = 3\n')
+    s = load_node_settings(str(cfg))
+    assert s.access == {"s3://public/": ["users"]} and s.max_mounts_per_uid == 3
+    assert NodeSettings().max_connections_per_uid == 64
+    for bad, needle in [
+        ('"s3://public" = ["u"]', "canonical"),
+        ('"file:///data/" = ["u"]', "per file"),
+        ('"s3://public/" = "u"', "list of groups"),
+        ('"nonsense" = ["u"]', "nonsense"),
+    ]:
+        cfg.write_text(f"[access]\n{bad}\n")
+        with pytest.raises(UsageError, match=needle):
+            load_node_settings(str(cfg))
+    cfg.write_text("[limits]\nmax_connections = 0\n")
+    with pytest.raises(UsageError, match="at least 1"):
+        load_node_settings(str(cfg))
+
+
+def test_json_bodies_that_used_to_be_500s() -> None:
+    def body(raw: bytes) -> Any:
+        return Request("POST", "/", {}, {}, raw, ROOT).json()
+
+    for raw in (
+        b'{"a": ' + b"[" * 50000 + b"]" * 50000 + b"}",
+        b'{"a": "\\ud800"}',
+        b'{"\\udfff": 1}',
+    ):
+        with pytest.raises(HTTPError) as info:
+            body(raw)
+        assert info.value.status == 400 and "\n" not in info.value.message
+    assert body(b'{"a": [[[1]]], "b": "\\u00e9"}') == {"a": [[[1]]], "b": "é"}
+
+
+# ------------------------------------------------------------- files, as the peer
+
+
+def _local(root: Path) -> tuple[LocalBackend, dict[str, Any]]:
+    backend = LocalBackend(parse_uri(str(root)), BackendOptions())
+    return backend, {o.key: o for o in backend.list()}
+
+
+def test_check_peer_read_walks_as_the_peer(world: Path) -> None:
+    (world / "d").mkdir()
+    (world / "d" / "pub").write_bytes(b"p")
+    (world / "d" / "secret").write_bytes(b"s")
+    (world / "d" / "secret").chmod(0o600)
+    (world / "d" / "grp").write_bytes(b"g")
+    os.chown(world / "d" / "grp", 0, 4242)
+    (world / "d" / "grp").chmod(0o640)
+    backend, objs = _local(world)
+    gids = frozenset({NOBODY})
+    backend.check_peer_read(objs["d/pub"], NOBODY, gids)
+    with pytest.raises(AccessDeniedError, match="may not read"):
+        backend.check_peer_read(objs["d/secret"], NOBODY, gids)
+    with pytest.raises(AccessDeniedError):
+        backend.check_peer_read(objs["d/grp"], NOBODY, gids)
+    backend.check_peer_read(objs["d/grp"], NOBODY, gids | {4242})  # supplementary group
+    (world / "d").chmod(0o700)  # no search on the directory: nothing inside
+    with pytest.raises(AccessDeniedError, match="may not search"):
+        backend.check_peer_read(objs["d/pub"], NOBODY, gids)
+    (world / "d").chmod(0o755)
+    # A directory swapped for a symlink after listing is never followed.
+    os.rename(world / "d", world / "real")
+    os.symlink(world / "real", world / "d")
+    with pytest.raises(AccessDeniedError, match="symbolic link"):
+        backend.check_peer_read(objs["d/pub"], NOBODY, gids)
+    os.unlink(world / "d")
+    os.rename(world / "real", world / "d")
+    # A file replaced after listing is not the file the listing recorded.
+    (world / "d" / "pub").unlink()
+    (world / "d" / "pub").write_bytes(b"other")
+    with pytest.raises(ObjectChangedError):
+        backend.check_peer_read(objs["d/pub"], NOBODY, gids)
+
+
+def test_check_peer_list_covers_every_directory(world: Path) -> None:
+    (world / "open" / "deep").mkdir(parents=True)
+    (world / "open" / "deep" / "f").write_bytes(b"x")
+    backend = LocalBackend(parse_uri(str(world)), BackendOptions())
+    backend.check_peer_list(NOBODY, frozenset(), tree=True)
+    (world / "open" / "deep").chmod(0o711)  # searchable, not listable
+    backend.check_peer_list(NOBODY, frozenset(), tree=False)
+    with pytest.raises(AccessDeniedError, match="open/deep"):
+        backend.check_peer_list(NOBODY, frozenset(), tree=True)
+
+
+# ----------------------------------------------------------- socket dir, cache dir
+
+
+def test_socket_dir_must_be_ours(world: Path) -> None:
+    check_socket_dir(str(world))
+    theirs = world / "theirs"
+    theirs.mkdir()
+    os.chown(theirs, NOBODY, NOBODY)
+    with pytest.raises(SocketDirError, match=f"owned by uid {NOBODY}"):
+        check_socket_dir(str(theirs / "sub"))  # an ancestor counts too
+    loose = world / "loose"
+    loose.mkdir()
+    loose.chmod(0o777)
+    with pytest.raises(SocketDirError, match="writable by others"):
+        check_socket_dir(str(loose))
+    loose.chmod(0o1777)  # sticky, like /tmp
+    check_socket_dir(str(loose))
+
+
+def test_cache_modes(tmp_path: Path) -> None:
+    cache = tmp_path / "c"
+    cache.mkdir(mode=0o755)
+    (cache / "data.mdb").write_bytes(b"")
+    (cache / "data.mdb").chmod(0o644)
+    secure_cache_dir(str(cache), None)
+    assert stat.S_IMODE(cache.stat().st_mode) == 0o700
+    assert stat.S_IMODE((cache / "data.mdb").stat().st_mode) == 0o600
+    secure_cache_dir(str(cache), os.getgid())
+    assert stat.S_IMODE(cache.stat().st_mode) == 0o750
+    assert stat.S_IMODE((cache / "data.mdb").stat().st_mode) == 0o640
+    (cache / "lock.mdb").symlink_to("/etc/passwd")
+    with pytest.raises(UsageError, match="symbolic link"):
+        secure_cache_dir(str(cache), None)
+
+
+# ------------------------------------------------------------ the routes themselves
+
+Call = Callable[..., Awaitable[tuple[int, Any]]]
+
+
+def run_routes(tmp_path: Path, test: Callable[[Daemon, Call], Awaitable[None]], **kw: Any) -> None:
+    settings = NodeSettings(
+        socket=str(tmp_path / "s.sock"),
+        cache_dir=str(tmp_path / "cache"),
+        cache_size=64 << 20,
+        **kw,
+    )
+    daemon = Daemon(settings)
+    router = build_router(daemon)
+
+    async def call(peer: Peer, method: str, path: str, body: Any = None) -> tuple[int, Any]:
+        import json
+
+        raw = b"" if body is None else json.dumps(body).encode()
+        target, _, qs = path.partition("?")
+        query = dict(p.split("=", 1) for p in qs.split("&")) if qs else {}
+        resp = await router.dispatch(Request(method, target, query, {}, raw, peer))
+        data = bytes(resp.body)
+        return resp.status, json.loads(data) if resp.content_type == "application/json" else data
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            daemon.nursery = nursery
+            nursery.start_soon(daemon.writer.run)
+            await test(daemon, call)
+            nursery.cancel_scope.cancel()
+
+    try:
+        trio.run(main)
+    finally:
+        daemon.store.close()
+
+
+async def _ready(call: Call, peer: Peer, uri: str) -> dict:
+    status, ds = await call(peer, "POST", "/v1/datasets", {"uri": uri})
+    assert status == 200, ds
+    with trio.fail_after(10):
+        while ds["state"] not in ("ready", "error"):
+            await trio.sleep(0.01)
+            ds = (await call(ROOT, "GET", f"/v1/datasets/{ds['id']}"))[1]
+    return ds
+
+
+def test_routes_matrix(tmp_path: Path, world: Path) -> None:
+    (world / "data").mkdir()
+    (world / "data" / "pub").write_bytes(b"public")
+    (world / "data" / "secret").write_bytes(b"secret")
+    (world / "data" / "secret").chmod(0o600)
+
+    async def test(d: Daemon, call: Call) -> None:
+        uri = str(world / "data")
+        s, body = await call(
+            ALICE, "POST", "/v1/datasets", {"uri": uri, "endpoint_url": "http://x"}
+        )
+        assert s == 403 and "endpoint_url" in body["error"]
+        s, body = await call(ALICE, "POST", "/v1/datasets", {"uri": "s3://b/p"})
+        assert s == 403 and "[access]" in body["error"]
+        ds = await _ready(call, ALICE, uri)
+        reg = {"dataset": ds["id"], "job": "j", "mountpoint": "/m"}
+        s, m = await call(ALICE, "POST", "/v1/mounts", reg)
+        assert s == 201, m
+        s, data = await call(ALICE, "GET", f"/v1/chunks?mount={m['id']}&key=pub&index=0")
+        assert (s, data) == (200, b"public")
+        s, body = await call(ALICE, "GET", f"/v1/chunks?mount={m['id']}&key=secret&index=0")
+        assert s == 403 and "may not read" in body["error"]
+        s, body = await call(BOB, "POST", "/v1/mounts", reg)
+        assert s == 403 and f"uid {NOBODY}" in body["error"]
+        s, body = await call(BOB, "GET", f"/v1/chunks?mount={m['id']}&key=pub&index=0")
+        assert s == 403
+        assert (await call(ROOT, "POST", "/v1/mounts", reg))[0] == 201
+        s, body = await call(ALICE, "POST", "/v1/mounts", {**reg, "job": "k"})
+        assert s == 429 and "limit 1" in body["error"]  # max_jobs_per_uid=1
+        s, body = await call(ALICE, "POST", "/v1/mounts", {**reg, "io_limit": -1})
+        assert s == 400
+
+    run_routes(tmp_path, test, max_jobs_per_uid=1)
