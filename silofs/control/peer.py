@@ -64,10 +64,11 @@ def peer_groups(peer: Peer) -> frozenset[int]:
 
 
 def peer_may_change(peer: Peer, admin_gid: int | None) -> bool:
-    """Whether a peer is trusted: root, or a member of admin_gid (supplementary groups
-    included). Trusted peers may change allocations, name store options, open any
-    dataset, and act on any job."""
-    if peer.uid == 0:
+    """Whether a peer is trusted: root, the daemon's own uid (a user's own daemon holds
+    only that user's credentials and files), or a member of admin_gid (supplementary
+    groups included). Trusted peers may change allocations, name store options, open any
+    dataset, act on any job, and are exempt from per-uid limits (docs/SECURITY.md)."""
+    if peer.uid in (0, os.geteuid()):
         return True
     if admin_gid is None:
         return False
