@@ -1,0 +1,218 @@
+"""One unprivileged user floods a root daemon: what it holds, what it costs, who is served.
+
+Needs root (it starts a root daemon and drops a forked child to an unprivileged uid).
+Starts `silofs daemon` on a private socket and cache under /tmp, then as uid --uid
+(default 65534, nobody):
+
+1. opens --n distinct local datasets, registers --n mounts under --n job names;
+2. holds --conns idle control connections open;
+
+and prints, each time: how many requests were answered 2xx and 429 (refused by a
+per-uid limit), the daemon's RSS, and the size and latency of GET /v1/status as root.
+While the connections are held it also times a root status and a miss (GET /v1/chunks)
+by a root mount. Issue 9 measured, before the limits: 2,000 of each took the daemon from
+32 to 153 MB and status to 2 MB / 0.8 s; 1,124 idle connections starved status and made
+misses fail with EMFILE tracebacks every 0.1 s.
+
+    sudo python bench/authz_flood.py [--n 2000] [--conns 1200] [--uid 65534]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from silofs.control.client import ControlClient
+
+
+def rss_mb(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def status_figures(sock: str) -> tuple[int, float]:
+    t0 = time.perf_counter()
+    with ControlClient(sock, timeout=60) as c:
+        _, _, body = c.request_raw("GET", "/v1/status")
+    return len(body), time.perf_counter() - t0
+
+
+def as_uid(uid: int, fn, *args) -> dict:  # type: ignore[no-untyped-def]
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.close(r)
+            os.setgroups([])
+            os.setgid(uid)
+            os.setuid(uid)
+            out = fn(*args)
+        except BaseException as exc:  # noqa: BLE001
+            out = {"error": repr(exc)}
+        os.write(w, json.dumps(out).encode())
+        os._exit(0)
+    os.close(w)
+    with os.fdopen(r, "rb") as f:
+        data = f.read()
+    os.waitpid(pid, 0)
+    return json.loads(data)
+
+
+def flood_api(sock: str, base: str, n: int) -> dict:
+    counts: dict[str, dict[int, int]] = {"datasets": {}, "mounts": {}}
+    ready = None
+    with ControlClient(sock, timeout=60) as c:
+        for i in range(n):
+            status, _, body = c.request_raw("POST", "/v1/datasets", {"uri": f"{base}/d{i}"})
+            counts["datasets"][status] = counts["datasets"].get(status, 0) + 1
+            if status == 200:  # the last one: older idle ones are forgotten at the limit
+                ready = json.loads(body)["id"]
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            _, _, body = c.request_raw("GET", f"/v1/datasets/{ready}")
+            if json.loads(body)["state"] == "ready":
+                break
+            time.sleep(0.05)
+        for i in range(n):
+            body = {"dataset": ready, "job": f"job{i}", "mountpoint": f"/m/{i}"}
+            status, _, _ = c.request_raw("POST", "/v1/mounts", body)
+            counts["mounts"][status] = counts["mounts"].get(status, 0) + 1
+    return counts
+
+
+def hold_connections(sock: str, n: int, ready_w: int, release_r: int) -> dict:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    held, lines = [], {}
+    for _ in range(n):
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.settimeout(10)
+        try:
+            s.connect(sock)
+            s.sendall(b"GET /v1/status HTTP/1.1\r\nhost: x\r\n\r\n")
+            head = s.recv(200).split(b"\r\n", 1)[0].decode() or "closed"
+        except OSError as exc:
+            head = type(exc).__name__
+        lines[head[:12]] = lines.get(head[:12], 0) + 1
+        held.append(s)
+    os.write(ready_w, b"x")
+    os.read(release_r, 1)
+    for s in held:
+        s.close()
+    return lines
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--n", type=int, default=2000)
+    ap.add_argument("--conns", type=int, default=1200)
+    ap.add_argument("--uid", type=int, default=65534)
+    args = ap.parse_args()
+    if os.geteuid() != 0:
+        sys.exit("needs root")
+    base = Path(tempfile.mkdtemp(prefix="silofs-flood-", dir="/tmp"))
+    base.chmod(0o755)
+    data = base / "data"
+    data.mkdir()
+    for i in range(args.n):
+        (data / f"d{i}").mkdir()
+        (data / f"d{i}" / "f").write_bytes(b"x" * 4096)
+    (base / "run").mkdir(mode=0o755)
+    sock = str(base / "run" / "ctl.sock")
+    log = open(base / "daemon.log", "wb")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "silofs", "daemon", "--socket", sock,
+         "--cache-dir", str(base / "cache"), "--cache-size", "256M"],
+        stdout=log, stderr=log, start_new_session=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                status_figures(sock)
+                break
+            except Exception:
+                if time.monotonic() > deadline or proc.poll() is not None:
+                    raise
+                time.sleep(0.05)
+        print(f"daemon idle: RSS {rss_mb(proc.pid):.0f} MB")
+        t0 = time.perf_counter()
+        counts = as_uid(args.uid, flood_api, sock, str(data), args.n)
+        if "error" in counts:
+            sys.exit(f"as uid {args.uid}: {counts['error']}")
+        size, took = status_figures(sock)
+        print(
+            f"uid {args.uid}: {args.n} dataset opens -> {counts['datasets']}, "
+            f"{args.n} mounts under {args.n} jobs -> {counts['mounts']} "
+            f"({time.perf_counter() - t0:.1f}s)"
+        )
+        print(
+            f"after: RSS {rss_mb(proc.pid):.0f} MB, status {size / 1024:.0f} KiB in "
+            f"{took * 1000:.0f} ms"
+        )
+        # A root mount registration to time a miss with during the connection flood.
+        with ControlClient(sock) as c:
+            ds = c.request("POST", "/v1/datasets", {"uri": str(data / "d0")})
+            while c.request("GET", f"/v1/datasets/{ds['id']}")["state"] != "ready":
+                time.sleep(0.05)
+            m = c.request(
+                "POST", "/v1/mounts", {"dataset": ds["id"], "job": "root", "mountpoint": "/r"}
+            )
+        ready_r, ready_w = os.pipe()
+        release_r, release_w = os.pipe()
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            os.close(r)
+            os.setgroups([])
+            os.setgid(args.uid)
+            os.setuid(args.uid)
+            out = hold_connections(sock, args.conns, ready_w, release_r)
+            os.write(w, json.dumps(out).encode())
+            os._exit(0)
+        os.close(w)
+        os.read(ready_r, 1)
+        size, took = status_figures(sock)
+        t1 = time.perf_counter()
+        with ControlClient(sock, timeout=30) as c:
+            st, _, body = c.request_raw("GET", f"/v1/chunks?mount={m['id']}&key=f&index=0")
+        miss = time.perf_counter() - t1
+        os.write(release_w, b"x")
+        with os.fdopen(r, "rb") as f:
+            lines = json.loads(f.read())
+        os.waitpid(pid, 0)
+        print(f"uid {args.uid} holding {args.conns} connections: first lines {lines}")
+        print(
+            f"  meanwhile root: status {took * 1000:.0f} ms, miss {st} ({len(body)} B) in "
+            f"{miss * 1000:.0f} ms; daemon RSS {rss_mb(proc.pid):.0f} MB"
+        )
+        text = (base / "daemon.log").read_text(errors="replace")
+        print(
+            f"daemon log: {text.count('Traceback')} tracebacks, "
+            f"{text.count('EMFILE') + text.count('Too many open files')} EMFILE lines"
+        )
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
