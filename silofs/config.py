@@ -65,7 +65,7 @@ class NodeSettings:
     max_datasets_per_uid: int = 64
     max_mounts_per_uid: int = 256
     max_jobs_per_uid: int = 256
-    max_connections_per_uid: int = 64
+    max_connections_per_uid: int = 128  # a mount process keeps up to 32
     max_connections: int = 1024
     # [access]: cloud URI prefix -> groups whose members may open datasets under it
     # ("*": every local user). Root and the admin group may open any dataset.

@@ -20,6 +20,7 @@ import fcntl
 import http
 import logging
 import os
+import select
 import socket
 import stat
 import time
@@ -107,6 +108,10 @@ class _ServerConnection:
         self.conn = h11.Connection(h11.SERVER, max_incomplete_event_size=limits.max_header)
         self.peer = peer or peer_credentials(stream.socket)
         self.head = False  # the current request is HEAD: its answers carry no body
+        # Set while waiting for a request with no byte of it received: the acceptor may
+        # then close this connection to make room for another of the same uid.
+        self.idle_scope: trio.CancelScope | None = None
+        self.idle_since = 0.0
 
     async def run(self) -> None:
         while True:
@@ -118,13 +123,16 @@ class _ServerConnection:
     async def _wait_for_request(self) -> Any:
         """The first event of the next request; None on EOF, idle timeout or garbage."""
         rejected: _Reject | None = None
-        with trio.move_on_after(self.limits.idle_timeout):
+        with trio.move_on_after(self.limits.idle_timeout) as scope:
+            self.idle_scope, self.idle_since = scope, time.monotonic()
             try:
-                event = await self._next_event()
+                event = await self._next_event(idle=True)
             except h11.RemoteProtocolError as exc:
                 rejected = _reject_for(exc)
             else:
                 return None if isinstance(event, h11.ConnectionClosed) else event
+            finally:
+                self.idle_scope = None
         if rejected is not None:  # answered outside the idle scope: it has its own limits
             await self._reject(rejected)
         return None
@@ -193,7 +201,7 @@ class _ServerConnection:
                 shielded.deadline = trio.current_time() + self.limits.idle_timeout
                 await self.stream.send_all(self.conn.send(event))
 
-    async def _next_event(self) -> Any:
+    async def _next_event(self, *, idle: bool = False) -> Any:
         while True:
             event = self.conn.next_event()
             if event is not h11.NEED_DATA:
@@ -202,7 +210,18 @@ class _ServerConnection:
                 data = await self.stream.receive_some(_RECV_SIZE)
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 data = b""  # a reset peer is the same as a closed one here
+            if idle and data:
+                self.idle_scope = None  # a request has begun: never evicted mid-request
             self.conn.receive_data(data)
+
+    def evictable(self, now: float) -> bool:
+        """Idle for a while with nothing of a next request received, not even in the
+        kernel's buffer (a request we have not read yet would be lost)."""
+        if self.idle_scope is None or now - self.idle_since < _EVICT_IDLE_SECONDS:
+            return False
+        poller = select.poll()
+        poller.register(self.stream.socket.fileno(), select.POLLIN)
+        return not poller.poll(0)
 
     async def _read_request(self, event: Any) -> tuple[Request, list[str]]:
         assert isinstance(event, h11.Request), event
@@ -350,13 +369,20 @@ _DISCONNECTS = (trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlow
 
 
 async def _serve_connection(
-    stream: trio.SocketStream, router: Router, limits: Limits, peer: Peer | None = None
+    stream: trio.SocketStream,
+    router: Router,
+    limits: Limits,
+    peer: Peer | None = None,
+    live: set[_ServerConnection] | None = None,
 ) -> None:
-    """Connection task: never lets an exception escape into the server's nursery."""
+    """Connection task: never lets an exception escape into the server's nursery.
+    ``live`` holds the connection while it runs (the acceptor's view of a uid's)."""
     conn: _ServerConnection | None = None
     try:
         tune_socket(stream.socket)
         conn = _ServerConnection(stream, router, limits, peer)
+        if live is not None:
+            live.add(conn)
         await conn.run()
     except _DISCONNECTS as exc:
         log.debug("connection ended: %r", exc)
@@ -366,6 +392,8 @@ async def _serve_connection(
             with contextlib.suppress(Exception):
                 await conn._reject(_Reject(500, f"internal error: {one_line(exc)}"))
     finally:
+        if live is not None and conn is not None:
+            live.discard(conn)
         await trio.aclose_forcefully(stream)
 
 
@@ -491,17 +519,22 @@ class ConnectionLimits:
 # Errors that mean "out of file descriptors or memory for now", not a broken listener.
 _ACCEPT_CAPACITY = {errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS}
 _REFUSALS_AT_ONCE = 64  # connections being told "too many" at once; beyond, just closed
+# A connection idle this long may be closed to make room for a new one of its uid.
+_EVICT_IDLE_SECONDS = 1.0
 
 
 class _Acceptor:
-    """The accept loop: counts open connections per uid and refuses over the limits
-    with a one-line 429 before reading the request."""
+    """The accept loop: counts open connections per uid. Over a limit it first closes
+    the longest-idle connection of that uid (of any untrusted uid for the total), so
+    keep-alive pools (a mount holds up to 32) never lock their own user out, and refuses
+    with a one-line 429 only when every one of them is busy."""
 
     def __init__(self, router: Router, limits: Limits, conns: ConnectionLimits) -> None:
         self.router = router
         self.limits = limits
         self.conns = conns
         self.open: dict[int, int] = {}  # uid -> open connections
+        self.live: dict[int, set[_ServerConnection]] = {}  # uid -> its connections
         self.untrusted = 0
         self.everyone = 0
         self.refusing = 0
@@ -540,22 +573,42 @@ class _Acceptor:
                 return f"too many connections ({self.everyone} open)"
             return None
         mine = self.open.get(peer.uid, 0)
-        if mine >= self.conns.per_uid:
-            self._warn(f"uid {peer.uid} has {mine} connections open; refusing more")
+        if mine >= self.conns.per_uid and not self._evict([peer.uid]):
+            self._warn(f"uid {peer.uid} has {mine} busy connections open; refusing more")
             return f"too many connections from uid {peer.uid} (limit {self.conns.per_uid})"
-        if self.untrusted >= self.conns.total:
+        if self.untrusted >= self.conns.total and not self._evict(list(self.live)):
             self._warn(f"{self.untrusted} connections open; refusing more")
             return f"too many connections to the daemon (limit {self.conns.total})"
         return None
+
+    def _evict(self, uids: list[int]) -> bool:
+        """Close the longest-idle evictable connection of these uids; False if none."""
+        now = time.monotonic()
+        idle = [
+            c
+            for uid in uids
+            for c in self.live.get(uid, ())
+            if c.evictable(now) and not self.conns.trusted(c.peer)
+        ]
+        if not idle:
+            return False
+        victim = min(idle, key=lambda c: c.idle_since)
+        assert victim.idle_scope is not None
+        victim.idle_scope.cancel()  # it closes at its next checkpoint
+        victim.idle_scope = None
+        return True
 
     async def _serve(self, stream: trio.SocketStream, peer: Peer) -> None:
         trusted = self.conns.trusted(peer)
         self.open[peer.uid] = self.open.get(peer.uid, 0) + 1
         self.everyone += 1
         self.untrusted += not trusted
+        live = self.live.setdefault(peer.uid, set())
         try:
-            await _serve_connection(stream, self.router, self.limits, peer)
+            await _serve_connection(stream, self.router, self.limits, peer, live)
         finally:
+            if not live:
+                self.live.pop(peer.uid, None)
             self.everyone -= 1
             self.untrusted -= not trusted
             left = self.open[peer.uid] - 1

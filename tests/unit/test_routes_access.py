@@ -99,7 +99,7 @@ def test_access_config(tmp_path: Path) -> None:
     cfg.write_text('[access]\n"s3://public/" = ["users"]\n[limits]\nmax_mounts_per_uid = 3\n')
     s = load_node_settings(str(cfg))
     assert s.access == {"s3://public/": ["users"]} and s.max_mounts_per_uid == 3
-    assert NodeSettings().max_connections_per_uid == 64
+    assert NodeSettings().max_connections_per_uid == 128
     for bad, needle in [
         ('"s3://public" = ["u"]', "canonical"),
         ('"file:///data/" = ["u"]', "per file"),
@@ -298,3 +298,76 @@ def test_routes_matrix(tmp_path: Path, world: Path) -> None:
         assert s == 400
 
     run_routes(tmp_path, test, max_jobs_per_uid=1)
+
+
+# ------------------------------------------------------------- connection limits
+
+
+def test_connection_limits_evict_idle_then_refuse(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Over its limit, a uid's longest-idle connection is closed for the new one (a
+    mount's keep-alive pool must not lock its user out); only when all are busy is the
+    new one told 429."""
+    import functools
+
+    from silofs.control import server
+    from silofs.control.router import Router, json_response
+
+    path = str(tmp_path / "s.sock")
+    router = Router()
+    gate = trio.Event()
+    busy: list[trio.Event] = [trio.Event(), trio.Event()]
+
+    async def fast(req: Request) -> Any:
+        return json_response({"ok": True})
+
+    async def slow(req: Request) -> Any:
+        busy.pop(0).set()
+        await gate.wait()
+        return json_response({"ok": True})
+
+    router.add("GET", "/fast", fast)
+    router.add("GET", "/slow", slow)
+    limits = server.ConnectionLimits(per_uid=2, total=10, reserve=0, trusted=lambda p: False)
+
+    async def send(path_: str) -> trio.SocketStream:
+        stream = await trio.open_unix_socket(path)
+        await stream.send_all(f"GET {path_} HTTP/1.1\r\nhost: x\r\n\r\n".encode())
+        return stream
+
+    async def status_of(stream: trio.SocketStream) -> str:
+        data = await stream.receive_some(4096)
+        return data.split(b"\r\n", 1)[0].decode() if data else "closed"
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(
+                functools.partial(server.serve_unix, path, router, connections=limits)
+            )
+            a, b = await send("/fast"), await send("/fast")
+            assert [await status_of(a), await status_of(b)] == ["HTTP/1.1 200 OK"] * 2
+            # Both idle, but not for long enough: refused.
+            c = await send("/fast")
+            assert (await status_of(c)).startswith("HTTP/1.1 429")
+            monkeypatch.setattr(server, "_EVICT_IDLE_SECONDS", 0.0)
+            d = await send("/fast")  # evicts a, the longest idle
+            assert await status_of(d) == "HTTP/1.1 200 OK"
+            assert await status_of(a) == "closed"
+            # e and f evict b and d (idle) and stay busy: nothing left to evict for g.
+            started = list(busy)
+            e = await send("/slow")
+            await started[0].wait()
+            f = await send("/slow")
+            await started[1].wait()
+            g = await send("/fast")
+            with trio.fail_after(5):
+                assert (await status_of(g)).startswith("HTTP/1.1 429")
+            gate.set()
+            assert [await status_of(e), await status_of(f)] == ["HTTP/1.1 200 OK"] * 2
+            assert [await status_of(b), await status_of(d)] == ["closed"] * 2
+            for s in (a, b, c, d, e, f, g):
+                await s.aclose()
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
