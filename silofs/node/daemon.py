@@ -592,7 +592,7 @@ def _open_store(cache_dir: str, map_size: int) -> CacheStore:
 
 def _valid_persisted_job(name: str) -> bool:
     """Allocations persisted before job names were checked may hold a name that breaks
-    /metrics for everyone: skip it (the row stays; an admin may reset it)."""
+    /metrics for everyone: skip it (the row stays in the env, unused)."""
     why = job_name_error(name)
     if why is not None:
         log.warning("ignoring the persisted IO allocation of job %r: %s", name, why)
