@@ -62,8 +62,10 @@ def as_uid(uid: int, fn, *args) -> dict:  # type: ignore[no-untyped-def]
             out = fn(*args)
         except BaseException as exc:  # noqa: BLE001
             out = {"error": repr(exc)}
-        os.write(w, json.dumps(out).encode())
-        os._exit(0)
+        try:
+            os.write(w, json.dumps(out).encode())
+        finally:
+            os._exit(0)
     os.close(w)
     with os.fdopen(r, "rb") as f:
         data = f.read()
@@ -175,15 +177,22 @@ def main() -> None:
         release_r, release_w = os.pipe()
         r, w = os.pipe()
         pid = os.fork()
-        if pid == 0:
-            os.close(r)
-            os.setgroups([])
-            os.setgid(args.uid)
-            os.setuid(args.uid)
-            out = hold_connections(sock, args.conns, ready_w, release_r)
-            os.write(w, json.dumps(out).encode())
-            os._exit(0)
+        if pid == 0:  # never returns into main(): its finally is the parent's
+            try:
+                os.close(r)
+                os.setgroups([])
+                os.setgid(args.uid)
+                os.setuid(args.uid)
+                out = hold_connections(sock, args.conns, ready_w, release_r)
+            except BaseException as exc:  # noqa: BLE001
+                out = {"error": repr(exc)}
+                os.write(ready_w, b"x")
+            try:
+                os.write(w, json.dumps(out).encode())
+            finally:
+                os._exit(0)
         os.close(w)
+        os.close(ready_w)  # the child's copy is the one that signals
         os.read(ready_r, 1)
         size, took = status_figures(sock)
         t1 = time.perf_counter()
