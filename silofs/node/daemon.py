@@ -538,17 +538,6 @@ class Daemon:
         if cleared:
             log.info("cleared %d stale LMDB reader slot(s) of ended processes", cleared)
 
-
-def _open_store(cache_dir: str, map_size: int) -> CacheStore:
-    """The node's env; a damaged one is moved aside and replaced by an empty one (a cache
-    is disposable: refusing to start would need someone to delete it by hand)."""
-    try:
-        return CacheStore(cache_dir, map_size)
-    except CacheDamagedError as exc:
-        moved = move_aside(cache_dir)
-        log.error("%s; moved it to %s and starting with an empty cache", exc, moved)
-        return CacheStore(cache_dir, map_size)
-
     # -- ownership and per-uid limits (docs/SECURITY.md) ----------------------------
     def job_owner(self, job: str) -> int | None:
         """The uid a job belongs to: the one that registered its oldest live mount. Kept
@@ -588,6 +577,17 @@ def _open_store(cache_dir: str, map_size: int) -> CacheStore:
         idle = [name for name in self.jobs if name not in busy]
         for name in idle[: max(0, len(idle) - keep)]:
             del self.jobs[name]
+
+
+def _open_store(cache_dir: str, map_size: int) -> CacheStore:
+    """The node's env; a damaged one is moved aside and replaced by an empty one (a cache
+    is disposable: refusing to start would need someone to delete it by hand)."""
+    try:
+        return CacheStore(cache_dir, map_size)
+    except CacheDamagedError as exc:
+        moved = move_aside(cache_dir)
+        log.error("%s; moved it to %s and starting with an empty cache", exc, moved)
+        return CacheStore(cache_dir, map_size)
 
 
 def _valid_persisted_job(name: str) -> bool:
