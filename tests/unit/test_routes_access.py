@@ -287,6 +287,12 @@ def test_routes_matrix(tmp_path: Path, world: Path) -> None:
         assert (s, data) == (200, b"public")
         s, body = await call(ALICE, "GET", f"/v1/chunks?mount={m['id']}&key=secret&index=0")
         assert s == 403 and "may not read" in body["error"]
+        # An older listing's version would come from the cache: only the file as it is
+        # now can be judged, so an untrusted peer gets no old version.
+        s, body = await call(
+            ALICE, "GET", f"/v1/chunks?mount={m['id']}&key=pub&index=0&version=old"
+        )
+        assert s == 409 and "remount" in body["error"]
         s, body = await call(BOB, "POST", "/v1/mounts", reg)
         assert s == 403 and f"uid {NOBODY}" in body["error"]
         s, body = await call(BOB, "GET", f"/v1/chunks?mount={m['id']}&key=pub&index=0")
