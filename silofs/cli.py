@@ -8,9 +8,11 @@ one line on stderr with a non-zero exit. Never serves FUSE or talks to a store i
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import logging
 import os
+import re
 import stat
 import subprocess
 import sys
@@ -51,6 +53,8 @@ def one_line_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return fn(*args, **kwargs)
+        except UsageError as exc:  # what was typed is wrong: 2, as for click's own
+            fail(str(exc), 2)
         except (SilofsError, ControlError) as exc:
             fail(str(exc))
         except KeyboardInterrupt:
@@ -92,7 +96,7 @@ def _size(_ctx: click.Context, _param: click.Parameter, value: str | None) -> in
 
 def _rate(_ctx: click.Context, _param: click.Parameter, value: str | None) -> int | None:
     try:
-        return None if value is None else parse_rate(value)
+        return None if value is None else parse_rate(value, require_unit=True)
     except UsageError as exc:
         raise click.BadParameter(str(exc)) from None
 
@@ -104,8 +108,29 @@ def _octal(_ctx: click.Context, _param: click.Parameter, value: str) -> int:
         raise click.BadParameter(f"{value!r} is not an octal mode like 0444") from None
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(package_name="silofs")
+class OneLineGroup(click.Group):
+    """click, with its usage errors in our one style: `silofs: error: ...`, exit 2.
+
+    click's own rendering ("Usage: ... Try ... Error: ...") is three lines with another
+    prefix; scripts and people grep for one."""
+
+    def main(self, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+        kwargs["standalone_mode"] = False
+        try:
+            rc = super().main(*args, **kwargs)
+        except click.exceptions.Abort:
+            fail("interrupted", 130)
+        except click.ClickException as exc:
+            message = exc.format_message()
+            ctx = getattr(exc, "ctx", None)
+            if isinstance(exc, click.UsageError) and ctx is not None:
+                message += f" (see `{ctx.command_path} --help`)"
+            fail(message.replace("\n", " "), exc.exit_code)
+        sys.exit(rc if isinstance(rc, int) else 0)
+
+
+@click.group(cls=OneLineGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="silofs", message="silofs %(version)s")
 def main() -> None:
     """silofs: mount a bucket read-only, served from a local-SSD cache."""
 
@@ -295,7 +320,8 @@ def _ttl(_ctx: click.Context, _param: click.Parameter, value: str) -> float | No
 @click.option(
     "--job",
     default=None,
-    help="Job name (remote IO is allocated per job). Default: the mountpoint's name.",
+    help="Job name (remote IO is allocated per job). Default: the mountpoint's name "
+    "and a short hash of its absolute path, e.g. data-1a2b3c.",
 )
 @socket_option
 @click.option("--cache-dir", default=None, help="Cache dir, if this starts the daemon.")
@@ -309,8 +335,7 @@ def _ttl(_ctx: click.Context, _param: click.Parameter, value: str) -> float | No
 @click.option(
     "--endpoint-url",
     default=None,
-    envvar="AWS_ENDPOINT_URL",
-    help="S3-compatible endpoint (also AWS_ENDPOINT_URL).",
+    help="Store endpoint; for s3:// mounts AWS_ENDPOINT_URL is the default.",
 )
 @click.option(
     "--io-limit",
@@ -378,7 +403,12 @@ def mount(
     from silofs.uri import parse_uri
 
     socket = socket or default_socket()
-    canonical = parse_uri(uri).canonical
+    parsed = parse_uri(_check_source(uri))
+    canonical = parsed.canonical
+    if endpoint_url is None and parsed.scheme == "s3":
+        # The AWS variable names an S3 endpoint: applied to gs:// or az:// it sends
+        # their requests to the wrong service.
+        endpoint_url = os.environ.get("AWS_ENDPOINT_URL") or None
     mountpoint = _check_mountpoint(mountpoint)
     if chunk_size is not None and not (64 << 10) <= chunk_size <= (64 << 20):
         raise UsageError("--chunk-size must be between 64KiB and 64MiB")
@@ -387,7 +417,7 @@ def mount(
     settings = MountSettings(
         uri=canonical,
         mountpoint=mountpoint,
-        job=job or os.path.basename(mountpoint),
+        job=job or default_job(mountpoint),
         chunk_size=chunk_size,
         allow_other=allow_other,
         uid=os.getuid() if uid is None else uid,
@@ -406,6 +436,40 @@ def mount(
         _mount_foreground(settings, socket, log_level)
     else:
         _mount_background(settings, socket, log_level)
+        click.echo(f"silofs: {canonical} mounted at {mountpoint} (job {settings.job})", err=True)
+
+
+_SCHEME_TYPO = re.compile(r"^(s3|gs|gcs|az|file)(:/?|//)(?!/)(.*)$", re.I)
+_BUCKET_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{1,61}[a-z0-9]$")
+
+
+def _check_source(uri: str) -> str:
+    """A source that is neither a URI nor an existing local path is most often a bucket
+    name typed as mountpoint-s3 and gcsfuse take it, or a mistyped scheme: say which URI
+    was meant rather than "directory does not exist"."""
+    if "://" in uri or os.path.exists(os.path.expanduser(uri)):
+        return uri
+    if m := _SCHEME_TYPO.match(uri):
+        scheme = m.group(1).lower().replace("gcs", "gs")
+        rest = m.group(3).lstrip("/")
+        raise UsageError(f"{uri!r} is not a dataset URI: did you mean {scheme}://{rest}?")
+    if _BUCKET_NAME.match(uri) and "/" not in uri:
+        raise UsageError(
+            f"{uri!r} is neither a local directory nor a URI: for a bucket write "
+            f"s3://{uri}/ (or gs://{uri}/, az://ACCOUNT/{uri}/)"
+        )
+    return uri
+
+
+def default_job(mountpoint: str) -> str:
+    """The mountpoint's name plus a short hash of its absolute path: two unrelated
+    ~/data mounts (different users or directories) must not share one job's remote IO
+    allocation and figures. Pass --job to name the job (and share it on purpose)."""
+    path = os.path.abspath(mountpoint)
+    digest = hashlib.sha256(path.encode("utf-8", "surrogateescape")).hexdigest()[:6]
+    base = os.path.basename(path.rstrip("/")) or "root"
+    base = re.sub(r"[\x00-\x20/]", "_", base)[:200]
+    return f"{base}-{digest}"
 
 
 def _mount_foreground(settings: MountSettings, socket: str, log_level: str) -> None:
@@ -516,6 +580,7 @@ def unmount(mountpoint: str, socket: str | None, lazy: bool) -> None:
     deadline = time.monotonic() + 10
     while pid and time.monotonic() < deadline and _alive(pid):
         time.sleep(0.05)
+    click.echo(f"silofs: unmounted {path}", err=True)
 
 
 def _mount_pid(socket: str, path: str) -> int | None:

@@ -72,8 +72,15 @@ def parse_size(text: str | int) -> int:
     return _checked(value, text, "size")
 
 
-def parse_rate(text: str | int | None) -> int | None:
-    """Bytes per second in `text`; None means unlimited. 0 means no remote IO."""
+RATE_FORMS = "200MB/s, 100MiB/s, 1.5Gbps, 800Mbps, 0 (no remote IO) or unlimited"
+
+
+def parse_rate(text: str | int | None, *, require_unit: bool = False) -> int | None:
+    """Bytes per second in `text`; None means unlimited. 0 means no remote IO.
+
+    With require_unit (what people type: flags, config files), a bare number other than
+    0 is an error: JuiceFS users mean Mbps by `100`, rclone users KiB/s, so silently
+    taking it as 100 B/s helps nobody. API bodies may send plain integers (bytes/s)."""
     if text is None:
         return None
     if isinstance(text, float) and text == math.inf:
@@ -85,10 +92,12 @@ def parse_rate(text: str | int | None) -> int | None:
         return None
     m = _RATE_RE.match(raw)
     if not m:
-        raise UsageError(f"not a rate: {_short(text)} (try 200MB/s, 1.5Gbps, 0, unlimited)")
-    number, prefix, binary, unit, _per_s = m.groups()
+        raise UsageError(f"not a rate: {_short(text)} (write one of {RATE_FORMS})")
+    number, prefix, binary, unit, per_s = m.groups()
     if binary and not prefix:
         raise UsageError(f"not a rate: {_short(text)}")
+    if require_unit and not (prefix or unit or per_s) and Fraction(number) != 0:
+        raise UsageError(f"the rate {_short(text)} needs a unit: write one of {RATE_FORMS}")
     if unit in ("b", "bit"):
         # A lower-case b is a bit, as in Gbps or Mb/s; bit rates are decimal unless
         # marked binary (Mibps).

@@ -19,6 +19,7 @@ log = logging.getLogger(__name__)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="silofs", message="silofs-ctl %(version)s")
 @click.option("-v", "--verbose", count=True, help="More log output (-vv for debug).")
 def main(verbose: int) -> None:
     """SiloD's controller: allocate cache and remote IO across silofs nodes, or simulate."""

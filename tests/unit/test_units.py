@@ -244,3 +244,16 @@ def test_format_rate_parses_back_close(n: int) -> None:
     assert back is not None
     assert abs(back - n) <= max(1, n * 0.05)
     assert parse_rate(format_rate(None)) is None
+
+
+@pytest.mark.parametrize("text", ["100", "1.5", "  7 "])
+def test_a_typed_rate_needs_a_unit(text: str) -> None:
+    with pytest.raises(UsageError, match="needs a unit"):
+        parse_rate(text, require_unit=True)
+
+
+@pytest.mark.parametrize(
+    "text, expected", [("0", 0), ("100MB/s", 10**8), ("8Mbps", 10**6), ("100B/s", 100)]
+)
+def test_a_rate_with_a_unit_or_zero_is_accepted(text: str, expected: int) -> None:
+    assert parse_rate(text, require_unit=True) == expected

@@ -1,0 +1,77 @@
+"""What a user types: versions, units, one error style, URI hints, one line on success."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from silofs import __version__
+
+from .conftest import Node, mounted, needs_fuse, silofs_cmd
+from .test_bad_input import assert_one_line_error
+
+
+def run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(silofs_cmd(*args), capture_output=True, text=True, timeout=60)
+
+
+def test_version_of_both_commands() -> None:
+    res = run("--version")
+    assert res.returncode == 0 and res.stdout.strip() == f"silofs {__version__}"
+    ctl = subprocess.run(
+        [sys.executable, "-m", "silofs_ctl", "--version"], capture_output=True, text=True
+    )
+    assert ctl.returncode == 0 and ctl.stdout.strip() == f"silofs-ctl {__version__}"
+
+
+def test_usage_errors_have_our_prefix_and_exit_2(tmp_path: Path) -> None:
+    for args, needle in (
+        (("mount",), "missing argument"),
+        (("mount", "--no-such-flag", "a", "b"), "no such option"),
+        (("frobnicate",), "no such command"),
+        # JuiceFS users mean Mbps, rclone users KiB/s: a bare number is refused.
+        (("mount", "--io-limit", "100", str(tmp_path), str(tmp_path)), "needs a unit"),
+    ):
+        res = run(*args)
+        line = assert_one_line_error(res, needle)
+        assert res.returncode == 2, (args, line)
+        assert "Usage:" not in res.stderr and "Error:" not in res.stderr
+
+
+def test_bucket_names_and_scheme_typos_suggest_the_uri(tmp_path: Path) -> None:
+    res = run("mount", "my-bucket", str(tmp_path))
+    assert_one_line_error(res, "s3://my-bucket/", "gs://my-bucket/")
+    res = run("mount", "s3//x/p", str(tmp_path))
+    assert_one_line_error(res, "did you mean s3://x/p?")
+    res = run("mount", "gs:/b", str(tmp_path))
+    assert_one_line_error(res, "did you mean gs://b?")
+
+
+@needs_fuse
+@pytest.mark.fuse
+def test_mount_and_unmount_say_one_line_and_jobs_differ_by_path(
+    make_node, local_store, bucket_name, tmp_path: Path, monkeypatch
+) -> None:
+    local_store.apply_env(monkeypatch)
+    local_store.create(bucket_name, {"a": b"1"})
+    node: Node = make_node()
+    uri = local_store.uri(bucket_name)
+    mps = []
+    for user in ("alice", "bob"):  # two unrelated ~/data mounts
+        mp = tmp_path / user / "data"
+        mp.mkdir(parents=True)
+        node.mountpoints.append(str(mp))
+        res = node.run("mount", uri, str(mp), "--socket", node.socket)
+        assert res.returncode == 0, res.stderr
+        lines = res.stderr.strip().splitlines()
+        assert len(lines) == 1 and f"mounted at {mp}" in lines[0], res.stderr
+        mps.append(mp)
+    jobs = {node.mount_status(str(mp))["job"] for mp in mps}
+    assert len(jobs) == 2 and all(j.startswith("data-") for j in jobs), jobs
+    for mp in mps:
+        res = node.run("unmount", str(mp), "--socket", node.socket)
+        assert res.returncode == 0 and res.stderr.strip() == f"silofs: unmounted {mp}"
+        assert not mounted(mp)
