@@ -13,20 +13,28 @@ import json
 import logging
 import os
 import re
+import signal
 import stat
 import subprocess
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import click
 
-from silofs.config import MountSettings, NodeSettings, default_socket, load_node_settings
+from silofs.config import (
+    MountSettings,
+    NodeSettings,
+    credential_fingerprint,
+    default_socket,
+    load_node_settings,
+)
 from silofs.control.client import ControlClient, ControlError
 from silofs.errors import SilofsError, UsageError
 from silofs.mountinfo import silofs_mounts
-from silofs.units import parse_rate, parse_size
+from silofs.units import format_size, parse_rate, parse_size
 
 log = logging.getLogger(__name__)
 
@@ -141,7 +149,7 @@ socket_option = click.option(
 
 
 # -- daemon ----------------------------------------------------------------------------
-@main.command()
+@main.group(invoke_without_command=True)
 @click.option(
     "--config",
     "config_file",
@@ -155,8 +163,17 @@ socket_option = click.option(
 @click.option("--chunk-size", default=None, callback=_size, help="Default chunk size.")
 @click.option("--endpoint-url", default=None, help="Default store endpoint.")
 @click.option("--log-level", default=None, help="debug, info, warning, error.")
+@click.option(
+    "--idle-exit",
+    type=float,
+    default=None,
+    help="Exit after SECONDS with no mount (default: never; ignored under systemd).",
+)
+@click.option("--started-by", type=click.Choice(["manual", "auto"]), default="manual", hidden=True)
+@click.pass_context
 @one_line_errors
 def daemon(
+    ctx: click.Context,
     config_file: str | None,
     socket: str | None,
     cache_dir: str | None,
@@ -164,8 +181,12 @@ def daemon(
     chunk_size: int | None,
     endpoint_url: str | None,
     log_level: str | None,
+    idle_exit: float | None,
+    started_by: str,
 ) -> None:
-    """Run the node daemon in the foreground (systemd Type=notify)."""
+    """Run the node daemon in the foreground (systemd Type=notify); `daemon stop` stops it."""
+    if ctx.invoked_subcommand is not None:
+        return
     from silofs.node.service import run_daemon
 
     settings = load_node_settings(
@@ -176,9 +197,51 @@ def daemon(
         chunk_size=chunk_size,
         endpoint_url=endpoint_url,
         log_level=log_level,
+        idle_exit_seconds=idle_exit or None,
     )
     setup_logging(settings.log_level, settings.log_file)
-    run_daemon(settings)
+    run_daemon(settings, started_by)
+
+
+@daemon.command("stop")
+@socket_option
+@click.option("--force", is_flag=True, help="Stop it even while mounts use it.")
+@click.option("--timeout", default=30.0, show_default=True, help="Seconds to wait for it.")
+@one_line_errors
+def daemon_stop(socket: str | None, force: bool, timeout: float) -> None:
+    """Stop the node daemon answering on the socket (SIGTERM, then wait until it is gone)."""
+    socket = socket or default_socket()
+    try:
+        with ControlClient(socket, timeout=5) as client:
+            status = client.request("GET", "/v1/status")
+    except ControlError as exc:
+        if exc.status is not None:
+            raise
+        raise SilofsError(f"no silofs daemon answers on {socket}") from None
+    pid = int(status["node"]["pid"])
+    mounts = status.get("mounts", [])
+    if mounts and not force:
+        raise UsageError(
+            f"{len(mounts)} mount(s) still use the daemon (e.g. {mounts[0]['mountpoint']}): "
+            "unmount them first, or pass --force (they keep serving cached bytes; misses "
+            "fail until a daemon runs again)"
+        )
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        pass
+    except PermissionError:
+        raise SilofsError(
+            f"not allowed to stop the daemon (pid {pid}, uid "
+            f"{status['node'].get('started_by_uid', '?')}): run as root, or "
+            "`systemctl stop silofs` if it is a service"
+        ) from None
+    deadline = time.monotonic() + timeout
+    while _alive(pid):
+        if time.monotonic() > deadline:
+            raise SilofsError(f"the daemon (pid {pid}) did not exit within {timeout:.0f}s")
+        time.sleep(0.05)
+    click.echo(f"silofs: stopped the daemon (pid {pid}) on {socket}", err=True)
 
 
 # -- mount -----------------------------------------------------------------------------
@@ -205,17 +268,31 @@ def _check_mountpoint(path: str) -> str:
     return path
 
 
-def _start_daemon(
-    socket: str, cache_dir: str | None, cache_size: int | None, endpoint_url: str | None
-) -> None:
+AUTO_IDLE_EXIT = 300.0  # seconds a daemon `silofs mount` started outlives its last mount
+
+
+@dataclass
+class DaemonWish:
+    """What a mount asks of the daemon it may start; checked against a running one."""
+
+    socket: str
+    cache_dir: str | None = None
+    cache_size: int | None = None
+    endpoint_url: str | None = None
+    idle_exit: float = AUTO_IDLE_EXIT
+
+
+def _start_daemon(wish: DaemonWish) -> None:
     """Start a default node daemon in the background and wait until it answers."""
+    socket = wish.socket
     os.makedirs(state_dir(), exist_ok=True)
     log_path = os.path.join(state_dir(), "daemon.log")
-    args = [sys.executable, "-m", "silofs", "daemon", "--socket", socket]
+    args = [sys.executable, "-m", "silofs", "daemon", "--socket", socket, "--started-by", "auto"]
     for flag, value in (
-        ("--cache-dir", cache_dir),
-        ("--cache-size", cache_size),
-        ("--endpoint-url", endpoint_url),
+        ("--cache-dir", wish.cache_dir),
+        ("--cache-size", wish.cache_size),
+        ("--endpoint-url", wish.endpoint_url),
+        ("--idle-exit", wish.idle_exit or None),
     ):
         if value is not None:
             args += [flag, str(value)]
@@ -252,23 +329,51 @@ def _last_error(log_path: str) -> str | None:
     return None
 
 
-def _ensure_daemon(
-    socket: str, cache_dir: str | None, cache_size: int | None, endpoint_url: str | None
-) -> None:
+def _ensure_daemon(wish: DaemonWish) -> None:
     try:
-        with ControlClient(socket, timeout=5) as client:
+        with ControlClient(wish.socket, timeout=5) as client:
             node = client.request("GET", "/v1/status")["node"]
     except ControlError as exc:
         if exc.status is not None:
             raise
-        _start_daemon(socket, cache_dir, cache_size, endpoint_url)
+        _start_daemon(wish)
         return
-    if cache_dir and os.path.abspath(cache_dir) != os.path.abspath(node["cache_dir"]):
-        click.echo(
-            f"silofs: note: the running daemon uses cache dir {node['cache_dir']}; "
-            "--cache-dir is ignored",
-            err=True,
+    _check_daemon_fits(wish, node)
+
+
+def _check_daemon_fits(wish: DaemonWish, node: dict) -> None:
+    """A running daemon keeps its cache and its credentials: flags or an environment
+    that ask for others would be ignored, so say so instead of mounting anyway."""
+    cache = f"cache {node['cache_dir']} ({format_size(node['cache_size'])})"
+    remedy = "stop it with `silofs daemon stop`"
+    if wish.cache_dir and os.path.abspath(wish.cache_dir) != os.path.abspath(node["cache_dir"]):
+        raise UsageError(
+            f"a daemon is already running with {cache}; --cache-dir {wish.cache_dir} would be "
+            f"ignored: {remedy} or drop the flag"
         )
+    if wish.cache_size is not None and wish.cache_size != node["cache_size"]:
+        raise UsageError(
+            f"a daemon is already running with {cache}; --cache-size "
+            f"{format_size(wish.cache_size)} would be ignored: {remedy} or drop the flag"
+        )
+    theirs = node.get("credentials_env")
+    if theirs is None:  # an older daemon does not say
+        return
+    ours = credential_fingerprint(os.environ)
+    differ = sorted(k for k in set(ours) | set(theirs) if ours.get(k) != theirs.get(k))
+    if not differ:
+        return
+    names = ", ".join(differ[:3]) + (" ..." if len(differ) > 3 else "")
+    if node.get("started_by") == "auto" and node.get("started_by_uid") == os.getuid():
+        raise UsageError(
+            f"the running daemon reads store credentials from its own environment, which "
+            f"differs from yours in {names}: {remedy} and mount again to use yours"
+        )
+    click.echo(
+        f"silofs: note: the daemon ({node.get('started_by', 'manual')}) uses its own "
+        f"store credentials; {names} in your environment is not used",
+        err=True,
+    )
 
 
 def _wait_listing(
@@ -350,6 +455,13 @@ def _ttl(_ctx: click.Context, _param: click.Parameter, value: str) -> float | No
     help="Cache admission of the dataset: uniform (training epochs; default) or "
     "lru (irregular access, e.g. curriculum learning).",
 )
+@click.option(
+    "--idle-exit",
+    type=float,
+    default=AUTO_IDLE_EXIT,
+    show_default=True,
+    help="If this starts the daemon: it exits SECONDS after its last mount (0: never).",
+)
 @click.option("--refresh", is_flag=True, help="List the bucket again.")
 @click.option(
     "--metadata-ttl",
@@ -384,6 +496,7 @@ def mount(
     endpoint_url: str | None,
     io_limit: int | None,
     admission: str | None,
+    idle_exit: float,
     refresh: bool,
     metadata_ttl: float | None,
     list_in_background: bool,
@@ -412,7 +525,7 @@ def mount(
     mountpoint = _check_mountpoint(mountpoint)
     if chunk_size is not None and not (64 << 10) <= chunk_size <= (64 << 20):
         raise UsageError("--chunk-size must be between 64KiB and 64MiB")
-    _ensure_daemon(socket, cache_dir, cache_size, endpoint_url)
+    _ensure_daemon(DaemonWish(socket, cache_dir, cache_size, endpoint_url, idle_exit))
     ds = _wait_listing(socket, canonical, refresh, endpoint_url, list_in_background)
     settings = MountSettings(
         uri=canonical,

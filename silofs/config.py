@@ -51,6 +51,11 @@ class NodeSettings:
     sync_seconds: float = 5.0
     log_level: str = "info"
     log_file: str | None = None
+    # Exit once no mount (nor warm, nor listing) has used the daemon for this long;
+    # None: never. `silofs mount` starts its default daemon with 300 s; a daemon run
+    # under systemd never exits idle whatever this says (systemd restarts it on failure
+    # and would see an idle exit as one).
+    idle_exit_seconds: float | None = None
     # backend
     endpoint_url: str | None = None
     connect_timeout: float = 10.0
@@ -287,12 +292,49 @@ def _validate(s: NodeSettings) -> None:
         raise UsageError("page_size must be at least 1")
     if not 1 <= s.list_workers <= 256:
         raise UsageError("list_workers must be between 1 and 256")
+    if s.idle_exit_seconds is not None and s.idle_exit_seconds <= 0:
+        raise UsageError("idle_exit_seconds must be more than 0 (leave it out: never)")
     for name in ("connect_timeout", "read_timeout"):
         if getattr(s, name) <= 0:
             raise UsageError(f"{name} must be more than 0 seconds")
     for name in sorted(_LIMIT_KEYS):
         if getattr(s, name) < 1:
             raise UsageError(f"{name} must be at least 1")
+
+
+# Environment variables the store SDKs take credentials (or the identity to use) from.
+# The daemon reads them once, at start; a mount's environment never reaches it.
+CREDENTIAL_ENV = (
+    "AWS_PROFILE",
+    "AWS_DEFAULT_PROFILE",
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN",
+    "AWS_SHARED_CREDENTIALS_FILE",
+    "AWS_CONFIG_FILE",
+    "AWS_ROLE_ARN",
+    "AWS_WEB_IDENTITY_TOKEN_FILE",
+    "AZURE_STORAGE_CONNECTION_STRING",
+    "AZURE_STORAGE_KEY",
+    "AZURE_STORAGE_SAS_TOKEN",
+    "AZURE_CLIENT_ID",
+    "AZURE_TENANT_ID",
+    "AZURE_CLIENT_SECRET",
+    "GOOGLE_APPLICATION_CREDENTIALS",
+)
+
+
+def credential_fingerprint(env: dict[str, str] | os._Environ[str]) -> dict[str, str]:
+    """Which credential variables are set, each with 8 hex digits of its value's hash:
+    enough for `silofs mount` to tell that its environment differs from the daemon's,
+    and published in status without giving a secret away (32 bits of a hash)."""
+    import hashlib
+
+    return {
+        name: hashlib.sha256(env[name].encode("utf-8", "surrogateescape")).hexdigest()[:8]
+        for name in CREDENTIAL_ENV
+        if env.get(name)
+    }
 
 
 def parse_io_limit(text: str | None) -> int | None:

@@ -30,7 +30,7 @@ from silofs.cache.store import (
     Usage,
     env_map_size,
 )
-from silofs.config import NodeSettings
+from silofs.config import NodeSettings, credential_fingerprint
 from silofs.errors import BackendError, UnreachableError, UsageError, VersionMismatchError
 from silofs.node.backends import BackendOptions, open_backend
 from silofs.node.cachedir import (
@@ -114,6 +114,9 @@ class Daemon:
         self.opened_by: dict[int, int] = {}
         self.tree_checked: dict[int, set[int]] = {}
         self.cloud_access = _resolve_access(settings.access)
+        # Who started the daemon and how (service.run_daemon fills it; status shows it).
+        self.origin: dict[str, object] = {}
+        self.credentials = credential_fingerprint(os.environ)
 
     # -- tasks -----------------------------------------------------------------------
     def spawn(
@@ -195,6 +198,12 @@ class Daemon:
             policy = self.quota_policy()
             for dsid, target in policy.excess(self.usage).items():
                 await self.writer.shrink(dsid, target, lru=dsid in policy.lru)
+
+    def busy(self) -> bool:
+        """Something still needs the daemon: a mount, a listing in progress, a warm."""
+        return bool(self.mounts) or any(
+            ds.state in ("checking", "listing") for ds in self.datasets.values()
+        )
 
     # -- datasets ------------------------------------------------------------------
     def find_dataset(self, name: str) -> DatasetState | None:

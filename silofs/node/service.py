@@ -14,6 +14,7 @@ import os
 import resource
 import signal
 import socket
+import time
 
 import lmdb
 import trio
@@ -76,9 +77,19 @@ async def serve(daemon: Daemon, task_status: trio.TaskStatus = trio.TASK_STATUS_
             )
             sd_notify("READY=1")
             task_status.started()
-            async for signum in signals:
-                log.info("received %s; shutting down", signal.Signals(signum).name)
-                break
+            stop = trio.Event()
+
+            async def on_signal() -> None:
+                async for signum in signals:
+                    log.info("received %s; shutting down", signal.Signals(signum).name)
+                    stop.set()
+                    return
+
+            nursery.start_soon(on_signal)
+            idle = daemon.origin.get("idle_exit_seconds")
+            if idle:
+                nursery.start_soon(idle_exit, daemon, stop, float(idle))
+            await stop.wait()
             sd_notify("STOPPING=1")
             try:
                 await daemon.writer.flush()
@@ -117,6 +128,25 @@ def connection_limits(daemon: Daemon) -> ConnectionLimits:
     )
 
 
+def under_systemd() -> bool:
+    """Started by systemd (a unit sets INVOCATION_ID; Type=notify sets NOTIFY_SOCKET)."""
+    return bool(os.environ.get("INVOCATION_ID") or os.environ.get("NOTIFY_SOCKET"))
+
+
+async def idle_exit(daemon: Daemon, stop: trio.Event, seconds: float) -> None:
+    """Set `stop` once nothing has used the daemon for `seconds`: no mount registered,
+    no dataset being listed, no warm running. Status requests do not count as use."""
+    idle_since = time.monotonic()
+    while not stop.is_set():
+        await trio.sleep(min(1.0, seconds / 4))
+        now = time.monotonic()
+        if daemon.busy():
+            idle_since = now
+        elif now - idle_since >= seconds:
+            log.info("nothing used the daemon for %.0fs (idle_exit_seconds): exiting", seconds)
+            stop.set()
+
+
 def sd_notify(message: str) -> None:
     """Tell systemd (Type=notify) about our state; a no-op outside systemd."""
     addr = os.environ.get("NOTIFY_SOCKET")
@@ -131,9 +161,22 @@ def sd_notify(message: str) -> None:
         log.warning("sd_notify failed: %s", exc)
 
 
-def run_daemon(settings: NodeSettings) -> None:
-    """Run the daemon in the foreground until SIGTERM/SIGINT. Raises SilofsError."""
+def run_daemon(settings: NodeSettings, started_by: str = "manual") -> None:
+    """Run the daemon in the foreground until SIGTERM/SIGINT (or idle exit). Raises
+    SilofsError. `started_by` is "auto" when `silofs mount` started it."""
     daemon = Daemon(settings)
+    service = under_systemd()
+    idle = settings.idle_exit_seconds
+    if idle and service:
+        log.info("under systemd: idle_exit_seconds=%s is not applied", idle)
+        idle = None
+    daemon.origin = {
+        "started_by": "service" if service else started_by,
+        "pid": os.getpid(),
+        "parent_pid": os.getppid(),
+        "uid": os.getuid(),
+        "idle_exit_seconds": idle,
+    }
     try:
         trio.run(serve, daemon)
     finally:

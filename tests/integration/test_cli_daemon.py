@@ -1,0 +1,88 @@
+"""The daemon `silofs mount` starts: idle exit, `silofs daemon stop`, who started it, and
+mounts whose flags or credentials the running daemon would ignore."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from .conftest import Node, mounted, needs_fuse, wait_for
+from .test_bad_input import assert_one_line_error
+
+pytestmark = [needs_fuse, pytest.mark.fuse]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # kill(pid, 0) also answers for a zombie not reaped yet: read its state.
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.fixture
+def auto(make_node, local_store, bucket_name, monkeypatch) -> tuple[Node, str]:
+    local_store.apply_env(monkeypatch)
+    local_store.create(bucket_name, {"a/x.bin": os.urandom(100_000), "b.txt": b"hello"})
+    return make_node(start=False), local_store.uri(bucket_name)
+
+
+def test_an_auto_started_daemon_exits_after_its_last_mount(auto, tmp_path: Path) -> None:
+    node, uri = auto
+    mp = node.mount(
+        uri, tmp_path / "mnt", "--cache-dir", node.cache_dir, "--cache-size", "32M",
+        "--idle-exit", "1",
+    )  # fmt: skip
+    status = node.status()["node"]
+    pid = status["pid"]
+    assert status["started_by"] == "auto" and status["started_by_uid"] == os.getuid()
+    assert status["idle_exit_seconds"] == 1 and status["cache_dir"] == node.cache_dir
+    # A mounted daemon outlives its idle time several times over.
+    wait_for(lambda: node.status()["node"]["uptime_s"] >= 3, what="3 s of uptime")
+    assert (mp / "b.txt").read_bytes() == b"hello"
+    res = node.run("unmount", str(mp))
+    assert res.returncode == 0, res.stderr
+    wait_for(lambda: not _alive(pid), timeout=20, what="the idle daemon to exit")
+    assert not os.path.exists(node.socket)
+
+
+def test_a_running_daemon_refuses_flags_it_would_ignore(auto, tmp_path: Path) -> None:
+    node, uri = auto
+    node.mount(uri, tmp_path / "m1", "--cache-dir", node.cache_dir, "--cache-size", "32M")
+    for args, needle in (
+        (("--cache-size", "50M"), "--cache-size 50.0MiB would be ignored"),
+        (("--cache-dir", str(tmp_path / "other")), "would be ignored"),
+    ):
+        mp = tmp_path / "m2"
+        mp.mkdir(exist_ok=True)
+        res = node.run("mount", uri, str(mp), *args)
+        line = assert_one_line_error(res, needle, "silofs daemon stop", "32.0MiB")
+        assert res.returncode == 2, line
+        assert not mounted(mp)
+    res = node.run("mount", uri, str(tmp_path / "m2"), env={"AWS_PROFILE": "other"})
+    assert_one_line_error(res, "AWS_PROFILE", "silofs daemon stop")
+    # The same flags as the daemon's are fine.
+    node.mount(uri, tmp_path / "m3", "--cache-size", "32M")
+
+
+def test_daemon_stop(auto, tmp_path: Path) -> None:
+    node, uri = auto
+    res = node.run("daemon", "stop")
+    assert_one_line_error(res, "no silofs daemon answers")
+    mp = node.mount(uri, tmp_path / "mnt", "--cache-dir", node.cache_dir, "--cache-size", "32M")
+    pid = node.status()["node"]["pid"]
+    res = node.run("daemon", "stop")
+    assert_one_line_error(res, "still use the daemon", str(mp))
+    assert _alive(pid)
+    assert node.run("unmount", str(mp)).returncode == 0
+    res = node.run("daemon", "stop")
+    assert res.returncode == 0, res.stderr
+    assert res.stderr.strip() == f"silofs: stopped the daemon (pid {pid}) on {node.socket}"
+    assert not _alive(pid)
