@@ -34,7 +34,7 @@ from silofs.config import (
 from silofs.control.client import ControlClient, ControlError
 from silofs.errors import SilofsError, UsageError
 from silofs.mountinfo import silofs_mounts
-from silofs.units import format_size, parse_rate, parse_size
+from silofs.units import format_rate, format_size, parse_rate, parse_size
 
 log = logging.getLogger(__name__)
 
@@ -713,6 +713,106 @@ def _alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     return True
+
+
+# -- warm ------------------------------------------------------------------------------
+@main.command()
+@click.argument("target")
+@click.option(
+    "--paths",
+    multiple=True,
+    help="Only objects whose key matches this glob (repeatable; `*` also matches /).",
+)
+@click.option(
+    "--job",
+    default=None,
+    help="Job whose remote IO allocation pays (default: the mount's job; for a URI: warm).",
+)
+@click.option("--chunk-size", default=None, callback=_size, help="For a URI: chunk size.")
+@socket_option
+@one_line_errors
+def warm(
+    target: str, paths: tuple[str, ...], job: str | None, chunk_size: int | None, socket: str | None
+) -> None:
+    """Fill the cache with TARGET's data (a URI or a silofs mountpoint), up to its cache
+    share: a uniform random sample when the share is smaller than the dataset. Resumes
+    where a stopped warm ended; Ctrl-C stops it."""
+    socket = socket or default_socket()
+    path = os.path.realpath(target) if os.path.exists(target) else None
+    if path is not None and path in silofs_mounts():
+        with ControlClient(socket, timeout=10) as client:
+            status = client.request("GET", "/v1/status")
+        m = next((m for m in status["mounts"] if m["mountpoint"] == path), None)
+        if m is None:
+            raise SilofsError(f"{path} is a silofs mount the daemon on {socket} does not know")
+        dsid = next(d["id"] for d in status["datasets"] if d["uri"] == m["dataset"])
+        job = job or m["job"]
+        chunk_size = chunk_size or m["chunk_size"]
+    else:
+        from silofs.uri import parse_uri
+
+        canonical = parse_uri(_check_source(target)).canonical
+        _ensure_daemon(DaemonWish(socket))
+        dsid = _wait_listing(socket, canonical, False, None)["id"]
+        job = job or "warm"
+    body = {"job": job, "paths": list(paths), "chunk_size": chunk_size}
+    with ControlClient(socket, timeout=30) as client:
+        w = client.request("POST", f"/v1/datasets/{dsid}/warm", body)
+        try:
+            w = _follow_warm(client, dsid, w)
+        except KeyboardInterrupt:
+            w = client.request("DELETE", f"/v1/datasets/{dsid}/warm")
+            _progress_end()
+            fail(
+                f"warm stopped at {format_size(w['done_bytes'])} of "
+                f"{format_size(w['target_bytes'])}: run it again to resume",
+                130,
+            )
+    _progress_end()
+    if w["state"] == "error":
+        raise SilofsError(f"warm of {w['dataset']} stopped: {w['error']}")
+    if w["state"] != "done":
+        raise SilofsError(f"warm of {w['dataset']} was {w['state']}")
+    click.echo(
+        f"silofs: warmed {w['dataset']}: {format_size(w['done_bytes'])} cached of "
+        f"{format_size(w['matched_bytes'])} ({format_size(w['fetched_bytes'])} fetched, "
+        f"{format_size(w['skipped_bytes'])} already cached) in {w['elapsed_s']:.1f}s",
+        err=True,
+    )
+
+
+_progress_shown = False
+
+
+def _follow_warm(client: ControlClient, dsid: int, w: dict) -> dict:
+    """Poll the warm until it ends; a progress bar (bytes, rate, ETA) on a terminal."""
+    global _progress_shown
+    tty = sys.stderr.isatty()
+    while w["state"] == "running":
+        if tty:
+            click.echo("\r" + _progress_line(w), nl=False, err=True)
+            _progress_shown = True
+        time.sleep(0.2)
+        w = client.request("GET", f"/v1/datasets/{dsid}/warm")
+    return w
+
+
+def _progress_line(w: dict) -> str:
+    total, done, rate = w["target_bytes"], w["done_bytes"], w["bytes_per_s"]
+    frac = done / total if total else 0.0
+    bar = "#" * int(frac * 24)
+    eta = f"{(total - done) / rate:.0f}s" if rate > 0 and total > done else "--"
+    return (
+        f"warm [{bar:<24}] {frac:4.0%} {format_size(done)}/{format_size(total)} "
+        f"{format_rate(rate)} ETA {eta}   "
+    )
+
+
+def _progress_end() -> None:
+    global _progress_shown
+    if _progress_shown:
+        click.echo("", err=True)
+        _progress_shown = False
 
 
 @main.command()

@@ -45,6 +45,7 @@ from silofs.node.limiter import TokenBucket
 from silofs.node.quota import QuotaPolicy
 from silofs.node.state import DatasetState, JobState, MountState
 from silofs.node.supervise import run_once
+from silofs.node.warm import WarmState, run_warm
 from silofs.node.writer import Writer
 from silofs.records import MountCounters, ObjectInfo, job_name_error
 from silofs.units import format_rate, format_size
@@ -117,6 +118,7 @@ class Daemon:
         # Who started the daemon and how (service.run_daemon fills it; status shows it).
         self.origin: dict[str, object] = {}
         self.credentials = credential_fingerprint(os.environ)
+        self.warms: dict[int, WarmState] = {}  # dataset id -> its latest warm
 
     # -- tasks -----------------------------------------------------------------------
     def spawn(
@@ -201,9 +203,35 @@ class Daemon:
 
     def busy(self) -> bool:
         """Something still needs the daemon: a mount, a listing in progress, a warm."""
-        return bool(self.mounts) or any(
-            ds.state in ("checking", "listing") for ds in self.datasets.values()
+        return (
+            bool(self.mounts)
+            or any(ds.state in ("checking", "listing") for ds in self.datasets.values())
+            or any(w.state == "running" for w in self.warms.values())
         )
+
+    def start_warm(
+        self, ds: DatasetState, job: str, paths: list[str], chunk_size: int | None, uid: int
+    ) -> WarmState:
+        """Start warming `ds` (node/warm.py); the running warm if there is one."""
+        if ds.state != "ready":
+            raise UsageError(f"dataset {ds.uri.canonical} is not ready ({ds.state})")
+        w = self.warms.get(ds.id)
+        if w is not None and w.state == "running":
+            return w
+        if chunk_size is None:  # the chunk size its mounts read with, so keys match
+            chunk_size = next(
+                (m.chunk_size for m in self.mounts.values() if m.dsid == ds.id),
+                self.settings.chunk_size,
+            )
+        w = self.warms[ds.id] = WarmState(job, paths, chunk_size, uid)
+        self.job(job)
+
+        def failed(reason: str) -> None:
+            w.state, w.error, w.finished = "error", reason, time.time()
+
+        self.spawn(f"warm of {ds.uri.canonical}", run_warm, self, ds, w, on_failure=failed)
+        log.info("warm of %s for job %s started (paths %s)", ds.uri.canonical, job, paths or "all")
+        return w
 
     # -- datasets ------------------------------------------------------------------
     def find_dataset(self, name: str) -> DatasetState | None:

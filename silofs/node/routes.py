@@ -113,6 +113,7 @@ def dataset_view(d: Daemon, ds: DatasetState) -> dict[str, Any]:
         "store_short_reads": _store_count(ds, "short_reads"),
         "version_mismatches": ds.fetch.version_mismatches,
         "mounts": sum(1 for m in d.mounts.values() if m.dsid == ds.id),
+        "warm": d.warms[ds.id].view() if ds.id in d.warms else None,
     }
 
 
@@ -649,4 +650,54 @@ def build_router(d: Daemon) -> Router:
     r.add("GET", "/v1/chunks", get_chunk)
     r.add("PUT", "/v1/mounts/{mount_id}/offer", offer)
     r.add("GET", "/metrics", metrics)
+    _warm_routes(r, d)
     return r
+
+
+# -- warm (silofs warm) -----------------------------------------------------------------
+# Its own section: other route work rebases around it.
+_MAX_GLOBS = 64
+
+
+def _warm_routes(r: Router, d: Daemon) -> None:
+    def warm_of(req: Request, name: str) -> tuple[DatasetState, Any]:
+        ds = _dataset(d, name)
+        w = d.warms.get(ds.id)
+        if w is None:
+            raise HTTPError(404, f"no warm of {ds.uri.canonical} since the daemon started")
+        return ds, w
+
+    async def start(req: Request, name: str) -> Response:
+        ds = _dataset(d, name)
+        body = req.json()
+        job = _job_name(_field(body, "job", str))
+        paths = body.get("paths") or []
+        if (
+            not isinstance(paths, list)
+            or len(paths) > _MAX_GLOBS
+            or not all(isinstance(p, str) and 0 < len(p) <= _MAX_NAME for p in paths)
+        ):
+            raise HTTPError(400, f"field 'paths' must be a list of up to {_MAX_GLOBS} globs")
+        chunk_size = _field(body, "chunk_size", int, required=False)
+        if chunk_size is not None and not (64 << 10) <= chunk_size <= (64 << 20):
+            raise HTTPError(400, "chunk_size must be between 64KiB and 64MiB")
+        try:
+            w = d.start_warm(ds, job, paths, chunk_size, req.peer.uid)
+        except UsageError as exc:
+            raise HTTPError(409, str(exc)) from None
+        return json_response({"dataset": ds.uri.canonical, "id": ds.id, **w.view()}, status=202)
+
+    async def get(req: Request, name: str) -> Response:
+        ds, w = warm_of(req, name)
+        return json_response({"dataset": ds.uri.canonical, "id": ds.id, **w.view()})
+
+    async def cancel(req: Request, name: str) -> Response:
+        ds, w = warm_of(req, name)
+        if req.peer.uid not in (0, w.uid, os.getuid()):
+            raise HTTPError(403, "this warm was started by another user")
+        w.scope.cancel()
+        return json_response({"dataset": ds.uri.canonical, "id": ds.id, **w.view()})
+
+    r.add("POST", "/v1/datasets/{name}/warm", start)
+    r.add("GET", "/v1/datasets/{name}/warm", get)
+    r.add("DELETE", "/v1/datasets/{name}/warm", cancel)

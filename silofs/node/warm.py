@@ -1,0 +1,175 @@
+"""Warming a dataset: fill its cache share with a uniform random sample of its chunks.
+
+Owns one warm task per dataset: the chunks of the listed objects that match the globs,
+in random order, skipping those the dataset already holds (so a warm resumes where a
+stopped one ended), fetched through the Fetcher (single-flight with mounts' misses,
+charged to the job's token bucket first: promise 2) until the dataset's quota is full.
+Random order is what keeps promise 1's hit ratio (cache/dataset whatever the access
+order) when the quota is smaller than the dataset: the warm stops at the first chunk
+that does not fit rather than looking for smaller ones, which would bias the sample.
+Progress lives in WarmState, shown in the dataset view. Never writes LMDB (the Writer
+admits what the Fetcher offers) and never decides a quota.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import logging
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import trio
+
+from silofs.cache.format import ChunkRef
+from silofs.cache.store import Usage
+from silofs.errors import BackendError
+from silofs.node.state import DatasetState
+from silofs.units import format_size
+
+log = logging.getLogger(__name__)
+
+WARM_CONCURRENCY = 8  # chunks in flight per warm; the Fetcher's thread limit still applies
+
+
+@dataclass
+class WarmState:
+    job: str
+    paths: list[str]
+    chunk_size: int
+    uid: int  # who started it: they (or root) may cancel it
+    state: str = "running"  # running | done | cancelled | error
+    matched_bytes: int = 0  # bytes of the objects the globs match
+    target_bytes: int = 0  # min(quota when it started, matched_bytes)
+    skipped_bytes: int = 0  # matching bytes the dataset already held when it started
+    fetched_bytes: int = 0
+    chunks_total: int = 0  # chunks it did not hold when it started
+    chunks_done: int = 0  # of those, fetched
+    started: float = field(default_factory=time.time)
+    finished: float | None = None
+    error: str = ""
+    scope: trio.CancelScope = field(default_factory=trio.CancelScope, repr=False)
+
+    def view(self) -> dict[str, Any]:
+        done = min(self.skipped_bytes + self.fetched_bytes, self.target_bytes)
+        elapsed = (self.finished or time.time()) - self.started
+        return {
+            "state": self.state,
+            "job": self.job,
+            "paths": self.paths,
+            "chunk_size": self.chunk_size,
+            "matched_bytes": self.matched_bytes,
+            "target_bytes": self.target_bytes,
+            "done_bytes": done,
+            "skipped_bytes": self.skipped_bytes,
+            "fetched_bytes": self.fetched_bytes,
+            "chunks_total": self.chunks_total,
+            "chunks_done": self.chunks_done,
+            "elapsed_s": round(elapsed, 2),
+            "bytes_per_s": round(self.fetched_bytes / elapsed) if elapsed > 0 else 0,
+            "error": self.error or None,
+        }
+
+
+def matches(key: str, globs: list[str]) -> bool:
+    """fnmatch on the object key (its path in the mount); `*` also matches '/'."""
+    return not globs or any(fnmatch.fnmatchcase(key, g) for g in globs)
+
+
+async def run_warm(d: Any, ds: DatasetState, w: WarmState) -> None:
+    """The warm task; ends done, cancelled or in error, never raising. `d` is the
+    Daemon (node/daemon.py imports this module, so it is not imported back)."""
+    with w.scope:
+        try:
+            await _warm(d, ds, w)
+            w.state = "done"
+        except BackendError as exc:
+            w.state, w.error = "error", str(exc)
+            log.error("warm of %s stopped: %s", ds.uri.canonical, exc)
+    if w.scope.cancelled_caught:
+        w.state = "cancelled"
+    w.finished = time.time()
+    log.info(
+        "warm of %s for job %s %s: %s skipped (cached), %s fetched",
+        ds.uri.canonical,
+        w.job,
+        w.state,
+        format_size(w.skipped_bytes),
+        format_size(w.fetched_bytes),
+    )
+
+
+async def _warm(d: Any, ds: DatasetState, w: WarmState) -> None:
+    def plan() -> tuple[int, list[ChunkRef], int]:
+        """(matched bytes, chunks the dataset does not hold, bytes it holds), in one
+        read txn; the owners rows answer without faulting in chunk values."""
+        objects = [o for o in d.store.iter_manifest(ds.id) if matches(o.key, w.paths)]
+        matched, missing, held_bytes = sum(o.size for o in objects), [], 0
+        with d.store.read_txn() as txn:
+            for o in objects:
+                # A zero-byte object is one empty chunk, as the mount reads it.
+                for i in range(max(1, -(-o.size // w.chunk_size))):
+                    ref = ChunkRef.of(o, w.chunk_size, i)
+                    if d.store.owns(txn, ds.id, ref.key):
+                        held_bytes += ref.length
+                    else:
+                        missing.append(ref)
+        return matched, missing, held_bytes
+
+    w.matched_bytes, refs, w.skipped_bytes = await trio.to_thread.run_sync(plan)
+    random.shuffle(refs)
+    w.chunks_total = len(refs)
+
+    def quota() -> int:
+        return d.quota_policy().quota(ds.id, d.usage)
+
+    def held() -> int:
+        return d.usage.get(ds.id, Usage()).bytes
+
+    w.target_bytes = min(quota(), w.matched_bytes)
+    limiter = d.job(w.job).limiter
+    in_flight = 0
+    slots = trio.Semaphore(WARM_CONCURRENCY)
+    drained = trio.Event()
+    failure: list[BackendError] = []
+
+    async def fetch(ref: ChunkRef) -> None:
+        nonlocal in_flight, drained
+        try:
+            data, fetched = await d.fetcher.fetch(ds.id, ds.backend, limiter, ref)
+        except BackendError as exc:
+            failure.append(exc)
+            return
+        finally:
+            in_flight -= ref.length
+            slots.release()
+            if in_flight == 0:
+                drained.set()
+        w.chunks_done += 1
+        w.fetched_bytes += len(data)
+        if fetched:
+            job = d.job(w.job)
+            for c in (ds.fetch, job.fetch):
+                c.remote_gets += 1
+                c.remote_bytes += len(data)
+
+    async with trio.open_nursery() as nursery:
+        for ref in refs:
+            if failure:
+                break
+            if held() + in_flight + ref.length > quota():
+                # What is in flight may still be refused or dropped: wait for it and
+                # for its admission before deciding the dataset is full.
+                if in_flight:
+                    drained = trio.Event()
+                    await drained.wait()
+                await d.writer.flush()
+                if held() + ref.length > quota():
+                    break
+            await slots.acquire()
+            in_flight += ref.length
+            nursery.start_soon(fetch, ref)
+    await d.writer.flush()  # admitted before the warm says done
+    if failure:
+        raise failure[0]

@@ -1,0 +1,117 @@
+"""`silofs warm`: fills a dataset's share with a uniform sample, charged to a job, with
+progress on a terminal and in status; resumable and cancellable."""
+
+from __future__ import annotations
+
+import os
+import pty
+import random
+import signal
+import subprocess
+from pathlib import Path
+from urllib.parse import quote
+
+import pytest
+
+from .conftest import Node, drop_file_cache, needs_fuse, silofs_cmd, wait_for
+
+pytestmark = [needs_fuse, pytest.mark.fuse]
+
+
+@pytest.fixture
+def dataset(make_node, local_store, bucket_name, monkeypatch) -> tuple[Node, str, int]:
+    local_store.apply_env(monkeypatch)
+    rnd = random.Random(7)
+    objects = {
+        f"train/c{i % 4}/f{i:03d}.bin": rnd.randbytes(rnd.randrange(100_000, 300_000))
+        for i in range(60)
+    }
+    local_store.create(bucket_name, objects)
+    node = make_node(cache_size="64M")
+    return node, local_store.uri(bucket_name), sum(len(v) for v in objects.values())
+
+
+def ds_view(node: Node, uri: str) -> dict:
+    return next((d for d in node.status()["datasets"] if d["uri"] == uri), {})
+
+
+def test_warm_half_the_dataset_then_read_it_all(dataset, tmp_path: Path) -> None:
+    node, uri, size = dataset
+    half = size // 2
+    node.request("PUT", f"/v1/datasets/{quote(uri, safe='')}/cache", {"bytes": half})
+    res = node.run("warm", uri, "--job", "prep")
+    assert res.returncode == 0, res.stderr
+    assert res.stderr.startswith(f"silofs: warmed {uri}: "), res.stderr
+    d = ds_view(node, uri)
+    assert d["warm"]["state"] == "done" and d["warm"]["target_bytes"] == half
+    # Full up to the allocation, short of it by less than one (<= 300 kB) object.
+    assert half - 300_000 < d["cached_bytes"] <= half, d
+    job = next(j for j in node.status()["jobs"] if j["name"] == "prep")
+    assert job["remote_bytes"] == d["warm"]["fetched_bytes"] >= d["cached_bytes"]
+
+    # Run again: the dataset is full, so nothing is fetched; what it holds is counted.
+    res = node.run("warm", uri, "--job", "prep")
+    assert res.returncode == 0, res.stderr
+    again = ds_view(node, uri)["warm"]
+    assert again["fetched_bytes"] == 0 and again["skipped_bytes"] == d["cached_bytes"]
+
+    # Reading everything hits about half: the warm took a uniform sample, and a full
+    # dataset admits nothing more.
+    mp = node.mount(uri, tmp_path / "mnt", "--job", "train")
+    total = 0
+    for path in sorted(mp.rglob("*.bin")):
+        total += len(path.read_bytes())
+        drop_file_cache(path)
+    assert total == size
+    m = node.settle(str(mp), size)
+    ratio = m["hit_bytes"] / m["bytes_read"]
+    assert 0.4 <= ratio <= 0.52, m
+
+
+def test_warm_shows_progress_stops_on_ctrl_c_and_resumes(dataset, tmp_path: Path) -> None:
+    node, uri, size = dataset
+    node.request("PUT", "/v1/jobs/slow/io", {"bytes_per_s": "2MB/s"})
+    master, slave = pty.openpty()  # a terminal: the progress bar is drawn
+    proc = subprocess.Popen(
+        silofs_cmd("warm", uri, "--job", "slow", "--paths", "train/c[01]/*"),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=slave,
+        env=node.env,
+    )
+    os.close(slave)
+    try:
+        w = wait_for(
+            lambda: (w := (ds_view(node, uri).get("warm") or {})).get("done_bytes", 0) > 0 and w,
+            what="warm progress in status",
+        )
+        assert w["state"] == "running" and w["paths"] == ["train/c[01]/*"]
+        assert w["matched_bytes"] < size  # two of the four classes
+        out = b""
+        while b"ETA" not in out:
+            out += os.read(master, 4096)
+        assert b"warm [" in out
+        proc.send_signal(signal.SIGINT)
+        proc.wait(30)
+        rest = b""
+        try:
+            while chunk := os.read(master, 4096):
+                rest += chunk
+        except OSError:  # EIO once the child's end is closed
+            pass
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        os.close(master)
+    assert proc.returncode == 130
+    assert b"run it again to resume" in rest, rest
+    stopped = wait_for(lambda: (w := ds_view(node, uri)["warm"])["state"] != "running" and w)
+    assert stopped["state"] == "cancelled"
+    assert 0 < stopped["fetched_bytes"] < stopped["target_bytes"]
+
+    node.request("PUT", "/v1/jobs/slow/io", {"bytes_per_s": None})
+    res = node.run("warm", uri, "--job", "slow", "--paths", "train/c[01]/*")
+    assert res.returncode == 0, res.stderr
+    done = ds_view(node, uri)["warm"]
+    assert done["state"] == "done" and done["skipped_bytes"] >= stopped["fetched_bytes"] // 2
+    assert done["done_bytes"] == done["target_bytes"] == done["matched_bytes"]
