@@ -377,15 +377,21 @@ def _check_daemon_fits(wish: DaemonWish, node: dict) -> None:
 
 
 def _wait_listing(
-    socket: str, uri: str, refresh: bool, endpoint_url: str | None, background: bool = False
+    socket: str,
+    uri: str,
+    refresh: bool,
+    endpoint_url: str | None,
+    background: bool = False,
+    options: dict[str, str] | None = None,
 ) -> dict:
     """Open the dataset in the daemon, with a progress line on a terminal. In the
     background mode, only until the daemon has begun writing the listing."""
     tty = sys.stderr.isatty()
+    body: dict[str, Any] = {"uri": uri, "refresh": refresh, "endpoint_url": endpoint_url}
+    if options:
+        body["options"] = options
     with ControlClient(socket, timeout=30) as client:
-        ds = client.request(
-            "POST", "/v1/datasets", {"uri": uri, "refresh": refresh, "endpoint_url": endpoint_url}
-        )
+        ds = client.request("POST", "/v1/datasets", body)
         # No time limit: the listing of a huge prefix takes what it takes; the daemon
         # reports its progress, shown here on a terminal.
         while ds["state"] in ("checking", "listing"):
@@ -479,6 +485,20 @@ def _ttl(_ctx: click.Context, _param: click.Parameter, value: str) -> float | No
 )
 @click.option("--foreground", "-f", is_flag=True, help="Serve in this process.")
 @click.option("--allow-other", is_flag=True, help="Let other users read the mount.")
+@click.option("--allow-root", is_flag=True, help="Let root read the mount (FUSE allow_root).")
+@click.option("--read-only", is_flag=True, help="Accepted: silofs mounts are always read-only.")
+@click.option("--region", default=None, help="S3 region of the bucket (this dataset only).")
+@click.option("--profile", default=None, help="AWS profile for the bucket (this dataset only).")
+@click.option(
+    "--requester-pays", is_flag=True, help="S3 requester-pays bucket: you pay for the reads."
+)
+@click.option(
+    "--no-sign-request",
+    is_flag=True,
+    help="Anonymous access to a public bucket (unsigned S3 requests; anonymous GCS/Azure).",
+)
+@click.option("--debug", is_flag=True, help="Debug logging (same as --log-level debug).")
+@click.option("--log-file", default=None, help="Log file of the mount process.")
 @click.option("--uid", type=int, default=None, help="Owner of files (default: you).")
 @click.option("--gid", type=int, default=None, help="Group of files (default: yours).")
 @click.option("--file-mode", default="0444", callback=_octal, help="Mode of files.")
@@ -502,6 +522,14 @@ def mount(
     list_in_background: bool,
     foreground: bool,
     allow_other: bool,
+    allow_root: bool,
+    read_only: bool,
+    region: str | None,
+    profile: str | None,
+    requester_pays: bool,
+    no_sign_request: bool,
+    debug: bool,
+    log_file: str | None,
     uid: int | None,
     gid: int | None,
     file_mode: int,
@@ -525,14 +553,21 @@ def mount(
     mountpoint = _check_mountpoint(mountpoint)
     if chunk_size is not None and not (64 << 10) <= chunk_size <= (64 << 20):
         raise UsageError("--chunk-size must be between 64KiB and 64MiB")
+    if allow_other and allow_root:
+        raise UsageError("--allow-other already lets root read: drop --allow-root")
+    store_options = _store_options(parsed.scheme, region, profile, requester_pays, no_sign_request)
+    if debug:
+        log_level = "debug"
     _ensure_daemon(DaemonWish(socket, cache_dir, cache_size, endpoint_url, idle_exit))
-    ds = _wait_listing(socket, canonical, refresh, endpoint_url, list_in_background)
+    ds = _wait_listing(socket, canonical, refresh, endpoint_url, list_in_background, store_options)
     settings = MountSettings(
         uri=canonical,
         mountpoint=mountpoint,
         job=job or default_job(mountpoint),
         chunk_size=chunk_size,
         allow_other=allow_other,
+        allow_root=allow_root,
+        store_options=store_options,
         uid=os.getuid() if uid is None else uid,
         gid=os.getgid() if gid is None else gid,
         file_mode=file_mode,
@@ -546,10 +581,38 @@ def mount(
         list_in_background=list_in_background,
     )
     if foreground:
-        _mount_foreground(settings, socket, log_level)
+        _mount_foreground(settings, socket, log_level, log_file)
     else:
-        _mount_background(settings, socket, log_level)
+        _mount_background(settings, socket, log_level, log_file)
         click.echo(f"silofs: {canonical} mounted at {mountpoint} (job {settings.job})", err=True)
+
+
+def _store_options(
+    scheme: str,
+    region: str | None,
+    profile: str | None,
+    requester_pays: bool,
+    no_sign_request: bool,
+) -> dict[str, str]:
+    """Per-dataset store options from flags (config.STORE_OPTIONS), checked for the store."""
+    options: dict[str, str] = {}
+    s3_only = {"--region": region, "--profile": profile, "--requester-pays": requester_pays}
+    for flag, value in s3_only.items():
+        if value and scheme != "s3":
+            raise UsageError(f"{flag} is for s3:// datasets, not {scheme}://")
+    if region:
+        options["region"] = region
+    if profile:
+        options["profile"] = profile
+    if requester_pays:
+        options["requester_pays"] = "true"
+    if no_sign_request:
+        if scheme == "file":
+            raise UsageError("--no-sign-request is for buckets, not local directories")
+        if profile:
+            raise UsageError("--no-sign-request sends no credentials: drop --profile")
+        options["anonymous"] = "true"
+    return options
 
 
 _SCHEME_TYPO = re.compile(r"^(s3|gs|gcs|az|file)(:/?|//)(?!/)(.*)$", re.I)
@@ -585,10 +648,12 @@ def default_job(mountpoint: str) -> str:
     return f"{base}-{digest}"
 
 
-def _mount_foreground(settings: MountSettings, socket: str, log_level: str) -> None:
+def _mount_foreground(
+    settings: MountSettings, socket: str, log_level: str, log_file: str | None
+) -> None:
     from silofs.mount.process import run_mount
 
-    setup_logging(log_level)
+    setup_logging(log_level, log_file)
     errors: list[str] = []
 
     def ready(error: str | None) -> None:
@@ -602,9 +667,14 @@ def _mount_foreground(settings: MountSettings, socket: str, log_level: str) -> N
         raise SilofsError(errors[0])
 
 
-def _mount_background(settings: MountSettings, socket: str, log_level: str) -> None:
-    os.makedirs(state_dir(), exist_ok=True)
-    log_path = os.path.join(state_dir(), f"mount-{settings.job}.log")
+def _mount_background(
+    settings: MountSettings, socket: str, log_level: str, log_file: str | None
+) -> None:
+    if log_file:
+        log_path = os.path.abspath(log_file)
+    else:
+        os.makedirs(state_dir(), exist_ok=True)
+        log_path = os.path.join(state_dir(), f"mount-{settings.job}.log")
     read_fd, write_fd = os.pipe()
     args = [
         sys.executable,

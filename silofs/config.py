@@ -84,6 +84,7 @@ class MountSettings:
     job: str
     chunk_size: int | None = None  # None: the daemon's default
     allow_other: bool = False
+    allow_root: bool = False
     uid: int = field(default_factory=os.getuid)
     gid: int = field(default_factory=os.getgid)
     file_mode: int = 0o444
@@ -103,6 +104,8 @@ class MountSettings:
     io_limit: int | None = None
     endpoint_url: str | None = None
     admission: str | None = None  # None: keep the dataset's mode (default uniform)
+    # Per-dataset store options (STORE_OPTIONS), used when the daemon opens the dataset.
+    store_options: dict[str, str] = field(default_factory=dict)
     # The dataset `silofs mount` already opened and waited for: the mount process
     # registers against it instead of opening it a second time.
     dataset_id: int | None = None
@@ -113,6 +116,10 @@ class MountSettings:
         default_factory=lambda: float(os.environ.get("SILOFS_DAEMON_TIMEOUT", "30"))
     )
 
+
+# Store options a mount may set for its dataset (POST /v1/datasets "options"); they go
+# into the backend's BackendOptions.extra for that dataset only.
+STORE_OPTIONS = ("region", "profile", "requester_pays", "anonymous")
 
 _LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 _SIZE_KEYS = {"cache_size", "chunk_size", "writer_batch_bytes", "admission_queue_bytes"}

@@ -32,12 +32,17 @@ log = logging.getLogger(__name__)
 
 
 async def open_dataset(
-    client: AsyncControlClient, uri: str, refresh: bool, endpoint_url: str | None
+    client: AsyncControlClient,
+    uri: str,
+    refresh: bool,
+    endpoint_url: str | None,
+    options: dict[str, str] | None = None,
 ) -> dict:
     """Ask the daemon for the dataset and wait, polling, until its listing is ready."""
-    ds = await client.json(
-        "POST", "/v1/datasets", {"uri": uri, "refresh": refresh, "endpoint_url": endpoint_url}
-    )
+    body = {"uri": uri, "refresh": refresh, "endpoint_url": endpoint_url}
+    if options:
+        body["options"] = options
+    ds = await client.json("POST", "/v1/datasets", body)
     # No time limit: a first listing of tens of millions of objects takes as long as it
     # takes, and the daemon reports its progress in status.
     while ds["state"] in ("checking", "listing"):
@@ -93,7 +98,7 @@ class MountProcess:
             self.dataset = {"id": self.s.dataset_id}  # opened by `silofs mount` already
         else:
             self.dataset = await open_dataset(
-                self.client, self.s.uri, self.s.refresh, self.s.endpoint_url
+                self.client, self.s.uri, self.s.refresh, self.s.endpoint_url, self.s.store_options
             )
         body = {
             "id": self.mount_id,
@@ -167,6 +172,8 @@ class MountProcess:
         }
         if self.s.allow_other:
             opts.add("allow_other")
+        elif self.s.allow_root:
+            opts.add("allow_root")
         return opts
 
     async def run(self, ready: Callable[[str | None], None]) -> None:

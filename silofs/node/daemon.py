@@ -250,22 +250,40 @@ class Daemon:
         return base if base not in taken else f"{base}-{dsid}"
 
     async def open_dataset(
-        self, uri_text: str, refresh: bool, endpoint_url: str | None = None
+        self,
+        uri_text: str,
+        refresh: bool,
+        endpoint_url: str | None = None,
+        options: dict[str, str] | None = None,
     ) -> DatasetState:
-        """Register a dataset (idempotent) and start checking/listing it if needed."""
+        """Register a dataset (idempotent) and start checking/listing it if needed.
+        `options` are per-dataset store options (config.STORE_OPTIONS): they apply when
+        the dataset is opened, or re-opened while nothing uses it; a different set while
+        mounts use it is a UsageError (one backend per dataset)."""
         uri = parse_uri(uri_text)
+        options = dict(options or {})
         dsid = await self.writer.call(lambda: self.store.dataset_id(uri.canonical, create=True))
         assert dsid is not None
         ds = self.datasets.get(dsid)
+        if ds is not None and options and options != ds.options:
+            in_use = any(m.dsid == dsid for m in self.mounts.values()) or (
+                dsid in self.warms and self.warms[dsid].state == "running"
+            )
+            if in_use or ds.state in ("checking", "listing"):
+                raise UsageError(
+                    f"{uri.canonical} is open with store options {ds.options or 'none'}; "
+                    f"{options} would be ignored: unmount its mounts first"
+                )
+            ds.backend = open_backend(uri, self._backend_options(endpoint_url, options))
+            ds.options = options
+            ds.state = "error"  # checked again below with the new options
         if ds is not None and ds.state in ("checking", "listing"):
             return ds
         if ds is None or ds.state == "error" or refresh:
             if ds is None:
-                opts = self.backend_opts
-                if endpoint_url:
-                    opts = dataclasses.replace(opts, endpoint_url=endpoint_url)
-                backend = open_backend(uri, opts)
+                backend = open_backend(uri, self._backend_options(endpoint_url, options))
                 ds = DatasetState(dsid, uri, self._short_name(uri, dsid), backend)
+                ds.options = options
                 self.datasets[dsid] = ds
             ds.state, ds.error = "checking", ""
 
@@ -281,6 +299,14 @@ class Daemon:
                 on_failure=failed,
             )
         return ds
+
+    def _backend_options(self, endpoint_url: str | None, options: dict[str, str]) -> BackendOptions:
+        opts = self.backend_opts
+        if endpoint_url:
+            opts = dataclasses.replace(opts, endpoint_url=endpoint_url)
+        if options:
+            opts = dataclasses.replace(opts, extra={**opts.extra, **options})
+        return opts
 
     async def _prepare_dataset(self, ds: DatasetState, refresh: bool) -> None:
         record = self.store.dataset_record(ds.id)

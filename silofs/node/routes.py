@@ -18,6 +18,7 @@ from typing import Any
 
 import trio
 
+from silofs.config import STORE_OPTIONS
 from silofs.control.peer import Peer, peer_groups, peer_may_change
 from silofs.control.router import HTTPError, Request, Response, Router, json_response
 from silofs.errors import (
@@ -504,6 +505,7 @@ def build_router(d: Daemon) -> Router:
         refresh = _field(body, "refresh", bool, required=False) or False
         endpoint_url = _field(body, "endpoint_url", str, required=False)
         _check_store_options(d, req, body)
+        options = _store_options(body)
         try:
             parsed = parse_uri(uri)
         except UsageError as exc:
@@ -515,7 +517,7 @@ def build_router(d: Daemon) -> Router:
                 held -= 1
             _check_limit(req, "datasets", held, d.settings.max_datasets_per_uid)
         try:
-            ds = await d.open_dataset(uri, refresh, endpoint_url)
+            ds = await d.open_dataset(uri, refresh, endpoint_url, options)
         except UsageError as exc:
             raise HTTPError(400, str(exc)) from None
         d.opened_by.setdefault(ds.id, req.peer.uid)
@@ -652,6 +654,24 @@ def build_router(d: Daemon) -> Router:
     r.add("GET", "/metrics", metrics)
     _warm_routes(r, d)
     return r
+
+
+# -- per-dataset store options (silofs mount --region/--profile/...) --------------------
+def _store_options(body: dict) -> dict[str, str]:
+    """The "options" of POST /v1/datasets: only config.STORE_OPTIONS, short scalars."""
+    options = _field(body, "options", dict, required=False) or {}
+    out: dict[str, str] = {}
+    for key, value in options.items():
+        if key not in STORE_OPTIONS:
+            raise HTTPError(
+                400, f"unknown store option {key!r} (known: {', '.join(STORE_OPTIONS)})"
+            )
+        if isinstance(value, bool):
+            value = "true" if value else "false"
+        if not isinstance(value, str) or not 0 < len(value) <= 256:
+            raise HTTPError(400, f"store option {key!r} must be a short string or a boolean")
+        out[key] = value
+    return out
 
 
 # -- warm (silofs warm) -----------------------------------------------------------------

@@ -28,6 +28,7 @@ class DatasetState:
     list_started: float = 0.0  # monotonic; with `listed`, the listing rate in status
     building_gen: int | None = None  # the listing generation being written, while listing
     record: dict = field(default_factory=dict)
+    options: dict[str, str] = field(default_factory=dict)  # per-dataset store options
     reads: MountCounters = field(default_factory=MountCounters)
     fetch: FetchCounters = field(default_factory=FetchCounters)
     prepare_errors: int = 0  # checks and listings that failed (after their retries)

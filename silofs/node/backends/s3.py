@@ -3,7 +3,8 @@
 Owns: listing a bucket prefix with ListObjectsV2, ranged GETs pinned to the listed ETag
 (If-Match), and turning botocore's exceptions into typed BackendErrors whose messages name
 the bucket or endpoint and say what to do. Credentials and region come from boto3's normal
-chain (env, profile, ~/.aws, SSO, container/instance role); the endpoint from
+chain (env, profile, ~/.aws, SSO, container/instance role), or none (extra anonymous=true:
+unsigned requests); extra profile/region/requester_pays per dataset; the endpoint from
 opts.endpoint_url or AWS_ENDPOINT_URL.
 
 Never retries inside botocore (retry policy lives in base.retry_call, one place), never does
@@ -22,6 +23,7 @@ from typing import Any
 
 import boto3
 import botocore.exceptions as bx
+from botocore import UNSIGNED
 from botocore.config import Config
 
 from silofs.errors import (
@@ -69,6 +71,14 @@ def _code(exc: bx.ClientError) -> tuple[str, int]:
     err = exc.response.get("Error", {})
     status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
     return str(err.get("Code", status)), int(status or 0)
+
+
+def _truthy(value: str | None) -> bool:
+    return (value or "").lower() in ("1", "true", "yes")
+
+
+def _request_payer(params: dict, **_kwargs: Any) -> None:
+    params.setdefault("RequestPayer", "requester")
 
 
 def _etag(raw: str) -> str:
@@ -124,7 +134,10 @@ class S3Backend(RetryingBackend):
         extra = self.opts.extra
         style = extra.get("addressing_style")  # path | virtual | auto (botocore's choice)
         s3_cfg = {"addressing_style": style} if style else {}
+        # anonymous (--no-sign-request): unsigned requests, for public buckets.
+        unsigned = {"signature_version": UNSIGNED} if _truthy(extra.get("anonymous")) else {}
         return Config(
+            **unsigned,
             connect_timeout=self.opts.connect_timeout,
             read_timeout=self.opts.read_timeout,
             # One try per call: base.retry_call owns retries and backoff.
@@ -144,8 +157,17 @@ class S3Backend(RetryingBackend):
                 self._client = session.client(
                     "s3", endpoint_url=self.endpoint_url, config=self._config()
                 )
+                if _truthy(self.opts.extra.get("requester_pays")):
+                    # The requester (we) pays for requests and transfer: S3 wants the
+                    # x-amz-request-payer header on every read of such a bucket.
+                    for op in ("ListObjectsV2", "GetObject", "HeadObject"):
+                        self._client.meta.events.register(
+                            f"before-parameter-build.s3.{op}", _request_payer
+                        )
                 creds = session.get_credentials()
                 self._cred_source = getattr(creds, "method", None) or "none found"
+                if _truthy(self.opts.extra.get("anonymous")):
+                    self._cred_source = "none: unsigned requests (anonymous)"
             return self._client
 
     def _call(self, what: str, fn: Any, **kwargs: Any) -> Any:
