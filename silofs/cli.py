@@ -33,20 +33,13 @@ from silofs.config import (
 )
 from silofs.control.client import ControlClient, ControlError
 from silofs.errors import SilofsError, UsageError
+from silofs.logsetup import LOG_FORMATS, setup_logging
 from silofs.mountinfo import silofs_mounts
 from silofs.units import format_rate, format_size, parse_rate, parse_size
 
 log = logging.getLogger(__name__)
 
 DAEMON_START_TIMEOUT = 30.0
-
-
-def setup_logging(level: str, log_file: str | None = None) -> None:
-    logging.basicConfig(
-        level=getattr(logging, level.upper(), logging.INFO),
-        filename=log_file,
-        format="%(asctime)s %(process)d %(levelname)s %(name)s: %(message)s",
-    )
 
 
 def fail(message: str, code: int = 1) -> None:
@@ -163,6 +156,9 @@ socket_option = click.option(
 @click.option("--chunk-size", default=None, callback=_size, help="Default chunk size.")
 @click.option("--endpoint-url", default=None, help="Default store endpoint.")
 @click.option("--log-level", default=None, help="debug, info, warning, error.")
+@click.option("--debug", is_flag=True, help="Same as --log-level debug.")
+@click.option("--log-file", default=None, help="Log here (reopened after logrotate/SIGHUP).")
+@click.option("--log-format", type=click.Choice(LOG_FORMATS), default=None, help="text or json.")
 @click.option(
     "--idle-exit",
     type=float,
@@ -181,6 +177,9 @@ def daemon(
     chunk_size: int | None,
     endpoint_url: str | None,
     log_level: str | None,
+    debug: bool,
+    log_file: str | None,
+    log_format: str | None,
     idle_exit: float | None,
     started_by: str,
 ) -> None:
@@ -196,10 +195,21 @@ def daemon(
         cache_size=cache_size,
         chunk_size=chunk_size,
         endpoint_url=endpoint_url,
-        log_level=log_level,
+        log_level="debug" if debug else log_level,
+        log_file=log_file,
+        log_format=log_format,
         idle_exit_seconds=idle_exit or None,
     )
-    setup_logging(settings.log_level, settings.log_file)
+    # A daemon `silofs mount` started runs in the background: syslog (the journal),
+    # as mountpoint-s3 does, unless a log file is set; otherwise stderr (under systemd,
+    # the journal again).
+    setup_logging(
+        settings.log_level,
+        settings.log_file,
+        fmt=settings.log_format,
+        syslog_ident="silofs-daemon" if started_by == "auto" else None,
+        sdk_level=settings.sdk_log_level,
+    )
     run_daemon(settings, started_by)
 
 
@@ -307,7 +317,8 @@ def _start_daemon(wish: DaemonWish) -> None:
         while time.monotonic() < deadline:
             if proc.poll() is not None:
                 raise SilofsError(
-                    _last_error(log_path) or f"the silofs daemon exited; see {log_path}"
+                    _last_error(log_path)
+                    or f"the silofs daemon exited; see {log_path} and `journalctl -t silofs-daemon`"
                 )
             try:
                 client.request("GET", "/v1/status")
@@ -498,7 +509,12 @@ def _ttl(_ctx: click.Context, _param: click.Parameter, value: str) -> float | No
     help="Anonymous access to a public bucket (unsigned S3 requests; anonymous GCS/Azure).",
 )
 @click.option("--debug", is_flag=True, help="Debug logging (same as --log-level debug).")
-@click.option("--log-file", default=None, help="Log file of the mount process.")
+@click.option(
+    "--log-file",
+    default=None,
+    help="Log file of the mount process (default: syslog/the journal when there is one).",
+)
+@click.option("--log-format", type=click.Choice(LOG_FORMATS), default="text", help="text or json.")
 @click.option("--uid", type=int, default=None, help="Owner of files (default: you).")
 @click.option("--gid", type=int, default=None, help="Group of files (default: yours).")
 @click.option("--file-mode", default="0444", callback=_octal, help="Mode of files.")
@@ -530,6 +546,7 @@ def mount(
     no_sign_request: bool,
     debug: bool,
     log_file: str | None,
+    log_format: str,
     uid: int | None,
     gid: int | None,
     file_mode: int,
@@ -581,9 +598,9 @@ def mount(
         list_in_background=list_in_background,
     )
     if foreground:
-        _mount_foreground(settings, socket, log_level, log_file)
+        _mount_foreground(settings, socket, log_level, log_file, log_format)
     else:
-        _mount_background(settings, socket, log_level, log_file)
+        _mount_background(settings, socket, log_level, log_file, log_format)
         click.echo(f"silofs: {canonical} mounted at {mountpoint} (job {settings.job})", err=True)
 
 
@@ -649,11 +666,11 @@ def default_job(mountpoint: str) -> str:
 
 
 def _mount_foreground(
-    settings: MountSettings, socket: str, log_level: str, log_file: str | None
+    settings: MountSettings, socket: str, log_level: str, log_file: str | None, log_format: str
 ) -> None:
     from silofs.mount.process import run_mount
 
-    setup_logging(log_level, log_file)
+    setup_logging(log_level, log_file, fmt=log_format)
     errors: list[str] = []
 
     def ready(error: str | None) -> None:
@@ -668,13 +685,13 @@ def _mount_foreground(
 
 
 def _mount_background(
-    settings: MountSettings, socket: str, log_level: str, log_file: str | None
+    settings: MountSettings, socket: str, log_level: str, log_file: str | None, log_format: str
 ) -> None:
-    if log_file:
-        log_path = os.path.abspath(log_file)
-    else:
-        os.makedirs(state_dir(), exist_ok=True)
-        log_path = os.path.join(state_dir(), f"mount-{settings.job}.log")
+    # Records go to --log-file, else to syslog (the journal) when there is one; stderr
+    # (a crash, or records when there is no syslog) to a file in the state dir.
+    os.makedirs(state_dir(), exist_ok=True)
+    err_path = os.path.join(state_dir(), f"mount-{settings.job}.log")
+    log_path = os.path.abspath(log_file) if log_file else err_path
     read_fd, write_fd = os.pipe()
     args = [
         sys.executable,
@@ -687,18 +704,20 @@ def _mount_background(
         socket,
         "--log-level",
         log_level,
-        "--log-file",
-        log_path,
+        "--log-format",
+        log_format,
+        *(["--log-file", log_path] if log_file else ["--background"]),
         json.dumps(vars(settings)),
     ]
-    proc = subprocess.Popen(
-        args,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        pass_fds=(write_fd,),
-        start_new_session=True,
-    )
+    with open(err_path, "ab") as errf:
+        proc = subprocess.Popen(
+            args,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=errf,
+            pass_fds=(write_fd,),
+            start_new_session=True,
+        )
     os.close(write_fd)
     with os.fdopen(read_fd) as pipe:
         answer = pipe.readline().strip()  # EOF if the child dies before it answers
@@ -709,6 +728,7 @@ def _mount_background(
     raise SilofsError(
         answer.removeprefix("error: ")
         or f"the mount process exited before the mount was ready; see {log_path}"
+        + ("" if log_file else " and `journalctl -t silofs-mount`")
     )
 
 
@@ -717,14 +737,27 @@ def _mount_background(
 @click.option("--socket", required=True)
 @click.option("--log-level", default="info")
 @click.option("--log-file", default=None)
+@click.option("--log-format", default="text")
+@click.option("--background", is_flag=True, help="Log to syslog when there is one.")
 @click.argument("settings_json")
 def mount_process(
-    ready_fd: int, socket: str, log_level: str, log_file: str | None, settings_json: str
+    ready_fd: int,
+    socket: str,
+    log_level: str,
+    log_file: str | None,
+    log_format: str,
+    background: bool,
+    settings_json: str,
 ) -> None:
     """Internal: the background mount process started by `silofs mount`."""
     from silofs.mount.process import run_mount
 
-    setup_logging(log_level, log_file)
+    setup_logging(
+        log_level,
+        log_file,
+        fmt=log_format,
+        syslog_ident="silofs-mount" if background else None,
+    )
     settings = MountSettings(**json.loads(settings_json))
     pipe = os.fdopen(ready_fd, "w")
 

@@ -50,7 +50,9 @@ class NodeSettings:
     admission_queue_bytes: int = 256 << 20
     sync_seconds: float = 5.0
     log_level: str = "info"
-    log_file: str | None = None
+    log_file: str | None = None  # reopened when logrotate moves it, and on SIGHUP
+    log_format: str = "text"  # text | json (one object per line)
+    sdk_log_level: str = "warning"  # the store SDKs' loggers (azure, botocore, google, ...)
     # Exit once no mount (nor warm, nor listing) has used the daemon for this long;
     # None: never. `silofs mount` starts its default daemon with 300 s; a daemon run
     # under systemd never exits idle whatever this says (systemd restarts it on failure
@@ -291,8 +293,13 @@ def _validate(s: NodeSettings) -> None:
         raise UsageError("sync_seconds must be more than 0")  # 0: the writer syncs nonstop
     if s.writer_batch_seconds < 0:
         raise UsageError("writer_batch_seconds must not be negative")
-    if s.log_level.lower() not in _LOG_LEVELS:
-        raise UsageError(f"log_level must be one of {', '.join(_LOG_LEVELS)}, not {s.log_level!r}")
+    for name in ("log_level", "sdk_log_level"):
+        if getattr(s, name).lower() not in _LOG_LEVELS:
+            raise UsageError(
+                f"{name} must be one of {', '.join(_LOG_LEVELS)}, not {getattr(s, name)!r}"
+            )
+    if s.log_format not in ("text", "json"):
+        raise UsageError(f"log_format must be text or json, not {s.log_format!r}")
     if s.max_attempts < 1:
         raise UsageError("max_attempts must be at least 1")
     if s.page_size < 1:
