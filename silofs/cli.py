@@ -165,6 +165,11 @@ socket_option = click.option(
     default=None,
     help="Exit after SECONDS with no mount (default: never; ignored under systemd).",
 )
+@click.option(
+    "--metrics-address",
+    default=None,
+    help="Serve GET /metrics over TCP too, e.g. 127.0.0.1:9464 (default: off).",
+)
 @click.option("--started-by", type=click.Choice(["manual", "auto"]), default="manual", hidden=True)
 @click.pass_context
 @one_line_errors
@@ -181,6 +186,7 @@ def daemon(
     log_file: str | None,
     log_format: str | None,
     idle_exit: float | None,
+    metrics_address: str | None,
     started_by: str,
 ) -> None:
     """Run the node daemon in the foreground (systemd Type=notify); `daemon stop` stops it."""
@@ -199,6 +205,7 @@ def daemon(
         log_file=log_file,
         log_format=log_format,
         idle_exit_seconds=idle_exit or None,
+        metrics_address=metrics_address,
     )
     # A daemon `silofs mount` started runs in the background: syslog (the journal),
     # as mountpoint-s3 does, unless a log file is set; otherwise stderr (under systemd,

@@ -58,6 +58,9 @@ class NodeSettings:
     # under systemd never exits idle whatever this says (systemd restarts it on failure
     # and would see an idle exit as one).
     idle_exit_seconds: float | None = None
+    # Prometheus scrapes over TCP: "127.0.0.1:9464" (or ":9464", localhost). None: only
+    # GET /metrics on the control socket.
+    metrics_address: str | None = None
     # backend
     endpoint_url: str | None = None
     connect_timeout: float = 10.0

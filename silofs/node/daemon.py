@@ -42,6 +42,7 @@ from silofs.node.cachedir import (
 )
 from silofs.node.fetch import Fetcher
 from silofs.node.limiter import TokenBucket
+from silofs.node.metrics import DaemonMetrics, parse_address
 from silofs.node.quota import QuotaPolicy
 from silofs.node.state import DatasetState, JobState, MountState
 from silofs.node.supervise import run_once
@@ -119,6 +120,9 @@ class Daemon:
         self.origin: dict[str, object] = {}
         self.credentials = credential_fingerprint(os.environ)
         self.warms: dict[int, WarmState] = {}  # dataset id -> its latest warm
+        self.metrics = DaemonMetrics()  # service.serve adds the status collector
+        if settings.metrics_address:
+            parse_address(settings.metrics_address)  # a bad one stops the start
 
     # -- tasks -----------------------------------------------------------------------
     def spawn(
@@ -540,10 +544,12 @@ class Daemon:
                 ds.fetch.cache_served += 1
                 return data, "cache"
             refetch = bad  # replace the bad value rather than keep missing on it
+        t0 = time.monotonic()
         try:
             data, fetched = await self.fetcher.fetch(
                 ds.id, ds.backend, job.limiter, ref, replace=refetch
             )
+            self.metrics.fetch_seconds.labels(ds.uri.canonical).observe(time.monotonic() - t0)
         except BackendError as exc:
             for c in (ds.fetch, job.fetch, m.fetch):
                 c.errors += 1

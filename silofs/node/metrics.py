@@ -1,12 +1,29 @@
-"""Prometheus text exposition of the daemon's status.
+"""Prometheus metrics of the daemon, through prometheus_client.
 
-Owns metric names, types and labels. Renders from the status view (a plain dict), so
-metrics and `silofs-ctl status` can never disagree. Never keeps counters of its own.
+Owns metric names, types and labels, and the optional TCP listener for scrapers. Most
+metrics are a custom collector over the status view (a plain dict), so metrics and
+`silofs-ctl status` can never disagree; process metrics come from prometheus_client's
+ProcessCollector; the one thing kept here is the fetch latency histogram (a status view
+has no distribution). Never keeps other counters, and never serves anything but
+GET /metrics on the TCP listener (the control API stays on the Unix socket).
 """
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable, Iterator
 from typing import Any
+
+import trio
+from prometheus_client import CollectorRegistry, Histogram, ProcessCollector, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from silofs.errors import UsageError
+
+log = logging.getLogger(__name__)
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 _DATASET = {
     "size": ("silofs_dataset_size_bytes", "gauge", "Bytes in the dataset listing"),
@@ -17,21 +34,21 @@ _DATASET = {
     ),
     "objects": ("silofs_dataset_objects", "gauge", "Objects in the dataset listing"),
     "cached_bytes": ("silofs_dataset_cached_bytes", "gauge", "Bytes cached for the dataset"),
-    "bytes_read": ("silofs_dataset_read_bytes_total", "counter", "Bytes read through mounts"),
-    "hit_bytes": ("silofs_dataset_hit_bytes_total", "counter", "Bytes served from cache"),
-    "remote_bytes": ("silofs_dataset_remote_bytes_total", "counter", "Bytes fetched remotely"),
+    "bytes_read": ("silofs_dataset_read_bytes", "counter", "Bytes read through mounts"),
+    "hit_bytes": ("silofs_dataset_hit_bytes", "counter", "Bytes served from cache"),
+    "remote_bytes": ("silofs_dataset_remote_bytes", "counter", "Bytes fetched remotely"),
     "corrupt_chunks": (
-        "silofs_dataset_corrupt_chunks_total",
+        "silofs_dataset_corrupt_chunks",
         "counter",
         "Cached chunks that failed verification",
     ),
     "store_errors": (
-        "silofs_dataset_store_errors_total",
+        "silofs_dataset_store_errors",
         "counter",
         "Store operations that failed after their retries (checks, listings, GETs)",
     ),
     "store_retries": (
-        "silofs_dataset_store_retries_total",
+        "silofs_dataset_store_retries",
         "counter",
         "Store operations retried after a retryable error",
     ),
@@ -52,8 +69,8 @@ _DATASET = {
     ),
 }
 _JOB = {
-    "bytes_read": ("silofs_job_read_bytes_total", "counter", "Bytes read by the job"),
-    "remote_bytes": ("silofs_job_remote_bytes_total", "counter", "Remote bytes of the job"),
+    "bytes_read": ("silofs_job_read_bytes", "counter", "Bytes read by the job"),
+    "remote_bytes": ("silofs_job_remote_bytes", "counter", "Remote bytes of the job"),
     "throughput": (
         "silofs_job_throughput_bytes_per_second",
         "gauge",
@@ -76,37 +93,151 @@ _JOB = {
     ),
     "hit_ratio": ("silofs_job_hit_ratio", "gauge", "Share of the job's bytes served from cache"),
     "limiter_wait_s": (
-        "silofs_job_limiter_wait_seconds_total",
+        "silofs_job_limiter_wait_seconds",
         "counter",
         "Time the job's fetches waited on its IO allocation",
     ),
 }
+_WRITER = {
+    "admitted_chunks": ("silofs_admitted_chunks", "Chunks admitted into the cache"),
+    "admitted_bytes": ("silofs_admitted_bytes", "Bytes admitted into the cache"),
+    "rejected_chunks": ("silofs_admission_rejected_chunks", "Offers refused: dataset over quota"),
+    "dropped_chunks": (
+        "silofs_admission_dropped_chunks",
+        "Offers dropped because the admission queue was full",
+    ),
+    "evicted_bytes": ("silofs_evicted_bytes", "Bytes evicted to enforce quotas"),
+    "map_full": ("silofs_lmdb_map_full", "Admission batches that hit LMDB's map size"),
+}
 
 
-def _esc(value: str) -> str:
-    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+def _family(name: str, kind: str, help_text: str, labels: list[str]) -> Metric:
+    if kind == "counter":
+        return CounterMetricFamily(name, help_text, labels=labels)
+    return GaugeMetricFamily(name, help_text, labels=labels)
 
 
-def _family(lines: list[str], rows: list[dict[str, Any]], spec: dict, label: str, key: str) -> None:
-    for field, (name, kind, help_text) in spec.items():
-        lines.append(f"# HELP {name} {help_text}")
-        lines.append(f"# TYPE {name} {kind}")
-        for row in rows:
-            value = row.get(field)
+class StatusCollector(Collector):
+    """Metric families computed from one status view per scrape."""
+
+    def __init__(self, status: Callable[[], dict[str, Any]]) -> None:
+        self.status = status
+
+    def collect(self) -> Iterator[Metric]:
+        status = self.status()
+        node = status["node"]
+        yield GaugeMetricFamily(
+            "silofs_cache_size_bytes", "Cache budget of the node", value=node["cache_size"]
+        )
+        yield GaugeMetricFamily(
+            "silofs_cached_bytes", "Bytes cached on the node", value=node["cached_bytes"]
+        )
+        for field, (name, help_text) in _WRITER.items():
+            value = node.get("writer", {}).get(field)
             if value is not None:
-                lines.append(f'{name}{{{label}="{_esc(str(row[key]))}"}} {value}')
+                yield CounterMetricFamily(name, help_text, value=value)
+        yield from self._rows(status["datasets"], _DATASET, "dataset", "uri")
+        yield from self._rows(status["jobs"], _JOB, "job", "name")
+
+    @staticmethod
+    def _rows(rows: list[dict], spec: dict, label: str, key: str) -> Iterator[Metric]:
+        for field, (name, kind, help_text) in spec.items():
+            family = _family(name, kind, help_text, [label])
+            for row in rows:
+                value = row.get(field)
+                if value is not None:
+                    family.add_metric([str(row[key])], value)
+            yield family
+
+
+class DaemonMetrics:
+    """The daemon's registry: the status collector, process metrics, fetch latency."""
+
+    def __init__(self, status: Callable[[], dict[str, Any]] | None = None) -> None:
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.fetch_seconds = Histogram(
+            "silofs_fetch_seconds",
+            "Time to fetch one chunk from the store (limiter wait included)",
+            ["dataset"],
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+            registry=self.registry,
+        )
+        ProcessCollector(registry=self.registry)
+        if status is not None:
+            self.watch(status)
+
+    def watch(self, status: Callable[[], dict[str, Any]]) -> None:
+        self.registry.register(StatusCollector(status))
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
 
 
 def render(status: dict[str, Any]) -> str:
-    node = status["node"]
-    lines = [
-        "# HELP silofs_cache_size_bytes Cache budget of the node",
-        "# TYPE silofs_cache_size_bytes gauge",
-        f"silofs_cache_size_bytes {node['cache_size']}",
-        "# HELP silofs_cached_bytes Bytes cached on the node",
-        "# TYPE silofs_cached_bytes gauge",
-        f"silofs_cached_bytes {node['cached_bytes']}",
-    ]
-    _family(lines, status["datasets"], _DATASET, "dataset", "uri")
-    _family(lines, status["jobs"], _JOB, "job", "name")
-    return "\n".join(lines) + "\n"
+    """The Prometheus text of one status view alone (no process metrics, no histogram)."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(StatusCollector(lambda: status))
+    return generate_latest(registry).decode()
+
+
+def parse_address(text: str) -> tuple[str, int]:
+    """HOST:PORT or :PORT or PORT (host: 127.0.0.1; scrapes stay local unless asked)."""
+    host, sep, port = text.rpartition(":")
+    if not sep:
+        host, port = "", text
+    host = host.strip("[]") or "127.0.0.1"
+    number = int(port) if port.isdigit() else -1
+    if not 0 < number < 65536:
+        raise UsageError(f"metrics_address must be HOST:PORT, like 127.0.0.1:9464, not {text!r}")
+    return host, number
+
+
+_MAX_REQUEST = 8192
+
+
+async def serve_tcp(
+    address: str,
+    render: Callable[[], bytes],
+    task_status: trio.TaskStatus = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """GET /metrics over TCP for Prometheus; anything else is 404. One request per
+    connection; rendering runs in the trio loop, where the state it reads lives."""
+    host, port = parse_address(address)
+
+    async def handle(stream: trio.SocketStream) -> None:
+        async with stream:
+            data = b""
+            with trio.move_on_after(10):
+                while b"\r\n\r\n" not in data and len(data) < _MAX_REQUEST:
+                    chunk = await stream.receive_some(4096)
+                    if not chunk:
+                        return
+                    data += chunk
+            line = data.split(b"\r\n", 1)[0].split()
+            if (
+                len(line) >= 2
+                and line[0] in (b"GET", b"HEAD")
+                and line[1]
+                in (
+                    b"/metrics",
+                    b"/",
+                )
+            ):
+                body, status = render(), b"200 OK"
+                ctype = CONTENT_TYPE.encode()
+            else:
+                body, status, ctype = b"not found: try /metrics\n", b"404 Not Found", b"text/plain"
+            head = (
+                b"HTTP/1.1 " + status + b"\r\nContent-Type: " + ctype
+                + b"\r\nContent-Length: " + str(len(body)).encode()
+                + b"\r\nConnection: close\r\n\r\n"
+            )  # fmt: skip
+            try:
+                await stream.send_all(head + (body if line[:1] != [b"HEAD"] else b""))
+            except trio.BrokenResourceError:
+                pass
+
+    listeners = await trio.open_tcp_listeners(port, host=host)
+    log.info("metrics on http://%s:%d/metrics", host, port)
+    task_status.started()
+    await trio.serve_listeners(handle, listeners)

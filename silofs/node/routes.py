@@ -637,11 +637,9 @@ def build_router(d: Daemon) -> Router:
         return json_response({"chunk": outcome})
 
     async def metrics(req: Request) -> Response:
-        from silofs.node.metrics import render
+        from silofs.node.metrics import CONTENT_TYPE
 
-        return Response(
-            200, render(status_view(d)).encode(), "text/plain; version=0.0.4; charset=utf-8"
-        )
+        return Response(200, d.metrics.render(), CONTENT_TYPE)
 
     r.add("GET", "/v1/status", status)
     r.add("POST", "/v1/datasets", open_dataset)

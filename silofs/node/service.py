@@ -24,7 +24,8 @@ from silofs.config import NodeSettings
 from silofs.control.peer import peer_may_change
 from silofs.control.server import ConnectionLimits, bind_unix, serve_unix
 from silofs.node.daemon import Daemon
-from silofs.node.routes import body_limit, build_router
+from silofs.node.metrics import serve_tcp
+from silofs.node.routes import body_limit, build_router, status_view
 from silofs.node.supervise import run_forever
 from silofs.units import format_size
 
@@ -35,6 +36,7 @@ async def serve(daemon: Daemon, task_status: trio.TaskStatus = trio.TASK_STATUS_
     """Run the daemon until SIGTERM/SIGINT; task_status.started() once it answers."""
     settings = daemon.settings
     router = build_router(daemon)
+    daemon.metrics.watch(lambda: status_view(daemon))
     for job in daemon.io_allocations:
         daemon.job(job)  # persisted allocations are listed before their jobs mount
     # Bound before any task starts: a busy socket is one AddressInUseError, not a failure
@@ -68,6 +70,8 @@ async def serve(daemon: Daemon, task_status: trio.TaskStatus = trio.TASK_STATUS_
                     task_status=task_status,
                 )
             )
+            if settings.metrics_address:
+                await nursery.start(serve_tcp, settings.metrics_address, daemon.metrics.render)
             log.info(
                 "silofs %s daemon ready: socket %s, cache %s (%s)",
                 __version__,
