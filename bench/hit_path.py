@@ -61,7 +61,7 @@ def main() -> None:
                 t0 = time.perf_counter()
                 for _ in range(args.iterations):
                     reader.renew()
-                    data, hit = await reader.chunk(f, 0)
+                    data, hit, _source = await reader.chunk(f, 0)
                     assert hit
                 figures.append((time.perf_counter() - t0) / args.iterations * 1e6)
             return figures

@@ -31,6 +31,11 @@ class MountCounters:
     hits: int = 0
     misses: int = 0
     corrupt_chunks: int = 0
+    # Where the bytes came from, apart from LMDB: the mount's own chunk buffer (a chunk
+    # it fetched for an earlier kernel request), and chunks the daemon had to GET from
+    # the store for this read. Served from the cache = bytes_read - buffer - store.
+    buffer_bytes: int = 0
+    store_bytes: int = 0
 
     def minus(self, other: MountCounters) -> MountCounters:
         return MountCounters(

@@ -12,6 +12,7 @@ import logging
 import click
 
 from .controller_cmd import controller
+from .forget_cmd import forget
 from .node_cmds import admission, allocate_cache, allocate_io, refresh, status
 from .simulate_cmd import simulate_cmd
 
@@ -34,3 +35,4 @@ main.add_command(allocate_cache)
 main.add_command(allocate_io)
 main.add_command(admission)
 main.add_command(refresh)
+main.add_command(forget)

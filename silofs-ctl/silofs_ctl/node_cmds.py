@@ -54,6 +54,13 @@ def render_status(s: dict) -> str:
         f"node: cache {format_size(node['cached_bytes'])} of "
         f"{format_size(node['cache_size'])} in {node['cache_dir']}"
     ]
+    if "started_by" in node:
+        idle = node.get("idle_exit_seconds")
+        out.append(
+            f"daemon: pid {node['pid']}, started by {node['started_by']} "
+            f"(uid {node.get('started_by_uid')})"
+            + (f", exits {idle:g}s after its last mount" if idle else "")
+        )
     ds_rows = [
         [
             d["name"],
@@ -75,6 +82,20 @@ def render_status(s: dict) -> str:
             ["name", "uri", "size", "objects", "cached", "allocation", "admission", "hit ratio"],
         ),
     ]
+    for d in s["datasets"]:
+        if d.get("state") == "error" or d.get("error"):
+            out.append(f"  {d['name']}: error: {d.get('error') or 'unknown'}")
+        elif d.get("state") not in (None, "ready"):
+            out.append(f"  {d['name']}: {d['state']}")
+        for key in ("fetch_errors", "store_errors", "store_retries"):
+            if d.get(key):
+                out.append(f"  {d['name']}: {key.replace('_', ' ')}: {d[key]}")
+        w = d.get("warm")
+        if w:
+            out.append(
+                f"  {d['name']}: warm {w['state']}, {format_size(w['done_bytes'])} of "
+                f"{format_size(w['target_bytes'])} (job {w['job']})"
+            )
     job_rows = [
         [
             j["name"],
@@ -110,8 +131,11 @@ def render_status(s: dict) -> str:
             m["job"],
             m["mountpoint"],
             format_size(m["bytes_read"]),
-            str(m["hits"]),
-            str(m["misses"]),
+            *(
+                format_size(m.get("served_bytes", {}).get(k, 0))
+                for k in ("cache", "buffer", "store")
+            ),
+            _pct(m["hit_ratio"]),
             format_size(m["remote_bytes"]),
         ]
         for m in s["mounts"]
@@ -119,8 +143,22 @@ def render_status(s: dict) -> str:
     out += [
         "",
         "mounts:",
-        _table(m_rows, ["job", "mountpoint", "read", "hits", "misses", "remote"]),
+        _table(
+            m_rows,
+            [
+                "job",
+                "mountpoint",
+                "read",
+                "from cache",
+                "from buffer",
+                "from store",
+                "hit ratio",
+                "remote",
+            ],
+        ),  # fmt: skip
     ]
+    if note := node.get("note"):
+        out += ["", f"note: {note}"]
     return "\n".join(out)
 
 

@@ -372,6 +372,11 @@ class CacheStore:
                 for k, v in txn.cursor(db=self.db(b"usage"))
             }
 
+    def usage_of(self, txn: lmdb.Transaction, dsid: int) -> Usage:
+        """One dataset's usage row, in the caller's txn (a mount's statfs)."""
+        row = txn.get(_ID.pack(dsid), db=self.db(b"usage"))
+        return Usage(*_USAGE.unpack(row)) if row is not None else Usage()
+
     def _put_usage(self, txn: lmdb.Transaction, dsid: int, u: Usage) -> None:
         txn.put(_ID.pack(dsid), _USAGE.pack(u.bytes, u.chunks), db=self.db(b"usage"))
 

@@ -17,6 +17,7 @@ import stat
 from collections import OrderedDict
 from dataclasses import dataclass
 
+import lmdb
 import pyfuse3
 
 from silofs.cache.listing import ListingReader
@@ -148,8 +149,16 @@ class SilofsFS(pyfuse3.Operations):
         m = self.manifest
         s = pyfuse3.StatvfsData()
         s.f_bsize = s.f_frsize = 4096
-        s.f_blocks = int(m.record.get("blocks", -(-m.total_bytes // 4096)))
-        s.f_bfree = s.f_bavail = 0
+        blocks = int(m.record.get("blocks", -(-m.total_bytes // 4096)))
+        # df shows the dataset as the local cache holds it: Size is the dataset, Used what
+        # is cached, Avail what is not (yet). Nothing can be written either way; 0 free
+        # made every mount look 100% full.
+        try:
+            used = min(blocks, -(-self.reader.cached_bytes() // 4096))
+        except lmdb.Error:
+            used = 0
+        s.f_blocks = blocks
+        s.f_bfree = s.f_bavail = blocks - used
         s.f_files = m.inode_count
         s.f_ffree = s.f_favail = 0
         s.f_namemax = 1024
@@ -253,8 +262,9 @@ class SilofsFS(pyfuse3.Operations):
         try:
             if first == last:
                 lo, hi = off - first * cs, end - first * cs
-                data, hit = await r.chunk(f, first, lo, hi)  # verifies [lo, hi) of a hit
-                self._count(end - off, hit)
+                # verifies [lo, hi) of a hit
+                data, hit, source = await r.chunk(f, first, lo, hi)
+                self._count(end - off, hit, source)
                 if sequential and f.obj.size > cs:
                     r.prefetch(f, first)
                 return memoryview(data)[lo:hi]
@@ -271,16 +281,20 @@ class SilofsFS(pyfuse3.Operations):
         for index in range(first, last + 1):
             lo = max(off, index * cs) - index * cs
             hi = min(end, (index + 1) * cs) - index * cs
-            data, hit = await self.reader.chunk(f, index, lo, hi)
+            data, hit, source = await self.reader.chunk(f, index, lo, hi)
             parts.append(bytes(data[lo:hi]))
-            self._count(hi - lo, hit)
+            self._count(hi - lo, hit, source)
         if sequential:
             self.reader.prefetch(f, last)
         return b"".join(parts)
 
-    def _count(self, n: int, hit: bool) -> None:
+    def _count(self, n: int, hit: bool, source: str) -> None:
         c = self.reader.counters
         c.bytes_read += n
+        if source == "buffer":
+            c.buffer_bytes += n
+        elif source == "store":
+            c.store_bytes += n
         if hit:
             c.hits += 1
             c.hit_bytes += n

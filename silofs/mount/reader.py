@@ -176,6 +176,12 @@ class ChunkReader:
         assert self._txn is not None
         return self._txn
 
+    def cached_bytes(self) -> int:
+        """Bytes the cache holds for this mount's dataset (its usage row), read in a
+        short txn of its own: statfs must not renew or pin the reads' snapshot."""
+        with self.store.read_txn() as txn:
+            return self.store.usage_of(txn, self.dataset_id).bytes
+
     def _from_lmdb(self, ref: ChunkRef, lo: int, hi: int) -> memoryview | None:
         """The cached chunk with [lo, hi) verified, or None if absent.
         ChunkFormatError if it is corrupt (or of an older format)."""
@@ -190,28 +196,32 @@ class ChunkReader:
     # -- one chunk, any source -------------------------------------------------------
     async def chunk(
         self, f: OpenFile, index: int, lo: int = 0, hi: int | None = None
-    ) -> tuple[memoryview | bytes, bool]:
-        """(data, hit): the whole chunk from LMDB (hit), this mount's buffer, or the
-        daemon. Of an LMDB hit only [lo, hi) (chunk offsets; default all) is verified,
-        so the caller serves only that part of it."""
+    ) -> tuple[memoryview | bytes, bool, str]:
+        """(data, hit, source): the whole chunk from LMDB (hit, "cache"), this mount's
+        buffer ("buffer"; a hit if the daemon had it cached), or the daemon ("cache" if it
+        found the chunk cached, "store" if it had to GET it). Of an LMDB hit only [lo, hi)
+        (chunk offsets; default all) is verified, so the caller serves only that part."""
         ref = ChunkRef.of(f.obj, self.chunk_size, index)
         try:
             view = self._from_lmdb(ref, lo, ref.length if hi is None else hi)
         except ChunkFormatError:
-            return await self._miss(ref, refetch=True)
+            data, from_cache = await self._miss(ref, refetch=True)
+            return data, from_cache, "cache" if from_cache else "store"
         except lmdb.Error as exc:
             # LMDB has no checksums of its own pages: a damaged B-tree page can make a
             # lookup fail. A miss, like a damaged value; never an exception out of read().
             self.counters.corrupt_chunks += 1
             log.warning("cache lookup of chunk %d of %s failed: %s", index, f.obj.key, exc)
-            return await self._miss(ref, refetch=True)
+            data, from_cache = await self._miss(ref, refetch=True)
+            return data, from_cache, "cache" if from_cache else "store"
         if view is not None:
             if self.track_hits and len(self.touched) < 65536:
                 self.touched.append(ref.key)
-            return view, True  # no await between the get and the reply
+            return view, True, "cache"  # no await between the get and the reply
         if (item := self.buffer.get(ref.key)) is not None:
-            return item
-        return await self._miss(ref, refetch=False)
+            return item[0], item[1], "buffer"
+        data, from_cache = await self._miss(ref, refetch=False)
+        return data, from_cache, "cache" if from_cache else "store"
 
     async def _miss(self, ref: ChunkRef, refetch: bool) -> tuple[bytes, bool]:
         async def ask() -> tuple[bytes, bool]:

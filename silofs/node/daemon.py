@@ -194,6 +194,43 @@ class Daemon:
             await self.writer.call(self.writer.lru.forget, ds.id)
         log.info("admission mode of %s: %s", uri, mode)
 
+    async def forget_dataset(self, ds: DatasetState) -> None:
+        """Drop a dataset's row, cache allocation and admission mode (`silofs-ctl forget`).
+        Its cached chunks and saved listing stay: a later mount reuses them, and they
+        count in the shared pool until evicted. Refused while something uses it."""
+        self._check_unused(ds=ds)
+        uri = ds.uri.canonical
+        if uri in self.allocations:
+            await self.set_cache_allocation(uri, None)
+        if uri in self.modes:
+            await self.writer.call(self.store.put_meta, f"mode:{uri}", None)
+            self.modes.pop(uri, None)
+        self.datasets.pop(ds.id, None)
+        self.warms.pop(ds.id, None)
+        for job in self.jobs.values():
+            for per_dataset in (job.dataset_bytes, job.epochs, job.epoch_cached):
+                per_dataset.pop(ds.id, None)
+        log.info("forgot dataset %s", uri)
+
+    async def forget_job(self, name: str) -> None:
+        """Drop a job's row and its remote IO allocation (a mistyped allocate-io)."""
+        self._check_unused(job=name)
+        if name in self.io_allocations:
+            await self.writer.call(self.store.put_meta, f"io:{name}", None)
+            self.io_allocations.pop(name, None)
+        self.jobs.pop(name, None)
+        log.info("forgot job %s", name)
+
+    def _check_unused(self, ds: DatasetState | None = None, job: str | None = None) -> None:
+        for m in self.mounts.values():
+            if (ds is not None and m.dsid == ds.id) or m.job == job:
+                raise UsageError(f"{m.mountpoint} still uses it: unmount it first")
+        for dsid, w in self.warms.items():
+            if w.state == "running" and ((ds is not None and dsid == ds.id) or w.job == job):
+                raise UsageError("a warm is running for it: stop it first")
+        if ds is not None and ds.state in ("checking", "listing"):
+            raise UsageError(f"{ds.uri.canonical} is being listed: try again when it is done")
+
     async def enforce_loop(self) -> None:
         """Shrink datasets that hold more than their quota (promise 1). Eviction runs in
         small txns in the writer thread, so reads never pause."""

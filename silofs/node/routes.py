@@ -46,6 +46,22 @@ _MOUNT_ID = re.compile(r"[0-9a-f]{8,32}")  # a mount process chooses its own id
 _IDLE_JOBS_KEPT = 1024
 
 
+_NEWER_COUNTERS = {"buffer_bytes", "store_bytes"}
+PAGE_CACHE_NOTE = (
+    "reads the kernel page cache serves never reach silofs and are not counted; "
+    "bytes from a mount's chunk buffer are hits only if the daemon had the chunk cached"
+)
+
+
+def _served(r: MountCounters) -> dict[str, int]:
+    """Bytes read by where they came from (disjoint; they add up to bytes_read)."""
+    return {
+        "cache": max(0, r.bytes_read - r.buffer_bytes - r.store_bytes),
+        "buffer": r.buffer_bytes,
+        "store": r.store_bytes,
+    }
+
+
 def _ratio(hit: int, total: int) -> float:
     return hit / total if total else 0.0
 
@@ -102,6 +118,7 @@ def dataset_view(d: Daemon, ds: DatasetState) -> dict[str, Any]:
         "bytes_read": ds.reads.bytes_read,
         "hit_bytes": ds.reads.hit_bytes,
         "hit_ratio": _ratio(ds.reads.hit_bytes, ds.reads.bytes_read),
+        "served_bytes": _served(ds.reads),
         "remote_bytes": ds.fetch.remote_bytes,
         "remote_gets": ds.fetch.remote_gets,
         "corrupt_chunks": ds.fetch.corrupt_chunks + ds.reads.corrupt_chunks,
@@ -152,6 +169,7 @@ def mount_view(d: Daemon, m: MountState) -> dict[str, Any]:
         "misses": r.misses,
         "hit_bytes": r.hit_bytes,
         "hit_ratio": _ratio(r.hit_bytes, r.bytes_read),
+        "served_bytes": _served(r),
         "remote_bytes": m.fetch.remote_bytes,
         "remote_gets": m.fetch.remote_gets,
         "corrupt_chunks": r.corrupt_chunks,
@@ -174,6 +192,7 @@ def status_view(d: Daemon) -> dict[str, Any]:
             "parent_pid": d.origin.get("parent_pid"),
             "idle_exit_seconds": d.origin.get("idle_exit_seconds"),
             "credentials_env": d.credentials,
+            "note": PAGE_CACHE_NOTE,
             "writer": vars(w).copy(),
         },
         "datasets": [dataset_view(d, ds) for ds in d.datasets.values()],
@@ -584,7 +603,14 @@ def build_router(d: Daemon) -> Router:
     async def mount_stats(req: Request, mount_id: str) -> Response:
         m = _mount(d, req, mount_id)
         body = req.json()
-        counters = MountCounters(**{k: _field(body, k, int) for k in vars(MountCounters())})
+        # buffer_bytes and store_bytes are newer than the rest: a mount started before
+        # the daemon was upgraded does not send them.
+        counters = MountCounters(
+            **{
+                k: _field(body, k, int, required=k not in _NEWER_COUNTERS) or 0
+                for k in vars(MountCounters())
+            }
+        )
         _field(body, "epoch", int, required=False)  # sent by older mounts; the daemon counts
         touched = body.get("touched") or []
         if not isinstance(touched, list) or len(touched) > 65536:
@@ -651,6 +677,7 @@ def build_router(d: Daemon) -> Router:
     r.add("PUT", "/v1/mounts/{mount_id}/offer", offer)
     r.add("GET", "/metrics", metrics)
     _warm_routes(r, d)
+    _forget_routes(r, d)
     return r
 
 
@@ -719,3 +746,29 @@ def _warm_routes(r: Router, d: Daemon) -> None:
     r.add("POST", "/v1/datasets/{name}/warm", start)
     r.add("GET", "/v1/datasets/{name}/warm", get)
     r.add("DELETE", "/v1/datasets/{name}/warm", cancel)
+
+
+# -- forget (silofs-ctl forget) ---------------------------------------------------------
+def _forget_routes(r: Router, d: Daemon) -> None:
+    async def forget_dataset(req: Request, name: str) -> Response:
+        _require_admin(d, req)
+        ds = _dataset(d, name)
+        try:
+            await d.forget_dataset(ds)
+        except UsageError as exc:
+            raise HTTPError(409, str(exc)) from None
+        return json_response({"forgot": "dataset", "dataset": ds.uri.canonical})
+
+    async def forget_job(req: Request, job: str) -> Response:
+        _require_admin(d, req)
+        job = _job_name(job)
+        if job not in d.jobs and job not in d.io_allocations:
+            raise HTTPError(404, f"no job {job!r} on this node")
+        try:
+            await d.forget_job(job)
+        except UsageError as exc:
+            raise HTTPError(409, str(exc)) from None
+        return json_response({"forgot": "job", "job": job})
+
+    r.add("DELETE", "/v1/datasets/{name}", forget_dataset)
+    r.add("DELETE", "/v1/jobs/{job}", forget_job)

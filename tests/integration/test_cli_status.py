@@ -1,0 +1,113 @@
+"""Status that explains itself: where bytes came from, the page-cache note, dataset
+errors, `silofs-ctl forget`, and df on a mount."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from urllib.parse import quote
+
+import pytest
+
+from .conftest import Node, drop_file_cache, needs_fuse, wait_for
+
+pytestmark = [needs_fuse, pytest.mark.fuse]
+
+
+def ctl(node: Node, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "silofs_ctl", *args, "--socket", node.socket],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=node.env,
+    )
+
+
+def read_all(mp: Path, names: list[str]) -> int:
+    total = 0
+    for name in names:
+        with open(mp / name, "rb") as f:
+            while chunk := f.read(256 << 10):
+                total += len(chunk)
+        drop_file_cache(mp / name)
+    return total
+
+
+def test_served_bytes_df_and_the_note(
+    make_node, local_store, bucket_name, tmp_path: Path, monkeypatch
+) -> None:
+    local_store.apply_env(monkeypatch)
+    objects = {"big.bin": os.urandom(3 << 20), "small.bin": os.urandom(100_000)}
+    size = sum(map(len, objects.values()))
+    local_store.create(bucket_name, objects)
+    node: Node = make_node()
+    uri = local_store.uri(bucket_name)
+    mp = node.mount(uri, tmp_path / "mnt", "--job", "train")
+    st = os.statvfs(mp)
+    assert st.f_blocks * st.f_frsize >= size and st.f_bfree == st.f_blocks  # nothing cached
+
+    assert read_all(mp, list(objects)) == size
+    m = node.settle(str(mp), size)
+    served = m["served_bytes"]
+    assert sum(served.values()) == m["bytes_read"] == size
+    # The first pass came from the store; the 3 MiB object's later kernel requests were
+    # served from the chunk the mount had just fetched (its buffer).
+    assert (
+        served["store"] > 0 and served["buffer"] > 0 and served["store"] + served["buffer"] == size
+    )
+
+    wait_for(lambda: node.status()["datasets"][0]["cached_bytes"] == size, what="admission")
+    read_all(mp, list(objects))
+    m = node.settle(str(mp), 2 * size)
+    assert m["served_bytes"]["cache"] == size  # second pass: all from the cache
+    st = os.statvfs(mp)
+    used = (st.f_blocks - st.f_bfree) * st.f_frsize
+    assert size <= used < size + 2 * 4096 and st.f_bfree < st.f_blocks  # df: cached = used
+
+    res = ctl(node, "status")
+    assert res.returncode == 0, res.stderr
+    assert "from cache" in res.stdout and "from store" in res.stdout
+    assert "kernel page cache" in res.stdout
+    assert "started by manual" in res.stdout
+
+
+def test_dataset_errors_show_and_forget_removes_rows(
+    make_node, local_store, bucket_name, tmp_path: Path, monkeypatch
+) -> None:
+    local_store.apply_env(monkeypatch)
+    local_store.create(bucket_name, {"a.txt": b"1"})
+    node: Node = make_node()
+    uri = local_store.uri(bucket_name)
+    broken = str(tmp_path / "empty-dir")
+    os.mkdir(broken)
+    mp0 = tmp_path / "m0"
+    mp0.mkdir()
+    node.mountpoints.append(str(mp0))
+    assert node.run("mount", broken, str(mp0)).returncode != 0
+    res = ctl(node, "status")
+    assert "empty-dir: error: " in res.stdout and "has no objects" in res.stdout, res.stdout
+    res = ctl(node, "forget", f"file://{broken}/")
+    assert res.returncode == 0 and res.stdout.strip() == f"forgot dataset file://{broken}/"
+    assert all(d["uri"] != f"file://{broken}/" for d in node.status()["datasets"])
+
+    # A mistyped job allocation, then forgotten.
+    assert ctl(node, "allocate-io", "trian", "10MB/s").returncode == 0
+    assert "trian" in node.request("GET", "/v1/allocations")["io"]
+    res = ctl(node, "forget", "trian")
+    assert res.returncode == 0 and res.stdout.strip() == "forgot job trian", res
+    assert "trian" not in node.request("GET", "/v1/allocations")["io"]
+    assert all(j["name"] != "trian" for j in node.status()["jobs"])
+
+    # Not while mounted; a dataset allocation goes with its row.
+    node.request("PUT", f"/v1/datasets/{quote(uri, safe='')}/cache", {"bytes": "1M"})
+    mp = node.mount(uri, tmp_path / "mnt", "--job", "train")
+    res = ctl(node, "forget", "train")
+    assert res.returncode != 0 and f"{mp} still uses it" in res.stderr
+    assert node.run("unmount", str(mp)).returncode == 0
+    assert ctl(node, "forget", uri).returncode == 0
+    assert uri not in node.request("GET", "/v1/allocations")["cache"]
+    res = ctl(node, "forget", "no-such-thing")
+    assert res.returncode != 0 and "no dataset or job named 'no-such-thing'" in res.stderr
