@@ -515,6 +515,11 @@ def _ttl(_ctx: click.Context, _param: click.Parameter, value: str) -> float | No
     is_flag=True,
     help="Anonymous access to a public bucket (unsigned S3 requests; anonymous GCS/Azure).",
 )
+@click.option(
+    "--azure-identity",
+    is_flag=True,
+    help="az:// with Entra ID: managed or workload identity, az login (DefaultAzureCredential).",
+)
 @click.option("--debug", is_flag=True, help="Debug logging (same as --log-level debug).")
 @click.option(
     "--log-file",
@@ -551,6 +556,7 @@ def mount(
     profile: str | None,
     requester_pays: bool,
     no_sign_request: bool,
+    azure_identity: bool,
     debug: bool,
     log_file: str | None,
     log_format: str,
@@ -579,7 +585,9 @@ def mount(
         raise UsageError("--chunk-size must be between 64KiB and 64MiB")
     if allow_other and allow_root:
         raise UsageError("--allow-other already lets root read: drop --allow-root")
-    store_options = _store_options(parsed.scheme, region, profile, requester_pays, no_sign_request)
+    store_options = _store_options(
+        parsed.scheme, region, profile, requester_pays, no_sign_request, azure_identity
+    )
     if debug:
         log_level = "debug"
     _ensure_daemon(DaemonWish(socket, cache_dir, cache_size, endpoint_url, idle_exit))
@@ -617,6 +625,7 @@ def _store_options(
     profile: str | None,
     requester_pays: bool,
     no_sign_request: bool,
+    azure_identity: bool = False,
 ) -> dict[str, str]:
     """Per-dataset store options from flags (config.STORE_OPTIONS), checked for the store."""
     options: dict[str, str] = {}
@@ -636,6 +645,12 @@ def _store_options(
         if profile:
             raise UsageError("--no-sign-request sends no credentials: drop --profile")
         options["anonymous"] = "true"
+    if azure_identity:
+        if scheme != "az":
+            raise UsageError(f"--azure-identity is for az:// datasets, not {scheme}://")
+        if no_sign_request:
+            raise UsageError("--no-sign-request sends no credentials: drop --azure-identity")
+        options["credential"] = "default"
     return options
 
 

@@ -49,6 +49,7 @@ FLAG_OPTIONS = {
     "refresh",
     "requester_pays",
     "no_sign_request",
+    "azure_identity",
     "debug",
 }
 # Options for mount(8), systemd or the kernel that mean nothing more to silofs, which is

@@ -124,7 +124,7 @@ class MountSettings:
 
 # Store options a mount may set for its dataset (POST /v1/datasets "options"); they go
 # into the backend's BackendOptions.extra for that dataset only.
-STORE_OPTIONS = ("region", "profile", "requester_pays", "anonymous")
+STORE_OPTIONS = ("region", "profile", "requester_pays", "anonymous", "credential")
 
 _LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 _SIZE_KEYS = {"cache_size", "chunk_size", "writer_batch_bytes", "admission_queue_bytes"}

@@ -82,3 +82,5 @@ def test_store_flags_are_checked_against_the_store(tmp_path: Path) -> None:
     assert_one_line_error(res, "--region is for s3://")
     res = run("mount", "s3://b/", str(tmp_path), "--no-sign-request", "--profile", "x")
     assert_one_line_error(res, "drop --profile")
+    res = run("mount", "s3://b/", str(tmp_path), "--azure-identity")
+    assert_one_line_error(res, "--azure-identity is for az://")

@@ -27,7 +27,7 @@ from urllib.parse import urlsplit
 import requests
 from azure.core import MatchConditions
 from azure.core import exceptions as ax
-from azure.core.credentials import AzureNamedKeyCredential, AzureSasCredential
+from azure.core.credentials import AzureNamedKeyCredential, AzureSasCredential, TokenCredential
 
 from silofs.errors import (
     AccessDeniedError,
@@ -80,7 +80,7 @@ class AzureAuth:
     """Where to connect and with what; resolved without I/O."""
 
     account_url: str
-    credential: AzureNamedKeyCredential | AzureSasCredential | None
+    credential: AzureNamedKeyCredential | AzureSasCredential | TokenCredential | None
     source: str  # e.g. "account key from AZURE_STORAGE_KEY", for error messages
     anonymous: bool = False
 
@@ -179,7 +179,46 @@ def resolve_auth(uri: DatasetURI, opts: BackendOptions) -> AzureAuth:
         sas = settings["sas_token"].lstrip("?")
         return AzureAuth(url, AzureSasCredential(sas), f"SAS token from {origin}")
     anonymous = opts.extra.get("anonymous", "").lower() in ("1", "true", "yes")
+    if not anonymous and _wants_identity(opts):
+        return AzureAuth(url, _default_credential(), _IDENTITY_SOURCE)
     return AzureAuth(url, None, "anonymous access" if anonymous else "none", anonymous)
+
+
+_IDENTITY_SOURCE = (
+    "azure-identity's DefaultAzureCredential (workload identity, AZURE_CLIENT_* service "
+    "principal, managed identity, az login)"
+)
+
+
+def _wants_identity(opts: BackendOptions) -> bool:
+    """Use Entra ID (DefaultAzureCredential) when asked for (`credential = "default"`,
+    `silofs mount --azure-identity`) or when the environment clearly sets it up: AKS
+    workload identity's token file, or a service principal. Not by default otherwise:
+    on a machine without a managed identity it spends seconds probing IMDS before the
+    "no credentials" answer."""
+    if opts.extra.get("credential", "").lower() in ("default", "identity"):
+        return True
+    env = os.environ
+    return bool(
+        env.get("AZURE_FEDERATED_TOKEN_FILE")
+        or (
+            env.get("AZURE_CLIENT_ID")
+            and env.get("AZURE_TENANT_ID")
+            and env.get("AZURE_CLIENT_SECRET")
+        )
+    )
+
+
+def _default_credential() -> TokenCredential:
+    try:
+        from azure.identity import DefaultAzureCredential
+    except ImportError:
+        raise UsageError(
+            "Azure identity (DefaultAzureCredential) needs the azure-identity package: "
+            "pip install azure-identity"
+        ) from None
+    # Constructing it does no I/O; tokens are fetched on the first request.
+    return DefaultAzureCredential(exclude_interactive_browser_credential=True)
 
 
 def _reason(exc: BaseException) -> str:
