@@ -297,6 +297,9 @@ class DaemonWish:
     cache_size: int | None = None
     endpoint_url: str | None = None
     idle_exit: float = AUTO_IDLE_EXIT
+    # The mount names its own credentials (--profile, --no-sign-request, ...): the
+    # daemon's environment does not decide them.
+    own_credentials: bool = False
 
 
 def _start_daemon(wish: DaemonWish) -> None:
@@ -375,7 +378,7 @@ def _check_daemon_fits(wish: DaemonWish, node: dict) -> None:
             f"{format_size(wish.cache_size)} would be ignored: {remedy} or drop the flag"
         )
     theirs = node.get("credentials_env")
-    if theirs is None:  # an older daemon does not say
+    if theirs is None or wish.own_credentials:  # an older daemon does not say
         return
     ours = credential_fingerprint(os.environ)
     differ = sorted(k for k in set(ours) | set(theirs) if ours.get(k) != theirs.get(k))
@@ -385,7 +388,8 @@ def _check_daemon_fits(wish: DaemonWish, node: dict) -> None:
     if node.get("started_by") == "auto" and node.get("started_by_uid") == os.getuid():
         raise UsageError(
             f"the running daemon reads store credentials from its own environment, which "
-            f"differs from yours in {names}: {remedy} and mount again to use yours"
+            f"differs from yours in {names}: {remedy} and mount again to use yours "
+            "(or name them for this mount: --profile, --no-sign-request, --azure-identity)"
         )
     click.echo(
         f"silofs: note: the daemon ({node.get('started_by', 'manual')}) uses its own "
@@ -590,7 +594,8 @@ def mount(
     )
     if debug:
         log_level = "debug"
-    _ensure_daemon(DaemonWish(socket, cache_dir, cache_size, endpoint_url, idle_exit))
+    own = bool({"profile", "anonymous", "credential"} & store_options.keys())
+    _ensure_daemon(DaemonWish(socket, cache_dir, cache_size, endpoint_url, idle_exit, own))
     ds = _wait_listing(socket, canonical, refresh, endpoint_url, list_in_background, store_options)
     settings = MountSettings(
         uri=canonical,

@@ -120,6 +120,8 @@ class Daemon:
         self.origin: dict[str, object] = {}
         self.credentials = credential_fingerprint(os.environ)
         self.warms: dict[int, WarmState] = {}  # dataset id -> its latest warm
+        # monotonic time of the last open, mount, unmount or warm: idle exit counts from it
+        self.last_used = time.monotonic()
         self.metrics = DaemonMetrics()  # service.serve adds the status collector
         if settings.metrics_address:
             parse_address(settings.metrics_address)  # a bad one stops the start
@@ -243,7 +245,9 @@ class Daemon:
                 await self.writer.shrink(dsid, target, lru=dsid in policy.lru)
 
     def busy(self) -> bool:
-        """Something still needs the daemon: a mount, a listing in progress, a warm."""
+        """Something still needs the daemon: a mount, a listing in progress, a warm.
+        (A dataset opened but not mounted yet counts through last_used: `silofs mount`
+        starts its mount process only after the listing is ready.)"""
         return (
             bool(self.mounts)
             or any(ds.state in ("checking", "listing") for ds in self.datasets.values())
@@ -303,6 +307,7 @@ class Daemon:
         mounts use it is a UsageError (one backend per dataset)."""
         uri = parse_uri(uri_text)
         options = dict(options or {})
+        self.last_used = time.monotonic()
         dsid = await self.writer.call(lambda: self.store.dataset_id(uri.canonical, create=True))
         assert dsid is not None
         ds = self.datasets.get(dsid)
@@ -367,6 +372,7 @@ class Daemon:
                 record = await self._list(ds)
             ds.record = record
             ds.state = "ready"
+            self.last_used = time.monotonic()
         except BackendError as exc:
             ds.state, ds.error = "error", str(exc)
             ds.prepare_errors += 1
@@ -495,6 +501,7 @@ class Daemon:
         if ds.state != "ready" and not listing:
             raise UsageError(f"dataset {ds.uri.canonical} is not ready ({ds.state})")
         cs = chunk_size or self.settings.chunk_size
+        self.last_used = time.monotonic()
         known = self.mounts.get(mount_id) if mount_id else None
         if known is not None:
             if (known.uid, known.dsid, known.job) != (uid, ds.id, job):
@@ -513,6 +520,7 @@ class Daemon:
 
     def unregister_mount(self, mount_id: str) -> None:
         m = self.mounts.pop(mount_id, None)
+        self.last_used = time.monotonic()
         if m is not None:
             log.info("mount %s at %s is gone", m.id, m.mountpoint)
 

@@ -146,7 +146,7 @@ async def idle_exit(daemon: Daemon, stop: trio.Event, seconds: float) -> None:
         now = time.monotonic()
         if daemon.busy():
             idle_since = now
-        elif now - idle_since >= seconds:
+        elif now - max(idle_since, daemon.last_used) >= seconds:
             log.info("nothing used the daemon for %.0fs (idle_exit_seconds): exiting", seconds)
             stop.set()
 

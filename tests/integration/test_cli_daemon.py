@@ -38,14 +38,14 @@ def test_an_auto_started_daemon_exits_after_its_last_mount(auto, tmp_path: Path)
     node, uri = auto
     mp = node.mount(
         uri, tmp_path / "mnt", "--cache-dir", node.cache_dir, "--cache-size", "32M",
-        "--idle-exit", "1",
+        "--idle-exit", "2",
     )  # fmt: skip
     status = node.status()["node"]
     pid = status["pid"]
     assert status["started_by"] == "auto" and status["started_by_uid"] == os.getuid()
-    assert status["idle_exit_seconds"] == 1 and status["cache_dir"] == node.cache_dir
+    assert status["idle_exit_seconds"] == 2 and status["cache_dir"] == node.cache_dir
     # A mounted daemon outlives its idle time several times over.
-    wait_for(lambda: node.status()["node"]["uptime_s"] >= 3, what="3 s of uptime")
+    wait_for(lambda: node.status()["node"]["uptime_s"] >= 6, what="6 s of uptime")
     assert (mp / "b.txt").read_bytes() == b"hello"
     res = node.run("unmount", str(mp))
     assert res.returncode == 0, res.stderr
