@@ -129,13 +129,14 @@ async def _warm(d: Any, ds: DatasetState, w: WarmState) -> None:
 
     w.target_bytes = min(quota(), w.matched_bytes)
     limiter = d.job(w.job).limiter
-    in_flight = 0
+    in_flight = 0  # bytes being fetched
+    offered = 0  # bytes fetched and offered to the Writer since our last flush
     slots = trio.Semaphore(WARM_CONCURRENCY)
     drained = trio.Event()
     failure: list[BackendError] = []
 
     async def fetch(ref: ChunkRef) -> None:
-        nonlocal in_flight, drained
+        nonlocal in_flight, offered, drained
         try:
             data, fetched = await d.fetcher.fetch(ds.id, ds.backend, limiter, ref)
         except BackendError as exc:
@@ -148,6 +149,7 @@ async def _warm(d: Any, ds: DatasetState, w: WarmState) -> None:
                 drained.set()
         w.chunks_done += 1
         w.fetched_bytes += len(data)
+        offered += len(data)
         if fetched:
             job = d.job(w.job)
             for c in (ds.fetch, job.fetch):
@@ -158,13 +160,16 @@ async def _warm(d: Any, ds: DatasetState, w: WarmState) -> None:
         for ref in refs:
             if failure:
                 break
-            if held() + in_flight + ref.length > quota():
-                # What is in flight may still be refused or dropped: wait for it and
-                # for its admission before deciding the dataset is full.
+            # What was offered may already be in the usage row (the Writer flushes on its
+            # own): counted twice here, which only brings the exact check below sooner.
+            if held() + offered + in_flight + ref.length > quota():
+                # What is in flight or queued may still be refused or dropped: wait for
+                # it and for its admission before deciding the dataset is full.
                 if in_flight:
                     drained = trio.Event()
                     await drained.wait()
                 await d.writer.flush()
+                offered = 0
                 if held() + ref.length > quota():
                     break
             await slots.acquire()
