@@ -122,6 +122,10 @@ class OneLineGroup(click.Group):
         except click.exceptions.Abort:
             fail("interrupted", 130)
         except click.ClickException as exc:
+            no_args = getattr(click.exceptions, "NoArgsIsHelpError", ())
+            if isinstance(exc, no_args) and exc.ctx is not None:  # bare `silofs`: the help
+                click.echo(exc.ctx.get_help(), err=True)
+                sys.exit(exc.exit_code)
             message = exc.format_message()
             ctx = getattr(exc, "ctx", None)
             if isinstance(exc, click.UsageError) and ctx is not None:

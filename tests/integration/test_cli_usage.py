@@ -41,6 +41,11 @@ def test_usage_errors_have_our_prefix_and_exit_2(tmp_path: Path) -> None:
         assert "Usage:" not in res.stderr and "Error:" not in res.stderr
 
 
+def test_bare_command_prints_its_help() -> None:
+    res = run()
+    assert res.returncode == 2 and res.stderr.startswith("Usage: ") and "warm" in res.stderr
+
+
 def test_bucket_names_and_scheme_typos_suggest_the_uri(tmp_path: Path) -> None:
     res = run("mount", "my-bucket", str(tmp_path))
     assert_one_line_error(res, "s3://my-bucket/", "gs://my-bucket/")
