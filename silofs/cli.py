@@ -323,8 +323,16 @@ def _start_daemon(wish: DaemonWish) -> None:
     with open(log_path, "ab") as logf:
         logf.write(f"--- starting: {' '.join(args)}\n".encode())
         logf.flush()
+        # Not the unit's notify socket: a mount run by a Type=notify unit must not have
+        # its READY=1 sent by the daemon it happened to start.
+        env = {k: v for k, v in os.environ.items() if k not in ("NOTIFY_SOCKET", "INVOCATION_ID")}
         proc = subprocess.Popen(
-            args, stdin=subprocess.DEVNULL, stdout=logf, stderr=logf, start_new_session=True
+            args,
+            stdin=subprocess.DEVNULL,
+            stdout=logf,
+            stderr=logf,
+            env=env,
+            start_new_session=True,
         )
     deadline = time.monotonic() + DAEMON_START_TIMEOUT
     with ControlClient(socket, timeout=2) as client:

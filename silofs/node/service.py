@@ -169,7 +169,9 @@ def run_daemon(settings: NodeSettings, started_by: str = "manual") -> None:
     """Run the daemon in the foreground until SIGTERM/SIGINT (or idle exit). Raises
     SilofsError. `started_by` is "auto" when `silofs mount` started it."""
     daemon = Daemon(settings)
-    service = under_systemd()
+    # A daemon `silofs mount` started is never the service, even when that mount runs
+    # inside a unit (silofs-mount@.service): it is an auto daemon with an idle exit.
+    service = under_systemd() and started_by != "auto"
     idle = settings.idle_exit_seconds
     if idle and service:
         log.info("under systemd: idle_exit_seconds=%s is not applied", idle)

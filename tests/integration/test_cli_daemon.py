@@ -36,9 +36,11 @@ def auto(make_node, local_store, bucket_name, monkeypatch) -> tuple[Node, str]:
 
 def test_an_auto_started_daemon_exits_after_its_last_mount(auto, tmp_path: Path) -> None:
     node, uri = auto
+    # Started from inside a unit (silofs-mount@.service sets INVOCATION_ID): still an
+    # auto daemon with an idle exit, not the service.
     mp = node.mount(
         uri, tmp_path / "mnt", "--cache-dir", node.cache_dir, "--cache-size", "32M",
-        "--idle-exit", "2",
+        "--idle-exit", "2", env={"INVOCATION_ID": "0123456789abcdef"},
     )  # fmt: skip
     status = node.status()["node"]
     pid = status["pid"]
