@@ -376,7 +376,7 @@ def main() -> int:
             with node:
                 node.start()
                 mp = str(tmp / f"mnt{i}")
-                io = ["--io-limit", str(rate)] if rate is not None else []
+                io = ["--io-limit", f"{rate}B/s"] if rate is not None else []
                 node.mount(
                     f"s3://{BUCKET}/{PREFIX}",
                     mp,
