@@ -39,6 +39,11 @@ def test_demo_shows_the_second_epoch_served_from_cache(demo_dir: Path) -> None:
     )
     assert [e[0] for e in epochs] == ["1", "2"], res.stdout
     (_, hit1, read1, gets1), (_, hit2, read2, gets2) = epochs
-    assert hit1 == "0" and gets1 == gets2 and int(hit2) == int(read2) - int(read1)
+    # Epoch 1 may hit a shard chunk that read-ahead fetched and the writer admitted before
+    # the read reached it (timing: it failed ~1 run in 5 on a busy host with hit1 == 0
+    # asserted); never more than the 8 MiB shard.
+    assert int(hit1) <= 8 and gets1 == gets2
+    # Every byte of epoch 2 is a hit (figures are rounded to whole MB).
+    assert abs((int(hit2) - int(hit1)) - (int(read2) - int(read1))) <= 1
     assert not mounted(tmp_path / "mnt")
     assert not _pids_with(str(tmp_path / "control.sock"))
