@@ -684,6 +684,8 @@ def _check_source(uri: str) -> str:
     if m := _SCHEME_TYPO.match(uri):
         scheme = m.group(1).lower().replace("gcs", "gs")
         rest = m.group(3).lstrip("/")
+        if scheme == "file":
+            rest = "/" + rest  # file:///absolute/path
         raise UsageError(f"{uri!r} is not a dataset URI: did you mean {scheme}://{rest}?")
     if _BUCKET_NAME.match(uri) and "/" not in uri:
         raise UsageError(

@@ -53,6 +53,8 @@ def test_bucket_names_and_scheme_typos_suggest_the_uri(tmp_path: Path) -> None:
     assert_one_line_error(res, "did you mean s3://x/p?")
     res = run("mount", "gs:/b", str(tmp_path))
     assert_one_line_error(res, "did you mean gs://b?")
+    res = run("mount", "file:/data/x", str(tmp_path))
+    assert_one_line_error(res, "did you mean file:///data/x?")
 
 
 @needs_fuse
