@@ -62,6 +62,18 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(doc, ensure_ascii=False)
 
 
+class QuietSysLogHandler(logging.handlers.SysLogHandler):
+    """A SysLogHandler that, when syslog stops answering (journald restarting), says so
+    once on stderr and drops records, instead of a traceback on stderr per record."""
+
+    failed = False
+
+    def handleError(self, record: logging.LogRecord) -> None:  # noqa: N802 - stdlib name
+        if not self.failed:
+            self.failed = True
+            sys.stderr.write(f"silofs: syslog at {self.address} stopped answering; dropping logs\n")
+
+
 class _IdentFormatter(logging.Formatter):
     def __init__(self, ident: str, inner: logging.Formatter | None) -> None:
         super().__init__(SYSLOG_FORMAT)
@@ -93,7 +105,7 @@ def setup_logging(
         handler.setFormatter(json_fmt or logging.Formatter(TEXT_FORMAT))
         _reopen_on_sighup(handler)
     elif syslog_ident and (address := syslog_address()):
-        handler = logging.handlers.SysLogHandler(
+        handler = QuietSysLogHandler(
             address=address, facility=logging.handlers.SysLogHandler.LOG_DAEMON
         )
         handler.setFormatter(_IdentFormatter(syslog_ident, json_fmt))

@@ -55,6 +55,8 @@ def test_background_daemon_and_mount_log_to_syslog(
                 seen.append(sock.recv(65536).decode())
             except TimeoutError:
                 pass
+        assert node.run("unmount", str(mp)).returncode == 0
+        assert node.run("daemon", "stop").returncode == 0  # while syslog still answers
     ready = next(m for m in seen if "daemon ready" in m)
     # <PRI> of facility daemon (3): 3*8 + severity info (6) = 30.
     assert ready.startswith("<30>silofs-daemon["), ready

@@ -80,6 +80,7 @@ def test_dataset_errors_show_and_forget_removes_rows(
     local_store.apply_env(monkeypatch)
     local_store.create(bucket_name, {"a.txt": b"1"})
     node: Node = make_node()
+    node.expect_errors(r"empty-dir/ has no objects")
     uri = local_store.uri(bucket_name)
     broken = str(tmp_path / "empty-dir")
     os.mkdir(broken)

@@ -49,6 +49,7 @@ def test_profile_and_no_sign_request_are_per_mount(
     monkeypatch.delenv("AWS_SECRET_ACCESS_KEY")
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(creds))
     node: Node = make_node()
+    node.expect_errors(r"no usable AWS credentials")
     uri = f"s3://{bucket_name}/"
     ep = ("--endpoint-url", s3_server.endpoint_url)
 
