@@ -87,7 +87,7 @@ def render_status(s: dict) -> str:
             out.append(f"  {d['name']}: error: {d.get('error') or 'unknown'}")
         elif d.get("state") not in (None, "ready"):
             out.append(f"  {d['name']}: {d['state']}")
-        for key in ("fetch_errors", "store_errors", "store_retries"):
+        for key in ("store_errors", "store_retries"):
             if d.get(key):
                 out.append(f"  {d['name']}: {key.replace('_', ' ')}: {d[key]}")
         w = d.get("warm")
