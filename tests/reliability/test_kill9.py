@@ -6,7 +6,8 @@ down, concurrently) run until a random number of reads completed, then kills the
 the mount process with SIGKILL, restarts it, and checks:
 
 - every byte any reader got equals the source (reads go through a real FUSE mount, at random
-  offsets through handles kept open across the kill, page cache dropped first);
+  offsets through handles kept open across the kill, page cache dropped first), and no read
+  ends early without an error (verify.pread_all);
 - after a daemon kill: the usage rows equal the sum of the owners rows, every owners row has
   its chunk (the env as the dead daemon left it), and once the restarted daemon settled, the
   chunks committed before the kill are still there, except what enforcing the persisted
@@ -38,6 +39,7 @@ from silofs.units import parse_size
 from tests.integration.conftest import Node, drop_file_cache, mounted, needs_fuse, wait_for
 
 from .conftest import scale
+from .verify import pread_all
 
 pytestmark = [needs_fuse, pytest.mark.fuse]
 
@@ -71,12 +73,13 @@ class Verifier:
         self.errors: Counter[str] = Counter()
         self.wrong: list[str] = []
 
-    def check(self, name: str, off: int, got: bytes, want: bytes) -> None:
+    def check(self, name: str, off: int, got: bytes, want: bytes, failed: bool = False) -> None:
+        """`got` must be a prefix of `want`, and all of it unless the read `failed`."""
         wrong = sum(1 for a, b in zip(got, want, strict=False) if a != b) if got != want else 0
         with self.lock:
             self.reads += 1
             self.bytes += len(got)
-            if len(got) != len(want):
+            if len(got) > len(want) or (len(got) < len(want) and not failed):
                 self.short_reads += 1
                 self.wrong.append(f"{name}@{off}: {len(got)} bytes, want {len(want)}")
             if wrong:
@@ -105,8 +108,10 @@ def reader(mp: Path, tree: dict[str, bytes], seed: int, stop: threading.Event, v
                     else:
                         off = rnd.randrange(len(want))
                         n = rnd.randint(1, 3 * CHUNK)
-                    got = os.pread(fd, n, off)
-                    v.check(name, off, got, want[off : off + n])
+                    got, exc, _ = pread_all(fd, n, off)
+                    v.check(name, off, got, want[off : off + n], exc is not None)
+                    if exc is not None:
+                        raise exc
             finally:
                 os.close(fd)
         except OSError as exc:
