@@ -12,7 +12,9 @@ The promise checked (issue 9, "The daemon never dies of a request"): every answe
 500, except 502 from GET /v1/chunks where the store itself failed and 501 for a transfer
 coding the server does not implement (RFC 9112 6.1 asks for exactly that); the daemon never exits
 and answers GET /v1/status afterwards; its RSS grows by a bounded amount (reported).
-Short form 500 requests, long form (SILOFS_LONG=1) 10,000.
+Half the requests come from a forked child that became uid 65534 (a local user with no
+rights: everything it may not do must be a 4xx, never a 5xx), half from root (trusted, so
+its requests may change state). Short form 500 requests, long form (SILOFS_LONG=1) 10,000.
 """
 
 from __future__ import annotations
@@ -21,14 +23,16 @@ import json
 import os
 import random
 import socket
+import tempfile
 import time
 from collections import Counter
 from pathlib import Path
+from typing import Any
 from urllib.parse import quote
 
 import pytest
 
-from tests.integration.conftest import needs_fuse, wait_for
+from tests.integration.conftest import drop_file_cache, needs_fuse, wait_for
 
 from .conftest import scale
 
@@ -358,6 +362,60 @@ def rss(pid: int) -> int:
     raise AssertionError("no VmRSS")
 
 
+def fuzz(sock_path: str, fuzzer: Fuzzer, n: int, daemon_pid: int, who: str) -> dict[str, Any]:
+    """Send `n` fuzzed requests; tallies as plain data (a forked child sends them back)."""
+    answers: Counter[str] = Counter()
+    bad: list[str] = []
+    hangs: list[str] = []
+    dead = ""
+    for i in range(n):
+        kind, raw, complete = fuzzer.request()
+        statuses = send(sock_path, raw, complete)
+        if statuses is None:
+            answers["no answer in time"] += 1
+            hangs.append(f"{who} #{i} {kind}: {raw[:120]!r}")
+        elif not statuses:
+            answers["closed without answer"] += 1
+        for st in statuses or []:
+            answers[f"{st // 100}xx"] += 1
+            # 502: the store failed a chunk GET (the daemon is a gateway there); 501: RFC
+            # 9112 6.1 asks for it on a transfer coding the server does not implement.
+            allowed = (st == 502 and kind.startswith("GET /v1/chunks")) or (
+                st == 501 and kind == "unknown TE"
+            )
+            if st >= 500 and not allowed:
+                bad.append(f"{who} #{i} {kind} -> {st}: {raw[:120]!r}")
+        if i % 50 == 49 and not os.path.exists(f"/proc/{daemon_pid}"):
+            dead = f"after {who} request #{i} {kind}: {raw[:200]!r}"
+            break
+    return {"answers": dict(answers), "bad": bad, "hangs": hangs, "dead": dead}
+
+
+def fuzz_as_nobody(sock_path: str, fuzzer: Fuzzer, n: int, daemon_pid: int) -> dict[str, Any]:
+    """`fuzz` in a forked child that became uid/gid 65534: a local user with no rights."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child: drop privileges, fuzz, report, exit without cleanup
+        code = 1
+        try:
+            os.close(r)
+            os.setgroups([])
+            os.setgid(65534)
+            os.setuid(65534)
+            out = json.dumps(fuzz(sock_path, fuzzer, n, daemon_pid, "uid 65534")).encode()
+            while out:
+                out = out[os.write(w, out) :]
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(w)
+    with os.fdopen(r, "rb") as f:
+        data = f.read()
+    _, code = os.waitpid(pid, 0)
+    assert code == 0 and data, f"the uid 65534 fuzzer failed (wait status {code})"
+    return json.loads(data)
+
+
 def test_fuzzed_control_requests(
     make_node, local_store, monkeypatch, bucket_name, tmp_path: Path, figures
 ) -> None:
@@ -370,53 +428,45 @@ def test_fuzzed_control_requests(
     rnd = random.Random(SEED)
     local_store.create(bucket_name, {f"d/{i}.bin": rnd.randbytes(5000) for i in range(20)})
     uri = local_store.uri(bucket_name)
-    node = make_node(cache_size="64M")
+    # A socket directory uid 65534 can reach (tmp_path's parents are 0700).
+    sock_dir = tempfile.mkdtemp(prefix="silofs-fuzz-")
+    os.chmod(sock_dir, 0o755)
+    node = make_node(cache_size="64M", socket=os.path.join(sock_dir, "ctl.sock"))
     mp = node.mount(uri, tmp_path / "mnt", "--job", "fuzzjob")
     status = node.status()
     ds = status["datasets"][0]
     known = {
         "uri": [ds["uri"], uri, str(local_store.root / bucket_name), "/etc", "/nonexistent",
-                "s3://silofs-fuzz/p/", "gs://silofs-fuzz/", "az://acct/cont/", "file:///etc/passwd"],
+                "s3://silofs-fuzz/p/", "gs://silofs-fuzz/", "az://acct/cont/", "file:///etc/passwd",
+                "/etc/shadow", "file:///root/"],
         "name": [str(ds["id"]), ds.get("name", "") or "x"],
         "mount": [m["id"] for m in status["mounts"]],
         "job": ["fuzzjob", "other"],
     }  # fmt: skip
-    fuzzer = Fuzzer(rnd, known)
     assert node.proc is not None
     pid = node.proc.pid
     rss_before = rss(pid)
-    rss_peak = rss_before
-    answers: Counter[str] = Counter()
-    bad: list[str] = []
-    hangs: list[str] = []
     started = time.monotonic()
-    for i in range(REQUESTS):
-        kind, raw, complete = fuzzer.request()
-        statuses = send(node.socket, raw, complete)
-        if statuses is None:
-            answers["no answer in time"] += 1
-            hangs.append(f"#{i} {kind}: {raw[:120]!r}")
-        elif not statuses:
-            answers["closed without answer"] += 1
-        for st in statuses or []:
-            answers[f"{st // 100}xx"] += 1
-            # 502: the store failed a chunk GET (the daemon is a gateway there); 501: RFC
-            # 9112 6.1 asks for it on a transfer coding the server does not implement.
-            allowed = (st == 502 and kind.startswith("GET /v1/chunks")) or (
-                st == 501 and kind == "unknown TE"
-            )
-            if st >= 500 and not allowed:
-                bad.append(f"#{i} {kind} -> {st}: {raw[:120]!r}")
-        if i % 50 == 49:
-            assert node.proc.poll() is None, f"daemon died after request #{i} {kind}: {raw[:200]!r}"
-            rss_peak = max(rss_peak, rss(pid))
+    # Half as root (trusted: may change state), half as uid 65534 (hostile) when we are root.
+    as_nobody = REQUESTS // 2 if os.geteuid() == 0 else 0
+    results = [fuzz(node.socket, Fuzzer(rnd, known), REQUESTS - as_nobody, pid, "root")]
+    if as_nobody:
+        results.append(fuzz_as_nobody(node.socket, Fuzzer(random.Random(SEED + 1), known),
+                                      as_nobody, pid))  # fmt: skip
     elapsed = time.monotonic() - started
+    answers: Counter[str] = Counter()
+    for res in results:
+        answers.update(res["answers"])
+    bad = [b for res in results for b in res["bad"]]
+    hangs = [h for res in results for h in res["hangs"]]
+    died = [res["dead"] for res in results if res["dead"]]
 
     alive = node.proc.poll() is None
     rss_after = rss(pid) if alive else 0
     figures.update(
         seed=SEED,
         requests=REQUESTS,
+        as_uid_65534=as_nobody,
         answers=dict(answers),
         server_errors=len(bad),
         server_error_examples=[b[:160] for b in bad[:5]],
@@ -424,16 +474,17 @@ def test_fuzzed_control_requests(
         daemon_deaths=0 if alive else 1,
         rss_before_mb=round(rss_before / 2**20, 1),
         rss_after_mb=round(rss_after / 2**20, 1),
-        rss_peak_mb=round(max(rss_peak, rss_after) / 2**20, 1),
         rss_growth_mb=round((rss_after - rss_before) / 2**20, 1),
         seconds=round(elapsed, 1),
     )
-    assert alive, f"the daemon died: {(node.logs / 'daemon.log').read_text()[-2000:]}"
+    assert alive and not died, (
+        f"the daemon died {died}: {(node.logs / 'daemon.log').read_text()[-2000:]}"
+    )
     assert "datasets" in wait_for(node.status, what="status after the fuzz")
     # The mount still reads (it re-registers if the fuzz deleted its registration).
-    assert (mp / "d/0.bin").read_bytes() == local_store._dir(bucket_name).joinpath(
-        "d/0.bin"
-    ).read_bytes()
+    source = local_store.root / bucket_name / "d/0.bin"
+    drop_file_cache(mp / "d/0.bin")
+    assert (mp / "d/0.bin").read_bytes() == source.read_bytes()
     assert not bad, f"{len(bad)} answers were 5xx:\n" + "\n".join(bad[:20])
     assert not hangs, f"{len(hangs)} requests got no answer in {ANSWER_TIMEOUT}s:\n" + "\n".join(
         hangs[:10]

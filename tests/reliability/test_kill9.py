@@ -209,6 +209,18 @@ def test_kill_9_daemon_and_mount_under_verified_reads_and_allocation_churn(
         target = v.reads + n
         wait_for(lambda: v.reads >= target, timeout=SETTLE, what=f"{n} more verified reads")
 
+    def registered() -> dict:
+        """The mount's status row; after a daemon restart the mount registers again on its
+        next miss or report (promise 4), so wait for it."""
+
+        def row() -> dict | None:
+            for m in node.status()["mounts"]:
+                if m["mountpoint"] == str(mp):
+                    return m
+            return None
+
+        return wait_for(row, timeout=SETTLE, what="the mount to be registered")
+
     try:
         for it in range(ITERATIONS):
             stop_churn = threading.Event()
@@ -227,7 +239,7 @@ def test_kill_9_daemon_and_mount_under_verified_reads_and_allocation_churn(
                 if node.proc.poll() is not None:
                     deaths.append(f"iteration {it}: daemon exited {node.proc.returncode}")
                     node.start()
-                mount_pid = node.mount_status(str(mp))["pid"]
+                mount_pid = registered()["pid"]
                 target = rnd.choice(["daemon", "mount"])
                 counts[f"{target} kills"] += 1
                 if target == "daemon":
