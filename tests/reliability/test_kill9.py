@@ -214,7 +214,12 @@ def test_kill_9_daemon_and_mount_under_verified_reads_and_allocation_churn(
         next miss or report (promise 4), so wait for it."""
 
         def row() -> dict | None:
-            for m in node.status()["mounts"]:
+            assert node.proc is not None and node.proc.poll() is None, "the daemon died"
+            try:
+                mounts = node.status()["mounts"]
+            except ControlError:
+                return None
+            for m in mounts:
                 if m["mountpoint"] == str(mp):
                     return m
             return None
