@@ -12,7 +12,8 @@ the mount process with SIGKILL, restarts it, and checks:
   its chunk (the env as the dead daemon left it), and once the restarted daemon settled, the
   chunks committed before the kill are still there, except what enforcing the persisted
   allocation explains (the fewest, largest missing chunks that cover usage - allocation);
-- the daemon and the mount never die except when killed (checked before every kill).
+- the daemon and the mount never die except when killed (checked before every kill);
+  after a daemon restart the mount registers again by itself (promise 4).
 
 EIO while the daemon is down (misses) and ENOTCONN while the mount is down are expected and
 counted, never compared. Short form 5 iterations, SILOFS_LONG=1: 100 (SILOFS_KILL_ITERATIONS
@@ -203,6 +204,8 @@ def test_kill_9_daemon_and_mount_under_verified_reads_and_allocation_churn(
     lost_detail: list[str] = []
     accounting: list[str] = []
     deaths: list[str] = []
+    mount_deaths: list[str] = []
+    last_mount_pid = 0
     started = time.monotonic()
 
     def progress(n: int) -> None:
@@ -244,7 +247,11 @@ def test_kill_9_daemon_and_mount_under_verified_reads_and_allocation_churn(
                 if node.proc.poll() is not None:
                     deaths.append(f"iteration {it}: daemon exited {node.proc.returncode}")
                     node.start()
-                mount_pid = registered()["pid"]
+                if last_mount_pid and not os.path.exists(f"/proc/{last_mount_pid}"):
+                    mount_deaths.append(f"iteration {it}: mount {last_mount_pid} exited unkilled")
+                    node.run("unmount", str(mp))
+                    node.mount(uri, mp, "--job", "k")
+                mount_pid = last_mount_pid = registered()["pid"]
                 target = rnd.choice(["daemon", "mount"])
                 counts[f"{target} kills"] += 1
                 if target == "daemon":
@@ -300,6 +307,7 @@ def test_kill_9_daemon_and_mount_under_verified_reads_and_allocation_churn(
                 assert res.returncode == 0, res.stderr
                 assert not mounted(mp)
                 node.mount(uri, mp, "--job", "k")
+                last_mount_pid = 0  # the new mount's pid is read before the next kill
                 progress(20)
             if node.proc.poll() is not None:
                 deaths.append(f"iteration {it}: daemon exited {node.proc.returncode} unkilled")
@@ -322,6 +330,7 @@ def test_kill_9_daemon_and_mount_under_verified_reads_and_allocation_churn(
             lost_committed_chunks=lost,
             accounting_faults=len(accounting),
             daemon_deaths=len(deaths),
+            mount_deaths=len(mount_deaths),
             seconds=round(time.monotonic() - started, 1),
         )
 
@@ -335,4 +344,5 @@ def test_kill_9_daemon_and_mount_under_verified_reads_and_allocation_churn(
     assert lost == 0, lost_detail
     assert not accounting, accounting[:10]
     assert not deaths, deaths
+    assert not mount_deaths, mount_deaths
     assert node.proc is not None and node.proc.poll() is None

@@ -106,6 +106,7 @@ class Tally:
         self.bytes = 0
         self.wrong_bytes = 0
         self.wrong: list[str] = []
+        self.wrong_by_object: Counter[str] = Counter()
         self.errors: Counter[str] = Counter()
         self.slow = 0
         self.slowest = 0.0
@@ -122,6 +123,9 @@ class Tally:
             self.slow += seconds > SLOW
             if wrong:
                 self.wrong_bytes += wrong
+                # Chunks of multi-chunk objects come from ranged GETs, which S3 and GCS
+                # give no checksum for; a single-chunk object is one whole-object GET.
+                self.wrong_by_object[name.split("/")[0]] += wrong
                 self.wrong.append(f"{name}@{off}: {wrong} wrong of {len(want)}")
 
     def error(self, name: str, exc: OSError, seconds: float) -> None:
@@ -253,6 +257,8 @@ def test_store_faults_never_give_wrong_bytes(
                 reads=t.reads,
                 read_mb=round(t.bytes / 1e6, 1),
                 wrong_bytes=t.wrong_bytes,
+                wrong_bytes_single_chunk_objects=t.wrong_by_object["s"],
+                wrong_bytes_multi_chunk_objects=t.wrong_by_object["m"] + t.wrong_by_object["big"],
                 eio=t.errors.get("EIO", 0),
                 other_errors={k: n for k, n in t.errors.items() if k != "EIO"},
                 reads_over_60s=t.slow,
