@@ -190,6 +190,7 @@ def test_kill_9_daemon_and_mount_under_verified_reads_and_allocation_churn(
     node = make_node(cache_size=CACHE, args=("--chunk-size", "256K"))
     mp = node.mount(uri, tmp_path / "mnt", "--job", "k")
     canonical = node.status()["datasets"][0]["uri"]
+    dsid = node.status()["datasets"][0]["id"]  # persisted: the same after every restart
 
     v = Verifier()
     counts: Counter[str] = Counter()
@@ -273,10 +274,10 @@ def test_kill_9_daemon_and_mount_under_verified_reads_and_allocation_churn(
                 accounting += [f"iteration {it} after kill: {f}" for f in faults]
                 node.start()
                 progress(20)  # reads (and admissions) resume against the new daemon
-                dsid = node.status()["datasets"][0]["id"]
+                registered()  # hits alone do not reopen the dataset; the mount's report does
                 must_evict = max(0, usage.get(dsid, 0) - quota) if quota is not None else 0
 
-                def settled(quota: int | None = quota, dsid: int = dsid) -> tuple | None:
+                def settled(quota: int | None = quota) -> tuple | None:
                     s = CacheStore(node.cache_dir, env_map_size(parse_size(CACHE)), readonly=True)
                     try:
                         after, now, faults = committed(s)
