@@ -13,7 +13,7 @@ the mount process with SIGKILL, restarts it, and checks:
   chunks committed before the kill are still there, except what enforcing the persisted
   allocation explains (the fewest, largest missing chunks that cover usage - allocation);
 - the daemon and the mount never die except when killed (checked before every kill);
-  after a daemon restart the mount registers again by itself (promise 4).
+  after a daemon restart the mount registers again by itself (promise 4), exactly once.
 
 EIO while the daemon is down (misses) and ENOTCONN while the mount is down are expected and
 counted, never compared. Short form 5 iterations, SILOFS_LONG=1: 100 (SILOFS_KILL_ITERATIONS
@@ -206,6 +206,7 @@ def test_kill_9_daemon_and_mount_under_verified_reads_and_allocation_churn(
     accounting: list[str] = []
     deaths: list[str] = []
     mount_deaths: list[str] = []
+    registrations: list[str] = []
     last_mount_pid = 0
     started = time.monotonic()
 
@@ -275,6 +276,11 @@ def test_kill_9_daemon_and_mount_under_verified_reads_and_allocation_churn(
                 node.start()
                 progress(20)  # reads (and admissions) resume against the new daemon
                 registered()  # hits alone do not reopen the dataset; the mount's report does
+                # One mount, one registration, however many of its requests found the
+                # daemon gone (issue 9: a stable mount id, counters never double counted).
+                rows = [m for m in node.status()["mounts"] if m["mountpoint"] == str(mp)]
+                if len(rows) != 1:
+                    registrations.append(f"iteration {it}: {len(rows)} registrations")
                 must_evict = max(0, usage.get(dsid, 0) - quota) if quota is not None else 0
 
                 def settled(quota: int | None = quota) -> tuple | None:
@@ -332,6 +338,7 @@ def test_kill_9_daemon_and_mount_under_verified_reads_and_allocation_churn(
             accounting_faults=len(accounting),
             daemon_deaths=len(deaths),
             mount_deaths=len(mount_deaths),
+            duplicate_registrations=len(registrations),
             seconds=round(time.monotonic() - started, 1),
         )
 
@@ -346,4 +353,5 @@ def test_kill_9_daemon_and_mount_under_verified_reads_and_allocation_churn(
     assert not accounting, accounting[:10]
     assert not deaths, deaths
     assert not mount_deaths, mount_deaths
+    assert not registrations, registrations
     assert node.proc is not None and node.proc.poll() is None
