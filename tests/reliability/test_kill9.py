@@ -314,7 +314,7 @@ def test_kill_9_daemon_and_mount_under_verified_reads_and_allocation_churn(
                 assert res.returncode == 0, res.stderr
                 assert not mounted(mp)
                 node.mount(uri, mp, "--job", "k")
-                last_mount_pid = 0  # the new mount's pid is read before the next kill
+                last_mount_pid = registered()["pid"]
                 progress(20)
             if node.proc.poll() is not None:
                 deaths.append(f"iteration {it}: daemon exited {node.proc.returncode} unkilled")
