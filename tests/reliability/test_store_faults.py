@@ -54,9 +54,17 @@ DELAY = (5.0, 30.0) if LONG else 2.0
 _SERVER = {"s3": "s3_server", "azure": "azurite_server", "gcs": "gcs_server"}
 
 
-def fault_plan() -> FaultPlan:
+# S3 and GCS send no checksum for a range (docs/SEMANTICS.md, "What is detected"): a
+# corrupted ranged body is the one damage they cannot catch over plain HTTP, so the main
+# check corrupts only whole-object GETs there, and
+# test_a_corrupted_range_over_plain_http_is_served keeps asserting the promise for ranges.
+RANGES_UNCHECKED = {"s3", "gcs"}
+
+
+def fault_plan(kind: str) -> FaultPlan:
     """About 17% of GETs get a fault; the first rule whose draw succeeds wins."""
     get = "GET"
+    checked = False if kind in RANGES_UNCHECKED else None  # has_range filter for corrupt
     return FaultPlan(
         faults=(
             Fault("http_500", 0.03, methods=get),
@@ -65,7 +73,7 @@ def fault_plan() -> FaultPlan:
             Fault("reset_mid_body", 0.02, methods=get, at=0.5),
             Fault("truncate", 0.02, methods=get, at=0.3),
             Fault("wrong_content_length", 0.02, methods=get, at=0.7),
-            Fault("corrupt", 0.02, methods=get),
+            Fault("corrupt", 0.02, methods=get, has_range=checked),
             Fault("delay", 0.02, methods=get, seconds=DELAY),
         )
     )
@@ -236,7 +244,7 @@ def test_store_faults_never_give_wrong_bytes(
                 canonical = node.status()["datasets"][0]["uri"]
                 cache_path = f"/v1/datasets/{quote_segment(canonical)}/cache"
                 node.request("PUT", cache_path, {"bytes": None if last else 0})
-                proxy.set_plan(fault_plan())
+                proxy.set_plan(fault_plan(kind))
                 read_round(mp, tree, seed * 100 + r, t, passes=2 if last else 1)
                 proxy.set_plan(FaultPlan())
                 unmount(node, mp)
@@ -276,3 +284,42 @@ def test_store_faults_never_give_wrong_bytes(
     assert t.wrong_bytes == 0, t.wrong[:20]
     assert not t.errors, f"read errors {dict(t.errors)} (log: {node.logs})"
     assert t.slow == 0, f"{t.slow} reads took over {SLOW:.0f}s (slowest {t.slowest:.1f}s)"
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=AssertionError,
+    reason="docs/SEMANTICS.md: S3 and GCS send no checksum for a range, so over plain HTTP "
+    "a corrupted ranged body is cached and served (TLS catches it in transit)",
+)
+@pytest.mark.parametrize("kind", sorted(RANGES_UNCHECKED))
+def test_a_corrupted_range_over_plain_http_is_served(
+    kind: str,
+    request: pytest.FixtureRequest,
+    make_node,
+    monkeypatch,
+    bucket_name: str,
+    tmp_path: Path,
+) -> None:
+    """Issue 9 promises no wrong byte, ever: one flipped byte in one ranged GET of a
+    multi-chunk object must not reach a reader. Strict xfail: when this starts passing,
+    the gap is closed and the marker (and RANGES_UNCHECKED) must go."""
+    server = request.getfixturevalue(_SERVER[kind])
+    server.apply_env(monkeypatch)
+    data = random.Random(SEED).randbytes(4 * CHUNK)
+    server.create(bucket_name, {"m/big.bin": data})
+    up = urlsplit(server.endpoint_url)
+    once = FaultPlan(faults=(Fault("corrupt", 1.0, methods="GET", has_range=True, times=1),))
+    with FaultProxy(upstream=(up.hostname, up.port), faults=FaultPlan(), seed=SEED) as proxy:
+        if kind == "s3":
+            env = {"AWS_ENDPOINT_URL": proxy.url}
+        else:
+            env = {"STORAGE_EMULATOR_HOST": proxy.url}
+        node = make_node(cache_size="64M", env=env, args=("--chunk-size", "256K"))
+        mp = node.mount(server.uri(bucket_name), tmp_path / "mnt", "--job", "r")
+        proxy.set_plan(once)
+        got = (mp / "m/big.bin").read_bytes()
+        if proxy.stats.get("corrupt", 0) != 1:  # not an AssertionError: a real failure
+            pytest.fail(f"the proxy corrupted {proxy.stats.get('corrupt', 0)} bodies, not 1")
+        wrong = sum(a != b for a, b in zip(got, data, strict=False))
+        assert got == data, f"{wrong} wrong bytes served"
