@@ -74,12 +74,47 @@ BAD_SEGMENTS = [
 ]  # fmt: skip
 
 
+def _req(method: str, target: str, body: bytes | None = None) -> tuple[str, bytes, bool]:
+    head = f"{method} {target} HTTP/1.1\r\nHost: localhost\r\n"
+    if body is not None:
+        head += f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+    return f"{method} {target[:40]}", head.encode() + b"\r\n" + (body or b""), True
+
+
+def corpus(known: dict[str, list[str]]) -> list[tuple[str, bytes, bool]]:
+    """Requests every run sends first: what the issue and earlier long runs found."""
+    deep = b"[" * 100_000 + b"]" * 100_000
+    uri = quote(known["uri"][0], safe="")
+    return [
+        ("HEAD *", b"HEAD * HTTP/1.1\r\nHost: x\r\n\r\n", True),
+        _req("HEAD", "/v1/status"),
+        _req("POST", "/v1/datasets", deep),
+        _req("POST", "/v1/mounts", b'{"a":' * 50_000 + b"1" + b"}" * 50_000),
+        _req("PUT", f"/v1/datasets/{uri}/cache", b'{"bytes": ' + b"9" * 5000 + b"}"),
+        _req("PUT", f"/v1/datasets/{uri}/cache", b'{"bytes": -1}'),
+        _req("PUT", "/v1/jobs/fuzzjob/io", b'{"bytes_per_s": -5}'),
+        _req("PUT", "/v1/jobs/fuzzjob/io", b'{"bytes_per_s": ' + b"9" * 5000 + b"}"),
+        _req("PUT", "/v1/jobs/%ED%A0%80/io", b'{"bytes_per_s": 1}'),
+        _req("POST", "/v1/mounts", b'{"dataset": 1, "job": "\\ud800", "mountpoint": "/x"}'),
+        _req("POST", "/v1/datasets", b'{"uri": "\\udfff"}'),
+        _req(
+            "POST", "/v1/datasets", b'{"uri": "' + uri.encode() + b'", "endpoint_url": "notaurl"}'
+        ),
+        _req("GET", "/v1/datasets/http%3A%2F%2F%5B%3A%3A1"),
+        _req("GET", "/v1/datasets/http%3A%2F%2F%5B%3A%3A1/cache"),
+        _req("GET", "/v1/datasets/%zz"),
+        _req("GET", "/v1/chunks?mount=%zz&key=%ED%A0%80&index=" + "9" * 5000),
+        _req("GET", "/v1/status?" + "a=1&" * 2000),
+    ]
+
+
 class Fuzzer:
     """Builds raw requests from a seeded RNG; `known` holds real ids to mutate."""
 
     def __init__(self, rnd: random.Random, known: dict[str, list[str]]) -> None:
         self.rnd = rnd
         self.known = known
+        self._corpus = corpus(known)
 
     # -- values ----------------------------------------------------------------------
     def text(self) -> str:
@@ -221,6 +256,12 @@ class Fuzzer:
 
     # -- whole requests --------------------------------------------------------------
     def request(self) -> tuple[str, bytes, bool]:
+        """The fixed corpus first (every form sends it), then random requests."""
+        if self._corpus:
+            return self._corpus.pop(0)
+        return self.random_request()
+
+    def random_request(self) -> tuple[str, bytes, bool]:
         """(kind, raw bytes, complete): complete=False means the client half-closes
         after sending, so a request the daemon waits to complete ends."""
         r = self.rnd
