@@ -195,13 +195,11 @@ def test_kill_9_daemon_and_mount_under_verified_reads_and_allocation_churn(
     uri = local_store.uri(bucket_name)
     node = make_node(cache_size=CACHE, args=("--chunk-size", "256K"))
     # A miss while the daemon is dead is EIO, logged by the mount; nothing else may be an
-    # ERROR (the integration fixture reads every log at teardown, where it does that).
-    expect = getattr(node, "expect_errors", None)
-    if expect is not None:
-        expect(
-            r"silofs\.mount\.reader: reading .+ chunk \d+: "
-            r".*(cannot reach the silofs daemon|connection to the silofs daemon .* failed)"
-        )
+    # ERROR (the integration fixture reads every log at teardown).
+    node.expect_errors(
+        r"silofs\.mount\.reader: reading .+ chunk \d+: "
+        r".*(cannot reach the silofs daemon|connection to the silofs daemon .* failed)"
+    )
     mp = node.mount(uri, tmp_path / "mnt", "--job", "k")
     canonical = node.status()["datasets"][0]["uri"]
     dsid = node.status()["datasets"][0]["id"]  # persisted: the same after every restart
