@@ -23,10 +23,12 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import socket
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -461,8 +463,17 @@ def fuzz_as_nobody(sock_path: str, fuzzer: Fuzzer, n: int, daemon_pid: int) -> d
     return json.loads(data)
 
 
+@pytest.fixture
+def sock_dir() -> Iterator[str]:
+    """A socket directory uid 65534 can reach (tmp_path's parents are 0700)."""
+    path = tempfile.mkdtemp(prefix="silofs-fuzz-")
+    os.chmod(path, 0o755)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
 def test_fuzzed_control_requests(
-    make_node, local_store, monkeypatch, bucket_name, tmp_path: Path, figures
+    make_node, local_store, monkeypatch, bucket_name, tmp_path: Path, sock_dir: str, figures
 ) -> None:
     local_store.apply_env(monkeypatch)
     # No store SDK may wander off to a real cloud or a metadata service.
@@ -473,9 +484,6 @@ def test_fuzzed_control_requests(
     rnd = random.Random(SEED)
     local_store.create(bucket_name, {f"d/{i}.bin": rnd.randbytes(5000) for i in range(20)})
     uri = local_store.uri(bucket_name)
-    # A socket directory uid 65534 can reach (tmp_path's parents are 0700).
-    sock_dir = tempfile.mkdtemp(prefix="silofs-fuzz-")
-    os.chmod(sock_dir, 0o755)
     node = make_node(cache_size="64M", socket=os.path.join(sock_dir, "ctl.sock"))
     # Fuzzed URIs name datasets that cannot be listed: the daemon logs each failure once,
     # as it should. Nothing else may be an ERROR (a 500's traceback is one).
