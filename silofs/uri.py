@@ -51,7 +51,11 @@ def parse_uri(uri: str) -> DatasetURI:
         raise UsageError("empty dataset URI")
     if "://" not in uri:
         return DatasetURI("file", os.path.abspath(os.path.expanduser(uri)), "")
-    parts = urlsplit(uri)
+    try:
+        parts = urlsplit(uri)
+        parts.port  # noqa: B018 - a bad port or IPv6 host raises here, not later
+    except ValueError as exc:
+        raise UsageError(f"bad dataset URI {uri!r}: {exc}") from None
     scheme = parts.scheme.lower()
     path = unquote(parts.path)
     if scheme == "file":

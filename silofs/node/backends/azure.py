@@ -395,9 +395,12 @@ class AzureBackend(RetryingBackend):
             raise self._classify(exc, what) from exc
         except ax.AzureError as exc:
             raise self._classify(exc, what) from exc
-        # One GET answered with the range's MD5: check it (a short body is base's to retry).
-        if len(md5s) == 1 and md5s[0] and len(data) == end - start:
-            if md5_b64(data) != md5s[0]:
+        # The SDK retries a failed GET or body read itself, calling the hook once per
+        # response: the bytes returned are the last response's, so its MD5 is checked
+        # (a body the SDK resumed from the middle then mismatches and is retried whole).
+        # A short body is base's to retry.
+        if md5s and md5s[-1] and len(data) == end - start:
+            if md5_b64(data) != md5s[-1]:
                 raise ChecksumMismatchError(
                     f"{what}: bytes {start}-{end - 1} do not match their Content-MD5"
                 )
