@@ -109,30 +109,56 @@ class SimResult:
     def avg_fairness(self) -> float:
         return sum(j.fairness for j in self.jobs) / len(self.jobs)
 
+    @property
+    def worst(self) -> JobResult | None:
+        """The job with the lowest fairness ratio (what Eq. 9 lifts)."""
+        return min(self.jobs, key=lambda j: j.fairness, default=None)
+
     def to_dict(self) -> dict:
+        worst = self.worst
         return {
             "scenario": self.scenario,
             "scheduler": self.scheduler,
             "cache": self.cache,
-            "avg_jct_s": self.avg_jct,
-            "makespan_s": self.makespan,
+            "avg_jct_s": _finite(self.avg_jct),
+            "makespan_s": _finite(self.makespan),
             "avg_fairness": self.avg_fairness,
+            "worst_fairness": worst.fairness if worst else None,
+            "worst_job": worst.name if worst else None,
             "interrupted": self.interrupted,
             "simulated_s": self.until,
             "jobs": [
                 {
                     "name": j.name,
+                    "gpus": j.gpus,
+                    "dataset": j.dataset,
                     "submit_s": j.submit,
                     "start_s": j.start,
                     "finish_s": j.finish,
                     "jct_s": j.jct,
                     "hit_ratio": j.hit_ratio,
+                    "epoch_hit_ratios": j.epoch_hit_ratios,
                     "remote_bytes": j.remote_bytes,
                     "fairness": j.fairness,
                 }
                 for j in self.jobs
             ],
+            # the cluster from each instant to the next: total data rate and remote IO
+            "timeline": [
+                {"t_s": t, "throughput_bytes_per_s": rate, "remote_bytes_per_s": remote}
+                for t, rate, remote in self.timeline
+            ],
+            # at each plan, rate / equal-share rate over the jobs present: worst and mean
+            "fairness_timeline": [
+                {"t_s": t, "worst": worst_ratio, "average": mean}
+                for t, worst_ratio, mean in self.fairness_timeline
+            ],
         }
+
+
+def _finite(x: float) -> float | None:
+    """JSON has no NaN: an average of nothing is null."""
+    return None if math.isnan(x) else x
 
 
 @dataclass
@@ -401,8 +427,6 @@ class Simulation:
         self.demand = {}
         self.total_rate = self.total_remote = 0.0
         for job in active:
-            if job.rate > 0 or job.remote > 0:
-                self._log_rate(job, 0.0)
             job.rate = job.remote = 0.0
             job.seq = -1  # its events are stale
         self.running = {job.name: job for job in active if job.share > 0}
@@ -418,6 +442,9 @@ class Simulation:
             self.equal_for = names
         self.dirty = False
         self._rerate(list(self.running.values()), everyone=True)
+        for job in active:
+            if job.share <= 0:
+                self._log_rate(job, 0.0)
         self.next_plan = self.now + self.interval if self._filling() else math.inf
         worst, total = math.inf, 0.0
         for job in active:
@@ -560,8 +587,7 @@ class Simulation:
                 self.filling.discard(key)
         self.total_rate += rate - job.rate
         self.total_remote += remote - job.remote
-        if rate != job.rate:
-            self._log_rate(job, rate)
+        self._log_rate(job, rate)
         job.rate, job.remote = rate, remote
         self.seq += 1
         job.seq = self.seq
@@ -572,8 +598,15 @@ class Simulation:
             heapq.heappush(self.events, (self.now + max(0.0, until) / rate, self.seq, job))
 
     def _log_rate(self, job: _Job, rate: float) -> None:
-        if self.job_rates is not None:
-            self.job_rates.setdefault(job.name, []).append((self.now, rate))
+        if self.job_rates is None:
+            return
+        points = self.job_rates.setdefault(job.name, [])
+        if points and points[-1][1] == rate:
+            return
+        if points and points[-1][0] == self.now:
+            points[-1] = (self.now, rate)  # changed twice at one instant: the last counts
+        else:
+            points.append((self.now, rate))
 
     def _hit(self, job: _Job) -> float:
         job.boundary = math.inf
