@@ -189,6 +189,7 @@ class _Job:
     boundary: float = math.inf  # LRU: epoch position where the current hit ratio ends
     t: float = 0.0  # when the fields above were last brought up to date (_sync)
     seq: int = -1  # its latest event in Simulation.events; -1: none
+    event_boundary: float = math.inf  # the LRU boundary that event was computed with
     # Fixed for the job's life; plain attributes because the event loop reads them for
     # every active job at every step.
     name: str = field(init=False)
@@ -421,15 +422,12 @@ class Simulation:
         if self.cache_policy is not None:
             self.cache_policy.fill_cache(views, cluster, alloc)
         self._apply(alloc)
-        # Every rate from scratch: nothing fetches until _rerate says so.
-        self.inflow = {}
-        self.filling = set()
-        self.demand = {}
-        self.total_rate = self.total_remote = 0.0
-        for job in active:
-            job.rate = job.remote = 0.0
-            job.seq = -1  # its events are stale
         self.running = {job.name: job for job in active if job.share > 0}
+        self.demand = {}
+        for job in active:
+            if job.share <= 0:  # waiting or preempted: no rate, fetches nothing
+                job.rate = job.remote = 0.0
+                job.seq = -1  # its events are stale
         # The equal share depends on the set of active jobs only: most re-plans (a cache
         # filling, an epoch starting) keep it.
         names = tuple(self.active)
@@ -441,10 +439,23 @@ class Simulation:
                 job.equal_rate = equal[job.name]
             self.equal_for = names
         self.dirty = False
+        # Jobs whose rate stays keep their event (_set_rate); the sums kept by adding
+        # differences are recomputed exactly.
         self._rerate(list(self.running.values()), everyone=True)
+        self.inflow = {}
+        self.total_rate = self.total_remote = 0.0
         for job in active:
             if job.share <= 0:
                 self._log_rate(job, 0.0)
+                continue
+            self.total_rate += job.rate
+            self.total_remote += job.remote
+            if job.remote > 0:
+                self.inflow[job.unit] = self.inflow.get(job.unit, 0.0) + job.remote
+        self.filling = set() if self.lru else {k for k in self.inflow if self._room(k)}
+        if len(self.events) > 4 * len(self.running) + 1024:  # drop stale entries
+            self.events = [e for e in self.events if e[1] == e[2].seq]
+            heapq.heapify(self.events)
         self.next_plan = self.now + self.interval if self._filling() else math.inf
         worst, total = math.inf, 0.0
         for job in active:
@@ -477,8 +488,13 @@ class Simulation:
         )
 
     def _reference_view(self, job: _Job) -> Job:
-        view = self._view(job)
-        return Job(view.name, view.dataset, view.gpus, view.f_star, {job.spec.dataset: 1.0})
+        spec = job.spec
+        return Job(job.name, spec.dataset, spec.gpus, spec.ideal_io, {spec.dataset: 1.0})
+
+    def _room(self, key: str) -> bool:
+        """Can unit `key` still admit bytes (uniform caching)?"""
+        size = self.cluster.units[key].size
+        return self.filled[key] < min(self.allocated[key], size) - max(1.0, size * 1e-12)
 
     def _apply(self, alloc: Allocation) -> None:
         for job in self.active.values():
@@ -570,18 +586,15 @@ class Simulation:
         else:
             remote = share
             rate = min(gpu_rate, remote / (1.0 - job.hit))
+        if rate == job.rate and remote == job.remote and job.seq >= 0:
+            if job.boundary == job.event_boundary:
+                return  # progress is linear: its pending event is still right
         if remote != job.remote:
             key = job.unit
             self._sync_unit(key)
             inflow = self.inflow.get(key, 0.0) + remote - job.remote
             self.inflow[key] = inflow if inflow > 1e-9 else 0.0
-            if (
-                not self.lru
-                and self.inflow[key] > 0
-                and self.filled[key]
-                < min(self.allocated[key], self.cluster.units[key].size)
-                - max(1.0, self.cluster.units[key].size * 1e-12)
-            ):
+            if not self.lru and self.inflow[key] > 0 and self._room(key):
                 self.filling.add(key)
             else:
                 self.filling.discard(key)
@@ -591,6 +604,7 @@ class Simulation:
         job.rate, job.remote = rate, remote
         self.seq += 1
         job.seq = self.seq
+        job.event_boundary = job.boundary
         if rate > 0:
             until = min(job.work - job.read, job.size - job.pos)
             if job.boundary < math.inf:
@@ -671,6 +685,7 @@ class Simulation:
             _, seq, job = heapq.heappop(events)
             if seq != job.seq:
                 continue
+            job.seq = -1  # consumed: _set_rate pushes the next one
             self._sync(job)
             self.touched[job.name] = job
             if job.work - job.read <= job.eps:
