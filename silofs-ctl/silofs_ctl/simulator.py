@@ -20,6 +20,9 @@ Model (docs/CONTROLLER.md has the details):
 - Rates are constant between events: arrivals, completions, epoch ends, a cache unit
   becoming full, LRU segment ends; and a bounded step while a shared unit is filling
   (another job's fetches raise this one's hit ratio continuously).
+
+The loop is incremental (Simulation's docstring): a step costs the jobs its event
+touches, not every active job; a re-plan costs every active job.
 """
 
 from __future__ import annotations
