@@ -193,6 +193,7 @@ class _Job:
     t: float = 0.0  # when the fields above were last brought up to date (_sync)
     seq: int = -1  # its latest event in Simulation.events; -1: none
     event_boundary: float = math.inf  # the LRU boundary that event was computed with
+    lru_held: float = -1.0  # LRU: the dataset's holding its hit ratio was computed with
     # Fixed for the job's life; plain attributes because the event loop reads them for
     # every active job at every step.
     name: str = field(init=False)
@@ -625,6 +626,11 @@ class Simulation:
         else:
             points.append((self.now, rate))
 
+    def _lru_held(self, job: _Job) -> float:
+        """What the LRU holds of the job's dataset (units brought up to date by the caller)."""
+        dataset = job.spec.dataset
+        return min(self.resident.get(dataset, 0.0), self.target.get(dataset, 0.0))
+
     def _hit(self, job: _Job) -> float:
         job.boundary = math.inf
         if not self.lru:
@@ -635,7 +641,7 @@ class Simulation:
         if job.epochs_done == 0:
             return job.first_hit
         self._sync_unit(job.unit)
-        held = min(self.resident.get(job.spec.dataset, 0.0), self.target.get(job.spec.dataset, 0.0))
+        held = job.lru_held = self._lru_held(job)
         r = held / job.size
         y = job.pos / job.size
         if r >= 1.0:
@@ -704,7 +710,9 @@ class Simulation:
                 if self.lru:
                     # the holdings follow the readers' rates: every LRU hit may move
                     self._lru_targets()
-                    self.touched.update(self.running)
+                    for other in self.running.values():
+                        if other.epochs_done > 0 and other.lru_held != self._lru_held(other):
+                            self.touched[other.name] = other
                 elif abs(self._hit(job) - job.hit) > _REPLAN_HIT_CHANGE:
                     self.dirty = True  # what it fetched last epoch is effective now
         for key in list(self.filling):
