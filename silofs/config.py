@@ -91,6 +91,7 @@ class NodeSettings:
     tls_client_names: list[str] = field(default_factory=list)  # allowed CNs; []: any
     tcp_max_connections: int = 64  # open at once, handshakes included
     tls_handshake_seconds: float = 10.0  # a client that takes longer is closed
+    tls_handshakes_per_second: float = 20.0  # new connections beyond: closed at accept
 
 
 @dataclass
@@ -148,6 +149,7 @@ _CONTROL_KEYS = {
     "tls_client_names",
     "tcp_max_connections",
     "tls_handshake_seconds",
+    "tls_handshakes_per_second",
 }
 _LIMIT_KEYS = {
     "max_datasets_per_uid",
@@ -352,6 +354,8 @@ def _validate_control(s: NodeSettings) -> None:
         raise UsageError("tcp_max_connections must be at least 1")
     if not s.tls_handshake_seconds > 0:
         raise UsageError("tls_handshake_seconds must be more than 0")
+    if not s.tls_handshakes_per_second >= 1:
+        raise UsageError("tls_handshakes_per_second must be at least 1")
     if s.tcp_listen is None:
         return
     from silofs.control.tls import parse_tcp_address

@@ -711,6 +711,11 @@ class TLSLimits:
     max_connections: int = 64
     handshake_seconds: float = 10.0
     allowed_names: frozenset[str] = frozenset()
+    # New connections accepted per second (a burst of this many at once). A handshake
+    # costs the daemon's loop ~1-2 ms of CPU whether it succeeds or not; beyond the
+    # rate a connection is closed at accept, before any TLS, so a flood of refused
+    # clients costs bounded CPU. A controller keeps one keep-alive connection per node.
+    handshakes_per_second: float = 20.0
 
 
 def bind_tcp(host: str, port: int) -> socket.socket:
@@ -747,6 +752,19 @@ class _TLSAcceptor:
         self.served = 0
         self.last_warning = 0.0
         self.unlogged = 0
+        self.tokens = tls_limits.handshakes_per_second
+        self.refilled = time.monotonic()
+
+    def _may_handshake(self) -> bool:
+        """Token bucket of handshakes_per_second, holding at most one second's worth."""
+        rate = self.tls_limits.handshakes_per_second
+        now = time.monotonic()
+        self.tokens = min(rate, self.tokens + (now - self.refilled) * rate)
+        self.refilled = now
+        if self.tokens < 1:
+            return False
+        self.tokens -= 1
+        return True
 
     async def run(self, sock: trio.socket.SocketType, nursery: trio.Nursery) -> None:
         while True:
@@ -763,6 +781,13 @@ class _TLSAcceptor:
                 self._refusal(
                     f"TLS listener: {self.open} connections open "
                     f"(limit {self.tls_limits.max_connections}); refusing {_host(addr)}"
+                )
+                continue
+            if not self._may_handshake():
+                conn.close()
+                self._refusal(
+                    f"TLS listener: more than {self.tls_limits.handshakes_per_second:g} "
+                    f"new connections a second; refusing {_host(addr)}"
                 )
                 continue
             self.open += 1

@@ -90,6 +90,7 @@ async def serve(daemon: Daemon, task_status: trio.TaskStatus = trio.TASK_STATUS_
                         tls_limits=TLSLimits(
                             max_connections=settings.tcp_max_connections,
                             handshake_seconds=settings.tls_handshake_seconds,
+                            handshakes_per_second=settings.tls_handshakes_per_second,
                             allowed_names=frozenset(settings.tls_client_names),
                         ),
                         task_status=task_status,

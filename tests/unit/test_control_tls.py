@@ -299,3 +299,27 @@ def test_registration_body_is_checked() -> None:
             _registration(bad)
         assert err.value.status == 400, bad
     assert json.dumps(info)  # persisted as JSON
+
+
+def test_new_connections_beyond_the_handshake_rate_are_closed_before_tls(
+    pki: dict[str, Path],
+) -> None:
+    """A flood costs the loop at most handshakes_per_second handshakes a second; the
+    rest are closed at accept, and the listener serves again once the bucket refills."""
+    with tls_server(pki, handshakes_per_second=2) as (port, acc):
+        conns = [socket.create_connection(("127.0.0.1", port), timeout=DEADLINE) for _ in range(6)]
+        try:
+            wait_for(lambda: acc.refused >= 4, "connections over the rate to be closed")
+            assert acc.open <= 2
+        finally:
+            for s in conns:
+                s.close()
+
+        def served() -> bool:
+            try:
+                assert_served(port, pki)
+                return True
+            except ControlError:
+                return False  # still over the rate: the bucket refills at 2 a second
+
+        wait_for(served, "the listener to serve again")
