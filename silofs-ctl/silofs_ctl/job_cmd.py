@@ -15,7 +15,9 @@ import json
 import click
 
 from silofs.config import default_socket
-from silofs.control.client import ControlClient, ControlError, quote_segment
+from silofs.control.client import ControlError, quote_segment
+
+from .nodes import SOCKET_HELP, one_node_client
 
 
 @click.group("job")
@@ -32,7 +34,7 @@ def job() -> None:
 @click.option("--scheduler", default=None, help="Who scheduled it, e.g. slurm.")
 @click.option("--scheduler-id", default=None, help="The scheduler's id for it.")
 @click.option("--node", "nodes", multiple=True, help="A node of the job (repeat).")
-@click.option("--socket", default=None, envvar="SILOFS_SOCKET", help="The node's control socket.")
+@click.option("--socket", default=None, envvar="SILOFS_SOCKET", help=SOCKET_HELP)
 def register(
     name: str,
     gpus: int,
@@ -55,7 +57,7 @@ def register(
         if value is not None:
             body[key] = value
     try:
-        with ControlClient(socket or default_socket()) as client:
+        with one_node_client(socket or default_socket()) as client:
             ans = client.request("PUT", f"/v1/jobs/{quote_segment(name)}", body)
     except ControlError as exc:
         raise click.ClickException(str(exc)) from None
@@ -64,11 +66,11 @@ def register(
 
 @job.command("show")
 @click.argument("name")
-@click.option("--socket", default=None, envvar="SILOFS_SOCKET", help="The node's control socket.")
+@click.option("--socket", default=None, envvar="SILOFS_SOCKET", help=SOCKET_HELP)
 def show(name: str, socket: str | None) -> None:
     """Print the node's view of JOB (registration, IO allocation, rates) as JSON."""
     try:
-        with ControlClient(socket or default_socket()) as client:
+        with one_node_client(socket or default_socket()) as client:
             ans = client.request("GET", f"/v1/jobs/{quote_segment(name)}")
     except ControlError as exc:
         raise click.ClickException(str(exc)) from None

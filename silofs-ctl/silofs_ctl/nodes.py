@@ -75,6 +75,43 @@ class SocketNode:
 
 ClientFactory = Callable[[NodeConfig], NodeClient]
 
+# For the one-node commands (status, allocate-*, forget, job): a directory holding
+# controller.pem, controller.key and ca.pem (`silofs-ctl certs init`), used when
+# --socket is a tls:// address.
+TLS_DIR_ENV = "SILOFS_CTL_TLS"
+SOCKET_HELP = "The node daemon's control socket, or tls://HOST:PORT (certs: $SILOFS_CTL_TLS)."
+
+
+def one_node_client(address: str, timeout: float = 10.0) -> Any:
+    """A ControlClient for `--socket ADDRESS`: a Unix socket, or tls://HOST:PORT with
+    the certificates in $SILOFS_CTL_TLS. ControlError (one line, as for a node that
+    does not answer) if those are missing or cannot be loaded."""
+    import os
+    import ssl
+
+    from silofs.control.client import (
+        TLS_PREFIX,
+        ControlClient,
+        ControlError,
+        client_tls_context,
+    )
+
+    context = None
+    if address.startswith(TLS_PREFIX):
+        directory = os.environ.get(TLS_DIR_ENV)
+        if not directory:
+            raise ControlError(
+                f"{address} needs a client certificate: set {TLS_DIR_ENV} to a directory "
+                "with controller.pem, controller.key and ca.pem (`silofs-ctl certs init`)"
+            )
+        files = [os.path.join(directory, n) for n in ("controller.pem", "controller.key", "ca.pem")]
+        try:
+            context = client_tls_context(*files)
+        except (OSError, ssl.SSLError) as exc:
+            reason = getattr(exc, "strerror", None) or getattr(exc, "reason", None) or exc
+            raise ControlError(f"{TLS_DIR_ENV}: cannot load {', '.join(files)}: {reason}") from None
+    return ControlClient(address, timeout=timeout, tls=context)
+
 
 def socket_clients(config: ControllerConfig) -> ClientFactory:
     """Clients for every node; the [tls] files are loaded once, here, so a bad one stops

@@ -276,6 +276,18 @@ def test_controller_in_its_own_namespace_allocates_over_mutual_tls(cluster) -> N
                  str(config), "--once")  # fmt: skip
     assert res.returncode == 0, f"{res.stdout}\n{res.stderr}"
 
+    # An operator's one-node commands over TLS, with the certificates in $SILOFS_CTL_TLS.
+    n1 = f"tls://{LINKS['n1'][1]}:{PORT}"
+    ctl_cmd = [sys.executable, "-m", "silofs_ctl"]
+    res = in_ctl("env", "-u", "SILOFS_CTL_TLS", *ctl_cmd, "status", "--socket", n1)
+    assert res.returncode == 1 and "SILOFS_CTL_TLS" in res.stderr, res.stderr
+    tls_env = f"SILOFS_CTL_TLS={tmp / 'pki'}"
+    res = in_ctl("env", tls_env, *ctl_cmd, "allocate-io", "slurm-101", "5MB/s", "--socket", n1)
+    assert res.returncode == 0, res.stderr
+    assert nodes["n1"].request("GET", "/v1/jobs/slurm-101/io")["bytes_per_s"] == 5 * MB
+    res = in_ctl("env", tls_env, *ctl_cmd, "status", "--socket", n1)
+    assert res.returncode == 0 and "slurm-101" in res.stdout, res.stderr
+
     # A node down (its daemon stopped) is reported, the other still updated.
     nodes["n2"].stop()
     res = in_ctl(sys.executable, "-m", "silofs_ctl", "controller", "run", "--config",
