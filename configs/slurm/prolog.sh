@@ -15,12 +15,23 @@
 #   silofs.ideal_io=RATE  f*: the job's read rate when IO is no bottleneck (optional;
 #                         else the controller measures it)
 #   silofs.epochs=N       epochs in total (optional; SJF uses the remaining work)
-# The job runs as silofs job "slurm-$SLURM_JOB_ID"; its files belong to the job's user.
+# The job runs as silofs job "slurm-$SLURM_JOB_ID".
+#
+# Who mounts (SILOFS_MOUNT_AS): the comment is the job owner's text and this script runs
+# as root, so by default ("user") each dataset is mounted BY THE JOB'S USER (runuser):
+# the daemon then checks the dataset, every directory of it and every object read as
+# that user (docs/SECURITY.md), exactly as for a mount the user made by hand. Mount
+# processes read the cache directly, so the job's users must be members of the daemon's
+# socket_group (who may then read every cached byte: docs/SECURITY.md "socket_group").
+# "root" mounts as root with --allow-other and files owned by the job's user: any job
+# may then read any dataset the daemon can, root-only files included. Use it only on a
+# cluster where every dataset is meant for every user.
 #
 # Settings come from $SILOFS_SLURM_ENV (default /etc/silofs/slurm.env), a shell file:
 #   SILOFS=/opt/silofs/bin/silofs  SILOFS_CTL=/opt/silofs/bin/silofs-ctl
 #   SILOFS_SOCKET=/run/silofs/control.sock  SILOFS_MOUNT_ROOT=/mnt/silofs
 #   SILOFS_SLURM_LOG=/var/log/silofs/slurm.log (else syslog via logger)
+#   SILOFS_MOUNT_AS=user (default) or root: see "Who mounts" above
 #
 # Exit status: 0 with no silofs token in the comment (nothing to do) or all mounted and
 # registered; 1 otherwise, after unmounting what it mounted. Slurm then requeues the
@@ -89,6 +100,17 @@ fail() {
     exit 1
 }
 
+# Mount as the job's user unless told otherwise, or unless the job is root's.
+AS_USER=0
+JOB_USER=""
+if [ "${SILOFS_MOUNT_AS:-user}" = user ] && [ "${SLURM_JOB_UID:-0}" != 0 ]; then
+    AS_USER=1
+    JOB_USER=${SLURM_JOB_USER:-$(id -nu "$SLURM_JOB_UID" 2>/dev/null)}
+    [ -n "$JOB_USER" ] || fail "no user name for uid $SLURM_JOB_UID"
+elif [ "${SILOFS_MOUNT_AS:-user}" != user ] && [ "${SILOFS_MOUNT_AS}" != root ]; then
+    fail "SILOFS_MOUNT_AS must be user or root, not ${SILOFS_MOUNT_AS}"
+fi
+
 mkdir -p "$ROOT/$JOB_ID" || fail "cannot create $ROOT/$JOB_ID"
 chmod 0755 "$ROOT/$JOB_ID"
 declare -A USED=()
@@ -105,10 +127,17 @@ for uri in "${DATASETS[@]}"; do
     USED[$name]=1
     mp="$ROOT/$JOB_ID/$name"
     mkdir -p "$mp" || fail "cannot create $mp"
-    args=(mount "$uri" "$mp" --job "$JOB" --allow-other)
-    [ -n "${SLURM_JOB_UID:-}" ] && args+=(--uid "$SLURM_JOB_UID")
-    [ -n "${SLURM_JOB_GID:-}" ] && args+=(--gid "$SLURM_JOB_GID")
-    if ! out=$("$SILOFS" "${args[@]}" 2>&1); then
+    args=(mount "$uri" "$mp" --job "$JOB")
+    if [ "$AS_USER" = 1 ]; then
+        chown "$SLURM_JOB_UID:${SLURM_JOB_GID:-$SLURM_JOB_UID}" "$mp"
+        cmd=(runuser -u "$JOB_USER" -- env "SILOFS_SOCKET=$SILOFS_SOCKET" "$SILOFS" "${args[@]}")
+    else
+        args+=(--allow-other)
+        [ -n "${SLURM_JOB_UID:-}" ] && args+=(--uid "$SLURM_JOB_UID")
+        [ -n "${SLURM_JOB_GID:-}" ] && args+=(--gid "$SLURM_JOB_GID")
+        cmd=("$SILOFS" "${args[@]}")
+    fi
+    if ! out=$(cd / && "${cmd[@]}" 2>&1); then
         rmdir "$mp" 2>/dev/null
         fail "mount $uri at $mp: $out"
     fi

@@ -15,12 +15,14 @@ the count is what the prolog reads.
 from __future__ import annotations
 
 import os
+import pwd
 import shutil
 import signal
 import socket
 import stat
 import subprocess
 import sys
+import tempfile
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
@@ -44,13 +46,15 @@ def _free_port() -> int:
 class Slurm:
     """A one-node Slurm cluster in a directory; every command gets SLURM_CONF."""
 
-    def __init__(self, root: Path, node: Node) -> None:
+    def __init__(self, root: Path, node: Node, public: Path) -> None:
         self.root = root
         self.node = node
+        self.public = public
         self.conf = root / "slurm.conf"
         self.env = {**os.environ, "SLURM_CONF": str(self.conf)}
         self.procs: list[subprocess.Popen] = []
-        self.mount_root = root / "mnt"
+        self.mount_root = public / "mnt"
+        self.mount_root.mkdir(mode=0o755)
         self.log = root / "silofs-slurm.log"
 
     def run(self, *cmd: str, timeout: float = 60) -> subprocess.CompletedProcess:
@@ -89,12 +93,16 @@ def slurm(tmp_path: Path, make_node) -> Iterator[Slurm]:  # type: ignore[no-unty
         )
     if os.geteuid() != 0:
         pytest.skip("a slurmd that runs prologs needs root")
-    node = make_node(cache_size="64M")
+    # What a job's user must reach (the daemon's socket, the mount root, datasets) lives
+    # in a directory every user may search; tmp_path is root's alone.
+    public = Path(tempfile.mkdtemp(prefix="silofs-slurm-"))
+    public.chmod(0o755)
+    node = make_node(cache_size="64M", socket=str(public / "ctl.sock"))
     root = tmp_path / "slurm"
-    for sub in ("state", "spool", "munge", "bin", "mnt"):
+    for sub in ("state", "spool", "munge", "bin"):
         (root / sub).mkdir(parents=True)
     os.chmod(root / "munge", 0o700)
-    cluster = Slurm(root, node)
+    cluster = Slurm(root, node, public)
 
     # munge: a private key and socket for this cluster only.
     key = root / "munge" / "munge.key"
@@ -111,6 +119,8 @@ def slurm(tmp_path: Path, make_node) -> Iterator[Slurm]:  # type: ignore[no-unty
         wait_for(munge_socket.exists, timeout=20, what="munged's socket")
     except AssertionError:
         _stop(cluster)
+        node.cleanup()
+        shutil.rmtree(public, ignore_errors=True)
         pytest.skip(f"munged did not start: {cluster.daemon_log()[-500:]}")
 
     # silofs and silofs-ctl as the prolog finds them: this interpreter, this checkout.
@@ -196,6 +206,8 @@ def slurm(tmp_path: Path, make_node) -> Iterator[Slurm]:  # type: ignore[no-unty
             if (root / n).exists()
         )
         _stop(cluster)
+        node.cleanup()
+        shutil.rmtree(public, ignore_errors=True)
         pytest.skip(f"Slurm did not start on this machine: {logs[-1500:]}")
     try:
         yield cluster
@@ -205,6 +217,8 @@ def slurm(tmp_path: Path, make_node) -> Iterator[Slurm]:  # type: ignore[no-unty
         for mp in cluster.mount_root.glob("*/*"):
             if mounted(mp):
                 subprocess.run(["fusermount3", "-u", "-z", str(mp)], capture_output=True)
+        node.cleanup()  # the daemon's socket is in `public`
+        shutil.rmtree(public, ignore_errors=True)
 
 
 def _stop(cluster: Slurm) -> None:
@@ -330,3 +344,40 @@ def test_prolog_without_a_silofs_comment_does_nothing_and_a_bad_dataset_fails(
     assert bad in slurm.log.read_text()
     assert not any(mounted(p) for p in slurm.mount_root.glob("*/*"))
     slurm.node.expect_errors(".*no-such-dir.*", ".*does not exist.*")
+
+
+def test_a_job_of_another_user_is_mounted_by_that_user(slurm: Slurm) -> None:
+    """The comment is the job owner's text and the prolog runs as root, so it mounts as
+    the job's user (runuser): the daemon then checks the dataset as that user, as for a
+    mount made by hand (those checks: tests/integration/test_security.py).
+
+    `silofs mount` itself cannot run as another user on this machine (the interpreter
+    lives under /root, 0700), so here `silofs` is a stand-in that records who ran it
+    with what and fails like a refused mount; the prolog's part is what is tested."""
+    record = slurm.public / "record"
+    record.touch(mode=0o666)
+    record.chmod(0o666)
+    stand_in = slurm.public / "silofs-stand-in"
+    stand_in.write_text(
+        f'#!/bin/sh\necho "$(id -u) $*" >> {record}\n'
+        'echo "uid $(id -u) may not search the dataset" >&2\nexit 1\n'
+    )
+    stand_in.chmod(0o755)
+    env_file = slurm.root / "silofs-slurm.env"
+    lines = env_file.read_text().splitlines()
+    env_file.write_text("\n".join(f"SILOFS={stand_in}" if ln.startswith("SILOFS=") else ln
+                                  for ln in lines) + "\n")  # fmt: skip
+    secret = slurm.public / "secret"
+    job = slurm.sbatch(
+        "--uid=nobody", f"--comment=silofs={secret}", "--output=/dev/null", "--wrap=true"
+    )
+    wait_for(lambda: f"prolog job {job}" in (slurm.log.read_text() if slurm.log.exists() else ""),
+             timeout=120, what="the prolog to run")  # fmt: skip
+    log = slurm.log.read_text()
+    print(log)
+    assert "FAILED" in log and "may not search" in log, log
+    uid, *args = record.read_text().split("\n")[0].split()
+    assert int(uid) == pwd.getpwnam("nobody").pw_uid
+    assert args[:2] == ["mount", str(secret)] and "--allow-other" not in args
+    assert args[args.index("--job") + 1] == f"slurm-{job}"
+    assert not list(slurm.mount_root.glob("*/*"))  # the mountpoint it made is gone
