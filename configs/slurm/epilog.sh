@@ -16,6 +16,7 @@ SILOFS_CTL=${SILOFS_CTL:-silofs-ctl}
 ROOT=${SILOFS_MOUNT_ROOT:-/mnt/silofs}
 export SILOFS_SOCKET=${SILOFS_SOCKET:-/run/silofs/control.sock}
 JOB_ID=${SLURM_JOB_ID:?SLURM_JOB_ID is not set: run me as a Slurm epilog}
+case "$JOB_ID" in *[!0-9]*) echo "silofs epilog: odd SLURM_JOB_ID $JOB_ID" >&2; exit 1 ;; esac
 JOB="slurm-$JOB_ID"
 DIR="$ROOT/$JOB_ID"
 
@@ -36,7 +37,7 @@ for mp in "$DIR"/*; do
     if mountpoint -q "$mp"; then
         # `silofs unmount` waits for the mount process (it deregisters on its way out);
         # a reader still holding files open is detached lazily rather than kept.
-        if ! out=$("$SILOFS" unmount "$mp" 2>&1); then
+        if ! out=$("$SILOFS" unmount -- "$mp" 2>&1); then
             fusermount3 -u -z "$mp" 2>/dev/null
             say "unmount $mp: $out (detached lazily)"
         fi

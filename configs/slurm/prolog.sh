@@ -47,6 +47,7 @@ SILOFS_CTL=${SILOFS_CTL:-silofs-ctl}
 ROOT=${SILOFS_MOUNT_ROOT:-/mnt/silofs}
 export SILOFS_SOCKET=${SILOFS_SOCKET:-/run/silofs/control.sock}
 JOB_ID=${SLURM_JOB_ID:?SLURM_JOB_ID is not set: run me as a Slurm prolog}
+case "$JOB_ID" in *[!0-9]*) echo "silofs prolog: odd SLURM_JOB_ID $JOB_ID" >&2; exit 1 ;; esac
 JOB="slurm-$JOB_ID"
 
 say() {
@@ -115,9 +116,13 @@ mkdir -p "$ROOT/$JOB_ID" || fail "cannot create $ROOT/$JOB_ID"
 chmod 0755 "$ROOT/$JOB_ID"
 declare -A USED=()
 for uri in "${DATASETS[@]}"; do
+    # The directory name comes from the job owner's text: letters, digits, '.', '_'
+    # and '-' only, never "." or ".." (a "silofs=/x/.." must not make root chown the
+    # mount root to the user).
     name=${uri%/}
     name=${name##*/}
-    [ -n "$name" ] || name=data
+    name=$(printf '%s' "$name" | tr -c 'A-Za-z0-9._-' '_' | cut -c1-64)
+    case "$name" in "" | . | ..) name=data ;; esac
     base=$name
     n=1
     while [ -n "${USED[$name]:-}" ]; do
@@ -127,15 +132,17 @@ for uri in "${DATASETS[@]}"; do
     USED[$name]=1
     mp="$ROOT/$JOB_ID/$name"
     mkdir -p "$mp" || fail "cannot create $mp"
-    args=(mount "$uri" "$mp" --job "$JOB")
+    # Options first, then "--": a URI that begins with "-" is a URI, not an option.
+    args=(mount --job "$JOB")
     if [ "$AS_USER" = 1 ]; then
         chown "$SLURM_JOB_UID:${SLURM_JOB_GID:-$SLURM_JOB_UID}" "$mp"
-        cmd=(runuser -u "$JOB_USER" -- env "SILOFS_SOCKET=$SILOFS_SOCKET" "$SILOFS" "${args[@]}")
+        cmd=(runuser -u "$JOB_USER" -- env "SILOFS_SOCKET=$SILOFS_SOCKET" "$SILOFS"
+            "${args[@]}" -- "$uri" "$mp")
     else
         args+=(--allow-other)
         [ -n "${SLURM_JOB_UID:-}" ] && args+=(--uid "$SLURM_JOB_UID")
         [ -n "${SLURM_JOB_GID:-}" ] && args+=(--gid "$SLURM_JOB_GID")
-        cmd=("$SILOFS" "${args[@]}")
+        cmd=("$SILOFS" "${args[@]}" -- "$uri" "$mp")
     fi
     if ! out=$(cd / && "${cmd[@]}" 2>&1); then
         rmdir "$mp" 2>/dev/null
