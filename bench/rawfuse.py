@@ -95,14 +95,19 @@ class MemFS(pyfuse3.Operations):
     async def read(self, fh: int, off: int, size: int) -> memoryview:
         return memoryview(self.data[fh])[off : off + size]
 
+    async def release(self, fh: int) -> None:
+        pass
+
     async def flush(self, fh: int) -> None:
         raise pyfuse3.FUSEError(errno.ENOSYS)
 
 
 async def serve(fs: MemFS, mountpoint: str) -> None:
+    """Mount at `mountpoint` (already resolved: once mounted, a stat of it from this
+    process would wait for this process) and serve until SIGTERM or an unmount."""
     opts = set(pyfuse3.default_options) | {"fsname=rawfuse", "ro", "noatime"}
     pyfuse3.init(fs, mountpoint, opts)
-    raise_read_ahead(os.path.realpath(mountpoint), 1024)
+    raise_read_ahead(mountpoint, 1024)
     print("ready", flush=True)
     unmount = True
     try:
