@@ -75,9 +75,8 @@ def main() -> None:
         pending = []
         for o in objs:
             ref = ChunkRef.of(o, CHUNK, 0)
-            pending.append(
-                PendingChunk(1, ref.key, encode_chunk(1, 0, CHUNK, o.key, o.content_id, body), SMALL)
-            )
+            value = encode_chunk(1, 0, CHUNK, o.key, o.content_id, body)
+            pending.append(PendingChunk(1, ref.key, value, SMALL))
             with open(os.path.join(tree, o.key.split("/")[1]), "wb") as f:
                 f.write(body)
         store.admit(pending, {}, lambda _d, _u: 1 << 40)
@@ -114,8 +113,9 @@ def main() -> None:
         ours, theirs = trio.run(run)
         for who, fig in (("silofs", ours), ("ceiling (MemFS)", theirs)):
             print(
-                f"{who:16} lookup+open+read+release of a warm 110 KiB file: best {min(fig):.1f} us, "
-                f"median {statistics.median(fig):.1f} us ({args.runs} runs of {args.files})"
+                f"{who:16} lookup+open+read+release of a warm 110 KiB file: "
+                f"best {min(fig):.1f} us, median {statistics.median(fig):.1f} us "
+                f"({args.runs} runs of {args.files})"
             )
 
 

@@ -68,7 +68,8 @@ def main() -> None:
 
         figures = trio.run(run)
         print(
-            f"hit path (begin_read + chunk, {args.chunk_kib} KiB chunk): best {min(figures):.2f} us, "
+            f"hit path (begin_read + chunk, {args.chunk_kib} KiB chunk): "
+            f"best {min(figures):.2f} us, "
             f"median {sorted(figures)[len(figures) // 2]:.2f} us over {args.runs} runs "
             f"of {args.iterations}"
         )

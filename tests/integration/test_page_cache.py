@@ -1,0 +1,61 @@
+"""The kernel page cache across opens, on real FUSE mounts; the mount's memory in status.
+
+Owns: a re-read of a version the kernel already holds never reaches the mount process
+(keep_cache), also for a version a refresh brought after the mount started; an open of
+another version than the kernel's pages hold reads the new bytes (the pages are dropped);
+status shows each mount's resident memory split into anonymous and file-backed (mapped
+LMDB) bytes.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from pathlib import Path
+
+import pytest
+
+from .conftest import needs_fuse, wait_for
+
+pytestmark = [needs_fuse, pytest.mark.fuse]
+
+
+def test_a_reread_of_the_same_version_stays_in_the_kernel_even_after_a_refresh(
+    make_node, local_store, monkeypatch, bucket_name, tmp_path: Path
+) -> None:
+    rnd = random.Random(11)
+    old, new, other = rnd.randbytes(300_000), rnd.randbytes(200_000), rnd.randbytes(5000)
+    local_store.apply_env(monkeypatch)
+    local_store.create(bucket_name, {"f.bin": old, "g.bin": other})
+    uri = local_store.uri(bucket_name)
+    node = make_node()
+    a = node.mount(uri, tmp_path / "a")
+
+    assert (a / "f.bin").read_bytes() == old
+    assert (a / "f.bin").read_bytes() == old  # from the kernel's pages
+    node.settle(str(a), len(old))
+
+    local_store.put(bucket_name, "f.bin", new)
+    node.mount(uri, tmp_path / "b", "--refresh")  # a new listing generation; `a` follows it
+    # The mount invalidates the kernel's attributes of entries the new listing changed.
+    wait_for(lambda: os.stat(a / "f.bin").st_size == len(new), what="mount a to follow")
+
+    assert (a / "f.bin").read_bytes() == new  # another version: the old pages are dropped
+    assert (a / "f.bin").read_bytes() == new  # the same version again: the kernel's pages
+    assert (a / "g.bin").read_bytes() == other  # reaches the mount: a barrier for counters
+    want = len(old) + len(new) + len(other)
+    assert node.settle(str(a), want)["bytes_read"] == want
+
+
+def test_status_splits_a_mounts_memory(
+    make_node, local_store, monkeypatch, bucket_name, tmp_path: Path
+) -> None:
+    local_store.apply_env(monkeypatch)
+    local_store.create(bucket_name, {"f.bin": b"x" * 100_000})
+    node = make_node()
+    mp = node.mount(local_store.uri(bucket_name), tmp_path / "mnt")
+    assert (mp / "f.bin").read_bytes() == b"x" * 100_000
+    memory = node.mount_status(str(mp))["memory"]
+    assert set(memory) == {"anon_bytes", "file_bytes"}
+    # A Python process holds some MiB of its own; the mapped env and libraries are files.
+    assert memory["anon_bytes"] > 1 << 20 and memory["file_bytes"] > 0
