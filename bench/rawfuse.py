@@ -109,22 +109,25 @@ async def serve(fs: MemFS, mountpoint: str) -> None:
     pyfuse3.init(fs, mountpoint, opts)
     raise_read_ahead(mountpoint, 1024)
     print("ready", flush=True)
-    unmount = True
+    signalled = False
     try:
         async with trio.open_nursery() as nursery:
 
             async def signals() -> None:
+                nonlocal signalled
                 with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as sigs:
                     async for _ in sigs:
+                        signalled = True
                         pyfuse3.terminate()
                         return
 
             nursery.start_soon(signals)
             await pyfuse3.main()
-            unmount = False
             nursery.cancel_scope.cancel()
     finally:
-        pyfuse3.close(unmount=unmount)
+        # main() also returns when the kernel unmounted us (fusermount3 -u): only a
+        # signal leaves the mount for us to remove.
+        pyfuse3.close(unmount=signalled)
 
 
 def main() -> None:
