@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import copy
 import os
 import shutil
 import subprocess
@@ -228,6 +229,14 @@ def main() -> int:
         "(silofs opens it with readahead=False, i.e. MADV_RANDOM); changes no file",
     )
     ap.add_argument("--no-verify", action="store_true", help="skip the byte-for-byte check")
+    ap.add_argument(
+        "--baseline",
+        metavar="TREE",
+        default=None,
+        help="also measure the mount process of another silofs tree (e.g. a `git archive` "
+        "of main), mounted through the same daemon and cache, interleaved with this one: "
+        "before/after from one run",
+    )
     ap.add_argument(
         "--no-ceiling",
         action="store_true",
@@ -452,6 +461,30 @@ def run(args: argparse.Namespace, data: Path, readers: list[int], tmp: Path) -> 
             m.expected += nbytes
             return p.rate
 
+        base: Mount | None = None
+        base_costs: dict[str, list[Pass]] = {}
+        big_b = Samples([])
+        small_b = {r: Samples([]) for r in readers}
+        base_mp = str(tmp / "mnt-baseline")
+        if args.baseline:
+            # The other tree's `silofs mount` and mount process, against our daemon.
+            other = copy.copy(node)
+            other.env = {
+                **node.env,
+                "PYTHONPATH": os.pathsep.join([args.baseline, node.env["PYTHONPATH"]]),
+            }
+            base = Mount(other, f"file://{data}", base_mp, mount_args)
+            base.open()
+
+        def timed_base(kind: str, nbytes: int, fn: Callable[[dict[str, int]], Pass]) -> float:
+            assert base is not None
+            if not args.no_remount:
+                base.fresh()
+            p = fn({"mount": base.pid})
+            base_costs.setdefault(kind, []).append(p)
+            base.expected += nbytes
+            return p.rate
+
         with contextlib.ExitStack() as stack:
             ceiling = None
             if not args.no_ceiling:
@@ -466,6 +499,10 @@ def run(args: argparse.Namespace, data: Path, readers: list[int], tmp: Path) -> 
 
             for _ in range(args.repeat):
                 big_s.values.append(timed("big", big_bytes, lambda w: big_pass(mp, w)))
+                if base:
+                    big_b.values.append(
+                        timed_base("big", big_bytes, lambda w: big_pass(base_mp, w))
+                    )
                 big_l.values.append(big_pass(data).rate)
                 if ceiling:
                     big_c.values.append(raw("big", lambda w: big_pass(ceiling.mp, w)))
@@ -477,6 +514,15 @@ def run(args: argparse.Namespace, data: Path, readers: list[int], tmp: Path) -> 
                             lambda w, r=r: small_pass(fuse_small, r, w),
                         )
                     )
+                    if base:
+                        base_small = small_paths(base_mp, args.files)
+                        small_b[r].values.append(
+                            timed_base(
+                                f"x{r}",
+                                args.files * SMALL_BYTES,
+                                lambda w, r=r, b=base_small: small_pass(b, r, w),
+                            )
+                        )
                     small_l[r].values.append(small_pass(local_small, r).rate)
                     if ceiling:
                         small_c[r].values.append(
@@ -494,6 +540,12 @@ def run(args: argparse.Namespace, data: Path, readers: list[int], tmp: Path) -> 
             f"big file   silofs {big_s.text()} GB/s   local {big_l.text()} GB/s   "
             f"ratio {rb:.2f}x {verdict(rb, BIG_TARGET)}"
         )
+        if big_b.values:
+            print(
+                f"           baseline {big_b.text()} GB/s   ratio "
+                f"{ratio(big_b.median, big_l.median):.2f}x (this tree / baseline "
+                f"{ratio(big_s.median, big_b.median):.2f}x)"
+            )
         if big_c.values:
             rc = ratio(big_s.median, big_c.median)
             print(
@@ -508,15 +560,25 @@ def run(args: argparse.Namespace, data: Path, readers: list[int], tmp: Path) -> 
                 f"local {small_l[r].text('{:.0f}')} files/s   ratio {rs:.2f}x "
                 f"{verdict(rs, SMALL_TARGET)}"
             )
+            if small_b[r].values:
+                print(
+                    f"           baseline {small_b[r].text('{:.0f}')} files/s   ratio "
+                    f"{ratio(small_b[r].median, small_l[r].median):.2f}x (this tree / "
+                    f"baseline {ratio(small_s[r].median, small_b[r].median):.2f}x)"
+                )
             if small_c[r].values:
                 rc = ratio(small_s[r].median, small_c[r].median)
                 print(
                     f"           pyfuse3 ceiling {small_c[r].text('{:.0f}')} files/s   "
                     f"silofs/ceiling {rc:.2f}x"
                 )
-        for who, table in (("mount process", costs), ("pyfuse3 ceiling", ceiling_costs)):
+        for who, table in (
+            ("mount process", costs),
+            ("baseline mount", base_costs),
+            ("pyfuse3 ceiling", ceiling_costs),
+        ):
             for kind, ps in table.items():
-                key = "mount" if who == "mount process" else "ceiling"
+                key = "ceiling" if who == "pyfuse3 ceiling" else "mount"
                 cpu = Samples([p.cost[key].cpu_s for p in ps])
                 kernel = sum(p.cost[key].sys_s for p in ps) / max(sum(cpu.values), 1e-9)
                 busy = Samples([p.cost[key].cpu_s / p.secs for p in ps])
@@ -562,6 +624,9 @@ def run(args: argparse.Namespace, data: Path, readers: list[int], tmp: Path) -> 
             ok &= not bad
         m.expected = 0
         m.close()
+        if base is not None:
+            base.expected = 0
+            base.close()
     print(f"load average after: {load_average()}")
     return 0 if ok else 1
 
