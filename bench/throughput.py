@@ -508,38 +508,63 @@ def run(args: argparse.Namespace, data: Path, readers: list[int], tmp: Path) -> 
                 ceiling_costs.setdefault(kind, []).append(p)
                 return p.rate
 
-            for _ in range(args.repeat):
-                if not args.small_only:
+            for round_ in range(args.repeat):
+                # Every kind of pass in a fixed order would favour whoever goes first or
+                # last on a busy machine: the rounds alternate the order.
+                def ours_big() -> None:
                     big_s.values.append(timed("big", big_bytes, lambda w: big_pass(mp, w)))
+
+                def base_big() -> None:
                     if base:
                         big_b.values.append(
                             timed_base("big", big_bytes, lambda w: big_pass(base_mp, w))
                         )
+
+                def local_big() -> None:
                     big_l.values.append(big_pass(data).rate)
+
+                def raw_big() -> None:
                     if ceiling:
                         big_c.values.append(raw("big", lambda w: big_pass(ceiling.mp, w)))
-                for r in readers:
+
+                def ours_small(r: int) -> None:
                     small_s[r].values.append(
                         timed(
                             f"x{r}",
                             args.files * SMALL_BYTES,
-                            lambda w, r=r: small_pass(fuse_small, r, w),
+                            lambda w: small_pass(fuse_small, r, w),
                         )
                     )
+
+                def base_small(r: int) -> None:
                     if base:
-                        base_small = small_paths(base_mp, args.files)
+                        paths = small_paths(base_mp, args.files)
                         small_b[r].values.append(
                             timed_base(
-                                f"x{r}",
-                                args.files * SMALL_BYTES,
-                                lambda w, r=r, b=base_small: small_pass(b, r, w),
+                                f"x{r}", args.files * SMALL_BYTES, lambda w: small_pass(paths, r, w)
                             )
                         )
+
+                def local_small_pass(r: int) -> None:
                     small_l[r].values.append(small_pass(local_small, r).rate)
+
+                def raw_small_pass(r: int) -> None:
                     if ceiling:
                         small_c[r].values.append(
-                            raw(f"x{r}", lambda w, r=r: small_pass(raw_small, r, w))
+                            raw(f"x{r}", lambda w: small_pass(raw_small, r, w))
                         )
+
+                bigs = [ours_big, base_big, local_big, raw_big]
+                smalls = [ours_small, base_small, local_small_pass, raw_small_pass]
+                if round_ % 2:
+                    bigs.reverse()
+                    smalls.reverse()
+                if not args.small_only:
+                    for step in bigs:
+                        step()
+                for r in readers:
+                    for small_step in smalls:
+                        small_step(r)
         after = m.snapshot()
         ok = True
 
