@@ -265,7 +265,8 @@ class SilofsFS(pyfuse3.Operations):
         mount started is the only version this mount ever served under that inode. A
         version a later listing brought is remembered per inode when opened (bounded):
         the next open of the same version keeps the pages, so a re-read never reaches
-        this process; an open of another version, or of one forgotten, drops them."""
+        this process; an open of another version, or of one forgotten, drops them, and
+        a read through a handle of an older listing forgets it (read())."""
         if node.since <= self.manifest.first_gen:
             return True
         ino = node.inode
@@ -280,6 +281,10 @@ class SilofsFS(pyfuse3.Operations):
         f = self._files.get(fh)
         if f is None:
             raise pyfuse3.FUSEError(errno.EBADF)
+        if f.gen != self.manifest.gen:
+            # A handle of an older listing fills the inode's pages with its own version:
+            # the next open must not keep them (_keep_cache).
+            self._page_versions.pop(f.inode, None)
         end = min(off + size, f.obj.size)
         if off >= end:
             return b""

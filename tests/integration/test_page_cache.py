@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import needs_fuse, wait_for
+from .conftest import drop_file_cache, needs_fuse, wait_for
 
 pytestmark = [needs_fuse, pytest.mark.fuse]
 
@@ -59,3 +59,36 @@ def test_status_splits_a_mounts_memory(
     assert set(memory) == {"anon_bytes", "file_bytes"}
     # A Python process holds some MiB of its own; the mapped env and libraries are files.
     assert memory["anon_bytes"] > 1 << 20 and memory["file_bytes"] > 0
+
+
+def test_pages_an_old_handle_read_are_not_kept_for_the_new_version(
+    make_node, local_store, monkeypatch, bucket_name, tmp_path: Path
+) -> None:
+    chunk = 256 << 10
+    rnd = random.Random(12)
+    old, new = rnd.randbytes(2 * chunk), rnd.randbytes(2 * chunk)  # same size
+    local_store.apply_env(monkeypatch)
+    local_store.create(bucket_name, {"f.bin": old})
+    uri = local_store.uri(bucket_name)
+    node = make_node()
+    a = node.mount(uri, tmp_path / "a", "--chunk-size", "256K")
+    f = a / "f.bin"
+
+    fd = os.open(f, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)  # no kernel read-ahead
+        assert os.pread(fd, chunk, chunk) == old[chunk:]  # chunk 1 of the old version
+        wait_for(lambda: node.status()["datasets"][0]["cached_bytes"] >= chunk, what="admission")
+        mtime = os.stat(f).st_mtime_ns
+        local_store.put(bucket_name, "f.bin", new)
+        node.mount(uri, tmp_path / "b", "--chunk-size", "256K", "--refresh")
+        wait_for(lambda: os.stat(f).st_mtime_ns != mtime, what="mount a to follow")
+
+        assert f.read_bytes() == new  # the new version's pages
+        drop_file_cache(f)
+        # The old handle reads its own version from the cache: its bytes are now the
+        # inode's pages at chunk 1.
+        assert os.pread(fd, chunk, chunk) == old[chunk:]
+        assert f.read_bytes() == new  # a new open must not be served those pages
+    finally:
+        os.close(fd)
