@@ -72,6 +72,7 @@ class SilofsFS(pyfuse3.Operations):
         # inode -> the version the kernel's pages of it hold, for inodes whose version
         # changed since the mount started (_keep_cache); bounded.
         self._page_versions: OrderedDict[int, str] = OrderedDict()
+        self._open_versions: dict[int, dict[str, int]] = {}  # inode -> version -> handles
         self.stale_inodes: list[int] = []  # attributes the kernel must fetch again
         self._next_fh = 1
 
@@ -254,6 +255,15 @@ class SilofsFS(pyfuse3.Operations):
             if len(self._objs) > ATTR_CACHE:
                 self._objs.popitem(last=False)
         self._files[fh] = OpenFile(obj, inode=inode, gen=m.gen)
+        versions = self._open_versions.setdefault(inode, {})
+        others = len(versions) - (node.version in versions)
+        versions[node.version] = versions.get(node.version, 0) + 1
+        if others:
+            # A handle of another version (opened before a refresh) is still open: the
+            # kernel's pages of the inode are shared by all its handles, so this one
+            # reads around them (direct_io) and leaves them to the other version.
+            self._page_versions.pop(inode, None)
+            return pyfuse3.FileInfo(fh=fh, keep_cache=False, direct_io=True)
         return pyfuse3.FileInfo(fh=fh, keep_cache=self._keep_cache(node))
 
     def _keep_cache(self, node: Entry) -> bool:
@@ -339,6 +349,15 @@ class SilofsFS(pyfuse3.Operations):
 
     async def release(self, fh: int) -> None:
         f = self._files.pop(fh, None)
+        if f is not None:
+            versions = self._open_versions.get(f.inode, {})
+            left = versions.get(f.obj.version, 0) - 1
+            if left > 0:
+                versions[f.obj.version] = left
+            else:
+                versions.pop(f.obj.version, None)
+                if not versions:
+                    self._open_versions.pop(f.inode, None)
         if f is not None and f.gen != self.manifest.gen:
             # A handle of an older listing: its reads stopped at the old size, and a short
             # read makes the kernel shrink the file's size to it. Once it is closed, the

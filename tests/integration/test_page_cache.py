@@ -9,6 +9,7 @@ LMDB) bytes.
 
 from __future__ import annotations
 
+import errno
 import os
 import random
 from pathlib import Path
@@ -92,3 +93,39 @@ def test_pages_an_old_handle_read_are_not_kept_for_the_new_version(
         assert f.read_bytes() == new  # a new open must not be served those pages
     finally:
         os.close(fd)
+
+
+def test_an_old_handle_never_reads_pages_a_new_version_filled(
+    make_node, local_store, monkeypatch, bucket_name, tmp_path: Path
+) -> None:
+    chunk = 256 << 10
+    rnd = random.Random(13)
+    old, new = rnd.randbytes(2 * chunk), rnd.randbytes(2 * chunk)  # same size
+    local_store.apply_env(monkeypatch)
+    local_store.create(bucket_name, {"f.bin": old})
+    uri = local_store.uri(bucket_name)
+    node = make_node()
+    node.expect_errors(r"changed since (this mount listed it|listing)")
+    a = node.mount(uri, tmp_path / "a", "--chunk-size", "256K")
+    f = a / "f.bin"
+
+    fd = os.open(f, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+        assert os.pread(fd, 4096, 0) == old[:4096]
+        mtime = os.stat(f).st_mtime_ns
+        local_store.put(bucket_name, "f.bin", new)
+        node.mount(uri, tmp_path / "b", "--chunk-size", "256K", "--refresh")
+        wait_for(lambda: os.stat(f).st_mtime_ns != mtime, what="mount a to follow")
+
+        assert f.read_bytes() == new  # opened while the old handle is open
+        for off in (chunk + 100, 0):
+            try:
+                got = os.pread(fd, 4096, off)
+            except OSError as exc:  # the store refuses the old version: EIO, never new
+                assert exc.errno == errno.EIO
+                continue
+            assert got == old[off : off + 4096], f"new bytes at {off} through an old handle"
+    finally:
+        os.close(fd)
+    assert f.read_bytes() == new
