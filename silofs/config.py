@@ -108,7 +108,9 @@ class MountSettings:
     dir_mode: int = 0o555
     refresh: bool = False
     readahead_chunks: int = 4  # sequential reads of large objects fetch this far ahead
-    buffer_bytes: int = 128 << 20  # fetched chunks held in the mount process (not admitted)
+    # Fetched chunks held in the mount process (not admitted); None: what read-ahead
+    # needs (mount/reader.py buffer_bytes_for), not a flat size.
+    buffer_bytes: int | None = None
     read_ahead_kb: int = 1024  # bdi read-ahead: 1 MiB kernel read requests
     attr_timeout: float = 3600.0  # kernel entry/attr cache when the metadata TTL is indefinite
     # Seconds a listing is trusted before the mount asks the daemon to list again, and

@@ -157,6 +157,23 @@ def job_view(d: Daemon, j: JobState) -> dict[str, Any]:
     }
 
 
+def process_memory(pid: int) -> dict[str, int] | None:
+    """A process's resident memory split as `top` does not: anon_bytes (RssAnon, what it
+    allocated itself) and file_bytes (RssFile: for a mount process mostly the pages of
+    the LMDB env it has mapped, shared with every other mount and the page cache, and
+    reclaimable). None if it has gone or /proc is unreadable."""
+    out = {}
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith(("RssAnon:", "RssFile:")):
+                    name, kib = line.split()[:2]
+                    out["anon_bytes" if name == "RssAnon:" else "file_bytes"] = int(kib) << 10
+    except (OSError, ValueError):
+        return None
+    return out if len(out) == 2 else None
+
+
 def mount_view(d: Daemon, m: MountState) -> dict[str, Any]:
     r = m.reported
     return {
@@ -175,6 +192,7 @@ def mount_view(d: Daemon, m: MountState) -> dict[str, Any]:
         "remote_bytes": m.fetch.remote_bytes,
         "remote_gets": m.fetch.remote_gets,
         "corrupt_chunks": r.corrupt_chunks,
+        "memory": process_memory(m.pid),
     }
 
 
