@@ -3,26 +3,23 @@
 Every rule of the authorization matrix is tried by processes running as unprivileged
 users created for the session (useradd), talking to a `silofs daemon` running as root.
 The users' processes are forked from the test and drop to the user's uid, gid and
-supplementary groups before they connect, so the daemon sees them through SO_PEERCRED
-exactly as it sees any local user. (They are forked rather than exec'ed because this
-host's Python lives under /root, which other users cannot enter; and /dev/fuse is
-0600 here, so a second user cannot mount at all: the tests send the requests a mount
-process sends: POST /v1/datasets, POST /v1/mounts, GET /v1/chunks, PUT stats.)
+supplementary groups before they connect (tests/asuser.py), so the daemon sees them
+through SO_PEERCRED exactly as it sees any local user. /dev/fuse is 0600 here, so a
+second user cannot mount at all: the tests send the requests a mount process sends
+(POST /v1/datasets, POST /v1/mounts, GET /v1/chunks, PUT stats).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import pickle
-import pwd
 import shutil
 import socket
 import stat
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,6 +28,8 @@ from urllib.parse import quote
 import pytest
 
 from silofs.control.client import ControlClient
+from tests.asuser import Identity as User
+from tests.asuser import as_user
 
 from .conftest import Node, needs_fuse, silofs_cmd, wait_for
 
@@ -38,13 +37,6 @@ pytestmark = [needs_fuse, pytest.mark.fuse]
 
 _ROOT_ONLY = "" if os.geteuid() == 0 else "needs root (useradd, a root daemon)"
 _NO_USERADD = "" if shutil.which("useradd") else "useradd is not installed"
-
-
-@dataclass
-class User:
-    name: str
-    uid: int
-    gid: int
 
 
 @dataclass
@@ -75,9 +67,8 @@ def users() -> Iterator[Users]:
             cmd += ["-G", extra] if extra else []
             subprocess.run([*cmd, name], check=True, capture_output=True)
             made_users.append(name)
-        got = [pwd.getpwnam(n) for n in made_users]
         yield Users(
-            *(User(p.pw_name, p.pw_uid, p.pw_gid) for p in got),
+            *(User.of(n) for n in made_users),
             cloud_group=groups["cloud"],
             admin_group=groups["admin"],
         )
@@ -86,33 +77,6 @@ def users() -> Iterator[Users]:
             subprocess.run(["userdel", name], capture_output=True)
         for g in made_groups:
             subprocess.run(["groupdel", g], capture_output=True)
-
-
-def as_user(user: User, fn: Callable[..., Any], *args: Any) -> Any:
-    """fn(*args) in a forked child running as `user` (uid, gid, supplementary groups)."""
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: never returns into pytest
-        try:
-            os.close(r)
-            os.setgroups(os.getgrouplist(user.name, user.gid))
-            os.setgid(user.gid)
-            os.setuid(user.uid)
-            out: tuple[str, Any] = ("ok", fn(*args))
-        except BaseException as exc:  # noqa: BLE001 - reported to the parent
-            out = ("error", f"{type(exc).__name__}: {exc}")
-        try:
-            os.write(w, pickle.dumps(out))
-        finally:
-            os._exit(0)
-    os.close(w)
-    with os.fdopen(r, "rb") as f:
-        data = f.read()
-    os.waitpid(pid, 0)
-    kind, value = pickle.loads(data)
-    if kind != "ok":
-        raise AssertionError(f"as {user.name}: {value}")
-    return value
 
 
 Call = tuple[str, str, Any]  # method, path, JSON body (or None)
