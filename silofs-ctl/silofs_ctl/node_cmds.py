@@ -8,6 +8,7 @@ only through the control API; never touches the cache or the mounts directly.
 
 from __future__ import annotations
 
+import difflib
 import json
 import logging
 import time
@@ -189,16 +190,53 @@ def allocate_cache(dataset: str, size: str, socket: str | None) -> None:
 
 @click.command("allocate-io")
 @click.argument("job")
-@click.argument("rate")
+@click.argument("rate", required=False)
+@click.option(
+    "--create",
+    is_flag=True,
+    help="JOB is not on this node yet (its mounts are coming): allocate anyway.",
+)
+@click.option("--clear", is_flag=True, help="Remove JOB's allocation (it is unlimited again).")
 @socket_option
-def allocate_io(job: str, rate: str, socket: str | None) -> None:
-    """Give JOB a remote IO allocation of RATE (200MB/s, 1.5Gbps, 0, unlimited)."""
+def allocate_io(job: str, rate: str | None, create: bool, clear: bool, socket: str | None) -> None:
+    """Give JOB a remote IO allocation of RATE (200MB/s, 1.5Gbps, 0, unlimited).
+
+    A rate needs a unit, as `silofs mount --io-limit` does: `100` alone is refused (JuiceFS
+    users mean Mbps, rclone users KiB/s). JOB must be a job the node knows (one with a
+    mount, a warm or an allocation) unless --create says its mounts are coming, so a
+    mistyped name is an error rather than an allocation nobody uses. --clear removes the
+    allocation; `silofs-ctl forget JOB` removes an unused job's row as well."""
+    path = f"/v1/jobs/{quote_segment(job)}/io"
+    if clear:
+        if rate is not None or create:
+            raise click.UsageError("--clear takes no RATE and no --create")
+        ans = _call(socket, "DELETE", path)
+        click.echo(f"{ans['job']}: remote IO allocation removed (unlimited)")
+        return
+    if rate is None:
+        raise click.UsageError("missing argument 'RATE' (or pass --clear)")
     try:
-        rate_bps = parse_rate(rate)
+        rate_bps = parse_rate(rate, require_unit=True)
     except UsageError as exc:
         raise click.BadParameter(str(exc), param_hint="RATE") from None
-    ans = _call(socket, "PUT", f"/v1/jobs/{quote_segment(job)}/io", {"bytes_per_s": rate_bps})
+    if not create:
+        _require_known_job(socket, job)
+    ans = _call(socket, "PUT", path, {"bytes_per_s": rate_bps})
     click.echo(f"{ans['job']}: remote IO allocation {format_rate(ans['bytes_per_s'])}")
+
+
+def _require_known_job(socket: str | None, job: str) -> None:
+    """A UsageError unless the node knows `job` (status lists every job with a mount, a
+    warm or an allocation, and recently idle ones)."""
+    known = {j["name"] for j in _call(socket, "GET", "/v1/status")["jobs"]}
+    if job in known:
+        return
+    close = difflib.get_close_matches(job, sorted(known), n=1)
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    raise UsageError(
+        f"no job {job!r} on this node ({len(known)} known): {hint}check the name, or pass "
+        "--create if its mounts are coming"
+    )
 
 
 @click.command()

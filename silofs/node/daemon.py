@@ -194,6 +194,18 @@ class Daemon:
         self.job(job).limiter.set_rate(rate)  # listed in status even before it mounts
         log.info("remote IO allocation of job %s: %s", job, format_rate(rate))
 
+    async def clear_io_allocation(self, job: str) -> bool:
+        """Remove a job's remote IO allocation (`silofs-ctl allocate-io JOB --clear`): it
+        is unlimited again, its row stays while it is in use. False if it had none."""
+        if job not in self.io_allocations:
+            return False
+        await self.writer.call(self.store.put_meta, f"io:{job}", None)
+        self.io_allocations.pop(job, None)
+        if job in self.jobs:
+            self.jobs[job].limiter.set_rate(None)
+        log.info("remote IO allocation of job %s removed", job)
+        return True
+
     async def set_mode(self, uri: str, mode: str) -> None:
         if mode not in ("uniform", "lru"):
             raise UsageError(f"admission mode must be uniform or lru, not {mode!r}")

@@ -498,6 +498,13 @@ def _allocation_routes(r: Router, d: Daemon) -> None:
         await d.set_io_allocation(job, rate)
         return json_response({"job": job, "bytes_per_s": rate})
 
+    async def del_io(req: Request, job: str) -> Response:
+        _require_admin(d, req)
+        job = _job_name(job)
+        if not await d.clear_io_allocation(job):
+            raise HTTPError(404, f"job {job!r} has no remote IO allocation on this node")
+        return json_response({"job": job, "bytes_per_s": None, "cleared": True})
+
     async def get_mode(req: Request, name: str) -> Response:
         uri = _dataset_uri(d, name)
         return json_response({"dataset": uri, "mode": d.modes.get(uri, "uniform")})
@@ -528,6 +535,7 @@ def _allocation_routes(r: Router, d: Daemon) -> None:
     r.add("PUT", "/v1/datasets/{name}/admission", put_mode)
     r.add("GET", "/v1/jobs/{job}/io", get_io)
     r.add("PUT", "/v1/jobs/{job}/io", put_io)
+    r.add("DELETE", "/v1/jobs/{job}/io", del_io)
     r.add("GET", "/v1/allocations", allocations)
 
 
