@@ -288,20 +288,33 @@ class Daemon:
         )
 
     def start_warm(
-        self, ds: DatasetState, job: str, paths: list[str], chunk_size: int | None, uid: int
+        self,
+        ds: DatasetState,
+        job: str,
+        paths: list[str],
+        chunk_size: int | None,
+        uid: int,
+        reader: tuple[int, frozenset[int]] | None = None,
     ) -> WarmState:
-        """Start warming `ds` (node/warm.py); the running warm if there is one."""
+        """Start warming `ds` (node/warm.py); the running warm if there is one. With
+        `reader` (an untrusted peer's uid and gids), only objects it may read are
+        fetched."""
         if ds.state != "ready":
             raise UsageError(f"dataset {ds.uri.canonical} is not ready ({ds.state})")
         w = self.warms.get(ds.id)
         if w is not None and w.state == "running":
+            if w.job != job:
+                raise UsageError(
+                    f"a warm of {ds.uri.canonical} for job {w.job!r} is running: "
+                    "wait for it, or stop it first"
+                )
             return w
         if chunk_size is None:  # the chunk size its mounts read with, so keys match
             chunk_size = next(
                 (m.chunk_size for m in self.mounts.values() if m.dsid == ds.id),
                 self.settings.chunk_size,
             )
-        w = self.warms[ds.id] = WarmState(job, paths, chunk_size, uid)
+        w = self.warms[ds.id] = WarmState(job, paths, chunk_size, uid, reader=reader)
         self.job(job)
 
         def failed(reason: str) -> None:
@@ -690,13 +703,20 @@ class Daemon:
         """The uid a job belongs to: the one that registered its oldest live mount. Kept
         in memory only, with the mounts: a job with no mount left belongs to no one,
         and after a daemon restart the first mount to re-register claims it."""
-        return next((m.uid for m in self.mounts.values() if m.job == job), None)
+        owner = next((m.uid for m in self.mounts.values() if m.job == job), None)
+        if owner is None:  # a running warm charges the job too
+            owner = next((w.uid for w in self._running_warms() if w.job == job), None)
+        return owner
+
+    def _running_warms(self) -> list[WarmState]:
+        return [w for w in self.warms.values() if w.state == "running"]
 
     def held_by(self, uid: int) -> tuple[int, int, int]:
         """(datasets, mounts, jobs) a uid holds, as its limits count them."""
         datasets = sum(1 for dsid in self.datasets if self.opened_by.get(dsid) == uid)
         mine = [m for m in self.mounts.values() if m.uid == uid]
-        return datasets, len(mine), len({m.job for m in mine})
+        jobs = {m.job for m in mine} | {w.job for w in self._running_warms() if w.uid == uid}
+        return datasets, len(mine), len(jobs)
 
     def forget_idle_dataset(self, uid: int) -> bool:
         """Forget the oldest dataset `uid` opened that no mount uses and that is not being
@@ -722,6 +742,7 @@ class Daemon:
         oldest forgotten first: a user cycling job names must not grow the daemon."""
         busy = {m.job for m in self.mounts.values()} | set(self.io_allocations)
         busy |= set(self.registrations)
+        busy |= {w.job for w in self._running_warms()}
         idle = [name for name in self.jobs if name not in busy]
         for name in idle[: max(0, len(idle) - keep)]:
             del self.jobs[name]

@@ -364,10 +364,13 @@ def _check_limit(req: Request, what: str, held: int, limit: int) -> None:
         )
 
 
-def _check_job(d: Daemon, req: Request, job: str, *, again: bool = False) -> None:
-    """A job belongs to the uid that registered its oldest live mount: no one else may
-    register under it (spend its IO, push its stats), except root and admins. A mount
-    registering `again` under its own id holds nothing new: no limit applies."""
+def _check_job(
+    d: Daemon, req: Request, job: str, *, again: bool = False, mount: bool = True
+) -> None:
+    """A job belongs to the uid that registered its oldest live mount (or started its
+    running warm): no one else may register under it or warm with it (spend its IO, push
+    its stats), except root and admins. A mount registering `again` under its own id
+    holds nothing new: no limit applies. A warm (`mount=False`) holds no mount."""
     if _trusted(d, req):
         return
     owner = d.job_owner(job)
@@ -376,7 +379,8 @@ def _check_job(d: Daemon, req: Request, job: str, *, again: bool = False) -> Non
     if again:
         return
     _, mounts, jobs = d.held_by(req.peer.uid)
-    _check_limit(req, "mounts", mounts, d.settings.max_mounts_per_uid)
+    if mount:
+        _check_limit(req, "mounts", mounts, d.settings.max_mounts_per_uid)
     if owner is None:
         _check_limit(req, "jobs", jobs, d.settings.max_jobs_per_uid)
 
@@ -755,8 +759,16 @@ def _warm_routes(r: Router, d: Daemon) -> None:
         chunk_size = _field(body, "chunk_size", int, required=False)
         if chunk_size is not None and not (64 << 10) <= chunk_size <= (64 << 20):
             raise HTTPError(400, "chunk_size must be between 64KiB and 64MiB")
+        # A warm spends the job's remote IO and fills the cache with the dataset's
+        # bytes: an untrusted peer may charge only a job it may hold (as for a mount)
+        # and warm only a dataset it may mount; of a local one, only the files it could
+        # read itself are fetched (node/warm.py), so it cannot pull a 0600 file of
+        # another user into the cache.
+        await _check_dataset_access(d, req, ds.uri, mount=ds)
+        _check_job(d, req, job, mount=False)
+        reader = None if _trusted(d, req) else (req.peer.uid, peer_groups(req.peer))
         try:
-            w = d.start_warm(ds, job, paths, chunk_size, req.peer.uid)
+            w = d.start_warm(ds, job, paths, chunk_size, req.peer.uid, reader=reader)
         except UsageError as exc:
             raise HTTPError(409, str(exc)) from None
         return json_response({"dataset": ds.uri.canonical, "id": ds.id, **w.view()}, status=202)
@@ -767,8 +779,8 @@ def _warm_routes(r: Router, d: Daemon) -> None:
 
     async def cancel(req: Request, name: str) -> Response:
         ds, w = warm_of(req, name)
-        if req.peer.uid not in (0, w.uid, os.getuid()):
-            raise HTTPError(403, "this warm was started by another user")
+        if req.peer.uid != w.uid and not _trusted(d, req):
+            raise _refuse(req, 403, f"this warm was started by uid {w.uid}")
         w.scope.cancel()
         return json_response({"dataset": ds.uri.canonical, "id": ds.id, **w.view()})
 

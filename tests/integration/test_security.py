@@ -313,6 +313,49 @@ def test_a_job_belongs_to_its_user(users: Users, site: Site) -> None:
     assert register(bob, site, ds["id"], "train")[0] == 201
 
 
+def test_warm_charges_own_jobs_and_fetches_only_readable_files(users: Users, site: Site) -> None:
+    """POST /v1/datasets/{id}/warm spends a job's remote IO and fills the cache: it is
+    held to the rules of a mount, and an untrusted user's warm fetches only the files it
+    could read itself (a 0600 file of root's stays out of the cache)."""
+    alice, bob, carol = users.alice, users.bob, users.carol
+    ds = open_ready(alice, site, str(site.flat))
+    warm = f"/v1/datasets/{ds['id']}/warm"
+    assert register(alice, site, ds["id"], "train")[0] == 201
+    err = error_of(call(bob, site.sock, "POST", warm, {"job": "train"}), 403)
+    assert f"belongs to uid {alice.uid}" in err
+    tree = open_ready(None, site, str(site.tree))
+    err = error_of(
+        call(bob, site.sock, "POST", f"/v1/datasets/{tree['id']}/warm", {"job": "b"}), 403
+    )
+    assert "locked" in err
+    public = f"s3://public-{os.getpid()}/warm/"
+    cloud = call(None, site.sock, "POST", "/v1/datasets", {"uri": public})[1]
+    err = error_of(
+        call(bob, site.sock, "POST", f"/v1/datasets/{cloud['id']}/warm", {"job": "b"}), 403
+    )
+    assert "[access]" in err
+
+    status, w = call(alice, site.sock, "POST", warm, {"job": "train"})
+    assert status == 202, w
+    w = wait_for(
+        lambda: (v := call(alice, site.sock, "GET", warm)[1])["state"] != "running" and v,
+        what="alice's warm",
+    )
+    assert (w["state"], w["denied_objects"]) == ("done", 1), w
+    cached = call(None, site.sock, "GET", f"/v1/datasets/{ds['id']}")[1]["cached_bytes"]
+    assert cached == (site.flat / "pub.txt").stat().st_size  # not secret.txt
+    error_of(call(bob, site.sock, "DELETE", warm), 403)
+    assert call(carol, site.sock, "DELETE", warm)[0] == 200  # the admin group may
+    assert call(carol, site.sock, "POST", warm, {"job": "carol-warm"})[0] == 202
+    w = wait_for(
+        lambda: (v := call(carol, site.sock, "GET", warm)[1])["state"] != "running" and v,
+        what="carol's warm",
+    )
+    assert (w["state"], w["denied_objects"]) == ("done", 0), w
+    everything = sum((site.flat / n).stat().st_size for n in ("pub.txt", "secret.txt"))
+    assert call(None, site.sock, "GET", f"/v1/datasets/{ds['id']}")[1]["cached_bytes"] == everything
+
+
 def test_per_uid_limits(users: Users, site: Site) -> None:
     alice, bob = users.alice, users.bob
     dirs = []
