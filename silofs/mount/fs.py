@@ -2,7 +2,8 @@
 
 Owns inode attributes, directory listing, open file handles and the shape of each
 read (which chunks cover [off, off+size)), and every errno a reader sees: EROFS for
-anything that would write, ENOENT for unknown names, EIO when a miss cannot be served.
+anything that would write, ENOENT for unknown names, EIO when a miss cannot be served
+(EACCES when the daemon refuses the reader the object).
 lookup/getattr/readdir are served from the dataset's directory index in the shared LMDB
 env (mount/manifest.py), through a read txn at most 0.5 s old; never the network.
 Never fetches or verifies bytes itself (reader.py does).
@@ -314,8 +315,8 @@ class SilofsFS(pyfuse3.Operations):
                     r.prefetch(f, first)
                 return memoryview(data)[lo:hi]
             return await self._read_span(f, off, end, first, last, sequential)
-        except MissError:
-            raise pyfuse3.FUSEError(errno.EIO) from None
+        except MissError as exc:  # EIO, or EACCES when the daemon refused this reader
+            raise pyfuse3.FUSEError(exc.errno) from None
 
     async def _read_span(
         self, f: OpenFile, off: int, end: int, first: int, last: int, sequential: bool
