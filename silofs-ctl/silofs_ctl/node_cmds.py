@@ -11,6 +11,7 @@ from __future__ import annotations
 import difflib
 import json
 import logging
+import os
 import time
 from typing import Any
 
@@ -34,6 +35,14 @@ def _call(socket: str | None, method: str, path: str, body: dict | None = None) 
             return client.request(method, path, body)
     except ControlError as exc:
         raise click.ClickException(str(exc)) from None
+
+
+def dataset_arg(name: str) -> str:
+    """A DATASET argument as the daemon should see it: a URI or short name as typed, a
+    local path made absolute here (the daemon does not know our working directory)."""
+    if "://" in name or not (name.startswith((".", "~")) or "/" in name):
+        return name
+    return os.path.abspath(os.path.expanduser(name))
 
 
 def _pct(x: float) -> str:
@@ -183,7 +192,8 @@ def allocate_cache(dataset: str, size: str, socket: str | None) -> None:
         nbytes = None if size.lower() in ("none", "shared") else parse_size(size)
     except UsageError as exc:
         raise click.BadParameter(str(exc), param_hint="SIZE") from None
-    ans = _call(socket, "PUT", f"/v1/datasets/{quote_segment(dataset)}/cache", {"bytes": nbytes})
+    path = f"/v1/datasets/{quote_segment(dataset_arg(dataset))}/cache"
+    ans = _call(socket, "PUT", path, {"bytes": nbytes})
     shown = "the shared pool" if ans["bytes"] is None else format_size(ans["bytes"])
     click.echo(f"{ans['dataset']}: cache allocation {shown}")
 
@@ -245,7 +255,8 @@ def _require_known_job(socket: str | None, job: str) -> None:
 @socket_option
 def admission(dataset: str, mode: str, socket: str | None) -> None:
     """Set DATASET's cache admission: uniform (epochs) or lru (irregular access)."""
-    ans = _call(socket, "PUT", f"/v1/datasets/{quote_segment(dataset)}/admission", {"mode": mode})
+    path = f"/v1/datasets/{quote_segment(dataset_arg(dataset))}/admission"
+    ans = _call(socket, "PUT", path, {"mode": mode})
     click.echo(f"{ans['dataset']}: admission {ans['mode']}")
 
 
@@ -258,7 +269,7 @@ def refresh(dataset: str, wait: bool, socket: str | None) -> None:
 
     Files already open keep reading the version they opened; new opens see the new
     listing (within the mounts' --metadata-ttl for names the kernel has cached)."""
-    ds = _call(socket, "GET", f"/v1/datasets/{quote_segment(dataset)}")
+    ds = _call(socket, "GET", f"/v1/datasets/{quote_segment(dataset_arg(dataset))}")
     ans = _call(socket, "POST", "/v1/datasets", {"uri": ds["uri"], "refresh": True})
     while wait and ans["state"] in ("checking", "listing"):
         time.sleep(0.2)

@@ -329,6 +329,8 @@ class Daemon:
         for ds in self.datasets.values():
             if name in (ds.name, ds.uri.canonical, str(ds.id)):
                 return ds
+        if "://" not in name and not name.startswith("/"):
+            return None  # a relative path would be resolved against the daemon's cwd
         try:
             canonical = parse_uri(name).canonical
         except UsageError:

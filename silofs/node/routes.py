@@ -557,6 +557,14 @@ def build_router(d: Daemon) -> Router:
         endpoint_url = _field(body, "endpoint_url", str, required=False)
         _check_store_options(d, req, body)
         options = _store_options(body)
+        if "://" not in uri and not uri.startswith("/"):
+            # parse_uri would resolve it against the daemon's cwd (or its ~), which is
+            # not the caller's: the client resolves relative paths (silofs mount does).
+            raise HTTPError(
+                400,
+                f"dataset path {uri!r} is relative: send an absolute path or file:///... "
+                "(the daemon does not know the caller's working directory)",
+            )
         try:
             parsed = parse_uri(uri)
         except UsageError as exc:

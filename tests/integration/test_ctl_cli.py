@@ -9,16 +9,21 @@ from pathlib import Path
 
 import pytest
 
+from silofs.control.client import ControlError
+
 from .conftest import Node
 
 
-def ctl(*args: str, socket: str | None = None) -> subprocess.CompletedProcess:
+def ctl(
+    *args: str, socket: str | None = None, cwd: Path | None = None
+) -> subprocess.CompletedProcess:
     extra = ["--socket", socket] if socket else []
     return subprocess.run(
         [sys.executable, "-m", "silofs_ctl", *args, *extra],
         capture_output=True,
         text=True,
         timeout=60,
+        cwd=cwd,
     )
 
 
@@ -100,3 +105,17 @@ def test_allocate_io_refuses_unknown_jobs_and_clears(make_node, tmp_path: Path) 
     node.stop()
     node.start()
     assert allocations() == {}
+
+
+def test_a_relative_dataset_path_is_resolved_by_the_client(make_node, tmp_path: Path) -> None:
+    """The daemon runs elsewhere (its cwd is not ours): `silofs-ctl allocate-cache ./data`
+    means the directory here, and the daemon refuses a relative path sent to it."""
+    node: Node = make_node()
+    (tmp_path / "here" / "data").mkdir(parents=True)
+    res = ctl("allocate-cache", "./data", "1M", socket=node.socket, cwd=tmp_path / "here")
+    want = f"file://{tmp_path}/here/data/"
+    assert res.returncode == 0 and res.stdout.strip() == f"{want}: cache allocation 1.0MiB", res
+    assert node.request("GET", "/v1/allocations")["cache"] == {want: 1 << 20}
+    with pytest.raises(ControlError, match="relative") as exc:  # the API itself
+        node.request("POST", "/v1/datasets", {"uri": "here/data"})
+    assert exc.value.status == 400

@@ -386,6 +386,28 @@ def test_clearing_an_io_allocation(tmp_path: Path) -> None:
     run_routes(tmp_path, test)
 
 
+def test_relative_dataset_paths_are_refused(tmp_path: Path) -> None:
+    """The daemon's cwd and ~ are not the caller's: a relative path is a 400 (clients
+    send absolute paths), never a dataset under the daemon's working directory."""
+    os.makedirs(tmp_path / "cwd" / "rel", exist_ok=True)
+
+    async def test(d: Daemon, call: Call) -> None:
+        for uri in ("rel", "./rel", "~/rel", "~root/rel"):
+            s, body = await call(ROOT, "POST", "/v1/datasets", {"uri": uri})
+            assert s == 400 and "relative" in body["error"], (uri, body)
+        assert d.datasets == {}
+        await _ready(call, ROOT, str(tmp_path / "cwd" / "rel"))
+        assert (await call(ROOT, "GET", "/v1/datasets/rel"))[0] == 200  # its short name
+        assert (await call(ROOT, "GET", "/v1/datasets/.%2Frel"))[0] == 404
+
+    cwd = os.getcwd()
+    os.chdir(tmp_path / "cwd")
+    try:
+        run_routes(tmp_path, test)
+    finally:
+        os.chdir(cwd)
+
+
 # ------------------------------------------------------------- connection limits
 
 
