@@ -107,3 +107,25 @@ def test_sighup_without_a_log_file_is_logged_and_survived(make_node) -> None:
     assert node.status()["node"]["pid"] == node.proc.pid
     node.stop()
     assert node.proc.returncode == 0 and "shutting down" in daemon_log.read_text()
+
+
+@needs_fuse
+@pytest.mark.fuse
+def test_a_background_mount_reopens_its_log_on_sighup_and_stays_mounted(
+    make_node, local_store, bucket_name, tmp_path: Path, monkeypatch
+) -> None:
+    # logrotate's postrotate `kill -HUP` used to unmount the dataset under a training job.
+    local_store.apply_env(monkeypatch)
+    local_store.create(bucket_name, {"a.bin": b"a" * 5000})
+    node: Node = make_node()
+    log = tmp_path / "mount.log"
+    mp = node.mount(local_store.uri(bucket_name), tmp_path / "mnt", "--log-file", str(log))
+    pid = node.mount_status(str(mp))["pid"]
+    log.rename(tmp_path / "mount.log.1")  # rotated
+    os.kill(pid, signal.SIGHUP)
+    wait_for(
+        lambda: log.exists() and "received SIGHUP: " in log.read_text(),
+        what="the SIGHUP record in a new log file",
+    )
+    assert (mp / "a.bin").read_bytes() == b"a" * 5000
+    assert os.path.ismount(mp) and node.mount_status(str(mp))["pid"] == pid
