@@ -184,18 +184,60 @@ def status(socket: str | None, as_json: bool) -> None:
 @click.command("allocate-cache")
 @click.argument("dataset")
 @click.argument("size")
+@click.option(
+    "--create",
+    is_flag=True,
+    help="DATASET is not on this node yet (it will be mounted): allocate anyway.",
+)
 @socket_option
-def allocate_cache(dataset: str, size: str, socket: str | None) -> None:
+def allocate_cache(dataset: str, size: str, create: bool, socket: str | None) -> None:
     """Give DATASET (its URI or short name) SIZE bytes of cache (e.g. 200G, or 'none' to
-    return it to the shared pool)."""
+    return it to the shared pool).
+
+    DATASET must be one the node knows (opened, or holding an allocation) unless
+    --create says it will be mounted, so a mistyped URI is an error rather than an
+    allocation that waits forever."""
     try:
         nbytes = None if size.lower() in ("none", "shared") else parse_size(size)
     except UsageError as exc:
         raise click.BadParameter(str(exc), param_hint="SIZE") from None
-    path = f"/v1/datasets/{quote_segment(dataset_arg(dataset))}/cache"
-    ans = _call(socket, "PUT", path, {"bytes": nbytes})
+    name = quote_segment(dataset_arg(dataset))
+    if not create:
+        _require_known_dataset(socket, name, dataset)
+    ans = _call(socket, "PUT", f"/v1/datasets/{name}/cache", {"bytes": nbytes})
     shown = "the shared pool" if ans["bytes"] is None else format_size(ans["bytes"])
     click.echo(f"{ans['dataset']}: cache allocation {shown}")
+
+
+def _require_known_dataset(socket: str | None, quoted: str, typed: str) -> None:
+    """A UsageError unless the node has the dataset open or an allocation for it (the
+    daemon canonicalizes the name: a URI typed another way still matches)."""
+    try:
+        with ControlClient(socket or default_socket()) as client:
+            try:
+                client.request("GET", f"/v1/datasets/{quoted}")
+                return
+            except ControlError as exc:
+                if exc.status != 404:
+                    raise
+            try:
+                canonical = client.request("GET", f"/v1/datasets/{quoted}/cache")["dataset"]
+            except ControlError as exc:
+                if exc.status not in (400, 404):
+                    raise
+                canonical = None
+            known = client.request("GET", "/v1/allocations")["cache"]
+            datasets = [d["uri"] for d in client.request("GET", "/v1/status")["datasets"]]
+    except ControlError as exc:
+        raise click.ClickException(str(exc)) from None
+    if canonical is not None and canonical in known:
+        return
+    close = difflib.get_close_matches(canonical or typed, sorted({*known, *datasets}), n=1)
+    hint = f"did you mean {close[0]}? " if close else ""
+    raise UsageError(
+        f"no dataset {typed!r} on this node: {hint}check the name, or pass --create if "
+        "it will be mounted"
+    )
 
 
 @click.command("allocate-io")

@@ -112,10 +112,21 @@ def test_a_relative_dataset_path_is_resolved_by_the_client(make_node, tmp_path: 
     means the directory here, and the daemon refuses a relative path sent to it."""
     node: Node = make_node()
     (tmp_path / "here" / "data").mkdir(parents=True)
-    res = ctl("allocate-cache", "./data", "1M", socket=node.socket, cwd=tmp_path / "here")
+    here = tmp_path / "here"
     want = f"file://{tmp_path}/here/data/"
+    # Not on the node yet: refused, with the absolute path in the daemon's words.
+    res = ctl("allocate-cache", "./data", "1M", socket=node.socket, cwd=here)
+    one_line_error(res, 2, "no dataset './data' on this node", "--create")
+    assert node.request("GET", "/v1/allocations")["cache"] == {}
+    res = ctl("allocate-cache", "./data", "1M", "--create", socket=node.socket, cwd=here)
     assert res.returncode == 0 and res.stdout.strip() == f"{want}: cache allocation 1.0MiB", res
     assert node.request("GET", "/v1/allocations")["cache"] == {want: 1 << 20}
+    # Known now (it holds an allocation), by any spelling; a typo of it is not.
+    res = ctl("allocate-cache", f"{here}/data/", "2M", socket=node.socket)
+    assert res.returncode == 0, res
+    line = one_line_error(ctl("allocate-cache", f"{here}/dta", "2M", socket=node.socket), 2)
+    assert f"did you mean {want}?" in line
+    assert node.request("GET", "/v1/allocations")["cache"] == {want: 2 << 20}
     with pytest.raises(ControlError, match="relative") as exc:  # the API itself
         node.request("POST", "/v1/datasets", {"uri": "here/data"})
     assert exc.value.status == 400
