@@ -29,7 +29,7 @@ import pytest
 
 from silofs.control.client import ControlClient
 from tests.asuser import Identity as User
-from tests.asuser import as_user
+from tests.asuser import Session, as_user
 
 from .conftest import Node, needs_fuse, silofs_cmd, wait_for
 
@@ -94,11 +94,30 @@ def _calls(sock: str, calls: list[Call]) -> list[tuple[int, Any]]:
     return out
 
 
+# One live process per user for the whole test: the daemon reaps a mount whose
+# registering process has exited (every 2 s), so a user's mount must outlive the request
+# that registered it, as a real mount process does. (One-shot children made the job and
+# limit tests flaky under load: the mount was gone before the next request.)
+_sessions: dict[int, Session] = {}
+
+
+@pytest.fixture(autouse=True)
+def _user_sessions() -> Iterator[None]:
+    yield
+    for session in _sessions.values():
+        session.close()
+    _sessions.clear()
+
+
 def call(user: User | None, sock: str, method: str, path: str, body: Any = None) -> tuple[int, Any]:
-    """(status, decoded body) of one request, as `user` (None: as root)."""
+    """(status, decoded body) of one request, as `user` (None: as root), sent by the
+    user's session process (alive until the test ends)."""
     if user is None:
         return _calls(sock, [(method, path, body)])[0]
-    return as_user(user, _calls, sock, [(method, path, body)])[0]
+    session = _sessions.get(user.uid)
+    if session is None:
+        session = _sessions[user.uid] = Session(user)
+    return session.call(_calls, sock, [(method, path, body)])[0]
 
 
 def error_of(answer: tuple[int, Any], status: int) -> str:
