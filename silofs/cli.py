@@ -920,7 +920,12 @@ def warm(
     click.echo(
         f"silofs: warmed {w['dataset']}: {format_size(w['done_bytes'])} cached of "
         f"{format_size(w['matched_bytes'])} ({format_size(w['fetched_bytes'])} fetched, "
-        f"{format_size(w['skipped_bytes'])} already cached) in {w['elapsed_s']:.1f}s",
+        f"{format_size(w['skipped_bytes'])} already cached) in {w['elapsed_s']:.1f}s"
+        + (
+            f"; {w['denied_objects']} files you may not read were left out"
+            if w.get("denied_objects")
+            else ""
+        ),
         err=True,
     )
 
