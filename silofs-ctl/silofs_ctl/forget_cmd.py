@@ -12,9 +12,8 @@ import click
 from silofs.config import default_socket
 from silofs.control.client import ControlError, quote_segment
 
-from .nodes import SOCKET_HELP, one_node_client
-
 from .node_cmds import dataset_arg
+from .nodes import SOCKET_HELP, one_node_client
 
 
 @click.command()

@@ -213,7 +213,7 @@ def _require_known_dataset(socket: str | None, quoted: str, typed: str) -> None:
     """A UsageError unless the node has the dataset open or an allocation for it (the
     daemon canonicalizes the name: a URI typed another way still matches)."""
     try:
-        with ControlClient(socket or default_socket()) as client:
+        with one_node_client(socket or default_socket()) as client:
             try:
                 client.request("GET", f"/v1/datasets/{quoted}")
                 return

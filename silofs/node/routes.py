@@ -924,6 +924,7 @@ REMOTE_ROUTES = {
     ("PUT", "/v1/datasets/{name}/admission"),
     ("GET", "/v1/jobs/{job}/io"),
     ("PUT", "/v1/jobs/{job}/io"),
+    ("DELETE", "/v1/jobs/{job}/io"),
     ("GET", "/v1/jobs/{job}"),
     ("DELETE", "/v1/datasets/{name}"),
     ("DELETE", "/v1/jobs/{job}"),
