@@ -24,7 +24,8 @@ Then the same scenario through the simulator (silofs_ctl.simulator.simulate, wha
 `silofs-ctl simulate --scheduler fifo --cache X --interval I` runs) and the table: avg
 JCT, makespan, live vs simulated error. Hidden caches are kept out: each worker drops
 the pages of every file it read (posix_fadvise DONTNEED; the mounts use keep_cache), and
-SILOFS_BUFFER_BYTES bounds each mount's buffer of fetched chunks to a few chunks.
+SILOFS_BUFFER_BYTES bounds each mount's buffer of fetched chunks to what its readers
+have in flight.
 Never: changes silofs, or leaves a mount or process behind.
 
     npm install --prefix .ci/node s3rver          # once
@@ -55,7 +56,7 @@ from urllib.parse import quote, urlsplit
 
 BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
-from common import ROOT, Node, load_average, pids_with  # noqa: E402
+from common import ROOT, Node, load_average, pids_with, silofs_cmd  # noqa: E402
 
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "silofs-ctl"))
@@ -65,8 +66,15 @@ SYSTEMS = ("silod", "coordl", "alluxio", "quiver")
 IMAGE_BYTES = 256 << 10
 SHARD_BYTES = 8 << 20
 CHUNK = "4M"
-BUFFER_BYTES = 16 << 20  # a mount's buffer of fetched chunks: 4 chunks, not a cache
-READERS = 8  # reader threads per job (a DataLoader's workers)
+# Reader threads per job (a DataLoader's workers): image-like files one per sample,
+# shards streamed by fewer workers, as WebDataset does.
+READERS = {"img": 8, "shards": 4}
+# A mount's buffer of fetched chunks (SILOFS_BUFFER_BYTES) must hold what its readers
+# have in flight (the kernel reads a 256 KiB file in two 128 KiB requests; a shard
+# reader has its chunk and the read-ahead one), or chunks are fetched twice; any more
+# is a private LRU the simulator does not know (the default 128 MiB is most of a small
+# dataset). Images: 8 readers x 256 KiB, doubled; shards: 4 readers x 8 MiB + 4 MiB.
+BUFFER_BYTES = {"img": 4 << 20, "shards": 36 << 20}
 PREFETCH = 32  # samples read ahead of the compute loop (at most 32 MiB)
 SAMPLE_BYTES = 1 << 20  # a shard is streamed to the compute loop in records this big
 
@@ -138,7 +146,7 @@ def worker(args: argparse.Namespace) -> int:
         finally:
             samples.put(None)
 
-    threads = [threading.Thread(target=reader, daemon=True) for _ in range(READERS)]
+    threads = [threading.Thread(target=reader, daemon=True) for _ in range(args.readers)]
     for t in threads:
         t.start()
     done = 0
@@ -179,9 +187,14 @@ def _read_drop(path: str, buf: bytearray) -> Iterator[int]:
 
 
 # -- the store and the link ----------------------------------------------------------------
+def kind(dataset: str) -> str:
+    """img-* datasets are image-like files; anything else is shards."""
+    return "img" if dataset.startswith("img") else "shards"
+
+
 def dataset_files(name: str, size: int) -> list[tuple[str, int]]:
     """Object keys and sizes of a dataset of exactly `size` bytes."""
-    each = SHARD_BYTES if not name.startswith("img") else IMAGE_BYTES
+    each = SHARD_BYTES if kind(name) == "shards" else IMAGE_BYTES
     ext = "tar" if each == SHARD_BYTES else "jpg"
     out = []
     i = 0
@@ -298,6 +311,7 @@ class LiveResult:
     cpu_ours: float = 0.0
     load: str = ""
     served: dict[str, dict] = field(default_factory=dict)
+    waited: dict[str, float] = field(default_factory=dict)
     link_bytes: int = 0  # through the proxy: the link's bytes (HTTP bodies and heads)
 
     @property
@@ -325,12 +339,15 @@ class Live:
             self.root,
             cache_size=node.cache,
             chunk_size=CHUNK,
-            env={"SILOFS_BUFFER_BYTES": str(BUFFER_BYTES)},
         )
         self.jobs = [LiveJob(spec) for spec in scenario.jobs]
         self.jobs_file = self.root / "jobs.toml"
         self.controller: subprocess.Popen | None = None
-        self.served: dict[str, dict] = {}  # job -> its status when it ended
+        self.running: list[LiveJob] = []  # started and not ended (guarded by lock)
+        self.lock = threading.Lock()
+        self.failed: list[str] = []  # errors of start and end threads
+        self.served: dict[str, dict] = {}  # job -> its mount's status when it ended
+        self.waited: dict[str, float] = {}  # job -> seconds its fetches waited on its limiter
 
     def uri(self, dataset: str) -> str:
         return f"s3://{self.args.bucket}/{dataset}/"
@@ -358,32 +375,57 @@ class Live:
             self.node.cleanup()
         res = LiveResult(self.system, self.jobs, meter.machine, meter.ours, load_average())
         res.served = {k: v.get("served_bytes", {}) for k, v in self.served.items()}
+        res.waited = self.waited
         return res
 
     # FIFO, all GPUs or none, no backfill (the simulator's fifo scheduler on one node).
     def _schedule(self) -> None:
+        """Starts (mount, then the worker) and ends (final counters, unmount) run in
+        threads, so that one job's mount never delays noticing another's end or starting
+        the next; a job's end is the time its worker wrote (CLOCK_MONOTONIC is one clock
+        for every process)."""
         t0 = time.monotonic()
         self.t0 = t0
         waiting = sorted(self.jobs, key=lambda j: (j.spec.submit, j.spec.name))
-        running: list[LiveJob] = []
         free = self.node_gpus
         limit = self.args.timeout
-        while waiting or running:
-            now = time.monotonic() - t0
-            if now > limit:
-                raise RuntimeError(f"{self.system}: jobs still running after {limit:.0f}s")
-            for job in list(running):
-                if job.proc is not None and job.proc.poll() is not None:
-                    self._finish(job, time.monotonic() - t0)
-                    running.remove(job)
-                    free += job.spec.gpus
-                    self._replan(running)
-            while waiting and waiting[0].spec.submit <= now and waiting[0].spec.gpus <= free:
-                job = waiting.pop(0)
-                free -= job.spec.gpus
-                running.append(job)
-                self._start(job, running)
-            time.sleep(0.05)
+        threads: list[threading.Thread] = []
+        try:
+            while waiting or self.running:
+                now = time.monotonic() - t0
+                if now > limit:
+                    raise RuntimeError(f"{self.system}: jobs still running after {limit:.0f}s")
+                if self.failed:
+                    raise RuntimeError(self.failed[0])
+                for job in list(self.running):
+                    if job.proc is not None and job.proc.poll() is not None:
+                        self._ended(job)
+                        with self.lock:
+                            self.running.remove(job)
+                        free += job.spec.gpus
+                        self._replan()
+                        threads.append(self._thread(self._teardown, job))
+                while waiting and waiting[0].spec.submit <= now and waiting[0].spec.gpus <= free:
+                    job = waiting.pop(0)
+                    free -= job.spec.gpus
+                    with self.lock:
+                        self.running.append(job)
+                    threads.append(self._thread(self._start, job))
+                time.sleep(0.05)
+        finally:
+            for t in threads:
+                t.join()
+
+    def _thread(self, fn, job: LiveJob) -> threading.Thread:  # type: ignore[no-untyped-def]
+        def run() -> None:
+            try:
+                fn(job)
+            except Exception as exc:  # reported by the scheduling loop
+                self.failed.append(f"{self.system} {job.spec.name}: {exc}")
+
+        t = threading.Thread(target=run, daemon=True)
+        t.start()
+        return t
 
     def _open_datasets(self) -> None:
         """Open (list) every dataset before the clock starts, as on a cluster where the
@@ -399,28 +441,34 @@ class Live:
                     time.sleep(0.1)
                     ds = c.request("GET", f"/v1/datasets/{ds['id']}")
 
-    def _start(self, job: LiveJob, running: list[LiveJob]) -> None:
+    def _start(self, job: LiveJob) -> None:
         spec = job.spec
         job.mountpoint = str(self.root / "mnt" / spec.name)
         extra = ["--admission", "lru"] if self.system == "alluxio" else []
         # The baselines' allocations go first: the job's first fetches fill its share.
-        self._replan(running, starting=job)
+        self._replan(starting=job)
         mount_t0 = time.monotonic() - self.t0
-        self.node.mount(
-            self.uri(spec.dataset),
-            job.mountpoint,
-            "--job",
-            spec.name,
-            "--endpoint-url",
-            self.endpoint,
-            "--chunk-size",
-            CHUNK,
-            *extra,
-        )
-        if self.system == "silod":
-            self._write_jobs(running)
+        os.makedirs(job.mountpoint, exist_ok=True)
+        with self.lock:
+            self.node.mountpoints.append(job.mountpoint)
+        env = {**self.node.env, "SILOFS_BUFFER_BYTES": str(BUFFER_BYTES[kind(spec.dataset)])}
+        args = ["--job", spec.name, "--endpoint-url", self.endpoint, "--chunk-size", CHUNK]
+        res = subprocess.run(
+            silofs_cmd(
+                "mount", self.uri(spec.dataset), job.mountpoint, "--socket", self.node.socket,
+                *args, *extra,
+            ),
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=120,
+        )  # fmt: skip
+        if res.returncode != 0:
+            raise RuntimeError(f"silofs mount failed: {res.stderr.strip()}")
         job.start = time.monotonic() - self.t0
         job.mount_s = job.start - mount_t0
+        if self.system == "silod":
+            self._replan()  # the controller learns of it once it is mounted
         log = open(self.root / f"{spec.name}.out", "w")
         job.proc = subprocess.Popen(
             [
@@ -432,6 +480,8 @@ class Live:
                 str(spec.ideal_io),
                 "--epochs",
                 str(spec.epochs),
+                "--readers",
+                str(READERS[kind(spec.dataset)]),
                 "--seed",
                 str(self.args.seed * 1000 + len(spec.name) * 7 + int(spec.submit)),
             ],
@@ -439,33 +489,37 @@ class Live:
             stderr=subprocess.STDOUT,
         )
 
-    def _finish(self, job: LiveJob, now: float) -> None:
+    def _ended(self, job: LiveJob) -> None:
         assert job.proc is not None
         out = (self.root / f"{job.spec.name}.out").read_text().splitlines()
         last = json.loads(out[-1]) if out and out[-1].startswith("{") else {}
         if job.proc.returncode != 0 or not last.get("done"):
             job.error = f"worker exited {job.proc.returncode}: {out[-3:]}"
             raise RuntimeError(f"{self.system} {job.spec.name}: {job.error}")
-        job.finish = now
+        job.finish = float(last["t"]) - self.t0
         job.bytes_read = int(last["bytes"])
+
+    def _teardown(self, job: LiveJob) -> None:
         # The mount's counters (reported every 0.25 s) before it goes away with its job.
         try:
-            self.served[job.spec.name] = self.node.settled(job.mountpoint, job.bytes_read, 3)
+            self.served[job.spec.name] = self.node.settled(job.mountpoint, job.bytes_read, 5)
+            self.waited[job.spec.name] = self.node.job_status(job.spec.name)["limiter_wait_s"]
         except RuntimeError as exc:
             print(f"warning: {job.spec.name}: no final counters: {exc}", file=sys.stderr)
         self.node.unmount(job.mountpoint)
 
     # -- the systems' knobs ---------------------------------------------------------------
-    def _replan(self, running: list[LiveJob], starting: LiveJob | None = None) -> None:
+    def _replan(self, starting: LiveJob | None = None) -> None:
         """What the system knows changed: a job starts (in `running` already) or ended.
         The controller learns of a starting job once it is mounted (_start)."""
-        jobs = running
-        if self.system == "silod":
-            self._write_jobs([j for j in jobs if j is not starting])
-        elif self.system == "coordl":
-            self._push(self._coordl(jobs))
-        elif self.system == "quiver":
-            self._push(self._quiver(jobs))
+        with self.lock:
+            jobs = [j for j in self.running if self.system != "silod" or j.start is not None]
+            if self.system == "silod":
+                self._write_jobs([j for j in jobs if j is not starting])
+            elif self.system == "coordl":
+                self._push(self._coordl(jobs))
+            elif self.system == "quiver":
+                self._push(self._quiver(jobs))
 
     def _coordl(self, jobs: list[LiveJob]) -> dict[str, int]:
         want = {j.spec.dataset: 0 for j in self.jobs}
@@ -621,6 +675,7 @@ def report(scenario, results: dict[str, LiveResult], args: argparse.Namespace) -
                     "jct_s": None if j.finish is None else j.finish - j.spec.submit,  # type: ignore[attr-defined]
                     "start_s": j.start,
                     "mount_s": j.mount_s,
+                    "limiter_wait_s": r.waited.get(j.spec.name),  # type: ignore[attr-defined]
                     "sim_jct_s": next(x.jct for x in sim.jobs if x.name == j.spec.name),  # type: ignore[attr-defined]
                     "bytes_read": j.bytes_read,
                     "served_bytes": r.served.get(j.spec.name, {}),  # type: ignore[attr-defined]
@@ -683,6 +738,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--rate", type=float, help=argparse.SUPPRESS)
     parser.add_argument("--epochs", type=float, help=argparse.SUPPRESS)
+    parser.add_argument("--readers", type=int, default=4, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
         return worker(args)
