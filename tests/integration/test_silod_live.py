@@ -21,10 +21,25 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.conftest import FUSE_MISSING, pids_with
+from tests.integration.conftest import FUSE_MISSING
 from tests.servers import S3Server
 
 REPO = Path(__file__).resolve().parents[2]
+
+
+def pids_with(text: str) -> list[int]:
+    """Processes whose command line names `text` (the run's directory)."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    if text.encode() in f.read():
+                        out.append(int(entry))
+            except OSError:
+                pass
+    return out
+
 
 SCENARIO = """
 description = "the harness's smoke test"
