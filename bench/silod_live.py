@@ -28,7 +28,8 @@ SILOFS_BUFFER_BYTES bounds each mount's buffer of fetched chunks to what its rea
 have in flight.
 Never: changes silofs, or leaves a mount or process behind.
 
-    npm install --prefix .ci/node s3rver          # once
+    npm install --prefix .ci/node s3rver azurite@3.35.0   # once (naming only s3rver
+                                                          # makes npm remove azurite)
     python bench/silod_live.py                    # configs/scenarios/live-full.toml
     python bench/silod_live.py --quick --json     # live-quick.toml, under 10 minutes
     python bench/silod_live.py SCENARIO.toml --systems silod,coordl
