@@ -6,8 +6,14 @@ Owns the on-disk form of a listing and both of its sides:
            first bytes and an xxh3_128 of the whole name)
   inodes   dataset id (8) + generation (4) + inode (8) -> _INODE header + path
            [+ NUL version NUL content id, for a file]
+  dirents  ... + parent inode 0 + b"c" + inode -> b""   directory complete (see below)
+           ... + parent inode 0 + b"e" + inode -> b""   directory made from a listed prefix
 ListingBuilder turns a stream of ObjectInfo (any order, any size) into those rows, one
-bounded batch per write txn, keeping only one batch of directory state in memory.
+bounded batch per write txn, keeping only one batch of directory state in memory. A
+fanned-out listing also sends PrefixListed records: a prefix's sub-prefixes become
+directories as soon as a page names them, and a prefix whose pages are all listed gets a
+"complete" row, so a mount serving a listing still being written (--list-in-background)
+can answer lookups and readdir of that directory before the whole listing is done.
 ListingReader answers lookup/getattr/readdir/resolve-a-path from a read txn, so a mount
 never holds the listing in memory. Never opens the env, never decides when to list, and
 never talks to a store.
@@ -18,6 +24,11 @@ Invariants:
   (another path already has the number in this generation) probes the next number.
 - A generation is written completely before the dataset record names it; rows of other
   generations are garbage the daemon deletes in bounded txns (delete_generations).
+- A directory has a "complete" row only once every object directly under it and every
+  sub-prefix naming it were written (the backend sends PrefixListed after them, and sends
+  what a sub-prefix lists only after the page that named it). Directories made from a
+  prefix that ended up with no object (only markers, or only keys that were skipped) are
+  removed by finish(), so the finished listing is what a serial one would be.
 - Keys no POSIX path can name (empty, '.' or '..' parts, NUL) are skipped and counted; a
   file whose name is also a directory prefix is shadowed (the directory wins, whatever the
   order the keys arrive in), and so is a second object under the same key.
@@ -33,7 +44,7 @@ from dataclasses import dataclass, field
 import lmdb
 import xxhash
 
-from silofs.records import ObjectInfo
+from silofs.records import ObjectInfo, PrefixListed
 
 log = logging.getLogger(__name__)
 
@@ -136,6 +147,10 @@ class _Rows:
     def inode(self, ino: int) -> bytes:
         return self.prefix + _INO.pack(ino)
 
+    def mark(self, kind: bytes, ino: int = 0) -> bytes:
+        """A row under parent inode 0 (no directory has it): b"c" complete, b"e" eager."""
+        return self.prefix + _INO.pack(0) + kind + (_INO.pack(ino) if ino else b"")
+
 
 @dataclass
 class ListingTotals:
@@ -181,11 +196,14 @@ class ListingBuilder:
         root = Entry(ROOT_INODE, True, ROOT_INODE, 0, 0.0, 0, self.gen, b"")
         txn.put(self.rows.inode(ROOT_INODE), _encode_inode(root), db=self.inodes)
 
-    def add(self, txn: lmdb.Transaction, objects: Iterable[ObjectInfo]) -> None:
-        """Add a batch of objects in the caller's write txn."""
+    def add(self, txn: lmdb.Transaction, objects: Iterable[ObjectInfo | PrefixListed]) -> None:
+        """Add a batch of objects (and PrefixListed records) in the caller's write txn."""
         try:
             for obj in objects:
-                self._add(txn, obj)
+                if isinstance(obj, PrefixListed):
+                    self._prefix(txn, obj)
+                else:
+                    self._add(txn, obj)
         finally:
             for d in self._dirs.values():
                 txn.put(self.rows.inode(d.inode), _encode_inode(d), db=self.inodes)
@@ -303,6 +321,69 @@ class ListingBuilder:
             if obj.mtime > d.mtime:
                 d.mtime = obj.mtime
 
+    # -- listed prefixes (fan-out) -----------------------------------------------------
+    def _eager_dir(self, txn: lmdb.Transaction, parent: Entry, name: bytes) -> Entry | None:
+        """Directory `name` in `parent`, made now if missing; None if a file has the name
+        (the first object under it will shadow the file, as in _add)."""
+        row, long = self.rows.dirent(parent.inode, name)
+        raw = txn.get(row, db=self.dirents)
+        if raw is None:
+            d = self._new_dir(txn, parent, name, row, long)
+            txn.put(self.rows.mark(b"e", d.inode), b"", db=self.dirents)
+            return d
+        ino, kind = _DIRENT.unpack_from(raw)
+        return None if kind == FILE else self._dir(txn, ino)
+
+    def _prefix(self, txn: lmdb.Transaction, p: PrefixListed) -> None:
+        d: Entry | None = self._dir(txn, ROOT_INODE)
+        if p.key:
+            parts = encode_name(p.key[:-1])
+            if parts is None:
+                return  # every key under it is skipped
+            for part in parts:
+                assert d is not None
+                d = self._eager_dir(txn, d, part)
+                if d is None:
+                    return  # a file has the name: the directory is complete with the listing
+        assert d is not None
+        for sub in p.subs:
+            name = sub[len(p.key) : -1]
+            if sub.startswith(p.key) and sub.endswith("/") and encode_name(name) == [_enc(name)]:
+                self._eager_dir(txn, d, _enc(name))
+        if p.done:
+            txn.put(self.rows.mark(b"c", d.inode), b"", db=self.dirents)
+
+    def finish(self, txn: lmdb.Transaction) -> None:
+        """Remove the directories made from listed prefixes that no object ended up in,
+        deepest first (so a parent emptied by that goes too), and their eager rows."""
+        start = self.rows.mark(b"e")
+        cur = txn.cursor(db=self.dirents)
+        eager: list[int] = []
+        if cur.set_range(start):
+            for k, _ in cur:
+                if not k.startswith(start):
+                    break
+                eager.append(_INO.unpack(k[len(start) :])[0])
+        entries = [e for e in (self._get(txn, ino) for ino in eager) if e is not None]
+        for e in sorted(entries, key=lambda e: -e.path.count(b"/")):
+            txn.delete(self.rows.mark(b"e", e.inode), db=self.dirents)
+            if cur.set_range(self.rows.dir_prefix(e.inode)) and cur.key().startswith(
+                self.rows.dir_prefix(e.inode)
+            ):
+                continue  # it has entries
+            txn.delete(self.rows.dirent(e.parent, e.name)[0], db=self.dirents)
+            txn.delete(self.rows.inode(e.inode), db=self.inodes)
+            txn.delete(self.rows.mark(b"c", e.inode), db=self.dirents)
+            parent = self._get(txn, e.parent)
+            assert parent is not None
+            parent.aux -= 1
+            txn.put(self.rows.inode(parent.inode), _encode_inode(parent), db=self.inodes)
+            self.totals.inodes -= 1
+
+    def _get(self, txn: lmdb.Transaction, ino: int) -> Entry | None:
+        raw = txn.get(self.rows.inode(ino), db=self.inodes)
+        return None if raw is None else _decode_inode(ino, raw)
+
     def record(self) -> dict:
         t = self.totals
         return {
@@ -346,6 +427,11 @@ class ListingReader:
         if long and bytes(raw[_DIRENT.size :]) != name:
             return None  # another long name with the same first bytes and hash
         return _DIRENT.unpack_from(raw)[0]
+
+    def complete(self, txn: lmdb.Transaction, ino: int) -> bool:
+        """Whether directory `ino` has all its entries in a generation still being
+        written (a finished generation is complete throughout)."""
+        return txn.get(self.rows.mark(b"c", ino), db=self.dirents) is not None
 
     def lookup(self, txn: lmdb.Transaction, parent: int, name: bytes) -> Entry | None:
         ino = self.child(txn, parent, name)

@@ -32,7 +32,7 @@ import lmdb
 from silofs.cache.format import KEY_SIZE
 from silofs.cache.listing import ListingBuilder, ListingReader, delete_generations
 from silofs.errors import SilofsError
-from silofs.records import ObjectInfo
+from silofs.records import ObjectInfo, PrefixListed
 
 log = logging.getLogger(__name__)
 
@@ -296,15 +296,19 @@ class CacheStore:
             b.start(txn)
         return b
 
-    def add_to_listing(self, builder: ListingBuilder, objects: list[ObjectInfo]) -> None:
+    def add_to_listing(
+        self, builder: ListingBuilder, objects: list[ObjectInfo | PrefixListed]
+    ) -> None:
         with self.env.begin(write=True) as txn:
             builder.add(txn, objects)
 
     def finish_listing(self, builder: ListingBuilder, record: dict) -> dict:
         """Make the builder's generation the dataset's listing, atomically: mounts see the
         old generation or the new one. Returns the record written."""
-        full = {**self.dataset_record(builder.dsid), **record, **builder.record()}
+        base = {**self.dataset_record(builder.dsid), **record}
         with self.env.begin(write=True) as txn:
+            builder.finish(txn)  # in the same txn: the record's counts include it
+            full = {**base, **builder.record()}
             txn.put(_ID.pack(builder.dsid), json.dumps(full).encode(), db=self.db(b"datasets"))
         return full
 

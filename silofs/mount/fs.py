@@ -138,7 +138,7 @@ class SilofsFS(pyfuse3.Operations):
         m = self.manifest
         m.renew()
         node = m.lookup(parent_inode, name)
-        if node is None and await m.wait_listed():
+        if node is None and await m.wait_listed(parent_inode):
             # --list-in-background: a name not listed yet is not a missing name.
             m.renew()
             node = m.lookup(parent_inode, name)
@@ -193,10 +193,10 @@ class SilofsFS(pyfuse3.Operations):
         if h is None:
             raise pyfuse3.FUSEError(errno.EBADF)
         m = self.manifest
-        if await m.wait_listed():
-            # A directory's entries are complete only with the whole listing (a fanned-out
-            # listing fills directories in any order); the handle moves to the completed
-            # generation, which has the same inode numbers.
+        if await m.wait_listed(h.inode):
+            # A directory's entries are complete once its prefix is listed (a fanned-out
+            # listing marks it) or with the whole listing; the handle moves to the
+            # generation the manifest serves now, which has the same inode numbers.
             h.listing = m.reader
         m.renew()
         txn = m.txn

@@ -48,11 +48,16 @@ from silofs.node.state import DatasetState, JobState, MountState
 from silofs.node.supervise import run_once
 from silofs.node.warm import WarmState, run_warm
 from silofs.node.writer import Writer
-from silofs.records import MountCounters, ObjectInfo, job_name_error
+from silofs.records import MountCounters, ObjectInfo, PrefixListed, job_name_error
 from silofs.units import format_rate, format_size
 from silofs.uri import DatasetURI, parse_uri
 
 log = logging.getLogger(__name__)
+
+# A listing batch this old is written when the next page arrives, though not full: with a
+# slow store a directory's objects and its "complete" row (what a --list-in-background
+# mount waits for) would otherwise wait for 10 000 more objects.
+LISTING_FLUSH = 0.25
 
 
 class Daemon:
@@ -456,14 +461,25 @@ class Daemon:
             ds.building_gen = None
 
     async def _fill(self, ds: DatasetState, builder: ListingBuilder) -> dict:
-        send, recv = trio.open_memory_channel[list[ObjectInfo]](2)
+        send, recv = trio.open_memory_channel[list[ObjectInfo | PrefixListed]](2)
+        # A fanned-out listing also says when a prefix is complete (PrefixListed, in
+        # order with its objects): the builder marks that directory complete for mounts
+        # serving this generation while it grows (--list-in-background).
+        events = getattr(ds.backend, "list_events", ds.backend.list)
 
         def produce() -> None:
-            batch: list[ObjectInfo] = []
-            for obj in ds.backend.list():
+            batch: list[ObjectInfo | PrefixListed] = []
+            started = time.monotonic()
+            for obj in events():
+                if not batch:
+                    started = time.monotonic()
                 batch.append(obj)
-                ds.listed += 1  # progress only; read by status
-                if len(batch) >= LISTING_BATCH:
+                if isinstance(obj, ObjectInfo):
+                    ds.listed += 1  # progress only; read by status
+                # A slow store fills a batch slowly: a batch older than LISTING_FLUSH
+                # goes when the next page arrives, so what a mount waits for (a
+                # directory's objects, its "complete" row) is not held back for long.
+                if len(batch) >= LISTING_BATCH or time.monotonic() - started >= LISTING_FLUSH:
                     trio.from_thread.run(send.send, batch)
                     batch = []
             if batch:

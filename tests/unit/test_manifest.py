@@ -374,3 +374,78 @@ def test_memory_is_bounded(store: CacheStore, tmp_path: Path) -> None:
     m.cache_entries = 100
     assert len(walk_paths(m)) == 3010
     assert len(m._cache) <= 100
+
+
+FANOUT_KEYS = st.lists(
+    st.tuples(
+        st.lists(st.sampled_from(["a", "b", "dd", "é", "", "."]), min_size=1, max_size=4).map(
+            "/".join
+        ),
+        st.booleans(),  # a 'dir/' marker key instead
+    ).map(lambda t: t[0] + "/" if t[1] else t[0]),
+    max_size=25,
+    unique=True,
+)
+
+
+@settings(
+    max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(FANOUT_KEYS, st.integers(1, 5), st.integers(1, 4))
+def test_a_directory_marked_complete_has_all_its_entries(
+    store: CacheStore, keys: list[str], batch: int, page: int
+) -> None:
+    """--list-in-background: through a fanned-out listing (PrefixListed records in the
+    stream), a directory with a "complete" row already has every entry it has in the
+    finished listing, at every batch boundary (plus, until the end, directories of
+    prefixes that hold only markers); and the finished listing equals the serial one
+    (prefixes with no object leave no directory behind)."""
+    from tests.unit.test_list_fanout import MemStore
+
+    store_keys = ["p/" + k for k in keys]
+    serial = list(MemStore(store_keys, workers=1, page=page).list())
+    events = list(MemStore(store_keys, workers=4, page=page).list_events())
+    assert sorted(e.key for e in events if isinstance(e, ObjectInfo)) == sorted(
+        o.key for o in serial
+    )
+    final = build(store, serial)
+    final_dirs = {p: n for p, n in walk_paths(final).items() if n.is_dir}
+    final_dirs[""] = final.get(ROOT_INODE)  # type: ignore[assignment]
+    names = {p: final.names(n.inode) for p, n in final_dirs.items()}
+
+    dsid = next(_ids)
+    b = store.begin_listing(dsid)
+    reader = store.listing(dsid, b.gen)
+    completed = set()
+    for i in range(0, len(events), batch):
+        store.add_to_listing(b, events[i : i + batch])
+        with store.env.begin() as txn:
+            for p, n in final_dirs.items():
+                if reader.complete(txn, n.inode):
+                    got = [name for _, name, _ in reader.children(txn, n.inode)]
+                    # Every entry it will have; and at most directories made from a
+                    # prefix that holds no object, which finish() removes.
+                    assert set(names[p]) <= set(got), p
+                    for name in set(got) - set(names[p]):
+                        e = reader.lookup(txn, n.inode, name)
+                        assert e is not None and e.is_dir, (p, name)
+                        under = e.path.decode() + "/"
+                        assert all(not o.key.startswith(under) for o in serial)
+                    completed.add(p)
+    record = store.finish_listing(b, {"uri": f"file:///d{dsid}/"})
+    m = Manifest(store, dsid, record)
+    assert _tree(m) == _tree(final)
+    assert (m.files, m.inode_count) == (final.files, final.inode_count)
+    assert {p: n.inode for p, n in walk_paths(m).items()} == {
+        p: n.inode for p, n in walk_paths(final).items()
+    }
+    # Every prefix was listed to its end, so every directory got its row, except one
+    # under a name a file had when its prefix was listed (the file is shadowed only by
+    # an object under it): those are complete with the whole listing.
+    files = {o.key for o in serial}
+
+    def behind_a_file(path: str) -> bool:
+        parts = path.split("/")
+        return any("/".join(parts[:i]) in files for i in range(1, len(parts) + 1))
+
+    assert completed >= {p for p in final_dirs if not behind_a_file(p)}
