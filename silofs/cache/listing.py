@@ -1,11 +1,19 @@
 """A dataset's listing as a directory index in LMDB: built in batches, read on demand.
 
-Owns the on-disk form of a listing and both of its sides:
-  dirents  dataset id (8) + generation (4) + parent inode (8) + name -> inode (8) + kind (1)
-           (+ the full name when it is too long for an LMDB key: the key then holds its
-           first bytes and an xxh3_128 of the whole name)
-  inodes   dataset id (8) + generation (4) + inode (8) -> _INODE header + path
-           [+ NUL version NUL content id, for a file]
+Owns the on-disk form of a listing (LISTING_FORMAT) and both of its sides:
+  dirents  dataset id (8) + generation (4) + parent inode (8) + name ->
+             a directory: inode (8) + kind (1) [+ full name]
+             a file: _FILE (inode, kind, size, mtime, since, ordinal) + version NUL
+                     content id (the version inside it written as \x01) NUL [full name]
+           (the full name only when it is too long for an LMDB key: the key then holds
+           its first bytes and an xxh3_128 of the whole name)
+  inodes   dataset id (8) + generation (4) + inode (8) ->
+             a directory: _INODE header + path
+             a file: kind (1) + parent inode (8) + name: where its dirents row is
+A file's row in its directory carries everything lookup, readdir and open need, so a
+walk (find, ls -l) reads one directory's rows in key order and never the inodes B-tree
+(hash-keyed, so every get there lands on another page); an inode number alone (getattr,
+open by the kernel) goes through the small inodes row to the dirents row.
   dirents  ... + parent inode 0 + b"c" + inode -> b""   directory complete (see below)
            ... + parent inode 0 + b"e" + inode -> b""   directory made from a listed prefix
 ListingBuilder turns a stream of ObjectInfo (any order, any size) into those rows, one
@@ -58,6 +66,12 @@ _DIRENT = struct.Struct("<QB")
 # generation whose listing first showed this path with this version: a mount that started
 # later cannot have other bytes of it in the kernel's page cache).
 _INODE = struct.Struct("<BQQdQI")
+# A file's dirents value: inode, kind, size, mtime, since, ordinal in the listing.
+_FILE = struct.Struct("<QBQdIQ")
+_FREF = struct.Struct("<BQ")  # a file's inodes value: kind, parent (+ name)
+# Bumped when the rows change shape; a listing of another format is listed again.
+LISTING_FORMAT = 2
+_SAME = b"\x01"  # in a stored content id: "the version goes here" (S3: s3:ETAG:size)
 _INO_MASK = (1 << 63) - 1  # signed-safe for every consumer of st_ino
 _SAMPLES = 5  # shadowed/skipped keys kept as examples for the log and the record
 
@@ -111,19 +125,63 @@ def _dec(raw: bytes) -> str:
 
 
 def _decode_inode(ino: int, raw: bytes | memoryview) -> Entry:
+    """A directory's inodes row."""
     kind, parent, size, mtime, aux, since = _INODE.unpack_from(raw)
-    tail = bytes(raw[_INODE.size :])
-    if kind == DIR:
-        return Entry(ino, True, parent, size, mtime, aux, since, tail)
-    path, version, cid = tail.split(b"\0", 2)
-    return Entry(ino, False, parent, size, mtime, aux, since, path, _dec(version), _dec(cid))
+    assert kind == DIR
+    return Entry(ino, True, parent, size, mtime, aux, since, bytes(raw[_INODE.size :]))
 
 
 def _encode_inode(e: Entry) -> bytes:
-    head = _INODE.pack(DIR if e.is_dir else FILE, e.parent, e.size, e.mtime, e.aux, e.since)
-    if e.is_dir:
-        return head + e.path
-    return head + e.path + b"\0" + _enc(e.version) + b"\0" + _enc(e.content_id)
+    assert e.is_dir
+    return _INODE.pack(DIR, e.parent, e.size, e.mtime, e.aux, e.since) + e.path
+
+
+def _pack_cid(version: bytes, cid: bytes) -> bytes:
+    """The content id as stored: most stores build it from the version (S3
+    "s3:ETAG:size", local "local:VERSION"), which the row already holds."""
+    if version and version in cid and _SAME not in cid:
+        return _SAME + cid.replace(version, _SAME)
+    if cid[:1] in (_SAME, b"\x02"):
+        return b"\x02" + cid  # escaped: a raw id that starts like a template
+    return cid
+
+
+def _unpack_cid(version: bytes, stored: bytes) -> bytes:
+    if stored[:1] == _SAME:
+        return stored[1:].replace(_SAME, version)
+    if stored[:1] == b"\x02":
+        return stored[1:]
+    return stored
+
+
+def _encode_file(ino: int, obj: ObjectInfo, since: int, ordinal: int, long_name: bytes) -> bytes:
+    version = _enc(obj.version)
+    return (
+        _FILE.pack(ino, FILE, obj.size, obj.mtime, since, ordinal)
+        + version
+        + b"\0"
+        + _pack_cid(version, _enc(obj.content_id))
+        + b"\0"
+        + long_name
+    )
+
+
+def _file_entry(parent: int, parent_path: bytes, name: bytes, v: bytes | memoryview) -> Entry:
+    """A file's Entry from its dirents value."""
+    ino, _, size, mtime, since, ordinal = _FILE.unpack_from(v)
+    version, stored, _ = bytes(v[_FILE.size :]).split(b"\0", 2)
+    path = parent_path + b"/" + name if parent != ROOT_INODE else name
+    cid = _unpack_cid(version, stored)
+    return Entry(ino, False, parent, size, mtime, ordinal, since, path, _dec(version), _dec(cid))
+
+
+def _dirent_name(key: bytes | memoryview, n: int, v: bytes | memoryview) -> bytes:
+    """The entry's name: the key's tail, or the full name a hashed long name keeps."""
+    if v[8] == DIR:
+        full = bytes(v[_DIRENT.size :])
+    else:
+        full = bytes(v[_FILE.size :]).split(b"\0", 2)[2]
+    return full or bytes(key[n:])
 
 
 class _Rows:
@@ -244,12 +302,11 @@ class ListingBuilder:
         if len(keys) < _SAMPLES:
             keys.append(key)
 
-    def _shadow_file(self, txn: lmdb.Transaction, ino: int) -> None:
-        """A file that turned out to be a directory prefix: it leaves the listing."""
-        raw = txn.get(self.rows.inode(ino), db=self.inodes)
-        assert raw is not None
-        f = _decode_inode(ino, raw)
-        txn.delete(self.rows.inode(ino), db=self.inodes)
+    def _shadow_file(self, txn: lmdb.Transaction, parent: Entry, name: bytes, v: bytes) -> None:
+        """A file that turned out to be a directory prefix: it leaves the listing (the
+        caller overwrites its dirents row with the directory's)."""
+        f = _file_entry(parent.inode, parent.path, name, v)
+        txn.delete(self.rows.inode(f.inode), db=self.inodes)
         self.totals.files -= 1
         self.totals.bytes -= f.size
         self.totals.blocks -= -(-f.size // 4096)
@@ -277,7 +334,7 @@ class ListingBuilder:
             ino, kind = _DIRENT.unpack_from(raw)
             if kind == FILE:
                 # A file "a" and a key "a/b": the directory wins or "a/b" is unreachable.
-                self._shadow_file(txn, ino)
+                self._shadow_file(txn, parent, part, bytes(raw))
                 chain.append(self._new_dir(txn, parent, part, row, long))
             else:
                 chain.append(self._dir(txn, ino))
@@ -293,25 +350,16 @@ class ListingBuilder:
         ino = self._free_inode(txn, b"f:", path)
         since = self.gen
         if self.prev is not None:
-            old = txn.get(self.prev.inode(ino), db=self.inodes)
-            if old is not None:
-                e = _decode_inode(ino, old)
-                if not e.is_dir and e.path == path and e.version == obj.version:
+            # The same path in the previous generation: its directory has the same inode
+            # (inode numbers follow the path), so its row has the same key.
+            old = txn.get(self.prev.dirent(parent.inode, name)[0], db=self.dirents)
+            if old is not None and old[8] == FILE:
+                e = _file_entry(parent.inode, parent.path, name, old)
+                if e.inode == ino and e.version == obj.version:
                     since = e.since
-        f = Entry(
-            ino,
-            False,
-            parent.inode,
-            obj.size,
-            obj.mtime,
-            t.next_ordinal,
-            since,
-            path,
-            obj.version,
-            obj.content_id,
-        )
-        txn.put(self.rows.inode(ino), _encode_inode(f), db=self.inodes)
-        txn.put(row, _DIRENT.pack(ino, FILE) + (name if long else b""), db=self.dirents)
+        value = _encode_file(ino, obj, since, t.next_ordinal, name if long else b"")
+        txn.put(self.rows.inode(ino), _FREF.pack(FILE, parent.inode) + name, db=self.inodes)
+        txn.put(row, value, db=self.dirents)
         t.next_ordinal += 1
         t.files += 1
         t.bytes += obj.size
@@ -397,6 +445,7 @@ class ListingBuilder:
             "skipped": t.skipped,
             "shadowed_keys": t.shadowed_keys,
             "skipped_keys": t.skipped_keys,
+            "listing_format": LISTING_FORMAT,
         }
 
 
@@ -416,7 +465,20 @@ class ListingReader:
         if not 0 < ino <= _INO_MASK:
             return None
         raw = txn.get(self.rows.inode(ino), db=self.inodes)
-        return None if raw is None else _decode_inode(ino, raw)
+        if raw is None:
+            return None
+        if raw[0] == DIR:
+            return _decode_inode(ino, raw)
+        _, parent = _FREF.unpack_from(raw)
+        name = bytes(raw[_FREF.size :])
+        v = txn.get(self.rows.dirent(parent, name)[0], db=self.dirents)
+        if v is None:
+            return None
+        return _file_entry(parent, self._path(txn, parent), name, v)
+
+    def _path(self, txn: lmdb.Transaction, directory: int) -> bytes:
+        raw = txn.get(self.rows.inode(directory), db=self.inodes)
+        return b"" if raw is None else bytes(raw[_INODE.size :])
 
     def child(self, txn: lmdb.Transaction, parent: int, name: bytes) -> int | None:
         """The inode of `name` in directory `parent` (no '.'/'..' handling)."""
@@ -424,7 +486,7 @@ class ListingReader:
         raw = txn.get(row, db=self.dirents)
         if raw is None:
             return None
-        if long and bytes(raw[_DIRENT.size :]) != name:
+        if long and _dirent_name(row, 0, raw) != name:
             return None  # another long name with the same first bytes and hash
         return _DIRENT.unpack_from(raw)[0]
 
@@ -433,9 +495,19 @@ class ListingReader:
         written (a finished generation is complete throughout)."""
         return txn.get(self.rows.mark(b"c", ino), db=self.dirents) is not None
 
-    def lookup(self, txn: lmdb.Transaction, parent: int, name: bytes) -> Entry | None:
-        ino = self.child(txn, parent, name)
-        return None if ino is None else self.get(txn, ino)
+    def lookup(
+        self, txn: lmdb.Transaction, parent: int, name: bytes, parent_path: bytes | None = None
+    ) -> Entry | None:
+        """`name` in directory `parent` (whose path the caller may know already)."""
+        row, long = self.rows.dirent(parent, name)
+        v = txn.get(row, db=self.dirents)
+        if v is None or (long and _dirent_name(row, 0, v) != name):
+            return None
+        if v[8] == DIR:
+            return self.get(txn, _DIRENT.unpack_from(v)[0])
+        if parent_path is None:
+            parent_path = self._path(txn, parent)
+        return _file_entry(parent, parent_path, name, v)
 
     def children(
         self, txn: lmdb.Transaction, parent: int, after: bytes | None = None
@@ -454,8 +526,32 @@ class ListingReader:
             if not k.startswith(prefix):
                 return
             key = bytes(k)
-            name = bytes(v[_DIRENT.size :]) or key[n:]
-            yield key, name, _DIRENT.unpack_from(v)[0]
+            yield key, _dirent_name(key, n, v), _DIRENT.unpack_from(v)[0]
+
+    def entries(
+        self, txn: lmdb.Transaction, parent: int, after: bytes | None = None
+    ) -> Iterator[tuple[bytes, bytes, int, Entry | None]]:
+        """children(), with each file's Entry read from the directory's own rows (no
+        inodes get: a walk reads the directory in key order); None for a directory
+        (its subdirectory count is in its inodes row: get() it). The file entries'
+        paths are empty: they are for attributes."""
+        prefix = self.rows.dir_prefix(parent)
+        n = len(prefix)
+        cur = txn.cursor(db=self.dirents)
+        if not cur.set_range(prefix if after is None else after):
+            return
+        if after is not None and cur.key() == after and not cur.next():
+            return
+        for k, v in cur:
+            if not k.startswith(prefix):
+                return
+            key = bytes(k)
+            name = _dirent_name(key, n, v)
+            if v[8] == DIR:
+                yield key, name, _DIRENT.unpack_from(v)[0], None
+            else:
+                e = _file_entry(parent, b"", name, v)
+                yield key, name, e.inode, e
 
     def resolve(self, txn: lmdb.Transaction, key: str) -> Entry | None:
         """The file listed under object key `key`, or None."""
@@ -472,16 +568,22 @@ class ListingReader:
         return e if e is not None and not e.is_dir else None
 
     def iter_files(self, txn: lmdb.Transaction) -> Iterator[Entry]:
-        cur = txn.cursor(db=self.inodes)
+        """Every file, directory by directory (the dirents rows in key order)."""
         prefix = self.rows.prefix
-        if not cur.set_range(prefix):
+        n = len(prefix) + _INO.size
+        cur = txn.cursor(db=self.dirents)
+        if not cur.set_range(prefix + _INO.pack(ROOT_INODE)):  # after the parent-0 rows
             return
+        last, path = -1, b""
         for k, v in cur:
             if not k.startswith(prefix):
                 return
-            e = _decode_inode(_INO.unpack(k[len(prefix) :])[0], v)
-            if not e.is_dir:
-                yield e
+            if v[8] != FILE:
+                continue
+            parent = _INO.unpack_from(k, len(prefix))[0]
+            if parent != last:
+                last, path = parent, self._path(txn, parent)
+            yield _file_entry(parent, path, _dirent_name(k, n, v), v)
 
 
 def delete_generations(

@@ -30,7 +30,12 @@ from dataclasses import dataclass
 import lmdb
 
 from silofs.cache.format import KEY_SIZE
-from silofs.cache.listing import ListingBuilder, ListingReader, delete_generations
+from silofs.cache.listing import (
+    LISTING_FORMAT,
+    ListingBuilder,
+    ListingReader,
+    delete_generations,
+)
 from silofs.errors import SilofsError
 from silofs.records import ObjectInfo, PrefixListed
 
@@ -279,9 +284,13 @@ class CacheStore:
 
     def current_generation(self, dsid: int) -> int | None:
         """The generation the dataset record names, None if never listed (or listed by a
-        silofs before generations, whose rows a mount cannot serve)."""
-        gen = self.dataset_record(dsid).get("gen")
-        return int(gen) if gen is not None else None
+        silofs before generations, or with rows of another LISTING_FORMAT: a mount
+        cannot serve those)."""
+        record = self.dataset_record(dsid)
+        gen = record.get("gen")
+        if gen is None or record.get("listing_format") != LISTING_FORMAT:
+            return None  # rows of another shape (cache/listing.py): listed again
+        return int(gen)
 
     def begin_listing(self, dsid: int) -> ListingBuilder:
         """A builder for the dataset's next generation. Rows of any generation but the

@@ -216,10 +216,13 @@ class SilofsFS(pyfuse3.Operations):
         attrs = self._attrs
         # A walk (find, ls -R) touches each entry once: reading rows past the caches keeps
         # them for what is looked up again, and saves their upkeep per entry.
-        for key, name, ino in h.listing.children(txn, h.inode, after):
+        # A file's attributes come with its row in the directory (entries()): a walk
+        # reads the directory in key order, never a hash-keyed inodes row per file.
+        for key, name, ino, child in h.listing.entries(txn, h.inode, after):
             attr = attrs.get(ino)
             if attr is None:
-                child = h.listing.get(txn, ino)
+                if child is None:  # a directory: its subdirectory count is in its row
+                    child = h.listing.get(txn, ino)
                 if child is None:
                     continue  # a collision-free index never gets here
                 attr = self._build_attr(child)

@@ -198,8 +198,10 @@ class Manifest:
             return node
         if name == b"..":
             return self.get(node.parent)
-        ino = self.reader.child(self.txn, parent, name)
-        return None if ino is None else self.get(ino)
+        e = self.reader.lookup(self.txn, parent, name, node.path)
+        if e is not None:
+            self._remember(e)
+        return e
 
     def children(
         self, parent: int, after: bytes | None = None

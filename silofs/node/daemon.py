@@ -409,8 +409,9 @@ class Daemon:
 
     async def _prepare_dataset(self, ds: DatasetState, refresh: bool) -> None:
         record = self.store.dataset_record(ds.id)
-        # A listing saved before generations (no "gen") cannot be served: list again.
-        have_manifest = "gen" in record
+        # A listing saved before generations (no "gen"), or with rows of another shape
+        # (LISTING_FORMAT), cannot be served: list again.
+        have_manifest = self.store.current_generation(ds.id) is not None
         try:
             try:
                 await trio.to_thread.run_sync(ds.backend.check, limiter=self.fetcher.threads)

@@ -449,3 +449,74 @@ def test_a_directory_marked_complete_has_all_its_entries(
         return any("/".join(parts[:i]) in files for i in range(1, len(parts) + 1))
 
     assert completed >= {p for p in final_dirs if not behind_a_file(p)}
+
+
+def test_content_ids_are_stored_without_repeating_the_version() -> None:
+    from silofs.cache.listing import _pack_cid, _unpack_cid
+
+    cases = [
+        (b"d41d8cd98f00b204e9800998ecf8427e", b"s3:d41d8cd98f00b204e9800998ecf8427e:10"),
+        (b"1-2-3-4", b"local:1-2-3-4"),
+        (b"v", b"vvv"),
+        (b"", b"anything"),
+        (b"abc", b"no version here"),
+        (b"abc", b"\x01abc starts like a template"),
+        (b"abc", b"\x02abc starts like an escape"),
+        (b"x", b"\x01 raw"),
+        (b"x", b""),
+    ]
+    for version, cid in cases:
+        stored = _pack_cid(version, cid)
+        assert _unpack_cid(version, stored) == cid, (version, cid)
+    assert _pack_cid(*cases[0]) == b"\x01s3:\x01:10"  # 8 bytes for 38
+
+
+def test_readdir_rows_carry_what_getattr_and_open_read(store: CacheStore) -> None:
+    """entries() reads a file's attributes from its directory's rows; they are the ones
+    get() (an inode number alone) and lookup() give, and iter_files walks the same."""
+    listing = [
+        obj("a/x", 1, 1.5),
+        obj("a/y", 22, 2.5),
+        obj("a/b/z", 333, 3.5),
+        obj("top", 4, 4.5),
+        obj("a/" + "L" * 600, 5, 5.5),  # a hashed long name
+    ]
+    m = build(store, listing)
+    with store.env.begin() as txn:
+        seen = 0
+        for node in [m.get(ROOT_INODE), *(n for n in walk_paths(m).values() if n.is_dir)]:
+            assert node is not None
+            for _, name, ino, e in m.reader.entries(txn, node.inode):
+                full = m.reader.get(txn, ino)
+                assert full is not None and full.name == name
+                if e is None:
+                    assert full.is_dir
+                    continue
+                seen += 1
+                assert (e.inode, e.size, e.mtime, e.since, e.version, e.content_id) == (
+                    full.inode,
+                    full.size,
+                    full.mtime,
+                    full.since,
+                    full.version,
+                    full.content_id,
+                )
+                assert m.lookup(node.inode, name) == full
+        assert seen == len(listing)
+        files = sorted((e.obj for e in m.reader.iter_files(txn)), key=lambda o: o.key)  # type: ignore[union-attr]
+        assert files == sorted(listing, key=lambda o: o.key)
+
+
+def test_a_listing_of_another_row_format_is_not_served(store: CacheStore) -> None:
+    dsid = next(_ids)
+    store.replace_manifest(dsid, LISTING, {})
+    assert store.current_generation(dsid) is not None
+    record = store.dataset_record(dsid)
+    old = {k: v for k, v in record.items() if k != "listing_format"}  # as format 1 wrote it
+    import json
+    import struct
+
+    with store.env.begin(write=True) as txn:
+        txn.put(struct.pack(">Q", dsid), json.dumps(old).encode(), db=store.db(b"datasets"))
+    assert store.current_generation(dsid) is None
+    assert store.get_object(dsid, "README") is None
