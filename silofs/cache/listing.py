@@ -569,10 +569,20 @@ class ListingReader:
 
     def iter_files(self, txn: lmdb.Transaction) -> Iterator[Entry]:
         """Every file, directory by directory (the dirents rows in key order)."""
+        for _, e in self.iter_file_rows(txn):
+            yield e
+
+    def iter_file_rows(
+        self, txn: lmdb.Transaction, start: bytes | None = None
+    ) -> Iterator[tuple[bytes, Entry]]:
+        """(row, Entry) of every file from row `start` on; a row is the dirents key
+        without the generation's prefix, the same in every generation for one path
+        (file_at)."""
         prefix = self.rows.prefix
         n = len(prefix) + _INO.size
         cur = txn.cursor(db=self.dirents)
-        if not cur.set_range(prefix + _INO.pack(ROOT_INODE)):  # after the parent-0 rows
+        # The parent-0 rows ("complete", "eager") sort first: start after them.
+        if not cur.set_range(prefix + (start or _INO.pack(ROOT_INODE))):
             return
         last, path = -1, b""
         for k, v in cur:
@@ -583,7 +593,15 @@ class ListingReader:
             parent = _INO.unpack_from(k, len(prefix))[0]
             if parent != last:
                 last, path = parent, self._path(txn, parent)
-            yield _file_entry(parent, path, _dirent_name(k, n, v), v)
+            yield bytes(k[len(prefix) :]), _file_entry(parent, path, _dirent_name(k, n, v), v)
+
+    def file_at(self, txn: lmdb.Transaction, row: bytes) -> Entry | None:
+        """The file at `row` (iter_file_rows) in this generation (its path not set)."""
+        v = txn.get(self.rows.prefix + row, db=self.dirents)
+        if v is None or v[8] != FILE:
+            return None
+        parent = _INO.unpack_from(row)[0]
+        return _file_entry(parent, b"", _dirent_name(row, _INO.size, v), v)
 
 
 def delete_generations(

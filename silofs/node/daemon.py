@@ -421,12 +421,15 @@ class Daemon:
                 log.warning(
                     "%s: %s; serving the persisted listing and cached chunks", ds.uri.canonical, exc
                 )
+            old_gen = self.store.current_generation(ds.id)
             if refresh or not have_manifest:
                 self.tree_checked.pop(ds.id, None)  # a new listing: check mounts again
                 record = await self._list(ds)
             ds.record = record
             ds.state = "ready"
             self.last_used = time.monotonic()
+            if old_gen is not None and int(record["gen"]) != old_gen:
+                await self._mark_stale(ds, old_gen, int(record["gen"]))
         except BackendError as exc:
             ds.state, ds.error = "error", str(exc)
             ds.prepare_errors += 1
@@ -537,6 +540,43 @@ class Daemon:
             record["gen"],
         )
         return record
+
+    async def _mark_stale(self, ds: DatasetState, old_gen: int, new_gen: int) -> None:
+        """After a refresh: the chunks the dataset holds of objects the new listing
+        shows with another content id, or not at all, become its first eviction
+        victims (CacheStore.mark_stale). Open handles of the old version keep hitting
+        them until space is needed. Chunk keys depend on the chunk size: those of the
+        dataset's mounts and the daemon's default are checked. In bounded steps: a
+        read txn per LISTING_BATCH files, a write txn per step's keys."""
+        sizes = {self.settings.chunk_size} | {
+            m.chunk_size for m in self.mounts.values() if m.dsid == ds.id
+        }
+        marked, row = 0, None
+        while True:
+            keys, row = await trio.to_thread.run_sync(
+                self.store.stale_candidates,
+                ds.id,
+                old_gen,
+                new_gen,
+                sizes,
+                row,
+                limiter=self.fetcher.threads,
+            )
+            if keys:
+                marked += await self.writer.call(self.store.mark_stale, ds.id, keys)
+            if row is None:
+                break
+        ds.stale_chunks = await trio.to_thread.run_sync(
+            self.store.stale_count, ds.id, limiter=self.fetcher.threads
+        )
+        if marked:
+            log.info(
+                "%s: %d cached chunks of versions generation %d no longer lists are the "
+                "first eviction victims",
+                ds.uri.canonical,
+                marked,
+                new_gen,
+            )
 
     # -- jobs and mounts -----------------------------------------------------------
     def job(self, name: str) -> JobState:
