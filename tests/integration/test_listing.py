@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -189,6 +190,10 @@ def test_list_in_background_waits_only_for_the_directory_looked_up(
             "--endpoint-url",
             proxy.url,
         )
+        # Progress in status while it lists (40 pages of 150 ms: it is still listing).
+        res = _ctl(node, "status")
+        assert res.returncode == 0, res.stderr
+        assert re.search(r": listing, [\d,]+ objects listed \([\d,]+/s\)", res.stdout), res.stdout
         assert (mp / "small" / "two").read_bytes() == b"22"
         assert sorted(os.listdir(mp / "small")) == ["one", "two"]
         assert not (mp / "small" / "three").exists()
