@@ -54,9 +54,9 @@ from silofs.uri import DatasetURI, parse_uri
 
 log = logging.getLogger(__name__)
 
-# A listing batch this old is written when the next page arrives, though not full: with a
-# slow store a directory's objects and its "complete" row (what a --list-in-background
-# mount waits for) would otherwise wait for 10 000 more objects.
+# A listing batch holding a complete prefix is written when the next page arrives once
+# this old, though not full: with a slow store a directory's "complete" row (what a
+# --list-in-background lookup waits for) would otherwise wait for 10 000 more objects.
 LISTING_FLUSH = 0.25
 
 
@@ -473,19 +473,22 @@ class Daemon:
 
         def produce() -> None:
             batch: list[ObjectInfo | PrefixListed] = []
-            started = time.monotonic()
+            done_at: float | None = None  # when the batch got its first complete prefix
             for obj in events():
-                if not batch:
-                    started = time.monotonic()
                 batch.append(obj)
                 if isinstance(obj, ObjectInfo):
                     ds.listed += 1  # progress only; read by status
-                # A slow store fills a batch slowly: a batch older than LISTING_FLUSH
-                # goes when the next page arrives, so what a mount waits for (a
-                # directory's objects, its "complete" row) is not held back for long.
-                if len(batch) >= LISTING_BATCH or time.monotonic() - started >= LISTING_FLUSH:
+                elif obj.done and done_at is None:
+                    done_at = time.monotonic()
+                # A slow store fills a batch slowly: one holding a complete prefix (what
+                # a --list-in-background lookup waits for) goes when the next page
+                # arrives once LISTING_FLUSH old. Other batches stay full-sized: small
+                # txns slow the listing down.
+                if len(batch) >= LISTING_BATCH or (
+                    done_at is not None and time.monotonic() - done_at >= LISTING_FLUSH
+                ):
                     trio.from_thread.run(send.send, batch)
-                    batch = []
+                    batch, done_at = [], None
             if batch:
                 trio.from_thread.run(send.send, batch)
 
