@@ -7,6 +7,8 @@ Owns the on-disk form of a listing (LISTING_FORMAT) and both of its sides:
                      content id (the version inside it written as \x01) NUL [full name]
            (the full name only when it is too long for an LMDB key: the key then holds
            its first bytes and an xxh3_128 of the whole name)
+           ... + parent inode 0 + b"c" + inode -> b""   directory complete (see below)
+           ... + parent inode 0 + b"e" + inode -> b""   directory made from a listed prefix
   inodes   dataset id (8) + generation (4) + inode (8) ->
              a directory: _INODE header + path
              a file: kind (1) + parent inode (8) + name: where its dirents row is
@@ -14,8 +16,6 @@ A file's row in its directory carries everything lookup, readdir and open need, 
 walk (find, ls -l) reads one directory's rows in key order and never the inodes B-tree
 (hash-keyed, so every get there lands on another page); an inode number alone (getattr,
 open by the kernel) goes through the small inodes row to the dirents row.
-  dirents  ... + parent inode 0 + b"c" + inode -> b""   directory complete (see below)
-           ... + parent inode 0 + b"e" + inode -> b""   directory made from a listed prefix
 ListingBuilder turns a stream of ObjectInfo (any order, any size) into those rows, one
 bounded batch per write txn, keeping only one batch of directory state in memory. A
 fanned-out listing also sends PrefixListed records: a prefix's sub-prefixes become
