@@ -57,6 +57,7 @@ _DBS = (
     b"inodes",
     b"stale",
 )
+_DAEMON_ONLY = {b"stale"}  # dbs only the daemon reads (newer than some envs)
 LISTING_BATCH = 10_000  # objects per listing write txn: bounds the writer's hold and memory
 _EVICT_BATCH = 512
 # LMDB needs free pages even to delete (copy-on-write). Admission therefore leaves this
@@ -181,7 +182,15 @@ class CacheStore:
             raise
         except lmdb.Error as exc:
             raise SilofsError(f"cannot open cache at {path}: {exc}") from None
-        self.dbs = {name: self.env.open_db(name, create=not readonly) for name in _DBS}
+        self.dbs = {}
+        for name in _DBS:
+            try:
+                self.dbs[name] = self.env.open_db(name, create=not readonly)
+            except lmdb.NotFoundError:
+                # A mount of an env an older daemon made (still running after an
+                # upgrade): it lacks dbs no mount reads.
+                if not readonly or name not in _DAEMON_ONLY:
+                    raise
         self._max_key = self.env.max_key_size()  # 511 in stock LMDB; S3 keys reach 1024
         psize = self.env.stat()["psize"]
         self._headroom_pages = max(

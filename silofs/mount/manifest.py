@@ -18,8 +18,9 @@ from collections.abc import Iterator
 import lmdb
 import trio
 
-from silofs.cache.listing import ROOT_INODE, Entry, ListingReader
+from silofs.cache.listing import LISTING_FORMAT, ROOT_INODE, Entry, ListingReader
 from silofs.cache.store import CacheStore
+from silofs.errors import SilofsError
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +48,14 @@ class Manifest:
         self.completed = trio.Event()
         if not building:
             self.completed.set()
+        if not building and record.get("listing_format") != LISTING_FORMAT:
+            # Rows of another shape (a daemon of another silofs wrote them): misread,
+            # they would serve wrong names and sizes.
+            raise SilofsError(
+                f"the listing of dataset {dsid} was written by another silofs version "
+                f"(listing format {record.get('listing_format', 1)}, this one reads "
+                f"{LISTING_FORMAT}): restart the daemon with this version"
+            )
         self.store = store
         self.dsid = dsid
         self.cache_entries = cache_entries

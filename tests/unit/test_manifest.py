@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 
 from silofs.cache.listing import Entry
 from silofs.cache.store import CacheStore
+from silofs.errors import SilofsError
 from silofs.mount.manifest import ROOT_INODE, Manifest
 from silofs.records import ObjectInfo
 from tests.unit.reference_manifest import Manifest as OldManifest
@@ -520,3 +521,5 @@ def test_a_listing_of_another_row_format_is_not_served(store: CacheStore) -> Non
         txn.put(struct.pack(">Q", dsid), json.dumps(old).encode(), db=store.db(b"datasets"))
     assert store.current_generation(dsid) is None
     assert store.get_object(dsid, "README") is None
+    with pytest.raises(SilofsError, match="another silofs version"):
+        Manifest(store, dsid, old)  # a mount refuses to misread it

@@ -755,3 +755,19 @@ def test_evictions_take_stale_chunks_first(store: CacheStore) -> None:
     store.evict_random(1, 0, usage)
     assert store.stale_count(1) == 0 and owned(store, 1) == set()
     check(store, usage)
+
+
+def test_a_mount_opens_an_env_an_older_daemon_made(tmp_path: Path) -> None:
+    """Read-only (a mount), an env without the dbs newer daemons add for themselves
+    (stale) opens; the daemon creates them."""
+    env = lmdb.open(str(tmp_path), map_size=MAP, max_dbs=20, subdir=True)
+    for name in (b"chunks", b"owners", b"usage", b"datasets", b"names", b"objects",
+                 b"meta", b"dirents", b"inodes"):  # fmt: skip
+        env.open_db(name)
+    env.close()
+    ro = CacheStore(str(tmp_path), MAP, readonly=True)
+    assert b"stale" not in ro.dbs
+    ro.close()
+    rw = CacheStore(str(tmp_path), MAP)
+    assert b"stale" in rw.dbs
+    rw.close()
