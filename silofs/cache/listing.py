@@ -248,6 +248,7 @@ class ListingBuilder:
         self.inodes = inodes
         self.totals = ListingTotals()
         self._dirs: dict[int, Entry] = {}  # this batch's directories, by inode
+        self._blocked: set[str] = set()  # listed prefixes never to be marked complete
 
     def start(self, txn: lmdb.Transaction) -> None:
         """Write the empty root. The generation's rows must not exist yet."""
@@ -383,6 +384,8 @@ class ListingBuilder:
         return None if kind == FILE else self._dir(txn, ino)
 
     def _prefix(self, txn: lmdb.Transaction, p: PrefixListed) -> None:
+        if p.key in self._blocked:
+            return  # a page of it was skipped: its sub-prefixes may be missing
         d: Entry | None = self._dir(txn, ROOT_INODE)
         if p.key:
             parts = encode_name(p.key[:-1])
@@ -392,7 +395,12 @@ class ListingBuilder:
                 assert d is not None
                 d = self._eager_dir(txn, d, part)
                 if d is None:
-                    return  # a file has the name: the directory is complete with the listing
+                    # A file has the name: this page's sub-prefixes are not made, so
+                    # the directory is complete only with the whole listing, even once
+                    # an object under it shadows the file. Rare (a file and a prefix of
+                    # one name), so the set stays small.
+                    self._blocked.add(p.key)
+                    return
         assert d is not None
         for sub in p.subs:
             name = sub[len(p.key) : -1]
