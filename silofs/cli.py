@@ -430,6 +430,12 @@ def _wait_listing(
         # reports its progress, shown here on a terminal.
         while ds["state"] in ("checking", "listing"):
             if background and ds.get("building_gen") is not None:
+                if tty:
+                    click.echo(
+                        f"listing {ds['uri']} in the background ({ds['listed']} objects so "
+                        "far); `silofs-ctl status` shows its progress",
+                        err=True,
+                    )
                 return ds
             if tty and ds["state"] == "listing":
                 rate = ds.get("list_rate") or 0

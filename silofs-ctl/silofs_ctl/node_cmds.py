@@ -95,6 +95,12 @@ def render_status(s: dict) -> str:
     for d in s["datasets"]:
         if d.get("state") == "error" or d.get("error"):
             out.append(f"  {d['name']}: error: {d.get('error') or 'unknown'}")
+        elif d.get("state") == "listing":
+            # Progress of a listing: objects so far and the rate since it began.
+            out.append(
+                f"  {d['name']}: listing, {d.get('listed', 0):,} objects listed "
+                f"({d.get('list_rate') or 0:,.0f}/s)"
+            )
         elif d.get("state") not in (None, "ready"):
             out.append(f"  {d['name']}: {d['state']}")
         for key in ("store_errors", "store_retries"):

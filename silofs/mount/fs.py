@@ -138,7 +138,7 @@ class SilofsFS(pyfuse3.Operations):
         m = self.manifest
         m.renew()
         node = m.lookup(parent_inode, name)
-        if node is None and await m.wait_listed():
+        if node is None and await m.wait_listed(parent_inode):
             # --list-in-background: a name not listed yet is not a missing name.
             m.renew()
             node = m.lookup(parent_inode, name)
@@ -193,10 +193,10 @@ class SilofsFS(pyfuse3.Operations):
         if h is None:
             raise pyfuse3.FUSEError(errno.EBADF)
         m = self.manifest
-        if await m.wait_listed():
-            # A directory's entries are complete only with the whole listing (a fanned-out
-            # listing fills directories in any order); the handle moves to the completed
-            # generation, which has the same inode numbers.
+        if await m.wait_listed(h.inode):
+            # A directory's entries are complete once its prefix is listed (a fanned-out
+            # listing marks it) or with the whole listing; the handle moves to the
+            # generation the manifest serves now, which has the same inode numbers.
             h.listing = m.reader
         m.renew()
         txn = m.txn
@@ -216,10 +216,13 @@ class SilofsFS(pyfuse3.Operations):
         attrs = self._attrs
         # A walk (find, ls -R) touches each entry once: reading rows past the caches keeps
         # them for what is looked up again, and saves their upkeep per entry.
-        for key, name, ino in h.listing.children(txn, h.inode, after):
+        # A file's attributes come with its row in the directory (entries()): a walk
+        # reads the directory in key order, never a hash-keyed inodes row per file.
+        for key, name, ino, child in h.listing.entries(txn, h.inode, after):
             attr = attrs.get(ino)
             if attr is None:
-                child = h.listing.get(txn, ino)
+                if child is None:  # a directory: its subdirectory count is in its row
+                    child = h.listing.get(txn, ino)
                 if child is None:
                     continue  # a collision-free index never gets here
                 attr = self._build_attr(child)

@@ -55,6 +55,9 @@ class LruIndex:
         prefix = _ID.pack(dsid)
         freed = 0
         with self.store.env.begin(write=True) as txn:
+            # Chunks of versions no listing names go first (their recency rows are
+            # skipped later, as any row of a chunk evicted by other means).
+            freed += self.store.evict_stale(txn, dsid, target_bytes, usage)
             cur = txn.cursor(db=self.order)
             while usage.get(dsid, Usage()).bytes > target_bytes:
                 if not cur.set_range(prefix) or not cur.key().startswith(prefix):

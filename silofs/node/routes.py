@@ -130,6 +130,7 @@ def dataset_view(d: Daemon, ds: DatasetState) -> dict[str, Any]:
         "store_checksum_errors": _store_count(ds, "checksum_errors"),
         "store_short_reads": _store_count(ds, "short_reads"),
         "version_mismatches": ds.fetch.version_mismatches,
+        "stale_chunks": ds.stale_chunks,  # the first eviction victims (after a refresh)
         "mounts": sum(1 for m in d.mounts.values() if m.dsid == ds.id),
         "warm": d.warms[ds.id].view() if ds.id in d.warms else None,
     }
