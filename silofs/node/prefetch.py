@@ -99,6 +99,7 @@ class Hint:
     starts: OrderedDict[str, tuple[int, int]] = field(default_factory=OrderedDict)
     by_chunk: dict[tuple[str, int], _Chunk] = field(default_factory=dict)
     counters: PrefetchCounters = field(default_factory=PrefetchCounters)
+    job_counters: PrefetchCounters = field(default_factory=PrefetchCounters)  # the job's
     unknown: int = 0  # hinted paths not in the listing (or directories)
     denied: int = 0  # hinted paths the peer may not read: never fetched
     behind: int = 0  # hinted paths the reader had passed before the walk got there
@@ -149,6 +150,7 @@ class Hint:
             self.ahead_bytes -= chunk.length
             if not chunk.missed:
                 self.counters.hit_chunks += 1
+                self.job_counters.hit_chunks += 1
         while self.starts and next(iter(self.starts.values()))[1] <= position:
             self.starts.popitem(last=False)
         self.moved.set()
@@ -160,6 +162,7 @@ class Hint:
         if chunk is not None and not chunk.missed:
             chunk.missed = True
             self.counters.missed_chunks += 1
+            self.job_counters.missed_chunks += 1
         span = self.starts.get(key)
         if span is not None:
             self.advance(span[0] + index * self.chunk_size)
@@ -203,8 +206,8 @@ class Prefetcher:
         h = Hint(m.id, m.job, m.dsid, m.chunk_size, window, peer, m.reported.bytes_read)
         h.paths.extend(paths)
         h.hinted = len(paths)
+        h.job_counters = self.d.job(m.job).prefetch
         self.hints[m.id] = h
-        self.d.job(m.job)
         self._start(h)
         log.info(
             "mount %s (job %s): hint of %d paths, window %s",
@@ -355,7 +358,7 @@ class Prefetcher:
             offered += len(data)
             if fetched:
                 job = d.job(h.job)
-                for c in (h.counters, job.prefetch):
+                for c in (h.counters, h.job_counters):
                     c.bytes += len(data)
                     c.chunks += 1
                 for fc in (ds.fetch, job.fetch):

@@ -156,6 +156,7 @@ def test_hint_is_charged_to_the_job_bounded_by_the_window_and_follows_the_reader
         assert h.position == 2 * MiB
         assert h.ahead_bytes <= MiB
         assert h.counters.hit_chunks >= 1 and h.counters.missed_chunks == 0
+        assert job.prefetch.hit_chunks == h.counters.hit_chunks
         # Files wholly behind the reader when the walk reached them were skipped.
         assert all(c.end > 2 * MiB for c in h.ahead)
 
@@ -163,8 +164,10 @@ def test_hint_is_charged_to_the_job_bounded_by_the_window_and_follows_the_reader
         # the hint moves the position to it.
         m = d.mounts[mid]
         chunk = h.ahead[0]
-        await d.get_chunk(m, chunk.key, chunk.index, False)
-        assert h.counters.missed_chunks == 1
+        data, source = await d.get_chunk(m, chunk.key, chunk.index, False)
+        assert h.counters.missed_chunks == job.prefetch.missed_chunks == 1
+        # Served from the cache (or the writer's queue, not committed yet): no GET again.
+        assert source == "cache" and len(data) == chunk.length
         far, (start, _) = list(h.starts.items())[-1]
         await d.get_chunk(m, far, 1, False)
         assert h.position == start + CHUNK > 2 * MiB
@@ -397,3 +400,27 @@ def test_hint_paths_and_pieces() -> None:
     keys = [f"k{i:05d}" for i in range(10)]
     assert [len(p) for p in pieces(keys, max_paths=4)] == [4, 4, 2]
     assert [len(p) for p in pieces(keys, max_body=30)] == [3, 3, 3, 1]
+
+
+def test_a_chunk_offered_and_not_committed_is_served_without_a_second_get(
+    tmp_path: Path, bucket: Path
+) -> None:
+    """A reader right behind the prefetch misses a chunk whose batch is not committed yet:
+    the daemon answers from the writer's queue instead of fetching it again."""
+
+    async def test(d: Daemon, call: Any, ds: dict) -> None:
+        from silofs.cache.format import encode_chunk
+        from silofs.cache.store import PendingChunk
+        from silofs.node.fetch import FetchCounters
+
+        ref = _ref(d, ds, NAMES[3])
+        data = bytes([3]) * ref.length
+        value = encode_chunk(ds["id"], 0, CHUNK, NAMES[3], ref.obj.content_id, data)
+        d.writer.batch_seconds = 60  # hold the batch: nothing is committed meanwhile
+        assert d.writer.offer(PendingChunk(ds["id"], ref.key, value, ref.length))
+        assert d.fetcher.cached(ref, FetchCounters()) == (data, False)
+        await d.writer.flush()
+        assert d.writer.pending(ref.key) is None
+        assert d.fetcher.cached(ref, FetchCounters()) == (data, False)  # from LMDB now
+
+    run(tmp_path, bucket, test)
