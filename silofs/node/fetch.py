@@ -55,6 +55,8 @@ class Fetcher:
                 )
                 return None, False
             if value is None:
+                value = self.writer.pending(ref.key)  # fetched, not committed yet
+            if value is None:
                 return None, False
             data = checked_chunk(value, ref, counters)
             return (None, True) if data is None else (bytes(data), False)
