@@ -7,7 +7,9 @@ import random
 from pathlib import Path
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
+from silofs.control.client import ControlClient
 from silofs.hints import Hinter
 from silofs.torch import PrefetchSampler
 
@@ -71,6 +73,11 @@ def test_a_reader_in_hinted_order_sees_hits(
     h = wait_for(lambda: (v := hinter.status()) and v["position"] >= read and v, what="position")
     assert h["state"] == "done" and h["hit_chunks"] == FILES and h["missed_chunks"] == 0, h
     assert m["prefetch"]["hinted"] == FILES
+    with ControlClient(node.socket) as c:
+        _, _, body = c.request_raw("GET", "/metrics")
+    fams = {f.name: f for f in text_string_to_metric_families(body.decode())}
+    assert fams["silofs_job_prefetched_bytes"].samples[0].value == read
+    assert fams["silofs_job_prefetch_hit_chunks"].samples[0].value == FILES
 
 
 try:
