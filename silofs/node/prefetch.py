@@ -368,8 +368,8 @@ class Prefetcher:
         async def fits(length: int) -> bool:
             """Whether the dataset would admit `length` more bytes (promise 1)."""
             nonlocal offered, drained
-            if lru:
-                return h.ahead_bytes + length <= quota()
+            if lru:  # admission evicts the least recently used; window() keeps it off ours
+                return length <= quota()
             if held() + offered + h.in_flight + length <= quota():
                 return True
             # What is in flight or queued may yet be refused or dropped: wait for it and
@@ -381,8 +381,11 @@ class Prefetcher:
             offered = 0
             return held() + length <= quota()
 
+        def window() -> int:
+            return min(h.window, quota()) if lru else h.window
+
         try:
-            await self._steps(h, ds, fetch, fits, failure, slots, quota)
+            await self._steps(h, ds, fetch, fits, failure, slots, quota, window)
         except BaseExceptionGroup as group:
             # One task failed (the walk or a fetch): its error is the hint's, as one line.
             if len(group.exceptions) == 1:
@@ -400,6 +403,7 @@ class Prefetcher:
         failure: list[BackendError],
         slots: trio.Semaphore,
         quota: Callable[[], int],
+        window: Callable[[], int],
     ) -> None:
         """The walk itself: resolve the next paths, start the fetches the window and
         the dataset's quota allow, in hinted order."""
@@ -433,7 +437,7 @@ class Prefetcher:
                             h.cached_bytes += ref.length
                             continue
                         # The window: wait until the reader catches up.
-                        while h.ahead_bytes and h.ahead_bytes + ref.length > h.window:
+                        while h.ahead_bytes and h.ahead_bytes + ref.length > window():
                             h.waiting = True
                             await h.moved.wait()
                         h.waiting = False
