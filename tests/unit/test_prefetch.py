@@ -424,3 +424,24 @@ def test_a_chunk_offered_and_not_committed_is_served_without_a_second_get(
         assert d.fetcher.cached(ref, FetchCounters()) == (data, False)  # from LMDB now
 
     run(tmp_path, bucket, test)
+
+
+def test_in_lru_mode_the_window_is_capped_by_the_quota(tmp_path: Path, bucket: Path) -> None:
+    """An lru dataset admits by evicting: the walk waits for the reader at the quota
+    rather than evict its own prefetched chunks before they are read."""
+    allocation = MiB
+
+    async def test(d: Daemon, call: Any, ds: dict) -> None:
+        url = f"/v1/datasets/{ds['id']}"
+        assert (await call(ROOT, "PUT", f"{url}/cache", {"bytes": allocation}))[0] == 200
+        assert (await call(ROOT, "PUT", f"{url}/admission", {"mode": "lru"}))[0] == 200
+        mid = await register(call, ROOT, ds)
+        status, _ = await call(ROOT, "POST", f"/v1/mounts/{mid}/hints", {"paths": NAMES})
+        assert status == 202
+        h = await until(settled(d, mid), "the window to fill")
+        assert h.state == "running" and 0 < h.ahead_bytes <= allocation
+        await report(call, mid, 4 * MiB)
+        await until(lambda: settled(d, mid)() and h.position == 4 * MiB, "the walk to move on")
+        assert h.state == "running" and h.ahead_bytes <= allocation
+
+    run(tmp_path, bucket, test)
