@@ -32,6 +32,7 @@ from common import ROOT, Node, check_fuse, read_whole, wait_for
 
 from silofs.control.client import ControlClient
 from silofs.hints import Hinter
+from silofs.node.prefetch import concurrency
 from silofs.torch import PrefetchSampler
 from silofs.units import parse_rate, parse_size
 
@@ -99,6 +100,33 @@ def upload(endpoint: str, bucket: str, files: int, size: int) -> dict[str, int]:
         client.put_object(Bucket=bucket, Key=key, Body=rnd.randbytes(n))
         sizes[key] = n
     return sizes
+
+
+def store_ceiling(endpoint: str, bucket: str, keys: list[str], threads: int) -> float:
+    """MB/s of whole-object GETs straight from boto3 through the proxy, `threads` at a
+    time (as many as the daemon's prefetch keeps in flight): what the store allows."""
+    import boto3
+    from botocore.config import Config
+
+    client = boto3.session.Session(
+        aws_access_key_id="testing", aws_secret_access_key="testing", region_name="us-east-1"
+    ).client("s3", endpoint_url=endpoint, config=Config(max_pool_connections=threads))
+    it = iter(keys)
+    lock = threading.Lock()
+
+    def worker() -> int:
+        n = 0
+        while True:
+            with lock:
+                key = next(it, None)
+            if key is None:
+                return n
+            n += len(client.get_object(Bucket=bucket, Key=key)["Body"].read())
+
+    with ThreadPoolExecutor(threads) as pool:
+        t0 = time.perf_counter()
+        total = sum(f.result() for f in [pool.submit(worker) for _ in range(threads)])
+        return total / (time.perf_counter() - t0) / 1e6
 
 
 def epoch(paths: Iterator[str], readers: int) -> int:
@@ -192,6 +220,11 @@ def main() -> None:
                 f"{'of alloc':>8} {'hit':>5} {'GETs':>5} {'prefetched MB':>13} "
                 f"{'pf hits':>7} {'pf missed':>9} {'limiter s':>9}"
             )
+            ceiling = store_ceiling(proxy_url, "hints", keys, concurrency(16))
+            print(
+                f"store ceiling: {ceiling:.1f} MB/s with {concurrency(16)} GETs in flight "
+                "(boto3 through the proxy, the prefetch's concurrency)"
+            )
             results = {}
             for readers in (int(r) for r in args.readers.split(",")):
                 for hinted in (False, True):
@@ -212,7 +245,8 @@ def main() -> None:
                 print(
                     f"{readers} reader(s): hinted epoch {plain['seconds'] / hint['seconds']:.2f}x "
                     f"faster ({plain['seconds']:.2f}s -> {hint['seconds']:.2f}s); hinted rate "
-                    f"{hint['bytes'] / hint['seconds'] / rate:.2f} of the allocation"
+                    f"{hint['bytes'] / hint['seconds'] / rate:.2f} of the allocation, "
+                    f"{hint['bytes'] / hint['seconds'] / 1e6 / ceiling:.2f} of the store ceiling"
                 )
         finally:
             if proxy is not None:
