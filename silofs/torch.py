@@ -14,14 +14,15 @@ order, never reads files, and never fails an epoch because a hint could not be s
 
 The order is sent in pieces (`piece` paths, 16,384 by default): the first when the
 epoch's iteration starts, the next whenever fewer than half a piece of the sent paths
-are left to yield. The daemon's memory per hint stays small, and so does the pause at
-the start of an epoch.
+are left to yield, from a thread of the sampler's own (the training loop never waits on
+the daemon). The daemon's memory per hint stays small.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from silofs.hints import Hinter, HintError
@@ -34,7 +35,8 @@ PIECE = 16_384
 class PrefetchSampler:
     """Wraps `sampler` (any iterable of dataset indices, or of lists of them); `paths`
     maps an index to its file (a sequence, or a callable), absolute or relative to
-    `mountpoint`."""
+    `mountpoint`. `background` (default) sends from one thread of its own, so a slow or
+    frozen daemon never holds up the training loop; `flush()` waits for what is queued."""
 
     def __init__(
         self,
@@ -45,25 +47,35 @@ class PrefetchSampler:
         window: int | str | None = None,
         socket: str | None = None,
         piece: int = PIECE,
+        background: bool = True,
         hinter: Hinter | None = None,
     ) -> None:
         if piece < 2:
             raise ValueError("piece must be at least 2 paths")
         self.sampler = sampler
         self._path = paths if callable(paths) else paths.__getitem__
-        self.hinter = hinter or Hinter(mountpoint, socket=socket, window=window)
+        self.hinter = hinter or Hinter(mountpoint, socket=socket, window=window, timeout=10)
         self.piece = piece
-        self.hinted = 0  # paths sent in the current epoch
+        self.background = background
+        self.queued = 0  # paths of the current epoch handed to the sender
+        self.sent = 0  # of those, accepted by the daemon
         self.failed: str | None = None  # why hints stopped this epoch
+        self._epoch = 0
+        self._sender: ThreadPoolExecutor | None = None
 
     def __len__(self) -> int:
         return len(self.sampler)  # type: ignore[arg-type]
 
     def __getattr__(self, name: str) -> Any:
         # set_epoch (DistributedSampler) and anything else the wrapped sampler offers.
-        if name == "sampler":
+        if name in ("sampler", "__setstate__"):
             raise AttributeError(name)
         return getattr(self.sampler, name)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_sender"] = None  # a thread pool does not pickle; a copy makes its own
+        return state
 
     def __iter__(self) -> Iterator[Any]:
         order = list(self.sampler)  # the epoch's order: what a hint is about
@@ -75,27 +87,56 @@ class PrefetchSampler:
             else:
                 flat.append(int(item))
             ends.append(len(flat))
-        self.hinted, self.failed = 0, None
-        self._send(flat, first=True)
+        self._epoch += 1  # pieces of an earlier epoch still queued are not sent
+        self.queued, self.sent, self.failed = 0, 0, None
+        self._queue(flat, first=True)
         for item, end in zip(order, ends, strict=True):
+            # The next piece once less than half a piece of the queued order is left.
             if (
                 self.failed is None
-                and self.hinted < len(flat)
-                and self.hinted - end < self.piece // 2
+                and self.queued < len(flat)
+                and self.queued - end < self.piece // 2
             ):
-                self._send(flat, first=False)
+                self._queue(flat, first=False)
             yield item
 
-    def _send(self, flat: list[int], *, first: bool) -> None:
-        """Send the next piece of the order (the first one replaces the last epoch's)."""
-        part = flat[self.hinted : self.hinted + self.piece]
+    def flush(self, timeout: float | None = None) -> None:
+        """Wait until the pieces queued so far were sent (or given up)."""
+        if self._sender is not None:
+            self._sender.submit(lambda: None).result(timeout)
+
+    def _queue(self, flat: list[int], *, first: bool) -> None:
+        """Hand the next piece of the order to the sender (the first one replaces the
+        last epoch's hint)."""
+        part = flat[self.queued : self.queued + self.piece]
+        self.queued += len(part)
         try:
-            self.hinter.send([self._path(i) for i in part], append=not first)
-        except (HintError, OSError, ValueError, IndexError, KeyError) as exc:
-            self.failed = str(exc)
-            log.warning("silofs: no prefetch hints this epoch: %s", exc)
+            paths = [self._path(i) for i in part]
+        except (IndexError, KeyError, TypeError, ValueError) as exc:
+            self._give_up(f"no path for an index of the order: {exc!r}")
             return
-        self.hinted += len(part)
+        if not self.background:
+            self._send(paths, first, self._epoch)
+            return
+        if self._sender is None:
+            self._sender = ThreadPoolExecutor(1, thread_name_prefix="silofs-hints")
+        self._sender.submit(self._send, paths, first, self._epoch)
+
+    def _send(self, paths: list[str], first: bool, epoch: int) -> None:
+        if epoch != self._epoch or self.failed is not None:
+            return  # a newer epoch began, or this one gave up
+        try:
+            self.hinter.send(paths, append=not first)
+        except (HintError, OSError, ValueError) as exc:
+            if epoch == self._epoch:
+                self._give_up(str(exc))
+            return
+        if epoch == self._epoch:
+            self.sent += len(paths)
+
+    def _give_up(self, why: str) -> None:
+        self.failed = why
+        log.warning("silofs: no prefetch hints this epoch: %s", why)
 
 
 __all__ = ["PrefetchSampler"]

@@ -113,4 +113,5 @@ def test_a_dataloader_with_prefetch_sampler_reads_every_file(
     loader = DataLoader(ds, sampler=sampler, batch_size=4, num_workers=2, collate_fn=list)
     got = sorted(b for batch in loader for b in batch)
     assert got == sorted(objects.values())
-    assert sampler.failed is None and sampler.hinted == len(paths)
+    sampler.flush(30)
+    assert sampler.failed is None and sampler.sent == len(paths)

@@ -359,7 +359,9 @@ class Recorder:
 def test_prefetch_sampler_sends_the_order_ahead_and_keeps_it() -> None:
     order = [5, 3, 9, 0, 1, 2, 4, 6, 8, 7]
     rec = Recorder()
-    sampler = PrefetchSampler(order, [f"f{i}" for i in range(10)], "/m", piece=4, hinter=rec)  # type: ignore[arg-type]
+    sampler = PrefetchSampler(
+        order, [f"f{i}" for i in range(10)], "/m", piece=4, background=False, hinter=rec
+    )  # type: ignore[arg-type]
     assert len(sampler) == 10
     seen = []
     for n, i in enumerate(sampler):
@@ -383,11 +385,14 @@ def test_prefetch_sampler_flattens_batches_and_survives_a_failed_hint(
     rec = Recorder()
     sampler = PrefetchSampler(batches, lambda i: f"/m/d/{i}.jpg", "/m", hinter=rec)  # type: ignore[arg-type]
     assert list(sampler) == batches
+    sampler.flush(10)
+    assert sampler.sent == 5
     assert rec.sent == [
         (["/m/d/0.jpg", "/m/d/1.jpg", "/m/d/2.jpg", "/m/d/3.jpg", "/m/d/4.jpg"], False)
     ]
     broken = PrefetchSampler(range(5), lambda i: str(i), "/m", hinter=Recorder(fail=True))  # type: ignore[arg-type]
     assert list(broken) == [0, 1, 2, 3, 4]
+    broken.flush(10)
     assert broken.failed and "no silofs mount" in caplog.text
 
 
@@ -445,3 +450,31 @@ def test_in_lru_mode_the_window_is_capped_by_the_quota(tmp_path: Path, bucket: P
         assert h.state == "running" and h.ahead_bytes <= allocation
 
     run(tmp_path, bucket, test)
+
+
+def test_prefetch_sampler_never_waits_on_the_daemon_and_drops_stale_pieces() -> None:
+    """A daemon that does not answer holds up the sender thread, never the epoch; when a
+    new epoch begins, the old epoch's pieces not sent yet are dropped."""
+    import threading
+
+    gate = threading.Event()
+    started = threading.Event()
+
+    class Slow(Recorder):
+        def send(self, paths: list[str], *, append: bool = False) -> dict:
+            started.set()
+            assert gate.wait(10)
+            return super().send(paths, append=append)
+
+    rec = Slow()
+    sampler = PrefetchSampler(range(10), str, "/m", piece=2, hinter=rec)  # type: ignore[arg-type]
+    assert list(sampler) == list(range(10))  # while the first send is stuck
+    assert started.wait(10) and rec.sent == []
+    assert list(sampler) == list(range(10))  # epoch 2 queues its own pieces
+    gate.set()
+    sampler.flush(10)
+    firsts = [paths for paths, append in rec.sent if not append]
+    # Epoch 1's first piece was already being sent; its other pieces were dropped.
+    assert firsts == [["0", "1"], ["0", "1"]]
+    assert [p for paths, _ in rec.sent[1:] for p in paths] == [str(i) for i in range(10)]
+    assert sampler.sent == 10 and sampler.failed is None
