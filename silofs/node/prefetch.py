@@ -394,6 +394,13 @@ class Prefetcher:
         if failure:
             raise failure[0]
 
+    def _held_now(self, dsid: int, key: bytes) -> bool:
+        """Whether the dataset holds the chunk, or it waits in the Writer's queue."""
+        if self.d.writer.pending(key) is not None:
+            return True
+        with self.d.store.read_txn() as txn:
+            return self.d.store.owns(txn, dsid, key)
+
     async def _steps(
         self,
         h: Hint,
@@ -445,6 +452,11 @@ class Prefetcher:
                             continue
                         if failure:
                             break
+                        # Resolved a batch ago: the reader's own miss may have fetched it
+                        # since (its position is reported only every 250 ms).
+                        if self._held_now(ds.id, ref.key):
+                            h.cached_bytes += ref.length
+                            continue
                         if not await fits(ref.length):
                             h.state = "full"
                             log.info(
