@@ -271,7 +271,9 @@ class Prefetcher:
         if h.scope.cancelled_caught and h.state == "running":
             h.state = "cancelled"
         h.finished = time.time()
-        log.info(
+        # A sampler's pieces end and restart the walk often; replacing a hint cancels it.
+        log.log(
+            logging.DEBUG if h.state in ("done", "cancelled") else logging.INFO,
             "prefetch of mount %s %s: %s prefetched, %d chunks hit, %d missed",
             h.mount_id,
             h.state,
@@ -435,7 +437,6 @@ class Prefetcher:
                     if h.front <= h.position:
                         h.behind += 1
                         continue
-                    h.starts.setdefault(obj.key, (start, h.front))
                     for ref, is_held in chunks:
                         end = start + ref.start + ref.length
                         if end <= h.position:
@@ -467,6 +468,8 @@ class Prefetcher:
                             )
                             h.paths.clear()
                             return
+                        # Kept only for objects with a chunk ahead: bounded by the window.
+                        h.starts.setdefault(obj.key, (start, start + obj.size))
                         chunk = _Chunk(obj.key, ref.index, end, ref.length)
                         h.ahead.append(chunk)
                         h.by_chunk[(obj.key, ref.index)] = chunk
