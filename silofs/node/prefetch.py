@@ -47,6 +47,8 @@ log = logging.getLogger(__name__)
 # sends a long order in pieces of MAX_HINT_PATHS as the reader gets to them.
 MAX_HINT_PATHS = 65_536
 MAX_HINT_PENDING = 1 << 20
+# And across all of one untrusted uid's mounts (a uid may hold 256 mounts).
+MAX_HINT_PENDING_PER_UID = 1 << 20
 MAX_HINT_PATH_LEN = 4096
 # Objects resolved (listing lookup, access check, owners rows) per thread hop.
 RESOLVE_BATCH = 256
@@ -187,14 +189,28 @@ class Prefetcher:
         peer: tuple[int, frozenset[int]] | None,
     ) -> Hint:
         """Start (or with `append`, extend) the mount's hint. ValueError if the hint
-        would hold more than MAX_HINT_PENDING paths not walked yet."""
+        would hold more than MAX_HINT_PENDING paths not walked yet, or an untrusted
+        peer's hints together more than MAX_HINT_PENDING_PER_UID."""
         old = self.hints.get(m.id)
-        if append and old is not None and old.state in ("running", "done"):
-            if len(old.paths) + len(paths) > MAX_HINT_PENDING:
+        extend = append and old is not None and old.state in ("running", "done")
+        kept = len(old.paths) if extend and old is not None else 0
+        if kept + len(paths) > MAX_HINT_PENDING:
+            raise ValueError(
+                f"the hint would hold {kept + len(paths)} paths not read yet "
+                f"(limit {MAX_HINT_PENDING}): send the next ones later"
+            )
+        if peer is not None:
+            others = sum(
+                len(h.paths)
+                for mid, h in self.hints.items()
+                if mid != m.id and (om := self.d.mounts.get(mid)) is not None and om.uid == m.uid
+            )
+            if others + kept + len(paths) > MAX_HINT_PENDING_PER_UID:
                 raise ValueError(
-                    f"the hint would hold {len(old.paths) + len(paths)} paths not read yet "
-                    f"(limit {MAX_HINT_PENDING}): send the next ones later"
+                    f"uid {m.uid}'s hints would hold {others + kept + len(paths)} paths not "
+                    f"read yet (limit {MAX_HINT_PENDING_PER_UID} per uid)"
                 )
+        if extend and old is not None:
             old.paths.extend(paths)
             old.hinted += len(paths)
             if not old.running:

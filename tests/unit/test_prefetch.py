@@ -270,15 +270,35 @@ def test_hints_are_refused_for_another_uids_mount_and_bad_bodies(
         counters = d.datasets[ds["id"]].fetch
         assert d.fetcher.cached(_ref(d, ds, "secret.bin"), counters) == (None, False)
 
-        # A mount limit holds: more pending paths than a hint may hold is a 429.
-        monkey = prefetch_mod.MAX_HINT_PENDING
-        prefetch_mod.MAX_HINT_PENDING = 3
+        # A mount limit holds: more paths not walked yet than a hint may hold is a 429;
+        # and one per uid, over all its mounts. (One path per resolve step and a 1-byte
+        # window: the walk takes one path and waits, 2 stay pending.)
+        saved = (
+            prefetch_mod.MAX_HINT_PENDING,
+            prefetch_mod.MAX_HINT_PENDING_PER_UID,
+            prefetch_mod.RESOLVE_BATCH,
+        )
+        prefetch_mod.MAX_HINT_PENDING, prefetch_mod.MAX_HINT_PENDING_PER_UID = 4, 5
+        prefetch_mod.RESOLVE_BATCH = 1
         try:
-            status, out = await call(ALICE, "POST", url, {"paths": NAMES[:3], "window": 1})
-            status, out = await call(ALICE, "POST", url, {"paths": NAMES[3:8], "append": True})
-            assert status == 429, out
+            status, out = await call(ALICE, "POST", url, {"paths": NAMES[4:7], "window": 1})
+            assert status == 202, out
+            h = await until(settled(d, mid), "the window to fill")
+            assert len(h.paths) == 2
+            status, out = await call(ALICE, "POST", url, {"paths": NAMES[:3], "append": True})
+            assert status == 429 and "limit 4" in out["error"], out
+            other = await register(call, ALICE, ds)
+            ourl = f"/v1/mounts/{other}/hints"
+            status, out = await call(ALICE, "POST", ourl, {"paths": NAMES[:4]})
+            assert status == 429 and "per uid" in out["error"], out
+            status, out = await call(ROOT, "POST", ourl, {"paths": NAMES[:4]})
+            assert status == 202, out  # root is exempt from the per-uid limit
         finally:
-            prefetch_mod.MAX_HINT_PENDING = monkey
+            (
+                prefetch_mod.MAX_HINT_PENDING,
+                prefetch_mod.MAX_HINT_PENDING_PER_UID,
+                prefetch_mod.RESOLVE_BATCH,
+            ) = saved
         # Bob cannot see it stopped either; Alice can stop it.
         assert (await call(BOB, "DELETE", url))[0] == 403
         status, out = await call(ALICE, "DELETE", url)
