@@ -10,7 +10,8 @@ DataLoader's workers take indices from its sampler); in the hinted passes that i
 is silofs.torch.PrefetchSampler's, which sends the order to the daemon when the epoch
 begins (its time counts in the epoch). Prints per pass: seconds, MB/s, files/s, the rate
 as a share of the IO allocation, and the prefetch figures; then hinted/unhinted ratios.
-Needs FUSE and moto[server]; leaves no mount, daemon or server behind.
+Reader threads stand in for DataLoader workers (torch is not needed: the sampler wrapper
+never imports it). Needs FUSE and moto[server]; leaves no mount, daemon or server behind.
 """
 
 from __future__ import annotations

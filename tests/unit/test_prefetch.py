@@ -246,6 +246,7 @@ def test_hints_are_refused_for_another_uids_mount_and_bad_bodies(
             {"paths": [1, 2]},
             {"paths": [""]},
             {"paths": ["x" * 5000]},
+            {"paths": ["a\u0000b"]},
             {"paths": ["a"] * (prefetch_mod.MAX_HINT_PATHS + 1)},
             {"paths": NAMES, "window": -5},
             {"paths": NAMES, "window": "lots"},
