@@ -11,7 +11,9 @@ is silofs.torch.PrefetchSampler's, which sends the order to the daemon when the 
 begins (its time counts in the epoch). Prints per pass: seconds, MB/s, files/s, the rate
 as a share of the IO allocation, and the prefetch figures; then hinted/unhinted ratios.
 Reader threads stand in for DataLoader workers (torch is not needed: the sampler wrapper
-never imports it). Needs FUSE and moto[server]; leaves no mount, daemon or server behind.
+never imports it); `--dataloader` reads through torch's DataLoader instead, `--readers`
+worker processes, batches of 8. Needs FUSE and moto[server]; leaves no mount, daemon or
+server behind.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 from common import ROOT, Node, check_fuse, read_whole, wait_for
 
@@ -148,6 +151,34 @@ def epoch(paths: Iterator[str], readers: int) -> int:
         return sum(f.result() for f in [pool.submit(worker) for _ in range(readers)])
 
 
+class Files:
+    """A map-style dataset of whole files (module level: DataLoader workers pickle it)."""
+
+    def __init__(self, paths: list[str]) -> None:
+        self.paths = paths
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __getitem__(self, i: int) -> int:
+        with open(self.paths[i], "rb") as f:
+            return len(f.read())
+
+
+def dataloader_epoch(paths: list[str], sampler: Any, workers: int) -> int:
+    """One epoch through torch's DataLoader with `workers` worker processes."""
+    import warnings
+
+    from torch.utils.data import DataLoader
+
+    with warnings.catch_warnings():  # "4 workers on 2 cores": asked for on purpose
+        warnings.simplefilter("ignore", UserWarning)
+        loader = DataLoader(
+            Files(paths), sampler=sampler, batch_size=8, num_workers=workers, collate_fn=sum
+        )
+        return sum(loader)
+
+
 def one_pass(
     args: argparse.Namespace, base: Path, proxy_url: str, uri: str, keys: list[str],
     readers: int, hinted: bool,
@@ -163,12 +194,14 @@ def one_pass(
         random.Random(readers).shuffle(order)
         paths = [os.path.join(mp, k) for k in keys]
         t0 = time.perf_counter()
+        sampler: Any = order
         if hinted:
             hinter = Hinter(mp, socket=node.socket, window=args.window)
-            it = (paths[i] for i in PrefetchSampler(order, paths, mp, hinter=hinter))
+            sampler = PrefetchSampler(order, paths, mp, hinter=hinter)
+        if args.dataloader:
+            total = dataloader_epoch(paths, sampler, readers)
         else:
-            it = (paths[i] for i in order)
-        total = epoch(it, readers)
+            total = epoch((paths[i] for i in sampler), readers)
         seconds = time.perf_counter() - t0
         m = node.settled(mp, total)
         job = node.job_status("train")
@@ -197,6 +230,11 @@ def main() -> None:
     ap.add_argument("--io-limit", default="30MB/s", help="the job's remote IO allocation")
     ap.add_argument("--readers", default="1,4")
     ap.add_argument("--window", default="256M", help="the hint's window")
+    ap.add_argument(
+        "--dataloader",
+        action="store_true",
+        help="read through torch's DataLoader, --readers worker processes (needs torch)",
+    )
     args = ap.parse_args()
     check_fuse()
     rate = parse_rate(args.io_limit)
