@@ -5,8 +5,8 @@ is (a training script): finding the mount's id from its mountpoint, turning file
 into paths in the mount, and sending a long order in requests the daemon accepts
 (at most MAX_PATHS paths and MAX_BODY bytes each; the first replaces the mount's hint,
 the rest append to it). The daemon decides what to fetch and when (node/prefetch.py).
-Never imports the node or mount side, never reads files, and never raises into a
-caller that asked it not to (`Hinter(..., quiet=True)`: a hint is advice).
+Never imports the node or mount side and never reads files; every failure is one
+HintError (PrefetchSampler catches it: a hint is advice, never a reason to stop).
 
     from silofs import hints
     hints.send("/mnt/imagenet", ["train/n01/x.jpg", ...])
