@@ -164,10 +164,11 @@ def test_hint_is_charged_to_the_job_bounded_by_the_window_and_follows_the_reader
         # the hint moves the position to it.
         m = d.mounts[mid]
         chunk = h.ahead[0]
-        data, source = await d.get_chunk(m, chunk.key, chunk.index, False)
+        gets = job.fetch.remote_gets
+        data, _ = await d.get_chunk(m, chunk.key, chunk.index, False)
         assert h.counters.missed_chunks == job.prefetch.missed_chunks == 1
         # Served from the cache (or the writer's queue, not committed yet): no GET again.
-        assert source == "cache" and len(data) == chunk.length
+        assert job.fetch.remote_gets == gets and len(data) == chunk.length
         far, (start, _) = list(h.starts.items())[-1]
         await d.get_chunk(m, far, 1, False)
         assert h.position == start + CHUNK > 2 * MiB
@@ -444,10 +445,19 @@ def test_a_chunk_offered_and_not_committed_is_served_without_a_second_get(
         value = encode_chunk(ds["id"], 0, CHUNK, NAMES[3], ref.obj.content_id, data)
         d.writer.batch_seconds = 60  # hold the batch: nothing is committed meanwhile
         assert d.writer.offer(PendingChunk(ds["id"], ref.key, value, ref.length))
-        assert d.fetcher.cached(ref, FetchCounters()) == (data, False)
+        assert d.fetcher.cached(ref, FetchCounters()) == (None, False)  # not cached yet
+        dset = d.datasets[ds["id"]]
+
+        class NoGets:
+            def get_range(self, *_a: Any) -> bytes:
+                raise AssertionError("fetched again")
+
+        limiter = d.job("train").limiter
+        got = await d.fetcher.fetch(ds["id"], NoGets(), limiter, ref)  # type: ignore[arg-type]
+        assert got == (data, False) and limiter.charged_bytes == 0
         await d.writer.flush()
         assert d.writer.pending(ref.key) is None
-        assert d.fetcher.cached(ref, FetchCounters()) == (data, False)  # from LMDB now
+        assert d.fetcher.cached(ref, dset.fetch) == (data, False)  # from LMDB now
 
     run(tmp_path, bucket, test)
 
