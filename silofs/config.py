@@ -45,6 +45,9 @@ class NodeSettings:
     cache_size: int | None = None  # None: 10 GiB, or half the free disk if less
     chunk_size: int = 4 << 20
     fetch_threads: int = 16  # concurrent remote GETs and listings, all jobs together
+    # Prefetch by hint (node/prefetch.py): bytes fetched ahead of a mount's reader, at
+    # most; a hint may ask for less.
+    prefetch_window: int = 256 << 20
     writer_batch_bytes: int = 32 << 20
     writer_batch_seconds: float = 0.05
     admission_queue_bytes: int = 256 << 20
@@ -147,7 +150,13 @@ class MountSettings:
 STORE_OPTIONS = ("region", "profile", "requester_pays", "anonymous", "credential")
 
 _LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
-_SIZE_KEYS = {"cache_size", "chunk_size", "writer_batch_bytes", "admission_queue_bytes"}
+_SIZE_KEYS = {
+    "cache_size",
+    "chunk_size",
+    "writer_batch_bytes",
+    "admission_queue_bytes",
+    "prefetch_window",
+}
 _SECTIONS = {"daemon", "backend", "limits", "access", "control"}
 _CONTROL_KEYS = {
     "tcp_listen",
@@ -325,6 +334,8 @@ def _validate(s: NodeSettings) -> None:
         raise UsageError("cache_size must be at least one chunk")
     if s.fetch_threads < 1:
         raise UsageError("fetch_threads must be at least 1")
+    if s.prefetch_window < 0:
+        raise UsageError("prefetch_window must be 0 (no prefetch by hint) or more")
     # A queue smaller than one encoded chunk (data + header) drops every admission.
     if s.admission_queue_bytes < s.chunk_size + (64 << 10):
         raise UsageError("admission_queue_bytes must hold at least one chunk (chunk_size)")

@@ -43,6 +43,7 @@ from silofs.node.cachedir import (
 from silofs.node.fetch import Fetcher
 from silofs.node.limiter import TokenBucket
 from silofs.node.metrics import DaemonMetrics, parse_address
+from silofs.node.prefetch import Prefetcher
 from silofs.node.quota import QuotaPolicy
 from silofs.node.state import DatasetState, JobState, MountState
 from silofs.node.supervise import run_once
@@ -113,6 +114,7 @@ class Daemon:
             sync_seconds=settings.sync_seconds,
         )
         self.fetcher = Fetcher(self.store, self.writer, settings.fetch_threads)
+        self.prefetch = Prefetcher(self)  # hints, one per mount (node/prefetch.py)
         self.backend_opts = BackendOptions(
             endpoint_url=settings.endpoint_url,
             connect_timeout=settings.connect_timeout,
@@ -629,6 +631,7 @@ class Daemon:
     def unregister_mount(self, mount_id: str) -> None:
         m = self.mounts.pop(mount_id, None)
         self.last_used = time.monotonic()
+        self.prefetch.forget(mount_id)
         if m is not None:
             log.info("mount %s at %s is gone", m.id, m.mountpoint)
 
@@ -641,6 +644,7 @@ class Daemon:
         job.reads.add(delta)
         job.sample(time.monotonic())
         self._advance_epoch(job, ds, delta.bytes_read)
+        self.prefetch.reported(m)
         if touched and self.modes.get(ds.uri.canonical) == "lru":
             await self.writer.touch(m.dsid, touched)
 
@@ -691,6 +695,7 @@ class Daemon:
             raise UsageError(f"{key!r} is not in the listing of {ds.uri.canonical}")
         job = self.job(m.job)
         ref = ChunkRef.of(obj, m.chunk_size, index)
+        self.prefetch.missed(m, key, index)  # the reader's position in its hint
         if not refetch:  # a refetch was counted as corrupt by the mount that saw it
             data, bad = self.fetcher.cached(ref, ds.fetch)
             if data is not None:

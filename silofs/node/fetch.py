@@ -69,7 +69,13 @@ class Fetcher:
         replace: bool = False,
     ) -> tuple[bytes, bool]:
         """(bytes, whether this call did the GET): the chunk from the store, admitted if
-        its dataset has room. Callers asking for a chunk already in flight share its GET."""
+        its dataset has room. Callers asking for a chunk already in flight share its GET;
+        one fetched and still waiting for admission (a reader right behind a prefetch,
+        or a second request of one reader) is answered from the Writer's queue, no GET."""
+        if not replace and (value := self.writer.pending(ref.key)) is not None:
+            data = checked_chunk(value, ref, FetchCounters())  # we encoded it: never bad
+            if data is not None:
+                return bytes(data), False
         return await self._flights.run(
             ref.key, lambda: self._fetch_once(dsid, backend, limiter, ref, replace)
         )

@@ -97,6 +97,21 @@ _JOB = {
         "counter",
         "Time the job's fetches waited on its IO allocation",
     ),
+    "prefetched_bytes": (
+        "silofs_job_prefetched_bytes",
+        "counter",
+        "Bytes fetched ahead of the job's readers by its hints",
+    ),
+    "prefetch_hit_chunks": (
+        "silofs_job_prefetch_hit_chunks",
+        "counter",
+        "Prefetched chunks the job's readers passed without a miss",
+    ),
+    "prefetch_missed_chunks": (
+        "silofs_job_prefetch_missed_chunks",
+        "counter",
+        "Prefetched chunks the job's readers still missed (late, or not admitted)",
+    ),
 }
 _WRITER = {
     "admitted_chunks": ("silofs_admitted_chunks", "Chunks admitted into the cache"),

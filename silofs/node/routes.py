@@ -32,6 +32,7 @@ from silofs.errors import (
 from silofs.node.access import cloud_allowed
 from silofs.node.backends.local import LocalBackend
 from silofs.node.daemon import Daemon
+from silofs.node.prefetch import MAX_HINT_PATH_LEN, MAX_HINT_PATHS
 from silofs.node.state import DatasetState, JobState, MountState
 from silofs.records import MountCounters, job_name_error
 from silofs.units import parse_rate, parse_size
@@ -155,6 +156,12 @@ def job_view(d: Daemon, j: JobState) -> dict[str, Any]:
         "limiter_wait_s": round(j.limiter.waited_seconds, 3),
         # What the job's scheduler said of it (PUT /v1/jobs/{job}), or null.
         "registration": d.registrations.get(j.name),
+        # Prefetch by hint: bytes fetched ahead of the job's readers, and how many of
+        # those chunks its readers then read as hits (or still missed).
+        "prefetched_bytes": j.prefetch.bytes,
+        "prefetched_chunks": j.prefetch.chunks,
+        "prefetch_hit_chunks": j.prefetch.hit_chunks,
+        "prefetch_missed_chunks": j.prefetch.missed_chunks,
     }
 
 
@@ -194,6 +201,7 @@ def mount_view(d: Daemon, m: MountState) -> dict[str, Any]:
         "remote_gets": m.fetch.remote_gets,
         "corrupt_chunks": r.corrupt_chunks,
         "memory": process_memory(m.pid),
+        "prefetch": d.prefetch.hints[m.id].view() if m.id in d.prefetch.hints else None,
     }
 
 
@@ -720,6 +728,7 @@ def build_router(d: Daemon) -> Router:
     _warm_routes(r, d)
     _forget_routes(r, d)
     _registration_routes(r, d)
+    _hint_routes(r, d)
     return r
 
 
@@ -931,3 +940,69 @@ REMOTE_ROUTES = {
     ("DELETE", "/v1/jobs/{job}"),
     ("GET", "/metrics"),
 }
+
+
+# -- hints (prefetch by hint, node/prefetch.py) -----------------------------------------
+def _hint_paths(body: dict) -> list[str]:
+    paths = body.get("paths")
+    if not isinstance(paths, list) or len(paths) > MAX_HINT_PATHS:
+        raise HTTPError(
+            400, f"field 'paths' must be a list of up to {MAX_HINT_PATHS} paths (then append)"
+        )
+    out = []
+    for p in paths:
+        if not isinstance(p, str) or not 0 < len(p) <= MAX_HINT_PATH_LEN or "\0" in p:
+            raise HTTPError(
+                400, f"field 'paths' must hold paths of 1-{MAX_HINT_PATH_LEN} characters"
+            )
+        out.append(p.lstrip("/"))  # an object key is its path relative to the mount
+    return out
+
+
+def _hint_routes(r: Router, d: Daemon) -> None:
+    def owned_mount(req: Request, mount_id: str) -> MountState:
+        """The peer's own mount, of a job it owns (root and admins: any)."""
+        m = _mount(d, req, mount_id)
+        _check_job(d, req, m.job, again=True)
+        return m
+
+    async def post(req: Request, mount_id: str) -> Response:
+        m = owned_mount(req, mount_id)
+        body = req.json()
+        if not isinstance(body, dict):
+            raise HTTPError(400, "the body must be a JSON object with 'paths'")
+        paths = _hint_paths(body)
+        append = _field(body, "append", bool, required=False) or False
+        limit = d.settings.prefetch_window
+        window = limit
+        if body.get("window") is not None:
+            window = _parse_amount(body, "window", parse_size, allow_null=False) or 0
+            if window < 1:
+                raise HTTPError(400, "field 'window' must be a size of at least 1 byte")
+            window = min(window, limit)  # the node's setting is the most a hint gets
+        if limit <= 0:
+            raise HTTPError(409, "prefetch by hint is off on this node (prefetch_window = 0)")
+        peer = None if _trusted(d, req) else (req.peer.uid, peer_groups(req.peer))
+        try:
+            h = d.prefetch.hint(m, paths, append=append, window=window, peer=peer)
+        except ValueError as exc:
+            raise _refuse(req, 429, str(exc)) from None
+        return json_response({"mount": m.id, "job": m.job, **h.view()}, status=202)
+
+    async def get(req: Request, mount_id: str) -> Response:
+        m = _mount(d, req, mount_id)
+        h = d.prefetch.hints.get(m.id)
+        if h is None:
+            raise HTTPError(404, f"mount {m.id} has sent no hint")
+        return json_response({"mount": m.id, "job": m.job, **h.view()})
+
+    async def cancel(req: Request, mount_id: str) -> Response:
+        m = owned_mount(req, mount_id)
+        h = d.prefetch.cancel(m.id)
+        if h is None:
+            raise HTTPError(404, f"mount {m.id} has sent no hint")
+        return json_response({"mount": m.id, "job": m.job, **h.view()})
+
+    r.add("POST", "/v1/mounts/{mount_id}/hints", post)
+    r.add("GET", "/v1/mounts/{mount_id}/hints", get)
+    r.add("DELETE", "/v1/mounts/{mount_id}/hints", cancel)

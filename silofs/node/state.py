@@ -37,6 +37,16 @@ class DatasetState:
     stale_chunks: int = 0
 
 
+@dataclass
+class PrefetchCounters:
+    """Prefetch by hint (node/prefetch.py), per hint and per job."""
+
+    bytes: int = 0  # fetched from the store ahead of the reader
+    chunks: int = 0
+    hit_chunks: int = 0  # prefetched chunks the reader passed without asking the daemon
+    missed_chunks: int = 0  # prefetched chunks the reader still missed (late, not admitted)
+
+
 RATE_WINDOW = 5.0  # seconds over which per-job throughput is reported
 
 
@@ -56,6 +66,7 @@ class JobState:
     # serve hits in this epoch (SiloD §6, "Delayed effectiveness").
     epoch_cached: dict[int, int] = field(default_factory=dict)
     samples: deque[tuple[float, int, int]] = field(default_factory=deque)
+    prefetch: PrefetchCounters = field(default_factory=PrefetchCounters)
 
     def sample(self, now: float) -> None:
         self.samples.append((now, self.reads.bytes_read, self.fetch.remote_bytes))

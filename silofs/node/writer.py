@@ -71,6 +71,10 @@ class Writer:
         self.stats = WriterStats()
         self._queue: list[PendingChunk] = []
         self._queued = 0
+        # Offered chunks by key until their batch is committed (or refused): a miss on
+        # one in that gap (a reader right behind a prefetch) is served from here rather
+        # than fetched again (fetch.py Fetcher.cached).
+        self._pending: dict[bytes, PendingChunk] = {}
         self._wakeup = trio.Event()
         self._lock = trio.Lock()  # one write txn at a time, in one thread
 
@@ -81,8 +85,14 @@ class Writer:
             return False
         self._queue.append(item)
         self._queued += len(item.value)
+        self._pending[item.key] = item
         self._wakeup.set()
         return True
+
+    def pending(self, key: bytes) -> bytes | None:
+        """The encoded value of a chunk offered and not yet committed, if there is one."""
+        item = self._pending.get(key)
+        return None if item is None else item.value
 
     async def call(self, fn: Callable[..., T], *args: object) -> T:
         """Run a write operation in the writer thread, serialised with admissions."""
@@ -125,7 +135,12 @@ class Writer:
         if not batch:
             return
         policy = self.policy()
-        res: AdmitResult = await self._with_usage(self._admit_batch, batch, policy)
+        try:
+            res: AdmitResult = await self._with_usage(self._admit_batch, batch, policy)
+        finally:
+            for item in batch:  # committed (or refused): LMDB answers from now on
+                if self._pending.get(item.key) is item:
+                    del self._pending[item.key]
         self.stats.batches += 1
         self.stats.admitted_chunks += res.admitted
         self.stats.admitted_bytes += res.admitted_bytes
