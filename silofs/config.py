@@ -95,7 +95,9 @@ class MountSettings:
     file_mode: int = 0o444
     dir_mode: int = 0o555
     refresh: bool = False
-    readahead_chunks: int = 4  # sequential reads of large objects fetch this far ahead
+    # The longest read-ahead span of a sequentially read file (mount/reader.py: the
+    # window starts at one chunk and doubles; at most half of buffer_bytes); 0: none.
+    readahead_bytes: int = 64 << 20
     buffer_bytes: int = 128 << 20  # fetched chunks held in the mount process (not admitted)
     read_ahead_kb: int = 1024  # bdi read-ahead: 1 MiB kernel read requests
     attr_timeout: float = 3600.0  # kernel entry/attr cache when the metadata TTL is indefinite

@@ -8,6 +8,16 @@ caught too), a bounded buffer of chunks fetched by this mount (so a 4 MiB chunk 
 read-ahead of misses, and the counters the daemon reports. Never talks to a store and
 never writes LMDB.
 
+Read-ahead is per open file and adaptive: a file's first sequential read asks for the
+next chunk, and every span asked for after it is twice as long, up to max_window chunks
+(readahead_bytes, at most half the buffer); a new span is asked for once the reader is
+within half a window of the end of what was asked; a seek (a read not where the last
+one ended) ends the run, and the window starts again at one chunk. Random reads and
+files of one chunk therefore never read ahead. Each chunk of a span is its own request
+to the daemon (so each lands in the buffer and its single-flight as it is served), and
+each names the span, so the daemon fetches the span in one range GET, charged to the
+job before the GET (node/fetch.py).
+
 A file is one version from open to close: every chunk of it is looked up by the content
 id of the mount's own listing, and misses carry the listed version (&version=) so the
 daemon serves that version or refuses (409, EIO here), never bytes of a version a later
@@ -29,7 +39,7 @@ from dataclasses import dataclass
 import lmdb
 import trio
 
-from silofs.cache.format import ChunkFormatError, ChunkRef, checked_chunk
+from silofs.cache.format import MAX_SPAN_CHUNKS, ChunkFormatError, ChunkRef, checked_chunk
 from silofs.cache.store import CacheStore
 from silofs.control.client import AsyncControlClient, ControlError, quote_segment
 from silofs.flight import SingleFlight
@@ -40,6 +50,12 @@ log = logging.getLogger(__name__)
 # A mount's read snapshot is released after this long without a FUSE read (see
 # ChunkReader._release_when_idle); the next read begins a fresh one.
 SNAPSHOT_IDLE_SECONDS = 0.5
+# Read-ahead asks for the next span once the reader is within this many windows of the
+# end of what it asked for, and a window is at most this share of the chunk buffer:
+# at most 1.5 windows wait in the buffer unread. Measured on moto (bench/cold.py):
+# asking a whole window early with quarter-buffer windows gained nothing over this.
+AHEAD_TRIGGER = 0.5
+WINDOW_OF_BUFFER = 0.5
 
 
 class MissError(Exception):
@@ -50,6 +66,19 @@ class MissError(Exception):
 class OpenFile:
     obj: ObjectInfo
     next_offset: int = -1  # where a sequential reader reads next
+    window: int = 0  # chunks the next read-ahead span covers; 0: no run yet
+    ahead: int = 0  # the first chunk read-ahead has not asked for yet
+    asked_at: int = -1  # the chunk the reader was in when read-ahead last asked
+
+    def advance(self, off: int, end: int) -> bool:
+        """Note a read of [off, end); whether it continues the previous read. A seek
+        ends the read-ahead run: the next one starts again at one chunk."""
+        sequential = off == self.next_offset
+        if not sequential:
+            self.window = self.ahead = 0
+            self.asked_at = -1
+        self.next_offset = end
+        return sequential
 
 
 class ChunkBuffer:
@@ -99,14 +128,22 @@ class ChunkReader:
         dataset_id: int,
         chunk_size: int,
         buffer_bytes: int,
-        readahead: int,
+        readahead_bytes: int,
         reregister: Callable[[], Awaitable[None]],
     ) -> None:
         self.store = store
         self.client = client
         self.dataset_id = dataset_id
         self.chunk_size = chunk_size
-        self.readahead = readahead
+        # The longest span: chunks read ahead wait in the buffer, and an evicted one
+        # would be fetched twice, so at most half the buffer (a window plus half of the
+        # next may be asked for at once).
+        most = min(readahead_bytes, int(buffer_bytes * WINDOW_OF_BUFFER)) // chunk_size
+        self.max_window = 0 if readahead_bytes <= 0 else max(1, min(MAX_SPAN_CHUNKS, most))
+        # Bytes of read-ahead asked of the daemon and not served yet, all files
+        # together: several sequential readers share the buffer.
+        self.ahead_limit = max(chunk_size, buffer_bytes // 2)
+        self.ahead_bytes = 0
         self.buffer = ChunkBuffer(buffer_bytes)
         self.counters = MountCounters()
         self.mount_id = ""
@@ -115,7 +152,6 @@ class ChunkReader:
         self._reads = 0  # reads begun; the idle task compares it between its ticks
         self._chunks_db = store.db(b"chunks")
         self._flights: SingleFlight[bytes, tuple[bytes, bool]] = SingleFlight()
-        self._prefetch_slots = trio.Semaphore(max(1, readahead))
         self._nursery: trio.Nursery | None = None
         # In LRU mode the daemon needs to know what was hit: it never sees hits itself.
         self.track_hits = False
@@ -223,20 +259,25 @@ class ChunkReader:
         data, from_cache = await self._miss(ref, refetch=False)
         return data, from_cache, "cache" if from_cache else "store"
 
-    async def _miss(self, ref: ChunkRef, refetch: bool) -> tuple[bytes, bool]:
+    async def _miss(
+        self, ref: ChunkRef, refetch: bool, span: tuple[int, int] | None = None
+    ) -> tuple[bytes, bool]:
         async def ask() -> tuple[bytes, bool]:
-            data, from_cache = await self._ask_daemon(ref, refetch)
+            data, from_cache = await self._ask_daemon(ref, refetch, span)
             self.buffer.put(ref.key, data, from_cache, ref)
             return data, from_cache
 
         return (await self._flights.run(ref.key, ask))[0]
 
-    async def _ask_daemon(self, ref: ChunkRef, refetch: bool) -> tuple[bytes, bool]:
+    async def _ask_daemon(
+        self, ref: ChunkRef, refetch: bool, span: tuple[int, int] | None = None
+    ) -> tuple[bytes, bool]:
         for attempt in (1, 2):
             path = (
                 f"/v1/chunks?mount={self.mount_id}&key={quote_segment(ref.obj.key)}"
                 f"&index={ref.index}&version={quote_segment(ref.obj.version)}"
                 + ("&refetch=1" if refetch else "")
+                + (f"&span={span[0]}-{span[1]}" if span is not None else "")
             )
             frozen = False
             try:
@@ -259,36 +300,52 @@ class ChunkReader:
         raise AssertionError("unreachable")
 
     # -- read-ahead --------------------------------------------------------------------
-    def prefetch(self, f: OpenFile, after: int) -> None:
-        """Fetch the next chunks of a sequentially read object in the background.
-
-        A chunk counts as cached if our dataset's owners row says so (probing the value
-        would fault in up to chunk_size bytes); one owned by another dataset is missed
-        here and the daemon serves it from LMDB."""
-        if self._nursery is None:
-            return
-        txn = self._snapshot()
+    def prefetch(self, f: OpenFile, current: int) -> None:
+        """After a sequential read that reached chunk `current`: ask for the next span
+        if the reader is within half a window of the end of what was asked (module
+        docstring). Chunks our dataset holds (its owners rows; probing the value would
+        fault in up to chunk_size bytes), in flight or in the buffer are not asked for;
+        one owned by another dataset is missed here and the daemon serves it from LMDB."""
+        if self._nursery is None or self.max_window == 0 or current == f.asked_at:
+            return  # once per chunk: the span asked for before is usually still in flight
         last = (f.obj.size - 1) // self.chunk_size
-        for index in range(after + 1, min(last, after + self.readahead) + 1):
+        f.ahead = max(f.ahead, current + 1)
+        f.window = max(f.window, 1)
+        if f.ahead > last or f.ahead - current - 1 > f.window * AHEAD_TRIGGER:
+            return
+        first, end = f.ahead, min(last, f.ahead + f.window - 1)
+        if self.ahead_bytes and self.ahead_bytes + (end - first + 1) * self.chunk_size > (
+            self.ahead_limit
+        ):
+            return  # other files' read-ahead fills the buffer: ask on a later read
+        txn = self._snapshot()
+        refs = []
+        for index in range(first, end + 1):
             ref = ChunkRef.of(f.obj, self.chunk_size, index)
             try:
                 owned = self.store.owns(txn, self.dataset_id, ref.key)
             except lmdb.Error:
                 return  # a damaged page: the reader's own lookup will count it
             if self._wanted(ref) and not owned:
-                self._nursery.start_soon(self._prefetch_one, ref)
+                refs.append(ref)
+        f.ahead = end + 1
+        f.asked_at = current
+        f.window = min(f.window * 2, self.max_window)
+        for ref in refs:
+            self.ahead_bytes += ref.length
+            self._nursery.start_soon(self._prefetch_one, ref, (first, end))
 
     def _wanted(self, ref: ChunkRef) -> bool:
         return ref.key not in self._flights and self.buffer.get(ref.key) is None
 
-    async def _prefetch_one(self, ref: ChunkRef) -> None:
-        async with self._prefetch_slots:
-            if not self._wanted(ref):
-                return
-            try:
-                await self._miss(ref, False)
-            except MissError:
-                pass  # the reader will ask again and get the error itself
+    async def _prefetch_one(self, ref: ChunkRef, span: tuple[int, int]) -> None:
+        try:
+            if self._wanted(ref):
+                await self._miss(ref, False, span)
+        except MissError:
+            pass  # the reader will ask again and get the error itself
+        finally:
+            self.ahead_bytes -= ref.length
 
 
 def _error_text(body: bytes) -> str:
