@@ -8,15 +8,16 @@ caught too), a bounded buffer of chunks fetched by this mount (so a 4 MiB chunk 
 read-ahead of misses, and the counters the daemon reports. Never talks to a store and
 never writes LMDB.
 
-Read-ahead is per open file and adaptive: a file's first sequential read asks for the
-next chunk, and every span asked for after it is twice as long, up to max_window chunks
-(readahead_bytes, at most half the buffer); a new span is asked for once the reader is
-within half a window of the end of what was asked; a seek (a read not where the last
-one ended) ends the run, and the window starts again at one chunk. Random reads and
-files of one chunk therefore never read ahead. Each chunk of a span is its own request
-to the daemon (so each lands in the buffer and its single-flight as it is served), and
-each names the span, so the daemon fetches the span in one range GET, charged to the
-job before the GET (node/fetch.py).
+Read-ahead is per open file and adaptive: once a run of sequential reads covers half a
+chunk, it asks for the next chunk, and every span asked for after it is twice as long,
+up to max_window chunks (readahead_bytes, at most half the buffer); a new span is asked
+for once the reader is within half a window of the end of what was asked; a seek (a
+read not where the last one ended) ends the run, and the window starts again at one
+chunk. Random reads, files of one chunk and heads of files (the kernel reads a header
+in two or three requests) therefore never read ahead. Each chunk of a span is its own
+request to the daemon (so each lands in the buffer and its single-flight as it is
+served), and each names the span, so the daemon fetches the span in one range GET,
+charged to the job before the GET (node/fetch.py).
 
 A file is one version from open to close: every chunk of it is looked up by the content
 id of the mount's own listing, and misses carry the listed version (&version=) so the
@@ -69,6 +70,7 @@ class OpenFile:
     window: int = 0  # chunks the next read-ahead span covers; 0: no run yet
     ahead: int = 0  # the first chunk read-ahead has not asked for yet
     asked_at: int = -1  # the chunk the reader was in when read-ahead last asked
+    run_start: int = 0  # where the current run of sequential reads began
 
     def advance(self, off: int, end: int) -> bool:
         """Note a read of [off, end); whether it continues the previous read. A seek
@@ -77,6 +79,7 @@ class OpenFile:
         if not sequential:
             self.window = self.ahead = 0
             self.asked_at = -1
+            self.run_start = off
         self.next_offset = end
         return sequential
 
@@ -308,6 +311,10 @@ class ChunkReader:
         one owned by another dataset is missed here and the daemon serves it from LMDB."""
         if self._nursery is None or self.max_window == 0 or current == f.asked_at:
             return  # once per chunk: the span asked for before is usually still in flight
+        if f.next_offset - f.run_start < self.chunk_size // 2:
+            # Not yet a sequential reader: the kernel reads the head of a file in two or
+            # three requests of its own read-ahead (an image decoder reading a header).
+            return
         last = (f.obj.size - 1) // self.chunk_size
         f.ahead = max(f.ahead, current + 1)
         f.window = max(f.window, 1)

@@ -155,6 +155,7 @@ def job_view(d: Daemon, j: JobState) -> dict[str, Any]:
         "remote_gets": j.fetch.remote_gets,
         "remote_requests": j.fetch.remote_requests,
         "limiter_wait_s": round(j.limiter.waited_seconds, 3),
+        "limiter_charged_bytes": j.limiter.charged_bytes,
     }
 
 
