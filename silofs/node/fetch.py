@@ -259,7 +259,9 @@ class Fetcher:
 
         def send(r: ChunkRef, data: bytes | memoryview) -> None:
             value = encode_chunk(dsid, r.index, r.chunk_size, obj.key, obj.content_id, data)
-            trio.from_thread.run_sync(deliver, r, bytes(data), value, trio_token=token)
+            # Queued, not waited for: the thread reads on. The loop runs these callbacks
+            # in order, and before it learns that the thread returned (same queue).
+            token.run_sync_soon(deliver, r, bytes(data), value)
 
         def fetch() -> RangeStream | None:
             nonlocal opened
