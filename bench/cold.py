@@ -49,6 +49,7 @@ from common import (
     load_average,
     profile_summary,
     ratio,
+    wait_for,
 )
 
 from tests.faultproxy import FaultPlan, FaultProxy
@@ -165,12 +166,8 @@ def boto3_ceiling(store: Server, size: int, digest: str) -> float:
     return size / secs / 1e6
 
 
-def rclone_rate(store: Server, size: int) -> float | None:
-    """MB/s of `rclone cat` of the big object, None without rclone."""
-    exe = shutil.which("rclone")
-    if exe is None:
-        return None
-    env = {
+def _rclone_env(store: Server) -> dict[str, str]:
+    return {
         **os.environ,
         "RCLONE_CONFIG_COLD_TYPE": "s3",
         "RCLONE_CONFIG_COLD_PROVIDER": "Other",
@@ -179,6 +176,14 @@ def rclone_rate(store: Server, size: int) -> float | None:
         "RCLONE_CONFIG_COLD_SECRET_ACCESS_KEY": CREDS["AWS_SECRET_ACCESS_KEY"],
         "RCLONE_CONFIG_COLD_FORCE_PATH_STYLE": "true",
     }
+
+
+def rclone_rate(store: Server, size: int) -> float | None:
+    """MB/s of `rclone cat` of the big object (one streamed GET), None without rclone."""
+    exe = shutil.which("rclone")
+    if exe is None:
+        return None
+    env = _rclone_env(store)
     t0 = time.perf_counter()
     res = subprocess.run(
         [exe, "cat", f"cold:{BUCKET}/big/big.bin"], stdout=subprocess.PIPE, env=env, check=False
@@ -188,6 +193,53 @@ def rclone_rate(store: Server, size: int) -> float | None:
         print(f"rclone cat failed ({res.returncode}, {len(res.stdout)} bytes)")
         return None
     return size / secs / 1e6
+
+
+def rclone_mount_rate(store: Server, tmp: Path, tag: str, size: int, digest: str) -> float | None:
+    """MB/s of a cold sequential read of the big object through `rclone mount
+    --vfs-cache-mode full` (the peer harness's setting), None without rclone."""
+    exe = shutil.which("rclone")
+    if exe is None:
+        return None
+    mp, cache = tmp / f"rclone-{tag}", tmp / f"rclone-cache-{tag}"
+    mp.mkdir()
+    proc = subprocess.Popen(
+        [
+            exe,
+            "mount",
+            f"cold:{BUCKET}",
+            str(mp),
+            "--vfs-cache-mode",
+            "full",
+            "--cache-dir",
+            str(cache),
+            "--read-only",
+        ],
+        env=_rclone_env(store),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        wait_for(lambda: os.path.ismount(mp), 30, "rclone mount")
+        h = hashlib.blake2b(digest_size=16)
+        t0 = time.perf_counter()
+        with open(mp / "big" / "big.bin", "rb", buffering=0) as f:
+            while piece := f.read(READ):
+                h.update(piece)
+        secs = time.perf_counter() - t0
+        if h.hexdigest() != digest:
+            print("rclone mount read other bytes")
+            return None
+        return size / secs / 1e6
+    finally:
+        subprocess.run(["fusermount3", "-u", "-z", str(mp)], capture_output=True)
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 @contextmanager
@@ -377,6 +429,12 @@ def main() -> int:
                     )
                     rc = [r for _ in range(args.runs) if (r := rclone_rate(store, size))]
                     rcl = Samples(rc) if rc else None
+                    rm = [
+                        r
+                        for i in range(args.runs)
+                        if (r := rclone_mount_rate(store, tmp, f"{name}{i}", size, digest))
+                    ]
+                    rcm = Samples(rm) if rm else None
                     runs = [
                         cold_big(store, tmp, f"{name}-big{i}", size, digest, args)
                         for i in range(args.runs)
@@ -391,29 +449,35 @@ def main() -> int:
                         print(f"  rclone cat               {rcl.text('{:.0f}')}")
                     else:
                         print("  rclone                   not installed")
+                    if rcm is not None:
+                        print(f"  rclone mount vfs full    {rcm.text('{:.0f}')}")
                     print(
                         f"  silofs mount             {rate.text('{:.0f}')}   "
                         f"{med['gets']:.0f} range GETs"
                     )
-                    print(
-                        f"  silofs / ceiling {ratio(rate.median, ceiling.median):.2f}x"
-                        + (
-                            f"   silofs / rclone {ratio(rate.median, rcl.median):.2f}x"
-                            if rcl
-                            else ""
+                    ratios = [f"silofs / boto3 {ratio(rate.median, ceiling.median):.2f}x"]
+                    if rcl is not None:
+                        ratios.append(f"silofs / rclone cat {ratio(rate.median, rcl.median):.2f}x")
+                    if rcm is not None:
+                        ratios.append(
+                            f"silofs / rclone mount {ratio(rate.median, rcm.median):.2f}x"
                         )
-                    )
+                    print("  " + "   ".join(ratios))
                     print(
                         f"  CPU s (median): daemon user {med['daemon_user']:.2f} sys "
                         f"{med['daemon_sys']:.2f}; mount user {med['mount_user']:.2f} "
                         f"sys {med['mount_sys']:.2f}"
                     )
+                    refs = [f"boto3 {ceiling.median:.0f}"]
+                    if rcl is not None:
+                        refs.append(f"rclone cat {rcl.median:.0f}")
+                    if rcm is not None:
+                        refs.append(f"rclone mount {rcm.median:.0f}")
                     table.append(
                         f"| {name} | cold {args.big_mb} MiB sequential "
-                        f"| {rate.text('{:.0f}')} MB/s "
-                        f"| boto3 {ceiling.median:.0f} MB/s"
-                        + (f", rclone {rcl.median:.0f} MB/s" if rcl else ", rclone n/a")
-                        + f" | {ratio(rate.median, ceiling.median):.2f}x of boto3 |"
+                        f"| {rate.text('{:.0f}')} MB/s | {', '.join(refs)} MB/s | "
+                        + ", ".join(ratios)
+                        + " |"
                     )
                 if not args.skip_small:
                     figures = {}
