@@ -116,7 +116,7 @@ def test_a_sequential_read_fetches_spans_in_few_gets_each_charged(cold) -> None:
 
 def test_with_an_io_limit_read_ahead_gets_are_charged_and_bounded(cold) -> None:
     node, mount, tree, proxy = cold
-    rate = 4 * CHUNK * 2  # SPAN_SECONDS (0.5) of it: four chunks per GET at most
+    rate = int(4 * CHUNK / 0.05)  # SPAN_SECONDS (0.05 s) of it: four chunks per GET at most
     mp = mount("--io-limit", f"{rate}B/s")
     data = tree["big.bin"]
     assert (mp / "big.bin").read_bytes() == data
