@@ -71,17 +71,24 @@ class OpenFile:
     ahead: int = 0  # the first chunk read-ahead has not asked for yet
     asked_at: int = -1  # the chunk the reader was in when read-ahead last asked
     run_start: int = 0  # where the current run of sequential reads began
+    asked_until: int = 0  # the end (bytes) of what read-ahead asked for in this run
 
     def advance(self, off: int, end: int) -> bool:
         """Note a read of [off, end); whether it continues the previous read. A seek
         ends the read-ahead run: the next one starts again at one chunk."""
-        sequential = off == self.next_offset
-        if not sequential:
-            self.window = self.ahead = 0
-            self.asked_at = -1
-            self.run_start = off
+        if off == self.next_offset:
+            self.next_offset = end
+            return True
+        if self.window and self.run_start <= off < self.asked_until:
+            # The kernel's own read-ahead has several requests in flight, and they reach
+            # us out of order: a read inside what this run asked for is still the run.
+            self.next_offset = max(self.next_offset, end)
+            return True
+        self.window = self.ahead = self.asked_until = 0
+        self.asked_at = -1
+        self.run_start = off
         self.next_offset = end
-        return sequential
+        return False
 
 
 class ChunkBuffer:
@@ -336,6 +343,7 @@ class ChunkReader:
             if self._wanted(ref) and not owned:
                 refs.append(ref)
         f.ahead = end + 1
+        f.asked_until = f.ahead * self.chunk_size
         f.asked_at = current
         f.window = min(f.window * 2, self.max_window)
         for ref in refs:
