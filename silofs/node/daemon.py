@@ -664,6 +664,8 @@ class Daemon:
         for m in list(self.mounts.values()):
             if not _pid_alive(m.pid):
                 self.unregister_mount(m.id)
+        # A sequential reader's open GET that nobody continued holds a store connection.
+        self.fetcher.sweep_parked(trio.current_time())
         # A mount process that ended without closing the env (kill -9, or any exit while
         # a read txn was open) leaves its read snapshot in the lock file's reader table.
         # While it stays, LMDB reuses no page freed after it: data.mdb grows to the map

@@ -249,7 +249,7 @@ class Fetcher:
         if stream_on and before is not None and at not in self._parked:
             with trio.move_on_after(PARK_SECONDS):
                 await before.wait()  # the run before ours is reading the stream we want
-        self._sweep_parked(trio.current_time())
+        self.sweep_parked(trio.current_time())
         parked = self._parked.pop(at, None)
         after = (obj.key, obj.content_id, first.start + total)
         done_event = trio.Event()
@@ -332,7 +332,9 @@ class Fetcher:
             _, (gone, _) = self._parked.popitem(last=False)
             gone.close()
 
-    def _sweep_parked(self, now: float) -> None:
+    def sweep_parked(self, now: float) -> None:
+        """Close the open GETs no span continued within PARK_SECONDS (each fetch and
+        the daemon's reaper, every 2 s, call this)."""
         for at in [at for at, (_, until) in self._parked.items() if until < now]:
             self._parked.pop(at)[0].close()
 

@@ -15,7 +15,7 @@ from silofs.cache.format import ChunkRef
 from silofs.cache.store import CacheStore, env_map_size
 from silofs.mount.reader import ChunkReader, OpenFile
 from silofs.node.backends.base import RangeStream, StoreCounters
-from silofs.node.fetch import SPAN_SECONDS, Fetcher
+from silofs.node.fetch import PARK_SECONDS, SPAN_SECONDS, Fetcher
 from silofs.node.limiter import TokenBucket
 from silofs.node.quota import QuotaPolicy
 from silofs.node.writer import Writer
@@ -232,6 +232,12 @@ def test_a_span_is_one_get_charged_before_it(tmp_path: Any, streams: bool) -> No
         assert got[19] == DATA[19 * CS : 20 * CS]
         assert len(backend.gets) == (1 if streams else 2)
         assert limiter.charged_bytes == 16 * CS
+        # What no span continues is closed once it has waited PARK_SECONDS.
+        assert len(fetcher._parked) == (1 if streams else 0)
+        fetcher.sweep_parked(trio.current_time() + PARK_SECONDS / 2)
+        assert len(fetcher._parked) == (1 if streams else 0)
+        fetcher.sweep_parked(trio.current_time() + PARK_SECONDS + 1)
+        assert not fetcher._parked
 
     trio.run(main)
 
