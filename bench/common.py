@@ -15,6 +15,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -269,8 +270,6 @@ def read_files(paths: Sequence[str], readers: int) -> tuple[float, int]:
         total = sum(read_whole(p, buf) for p in paths)
         return time.perf_counter() - t0, total
     it = iter(paths)
-    import threading
-
     lock = threading.Lock()
 
     def worker() -> int:
@@ -447,6 +446,57 @@ class ProcTimes:
             self.user_s - other.user_s,
             self.sys_s - other.sys_s,
             self.major_faults - other.major_faults,
+        )
+
+
+class RssPeak:
+    """Peak resident memory of a process while a block runs, split the way `top` cannot:
+    anonymous (RssAnon: what the process itself allocated) and file-backed (RssFile: for
+    a mount process, pages of the mapped LMDB env it touched; shared with every process
+    mapping the env and reclaimable by the kernel). Sampled every `interval` seconds."""
+
+    def __init__(self, pid: int, interval: float = 0.02) -> None:
+        self.pid, self.interval = pid, interval
+        self.anon = self.file = 0  # peak KiB
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    @staticmethod
+    def now(pid: int) -> tuple[int, int]:
+        """(RssAnon, RssFile) of `pid` in KiB now; (0, 0) once it has gone."""
+        anon = file = 0
+        try:
+            with open(f"/proc/{pid}/status") as f:
+                for line in f:
+                    if line.startswith("RssAnon:"):
+                        anon = int(line.split()[1])
+                    elif line.startswith("RssFile:"):
+                        file = int(line.split()[1])
+        except OSError:
+            pass
+        return anon, file
+
+    def _sample(self) -> None:
+        anon, file = self.now(self.pid)
+        self.anon, self.file = max(self.anon, anon), max(self.file, file)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            self._sample()
+
+    def __enter__(self) -> RssPeak:
+        self._sample()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._sample()
+
+    def text(self) -> str:
+        return (
+            f"peak RSS anon {self.anon / 1024:.0f} MiB, LMDB-mapped/file {self.file / 1024:.0f} MiB"
         )
 
 

@@ -1,6 +1,6 @@
-"""The mount's hit path without FUSE: renew the read snapshot, look the chunk up, return it.
+"""The mount's hit path without FUSE: begin a read, look the chunk up, return it.
 
-Prints the mean cost of one hit (what fs.read does before the kernel copy: renew() and
+Prints the mean cost of one hit (what fs.read does before the kernel copy: begin_read() and
 ChunkReader.chunk() of a verified chunk) over many iterations, best of several runs. Run
 it against two trees to compare them, e.g. before and after a change to mount/reader.py:
 
@@ -60,7 +60,7 @@ def main() -> None:
             for _ in range(args.runs):
                 t0 = time.perf_counter()
                 for _ in range(args.iterations):
-                    reader.renew()
+                    reader.begin_read()
                     data, hit, _source = await reader.chunk(f, 0)
                     assert hit
                 figures.append((time.perf_counter() - t0) / args.iterations * 1e6)
@@ -68,7 +68,8 @@ def main() -> None:
 
         figures = trio.run(run)
         print(
-            f"hit path (renew + chunk, {args.chunk_kib} KiB chunk): best {min(figures):.2f} us, "
+            f"hit path (begin_read + chunk, {args.chunk_kib} KiB chunk): "
+            f"best {min(figures):.2f} us, "
             f"median {sorted(figures)[len(figures) // 2]:.2f} us over {args.runs} runs "
             f"of {args.iterations}"
         )

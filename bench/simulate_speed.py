@@ -16,19 +16,30 @@ two runs can be compared for sameness as well as speed.
     python bench/simulate_speed.py --traces heavy --pairs gavel:silod
     python bench/simulate_speed.py --jobs 400         # a tenth of the size, quickly
     python bench/simulate_speed.py --profile gavel:silod --traces month
-    PYTHONPATH=/tmp/old/silofs-ctl python bench/simulate_speed.py   # another checkout (before)
+    python bench/simulate_speed.py --git-rev main --timeout 300   # before (main) and after
+
+With --git-rev, each pair also runs against that revision's silofs-ctl (unpacked with
+`git archive` into a temp dir; the working tree is left alone), one subprocess per pair
+and trace so that --timeout can stop a pair that takes too long (shown as ">N"); the
+table then shows both CPU times and the speed-up, and both average JCTs (sameness).
 """
 
 from __future__ import annotations
 
 import argparse
 import cProfile
+import json
 import math
+import os
 import pstats
+import subprocess
 import sys
+import tarfile
+import tempfile
 import time
 from pathlib import Path
 
+ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from silod_scenarios import TraceShape, generate_trace  # noqa: E402
@@ -59,6 +70,52 @@ def offered_load(scenario: Scenario) -> float:
     return asked / (scenario.total_gpus * span) if span > 0 else math.inf
 
 
+def run_pair(scenario: Scenario, pair: str, profile: bool) -> dict:
+    scheduler, cache = pair.split(":")
+    sim = Simulation(scenario, scheduler, cache)
+    prof = cProfile.Profile() if profile else None
+    started, cpu = time.perf_counter(), time.process_time()
+    if prof:
+        prof.enable()
+    result = sim.run()
+    if prof:
+        prof.disable()
+        pstats.Stats(prof).sort_stats("cumulative").print_stats(30)
+    return {
+        "wall": time.perf_counter() - started,
+        "cpu": time.process_time() - cpu,
+        "steps": getattr(sim, "steps", None),
+        "plans": getattr(sim, "plans", None),
+        "avg_jct_h": result.avg_jct / 3600,
+    }
+
+
+def unpack(rev: str, into: str) -> str:
+    """`rev`'s silofs-ctl under `into`; returns the PYTHONPATH entry for it."""
+    archive = subprocess.run(
+        ["git", "-C", str(ROOT), "archive", rev, "silofs-ctl"], check=True, capture_output=True
+    ).stdout
+    path = Path(into) / "src.tar"
+    path.write_bytes(archive)
+    with tarfile.open(path) as tar:
+        tar.extractall(into, filter="data")
+    return f"{into}/silofs-ctl"
+
+
+def run_before(pythonpath: str, name: str, pair: str, args: argparse.Namespace) -> dict | None:
+    """One pair on one trace against the other revision; None if it passed --timeout."""
+    cmd = [sys.executable, __file__, "--json", "--traces", name, "--pairs", pair]
+    cmd += ["--jobs", str(args.jobs), "--seed", str(args.seed)]
+    env = {**os.environ, "PYTHONPATH": pythonpath}
+    try:
+        done = subprocess.run(
+            cmd, env=env, check=True, capture_output=True, text=True, timeout=args.timeout
+        )
+    except subprocess.TimeoutExpired:
+        return None
+    return json.loads(done.stdout)[0]
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--traces", nargs="+", choices=sorted(TRACES), default=list(TRACES))
@@ -71,41 +128,61 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--jobs", type=int, default=4000)
     parser.add_argument("--seed", type=int, default=11)
     parser.add_argument("--profile", metavar="SCHEDULER:CACHE", help="cProfile one pair")
+    parser.add_argument("--git-rev", help="also time this revision's silofs-ctl (before)")
+    parser.add_argument(
+        "--timeout", type=float, default=600.0, help="wall seconds for one pair of --git-rev"
+    )
+    parser.add_argument("--json", action="store_true", help=argparse.SUPPRESS)  # for --git-rev
     args = parser.parse_args(argv)
     if args.profile:
         args.pairs = [args.profile]
-    print(
+    if args.json:
+        rows = []
+        for name in args.traces:
+            scenario = trace(name, args.jobs, args.seed)
+            rows += [run_pair(scenario, pair, False) for pair in args.pairs]
+        print(json.dumps(rows))
+        return 0
+    tmp = tempfile.TemporaryDirectory(prefix="silofs-bench-rev-") if args.git_rev else None
+    before_path = unpack(args.git_rev, tmp.name) if tmp and args.git_rev else ""
+    head = (
         f"{'trace':8} {'pair':16} {'wall':>8} {'cpu':>8} {'steps':>9} {'plans':>7} {'avg JCT':>9}"
     )
+    if args.git_rev:
+        head += f" {'before cpu':>11} {'speed-up':>8} {'before JCT':>10}"
+    print(head)
     worst = 0.0
-    for name in args.traces:
-        scenario = trace(name, args.jobs, args.seed)
-        print(
-            f"# {name}: {len(scenario.jobs)} jobs, {scenario.total_gpus} GPUs, "
-            f"offered load {offered_load(scenario):.2f}",
-            flush=True,
-        )
-        for pair in args.pairs:
-            scheduler, cache = pair.split(":")
-            sim = Simulation(scenario, scheduler, cache)
-            prof = cProfile.Profile() if args.profile else None
-            started, cpu = time.perf_counter(), time.process_time()
-            if prof:
-                prof.enable()
-            result = sim.run()
-            if prof:
-                prof.disable()
-            wall = time.perf_counter() - started
-            cpu = time.process_time() - cpu
-            worst = max(worst, cpu)
+    try:
+        for name in args.traces:
+            scenario = trace(name, args.jobs, args.seed)
             print(
-                f"{name:8} {pair:16} {wall:7.1f}s {cpu:7.1f}s {getattr(sim, 'steps', '-'):>9} "
-                f"{getattr(sim, 'plans', '-'):>7} "
-                f"{result.avg_jct / 3600:8.2f}h",
+                f"# {name}: {len(scenario.jobs)} jobs, {scenario.total_gpus} GPUs, "
+                f"offered load {offered_load(scenario):.2f}",
                 flush=True,
             )
-            if prof:
-                pstats.Stats(prof).sort_stats("cumulative").print_stats(30)
+            for pair in args.pairs:
+                row = run_pair(scenario, pair, bool(args.profile))
+                worst = max(worst, row["cpu"])
+                line = (
+                    f"{name:8} {pair:16} {row['wall']:7.1f}s {row['cpu']:7.1f}s "
+                    f"{row['steps'] if row['steps'] is not None else '-':>9} "
+                    f"{row['plans'] if row['plans'] is not None else '-':>7} "
+                    f"{row['avg_jct_h']:8.2f}h"
+                )
+                if args.git_rev:
+                    old = run_before(before_path, name, pair, args)
+                    if old is None:
+                        over = f">{args.timeout:.0f}s wall"
+                        line += f" {over:>11} {'-':>8} {'-':>10}"
+                    else:
+                        line += (
+                            f" {old['cpu']:10.1f}s {old['cpu'] / max(row['cpu'], 1e-9):7.1f}x "
+                            f"{old['avg_jct_h']:9.2f}h"
+                        )
+                print(line, flush=True)
+    finally:
+        if tmp:
+            tmp.cleanup()
     print(f"slowest pair: {worst:.1f}s CPU")
     return 0
 

@@ -80,6 +80,18 @@ class NodeSettings:
     # [access]: cloud URI prefix -> groups whose members may open datasets under it
     # ("*": every local user). Root and the admin group may open any dataset.
     access: dict[str, list[str]] = field(default_factory=dict)
+    # [control]: the optional TCP listener for remote controllers, mutual TLS only (off
+    # unless tcp_listen is set; docs/SECURITY.md "Remote controllers"). A client must
+    # present a certificate tls_client_ca issued for client auth; it then has the
+    # admin role on the admin routes only, never a local uid.
+    tcp_listen: str | None = None  # "0.0.0.0:7470", "[::]:7470", "10.0.0.5:7470"
+    tls_cert: str | None = None  # this node's certificate (PEM), chain after it
+    tls_key: str | None = None
+    tls_client_ca: str | None = None  # the CA whose client certificates are admins
+    tls_client_names: list[str] = field(default_factory=list)  # allowed CNs; []: any
+    tcp_max_connections: int = 64  # open at once, handshakes included
+    tls_handshake_seconds: float = 10.0  # a client that takes longer is closed
+    tls_handshakes_per_second: float = 20.0  # new connections beyond: closed at accept
 
 
 @dataclass
@@ -96,9 +108,11 @@ class MountSettings:
     dir_mode: int = 0o555
     refresh: bool = False
     # The longest read-ahead span of a sequentially read file (mount/reader.py: the
-    # window starts at one chunk and doubles; at most half of buffer_bytes); 0: none.
-    readahead_bytes: int = 64 << 20
-    buffer_bytes: int = 128 << 20  # fetched chunks held in the mount process (not admitted)
+    # window starts at one chunk and doubles); 0: none.
+    readahead_bytes: int = 16 << 20
+    # Fetched chunks held in the mount process (not admitted); None: what read-ahead
+    # needs (mount/reader.py buffer_bytes_for), not a flat size.
+    buffer_bytes: int | None = None
     read_ahead_kb: int = 1024  # bdi read-ahead: 1 MiB kernel read requests
     attr_timeout: float = 3600.0  # kernel entry/attr cache when the metadata TTL is indefinite
     # Seconds a listing is trusted before the mount asks the daemon to list again, and
@@ -130,7 +144,17 @@ STORE_OPTIONS = ("region", "profile", "requester_pays", "anonymous", "credential
 
 _LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 _SIZE_KEYS = {"cache_size", "chunk_size", "writer_batch_bytes", "admission_queue_bytes"}
-_SECTIONS = {"daemon", "backend", "limits", "access"}
+_SECTIONS = {"daemon", "backend", "limits", "access", "control"}
+_CONTROL_KEYS = {
+    "tcp_listen",
+    "tls_cert",
+    "tls_key",
+    "tls_client_ca",
+    "tls_client_names",
+    "tcp_max_connections",
+    "tls_handshake_seconds",
+    "tls_handshakes_per_second",
+}
 _LIMIT_KEYS = {
     "max_datasets_per_uid",
     "max_mounts_per_uid",
@@ -152,6 +176,8 @@ _BACKEND_KEYS = {
 def _section_of(key: str) -> str:
     if key in _LIMIT_KEYS:
         return "limits"
+    if key in _CONTROL_KEYS:
+        return "control"
     return "backend" if key in _BACKEND_KEYS else "daemon"
 
 
@@ -172,6 +198,10 @@ def _typed(name: str, value: object, kind: str) -> object:
         if not isinstance(value, dict):
             raise UsageError('must be a table, like { "s3://public/" = ["ml-users"] }')
         return _access(value)
+    if name == "tls_client_names":
+        if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+            raise UsageError('must be a list of certificate names, like ["silofs-controller"]')
+        return list(value)
     if name == "backend_extra":
         if not isinstance(value, dict):
             raise UsageError('must be a table, like { region = "eu-west-1" }')
@@ -319,6 +349,28 @@ def _validate(s: NodeSettings) -> None:
     for name in sorted(_LIMIT_KEYS):
         if getattr(s, name) < 1:
             raise UsageError(f"{name} must be at least 1")
+    _validate_control(s)
+
+
+def _validate_control(s: NodeSettings) -> None:
+    """[control]: TLS files are required with tcp_listen (there is no plaintext TCP)."""
+    if s.tcp_max_connections < 1:
+        raise UsageError("tcp_max_connections must be at least 1")
+    if not s.tls_handshake_seconds > 0:
+        raise UsageError("tls_handshake_seconds must be more than 0")
+    if not s.tls_handshakes_per_second >= 1:
+        raise UsageError("tls_handshakes_per_second must be at least 1")
+    if s.tcp_listen is None:
+        return
+    from silofs.control.tls import parse_tcp_address
+
+    parse_tcp_address(s.tcp_listen)
+    missing = [k for k in ("tls_cert", "tls_key", "tls_client_ca") if not getattr(s, k)]
+    if missing:
+        raise UsageError(
+            f"tcp_listen needs {', '.join(missing)} in [control]: the TCP listener is "
+            "mutual TLS only (`silofs-ctl certs init` makes a CA and certificates)"
+        )
 
 
 # Environment variables the store SDKs take credentials (or the identity to use) from.

@@ -11,8 +11,10 @@ import logging
 
 import click
 
+from .certs_cmd import certs
 from .controller_cmd import controller
 from .forget_cmd import forget
+from .job_cmd import job
 from .node_cmds import admission, allocate_cache, allocate_io, refresh, status
 from .simulate_cmd import simulate_cmd
 
@@ -36,3 +38,5 @@ main.add_command(allocate_io)
 main.add_command(admission)
 main.add_command(refresh)
 main.add_command(forget)
+main.add_command(certs)
+main.add_command(job)

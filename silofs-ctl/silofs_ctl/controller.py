@@ -22,7 +22,7 @@ from pathlib import Path
 
 from .controller_config import ControllerConfig, JobEntry, load_jobs_file
 from .nodes import ClientFactory, NodeError, socket_clients
-from .observe import NodeSeen, RateTracker, parse_status
+from .observe import NodeSeen, RateTracker, Registration, parse_status
 from .plan import Plan, plan_allocations
 from .push import Pushed, push_plan
 from .tomlcheck import ConfigError
@@ -101,11 +101,12 @@ class Controller:
         `force`. Returns the plan when it planned."""
         self.reload_jobs()
         seen = self.observe()
-        signature = _signature(self.entries, seen, self.rates.ideal)
+        entries = [*self.entries, *registered_entries(seen, {e.name for e in self.entries})]
+        signature = _signature(entries, seen, self.rates.ideal)
         now = time.monotonic()
         if not force and signature == self.signature and now < self.next_round:
             return None
-        plan = plan_allocations(self.config, self.entries, seen, self.rates.ideal)
+        plan = plan_allocations(self.config, entries, seen, self.rates.ideal)
         self.signature, self.next_round = signature, now + self.config.interval
         if dry_run:
             return plan
@@ -143,6 +144,37 @@ class Controller:
             closer = getattr(client, "close", None)
             if closer:
                 closer()
+
+
+def registered_entries(seen: Mapping[str, NodeSeen], skip: set[str]) -> list[JobEntry]:
+    """Jobs the daemons' registrations describe (a Slurm prolog runs on each node of a
+    job and registers it there): on the nodes that hold a registration, with the most
+    GPUs any of them reports (the job's total), and f*/epochs when one gives them.
+    Names in ``skip`` (the jobs file's) are left out: a hand-written entry wins whole."""
+    found: dict[str, tuple[Registration, list[str]]] = {}
+    for node in sorted(seen):
+        for reg in seen[node].registrations.values():
+            if reg.name in skip:
+                continue
+            held = found.get(reg.name)
+            if held is None:
+                found[reg.name] = (reg, [node])
+                continue
+            best, nodes = held
+            nodes.append(node)
+            if reg.gpus > best.gpus or (best.ideal_io is None and reg.ideal_io is not None):
+                found[reg.name] = (reg, nodes)
+    return [
+        JobEntry(
+            name=name,
+            dataset=reg.datasets[0],
+            gpus=reg.gpus,
+            ideal_io=reg.ideal_io if reg.ideal_io and reg.ideal_io > 0 else None,
+            nodes=tuple(nodes),
+            epochs=reg.epochs,
+        )
+        for name, (reg, nodes) in sorted(found.items())
+    ]
 
 
 def _signature(

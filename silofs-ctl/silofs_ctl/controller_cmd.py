@@ -73,9 +73,9 @@ def run_cmd(config_path: str, dry_run: bool, once: bool) -> None:
     """
     try:
         config = load_controller_config(config_path)
+        ctl = Controller(config)  # loads the [tls] files
     except ConfigError as exc:
         raise click.ClickException(str(exc)) from None
-    ctl = Controller(config)
     try:
         if dry_run or once:
             plan = ctl.round(dry_run=dry_run, force=True)

@@ -27,17 +27,28 @@ POLICIES: dict[str, type[Policy]] = {
     "fifo": FifoPolicy,
     "greedy": GreedyPolicy,
 }
-CONFIG_KEYS = {"policy", "remote_io", "interval", "poll", "timeout", "jobs_file", "nodes"}
-NODE_KEYS = {"name", "socket", "gpus", "cache"}
+CONFIG_KEYS = {"policy", "remote_io", "interval", "poll", "timeout", "jobs_file", "nodes", "tls"}
+NODE_KEYS = {"name", "socket", "address", "gpus", "cache"}
+TLS_KEYS = {"cert", "key", "ca"}
 JOB_KEYS = {"name", "dataset", "gpus", "ideal_io", "nodes", "dataset_size", "epochs"}
 
 
 @dataclass(frozen=True)
 class NodeConfig:
     name: str
-    socket: str
+    socket: str  # a Unix socket path, or "tls://HOST:PORT" (the daemon's TLS listener)
     gpus: int = 0  # 0: as many as the jobs seen on it use
     cache: int | None = None  # budget to divide; None: the daemon's own cache size
+
+
+@dataclass(frozen=True)
+class TLSConfig:
+    """[tls]: the controller's client certificate and key, and the CA that issued the
+    nodes' certificates (paths; relative ones are relative to the config file)."""
+
+    cert: str
+    key: str
+    ca: str
 
 
 @dataclass(frozen=True)
@@ -49,6 +60,7 @@ class ControllerConfig:
     interval: float = 30.0
     poll: float = 2.0
     timeout: float = 5.0
+    tls: TLSConfig | None = None
 
 
 @dataclass(frozen=True)
@@ -79,6 +91,14 @@ def load_controller_config(path: str) -> ControllerConfig:
         raise ck.fail(("jobs_file",), "jobs_file must be a path")
     if jobs_file:
         jobs_file = str(Path(path).parent / jobs_file)  # relative to the config
+    tls = _tls(ck, data.get("tls"), Path(path).parent)
+    remote = [n.name for n in nodes if n.socket.startswith("tls://")]
+    if remote and tls is None:
+        raise ck.fail(
+            (),
+            f"node {remote[0]} is reached over tls://: the config needs a [tls] table "
+            "(cert, key, ca; `silofs-ctl certs init` makes them)",
+        )
     return ControllerConfig(
         policy=policy,
         remote_io=remote_io,
@@ -87,7 +107,23 @@ def load_controller_config(path: str) -> ControllerConfig:
         interval=_positive(ck, data, "interval", 30.0),
         poll=_positive(ck, data, "poll", 2.0),
         timeout=_positive(ck, data, "timeout", 5.0),
+        tls=tls,
     )
+
+
+def _tls(ck: Checker, raw: Any, base: Path) -> TLSConfig | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        raise ck.fail(("tls",), "tls must be a table: [tls] cert = ..., key = ..., ca = ...")
+    ck.check_keys(raw, TLS_KEYS, ("tls",))
+    paths = []
+    for key in ("cert", "key", "ca"):
+        value = ck.need(raw, key, ("tls",))
+        if not isinstance(value, str) or not value:
+            raise ck.fail(("tls", key), f"{key} must be a path")
+        paths.append(str(base / value))  # an absolute value stays as it is
+    return TLSConfig(*paths)
 
 
 def _positive(ck: Checker, data: Mapping[str, Any], key: str, default: float) -> float:
@@ -104,10 +140,22 @@ def _config_nodes(ck: Checker, raw: Any) -> tuple[NodeConfig, ...]:
     for i, table in enumerate(raw):
         where = ("nodes", i)
         ck.check_keys(table, NODE_KEYS, where)
-        name, socket = ck.need(table, "name", where), ck.need(table, "socket", where)
-        for key, value in (("name", name), ("socket", socket)):
+        if ("socket" in table) == ("address" in table):
+            raise ck.fail(where, "a node needs one of socket (a Unix socket) or address (tls://)")
+        key = "socket" if "socket" in table else "address"
+        name, socket = ck.need(table, "name", where), table[key]
+        for k, value in (("name", name), (key, socket)):
             if not isinstance(value, str) or not value:
-                raise ck.fail(where + (key,), f"{key} must be a non-empty string")
+                raise ck.fail(where + (k,), f"{k} must be a non-empty string")
+        if socket.startswith("tls://"):
+            from silofs.control.client import parse_tls_address
+
+            try:
+                parse_tls_address(socket)
+            except ValueError as exc:
+                raise ck.fail(where + (key,), str(exc)) from None
+        elif "://" in socket:
+            raise ck.fail(where + (key,), f"{socket!r}: a node is a socket path or tls://HOST:PORT")
         if any(n.name == name for n in nodes):
             raise ck.fail(where + ("name",), f"node name {name!r} used twice")
         gpus = 0

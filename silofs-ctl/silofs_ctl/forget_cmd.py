@@ -10,12 +10,14 @@ from __future__ import annotations
 import click
 
 from silofs.config import default_socket
-from silofs.control.client import ControlClient, ControlError, quote_segment
+from silofs.control.client import ControlError, quote_segment
+
+from .nodes import SOCKET_HELP, one_node_client
 
 
 @click.command()
 @click.argument("name")
-@click.option("--socket", default=None, envvar="SILOFS_SOCKET", help="The node's control socket.")
+@click.option("--socket", default=None, envvar="SILOFS_SOCKET", help=SOCKET_HELP)
 @click.option(
     "--kind",
     type=click.Choice(["any", "dataset", "job"]),
@@ -33,7 +35,7 @@ def forget(name: str, socket: str | None, kind: str) -> None:
     if kind in ("any", "job"):
         paths.append(f"/v1/jobs/{quote_segment(name)}")
     try:
-        with ControlClient(socket or default_socket()) as client:
+        with one_node_client(socket or default_socket()) as client:
             for path in paths:
                 try:
                     ans = client.request("DELETE", path)

@@ -16,20 +16,20 @@ from typing import Any
 import click
 
 from silofs.config import default_socket
-from silofs.control.client import ControlClient, ControlError, quote_segment
+from silofs.control.client import ControlError, quote_segment
 from silofs.errors import UsageError
 from silofs.units import format_rate, format_size, parse_rate, parse_size
 
+from .nodes import SOCKET_HELP, one_node_client
+
 log = logging.getLogger(__name__)
 
-socket_option = click.option(
-    "--socket", default=None, envvar="SILOFS_SOCKET", help="The node daemon's control socket."
-)
+socket_option = click.option("--socket", default=None, envvar="SILOFS_SOCKET", help=SOCKET_HELP)
 
 
 def _call(socket: str | None, method: str, path: str, body: dict | None = None) -> Any:
     try:
-        with ControlClient(socket or default_socket()) as client:
+        with one_node_client(socket or default_socket()) as client:
             return client.request(method, path, body)
     except ControlError as exc:
         raise click.ClickException(str(exc)) from None

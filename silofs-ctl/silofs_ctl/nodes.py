@@ -1,9 +1,10 @@
-"""The controller's side of one node daemon: the three calls it makes, over the socket.
+"""The controller's side of one node daemon: the three calls it makes, over its Unix
+socket or its mutual-TLS listener (tls://HOST:PORT).
 
 Owns: the NodeClient interface (what the controller needs from a daemon), NodeError (a
 node unreachable, or refusing one request), and SocketNode, its implementation over
-silofs/control/client.py. Never: decides what to ask for, retries, or lets a failure
-escape as anything but NodeError.
+silofs/control/client.py (one TLS context, from [tls], for every remote node). Never:
+decides what to ask for, retries, or lets a failure escape as anything but NodeError.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from .controller_config import ControllerConfig, NodeConfig
+from .tomlcheck import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -36,12 +38,12 @@ class NodeError(Exception):
 
 
 class SocketNode:
-    """NodeClient over a daemon's Unix control socket."""
+    """NodeClient over a daemon's Unix control socket, or tls://HOST:PORT."""
 
-    def __init__(self, socket_path: str, timeout: float) -> None:
+    def __init__(self, socket_path: str, timeout: float, tls: Any = None) -> None:
         from silofs.control.client import ControlClient
 
-        self.client = ControlClient(socket_path, timeout=timeout)
+        self.client = ControlClient(socket_path, timeout=timeout, tls=tls)
 
     def _call(self, method: str, path: str, body: dict | None = None) -> Any:
         from silofs.control.client import ControlError
@@ -73,6 +75,59 @@ class SocketNode:
 
 ClientFactory = Callable[[NodeConfig], NodeClient]
 
+# For the one-node commands (status, allocate-*, forget, job): a directory holding
+# controller.pem, controller.key and ca.pem (`silofs-ctl certs init`), used when
+# --socket is a tls:// address.
+TLS_DIR_ENV = "SILOFS_CTL_TLS"
+SOCKET_HELP = "The node daemon's control socket, or tls://HOST:PORT (certs: $SILOFS_CTL_TLS)."
+
+
+def one_node_client(address: str, timeout: float = 10.0) -> Any:
+    """A ControlClient for `--socket ADDRESS`: a Unix socket, or tls://HOST:PORT with
+    the certificates in $SILOFS_CTL_TLS. ControlError (one line, as for a node that
+    does not answer) if those are missing or cannot be loaded."""
+    import os
+    import ssl
+
+    from silofs.control.client import (
+        TLS_PREFIX,
+        ControlClient,
+        ControlError,
+        client_tls_context,
+    )
+
+    context = None
+    if address.startswith(TLS_PREFIX):
+        directory = os.environ.get(TLS_DIR_ENV)
+        if not directory:
+            raise ControlError(
+                f"{address} needs a client certificate: set {TLS_DIR_ENV} to a directory "
+                "with controller.pem, controller.key and ca.pem (`silofs-ctl certs init`)"
+            )
+        files = [os.path.join(directory, n) for n in ("controller.pem", "controller.key", "ca.pem")]
+        try:
+            context = client_tls_context(*files)
+        except (OSError, ssl.SSLError) as exc:
+            reason = getattr(exc, "strerror", None) or getattr(exc, "reason", None) or exc
+            raise ControlError(f"{TLS_DIR_ENV}: cannot load {', '.join(files)}: {reason}") from None
+    return ControlClient(address, timeout=timeout, tls=context)
+
 
 def socket_clients(config: ControllerConfig) -> ClientFactory:
-    return lambda node: SocketNode(node.socket, config.timeout)
+    """Clients for every node; the [tls] files are loaded once, here, so a bad one stops
+    the controller with one line (ConfigError) instead of failing every poll."""
+    context = None
+    if config.tls is not None:
+        import ssl
+
+        from silofs.control.client import client_tls_context
+
+        try:
+            context = client_tls_context(config.tls.cert, config.tls.key, config.tls.ca)
+        except (OSError, ssl.SSLError) as exc:
+            reason = getattr(exc, "strerror", None) or getattr(exc, "reason", None) or exc
+            raise ConfigError(
+                f"[tls]: cannot load {config.tls.cert}, {config.tls.key} or {config.tls.ca}: "
+                f"{reason}"
+            ) from None
+    return lambda node: SocketNode(node.socket, config.timeout, context)

@@ -1,8 +1,9 @@
 """What the controller sees: node statuses parsed, and rates measured from their counters.
 
 Owns: the fields the controller reads from GET /v1/status (docs/CONTROLLER.md), the
-per-node view of datasets and jobs, and RateTracker (a job's throughput and hit ratio
-over a poll window, and its best unthrottled rate, its f* when none is given).
+per-node view of datasets, jobs and job registrations (a Slurm prolog's), and
+RateTracker (a job's throughput and hit ratio over a poll window, and its best
+unthrottled rate, its f* when none is given).
 Never: talks to a node (the loop fetches statuses and hands them here), plans or pushes.
 """
 
@@ -48,11 +49,24 @@ class JobSeen:
 
 
 @dataclass
+class Registration:
+    """What a cluster scheduler's prolog told one node of a job (PUT /v1/jobs/{job})."""
+
+    name: str
+    gpus: int
+    datasets: tuple[str, ...]
+    ideal_io: float | None = None
+    epochs: float | None = None
+    scheduler_id: str | None = None
+
+
+@dataclass
 class NodeSeen:
     name: str
     cache_size: float | None
     datasets: dict[str, DatasetSeen]
     jobs: dict[str, JobSeen]
+    registrations: dict[str, Registration] = field(default_factory=dict)
 
 
 def parse_status(node: str, status: Mapping[str, Any]) -> NodeSeen:
@@ -69,7 +83,11 @@ def parse_status(node: str, status: Mapping[str, Any]) -> NodeSeen:
             allocation=_opt_float(d.get("cache_allocation")),
         )
     jobs = {}
+    registrations = {}
     for j in status.get("jobs") or []:
+        reg = _registration(j)
+        if reg is not None:
+            registrations[reg.name] = reg
         names = j.get("datasets") or ([j["dataset"]] if j.get("dataset") else [])
         if not names:
             continue  # a job with no mount yet reads nothing
@@ -84,7 +102,26 @@ def parse_status(node: str, status: Mapping[str, Any]) -> NodeSeen:
             remote_rate=_opt_float(j.get("remote_bytes_per_s")),
             effective_cache=_opt_float(j.get("effective_cache")),
         )
-    return NodeSeen(node, _opt_float(info.get("cache_size")), datasets, jobs)
+    return NodeSeen(node, _opt_float(info.get("cache_size")), datasets, jobs, registrations)
+
+
+def _registration(job: Mapping[str, Any]) -> Registration | None:
+    """A job's registration from status, or None (none, or not one we can use)."""
+    reg = job.get("registration")
+    if not isinstance(reg, Mapping):
+        return None
+    datasets = tuple(str(d) for d in reg.get("datasets") or [] if d)
+    gpus = reg.get("gpus")
+    if not datasets or not isinstance(gpus, int) or isinstance(gpus, bool):
+        return None
+    return Registration(
+        name=str(job["name"]),
+        gpus=gpus,
+        datasets=datasets,
+        ideal_io=_opt_float(reg.get("ideal_io")),
+        epochs=_opt_float(reg.get("epochs")),
+        scheduler_id=str(reg["scheduler_id"]) if reg.get("scheduler_id") else None,
+    )
 
 
 def _opt_float(value: Any) -> float | None:

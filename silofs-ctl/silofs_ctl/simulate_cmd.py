@@ -15,7 +15,7 @@ from types import FrameType
 
 import click
 
-from .plot import PlotError, plot_timeline
+from .plot import PlotError, plot_timeline, pyplot
 from .policies import SCHEDULERS
 from .scenario import ScenarioError, load_scenario
 from .simulator import CACHE_CHOICES, SimResult, Simulation, SimulationError
@@ -42,7 +42,7 @@ def render(result: SimResult) -> str:
             f"{fmt_duration(j.finish):>8} {fmt_duration(j.jct):>8} {j.hit_ratio:6.3f} "
             f"{j.fairness:6.3f}"
         )
-    worst = min(j.fairness for j in result.jobs)
+    worst = result.worst
     rows.append("")
     if result.interrupted:
         rows.append(
@@ -54,7 +54,8 @@ def render(result: SimResult) -> str:
         f"scheduler {result.scheduler}, cache {result.cache}, {len(result.jobs)} jobs",
         f"average JCT       {fmt_duration(result.avg_jct)}",
         f"makespan          {fmt_duration(result.makespan)}",
-        f"average fairness  {result.avg_fairness:.3f}   (worst job {worst:.3f})",
+        f"average fairness  {result.avg_fairness:.3f}   "
+        f"(worst job {worst.fairness if worst else math.nan:.3f}: {worst.name if worst else '-'})",
     ]
     return "\n".join(rows)
 
@@ -80,7 +81,8 @@ def render(result: SimResult) -> str:
 @click.option(
     "--plot",
     type=click.Path(dir_okay=False),
-    help="Write a PNG of total throughput and remote IO over time.",
+    help="Write a PNG: total throughput and remote IO, each job's rate, and the worst and "
+    "average fairness ratio over time (needs matplotlib: pip install 'silofs[plot]').",
 )
 @click.option(
     "--interval",
@@ -100,10 +102,20 @@ def simulate_cmd(
     """
     try:
         spec = load_scenario(scenario)
-        result = _run_until_done_or_interrupted(Simulation(spec, scheduler, cache, interval))
+        if plot:
+            pyplot()  # a missing matplotlib is said before the run, not after it
+        sim = Simulation(spec, scheduler, cache, interval, job_rates=bool(plot))
+        result = _run_until_done_or_interrupted(sim)
         if plot:
             title = f"{spec.name}: {scheduler} + {cache}"
-            plot_timeline(result.timeline, spec.remote_io, title, plot)
+            plot_timeline(
+                result.timeline,
+                spec.remote_io,
+                title,
+                plot,
+                job_rates=result.job_rates,
+                fairness=result.fairness_timeline,
+            )
     except (ScenarioError, SimulationError, PlotError) as exc:
         raise click.ClickException(str(exc)) from None
     if as_json:
@@ -124,6 +136,12 @@ def _run_until_done_or_interrupted(sim: Simulation) -> SimResult:
         sim.request_stop()
 
     previous = signal.signal(signal.SIGINT, stop)
+    log.info(
+        "simulating %d jobs: %s + %s (Ctrl-C prints the results so far)",
+        len(sim.all),
+        sim.scheduler_name,
+        sim.cache_name,
+    )
     try:
         return sim.run()
     finally:

@@ -20,10 +20,14 @@ Model (docs/CONTROLLER.md has the details):
 - Rates are constant between events: arrivals, completions, epoch ends, a cache unit
   becoming full, LRU segment ends; and a bounded step while a shared unit is filling
   (another job's fetches raise this one's hit ratio continuously).
+
+The loop is incremental (Simulation's docstring): a step costs the jobs its event
+touches, not every active job; a re-plan costs every active job.
 """
 
 from __future__ import annotations
 
+import heapq
 import logging
 import math
 from dataclasses import dataclass, field, replace
@@ -59,6 +63,8 @@ class JobResult:
     remote_bytes: float
     fairness: float
     epoch_hit_ratios: list[float]
+    gpus: int = 0
+    dataset: str = ""
 
     @property
     def jct(self) -> float | None:
@@ -81,6 +87,10 @@ class SimResult:
     # jobs, an unfinished job's fairness is of the work it did so far.
     interrupted: bool = False
     until: float = 0.0  # simulated time reached
+    # (time, worst, average) over the active jobs of rate / equal-share rate, at each plan
+    fairness_timeline: list[tuple[float, float, float]] = field(default_factory=list)
+    # per job, (time, rate) at each change; only when asked for (Simulation(job_rates=True))
+    job_rates: dict[str, list[tuple[float, float]]] | None = None
 
     @property
     def finished(self) -> list[JobResult]:
@@ -102,30 +112,56 @@ class SimResult:
     def avg_fairness(self) -> float:
         return sum(j.fairness for j in self.jobs) / len(self.jobs)
 
+    @property
+    def worst(self) -> JobResult | None:
+        """The job with the lowest fairness ratio (what Eq. 9 lifts)."""
+        return min(self.jobs, key=lambda j: j.fairness, default=None)
+
     def to_dict(self) -> dict:
+        worst = self.worst
         return {
             "scenario": self.scenario,
             "scheduler": self.scheduler,
             "cache": self.cache,
-            "avg_jct_s": self.avg_jct,
-            "makespan_s": self.makespan,
+            "avg_jct_s": _finite(self.avg_jct),
+            "makespan_s": _finite(self.makespan),
             "avg_fairness": self.avg_fairness,
+            "worst_fairness": worst.fairness if worst else None,
+            "worst_job": worst.name if worst else None,
             "interrupted": self.interrupted,
             "simulated_s": self.until,
             "jobs": [
                 {
                     "name": j.name,
+                    "gpus": j.gpus,
+                    "dataset": j.dataset,
                     "submit_s": j.submit,
                     "start_s": j.start,
                     "finish_s": j.finish,
                     "jct_s": j.jct,
                     "hit_ratio": j.hit_ratio,
+                    "epoch_hit_ratios": j.epoch_hit_ratios,
                     "remote_bytes": j.remote_bytes,
                     "fairness": j.fairness,
                 }
                 for j in self.jobs
             ],
+            # the cluster from each instant to the next: total data rate and remote IO
+            "timeline": [
+                {"t_s": t, "throughput_bytes_per_s": rate, "remote_bytes_per_s": remote}
+                for t, rate, remote in self.timeline
+            ],
+            # at each plan, rate / equal-share rate over the jobs present: worst and mean
+            "fairness_timeline": [
+                {"t_s": t, "worst": worst_ratio, "average": mean}
+                for t, worst_ratio, mean in self.fairness_timeline
+            ],
         }
+
+
+def _finite(x: float) -> float | None:
+    """JSON has no NaN: an average of nothing is null."""
+    return None if math.isnan(x) else x
 
 
 @dataclass
@@ -154,6 +190,10 @@ class _Job:
     rate: float = 0.0
     remote: float = 0.0
     boundary: float = math.inf  # LRU: epoch position where the current hit ratio ends
+    t: float = 0.0  # when the fields above were last brought up to date (_sync)
+    seq: int = -1  # its latest event in Simulation.events; -1: none
+    event_boundary: float = math.inf  # the LRU boundary that event was computed with
+    lru_held: float = -1.0  # LRU: the dataset's holding its hit ratio was computed with
     # Fixed for the job's life; plain attributes because the event loop reads them for
     # every active job at every step.
     name: str = field(init=False)
@@ -172,15 +212,32 @@ class _Job:
 
 
 class Simulation:
-    """One run of a scenario with a scheduler and a cache system."""
+    """One run of a scenario with a scheduler and a cache system.
+
+    The event loop is incremental: a job's progress is brought up to date (_sync) only
+    when something about it changes or is read, and a step only recomputes the rates of
+    the jobs an event touched (plus, when the link is contended, the jobs whose max-min
+    share moved). Between two updates a job's rate, remote IO and hit ratio are constant,
+    so bringing it up to date over many steps at once is the same arithmetic as doing it
+    step by step. A re-plan brings everything up to date and recomputes every rate.
+    """
 
     def __init__(
-        self, scenario: Scenario, scheduler: str, cache: str, interval: float = 600.0
+        self,
+        scenario: Scenario,
+        scheduler: str,
+        cache: str,
+        interval: float = 600.0,
+        *,
+        lru_segments: int = _LRU_SEGMENTS,
+        job_rates: bool = False,
     ) -> None:
         if scheduler not in SCHEDULERS:
             raise SimulationError(f"unknown scheduler {scheduler!r} (try {', '.join(SCHEDULERS)})")
         if cache not in CACHE_CHOICES:
             raise SimulationError(f"unknown cache {cache!r} (try {', '.join(CACHE_CHOICES)})")
+        if lru_segments < 1:
+            raise SimulationError("lru_segments must be at least 1")
         self.scenario = scenario
         self.scheduler_name, self.cache_name = scheduler, cache
         self.policy: Policy = SCHEDULERS[scheduler]()
@@ -194,20 +251,29 @@ class Simulation:
             (_job_state(spec, private=cache == "coordl") for spec in scenario.jobs),
             key=lambda j: (j.spec.submit, j.name),
         )
-        self.all = list(self.pending)
-        self.active: list[_Job] = []
-        self.running: list[_Job] = []  # active jobs with GPUs, in `active` order
-        self.running_units: dict[str, list[_Job]] = {}  # the same by unit
+        self.pending.reverse()  # popped from the end: soonest submission last
+        self.all = list(reversed(self.pending))
+        self.active: dict[str, _Job] = {}  # in arrival order
+        self.running: dict[str, _Job] = {}  # active jobs with GPUs
         self._readers: dict[str, list[_Job]] | None = None  # by unit; None: rebuild
         self.filled: dict[str, float] = {key: 0.0 for key in self.cluster.units}
         self.allocated: dict[str, float] = {key: 0.0 for key in self.cluster.units}
         self.in_use: set[str] = set()  # units allocated or holding bytes (see _apply)
+        # Per unit: remote bytes/s its running readers fetch into it, and when `filled`
+        # (or, under LRU, `resident`) was last brought up to date with it.
+        self.inflow: dict[str, float] = {}
+        self.unit_t: dict[str, float] = {}
+        self.filling: set[str] = set()  # units with inflow and room: they bound steps
         self.equal_for: tuple[str, ...] | None = None  # the jobs equal_rate is for
         self.lru = False
+        self.lru_segments = lru_segments
         self.resident: dict[str, float] = {}  # LRU: bytes of each dataset held
         self.target: dict[str, float] = {}  # LRU: steady-state holding
         self.lru_time: float | None = None  # LRU: the pool's characteristic time, last
         self.timeline: list[tuple[float, float, float]] = []
+        # (time, worst, average) of rate / equal-share rate over the active jobs, at plans
+        self.fairness_timeline: list[tuple[float, float, float]] = []
+        self.job_rates: dict[str, list[tuple[float, float]]] | None = {} if job_rates else None
         self.dirty = True
         # While a cache fills, its effective size changes: re-plan every `interval`, as
         # the live controller does, and whenever a unit becomes full.
@@ -218,8 +284,14 @@ class Simulation:
         # Set by request_stop (e.g. from a SIGINT handler); run() ends after the current
         # step, so the partial results are of a consistent state.
         self.stop_requested = False
-        self.soonest_job_event = math.inf  # from now, set by _rates
-        self.totals = (0.0, 0.0)  # total data rate and remote rate, set by _rates
+        # Job events (its end, its epoch's end, its LRU segment's end) as (time, seq, job);
+        # an entry is stale unless seq is the job's latest.
+        self.events: list[tuple[float, int, _Job]] = []
+        self.seq = 0
+        self.touched: dict[str, _Job] = {}  # jobs whose rate an event may have changed
+        self.demand: dict[str, float] = {}  # running jobs' remote demand, capped
+        self.contended = False  # demands exceeded the link at the last water fill
+        self.total_rate = self.total_remote = 0.0
 
     def request_stop(self) -> None:
         self.stop_requested = True
@@ -231,10 +303,13 @@ class Simulation:
         while (self.pending or self.active) and not self.stop_requested:
             if self.dirty:
                 self._reschedule()
-            self._rates()
+            elif self.touched:
+                self._rerate(list(self.touched.values()))
+            self.touched = {}
             dt = self._step()
             self._record()
-            self._advance(dt)
+            self.now += dt
+            self._shared_fill()
             self._boundaries()
             self.steps += 1
             if self.steps > _MAX_STEPS:
@@ -242,85 +317,165 @@ class Simulation:
         return self._result()
 
     def _step(self) -> float:
-        """Time to the next event: the soonest job event (_rates found it), arrival,
-        re-plan, or a unit filling up."""
-        candidates = [self.pending[0].spec.submit - self.now] if self.pending else []
-        candidates.append(self.next_plan - self.now)
-        candidates.append(self.soonest_job_event)
-        candidates.extend(self._fill_steps())
-        finite = [max(0.0, c) for c in candidates if c < math.inf]
-        if not finite:
-            stuck = ", ".join(j.name for j in self.active)
+        """Time to the next event: a job's, an arrival, a re-plan, a unit filling up, or
+        the bounded step of a dataset several jobs fill."""
+        soonest = self.next_plan
+        if self.pending:
+            soonest = min(soonest, self.pending[-1].spec.submit)
+        events = self.events
+        while events and events[0][1] != events[0][2].seq:
+            heapq.heappop(events)  # stale
+        if events:
+            soonest = min(soonest, events[0][0])
+        soonest -= self.now
+        if not self.lru:
+            readers = self._unit_readers()
+            for key in self.filling:
+                inflow = self.inflow[key]
+                size = self.cluster.units[key].size
+                room = min(self.allocated[key], size) - self._filled_now(key)
+                if room > 0:
+                    soonest = min(soonest, room / inflow)
+                    if len(readers.get(key, ())) > 1:
+                        soonest = min(soonest, _SHARED_FILL_STEP * size / inflow)
+        if soonest == math.inf:
+            stuck = ", ".join(self.active)
             raise SimulationError(f"jobs can make no progress at t={self.now:.0f}s: {stuck}")
-        return min(finite)
-
-    def _fill_steps(self) -> list[float]:
-        out = []
-        everyone = self._unit_readers()
-        for key, fetching in self.running_units.items():  # only running jobs fetch
-            readers = everyone[key]
-            inflow = sum(j.remote for j in fetching)
-            if inflow <= 0:
-                continue
-            size = self.cluster.units[key].size
-            if self.lru:
-                dataset = self.cluster.units[key].dataset
-                room = self.target.get(dataset, 0.0) - self.resident.get(dataset, 0.0)
-            else:
-                room = min(self.allocated[key], size) - self.filled[key]
-            if room > 0:
-                out.append(room / inflow)
-                if len(readers) > 1:
-                    out.append(_SHARED_FILL_STEP * size / inflow)
-        return out
+        return max(0.0, soonest)
 
     def _unit_readers(self) -> dict[str, list[_Job]]:
-        """Active jobs by the unit they read, in `active` order. Kept until the active set
-        changes (arrivals and completions reset it), as every step needs it twice."""
+        """Active jobs by the unit they read, in arrival order. Kept until the active set
+        changes (arrivals and completions reset it)."""
         if self._readers is None:
             out: dict[str, list[_Job]] = {}
-            for job in self.active:
+            for job in self.active.values():
                 out.setdefault(job.unit, []).append(job)
             self._readers = out
         return self._readers
+
+    # ------------------------------------------------------ bringing up to date
+
+    def _sync(self, job: _Job) -> None:
+        """Bring `job` to now: it read at a constant rate since job.t."""
+        dt = self.now - job.t
+        if dt <= 0:
+            return
+        job.t = self.now
+        job.equal_integral += job.equal_rate * dt  # waiting counts: fairness is over its life
+        rate = job.rate
+        if rate <= 0:
+            return
+        got = rate * dt
+        unread = job.size - job.pos
+        if not self.lru and unread > 0:
+            job.effective *= max(0.0, unread - got) / unread  # H/unread stays constant
+        job.read += got
+        job.pos += got
+        job.hit_bytes += got * job.hit
+        job.epoch_hits += got * job.hit
+        job.remote_bytes += job.remote * dt
+
+    def _filled_now(self, key: str) -> float:
+        """What unit `key` holds now, without bringing it up to date."""
+        inflow = self.inflow.get(key, 0.0)
+        held = self.filled[key]
+        if inflow <= 0:
+            return held
+        cap = min(self.allocated[key], self.cluster.units[key].size)
+        return max(held, min(cap, held + inflow * (self.now - self.unit_t[key])))
+
+    def _sync_unit(self, key: str) -> None:
+        """Bring a unit's fill to now: its readers fetched at a constant total rate since
+        unit_t. A uniform unit admits up to its allocation (becoming full re-plans); an
+        LRU dataset's holding grows up to its steady-state target."""
+        inflow = self.inflow.get(key, 0.0)
+        last = self.unit_t.get(key, self.now)
+        self.unit_t[key] = self.now
+        if inflow <= 0 or self.now <= last:
+            return
+        fetched = inflow * (self.now - last)
+        if self.lru:
+            dataset = self.cluster.units[key].dataset
+            held = self.resident.get(dataset, 0.0) + fetched
+            self.resident[dataset] = min(held, self.target.get(dataset, 0.0))
+            return
+        size = self.cluster.units[key].size
+        cap = min(self.allocated[key], size)
+        if self.filled[key] >= cap:
+            return
+        self.filled[key] = min(cap, self.filled[key] + fetched)
+        if self.filled[key] >= cap - max(1.0, size * 1e-12):
+            self.dirty = True  # full: what the policy planned with has changed
+            self.filling.discard(key)
+
+    def _sync_all(self) -> None:
+        for key in list(self.inflow):
+            self._sync_unit(key)
+        for job in self.active.values():
+            self._sync(job)
 
     # -------------------------------------------------------------- decisions
 
     def _reschedule(self) -> None:
         self.plans += 1
-        views = [self._view(job) for job in self.active]
+        self._sync_all()
+        active = list(self.active.values())
+        views = [self._view(job) for job in active]
         cluster = replace(self.cluster, cached=None if self.lru else dict(self.filled))
         alloc = self.policy.allocate(views, cluster, self.estimator)
         if self.cache_policy is not None:
             self.cache_policy.fill_cache(views, cluster, alloc)
         self._apply(alloc)
-        # (after _apply: LRU targets are set with the rates of the step that ended)
-        for job in self.active:
-            if job.share <= 0:
+        self.running = {job.name: job for job in active if job.share > 0}
+        self.demand = {}
+        for job in active:
+            if job.share <= 0:  # waiting or preempted: no rate, fetches nothing
                 job.rate = job.remote = 0.0
-        self.running = [job for job in self.active if job.share > 0]
-        self.running_units = {}
-        for job in self.running:
-            self.running_units.setdefault(job.unit, []).append(job)
-        self.next_plan = self.now + self.interval if self._filling() else math.inf
+                job.seq = -1  # its events are stale
         # The equal share depends on the set of active jobs only: most re-plans (a cache
         # filling, an epoch starting) keep it.
-        names = tuple(j.name for j in self.active)
+        names = tuple(self.active)
         if names != self.equal_for:
             equal = equal_share_perf(
-                [self._reference_view(j) for j in self.active], self.reference, SiloDEstimator()
+                [self._reference_view(j) for j in active], self.reference, SiloDEstimator()
             )
-            for job in self.active:
+            for job in active:
                 job.equal_rate = equal[job.name]
             self.equal_for = names
         self.dirty = False
+        # Jobs whose rate stays keep their event (_set_rate); the sums kept by adding
+        # differences are recomputed exactly.
+        self._rerate(list(self.running.values()), everyone=True)
+        self.inflow = {}
+        self.total_rate = self.total_remote = 0.0
+        for job in active:
+            if job.share <= 0:
+                self._log_rate(job, 0.0)
+                continue
+            self.total_rate += job.rate
+            self.total_remote += job.remote
+            if job.remote > 0:
+                self.inflow[job.unit] = self.inflow.get(job.unit, 0.0) + job.remote
+        self.filling = set() if self.lru else {k for k in self.inflow if self._room(k)}
+        if len(self.events) > 4 * len(self.running) + 1024:  # drop stale entries
+            self.events = [e for e in self.events if e[1] == e[2].seq]
+            heapq.heapify(self.events)
+        self.next_plan = self.now + self.interval if self._filling() else math.inf
+        worst, total = math.inf, 0.0
+        for job in active:
+            ratio = job.rate / job.equal_rate if job.equal_rate > 0 else 1.0
+            worst = min(worst, ratio)
+            total += ratio
+        if active:
+            self.fairness_timeline.append((self.now, worst, total / len(active)))
 
     def _filling(self) -> bool:
         """Is some read unit still below its allocation (so the plan will change)?"""
         if self.lru:
             return False
         return any(
-            self.filled[j.unit] < min(self.allocated[j.unit], j.size) - j.tol() for j in self.active
+            self.filled[j.unit] < min(self.allocated[j.unit], j.size) - j.tol()
+            for j in self.active.values()
         )
 
     def _view(self, job: _Job) -> Job:
@@ -337,11 +492,16 @@ class Simulation:
         )
 
     def _reference_view(self, job: _Job) -> Job:
-        view = self._view(job)
-        return Job(view.name, view.dataset, view.gpus, view.f_star, {job.spec.dataset: 1.0})
+        spec = job.spec
+        return Job(job.name, spec.dataset, spec.gpus, spec.ideal_io, {spec.dataset: 1.0})
+
+    def _room(self, key: str) -> bool:
+        """Can unit `key` still admit bytes (uniform caching)?"""
+        size = self.cluster.units[key].size
+        return self.filled[key] < min(self.allocated[key], size) - max(1.0, size * 1e-12)
 
     def _apply(self, alloc: Allocation) -> None:
-        for job in self.active:
+        for job in self.active.values():
             job.share = min(1.0, alloc.gpu_share.get(job.name, 0.0))
             job.placement = alloc.placement.get(job.name)
             job.io_cap = alloc.io.get(job.name)
@@ -375,10 +535,12 @@ class Simulation:
     def _lru_targets(self) -> None:
         rates: dict[str, list[float]] = {}
         sizes: dict[str, float] = {}
-        for job in self.active:
+        for job in self.active.values():
             rate = job.rate if job.rate > 0 else job.share * job.spec.ideal_io
             rates.setdefault(job.spec.dataset, []).append(rate)
             sizes[job.spec.dataset] = job.size
+        for key in list(self.inflow):
+            self._sync_unit(key)  # what was fetched so far counts against the old targets
         self.target, self.lru_time = sim_lru.holdings_at(
             self.cluster.total_cache, sizes, rates, self.lru_time
         )
@@ -387,138 +549,199 @@ class Simulation:
 
     # ------------------------------------------------------------------ rates
 
-    def _rates(self) -> None:
-        # Jobs without GPUs (waiting, preempted) have no rate and fetch nothing
-        # (_reschedule zeroed them); a zero demand changes no one's max-min share, so
-        # they are left out.
-        demands: dict[str, float] = {}
-        for job in self.running:
+    def _rerate(self, jobs: list[_Job], everyone: bool = False) -> None:
+        """New rates for `jobs` (brought up to date here), and for any other running job
+        whose max-min share of the link moves with their demands."""
+        for job in jobs:
+            self._sync(job)
+            if job.share <= 0:
+                continue
             job.hit = self._hit(job)
             need = job.share * job.spec.ideal_io * (1.0 - job.hit)
-            demands[job.name] = need if job.io_cap is None else min(need, job.io_cap)
-        shares = water_fill(self.scenario.remote_io, demands)
-        # One pass sets the rates and, while at it, finds the soonest job event (its end,
-        # its epoch's end, the end of its LRU segment) and the totals _record keeps:
-        # the event loop's cost is passes over the active jobs.
-        soonest = math.inf
-        total_rate = total_remote = 0.0
-        for job in self.running:
-            gpu_rate = job.share * job.spec.ideal_io
-            if job.hit >= 1.0 - 1e-12:
-                job.rate, job.remote = gpu_rate, 0.0
+            self.demand[job.name] = need if job.io_cap is None else min(need, job.io_cap)
+        link = self.scenario.remote_io
+        contended = sum(self.demand.values()) > link
+        if contended or self.contended or everyone:
+            # The link is (or was) shared out below some demands: a demand moving can
+            # move everyone's share. Jobs whose share stays keep their rate untouched.
+            shares = water_fill(link, self.demand)
+            for job in jobs:
+                if job.share > 0:
+                    self._set_rate(job, shares[job.name])
+            if not everyone:
+                changed = {job.name for job in jobs}
+                for name, share in shares.items():
+                    job = self.running[name]
+                    if name not in changed and share != job.remote and job.hit < 1.0 - 1e-12:
+                        self._sync(job)
+                        self._set_rate(job, share)
+        else:
+            # Every demand is met (water_fill would give each its demand).
+            for job in jobs:
+                if job.share > 0:
+                    self._set_rate(job, self.demand[job.name])
+        self.contended = contended
+
+    def _set_rate(self, job: _Job, share: float) -> None:
+        """Give a running job (up to date) its link share; its rate and next event follow."""
+        gpu_rate = job.share * job.spec.ideal_io
+        if job.hit >= 1.0 - 1e-12:
+            rate, remote = gpu_rate, 0.0
+        else:
+            remote = share
+            rate = min(gpu_rate, remote / (1.0 - job.hit))
+        if rate == job.rate and remote == job.remote and job.seq >= 0:
+            if job.boundary == job.event_boundary:
+                return  # progress is linear: its pending event is still right
+        if remote != job.remote:
+            key = job.unit
+            self._sync_unit(key)
+            inflow = self.inflow.get(key, 0.0) + remote - job.remote
+            self.inflow[key] = inflow if inflow > 1e-9 else 0.0
+            if not self.lru and self.inflow[key] > 0 and self._room(key):
+                self.filling.add(key)
             else:
-                job.remote = shares[job.name]
-                job.rate = min(gpu_rate, job.remote / (1.0 - job.hit))
-            rate = job.rate
-            total_rate += rate
-            total_remote += job.remote
-            if rate > 0:
-                soonest = min(
-                    soonest,
-                    (job.work - job.read) / rate,
-                    max(0.0, job.size - job.pos) / rate,
-                    (job.boundary * job.size - job.pos) / rate
-                    if job.boundary < math.inf
-                    else math.inf,
-                )
-        self.soonest_job_event = soonest
-        self.totals = (total_rate, total_remote)
+                self.filling.discard(key)
+        self.total_rate += rate - job.rate
+        self.total_remote += remote - job.remote
+        self._log_rate(job, rate)
+        job.rate, job.remote = rate, remote
+        self.seq += 1
+        job.seq = self.seq
+        job.event_boundary = job.boundary
+        if rate > 0:
+            until = min(job.work - job.read, job.size - job.pos)
+            if job.boundary < math.inf:
+                until = min(until, job.boundary * job.size - job.pos)
+            heapq.heappush(self.events, (self.now + max(0.0, until) / rate, self.seq, job))
+
+    def _log_rate(self, job: _Job, rate: float) -> None:
+        if self.job_rates is None:
+            return
+        points = self.job_rates.setdefault(job.name, [])
+        if points and points[-1][1] == rate:
+            return
+        if points and points[-1][0] == self.now:
+            points[-1] = (self.now, rate)  # changed twice at one instant: the last counts
+        else:
+            points.append((self.now, rate))
+
+    def _lru_held(self, job: _Job) -> float:
+        """What the LRU holds of the job's dataset (units brought up to date by the caller)."""
+        dataset = job.spec.dataset
+        return min(self.resident.get(dataset, 0.0), self.target.get(dataset, 0.0))
 
     def _hit(self, job: _Job) -> float:
         job.boundary = math.inf
         if not self.lru:
             unread = max(0.0, job.size - job.pos)
             if unread <= job.eps:
-                return min(1.0, self.filled[job.unit] / job.size)
+                return min(1.0, self._filled_now(job.unit) / job.size)
             return min(1.0, job.effective / unread)
         if job.epochs_done == 0:
             return job.first_hit
-        held = min(self.resident.get(job.spec.dataset, 0.0), self.target.get(job.spec.dataset, 0.0))
+        self._sync_unit(job.unit)
+        held = job.lru_held = self._lru_held(job)
         r = held / job.size
         y = job.pos / job.size
         if r >= 1.0:
             return 1.0
-        if y >= r:
+        # Positions within rounding (eps bytes) of a boundary count as on it: an event
+        # lands there, and the integral over a vanishing segment is noise.
+        if (r - y) * job.size <= job.eps:
             return 0.0
-        step = r / _LRU_SEGMENTS
-        job.boundary = min(r, (math.floor(y / step + 1e-9) + 1) * step)
+        step = r / self.lru_segments
+        k = math.floor(y / step + 1e-9) + 1
+        job.boundary = min(r, k * step)
+        if (job.boundary - y) * job.size <= job.eps:
+            job.boundary = min(r, (k + 1) * step)
         return sim_lru.hit_between(r, y, job.boundary)
 
     # ------------------------------------------------------------------- time
 
-    def _advance(self, dt: float) -> None:
-        inflow: dict[str, list[tuple[_Job, float]]] = {}
-        for job in self.active:  # waiting counts: fairness is over the job's lifetime
-            job.equal_integral += job.equal_rate * dt
-        for job in self.running:
-            if job.rate <= 0:
-                continue
-            got = job.rate * dt
-            unread = max(0.0, job.size - job.pos)
-            if not self.lru and unread > 0:
-                job.effective *= max(0.0, unread - got) / unread  # H/unread stays constant
-            job.read += got
-            job.pos += got
-            job.hit_bytes += got * job.hit
-            job.epoch_hits += got * job.hit
-            job.remote_bytes += job.remote * dt
-            if job.remote > 0 or self.lru:  # fetching nothing fills nothing
-                inflow.setdefault(job.unit, []).append((job, job.remote * dt))
-        if self.lru:
-            self._lru_fill(inflow)
-        else:
-            self._uniform_fill(inflow)
-        self.now += dt
-
-    def _uniform_fill(self, inflow: dict[str, list[tuple[_Job, float]]]) -> None:
+    def _shared_fill(self) -> None:
+        """Units several active jobs read, filling: what one reader fetches raises the
+        others' hits (the bounded steps of _step keep that change small per step)."""
         readers = self._unit_readers()
-        for key, fetched in inflow.items():
+        for key in [k for k in self.filling if len(readers.get(k, ())) > 1]:
+            group = readers[key]
+            fetched = {
+                j.name: j.remote * (self.now - j.t) for j in group if j.remote > 0 and j.rate > 0
+            }
+            for job in group:
+                self._sync(job)
+            before = self.filled[key]
+            self._sync_unit(key)
+            admit = self.filled[key] - before
+            total = sum(fetched.values())
+            if admit <= 0 or total <= 0:
+                continue
             size = self.cluster.units[key].size
-            room = max(0.0, min(self.allocated[key], size) - self.filled[key])
-            if room <= 0:
-                continue
-            total = sum(b for _, b in fetched)
-            if total <= 0:
-                continue
-            admit = min(total, room)
-            uncached = max(size - self.filled[key], 1e-9)
-            by_job = {job.name: admit * b / total for job, b in fetched}
-            for other in readers.get(key, []):
+            uncached = max(size - before, 1e-9)
+            for other in group:
                 # what others admitted is new to `other` unless it already read it
-                new = admit - by_job.get(other.name, 0.0)
+                new = admit - admit * fetched.get(other.name, 0.0) / total
                 if new > 0:
                     frac = max(0.0, other.unread - other.effective) / uncached
                     other.effective = min(other.unread, other.effective + new * min(1.0, frac))
-            self.filled[key] += admit
-            if self.filled[key] >= min(self.allocated[key], size) - max(1.0, size * 1e-12):
-                self.dirty = True  # full: what the policy planned with has changed
-
-    def _lru_fill(self, inflow: dict[str, list[tuple[_Job, float]]]) -> None:
-        for key, fetched in inflow.items():
-            dataset = self.cluster.units[key].dataset
-            held = self.resident.get(dataset, 0.0) + sum(b for _, b in fetched)
-            self.resident[dataset] = min(held, self.target.get(dataset, 0.0))
+                if other.share > 0:
+                    self.touched[other.name] = other
 
     def _boundaries(self) -> None:
-        for job in list(self.active):
+        events = self.events
+        due = self.now + 1e-9 * max(1.0, self.now)
+        while events and events[0][0] <= due:
+            _, seq, job = heapq.heappop(events)
+            if seq != job.seq:
+                continue
+            job.seq = -1  # consumed: _set_rate pushes the next one
+            self._sync(job)
+            self.touched[job.name] = job
             if job.work - job.read <= job.eps:
                 self._close_epoch(job)
                 job.finish = self.now
-                self.active.remove(job)
-                self._readers = None
-                self.dirty = True
+                self._leave(job)
             elif job.size - job.pos <= job.eps:  # unread <= eps
                 self._close_epoch(job)
                 job.pos = 0.0
                 job.epochs_done += 1
+                self._sync_unit(job.unit)
                 job.effective = self.filled[job.unit] if not self.lru else 0.0
                 if self.lru:
+                    # the holdings follow the readers' rates: every LRU hit may move
                     self._lru_targets()
+                    for other in self.running.values():
+                        if other.epochs_done > 0 and other.lru_held != self._lru_held(other):
+                            self.touched[other.name] = other
                 elif abs(self._hit(job) - job.hit) > _REPLAN_HIT_CHANGE:
                     self.dirty = True  # what it fetched last epoch is effective now
+        for key in list(self.filling):
+            if not self.lru and self._filled_now(key) >= min(
+                self.allocated[key], self.cluster.units[key].size
+            ) - max(1.0, self.cluster.units[key].size * 1e-12):
+                self._sync_unit(key)  # full: re-plans
         if self.now >= self.next_plan - 1e-9:
             self.dirty = True
         self._arrivals()
+
+    def _leave(self, job: _Job) -> None:
+        self._sync_unit(job.unit)
+        inflow = self.inflow.get(job.unit, 0.0) - job.remote
+        self.inflow[job.unit] = inflow if inflow > 1e-9 else 0.0
+        if self.inflow[job.unit] <= 0:
+            self.filling.discard(job.unit)
+        self.total_rate -= job.rate
+        self.total_remote -= job.remote
+        if job.rate > 0:
+            self._log_rate(job, 0.0)
+        job.rate = job.remote = 0.0
+        job.seq = -1
+        del self.active[job.name]
+        self.running.pop(job.name, None)
+        self.demand.pop(job.name, None)
+        self.touched.pop(job.name, None)
+        self._readers = None
+        self.dirty = True
 
     def _close_epoch(self, job: _Job) -> None:
         if job.pos > 0:
@@ -526,25 +749,38 @@ class Simulation:
         job.epoch_hits = 0.0
 
     def _arrivals(self) -> None:
-        while self.pending and self.pending[0].spec.submit <= self.now + 1e-9:
-            job = self.pending.pop(0)
+        while self.pending and self.pending[-1].spec.submit <= self.now + 1e-9:
+            job = self.pending.pop()
+            job.t = self.now
             # everything cached is unread by a new job: effective from its first epoch
-            job.effective = self.filled[job.unit]
+            job.effective = self._filled_now(job.unit)
+            if self.lru:
+                self._sync_unit(job.unit)
             held = self.resident.get(job.spec.dataset, 0.0)
             job.first_hit = min(1.0, held / job.size)
-            self.active.append(job)
+            self.active[job.name] = job
             self._readers = None
             self.dirty = True
 
     # ---------------------------------------------------------------- results
 
     def _record(self) -> None:
-        point = (self.now, *self.totals)
-        if self.timeline and self.timeline[-1][1:] == point[1:]:
-            return
-        self.timeline.append(point)
+        rate, remote = self.total_rate, self.total_remote
+        if abs(rate) < 1e-6:
+            rate = 0.0
+        if abs(remote) < 1e-6:
+            remote = 0.0
+        if self.timeline:
+            _, last_rate, last_remote = self.timeline[-1]
+            # the totals are kept by adding differences: equal up to rounding is equal
+            if math.isclose(rate, last_rate, rel_tol=1e-9, abs_tol=1e-6) and math.isclose(
+                remote, last_remote, rel_tol=1e-9, abs_tol=1e-6
+            ):
+                return
+        self.timeline.append((self.now, rate, remote))
 
     def _result(self) -> SimResult:
+        self._sync_all()
         jobs = [
             JobResult(
                 name=j.name,
@@ -558,10 +794,15 @@ class Simulation:
                 if j.equal_integral > 0
                 else 1.0,
                 epoch_hit_ratios=j.epoch_hit_ratios,
+                gpus=j.spec.gpus,
+                dataset=j.spec.dataset,
             )
             for j in sorted(self.all, key=lambda j: (j.spec.submit, j.name))
         ]
         self.timeline.append((self.now, 0.0, 0.0))
+        if self.job_rates is not None:
+            for job in self.active.values():
+                self._log_rate(job, 0.0)
         return SimResult(
             self.scenario.name,
             self.scheduler_name,
@@ -570,6 +811,8 @@ class Simulation:
             self.timeline,
             interrupted=bool(self.pending or self.active),
             until=self.now,
+            fairness_timeline=self.fairness_timeline,
+            job_rates=self.job_rates,
         )
 
 

@@ -1,7 +1,9 @@
-"""Clients for the node daemon's HTTP/1.1 + JSON Unix socket.
+"""Clients for the node daemon's HTTP/1.1 + JSON Unix socket (and, for remote
+controllers, its optional mutual-TLS TCP listener: an address "tls://HOST:PORT").
 
 Owns: ControlClient (blocking, stdlib only, for the CLI and the controller's
-agents) and AsyncControlClient (trio, a keep-alive connection pool, for mount
+agents; Unix socket or tls://), client_tls_context (the controller's certificate, the
+CA that issued the nodes'), and AsyncControlClient (trio, a keep-alive connection pool, for mount
 processes fetching chunk bytes), plus turning transport failures and error
 answers into ControlError with a one-line message.
 
@@ -17,6 +19,7 @@ import json
 import logging
 import select
 import socket
+import ssl
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
@@ -69,6 +72,13 @@ def unreachable(socket_path: str) -> str:
 
 
 def _connect_error(socket_path: str, exc: OSError) -> ControlError:
+    if isinstance(exc, ssl.SSLError | ssl.CertificateError):
+        reason = getattr(exc, "verify_message", None) or getattr(exc, "reason", None) or exc
+        return ControlError(f"TLS handshake with the daemon at {socket_path} failed: {reason}")
+    if socket_path.startswith(TLS_PREFIX):
+        return ControlError(
+            f"cannot reach the silofs daemon at {socket_path}: {exc.strerror or _describe(exc)}"
+        )
     if isinstance(exc, PermissionError):
         return ControlError(f"no permission to connect to the silofs daemon at {socket_path}")
     return ControlError(unreachable(socket_path))
@@ -141,15 +151,59 @@ class _ConnectFailed(Exception):
         self.exc = exc
 
 
-class _UnixHTTPConnection(http.client.HTTPConnection):
-    """http.client over AF_UNIX: only connect() differs from TCP."""
+TLS_PREFIX = "tls://"
 
-    def __init__(self, socket_path: str, timeout: float, owner: ControlClient) -> None:
+
+def parse_tls_address(address: str) -> tuple[str, int]:
+    """(host, port) of "tls://HOST:PORT" or "tls://[V6]:PORT" (port default 7470);
+    ValueError with one line otherwise."""
+    rest = address[len(TLS_PREFIX) :] if address.startswith(TLS_PREFIX) else address
+    host, port = rest, "7470"
+    if rest.startswith("["):
+        host, _, tail = rest[1:].partition("]")
+        if tail:
+            if not tail.startswith(":"):
+                raise ValueError(f"bad node address {address!r}: want tls://HOST:PORT")
+            port = tail[1:]
+    elif ":" in rest:
+        host, _, port = rest.rpartition(":")
+    if not host or "/" in host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"bad node address {address!r}: want tls://HOST:PORT")
+    return host, int(port)
+
+
+def client_tls_context(cert: str, key: str, ca: str) -> ssl.SSLContext:
+    """A controller's context: its client certificate and key, and the CA that issued the
+    nodes' certificates; a node must present one for the host name or address in its
+    tls:// URI (hostname checking stays on). OSError/ssl.SSLError if a file is bad."""
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    ctx.load_cert_chain(cert, key)
+    ctx.load_verify_locations(cafile=ca)
+    return ctx
+
+
+class _UnixHTTPConnection(http.client.HTTPConnection):
+    """http.client over AF_UNIX, or over TCP + TLS for a tls:// address: only connect()
+    differs."""
+
+    def __init__(
+        self,
+        socket_path: str,
+        timeout: float,
+        owner: ControlClient,
+        tls: ssl.SSLContext | None = None,
+    ) -> None:
         super().__init__("localhost", timeout=timeout)
         self.socket_path = socket_path
         self.owner = owner
+        self.tls = tls
 
     def connect(self) -> None:
+        if self.socket_path.startswith(TLS_PREFIX):
+            self.sock = self._connect_tls()
+            self.owner.connections_opened += 1
+            return
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.settimeout(self.timeout)
         try:
@@ -160,6 +214,23 @@ class _UnixHTTPConnection(http.client.HTTPConnection):
         self.sock = sock
         self.owner.connections_opened += 1
 
+    def _connect_tls(self) -> ssl.SSLSocket:
+        if self.tls is None:
+            raise _ConnectFailed(
+                OSError(f"{self.socket_path} needs a TLS client certificate (no [tls] given)")
+            )
+        host, port = parse_tls_address(self.socket_path)
+        try:
+            raw = socket.create_connection((host, port), timeout=self.timeout)
+        except OSError as exc:
+            raise _ConnectFailed(exc) from exc
+        try:
+            # The handshake runs under the same timeout as the request.
+            return self.tls.wrap_socket(raw, server_hostname=host)
+        except OSError as exc:
+            raw.close()
+            raise _ConnectFailed(exc) from exc
+
 
 class ControlClient:
     """Blocking client with one keep-alive connection, reopened when dropped.
@@ -167,9 +238,12 @@ class ControlClient:
     Not thread-safe: use one per thread.
     """
 
-    def __init__(self, socket_path: str, timeout: float = 10.0) -> None:
+    def __init__(
+        self, socket_path: str, timeout: float = 10.0, tls: ssl.SSLContext | None = None
+    ) -> None:
         self.socket_path = socket_path
         self.timeout = timeout
+        self.tls = tls  # for a tls:// address: client_tls_context()
         self.connections_opened = 0
         self._conn: _UnixHTTPConnection | None = None
 
@@ -217,7 +291,7 @@ class ControlClient:
             self.close()  # the daemon closed it while idle (idle timeout, restart)
             conn = None
         if conn is None:
-            conn = self._conn = _UnixHTTPConnection(self.socket_path, self.timeout, self)
+            conn = self._conn = _UnixHTTPConnection(self.socket_path, self.timeout, self, self.tls)
         return conn
 
     def _too_slow(self, method: str, path: str) -> str:

@@ -25,11 +25,25 @@ _groups_cache: dict[tuple[int, int], tuple[float, frozenset[int]]] = {}
 
 @dataclass
 class Peer:
-    """Credentials of the process at the other end of a connection (SO_PEERCRED)."""
+    """Credentials of the process at the other end of a connection (SO_PEERCRED), or
+    of a remote controller on the TLS listener: then ``remote`` is the name from its
+    client certificate and uid/gid are REMOTE_UID, which is no local uid (``-1`` is
+    what chown(2) reads as "unchanged", never an owner), so no uid-based rule (root,
+    the daemon's own uid, a job's or mount's owner) ever matches a remote peer."""
 
     pid: int
     uid: int
     gid: int
+    remote: str | None = None
+
+
+# uid and gid of a remote (TLS) peer: matches no local user, root or the daemon's uid.
+REMOTE_UID = -1
+
+
+def remote_peer(name: str) -> Peer:
+    """The Peer of a controller that proved ``name`` with a client certificate."""
+    return Peer(pid=0, uid=REMOTE_UID, gid=REMOTE_UID, remote=name)
 
 
 def peer_credentials(sock: Any) -> Peer:
@@ -67,7 +81,12 @@ def peer_may_change(peer: Peer, admin_gid: int | None) -> bool:
     """Whether a peer is trusted: root, the daemon's own uid (a user's own daemon holds
     only that user's credentials and files), or a member of admin_gid (supplementary
     groups included). Trusted peers may change allocations, name store options, open any
-    dataset, act on any job, and are exempt from per-uid limits (docs/SECURITY.md)."""
+    dataset, act on any job, and are exempt from per-uid limits (docs/SECURITY.md).
+    A remote peer (TLS, client certificate checked) has the admin role and nothing else:
+    the TLS listener serves it only the routes an admin uses (node/routes.py
+    REMOTE_ROUTES), and no uid-based rule matches it."""
+    if peer.remote is not None:
+        return True
     if peer.uid in (0, os.geteuid()):
         return True
     if admin_gid is None:

@@ -158,6 +158,19 @@ class Router:
             raise ValueError(f"duplicate route {method} {pattern}")
         self._routes.append(_Route(method, pattern, segments, handler))
 
+    def only(self, allowed: set[tuple[str, str]]) -> Router:
+        """A router with only the routes named as (method, pattern): the TLS listener's
+        (remote controllers get the admin routes, never mounts, chunks or offers).
+        ValueError for a name that is not a route here, so a renamed route cannot
+        silently drop out of the list."""
+        sub = Router()
+        for method, pattern in sorted(allowed):
+            found = [r for r in self._routes if (r.method, r.pattern) == (method, pattern)]
+            if not found:
+                raise ValueError(f"no route {method} {pattern} to allow")
+            sub._routes.append(found[0])
+        return sub
+
     def resolve(self, method: str, parts: list[str]) -> tuple[Handler, dict[str, str]]:
         """The handler and params for decoded path segments, or HTTPError 404/405."""
         matches = [(r, p) for r in self._routes if (p := r.match(parts)) is not None]

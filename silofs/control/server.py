@@ -1,10 +1,12 @@
-"""The control transport: HTTP/1.1 over a Unix socket, on trio and h11.
+"""The control transport: HTTP/1.1 over a Unix socket, on trio and h11; and the
+optional mutual-TLS TCP listener for remote controllers (serve_tls).
 
 Owns: binding the daemon's socket (stale-socket takeover, refusing a live one, refusing
 a directory someone else controls), the accept loop and its connection limits (per uid
-and in total; EMFILE backs off quietly), request framing and limits (header size, body
-size, idle timeout), keep-alive, and turning every failure into a one-line
-``{"error": ...}`` JSON answer. Routing lives in
+and in total; EMFILE backs off quietly), the TLS listener's own limits (connections,
+handshake time) and its refusal of clients without a valid certificate, request
+framing and limits (header size, body size, idle timeout), keep-alive, and turning
+every failure into a one-line ``{"error": ...}`` JSON answer. Routing lives in
 control/router.py, peer credentials in control/peer.py.
 
 Never: contains silofs business logic (the daemon registers routes), trusts a
@@ -31,7 +33,7 @@ from typing import Any
 import h11
 import trio
 
-from silofs.control.peer import Peer, peer_credentials
+from silofs.control.peer import Peer, peer_credentials, remote_peer
 from silofs.control.router import (
     HTTPError,
     Request,
@@ -98,7 +100,11 @@ class _ServerConnection:
     """One accepted connection: read a request, dispatch, answer, repeat (keep-alive)."""
 
     def __init__(
-        self, stream: trio.SocketStream, router: Router, limits: Limits, peer: Peer | None = None
+        self,
+        stream: trio.SocketStream | trio.SSLStream,
+        router: Router,
+        limits: Limits,
+        peer: Peer | None = None,
     ) -> None:
         self.stream = stream
         self.router = router
@@ -106,7 +112,10 @@ class _ServerConnection:
         # max_incomplete_event_size bounds the buffered, not-yet-parsed header
         # block; h11 reports overflow as RemoteProtocolError with hint 431.
         self.conn = h11.Connection(h11.SERVER, max_incomplete_event_size=limits.max_header)
-        self.peer = peer or peer_credentials(stream.socket)
+        if peer is None:
+            assert isinstance(stream, trio.SocketStream)
+            peer = peer_credentials(stream.socket)
+        self.peer = peer
         self.head = False  # the current request is HEAD: its answers carry no body
         # Set while waiting for a request with no byte of it received: the acceptor may
         # then close this connection to make room for another of the same uid.
@@ -219,6 +228,8 @@ class _ServerConnection:
         kernel's buffer (a request we have not read yet would be lost)."""
         if self.idle_scope is None or now - self.idle_since < _EVICT_IDLE_SECONDS:
             return False
+        if not isinstance(self.stream, trio.SocketStream):
+            return False  # TLS: decrypted bytes may wait in the stream's own buffer
         poller = select.poll()
         poller.register(self.stream.socket.fileno(), select.POLLIN)
         return not poller.poll(0)
@@ -302,7 +313,8 @@ class _ServerConnection:
             with trio.fail_after(self.limits.idle_timeout):
                 # h11 refuses a body after HEAD: "HEAD *" once got no answer at all.
                 await self._send(resp, with_body=not self.head)
-            await self.stream.send_eof()
+            if isinstance(self.stream, trio.abc.HalfCloseableStream):  # not TLS
+                await self.stream.send_eof()
         except (trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlowError, OSError):
             return
         await _drain(self.stream)
@@ -327,7 +339,7 @@ def _reject_for(exc: h11.RemoteProtocolError) -> _Reject:
     return _Reject(status, f"malformed HTTP request: {one_line(exc)}")
 
 
-async def _drain(stream: trio.SocketStream) -> None:
+async def _drain(stream: trio.abc.ReceiveStream) -> None:
     received = 0
     with trio.move_on_after(_LINGER_SECONDS):
         while received < _LINGER_BYTES:
@@ -369,7 +381,7 @@ _DISCONNECTS = (trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlow
 
 
 async def _serve_connection(
-    stream: trio.SocketStream,
+    stream: trio.SocketStream | trio.SSLStream,
     router: Router,
     limits: Limits,
     peer: Peer | None = None,
@@ -379,7 +391,8 @@ async def _serve_connection(
     ``live`` holds the connection while it runs (the acceptor's view of a uid's)."""
     conn: _ServerConnection | None = None
     try:
-        tune_socket(stream.socket)
+        if isinstance(stream, trio.SocketStream):  # a TLS stream was tuned before it
+            tune_socket(stream.socket)
         conn = _ServerConnection(stream, router, limits, peer)
         if live is not None:
             live.add(conn)
@@ -683,4 +696,187 @@ async def serve_unix(
             task_status.started()
     finally:
         _remove_if_ours(path, ino)
+        tsock.close()
+
+
+# ------------------------------------------------------------ the TLS listener
+
+
+@dataclass
+class TLSLimits:
+    """The TCP listener's limits: connections open at once (a handshake in progress
+    counts), the time a client has to complete its handshake, and the certificate
+    names allowed (empty: any certificate the client CA issued for client auth)."""
+
+    max_connections: int = 64
+    handshake_seconds: float = 10.0
+    allowed_names: frozenset[str] = frozenset()
+    # New connections accepted per second (a burst of this many at once). A handshake
+    # costs the daemon's loop ~1-2 ms of CPU whether it succeeds or not; beyond the
+    # rate a connection is closed at accept, before any TLS, so a flood of refused
+    # clients costs bounded CPU. A controller keeps one keep-alive connection per node.
+    handshakes_per_second: float = 20.0
+
+
+def bind_tcp(host: str, port: int) -> socket.socket:
+    """The listening TCP socket (blocking; startup only, so a busy port is one line)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(socket.SOMAXCONN)
+    except OSError as exc:
+        sock.close()
+        raise AddressInUseError(
+            f"cannot listen on {host}:{port} for TLS: {exc.strerror or exc}"
+        ) from None
+    return sock
+
+
+class _TLSAcceptor:
+    """Accepts TCP connections, completes the TLS handshake within its limit, and serves
+    only peers whose certificate the client CA issued (and, if configured, whose name
+    is allowed), as a remote admin peer. Everything else is closed: a plaintext client,
+    one without a certificate or with a wrong one, one that never finishes its
+    handshake. A refusal costs one connection slot for at most handshake_seconds and
+    never reaches a handler."""
+
+    def __init__(self, router: Router, limits: Limits, context: Any, tls_limits: TLSLimits) -> None:
+        self.router = router
+        self.limits = limits
+        self.context = context
+        self.tls_limits = tls_limits
+        self.open = 0
+        self.refused = 0  # connections closed without being served (tests, logs)
+        self.served = 0
+        self.last_warning = 0.0
+        self.unlogged = 0
+        self.tokens = tls_limits.handshakes_per_second
+        self.refilled = time.monotonic()
+
+    def _may_handshake(self) -> bool:
+        """Token bucket of handshakes_per_second, holding at most one second's worth."""
+        rate = self.tls_limits.handshakes_per_second
+        now = time.monotonic()
+        self.tokens = min(rate, self.tokens + (now - self.refilled) * rate)
+        self.refilled = now
+        if self.tokens < 1:
+            return False
+        self.tokens -= 1
+        return True
+
+    async def run(self, sock: trio.socket.SocketType, nursery: trio.Nursery) -> None:
+        while True:
+            try:
+                conn, addr = await sock.accept()
+            except OSError as exc:
+                if exc.errno not in _ACCEPT_CAPACITY:
+                    raise
+                self._refusal(f"accept: {os.strerror(exc.errno)}; waiting for connections")
+                await trio.sleep(0.1)
+                continue
+            if self.open >= self.tls_limits.max_connections:
+                conn.close()
+                self._refusal(
+                    f"TLS listener: {self.open} connections open "
+                    f"(limit {self.tls_limits.max_connections}); refusing {_host(addr)}"
+                )
+                continue
+            if not self._may_handshake():
+                conn.close()
+                self._refusal(
+                    f"TLS listener: more than {self.tls_limits.handshakes_per_second:g} "
+                    f"new connections a second; refusing {_host(addr)}"
+                )
+                continue
+            self.open += 1
+            nursery.start_soon(self._serve, conn, addr)
+
+    async def _serve(self, conn: trio.socket.SocketType, addr: Any) -> None:
+        stream = trio.SocketStream(conn)
+        try:
+            tune_socket(conn)
+            tls = trio.SSLStream(stream, self.context, server_side=True)
+            name = await self._handshake(tls, addr)
+            if name is None:
+                return
+            self.served += 1
+            log.info("remote controller %r connected from %s", name, _host(addr))
+            await _serve_connection(tls, self.router, self.limits, remote_peer(name))
+        except Exception:  # one connection never ends the listener
+            log.exception("bug: unexpected error on a TLS control connection")
+        finally:
+            self.open -= 1
+            await trio.aclose_forcefully(stream)
+
+    async def _handshake(self, tls: trio.SSLStream, addr: Any) -> str | None:
+        """The verified certificate's name, or None (logged, counted) if refused."""
+        from silofs.control.tls import certificate_name
+
+        reason = ""
+        with trio.move_on_after(self.tls_limits.handshake_seconds) as scope:
+            try:
+                await tls.do_handshake()
+            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+                cause = exc.__cause__ or exc
+                reason = getattr(cause, "verify_message", None) or one_line(cause)
+        if scope.cancelled_caught:
+            reason = f"no TLS handshake within {self.tls_limits.handshake_seconds:g}s"
+        name = None if reason else certificate_name(tls)  # SSLStream forwards getpeercert
+        allowed = self.tls_limits.allowed_names
+        if not reason and (name is None or (allowed and name not in allowed)):
+            reason = f"certificate name {name!r} is not in tls_client_names"
+        if reason:
+            self._refusal(f"TLS listener refused {_host(addr)}: {reason}")
+            return None
+        return name
+
+    def _refusal(self, message: str) -> None:
+        """Counted; logged at most once a minute (a port scan must not flood the log)."""
+        self.refused += 1
+        now = time.monotonic()
+        if now - self.last_warning >= 60:
+            suffix = f" ({self.unlogged} more since the last line)" if self.unlogged else ""
+            log.warning("%s%s", message, suffix)
+            self.last_warning, self.unlogged = now, 0
+        else:
+            self.unlogged += 1
+            log.debug("%s", message)
+
+
+def _host(addr: Any) -> str:
+    if isinstance(addr, tuple) and len(addr) >= 2:
+        return f"[{addr[0]}]:{addr[1]}" if ":" in str(addr[0]) else f"{addr[0]}:{addr[1]}"
+    return str(addr)
+
+
+async def serve_tls(
+    sock: socket.socket,
+    router: Router,
+    context: Any,
+    *,
+    tls_limits: TLSLimits | None = None,
+    max_body: int = 1 << 20,
+    max_header: int = 16384,
+    idle_timeout: float = 300.0,
+    acceptor: list[_TLSAcceptor] | None = None,
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve ``router`` to mutual-TLS clients on a socket from bind_tcp() until
+    cancelled. ``context`` is control/tls.py server_context(). Request limits are the
+    Unix socket's, with no larger bodies for anyone. ``acceptor`` (a list) receives the
+    acceptor, for tests that count refusals."""
+    limits = Limits(max_body=max_body, max_header=max_header, idle_timeout=idle_timeout)
+    acc = _TLSAcceptor(router, limits, context, tls_limits or TLSLimits())
+    if acceptor is not None:
+        acceptor.append(acc)
+    tsock = trio.socket.from_stdlib_socket(sock)
+    host, port = sock.getsockname()[:2]
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(acc.run, tsock, nursery)
+            log.info("control API listening for mutual TLS on %s", _host((host, port)))
+            task_status.started()
+    finally:
         tsock.close()

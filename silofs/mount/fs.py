@@ -23,6 +23,7 @@ import pyfuse3
 from silofs.cache.listing import ListingReader
 from silofs.mount.manifest import Entry, Manifest
 from silofs.mount.reader import ChunkReader, MissError, OpenFile
+from silofs.records import ObjectInfo
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +68,11 @@ class SilofsFS(pyfuse3.Operations):
         self._files: dict[int, OpenFile] = {}
         self._dirs: dict[int, _DirHandle] = {}
         self._attrs: OrderedDict[int, pyfuse3.EntryAttributes] = OrderedDict()
-        self._opened_as: dict[int, tuple[int, int]] = {}  # fh -> (inode, generation)
+        self._objs: OrderedDict[int, tuple[Entry, ObjectInfo]] = OrderedDict()  # for open()
+        # inode -> the version the kernel's pages of it hold, for inodes whose version
+        # changed since the mount started (_keep_cache); bounded.
+        self._page_versions: OrderedDict[int, str] = OrderedDict()
+        self._open_versions: dict[int, dict[str, int]] = {}  # inode -> version -> handles
         self.stale_inodes: list[int] = []  # attributes the kernel must fetch again
         self._next_fh = 1
 
@@ -76,6 +81,7 @@ class SilofsFS(pyfuse3.Operations):
         recently used entries that changed, for the caller to invalidate in the kernel."""
         stale = self.manifest.switch(record)
         self._attrs.clear()
+        self._objs.clear()
         return stale
 
     # -- attributes ------------------------------------------------------------------
@@ -237,24 +243,63 @@ class SilofsFS(pyfuse3.Operations):
             raise pyfuse3.FUSEError(errno.EROFS)
         fh = self._next_fh
         self._next_fh += 1
-        obj = node.obj
-        assert obj is not None
-        self._files[fh] = OpenFile(obj)
-        self._opened_as[fh] = (inode, m.gen)
-        # keep_cache: the kernel's pages of this inode can only be of this version if the
-        # version was listed already when this mount started (a refresh may have changed
-        # the object since, and the inode number follows the path, not the version).
-        return pyfuse3.FileInfo(fh=fh, keep_cache=node.since <= m.first_gen)
+        # The ObjectInfo is decoded once per cached entry, not per open (the entry holds
+        # the key as bytes): the same entry object gives the same object.
+        cached = self._objs.get(inode)
+        if cached is not None and cached[0] is node:
+            obj = cached[1]
+        else:
+            obj = node.obj
+            assert obj is not None
+            self._objs[inode] = (node, obj)
+            if len(self._objs) > ATTR_CACHE:
+                self._objs.popitem(last=False)
+        self._files[fh] = OpenFile(obj, inode=inode, gen=m.gen)
+        versions = self._open_versions.setdefault(inode, {})
+        others = len(versions) - (node.version in versions)
+        versions[node.version] = versions.get(node.version, 0) + 1
+        if others:
+            # A handle of another version (opened before a refresh) is still open: the
+            # kernel's pages of the inode are shared by all its handles, so this one
+            # reads around them (direct_io) and leaves them to the other version.
+            self._page_versions.pop(inode, None)
+            return pyfuse3.FileInfo(fh=fh, keep_cache=False, direct_io=True)
+        return pyfuse3.FileInfo(fh=fh, keep_cache=self._keep_cache(node))
+
+    def _keep_cache(self, node: Entry) -> bool:
+        """Whether the kernel may keep the pages it holds of this inode: only if they can
+        only be of the version this open reads (promise 3: one version per open).
+
+        The inode number follows the path, not the version, and the kernel's pages of an
+        inode outlive the handles that read them. A version listed already when this
+        mount started is the only version this mount ever served under that inode. A
+        version a later listing brought is remembered per inode when opened (bounded):
+        the next open of the same version keeps the pages, so a re-read never reaches
+        this process; an open of another version, or of one forgotten, drops them, and
+        a read through a handle of an older listing forgets it (read())."""
+        if node.since <= self.manifest.first_gen:
+            return True
+        ino = node.inode
+        seen = self._page_versions.get(ino)
+        self._page_versions[ino] = node.version
+        self._page_versions.move_to_end(ino)
+        if len(self._page_versions) > ATTR_CACHE:
+            self._page_versions.popitem(last=False)
+        return seen == node.version
 
     async def read(self, fh: int, off: int, size: int) -> bytes | memoryview:
         f = self._files.get(fh)
         if f is None:
             raise pyfuse3.FUSEError(errno.EBADF)
+        if f.gen != self.manifest.gen:
+            # A handle of an older listing fills the inode's pages with its own version:
+            # the next open must not keep them (_keep_cache).
+            self._page_versions.pop(f.inode, None)
         end = min(off + size, f.obj.size)
         if off >= end:
             return b""
         r = self.reader
-        r.renew()
+        r.begin_read()
         cs = r.chunk_size
         first, last = off // cs, (end - 1) // cs
         sequential = f.advance(off, end)  # a seek resets the file's read-ahead window
@@ -303,14 +348,22 @@ class SilofsFS(pyfuse3.Operations):
 
     async def release(self, fh: int) -> None:
         f = self._files.pop(fh, None)
-        opened = self._opened_as.pop(fh, None)
-        if f is not None and opened is not None and opened[1] != self.manifest.gen:
+        if f is not None:
+            versions = self._open_versions.get(f.inode, {})
+            left = versions.get(f.obj.version, 0) - 1
+            if left > 0:
+                versions[f.obj.version] = left
+            else:
+                versions.pop(f.obj.version, None)
+                if not versions:
+                    self._open_versions.pop(f.inode, None)
+        if f is not None and f.gen != self.manifest.gen:
             # A handle of an older listing: its reads stopped at the old size, and a short
             # read makes the kernel shrink the file's size to it. Once it is closed, the
             # kernel must ask again (process.py invalidates these between requests).
-            node = self.manifest.get(opened[0])
+            node = self.manifest.get(f.inode)
             if node is None or node.version != f.obj.version:
-                self.stale_inodes.append(opened[0])
+                self.stale_inodes.append(f.inode)
 
     async def flush(self, fh: int) -> None:
         # ENOSYS once makes the kernel stop sending FLUSH: +55% small-file reads.

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -57,21 +58,55 @@ SNAPSHOT_IDLE_SECONDS = 0.5
 # asking a whole window early with quarter-buffer windows gained nothing over this.
 AHEAD_TRIGGER = 0.5
 WINDOW_OF_BUFFER = 0.5
+# Reads reuse a snapshot at most this old (ChunkReader.begin_read). Shorter than the idle
+# release, so a busy mount still moves its snapshot forward and LMDB can reuse pages.
+SNAPSHOT_REUSE_SECONDS = 0.25
+
+
+# Sequential readers whose read-ahead the chunk buffer holds at once (buffer_bytes_for).
+BUFFER_STREAMS = 2
+
+
+def window_chunks(chunk_size: int, readahead_bytes: int) -> int:
+    """The longest read-ahead span in chunks (0: no read-ahead)."""
+    if readahead_bytes <= 0:
+        return 0
+    return max(1, min(MAX_SPAN_CHUNKS, readahead_bytes // chunk_size))
+
+
+def buffer_bytes_for(chunk_size: int, readahead_bytes: int) -> int:
+    """The chunk buffer's default bound: for each of BUFFER_STREAMS sequential readers,
+    the chunk it is reading, the one its next request crosses into, and the 1.5
+    windows read-ahead may have asked for beyond it (module docstring). A flat 128 MiB
+    made the mount's anonymous memory 170 MiB in a cold pass whatever the read-ahead
+    (bench/README.md); a chunk evicted before it is read again is served from LMDB if
+    it was admitted, else fetched again."""
+    window = window_chunks(chunk_size, readahead_bytes)
+    return chunk_size * (window + (window + 1) // 2 + 2) * BUFFER_STREAMS
 
 
 class MissError(Exception):
     """A miss could not be served; fs.py answers EIO. The message is already logged."""
 
 
-@dataclass
+@dataclass(slots=True)
 class OpenFile:
     obj: ObjectInfo
     next_offset: int = -1  # where a sequential reader reads next
+    inode: int = 0
+    gen: int = 0  # the listing generation it was opened in
+    ref: ChunkRef | None = None  # the chunk read last: its key is hashed once, not per read
     window: int = 0  # chunks the next read-ahead span covers; 0: no run yet
     ahead: int = 0  # the first chunk read-ahead has not asked for yet
     asked_at: int = -1  # the chunk the reader was in when read-ahead last asked
     run_start: int = 0  # where the current run of sequential reads began
     asked_until: int = 0  # the end (bytes) of what read-ahead asked for in this run
+
+    def chunk_ref(self, chunk_size: int, index: int) -> ChunkRef:
+        ref = self.ref
+        if ref is None or ref.index != index or ref.chunk_size != chunk_size:
+            ref = self.ref = ChunkRef.of(self.obj, chunk_size, index)
+        return ref
 
     def advance(self, off: int, end: int) -> bool:
         """Note a read of [off, end); whether it continues the previous read. A seek
@@ -137,7 +172,7 @@ class ChunkReader:
         *,
         dataset_id: int,
         chunk_size: int,
-        buffer_bytes: int,
+        buffer_bytes: int | None,
         readahead_bytes: int,
         reregister: Callable[[], Awaitable[None]],
     ) -> None:
@@ -145,6 +180,8 @@ class ChunkReader:
         self.client = client
         self.dataset_id = dataset_id
         self.chunk_size = chunk_size
+        if buffer_bytes is None:
+            buffer_bytes = buffer_bytes_for(chunk_size, readahead_bytes)
         # The longest span: chunks read ahead wait in the buffer, and an evicted one
         # would be fetched twice, so at most half the buffer (a window plus half of the
         # next may be asked for at once).
@@ -159,6 +196,9 @@ class ChunkReader:
         self.mount_id = ""
         self._reregister = reregister
         self._txn: lmdb.Transaction | None = None
+        self._txn_at = 0.0  # time.monotonic() when the snapshot began
+        self._txn_read = 0  # the read (self._reads) that began it
+        self._stale = False  # a miss was served since: the next read begins a new one
         self._reads = 0  # reads begun; the idle task compares it between its ticks
         self._chunks_db = store.db(b"chunks")
         self._flights: SingleFlight[bytes, tuple[bytes, bool]] = SingleFlight()
@@ -203,11 +243,32 @@ class ChunkReader:
         self.store.close()
 
     # -- the hit path (synchronous) --------------------------------------------------
+    def begin_read(self) -> None:
+        """Call at the start of each FUSE read. Keeps the read snapshot if it is younger
+        than SNAPSHOT_REUSE_SECONDS (beginning one per read cost more than the lookup).
+
+        An older snapshot answers a hit the same: a chunk key names one version's bytes
+        (promise 3 needs no fresher view). Only a chunk admitted since the snapshot
+        began looks absent, so a lookup that misses looks again in a fresh one
+        (_from_lmdb) before asking the daemon, and the read after a miss begins a fresh
+        one (the writer may have admitted that chunk, or replaced a value that failed
+        its check, since). Safe only where no LMDB view is still in use."""
+        self._reads += 1
+        if (
+            self._txn is None
+            or self._stale
+            or time.monotonic() - self._txn_at >= SNAPSHOT_REUSE_SECONDS
+        ):
+            self.renew()
+
     def renew(self) -> None:
         """Start a fresh read snapshot. Safe only where no LMDB view is still in use."""
-        self._reads += 1
         if self._txn is not None:
             self._txn.abort()
+            self._txn = None
+        self._txn_at = time.monotonic()
+        self._txn_read = self._reads
+        self._stale = False
         try:
             self._txn = self.store.read_txn()
         except lmdb.MapResizedError:
@@ -232,6 +293,10 @@ class ChunkReader:
         """The cached chunk with [lo, hi) verified, or None if absent.
         ChunkFormatError if it is corrupt (or of an older format)."""
         value = self._snapshot().get(ref.key, db=self._chunks_db)
+        if value is None and self._txn_read != self._reads:
+            # Admitted since an earlier read began the snapshot? Look in a fresh one.
+            self.renew()
+            value = self._snapshot().get(ref.key, db=self._chunks_db)
         if value is None:
             return None
         data = checked_chunk(value, ref, self.counters, lo, hi)
@@ -247,7 +312,7 @@ class ChunkReader:
         buffer ("buffer"; a hit if the daemon had it cached), or the daemon ("cache" if it
         found the chunk cached, "store" if it had to GET it). Of an LMDB hit only [lo, hi)
         (chunk offsets; default all) is verified, so the caller serves only that part."""
-        ref = ChunkRef.of(f.obj, self.chunk_size, index)
+        ref = f.chunk_ref(self.chunk_size, index)
         try:
             view = self._from_lmdb(ref, lo, ref.length if hi is None else hi)
         except ChunkFormatError:
@@ -277,7 +342,9 @@ class ChunkReader:
             self.buffer.put(ref.key, data, from_cache, ref)
             return data, from_cache
 
-        return (await self._flights.run(ref.key, ask))[0]
+        result = (await self._flights.run(ref.key, ask))[0]
+        self._stale = True  # the chunk may be admitted (or replaced) now: see begin_read
+        return result
 
     async def _ask_daemon(
         self, ref: ChunkRef, refetch: bool, span: tuple[int, int] | None = None

@@ -83,6 +83,15 @@ class Daemon:
         self.modes: dict[str, str] = {
             k.removeprefix("mode:"): str(v) for k, v in self.store.iter_meta("mode:")
         }
+        # Job registrations (a cluster scheduler's prolog: GPUs, f*, epochs, datasets;
+        # PUT /v1/jobs/{job}), persisted like allocations so a daemon restart in the
+        # middle of a job does not make the controller forget its GPUs. Removed by
+        # forgetting the job (the epilog does, after unmounting).
+        self.registrations: dict[str, dict] = {
+            k.removeprefix("job:"): dict(v)
+            for k, v in self.store.iter_meta("job:")
+            if isinstance(v, dict) and _valid_persisted_job(k.removeprefix("job:"))
+        }
         self._enforce = trio.Event()
         # Allocation changes check the sum and then write it (an await): one at a time.
         self._allocating = trio.Lock()
@@ -214,12 +223,24 @@ class Daemon:
                 per_dataset.pop(ds.id, None)
         log.info("forgot dataset %s", uri)
 
+    async def register_job(self, name: str, info: dict) -> None:
+        """Record what a cluster scheduler says of a job (checked by the route), for the
+        controller; replaces an earlier registration of the same name."""
+        await self.writer.call(self.store.put_meta, f"job:{name}", info)
+        self.registrations[name] = info
+        self.job(name)  # listed in status before it mounts
+        log.info("job %s registered: %s", name, info)
+
     async def forget_job(self, name: str) -> None:
-        """Drop a job's row and its remote IO allocation (a mistyped allocate-io)."""
+        """Drop a job's row, its remote IO allocation (a mistyped allocate-io) and its
+        registration (a finished scheduler job)."""
         self._check_unused(job=name)
         if name in self.io_allocations:
             await self.writer.call(self.store.put_meta, f"io:{name}", None)
             self.io_allocations.pop(name, None)
+        if name in self.registrations:
+            await self.writer.call(self.store.put_meta, f"job:{name}", None)
+            self.registrations.pop(name, None)
         self.jobs.pop(name, None)
         log.info("forgot job %s", name)
 
@@ -711,6 +732,7 @@ class Daemon:
         """Keep at most `keep` jobs that have neither a mount nor an IO allocation, the
         oldest forgotten first: a user cycling job names must not grow the daemon."""
         busy = {m.job for m in self.mounts.values()} | set(self.io_allocations)
+        busy |= set(self.registrations)
         idle = [name for name in self.jobs if name not in busy]
         for name in idle[: max(0, len(idle) - keep)]:
             del self.jobs[name]

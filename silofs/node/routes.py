@@ -156,7 +156,26 @@ def job_view(d: Daemon, j: JobState) -> dict[str, Any]:
         "remote_requests": j.fetch.remote_requests,
         "limiter_wait_s": round(j.limiter.waited_seconds, 3),
         "limiter_charged_bytes": j.limiter.charged_bytes,
+        # What the job's scheduler said of it (PUT /v1/jobs/{job}), or null.
+        "registration": d.registrations.get(j.name),
     }
+
+
+def process_memory(pid: int) -> dict[str, int] | None:
+    """A process's resident memory split as `top` does not: anon_bytes (RssAnon, what it
+    allocated itself) and file_bytes (RssFile: for a mount process mostly the pages of
+    the LMDB env it has mapped, shared with every other mount and the page cache, and
+    reclaimable). None if it has gone or /proc is unreadable."""
+    out = {}
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith(("RssAnon:", "RssFile:")):
+                    name, kib = line.split()[:2]
+                    out["anon_bytes" if name == "RssAnon:" else "file_bytes"] = int(kib) << 10
+    except (OSError, ValueError):
+        return None
+    return out if len(out) == 2 else None
 
 
 def mount_view(d: Daemon, m: MountState) -> dict[str, Any]:
@@ -178,6 +197,7 @@ def mount_view(d: Daemon, m: MountState) -> dict[str, Any]:
         "remote_gets": m.fetch.remote_gets,
         "remote_requests": m.fetch.remote_requests,
         "corrupt_chunks": r.corrupt_chunks,
+        "memory": process_memory(m.pid),
     }
 
 
@@ -684,6 +704,7 @@ def build_router(d: Daemon) -> Router:
     r.add("GET", "/metrics", metrics)
     _warm_routes(r, d)
     _forget_routes(r, d)
+    _registration_routes(r, d)
     return r
 
 
@@ -796,3 +817,111 @@ def _forget_routes(r: Router, d: Daemon) -> None:
 
     r.add("DELETE", "/v1/datasets/{name}", forget_dataset)
     r.add("DELETE", "/v1/jobs/{job}", forget_job)
+
+
+# -- job registrations (a cluster scheduler's prolog; configs/slurm/) -------------------
+_REGISTRATION_KEYS = {
+    "gpus",
+    "ideal_io",
+    "epochs",
+    "datasets",
+    "scheduler",
+    "scheduler_id",
+    "nodes",
+}
+_MAX_GPUS = 1 << 16
+_MAX_DATASETS = 64
+_MAX_NODES = 4096
+_MAX_EPOCHS = 1e9
+
+
+def _registration(body: dict) -> dict[str, Any]:
+    """A job registration, checked: what the controller may plan with (GPUs, f*,
+    epochs, datasets as canonical URIs) and where it comes from (scheduler, its job id,
+    the job's nodes). HTTPError(400) naming the first bad field."""
+    unknown = sorted(set(body) - _REGISTRATION_KEYS)
+    if unknown:
+        raise HTTPError(400, f"unknown field {unknown[0]!r} in a job registration")
+    gpus = _field(body, "gpus", int)
+    if not 0 <= gpus <= _MAX_GPUS:
+        raise HTTPError(400, f"field 'gpus' must be between 0 and {_MAX_GPUS}")
+    info: dict[str, Any] = {"gpus": gpus}
+    if body.get("ideal_io") is not None:
+        info["ideal_io"] = _parse_amount(body, "ideal_io", parse_rate, allow_null=False)
+    epochs = body.get("epochs")
+    if epochs is not None:
+        if isinstance(epochs, bool) or not isinstance(epochs, int | float):
+            raise HTTPError(400, "field 'epochs' must be a number")
+        if not 0 < epochs <= _MAX_EPOCHS:
+            raise HTTPError(400, f"field 'epochs' must be more than 0 and at most {_MAX_EPOCHS:g}")
+        info["epochs"] = epochs
+    datasets = _string_list(body, "datasets", _MAX_DATASETS)
+    canonical = []
+    for uri in datasets:
+        try:
+            canonical.append(parse_uri(uri).canonical)
+        except UsageError as exc:
+            raise HTTPError(400, f"field 'datasets': {exc}") from None
+    info["datasets"] = canonical
+    info["nodes"] = _string_list(body, "nodes", _MAX_NODES)
+    for name in ("scheduler", "scheduler_id"):
+        value = _field(body, name, str, required=False)
+        if value is not None:
+            if len(value) > 255 or not value.isprintable():
+                raise HTTPError(400, f"field {name!r} must be printable, at most 255 characters")
+            info[name] = value
+    return info
+
+
+def _string_list(body: dict, name: str, limit: int) -> list[str]:
+    value = body.get(name)
+    if value is None:
+        return []
+    if not isinstance(value, list) or len(value) > limit:
+        raise HTTPError(400, f"field {name!r} must be a list of at most {limit} strings")
+    for item in value:
+        if not isinstance(item, str) or not item or len(item) > _MAX_NAME:
+            raise HTTPError(400, f"field {name!r} must hold non-empty strings")
+        if not item.isprintable():
+            raise HTTPError(400, f"field {name!r} holds a string that is not printable")
+    return list(value)
+
+
+def _registration_routes(r: Router, d: Daemon) -> None:
+    async def register_job(req: Request, job: str) -> Response:
+        _require_admin(d, req)
+        job = _job_name(job)
+        info = _registration(req.json())
+        await d.register_job(job, info)
+        return json_response({"job": job, "registration": info})
+
+    async def get_job(req: Request, job: str) -> Response:
+        job = _job_name(job)
+        j = d.jobs.get(job)
+        if j is None:
+            raise HTTPError(404, f"no job {job!r} on this node")
+        return json_response(job_view(d, j))
+
+    r.add("PUT", "/v1/jobs/{job}", register_job)
+    r.add("GET", "/v1/jobs/{job}", get_job)
+
+
+# What a remote controller (the mutual-TLS listener, docs/SECURITY.md) may call: reads
+# and the admin changes the controller makes. Never mounts, chunks, offers, warms or
+# dataset opens: those name local processes, read bytes, or send the node's store
+# credentials where the body says (endpoint_url), which a network peer has no need of.
+REMOTE_ROUTES = {
+    ("GET", "/v1/status"),
+    ("GET", "/v1/allocations"),
+    ("GET", "/v1/datasets/{name}"),
+    ("GET", "/v1/datasets/{name}/cache"),
+    ("PUT", "/v1/datasets/{name}/cache"),
+    ("GET", "/v1/datasets/{name}/admission"),
+    ("PUT", "/v1/datasets/{name}/admission"),
+    ("GET", "/v1/jobs/{job}/io"),
+    ("PUT", "/v1/jobs/{job}/io"),
+    ("GET", "/v1/jobs/{job}"),
+    ("DELETE", "/v1/datasets/{name}"),
+    ("DELETE", "/v1/jobs/{job}"),
+    ("GET", "/metrics"),
+}

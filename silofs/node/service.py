@@ -1,7 +1,8 @@
 """The node daemon process: its socket, its tasks, its signals and systemd.
 
 Owns the life of `silofs daemon`: starting the Daemon's background tasks (writer,
-mount reaper, enforcer), serving the control API on the Unix socket, telling systemd
+mount reaper, enforcer), serving the control API on the Unix socket (and, when
+[control] tcp_listen is set, its admin routes to mutual-TLS clients), telling systemd
 READY=1/STOPPING=1, and a clean stop (flush, sync) on SIGTERM/SIGINT. The state and its
 operations live in node/daemon.py, the API in node/routes.py. Never handles a request
 itself.
@@ -14,6 +15,7 @@ import os
 import resource
 import signal
 import socket
+import ssl
 import time
 
 import lmdb
@@ -22,10 +24,17 @@ import trio
 from silofs import __version__
 from silofs.config import NodeSettings
 from silofs.control.peer import peer_may_change
-from silofs.control.server import ConnectionLimits, bind_unix, serve_unix
+from silofs.control.server import (
+    ConnectionLimits,
+    TLSLimits,
+    bind_tcp,
+    bind_unix,
+    serve_tls,
+    serve_unix,
+)
 from silofs.node.daemon import Daemon
 from silofs.node.metrics import serve_tcp
-from silofs.node.routes import body_limit, build_router, status_view
+from silofs.node.routes import REMOTE_ROUTES, body_limit, build_router, status_view
 from silofs.node.supervise import run_forever
 from silofs.units import format_size
 
@@ -37,10 +46,11 @@ async def serve(daemon: Daemon, task_status: trio.TaskStatus = trio.TASK_STATUS_
     settings = daemon.settings
     router = build_router(daemon)
     daemon.metrics.watch(lambda: status_view(daemon))
-    for job in daemon.io_allocations:
+    for job in [*daemon.io_allocations, *daemon.registrations]:
         daemon.job(job)  # persisted allocations are listed before their jobs mount
     # Bound before any task starts: a busy socket is one AddressInUseError, not a failure
     # inside a nursery (which trio reports as an ExceptionGroup).
+    remote = bind_remote(settings)  # first: a refusal leaves no socket file behind
     bound = bind_unix(settings.socket, mode=settings.socket_mode, uid=None, gid=daemon.socket_gid)
     # The signal handler is in place before READY=1: a SIGTERM right after systemd hears
     # READY still gets STOPPING=1, a flush and a final sync.
@@ -70,6 +80,22 @@ async def serve(daemon: Daemon, task_status: trio.TaskStatus = trio.TASK_STATUS_
                     task_status=task_status,
                 )
             )
+            if remote is not None:
+                sock, context = remote
+                await nursery.start(
+                    lambda task_status: serve_tls(
+                        sock,
+                        router.only(REMOTE_ROUTES),
+                        context,
+                        tls_limits=TLSLimits(
+                            max_connections=settings.tcp_max_connections,
+                            handshake_seconds=settings.tls_handshake_seconds,
+                            handshakes_per_second=settings.tls_handshakes_per_second,
+                            allowed_names=frozenset(settings.tls_client_names),
+                        ),
+                        task_status=task_status,
+                    )
+                )
             if settings.metrics_address:
                 await nursery.start(serve_tcp, settings.metrics_address, daemon.metrics.render)
             log.info(
@@ -101,6 +127,20 @@ async def serve(daemon: Daemon, task_status: trio.TaskStatus = trio.TASK_STATUS_
                 log.error("the last admissions failed: %s", exc)
             nursery.cancel_scope.cancel()
     await trio.to_thread.run_sync(daemon.store.sync)
+
+
+def bind_remote(settings: NodeSettings) -> tuple[socket.socket, ssl.SSLContext] | None:
+    """[control] tcp_listen: the bound TCP socket and the mutual-TLS context, or None when
+    it is off (the default). Loaded before any task starts, so a bad certificate or a
+    busy port stops the start with one line."""
+    if settings.tcp_listen is None:
+        return None
+    from silofs.control.tls import parse_tcp_address, server_context
+
+    assert settings.tls_cert and settings.tls_key and settings.tls_client_ca  # _validate
+    context = server_context(settings.tls_cert, settings.tls_key, settings.tls_client_ca)
+    host, port = parse_tcp_address(settings.tcp_listen)
+    return bind_tcp(host, port), context
 
 
 # File descriptors kept for everything but connections: LMDB, store clients, logs.

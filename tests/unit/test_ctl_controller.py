@@ -569,3 +569,47 @@ def test_the_example_config_names_the_socket_a_root_daemon_listens_on(
     assert cfg.nodes[0].socket == default_socket()
     # and the forwarding example reaches the same socket on the remote node
     assert f":{default_socket()} " in path.read_text()
+
+
+def test_registered_jobs_replace_the_jobs_file_and_the_file_wins_by_name() -> None:
+    """A Slurm prolog registers each job on each of its nodes (GPUs, f*, epochs); the
+    controller plans with that, and a jobs.toml entry of the same name wins whole."""
+    nodes = two_nodes()
+    reg = {"gpus": 8, "ideal_io": 912 * MB, "epochs": 3, "datasets": [IMAGENET], "nodes": []}
+    for node in nodes.values():
+        node.jobs["dist"]["registration"] = reg
+    # registered before its mounts: known from the registration alone
+    nodes["n2"].jobs["queued"] = {"name": "queued", "registration": {**reg, "gpus": 2}}
+    nodes["n1"].jobs["local"]["registration"] = {"gpus": 4, "datasets": [WIKI]}
+    ctl = controller(nodes, config(), [JobEntry("local", "wiki", gpus=1, ideal_io=20 * MB)])
+    plan = ctl.round(force=True)
+    assert plan is not None
+    jobs = {j.name: j for j in plan.jobs}
+    assert jobs["dist"].f_star == 912 * MB and jobs["dist"].nodes == ("n1", "n2")
+    assert jobs["queued"].nodes == ("n2",) and jobs["queued"].f_star == 912 * MB
+    assert jobs["local"].f_star == 20 * MB  # the file's, not the registration's (none)
+    from silofs_ctl.controller import registered_entries
+
+    seen = ctl.observe()
+    by_name = {e.name: e for e in registered_entries(seen, {"local"})}
+    assert set(by_name) == {"dist", "queued"}
+    assert by_name["dist"].gpus == 8 and by_name["dist"].epochs == 3.0
+    assert by_name["queued"].gpus == 2
+
+
+def test_tls_nodes_need_a_tls_table_and_bad_files_are_one_line(tmp_path: Path) -> None:
+    text = CONFIG.replace('socket = "{sock2}"', 'address = "tls://gpu-02.example:7470"')
+    with pytest.raises(ConfigError, match=r"node n2 is reached over tls://: .* \[tls\]"):
+        load_controller_config(write_config(tmp_path, text))
+    text += '\n[tls]\ncert = "pki/controller.pem"\nkey = "pki/controller.key"\nca = "pki/ca.pem"\n'
+    cfg = load_controller_config(write_config(tmp_path, text))
+    assert cfg.nodes[1].socket == "tls://gpu-02.example:7470"
+    assert cfg.tls is not None and cfg.tls.ca == str(tmp_path / "pki" / "ca.pem")
+    with pytest.raises(ConfigError, match=r"\[tls\]: cannot load"):
+        Controller(cfg)  # the files do not exist
+    bad = CONFIG.replace('socket = "{sock2}"', 'socket = "http://gpu-02:7470"')
+    with pytest.raises(ConfigError, match="tls://HOST:PORT"):
+        load_controller_config(write_config(tmp_path, bad))
+    both = CONFIG.replace('socket = "{sock2}"', 'socket = "/a"\naddress = "tls://h:1"')
+    with pytest.raises(ConfigError, match="one of socket"):
+        load_controller_config(write_config(tmp_path, both))

@@ -304,3 +304,19 @@ def test_water_fill_is_max_min_fair() -> None:
     assert water_fill(100, {"a": 10, "b": 60, "c": 60}) == {"a": 10, "b": 45, "c": 45}
     assert water_fill(100, {"a": 10, "b": 20}) == {"a": 10, "b": 20}
     assert water_fill(math.inf, {"a": 10}) == {"a": 10}
+
+
+def test_gavel_takes_a_job_with_no_ideal_rate_without_dividing_by_zero() -> None:
+    # f* == 0 (a job that has not been measured yet, or a scenario that says 0): it can use
+    # no GPU time at any level, so it takes none and the others share the cluster.
+    c = cluster(4, 1 * TB, 100 * MB, {"d": 1 * TB, "e": 1 * TB})
+    jobs = [job("idle", "d", 0.0, gpus=2), job("busy", "e", 100 * MB, gpus=2)]
+    for estimator in (SiloDEstimator(), ComputeEstimator()):
+        e = equal_share_perf(jobs, c, estimator)
+        lam, _ = maxmin_level(jobs, c, e, io_aware=estimator.io_aware)
+        assert math.isfinite(lam) and lam >= 0
+        alloc = GavelPolicy().allocate(jobs, c, estimator)
+        # the SiloD form may hand it GPU time left idle, never time `busy` could use
+        assert alloc.gpu_share["busy"] == pytest.approx(1.0)
+        assert math.isfinite(alloc.gpu_share["idle"])
+    assert GavelPolicy().allocate(jobs, c, ComputeEstimator()).gpu_share["idle"] == 0.0

@@ -422,3 +422,47 @@ def test_the_writer_is_restarted_after_a_failed_batch(
     trio.run(main)
     errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
     assert len(errors) == 1 and errors[0].startswith("writer failed: MapFullError")
+
+
+# -- job registrations (a Slurm prolog) ----------------------------------------------------
+def test_a_job_registration_survives_a_restart_and_goes_when_the_job_is_forgotten(
+    tmp_path: Path, bucket: Path
+) -> None:
+    info = {"gpus": 4, "ideal_io": 10**8, "datasets": [f"file://{bucket}/"], "nodes": ["n1"]}
+
+    async def register(d: Daemon) -> None:
+        async with running(d):
+            await d.register_job("slurm-7", info)
+            assert "slurm-7" in d.jobs  # listed in status before it mounts
+
+    async def forget(d: Daemon) -> None:
+        async with running(d):
+            d.job("slurm-7")
+            d.job("idle")
+            d.forget_idle_jobs(keep=0)  # a registered job is not idle
+            assert "slurm-7" in d.jobs and "idle" not in d.jobs
+            ds = await ready(d, f"file://{bucket}/")
+            m = d.register_mount(ds, "slurm-7", "/mnt/x", os.getpid(), os.getuid(), None)
+            with pytest.raises(UsageError, match="unmount it first"):
+                await d.forget_job("slurm-7")
+            d.mounts.pop(m.id)
+            await d.forget_job("slurm-7")
+            assert "slurm-7" not in d.registrations
+
+    d = Daemon(settings(tmp_path))
+    trio.run(register, d)
+    d.store.close()
+    os.close(d.lock_fd)
+    d = Daemon(settings(tmp_path))  # a restart: the registration is read back
+    try:
+        assert d.registrations == {"slurm-7": info}
+        trio.run(forget, d)
+    finally:
+        d.store.close()
+        os.close(d.lock_fd)
+    d = Daemon(settings(tmp_path))
+    try:
+        assert d.registrations == {}
+    finally:
+        d.store.close()
+        os.close(d.lock_fd)

@@ -127,8 +127,10 @@ def _gpu_limit(
     jobs: Sequence[Job],
     total_gpus: float,
 ) -> float:
-    used = sum(j.gpus * fixed[j.name] / j.f_star for j in jobs if j.name in fixed)
-    per_lam = sum(j.gpus * e[j.name] / j.f_star for j in free)
+    # A job with no ideal rate (f* == 0) runs at rate 0 at any level and so holds no GPU
+    # time; leaving it out is also what keeps the division defined.
+    used = sum(j.gpus * fixed[j.name] / j.f_star for j in jobs if j.name in fixed and j.f_star > 0)
+    per_lam = sum(j.gpus * e[j.name] / j.f_star for j in free if j.f_star > 0)
     return max(0.0, total_gpus - used) / per_lam if per_lam > 0 else math.inf
 
 
@@ -141,7 +143,7 @@ def maxmin_level(
     _, h = loads.io_line(cache, cluster)
     io = cluster.remote_io / h if io_aware and h > 0 else math.inf
     gpu = _gpu_limit(jobs, {}, e, jobs, cluster.total_gpus)
-    cap = min((j.f_star / e[j.name] for j in jobs), default=math.inf)
+    cap = min((j.f_star / e[j.name] for j in jobs if e[j.name] > 0), default=math.inf)
     return min(io, gpu, cap), cache
 
 
@@ -223,8 +225,8 @@ def _cap_rounds(
         groups.append((level, k))
         i = k
     # GPUs: with groups < g frozen at their level, used(g) + per_lam(g) * lam.
-    used0 = sum(j.gpus * fixed[j.name] / j.f_star for j in jobs if j.name in fixed)
-    per_lam = sum(j.gpus * e[j.name] / j.f_star for j in free)
+    used0 = sum(j.gpus * fixed[j.name] / j.f_star for j in jobs if j.name in fixed and j.f_star > 0)
+    per_lam = sum(j.gpus * e[j.name] / j.f_star for j in free)  # free jobs have f* > 0
     gpu_ok: list[bool] = []
     used, start = used0, 0
     for level, end in groups:

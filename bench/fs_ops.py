@@ -1,0 +1,134 @@
+"""What one warm small file costs silofs's FUSE handlers, without FUSE: lookup, open, read, release.
+
+Prints the mean Python cost of the four handlers a warm 110 KiB file needs (SilofsFS.lookup,
+open, read of the whole file, release; all hits from a real LMDB env, values warm in the
+page cache), best and median of several runs, and the same four handlers of the pyfuse3
+ceiling (bench/rawfuse.py MemFS) for scale. It leaves out what FUSE itself costs (the
+kernel round trip, pyfuse3's dispatch, trio's wakeups: bench/throughput.py measures those
+with the real thing). Run it against two trees to compare them:
+
+    PYTHONPATH=/work/main python bench/fs_ops.py
+    PYTHONPATH=. python bench/fs_ops.py
+
+Needs no root and no FUSE; the env lives in a temp dir.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pyfuse3
+import trio
+
+from silofs.cache.format import ChunkRef, encode_chunk
+from silofs.cache.store import CacheStore, PendingChunk
+from silofs.mount.fs import Presentation, SilofsFS
+from silofs.mount.manifest import ROOT_INODE, Manifest
+from silofs.mount.reader import ChunkReader
+from silofs.records import ObjectInfo
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from rawfuse import MemFS  # noqa: E402
+
+SMALL = 110 << 10
+CHUNK = 4 << 20
+
+
+async def _never() -> None:
+    raise AssertionError("a hit never re-registers")
+
+
+async def per_file(fs: pyfuse3.Operations, names: list[bytes], parent: int) -> float:
+    """Seconds for lookup + open + read + release of every name once."""
+    ctx = None
+    t0 = time.perf_counter()
+    for name in names:
+        attr = await fs.lookup(parent, name, ctx)
+        fi = await fs.open(attr.st_ino, os.O_RDONLY, ctx)
+        data = await fs.read(fi.fh, 0, 112 << 10)
+        assert len(data) == SMALL
+        await fs.release(fi.fh)
+    return time.perf_counter() - t0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--files", type=int, default=2000)
+    ap.add_argument("--runs", type=int, default=7)
+    ap.add_argument(
+        "--drop",
+        action="store_true",
+        help="drop the page cache after writing the env (needs root): the first run then "
+        "reads the env from disk, as a fresh mount after drop_caches does",
+    )
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory(prefix="silofs-fsops-") as d:
+        env, tree = os.path.join(d, "env"), os.path.join(d, "tree", "small")
+        os.makedirs(env)
+        os.makedirs(tree)
+        store = CacheStore(env, 1 << 30)
+        objs = [
+            ObjectInfo(f"small/{i:06d}.bin", SMALL, 100.0, f"v{i}", f"c{i}")
+            for i in range(args.files)
+        ]
+        body = os.urandom(SMALL)
+        pending = []
+        for o in objs:
+            ref = ChunkRef.of(o, CHUNK, 0)
+            value = encode_chunk(1, 0, CHUNK, o.key, o.content_id, body)
+            pending.append(PendingChunk(1, ref.key, value, SMALL))
+            with open(os.path.join(tree, o.key.split("/")[1]), "wb") as f:
+                f.write(body)
+        store.admit(pending, {}, lambda _d, _u: 1 << 40)
+        record = store.replace_manifest(1, objs, {"uri": "file:///bench/"})
+        store.close()
+        if args.drop:
+            os.sync()
+            with open("/proc/sys/vm/drop_caches", "w") as f:
+                f.write("3\n")
+        ro = CacheStore(env, 1 << 30, readonly=True)
+        names = [o.key.split("/")[1].encode() for o in objs]
+
+        async def run() -> tuple[list[float], list[float]]:
+            manifest = Manifest(ro, 1, record)
+            reader = ChunkReader(
+                ro,
+                None,  # type: ignore[arg-type]  # hits never ask the daemon
+                dataset_id=1,
+                chunk_size=CHUNK,
+                buffer_bytes=CHUNK,
+                readahead_bytes=4 * CHUNK,
+                reregister=_never,
+            )
+            look = Presentation(0, 0, 0o444, 0o555, 3600.0)
+            fs = SilofsFS(manifest, reader, look)
+            small = manifest.lookup(ROOT_INODE, b"small")
+            assert small is not None
+            raw = MemFS(os.path.join(d, "tree"))
+            raw_small = raw.children[pyfuse3.ROOT_INODE][b"small"]
+            ours, theirs = [], []
+            for _ in range(args.runs):
+                ours.append(await per_file(fs, names, small.inode) / args.files * 1e6)
+                theirs.append(await per_file(raw, names, raw_small) / args.files * 1e6)
+            manifest.close()
+            reader.close()
+            return ours, theirs
+
+        ours, theirs = trio.run(run)
+        for who, fig in (("silofs", ours), ("ceiling (MemFS)", theirs)):
+            print(
+                f"{who:16} lookup+open+read+release of a warm 110 KiB file: "
+                f"first {fig[0]:.1f} us, best {min(fig):.1f} us, "
+                f"median {statistics.median(fig):.1f} us "
+                f"({args.runs} runs of {args.files})"
+            )
+
+
+if __name__ == "__main__":
+    main()

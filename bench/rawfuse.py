@@ -1,0 +1,141 @@
+"""The pyfuse3 ceiling: a minimal read-only pyfuse3 filesystem serving a directory from memory.
+
+Owns nothing of silofs's logic: at start it reads every file under DATA into memory,
+builds each inode's attributes once, mounts with the options a silofs mount uses (ro,
+noatime, default_options, entry/attr timeouts of an hour, keep_cache, FLUSH answered
+ENOSYS, bdi read_ahead_kb raised to 1024) and answers each request with the least
+Python pyfuse3 allows: a dict lookup and a memoryview slice. bench/throughput.py
+--ceiling measures it the same way as silofs (page cache dropped before each pass, CPU
+of this process from /proc/PID/stat), so "silofs / ceiling" is the share of what one
+pyfuse3 process can do that silofs reaches. Never used by silofs itself.
+
+    python bench/rawfuse.py DATA MOUNTPOINT      # prints "ready" once mounted; SIGTERM unmounts
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import signal
+import stat
+import sys
+from pathlib import Path
+
+import pyfuse3
+import trio
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from silofs.mount.process import raise_read_ahead  # noqa: E402
+
+TIMEOUT = 3600.0
+
+
+class MemFS(pyfuse3.Operations):
+    supports_dot_lookup = True
+    enable_writeback_cache = False
+    enable_acl = False
+
+    def __init__(self, root: str) -> None:
+        super().__init__()
+        self.attrs: dict[int, pyfuse3.EntryAttributes] = {}
+        self.children: dict[int, dict[bytes, int]] = {}
+        self.data: dict[int, bytes] = {}
+        self._next = pyfuse3.ROOT_INODE
+        self._add_dir(root, pyfuse3.ROOT_INODE)
+
+    def _attr(self, ino: int, st: os.stat_result, is_dir: bool) -> None:
+        a = pyfuse3.EntryAttributes()
+        a.st_ino = ino
+        a.entry_timeout = a.attr_timeout = TIMEOUT
+        a.st_mode = (stat.S_IFDIR | 0o555) if is_dir else (stat.S_IFREG | 0o444)
+        a.st_nlink = 2 if is_dir else 1
+        a.st_size = 4096 if is_dir else st.st_size
+        a.st_uid, a.st_gid = os.getuid(), os.getgid()
+        a.st_blksize = 1 << 20
+        a.st_blocks = -(-a.st_size // 4096) * 8
+        a.st_atime_ns = a.st_mtime_ns = a.st_ctime_ns = st.st_mtime_ns
+        self.attrs[ino] = a
+
+    def _add_dir(self, path: str, ino: int) -> None:
+        self._attr(ino, os.stat(path), True)
+        kids = self.children[ino] = {}
+        for entry in sorted(os.scandir(path), key=lambda e: e.name):
+            self._next += 1
+            child = self._next
+            kids[os.fsencode(entry.name)] = child
+            if entry.is_dir(follow_symlinks=False):
+                self._add_dir(entry.path, child)
+            else:
+                with open(entry.path, "rb") as f:
+                    self.data[child] = f.read()
+                self._attr(child, os.stat(entry.path), False)
+
+    async def lookup(
+        self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext
+    ) -> pyfuse3.EntryAttributes:
+        ino = self.children.get(parent_inode, {}).get(name)
+        if ino is None:
+            raise pyfuse3.FUSEError(errno.ENOENT)
+        return self.attrs[ino]
+
+    async def getattr(self, inode: int, ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
+        return self.attrs[inode]
+
+    async def opendir(self, inode: int, ctx: pyfuse3.RequestContext) -> int:
+        return inode
+
+    async def readdir(self, fh: int, start_id: int, token: pyfuse3.ReaddirToken) -> None:
+        for i, (name, ino) in enumerate(list(self.children[fh].items())[start_id:], start_id):
+            if not pyfuse3.readdir_reply(token, name, self.attrs[ino], i + 1):
+                break
+
+    async def open(self, inode: int, flags: int, ctx: pyfuse3.RequestContext) -> pyfuse3.FileInfo:
+        return pyfuse3.FileInfo(fh=inode, keep_cache=True)
+
+    async def read(self, fh: int, off: int, size: int) -> memoryview:
+        return memoryview(self.data[fh])[off : off + size]
+
+    async def release(self, fh: int) -> None:
+        pass
+
+    async def flush(self, fh: int) -> None:
+        raise pyfuse3.FUSEError(errno.ENOSYS)
+
+
+async def serve(fs: MemFS, mountpoint: str) -> None:
+    """Mount at `mountpoint` (already resolved: once mounted, a stat of it from this
+    process would wait for this process) and serve until SIGTERM or an unmount."""
+    opts = set(pyfuse3.default_options) | {"fsname=rawfuse", "ro", "noatime"}
+    pyfuse3.init(fs, mountpoint, opts)
+    raise_read_ahead(mountpoint, 1024)
+    print("ready", flush=True)
+    signalled = False
+    try:
+        async with trio.open_nursery() as nursery:
+
+            async def signals() -> None:
+                nonlocal signalled
+                with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as sigs:
+                    async for _ in sigs:
+                        signalled = True
+                        pyfuse3.terminate()
+                        return
+
+            nursery.start_soon(signals)
+            await pyfuse3.main()
+            nursery.cancel_scope.cancel()
+    finally:
+        # main() also returns when the kernel unmounted us (fusermount3 -u): only a
+        # signal leaves the mount for us to remove.
+        pyfuse3.close(unmount=signalled)
+
+
+def main() -> None:
+    data, mountpoint = sys.argv[1], sys.argv[2]
+    os.makedirs(mountpoint, exist_ok=True)
+    fs = MemFS(data)
+    trio.run(serve, fs, os.path.realpath(mountpoint))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,209 @@
+"""`silofs-ctl certs init` and `certs node`: a small CA for the controller's mutual TLS.
+
+Owns: creating a private CA, the controller's client certificate (clientAuth only) and
+each node daemon's server certificate (serverAuth only, its host names and addresses
+as subjectAltNames), as PEM files with private keys 0600. The split of key usages is
+what keeps a node's certificate from acting as the controller on other nodes: the
+daemon's TLS listener refuses a client certificate without clientAuth. Never: installs
+files on nodes, or reads a key it did not write.
+
+Keys are ECDSA P-256. Certificates last `--days` (default 825); renew by running
+`certs node` again (and `certs init --force` for a new CA, which every node must then
+trust).
+"""
+
+from __future__ import annotations
+
+import datetime
+import ipaddress
+import logging
+import os
+
+import click
+
+log = logging.getLogger(__name__)
+
+CA = "ca"
+CONTROLLER = "controller"
+
+
+def _write(path: str, data: bytes, mode: int) -> None:
+    """Create (or replace) ``path`` with ``mode`` from the start: a key never exists
+    with the umask's mode, not even for a moment."""
+    tmp = f"{path}.tmp{os.getpid()}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def _key_pem(key: object) -> bytes:
+    from cryptography.hazmat.primitives import serialization
+
+    return key.private_bytes(  # type: ignore[attr-defined]
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    )
+
+
+def _load_ca(directory: str) -> tuple[object, object]:
+    from cryptography import x509
+    from cryptography.hazmat.primitives import serialization
+
+    try:
+        with open(os.path.join(directory, f"{CA}.pem"), "rb") as f:
+            cert = x509.load_pem_x509_certificate(f.read())
+        with open(os.path.join(directory, f"{CA}.key"), "rb") as f:
+            key = serialization.load_pem_private_key(f.read(), None)
+    except FileNotFoundError as exc:
+        raise click.ClickException(
+            f"no CA in {directory} ({exc.filename}): run `silofs-ctl certs init {directory}`"
+        ) from None
+    return cert, key
+
+
+def _sign(
+    directory: str,
+    name: str,
+    *,
+    server: bool,
+    sans: list[str],
+    days: int,
+) -> tuple[str, str]:
+    """A certificate for ``name`` signed by the CA in ``directory``: (cert path, key path)."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.hazmat.primitives.serialization import Encoding
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+    ca_cert, ca_key = _load_ca(directory)
+    key = ec.generate_private_key(ec.SECP256R1())
+    now = datetime.datetime.now(datetime.UTC)
+    alt: list[x509.GeneralName] = []
+    for san in sans:
+        try:
+            alt.append(x509.IPAddress(ipaddress.ip_address(san)))
+        except ValueError:
+            alt.append(x509.DNSName(san))
+    usage = ExtendedKeyUsageOID.SERVER_AUTH if server else ExtendedKeyUsageOID.CLIENT_AUTH
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)]))
+        .issuer_name(ca_cert.subject)  # type: ignore[attr-defined]
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=days))
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(x509.ExtendedKeyUsage([usage]), critical=True)
+    )
+    if alt:
+        builder = builder.add_extension(x509.SubjectAlternativeName(alt), critical=False)
+    cert = builder.sign(ca_key, hashes.SHA256())  # type: ignore[arg-type]
+    cert_path = os.path.join(directory, f"{name}.pem")
+    key_path = os.path.join(directory, f"{name}.key")
+    _write(key_path, _key_pem(key), 0o600)
+    _write(cert_path, cert.public_bytes(Encoding.PEM), 0o644)
+    return cert_path, key_path
+
+
+def init_ca(directory: str, *, controller: str = CONTROLLER, days: int = 825) -> None:
+    """A new CA (ca.pem, ca.key) and the controller's client certificate in
+    ``directory``."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.hazmat.primitives.serialization import Encoding
+    from cryptography.x509.oid import NameOID
+
+    os.makedirs(directory, mode=0o700, exist_ok=True)
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "silofs control CA")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=days))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=False,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                key_cert_sign=True,
+                crl_sign=True,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+        .sign(key, hashes.SHA256())
+    )
+    _write(os.path.join(directory, f"{CA}.key"), _key_pem(key), 0o600)
+    _write(os.path.join(directory, f"{CA}.pem"), cert.public_bytes(Encoding.PEM), 0o644)
+    _sign(directory, controller, server=False, sans=[], days=days)
+
+
+def node_cert(directory: str, name: str, addresses: list[str], days: int = 825) -> tuple[str, str]:
+    """A node daemon's server certificate: CN and subjectAltNames ``name`` and each of
+    ``addresses`` (host names or IP addresses the controller's tls:// URIs use)."""
+    sans = [name, *[a for a in addresses if a != name]]
+    return _sign(directory, name, server=True, sans=sans, days=days)
+
+
+def client_cert(directory: str, name: str, days: int = 825) -> tuple[str, str]:
+    """Another client (clientAuth) certificate, e.g. a second controller or a test's."""
+    return _sign(directory, name, server=False, sans=[], days=days)
+
+
+@click.group("certs")
+def certs() -> None:
+    """A small CA for the controller's mutual TLS to node daemons (docs/SECURITY.md)."""
+
+
+@certs.command("init")
+@click.argument("directory")
+@click.option("--controller", default=CONTROLLER, show_default=True, help="The client name.")
+@click.option("--days", default=825, show_default=True, type=click.IntRange(1, 3650))
+@click.option("--force", is_flag=True, help="Replace an existing CA (every node must be redone).")
+def init_cmd(directory: str, controller: str, days: int, force: bool) -> None:
+    """Create DIRECTORY/ca.pem + ca.key and the controller's client certificate."""
+    if os.path.exists(os.path.join(directory, f"{CA}.key")) and not force:
+        raise click.ClickException(f"{directory} already holds a CA (ca.key); --force replaces it")
+    init_ca(directory, controller=controller, days=days)
+    click.echo(
+        f"CA and {controller}.pem/.key in {directory}; give each node "
+        f"`silofs-ctl certs node {directory} NAME --address ADDR` and ca.pem"
+    )
+
+
+@certs.command("node")
+@click.argument("directory")
+@click.argument("name")
+@click.option(
+    "--address",
+    "addresses",
+    multiple=True,
+    help="Another host name or IP address the controller reaches the node at (repeatable).",
+)
+@click.option("--days", default=825, show_default=True, type=click.IntRange(1, 3650))
+def node_cmd(directory: str, name: str, addresses: tuple[str, ...], days: int) -> None:
+    """Create DIRECTORY/NAME.pem + NAME.key: a node daemon's server certificate."""
+    cert, key = node_cert(directory, name, list(addresses), days)
+    click.echo(
+        f"{cert} and {key}: copy them with ca.pem to the node, and set [control] "
+        "tls_cert, tls_key and tls_client_ca (= ca.pem) in its silofs.toml"
+    )

@@ -1,0 +1,77 @@
+"""`silofs-ctl job register JOB` and `job show JOB`: what a cluster scheduler tells a
+node daemon about a job.
+
+Owns the command a Slurm prolog (configs/slurm/) runs on each node of a job: PUT
+/v1/jobs/JOB with the job's GPUs, f* (ideal_io), epochs, datasets, the scheduler's id
+for it and its nodes, so the controller plans with them instead of a hand-written
+jobs.toml. The epilog undoes it with `silofs-ctl forget --kind job JOB` after the
+unmounts. Never mounts anything, and never decides allocations.
+"""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from silofs.config import default_socket
+from silofs.control.client import ControlError, quote_segment
+
+from .nodes import SOCKET_HELP, one_node_client
+
+
+@click.group("job")
+def job() -> None:
+    """Register a scheduler's job with the node daemon (run by a Slurm prolog)."""
+
+
+@job.command("register")
+@click.argument("name")
+@click.option("--gpus", type=click.IntRange(0, 1 << 16), required=True, help="GPUs of the job.")
+@click.option("--dataset", "datasets", multiple=True, help="A dataset URI it reads (repeat).")
+@click.option("--ideal-io", default=None, help="f*: bytes/s when IO is no bottleneck (1GB/s).")
+@click.option("--epochs", type=float, default=None, help="Epochs it will run in total.")
+@click.option("--scheduler", default=None, help="Who scheduled it, e.g. slurm.")
+@click.option("--scheduler-id", default=None, help="The scheduler's id for it.")
+@click.option("--node", "nodes", multiple=True, help="A node of the job (repeat).")
+@click.option("--socket", default=None, envvar="SILOFS_SOCKET", help=SOCKET_HELP)
+def register(
+    name: str,
+    gpus: int,
+    datasets: tuple[str, ...],
+    ideal_io: str | None,
+    epochs: float | None,
+    scheduler: str | None,
+    scheduler_id: str | None,
+    nodes: tuple[str, ...],
+    socket: str | None,
+) -> None:
+    """Tell the node daemon JOB's GPUs, datasets and (optionally) f* and epochs."""
+    body: dict = {"gpus": gpus, "datasets": list(datasets), "nodes": list(nodes)}
+    for key, value in (
+        ("ideal_io", ideal_io),
+        ("epochs", epochs),
+        ("scheduler", scheduler),
+        ("scheduler_id", scheduler_id),
+    ):
+        if value is not None:
+            body[key] = value
+    try:
+        with one_node_client(socket or default_socket()) as client:
+            ans = client.request("PUT", f"/v1/jobs/{quote_segment(name)}", body)
+    except ControlError as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(f"registered job {ans['job']}: {json.dumps(ans['registration'])}")
+
+
+@job.command("show")
+@click.argument("name")
+@click.option("--socket", default=None, envvar="SILOFS_SOCKET", help=SOCKET_HELP)
+def show(name: str, socket: str | None) -> None:
+    """Print the node's view of JOB (registration, IO allocation, rates) as JSON."""
+    try:
+        with one_node_client(socket or default_socket()) as client:
+            ans = client.request("GET", f"/v1/jobs/{quote_segment(name)}")
+    except ControlError as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(json.dumps(ans, indent=2))

@@ -1,0 +1,77 @@
+"""Mutual TLS for the control API's optional TCP listener (remote controllers).
+
+Owns: the server's SSLContext (TLS 1.2 at least, a client certificate required and
+checked against the configured CA, for client authentication), the name a verified
+client certificate proves (its subject CN), and the TCP address grammar
+("HOST:PORT", "[V6]:PORT", ":PORT"). Never: accepts a connection, maps a certificate
+to a local uid (a remote peer only ever has the admin role: control/peer.py), or
+creates keys and certificates (`silofs-ctl certs` does).
+"""
+
+from __future__ import annotations
+
+import logging
+import ssl
+from typing import Any
+
+from silofs.errors import UsageError
+
+log = logging.getLogger(__name__)
+
+DEFAULT_PORT = 7470
+
+
+def parse_tcp_address(text: str) -> tuple[str, int]:
+    """(host, port) of "HOST:PORT", "[V6]:PORT" or ":PORT" (all interfaces: "0.0.0.0");
+    UsageError naming the value otherwise."""
+    host, sep, port_text = text.rpartition(":")
+    if not sep or not port_text.isdigit() or not 0 < int(port_text) < 65536:
+        raise UsageError(f"tcp_listen must be HOST:PORT, like 0.0.0.0:7470, not {text!r}")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    elif ":" in host:
+        raise UsageError(f"tcp_listen: write an IPv6 address in brackets, like [::]:7470: {text!r}")
+    return host or "0.0.0.0", int(port_text)
+
+
+def server_context(cert: str, key: str, client_ca: str) -> ssl.SSLContext:
+    """The listener's context: our certificate and key, and every client must present a
+    certificate issued by ``client_ca`` for client authentication (OpenSSL checks the
+    chain, the validity dates and the clientAuth purpose: a node's serverAuth-only
+    certificate from the same CA is refused as a client). UsageError naming the file
+    when one cannot be loaded."""
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    ctx.verify_mode = ssl.CERT_REQUIRED
+    # No session tickets: a resumed session would skip the certificate check we log
+    # and count; a controller connects a few times a minute, a full handshake is cheap.
+    # (TLS 1.3 sends its tickets after the handshake: num_tickets = 0 sends none, so an
+    # idle keep-alive connection is never readable on the client's side either.)
+    ctx.options |= ssl.OP_NO_TICKET
+    ctx.num_tickets = 0
+    try:
+        ctx.load_cert_chain(cert, key)
+    except (OSError, ssl.SSLError) as exc:
+        raise UsageError(f"tls_cert/tls_key: cannot load {cert} / {key}: {_reason(exc)}") from None
+    try:
+        ctx.load_verify_locations(cafile=client_ca)
+    except (OSError, ssl.SSLError) as exc:
+        raise UsageError(f"tls_client_ca: cannot load {client_ca}: {_reason(exc)}") from None
+    return ctx
+
+
+def certificate_name(tls: Any) -> str | None:
+    """The subject CN of the verified peer certificate of an SSLObject or trio SSLStream
+    (None without one)."""
+    cert = tls.getpeercert()
+    if not cert:
+        return None
+    for rdn in cert.get("subject", ()):
+        for key, value in rdn:
+            if key == "commonName":
+                return str(value)
+    return None
+
+
+def _reason(exc: BaseException) -> str:
+    return getattr(exc, "strerror", None) or getattr(exc, "reason", None) or str(exc)

@@ -1,0 +1,131 @@
+"""The kernel page cache across opens, on real FUSE mounts; the mount's memory in status.
+
+Owns: a re-read of a version the kernel already holds never reaches the mount process
+(keep_cache), also for a version a refresh brought after the mount started; an open of
+another version than the kernel's pages hold reads the new bytes (the pages are dropped);
+status shows each mount's resident memory split into anonymous and file-backed (mapped
+LMDB) bytes.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import random
+from pathlib import Path
+
+import pytest
+
+from .conftest import drop_file_cache, needs_fuse, wait_for
+
+pytestmark = [needs_fuse, pytest.mark.fuse]
+
+
+def test_a_reread_of_the_same_version_stays_in_the_kernel_even_after_a_refresh(
+    make_node, local_store, monkeypatch, bucket_name, tmp_path: Path
+) -> None:
+    rnd = random.Random(11)
+    old, new, other = rnd.randbytes(300_000), rnd.randbytes(200_000), rnd.randbytes(5000)
+    local_store.apply_env(monkeypatch)
+    local_store.create(bucket_name, {"f.bin": old, "g.bin": other})
+    uri = local_store.uri(bucket_name)
+    node = make_node()
+    a = node.mount(uri, tmp_path / "a")
+
+    assert (a / "f.bin").read_bytes() == old
+    assert (a / "f.bin").read_bytes() == old  # from the kernel's pages
+    node.settle(str(a), len(old))
+
+    local_store.put(bucket_name, "f.bin", new)
+    node.mount(uri, tmp_path / "b", "--refresh")  # a new listing generation; `a` follows it
+    # The mount invalidates the kernel's attributes of entries the new listing changed.
+    wait_for(lambda: os.stat(a / "f.bin").st_size == len(new), what="mount a to follow")
+
+    assert (a / "f.bin").read_bytes() == new  # another version: the old pages are dropped
+    assert (a / "f.bin").read_bytes() == new  # the same version again: the kernel's pages
+    assert (a / "g.bin").read_bytes() == other  # reaches the mount: a barrier for counters
+    want = len(old) + len(new) + len(other)
+    assert node.settle(str(a), want)["bytes_read"] == want
+
+
+def test_status_splits_a_mounts_memory(
+    make_node, local_store, monkeypatch, bucket_name, tmp_path: Path
+) -> None:
+    local_store.apply_env(monkeypatch)
+    local_store.create(bucket_name, {"f.bin": b"x" * 100_000})
+    node = make_node()
+    mp = node.mount(local_store.uri(bucket_name), tmp_path / "mnt")
+    assert (mp / "f.bin").read_bytes() == b"x" * 100_000
+    memory = node.mount_status(str(mp))["memory"]
+    assert set(memory) == {"anon_bytes", "file_bytes"}
+    # A Python process holds some MiB of its own; the mapped env and libraries are files.
+    assert memory["anon_bytes"] > 1 << 20 and memory["file_bytes"] > 0
+
+
+def test_pages_an_old_handle_read_are_not_kept_for_the_new_version(
+    make_node, local_store, monkeypatch, bucket_name, tmp_path: Path
+) -> None:
+    chunk = 256 << 10
+    rnd = random.Random(12)
+    old, new = rnd.randbytes(2 * chunk), rnd.randbytes(2 * chunk)  # same size
+    local_store.apply_env(monkeypatch)
+    local_store.create(bucket_name, {"f.bin": old})
+    uri = local_store.uri(bucket_name)
+    node = make_node()
+    a = node.mount(uri, tmp_path / "a", "--chunk-size", "256K")
+    f = a / "f.bin"
+
+    fd = os.open(f, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)  # no kernel read-ahead
+        assert os.pread(fd, chunk, chunk) == old[chunk:]  # chunk 1 of the old version
+        wait_for(lambda: node.status()["datasets"][0]["cached_bytes"] >= chunk, what="admission")
+        mtime = os.stat(f).st_mtime_ns
+        local_store.put(bucket_name, "f.bin", new)
+        node.mount(uri, tmp_path / "b", "--chunk-size", "256K", "--refresh")
+        wait_for(lambda: os.stat(f).st_mtime_ns != mtime, what="mount a to follow")
+
+        assert f.read_bytes() == new  # the new version's pages
+        drop_file_cache(f)
+        # The old handle reads its own version from the cache: its bytes are now the
+        # inode's pages at chunk 1.
+        assert os.pread(fd, chunk, chunk) == old[chunk:]
+        assert f.read_bytes() == new  # a new open must not be served those pages
+    finally:
+        os.close(fd)
+
+
+def test_an_old_handle_never_reads_pages_a_new_version_filled(
+    make_node, local_store, monkeypatch, bucket_name, tmp_path: Path
+) -> None:
+    chunk = 256 << 10
+    rnd = random.Random(13)
+    old, new = rnd.randbytes(2 * chunk), rnd.randbytes(2 * chunk)  # same size
+    local_store.apply_env(monkeypatch)
+    local_store.create(bucket_name, {"f.bin": old})
+    uri = local_store.uri(bucket_name)
+    node = make_node()
+    node.expect_errors(r"changed since (this mount listed it|listing)")
+    a = node.mount(uri, tmp_path / "a", "--chunk-size", "256K")
+    f = a / "f.bin"
+
+    fd = os.open(f, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+        assert os.pread(fd, 4096, 0) == old[:4096]
+        mtime = os.stat(f).st_mtime_ns
+        local_store.put(bucket_name, "f.bin", new)
+        node.mount(uri, tmp_path / "b", "--chunk-size", "256K", "--refresh")
+        wait_for(lambda: os.stat(f).st_mtime_ns != mtime, what="mount a to follow")
+
+        assert f.read_bytes() == new  # opened while the old handle is open
+        for off in (chunk + 100, 0):
+            try:
+                got = os.pread(fd, 4096, off)
+            except OSError as exc:  # the store refuses the old version: EIO, never new
+                assert exc.errno == errno.EIO
+                continue
+            assert got == old[off : off + 4096], f"new bytes at {off} through an old handle"
+    finally:
+        os.close(fd)
+    assert f.read_bytes() == new

@@ -1,0 +1,325 @@
+"""The control API's mutual-TLS TCP listener on 127.0.0.1: who gets in, who does not,
+and that refusals cost the server nothing but the refused connection.
+
+The server runs in a thread with its own trio loop (serve_tls over a real TCP socket);
+clients are the blocking ControlClient (what the controller uses), raw sockets and
+stdlib ssl. Certificates come from silofs-ctl's own CA helper (certs_cmd), so the
+helper is tested with them. No sleeps: waits poll with a deadline.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import socket
+import ssl
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+from silofs_ctl.certs_cmd import client_cert, init_ca, node_cert
+
+from silofs.config import load_node_settings
+from silofs.control.client import ControlClient, ControlError, client_tls_context
+from silofs.control.peer import REMOTE_UID, peer_may_change
+from silofs.control.router import Request, Response, Router, json_response
+from silofs.control.server import TLSLimits, bind_tcp, serve_tls
+from silofs.control.tls import parse_tcp_address, server_context
+from silofs.errors import UsageError
+
+DEADLINE = 10.0
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """A CA with a controller and a node (127.0.0.1), and a second, foreign CA."""
+    good = tmp_path_factory.mktemp("ca")
+    init_ca(str(good))
+    node_cert(str(good), "node-a", ["127.0.0.1"])
+    client_cert(str(good), "other-client")
+    foreign = tmp_path_factory.mktemp("foreign")
+    init_ca(str(foreign))  # its controller.pem is signed by a CA the node does not trust
+    return {"good": good, "foreign": foreign}
+
+
+def make_router() -> Router:
+    router = Router()
+
+    async def peer(req: Request) -> Response:
+        return json_response(vars(req.peer))
+
+    async def echo(req: Request) -> Response:
+        return json_response(req.json())
+
+    router.add("GET", "/v1/peer", peer)
+    router.add("PUT", "/v1/echo", echo)
+    return router
+
+
+@contextmanager
+def tls_server(pki: dict[str, Path], **limits: Any) -> Iterator[tuple[int, Any]]:
+    """serve_tls on 127.0.0.1 (a free port) in a thread; yields (port, acceptor)."""
+    good = pki["good"]
+    ctx = server_context(str(good / "node-a.pem"), str(good / "node-a.key"), str(good / "ca.pem"))
+    sock = bind_tcp("127.0.0.1", 0)
+    port = sock.getsockname()[1]
+    started = threading.Event()
+    state: dict[str, Any] = {}
+    acceptor: list[Any] = []
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            state["token"] = trio.lowlevel.current_trio_token()
+            state["nursery"] = nursery
+            serve = functools.partial(
+                serve_tls, sock, make_router(), ctx, tls_limits=TLSLimits(**limits),
+                acceptor=acceptor,
+            )  # fmt: skip
+            try:
+                await nursery.start(serve)
+            finally:
+                started.set()
+
+    def run() -> None:
+        try:
+            trio.run(main)
+        except BaseException as exc:
+            state["error"] = exc
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    assert started.wait(DEADLINE)
+    assert "error" not in state, state.get("error")
+    try:
+        yield port, acceptor[0]
+        assert thread.is_alive(), f"server died: {state.get('error')!r}"
+    finally:
+        trio.from_thread.run_sync(state["nursery"].cancel_scope.cancel, trio_token=state["token"])
+        thread.join(DEADLINE)
+    assert "error" not in state, state.get("error")
+
+
+def controller(pki: dict[str, Path], name: str = "controller", ca: str = "good") -> ssl.SSLContext:
+    d = pki[ca]
+    return client_tls_context(
+        str(d / f"{name}.pem"), str(d / f"{name}.key"), str(pki["good"] / "ca.pem")
+    )
+
+
+def wait_for(predicate: Any, what: str) -> None:
+    deadline = time.monotonic() + DEADLINE
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.01)  # polling interval, not synchronisation
+
+
+def assert_served(port: int, pki: dict[str, Path]) -> None:
+    with ControlClient(f"tls://127.0.0.1:{port}", timeout=DEADLINE, tls=controller(pki)) as c:
+        assert c.request("GET", "/v1/peer")["remote"] == "controller"
+
+
+def test_controller_certificate_is_a_remote_admin_never_a_local_uid(pki: dict[str, Path]) -> None:
+    with tls_server(pki) as (port, acc):
+        with ControlClient(f"tls://127.0.0.1:{port}", timeout=DEADLINE, tls=controller(pki)) as c:
+            peer = c.request("GET", "/v1/peer")
+            # keep-alive over TLS: the second request reuses the connection
+            assert c.request("PUT", "/v1/echo", {"x": [1, 2]}) == {"x": [1, 2]}
+            assert c.connections_opened == 1
+    assert peer == {"pid": 0, "uid": REMOTE_UID, "gid": REMOTE_UID, "remote": "controller"}
+    assert acc.served == 1 and acc.refused == 0
+    from silofs.control.peer import Peer
+
+    assert peer_may_change(Peer(**peer), admin_gid=None)
+    assert not peer_may_change(Peer(pid=1, uid=REMOTE_UID, gid=REMOTE_UID), admin_gid=None)
+
+
+@pytest.mark.parametrize(
+    "client",
+    ["plaintext", "no-certificate", "foreign-ca", "node-certificate-as-client"],
+)
+def test_refused_clients_get_nothing_and_the_server_goes_on(
+    pki: dict[str, Path], client: str
+) -> None:
+    with tls_server(pki) as (port, acc):
+        if client == "plaintext":
+            with socket.create_connection(("127.0.0.1", port), timeout=DEADLINE) as s:
+                s.sendall(b"GET /v1/peer HTTP/1.1\r\nhost: x\r\n\r\n")
+                got = b""
+                try:
+                    while data := s.recv(65536):
+                        got += data
+                except ConnectionResetError:
+                    pass
+            assert b"HTTP/1.1 200" not in got and b"remote" not in got
+        else:
+            if client == "no-certificate":
+                ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+                ctx.load_verify_locations(str(pki["good"] / "ca.pem"))
+            elif client == "foreign-ca":
+                ctx = controller(pki, ca="foreign")
+            else:  # a node's serverAuth-only certificate, from the right CA
+                ctx = controller(pki, name="node-a")
+            with ControlClient(f"tls://127.0.0.1:{port}", timeout=DEADLINE, tls=ctx) as c:
+                with pytest.raises(ControlError) as err:
+                    c.request("GET", "/v1/peer")
+            assert err.value.status is None  # no HTTP answer at all
+        wait_for(lambda: acc.refused >= 1, "the refusal to be counted")  # GET is retried once
+        assert acc.served == 0
+        assert_served(port, pki)
+        assert acc.open <= 1
+
+
+def test_client_checks_the_node_name(pki: dict[str, Path]) -> None:
+    """The node's certificate names 127.0.0.1 and node-a, not localhost: a controller
+    asked for localhost refuses the node (no man in the middle with any CA cert)."""
+    with tls_server(pki) as (port, acc):
+        with ControlClient(f"tls://localhost:{port}", timeout=DEADLINE, tls=controller(pki)) as c:
+            with pytest.raises(ControlError, match="TLS handshake|cannot reach"):
+                c.request("GET", "/v1/peer")
+        assert_served(port, pki)
+
+
+def test_allowed_names_limit_which_certificates_are_admins(pki: dict[str, Path]) -> None:
+    with tls_server(pki, allowed_names=frozenset({"controller"})) as (port, acc):
+        ctx = controller(pki, name="other-client")
+        with ControlClient(f"tls://127.0.0.1:{port}", timeout=DEADLINE, tls=ctx) as c:
+            with pytest.raises(ControlError):
+                c.request("GET", "/v1/peer")
+        wait_for(lambda: acc.refused >= 1, "the refusal")
+        assert_served(port, pki)
+
+
+def test_silent_clients_are_cut_at_the_handshake_limit_and_count_against_connections(
+    pki: dict[str, Path],
+) -> None:
+    with tls_server(pki, max_connections=2, handshake_seconds=0.5) as (port, acc):
+        silent = [socket.create_connection(("127.0.0.1", port), timeout=DEADLINE) for _ in range(2)]
+        wait_for(lambda: acc.open == 2, "two connections held")
+        # At the limit, a third connection is closed at once, even a good one.
+        with socket.create_connection(("127.0.0.1", port), timeout=DEADLINE) as s:
+            assert s.recv(1) == b""
+        # The silent ones are closed once their handshake time is up...
+        for s in silent:
+            assert s.recv(1) == b""
+            s.close()
+        wait_for(lambda: acc.open == 0, "slots freed")
+        # ...and the listener serves again.
+        assert_served(port, pki)
+        assert acc.refused == 3
+
+
+def test_body_limit_holds_on_tls(pki: dict[str, Path]) -> None:
+    with tls_server(pki) as (port, acc):
+        with ControlClient(f"tls://127.0.0.1:{port}", timeout=DEADLINE, tls=controller(pki)) as c:
+            with pytest.raises(ControlError) as err:
+                c.request("PUT", "/v1/echo", {"x": "y" * (2 << 20)})
+        assert err.value.status == 413
+        assert_served(port, pki)
+
+
+def test_config_requires_tls_files_with_tcp_listen(tmp_path: Path, pki: dict[str, Path]) -> None:
+    conf = tmp_path / "silofs.toml"
+    conf.write_text('[control]\ntcp_listen = "0.0.0.0:7470"\n')
+    with pytest.raises(UsageError, match="tls_cert, tls_key, tls_client_ca"):
+        load_node_settings(str(conf))
+    good = pki["good"]
+    conf.write_text(
+        "[control]\n"
+        'tcp_listen = "[::]:7470"\n'
+        f'tls_cert = "{good}/node-a.pem"\ntls_key = "{good}/node-a.key"\n'
+        f'tls_client_ca = "{good}/ca.pem"\ntls_client_names = ["controller"]\n'
+    )
+    s = load_node_settings(str(conf))
+    assert (s.tcp_listen, s.tls_client_names, s.tcp_max_connections) == (
+        "[::]:7470",
+        ["controller"],
+        64,
+    )
+    assert parse_tcp_address(s.tcp_listen) == ("::", 7470)
+    assert parse_tcp_address(":7470") == ("0.0.0.0", 7470)
+    for bad in ("7470", "host:", "::1:7470", "h:99999"):
+        with pytest.raises(UsageError):
+            parse_tcp_address(bad)
+    with pytest.raises(UsageError, match="tls_client_ca"):
+        server_context(f"{good}/node-a.pem", f"{good}/node-a.key", f"{good}/missing.pem")
+
+
+def test_remote_routes_are_admin_routes_only() -> None:
+    """The TLS listener's router has no mount, chunk, offer, warm or dataset-open route."""
+    from silofs.node.routes import REMOTE_ROUTES
+
+    paths = {p for _, p in REMOTE_ROUTES}
+    assert not any(p.startswith(("/v1/mounts", "/v1/chunks")) for p in paths)
+    assert ("POST", "/v1/datasets") not in REMOTE_ROUTES
+    assert not any(p.endswith("/warm") for p in paths)
+    router = Router()
+
+    async def h(req: Request) -> Response:
+        return json_response({})
+
+    router.add("GET", "/v1/status", h)
+    router.add("POST", "/v1/mounts", h)
+    only = router.only({("GET", "/v1/status")})
+    assert [r.pattern for r in only._routes] == ["/v1/status"]
+    with pytest.raises(ValueError):
+        router.only({("GET", "/v1/nothing")})
+
+
+def test_registration_body_is_checked() -> None:
+    from silofs.control.router import HTTPError
+    from silofs.node.routes import _registration
+
+    info = _registration(
+        {"gpus": 4, "ideal_io": "500MB/s", "epochs": 3, "datasets": ["s3://b/p"], "nodes": ["n1"]}
+    )
+    assert info == {
+        "gpus": 4,
+        "ideal_io": 500_000_000,
+        "epochs": 3,
+        "datasets": ["s3://b/p/"],
+        "nodes": ["n1"],
+    }
+    for bad in (
+        {},
+        {"gpus": -1},
+        {"gpus": True},
+        {"gpus": 1, "epochs": 0},
+        {"gpus": 1, "datasets": "s3://b/"},
+        {"gpus": 1, "datasets": ["\x07"]},
+        {"gpus": 1, "nodes": ["n"] * 5000},
+        {"gpus": 1, "uid": 0},
+        {"gpus": 1, "ideal_io": -5},
+    ):
+        with pytest.raises(HTTPError) as err:
+            _registration(bad)
+        assert err.value.status == 400, bad
+    assert json.dumps(info)  # persisted as JSON
+
+
+def test_new_connections_beyond_the_handshake_rate_are_closed_before_tls(
+    pki: dict[str, Path],
+) -> None:
+    """A flood costs the loop at most handshakes_per_second handshakes a second; the
+    rest are closed at accept, and the listener serves again once the bucket refills."""
+    with tls_server(pki, handshakes_per_second=2) as (port, acc):
+        conns = [socket.create_connection(("127.0.0.1", port), timeout=DEADLINE) for _ in range(6)]
+        try:
+            wait_for(lambda: acc.refused >= 4, "connections over the rate to be closed")
+            assert acc.open <= 2
+        finally:
+            for s in conns:
+                s.close()
+
+        def served() -> bool:
+            try:
+                assert_served(port, pki)
+                return True
+            except ControlError:
+                return False  # still over the rate: the bucket refills at 2 a second
+
+        wait_for(served, "the listener to serve again")

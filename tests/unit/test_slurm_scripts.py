@@ -1,0 +1,97 @@
+"""configs/slurm/prolog.sh and epilog.sh run with the SLURM_* environment slurmd gives
+them, with stand-ins for `silofs` and `silofs-ctl` that record their arguments: what
+the scripts do with a job's comment, whatever the comment says. (The real thing, under
+a real Slurm with a real daemon: tests/integration/test_slurm.py.)"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def site(tmp_path: Path) -> dict[str, Path]:
+    if shutil.which("bash") is None:
+        pytest.skip("bash is not installed")
+    record = tmp_path / "record"
+    for name in ("silofs", "silofs-ctl"):
+        stand_in = tmp_path / name
+        stand_in.write_text(f'#!/bin/sh\necho "{name} $*" >> {record}\nexit 0\n')
+        stand_in.chmod(0o755)
+    root = tmp_path / "mnt"
+    root.mkdir(mode=0o755)
+    env = tmp_path / "slurm.env"
+    env.write_text(
+        f"SILOFS={tmp_path}/silofs\nSILOFS_CTL={tmp_path}/silofs-ctl\n"
+        f"SILOFS_MOUNT_ROOT={root}\nSILOFS_SLURM_LOG={tmp_path}/log\n"
+        f"SILOFS_SOCKET={tmp_path}/ctl.sock\n"
+    )
+    return {"tmp": tmp_path, "record": record, "root": root, "env": env}
+
+
+def run(site: dict[str, Path], script: str, **slurm: str) -> subprocess.CompletedProcess:
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "SILOFS_SLURM_ENV": str(site["env"]),
+        **slurm,
+    }
+    return subprocess.run(
+        [str(REPO / "configs" / "slurm" / script)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_the_comment_cannot_steer_paths_or_options(site: dict[str, Path]) -> None:
+    comment = "other=1 silofs=s3://b/imagenet/ silofs=/x/.. silofs=-rf silofs=/y/imagenet "
+    comment += "silofs.ideal_io=500MB/s silofs.epochs=2"
+    res = run(
+        site,
+        "prolog.sh",
+        SLURM_JOB_ID="42",
+        SLURM_JOB_UID="0",
+        SLURM_JOB_GPUS="0,1",
+        SLURM_JOB_COMMENT=comment,
+    )
+    assert res.returncode == 0, res.stderr + site["tmp"].joinpath("log").read_text()
+    lines = site["record"].read_text().splitlines()
+    mounts = [ln.split() for ln in lines if ln.startswith("silofs mount")]
+    # Every URI after "--" (so "-rf" is a URI, not an option); names are plain and unique.
+    got = {m[m.index("--") + 1]: Path(m[m.index("--") + 2]).name for m in mounts}
+    assert got == {
+        "s3://b/imagenet/": "imagenet",
+        "/x/..": "data",
+        "-rf": "-rf",
+        "/y/imagenet": "imagenet-2",
+    }
+    assert all(Path(m[m.index("--") + 2]).parent == site["root"] / "42" for m in mounts)
+    assert oct(site["root"].stat().st_mode & 0o777) == "0o755"  # not chowned, not moved
+    (register,) = [ln.split() for ln in lines if ln.startswith("silofs-ctl job register")]
+    assert register[3] == "slurm-42"
+    opts = dict(zip(register[4::2], register[5::2], strict=False))
+    assert opts["--gpus"] == "2" and opts["--ideal-io"] == "500MB/s" and opts["--epochs"] == "2"
+
+    res = run(site, "epilog.sh", SLURM_JOB_ID="42")
+    assert res.returncode == 0, res.stderr
+    assert not (site["root"] / "42").exists()
+    assert "silofs-ctl forget --kind job slurm-42" in site["record"].read_text()
+
+
+def test_no_silofs_token_means_nothing_and_an_odd_job_id_is_refused(
+    site: dict[str, Path],
+) -> None:
+    res = run(site, "prolog.sh", SLURM_JOB_ID="7", SLURM_JOB_COMMENT="just a comment")
+    assert res.returncode == 0 and not site["record"].exists()
+    assert not (site["root"] / "7").exists()
+    res = run(site, "prolog.sh", SLURM_JOB_ID="../../etc", SLURM_JOB_COMMENT="silofs=/x")
+    assert res.returncode == 1 and not site["record"].exists()
+    res = run(site, "epilog.sh", SLURM_JOB_ID="../../etc")
+    assert res.returncode == 1

@@ -1,0 +1,177 @@
+"""The mount's warm path without FUSE: the reused read snapshot, the chunk buffer's bound.
+
+Owns: a chunk the daemon admitted after the mount's read snapshot began is served from
+LMDB by the next read (the snapshot is reused between reads, so a lookup that misses
+looks again in a fresh one) without asking the daemon; the read after a miss begins a
+fresh snapshot; the snapshot is not renewed per read; the chunk buffer's default bound
+follows read-ahead (chunk size x (read-ahead + 2) x streams) and holds. A real LMDB env;
+the admitting writer runs in another process, as the daemon does (LMDB allows one env
+per path per process).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import trio
+
+from silofs.cache.format import ChunkRef
+from silofs.cache.store import CacheStore
+from silofs.mount import reader as reader_mod
+from silofs.mount.reader import ChunkReader, OpenFile, buffer_bytes_for
+from silofs.records import ObjectInfo
+
+CHUNK = 64 << 10
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _obj(i: int) -> ObjectInfo:
+    return ObjectInfo(f"f{i}.bin", 1000 + i, 1.0, f"v{i}", f"c{i}")
+
+
+def _body(i: int) -> bytes:
+    return bytes([i % 251]) * (1000 + i)
+
+
+def admit(env: str, items: list[int]) -> None:
+    """Admit objects `items` (one chunk each) from another process, as the daemon does."""
+    code = textwrap.dedent(
+        f"""
+        from silofs.cache.format import ChunkRef, encode_chunk
+        from silofs.cache.store import CacheStore, PendingChunk
+        from tests.unit.test_warm_path import _body, _obj, CHUNK
+        s = CacheStore({env!r}, 64 << 20)
+        pending = []
+        for i in {items!r}:
+            o = _obj(i)
+            ref = ChunkRef.of(o, CHUNK, 0)
+            value = encode_chunk(1, 0, CHUNK, o.key, o.content_id, _body(i))
+            pending.append(PendingChunk(1, ref.key, value, ref.length))
+        s.admit(pending, {{}}, lambda _d, _u: 1 << 40)
+        s.close()
+        """
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT, timeout=60)
+
+
+class FakeDaemon:
+    """Answers chunk requests with the object's bytes and counts them."""
+
+    def __init__(self) -> None:
+        self.requests: list[str] = []
+
+    async def request(self, method: str, path: str) -> tuple[int, dict, bytes]:
+        self.requests.append(path)
+        i = int(path.split("key=f", 1)[1].split(".bin", 1)[0])
+        return 200, {"x-silofs-source": "store"}, _body(i)
+
+
+async def _never() -> None:
+    raise AssertionError("no re-registration here")
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> Iterator[str]:
+    path = str(tmp_path / "env")
+    os.makedirs(path)
+    CacheStore(path, 64 << 20).close()  # create the dbs
+    admit(path, [0])
+    yield path
+
+
+def _reader(env: str, daemon: FakeDaemon, buffer_bytes: int | None = 1 << 20) -> ChunkReader:
+    return ChunkReader(
+        CacheStore(env, 64 << 20, readonly=True),
+        daemon,  # type: ignore[arg-type]
+        dataset_id=1,
+        chunk_size=CHUNK,
+        buffer_bytes=buffer_bytes,
+        readahead_bytes=0,
+        reregister=_never,
+    )
+
+
+def test_a_chunk_admitted_after_the_snapshot_began_is_a_hit(
+    env: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(reader_mod, "SNAPSHOT_REUSE_SECONDS", 3600.0)  # never by age
+    daemon = FakeDaemon()
+    r = _reader(env, daemon)
+
+    async def main() -> None:
+        r.begin_read()
+        _, hit, source = await r.chunk(OpenFile(_obj(0)), 0)
+        assert (hit, source) == (True, "cache")
+        snapshot = r._txn
+        r.begin_read()
+        assert r._txn is snapshot  # reused, not one txn per read
+
+        admit(env, [1])  # the daemon admits a chunk while this snapshot is open
+        r.begin_read()
+        data, hit, source = await r.chunk(OpenFile(_obj(1)), 0)
+        assert (hit, source) == (True, "cache")
+        assert bytes(data) == _body(1)
+        assert daemon.requests == []
+
+    trio.run(main)
+    r.close()
+
+
+def test_the_read_after_a_miss_begins_a_fresh_snapshot(
+    env: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(reader_mod, "SNAPSHOT_REUSE_SECONDS", 3600.0)
+    daemon = FakeDaemon()
+    r = _reader(env, daemon)
+
+    async def main() -> None:
+        r.begin_read()
+        data, hit, source = await r.chunk(OpenFile(_obj(2)), 0)  # not cached anywhere
+        assert (hit, source, bytes(data)) == (False, "store", _body(2))
+        assert len(daemon.requests) == 1
+        snapshot = r._txn
+        r.begin_read()
+        assert r._txn is not snapshot
+        r.begin_read()
+        data, _, source = await r.chunk(OpenFile(_obj(2)), 0)  # the buffer, not the daemon
+        assert (source, len(daemon.requests)) == ("buffer", 1)
+
+    trio.run(main)
+    r.close()
+
+
+def test_the_buffer_is_sized_by_read_ahead_and_stays_within_it(env: str) -> None:
+    # Per sequential reader: its chunk, the next, and 1.5 windows of read-ahead.
+    assert buffer_bytes_for(4 << 20, 16 << 20) == (4 << 20) * 8 * reader_mod.BUFFER_STREAMS
+    r = ChunkReader(
+        CacheStore(env, 64 << 20, readonly=True),
+        FakeDaemon(),  # type: ignore[arg-type]
+        dataset_id=1,
+        chunk_size=CHUNK,
+        buffer_bytes=None,
+        readahead_bytes=3 * CHUNK,
+        reregister=_never,
+    )
+    assert r.buffer.max_bytes == CHUNK * 7 * reader_mod.BUFFER_STREAMS
+    for i in range(100):
+        o = ObjectInfo(f"big{i}", CHUNK, 1.0, "v", f"c{i}")
+        r.buffer.put(ChunkRef.of(o, CHUNK, 0).key, bytes(CHUNK), False)
+        assert r.buffer.bytes <= r.buffer.max_bytes
+    assert r.buffer.bytes == r.buffer.max_bytes  # full, never over
+    r.close()
+
+
+def test_keys_are_hashed_once_per_handle_and_chunk() -> None:
+    f = OpenFile(ObjectInfo("k", 3 * CHUNK, 1.0, "v", "c"))
+    a = f.chunk_ref(CHUNK, 1)
+    assert f.chunk_ref(CHUNK, 1) is a
+    b = f.chunk_ref(CHUNK, 2)
+    assert b.index == 2 and b.key != a.key
+    assert f.chunk_ref(CHUNK, 2) is b
+    assert f.chunk_ref(2 * CHUNK, 1).key == ChunkRef.of(f.obj, 2 * CHUNK, 1).key
