@@ -257,6 +257,12 @@ class Fetcher:
             self._busy[after] = done_event
         token = trio.lowlevel.current_trio_token()
         opened = 0
+        # A later span of this object already has a stream (its request came first):
+        # ours covers only its run, or the stream left open here would go unused.
+        streamed_ahead = any(
+            k[0] == obj.key and k[1] == obj.content_id and k[2] > first.start + total
+            for k in (*self._busy, *self._parked)
+        )
 
         def send(r: ChunkRef, data: bytes | memoryview) -> None:
             value = encode_chunk(dsid, r.index, r.chunk_size, obj.key, obj.content_id, data)
@@ -268,7 +274,7 @@ class Fetcher:
             nonlocal opened
             stream = parked[0] if parked is not None else None
             if stream is None and (readahead or len(run) > 1):
-                length = obj.size - first.start if stream_on else total
+                length = obj.size - first.start if stream_on and not streamed_ahead else total
                 stream = backend_open(first.start, length)
                 opened += stream is not None
             done = 0
