@@ -32,7 +32,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from silofs.control.client import ControlClient
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
+
+from silofs.control.client import ControlClient  # noqa: E402
+from tests.asuser import AsUserError, Identity, as_user, start_as  # noqa: E402
 
 
 def rss_mb(pid: int) -> float:
@@ -48,29 +51,6 @@ def status_figures(sock: str) -> tuple[int, float]:
     with ControlClient(sock, timeout=60) as c:
         _, _, body = c.request_raw("GET", "/v1/status")
     return len(body), time.perf_counter() - t0
-
-
-def as_uid(uid: int, fn, *args) -> dict:  # type: ignore[no-untyped-def]
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        try:
-            os.close(r)
-            os.setgroups([])
-            os.setgid(uid)
-            os.setuid(uid)
-            out = fn(*args)
-        except BaseException as exc:  # noqa: BLE001
-            out = {"error": repr(exc)}
-        try:
-            os.write(w, json.dumps(out).encode())
-        finally:
-            os._exit(0)
-    os.close(w)
-    with os.fdopen(r, "rb") as f:
-        data = f.read()
-    os.waitpid(pid, 0)
-    return json.loads(data)
 
 
 def flood_api(sock: str, base: str, n: int) -> dict:
@@ -152,9 +132,10 @@ def main() -> None:
                 time.sleep(0.05)
         print(f"daemon idle: RSS {rss_mb(proc.pid):.0f} MB")
         t0 = time.perf_counter()
-        counts = as_uid(args.uid, flood_api, sock, str(data), args.n)
-        if "error" in counts:
-            sys.exit(f"as uid {args.uid}: {counts['error']}")
+        try:
+            counts = as_user(Identity.nobody(args.uid), flood_api, sock, str(data), args.n)
+        except AsUserError as exc:
+            sys.exit(str(exc))
         size, took = status_figures(sock)
         print(
             f"uid {args.uid}: {args.n} dataset opens -> {counts['datasets']}, "
@@ -175,34 +156,19 @@ def main() -> None:
             )
         ready_r, ready_w = os.pipe()
         release_r, release_w = os.pipe()
-        r, w = os.pipe()
-        pid = os.fork()
-        if pid == 0:  # never returns into main(): its finally is the parent's
-            try:
-                os.close(r)
-                os.setgroups([])
-                os.setgid(args.uid)
-                os.setuid(args.uid)
-                out = hold_connections(sock, args.conns, ready_w, release_r)
-            except BaseException as exc:  # noqa: BLE001
-                out = {"error": repr(exc)}
-                os.write(ready_w, b"x")
-            try:
-                os.write(w, json.dumps(out).encode())
-            finally:
-                os._exit(0)
-        os.close(w)
+        child = start_as(
+            Identity.nobody(args.uid), hold_connections, sock, args.conns, ready_w, release_r
+        )
         os.close(ready_w)  # the child's copy is the one that signals
-        os.read(ready_r, 1)
+        if not os.read(ready_r, 1):  # the child died before holding its connections
+            sys.exit(f"uid {args.uid} could not hold connections: {child.result()}")
         size, took = status_figures(sock)
         t1 = time.perf_counter()
         with ControlClient(sock, timeout=30) as c:
             st, _, body = c.request_raw("GET", f"/v1/chunks?mount={m['id']}&key=f&index=0")
         miss = time.perf_counter() - t1
         os.write(release_w, b"x")
-        with os.fdopen(r, "rb") as f:
-            lines = json.loads(f.read())
-        os.waitpid(pid, 0)
+        lines = child.result()
         print(f"uid {args.uid} holding {args.conns} connections: first lines {lines}")
         print(
             f"  meanwhile root: status {took * 1000:.0f} ms, miss {st} ({len(body)} B) in "

@@ -4,22 +4,27 @@ Owns one figure of issue 10: objects listed per second by S3Backend.list() (the 
 daemon's listing runs) against a minimal ListObjectsV2 server (ListServer, below) behind
 tests/faultproxy.py with a first-byte delay of 0, 10 and 50 ms per request, with
 list_workers=1 (one page after another, the behaviour before fan-out) and
-list_workers=16 (delimiter-split prefixes in parallel).
-The bucket has --dirs directories of --per-dir objects. Never changes silofs; the server
-and the proxy live in this process.
-    python bench/listing.py [--dirs 100] [--per-dir 1000]
+list_workers=16 (delimiter-split prefixes in parallel; --workers to change).
+The bucket has --dirs directories of --per-dir objects. Never changes silofs. The server
+and the proxies run in a child process (the store's CPU is not the client's: in one
+process they would take the GIL from the listing being measured); --same-process keeps
+them in this one, as the figures before the page parser were taken.
+    python bench/listing.py [--dirs 100] [--per-dir 1000] [--workers 1,16]
 """
 
 from __future__ import annotations
 
 import argparse
 import bisect
+import contextlib
+import multiprocessing
 import os
 import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 from urllib.parse import parse_qs, quote, urlsplit
 from xml.sax.saxutils import escape
 
@@ -125,42 +130,71 @@ class ListServer:
         self.httpd.shutdown()
 
 
+def serve(keys: list[str], delays: list[float], conn: Any) -> None:
+    """The store side: one ListServer, one delaying proxy per delay; their URLs go back
+    through `conn`, and they stop when `conn` says so (or the parent goes away)."""
+    server = ListServer(keys)
+    with contextlib.ExitStack() as stack:
+        urls = {}
+        for delay in delays:
+            plan = FaultPlan(first_byte_delay=delay / 1000)
+            urls[delay] = stack.enter_context(FaultProxy(("127.0.0.1", server.port), plan)).url
+        conn.send(urls)
+        try:
+            conn.recv()
+        except EOFError:
+            pass
+    server.close()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--dirs", type=int, default=100)
     ap.add_argument("--per-dir", type=int, default=1000)
     ap.add_argument("--delays-ms", default="0,10,50")
+    ap.add_argument("--workers", default="1,16", help="list_workers values; the first is the base")
+    ap.add_argument("--same-process", action="store_true", help="server and proxy in this process")
     args = ap.parse_args()
     n = args.dirs * args.per_dir
     keys = [f"data/d{d:04d}/img_{i:06d}.jpg" for d in range(args.dirs) for i in range(args.per_dir)]
-    server = ListServer(keys)
+    delays = [float(x) for x in args.delays_ms.split(",")]
+    mine, theirs = multiprocessing.Pipe()
+    if args.same_process:
+        child = threading.Thread(target=serve, args=(keys, delays, theirs), daemon=True)
+    else:
+        child = multiprocessing.get_context("fork").Process(
+            target=serve, args=(keys, delays, theirs), daemon=True
+        )
+    child.start()
+    urls = mine.recv()
     os.environ.update(
         {"AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "x", "AWS_DEFAULT_REGION": "us-east-1"}
     )
     uri = parse_uri("s3://bench/data/")
+    where = "this process" if args.same_process else "a child process"
     print(f"{n:,} objects in {args.dirs} directories of {args.per_dir}; page size 1000")
-    print(f"{'delay':>6} {'workers':>8} {'seconds':>8} {'objects/s':>10}  speed-up")
+    print(f"store and proxy in {where}; CPU seconds are this process's (user + system)")
+    print(f"{'delay':>6} {'workers':>8} {'seconds':>8} {'objects/s':>10} {'cpu s':>6}  speed-up")
     try:
-        for delay in [float(x) for x in args.delays_ms.split(",")]:
-            plan = FaultPlan(first_byte_delay=delay / 1000)
-            with FaultProxy(("127.0.0.1", server.port), plan) as proxy:
-                serial = 0.0
-                for workers in (1, 16):
-                    opts = BackendOptions(endpoint_url=proxy.url, list_workers=workers)
-                    b = S3Backend(uri, opts)
-                    t0 = time.monotonic()
-                    got = sum(1 for _ in b.list())
-                    el = time.monotonic() - t0
-                    b.close()
-                    assert got == n, (got, n)
-                    serial = serial or el
-                    print(
-                        f"{delay:>4.0f}ms {workers:>8} {el:>8.2f} {n / el:>10,.0f}  "
-                        f"{serial / el:.1f}x",
-                        flush=True,
-                    )
+        for delay in delays:
+            serial = 0.0
+            for workers in [int(w) for w in args.workers.split(",")]:
+                opts = BackendOptions(endpoint_url=urls[delay], list_workers=workers)
+                b = S3Backend(uri, opts)
+                t0, c0 = time.monotonic(), time.process_time()
+                got = sum(1 for _ in b.list())
+                el, cpu = time.monotonic() - t0, time.process_time() - c0
+                b.close()
+                assert got == n, (got, n)
+                serial = serial or el
+                print(
+                    f"{delay:>4.0f}ms {workers:>8} {el:>8.2f} {n / el:>10,.0f} {cpu:>6.2f}  "
+                    f"{serial / el:.1f}x",
+                    flush=True,
+                )
     finally:
-        server.close()
+        mine.send("stop")
+        child.join(10)
 
 
 if __name__ == "__main__":

@@ -430,6 +430,12 @@ def _wait_listing(
         # reports its progress, shown here on a terminal.
         while ds["state"] in ("checking", "listing"):
             if background and ds.get("building_gen") is not None:
+                if tty:
+                    click.echo(
+                        f"listing {ds['uri']} in the background ({ds['listed']} objects so "
+                        "far); `silofs-ctl status` shows its progress",
+                        err=True,
+                    )
                 return ds
             if tty and ds["state"] == "listing":
                 rate = ds.get("list_rate") or 0
@@ -920,7 +926,12 @@ def warm(
     click.echo(
         f"silofs: warmed {w['dataset']}: {format_size(w['done_bytes'])} cached of "
         f"{format_size(w['matched_bytes'])} ({format_size(w['fetched_bytes'])} fetched, "
-        f"{format_size(w['skipped_bytes'])} already cached) in {w['elapsed_s']:.1f}s",
+        f"{format_size(w['skipped_bytes'])} already cached) in {w['elapsed_s']:.1f}s"
+        + (
+            f"; {w['denied_objects']} files you may not read were left out"
+            if w.get("denied_objects")
+            else ""
+        ),
         err=True,
     )
 

@@ -148,6 +148,11 @@ def parse_argv(argv: list[str]) -> tuple[str, str, str, bool, bool, bool]:
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
+    if argv in (["-V"], ["--version"]):  # as mount(8) and its other helpers answer
+        from silofs import __version__
+
+        print(f"mount.silofs {__version__}")
+        sys.exit(0)
     try:
         source, target, options, sloppy, fake, verbose = parse_argv(argv)
         flags = options_to_flags(options, sloppy)

@@ -111,8 +111,14 @@ class MountSettings:
     # window starts at one chunk and doubles); 0: none.
     readahead_bytes: int = 16 << 20
     # Fetched chunks held in the mount process (not admitted); None: what read-ahead
-    # needs (mount/reader.py buffer_bytes_for), not a flat size.
-    buffer_bytes: int | None = None
+    # needs (mount/reader.py buffer_bytes_for), not a flat size. SILOFS_BUFFER_BYTES sets
+    # it: bench/silod_live.py makes it what a job's readers have in flight, so that it is
+    # not a second, private cache that the controller cannot see.
+    buffer_bytes: int | None = field(
+        default_factory=lambda: (
+            parse_size(v) if (v := os.environ.get("SILOFS_BUFFER_BYTES")) else None
+        )
+    )
     read_ahead_kb: int = 1024  # bdi read-ahead: 1 MiB kernel read requests
     attr_timeout: float = 3600.0  # kernel entry/attr cache when the metadata TTL is indefinite
     # Seconds a listing is trusted before the mount asks the daemon to list again, and

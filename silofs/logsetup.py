@@ -151,4 +151,31 @@ def _reopen_on_sighup(handler: ReopeningFileHandler) -> None:
     signal.signal(signal.SIGHUP, hup)
 
 
-__all__ = ["setup_logging", "syslog_address", "JsonFormatter", "LOG_FORMATS", "SDK_LOGGERS"]
+def reopen_log_files() -> list[str]:
+    """Have every log file of the root logger reopened before its next record (what
+    SIGHUP asks of a daemon); the paths, empty when the logs go to stderr or syslog."""
+    files = []
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, ReopeningFileHandler):
+            handler.hup = True
+            files.append(handler.baseFilename)
+    return files
+
+
+def survive_sighup() -> None:
+    """SIGHUP never ends this process: it reopens the log file if there is one, and is
+    otherwise ignored. Python's default for SIGHUP is to die; a daemon logging to stderr
+    or syslog got it from `kill -HUP` (logrotate's postrotate, a closed terminal)."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGHUP, lambda _signum, _frame: reopen_log_files())
+
+
+__all__ = [
+    "reopen_log_files",
+    "survive_sighup",
+    "setup_logging",
+    "syslog_address",
+    "JsonFormatter",
+    "LOG_FORMATS",
+    "SDK_LOGGERS",
+]

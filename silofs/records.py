@@ -1,4 +1,5 @@
-"""The records both processes speak: an object as listed, a mount's counters, a job name.
+"""The records both processes speak: an object as listed, a listed prefix, a mount's
+counters, a job name.
 
 Owns only plain data shared by the node daemon, the mount processes and the cache
 format, so that neither side has to import the other to name them, and the job-name
@@ -19,6 +20,18 @@ class ObjectInfo:
     mtime: float  # seconds since the epoch
     version: str  # token for conditional reads: S3/Azure etag, GCS generation, local mtime_ns
     content_id: str  # store-reported content identity (etag, md5, crc32c+generation, ...)
+
+
+@dataclass(frozen=True)
+class PrefixListed:
+    """A fanned-out listing's word about one '/'-prefix, after the objects it announces:
+    `subs` are sub-prefixes one page of it named, and `done` says every page of it was
+    listed (every object directly under it came before this record). `key` and `subs`
+    are relative to the dataset prefix: "" is the root, else they end with '/'."""
+
+    key: str
+    subs: tuple[str, ...] = ()
+    done: bool = False
 
 
 @dataclass

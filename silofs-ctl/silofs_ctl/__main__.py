@@ -2,4 +2,4 @@
 
 from silofs_ctl.cli import main
 
-main()
+main(prog_name="silofs-ctl")

@@ -8,8 +8,13 @@ logic, or lets an exception reach the user as a traceback.
 from __future__ import annotations
 
 import logging
+import sys
+from typing import Any, NoReturn
 
 import click
+
+from silofs.control.client import ControlError
+from silofs.errors import SilofsError, UsageError
 
 from .certs_cmd import certs
 from .controller_cmd import controller
@@ -20,8 +25,45 @@ from .simulate_cmd import simulate_cmd
 
 log = logging.getLogger(__name__)
 
+PROG = "silofs-ctl"
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+
+def fail(message: str, code: int = 1) -> NoReturn:
+    """One line on stderr, as `silofs` prints them: `silofs-ctl: error: ...`."""
+    click.echo(f"{PROG}: error: {' '.join(message.split())}", err=True)
+    sys.exit(code)
+
+
+class OneLineGroup(click.Group):
+    """click, with every error in silofs's one style: `silofs-ctl: error: ...` on one
+    line; exit 2 for what was typed wrong (usage errors, as click's own), 1 otherwise,
+    130 when interrupted. click's own rendering ("Usage: ... Try ... Error: ...") is
+    three lines with another prefix; scripts and people grep for one."""
+
+    def main(self, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+        kwargs["standalone_mode"] = False
+        try:
+            rc = super().main(*args, **kwargs)
+        except (click.exceptions.Abort, KeyboardInterrupt):
+            fail("interrupted", 130)
+        except click.ClickException as exc:
+            no_args = getattr(click.exceptions, "NoArgsIsHelpError", ())
+            if isinstance(exc, no_args) and exc.ctx is not None:  # bare `silofs-ctl`: help
+                click.echo(exc.ctx.get_help(), err=True)
+                sys.exit(exc.exit_code)
+            message = exc.format_message()
+            ctx = getattr(exc, "ctx", None)
+            if isinstance(exc, click.UsageError) and ctx is not None:
+                message += f" (see `{ctx.command_path} --help`)"
+            fail(message, exc.exit_code)
+        except UsageError as exc:
+            fail(str(exc), 2)
+        except (SilofsError, ControlError) as exc:
+            fail(str(exc))
+        sys.exit(rc if isinstance(rc, int) else 0)
+
+
+@click.group(cls=OneLineGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="silofs", message="silofs-ctl %(version)s")
 @click.option("-v", "--verbose", count=True, help="More log output (-vv for debug).")
 def main(verbose: int) -> None:

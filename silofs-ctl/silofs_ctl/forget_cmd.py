@@ -12,6 +12,7 @@ import click
 from silofs.config import default_socket
 from silofs.control.client import ControlError, quote_segment
 
+from .node_cmds import dataset_arg
 from .nodes import SOCKET_HELP, one_node_client
 
 
@@ -31,7 +32,7 @@ def forget(name: str, socket: str | None, kind: str) -> None:
     Cached chunks and the saved listing of a dataset stay (a later mount reuses them)."""
     paths = []
     if kind in ("any", "dataset"):
-        paths.append(f"/v1/datasets/{quote_segment(name)}")
+        paths.append(f"/v1/datasets/{quote_segment(dataset_arg(name))}")
     if kind in ("any", "job"):
         paths.append(f"/v1/jobs/{quote_segment(name)}")
     try:

@@ -8,8 +8,10 @@ only through the control API; never touches the cache or the mounts directly.
 
 from __future__ import annotations
 
+import difflib
 import json
 import logging
+import os
 import time
 from typing import Any
 
@@ -33,6 +35,14 @@ def _call(socket: str | None, method: str, path: str, body: dict | None = None) 
             return client.request(method, path, body)
     except ControlError as exc:
         raise click.ClickException(str(exc)) from None
+
+
+def dataset_arg(name: str) -> str:
+    """A DATASET argument as the daemon should see it: a URI or short name as typed, a
+    local path made absolute here (the daemon does not know our working directory)."""
+    if "://" in name or not (name.startswith((".", "~")) or "/" in name):
+        return name
+    return os.path.abspath(os.path.expanduser(name))
 
 
 def _pct(x: float) -> str:
@@ -85,6 +95,12 @@ def render_status(s: dict) -> str:
     for d in s["datasets"]:
         if d.get("state") == "error" or d.get("error"):
             out.append(f"  {d['name']}: error: {d.get('error') or 'unknown'}")
+        elif d.get("state") == "listing":
+            # Progress of a listing: objects so far and the rate since it began.
+            out.append(
+                f"  {d['name']}: listing, {d.get('listed', 0):,} objects listed "
+                f"({d.get('list_rate') or 0:,.0f}/s)"
+            )
         elif d.get("state") not in (None, "ready"):
             out.append(f"  {d['name']}: {d['state']}")
         for key in ("store_errors", "store_retries"):
@@ -174,31 +190,111 @@ def status(socket: str | None, as_json: bool) -> None:
 @click.command("allocate-cache")
 @click.argument("dataset")
 @click.argument("size")
+@click.option(
+    "--create",
+    is_flag=True,
+    help="DATASET is not on this node yet (it will be mounted): allocate anyway.",
+)
 @socket_option
-def allocate_cache(dataset: str, size: str, socket: str | None) -> None:
+def allocate_cache(dataset: str, size: str, create: bool, socket: str | None) -> None:
     """Give DATASET (its URI or short name) SIZE bytes of cache (e.g. 200G, or 'none' to
-    return it to the shared pool)."""
+    return it to the shared pool).
+
+    DATASET must be one the node knows (opened, or holding an allocation) unless
+    --create says it will be mounted, so a mistyped URI is an error rather than an
+    allocation that waits forever."""
     try:
         nbytes = None if size.lower() in ("none", "shared") else parse_size(size)
     except UsageError as exc:
         raise click.BadParameter(str(exc), param_hint="SIZE") from None
-    ans = _call(socket, "PUT", f"/v1/datasets/{quote_segment(dataset)}/cache", {"bytes": nbytes})
+    name = quote_segment(dataset_arg(dataset))
+    if not create:
+        _require_known_dataset(socket, name, dataset)
+    ans = _call(socket, "PUT", f"/v1/datasets/{name}/cache", {"bytes": nbytes})
     shown = "the shared pool" if ans["bytes"] is None else format_size(ans["bytes"])
     click.echo(f"{ans['dataset']}: cache allocation {shown}")
 
 
+def _require_known_dataset(socket: str | None, quoted: str, typed: str) -> None:
+    """A UsageError unless the node has the dataset open or an allocation for it (the
+    daemon canonicalizes the name: a URI typed another way still matches)."""
+    try:
+        with one_node_client(socket or default_socket()) as client:
+            try:
+                client.request("GET", f"/v1/datasets/{quoted}")
+                return
+            except ControlError as exc:
+                if exc.status != 404:
+                    raise
+            try:
+                canonical = client.request("GET", f"/v1/datasets/{quoted}/cache")["dataset"]
+            except ControlError as exc:
+                if exc.status not in (400, 404):
+                    raise
+                canonical = None
+            known = client.request("GET", "/v1/allocations")["cache"]
+            datasets = [d["uri"] for d in client.request("GET", "/v1/status")["datasets"]]
+    except ControlError as exc:
+        raise click.ClickException(str(exc)) from None
+    if canonical is not None and canonical in known:
+        return
+    close = difflib.get_close_matches(canonical or typed, sorted({*known, *datasets}), n=1)
+    hint = f"did you mean {close[0]}? " if close else ""
+    raise UsageError(
+        f"no dataset {typed!r} on this node: {hint}check the name, or pass --create if "
+        "it will be mounted"
+    )
+
+
 @click.command("allocate-io")
 @click.argument("job")
-@click.argument("rate")
+@click.argument("rate", required=False)
+@click.option(
+    "--create",
+    is_flag=True,
+    help="JOB is not on this node yet (its mounts are coming): allocate anyway.",
+)
+@click.option("--clear", is_flag=True, help="Remove JOB's allocation (it is unlimited again).")
 @socket_option
-def allocate_io(job: str, rate: str, socket: str | None) -> None:
-    """Give JOB a remote IO allocation of RATE (200MB/s, 1.5Gbps, 0, unlimited)."""
+def allocate_io(job: str, rate: str | None, create: bool, clear: bool, socket: str | None) -> None:
+    """Give JOB a remote IO allocation of RATE (200MB/s, 1.5Gbps, 0, unlimited).
+
+    A rate needs a unit, as `silofs mount --io-limit` does: `100` alone is refused (JuiceFS
+    users mean Mbps, rclone users KiB/s). JOB must be a job the node knows (one with a
+    mount, a warm or an allocation) unless --create says its mounts are coming, so a
+    mistyped name is an error rather than an allocation nobody uses. --clear removes the
+    allocation; `silofs-ctl forget JOB` removes an unused job's row as well."""
+    path = f"/v1/jobs/{quote_segment(job)}/io"
+    if clear:
+        if rate is not None or create:
+            raise click.UsageError("--clear takes no RATE and no --create")
+        ans = _call(socket, "DELETE", path)
+        click.echo(f"{ans['job']}: remote IO allocation removed (unlimited)")
+        return
+    if rate is None:
+        raise click.UsageError("missing argument 'RATE' (or pass --clear)")
     try:
-        rate_bps = parse_rate(rate)
+        rate_bps = parse_rate(rate, require_unit=True)
     except UsageError as exc:
         raise click.BadParameter(str(exc), param_hint="RATE") from None
-    ans = _call(socket, "PUT", f"/v1/jobs/{quote_segment(job)}/io", {"bytes_per_s": rate_bps})
+    if not create:
+        _require_known_job(socket, job)
+    ans = _call(socket, "PUT", path, {"bytes_per_s": rate_bps})
     click.echo(f"{ans['job']}: remote IO allocation {format_rate(ans['bytes_per_s'])}")
+
+
+def _require_known_job(socket: str | None, job: str) -> None:
+    """A UsageError unless the node knows `job` (status lists every job with a mount, a
+    warm or an allocation, and recently idle ones)."""
+    known = {j["name"] for j in _call(socket, "GET", "/v1/status")["jobs"]}
+    if job in known:
+        return
+    close = difflib.get_close_matches(job, sorted(known), n=1)
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    raise UsageError(
+        f"no job {job!r} on this node ({len(known)} known): {hint}check the name, or pass "
+        "--create if its mounts are coming"
+    )
 
 
 @click.command()
@@ -207,7 +303,8 @@ def allocate_io(job: str, rate: str, socket: str | None) -> None:
 @socket_option
 def admission(dataset: str, mode: str, socket: str | None) -> None:
     """Set DATASET's cache admission: uniform (epochs) or lru (irregular access)."""
-    ans = _call(socket, "PUT", f"/v1/datasets/{quote_segment(dataset)}/admission", {"mode": mode})
+    path = f"/v1/datasets/{quote_segment(dataset_arg(dataset))}/admission"
+    ans = _call(socket, "PUT", path, {"mode": mode})
     click.echo(f"{ans['dataset']}: admission {ans['mode']}")
 
 
@@ -220,7 +317,7 @@ def refresh(dataset: str, wait: bool, socket: str | None) -> None:
 
     Files already open keep reading the version they opened; new opens see the new
     listing (within the mounts' --metadata-ttl for names the kernel has cached)."""
-    ds = _call(socket, "GET", f"/v1/datasets/{quote_segment(dataset)}")
+    ds = _call(socket, "GET", f"/v1/datasets/{quote_segment(dataset_arg(dataset))}")
     ans = _call(socket, "POST", "/v1/datasets", {"uri": ds["uri"], "refresh": True})
     while wait and ans["state"] in ("checking", "listing"):
         time.sleep(0.2)

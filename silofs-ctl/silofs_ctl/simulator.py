@@ -533,16 +533,17 @@ class Simulation:
         self.filled[key] = keep
 
     def _lru_targets(self) -> None:
-        rates: dict[str, list[float]] = {}
+        readers: list[sim_lru.LruReader] = []
         sizes: dict[str, float] = {}
         for job in self.active.values():
-            rate = job.rate if job.rate > 0 else job.share * job.spec.ideal_io
-            rates.setdefault(job.spec.dataset, []).append(rate)
+            gpu_rate = job.share * job.spec.ideal_io
+            readers.append(sim_lru.LruReader(job.spec.dataset, gpu_rate, job.io_cap, job.rate))
             sizes[job.spec.dataset] = job.size
         for key in list(self.inflow):
             self._sync_unit(key)  # what was fetched so far counts against the old targets
-        self.target, self.lru_time = sim_lru.holdings_at(
-            self.cluster.total_cache, sizes, rates, self.lru_time
+        # The holdings at the rates they lead to, not at the rates now (sim_lru).
+        self.target, self.lru_time = sim_lru.equilibrium_holdings(
+            self.cluster.total_cache, sizes, readers, self.scenario.remote_io, self.lru_time
         )
         for dataset in list(self.resident):
             self.resident[dataset] = min(self.resident[dataset], self.target.get(dataset, 0.0))

@@ -1,13 +1,27 @@
 """A dataset's listing as a directory index in LMDB: built in batches, read on demand.
 
-Owns the on-disk form of a listing and both of its sides:
-  dirents  dataset id (8) + generation (4) + parent inode (8) + name -> inode (8) + kind (1)
-           (+ the full name when it is too long for an LMDB key: the key then holds its
-           first bytes and an xxh3_128 of the whole name)
-  inodes   dataset id (8) + generation (4) + inode (8) -> _INODE header + path
-           [+ NUL version NUL content id, for a file]
+Owns the on-disk form of a listing (LISTING_FORMAT) and both of its sides:
+  dirents  dataset id (8) + generation (4) + parent inode (8) + name ->
+             a directory: inode (8) + kind (1) [+ full name]
+             a file: _FILE (inode, kind, size, mtime, since, ordinal) + version NUL
+                     content id (the version inside it written as \x01) NUL [full name]
+           (the full name only when it is too long for an LMDB key: the key then holds
+           its first bytes and an xxh3_128 of the whole name)
+           ... + parent inode 0 + b"c" + inode -> b""   directory complete (see below)
+           ... + parent inode 0 + b"e" + inode -> b""   directory made from a listed prefix
+  inodes   dataset id (8) + generation (4) + inode (8) ->
+             a directory: _INODE header + path
+             a file: kind (1) + parent inode (8) + name: where its dirents row is
+A file's row in its directory carries everything lookup, readdir and open need, so a
+walk (find, ls -l) reads one directory's rows in key order and never the inodes B-tree
+(hash-keyed, so every get there lands on another page); an inode number alone (getattr,
+open by the kernel) goes through the small inodes row to the dirents row.
 ListingBuilder turns a stream of ObjectInfo (any order, any size) into those rows, one
-bounded batch per write txn, keeping only one batch of directory state in memory.
+bounded batch per write txn, keeping only one batch of directory state in memory. A
+fanned-out listing also sends PrefixListed records: a prefix's sub-prefixes become
+directories as soon as a page names them, and a prefix whose pages are all listed gets a
+"complete" row, so a mount serving a listing still being written (--list-in-background)
+can answer lookups and readdir of that directory before the whole listing is done.
 ListingReader answers lookup/getattr/readdir/resolve-a-path from a read txn, so a mount
 never holds the listing in memory. Never opens the env, never decides when to list, and
 never talks to a store.
@@ -18,6 +32,11 @@ Invariants:
   (another path already has the number in this generation) probes the next number.
 - A generation is written completely before the dataset record names it; rows of other
   generations are garbage the daemon deletes in bounded txns (delete_generations).
+- A directory has a "complete" row only once every object directly under it and every
+  sub-prefix naming it were written (the backend sends PrefixListed after them, and sends
+  what a sub-prefix lists only after the page that named it). Directories made from a
+  prefix that ended up with no object (only markers, or only keys that were skipped) are
+  removed by finish(), so the finished listing is what a serial one would be.
 - Keys no POSIX path can name (empty, '.' or '..' parts, NUL) are skipped and counted; a
   file whose name is also a directory prefix is shadowed (the directory wins, whatever the
   order the keys arrive in), and so is a second object under the same key.
@@ -33,7 +52,7 @@ from dataclasses import dataclass, field
 import lmdb
 import xxhash
 
-from silofs.records import ObjectInfo
+from silofs.records import ObjectInfo, PrefixListed
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +66,12 @@ _DIRENT = struct.Struct("<QB")
 # generation whose listing first showed this path with this version: a mount that started
 # later cannot have other bytes of it in the kernel's page cache).
 _INODE = struct.Struct("<BQQdQI")
+# A file's dirents value: inode, kind, size, mtime, since, ordinal in the listing.
+_FILE = struct.Struct("<QBQdIQ")
+_FREF = struct.Struct("<BQ")  # a file's inodes value: kind, parent (+ name)
+# Bumped when the rows change shape; a listing of another format is listed again.
+LISTING_FORMAT = 2
+_SAME = b"\x01"  # in a stored content id: "the version goes here" (S3: s3:ETAG:size)
 _INO_MASK = (1 << 63) - 1  # signed-safe for every consumer of st_ino
 _SAMPLES = 5  # shadowed/skipped keys kept as examples for the log and the record
 
@@ -100,19 +125,63 @@ def _dec(raw: bytes) -> str:
 
 
 def _decode_inode(ino: int, raw: bytes | memoryview) -> Entry:
+    """A directory's inodes row."""
     kind, parent, size, mtime, aux, since = _INODE.unpack_from(raw)
-    tail = bytes(raw[_INODE.size :])
-    if kind == DIR:
-        return Entry(ino, True, parent, size, mtime, aux, since, tail)
-    path, version, cid = tail.split(b"\0", 2)
-    return Entry(ino, False, parent, size, mtime, aux, since, path, _dec(version), _dec(cid))
+    assert kind == DIR
+    return Entry(ino, True, parent, size, mtime, aux, since, bytes(raw[_INODE.size :]))
 
 
 def _encode_inode(e: Entry) -> bytes:
-    head = _INODE.pack(DIR if e.is_dir else FILE, e.parent, e.size, e.mtime, e.aux, e.since)
-    if e.is_dir:
-        return head + e.path
-    return head + e.path + b"\0" + _enc(e.version) + b"\0" + _enc(e.content_id)
+    assert e.is_dir
+    return _INODE.pack(DIR, e.parent, e.size, e.mtime, e.aux, e.since) + e.path
+
+
+def _pack_cid(version: bytes, cid: bytes) -> bytes:
+    """The content id as stored: most stores build it from the version (S3
+    "s3:ETAG:size", local "local:VERSION"), which the row already holds."""
+    if version and version in cid and _SAME not in cid:
+        return _SAME + cid.replace(version, _SAME)
+    if cid[:1] in (_SAME, b"\x02"):
+        return b"\x02" + cid  # escaped: a raw id that starts like a template
+    return cid
+
+
+def _unpack_cid(version: bytes, stored: bytes) -> bytes:
+    if stored[:1] == _SAME:
+        return stored[1:].replace(_SAME, version)
+    if stored[:1] == b"\x02":
+        return stored[1:]
+    return stored
+
+
+def _encode_file(ino: int, obj: ObjectInfo, since: int, ordinal: int, long_name: bytes) -> bytes:
+    version = _enc(obj.version)
+    return (
+        _FILE.pack(ino, FILE, obj.size, obj.mtime, since, ordinal)
+        + version
+        + b"\0"
+        + _pack_cid(version, _enc(obj.content_id))
+        + b"\0"
+        + long_name
+    )
+
+
+def _file_entry(parent: int, parent_path: bytes, name: bytes, v: bytes | memoryview) -> Entry:
+    """A file's Entry from its dirents value."""
+    ino, _, size, mtime, since, ordinal = _FILE.unpack_from(v)
+    version, stored, _ = bytes(v[_FILE.size :]).split(b"\0", 2)
+    path = parent_path + b"/" + name if parent != ROOT_INODE else name
+    cid = _unpack_cid(version, stored)
+    return Entry(ino, False, parent, size, mtime, ordinal, since, path, _dec(version), _dec(cid))
+
+
+def _dirent_name(key: bytes | memoryview, n: int, v: bytes | memoryview) -> bytes:
+    """The entry's name: the key's tail, or the full name a hashed long name keeps."""
+    if v[8] == DIR:
+        full = bytes(v[_DIRENT.size :])
+    else:
+        full = bytes(v[_FILE.size :]).split(b"\0", 2)[2]
+    return full or bytes(key[n:])
 
 
 class _Rows:
@@ -135,6 +204,10 @@ class _Rows:
 
     def inode(self, ino: int) -> bytes:
         return self.prefix + _INO.pack(ino)
+
+    def mark(self, kind: bytes, ino: int = 0) -> bytes:
+        """A row under parent inode 0 (no directory has it): b"c" complete, b"e" eager."""
+        return self.prefix + _INO.pack(0) + kind + (_INO.pack(ino) if ino else b"")
 
 
 @dataclass
@@ -175,17 +248,21 @@ class ListingBuilder:
         self.inodes = inodes
         self.totals = ListingTotals()
         self._dirs: dict[int, Entry] = {}  # this batch's directories, by inode
+        self._blocked: set[str] = set()  # listed prefixes never to be marked complete
 
     def start(self, txn: lmdb.Transaction) -> None:
         """Write the empty root. The generation's rows must not exist yet."""
         root = Entry(ROOT_INODE, True, ROOT_INODE, 0, 0.0, 0, self.gen, b"")
         txn.put(self.rows.inode(ROOT_INODE), _encode_inode(root), db=self.inodes)
 
-    def add(self, txn: lmdb.Transaction, objects: Iterable[ObjectInfo]) -> None:
-        """Add a batch of objects in the caller's write txn."""
+    def add(self, txn: lmdb.Transaction, objects: Iterable[ObjectInfo | PrefixListed]) -> None:
+        """Add a batch of objects (and PrefixListed records) in the caller's write txn."""
         try:
             for obj in objects:
-                self._add(txn, obj)
+                if isinstance(obj, PrefixListed):
+                    self._prefix(txn, obj)
+                else:
+                    self._add(txn, obj)
         finally:
             for d in self._dirs.values():
                 txn.put(self.rows.inode(d.inode), _encode_inode(d), db=self.inodes)
@@ -226,12 +303,11 @@ class ListingBuilder:
         if len(keys) < _SAMPLES:
             keys.append(key)
 
-    def _shadow_file(self, txn: lmdb.Transaction, ino: int) -> None:
-        """A file that turned out to be a directory prefix: it leaves the listing."""
-        raw = txn.get(self.rows.inode(ino), db=self.inodes)
-        assert raw is not None
-        f = _decode_inode(ino, raw)
-        txn.delete(self.rows.inode(ino), db=self.inodes)
+    def _shadow_file(self, txn: lmdb.Transaction, parent: Entry, name: bytes, v: bytes) -> None:
+        """A file that turned out to be a directory prefix: it leaves the listing (the
+        caller overwrites its dirents row with the directory's)."""
+        f = _file_entry(parent.inode, parent.path, name, v)
+        txn.delete(self.rows.inode(f.inode), db=self.inodes)
         self.totals.files -= 1
         self.totals.bytes -= f.size
         self.totals.blocks -= -(-f.size // 4096)
@@ -259,7 +335,7 @@ class ListingBuilder:
             ino, kind = _DIRENT.unpack_from(raw)
             if kind == FILE:
                 # A file "a" and a key "a/b": the directory wins or "a/b" is unreachable.
-                self._shadow_file(txn, ino)
+                self._shadow_file(txn, parent, part, bytes(raw))
                 chain.append(self._new_dir(txn, parent, part, row, long))
             else:
                 chain.append(self._dir(txn, ino))
@@ -275,25 +351,16 @@ class ListingBuilder:
         ino = self._free_inode(txn, b"f:", path)
         since = self.gen
         if self.prev is not None:
-            old = txn.get(self.prev.inode(ino), db=self.inodes)
-            if old is not None:
-                e = _decode_inode(ino, old)
-                if not e.is_dir and e.path == path and e.version == obj.version:
+            # The same path in the previous generation: its directory has the same inode
+            # (inode numbers follow the path), so its row has the same key.
+            old = txn.get(self.prev.dirent(parent.inode, name)[0], db=self.dirents)
+            if old is not None and old[8] == FILE:
+                e = _file_entry(parent.inode, parent.path, name, old)
+                if e.inode == ino and e.version == obj.version:
                     since = e.since
-        f = Entry(
-            ino,
-            False,
-            parent.inode,
-            obj.size,
-            obj.mtime,
-            t.next_ordinal,
-            since,
-            path,
-            obj.version,
-            obj.content_id,
-        )
-        txn.put(self.rows.inode(ino), _encode_inode(f), db=self.inodes)
-        txn.put(row, _DIRENT.pack(ino, FILE) + (name if long else b""), db=self.dirents)
+        value = _encode_file(ino, obj, since, t.next_ordinal, name if long else b"")
+        txn.put(self.rows.inode(ino), _FREF.pack(FILE, parent.inode) + name, db=self.inodes)
+        txn.put(row, value, db=self.dirents)
         t.next_ordinal += 1
         t.files += 1
         t.bytes += obj.size
@@ -302,6 +369,76 @@ class ListingBuilder:
         for d in chain:  # a directory's mtime is its newest entry's
             if obj.mtime > d.mtime:
                 d.mtime = obj.mtime
+
+    # -- listed prefixes (fan-out) -----------------------------------------------------
+    def _eager_dir(self, txn: lmdb.Transaction, parent: Entry, name: bytes) -> Entry | None:
+        """Directory `name` in `parent`, made now if missing; None if a file has the name
+        (the first object under it will shadow the file, as in _add)."""
+        row, long = self.rows.dirent(parent.inode, name)
+        raw = txn.get(row, db=self.dirents)
+        if raw is None:
+            d = self._new_dir(txn, parent, name, row, long)
+            txn.put(self.rows.mark(b"e", d.inode), b"", db=self.dirents)
+            return d
+        ino, kind = _DIRENT.unpack_from(raw)
+        return None if kind == FILE else self._dir(txn, ino)
+
+    def _prefix(self, txn: lmdb.Transaction, p: PrefixListed) -> None:
+        if p.key in self._blocked:
+            return  # a page of it was skipped: its sub-prefixes may be missing
+        d: Entry | None = self._dir(txn, ROOT_INODE)
+        if p.key:
+            parts = encode_name(p.key[:-1])
+            if parts is None:
+                return  # every key under it is skipped
+            for part in parts:
+                assert d is not None
+                d = self._eager_dir(txn, d, part)
+                if d is None:
+                    # A file has the name: this page's sub-prefixes are not made, so
+                    # the directory is complete only with the whole listing, even once
+                    # an object under it shadows the file. Rare (a file and a prefix of
+                    # one name), so the set stays small.
+                    self._blocked.add(p.key)
+                    return
+        assert d is not None
+        for sub in p.subs:
+            name = sub[len(p.key) : -1]
+            if sub.startswith(p.key) and sub.endswith("/") and encode_name(name) == [_enc(name)]:
+                self._eager_dir(txn, d, _enc(name))
+        if p.done:
+            txn.put(self.rows.mark(b"c", d.inode), b"", db=self.dirents)
+
+    def finish(self, txn: lmdb.Transaction) -> None:
+        """Remove the directories made from listed prefixes that no object ended up in,
+        deepest first (so a parent emptied by that goes too), and their eager rows."""
+        start = self.rows.mark(b"e")
+        cur = txn.cursor(db=self.dirents)
+        eager: list[int] = []
+        if cur.set_range(start):
+            for k, _ in cur:
+                if not k.startswith(start):
+                    break
+                eager.append(_INO.unpack(k[len(start) :])[0])
+        entries = [e for e in (self._get(txn, ino) for ino in eager) if e is not None]
+        for e in sorted(entries, key=lambda e: -e.path.count(b"/")):
+            txn.delete(self.rows.mark(b"e", e.inode), db=self.dirents)
+            if cur.set_range(self.rows.dir_prefix(e.inode)) and cur.key().startswith(
+                self.rows.dir_prefix(e.inode)
+            ):
+                continue  # it has entries
+            txn.delete(self.rows.dirent(e.parent, e.name)[0], db=self.dirents)
+            txn.delete(self.rows.inode(e.inode), db=self.inodes)
+            txn.delete(self.rows.mark(b"c", e.inode), db=self.dirents)
+            parent = self._get(txn, e.parent)
+            assert parent is not None
+            parent.aux -= 1
+            txn.put(self.rows.inode(parent.inode), _encode_inode(parent), db=self.inodes)
+            self.totals.inodes -= 1
+
+    def _get(self, txn: lmdb.Transaction, ino: int) -> Entry | None:
+        raw = txn.get(self.rows.inode(ino), db=self.inodes)
+        return None if raw is None else _decode_inode(ino, raw)
 
     def record(self) -> dict:
         t = self.totals
@@ -316,6 +453,7 @@ class ListingBuilder:
             "skipped": t.skipped,
             "shadowed_keys": t.shadowed_keys,
             "skipped_keys": t.skipped_keys,
+            "listing_format": LISTING_FORMAT,
         }
 
 
@@ -335,7 +473,20 @@ class ListingReader:
         if not 0 < ino <= _INO_MASK:
             return None
         raw = txn.get(self.rows.inode(ino), db=self.inodes)
-        return None if raw is None else _decode_inode(ino, raw)
+        if raw is None:
+            return None
+        if raw[0] == DIR:
+            return _decode_inode(ino, raw)
+        _, parent = _FREF.unpack_from(raw)
+        name = bytes(raw[_FREF.size :])
+        v = txn.get(self.rows.dirent(parent, name)[0], db=self.dirents)
+        if v is None:
+            return None
+        return _file_entry(parent, self._path(txn, parent), name, v)
+
+    def _path(self, txn: lmdb.Transaction, directory: int) -> bytes:
+        raw = txn.get(self.rows.inode(directory), db=self.inodes)
+        return b"" if raw is None else bytes(raw[_INODE.size :])
 
     def child(self, txn: lmdb.Transaction, parent: int, name: bytes) -> int | None:
         """The inode of `name` in directory `parent` (no '.'/'..' handling)."""
@@ -343,13 +494,28 @@ class ListingReader:
         raw = txn.get(row, db=self.dirents)
         if raw is None:
             return None
-        if long and bytes(raw[_DIRENT.size :]) != name:
+        if long and _dirent_name(row, 0, raw) != name:
             return None  # another long name with the same first bytes and hash
         return _DIRENT.unpack_from(raw)[0]
 
-    def lookup(self, txn: lmdb.Transaction, parent: int, name: bytes) -> Entry | None:
-        ino = self.child(txn, parent, name)
-        return None if ino is None else self.get(txn, ino)
+    def complete(self, txn: lmdb.Transaction, ino: int) -> bool:
+        """Whether directory `ino` has all its entries in a generation still being
+        written (a finished generation is complete throughout)."""
+        return txn.get(self.rows.mark(b"c", ino), db=self.dirents) is not None
+
+    def lookup(
+        self, txn: lmdb.Transaction, parent: int, name: bytes, parent_path: bytes | None = None
+    ) -> Entry | None:
+        """`name` in directory `parent` (whose path the caller may know already)."""
+        row, long = self.rows.dirent(parent, name)
+        v = txn.get(row, db=self.dirents)
+        if v is None or (long and _dirent_name(row, 0, v) != name):
+            return None
+        if v[8] == DIR:
+            return self.get(txn, _DIRENT.unpack_from(v)[0])
+        if parent_path is None:
+            parent_path = self._path(txn, parent)
+        return _file_entry(parent, parent_path, name, v)
 
     def children(
         self, txn: lmdb.Transaction, parent: int, after: bytes | None = None
@@ -368,8 +534,32 @@ class ListingReader:
             if not k.startswith(prefix):
                 return
             key = bytes(k)
-            name = bytes(v[_DIRENT.size :]) or key[n:]
-            yield key, name, _DIRENT.unpack_from(v)[0]
+            yield key, _dirent_name(key, n, v), _DIRENT.unpack_from(v)[0]
+
+    def entries(
+        self, txn: lmdb.Transaction, parent: int, after: bytes | None = None
+    ) -> Iterator[tuple[bytes, bytes, int, Entry | None]]:
+        """children(), with each file's Entry read from the directory's own rows (no
+        inodes get: a walk reads the directory in key order); None for a directory
+        (its subdirectory count is in its inodes row: get() it). The file entries'
+        paths are empty: they are for attributes."""
+        prefix = self.rows.dir_prefix(parent)
+        n = len(prefix)
+        cur = txn.cursor(db=self.dirents)
+        if not cur.set_range(prefix if after is None else after):
+            return
+        if after is not None and cur.key() == after and not cur.next():
+            return
+        for k, v in cur:
+            if not k.startswith(prefix):
+                return
+            key = bytes(k)
+            name = _dirent_name(key, n, v)
+            if v[8] == DIR:
+                yield key, name, _DIRENT.unpack_from(v)[0], None
+            else:
+                e = _file_entry(parent, b"", name, v)
+                yield key, name, e.inode, e
 
     def resolve(self, txn: lmdb.Transaction, key: str) -> Entry | None:
         """The file listed under object key `key`, or None."""
@@ -386,16 +576,40 @@ class ListingReader:
         return e if e is not None and not e.is_dir else None
 
     def iter_files(self, txn: lmdb.Transaction) -> Iterator[Entry]:
-        cur = txn.cursor(db=self.inodes)
+        """Every file, directory by directory (the dirents rows in key order)."""
+        for _, e in self.iter_file_rows(txn):
+            yield e
+
+    def iter_file_rows(
+        self, txn: lmdb.Transaction, start: bytes | None = None
+    ) -> Iterator[tuple[bytes, Entry]]:
+        """(row, Entry) of every file from row `start` on; a row is the dirents key
+        without the generation's prefix, the same in every generation for one path
+        (file_at)."""
         prefix = self.rows.prefix
-        if not cur.set_range(prefix):
+        n = len(prefix) + _INO.size
+        cur = txn.cursor(db=self.dirents)
+        # The parent-0 rows ("complete", "eager") sort first: start after them.
+        if not cur.set_range(prefix + (start or _INO.pack(ROOT_INODE))):
             return
+        last, path = -1, b""
         for k, v in cur:
             if not k.startswith(prefix):
                 return
-            e = _decode_inode(_INO.unpack(k[len(prefix) :])[0], v)
-            if not e.is_dir:
-                yield e
+            if v[8] != FILE:
+                continue
+            parent = _INO.unpack_from(k, len(prefix))[0]
+            if parent != last:
+                last, path = parent, self._path(txn, parent)
+            yield bytes(k[len(prefix) :]), _file_entry(parent, path, _dirent_name(k, n, v), v)
+
+    def file_at(self, txn: lmdb.Transaction, row: bytes) -> Entry | None:
+        """The file at `row` (iter_file_rows) in this generation (its path not set)."""
+        v = txn.get(self.rows.prefix + row, db=self.dirents)
+        if v is None or v[8] != FILE:
+            return None
+        parent = _INO.unpack_from(row)[0]
+        return _file_entry(parent, b"", _dirent_name(row, _INO.size, v), v)
 
 
 def delete_generations(

@@ -29,10 +29,15 @@ from dataclasses import dataclass
 
 import lmdb
 
-from silofs.cache.format import KEY_SIZE
-from silofs.cache.listing import ListingBuilder, ListingReader, delete_generations
+from silofs.cache.format import KEY_SIZE, chunk_key
+from silofs.cache.listing import (
+    LISTING_FORMAT,
+    ListingBuilder,
+    ListingReader,
+    delete_generations,
+)
 from silofs.errors import SilofsError
-from silofs.records import ObjectInfo
+from silofs.records import ObjectInfo, PrefixListed
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +55,9 @@ _DBS = (
     b"meta",
     b"dirents",
     b"inodes",
+    b"stale",
 )
+_DAEMON_ONLY = {b"stale"}  # dbs only the daemon reads (newer than some envs)
 LISTING_BATCH = 10_000  # objects per listing write txn: bounds the writer's hold and memory
 _EVICT_BATCH = 512
 # LMDB needs free pages even to delete (copy-on-write). Admission therefore leaves this
@@ -175,7 +182,15 @@ class CacheStore:
             raise
         except lmdb.Error as exc:
             raise SilofsError(f"cannot open cache at {path}: {exc}") from None
-        self.dbs = {name: self.env.open_db(name, create=not readonly) for name in _DBS}
+        self.dbs = {}
+        for name in _DBS:
+            try:
+                self.dbs[name] = self.env.open_db(name, create=not readonly)
+            except lmdb.NotFoundError:
+                # A mount of an env an older daemon made (still running after an
+                # upgrade): it lacks dbs no mount reads.
+                if not readonly or name not in _DAEMON_ONLY:
+                    raise
         self._max_key = self.env.max_key_size()  # 511 in stock LMDB; S3 keys reach 1024
         psize = self.env.stat()["psize"]
         self._headroom_pages = max(
@@ -279,9 +294,13 @@ class CacheStore:
 
     def current_generation(self, dsid: int) -> int | None:
         """The generation the dataset record names, None if never listed (or listed by a
-        silofs before generations, whose rows a mount cannot serve)."""
-        gen = self.dataset_record(dsid).get("gen")
-        return int(gen) if gen is not None else None
+        silofs before generations, or with rows of another LISTING_FORMAT: a mount
+        cannot serve those)."""
+        record = self.dataset_record(dsid)
+        gen = record.get("gen")
+        if gen is None or record.get("listing_format") != LISTING_FORMAT:
+            return None  # rows of another shape (cache/listing.py): listed again
+        return int(gen)
 
     def begin_listing(self, dsid: int) -> ListingBuilder:
         """A builder for the dataset's next generation. Rows of any generation but the
@@ -296,15 +315,19 @@ class CacheStore:
             b.start(txn)
         return b
 
-    def add_to_listing(self, builder: ListingBuilder, objects: list[ObjectInfo]) -> None:
+    def add_to_listing(
+        self, builder: ListingBuilder, objects: list[ObjectInfo | PrefixListed]
+    ) -> None:
         with self.env.begin(write=True) as txn:
             builder.add(txn, objects)
 
     def finish_listing(self, builder: ListingBuilder, record: dict) -> dict:
         """Make the builder's generation the dataset's listing, atomically: mounts see the
         old generation or the new one. Returns the record written."""
-        full = {**self.dataset_record(builder.dsid), **record, **builder.record()}
+        base = {**self.dataset_record(builder.dsid), **record}
         with self.env.begin(write=True) as txn:
+            builder.finish(txn)  # in the same txn: the record's counts include it
+            full = {**base, **builder.record()}
             txn.put(_ID.pack(builder.dsid), json.dumps(full).encode(), db=self.db(b"datasets"))
         return full
 
@@ -398,6 +421,7 @@ class CacheStore:
         self, txn: lmdb.Transaction, owner: int, row: bytes, length: int, usage: dict[int, Usage]
     ) -> int:
         txn.delete(row, db=self.db(b"owners"))
+        txn.delete(row, db=self.db(b"stale"))  # owners and stale rows share the key
         u = usage.setdefault(owner, Usage())
         # Never below zero: LMDB checksums none of its pages, and a damaged owners row
         # (its length) must not make every later admission fail on a negative usage.
@@ -447,7 +471,13 @@ class CacheStore:
                 return
             self._remove_chunk(txn, item.key, work)
         u = work.setdefault(item.dataset, Usage())
-        if u.bytes + item.data_len > quota(item.dataset, work):
+        limit = quota(item.dataset, work)
+        if u.bytes + item.data_len > limit:
+            # Chunks of versions no listing names make room first: a full dataset would
+            # otherwise keep them forever (uniform admission evicts nothing).
+            self.evict_stale(txn, item.dataset, limit - item.data_len, work)
+            u = work[item.dataset]
+        if u.bytes + item.data_len > limit:
             res.rejected += 1
             return
         txn.put(item.key, item.value, db=chunks)
@@ -478,6 +508,7 @@ class CacheStore:
             batch_freed = 0
             try:
                 with self.env.begin(write=True) as txn:
+                    batch_freed += self.evict_stale(txn, dsid, target_bytes, work)
                     for _ in range(batch):
                         if work.get(dsid, Usage()).bytes <= target_bytes:
                             break
@@ -510,6 +541,84 @@ class CacheStore:
         if cur.set_range(prefix) and cur.key().startswith(prefix):
             return cur.key()[len(prefix) :]
         return None
+
+    # -- chunks of versions no listing names (first eviction victims) -----------------
+    def stale_candidates(
+        self,
+        dsid: int,
+        old_gen: int,
+        new_gen: int,
+        chunk_sizes: Iterable[int],
+        after: bytes | None = None,
+        limit: int = LISTING_BATCH,
+    ) -> tuple[list[bytes], bytes | None]:
+        """Chunk keys the dataset owns of up to `limit` files of generation `old_gen` that
+        `new_gen` lists with another content id or not at all, cut with each of
+        `chunk_sizes`; and where to go on (None: done). One read txn, no chunk value
+        read (owners rows only)."""
+        sizes = sorted(set(chunk_sizes))
+        keys: list[bytes] = []
+        with self.env.begin() as txn:
+            old = self.listing(dsid, old_gen)
+            new = self.listing(dsid, new_gen)
+            n = 0
+            for row, e in old.iter_file_rows(txn, after):
+                if n >= limit:
+                    return keys, row
+                n += 1
+                now = new.file_at(txn, row)
+                if now is not None and now.content_id == e.content_id:
+                    continue
+                obj = e.obj
+                assert obj is not None
+                for cs in sizes:
+                    for index in range(max(1, -(-obj.size // cs))):
+                        key = chunk_key(obj.content_id, cs, index)
+                        if self.owns(txn, dsid, key):
+                            keys.append(key)
+        return keys, None
+
+    def mark_stale(self, dsid: int, keys: list[bytes]) -> int:
+        """Make chunks `dsid` owns its first eviction victims (random and LRU eviction,
+        and admission over the quota take them before anything else). Returns how many
+        were marked."""
+        marked = 0
+        with self.env.begin(write=True) as txn:
+            for key in keys:
+                if self.owns(txn, dsid, key):
+                    marked += txn.put(_ID.pack(dsid) + key, b"", db=self.db(b"stale"))
+        return marked
+
+    def stale_count(self, dsid: int) -> int:
+        with self.env.begin() as txn:
+            cur = txn.cursor(db=self.db(b"stale"))
+            prefix = _ID.pack(dsid)
+            n = 0
+            if cur.set_range(prefix):
+                for k in cur.iternext(values=False):
+                    if not k.startswith(prefix):
+                        break
+                    n += 1
+            return n
+
+    def evict_stale(
+        self, txn: lmdb.Transaction, dsid: int, target: int, work: dict[int, Usage]
+    ) -> int:
+        """Evict stale chunks of `dsid` (mark_stale) until it holds <= target bytes or
+        none is left, in the caller's write txn; returns the bytes freed."""
+        freed = 0
+        prefix = _ID.pack(dsid)
+        cur = txn.cursor(db=self.db(b"stale"))
+        while work.get(dsid, Usage()).bytes > target and cur.set_range(prefix):
+            row = cur.key()
+            if not row.startswith(prefix):
+                break
+            key = row[len(prefix) :]
+            if self.owns(txn, dsid, key):
+                freed += self.remove_owned(txn, dsid, key, work)  # deletes the stale row
+            else:
+                cur.delete()
+        return freed
 
     def owns(self, txn: lmdb.Transaction, dsid: int, key: bytes) -> bool:
         """Whether `dsid` holds chunk `key`, read from its owners row: cheap, and it never

@@ -2,7 +2,8 @@
 
 Owns inode attributes, directory listing, open file handles and the shape of each
 read (which chunks cover [off, off+size)), and every errno a reader sees: EROFS for
-anything that would write, ENOENT for unknown names, EIO when a miss cannot be served.
+anything that would write, ENOENT for unknown names, EIO when a miss cannot be served
+(EACCES when the daemon refuses the reader the object).
 lookup/getattr/readdir are served from the dataset's directory index in the shared LMDB
 env (mount/manifest.py), through a read txn at most 0.5 s old; never the network.
 Never fetches or verifies bytes itself (reader.py does).
@@ -137,7 +138,7 @@ class SilofsFS(pyfuse3.Operations):
         m = self.manifest
         m.renew()
         node = m.lookup(parent_inode, name)
-        if node is None and await m.wait_listed():
+        if node is None and await m.wait_listed(parent_inode):
             # --list-in-background: a name not listed yet is not a missing name.
             m.renew()
             node = m.lookup(parent_inode, name)
@@ -192,10 +193,10 @@ class SilofsFS(pyfuse3.Operations):
         if h is None:
             raise pyfuse3.FUSEError(errno.EBADF)
         m = self.manifest
-        if await m.wait_listed():
-            # A directory's entries are complete only with the whole listing (a fanned-out
-            # listing fills directories in any order); the handle moves to the completed
-            # generation, which has the same inode numbers.
+        if await m.wait_listed(h.inode):
+            # A directory's entries are complete once its prefix is listed (a fanned-out
+            # listing marks it) or with the whole listing; the handle moves to the
+            # generation the manifest serves now, which has the same inode numbers.
             h.listing = m.reader
         m.renew()
         txn = m.txn
@@ -215,10 +216,13 @@ class SilofsFS(pyfuse3.Operations):
         attrs = self._attrs
         # A walk (find, ls -R) touches each entry once: reading rows past the caches keeps
         # them for what is looked up again, and saves their upkeep per entry.
-        for key, name, ino in h.listing.children(txn, h.inode, after):
+        # A file's attributes come with its row in the directory (entries()): a walk
+        # reads the directory in key order, never a hash-keyed inodes row per file.
+        for key, name, ino, child in h.listing.entries(txn, h.inode, after):
             attr = attrs.get(ino)
             if attr is None:
-                child = h.listing.get(txn, ino)
+                if child is None:  # a directory: its subdirectory count is in its row
+                    child = h.listing.get(txn, ino)
                 if child is None:
                     continue  # a collision-free index never gets here
                 attr = self._build_attr(child)
@@ -313,8 +317,8 @@ class SilofsFS(pyfuse3.Operations):
                     r.prefetch(f, first)
                 return memoryview(data)[lo:hi]
             return await self._read_span(f, off, end, first, last, sequential)
-        except MissError:
-            raise pyfuse3.FUSEError(errno.EIO) from None
+        except MissError as exc:  # EIO, or EACCES when the daemon refused this reader
+            raise pyfuse3.FUSEError(exc.errno) from None
 
     async def _read_span(
         self, f: OpenFile, off: int, end: int, first: int, last: int, sequential: bool

@@ -18,14 +18,18 @@ from collections.abc import Iterator
 import lmdb
 import trio
 
-from silofs.cache.listing import ROOT_INODE, Entry, ListingReader
+from silofs.cache.listing import LISTING_FORMAT, ROOT_INODE, Entry, ListingReader
 from silofs.cache.store import CacheStore
+from silofs.errors import SilofsError
 
 log = logging.getLogger(__name__)
 
 __all__ = ["ROOT_INODE", "Entry", "Manifest"]
 
 RENEW_SECONDS = 0.5
+# How often a lookup waiting for a directory of a listing still being written looks for
+# the directory's "complete" row (one LMDB get in a fresh snapshot).
+LISTED_POLL_SECONDS = 0.1
 CACHE_ENTRIES = 8192  # decoded entries kept per mount (~200 B each): bounded, not per object
 
 
@@ -44,6 +48,14 @@ class Manifest:
         self.completed = trio.Event()
         if not building:
             self.completed.set()
+        if not building and record.get("listing_format") != LISTING_FORMAT:
+            # Rows of another shape (a daemon of another silofs wrote them): misread,
+            # they would serve wrong names and sizes.
+            raise SilofsError(
+                f"the listing of dataset {dsid} was written by another silofs version "
+                f"(listing format {record.get('listing_format', 1)}, this one reads "
+                f"{LISTING_FORMAT}): restart the daemon with this version"
+            )
         self.store = store
         self.dsid = dsid
         self.cache_entries = cache_entries
@@ -101,14 +113,27 @@ class Manifest:
         self.building = False
         self.completed.set()
 
-    async def wait_listed(self) -> bool:
-        """While the generation is being written, wait until it is complete; True if it
-        was (the caller looks again), False if nothing was being written."""
+    async def wait_listed(self, directory: int | None = None) -> bool:
+        """While the generation is being written, wait until `directory` has all its
+        entries (the builder's "complete" row, written when a fanned-out listing has
+        listed that prefix) or the whole generation is complete; True if it waited or
+        the directory is complete (the caller looks again, in a fresh snapshot), False
+        if nothing was being written. Never a missing name because the listing is
+        behind: only the directory's own row, or the whole listing, ends the wait."""
         if not self.building:
             return False
-        await self.completed.wait()
-        self._txn_at = 0.0  # look in a snapshot that holds the whole listing
+        while self.building:
+            if directory is not None and self._complete(directory):
+                break
+            with trio.move_on_after(LISTED_POLL_SECONDS):
+                await self.completed.wait()
+        self._txn_at = 0.0  # look in a snapshot that holds what was waited for
         return True
+
+    def _complete(self, directory: int) -> bool:
+        self._txn_at = 0.0  # a fresh snapshot: the row may have been written just now
+        self.renew()
+        return self.reader.complete(self.txn, directory)
 
     # -- the read txn --------------------------------------------------------------
     def renew(self) -> None:
@@ -182,8 +207,10 @@ class Manifest:
             return node
         if name == b"..":
             return self.get(node.parent)
-        ino = self.reader.child(self.txn, parent, name)
-        return None if ino is None else self.get(ino)
+        e = self.reader.lookup(self.txn, parent, name, node.path)
+        if e is not None:
+            self._remember(e)
+        return e
 
     def children(
         self, parent: int, after: bytes | None = None

@@ -23,6 +23,7 @@ from silofs.cache.store import CacheStore
 from silofs.config import MountSettings
 from silofs.control.client import AsyncControlClient, ControlError, quote_segment
 from silofs.errors import SilofsError
+from silofs.logsetup import reopen_log_files
 from silofs.mount.fs import Presentation, SilofsFS
 from silofs.mount.manifest import Entry, Manifest
 from silofs.mount.reader import ChunkReader, MissError
@@ -245,8 +246,14 @@ class MountProcess:
 
     async def _signals(self) -> None:
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as sigs:
-            async for _ in sigs:
-                pyfuse3.terminate()
+            async for signum in sigs:
+                if signum == signal.SIGHUP and not _has_terminal():
+                    # No terminal to hang up (the background mount process, a unit): a
+                    # SIGHUP is logrotate's postrotate. Reopen the log; never unmount.
+                    files = reopen_log_files()
+                    log.info("received SIGHUP: %s", ", ".join(files) or "no log file; ignored")
+                    continue
+                pyfuse3.terminate()  # SIGHUP of a terminal that closed ends it, as libfuse
                 return
 
     async def _report_loop(self) -> None:
@@ -371,3 +378,12 @@ def run_mount(
     settings: MountSettings, socket_path: str, ready: Callable[[str | None], None]
 ) -> None:
     trio.run(MountProcess(settings, socket_path).run, ready)
+
+
+def _has_terminal() -> bool:
+    """Whether this process has a controlling terminal (a foreground mount)."""
+    try:
+        os.close(os.open("/dev/tty", os.O_RDONLY | os.O_NOCTTY))
+        return True
+    except OSError:
+        return False

@@ -31,6 +31,7 @@ synchronously after the handler returns, so a view returned without awaiting is 
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import time
@@ -86,7 +87,13 @@ def buffer_bytes_for(chunk_size: int, readahead_bytes: int) -> int:
 
 
 class MissError(Exception):
-    """A miss could not be served; fs.py answers EIO. The message is already logged."""
+    """A miss could not be served; fs.py answers `errno`: EACCES when the daemon refused
+    this reader (403: it may not read the object itself, docs/SECURITY.md), else EIO.
+    The message is already logged."""
+
+    def __init__(self, message: str, errno_: int = errno.EIO) -> None:
+        super().__init__(message)
+        self.errno = errno_
 
 
 @dataclass(slots=True)
@@ -373,7 +380,7 @@ class ChunkReader:
                     body = str(exc).encode()
             msg = _error_text(body)
             log.error("reading %s chunk %d: %s", ref.obj.key, ref.index, msg)
-            raise MissError(msg)
+            raise MissError(msg, errno.EACCES if status == 403 else errno.EIO)
         raise AssertionError("unreachable")
 
     # -- read-ahead --------------------------------------------------------------------

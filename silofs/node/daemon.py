@@ -48,11 +48,16 @@ from silofs.node.state import DatasetState, JobState, MountState
 from silofs.node.supervise import run_once
 from silofs.node.warm import WarmState, run_warm
 from silofs.node.writer import Writer
-from silofs.records import MountCounters, ObjectInfo, job_name_error
+from silofs.records import MountCounters, ObjectInfo, PrefixListed, job_name_error
 from silofs.units import format_rate, format_size
 from silofs.uri import DatasetURI, parse_uri
 
 log = logging.getLogger(__name__)
+
+# A listing batch holding a complete prefix is written when the next page arrives once
+# this old, though not full: with a slow store a directory's "complete" row (what a
+# --list-in-background lookup waits for) would otherwise wait for 10 000 more objects.
+LISTING_FLUSH = 0.25
 
 
 class Daemon:
@@ -194,6 +199,18 @@ class Daemon:
         self.job(job).limiter.set_rate(rate)  # listed in status even before it mounts
         log.info("remote IO allocation of job %s: %s", job, format_rate(rate))
 
+    async def clear_io_allocation(self, job: str) -> bool:
+        """Remove a job's remote IO allocation (`silofs-ctl allocate-io JOB --clear`): it
+        is unlimited again, its row stays while it is in use. False if it had none."""
+        if job not in self.io_allocations:
+            return False
+        await self.writer.call(self.store.put_meta, f"io:{job}", None)
+        self.io_allocations.pop(job, None)
+        if job in self.jobs:
+            self.jobs[job].limiter.set_rate(None)
+        log.info("remote IO allocation of job %s removed", job)
+        return True
+
     async def set_mode(self, uri: str, mode: str) -> None:
         if mode not in ("uniform", "lru"):
             raise UsageError(f"admission mode must be uniform or lru, not {mode!r}")
@@ -276,20 +293,33 @@ class Daemon:
         )
 
     def start_warm(
-        self, ds: DatasetState, job: str, paths: list[str], chunk_size: int | None, uid: int
+        self,
+        ds: DatasetState,
+        job: str,
+        paths: list[str],
+        chunk_size: int | None,
+        uid: int,
+        reader: tuple[int, frozenset[int]] | None = None,
     ) -> WarmState:
-        """Start warming `ds` (node/warm.py); the running warm if there is one."""
+        """Start warming `ds` (node/warm.py); the running warm if there is one. With
+        `reader` (an untrusted peer's uid and gids), only objects it may read are
+        fetched."""
         if ds.state != "ready":
             raise UsageError(f"dataset {ds.uri.canonical} is not ready ({ds.state})")
         w = self.warms.get(ds.id)
         if w is not None and w.state == "running":
+            if w.job != job:
+                raise UsageError(
+                    f"a warm of {ds.uri.canonical} for job {w.job!r} is running: "
+                    "wait for it, or stop it first"
+                )
             return w
         if chunk_size is None:  # the chunk size its mounts read with, so keys match
             chunk_size = next(
                 (m.chunk_size for m in self.mounts.values() if m.dsid == ds.id),
                 self.settings.chunk_size,
             )
-        w = self.warms[ds.id] = WarmState(job, paths, chunk_size, uid)
+        w = self.warms[ds.id] = WarmState(job, paths, chunk_size, uid, reader=reader)
         self.job(job)
 
         def failed(reason: str) -> None:
@@ -304,6 +334,8 @@ class Daemon:
         for ds in self.datasets.values():
             if name in (ds.name, ds.uri.canonical, str(ds.id)):
                 return ds
+        if "://" not in name and not name.startswith("/"):
+            return None  # a relative path would be resolved against the daemon's cwd
         try:
             canonical = parse_uri(name).canonical
         except UsageError:
@@ -377,8 +409,9 @@ class Daemon:
 
     async def _prepare_dataset(self, ds: DatasetState, refresh: bool) -> None:
         record = self.store.dataset_record(ds.id)
-        # A listing saved before generations (no "gen") cannot be served: list again.
-        have_manifest = "gen" in record
+        # A listing saved before generations (no "gen"), or with rows of another shape
+        # (LISTING_FORMAT), cannot be served: list again.
+        have_manifest = self.store.current_generation(ds.id) is not None
         try:
             try:
                 await trio.to_thread.run_sync(ds.backend.check, limiter=self.fetcher.threads)
@@ -388,12 +421,15 @@ class Daemon:
                 log.warning(
                     "%s: %s; serving the persisted listing and cached chunks", ds.uri.canonical, exc
                 )
+            old_gen = self.store.current_generation(ds.id)
             if refresh or not have_manifest:
                 self.tree_checked.pop(ds.id, None)  # a new listing: check mounts again
                 record = await self._list(ds)
             ds.record = record
             ds.state = "ready"
             self.last_used = time.monotonic()
+            if old_gen is not None and int(record["gen"]) != old_gen:
+                await self._mark_stale(ds, old_gen, int(record["gen"]))
         except BackendError as exc:
             ds.state, ds.error = "error", str(exc)
             ds.prepare_errors += 1
@@ -429,16 +465,30 @@ class Daemon:
             ds.building_gen = None
 
     async def _fill(self, ds: DatasetState, builder: ListingBuilder) -> dict:
-        send, recv = trio.open_memory_channel[list[ObjectInfo]](2)
+        send, recv = trio.open_memory_channel[list[ObjectInfo | PrefixListed]](2)
+        # A fanned-out listing also says when a prefix is complete (PrefixListed, in
+        # order with its objects): the builder marks that directory complete for mounts
+        # serving this generation while it grows (--list-in-background).
+        events = getattr(ds.backend, "list_events", ds.backend.list)
 
         def produce() -> None:
-            batch: list[ObjectInfo] = []
-            for obj in ds.backend.list():
+            batch: list[ObjectInfo | PrefixListed] = []
+            done_at: float | None = None  # when the batch got its first complete prefix
+            for obj in events():
                 batch.append(obj)
-                ds.listed += 1  # progress only; read by status
-                if len(batch) >= LISTING_BATCH:
+                if isinstance(obj, ObjectInfo):
+                    ds.listed += 1  # progress only; read by status
+                elif obj.done and done_at is None:
+                    done_at = time.monotonic()
+                # A slow store fills a batch slowly: one holding a complete prefix (what
+                # a --list-in-background lookup waits for) goes when the next page
+                # arrives once LISTING_FLUSH old. Other batches stay full-sized: small
+                # txns slow the listing down.
+                if len(batch) >= LISTING_BATCH or (
+                    done_at is not None and time.monotonic() - done_at >= LISTING_FLUSH
+                ):
                     trio.from_thread.run(send.send, batch)
-                    batch = []
+                    batch, done_at = [], None
             if batch:
                 trio.from_thread.run(send.send, batch)
 
@@ -493,6 +543,43 @@ class Daemon:
             record["gen"],
         )
         return record
+
+    async def _mark_stale(self, ds: DatasetState, old_gen: int, new_gen: int) -> None:
+        """After a refresh: the chunks the dataset holds of objects the new listing
+        shows with another content id, or not at all, become its first eviction
+        victims (CacheStore.mark_stale). Open handles of the old version keep hitting
+        them until space is needed. Chunk keys depend on the chunk size: those of the
+        dataset's mounts and the daemon's default are checked. In bounded steps: a
+        read txn per LISTING_BATCH files, a write txn per step's keys."""
+        sizes = {self.settings.chunk_size} | {
+            m.chunk_size for m in self.mounts.values() if m.dsid == ds.id
+        }
+        marked, row = 0, None
+        while True:
+            keys, row = await trio.to_thread.run_sync(
+                self.store.stale_candidates,
+                ds.id,
+                old_gen,
+                new_gen,
+                sizes,
+                row,
+                limiter=self.fetcher.threads,
+            )
+            if keys:
+                marked += await self.writer.call(self.store.mark_stale, ds.id, keys)
+            if row is None:
+                break
+        ds.stale_chunks = await trio.to_thread.run_sync(
+            self.store.stale_count, ds.id, limiter=self.fetcher.threads
+        )
+        if marked:
+            log.info(
+                "%s: %d cached chunks of versions generation %d no longer lists are the "
+                "first eviction victims",
+                ds.uri.canonical,
+                marked,
+                new_gen,
+            )
 
     # -- jobs and mounts -----------------------------------------------------------
     def job(self, name: str) -> JobState:
@@ -701,13 +788,20 @@ class Daemon:
         """The uid a job belongs to: the one that registered its oldest live mount. Kept
         in memory only, with the mounts: a job with no mount left belongs to no one,
         and after a daemon restart the first mount to re-register claims it."""
-        return next((m.uid for m in self.mounts.values() if m.job == job), None)
+        owner = next((m.uid for m in self.mounts.values() if m.job == job), None)
+        if owner is None:  # a running warm charges the job too
+            owner = next((w.uid for w in self._running_warms() if w.job == job), None)
+        return owner
+
+    def _running_warms(self) -> list[WarmState]:
+        return [w for w in self.warms.values() if w.state == "running"]
 
     def held_by(self, uid: int) -> tuple[int, int, int]:
         """(datasets, mounts, jobs) a uid holds, as its limits count them."""
         datasets = sum(1 for dsid in self.datasets if self.opened_by.get(dsid) == uid)
         mine = [m for m in self.mounts.values() if m.uid == uid]
-        return datasets, len(mine), len({m.job for m in mine})
+        jobs = {m.job for m in mine} | {w.job for w in self._running_warms() if w.uid == uid}
+        return datasets, len(mine), len(jobs)
 
     def forget_idle_dataset(self, uid: int) -> bool:
         """Forget the oldest dataset `uid` opened that no mount uses and that is not being
@@ -733,6 +827,7 @@ class Daemon:
         oldest forgotten first: a user cycling job names must not grow the daemon."""
         busy = {m.job for m in self.mounts.values()} | set(self.io_allocations)
         busy |= set(self.registrations)
+        busy |= {w.job for w in self._running_warms()}
         idle = [name for name in self.jobs if name not in busy]
         for name in idle[: max(0, len(idle) - keep)]:
             del self.jobs[name]

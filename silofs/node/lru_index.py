@@ -10,6 +10,7 @@ only from the Writer thread; never decides quotas.
 
 from __future__ import annotations
 
+import heapq
 import logging
 import struct
 
@@ -54,6 +55,9 @@ class LruIndex:
         prefix = _ID.pack(dsid)
         freed = 0
         with self.store.env.begin(write=True) as txn:
+            # Chunks of versions no listing names go first (their recency rows are
+            # skipped later, as any row of a chunk evicted by other means).
+            freed += self.store.evict_stale(txn, dsid, target_bytes, usage)
             cur = txn.cursor(db=self.order)
             while usage.get(dsid, Usage()).bytes > target_bytes:
                 if not cur.set_range(prefix) or not cur.key().startswith(prefix):
@@ -63,6 +67,32 @@ class LruIndex:
                 txn.delete(prefix + key, db=self.pos)
                 if self.store.owns(txn, dsid, key):
                     freed += self.store.remove_owned(txn, dsid, key, usage)
+        return freed
+
+    def evict_oldest_among(self, dsids: set[int], free_bytes: int, usage: dict[int, Usage]) -> int:
+        """Evict the least recently used chunks of all of `dsids` together (one LRU over
+        them: sequence numbers are node-wide) until `free_bytes` are freed or none is
+        left. What the unallocated LRU datasets share is one LRU, as Alluxio's cache."""
+        freed = 0
+        with self.store.env.begin(write=True) as txn:
+            cursors = {d: txn.cursor(db=self.order) for d in dsids}
+            heads: list[tuple[int, int]] = []  # (seq, dsid) of each dataset's oldest row
+            for d, cur in cursors.items():
+                prefix = _ID.pack(d)
+                if cur.set_range(prefix) and cur.key().startswith(prefix):
+                    heads.append((_SEQ.unpack(cur.key()[8:16])[0], d))
+            heapq.heapify(heads)
+            while heads and freed < free_bytes:
+                _, d = heapq.heappop(heads)
+                cur = cursors[d]
+                prefix = _ID.pack(d)
+                key = bytes(cur.value())
+                cur.delete()  # the cursor now sits on the next row
+                txn.delete(prefix + key, db=self.pos)
+                if self.store.owns(txn, d, key):
+                    freed += self.store.remove_owned(txn, d, key, usage)
+                if cur.key() and cur.key().startswith(prefix):
+                    heapq.heappush(heads, (_SEQ.unpack(cur.key()[8:16])[0], d))
         return freed
 
     def forget(self, dsid: int) -> None:

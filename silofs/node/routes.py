@@ -132,6 +132,7 @@ def dataset_view(d: Daemon, ds: DatasetState) -> dict[str, Any]:
         "store_checksum_errors": _store_count(ds, "checksum_errors"),
         "store_short_reads": _store_count(ds, "short_reads"),
         "version_mismatches": ds.fetch.version_mismatches,
+        "stale_chunks": ds.stale_chunks,  # the first eviction victims (after a refresh)
         "mounts": sum(1 for m in d.mounts.values() if m.dsid == ds.id),
         "warm": d.warms[ds.id].view() if ds.id in d.warms else None,
     }
@@ -369,10 +370,13 @@ def _check_limit(req: Request, what: str, held: int, limit: int) -> None:
         )
 
 
-def _check_job(d: Daemon, req: Request, job: str, *, again: bool = False) -> None:
-    """A job belongs to the uid that registered its oldest live mount: no one else may
-    register under it (spend its IO, push its stats), except root and admins. A mount
-    registering `again` under its own id holds nothing new: no limit applies."""
+def _check_job(
+    d: Daemon, req: Request, job: str, *, again: bool = False, mount: bool = True
+) -> None:
+    """A job belongs to the uid that registered its oldest live mount (or started its
+    running warm): no one else may register under it or warm with it (spend its IO, push
+    its stats), except root and admins. A mount registering `again` under its own id
+    holds nothing new: no limit applies. A warm (`mount=False`) holds no mount."""
     if _trusted(d, req):
         return
     owner = d.job_owner(job)
@@ -381,7 +385,8 @@ def _check_job(d: Daemon, req: Request, job: str, *, again: bool = False) -> Non
     if again:
         return
     _, mounts, jobs = d.held_by(req.peer.uid)
-    _check_limit(req, "mounts", mounts, d.settings.max_mounts_per_uid)
+    if mount:
+        _check_limit(req, "mounts", mounts, d.settings.max_mounts_per_uid)
     if owner is None:
         _check_limit(req, "jobs", jobs, d.settings.max_jobs_per_uid)
 
@@ -503,6 +508,13 @@ def _allocation_routes(r: Router, d: Daemon) -> None:
         await d.set_io_allocation(job, rate)
         return json_response({"job": job, "bytes_per_s": rate})
 
+    async def del_io(req: Request, job: str) -> Response:
+        _require_admin(d, req)
+        job = _job_name(job)
+        if not await d.clear_io_allocation(job):
+            raise HTTPError(404, f"job {job!r} has no remote IO allocation on this node")
+        return json_response({"job": job, "bytes_per_s": None, "cleared": True})
+
     async def get_mode(req: Request, name: str) -> Response:
         uri = _dataset_uri(d, name)
         return json_response({"dataset": uri, "mode": d.modes.get(uri, "uniform")})
@@ -533,6 +545,7 @@ def _allocation_routes(r: Router, d: Daemon) -> None:
     r.add("PUT", "/v1/datasets/{name}/admission", put_mode)
     r.add("GET", "/v1/jobs/{job}/io", get_io)
     r.add("PUT", "/v1/jobs/{job}/io", put_io)
+    r.add("DELETE", "/v1/jobs/{job}/io", del_io)
     r.add("GET", "/v1/allocations", allocations)
 
 
@@ -550,6 +563,14 @@ def build_router(d: Daemon) -> Router:
         endpoint_url = _field(body, "endpoint_url", str, required=False)
         _check_store_options(d, req, body)
         options = _store_options(body)
+        if "://" not in uri and not uri.startswith("/"):
+            # parse_uri would resolve it against the daemon's cwd (or its ~), which is
+            # not the caller's: the client resolves relative paths (silofs mount does).
+            raise HTTPError(
+                400,
+                f"dataset path {uri!r} is relative: send an absolute path or file:///... "
+                "(the daemon does not know the caller's working directory)",
+            )
         try:
             parsed = parse_uri(uri)
         except UsageError as exc:
@@ -771,8 +792,16 @@ def _warm_routes(r: Router, d: Daemon) -> None:
         chunk_size = _field(body, "chunk_size", int, required=False)
         if chunk_size is not None and not (64 << 10) <= chunk_size <= (64 << 20):
             raise HTTPError(400, "chunk_size must be between 64KiB and 64MiB")
+        # A warm spends the job's remote IO and fills the cache with the dataset's
+        # bytes: an untrusted peer may charge only a job it may hold (as for a mount)
+        # and warm only a dataset it may mount; of a local one, only the files it could
+        # read itself are fetched (node/warm.py), so it cannot pull a 0600 file of
+        # another user into the cache.
+        await _check_dataset_access(d, req, ds.uri, mount=ds)
+        _check_job(d, req, job, mount=False)
+        reader = None if _trusted(d, req) else (req.peer.uid, peer_groups(req.peer))
         try:
-            w = d.start_warm(ds, job, paths, chunk_size, req.peer.uid)
+            w = d.start_warm(ds, job, paths, chunk_size, req.peer.uid, reader=reader)
         except UsageError as exc:
             raise HTTPError(409, str(exc)) from None
         return json_response({"dataset": ds.uri.canonical, "id": ds.id, **w.view()}, status=202)
@@ -783,8 +812,8 @@ def _warm_routes(r: Router, d: Daemon) -> None:
 
     async def cancel(req: Request, name: str) -> Response:
         ds, w = warm_of(req, name)
-        if req.peer.uid not in (0, w.uid, os.getuid()):
-            raise HTTPError(403, "this warm was started by another user")
+        if req.peer.uid != w.uid and not _trusted(d, req):
+            raise _refuse(req, 403, f"this warm was started by uid {w.uid}")
         w.scope.cancel()
         return json_response({"dataset": ds.uri.canonical, "id": ds.id, **w.view()})
 
@@ -920,6 +949,7 @@ REMOTE_ROUTES = {
     ("PUT", "/v1/datasets/{name}/admission"),
     ("GET", "/v1/jobs/{job}/io"),
     ("PUT", "/v1/jobs/{job}/io"),
+    ("DELETE", "/v1/jobs/{job}/io"),
     ("GET", "/v1/jobs/{job}"),
     ("DELETE", "/v1/datasets/{name}"),
     ("DELETE", "/v1/jobs/{job}"),

@@ -3,9 +3,9 @@
 Owns the life of `silofs daemon`: starting the Daemon's background tasks (writer,
 mount reaper, enforcer), serving the control API on the Unix socket (and, when
 [control] tcp_listen is set, its admin routes to mutual-TLS clients), telling systemd
-READY=1/STOPPING=1, and a clean stop (flush, sync) on SIGTERM/SIGINT. The state and its
-operations live in node/daemon.py, the API in node/routes.py. Never handles a request
-itself.
+READY=1/STOPPING=1, a clean stop (flush, sync) on SIGTERM/SIGINT, and SIGHUP (reopen
+the log file, if any; never an exit). The state and its operations live in
+node/daemon.py, the API in node/routes.py. Never handles a request itself.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from silofs.control.server import (
     serve_tls,
     serve_unix,
 )
+from silofs.logsetup import reopen_log_files, survive_sighup
 from silofs.node.daemon import Daemon
 from silofs.node.metrics import serve_tcp
 from silofs.node.routes import REMOTE_ROUTES, body_limit, build_router, status_view
@@ -53,8 +54,9 @@ async def serve(daemon: Daemon, task_status: trio.TaskStatus = trio.TASK_STATUS_
     remote = bind_remote(settings)  # first: a refusal leaves no socket file behind
     bound = bind_unix(settings.socket, mode=settings.socket_mode, uid=None, gid=daemon.socket_gid)
     # The signal handler is in place before READY=1: a SIGTERM right after systemd hears
-    # READY still gets STOPPING=1, a flush and a final sync.
-    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+    # READY still gets STOPPING=1, a flush and a final sync. SIGHUP reopens the log file
+    # (logrotate) and never ends the daemon, with or without a log file.
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
         async with trio.open_nursery() as nursery:
             daemon.nursery = nursery
             # Every background loop is supervised (node/supervise.py): a failure is one
@@ -111,6 +113,15 @@ async def serve(daemon: Daemon, task_status: trio.TaskStatus = trio.TASK_STATUS_
 
             async def on_signal() -> None:
                 async for signum in signals:
+                    if signum == signal.SIGHUP:
+                        files = reopen_log_files()
+                        log.info(
+                            "received SIGHUP: %s",
+                            f"reopened {', '.join(files)}"
+                            if files
+                            else "no log file to reopen; ignored",
+                        )
+                        continue
                     log.info("received %s; shutting down", signal.Signals(signum).name)
                     stop.set()
                     return
@@ -208,6 +219,10 @@ def sd_notify(message: str) -> None:
 def run_daemon(settings: NodeSettings, started_by: str = "manual") -> None:
     """Run the daemon in the foreground until SIGTERM/SIGINT (or idle exit). Raises
     SilofsError. `started_by` is "auto" when `silofs mount` started it."""
+    # Before anything slow (opening the cache, moving a damaged one aside): a SIGHUP
+    # while starting or stopping must not end the daemon either. serve() handles it
+    # itself while it runs.
+    survive_sighup()
     daemon = Daemon(settings)
     # A daemon `silofs mount` started is never the service, even when that mount runs
     # inside a unit (silofs-mount@.service): it is an auto daemon with an idle exit.

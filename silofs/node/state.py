@@ -32,6 +32,9 @@ class DatasetState:
     reads: MountCounters = field(default_factory=MountCounters)
     fetch: FetchCounters = field(default_factory=FetchCounters)
     prepare_errors: int = 0  # checks and listings that failed (after their retries)
+    # Cached chunks of versions the listing no longer names, after the last refresh:
+    # the first eviction victims (CacheStore.mark_stale).
+    stale_chunks: int = 0
 
 
 RATE_WINDOW = 5.0  # seconds over which per-job throughput is reported

@@ -7,8 +7,9 @@ charged to the job's token bucket first: promise 2) until the dataset's quota is
 Random order is what keeps promise 1's hit ratio (cache/dataset whatever the access
 order) when the quota is smaller than the dataset: the warm stops at the first chunk
 that does not fit rather than looking for smaller ones, which would bias the sample.
-Progress lives in WarmState, shown in the dataset view. Never writes LMDB (the Writer
-admits what the Fetcher offers) and never decides a quota.
+An untrusted peer's warm fetches only the local files it could read itself
+(docs/SECURITY.md). Progress lives in WarmState, shown in the dataset view. Never
+writes LMDB (the Writer admits what the Fetcher offers) and never decides a quota.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from silofs.cache.format import ChunkRef
 from silofs.cache.store import Usage
 from silofs.errors import BackendError, UsageError
 from silofs.node.state import DatasetState
+from silofs.records import ObjectInfo
 from silofs.units import format_size
 
 log = logging.getLogger(__name__)
@@ -42,6 +44,9 @@ class WarmState:
     paths: list[str]
     chunk_size: int
     uid: int  # who started it: they (or root) may cancel it
+    # An untrusted peer's (uid, gids): of a local dataset, only the objects it could
+    # read itself are fetched (docs/SECURITY.md). None: root, admins, the daemon's user.
+    reader: tuple[int, frozenset[int]] | None = None
     state: str = "running"  # running | done | cancelled | error
     matched_bytes: int = 0  # bytes of the objects the globs match
     target_bytes: int = 0  # min(quota when it started, matched_bytes)
@@ -49,6 +54,7 @@ class WarmState:
     fetched_bytes: int = 0
     chunks_total: int = 0  # chunks it did not hold when it started
     chunks_done: int = 0  # of those, fetched
+    denied_objects: int = 0  # matching objects skipped: the reader may not read them
     started: float = field(default_factory=time.time)
     finished: float | None = None
     error: str = ""
@@ -69,6 +75,7 @@ class WarmState:
             "fetched_bytes": self.fetched_bytes,
             "chunks_total": self.chunks_total,
             "chunks_done": self.chunks_done,
+            "denied_objects": self.denied_objects,
             "elapsed_s": round(elapsed, 2),
             "bytes_per_s": round(self.fetched_bytes / elapsed) if elapsed > 0 else 0,
             "error": self.error or None,
@@ -78,6 +85,35 @@ class WarmState:
 def matches(key: str, globs: list[str]) -> bool:
     """fnmatch on the object key (its path in the mount); `*` also matches '/'."""
     return not globs or any(fnmatch.fnmatchcase(key, g) for g in globs)
+
+
+def readable(
+    ds: DatasetState, objects: list[ObjectInfo], uid: int, gids: frozenset[int]
+) -> tuple[list[ObjectInfo], list[str]]:
+    """(the objects uid/gids could read themselves, the keys of those they may not): of
+    a local dataset, the check GET /v1/chunks makes (node/backends/local.py
+    check_peer_read); of a cloud dataset, all ([access] grants a whole prefix). Runs in
+    a worker thread: one path walk per object, small next to fetching it."""
+    check = getattr(ds.backend, "check_peer_read", None)
+    if ds.uri.scheme != "file" or check is None:
+        return objects, []
+    ok, denied = [], []
+    for o in objects:
+        try:
+            check(o, uid, gids)
+        except (BackendError, OSError):  # denied, changed since listing, or gone
+            denied.append(o.key)
+            continue
+        ok.append(o)
+    if denied:
+        log.warning(
+            "warm of %s by uid %d skips %d objects it may not read (e.g. %s)",
+            ds.uri.canonical,
+            uid,
+            len(denied),
+            denied[0],
+        )
+    return ok, denied
 
 
 async def run_warm(d: Any, ds: DatasetState, w: WarmState) -> None:
@@ -108,6 +144,9 @@ async def _warm(d: Any, ds: DatasetState, w: WarmState) -> None:
         """(matched bytes, chunks the dataset does not hold, bytes it holds), in one
         read txn; the owners rows answer without faulting in chunk values."""
         objects = [o for o in d.store.iter_manifest(ds.id) if matches(o.key, w.paths)]
+        if w.reader is not None:
+            objects, denied = readable(ds, objects, *w.reader)
+            w.denied_objects = len(denied)
         chunks = sum(max(1, -(-o.size // w.chunk_size)) for o in objects)
         if chunks > WARM_MAX_CHUNKS:
             raise UsageError(

@@ -139,7 +139,10 @@ class Writer:
         used chunks; uniform datasets admit only what fits (promise 1)."""
         lru_ds = {i.dataset for i in batch if i.dataset in policy.lru}
         dropped = 0
-        for dsid in lru_ds:
+        pooled = {d for d in lru_ds if d not in policy.allocations}
+        if pooled:
+            batch, dropped = self._admit_pooled_lru(batch, pooled, policy, usage)
+        for dsid in lru_ds - pooled:
             quota = policy.quota(dsid, usage)
             kept = _newest_that_fit([i for i in batch if i.dataset == dsid], quota)
             dropped += sum(1 for i in batch if i.dataset == dsid) - len(kept)
@@ -152,6 +155,35 @@ class Writer:
         for dsid in lru_ds:
             self.lru.touch(dsid, [i.key for i in batch if i.dataset == dsid])
         return res
+
+    def _admit_pooled_lru(
+        self,
+        batch: list[PendingChunk],
+        pooled: set[int],
+        policy: QuotaPolicy,
+        usage: dict[int, Usage],
+    ) -> tuple[list[PendingChunk], int]:
+        """LRU datasets without an allocation are one LRU over what the shared pool
+        leaves them (the pool minus what its uniform datasets hold): room for the batch
+        is made by evicting the chunks used least recently by any of them, so a dataset
+        read often holds more than one read rarely (Alluxio; the simulator's sim_lru).
+        Returns the batch without what cannot fit at all, and how many were dropped."""
+        members = {d for d in policy.lru if d not in policy.allocations} | pooled
+        shared = policy.cache_size - sum(policy.allocations.values())
+        uniform = sum(
+            u.bytes for d, u in usage.items() if d not in policy.allocations and d not in members
+        )
+        room = max(0, shared - uniform)
+        mine = [i for i in batch if i.dataset in pooled]
+        kept = _newest_that_fit(mine, room)
+        out = [i for i in batch if i.dataset not in pooled or id(i) in kept]
+        incoming = sum(i.data_len for i in mine if id(i) in kept)
+        held = sum(usage.get(d, Usage()).bytes for d in members)
+        if held + incoming > room:
+            self.stats.evicted_bytes += self.lru.evict_oldest_among(
+                members, held + incoming - room, usage
+            )
+        return out, len(mine) - len(kept)
 
     async def touch(self, dsid: int, keys: list[bytes]) -> None:
         """Record hits of an LRU dataset reported by a mount."""

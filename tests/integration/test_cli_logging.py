@@ -89,3 +89,43 @@ def test_log_file_in_json_survives_logrotate_and_sighup(make_node, tmp_path: Pat
     assert node.proc.poll() is None
     for line in log.read_text().splitlines():
         json.loads(line)  # every line one JSON object
+
+
+@needs_fuse
+@pytest.mark.fuse
+def test_sighup_without_a_log_file_is_logged_and_survived(make_node) -> None:
+    # The fixture's daemon logs to stderr (redirected to daemon.log): no file to reopen.
+    # Python's default action for SIGHUP is to end the process.
+    node: Node = make_node()
+    daemon_log = node.logs / "daemon.log"
+    line = "received SIGHUP: no log file to reopen; ignored"
+    for n in (1, 2, 3):  # one at a time: signals that arrive together are one
+        os.kill(node.proc.pid, signal.SIGHUP)
+        wait_for(lambda n=n: daemon_log.read_text().count(line) == n, what=f"SIGHUP line {n}")
+    assert node.proc.poll() is None
+    node.request("PUT", "/v1/jobs/after-hup/io", {"bytes_per_s": "1MB/s"})
+    assert node.status()["node"]["pid"] == node.proc.pid
+    node.stop()
+    assert node.proc.returncode == 0 and "shutting down" in daemon_log.read_text()
+
+
+@needs_fuse
+@pytest.mark.fuse
+def test_a_background_mount_reopens_its_log_on_sighup_and_stays_mounted(
+    make_node, local_store, bucket_name, tmp_path: Path, monkeypatch
+) -> None:
+    # logrotate's postrotate `kill -HUP` used to unmount the dataset under a training job.
+    local_store.apply_env(monkeypatch)
+    local_store.create(bucket_name, {"a.bin": b"a" * 5000})
+    node: Node = make_node()
+    log = tmp_path / "mount.log"
+    mp = node.mount(local_store.uri(bucket_name), tmp_path / "mnt", "--log-file", str(log))
+    pid = node.mount_status(str(mp))["pid"]
+    log.rename(tmp_path / "mount.log.1")  # rotated
+    os.kill(pid, signal.SIGHUP)
+    wait_for(
+        lambda: log.exists() and "received SIGHUP: " in log.read_text(),
+        what="the SIGHUP record in a new log file",
+    )
+    assert (mp / "a.bin").read_bytes() == b"a" * 5000
+    assert os.path.ismount(mp) and node.mount_status(str(mp))["pid"] == pid

@@ -99,8 +99,9 @@ def test_dataset_errors_show_and_forget_removes_rows(
     assert res.returncode == 0 and res.stdout.strip() == f"forgot dataset file://{broken}/"
     assert all(d["uri"] != f"file://{broken}/" for d in node.status()["datasets"])
 
-    # A mistyped job allocation, then forgotten.
-    assert ctl(node, "allocate-io", "trian", "10MB/s").returncode == 0
+    # A mistyped job allocation is refused; one forced through, then forgotten.
+    assert ctl(node, "allocate-io", "trian", "10MB/s").returncode == 2
+    assert ctl(node, "allocate-io", "trian", "10MB/s", "--create").returncode == 0
     assert "trian" in node.request("GET", "/v1/allocations")["io"]
     res = ctl(node, "forget", "trian")
     assert res.returncode == 0 and res.stdout.strip() == "forgot job trian", res

@@ -18,13 +18,18 @@ def run(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(silofs_cmd(*args), capture_output=True, text=True, timeout=60)
 
 
-def test_version_of_both_commands() -> None:
+def test_version_of_every_command() -> None:
     res = run("--version")
     assert res.returncode == 0 and res.stdout.strip() == f"silofs {__version__}"
     ctl = subprocess.run(
         [sys.executable, "-m", "silofs_ctl", "--version"], capture_output=True, text=True
     )
     assert ctl.returncode == 0 and ctl.stdout.strip() == f"silofs-ctl {__version__}"
+    for flag in ("--version", "-V"):  # mount(8)'s helper answers as mount does
+        helper = subprocess.run(
+            [sys.executable, "-m", "silofs.cli_mount", flag], capture_output=True, text=True
+        )
+        assert helper.returncode == 0 and helper.stdout.strip() == f"mount.silofs {__version__}"
 
 
 def test_usage_errors_have_our_prefix_and_exit_2(tmp_path: Path) -> None:

@@ -6,22 +6,26 @@ the store (the kernel resumes it at our offsets), hard names, `silofs-ctl refres
 a file is open (the open handle keeps its version, new opens see the new one, deleted
 files vanish, new ones appear), the old listing surviving kill -9 mid-listing and the
 next listing starting clean, and --list-in-background never answering ENOENT for a
-name the listing has not reached.
+name the listing has not reached, while waiting only for the directory looked up when
+the listing fans out (a slow S3 store: moto behind tests/faultproxy.py).
 """
 
 from __future__ import annotations
 
 import errno
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 
 from silofs.cache.store import CacheStore
+from tests.faultproxy import FaultPlan, FaultProxy
 
-from .conftest import Node, needs_fuse, wait_for
+from .conftest import Node, force_unmount, needs_fuse, wait_for
 
 pytestmark = [needs_fuse, pytest.mark.fuse]
 
@@ -162,3 +166,43 @@ def test_list_in_background_never_answers_enoent_for_unlisted_names(
     assert not (mp / "d030").exists()
     ds = node.status()["datasets"][0]
     assert ds["state"] == "ready" and ds["objects"] == 30_000
+
+
+def test_list_in_background_waits_only_for_the_directory_looked_up(
+    make_node, s3_server, monkeypatch, bucket_name, tmp_path: Path
+) -> None:
+    """A slow store (150 ms per request, 5 keys per page): big/ takes ~40 pages, small/
+    one. While big/ is still being listed, small/ answers: its file, its readdir, and
+    ENOENT for a name it does not have; a name in big/ waits and is found."""
+    s3_server.apply_env(monkeypatch)
+    big = {f"big/f{i:03d}": b"" for i in range(200)}
+    s3_server.create(bucket_name, {**big, "small/one": b"1", "small/two": b"22"})
+    config = tmp_path / "silofs.toml"
+    config.write_text("[backend]\npage_size = 5\n")
+    node: Node = make_node(args=("--config", str(config)))
+    parts = urlsplit(s3_server.endpoint_url)
+    plan = FaultPlan(first_byte_delay=0.15)
+    with FaultProxy((parts.hostname or "127.0.0.1", parts.port or 80), plan) as proxy:
+        mp = node.mount(
+            f"s3://{bucket_name}/",
+            tmp_path / "mnt",
+            "--list-in-background",
+            "--endpoint-url",
+            proxy.url,
+        )
+        # Progress in status while it lists (40 pages of 150 ms: it is still listing).
+        res = _ctl(node, "status")
+        assert res.returncode == 0, res.stderr
+        assert re.search(r": listing, [\d,]+ objects listed \([\d,]+/s\)", res.stdout), res.stdout
+        assert (mp / "small" / "two").read_bytes() == b"22"
+        assert sorted(os.listdir(mp / "small")) == ["one", "two"]
+        assert not (mp / "small" / "three").exists()
+        # All of that while big/ was still being listed (40 pages of 150 ms one after
+        # another: it cannot be done yet unless small/ waited for the whole listing).
+        ds = node.status()["datasets"][0]
+        assert ds["state"] == "listing", ds
+        assert ds["listed"] < 202, ds
+        assert (mp / "big" / "f199").stat().st_size == 0  # waits for big/, then found
+        assert len(os.listdir(mp / "big")) == 200
+        wait_for(lambda: node.status()["datasets"][0]["state"] == "ready", what="the listing")
+        force_unmount(str(mp))

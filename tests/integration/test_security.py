@@ -3,26 +3,23 @@
 Every rule of the authorization matrix is tried by processes running as unprivileged
 users created for the session (useradd), talking to a `silofs daemon` running as root.
 The users' processes are forked from the test and drop to the user's uid, gid and
-supplementary groups before they connect, so the daemon sees them through SO_PEERCRED
-exactly as it sees any local user. (They are forked rather than exec'ed because this
-host's Python lives under /root, which other users cannot enter; and /dev/fuse is
-0600 here, so a second user cannot mount at all: the tests send the requests a mount
-process sends: POST /v1/datasets, POST /v1/mounts, GET /v1/chunks, PUT stats.)
+supplementary groups before they connect (tests/asuser.py), so the daemon sees them
+through SO_PEERCRED exactly as it sees any local user. /dev/fuse is 0600 here, so a
+second user cannot mount at all: the tests send the requests a mount process sends
+(POST /v1/datasets, POST /v1/mounts, GET /v1/chunks, PUT stats).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import pickle
-import pwd
 import shutil
 import socket
 import stat
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,6 +28,8 @@ from urllib.parse import quote
 import pytest
 
 from silofs.control.client import ControlClient
+from tests.asuser import Identity as User
+from tests.asuser import Session, as_user
 
 from .conftest import Node, needs_fuse, silofs_cmd, wait_for
 
@@ -38,13 +37,6 @@ pytestmark = [needs_fuse, pytest.mark.fuse]
 
 _ROOT_ONLY = "" if os.geteuid() == 0 else "needs root (useradd, a root daemon)"
 _NO_USERADD = "" if shutil.which("useradd") else "useradd is not installed"
-
-
-@dataclass
-class User:
-    name: str
-    uid: int
-    gid: int
 
 
 @dataclass
@@ -75,9 +67,8 @@ def users() -> Iterator[Users]:
             cmd += ["-G", extra] if extra else []
             subprocess.run([*cmd, name], check=True, capture_output=True)
             made_users.append(name)
-        got = [pwd.getpwnam(n) for n in made_users]
         yield Users(
-            *(User(p.pw_name, p.pw_uid, p.pw_gid) for p in got),
+            *(User.of(n) for n in made_users),
             cloud_group=groups["cloud"],
             admin_group=groups["admin"],
         )
@@ -86,33 +77,6 @@ def users() -> Iterator[Users]:
             subprocess.run(["userdel", name], capture_output=True)
         for g in made_groups:
             subprocess.run(["groupdel", g], capture_output=True)
-
-
-def as_user(user: User, fn: Callable[..., Any], *args: Any) -> Any:
-    """fn(*args) in a forked child running as `user` (uid, gid, supplementary groups)."""
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: never returns into pytest
-        try:
-            os.close(r)
-            os.setgroups(os.getgrouplist(user.name, user.gid))
-            os.setgid(user.gid)
-            os.setuid(user.uid)
-            out: tuple[str, Any] = ("ok", fn(*args))
-        except BaseException as exc:  # noqa: BLE001 - reported to the parent
-            out = ("error", f"{type(exc).__name__}: {exc}")
-        try:
-            os.write(w, pickle.dumps(out))
-        finally:
-            os._exit(0)
-    os.close(w)
-    with os.fdopen(r, "rb") as f:
-        data = f.read()
-    os.waitpid(pid, 0)
-    kind, value = pickle.loads(data)
-    if kind != "ok":
-        raise AssertionError(f"as {user.name}: {value}")
-    return value
 
 
 Call = tuple[str, str, Any]  # method, path, JSON body (or None)
@@ -130,11 +94,30 @@ def _calls(sock: str, calls: list[Call]) -> list[tuple[int, Any]]:
     return out
 
 
+# One live process per user for the whole test: the daemon reaps a mount whose
+# registering process has exited (every 2 s), so a user's mount must outlive the request
+# that registered it, as a real mount process does. (One-shot children made the job and
+# limit tests flaky under load: the mount was gone before the next request.)
+_sessions: dict[int, Session] = {}
+
+
+@pytest.fixture(autouse=True)
+def _user_sessions() -> Iterator[None]:
+    yield
+    for session in _sessions.values():
+        session.close()
+    _sessions.clear()
+
+
 def call(user: User | None, sock: str, method: str, path: str, body: Any = None) -> tuple[int, Any]:
-    """(status, decoded body) of one request, as `user` (None: as root)."""
+    """(status, decoded body) of one request, as `user` (None: as root), sent by the
+    user's session process (alive until the test ends)."""
     if user is None:
         return _calls(sock, [(method, path, body)])[0]
-    return as_user(user, _calls, sock, [(method, path, body)])[0]
+    session = _sessions.get(user.uid)
+    if session is None:
+        session = _sessions[user.uid] = Session(user)
+    return session.call(_calls, sock, [(method, path, body)])[0]
 
 
 def error_of(answer: tuple[int, Any], status: int) -> str:
@@ -347,6 +330,49 @@ def test_a_job_belongs_to_its_user(users: Users, site: Site) -> None:
     for m in call(None, site.sock, "GET", "/v1/status")[1]["mounts"]:
         assert call(None, site.sock, "DELETE", f"/v1/mounts/{m['id']}")[0] == 200
     assert register(bob, site, ds["id"], "train")[0] == 201
+
+
+def test_warm_charges_own_jobs_and_fetches_only_readable_files(users: Users, site: Site) -> None:
+    """POST /v1/datasets/{id}/warm spends a job's remote IO and fills the cache: it is
+    held to the rules of a mount, and an untrusted user's warm fetches only the files it
+    could read itself (a 0600 file of root's stays out of the cache)."""
+    alice, bob, carol = users.alice, users.bob, users.carol
+    ds = open_ready(alice, site, str(site.flat))
+    warm = f"/v1/datasets/{ds['id']}/warm"
+    assert register(alice, site, ds["id"], "train")[0] == 201
+    err = error_of(call(bob, site.sock, "POST", warm, {"job": "train"}), 403)
+    assert f"belongs to uid {alice.uid}" in err
+    tree = open_ready(None, site, str(site.tree))
+    err = error_of(
+        call(bob, site.sock, "POST", f"/v1/datasets/{tree['id']}/warm", {"job": "b"}), 403
+    )
+    assert "locked" in err
+    public = f"s3://public-{os.getpid()}/warm/"
+    cloud = call(None, site.sock, "POST", "/v1/datasets", {"uri": public})[1]
+    err = error_of(
+        call(bob, site.sock, "POST", f"/v1/datasets/{cloud['id']}/warm", {"job": "b"}), 403
+    )
+    assert "[access]" in err
+
+    status, w = call(alice, site.sock, "POST", warm, {"job": "train"})
+    assert status == 202, w
+    w = wait_for(
+        lambda: (v := call(alice, site.sock, "GET", warm)[1])["state"] != "running" and v,
+        what="alice's warm",
+    )
+    assert (w["state"], w["denied_objects"]) == ("done", 1), w
+    cached = call(None, site.sock, "GET", f"/v1/datasets/{ds['id']}")[1]["cached_bytes"]
+    assert cached == (site.flat / "pub.txt").stat().st_size  # not secret.txt
+    error_of(call(bob, site.sock, "DELETE", warm), 403)
+    assert call(carol, site.sock, "DELETE", warm)[0] == 200  # the admin group may
+    assert call(carol, site.sock, "POST", warm, {"job": "carol-warm"})[0] == 202
+    w = wait_for(
+        lambda: (v := call(carol, site.sock, "GET", warm)[1])["state"] != "running" and v,
+        what="carol's warm",
+    )
+    assert (w["state"], w["denied_objects"]) == ("done", 0), w
+    everything = sum((site.flat / n).stat().st_size for n in ("pub.txt", "secret.txt"))
+    assert call(None, site.sock, "GET", f"/v1/datasets/{ds['id']}")[1]["cached_bytes"] == everything
 
 
 def test_per_uid_limits(users: Users, site: Site) -> None:

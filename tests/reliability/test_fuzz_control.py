@@ -35,6 +35,7 @@ from urllib.parse import quote
 
 import pytest
 
+from tests.asuser import Identity, as_user
 from tests.integration.conftest import drop_file_cache, needs_fuse, wait_for
 
 from .conftest import scale
@@ -440,27 +441,7 @@ def fuzz(sock_path: str, fuzzer: Fuzzer, n: int, daemon_pid: int, who: str) -> d
 
 def fuzz_as_nobody(sock_path: str, fuzzer: Fuzzer, n: int, daemon_pid: int) -> dict[str, Any]:
     """`fuzz` in a forked child that became uid/gid 65534: a local user with no rights."""
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # child: drop privileges, fuzz, report, exit without cleanup
-        code = 1
-        try:
-            os.close(r)
-            os.setgroups([])
-            os.setgid(65534)
-            os.setuid(65534)
-            out = json.dumps(fuzz(sock_path, fuzzer, n, daemon_pid, "uid 65534")).encode()
-            while out:
-                out = out[os.write(w, out) :]
-            code = 0
-        finally:
-            os._exit(code)
-    os.close(w)
-    with os.fdopen(r, "rb") as f:
-        data = f.read()
-    _, code = os.waitpid(pid, 0)
-    assert code == 0 and data, f"the uid 65534 fuzzer failed (wait status {code})"
-    return json.loads(data)
+    return as_user(Identity.nobody(), fuzz, sock_path, fuzzer, n, daemon_pid, "uid 65534")
 
 
 @pytest.fixture

@@ -424,3 +424,57 @@ def test_uncharging_never_goes_below_zero(store: CacheStore) -> None:
         store._uncharge(txn, 1, b"\0" * 24, 1 << 30, usage)
     assert usage[1] == Usage(0, 0)
     assert store.load_usage()[1] == Usage(0, 0)
+
+
+# -- one LRU over the shared pool (Alluxio-like) -------------------------------------------
+def test_unallocated_lru_datasets_share_one_lru(store: CacheStore) -> None:
+    # A pool of 1000 bytes, datasets 1 and 2 in LRU mode with no allocation, 3 uniform.
+    # Dataset 1 fills the pool, then uses chunks 5-9 again; dataset 2's chunks then push
+    # out dataset 1's least recently used (0, 1, 2), not its own and not nothing (each
+    # dataset kept to its first-come share was the old behaviour: 2 admitted nothing).
+    policy = QuotaPolicy(1000, lru=frozenset({1, 2}))
+
+    async def main() -> None:
+        w = make_writer(store, policy)
+        for i in range(10):
+            w.offer(chunk(1, i))
+        await w.flush()
+        assert w.usage[1] == Usage(1000, 10)
+        await w.touch(1, [chunk(1, i).key for i in range(5, 10)])
+        for i in range(3):
+            w.offer(chunk(2, i))
+        await w.flush()
+        assert w.usage[1] == Usage(700, 7) and w.usage[2] == Usage(300, 3)
+        kept = owned(store, 1)
+        assert {chunk(1, i).key for i in (0, 1, 2)}.isdisjoint(kept)
+        assert {chunk(1, i).key for i in range(3, 10)} == kept
+        assert w.stats.evicted_bytes == 300
+        check(store, w.usage)
+
+    run(main)
+
+
+def test_pooled_lru_never_evicts_uniform_or_allocated_datasets(store: CacheStore) -> None:
+    # 1000 bytes: dataset 4 (LRU) has its own 200 allocation; of the 800 left, dataset 3
+    # (uniform, no allocation) holds 400, and 1 and 2 (LRU) share the other 400.
+    policy = QuotaPolicy(1000, {4: 200}, lru=frozenset({1, 2, 4}))
+
+    async def main() -> None:
+        w = make_writer(store, policy)
+        for i in range(4):
+            w.offer(chunk(3, i))
+        for i in range(2):
+            w.offer(chunk(4, i))
+        await w.flush()
+        for i in range(6):
+            w.offer(chunk(1, i))
+        await w.flush()
+        assert w.usage[1] == Usage(400, 4)  # the newest that fit
+        for i in range(2):
+            w.offer(chunk(2, i))
+        await w.flush()
+        assert w.usage[1] == Usage(200, 2) and w.usage[2] == Usage(200, 2)
+        assert w.usage[3] == Usage(400, 4) and w.usage[4] == Usage(200, 2)
+        check(store, w.usage)
+
+    run(main)

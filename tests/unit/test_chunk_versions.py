@@ -77,3 +77,35 @@ def test_a_bad_cached_value_is_replaced_not_missed_forever(
             assert source == "cache" and data == bytes([2]) * ref.length
 
     trio.run(main)
+
+
+def test_a_refresh_makes_chunks_of_changed_objects_the_first_victims(
+    daemon: Daemon,  # noqa: F811
+    bucket: Path,  # noqa: F811
+) -> None:
+    async def main() -> None:
+        async with running(daemon) as d:
+            ds = await ready(d, f"file://{bucket}/")
+            m = d.register_mount(ds, "j", "/mnt/x", os.getpid(), os.getuid(), None)
+            refs = {}
+            for key in ("f0.bin", "f1.bin", "f2.bin"):
+                obj = d.store.get_object(ds.id, key)
+                assert obj is not None
+                await d.get_chunk(m, key, 0, False, obj.version)
+                refs[key] = ChunkRef.of(obj, m.chunk_size, 0)
+            await d.writer.flush()
+            with d.store.env.begin() as txn:
+                assert all(d.store.owns(txn, ds.id, r.key) for r in refs.values())
+            (bucket / "f1.bin").write_bytes(b"new bytes")  # changed
+            (bucket / "f2.bin").unlink()  # deleted
+            await d.open_dataset(f"file://{bucket}/", True)
+            with trio.fail_after(30):
+                while ds.state != "ready" or ds.stale_chunks < 2:
+                    await trio.sleep(0.01)
+            assert ds.stale_chunks == 2
+            with d.store.env.begin() as txn:
+                cur = txn.cursor(db=d.store.db(b"stale"))
+                rows = {bytes(k[8:]) for k, _ in cur}
+            assert rows == {refs["f1.bin"].key, refs["f2.bin"].key}
+
+    trio.run(main)

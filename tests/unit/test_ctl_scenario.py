@@ -188,7 +188,7 @@ def test_cli_refuses_a_bad_scenario_in_one_line(tmp_path: Path) -> None:
     assert "Traceback" not in res.output
     lines = res.output.strip().splitlines()
     assert lines == [
-        f"Error: {tmp_path / 's.toml'}:{line_of(text, 'gpus = 64')}: "
+        f"silofs-ctl: error: {tmp_path / 's.toml'}:{line_of(text, 'gpus = 64')}: "
         "job 'resnet50-b' needs 64 GPUs but the cluster has only 8"
     ]
 

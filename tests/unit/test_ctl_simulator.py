@@ -355,7 +355,9 @@ def test_plot_without_matplotlib_is_one_line(monkeypatch: pytest.MonkeyPatch) ->
         main, ["simulate", str(SCENARIOS / "figure4.toml"), "--plot", "/tmp/never.png"]
     )
     assert res.exit_code == 1
-    assert res.output.strip() == "Error: --plot needs matplotlib (pip install 'silofs[plot]')"
+    assert res.output.strip() == (
+        "silofs-ctl: error: --plot needs matplotlib (pip install 'silofs[plot]')"
+    )
 
 
 @pytest.mark.parametrize("scheduler", ["fifo", "gavel"])

@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 
 from silofs.cache.listing import Entry
 from silofs.cache.store import CacheStore
+from silofs.errors import SilofsError
 from silofs.mount.manifest import ROOT_INODE, Manifest
 from silofs.records import ObjectInfo
 from tests.unit.reference_manifest import Manifest as OldManifest
@@ -374,3 +375,151 @@ def test_memory_is_bounded(store: CacheStore, tmp_path: Path) -> None:
     m.cache_entries = 100
     assert len(walk_paths(m)) == 3010
     assert len(m._cache) <= 100
+
+
+FANOUT_KEYS = st.lists(
+    st.tuples(
+        st.lists(st.sampled_from(["a", "b", "dd", "é", "", "."]), min_size=1, max_size=4).map(
+            "/".join
+        ),
+        st.booleans(),  # a 'dir/' marker key instead
+    ).map(lambda t: t[0] + "/" if t[1] else t[0]),
+    max_size=25,
+    unique=True,
+)
+
+
+@settings(
+    max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(FANOUT_KEYS, st.integers(1, 5), st.integers(1, 4))
+def test_a_directory_marked_complete_has_all_its_entries(
+    store: CacheStore, keys: list[str], batch: int, page: int
+) -> None:
+    """--list-in-background: through a fanned-out listing (PrefixListed records in the
+    stream), a directory with a "complete" row already has every entry it has in the
+    finished listing, at every batch boundary (plus, until the end, directories of
+    prefixes that hold only markers); and the finished listing equals the serial one
+    (prefixes with no object leave no directory behind)."""
+    from tests.unit.test_list_fanout import MemStore
+
+    store_keys = ["p/" + k for k in keys]
+    serial = list(MemStore(store_keys, workers=1, page=page).list())
+    events = list(MemStore(store_keys, workers=4, page=page).list_events())
+    assert sorted(e.key for e in events if isinstance(e, ObjectInfo)) == sorted(
+        o.key for o in serial
+    )
+    final = build(store, serial)
+    final_dirs = {p: n for p, n in walk_paths(final).items() if n.is_dir}
+    final_dirs[""] = final.get(ROOT_INODE)  # type: ignore[assignment]
+    names = {p: final.names(n.inode) for p, n in final_dirs.items()}
+
+    dsid = next(_ids)
+    b = store.begin_listing(dsid)
+    reader = store.listing(dsid, b.gen)
+    completed = set()
+    for i in range(0, len(events), batch):
+        store.add_to_listing(b, events[i : i + batch])
+        with store.env.begin() as txn:
+            for p, n in final_dirs.items():
+                if reader.complete(txn, n.inode):
+                    got = [name for _, name, _ in reader.children(txn, n.inode)]
+                    # Every entry it will have; and at most directories made from a
+                    # prefix that holds no object, which finish() removes.
+                    assert set(names[p]) <= set(got), p
+                    for name in set(got) - set(names[p]):
+                        e = reader.lookup(txn, n.inode, name)
+                        assert e is not None and e.is_dir, (p, name)
+                        under = e.path.decode() + "/"
+                        assert all(not o.key.startswith(under) for o in serial)
+                    completed.add(p)
+    record = store.finish_listing(b, {"uri": f"file:///d{dsid}/"})
+    m = Manifest(store, dsid, record)
+    assert _tree(m) == _tree(final)
+    assert (m.files, m.inode_count) == (final.files, final.inode_count)
+    assert {p: n.inode for p, n in walk_paths(m).items()} == {
+        p: n.inode for p, n in walk_paths(final).items()
+    }
+    # Every prefix was listed to its end, so every directory got its row, except one
+    # under a name a file had when its prefix was listed (the file is shadowed only by
+    # an object under it): those are complete with the whole listing.
+    files = {o.key for o in serial}
+
+    def behind_a_file(path: str) -> bool:
+        parts = path.split("/")
+        return any("/".join(parts[:i]) in files for i in range(1, len(parts) + 1))
+
+    assert completed >= {p for p in final_dirs if not behind_a_file(p)}
+
+
+def test_content_ids_are_stored_without_repeating_the_version() -> None:
+    from silofs.cache.listing import _pack_cid, _unpack_cid
+
+    cases = [
+        (b"d41d8cd98f00b204e9800998ecf8427e", b"s3:d41d8cd98f00b204e9800998ecf8427e:10"),
+        (b"1-2-3-4", b"local:1-2-3-4"),
+        (b"v", b"vvv"),
+        (b"", b"anything"),
+        (b"abc", b"no version here"),
+        (b"abc", b"\x01abc starts like a template"),
+        (b"abc", b"\x02abc starts like an escape"),
+        (b"x", b"\x01 raw"),
+        (b"x", b""),
+    ]
+    for version, cid in cases:
+        stored = _pack_cid(version, cid)
+        assert _unpack_cid(version, stored) == cid, (version, cid)
+    assert _pack_cid(*cases[0]) == b"\x01s3:\x01:10"  # 8 bytes for 38
+
+
+def test_readdir_rows_carry_what_getattr_and_open_read(store: CacheStore) -> None:
+    """entries() reads a file's attributes from its directory's rows; they are the ones
+    get() (an inode number alone) and lookup() give, and iter_files walks the same."""
+    listing = [
+        obj("a/x", 1, 1.5),
+        obj("a/y", 22, 2.5),
+        obj("a/b/z", 333, 3.5),
+        obj("top", 4, 4.5),
+        obj("a/" + "L" * 600, 5, 5.5),  # a hashed long name
+    ]
+    m = build(store, listing)
+    with store.env.begin() as txn:
+        seen = 0
+        for node in [m.get(ROOT_INODE), *(n for n in walk_paths(m).values() if n.is_dir)]:
+            assert node is not None
+            for _, name, ino, e in m.reader.entries(txn, node.inode):
+                full = m.reader.get(txn, ino)
+                assert full is not None and full.name == name
+                if e is None:
+                    assert full.is_dir
+                    continue
+                seen += 1
+                assert (e.inode, e.size, e.mtime, e.since, e.version, e.content_id) == (
+                    full.inode,
+                    full.size,
+                    full.mtime,
+                    full.since,
+                    full.version,
+                    full.content_id,
+                )
+                assert m.lookup(node.inode, name) == full
+        assert seen == len(listing)
+        files = sorted((e.obj for e in m.reader.iter_files(txn)), key=lambda o: o.key)  # type: ignore[union-attr]
+        assert files == sorted(listing, key=lambda o: o.key)
+
+
+def test_a_listing_of_another_row_format_is_not_served(store: CacheStore) -> None:
+    dsid = next(_ids)
+    store.replace_manifest(dsid, LISTING, {})
+    assert store.current_generation(dsid) is not None
+    record = store.dataset_record(dsid)
+    old = {k: v for k, v in record.items() if k != "listing_format"}  # as format 1 wrote it
+    import json
+    import struct
+
+    with store.env.begin(write=True) as txn:
+        txn.put(struct.pack(">Q", dsid), json.dumps(old).encode(), db=store.db(b"datasets"))
+    assert store.current_generation(dsid) is None
+    assert store.get_object(dsid, "README") is None
+    with pytest.raises(SilofsError, match="another silofs version"):
+        Manifest(store, dsid, old)  # a mount refuses to misread it

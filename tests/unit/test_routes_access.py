@@ -306,6 +306,108 @@ def test_routes_matrix(tmp_path: Path, world: Path) -> None:
     run_routes(tmp_path, test, max_jobs_per_uid=1)
 
 
+async def _warm_done(call: Call, peer: Peer, dsid: int) -> dict:
+    with trio.fail_after(10):
+        while (w := (await call(peer, "GET", f"/v1/datasets/{dsid}/warm"))[1])["state"] == (
+            "running"
+        ):
+            await trio.sleep(0.01)
+    return w
+
+
+def test_warm_charges_only_own_jobs_and_fetches_only_readable_files(
+    tmp_path: Path, world: Path
+) -> None:
+    for name in ("data", "other", "private"):
+        (world / name).mkdir()
+    (world / "data" / "pub").write_bytes(b"public")
+    (world / "data" / "secret").write_bytes(b"secret!")
+    (world / "data" / "secret").chmod(0o600)
+    (world / "other" / "big").write_bytes(b"o" * 100_000)
+    (world / "private").chmod(0o700)
+    (world / "private" / "p").write_bytes(b"p")
+
+    async def test(d: Daemon, call: Call) -> None:
+        ds = await _ready(call, ALICE, str(world / "data"))
+        warm = f"/v1/datasets/{ds['id']}/warm"
+        reg = {"dataset": ds["id"], "job": "train", "mountpoint": "/m"}
+        assert (await call(ALICE, "POST", "/v1/mounts", reg))[0] == 201
+        # Bob may not spend alice's job, nor warm a dataset he may not mount.
+        s, body = await call(BOB, "POST", warm, {"job": "train"})
+        assert s == 403 and f"belongs to uid {NOBODY}" in body["error"], body
+        private = await _ready(call, ROOT, str(world / "private"))
+        s, body = await call(BOB, "POST", f"/v1/datasets/{private['id']}/warm", {"job": "b"})
+        assert s == 403 and "may not" in body["error"], body
+        assert d.warms == {}
+
+        # Alice's warm fetches what she may read: not the 0600 file of root's.
+        s, w = await call(ALICE, "POST", warm, {"job": "train"})
+        assert s == 202, w
+        w = await _warm_done(call, ALICE, ds["id"])
+        assert (w["state"], w["denied_objects"]) == ("done", 1), w
+        assert d.usage[ds["id"]].bytes == len(b"public")
+        s, body = await call(BOB, "DELETE", warm)
+        assert s == 403 and f"uid {NOBODY}" in body["error"]
+
+        # A running warm holds its job, as a mount does. (0 B/s: it waits on the limiter.)
+        assert (await call(ROOT, "PUT", "/v1/jobs/slow/io", {"bytes_per_s": 0}))[0] == 200
+        other = await _ready(call, ALICE, str(world / "other"))
+        s, w = await call(ALICE, "POST", f"/v1/datasets/{other['id']}/warm", {"job": "slow"})
+        assert s == 202 and w["state"] == "running", w
+        s, body = await call(BOB, "POST", "/v1/mounts", {**reg, "job": "slow"})
+        assert s == 403 and "belongs to" in body["error"]
+        s, body = await call(BOB, "POST", warm, {"job": "slow"})
+        assert s == 403 and "belongs to" in body["error"]
+        s, body = await call(ALICE, "POST", f"/v1/datasets/{other['id']}/warm", {"job": "x"})
+        assert s == 409 and "for job 'slow' is running" in body["error"]
+        assert (await call(ALICE, "DELETE", f"/v1/datasets/{other['id']}/warm"))[0] == 200
+        assert (await _warm_done(call, ALICE, other["id"]))["state"] == "cancelled"
+
+        # Root warms anything, the 0600 file included.
+        assert (await call(ROOT, "POST", warm, {"job": "root-warm"}))[0] == 202
+        w = await _warm_done(call, ROOT, ds["id"])
+        assert (w["state"], w["denied_objects"]) == ("done", 0), w
+        assert d.usage[ds["id"]].bytes == len(b"public") + len(b"secret!")
+
+    run_routes(tmp_path, test)
+
+
+def test_clearing_an_io_allocation(tmp_path: Path) -> None:
+    async def test(d: Daemon, call: Call) -> None:
+        assert (await call(ROOT, "PUT", "/v1/jobs/j/io", {"bytes_per_s": "1MB/s"}))[0] == 200
+        s, body = await call(ALICE, "DELETE", "/v1/jobs/j/io")
+        assert s == 403 and d.io_allocations == {"j": 1_000_000}
+        s, body = await call(ROOT, "DELETE", "/v1/jobs/j/io")
+        assert (s, body["cleared"]) == (200, True)
+        assert d.io_allocations == {} and d.jobs["j"].limiter.rate is None
+        assert d.store.get_meta("io:j") is None
+        assert (await call(ROOT, "DELETE", "/v1/jobs/j/io"))[0] == 404
+
+    run_routes(tmp_path, test)
+
+
+def test_relative_dataset_paths_are_refused(tmp_path: Path) -> None:
+    """The daemon's cwd and ~ are not the caller's: a relative path is a 400 (clients
+    send absolute paths), never a dataset under the daemon's working directory."""
+    os.makedirs(tmp_path / "cwd" / "rel", exist_ok=True)
+
+    async def test(d: Daemon, call: Call) -> None:
+        for uri in ("rel", "./rel", "~/rel", "~root/rel"):
+            s, body = await call(ROOT, "POST", "/v1/datasets", {"uri": uri})
+            assert s == 400 and "relative" in body["error"], (uri, body)
+        assert d.datasets == {}
+        await _ready(call, ROOT, str(tmp_path / "cwd" / "rel"))
+        assert (await call(ROOT, "GET", "/v1/datasets/rel"))[0] == 200  # its short name
+        assert (await call(ROOT, "GET", "/v1/datasets/.%2Frel"))[0] == 404
+
+    cwd = os.getcwd()
+    os.chdir(tmp_path / "cwd")
+    try:
+        run_routes(tmp_path, test)
+    finally:
+        os.chdir(cwd)
+
+
 # ------------------------------------------------------------- connection limits
 
 

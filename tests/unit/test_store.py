@@ -720,3 +720,54 @@ def test_env_map_size() -> None:
     assert env_map_size(0) == 256 << 20
     assert env_map_size(8 << 30) >= (8 << 30) * 1.25
     assert dataset_prefix(1) == b"\0" * 7 + b"\x01"
+
+
+# -- chunks of versions no listing names (mark_stale) ------------------------------------
+def test_stale_chunks_make_room_in_a_full_dataset_first(store: CacheStore) -> None:
+    """Uniform admission evicts nothing, except chunks marked stale: those make room for
+    new chunks, and only those."""
+    usage: dict[int, Usage] = {}
+    store.admit([chunk(1, i) for i in range(10)], usage, fixed({1: 1000}))
+    stale = {chunk(1, i).key for i in (2, 5, 7)}
+    assert store.mark_stale(1, [*stale, chunk(1, 99).key]) == 3  # 99 is not held: ignored
+    assert store.mark_stale(2, list(stale)) == 0  # another dataset does not own them
+    assert store.stale_count(1) == 3
+    res = store.admit([chunk(1, 100 + j) for j in range(5)], usage, fixed({1: 1000}))
+    assert (res.admitted, res.rejected) == (3, 2)
+    assert owned(store, 1) == {chunk(1, i).key for i in range(10) if i not in (2, 5, 7)} | {
+        chunk(1, 100 + j).key for j in range(3)
+    }
+    assert store.stale_count(1) == 0 and usage[1] == Usage(1000, 10)
+    check(store, usage)
+
+
+def test_evictions_take_stale_chunks_first(store: CacheStore) -> None:
+    usage: dict[int, Usage] = {}
+    store.admit([chunk(1, i) for i in range(20)], usage, unlimited)
+    stale = {chunk(1, i).key for i in range(0, 20, 4)}
+    store.mark_stale(1, list(stale))
+    store.evict_random(1, 1500, usage)
+    assert owned(store, 1).isdisjoint(stale)
+    assert len(owned(store, 1)) == 15 and store.stale_count(1) == 0
+    check(store, usage)
+    # A stale row of a chunk evicted by other means goes with it.
+    store.mark_stale(1, [chunk(1, 1).key])
+    store.evict_random(1, 0, usage)
+    assert store.stale_count(1) == 0 and owned(store, 1) == set()
+    check(store, usage)
+
+
+def test_a_mount_opens_an_env_an_older_daemon_made(tmp_path: Path) -> None:
+    """Read-only (a mount), an env without the dbs newer daemons add for themselves
+    (stale) opens; the daemon creates them."""
+    env = lmdb.open(str(tmp_path), map_size=MAP, max_dbs=20, subdir=True)
+    for name in (b"chunks", b"owners", b"usage", b"datasets", b"names", b"objects",
+                 b"meta", b"dirents", b"inodes"):  # fmt: skip
+        env.open_db(name)
+    env.close()
+    ro = CacheStore(str(tmp_path), MAP, readonly=True)
+    assert b"stale" not in ro.dbs
+    ro.close()
+    rw = CacheStore(str(tmp_path), MAP)
+    assert b"stale" in rw.dbs
+    rw.close()

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
 from silofs.errors import BackendError, ChecksumMismatchError, TransientError
-from silofs.records import ObjectInfo
+from silofs.records import ObjectInfo, PrefixListed
 
 log = logging.getLogger(__name__)
 _COUNTERS_LOCK = threading.Lock()
@@ -112,6 +112,15 @@ class RetryingBackend:
         retry_call(self._check_once, self.opts, f"check {self.uri}", self.counters)
 
     def list(self) -> Iterator[ObjectInfo]:
+        for item in self.list_events():
+            if isinstance(item, ObjectInfo):
+                yield item
+
+    def list_events(self) -> Iterator[ObjectInfo | PrefixListed]:
+        """list(), and when the listing fans out by prefix, a PrefixListed after each
+        page that named sub-prefixes and after each prefix's last page: what the daemon
+        needs to tell a mount that one directory is complete before the whole listing
+        is (--list-in-background)."""
         if self.opts.list_workers > 1 and self._lists_by_prefix():
             yield from self._list_fanned_out()
             return
@@ -181,7 +190,7 @@ class RetryingBackend:
         sub-prefixes on this page, next token or None)."""
         raise NotImplementedError
 
-    def _list_fanned_out(self) -> Iterator[ObjectInfo]:
+    def _list_fanned_out(self) -> Iterator[ObjectInfo | PrefixListed]:
         """Every object, listing each '/'-delimited prefix as its own task on
         opts.list_workers threads. Pages go through a queue of 2 x list_workers pages, so
         a consumer that writes slower than the store lists holds the workers back
@@ -189,12 +198,16 @@ class RetryingBackend:
         listing with that error; a consumer that stops early stops the workers."""
         root = getattr(self, "prefix", "")
         workers = self.opts.list_workers
-        out: queue.Queue[list[ObjectInfo] | BaseException | None] = queue.Queue(2 * workers)
+        Item = list[ObjectInfo | PrefixListed] | BaseException | None
+        out: queue.Queue[Item] = queue.Queue(2 * workers)
         stop = threading.Event()
         lock = threading.Lock()
         pending = [1]  # prefixes submitted and not finished
 
-        def put(item: list[ObjectInfo] | BaseException | None) -> None:
+        def rel(prefix: str) -> str | None:
+            return prefix[len(root) :] if prefix.startswith(root) else None
+
+        def put(item: Item) -> None:
             while not stop.is_set():
                 try:
                     out.put(item, timeout=0.2)
@@ -208,13 +221,23 @@ class RetryingBackend:
                 while not stop.is_set():
                     fetch = functools.partial(self._list_dir_page, prefix, token)
                     items, subs, token = retry_call(fetch, self.opts, f"list {self.uri}")
+                    page: list[ObjectInfo | PrefixListed] = [
+                        i for i in map(self._info, items) if i is not None
+                    ]
+                    here = rel(prefix)
+                    if here is not None and (subs or not token):
+                        # After the page's objects: a consumer that writes in order has
+                        # written them when it reads this.
+                        names = tuple(s for s in map(rel, subs) if s is not None)
+                        page.append(PrefixListed(here, names, done=not token))
+                    if page:
+                        put(page)
+                    # Only now: what a sub-prefix's walk puts comes after the page that
+                    # named it (its objects after a file of the same name on this page).
                     for sub in subs:
                         with lock:
                             pending[0] += 1
                         pool.submit(walk, sub)
-                    infos = [i for i in map(self._info, items) if i is not None]
-                    if infos:
-                        put(infos)
                     if not token:
                         break
             except BaseException as exc:  # handed to the consumer, which raises it

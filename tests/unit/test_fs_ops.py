@@ -1,0 +1,445 @@
+"""SilofsFS (mount/fs.py) and ChunkReader (mount/reader.py) without FUSE.
+
+The FUSE operations a kernel would send (lookup, getattr, opendir/readdir, open, read,
+release, and the writes) are called directly on a SilofsFS over a real LMDB env holding
+a real listing, with an in-process fake of the daemon's control client answering
+GET /v1/chunks. So the errnos a reader sees, one version per open file, the chunk
+buffer and the hit path are tested where /dev/fuse is missing. Only the public
+operations are driven (their results and what reached the fake daemon are asserted),
+not the internals, so the tests hold while the hot path changes.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import stat
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+import pyfuse3
+import pytest
+import trio
+
+from silofs.cache.format import ChunkRef, encode_chunk
+from silofs.cache.store import CacheStore, PendingChunk, Usage
+from silofs.control.client import ControlError
+from silofs.mount.fs import Presentation, SilofsFS
+from silofs.mount.manifest import ROOT_INODE, Manifest
+from silofs.mount.reader import ChunkReader
+from silofs.records import ObjectInfo
+
+CS = 64 << 10  # chunk size
+DSID = 7
+LOOK = Presentation(uid=1234, gid=5678, file_mode=0o444, dir_mode=0o555, timeout=60.0)
+
+
+def payload(key: str, size: int, version: str = "v1") -> bytes:
+    """Deterministic bytes of an object version, different per key and version."""
+    seed = f"{key}@{version}".encode()
+    return (seed * (size // len(seed) + 1))[:size]
+
+
+def obj(key: str, size: int, version: str = "v1") -> ObjectInfo:
+    return ObjectInfo(key, size, 100.0, version, f"cid-{key}-{version}")
+
+
+OBJECTS = [
+    obj("a.txt", 1000),
+    obj("dir/big.bin", 2 * CS + 500),  # three chunks
+    obj("dir/secret.bin", 10),
+    obj("dir/flaky.bin", 10),
+    obj("empty", 0),
+]
+
+
+@dataclass
+class FakeDaemon:
+    """What a mount's AsyncControlClient is asked: GET /v1/chunks, answered from
+    `objects` (by key and version) or with a scripted failure per key."""
+
+    objects: dict[tuple[str, str], bytes]
+    fail: dict[str, Any] = field(default_factory=dict)  # key -> status, or an exception
+    asked: list[dict[str, str]] = field(default_factory=list)
+
+    async def request(self, method: str, path: str, body: Any = None, **_: Any) -> tuple:
+        assert method == "GET" and path.startswith("/v1/chunks?"), path
+        q = {k: v[0] for k, v in parse_qs(urlsplit(path).query).items()}
+        self.asked.append(q)
+        failure = self.fail.get(q["key"])
+        if isinstance(failure, Exception):
+            raise failure
+        if failure is not None:
+            msg = json.dumps({"error": f"scripted {failure}"}).encode()
+            return failure, {"content-type": "application/json"}, msg
+        data = self.objects.get((q["key"], q["version"]))
+        if data is None:
+            return 409, {}, json.dumps({"error": "no such version"}).encode()
+        i = int(q["index"])
+        return 200, {"x-silofs-source": "store"}, data[i * CS : (i + 1) * CS]
+
+    def chunks_of(self, key: str) -> list[int]:
+        return [int(q["index"]) for q in self.asked if q["key"] == key]
+
+
+@dataclass
+class Mount:
+    fs: SilofsFS
+    reader: ChunkReader
+    daemon: FakeDaemon
+    store: CacheStore
+    usage: dict[int, Usage] = field(default_factory=dict)
+
+    async def path(self, path: str) -> pyfuse3.EntryAttributes:
+        inode = ROOT_INODE
+        attr = None
+        for part in path.split("/"):
+            attr = await self.fs.lookup(inode, part.encode(), None)  # type: ignore[arg-type]
+            inode = attr.st_ino
+        assert attr is not None
+        return attr
+
+    async def open(self, path: str, flags: int = os.O_RDONLY) -> int:
+        attr = await self.path(path)
+        return (await self.fs.open(attr.st_ino, flags, None)).fh  # type: ignore[arg-type]
+
+    async def read(self, fh: int, off: int, size: int) -> bytes:
+        return bytes(await self.fs.read(fh, off, size))
+
+    async def read_all(self, path: str, step: int = 128 << 10) -> bytes:
+        fh = await self.open(path)
+        out, off = b"", 0
+        while chunk := await self.read(fh, off, step):
+            out += chunk
+            off += len(chunk)
+        await self.fs.release(fh)
+        return out
+
+    def admit(self, o: ObjectInfo, index: int, data: bytes | None = None) -> None:
+        """Put chunk `index` of `o` in the cache, as the daemon's writer would."""
+        ref = ChunkRef.of(o, CS, index)
+        full = payload(o.key, o.size, o.version)[ref.start : ref.start + ref.length]
+        value = encode_chunk(DSID, index, CS, o.key, o.content_id, full if data is None else data)
+        usage: dict[int, Usage] = {}
+        self.store.admit(
+            [PendingChunk(DSID, ref.key, value, ref.length)], usage, lambda *_: 1 << 40
+        )
+
+    def relist(self, objects: list[ObjectInfo]) -> None:
+        """The daemon lists the dataset again (a --refresh); the mount switches."""
+        self.fs.switch(self.store.replace_manifest(DSID, objects, {"uri": "file:///d/"}))
+
+
+def errno_of(exc: pytest.ExceptionInfo[pyfuse3.FUSEError]) -> int:
+    return exc.value.errno
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[CacheStore]:
+    s = CacheStore(str(tmp_path / "env"), 64 << 20)
+    yield s
+    s.close()
+
+
+@pytest.fixture
+def run(store: CacheStore) -> Callable[..., None]:
+    """run(test, buffer_bytes=..., readahead=...): test(mount) inside trio, with a
+    SilofsFS over `store` holding OBJECTS and a FakeDaemon that has their bytes."""
+
+    def runner(
+        test: Callable[[Mount], Awaitable[None]], buffer_bytes: int = 8 * CS, readahead: int = 0
+    ) -> None:
+        record = store.replace_manifest(DSID, OBJECTS, {"uri": "file:///d/"})
+        daemon = FakeDaemon({(o.key, o.version): payload(o.key, o.size) for o in OBJECTS})
+
+        async def reregister() -> None:
+            raise ControlError("the daemon is gone")
+
+        async def main() -> None:
+            reader = ChunkReader(
+                store,
+                daemon,  # type: ignore[arg-type]
+                dataset_id=DSID,
+                chunk_size=CS,
+                buffer_bytes=buffer_bytes,
+                readahead_bytes=readahead * CS,
+                reregister=reregister,
+            )
+            reader.registered("m1", track_hits=False)
+            fs = SilofsFS(Manifest(store, DSID, record), reader, LOOK)
+            async with trio.open_nursery() as nursery:
+                reader.start(nursery)
+                with trio.fail_after(20):
+                    await test(Mount(fs, reader, daemon, store))
+                nursery.cancel_scope.cancel()
+
+        trio.run(main)
+
+    return runner
+
+
+# -- names and attributes -------------------------------------------------------------
+
+
+def test_lookup_and_getattr(run: Callable[..., None]) -> None:
+    async def test(m: Mount) -> None:
+        a = await m.path("a.txt")
+        assert stat.S_ISREG(a.st_mode) and stat.S_IMODE(a.st_mode) == 0o444
+        assert (a.st_size, a.st_uid, a.st_gid) == (1000, 1234, 5678)
+        assert a.entry_timeout == a.attr_timeout == 60.0
+        assert a.st_mtime_ns == 100 * 10**9 and a.st_blocks == 8  # a 4 KiB block
+        d = await m.path("dir")
+        assert stat.S_ISDIR(d.st_mode) and stat.S_IMODE(d.st_mode) == 0o555
+        assert (await m.fs.getattr(d.st_ino, None)).st_ino == d.st_ino  # type: ignore[arg-type]
+        assert (await m.path("dir/big.bin")).st_size == 2 * CS + 500
+        for parent, name in ((ROOT_INODE, b"nope"), (d.st_ino, b"a.txt"), (a.st_ino, b"x")):
+            with pytest.raises(pyfuse3.FUSEError) as exc:
+                await m.fs.lookup(parent, name, None)  # type: ignore[arg-type]
+            assert errno_of(exc) == errno.ENOENT
+        with pytest.raises(pyfuse3.FUSEError) as exc:
+            await m.fs.getattr(10**9, None)  # type: ignore[arg-type]
+        assert errno_of(exc) == errno.ENOENT
+        assert m.daemon.asked == []  # names never reach the daemon
+
+    run(test)
+
+
+def test_readdir_lists_resumes_and_refuses_files(
+    run: Callable[..., None], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    replies: list[tuple[bytes, int]] = []
+    room = [10**6]  # entries the kernel's buffer takes before it is full
+
+    def reply(token: Any, name: bytes, attr: pyfuse3.EntryAttributes, next_id: int) -> bool:
+        if room[0] == 0:
+            return False
+        room[0] -= 1
+        replies.append((name, next_id))
+        return True
+
+    monkeypatch.setattr(pyfuse3, "readdir_reply", reply)
+
+    async def test(m: Mount) -> None:
+        fh = await m.fs.opendir(ROOT_INODE, None)  # type: ignore[arg-type]
+        await m.fs.readdir(fh, 0, None)  # type: ignore[arg-type]
+        assert [n for n, _ in replies] == [b"a.txt", b"dir", b"empty"]
+        assert [i for _, i in replies] == [1, 2, 3]
+        await m.fs.releasedir(fh)
+
+        # A full buffer: the kernel asks again from the last offset it got.
+        d = await m.path("dir")
+        fh = await m.fs.opendir(d.st_ino, None)  # type: ignore[arg-type]
+        replies.clear()
+        room[0] = 2
+        await m.fs.readdir(fh, 0, None)  # type: ignore[arg-type]
+        room[0] = 10**6
+        await m.fs.readdir(fh, replies[-1][1], None)  # type: ignore[arg-type]
+        assert [n for n, _ in replies] == [b"big.bin", b"flaky.bin", b"secret.bin"]
+        replies.clear()
+        await m.fs.readdir(fh, 3, None)  # type: ignore[arg-type]  # at the end
+        assert replies == []
+        await m.fs.releasedir(fh)
+
+        a = await m.path("a.txt")
+        for inode, want in ((a.st_ino, errno.ENOTDIR), (10**9, errno.ENOENT)):
+            with pytest.raises(pyfuse3.FUSEError) as exc:
+                await m.fs.opendir(inode, None)  # type: ignore[arg-type]
+            assert errno_of(exc) == want
+        with pytest.raises(pyfuse3.FUSEError) as exc:
+            await m.fs.readdir(fh, 0, None)  # type: ignore[arg-type]  # released
+        assert errno_of(exc) == errno.EBADF
+
+    run(test)
+
+
+# -- open, read, release ----------------------------------------------------------------
+
+
+def test_open_refuses_writes_directories_and_unknown_inodes(run: Callable[..., None]) -> None:
+    async def test(m: Mount) -> None:
+        a = await m.path("a.txt")
+        for flags in (os.O_WRONLY, os.O_RDWR, os.O_RDONLY | os.O_TRUNC, os.O_APPEND):
+            with pytest.raises(pyfuse3.FUSEError) as exc:
+                await m.fs.open(a.st_ino, flags, None)  # type: ignore[arg-type]
+            assert errno_of(exc) == errno.EROFS
+        d = await m.path("dir")
+        for inode, want in ((d.st_ino, errno.EISDIR), (10**9, errno.ENOENT)):
+            with pytest.raises(pyfuse3.FUSEError) as exc:
+                await m.fs.open(inode, os.O_RDONLY, None)  # type: ignore[arg-type]
+            assert errno_of(exc) == want
+        # Everything that would write is EROFS; FLUSH is ENOSYS (the kernel stops sending it).
+        for op, args in (
+            (m.fs.write, (1, 0, b"x")),
+            (m.fs.mkdir, (ROOT_INODE, b"n", 0o755, None)),
+            (m.fs.unlink, (ROOT_INODE, b"a.txt", None)),
+            (m.fs.rename, (ROOT_INODE, b"a.txt", ROOT_INODE, b"b", 0, None)),
+            (m.fs.setattr, (a.st_ino, None, None, None, None)),
+            (m.fs.create, (ROOT_INODE, b"n", 0o644, os.O_WRONLY, None)),
+        ):
+            with pytest.raises(pyfuse3.FUSEError) as exc:
+                await op(*args)
+            assert errno_of(exc) == errno.EROFS, op
+        with pytest.raises(pyfuse3.FUSEError) as exc:
+            await m.fs.flush(1)
+        assert errno_of(exc) == errno.ENOSYS
+        assert m.daemon.asked == []
+
+    run(test)
+
+
+def test_reads_return_the_objects_bytes_through_the_daemon(run: Callable[..., None]) -> None:
+    async def test(m: Mount) -> None:
+        big = OBJECTS[1]
+        assert await m.read_all("a.txt") == payload("a.txt", 1000)
+        assert await m.read_all("dir/big.bin") == payload(big.key, big.size)
+        assert await m.read_all("empty") == b""
+        # Every miss names the mount, the listed version, and the chunk.
+        q = next(q for q in m.daemon.asked if q["key"] == big.key)
+        assert (q["mount"], q["version"]) == ("m1", "v1") and "refetch" not in q
+        assert sorted(m.daemon.chunks_of(big.key)) == [0, 1, 2]
+
+        fh = await m.open("dir/big.bin")
+        whole = payload(big.key, big.size)
+        # A read across a chunk boundary, one at the end, one past the end.
+        assert await m.read(fh, CS - 10, 20) == whole[CS - 10 : CS + 10]
+        assert await m.read(fh, big.size - 5, 100) == whole[-5:]
+        assert await m.read(fh, big.size, 100) == b""
+        assert await m.read(fh, big.size + CS, 100) == b""
+        await m.fs.release(fh)
+        with pytest.raises(pyfuse3.FUSEError) as exc:
+            await m.fs.read(fh, 0, 10)  # a released handle
+        assert errno_of(exc) == errno.EBADF
+        c = m.reader.counters
+        assert c.bytes_read == 1000 + big.size + 20 + 5
+        assert c.hits == 0 and c.store_bytes > 0
+
+    run(test)
+
+
+@pytest.mark.parametrize(
+    ("failure", "want"),
+    [
+        (403, errno.EACCES),  # the daemon says this user may not read the object
+        (404, errno.EIO),
+        (409, errno.EIO),  # the object changed in the store
+        (500, errno.EIO),
+        (502, errno.EIO),
+        (ControlError("silent for 30 s", timed_out=True), errno.EIO),  # a frozen daemon
+        (ControlError("connection refused"), errno.EIO),  # gone, and re-register fails
+    ],
+)
+def test_failed_misses_map_to_errnos(run: Callable[..., None], failure: Any, want: int) -> None:
+    async def test(m: Mount) -> None:
+        m.daemon.fail["dir/secret.bin"] = failure
+        fh = await m.open("dir/secret.bin")
+        with pytest.raises(pyfuse3.FUSEError) as exc:
+            await m.read(fh, 0, 10)
+        assert errno_of(exc) == want
+        # The failure is not cached: the next read asks again, and other files work.
+        del m.daemon.fail["dir/secret.bin"]
+        assert await m.read(fh, 0, 10) == payload("dir/secret.bin", 10)
+        assert await m.read_all("a.txt") == payload("a.txt", 1000)
+
+    run(test)
+
+
+def test_the_buffer_serves_a_chunk_read_in_pieces_and_is_bounded(
+    run: Callable[..., None],
+) -> None:
+    async def test(m: Mount) -> None:
+        big = OBJECTS[1]
+        whole = payload(big.key, big.size)
+        fh = await m.open(big.key)
+        for off in range(0, CS, 4096):  # one chunk in 16 kernel requests
+            assert await m.read(fh, off, 4096) == whole[off : off + 4096]
+        assert m.daemon.chunks_of(big.key) == [0]  # fetched once
+        c = m.reader.counters
+        assert c.buffer_bytes == CS - 4096 and c.store_bytes == 4096
+        # The buffer holds two chunks: reading chunks 1 and 2 pushes chunk 0 out.
+        assert await m.read(fh, CS, 10) == whole[CS : CS + 10]
+        assert await m.read(fh, 2 * CS, 10) == whole[2 * CS : 2 * CS + 10]
+        assert await m.read(fh, 0, 10) == whole[:10]
+        assert m.daemon.chunks_of(big.key) == [0, 1, 2, 0]
+
+    run(test, buffer_bytes=2 * CS)
+
+
+def test_hits_come_from_lmdb_and_damage_is_refetched(run: Callable[..., None]) -> None:
+    async def test(m: Mount) -> None:
+        a = OBJECTS[0]
+        m.admit(a, 0)
+        assert await m.read_all("a.txt") == payload("a.txt", 1000)
+        assert m.daemon.asked == []
+        c = m.reader.counters
+        assert (c.hits, c.hit_bytes, c.misses, c.corrupt_chunks) == (1, 1000, 0, 0)
+
+        # Cached values damaged after admission, in the data of chunk 0 and the header
+        # of chunk 1: counted, refetched, never served.
+        big = OBJECTS[1]
+        m.admit(big, 0)
+        m.admit(big, 1)
+        with m.store.env.begin(write=True) as txn:
+            for index, at in ((0, -100), (1, 20)):
+                key = ChunkRef.of(big, CS, index).key
+                value = bytearray(txn.get(key, db=m.store.db(b"chunks")))
+                value[at] ^= 0xFF
+                txn.put(key, bytes(value), db=m.store.db(b"chunks"))
+        assert await m.read_all(big.key) == payload(big.key, big.size)
+        refetched = [q for q in m.daemon.asked if q.get("refetch") == "1"]
+        assert sorted(int(q["index"]) for q in refetched) == [0, 1]
+        assert c.corrupt_chunks == 2
+
+    run(test)
+
+
+def test_a_file_is_one_version_from_open_to_close(run: Callable[..., None]) -> None:
+    async def test(m: Mount) -> None:
+        big = OBJECTS[1]
+        old = payload(big.key, big.size, "v1")
+        fh = await m.open(big.key)
+        assert await m.read(fh, 0, 10) == old[:10]
+
+        # The object is rewritten in the store and listed again (another mount's
+        # --refresh): new size, new version, new bytes.
+        new_obj = obj(big.key, CS + 7, "v2")
+        m.daemon.objects[(big.key, "v2")] = payload(big.key, new_obj.size, "v2")
+        m.relist([o if o.key != big.key else new_obj for o in OBJECTS])
+
+        # The open handle keeps reading v1, up to v1's size, asking for v1 only.
+        assert await m.read(fh, CS, 10) == old[CS : CS + 10]
+        assert await m.read(fh, 2 * CS, 1000) == old[2 * CS :]
+        assert {q["version"] for q in m.daemon.asked} == {"v1"}
+        # The store no longer has v1: EIO, never v2's bytes.
+        del m.daemon.objects[(big.key, "v1")]
+        # (The buffer holds one chunk, the last one read: chunk 1 is asked for again.)
+        with pytest.raises(pyfuse3.FUSEError) as exc:
+            await m.read(fh, CS + 100, 10)
+        assert errno_of(exc) == errno.EIO
+
+        # A new open reads v2, with v2's attributes.
+        assert (await m.path(big.key)).st_size == CS + 7
+        assert await m.read_all(big.key) == payload(big.key, CS + 7, "v2")
+        assert m.daemon.asked[-1]["version"] == "v2"
+        # The old handle, closed, marks its inode for the kernel to look up again.
+        inode = (await m.path(big.key)).st_ino
+        await m.fs.release(fh)
+        assert inode in m.fs.stale_inodes
+
+    run(test, buffer_bytes=CS)
+
+
+def test_statfs_shows_the_dataset_and_what_is_cached(run: Callable[..., None]) -> None:
+    async def test(m: Mount) -> None:
+        s = await m.fs.statfs(None)  # type: ignore[arg-type]
+        total = sum(o.size for o in OBJECTS)
+        assert s.f_frsize == 4096 and s.f_blocks >= -(-total // 4096)
+        assert s.f_bfree == s.f_blocks  # nothing cached
+        m.admit(OBJECTS[1], 0)
+        s = await m.fs.statfs(None)  # type: ignore[arg-type]
+        assert s.f_blocks - s.f_bfree == CS // 4096
+
+    run(test)
