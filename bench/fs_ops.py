@@ -103,7 +103,7 @@ def main() -> None:
                 dataset_id=1,
                 chunk_size=CHUNK,
                 buffer_bytes=CHUNK,
-                readahead=4,
+                readahead_bytes=4 * CHUNK,
                 reregister=_never,
             )
             look = Presentation(0, 0, 0o444, 0o555, 3600.0)

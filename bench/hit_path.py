@@ -51,7 +51,7 @@ def main() -> None:
                 dataset_id=1,
                 chunk_size=size,
                 buffer_bytes=1 << 20,
-                readahead=0,
+                readahead_bytes=0,
                 reregister=_never,
             )
             f = OpenFile(obj)

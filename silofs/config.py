@@ -110,7 +110,9 @@ class MountSettings:
     file_mode: int = 0o444
     dir_mode: int = 0o555
     refresh: bool = False
-    readahead_chunks: int = 4  # sequential reads of large objects fetch this far ahead
+    # The longest read-ahead span of a sequentially read file (mount/reader.py: the
+    # window starts at one chunk and doubles); 0: none.
+    readahead_bytes: int = 16 << 20
     # Fetched chunks held in the mount process (not admitted); None: what read-ahead
     # needs (mount/reader.py buffer_bytes_for), not a flat size. SILOFS_BUFFER_BYTES sets
     # it: bench/silod_live.py makes it what a job's readers have in flight, so that it is

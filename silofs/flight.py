@@ -4,7 +4,9 @@ Owns the one rule both processes use for misses (the daemon per chunk GET, a mou
 chunk request to the daemon): callers that ask for a key already in flight wait for
 that call and get its result, or its exception if it failed; if the leader was
 cancelled (its client went away), the next waiter leads a new call rather than inherit
-nothing. Never retries and never caches a result beyond the call.
+nothing. A leader may also claim several keys at once and settle each of them from one
+call (the daemon's span GET: one range GET for several chunks). Never retries and never
+caches a result beyond the call.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ class _Flight(Generic[V]):
     finished: bool = False
     value: V | None = None
     error: Exception | None = None
+    waiters: int = 0  # callers that waited for this flight's outcome
 
 
 class SingleFlight(Generic[K, V]):
@@ -34,9 +37,46 @@ class SingleFlight(Generic[K, V]):
     def __contains__(self, key: K) -> bool:
         return key in self._flights
 
+    def claim(self, keys: list[K]) -> list[K]:
+        """Lead the keys of `keys` that nobody leads yet (no await: callers check and
+        claim in one step) and return them. The caller must settle() or abandon() each
+        claimed key; waiters on it wait until then."""
+        claimed = [k for k in keys if k not in self._flights]
+        for k in claimed:
+            self._flights[k] = _Flight()
+        return claimed
+
+    def settle(self, key: K, value: V | None = None, error: Exception | None = None) -> bool:
+        """End a claimed key's flight with its value or its error; whether anyone waited
+        for it (nobody else will get this value from here)."""
+        flight = self._flights.pop(key)
+        if error is None:
+            flight.value, flight.finished = value, True
+        else:
+            flight.error = error
+        flight.done.set()
+        return flight.waiters > 0
+
+    def abandon(self, key: K) -> None:
+        """End a claimed key's flight with no outcome: a waiter leads a new call."""
+        self._flights.pop(key).done.set()
+
+    async def wait(self, key: K) -> tuple[V, bool] | None:
+        """The outcome of the flight of `key` if one is under way: (value, False), or its
+        error raised; None if none is under way or its leader abandoned it."""
+        flight = self._flights.get(key)
+        if flight is None:
+            return None
+        flight.waiters += 1
+        await flight.done.wait()
+        if flight.error is not None:
+            raise flight.error
+        return (flight.value, False) if flight.finished else None  # type: ignore[return-value]
+
     async def run(self, key: K, call: Callable[[], Awaitable[V]]) -> tuple[V, bool]:
         """(value, whether this caller made the call)."""
         while (flight := self._flights.get(key)) is not None:
+            flight.waiters += 1
             await flight.done.wait()
             if flight.error is not None:
                 raise flight.error

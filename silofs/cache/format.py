@@ -87,6 +87,11 @@ def chunk_length(obj: ObjectInfo, chunk_size: int, index: int) -> int:
     return min(chunk_size, obj.size - start)
 
 
+# The most chunks a mount's read-ahead span may name (GET /v1/chunks?span=FIRST-LAST):
+# the mount never asks for more, the daemon answers 400 to more.
+MAX_SPAN_CHUNKS = 64
+
+
 @dataclass(frozen=True)
 class ChunkRef:
     """Chunk `index` of a listed object cut into `chunk_size` pieces, with its key and

@@ -306,8 +306,7 @@ class SilofsFS(pyfuse3.Operations):
         r.begin_read()
         cs = r.chunk_size
         first, last = off // cs, (end - 1) // cs
-        sequential = off == f.next_offset
-        f.next_offset = end
+        sequential = f.advance(off, end)  # a seek resets the file's read-ahead window
         try:
             if first == last:
                 lo, hi = off - first * cs, end - first * cs

@@ -199,7 +199,7 @@ class MountProcess:
                 dataset_id=reg["dataset"],
                 chunk_size=reg["chunk_size"],
                 buffer_bytes=self.s.buffer_bytes,
-                readahead=self.s.readahead_chunks,
+                readahead_bytes=self.s.readahead_bytes,
                 reregister=self._reregister,
             )
             self.reader.registered(self.mount_id, self.lru)

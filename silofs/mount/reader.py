@@ -8,6 +8,17 @@ caught too), a bounded buffer of chunks fetched by this mount (so a 4 MiB chunk 
 read-ahead of misses, and the counters the daemon reports. Never talks to a store and
 never writes LMDB.
 
+Read-ahead is per open file and adaptive: once a run of sequential reads covers half a
+chunk, it asks for the next chunk, and every span asked for after it is twice as long,
+up to max_window chunks (readahead_bytes, at most half the buffer); a new span is asked
+for once the reader is within half a window of the end of what was asked; a seek (a
+read not where the last one ended) ends the run, and the window starts again at one
+chunk. Random reads, files of one chunk and heads of files (the kernel reads a header
+in two or three requests) therefore never read ahead. Each chunk of a span is its own
+request to the daemon (so each lands in the buffer and its single-flight as it is
+served), and each names the span, so the daemon fetches the span in one range GET,
+charged to the job before the GET (node/fetch.py).
+
 A file is one version from open to close: every chunk of it is looked up by the content
 id of the mount's own listing, and misses carry the listed version (&version=) so the
 daemon serves that version or refuses (409, EIO here), never bytes of a version a later
@@ -31,7 +42,7 @@ from dataclasses import dataclass
 import lmdb
 import trio
 
-from silofs.cache.format import ChunkFormatError, ChunkRef, checked_chunk
+from silofs.cache.format import MAX_SPAN_CHUNKS, ChunkFormatError, ChunkRef, checked_chunk
 from silofs.cache.store import CacheStore
 from silofs.control.client import AsyncControlClient, ControlError, quote_segment
 from silofs.flight import SingleFlight
@@ -42,6 +53,12 @@ log = logging.getLogger(__name__)
 # A mount's read snapshot is released after this long without a FUSE read (see
 # ChunkReader._release_when_idle); the next read begins a fresh one.
 SNAPSHOT_IDLE_SECONDS = 0.5
+# Read-ahead asks for the next span once the reader is within this many windows of the
+# end of what it asked for, and a window is at most this share of the chunk buffer:
+# at most 1.5 windows wait in the buffer unread. Measured on moto (bench/cold.py):
+# asking a whole window early with quarter-buffer windows gained nothing over this.
+AHEAD_TRIGGER = 0.5
+WINDOW_OF_BUFFER = 0.5
 # Reads reuse a snapshot at most this old (ChunkReader.begin_read). Shorter than the idle
 # release, so a busy mount still moves its snapshot forward and LMDB can reuse pages.
 SNAPSHOT_REUSE_SECONDS = 0.25
@@ -51,13 +68,22 @@ SNAPSHOT_REUSE_SECONDS = 0.25
 BUFFER_STREAMS = 2
 
 
-def buffer_bytes_for(chunk_size: int, readahead: int) -> int:
+def window_chunks(chunk_size: int, readahead_bytes: int) -> int:
+    """The longest read-ahead span in chunks (0: no read-ahead)."""
+    if readahead_bytes <= 0:
+        return 0
+    return max(1, min(MAX_SPAN_CHUNKS, readahead_bytes // chunk_size))
+
+
+def buffer_bytes_for(chunk_size: int, readahead_bytes: int) -> int:
     """The chunk buffer's default bound: for each of BUFFER_STREAMS sequential readers,
-    the chunk it is reading, the one its next request crosses into, and the `readahead`
-    chunks fetched ahead of it. A flat 128 MiB made the mount's anonymous memory 170 MiB
-    in a cold pass whatever the read-ahead (bench/README.md); a chunk evicted before it
-    is read again is served from LMDB if it was admitted, else fetched again."""
-    return chunk_size * (max(0, readahead) + 2) * BUFFER_STREAMS
+    the chunk it is reading, the one its next request crosses into, and the 1.5
+    windows read-ahead may have asked for beyond it (module docstring). A flat 128 MiB
+    made the mount's anonymous memory 170 MiB in a cold pass whatever the read-ahead
+    (bench/README.md); a chunk evicted before it is read again is served from LMDB if
+    it was admitted, else fetched again."""
+    window = window_chunks(chunk_size, readahead_bytes)
+    return chunk_size * (window + (window + 1) // 2 + 2) * BUFFER_STREAMS
 
 
 class MissError(Exception):
@@ -77,12 +103,34 @@ class OpenFile:
     inode: int = 0
     gen: int = 0  # the listing generation it was opened in
     ref: ChunkRef | None = None  # the chunk read last: its key is hashed once, not per read
+    window: int = 0  # chunks the next read-ahead span covers; 0: no run yet
+    ahead: int = 0  # the first chunk read-ahead has not asked for yet
+    asked_at: int = -1  # the chunk the reader was in when read-ahead last asked
+    run_start: int = 0  # where the current run of sequential reads began
+    asked_until: int = 0  # the end (bytes) of what read-ahead asked for in this run
 
     def chunk_ref(self, chunk_size: int, index: int) -> ChunkRef:
         ref = self.ref
         if ref is None or ref.index != index or ref.chunk_size != chunk_size:
             ref = self.ref = ChunkRef.of(self.obj, chunk_size, index)
         return ref
+
+    def advance(self, off: int, end: int) -> bool:
+        """Note a read of [off, end); whether it continues the previous read. A seek
+        ends the read-ahead run: the next one starts again at one chunk."""
+        if off == self.next_offset:
+            self.next_offset = end
+            return True
+        if self.window and self.run_start <= off < self.asked_until:
+            # The kernel's own read-ahead has several requests in flight, and they reach
+            # us out of order: a read inside what this run asked for is still the run.
+            self.next_offset = max(self.next_offset, end)
+            return True
+        self.window = self.ahead = self.asked_until = 0
+        self.asked_at = -1
+        self.run_start = off
+        self.next_offset = end
+        return False
 
 
 class ChunkBuffer:
@@ -132,17 +180,25 @@ class ChunkReader:
         dataset_id: int,
         chunk_size: int,
         buffer_bytes: int | None,
-        readahead: int,
+        readahead_bytes: int,
         reregister: Callable[[], Awaitable[None]],
     ) -> None:
         self.store = store
         self.client = client
         self.dataset_id = dataset_id
         self.chunk_size = chunk_size
-        self.readahead = readahead
-        self.buffer = ChunkBuffer(
-            buffer_bytes if buffer_bytes is not None else buffer_bytes_for(chunk_size, readahead)
-        )
+        if buffer_bytes is None:
+            buffer_bytes = buffer_bytes_for(chunk_size, readahead_bytes)
+        # The longest span: chunks read ahead wait in the buffer, and an evicted one
+        # would be fetched twice, so at most half the buffer (a window plus half of the
+        # next may be asked for at once).
+        most = min(readahead_bytes, int(buffer_bytes * WINDOW_OF_BUFFER)) // chunk_size
+        self.max_window = 0 if readahead_bytes <= 0 else max(1, min(MAX_SPAN_CHUNKS, most))
+        # Bytes of read-ahead asked of the daemon and not served yet, all files
+        # together: several sequential readers share the buffer.
+        self.ahead_limit = max(chunk_size, buffer_bytes // 2)
+        self.ahead_bytes = 0
+        self.buffer = ChunkBuffer(buffer_bytes)
         self.counters = MountCounters()
         self.mount_id = ""
         self._reregister = reregister
@@ -153,7 +209,6 @@ class ChunkReader:
         self._reads = 0  # reads begun; the idle task compares it between its ticks
         self._chunks_db = store.db(b"chunks")
         self._flights: SingleFlight[bytes, tuple[bytes, bool]] = SingleFlight()
-        self._prefetch_slots = trio.Semaphore(max(1, readahead))
         self._nursery: trio.Nursery | None = None
         # In LRU mode the daemon needs to know what was hit: it never sees hits itself.
         self.track_hits = False
@@ -286,9 +341,11 @@ class ChunkReader:
         data, from_cache = await self._miss(ref, refetch=False)
         return data, from_cache, "cache" if from_cache else "store"
 
-    async def _miss(self, ref: ChunkRef, refetch: bool) -> tuple[bytes, bool]:
+    async def _miss(
+        self, ref: ChunkRef, refetch: bool, span: tuple[int, int] | None = None
+    ) -> tuple[bytes, bool]:
         async def ask() -> tuple[bytes, bool]:
-            data, from_cache = await self._ask_daemon(ref, refetch)
+            data, from_cache = await self._ask_daemon(ref, refetch, span)
             self.buffer.put(ref.key, data, from_cache, ref)
             return data, from_cache
 
@@ -296,12 +353,15 @@ class ChunkReader:
         self._stale = True  # the chunk may be admitted (or replaced) now: see begin_read
         return result
 
-    async def _ask_daemon(self, ref: ChunkRef, refetch: bool) -> tuple[bytes, bool]:
+    async def _ask_daemon(
+        self, ref: ChunkRef, refetch: bool, span: tuple[int, int] | None = None
+    ) -> tuple[bytes, bool]:
         for attempt in (1, 2):
             path = (
                 f"/v1/chunks?mount={self.mount_id}&key={quote_segment(ref.obj.key)}"
                 f"&index={ref.index}&version={quote_segment(ref.obj.version)}"
                 + ("&refetch=1" if refetch else "")
+                + (f"&span={span[0]}-{span[1]}" if span is not None else "")
             )
             frozen = False
             try:
@@ -324,36 +384,57 @@ class ChunkReader:
         raise AssertionError("unreachable")
 
     # -- read-ahead --------------------------------------------------------------------
-    def prefetch(self, f: OpenFile, after: int) -> None:
-        """Fetch the next chunks of a sequentially read object in the background.
-
-        A chunk counts as cached if our dataset's owners row says so (probing the value
-        would fault in up to chunk_size bytes); one owned by another dataset is missed
-        here and the daemon serves it from LMDB."""
-        if self._nursery is None:
+    def prefetch(self, f: OpenFile, current: int) -> None:
+        """After a sequential read that reached chunk `current`: ask for the next span
+        if the reader is within half a window of the end of what was asked (module
+        docstring). Chunks our dataset holds (its owners rows; probing the value would
+        fault in up to chunk_size bytes), in flight or in the buffer are not asked for;
+        one owned by another dataset is missed here and the daemon serves it from LMDB."""
+        if self._nursery is None or self.max_window == 0 or current == f.asked_at:
+            return  # once per chunk: the span asked for before is usually still in flight
+        if f.next_offset - f.run_start < self.chunk_size // 2:
+            # Not yet a sequential reader: the kernel reads the head of a file in two or
+            # three requests of its own read-ahead (an image decoder reading a header).
             return
-        txn = self._snapshot()
         last = (f.obj.size - 1) // self.chunk_size
-        for index in range(after + 1, min(last, after + self.readahead) + 1):
+        f.ahead = max(f.ahead, current + 1)
+        f.window = max(f.window, 1)
+        if f.ahead > last or f.ahead - current - 1 > f.window * AHEAD_TRIGGER:
+            return
+        first, end = f.ahead, min(last, f.ahead + f.window - 1)
+        if self.ahead_bytes and self.ahead_bytes + (end - first + 1) * self.chunk_size > (
+            self.ahead_limit
+        ):
+            return  # other files' read-ahead fills the buffer: ask on a later read
+        txn = self._snapshot()
+        refs = []
+        for index in range(first, end + 1):
             ref = ChunkRef.of(f.obj, self.chunk_size, index)
             try:
                 owned = self.store.owns(txn, self.dataset_id, ref.key)
             except lmdb.Error:
                 return  # a damaged page: the reader's own lookup will count it
             if self._wanted(ref) and not owned:
-                self._nursery.start_soon(self._prefetch_one, ref)
+                refs.append(ref)
+        f.ahead = end + 1
+        f.asked_until = f.ahead * self.chunk_size
+        f.asked_at = current
+        f.window = min(f.window * 2, self.max_window)
+        for ref in refs:
+            self.ahead_bytes += ref.length
+            self._nursery.start_soon(self._prefetch_one, ref, (first, end))
 
     def _wanted(self, ref: ChunkRef) -> bool:
         return ref.key not in self._flights and self.buffer.get(ref.key) is None
 
-    async def _prefetch_one(self, ref: ChunkRef) -> None:
-        async with self._prefetch_slots:
-            if not self._wanted(ref):
-                return
-            try:
-                await self._miss(ref, False)
-            except MissError:
-                pass  # the reader will ask again and get the error itself
+    async def _prefetch_one(self, ref: ChunkRef, span: tuple[int, int]) -> None:
+        try:
+            if self._wanted(ref):
+                await self._miss(ref, False, span)
+        except MissError:
+            pass  # the reader will ask again and get the error itself
+        finally:
+            self.ahead_bytes -= ref.length
 
 
 def _error_text(body: bytes) -> str:

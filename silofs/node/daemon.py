@@ -669,13 +669,22 @@ class Daemon:
         )
 
     async def get_chunk(
-        self, m: MountState, key: str, index: int, refetch: bool, version: str | None = None
+        self,
+        m: MountState,
+        key: str,
+        index: int,
+        refetch: bool,
+        version: str | None = None,
+        span: tuple[int, int] | None = None,
     ) -> tuple[bytes, str]:
         """(bytes, 'cache'|'remote') for a mount's miss. Only objects in the mount's own
         dataset listing are served (promise 6). `version` is the one the reader's handle
         opened: after a refresh an open file keeps reading it (the previous generation
         is kept until the next listing), never the new version's bytes: if neither
-        listing has that version, VersionMismatchError (409; EIO in the mount)."""
+        listing has that version, VersionMismatchError (409; EIO in the mount).
+        `span` (first, last chunk index, index among them; checked by the route) is the
+        read-ahead this request belongs to: the GET that fetches chunk `index` may fetch
+        the rest of the span with it (Fetcher.fetch_span)."""
         ds = self.datasets[m.dsid]
         obj = self.store.get_object(ds.id, key, ds.record.get("gen"))
         if obj is None and ds.building_gen is not None:  # a mount of a listing in progress
@@ -693,6 +702,7 @@ class Daemon:
                 )
         if obj is None:
             raise UsageError(f"{key!r} is not in the listing of {ds.uri.canonical}")
+        last = max(0, (obj.size - 1) // m.chunk_size)
         job = self.job(m.job)
         ref = ChunkRef.of(obj, m.chunk_size, index)
         self.prefetch.missed(m, key, index)  # the reader's position in its hint
@@ -704,8 +714,19 @@ class Daemon:
             refetch = bad  # replace the bad value rather than keep missing on it
         t0 = time.monotonic()
         try:
-            data, fetched = await self.fetcher.fetch(
-                ds.id, ds.backend, job.limiter, ref, replace=refetch
+            first, end = span if span is not None else (index, index)
+            refs = [
+                ref if i == index else ChunkRef.of(obj, m.chunk_size, i)
+                for i in range(first, min(end, last) + 1)
+            ]
+            data, fetched = await self.fetcher.fetch_span(
+                ds.id,
+                ds.backend,
+                job.limiter,
+                ref,
+                refs,
+                replace=refetch,
+                readahead=span is not None,
             )
             self.metrics.fetch_seconds.labels(ds.uri.canonical).observe(time.monotonic() - t0)
         except BackendError as exc:
@@ -713,10 +734,10 @@ class Daemon:
                 c.errors += 1
             log.error("%s: chunk %d of %s: %s", ds.uri.canonical, index, key, exc)
             raise
-        if fetched:
-            for c in (ds.fetch, job.fetch, m.fetch):
-                c.remote_gets += 1
-                c.remote_bytes += len(data)
+        for c in (ds.fetch, job.fetch, m.fetch):
+            c.remote_gets += fetched.chunks
+            c.remote_bytes += fetched.bytes
+            c.remote_requests += fetched.requests
         return data, "remote"
 
     def offer_chunk(self, m: MountState, key: str, index: int, content_id: str, data: bytes) -> str:
@@ -756,6 +777,8 @@ class Daemon:
         for m in list(self.mounts.values()):
             if not _pid_alive(m.pid):
                 self.unregister_mount(m.id)
+        # A sequential reader's open GET that nobody continued holds a store connection.
+        self.fetcher.sweep_parked(trio.current_time())
         # A mount process that ended without closing the env (kill -9, or any exit while
         # a read txn was open) leaves its read snapshot in the lock file's reader table.
         # While it stays, LMDB reuses no page freed after it: data.mdb grows to the map

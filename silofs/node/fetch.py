@@ -3,25 +3,48 @@
 Owns turning "chunk i of object o" into bytes: from LMDB if another mount admitted it
 meanwhile, else one remote GET per chunk however many readers wait for it, charged to
 the asking job's token bucket before the GET (promise 2), then offered to the Writer.
-Never serves FUSE requests and never writes LMDB itself (the Writer does).
+A mount reading ahead names the span of chunks it will read next; the first request of
+the span to arrive fetches the chunks of it that are neither in flight nor held in one
+range GET (a store charges per request, and moto or s3rver cost a fixed ~150 ms per
+GET of a big object), bounded by MAX_SPAN_BYTES and by the job's rate. Never serves FUSE
+requests and never writes LMDB itself (the Writer does).
 """
 
 from __future__ import annotations
 
 import logging
+from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import lmdb
 import trio
 
-from silofs.cache.format import ChunkRef, checked_chunk, encode_chunk
+from silofs.cache.format import MAX_SPAN_CHUNKS, ChunkRef, checked_chunk, encode_chunk
 from silofs.cache.store import CacheStore, PendingChunk
 from silofs.flight import SingleFlight
-from silofs.node.backends.base import Backend
+from silofs.node.backends.base import Backend, RangeStream
 from silofs.node.limiter import TokenBucket
 from silofs.node.writer import Writer
 
 log = logging.getLogger(__name__)
+
+# The most one range GET covers. Its bytes stay in the daemon until every chunk of the
+# span is handed to the mount that asked (or given up), so this bounds the memory one
+# reader's read-ahead can pin per GET; mounts ask for at most their read-ahead window.
+MAX_SPAN_BYTES = 64 << 20
+# With a job rate set, one GET covers at most this many seconds of the job's rate (and
+# at least the chunk asked for): a span is charged whole before its GET, and a bigger
+# one makes the job's bytes come in lumps (0.5 s of 20 MB/s was 45% off the rate in a
+# 1 s window: tests/integration/test_allocations.py). The bucket's own burst.
+SPAN_SECONDS = 0.05
+# Chunks of a span that arrived before their own request (the mount sends one request
+# per chunk, so this is rare and short): at most this many bytes are kept for them.
+LOOSE_BYTES = MAX_SPAN_BYTES
+# A sequential reader's open GET waits this long for its next span, and at most this
+# many wait at once; each holds one store connection.
+PARK_SECONDS = 5.0
+MAX_PARKED = 8
 
 
 @dataclass
@@ -32,6 +55,16 @@ class FetchCounters:
     corrupt_chunks: int = 0
     errors: int = 0
     version_mismatches: int = 0  # asked for a version other than the one now listed
+    remote_requests: int = 0  # range GETs made (one GET may fetch a span of chunks)
+
+
+@dataclass
+class Fetched:
+    """What one call fetched from the store: nothing if it waited on another's GET."""
+
+    chunks: int = 0
+    bytes: int = 0
+    requests: int = 0
 
 
 class Fetcher:
@@ -40,6 +73,12 @@ class Fetcher:
         self.writer = writer
         self.threads = trio.CapacityLimiter(threads)
         self._flights: SingleFlight[bytes, bytes] = SingleFlight()
+        self._loose: OrderedDict[bytes, bytes] = OrderedDict()
+        self._loose_bytes = 0
+        # Runs reading a stream now, by where they end: the next span waits for them.
+        self._busy: dict[tuple[str, str, int], trio.Event] = {}
+        # Open GETs of sequential readers, by (object key, content id, next offset).
+        self._parked: OrderedDict[tuple[str, str, int], tuple[RangeStream, float]] = OrderedDict()
 
     def cached(self, ref: ChunkRef, counters: FetchCounters) -> tuple[bytes | None, bool]:
         """(a verified copy of the chunk from LMDB or None, whether a value is there that
@@ -79,6 +118,244 @@ class Fetcher:
         return await self._flights.run(
             ref.key, lambda: self._fetch_once(dsid, backend, limiter, ref, replace)
         )
+
+    async def fetch_span(
+        self,
+        dsid: int,
+        backend: Backend,
+        limiter: TokenBucket,
+        ref: ChunkRef,
+        span: list[ChunkRef],
+        *,
+        replace: bool = False,
+        readahead: bool = False,
+    ) -> tuple[bytes, Fetched]:
+        """The bytes of `ref`, and what this call fetched for them. `span` is the run of
+        consecutive chunks of ref's object the reader will read next (ref among them).
+        If nobody fetches ref yet, one range GET covers the longest run of `span` around
+        ref whose chunks are neither in flight nor held by the dataset (its owners rows),
+        within MAX_SPAN_BYTES, MAX_SPAN_CHUNKS and SPAN_SECONDS of the job's rate; the
+        run is charged to `limiter` before the GET, and every chunk of it is offered to
+        the Writer and handed to whoever waits for it as soon as its bytes are in.
+        `readahead`: the request named a span (a sequential reader), so the GET may
+        stay open for the reader's next span (_get_run)."""
+        while True:
+            loose = self._loose.pop(ref.key, None)
+            if loose is not None:
+                self._loose_bytes -= len(loose)
+                return loose, Fetched()
+            if not replace and (value := self.writer.pending(ref.key)) is not None:
+                # fetched (a prefetch, a span) and not yet committed: no second GET
+                data = checked_chunk(value, ref, FetchCounters())  # we encoded it
+                if data is not None:
+                    return bytes(data), Fetched()
+            got = await self._flights.wait(ref.key)
+            if got is not None:
+                return got[0], Fetched()
+            if ref.key in self._flights:
+                continue  # its leader gave up and another began since: wait for that one
+            # No await from here to claim(): what is free is claimed as it was seen.
+            run = self._run_around(dsid, limiter, ref, span)
+            self._flights.claim([r.key for r in run])
+            break
+        pending = {r.key for r in run}
+        mine: list[bytes] = []
+
+        def deliver(r: ChunkRef, data: bytes, value: bytes) -> None:
+            again = replace and r.key == ref.key
+            self.writer.offer(PendingChunk(dsid, r.key, value, r.length, replace=again))
+            pending.discard(r.key)
+            waited = self._flights.settle(r.key, data)
+            if r.key == ref.key:
+                mine.append(data)
+            elif not waited:
+                self._keep_loose(r.key, data)  # its request has not arrived yet
+
+        try:
+            requests = await self._get_run(dsid, backend, limiter, run, deliver, readahead)
+        except Exception as exc:
+            for key in pending:
+                self._flights.settle(key, error=exc)
+            raise
+        except BaseException:  # cancelled (the asking mount went away): others lead anew
+            for key in pending:
+                self._flights.abandon(key)
+            raise
+        return mine[0], Fetched(len(run), sum(r.length for r in run), requests)
+
+    def _keep_loose(self, key: bytes, data: bytes) -> None:
+        """A chunk of a span that arrived before its own request: kept (bounded, oldest
+        dropped) so the request does not GET it again when its dataset admits nothing."""
+        self._loose[key] = data
+        self._loose_bytes += len(data)
+        while self._loose_bytes > LOOSE_BYTES:
+            _, gone = self._loose.popitem(last=False)
+            self._loose_bytes -= len(gone)
+
+    def _run_around(
+        self, dsid: int, limiter: TokenBucket, ref: ChunkRef, span: list[ChunkRef]
+    ) -> list[ChunkRef]:
+        """ref and its free neighbours in `span`, forward first (read-ahead is forward)."""
+        limit = MAX_SPAN_BYTES
+        if limiter.rate is not None:
+            limit = min(limit, max(ref.length, int(limiter.rate * SPAN_SECONDS)))
+        at = next((i for i, r in enumerate(span) if r.key == ref.key), None)
+        if at is None or len(span) < 2:
+            return [ref]
+        run, total = [ref], ref.length
+        with self.store.read_txn() as txn:
+
+            def free(r: ChunkRef) -> bool:
+                if len(run) >= MAX_SPAN_CHUNKS or total + r.length > limit:
+                    return False
+                if r.key in self._flights or r.key in self._loose:
+                    return False
+                if self.writer.pending(r.key) is not None:
+                    return False  # fetched, waiting for admission
+                try:
+                    return not self.store.owns(txn, dsid, r.key)
+                except lmdb.Error:
+                    return False  # a damaged page: that chunk's own request will see it
+
+            for r in span[at + 1 :]:
+                if not free(r):
+                    break
+                run.append(r)
+                total += r.length
+            for r in reversed(span[:at]):
+                if not free(r):
+                    break
+                run.insert(0, r)
+                total += r.length
+        return run
+
+    async def _get_run(
+        self,
+        dsid: int,
+        backend: Backend,
+        limiter: TokenBucket,
+        run: list[ChunkRef],
+        deliver: Callable[[ChunkRef, bytes, bytes], None],
+        readahead: bool,
+    ) -> int:
+        """Fetch consecutive chunks, charged first, each delivered (in the trio thread)
+        as soon as its bytes are in; the number of GETs made.
+
+        One run is one ranged GET, read chunk by chunk. For read-ahead of a job without a
+        rate the GET asks for the rest of the object, and what the run did not read
+        stays open (parked, PARK_SECONDS, at most MAX_PARKED) for the reader's next
+        span, which then needs no GET of its own (a span asked for while the run before
+        it is still being read waits for it): moto and s3rver pay a fixed cost per GET
+        of a big object, and a store per request. With a rate the GET covers the run
+        only, so every byte that crosses the network was charged before its GET. Where
+        the store streams no ranges, one get_range. A stream that breaks is read on
+        with get_range (and its retries)."""
+        total = sum(r.length for r in run)
+        t0 = trio.current_time()
+        await limiter.charge(total)
+        t1 = trio.current_time()
+        first = run[0]
+        obj = first.obj
+        at = (obj.key, obj.content_id, first.start)
+        stream_on = readahead and limiter.rate is None
+        before = self._busy.get(at)
+        if stream_on and before is not None and at not in self._parked:
+            with trio.move_on_after(PARK_SECONDS):
+                await before.wait()  # the run before ours is reading the stream we want
+        self.sweep_parked(trio.current_time())
+        parked = self._parked.pop(at, None)
+        after = (obj.key, obj.content_id, first.start + total)
+        done_event = trio.Event()
+        if stream_on:
+            self._busy[after] = done_event
+        token = trio.lowlevel.current_trio_token()
+        opened = 0
+        # A later span of this object already has a stream (its request came first):
+        # ours covers only its run, or the stream left open here would go unused.
+        streamed_ahead = any(
+            k[0] == obj.key and k[1] == obj.content_id and k[2] > first.start + total
+            for k in (*self._busy, *self._parked)
+        )
+
+        def send(r: ChunkRef, data: bytes | memoryview) -> None:
+            value = encode_chunk(dsid, r.index, r.chunk_size, obj.key, obj.content_id, data)
+            # Queued, not waited for: the thread reads on. The loop runs these callbacks
+            # in order, and before it learns that the thread returned (same queue).
+            token.run_sync_soon(deliver, r, bytes(data), value)
+
+        def fetch() -> RangeStream | None:
+            nonlocal opened
+            stream = parked[0] if parked is not None else None
+            if stream is None and (readahead or len(run) > 1):
+                length = obj.size - first.start if stream_on and not streamed_ahead else total
+                stream = backend_open(first.start, length)
+                opened += stream is not None
+            done = 0
+            if stream is not None:
+                try:
+                    for r in run:
+                        send(r, stream.read(r.length))
+                        done += 1
+                except Exception as exc:  # a broken stream: the rest by get_range
+                    log.info("range stream of %s broke (%s); reading on without it", obj.key, exc)
+                    stream.close()
+                    stream = None
+            rest = run[done:]
+            if rest:
+                opened += 1
+                n = sum(r.length for r in rest)
+                # The backend returns exactly n bytes or raises (its contract).
+                data = backend.get_range(obj, rest[0].start, n) if n else b""
+                view, off = memoryview(data), 0
+                for r in rest:
+                    send(r, view[off : off + r.length])
+                    off += r.length
+            if stream is not None and stream.pos >= stream.end:
+                stream.close()
+                stream = None
+            return stream
+
+        open_range = getattr(backend, "open_range", None)
+
+        def backend_open(start: int, length: int) -> RangeStream | None:
+            return open_range(obj, start, length) if open_range is not None else None
+
+        try:
+            left = await trio.to_thread.run_sync(fetch, limiter=self.threads)
+            if left is not None:
+                self._park((obj.key, obj.content_id, left.pos), left, trio.current_time())
+        finally:
+            if parked is not None and parked[0].pos == first.start:
+                parked[0].close()  # never read from: the thread failed before it
+            if self._busy.get(after) is done_event:
+                del self._busy[after]
+            done_event.set()
+        log.debug(
+            "%s chunks %d-%d (%d bytes): limiter %.3fs, %s %.3fs",
+            obj.key,
+            first.index,
+            run[-1].index,
+            total,
+            t1 - t0,
+            "continued" if parked is not None and not opened else f"{opened} GET(s)",
+            trio.current_time() - t1,
+        )
+        return opened
+
+    def _park(self, at: tuple[str, str, int], stream: RangeStream, now: float) -> None:
+        old = self._parked.pop(at, None)
+        if old is not None:
+            old[0].close()
+        self._parked[at] = (stream, now + PARK_SECONDS)
+        while len(self._parked) > MAX_PARKED:
+            _, (gone, _) = self._parked.popitem(last=False)
+            gone.close()
+
+    def sweep_parked(self, now: float) -> None:
+        """Close the open GETs no span continued within PARK_SECONDS (each fetch and
+        the daemon's reaper, every 2 s, call this)."""
+        for at in [at for at, (_, until) in self._parked.items() if until < now]:
+            self._parked.pop(at)[0].close()
 
     async def _fetch_once(
         self, dsid: int, backend: Backend, limiter: TokenBucket, ref: ChunkRef, replace: bool

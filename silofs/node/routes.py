@@ -18,6 +18,7 @@ from typing import Any
 
 import trio
 
+from silofs.cache.format import MAX_SPAN_CHUNKS
 from silofs.config import STORE_OPTIONS
 from silofs.control.peer import Peer, peer_groups, peer_may_change
 from silofs.control.router import HTTPError, Request, Response, Router, json_response
@@ -122,6 +123,7 @@ def dataset_view(d: Daemon, ds: DatasetState) -> dict[str, Any]:
         "served_bytes": _served(ds.reads),
         "remote_bytes": ds.fetch.remote_bytes,
         "remote_gets": ds.fetch.remote_gets,
+        "remote_requests": ds.fetch.remote_requests,
         "corrupt_chunks": ds.fetch.corrupt_chunks + ds.reads.corrupt_chunks,
         # Failed store operations (after retries): chunk GETs, checks, listings; and the
         # retries the backend made (node/backends/base.py retry_call).
@@ -153,7 +155,9 @@ def job_view(d: Daemon, j: JobState) -> dict[str, Any]:
         "hit_ratio": _ratio(j.reads.hit_bytes, j.reads.bytes_read),
         "remote_bytes": j.fetch.remote_bytes,
         "remote_gets": j.fetch.remote_gets,
+        "remote_requests": j.fetch.remote_requests,
         "limiter_wait_s": round(j.limiter.waited_seconds, 3),
+        "limiter_charged_bytes": j.limiter.charged_bytes,
         # What the job's scheduler said of it (PUT /v1/jobs/{job}), or null.
         "registration": d.registrations.get(j.name),
         # Prefetch by hint: bytes fetched ahead of the job's readers, and how many of
@@ -199,6 +203,7 @@ def mount_view(d: Daemon, m: MountState) -> dict[str, Any]:
         "served_bytes": _served(r),
         "remote_bytes": m.fetch.remote_bytes,
         "remote_gets": m.fetch.remote_gets,
+        "remote_requests": m.fetch.remote_requests,
         "corrupt_chunks": r.corrupt_chunks,
         "memory": process_memory(m.pid),
         "prefetch": d.prefetch.hints[m.id].view() if m.id in d.prefetch.hints else None,
@@ -680,10 +685,11 @@ def build_router(d: Daemon) -> Router:
             index = int(req.query.get("index", ""))
         except ValueError:
             raise HTTPError(400, "index must be an integer") from None
+        span = _span(req.query.get("span"), index)
         await _check_object_access(d, req, m, key)
         try:
             data, source = await d.get_chunk(
-                m, key, index, req.query.get("refetch") == "1", req.query.get("version")
+                m, key, index, req.query.get("refetch") == "1", req.query.get("version"), span
             )
         except VersionMismatchError as exc:
             raise HTTPError(409, str(exc)) from None
@@ -733,6 +739,24 @@ def build_router(d: Daemon) -> Router:
 
 
 # -- per-dataset store options (silofs mount --region/--profile/...) --------------------
+def _span(text: str | None, index: int) -> tuple[int, int] | None:
+    """`span=FIRST-LAST`: the read-ahead span a chunk request belongs to (inclusive
+    chunk indices around `index`, at most MAX_SPAN_CHUNKS). The daemon clamps it to the
+    object and to MAX_SPAN_BYTES, and charges every chunk it fetches to the peer's job."""
+    if text is None:
+        return None
+    first_text, sep, last_text = text.partition("-")
+    try:
+        first, last = int(first_text), int(last_text)
+    except ValueError:
+        raise HTTPError(400, "span must be FIRST-LAST chunk indices") from None
+    if not sep or not 0 <= first <= index <= last or last - first >= MAX_SPAN_CHUNKS:
+        raise HTTPError(
+            400, f"span must be FIRST-LAST around index {index}, at most {MAX_SPAN_CHUNKS} chunks"
+        )
+    return first, last
+
+
 def _store_options(body: dict) -> dict[str, str]:
     """The "options" of POST /v1/datasets: only config.STORE_OPTIONS, short scalars."""
     options = _field(body, "options", dict, required=False) or {}

@@ -203,6 +203,7 @@ async def _warm(d: Any, ds: DatasetState, w: WarmState) -> None:
             for c in (ds.fetch, job.fetch):
                 c.remote_gets += 1
                 c.remote_bytes += len(data)
+                c.remote_requests += 1
 
     async with trio.open_nursery() as nursery:
         for ref in refs:

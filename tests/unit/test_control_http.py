@@ -483,6 +483,26 @@ def test_async_client_concurrent_large_bodies_intact(sock_path: str) -> None:
     trio.run(main)
 
 
+def test_async_client_reads_large_bodies_directly_and_keeps_the_connection(
+    sock_path: str,
+) -> None:
+    """Bodies of 64 KiB and more bypass h11 (one recv_into buffer); the connection then
+    serves the next requests, large and small, with a fresh h11 state."""
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            await start_server(nursery, sock_path)
+            async with AsyncControlClient(sock_path, max_connections=1) as client:
+                for size in (len(BLOB), 64 << 10, (64 << 10) - 1, 3 << 20, 5):
+                    status, headers, body = await client.request("GET", f"/v1/blob/{size}")
+                    assert (status, bytes(body)) == (200, BLOB[:size])
+                    assert await client.json("POST", "/v1/echo", {"n": size}) == {"n": size}
+                assert client.connections_opened == 1
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+
+
 def test_async_client_reuses_connections_and_raises_on_errors(sock_path: str) -> None:
     async def main() -> None:
         async with trio.open_nursery() as nursery:

@@ -166,7 +166,7 @@ def run(store: CacheStore) -> Callable[..., None]:
                 dataset_id=DSID,
                 chunk_size=CS,
                 buffer_bytes=buffer_bytes,
-                readahead=readahead,
+                readahead_bytes=readahead * CS,
                 reregister=reregister,
             )
             reader.registered("m1", track_hits=False)

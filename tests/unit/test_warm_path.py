@@ -92,7 +92,7 @@ def _reader(env: str, daemon: FakeDaemon, buffer_bytes: int | None = 1 << 20) ->
         dataset_id=1,
         chunk_size=CHUNK,
         buffer_bytes=buffer_bytes,
-        readahead=0,
+        readahead_bytes=0,
         reregister=_never,
     )
 
@@ -147,17 +147,18 @@ def test_the_read_after_a_miss_begins_a_fresh_snapshot(
 
 
 def test_the_buffer_is_sized_by_read_ahead_and_stays_within_it(env: str) -> None:
-    assert buffer_bytes_for(4 << 20, 4) == (4 << 20) * 6 * reader_mod.BUFFER_STREAMS
+    # Per sequential reader: its chunk, the next, and 1.5 windows of read-ahead.
+    assert buffer_bytes_for(4 << 20, 16 << 20) == (4 << 20) * 8 * reader_mod.BUFFER_STREAMS
     r = ChunkReader(
         CacheStore(env, 64 << 20, readonly=True),
         FakeDaemon(),  # type: ignore[arg-type]
         dataset_id=1,
         chunk_size=CHUNK,
         buffer_bytes=None,
-        readahead=3,
+        readahead_bytes=3 * CHUNK,
         reregister=_never,
     )
-    assert r.buffer.max_bytes == CHUNK * 5 * reader_mod.BUFFER_STREAMS
+    assert r.buffer.max_bytes == CHUNK * 7 * reader_mod.BUFFER_STREAMS
     for i in range(100):
         o = ObjectInfo(f"big{i}", CHUNK, 1.0, "v", f"c{i}")
         r.buffer.put(ChunkRef.of(o, CHUNK, 0).key, bytes(CHUNK), False)

@@ -144,6 +144,27 @@ class RetryingBackend:
         fetch = functools.partial(self._get_exact, info, start, end)
         return retry_call(fetch, self.opts, f"read {self.uri}{info.key}", self.counters)
 
+    def open_range(self, info: ObjectInfo, start: int, length: int) -> RangeStream | None:
+        """An open ranged GET of [start, start+length) (clamped to the listed size), to
+        read in order in pieces, or None where the store streams no ranges or the range
+        is the whole object (get_range then checks the store's whole-object checksum).
+        Opening is retried as get_range is; a piece that comes short raises
+        TransientError, and the caller reads the rest with get_range."""
+        end = min(start + length, info.size)
+        if start >= end or (start == 0 and end == info.size) or not self._streams_ranges():
+            return None
+        opener = functools.partial(self._open_once, info, start, end)
+        body = retry_call(opener, self.opts, f"read {self.uri}{info.key}", self.counters)
+        return RangeStream(body, start, end, f"{self.uri}{info.key}", self.counters)
+
+    def _streams_ranges(self) -> bool:
+        """Whether _open_once is implemented."""
+        return False
+
+    def _open_once(self, info: ObjectInfo, start: int, end: int) -> Any:
+        """The response body (read(n), close()) of one ranged GET of [start, end)."""
+        raise NotImplementedError
+
     def _get_exact(self, info: ObjectInfo, start: int, end: int) -> bytes:
         try:
             data = self._get_once(info, start, end)
@@ -253,6 +274,42 @@ class RetryingBackend:
 
     def _get_once(self, info: ObjectInfo, start: int, end: int) -> bytes:
         raise NotImplementedError
+
+
+class RangeStream:
+    """An open ranged GET read in order, by one thread at a time (the daemon keeps one
+    open between the spans of a sequential reader: node/fetch.py)."""
+
+    def __init__(self, body: Any, start: int, end: int, what: str, counters: StoreCounters):
+        self._body = body
+        self.pos = start  # the object offset of the next byte read
+        self.end = end
+        self._what = what
+        self._counters = counters
+
+    def read(self, n: int) -> bytes:
+        """The next min(n, what is left) bytes; TransientError if the body ends early."""
+        want = min(n, self.end - self.pos)
+        parts: list[bytes] = []
+        got = 0
+        while got < want:
+            piece = self._body.read(want - got)
+            if not piece:
+                self._counters.short_reads += 1
+                raise TransientError(
+                    f"short read from {self._what}: the stream ended at {self.pos + got} "
+                    f"of {self.end}"
+                )
+            parts.append(piece)
+            got += len(piece)
+        self.pos += want
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+
+    def close(self) -> None:
+        try:
+            self._body.close()
+        except Exception as exc:  # closing a broken connection: nothing left to save
+            log.debug("closing a range stream of %s: %s", self._what, exc)
 
 
 def md5_b64(data: bytes) -> str:

@@ -1,0 +1,514 @@
+"""Cold reads from an S3 store: a big file sequentially, and small files behind latency.
+
+Owns, for each local S3 server (moto, and s3rver when `npm install --prefix .ci/node
+s3rver` has put it there): one bucket with a big random object and many 110 KiB objects,
+uploaded once per run; the "store allows" ceiling (one plain boto3 GET of the whole big
+object, streamed in 1 MiB reads) and rclone's `rclone cat` of it when rclone is on PATH;
+then, each on a fresh silofs daemon and cache, a cold sequential read of the big object
+through a mount (MB/s, the range GETs the store saw, the daemon's and the mount's CPU
+split into user and kernel), and cold small files through tests/faultproxy.py adding
+`--first-byte-ms` (20 ms) before every response, with 1 and with 8 reader threads
+(files/s and their ratio). Every figure is the median of `--runs` runs, printed with its
+range; ratios are of medians from the same run of this script. Every byte read is
+checked against what was uploaded. Never runs in CI and never changes silofs.
+
+    npm install --prefix .ci/node s3rver           # once, optional
+    python bench/cold.py                            # moto and s3rver, 3 runs
+    python bench/cold.py --stores moto --runs 5 --big-mb 256 --small-files 240
+
+MB is 10**6 bytes. The machine is shared: the load average and busy processes are
+printed first, and figures from a busy machine are only comparable within one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import random
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+
+from common import (
+    ROOT,
+    Node,
+    ProcTimes,
+    Profiler,
+    Samples,
+    busy_processes,
+    check_fuse,
+    load_average,
+    profile_summary,
+    ratio,
+    wait_for,
+)
+
+from tests.faultproxy import FaultPlan, FaultProxy
+
+CREDS = {
+    "AWS_ACCESS_KEY_ID": "S3RVER",
+    "AWS_SECRET_ACCESS_KEY": "S3RVER",
+    "AWS_DEFAULT_REGION": "us-east-1",
+}
+BUCKET = "cold-bench"
+SMALL = 110 * 1024
+READ = 1 << 20
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """A local S3 server process on 127.0.0.1, stopped on exit."""
+
+    def __init__(self, name: str, argv: list[str], port: int, log: Path, env: dict) -> None:
+        self.name = name
+        self.url = f"http://127.0.0.1:{port}"
+        self.port = port
+        self.logf = open(log, "ab")
+        self.proc = subprocess.Popen(
+            argv,
+            stdout=self.logf,
+            stderr=self.logf,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            env={**os.environ, **env},
+        )
+        deadline = time.monotonic() + 60
+        while True:
+            if self.proc.poll() is not None:
+                sys.exit(f"{name} exited {self.proc.returncode}; see {log}")
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                return
+            except OSError:
+                if time.monotonic() > deadline:
+                    self.stop()
+                    sys.exit(f"{name} did not listen on {self.url} within 60 s; see {log}")
+                time.sleep(0.1)  # polling for the port, not synchronisation
+
+    def client(self):  # type: ignore[no-untyped-def]
+        import boto3
+        from botocore.config import Config
+
+        return boto3.client(
+            "s3",
+            endpoint_url=self.url,
+            aws_access_key_id=CREDS["AWS_ACCESS_KEY_ID"],
+            aws_secret_access_key=CREDS["AWS_SECRET_ACCESS_KEY"],
+            region_name=CREDS["AWS_DEFAULT_REGION"],
+            config=Config(max_pool_connections=16, s3={"addressing_style": "path"}),
+        )
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.logf.close()
+
+
+def start_store(name: str, tmp: Path) -> Server | None:
+    port = free_port()
+    if name == "moto":
+        argv = [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)]
+        return Server("moto", argv, port, tmp / "moto.log", {})
+    s3rver = ROOT / ".ci" / "node" / "node_modules" / ".bin" / "s3rver"
+    if not s3rver.exists():
+        print(f"s3rver is missing (npm install --prefix {ROOT / '.ci' / 'node'} s3rver): skipped")
+        return None
+    (tmp / "s3rver").mkdir()
+    argv = [str(s3rver), "-d", str(tmp / "s3rver"), "-a", "127.0.0.1", "-p", str(port)]
+    # DES continuation tokens need OpenSSL 3's legacy provider (see bench/limiter.py).
+    env = {"NODE_OPTIONS": "--openssl-legacy-provider"}
+    return Server("s3rver", argv, port, tmp / "s3rver.log", env)
+
+
+def upload(store: Server, big: bytes, small: dict[str, bytes]) -> None:
+    client = store.client()
+    client.create_bucket(Bucket=BUCKET)
+    client.put_object(Bucket=BUCKET, Key="big/big.bin", Body=big)
+    with ThreadPoolExecutor(8) as pool:
+        list(
+            pool.map(
+                lambda kv: client.put_object(Bucket=BUCKET, Key=kv[0], Body=kv[1]), small.items()
+            )
+        )
+
+
+def boto3_ceiling(store: Server, size: int, digest: str) -> float:
+    """MB/s of one whole-object GET streamed in 1 MiB reads (what the store allows)."""
+    client = store.client()
+    t0 = time.perf_counter()
+    body = client.get_object(Bucket=BUCKET, Key="big/big.bin")["Body"]
+    h = hashlib.blake2b(digest_size=16)
+    n = 0
+    while piece := body.read(READ):
+        h.update(piece)
+        n += len(piece)
+    secs = time.perf_counter() - t0
+    assert n == size and h.hexdigest() == digest, "boto3 read other bytes than uploaded"
+    return size / secs / 1e6
+
+
+def _rclone_env(store: Server) -> dict[str, str]:
+    return {
+        **os.environ,
+        "RCLONE_CONFIG_COLD_TYPE": "s3",
+        "RCLONE_CONFIG_COLD_PROVIDER": "Other",
+        "RCLONE_CONFIG_COLD_ENDPOINT": store.url,
+        "RCLONE_CONFIG_COLD_ACCESS_KEY_ID": CREDS["AWS_ACCESS_KEY_ID"],
+        "RCLONE_CONFIG_COLD_SECRET_ACCESS_KEY": CREDS["AWS_SECRET_ACCESS_KEY"],
+        "RCLONE_CONFIG_COLD_FORCE_PATH_STYLE": "true",
+    }
+
+
+def rclone_rate(store: Server, size: int) -> float | None:
+    """MB/s of `rclone cat` of the big object (one streamed GET), None without rclone."""
+    exe = shutil.which("rclone")
+    if exe is None:
+        return None
+    env = _rclone_env(store)
+    t0 = time.perf_counter()
+    res = subprocess.run(
+        [exe, "cat", f"cold:{BUCKET}/big/big.bin"], stdout=subprocess.PIPE, env=env, check=False
+    )
+    secs = time.perf_counter() - t0
+    if res.returncode != 0 or len(res.stdout) != size:
+        print(f"rclone cat failed ({res.returncode}, {len(res.stdout)} bytes)")
+        return None
+    return size / secs / 1e6
+
+
+def rclone_mount_rate(store: Server, tmp: Path, tag: str, size: int, digest: str) -> float | None:
+    """MB/s of a cold sequential read of the big object through `rclone mount
+    --vfs-cache-mode full` (the peer harness's setting), None without rclone."""
+    exe = shutil.which("rclone")
+    if exe is None:
+        return None
+    mp, cache = tmp / f"rclone-{tag}", tmp / f"rclone-cache-{tag}"
+    mp.mkdir()
+    proc = subprocess.Popen(
+        [
+            exe,
+            "mount",
+            f"cold:{BUCKET}",
+            str(mp),
+            "--vfs-cache-mode",
+            "full",
+            "--cache-dir",
+            str(cache),
+            "--read-only",
+        ],
+        env=_rclone_env(store),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        wait_for(lambda: os.path.ismount(mp), 30, "rclone mount")
+        h = hashlib.blake2b(digest_size=16)
+        t0 = time.perf_counter()
+        with open(mp / "big" / "big.bin", "rb", buffering=0) as f:
+            while piece := f.read(READ):
+                h.update(piece)
+        secs = time.perf_counter() - t0
+        if h.hexdigest() != digest:
+            print("rclone mount read other bytes")
+            return None
+        return size / secs / 1e6
+    finally:
+        subprocess.run(["fusermount3", "-u", "-z", str(mp)], capture_output=True)
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@contextmanager
+def profiled(args: argparse.Namespace, tag: str, pids: dict[str, int]) -> Iterator[None]:
+    """py-spy record of the daemon and the mount while the block runs, with --profile;
+    the busiest functions of each are printed after it."""
+    if not args.profile:
+        yield
+        return
+    os.makedirs(args.profile, exist_ok=True)
+    outs = {k: os.path.join(args.profile, f"{tag}-{k}.txt") for k in pids}
+    with ExitStack() as stack:
+        for k, pid in pids.items():
+            stack.enter_context(Profiler(pid, outs[k]))
+        yield
+    for k, out in outs.items():
+        print(f"  {k} ({tag}):\n{profile_summary(out)}")
+
+
+@contextmanager
+def fresh_mount(
+    tmp: Path, tag: str, url: str, cache: int, *args: str
+) -> Iterator[tuple[Node, str]]:
+    node = Node(tmp / f"node-{tag}", cache_size=cache)
+    with node:
+        node.start()
+        mp = str(tmp / f"mnt-{tag}")
+        node.mount(f"s3://{BUCKET}/", mp, "--endpoint-url", url, *args)
+        try:
+            yield node, mp
+        finally:
+            node.unmount(mp)
+
+
+def cold_big(
+    store: Server, tmp: Path, tag: str, size: int, digest: str, args: argparse.Namespace
+) -> dict[str, float]:
+    """One cold sequential read of the big object through a fresh mount; the range GETs
+    are the daemon's count (remote_requests), so no proxy slows the bytes down."""
+    with fresh_mount(tmp, tag, store.url, 2 * size + (256 << 20), *args.mount_args) as (
+        node,
+        mp,
+    ):
+        pids = {"daemon": node.daemon_pid, "mount": node.mount_pid(mp)}
+        before = {k: ProcTimes.of(p) for k, p in pids.items()}
+        h = hashlib.blake2b(digest_size=16)
+        buf = bytearray(READ)
+        view = memoryview(buf)
+        n = 0
+        t0 = time.perf_counter()
+        fd = os.open(os.path.join(mp, "big", "big.bin"), os.O_RDONLY)
+        try:
+            with profiled(args if tag.endswith("0") else _NO_PROFILE, "big", pids):
+                while got := os.readv(fd, [view]):
+                    h.update(view[:got])
+                    n += got
+        finally:
+            os.close(fd)
+        secs = time.perf_counter() - t0
+        cost = {k: ProcTimes.of(p).minus(before[k]) for k, p in pids.items()}
+        assert n == size and h.hexdigest() == digest, "the mount read other bytes"
+        gets = node.settled(mp, size).get("remote_requests", float("nan"))
+    return {
+        "rate": size / secs / 1e6,
+        "gets": gets,
+        "daemon_user": cost["daemon"].user_s,
+        "daemon_sys": cost["daemon"].sys_s,
+        "mount_user": cost["mount"].user_s,
+        "mount_sys": cost["mount"].sys_s,
+    }
+
+
+def cold_small(
+    store: Server,
+    tmp: Path,
+    tag: str,
+    small: dict[str, bytes],
+    readers: int,
+    args: argparse.Namespace,
+) -> float:
+    """files/s reading every small object once, cold, with `readers` threads, through a
+    proxy that holds every response's first byte for --first-byte-ms."""
+    up = ("127.0.0.1", store.port)
+    plan = FaultPlan(first_byte_delay=args.first_byte_ms / 1000)
+    digests = {k: hashlib.blake2b(v, digest_size=16).digest() for k, v in small.items()}
+    cache = 2 * sum(map(len, small.values())) + (256 << 20)
+    with FaultProxy(upstream=up, faults=plan, max_connections=256) as proxy:
+        with fresh_mount(tmp, tag, proxy.url, cache, *args.mount_args) as (node, mp):
+            pids = {"daemon": node.daemon_pid, "mount": node.mount_pid(mp)}
+            keys = list(small)
+            random.Random(readers).shuffle(keys)
+            it = iter(keys)
+            lock = threading.Lock()
+            bad: list[str] = []
+
+            def reader() -> None:
+                while True:
+                    with lock:
+                        key = next(it, None)
+                    if key is None:
+                        return
+                    try:
+                        with open(os.path.join(mp, key), "rb") as f:
+                            data = f.read()
+                    except OSError as exc:
+                        bad.append(f"{key}: {exc}")
+                        return
+                    if hashlib.blake2b(data, digest_size=16).digest() != digests[key]:
+                        bad.append(key)
+
+            threads = [threading.Thread(target=reader) for _ in range(readers)]
+            before = {k: ProcTimes.of(p) for k, p in pids.items()}
+            t0 = time.perf_counter()
+            with profiled(args if tag.endswith("-0") else _NO_PROFILE, f"small{readers}", pids):
+                for t in threads:
+                    t.start()
+                for t in threads:
+                    t.join()
+            secs = time.perf_counter() - t0
+            cost = {k: ProcTimes.of(p).minus(before[k]) for k, p in pids.items()}
+            if bad:
+                sys.exit(f"cold small files through {store.name}: {bad[:3]}")
+    per_file = {k: c.cpu_s / len(small) * 1e3 for k, c in cost.items()}
+    print(
+        f"    {readers} reader(s): {len(small) / secs:.0f} files/s; CPU ms per file: daemon "
+        f"{per_file['daemon']:.1f}, mount {per_file['mount']:.1f}"
+    )
+    return len(small) / secs
+
+
+_NO_PROFILE = argparse.Namespace(profile=None)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--stores", default="moto,s3rver", help="comma-separated: moto, s3rver")
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--big-mb", type=int, default=256, help="MiB of the big object")
+    ap.add_argument("--small-files", type=int, default=240)
+    ap.add_argument("--first-byte-ms", type=float, default=20.0)
+    ap.add_argument("--skip-small", action="store_true")
+    ap.add_argument(
+        "--profile",
+        metavar="DIR",
+        help="py-spy the daemon and the mount in the first run of each pass (its figures "
+        "are then not comparable: py-spy takes CPU)",
+    )
+    ap.add_argument("--skip-big", action="store_true")
+    ap.add_argument(
+        "--mount-args", default="", help="extra `silofs mount` flags, e.g. '--chunk-size 1M'"
+    )
+    args = ap.parse_args()
+    args.mount_args = args.mount_args.split()
+    check_fuse()
+    for k in ("AWS_CA_BUNDLE", "AWS_PROFILE", "AWS_ENDPOINT_URL", "HTTP_PROXY", "http_proxy"):
+        os.environ.pop(k, None)  # our own environment only: it reaches our daemons
+    os.environ.update(CREDS)
+    os.environ["AWS_CONFIG_FILE"] = os.environ["AWS_SHARED_CREDENTIALS_FILE"] = os.devnull
+    print(f"load average before: {load_average()}")
+    for line in busy_processes():
+        print(f"  busy: {line}")
+
+    rnd = random.Random(11)
+    size = args.big_mb << 20
+    big = os.urandom(size)
+    digest = hashlib.blake2b(big, digest_size=16).hexdigest()
+    # One flat prefix: with nested prefixes (small/000/...) some files were missing from
+    # mounts of s3rver buckets (left to the listing's owners; see bench/README.md).
+    small = {f"small/img{i:05d}.jpg": rnd.randbytes(SMALL) for i in range(args.small_files)}
+    tmp = Path(tempfile.mkdtemp(prefix="silofs-cold-", dir="/var/tmp"))
+    table: list[str] = []
+    try:
+        for name in args.stores.split(","):
+            store = start_store(name, tmp)
+            if store is None:
+                continue
+            try:
+                t0 = time.perf_counter()
+                upload(store, big, small)
+                print(
+                    f"\n== {name}: uploaded {args.big_mb} MiB + {len(small)} x 110 KiB "
+                    f"in {time.perf_counter() - t0:.1f}s =="
+                )
+                if not args.skip_big:
+                    ceiling = Samples(
+                        [boto3_ceiling(store, size, digest) for _ in range(args.runs)]
+                    )
+                    rc = [r for _ in range(args.runs) if (r := rclone_rate(store, size))]
+                    rcl = Samples(rc) if rc else None
+                    rm = [
+                        r
+                        for i in range(args.runs)
+                        if (r := rclone_mount_rate(store, tmp, f"{name}{i}", size, digest))
+                    ]
+                    rcm = Samples(rm) if rm else None
+                    runs = [
+                        cold_big(store, tmp, f"{name}-big{i}", size, digest, args)
+                        for i in range(args.runs)
+                    ]
+                    rate = Samples([r["rate"] for r in runs])
+                    med = {k: Samples([r[k] for r in runs]).median for k in runs[0]}
+                    print(
+                        f"cold {args.big_mb} MiB sequential, MB/s (median, range of {args.runs}):"
+                    )
+                    print(f"  boto3 one GET (ceiling)  {ceiling.text('{:.0f}')}")
+                    if rcl is not None:
+                        print(f"  rclone cat               {rcl.text('{:.0f}')}")
+                    else:
+                        print("  rclone                   not installed")
+                    if rcm is not None:
+                        print(f"  rclone mount vfs full    {rcm.text('{:.0f}')}")
+                    print(
+                        f"  silofs mount             {rate.text('{:.0f}')}   "
+                        f"{med['gets']:.0f} range GETs"
+                    )
+                    ratios = [f"silofs / boto3 {ratio(rate.median, ceiling.median):.2f}x"]
+                    if rcl is not None:
+                        ratios.append(f"silofs / rclone cat {ratio(rate.median, rcl.median):.2f}x")
+                    if rcm is not None:
+                        ratios.append(
+                            f"silofs / rclone mount {ratio(rate.median, rcm.median):.2f}x"
+                        )
+                    print("  " + "   ".join(ratios))
+                    print(
+                        f"  CPU s (median): daemon user {med['daemon_user']:.2f} sys "
+                        f"{med['daemon_sys']:.2f}; mount user {med['mount_user']:.2f} "
+                        f"sys {med['mount_sys']:.2f}"
+                    )
+                    refs = [f"boto3 {ceiling.median:.0f}"]
+                    if rcl is not None:
+                        refs.append(f"rclone cat {rcl.median:.0f}")
+                    if rcm is not None:
+                        refs.append(f"rclone mount {rcm.median:.0f}")
+                    table.append(
+                        f"| {name} | cold {args.big_mb} MiB sequential "
+                        f"| {rate.text('{:.0f}')} MB/s | {', '.join(refs)} MB/s | "
+                        + ", ".join(ratios)
+                        + " |"
+                    )
+                if not args.skip_small:
+                    figures = {}
+                    for readers in (1, 8):
+                        figures[readers] = Samples(
+                            [
+                                cold_small(
+                                    store, tmp, f"{name}-small{readers}-{i}", small, readers, args
+                                )
+                                for i in range(args.runs)
+                            ]
+                        )
+                    x = ratio(figures[8].median, figures[1].median)
+                    print(f"cold 110 KiB files, {args.first_byte_ms:g} ms first byte, files/s:")
+                    for readers, s in figures.items():
+                        print(f"  {readers} reader(s)  {s.text('{:.0f}')}")
+                    print(f"  8 readers / 1 reader {x:.2f}x")
+                    table.append(
+                        f"| {name} | cold 110 KiB, {args.first_byte_ms:g} ms | "
+                        f"1: {figures[1].text('{:.0f}')} files/s, 8: {figures[8].text('{:.0f}')} "
+                        f"| | {x:.2f}x |"
+                    )
+            finally:
+                store.stop()
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    print("\n| store | figure | silofs | reference | ratio |\n|---|---|---|---|---|")
+    print("\n".join(table))
+    print(f"load average after: {load_average()}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
