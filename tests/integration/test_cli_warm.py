@@ -51,11 +51,16 @@ def test_warm_half_the_dataset_then_read_it_all(dataset, tmp_path: Path) -> None
     # It stops at the allocation: at most the last few chunks in flight are wasted.
     assert d["warm"]["fetched_bytes"] <= half + 8 * 300_000, d["warm"]
 
-    # Run again: the dataset is full, so nothing is fetched; what it holds is counted.
+    # Run again: what it holds is skipped, never fetched again. The room left (under one
+    # object) may take a small chunk the new random order starts with, plus the few in
+    # flight when it stops; never more than the allocation is cached.
+    room = half - d["cached_bytes"]
     res = node.run("warm", uri, "--job", "prep")
     assert res.returncode == 0, res.stderr
-    again = ds_view(node, uri)["warm"]
-    assert again["fetched_bytes"] == 0 and again["skipped_bytes"] == d["cached_bytes"]
+    again = ds_view(node, uri)
+    assert again["warm"]["skipped_bytes"] == d["cached_bytes"], again["warm"]
+    assert again["warm"]["fetched_bytes"] <= room + 8 * 300_000, again["warm"]
+    assert d["cached_bytes"] <= again["cached_bytes"] <= half, again
 
     # Reading everything hits about half: the warm took a uniform sample, and a full
     # dataset admits nothing more.
