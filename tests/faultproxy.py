@@ -1007,7 +1007,13 @@ class _Connection:
 
         if kind is None or kind == "delay":
             self._send(_serialize_head(rstart, rheaders))
-            self._relay_body(framing, rlength, buffered)
+            try:
+                self._relay_body(framing, rlength, buffered)
+            except (_ClientGone, OSError):
+                # The client hung up mid-body (it closed an open-ended range GET it
+                # no longer needs): the request still reached the store, so it counts.
+                self.p._record(RequestRecord(method, target, kind, status))
+                raise
             if upstream_close:
                 self._close_upstream()
             self.p._record(RequestRecord(method, target, kind, status))

@@ -112,7 +112,8 @@ def test_a_sequential_read_fetches_spans_in_few_gets_each_charged(cold) -> None:
     # The proxy records a GET once its body is sent: the stream's may be a moment late.
     gets = wait_for(
         lambda: (n := _gets(proxy, "big.bin")) == m["remote_requests"] and n,
-        what=f"the proxy to see the daemon's {m['remote_requests']} GETs",
+        what=f"the proxy to see the daemon's {m['remote_requests']} GETs "
+        f"(it saw {_gets(proxy, 'big.bin')}: {[(r.target, r.status) for r in proxy.history]})",
     )
     assert gets <= 6, f"{gets} GETs for 41 chunks read in order"
     assert m["remote_bytes"] == len(data), m  # no chunk fetched twice, none past the end
