@@ -356,15 +356,8 @@ class S3Backend(RetryingBackend):
                 IfMatch=f'"{info.version}"',
                 Range=f"bytes={start}-{end - 1}",
             )
-        except bx.ClientError as exc:
-            code, status = _code(exc)
-            if code in _CHANGED or status in (404, 412, 416):
-                raise ObjectChangedError(
-                    f"{what} changed or was deleted since listing ({code})"
-                ) from exc
-            raise self._classify(exc, what) from exc
-        except bx.BotoCoreError as exc:
-            raise self._classify(exc, what) from exc
+        except (bx.ClientError, bx.BotoCoreError) as exc:
+            raise self._get_error(exc, what) from exc
         if _etag(resp.get("ETag", "")) not in ("", info.version):
             resp["Body"].close()
             raise ObjectChangedError(f"{what} changed since listing (new ETag)")
@@ -395,18 +388,20 @@ class S3Backend(RetryingBackend):
             data = resp["Body"].read()
         except bx.FlexibleChecksumError as exc:
             raise ChecksumMismatchError(f"{what}: body does not match its checksum: {exc}") from exc
-        except bx.ClientError as exc:
-            code, status = _code(exc)
-            if code in _CHANGED or status in (404, 412, 416):
-                raise ObjectChangedError(
-                    f"{what} changed or was deleted since listing ({code})"
-                ) from exc
-            raise self._classify(exc, what) from exc
-        except bx.BotoCoreError as exc:
-            raise self._classify(exc, what) from exc
+        except (bx.ClientError, bx.BotoCoreError) as exc:
+            raise self._get_error(exc, what) from exc
         if whole and self._md5_etag and len(data) == end - start:
             _check_md5_etag(resp, data, what)
         return data
+
+    def _get_error(self, exc: Exception, what: str) -> BackendError:
+        """A failed GET of a listed version: the object changed or went (If-Match failed,
+        404, or a range past its new end), or whatever _classify says."""
+        if isinstance(exc, bx.ClientError):
+            code, status = _code(exc)
+            if code in _CHANGED or status in (404, 412, 416):
+                return ObjectChangedError(f"{what} changed or was deleted since listing ({code})")
+        return self._classify(exc, what)
 
     def _classify(self, exc: Exception, what: str) -> BackendError:
         """Map a botocore exception to a typed error naming `what` and the remedy."""
