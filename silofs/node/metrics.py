@@ -62,6 +62,12 @@ _DATASET = {
         "counter",
         "Store bodies shorter than the range asked for (refused, retried)",
     ),
+    "store_lean_fallbacks": (
+        "silofs_dataset_store_lean_fallbacks_total",
+        "counter",
+        "S3 requests the lean path handed to botocore, which redid them (errors, broken "
+        "connections, pages it could not parse)",
+    ),
     "version_mismatches": (
         "silofs_dataset_version_mismatches_total",
         "counter",

@@ -132,6 +132,8 @@ def dataset_view(d: Daemon, ds: DatasetState) -> dict[str, Any]:
         # Store bodies refused and retried: checksum mismatches, short bodies.
         "store_checksum_errors": _store_count(ds, "checksum_errors"),
         "store_short_reads": _store_count(ds, "short_reads"),
+        # Requests the S3 lean path handed to botocore (error answers, transport errors).
+        "store_lean_fallbacks": _store_count(ds, "lean_fallbacks"),
         "version_mismatches": ds.fetch.version_mismatches,
         "stale_chunks": ds.stale_chunks,  # the first eviction victims (after a refresh)
         "mounts": sum(1 for m in d.mounts.values() if m.dsid == ds.id),

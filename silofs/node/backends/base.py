@@ -56,6 +56,9 @@ class StoreCounters:
     retries: int = 0  # retryable errors that were retried (each retry once)
     checksum_errors: int = 0  # bodies that did not match the store's checksum (retried)
     short_reads: int = 0  # bodies shorter than the range asked for (retried)
+    # Requests a store's lean path (S3: s3lean.py) handed to its SDK, which redid them:
+    # error answers, transport errors, pages it could not parse.
+    lean_fallbacks: int = 0
 
 
 class Backend(Protocol):
@@ -349,8 +352,10 @@ def relative_key(prefix: str, store_key: str) -> str | None:
     if not store_key.startswith(prefix):
         return None
     rel = store_key[len(prefix) :]
-    if not rel or rel.endswith("/") or rel.startswith("/") or "//" in rel:
+    if not rel or rel[-1] == "/" or rel[0] == "/" or "//" in rel:
         return None
-    if any(part in (".", "..") for part in rel.split("/")):
+    # A '.' or '..' part starts with '.' after a '/' or at the start: most keys have
+    # none, and skip the split (a listing calls this for every object).
+    if ("/." in rel or rel[0] == ".") and any(part in (".", "..") for part in rel.split("/")):
         return None
     return rel

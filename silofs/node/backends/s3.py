@@ -21,10 +21,7 @@ import os
 import re
 import threading
 import xml.etree.ElementTree as ET
-from dataclasses import dataclass, field
-from datetime import datetime
 from typing import Any
-from urllib.parse import unquote
 
 import boto3
 import botocore.exceptions as bx
@@ -41,6 +38,10 @@ from silofs.errors import (
     UnreachableError,
 )
 from silofs.node.backends.base import BackendOptions, RetryingBackend, join_prefix, relative_key
+from silofs.node.backends.s3lean import Fallback, LeanS3
+from silofs.node.backends.s3lean import Item as _Item
+from silofs.node.backends.s3lean import ListPage as _ListPage
+from silofs.node.backends.s3lean import etag as _etag
 from silofs.records import ObjectInfo
 from silofs.uri import DatasetURI
 
@@ -86,10 +87,6 @@ def _request_payer(params: dict, **_kwargs: Any) -> None:
     params.setdefault("RequestPayer", "requester")
 
 
-def _etag(raw: str) -> str:
-    return raw.strip('"')
-
-
 _MD5_ETAG = re.compile(r"[0-9a-f]{32}")
 
 
@@ -110,77 +107,23 @@ def _check_md5_etag(resp: dict[str, Any], data: bytes, what: str) -> None:
         raise ChecksumMismatchError(f"{what}: body MD5 {got} does not match its ETag {etag}")
 
 
-# One listed object as the fast page parser returns it: key (store key), size, ETag
-# (unquoted), LastModified (epoch seconds).
-_Item = tuple[str, int, str, float]
-_NS = "{http://s3.amazonaws.com/doc/2006-03-01/}"
 # What botocore's own parser is left with once a page is parsed here: an empty result.
 _EMPTY_PAGE = b'<ListBucketResult xmlns="http://s3.amazonaws.com/doc/2006-03-01/"/>'
 _PAGE_KEY = "SilofsPage"  # where the hook leaves its result in the parsed response
 
 
-@dataclass
-class _ListPage:
-    """One ListObjectsV2 page, parsed.
-
-    Why not botocore's parser: it walks the output shape per element and parses every
-    LastModified with dateutil, ~80-100 ms of CPU per 1000-key page under the GIL, which
-    capped a fanned-out listing near 12 k objects/s whatever the number of workers
-    (bench/listing.py). ElementTree's C parser and datetime.fromisoformat take ~4 ms.
-    """
-
-    items: list[_Item] = field(default_factory=list)
-    prefixes: list[str] = field(default_factory=list)
-    truncated: bool = False
-    token: str | None = None
-
-    @classmethod
-    def from_xml(cls, body: bytes) -> _ListPage:
-        root = ET.fromstring(body)  # noqa: S314 - expat expands no external entities
-        if root.tag != _NS + "ListBucketResult":
-            raise ValueError(f"a page whose root is {root.tag}")  # e.g. a 200 <Error>
-        url = root.findtext(_NS + "EncodingType") == "url"
-        dec = unquote if url else str
-        items = []
-        for c in root.iterfind(_NS + "Contents"):
-            key, size, etag, mod = (
-                c.findtext(_NS + "Key"),
-                c.findtext(_NS + "Size"),
-                c.findtext(_NS + "ETag"),
-                c.findtext(_NS + "LastModified"),
-            )
-            if key is None or size is None or mod is None:
-                raise ValueError("a Contents element without Key, Size or LastModified")
-            items.append((dec(key), int(size), _etag(etag or ""), _timestamp(mod)))
-        prefixes = [
-            dec(p.findtext(_NS + "Prefix") or "") for p in root.iterfind(_NS + "CommonPrefixes")
-        ]
-        return cls(
-            items,
-            prefixes,
-            root.findtext(_NS + "IsTruncated") == "true",
-            root.findtext(_NS + "NextContinuationToken"),
-        )
-
-    @classmethod
-    def from_parsed(cls, page: dict[str, Any]) -> _ListPage:
-        """A page botocore parsed (the hook declined it: see _parse_list_page)."""
-        if _PAGE_KEY in page:
-            return page[_PAGE_KEY]
-        items = [
-            (o["Key"], int(o["Size"]), _etag(o.get("ETag", "")), o["LastModified"].timestamp())
-            for o in page.get("Contents", []) or []
-        ]
-        prefixes = [p["Prefix"] for p in page.get("CommonPrefixes", []) or []]
-        return cls(
-            items, prefixes, bool(page.get("IsTruncated")), page.get("NextContinuationToken")
-        )
-
-
-def _timestamp(text: str) -> float:
-    # ISO 8601 as S3 writes it ("2024-01-01T00:00:00.000Z"); fromisoformat takes the Z
-    # since Python 3.11.
-    return datetime.fromisoformat(text).timestamp()
+def _page_from_parsed(page: dict[str, Any]) -> _ListPage:
+    """A page botocore parsed (the hook declined it: see _parse_list_page)."""
+    if _PAGE_KEY in page:
+        return page[_PAGE_KEY]
+    items = [
+        (o["Key"], int(o["Size"]), _etag(o.get("ETag", "")), o["LastModified"].timestamp())
+        for o in page.get("Contents", []) or []
+    ]
+    prefixes = [p["Prefix"] for p in page.get("CommonPrefixes", []) or []]
+    return _ListPage(
+        items, prefixes, bool(page.get("IsTruncated")), page.get("NextContinuationToken")
+    )
 
 
 def _parse_list_page(response_dict: dict, customized_response_dict: dict, **_kw: Any) -> None:
@@ -193,7 +136,7 @@ def _parse_list_page(response_dict: dict, customized_response_dict: dict, **_kw:
     if not isinstance(body, bytes):
         return
     try:
-        page = _ListPage.from_xml(body)
+        page = _ListPage.from_bytes(body)
     except (ET.ParseError, ValueError) as exc:
         log.debug("ListObjectsV2 page left to botocore's parser: %s", exc)
         return
@@ -220,6 +163,14 @@ class S3Backend(RetryingBackend):
             "false",
         ) and not self.bucket.endswith("--x-s3")
         self._lock = threading.Lock()
+        # The lean request path (s3lean.py) for list pages and GETs; off with extra
+        # lean=false, for S3 Express (its session auth is botocore's), and where the
+        # client has no credentials to sign with (botocore then raises the right error).
+        self._lean_wanted = _truthy(opts.extra.get("lean", "true")) and not self.bucket.endswith(
+            "--x-s3"
+        )
+        self._lean: LeanS3 | None = None
+        self._relearn = False  # set by a fallback: resolve the lean endpoint again
 
     # -- client ---------------------------------------------------------------------
 
@@ -263,9 +214,40 @@ class S3Backend(RetryingBackend):
                         )
                 creds = session.get_credentials()
                 self._cred_source = getattr(creds, "method", None) or "none found"
-                if _truthy(self.opts.extra.get("anonymous")):
+                anonymous = _truthy(self.opts.extra.get("anonymous"))
+                if anonymous:
                     self._cred_source = "none: unsigned requests (anonymous)"
+                if self._lean_wanted and (anonymous or creds is not None):
+                    self._lean = self._make_lean(None if anonymous else creds)
             return self._client
+
+    def _make_lean(self, creds: Any) -> LeanS3 | None:
+        try:
+            return LeanS3(
+                self._client, creds, self.bucket, _truthy(self.opts.extra.get("requester_pays"))
+            )
+        except (AttributeError, KeyError, bx.BotoCoreError) as exc:  # a botocore we do not know
+            log.warning("S3 %s: lean request path off, botocore serves all: %s", self.uri, exc)
+            return None
+
+    def _lean_path(self) -> LeanS3 | None:
+        self._client_or_raise()
+        lean = self._lean
+        if lean is not None and self._relearn:
+            # A request fell back since: botocore may have followed a region redirect
+            # and cached the bucket's region; ask the client again where the bucket is.
+            self._relearn = False
+            try:
+                lean.resolve()
+            except bx.BotoCoreError as exc:
+                log.debug("S3 %s: lean endpoint not resolved again: %s", self.uri, exc)
+        return lean
+
+    def _fell_back(self, what: str, exc: Fallback) -> None:
+        """Count a request the lean path hands to botocore, which then redoes it."""
+        self.counters.lean_fallbacks += 1
+        self._relearn = True
+        log.debug("S3 %s: redone through botocore: %s", what, exc)
 
     def _call(self, what: str, fn: Any, **kwargs: Any) -> Any:
         """One S3 request with botocore errors translated; `what` names the target."""
@@ -328,18 +310,30 @@ class S3Backend(RetryingBackend):
             kwargs["Delimiter"] = delimiter
         if token:
             kwargs["ContinuationToken"] = token
+        lean = self._lean_path()
+        if lean is not None:
+            query = {"prefix": kwargs["Prefix"], "max-keys": str(kwargs["MaxKeys"])}
+            if delimiter:
+                query["delimiter"] = delimiter
+            if token:
+                query["continuation-token"] = token
+            try:
+                return lean.list_page(query)
+            except bx.ClientError as exc:  # 429/5xx, as botocore raises them (s3lean._busy)
+                raise self._classify(exc, f"bucket {self.bucket}") from exc
+            except Fallback as exc:
+                self._fell_back(f"a list page of {self.bucket}", exc)
         client = self._client_or_raise()
         page = self._call(f"bucket {self.bucket}", client.list_objects_v2, **kwargs)
-        return _ListPage.from_parsed(page)
+        return _page_from_parsed(page)
 
     def _info(self, item: _Item) -> ObjectInfo | None:
         store_key, size, etag, mtime = item
         key = relative_key(self.prefix, store_key)
         if key is None:
             return None
-        return ObjectInfo(
-            key=key, size=size, mtime=mtime, version=etag, content_id=f"s3:{etag}:{size}"
-        )
+        # Positional: a listing makes one per object (key, size, mtime, version, content_id).
+        return ObjectInfo(key, size, mtime, etag, f"s3:{etag}:{size}")
 
     def _streams_ranges(self) -> bool:
         return True
@@ -348,6 +342,20 @@ class S3Backend(RetryingBackend):
         # A range: S3 sends no checksum for it (docs/SEMANTICS.md), as in _get_once.
         store_key = join_prefix(self.prefix, info.key)
         what = f"s3://{self.bucket}/{store_key}"
+        lean = self._lean_path()
+        if lean is not None:
+            headers = {"If-Match": f'"{info.version}"', "Range": f"bytes={start}-{end - 1}"}
+            try:
+                got, body = lean.get(store_key, headers, (206,), checksum=False)
+            except bx.ClientError as exc:  # 429/5xx (s3lean._busy)
+                raise self._get_error(exc, what) from exc
+            except Fallback as exc:
+                self._fell_back(what, exc)
+            else:
+                if _etag(got.get("etag", "")) not in ("", info.version):
+                    body.close()
+                    raise ObjectChangedError(f"{what} changed since listing (new ETag)")
+                return body
         client = self._client_or_raise()
         try:
             resp = client.get_object(
@@ -379,6 +387,18 @@ class S3Backend(RetryingBackend):
         }
         if not whole:  # S3 sends no checksum for a range: see docs/SEMANTICS.md
             kwargs["Range"] = f"bytes={start}-{end - 1}"
+        lean = self._lean_path()
+        if lean is not None:
+            try:
+                resp, data = self._get_lean(lean, store_key, info, kwargs.get("Range"), what)
+            except bx.ClientError as exc:  # 429/5xx (s3lean._busy)
+                raise self._get_error(exc, what) from exc
+            except Fallback as exc:
+                self._fell_back(what, exc)
+            else:
+                if whole and self._md5_etag and len(data) == end - start:
+                    _check_md5_etag(resp, data, what)
+                return data
         try:
             resp = client.get_object(**kwargs)
             # Some S3-compatible stores ignore If-Match: check the ETag ourselves as well.
@@ -393,6 +413,35 @@ class S3Backend(RetryingBackend):
         if whole and self._md5_etag and len(data) == end - start:
             _check_md5_etag(resp, data, what)
         return data
+
+    def _get_lean(
+        self, lean: LeanS3, store_key: str, info: ObjectInfo, rng: str | None, what: str
+    ) -> tuple[dict[str, str], bytes]:
+        """_get_once's GET on the lean path: (the response fields _check_md5_etag reads,
+        the body). Checks what botocore's GET checks: the ETag, the x-amz-checksum-* header
+        botocore would verify (ChecksumMode=ENABLED is sent as it is), the length."""
+        headers = {"If-Match": f'"{info.version}"'}
+        if rng:
+            headers["Range"] = rng
+        got, body = lean.get(store_key, headers, (206,) if rng else (200, 206), checksum=True)
+        if _etag(got.get("etag", "")) not in ("", info.version):
+            body.close()
+            raise ObjectChangedError(f"{what} changed since listing (new ETag)")
+        try:
+            data = body.read()
+        except bx.FlexibleChecksumError as exc:
+            raise ChecksumMismatchError(f"{what}: body does not match its checksum: {exc}") from exc
+        except _BROKEN_OFF as exc:
+            body.close()
+            raise Fallback(f"body broke off: {exc}") from exc
+        fields = {"ETag": got.get("etag", "")}
+        for name, header in (
+            ("SSECustomerAlgorithm", "x-amz-server-side-encryption-customer-algorithm"),
+            ("ServerSideEncryption", "x-amz-server-side-encryption"),
+        ):
+            if header in got:
+                fields[name] = got[header]
+        return fields, data
 
     def _get_error(self, exc: Exception, what: str) -> BackendError:
         """A failed GET of a listed version: the object changed or went (If-Match failed,
