@@ -19,14 +19,15 @@ import bisect
 import contextlib
 import multiprocessing
 import os
+import re
 import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs, quote, urlsplit
-from xml.sax.saxutils import escape
+from urllib.parse import parse_qs, quote, unquote, urlsplit
+from xml.sax.saxutils import escape, unescape
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
 
@@ -43,6 +44,7 @@ class ListServer:
 
     def __init__(self, keys: list[str]) -> None:
         self.keys = sorted(keys)
+        self.pages: dict[tuple[str, str, int, str | None, bool], bytes] = {}
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -53,7 +55,7 @@ class ListServer:
 
             def do_GET(self) -> None:  # noqa: N802 - http.server's name
                 q = {k: v[0] for k, v in parse_qs(urlsplit(self.path).query).items()}
-                body = outer.page(
+                body = outer.cached(
                     q.get("prefix", ""),
                     q.get("delimiter", ""),
                     int(q.get("max-keys", "1000")),
@@ -70,6 +72,30 @@ class ListServer:
         self.httpd.daemon_threads = True
         self.port = self.httpd.server_address[1]
         threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def cached(self, *args: Any) -> bytes:
+        body = self.pages.get(args)
+        if body is None:
+            body = self.pages[args] = self.page(*args)
+        return body
+
+    def precompute(self, prefix: str, max_keys: int = 1000) -> None:
+        """Every page a serial and a fanned-out listing of `prefix` asks for (url
+        encoded, as botocore and the lean path ask), so timed listings measure the
+        client, not this server's page building."""
+        for delim, todo in (("", [prefix]), ("/", [prefix])):
+            while todo:
+                token: str | None = None
+                here = todo.pop()
+                while True:
+                    body = self.cached(here, delim, max_keys, token, True)
+                    if delim:
+                        found = re.findall(r"<CommonPrefixes><Prefix>([^<]*)<", body.decode())
+                        todo += map(unquote, found)
+                    more = re.search(r"<NextContinuationToken>([^<]*)<", body.decode())
+                    if not more:
+                        break
+                    token = unescape(more.group(1))
 
     def page(self, prefix: str, delim: str, max_keys: int, token: str | None, enc: bool) -> bytes:
         keys = self.keys
@@ -130,10 +156,13 @@ class ListServer:
         self.httpd.shutdown()
 
 
-def serve(keys: list[str], delays: list[float], conn: Any) -> None:
-    """The store side: one ListServer, one delaying proxy per delay; their URLs go back
-    through `conn`, and they stop when `conn` says so (or the parent goes away)."""
+def serve(keys: list[str], delays: list[float], conn: Any, precompute: bool = True) -> None:
+    """The store side: one ListServer (its pages built before the URLs are sent, unless
+    told not to), one delaying proxy per delay; their URLs go back through `conn`, and
+    they stop when `conn` says so (or the parent goes away)."""
     server = ListServer(keys)
+    if precompute:
+        server.precompute("data/")
     with contextlib.ExitStack() as stack:
         urls = {}
         for delay in delays:
@@ -141,7 +170,8 @@ def serve(keys: list[str], delays: list[float], conn: Any) -> None:
             urls[delay] = stack.enter_context(FaultProxy(("127.0.0.1", server.port), plan)).url
         conn.send(urls)
         try:
-            conn.recv()
+            while conn.recv() == "cpu":  # the store side's CPU seconds so far
+                conn.send(time.process_time())
         except EOFError:
             pass
     server.close()
@@ -154,16 +184,25 @@ def main() -> None:
     ap.add_argument("--delays-ms", default="0,10,50")
     ap.add_argument("--workers", default="1,16", help="list_workers values; the first is the base")
     ap.add_argument("--same-process", action="store_true", help="server and proxy in this process")
+    ap.add_argument(
+        "--build-pages-per-request",
+        action="store_true",
+        help="the server builds each page when asked (as before), not all before timing",
+    )
     args = ap.parse_args()
     n = args.dirs * args.per_dir
     keys = [f"data/d{d:04d}/img_{i:06d}.jpg" for d in range(args.dirs) for i in range(args.per_dir)]
     delays = [float(x) for x in args.delays_ms.split(",")]
     mine, theirs = multiprocessing.Pipe()
     if args.same_process:
-        child = threading.Thread(target=serve, args=(keys, delays, theirs), daemon=True)
+        child = threading.Thread(
+            target=serve, args=(keys, delays, theirs, not args.build_pages_per_request), daemon=True
+        )
     else:
         child = multiprocessing.get_context("fork").Process(
-            target=serve, args=(keys, delays, theirs), daemon=True
+            target=serve,
+            args=(keys, delays, theirs, not args.build_pages_per_request),
+            daemon=True,
         )
     child.start()
     urls = mine.recv()
@@ -171,25 +210,41 @@ def main() -> None:
         {"AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "x", "AWS_DEFAULT_REGION": "us-east-1"}
     )
     uri = parse_uri("s3://bench/data/")
+
+    def store_cpu() -> float:
+        if args.same_process:
+            return 0.0  # counted in this process's
+        mine.send("cpu")
+        return float(mine.recv())
+
     where = "this process" if args.same_process else "a child process"
     print(f"{n:,} objects in {args.dirs} directories of {args.per_dir}; page size 1000")
-    print(f"store and proxy in {where}; CPU seconds are this process's (user + system)")
-    print(f"{'delay':>6} {'workers':>8} {'seconds':>8} {'objects/s':>10} {'cpu s':>6}  speed-up")
+    print(
+        f"store and proxy in {where}; cpu s: this process's CPU seconds (user + system), "
+        "store s: the store side's (server and proxies)"
+    )
+    print(
+        f"{'delay':>6} {'workers':>8} {'seconds':>8} {'objects/s':>10} {'cpu s':>6} "
+        f"{'store s':>8}  speed-up  lean fallbacks"
+    )
     try:
         for delay in delays:
             serial = 0.0
             for workers in [int(w) for w in args.workers.split(",")]:
                 opts = BackendOptions(endpoint_url=urls[delay], list_workers=workers)
                 b = S3Backend(uri, opts)
+                s0 = store_cpu()
                 t0, c0 = time.monotonic(), time.process_time()
                 got = sum(1 for _ in b.list())
                 el, cpu = time.monotonic() - t0, time.process_time() - c0
+                scpu = store_cpu() - s0
+                fallbacks = getattr(b.counters, "lean_fallbacks", "-")  # "-": no lean path
                 b.close()
                 assert got == n, (got, n)
                 serial = serial or el
                 print(
-                    f"{delay:>4.0f}ms {workers:>8} {el:>8.2f} {n / el:>10,.0f} {cpu:>6.2f}  "
-                    f"{serial / el:.1f}x",
+                    f"{delay:>4.0f}ms {workers:>8} {el:>8.2f} {n / el:>10,.0f} {cpu:>6.2f} "
+                    f"{scpu:>8.2f}  {serial / el:>7.1f}x  {fallbacks}",
                     flush=True,
                 )
     finally:
