@@ -1,9 +1,11 @@
 """Amazon S3 (and S3-compatible stores) through boto3.
 
-Owns: listing a bucket prefix with ListObjectsV2 (a page's XML parsed by ElementTree in a
-before-parse hook, not by botocore's shape parser: see _ListPage), ranged GETs pinned to
-the listed ETag (If-Match), and turning botocore's exceptions into typed BackendErrors whose
-messages name the bucket or endpoint and say what to do. Credentials and region come from
+Owns: listing a bucket prefix with ListObjectsV2, ranged GETs pinned to the listed ETag
+(If-Match), both first on the lean request path (s3lean.py) and redone by botocore where
+that path declines (counted in counters.lean_fallbacks); a page botocore fetches is
+parsed by s3lean's parser in a before-parse hook, not by botocore's shape parser; and
+turning botocore's exceptions into typed BackendErrors whose messages name the bucket or
+endpoint and say what to do. Credentials and region come from
 boto3's normal chain (env, profile, ~/.aws, SSO, container/instance role), or none (extra
 anonymous=true: unsigned requests); extra profile/region/requester_pays per dataset; the
 endpoint from opts.endpoint_url or AWS_ENDPOINT_URL.

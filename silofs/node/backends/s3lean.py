@@ -145,16 +145,16 @@ class ListPage:
 # normalise, an encoding other than UTF-8, an entity this unescaper does not know)
 # leaves the page to ElementTree: every element this parser reads must be matched by
 # it, or it declines (the counts of "<Contents" and "<CommonPrefixes" are checked).
-_PROLOG = re.compile(rb"\s*(?:<\?xml[^>]*\?>\s*)?<ListBucketResult[\s>]")
-_ENCODING = re.compile(rb'<\?xml[^>]*encoding=["\']([^"\']*)["\']')
+_PROLOG = re.compile(r"\s*(?:<\?xml[^>]*\?>\s*)?<ListBucketResult[\s>]")
+_ENCODING = re.compile(r'<\?xml[^>]*encoding=["\']([^"\']*)["\']')
 _CONTENTS = re.compile(
-    rb"<Contents>\s*<Key>([^<]*)</Key>\s*<LastModified>([^<]*)</LastModified>\s*"
-    rb"<ETag>([^<]*)</ETag>\s*(?:<Checksum\w*>[^<]*</Checksum\w*>\s*)*<Size>([0-9]+)</Size>"
+    r"<Contents>\s*<Key>([^<]*)</Key>\s*<LastModified>([^<]*)</LastModified>\s*"
+    r"<ETag>([^<]*)</ETag>\s*(?:<Checksum\w*>[^<]*</Checksum\w*>\s*)*<Size>([0-9]+)</Size>"
 )
-_PREFIXES = re.compile(rb"<CommonPrefixes>\s*<Prefix>([^<]*)</Prefix>\s*</CommonPrefixes>")
-_TRUNCATED = re.compile(rb"<IsTruncated>\s*(true|false)\s*</IsTruncated>")
-_TOKEN = re.compile(rb"<NextContinuationToken>([^<]*)</NextContinuationToken>")
-_ENCODING_TYPE = re.compile(rb"<EncodingType>([^<]*)</EncodingType>")
+_PREFIXES = re.compile(r"<CommonPrefixes>\s*<Prefix>([^<]*)</Prefix>\s*</CommonPrefixes>")
+_TRUNCATED = re.compile(r"<IsTruncated>\s*(true|false)\s*</IsTruncated>")
+_TOKEN = re.compile(r"<NextContinuationToken>([^<]*)</NextContinuationToken>")
+_ENCODING_TYPE = re.compile(r"<EncodingType>([^<]*)</EncodingType>")
 _ENTITY = re.compile(r"&(#[0-9]+|#x[0-9a-fA-F]+|[a-z]+);")
 _NAMED = {"amp": "&", "lt": "<", "gt": ">", "quot": '"', "apos": "'"}
 
@@ -170,10 +170,9 @@ def _entity(m: re.Match[str]) -> str:
     raise ValueError(f"character reference &{name}; is not an XML character")
 
 
-def xml_text(raw: bytes) -> str:
-    """The text of an element as XML defines it (UTF-8, the five predefined entities and
+def xml_text(text: str) -> str:
+    """The text of an element as XML defines it (the five predefined entities and
     character references); ValueError for anything an XML parser would refuse."""
-    text = raw.decode()
     if "&" not in text:
         return text
     out = _ENTITY.sub(_entity, text)
@@ -184,43 +183,48 @@ def xml_text(raw: bytes) -> str:
 
 def _parse_fast(body: bytes) -> ListPage | None:
     """The page, or None where it is not in the grammar above (ElementTree then)."""
-    if not _PROLOG.match(body) or b"\r" in body or b"<!" in body:
+    try:
+        doc = body.decode()
+    except UnicodeDecodeError:
         return None
-    enc = _ENCODING.match(body.lstrip())
-    if enc and enc.group(1).lower() not in (b"utf-8", b"utf8"):
+    if not _PROLOG.match(doc) or "\r" in doc or "<!" in doc:
         return None
-    contents = _CONTENTS.findall(body)
-    prefixes = _PREFIXES.findall(body)
-    if len(contents) != body.count(b"<Contents") or len(prefixes) != body.count(b"<CommonPrefixes"):
+    enc = _ENCODING.match(doc.lstrip())
+    if enc and enc.group(1).lower() not in ("utf-8", "utf8"):
         return None
-    truncated = _TRUNCATED.search(body)
+    # S3 writes every ETag as &quot;hex&quot;: one replace for the page, so that a page
+    # without other references needs no unescaping per field. Only element text is read
+    # below, where '"' needs no escape; "&amp;quot;" holds no "&quot;", so stays intact.
+    doc = doc.replace("&quot;", '"')
+    contents = _CONTENTS.findall(doc)
+    prefixes = _PREFIXES.findall(doc)
+    if len(contents) != doc.count("<Contents") or len(prefixes) != doc.count("<CommonPrefixes"):
+        return None
+    truncated = _TRUNCATED.search(doc)
     if truncated is None:
         return None
+    text = xml_text if "&" in doc else str
     try:
-        enc_type = _ENCODING_TYPE.search(body)
-        url = enc_type is not None and xml_text(enc_type.group(1)) == "url"
-        times: dict[bytes, float] = {}  # a page's objects often share one LastModified
+        enc_type = _ENCODING_TYPE.search(doc)
+        url = enc_type is not None and text(enc_type.group(1)) == "url"
+        times: dict[str, float] = {}  # a page's objects often share one LastModified
         items: list[Item] = []
         append = items.append
         for key, mod, tag, size in contents:
             when = times.get(mod)
             if when is None:
-                when = times[mod] = timestamp(xml_text(mod))
-            name = xml_text(key)
-            # An ETag is '&quot;hex&quot;' from S3, '"hex"' from some others.
-            text = tag.decode().replace("&quot;", '"')
-            if "&" in text:
-                text = xml_text(text.encode())
-            append((unquote(name) if url else name, int(size), text.strip('"'), when))
-        names = [xml_text(p) for p in prefixes]
-        token = _TOKEN.search(body)
+                when = times[mod] = timestamp(text(mod))
+            name = text(key)
+            append((unquote(name) if url else name, int(size), text(tag).strip('"'), when))
+        names = [text(p) for p in prefixes]
+        token = _TOKEN.search(doc)
         return ListPage(
             items,
             [unquote(p) for p in names] if url else names,
-            truncated.group(1) == b"true",
-            xml_text(token.group(1)) if token else None,
+            truncated.group(1) == "true",
+            text(token.group(1)) if token else None,
         )
-    except (KeyError, ValueError, UnicodeDecodeError) as exc:
+    except (KeyError, ValueError) as exc:
         log.debug("a ListObjectsV2 page left to ElementTree: %s", exc)
         return None
 
