@@ -8,9 +8,12 @@ then, each on a fresh silofs daemon and cache, a cold sequential read of the big
 through a mount (MB/s, the range GETs the store saw, the daemon's and the mount's CPU
 split into user and kernel), and cold small files through tests/faultproxy.py adding
 `--first-byte-ms` (20 ms) before every response, with 1 and with 8 reader threads
-(files/s and their ratio). Every figure is the median of `--runs` runs, printed with its
-range; ratios are of medians from the same run of this script. Every byte read is
-checked against what was uploaded. Never runs in CI and never changes silofs.
+(files/s and their ratio, the daemon's and the mount's CPU per file, and the requests the
+daemon's S3 lean path handed to botocore), then the CPU of one whole 110 KiB GET in this
+process with botocore's request path and with the lean one, alternated (the request
+path's share of the daemon's CPU per file). Every figure is the median of `--runs`
+runs, printed with its range; ratios are of medians from the same run of this script.
+Every byte read is checked against what was uploaded. Never runs in CI and never changes silofs.
 
     npm install --prefix .ci/node s3rver           # once, optional
     python bench/cold.py                            # moto and s3rver, 3 runs
@@ -360,14 +363,45 @@ def cold_small(
                     t.join()
             secs = time.perf_counter() - t0
             cost = {k: ProcTimes.of(p).minus(before[k]) for k, p in pids.items()}
+            [ds] = node.status()["datasets"]
+            fallbacks = ds.get("store_lean_fallbacks", "-")  # "-": a tree without the lean path
             if bad:
                 sys.exit(f"cold small files through {store.name}: {bad[:3]}")
     per_file = {k: c.cpu_s / len(small) * 1e3 for k, c in cost.items()}
     print(
         f"    {readers} reader(s): {len(small) / secs:.0f} files/s; CPU ms per file: daemon "
-        f"{per_file['daemon']:.1f}, mount {per_file['mount']:.1f}"
+        f"{per_file['daemon']:.1f}, mount {per_file['mount']:.1f}; lean fallbacks {fallbacks}"
     )
     return len(small) / secs
+
+
+def get_cost(store: Server, small: dict[str, bytes], runs: int) -> None:
+    """CPU per whole-object GET in this process, S3Backend.get_range straight to the
+    store (no proxy, no daemon), botocore's request path (extra lean=false) against the
+    lean one, alternated `runs` times: the share of the daemon's CPU per small file the
+    request path is. A tree without the lean path ignores the option (both botocore)."""
+    from silofs.node.backends.base import BackendOptions
+    from silofs.node.backends.s3 import S3Backend
+    from silofs.uri import parse_uri
+
+    os.environ.update(CREDS)
+    cost: dict[str, list[float]] = {"false": [], "true": []}
+    for _ in range(runs):
+        for lean in cost:
+            opts = BackendOptions(endpoint_url=store.url, extra={"lean": lean})
+            backend = S3Backend(parse_uri(f"s3://{BUCKET}/small/"), opts)
+            infos = list(backend.list())
+            c0 = time.process_time()
+            for info in infos:
+                if len(backend.get_range(info, 0, info.size)) != info.size:
+                    sys.exit(f"short GET of {info.key} from {store.name}")
+            cost[lean].append((time.process_time() - c0) / len(infos) * 1e3)
+            backend.close()
+    boto, lean_ms = Samples(cost["false"]), Samples(cost["true"])
+    print(
+        f"  CPU ms per 110 KiB GET in-process: botocore {boto.text('{:.2f}')}, lean "
+        f"{lean_ms.text('{:.2f}')} ({ratio(lean_ms.median, boto.median):.2f}x)"
+    )
 
 
 _NO_PROFILE = argparse.Namespace(profile=None)
@@ -495,6 +529,7 @@ def main() -> int:
                     for readers, s in figures.items():
                         print(f"  {readers} reader(s)  {s.text('{:.0f}')}")
                     print(f"  8 readers / 1 reader {x:.2f}x")
+                    get_cost(store, small, args.runs)
                     table.append(
                         f"| {name} | cold 110 KiB, {args.first_byte_ms:g} ms | "
                         f"1: {figures[1].text('{:.0f}')} files/s, 8: {figures[8].text('{:.0f}')} "
