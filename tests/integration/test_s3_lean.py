@@ -140,7 +140,9 @@ def test_signatures_are_accepted_by_a_verifying_store_and_wrong_keys_are_denied(
         wrong.get_range(infos[0], 0, 10)
     # Each refused lean request was redone by botocore, whose error is the one raised.
     assert wrong.counters.lean_fallbacks == 2
-    assert wrong_calls == ["ListObjectsV2", "GetObject"]
+    # (and after a fallback the lean path asks the client again where the bucket is:
+    # a ListObjectsV2 botocore resolves and signs but does not send, LeanS3.resolve)
+    assert wrong_calls.count("GetObject") == 1 and "ListObjectsV2" in wrong_calls
 
 
 def test_a_changed_object_is_botocores_object_changed(s3_server: S3Server, bucket: str) -> None:

@@ -225,12 +225,18 @@ class S3Backend(RetryingBackend):
 
     def _make_lean(self, creds: Any) -> LeanS3 | None:
         try:
-            return LeanS3(
+            lean = LeanS3(
                 self._client, creds, self.bucket, _truthy(self.opts.extra.get("requester_pays"))
             )
         except (AttributeError, KeyError, bx.BotoCoreError) as exc:  # a botocore we do not know
             log.warning("S3 %s: lean request path off, botocore serves all: %s", self.uri, exc)
             return None
+        try:
+            lean.resolve()  # no I/O: see LeanS3.resolve
+        except (bx.BotoCoreError, bx.ClientError) as exc:
+            self._relearn = True  # the first lean request falls back, botocore says why
+            log.debug("S3 %s: lean endpoint not resolved yet: %s", self.uri, exc)
+        return lean
 
     def _lean_path(self) -> LeanS3 | None:
         self._client_or_raise()
@@ -241,7 +247,7 @@ class S3Backend(RetryingBackend):
             self._relearn = False
             try:
                 lean.resolve()
-            except bx.BotoCoreError as exc:
+            except (bx.BotoCoreError, bx.ClientError) as exc:
                 log.debug("S3 %s: lean endpoint not resolved again: %s", self.uri, exc)
         return lean
 

@@ -29,7 +29,7 @@ import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
-from urllib.parse import parse_qs, unquote, urlsplit
+from urllib.parse import unquote, urlsplit
 
 import botocore.exceptions as bx
 from botocore.auth import S3SigV4Auth
@@ -231,6 +231,21 @@ def _parse_fast(body: bytes) -> ListPage | None:
 
 # -- the request path --------------------------------------------------------------
 
+# The credential scope of a SigV4 Authorization header: key/date/REGION/service.
+_SCOPE = re.compile(r"Credential=[^/,]+/[0-9]{8}/([^/,]+)/")
+# An empty page: what resolve()'s call is answered with.
+_EMPTY_PAGE = b'<ListBucketResult xmlns="http://s3.amazonaws.com/doc/2006-03-01/"/>'
+
+
+class _Canned:
+    """The raw body of a response that was never sent (AWSResponse reads stream())."""
+
+    def __init__(self, body: bytes) -> None:
+        self._body = body
+
+    def stream(self, **_kw: Any) -> Any:
+        yield self._body
+
 
 @dataclass(frozen=True)
 class _Endpoint:
@@ -255,21 +270,39 @@ class LeanS3:
         self._events = client.meta.events
         self._lock = threading.Lock()
         self._endpoint: _Endpoint | None = None
+        self._dry = threading.local()  # resolve()'s call, answered by _capture
+        self._events.register(
+            "before-send.s3.ListObjectsV2", self._capture, unique_id=f"silofs-lean-{id(self)}"
+        )
         # What botocore validates in a GetObject with ChecksumMode=ENABLED, in its order.
         ctx: dict[str, Any] = {"context": {}}
         self._get_model = client.meta.service_model.operation_model("GetObject")
         resolve_response_checksum_algorithms(ctx, self._get_model, {"ChecksumMode": "ENABLED"})
         self._checksum_ctx = ctx["context"].get("checksum", {})
 
+    def _capture(self, request: Any, **_kw: Any) -> AWSResponse | None:
+        """before-send hook: in resolve()'s thread, keep the request botocore built and
+        answer it with an empty page instead of sending it; elsewhere, nothing."""
+        if not getattr(self._dry, "on", False):
+            return None
+        self._dry.request = request
+        return AWSResponse(request.url, 200, {}, _Canned(_EMPTY_PAGE))
+
     def resolve(self) -> _Endpoint:
-        """Ask the client where a ListObjectsV2 of the bucket goes (its endpoint rules,
-        addressing style and redirect cache; no I/O but the credential chain's)."""
-        url = self._client.generate_presigned_url(
-            "list_objects_v2", Params={"Bucket": self._bucket}, ExpiresIn=60
-        )
-        parts = urlsplit(url)
-        cred = parse_qs(parts.query).get("X-Amz-Credential", [""])[0].split("/")
-        region = cred[2] if len(cred) == 5 else self._client.meta.region_name or "us-east-1"
+        """Ask the client where a ListObjectsV2 of the bucket goes: a call that botocore
+        resolves (endpoint rules, addressing style, the region-redirect cache) and signs
+        like any other, answered by _capture before it is sent (no I/O but the
+        credential chain's). Presigning would not do: it uses the global endpoint."""
+        self._dry.on = True
+        try:
+            self._client.list_objects_v2(Bucket=self._bucket, MaxKeys=0)
+        finally:
+            self._dry.on = False
+        request = self._dry.request
+        parts = urlsplit(request.url)
+        auth = request.headers.get("Authorization") or b""
+        scope = _SCOPE.search(auth.decode() if isinstance(auth, bytes) else auth)
+        region = scope.group(1) if scope else self._client.meta.region_name or "us-east-1"
         list_url = f"{parts.scheme}://{parts.netloc}{parts.path}"
         endpoint = _Endpoint(list_url.rstrip("/"), list_url, region)
         with self._lock:
@@ -278,8 +311,17 @@ class LeanS3:
             self._endpoint = endpoint
         return endpoint
 
+    def _where(self) -> _Endpoint:
+        endpoint = self._endpoint
+        if endpoint is not None:
+            return endpoint
+        try:
+            return self.resolve()
+        except (bx.BotoCoreError, bx.ClientError) as exc:  # e.g. the credential chain
+            raise Fallback(f"no endpoint: {type(exc).__name__}: {exc}") from exc
+
     def _send(self, op: str, url: str, headers: dict[str, str], stream: bool) -> AWSResponse:
-        endpoint = self._endpoint or self.resolve()
+        endpoint = self._where()
         request = AWSRequest(method="GET", url=url, headers={**headers, **self._payer})
         try:
             if self._credentials is not None:
@@ -302,7 +344,7 @@ class LeanS3:
 
     def list_page(self, params: dict[str, str]) -> ListPage:
         """One ListObjectsV2 page; params are its query (prefix, max-keys, ...)."""
-        endpoint = self._endpoint or self.resolve()
+        endpoint = self._where()
         query = percent_encode_sequence({"list-type": "2", "encoding-type": "url", **params})
         resp = self._send("ListObjectsV2", f"{endpoint.list_url}?{query}", {}, stream=False)
         if resp.status_code == 429 or resp.status_code >= 500:
@@ -321,7 +363,7 @@ class LeanS3:
         200 would be a store that ignored the Range):
         (headers, body) where body reads as botocore's does (content length checked, and
         with `checksum` the x-amz-checksum-* header botocore would verify, verified)."""
-        endpoint = self._endpoint or self.resolve()
+        endpoint = self._where()
         if checksum:
             headers = {**headers, "x-amz-checksum-mode": "ENABLED"}
         url = f"{endpoint.base}/{percent_encode(key, safe='/~')}"
