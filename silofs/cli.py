@@ -31,7 +31,7 @@ from silofs.config import (
     default_socket,
     load_node_settings,
 )
-from silofs.control.client import ControlClient, ControlError
+from silofs.control.client import ControlClient, ControlError, DaemonNotTrusted
 from silofs.errors import SilofsError, UsageError
 from silofs.logsetup import LOG_FORMATS, setup_logging
 from silofs.mountinfo import silofs_mounts
@@ -236,7 +236,7 @@ def daemon_stop(socket: str | None, force: bool, timeout: float) -> None:
         with ControlClient(socket, timeout=5) as client:
             status = client.request("GET", "/v1/status")
     except ControlError as exc:
-        if exc.status is not None:
+        if exc.status is not None or isinstance(exc, DaemonNotTrusted):
             raise
         raise SilofsError(f"no silofs daemon answers on {socket}") from None
     pid = int(status["node"]["pid"])
@@ -345,6 +345,9 @@ def _start_daemon(wish: DaemonWish) -> None:
             try:
                 client.request("GET", "/v1/status")
                 return
+            except DaemonNotTrusted:
+                proc.kill()  # another user's process holds the socket path: ours never will
+                raise
             except ControlError:
                 time.sleep(0.05)
     proc.kill()
@@ -367,7 +370,8 @@ def _ensure_daemon(wish: DaemonWish) -> None:
         with ControlClient(wish.socket, timeout=5) as client:
             node = client.request("GET", "/v1/status")["node"]
     except ControlError as exc:
-        if exc.status is not None:
+        # A socket served by an untrusted uid is no missing daemon: say so, start nothing.
+        if exc.status is not None or isinstance(exc, DaemonNotTrusted):
             raise
         _start_daemon(wish)
         return

@@ -5,7 +5,9 @@ Owns: ControlClient (blocking, stdlib only, for the CLI and the controller's
 agents; Unix socket or tls://), client_tls_context (the controller's certificate, the
 CA that issued the nodes'), and AsyncControlClient (trio, a keep-alive connection pool, for mount
 processes fetching chunk bytes), plus turning transport failures and error
-answers into ControlError with a one-line message.
+answers into ControlError with a one-line message, and refusing a Unix socket served
+by a uid the client does not trust (DaemonNotTrusted, checked on every new connection
+before a byte is sent: control/peer.py ``check_daemon_peer``).
 
 Never: interprets what an endpoint means, retries a non-idempotent request that
 may have reached the daemon, or imports trio/h11 at module level (the CLI imports
@@ -22,6 +24,8 @@ import socket
 import ssl
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
+
+from silofs.control.peer import UntrustedDaemonError, check_daemon_peer
 
 if TYPE_CHECKING:
     import trio
@@ -57,6 +61,12 @@ class ControlError(Exception):
 
     def __str__(self) -> str:
         return self.message
+
+
+class DaemonNotTrusted(ControlError):
+    """The control socket is served by a process of a uid this client does not trust
+    (control/peer.py ``check_daemon_peer``): nothing was sent, and starting another
+    daemon or retrying would not help."""
 
 
 def quote_segment(s: str) -> str:
@@ -211,6 +221,11 @@ class _UnixHTTPConnection(http.client.HTTPConnection):
         except OSError as exc:
             sock.close()
             raise _ConnectFailed(exc) from exc
+        try:
+            check_daemon_peer(sock, self.socket_path)
+        except UntrustedDaemonError as exc:
+            sock.close()
+            raise DaemonNotTrusted(str(exc)) from None
         self.sock = sock
         self.owner.connections_opened += 1
 
@@ -271,6 +286,9 @@ class ControlClient:
             except _ConnectFailed as exc:
                 self.close()
                 raise _connect_error(self.socket_path, exc.exc) from None
+            except DaemonNotTrusted:
+                self.close()
+                raise
             except TimeoutError:
                 self.close()
                 raise ControlError(self._too_slow(method, path)) from None
@@ -576,6 +594,11 @@ class AsyncControlClient:
             stream = await trio.open_unix_socket(self.socket_path)
         except OSError as exc:
             raise _connect_error(self.socket_path, exc) from None
+        try:
+            check_daemon_peer(stream.socket, self.socket_path)
+        except UntrustedDaemonError as exc:
+            stream.socket.close()
+            raise DaemonNotTrusted(str(exc)) from None
         for opt in (socket.SO_SNDBUF, socket.SO_RCVBUF):
             try:
                 stream.socket.setsockopt(socket.SOL_SOCKET, opt, _SOCKET_BUFFER)

@@ -1,8 +1,10 @@
 """Who is at the other end of a control connection, and what they may change.
 
 Owns SO_PEERCRED credentials, the peer's groups (primary plus supplementary, from the
-group database) and the admin check (root, or a member of admin_group). Never trusts
-anything a peer says about itself: only the kernel's credentials and the databases.
+group database) and the admin check (root, or a member of admin_group), both ways: the
+daemon judging a client, and a client (`silofs`, a mount process, silofs-ctl) judging
+the daemon behind a Unix socket (``check_daemon_peer``). Never trusts anything a peer
+says about itself: only the kernel's credentials and the databases.
 """
 
 from __future__ import annotations
@@ -92,3 +94,53 @@ def peer_may_change(peer: Peer, admin_gid: int | None) -> bool:
     if admin_gid is None:
         return False
     return admin_gid in peer_groups(peer)
+
+
+# A client's view of the daemon: who may serve a control socket. Root (the system
+# daemon) and the client's own uid (the daemon `silofs mount` starts for its user) always;
+# a daemon run as a service user only when the client is told so by this variable (a user
+# name or a uid), as it is told the socket's path by SILOFS_SOCKET.
+DAEMON_USER_ENV = "SILOFS_DAEMON_USER"
+
+
+class UntrustedDaemonError(Exception):
+    """The process serving a control socket is not a daemon this client trusts."""
+
+
+def trusted_daemon_uids() -> frozenset[int]:
+    """uids a client accepts at the other end of a control socket (docs/SECURITY.md
+    "The daemon, as seen by a client"); UntrustedDaemonError if SILOFS_DAEMON_USER names
+    no user."""
+    uids = {0, os.geteuid()}
+    name = os.environ.get(DAEMON_USER_ENV, "").strip()
+    if name:
+        if name.isdigit():
+            uids.add(int(name))
+        else:
+            try:
+                uids.add(pwd.getpwnam(name).pw_uid)
+            except KeyError:
+                raise UntrustedDaemonError(
+                    f"{DAEMON_USER_ENV}={name!r} names no user of this host"
+                ) from None
+    return frozenset(uids)
+
+
+def check_daemon_peer(sock: Any, address: str) -> Peer:
+    """The credentials of the process serving ``sock`` (a connected Unix socket), if it
+    is a daemon this client trusts; UntrustedDaemonError with one line otherwise.
+
+    Checked right after connect, before a byte is sent: a request carries a mount's
+    dataset, job and paths, and an answer is served to the mount's readers as the
+    dataset's bytes. SO_PEERCRED names the process that called listen() on the socket,
+    whatever the socket file's owner or the path's directories say."""
+    peer = peer_credentials(sock)
+    trusted = trusted_daemon_uids()
+    if peer.uid not in trusted:
+        allowed = " or ".join(f"uid {u}" for u in sorted(trusted))
+        raise UntrustedDaemonError(
+            f"refusing the control socket {address}: it is served by uid {peer.uid} "
+            f"(pid {peer.pid}), not {allowed} (set {DAEMON_USER_ENV} to trust a daemon "
+            "run as another user)"
+        )
+    return peer
