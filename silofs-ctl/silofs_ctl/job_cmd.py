@@ -17,6 +17,7 @@ import click
 from silofs.config import default_socket
 from silofs.control.client import ControlError, quote_segment
 
+from .node_cmds import job_arg
 from .nodes import SOCKET_HELP, one_node_client
 
 
@@ -47,6 +48,7 @@ def register(
     socket: str | None,
 ) -> None:
     """Tell the node daemon JOB's GPUs, datasets and (optionally) f* and epochs."""
+    job_arg(name)
     body: dict = {"gpus": gpus, "datasets": list(datasets), "nodes": list(nodes)}
     for key, value in (
         ("ideal_io", ideal_io),
@@ -69,6 +71,7 @@ def register(
 @click.option("--socket", default=None, envvar="SILOFS_SOCKET", help=SOCKET_HELP)
 def show(name: str, socket: str | None) -> None:
     """Print the node's view of JOB (registration, IO allocation, rates) as JSON."""
+    job_arg(name)
     try:
         with one_node_client(socket or default_socket()) as client:
             ans = client.request("GET", f"/v1/jobs/{quote_segment(name)}")

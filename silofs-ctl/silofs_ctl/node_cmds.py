@@ -20,6 +20,7 @@ import click
 from silofs.config import default_socket
 from silofs.control.client import ControlError, quote_segment
 from silofs.errors import UsageError
+from silofs.records import job_name_error
 from silofs.units import format_rate, format_size, parse_rate, parse_size
 
 from .nodes import SOCKET_HELP, one_node_client
@@ -43,6 +44,16 @@ def dataset_arg(name: str) -> str:
     if "://" in name or not (name.startswith((".", "~")) or "/" in name):
         return name
     return os.path.abspath(os.path.expanduser(name))
+
+
+def job_arg(name: str) -> str:
+    """A JOB argument, checked against the daemon's job name grammar here: the daemon's
+    400 would state the rule without saying which argument broke it (`forget data/`
+    used to answer only the rule). UsageError naming what was typed otherwise."""
+    why = job_name_error(name)
+    if why is not None:
+        raise UsageError(f"JOB {name!r} is not a job name ({why})")
+    return name
 
 
 def _pct(x: float) -> str:
@@ -264,7 +275,7 @@ def allocate_io(job: str, rate: str | None, create: bool, clear: bool, socket: s
     mount, a warm or an allocation) unless --create says its mounts are coming, so a
     mistyped name is an error rather than an allocation nobody uses. --clear removes the
     allocation; `silofs-ctl forget JOB` removes an unused job's row as well."""
-    path = f"/v1/jobs/{quote_segment(job)}/io"
+    path = f"/v1/jobs/{quote_segment(job_arg(job))}/io"
     if clear:
         if rate is not None or create:
             raise click.UsageError("--clear takes no RATE and no --create")

@@ -130,3 +130,48 @@ def test_a_relative_dataset_path_is_resolved_by_the_client(make_node, tmp_path: 
     with pytest.raises(ControlError, match="relative") as exc:  # the API itself
         node.request("POST", "/v1/datasets", {"uri": "here/data"})
     assert exc.value.status == 400
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("allocate-io", "data/", "1MB/s", "--create"),
+        ("allocate-io", "a b", "--clear"),
+        ("job", "register", "--gpus", "1", "data/"),
+        ("job", "show", "data/"),
+        ("forget", "--kind", "job", "data/"),
+    ],
+)
+def test_a_job_argument_breaking_the_grammar_names_itself(args: tuple[str, ...]) -> None:
+    # Refused before any request (no daemon here): the line says which argument is
+    # wrong and what a job name is, not only the rule (the daemon's 400 is the rule).
+    line = one_line_error(ctl(*args, socket="/nonexistent/ctl.sock"), 2, "is not a job name")
+    bad = "a b" if "a b" in args else "data/"
+    assert f"JOB {bad!r} is not a job name (a job name is 1-255 bytes" in line
+
+
+def test_forget_an_unknown_path_says_dataset_not_job_grammar(make_node, tmp_path: Path) -> None:
+    node: Node = make_node()
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "f").write_bytes(b"x")
+    # `forget data/` once answered only the job grammar: data/ is no dataset on the node,
+    # and could never be a job; the line says both, with the path the client resolved.
+    line = one_line_error(ctl("forget", "data/", socket=node.socket, cwd=tmp_path), 1)
+    assert line == (
+        f"silofs-ctl: error: no dataset 'data/' ({tmp_path}/data) on this node, and "
+        "'data/' is no job name (a job name is 1-255 bytes of UTF-8, printable, without "
+        "whitespace, '/', '\"' or '\\')"
+    )
+    line = one_line_error(
+        ctl("forget", "--kind", "dataset", "data/", socket=node.socket, cwd=tmp_path), 1
+    )
+    assert line == f"silofs-ctl: error: no dataset 'data/' ({tmp_path}/data) on this node"
+    # A name that could be a job keeps the words the Slurm epilog matches as "gone".
+    for args in (("nojob",), ("--kind", "job", "nojob"), ("--kind", "dataset", "nojob")):
+        res = ctl("forget", *args, socket=node.socket)
+        one_line_error(res, 1, "no dataset or job named 'nojob' on this node")
+    # Opened, the same spelling is forgotten as the dataset it names.
+    node.request("POST", "/v1/datasets", {"uri": str(tmp_path / "data")})
+    res = ctl("forget", "data/", socket=node.socket, cwd=tmp_path)
+    assert res.returncode == 0, res
+    assert res.stdout.strip() == f"forgot dataset file://{tmp_path}/data/", res
