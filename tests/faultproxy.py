@@ -71,7 +71,9 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 __all__ = [
     "FAULT_KINDS",
@@ -587,16 +589,36 @@ class FaultProxy:
         self, predicate: Callable[[Mapping[str, int]], bool], timeout: float = 10.0
     ) -> dict[str, int]:
         """Block until predicate(stats) holds (re-checked on every change) or TimeoutError."""
+
+        def stats() -> dict[str, int]:
+            out = dict.fromkeys((*_COUNTERS, "bytes_to_client", *FAULT_KINDS), 0)
+            out.update(self._stats)
+            return out
+
+        return self._wait(stats, predicate, timeout, "stats")
+
+    def wait_history(
+        self, predicate: Callable[[list[RequestRecord]], bool], timeout: float = 10.0
+    ) -> list[RequestRecord]:
+        """Block until predicate(history) holds or TimeoutError. A request is recorded
+        after its response went out (a relayed body included), so a client that has read
+        the response may look before the proxy's thread has recorded it: wait, don't
+        read ``history`` right after a response."""
+        return self._wait(lambda: list(self._history), predicate, timeout, "history")
+
+    def _wait(
+        self, read: Callable[[], T], predicate: Callable[[T], bool], timeout: float, what: str
+    ) -> T:
+        """read() under the lock until predicate holds, woken by every count or record."""
         deadline = time.monotonic() + timeout
         with self._changed:
             while True:
-                stats = dict.fromkeys((*_COUNTERS, "bytes_to_client", *FAULT_KINDS), 0)
-                stats.update(self._stats)
-                if predicate(stats):
-                    return stats
+                value = read()
+                if predicate(value):
+                    return value
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
-                    raise TimeoutError(f"faultproxy stats never matched; last {stats}")
+                    raise TimeoutError(f"faultproxy {what} never matched; last {value}")
                 self._changed.wait(remaining)
 
     # -- internals used by connections ---------------------------------------------------
@@ -609,6 +631,7 @@ class FaultProxy:
     def _record(self, record: RequestRecord) -> None:
         with self._lock:
             self._history.append(record)
+            self._changed.notify_all()
 
     def _choose(self, method: str, target: str, headers: Headers) -> tuple[FaultPlan, Fault | None]:
         with self._lock:

@@ -142,9 +142,14 @@ def dataset_view(d: Daemon, ds: DatasetState) -> dict[str, Any]:
 
 
 def job_view(d: Daemon, j: JobState) -> dict[str, Any]:
-    throughput, remote_rate = j.rates(time.monotonic())
+    now = time.monotonic()
+    throughput, remote_rate = j.rates(now)
     return {
         "name": j.name,
+        # The daemon's CLOCK_MONOTONIC (seconds) when these counters were read, in the
+        # same loop step: rates over any two views are exact, however late they arrive
+        # (tests/integration/test_allocations.py measures the limiter with it).
+        "sampled_at": now,
         "io_allocation": j.limiter.rate,
         "throughput": round(throughput),
         "remote_bytes_per_s": round(remote_rate),

@@ -53,11 +53,13 @@ def test_served_bytes_df_and_the_note(
     m = node.settle(str(mp), size)
     served = m["served_bytes"]
     assert sum(served.values()) == m["bytes_read"] == size
-    # The first pass came from the store; the 3 MiB object's later kernel requests were
-    # served from the chunk the mount had just fetched (its buffer).
-    assert (
-        served["store"] > 0 and served["buffer"] > 0 and served["store"] + served["buffer"] == size
-    )
+    # The first pass came from the store: each object's first kernel request waited for a
+    # GET. The 3 MiB object's later requests were served without one: from the chunk the
+    # mount had just fetched (its buffer) or, once the writer had admitted that chunk
+    # (a loaded host lets it win the race against the reader's next request), from the
+    # cache. Which of the two is timing; that none is a store byte is not.
+    assert 0 < served["store"] < size
+    assert served["buffer"] + served["cache"] == size - served["store"] > 0
 
     wait_for(lambda: node.status()["datasets"][0]["cached_bytes"] == size, what="admission")
     read_all(mp, list(objects))
@@ -66,7 +68,7 @@ def test_served_bytes_df_and_the_note(
     # kernel may ask for a few pages twice, so the cache figure is at least the dataset.
     assert m["served_bytes"]["store"] == served["store"]
     assert m["served_bytes"]["buffer"] == served["buffer"]
-    assert size <= m["served_bytes"]["cache"] < size + (1 << 20)
+    assert size <= m["served_bytes"]["cache"] - served["cache"] < size + (1 << 20)
     assert sum(m["served_bytes"].values()) == m["bytes_read"]
     st = os.statvfs(mp)
     used = (st.f_blocks - st.f_bfree) * st.f_frsize
