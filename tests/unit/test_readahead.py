@@ -168,6 +168,14 @@ class _Backend:
         end = min(start + length, info.size)
         self.gets.append(("open", start, end - start, self.limiter.charged_bytes))
         body = io.BytesIO(self.data[start:end])
+        if start == self.hold_at:  # its first read waits for `release`
+            first_read = body.read
+
+            def held_read(n: int = -1) -> bytes:
+                self.release.wait(30)
+                return first_read(n)
+
+            body.read = held_read  # type: ignore[method-assign]
         return RangeStream(body, start, end, "test://b/big", StoreCounters())
 
 
@@ -291,5 +299,36 @@ def test_chunks_held_or_in_flight_are_not_fetched_again(tmp_path: Any) -> None:
             (6 * CS, 2 * CS),
         ]
         assert limiter.charged_bytes == 8 * CS
+
+    trio.run(main)
+
+
+def test_spans_asked_while_the_stream_is_busy_all_continue_it(tmp_path: Any) -> None:
+    """A reader with three spans in flight: the second waits for the first's stream, and
+    the third must wait for the second's, not open a stream of its own (it did: one GET
+    more, and the stream left for it was closed by the reaper PARK_SECONDS later)."""
+
+    async def main() -> None:
+        fetcher = _fetcher(tmp_path)
+        limiter = TokenBucket(None)
+        backend = _Backend(DATA, limiter, streams=True)
+        backend.hold_at = 0  # the first span's stream is slow to read
+        results: list[dict[int, bytes]] = []
+
+        async def span(first: int, last: int) -> None:
+            results.append((await _span(fetcher, backend, limiter, _refs(first, last)))[0])
+
+        async with trio.open_nursery() as n:
+            for first in (0, 8, 16):
+                n.start_soon(span, first, first + 7)
+                await trio.testing.wait_all_tasks_blocked()
+            backend.release.set()
+        assert {i: d for got in results for i, d in got.items()} == {
+            i: DATA[i * CS : (i + 1) * CS] for i in range(24)
+        }
+        assert [(kind, start) for kind, start, _, _ in backend.gets] == [("open", 0)]
+        # The one stream is left where the third span ended, for the reader's next.
+        assert list(fetcher._parked) == [(OBJ.key, OBJ.content_id, 24 * CS)]
+        assert not fetcher._busy
 
     trio.run(main)
