@@ -23,7 +23,7 @@ import trio
 from silofs.cache.format import MAX_SPAN_CHUNKS, ChunkRef, checked_chunk, encode_chunk
 from silofs.cache.store import CacheStore, PendingChunk
 from silofs.flight import SingleFlight
-from silofs.node.backends.base import Backend, RangeStream
+from silofs.node.backends.base import Backend, RangeStream, requests_made
 from silofs.node.limiter import TokenBucket
 from silofs.node.writer import Writer
 
@@ -55,7 +55,9 @@ class FetchCounters:
     corrupt_chunks: int = 0
     errors: int = 0
     version_mismatches: int = 0  # asked for a version other than the one now listed
-    remote_requests: int = 0  # range GETs made (one GET may fetch a span of chunks)
+    # Store requests made (one GET may fetch a span of chunks; retries and Azure's
+    # 4 MiB parts count each): what the store bills and a proxy in front of it sees.
+    remote_requests: int = 0
 
 
 @dataclass
@@ -288,6 +290,7 @@ class Fetcher:
 
         def fetch() -> RangeStream | None:
             nonlocal opened
+            noted = requests_made()
             stream = parked[0] if parked is not None else None
             if stream is None and (readahead or len(run) > 1):
                 length = obj.size - first.start if stream_on and not streamed_ahead else total
@@ -316,6 +319,9 @@ class Fetcher:
             if stream is not None and stream.pos >= stream.end:
                 stream.close()
                 stream = None
+            # The requests the store made (retries, Azure's 4 MiB GETs), where the
+            # backend counts them (RetryingBackend); else one per open or get_range.
+            opened = max(opened, requests_made() - noted)
             return stream
 
         open_range = getattr(backend, "open_range", None)

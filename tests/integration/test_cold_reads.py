@@ -132,3 +132,33 @@ def test_with_an_io_limit_read_ahead_gets_are_charged_and_bounded(cold) -> None:
     m = node.settle(str(mp), len(data))
     assert m["remote_bytes"] == len(data)
     assert _job(node)["limiter_charged_bytes"] == len(data)
+
+
+def test_azure_counts_each_get_of_a_range_longer_than_4mib(
+    make_node, azurite_server, monkeypatch, bucket_name, tmp_path: Path
+) -> None:
+    """Azure sends a range's MD5 only up to 4 MiB, so the backend reads a 16 MiB chunk in
+    four GETs: remote_requests counts each (it counted one per range read), as the
+    proxy in front of Azurite sees them."""
+    from tests.servers import AZURITE_KEY, connection_string
+
+    azurite_server.apply_env(monkeypatch)
+    data = random.Random(7).randbytes((16 << 20) + 999)
+    azurite_server.create(bucket_name, {"big.bin": data})
+    up = urlsplit(azurite_server.endpoint_url)
+    with FaultProxy(upstream=(up.hostname or "127.0.0.1", up.port or 80), faults=FaultPlan()) as p:
+        conn = connection_string(f"{p.url}{up.path}", AZURITE_KEY)
+        node: Node = make_node(cache_size="64M", env={"AZURE_STORAGE_CONNECTION_STRING": conn})
+        uri = azurite_server.uri(bucket_name)
+        mp = node.mount(uri, tmp_path / "mnt", "--chunk-size", "16M")
+        assert (mp / "big.bin").read_bytes() == data
+        m = node.settle(str(mp), len(data))
+        gets = wait_for(  # the proxy records a GET once its body is sent
+            lambda: (n := _gets(p, "big.bin")) == m["remote_requests"] and n,
+            what=f"the proxy to see the daemon's {m['remote_requests']} GETs "
+            f"(it saw {_gets(p, 'big.bin')})",
+        )
+    # 16 MiB + 999 bytes in two chunks: four GETs of 4 MiB and one of 999 bytes, however
+    # the spans cut them (a span of both chunks is one range: five GETs again).
+    assert gets == 5 and m["remote_gets"] == 2, m
+    assert m["remote_bytes"] == len(data)

@@ -44,6 +44,7 @@ from silofs.node.backends.base import (
     RetryingBackend,
     join_prefix,
     md5_b64,
+    note_requests,
     relative_key,
 )
 from silofs.records import ObjectInfo
@@ -355,9 +356,13 @@ class AzureBackend(RetryingBackend):
             content_id=_content_id(props),
         )
 
+    # Each GET is counted as its response arrives (keep_md5): a long range is several.
+    _counts_own_requests = True
+
     def _get_once(self, info: ObjectInfo, start: int, end: int) -> bytes:
         # Azure sends a range's MD5 only for ranges up to 4 MiB: a longer read is several
-        # GETs, each checked (all pinned to the listed ETag, so never mixed versions).
+        # GETs, each checked (all pinned to the listed ETag, so never mixed versions), and
+        # each counted (status's remote_requests counts requests, not ranges read).
         parts = [self._get_part(info, pos, min(end, pos + MD5_RANGE_MAX))
                  for pos in range(start, end, MD5_RANGE_MAX)]  # fmt: skip
         return parts[0] if len(parts) == 1 else b"".join(parts)
@@ -369,6 +374,7 @@ class AzureBackend(RetryingBackend):
         md5s: list[str] = []
 
         def keep_md5(response: Any) -> None:
+            note_requests()  # once per response: the SDK's own retries included
             md5s.append(response.http_response.headers.get("content-md5", ""))
 
         try:

@@ -61,6 +61,22 @@ class StoreCounters:
     lean_fallbacks: int = 0
 
 
+# Store requests made by the calling thread, for `remote_requests` in status: one read
+# can take several (a retry; Azure's GETs of at most 4 MiB). The fetcher reads the
+# difference around one fetch, which runs in one thread (node/fetch.py).
+_thread_requests = threading.local()
+
+
+def note_requests(n: int = 1) -> None:
+    """Count `n` store requests made by this thread."""
+    _thread_requests.n = getattr(_thread_requests, "n", 0) + n
+
+
+def requests_made() -> int:
+    """Store requests this thread has counted so far (compare two readings)."""
+    return getattr(_thread_requests, "n", 0)
+
+
 class Backend(Protocol):
     """A read-only view of one dataset prefix in one store."""
 
@@ -156,7 +172,11 @@ class RetryingBackend:
         end = min(start + length, info.size)
         if start >= end or (start == 0 and end == info.size) or not self._streams_ranges():
             return None
-        opener = functools.partial(self._open_once, info, start, end)
+
+        def opener() -> Any:
+            note_requests()  # each attempt is a request
+            return self._open_once(info, start, end)
+
         body = retry_call(opener, self.opts, f"read {self.uri}{info.key}", self.counters)
         return RangeStream(body, start, end, f"{self.uri}{info.key}", self.counters)
 
@@ -168,7 +188,13 @@ class RetryingBackend:
         """The response body (read(n), close()) of one ranged GET of [start, end)."""
         raise NotImplementedError
 
+    # Whether _get_once counts its own requests (note_requests): one that makes several
+    # for one range does. Otherwise each attempt here is counted as one.
+    _counts_own_requests = False
+
     def _get_exact(self, info: ObjectInfo, start: int, end: int) -> bytes:
+        if not self._counts_own_requests:
+            note_requests()
         try:
             data = self._get_once(info, start, end)
         except ChecksumMismatchError:
