@@ -93,18 +93,25 @@ def readable(
     """(the objects uid/gids could read themselves, the keys of those they may not): of
     a local dataset, the check GET /v1/chunks makes (node/backends/local.py
     check_peer_read); of a cloud dataset, all ([access] grants a whole prefix). Runs in
-    a worker thread: one path walk per object, small next to fetching it."""
-    check = getattr(ds.backend, "check_peer_read", None)
-    if ds.uri.scheme != "file" or check is None:
+    a worker thread: one walk per directory (check_peer_read_many), then an openat per
+    file through the directory's fd. One path walk per object made a million-file warm
+    plan for ~2 minutes before its first fetch."""
+    one = getattr(ds.backend, "check_peer_read", None)
+    many = getattr(ds.backend, "check_peer_read_many", None)
+    if ds.uri.scheme != "file" or (one is None and many is None):
         return objects, []
-    ok, denied = [], []
-    for o in objects:
-        try:
-            check(o, uid, gids)
-        except (BackendError, OSError):  # denied, changed since listing, or gone
-            denied.append(o.key)
-            continue
-        ok.append(o)
+    # Each error: denied, changed since listing, or gone.
+    bad: dict[str, BackendError | OSError] = {}
+    if many is not None:
+        bad = many(objects, uid, gids)
+    else:  # a backend with the one-object check only: fail closed, object by object
+        for o in objects:
+            try:
+                one(o, uid, gids)
+            except (BackendError, OSError) as exc:
+                bad[o.key] = exc
+    ok = [o for o in objects if o.key not in bad]
+    denied = [o.key for o in objects if o.key in bad]
     if denied:
         log.warning(
             "warm of %s by uid %d skips %d objects it may not read (e.g. %s)",

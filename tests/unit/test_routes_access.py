@@ -23,7 +23,7 @@ from silofs.config import NodeSettings, load_node_settings
 from silofs.control.peer import Peer
 from silofs.control.router import HTTPError, Request
 from silofs.control.server import SocketDirError, check_socket_dir
-from silofs.errors import AccessDeniedError, ObjectChangedError, UsageError
+from silofs.errors import AccessDeniedError, BackendError, ObjectChangedError, UsageError
 from silofs.node.access import R, W, X, cloud_allowed, mode_allows
 from silofs.node.backends import BackendOptions
 from silofs.node.backends.local import LocalBackend
@@ -169,6 +169,58 @@ def test_check_peer_read_walks_as_the_peer(world: Path) -> None:
     (world / "d" / "pub").write_bytes(b"other")
     with pytest.raises(ObjectChangedError):
         backend.check_peer_read(objs["d/pub"], NOBODY, gids)
+
+
+def test_check_peer_read_many_judges_as_one_walk_per_object(
+    world: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The warm's batch check (one walk per directory, files opened through its fd)
+    refuses exactly what check_peer_read refuses, for the same reasons, and walks each
+    directory from "/" once."""
+    for d in ("a", "a/b", "shut", "shut/in", "grp"):
+        (world / d).mkdir()
+    for f in ("top", "a/x", "a/y", "a/b/z", "shut/s", "shut/in/t", "grp/g", "a/secret"):
+        (world / f).write_bytes(f.encode())
+    (world / "a" / "secret").chmod(0o600)
+    os.chown(world / "grp", 0, 4242)
+    (world / "grp").chmod(0o750)  # searchable by group 4242 only
+    (world / "gone").write_bytes(b"g")
+    backend, objs = _local(world)
+    (world / "shut").chmod(0o700)  # after listing: nothing under it for others
+    (world / "gone").unlink()
+    os.rename(world / "a" / "b", world / "real-b")  # a listed directory now a symlink
+    os.symlink(world / "real-b", world / "a" / "b")
+    infos = sorted(objs.values(), key=lambda o: o.key)
+
+    def one_by_one(gids: frozenset[int]) -> dict[str, tuple[type, str]]:
+        out = {}
+        for o in infos:
+            try:
+                backend.check_peer_read(o, NOBODY, gids)
+            except (BackendError, OSError) as exc:
+                out[o.key] = (type(exc), str(exc))
+        return out
+
+    walks: list[str] = []
+    real_open_path = LocalBackend._open_path
+
+    def counted(self: LocalBackend, real_root: str, rel: str, *args: Any) -> Any:
+        walks.append(rel)
+        return real_open_path(self, real_root, rel, *args)
+
+    for gids in (frozenset({NOBODY}), frozenset({NOBODY, 4242})):
+        want = one_by_one(gids)
+        monkeypatch.setattr(LocalBackend, "_open_path", counted)
+        walks.clear()
+        got = {
+            k: (type(e), str(e))
+            for k, e in backend.check_peer_read_many(infos, NOBODY, gids).items()
+        }
+        monkeypatch.undo()
+        assert got == want
+        assert sorted(walks) == ["", "a", "a/b", "grp", "shut", "shut/in"]
+    assert set(want) == {"a/secret", "a/b/z", "shut/s", "shut/in/t", "gone"}
+    assert "grp/g" in one_by_one(frozenset({NOBODY}))
 
 
 def test_check_peer_list_covers_every_directory(world: Path) -> None:
