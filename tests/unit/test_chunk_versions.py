@@ -9,7 +9,6 @@ The same on real FUSE mounts: tests/integration/test_one_version.py.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
@@ -21,16 +20,14 @@ from silofs.node.daemon import Daemon
 from silofs.node.metrics import render
 from silofs.node.routes import dataset_view, status_view
 from tests.unit.test_chunk_format import GOLDEN_V1
-from tests.unit.test_daemon_ops import bucket, daemon, ready, running  # noqa: F401
+from tests.unit.test_daemon_ops import bucket, daemon, listed, mounted, running  # noqa: F401
 
 
 def test_a_request_for_another_version_is_refused(daemon: Daemon, bucket: Path) -> None:  # noqa: F811
     async def main() -> None:
         async with running(daemon) as d:
-            ds = await ready(d, f"file://{bucket}/")
-            m = d.register_mount(ds, "j", "/mnt/x", os.getpid(), os.getuid(), None)
-            obj = d.store.get_object(ds.id, "f1.bin")
-            assert obj is not None
+            ds, m = await mounted(d, bucket)
+            obj = listed(d, ds, "f1.bin")
             data, _ = await d.get_chunk(m, "f1.bin", 0, False, obj.version)
             assert data == bytes([1]) * len(data)
             with pytest.raises(VersionMismatchError, match="changed since this mount listed"):
@@ -49,10 +46,8 @@ def test_a_bad_cached_value_is_replaced_not_missed_forever(
 ) -> None:
     async def main() -> None:
         async with running(daemon) as d:
-            ds = await ready(d, f"file://{bucket}/")
-            m = d.register_mount(ds, "j", "/mnt/x", os.getpid(), os.getuid(), None)
-            obj = d.store.get_object(ds.id, "f2.bin")
-            assert obj is not None
+            ds, m = await mounted(d, bucket)
+            obj = listed(d, ds, "f2.bin")
             ref = ChunkRef.of(obj, m.chunk_size, 0)
             # A format-1 value under the chunk's key (as an older silofs left it).
             with d.store.env.begin(write=True) as txn:
@@ -85,12 +80,10 @@ def test_a_refresh_makes_chunks_of_changed_objects_the_first_victims(
 ) -> None:
     async def main() -> None:
         async with running(daemon) as d:
-            ds = await ready(d, f"file://{bucket}/")
-            m = d.register_mount(ds, "j", "/mnt/x", os.getpid(), os.getuid(), None)
+            ds, m = await mounted(d, bucket)
             refs = {}
             for key in ("f0.bin", "f1.bin", "f2.bin"):
-                obj = d.store.get_object(ds.id, key)
-                assert obj is not None
+                obj = listed(d, ds, key)
                 await d.get_chunk(m, key, 0, False, obj.version)
                 refs[key] = ChunkRef.of(obj, m.chunk_size, 0)
             await d.writer.flush()

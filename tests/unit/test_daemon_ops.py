@@ -24,8 +24,9 @@ from silofs.config import NodeSettings
 from silofs.errors import UsageError
 from silofs.node import daemon as daemon_mod
 from silofs.node.daemon import Daemon
+from silofs.node.state import MountState
 from silofs.node.supervise import run_forever
-from silofs.records import MountCounters
+from silofs.records import MountCounters, ObjectInfo
 
 MiB = 1 << 20
 
@@ -74,6 +75,20 @@ async def ready(d: Daemon, uri: str, endpoint_url: str | None = None) -> daemon_
         while ds.state in ("checking", "listing"):
             await trio.sleep(0.01)
     return ds
+
+
+async def mounted(d: Daemon, bucket: Path) -> tuple[daemon_mod.DatasetState, MountState]:
+    """The local `bucket` listed as a dataset, and a mount of it (job "j") by this
+    process, as a mount process registers one."""
+    ds = await ready(d, f"file://{bucket}/")
+    return ds, d.register_mount(ds, "j", "/mnt/x", os.getpid(), os.getuid(), None)
+
+
+def listed(d: Daemon, ds: daemon_mod.DatasetState, key: str) -> ObjectInfo:
+    """The object `key` as the dataset's listing has it."""
+    obj = d.store.get_object(ds.id, key)
+    assert obj is not None, key
+    return obj
 
 
 # -- supervision -------------------------------------------------------------------------
@@ -194,8 +209,7 @@ def test_the_enforcer_survives_a_failed_shrink(
 
     async def main() -> None:
         async with running(daemon) as d:
-            ds = await ready(d, f"file://{bucket}/")
-            m = d.register_mount(ds, "j", "/mnt/x", os.getpid(), os.getuid(), None)
+            ds, m = await mounted(d, bucket)
             for name in ("f0.bin", "f1.bin", "f2.bin"):
                 await d.get_chunk(m, name, 0, False)
             with trio.fail_after(10):
@@ -289,8 +303,7 @@ def test_a_dead_mount_is_reaped(daemon: Daemon, bucket: Path) -> None:
 def test_report_counts_deltas(daemon: Daemon, bucket: Path) -> None:
     async def main() -> None:
         async with running(daemon) as d:
-            ds = await ready(d, f"file://{bucket}/")
-            m = d.register_mount(ds, "j", "/mnt/x", os.getpid(), os.getuid(), None)
+            ds, m = await mounted(d, bucket)
             await d.report(m, MountCounters(bytes_read=100), [])
             await d.report(m, MountCounters(bytes_read=250), [])
             assert ds.reads.bytes_read == 250 and d.jobs["j"].reads.bytes_read == 250
@@ -346,8 +359,7 @@ def test_store_errors_show_in_status_and_metrics(daemon: Daemon, bucket: Path) -
             missing = await ready(d, f"file://{bucket}-missing/")
             assert missing.state == "error"
             assert dataset_view(d, missing)["store_errors"] == 1
-            ds = await ready(d, f"file://{bucket}/")
-            m = d.register_mount(ds, "j", "/mnt/x", os.getpid(), os.getuid(), None)
+            ds, m = await mounted(d, bucket)
             (bucket / "f3.bin").unlink()  # gone after the listing: the GET fails
             with pytest.raises(Exception, match="f3.bin"):
                 await d.get_chunk(m, "f3.bin", 0, False)
@@ -366,10 +378,8 @@ def test_an_offered_chunk_is_checked_against_the_listing_then_admitted(
 ) -> None:
     async def main() -> None:
         async with running(daemon) as d:
-            ds = await ready(d, f"file://{bucket}/")
-            m = d.register_mount(ds, "j", "/mnt/x", os.getpid(), os.getuid(), None)
-            obj = d.store.get_object(ds.id, "f1.bin")
-            assert obj is not None
+            ds, m = await mounted(d, bucket)
+            obj = listed(d, ds, "f1.bin")
             good = bytes([1]) * (256 << 10)
             with pytest.raises(UsageError, match="changed"):
                 d.offer_chunk(m, "f1.bin", 0, "another-version", good)
@@ -408,8 +418,7 @@ def test_the_writer_is_restarted_after_a_failed_batch(
 
     async def main() -> None:
         async with running(daemon) as d:
-            ds = await ready(d, f"file://{bucket}/")
-            m = d.register_mount(ds, "j", "/mnt/x", os.getpid(), os.getuid(), None)
+            ds, m = await mounted(d, bucket)
             await d.get_chunk(m, "f0.bin", 0, False)  # its batch fails: lost, not fatal
             with trio.fail_after(10):
                 while not failures:
