@@ -17,7 +17,6 @@ import socket
 import stat
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -40,6 +39,7 @@ from silofs.control.client import (
 from silofs.control.peer import Peer, peer_may_change
 from silofs.control.router import HTTPError, Request, Response, Router, json_response, text_response
 from silofs.control.server import AddressInUseError, serve_unix
+from tests.unit.serving import serving, wait_for
 
 BLOB = os.urandom(32 << 20)
 DEADLINE = 10.0
@@ -96,43 +96,8 @@ def make_router() -> Router:
 @contextmanager
 def server_thread(path: str, router: Router | None = None, **kw: Any) -> Iterator[str]:
     """serve_unix in a thread with its own trio loop; cancelled on exit."""
-    started = threading.Event()
-    state: dict[str, Any] = {}
-
-    async def main() -> None:
-        async with trio.open_nursery() as nursery:
-            state["token"] = trio.lowlevel.current_trio_token()
-            state["nursery"] = nursery
-            serve = functools.partial(serve_unix, path, router or make_router(), **kw)
-            try:
-                await nursery.start(serve)
-            except BaseException as exc:  # e.g. AddressInUseError: re-raised in the test
-                state["start_error"] = exc
-                raise
-            finally:
-                started.set()
-
-    def run() -> None:
-        try:
-            trio.run(main)
-        except BaseException as exc:
-            state["error"] = exc
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    assert started.wait(DEADLINE), "server did not start"
-    if "start_error" in state:
-        thread.join(DEADLINE)
-        raise state["start_error"]
-    try:
+    with serving(functools.partial(serve_unix, path, router or make_router(), **kw)):
         yield path
-        assert thread.is_alive(), f"server died: {state.get('error')!r}"
-    finally:
-        trio.from_thread.run_sync(state["nursery"].cancel_scope.cancel, trio_token=state["token"])
-        thread.join(DEADLINE)
-        assert not thread.is_alive()
-    if "error" in state:
-        raise state["error"]
 
 
 @pytest.fixture(autouse=True)
@@ -209,13 +174,6 @@ def assert_alive(path: str) -> None:
 def error_of(body: bytes) -> str:
     assert body.endswith(b"\n") and body.count(b"\n") == 1, body
     return json.loads(body)["error"]
-
-
-def wait_for(predicate: Any, what: str) -> None:
-    deadline = time.monotonic() + DEADLINE
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.01)  # polling interval, not synchronisation
 
 
 # ------------------------------------------------------------------- routing

@@ -13,15 +13,12 @@ import functools
 import json
 import socket
 import ssl
-import threading
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
-import trio
 from silofs_ctl.certs_cmd import client_cert, init_ca, node_cert
 
 from silofs.config import load_node_settings
@@ -31,6 +28,7 @@ from silofs.control.router import Request, Response, Router, json_response
 from silofs.control.server import TLSLimits, bind_tcp, serve_tls
 from silofs.control.tls import parse_tcp_address, server_context
 from silofs.errors import UsageError
+from tests.unit.serving import serving, wait_for
 
 DEADLINE = 10.0
 
@@ -68,40 +66,12 @@ def tls_server(pki: dict[str, Path], **limits: Any) -> Iterator[tuple[int, Any]]
     ctx = server_context(str(good / "node-a.pem"), str(good / "node-a.key"), str(good / "ca.pem"))
     sock = bind_tcp("127.0.0.1", 0)
     port = sock.getsockname()[1]
-    started = threading.Event()
-    state: dict[str, Any] = {}
     acceptor: list[Any] = []
-
-    async def main() -> None:
-        async with trio.open_nursery() as nursery:
-            state["token"] = trio.lowlevel.current_trio_token()
-            state["nursery"] = nursery
-            serve = functools.partial(
-                serve_tls, sock, make_router(), ctx, tls_limits=TLSLimits(**limits),
-                acceptor=acceptor,
-            )  # fmt: skip
-            try:
-                await nursery.start(serve)
-            finally:
-                started.set()
-
-    def run() -> None:
-        try:
-            trio.run(main)
-        except BaseException as exc:
-            state["error"] = exc
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    assert started.wait(DEADLINE)
-    assert "error" not in state, state.get("error")
-    try:
+    serve = functools.partial(
+        serve_tls, sock, make_router(), ctx, tls_limits=TLSLimits(**limits), acceptor=acceptor
+    )
+    with serving(serve):
         yield port, acceptor[0]
-        assert thread.is_alive(), f"server died: {state.get('error')!r}"
-    finally:
-        trio.from_thread.run_sync(state["nursery"].cancel_scope.cancel, trio_token=state["token"])
-        thread.join(DEADLINE)
-    assert "error" not in state, state.get("error")
 
 
 def controller(pki: dict[str, Path], name: str = "controller", ca: str = "good") -> ssl.SSLContext:
@@ -109,13 +79,6 @@ def controller(pki: dict[str, Path], name: str = "controller", ca: str = "good")
     return client_tls_context(
         str(d / f"{name}.pem"), str(d / f"{name}.key"), str(pki["good"] / "ca.pem")
     )
-
-
-def wait_for(predicate: Any, what: str) -> None:
-    deadline = time.monotonic() + DEADLINE
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.01)  # polling interval, not synchronisation
 
 
 def assert_served(port: int, pki: dict[str, Path]) -> None:
