@@ -12,7 +12,6 @@ failed hint never fails an epoch) is tested with a recording Hinter.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -22,14 +21,13 @@ import pytest
 import trio
 
 from silofs.control.peer import Peer
-from silofs.control.router import Request
 from silofs.hints import HintError, mount_key, pieces
 from silofs.node import prefetch as prefetch_mod
 from silofs.node.daemon import Daemon
 from silofs.node.routes import build_router
 from silofs.torch import PrefetchSampler
 
-from .test_routes_access import ALICE, BOB, ROOT, world  # noqa: F401
+from .test_routes_access import ALICE, BOB, ROOT, route_caller, world  # noqa: F401
 
 KiB, MiB = 1 << 10, 1 << 20
 CHUNK = 256 * KiB
@@ -50,17 +48,7 @@ def run(
         **kw,
     )
     d = Daemon(settings)
-    router = build_router(d)
-
-    async def call(peer: Peer, method: str, path: str, body: Any = None) -> tuple[int, Any]:
-        raw = (
-            body if isinstance(body, bytes) else b"" if body is None else json.dumps(body).encode()
-        )
-        target, _, qs = path.partition("?")
-        query = dict(p.split("=", 1) for p in qs.split("&")) if qs else {}
-        resp = await router.dispatch(Request(method, target, query, {}, raw, peer))
-        data = bytes(resp.body)
-        return resp.status, json.loads(data) if resp.content_type == "application/json" else data
+    call = route_caller(build_router(d))
 
     async def main() -> None:
         async with trio.open_nursery() as nursery:

@@ -8,6 +8,7 @@ tests/integration/test_security.py runs the same rules as real users).
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import stat
@@ -21,7 +22,7 @@ import trio
 
 from silofs.config import NodeSettings, load_node_settings
 from silofs.control.peer import Peer
-from silofs.control.router import HTTPError, Request
+from silofs.control.router import HTTPError, Request, Router
 from silofs.control.server import SocketDirError, check_socket_dir
 from silofs.errors import AccessDeniedError, BackendError, ObjectChangedError, UsageError
 from silofs.node.access import R, W, X, cloud_allowed, mode_allows
@@ -274,6 +275,24 @@ def test_cache_modes(tmp_path: Path) -> None:
 Call = Callable[..., Awaitable[tuple[int, Any]]]
 
 
+def route_caller(router: Router) -> Call:
+    """call(peer, method, path, body=None) -> (status, decoded body): one request
+    dispatched by `router` as from `peer`, without a socket. A body of bytes is sent
+    as it is, anything else as JSON."""
+
+    async def call(peer: Peer, method: str, path: str, body: Any = None) -> tuple[int, Any]:
+        raw = (
+            body if isinstance(body, bytes) else b"" if body is None else json.dumps(body).encode()
+        )
+        target, _, qs = path.partition("?")
+        query = dict(p.split("=", 1) for p in qs.split("&")) if qs else {}
+        resp = await router.dispatch(Request(method, target, query, {}, raw, peer))
+        data = bytes(resp.body)
+        return resp.status, json.loads(data) if resp.content_type == "application/json" else data
+
+    return call
+
+
 def run_routes(tmp_path: Path, test: Callable[[Daemon, Call], Awaitable[None]], **kw: Any) -> None:
     settings = NodeSettings(
         socket=str(tmp_path / "s.sock"),
@@ -282,17 +301,7 @@ def run_routes(tmp_path: Path, test: Callable[[Daemon, Call], Awaitable[None]], 
         **kw,
     )
     daemon = Daemon(settings)
-    router = build_router(daemon)
-
-    async def call(peer: Peer, method: str, path: str, body: Any = None) -> tuple[int, Any]:
-        import json
-
-        raw = b"" if body is None else json.dumps(body).encode()
-        target, _, qs = path.partition("?")
-        query = dict(p.split("=", 1) for p in qs.split("&")) if qs else {}
-        resp = await router.dispatch(Request(method, target, query, {}, raw, peer))
-        data = bytes(resp.body)
-        return resp.status, json.loads(data) if resp.content_type == "application/json" else data
+    call = route_caller(build_router(daemon))
 
     async def main() -> None:
         async with trio.open_nursery() as nursery:
