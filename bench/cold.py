@@ -30,7 +30,6 @@ import hashlib
 import os
 import random
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -42,6 +41,7 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 from common import (
+    CREDS,
     ROOT,
     Node,
     ProcTimes,
@@ -49,81 +49,19 @@ from common import (
     Samples,
     busy_processes,
     check_fuse,
+    free_port,
     load_average,
     profile_summary,
     ratio,
     wait_for,
 )
+from common import S3Server as Server
 
 from tests.faultproxy import FaultPlan, FaultProxy
 
-CREDS = {
-    "AWS_ACCESS_KEY_ID": "S3RVER",
-    "AWS_SECRET_ACCESS_KEY": "S3RVER",
-    "AWS_DEFAULT_REGION": "us-east-1",
-}
 BUCKET = "cold-bench"
 SMALL = 110 * 1024
 READ = 1 << 20
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Server:
-    """A local S3 server process on 127.0.0.1, stopped on exit."""
-
-    def __init__(self, name: str, argv: list[str], port: int, log: Path, env: dict) -> None:
-        self.name = name
-        self.url = f"http://127.0.0.1:{port}"
-        self.port = port
-        self.logf = open(log, "ab")
-        self.proc = subprocess.Popen(
-            argv,
-            stdout=self.logf,
-            stderr=self.logf,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-            env={**os.environ, **env},
-        )
-        deadline = time.monotonic() + 60
-        while True:
-            if self.proc.poll() is not None:
-                sys.exit(f"{name} exited {self.proc.returncode}; see {log}")
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                return
-            except OSError:
-                if time.monotonic() > deadline:
-                    self.stop()
-                    sys.exit(f"{name} did not listen on {self.url} within 60 s; see {log}")
-                time.sleep(0.1)  # polling for the port, not synchronisation
-
-    def client(self):  # type: ignore[no-untyped-def]
-        import boto3
-        from botocore.config import Config
-
-        return boto3.client(
-            "s3",
-            endpoint_url=self.url,
-            aws_access_key_id=CREDS["AWS_ACCESS_KEY_ID"],
-            aws_secret_access_key=CREDS["AWS_SECRET_ACCESS_KEY"],
-            region_name=CREDS["AWS_DEFAULT_REGION"],
-            config=Config(max_pool_connections=16, s3={"addressing_style": "path"}),
-        )
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.logf.close()
 
 
 def start_store(name: str, tmp: Path) -> Server | None:
@@ -137,7 +75,7 @@ def start_store(name: str, tmp: Path) -> Server | None:
         return None
     (tmp / "s3rver").mkdir()
     argv = [str(s3rver), "-d", str(tmp / "s3rver"), "-a", "127.0.0.1", "-p", str(port)]
-    # DES continuation tokens need OpenSSL 3's legacy provider (see bench/limiter.py).
+    # DES continuation tokens need OpenSSL 3's legacy provider (see bench/common.py start_s3rver).
     env = {"NODE_OPTIONS": "--openssl-legacy-provider"}
     return Server("s3rver", argv, port, tmp / "s3rver.log", env)
 

@@ -3,8 +3,9 @@
 Owns starting a silofs daemon on a socket and cache dir of its own (never the node's
 default daemon), mounting and unmounting with the real `silofs` command, a cleanup that
 leaves no FUSE mount and no process of ours behind, dropping the page cache, timed
-whole-file reads with N reader threads, and the formatting of figures. Never measures
-anything itself (throughput.py and limiter.py do) and never changes silofs.
+whole-file reads with N reader threads, a local S3 server process (moto or s3rver) and
+its boto3 client, and the formatting of figures. Never measures anything itself
+(throughput.py, limiter.py, cold.py do) and never changes silofs.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import socket
 import statistics
 import subprocess
 import sys
@@ -30,6 +32,13 @@ from silofs.control.client import ControlClient, ControlError  # noqa: E402
 from silofs.mountinfo import is_mounted  # noqa: E402
 
 READ_BUF = 1 << 20
+# A local S3 server's credentials (s3rver's fixed pair; moto takes any).
+CREDS = {
+    "AWS_ACCESS_KEY_ID": "S3RVER",
+    "AWS_SECRET_ACCESS_KEY": "S3RVER",
+    "AWS_DEFAULT_REGION": "us-east-1",
+}
+S3RVER = ROOT / ".ci" / "node" / "node_modules" / ".bin" / "s3rver"
 
 
 def silofs_cmd(*args: str) -> list[str]:
@@ -502,3 +511,75 @@ class RssPeak:
 
 def ratio(a: float, b: float) -> float:
     return a / b if b else float("nan")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class S3Server:
+    """A local S3 server process on 127.0.0.1 (moto, s3rver), stopped on exit."""
+
+    def __init__(self, name: str, argv: list[str], port: int, log: Path, env: dict) -> None:
+        self.name = name
+        self.url = f"http://127.0.0.1:{port}"
+        self.port = port
+        self.logf = open(log, "ab")
+        self.proc = subprocess.Popen(
+            argv,
+            stdout=self.logf,
+            stderr=self.logf,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            env={**os.environ, **env},
+        )
+        deadline = time.monotonic() + 60
+        while True:
+            if self.proc.poll() is not None:
+                sys.exit(f"{name} exited {self.proc.returncode}; see {log}")
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                return
+            except OSError:
+                if time.monotonic() > deadline:
+                    self.stop()
+                    sys.exit(f"{name} did not listen on {self.url} within 60 s; see {log}")
+                time.sleep(0.1)  # polling for the port, not synchronisation
+
+    def client(self):  # type: ignore[no-untyped-def]
+        import boto3
+        from botocore.config import Config
+
+        return boto3.client(
+            "s3",
+            endpoint_url=self.url,
+            aws_access_key_id=CREDS["AWS_ACCESS_KEY_ID"],
+            aws_secret_access_key=CREDS["AWS_SECRET_ACCESS_KEY"],
+            region_name=CREDS["AWS_DEFAULT_REGION"],
+            config=Config(max_pool_connections=16, s3={"addressing_style": "path"}),
+        )
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.logf.close()
+
+
+def start_s3rver(directory: Path, log: Path) -> S3Server:
+    """s3rver with its data in `directory` (npm install --prefix .ci/node s3rver)."""
+    if not S3RVER.exists():
+        sys.exit(f"s3rver is missing: npm install --prefix {ROOT / '.ci' / 'node'} s3rver")
+    directory.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    argv = [str(S3RVER), "-d", str(directory), "-a", "127.0.0.1", "-p", str(port)]
+    # s3rver signs ListObjectsV2 continuation tokens with DES, which OpenSSL 3 only has
+    # in its legacy provider: without it every truncated listing (silofs's bucket check
+    # asks for max-keys=1) is an HTTP 500.
+    return S3Server("s3rver", argv, port, log, {"NODE_OPTIONS": "--openssl-legacy-provider"})

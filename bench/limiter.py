@@ -23,8 +23,6 @@ import argparse
 import hashlib
 import os
 import shutil
-import socket
-import subprocess
 import sys
 import tempfile
 import threading
@@ -33,86 +31,26 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from common import ROOT, Node, ProcTimes, busy_processes, check_fuse, load_average, ratio
+from common import (
+    CREDS,
+    Node,
+    ProcTimes,
+    S3Server,
+    busy_processes,
+    check_fuse,
+    load_average,
+    ratio,
+    start_s3rver,
+)
 
 from silofs.control.client import ControlClient, ControlError
 from silofs.units import parse_rate, parse_size
 
-S3RVER = ROOT / ".ci" / "node" / "node_modules" / ".bin" / "s3rver"
 BUCKET = "bench"
 PREFIX = "limiter/"
-CREDS = {
-    "AWS_ACCESS_KEY_ID": "S3RVER",
-    "AWS_SECRET_ACCESS_KEY": "S3RVER",
-    "AWS_DEFAULT_REGION": "us-east-1",
-}
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class S3rver:
-    """s3rver on 127.0.0.1 with its data in `directory`; stopped (by pid) on exit."""
-
-    def __init__(self, directory: Path, log: Path) -> None:
-        if not S3RVER.exists():
-            sys.exit(f"s3rver is missing: npm install --prefix {ROOT / '.ci' / 'node'} s3rver")
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        directory.mkdir(parents=True, exist_ok=True)
-        self.logf = open(log, "ab")
-        self.proc = subprocess.Popen(
-            [str(S3RVER), "-d", str(directory), "-a", "127.0.0.1", "-p", str(self.port)],
-            stdout=self.logf,
-            stderr=self.logf,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-            # s3rver signs ListObjectsV2 continuation tokens with DES, which OpenSSL 3
-            # only has in its legacy provider: without it every truncated listing
-            # (silofs's bucket check asks for max-keys=1) is an HTTP 500.
-            env={**os.environ, "NODE_OPTIONS": "--openssl-legacy-provider"},
-        )
-        deadline = time.monotonic() + 30
-        while True:
-            if self.proc.poll() is not None:
-                sys.exit(f"s3rver exited {self.proc.returncode}; see {log}")
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
-                return
-            except OSError:
-                if time.monotonic() > deadline:
-                    self.stop()
-                    sys.exit(f"s3rver did not listen on {self.url} within 30 s; see {log}")
-                time.sleep(0.1)
-
-    def client(self):  # type: ignore[no-untyped-def]
-        import boto3
-        from botocore.config import Config
-
-        return boto3.client(
-            "s3",
-            endpoint_url=self.url,
-            aws_access_key_id=CREDS["AWS_ACCESS_KEY_ID"],
-            aws_secret_access_key=CREDS["AWS_SECRET_ACCESS_KEY"],
-            region_name=CREDS["AWS_DEFAULT_REGION"],
-            config=Config(max_pool_connections=16, s3={"addressing_style": "path"}),
-        )
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.logf.close()
-
-
-def upload(s3: S3rver, files: int, size: int) -> dict[str, bytes]:
+def upload(s3: S3Server, files: int, size: int) -> dict[str, bytes]:
     """`files` objects of `size` random bytes; key -> blake2b digest."""
     client = s3.client()
     client.create_bucket(Bucket=BUCKET)
@@ -132,7 +70,7 @@ def upload(s3: S3rver, files: int, size: int) -> dict[str, bytes]:
     return digests
 
 
-def probe_range_get(s3: S3rver, key: str, size: int) -> float:
+def probe_range_get(s3: S3Server, key: str, size: int) -> float:
     """Median seconds of a 1 MiB range GET from the middle of the object (sanity check:
     the server must make range GETs cheap for this benchmark to mean anything)."""
     client = s3.client()
@@ -362,7 +300,7 @@ def main() -> int:
         print(f"  busy: {line}")
 
     tmp = Path(tempfile.mkdtemp(prefix="silofs-limiter-", dir="/var/tmp"))
-    s3 = S3rver(tmp / "s3rver", tmp / "s3rver.log")
+    s3 = start_s3rver(tmp / "s3rver", tmp / "s3rver.log")
     summary = []
     ok = True
     try:

@@ -599,7 +599,7 @@ def err(live: float, sim: float) -> float:
 
 
 def compare(args: argparse.Namespace) -> int:
-    from limiter import CREDS, S3rver
+    from common import CREDS, S3Server, start_s3rver
     from silofs_ctl.scenario import load_scenario
 
     from tests.faultproxy import FaultPlan, FaultProxy
@@ -614,7 +614,7 @@ def compare(args: argparse.Namespace) -> int:
     base = Path(tempfile.mkdtemp(prefix="silod-live-"))
     for k in ("AWS_PROFILE", "AWS_ENDPOINT_URL"):
         os.environ.pop(k, None)
-    s3: S3rver | None = None
+    s3: S3Server | None = None
     if args.s3_endpoint:  # a server of the caller's (tests: moto), credentials in the env
         url = urlsplit(args.s3_endpoint)
         upstream = (url.hostname or "127.0.0.1", url.port or 80)
@@ -622,7 +622,7 @@ def compare(args: argparse.Namespace) -> int:
         args.s3rver_pid = 0
     else:
         os.environ.update(CREDS)
-        s3 = S3rver(base / "s3rver", base / "s3rver.log")
+        s3 = start_s3rver(base / "s3rver", base / "s3rver.log")
         upstream = ("127.0.0.1", s3.port)
         client = s3.client()
         args.s3rver_pid = s3.proc.pid
