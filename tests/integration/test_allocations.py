@@ -183,6 +183,8 @@ def test_two_jobs_share_cache_but_not_remote_io(
     assert b["remote_gets"] == 0 and b["hit_bytes"] == b["bytes_read"]
 
     put_io(node, "a", 2 * MB)
+    probe = RateProbe(node, "a")
+    t0 = probe.sample()
     halves = [list(cold)[:20], list(cold)[20:]]
     cold_tree = {"cold/" + k: v for k, v in cold.items()}
     readers = [
@@ -191,13 +193,18 @@ def test_two_jobs_share_cache_but_not_remote_io(
     ]
     for t in readers:
         t.start()
-    readers[1].join(30)
-    assert not readers[1].is_alive()
-    a_busy = readers[0].is_alive()  # 2 MB at 2 MB/s: job a is still being paced
-    readers[0].join(30)
-    assert a_busy
-    assert job_status(node, "b")["limiter_wait_s"] < 0.05
-    assert job_status(node, "a")["limiter_wait_s"] > 0.5
+    for t in readers:
+        t.join(30)
+        assert not t.is_alive()
+    t1 = probe.sample()
+    # Job a's 2 MB were paced to 2 MB/s: on the daemon's clock they took at least what
+    # the bucket allows (BURST_AND_CHARGE). Whether a was still reading when b was done,
+    # or how long it waited in the limiter, is the host's timing: a reader starved by
+    # load asks slower than the rate and waits for nothing (it failed at load 20).
+    dt, charged = probe.span(t0, t1)
+    assert charged == 2 * MB, charged
+    assert charged <= 2 * MB * (dt + BURST_AND_CHARGE), f"2 MB in {dt:.2f} s"
+    assert job_status(node, "b")["limiter_wait_s"] == 0  # b has no allocation: never waits
     assert job_status(node, "a")["io_allocation"] == 2 * MB
     assert job_status(node, "b")["io_allocation"] is None
 
