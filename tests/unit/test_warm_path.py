@@ -18,10 +18,12 @@ import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 
+import lmdb
 import pytest
 import trio
 
 from silofs.cache.format import ChunkRef
+from silofs.cache import store as store_mod
 from silofs.cache.store import CacheStore
 from silofs.mount import reader as reader_mod
 from silofs.mount.reader import ChunkReader, OpenFile, buffer_bytes_for
@@ -175,3 +177,102 @@ def test_keys_are_hashed_once_per_handle_and_chunk() -> None:
     assert b.index == 2 and b.key != a.key
     assert f.chunk_ref(CHUNK, 2) is b
     assert f.chunk_ref(2 * CHUNK, 1).key == ChunkRef.of(f.obj, 2 * CHUNK, 1).key
+
+
+BIG = 1 << 20  # chunk size of the fault-in tests: a value far longer than fault-around
+
+
+def _big_obj(i: int) -> ObjectInfo:
+    return ObjectInfo(f"big{i}.bin", BIG - 4096 * i, 1.0, f"v{i}", f"bc{i}")
+
+
+def _big_body(i: int) -> bytes:
+    return bytes(range(256)) * ((BIG - 4096 * i) // 256)
+
+
+def _admit_big(env: str, items: list[int]) -> None:
+    code = textwrap.dedent(
+        f"""
+        from silofs.cache.format import ChunkRef, encode_chunk
+        from silofs.cache.store import CacheStore, PendingChunk
+        from tests.unit.test_warm_path import _big_body, _big_obj, BIG
+        s = CacheStore({env!r}, 64 << 20)
+        pending = []
+        for i in {items!r}:
+            o = _big_obj(i)
+            ref = ChunkRef.of(o, BIG, 0)
+            value = encode_chunk(1, 0, BIG, o.key, o.content_id, _big_body(i))
+            pending.append(PendingChunk(1, ref.key, value, ref.length))
+        s.admit(pending, {{}}, lambda _d, _u: 1 << 40)
+        s.close()
+        """
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT, timeout=60)
+
+
+def _drop_unmapped_pages(env: str) -> None:
+    """Evict data.mdb's pages no process has mapped from the page cache (what
+    drop_caches does to a cache whose pages a fresh mount has not touched yet)."""
+    fd = os.open(os.path.join(env, "data.mdb"), os.O_RDONLY)
+    try:
+        os.fsync(fd)  # dirty pages are not evicted
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def _big_reader(env: str, daemon: FakeDaemon) -> ChunkReader:
+    return ChunkReader(
+        CacheStore(env, 64 << 20, readonly=True),
+        daemon,  # type: ignore[arg-type]
+        dataset_id=1,
+        chunk_size=BIG,
+        buffer_bytes=4 * BIG,
+        readahead_bytes=0,
+        reregister=_never,
+    )
+
+
+@pytest.fixture
+def no_read_around(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Mounts open the env with readahead: a fault on a B-tree page then reads (and maps)
+    megabytes around it, values included, in a small test env. Without it a lookup
+    touches only the pages it reads."""
+    real = lmdb.open
+
+    def without(path: str, **kwargs: object) -> lmdb.Environment:
+        return real(path, **{**kwargs, "readahead": False})
+
+    monkeypatch.setattr(store_mod.lmdb, "open", without)
+
+
+def test_a_hit_whose_pages_are_not_in_memory_is_faulted_in_by_a_worker(
+    tmp_path: Path, no_read_around: None
+) -> None:
+    env = str(tmp_path / "env")
+    os.makedirs(env)
+    CacheStore(env, 64 << 20).close()
+    _admit_big(env, [0, 1, 2])
+    _drop_unmapped_pages(env)
+    daemon = FakeDaemon()
+    r = _big_reader(env, daemon)
+    if not r.pages.enabled:
+        pytest.skip("mincore does not report this env's page cache here")
+
+    async def main() -> None:
+        r.begin_read()
+        f = OpenFile(_big_obj(1))
+        data, hit, source = await r.chunk(f, 0)
+        assert (hit, source) == (True, "cache")
+        assert r.faulted_in == 1
+        pinned = r._retired[-1]
+        assert r._txn is None  # the snapshot is this read's until the next one begins
+        assert bytes(data) == _big_body(1)
+        r.begin_read()
+        assert r._retired == [] and r._txn is not pinned
+        data, hit, _ = await r.chunk(f, 0)  # now in memory: served on this thread
+        assert hit and r.faulted_in == 1 and bytes(data[:256]) == bytes(range(256))
+        assert daemon.requests == []
+
+    trio.run(main)
+    r.close()
