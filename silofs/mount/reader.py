@@ -79,6 +79,9 @@ BUFFER_STREAMS = 2
 # Hits being faulted in by worker threads at once (ChunkReader._fault_in): enough to keep
 # a few readers' disk reads in flight together; each holds a read snapshot meanwhile.
 FAULT_THREADS = 8
+# Whether the mapping is advised MADV_RANDOM when values are read in by worker threads
+# (cache/store.py ValuePages.map_random).
+RANDOM_MAP = True
 
 
 def window_chunks(chunk_size: int, readahead_bytes: int) -> int:
@@ -226,6 +229,7 @@ class ChunkReader:
         self._retired: list[lmdb.Transaction] = []
         self._cursor: ValueCursor | None = None  # on self._txn's chunks db
         self.pages = ValuePages(os.path.join(store.path, "data.mdb"))
+        self._map_size = 0  # the env's map size when the mapping was last advised
         if self.pages.enabled:
             with store.read_txn() as txn:
                 self.pages.calibrate(txn, store.db(b"meta"))
@@ -316,6 +320,11 @@ class ChunkReader:
         except lmdb.MapResizedError:
             self.store.env.set_mapsize(0)  # the daemon grew the map: adopt its size
             self._txn = self.store.read_txn()
+        if self.pages.enabled and RANDOM_MAP:
+            size = self.store.env.info()["map_size"]
+            if size != self._map_size:  # first, or remapped (here or by manifest.py)
+                self._map_size = size
+                self.pages.map_random(self._txn, self.store.db(b"meta"))
 
     def _snapshot(self) -> lmdb.Transaction:
         """The current read snapshot; a new one if it was released while idle (a read

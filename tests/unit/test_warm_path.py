@@ -190,7 +190,8 @@ def _big_body(i: int) -> bytes:
     return bytes(range(256)) * ((BIG - 4096 * i) // 256)
 
 
-def _admit_big(env: str, items: list[int]) -> None:
+def _admit_big(env: str, items: list[int], damage: bool = False) -> None:
+    """Admit big objects `items`; `damage`: with one data byte changed after encoding."""
     code = textwrap.dedent(
         f"""
         from silofs.cache.format import ChunkRef, encode_chunk
@@ -202,6 +203,8 @@ def _admit_big(env: str, items: list[int]) -> None:
             o = _big_obj(i)
             ref = ChunkRef.of(o, BIG, 0)
             value = encode_chunk(1, 0, BIG, o.key, o.content_id, _big_body(i))
+            if {damage!r}:
+                value = value[:-1000] + bytes([value[-1000] ^ 1]) + value[-999:]
             pending.append(PendingChunk(1, ref.key, value, ref.length))
         s.admit(pending, {{}}, lambda _d, _u: 1 << 40)
         s.close()
@@ -273,6 +276,109 @@ def test_a_hit_whose_pages_are_not_in_memory_is_faulted_in_by_a_worker(
         data, hit, _ = await r.chunk(f, 0)  # now in memory: served on this thread
         assert hit and r.faulted_in == 1 and bytes(data[:256]) == bytes(range(256))
         assert daemon.requests == []
+
+    trio.run(main)
+    r.close()
+
+
+def _admit_chunks(env: str, obj: ObjectInfo, indexes: list[int]) -> None:
+    code = textwrap.dedent(
+        f"""
+        from silofs.cache.format import ChunkRef, encode_chunk
+        from silofs.cache.store import CacheStore, PendingChunk
+        from silofs.records import ObjectInfo
+        from tests.unit.test_warm_path import BIG
+        s = CacheStore({env!r}, 64 << 20)
+        o = ObjectInfo(*{(obj.key, obj.size, obj.mtime, obj.version, obj.content_id)!r})
+        pending = []
+        for i in {indexes!r}:
+            ref = ChunkRef.of(o, BIG, i)
+            body = bytes([i]) * ref.length
+            value = encode_chunk(1, i, BIG, o.key, o.content_id, body)
+            pending.append(PendingChunk(1, ref.key, value, ref.length))
+        s.admit(pending, {{}}, lambda _d, _u: 1 << 40)
+        s.close()
+        """
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT, timeout=60)
+
+
+class BigDaemon:
+    def __init__(self) -> None:
+        self.requests: list[str] = []
+
+    async def request(self, method: str, path: str) -> tuple[int, dict, bytes]:
+        self.requests.append(path)
+        i = int(path.split("key=big", 1)[1].split(".bin", 1)[0])
+        return 200, {"x-silofs-source": "store"}, _big_body(i)
+
+
+def test_a_faulted_in_hit_is_verified_before_it_is_served(
+    tmp_path: Path, no_read_around: None
+) -> None:
+    env = str(tmp_path / "env")
+    os.makedirs(env)
+    CacheStore(env, 64 << 20).close()
+    _admit_big(env, [0, 1], damage=True)
+    _drop_unmapped_pages(env)
+    daemon = BigDaemon()
+    r = _big_reader(env, daemon)  # type: ignore[arg-type]
+    if not r.pages.enabled:
+        pytest.skip("mincore does not report this env's page cache here")
+
+    async def main() -> None:
+        r.begin_read()
+        data, hit, source = await r.chunk(OpenFile(_big_obj(1)), 0)
+        assert r.faulted_in == 1 and r.counters.corrupt_chunks == 1
+        assert (hit, source, len(daemon.requests)) == (False, "store", 1)
+        assert "refetch=1" in daemon.requests[0]
+        assert bytes(data) == _big_body(1)
+
+    trio.run(main)
+    r.close()
+
+
+def test_a_sequential_reader_has_the_kernel_read_the_cached_chunks_ahead(
+    tmp_path: Path, no_read_around: None
+) -> None:
+    env = str(tmp_path / "env")
+    os.makedirs(env)
+    CacheStore(env, 64 << 20).close()
+    obj = ObjectInfo("seq.bin", 3 * BIG, 1.0, "v", "seq")
+    _admit_chunks(env, obj, [0, 1, 2])
+    _drop_unmapped_pages(env)
+    r = ChunkReader(
+        CacheStore(env, 64 << 20, readonly=True),
+        FakeDaemon(),  # type: ignore[arg-type]
+        dataset_id=1,
+        chunk_size=BIG,
+        buffer_bytes=8 * BIG,
+        readahead_bytes=2 * BIG,
+        reregister=_never,
+    )
+    if not r.pages.enabled:
+        pytest.skip("mincore does not report this env's page cache here")
+
+    def resident(index: int) -> bool:
+        r.begin_read()
+        return r._cold(ChunkRef.of(obj, BIG, index).key) == []
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            r.start(nursery)
+            assert not resident(1) and not resident(2)
+            f = OpenFile(obj)
+            r.begin_read()
+            f.advance(0, BIG // 2)
+            data, hit, _ = await r.chunk(f, 0, 0, BIG // 2)
+            assert hit and bytes(data[:4]) == bytes(4)
+            r.prefetch(f, 0)  # half a chunk read in sequence: the next one is asked for
+            deadline = trio.current_time() + 20
+            while not resident(1):
+                assert trio.current_time() < deadline, "chunk 1 never read ahead"
+                await trio.sleep(0.01)
+            assert r.faulted_in == 1  # chunk 0 only: chunk 1 came in by read-ahead
+            nursery.cancel_scope.cancel()
 
     trio.run(main)
     r.close()
