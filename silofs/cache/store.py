@@ -645,7 +645,6 @@ class CacheStore:
 
 
 # -- the read side: where a value's pages are ---------------------------------------------
-_MADV_RANDOM = 1
 _MADV_WILLNEED = 3
 _MADV_POPULATE_READ = 22  # Linux 5.14+: fault the range in (readable), waiting for the IO
 _PAGE = mmap.PAGESIZE
@@ -785,23 +784,6 @@ class ValuePages:
             self.enabled = False
             log.info("cold hits fault on the serving thread: no MDB_val in py-lmdb cursors")
 
-    def map_random(self, txn: lmdb.Transaction, db: lmdb._Database) -> None:
-        """MADV_RANDOM over the env's mapping (found by the address of a value of `db`):
-        a fault then reads only its own page, not megabytes around it. With readahead a
-        lookup's fault on a B-tree page read 8 MiB (this host's read_ahead_kb) on the
-        serving thread; values are read by populate() anyway, range by range."""
-        cur = txn.cursor(db=db)
-        if not self.enabled or not cur.first():
-            return
-        addr = self.address(cur.value())
-        with open("/proc/self/maps") as f:
-            for line in f:
-                span = line.split(" ", 1)[0]
-                lo, hi = (int(x, 16) for x in span.split("-"))
-                if lo <= addr < hi:
-                    self._madvise(lo, hi - lo, _MADV_RANDOM)
-                    return
-
     def cursor(self, txn: lmdb.Transaction, db: lmdb._Database) -> ValueCursor:
         assert self._val_offset >= 0, "calibrate() first"
         return ValueCursor(txn.cursor(db=db), self._val_offset)
@@ -820,11 +802,11 @@ class ValuePages:
         return self._vec.count(1, 0, pages) == pages
 
     def populate(self, addr: int, lo: int, hi: int) -> bool:
-        """Read [addr+lo, addr+hi) in (one read-ahead of the range, then its faults wait
-        for it), waiting for the disk: call from a worker thread. False (and disabled
-        from now on) where the kernel lacks MADV_POPULATE_READ."""
+        """Fault [addr+lo, addr+hi) in, waiting for the disk: call from a worker thread.
+        Its faults read around as any fault does (the env is mapped with readahead), so
+        neighbouring values come in with it. False (and disabled from now on) where the
+        kernel lacks MADV_POPULATE_READ."""
         start = (addr + lo) & ~(_PAGE - 1)
-        self._madvise(start, addr + hi - start, _MADV_WILLNEED)
         if self._madvise(start, addr + hi - start, _MADV_POPULATE_READ) == 0:
             return True
         if ctypes.get_errno() == errno.EINVAL:  # an older kernel

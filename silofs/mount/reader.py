@@ -79,9 +79,6 @@ BUFFER_STREAMS = 2
 # Hits being faulted in by worker threads at once (ChunkReader._fault_in): enough to keep
 # a few readers' disk reads in flight together; each holds a read snapshot meanwhile.
 FAULT_THREADS = 8
-# Whether the mapping is advised MADV_RANDOM when values are read in by worker threads
-# (cache/store.py ValuePages.map_random).
-RANDOM_MAP = True
 
 
 def window_chunks(chunk_size: int, readahead_bytes: int) -> int:
@@ -229,7 +226,6 @@ class ChunkReader:
         self._retired: list[lmdb.Transaction] = []
         self._cursor: ValueCursor | None = None  # on self._txn's chunks db
         self.pages = ValuePages(os.path.join(store.path, "data.mdb"))
-        self._map_size = 0  # the env's map size when the mapping was last advised
         if self.pages.enabled:
             with store.read_txn() as txn:
                 self.pages.calibrate(txn, store.db(b"meta"))
@@ -320,11 +316,6 @@ class ChunkReader:
         except lmdb.MapResizedError:
             self.store.env.set_mapsize(0)  # the daemon grew the map: adopt its size
             self._txn = self.store.read_txn()
-        if self.pages.enabled and RANDOM_MAP:
-            size = self.store.env.info()["map_size"]
-            if size != self._map_size:  # first, or remapped (here or by manifest.py)
-                self._map_size = size
-                self.pages.map_random(self._txn, self.store.db(b"meta"))
 
     def _snapshot(self) -> lmdb.Transaction:
         """The current read snapshot; a new one if it was released while idle (a read
@@ -482,9 +473,11 @@ class ChunkReader:
     def prefetch(self, f: OpenFile, current: int) -> None:
         """After a sequential read that reached chunk `current`: ask for the next span
         if the reader is within half a window of the end of what was asked (module
-        docstring). Chunks our dataset holds (its owners rows; probing the value would
+        docstring). Chunks our dataset holds (its owners rows; a get of the value would
         fault in up to chunk_size bytes), in flight or in the buffer are not asked for;
-        one owned by another dataset is missed here and the daemon serves it from LMDB."""
+        one owned by another dataset is missed here and the daemon serves it from LMDB.
+        The values of those our dataset holds are read ahead from the env instead, if
+        their pages are not in memory (found with a cursor, which touches none)."""
         if self._nursery is None or self.max_window == 0 or current == f.asked_at:
             return  # once per chunk: the span asked for before is usually still in flight
         if f.next_offset - f.run_start < self.chunk_size // 2:
@@ -503,21 +496,19 @@ class ChunkReader:
             return  # other files' read-ahead fills the buffer: ask on a later read
         txn = self._snapshot()
         refs = []
-        cold: list[list[int]] = []  # cached values ahead whose pages are not in memory
+        held: list[bytes] = []  # keys of cached chunks ahead: their values are read ahead
         for index in range(first, end + 1):
             ref = ChunkRef.of(f.obj, self.chunk_size, index)
             try:
                 owned = self.store.owns(txn, self.dataset_id, ref.key)
-                if owned and self.pages.enabled and (where := self._cold(ref.key)):
-                    cold.append(where)
             except lmdb.Error:
                 return  # a damaged page: the reader's own lookup will count it
-            if self._wanted(ref) and not owned:
+            if owned:
+                held.append(ref.key)
+            elif self._wanted(ref):
                 refs.append(ref)
-        if cold:
-            # The kernel reads them while this reader is served what it has: a hint by
-            # address only, harmless if the env is remapped meanwhile (ValuePages).
-            self._nursery.start_soon(self._read_ahead_pages, cold)
+        if held and self.pages.enabled:
+            self._nursery.start_soon(self._read_ahead_values, held)
         f.ahead = end + 1
         f.asked_until = f.ahead * self.chunk_size
         f.asked_at = current
@@ -526,12 +517,24 @@ class ChunkReader:
             self.ahead_bytes += ref.length
             self._nursery.start_soon(self._prefetch_one, ref, (first, end))
 
-    async def _read_ahead_pages(self, cold: list[list[int]]) -> None:
-        def advise() -> None:
-            for addr, lo, hi in cold:
-                self.pages.willneed(addr, lo, hi)  # GIL released (ctypes)
+    async def _read_ahead_values(self, keys: list[bytes]) -> None:
+        """Have the kernel read the values of `keys` ahead (MADV_WILLNEED), found in a
+        snapshot of the worker's own: the lookups' B-tree faults (each reading around
+        it) happen there, not on the serving thread. A hint by address only: harmless
+        once that snapshot ends or if the env is remapped meanwhile (ValuePages)."""
 
-        await trio.to_thread.run_sync(advise, limiter=self._fault_limiter)
+        def advise() -> None:
+            with self.store.read_txn() as txn:
+                cur = self.pages.cursor(txn, self._chunks_db)
+                for key in keys:
+                    where = cur.find(key)
+                    if where is not None:
+                        self.pages.willneed(where[0], 0, where[1])  # GIL released
+
+        try:
+            await trio.to_thread.run_sync(advise, limiter=self._fault_limiter)
+        except lmdb.Error:
+            pass  # a damaged page: the reader's own lookup will count it
 
     def _wanted(self, ref: ChunkRef) -> bool:
         return ref.key not in self._flights and self.buffer.get(ref.key) is None
