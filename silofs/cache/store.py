@@ -801,6 +801,21 @@ class ValuePages:
             return True  # not mapped as we think (a remap): let the fault path have it
         return self._vec.count(1, 0, pages) == pages
 
+    def value_resident(self, addr: int, size: int) -> bool:
+        """Whether the value at `addr` is in memory, by its first, middle and last page.
+
+        mincore costs ~0.2 us per page that is cached but not mapped into this process
+        (26 us for a 110 KiB value, 210 us for 4 MiB; ~5 us whatever the size once
+        mapped), and a value comes in whole or by a read-around window that cuts it at
+        one end, so a few pages say nearly as much as all of them. A page missed here is
+        faulted in on the caller's thread, as before; nothing else depends on it."""
+        first = addr & ~(_PAGE - 1)
+        last = (addr + size - 1) & ~(_PAGE - 1)
+        if last - first <= 8 * _PAGE:
+            return self.resident(addr, 0, size)
+        mid = (first + (last - first) // 2) & ~(_PAGE - 1)
+        return all(self.resident(page, 0, 1) for page in (first, last, mid))
+
     def populate(self, addr: int, lo: int, hi: int) -> bool:
         """Fault [addr+lo, addr+hi) in, waiting for the disk: call from a worker thread.
         Its faults read around as any fault does (the env is mapped with readahead), so

@@ -225,6 +225,7 @@ class ChunkReader:
         # read, once that hit's reply is out.
         self._retired: list[lmdb.Transaction] = []
         self._cursor: ValueCursor | None = None  # on self._txn's chunks db
+        self._resident_key = b""  # the chunk found in memory last (_cold)
         self.pages = ValuePages(os.path.join(store.path, "data.mdb"))
         if self.pages.enabled:
             with store.read_txn() as txn:
@@ -361,7 +362,14 @@ class ChunkReader:
         if where is None:
             return None
         addr, size = where
-        return [] if self.pages.resident(addr, 0, size) else [addr, 0, size]
+        if key == self._resident_key:
+            # Served last (a big chunk is read in many requests): its pages are mapped
+            # into this process now, and drop_caches leaves mapped pages alone.
+            return []
+        if self.pages.value_resident(addr, size):
+            self._resident_key = key
+            return []
+        return [addr, 0, size]
 
     def _verified(self, value: memoryview, ref: ChunkRef, lo: int, hi: int) -> memoryview:
         """The data of `value` with [lo, hi) verified; ChunkFormatError if it is corrupt
@@ -387,7 +395,9 @@ class ChunkReader:
             await trio.to_thread.run_sync(_populate, self.pages, where, limiter=self._fault_limiter)
             # Looked up again (it may have been remapped meanwhile: set_mapsize); its
             # pages are in memory now, so the get's preload does not wait.
-            return txn.get(ref.key, db=self._chunks_db)
+            value = txn.get(ref.key, db=self._chunks_db)
+            self._resident_key = ref.key
+            return value
         finally:
             # Retired only now: a read that begins while the thread works must not end it.
             self._retired.append(txn)
