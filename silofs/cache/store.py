@@ -32,6 +32,7 @@ import mmap
 import os
 import random
 import struct
+import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -166,6 +167,9 @@ class CacheStore:
 
     def _open(self, map_size: int) -> None:
         path, readonly = self.path, self.readonly
+        # Held by a thread other than the env's owner while it looks values up, and by
+        # adopt_map_size (a remap) in the owner.
+        self.remap_lock = threading.Lock()
         try:
             self.env = lmdb.open(
                 path,
@@ -228,6 +232,13 @@ class CacheStore:
 
     def close(self) -> None:
         self.env.close()
+
+    def adopt_map_size(self) -> None:
+        """The daemon grew the map (MapResizedError): remap at its size. Waits for the
+        lookups a worker thread runs in this env (a mount's read-ahead of cached values,
+        mount/reader.py), whose B-tree walk a remap would pull the pages from under."""
+        with self.remap_lock:
+            self.env.set_mapsize(0)
 
     def sync(self) -> None:
         self.env.sync(True)

@@ -315,7 +315,7 @@ class ChunkReader:
         try:
             self._txn = self.store.read_txn()
         except lmdb.MapResizedError:
-            self.store.env.set_mapsize(0)  # the daemon grew the map: adopt its size
+            self.store.adopt_map_size()  # the daemon grew the map
             self._txn = self.store.read_txn()
 
     def _snapshot(self) -> lmdb.Transaction:
@@ -534,7 +534,8 @@ class ChunkReader:
         once that snapshot ends or if the env is remapped meanwhile (ValuePages)."""
 
         def advise() -> None:
-            with self.store.read_txn() as txn:
+            # The serving thread must not remap the env under this walk (adopt_map_size).
+            with self.store.remap_lock, self.store.read_txn() as txn:
                 cur = self.pages.cursor(txn, self._chunks_db)
                 for key in keys:
                     where = cur.find(key)
