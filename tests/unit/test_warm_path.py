@@ -4,7 +4,10 @@ Owns: a chunk the daemon admitted after the mount's read snapshot began is serve
 LMDB by the next read (the snapshot is reused between reads, so a lookup that misses
 looks again in a fresh one) without asking the daemon; the read after a miss begins a
 fresh snapshot; the snapshot is not renewed per read; the chunk buffer's default bound
-follows read-ahead (chunk size x (read-ahead + 2) x streams) and holds. A real LMDB env;
+follows read-ahead (chunk size x (read-ahead + 2) x streams) and holds; a hit whose pages
+are not in memory is faulted in by a worker thread and verified before it is served; a
+sequential reader has the kernel read the cached chunks ahead; a map the daemon grew is
+adopted. A real LMDB env;
 the admitting writer runs in another process, as the daemon does (LMDB allows one env
 per path per process).
 """
@@ -22,8 +25,8 @@ import lmdb
 import pytest
 import trio
 
-from silofs.cache.format import ChunkRef
 from silofs.cache import store as store_mod
+from silofs.cache.format import ChunkRef
 from silofs.cache.store import CacheStore
 from silofs.mount import reader as reader_mod
 from silofs.mount.reader import ChunkReader, OpenFile, buffer_bytes_for
@@ -379,6 +382,35 @@ def test_a_sequential_reader_has_the_kernel_read_the_cached_chunks_ahead(
                 await trio.sleep(0.01)
             assert r.faulted_in == 1  # chunk 0 only: chunk 1 came in by read-ahead
             nursery.cancel_scope.cancel()
+
+    trio.run(main)
+    r.close()
+
+
+def test_a_map_the_daemon_grew_is_adopted_and_hits_go_on(env: str) -> None:
+    assert os.path.getsize(os.path.join(env, "data.mdb")) < 1 << 20
+    daemon = FakeDaemon()
+    r = ChunkReader(
+        CacheStore(env, 1 << 20, readonly=True),  # the map the daemon had when it began
+        daemon,  # type: ignore[arg-type]
+        dataset_id=1,
+        chunk_size=CHUNK,
+        buffer_bytes=1 << 20,
+        readahead_bytes=0,
+        reregister=_never,
+    )
+
+    async def main() -> None:
+        r.begin_read()
+        _, hit, _ = await r.chunk(OpenFile(_obj(0)), 0)
+        assert hit
+        admit(env, list(range(100, 1100)))  # ~2 MiB of values: more than the 1 MiB map
+        r.renew()  # MapResizedError: remapped through CacheStore.adopt_map_size
+        assert r.store.env.info()["map_size"] == 64 << 20
+        r.begin_read()
+        data, hit, source = await r.chunk(OpenFile(_obj(1099)), 0)
+        assert (hit, source, bytes(data)) == (True, "cache", _body(1099))
+        assert daemon.requests == []
 
     trio.run(main)
     r.close()
