@@ -741,18 +741,34 @@ class ValuePages:
     and can never crash or serve wrong bytes (the value itself always comes from
     py-lmdb, and the caller verifies it).
 
-    `enabled` is False where this cannot work: mincore reports every page resident for
-    a file the caller neither owns nor may write (Linux 5.0+, a side-channel fix), e.g. a
-    non-root mount of a root daemon's cache; no MDB_val found in the cursor object (another
-    py-lmdb); or no MADV_POPULATE_READ (Linux < 5.14, found on first use). Callers then
-    get values as before, faulting on their own thread.
+    mincore reports every page resident for a file the caller neither owns nor may write
+    (Linux 5.0+, a side-channel fix), e.g. for a non-root mount of a root daemon's cache
+    (data.mdb 0640). There value_resident() asks the page cache through the file instead:
+    a 1-byte read with RWF_NOWAIT at the page's file offset (the value's address minus
+    the mapping's start, from /proc/self/maps) fails with EAGAIN when the page is not
+    cached. `enabled` is False where none of this can work: no MDB_val found in the
+    cursor object (another py-lmdb), data.mdb not readable, or no MADV_POPULATE_READ
+    (Linux < 5.14, found on first use). Callers then get values as before, faulting on
+    their own thread.
     """
 
     def __init__(self, data_path: str) -> None:
         calls = _libc_calls()
-        self.enabled = calls is not None and _mincore_truthful(data_path)
+        self.enabled = calls is not None
+        self.truthful = _mincore_truthful(data_path)  # else: probe through the file
         if calls is not None:
             self._get, self._release, self._mincore, self._madvise = calls
+        self._fd = -1
+        self._ino = (0, 0)
+        self._map = (0, 0)  # [start, end) of the mapping of data.mdb, as last read
+        self._byte = bytearray(1)
+        if self.enabled and not self.truthful:
+            try:
+                self._fd = os.open(data_path, os.O_RDONLY | os.O_CLOEXEC)
+                st = os.fstat(self._fd)
+                self._ino = (st.st_dev, st.st_ino)
+            except OSError:
+                self.enabled = False
         self._val_offset = -1
         self._pb = _PyBuffer()
         self._pbref = ctypes.byref(self._pb)
@@ -812,6 +828,44 @@ class ValuePages:
             return True  # not mapped as we think (a remap): let the fault path have it
         return self._vec.count(1, 0, pages) == pages
 
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+    def _offset(self, addr: int) -> int | None:
+        """The offset in data.mdb of the mapped address `addr` (LMDB maps the file from
+        offset 0), or None if no mapping of data.mdb holds it."""
+        start, end = self._map
+        if not start <= addr < end:
+            self._map = (0, 0)
+            with open("/proc/self/maps") as f:
+                for line in f:
+                    span, _, offset, dev, ino = line.split(None, 5)[:5]
+                    lo, hi = (int(x, 16) for x in span.split("-"))
+                    if lo <= addr < hi and int(ino) == self._ino[1] and int(offset, 16) == 0:
+                        major, minor = (int(x, 16) for x in dev.split(":"))
+                        if os.makedev(major, minor) == self._ino[0]:
+                            self._map = (lo, hi)
+                        break
+            start, end = self._map
+            if not start <= addr < end:
+                return None
+        return addr - start
+
+    def _cached(self, page: int) -> bool:
+        """Whether the page at `page` is in the page cache, asked through the file."""
+        offset = self._offset(page)
+        if offset is None:
+            return True  # not ours to judge: let the fault path have it
+        try:
+            os.preadv(self._fd, [self._byte], offset, os.RWF_NOWAIT)
+        except BlockingIOError:
+            return False
+        except OSError:
+            return True
+        return True
+
     def value_resident(self, addr: int, size: int) -> bool:
         """Whether the value at `addr` is in memory, by its first, middle and last page.
 
@@ -822,9 +876,11 @@ class ValuePages:
         faulted in on the caller's thread, as before; nothing else depends on it."""
         first = addr & ~(_PAGE - 1)
         last = (addr + size - 1) & ~(_PAGE - 1)
+        mid = (first + (last - first) // 2) & ~(_PAGE - 1)
+        if not self.truthful:
+            return all(self._cached(page) for page in {first, last, mid})
         if last - first <= 8 * _PAGE:
             return self.resident(addr, 0, size)
-        mid = (first + (last - first) // 2) & ~(_PAGE - 1)
         return all(self.resident(page, 0, 1) for page in (first, last, mid))
 
     def populate(self, addr: int, lo: int, hi: int) -> bool:

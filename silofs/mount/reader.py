@@ -275,6 +275,7 @@ class ChunkReader:
             self._txn.abort()
             self._txn = None
         self._end_retired()
+        self.pages.close()
         self.store.close()
 
     # -- the hit path (synchronous) --------------------------------------------------
