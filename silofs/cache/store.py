@@ -15,17 +15,27 @@ A chunk, its owners row and its usage are changed in one write txn, so accountin
 drifts from content, even across kill -9. Only the daemon writes, from one thread at a
 time (the Writer); mount processes open the same env and only read. This module never
 decides what to admit or evict: callers pass the quota and the target.
+
+The read side also owns ValuePages: where a value a read txn returned lies in the
+mapping, whether its pages are in memory (mincore), and asking the kernel to bring them
+in (madvise) so a mount's serving thread never waits on the disk for a hit (mount/
+reader.py). Those calls pass addresses only and never read a value's bytes.
 """
 
 from __future__ import annotations
 
+import ctypes
+import errno
 import json
 import logging
+import mmap
 import os
 import random
 import struct
+import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import lmdb
 
@@ -157,6 +167,9 @@ class CacheStore:
 
     def _open(self, map_size: int) -> None:
         path, readonly = self.path, self.readonly
+        # Held by a thread other than the env's owner while it looks values up, and by
+        # adopt_map_size (a remap) in the owner.
+        self.remap_lock = threading.Lock()
         try:
             self.env = lmdb.open(
                 path,
@@ -219,6 +232,13 @@ class CacheStore:
 
     def close(self) -> None:
         self.env.close()
+
+    def adopt_map_size(self) -> None:
+        """The daemon grew the map (MapResizedError): remap at its size. Waits for the
+        lookups a worker thread runs in this env (a mount's read-ahead of cached values,
+        mount/reader.py), whose B-tree walk a remap would pull the pages from under."""
+        with self.remap_lock:
+            self.env.set_mapsize(0)
 
     def sync(self) -> None:
         self.env.sync(True)
@@ -633,6 +653,264 @@ class CacheStore:
         length = _LEN.unpack(txn.get(row, db=self.db(b"owners")))[0]
         txn.delete(key, db=self.db(b"chunks"))
         return self._uncharge(txn, dsid, row, length, work)
+
+
+# -- the read side: where a value's pages are ---------------------------------------------
+_MADV_WILLNEED = 3
+_MADV_POPULATE_READ = 22  # Linux 5.14+: fault the range in (readable), waiting for the IO
+_PAGE = mmap.PAGESIZE
+
+
+class _PyBuffer(ctypes.Structure):
+    """CPython's Py_buffer: the one way to learn a read-only memoryview's address."""
+
+    _fields_ = [
+        ("buf", ctypes.c_void_p),
+        ("obj", ctypes.c_void_p),
+        ("len", ctypes.c_ssize_t),
+        ("itemsize", ctypes.c_ssize_t),
+        ("readonly", ctypes.c_int),
+        ("ndim", ctypes.c_int),
+        ("format", ctypes.c_char_p),
+        ("shape", ctypes.c_void_p),
+        ("strides", ctypes.c_void_p),
+        ("suboffsets", ctypes.c_void_p),
+        ("internal", ctypes.c_void_p),
+    ]
+
+
+def _libc_calls() -> tuple[Any, Any, Any, Any] | None:
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        get, release = ctypes.pythonapi.PyObject_GetBuffer, ctypes.pythonapi.PyBuffer_Release
+        mincore, madvise = libc.mincore, libc.madvise
+    except (OSError, AttributeError):
+        return None
+    get.argtypes = [ctypes.py_object, ctypes.POINTER(_PyBuffer), ctypes.c_int]
+    get.restype = ctypes.c_int
+    release.argtypes = [ctypes.POINTER(_PyBuffer)]
+    release.restype = None
+    # Through CDLL (not pythonapi): ctypes releases the GIL for the call, so a madvise
+    # waiting for the disk in a worker thread never stalls the serving thread.
+    mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+    madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    mincore.restype = madvise.restype = ctypes.c_int
+    return get, release, mincore, madvise
+
+
+class ValueCursor:
+    """A cursor on one db of one read txn that finds where a value is without touching
+    it. py-lmdb's get() and Cursor.value() "preload" a value (read a byte of each of its
+    pages, GIL released) before returning it, so on a mount's serving thread a lookup
+    of a value whose pages are not in memory waits for the disk. Cursor.set_key() only
+    positions the cursor; the value's address and size are then read from the cursor
+    object's MDB_val (ValuePages.calibrate found where it is)."""
+
+    __slots__ = ("cursor", "_val")
+
+    def __init__(self, cursor: lmdb.Cursor, offset: int) -> None:
+        self.cursor = cursor
+        # [mv_size, mv_data] inside the cursor object, alive as long as self.cursor.
+        self._val = (ctypes.c_size_t * 2).from_address(id(cursor) + offset)
+
+    def find(self, key: bytes) -> tuple[int, int] | None:
+        """(address, size) of the value of `key`, or None if absent."""
+        if not self.cursor.set_key(key):
+            return None
+        val = self._val
+        return val[1], val[0]
+
+    def value(self) -> memoryview:
+        """The value found last (touching its pages: they should be in memory)."""
+        return self.cursor.value()
+
+
+class ValuePages:
+    """Residency of the values of a read-only env's read txns, by address.
+
+    A hit whose pages are not in memory page-faults on whatever thread first touches
+    them; on a mount's one serving thread that serialises every reader behind one disk
+    read (docs/ARCHITECTURE.md, "the ceiling of one serving process"). cursor() finds a
+    value without touching it, resident() tells whether its pages are in memory
+    (mincore), populate() brings them in from a worker thread (MADV_POPULATE_READ: a
+    fault's read-around, without the GIL), willneed() starts reading a range ahead.
+
+    Only addresses pass through here, never bytes: if the env is remapped meanwhile
+    (set_mapsize after the daemon grew the map), or the address read from a cursor were
+    wrong, a populate or a hint lands on other pages or fails, which costs a fault later
+    and can never crash or serve wrong bytes (the value itself always comes from
+    py-lmdb, and the caller verifies it).
+
+    mincore reports every page resident for a file the caller neither owns nor may write
+    (Linux 5.0+, a side-channel fix), e.g. for a non-root mount of a root daemon's cache
+    (data.mdb 0640). There value_resident() asks the page cache through the file instead:
+    a 1-byte read with RWF_NOWAIT at the page's file offset (the value's address minus
+    the mapping's start, from /proc/self/maps) fails with EAGAIN when the page is not
+    cached. `enabled` is False where none of this can work: no MDB_val found in the
+    cursor object (another py-lmdb), data.mdb not readable, or no MADV_POPULATE_READ
+    (Linux < 5.14, found on first use). Callers then get values as before, faulting on
+    their own thread.
+    """
+
+    def __init__(self, data_path: str) -> None:
+        calls = _libc_calls()
+        self.enabled = calls is not None
+        self.truthful = _mincore_truthful(data_path)  # else: probe through the file
+        if calls is not None:
+            self._get, self._release, self._mincore, self._madvise = calls
+        self._fd = -1
+        self._ino = (0, 0)
+        self._map = (0, 0)  # [start, end) of the mapping of data.mdb, as last read
+        self._byte = bytearray(1)
+        if self.enabled and not self.truthful:
+            try:
+                self._fd = os.open(data_path, os.O_RDONLY | os.O_CLOEXEC)
+                st = os.fstat(self._fd)
+                self._ino = (st.st_dev, st.st_ino)
+            except OSError:
+                self.enabled = False
+        self._val_offset = -1
+        self._pb = _PyBuffer()
+        self._pbref = ctypes.byref(self._pb)
+        self._vec = bytearray(0)
+        self._vec_addr = 0
+        self._grow(1024)
+
+    def _grow(self, pages: int) -> None:
+        self._vec = bytearray(pages)
+        self._vec_addr = ctypes.addressof((ctypes.c_char * pages).from_buffer(self._vec))
+
+    def address(self, value: memoryview) -> int:
+        """Where `value` (a view into the map) starts."""
+        if self._get(value, self._pbref, 0):
+            raise BufferError("no buffer")
+        addr = self._pb.buf
+        self._release(self._pbref)
+        return int(addr or 0)
+
+    def calibrate(self, txn: lmdb.Transaction, db: lmdb._Database) -> None:
+        """Find the cursor's MDB_val (the value's size, then its address) inside a
+        py-lmdb Cursor object, from up to 4 values of `db` (small, so touching them costs
+        nothing); disable if it is not at one offset for all of them."""
+        if not self.enabled:
+            return
+        offsets: set[int] | None = None
+        cur = txn.cursor(db=db)
+        size = type(cur).__basicsize__
+        for n, _ in enumerate(cur.iternext(values=False)):
+            if n == 4:
+                break
+            value = cur.value()
+            want = struct.pack("@NN", len(value), self.address(value))
+            raw = ctypes.string_at(id(cur), size)
+            found = {o for o in range(0, size - 15, 8) if raw[o : o + 16] == want}
+            offsets = found if offsets is None else offsets & found
+        if offsets is not None and len(offsets) == 1:
+            self._val_offset = offsets.pop()
+        else:
+            self.enabled = False
+            log.info("cold hits fault on the serving thread: no MDB_val in py-lmdb cursors")
+
+    def cursor(self, txn: lmdb.Transaction, db: lmdb._Database) -> ValueCursor:
+        assert self._val_offset >= 0, "calibrate() first"
+        return ValueCursor(txn.cursor(db=db), self._val_offset)
+
+    def resident(self, addr: int, lo: int, hi: int) -> bool:
+        """Whether every page of [addr+lo, addr+hi) is in memory (not under IO)."""
+        start = (addr + lo) & ~(_PAGE - 1)
+        end = addr + hi
+        pages = (end - start + _PAGE - 1) // _PAGE
+        if pages <= 0:
+            return True
+        if pages > len(self._vec):
+            self._grow(pages)
+        if self._mincore(start, end - start, self._vec_addr):
+            return True  # not mapped as we think (a remap): let the fault path have it
+        return self._vec.count(1, 0, pages) == pages
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+    def _offset(self, addr: int) -> int | None:
+        """The offset in data.mdb of the mapped address `addr` (LMDB maps the file from
+        offset 0), or None if no mapping of data.mdb holds it."""
+        start, end = self._map
+        if not start <= addr < end:
+            self._map = (0, 0)
+            with open("/proc/self/maps") as f:
+                for line in f:
+                    span, _, offset, dev, ino = line.split(None, 5)[:5]
+                    lo, hi = (int(x, 16) for x in span.split("-"))
+                    if lo <= addr < hi and int(ino) == self._ino[1] and int(offset, 16) == 0:
+                        major, minor = (int(x, 16) for x in dev.split(":"))
+                        if os.makedev(major, minor) == self._ino[0]:
+                            self._map = (lo, hi)
+                        break
+            start, end = self._map
+            if not start <= addr < end:
+                return None
+        return addr - start
+
+    def _cached(self, page: int) -> bool:
+        """Whether the page at `page` is in the page cache, asked through the file."""
+        offset = self._offset(page)
+        if offset is None:
+            return True  # not ours to judge: let the fault path have it
+        try:
+            os.preadv(self._fd, [self._byte], offset, os.RWF_NOWAIT)
+        except BlockingIOError:
+            return False
+        except OSError:
+            return True
+        return True
+
+    def value_resident(self, addr: int, size: int) -> bool:
+        """Whether the value at `addr` is in memory, by its first, middle and last page.
+
+        mincore costs ~0.2 us per page that is cached but not mapped into this process
+        (26 us for a 110 KiB value, 210 us for 4 MiB; ~5 us whatever the size once
+        mapped), and a value comes in whole or by a read-around window that cuts it at
+        one end, so a few pages say nearly as much as all of them. A page missed here is
+        faulted in on the caller's thread, as before; nothing else depends on it."""
+        first = addr & ~(_PAGE - 1)
+        last = (addr + size - 1) & ~(_PAGE - 1)
+        mid = (first + (last - first) // 2) & ~(_PAGE - 1)
+        if not self.truthful:
+            return all(self._cached(page) for page in {first, last, mid})
+        if last - first <= 8 * _PAGE:
+            return self.resident(addr, 0, size)
+        return all(self.resident(page, 0, 1) for page in (first, last, mid))
+
+    def populate(self, addr: int, lo: int, hi: int) -> bool:
+        """Fault [addr+lo, addr+hi) in, waiting for the disk: call from a worker thread.
+        Its faults read around as any fault does (the env is mapped with readahead), so
+        neighbouring values come in with it. False (and disabled from now on) where the
+        kernel lacks MADV_POPULATE_READ."""
+        start = (addr + lo) & ~(_PAGE - 1)
+        if self._madvise(start, addr + hi - start, _MADV_POPULATE_READ) == 0:
+            return True
+        if ctypes.get_errno() == errno.EINVAL:  # an older kernel
+            self.enabled = False
+        return False
+
+    def willneed(self, addr: int, lo: int, hi: int) -> None:
+        """Start reading [addr+lo, addr+hi) ahead (async in the kernel; it may block
+        briefly to submit the IO, so call it from a worker thread)."""
+        start = (addr + lo) & ~(_PAGE - 1)
+        self._madvise(start, addr + hi - start, _MADV_WILLNEED)
+
+
+def _mincore_truthful(data_path: str) -> bool:
+    """Whether mincore reports page-cache residency of data.mdb to this process: the
+    kernel does for a file the caller owns or may write, or with CAP_FOWNER (root)."""
+    try:
+        st = os.stat(data_path)
+    except OSError:
+        return False
+    euid = os.geteuid()
+    return euid == 0 or st.st_uid == euid or os.access(data_path, os.W_OK)
 
 
 def env_map_size(cache_size: int) -> int:

@@ -151,7 +151,7 @@ class Manifest:
         try:
             self._txn = self.store.env.begin()
         except lmdb.MapResizedError:
-            self.store.env.set_mapsize(0)  # the daemon grew the map: adopt its size
+            self.store.adopt_map_size()  # the daemon grew the map
             self._txn = self.store.env.begin()
 
     def release_if_idle(self) -> None:

@@ -27,6 +27,15 @@ refresh listed.
 Invariant: an LMDB memoryview is never held across an await. Another task renews the
 read txn at the start of its read, which would invalidate it; pyfuse3 sends a reply
 synchronously after the handler returns, so a view returned without awaiting is safe.
+
+A hit whose pages are not in memory (the env "SSD-warm": cached, but its pages dropped
+from the page cache) is not faulted in on the serving thread, where every other reader
+would wait for that disk read: the read takes the snapshot for itself (the next read
+begins another), a worker thread faults the pages in (cache/store.py ValuePages, at
+most FAULT_THREADS at once), and the value is then looked up again in that snapshot and
+verified as every hit is. The snapshot is ended by the next read, after the reply went
+out. A sequential reader of a cached file asks the kernel to read the value of the
+chunks ahead in the same window read-ahead of misses uses.
 """
 
 from __future__ import annotations
@@ -34,6 +43,7 @@ from __future__ import annotations
 import errno
 import json
 import logging
+import os
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
@@ -43,7 +53,7 @@ import lmdb
 import trio
 
 from silofs.cache.format import MAX_SPAN_CHUNKS, ChunkFormatError, ChunkRef, checked_chunk
-from silofs.cache.store import CacheStore
+from silofs.cache.store import CacheStore, ValueCursor, ValuePages
 from silofs.control.client import AsyncControlClient, ControlError, quote_segment
 from silofs.flight import SingleFlight
 from silofs.records import MountCounters, ObjectInfo
@@ -66,6 +76,9 @@ SNAPSHOT_REUSE_SECONDS = 0.25
 
 # Sequential readers whose read-ahead the chunk buffer holds at once (buffer_bytes_for).
 BUFFER_STREAMS = 2
+# Hits being faulted in by worker threads at once (ChunkReader._fault_in): enough to keep
+# a few readers' disk reads in flight together; each holds a read snapshot meanwhile.
+FAULT_THREADS = 8
 
 
 def window_chunks(chunk_size: int, readahead_bytes: int) -> int:
@@ -208,6 +221,17 @@ class ChunkReader:
         self._stale = False  # a miss was served since: the next read begins a new one
         self._reads = 0  # reads begun; the idle task compares it between its ticks
         self._chunks_db = store.db(b"chunks")
+        # Snapshots a faulted-in hit took (_fault_in) and served from: ended by the next
+        # read, once that hit's reply is out.
+        self._retired: list[lmdb.Transaction] = []
+        self._cursor: ValueCursor | None = None  # on self._txn's chunks db
+        self._resident_key = b""  # the chunk found in memory last (_cold)
+        self.pages = ValuePages(os.path.join(store.path, "data.mdb"))
+        if self.pages.enabled:
+            with store.read_txn() as txn:
+                self.pages.calibrate(txn, store.db(b"meta"))
+        self._fault_limiter = trio.CapacityLimiter(FAULT_THREADS)
+        self.faulted_in = 0  # hits whose pages a worker thread brought in
         self._flights: SingleFlight[bytes, tuple[bytes, bool]] = SingleFlight()
         self._nursery: trio.Nursery | None = None
         # In LRU mode the daemon needs to know what was hit: it never sees hits itself.
@@ -237,16 +261,21 @@ class ChunkReader:
             await trio.sleep(SNAPSHOT_IDLE_SECONDS)
             if self._reads == seen and self._txn is not None:
                 # No await since the last read began: no LMDB view is in use (invariant).
+                self._cursor = None
                 self._txn.abort()
                 self._txn = None
+            self._end_retired()  # their replies went out before this task ran
             seen = self._reads
 
     def close(self) -> None:
         """Release the read snapshot and the env: an open snapshot left behind by an
         ended process pins LMDB pages until the daemon's reader_check clears it."""
+        self._cursor = None
         if self._txn is not None:
             self._txn.abort()
             self._txn = None
+        self._end_retired()
+        self.pages.close()
         self.store.close()
 
     # -- the hit path (synchronous) --------------------------------------------------
@@ -257,10 +286,12 @@ class ChunkReader:
         An older snapshot answers a hit the same: a chunk key names one version's bytes
         (promise 3 needs no fresher view). Only a chunk admitted since the snapshot
         began looks absent, so a lookup that misses looks again in a fresh one
-        (_from_lmdb) before asking the daemon, and the read after a miss begins a fresh
+        (_lookup) before asking the daemon, and the read after a miss begins a fresh
         one (the writer may have admitted that chunk, or replaced a value that failed
         its check, since). Safe only where no LMDB view is still in use."""
         self._reads += 1
+        if self._retired:
+            self._end_retired()
         if (
             self._txn is None
             or self._stale
@@ -268,8 +299,14 @@ class ChunkReader:
         ):
             self.renew()
 
+    def _end_retired(self) -> None:
+        for txn in self._retired:
+            txn.abort()
+        self._retired.clear()
+
     def renew(self) -> None:
         """Start a fresh read snapshot. Safe only where no LMDB view is still in use."""
+        self._cursor = None
         if self._txn is not None:
             self._txn.abort()
             self._txn = None
@@ -279,7 +316,7 @@ class ChunkReader:
         try:
             self._txn = self.store.read_txn()
         except lmdb.MapResizedError:
-            self.store.env.set_mapsize(0)  # the daemon grew the map: adopt its size
+            self.store.adopt_map_size()  # the daemon grew the map
             self._txn = self.store.read_txn()
 
     def _snapshot(self) -> lmdb.Transaction:
@@ -296,20 +333,75 @@ class ChunkReader:
         with self.store.read_txn() as txn:
             return self.store.usage_of(txn, self.dataset_id).bytes
 
-    def _from_lmdb(self, ref: ChunkRef, lo: int, hi: int) -> memoryview | None:
-        """The cached chunk with [lo, hi) verified, or None if absent.
-        ChunkFormatError if it is corrupt (or of an older format)."""
-        value = self._snapshot().get(ref.key, db=self._chunks_db)
+    def _lookup(self, ref: ChunkRef) -> memoryview | list[int] | None:
+        """The cached value of `ref` in the current snapshot (self._txn), unverified, or
+        None if absent; or, if its pages are not all in memory, [address, 0, size] of it
+        with none of them touched (_fault_in them first)."""
+        value = self._find(ref.key)
         if value is None and self._txn_read != self._reads:
             # Admitted since an earlier read began the snapshot? Look in a fresh one.
             self.renew()
-            value = self._snapshot().get(ref.key, db=self._chunks_db)
-        if value is None:
+            value = self._find(ref.key)
+        return value
+
+    def _find(self, key: bytes) -> memoryview | list[int] | None:
+        if not self.pages.enabled:
+            return self._snapshot().get(key, db=self._chunks_db)
+        cold = self._cold(key)
+        if cold is None or cold:
+            return cold
+        assert self._cursor is not None
+        return self._cursor.value()  # in memory: the get's preload does not wait
+
+    def _cold(self, key: bytes) -> list[int] | None:
+        """[address, 0, size] of the value of `key` in the current snapshot if any of its
+        pages is not in memory, [] if all are, None if absent. Touches none of them."""
+        cur = self._cursor
+        if cur is None:
+            cur = self._cursor = self.pages.cursor(self._snapshot(), self._chunks_db)
+        where = cur.find(key)
+        if where is None:
             return None
+        addr, size = where
+        if key == self._resident_key:
+            # Served last (a big chunk is read in many requests): its pages are mapped
+            # into this process now, and drop_caches leaves mapped pages alone.
+            return []
+        if self.pages.value_resident(addr, size):
+            self._resident_key = key
+            return []
+        return [addr, 0, size]
+
+    def _verified(self, value: memoryview, ref: ChunkRef, lo: int, hi: int) -> memoryview:
+        """The data of `value` with [lo, hi) verified; ChunkFormatError if it is corrupt
+        (or of an older format)."""
         data = checked_chunk(value, ref, self.counters, lo, hi)
         if data is None:
             raise ChunkFormatError(f"chunk {ref.index} of {ref.obj.key}")
         return data
+
+    async def _fault_in(self, ref: ChunkRef, where: list[int]) -> memoryview | None:
+        """The value of `ref` once a worker thread faulted its pages (`where`) in.
+
+        The snapshot the value was found in (self._txn) becomes this read's own: a read
+        that begins meanwhile begins a fresh one instead of ending it, so the writer
+        cannot reuse the value's pages while the thread reads them, nor until this
+        read's reply is out (the next read ends it: _retired)."""
+        txn = self._txn
+        assert txn is not None
+        self._txn = None
+        self._cursor = None
+        self.faulted_in += 1
+        try:
+            await trio.to_thread.run_sync(_populate, self.pages, where, limiter=self._fault_limiter)
+            # Looked up again (it may have been remapped meanwhile: set_mapsize); its
+            # pages are in memory now, so the get's preload does not wait.
+            value = txn.get(ref.key, db=self._chunks_db)
+            self._resident_key = ref.key
+            return value
+        finally:
+            # Retired only now: a read that begins while the thread works must not end it.
+            self._retired.append(txn)
 
     # -- one chunk, any source -------------------------------------------------------
     async def chunk(
@@ -320,8 +412,13 @@ class ChunkReader:
         found the chunk cached, "store" if it had to GET it). Of an LMDB hit only [lo, hi)
         (chunk offsets; default all) is verified, so the caller serves only that part."""
         ref = f.chunk_ref(self.chunk_size, index)
+        if hi is None:
+            hi = ref.length
         try:
-            view = self._from_lmdb(ref, lo, ref.length if hi is None else hi)
+            value = self._lookup(ref)
+            if isinstance(value, list):
+                value = await self._fault_in(ref, value)
+            view = None if value is None else self._verified(value, ref, lo, hi)
         except ChunkFormatError:
             data, from_cache = await self._miss(ref, refetch=True)
             return data, from_cache, "cache" if from_cache else "store"
@@ -335,7 +432,7 @@ class ChunkReader:
         if view is not None:
             if self.track_hits and len(self.touched) < 65536:
                 self.touched.append(ref.key)
-            return view, True, "cache"  # no await between the get and the reply
+            return view, True, "cache"  # no await between the (last) get and the reply
         if (item := self.buffer.get(ref.key)) is not None:
             return item[0], item[1], "buffer"
         data, from_cache = await self._miss(ref, refetch=False)
@@ -387,9 +484,11 @@ class ChunkReader:
     def prefetch(self, f: OpenFile, current: int) -> None:
         """After a sequential read that reached chunk `current`: ask for the next span
         if the reader is within half a window of the end of what was asked (module
-        docstring). Chunks our dataset holds (its owners rows; probing the value would
+        docstring). Chunks our dataset holds (its owners rows; a get of the value would
         fault in up to chunk_size bytes), in flight or in the buffer are not asked for;
-        one owned by another dataset is missed here and the daemon serves it from LMDB."""
+        one owned by another dataset is missed here and the daemon serves it from LMDB.
+        The values of those our dataset holds are read ahead from the env instead, if
+        their pages are not in memory (found with a cursor, which touches none)."""
         if self._nursery is None or self.max_window == 0 or current == f.asked_at:
             return  # once per chunk: the span asked for before is usually still in flight
         if f.next_offset - f.run_start < self.chunk_size // 2:
@@ -408,14 +507,19 @@ class ChunkReader:
             return  # other files' read-ahead fills the buffer: ask on a later read
         txn = self._snapshot()
         refs = []
+        held: list[bytes] = []  # keys of cached chunks ahead: their values are read ahead
         for index in range(first, end + 1):
             ref = ChunkRef.of(f.obj, self.chunk_size, index)
             try:
                 owned = self.store.owns(txn, self.dataset_id, ref.key)
             except lmdb.Error:
                 return  # a damaged page: the reader's own lookup will count it
-            if self._wanted(ref) and not owned:
+            if owned:
+                held.append(ref.key)
+            elif self._wanted(ref):
                 refs.append(ref)
+        if held and self.pages.enabled:
+            self._nursery.start_soon(self._read_ahead_values, held)
         f.ahead = end + 1
         f.asked_until = f.ahead * self.chunk_size
         f.asked_at = current
@@ -423,6 +527,26 @@ class ChunkReader:
         for ref in refs:
             self.ahead_bytes += ref.length
             self._nursery.start_soon(self._prefetch_one, ref, (first, end))
+
+    async def _read_ahead_values(self, keys: list[bytes]) -> None:
+        """Have the kernel read the values of `keys` ahead (MADV_WILLNEED), found in a
+        snapshot of the worker's own: the lookups' B-tree faults (each reading around
+        it) happen there, not on the serving thread. A hint by address only: harmless
+        once that snapshot ends or if the env is remapped meanwhile (ValuePages)."""
+
+        def advise() -> None:
+            # The serving thread must not remap the env under this walk (adopt_map_size).
+            with self.store.remap_lock, self.store.read_txn() as txn:
+                cur = self.pages.cursor(txn, self._chunks_db)
+                for key in keys:
+                    where = cur.find(key)
+                    if where is not None:
+                        self.pages.willneed(where[0], 0, where[1])  # GIL released
+
+        try:
+            await trio.to_thread.run_sync(advise, limiter=self._fault_limiter)
+        except lmdb.Error:
+            pass  # a damaged page: the reader's own lookup will count it
 
     def _wanted(self, ref: ChunkRef) -> bool:
         return ref.key not in self._flights and self.buffer.get(ref.key) is None
@@ -435,6 +559,13 @@ class ChunkReader:
             pass  # the reader will ask again and get the error itself
         finally:
             self.ahead_bytes -= ref.length
+
+
+def _populate(pages: ValuePages, ranges: list[int]) -> None:
+    """Fault [addr+lo, addr+hi)... of `where` in (a worker thread: the GIL is released)."""
+    addr = ranges[0]
+    for i in range(1, len(ranges), 2):
+        pages.populate(addr, ranges[i], ranges[i + 1])
 
 
 def _error_text(body: bytes) -> str:

@@ -26,6 +26,8 @@ CS = 1 << 20  # chunk size
 
 # -- the mount's window ---------------------------------------------------------------
 class _Store:
+    path = "/nonexistent"  # no env: the reader's ValuePages stay disabled
+
     def db(self, name: bytes) -> None:
         return None
 

@@ -4,7 +4,10 @@ Owns: a chunk the daemon admitted after the mount's read snapshot began is serve
 LMDB by the next read (the snapshot is reused between reads, so a lookup that misses
 looks again in a fresh one) without asking the daemon; the read after a miss begins a
 fresh snapshot; the snapshot is not renewed per read; the chunk buffer's default bound
-follows read-ahead (chunk size x (read-ahead + 2) x streams) and holds. A real LMDB env;
+follows read-ahead (chunk size x (read-ahead + 2) x streams) and holds; a hit whose pages
+are not in memory is faulted in by a worker thread and verified before it is served; a
+sequential reader has the kernel read the cached chunks ahead; a map the daemon grew is
+adopted. A real LMDB env;
 the admitting writer runs in another process, as the daemon does (LMDB allows one env
 per path per process).
 """
@@ -18,9 +21,11 @@ import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 
+import lmdb
 import pytest
 import trio
 
+from silofs.cache import store as store_mod
 from silofs.cache.format import ChunkRef
 from silofs.cache.store import CacheStore
 from silofs.mount import reader as reader_mod
@@ -175,3 +180,244 @@ def test_keys_are_hashed_once_per_handle_and_chunk() -> None:
     assert b.index == 2 and b.key != a.key
     assert f.chunk_ref(CHUNK, 2) is b
     assert f.chunk_ref(2 * CHUNK, 1).key == ChunkRef.of(f.obj, 2 * CHUNK, 1).key
+
+
+BIG = 1 << 20  # chunk size of the fault-in tests: a value far longer than fault-around
+
+
+def _big_obj(i: int) -> ObjectInfo:
+    return ObjectInfo(f"big{i}.bin", BIG - 4096 * i, 1.0, f"v{i}", f"bc{i}")
+
+
+def _big_body(i: int) -> bytes:
+    return bytes(range(256)) * ((BIG - 4096 * i) // 256)
+
+
+def _admit_big(env: str, items: list[int], damage: bool = False) -> None:
+    """Admit big objects `items`; `damage`: with one data byte changed after encoding."""
+    code = textwrap.dedent(
+        f"""
+        from silofs.cache.format import ChunkRef, encode_chunk
+        from silofs.cache.store import CacheStore, PendingChunk
+        from tests.unit.test_warm_path import _big_body, _big_obj, BIG
+        s = CacheStore({env!r}, 64 << 20)
+        pending = []
+        for i in {items!r}:
+            o = _big_obj(i)
+            ref = ChunkRef.of(o, BIG, 0)
+            value = encode_chunk(1, 0, BIG, o.key, o.content_id, _big_body(i))
+            if {damage!r}:
+                value = value[:-1000] + bytes([value[-1000] ^ 1]) + value[-999:]
+            pending.append(PendingChunk(1, ref.key, value, ref.length))
+        s.admit(pending, {{}}, lambda _d, _u: 1 << 40)
+        s.close()
+        """
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT, timeout=60)
+
+
+def _drop_unmapped_pages(env: str) -> None:
+    """Evict data.mdb's pages no process has mapped from the page cache (what
+    drop_caches does to a cache whose pages a fresh mount has not touched yet)."""
+    fd = os.open(os.path.join(env, "data.mdb"), os.O_RDONLY)
+    try:
+        os.fsync(fd)  # dirty pages are not evicted
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def _big_reader(env: str, daemon: FakeDaemon) -> ChunkReader:
+    return ChunkReader(
+        CacheStore(env, 64 << 20, readonly=True),
+        daemon,  # type: ignore[arg-type]
+        dataset_id=1,
+        chunk_size=BIG,
+        buffer_bytes=4 * BIG,
+        readahead_bytes=0,
+        reregister=_never,
+    )
+
+
+@pytest.fixture
+def no_read_around(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Mounts open the env with readahead: a fault on a B-tree page then reads (and maps)
+    megabytes around it, values included, in a small test env. Without it a lookup
+    touches only the pages it reads."""
+    real = lmdb.open
+
+    def without(path: str, **kwargs: object) -> lmdb.Environment:
+        return real(path, **{**kwargs, "readahead": False})
+
+    monkeypatch.setattr(store_mod.lmdb, "open", without)
+
+
+@pytest.mark.parametrize("probe", ["mincore", "file"])
+def test_a_hit_whose_pages_are_not_in_memory_is_faulted_in_by_a_worker(
+    tmp_path: Path, no_read_around: None, probe: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if probe == "file":  # as for a non-root mount, to which mincore says "all resident"
+        monkeypatch.setattr(store_mod, "_mincore_truthful", lambda _path: False)
+    env = str(tmp_path / "env")
+    os.makedirs(env)
+    CacheStore(env, 64 << 20).close()
+    _admit_big(env, [0, 1, 2])
+    _drop_unmapped_pages(env)
+    daemon = FakeDaemon()
+    r = _big_reader(env, daemon)
+    if not r.pages.enabled or (probe == "mincore" and not r.pages.truthful):
+        pytest.skip("mincore does not report this env's page cache here")
+    assert r.pages.truthful == (probe == "mincore")
+
+    async def main() -> None:
+        r.begin_read()
+        f = OpenFile(_big_obj(1))
+        data, hit, source = await r.chunk(f, 0)
+        assert (hit, source) == (True, "cache")
+        assert r.faulted_in == 1
+        pinned = r._retired[-1]
+        assert r._txn is None  # the snapshot is this read's until the next one begins
+        assert bytes(data) == _big_body(1)
+        r.begin_read()
+        assert r._retired == [] and r._txn is not pinned
+        data, hit, _ = await r.chunk(f, 0)  # now in memory: served on this thread
+        assert hit and r.faulted_in == 1 and bytes(data[:256]) == bytes(range(256))
+        assert daemon.requests == []
+
+    trio.run(main)
+    r.close()
+
+
+def _admit_chunks(env: str, obj: ObjectInfo, indexes: list[int]) -> None:
+    code = textwrap.dedent(
+        f"""
+        from silofs.cache.format import ChunkRef, encode_chunk
+        from silofs.cache.store import CacheStore, PendingChunk
+        from silofs.records import ObjectInfo
+        from tests.unit.test_warm_path import BIG
+        s = CacheStore({env!r}, 64 << 20)
+        o = ObjectInfo(*{(obj.key, obj.size, obj.mtime, obj.version, obj.content_id)!r})
+        pending = []
+        for i in {indexes!r}:
+            ref = ChunkRef.of(o, BIG, i)
+            body = bytes([i]) * ref.length
+            value = encode_chunk(1, i, BIG, o.key, o.content_id, body)
+            pending.append(PendingChunk(1, ref.key, value, ref.length))
+        s.admit(pending, {{}}, lambda _d, _u: 1 << 40)
+        s.close()
+        """
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT, timeout=60)
+
+
+class BigDaemon:
+    def __init__(self) -> None:
+        self.requests: list[str] = []
+
+    async def request(self, method: str, path: str) -> tuple[int, dict, bytes]:
+        self.requests.append(path)
+        i = int(path.split("key=big", 1)[1].split(".bin", 1)[0])
+        return 200, {"x-silofs-source": "store"}, _big_body(i)
+
+
+@pytest.mark.parametrize("probe", ["mincore", "file"])
+def test_a_faulted_in_hit_is_verified_before_it_is_served(
+    tmp_path: Path, no_read_around: None, probe: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if probe == "file":
+        monkeypatch.setattr(store_mod, "_mincore_truthful", lambda _path: False)
+    env = str(tmp_path / "env")
+    os.makedirs(env)
+    CacheStore(env, 64 << 20).close()
+    _admit_big(env, [0, 1], damage=True)
+    _drop_unmapped_pages(env)
+    daemon = BigDaemon()
+    r = _big_reader(env, daemon)  # type: ignore[arg-type]
+    if not r.pages.enabled or (probe == "mincore" and not r.pages.truthful):
+        pytest.skip("mincore does not report this env's page cache here")
+
+    async def main() -> None:
+        r.begin_read()
+        data, hit, source = await r.chunk(OpenFile(_big_obj(1)), 0)
+        assert r.faulted_in == 1 and r.counters.corrupt_chunks == 1
+        assert (hit, source, len(daemon.requests)) == (False, "store", 1)
+        assert "refetch=1" in daemon.requests[0]
+        assert bytes(data) == _big_body(1)
+
+    trio.run(main)
+    r.close()
+
+
+def test_a_sequential_reader_has_the_kernel_read_the_cached_chunks_ahead(
+    tmp_path: Path, no_read_around: None
+) -> None:
+    env = str(tmp_path / "env")
+    os.makedirs(env)
+    CacheStore(env, 64 << 20).close()
+    obj = ObjectInfo("seq.bin", 3 * BIG, 1.0, "v", "seq")
+    _admit_chunks(env, obj, [0, 1, 2])
+    _drop_unmapped_pages(env)
+    r = ChunkReader(
+        CacheStore(env, 64 << 20, readonly=True),
+        FakeDaemon(),  # type: ignore[arg-type]
+        dataset_id=1,
+        chunk_size=BIG,
+        buffer_bytes=8 * BIG,
+        readahead_bytes=2 * BIG,
+        reregister=_never,
+    )
+    if not r.pages.enabled or not r.pages.truthful:
+        pytest.skip("mincore does not report this env's page cache here")
+
+    def resident(index: int) -> bool:
+        r.begin_read()
+        return r._cold(ChunkRef.of(obj, BIG, index).key) == []
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            r.start(nursery)
+            assert not resident(1) and not resident(2)
+            f = OpenFile(obj)
+            r.begin_read()
+            f.advance(0, BIG // 2)
+            data, hit, _ = await r.chunk(f, 0, 0, BIG // 2)
+            assert hit and bytes(data[:4]) == bytes(4)
+            r.prefetch(f, 0)  # half a chunk read in sequence: the next one is asked for
+            deadline = trio.current_time() + 20
+            while not resident(1):
+                assert trio.current_time() < deadline, "chunk 1 never read ahead"
+                await trio.sleep(0.01)
+            assert r.faulted_in == 1  # chunk 0 only: chunk 1 came in by read-ahead
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+    r.close()
+
+
+def test_a_map_the_daemon_grew_is_adopted_and_hits_go_on(env: str) -> None:
+    assert os.path.getsize(os.path.join(env, "data.mdb")) < 1 << 20
+    daemon = FakeDaemon()
+    r = ChunkReader(
+        CacheStore(env, 1 << 20, readonly=True),  # the map the daemon had when it began
+        daemon,  # type: ignore[arg-type]
+        dataset_id=1,
+        chunk_size=CHUNK,
+        buffer_bytes=1 << 20,
+        readahead_bytes=0,
+        reregister=_never,
+    )
+
+    async def main() -> None:
+        r.begin_read()
+        _, hit, _ = await r.chunk(OpenFile(_obj(0)), 0)
+        assert hit
+        admit(env, list(range(100, 1100)))  # ~2 MiB of values: more than the 1 MiB map
+        r.renew()  # MapResizedError: remapped through CacheStore.adopt_map_size
+        assert r.store.env.info()["map_size"] == 64 << 20
+        r.begin_read()
+        data, hit, source = await r.chunk(OpenFile(_obj(1099)), 0)
+        assert (hit, source, bytes(data)) == (True, "cache", _body(1099))
+        assert daemon.requests == []
+
+    trio.run(main)
+    r.close()
