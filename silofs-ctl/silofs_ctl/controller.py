@@ -1,13 +1,16 @@
 """The live controller's loop: poll the node daemons, re-plan when something changed, push.
 
-Owns: the round (reload the jobs file, observe every node in parallel, plan when the set
-of jobs changed or the interval passed, push), which nodes are down or refused, what
-each node last accepted, and the long-running loop. The pieces live next to it:
-controller_config.py (settings, jobs file), nodes.py (the node client), observe.py
-(statuses, rates), plan.py (policy -> per-node allocations), push.py (sending them).
+Owns: the round (reload the jobs file, observe every node and ask slurmctld in
+parallel, plan when the set of jobs changed or the interval passed, push, feed the
+queue's SJF order back to Slurm), which nodes are down or refused, what each node last
+accepted, and the long-running loop. The pieces live next to it: controller_config.py
+(settings, jobs file), nodes.py (the node client), observe.py (statuses, rates),
+slurm.py (squeue, scontrol), plan.py (policy -> per-node allocations, queue order),
+push.py (sending them).
 Never: schedules GPUs (jobs are started by whatever runs them; their GPUs and nodes are
-facts here), talks to a daemon except through a NodeClient, or lets one node's failure
-or one bad round stop the others.
+facts here; Slurm's priority is a hint Slurm weighs), talks to a daemon except through a
+NodeClient, or lets one node's failure, slurmctld being down or one bad round stop the
+others.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from .nodes import ClientFactory, NodeError, socket_clients
 from .observe import NodeSeen, RateTracker, Registration, parse_status
 from .plan import Plan, plan_allocations
 from .push import Pushed, push_plan
+from .slurm import SlurmError, SlurmJob, SlurmSource, priority_targets
 from .tomlcheck import ConfigError
 
 log = logging.getLogger(__name__)
@@ -38,7 +42,14 @@ class Controller:
         factory = factory or socket_clients(config)
         self.clients = {n.name: factory(n) for n in config.nodes}
         self.rates = RateTracker()
-        self.pool = ThreadPoolExecutor(max_workers=max(1, len(config.nodes)))
+        # one worker per node, and one for squeue
+        self.pool = ThreadPoolExecutor(max_workers=max(1, len(config.nodes)) + 1)
+        self.slurm = SlurmSource(config.slurm) if config.slurm else None
+        self.slurm_down: str | None = None  # why slurmctld did not answer last time
+        # The queue order last fed back (job ids), and whether Slurm took it: a refused
+        # order is not tried again until the order changes.
+        self.fed: tuple[tuple[str, ...], bool] | None = None
+        self.priority_lines: list[str] = []  # what the last round set (or would set)
         self.down: dict[str, str] = {}  # unreachable nodes, and why
         self.refused: dict[str, str] = {}  # nodes that refused an update last round
         self.pushed: Pushed = {}
@@ -100,14 +111,21 @@ class Controller:
         """One poll; plans and pushes if the job set changed, the interval passed, or
         `force`. Returns the plan when it planned."""
         self.reload_jobs()
+        asked = self.pool.submit(self.ask_slurm) if self.slurm else None
         seen = self.observe()
+        slurm_jobs = asked.result() if asked else []
         entries = [*self.entries, *registered_entries(seen, {e.name for e in self.entries})]
-        signature = _signature(entries, seen, self.rates.ideal)
+        configured = {n.name for n in self.config.nodes}
+        entries += slurm_entries(slurm_jobs, {e.name for e in entries}, configured)
+        queue = [j for j in slurm_jobs if j.pending and j.managed]
+        signature = _signature(entries, seen, self.rates.ideal, queue)
         now = time.monotonic()
         if not force and signature == self.signature and now < self.next_round:
             return None
-        plan = plan_allocations(self.config, entries, seen, self.rates.ideal)
+        plan = plan_allocations(self.config, entries, seen, self.rates.ideal, queue)
         self.signature, self.next_round = signature, now + self.config.interval
+        if self.slurm and self.slurm.config.priority != "off":
+            self.feed_priorities(plan, dry_run=dry_run)
         if dry_run:
             return plan
         report = push_plan(plan, self.clients, seen, self.pool, self.pushed)
@@ -124,6 +142,76 @@ class Controller:
         if report.pushed:
             log.info("pushed %d allocation changes", report.pushed)
         return plan
+
+    def ask_slurm(self) -> list[SlurmJob]:
+        """slurmctld's pending and running jobs; none (logged once) when it does not
+        answer: the round goes on with what the daemons know."""
+        assert self.slurm is not None
+        try:
+            jobs = self.slurm.jobs()
+        except SlurmError as exc:
+            if self.slurm_down != str(exc):
+                log.warning("slurm: %s (planning with what the daemons know)", exc)
+            self.slurm_down = str(exc)
+            return []
+        if self.slurm_down is not None:
+            log.warning("slurm: slurmctld answers again")
+            self.slurm_down = None
+        return jobs
+
+    def feed_priorities(self, plan: Plan, *, dry_run: bool) -> None:
+        """Give the managed pending jobs Slurm priorities in the plan's SJF order, when
+        Slurm's order differs; at most max_priority_updates scontrol calls a round.
+        priority = "log" (and --dry-run) only says what it would set."""
+        assert self.slurm is not None
+        cfg = self.slurm.config
+        order = [q.job for q in plan.queue]
+        targets = priority_targets(order)
+        for q in plan.queue:
+            q.new_priority = targets.get(q.job.id)
+        ids = tuple(j.id for j in order if not j.held)  # the order wanted
+        self.priority_lines = []
+        if not targets:
+            self.fed = (ids, True)
+            return
+        todo = [j for j in order if j.id in targets][: cfg.max_priority_updates]
+        if dry_run or cfg.priority == "log":
+            self.priority_lines = [
+                f"would run: scontrol update JobId={j.id} Priority={targets[j.id]}"
+                f" (now {j.priority})"
+                for j in todo
+            ]
+            if not dry_run and self.fed != (ids, True):
+                for line in self.priority_lines:
+                    log.info("slurm: %s", line)
+            self.fed = (ids, True)
+            return
+        if self.fed is not None and self.fed == (ids, False):
+            return  # refused for this very order: wait until it changes
+        done = 0
+        for job in todo:
+            try:
+                self.slurm.set_priority(job.id, targets[job.id])
+            except SlurmError as exc:
+                log.warning(
+                    "slurm: could not set job %s's priority (%s); setting priorities needs "
+                    "Slurm operator or admin rights: leaving Slurm's order as it is",
+                    job.id, exc,
+                )  # fmt: skip
+                self.fed = (ids, False)
+                break
+            done += 1
+            self.priority_lines.append(
+                f"set: scontrol update JobId={job.id} Priority={targets[job.id]}"
+                f" (was {job.priority})"
+            )
+        else:
+            self.fed = (ids, True)
+            if len(todo) < len(targets):
+                self.next_round = 0.0  # the rest at the next poll
+        if done:
+            log.info("slurm: set %d priorities in SJF-SiloD order: %s", done,
+                     ", ".join(f"{j.id}={targets[j.id]}" for j in todo[:done]))  # fmt: skip
 
     @property
     def not_updated(self) -> dict[str, str]:
@@ -177,11 +265,34 @@ def registered_entries(seen: Mapping[str, NodeSeen], skip: set[str]) -> list[Job
     ]
 
 
+def slurm_entries(jobs: Iterable[SlurmJob], skip: set[str], configured: set[str]) -> list[JobEntry]:
+    """Running managed jobs slurmctld knows and neither the jobs file nor a registration
+    describes (a prolog that has not registered yet, a daemon restarted since): as
+    their comment and Slurm's allocation say, on the nodes of theirs the controller
+    knows (its node names must be Slurm's)."""
+    return [
+        JobEntry(
+            name=job.name,
+            dataset=job.datasets[0],
+            gpus=job.gpus,
+            ideal_io=job.ideal_io,
+            nodes=tuple(n for n in job.nodes if n in configured),
+            epochs=job.epochs,
+        )
+        for job in jobs
+        if job.running and job.managed and job.name not in skip
+    ]
+
+
 def _signature(
-    entries: Iterable[JobEntry], seen: Mapping[str, NodeSeen], ideal: Mapping[str, float]
+    entries: Iterable[JobEntry],
+    seen: Mapping[str, NodeSeen],
+    ideal: Mapping[str, float],
+    queue: Iterable[SlurmJob] = (),
 ) -> str:
     """Changes when the set of jobs (or what is known of them) changes."""
     parts = sorted(repr(e) for e in entries)
+    parts += sorted(f"queued:{j.id}:{j.datasets}:{j.gpus}:{j.ideal_io}:{j.epochs}" for j in queue)
     parts += sorted(f"{n}:{j.name}:{j.dataset}" for n, s in seen.items() for j in s.jobs.values())
     parts += sorted(f"up:{n}" for n in seen)
     parts += sorted(f"ideal:{k}" for k in ideal)

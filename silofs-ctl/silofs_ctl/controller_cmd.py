@@ -41,6 +41,24 @@ def render_plan(plan: Plan, down: dict[str, str]) -> str:
             f"{format_rate(job.io):>12} {format_rate(per_node):>12}"
             + (f"  ({job.note})" if job.note else "")
         )
+    if plan.queue:
+        rows += [
+            "",
+            "{:24} {:>4} {:32} {:>12} {:>6} {}".format(
+                "queued (SJF-SiloD order)", "gpus", "dataset", "f*", "epochs", "slurm priority"
+            ),
+        ]
+    for q in plan.queue:
+        job = q.job
+        prio = "held" if job.held else str(job.priority)
+        if q.new_priority is not None:
+            prio += f" -> {q.new_priority}"
+        epochs = f"{job.epochs:g}" if job.epochs else "?"
+        rows.append(
+            f"{job.name[:24]:24} {job.gpus:>4} {q.dataset[:32]:32} "
+            f"{format_rate(job.ideal_io) if job.ideal_io else '?':>12} {epochs:>6} {prio}"
+            + (f"  ({q.note})" if q.note else "")
+        )
     for node, why in sorted(down.items()):
         rows.append(f"node {node} not updated: {why}")
     return "\n".join(rows)
@@ -57,9 +75,13 @@ def controller() -> None:
     "config_path",
     required=True,
     type=click.Path(dir_okay=False),
-    help="controller.toml: policy, remote IO, nodes and their sockets, jobs file.",
+    help="controller.toml: policy, remote IO, nodes and their sockets, jobs file, [slurm].",
 )
-@click.option("--dry-run", is_flag=True, help="Print the allocation table it would push; exit.")
+@click.option(
+    "--dry-run",
+    is_flag=True,
+    help="Print the allocation table it would push (and the Slurm priorities it would set); exit.",
+)
 @click.option(
     "--once",
     is_flag=True,
@@ -81,6 +103,10 @@ def run_cmd(config_path: str, dry_run: bool, once: bool) -> None:
             plan = ctl.round(dry_run=dry_run, force=True)
             assert plan is not None
             click.echo(render_plan(plan, ctl.not_updated))
+            for line in ctl.priority_lines:
+                click.echo(f"slurm: {line}")
+            if ctl.slurm_down:
+                click.echo(f"slurm: not asked: {ctl.slurm_down}")
             if once and ctl.not_updated:
                 sys.exit(1)
             return

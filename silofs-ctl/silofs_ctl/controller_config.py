@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from .policies import FifoPolicy, GavelPolicy, GreedyPolicy, Policy, SjfPolicy
+from .slurm import SlurmConfig
 from .tomlcheck import Checker, ConfigError, load_toml
 
 log = logging.getLogger(__name__)
@@ -27,9 +28,16 @@ POLICIES: dict[str, type[Policy]] = {
     "fifo": FifoPolicy,
     "greedy": GreedyPolicy,
 }
-CONFIG_KEYS = {"policy", "remote_io", "interval", "poll", "timeout", "jobs_file", "nodes", "tls"}
+CONFIG_KEYS = {
+    "policy", "remote_io", "interval", "poll", "timeout", "jobs_file", "nodes", "tls", "slurm",
+}  # fmt: skip
 NODE_KEYS = {"name", "socket", "address", "gpus", "cache"}
 TLS_KEYS = {"cert", "key", "ca"}
+SLURM_KEYS = {
+    "squeue", "scontrol", "timeout", "max_output", "format", "priority", "max_priority_updates",
+}  # fmt: skip
+SLURM_FORMATS = ("auto", "json", "text")
+SLURM_PRIORITY = ("off", "log", "set")
 JOB_KEYS = {"name", "dataset", "gpus", "ideal_io", "nodes", "dataset_size", "epochs"}
 
 
@@ -61,6 +69,7 @@ class ControllerConfig:
     poll: float = 2.0
     timeout: float = 5.0
     tls: TLSConfig | None = None
+    slurm: SlurmConfig | None = None  # [slurm]: ask slurmctld for jobs each round
 
 
 @dataclass(frozen=True)
@@ -108,6 +117,44 @@ def load_controller_config(path: str) -> ControllerConfig:
         poll=_positive(ck, data, "poll", 2.0),
         timeout=_positive(ck, data, "timeout", 5.0),
         tls=tls,
+        slurm=_slurm(ck, data.get("slurm")),
+    )
+
+
+def _slurm(ck: Checker, raw: Any) -> SlurmConfig | None:
+    """[slurm]: present (even empty) turns the Slurm source on."""
+    if raw is None:
+        return None
+    where = ("slurm",)
+    if not isinstance(raw, dict):
+        raise ck.fail(where, "slurm must be a table: [slurm]")
+    ck.check_keys(raw, SLURM_KEYS, where)
+    d = SlurmConfig()
+    for key in ("squeue", "scontrol"):
+        if key in raw and (not isinstance(raw[key], str) or not raw[key]):
+            raise ck.fail(where + (key,), f"{key} must be a command (a path or a name)")
+    for key, allowed in (("format", SLURM_FORMATS), ("priority", SLURM_PRIORITY)):
+        if key in raw and raw[key] not in allowed:
+            raise ck.fail(where + (key,), f"{key} must be one of {', '.join(allowed)}")
+    timeout = _positive(ck, raw, "timeout", d.timeout, where)
+    max_output = ck.size(raw["max_output"], where + ("max_output",), "max_output") if (
+        "max_output" in raw) else d.max_output  # fmt: skip
+    if max_output <= 0:
+        raise ck.fail(where + ("max_output",), "max_output must be positive")
+    updates = d.max_priority_updates
+    if "max_priority_updates" in raw:
+        updates = int(ck.number(raw["max_priority_updates"], where + ("max_priority_updates",),
+                                "max_priority_updates", integer=True))  # fmt: skip
+        if updates < 1:
+            raise ck.fail(where + ("max_priority_updates",), "max_priority_updates must be >= 1")
+    return SlurmConfig(
+        squeue=raw.get("squeue", d.squeue),
+        scontrol=raw.get("scontrol", d.scontrol),
+        timeout=timeout,
+        max_output=max_output,
+        format=raw.get("format", d.format),
+        priority=raw.get("priority", d.priority),
+        max_priority_updates=updates,
     )
 
 
@@ -126,10 +173,12 @@ def _tls(ck: Checker, raw: Any, base: Path) -> TLSConfig | None:
     return TLSConfig(*paths)
 
 
-def _positive(ck: Checker, data: Mapping[str, Any], key: str, default: float) -> float:
-    value = ck.duration(data.get(key, default), (key,), key)
+def _positive(
+    ck: Checker, data: Mapping[str, Any], key: str, default: float, where: tuple = ()
+) -> float:
+    value = ck.duration(data.get(key, default), where + (key,), key)
     if value <= 0:
-        raise ck.fail((key,), f"{key} must be positive")
+        raise ck.fail(where + (key,), f"{key} must be positive")
     return value
 
 

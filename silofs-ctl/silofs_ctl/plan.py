@@ -3,8 +3,10 @@
 Owns: building the policy's jobs and per-node cache units from the jobs file and the
 node statuses, running the policy with SiloD's estimator, and turning its Allocation
 into per-node cache bytes and per-node job IO (a distributed job's IO split evenly over
-its nodes). Never: talks to a node, keeps state between rounds, or schedules GPUs (jobs
-and their placement are facts here).
+its nodes); and the order of a cluster scheduler's queue by SJF-SiloD's score (Eq. 7),
+which the controller may feed back to it as priority. Never: talks to a node or to the
+scheduler, keeps state between rounds, or schedules GPUs (jobs and their placement are
+facts here).
 
 Each node keeps its own cache, so a cache unit is a (node, dataset) pair drawing from that
 node's budget. A job on several nodes reads an equal share through each; its IO
@@ -15,14 +17,17 @@ from __future__ import annotations
 
 import logging
 import math
+import posixpath
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from .controller_config import POLICIES, ControllerConfig, JobEntry, NodeConfig
 from .estimator import SiloDEstimator, hit_ratio
 from .model import Allocation, CacheUnit, Cluster, Job
 from .observe import JobSeen, NodeSeen
 from .policies.base import current_hits, water_fill
+from .policies.sjf import silod_choice
+from .slurm import SlurmJob
 
 log = logging.getLogger(__name__)
 
@@ -38,12 +43,25 @@ class JobPlan:
 
 
 @dataclass
+class QueuedPlan:
+    """A job waiting in the scheduler's queue, in SJF-SiloD order."""
+
+    job: SlurmJob
+    dataset: str
+    score: float | None  # Eq. 7 (lower runs first); None: no f* or dataset size
+    note: str = ""
+    new_priority: int | None = None  # what the controller sets (or would): None, none
+
+
+@dataclass
 class Plan:
-    """What to push: cache bytes per (node, dataset URI), IO per (node, job)."""
+    """What to push: cache bytes per (node, dataset URI), IO per (node, job); and the
+    scheduler's queue in SJF-SiloD order (first should run first)."""
 
     cache: dict[str, dict[str, int]]
     io: dict[str, dict[str, int | None]]
     jobs: list[JobPlan]
+    queue: list[QueuedPlan] = field(default_factory=list)
 
 
 def unit_key(node: str, dataset: str) -> str:
@@ -55,8 +73,10 @@ def plan_allocations(
     entries: Sequence[JobEntry],
     seen: Mapping[str, NodeSeen],
     ideal: Mapping[str, float],
+    queue: Sequence[SlurmJob] = (),
 ) -> Plan:
-    """Run the policy on the cluster as observed and turn its decision into pushes.
+    """Run the policy on the cluster as observed and turn its decision into pushes;
+    order `queue` (pending jobs of the cluster scheduler) by SJF-SiloD's score.
 
     The link total holds under every policy. Jobs whose f* is not known yet are outside
     the policy's problem: they are set aside an equal per-job share of the link (the
@@ -70,7 +90,63 @@ def plan_allocations(
     policy_view = replace(cluster, remote_io=config.remote_io - reserve)
     alloc = POLICIES[config.policy]().allocate(jobs, policy_view, SiloDEstimator())
     left_io = share_the_rest(alloc, jobs, unknown, cluster)
-    return to_plan(config, jobs, unknown, cluster, alloc, seen, left_io)
+    index = _DatasetIndex(seen)
+    queued = [_queued_dataset(q, index) for q in queue]
+    plan = to_plan(config, jobs, unknown, cluster, alloc, seen, left_io, set(queued))
+    plan.queue = order_queue(queue, queued, jobs, cluster, index)
+    return plan
+
+
+def _queued_dataset(job: SlurmJob, index: _DatasetIndex) -> str:
+    first = job.datasets[0] if job.datasets else ""
+    return index.canonical(first) or first
+
+
+def order_queue(
+    queue: Sequence[SlurmJob],
+    datasets: Sequence[str],
+    running: Sequence[Job],
+    cluster: Cluster,
+    index: _DatasetIndex,
+) -> list[QueuedPlan]:
+    """Pending jobs in ascending SJF-SiloD score (Eq. 7, policies/sjf.py), computed as
+    the simulator does, on the cluster as one pool (a queued job has no node yet): all
+    GPUs, all nodes' cache, the link; a dataset's cache cost is split among the jobs,
+    running and queued, that read it. Remaining work is epochs x dataset size.
+
+    A job without f* or whose dataset no daemon has listed yet cannot be scored: those
+    follow the scored ones in the scheduler's own order (priority, then submission).
+    A job with f* but no epochs scores as endless (SJF's remaining work is unknown)."""
+    sizes = {ds: index.size(ds) for ds in datasets}
+    readers: dict[str, int] = {}
+    for job in running:
+        readers[job.dataset] = readers.get(job.dataset, 0) + 1
+    for ds in datasets:
+        readers[ds] = readers.get(ds, 0) + 1
+    known = {ds: size for ds, size in sizes.items() if size}
+    pooled = Cluster.pooled(cluster.node_gpus, cluster.pools, cluster.remote_io, known)
+    total_gpus = max(1, cluster.total_gpus)
+    out = []
+    for job, ds in zip(queue, datasets, strict=True):
+        size = sizes.get(ds)
+        if not job.ideal_io or not size:
+            why = "no f* (silofs.ideal_io)" if not job.ideal_io else "dataset size not known"
+            out.append(QueuedPlan(job, ds, None, why))
+            continue
+        remaining = job.epochs * size if job.epochs else math.inf
+        sjob = Job(job.name, ds, job.gpus, job.ideal_io, {ds: 1.0}, remaining, job.submit)
+        score = silod_choice(sjob, pooled, readers, total_gpus).score
+        out.append(QueuedPlan(job, ds, score, "" if job.epochs else "no epochs: endless"))
+    return sorted(
+        out,
+        key=lambda q: (
+            q.score is None,
+            q.score if q.score is not None else 0.0,
+            -q.job.priority if q.score is None else 0,
+            q.job.submit,
+            int(q.job.id),
+        ),
+    )
 
 
 def share_the_rest(
@@ -235,20 +311,37 @@ class _DatasetIndex:
 
     def __init__(self, seen: Mapping[str, NodeSeen]) -> None:
         self.uris: dict[str, str] = {}
+        self.loose: dict[str, str] = {}
         self.sizes: dict[str, float] = {}
         for node in seen.values():
             for key, ds in node.datasets.items():
                 self.uris.setdefault(ds.uri, ds.uri)
                 self.uris.setdefault(ds.name, ds.uri)
+                self.loose.setdefault(_loose(ds.uri), ds.uri)
                 if ds.size > 0:
                     self.sizes.setdefault(key, ds.size)
 
     def canonical(self, dataset: str) -> str | None:
-        """A dataset named by URI or by a daemon's short name -> its canonical URI."""
-        return self.uris.get(dataset)
+        """A dataset named by URI or by a daemon's short name -> its canonical URI; a
+        URI as a user writes it (a bare path, no trailing slash) matches too."""
+        return self.uris.get(dataset) or self.loose.get(_loose(dataset))
 
     def size(self, dataset: str) -> float | None:
         return self.sizes.get(dataset)
+
+
+def _loose(uri: str) -> str:
+    """A URI without what writers vary: the file:// of a bare path, "." and ".." and
+    doubled or trailing slashes. (The daemon's parsing, silofs/uri.py, is on the other
+    side of the layout rule; this only has to match what it made canonical.)"""
+    if uri.startswith("/"):
+        uri = "file://" + uri
+    scheme, sep, rest = uri.partition("://")
+    if not sep:
+        return uri
+    if scheme == "file":
+        rest = posixpath.normpath(rest)
+    return f"{scheme}://{rest.rstrip('/')}"
 
 
 def to_plan(
@@ -259,6 +352,7 @@ def to_plan(
     alloc: Allocation,
     seen: Mapping[str, NodeSeen],
     unknown_io: Mapping[str, float] | None = None,
+    queued: set[str] | None = None,
 ) -> Plan:
     """Per-node pushes: cache per dataset, IO per job split evenly over its nodes. A job
     missing from alloc.io (or from unknown_io, for jobs the policy did not plan) is left
@@ -266,7 +360,7 @@ def to_plan(
     cache: dict[str, dict[str, int]] = {n.name: {} for n in config.nodes}
     for key, unit in cluster.units.items():
         cache[unit.pool][unit.dataset] = int(alloc.cache.get(key, 0.0))
-    _keep_idle(cache, cluster, seen)
+    _keep_idle(cache, cluster, seen, queued or set())
     io: dict[str, dict[str, int | None]] = {n.name: {} for n in config.nodes}
     plans = []
     for job in jobs:
@@ -291,16 +385,21 @@ def _split(total: float | None, parts: int) -> int | None:
 
 
 def _keep_idle(
-    cache: dict[str, dict[str, int]], cluster: Cluster, seen: Mapping[str, NodeSeen]
+    cache: dict[str, dict[str, int]],
+    cluster: Cluster,
+    seen: Mapping[str, NodeSeen],
+    queued: set[str],
 ) -> None:
     """Datasets no running job reads keep what they have cached while their node has
-    room (a job may come back to them), and are squeezed to 0 when it has not."""
+    room (a job may come back to them), and are squeezed to 0 when it has not; those a
+    queued job will read are kept first (its data, cached, is worth more than data
+    nobody asked for)."""
     for node, status in seen.items():
         if node not in cache:
             continue
         room = cluster.pools.get(node, 0.0) - sum(cache[node].values())
         idle = [d for d in status.datasets.values() if d.uri not in cache[node]]
-        for ds in sorted(idle, key=lambda d: (-d.cached, d.uri)):
+        for ds in sorted(idle, key=lambda d: (d.uri not in queued, -d.cached, d.uri)):
             keep = int(max(0.0, min(ds.cached, room)))
             cache[node][ds.uri] = keep
             room -= keep
