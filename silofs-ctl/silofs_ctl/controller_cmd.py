@@ -44,8 +44,8 @@ def render_plan(plan: Plan, down: dict[str, str]) -> str:
     if plan.queue:
         rows += [
             "",
-            "{:24} {:>4} {:32} {:>12} {:>6} {}".format(
-                "queued (SJF-SiloD order)", "gpus", "dataset", "f*", "epochs", "slurm priority"
+            "{:24} {:>4} {:>12} {:>6} {:>24}  {}".format(
+                "queued (SJF-SiloD order)", "gpus", "f*", "epochs", "slurm priority", "dataset"
             ),
         ]
     for q in plan.queue:
@@ -55,9 +55,9 @@ def render_plan(plan: Plan, down: dict[str, str]) -> str:
             prio += f" -> {q.new_priority}"
         epochs = f"{job.epochs:g}" if job.epochs else "?"
         rows.append(
-            f"{job.name[:24]:24} {job.gpus:>4} {q.dataset[:32]:32} "
-            f"{format_rate(job.ideal_io) if job.ideal_io else '?':>12} {epochs:>6} {prio}"
-            + (f"  ({q.note})" if q.note else "")
+            f"{job.name[:24]:24} {job.gpus:>4} "
+            f"{format_rate(job.ideal_io) if job.ideal_io else '?':>12} {epochs:>6} {prio:>24}  "
+            f"{q.dataset}" + (f"  ({q.note})" if q.note else "")
         )
     for node, why in sorted(down.items()):
         rows.append(f"node {node} not updated: {why}")

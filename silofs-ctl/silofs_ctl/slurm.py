@@ -132,9 +132,6 @@ def parse_comment(comment: str) -> tuple[tuple[str, ...], float | None, float | 
     return tuple(datasets), ideal, epochs
 
 
-_GPU = re.compile(r"^(?:gres[:/])?gpu(?::[^:=]+)?(?:[:=](\d+))?$")
-
-
 def gpu_count(tres: str) -> int | None:
     """GPUs in a TRES or gres string: "cpu=1,gres/gpu=2", "gres:gpu:a100:2",
     "gres/gpu:1", "gpu:2"; a bare "gres:gpu" is one. None: no GPU named."""
@@ -142,12 +139,15 @@ def gpu_count(tres: str) -> int | None:
         return None
     typed = None
     for item in tres.split(","):
-        m = _GPU.match(item.strip())
-        if not m:
+        item = item.strip()
+        for prefix in ("gres:", "gres/"):
+            item = item.removeprefix(prefix)
+        parts = re.split("[:=]", item)
+        if parts[0] != "gpu":
             continue
-        n = int(m.group(1)) if m.group(1) else 1
-        if item.strip().startswith(("gres/gpu=", "gpu=")):
-            return n  # the untyped total of a TRES string
+        n = int(parts[-1]) if len(parts) > 1 and parts[-1].isdigit() else 1
+        if len(parts) == 2 and "=" in item:
+            return n  # "gres/gpu=N": the untyped total of a TRES string
         typed = (typed or 0) + n  # typed entries of a gres string add up
     return typed
 

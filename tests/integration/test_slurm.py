@@ -172,6 +172,9 @@ def slurm(tmp_path: Path, make_node) -> Iterator[Slurm]:  # type: ignore[no-unty
             JobAcctGatherType=jobacct_gather/none
             AccountingStorageType=accounting_storage/none
             SchedulerType=sched/builtin
+            # Slurm starts jobs in priority order only with this (sched/builtin with
+            # priority/basic starts them in job id order, whatever their priority)
+            PriorityType=priority/multifactor
             SelectType=select/cons_tres
             SelectTypeParameters=CR_Core
             MpiDefault=none
@@ -382,3 +385,142 @@ def test_a_job_of_another_user_is_mounted_by_that_user(slurm: Slurm) -> None:
     assert "--allow-other" not in args
     assert args[args.index("--job") + 1] == f"slurm-{job}"
     assert not list(slurm.mount_root.glob("*/*"))  # the mountpoint it made is gone
+
+
+QUEUED_SCRIPT = """\
+#!/bin/sh
+# Reads its dataset through its mount, then runs until the test releases this job.
+d={mount_root}/$SLURM_JOB_ID/{name}
+cat "$d"/*.bin | sha256sum > {out}/$SLURM_JOB_ID.tmp
+mv {out}/$SLURM_JOB_ID.tmp {out}/$SLURM_JOB_ID.sum
+i=0
+while [ ! -e {out}/release-$SLURM_JOB_ID ] && [ $i -lt 1200 ]; do sleep 0.1; i=$((i+1)); done
+"""
+
+
+def _priority(slurm: Slurm, job: str) -> int:
+    res = slurm.run("scontrol", "show", "job", "-o", job)
+    for field in res.stdout.split():
+        if field.startswith("Priority="):
+            return int(field.split("=", 1)[1])
+    raise AssertionError(f"no priority for job {job}: {res.stdout or res.stderr}")
+
+
+def _controller(slurm: Slurm, config: Path, *flags: str) -> subprocess.CompletedProcess:
+    res = subprocess.run(
+        [sys.executable, "-m", "silofs_ctl", "-v", "controller", "run", "--config", str(config),
+         *flags],
+        capture_output=True, text=True, timeout=120, env=slurm.env,
+    )  # fmt: skip
+    print(res.stdout, res.stderr)
+    return res
+
+
+def test_controller_learns_the_queue_from_slurmctld_and_sets_priorities_in_sjf_order(
+    slurm: Slurm, tmp_path: Path
+) -> None:
+    """[slurm]: the controller asks slurmctld for pending and running jobs, orders the
+    pending silofs jobs by SJF-SiloD (here: same dataset, GPUs and f*, so by epochs) and
+    permutes their Slurm priorities into that order; Slurm then starts the shortest
+    first, and the allocations follow the jobs that run."""
+    data = _dataset(tmp_path / "data", "imagenet", 4)
+    out = tmp_path / "out"
+    out.mkdir()
+    script = tmp_path / "job.sh"
+    script.write_text(QUEUED_SCRIPT.format(mount_root=slurm.mount_root, name="imagenet", out=out))
+    hint = "silofs.ideal_io=40MB/s"
+
+    def submit(*args: str, comment: str | None = None) -> str:
+        extra = [f"--comment={comment}"] if comment else []
+        return slurm.sbatch("--gres=gpu:2", *extra, f"--output={out}/%j.out", *args)
+
+    # One job holds both GPUs; the others want both too, so they wait in the queue.
+    first = submit(str(script), comment=f"silofs={data} {hint} silofs.epochs=1")
+    wait_for(lambda: (out / f"{first}.sum").exists(), timeout=120, what="the first job to read")
+    long = submit(str(script), comment=f"silofs={data} {hint} silofs.epochs=9")
+    plain = submit("--wrap=true")  # not a silofs job: its priority is not ours to move
+    short = submit(str(script), comment=f"silofs={data} {hint} silofs.epochs=1")
+    mid = submit(str(script), comment=f"silofs={data} {hint} silofs.epochs=3")
+    held = submit("--hold", "--wrap=true", comment=f"silofs={data} {hint} silofs.epochs=1")
+    queued = (long, short, mid)
+    before = {j: _priority(slurm, j) for j in (*queued, plain, held)}
+    # Slurm's own order (multifactor with no weights: all 1, then submission order)
+    # puts the long job first; the held job's priority is 0.
+    assert before[long] >= before[short] >= before[mid] and before[held] == 0
+    for job in (*queued, plain):
+        assert slurm.state(job) == "PENDING"
+
+    host = socket.gethostname().split(".")[0]
+    node = f'[[nodes]]\nname = "{host}"\nsocket = "{slurm.node.socket}"\n'
+    base = f'policy = "sjf"\nremote_io = "100MB/s"\n{node}'
+    dry = tmp_path / "dry.toml"  # the text form of squeue, and priorities only said
+    dry.write_text(base + '[slurm]\nformat = "text"\npriority = "set"\n')
+    res = _controller(slurm, dry, "--dry-run")
+    assert res.returncode == 0, res.stderr
+    lines = res.stdout.splitlines()
+    rows = [ln for ln in lines if ln.startswith("slurm-")]
+    # the queue, in SJF order, with its dataset and GPUs as slurmctld gives them
+    queue_rows = rows[rows.index(next(r for r in rows if r.startswith(f"slurm-{short} "))) :]
+    assert any(r.startswith(f"slurm-{held} ") and "held" in r for r in queue_rows)
+    queue_rows = [r for r in queue_rows if not r.startswith(f"slurm-{held} ")]
+    assert [r.split()[0] for r in queue_rows] == [f"slurm-{j}" for j in (short, mid, long)]
+    for r in queue_rows:
+        assert r.split()[1] == "2" and r.endswith(f"file://{data}/") and "40.0MB/s" in r
+    assert not any(r.startswith(f"slurm-{plain} ") for r in rows)
+    assert f"would run: scontrol update JobId={short} Priority=" in res.stdout
+    assert {j: _priority(slurm, j) for j in before} == before  # a dry run changes nothing
+
+    config = tmp_path / "controller.toml"
+    config.write_text(base + '[slurm]\npriority = "set"\n')
+    res = _controller(slurm, config, "--once")
+    assert res.returncode == 0, res.stderr
+    after = {j: _priority(slurm, j) for j in before}
+    assert after[short] > after[mid] > after[long] >= 1
+    assert after[plain] == before[plain] and after[held] == 0  # not ours; held stays held
+    assert "priorities in SJF-SiloD order" in res.stderr
+    # the running job is planned as its registration says, and throttled
+    assert any(r.startswith(f"slurm-{first} ") and "40.0MB/s" in r for r in res.stdout.splitlines())
+    assert slurm.node.request("GET", f"/v1/jobs/slurm-{first}/io")["bytes_per_s"]
+    # Once in order, nothing more to set.
+    res = _controller(slurm, config, "--once")
+    assert res.returncode == 0 and "scontrol update" not in res.stdout, res.stdout
+
+    # slurmctld unreachable (a config naming a port nobody listens on): one line, and
+    # the round goes on with what the daemon knows.
+    dead_conf = tmp_path / "dead-slurm.conf"
+    dead_conf.write_text(
+        "\n".join(
+            f"SlurmctldPort={_free_port()}" if ln.startswith("SlurmctldPort=") else ln
+            for ln in slurm.conf.read_text().splitlines()
+        )
+        + "\n"
+    )
+    dead = tmp_path / "dead.toml"
+    dead.write_text(base + '[slurm]\npriority = "set"\ntimeout = "3s"\n')
+    res = subprocess.run(
+        [sys.executable, "-m", "silofs_ctl", "controller", "run", "--config", str(dead), "--once"],
+        capture_output=True, text=True, timeout=120,
+        env={**slurm.env, "SLURM_CONF": str(dead_conf)},
+    )  # fmt: skip
+    print(res.stdout, res.stderr)
+    assert res.returncode == 0, res.stderr
+    warnings = [ln for ln in res.stderr.splitlines() if "slurm:" in ln]
+    assert len(warnings) == 1 and "planning with what the daemons know" in warnings[0]
+    assert any(r.startswith(f"slurm-{first} ") for r in res.stdout.splitlines())
+
+    # The first job ends: Slurm starts the SJF-first job, and its allocation follows.
+    (out / f"release-{first}").touch()
+    wait_for(lambda: slurm.state(short) == "RUNNING", timeout=120, what="the short job to start")
+    assert slurm.state(mid) == "PENDING" and slurm.state(long) == "PENDING"
+    wait_for(lambda: (out / f"{short}.sum").exists(), timeout=120, what="the short job to read")
+    res = _controller(slurm, config, "--once")
+    assert res.returncode == 0, res.stderr
+    rows = res.stdout.splitlines()
+    assert any(r.startswith(f"slurm-{short} ") and "40.0MB/s" in r for r in rows)
+    assert not any(r.startswith(f"slurm-{first} ") for r in rows)  # gone with its epilog
+    assert slurm.node.request("GET", f"/v1/jobs/slurm-{short}/io")["bytes_per_s"]
+    for job in (short, mid, long):
+        (out / f"release-{job}").touch()
+    log = slurm.log.read_text()
+    print(log)
+    assert "FAILED" not in log
