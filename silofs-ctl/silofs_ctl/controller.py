@@ -50,6 +50,7 @@ class Controller:
         # order is not tried again until the order changes.
         self.fed: tuple[tuple[str, ...], bool] | None = None
         self.priority_lines: list[str] = []  # what the last round set (or would set)
+        self.checked_scheduler = False  # whether Slurm's scheduler heeds priority
         self.down: dict[str, str] = {}  # unreachable nodes, and why
         self.refused: dict[str, str] = {}  # nodes that refused an update last round
         self.pushed: Pushed = {}
@@ -175,6 +176,14 @@ class Controller:
             self.fed = (ids, True)
             return
         todo = [j for j in order if j.id in targets][: cfg.max_priority_updates]
+        if not self.checked_scheduler:
+            self.checked_scheduler = True
+            if self.slurm.priority_ignored():
+                log.warning(
+                    "slurm: SchedulerType=sched/builtin with PriorityType=priority/basic "
+                    "starts jobs in job id order whatever their priority: the SJF order "
+                    "set here changes nothing (use priority/multifactor or sched/backfill)"
+                )
         if dry_run or cfg.priority == "log":
             self.priority_lines = [
                 f"would run: scontrol update JobId={j.id} Priority={targets[j.id]}"

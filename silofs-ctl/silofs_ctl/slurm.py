@@ -395,6 +395,24 @@ class SlurmSource:
         self._run([self.config.scontrol, "update", f"JobId={job_id}", f"Priority={priority}"],
                   1 << 16)  # fmt: skip
 
+    def priority_ignored(self) -> bool:
+        """Does slurmctld start jobs in job id order whatever their priority? It does
+        with sched/builtin and priority/basic (its "fifo_sched", when all partitions
+        have one priority). False when it cannot tell."""
+        try:
+            out = self._run([self.config.scontrol, "show", "config"], 1 << 20)
+        except SlurmError:
+            return False
+        conf = {}
+        for line in out.splitlines():
+            key, sep, value = line.partition("=")
+            if sep:
+                conf[key.strip()] = value.strip()
+        return (
+            conf.get("SchedulerType") == "sched/builtin"
+            and conf.get("PriorityType") == "priority/basic"
+        )
+
     def _run(self, argv: Sequence[str], limit: int) -> str:
         return run_bounded(argv, self.config.timeout, limit)
 
