@@ -444,3 +444,18 @@ def test_a_scheduler_that_ignores_priority_is_named_once(
         fake.list.append(_queued("3", 0.5, 5))
         ctl.round(force=True)
     assert caplog.text.count("job id order whatever their priority") == 1
+
+
+def test_a_queued_jobs_dataset_keeps_its_idle_cache_before_others() -> None:
+    ctl, fake, nodes = _setup([])
+    n1 = nodes["n1"]
+    n1.datasets.clear()
+    n1.add_dataset(IMAGENET, 1300 * GB, cached=800 * GB)
+    n1.add_dataset(WIKI, 400 * GB, cached=300 * GB)
+    plan = ctl.round(force=True, dry_run=True)
+    assert plan is not None  # nobody reads either: the fuller one is kept first
+    assert plan.cache["n1"] == {IMAGENET: 800 * GB, WIKI: 200 * GB}
+    fake.list = [_queued("31", 1, 10, datasets=("s3://data/wiki",))]
+    plan = ctl.round(force=True, dry_run=True)
+    assert plan is not None and plan.queue[0].dataset == WIKI
+    assert plan.cache["n1"] == {WIKI: 300 * GB, IMAGENET: 700 * GB}
