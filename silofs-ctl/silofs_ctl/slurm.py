@@ -318,7 +318,7 @@ def parse_text(text: str, delim: str) -> list[SlurmJob]:
          user, comment) = f  # fmt: skip
         job_id, state = job_id.strip(), state.strip()
         if not job_id.isdigit():
-            raise SlurmError(f"squeue: odd job id {job_id[:40]!r}")
+            continue  # an array task (123_4) or het component (123+0): not ours to move
         if state not in PENDING and state not in RUNNING:
             continue
         nodes, tasks = _int(nnodes, 1), _int(ntasks, 1)

@@ -142,8 +142,10 @@ def test_the_text_form_survives_a_comment_holding_any_text() -> None:
                  "bob", evil)  # fmt: skip
     out += record("8", "RUNNING", "1", "1", "n1", "40", "cpu=1,gres/gpu=1", "N/A", "N/A",
                   "N/A", "ann", "(null)")  # fmt: skip
+    out += record("9_[1-4]", "PENDING", "1", "1", "", "40", "N/A", "N/A", "N/A", "N/A", "ann",
+                  "silofs=/d/y")  # fmt: skip
     jobs = parse_text(out, delim)
-    assert [j.id for j in jobs] == ["7", "8"]
+    assert [j.id for j in jobs] == ["7", "8"]  # a job array's id is not a job's
     assert jobs[0].gpus == 4 and jobs[0].datasets == ("/d/x",) and jobs[0].epochs == 3
     assert jobs[1].nodes == ("n1",) and not jobs[1].managed
     with pytest.raises(SlurmError, match="whole number"):
