@@ -46,6 +46,10 @@ class Controller:
         self.pool = ThreadPoolExecutor(max_workers=max(1, len(config.nodes)) + 1)
         self.slurm = SlurmSource(config.slurm) if config.slurm else None
         self.slurm_down: str | None = None  # why slurmctld did not answer last time
+        # slurmctld's last answer and when it was asked ([slurm] poll spares it a
+        # squeue of the whole queue every controller poll)
+        self.slurm_jobs: list[SlurmJob] = []
+        self.slurm_asked: float | None = None
         # The queue order last fed back (job ids), and whether Slurm took it: a refused
         # order is not tried again until the order changes.
         self.fed: tuple[tuple[str, ...], bool] | None = None
@@ -148,17 +152,22 @@ class Controller:
         """slurmctld's pending and running jobs; none (logged once) when it does not
         answer: the round goes on with what the daemons know."""
         assert self.slurm is not None
+        now = time.monotonic()
+        if self.slurm_asked is not None and now - self.slurm_asked < self.slurm.config.poll:
+            return self.slurm_jobs
+        self.slurm_asked = now
         try:
-            jobs = self.slurm.jobs()
+            self.slurm_jobs = self.slurm.jobs()
         except SlurmError as exc:
             if self.slurm_down != str(exc):
                 log.warning("slurm: %s (planning with what the daemons know)", exc)
             self.slurm_down = str(exc)
+            self.slurm_jobs = []
             return []
         if self.slurm_down is not None:
             log.warning("slurm: slurmctld answers again")
             self.slurm_down = None
-        return jobs
+        return self.slurm_jobs
 
     def feed_priorities(self, plan: Plan, *, dry_run: bool) -> None:
         """Give the managed pending jobs Slurm priorities in the plan's SJF order, when
@@ -210,6 +219,7 @@ class Controller:
                 self.fed = (ids, False)
                 break
             done += 1
+            self.slurm_asked = None  # the cached answer has the old priority
             self.priority_lines.append(
                 f"set: scontrol update JobId={job.id} Priority={targets[job.id]}"
                 f" (was {job.priority})"

@@ -34,7 +34,8 @@ CONFIG_KEYS = {
 NODE_KEYS = {"name", "socket", "address", "gpus", "cache"}
 TLS_KEYS = {"cert", "key", "ca"}
 SLURM_KEYS = {
-    "squeue", "scontrol", "timeout", "max_output", "format", "priority", "max_priority_updates",
+    "squeue", "scontrol", "poll", "timeout", "max_output", "format", "priority",
+    "max_priority_updates",
 }  # fmt: skip
 SLURM_FORMATS = ("auto", "json", "text")
 SLURM_PRIORITY = ("off", "log", "set")
@@ -137,6 +138,7 @@ def _slurm(ck: Checker, raw: Any) -> SlurmConfig | None:
         if key in raw and raw[key] not in allowed:
             raise ck.fail(where + (key,), f"{key} must be one of {', '.join(allowed)}")
     timeout = _positive(ck, raw, "timeout", d.timeout, where)
+    poll = _positive(ck, raw, "poll", d.poll, where)
     max_output = ck.size(raw["max_output"], where + ("max_output",), "max_output") if (
         "max_output" in raw) else d.max_output  # fmt: skip
     if max_output <= 0:
@@ -150,6 +152,7 @@ def _slurm(ck: Checker, raw: Any) -> SlurmConfig | None:
     return SlurmConfig(
         squeue=raw.get("squeue", d.squeue),
         scontrol=raw.get("scontrol", d.scontrol),
+        poll=poll,
         timeout=timeout,
         max_output=max_output,
         format=raw.get("format", d.format),

@@ -57,6 +57,7 @@ class SlurmConfig:
 
     squeue: str = "squeue"
     scontrol: str = "scontrol"
+    poll: float = 10.0  # ask slurmctld at most this often; the last answer serves between
     timeout: float = 10.0  # per squeue / scontrol call
     max_output: int = 64 << 20  # bytes of squeue output; more is an error
     format: str = "auto"  # auto | json | text

@@ -237,13 +237,17 @@ def test_slurm_settings_and_their_defaults(tmp_path: Path) -> None:
             'max_output = "1MiB"\n',
         )  # fmt: skip
     ).slurm
-    assert cfg == SlurmConfig("/opt/slurm/bin/squeue", "scontrol", 3.0, 1 << 20, "text", "set", 5)
+    assert cfg == SlurmConfig(
+        squeue="/opt/slurm/bin/squeue", timeout=3.0, max_output=1 << 20, format="text",
+        priority="set", max_priority_updates=5,
+    )  # fmt: skip
 
 
 @pytest.mark.parametrize(
     "body, message",
     [
         ('priority = "on"', "priority must be one of off, log, set"),
+        ('poll = "-1s"', "poll: duration must not be negative"),
         ('format = "xml"', "format must be one of auto, json, text"),
         ("timeout = 0", "timeout must be positive"),
         ("max_priority_updates = 0", "max_priority_updates must be positive"),
@@ -301,7 +305,7 @@ def _setup(jobs: list[SlurmJob], **slurm: object) -> tuple[Controller, FakeSlurm
     for node in nodes.values():
         node.add_dataset(IMAGENET, 1300 * GB)
     nodes["n1"].add_dataset(WIKI, 100 * GB)
-    cfg = SlurmConfig(**{"priority": "set", **slurm})  # type: ignore[arg-type]
+    cfg = SlurmConfig(**{"priority": "set", "poll": 0.0, **slurm})  # type: ignore[arg-type]
     ctl = Controller(config("sjf", slurm=cfg), factory=lambda node: nodes[node.name])
     fake = FakeSlurm(jobs, cfg)
     ctl.slurm = fake  # type: ignore[assignment]
@@ -461,3 +465,14 @@ def test_a_queued_jobs_dataset_keeps_its_idle_cache_before_others() -> None:
     plan = ctl.round(force=True, dry_run=True)
     assert plan is not None and plan.queue[0].dataset == WIKI
     assert plan.cache["n1"] == {WIKI: 300 * GB, IMAGENET: 700 * GB}
+
+
+def test_slurmctld_is_asked_at_most_every_poll_and_again_after_setting_priorities() -> None:
+    ctl, fake, _ = _setup([_queued("1", 9, 20), _queued("2", 1, 10)], poll=3600.0)
+    asked = []
+    real = fake.jobs
+    fake.jobs = lambda: asked.append(1) or real()  # type: ignore[method-assign]
+    ctl.round(force=True)  # asks, sets two priorities
+    ctl.round(force=True)  # asks again: its answer held the old priorities
+    ctl.round(force=True)  # within the poll: the last answer serves
+    assert len(asked) == 2 and len(fake.calls) == 2
