@@ -4,7 +4,9 @@ munge from Debian's packages), started by a fixture on this machine.
 Jobs submitted with sbatch name their dataset in --comment; the prolog mounts it and
 registers the job (GPUs from Slurm's gres, f*, epochs) with a real silofs daemon; the
 job reads through its mount; `silofs-ctl controller run --once` plans with what the
-registrations say; the epilog unmounts and forgets the job. Skipped, with the reason,
+registrations say; the epilog unmounts and forgets the job. With `[slurm]` the
+controller also reads slurmctld's queue and sets pending jobs' priorities in SJF-SiloD
+order, which Slurm then starts them in. Skipped, with the reason,
 where Slurm or munge is not installed or cannot start (not root, no ports).
 
 The Slurm node has two GPUs declared as gres on two character devices made like
