@@ -9,7 +9,13 @@ Python pyfuse3 allows: a dict lookup and a memoryview slice. bench/throughput.py
 of this process from /proc/PID/stat), so "silofs / ceiling" is the share of what one
 pyfuse3 process can do that silofs reaches. Never used by silofs itself.
 
-    python bench/rawfuse.py DATA MOUNTPOINT      # prints "ready" once mounted; SIGTERM unmounts
+--processes N (N >= 2) serves the one mount from N forked processes (silofs/mount/forked.py:
+fork after INIT, a cloned device per process, one reader of the device at a time); the
+parent then only supervises (it serves nothing, so it stays as it was right after INIT)
+and prints the children's pids after "ready" (`ready PID PID ...`) so a bench can add up
+their CPU.
+
+    python bench/rawfuse.py DATA MOUNTPOINT [--processes N]  # "ready" once mounted
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ import pyfuse3
 import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from silofs.mount import forked  # noqa: E402
 from silofs.mount.process import raise_read_ahead  # noqa: E402
 
 TIMEOUT = 3600.0
@@ -130,11 +137,69 @@ async def serve(fs: MemFS, mountpoint: str) -> None:
         pyfuse3.close(unmount=signalled)
 
 
+def serve_forked(fs: MemFS, mountpoint: str, processes: int) -> None:
+    """Mount, answer INIT, then serve from `processes` forked children until SIGTERM
+    (the parent unmounts) or an unmount (every child's read fails with ENODEV)."""
+    forked.release_after_receive(type(fs))
+    opts = set(pyfuse3.default_options) | {"fsname=rawfuse", "ro", "noatime"}
+    pyfuse3.init(fs, mountpoint, opts)
+    forked.run_until_init(fs)  # the kernel sends INIT right after the mount
+    raise_read_ahead(mountpoint, 1024)
+    fd = forked.fuse_fd()
+    token = forked.ReadToken()
+    forked.install(token)
+    pids = []
+    for _ in range(processes):
+        pid = os.fork()
+        if pid == 0:
+            code = 0
+            try:
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
+                forked.clone_device(fd)
+                trio.run(pyfuse3.main)
+            except BaseException as exc:  # noqa: BLE001 - a child reports and exits
+                if not forked.is_disconnected(exc):
+                    print(f"rawfuse child {os.getpid()}: {exc!r}", file=sys.stderr)
+                    code = 1
+            finally:
+                forked.give_token()  # the next process reads ENODEV in turn
+            forked.child_exit(code)
+        pids.append(pid)
+    print("ready", *pids, flush=True)
+
+    class Stop(Exception):
+        pass
+
+    def stop(*_: object) -> None:
+        raise Stop
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    alive = set(pids)
+    signalled = False
+    try:
+        while alive:
+            pid, _ = os.wait()
+            alive.discard(pid)
+    except Stop:
+        signalled = True
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    pyfuse3.close(unmount=signalled)  # the children read ENODEV and exit
+    for pid in alive:
+        os.waitpid(pid, 0)
+
+
 def main() -> None:
     data, mountpoint = sys.argv[1], sys.argv[2]
+    processes = 1
+    if len(sys.argv) > 4 and sys.argv[3] == "--processes":
+        processes = int(sys.argv[4])
     os.makedirs(mountpoint, exist_ok=True)
     fs = MemFS(data)
-    trio.run(serve, fs, os.path.realpath(mountpoint))
+    if processes > 1:
+        serve_forked(fs, os.path.realpath(mountpoint), processes)
+    else:
+        trio.run(serve, fs, os.path.realpath(mountpoint))
 
 
 if __name__ == "__main__":
