@@ -35,9 +35,12 @@ import fcntl
 import functools
 import inspect
 import logging
+import mmap
 import os
 import struct
 import sys
+import termios
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -74,36 +77,40 @@ def clone_device(fd: int) -> None:
         os.close(new)
 
 
-def run_until_init(ops: pyfuse3.Operations) -> None:
+async def answer_init(ops: pyfuse3.Operations) -> None:
     """Run pyfuse3.main() (after pyfuse3.init) until the kernel's INIT was answered.
 
     Nothing else is read: the cancellation lands at the loop's next checkpoint, which
     comes before its next receive (and before any second worker task's)."""
+    with trio.CancelScope() as scope:
+        original = ops.init
 
-    async def serve() -> None:
-        with trio.CancelScope() as scope:
-            original = ops.init
+        def init() -> None:
+            original()
+            scope.cancel()
 
-            def init() -> None:
-                original()
-                scope.cancel()
+        ops.init = init  # type: ignore[method-assign]
+        try:
+            await pyfuse3.main()
+        finally:
+            ops.init = original  # type: ignore[method-assign]
+    if not scope.cancelled_caught:
+        raise RuntimeError("the FUSE session ended before INIT")
 
-            ops.init = init  # type: ignore[method-assign]
-            try:
-                await pyfuse3.main()
-            finally:
-                ops.init = original  # type: ignore[method-assign]
-        if not scope.cancelled_caught:
-            raise RuntimeError("the FUSE session ended before INIT")
 
-    trio.run(serve)
+def run_until_init(ops: pyfuse3.Operations) -> None:
+    trio.run(answer_init, ops)
 
 
 class ReadToken:
-    """One byte in a pipe: the process holding it is the one reading /dev/fuse."""
+    """One byte in a pipe: the process holding it is the one reading /dev/fuse.
+
+    Its holder's pid is kept in shared memory, so the supervisor puts a new byte in the
+    pipe when a process dies holding it (`recover`), else every reader would wait."""
 
     def __init__(self) -> None:
         self.r, self.w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self._holder = mmap.mmap(-1, 8, flags=mmap.MAP_SHARED)
         os.write(self.w, b"t")
         self.holding = False
 
@@ -112,6 +119,7 @@ class ReadToken:
             try:
                 if os.read(self.r, 1):
                     self.holding = True
+                    struct.pack_into("<q", self._holder, 0, os.getpid())
                     return
             except BlockingIOError:
                 pass
@@ -120,7 +128,29 @@ class ReadToken:
     def give(self) -> None:
         if self.holding:
             self.holding = False
+            struct.pack_into("<q", self._holder, 0, 0)
             os.write(self.w, b"t")
+
+    def holder(self) -> int:
+        return int(struct.unpack_from("<q", self._holder, 0)[0])
+
+    def available(self) -> int:
+        """Bytes in the pipe (FIONREAD): 1 while no process holds the token."""
+        buf = fcntl.ioctl(self.r, termios.FIONREAD, b"\0\0\0\0")
+        return int(struct.unpack("<i", buf)[0])
+
+    def recover(self, dead: int) -> bool:
+        """After process `dead` ended: give the token back if it died holding it (or,
+        rarely, between taking the byte and writing its pid). True if it did."""
+        lost = self.holder() == dead
+        if not lost and self.holder() == 0 and self.available() == 0:
+            time.sleep(0.05)  # a live process between its read and its pid: it writes it
+            lost = self.holder() == 0 and self.available() == 0
+        if lost:
+            struct.pack_into("<q", self._holder, 0, 0)
+            os.write(self.w, b"t")
+            return True
+        return False
 
     async def wait_readable(self, fd: int) -> None:
         """pyfuse3's wait for the device: the token first, then readability."""

@@ -7,6 +7,10 @@ anything that would write, ENOENT for unknown names, EIO when a miss cannot be s
 lookup/getattr/readdir are served from the dataset's directory index in the shared LMDB
 env (mount/manifest.py), through a read txn at most 0.5 s old; never the network.
 Never fetches or verifies bytes itself (reader.py does).
+
+With several serving processes (`shared` set: mount/shared.py), a handle the kernel got
+from another process is derived from the shared table (its inode, generation and
+version), so any process answers any request of it the same way.
 """
 
 from __future__ import annotations
@@ -24,11 +28,13 @@ import pyfuse3
 from silofs.cache.listing import ListingReader
 from silofs.mount.manifest import Entry, Manifest
 from silofs.mount.reader import ChunkReader, MissError, OpenFile
+from silofs.mount.shared import SharedTables, TableFull, version_hash
 from silofs.records import ObjectInfo
 
 log = logging.getLogger(__name__)
 
 ATTR_CACHE = 8192  # attribute replies kept per mount
+ADOPTED = 4096  # handles opened by another serving process, kept derived per process
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
 
 
@@ -61,8 +67,18 @@ class SilofsFS(pyfuse3.Operations):
     enable_writeback_cache = False
     enable_acl = False
 
-    def __init__(self, manifest: Manifest, reader: ChunkReader, look: Presentation) -> None:
+    def __init__(
+        self,
+        manifest: Manifest,
+        reader: ChunkReader,
+        look: Presentation,
+        shared: SharedTables | None = None,
+    ) -> None:
         super().__init__()
+        self.shared = shared
+        # Handles another serving process opened, derived here once (bounded: the
+        # RELEASE of such a handle may land in yet another process).
+        self._adopted: OrderedDict[int, OpenFile] = OrderedDict()
         self.manifest = manifest
         self.reader = reader
         self.look = look
@@ -180,16 +196,44 @@ class SilofsFS(pyfuse3.Operations):
             raise pyfuse3.FUSEError(errno.ENOENT)
         if not node.is_dir:
             raise pyfuse3.FUSEError(errno.ENOTDIR)
-        fh = self._next_fh
-        self._next_fh += 1
+        if self.shared is not None:
+            try:
+                fh = self.shared.open_dir(inode, m.gen)
+            except TableFull:
+                raise pyfuse3.FUSEError(errno.ENFILE) from None
+        else:
+            fh = self._next_fh
+            self._next_fh += 1
         self._dirs[fh] = _DirHandle(inode, m.reader)
         return fh
+
+    def _dir_handle(self, fh: int) -> _DirHandle | None:
+        """A directory handle: this process's, or one another serving process opened
+        (its generation's reader, and where the last readdir stopped, from the table)."""
+        h = self._dirs.get(fh)
+        if self.shared is None:
+            return h
+        slot = self.shared.get(fh)
+        if slot is None:
+            return None
+        if h is None:
+            m = self.manifest
+            if slot.gen == m.gen:
+                listing = m.reader
+            elif m.previous is not None and m.previous.gen == slot.gen:
+                listing = m.previous
+            else:
+                listing = m.store.listing(m.dsid, slot.gen)
+            h = self._dirs[fh] = _DirHandle(slot.inode, listing)
+        if (h.pos, h.key) != (slot.value, slot.key):  # another process read on
+            h.pos, h.key = slot.value, slot.key
+        return h
 
     async def readdir(self, fh: int, start_id: int, token: pyfuse3.ReaddirToken) -> None:
         """Offsets are positions in the directory's index order (1 = after the first
         entry), stable for the generation the handle opened. pyfuse3 answers READDIRPLUS,
         so each entry carries its attributes and `ls -l`/`find` need no lookups."""
-        h = self._dirs.get(fh)
+        h = self._dir_handle(fh)
         if h is None:
             raise pyfuse3.FUSEError(errno.EBADF)
         m = self.manifest
@@ -230,9 +274,13 @@ class SilofsFS(pyfuse3.Operations):
                 break
             pos += 1
             h.pos, h.key = pos, key
+        if self.shared is not None:
+            self.shared.set_position(fh, h.pos, h.key)
 
     async def releasedir(self, fh: int) -> None:
         self._dirs.pop(fh, None)
+        if self.shared is not None:
+            self.shared.free(fh)
 
     # -- files -----------------------------------------------------------------------
     async def open(self, inode: int, flags: int, ctx: pyfuse3.RequestContext) -> pyfuse3.FileInfo:
@@ -245,8 +293,6 @@ class SilofsFS(pyfuse3.Operations):
             raise pyfuse3.FUSEError(errno.EISDIR)
         if flags & _WRITE_FLAGS:
             raise pyfuse3.FUSEError(errno.EROFS)
-        fh = self._next_fh
-        self._next_fh += 1
         # The ObjectInfo is decoded once per cached entry, not per open (the entry holds
         # the key as bytes): the same entry object gives the same object.
         cached = self._objs.get(inode)
@@ -258,6 +304,10 @@ class SilofsFS(pyfuse3.Operations):
             self._objs[inode] = (node, obj)
             if len(self._objs) > ATTR_CACHE:
                 self._objs.popitem(last=False)
+        if self.shared is not None:
+            return self._open_shared(node, obj)
+        fh = self._next_fh
+        self._next_fh += 1
         self._files[fh] = OpenFile(obj, inode=inode, gen=m.gen)
         versions = self._open_versions.setdefault(inode, {})
         others = len(versions) - (node.version in versions)
@@ -269,6 +319,60 @@ class SilofsFS(pyfuse3.Operations):
             self._page_versions.pop(inode, None)
             return pyfuse3.FileInfo(fh=fh, keep_cache=False, direct_io=True)
         return pyfuse3.FileInfo(fh=fh, keep_cache=self._keep_cache(node))
+
+    def _open_shared(self, node: Entry, obj: ObjectInfo) -> pyfuse3.FileInfo:
+        """open() with several serving processes: the handle is a slot of the shared
+        table. The kernel's pages of an inode are shared by every process's handles, so
+        the page decisions use what every process can see: a version listed when the
+        mount started is the only one ever served under its inode (keep the pages); for
+        an inode whose version changed since, a handle of another version open anywhere
+        means direct_io, and otherwise the pages are dropped (no process remembers which
+        version filled them: _page_versions is per process)."""
+        assert self.shared is not None
+        vhash = version_hash(obj.version, obj.content_id)
+        try:
+            fh = self.shared.open_file(node.inode, self.manifest.gen, vhash)
+        except TableFull:
+            raise pyfuse3.FUSEError(errno.ENFILE) from None
+        self._files[fh] = OpenFile(obj, inode=node.inode, gen=self.manifest.gen)
+        if node.since <= self.manifest.first_gen:
+            return pyfuse3.FileInfo(fh=fh, keep_cache=True)
+        if self.shared.other_versions_open(node.inode, vhash):
+            return pyfuse3.FileInfo(fh=fh, keep_cache=False, direct_io=True)
+        return pyfuse3.FileInfo(fh=fh, keep_cache=False)
+
+    def _adopt(self, fh: int) -> OpenFile | None:
+        """A file handle another serving process opened: the same version, from the
+        listing generation it was opened in (or the current one, if it still lists that
+        version); None if neither has it any more (the read is EIO, never another
+        version's bytes: promise 3)."""
+        assert self.shared is not None
+        f = self._adopted.get(fh)
+        if f is not None:
+            self._adopted.move_to_end(fh)
+            return f
+        slot = self.shared.get(fh)
+        if slot is None:
+            return None
+        m = self.manifest
+        m.renew()
+        node = None
+        if slot.gen == m.gen:
+            node = m.get(slot.inode)
+        elif m.previous is not None and m.previous.gen == slot.gen:
+            node = m.previous.get(m.txn, slot.inode)
+        else:
+            node = m.store.listing(m.dsid, slot.gen).get(m.txn, slot.inode)
+        if node is None or node.obj is None:
+            node = m.get(slot.inode)
+        obj = node.obj if node is not None else None
+        if obj is None or version_hash(obj.version, obj.content_id) != slot.value:
+            log.info("handle %d: the version it opened is no longer listed", fh)
+            raise pyfuse3.FUSEError(errno.EIO)
+        f = self._adopted[fh] = OpenFile(obj, inode=slot.inode, gen=slot.gen)
+        if len(self._adopted) > ADOPTED:
+            self._adopted.popitem(last=False)
+        return f
 
     def _keep_cache(self, node: Entry) -> bool:
         """Whether the kernel may keep the pages it holds of this inode: only if they can
@@ -293,6 +397,8 @@ class SilofsFS(pyfuse3.Operations):
 
     async def read(self, fh: int, off: int, size: int) -> bytes | memoryview:
         f = self._files.get(fh)
+        if f is None and self.shared is not None:
+            f = self._adopt(fh)
         if f is None:
             raise pyfuse3.FUSEError(errno.EBADF)
         if f.gen != self.manifest.gen:
@@ -351,6 +457,9 @@ class SilofsFS(pyfuse3.Operations):
             c.miss_bytes += n
 
     async def release(self, fh: int) -> None:
+        if self.shared is not None:
+            self._release_shared(fh)
+            return
         f = self._files.pop(fh, None)
         if f is not None:
             versions = self._open_versions.get(f.inode, {})
@@ -368,6 +477,17 @@ class SilofsFS(pyfuse3.Operations):
             node = self.manifest.get(f.inode)
             if node is None or node.version != f.obj.version:
                 self.stale_inodes.append(f.inode)
+
+    def _release_shared(self, fh: int) -> None:
+        assert self.shared is not None
+        f = self._files.pop(fh, None) or self._adopted.pop(fh, None)
+        slot = self.shared.get(fh)
+        self.shared.free(fh)
+        gen = f.gen if f is not None else slot.gen if slot is not None else self.manifest.gen
+        if gen != self.manifest.gen and slot is not None:
+            node = self.manifest.get(slot.inode)
+            if node is None or version_hash(node.version, node.content_id) != slot.value:
+                self.stale_inodes.append(slot.inode)
 
     async def flush(self, fh: int) -> None:
         # ENOSYS once makes the kernel stop sending FLUSH: +55% small-file reads.

@@ -4,16 +4,26 @@ Owns the life of one FUSE mount: readiness (the `silofs mount` parent returns on
 the mount answers), raising the bdi read-ahead, periodic counter reports, re-registering
 after a daemon restart, and a clean unmount on SIGTERM or `fusermount3 -u`. Never lists
 a store or fetches from one (the daemon does) and never writes LMDB.
+
+With --serve-processes N > 1 (mount/forked.py) this process registers, mounts and
+answers INIT, closes its LMDB env and its daemon connections, and forks N serving
+processes; it then only supervises them (Supervisor): a serving process that dies is
+replaced, SIGTERM unmounts (every serving process then reads ENODEV and ends), and it
+stays the pid the daemon watches for the mount's liveness. Each serving process opens
+its own env and its own daemon connections, follows the listing itself, and reports
+the counters of all of them (mount/shared.py) so status counts each byte once.
 """
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import logging
 import os
 import secrets
 import signal
 import time
+from collections import deque
 from collections.abc import Callable
 
 import pyfuse3
@@ -24,12 +34,20 @@ from silofs.config import MountSettings
 from silofs.control.client import AsyncControlClient, ControlError, quote_segment
 from silofs.errors import SilofsError
 from silofs.logsetup import reopen_log_files
+from silofs.mount import forked
 from silofs.mount.fs import Presentation, SilofsFS
 from silofs.mount.manifest import Entry, Manifest
 from silofs.mount.reader import ChunkReader, MissError
+from silofs.mount.shared import SharedTables
 from silofs.mountinfo import mounts
 
 log = logging.getLogger(__name__)
+
+# A serving process that dies is replaced, unless this many died within RESTART_WINDOW
+# seconds: then the mount is unmounted (readers get ENOTCONN), never left to hang.
+MAX_RESTARTS = 5
+RESTART_WINDOW = 60.0
+CHILD_EXIT_SECONDS = 10.0  # after the unmount, then SIGKILL
 
 
 async def open_dataset(
@@ -74,6 +92,7 @@ def raise_read_ahead(target: str, kb: int) -> None:
 class MountProcess:
     def __init__(self, settings: MountSettings, socket_path: str) -> None:
         self.s = settings
+        self.socket_path = socket_path
         self.client = AsyncControlClient(
             socket_path, max_connections=32, timeout=settings.daemon_timeout
         )
@@ -90,6 +109,10 @@ class MountProcess:
         self._offering = False
         self._relisting = False
         self.store: CacheStore | None = None
+        self.shared: SharedTables | None = None
+        self._ops: SilofsFS | None = None  # the object pyfuse3.init() was given
+        self.reg: dict = {}
+        self.first_gen: int | None = None
         self.lru = False
         # Resolved now: once mounted, this process must never stat its own mountpoint.
         self.realpath = os.path.realpath(settings.mountpoint)
@@ -181,47 +204,119 @@ class MountProcess:
         """Mount and serve until unmounted. ready(None) once serving, ready(msg) on failure."""
         try:
             reg = await self.register()
-            store = CacheStore(reg["cache_dir"], reg["map_size"], readonly=True)
-            # The listing stays in the env: opening it reads one record, whatever its size.
-            record = store.dataset_record(reg["dataset"])
-            building = reg.get("building_gen")
-            if building is not None:
-                # --list-in-background: serve the generation being written; lookups of
-                # names it does not hold yet wait until it is complete (fs.py).
-                record = {"gen": building}
-            elif "gen" not in record:
-                raise SilofsError(f"dataset {self.s.uri} has no saved listing")
-            manifest = Manifest(store, reg["dataset"], record, building=building is not None)
-            self.store = store
-            self.reader = ChunkReader(
-                store,
-                self.client,
-                dataset_id=reg["dataset"],
-                chunk_size=reg["chunk_size"],
-                buffer_bytes=self.s.buffer_bytes,
-                readahead_bytes=self.s.readahead_bytes,
-                reregister=self._reregister,
-            )
-            self.reader.registered(self.mount_id, self.lru)
-            look = Presentation(
-                self.s.uid,
-                self.s.gid,
-                self.s.file_mode,
-                self.s.dir_mode,
-                self.s.attr_timeout if self.s.metadata_ttl is None else self.s.metadata_ttl,
-            )
-            self.fs = SilofsFS(manifest, self.reader, look)
+            self._open(reg)
+            assert self.fs is not None
             pyfuse3.init(self.fs, self.s.mountpoint, self._options())
         except (ControlError, SilofsError, RuntimeError, OSError) as exc:
             await self._goodbye()
             ready(_mount_error(exc, self.s.mountpoint))
             return
         raise_read_ahead(self.realpath, self.s.read_ahead_kb)
-        log.info("mounted %s at %s (%d files)", self.s.uri, self.s.mountpoint, manifest.files)
+        log.info(
+            "mounted %s at %s (%d files)", self.s.uri, self.s.mountpoint, self.fs.manifest.files
+        )
         ready(None)
         await self._serve()
 
-    async def _serve(self) -> None:
+    def _open(self, reg: dict, shared: SharedTables | None = None) -> None:
+        """Open the env, the listing and the reader for registration `reg`: once, or in
+        each serving process after the fork (an LMDB env never crosses a fork)."""
+        self.reg = reg
+        store = CacheStore(reg["cache_dir"], reg["map_size"], readonly=True)
+        # The listing stays in the env: opening it reads one record, whatever its size.
+        record = store.dataset_record(reg["dataset"])
+        building = reg.get("building_gen")
+        if building is not None and record.get("gen") == building:
+            building = None  # a serving process forked after the listing completed
+        if building is not None:
+            # --list-in-background: serve the generation being written; lookups of
+            # names it does not hold yet wait until it is complete (fs.py).
+            record = {"gen": building}
+        elif "gen" not in record:
+            store.close()
+            raise SilofsError(f"dataset {self.s.uri} has no saved listing")
+        manifest = Manifest(store, reg["dataset"], record, building=building is not None)
+        if self.first_gen is not None:
+            # A serving process: what "listed when the mount started" means (fs.py
+            # _keep_cache) is the same in every process, restarted ones included.
+            manifest.first_gen = self.first_gen
+        self.store = store
+        self.reader = ChunkReader(
+            store,
+            self.client,
+            dataset_id=reg["dataset"],
+            chunk_size=reg["chunk_size"],
+            buffer_bytes=self.s.buffer_bytes,
+            readahead_bytes=self.s.readahead_bytes,
+            reregister=self._reregister,
+        )
+        self.reader.registered(self.mount_id, self.lru)
+        look = Presentation(
+            self.s.uid,
+            self.s.gid,
+            self.s.file_mode,
+            self.s.dir_mode,
+            self.s.attr_timeout if self.s.metadata_ttl is None else self.s.metadata_ttl,
+        )
+        if self._ops is None:
+            self.fs = self._ops = SilofsFS(manifest, self.reader, look, shared)
+        else:
+            # A serving process: pyfuse3 keeps calling the Operations object it was
+            # given before the fork (it has no call to replace it), so that object is
+            # set up again, with nothing left of the one the supervisor closed.
+            self._ops.__init__(manifest, self.reader, look, shared)  # type: ignore[misc]
+            self.fs = self._ops
+
+    def _close(self) -> None:
+        if self.fs is not None:
+            self.fs.manifest.close()  # before the env closes
+        if self.reader is not None:
+            self.reader.close()
+        self.fs = self.reader = self.store = None
+
+    async def prepare_fork(self, ready: Callable[[str | None], None]) -> bool:
+        """--serve-processes N: register, mount and answer INIT, then close everything
+        a fork must not share (the env, the daemon connections). False if it failed
+        (ready() was told why)."""
+        try:
+            reg = await self.register()
+            self._open(reg)
+            assert self.fs is not None
+            # Each handler gives the device's read token back first (forked.py).
+            forked.release_after_receive(SilofsFS)
+            pyfuse3.init(self.fs, self.s.mountpoint, self._options())
+        except (ControlError, SilofsError, RuntimeError, OSError) as exc:
+            await self._goodbye()
+            self._close()
+            ready(_mount_error(exc, self.s.mountpoint))
+            return False
+        await forked.answer_init(self.fs)
+        raise_read_ahead(self.realpath, self.s.read_ahead_kb)
+        self.first_gen = self.fs.manifest.first_gen
+        log.info(
+            "mounted %s at %s (%d files, %d serving processes)",
+            self.s.uri,
+            self.s.mountpoint,
+            self.fs.manifest.files,
+            self.s.serve_processes,
+        )
+        self._close()
+        await self.client.aclose()
+        return True
+
+    async def serve_forked(self, shared: SharedTables) -> None:
+        """One serving process, forked after INIT: its own env and daemon connections,
+        the counters it served so far (its row: a restarted process continues it)."""
+        self.shared = shared
+        self.client = AsyncControlClient(
+            self.socket_path, max_connections=32, timeout=self.s.daemon_timeout
+        )
+        self._open(self.reg, shared)
+        assert self.reader is not None
+        self.reader.counters = shared.own_counters()
+        await self._serve(child=True)
+
+    async def _serve(self, child: bool = False) -> None:
         unmount = True
         try:
             async with trio.open_nursery() as nursery:
@@ -229,20 +324,36 @@ class MountProcess:
                 self._nursery = nursery
                 self.reader.start(nursery)
                 nursery.start_soon(self._report_loop)
-                nursery.start_soon(self._signals)
+                nursery.start_soon(self._child_signals if child else self._signals)
                 await pyfuse3.main()
                 unmount = False  # main() returned: the kernel already unmounted us
                 nursery.cancel_scope.cancel()
         finally:
-            pyfuse3.close(unmount=unmount)
+            if child:
+                # The next process reads ENODEV in turn; the supervisor unmounts (once)
+                # and says goodbye; this one's counters go into the sum.
+                forked.give_token()
+            else:
+                pyfuse3.close(unmount=unmount)
             with trio.CancelScope(shield=True):
                 await self._report()
-                await self._goodbye()
-            if self.fs is not None:
-                self.fs.manifest.close()  # before the env closes
-            if self.reader is not None:
-                self.reader.close()
-            log.info("unmounted %s", self.s.mountpoint)
+                if not child:
+                    await self._goodbye()
+            self._close()
+            if not child:
+                log.info("unmounted %s", self.s.mountpoint)
+
+    async def _child_signals(self) -> None:
+        """A serving process: SIGTERM ends it (the supervisor replaces it, or is
+        unmounting); SIGHUP reopens the log, as the supervisor does."""
+        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as sigs:
+            async for signum in sigs:
+                if signum == signal.SIGHUP:
+                    reopen_log_files()
+                    continue
+                assert self._nursery is not None
+                self._nursery.cancel_scope.cancel()
+                return
 
     async def _signals(self) -> None:
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as sigs:
@@ -318,8 +429,14 @@ class MountProcess:
         if self.reader is None or not self.registered:
             return
         touched, self.reader.touched = self.reader.touched, []
+        counters = self.reader.counters
+        if self.shared is not None:
+            # Every serving process reports the sum of all of them (each row only grows,
+            # so the sums it reports only grow): status counts each byte once.
+            self.shared.publish(counters)
+            counters = self.shared.total()
         body = {
-            **dataclasses.asdict(self.reader.counters),
+            **dataclasses.asdict(counters),
             "touched": [k.hex() for k in touched],
         }
         try:
@@ -377,7 +494,164 @@ def _mount_error(exc: BaseException, mountpoint: str) -> str:
 def run_mount(
     settings: MountSettings, socket_path: str, ready: Callable[[str | None], None]
 ) -> None:
-    trio.run(MountProcess(settings, socket_path).run, ready)
+    mp = MountProcess(settings, socket_path)
+    if settings.serve_processes <= 1:
+        trio.run(mp.run, ready)
+        return
+    if trio.run(mp.prepare_fork, ready):
+        Supervisor(mp, socket_path).run(ready)
+
+
+class _Stop(Exception):
+    pass
+
+
+class Supervisor:
+    """--serve-processes N: the process that mounted, after INIT. Serves nothing (so each
+    fork is a copy of the state right after INIT, a replacement too), holds no env and
+    no socket; forks the serving processes, replaces one that dies, unmounts once."""
+
+    def __init__(self, mp: MountProcess, socket_path: str) -> None:
+        self.mp = mp
+        self.socket_path = socket_path
+        self.n = mp.s.serve_processes
+        self.shared = SharedTables(self.n)
+        self.token = forked.ReadToken()
+        self.fd = forked.fuse_fd()
+        self.children: dict[int, int] = {}  # pid -> index
+        self.deaths: deque[float] = deque()
+
+    def _spawn(self, index: int) -> None:
+        pid = os.fork()
+        if pid:
+            self.children[pid] = index
+            return
+        code = 0
+        try:
+            _die_with_parent()
+            for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD):
+                signal.signal(sig, signal.SIG_DFL)
+            forked.clone_device(self.fd)
+            self.shared.index = index
+            trio.run(self.mp.serve_forked, self.shared)
+        except BaseException as exc:  # noqa: BLE001 - the process ends here either way
+            if not forked.is_disconnected(exc):
+                log.error("serving process %d failed: %r", os.getpid(), exc)
+                code = 1
+        finally:
+            forked.give_token()
+        forked.child_exit(code)
+
+    def run(self, ready: Callable[[str | None], None]) -> None:
+        forked.install(self.token)
+
+        def stop(*_: object) -> None:
+            raise _Stop
+
+        def hangup(*_: object) -> None:
+            if _has_terminal():
+                raise _Stop
+            reopen_log_files()
+            for pid in self.children:
+                os.kill(pid, signal.SIGHUP)
+
+        # Told first: the ready pipe must not be inherited by the serving processes (the
+        # `silofs mount` parent reads it to EOF when something fails). Requests wait in
+        # the kernel until the first serving process reads them.
+        ready(None)
+        signal.signal(signal.SIGTERM, stop)
+        signal.signal(signal.SIGINT, stop)
+        signal.signal(signal.SIGHUP, hangup)
+        unmounted = False
+        try:
+            for i in range(self.n):
+                self._spawn(i)
+            while self.children:
+                pid, status = os.wait()
+                index = self.children.pop(pid)
+                if self.token.recover(pid):
+                    log.info("serving process %d held the device's read token: put back", pid)
+                if os.waitstatus_to_exitcode(status) == 0:
+                    unmounted = True  # it read ENODEV: the kernel unmounted us
+                if unmounted:
+                    continue
+                now = time.monotonic()
+                self.deaths.append(now)
+                while self.deaths and now - self.deaths[0] > RESTART_WINDOW:
+                    self.deaths.popleft()
+                if len(self.deaths) > MAX_RESTARTS:
+                    log.error(
+                        "%d serving processes died within %.0f s: unmounting %s",
+                        len(self.deaths),
+                        RESTART_WINDOW,
+                        self.mp.s.mountpoint,
+                    )
+                    break
+                log.warning(
+                    "serving process %d ended (%s): starting another",
+                    pid,
+                    _status_text(status),
+                )
+                self._spawn(index)
+        except _Stop:
+            pass
+        finally:
+            for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+                signal.signal(sig, signal.SIG_IGN)
+            self._end(unmount=not unmounted)
+
+    def _end(self, unmount: bool) -> None:
+        pyfuse3.close(unmount=unmount)  # the serving processes read ENODEV and end
+        deadline = time.monotonic() + CHILD_EXIT_SECONDS
+        while self.children:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+            if pid:
+                self.children.pop(pid, None)
+                self.token.recover(pid)
+                continue
+            if time.monotonic() > deadline:
+                for pid in self.children:
+                    log.warning("serving process %d did not end: killing it", pid)
+                    os.kill(pid, signal.SIGKILL)
+                for pid in list(self.children):
+                    os.waitpid(pid, 0)
+                self.children.clear()
+                break
+            time.sleep(0.02)
+        trio.run(self._goodbye)
+        log.info("unmounted %s", self.mp.s.mountpoint)
+
+    async def _goodbye(self) -> None:
+        mp = self.mp
+        mp.client = AsyncControlClient(self.socket_path, max_connections=2, timeout=5)
+        try:
+            with trio.move_on_after(5):
+                body = {**dataclasses.asdict(self.shared.total()), "touched": []}
+                await mp.client.json("PUT", f"/v1/mounts/{mp.mount_id}/stats", body)
+        except ControlError as exc:
+            log.debug("could not report counters: %s", exc)
+        await mp._goodbye()
+        await mp.client.aclose()
+
+
+def _die_with_parent() -> None:
+    """A serving process ends with its supervisor (kill -9 included): the connection is
+    then aborted and readers get ENOTCONN, as with one process, instead of a mount
+    nobody can unmount cleanly."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        PR_SET_PDEATHSIG = 1
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() == 1:
+        os._exit(1)
+
+
+def _status_text(status: int) -> str:
+    if os.WIFSIGNALED(status):
+        return f"signal {os.WTERMSIG(status)}"
+    return f"exit status {os.waitstatus_to_exitcode(status)}"
 
 
 def _has_terminal() -> bool:

@@ -1,0 +1,167 @@
+"""--serve-processes N: one mount served by N forked pyfuse3 processes (mount/forked.py).
+
+Owns, on real FUSE mounts: every file reads correctly whichever process serves which
+request (handles opened in one process and read or released in another), status counts
+each byte once, a refresh while files are open keeps each open file at its version, an
+unmount (SIGTERM or fusermount3 -u) ends every process, and a killed serving process is
+replaced while the mount keeps serving (its readers get an error, never a hang).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import threading
+from pathlib import Path
+
+import pytest
+
+from .conftest import force_unmount, mounted, needs_fuse, wait_for
+
+pytestmark = [needs_fuse, pytest.mark.fuse]
+
+CHUNK = 256 << 10
+
+
+def _tree(n: int) -> dict[str, bytes]:
+    rng = random.Random(11)
+    return {f"d{i % 4}/f{i:03d}.bin": rng.randbytes(rng.randrange(1, 3 * CHUNK)) for i in range(n)}
+
+
+def _serving(mp: Path) -> tuple[int, list[int]]:
+    """(supervisor pid, serving pids) of the mount at `mp`: the supervisor's children."""
+    out = subprocess.run(["pgrep", "-f", f"mount-process.*{mp}"], capture_output=True, text=True)
+    pids = [int(p) for p in out.stdout.split()]
+    ppid = {p: int(Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()[1]) for p in pids}
+    sup = [p for p in pids if ppid[p] not in pids]
+    assert len(sup) == 1, (pids, ppid)
+    return sup[0], [p for p in pids if ppid[p] == sup[0]]
+
+
+def _cpu(pid: int) -> int:
+    f = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return int(f[11]) + int(f[12])
+
+
+def test_reads_from_every_process_are_correct_and_counted_once(
+    make_node, local_store, monkeypatch, bucket_name, tmp_path: Path
+) -> None:
+    files = _tree(60)
+    local_store.apply_env(monkeypatch)
+    local_store.create(bucket_name, files)
+    node = make_node()
+    mp = node.mount(
+        local_store.uri(bucket_name),
+        tmp_path / "m",
+        "--chunk-size",
+        "256K",
+        "--serve-processes",
+        "3",
+    )
+    sup, kids = _serving(mp)
+    assert len(kids) == 3
+    before = {p: _cpu(p) for p in kids}
+    errors: list[str] = []
+
+    def reader(seed: int) -> None:
+        names = sorted(files)
+        random.Random(seed).shuffle(names)
+        for name in names:
+            with open(mp / name, "rb") as f:  # OPEN, READs, RELEASE land anywhere
+                if f.read() != files[name]:
+                    errors.append(name)
+
+    for _ in range(2):  # the second round: warm (hits and the kernel's pages)
+        threads = [threading.Thread(target=reader, args=(s,)) for s in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert not errors
+    assert sorted(os.listdir(mp / "d1")) == sorted(
+        n.split("/")[1] for n in files if n.startswith("d1/")
+    )
+    assert all(_cpu(p) > before[p] for p in kids), "some serving process served nothing"
+    # Each file was read whole by the first round at least once; the page cache serves
+    # the rest. Status sums the processes' counters: no byte is counted twice.
+    total = sum(len(b) for b in files.values())
+    m = node.settle(mp, total)
+    assert m["bytes_read"] <= 8 * total
+    served = m["served_bytes"]
+    assert served["cache"] + served["buffer"] + served["store"] == m["bytes_read"]
+
+
+def test_unmount_ends_every_process(
+    make_node, local_store, monkeypatch, bucket_name, tmp_path: Path
+) -> None:
+    files = _tree(8)
+    local_store.apply_env(monkeypatch)
+    local_store.create(bucket_name, files)
+    node = make_node()
+    uri = local_store.uri(bucket_name)
+    a = node.mount(uri, tmp_path / "a", "--serve-processes", "2")
+    b = node.mount(uri, tmp_path / "b", "--serve-processes", "2")
+    for mp, how in ((a, "sigterm"), (b, "fusermount")):
+        sup, kids = _serving(mp)
+        assert (mp / "d0/f000.bin").read_bytes() == files["d0/f000.bin"]
+        if how == "sigterm":
+            os.kill(sup, signal.SIGTERM)
+        else:
+            subprocess.run(["fusermount3", "-u", str(mp)], check=True)
+        for pid in [sup, *kids]:
+            wait_for(
+                lambda pid=pid: (
+                    not Path(f"/proc/{pid}").exists()
+                    or "Z" in Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1][:3]
+                ),
+                what=f"process {pid} to end ({how})",
+            )
+        assert not mounted(mp)
+    wait_for(lambda: not node.status()["mounts"], what="the mounts to say goodbye")
+
+
+def test_a_killed_serving_process_is_replaced(
+    make_node, local_store, monkeypatch, bucket_name, tmp_path: Path
+) -> None:
+    files = _tree(40)
+    local_store.apply_env(monkeypatch)
+    local_store.create(bucket_name, files)
+    node = make_node()
+    mp = node.mount(local_store.uri(bucket_name), tmp_path / "m", "--serve-processes", "2")
+    sup, kids = _serving(mp)
+    stop = threading.Event()
+    outcomes: list[str] = []
+
+    def reader() -> None:
+        names = sorted(files)
+        while not stop.is_set():
+            for name in names:
+                try:
+                    with open(mp / name, "rb") as f:
+                        data = f.read()
+                    outcomes.append("ok" if data == files[name] else f"wrong {name}")
+                except OSError as exc:  # a request the killed process had read: an error
+                    outcomes.append(f"error {exc.errno}")
+
+    threads = [threading.Thread(target=reader) for _ in range(3)]
+    for t in threads:
+        t.start()
+    try:
+        wait_for(lambda: len(outcomes) > 50, what="reads before the kill")
+        os.kill(kids[0], signal.SIGKILL)
+        wait_for(
+            lambda: len(_serving(mp)[1]) == 2 and kids[0] not in _serving(mp)[1],
+            what="a replacement serving process",
+        )
+        n = len(outcomes)
+        wait_for(lambda: len(outcomes) > n + 100, what="reads after the replacement")
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(60)
+    assert not any(t.is_alive() for t in threads), "a reader hung"
+    assert not [o for o in outcomes if o.startswith("wrong")]
+    assert (mp / "d0/f000.bin").read_bytes() == files["d0/f000.bin"]
+    force_unmount(str(mp))
