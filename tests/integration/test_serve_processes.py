@@ -9,6 +9,7 @@ replaced while the mount keeps serving (its readers get an error, never a hang).
 
 from __future__ import annotations
 
+import errno
 import os
 import random
 import signal
@@ -91,6 +92,48 @@ def test_reads_from_every_process_are_correct_and_counted_once(
     assert m["bytes_read"] <= 8 * total
     served = m["served_bytes"]
     assert served["cache"] + served["buffer"] + served["store"] == m["bytes_read"]
+
+
+def test_a_refresh_while_files_are_open_keeps_each_handle_at_its_version(
+    make_node, local_store, monkeypatch, bucket_name, tmp_path: Path
+) -> None:
+    rnd = random.Random(13)
+    old, new = rnd.randbytes(2 * CHUNK), rnd.randbytes(2 * CHUNK)  # same size
+    local_store.apply_env(monkeypatch)
+    local_store.create(bucket_name, {"f.bin": old})
+    uri = local_store.uri(bucket_name)
+    node = make_node()
+    node.expect_errors(r"changed since (this mount listed it|listing)")
+    a = node.mount(uri, tmp_path / "a", "--chunk-size", "256K", "--serve-processes", "3")
+    f = a / "f.bin"
+    # Several handles, opened (and read) by whichever processes the kernel picked.
+    fds = [os.open(f, os.O_RDONLY) for _ in range(6)]
+    try:
+        for fd in fds:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+            assert os.pread(fd, 4096, 0) == old[:4096]
+        mtime = os.stat(f).st_mtime_ns
+        local_store.put(bucket_name, "f.bin", new)
+        node.mount(uri, tmp_path / "b", "--chunk-size", "256K", "--refresh")
+        wait_for(lambda: os.stat(f).st_mtime_ns != mtime, what="mount a to follow")
+
+        for _ in range(3):  # opened while old handles are open: direct_io, new bytes
+            assert f.read_bytes() == new
+        for _ in range(3):  # each read may land in another process
+            for fd in fds:
+                for off in (CHUNK + 100, 0, 5000):
+                    try:
+                        got = os.pread(fd, 4096, off)
+                    except OSError as exc:  # the store refuses the old version
+                        assert exc.errno == errno.EIO
+                        continue
+                    assert got == old[off : off + 4096], f"new bytes at {off}, old handle"
+        assert os.pread(fds[0], 4096, 0) == old[:4096]  # its cached chunk: still served
+    finally:
+        for fd in fds:
+            os.close(fd)
+    assert f.read_bytes() == new
+    assert f.read_bytes() == new
 
 
 def test_unmount_ends_every_process(
