@@ -113,21 +113,33 @@ class ReadToken:
         self._holder = mmap.mmap(-1, 8, flags=mmap.MAP_SHARED)
         os.write(self.w, b"t")
         self.holding = False
+        self._pid = os.getpid()  # a syscall per call: kept, and set again in a child
+        os.register_at_fork(after_in_child=self._forked)
+        self._gave = False  # gave it at a handler's start since it last took it
 
-    async def take(self) -> None:
+    async def take(self, wait_first: bool = False) -> None:
+        """Take the byte; `wait_first` when this process just gave it (another is
+        taking it now: reading at once would only fail)."""
+        if wait_first:
+            await trio.lowlevel.wait_readable(self.r)
         while True:
             try:
                 if os.read(self.r, 1):
                     self.holding = True
-                    struct.pack_into("<q", self._holder, 0, os.getpid())
+                    struct.pack_into("<q", self._holder, 0, self._pid)
                     return
             except BlockingIOError:
                 pass
             await trio.lowlevel.wait_readable(self.r)
 
+    def _forked(self) -> None:
+        self._pid = os.getpid()
+        self.holding = self._gave = False
+
     def give(self) -> None:
         if self.holding:
             self.holding = False
+            self._gave = True
             struct.pack_into("<q", self._holder, 0, 0)
             os.write(self.w, b"t")
 
@@ -155,7 +167,8 @@ class ReadToken:
     async def wait_readable(self, fd: int) -> None:
         """pyfuse3's wait for the device: the token first, then readability."""
         self.give()  # the request this process read last is in: another may read
-        await self.take()
+        gave, self._gave = self._gave, False
+        await self.take(wait_first=gave)
         try:
             await trio.lowlevel.wait_readable(fd)
         except BaseException:

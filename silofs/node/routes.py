@@ -180,7 +180,25 @@ def process_memory(pid: int) -> dict[str, int] | None:
     """A process's resident memory split as `top` does not: anon_bytes (RssAnon, what it
     allocated itself) and file_bytes (RssFile: for a mount process mostly the pages of
     the LMDB env it has mapped, shared with every other mount and the page cache, and
-    reclaimable). None if it has gone or /proc is unreadable."""
+    reclaimable), summed with its children's (a mount's serving processes with
+    --serve-processes; a page mapped by several of them counts in each, as in `top`).
+    None if it has gone or /proc is unreadable."""
+    out = _rss(pid)
+    if out is None:
+        return None
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            children = [int(c) for c in f.read().split()]
+    except (OSError, ValueError):
+        children = []
+    for child in children[:64]:  # bounded: a mount has at most 16
+        more = _rss(child)
+        if more is not None:
+            out = {k: v + more[k] for k, v in out.items()}
+    return out
+
+
+def _rss(pid: int) -> dict[str, int] | None:
     out = {}
     try:
         with open(f"/proc/{pid}/status") as f:
