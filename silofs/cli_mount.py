@@ -41,6 +41,7 @@ VALUE_OPTIONS = {
     "region",
     "profile",
     "metadata_ttl",
+    "serve_processes",
 }
 # -o flag -> `silofs mount --flag`
 FLAG_OPTIONS = {

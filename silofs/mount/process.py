@@ -111,6 +111,7 @@ class MountProcess:
         self.store: CacheStore | None = None
         self.shared: SharedTables | None = None
         self._ops: SilofsFS | None = None  # the object pyfuse3.init() was given
+        self.signalled = False  # a serving process ended by a signal (not an unmount)
         self.reg: dict = {}
         self.first_gen: int | None = None
         self.lru = False
@@ -351,6 +352,7 @@ class MountProcess:
                 if signum == signal.SIGHUP:
                     reopen_log_files()
                     continue
+                self.signalled = True  # not the unmount: the supervisor replaces it
                 assert self._nursery is not None
                 self._nursery.cancel_scope.cancel()
                 return
@@ -534,6 +536,8 @@ class Supervisor:
             forked.clone_device(self.fd)
             self.shared.index = index
             trio.run(self.mp.serve_forked, self.shared)
+            if self.mp.signalled:
+                code = 3  # exit status 0 means "the kernel unmounted us" to run()
         except BaseException as exc:  # noqa: BLE001 - the process ends here either way
             if not forked.is_disconnected(exc):
                 log.error("serving process %d failed: %r", os.getpid(), exc)

@@ -200,6 +200,15 @@ def test_a_killed_serving_process_is_replaced(
         )
         n = len(outcomes)
         wait_for(lambda: len(outcomes) > n + 100, what="reads after the replacement")
+        # A SIGTERM to a serving process is not an unmount either: it is replaced too.
+        victim = _serving(mp)[1][0]
+        os.kill(victim, signal.SIGTERM)
+        wait_for(
+            lambda: len(_serving(mp)[1]) == 2 and victim not in _serving(mp)[1],
+            what="a replacement after SIGTERM",
+        )
+        n = len(outcomes)
+        wait_for(lambda: len(outcomes) > n + 50, what="reads after the second replacement")
     finally:
         stop.set()
         for t in threads:
