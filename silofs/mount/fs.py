@@ -205,6 +205,8 @@ class SilofsFS(pyfuse3.Operations):
             fh = self._next_fh
             self._next_fh += 1
         self._dirs[fh] = _DirHandle(inode, m.reader)
+        if self.shared is not None and len(self._dirs) > ADOPTED:
+            self._dirs.pop(next(iter(self._dirs)))  # its RELEASEDIR may land elsewhere
         return fh
 
     def _dir_handle(self, fh: int) -> _DirHandle | None:
@@ -225,6 +227,8 @@ class SilofsFS(pyfuse3.Operations):
             else:
                 listing = m.store.listing(m.dsid, slot.gen)
             h = self._dirs[fh] = _DirHandle(slot.inode, listing)
+            if len(self._dirs) > ADOPTED:  # its RELEASEDIR may land elsewhere: bounded
+                self._dirs.pop(next(iter(self._dirs)))
         if (h.pos, h.key) != (slot.value, slot.key):  # another process read on
             h.pos, h.key = slot.value, slot.key
         return h
@@ -334,7 +338,10 @@ class SilofsFS(pyfuse3.Operations):
             fh = self.shared.open_file(node.inode, self.manifest.gen, vhash)
         except TableFull:
             raise pyfuse3.FUSEError(errno.ENFILE) from None
-        self._files[fh] = OpenFile(obj, inode=node.inode, gen=self.manifest.gen)
+        # Kept with the adopted ones, bounded: its RELEASE may land in another process.
+        self._adopted[fh] = OpenFile(obj, inode=node.inode, gen=self.manifest.gen)
+        if len(self._adopted) > ADOPTED:
+            self._adopted.popitem(last=False)
         if node.since <= self.manifest.first_gen:
             return pyfuse3.FileInfo(fh=fh, keep_cache=True)
         if self.shared.other_versions_open(node.inode, vhash):
@@ -480,7 +487,7 @@ class SilofsFS(pyfuse3.Operations):
 
     def _release_shared(self, fh: int) -> None:
         assert self.shared is not None
-        f = self._files.pop(fh, None) or self._adopted.pop(fh, None)
+        f = self._adopted.pop(fh, None)
         slot = self.shared.get(fh)
         self.shared.free(fh)
         gen = f.gen if f is not None else slot.gen if slot is not None else self.manifest.gen
