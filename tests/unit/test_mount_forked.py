@@ -1,0 +1,56 @@
+"""mount/forked.py's read token: one process at a time reads /dev/fuse.
+
+Owns: a process that dies holding the token has it put back by the supervisor
+(recover), and one that gave it back is not mistaken for a holder; a handler gives the
+token back first thing (release_after_receive).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pyfuse3
+import trio
+
+from silofs.mount import forked
+
+
+def test_a_token_lost_with_its_holder_is_put_back() -> None:
+    token = forked.ReadToken()
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # a serving process: takes the token, says so, then is killed
+        trio.run(token.take)
+        os.write(w, b"x")
+        signal.pause()
+        os._exit(0)
+    assert os.read(r, 1) == b"x"
+    assert token.holder() == pid and token.available() == 0
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    assert token.recover(pid)
+    assert token.available() == 1 and token.holder() == 0
+    assert not token.recover(pid)  # nothing lost now: no second token
+
+
+def test_a_handler_gives_the_token_back_first() -> None:
+    token = forked.ReadToken()
+
+    class Ops(pyfuse3.Operations):
+        async def getattr(self, inode: int, ctx: object) -> str:
+            return "held" if token.holding else "given"
+
+    forked.release_after_receive(Ops)
+    forked._token = token
+    try:
+
+        async def main() -> str:
+            await token.take()
+            assert token.holding
+            return await Ops().getattr(1, None)
+
+        assert trio.run(main) == "given"
+        assert token.available() == 1
+    finally:
+        forked._token = None
