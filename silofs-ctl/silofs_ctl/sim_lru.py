@@ -174,6 +174,16 @@ class LruReader:
     rate: float
 
 
+@dataclass(frozen=True)
+class Equilibrium:
+    """What equilibrium() found: each dataset's holding, the pool's characteristic time
+    (None: everything fits) and each reader's rate at that holding (for a warm start)."""
+
+    held: dict[str, float]
+    time: float | None
+    rates: list[float]
+
+
 def equilibrium_holdings(
     capacity: float,
     sizes: Mapping[str, float],
@@ -182,19 +192,40 @@ def equilibrium_holdings(
     guess: float | None = None,
     rounds: int = 12,
 ) -> tuple[dict[str, float], float | None]:
+    """equilibrium()'s holdings and characteristic time, started from the rates now."""
+    found = equilibrium(capacity, sizes, readers, link, guess, rounds)
+    return found.held, found.time
+
+
+def equilibrium(
+    capacity: float,
+    sizes: Mapping[str, float],
+    readers: Sequence[LruReader],
+    link: float,
+    guess: float | None = None,
+    rounds: int = 12,
+    start: Sequence[float] | None = None,
+) -> Equilibrium:
     """Che holdings at the rates they lead to: a dataset's holding sets its readers'
     steady hit ratio, the hit ratios set their rates (the link shared max-min by what
-    they miss), and the rates set the holdings. Iterated from the rates now, damped.
+    they miss), and the rates set the holdings. Iterated from `start` (default: the
+    rates now), damped, until the rates move by under 1%.
 
     Holdings from the rates now alone lag behind a feedback that real LRUs have: found
     by bench/silod_live.py, where a 40 MB dataset read at 20 MB/s when cached came to be
     held whole by the daemon's LRU (hit ratio 0.82), while holdings from its IO-bound
-    rate of 5 MB/s kept it at 29 MB (0.29 in the simulator)."""
+    rate of 5 MB/s kept it at 29 MB (0.29 in the simulator).
+
+    A start near the answer (the last equilibrium's rates when one reader came or went)
+    ends after a round or two instead of up to `rounds`."""
     # Imported here: policies import the estimator and model, not this module, but keep
     # this module free of import-time dependencies on them.
     from .policies.base import water_fill
 
-    rates = [r.rate if r.rate > 0 else r.ceiling for r in readers]
+    if start is None:
+        rates = [r.rate if r.rate > 0 else r.ceiling for r in readers]
+    else:
+        rates = list(start)
     held: dict[str, float] = {}
     for _ in range(rounds):
         by_dataset: dict[str, list[float]] = {}
@@ -217,6 +248,7 @@ def equilibrium_holdings(
             for i, (r, hit) in enumerate(zip(readers, hits, strict=True))
         ]
         if all(abs(a - b) <= 1e-2 * max(b, 1.0) for a, b in zip(new, rates, strict=True)):
+            rates = new
             break
         rates = [(a + b) / 2 for a, b in zip(new, rates, strict=True)]  # damped
-    return held, guess
+    return Equilibrium(held, guess, rates)

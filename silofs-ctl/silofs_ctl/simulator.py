@@ -270,6 +270,13 @@ class Simulation:
         self.resident: dict[str, float] = {}  # LRU: bytes of each dataset held
         self.target: dict[str, float] = {}  # LRU: steady-state holding
         self.lru_time: float | None = None  # LRU: the pool's characteristic time, last
+        # LRU: what the holdings were last found for (each running reader's dataset, rate
+        # ceiling and IO cap: nothing else moves them), and the readers' rates there by
+        # job name, to start the next search from (see _lru_targets).
+        self.lru_key: tuple[tuple[str, float, float | None], ...] | None = None
+        self.lru_rates: dict[str, float] = {}
+        # LRU: datasets whose holding is below its target, still growing with inflow
+        self.growing: set[str] = set()
         self.timeline: list[tuple[float, float, float]] = []
         # (time, worst, average) of rate / equal-share rate over the active jobs, at plans
         self.fairness_timeline: list[tuple[float, float, float]] = []
@@ -533,20 +540,67 @@ class Simulation:
         self.filled[key] = keep
 
     def _lru_targets(self) -> None:
+        """The pool's steady-state holdings (at a re-plan: only GPU shares and IO caps
+        move them).
+
+        They are the holdings at the rates they lead to (sim_lru.equilibrium), a function
+        of the running readers' datasets, rate ceilings and IO caps alone, so they are
+        found again only when one of those changed: not at epoch ends (the rates within
+        an epoch slide with the LRU hit profile, the equilibrium does not), nor when a
+        re-plan only queued an arrival. The search starts from the last equilibrium's
+        rates, so a reader coming or going costs a round or two, not twelve."""
         readers: list[sim_lru.LruReader] = []
+        names: list[str] = []
         sizes: dict[str, float] = {}
         for job in self.active.values():
+            if job.share <= 0:
+                continue  # waiting: reads nothing, holds nothing
             gpu_rate = job.share * job.spec.ideal_io
             readers.append(sim_lru.LruReader(job.spec.dataset, gpu_rate, job.io_cap, job.rate))
+            names.append(job.name)
             sizes[job.spec.dataset] = job.size
-        for key in list(self.inflow):
-            self._sync_unit(key)  # what was fetched so far counts against the old targets
-        # The holdings at the rates they lead to, not at the rates now (sim_lru).
-        self.target, self.lru_time = sim_lru.equilibrium_holdings(
-            self.cluster.total_cache, sizes, readers, self.scenario.remote_io, self.lru_time
+        key = tuple((r.dataset, r.ceiling, r.io_cap) for r in readers)
+        if key == self.lru_key:
+            return
+        self.lru_key = key
+        for unit in list(self.inflow):
+            self._sync_unit(unit)  # what was fetched so far counts against the old targets
+        old = self.lru_rates
+        start = [
+            old.get(name) or (r.rate if r.rate > 0 else r.ceiling)
+            for name, r in zip(names, readers, strict=True)
+        ]
+        found = sim_lru.equilibrium(
+            self.cluster.total_cache,
+            sizes,
+            readers,
+            self.scenario.remote_io,
+            self.lru_time,
+            start=start,
         )
+        self.target, self.lru_time = found.held, found.time
+        self.lru_rates = dict(zip(names, found.rates, strict=True))
         for dataset in list(self.resident):
             self.resident[dataset] = min(self.resident[dataset], self.target.get(dataset, 0.0))
+        self.growing = {
+            d for d, want in self.target.items() if self.resident.get(d, 0.0) < want
+        }
+
+    def _lru_grow(self) -> None:
+        """Datasets whose holding still grows towards its target: their readers' hit
+        ratios moved since they were last rated (an epoch end looks, as the re-target at
+        every epoch end did; a reader also looks at each of its own events)."""
+        readers = self._unit_readers()
+        for dataset in list(self.growing):
+            if self.inflow.get(dataset, 0.0) <= 0:
+                continue  # nothing fetched into it now: its holding stays
+            self._sync_unit(dataset)
+            if self.resident.get(dataset, 0.0) >= self.target.get(dataset, 0.0):
+                self.growing.discard(dataset)
+            for other in readers.get(dataset, ()):
+                if other.share > 0 and other.epochs_done > 0:
+                    if other.lru_held != self._lru_held(other):
+                        self.touched[other.name] = other
 
     # ------------------------------------------------------------------ rates
 
@@ -709,11 +763,8 @@ class Simulation:
                 self._sync_unit(job.unit)
                 job.effective = self.filled[job.unit] if not self.lru else 0.0
                 if self.lru:
-                    # the holdings follow the readers' rates: every LRU hit may move
-                    self._lru_targets()
-                    for other in self.running.values():
-                        if other.epochs_done > 0 and other.lru_held != self._lru_held(other):
-                            self.touched[other.name] = other
+                    # the targets stand until a re-plan; holdings still growing move hits
+                    self._lru_grow()
                 elif abs(self._hit(job) - job.hit) > _REPLAN_HIT_CHANGE:
                     self.dirty = True  # what it fetched last epoch is effective now
         for key in list(self.filling):
