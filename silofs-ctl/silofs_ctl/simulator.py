@@ -298,6 +298,8 @@ class Simulation:
         self.touched: dict[str, _Job] = {}  # jobs whose rate an event may have changed
         self.demand: dict[str, float] = {}  # running jobs' remote demand, capped
         self.contended = False  # demands exceeded the link at the last water fill
+        # The water level of that fill when contended: the share of every demand above it.
+        self.level = math.inf
         self.total_rate = self.total_remote = 0.0
 
     def request_stop(self) -> None:
@@ -582,9 +584,7 @@ class Simulation:
         self.lru_rates = dict(zip(names, found.rates, strict=True))
         for dataset in list(self.resident):
             self.resident[dataset] = min(self.resident[dataset], self.target.get(dataset, 0.0))
-        self.growing = {
-            d for d, want in self.target.items() if self.resident.get(d, 0.0) < want
-        }
+        self.growing = {d for d, want in self.target.items() if self.resident.get(d, 0.0) < want}
 
     def _lru_grow(self) -> None:
         """Datasets whose holding still grows towards its target: their readers' hit
@@ -607,19 +607,34 @@ class Simulation:
     def _rerate(self, jobs: list[_Job], everyone: bool = False) -> None:
         """New rates for `jobs` (brought up to date here), and for any other running job
         whose max-min share of the link moves with their demands."""
+        level = self.level
+        # Stays True while every changed demand was and is at or above the water level.
+        held = self.contended and not everyone
         for job in jobs:
             self._sync(job)
             if job.share <= 0:
                 continue
             job.hit = self._hit(job)
             need = job.share * job.spec.ideal_io * (1.0 - job.hit)
-            self.demand[job.name] = need if job.io_cap is None else min(need, job.io_cap)
+            need = need if job.io_cap is None else min(need, job.io_cap)
+            if held and (need < level or self.demand.get(job.name, -1.0) < level):
+                held = False
+            self.demand[job.name] = need
+        if held:
+            # Demands above the level get the level whatever they are, and the ones below
+            # it did not move: water_fill would give the same level and the same shares
+            # (thrashing LRU readers mostly change this way, within an epoch).
+            for job in jobs:
+                if job.share > 0:
+                    self._set_rate(job, level)
+            return
         link = self.scenario.remote_io
         contended = sum(self.demand.values()) > link
         if contended or self.contended or everyone:
             # The link is (or was) shared out below some demands: a demand moving can
             # move everyone's share. Jobs whose share stays keep their rate untouched.
             shares = water_fill(link, self.demand)
+            self.level = max(shares.values(), default=0.0) if contended else math.inf
             for job in jobs:
                 if job.share > 0:
                     self._set_rate(job, shares[job.name])
@@ -632,6 +647,7 @@ class Simulation:
                         self._set_rate(job, share)
         else:
             # Every demand is met (water_fill would give each its demand).
+            self.level = math.inf
             for job in jobs:
                 if job.share > 0:
                     self._set_rate(job, self.demand[job.name])
