@@ -608,7 +608,7 @@ class Simulation:
         """New rates for `jobs` (brought up to date here), and for any other running job
         whose max-min share of the link moves with their demands."""
         level = self.level
-        # Stays True while every changed demand was and is at or above the water level.
+        # Stays True while every demand that moved was and is at or above the water level.
         held = self.contended and not everyone
         for job in jobs:
             self._sync(job)
@@ -617,16 +617,18 @@ class Simulation:
             job.hit = self._hit(job)
             need = job.share * job.spec.ideal_io * (1.0 - job.hit)
             need = need if job.io_cap is None else min(need, job.io_cap)
-            if held and (need < level or self.demand.get(job.name, -1.0) < level):
-                held = False
+            if held:
+                old = self.demand.get(job.name, -1.0)
+                held = old == need or (need >= level and old >= level)
             self.demand[job.name] = need
         if held:
             # Demands above the level get the level whatever they are, and the ones below
             # it did not move: water_fill would give the same level and the same shares
-            # (thrashing LRU readers mostly change this way, within an epoch).
+            # (thrashing LRU readers held at the level, and the epoch ends of readers that
+            # hit everything, change this way).
             for job in jobs:
                 if job.share > 0:
-                    self._set_rate(job, level)
+                    self._set_rate(job, min(level, self.demand[job.name]))
             return
         link = self.scenario.remote_io
         contended = sum(self.demand.values()) > link
