@@ -108,7 +108,15 @@ def holdings_at(
         for _, size, per in items:
             untouched = 1.0
             for x in per:
-                untouched *= 1.0 - distinct_fraction(t * x)
+                # distinct_fraction(t * x), inlined: this is the inner loop of the search
+                w = t * x
+                if w <= 1.0:
+                    untouched *= 1.0 - w + w * w * w / 6.0
+                elif w >= 2.0:
+                    untouched = 0.0  # a whole epoch in the window: held whole
+                    break
+                else:
+                    untouched *= 1.0 - distinct_fraction(w)
             out.append(size * (1.0 - untouched))
         return out
 
@@ -144,7 +152,8 @@ def holdings_at(
             f_hi = excess(hi)
     kept = 0  # which end the last step moved: -1 lo, 1 hi
     for _ in range(200):
-        if hi - lo <= 1e-13 * hi or -f_lo <= 1e-13 * capacity:
+        # 1e-10 of the pool: far below anything a hit ratio or a rate can tell apart
+        if hi - lo <= 1e-10 * hi or -f_lo <= 1e-10 * capacity:
             break
         mid = hi - f_hi * (hi - lo) / (f_hi - f_lo)
         if not lo < mid < hi:
@@ -227,25 +236,23 @@ def equilibrium(
     else:
         rates = list(start)
     held: dict[str, float] = {}
+    keys = [str(i) for i in range(len(readers))]
     for _ in range(rounds):
         by_dataset: dict[str, list[float]] = {}
         for reader, rate in zip(readers, rates, strict=True):
             by_dataset.setdefault(reader.dataset, []).append(rate)
         held, guess = holdings_at(capacity, sizes, by_dataset, guess)
-        hits = [
-            steady_hit_ratio(min(1.0, held.get(r.dataset, 0.0) / sizes[r.dataset]))
-            if r.ceiling > 0
-            else 0.0
-            for r in readers
-        ]
+        # one steady hit ratio per dataset: its readers share it
+        hit_of = {d: steady_hit_ratio(min(1.0, held.get(d, 0.0) / sizes[d])) for d in by_dataset}
+        hits = [hit_of[r.dataset] if r.ceiling > 0 else 0.0 for r in readers]
         demands: dict[str, float] = {}
-        for i, (reader, hit) in enumerate(zip(readers, hits, strict=True)):
+        for key, reader, hit in zip(keys, readers, hits, strict=True):
             need = reader.ceiling * (1.0 - hit)
-            demands[str(i)] = need if reader.io_cap is None else min(need, reader.io_cap)
+            demands[key] = need if reader.io_cap is None else min(need, reader.io_cap)
         shares = water_fill(link, demands)
         new = [
-            r.ceiling if hit >= 1.0 - 1e-12 else min(r.ceiling, shares[str(i)] / (1.0 - hit))
-            for i, (r, hit) in enumerate(zip(readers, hits, strict=True))
+            r.ceiling if hit >= 1.0 - 1e-12 else min(r.ceiling, shares[key] / (1.0 - hit))
+            for key, r, hit in zip(keys, readers, hits, strict=True)
         ]
         if all(abs(a - b) <= 1e-2 * max(b, 1.0) for a, b in zip(new, rates, strict=True)):
             rates = new
