@@ -668,7 +668,10 @@ class Simulation:
                 return  # progress is linear: its pending event is still right
         if remote != job.remote:
             key = job.unit
-            self._sync_unit(key)
+            if not self.lru or key in self.growing:
+                # (an LRU dataset at its target stays there until a re-target, which
+                # brings every unit up to date first: nothing to add up)
+                self._sync_unit(key)
             inflow = self.inflow.get(key, 0.0) + remote - job.remote
             self.inflow[key] = inflow if inflow > 1e-9 else 0.0
             if not self.lru and self.inflow[key] > 0 and self._room(key):
@@ -713,7 +716,8 @@ class Simulation:
             return min(1.0, job.effective / unread)
         if job.epochs_done == 0:
             return job.first_hit
-        self._sync_unit(job.unit)
+        if job.unit in self.growing:
+            self._sync_unit(job.unit)
         held = job.lru_held = self._lru_held(job)
         r = held / job.size
         y = job.pos / job.size
