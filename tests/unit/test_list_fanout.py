@@ -14,13 +14,19 @@ import bisect
 import threading
 import time
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from silofs.errors import NotFoundError, TransientError
-from silofs.node.backends.base import BackendOptions, RetryingBackend, relative_key
-from silofs.records import ObjectInfo
+from silofs.node.backends.base import (
+    BackendOptions,
+    RetryingBackend,
+    prefixes_in_order,
+    relative_key,
+)
+from silofs.records import ObjectInfo, PrefixListed
 
 
 class MemStore(RetryingBackend):
@@ -135,3 +141,87 @@ def test_a_slow_consumer_holds_the_workers_back() -> None:
     # pages, the queue holds 2 x workers; each worker may hold one more it cannot put.
     assert s.calls <= 100 + 2 * 2 + 2 + 1, s.calls
     assert len(list(it)) == len(keys) - 1
+
+
+def test_a_serial_listing_says_when_each_directory_is_complete() -> None:
+    """list_workers = 1 lists one flat stream of keys in the store's order: each
+    directory gets a PrefixListed(done) right after its last key, before any key past
+    it, so a --list-in-background mount answers for it before the listing ends."""
+    s = MemStore(KEYS, workers=1)
+    events = list(s.list_events())
+    seen: set[str] = set()
+    for i, e in enumerate(events):
+        if isinstance(e, PrefixListed):
+            assert e.done and e.key.endswith("/") and e.key not in seen
+            seen.add(e.key)
+            # Everything under it came before, nothing under it after.
+            assert not any(
+                isinstance(o, ObjectInfo) and o.key.startswith(e.key) for o in events[i:]
+            )
+            assert any(isinstance(o, ObjectInfo) and o.key.startswith(e.key) for o in events[:i])
+    dirs = {o.key[: j + 1] for o in s.list() for j, c in enumerate(o.key) if c == "/"}
+    last_dirs = set(_dirs(max(o.key for o in s.list())))
+    assert seen == dirs - last_dirs  # the last key's directories end with the listing
+
+
+def _dirs(key: str) -> list[str]:
+    return [key[: j + 1] for j, c in enumerate(key) if c == "/"]
+
+
+def test_keys_out_of_order_end_the_records() -> None:
+    objs = [ObjectInfo(k, 1, 1.0, "v", "c") for k in ["a/1", "b/1", "a/2", "c/1"]]
+    events = list(prefixes_in_order(objs, "mem://"))
+    assert [e.key for e in events if isinstance(e, PrefixListed)] == ["a/"]
+    assert [e.key for e in events if isinstance(e, ObjectInfo)] == [o.key for o in objs]
+
+
+def test_a_directory_bucket_lists_no_records_serially() -> None:
+    s = MemStore(KEYS, workers=1)
+    s.bucket = "data--usw2-az1--x-s3"  # S3 Express One Zone: keys not in order
+    assert not any(isinstance(e, PrefixListed) for e in s.list_events())
+
+
+@pytest.mark.parametrize("workers", [1, 4])
+def test_a_local_tree_is_listed_directory_by_directory(tmp_path: Path, workers: int) -> None:
+    """A local store lists like an object store's prefixes (base.fan_out): the same
+    files as a walk of the tree, pages of page_size entries, and each directory's
+    PrefixListed(done) after every file in it and after the page naming it."""
+    from silofs.node.backends.local import LocalBackend
+    from silofs.uri import parse_uri
+
+    root = tmp_path / "tree"
+    want = {f"d{d}/f{i}" for d in range(5) for i in range(7)} | {"top", "d1/s/x", "d1/s/t/y"}
+    for k in want:
+        (root / k).parent.mkdir(parents=True, exist_ok=True)
+        (root / k).write_bytes(b"x" * len(k))
+    (root / "empty" / "deeper").mkdir(parents=True)
+    (root / "link").symlink_to(root / "top")
+    opts = BackendOptions(list_workers=workers, page_size=3)
+    b = LocalBackend(parse_uri(f"file://{root}/"), opts)
+    events = list(b.list_events())
+    objs = [e for e in events if isinstance(e, ObjectInfo)]
+    assert sorted(o.key for o in objs) == sorted(want)
+    assert all(o.size == len(o.key) for o in objs)
+    done = {}
+    for i, e in enumerate(events):
+        if isinstance(e, PrefixListed):
+            assert all(s.startswith(e.key) and s.endswith("/") for s in e.subs)
+            if e.done:
+                done[e.key] = i
+    assert set(done) == {
+        "",
+        "d0/",
+        "d1/",
+        "d2/",
+        "d3/",
+        "d4/",
+        "d1/s/",
+        "d1/s/t/",
+        "empty/",
+        "empty/deeper/",
+    }
+    for key, i in done.items():
+        assert not any(
+            isinstance(o, ObjectInfo) and o.key.startswith(key) and "/" not in o.key[len(key) :]
+            for o in events[i:]
+        ), key

@@ -28,6 +28,10 @@ log = logging.getLogger(__name__)
 _COUNTERS_LOCK = threading.Lock()
 
 T = TypeVar("T")
+# One page of one prefix's listing: the objects directly under the prefix, the
+# sub-prefixes the page named (full store prefixes, ending in '/'), and whether it was the
+# prefix's last page.
+DirPage = tuple[list[ObjectInfo], list[str], bool]
 
 
 @dataclass(frozen=True)
@@ -91,6 +95,11 @@ class Backend(Protocol):
         Keys ending in '/' (directory markers) and empty-named keys are skipped.
         """
 
+    def list_events(self) -> Iterator[ObjectInfo | PrefixListed]:
+        """list(), with a PrefixListed after what it announces: the daemon writes a
+        directory's "complete" row from it, so a mount serving a listing still being
+        written (--list-in-background) answers for that directory before the end."""
+
     def get_range(self, info: ObjectInfo, start: int, length: int) -> bytes:
         """Bytes [start, start+length) of the object as of `info.version`.
 
@@ -136,13 +145,21 @@ class RetryingBackend:
                 yield item
 
     def list_events(self) -> Iterator[ObjectInfo | PrefixListed]:
-        """list(), and when the listing fans out by prefix, a PrefixListed after each
-        page that named sub-prefixes and after each prefix's last page: what the daemon
-        needs to tell a mount that one directory is complete before the whole listing
-        is (--list-in-background)."""
+        """list(), with PrefixListed records that tell the daemon a directory is complete
+        before the whole listing is (--list-in-background): when the listing fans out by
+        prefix, after each page that named sub-prefixes and after each prefix's last
+        page; when it is one serial stream of keys in the store's order, after the last
+        key under each directory (prefixes_in_order)."""
         if self.opts.list_workers > 1 and self._lists_by_prefix():
-            yield from self._list_fanned_out()
+            yield from fan_out(getattr(self, "prefix", ""), self.opts.list_workers, self._dir_pages)
             return
+        if self._lists_in_order():
+            yield from prefixes_in_order(self._list_flat(), self.uri)
+        else:
+            yield from self._list_flat()
+
+    def _list_flat(self) -> Iterator[ObjectInfo]:
+        """Every object, one page after another (no delimiter)."""
         token: str | None = None
         while True:
             fetch = functools.partial(self._list_page, token)
@@ -153,6 +170,13 @@ class RetryingBackend:
                     yield info
             if not token:
                 return
+
+    def _lists_in_order(self) -> bool:
+        """Whether _list_page returns keys in ascending order (UTF-8 byte order, which is
+        code point order): S3 general purpose buckets, Azure and GCS promise it. S3
+        Express One Zone directory buckets ("--x-s3" names) do not, so a serial listing
+        of one sends no PrefixListed (its lookups wait for the whole listing)."""
+        return not str(getattr(self, "bucket", "")).endswith("--x-s3")
 
     def get_range(self, info: ObjectInfo, start: int, length: int) -> bytes:
         # Clamp to the listed size: past-the-end reads are short (or empty) without a
@@ -219,78 +243,15 @@ class RetryingBackend:
         sub-prefixes on this page, next token or None)."""
         raise NotImplementedError
 
-    def _list_fanned_out(self) -> Iterator[ObjectInfo | PrefixListed]:
-        """Every object, listing each '/'-delimited prefix as its own task on
-        opts.list_workers threads. Pages go through a queue of 2 x list_workers pages, so
-        a consumer that writes slower than the store lists holds the workers back
-        instead of buffering the listing: memory stays flat. Any worker's error ends the
-        listing with that error; a consumer that stops early stops the workers."""
-        root = getattr(self, "prefix", "")
-        workers = self.opts.list_workers
-        Item = list[ObjectInfo | PrefixListed] | BaseException | None
-        out: queue.Queue[Item] = queue.Queue(2 * workers)
-        stop = threading.Event()
-        lock = threading.Lock()
-        pending = [1]  # prefixes submitted and not finished
-
-        def rel(prefix: str) -> str | None:
-            return prefix[len(root) :] if prefix.startswith(root) else None
-
-        def put(item: Item) -> None:
-            while not stop.is_set():
-                try:
-                    out.put(item, timeout=0.2)
-                    return
-                except queue.Full:
-                    continue
-
-        def walk(prefix: str) -> None:
-            try:
-                token: str | None = None
-                while not stop.is_set():
-                    fetch = functools.partial(self._list_dir_page, prefix, token)
-                    items, subs, token = retry_call(fetch, self.opts, f"list {self.uri}")
-                    page: list[ObjectInfo | PrefixListed] = [
-                        i for i in map(self._info, items) if i is not None
-                    ]
-                    here = rel(prefix)
-                    if here is not None and (subs or not token):
-                        # After the page's objects: a consumer that writes in order has
-                        # written them when it reads this.
-                        names = tuple(s for s in map(rel, subs) if s is not None)
-                        page.append(PrefixListed(here, names, done=not token))
-                    if page:
-                        put(page)
-                    # Only now: what a sub-prefix's walk puts comes after the page that
-                    # named it (its objects after a file of the same name on this page).
-                    for sub in subs:
-                        with lock:
-                            pending[0] += 1
-                        pool.submit(walk, sub)
-                    if not token:
-                        break
-            except BaseException as exc:  # handed to the consumer, which raises it
-                put(exc)
+    def _dir_pages(self, prefix: str) -> Iterator[DirPage]:
+        """The pages of one prefix's delimiter listing, each retried on its own."""
+        token: str | None = None
+        while True:
+            fetch = functools.partial(self._list_dir_page, prefix, token)
+            items, subs, token = retry_call(fetch, self.opts, f"list {self.uri}", self.counters)
+            yield [i for i in map(self._info, items) if i is not None], subs, not token
+            if not token:
                 return
-            with lock:
-                pending[0] -= 1
-                last = pending[0] == 0
-            if last:
-                put(None)
-
-        pool = ThreadPoolExecutor(workers, thread_name_prefix="silofs-list")
-        try:
-            pool.submit(walk, root)
-            while True:
-                item = out.get()
-                if item is None:
-                    return
-                if isinstance(item, BaseException):
-                    raise item
-                yield from item
-        finally:
-            stop.set()
-            pool.shutdown(wait=False, cancel_futures=True)
 
     def _check_once(self) -> None:
         raise NotImplementedError
@@ -339,6 +300,125 @@ class RangeStream:
             self._body.close()
         except Exception as exc:  # closing a broken connection: nothing left to save
             log.debug("closing a range stream of %s: %s", self._what, exc)
+
+
+def fan_out(
+    root: str, workers: int, pages: Callable[[str], Iterator[DirPage]]
+) -> Iterator[ObjectInfo | PrefixListed]:
+    """Every object under store prefix `root`, listing each '/'-delimited prefix as its
+    own task on `workers` threads (`pages(prefix)` lists one prefix; one worker lists
+    prefix after prefix), with a PrefixListed after each page that named sub-prefixes
+    and after each prefix's last page. Backend-neutral: the object stores' delimiter
+    listings and the local directory walk both come through here.
+
+    Pages go through a queue of 2 x workers pages, so a consumer that writes slower than
+    the store lists holds the workers back instead of buffering the listing: memory
+    stays flat. Any worker's error ends the listing with that error; a consumer that
+    stops early stops the workers."""
+    Item = list[ObjectInfo | PrefixListed] | BaseException | None
+    out: queue.Queue[Item] = queue.Queue(2 * workers)
+    stop = threading.Event()
+    lock = threading.Lock()
+    pending = [1]  # prefixes submitted and not finished
+
+    def rel(prefix: str) -> str | None:
+        return prefix[len(root) :] if prefix.startswith(root) else None
+
+    def put(item: Item) -> None:
+        while not stop.is_set():
+            try:
+                out.put(item, timeout=0.2)
+                return
+            except queue.Full:
+                continue
+
+    def walk(prefix: str) -> None:
+        try:
+            here = rel(prefix)
+            for objects, subs, last in pages(prefix):
+                if stop.is_set():
+                    return
+                page: list[ObjectInfo | PrefixListed] = list(objects)
+                if here is not None and (subs or last):
+                    # After the page's objects: a consumer that writes in order has
+                    # written them when it reads this.
+                    names = tuple(s for s in map(rel, subs) if s is not None)
+                    page.append(PrefixListed(here, names, done=last))
+                if page:
+                    put(page)
+                # Only now: what a sub-prefix's walk puts comes after the page that
+                # named it (its objects after a file of the same name on this page).
+                for sub in subs:
+                    with lock:
+                        pending[0] += 1
+                    pool.submit(walk, sub)
+                if last:
+                    break
+        except BaseException as exc:  # handed to the consumer, which raises it
+            put(exc)
+            return
+        with lock:
+            pending[0] -= 1
+            done = pending[0] == 0
+        if done:
+            put(None)
+
+    pool = ThreadPoolExecutor(workers, thread_name_prefix="silofs-list")
+    try:
+        pool.submit(walk, root)
+        while True:
+            item = out.get()
+            if item is None:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield from item
+    finally:
+        stop.set()
+        pool.shutdown(wait=False, cancel_futures=True)
+
+
+def prefixes_in_order(
+    objects: Iterable[ObjectInfo], what: str
+) -> Iterator[ObjectInfo | PrefixListed]:
+    """`objects` (a serial listing in ascending key order), with PrefixListed(done=True)
+    for each directory as soon as a key outside it arrives: in that order every key
+    under "a/b/" comes before the first key past it, so the directory is complete then.
+    This is what makes a serial listing (list_workers = 1) usable before it ends. A key
+    out of order (a store that broke its promise) ends the records, with an error line:
+    the directories it already called complete may lack names until the listing ends."""
+    open_dirs: list[str] = []  # the directories of the last key, outermost first
+    last: str | None = None
+    ordered = True
+    for obj in objects:
+        key = obj.key
+        if ordered and last is not None and key <= last:
+            ordered = False
+            log.error(
+                "listing %s: key %r came after %r: not in order, so directories are "
+                "complete only with the whole listing",
+                what,
+                key,
+                last,
+            )
+        if ordered:
+            dirs = _dirs_of(key)
+            same = 0
+            while same < min(len(dirs), len(open_dirs)) and dirs[same] == open_dirs[same]:
+                same += 1
+            for d in reversed(open_dirs[same:]):  # deepest first
+                yield PrefixListed(d, (), done=True)
+            open_dirs, last = dirs, key
+        yield obj
+
+
+def _dirs_of(key: str) -> list[str]:
+    """ "a/b/c" -> ["a/", "a/b/"]."""
+    out, i = [], key.find("/")
+    while i >= 0:
+        out.append(key[: i + 1])
+        i = key.find("/", i + 1)
+    return out
 
 
 def md5_b64(data: bytes) -> str:

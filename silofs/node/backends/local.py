@@ -1,6 +1,7 @@
 """A local directory as a bucket: the embedded default that needs no cloud account.
 
-Owns walking a directory tree into ObjectInfo and reading byte ranges with pread.
+Owns walking a directory tree into ObjectInfo (directory by directory, fanned out on
+threads like an object store's prefixes: base.fan_out) and reading byte ranges with pread.
 The version token is inode+mtime_ns+ctime_ns+size, checked before and after each read,
 so a file rewritten after listing (even with its mtime restored) is detected.
 Also decides, per object, whether a non-root peer could read it itself (check_peer_read).
@@ -23,8 +24,8 @@ from silofs.errors import (
     UnreachableError,
 )
 from silofs.node.access import R, X, mode_allows
-from silofs.node.backends.base import BackendOptions
-from silofs.records import ObjectInfo
+from silofs.node.backends.base import BackendOptions, DirPage, fan_out
+from silofs.records import ObjectInfo, PrefixListed
 from silofs.uri import DatasetURI
 
 log = logging.getLogger(__name__)
@@ -66,16 +67,33 @@ class LocalBackend:
         del st
 
     def list(self) -> Iterator[ObjectInfo]:
-        stack = [""]
-        while stack:
-            rel_dir = stack.pop()
-            try:
-                entries = list(os.scandir(os.path.join(self.root, rel_dir)))
-            except PermissionError:
-                raise AccessDeniedError(f"no permission to list {self.root}/{rel_dir}") from None
-            except FileNotFoundError:
-                continue  # removed while listing
-            for entry in entries:
+        for item in self.list_events():
+            if isinstance(item, ObjectInfo):
+                yield item
+
+    def list_events(self) -> Iterator[ObjectInfo | PrefixListed]:
+        """Every file, listed directory by directory as the object stores list prefixes
+        (base.fan_out, on list_workers threads): each directory is complete (a
+        PrefixListed) once its entries are read, so a --list-in-background mount answers
+        for it before the walk ends. scandir and lstat release the GIL, so a tree on a
+        network filesystem (NFS, Lustre: a round trip per directory) lists in parallel."""
+        return fan_out("", max(1, self.opts.list_workers), self._dir_pages)
+
+    def _dir_pages(self, rel_dir: str) -> Iterator[DirPage]:
+        """One directory's entries in pages of page_size (the scandir stays open between
+        pages, so a directory of millions of files is never one list in memory)."""
+        try:
+            it = os.scandir(os.path.join(self.root, rel_dir))
+        except PermissionError:
+            raise AccessDeniedError(f"no permission to list {self.root}/{rel_dir}") from None
+        except (FileNotFoundError, NotADirectoryError):
+            yield [], [], True  # removed (or replaced) while listing
+            return
+        page = max(1, self.opts.page_size)
+        with it:
+            objects: list[ObjectInfo] = []
+            subs: list[str] = []
+            for entry in it:
                 rel = f"{rel_dir}{entry.name}"
                 if not _utf8(rel):
                     log.warning(
@@ -84,12 +102,19 @@ class LocalBackend:
                         self.root,
                     )
                     continue
-                if entry.is_dir(follow_symlinks=False):
-                    stack.append(rel + "/")
-                elif entry.is_file(follow_symlinks=False):
-                    st = entry.stat(follow_symlinks=False)
-                    v = _version(st)
-                    yield ObjectInfo(rel, st.st_size, st.st_mtime, v, f"local:{v}")
+                try:
+                    if entry.is_dir(follow_symlinks=False):
+                        subs.append(rel + "/")
+                    elif entry.is_file(follow_symlinks=False):
+                        st = entry.stat(follow_symlinks=False)
+                        v = _version(st)
+                        objects.append(ObjectInfo(rel, st.st_size, st.st_mtime, v, f"local:{v}"))
+                except FileNotFoundError:
+                    continue  # removed while listing
+                if len(objects) + len(subs) >= page:
+                    yield objects, subs, False
+                    objects, subs = [], []
+            yield objects, subs, True
 
     def get_range(self, info: ObjectInfo, start: int, length: int) -> bytes:
         # As every backend: clamped to the listed size, then exactly that many bytes.
