@@ -8,7 +8,7 @@ Owns the on-disk form of a listing (LISTING_FORMAT) and both of its sides:
            (the full name only when it is too long for an LMDB key: the key then holds
            its first bytes and an xxh3_128 of the whole name)
            ... + parent inode 0 + b"c" + inode -> b""   directory complete (see below)
-           ... + parent inode 0 + b"e" + inode -> b""   directory made from a listed prefix
+           ... + parent inode 0 + b"e" + parent + inode -> b""   tentative (see below)
   inodes   dataset id (8) + generation (4) + inode (8) ->
              a directory: _INODE header + path
              a file: kind (1) + parent inode (8) + name: where its dirents row is
@@ -21,7 +21,13 @@ bounded batch per write txn, keeping only one batch of directory state in memory
 fanned-out listing also sends PrefixListed records: a prefix's sub-prefixes become
 directories as soon as a page names them, and a prefix whose pages are all listed gets a
 "complete" row, so a mount serving a listing still being written (--list-in-background)
-can answer lookups and readdir of that directory before the whole listing is done.
+can answer lookups and readdir of that directory before the whole listing is done. A
+directory made from a listed prefix is *tentative* (its "e" row, keyed by its parent so
+a readdir sees its directory's in one seek) until an object is written under it: a
+prefix can hold only 'dir/' markers (or keys that are skipped), and then the directory
+is not in the finished listing. It is removed as soon as that is known (its prefix and
+those of all its subdirectories listed to their end, with no object), so a mount waits
+for a tentative directory, never shows it empty and then loses it.
 ListingReader answers lookup/getattr/readdir/resolve-a-path from a read txn, so a mount
 never holds the listing in memory. Never opens the env, never decides when to list, and
 never talks to a store.
@@ -34,9 +40,13 @@ Invariants:
   generations are garbage the daemon deletes in bounded txns (delete_generations).
 - A directory has a "complete" row only once every object directly under it and every
   sub-prefix naming it were written (the backend sends PrefixListed after them, and sends
-  what a sub-prefix lists only after the page that named it). Directories made from a
-  prefix that ended up with no object (only markers, or only keys that were skipped) are
-  removed by finish(), so the finished listing is what a serial one would be.
+  what a sub-prefix lists only after the page that named it). A directory with a
+  "complete" row and no tentative subdirectory ("settled") has exactly the entries it has
+  in the finished listing.
+- Directories made from a prefix that ended up with no object (only markers, or only
+  keys that were skipped) are removed once their prefix and their subdirectories' are
+  all listed, and at the latest by finish(), so the finished listing is what a serial one
+  would be; until then they are tentative, and only tentative directories are removed.
 - Keys no POSIX path can name (empty, '.' or '..' parts, NUL) are skipped and counted; a
   file whose name is also a directory prefix is shadowed (the directory wins, whatever the
   order the keys arrive in), and so is a second object under the same key.
@@ -206,8 +216,18 @@ class _Rows:
         return self.prefix + _INO.pack(ino)
 
     def mark(self, kind: bytes, ino: int = 0) -> bytes:
-        """A row under parent inode 0 (no directory has it): b"c" complete, b"e" eager."""
+        """A row under parent inode 0 (no directory has it): b"c" complete."""
         return self.prefix + _INO.pack(0) + kind + (_INO.pack(ino) if ino else b"")
+
+    def tentative(self, parent: int = 0, ino: int = 0) -> bytes:
+        """The "e" row of directory `ino` in `parent` (made from a listed prefix, no object
+        under it yet); with only `parent`, the prefix of its directory's such rows."""
+        key = self.prefix + _INO.pack(0) + b"e"
+        if parent:
+            key += _INO.pack(parent)
+            if ino:
+                key += _INO.pack(ino)
+        return key
 
 
 @dataclass
@@ -249,6 +269,7 @@ class ListingBuilder:
         self.totals = ListingTotals()
         self._dirs: dict[int, Entry] = {}  # this batch's directories, by inode
         self._blocked: set[str] = set()  # listed prefixes never to be marked complete
+        self._resolved: set[int] = set()  # directories this batch wrote an object under
 
     def start(self, txn: lmdb.Transaction) -> None:
         """Write the empty root. The generation's rows must not exist yet."""
@@ -264,9 +285,13 @@ class ListingBuilder:
                 else:
                     self._add(txn, obj)
         finally:
-            for d in self._dirs.values():
-                txn.put(self.rows.inode(d.inode), _encode_inode(d), db=self.inodes)
-            self._dirs.clear()
+            self._flush_dirs(txn)
+
+    def _flush_dirs(self, txn: lmdb.Transaction) -> None:
+        for d in self._dirs.values():
+            txn.put(self.rows.inode(d.inode), _encode_inode(d), db=self.inodes)
+        self._dirs.clear()
+        self._resolved.clear()
 
     # -- one object ----------------------------------------------------------------
     def _dir(self, txn: lmdb.Transaction, ino: int) -> Entry:
@@ -369,6 +394,11 @@ class ListingBuilder:
         for d in chain:  # a directory's mtime is its newest entry's
             if obj.mtime > d.mtime:
                 d.mtime = obj.mtime
+            if d.inode not in self._resolved and d.inode != ROOT_INODE:
+                # It holds an object now: no longer tentative (one delete per directory
+                # per batch; a no-op for one that never was).
+                self._resolved.add(d.inode)
+                txn.delete(self.rows.tentative(d.parent, d.inode), db=self.dirents)
 
     # -- listed prefixes (fan-out) -----------------------------------------------------
     def _eager_dir(self, txn: lmdb.Transaction, parent: Entry, name: bytes) -> Entry | None:
@@ -378,7 +408,7 @@ class ListingBuilder:
         raw = txn.get(row, db=self.dirents)
         if raw is None:
             d = self._new_dir(txn, parent, name, row, long)
-            txn.put(self.rows.mark(b"e", d.inode), b"", db=self.dirents)
+            txn.put(self.rows.tentative(parent.inode, d.inode), b"", db=self.dirents)
             return d
         ino, kind = _DIRENT.unpack_from(raw)
         return None if kind == FILE else self._dir(txn, ino)
@@ -408,33 +438,61 @@ class ListingBuilder:
                 self._eager_dir(txn, d, _enc(name))
         if p.done:
             txn.put(self.rows.mark(b"c", d.inode), b"", db=self.dirents)
+            self._settle(txn, d)
+
+    def _has_entries(self, txn: lmdb.Transaction, ino: int) -> bool:
+        cur = txn.cursor(db=self.dirents)
+        start = self.rows.dir_prefix(ino)
+        return cur.set_range(start) and bytes(cur.key()).startswith(start)
+
+    def _settle(self, txn: lmdb.Transaction, d: Entry) -> None:
+        """`d`'s prefix is listed to its end: if `d` is still tentative and has no
+        entries (no object, and every subdirectory it had was removed so), no object can
+        come under it: remove it now, not at finish(), so a mount waiting on it answers
+        ENOENT, the finished listing's answer. Then its parent likewise, if complete."""
+        while d.inode != ROOT_INODE:
+            tentative = self.rows.tentative(d.parent, d.inode)
+            if txn.get(tentative, db=self.dirents) is None:
+                return  # an object was written under it, or it was never tentative
+            if txn.get(self.rows.mark(b"c", d.inode), db=self.dirents) is None:
+                return  # pages of its prefix are still to come
+            if self._has_entries(txn, d.inode):
+                return  # tentative subdirectories still being listed
+            self._remove(txn, d)
+            d = self._dir(txn, d.parent)
+
+    def _remove(self, txn: lmdb.Transaction, e: Entry) -> None:
+        """Remove tentative directory `e` (no entries) and its rows."""
+        txn.delete(self.rows.tentative(e.parent, e.inode), db=self.dirents)
+        txn.delete(self.rows.dirent(e.parent, e.name)[0], db=self.dirents)
+        txn.delete(self.rows.inode(e.inode), db=self.inodes)
+        txn.delete(self.rows.mark(b"c", e.inode), db=self.dirents)
+        self._dirs.pop(e.inode, None)
+        self._dir(txn, e.parent).aux -= 1
+        self.totals.inodes -= 1
 
     def finish(self, txn: lmdb.Transaction) -> None:
-        """Remove the directories made from listed prefixes that no object ended up in,
-        deepest first (so a parent emptied by that goes too), and their eager rows."""
-        start = self.rows.mark(b"e")
+        """Remove the tentative directories left (made from listed prefixes that no
+        object ended up in: a prefix whose listing never sent its end, e.g. behind a file
+        of the same name), deepest first (so a parent emptied by that goes too)."""
+        start = self.rows.tentative()
         cur = txn.cursor(db=self.dirents)
-        eager: list[int] = []
+        tentative: list[int] = []
         if cur.set_range(start):
             for k, _ in cur:
                 if not k.startswith(start):
                     break
-                eager.append(_INO.unpack(k[len(start) :])[0])
-        entries = [e for e in (self._get(txn, ino) for ino in eager) if e is not None]
+                tentative.append(_INO.unpack(k[-_INO.size :])[0])
+        entries = [e for e in (self._get(txn, ino) for ino in tentative) if e is not None]
         for e in sorted(entries, key=lambda e: -e.path.count(b"/")):
-            txn.delete(self.rows.mark(b"e", e.inode), db=self.dirents)
-            if cur.set_range(self.rows.dir_prefix(e.inode)) and cur.key().startswith(
-                self.rows.dir_prefix(e.inode)
-            ):
-                continue  # it has entries
-            txn.delete(self.rows.dirent(e.parent, e.name)[0], db=self.dirents)
-            txn.delete(self.rows.inode(e.inode), db=self.inodes)
-            txn.delete(self.rows.mark(b"c", e.inode), db=self.dirents)
-            parent = self._get(txn, e.parent)
-            assert parent is not None
-            parent.aux -= 1
-            txn.put(self.rows.inode(parent.inode), _encode_inode(parent), db=self.inodes)
-            self.totals.inodes -= 1
+            if self._has_entries(txn, e.inode):
+                # Not reached: an entry under it is a file (which resolved it) or a
+                # tentative directory (removed before it, deepest first).
+                txn.delete(self.rows.tentative(e.parent, e.inode), db=self.dirents)
+                continue
+            e = self._dirs.get(e.inode, e)
+            self._remove(txn, e)
+        self._flush_dirs(txn)
 
     def _get(self, txn: lmdb.Transaction, ino: int) -> Entry | None:
         raw = txn.get(self.rows.inode(ino), db=self.inodes)
@@ -500,8 +558,23 @@ class ListingReader:
 
     def complete(self, txn: lmdb.Transaction, ino: int) -> bool:
         """Whether directory `ino` has all its entries in a generation still being
-        written (a finished generation is complete throughout)."""
+        written (a finished generation is complete throughout): a name it lacks is not
+        in the finished listing. Its tentative subdirectories may still go (settled)."""
         return txn.get(self.rows.mark(b"c", ino), db=self.dirents) is not None
+
+    def tentative(self, txn: lmdb.Transaction, parent: int, ino: int) -> bool:
+        """Whether directory `ino` in `parent` was made from a listed prefix and has no
+        object under it yet: it may turn out to hold only markers and be removed."""
+        return txn.get(self.rows.tentative(parent, ino), db=self.dirents) is not None
+
+    def settled(self, txn: lmdb.Transaction, ino: int) -> bool:
+        """Whether directory `ino` has exactly its entries of the finished listing: it is
+        complete and none of its subdirectories is tentative."""
+        if not self.complete(txn, ino):
+            return False
+        cur = txn.cursor(db=self.dirents)
+        start = self.rows.tentative(ino)
+        return not (cur.set_range(start) and bytes(cur.key()).startswith(start))
 
     def lookup(
         self, txn: lmdb.Transaction, parent: int, name: bytes, parent_path: bytes | None = None

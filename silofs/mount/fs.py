@@ -158,6 +158,11 @@ class SilofsFS(pyfuse3.Operations):
             # --list-in-background: a name not listed yet is not a missing name.
             m.renew()
             node = m.lookup(parent_inode, name)
+        if node is not None and node.is_dir and await m.wait_resolved(parent_inode, node.inode):
+            # A directory made from a listed prefix with no object under it yet: it may
+            # hold only 'dir/' markers, and the finished listing will not have it.
+            m.renew()
+            node = m.lookup(parent_inode, name)
         if node is None:
             raise pyfuse3.FUSEError(errno.ENOENT)
         return self._attr(node)
@@ -241,10 +246,11 @@ class SilofsFS(pyfuse3.Operations):
         if h is None:
             raise pyfuse3.FUSEError(errno.EBADF)
         m = self.manifest
-        if await m.wait_listed(h.inode):
-            # A directory's entries are complete once its prefix is listed (a fanned-out
-            # listing marks it) or with the whole listing; the handle moves to the
-            # generation the manifest serves now, which has the same inode numbers.
+        if await m.wait_listed(h.inode, settled=True):
+            # A directory's entries are complete once its prefix is listed and none of
+            # its subdirectories is tentative (it may hold only markers and go), or with
+            # the whole listing; the handle moves to the generation the manifest serves
+            # now, which has the same inode numbers.
             h.listing = m.reader
         m.renew()
         txn = m.txn

@@ -113,27 +113,50 @@ class Manifest:
         self.building = False
         self.completed.set()
 
-    async def wait_listed(self, directory: int | None = None) -> bool:
+    async def wait_listed(self, directory: int | None = None, *, settled: bool = False) -> bool:
         """While the generation is being written, wait until `directory` has all its
-        entries (the builder's "complete" row, written when a fanned-out listing has
-        listed that prefix) or the whole generation is complete; True if it waited or
-        the directory is complete (the caller looks again, in a fresh snapshot), False
-        if nothing was being written. Never a missing name because the listing is
-        behind: only the directory's own row, or the whole listing, ends the wait."""
+        entries (the builder's "complete" row, written when the listing has listed that
+        prefix; with `settled`, also no tentative subdirectory, so a readdir shows only
+        names the finished listing has) or the whole generation is complete; True if it
+        waited or the directory was ready (the caller looks again, in a fresh snapshot),
+        False if nothing was being written. Never a missing name because the listing is
+        behind: only the directory's own rows, or the whole listing, end the wait."""
         if not self.building:
             return False
         while self.building:
-            if directory is not None and self._complete(directory):
+            if directory is not None and self._ready(directory, settled):
                 break
             with trio.move_on_after(LISTED_POLL_SECONDS):
                 await self.completed.wait()
         self._txn_at = 0.0  # look in a snapshot that holds what was waited for
         return True
 
-    def _complete(self, directory: int) -> bool:
+    async def wait_resolved(self, parent: int, directory: int) -> bool:
+        """While the generation is being written and directory `directory` in `parent` is
+        tentative (made from a listed prefix, no object under it yet: it may hold only
+        'dir/' markers and go), wait until it holds an object, is removed, or the listing
+        ends. True if it waited (the caller looks the name up again: gone means the
+        finished listing does not have it), False if there was nothing to wait for."""
+        if not self.building or not self._tentative(parent, directory):
+            return False
+        while self.building and self._tentative(parent, directory):
+            with trio.move_on_after(LISTED_POLL_SECONDS):
+                await self.completed.wait()
+        self._cache.pop(directory, None)
+        self._txn_at = 0.0
+        return True
+
+    def _ready(self, directory: int, settled: bool) -> bool:
         self._txn_at = 0.0  # a fresh snapshot: the row may have been written just now
         self.renew()
+        if settled:
+            return self.reader.settled(self.txn, directory)
         return self.reader.complete(self.txn, directory)
+
+    def _tentative(self, parent: int, directory: int) -> bool:
+        self._txn_at = 0.0
+        self.renew()
+        return self.reader.tentative(self.txn, parent, directory)
 
     # -- the read txn --------------------------------------------------------------
     def renew(self) -> None:

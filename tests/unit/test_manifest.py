@@ -392,20 +392,21 @@ FANOUT_KEYS = st.lists(
 @settings(
     max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
-@given(FANOUT_KEYS, st.integers(1, 5), st.integers(1, 4))
+@given(FANOUT_KEYS, st.integers(1, 5), st.integers(1, 4), st.sampled_from([1, 4]))
 def test_a_directory_marked_complete_has_all_its_entries(
-    store: CacheStore, keys: list[str], batch: int, page: int
+    store: CacheStore, keys: list[str], batch: int, page: int, workers: int
 ) -> None:
-    """--list-in-background: through a fanned-out listing (PrefixListed records in the
-    stream), a directory with a "complete" row already has every entry it has in the
-    finished listing, at every batch boundary (plus, until the end, directories of
-    prefixes that hold only markers); and the finished listing equals the serial one
-    (prefixes with no object leave no directory behind)."""
+    """--list-in-background: through a listing with PrefixListed records in the stream
+    (fanned out, or serial in key order), at every batch boundary a directory with a
+    "complete" row already has every entry it has in the finished listing, plus at most
+    tentative directories; a settled one has exactly those; and a directory that is not
+    tentative is in the finished listing (a prefix holding only 'dir/' markers is never
+    shown and then lost). The finished listing equals the serial one."""
     from tests.unit.test_list_fanout import MemStore
 
     store_keys = ["p/" + k for k in keys]
     serial = list(MemStore(store_keys, workers=1, page=page).list())
-    events = list(MemStore(store_keys, workers=4, page=page).list_events())
+    events = list(MemStore(store_keys, workers=workers, page=page).list_events())
     assert sorted(e.key for e in events if isinstance(e, ObjectInfo)) == sorted(
         o.key for o in serial
     )
@@ -421,17 +422,29 @@ def test_a_directory_marked_complete_has_all_its_entries(
     for i in range(0, len(events), batch):
         store.add_to_listing(b, events[i : i + batch])
         with store.env.begin() as txn:
+            # Every directory in the index so far: one that is not tentative is final.
+            stack = [(ROOT_INODE, "")]
+            while stack:
+                ino, path = stack.pop()
+                for _, name, child in reader.children(txn, ino):
+                    e = reader.get(txn, child)
+                    assert e is not None
+                    if e.is_dir:
+                        sub = (path + "/" if path else "") + name.decode()
+                        assert sub in final_dirs or reader.tentative(txn, ino, child), sub
+                        stack.append((child, sub))
             for p, n in final_dirs.items():
                 if reader.complete(txn, n.inode):
                     got = [name for _, name, _ in reader.children(txn, n.inode)]
-                    # Every entry it will have; and at most directories made from a
-                    # prefix that holds no object, which finish() removes.
                     assert set(names[p]) <= set(got), p
                     for name in set(got) - set(names[p]):
                         e = reader.lookup(txn, n.inode, name)
                         assert e is not None and e.is_dir, (p, name)
+                        assert reader.tentative(txn, n.inode, e.inode), (p, name)
                         under = e.path.decode() + "/"
                         assert all(not o.key.startswith(under) for o in serial)
+                    if reader.settled(txn, n.inode):
+                        assert sorted(got) == sorted(names[p]), p
                     completed.add(p)
     record = store.finish_listing(b, {"uri": f"file:///d{dsid}/"})
     m = Manifest(store, dsid, record)
@@ -449,7 +462,13 @@ def test_a_directory_marked_complete_has_all_its_entries(
         parts = path.split("/")
         return any("/".join(parts[:i]) in files for i in range(1, len(parts) + 1))
 
-    assert completed >= {p for p in final_dirs if not behind_a_file(p)}
+    expected = {p for p in final_dirs if not behind_a_file(p)}
+    if workers == 1:
+        # A serial listing completes a directory at the first key past it: the root and
+        # the directories of the last key are complete with the whole listing.
+        last = max((o.key for o in serial), default="").split("/")[:-1]
+        expected -= {"", *("/".join(last[:i]) for i in range(1, len(last) + 1))}
+    assert completed >= expected
 
 
 def test_content_ids_are_stored_without_repeating_the_version() -> None:
@@ -523,3 +542,41 @@ def test_a_listing_of_another_row_format_is_not_served(store: CacheStore) -> Non
     assert store.get_object(dsid, "README") is None
     with pytest.raises(SilofsError, match="another silofs version"):
         Manifest(store, dsid, old)  # a mount refuses to misread it
+
+
+def test_a_prefix_of_only_markers_is_tentative_then_gone_before_the_listing_ends(
+    store: CacheStore,
+) -> None:
+    """A fanned-out listing names "m/" (its keys: the markers "m/" and "m/n/") before it
+    is listed: the directory is tentative, and removed as soon as its prefix and its
+    sub-prefix are listed with no object, not shown empty until finish()."""
+    from silofs.records import PrefixListed
+
+    dsid = next(_ids)
+    b = store.begin_listing(dsid)
+    reader = store.listing(dsid, b.gen)
+
+    def at(path: bytes) -> tuple[int, int] | None:
+        with store.env.begin() as txn:
+            e = reader.lookup(txn, ROOT_INODE, path)
+            if e is None:
+                return None
+            return e.inode, reader.tentative(txn, ROOT_INODE, e.inode)
+
+    store.add_to_listing(b, [ObjectInfo("f", 1, 1.0, "v", "c"), PrefixListed("", ("d/", "m/"))])
+    d, m = at(b"d"), at(b"m")
+    assert d is not None and d[1] and m is not None and m[1]
+    with store.env.begin() as txn:
+        assert not reader.settled(txn, ROOT_INODE)  # complete would not be enough: m may go
+    store.add_to_listing(b, [ObjectInfo("d/x", 1, 1.0, "v", "c"), PrefixListed("d/", done=True)])
+    assert at(b"d") == (d[0], False)  # holds an object: final
+    store.add_to_listing(b, [PrefixListed("m/", ("m/n/",), done=True), PrefixListed("", done=True)])
+    assert at(b"m") is not None  # m/n/ is still to be listed
+    store.add_to_listing(b, [PrefixListed("m/n/", done=True)])
+    assert at(b"m") is None  # nothing under it: gone before finish()
+    with store.env.begin() as txn:
+        assert reader.settled(txn, ROOT_INODE)
+        assert [n for _, n, _ in reader.children(txn, ROOT_INODE)] == [b"d", b"f"]
+        assert reader.get(txn, ROOT_INODE).aux == 1  # type: ignore[union-attr]
+    record = store.finish_listing(b, {"uri": f"file:///d{dsid}/"})
+    assert record["inodes"] == 4  # root, d, d/x, f
