@@ -24,6 +24,7 @@ import pytest
 
 from silofs.cache.store import CacheStore
 from tests.faultproxy import FaultPlan, FaultProxy
+from tests.servers import AZURITE_KEY, connection_string
 
 from .conftest import Node, force_unmount, needs_fuse, wait_for
 
@@ -164,32 +165,55 @@ def test_list_in_background_never_answers_enoent_for_unlisted_names(
     assert (mp / "d029" / "f00999").stat().st_size == 0
     assert len(os.listdir(mp / "d017")) == 1000
     assert not (mp / "d030").exists()
-    ds = node.status()["datasets"][0]
-    assert ds["state"] == "ready" and ds["objects"] == 30_000
+    # A local tree is listed directory by directory: the listing may still run here.
+    wait_for(lambda: node.status()["datasets"][0]["state"] == "ready", what="the listing")
+    assert node.status()["datasets"][0]["objects"] == 30_000
+
+
+_SERVER = {"s3": "s3_server", "azure": "azurite_server", "gcs": "gcs_server"}
+
+
+@pytest.fixture(params=["s3", "azure", "gcs"])
+def slow_store(request: pytest.FixtureRequest, monkeypatch, tmp_path: Path):
+    """(kind, store helper, a started FaultProxy with no delay yet, the daemon's env, the
+    mount flags) for an object store reached through tests/faultproxy.py: the test sets
+    the delay per request with proxy.set_plan once the objects are uploaded."""
+    kind = request.param
+    s = request.getfixturevalue(_SERVER[kind])
+    s.apply_env(monkeypatch)
+    parts = urlsplit(s.endpoint_url)
+    with FaultProxy((parts.hostname or "127.0.0.1", parts.port or 80), FaultPlan()) as proxy:
+        if kind == "s3":
+            env, args = {}, ["--endpoint-url", proxy.url]
+        elif kind == "azure":
+            blob = f"{proxy.url}/{s.account}"
+            env, args = (
+                {"AZURE_STORAGE_CONNECTION_STRING": connection_string(blob, AZURITE_KEY)},
+                [],
+            )
+        else:
+            env, args = {"STORAGE_EMULATOR_HOST": proxy.url}, []
+        yield kind, s, proxy, env, args
 
 
 def test_list_in_background_waits_only_for_the_directory_looked_up(
-    make_node, s3_server, monkeypatch, bucket_name, tmp_path: Path
+    make_node, slow_store, bucket_name, tmp_path: Path
 ) -> None:
     """A slow store (150 ms per request, 5 keys per page): big/ takes ~40 pages, small/
     one. While big/ is still being listed, small/ answers: its file, its readdir, and
-    ENOENT for a name it does not have; a name in big/ waits and is found."""
-    s3_server.apply_env(monkeypatch)
+    ENOENT for a name it does not have; a name in big/ waits and is found. A directory
+    known only by 'dir/' markers (markers/, markers/sub/) is never shown, not even empty
+    while the listing runs: it is in no finished listing. Each object store kind."""
+    kind, store, proxy, env, args = slow_store
     big = {f"big/f{i:03d}": b"" for i in range(200)}
-    s3_server.create(bucket_name, {**big, "small/one": b"1", "small/two": b"22"})
+    markers = {"markers/": b"", "markers/sub/": b"", "withmarker/": b"", "withmarker/a": b"a"}
+    store.create(bucket_name, {**big, **markers, "small/one": b"1", "small/two": b"22"})
     config = tmp_path / "silofs.toml"
     config.write_text("[backend]\npage_size = 5\n")
-    node: Node = make_node(args=("--config", str(config)))
-    parts = urlsplit(s3_server.endpoint_url)
-    plan = FaultPlan(first_byte_delay=0.15)
-    with FaultProxy((parts.hostname or "127.0.0.1", parts.port or 80), plan) as proxy:
-        mp = node.mount(
-            f"s3://{bucket_name}/",
-            tmp_path / "mnt",
-            "--list-in-background",
-            "--endpoint-url",
-            proxy.url,
-        )
+    node: Node = make_node(env=env, args=("--config", str(config)))
+    proxy.set_plan(FaultPlan(first_byte_delay=0.15))
+    mp = node.mount(store.uri(bucket_name), tmp_path / "mnt", "--list-in-background", *args)
+    try:
         # Progress in status while it lists (40 pages of 150 ms: it is still listing).
         res = _ctl(node, "status")
         assert res.returncode == 0, res.stderr
@@ -197,12 +221,108 @@ def test_list_in_background_waits_only_for_the_directory_looked_up(
         assert (mp / "small" / "two").read_bytes() == b"22"
         assert sorted(os.listdir(mp / "small")) == ["one", "two"]
         assert not (mp / "small" / "three").exists()
+        # The marker-only directory: a lookup waits until its prefixes are listed with
+        # no object under them, then ENOENT; the root lists only what will stay.
+        assert not (mp / "markers").exists()
+        assert sorted(os.listdir(mp)) == ["big", "small", "withmarker"]
+        assert (mp / "withmarker" / "a").read_bytes() == b"a"
         # All of that while big/ was still being listed (40 pages of 150 ms one after
         # another: it cannot be done yet unless small/ waited for the whole listing).
         ds = node.status()["datasets"][0]
         assert ds["state"] == "listing", ds
-        assert ds["listed"] < 202, ds
+        assert ds["listed"] < 203, ds
         assert (mp / "big" / "f199").stat().st_size == 0  # waits for big/, then found
         assert len(os.listdir(mp / "big")) == 200
         wait_for(lambda: node.status()["datasets"][0]["state"] == "ready", what="the listing")
+        assert sorted(os.listdir(mp)) == ["big", "small", "withmarker"]
+        assert node.status()["datasets"][0]["objects"] == 203
+    finally:
         force_unmount(str(mp))
+
+
+def test_a_serial_listing_answers_for_a_directory_once_the_keys_pass_it(
+    make_node, s3_server, monkeypatch, bucket_name, tmp_path: Path
+) -> None:
+    """list_workers = 1: one stream of keys in order, 5 a page at 150 ms. a/ is complete
+    at the first key past it, so it answers (its files, its readdir, ENOENT for a name
+    it lacks) while the 40 pages of big/ are still to come."""
+    s3_server.apply_env(monkeypatch)
+    big = {f"big/f{i:03d}": b"" for i in range(200)}
+    s3_server.create(bucket_name, {"a/one": b"1", "a/two": b"22", **big})
+    config = tmp_path / "silofs.toml"
+    config.write_text("[backend]\npage_size = 5\nlist_workers = 1\n")
+    node: Node = make_node(args=("--config", str(config)))
+    parts = urlsplit(s3_server.endpoint_url)
+    plan = FaultPlan(first_byte_delay=0.15)
+    with FaultProxy((parts.hostname or "127.0.0.1", parts.port or 80), plan) as proxy:
+        mp = node.mount(
+            s3_server.uri(bucket_name),
+            tmp_path / "mnt",
+            "--list-in-background",
+            "--endpoint-url",
+            proxy.url,
+        )
+        try:
+            assert (mp / "a" / "two").read_bytes() == b"22"
+            assert sorted(os.listdir(mp / "a")) == ["one", "two"]
+            assert not (mp / "a" / "three").exists()
+            ds = node.status()["datasets"][0]
+            assert ds["state"] == "listing" and ds["listed"] < 202, ds
+            assert len(os.listdir(mp / "big")) == 200  # waits for big/
+        finally:
+            force_unmount(str(mp))
+
+
+def test_daemon_killed_mid_listing_of_an_object_store(
+    make_node, slow_store, bucket_name, tmp_path: Path
+) -> None:
+    """kill -9 while an object store's listing is being written (fanned out over 4
+    workers, 200 ms per request): the listing that was complete is served after the
+    restart, and the next listing starts clean and sees everything."""
+    kind, store, proxy, env, args = slow_store
+    store.create(bucket_name, {f"d000/f{i}": b"x" for i in range(10)})
+    config = tmp_path / "silofs.toml"
+    config.write_text("[backend]\npage_size = 5\nlist_workers = 4\n")
+    node: Node = make_node(env=env, args=("--config", str(config)))
+    uri = store.uri(bucket_name)
+    mp = node.mount(uri, tmp_path / "mnt", *args)
+    assert len(os.listdir(mp / "d000")) == 10
+    assert node.run("unmount", str(mp)).returncode == 0
+    for d in range(30):
+        for i in range(4):
+            store.put(bucket_name, f"more/d{d:02d}/f{i}", b"y")
+    proxy.set_plan(FaultPlan(first_byte_delay=0.2))
+    body: dict = {"uri": uri, "refresh": True}
+    if kind == "s3":
+        body["endpoint_url"] = proxy.url
+    ds = node.request("POST", "/v1/datasets", body)
+
+    def progress() -> dict | None:
+        d = node.request("GET", f"/v1/datasets/{ds['id']}")
+        return d if d["listed"] >= 20 or d["state"] != "listing" else None
+
+    seen = wait_for(progress, timeout=60, what="the listing to pass 20 objects")
+    node.kill9()
+    node.start("--config", str(config))
+    mp = node.mount(uri, mp, *args)
+    finished = seen["state"] == "ready"
+    assert sorted(os.listdir(mp)) == (["d000", "more"] if finished else ["d000"]), seen
+    assert node.run("unmount", str(mp)).returncode == 0
+    mp = node.mount(uri, mp, "--refresh", *args)
+    assert len(os.listdir(mp / "more")) == 30
+    assert sum(len(os.listdir(mp / "more" / d)) for d in os.listdir(mp / "more")) == 120
+    assert (mp / "more" / "d29" / "f3").read_bytes() == b"y"
+    assert node.run("unmount", str(mp)).returncode == 0
+    node.stop()
+    cache = CacheStore(node.cache_dir, 1 << 30, readonly=True)
+    try:
+        gens = set()
+        with cache.env.begin() as txn:
+            for db in (b"dirents", b"inodes"):
+                for k, _ in txn.cursor(db=cache.db(db)):
+                    if int.from_bytes(k[:8], "big") == ds["id"]:
+                        gens.add(int.from_bytes(k[8:12], "big"))
+        current = cache.current_generation(ds["id"])
+        assert current is not None and gens <= {current, current - 1}
+    finally:
+        cache.close()
