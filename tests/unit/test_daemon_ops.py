@@ -135,26 +135,26 @@ def test_a_path_longer_than_path_max_fails_the_dataset_not_the_daemon(
     assert len(failed) == 1 and "preparing file://" in failed[0].getMessage()
 
 
-def test_a_file_deleted_while_listing_fails_the_dataset_not_the_daemon(
+def test_an_error_while_listing_fails_the_dataset_not_the_daemon(
     daemon: Daemon, bucket: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from silofs.node.backends import local
 
-    real_list = local.LocalBackend.list
+    real_list = local.LocalBackend.list_events
 
     def vanishing(self: local.LocalBackend) -> Iterator:
         for n, info in enumerate(real_list(self)):
-            if n == 1:  # what os.DirEntry.stat raises when the file went after scandir
+            if n == 1:  # an unexpected error from the listing thread
                 raise FileNotFoundError(2, "No such file or directory", "f1.bin")
             yield info
 
-    monkeypatch.setattr(local.LocalBackend, "list", vanishing)
+    monkeypatch.setattr(local.LocalBackend, "list_events", vanishing)
 
     async def main() -> None:
         async with running(daemon) as d:
             ds = await ready(d, f"file://{bucket}/")
             assert ds.state == "error" and "No such file" in ds.error
-            monkeypatch.setattr(local.LocalBackend, "list", real_list)
+            monkeypatch.setattr(local.LocalBackend, "list_events", real_list)
             again = await ready(d, f"file://{bucket}/")  # an errored dataset may be retried
             assert again.state == "ready"
 
