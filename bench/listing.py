@@ -1,15 +1,24 @@
-"""First-listing rate of an S3 prefix, serial vs fanned out, with per-request latency.
+"""First-listing rate of a store prefix, serial vs fanned out, with per-request latency.
 
-Owns one figure of issue 10: objects listed per second by S3Backend.list() (the code the
-daemon's listing runs) against a minimal ListObjectsV2 server (ListServer, below) behind
-tests/faultproxy.py with a first-byte delay of 0, 10 and 50 ms per request, with
-list_workers=1 (one page after another, the behaviour before fan-out) and
-list_workers=16 (delimiter-split prefixes in parallel; --workers to change).
-The bucket has --dirs directories of --per-dir objects. Never changes silofs. The server
-and the proxies run in a child process (the store's CPU is not the client's: in one
-process they would take the GIL from the listing being measured); --same-process keeps
-them in this one, as the figures before the page parser were taken.
-    python bench/listing.py [--dirs 100] [--per-dir 1000] [--workers 1,16]
+Owns one figure of issue 10: objects listed per second by a backend's list() (the code
+the daemon's listing runs) behind tests/faultproxy.py with a first-byte delay of 0, 10
+and 50 ms per request, with list_workers=1 (one page after another, the behaviour before
+fan-out) and list_workers=16 (delimiter-split prefixes in parallel; --workers to change).
+--backends picks the stores:
+  s3     S3Backend against a minimal ListObjectsV2 server (ListServer, below): moto
+         spends ~1.7 s of CPU per 1000-key page, which would measure moto;
+  azure  AzureBackend (walk_blobs per prefix) against Azurite, started as the tests
+         start it (tests/servers.py), the objects uploaded first;
+  gcs    GCSBackend (list_blobs with a delimiter per prefix) against fake-gcs-server.
+The bucket has --dirs directories of --per-dir objects (--cloud-dirs/--cloud-per-dir for
+Azure and GCS, whose emulators take one request per object uploaded). Never changes
+silofs. The S3 server and the proxies run in a child process (the store's CPU is not the
+client's: in one process they would take the GIL from the listing being measured; the
+emulators are processes of their own, and their CPU seconds are counted in the store
+side's); --same-process keeps them in this one, as the figures before the page parser
+were taken.
+    python bench/listing.py [--backends s3,azure,gcs] [--dirs 100] [--per-dir 1000]
+        [--workers 1,16]
 """
 
 from __future__ import annotations
@@ -23,6 +32,8 @@ import re
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -156,31 +167,119 @@ class ListServer:
         self.httpd.shutdown()
 
 
-def serve(keys: list[str], delays: list[float], conn: Any, precompute: bool = True) -> None:
-    """The store side: one ListServer (its pages built before the URLs are sent, unless
-    told not to), one delaying proxy per delay; their URLs go back through `conn`, and
-    they stop when `conn` says so (or the parent goes away)."""
-    server = ListServer(keys)
-    if precompute:
+def serve(keys: list[str] | int, delays: list[float], conn: Any, precompute: bool = True) -> None:
+    """The store side: one ListServer over `keys` (its pages built before the URLs are
+    sent, unless told not to), or an emulator already listening on port `keys`; one
+    delaying proxy per delay. Their URLs go back through `conn`, and they stop when
+    `conn` says so (or the parent goes away)."""
+    server = ListServer(keys) if isinstance(keys, list) else None
+    if server is not None and precompute:
         server.precompute("data/")
+    port = server.port if server is not None else keys
+    assert isinstance(port, int)
     with contextlib.ExitStack() as stack:
         urls = {}
         for delay in delays:
             plan = FaultPlan(first_byte_delay=delay / 1000)
-            urls[delay] = stack.enter_context(FaultProxy(("127.0.0.1", server.port), plan)).url
+            urls[delay] = stack.enter_context(FaultProxy(("127.0.0.1", port), plan)).url
         conn.send(urls)
         try:
             while conn.recv() == "cpu":  # the store side's CPU seconds so far
                 conn.send(time.process_time())
         except EOFError:
             pass
-    server.close()
+    if server is not None:
+        server.close()
+
+
+def _upload(put: Callable[[str], None], keys: list[str]) -> float:
+    """Upload `keys` (empty objects) with 16 threads; seconds taken."""
+    t0 = time.monotonic()
+    with ThreadPoolExecutor(16) as pool:
+        for _ in pool.map(put, keys):
+            pass
+    return time.monotonic() - t0
+
+
+@contextlib.contextmanager
+def emulator(
+    kind: str, keys: list[str]
+) -> Iterator[tuple[int, Callable[[str, int], Any], Callable[[], float]]]:
+    """Azurite or fake-gcs-server started as tests/servers.py starts them, holding `keys`
+    in bucket "bench": (its port, a backend factory taking the proxy URL and workers,
+    the emulator's CPU seconds so far)."""
+    from tests import servers
+
+    port = servers.free_port()
+    if kind == "azure":
+        from azure.storage.blob import BlobServiceClient
+
+        from silofs.node.backends.azure import AzureBackend
+
+        argv = [
+            servers._azurite_binary(), "--blobHost", "127.0.0.1", "--blobPort", str(port),
+            "--inMemoryPersistence", "--disableTelemetry", "--skipApiVersionCheck",
+        ]  # fmt: skip
+        endpoint = f"http://127.0.0.1:{port}/{servers.AZURITE_ACCOUNT}"
+        proc = servers.start_server("azurite", argv, f"{endpoint}?comp=list")
+        account = servers.AZURITE_ACCOUNT
+        conn = servers.connection_string(endpoint, servers.AZURITE_KEY)
+        container = BlobServiceClient.from_connection_string(conn).create_container("bench")
+        took = _upload(lambda k: container.upload_blob(k, b"", overwrite=True), keys)
+
+        def backend(url: str, workers: int) -> Any:
+            c = servers.connection_string(f"{url}/{account}", servers.AZURITE_KEY)
+            opts = BackendOptions(list_workers=workers, extra={"connection_string": c})
+            return AzureBackend(parse_uri(f"az://{account}/bench/data/"), opts)
+
+    else:
+        from google.auth.credentials import AnonymousCredentials
+        from google.cloud import storage
+
+        from silofs.node.backends.gcs import GCSBackend
+
+        url0 = f"http://127.0.0.1:{port}"
+        argv = [
+            servers._fake_gcs_binary(), "-scheme", "http", "-host", "127.0.0.1",
+            "-port", str(port), "-backend", "memory", "-external-url", url0,
+            "-log-level", "warn",
+        ]  # fmt: skip
+        proc = servers.start_server("fake-gcs-server", argv, f"{url0}/storage/v1/b")
+        client = storage.Client(
+            project="bench",
+            credentials=AnonymousCredentials(),
+            client_options={"api_endpoint": url0},
+        )
+        bucket = client.create_bucket("bench")
+        took = _upload(lambda k: bucket.blob(k).upload_from_string(b""), keys)
+
+        def backend(url: str, workers: int) -> Any:
+            opts = BackendOptions(
+                endpoint_url=url, list_workers=workers, extra={"anonymous": "true"}
+            )
+            return GCSBackend(parse_uri("gs://bench/data/"), opts)
+
+    print(f"{kind}: {len(keys):,} objects uploaded in {took:.0f}s", flush=True)
+    try:
+        yield port, backend, lambda: _cpu_of(proc.proc.pid)
+    finally:
+        proc.stop()
+
+
+def _cpu_of(pid: int) -> float:
+    """CPU seconds (user + system) of process `pid` so far."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--backends", default="s3", help="comma-separated: s3, azure, gcs")
     ap.add_argument("--dirs", type=int, default=100)
     ap.add_argument("--per-dir", type=int, default=1000)
+    ap.add_argument("--cloud-dirs", type=int, default=20, help="directories for azure/gcs")
+    ap.add_argument("--cloud-per-dir", type=int, default=1000, help="objects each, azure/gcs")
     ap.add_argument("--delays-ms", default="0,10,50")
     ap.add_argument("--workers", default="1,16", help="list_workers values; the first is the base")
     ap.add_argument("--same-process", action="store_true", help="server and proxy in this process")
@@ -190,66 +289,105 @@ def main() -> None:
         help="the server builds each page when asked (as before), not all before timing",
     )
     args = ap.parse_args()
-    n = args.dirs * args.per_dir
-    keys = [f"data/d{d:04d}/img_{i:06d}.jpg" for d in range(args.dirs) for i in range(args.per_dir)]
     delays = [float(x) for x in args.delays_ms.split(",")]
-    mine, theirs = multiprocessing.Pipe()
-    if args.same_process:
-        child = threading.Thread(
-            target=serve, args=(keys, delays, theirs, not args.build_pages_per_request), daemon=True
-        )
-    else:
-        child = multiprocessing.get_context("fork").Process(
-            target=serve,
-            args=(keys, delays, theirs, not args.build_pages_per_request),
-            daemon=True,
-        )
-    child.start()
-    urls = mine.recv()
+    workers = [int(w) for w in args.workers.split(",")]
     os.environ.update(
         {"AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "x", "AWS_DEFAULT_REGION": "us-east-1"}
     )
-    uri = parse_uri("s3://bench/data/")
+    where = "this process" if args.same_process else "a child process"
+    print(
+        f"page size 1000; S3 list server and proxies in {where}; cpu s: this process's CPU "
+        "seconds (user + system), store s: the store side's (server or emulator, proxies)"
+    )
+    print(
+        f"{'store':>6} {'delay':>6} {'workers':>8} {'seconds':>8} {'objects/s':>10} "
+        f"{'cpu s':>6} {'store s':>8}  speed-up  lean fallbacks"
+    )
+    for kind in args.backends.split(","):
+        if kind == "s3":
+            keys = _keys(args.dirs, args.per_dir)
+            s3 = parse_uri("s3://bench/data/")
+
+            def backend(url: str, w: int, s3: Any = s3) -> Any:
+                return S3Backend(s3, BackendOptions(endpoint_url=url, list_workers=w))
+
+            precompute = not args.build_pages_per_request
+            with _proxies(keys, delays, args.same_process, precompute) as (urls, store_cpu):
+                _measure(kind, backend, urls, store_cpu, delays, workers, len(keys))
+        elif kind in ("azure", "gcs"):
+            keys = _keys(args.cloud_dirs, args.cloud_per_dir)
+            with emulator(kind, keys) as (port, backend, emulator_cpu):
+                with _proxies(port, delays, False, False) as (urls, proxies_cpu):
+
+                    def both() -> float:
+                        return emulator_cpu() + proxies_cpu()
+
+                    _measure(kind, backend, urls, both, delays, workers, len(keys))
+        else:
+            ap.error(f"unknown backend {kind!r}: s3, azure or gcs")
+
+
+def _keys(dirs: int, per_dir: int) -> list[str]:
+    return [f"data/d{d:04d}/img_{i:06d}.jpg" for d in range(dirs) for i in range(per_dir)]
+
+
+@contextlib.contextmanager
+def _proxies(
+    keys: list[str] | int, delays: list[float], same_process: bool, precompute: bool
+) -> Iterator[tuple[dict[float, str], Callable[[], float]]]:
+    """The delaying proxies (and the S3 ListServer) in a child process: their URLs, and
+    the child's CPU seconds so far (0 in this process: counted in the listing's)."""
+    mine, theirs = multiprocessing.Pipe()
+    child: Any
+    if same_process:
+        child = threading.Thread(target=serve, args=(keys, delays, theirs, precompute), daemon=True)
+    else:
+        child = multiprocessing.get_context("fork").Process(
+            target=serve, args=(keys, delays, theirs, precompute), daemon=True
+        )
+    child.start()
 
     def store_cpu() -> float:
-        if args.same_process:
-            return 0.0  # counted in this process's
+        if same_process:
+            return 0.0
         mine.send("cpu")
         return float(mine.recv())
 
-    where = "this process" if args.same_process else "a child process"
-    print(f"{n:,} objects in {args.dirs} directories of {args.per_dir}; page size 1000")
-    print(
-        f"store and proxy in {where}; cpu s: this process's CPU seconds (user + system), "
-        "store s: the store side's (server and proxies)"
-    )
-    print(
-        f"{'delay':>6} {'workers':>8} {'seconds':>8} {'objects/s':>10} {'cpu s':>6} "
-        f"{'store s':>8}  speed-up  lean fallbacks"
-    )
     try:
-        for delay in delays:
-            serial = 0.0
-            for workers in [int(w) for w in args.workers.split(",")]:
-                opts = BackendOptions(endpoint_url=urls[delay], list_workers=workers)
-                b = S3Backend(uri, opts)
-                s0 = store_cpu()
-                t0, c0 = time.monotonic(), time.process_time()
-                got = sum(1 for _ in b.list())
-                el, cpu = time.monotonic() - t0, time.process_time() - c0
-                scpu = store_cpu() - s0
-                fallbacks = getattr(b.counters, "lean_fallbacks", "-")  # "-": no lean path
-                b.close()
-                assert got == n, (got, n)
-                serial = serial or el
-                print(
-                    f"{delay:>4.0f}ms {workers:>8} {el:>8.2f} {n / el:>10,.0f} {cpu:>6.2f} "
-                    f"{scpu:>8.2f}  {serial / el:>7.1f}x  {fallbacks}",
-                    flush=True,
-                )
+        yield mine.recv(), store_cpu
     finally:
         mine.send("stop")
         child.join(10)
+
+
+def _measure(
+    kind: str,
+    backend: Callable[[str, int], Any],
+    urls: dict[float, str],
+    store_cpu: Callable[[], float],
+    delays: list[float],
+    workers: list[int],
+    n: int,
+) -> None:
+    for delay in delays:
+        serial = 0.0
+        for w in workers:
+            b = backend(urls[delay], w)
+            s0 = store_cpu()
+            t0, c0 = time.monotonic(), time.process_time()
+            got = sum(1 for _ in b.list())
+            el, cpu = time.monotonic() - t0, time.process_time() - c0
+            scpu = store_cpu() - s0
+            # "-": no lean path (before it, or not S3)
+            fallbacks = getattr(b.counters, "lean_fallbacks", "-") if kind == "s3" else "-"
+            b.close()
+            assert got == n, (got, n)
+            serial = serial or el
+            print(
+                f"{kind:>6} {delay:>4.0f}ms {w:>8} {el:>8.2f} {n / el:>10,.0f} {cpu:>6.2f} "
+                f"{scpu:>8.2f}  {serial / el:>7.1f}x  {fallbacks}",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":
