@@ -154,7 +154,7 @@ class SilofsFS(pyfuse3.Operations):
         m = self.manifest
         m.renew()
         node = m.lookup(parent_inode, name)
-        if node is None and await m.wait_listed(parent_inode):
+        if node is None and await m.wait_listed(parent_inode, name=name):
             # --list-in-background: a name not listed yet is not a missing name.
             m.renew()
             node = m.lookup(parent_inode, name)

@@ -113,18 +113,22 @@ class Manifest:
         self.building = False
         self.completed.set()
 
-    async def wait_listed(self, directory: int | None = None, *, settled: bool = False) -> bool:
+    async def wait_listed(
+        self, directory: int | None = None, *, name: bytes | None = None, settled: bool = False
+    ) -> bool:
         """While the generation is being written, wait until `directory` has all its
         entries (the builder's "complete" row, written when the listing has listed that
         prefix; with `settled`, also no tentative subdirectory, so a readdir shows only
-        names the finished listing has) or the whole generation is complete; True if it
-        waited or the directory was ready (the caller looks again, in a fresh snapshot),
-        False if nothing was being written. Never a missing name because the listing is
-        behind: only the directory's own rows, or the whole listing, end the wait."""
+        names the finished listing has), or has `name`, or the whole generation is
+        complete; True if it waited or the directory was ready (the caller looks again,
+        in a fresh snapshot), False if nothing was being written. Never a missing name
+        because the listing is behind: only the directory's own rows, or the whole
+        listing, end the wait. (A serial listing completes the root only at its end:
+        without `name`, a lookup there would wait for all of it.)"""
         if not self.building:
             return False
         while self.building:
-            if directory is not None and self._ready(directory, settled):
+            if directory is not None and self._ready(directory, settled, name):
                 break
             with trio.move_on_after(LISTED_POLL_SECONDS):
                 await self.completed.wait()
@@ -146,9 +150,11 @@ class Manifest:
         self._txn_at = 0.0
         return True
 
-    def _ready(self, directory: int, settled: bool) -> bool:
+    def _ready(self, directory: int, settled: bool, name: bytes | None = None) -> bool:
         self._txn_at = 0.0  # a fresh snapshot: the row may have been written just now
         self.renew()
+        if name is not None and self.reader.child(self.txn, directory, name) is not None:
+            return True
         if settled:
             return self.reader.settled(self.txn, directory)
         return self.reader.complete(self.txn, directory)
