@@ -402,6 +402,11 @@ def prefixes_in_order(
                 last,
             )
         if ordered:
+            here = open_dirs[-1] if open_dirs else ""
+            if key.startswith(here) and key.find("/", len(here)) < 0:
+                last = key  # the common case: the next file of the same directory
+                yield obj
+                continue
             dirs = _dirs_of(key)
             same = 0
             while same < min(len(dirs), len(open_dirs)) and dirs[same] == open_dirs[same]:
