@@ -230,8 +230,8 @@ class MountProcess:
         if building is not None and record.get("gen") == building:
             building = None  # a serving process forked after the listing completed
         if building is not None:
-            # --list-in-background: serve the generation being written; lookups of
-            # names it does not hold yet wait until it is complete (fs.py).
+            # --list-in-background: serve the generation being written; a lookup or
+            # readdir waits only until its own directory is listed (fs.py).
             record = {"gen": building}
         elif "gen" not in record:
             store.close()
