@@ -243,6 +243,12 @@ class Simulation:
         self.policy: Policy = SCHEDULERS[scheduler]()
         self.cache_policy: CachePolicy | None = None if cache == "silod" else CACHES[cache]()
         self.estimator: Estimator = SiloDEstimator() if cache == "silod" else ComputeEstimator()
+        # What the policies' plan depends on besides the set of jobs (policies/base.py
+        # PLAN_INPUTS): with none of it, re-planning the same jobs gives the same plan.
+        self.plan_reads = self.policy.reads(self.estimator) | (
+            self.cache_policy.reads if self.cache_policy is not None else frozenset()
+        )
+        self.jobs_moved = True  # a job arrived or left since the policy last ran
         self.cluster = _cluster(scenario, private=cache == "coordl")
         # Fairness is judged against the same reference for every policy pair.
         self.reference = _cluster(scenario, private=False)
@@ -288,6 +294,7 @@ class Simulation:
         self.next_plan = math.inf
         self.steps = 0  # events simulated
         self.plans = 0  # policy runs
+        self.kept_plans = 0  # re-plans that kept the last plan (nothing it reads moved)
         # Set by request_stop (e.g. from a SIGINT handler); run() ends after the current
         # step, so the partial results are of a consistent state.
         self.stop_requested = False
@@ -426,7 +433,19 @@ class Simulation:
     # -------------------------------------------------------------- decisions
 
     def _reschedule(self) -> None:
+        if not self.jobs_moved and not self.plan_reads:
+            # The same jobs, and nothing the policy reads has moved (a unit filled, an
+            # epoch start moved a hit ratio): its plan would be the last one, so it
+            # stands. The jobs an event touched are re-rated as at any other step.
+            self.kept_plans += 1
+            self.dirty = False
+            self._rerate(list(self.touched.values()))
+            # The re-plan timer still runs: its steps bound shared fills (_shared_fill)
+            # as they did when the policy ran, so the run is the same either way.
+            self.next_plan = self.now + self.interval if self._filling() else math.inf
+            return
         self.plans += 1
+        self.jobs_moved = False
         self._sync_all()
         active = list(self.active.values())
         views = [self._view(job) for job in active]
@@ -815,7 +834,7 @@ class Simulation:
         self.demand.pop(job.name, None)
         self.touched.pop(job.name, None)
         self._readers = None
-        self.dirty = True
+        self.dirty = self.jobs_moved = True
 
     def _close_epoch(self, job: _Job) -> None:
         if job.pos > 0:
@@ -834,7 +853,7 @@ class Simulation:
             job.first_hit = min(1.0, held / job.size)
             self.active[job.name] = job
             self._readers = None
-            self.dirty = True
+            self.dirty = self.jobs_moved = True
 
     # ---------------------------------------------------------------- results
 

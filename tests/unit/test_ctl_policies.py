@@ -320,3 +320,63 @@ def test_gavel_takes_a_job_with_no_ideal_rate_without_dividing_by_zero() -> None
         assert alloc.gpu_share["busy"] == pytest.approx(1.0)
         assert math.isfinite(alloc.gpu_share["idle"])
     assert GavelPolicy().allocate(jobs, c, ComputeEstimator()).gpu_share["idle"] == 0.0
+
+
+# ------------------------------------------------------- what a plan depends on
+
+
+def _busy_instance(seed: int) -> tuple[list[Job], Cluster]:
+    """More jobs than GPUs and cache, shared datasets, some jobs placed: every policy
+    has choices to make."""
+    import random
+
+    rng = random.Random(seed)
+    sizes = {f"d{i}": rng.uniform(100, 900) * GB for i in range(4)}
+    nodes = {f"n{i}": 4 for i in range(3)}
+    cl = Cluster.pooled(nodes, {n: 400 * GB for n in nodes}, rng.uniform(50, 500) * MB, sizes)
+    jobs = []
+    for i in range(12):
+        ds = rng.choice(sorted(sizes))
+        placement = {"n0": 1} if i == 0 else None
+        jobs.append(
+            job(f"j{i}", ds, rng.uniform(20, 400) * MB, rng.choice([1, 2, 4]), submit=float(i))
+        )
+        jobs[-1] = replace(jobs[-1], placement=placement, remaining=rng.uniform(1, 50) * TB)
+    return jobs, cl
+
+
+def _moved(jobs: list[Job], cl: Cluster, what: str, seed: int) -> tuple[list[Job], Cluster]:
+    import random
+
+    rng = random.Random(seed)
+    if what == "remaining":
+        return [replace(j, remaining=rng.uniform(1, 50) * TB) for j in jobs], cl
+    cached = {key: rng.uniform(0, unit.size) for key, unit in cl.units.items()}
+    return [replace(j, hit_now=rng.random()) for j in jobs], replace(cl, cached=cached)
+
+
+@pytest.mark.parametrize("policy", [FifoPolicy, SjfPolicy, GavelPolicy, GreedyPolicy])
+@pytest.mark.parametrize("estimator", [ComputeEstimator, SiloDEstimator])
+@pytest.mark.parametrize("cache", [None, CoordlCache, QuiverCache, AlluxioCache])
+def test_a_plan_depends_on_no_moving_input_its_policy_does_not_declare(
+    policy: type, estimator: type, cache: type | None
+) -> None:
+    """Policy.reads is what lets the simulator keep a plan instead of re-running it: moving
+    any input a policy and its cache system do not name must not change their plan."""
+    pol, est = policy(), estimator()
+    reads = pol.reads(est) | (cache.reads if cache else frozenset())
+
+    def plan(jobs: list[Job], cl: Cluster) -> Allocation:
+        alloc = pol.allocate(jobs, cl, est)
+        if cache is not None:
+            cache().fill_cache(jobs, cl, alloc)
+        return alloc
+
+    for seed in range(5):
+        jobs, cl = _busy_instance(seed)
+        before = plan(jobs, cl)
+        for what in {"remaining", "hits"} - reads:
+            assert plan(*_moved(jobs, cl, what, seed + 100)) == before, what
+    # and the declarations are not empty where the plan does depend on them
+    assert ("remaining" in pol.reads(est)) == (policy is SjfPolicy)
+    assert ("hits" in pol.reads(est)) == (est.io_aware and policy in (SjfPolicy, GavelPolicy))

@@ -10,11 +10,13 @@ import signal
 import subprocess
 import sys
 from collections import OrderedDict
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 from silofs_ctl.cli import main
+from silofs_ctl.policies.base import PLAN_INPUTS
 from silofs_ctl.scenario import load_scenario, parse_scenario
 from silofs_ctl.sim_lru import distinct_fraction, hit_between, steady_hit_ratio
 from silofs_ctl.simulator import CACHE_CHOICES, Simulation, SimulationError, simulate
@@ -374,3 +376,23 @@ def test_lru_segments_are_fine_enough_against_a_near_continuous_hit_profile(
     for a, b in zip(coarse.jobs, fine.jobs, strict=True):
         assert a.jct == pytest.approx(b.jct, rel=0.01), a.name
     assert coarse.avg_jct == pytest.approx(fine.avg_jct, rel=0.005)
+
+
+@pytest.mark.parametrize("pair", ["fifo:silod", "fifo:coordl", "gavel:coordl", "gavel:quiver"])
+def test_keeping_a_plan_nothing_it_reads_moved_gives_the_same_run(pair: str) -> None:
+    """A re-plan of the same jobs whose policy reads nothing that moved keeps the last
+    plan (policies/base.py PLAN_INPUTS); forcing the policy to run every time must give
+    the same jobs' finishes and hit ratios."""
+    scheduler, cache = pair.split(":")
+    scenario = load_scenario(SCENARIOS / "trace-300.toml")
+    scenario = replace(scenario, jobs=scenario.jobs[:120])
+    kept = Simulation(scenario, scheduler, cache)
+    fast = kept.run()
+    full = Simulation(scenario, scheduler, cache)
+    full.plan_reads = PLAN_INPUTS  # as if the plan depended on everything
+    slow = full.run()
+    assert kept.kept_plans > 0 and full.kept_plans == 0
+    assert kept.plans < full.plans
+    for a, b in zip(fast.jobs, slow.jobs, strict=True):
+        assert a.finish == pytest.approx(b.finish, rel=1e-9)
+        assert a.hit_ratio == pytest.approx(b.hit_ratio, rel=1e-9, abs=1e-12)

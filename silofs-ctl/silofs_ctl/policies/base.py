@@ -19,11 +19,25 @@ from ..model import Allocation, Cluster, Job
 log = logging.getLogger(__name__)
 
 
+# What a plan may read that moves while the set of jobs stays the same (Policy.reads).
+# Everything else a policy sees is fixed for a job's life (name, dataset, GPUs, f*, the
+# units it reads, submit time), fixed for the cluster (nodes, pools, units, the link), or
+# its own last output (a running job's placement, which the same inputs reproduce:
+# running jobs keep their nodes, so placing the same jobs in the same order again gives
+# the same spots). A caller that re-plans the same jobs when none of a policy's reads
+# moved may keep the last allocation instead of running it again: same inputs, same plan.
+REMAINING = "remaining"  # Job.remaining: bytes left (SJF's scores)
+HITS = "hits"  # Job.hit_now and Cluster.cached: the cache as it is now, not as allocated
+PLAN_INPUTS = frozenset({REMAINING, HITS})
+
+
 class Policy(Protocol):
     """(jobs, cluster, estimator) -> allocation of GPUs, cache per unit, IO per job.
 
     With a ComputeEstimator a policy runs in its vanilla form: it decides GPUs only and
     leaves cache and remote IO alone. With a SiloDEstimator it decides all three.
+    `reads(estimator)` names which of PLAN_INPUTS the allocation depends on in that form
+    (tests/unit/test_ctl_policies.py checks each claim by moving the others).
     """
 
     name: str
@@ -32,14 +46,18 @@ class Policy(Protocol):
         self, jobs: Sequence[Job], cluster: Cluster, estimator: Estimator
     ) -> Allocation: ...
 
+    def reads(self, estimator: Estimator) -> frozenset[str]: ...
+
 
 class CachePolicy(Protocol):
     """A cache system that is not co-designed with the scheduler (the baselines).
 
     It sees which jobs the scheduler runs and fills in `alloc.cache` (or sets lru).
+    `reads` names which of PLAN_INPUTS it depends on besides the scheduler's output.
     """
 
     name: str
+    reads: frozenset[str]
 
     def fill_cache(self, jobs: Sequence[Job], cluster: Cluster, alloc: Allocation) -> None: ...
 

@@ -33,6 +33,7 @@ def static_share(job: Job, cluster: Cluster, placement: dict[str, int] | None) -
 
 class CoordlCache:
     name = "coordl"
+    reads: frozenset[str] = frozenset()  # a job's cache follows its GPUs and placement
 
     def fill_cache(self, jobs: Sequence[Job], cluster: Cluster, alloc: Allocation) -> None:
         cache: dict[str, float] = {}

@@ -22,6 +22,10 @@ log = logging.getLogger(__name__)
 class FifoPolicy:
     name = "fifo"
 
+    def reads(self, estimator: Estimator) -> frozenset[str]:
+        """Neither form: the order is by submit time and Algorithm 2 ranks by f*/d."""
+        return frozenset()
+
     def allocate(self, jobs: Sequence[Job], cluster: Cluster, estimator: Estimator) -> Allocation:
         order = by_priority(jobs, lambda j: j.submit)
         alloc = Allocation(placement=place(order, cluster, strict=True))

@@ -33,7 +33,7 @@ from dataclasses import dataclass, replace
 
 from ..estimator import Estimator, equal_share_perf, hit_ratio
 from ..model import Allocation, CacheUnit, Cluster, Job
-from .base import current_hits, fill_units, spread_leftover_io, water_fill
+from .base import HITS, current_hits, fill_units, spread_leftover_io, water_fill
 
 log = logging.getLogger(__name__)
 
@@ -326,6 +326,11 @@ class GavelPolicy:
     """
 
     name = "gavel"
+
+    def reads(self, estimator: Estimator) -> frozenset[str]:
+        """The vanilla form divides GPUs among the jobs by their equal shares alone; the
+        SiloD form's shares and IO are for the hits now."""
+        return frozenset({HITS}) if estimator.io_aware else frozenset()
 
     def allocate(self, jobs: Sequence[Job], cluster: Cluster, estimator: Estimator) -> Allocation:
         e = equal_share_perf(jobs, cluster, estimator)

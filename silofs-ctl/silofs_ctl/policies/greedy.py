@@ -35,6 +35,10 @@ class GreedyPolicy:
 
     name = "greedy"
 
+    def reads(self, estimator: Estimator) -> frozenset[str]:
+        """Nothing that moves: placements are given, the cache is ranked by f*/d."""
+        return frozenset()
+
     def allocate(self, jobs: Sequence[Job], cluster: Cluster, estimator: Estimator) -> Allocation:
         alloc = Allocation()
         for job in jobs:

@@ -35,6 +35,7 @@ def speedup(job: Job, share: float, fair_io: float) -> float:
 
 class QuiverCache:
     name = "quiver"
+    reads: frozenset[str] = frozenset()  # benefit is of GPU shares, f* and a fair share of the link
 
     def fill_cache(self, jobs: Sequence[Job], cluster: Cluster, alloc: Allocation) -> None:
         running = [j for j in jobs if alloc.gpu_share.get(j.name, 0.0) > 0]

@@ -27,7 +27,15 @@ from dataclasses import dataclass
 
 from ..estimator import Estimator, hit_ratio, unit_efficiency
 from ..model import Allocation, Cluster, Job
-from .base import by_priority, current_hits, fill_units, place, spread_leftover_io
+from .base import (
+    HITS,
+    REMAINING,
+    by_priority,
+    current_hits,
+    fill_units,
+    place,
+    spread_leftover_io,
+)
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +84,10 @@ def silod_choice(
 
 class SjfPolicy:
     name = "sjf"
+
+    def reads(self, estimator: Estimator) -> frozenset[str]:
+        """Scores are of the remaining work; the SiloD form's IO is for the hits now."""
+        return frozenset({REMAINING, HITS}) if estimator.io_aware else frozenset({REMAINING})
 
     def allocate(self, jobs: Sequence[Job], cluster: Cluster, estimator: Estimator) -> Allocation:
         readers: dict[str, int] = {}
