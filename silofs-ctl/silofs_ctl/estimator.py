@@ -120,16 +120,23 @@ def equal_share(jobs: Sequence[Job], cluster: Cluster) -> EqualShare:
         return EqualShare({}, {}, cluster.remote_io)
     gpus = cluster.total_gpus / n
     shares = {j.name: min(1.0, gpus / j.gpus) if j.gpus > 0 else 1.0 for j in jobs}
+    units = cluster.units
     readers: dict[str, int] = {}
     for job in jobs:
-        for pool in {cluster.units[k].pool for k in job.reads}:
+        reads = job.reads
+        if len(reads) == 1:  # the usual case: no set of pools to build
+            for key in reads:
+                pool = units[key].pool
+                readers[pool] = readers.get(pool, 0) + 1
+            continue
+        for pool in {units[k].pool for k in reads}:
             readers[pool] = readers.get(pool, 0) + 1
+    per_reader = {pool: cluster.pools.get(pool, 0.0) / m for pool, m in readers.items()}
     cache: dict[str, float] = {}
     for job in jobs:
         for key in job.reads:
-            unit = cluster.units[key]
-            share = cluster.pools.get(unit.pool, 0.0) / readers[unit.pool]
-            cache[key] = min(unit.size, cache.get(key, 0.0) + share)
+            unit = units[key]
+            cache[key] = min(unit.size, cache.get(key, 0.0) + per_reader[unit.pool])
     return EqualShare(shares, cache, cluster.remote_io / n)
 
 

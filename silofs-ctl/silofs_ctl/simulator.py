@@ -36,7 +36,7 @@ from . import sim_lru
 from .estimator import ComputeEstimator, Estimator, SiloDEstimator, equal_share_perf
 from .model import POOL, Allocation, CacheUnit, Cluster, Job
 from .policies import CACHES, SCHEDULERS
-from .policies.base import CachePolicy, Policy, water_fill
+from .policies.base import CachePolicy, Policy, water_fill_capped
 from .scenario import JobSpec, Scenario
 
 log = logging.getLogger(__name__)
@@ -194,14 +194,17 @@ class _Job:
     seq: int = -1  # its latest event in Simulation.events; -1: none
     event_boundary: float = math.inf  # the LRU boundary that event was computed with
     lru_held: float = -1.0  # LRU: the dataset's holding its hit ratio was computed with
+    reference: Job | None = None  # its view for the fairness reference (_reference_view)
     # Fixed for the job's life; plain attributes because the event loop reads them for
     # every active job at every step.
     name: str = field(init=False)
     eps: float = field(init=False)  # bytes that count as nothing left (rounding)
+    reads: dict[str, float] = field(init=False)  # its views' Job.reads (never changed)
 
     def __post_init__(self) -> None:
         self.name = self.spec.name
         self.eps = max(1.0, self.size * 1e-12)
+        self.reads = {self.unit: 1.0}
 
     @property
     def unread(self) -> float:
@@ -307,6 +310,7 @@ class Simulation:
         self.contended = False  # demands exceeded the link at the last water fill
         # The water level of that fill when contended: the share of every demand above it.
         self.level = math.inf
+        self.capped: list[str] = []  # the jobs held below their demand by that fill
         self.total_rate = self.total_remote = 0.0
 
     def request_stop(self) -> None:
@@ -474,26 +478,34 @@ class Simulation:
         # Jobs whose rate stays keep their event (_set_rate); the sums kept by adding
         # differences are recomputed exactly.
         self._rerate(list(self.running.values()), everyone=True)
-        self.inflow = {}
-        self.total_rate = self.total_remote = 0.0
+        # One pass over the active jobs for the sums, the inflows and the fairness point.
+        inflow: dict[str, float] = {}
+        total_rate = total_remote = 0.0
+        worst, total = math.inf, 0.0
+        log_rates = self.job_rates is not None
         for job in active:
+            rate = job.rate
+            equal_rate = job.equal_rate
+            ratio = rate / equal_rate if equal_rate > 0 else 1.0
+            if ratio < worst:
+                worst = ratio
+            total += ratio
             if job.share <= 0:
-                self._log_rate(job, 0.0)
+                if log_rates:
+                    self._log_rate(job, 0.0)
                 continue
-            self.total_rate += job.rate
-            self.total_remote += job.remote
-            if job.remote > 0:
-                self.inflow[job.unit] = self.inflow.get(job.unit, 0.0) + job.remote
-        self.filling = set() if self.lru else {k for k in self.inflow if self._room(k)}
+            total_rate += rate
+            remote = job.remote
+            total_remote += remote
+            if remote > 0:
+                inflow[job.unit] = inflow.get(job.unit, 0.0) + remote
+        self.inflow = inflow
+        self.total_rate, self.total_remote = total_rate, total_remote
+        self.filling = set() if self.lru else {k for k in inflow if self._room(k)}
         if len(self.events) > 4 * len(self.running) + 1024:  # drop stale entries
             self.events = [e for e in self.events if e[1] == e[2].seq]
             heapq.heapify(self.events)
         self.next_plan = self.now + self.interval if self._filling() else math.inf
-        worst, total = math.inf, 0.0
-        for job in active:
-            ratio = job.rate / job.equal_rate if job.equal_rate > 0 else 1.0
-            worst = min(worst, ratio)
-            total += ratio
         if active:
             self.fairness_timeline.append((self.now, worst, total / len(active)))
 
@@ -507,21 +519,27 @@ class Simulation:
         )
 
     def _view(self, job: _Job) -> Job:
+        spec = job.spec
         return Job(
-            name=job.name,
-            dataset=job.spec.dataset,
-            gpus=job.spec.gpus,
-            f_star=job.spec.ideal_io,
-            reads={job.unit: 1.0},
-            remaining=max(0.0, job.work - job.read),
-            submit=job.spec.submit,
-            placement=job.placement if job.share > 0 else None,
-            hit_now=None if self.lru else self._hit(job),
+            job.name,
+            spec.dataset,
+            spec.gpus,
+            spec.ideal_io,
+            job.reads,
+            max(0.0, job.work - job.read),  # remaining
+            spec.submit,
+            job.placement if job.share > 0 else None,
+            None if self.lru else self._hit(job),  # hit_now
         )
 
     def _reference_view(self, job: _Job) -> Job:
-        spec = job.spec
-        return Job(job.name, spec.dataset, spec.gpus, spec.ideal_io, {spec.dataset: 1.0})
+        """The job as the fairness reference sees it: fixed for its life, so made once."""
+        if job.reference is None:
+            spec = job.spec
+            job.reference = Job(
+                job.name, spec.dataset, spec.gpus, spec.ideal_io, {spec.dataset: 1.0}
+            )
+        return job.reference
 
     def _room(self, key: str) -> bool:
         """Can unit `key` still admit bytes (uniform caching)?"""
@@ -654,24 +672,31 @@ class Simulation:
         if contended or self.contended or everyone:
             # The link is (or was) shared out below some demands: a demand moving can
             # move everyone's share. Jobs whose share stays keep their rate untouched.
-            shares = water_fill(link, self.demand)
+            shares, capped = water_fill_capped(link, self.demand)
             self.level = max(shares.values(), default=0.0) if contended else math.inf
             for job in jobs:
                 if job.share > 0:
                     self._set_rate(job, shares[job.name])
             if not everyone:
+                # Any other job's demand did not move, so unless it is held below its
+                # demand now or was at the last division, its share is that same demand.
                 changed = {job.name for job in jobs}
-                for name, share in shares.items():
+                for name in (*capped, *self.capped):
+                    share = shares.get(name)
+                    if share is None or name in changed:
+                        continue
                     job = self.running[name]
-                    if name not in changed and share != job.remote and job.hit < 1.0 - 1e-12:
+                    if share != job.remote and job.hit < 1.0 - 1e-12:
                         self._sync(job)
                         self._set_rate(job, share)
+            self.capped = capped
         else:
             # Every demand is met (water_fill would give each its demand).
             self.level = math.inf
             for job in jobs:
                 if job.share > 0:
                     self._set_rate(job, self.demand[job.name])
+            self.capped = []
         self.contended = contended
 
     def _set_rate(self, job: _Job, share: float) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from operator import itemgetter
 from typing import Protocol
 
 from ..estimator import Estimator, hit_ratio
@@ -77,18 +78,28 @@ def current_hits(
 
 def water_fill(capacity: float, demands: Mapping[str, float]) -> dict[str, float]:
     """Max-min fair division of `capacity` among `demands` (each gets at most its demand)."""
-    out = {name: 0.0 for name in demands}
+    return water_fill_capped(capacity, demands)[0]
+
+
+def water_fill_capped(
+    capacity: float, demands: Mapping[str, float]
+) -> tuple[dict[str, float], list[str]]:
+    """water_fill, and the names held below their demand (all at the same fair level):
+    every other name gets exactly its demand, which lets a caller that re-divides after
+    a few demands moved look only at those and the ones capped before."""
+    out = dict.fromkeys(demands, 0.0)
     left = capacity
-    pending = sorted(demands.items(), key=lambda kv: kv[1])
+    pending = sorted(demands.items(), key=itemgetter(1))
+    n = len(pending)
     for i, (name, demand) in enumerate(pending):  # smallest demand first
-        fair = left / (len(pending) - i) if not math.isinf(left) else math.inf
+        fair = left / (n - i) if not math.isinf(left) else math.inf
         if demand > fair:
-            for other, _ in pending[i:]:
-                out[other] = fair
-            return out
+            capped = [other for other, _ in pending[i:]]
+            out.update(dict.fromkeys(capped, fair))
+            return out, capped
         out[name] = demand
         left -= demand
-    return out
+    return out, []
 
 
 def spread_leftover_io(

@@ -37,10 +37,16 @@ class CoordlCache:
 
     def fill_cache(self, jobs: Sequence[Job], cluster: Cluster, alloc: Allocation) -> None:
         cache: dict[str, float] = {}
+        # static_share's time-shared case, with the cluster's totals summed once
+        total_gpus, total_cache = cluster.total_gpus, cluster.total_cache
         for job in jobs:
             if alloc.gpu_share.get(job.name, 0.0) <= 0:
                 continue
-            share = static_share(job, cluster, alloc.placement.get(job.name))
+            placement = alloc.placement.get(job.name)
+            if placement:
+                share = static_share(job, cluster, placement)
+            else:
+                share = total_cache * job.gpus / total_gpus if total_gpus > 0 else 0.0
             for key, weight in job.reads.items():
                 unit = cluster.units[key]
                 cache[key] = min(unit.size, cache.get(key, 0.0) + share * weight)
