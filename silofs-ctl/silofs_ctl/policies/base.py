@@ -152,15 +152,17 @@ def place(jobs: Sequence[Job], cluster: Cluster, *, strict: bool) -> dict[str, d
     smaller jobs may fill the gap (backfilling).
     """
     free = dict(cluster.node_gpus)
+    left = sum(free.values())  # _fit finds nothing for more GPUs than this: skip it
     out: dict[str, dict[str, int]] = {}
     for job in jobs:
-        spot = _keep(job, free) or _fit(job.gpus, free)
+        spot = _keep(job, free) or (_fit(job.gpus, free) if job.gpus <= left else None)
         if spot is None:
             if strict:
                 break
             continue
         for node, n in spot.items():
             free[node] -= n
+            left -= n
         out[job.name] = spot
     return out
 
