@@ -30,6 +30,7 @@ from __future__ import annotations
 import heapq
 import logging
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
 from . import sim_lru
@@ -311,6 +312,7 @@ class Simulation:
         # The water level of that fill when contended: the share of every demand above it.
         self.level = math.inf
         self.capped: list[str] = []  # the jobs held below their demand by that fill
+        self.fair: float | None = None  # the level they were held at
         self.total_rate = self.total_remote = 0.0
 
     def request_stop(self) -> None:
@@ -672,16 +674,21 @@ class Simulation:
         if contended or self.contended or everyone:
             # The link is (or was) shared out below some demands: a demand moving can
             # move everyone's share. Jobs whose share stays keep their rate untouched.
-            shares, capped = water_fill_capped(link, self.demand)
+            shares, capped, fair = water_fill_capped(link, self.demand)
             self.level = max(shares.values(), default=0.0) if contended else math.inf
             for job in jobs:
                 if job.share > 0:
                     self._set_rate(job, shares[job.name])
             if not everyone:
                 # Any other job's demand did not move, so unless it is held below its
-                # demand now or was at the last division, its share is that same demand.
+                # demand now or was at the last division, its share is that same demand;
+                # and one held at both, at the same fair level, keeps that level.
                 changed = {job.name for job in jobs}
-                for name in (*capped, *self.capped):
+                others: Iterable[str] = (*capped, *self.capped)
+                if fair is not None and fair == self.fair:
+                    now, was = set(capped), set(self.capped)
+                    others = sorted((now - was) | (was - now))  # sorted: a fixed order
+                for name in others:
                     share = shares.get(name)
                     if share is None or name in changed:
                         continue
@@ -689,14 +696,14 @@ class Simulation:
                     if share != job.remote and job.hit < 1.0 - 1e-12:
                         self._sync(job)
                         self._set_rate(job, share)
-            self.capped = capped
+            self.capped, self.fair = capped, fair
         else:
             # Every demand is met (water_fill would give each its demand).
             self.level = math.inf
             for job in jobs:
                 if job.share > 0:
                     self._set_rate(job, self.demand[job.name])
-            self.capped = []
+            self.capped, self.fair = [], None
         self.contended = contended
 
     def _set_rate(self, job: _Job, share: float) -> None:

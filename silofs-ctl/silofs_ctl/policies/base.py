@@ -83,10 +83,10 @@ def water_fill(capacity: float, demands: Mapping[str, float]) -> dict[str, float
 
 def water_fill_capped(
     capacity: float, demands: Mapping[str, float]
-) -> tuple[dict[str, float], list[str]]:
-    """water_fill, and the names held below their demand (all at the same fair level):
-    every other name gets exactly its demand, which lets a caller that re-divides after
-    a few demands moved look only at those and the ones capped before."""
+) -> tuple[dict[str, float], list[str], float | None]:
+    """water_fill, the names held below their demand, and the fair level they all get
+    (None: nobody is held). Every other name gets exactly its demand, which lets a
+    caller that re-divides after a few demands moved look only at the capped ones."""
     out = dict.fromkeys(demands, 0.0)
     left = capacity
     pending = sorted(demands.items(), key=itemgetter(1))
@@ -94,12 +94,12 @@ def water_fill_capped(
     for i, (name, demand) in enumerate(pending):  # smallest demand first
         fair = left / (n - i) if not math.isinf(left) else math.inf
         if demand > fair:
-            capped = [other for other, _ in pending[i:]]
+            capped = list(map(itemgetter(0), pending[i:]))
             out.update(dict.fromkeys(capped, fair))
-            return out, capped
+            return out, capped, fair
         out[name] = demand
         left -= demand
-    return out, []
+    return out, [], None
 
 
 def spread_leftover_io(
