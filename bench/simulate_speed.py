@@ -9,8 +9,10 @@ wall time of simulating each under every scheduler x cache pair:
 
 Never: changes what the simulator does, or checks its results (the tests do). Prints a
 table: trace, pair, wall and CPU seconds (CPU time is the figure to compare on a busy
-machine), steps (events simulated), plans (policy runs), and the average JCT so that
-two runs can be compared for sameness as well as speed.
+machine), steps (events simulated), plans (policy runs: a re-plan that keeps the last
+plan because nothing the policy reads moved is not one), and the average JCT so that
+two runs can be compared for sameness as well as speed. --jobs scales the span with
+the count at the same load: --jobs 1000 is a 1-week trace, --jobs 2000 a 2-week one.
 
     python bench/simulate_speed.py                    # both traces, every pair
     python bench/simulate_speed.py --traces heavy --pairs gavel:silod
