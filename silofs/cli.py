@@ -532,8 +532,9 @@ def _ttl(_ctx: click.Context, _param: click.Parameter, value: str) -> float | No
     type=click.IntRange(1, 16),
     default=1,
     show_default=True,
-    help="Processes serving the mount (N > 1: N forked pyfuse3 processes share the FUSE "
-    "connection; more warm reads per second with several readers).",
+    help="Processes serving the mount (experimental: N > 1 forks N pyfuse3 processes on "
+    "one FUSE connection; on a 2-core host it cost more CPU per file than it gained, and "
+    "sequential cold reads lose read-ahead; see docs/ARCHITECTURE.md).",
 )
 @click.option("--foreground", "-f", is_flag=True, help="Serve in this process.")
 @click.option("--allow-other", is_flag=True, help="Let other users read the mount.")
