@@ -77,7 +77,9 @@ def test_warm_half_the_dataset_then_read_it_all(dataset, tmp_path: Path) -> None
 
 def test_warm_shows_progress_stops_on_ctrl_c_and_resumes(dataset, tmp_path: Path) -> None:
     node, uri, size = dataset
-    node.request("PUT", "/v1/jobs/slow/io", {"bytes_per_s": "2MB/s"})
+    # ~6 MB matched: at 512 kB/s the warm runs ~12 s, so the Ctrl-C below lands while it
+    # runs even on a loaded CI host (at 2 MB/s it once finished first, exit 0 not 130).
+    node.request("PUT", "/v1/jobs/slow/io", {"bytes_per_s": "512kB/s"})
     master, slave = pty.openpty()  # a terminal: the progress bar is drawn
     proc = subprocess.Popen(
         silofs_cmd("warm", uri, "--job", "slow", "--paths", "train/c[01]/*"),
