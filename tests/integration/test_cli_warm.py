@@ -87,6 +87,10 @@ def test_warm_shows_progress_stops_on_ctrl_c_and_resumes(dataset, tmp_path: Path
         stdout=subprocess.DEVNULL,
         stderr=slave,
         env=node.env,
+        # Ctrl-C as a terminal delivers it: a suite started in the background (`cmd &`,
+        # as CI may) has SIGINT ignored, the child would inherit that, and Python then
+        # installs no KeyboardInterrupt handler (the warm ran to its end, exit 0).
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     os.close(slave)
     try:
