@@ -148,6 +148,11 @@ def equal_share_perf(
     When the equal share gives a job nothing (no remote IO at all and its data not
     cached), fall back to its compute-only rate so the ratio stays defined.
     """
+    if type(estimator) is ComputeEstimator:
+        # perf is share * f* alone: the equal cache and IO are not needed
+        n = len(jobs)
+        gpus = cluster.total_gpus / n if n else 0.0
+        return {j.name: (min(1.0, gpus / j.gpus) if j.gpus > 0 else 1.0) * j.f_star for j in jobs}
     eq = equal_share(jobs, cluster)
     out: dict[str, float] = {}
     for job in jobs:

@@ -174,8 +174,10 @@ def maxmin(
             free = free[len(group) :]
         if not free:
             break
-        loads = _Loads(jobs, fixed, e)
-        lam_io = _io_limit(loads, cluster, lam) if io_aware else math.inf
+        # (the IO loads only matter when IO is planned: _binding reads them only when
+        # IO binds)
+        loads = _Loads(jobs, fixed, e) if io_aware else None
+        lam_io = _io_limit(loads, cluster, lam) if loads is not None else math.inf
         lam_gpu = _gpu_limit(free, fixed, e, jobs, cluster.total_gpus)
         lam = max(lam, min(lam_io, lam_gpu, caps[free[0].name]))
         first = lam if first is None else first
@@ -280,7 +282,7 @@ def _binding(
     lam: float,
     lam_io: float,
     lam_gpu: float,
-    loads: _Loads,
+    loads: _Loads | None,
     cluster: Cluster,
 ) -> list[Job]:
     """The jobs that cannot rise above lam: all of them if GPUs ran out; those at their
@@ -289,7 +291,7 @@ def _binding(
     if lam_gpu <= near:
         return list(free)
     frozen = [j for j in free if caps[j.name] <= near]
-    if lam_io <= near:
+    if lam_io <= near and loads is not None:
         cache = loads.best_cache(lam, cluster)
         held = {j.name for j in frozen}
         frozen += [
