@@ -196,6 +196,7 @@ class _Job:
     event_boundary: float = math.inf  # the LRU boundary that event was computed with
     lru_held: float = -1.0  # LRU: the dataset's holding its hit ratio was computed with
     reference: Job | None = None  # its view for the fairness reference (_reference_view)
+    view: Job | None = None  # its policy view, kept while the plan reads nothing (_view)
     # Fixed for the job's life; plain attributes because the event loop reads them for
     # every active job at every step.
     name: str = field(init=False)
@@ -477,9 +478,9 @@ class Simulation:
                 job.equal_rate = equal[job.name]
             self.equal_for = names
         self.dirty = False
-        # Jobs whose rate stays keep their event (_set_rate); the sums kept by adding
-        # differences are recomputed exactly.
-        self._rerate(list(self.running.values()), everyone=True)
+        # Jobs whose rate stays keep their event; the sums kept by adding differences
+        # are recomputed exactly below.
+        self._rerate_plan(list(self.running.values()))
         # One pass over the active jobs for the sums, the inflows and the fairness point.
         inflow: dict[str, float] = {}
         total_rate = total_remote = 0.0
@@ -522,6 +523,17 @@ class Simulation:
 
     def _view(self, job: _Job) -> Job:
         spec = job.spec
+        if not self.plan_reads:
+            # The plan reads neither remaining work nor hits (Policy.reads): the view is
+            # made once, without them, and again only when its placement moves.
+            placement = job.placement if job.share > 0 else None
+            view = job.view
+            if view is None or view.placement != placement:
+                view = job.view = Job(
+                    job.name, spec.dataset, spec.gpus, spec.ideal_io, job.reads,
+                    submit=spec.submit, placement=placement,
+                )  # fmt: skip
+            return view
         return Job(
             job.name,
             spec.dataset,
@@ -704,6 +716,64 @@ class Simulation:
                 if job.share > 0:
                     self._set_rate(job, self.demand[job.name])
             self.capped, self.fair = [], None
+        self.contended = contended
+
+    def _rerate_plan(self, jobs: list[_Job]) -> None:
+        """_rerate(jobs, everyone=True) for a re-plan, where `jobs` are every running job,
+        up to date, as are the units: the same rates, events and clocks, without the
+        inflows and totals _set_rate keeps by differences (the re-plan sums them anew)."""
+        now = self.now
+        lru = self.lru
+        demand = self.demand
+        for job in jobs:
+            if job.t < now:
+                self._sync(job)
+            if lru:
+                hit = self._hit(job)
+            else:  # _hit, uniform caching
+                job.boundary = math.inf
+                unread = max(0.0, job.size - job.pos)
+                if unread <= job.eps:
+                    hit = min(1.0, self._filled_now(job.unit) / job.size)
+                else:
+                    hit = min(1.0, job.effective / unread)
+            job.hit = hit
+            need = job.share * job.spec.ideal_io * (1.0 - hit)
+            cap = job.io_cap
+            demand[job.name] = need if cap is None else min(need, cap)
+        link = self.scenario.remote_io
+        contended = sum(demand.values()) > link
+        shares, capped, fair = water_fill_capped(link, demand)
+        self.level = max(shares.values(), default=0.0) if contended else math.inf
+        unit_t, growing = self.unit_t, self.growing
+        events, log_rates = self.events, self.job_rates is not None
+        push = heapq.heappush
+        for job in jobs:  # _set_rate
+            hit = job.hit
+            gpu_rate = job.share * job.spec.ideal_io
+            if hit >= 1.0 - 1e-12:
+                rate, remote = gpu_rate, 0.0
+            else:
+                remote = shares[job.name]
+                rate = min(gpu_rate, remote / (1.0 - hit))
+            if rate == job.rate and remote == job.remote and job.seq >= 0:
+                if job.boundary == job.event_boundary:
+                    continue
+            if remote != job.remote and (not lru or job.unit in growing):
+                # _sync_unit of a unit already brought to now: only its clock moves
+                unit_t[job.unit] = now
+            if log_rates:
+                self._log_rate(job, rate)
+            job.rate, job.remote = rate, remote
+            self.seq += 1
+            job.seq = self.seq
+            job.event_boundary = boundary = job.boundary
+            if rate > 0:
+                until = min(job.work - job.read, job.size - job.pos)
+                if boundary < math.inf:
+                    until = min(until, boundary * job.size - job.pos)
+                push(events, (now + max(0.0, until) / rate, self.seq, job))
+        self.capped, self.fair = capped, fair
         self.contended = contended
 
     def _set_rate(self, job: _Job, share: float) -> None:
