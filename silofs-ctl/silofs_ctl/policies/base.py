@@ -11,7 +11,8 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from operator import itemgetter
+from itertools import accumulate, compress, count
+from operator import gt, itemgetter, sub, truediv
 from typing import Protocol
 
 from ..estimator import Estimator, hit_ratio
@@ -86,20 +87,29 @@ def water_fill_capped(
 ) -> tuple[dict[str, float], list[str], float | None]:
     """water_fill, the names held below their demand, and the fair level they all get
     (None: nobody is held). Every other name gets exactly its demand, which lets a
-    caller that re-divides after a few demands moved look only at the capped ones."""
+    caller that re-divides after a few demands moved look only at the capped ones.
+
+    Smallest demand first, each gets its demand while it is at most an equal split of
+    what is left (capacity minus the smaller demands, subtracted one by one); the first
+    that is not, and every larger one, get that split. The loop is in C (accumulate,
+    map): the simulator divides the link this way at most of its steps."""
     out = dict.fromkeys(demands, 0.0)
-    left = capacity
     pending = sorted(demands.items(), key=itemgetter(1))
     n = len(pending)
-    for i, (name, demand) in enumerate(pending):  # smallest demand first
-        fair = left / (n - i) if not math.isinf(left) else math.inf
-        if demand > fair:
-            capped = list(map(itemgetter(0), pending[i:]))
-            out.update(dict.fromkeys(capped, fair))
-            return out, capped, fair
-        out[name] = demand
-        left -= demand
-    return out, [], None
+    if math.isinf(capacity):
+        out.update(pending)
+        return out, [], None
+    values = list(map(itemgetter(1), pending))
+    # lefts[i]: what is left for pending[i:] once every smaller demand is met
+    lefts = list(accumulate(values, sub, initial=capacity))
+    first = next(compress(count(), map(gt, values, map(truediv, lefts, range(n, 0, -1)))), n)
+    out.update(pending[:first])
+    if first == n:
+        return out, [], None
+    fair = lefts[first] / (n - first)
+    capped = list(map(itemgetter(0), pending[first:]))
+    out.update(dict.fromkeys(capped, fair))
+    return out, capped, fair
 
 
 def spread_leftover_io(
