@@ -155,6 +155,27 @@ def equal_share_perf(
         return {j.name: (min(1.0, gpus / j.gpus) if j.gpus > 0 else 1.0) * j.f_star for j in jobs}
     eq = equal_share(jobs, cluster)
     out: dict[str, float] = {}
+    if type(estimator) is SiloDEstimator:
+        # SiloDEstimator.perf inlined, with each unit's c/d found once: the same
+        # arithmetic as silod_perf(share * f*, io, hit_ratio(...)) per job
+        units, cache, io = cluster.units, eq.cache, eq.io
+        io_inf = math.isinf(io)
+        held: dict[str, float] = {}  # per unit: min(1, c/d), or 1 for an empty dataset
+        for job in jobs:
+            share = eq.gpu_share[job.name]
+            hit = 0.0
+            for key, weight in job.reads.items():
+                part = held.get(key)
+                if part is None:
+                    size = units[key].size
+                    part = held[key] = 1.0 if size <= 0 else min(1.0, cache.get(key, 0.0) / size)
+                hit += weight * part
+            miss = 1.0 - min(1.0, hit)
+            value = f = share * job.f_star
+            if not miss <= 0.0 and not io_inf:
+                value = min(f, io / miss)
+            out[job.name] = value if value > 0 else share * job.f_star
+        return out
     for job in jobs:
         share = eq.gpu_share[job.name]
         value = estimator.perf(job, share, eq.cache, eq.io, cluster)

@@ -39,15 +39,17 @@ class CoordlCache:
         cache: dict[str, float] = {}
         # static_share's time-shared case, with the cluster's totals summed once
         total_gpus, total_cache = cluster.total_gpus, cluster.total_cache
+        gpu_share, placements, units = alloc.gpu_share, alloc.placement, cluster.units
         for job in jobs:
-            if alloc.gpu_share.get(job.name, 0.0) <= 0:
+            if gpu_share.get(job.name, 0.0) <= 0:
                 continue
-            placement = alloc.placement.get(job.name)
+            placement = placements.get(job.name)
             if placement:
                 share = static_share(job, cluster, placement)
             else:
                 share = total_cache * job.gpus / total_gpus if total_gpus > 0 else 0.0
             for key, weight in job.reads.items():
-                unit = cluster.units[key]
-                cache[key] = min(unit.size, cache.get(key, 0.0) + share * weight)
+                size = units[key].size
+                held = cache.get(key, 0.0) + share * weight
+                cache[key] = held if held < size else size  # min(size, held)
         alloc.cache = cache
