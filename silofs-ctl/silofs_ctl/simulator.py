@@ -432,10 +432,53 @@ class Simulation:
             self.filling.discard(key)
 
     def _sync_all(self) -> None:
-        for key in list(self.inflow):
-            self._sync_unit(key)
+        # _sync_unit of every unit and _sync of every active job, inlined (a re-plan does
+        # this for all of them): the same arithmetic in the same order.
+        now, lru = self.now, self.lru
+        if lru:
+            for key in list(self.inflow):
+                self._sync_unit(key)
+        else:
+            unit_t, filled, allocated = self.unit_t, self.filled, self.allocated
+            units = self.cluster.units
+            for key, inflow in self.inflow.items():
+                last = unit_t.get(key, now)
+                unit_t[key] = now
+                if inflow <= 0 or now <= last:
+                    continue
+                size = units[key].size
+                cap = allocated[key]
+                if size < cap:
+                    cap = size
+                held = filled[key]
+                if held >= cap:
+                    continue
+                held += inflow * (now - last)
+                filled[key] = held = held if held < cap else cap  # min(cap, held)
+                tol = size * 1e-12
+                if held >= cap - (tol if tol > 1.0 else 1.0):
+                    self.dirty = True  # full: what the policy planned with has changed
+                    self.filling.discard(key)
         for job in self.active.values():
-            self._sync(job)
+            dt = now - job.t
+            if dt <= 0:
+                continue
+            job.t = now
+            job.equal_integral += job.equal_rate * dt
+            rate = job.rate
+            if rate <= 0:
+                continue
+            got = rate * dt
+            unread = job.size - job.pos
+            if not lru and unread > 0:
+                left = unread - got
+                job.effective *= (left if left > 0.0 else 0.0) / unread  # max(0, left)
+            job.read += got
+            job.pos += got
+            hits = got * job.hit
+            job.hit_bytes += hits
+            job.epoch_hits += hits
+            job.remote_bytes += job.remote * dt
 
     # -------------------------------------------------------------- decisions
 
@@ -455,7 +498,15 @@ class Simulation:
         self.jobs_moved = False
         self._sync_all()
         active = list(self.active.values())
-        views = [self._view(job) for job in active]
+        if self.plan_reads:
+            views = [self._view(job) for job in active]
+        else:  # _view's kept views, looked up here (a re-plan makes one per active job)
+            views = []
+            for job in active:
+                view = job.view
+                if view is None or view.placement != (job.placement if job.share > 0 else None):
+                    view = self._view(job)
+                views.append(view)
         cluster = replace(self.cluster, cached=None if self.lru else dict(self.filled))
         alloc = self.policy.allocate(views, cluster, self.estimator)
         if self.cache_policy is not None:
@@ -472,7 +523,9 @@ class Simulation:
         names = tuple(self.active)
         if names != self.equal_for:
             equal = equal_share_perf(
-                [self._reference_view(j) for j in active], self.reference, SiloDEstimator()
+                [j.reference or self._reference_view(j) for j in active],
+                self.reference,
+                SiloDEstimator(),
             )
             for job in active:
                 job.equal_rate = equal[job.name]
@@ -504,7 +557,17 @@ class Simulation:
                 inflow[job.unit] = inflow.get(job.unit, 0.0) + remote
         self.inflow = inflow
         self.total_rate, self.total_remote = total_rate, total_remote
-        self.filling = set() if self.lru else {k for k in inflow if self._room(k)}
+        if self.lru:
+            self.filling = set()
+        else:  # _room, inlined
+            units, filled, allocated = self.cluster.units, self.filled, self.allocated
+            self.filling = set()
+            for key in inflow:
+                size = units[key].size
+                want = allocated[key]
+                tol = size * 1e-12
+                if filled[key] < (size if size < want else want) - (tol if tol > 1.0 else 1.0):
+                    self.filling.add(key)
         if len(self.events) > 4 * len(self.running) + 1024:  # drop stale entries
             self.events = [e for e in self.events if e[1] == e[2].seq]
             heapq.heapify(self.events)
@@ -516,10 +579,12 @@ class Simulation:
         """Is some read unit still below its allocation (so the plan will change)?"""
         if self.lru:
             return False
-        return any(
-            self.filled[j.unit] < min(self.allocated[j.unit], j.size) - j.tol()
-            for j in self.active.values()
-        )
+        filled, allocated = self.filled, self.allocated
+        for job in self.active.values():
+            want, size = allocated[job.unit], job.size
+            if filled[job.unit] < (size if size < want else want) - job.eps:  # j.tol()
+                return True
+        return False
 
     def _view(self, job: _Job) -> Job:
         spec = job.spec
@@ -561,12 +626,16 @@ class Simulation:
         return self.filled[key] < min(self.allocated[key], size) - max(1.0, size * 1e-12)
 
     def _apply(self, alloc: Allocation) -> None:
+        gpu_share, placement, io = alloc.gpu_share, alloc.placement, alloc.io
+        now = self.now
         for job in self.active.values():
-            job.share = min(1.0, alloc.gpu_share.get(job.name, 0.0))
-            job.placement = alloc.placement.get(job.name)
-            job.io_cap = alloc.io.get(job.name)
-            if job.share > 0 and job.start is None:
-                job.start = self.now
+            name = job.name
+            share = gpu_share.get(name, 0.0)
+            job.share = share = share if share < 1.0 else 1.0  # min(1, share)
+            job.placement = placement.get(name)
+            job.io_cap = io.get(name)
+            if share > 0 and job.start is None:
+                job.start = now
         self.lru = alloc.lru
         if self.lru:
             self._lru_targets()
@@ -575,15 +644,15 @@ class Simulation:
         # Units neither allocated nor holding anything, and not in the new allocation,
         # stay as they are: only the others are visited (CoorDL has a unit per job of
         # the whole trace, most of them long finished or not yet arrived).
-        for key in self.in_use | alloc.cache.keys():
-            want = max(0.0, alloc.cache.get(key, 0.0))
-            self.allocated[key] = want
-            if self.filled[key] > want:
+        cache, allocated, filled = alloc.cache, self.allocated, self.filled
+        keys = self.in_use | cache.keys()
+        for key in keys:
+            want = cache.get(key, 0.0)
+            want = want if want > 0.0 else 0.0  # max(0, want)
+            allocated[key] = want
+            if filled[key] > want:
                 self._evict(key, want, readers.get(key, []))
-        self.in_use = {k for k in self.in_use | alloc.cache.keys() if self._used(k)}
-
-    def _used(self, key: str) -> bool:
-        return self.allocated[key] > 0 or self.filled[key] > 0
+        self.in_use = {k for k in keys if allocated[k] > 0 or filled[k] > 0}
 
     def _evict(self, key: str, keep: float, readers: list[_Job]) -> None:
         """Shrinking evicts random cached items: every reader loses the same fraction."""
@@ -721,7 +790,8 @@ class Simulation:
     def _rerate_plan(self, jobs: list[_Job]) -> None:
         """_rerate(jobs, everyone=True) for a re-plan, where `jobs` are every running job,
         up to date, as are the units: the same rates, events and clocks, without the
-        inflows and totals _set_rate keeps by differences (the re-plan sums them anew)."""
+        inflows and totals _set_rate keeps by differences (the re-plan sums them anew).
+        min and max are written out (x if x < y else y is min(y, x) to the bit)."""
         now = self.now
         lru = self.lru
         demand = self.demand
@@ -732,15 +802,19 @@ class Simulation:
                 hit = self._hit(job)
             else:  # _hit, uniform caching
                 job.boundary = math.inf
-                unread = max(0.0, job.size - job.pos)
+                unread = job.size - job.pos
+                if not unread > 0.0:
+                    unread = 0.0
                 if unread <= job.eps:
-                    hit = min(1.0, self._filled_now(job.unit) / job.size)
+                    hit = self._filled_now(job.unit) / job.size
                 else:
-                    hit = min(1.0, job.effective / unread)
+                    hit = job.effective / unread
+                if not hit < 1.0:
+                    hit = 1.0
             job.hit = hit
             need = job.share * job.spec.ideal_io * (1.0 - hit)
             cap = job.io_cap
-            demand[job.name] = need if cap is None else min(need, cap)
+            demand[job.name] = need if cap is None or not cap < need else cap
         link = self.scenario.remote_io
         contended = sum(demand.values()) > link
         shares, capped, fair = water_fill_capped(link, demand)
@@ -748,6 +822,7 @@ class Simulation:
         unit_t, growing = self.unit_t, self.growing
         events, log_rates = self.events, self.job_rates is not None
         push = heapq.heappush
+        inf = math.inf
         for job in jobs:  # _set_rate
             hit = job.hit
             gpu_rate = job.share * job.spec.ideal_io
@@ -755,7 +830,9 @@ class Simulation:
                 rate, remote = gpu_rate, 0.0
             else:
                 remote = shares[job.name]
-                rate = min(gpu_rate, remote / (1.0 - hit))
+                rate = remote / (1.0 - hit)
+                if not rate < gpu_rate:
+                    rate = gpu_rate
             if rate == job.rate and remote == job.remote and job.seq >= 0:
                 if job.boundary == job.event_boundary:
                     continue
@@ -769,48 +846,67 @@ class Simulation:
             job.seq = self.seq
             job.event_boundary = boundary = job.boundary
             if rate > 0:
-                until = min(job.work - job.read, job.size - job.pos)
-                if boundary < math.inf:
-                    until = min(until, boundary * job.size - job.pos)
-                push(events, (now + max(0.0, until) / rate, self.seq, job))
+                until = job.work - job.read
+                left = job.size - job.pos
+                if left < until:
+                    until = left
+                if boundary < inf:
+                    left = boundary * job.size - job.pos
+                    if left < until:
+                        until = left
+                push(events, (now + (until if until > 0.0 else 0.0) / rate, self.seq, job))
         self.capped, self.fair = capped, fair
         self.contended = contended
 
     def _set_rate(self, job: _Job, share: float) -> None:
-        """Give a running job (up to date) its link share; its rate and next event follow."""
+        """Give a running job (up to date) its link share; its rate and next event follow.
+        (min and max written out, as in _rerate_plan.)"""
         gpu_rate = job.share * job.spec.ideal_io
-        if job.hit >= 1.0 - 1e-12:
+        hit = job.hit
+        if hit >= 1.0 - 1e-12:
             rate, remote = gpu_rate, 0.0
         else:
             remote = share
-            rate = min(gpu_rate, remote / (1.0 - job.hit))
-        if rate == job.rate and remote == job.remote and job.seq >= 0:
+            rate = remote / (1.0 - hit)
+            if not rate < gpu_rate:
+                rate = gpu_rate
+        old_remote = job.remote
+        if rate == job.rate and remote == old_remote and job.seq >= 0:
             if job.boundary == job.event_boundary:
                 return  # progress is linear: its pending event is still right
-        if remote != job.remote:
+        if remote != old_remote:
             key = job.unit
-            if not self.lru or key in self.growing:
+            lru = self.lru
+            if not lru or key in self.growing:
                 # (an LRU dataset at its target stays there until a re-target, which
                 # brings every unit up to date first: nothing to add up)
                 self._sync_unit(key)
-            inflow = self.inflow.get(key, 0.0) + remote - job.remote
-            self.inflow[key] = inflow if inflow > 1e-9 else 0.0
-            if not self.lru and self.inflow[key] > 0 and self._room(key):
+            inflow = self.inflow.get(key, 0.0) + remote - old_remote
+            self.inflow[key] = inflow = inflow if inflow > 1e-9 else 0.0
+            if not lru and inflow > 0 and self._room(key):
                 self.filling.add(key)
             else:
                 self.filling.discard(key)
         self.total_rate += rate - job.rate
-        self.total_remote += remote - job.remote
-        self._log_rate(job, rate)
+        self.total_remote += remote - old_remote
+        if self.job_rates is not None:
+            self._log_rate(job, rate)
         job.rate, job.remote = rate, remote
         self.seq += 1
         job.seq = self.seq
-        job.event_boundary = job.boundary
+        job.event_boundary = boundary = job.boundary
         if rate > 0:
-            until = min(job.work - job.read, job.size - job.pos)
-            if job.boundary < math.inf:
-                until = min(until, job.boundary * job.size - job.pos)
-            heapq.heappush(self.events, (self.now + max(0.0, until) / rate, self.seq, job))
+            until = job.work - job.read
+            left = job.size - job.pos
+            if left < until:
+                until = left
+            if boundary < math.inf:
+                left = boundary * job.size - job.pos
+                if left < until:
+                    until = left
+            heapq.heappush(
+                self.events, (self.now + (until if until > 0.0 else 0.0) / rate, self.seq, job)
+            )
 
     def _log_rate(self, job: _Job, rate: float) -> None:
         if self.job_rates is None:
