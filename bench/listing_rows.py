@@ -1,9 +1,10 @@
-"""Listing rows in-process: env bytes per object, lookups/s and readdir-walk entries/s.
+"""Listing rows in-process: write rate, env bytes per object, lookups/s, walk entries/s.
 
 Owns the in-process half of issue 10's "env bytes per object" and "find" figures (the
 FUSE half is bench/metadata.py): a generated listing of --objects files (S3-like: a
 32-hex ETag version, content id "s3:ETAG:size", directories of 1000) written with the
-daemon's batch code (CacheStore.begin_listing/add_to_listing/finish_listing), then
+daemon's batch code (CacheStore.begin_listing/add_to_listing/finish_listing; objects
+written per second, the objects made before timing), then
 --lookups random path lookups through the mount's Manifest (two levels, the entry cache
 kept small so each lookup reads LMDB) and a walk of every directory with the attributes
 READDIRPLUS needs. Each checkout named runs in its own interpreter with that checkout
@@ -39,16 +40,17 @@ def measure(n: int, lookups: int) -> None:
         dsid = s.dataset_id("file:///bench/", create=True)
         assert dsid is not None
         b = s.begin_listing(dsid)
-        batch: list[ObjectInfo] = []
+        objs: list[ObjectInfo] = []
         for i in range(n):
             v = f"{i:032x}"
             key = f"d{i // PER_DIR:05d}/img_{i:08d}.jpg"
-            batch.append(ObjectInfo(key, 110_000, 1.7e9 + i, v, f"s3:{v}:110000"))
-            if len(batch) >= LISTING_BATCH:
-                s.add_to_listing(b, batch)
-                batch = []
-        s.add_to_listing(b, batch)
+            objs.append(ObjectInfo(key, 110_000, 1.7e9 + i, v, f"s3:{v}:110000"))
+        t = time.perf_counter()
+        for i in range(0, n, LISTING_BATCH):
+            s.add_to_listing(b, objs[i : i + LISTING_BATCH])
         rec = s.finish_listing(b, {"uri": "file:///bench/"})
+        write = n / (time.perf_counter() - t)
+        del objs
         per_obj = os.stat(os.path.join(d, "data.mdb")).st_blocks * 512 / n
         idx = random.Random(1).sample(range(n), min(lookups, n))
         best_look = best_walk = 0.0
@@ -79,7 +81,7 @@ def measure(n: int, lookups: int) -> None:
             best_walk = max(best_walk, seen / (time.perf_counter() - t))
             m.close()
         s.close()
-        print(f"{per_obj:.0f} {best_look:.0f} {best_walk:.0f}")
+        print(f"{write:.0f} {per_obj:.0f} {best_look:.0f} {best_walk:.0f}")
     finally:
         shutil.rmtree(d, ignore_errors=True)
 
@@ -95,7 +97,10 @@ def main() -> None:
         measure(args.objects, args.lookups)
         return
     print(f"{args.objects:,} objects in directories of {PER_DIR}; best of 3 rounds")
-    print(f"{'checkout':<40} {'env B/object':>12} {'lookups/s':>10} {'walk entries/s':>15}")
+    print(
+        f"{'checkout':<40} {'written/s':>10} {'env B/object':>12} {'lookups/s':>10} "
+        f"{'walk entries/s':>15}"
+    )
     for code in args.checkouts:
         rev = subprocess.run(
             ["git", "-C", code, "rev-parse", "--short", "HEAD"], capture_output=True, text=True
@@ -106,9 +111,12 @@ def main() -> None:
             capture_output=True, text=True, check=True, cwd="/",
             env={**os.environ, "PYTHONPATH": code},
         ).stdout.split()  # fmt: skip
-        per_obj, look, walk = (float(x) for x in out[-3:])
+        write, per_obj, look, walk = (float(x) for x in out[-4:])
         label = f"{code} ({rev})"
-        print(f"{label:<40} {per_obj:>12,.0f} {look:>10,.0f} {walk:>15,.0f}", flush=True)
+        print(
+            f"{label:<40} {write:>10,.0f} {per_obj:>12,.0f} {look:>10,.0f} {walk:>15,.0f}",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":
