@@ -270,6 +270,12 @@ class ListingBuilder:
         self._dirs: dict[int, Entry] = {}  # this batch's directories, by inode
         self._blocked: set[str] = set()  # listed prefixes never to be marked complete
         self._resolved: set[int] = set()  # directories this batch wrote an object under
+        # The directory chain (root first) of the last object added and its key's
+        # directory part: the next key of the same directory (most keys: a listing comes
+        # a directory at a time) reuses it. Its entries are those of self._dirs, so it
+        # lives until anything may take one out of there (a flush, a listed prefix).
+        self._last_dir: str | None = None
+        self._last_chain: list[Entry] = []
 
     def start(self, txn: lmdb.Transaction) -> None:
         """Write the empty root. The generation's rows must not exist yet."""
@@ -292,6 +298,7 @@ class ListingBuilder:
             txn.put(self.rows.inode(d.inode), _encode_inode(d), db=self.inodes)
         self._dirs.clear()
         self._resolved.clear()
+        self._last_dir = None
 
     # -- one object ----------------------------------------------------------------
     def _dir(self, txn: lmdb.Transaction, ino: int) -> Entry:
@@ -310,6 +317,18 @@ class ListingBuilder:
             or txn.get(self.rows.inode(ino), db=self.inodes) is not None
         ):
             ino = (ino + 1) & _INO_MASK  # a collision: order-dependent, and rare (2^-63)
+        return ino
+
+    def _claim_file_inode(self, txn: lmdb.Transaction, path: bytes, fref: bytes) -> int:
+        """_free_inode for a file, writing its inodes row `fref` in the same step: one
+        put that fails on a taken number instead of a get before every put."""
+        ino = xxhash.xxh3_64_intdigest(b"f:" + path) & _INO_MASK
+        while (
+            ino <= ROOT_INODE
+            or ino in self._dirs  # a directory of this batch: its row is written at flush
+            or not txn.put(self.rows.inode(ino), fref, overwrite=False, db=self.inodes)
+        ):
+            ino = (ino + 1) & _INO_MASK
         return ino
 
     def _new_dir(
@@ -342,15 +361,63 @@ class ListingBuilder:
 
     def _add(self, txn: lmdb.Transaction, obj: ObjectInfo) -> None:
         t = self.totals
-        parts = encode_name(obj.key)
-        if parts is None:
-            # "a//b", "/a", "./a", "a/..": an entry named "", "." or ".." would break
-            # readdir and lookup (and "." would make the tree a loop).
-            t.skipped += 1
-            self._note(t.skipped_keys, obj.key)
+        where, _, leaf = obj.key.rpartition("/")
+        if where == self._last_dir and where:
+            chain, name = self._last_chain, _enc(leaf)
+            if name in (b".", b"..") or not name or b"\0" in name:
+                t.skipped += 1  # see below
+                self._note(t.skipped_keys, obj.key)
+                return
+        else:
+            parts = encode_name(obj.key)
+            if parts is None:
+                # "a//b", "/a", "./a", "a/..": an entry named "", "." or ".." would break
+                # readdir and lookup (and "." would make the tree a loop).
+                t.skipped += 1
+                self._note(t.skipped_keys, obj.key)
+                return
+            chain, name = self._chain(txn, parts[:-1]), parts[-1]
+            self._last_dir, self._last_chain = where, chain
+        parent = chain[-1]
+        row, long = self.rows.dirent(parent.inode, name)
+        path = parent.path + b"/" + name if parent.inode != ROOT_INODE else name
+        ino = self._claim_file_inode(txn, path, _FREF.pack(FILE, parent.inode) + name)
+        since = self.gen
+        if self.prev is not None:
+            # The same path in the previous generation: its directory has the same inode
+            # (inode numbers follow the path), so its row has the same key.
+            old = txn.get(self.prev.dirent(parent.inode, name)[0], db=self.dirents)
+            if old is not None and old[8] == FILE:
+                e = _file_entry(parent.inode, parent.path, name, old)
+                if e.inode == ino and e.version == obj.version:
+                    since = e.since
+        value = _encode_file(ino, obj, since, t.next_ordinal, name if long else b"")
+        if not txn.put(row, value, overwrite=False, db=self.dirents):
+            # A duplicate key, or a file whose name a directory already took: give the
+            # inode number back.
+            txn.delete(self.rows.inode(ino), db=self.inodes)
+            t.shadowed += 1
+            self._note(t.shadowed_keys, obj.key)
             return
+        t.next_ordinal += 1
+        t.files += 1
+        t.bytes += obj.size
+        t.blocks += -(-obj.size // 4096)
+        t.inodes += 1
+        resolved = self._resolved
+        for d in chain:  # a directory's mtime is its newest entry's
+            if obj.mtime > d.mtime:
+                d.mtime = obj.mtime
+            if d.inode not in resolved and d.inode != ROOT_INODE:
+                # It holds an object now: no longer tentative (one delete per directory
+                # per batch; a no-op for one that never was).
+                resolved.add(d.inode)
+                txn.delete(self.rows.tentative(d.parent, d.inode), db=self.dirents)
+
+    def _chain(self, txn: lmdb.Transaction, dirs: list[bytes]) -> list[Entry]:
+        """The directories of path components `dirs`, root first, made where missing."""
         chain = [self._dir(txn, ROOT_INODE)]
-        for part in parts[:-1]:
+        for part in dirs:
             parent = chain[-1]
             row, long = self.rows.dirent(parent.inode, part)
             raw = txn.get(row, db=self.dirents)
@@ -364,41 +431,7 @@ class ListingBuilder:
                 chain.append(self._new_dir(txn, parent, part, row, long))
             else:
                 chain.append(self._dir(txn, ino))
-        parent = chain[-1]
-        name = parts[-1]
-        row, long = self.rows.dirent(parent.inode, name)
-        if txn.get(row, db=self.dirents) is not None:
-            # A duplicate key, or a file whose name a directory already took.
-            t.shadowed += 1
-            self._note(t.shadowed_keys, obj.key)
-            return
-        path = b"/".join(parts)
-        ino = self._free_inode(txn, b"f:", path)
-        since = self.gen
-        if self.prev is not None:
-            # The same path in the previous generation: its directory has the same inode
-            # (inode numbers follow the path), so its row has the same key.
-            old = txn.get(self.prev.dirent(parent.inode, name)[0], db=self.dirents)
-            if old is not None and old[8] == FILE:
-                e = _file_entry(parent.inode, parent.path, name, old)
-                if e.inode == ino and e.version == obj.version:
-                    since = e.since
-        value = _encode_file(ino, obj, since, t.next_ordinal, name if long else b"")
-        txn.put(self.rows.inode(ino), _FREF.pack(FILE, parent.inode) + name, db=self.inodes)
-        txn.put(row, value, db=self.dirents)
-        t.next_ordinal += 1
-        t.files += 1
-        t.bytes += obj.size
-        t.blocks += -(-obj.size // 4096)
-        t.inodes += 1
-        for d in chain:  # a directory's mtime is its newest entry's
-            if obj.mtime > d.mtime:
-                d.mtime = obj.mtime
-            if d.inode not in self._resolved and d.inode != ROOT_INODE:
-                # It holds an object now: no longer tentative (one delete per directory
-                # per batch; a no-op for one that never was).
-                self._resolved.add(d.inode)
-                txn.delete(self.rows.tentative(d.parent, d.inode), db=self.dirents)
+        return chain
 
     # -- listed prefixes (fan-out) -----------------------------------------------------
     def _eager_dir(self, txn: lmdb.Transaction, parent: Entry, name: bytes) -> Entry | None:
@@ -414,6 +447,7 @@ class ListingBuilder:
         return None if kind == FILE else self._dir(txn, ino)
 
     def _prefix(self, txn: lmdb.Transaction, p: PrefixListed) -> None:
+        self._last_dir = None  # it may remove directories (_settle)
         if p.key in self._blocked:
             return  # a page of it was skipped: its sub-prefixes may be missing
         d: Entry | None = self._dir(txn, ROOT_INODE)
