@@ -14,13 +14,17 @@ The bucket has --dirs directories of --per-dir objects (--cloud-dirs/--cloud-per
 Azure and GCS, whose emulators take one request per object uploaded). Each timed
 listing starts as the daemon's does, after the dataset's check() (client, credentials,
 HEAD bucket, a 1-key list), and counts the ObjectInfo records of list_events(), what the
-daemon consumes. Never changes silofs. The S3 server and the proxies run in a child process (the store's CPU is not the
+daemon consumes. With --into-env each listing is also written into a fresh cache env as
+the daemon writes a first listing (daemon._fill: a listing thread batching LISTING_BATCH
+records into a 2-batch queue, one writer adding each batch in its own txn, then
+finish_listing), so the rate is a first listing's end to end. Never changes silofs.
+The S3 server and the proxies run in a child process (the store's CPU is not the
 client's: in one process they would take the GIL from the listing being measured; the
 emulators are processes of their own, and their CPU seconds are counted in the store
 side's); --same-process keeps them in this one, as the figures before the page parser
 were taken.
     python bench/listing.py [--backends s3,azure,gcs] [--dirs 100] [--per-dir 1000]
-        [--workers 1,16]
+        [--workers 1,16] [--into-env]
 """
 
 from __future__ import annotations
@@ -30,8 +34,11 @@ import bisect
 import contextlib
 import multiprocessing
 import os
+import queue
 import re
+import shutil
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -44,9 +51,10 @@ from xml.sax.saxutils import escape, unescape
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
 
+from silofs.cache.store import LISTING_BATCH, CacheStore, env_map_size  # noqa: E402
 from silofs.node.backends.base import BackendOptions  # noqa: E402
 from silofs.node.backends.s3 import S3Backend  # noqa: E402
-from silofs.records import ObjectInfo  # noqa: E402
+from silofs.records import ObjectInfo, PrefixListed  # noqa: E402
 from silofs.uri import parse_uri  # noqa: E402
 from tests.faultproxy import FaultPlan, FaultProxy  # noqa: E402
 
@@ -292,6 +300,9 @@ def main() -> None:
     ap.add_argument("--workers", default="1,16", help="list_workers values; the first is the base")
     ap.add_argument("--same-process", action="store_true", help="server and proxy in this process")
     ap.add_argument(
+        "--into-env", action="store_true", help="write each listing into a cache env, as the daemon"
+    )
+    ap.add_argument(
         "--build-pages-per-request",
         action="store_true",
         help="the server builds each page when asked (as before), not all before timing",
@@ -321,7 +332,7 @@ def main() -> None:
 
             precompute = not args.build_pages_per_request
             with _proxies(keys, delays, args.same_process, precompute) as (urls, store_cpu):
-                _measure(kind, backend, urls, store_cpu, delays, workers, len(keys))
+                _measure(kind, backend, urls, store_cpu, delays, workers, len(keys), args.into_env)
         elif kind in ("azure", "gcs"):
             keys = _keys(args.cloud_dirs, args.cloud_per_dir)
             with emulator(kind, keys) as (port, backend, emulator_cpu):
@@ -330,7 +341,7 @@ def main() -> None:
                     def both() -> float:
                         return emulator_cpu() + proxies_cpu()
 
-                    _measure(kind, backend, urls, both, delays, workers, len(keys))
+                    _measure(kind, backend, urls, both, delays, workers, len(keys), args.into_env)
         else:
             ap.error(f"unknown backend {kind!r}: s3, azure or gcs")
 
@@ -376,6 +387,7 @@ def _measure(
     delays: list[float],
     workers: list[int],
     n: int,
+    into_env: bool = False,
 ) -> None:
     for delay in delays:
         serial = 0.0
@@ -387,8 +399,10 @@ def _measure(
             b.check()
             s0 = store_cpu()
             t0, c0 = time.monotonic(), time.process_time()
-            # What the daemon consumes: objects and its PrefixListed records.
-            got = sum(1 for e in b.list_events() if type(e) is ObjectInfo)
+            if into_env:
+                got = _write_listing(b)
+            else:  # what the daemon consumes: objects and PrefixListed records
+                got = sum(1 for e in b.list_events() if type(e) is ObjectInfo)
             el, cpu = time.monotonic() - t0, time.process_time() - c0
             scpu = store_cpu() - s0
             # "-": no lean path (before it, or not S3)
@@ -401,6 +415,41 @@ def _measure(
                 f"{scpu:>8.2f}  {serial / el:>7.1f}x  {fallbacks}",
                 flush=True,
             )
+
+
+def _write_listing(backend: Any) -> int:
+    """List into a fresh env as daemon._fill does; the objects written."""
+    d = tempfile.mkdtemp(prefix="silofs-listing-", dir="/var/tmp")
+    store = CacheStore(d, env_map_size(4 << 30))
+    try:
+        dsid = store.dataset_id("s3://bench/data/", create=True)
+        assert dsid is not None
+        builder = store.begin_listing(dsid)
+        batches: queue.Queue[list[ObjectInfo | PrefixListed] | BaseException | None]
+        batches = queue.Queue(2)
+
+        def produce() -> None:
+            try:
+                batch: list[ObjectInfo | PrefixListed] = []
+                for e in backend.list_events():
+                    batch.append(e)
+                    if len(batch) >= LISTING_BATCH:
+                        batches.put(batch)
+                        batch = []
+                batches.put(batch)
+                batches.put(None)
+            except BaseException as exc:  # noqa: BLE001 - raised by the writer
+                batches.put(exc)
+
+        threading.Thread(target=produce, daemon=True).start()
+        while (batch := batches.get()) is not None:
+            if isinstance(batch, BaseException):
+                raise batch
+            store.add_to_listing(builder, batch)
+        return int(store.finish_listing(builder, {"uri": "s3://bench/data/"})["objects"])
+    finally:
+        store.close()
+        shutil.rmtree(d, ignore_errors=True)
 
 
 if __name__ == "__main__":
