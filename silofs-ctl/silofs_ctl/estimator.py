@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import logging
 import math
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from itertools import chain
 from typing import Protocol
 
 from .model import Cluster, Job
@@ -120,24 +122,39 @@ def equal_share(jobs: Sequence[Job], cluster: Cluster) -> EqualShare:
         return EqualShare({}, {}, cluster.remote_io)
     gpus = cluster.total_gpus / n
     shares = {j.name: min(1.0, gpus / j.gpus) if j.gpus > 0 else 1.0 for j in jobs}
+    return EqualShare(shares, _equal_cache(jobs, cluster), cluster.remote_io / n)
+
+
+def _equal_cache(jobs: Sequence[Job], cluster: Cluster) -> dict[str, float]:
+    """EqualShare.cache for `jobs`: each reader of a unit adds its pool's per-reader
+    share, up to the dataset. The additions to one unit are all the same amount, so
+    only how many readers each unit has matters (counted in C; the additions are still
+    made one by one, in the same float steps)."""
     units = cluster.units
+    reads = [job.reads for job in jobs]
+    counts = Counter(chain.from_iterable(reads))  # readers per unit, in first-read order
     readers: dict[str, int] = {}
-    for job in jobs:
-        reads = job.reads
-        if len(reads) == 1:  # the usual case: no set of pools to build
-            for key in reads:
-                pool = units[key].pool
+    if set(map(len, reads)) == {1}:  # the usual case: a job reads one unit
+        for key, m in counts.items():
+            pool = units[key].pool
+            readers[pool] = readers.get(pool, 0) + m
+    else:
+        for job_reads in reads:
+            for pool in {units[k].pool for k in job_reads}:
                 readers[pool] = readers.get(pool, 0) + 1
-            continue
-        for pool in {units[k].pool for k in reads}:
-            readers[pool] = readers.get(pool, 0) + 1
     per_reader = {pool: cluster.pools.get(pool, 0.0) / m for pool, m in readers.items()}
     cache: dict[str, float] = {}
-    for job in jobs:
-        for key in job.reads:
-            unit = units[key]
-            cache[key] = min(unit.size, cache.get(key, 0.0) + per_reader[unit.pool])
-    return EqualShare(shares, cache, cluster.remote_io / n)
+    for key, m in counts.items():
+        unit = units[key]
+        size, add = unit.size, per_reader[unit.pool]
+        held = 0.0
+        for _ in range(m):
+            held += add
+            if not held < size:  # min(size, held), which then stays at size
+                held = size
+                break
+        cache[key] = held
+    return cache
 
 
 def equal_share_perf(
@@ -153,16 +170,21 @@ def equal_share_perf(
         n = len(jobs)
         gpus = cluster.total_gpus / n if n else 0.0
         return {j.name: (min(1.0, gpus / j.gpus) if j.gpus > 0 else 1.0) * j.f_star for j in jobs}
-    eq = equal_share(jobs, cluster)
     out: dict[str, float] = {}
-    if type(estimator) is SiloDEstimator:
-        # SiloDEstimator.perf inlined, with each unit's c/d found once: the same
-        # arithmetic as silod_perf(share * f*, io, hit_ratio(...)) per job
-        units, cache, io = cluster.units, eq.cache, eq.io
+    if type(estimator) is SiloDEstimator and jobs:
+        # equal_share and SiloDEstimator.perf inlined, with each unit's c/d found once:
+        # the same arithmetic as silod_perf(share * f*, io, hit_ratio(...)) per job
+        n = len(jobs)
+        gpus = cluster.total_gpus / n
+        units, cache, io = cluster.units, _equal_cache(jobs, cluster), cluster.remote_io / n
         io_inf = math.isinf(io)
         held: dict[str, float] = {}  # per unit: min(1, c/d), or 1 for an empty dataset
         for job in jobs:
-            share = eq.gpu_share[job.name]
+            share = 1.0
+            if job.gpus > 0:
+                share = gpus / job.gpus
+                if not share < 1.0:  # min(1, gpus / job.gpus)
+                    share = 1.0
             hit = 0.0
             for key, weight in job.reads.items():
                 part = held.get(key)
@@ -176,6 +198,7 @@ def equal_share_perf(
                 value = min(f, io / miss)
             out[job.name] = value if value > 0 else share * job.f_star
         return out
+    eq = equal_share(jobs, cluster)
     for job in jobs:
         share = eq.gpu_share[job.name]
         value = estimator.perf(job, share, eq.cache, eq.io, cluster)
