@@ -37,7 +37,7 @@ from . import sim_lru
 from .estimator import ComputeEstimator, Estimator, SiloDEstimator, equal_share_perf
 from .model import POOL, Allocation, CacheUnit, Cluster, Job
 from .policies import CACHES, SCHEDULERS
-from .policies.base import CachePolicy, Policy, water_fill_capped
+from .policies.base import HITS, REMAINING, CachePolicy, Policy, water_fill_capped
 from .scenario import JobSpec, Scenario
 
 log = logging.getLogger(__name__)
@@ -511,13 +511,8 @@ class Simulation:
         alloc = self.policy.allocate(views, cluster, self.estimator)
         if self.cache_policy is not None:
             self.cache_policy.fill_cache(views, cluster, alloc)
-        self._apply(alloc)
-        self.running = {job.name: job for job in active if job.share > 0}
+        self._apply(alloc)  # sets self.running
         self.demand = {}
-        for job in active:
-            if job.share <= 0:  # waiting or preempted: no rate, fetches nothing
-                job.rate = job.remote = 0.0
-                job.seq = -1  # its events are stale
         # The equal share depends on the set of active jobs only: most re-plans (a cache
         # filling, an epoch starting) keep it.
         names = tuple(self.active)
@@ -587,11 +582,14 @@ class Simulation:
         return False
 
     def _view(self, job: _Job) -> Job:
+        """The job as the policy sees it. What the plan does not read (Policy.reads) is
+        left out: remaining work and the hit ratio now are found only for a plan that
+        reads them, and a view with neither is made once and again only when its
+        placement moves."""
         spec = job.spec
-        if not self.plan_reads:
-            # The plan reads neither remaining work nor hits (Policy.reads): the view is
-            # made once, without them, and again only when its placement moves.
-            placement = job.placement if job.share > 0 else None
+        reads = self.plan_reads
+        placement = job.placement if job.share > 0 else None
+        if not reads:
             view = job.view
             if view is None or view.placement != placement:
                 view = job.view = Job(
@@ -605,10 +603,10 @@ class Simulation:
             spec.gpus,
             spec.ideal_io,
             job.reads,
-            max(0.0, job.work - job.read),  # remaining
+            max(0.0, job.work - job.read) if REMAINING in reads else math.inf,
             spec.submit,
-            job.placement if job.share > 0 else None,
-            None if self.lru else self._hit(job),  # hit_now
+            placement,
+            None if self.lru or HITS not in reads else self._hit(job),  # hit_now
         )
 
     def _reference_view(self, job: _Job) -> Job:
@@ -628,19 +626,24 @@ class Simulation:
     def _apply(self, alloc: Allocation) -> None:
         gpu_share, placement, io = alloc.gpu_share, alloc.placement, alloc.io
         now = self.now
+        self.running = running = {}
         for job in self.active.values():
             name = job.name
             share = gpu_share.get(name, 0.0)
             job.share = share = share if share < 1.0 else 1.0  # min(1, share)
             job.placement = placement.get(name)
             job.io_cap = io.get(name)
-            if share > 0 and job.start is None:
-                job.start = now
+            if share > 0:
+                if job.start is None:
+                    job.start = now
+                running[name] = job
+            else:  # waiting or preempted: no rate, fetches nothing
+                job.rate = job.remote = 0.0
+                job.seq = -1  # its events are stale
         self.lru = alloc.lru
         if self.lru:
             self._lru_targets()
             return
-        readers = self._unit_readers()
         # Units neither allocated nor holding anything, and not in the new allocation,
         # stay as they are: only the others are visited (CoorDL has a unit per job of
         # the whole trace, most of them long finished or not yet arrived).
@@ -651,7 +654,7 @@ class Simulation:
             want = want if want > 0.0 else 0.0  # max(0, want)
             allocated[key] = want
             if filled[key] > want:
-                self._evict(key, want, readers.get(key, []))
+                self._evict(key, want, self._unit_readers().get(key, []))
         self.in_use = {k for k in keys if allocated[k] > 0 or filled[k] > 0}
 
     def _evict(self, key: str, keep: float, readers: list[_Job]) -> None:
