@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import logging
 import math
+from bisect import bisect_right
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
@@ -157,12 +158,19 @@ def maxmin(
     are taken in bulk (_cap_rounds) with the same outcome, so the number of full rounds,
     each of which solves the cache knapsack, is the number of times IO or GPUs bind.
     """
-    live = [j for j in jobs if e.get(j.name, 0.0) > 0 and j.f_star > 0]
-    live_names = {j.name for j in live}
-    fixed: dict[str, float] = {j.name: 0.0 for j in jobs if j.name not in live_names}
-    caps = {j.name: j.f_star / e[j.name] for j in live}
+    fixed: dict[str, float] = {}
+    caps: dict[str, float] = {}
+    live: list[tuple[float, str, Job]] = []
+    for job in jobs:
+        rate = e.get(job.name, 0.0)
+        if rate > 0 and job.f_star > 0:
+            caps[job.name] = cap = job.f_star / rate
+            live.append((cap, job.name, job))
+        else:
+            fixed[job.name] = 0.0
     # Free jobs in ascending ceiling: a round's own-ceiling freezes are then a prefix.
-    free = sorted(live, key=lambda j: (caps[j.name], j.name))
+    # (Names are unique, so the sort never compares two jobs.)
+    free = [job for _, _, job in sorted(live)]
     lam = 0.0
     first = None
     while free:
@@ -184,6 +192,8 @@ def maxmin(
         frozen = _binding(free, caps, lam, lam_io, lam_gpu, loads, cluster)
         for job in frozen:
             fixed[job.name] = min(job.f_star, lam * e[job.name])
+        if len(frozen) == len(free):  # (frozen is a subset of free)
+            break
         gone = {j.name for j in frozen}
         free = [j for j in free if j.name not in gone]
     cache = _Loads(jobs, fixed, e).best_cache(0.0, cluster) if io_aware else {}
@@ -217,13 +227,12 @@ def _cap_rounds(
     the same _io_limit the plain round would compute.
     """
     groups: list[tuple[float, int]] = []  # (level, end index in free)
+    ceilings = [caps[job.name] for job in free]  # ascending
     i = 0
     while i < len(free):
-        level = caps[free[i].name]
-        near = level * (1 + _TOL)
-        k = i + 1
-        while k < len(free) and caps[free[k].name] <= near:
-            k += 1
+        level = ceilings[i]
+        # the first k > i whose ceiling is above level * (1 + _TOL)
+        k = bisect_right(ceilings, level * (1 + _TOL), i + 1)
         groups.append((level, k))
         i = k
     # GPUs: with groups < g frozen at their level, used(g) + per_lam(g) * lam.
@@ -342,9 +351,14 @@ class GavelPolicy:
         if hits is not None:
             now_jobs, now_cluster = with_fixed_hits(jobs, cluster, hits)
             plan = maxmin(now_jobs, now_cluster, e)
+        rates, gpu_share = plan.rates, alloc.gpu_share
         for job in jobs:
-            rate = plan.rates.get(job.name, 0.0)
-            alloc.gpu_share[job.name] = min(1.0, rate / job.f_star) if job.f_star > 0 else 0.0
+            share = 0.0
+            if job.f_star > 0:
+                share = rates.get(job.name, 0.0) / job.f_star
+                if not share < 1.0:  # min(1, rate / f*)
+                    share = 1.0
+            gpu_share[job.name] = share
         if not estimator.io_aware:
             return alloc
         spread_leftover_gpus(alloc, jobs, cluster)
