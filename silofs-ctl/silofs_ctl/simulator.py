@@ -584,30 +584,40 @@ class Simulation:
     def _view(self, job: _Job) -> Job:
         """The job as the policy sees it. What the plan does not read (Policy.reads) is
         left out: remaining work and the hit ratio now are found only for a plan that
-        reads them, and a view with neither is made once and again only when its
-        placement moves."""
+        reads them. The last view is kept and given again while it is equal (a waiting
+        job's stays so), or made once when the plan reads neither: views are frozen."""
         spec = job.spec
         reads = self.plan_reads
         placement = job.placement if job.share > 0 else None
+        view = job.view
         if not reads:
-            view = job.view
             if view is None or view.placement != placement:
                 view = job.view = Job(
                     job.name, spec.dataset, spec.gpus, spec.ideal_io, job.reads,
                     submit=spec.submit, placement=placement,
                 )  # fmt: skip
             return view
-        return Job(
+        remaining = max(0.0, job.work - job.read) if REMAINING in reads else math.inf
+        hit_now = None if self.lru or HITS not in reads else self._hit(job)
+        if (
+            view is not None
+            and view.remaining == remaining
+            and view.hit_now == hit_now
+            and view.placement == placement
+        ):
+            return view
+        view = job.view = Job(
             job.name,
             spec.dataset,
             spec.gpus,
             spec.ideal_io,
             job.reads,
-            max(0.0, job.work - job.read) if REMAINING in reads else math.inf,
+            remaining,
             spec.submit,
             placement,
-            None if self.lru or HITS not in reads else self._hit(job),  # hit_now
+            hit_now,
         )
+        return view
 
     def _reference_view(self, job: _Job) -> Job:
         """The job as the fairness reference sees it: fixed for its life, so made once."""
