@@ -499,7 +499,27 @@ class Simulation:
         self._sync_all()
         active = list(self.active.values())
         if self.plan_reads:
-            views = [self._view(job) for job in active]
+            # A waiting job's kept view still holds when the plan does not read hits
+            # (its remaining work does not move): _view's check, inlined for them.
+            with_hits = HITS in self.plan_reads and not self.lru
+            with_remaining = REMAINING in self.plan_reads
+            views = []
+            for job in active:
+                view = job.view
+                if view is not None and job.share <= 0 and not with_hits:
+                    if with_remaining:
+                        remaining = job.work - job.read
+                        remaining = remaining if remaining > 0.0 else 0.0  # max(0, ...)
+                    else:
+                        remaining = math.inf
+                    if (
+                        view.remaining == remaining
+                        and view.placement is None
+                        and view.hit_now is None
+                    ):
+                        views.append(view)
+                        continue
+                views.append(self._view(job))
         else:  # _view's kept views, looked up here (a re-plan makes one per active job)
             views = []
             for job in active:

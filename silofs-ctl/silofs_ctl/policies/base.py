@@ -165,7 +165,9 @@ def place(jobs: Sequence[Job], cluster: Cluster, *, strict: bool) -> dict[str, d
     left = sum(free.values())  # _fit finds nothing for more GPUs than this: skip it
     out: dict[str, dict[str, int]] = {}
     for job in jobs:
-        spot = _keep(job, free) or (_fit(job.gpus, free) if job.gpus <= left else None)
+        spot = (_keep(job, free) if job.placement else None) or (
+            _fit(job.gpus, free) if job.gpus <= left else None
+        )
         if spot is None:
             if strict:
                 break

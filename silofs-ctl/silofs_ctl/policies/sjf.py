@@ -90,16 +90,19 @@ class SjfPolicy:
         return frozenset({REMAINING, HITS}) if estimator.io_aware else frozenset({REMAINING})
 
     def allocate(self, jobs: Sequence[Job], cluster: Cluster, estimator: Estimator) -> Allocation:
-        readers: dict[str, int] = {}
-        for job in jobs:
-            for key in job.reads:
-                readers[key] = readers.get(key, 0) + 1
         total = cluster.total_gpus
         if estimator.io_aware:
+            readers: dict[str, int] = {}
+            for job in jobs:
+                for key in job.reads:
+                    readers[key] = readers.get(key, 0) + 1
             choices = {j.name: silod_choice(j, cluster, readers, total) for j in jobs}
             order = by_priority(jobs, lambda j: choices[j.name].score)
         else:
-            order = by_priority(jobs, lambda j: vanilla_score(j, cluster, total))
+            # by_priority with vanilla_score, written out (one call per job, not three)
+            order = sorted(
+                jobs, key=lambda j: (j.remaining / j.f_star * j.gpus / total, j.submit, j.name)
+            )
         alloc = Allocation(placement=place(order, cluster, strict=False))
         running = [j for j in order if j.name in alloc.placement]
         alloc.gpu_share = {j.name: 1.0 for j in running}
