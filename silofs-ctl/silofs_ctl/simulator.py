@@ -802,14 +802,7 @@ class Simulation:
                 if fair is not None and fair == self.fair:
                     now, was = set(capped), set(self.capped)
                     others = sorted((now - was) | (was - now))  # sorted: a fixed order
-                for name in others:
-                    share = shares.get(name)
-                    if share is None or name in changed:
-                        continue
-                    job = self.running[name]
-                    if share != job.remote and job.hit < 1.0 - 1e-12:
-                        self._sync(job)
-                        self._set_rate(job, share)
+                self._rerate_others(others, shares, changed)
             self.capped, self.fair = capped, fair
         else:
             # Every demand is met (water_fill would give each its demand).
@@ -819,6 +812,77 @@ class Simulation:
                     self._set_rate(job, self.demand[job.name])
             self.capped, self.fair = [], None
         self.contended = contended
+
+    def _rerate_others(
+        self, others: Iterable[str], shares: dict[str, float], changed: set[str]
+    ) -> None:
+        """_sync and _set_rate, inlined, for each job in `others` whose link share moved
+        (a level change moves every job held at the level: _rerate's hot loop). The same
+        arithmetic in the same order; a share that moved always moves the job's remote,
+        so _set_rate's keep-the-event case cannot arise."""
+        now, lru = self.now, self.lru
+        running, growing, filling = self.running, self.growing, self.filling
+        inflows, events, log_rates = self.inflow, self.events, self.job_rates is not None
+        total_rate, total_remote, seq = self.total_rate, self.total_remote, self.seq
+        push, inf = heapq.heappush, math.inf
+        for name in others:
+            share = shares.get(name)
+            if share is None or name in changed:
+                continue
+            job = running[name]
+            hit = job.hit
+            if share == job.remote or not hit < 1.0 - 1e-12:
+                continue
+            dt = now - job.t  # _sync
+            if dt > 0:
+                job.t = now
+                job.equal_integral += job.equal_rate * dt
+                rate = job.rate
+                if rate > 0:
+                    got = rate * dt
+                    unread = job.size - job.pos
+                    if not lru and unread > 0:
+                        left = unread - got
+                        job.effective *= (left if left > 0.0 else 0.0) / unread
+                    job.read += got
+                    job.pos += got
+                    got *= hit
+                    job.hit_bytes += got
+                    job.epoch_hits += got
+                    job.remote_bytes += job.remote * dt
+            gpu_rate = job.share * job.spec.ideal_io  # _set_rate
+            rate = share / (1.0 - hit)
+            if not rate < gpu_rate:
+                rate = gpu_rate
+            old_remote = job.remote
+            key = job.unit
+            if not lru or key in growing:
+                self._sync_unit(key)
+            inflow = inflows.get(key, 0.0) + share - old_remote
+            inflows[key] = inflow = inflow if inflow > 1e-9 else 0.0
+            if not lru and inflow > 0 and self._room(key):
+                filling.add(key)
+            else:
+                filling.discard(key)
+            total_rate += rate - job.rate
+            total_remote += share - old_remote
+            if log_rates:
+                self._log_rate(job, rate)
+            job.rate, job.remote = rate, share
+            seq += 1
+            job.seq = seq
+            job.event_boundary = boundary = job.boundary
+            if rate > 0:
+                until = job.work - job.read
+                left = job.size - job.pos
+                if left < until:
+                    until = left
+                if boundary < inf:
+                    left = boundary * job.size - job.pos
+                    if left < until:
+                        until = left
+                push(events, (now + (until if until > 0.0 else 0.0) / rate, seq, job))
+        self.total_rate, self.total_remote, self.seq = total_rate, total_remote, seq
 
     def _rerate_plan(self, jobs: list[_Job]) -> None:
         """_rerate(jobs, everyone=True) for a re-plan, where `jobs` are every running job,
