@@ -351,16 +351,32 @@ class Simulation:
         if events:
             soonest = min(soonest, events[0][0])
         soonest -= self.now
-        if not self.lru:
+        if not self.lru and self.filling:
             readers = self._unit_readers()
-            for key in self.filling:
-                inflow = self.inflow[key]
-                size = self.cluster.units[key].size
-                room = min(self.allocated[key], size) - self._filled_now(key)
+            now, inflows, filled, allocated = self.now, self.inflow, self.filled, self.allocated
+            units, unit_t = self.cluster.units, self.unit_t
+            for key in self.filling:  # (min, max and _filled_now written out)
+                inflow = inflows[key]
+                size = units[key].size
+                cap = allocated[key]
+                if size < cap:
+                    cap = size
+                held = filled[key]
+                if inflow > 0:
+                    grown = held + inflow * (now - unit_t[key])
+                    if not grown < cap:
+                        grown = cap
+                    if grown > held:
+                        held = grown
+                room = cap - held
                 if room > 0:
-                    soonest = min(soonest, room / inflow)
+                    until = room / inflow
+                    if until < soonest:
+                        soonest = until
                     if len(readers.get(key, ())) > 1:
-                        soonest = min(soonest, _SHARED_FILL_STEP * size / inflow)
+                        until = _SHARED_FILL_STEP * size / inflow
+                        if until < soonest:
+                            soonest = until
         if soonest == math.inf:
             stuck = ", ".join(self.active)
             raise SimulationError(f"jobs can make no progress at t={self.now:.0f}s: {stuck}")
@@ -548,30 +564,9 @@ class Simulation:
         self.dirty = False
         # Jobs whose rate stays keep their event; the sums kept by adding differences
         # are recomputed exactly below.
-        self._rerate_plan(list(self.running.values()))
-        # One pass over the active jobs for the sums, the inflows and the fairness point.
-        inflow: dict[str, float] = {}
-        total_rate = total_remote = 0.0
-        worst, total = math.inf, 0.0
-        log_rates = self.job_rates is not None
-        for job in active:
-            rate = job.rate
-            equal_rate = job.equal_rate
-            ratio = rate / equal_rate if equal_rate > 0 else 1.0
-            if ratio < worst:
-                worst = ratio
-            total += ratio
-            if job.share <= 0:
-                if log_rates:
-                    self._log_rate(job, 0.0)
-                continue
-            total_rate += rate
-            remote = job.remote
-            total_remote += remote
-            if remote > 0:
-                inflow[job.unit] = inflow.get(job.unit, 0.0) + remote
-        self.inflow = inflow
-        self.total_rate, self.total_remote = total_rate, total_remote
+        # The sums, the inflows and the fairness point come out of the same pass.
+        worst, total = self._rerate_plan(active)
+        inflow = self.inflow
         if self.lru:
             self.filling = set()
         else:  # _room, inlined
@@ -595,6 +590,15 @@ class Simulation:
         if self.lru:
             return False
         filled, allocated = self.filled, self.allocated
+        if self.filling:
+            # A unit its readers are filling is usually one: look at its readers first
+            # (the answer is the same; the scan below would reach them later).
+            readers = self._unit_readers()
+            for key in self.filling:
+                for job in readers.get(key, ()):
+                    want, size = allocated[key], job.size
+                    if filled[key] < (size if size < want else want) - job.eps:
+                        return True
         for job in self.active.values():
             want, size = allocated[job.unit], job.size
             if filled[job.unit] < (size if size < want else want) - job.eps:  # j.tol()
@@ -884,15 +888,17 @@ class Simulation:
                 push(events, (now + (until if until > 0.0 else 0.0) / rate, seq, job))
         self.total_rate, self.total_remote, self.seq = total_rate, total_remote, seq
 
-    def _rerate_plan(self, jobs: list[_Job]) -> None:
-        """_rerate(jobs, everyone=True) for a re-plan, where `jobs` are every running job,
-        up to date, as are the units: the same rates, events and clocks, without the
-        inflows and totals _set_rate keeps by differences (the re-plan sums them anew).
-        min and max are written out (x if x < y else y is min(y, x) to the bit)."""
+    def _rerate_plan(self, active: list[_Job]) -> tuple[float, float]:
+        """_rerate(running, everyone=True) for a re-plan, where every job and unit is up
+        to date: the same rates, events and clocks, without the inflows and totals
+        _set_rate keeps by differences, which the same pass over `active` (every active
+        job, in arrival order) sums anew, with the fairness point: returns its worst
+        and its sum of rate / equal-share rate. min and max are written out (x if x < y
+        else y is min(y, x) to the bit)."""
         now = self.now
         lru = self.lru
         demand = self.demand
-        for job in jobs:
+        for job in self.running.values():
             if job.t < now:
                 self._sync(job)
             if lru:
@@ -920,40 +926,70 @@ class Simulation:
         events, log_rates = self.events, self.job_rates is not None
         push = heapq.heappush
         inf = math.inf
-        for job in jobs:  # _set_rate
-            hit = job.hit
-            gpu_rate = job.share * job.spec.ideal_io
-            if hit >= 1.0 - 1e-12:
-                rate, remote = gpu_rate, 0.0
-            else:
-                remote = shares[job.name]
-                rate = remote / (1.0 - hit)
-                if not rate < gpu_rate:
-                    rate = gpu_rate
-            if rate == job.rate and remote == job.remote and job.seq >= 0:
-                if job.boundary == job.event_boundary:
-                    continue
-            if remote != job.remote and (not lru or job.unit in growing):
-                # _sync_unit of a unit already brought to now: only its clock moves
-                unit_t[job.unit] = now
-            if log_rates:
-                self._log_rate(job, rate)
-            job.rate, job.remote = rate, remote
-            self.seq += 1
-            job.seq = self.seq
-            job.event_boundary = boundary = job.boundary
-            if rate > 0:
-                until = job.work - job.read
-                left = job.size - job.pos
-                if left < until:
-                    until = left
-                if boundary < inf:
-                    left = boundary * job.size - job.pos
-                    if left < until:
-                        until = left
-                push(events, (now + (until if until > 0.0 else 0.0) / rate, self.seq, job))
+        inflow: dict[str, float] = {}
+        total_rate = total_remote = 0.0
+        worst, total = math.inf, 0.0
+        for job in active:
+            if job.share > 0:
+                # _set_rate, but for the sums (below)
+                hit = job.hit
+                gpu_rate = job.share * job.spec.ideal_io
+                if hit >= 1.0 - 1e-12:
+                    rate, remote = gpu_rate, 0.0
+                else:
+                    remote = shares[job.name]
+                    rate = remote / (1.0 - hit)
+                    if not rate < gpu_rate:
+                        rate = gpu_rate
+                if (
+                    rate != job.rate
+                    or remote != job.remote
+                    or job.seq < 0
+                    or job.boundary != job.event_boundary
+                ):  # else progress is linear: its pending event is still right
+                    if remote != job.remote and (not lru or job.unit in growing):
+                        # _sync_unit of a unit already brought to now: only its clock
+                        unit_t[job.unit] = now
+                    if log_rates:
+                        self._log_rate(job, rate)
+                    job.rate, job.remote = rate, remote
+                    self.seq += 1
+                    job.seq = self.seq
+                    job.event_boundary = boundary = job.boundary
+                    if rate > 0:
+                        until = job.work - job.read
+                        left = job.size - job.pos
+                        if left < until:
+                            until = left
+                        if boundary < inf:
+                            left = boundary * job.size - job.pos
+                            if left < until:
+                                until = left
+                        until = until if until > 0.0 else 0.0
+                        push(events, (now + until / rate, self.seq, job))
+            # the sums and the fairness point
+            rate = job.rate
+            equal_rate = job.equal_rate
+            ratio = rate / equal_rate if equal_rate > 0 else 1.0
+            if ratio < worst:
+                worst = ratio
+            total += ratio
+            if job.share <= 0:
+                continue
+            total_rate += rate
+            remote = job.remote
+            total_remote += remote
+            if remote > 0:
+                inflow[job.unit] = inflow.get(job.unit, 0.0) + remote
+        if log_rates:  # (after every running job's, as the pass after the rates did)
+            for job in active:
+                if job.share <= 0:
+                    self._log_rate(job, 0.0)
+        self.inflow = inflow
+        self.total_rate, self.total_remote = total_rate, total_remote
         self.capped, self.fair = capped, fair
         self.contended = contended
+        return worst, total
 
     def _set_rate(self, job: _Job, share: float) -> None:
         """Give a running job (up to date) its link share; its rate and next event follow.
@@ -1103,11 +1139,25 @@ class Simulation:
                     self._lru_grow()
                 elif abs(self._hit(job) - job.hit) > _REPLAN_HIT_CHANGE:
                     self.dirty = True  # what it fetched last epoch is effective now
-        for key in list(self.filling):
-            if not self.lru and self._filled_now(key) >= min(
-                self.allocated[key], self.cluster.units[key].size
-            ) - max(1.0, self.cluster.units[key].size * 1e-12):
-                self._sync_unit(key)  # full: re-plans
+        if not self.lru and self.filling:
+            now, inflows, filled, allocated = self.now, self.inflow, self.filled, self.allocated
+            units, unit_t = self.cluster.units, self.unit_t
+            for key in list(self.filling):  # (min, max and _filled_now written out)
+                inflow = inflows.get(key, 0.0)
+                size = units[key].size
+                cap = allocated[key]
+                if size < cap:
+                    cap = size
+                held = filled[key]
+                if inflow > 0:
+                    grown = held + inflow * (now - unit_t[key])
+                    if not grown < cap:
+                        grown = cap
+                    if grown > held:
+                        held = grown
+                tol = size * 1e-12
+                if held >= cap - (tol if tol > 1.0 else 1.0):
+                    self._sync_unit(key)  # full: re-plans
         if self.now >= self.next_plan - 1e-9:
             self.dirty = True
         self._arrivals()
