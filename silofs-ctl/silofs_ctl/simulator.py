@@ -30,14 +30,17 @@ from __future__ import annotations
 import heapq
 import logging
 import math
+from bisect import bisect_left, insort
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
+from itertools import accumulate, compress, count
+from operator import gt, itemgetter, sub, truediv
 
 from . import sim_lru
 from .estimator import ComputeEstimator, Estimator, SiloDEstimator, equal_share_perf
 from .model import POOL, Allocation, CacheUnit, Cluster, Job
 from .policies import CACHES, SCHEDULERS
-from .policies.base import HITS, REMAINING, CachePolicy, Policy, water_fill_capped
+from .policies.base import HITS, REMAINING, CachePolicy, Policy
 from .scenario import JobSpec, Scenario
 
 log = logging.getLogger(__name__)
@@ -309,6 +312,11 @@ class Simulation:
         self.seq = 0
         self.touched: dict[str, _Job] = {}  # jobs whose rate an event may have changed
         self.demand: dict[str, float] = {}  # running jobs' remote demand, capped
+        # The demands in the order water_fill_capped sorts them, kept as they move:
+        # (demand, position in self.demand, name) ascending (a stable sort by demand);
+        # None: to be made again from self.demand (see _wf_build, _wf_divide).
+        self.wf: list[tuple[float, int, str]] | None = None
+        self.wf_pos: dict[str, int] = {}
         self.contended = False  # demands exceeded the link at the last water fill
         # The water level of that fill when contended: the share of every demand above it.
         self.level = math.inf
@@ -774,10 +782,13 @@ class Simulation:
             job.hit = self._hit(job)
             need = job.share * job.spec.ideal_io * (1.0 - job.hit)
             need = need if job.io_cap is None else min(need, job.io_cap)
+            old = self.demand.get(job.name)
             if held:
-                old = self.demand.get(job.name, -1.0)
-                held = old == need or (need >= level and old >= level)
+                was = -1.0 if old is None else old
+                held = was == need or (need >= level and was >= level)
             self.demand[job.name] = need
+            if old != need:
+                self._wf_move(job.name, old, need)
         if held:
             # Demands above the level get the level whatever they are, and the ones below
             # it did not move: water_fill would give the same level and the same shares
@@ -792,11 +803,19 @@ class Simulation:
         if contended or self.contended or everyone:
             # The link is (or was) shared out below some demands: a demand moving can
             # move everyone's share. Jobs whose share stays keep their rate untouched.
-            shares, capped, fair = water_fill_capped(link, self.demand)
-            self.level = max(shares.values(), default=0.0) if contended else math.inf
+            first, fair, top = self._wf_divide(link)
+            wf, demand = self.wf, self.demand
+            assert wf is not None
+            capped = list(map(itemgetter(2), wf[first:]))
+            bound = wf[first][:2] if fair is not None else None
+            self.level = top if contended else math.inf
+            pos = self.wf_pos
             for job in jobs:
                 if job.share > 0:
-                    self._set_rate(job, shares[job.name])
+                    share = demand[job.name]
+                    if bound is not None and (share, pos[job.name]) >= bound:
+                        share = fair  # held at the level
+                    self._set_rate(job, share)
             if not everyone:
                 # Any other job's demand did not move, so unless it is held below its
                 # demand now or was at the last division, its share is that same demand;
@@ -806,7 +825,7 @@ class Simulation:
                 if fair is not None and fair == self.fair:
                     now, was = set(capped), set(self.capped)
                     others = sorted((now - was) | (was - now))  # sorted: a fixed order
-                self._rerate_others(others, shares, changed)
+                self._rerate_others(others, bound, fair, changed)
             self.capped, self.fair = capped, fair
         else:
             # Every demand is met (water_fill would give each its demand).
@@ -817,8 +836,52 @@ class Simulation:
             self.capped, self.fair = [], None
         self.contended = contended
 
+    def _wf_build(self) -> None:
+        """self.wf made from self.demand: sorted by demand, ties in the dict's order."""
+        names = list(self.demand)
+        self.wf_pos = dict(zip(names, range(len(names)), strict=True))
+        self.wf = sorted(zip(self.demand.values(), range(len(names)), names, strict=True))
+
+    def _wf_move(self, name: str, old: float | None, new: float) -> None:
+        """Keep self.wf in step with one demand moving from `old` (None: new)."""
+        wf = self.wf
+        if wf is None:
+            return
+        pos = self.wf_pos.get(name)
+        if old is None or pos is None:
+            self.wf = None  # a new name: its place in the dict's order is the last
+            return
+        del wf[bisect_left(wf, (old, pos))]
+        insort(wf, (new, pos, name))
+
+    def _wf_divide(self, link: float) -> tuple[int, float | None, float]:
+        """water_fill_capped(link, self.demand) from the kept order: the position in
+        self.wf of the first demand held below itself (len(self.wf): none), the fair level
+        (None: nobody held) and the largest share (0 without demands). Demands before
+        that position get themselves, the others the fair level. The same arithmetic:
+        what is left, smallest demand first, subtracted one by one."""
+        if self.wf is None:
+            self._wf_build()
+        wf = self.wf
+        assert wf is not None
+        n = len(wf)
+        values = list(map(itemgetter(0), wf))
+        if math.isinf(link):
+            return n, None, values[-1] if n else 0.0
+        lefts = list(accumulate(values, sub, initial=link))
+        first = next(compress(count(), map(gt, values, map(truediv, lefts, range(n, 0, -1)))), n)
+        if first == n:
+            return n, None, values[-1] if n else 0.0
+        fair = lefts[first] / (n - first)
+        top = values[first - 1] if first > 0 and values[first - 1] > fair else fair
+        return first, fair, top
+
     def _rerate_others(
-        self, others: Iterable[str], shares: dict[str, float], changed: set[str]
+        self,
+        others: Iterable[str],
+        bound: tuple[float, int] | None,
+        fair: float | None,
+        changed: set[str],
     ) -> None:
         """_sync and _set_rate, inlined, for each job in `others` whose link share moved
         (a level change moves every job held at the level: _rerate's hot loop). The same
@@ -829,10 +892,13 @@ class Simulation:
         inflows, events, log_rates = self.inflow, self.events, self.job_rates is not None
         total_rate, total_remote, seq = self.total_rate, self.total_remote, self.seq
         push, inf = heapq.heappush, math.inf
+        demand, pos = self.demand, self.wf_pos
         for name in others:
-            share = shares.get(name)
+            share = demand.get(name)  # (None: it left)
             if share is None or name in changed:
                 continue
+            if bound is not None and (share, pos[name]) >= bound:
+                share = fair  # held at the level
             job = running[name]
             hit = job.hit
             if share == job.remote or not hit < 1.0 - 1e-12:
@@ -864,7 +930,9 @@ class Simulation:
                 self._sync_unit(key)
             inflow = inflows.get(key, 0.0) + share - old_remote
             inflows[key] = inflow = inflow if inflow > 1e-9 else 0.0
-            if not lru and inflow > 0 and self._room(key):
+            if lru:
+                pass  # (an LRU pool's units are never in filling: nothing to discard)
+            elif inflow > 0 and self._room(key):
                 filling.add(key)
             else:
                 filling.discard(key)
@@ -920,8 +988,13 @@ class Simulation:
             demand[job.name] = need if cap is None or not cap < need else cap
         link = self.scenario.remote_io
         contended = sum(demand.values()) > link
-        shares, capped, fair = water_fill_capped(link, demand)
-        self.level = max(shares.values(), default=0.0) if contended else math.inf
+        self._wf_build()
+        first, fair, top = self._wf_divide(link)
+        wf, pos = self.wf, self.wf_pos
+        assert wf is not None
+        capped = list(map(itemgetter(2), wf[first:]))
+        bound = wf[first][:2] if fair is not None else None
+        self.level = top if contended else math.inf
         unit_t, growing = self.unit_t, self.growing
         events, log_rates = self.events, self.job_rates is not None
         push = heapq.heappush
@@ -937,7 +1010,9 @@ class Simulation:
                 if hit >= 1.0 - 1e-12:
                     rate, remote = gpu_rate, 0.0
                 else:
-                    remote = shares[job.name]
+                    remote = demand[job.name]
+                    if bound is not None and (remote, pos[job.name]) >= bound:
+                        remote = fair  # held at the level
                     rate = remote / (1.0 - hit)
                     if not rate < gpu_rate:
                         rate = gpu_rate
@@ -1177,6 +1252,7 @@ class Simulation:
         del self.active[job.name]
         self.running.pop(job.name, None)
         self.demand.pop(job.name, None)
+        self.wf = None
         self.touched.pop(job.name, None)
         self._readers = None
         self.dirty = self.jobs_moved = True
