@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 from silofs_ctl.cli import main
-from silofs_ctl.policies.base import PLAN_INPUTS
+from silofs_ctl.policies.base import PLAN_INPUTS, water_fill_capped
 from silofs_ctl.scenario import load_scenario, parse_scenario
 from silofs_ctl.sim_lru import distinct_fraction, hit_between, steady_hit_ratio
 from silofs_ctl.simulator import CACHE_CHOICES, Simulation, SimulationError, simulate
@@ -396,3 +396,32 @@ def test_keeping_a_plan_nothing_it_reads_moved_gives_the_same_run(pair: str) -> 
     for a, b in zip(fast.jobs, slow.jobs, strict=True):
         assert a.finish == pytest.approx(b.finish, rel=1e-9)
         assert a.hit_ratio == pytest.approx(b.hit_ratio, rel=1e-9, abs=1e-12)
+
+
+def test_the_kept_water_fill_order_divides_the_link_as_water_fill_capped() -> None:
+    """The simulator keeps its demands in water-fill order and moves one by bisection
+    (Simulation._wf_move); dividing from that order must give water_fill_capped's
+    shares, held jobs (in its order) and level to the bit, ties and all."""
+    sim = Simulation(load_scenario(SCENARIOS / "trace-300.toml"), "gavel", "alluxio")
+    rnd = random.Random(3)
+    pool = [0.0, 1e6, 2.5e7, 1e8]  # repeated values: ties keep the dict's order
+    for _ in range(300):
+        n = rnd.randint(0, 40)
+        sim.demand = {f"j{i}": rnd.choice(pool + [rnd.uniform(0, 3e8)]) for i in range(n)}
+        sim.wf = None
+        for _ in range(rnd.randint(0, 12)):
+            link = rnd.choice([1e9, 3e9, rnd.uniform(1e7, 5e9), float("inf")])
+            first, fair, top = sim._wf_divide(link)
+            shares, capped, want_fair = water_fill_capped(link, sim.demand)
+            assert sim.wf is not None
+            assert [name for _, _, name in sim.wf[first:]] == capped
+            assert fair == want_fair
+            assert top == max(shares.values(), default=0.0)
+            for i, (_, _, name) in enumerate(sim.wf):
+                assert (fair if i >= first else sim.demand[name]) == shares[name]
+            if sim.demand:
+                name = rnd.choice(list(sim.demand))
+                new = rnd.choice(pool + [rnd.uniform(0, 3e8)])
+                old, sim.demand[name] = sim.demand[name], new
+                if old != new:
+                    sim._wf_move(name, old, new)
