@@ -738,6 +738,51 @@ class ListingReader:
         return _file_entry(parent, b"", _dirent_name(row, _INO.size, v), v)
 
 
+# A file row's bytes that a refresh keeps when the file did not change: all but `since`
+# and `ordinal` (the tail of the _FILE header), which a new listing may renumber.
+_SAME_HEAD = struct.calcsize("<QBQd")
+_FILE_INO = struct.Struct("<Q")  # the inode at the head of a file row (_FILE)
+
+
+def changed_files(
+    txn: lmdb.Transaction,
+    old: ListingReader,
+    new: ListingReader,
+    start: bytes | None = None,
+    limit: int = 10_000,
+) -> tuple[list[tuple[int, int, bytes | None]], bytes | None]:
+    """Files of generation `old` that `new` lists with other attributes or version, or
+    not at all (or as a directory), among up to `limit` rows from row `start` (a row as in
+    iter_file_rows): (inode, parent, name) each, the name only for one that is gone; and
+    where to go on (None: done). Raw rows compared (the same key in both generations), no
+    Entry built: a mount runs this over a whole listing after a refresh."""
+    prefix, other = old.rows.prefix, new.rows.prefix
+    n = len(prefix)
+    cur = txn.cursor(db=old.dirents)
+    out: list[tuple[int, int, bytes | None]] = []
+    if not cur.set_range(prefix + (start or _INO.pack(ROOT_INODE))):
+        return out, None
+    seen = 0
+    for key, v in cur:
+        k = bytes(key)  # a view with a buffers=True txn, as a mount's
+        if not k.startswith(prefix):
+            return out, None
+        if seen >= limit:
+            return out, k[n:]
+        seen += 1
+        if v[8] != FILE:
+            continue
+        now = txn.get(other + k[n:], db=new.dirents)
+        if now is not None and now[8] == FILE:
+            if now[:_SAME_HEAD] == v[:_SAME_HEAD] and now[_FILE.size :] == v[_FILE.size :]:
+                continue
+            out.append((_FILE_INO.unpack_from(v)[0], _INO.unpack_from(k, n)[0], None))
+        else:
+            name = _dirent_name(k, n + _INO.size, v)
+            out.append((_FILE_INO.unpack_from(v)[0], _INO.unpack_from(k, n)[0], name))
+    return out, None
+
+
 def delete_generations(
     txn: lmdb.Transaction,
     dsid: int,

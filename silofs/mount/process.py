@@ -29,6 +29,7 @@ from collections.abc import Callable
 import pyfuse3
 import trio
 
+from silofs.cache.listing import ListingReader, changed_files
 from silofs.cache.store import CacheStore
 from silofs.config import MountSettings
 from silofs.control.client import AsyncControlClient, ControlError, quote_segment
@@ -47,6 +48,8 @@ log = logging.getLogger(__name__)
 # seconds: then the mount is unmounted (readers get ENOTCONN), never left to hang.
 MAX_RESTARTS = 5
 RESTART_WINDOW = 60.0
+# Rows of the previous listing compared per read txn after a refresh (_forget_walk).
+FORGET_BATCH = 10_000
 CHILD_EXIT_SECONDS = 10.0  # after the unmount, then SIGKILL
 
 
@@ -108,6 +111,7 @@ class MountProcess:
         self._nursery: trio.Nursery | None = None
         self._offering = False
         self._relisting = False
+        self._forgetting: trio.CancelScope | None = None  # the walk of _forget_changed
         self.store: CacheStore | None = None
         self.shared: SharedTables | None = None
         self._ops: SilofsFS | None = None  # the object pyfuse3.init() was given
@@ -390,10 +394,13 @@ class MountProcess:
         gen = record.get("gen")
         if gen is not None and (gen != m.gen or m.building):
             if gen == m.gen or not m.building:
+                before = m.reader
                 stale = self.fs.switch(record)  # a newer listing, or ours is complete now
                 if stale:
                     log.info("the new listing changed %d recently used entries", len(stale))
                     await trio.to_thread.run_sync(_invalidate, stale)
+                if m.reader is not before and m.previous is before:
+                    self._forget_changed(before, m.reader)
         if self.fs.stale_inodes:
             inodes, self.fs.stale_inodes = self.fs.stale_inodes, []
             await trio.to_thread.run_sync(_invalidate_attrs, inodes)
@@ -412,6 +419,47 @@ class MountProcess:
                 assert self._nursery is not None
                 self._relisting = True
                 self._nursery.start_soon(self._relist)
+
+    def _forget_changed(self, old: ListingReader, new: ListingReader) -> None:
+        """Start telling the kernel to forget every file `new` changed or dropped, not
+        only those switch() found among the recently used entries: the kernel keeps names
+        and attributes for the entry timeout (an hour with an indefinite metadata TTL), and
+        would serve a changed file cut at its old size, or a deleted one, long after a
+        refresh. A walk still running for an older switch stops: this one covers what
+        matters now (the kernel asks about the current generation)."""
+        if self._forgetting is not None:
+            self._forgetting.cancel()
+        assert self._nursery is not None
+        self._forgetting = trio.CancelScope()
+        self._nursery.start_soon(self._forget_walk, old, new, self._forgetting)
+
+    async def _forget_walk(
+        self, old: ListingReader, new: ListingReader, scope: trio.CancelScope
+    ) -> None:
+        # In bounded batches, each a short read txn in a worker thread (rows compared
+        # raw, ~1 us each), so the serving thread and the daemon's writer are not held.
+        assert self.store is not None
+        store = self.store
+
+        def batch(row: bytes | None) -> tuple[list[tuple[int, int, bytes | None]], bytes | None]:
+            with store.read_txn() as txn:
+                return changed_files(txn, old, new, row, FORGET_BATCH)
+
+        row: bytes | None = None
+        forgotten = 0
+        with scope:
+            try:
+                while True:
+                    changed, row = await trio.to_thread.run_sync(batch, row)
+                    if changed:
+                        await trio.to_thread.run_sync(_forget_files, changed)
+                        forgotten += len(changed)
+                    if row is None:
+                        break
+            except Exception as exc:  # noqa: BLE001 - best effort: never end the mount
+                log.warning("after a refresh: kernel entries not all refreshed: %s", exc)
+        if forgotten:
+            log.info("told the kernel to forget %d changed or deleted files", forgotten)
 
     async def _relist(self) -> None:
         """Ask the daemon to list again (the metadata TTL expired); it lists once however
@@ -474,6 +522,20 @@ def _invalidate(stale: list[Entry]) -> None:
                 pyfuse3.invalidate_entry(e.parent, e.name)
         except OSError as exc:  # ENOENT: the kernel did not have it
             log.debug("invalidating inode %d: %s", e.inode, exc)
+
+
+def _forget_files(changed: list[tuple[int, int, bytes | None]]) -> None:
+    """_invalidate for changed_files' rows: (inode, parent, name if the file is gone)."""
+    for ino, parent, name in changed:
+        try:
+            pyfuse3.invalidate_inode(ino, attr_only=True)
+        except OSError as exc:  # ENOENT: the kernel did not have it
+            log.debug("invalidating inode %d: %s", ino, exc)
+        if name is not None:
+            try:
+                pyfuse3.invalidate_entry(parent, name)
+            except OSError as exc:
+                log.debug("invalidating %r in inode %d: %s", name, parent, exc)
 
 
 def _invalidate_attrs(inodes: list[int]) -> None:

@@ -107,6 +107,33 @@ def test_refresh_while_a_file_is_open(
     assert ds["generation"] == 2 and ds["objects"] == 3
 
 
+def test_a_refresh_reaches_names_the_kernel_holds_beyond_the_mounts_recent_ones(
+    make_node, local_store, monkeypatch, bucket_name, tmp_path: Path
+) -> None:
+    """With the default metadata TTL (indefinite) the kernel keeps names and attributes
+    for an hour; after a refresh it must not serve a changed file at its old size, nor a
+    deleted one, even when the mount's own cache of recent entries (8192) has long
+    forgotten them."""
+    local_store.apply_env(monkeypatch)
+    tree = {f"many/{i:05d}": b"" for i in range(9000)}
+    tree |= {"a.txt": b"small", "gone.txt": b"bye"}
+    local_store.create(bucket_name, tree)
+    node: Node = make_node()
+    mp = node.mount(local_store.uri(bucket_name), tmp_path / "mnt")
+    assert os.stat(mp / "a.txt").st_size == 5
+    assert os.stat(mp / "gone.txt").st_size == 3
+    for i in range(9000):  # the mount's recent entries move on; the kernel keeps these
+        os.stat(mp / "many" / f"{i:05d}")
+    new = b"a much bigger new version"
+    local_store.put(bucket_name, "a.txt", new)
+    os.unlink(Path(local_store.root) / bucket_name / "gone.txt")
+    res = _ctl(node, "refresh", "--wait", bucket_name)
+    assert res.returncode == 0, res.stderr
+    wait_for(lambda: os.stat(mp / "a.txt").st_size == len(new), what="the new size of a.txt")
+    assert (mp / "a.txt").read_bytes() == new
+    wait_for(lambda: not (mp / "gone.txt").exists(), what="gone.txt to go")
+
+
 def test_daemon_killed_mid_listing_keeps_the_old_listing(make_node, tmp_path: Path) -> None:
     store = tmp_path / "store"
     _tree(store, 1, 10)

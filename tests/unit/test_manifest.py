@@ -21,7 +21,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from silofs.cache.listing import Entry
+from silofs.cache.listing import Entry, changed_files
 from silofs.cache.store import CacheStore
 from silofs.errors import SilofsError
 from silofs.mount.manifest import ROOT_INODE, Manifest
@@ -580,3 +580,35 @@ def test_a_prefix_of_only_markers_is_tentative_then_gone_before_the_listing_ends
         assert reader.get(txn, ROOT_INODE).aux == 1  # type: ignore[union-attr]
     record = store.finish_listing(b, {"uri": f"file:///d{dsid}/"})
     assert record["inodes"] == 4  # root, d, d/x, f
+
+
+@pytest.mark.parametrize("limit", [1, 2, 1000])
+def test_changed_files_between_two_generations(store: CacheStore, limit: int) -> None:
+    """What a mount tells the kernel to forget after a refresh (process.py _forget_walk):
+    every file of the old listing whose size, mtime or version changed, or that went
+    away or became a directory; not one that is the same bar its listing order."""
+    dsid = next(_ids)
+    old = [obj("a/same"), obj("a/bigger"), obj("a/newer"), obj("a/gone"), obj("b/c")]
+    old += [obj("turns/dir"), obj("z", 1, 1.0)]
+    store.replace_manifest(dsid, old, {})
+    first = Manifest(store, dsid, store.dataset_record(dsid))
+    new = [obj("new/file"), obj("z", 1, 1.0), obj("a/same"), obj("a/bigger", 11)]
+    new += [obj("a/newer", 10, 101.0), obj("b/c"), obj("turns/dir/x")]
+    store.replace_manifest(dsid, new, {})
+    second = Manifest(store, dsid, store.dataset_record(dsid))
+    before = walk_paths(first)
+    got: list[tuple[int, int, bytes | None]] = []
+    row: bytes | None = None
+    with store.read_txn() as txn:
+        while True:
+            part, row = changed_files(txn, first.reader, second.reader, row, limit)
+            got += part
+            if row is None:
+                break
+    want = {
+        (before[p].inode, before[p].parent, gone)
+        for p, gone in [("a/bigger", None), ("a/newer", None), ("a/gone", b"gone")]
+    } | {(before["turns/dir"].inode, before["turns"].inode, b"dir")}
+    assert sorted(got) == sorted(want)
+    first.close()
+    second.close()
