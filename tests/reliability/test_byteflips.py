@@ -53,6 +53,7 @@ class Tally:
     # process died (see the module docstring)
     gone: int = 0
     other_errors: int = 0
+    other_codes: set[str] = field(default_factory=set)
     flips: dict[str, int] = field(default_factory=lambda: {"data": 0, "header": 0, "btree": 0})
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -66,6 +67,7 @@ class Tally:
                     self.gone += 1
                 else:
                     self.other_errors += 1
+                    self.other_codes.add(errno.errorcode.get(got, str(got)))
                 return
             n = min(len(got), len(want))
             bad = sum(1 for a, b in zip(got[:n], want[:n], strict=True) if a != b)
@@ -299,7 +301,9 @@ def test_byte_flips_never_serve_a_wrong_byte(
     )
     assert online_tally.wrong_bytes == 0, f"{online_tally.wrong_reads} reads returned wrong bytes"
     assert off_tally.wrong_bytes == 0, f"{off_tally.wrong_reads} reads returned wrong bytes"
-    assert online_tally.other_errors == 0 and off_tally.other_errors == 0
+    assert online_tally.other_errors == 0 and off_tally.other_errors == 0, (
+        online_tally.other_codes | off_tally.other_codes
+    )
     assert sum(online_tally.flips.values()) >= online * 2 // 3
     if not LONG:  # a few flips: the mount must survive them (the long form reports it)
         assert online_survived and off_tally.gone == 0, "a mount died under byte flips"
