@@ -425,8 +425,9 @@ class MountProcess:
         only those switch() found among the recently used entries: the kernel keeps names
         and attributes for the entry timeout (an hour with an indefinite metadata TTL), and
         would serve a changed file cut at its old size, or a deleted one, long after a
-        refresh. A walk still running for an older switch stops: this one covers what
-        matters now (the kernel asks about the current generation)."""
+        refresh. A walk still running for an older switch stops (the daemon deletes its
+        old generation once a newer listing begins anyway): a file it had not reached
+        keeps its kernel entry until the timeout, unless this switch changed it too."""
         if self._forgetting is not None:
             self._forgetting.cancel()
         assert self._nursery is not None
@@ -437,7 +438,7 @@ class MountProcess:
         self, old: ListingReader, new: ListingReader, scope: trio.CancelScope
     ) -> None:
         # In bounded batches, each a short read txn in a worker thread (rows compared
-        # raw, ~1 us each), so the serving thread and the daemon's writer are not held.
+        # raw, ~1.6 us each), so the serving thread and the daemon's writer are not held.
         assert self.store is not None
         store = self.store
 
