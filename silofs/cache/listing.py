@@ -166,11 +166,7 @@ def _unpack_cid(version: bytes, stored: bytes) -> bytes:
 
 def _encode_file(ino: int, obj: ObjectInfo, since: int, ordinal: int, long_name: bytes) -> bytes:
     version = obj.version.encode("utf-8", "surrogateescape")
-    cid = obj.content_id.encode("utf-8", "surrogateescape")
-    if version and version in cid and _SAME not in cid:  # _pack_cid's common case
-        cid = _SAME + cid.replace(version, _SAME)
-    else:
-        cid = _pack_cid(version, cid)
+    cid = _pack_cid(version, obj.content_id.encode("utf-8", "surrogateescape"))
     head = _FILE.pack(ino, FILE, obj.size, obj.mtime, since, ordinal)
     return b"".join((head, version, b"\0", cid, b"\0", long_name))
 
@@ -393,14 +389,7 @@ class ListingBuilder:
         long = len(name) > self.rows.room
         row = self.rows.dirent(parent.inode, name)[0] if long else dir_row + name
         path += name
-        ino = xxhash.xxh3_64_intdigest(b"f:" + path) & _INO_MASK
-        fref += name
-        if (
-            ino <= ROOT_INODE
-            or ino in self._dirs
-            or not txn.put(self.rows.inode(ino), fref, overwrite=False, db=self.inodes)
-        ):
-            ino = self._claim_file_inode(txn, path, fref)
+        ino = self._claim_file_inode(txn, path, fref + name)
         since = self.gen
         if self.prev is not None:
             # The same path in the previous generation: its directory has the same inode
