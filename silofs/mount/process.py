@@ -37,7 +37,7 @@ from silofs.errors import SilofsError
 from silofs.logsetup import reopen_log_files
 from silofs.mount import forked
 from silofs.mount.fs import Presentation, SilofsFS
-from silofs.mount.manifest import Entry, Manifest
+from silofs.mount.manifest import Manifest
 from silofs.mount.reader import ChunkReader, MissError
 from silofs.mount.shared import SharedTables
 from silofs.mountinfo import mounts
@@ -398,7 +398,11 @@ class MountProcess:
                 stale = self.fs.switch(record)  # a newer listing, or ours is complete now
                 if stale:
                     log.info("the new listing changed %d recently used entries", len(stale))
-                    await trio.to_thread.run_sync(_invalidate, stale)
+                    # The root has no name to forget.
+                    names = [
+                        (e.inode, e.parent, e.name if e.inode != e.parent else None) for e in stale
+                    ]
+                    await trio.to_thread.run_sync(_invalidate, names)
                 if m.reader is not before and m.previous is before:
                     self._forget_changed(before, m.reader)
         if self.fs.stale_inodes:
@@ -453,7 +457,7 @@ class MountProcess:
                 while True:
                     changed, row = await trio.to_thread.run_sync(batch, row)
                     if changed:
-                        await trio.to_thread.run_sync(_forget_files, changed)
+                        await trio.to_thread.run_sync(_invalidate, changed)
                         forgotten += len(changed)
                     if row is None:
                         break
@@ -512,22 +516,12 @@ class MountProcess:
                 pass
 
 
-def _invalidate(stale: list[Entry]) -> None:
-    """Tell the kernel to forget names and attributes that a new listing changed. Runs
-    in a thread: a notification can block until the kernel is done with a request this
+def _invalidate(names: list[tuple[int, int, bytes | None]]) -> None:
+    """Tell the kernel to forget attributes and names that a new listing changed:
+    (inode, parent, name) each, the name forgotten only where one is given. Runs in a
+    thread: a notification can block until the kernel is done with a request this
     process has to answer."""
-    for e in stale:
-        try:
-            pyfuse3.invalidate_inode(e.inode, attr_only=True)
-            if e.inode != e.parent:  # the root has no name to forget
-                pyfuse3.invalidate_entry(e.parent, e.name)
-        except OSError as exc:  # ENOENT: the kernel did not have it
-            log.debug("invalidating inode %d: %s", e.inode, exc)
-
-
-def _forget_files(changed: list[tuple[int, int, bytes | None]]) -> None:
-    """_invalidate for changed_files' rows: (inode, parent, name if the file is gone)."""
-    for ino, parent, name in changed:
+    for ino, parent, name in names:
         try:
             pyfuse3.invalidate_inode(ino, attr_only=True)
         except OSError as exc:  # ENOENT: the kernel did not have it
