@@ -245,4 +245,9 @@ def child_exit(code: int) -> None:
 
 
 def is_disconnected(exc: BaseException) -> bool:
+    """The kernel ended the session (unmounted: ENODEV; aborted: ECONNABORTED). pyfuse3
+    raises it from inside its own nursery and ours, so trio hands it over wrapped in
+    ExceptionGroups: it counts when every exception in the group is one."""
+    if isinstance(exc, BaseExceptionGroup):
+        return all(is_disconnected(e) for e in exc.exceptions)
     return isinstance(exc, OSError) and exc.errno in (errno.ENODEV, errno.ECONNABORTED)

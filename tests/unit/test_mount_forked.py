@@ -54,3 +54,14 @@ def test_a_handler_gives_the_token_back_first() -> None:
         assert token.available() == 1
     finally:
         forked._token = None
+
+
+def test_an_aborted_session_wrapped_by_nurseries_is_a_disconnect_not_a_failure() -> None:
+    # pyfuse3.main raises from inside its nursery and the serving process's: the
+    # supervisor must still read it as the kernel ending the session (an unmount).
+    aborted = ConnectionAbortedError(103, "fuse_session_receive_buf failed")
+    nested = ExceptionGroup("outer", [ExceptionGroup("inner", [aborted])])
+    assert forked.is_disconnected(nested)
+    assert forked.is_disconnected(OSError(19, "No such device"))
+    assert not forked.is_disconnected(ExceptionGroup("g", [aborted, ValueError("bug")]))
+    assert not forked.is_disconnected(OSError(5, "EIO"))
