@@ -31,7 +31,16 @@ def check_accounting(store: CacheStore) -> dict[int, int]:
             dsid = int.from_bytes(k[:8], "big")
             owned[dsid] = owned.get(dsid, 0) + int.from_bytes(v, "little")
             assert txn.get(k[8:], db=store.db(b"chunks")) is not None
-    usage = {d: u.bytes for d, u in store.load_usage().items() if u.bytes or u.chunks}
+        # The same txn: a daemon still admitting commits owners and usage rows together,
+        # and two txns could see one admission's usage without its owners rows.
+        usage = {
+            d: u.bytes
+            for d, u in (
+                (int.from_bytes(k, "big"), store.usage_of(txn, int.from_bytes(k, "big")))
+                for k, _ in txn.cursor(db=store.db(b"usage"))
+            )
+            if u.bytes or u.chunks
+        }
     assert usage == owned
     return owned
 
