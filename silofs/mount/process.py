@@ -41,6 +41,7 @@ from silofs.mount.manifest import Manifest
 from silofs.mount.reader import ChunkReader, MissError
 from silofs.mount.shared import SharedTables
 from silofs.mountinfo import mounts
+from silofs.records import MountCounters
 
 log = logging.getLogger(__name__)
 
@@ -380,7 +381,7 @@ class MountProcess:
             assert self.reader is not None and self.fs is not None
             self.fs.manifest.release_if_idle()
             await self._follow_listing()
-            now = dataclasses.astuple(self.reader.counters)
+            now = dataclasses.astuple(self._counters_to_report())
             if now != last:
                 await self._report()
                 last = now
@@ -480,16 +481,25 @@ class MountProcess:
         finally:
             self._relisting = False
 
+    def _counters_to_report(self) -> MountCounters:
+        """This process's counters; with serving processes, the sum of all of them (each
+        row only grows, so the sums only grow): status counts each byte once.
+
+        The report loop compares these sums, not this process's own counters: the
+        daemon keeps whichever report came last, and a report another process computed
+        before this one's final reads may land after this one's. Every process re-reports
+        when the sum moves, so each one's last report carries the final sum."""
+        assert self.reader is not None
+        if self.shared is None:
+            return self.reader.counters
+        self.shared.publish(self.reader.counters)
+        return self.shared.total()
+
     async def _report(self) -> None:
         if self.reader is None or not self.registered:
             return
         touched, self.reader.touched = self.reader.touched, []
-        counters = self.reader.counters
-        if self.shared is not None:
-            # Every serving process reports the sum of all of them (each row only grows,
-            # so the sums it reports only grow): status counts each byte once.
-            self.shared.publish(counters)
-            counters = self.shared.total()
+        counters = self._counters_to_report()
         body = {
             **dataclasses.asdict(counters),
             "touched": [k.hex() for k in touched],
