@@ -34,8 +34,13 @@ def _tree(n: int) -> dict[str, bytes]:
 def _serving(mp: Path) -> tuple[int, list[int]]:
     """(supervisor pid, serving pids) of the mount at `mp`: the supervisor's children."""
     out = subprocess.run(["pgrep", "-f", f"mount-process.*{mp}"], capture_output=True, text=True)
-    pids = [int(p) for p in out.stdout.split()]
-    ppid = {p: int(Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()[1]) for p in pids}
+    ppid: dict[int, int] = {}
+    for p in map(int, out.stdout.split()):
+        try:
+            ppid[p] = int(Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except FileNotFoundError:  # ended since pgrep saw it (a killed serving process)
+            continue
+    pids = list(ppid)
     sup = [p for p in pids if ppid[p] not in pids]
     assert len(sup) == 1, (pids, ppid)
     return sup[0], [p for p in pids if ppid[p] == sup[0]]
