@@ -21,6 +21,18 @@ class ObjectInfo:
     version: str  # token for conditional reads: S3/Azure etag, GCS generation, local mtime_ns
     content_id: str  # store-reported content identity (etag, md5, crc32c+generation, ...)
 
+    def __init__(self, key: str, size: int, mtime: float, version: str, content_id: str) -> None:
+        # Written out (dataclass keeps an __init__ the class defines): a listing makes
+        # one per object, and the generated frozen __init__ sets each field through
+        # object.__setattr__, 0.66 us per object against 0.29 us for this; fields,
+        # equality, hash and immutability after construction are the dataclass's own.
+        d = self.__dict__
+        d["key"] = key
+        d["size"] = size
+        d["mtime"] = mtime
+        d["version"] = version
+        d["content_id"] = content_id
+
 
 @dataclass(frozen=True)
 class PrefixListed:
