@@ -730,21 +730,23 @@ class ListingReader:
 # A file row's bytes that a refresh keeps when the file did not change: all but `since`
 # and `ordinal` (the tail of the _FILE header), which a new listing may renumber.
 _SAME_HEAD = struct.calcsize("<QBQd")
-_FILE_INO = struct.Struct("<Q")  # the inode at the head of a file row (_FILE)
+_INO_LE = struct.Struct("<Q")  # the inode at the head of a dirents value (_DIRENT, _FILE)
 
 
-def changed_files(
+def changed_entries(
     txn: lmdb.Transaction,
     old: ListingReader,
     new: ListingReader,
     start: bytes | None = None,
     limit: int = 10_000,
 ) -> tuple[list[tuple[int, int, bytes | None]], bytes | None]:
-    """Files of generation `old` that `new` lists with other attributes or version, or
-    not at all (or as a directory), among up to `limit` rows from row `start` (a row as in
-    iter_file_rows): (inode, parent, name) each, the name only for one that is gone; and
-    where to go on (None: done). Raw rows compared (the same key in both generations), no
-    Entry built: a mount runs this over a whole listing after a refresh."""
+    """Entries of generation `old` that the kernel may hold and `new` contradicts, among
+    up to `limit` rows from row `start` (a row as in iter_file_rows): a file `new` lists
+    with other attributes or version, or not at all, or as a directory; a directory
+    `new` does not list as the same directory (gone, a file now, another inode). Each
+    as (inode, parent, name), the name only for one that is gone from that name; and
+    where to go on (None: done). Raw rows compared (the same key in both generations),
+    no Entry built: a mount runs this over a whole listing after a refresh."""
     prefix, other = old.rows.prefix, new.rows.prefix
     n = len(prefix)
     cur = txn.cursor(db=old.dirents)
@@ -759,16 +761,21 @@ def changed_files(
         if seen >= limit:
             return out, k[n:]
         seen += 1
-        if v[8] != FILE:
-            continue
         now = txn.get(other + k[n:], db=new.dirents)
+        if v[8] != FILE:
+            # A directory's own attributes (nlink) are the recently used entries' care
+            # (fs.switch); here only a name that no longer leads to it.
+            if now is None or now[8] != DIR or now[:8] != v[:8]:
+                name = _dirent_name(k, n + _INO.size, v)
+                out.append((_INO_LE.unpack_from(v)[0], _INO.unpack_from(k, n)[0], name))
+            continue
         if now is not None and now[8] == FILE:
             if now[:_SAME_HEAD] == v[:_SAME_HEAD] and now[_FILE.size :] == v[_FILE.size :]:
                 continue
-            out.append((_FILE_INO.unpack_from(v)[0], _INO.unpack_from(k, n)[0], None))
+            out.append((_INO_LE.unpack_from(v)[0], _INO.unpack_from(k, n)[0], None))
         else:
             name = _dirent_name(k, n + _INO.size, v)
-            out.append((_FILE_INO.unpack_from(v)[0], _INO.unpack_from(k, n)[0], name))
+            out.append((_INO_LE.unpack_from(v)[0], _INO.unpack_from(k, n)[0], name))
     return out, None
 
 

@@ -29,7 +29,7 @@ from collections.abc import Callable
 import pyfuse3
 import trio
 
-from silofs.cache.listing import ListingReader, changed_files
+from silofs.cache.listing import ListingReader, changed_entries
 from silofs.cache.store import CacheStore
 from silofs.config import MountSettings
 from silofs.control.client import AsyncControlClient, ControlError, quote_segment
@@ -449,7 +449,7 @@ class MountProcess:
 
         def batch(row: bytes | None) -> tuple[list[tuple[int, int, bytes | None]], bytes | None]:
             with store.read_txn() as txn:
-                return changed_files(txn, old, new, row, FORGET_BATCH)
+                return changed_entries(txn, old, new, row, FORGET_BATCH)
 
         row: bytes | None = None
         forgotten = 0
@@ -465,7 +465,7 @@ class MountProcess:
             except Exception as exc:  # noqa: BLE001 - best effort: never end the mount
                 log.warning("after a refresh: kernel entries not all refreshed: %s", exc)
         if forgotten:
-            log.info("told the kernel to forget %d changed or deleted files", forgotten)
+            log.info("told the kernel to forget %d changed or deleted entries", forgotten)
 
     async def _relist(self) -> None:
         """Ask the daemon to list again (the metadata TTL expired); it lists once however

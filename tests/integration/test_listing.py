@@ -15,6 +15,7 @@ from __future__ import annotations
 import errno
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -116,22 +117,25 @@ def test_a_refresh_reaches_names_the_kernel_holds_beyond_the_mounts_recent_ones(
     forgotten them."""
     local_store.apply_env(monkeypatch)
     tree = {f"many/{i:05d}": b"" for i in range(9000)}
-    tree |= {"a.txt": b"small", "gone.txt": b"bye"}
+    tree |= {"a.txt": b"small", "gone.txt": b"bye", "old/dir/x": b"x"}
     local_store.create(bucket_name, tree)
     node: Node = make_node()
     mp = node.mount(local_store.uri(bucket_name), tmp_path / "mnt")
     assert os.stat(mp / "a.txt").st_size == 5
     assert os.stat(mp / "gone.txt").st_size == 3
+    assert os.stat(mp / "old/dir/x").st_size == 1
     for i in range(9000):  # the mount's recent entries move on; the kernel keeps these
         os.stat(mp / "many" / f"{i:05d}")
     new = b"a much bigger new version"
     local_store.put(bucket_name, "a.txt", new)
     os.unlink(Path(local_store.root) / bucket_name / "gone.txt")
+    shutil.rmtree(Path(local_store.root) / bucket_name / "old")
     res = _ctl(node, "refresh", "--wait", bucket_name)
     assert res.returncode == 0, res.stderr
     wait_for(lambda: os.stat(mp / "a.txt").st_size == len(new), what="the new size of a.txt")
     assert (mp / "a.txt").read_bytes() == new
     wait_for(lambda: not (mp / "gone.txt").exists(), what="gone.txt to go")
+    wait_for(lambda: not (mp / "old").exists(), what="the directory old/ to go")
 
 
 def test_daemon_killed_mid_listing_keeps_the_old_listing(make_node, tmp_path: Path) -> None:

@@ -21,7 +21,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from silofs.cache.listing import Entry, changed_files
+from silofs.cache.listing import Entry, changed_entries
 from silofs.cache.store import CacheStore
 from silofs.errors import SilofsError
 from silofs.mount.manifest import ROOT_INODE, Manifest
@@ -583,32 +583,44 @@ def test_a_prefix_of_only_markers_is_tentative_then_gone_before_the_listing_ends
 
 
 @pytest.mark.parametrize("limit", [1, 2, 1000])
-def test_changed_files_between_two_generations(store: CacheStore, limit: int) -> None:
+def test_changed_entries_between_two_generations(store: CacheStore, limit: int) -> None:
     """What a mount tells the kernel to forget after a refresh (process.py _forget_walk):
     every file of the old listing whose size, mtime or version changed, or that went
-    away or became a directory; not one that is the same bar its listing order."""
+    away or became a directory; every directory that went away or became a file; not
+    one that is the same bar its listing order."""
     dsid = next(_ids)
     old = [obj("a/same"), obj("a/bigger"), obj("a/newer"), obj("a/gone"), obj("b/c")]
-    old += [obj("turns/dir"), obj("z", 1, 1.0)]
+    old += [obj("turns/dir"), obj("z", 1, 1.0), obj("gone/deep/x"), obj("filed/y")]
     store.replace_manifest(dsid, old, {})
     first = Manifest(store, dsid, store.dataset_record(dsid))
     new = [obj("new/file"), obj("z", 1, 1.0), obj("a/same"), obj("a/bigger", 11)]
-    new += [obj("a/newer", 10, 101.0), obj("b/c"), obj("turns/dir/x")]
+    new += [obj("a/newer", 10, 101.0), obj("b/c"), obj("turns/dir/x"), obj("filed")]
     store.replace_manifest(dsid, new, {})
     second = Manifest(store, dsid, store.dataset_record(dsid))
     before = walk_paths(first)
+    before[""] = first.get(ROOT_INODE)
     got: list[tuple[int, int, bytes | None]] = []
     row: bytes | None = None
     with store.read_txn() as txn:
         while True:
-            part, row = changed_files(txn, first.reader, second.reader, row, limit)
+            part, row = changed_entries(txn, first.reader, second.reader, row, limit)
             got += part
             if row is None:
                 break
     want = {
         (before[p].inode, before[p].parent, gone)
         for p, gone in [("a/bigger", None), ("a/newer", None), ("a/gone", b"gone")]
-    } | {(before["turns/dir"].inode, before["turns"].inode, b"dir")}
+    } | {
+        (before[p].inode, before[parent].inode, name)
+        for p, parent, name in [
+            ("turns/dir", "turns", b"dir"),
+            ("gone", "", b"gone"),  # a directory, gone with all it held
+            ("gone/deep", "gone", b"deep"),
+            ("gone/deep/x", "gone/deep", b"x"),
+            ("filed", "", b"filed"),  # a directory that is a file now
+            ("filed/y", "filed", b"y"),
+        ]
+    }
     assert sorted(got) == sorted(want)
     first.close()
     second.close()
