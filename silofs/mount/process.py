@@ -404,7 +404,10 @@ class MountProcess:
                         (e.inode, e.parent, e.name if e.inode != e.parent else None) for e in stale
                     ]
                     await trio.to_thread.run_sync(_invalidate, names)
-                if m.reader is not before and m.previous is before:
+                # One walk per mount: serving processes share the kernel connection,
+                # whose entries any one of them can invalidate.
+                walker = self.shared is None or self.shared.index == 0
+                if m.reader is not before and m.previous is before and walker:
                     self._forget_changed(before, m.reader)
         if self.fs.stale_inodes:
             inodes, self.fs.stale_inodes = self.fs.stale_inodes, []
