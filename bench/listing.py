@@ -95,7 +95,10 @@ class ListServer:
                 self.end_headers()
                 self.wfile.write(body)
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        # A listen backlog for every proxy connection at once (http.server's is 5): an
+        # overflow drops a SYN, and its retransmit adds a second to a fanned listing.
+        server = type("Server", (ThreadingHTTPServer,), {"request_queue_size": 256})
+        self.httpd = server(("127.0.0.1", 0), Handler)
         self.httpd.daemon_threads = True
         self.port = self.httpd.server_address[1]
         threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
