@@ -3,7 +3,8 @@
 Owns one figure of issue 10: objects listed per second by a backend's list() (the code
 the daemon's listing runs) behind tests/faultproxy.py with a first-byte delay of 0, 10
 and 50 ms per request, with list_workers=1 (one page after another, the behaviour before
-fan-out) and list_workers=16 (delimiter-split prefixes in parallel; --workers to change).
+fan-out) and list_workers=32, the default (delimiter-split prefixes in parallel; --workers
+to change).
 --backends picks the stores:
   s3     S3Backend against a minimal ListObjectsV2 server (ListServer, below): moto
          spends ~1.7 s of CPU per 1000-key page, which would measure moto;
@@ -24,7 +25,7 @@ emulators are processes of their own, and their CPU seconds are counted in the s
 side's); --same-process keeps them in this one, as the figures before the page parser
 were taken.
     python bench/listing.py [--backends s3,azure,gcs] [--dirs 100] [--per-dir 1000]
-        [--workers 1,16] [--into-env]
+        [--workers 1,32] [--into-env]
 """
 
 from __future__ import annotations
@@ -300,7 +301,7 @@ def main() -> None:
     ap.add_argument("--cloud-dirs", type=int, default=20, help="directories for azure/gcs")
     ap.add_argument("--cloud-per-dir", type=int, default=1000, help="objects each, azure/gcs")
     ap.add_argument("--delays-ms", default="0,10,50")
-    ap.add_argument("--workers", default="1,16", help="list_workers values; the first is the base")
+    ap.add_argument("--workers", default="1,32", help="list_workers values; the first is the base")
     ap.add_argument("--same-process", action="store_true", help="server and proxy in this process")
     ap.add_argument(
         "--into-env", action="store_true", help="write each listing into a cache env, as the daemon"

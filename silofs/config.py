@@ -70,7 +70,7 @@ class NodeSettings:
     read_timeout: float = 30.0
     max_attempts: int = 5
     page_size: int = 1000
-    list_workers: int = 16  # prefixes listed at once (stores with delimiter listings)
+    list_workers: int = 32  # prefixes listed at once (stores with delimiter listings)
     backend_extra: dict[str, str] = field(default_factory=dict)
     # [limits]: what one non-admin uid may hold at once (docs/SECURITY.md); root and the
     # admin group are exempt. max_connections caps everyone's connections together
