@@ -3,7 +3,8 @@
 Owns: choosing credentials (connection string, account key or SAS token, from opts.extra
 or the environment) and the blob endpoint (opts.endpoint_url, AZURE_STORAGE_BLOB_ENDPOINT,
 the connection string's BlobEndpoint, or the public cloud), listing a container prefix
-page by page, ranged downloads pinned to the listed ETag (If-Match), and turning
+page by page (pages parsed by azurelist.py, the SDK's deserializer only for a page that
+parser declines), ranged downloads pinned to the listed ETag (If-Match), and turning
 azure-core's exceptions into typed BackendErrors naming the container and what to do.
 
 Never retries inside the SDK (retry_total=0; base.retry_call owns retries), never does I/O
@@ -19,7 +20,7 @@ import logging
 import os
 import re
 import threading
-from base64 import b64decode, b64encode
+from base64 import b64decode
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -39,6 +40,8 @@ from silofs.errors import (
     UnreachableError,
     UsageError,
 )
+from silofs.node.backends import azurelist
+from silofs.node.backends.azurelist import ListedBlob
 from silofs.node.backends.base import (
     BackendOptions,
     RetryingBackend,
@@ -233,13 +236,6 @@ def _error_code(exc: ax.HttpResponseError) -> str:
     return str(getattr(code, "value", code) or "")
 
 
-def _content_id(props: Any) -> str:
-    md5 = props.content_settings.content_md5 if props.content_settings else None
-    if md5:
-        return f"az-md5:{b64encode(bytes(md5)).decode()}:{props.size}"
-    return f"az-etag:{props.etag}:{props.size}"
-
-
 class AzureBackend(RetryingBackend):
     """A read-only view of az://account/container/prefix/; safe to share between threads."""
 
@@ -302,59 +298,63 @@ class AzureBackend(RetryingBackend):
 
     # -- internals --------------------------------------------------------------------
 
-    def _list_page(self, token: str | None, page_size: int | None = None) -> tuple[list, str]:
-        container = self._container()
-        what = f"container {self.container_name}"
-        try:
-            # include=metadata so hierarchical-namespace directory blobs can be skipped.
-            pager = container.list_blobs(
-                name_starts_with=self.prefix or None,
-                include=["metadata"],
-                results_per_page=page_size or self.opts.page_size,
-            ).by_page(continuation_token=token)
-            items = list(next(pager, []))
-            return items, pager.continuation_token
-        except ax.AzureError as exc:
-            raise self._classify(exc, what) from exc
+    def _list_page(
+        self, token: str | None, page_size: int | None = None
+    ) -> tuple[list[ListedBlob], str | None]:
+        items, _, token = self._list_raw(self.prefix, token, page_size, None)
+        return items, token
 
     def _lists_by_prefix(self) -> bool:
         return True
 
-    def _list_dir_page(self, prefix: str, token: str | None) -> tuple[list, list[str], str | None]:
+    def _list_dir_page(
+        self, prefix: str, token: str | None
+    ) -> tuple[list[ListedBlob], list[str], str | None]:
+        return self._list_raw(prefix, token, None, "/")
+
+    def _list_raw(
+        self, prefix: str, token: str | None, page_size: int | None, delimiter: str | None
+    ) -> tuple[list[ListedBlob], list[str], str | None]:
+        """One page, parsed here (azurelist.py); through the SDK where that parser
+        declines a page (counted in lean_fallbacks)."""
+        container = self._container()
+        size = page_size or self.opts.page_size
+        try:
+            try:
+                return azurelist.list_page(container, prefix, token, size, delimiter)
+            except azurelist.LeanDeclined as exc:
+                self.counters.lean_fallbacks += 1
+                log.info("%s: a list page left to the SDK: %s", self.uri, exc)
+            return self._list_sdk(container, prefix, token, size, delimiter)
+        except ax.AzureError as exc:
+            raise self._classify(exc, f"container {self.container_name}") from exc
+
+    @staticmethod
+    def _list_sdk(
+        container: Any, prefix: str, token: str | None, size: int, delimiter: str | None
+    ) -> tuple[list[ListedBlob], list[str], str | None]:
         from azure.storage.blob import BlobPrefix  # imported with the client, lazily
 
-        container = self._container()
-        what = f"container {self.container_name}"
-        try:
-            pager = container.walk_blobs(
-                name_starts_with=prefix or None,
-                include=["metadata"],
-                delimiter="/",
-                results_per_page=self.opts.page_size,
-            ).by_page(continuation_token=token)
-            items, subs = [], []
-            for item in next(pager, []):
-                if isinstance(item, BlobPrefix):
-                    subs.append(item.name)
-                else:
-                    items.append(item)
-            return items, subs, pager.continuation_token
-        except ax.AzureError as exc:
-            raise self._classify(exc, what) from exc
+        # include=metadata so hierarchical-namespace directory blobs can be skipped.
+        args = {"name_starts_with": prefix or None, "include": ["metadata"]}
+        if delimiter:
+            blobs = container.walk_blobs(**args, delimiter=delimiter, results_per_page=size)
+        else:
+            blobs = container.list_blobs(**args, results_per_page=size)
+        pager = blobs.by_page(continuation_token=token)
+        items, subs = [], []
+        for item in next(pager, []):
+            if isinstance(item, BlobPrefix):
+                subs.append(item.name)
+            else:
+                items.append(azurelist.from_properties(item))
+        return items, subs, pager.continuation_token or None
 
-    def _info(self, props: Any) -> ObjectInfo | None:
-        key = relative_key(self.prefix, props.name)
-        if key is None:
+    def _info(self, blob: ListedBlob) -> ObjectInfo | None:
+        key = relative_key(self.prefix, blob.name)
+        if key is None or blob.folder:  # a folder: a directory in a hierarchical namespace
             return None
-        if (props.metadata or {}).get("hdi_isfolder", "").lower() == "true":
-            return None  # a directory in a hierarchical-namespace account, not a file
-        return ObjectInfo(
-            key=key,
-            size=int(props.size),
-            mtime=props.last_modified.timestamp(),
-            version=str(props.etag),
-            content_id=_content_id(props),
-        )
+        return ObjectInfo(key, blob.size, blob.mtime, blob.etag, azurelist.content_id(blob))
 
     # Each GET is counted as its response arrives (keep_md5): a long range is several.
     _counts_own_requests = True
