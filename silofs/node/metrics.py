@@ -65,8 +65,8 @@ _DATASET = {
     "store_lean_fallbacks": (
         "silofs_dataset_store_lean_fallbacks_total",
         "counter",
-        "S3 requests the lean path handed to botocore, which redid them (errors, broken "
-        "connections, pages it could not parse)",
+        "Requests silofs's own paths handed back to the SDK, which redid them (S3: errors, "
+        "broken connections, pages it could not parse; Azure: list pages it could not parse)",
     ),
     "version_mismatches": (
         "silofs_dataset_version_mismatches_total",
