@@ -106,6 +106,31 @@ def test_fanned_out_equals_serial() -> None:
     assert fanned.calls > 8  # it did split by prefix
 
 
+class RepeatingStore(MemStore):
+    """A store that names each page's sub-prefixes again on the next page of the same
+    prefix (as fake-gcs-server does)."""
+
+    def _list_dir_page(
+        self, prefix: str, token: str | None
+    ) -> tuple[Iterable[Any], list[str], str | None]:
+        keys, subs, nxt = super()._list_dir_page(prefix, token)
+        if token:  # the previous page's sub-prefixes again
+            _, before, _ = super()._list_dir_page(prefix, None)
+            subs = before + subs
+        return keys, subs, nxt
+
+
+def test_a_prefix_named_on_several_pages_is_walked_and_announced_once() -> None:
+    store = RepeatingStore(KEYS, workers=4, page=2)
+    events = list(store.list_events())
+    keys = [e.key for e in events if isinstance(e, ObjectInfo)]
+    assert len(keys) == len(set(keys))
+    assert sorted(keys) == sorted(o.key for o in MemStore(KEYS, workers=1).list())
+    announced = [s for e in events if isinstance(e, PrefixListed) for s in e.subs]
+    assert len(announced) == len(set(announced))
+    assert "d1/sub2/" in announced
+
+
 def test_transient_errors_are_retried_and_a_hard_one_ends_the_listing() -> None:
     s = MemStore(KEYS, workers=4)
     s.fail["p/d3/"] = [TransientError("blip"), TransientError("blip")]

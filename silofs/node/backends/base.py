@@ -322,6 +322,10 @@ def fan_out(
     stop = threading.Event()
     lock = threading.Lock()
     pending = [1]  # prefixes submitted and not finished
+    # Every prefix is announced and walked once: a store may name one on several pages
+    # (fake-gcs-server repeats a page's prefixes on the next), which would list its
+    # objects again, or announce a directory whose walk already ended.
+    walked = {root}
 
     def rel(prefix: str) -> str | None:
         return prefix[len(root) :] if prefix.startswith(root) else None
@@ -337,9 +341,12 @@ def fan_out(
     def walk(prefix: str) -> None:
         try:
             here = rel(prefix)
-            for objects, subs, last in pages(prefix):
+            for objects, named, last in pages(prefix):
                 if stop.is_set():
                     return
+                with lock:
+                    subs = [s for s in named if s not in walked]
+                    walked.update(subs)
                 page: list[ObjectInfo | PrefixListed] = list(objects)
                 if here is not None and (subs or last):
                     # After the page's objects: a consumer that writes in order has
