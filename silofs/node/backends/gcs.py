@@ -20,6 +20,9 @@ import os
 import re
 import threading
 import warnings
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +33,7 @@ import urllib3
 from google.api_core import exceptions as gx
 from google.auth.credentials import AnonymousCredentials, Credentials
 from google.auth.transport.requests import AuthorizedSession
+from google.cloud._helpers import _rfc3339_nanos_to_datetime
 
 from silofs.errors import (
     AccessDeniedError,
@@ -156,14 +160,64 @@ def resolve_credentials(opts: BackendOptions) -> tuple[Credentials, str | None, 
     raise AccessDeniedError(f"no Google credentials found: {_CREDS_HINT}")
 
 
-def _content_id(blob: Any) -> str:
-    if blob.md5_hash:
-        digest = f"md5:{blob.md5_hash}"
-    elif blob.crc32c:
-        digest = f"crc32c:{blob.crc32c}"  # composite objects have no MD5
+@dataclass(frozen=True, slots=True)
+class ListedObject:
+    """What a listing keeps of one object (objects.list's JSON item, fields as typed)."""
+
+    name: str
+    size: int
+    mtime: float  # `updated`, truncated to microseconds as the library does
+    generation: int
+    md5: str | None  # base64, as listed; composite objects have none
+    crc32c: str | None
+
+
+def _item_as_is(_iterator: Any, item: dict[str, Any]) -> dict[str, Any]:
+    return item
+
+
+def _page_prefixes(_iterator: Any, page: Any, response: dict[str, Any]) -> None:
+    page.prefixes = tuple(response.get("prefixes", ()))
+
+
+def _listed(items: Iterable[dict[str, Any]]) -> list[ListedObject]:
+    times: dict[str, float] = {}  # a page's objects often share one `updated`
+    out = []
+    for item in items:
+        updated = item.get("updated")
+        when = times.get(updated) if updated else 0.0
+        if when is None:
+            when = times[updated] = _rfc3339(updated)
+        out.append(
+            ListedObject(
+                item["name"],
+                int(item["size"]),
+                when,
+                int(item["generation"]),
+                item.get("md5Hash"),
+                item.get("crc32c"),
+            )
+        )
+    return out
+
+
+def _rfc3339(text: str) -> float:
+    """`updated` as the library reads it (fraction truncated to microseconds), by
+    fromisoformat: 0.3 us, where the library's regex and strptime take 6.5 us."""
+    try:
+        return datetime.fromisoformat(text).timestamp()
+    except ValueError:
+        return _rfc3339_nanos_to_datetime(text).timestamp()
+
+
+def _content_id(obj: ListedObject) -> str:
+    if obj.md5:
+        digest = f"md5:{obj.md5}"
+    elif obj.crc32c:
+        digest = f"crc32c:{obj.crc32c}"  # composite objects have no MD5
     else:
         digest = "none"
-    return f"gs-{digest}:{blob.size}:{blob.generation}"
+    return f"gs-{digest}:{obj.size}:{obj.generation}"
 
 
 def _reason(exc: BaseException) -> str:
@@ -258,58 +312,55 @@ class GCSBackend(RetryingBackend):
 
     # -- internals --------------------------------------------------------------------
 
-    def _list_page(self, token: str | None, page_size: int | None = None) -> tuple[list, str]:
-        what = f"bucket {self.bucket_name}"
-        try:
-            pages = self.client().list_blobs(
-                self.bucket_name,
-                prefix=self.prefix or None,
-                page_size=page_size or self.opts.page_size,
-                page_token=token,
-                fields=_LIST_FIELDS,
-                timeout=self._timeout(),
-                retry=None,
-            )
-            items = list(next(pages.pages, []))
-            return items, pages.next_page_token
-        except _SDK_ERRORS as exc:
-            raise self._classify(exc, what) from exc
+    def _list_page(
+        self, token: str | None, page_size: int | None = None
+    ) -> tuple[list[ListedObject], str | None]:
+        items, _, token = self._list_raw(self.prefix, token, page_size, None)
+        return items, token
 
     def _lists_by_prefix(self) -> bool:
         return True
 
-    def _list_dir_page(self, prefix: str, token: str | None) -> tuple[list, list[str], str | None]:
+    def _list_dir_page(
+        self, prefix: str, token: str | None
+    ) -> tuple[list[ListedObject], list[str], str | None]:
+        return self._list_raw(prefix, token, None, "/")
+
+    def _list_raw(
+        self, prefix: str, token: str | None, page_size: int | None, delimiter: str | None
+    ) -> tuple[list[ListedObject], list[str], str | None]:
+        """One page of objects.list: its items kept as the JSON the library parsed (its
+        Blob objects, made and read per object, cost 35-60 us each), and its prefixes."""
         what = f"bucket {self.bucket_name}"
+        params = {"projection": "noAcl", "fields": _LIST_FIELDS}
+        if prefix:
+            params["prefix"] = prefix
+        if delimiter:
+            params["delimiter"] = delimiter
+            params["fields"] += ",prefixes"
         try:
-            pages = self.client().list_blobs(
-                self.bucket_name,
-                prefix=prefix or None,
-                delimiter="/",
-                page_size=self.opts.page_size,
+            pages = self.client()._list_resource(  # noqa: SLF001 - list_blobs' own iterator
+                f"/b/{self.bucket_name}/o",
+                _item_as_is,
                 page_token=token,
-                fields=_LIST_FIELDS + ",prefixes",
+                extra_params=params,
+                page_start=_page_prefixes,
+                page_size=page_size or self.opts.page_size,
                 timeout=self._timeout(),
                 retry=None,
             )
             page = next(pages.pages, None)
             if page is None:
                 return [], [], None
-            items = list(page)
-            return items, list(page.prefixes), pages.next_page_token
+            return _listed(page), list(page.prefixes), pages.next_page_token
         except _SDK_ERRORS as exc:
             raise self._classify(exc, what) from exc
 
-    def _info(self, blob: Any) -> ObjectInfo | None:
-        key = relative_key(self.prefix, blob.name)
+    def _info(self, obj: ListedObject) -> ObjectInfo | None:
+        key = relative_key(self.prefix, obj.name)
         if key is None:
             return None
-        return ObjectInfo(
-            key=key,
-            size=int(blob.size),
-            mtime=blob.updated.timestamp() if blob.updated else 0.0,
-            version=str(blob.generation),
-            content_id=_content_id(blob),
-        )
+        return ObjectInfo(key, obj.size, obj.mtime, str(obj.generation), _content_id(obj))
 
     def _get_once(self, info: ObjectInfo, start: int, end: int) -> bytes:
         store_key = join_prefix(self.prefix, info.key)
