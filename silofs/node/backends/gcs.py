@@ -2,7 +2,8 @@
 
 Owns: choosing credentials (anonymous, a key file, gcloud's application-default file, or
 the GCE metadata server only when this machine is on GCE), the endpoint (opts.endpoint_url
-or STORAGE_EMULATOR_HOST), listing a bucket prefix page by page, ranged downloads pinned
+or STORAGE_EMULATOR_HOST), listing a bucket prefix page by page (the JSON items kept as
+ListedObject records, no Blob per object), ranged downloads pinned
 to the listed generation, and turning google exceptions into typed BackendErrors naming
 the bucket and what to do.
 
