@@ -269,7 +269,9 @@ class Simulation:
         self.all = list(reversed(self.pending))
         self.active: dict[str, _Job] = {}  # in arrival order
         self.running: dict[str, _Job] = {}  # active jobs with GPUs
-        self._readers: dict[str, list[_Job]] | None = None  # by unit; None: rebuild
+        # Active jobs by the unit they read, in arrival order (a unit without one has no
+        # entry): kept as jobs arrive and leave.
+        self.readers: dict[str, list[_Job]] = {}
         self.filled: dict[str, float] = {key: 0.0 for key in self.cluster.units}
         self.allocated: dict[str, float] = {key: 0.0 for key in self.cluster.units}
         self.in_use: set[str] = set()  # units allocated or holding bytes (see _apply)
@@ -391,14 +393,8 @@ class Simulation:
         return max(0.0, soonest)
 
     def _unit_readers(self) -> dict[str, list[_Job]]:
-        """Active jobs by the unit they read, in arrival order. Kept until the active set
-        changes (arrivals and completions reset it)."""
-        if self._readers is None:
-            out: dict[str, list[_Job]] = {}
-            for job in self.active.values():
-                out.setdefault(job.unit, []).append(job)
-            self._readers = out
-        return self._readers
+        """Active jobs by the unit they read, in arrival order."""
+        return self.readers
 
     # ------------------------------------------------------ bringing up to date
 
@@ -456,10 +452,35 @@ class Simulation:
             self.filling.discard(key)
 
     def _sync_all(self) -> None:
-        # _sync_unit of every unit and _sync of every active job, inlined (a re-plan does
-        # this for all of them): the same arithmetic in the same order.
+        """_sync_unit of every unit and _sync of every active job, inlined: the same
+        arithmetic in the same order. (A re-plan brings its jobs to now in _plan_views.)"""
+        self._sync_units()
         now, lru = self.now, self.lru
-        if lru:
+        for job in self.active.values():
+            dt = now - job.t
+            if dt <= 0:
+                continue
+            job.t = now
+            job.equal_integral += job.equal_rate * dt
+            rate = job.rate
+            if rate <= 0:
+                continue
+            got = rate * dt
+            unread = job.size - job.pos
+            if not lru and unread > 0:
+                left = unread - got
+                job.effective *= (left if left > 0.0 else 0.0) / unread  # max(0, left)
+            job.read += got
+            job.pos += got
+            hits = got * job.hit
+            job.hit_bytes += hits
+            job.epoch_hits += hits
+            job.remote_bytes += job.remote * dt
+
+    def _sync_units(self) -> None:
+        """_sync_unit of every unit with an inflow, inlined."""
+        now = self.now
+        if self.lru:
             for key in list(self.inflow):
                 self._sync_unit(key)
         else:
@@ -483,26 +504,6 @@ class Simulation:
                 if held >= cap - (tol if tol > 1.0 else 1.0):
                     self.dirty = True  # full: what the policy planned with has changed
                     self.filling.discard(key)
-        for job in self.active.values():
-            dt = now - job.t
-            if dt <= 0:
-                continue
-            job.t = now
-            job.equal_integral += job.equal_rate * dt
-            rate = job.rate
-            if rate <= 0:
-                continue
-            got = rate * dt
-            unread = job.size - job.pos
-            if not lru and unread > 0:
-                left = unread - got
-                job.effective *= (left if left > 0.0 else 0.0) / unread  # max(0, left)
-            job.read += got
-            job.pos += got
-            hits = got * job.hit
-            job.hit_bytes += hits
-            job.epoch_hits += hits
-            job.remote_bytes += job.remote * dt
 
     # -------------------------------------------------------------- decisions
 
@@ -520,43 +521,14 @@ class Simulation:
             return
         self.plans += 1
         self.jobs_moved = False
-        self._sync_all()
+        self._sync_units()
         active = list(self.active.values())
-        if self.plan_reads:
-            # A waiting job's kept view still holds when the plan does not read hits
-            # (its remaining work does not move): _view's check, inlined for them.
-            with_hits = HITS in self.plan_reads and not self.lru
-            with_remaining = REMAINING in self.plan_reads
-            views = []
-            for job in active:
-                view = job.view
-                if view is not None and job.share <= 0 and not with_hits:
-                    if with_remaining:
-                        remaining = job.work - job.read
-                        remaining = remaining if remaining > 0.0 else 0.0  # max(0, ...)
-                    else:
-                        remaining = math.inf
-                    if (
-                        view.remaining == remaining
-                        and view.placement is None
-                        and view.hit_now is None
-                    ):
-                        views.append(view)
-                        continue
-                views.append(self._view(job))
-        else:  # _view's kept views, looked up here (a re-plan makes one per active job)
-            views = []
-            for job in active:
-                view = job.view
-                if view is None or view.placement != (job.placement if job.share > 0 else None):
-                    view = self._view(job)
-                views.append(view)
+        views = self._plan_views(active)
         cluster = replace(self.cluster, cached=None if self.lru else dict(self.filled))
         alloc = self.policy.allocate(views, cluster, self.estimator)
         if self.cache_policy is not None:
             self.cache_policy.fill_cache(views, cluster, alloc)
-        self._apply(alloc)  # sets self.running
-        self.demand = {}
+        self._apply(alloc)  # sets self.running, and the running jobs' hits and demands
         # The equal share depends on the set of active jobs only: most re-plans (a cache
         # filling, an epoch starting) keep it.
         names = tuple(self.active)
@@ -592,6 +564,52 @@ class Simulation:
         self.next_plan = self.now + self.interval if self._filling() else math.inf
         if active:
             self.fairness_timeline.append((self.now, worst, total / len(active)))
+
+    def _plan_views(self, active: list[_Job]) -> list[Job]:
+        """Every active job brought to now (_sync, inlined: a re-plan re-rates them all),
+        and its view for the policy (_view, whose kept views are looked up here)."""
+        now, lru, reads = self.now, self.lru, self.plan_reads
+        # A waiting job's kept view still holds when the plan does not read hits (its
+        # remaining work does not move).
+        with_hits = HITS in reads and not lru
+        with_remaining = REMAINING in reads
+        views = []
+        for job in active:
+            dt = now - job.t
+            if dt > 0:
+                job.t = now
+                job.equal_integral += job.equal_rate * dt
+                rate = job.rate
+                if rate > 0:
+                    got = rate * dt
+                    unread = job.size - job.pos
+                    if not lru and unread > 0:
+                        left = unread - got
+                        job.effective *= (left if left > 0.0 else 0.0) / unread
+                    job.read += got
+                    job.pos += got
+                    hits = got * job.hit
+                    job.hit_bytes += hits
+                    job.epoch_hits += hits
+                    job.remote_bytes += job.remote * dt
+            view = job.view
+            if not reads:
+                if view is None or view.placement != (job.placement if job.share > 0 else None):
+                    view = self._view(job)
+            elif view is not None and job.share <= 0 and not with_hits:
+                if with_remaining:
+                    remaining = job.work - job.read
+                    remaining = remaining if remaining > 0.0 else 0.0  # max(0, ...)
+                else:
+                    remaining = math.inf
+                if not (
+                    view.remaining == remaining and view.placement is None and view.hit_now is None
+                ):
+                    view = self._view(job)
+            else:
+                view = self._view(job)
+            views.append(view)
+        return views
 
     def _filling(self) -> bool:
         """Is some read unit still below its allocation (so the plan will change)?"""
@@ -666,37 +684,68 @@ class Simulation:
         return self.filled[key] < min(self.allocated[key], size) - max(1.0, size * 1e-12)
 
     def _apply(self, alloc: Allocation) -> None:
+        """The plan's shares, placements, IO caps and cache; and each running job's hit
+        ratio and capped demand (self.demand, in arrival order), which _rerate_plan
+        divides the link by. Every job is up to date (_plan_views)."""
+        self.lru = lru = alloc.lru
+        if not lru:
+            self._allocate_units(alloc.cache)  # first: evictions move hits
         gpu_share, placement, io = alloc.gpu_share, alloc.placement, alloc.io
         now = self.now
         self.running = running = {}
+        self.demand = demand = {}
+        inf = math.inf
         for job in self.active.values():
             name = job.name
             share = gpu_share.get(name, 0.0)
             job.share = share = share if share < 1.0 else 1.0  # min(1, share)
             job.placement = placement.get(name)
-            job.io_cap = io.get(name)
-            if share > 0:
-                if job.start is None:
-                    job.start = now
-                running[name] = job
-            else:  # waiting or preempted: no rate, fetches nothing
+            job.io_cap = cap = io.get(name)
+            if share <= 0:  # waiting or preempted: no rate, fetches nothing
                 job.rate = job.remote = 0.0
                 job.seq = -1  # its events are stale
-        self.lru = alloc.lru
-        if self.lru:
+                continue
+            if job.start is None:
+                job.start = now
+            running[name] = job
+            if lru:
+                continue  # (hits once the LRU targets are found, below)
+            # _hit, uniform caching (min and max written out)
+            job.boundary = inf
+            unread = job.size - job.pos
+            if not unread > 0.0:
+                unread = 0.0
+            if unread <= job.eps:
+                hit = self._filled_now(job.unit) / job.size
+            else:
+                hit = job.effective / unread
+            if not hit < 1.0:
+                hit = 1.0
+            job.hit = hit
+            need = share * job.spec.ideal_io * (1.0 - hit)
+            demand[name] = need if cap is None or not cap < need else cap
+        if lru:
             self._lru_targets()
-            return
+            for job in running.values():
+                job.hit = hit = self._hit(job)
+                need = job.share * job.spec.ideal_io * (1.0 - hit)
+                cap = job.io_cap
+                demand[job.name] = need if cap is None or not cap < need else cap
+
+    def _allocate_units(self, cache: dict[str, float]) -> None:
+        """Each unit's allocation from the plan; a unit holding more than it is given
+        now evicts (uniform caching)."""
         # Units neither allocated nor holding anything, and not in the new allocation,
         # stay as they are: only the others are visited (CoorDL has a unit per job of
         # the whole trace, most of them long finished or not yet arrived).
-        cache, allocated, filled = alloc.cache, self.allocated, self.filled
+        allocated, filled = self.allocated, self.filled
         keys = self.in_use | cache.keys()
         for key in keys:
             want = cache.get(key, 0.0)
             want = want if want > 0.0 else 0.0  # max(0, want)
             allocated[key] = want
             if filled[key] > want:
-                self._evict(key, want, self._unit_readers().get(key, []))
+                self._evict(key, want, self.readers.get(key, []))
         self.in_use = {k for k in keys if allocated[k] > 0 or filled[k] > 0}
 
     def _evict(self, key: str, keep: float, readers: list[_Job]) -> None:
@@ -965,27 +1014,7 @@ class Simulation:
         else y is min(y, x) to the bit)."""
         now = self.now
         lru = self.lru
-        demand = self.demand
-        for job in self.running.values():
-            if job.t < now:
-                self._sync(job)
-            if lru:
-                hit = self._hit(job)
-            else:  # _hit, uniform caching
-                job.boundary = math.inf
-                unread = job.size - job.pos
-                if not unread > 0.0:
-                    unread = 0.0
-                if unread <= job.eps:
-                    hit = self._filled_now(job.unit) / job.size
-                else:
-                    hit = job.effective / unread
-                if not hit < 1.0:
-                    hit = 1.0
-            job.hit = hit
-            need = job.share * job.spec.ideal_io * (1.0 - hit)
-            cap = job.io_cap
-            demand[job.name] = need if cap is None or not cap < need else cap
+        demand = self.demand  # (found by _apply)
         link = self.scenario.remote_io
         contended = sum(demand.values()) > link
         self._wf_build()
@@ -1254,7 +1283,10 @@ class Simulation:
         self.demand.pop(job.name, None)
         self.wf = None
         self.touched.pop(job.name, None)
-        self._readers = None
+        group = self.readers[job.unit]
+        del group[next(i for i, other in enumerate(group) if other is job)]  # (not ==)
+        if not group:
+            del self.readers[job.unit]
         self.dirty = self.jobs_moved = True
 
     def _close_epoch(self, job: _Job) -> None:
@@ -1273,7 +1305,7 @@ class Simulation:
             held = self.resident.get(job.spec.dataset, 0.0)
             job.first_hit = min(1.0, held / job.size)
             self.active[job.name] = job
-            self._readers = None
+            self.readers.setdefault(job.unit, []).append(job)
             self.dirty = self.jobs_moved = True
 
     # ---------------------------------------------------------------- results
