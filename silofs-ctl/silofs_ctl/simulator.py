@@ -168,7 +168,10 @@ def _finite(x: float) -> float | None:
     return None if math.isnan(x) else x
 
 
-@dataclass
+# slots: the event loop reads and writes these fields for every active job at every
+# re-plan, and slot access is the cheaper one; eq=False: a job is itself alone (it is
+# found in lists by identity, and hashes as itself).
+@dataclass(slots=True, eq=False)
 class _Job:
     spec: JobSpec
     unit: str
