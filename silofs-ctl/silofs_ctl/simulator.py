@@ -37,7 +37,7 @@ from itertools import accumulate, compress, count
 from operator import gt, itemgetter, sub, truediv
 
 from . import sim_lru
-from .estimator import ComputeEstimator, Estimator, SiloDEstimator, equal_share_perf
+from .estimator import ComputeEstimator, Estimator, SiloDEstimator
 from .model import POOL, Allocation, CacheUnit, Cluster, Job
 from .policies import CACHES, SCHEDULERS
 from .policies.base import HITS, REMAINING, CachePolicy, Policy
@@ -201,7 +201,6 @@ class _Job:
     seq: int = -1  # its latest event in Simulation.events; -1: none
     event_boundary: float = math.inf  # the LRU boundary that event was computed with
     lru_held: float = -1.0  # LRU: the dataset's holding its hit ratio was computed with
-    reference: Job | None = None  # its view for the fairness reference (_reference_view)
     view: Job | None = None  # its policy view, kept while the plan reads nothing (_view)
     # Fixed for the job's life; plain attributes because the event loop reads them for
     # every active job at every step.
@@ -275,6 +274,7 @@ class Simulation:
         # Active jobs by the unit they read, in arrival order (a unit without one has no
         # entry): kept as jobs arrive and leave.
         self.readers: dict[str, list[_Job]] = {}
+        self.dataset_readers: dict[str, int] = {}  # active jobs per dataset
         self.filled: dict[str, float] = {key: 0.0 for key in self.cluster.units}
         self.allocated: dict[str, float] = {key: 0.0 for key in self.cluster.units}
         self.in_use: set[str] = set()  # units allocated or holding bytes (see _apply)
@@ -536,13 +536,7 @@ class Simulation:
         # filling, an epoch starting) keep it.
         names = tuple(self.active)
         if names != self.equal_for:
-            equal = equal_share_perf(
-                [j.reference or self._reference_view(j) for j in active],
-                self.reference,
-                SiloDEstimator(),
-            )
-            for job in active:
-                job.equal_rate = equal[job.name]
+            self._equal_rates(active)
             self.equal_for = names
         self.dirty = False
         # Jobs whose rate stays keep their event; the sums kept by adding differences
@@ -672,14 +666,40 @@ class Simulation:
         )
         return view
 
-    def _reference_view(self, job: _Job) -> Job:
-        """The job as the fairness reference sees it: fixed for its life, so made once."""
-        if job.reference is None:
+    def _equal_rates(self, active: list[_Job]) -> None:
+        """Each active job's equal-share rate: equal_share_perf of its reference view on
+        the reference cluster with SiloD's estimator, in closed form for that cluster (one
+        pool; a unit per dataset, read whole). The equal cache of a dataset is its readers'
+        per-reader shares added up, m * share here (equal_share_perf adds them one by one:
+        the same to rounding); a job's rate then follows from its dataset and GPUs."""
+        ref = self.reference
+        n = len(active)
+        if not n:
+            return
+        gpus = ref.total_gpus / n
+        per_reader = ref.pools.get(POOL, 0.0) / n
+        io = ref.remote_io / n
+        io_inf = math.isinf(io)
+        units = ref.units
+        miss: dict[str, float] = {}  # per dataset, 1 - min(1, c/d) (0: an empty dataset)
+        for dataset, m in self.dataset_readers.items():
+            size = units[dataset].size
+            held = m * per_reader
+            miss[dataset] = 0.0 if size <= 0 or not held < size else 1.0 - held / size
+        for job in active:
             spec = job.spec
-            job.reference = Job(
-                job.name, spec.dataset, spec.gpus, spec.ideal_io, {spec.dataset: 1.0}
-            )
-        return job.reference
+            share = 1.0
+            if spec.gpus > 0:
+                share = gpus / spec.gpus
+                if not share < 1.0:  # min(1, gpus / job.gpus)
+                    share = 1.0
+            value = f = share * spec.ideal_io
+            part = miss[spec.dataset]
+            if part > 0.0 and not io_inf:
+                value = io / part
+                if not value < f:
+                    value = f
+            job.equal_rate = value if value > 0 else f
 
     def _room(self, key: str) -> bool:
         """Can unit `key` still admit bytes (uniform caching)?"""
@@ -1290,6 +1310,10 @@ class Simulation:
         del group[next(i for i, other in enumerate(group) if other is job)]  # (not ==)
         if not group:
             del self.readers[job.unit]
+        dataset = job.spec.dataset
+        self.dataset_readers[dataset] -= 1
+        if not self.dataset_readers[dataset]:
+            del self.dataset_readers[dataset]
         self.dirty = self.jobs_moved = True
 
     def _close_epoch(self, job: _Job) -> None:
@@ -1309,6 +1333,8 @@ class Simulation:
             job.first_hit = min(1.0, held / job.size)
             self.active[job.name] = job
             self.readers.setdefault(job.unit, []).append(job)
+            dataset = job.spec.dataset
+            self.dataset_readers[dataset] = self.dataset_readers.get(dataset, 0) + 1
             self.dirty = self.jobs_moved = True
 
     # ---------------------------------------------------------------- results
