@@ -41,6 +41,7 @@ from .estimator import ComputeEstimator, Estimator, SiloDEstimator
 from .model import POOL, Allocation, CacheUnit, Cluster, Job
 from .policies import CACHES, SCHEDULERS
 from .policies.base import HITS, REMAINING, CachePolicy, Policy
+from .policies.gavel import GavelPolicy
 from .scenario import JobSpec, Scenario
 
 log = logging.getLogger(__name__)
@@ -251,6 +252,8 @@ class Simulation:
         self.scenario = scenario
         self.scheduler_name, self.cache_name = scheduler, cache
         self.policy: Policy = SCHEDULERS[scheduler]()
+        if isinstance(self.policy, GavelPolicy) and cache == "alluxio":
+            self.policy.closed_form = False  # (see GavelPolicy)
         self.cache_policy: CachePolicy | None = None if cache == "silod" else CACHES[cache]()
         self.estimator: Estimator = SiloDEstimator() if cache == "silod" else ComputeEstimator()
         # What the policies' plan depends on besides the set of jobs (policies/base.py
