@@ -915,7 +915,11 @@ class Simulation:
         """self.wf made from self.demand: sorted by demand, ties in the dict's order."""
         names = list(self.demand)
         self.wf_pos = dict(zip(names, range(len(names)), strict=True))
-        self.wf = sorted(zip(self.demand.values(), range(len(names)), names, strict=True))
+        # Keyed by the demand alone (float keys compare fastest) and stable: ties stay in
+        # position order, as sorting the whole (demand, position, name) tuples gives.
+        self.wf = sorted(
+            zip(self.demand.values(), range(len(names)), names, strict=True), key=itemgetter(0)
+        )
 
     def _wf_move(self, name: str, old: float | None, new: float) -> None:
         """Keep self.wf in step with one demand moving from `old` (None: new)."""
