@@ -30,7 +30,7 @@ from __future__ import annotations
 import heapq
 import logging
 import math
-from bisect import bisect_left, insort
+from bisect import bisect_left, bisect_right
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from itertools import accumulate, compress, count
@@ -324,6 +324,7 @@ class Simulation:
         # (demand, position in self.demand, name) ascending (a stable sort by demand);
         # None: to be made again from self.demand (see _wf_build, _wf_divide).
         self.wf: list[tuple[float, int, str]] | None = None
+        self.wf_values: list[float] = []  # the demands of self.wf, in its order
         self.wf_pos: dict[str, int] = {}
         self.contended = False  # demands exceeded the link at the last water fill
         # The water level of that fill when contended: the share of every demand above it.
@@ -896,11 +897,13 @@ class Simulation:
                 # demand now or was at the last division, its share is that same demand;
                 # and one held at both, at the same fair level, keeps that level.
                 changed = {job.name for job in jobs}
-                others: Iterable[str] = (*capped, *self.capped)
                 if fair is not None and fair == self.fair:
                     now, was = set(capped), set(self.capped)
                     others = sorted((now - was) | (was - now))  # sorted: a fixed order
-                self._rerate_others(others, bound, fair, changed)
+                    self._rerate_others(others, bound, fair, changed)
+                else:  # the ones held now (at fair), then the ones held before
+                    self._rerate_others(capped, bound, fair, changed, held=True)
+                    self._rerate_others(self.capped, bound, fair, changed)
             self.capped, self.fair = capped, fair
         else:
             # Every demand is met (water_fill would give each its demand).
@@ -917,9 +920,10 @@ class Simulation:
         self.wf_pos = dict(zip(names, range(len(names)), strict=True))
         # Keyed by the demand alone (float keys compare fastest) and stable: ties stay in
         # position order, as sorting the whole (demand, position, name) tuples gives.
-        self.wf = sorted(
+        self.wf = wf = sorted(
             zip(self.demand.values(), range(len(names)), names, strict=True), key=itemgetter(0)
         )
+        self.wf_values = list(map(itemgetter(0), wf))
 
     def _wf_move(self, name: str, old: float | None, new: float) -> None:
         """Keep self.wf in step with one demand moving from `old` (None: new)."""
@@ -930,8 +934,13 @@ class Simulation:
         if old is None or pos is None:
             self.wf = None  # a new name: its place in the dict's order is the last
             return
-        del wf[bisect_left(wf, (old, pos))]
-        insort(wf, (new, pos, name))
+        values = self.wf_values
+        at = bisect_left(wf, (old, pos))
+        del wf[at], values[at]
+        item = (new, pos, name)
+        at = bisect_right(wf, item)  # (insort's place)
+        wf.insert(at, item)
+        values.insert(at, new)
 
     def _wf_divide(self, link: float) -> tuple[int, float | None, float]:
         """water_fill_capped(link, self.demand) from the kept order: the position in
@@ -944,7 +953,7 @@ class Simulation:
         wf = self.wf
         assert wf is not None
         n = len(wf)
-        values = list(map(itemgetter(0), wf))
+        values = self.wf_values
         if math.isinf(link):
             return n, None, values[-1] if n else 0.0
         lefts = list(accumulate(values, sub, initial=link))
@@ -961,11 +970,14 @@ class Simulation:
         bound: tuple[float, int] | None,
         fair: float | None,
         changed: set[str],
+        held: bool = False,
     ) -> None:
         """_sync and _set_rate, inlined, for each job in `others` whose link share moved
         (a level change moves every job held at the level: _rerate's hot loop). The same
         arithmetic in the same order; a share that moved always moves the job's remote,
-        so _set_rate's keep-the-event case cannot arise."""
+        so _set_rate's keep-the-event case cannot arise. held: every one of `others` is
+        known to be held at the level (the capped of this division), so its share is
+        fair without comparing it with the bound."""
         now, lru = self.now, self.lru
         running, growing, filling = self.running, self.growing, self.filling
         inflows, events, log_rates = self.inflow, self.events, self.job_rates is not None
@@ -973,11 +985,16 @@ class Simulation:
         push, inf = heapq.heappush, math.inf
         demand, pos = self.demand, self.wf_pos
         for name in others:
-            share = demand.get(name)  # (None: it left)
-            if share is None or name in changed:
-                continue
-            if bound is not None and (share, pos[name]) >= bound:
-                share = fair  # held at the level
+            if held:  # (every one of `others` is held at the level)
+                if name in changed:
+                    continue
+                share = fair
+            else:
+                share = demand.get(name)  # (None: it left)
+                if share is None or name in changed:
+                    continue
+                if bound is not None and (share, pos[name]) >= bound:
+                    share = fair  # held at the level
             job = running[name]
             hit = job.hit
             if share == job.remote or not hit < 1.0 - 1e-12:
