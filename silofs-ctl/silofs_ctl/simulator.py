@@ -203,6 +203,12 @@ class _Job:
     event_boundary: float = math.inf  # the LRU boundary that event was computed with
     lru_held: float = -1.0  # LRU: the dataset's holding its hit ratio was computed with
     view: Job | None = None  # its policy view, kept while the plan reads nothing (_view)
+    # Held at the link's level on the level clock (Simulation.held): its rate and remote
+    # are then level / (1 - hit) and level, not the fields above, and it read
+    # (vclock - v) / (1 - hit) bytes since t.
+    held: bool = False
+    v: float = 0.0
+    held_k: float = 0.0  # 1 / (1 - hit) when it joined (what held_k sums)
     # Fixed for the job's life; plain attributes because the event loop reads them for
     # every active job at every step.
     name: str = field(init=False)
@@ -231,6 +237,12 @@ class Simulation:
     share moved). Between two updates a job's rate, remote IO and hit ratio are constant,
     so bringing it up to date over many steps at once is the same arithmetic as doing it
     step by step. A re-plan brings everything up to date and recomputes every rate.
+
+    Under LRU (and without per-job rate logs) the jobs held at the link's fair level are
+    on a level clock (self.held, _held_enter): a move of the level that keeps them held
+    costs the units they read, not each of them; their progress is the integral of the
+    level since they were last brought to now (the same to rounding as adding rate x dt
+    at each move) and their events are marks on that integral (self.vevents).
     """
 
     def __init__(
@@ -332,6 +344,20 @@ class Simulation:
         self.capped: list[str] = []  # the jobs held below their demand by that fill
         self.fair: float | None = None  # the level they were held at
         self.total_rate = self.total_remote = 0.0
+        # The level clock (LRU pools, without per-job rate logs): the jobs held at the
+        # link's level whose division did not move them out are not re-rated when the
+        # level moves; each reads level / (1 - hit), so its progress is the integral of
+        # the level since it was last brought to now (vclock, the integral since t=0),
+        # and its next event is where vclock reaches a mark (vevents, like events but in
+        # vclock). hfair is their remote (the fair level they are held at); the inflows
+        # and the totals count them at it. Re-plans let them all go first.
+        self.clocked = False  # set per plan: self.lru and no job_rates
+        self.held: dict[str, _Job] = {}
+        self.held_units: dict[str, int] = {}  # held jobs per unit
+        self.held_k = 0.0  # sum of their 1 / (1 - hit)
+        self.hfair = 0.0
+        self.vclock = 0.0
+        self.vevents: list[tuple[float, int, _Job]] = []
 
     def request_stop(self) -> None:
         self.stop_requested = True
@@ -349,6 +375,7 @@ class Simulation:
             dt = self._step()
             self._record()
             self.now += dt
+            self.vclock += self.hfair * dt
             self._shared_fill()
             self._boundaries()
             self.steps += 1
@@ -367,6 +394,11 @@ class Simulation:
             heapq.heappop(events)  # stale
         if events:
             soonest = min(soonest, events[0][0])
+        vevents = self.vevents
+        while vevents and vevents[0][1] != vevents[0][2].seq:
+            heapq.heappop(vevents)  # stale
+        if vevents and self.hfair > 0:
+            soonest = min(soonest, self.now + (vevents[0][0] - self.vclock) / self.hfair)
         soonest -= self.now
         if not self.lru and self.filling:
             readers = self._unit_readers()
@@ -412,6 +444,16 @@ class Simulation:
             return
         job.t = self.now
         job.equal_integral += job.equal_rate * dt  # waiting counts: fairness is over its life
+        if job.held:  # (LRU: no H to keep)
+            fetched = self.vclock - job.v
+            job.v = self.vclock
+            got = fetched / (1.0 - job.hit)
+            job.read += got
+            job.pos += got
+            job.hit_bytes += got * job.hit
+            job.epoch_hits += got * job.hit
+            job.remote_bytes += fetched
+            return
         rate = job.rate
         if rate <= 0:
             return
@@ -528,6 +570,7 @@ class Simulation:
             return
         self.plans += 1
         self.jobs_moved = False
+        self._held_dissolve()
         self._sync_units()
         active = list(self.active.values())
         views = self._plan_views(active)
@@ -853,6 +896,8 @@ class Simulation:
         held = self.contended and not everyone
         for job in jobs:
             self._sync(job)
+            if job.held:
+                self._held_exit(job)  # its hit ratio may move: re-rated as any other
             if job.share <= 0:
                 continue
             job.hit = self._hit(job)
@@ -873,6 +918,8 @@ class Simulation:
             for job in jobs:
                 if job.share > 0:
                     self._set_rate(job, min(level, self.demand[job.name]))
+                    if self.clocked and job.name in self.capped:
+                        self._held_enter(job)
             return
         link = self.scenario.remote_io
         contended = sum(self.demand.values()) > link
@@ -885,6 +932,8 @@ class Simulation:
             capped = list(map(itemgetter(2), wf[first:]))
             bound = wf[first][:2] if fair is not None else None
             self.level = top if contended else math.inf
+            if self.clocked:
+                self._held_level(fair, capped)
             pos = self.wf_pos
             for job in jobs:
                 if job.share > 0:
@@ -904,15 +953,116 @@ class Simulation:
                 else:  # the ones held now (at fair), then the ones held before
                     self._rerate_others(capped, bound, fair, changed, held=True)
                     self._rerate_others(self.capped, bound, fair, changed)
+            if self.clocked:
+                running = self.running
+                for name in capped:
+                    self._held_enter(running[name])
             self.capped, self.fair = capped, fair
         else:
             # Every demand is met (water_fill would give each its demand).
             self.level = math.inf
+            if self.clocked:
+                self._held_level(None, [])
             for job in jobs:
                 if job.share > 0:
                     self._set_rate(job, self.demand[job.name])
             self.capped, self.fair = [], None
         self.contended = contended
+
+    # ------------------------------------------------------------ level clock
+
+    def _held_enter(self, job: _Job) -> None:
+        """Put a running job (brought to now, its remote the fair level hfair) on the
+        level clock, if it may go: its rate is then hfair / (1 - hit) while it is held."""
+        hit = job.hit
+        if (
+            job.held
+            or not hit < 1.0 - 1e-12
+            or job.remote != self.hfair
+            or not job.remote > 0.0
+            or job.rate != job.remote / (1.0 - hit)  # (not held back by its GPU share)
+        ):
+            return
+        job.held = True
+        job.v = self.vclock
+        self.held[job.name] = job
+        job.held_k = k = 1.0 / (1.0 - hit)
+        self.held_k += k
+        self.held_units[job.unit] = self.held_units.get(job.unit, 0) + 1
+        self.seq += 1
+        job.seq = self.seq
+        job.event_boundary = boundary = job.boundary
+        heapq.heappush(
+            self.vevents, (self.vclock + self._until(job, boundary) * (1.0 - hit), self.seq, job)
+        )
+
+    def _held_exit(self, job: _Job) -> None:
+        """Take a job off the level clock: brought to now, its rate and remote written out
+        (and counted so in the inflows and totals, which held it at them already), with
+        its next event in time."""
+        self._sync(job)
+        job.held = False
+        del self.held[job.name]
+        self.held_k -= job.held_k
+        count = self.held_units[job.unit] - 1
+        if count:
+            self.held_units[job.unit] = count
+        else:
+            del self.held_units[job.unit]
+        if not self.held:
+            self.held_k = 0.0  # (no rounding left over)
+        job.remote = remote = self.hfair
+        job.rate = rate = remote / (1.0 - job.hit)
+        self.seq += 1
+        job.seq = self.seq
+        job.event_boundary = boundary = job.boundary
+        if rate > 0:
+            until = self._until(job, boundary)
+            heapq.heappush(self.events, (self.now + until / rate, self.seq, job))
+
+    def _held_level(self, fair: float | None, capped: list[str]) -> None:
+        """A new division of the link: the held jobs it does not hold (not in `capped`)
+        leave the clock at the old level; the others, and the inflows and totals that
+        count them, move to the new level `fair`."""
+        held = self.held
+        if held:
+            if fair is None:
+                for job in list(held.values()):
+                    self._held_exit(job)
+            else:
+                keep = set(capped)
+                for job in [j for name, j in held.items() if name not in keep]:
+                    self._held_exit(job)
+        step = (fair if fair is not None else 0.0) - self.hfair
+        if held and step:
+            inflows, growing = self.inflow, self.growing
+            for unit, count in self.held_units.items():
+                if unit in growing:
+                    self._sync_unit(unit)
+                inflow = inflows.get(unit, 0.0) + count * step
+                inflows[unit] = inflow if inflow > 1e-9 else 0.0
+            self.total_remote += step * len(held)
+            self.total_rate += step * self.held_k
+        self.hfair = fair if fair is not None else 0.0
+
+    def _held_dissolve(self) -> None:
+        """Every held job off the level clock (a re-plan re-rates them all)."""
+        for job in list(self.held.values()):
+            self._held_exit(job)
+        self.vevents = []
+        self.held_k = 0.0
+
+    def _until(self, job: _Job, boundary: float) -> float:
+        """Bytes to the job's next event: its end, its epoch's, its LRU segment's."""
+        until = job.work - job.read
+        left = job.size - job.pos
+        if left < until:
+            until = left
+        if boundary < math.inf:
+            left = boundary * job.size - job.pos
+            if left < until:
+                until = left
+        return until if until > 0.0 else 0.0
 
     def _wf_build(self) -> None:
         """self.wf made from self.demand: sorted by demand, ties in the dict's order."""
@@ -996,6 +1146,8 @@ class Simulation:
                 if bound is not None and (share, pos[name]) >= bound:
                     share = fair  # held at the level
             job = running[name]
+            if job.held:
+                continue  # on the level clock: nothing to write out
             hit = job.hit
             if share == job.remote or not hit < 1.0 - 1e-12:
                 continue
@@ -1140,6 +1292,13 @@ class Simulation:
         self.total_rate, self.total_remote = total_rate, total_remote
         self.capped, self.fair = capped, fair
         self.contended = contended
+        # (the held jobs were let go before the plan: _reschedule)
+        self.clocked = lru and not log_rates
+        self.hfair = fair if fair is not None else 0.0
+        if self.clocked:
+            running = self.running
+            for name in capped:
+                self._held_enter(running[name])
         return worst, total
 
     def _set_rate(self, job: _Job, share: float) -> None:
@@ -1266,12 +1425,17 @@ class Simulation:
                     self.touched[other.name] = other
 
     def _boundaries(self) -> None:
-        events = self.events
-        due = self.now + 1e-9 * max(1.0, self.now)
-        while events and events[0][0] <= due:
-            _, seq, job = heapq.heappop(events)
-            if seq != job.seq:
-                continue
+        due_jobs = []
+        tol = 1e-9 * max(1.0, self.now)
+        for events, due in (
+            (self.events, self.now + tol),
+            (self.vevents, self.vclock + self.hfair * tol),  # (the same tolerance in time)
+        ):
+            while events and events[0][0] <= due:
+                _, seq, job = heapq.heappop(events)
+                if seq == job.seq:
+                    due_jobs.append(job)
+        for job in due_jobs:
             job.seq = -1  # consumed: _set_rate pushes the next one
             self._sync(job)
             self.touched[job.name] = job
@@ -1314,6 +1478,8 @@ class Simulation:
         self._arrivals()
 
     def _leave(self, job: _Job) -> None:
+        if job.held:
+            self._held_exit(job)
         self._sync_unit(job.unit)
         inflow = self.inflow.get(job.unit, 0.0) - job.remote
         self.inflow[job.unit] = inflow if inflow > 1e-9 else 0.0
@@ -1379,6 +1545,7 @@ class Simulation:
         self.timeline.append((self.now, rate, remote))
 
     def _result(self) -> SimResult:
+        self._held_dissolve()
         self._sync_all()
         jobs = [
             JobResult(
