@@ -358,6 +358,7 @@ class Simulation:
         self.hfair = 0.0
         self.vclock = 0.0
         self.vevents: list[tuple[float, int, _Job]] = []
+        self.clock_entries = 0  # jobs put on the level clock (for tests and profiles)
 
     def request_stop(self) -> None:
         self.stop_requested = True
@@ -986,6 +987,7 @@ class Simulation:
         job.held = True
         job.v = self.vclock
         self.held[job.name] = job
+        self.clock_entries += 1
         job.held_k = k = 1.0 / (1.0 - hit)
         self.held_k += k
         self.held_units[job.unit] = self.held_units.get(job.unit, 0) + 1
