@@ -1220,15 +1220,17 @@ class Simulation:
         contended = sum(demand.values()) > link
         self._wf_build()
         first, fair, top = self._wf_divide(link)
-        wf, pos = self.wf, self.wf_pos
+        wf = self.wf
         assert wf is not None
         capped = list(map(itemgetter(2), wf[first:]))
-        bound = wf[first][:2] if fair is not None else None
+        # the demands from `first` on are held at the level: those of `capped`
+        held = set(capped)
         self.level = top if contended else math.inf
         unit_t, growing = self.unit_t, self.growing
         events, log_rates = self.events, self.job_rates is not None
         push = heapq.heappush
         inf = math.inf
+        seq = self.seq
         inflow: dict[str, float] = {}
         total_rate = total_remote = 0.0
         worst, total = math.inf, 0.0
@@ -1240,9 +1242,8 @@ class Simulation:
                 if hit >= 1.0 - 1e-12:
                     rate, remote = gpu_rate, 0.0
                 else:
-                    remote = demand[job.name]
-                    if bound is not None and (remote, pos[job.name]) >= bound:
-                        remote = fair  # held at the level
+                    name = job.name
+                    remote = fair if name in held else demand[name]
                     rate = remote / (1.0 - hit)
                     if not rate < gpu_rate:
                         rate = gpu_rate
@@ -1258,8 +1259,8 @@ class Simulation:
                     if log_rates:
                         self._log_rate(job, rate)
                     job.rate, job.remote = rate, remote
-                    self.seq += 1
-                    job.seq = self.seq
+                    seq += 1
+                    job.seq = seq
                     job.event_boundary = boundary = job.boundary
                     if rate > 0:
                         until = job.work - job.read
@@ -1271,7 +1272,7 @@ class Simulation:
                             if left < until:
                                 until = left
                         until = until if until > 0.0 else 0.0
-                        push(events, (now + until / rate, self.seq, job))
+                        push(events, (now + until / rate, seq, job))
             # the sums and the fairness point
             rate = job.rate
             equal_rate = job.equal_rate
@@ -1290,6 +1291,7 @@ class Simulation:
             for job in active:
                 if job.share <= 0:
                     self._log_rate(job, 0.0)
+        self.seq = seq
         self.inflow = inflow
         self.total_rate, self.total_remote = total_rate, total_remote
         self.capped, self.fair = capped, fair
