@@ -7,7 +7,7 @@ wall time of simulating each under every scheduler x cache pair:
 - heavy: the same cluster and span, jobs of 0.5-96 h, so the GPU-hours asked for are
   at least 0.85 of what the cluster has (printed as the offered load).
 
-Never: changes what the simulator does, or checks its results (the tests do). Prints a
+Never: changes what the simulator does, or judges its results (the tests do). Prints a
 table: trace, pair, wall and CPU seconds (CPU time is the figure to compare on a busy
 machine), steps (events simulated), plans (policy runs: a re-plan that keeps the last
 plan because nothing the policy reads moved is not one), and the average JCT so that
@@ -24,6 +24,11 @@ With --git-rev, each pair also runs against that revision's silofs-ctl (unpacked
 `git archive` into a temp dir; the working tree is left alone), one subprocess per pair
 and trace so that --timeout can stop a pair that takes too long (shown as ">N"); the
 table then shows both CPU times and the speed-up, and both average JCTs (sameness).
+--check (with --git-rev) also compares the two runs job by job: the largest relative
+difference of a finish time ("finish rel"), and whether average JCT and average fairness
+agree to 6 significant digits; a pair that does not is marked DIFFERS.
+
+    python bench/simulate_speed.py --jobs 400 --git-rev main --check
 """
 
 from __future__ import annotations
@@ -89,7 +94,26 @@ def run_pair(scenario: Scenario, pair: str, profile: bool) -> dict:
         "steps": getattr(sim, "steps", None),
         "plans": getattr(sim, "plans", None),
         "avg_jct_h": result.avg_jct / 3600,
+        "avg_fairness": result.avg_fairness,
+        "finishes": {j.name: j.finish for j in result.jobs},
     }
+
+
+def sameness(new: dict, old: dict) -> tuple[float, bool]:
+    """The largest relative difference of a job's finish time between two runs, and
+    whether average JCT and fairness agree to 6 significant digits (and the same jobs
+    finished)."""
+    worst = 0.0
+    same = new["finishes"].keys() == old["finishes"].keys()
+    for name, finish in new["finishes"].items():
+        other = old["finishes"].get(name)
+        if finish is None or other is None:
+            same = same and finish is other
+            continue
+        worst = max(worst, abs(finish - other) / max(abs(other), 1e-300))
+    for key in ("avg_jct_h", "avg_fairness"):
+        same = same and f"{new[key]:.6g}" == f"{old[key]:.6g}"
+    return worst, same
 
 
 def unpack(rev: str, into: str) -> str:
@@ -134,6 +158,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument(
         "--timeout", type=float, default=600.0, help="wall seconds for one pair of --git-rev"
     )
+    parser.add_argument(
+        "--check", action="store_true", help="with --git-rev: compare every job's finish"
+    )
     parser.add_argument("--json", action="store_true", help=argparse.SUPPRESS)  # for --git-rev
     args = parser.parse_args(argv)
     if args.profile:
@@ -152,6 +179,8 @@ def main(argv: list[str]) -> int:
     )
     if args.git_rev:
         head += f" {'before cpu':>11} {'speed-up':>8} {'before JCT':>10}"
+        if args.check:
+            head += f" {'finish rel':>10}"
     print(head)
     worst = 0.0
     try:
@@ -181,6 +210,9 @@ def main(argv: list[str]) -> int:
                             f" {old['cpu']:10.1f}s {old['cpu'] / max(row['cpu'], 1e-9):7.1f}x "
                             f"{old['avg_jct_h']:9.2f}h"
                         )
+                        if args.check:
+                            rel, same = sameness(row, old)
+                            line += f" {rel:10.1e}" + ("" if same else " DIFFERS")
                 print(line, flush=True)
     finally:
         if tmp:

@@ -30,17 +30,18 @@ from __future__ import annotations
 import heapq
 import logging
 import math
-from bisect import bisect_left, insort
+from bisect import bisect_left, bisect_right
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from itertools import accumulate, compress, count
 from operator import gt, itemgetter, sub, truediv
 
 from . import sim_lru
-from .estimator import ComputeEstimator, Estimator, SiloDEstimator, equal_share_perf
+from .estimator import ComputeEstimator, Estimator, SiloDEstimator
 from .model import POOL, Allocation, CacheUnit, Cluster, Job
 from .policies import CACHES, SCHEDULERS
 from .policies.base import HITS, REMAINING, CachePolicy, Policy
+from .policies.gavel import GavelPolicy
 from .scenario import JobSpec, Scenario
 
 log = logging.getLogger(__name__)
@@ -168,7 +169,10 @@ def _finite(x: float) -> float | None:
     return None if math.isnan(x) else x
 
 
-@dataclass
+# slots: the event loop reads and writes these fields for every active job at every
+# re-plan, and slot access is the cheaper one; eq=False: a job is itself alone (it is
+# found in lists by identity, and hashes as itself).
+@dataclass(slots=True, eq=False)
 class _Job:
     spec: JobSpec
     unit: str
@@ -198,8 +202,13 @@ class _Job:
     seq: int = -1  # its latest event in Simulation.events; -1: none
     event_boundary: float = math.inf  # the LRU boundary that event was computed with
     lru_held: float = -1.0  # LRU: the dataset's holding its hit ratio was computed with
-    reference: Job | None = None  # its view for the fairness reference (_reference_view)
     view: Job | None = None  # its policy view, kept while the plan reads nothing (_view)
+    # Held at the link's level on the level clock (Simulation.held): its rate and remote
+    # are then level / (1 - hit) and level, not the fields above, and it read
+    # (vclock - v) / (1 - hit) bytes since t.
+    held: bool = False
+    v: float = 0.0
+    held_k: float = 0.0  # 1 / (1 - hit) when it joined (what held_k sums)
     # Fixed for the job's life; plain attributes because the event loop reads them for
     # every active job at every step.
     name: str = field(init=False)
@@ -228,6 +237,12 @@ class Simulation:
     share moved). Between two updates a job's rate, remote IO and hit ratio are constant,
     so bringing it up to date over many steps at once is the same arithmetic as doing it
     step by step. A re-plan brings everything up to date and recomputes every rate.
+
+    Under LRU (and without per-job rate logs) the jobs held at the link's fair level are
+    on a level clock (self.held, _held_enter): a move of the level that keeps them held
+    costs the units they read, not each of them; their progress is the integral of the
+    level since they were last brought to now (the same to rounding as adding rate x dt
+    at each move) and their events are marks on that integral (self.vevents).
     """
 
     def __init__(
@@ -249,6 +264,8 @@ class Simulation:
         self.scenario = scenario
         self.scheduler_name, self.cache_name = scheduler, cache
         self.policy: Policy = SCHEDULERS[scheduler]()
+        if isinstance(self.policy, GavelPolicy) and cache == "alluxio":
+            self.policy.closed_form = False  # (see GavelPolicy)
         self.cache_policy: CachePolicy | None = None if cache == "silod" else CACHES[cache]()
         self.estimator: Estimator = SiloDEstimator() if cache == "silod" else ComputeEstimator()
         # What the policies' plan depends on besides the set of jobs (policies/base.py
@@ -269,7 +286,10 @@ class Simulation:
         self.all = list(reversed(self.pending))
         self.active: dict[str, _Job] = {}  # in arrival order
         self.running: dict[str, _Job] = {}  # active jobs with GPUs
-        self._readers: dict[str, list[_Job]] | None = None  # by unit; None: rebuild
+        # Active jobs by the unit they read, in arrival order (a unit without one has no
+        # entry): kept as jobs arrive and leave.
+        self.readers: dict[str, list[_Job]] = {}
+        self.dataset_readers: dict[str, int] = {}  # active jobs per dataset
         self.filled: dict[str, float] = {key: 0.0 for key in self.cluster.units}
         self.allocated: dict[str, float] = {key: 0.0 for key in self.cluster.units}
         self.in_use: set[str] = set()  # units allocated or holding bytes (see _apply)
@@ -316,6 +336,7 @@ class Simulation:
         # (demand, position in self.demand, name) ascending (a stable sort by demand);
         # None: to be made again from self.demand (see _wf_build, _wf_divide).
         self.wf: list[tuple[float, int, str]] | None = None
+        self.wf_values: list[float] = []  # the demands of self.wf, in its order
         self.wf_pos: dict[str, int] = {}
         self.contended = False  # demands exceeded the link at the last water fill
         # The water level of that fill when contended: the share of every demand above it.
@@ -323,6 +344,21 @@ class Simulation:
         self.capped: list[str] = []  # the jobs held below their demand by that fill
         self.fair: float | None = None  # the level they were held at
         self.total_rate = self.total_remote = 0.0
+        # The level clock (LRU pools, without per-job rate logs): the jobs held at the
+        # link's level whose division did not move them out are not re-rated when the
+        # level moves; each reads level / (1 - hit), so its progress is the integral of
+        # the level since it was last brought to now (vclock, the integral since t=0),
+        # and its next event is where vclock reaches a mark (vevents, like events but in
+        # vclock). hfair is their remote (the fair level they are held at); the inflows
+        # and the totals count them at it. Re-plans let them all go first.
+        self.clocked = False  # set per plan: self.lru and no job_rates
+        self.held: dict[str, _Job] = {}
+        self.held_units: dict[str, int] = {}  # held jobs per unit
+        self.held_k = 0.0  # sum of their 1 / (1 - hit)
+        self.hfair = 0.0
+        self.vclock = 0.0
+        self.vevents: list[tuple[float, int, _Job]] = []
+        self.clock_entries = 0  # jobs put on the level clock (for tests and profiles)
 
     def request_stop(self) -> None:
         self.stop_requested = True
@@ -340,6 +376,7 @@ class Simulation:
             dt = self._step()
             self._record()
             self.now += dt
+            self.vclock += self.hfair * dt
             self._shared_fill()
             self._boundaries()
             self.steps += 1
@@ -358,6 +395,11 @@ class Simulation:
             heapq.heappop(events)  # stale
         if events:
             soonest = min(soonest, events[0][0])
+        vevents = self.vevents
+        while vevents and vevents[0][1] != vevents[0][2].seq:
+            heapq.heappop(vevents)  # stale
+        if vevents and self.hfair > 0:
+            soonest = min(soonest, self.now + (vevents[0][0] - self.vclock) / self.hfair)
         soonest -= self.now
         if not self.lru and self.filling:
             readers = self._unit_readers()
@@ -391,14 +433,8 @@ class Simulation:
         return max(0.0, soonest)
 
     def _unit_readers(self) -> dict[str, list[_Job]]:
-        """Active jobs by the unit they read, in arrival order. Kept until the active set
-        changes (arrivals and completions reset it)."""
-        if self._readers is None:
-            out: dict[str, list[_Job]] = {}
-            for job in self.active.values():
-                out.setdefault(job.unit, []).append(job)
-            self._readers = out
-        return self._readers
+        """Active jobs by the unit they read, in arrival order."""
+        return self.readers
 
     # ------------------------------------------------------ bringing up to date
 
@@ -409,6 +445,16 @@ class Simulation:
             return
         job.t = self.now
         job.equal_integral += job.equal_rate * dt  # waiting counts: fairness is over its life
+        if job.held:  # (LRU: no H to keep)
+            fetched = self.vclock - job.v
+            job.v = self.vclock
+            got = fetched / (1.0 - job.hit)
+            job.read += got
+            job.pos += got
+            job.hit_bytes += got * job.hit
+            job.epoch_hits += got * job.hit
+            job.remote_bytes += fetched
+            return
         rate = job.rate
         if rate <= 0:
             return
@@ -456,10 +502,35 @@ class Simulation:
             self.filling.discard(key)
 
     def _sync_all(self) -> None:
-        # _sync_unit of every unit and _sync of every active job, inlined (a re-plan does
-        # this for all of them): the same arithmetic in the same order.
+        """_sync_unit of every unit and _sync of every active job, inlined: the same
+        arithmetic in the same order. (A re-plan brings its jobs to now in _plan_views.)"""
+        self._sync_units()
         now, lru = self.now, self.lru
-        if lru:
+        for job in self.active.values():
+            dt = now - job.t
+            if dt <= 0:
+                continue
+            job.t = now
+            job.equal_integral += job.equal_rate * dt
+            rate = job.rate
+            if rate <= 0:
+                continue
+            got = rate * dt
+            unread = job.size - job.pos
+            if not lru and unread > 0:
+                left = unread - got
+                job.effective *= (left if left > 0.0 else 0.0) / unread  # max(0, left)
+            job.read += got
+            job.pos += got
+            hits = got * job.hit
+            job.hit_bytes += hits
+            job.epoch_hits += hits
+            job.remote_bytes += job.remote * dt
+
+    def _sync_units(self) -> None:
+        """_sync_unit of every unit with an inflow, inlined."""
+        now = self.now
+        if self.lru:
             for key in list(self.inflow):
                 self._sync_unit(key)
         else:
@@ -483,26 +554,6 @@ class Simulation:
                 if held >= cap - (tol if tol > 1.0 else 1.0):
                     self.dirty = True  # full: what the policy planned with has changed
                     self.filling.discard(key)
-        for job in self.active.values():
-            dt = now - job.t
-            if dt <= 0:
-                continue
-            job.t = now
-            job.equal_integral += job.equal_rate * dt
-            rate = job.rate
-            if rate <= 0:
-                continue
-            got = rate * dt
-            unread = job.size - job.pos
-            if not lru and unread > 0:
-                left = unread - got
-                job.effective *= (left if left > 0.0 else 0.0) / unread  # max(0, left)
-            job.read += got
-            job.pos += got
-            hits = got * job.hit
-            job.hit_bytes += hits
-            job.epoch_hits += hits
-            job.remote_bytes += job.remote * dt
 
     # -------------------------------------------------------------- decisions
 
@@ -520,54 +571,20 @@ class Simulation:
             return
         self.plans += 1
         self.jobs_moved = False
-        self._sync_all()
+        self._held_dissolve()
+        self._sync_units()
         active = list(self.active.values())
-        if self.plan_reads:
-            # A waiting job's kept view still holds when the plan does not read hits
-            # (its remaining work does not move): _view's check, inlined for them.
-            with_hits = HITS in self.plan_reads and not self.lru
-            with_remaining = REMAINING in self.plan_reads
-            views = []
-            for job in active:
-                view = job.view
-                if view is not None and job.share <= 0 and not with_hits:
-                    if with_remaining:
-                        remaining = job.work - job.read
-                        remaining = remaining if remaining > 0.0 else 0.0  # max(0, ...)
-                    else:
-                        remaining = math.inf
-                    if (
-                        view.remaining == remaining
-                        and view.placement is None
-                        and view.hit_now is None
-                    ):
-                        views.append(view)
-                        continue
-                views.append(self._view(job))
-        else:  # _view's kept views, looked up here (a re-plan makes one per active job)
-            views = []
-            for job in active:
-                view = job.view
-                if view is None or view.placement != (job.placement if job.share > 0 else None):
-                    view = self._view(job)
-                views.append(view)
+        views = self._plan_views(active)
         cluster = replace(self.cluster, cached=None if self.lru else dict(self.filled))
         alloc = self.policy.allocate(views, cluster, self.estimator)
         if self.cache_policy is not None:
             self.cache_policy.fill_cache(views, cluster, alloc)
-        self._apply(alloc)  # sets self.running
-        self.demand = {}
+        self._apply(alloc)  # sets self.running, and the running jobs' hits and demands
         # The equal share depends on the set of active jobs only: most re-plans (a cache
         # filling, an epoch starting) keep it.
         names = tuple(self.active)
         if names != self.equal_for:
-            equal = equal_share_perf(
-                [j.reference or self._reference_view(j) for j in active],
-                self.reference,
-                SiloDEstimator(),
-            )
-            for job in active:
-                job.equal_rate = equal[job.name]
+            self._equal_rates(active)
             self.equal_for = names
         self.dirty = False
         # Jobs whose rate stays keep their event; the sums kept by adding differences
@@ -592,6 +609,52 @@ class Simulation:
         self.next_plan = self.now + self.interval if self._filling() else math.inf
         if active:
             self.fairness_timeline.append((self.now, worst, total / len(active)))
+
+    def _plan_views(self, active: list[_Job]) -> list[Job]:
+        """Every active job brought to now (_sync, inlined: a re-plan re-rates them all),
+        and its view for the policy (_view, whose kept views are looked up here)."""
+        now, lru, reads = self.now, self.lru, self.plan_reads
+        # A waiting job's kept view still holds when the plan does not read hits (its
+        # remaining work does not move).
+        with_hits = HITS in reads and not lru
+        with_remaining = REMAINING in reads
+        views = []
+        for job in active:
+            dt = now - job.t
+            if dt > 0:
+                job.t = now
+                job.equal_integral += job.equal_rate * dt
+                rate = job.rate
+                if rate > 0:
+                    got = rate * dt
+                    unread = job.size - job.pos
+                    if not lru and unread > 0:
+                        left = unread - got
+                        job.effective *= (left if left > 0.0 else 0.0) / unread
+                    job.read += got
+                    job.pos += got
+                    hits = got * job.hit
+                    job.hit_bytes += hits
+                    job.epoch_hits += hits
+                    job.remote_bytes += job.remote * dt
+            view = job.view
+            if not reads:
+                if view is None or view.placement != (job.placement if job.share > 0 else None):
+                    view = self._view(job)
+            elif view is not None and job.share <= 0 and not with_hits:
+                if with_remaining:
+                    remaining = job.work - job.read
+                    remaining = remaining if remaining > 0.0 else 0.0  # max(0, ...)
+                else:
+                    remaining = math.inf
+                if not (
+                    view.remaining == remaining and view.placement is None and view.hit_now is None
+                ):
+                    view = self._view(job)
+            else:
+                view = self._view(job)
+            views.append(view)
+        return views
 
     def _filling(self) -> bool:
         """Is some read unit still below its allocation (so the plan will change)?"""
@@ -651,14 +714,40 @@ class Simulation:
         )
         return view
 
-    def _reference_view(self, job: _Job) -> Job:
-        """The job as the fairness reference sees it: fixed for its life, so made once."""
-        if job.reference is None:
+    def _equal_rates(self, active: list[_Job]) -> None:
+        """Each active job's equal-share rate: equal_share_perf of its reference view on
+        the reference cluster with SiloD's estimator, in closed form for that cluster (one
+        pool; a unit per dataset, read whole). The equal cache of a dataset is its readers'
+        per-reader shares added up, m * share here (equal_share_perf adds them one by one:
+        the same to rounding); a job's rate then follows from its dataset and GPUs."""
+        ref = self.reference
+        n = len(active)
+        if not n:
+            return
+        gpus = ref.total_gpus / n
+        per_reader = ref.pools.get(POOL, 0.0) / n
+        io = ref.remote_io / n
+        io_inf = math.isinf(io)
+        units = ref.units
+        miss: dict[str, float] = {}  # per dataset, 1 - min(1, c/d) (0: an empty dataset)
+        for dataset, m in self.dataset_readers.items():
+            size = units[dataset].size
+            held = m * per_reader
+            miss[dataset] = 0.0 if size <= 0 or not held < size else 1.0 - held / size
+        for job in active:
             spec = job.spec
-            job.reference = Job(
-                job.name, spec.dataset, spec.gpus, spec.ideal_io, {spec.dataset: 1.0}
-            )
-        return job.reference
+            share = 1.0
+            if spec.gpus > 0:
+                share = gpus / spec.gpus
+                if not share < 1.0:  # min(1, gpus / job.gpus)
+                    share = 1.0
+            value = f = share * spec.ideal_io
+            part = miss[spec.dataset]
+            if part > 0.0 and not io_inf:
+                value = io / part
+                if not value < f:
+                    value = f
+            job.equal_rate = value if value > 0 else f
 
     def _room(self, key: str) -> bool:
         """Can unit `key` still admit bytes (uniform caching)?"""
@@ -666,37 +755,68 @@ class Simulation:
         return self.filled[key] < min(self.allocated[key], size) - max(1.0, size * 1e-12)
 
     def _apply(self, alloc: Allocation) -> None:
+        """The plan's shares, placements, IO caps and cache; and each running job's hit
+        ratio and capped demand (self.demand, in arrival order), which _rerate_plan
+        divides the link by. Every job is up to date (_plan_views)."""
+        self.lru = lru = alloc.lru
+        if not lru:
+            self._allocate_units(alloc.cache)  # first: evictions move hits
         gpu_share, placement, io = alloc.gpu_share, alloc.placement, alloc.io
         now = self.now
         self.running = running = {}
+        self.demand = demand = {}
+        inf = math.inf
         for job in self.active.values():
             name = job.name
             share = gpu_share.get(name, 0.0)
             job.share = share = share if share < 1.0 else 1.0  # min(1, share)
             job.placement = placement.get(name)
-            job.io_cap = io.get(name)
-            if share > 0:
-                if job.start is None:
-                    job.start = now
-                running[name] = job
-            else:  # waiting or preempted: no rate, fetches nothing
+            job.io_cap = cap = io.get(name)
+            if share <= 0:  # waiting or preempted: no rate, fetches nothing
                 job.rate = job.remote = 0.0
                 job.seq = -1  # its events are stale
-        self.lru = alloc.lru
-        if self.lru:
+                continue
+            if job.start is None:
+                job.start = now
+            running[name] = job
+            if lru:
+                continue  # (hits once the LRU targets are found, below)
+            # _hit, uniform caching (min and max written out)
+            job.boundary = inf
+            unread = job.size - job.pos
+            if not unread > 0.0:
+                unread = 0.0
+            if unread <= job.eps:
+                hit = self._filled_now(job.unit) / job.size
+            else:
+                hit = job.effective / unread
+            if not hit < 1.0:
+                hit = 1.0
+            job.hit = hit
+            need = share * job.spec.ideal_io * (1.0 - hit)
+            demand[name] = need if cap is None or not cap < need else cap
+        if lru:
             self._lru_targets()
-            return
+            for job in running.values():
+                job.hit = hit = self._hit(job)
+                need = job.share * job.spec.ideal_io * (1.0 - hit)
+                cap = job.io_cap
+                demand[job.name] = need if cap is None or not cap < need else cap
+
+    def _allocate_units(self, cache: dict[str, float]) -> None:
+        """Each unit's allocation from the plan; a unit holding more than it is given
+        now evicts (uniform caching)."""
         # Units neither allocated nor holding anything, and not in the new allocation,
         # stay as they are: only the others are visited (CoorDL has a unit per job of
         # the whole trace, most of them long finished or not yet arrived).
-        cache, allocated, filled = alloc.cache, self.allocated, self.filled
+        allocated, filled = self.allocated, self.filled
         keys = self.in_use | cache.keys()
         for key in keys:
             want = cache.get(key, 0.0)
             want = want if want > 0.0 else 0.0  # max(0, want)
             allocated[key] = want
             if filled[key] > want:
-                self._evict(key, want, self._unit_readers().get(key, []))
+                self._evict(key, want, self.readers.get(key, []))
         self.in_use = {k for k in keys if allocated[k] > 0 or filled[k] > 0}
 
     def _evict(self, key: str, keep: float, readers: list[_Job]) -> None:
@@ -777,6 +897,8 @@ class Simulation:
         held = self.contended and not everyone
         for job in jobs:
             self._sync(job)
+            if job.held:
+                self._held_exit(job)  # its hit ratio may move: re-rated as any other
             if job.share <= 0:
                 continue
             job.hit = self._hit(job)
@@ -797,6 +919,8 @@ class Simulation:
             for job in jobs:
                 if job.share > 0:
                     self._set_rate(job, min(level, self.demand[job.name]))
+                    if self.clocked and job.name in self.capped:
+                        self._held_enter(job)
             return
         link = self.scenario.remote_io
         contended = sum(self.demand.values()) > link
@@ -809,6 +933,8 @@ class Simulation:
             capped = list(map(itemgetter(2), wf[first:]))
             bound = wf[first][:2] if fair is not None else None
             self.level = top if contended else math.inf
+            if self.clocked:
+                self._held_level(fair, capped)
             pos = self.wf_pos
             for job in jobs:
                 if job.share > 0:
@@ -821,26 +947,135 @@ class Simulation:
                 # demand now or was at the last division, its share is that same demand;
                 # and one held at both, at the same fair level, keeps that level.
                 changed = {job.name for job in jobs}
-                others: Iterable[str] = (*capped, *self.capped)
                 if fair is not None and fair == self.fair:
                     now, was = set(capped), set(self.capped)
                     others = sorted((now - was) | (was - now))  # sorted: a fixed order
-                self._rerate_others(others, bound, fair, changed)
+                    self._rerate_others(others, bound, fair, changed)
+                else:  # the ones held now (at fair), then the ones held before
+                    self._rerate_others(capped, bound, fair, changed, held=True)
+                    self._rerate_others(self.capped, bound, fair, changed)
+            if self.clocked:
+                running = self.running
+                for name in capped:
+                    self._held_enter(running[name])
             self.capped, self.fair = capped, fair
         else:
             # Every demand is met (water_fill would give each its demand).
             self.level = math.inf
+            if self.clocked:
+                self._held_level(None, [])
             for job in jobs:
                 if job.share > 0:
                     self._set_rate(job, self.demand[job.name])
             self.capped, self.fair = [], None
         self.contended = contended
 
+    # ------------------------------------------------------------ level clock
+
+    def _held_enter(self, job: _Job) -> None:
+        """Put a running job (brought to now, its remote the fair level hfair) on the
+        level clock, if it may go: its rate is then hfair / (1 - hit) while it is held."""
+        hit = job.hit
+        if (
+            job.held
+            or not hit < 1.0 - 1e-12
+            or job.remote != self.hfair
+            or not job.remote > 0.0
+            or job.rate != job.remote / (1.0 - hit)  # (not held back by its GPU share)
+        ):
+            return
+        job.held = True
+        job.v = self.vclock
+        self.held[job.name] = job
+        self.clock_entries += 1
+        job.held_k = k = 1.0 / (1.0 - hit)
+        self.held_k += k
+        self.held_units[job.unit] = self.held_units.get(job.unit, 0) + 1
+        self.seq += 1
+        job.seq = self.seq
+        job.event_boundary = boundary = job.boundary
+        heapq.heappush(
+            self.vevents, (self.vclock + self._until(job, boundary) * (1.0 - hit), self.seq, job)
+        )
+
+    def _held_exit(self, job: _Job) -> None:
+        """Take a job off the level clock: brought to now, its rate and remote written out
+        (and counted so in the inflows and totals, which held it at them already), with
+        its next event in time."""
+        self._sync(job)
+        job.held = False
+        del self.held[job.name]
+        self.held_k -= job.held_k
+        count = self.held_units[job.unit] - 1
+        if count:
+            self.held_units[job.unit] = count
+        else:
+            del self.held_units[job.unit]
+        if not self.held:
+            self.held_k = 0.0  # (no rounding left over)
+        job.remote = remote = self.hfair
+        job.rate = rate = remote / (1.0 - job.hit)
+        self.seq += 1
+        job.seq = self.seq
+        job.event_boundary = boundary = job.boundary
+        if rate > 0:
+            until = self._until(job, boundary)
+            heapq.heappush(self.events, (self.now + until / rate, self.seq, job))
+
+    def _held_level(self, fair: float | None, capped: list[str]) -> None:
+        """A new division of the link: the held jobs it does not hold (not in `capped`)
+        leave the clock at the old level; the others, and the inflows and totals that
+        count them, move to the new level `fair`."""
+        held = self.held
+        if held:
+            if fair is None:
+                for job in list(held.values()):
+                    self._held_exit(job)
+            else:
+                keep = set(capped)
+                for job in [j for name, j in held.items() if name not in keep]:
+                    self._held_exit(job)
+        step = (fair if fair is not None else 0.0) - self.hfair
+        if held and step:
+            inflows, growing = self.inflow, self.growing
+            for unit, count in self.held_units.items():
+                if unit in growing:
+                    self._sync_unit(unit)
+                inflow = inflows.get(unit, 0.0) + count * step
+                inflows[unit] = inflow if inflow > 1e-9 else 0.0
+            self.total_remote += step * len(held)
+            self.total_rate += step * self.held_k
+        self.hfair = fair if fair is not None else 0.0
+
+    def _held_dissolve(self) -> None:
+        """Every held job off the level clock (a re-plan re-rates them all)."""
+        for job in list(self.held.values()):
+            self._held_exit(job)
+        self.vevents = []
+        self.held_k = 0.0
+
+    def _until(self, job: _Job, boundary: float) -> float:
+        """Bytes to the job's next event: its end, its epoch's, its LRU segment's."""
+        until = job.work - job.read
+        left = job.size - job.pos
+        if left < until:
+            until = left
+        if boundary < math.inf:
+            left = boundary * job.size - job.pos
+            if left < until:
+                until = left
+        return until if until > 0.0 else 0.0
+
     def _wf_build(self) -> None:
         """self.wf made from self.demand: sorted by demand, ties in the dict's order."""
         names = list(self.demand)
         self.wf_pos = dict(zip(names, range(len(names)), strict=True))
-        self.wf = sorted(zip(self.demand.values(), range(len(names)), names, strict=True))
+        # Keyed by the demand alone (float keys compare fastest) and stable: ties stay in
+        # position order, as sorting the whole (demand, position, name) tuples gives.
+        self.wf = wf = sorted(
+            zip(self.demand.values(), range(len(names)), names, strict=True), key=itemgetter(0)
+        )
+        self.wf_values = list(map(itemgetter(0), wf))
 
     def _wf_move(self, name: str, old: float | None, new: float) -> None:
         """Keep self.wf in step with one demand moving from `old` (None: new)."""
@@ -851,8 +1086,13 @@ class Simulation:
         if old is None or pos is None:
             self.wf = None  # a new name: its place in the dict's order is the last
             return
-        del wf[bisect_left(wf, (old, pos))]
-        insort(wf, (new, pos, name))
+        values = self.wf_values
+        at = bisect_left(wf, (old, pos))
+        del wf[at], values[at]
+        item = (new, pos, name)
+        at = bisect_right(wf, item)  # (insort's place)
+        wf.insert(at, item)
+        values.insert(at, new)
 
     def _wf_divide(self, link: float) -> tuple[int, float | None, float]:
         """water_fill_capped(link, self.demand) from the kept order: the position in
@@ -865,7 +1105,7 @@ class Simulation:
         wf = self.wf
         assert wf is not None
         n = len(wf)
-        values = list(map(itemgetter(0), wf))
+        values = self.wf_values
         if math.isinf(link):
             return n, None, values[-1] if n else 0.0
         lefts = list(accumulate(values, sub, initial=link))
@@ -882,11 +1122,14 @@ class Simulation:
         bound: tuple[float, int] | None,
         fair: float | None,
         changed: set[str],
+        held: bool = False,
     ) -> None:
         """_sync and _set_rate, inlined, for each job in `others` whose link share moved
         (a level change moves every job held at the level: _rerate's hot loop). The same
         arithmetic in the same order; a share that moved always moves the job's remote,
-        so _set_rate's keep-the-event case cannot arise."""
+        so _set_rate's keep-the-event case cannot arise. held: every one of `others` is
+        known to be held at the level (the capped of this division), so its share is
+        fair without comparing it with the bound."""
         now, lru = self.now, self.lru
         running, growing, filling = self.running, self.growing, self.filling
         inflows, events, log_rates = self.inflow, self.events, self.job_rates is not None
@@ -894,12 +1137,19 @@ class Simulation:
         push, inf = heapq.heappush, math.inf
         demand, pos = self.demand, self.wf_pos
         for name in others:
-            share = demand.get(name)  # (None: it left)
-            if share is None or name in changed:
-                continue
-            if bound is not None and (share, pos[name]) >= bound:
-                share = fair  # held at the level
+            if held:  # (every one of `others` is held at the level)
+                if name in changed:
+                    continue
+                share = fair
+            else:
+                share = demand.get(name)  # (None: it left)
+                if share is None or name in changed:
+                    continue
+                if bound is not None and (share, pos[name]) >= bound:
+                    share = fair  # held at the level
             job = running[name]
+            if job.held:
+                continue  # on the level clock: nothing to write out
             hit = job.hit
             if share == job.remote or not hit < 1.0 - 1e-12:
                 continue
@@ -965,40 +1215,22 @@ class Simulation:
         else y is min(y, x) to the bit)."""
         now = self.now
         lru = self.lru
-        demand = self.demand
-        for job in self.running.values():
-            if job.t < now:
-                self._sync(job)
-            if lru:
-                hit = self._hit(job)
-            else:  # _hit, uniform caching
-                job.boundary = math.inf
-                unread = job.size - job.pos
-                if not unread > 0.0:
-                    unread = 0.0
-                if unread <= job.eps:
-                    hit = self._filled_now(job.unit) / job.size
-                else:
-                    hit = job.effective / unread
-                if not hit < 1.0:
-                    hit = 1.0
-            job.hit = hit
-            need = job.share * job.spec.ideal_io * (1.0 - hit)
-            cap = job.io_cap
-            demand[job.name] = need if cap is None or not cap < need else cap
+        demand = self.demand  # (found by _apply)
         link = self.scenario.remote_io
         contended = sum(demand.values()) > link
         self._wf_build()
         first, fair, top = self._wf_divide(link)
-        wf, pos = self.wf, self.wf_pos
+        wf = self.wf
         assert wf is not None
         capped = list(map(itemgetter(2), wf[first:]))
-        bound = wf[first][:2] if fair is not None else None
+        # the demands from `first` on are held at the level: those of `capped`
+        held = set(capped)
         self.level = top if contended else math.inf
         unit_t, growing = self.unit_t, self.growing
         events, log_rates = self.events, self.job_rates is not None
         push = heapq.heappush
         inf = math.inf
+        seq = self.seq
         inflow: dict[str, float] = {}
         total_rate = total_remote = 0.0
         worst, total = math.inf, 0.0
@@ -1010,9 +1242,8 @@ class Simulation:
                 if hit >= 1.0 - 1e-12:
                     rate, remote = gpu_rate, 0.0
                 else:
-                    remote = demand[job.name]
-                    if bound is not None and (remote, pos[job.name]) >= bound:
-                        remote = fair  # held at the level
+                    name = job.name
+                    remote = fair if name in held else demand[name]
                     rate = remote / (1.0 - hit)
                     if not rate < gpu_rate:
                         rate = gpu_rate
@@ -1028,8 +1259,8 @@ class Simulation:
                     if log_rates:
                         self._log_rate(job, rate)
                     job.rate, job.remote = rate, remote
-                    self.seq += 1
-                    job.seq = self.seq
+                    seq += 1
+                    job.seq = seq
                     job.event_boundary = boundary = job.boundary
                     if rate > 0:
                         until = job.work - job.read
@@ -1041,7 +1272,7 @@ class Simulation:
                             if left < until:
                                 until = left
                         until = until if until > 0.0 else 0.0
-                        push(events, (now + until / rate, self.seq, job))
+                        push(events, (now + until / rate, seq, job))
             # the sums and the fairness point
             rate = job.rate
             equal_rate = job.equal_rate
@@ -1060,10 +1291,18 @@ class Simulation:
             for job in active:
                 if job.share <= 0:
                     self._log_rate(job, 0.0)
+        self.seq = seq
         self.inflow = inflow
         self.total_rate, self.total_remote = total_rate, total_remote
         self.capped, self.fair = capped, fair
         self.contended = contended
+        # (the held jobs were let go before the plan: _reschedule)
+        self.clocked = lru and not log_rates
+        self.hfair = fair if fair is not None else 0.0
+        if self.clocked:
+            running = self.running
+            for name in capped:
+                self._held_enter(running[name])
         return worst, total
 
     def _set_rate(self, job: _Job, share: float) -> None:
@@ -1190,12 +1429,17 @@ class Simulation:
                     self.touched[other.name] = other
 
     def _boundaries(self) -> None:
-        events = self.events
-        due = self.now + 1e-9 * max(1.0, self.now)
-        while events and events[0][0] <= due:
-            _, seq, job = heapq.heappop(events)
-            if seq != job.seq:
-                continue
+        due_jobs = []
+        tol = 1e-9 * max(1.0, self.now)
+        for events, due in (
+            (self.events, self.now + tol),
+            (self.vevents, self.vclock + self.hfair * tol),  # (the same tolerance in time)
+        ):
+            while events and events[0][0] <= due:
+                _, seq, job = heapq.heappop(events)
+                if seq == job.seq:
+                    due_jobs.append(job)
+        for job in due_jobs:
             job.seq = -1  # consumed: _set_rate pushes the next one
             self._sync(job)
             self.touched[job.name] = job
@@ -1238,6 +1482,8 @@ class Simulation:
         self._arrivals()
 
     def _leave(self, job: _Job) -> None:
+        if job.held:
+            self._held_exit(job)
         self._sync_unit(job.unit)
         inflow = self.inflow.get(job.unit, 0.0) - job.remote
         self.inflow[job.unit] = inflow if inflow > 1e-9 else 0.0
@@ -1254,7 +1500,14 @@ class Simulation:
         self.demand.pop(job.name, None)
         self.wf = None
         self.touched.pop(job.name, None)
-        self._readers = None
+        group = self.readers[job.unit]
+        del group[next(i for i, other in enumerate(group) if other is job)]  # (not ==)
+        if not group:
+            del self.readers[job.unit]
+        dataset = job.spec.dataset
+        self.dataset_readers[dataset] -= 1
+        if not self.dataset_readers[dataset]:
+            del self.dataset_readers[dataset]
         self.dirty = self.jobs_moved = True
 
     def _close_epoch(self, job: _Job) -> None:
@@ -1273,7 +1526,9 @@ class Simulation:
             held = self.resident.get(job.spec.dataset, 0.0)
             job.first_hit = min(1.0, held / job.size)
             self.active[job.name] = job
-            self._readers = None
+            self.readers.setdefault(job.unit, []).append(job)
+            dataset = job.spec.dataset
+            self.dataset_readers[dataset] = self.dataset_readers.get(dataset, 0) + 1
             self.dirty = self.jobs_moved = True
 
     # ---------------------------------------------------------------- results
@@ -1294,6 +1549,7 @@ class Simulation:
         self.timeline.append((self.now, rate, remote))
 
     def _result(self) -> SimResult:
+        self._held_dissolve()
         self._sync_all()
         jobs = [
             JobResult(

@@ -306,6 +306,26 @@ def test_water_fill_is_max_min_fair() -> None:
     assert water_fill(math.inf, {"a": 10}) == {"a": 10}
 
 
+@pytest.mark.parametrize("jobs_count", [1, 3, 12, 40])
+@pytest.mark.parametrize("seed", range(5))
+def test_vanilla_gavel_closed_form_is_maxmin_to_rounding(jobs_count: int, seed: int) -> None:
+    # vanilla_shares (by GPU count) against maxmin's progressive filling, with fewer and
+    # more jobs than GPUs, jobs of no ideal rate and of no GPUs among them
+    import random
+
+    rng = random.Random(seed)
+    c = cluster(16, 1 * TB, 100 * MB, {"d": 1 * TB})
+    jobs = [
+        job(f"j{i}", "d", rng.choice([0.0, 50 * MB, 300 * MB]), gpus=rng.choice([0, 1, 2, 4, 8]))
+        for i in range(jobs_count)
+    ]
+    closed = GavelPolicy().allocate(jobs, c, ComputeEstimator()).gpu_share
+    plain = GavelPolicy(closed_form=False).allocate(jobs, c, ComputeEstimator()).gpu_share
+    assert list(closed) == list(plain)
+    for name, share in plain.items():
+        assert closed[name] == pytest.approx(share, rel=1e-12, abs=1e-15)
+
+
 def test_gavel_takes_a_job_with_no_ideal_rate_without_dividing_by_zero() -> None:
     # f* == 0 (a job that has not been measured yet, or a scenario that says 0): it can use
     # no GPU time at any level, so it takes none and the others share the cluster.

@@ -40,11 +40,17 @@ class CoordlCache:
         # static_share's time-shared case, with the cluster's totals summed once
         total_gpus, total_cache = cluster.total_gpus, cluster.total_cache
         gpu_share, placements, units = alloc.gpu_share, alloc.placement, cluster.units
+        node_cache, node_gpus = cluster.node_cache, cluster.node_gpus
         for job in jobs:
             if gpu_share.get(job.name, 0.0) <= 0:
                 continue
             placement = placements.get(job.name)
-            if placement:
+            if placement and len(placement) == 1:
+                # static_share of a job on one node (its sum of one term, 0.0 + x, is x)
+                [(node, n)] = placement.items()
+                gpus = node_gpus[node]
+                share = node_cache[node] * n / gpus if gpus > 0 else 0.0
+            elif placement:
                 share = static_share(job, cluster, placement)
             else:
                 share = total_cache * job.gpus / total_gpus if total_gpus > 0 else 0.0

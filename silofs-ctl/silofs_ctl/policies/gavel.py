@@ -32,7 +32,7 @@ from bisect import bisect_right
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from ..estimator import Estimator, equal_share_perf, hit_ratio
+from ..estimator import ComputeEstimator, Estimator, equal_share_perf, hit_ratio
 from ..model import Allocation, CacheUnit, Cluster, Job
 from .base import HITS, current_hits, fill_units, spread_leftover_io, water_fill
 
@@ -334,9 +334,17 @@ class GavelPolicy:
     converge to the steady state as the cache fills and its items become effective; the
     caller re-runs the policy while they do. Planning IO with the steady state instead
     would starve exactly the jobs whose cache is being filled.
+
+    The vanilla form's shares come from vanilla_shares (closed form), or with
+    closed_form False from maxmin itself: the same to rounding, but the simulator's LRU
+    equilibrium (sim_lru.equilibrium stops when rates move under 1%) turns a last-bit
+    change of a share into a visible one of a finish, so under LRU it keeps maxmin's.
     """
 
     name = "gavel"
+
+    def __init__(self, closed_form: bool = True) -> None:
+        self.closed_form = closed_form
 
     def reads(self, estimator: Estimator) -> frozenset[str]:
         """The vanilla form divides GPUs among the jobs by their equal shares alone; the
@@ -344,6 +352,8 @@ class GavelPolicy:
         return frozenset({HITS}) if estimator.io_aware else frozenset()
 
     def allocate(self, jobs: Sequence[Job], cluster: Cluster, estimator: Estimator) -> Allocation:
+        if self.closed_form and type(estimator) is ComputeEstimator:
+            return Allocation(cache={}, gpu_share=vanilla_shares(jobs, cluster.total_gpus))
         e = equal_share_perf(jobs, cluster, estimator)
         plan = maxmin(jobs, cluster, e, io_aware=estimator.io_aware)
         alloc = Allocation(cache=plan.cache if estimator.io_aware else {})
@@ -369,6 +379,37 @@ class GavelPolicy:
         ceiling = {j.name: alloc.gpu_share[j.name] * j.f_star for j in jobs}
         spread_leftover_io(alloc, jobs, cluster, ceiling)
         return alloc
+
+
+def vanilla_shares(jobs: Sequence[Job], total_gpus: float) -> dict[str, float]:
+    """The vanilla form's GPU shares (ComputeEstimator): maxmin(jobs, cluster, e,
+    io_aware=False) with e its equal shares, in closed form (the same to rounding).
+
+    There e_j = x_j f*_j with x_j = min(1, (G/n) / g_j), so a job's share at level lam is
+    min(1, lam x_j), a function of its GPU count alone: progressive filling runs over the
+    GPU counts, smallest first (the lowest ceilings 1 / x), each count either reaching
+    share 1 before the GPUs run out or sharing the level they run out at. A job with
+    f* == 0 (or no equal share) takes no GPU time."""
+    n = len(jobs)
+    per_job = total_gpus / n if n else 0.0
+    counts: dict[int, int] = {}
+    for job in jobs:
+        if job.f_star > 0 and (job.gpus <= 0 or per_job > 0):
+            counts[job.gpus] = counts.get(job.gpus, 0) + 1
+    x = {g: 1.0 if g <= 0 or not per_job / g < 1.0 else per_job / g for g in counts}
+    used = 0.0  # GPUs of the counts at share 1
+    per_lam = sum(m * g * x[g] for g, m in counts.items())  # GPUs per unit of level
+    level = math.inf
+    for g in sorted(counts, key=lambda g: (1.0 / x[g], g)):
+        if per_lam > 0 and used + per_lam / x[g] >= total_gpus:
+            level = max(0.0, total_gpus - used) / per_lam  # GPUs run out first
+            break
+        used += counts[g] * g
+        per_lam -= counts[g] * g * x[g]
+    share = {g: 1.0 if not level * x[g] < 1.0 else level * x[g] for g in counts}
+    return {
+        job.name: share[job.gpus] if job.f_star > 0 and job.gpus in share else 0.0 for job in jobs
+    }
 
 
 def spread_leftover_gpus(alloc: Allocation, jobs: Sequence[Job], cluster: Cluster) -> None:
