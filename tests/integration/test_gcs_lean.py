@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import pytest
 
+from silofs.node.backends import gcs
 from silofs.node.backends.base import relative_key
 from silofs.node.backends.gcs import GCSBackend
 from silofs.records import ObjectInfo
@@ -74,3 +75,13 @@ def test_prefixes_equal_the_librarys(gcs_server: GCSServer, bucket: str) -> None
     list(it)
     # Pages may repeat a prefix (fake-gcs-server does); list_blobs keeps them as a set.
     assert sorted(set(prefixes)) == sorted(it.prefixes) == ["ds/sub/", "ds/日本/"]
+
+
+def test_a_library_without_its_iterator_lists_through_its_blobs(
+    gcs_server: GCSServer, bucket: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    opts = gcs_server.options(page_size=2, list_workers=4)
+    want = sorted(GCSBackend(parse_uri(f"gs://{bucket}/ds/"), opts).list(), key=lambda i: i.key)
+    monkeypatch.setattr(gcs, "_raw_lister", lambda _client: None)
+    got = sorted(GCSBackend(parse_uri(f"gs://{bucket}/ds/"), opts).list(), key=lambda i: i.key)
+    assert got == want and len(got) == len(NAMES) + 1

@@ -108,3 +108,11 @@ def _container(status: int, body: bytes, headers: dict[str, str] | None = None) 
         api_version="2025-11-05",
         _pipeline=SimpleNamespace(run=run),
     )
+
+
+def test_an_sdk_without_the_pipeline_leaves_the_page_to_the_sdk() -> None:
+    # A later azure-storage-blob may move ContainerClient._pipeline: then every page is
+    # listed through the SDK's own calls, never an AttributeError out of a listing.
+    container = SimpleNamespace(url="https://a.blob.core.windows.net/c", api_version="x")
+    with pytest.raises(azurelist.LeanDeclined, match="_pipeline"):
+        azurelist.list_page(container, "ds/", None, 2, "/")

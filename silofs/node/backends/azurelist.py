@@ -58,7 +58,10 @@ def list_page(
     # params: azure-core formats the query as the SDK's own requests (and signs it so).
     headers = {"x-ms-version": container.api_version}
     request = HttpRequest("GET", container.url, params=query, headers=headers)
-    response = container._pipeline.run(request).http_response  # noqa: SLF001 - the SDK's own
+    pipeline = getattr(container, "_pipeline", None)  # the SDK's own; a later one may move it
+    if pipeline is None:
+        raise LeanDeclined("this azure-storage-blob has no ContainerClient._pipeline")
+    response = pipeline.run(request).http_response
     if response.status_code != 200:
         raise _http_error(response)
     try:

@@ -173,6 +173,12 @@ class ListedObject:
     crc32c: str | None
 
 
+def _raw_lister(client: Any) -> Any:
+    """list_blobs' own iterator maker (private to the library, so looked up, not assumed:
+    a version without it lists through Blob objects, slower, the same records)."""
+    return getattr(client, "_list_resource", None)
+
+
 def _item_as_is(_iterator: Any, item: dict[str, Any]) -> dict[str, Any]:
     return item
 
@@ -200,6 +206,13 @@ def _listed(items: Iterable[dict[str, Any]]) -> list[ListedObject]:
             )
         )
     return out
+
+
+def _from_blob(blob: Any) -> ListedObject:
+    mtime = blob.updated.timestamp() if blob.updated else 0.0
+    return ListedObject(
+        blob.name, int(blob.size), mtime, int(blob.generation), blob.md5_hash, blob.crc32c
+    )
 
 
 def _rfc3339(text: str) -> float:
@@ -339,14 +352,19 @@ class GCSBackend(RetryingBackend):
         if delimiter:
             params["delimiter"] = delimiter
             params["fields"] += ",prefixes"
+        client = self.client()
+        size = page_size or self.opts.page_size
         try:
-            pages = self.client()._list_resource(  # noqa: SLF001 - list_blobs' own iterator
+            lister = _raw_lister(client)
+            if lister is None:  # a library without it: its Blobs, as before
+                return self._list_blobs(client, params, token, size)
+            pages = lister(
                 f"/b/{self.bucket_name}/o",
                 _item_as_is,
                 page_token=token,
                 extra_params=params,
                 page_start=_page_prefixes,
-                page_size=page_size or self.opts.page_size,
+                page_size=size,
                 timeout=self._timeout(),
                 retry=None,
             )
@@ -356,6 +374,25 @@ class GCSBackend(RetryingBackend):
             return _listed(page), list(page.prefixes), pages.next_page_token
         except _SDK_ERRORS as exc:
             raise self._classify(exc, what) from exc
+
+    def _list_blobs(
+        self, client: Any, params: dict[str, str], token: str | None, size: int
+    ) -> tuple[list[ListedObject], list[str], str | None]:
+        pages = client.list_blobs(
+            self.bucket_name,
+            prefix=params.get("prefix"),
+            delimiter=params.get("delimiter"),
+            page_size=size,
+            page_token=token,
+            fields=params["fields"],
+            timeout=self._timeout(),
+            retry=None,
+        )
+        page = next(pages.pages, None)
+        if page is None:
+            return [], [], None
+        items = [_from_blob(b) for b in page]
+        return items, list(getattr(page, "prefixes", ())), pages.next_page_token
 
     def _info(self, obj: ListedObject) -> ObjectInfo | None:
         key = relative_key(self.prefix, obj.name)
