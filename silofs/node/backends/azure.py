@@ -57,7 +57,10 @@ log = logging.getLogger(__name__)
 
 _ERRNO_TEXT = re.compile(r"\[Errno -?\d+\] ([^'\")\]]+)")
 
-DEFAULT_POOL = 32  # connections per client, shared by the fetcher's threads
+# Connections kept per client: a listing's workers (list_workers, 32 by default) and the
+# fetcher's threads (16) share it at once under --list-in-background; fewer than both
+# and every request over the size opens a connection and drops it ("pool is full").
+DEFAULT_POOL = 64
 MD5_RANGE_MAX = 4 << 20  # the longest range Azure sends an MD5 for
 _CRED_KEYS = ("connection_string", "account_key", "sas_token")
 _CREDS_HINT = (

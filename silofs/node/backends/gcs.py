@@ -53,7 +53,10 @@ log = logging.getLogger(__name__)
 
 _ERRNO_TEXT = re.compile(r"\[Errno -?\d+\] ([^'\")\]]+)")
 
-DEFAULT_POOL = 32  # connections per client, shared by the fetcher's threads
+# Connections kept per client: a listing's workers (list_workers, 32 by default) and the
+# fetcher's threads (16) share it at once under --list-in-background; fewer than both
+# and every request over the size opens a connection and drops it ("pool is full").
+DEFAULT_POOL = 64
 READ_ONLY_SCOPE = "https://www.googleapis.com/auth/devstorage.read_only"
 _LIST_FIELDS = "items(name,size,updated,generation,md5Hash,crc32c),nextPageToken"
 # What the library raises for a failed request (HTTP status, auth, transport).

@@ -49,8 +49,10 @@ from silofs.uri import DatasetURI
 
 log = logging.getLogger(__name__)
 
-# Enough for the fetcher's threads to share one client without "pool is full" churn.
-DEFAULT_POOL = 32
+# Connections kept per client: a listing's workers (list_workers, 32 by default) and the
+# fetcher's threads (16) share it at once under --list-in-background; fewer than both
+# and every request over the size opens a connection and drops it ("pool is full").
+DEFAULT_POOL = 64
 
 _DENIED = {
     "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken",
