@@ -322,10 +322,6 @@ def fan_out(
     stop = threading.Event()
     lock = threading.Lock()
     pending = [1]  # prefixes submitted and not finished
-    # Every prefix is announced and walked once: a store may name one on several pages
-    # (fake-gcs-server repeats a page's prefixes on the next), which would list its
-    # objects again, or announce a directory whose walk already ended.
-    walked = {root}
 
     def rel(prefix: str) -> str | None:
         return prefix[len(root) :] if prefix.startswith(root) else None
@@ -339,14 +335,19 @@ def fan_out(
                 continue
 
     def walk(prefix: str) -> None:
+        # Each sub-prefix announced and walked once: a store may name one on several
+        # pages of its parent (fake-gcs-server repeats a page's prefixes on the next),
+        # which would list its objects again, or announce a directory whose walk already
+        # ended. Held for this prefix's pages only (the executor's queue holds its
+        # pending walks anyway), so nothing grows with the whole listing.
+        seen: set[str] = set()
         try:
             here = rel(prefix)
             for objects, named, last in pages(prefix):
                 if stop.is_set():
                     return
-                with lock:
-                    subs = [s for s in named if s not in walked]
-                    walked.update(subs)
+                subs = [s for s in named if s not in seen]
+                seen.update(subs)
                 page: list[ObjectInfo | PrefixListed] = list(objects)
                 if here is not None and (subs or last):
                     # After the page's objects: a consumer that writes in order has
