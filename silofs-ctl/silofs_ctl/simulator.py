@@ -1134,7 +1134,7 @@ class Simulation:
         running, growing, filling = self.running, self.growing, self.filling
         inflows, events, log_rates = self.inflow, self.events, self.job_rates is not None
         total_rate, total_remote, seq = self.total_rate, self.total_remote, self.seq
-        push, inf = heapq.heappush, math.inf
+        push = heapq.heappush
         demand, pos = self.demand, self.wf_pos
         for name in others:
             if held:  # (every one of `others` is held at the level)
@@ -1195,15 +1195,7 @@ class Simulation:
             job.seq = seq
             job.event_boundary = boundary = job.boundary
             if rate > 0:
-                until = job.work - job.read
-                left = job.size - job.pos
-                if left < until:
-                    until = left
-                if boundary < inf:
-                    left = boundary * job.size - job.pos
-                    if left < until:
-                        until = left
-                push(events, (now + (until if until > 0.0 else 0.0) / rate, seq, job))
+                push(events, (now + self._until(job, boundary) / rate, seq, job))
         self.total_rate, self.total_remote, self.seq = total_rate, total_remote, seq
 
     def _rerate_plan(self, active: list[_Job]) -> tuple[float, float]:
@@ -1229,7 +1221,6 @@ class Simulation:
         unit_t, growing = self.unit_t, self.growing
         events, log_rates = self.events, self.job_rates is not None
         push = heapq.heappush
-        inf = math.inf
         seq = self.seq
         inflow: dict[str, float] = {}
         total_rate = total_remote = 0.0
@@ -1263,16 +1254,7 @@ class Simulation:
                     job.seq = seq
                     job.event_boundary = boundary = job.boundary
                     if rate > 0:
-                        until = job.work - job.read
-                        left = job.size - job.pos
-                        if left < until:
-                            until = left
-                        if boundary < inf:
-                            left = boundary * job.size - job.pos
-                            if left < until:
-                                until = left
-                        until = until if until > 0.0 else 0.0
-                        push(events, (now + until / rate, seq, job))
+                        push(events, (now + self._until(job, boundary) / rate, seq, job))
             # the sums and the fairness point
             rate = job.rate
             equal_rate = job.equal_rate
@@ -1343,17 +1325,8 @@ class Simulation:
         job.seq = self.seq
         job.event_boundary = boundary = job.boundary
         if rate > 0:
-            until = job.work - job.read
-            left = job.size - job.pos
-            if left < until:
-                until = left
-            if boundary < math.inf:
-                left = boundary * job.size - job.pos
-                if left < until:
-                    until = left
-            heapq.heappush(
-                self.events, (self.now + (until if until > 0.0 else 0.0) / rate, self.seq, job)
-            )
+            until = self._until(job, boundary)
+            heapq.heappush(self.events, (self.now + until / rate, self.seq, job))
 
     def _log_rate(self, job: _Job, rate: float) -> None:
         if self.job_rates is None:
