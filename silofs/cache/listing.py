@@ -730,7 +730,6 @@ class ListingReader:
 # A file row's bytes that a refresh keeps when the file did not change: all but `since`
 # and `ordinal` (the tail of the _FILE header), which a new listing may renumber.
 _SAME_HEAD = struct.calcsize("<QBQd")
-_INO_LE = struct.Struct("<Q")  # the inode at the head of a dirents value (_DIRENT, _FILE)
 
 
 def changed_entries(
@@ -762,20 +761,19 @@ def changed_entries(
             return out, k[n:]
         seen += 1
         now = txn.get(other + k[n:], db=new.dirents)
-        if v[8] != FILE:
-            # A directory's own attributes (nlink) are the recently used entries' care
-            # (fs.switch); here only a name that no longer leads to it.
-            if now is None or now[8] != DIR or now[:8] != v[:8]:
-                name = _dirent_name(k, n + _INO.size, v)
-                out.append((_INO_LE.unpack_from(v)[0], _INO.unpack_from(k, n)[0], name))
-            continue
-        if now is not None and now[8] == FILE:
-            if now[:_SAME_HEAD] == v[:_SAME_HEAD] and now[_FILE.size :] == v[_FILE.size :]:
+        gone = True  # the name no longer leads to this entry
+        if now is not None and now[8] == v[8]:  # still a file, or still a directory
+            if v[8] == DIR:
+                # A directory's own attributes (nlink) are the recently used entries'
+                # care (fs.switch); here only a name that no longer leads to it.
+                if now[:8] == v[:8]:
+                    continue
+            elif now[:_SAME_HEAD] == v[:_SAME_HEAD] and now[_FILE.size :] == v[_FILE.size :]:
                 continue
-            out.append((_INO_LE.unpack_from(v)[0], _INO.unpack_from(k, n)[0], None))
-        else:
-            name = _dirent_name(k, n + _INO.size, v)
-            out.append((_INO_LE.unpack_from(v)[0], _INO.unpack_from(k, n)[0], name))
+            else:
+                gone = False  # the same name, other attributes
+        name = _dirent_name(k, n + _INO.size, v) if gone else None
+        out.append((_DIRENT.unpack_from(v)[0], _INO.unpack_from(k, n)[0], name))
     return out, None
 
 
