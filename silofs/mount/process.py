@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
+import errno
 import logging
 import os
 import secrets
@@ -212,6 +213,7 @@ class MountProcess:
             reg = await self.register()
             self._open(reg)
             assert self.fs is not None
+            quiet_forgotten_replies()
             pyfuse3.init(self.fs, self.s.mountpoint, self._options())
         except (ControlError, SilofsError, RuntimeError, OSError) as exc:
             await self._goodbye()
@@ -290,6 +292,7 @@ class MountProcess:
             assert self.fs is not None
             # Each handler gives the device's read token back first (forked.py).
             forked.release_after_receive(SilofsFS)
+            quiet_forgotten_replies()
             pyfuse3.init(self.fs, self.s.mountpoint, self._options())
         except (ControlError, SilofsError, RuntimeError, OSError) as exc:
             await self._goodbye()
@@ -706,6 +709,33 @@ class Supervisor:
             log.debug("could not report counters: %s", exc)
         await mp._goodbye()
         await mp.client.aclose()
+
+
+class ForgottenReplies(logging.Filter):
+    """pyfuse3 logs at ERROR every answer the kernel refused. ENOENT means the kernel no
+    longer waited for it: the request was interrupted, or the connection was aborted
+    (an unmount racing a RELEASE). The handler's work is done and nobody is owed an
+    answer, so that one is said at INFO; every other refusal stays an ERROR."""
+
+    ENOENT_TEXT = os.strerror(errno.ENOENT)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if (
+            record.levelno == logging.ERROR
+            and "fuse_reply_* failed" in str(record.msg)
+            and isinstance(record.args, tuple)
+            and self.ENOENT_TEXT in record.args
+        ):
+            record.levelno, record.levelname = logging.INFO, "INFO"
+            record.msg = str(record.msg) + " (the kernel no longer waited for the answer)"
+        return True
+
+
+def quiet_forgotten_replies() -> None:
+    """Install ForgottenReplies on pyfuse3's logger, once."""
+    logger = logging.getLogger("pyfuse3")
+    if not any(isinstance(f, ForgottenReplies) for f in logger.filters):
+        logger.addFilter(ForgottenReplies())
 
 
 def _die_with_parent() -> None:

@@ -7,6 +7,8 @@ token back first thing (release_after_receive).
 
 from __future__ import annotations
 
+import errno
+import logging
 import os
 import signal
 
@@ -65,3 +67,21 @@ def test_an_aborted_session_wrapped_by_nurseries_is_a_disconnect_not_a_failure()
     assert forked.is_disconnected(OSError(19, "No such device"))
     assert not forked.is_disconnected(ExceptionGroup("g", [aborted, ValueError("bug")]))
     assert not forked.is_disconnected(OSError(5, "EIO"))
+
+
+def test_a_reply_the_kernel_forgot_is_info_and_other_refusals_stay_errors(caplog) -> None:
+    """An unmount racing a RELEASE: the answer's write gets ENOENT (nobody waits for it);
+    pyfuse3's ERROR for that one is said at INFO. EIO/EINVAL stay ERRORs."""
+    from silofs.mount.process import quiet_forgotten_replies
+
+    quiet_forgotten_replies()
+    quiet_forgotten_replies()  # once, however often a process mounts
+    logger = logging.getLogger("pyfuse3")
+    assert sum(type(f).__name__ == "ForgottenReplies" for f in logger.filters) == 1
+    with caplog.at_level(logging.INFO, logger="pyfuse3"):
+        logger.error("fuse_release(): fuse_reply_* failed with %s", os.strerror(errno.ENOENT))
+        logger.error("fuse_read(): fuse_reply_* failed with %s", os.strerror(errno.EINVAL))
+        logger.error("something else: %s", os.strerror(errno.ENOENT))
+    levels = [(r.levelname, r.getMessage()) for r in caplog.records]
+    assert levels[0][0] == "INFO" and "no longer waited" in levels[0][1]
+    assert [lv for lv, _ in levels[1:]] == ["ERROR", "ERROR"]
