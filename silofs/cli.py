@@ -7,6 +7,7 @@ one line on stderr with a non-zero exit. Never serves FUSE or talks to a store i
 
 from __future__ import annotations
 
+import faulthandler
 import functools
 import hashlib
 import json
@@ -221,6 +222,9 @@ def daemon(
         syslog_ident="silofs-daemon" if started_by == "auto" else None,
         sdk_level=settings.sdk_log_level,
     )
+    # A fatal signal (SIGSEGV/SIGBUS in a C extension: LMDB on a damaged page) would
+    # otherwise end the process without a word; this puts each thread's stack on stderr.
+    faulthandler.enable()
     run_daemon(settings, started_by)
 
 
@@ -820,6 +824,7 @@ def mount_process(
         fmt=log_format,
         syslog_ident="silofs-mount" if background else None,
     )
+    faulthandler.enable()  # stderr: the state dir's mount-JOB.log (see the daemon's)
     settings = MountSettings(**json.loads(settings_json))
     pipe = os.fdopen(ready_fd, "w")
 
