@@ -39,6 +39,13 @@ from typing import Any
 
 import lmdb
 
+from silofs.cache.bounds import (
+    DamagedValueError,
+    ValueCursor,
+    data_mapping,
+    intact_overflow,
+    mdb_val_offset,
+)
 from silofs.cache.format import KEY_SIZE, chunk_key
 from silofs.cache.listing import (
     LISTING_FORMAT,
@@ -205,7 +212,9 @@ class CacheStore:
                 if not readonly or name not in _DAEMON_ONLY:
                     raise
         self._max_key = self.env.max_key_size()  # 511 in stock LMDB; S3 keys reach 1024
-        psize = self.env.stat()["psize"]
+        psize = self.psize = self.env.stat()["psize"]
+        self._data_fd = os.open(os.path.join(path, "data.mdb"), os.O_RDONLY | os.O_CLOEXEC)
+        self._map_start: int | None = None  # found on first use (value_bounds)
         self._headroom_pages = max(
             _HEADROOM_MIN_PAGES, min(map_size // psize // 256, _HEADROOM_MAX_PAGES)
         )
@@ -214,6 +223,36 @@ class CacheStore:
         if not readonly:
             self._headroom_db = self.env.open_db(_HEADROOM_DB)
             self._check_version()
+            self._back_the_map()
+
+    def _back_the_map(self) -> None:
+        """Grow data.mdb (sparse: no blocks) to the map's size, so every page of the map
+        is backed by the file in every process that maps it.
+
+        LMDB checksums none of its pages. A damaged page number or value size makes it,
+        or py-lmdb, touch the map past the end of the file: SIGBUS, which ends a mount
+        or the daemon with no error to catch (a read txn refuses page numbers past its
+        last page, but a write txn has allocated past the file's end, and nothing bounds
+        a value's size). Inside a backed map that touch reads zeros or another page: a
+        value that fails its checksum, or an lmdb.Error. LMDB does the same itself with
+        MDB_WRITEMAP; the file's used pages, and so the disk it takes, are unchanged."""
+        map_size = self.env.info()["map_size"]
+        mapped = os.fstat(self._data_fd)
+        if mapped.st_size >= map_size:
+            return
+        try:
+            # The file LMDB opened, not whatever the name leads to now (cachedir.py).
+            fd = os.open(
+                os.path.join(self.path, "data.mdb"), os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC
+            )
+            try:
+                st = os.fstat(fd)
+                if (st.st_dev, st.st_ino) == (mapped.st_dev, mapped.st_ino):
+                    os.ftruncate(fd, map_size)
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            log.warning("cannot grow %s/data.mdb to the map size: %s", self.path, exc)
 
     # -- small helpers -------------------------------------------------------------
     def db(self, name: bytes) -> lmdb._Database:
@@ -232,6 +271,7 @@ class CacheStore:
 
     def close(self) -> None:
         self.env.close()
+        os.close(self._data_fd)
 
     def adopt_map_size(self) -> None:
         """The daemon grew the map (MapResizedError): remap at its size. Waits for the
@@ -239,6 +279,39 @@ class CacheStore:
         mount/reader.py), whose B-tree walk a remap would pull the pages from under."""
         with self.remap_lock:
             self.env.set_mapsize(0)
+            self._map_start = None  # the new map may start elsewhere
+
+    # -- values, found before they are touched (bounds.py) ----------------------------
+    def value_bounds(self) -> tuple[int, int, int] | None:
+        """(map start, end of data.mdb in the map, map end) as of now, or None where
+        this process's map of data.mdb cannot be found."""
+        if self._map_start is None:
+            self._map_start = data_mapping(self._data_fd) or 0
+            if not self._map_start:
+                log.info("no map of %s found: cache values are not bounds-checked", self.path)
+        start = self._map_start
+        if not start:
+            return None
+        return start, start + os.fstat(self._data_fd).st_size, start + self.env.info()["map_size"]
+
+    def value_cursor(
+        self, txn: lmdb.Transaction, db: lmdb._Database, *, write: bool = False
+    ) -> ValueCursor | None:
+        """A ValueCursor on `db` in `txn` (begun before this call), or None where values
+        cannot be bounds-checked (another py-lmdb build, no map found)."""
+        offset = mdb_val_offset()
+        bounds = self.value_bounds() if offset >= 0 else None
+        if bounds is None:
+            return None
+        return ValueCursor(txn.cursor(db=db), offset, bounds, self.psize if write else 0)
+
+    def get_value(
+        self, txn: lmdb.Transaction, db: lmdb._Database, key: bytes
+    ) -> memoryview | bytes | None:
+        """txn.get(key), except that a value lying outside data.mdb raises
+        DamagedValueError (an lmdb.Error) instead of ending the process with SIGBUS."""
+        cur = self.value_cursor(txn, db)
+        return txn.get(key, db=db) if cur is None else cur.get(key)
 
     def sync(self) -> None:
         self.env.sync(True)
@@ -423,19 +496,21 @@ class CacheStore:
     def _put_usage(self, txn: lmdb.Transaction, dsid: int, u: Usage) -> None:
         txn.put(_ID.pack(dsid), _USAGE.pack(u.bytes, u.chunks), db=self.db(b"usage"))
 
-    def _remove_chunk(self, txn: lmdb.Transaction, key: bytes, usage: dict[int, Usage]) -> int:
-        """Delete a chunk and uncharge its owner; returns the data bytes freed.
+    def _remove_chunk(self, txn: lmdb.Transaction, key: bytes, usage: dict[int, Usage]) -> bool:
+        """Delete a chunk and uncharge its owner; whether its value was deleted (a
+        damaged node stays: _delete_chunk).
 
         The owner is found from the owners rows, not the header, because this runs
         when a value failed verification and its header cannot be trusted.
         """
-        txn.delete(key, db=self.db(b"chunks"))
+        deleted = self._delete_chunk(txn, key)
         for owner in list(usage):
             row = _ID.pack(owner) + key
             length_raw = txn.get(row, db=self.db(b"owners"))
             if length_raw is not None:
-                return self._uncharge(txn, owner, row, _LEN.unpack(length_raw)[0], usage)
-        return 0
+                self._uncharge(txn, owner, row, _LEN.unpack(length_raw)[0], usage)
+                break
+        return deleted
 
     def _uncharge(
         self, txn: lmdb.Transaction, owner: int, row: bytes, length: int, usage: dict[int, Usage]
@@ -485,11 +560,23 @@ class CacheStore:
         res: AdmitResult,
     ) -> None:
         chunks = self.db(b"chunks")
-        if txn.get(item.key, db=chunks) is not None:
+        cur = self.value_cursor(txn, chunks, write=True)
+        try:
+            # Present? Found without touching the value (get() would read its pages).
+            found = cur.find(item.key) if cur is not None else txn.get(item.key, db=chunks)
+        except DamagedValueError as exc:
+            log.warning(
+                "chunk %s not admitted, a damaged node has its key: %s", item.key.hex(), exc
+            )
+            res.rejected += 1
+            return
+        if found is not None:
             if not item.replace:
                 res.present += 1
                 return
-            self._remove_chunk(txn, item.key, work)
+            if not self._remove_chunk(txn, item.key, work):  # left in place: damaged
+                res.rejected += 1
+                return
         u = work.setdefault(item.dataset, Usage())
         limit = quota(item.dataset, work)
         if u.bytes + item.data_len > limit:
@@ -651,8 +738,31 @@ class CacheStore:
         """Delete a chunk `dsid` owns and uncharge it, in the caller's write txn."""
         row = _ID.pack(dsid) + key
         length = _LEN.unpack(txn.get(row, db=self.db(b"owners")))[0]
-        txn.delete(key, db=self.db(b"chunks"))
+        self._delete_chunk(txn, key)
         return self._uncharge(txn, dsid, row, length, work)
+
+    def _delete_chunk(self, txn: lmdb.Transaction, key: bytes) -> bool:
+        """Delete the value of chunk `key` unless its node is damaged: LMDB frees a
+        value's overflow pages by reading the first one's header, past the end of
+        data.mdb (SIGBUS) or in another value (freeing live pages). A damaged node stays,
+        orphaned once its owner is uncharged and never served (every lookup refuses it).
+        Whether it was deleted."""
+        chunks = self.db(b"chunks")
+        cur = self.value_cursor(txn, chunks, write=True)
+        if cur is None:
+            return txn.delete(key, db=chunks)
+        try:
+            where = cur.find(key)
+        except DamagedValueError as exc:
+            log.warning("chunk %s left in place: %s", key.hex(), exc)
+            return False
+        if where is None:
+            return False
+        addr, size = where
+        if size > self.psize // 2 and not intact_overflow(cur.start, addr, size, self.psize):
+            log.warning("chunk %s left in place: its first page's header disagrees", key.hex())
+            return False
+        return cur.cursor.delete()
 
 
 # -- the read side: where a value's pages are ---------------------------------------------
@@ -663,68 +773,18 @@ _PAGE = mmap.PAGESIZE
 _WHOLE_PAGES = 64
 
 
-class _PyBuffer(ctypes.Structure):
-    """CPython's Py_buffer: the one way to learn a read-only memoryview's address."""
-
-    _fields_ = [
-        ("buf", ctypes.c_void_p),
-        ("obj", ctypes.c_void_p),
-        ("len", ctypes.c_ssize_t),
-        ("itemsize", ctypes.c_ssize_t),
-        ("readonly", ctypes.c_int),
-        ("ndim", ctypes.c_int),
-        ("format", ctypes.c_char_p),
-        ("shape", ctypes.c_void_p),
-        ("strides", ctypes.c_void_p),
-        ("suboffsets", ctypes.c_void_p),
-        ("internal", ctypes.c_void_p),
-    ]
-
-
-def _libc_calls() -> tuple[Any, Any, Any, Any] | None:
+def _libc_calls() -> tuple[Any, Any] | None:
     try:
         libc = ctypes.CDLL(None, use_errno=True)
-        get, release = ctypes.pythonapi.PyObject_GetBuffer, ctypes.pythonapi.PyBuffer_Release
         mincore, madvise = libc.mincore, libc.madvise
     except (OSError, AttributeError):
         return None
-    get.argtypes = [ctypes.py_object, ctypes.POINTER(_PyBuffer), ctypes.c_int]
-    get.restype = ctypes.c_int
-    release.argtypes = [ctypes.POINTER(_PyBuffer)]
-    release.restype = None
     # Through CDLL (not pythonapi): ctypes releases the GIL for the call, so a madvise
     # waiting for the disk in a worker thread never stalls the serving thread.
     mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
     madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
     mincore.restype = madvise.restype = ctypes.c_int
-    return get, release, mincore, madvise
-
-
-class ValueCursor:
-    """A cursor on one db of one read txn that finds where a value is without touching
-    it. py-lmdb's get() and Cursor.value() "preload" a value (read a byte of each of its
-    pages, GIL released) before returning it, so on a mount's serving thread a lookup
-    of a value whose pages are not in memory waits for the disk. Cursor.set_key() only
-    positions the cursor; the value's address and size are then read from the cursor
-    object's MDB_val (ValuePages.calibrate found where it is)."""
-
-    __slots__ = ("cursor", "_val")
-
-    def __init__(self, cursor: lmdb.Cursor, offset: int) -> None:
-        self.cursor = cursor
-        # [mv_size, mv_data] inside the cursor object, alive as long as self.cursor.
-        self._val = (ctypes.c_size_t * 2).from_address(id(cursor) + offset)
-
-    def find(self, key: bytes) -> tuple[int, int] | None:
-        """(address, size) of the value of `key`, or None if absent."""
-        if not self.cursor.set_key(key):
-            return None
-        val = self._val
-        return val[1], val[0]
-
-    def value(self) -> memoryview:
-        """The value found last (touching its pages: they should be in memory)."""
-        return self.cursor.value()
+    return mincore, madvise
 
 
 class ValuePages:
@@ -732,8 +792,8 @@ class ValuePages:
 
     A hit whose pages are not in memory page-faults on whatever thread first touches
     them; on a mount's one serving thread that serialises every reader behind one disk
-    read (docs/ARCHITECTURE.md, "the ceiling of one serving process"). cursor() finds a
-    value without touching it, resident() tells whether its pages are in memory
+    read (docs/ARCHITECTURE.md, "the ceiling of one serving process"). A ValueCursor
+    (bounds.py) finds a value without touching it, resident() tells whether its pages are in memory
     (mincore), populate() brings them in from a worker thread (MADV_POPULATE_READ: a
     fault's read-around, without the GIL), willneed() starts reading a range ahead.
 
@@ -756,10 +816,10 @@ class ValuePages:
 
     def __init__(self, data_path: str) -> None:
         calls = _libc_calls()
-        self.enabled = calls is not None
+        self.enabled = calls is not None and mdb_val_offset() >= 0
         self.truthful = _mincore_truthful(data_path)  # else: probe through the file
         if calls is not None:
-            self._get, self._release, self._mincore, self._madvise = calls
+            self._mincore, self._madvise = calls
         self._fd = -1
         self._ino = (0, 0)
         self._map = (0, 0)  # [start, end) of the mapping of data.mdb, as last read
@@ -771,9 +831,6 @@ class ValuePages:
                 self._ino = (st.st_dev, st.st_ino)
             except OSError:
                 self.enabled = False
-        self._val_offset = -1
-        self._pb = _PyBuffer()
-        self._pbref = ctypes.byref(self._pb)
         self._vec = bytearray(0)
         self._vec_addr = 0
         self._grow(1024)
@@ -781,41 +838,6 @@ class ValuePages:
     def _grow(self, pages: int) -> None:
         self._vec = bytearray(pages)
         self._vec_addr = ctypes.addressof((ctypes.c_char * pages).from_buffer(self._vec))
-
-    def address(self, value: memoryview) -> int:
-        """Where `value` (a view into the map) starts."""
-        if self._get(value, self._pbref, 0):
-            raise BufferError("no buffer")
-        addr = self._pb.buf
-        self._release(self._pbref)
-        return int(addr or 0)
-
-    def calibrate(self, txn: lmdb.Transaction, db: lmdb._Database) -> None:
-        """Find the cursor's MDB_val (the value's size, then its address) inside a
-        py-lmdb Cursor object, from up to 4 values of `db` (small, so touching them costs
-        nothing); disable if it is not at one offset for all of them."""
-        if not self.enabled:
-            return
-        offsets: set[int] | None = None
-        cur = txn.cursor(db=db)
-        size = type(cur).__basicsize__
-        for n, _ in enumerate(cur.iternext(values=False)):
-            if n == 4:
-                break
-            value = cur.value()
-            want = struct.pack("@NN", len(value), self.address(value))
-            raw = ctypes.string_at(id(cur), size)
-            found = {o for o in range(0, size - 15, 8) if raw[o : o + 16] == want}
-            offsets = found if offsets is None else offsets & found
-        if offsets is not None and len(offsets) == 1:
-            self._val_offset = offsets.pop()
-        else:
-            self.enabled = False
-            log.info("cold hits fault on the serving thread: no MDB_val in py-lmdb cursors")
-
-    def cursor(self, txn: lmdb.Transaction, db: lmdb._Database) -> ValueCursor:
-        assert self._val_offset >= 0, "calibrate() first"
-        return ValueCursor(txn.cursor(db=db), self._val_offset)
 
     def resident(self, addr: int, lo: int, hi: int) -> bool:
         """Whether every page of [addr+lo, addr+hi) is in memory (not under IO)."""

@@ -52,8 +52,9 @@ from dataclasses import dataclass
 import lmdb
 import trio
 
+from silofs.cache.bounds import ValueCursor
 from silofs.cache.format import MAX_SPAN_CHUNKS, ChunkFormatError, ChunkRef, checked_chunk
-from silofs.cache.store import CacheStore, ValueCursor, ValuePages
+from silofs.cache.store import CacheStore, ValuePages
 from silofs.control.client import AsyncControlClient, ControlError, quote_segment
 from silofs.flight import SingleFlight
 from silofs.records import MountCounters, ObjectInfo
@@ -227,9 +228,8 @@ class ChunkReader:
         self._cursor: ValueCursor | None = None  # on self._txn's chunks db
         self._resident_key = b""  # the chunk found in memory last (_cold)
         self.pages = ValuePages(os.path.join(store.path, "data.mdb"))
-        if self.pages.enabled:
-            with store.read_txn() as txn:
-                self.pages.calibrate(txn, store.db(b"meta"))
+        if self.pages.enabled and store.value_bounds() is None:
+            self.pages.enabled = False  # no cursor finds a value untouched
         self._fault_limiter = trio.CapacityLimiter(FAULT_THREADS)
         self.faulted_in = 0  # hits whose pages a worker thread brought in
         self._flights: SingleFlight[bytes, tuple[bytes, bool]] = SingleFlight()
@@ -346,7 +346,7 @@ class ChunkReader:
 
     def _find(self, key: bytes) -> memoryview | list[int] | None:
         if not self.pages.enabled:
-            return self._snapshot().get(key, db=self._chunks_db)
+            return self.store.get_value(self._snapshot(), self._chunks_db, key)
         cold = self._cold(key)
         if cold is None or cold:
             return cold
@@ -358,8 +358,10 @@ class ChunkReader:
         pages is not in memory, [] if all are, None if absent. Touches none of them."""
         cur = self._cursor
         if cur is None:
-            cur = self._cursor = self.pages.cursor(self._snapshot(), self._chunks_db)
-        where = cur.find(key)
+            cur = self.store.value_cursor(self._snapshot(), self._chunks_db)
+            assert cur is not None  # pages.enabled: value_bounds() found the map
+            self._cursor = cur
+        where = cur.find(key)  # DamagedValueError (an lmdb.Error) outside data.mdb
         if where is None:
             return None
         addr, size = where
@@ -396,7 +398,7 @@ class ChunkReader:
             await trio.to_thread.run_sync(_populate, self.pages, where, limiter=self._fault_limiter)
             # Looked up again (it may have been remapped meanwhile: set_mapsize); its
             # pages are in memory now, so the get's preload does not wait.
-            value = txn.get(ref.key, db=self._chunks_db)
+            value = self.store.get_value(txn, self._chunks_db, ref.key)
             self._resident_key = ref.key
             return value
         finally:
@@ -537,8 +539,8 @@ class ChunkReader:
         def advise() -> None:
             # The serving thread must not remap the env under this walk (adopt_map_size).
             with self.store.remap_lock, self.store.read_txn() as txn:
-                cur = self.pages.cursor(txn, self._chunks_db)
-                for key in keys:
+                cur = self.store.value_cursor(txn, self._chunks_db)
+                for key in keys if cur is not None else ():
                     where = cur.find(key)
                     if where is not None:
                         self.pages.willneed(where[0], 0, where[1])  # GIL released

@@ -88,7 +88,7 @@ class Fetcher:
         with replace=True so the bad value does not stay in the way of every read)."""
         with self.store.read_txn() as txn:
             try:
-                value = txn.get(ref.key, db=self.store.db(b"chunks"))
+                value = self.store.get_value(txn, self.store.db(b"chunks"), ref.key)
             except lmdb.Error as exc:  # a damaged LMDB page (LMDB checks none)
                 counters.corrupt_chunks += 1
                 log.warning(

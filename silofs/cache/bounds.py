@@ -1,0 +1,198 @@
+"""Whether a value LMDB points at lies inside data.mdb, found without touching it.
+
+LMDB checksums none of its pages. A damaged leaf node (a flipped overflow page number or
+value size) makes a lookup return a value that lies partly or wholly beyond the end of
+data.mdb but inside the map: the first byte touched there ends the process with SIGBUS,
+in py-lmdb's get() (it reads a byte of every page of a value before returning it) or in
+mdb_del/mdb_put freeing the value's overflow pages. A byte flip in the cache must cost
+a refetch, never a mount or the daemon.
+
+Owns ValueCursor (a cursor that finds a value's address and size without touching it and
+refuses one outside the file), where a py-lmdb Cursor keeps its MDB_val (found once per
+process on a scratch env), where this process maps data.mdb (/proc/self/maps), and
+whether an overflow value's first page header says what its node says (intact_overflow,
+asked before deleting one). Never reads a value's bytes, and never decides what a
+damaged value costs (callers count it and refetch).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import struct
+import tempfile
+
+import lmdb
+
+log = logging.getLogger(__name__)
+
+_PAGE_HEAD = struct.Struct("<QHHI")  # pgno, pad, flags, overflow page count
+_P_OVERFLOW = 0x04
+
+
+class DamagedValueError(lmdb.CorruptedError):
+    """A node whose value lies (partly) outside data.mdb: a damaged B-tree page."""
+
+
+class _PyBuffer(ctypes.Structure):
+    """CPython's Py_buffer: the one way to learn a read-only memoryview's address."""
+
+    _fields_ = [
+        ("buf", ctypes.c_void_p),
+        ("obj", ctypes.c_void_p),
+        ("len", ctypes.c_ssize_t),
+        ("itemsize", ctypes.c_ssize_t),
+        ("readonly", ctypes.c_int),
+        ("ndim", ctypes.c_int),
+        ("format", ctypes.c_char_p),
+        ("shape", ctypes.c_void_p),
+        ("strides", ctypes.c_void_p),
+        ("suboffsets", ctypes.c_void_p),
+        ("internal", ctypes.c_void_p),
+    ]
+
+
+_get_buffer = ctypes.pythonapi.PyObject_GetBuffer
+_get_buffer.argtypes = [ctypes.py_object, ctypes.POINTER(_PyBuffer), ctypes.c_int]
+_get_buffer.restype = ctypes.c_int
+_release_buffer = ctypes.pythonapi.PyBuffer_Release
+_release_buffer.argtypes = [ctypes.POINTER(_PyBuffer)]
+_release_buffer.restype = None
+
+
+def buffer_address(view: memoryview | bytes) -> int:
+    """Where the bytes of `view` start in memory."""
+    pb = _PyBuffer()
+    if _get_buffer(view, ctypes.byref(pb), 0):
+        raise BufferError("no buffer")
+    addr = pb.buf
+    _release_buffer(ctypes.byref(pb))
+    return int(addr or 0)
+
+
+_val_offset: int | None = None
+
+
+def mdb_val_offset() -> int:
+    """The offset of [mv_size, mv_data] (the value a cursor is on) inside a py-lmdb
+    Cursor object, or -1 if this py-lmdb keeps it elsewhere. Found once per process on a
+    scratch env of known values, never on a cache's own values (which may be damaged)."""
+    global _val_offset
+    if _val_offset is None:
+        try:
+            _val_offset = _find_val_offset()
+        except (lmdb.Error, OSError) as exc:
+            log.info("cannot find py-lmdb's MDB_val: %s", exc)
+            _val_offset = -1
+        if _val_offset < 0:
+            log.info("damaged cache values are not bounds-checked (another py-lmdb)")
+    return _val_offset
+
+
+def _find_val_offset() -> int:
+    with tempfile.TemporaryDirectory(prefix="silofs-mdbval-") as path:
+        env = lmdb.open(path, map_size=1 << 20, lock=False, sync=False, metasync=False)
+        try:
+            with env.begin(write=True) as txn:
+                for i, size in enumerate((3, 700, 5000, 20_000)):  # inline and overflow
+                    txn.put(bytes([i]), bytes(size))
+            with env.begin(buffers=True) as txn:
+                cur = txn.cursor()
+                width = type(cur).__basicsize__
+                offsets: set[int] | None = None
+                for _ in cur.iternext(values=False):
+                    value = cur.value()
+                    want = struct.pack("@NN", len(value), buffer_address(value))
+                    raw = ctypes.string_at(id(cur), width)
+                    found = {o for o in range(0, width - 15, 8) if raw[o : o + 16] == want}
+                    offsets = found if offsets is None else offsets & found
+                    del value
+                cur.close()
+        finally:
+            env.close()
+    return offsets.pop() if offsets is not None and len(offsets) == 1 else -1
+
+
+def data_mapping(fd: int) -> int | None:
+    """Where this process maps the file open on `fd` from offset 0 (LMDB's map of
+    data.mdb), or None if it does not, or more than once."""
+    st = os.fstat(fd)
+    starts = []
+    with open("/proc/self/maps") as f:
+        for line in f:
+            span, _, offset, dev, ino = line.split(None, 5)[:5]
+            if int(ino) != st.st_ino or int(offset, 16) != 0:
+                continue
+            major, minor = (int(x, 16) for x in dev.split(":"))
+            if os.makedev(major, minor) == st.st_dev:
+                starts.append(int(span.split("-")[0], 16))
+    return starts[0] if len(starts) == 1 else None
+
+
+class ValueCursor:
+    """A cursor on one db of one txn that finds where a value is without touching it.
+
+    py-lmdb's get() and Cursor.value() "preload" a value (read a byte of each of its
+    pages, GIL released) before returning it. Cursor.set_key() only positions the
+    cursor; the value's address and size are then read from the cursor object's MDB_val.
+    That is what lets a mount's serving thread look a value up without waiting on the
+    disk (mount/reader.py), and what lets every caller refuse a value that lies outside
+    data.mdb before anything touches it: find() raises DamagedValueError for one.
+
+    bounds = (start, end, map_end): the map is [start, map_end), of which [start, end)
+    is backed by data.mdb when the txn began (a committed txn's pages are written before
+    its meta page, and the file never shrinks). In a read txn every value lies there. In
+    a write txn a value may sit in heap memory instead (a dirty copy of its leaf, or the
+    overflow pages of a value put in that txn): there a value is refused only if it lies
+    partly in the map beyond the file, or is too big for a leaf and outside the file.
+    """
+
+    __slots__ = ("cursor", "_val", "start", "_end", "_map_end", "_inline_max")
+
+    def __init__(
+        self, cursor: lmdb.Cursor, offset: int, bounds: tuple[int, int, int], write_psize: int
+    ) -> None:
+        self.cursor = cursor
+        # [mv_size, mv_data] inside the cursor object, alive as long as self.cursor.
+        self._val = (ctypes.c_size_t * 2).from_address(id(cursor) + offset)
+        self.start, self._end, self._map_end = bounds
+        # A write txn's (0 for a read txn): LMDB keeps a value in its leaf node only
+        # below about half a page (me_nodemax); a bigger one always has overflow pages.
+        self._inline_max = write_psize // 2
+
+    def find(self, key: bytes) -> tuple[int, int] | None:
+        """(address, size) of the value of `key`, or None if absent; DamagedValueError
+        if it lies outside data.mdb."""
+        if not self.cursor.set_key(key):
+            return None
+        val = self._val
+        size, addr = val[0], val[1]
+        if not (self.start <= addr and addr + size <= self._end) and not (
+            size <= self._inline_max
+            and not self.start <= addr + size <= self._map_end  # all heap, none in the map
+            and not self.start <= addr < self._map_end
+        ):
+            raise DamagedValueError(f"value of {size} bytes at {addr:#x} lies outside data.mdb")
+        return addr, size
+
+    def get(self, key: bytes) -> memoryview | bytes | None:
+        """The value of `key` (touched only once find() placed it inside the file)."""
+        return None if self.find(key) is None else self.cursor.value()
+
+    def value(self) -> memoryview:
+        """The value found last (touching its pages: they should be in memory)."""
+        return self.cursor.value()
+
+
+def intact_overflow(map_start: int, addr: int, size: int, psize: int) -> bool:
+    """Whether the overflow value at `addr` (inside the file: find() said so) starts on
+    a page whose header names that page and as many overflow pages as `size` needs.
+    LMDB frees a deleted value's pages by that header; a node pointing into the middle
+    of another value would free live pages."""
+    head = addr - _PAGE_HEAD.size
+    if head < map_start or (head - map_start) % psize:
+        return False
+    pgno, _, flags, pages = _PAGE_HEAD.unpack(ctypes.string_at(head, _PAGE_HEAD.size))
+    need = -(-(size + _PAGE_HEAD.size) // psize)
+    return pgno == (head - map_start) // psize and flags == _P_OVERFLOW and pages == need
