@@ -334,8 +334,16 @@ class MountProcess:
                 self.reader.start(nursery)
                 nursery.start_soon(self._report_loop)
                 nursery.start_soon(self._child_signals if child else self._signals)
-                await pyfuse3.main()
-                unmount = False  # main() returned: the kernel already unmounted us
+                try:
+                    await pyfuse3.main()
+                except BaseException as exc:
+                    # The kernel ended the session: ENODEV after an unmount, or
+                    # ECONNABORTED when it aborted the connection (an unmount racing the
+                    # next receive, fusermount -z, /sys/fs/fuse/connections/N/abort).
+                    if not forked.is_disconnected(exc):
+                        raise
+                    log.info("the kernel ended the FUSE session: %s", _first_error(exc))
+                unmount = False  # the kernel already unmounted us
                 nursery.cancel_scope.cancel()
         finally:
             if child:
@@ -555,6 +563,13 @@ def _invalidate_attrs(inodes: list[int]) -> None:
             pyfuse3.invalidate_inode(ino, attr_only=True)
         except OSError as exc:
             log.debug("invalidating inode %d: %s", ino, exc)
+
+
+def _first_error(exc: BaseException) -> BaseException:
+    """The first exception inside `exc`'s ExceptionGroups (itself if it is none)."""
+    while isinstance(exc, BaseExceptionGroup):
+        exc = exc.exceptions[0]
+    return exc
 
 
 def _mount_error(exc: BaseException, mountpoint: str) -> str:

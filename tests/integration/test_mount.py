@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import mmap
 import os
@@ -239,3 +240,35 @@ def test_unmount_and_fusermount_both_end_the_mount(
     subprocess.run(["fusermount3", "-u", str(mp2)], check=True)
     assert not mounted(mp2)
     wait_for(lambda: not node.status()["mounts"], what="the daemon to notice both unmounts")
+
+
+def _fusectl() -> Path | None:
+    """/sys/fs/fuse/connections, mounted if it is not (root); None where it cannot be."""
+    conns = Path("/sys/fs/fuse/connections")
+    if conns.is_dir() and not any(conns.iterdir()) and os.geteuid() == 0:
+        subprocess.run(["mount", "-t", "fusectl", "none", str(conns)], capture_output=True)
+    return conns if conns.is_dir() and os.access(conns, os.W_OK) else None
+
+
+def test_an_aborted_connection_ends_the_mount_quietly(
+    make_node, local_store, monkeypatch, bucket_name, tmp_path: Path
+) -> None:
+    """Aborting the FUSE connection (what an unmount racing the next receive looks like
+    to the session loop: ECONNABORTED) ends the mount process with a goodbye to the
+    daemon and no ERROR in its log (the node fixture checks), and readers get ENOTCONN."""
+    tree = sample_tree()
+    local_store.apply_env(monkeypatch)
+    local_store.create(bucket_name, tree)
+    node = make_node()
+    mp = node.mount(local_store.uri(bucket_name), tmp_path / "m")
+    assert (mp / "empty.txt").read_bytes() == b""
+    conns = _fusectl()
+    if conns is None:
+        pytest.skip("no writable /sys/fs/fuse/connections (fusectl)")
+    abort = conns / str(os.minor(os.stat(mp).st_dev)) / "abort"
+    abort.write_text("1")
+    with pytest.raises(OSError) as err:
+        (mp / "train/img000.jpg").read_bytes()
+    assert err.value.errno == errno.ENOTCONN
+    wait_for(lambda: not node.status()["mounts"], what="the mount's goodbye")
+    subprocess.run(["fusermount3", "-u", "-z", str(mp)], capture_output=True)
