@@ -250,3 +250,40 @@ def test_a_local_tree_is_listed_directory_by_directory(tmp_path: Path, workers: 
             isinstance(o, ObjectInfo) and o.key.startswith(key) and "/" not in o.key[len(key) :]
             for o in events[i:]
         ), key
+
+
+class CountingStore(MemStore):
+    """Counts prefixes named on a page and not yet listed: the fan-out's backlog."""
+
+    def __init__(self, keys: list[str], workers: int, page: int) -> None:
+        super().__init__(keys, workers, page)
+        self.named: set[str] = set()
+        self.started: set[str] = set()
+        self.max_backlog = 0
+
+    def _list_dir_page(
+        self, prefix: str, token: str | None
+    ) -> tuple[Iterable[Any], list[str], str | None]:
+        with self.lock:
+            self.started.add(prefix)
+        items, subs, nxt = super()._list_dir_page(prefix, token)
+        with self.lock:
+            self.named.update(subs)
+            self.max_backlog = max(self.max_backlog, len(self.named - self.started))
+        time.sleep(0.0005)  # a request takes time: the root's pages outrun the walks
+        return items, subs, nxt
+
+
+def test_the_backlog_of_named_prefixes_stays_bounded(monkeypatch) -> None:
+    """5,000 sample directories under one prefix: the prefixes named and not yet walked
+    stay within FAN_OUT_BACKLOG per worker (the rest are walked depth first by the
+    worker that found them), and the listing is still exactly the serial one."""
+    import silofs.node.backends.base as base
+
+    monkeypatch.setattr(base, "FAN_OUT_BACKLOG", 8)
+    keys = [f"p/s{i:05d}/x.jpg" for i in range(5000)]
+    store = CountingStore(keys, workers=4, page=500)
+    got = sorted(o.key for o in store.list_events() if isinstance(o, ObjectInfo))
+    assert got == sorted(k[2:] for k in keys)
+    assert store.max_backlog <= 8 * 4 + 500, store.max_backlog  # + one page's names
+    assert store.max_backlog >= 8 * 4  # the bound is what held it, not the store's pace

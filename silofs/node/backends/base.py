@@ -304,6 +304,12 @@ class RangeStream:
             log.debug("closing a range stream of %s: %s", self._what, exc)
 
 
+# Prefixes named and not yet walked, per list worker, before a worker walks the next one
+# it finds itself (fan_out): ~0.5 KB each queued, so 64 x 32 workers hold ~1 MB.
+FAN_OUT_BACKLOG = 64
+FAN_OUT_DEPTH = 32
+
+
 def fan_out(
     root: str, workers: int, pages: Callable[[str], Iterator[DirPage]]
 ) -> Iterator[ObjectInfo | PrefixListed]:
@@ -315,8 +321,11 @@ def fan_out(
 
     Pages go through a queue of 2 x workers pages, so a consumer that writes slower than
     the store lists holds the workers back instead of buffering the listing: memory
-    stays flat. Any worker's error ends the listing with that error; a consumer that
-    stops early stops the workers."""
+    stays flat. So does the backlog of prefixes named and not yet walked: past
+    FAN_OUT_BACKLOG per worker, the worker that found a sub-prefix walks it itself,
+    depth first, before its own next page (a million sample directories under one
+    prefix would otherwise queue a million walks, ~0.5 GB). Any worker's error ends the
+    listing with that error; a consumer that stops early stops the workers."""
     Item = list[ObjectInfo | PrefixListed] | BaseException | None
     out: queue.Queue[Item] = queue.Queue(2 * workers)
     stop = threading.Event()
@@ -334,7 +343,7 @@ def fan_out(
             except queue.Full:
                 continue
 
-    def walk(prefix: str) -> None:
+    def walk(prefix: str, depth: int = 0) -> None:
         # Each sub-prefix announced and walked once: a store may name one on several
         # pages of its parent (fake-gcs-server repeats a page's prefixes on the next),
         # which would list its objects again, or announce a directory whose walk already
@@ -361,7 +370,13 @@ def fan_out(
                 for sub in subs:
                     with lock:
                         pending[0] += 1
-                    pool.submit(walk, sub)
+                        # Not deeper than FAN_OUT_DEPTH walks in one thread's stack: a
+                        # chain of nested prefixes is narrow, and queued it is small.
+                        inline = pending[0] > backlog and depth < FAN_OUT_DEPTH
+                    if inline:
+                        walk(sub, depth + 1)  # in pending, and ended, as a queued one
+                    else:
+                        pool.submit(walk, sub)
                 if last:
                     break
         except BaseException as exc:  # handed to the consumer, which raises it
@@ -373,6 +388,7 @@ def fan_out(
         if done:
             put(None)
 
+    backlog = FAN_OUT_BACKLOG * workers
     pool = ThreadPoolExecutor(workers, thread_name_prefix="silofs-list")
     try:
         pool.submit(walk, root)
