@@ -327,7 +327,9 @@ class AzureBackend(RetryingBackend):
                 return azurelist.list_page(container, prefix, token, size, delimiter)
             except azurelist.LeanDeclined as exc:
                 self.counters.lean_fallbacks += 1
-                log.info("%s: a list page left to the SDK: %s", self.uri, exc)
+                # Once per backend: without the SDK's pipeline every page declines.
+                if self.counters.lean_fallbacks == 1:
+                    log.info("%s: list pages left to the SDK (counted): %s", self.uri, exc)
             return self._list_sdk(container, prefix, token, size, delimiter)
         except ax.AzureError as exc:
             raise self._classify(exc, f"container {self.container_name}") from exc
