@@ -213,7 +213,11 @@ class CacheStore:
                     raise
         self._max_key = self.env.max_key_size()  # 511 in stock LMDB; S3 keys reach 1024
         psize = self.psize = self.env.stat()["psize"]
-        self._data_fd = os.open(os.path.join(path, "data.mdb"), os.O_RDONLY | os.O_CLOEXEC)
+        try:  # for value_bounds(): the file's size, where it is mapped
+            self._data_fd = os.open(os.path.join(path, "data.mdb"), os.O_RDONLY | os.O_CLOEXEC)
+        except OSError as exc:
+            log.warning("cache values are not bounds-checked: %s", exc)
+            self._data_fd = -1
         self._map_start: int | None = None  # found on first use (value_bounds)
         self._headroom_pages = max(
             _HEADROOM_MIN_PAGES, min(map_size // psize // 256, _HEADROOM_MAX_PAGES)
@@ -236,6 +240,8 @@ class CacheStore:
         a value's size). Inside a backed map that touch reads zeros or another page: a
         value that fails its checksum, or an lmdb.Error. LMDB does the same itself with
         MDB_WRITEMAP; the file's used pages, and so the disk it takes, are unchanged."""
+        if self._data_fd < 0:
+            return
         map_size = self.env.info()["map_size"]
         mapped = os.fstat(self._data_fd)
         if mapped.st_size >= map_size:
@@ -271,7 +277,9 @@ class CacheStore:
 
     def close(self) -> None:
         self.env.close()
-        os.close(self._data_fd)
+        if self._data_fd >= 0:
+            os.close(self._data_fd)
+            self._data_fd = -1
 
     def adopt_map_size(self) -> None:
         """The daemon grew the map (MapResizedError): remap at its size. Waits for the
@@ -285,6 +293,8 @@ class CacheStore:
     def value_bounds(self) -> tuple[int, int, int] | None:
         """(map start, end of data.mdb in the map, map end) as of now, or None where
         this process's map of data.mdb cannot be found."""
+        if self._data_fd < 0:
+            return None
         if self._map_start is None:
             self._map_start = data_mapping(self._data_fd) or 0
             if not self._map_start:

@@ -346,21 +346,26 @@ class ChunkReader:
 
     def _find(self, key: bytes) -> memoryview | list[int] | None:
         if not self.pages.enabled:
-            return self.store.get_value(self._snapshot(), self._chunks_db, key)
+            cur = self._value_cursor()
+            return self._snapshot().get(key, db=self._chunks_db) if cur is None else cur.get(key)
         cold = self._cold(key)
         if cold is None or cold:
             return cold
         assert self._cursor is not None
         return self._cursor.value()  # in memory: the get's preload does not wait
 
+    def _value_cursor(self) -> ValueCursor | None:
+        """The current snapshot's cursor on the chunks db (None: values cannot be
+        bounds-checked here, cache/bounds.py)."""
+        if self._cursor is None:
+            self._cursor = self.store.value_cursor(self._snapshot(), self._chunks_db)
+        return self._cursor
+
     def _cold(self, key: bytes) -> list[int] | None:
         """[address, 0, size] of the value of `key` in the current snapshot if any of its
         pages is not in memory, [] if all are, None if absent. Touches none of them."""
-        cur = self._cursor
-        if cur is None:
-            cur = self.store.value_cursor(self._snapshot(), self._chunks_db)
-            assert cur is not None  # pages.enabled: value_bounds() found the map
-            self._cursor = cur
+        cur = self._value_cursor()
+        assert cur is not None  # pages.enabled: value_bounds() found the map
         where = cur.find(key)  # DamagedValueError (an lmdb.Error) outside data.mdb
         if where is None:
             return None
