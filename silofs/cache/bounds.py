@@ -185,6 +185,25 @@ class ValueCursor:
         return self.cursor.value()
 
 
+class FirstTime:
+    """Keys seen, up to `limit` (then it forgets them all): a damaged node is left in
+    place and refused on every lookup, so its chunk is counted and logged once per
+    process, not on every read of it."""
+
+    def __init__(self, limit: int = 4096) -> None:
+        self._seen: set[bytes] = set()
+        self._limit = limit
+
+    def __call__(self, key: bytes) -> bool:
+        """Whether `key` is new (and remember it)."""
+        if key in self._seen:
+            return False
+        if len(self._seen) >= self._limit:
+            self._seen.clear()
+        self._seen.add(key)
+        return True
+
+
 def intact_overflow(map_start: int, addr: int, size: int, psize: int) -> bool:
     """Whether the overflow value at `addr` (inside the file: find() said so) starts on
     a page whose header names that page and as many overflow pages as `size` needs.

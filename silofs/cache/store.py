@@ -41,6 +41,7 @@ import lmdb
 
 from silofs.cache.bounds import (
     DamagedValueError,
+    FirstTime,
     ValueCursor,
     data_mapping,
     intact_overflow,
@@ -219,6 +220,7 @@ class CacheStore:
             log.warning("cache values are not bounds-checked: %s", exc)
             self._data_fd = -1
         self._map_start: int | None = None  # found on first use (value_bounds)
+        self._damaged = FirstTime()  # chunk keys whose damaged node was reported
         self._headroom_pages = max(
             _HEADROOM_MIN_PAGES, min(map_size // psize // 256, _HEADROOM_MAX_PAGES)
         )
@@ -575,9 +577,8 @@ class CacheStore:
             # Present? Found without touching the value (get() would read its pages).
             found = cur.find(item.key) if cur is not None else txn.get(item.key, db=chunks)
         except DamagedValueError as exc:
-            log.warning(
-                "chunk %s not admitted, a damaged node has its key: %s", item.key.hex(), exc
-            )
+            if self._damaged(item.key):
+                log.warning("chunk %s not admitted, its node is damaged: %s", item.key.hex(), exc)
             res.rejected += 1
             return
         if found is not None:
@@ -764,13 +765,15 @@ class CacheStore:
         try:
             where = cur.find(key)
         except DamagedValueError as exc:
-            log.warning("chunk %s left in place: %s", key.hex(), exc)
+            if self._damaged(key):
+                log.warning("chunk %s left in place: %s", key.hex(), exc)
             return False
         if where is None:
             return False
         addr, size = where
         if size > self.psize // 2 and not intact_overflow(cur.start, addr, size, self.psize):
-            log.warning("chunk %s left in place: its first page's header disagrees", key.hex())
+            if self._damaged(key):
+                log.warning("chunk %s left in place: its first page's header disagrees", key.hex())
             return False
         return cur.cursor.delete()
 

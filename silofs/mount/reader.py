@@ -52,7 +52,7 @@ from dataclasses import dataclass
 import lmdb
 import trio
 
-from silofs.cache.bounds import ValueCursor
+from silofs.cache.bounds import FirstTime, ValueCursor
 from silofs.cache.format import MAX_SPAN_CHUNKS, ChunkFormatError, ChunkRef, checked_chunk
 from silofs.cache.store import CacheStore, ValuePages
 from silofs.control.client import AsyncControlClient, ControlError, quote_segment
@@ -227,6 +227,7 @@ class ChunkReader:
         self._retired: list[lmdb.Transaction] = []
         self._cursor: ValueCursor | None = None  # on self._txn's chunks db
         self._resident_key = b""  # the chunk found in memory last (_cold)
+        self._damaged = FirstTime()  # chunk keys whose lookup failed
         self.pages = ValuePages(os.path.join(store.path, "data.mdb"))
         if self.pages.enabled and store.value_bounds() is None:
             self.pages.enabled = False  # no cursor finds a value untouched
@@ -432,8 +433,10 @@ class ChunkReader:
         except lmdb.Error as exc:
             # LMDB has no checksums of its own pages: a damaged B-tree page can make a
             # lookup fail. A miss, like a damaged value; never an exception out of read().
-            self.counters.corrupt_chunks += 1
-            log.warning("cache lookup of chunk %d of %s failed: %s", index, f.obj.key, exc)
+            # A damaged node stays (cache/store.py _delete_chunk): counted once.
+            if self._damaged(ref.key):
+                self.counters.corrupt_chunks += 1
+                log.warning("cache lookup of chunk %d of %s failed: %s", index, f.obj.key, exc)
             data, from_cache = await self._miss(ref, refetch=True)
             return data, from_cache, "cache" if from_cache else "store"
         if view is not None:

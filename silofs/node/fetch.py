@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import lmdb
 import trio
 
+from silofs.cache.bounds import FirstTime
 from silofs.cache.format import MAX_SPAN_CHUNKS, ChunkRef, checked_chunk, encode_chunk
 from silofs.cache.store import CacheStore, PendingChunk
 from silofs.flight import SingleFlight
@@ -81,6 +82,7 @@ class Fetcher:
         self._busy: dict[tuple[str, str, int], trio.Event] = {}
         # Open GETs of sequential readers, by (object key, content id, next offset).
         self._parked: OrderedDict[tuple[str, str, int], tuple[RangeStream, float]] = OrderedDict()
+        self._damaged = FirstTime()  # chunk keys whose lookup failed
 
     def cached(self, ref: ChunkRef, counters: FetchCounters) -> tuple[bytes | None, bool]:
         """(a verified copy of the chunk from LMDB or None, whether a value is there that
@@ -90,10 +92,11 @@ class Fetcher:
             try:
                 value = self.store.get_value(txn, self.store.db(b"chunks"), ref.key)
             except lmdb.Error as exc:  # a damaged LMDB page (LMDB checks none)
-                counters.corrupt_chunks += 1
-                log.warning(
-                    "cache lookup of chunk %d of %s failed: %s", ref.index, ref.obj.key, exc
-                )
+                if self._damaged(ref.key):  # a damaged node stays: counted once
+                    counters.corrupt_chunks += 1
+                    log.warning(
+                        "cache lookup of chunk %d of %s failed: %s", ref.index, ref.obj.key, exc
+                    )
                 return None, False
             if value is None:
                 return None, False

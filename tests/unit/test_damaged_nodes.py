@@ -22,7 +22,7 @@ from typing import BinaryIO
 import lmdb
 import pytest
 
-from silofs.cache.bounds import DamagedValueError, mdb_val_offset
+from silofs.cache.bounds import DamagedValueError, FirstTime, mdb_val_offset
 from silofs.cache.format import chunk_key, encode_chunk
 from silofs.cache.store import CacheStore, PendingChunk, Usage
 
@@ -245,3 +245,12 @@ def test_a_value_beyond_the_file_is_refused_before_it_is_touched(base, tmp_path:
     _, status = os.waitpid(pid, 0)
     assert not os.WIFSIGNALED(status), signal.Signals(os.WTERMSIG(status)).name
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_a_damaged_node_is_reported_once_per_key() -> None:
+    """A node left in place is refused on every lookup; FirstTime makes its chunk one
+    count and one log line per process, and forgets everything past its limit."""
+    first = FirstTime(limit=3)
+    assert [first(k) for k in (b"a", b"a", b"b", b"a")] == [True, False, True, False]
+    assert first(b"c") and first(b"d")  # the fourth key: the first three are forgotten
+    assert first(b"a") and not first(b"d")
