@@ -16,6 +16,10 @@ drifts from content, even across kill -9. Only the daemon writes, from one threa
 time (the Writer); mount processes open the same env and only read. This module never
 decides what to admit or evict: callers pass the quota and the target.
 
+Chunk values are found through bounds.py's ValueCursor (get_value, value_cursor) and
+never with a bare get(): a damaged node must cost a refetch, not a SIGBUS. For the same
+reason the daemon keeps data.mdb as large as the map (sparse; _back_the_map).
+
 The read side also owns ValuePages: where a value a read txn returned lies in the
 mapping, whether its pages are in memory (mincore), and asking the kernel to bring them
 in (madvise) so a mount's serving thread never waits on the disk for a hit (mount/
