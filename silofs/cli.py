@@ -737,6 +737,7 @@ def _mount_foreground(
     from silofs.mount.process import run_mount
 
     setup_logging(log_level, log_file, fmt=log_format)
+    faulthandler.enable()  # as a background mount's (mount_process)
     errors: list[str] = []
 
     def ready(error: str | None) -> None:
