@@ -308,7 +308,11 @@ class CacheStore:
         start = self._map_start
         if not start:
             return None
-        return start, start + os.fstat(self._data_fd).st_size, start + self.env.info()["map_size"]
+        map_size = self.env.info()["map_size"]
+        # The file may be larger than this map (presized by a daemon with a bigger cache
+        # size before): what is not mapped is not there to touch.
+        size = min(os.fstat(self._data_fd).st_size, map_size)
+        return start, start + size, start + map_size
 
     def value_cursor(
         self, txn: lmdb.Transaction, db: lmdb._Database, *, write: bool = False

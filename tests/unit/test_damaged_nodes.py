@@ -254,3 +254,17 @@ def test_a_damaged_node_is_reported_once_per_key() -> None:
     assert [first(k) for k in (b"a", b"a", b"b", b"a")] == [True, False, True, False]
     assert first(b"c") and first(b"d")  # the fourth key: the first three are forgotten
     assert first(b"a") and not first(b"d")
+
+
+def test_bounds_end_at_the_map_when_the_file_is_larger(tmp_path: Path) -> None:
+    """A daemon that ran with a bigger cache size grew data.mdb past this map: a value
+    running past the map's end is refused though it is inside the file."""
+    store = CacheStore(str(tmp_path), 64 << 20)
+    store.close()
+    os.truncate(tmp_path / "data.mdb", 256 << 20)
+    store = CacheStore(str(tmp_path), 64 << 20, readonly=True)
+    bounds = store.value_bounds()
+    assert bounds is not None
+    start, end, map_end = bounds
+    assert end == map_end == start + store.env.info()["map_size"] < start + (256 << 20)
+    store.close()
