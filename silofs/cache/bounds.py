@@ -114,11 +114,11 @@ def _find_val_offset() -> int:
     return offsets.pop() if offsets is not None and len(offsets) == 1 else -1
 
 
-def data_mapping(fd: int) -> int | None:
-    """Where this process maps the file open on `fd` from offset 0 (LMDB's map of
-    data.mdb), or None if it does not, or more than once."""
+def data_mapping(fd: int) -> tuple[int, int] | None:
+    """[start, end) of where this process maps the file open on `fd` from offset 0
+    (LMDB's map of data.mdb), or None if it does not, or more than once."""
     st = os.fstat(fd)
-    starts = []
+    spans = []
     with open("/proc/self/maps") as f:
         for line in f:
             span, _, offset, dev, ino = line.split(None, 5)[:5]
@@ -126,8 +126,9 @@ def data_mapping(fd: int) -> int | None:
                 continue
             major, minor = (int(x, 16) for x in dev.split(":"))
             if os.makedev(major, minor) == st.st_dev:
-                starts.append(int(span.split("-")[0], 16))
-    return starts[0] if len(starts) == 1 else None
+                lo, hi = (int(x, 16) for x in span.split("-"))
+                spans.append((lo, hi))
+    return spans[0] if len(spans) == 1 else None
 
 
 class ValueCursor:

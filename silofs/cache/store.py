@@ -302,7 +302,8 @@ class CacheStore:
         if self._data_fd < 0:
             return None
         if self._map_start is None:
-            self._map_start = data_mapping(self._data_fd) or 0
+            span = data_mapping(self._data_fd)
+            self._map_start = span[0] if span is not None else 0
             if not self._map_start:
                 log.info("no map of %s found: cache values are not bounds-checked", self.path)
         start = self._map_start
@@ -842,14 +843,11 @@ class ValuePages:
         if calls is not None:
             self._mincore, self._madvise = calls
         self._fd = -1
-        self._ino = (0, 0)
         self._map = (0, 0)  # [start, end) of the mapping of data.mdb, as last read
         self._byte = bytearray(1)
         if self.enabled and not self.truthful:
             try:
                 self._fd = os.open(data_path, os.O_RDONLY | os.O_CLOEXEC)
-                st = os.fstat(self._fd)
-                self._ino = (st.st_dev, st.st_ino)
             except OSError:
                 self.enabled = False
         self._vec = bytearray(0)
@@ -880,19 +878,10 @@ class ValuePages:
 
     def _offset(self, addr: int) -> int | None:
         """The offset in data.mdb of the mapped address `addr` (LMDB maps the file from
-        offset 0), or None if no mapping of data.mdb holds it."""
+        offset 0), or None if the mapping of data.mdb does not hold it."""
         start, end = self._map
         if not start <= addr < end:
-            self._map = (0, 0)
-            with open("/proc/self/maps") as f:
-                for line in f:
-                    span, _, offset, dev, ino = line.split(None, 5)[:5]
-                    lo, hi = (int(x, 16) for x in span.split("-"))
-                    if lo <= addr < hi and int(ino) == self._ino[1] and int(offset, 16) == 0:
-                        major, minor = (int(x, 16) for x in dev.split(":"))
-                        if os.makedev(major, minor) == self._ino[0]:
-                            self._map = (lo, hi)
-                        break
+            self._map = data_mapping(self._fd) or (0, 0)  # remapped: read it again
             start, end = self._map
             if not start <= addr < end:
                 return None
