@@ -33,7 +33,7 @@ from silofs.config import (
     load_node_settings,
 )
 from silofs.control.client import ControlClient, ControlError, DaemonNotTrusted
-from silofs.errors import SilofsError, UsageError
+from silofs.errors import SilofsError, UsageError, first_leaf
 from silofs.logsetup import LOG_FORMATS, setup_logging
 from silofs.mountinfo import silofs_mounts
 from silofs.units import format_rate, format_size, parse_rate, parse_size
@@ -67,16 +67,9 @@ def one_line_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
             expected = group.subgroup((SilofsError, ControlError))
             if expected is None or group.split((SilofsError, ControlError))[1] is not None:
                 raise
-            fail(str(_first_leaf(expected)))
+            fail(str(first_leaf(expected)))
 
     return wrapper
-
-
-def _first_leaf(group: BaseExceptionGroup) -> BaseException:
-    exc: BaseException = group
-    while isinstance(exc, BaseExceptionGroup):
-        exc = exc.exceptions[0]
-    return exc
 
 
 def state_dir() -> str:

@@ -60,3 +60,11 @@ class ChecksumMismatchError(TransientError):
 
 class VersionMismatchError(SilofsError):
     """A mount asked for a version of an object other than the one now listed."""
+
+
+def first_leaf(exc: BaseException) -> BaseException:
+    """The first exception inside `exc`'s ExceptionGroups (trio reports a failed task
+    inside one per nursery); `exc` itself if it is not a group."""
+    while isinstance(exc, BaseExceptionGroup):
+        exc = exc.exceptions[0]
+    return exc

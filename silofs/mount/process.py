@@ -34,7 +34,7 @@ from silofs.cache.listing import ListingReader, changed_entries
 from silofs.cache.store import CacheStore
 from silofs.config import MountSettings
 from silofs.control.client import AsyncControlClient, ControlError, quote_segment
-from silofs.errors import SilofsError
+from silofs.errors import SilofsError, first_leaf
 from silofs.logsetup import reopen_log_files
 from silofs.mount import forked
 from silofs.mount.fs import Presentation, SilofsFS
@@ -342,7 +342,7 @@ class MountProcess:
                     # next receive, fusermount -z, /sys/fs/fuse/connections/N/abort).
                     if not forked.is_disconnected(exc):
                         raise
-                    log.info("the kernel ended the FUSE session: %s", _first_error(exc))
+                    log.info("the kernel ended the FUSE session: %s", first_leaf(exc))
                 unmount = False  # the kernel already unmounted us
                 nursery.cancel_scope.cancel()
         finally:
@@ -563,13 +563,6 @@ def _invalidate_attrs(inodes: list[int]) -> None:
             pyfuse3.invalidate_inode(ino, attr_only=True)
         except OSError as exc:
             log.debug("invalidating inode %d: %s", ino, exc)
-
-
-def _first_error(exc: BaseException) -> BaseException:
-    """The first exception inside `exc`'s ExceptionGroups (itself if it is none)."""
-    while isinstance(exc, BaseExceptionGroup):
-        exc = exc.exceptions[0]
-    return exc
 
 
 def _mount_error(exc: BaseException, mountpoint: str) -> str:
