@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import itertools
 import random
+import types
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,6 +22,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from silofs.cache import listing
 from silofs.cache.listing import Entry, changed_entries
 from silofs.cache.store import CacheStore
 from silofs.errors import SilofsError
@@ -158,6 +160,39 @@ def test_inode_numbers_are_kept_across_a_refresh(store: CacheStore) -> None:
     assert after["train/dogs/1.jpg"].since == first.gen
     assert after["README"].since == second.gen
     assert after["README"].obj.version == "v2"  # type: ignore[union-attr]
+
+
+def test_a_directorys_files_have_neighbouring_inode_numbers(store: CacheStore) -> None:
+    # The inodes B-tree is keyed by number: a directory's files must share the top bits
+    # (their directory's), or every file of a batch dirties a page of its own.
+    m = build(store, [obj(f"d{i % 4}/f{i}") for i in range(800)], batch=100)
+    tops: dict[str, set[int]] = {}
+    for p, n in walk_paths(m).items():
+        if not n.is_dir:
+            tops.setdefault(p.split("/")[0], set()).add(n.inode >> listing._FILE_BITS)
+    assert len(tops) == 4
+    assert all(len(t) == 1 for t in tops.values()), tops
+    assert len(set().union(*tops.values())) == 4
+
+
+def test_colliding_file_inode_numbers_probe_to_distinct_ones(
+    store: CacheStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Every file's own hash the same: each one after the first probes past the taken
+    # numbers, and every file is still found, with its own attributes.
+    real = listing.xxhash.xxh3_64_intdigest
+    fake = types.SimpleNamespace(
+        xxh3_64_intdigest=lambda b: 7 if b.startswith(b"f:") else real(b),
+        xxh3_128_digest=listing.xxhash.xxh3_128_digest,
+    )
+    monkeypatch.setattr(listing, "xxhash", fake)
+    files = [obj(f"d/f{i}", size=i) for i in range(50)] + [obj("g/f0", size=99)]
+    m = build(store, files, batch=7)
+    found = {p: n for p, n in walk_paths(m).items() if not n.is_dir}
+    assert len({n.inode for n in found.values()}) == len(files)
+    for o in files:
+        n = found[o.key]
+        assert n.size == o.size and m.get(n.inode) == n
 
 
 def _tree(m: Manifest | OldManifest) -> dict[str, tuple]:
