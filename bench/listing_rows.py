@@ -36,7 +36,7 @@ def measure(n: int, lookups: int) -> None:
 
     d = tempfile.mkdtemp(prefix="listing-rows-", dir="/var/tmp")
     try:
-        s = CacheStore(d, env_map_size(2 << 30))
+        s = CacheStore(d, env_map_size(max(2 << 30, n * 1024)))  # ~320-450 B per object
         dsid = s.dataset_id("file:///bench/", create=True)
         assert dsid is not None
         b = s.begin_listing(dsid)
