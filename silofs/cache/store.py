@@ -112,7 +112,9 @@ class AdmitResult:
     admitted_bytes: int = 0
     rejected: int = 0  # over quota: uniform admission keeps what it has
     present: int = 0  # already cached (another mount or dataset got there first)
-    full: bool = False  # LMDB map full: the disk budget is used up
+    damaged: int = 0  # its key's LMDB node is damaged: left alone, served from the store
+    full: bool = False  # LMDB map full: the disk budget is used up (nothing admitted)
+    unplaced: int = 0  # offers of a batch that hit the full map
 
 
 class CacheDamagedError(SilofsError):
@@ -567,7 +569,7 @@ class CacheStore:
                     self._check_headroom(txn)
         except lmdb.MapFullError:
             log.warning("cache map is full; admission pauses until space is freed")
-            return AdmitResult(rejected=len(items), full=True)
+            return AdmitResult(full=True, unplaced=len(items))
         usage.clear()
         usage.update(work)
         return res
@@ -588,14 +590,14 @@ class CacheStore:
         except DamagedValueError as exc:
             if self._damaged(item.key):
                 log.warning("chunk %s not admitted, its node is damaged: %s", item.key.hex(), exc)
-            res.rejected += 1
+            res.damaged += 1
             return
         if found is not None:
             if not item.replace:
                 res.present += 1
                 return
             if not self._remove_chunk(txn, item.key, work):  # left in place: damaged
-                res.rejected += 1
+                res.damaged += 1
                 return
         u = work.setdefault(item.dataset, Usage())
         limit = quota(item.dataset, work)

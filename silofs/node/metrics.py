@@ -127,6 +127,14 @@ _WRITER = {
         "silofs_admission_dropped_chunks",
         "Offers dropped because the admission queue was full",
     ),
+    "damaged_chunks": (
+        "silofs_admission_damaged_chunks",
+        "Offers not admitted: the chunk's LMDB node is damaged (it is read from the store)",
+    ),
+    "map_full_chunks": (
+        "silofs_admission_map_full_chunks",
+        "Offers not admitted: their batch hit LMDB's map size",
+    ),
     "evicted_bytes": ("silofs_evicted_bytes", "Bytes evicted to enforce quotas"),
     "map_full": ("silofs_lmdb_map_full", "Admission batches that hit LMDB's map size"),
 }

@@ -28,8 +28,10 @@ T = TypeVar("T")
 class WriterStats:
     admitted_chunks: int = 0
     admitted_bytes: int = 0
-    rejected_chunks: int = 0
+    rejected_chunks: int = 0  # over the dataset's quota
     dropped_chunks: int = 0  # queue full
+    damaged_chunks: int = 0  # their key's LMDB node is damaged
+    map_full_chunks: int = 0  # offered in a batch that hit the map's size
     evicted_bytes: int = 0
     batches: int = 0
     map_full: int = 0
@@ -145,6 +147,8 @@ class Writer:
         self.stats.admitted_chunks += res.admitted
         self.stats.admitted_bytes += res.admitted_bytes
         self.stats.rejected_chunks += res.rejected
+        self.stats.damaged_chunks += res.damaged
+        self.stats.map_full_chunks += res.unplaced
         self.stats.map_full += int(res.full)
 
     def _admit_batch(

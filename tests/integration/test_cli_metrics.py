@@ -58,6 +58,8 @@ def test_metrics_parse_and_scrape_over_tcp(
     assert read.type == "counter" and read.samples[0].value == 500_000
     for name in (
         "silofs_admission_dropped_chunks",
+        "silofs_admission_damaged_chunks",
+        "silofs_admission_map_full_chunks",
         "silofs_dataset_store_errors",
         "silofs_job_limiter_wait_seconds",
         "silofs_job_throughput_bytes_per_second",

@@ -256,6 +256,26 @@ def test_a_full_queue_drops_and_counts(store: CacheStore) -> None:
     run(main)
 
 
+def test_offers_a_full_map_refuses_are_not_counted_as_over_quota(tmp_path: Path) -> None:
+    # Status and metrics say why offers were not admitted: "rejected" means the dataset
+    # was over its quota, which a full disk budget is not.
+    small = CacheStore(str(tmp_path / "small"), 1 << 20)
+
+    async def main() -> None:
+        w = make_writer(small)
+        for i in range(80):
+            w.offer(chunk(1, i, size=20_000))
+        await w.flush()
+        s = w.stats
+        assert (s.admitted_chunks, s.rejected_chunks, s.map_full_chunks) == (0, 0, 80)
+        assert s.map_full >= 1 and s.damaged_chunks == 0
+
+    try:
+        run(main)
+    finally:
+        small.close()
+
+
 def test_writer_respects_the_quota(store: CacheStore) -> None:
     async def main() -> None:
         w = make_writer(store, QuotaPolicy(550))

@@ -237,7 +237,7 @@ def test_a_value_beyond_the_file_is_refused_before_it_is_touched(base, tmp_path:
             st = (work / "data.mdb").stat()
             code = code or (st.st_size != MAP or st.st_blocks * 512 > MAP // 4) * 4
             res = store.admit([PendingChunk(*_tuples([big])[0], replace=True)], {}, _unlimited)
-            code = code or (res.rejected != 1) * 2
+            code = code or (res.damaged != 1 or res.rejected) * 2
             usage = store.load_usage()
             store.evict_random(1, 0, usage)
             code = code or (usage[1].bytes != 0) * 3

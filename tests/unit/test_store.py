@@ -652,7 +652,7 @@ def test_map_full_is_a_clean_full_result(tmp_path: Path) -> None:
     store_before = walk(s)
     # One batch bigger than the whole map: nothing of it may be written.
     res = s.admit([chunk(1, i, size=20_000) for i in range(80)], usage, unlimited)
-    assert res == AdmitResult(rejected=80, full=True)
+    assert res == AdmitResult(full=True, unplaced=80)
     assert walk(s) == store_before and usage == {}
     check(s, usage)
     # The env is still usable: a batch that fits is admitted.
@@ -683,7 +683,7 @@ def test_map_full_error_aborts_the_whole_batch(
     monkeypatch.setattr(CacheStore, "_put_usage", put_usage_then_fail)
     res = s.admit([chunk(2, i, size=1000) for i in range(5)], usage, unlimited)
     monkeypatch.undo()
-    assert res.full and res.admitted == 0 and res.rejected == 5
+    assert res.full and res.admitted == 0 and res.unplaced == 5 and res.rejected == 0
     assert usage == usage_before
     assert walk(s) == before
     check(s, usage)
