@@ -780,16 +780,17 @@ def changed_entries(
         seen += 1
         now = txn.get(other + k[n:], db=new.dirents)
         gone = True  # the name no longer leads to this entry
-        if now is not None and now[8] == v[8]:  # still a file, or still a directory
+        # Still a file, or still a directory, and the same inode: a name that leads to
+        # another inode (a collision probed on, a listing of older inode numbering) is
+        # forgotten, or the kernel keeps opening the old one, which the new listing lacks.
+        if now is not None and now[8] == v[8] and now[:8] == v[:8]:
             if v[8] == DIR:
                 # A directory's own attributes (nlink) are the recently used entries'
                 # care (fs.switch); here only a name that no longer leads to it.
-                if now[:8] == v[:8]:
-                    continue
-            elif now[:_SAME_HEAD] == v[:_SAME_HEAD] and now[_FILE.size :] == v[_FILE.size :]:
                 continue
-            else:
-                gone = False  # the same name, other attributes
+            if now[:_SAME_HEAD] == v[:_SAME_HEAD] and now[_FILE.size :] == v[_FILE.size :]:
+                continue
+            gone = False  # the same name, other attributes
         name = _dirent_name(k, n + _INO.size, v) if gone else None
         out.append((_DIRENT.unpack_from(v)[0], _INO.unpack_from(k, n)[0], name))
     return out, None

@@ -659,3 +659,30 @@ def test_changed_entries_between_two_generations(store: CacheStore, limit: int) 
     assert sorted(got) == sorted(want)
     first.close()
     second.close()
+
+
+def test_a_name_that_leads_to_another_inode_is_forgotten_by_name(
+    store: CacheStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A listing written with whole-hash file numbers (before the directory's top bits),
+    # then refreshed: each unchanged file has a new inode. The kernel must forget the
+    # names, or it keeps opening the old inodes, which the new listing does not have.
+    dsid = next(_ids)
+    listing_ = [obj("a/same"), obj("a/other", 5), obj("top")]
+    monkeypatch.setattr(listing, "_dir_bits", lambda _path: 0)
+    store.replace_manifest(dsid, listing_, {})
+    monkeypatch.undo()
+    first = Manifest(store, dsid, store.dataset_record(dsid))
+    store.replace_manifest(dsid, listing_, {})
+    second = Manifest(store, dsid, store.dataset_record(dsid))
+    before, after = walk_paths(first), walk_paths(second)
+    files = ["a/same", "a/other", "top"]
+    assert all(before[p].inode != after[p].inode for p in files)
+    with store.read_txn() as txn:
+        got, row = changed_entries(txn, first.reader, second.reader)
+    assert row is None
+    assert sorted(got) == sorted(
+        (before[p].inode, before[p].parent, p.rsplit("/", 1)[-1].encode()) for p in files
+    )
+    first.close()
+    second.close()
