@@ -288,7 +288,8 @@ class ListingBuilder:
         self._last_dir: str | None = None
         self._last_chain: list[Entry] = []
         # ... and what every file row under that directory starts with: its dirents
-        # key prefix, its inodes value prefix (_FREF), its path + "/".
+        # key prefix, its inodes value prefix (_FREF), its path + "/", the top bits of
+        # its files' inode numbers (_dir_bits).
         self._last_rows = (b"", b"", b"", 0)
 
     def start(self, txn: lmdb.Transaction) -> None:
