@@ -44,7 +44,7 @@ from silofs.node.backends import azurelist
 from silofs.node.backends.azurelist import ListedBlob
 from silofs.node.backends.base import (
     BackendOptions,
-    RetryingBackend,
+    DelimitedListing,
     join_prefix,
     md5_b64,
     note_requests,
@@ -239,7 +239,7 @@ def _error_code(exc: ax.HttpResponseError) -> str:
     return str(getattr(code, "value", code) or "")
 
 
-class AzureBackend(RetryingBackend):
+class AzureBackend(DelimitedListing):
     """A read-only view of az://account/container/prefix/; safe to share between threads."""
 
     def __init__(self, uri: DatasetURI, opts: BackendOptions) -> None:
@@ -300,20 +300,6 @@ class AzureBackend(RetryingBackend):
                 self._container_client = None
 
     # -- internals --------------------------------------------------------------------
-
-    def _list_page(
-        self, token: str | None, page_size: int | None = None
-    ) -> tuple[list[ListedBlob], str | None]:
-        items, _, token = self._list_raw(self.prefix, token, page_size, None)
-        return items, token
-
-    def _lists_by_prefix(self) -> bool:
-        return True
-
-    def _list_dir_page(
-        self, prefix: str, token: str | None
-    ) -> tuple[list[ListedBlob], list[str], str | None]:
-        return self._list_raw(prefix, token, None, "/")
 
     def _list_raw(
         self, prefix: str, token: str | None, page_size: int | None, delimiter: str | None

@@ -268,6 +268,34 @@ class RetryingBackend:
         raise NotImplementedError
 
 
+class DelimitedListing(RetryingBackend):
+    """A RetryingBackend whose store lists one page by (prefix, token, page size,
+    delimiter) in one call (Azure List Blobs, GCS objects.list): the flat listing and
+    the fan-out's '/'-delimited pages both come from its _list_raw."""
+
+    prefix: str
+
+    def _list_raw(
+        self, prefix: str, token: str | None, page_size: int | None, delimiter: str | None
+    ) -> tuple[list[Any], list[str], str | None]:
+        """(objects, sub-prefixes, next token or None) of one page."""
+        raise NotImplementedError
+
+    def _list_page(
+        self, token: str | None, page_size: int | None = None
+    ) -> tuple[list[Any], str | None]:
+        items, _, token = self._list_raw(self.prefix, token, page_size, None)
+        return items, token
+
+    def _lists_by_prefix(self) -> bool:
+        return True
+
+    def _list_dir_page(
+        self, prefix: str, token: str | None
+    ) -> tuple[list[Any], list[str], str | None]:
+        return self._list_raw(prefix, token, None, "/")
+
+
 class RangeStream:
     """An open ranged GET read in order, by one thread at a time (the daemon keeps one
     open between the spans of a sequential reader: node/fetch.py)."""

@@ -45,7 +45,7 @@ from silofs.errors import (
     TransientError,
     UnreachableError,
 )
-from silofs.node.backends.base import BackendOptions, RetryingBackend, join_prefix, relative_key
+from silofs.node.backends.base import BackendOptions, DelimitedListing, join_prefix, relative_key
 from silofs.records import ObjectInfo
 from silofs.uri import DatasetURI
 
@@ -262,7 +262,7 @@ def _disable_bucket_metadata_fetch(client: Any) -> None:
         client._bucket_metadata_cache = None
 
 
-class GCSBackend(RetryingBackend):
+class GCSBackend(DelimitedListing):
     """A read-only view of gs://bucket/prefix/; safe to share between threads."""
 
     def __init__(self, uri: DatasetURI, opts: BackendOptions) -> None:
@@ -328,20 +328,6 @@ class GCSBackend(RetryingBackend):
                 self._client = None
 
     # -- internals --------------------------------------------------------------------
-
-    def _list_page(
-        self, token: str | None, page_size: int | None = None
-    ) -> tuple[list[ListedObject], str | None]:
-        items, _, token = self._list_raw(self.prefix, token, page_size, None)
-        return items, token
-
-    def _lists_by_prefix(self) -> bool:
-        return True
-
-    def _list_dir_page(
-        self, prefix: str, token: str | None
-    ) -> tuple[list[ListedObject], list[str], str | None]:
-        return self._list_raw(prefix, token, None, "/")
 
     def _list_raw(
         self, prefix: str, token: str | None, page_size: int | None, delimiter: str | None
