@@ -55,6 +55,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 from silofs.cache.store import LISTING_BATCH, CacheStore, env_map_size  # noqa: E402
 from silofs.node.backends.base import BackendOptions  # noqa: E402
 from silofs.node.backends.s3 import S3Backend  # noqa: E402
+from silofs.node.service import tune_gc  # noqa: E402
 from silofs.records import ObjectInfo, PrefixListed  # noqa: E402
 from silofs.uri import parse_uri  # noqa: E402
 from tests.faultproxy import FaultPlan, FaultProxy  # noqa: E402
@@ -393,6 +394,7 @@ def _measure(
     n: int,
     into_env: bool = False,
 ) -> None:
+    tune_gc()  # as the daemon runs (after the store side forked: not its)
     for delay in delays:
         serial = 0.0
         for w in workers:

@@ -31,6 +31,13 @@ PER_DIR = 1000
 def measure(n: int, lookups: int) -> None:
     """In the checkout's interpreter: build, then time lookups and a walk."""
     from silofs.cache.store import LISTING_BATCH, CacheStore, env_map_size
+
+    try:  # as the daemon runs (a checkout from before stop 21 has no tune_gc)
+        from silofs.node.service import tune_gc
+
+        tune_gc()
+    except ImportError:
+        pass
     from silofs.mount.manifest import Manifest
     from silofs.records import ObjectInfo
 
