@@ -29,6 +29,7 @@ log = logging.getLogger(__name__)
 
 _PAGE_HEAD = struct.Struct("<QHHI")  # pgno, pad, flags, overflow page count
 _P_OVERFLOW = 0x04
+_P_DIRTY = 0x10  # set on a write txn's own pages until they are written to the file
 
 
 class DamagedValueError(lmdb.CorruptedError):
@@ -144,23 +145,23 @@ class ValueCursor:
     bounds = (start, end, map_end): the map is [start, map_end), of which [start, end)
     is backed by data.mdb when the txn began (a committed txn's pages are written before
     its meta page, and the file never shrinks). In a read txn every value lies there. In
-    a write txn a value may sit in heap memory instead (a dirty copy of its leaf, or the
-    overflow pages of a value put in that txn): there a value is refused only if it lies
-    partly in the map beyond the file, or is too big for a leaf and outside the file.
+    a write txn a value may also sit wholly in heap memory: in a leaf this txn copied, or
+    in overflow pages this txn wrote (a value put earlier in it). LMDB looks a page up in
+    the txn's own dirty pages before the map, so a value in the heap is one of this
+    txn's; only a value that lies partly in the map beyond the file is refused there.
+    (Deletes check an overflow value's first page header as well: intact_overflow.)
     """
 
-    __slots__ = ("cursor", "_val", "start", "_end", "_map_end", "_inline_max")
+    __slots__ = ("cursor", "_val", "start", "_end", "map_end", "_write")
 
     def __init__(
-        self, cursor: lmdb.Cursor, offset: int, bounds: tuple[int, int, int], write_psize: int
+        self, cursor: lmdb.Cursor, offset: int, bounds: tuple[int, int, int], write: bool
     ) -> None:
         self.cursor = cursor
         # [mv_size, mv_data] inside the cursor object, alive as long as self.cursor.
         self._val = (ctypes.c_size_t * 2).from_address(id(cursor) + offset)
-        self.start, self._end, self._map_end = bounds
-        # A write txn's (0 for a read txn): LMDB keeps a value in its leaf node only
-        # below about half a page (me_nodemax); a bigger one always has overflow pages.
-        self._inline_max = write_psize // 2
+        self.start, self._end, self.map_end = bounds
+        self._write = write
 
     def find(self, key: bytes) -> tuple[int, int] | None:
         """(address, size) of the value of `key`, or None if absent; DamagedValueError
@@ -169,11 +170,9 @@ class ValueCursor:
             return None
         val = self._val
         size, addr = val[0], val[1]
-        if not (self.start <= addr and addr + size <= self._end) and not (
-            size <= self._inline_max
-            and not self.start <= addr + size <= self._map_end  # all heap, none in the map
-            and not self.start <= addr < self._map_end
-        ):
+        in_file = self.start <= addr and addr + size <= self._end
+        in_heap = addr + size <= self.start or addr >= self.map_end  # no byte in the map
+        if not in_file and not (self._write and in_heap):
             raise DamagedValueError(f"value of {size} bytes at {addr:#x} lies outside data.mdb")
         return addr, size
 
@@ -205,14 +204,19 @@ class FirstTime:
         return True
 
 
-def intact_overflow(map_start: int, addr: int, size: int, psize: int) -> bool:
-    """Whether the overflow value at `addr` (inside the file: find() said so) starts on
-    a page whose header names that page and as many overflow pages as `size` needs.
-    LMDB frees a deleted value's pages by that header; a node pointing into the middle
-    of another value would free live pages."""
+def intact_overflow(cur: ValueCursor, addr: int, size: int, psize: int) -> bool:
+    """Whether the overflow value at `addr` (where cur.find() placed it: in the file, or
+    in pages this write txn wrote) starts on a page whose header is an overflow page's
+    of as many pages as `size` needs and, in the map, names that page. LMDB frees a
+    deleted value's pages by that header; a node pointing into the middle of another
+    value would free live pages."""
     head = addr - _PAGE_HEAD.size
-    if head < map_start or (head - map_start) % psize:
+    in_map = cur.start <= head < cur.map_end
+    if in_map and (head - cur.start) % psize:
         return False
     pgno, _, flags, pages = _PAGE_HEAD.unpack(ctypes.string_at(head, _PAGE_HEAD.size))
     need = -(-(size + _PAGE_HEAD.size) // psize)
-    return pgno == (head - map_start) // psize and flags == _P_OVERFLOW and pages == need
+    if in_map:
+        return pgno == (head - cur.start) // psize and flags == _P_OVERFLOW and pages == need
+    # A page of this txn's own (in the heap): the one LMDB found under that number.
+    return flags == _P_OVERFLOW | _P_DIRTY and pages == need

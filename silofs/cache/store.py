@@ -326,7 +326,7 @@ class CacheStore:
         bounds = self.value_bounds() if offset >= 0 else None
         if bounds is None:
             return None
-        return ValueCursor(txn.cursor(db=db), offset, bounds, self.psize if write else 0)
+        return ValueCursor(txn.cursor(db=db), offset, bounds, write)
 
     def get_value(
         self, txn: lmdb.Transaction, db: lmdb._Database, key: bytes
@@ -782,7 +782,7 @@ class CacheStore:
         if where is None:
             return False
         addr, size = where
-        if size > self.psize // 2 and not intact_overflow(cur.start, addr, size, self.psize):
+        if size > self.psize // 2 and not intact_overflow(cur, addr, size, self.psize):
             if self._damaged(key):
                 log.warning("chunk %s left in place: its first page's header disagrees", key.hex())
             return False

@@ -190,6 +190,21 @@ def test_present_chunks_are_not_charged_twice(store: CacheStore) -> None:
     check(store, usage)
 
 
+def test_a_chunk_put_earlier_in_the_batch_is_present_not_damaged(store: CacheStore) -> None:
+    # A value with overflow pages put earlier in the same write txn lies in the txn's
+    # own pages (heap), not in data.mdb: the bounds check must not take it for damage.
+    usage: dict[int, Usage] = {}
+    big = 110_000
+    res = store.admit([chunk(5, 1, size=big), chunk(6, 1, size=big, cid="obj-5")], usage, unlimited)
+    assert (res.admitted, res.present, res.damaged) == (1, 1, 0)
+    # ... and it can be replaced in the same batch (its first page header is checked).
+    items = [chunk(5, 2, size=big), chunk(5, 2, size=big, replace=True, fill=9)]
+    res = store.admit(items, usage, unlimited)
+    assert (res.admitted, res.present, res.damaged) == (2, 0, 0)
+    s = check(store, usage)
+    assert s.chunks[items[1].key] == items[1].value and usage[5] == Usage(2 * big, 2)
+
+
 def test_replace_overwrites_and_moves_the_charge(store: CacheStore) -> None:
     usage: dict[int, Usage] = {}
     store.admit([chunk(1, 0, cid="shared", fill=1)], usage, unlimited)
