@@ -75,28 +75,17 @@ def distinct_fraction(w: float) -> float:
     return inner + (w - 1.0)
 
 
-def holdings(
-    capacity: float,
-    sizes: Mapping[str, float],
-    readers: Mapping[str, Sequence[float]],
-    guess: float | None = None,
-) -> dict[str, float]:
-    """Steady-state bytes each dataset holds in an LRU pool of `capacity`.
-
-    readers: dataset -> read rates (bytes/s) of the jobs reading it now.
-    guess: the pool's characteristic time T last time (see fill_time), if known.
-    """
-    return holdings_at(capacity, sizes, readers, guess)[0]
-
-
 def holdings_at(
     capacity: float,
     sizes: Mapping[str, float],
     readers: Mapping[str, Sequence[float]],
     guess: float | None = None,
 ) -> tuple[dict[str, float], float | None]:
-    """holdings, and the characteristic time T they were found at (None: everything
-    fits). Pass T back as `guess` next time: the search starts next to it."""
+    """Steady-state bytes each dataset holds in an LRU pool of `capacity`, and the
+    pool's characteristic time T they were found at (None: everything fits).
+
+    readers: dataset -> read rates (bytes/s) of the jobs reading it now.
+    guess: T last time, if known: the search starts next to it."""
     active = {k: v for k, v in readers.items() if any(rate > 0 for rate in v)}
     if sum(sizes[k] for k in active) <= capacity:
         return {k: sizes[k] for k in active}, None
@@ -191,19 +180,6 @@ class Equilibrium:
     held: dict[str, float]
     time: float | None
     rates: list[float]
-
-
-def equilibrium_holdings(
-    capacity: float,
-    sizes: Mapping[str, float],
-    readers: Sequence[LruReader],
-    link: float,
-    guess: float | None = None,
-    rounds: int = 12,
-) -> tuple[dict[str, float], float | None]:
-    """equilibrium()'s holdings and characteristic time, started from the rates now."""
-    found = equilibrium(capacity, sizes, readers, link, guess, rounds)
-    return found.held, found.time
 
 
 def equilibrium(
