@@ -18,6 +18,7 @@ from click.testing import CliRunner
 from silofs_ctl.cli import main
 from silofs_ctl.policies.base import PLAN_INPUTS, water_fill_capped
 from silofs_ctl.scenario import load_scenario, parse_scenario
+from silofs_ctl.sim_link import Link
 from silofs_ctl.sim_lru import distinct_fraction, hit_between, steady_hit_ratio
 from silofs_ctl.simulator import CACHE_CHOICES, Simulation, SimulationError, simulate
 
@@ -401,7 +402,7 @@ def test_keeping_a_plan_nothing_it_reads_moved_gives_the_same_run(pair: str) -> 
 @pytest.mark.parametrize("scheduler", ["fifo", "sjf", "gavel"])
 def test_the_level_clock_gives_the_same_run_to_rounding(scheduler: str) -> None:
     """Under LRU the jobs held at the link's level ride the level clock (their progress
-    the integral of the level, Simulation._held_enter); with per-job rate logs they do
+    the integral of the level, sim_clock.Clock.enter); with per-job rate logs they do
     not (every rate is written out). Both must give the same finishes and hits."""
     scenario = load_scenario(SCENARIOS / "trace-300.toml")
     scenario = replace(scenario, jobs=scenario.jobs[:150])
@@ -409,7 +410,7 @@ def test_the_level_clock_gives_the_same_run_to_rounding(scheduler: str) -> None:
     fast = clocked.run()
     plain = Simulation(scenario, scheduler, "alluxio", job_rates=True)
     slow = plain.run()
-    assert clocked.clock_entries > 0 and plain.clock_entries == 0
+    assert clocked.clock.entries > 0 and plain.clock.entries == 0
     for a, b in zip(fast.jobs, slow.jobs, strict=True):
         assert a.finish == pytest.approx(b.finish, rel=1e-9)
         assert a.hit_ratio == pytest.approx(b.hit_ratio, rel=1e-9, abs=1e-12)
@@ -418,32 +419,31 @@ def test_the_level_clock_gives_the_same_run_to_rounding(scheduler: str) -> None:
 
 
 def test_the_kept_water_fill_order_divides_the_link_as_water_fill_capped() -> None:
-    """The simulator keeps its demands in water-fill order and moves one by bisection
-    (Simulation._wf_move); dividing from that order must give water_fill_capped's
+    """The link keeps its demands in water-fill order and moves one by bisection
+    (sim_link.Link.move); dividing from that order must give water_fill_capped's
     shares, held jobs (in its order) and level to the bit, ties and all."""
-    sim = Simulation(load_scenario(SCENARIOS / "trace-300.toml"), "gavel", "alluxio")
+    link = Link(1e9)
     rnd = random.Random(3)
     pool = [0.0, 1e6, 2.5e7, 1e8]  # repeated values: ties keep the dict's order
     for _ in range(300):
         n = rnd.randint(0, 40)
-        sim.demand = {f"j{i}": rnd.choice(pool + [rnd.uniform(0, 3e8)]) for i in range(n)}
-        sim.wf = None
+        link.reset({f"j{i}": rnd.choice(pool + [rnd.uniform(0, 3e8)]) for i in range(n)})
         for _ in range(rnd.randint(0, 12)):
-            link = rnd.choice([1e9, 3e9, rnd.uniform(1e7, 5e9), float("inf")])
-            first, fair, top = sim._wf_divide(link)
-            shares, capped, want_fair = water_fill_capped(link, sim.demand)
-            assert sim.wf is not None
-            assert [name for _, _, name in sim.wf[first:]] == capped
+            link.capacity = rnd.choice([1e9, 3e9, rnd.uniform(1e7, 5e9), float("inf")])
+            first, fair, top = link.divide()
+            shares, capped, want_fair = water_fill_capped(link.capacity, link.demand)
+            assert link.order is not None
+            assert link.held_from(first) == capped
             assert fair == want_fair
             assert top == max(shares.values(), default=0.0)
-            for i, (_, _, name) in enumerate(sim.wf):
-                assert (fair if i >= first else sim.demand[name]) == shares[name]
-            if sim.demand:
-                name = rnd.choice(list(sim.demand))
+            for i, (_, _, name) in enumerate(link.order):
+                assert (fair if i >= first else link.demand[name]) == shares[name]
+            if link.demand:
+                name = rnd.choice(list(link.demand))
                 new = rnd.choice(pool + [rnd.uniform(0, 3e8)])
-                old, sim.demand[name] = sim.demand[name], new
+                old, link.demand[name] = link.demand[name], new
                 if old != new:
-                    sim._wf_move(name, old, new)
+                    link.move(name, old, new)
 
 
 def test_a_run_does_not_depend_on_the_hash_seed() -> None:
