@@ -258,8 +258,8 @@ class LruPool:
 
     A reader's hit ratio in an epoch after its first is the closed form of one dataset
     alone in an LRU of its holding's size, held constant over `segments` pieces of the
-    part of the epoch that can hit (it slides from high to 0 there); its first epoch is
-    cold but for what the pool held of its dataset when it arrived."""
+    part of the epoch its target holding can hit (it slides from high to 0 there); its
+    first epoch is cold but for what the pool held of its dataset when it arrived."""
 
     def __init__(self, capacity: float, link: float, segments: int) -> None:
         self.capacity = capacity
@@ -319,18 +319,24 @@ class LruPool:
         job.boundary = math.inf
         if job.epochs_done == 0:
             return job.first_hit
-        held = job.lru_held = self.held(job.spec.dataset)
+        dataset = job.spec.dataset
+        held = job.lru_held = self.held(dataset)
         r = held / job.size
         y = job.pos / job.size
         if r >= 1.0:
             return 1.0
+        # The segments are a grid over the part of the epoch the target holding can hit,
+        # fixed until the next re-target: a holding still growing towards its target
+        # moves the hit ratio at the grid's points, not at ever shorter segments that
+        # chase its edge (segments/epoch events at most in the part that can hit).
+        top = min(1.0, self.target.get(dataset, 0.0) / job.size)
         # Positions within rounding (eps bytes) of a boundary count as on it: an event
         # lands there, and the integral over a vanishing segment is noise.
-        if (r - y) * job.size <= job.eps:
+        if (top - y) * job.size <= job.eps:
             return 0.0
-        step = r / self.segments
+        step = top / self.segments
         k = math.floor(y / step + 1e-9) + 1
-        job.boundary = min(r, k * step)
+        job.boundary = min(top, k * step)
         if (job.boundary - y) * job.size <= job.eps:
-            job.boundary = min(r, (k + 1) * step)
+            job.boundary = min(top, (k + 1) * step)
         return hit_between(r, y, job.boundary)

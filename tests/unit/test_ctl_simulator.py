@@ -17,9 +17,10 @@ import pytest
 from click.testing import CliRunner
 from silofs_ctl.cli import main
 from silofs_ctl.policies.base import PLAN_INPUTS, water_fill_capped
-from silofs_ctl.scenario import load_scenario, parse_scenario
+from silofs_ctl.scenario import JobSpec, load_scenario, parse_scenario
+from silofs_ctl.sim_job import SimJob
 from silofs_ctl.sim_link import Link
-from silofs_ctl.sim_lru import distinct_fraction, hit_between, steady_hit_ratio
+from silofs_ctl.sim_lru import LruPool, distinct_fraction, hit_between, steady_hit_ratio
 from silofs_ctl.simulator import CACHE_CHOICES, Simulation, SimulationError, simulate
 
 SCENARIOS = Path(__file__).resolve().parents[2] / "configs" / "scenarios"
@@ -467,3 +468,30 @@ def test_a_run_does_not_depend_on_the_hash_seed() -> None:
         assert a["t_s"] == b["t_s"]
         assert a["throughput_bytes_per_s"] == pytest.approx(b["throughput_bytes_per_s"], 1e-12)
         assert a["remote_bytes_per_s"] == pytest.approx(b["remote_bytes_per_s"], 1e-12)
+
+
+def test_lru_segments_do_not_chase_a_holding_that_grows_as_its_readers_read() -> None:
+    """A dataset whose holding was cut to almost nothing and whose target is now all of
+    it grows with what its readers fetch. Segments cut at fractions of the holding now
+    would shrink with it and each reader would chase the holding's edge, one event per
+    sliver (a 4-week trace with Alluxio ran out of steps this way): the segment ends
+    are a grid of the target, so an epoch has at most `segments` of them."""
+    size = 143e9
+    pool = LruPool(capacity=size, link=float("inf"), segments=8)
+    for start in (1e-12, 1e-6, 1e-3):
+        pool.target["d"] = size
+        pool.resident["d"] = start * size
+        spec = JobSpec("r", 0.0, 1, "d", int(size), 114e6, 10.0)
+        job = SimJob.of(spec, private=False)
+        job.epochs_done = 1
+        events = 0
+        while True:
+            hit = pool.hit(job)
+            if job.boundary == float("inf"):
+                break
+            read = job.boundary * size - job.pos
+            job.pos += read
+            pool.add("d", 12 * read * (1.0 - hit))  # twelve readers in step
+            events += 1
+            assert events <= pool.segments, (start, events)
+        assert 0.0 <= hit <= 1.0
