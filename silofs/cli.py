@@ -36,6 +36,7 @@ from silofs.control.client import ControlClient, ControlError, DaemonNotTrusted
 from silofs.errors import SilofsError, UsageError, first_leaf
 from silofs.logsetup import LOG_FORMATS, setup_logging
 from silofs.mountinfo import silofs_mounts
+from silofs.pids import pid_alive
 from silofs.units import format_rate, format_size, parse_rate, parse_size
 
 log = logging.getLogger(__name__)
@@ -255,7 +256,7 @@ def daemon_stop(socket: str | None, force: bool, timeout: float) -> None:
             "`systemctl stop silofs` if it is a service"
         ) from None
     deadline = time.monotonic() + timeout
-    while _alive(pid):
+    while pid_alive(pid):
         if time.monotonic() > deadline:
             raise SilofsError(f"the daemon (pid {pid}) did not exit within {timeout:.0f}s")
         time.sleep(0.05)
@@ -855,7 +856,7 @@ def unmount(mountpoint: str, socket: str | None, lazy: bool) -> None:
         reason = (res.stderr.strip().splitlines() or ["fusermount3 failed"])[-1]
         raise SilofsError(f"cannot unmount {path}: {reason}")
     deadline = time.monotonic() + 10
-    while pid and time.monotonic() < deadline and _alive(pid):
+    while pid and time.monotonic() < deadline and pid_alive(pid):
         time.sleep(0.05)
     click.echo(f"silofs: unmounted {path}", err=True)
 
@@ -869,14 +870,6 @@ def _mount_pid(socket: str, path: str) -> int | None:
     except ControlError:
         pass
     return None
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 # -- warm ------------------------------------------------------------------------------

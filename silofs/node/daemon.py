@@ -49,6 +49,7 @@ from silofs.node.state import DatasetState, JobState, MountState
 from silofs.node.supervise import run_once
 from silofs.node.warm import WarmState, run_warm
 from silofs.node.writer import Writer
+from silofs.pids import pid_alive
 from silofs.records import MountCounters, ObjectInfo, PrefixListed, job_name_error
 from silofs.units import format_rate, format_size
 from silofs.uri import DatasetURI, parse_uri
@@ -775,7 +776,7 @@ class Daemon:
 
     async def reap_once(self) -> None:
         for m in list(self.mounts.values()):
-            if not _pid_alive(m.pid):
+            if not pid_alive(m.pid):
                 self.unregister_mount(m.id)
         # A sequential reader's open GET that nobody continued holds a store connection.
         self.fetcher.sweep_parked(trio.current_time())
@@ -864,16 +865,6 @@ def _resolve_access(access: dict[str, list[str]]) -> dict[str, frozenset[int] | 
         prefix: None if "*" in groups else frozenset(_group_id(g) for g in groups)  # type: ignore[misc]
         for prefix, groups in access.items()
     }
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _group_id(group: str | None) -> int | None:
