@@ -31,7 +31,13 @@ from silofs.cache.store import (
     env_map_size,
 )
 from silofs.config import NodeSettings, credential_fingerprint
-from silofs.errors import BackendError, UnreachableError, UsageError, VersionMismatchError
+from silofs.errors import (
+    BackendError,
+    UnreachableError,
+    UsageError,
+    VersionMismatchError,
+    first_leaf,
+)
 from silofs.node.backends import BackendOptions, open_backend
 from silofs.node.cachedir import (
     check_cache_dir,
@@ -507,11 +513,9 @@ class Daemon:
                     async for batch in recv:
                         await self.writer.call(self.store.add_to_listing, builder, batch)
         except BaseExceptionGroup as group:
-            # One task failed (the listing thread or a write): its error is the listing's,
-            # as when the listing was one call (BackendError -> the dataset's error).
-            if len(group.exceptions) == 1:
-                raise group.exceptions[0] from None
-            raise
+            # A task failed (the listing thread or a write) and the nursery cancelled the
+            # other: its error is the listing's (BackendError -> the dataset's error).
+            raise first_leaf(group) from None
         if ds.listed == 0:
             raise BackendError(f"{ds.uri.canonical} has no objects: check the prefix")
         record = await self.writer.call(
