@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import functools
 import http
 import logging
 import os
@@ -536,6 +537,46 @@ _REFUSALS_AT_ONCE = 64  # connections being told "too many" at once; beyond, jus
 _EVICT_IDLE_SECONDS = 1.0
 
 
+class _Throttled:
+    """A warning at most once a minute, saying how many were held back since the last
+    one (those go to DEBUG): a port scan or a shortage of fds must not flood the log."""
+
+    def __init__(self, seconds: float = 60.0) -> None:
+        self.seconds = seconds
+        self.last: float | None = None
+        self.held = 0
+
+    def __call__(self, message: str) -> None:
+        now = time.monotonic()
+        if self.last is not None and now - self.last < self.seconds:
+            self.held += 1
+            log.debug("%s", message)
+            return
+        suffix = f" ({self.held} more since the last line)" if self.held else ""
+        log.warning("%s%s", message, suffix)
+        self.last, self.held = now, 0
+
+
+async def _accept_forever(
+    sock: trio.socket.SocketType,
+    accepted: Callable[[trio.socket.SocketType, Any], None],
+    warn: Callable[[str], None],
+) -> None:
+    """Hand each accepted connection (and its address) to `accepted` until cancelled.
+    Out of fds or memory, the pending connection waits in the backlog and accept is
+    tried again every 0.1 s: `warn` hears of it, never a traceback."""
+    while True:
+        try:
+            conn, addr = await sock.accept()
+        except OSError as exc:
+            if exc.errno not in _ACCEPT_CAPACITY:
+                raise
+            warn(f"accept: {os.strerror(exc.errno)}; waiting for connections to close")
+            await trio.sleep(0.1)
+            continue
+        accepted(conn, addr)
+
+
 class _Acceptor:
     """The accept loop: counts open connections per uid. Over a limit it first closes
     the longest-idle connection of that uid (of any untrusted uid for the total), so
@@ -551,34 +592,26 @@ class _Acceptor:
         self.untrusted = 0
         self.everyone = 0
         self.refusing = 0
-        self.last_warning = 0.0
+        self.warn = _Throttled()
 
     async def run(self, sock: trio.socket.SocketType, nursery: trio.Nursery) -> None:
-        while True:
-            try:
-                conn, _ = await sock.accept()
-            except OSError as exc:
-                if exc.errno not in _ACCEPT_CAPACITY:
-                    raise
-                # Out of fds: the pending connection waits in the backlog. One line a
-                # minute, not a traceback every 0.1 s.
-                self._warn(f"accept: {os.strerror(exc.errno)}; waiting for connections to close")
-                await trio.sleep(0.1)
-                continue
-            try:
-                peer = peer_credentials(conn)
-            except OSError:
-                conn.close()
-                continue
-            stream = trio.SocketStream(conn)
-            refusal = self._admit(peer)
-            if refusal is None:
-                nursery.start_soon(self._serve, stream, peer)
-            elif self.refusing < _REFUSALS_AT_ONCE:
-                self.refusing += 1
-                nursery.start_soon(self._refuse, stream, refusal)
-            else:
-                conn.close()
+        await _accept_forever(sock, functools.partial(self._accepted, nursery), self.warn)
+
+    def _accepted(self, nursery: trio.Nursery, conn: trio.socket.SocketType, _addr: Any) -> None:
+        try:
+            peer = peer_credentials(conn)
+        except OSError:
+            conn.close()
+            return
+        stream = trio.SocketStream(conn)
+        refusal = self._admit(peer)
+        if refusal is None:
+            nursery.start_soon(self._serve, stream, peer)
+        elif self.refusing < _REFUSALS_AT_ONCE:
+            self.refusing += 1
+            nursery.start_soon(self._refuse, stream, refusal)
+        else:
+            conn.close()
 
     def _admit(self, peer: Peer) -> str | None:
         if self.conns.trusted(peer):
@@ -587,10 +620,10 @@ class _Acceptor:
             return None
         mine = self.open.get(peer.uid, 0)
         if mine >= self.conns.per_uid and not self._evict([peer.uid]):
-            self._warn(f"uid {peer.uid} has {mine} busy connections open; refusing more")
+            self.warn(f"uid {peer.uid} has {mine} busy connections open; refusing more")
             return f"too many connections from uid {peer.uid} (limit {self.conns.per_uid})"
         if self.untrusted >= self.conns.total and not self._evict(list(self.live)):
-            self._warn(f"{self.untrusted} connections open; refusing more")
+            self.warn(f"{self.untrusted} connections open; refusing more")
             return f"too many connections to the daemon (limit {self.conns.total})"
         return None
 
@@ -646,12 +679,6 @@ class _Acceptor:
         finally:
             self.refusing -= 1
             await trio.aclose_forcefully(stream)
-
-    def _warn(self, message: str) -> None:
-        now = time.monotonic()
-        if now - self.last_warning >= 60:
-            self.last_warning = now
-            log.warning("%s", message)
 
 
 async def _drain_briefly(stream: trio.SocketStream) -> None:
@@ -750,8 +777,7 @@ class _TLSAcceptor:
         self.open = 0
         self.refused = 0  # connections closed without being served (tests, logs)
         self.served = 0
-        self.last_warning = 0.0
-        self.unlogged = 0
+        self.warn = _Throttled()
         self.tokens = tls_limits.handshakes_per_second
         self.refilled = time.monotonic()
 
@@ -767,29 +793,22 @@ class _TLSAcceptor:
         return True
 
     async def run(self, sock: trio.socket.SocketType, nursery: trio.Nursery) -> None:
-        while True:
-            try:
-                conn, addr = await sock.accept()
-            except OSError as exc:
-                if exc.errno not in _ACCEPT_CAPACITY:
-                    raise
-                self._refusal(f"accept: {os.strerror(exc.errno)}; waiting for connections")
-                await trio.sleep(0.1)
-                continue
-            if self.open >= self.tls_limits.max_connections:
-                conn.close()
-                self._refusal(
-                    f"TLS listener: {self.open} connections open "
-                    f"(limit {self.tls_limits.max_connections}); refusing {_host(addr)}"
-                )
-                continue
-            if not self._may_handshake():
-                conn.close()
-                self._refusal(
-                    f"TLS listener: more than {self.tls_limits.handshakes_per_second:g} "
-                    f"new connections a second; refusing {_host(addr)}"
-                )
-                continue
+        await _accept_forever(sock, functools.partial(self._accepted, nursery), self._refusal)
+
+    def _accepted(self, nursery: trio.Nursery, conn: trio.socket.SocketType, addr: Any) -> None:
+        if self.open >= self.tls_limits.max_connections:
+            conn.close()
+            self._refusal(
+                f"TLS listener: {self.open} connections open "
+                f"(limit {self.tls_limits.max_connections}); refusing {_host(addr)}"
+            )
+        elif not self._may_handshake():
+            conn.close()
+            self._refusal(
+                f"TLS listener: more than {self.tls_limits.handshakes_per_second:g} "
+                f"new connections a second; refusing {_host(addr)}"
+            )
+        else:
             self.open += 1
             nursery.start_soon(self._serve, conn, addr)
 
@@ -833,16 +852,9 @@ class _TLSAcceptor:
         return name
 
     def _refusal(self, message: str) -> None:
-        """Counted; logged at most once a minute (a port scan must not flood the log)."""
+        """Counted, and logged through the listener's throttle."""
         self.refused += 1
-        now = time.monotonic()
-        if now - self.last_warning >= 60:
-            suffix = f" ({self.unlogged} more since the last line)" if self.unlogged else ""
-            log.warning("%s%s", message, suffix)
-            self.last_warning, self.unlogged = now, 0
-        else:
-            self.unlogged += 1
-            log.debug("%s", message)
+        self.warn(message)
 
 
 def _host(addr: Any) -> str:
