@@ -36,8 +36,9 @@ from silofs.control.server import (
 from silofs.logsetup import reopen_log_files, survive_sighup
 from silofs.node.daemon import Daemon
 from silofs.node.metrics import serve_tcp
-from silofs.node.routes import REMOTE_ROUTES, body_limit, build_router, status_view
+from silofs.node.routes import REMOTE_ROUTES, body_limit, build_router
 from silofs.node.supervise import run_forever
+from silofs.node.views import status_view
 from silofs.units import format_size
 
 log = logging.getLogger(__name__)

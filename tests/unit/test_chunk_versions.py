@@ -18,7 +18,7 @@ from silofs.cache.format import ChunkRef, StaleFormatError, decode_header, verif
 from silofs.errors import VersionMismatchError
 from silofs.node.daemon import Daemon
 from silofs.node.metrics import render
-from silofs.node.routes import dataset_view, status_view
+from silofs.node.views import dataset_view, status_view
 from tests.unit.test_chunk_format import GOLDEN_V1
 from tests.unit.test_daemon_ops import bucket, daemon, listed, mounted, running  # noqa: F401
 

@@ -352,7 +352,7 @@ def test_retries_are_counted_per_backend(monkeypatch: pytest.MonkeyPatch) -> Non
 
 def test_store_errors_show_in_status_and_metrics(daemon: Daemon, bucket: Path) -> None:
     from silofs.node.metrics import render
-    from silofs.node.routes import dataset_view, status_view
+    from silofs.node.views import dataset_view, status_view
 
     async def main() -> None:
         async with running(daemon) as d:
