@@ -15,29 +15,35 @@ import os
 import re
 from typing import Any
 
-import trio
-
 from silofs.cache.format import MAX_SPAN_CHUNKS
 from silofs.config import STORE_OPTIONS
-from silofs.control.peer import Peer, peer_groups, peer_may_change
+from silofs.control.peer import Peer, peer_groups
 from silofs.control.router import HTTPError, Request, Response, Router, json_response
 from silofs.errors import (
-    AccessDeniedError,
     BackendError,
     NotFoundError,
     ObjectChangedError,
     UsageError,
     VersionMismatchError,
 )
-from silofs.node.access import cloud_allowed
-from silofs.node.backends.local import LocalBackend
+from silofs.node.authz import (
+    check_dataset_access,
+    check_job,
+    check_limit,
+    check_object_access,
+    check_store_options,
+    own_mount,
+    refuse,
+    require_admin,
+    trusted,
+)
 from silofs.node.daemon import Daemon
 from silofs.node.prefetch import MAX_HINT_PATH_LEN, MAX_HINT_PATHS
 from silofs.node.state import DatasetState, MountState
 from silofs.node.views import dataset_view, job_view, status_view
 from silofs.records import MountCounters, job_name_error
 from silofs.units import parse_rate, parse_size
-from silofs.uri import DatasetURI, parse_uri
+from silofs.uri import parse_uri
 
 log = logging.getLogger(__name__)
 
@@ -89,152 +95,13 @@ def _dataset(d: Daemon, name: str) -> DatasetState:
     return ds
 
 
-def _mount(d: Daemon, req: Request, mount_id: str) -> MountState:
-    m = d.mounts.get(mount_id)
-    if m is None:
-        raise HTTPError(404, f"no mount {mount_id!r} (the daemon restarted?)")
-    if req.peer.uid != m.uid and not _trusted(d, req):
-        raise HTTPError(403, "this mount belongs to another user")
-    return m
-
-
-# -- authorization (docs/SECURITY.md) ------------------------------------------------
-def _trusted(d: Daemon, req: Request) -> bool:
-    """Root and the admin group: exempt from the checks below."""
-    return peer_may_change(req.peer, d.admin_gid)
-
-
-def _refuse(req: Request, status: int, message: str) -> HTTPError:
-    log.warning("refused %s %s from uid %d: %s", req.method, req.path, req.peer.uid, message)
-    return HTTPError(status, message)
-
-
-_OPEN_FIELDS = {"uri", "refresh"}
-
-
-def _check_store_options(d: Daemon, req: Request, body: dict) -> None:
-    """A store option (endpoint_url, ...) makes the daemon send its credentials where
-    the caller says: only trusted peers may name one."""
-    named = sorted(k for k, v in body.items() if k not in _OPEN_FIELDS and v is not None)
-    if named and not _trusted(d, req):
-        raise _refuse(
-            req,
-            403,
-            f"store options ({', '.join(named)}) are for root or the admin group; "
-            f"uid {req.peer.uid} may only name a dataset URI",
-        )
-
-
-async def _check_dataset_access(
-    d: Daemon, req: Request, uri: DatasetURI, *, mount: DatasetState | None = None
-) -> None:
-    """403 unless an untrusted peer may open (or, with `mount`, mount) the dataset: a
-    local directory it can list itself (for a mount: every directory under it, since the
-    mount shows all their names), or a cloud prefix [access] grants one of its groups."""
-    if _trusted(d, req):
-        return
-    uid, gids = req.peer.uid, peer_groups(req.peer)
-    if uri.scheme != "file":
-        if not cloud_allowed(uri.canonical, gids, d.cloud_access):
-            raise _refuse(
-                req,
-                403,
-                f"uid {uid} may not open {uri.canonical}: cloud datasets are opened by root, "
-                "the admin group, or a group the daemon's [access] lists for the prefix",
-            )
-        return
-    if mount is not None and uid in d.tree_checked.get(mount.id, ()):
-        return
-    backend = mount.backend if mount is not None else LocalBackend(uri, d.backend_opts)
-    check = getattr(backend, "check_peer_list", None)
-    if check is None:  # not a local backend (a test double): nothing to walk
-        return
-    try:
-        await trio.to_thread.run_sync(
-            lambda: check(uid, gids, tree=mount is not None), limiter=d.fetcher.threads
-        )
-    except AccessDeniedError as exc:
-        raise _refuse(req, 403, str(exc)) from None
-    except (BackendError, OSError):
-        if mount is not None:  # fail closed; opening reports a missing directory itself
-            raise _refuse(req, 403, f"cannot check that uid {uid} may list {uri.bucket}") from None
-        return
-    if mount is not None:
-        d.tree_checked.setdefault(mount.id, set()).add(uid)
-
-
-async def _check_object_access(d: Daemon, req: Request, m: MountState, key: str) -> None:
-    """An untrusted peer gets a local object's bytes (cached or not) only if it could
-    read the file itself, checked on every request: a chmod takes effect at once."""
-    if _trusted(d, req):
-        return
-    ds = d.datasets[m.dsid]
-    check = getattr(ds.backend, "check_peer_read", None)
-    if ds.uri.scheme != "file" or check is None:
-        return
-    obj = d.store.get_object(ds.id, key, ds.record.get("gen"))
-    if obj is None and ds.building_gen is not None:  # as Daemon.get_chunk looks it up
-        obj = d.store.get_object(ds.id, key, ds.building_gen)
-    if obj is None:
-        return  # get_chunk answers 404
-    version = req.query.get("version")
-    if version is not None and version != obj.version:
-        # The previous listing's version would be served from the cache, and only the
-        # file as it is now can be judged: no old bytes for an untrusted peer.
-        raise HTTPError(
-            409,
-            f"{ds.uri.canonical}{key} changed since this mount listed it; "
-            "remount to read the new one",
-        )
-    uid, gids = req.peer.uid, peer_groups(req.peer)
-    try:
-        await trio.to_thread.run_sync(check, obj, uid, gids, limiter=d.fetcher.threads)
-    except AccessDeniedError as exc:
-        raise _refuse(req, 403, str(exc)) from None
-    except ObjectChangedError as exc:
-        raise HTTPError(409, str(exc)) from None
-    except (BackendError, OSError) as exc:
-        raise _refuse(req, 403, f"cannot check that uid {uid} may read {key}: {exc}") from None
-
-
-def _check_limit(req: Request, what: str, held: int, limit: int) -> None:
-    if held >= limit:
-        raise _refuse(
-            req,
-            429,
-            f"uid {req.peer.uid} already holds {held} {what} (limit {limit}): "
-            f"release some, or ask an admin to raise max_{what}_per_uid",
-        )
-
-
-def _check_job(
-    d: Daemon, req: Request, job: str, *, again: bool = False, mount: bool = True
-) -> None:
-    """A job belongs to the uid that registered its oldest live mount (or started its
-    running warm): no one else may register under it or warm with it (spend its IO, push
-    its stats), except root and admins. A mount registering `again` under its own id
-    holds nothing new: no limit applies. A warm (`mount=False`) holds no mount."""
-    if _trusted(d, req):
-        return
-    owner = d.job_owner(job)
-    if owner is not None and owner != req.peer.uid:
-        raise _refuse(req, 403, f"job {job!r} belongs to uid {owner}, not to uid {req.peer.uid}")
-    if again:
-        return
-    _, mounts, jobs = d.held_by(req.peer.uid)
-    if mount:
-        _check_limit(req, "mounts", mounts, d.settings.max_mounts_per_uid)
-    if owner is None:
-        _check_limit(req, "jobs", jobs, d.settings.max_jobs_per_uid)
-
-
 async def _initial_settings(
     d: Daemon, req: Request, ds: DatasetState, job: str, io_limit: int | None, mode: str | None
 ) -> None:
     """A mount's --io-limit / --admission apply only where no allocation exists yet: the
     controller's decisions win over a mount's defaults. They are allocations, so they
     are taken only from root or the admin group."""
-    if (io_limit is not None or mode is not None) and not peer_may_change(req.peer, d.admin_gid):
+    if (io_limit is not None or mode is not None) and not trusted(d, req):
         log.warning(
             "ignoring --io-limit/--admission of a mount by uid %d: allocations "
             "are changed by root or the admin group",
@@ -282,15 +149,6 @@ def _dataset_uri(d: Daemon, name: str) -> str:
     )
 
 
-def _require_admin(d: Daemon, req: Request) -> None:
-    if not peer_may_change(req.peer, d.admin_gid):
-        log.warning(
-            "refused %s %s from uid %d (pid %d)", req.method, req.path, req.peer.uid, req.peer.pid
-        )
-        who = "root" + (f" or group {d.settings.admin_group}" if d.settings.admin_group else "")
-        raise HTTPError(403, f"changing allocations needs {who}; you are uid {req.peer.uid}")
-
-
 def _job_name(job: str) -> str:
     why = job_name_error(job)
     if why is not None:
@@ -323,7 +181,7 @@ def _allocation_routes(r: Router, d: Daemon) -> None:
         return json_response({"dataset": uri, "bytes": d.allocations.get(uri)})
 
     async def put_cache(req: Request, name: str) -> Response:
-        _require_admin(d, req)
+        require_admin(d, req)
         body = req.json()
         uri = _dataset_uri(d, name)
         size = _parse_amount(body, "bytes", parse_size, allow_null=True)
@@ -338,7 +196,7 @@ def _allocation_routes(r: Router, d: Daemon) -> None:
         return json_response({"job": job, "bytes_per_s": d.io_allocations.get(job)})
 
     async def put_io(req: Request, job: str) -> Response:
-        _require_admin(d, req)
+        require_admin(d, req)
         body = req.json()
         job = _job_name(job)
         rate = _parse_amount(body, "bytes_per_s", parse_rate, allow_null=True)
@@ -346,7 +204,7 @@ def _allocation_routes(r: Router, d: Daemon) -> None:
         return json_response({"job": job, "bytes_per_s": rate})
 
     async def del_io(req: Request, job: str) -> Response:
-        _require_admin(d, req)
+        require_admin(d, req)
         job = _job_name(job)
         if not await d.clear_io_allocation(job):
             raise HTTPError(404, f"job {job!r} has no remote IO allocation on this node")
@@ -357,7 +215,7 @@ def _allocation_routes(r: Router, d: Daemon) -> None:
         return json_response({"dataset": uri, "mode": d.modes.get(uri, "uniform")})
 
     async def put_mode(req: Request, name: str) -> Response:
-        _require_admin(d, req)
+        require_admin(d, req)
         mode = _field(req.json(), "mode", str)
         uri = _dataset_uri(d, name)
         try:
@@ -398,7 +256,7 @@ def build_router(d: Daemon) -> Router:
         uri = _field(body, "uri", str)
         refresh = _field(body, "refresh", bool, required=False) or False
         endpoint_url = _field(body, "endpoint_url", str, required=False)
-        _check_store_options(d, req, body)
+        check_store_options(d, req, body)
         options = _store_options(body)
         if "://" not in uri and not uri.startswith("/"):
             # parse_uri would resolve it against the daemon's cwd (or its ~), which is
@@ -412,12 +270,12 @@ def build_router(d: Daemon) -> Router:
             parsed = parse_uri(uri)
         except UsageError as exc:
             raise HTTPError(400, str(exc)) from None
-        await _check_dataset_access(d, req, parsed)
-        if d.find_dataset(parsed.canonical) is None and not _trusted(d, req):
+        await check_dataset_access(d, req, parsed)
+        if d.find_dataset(parsed.canonical) is None and not trusted(d, req):
             held, _, _ = d.held_by(req.peer.uid)
             if held >= d.settings.max_datasets_per_uid and d.forget_idle_dataset(req.peer.uid):
                 held -= 1
-            _check_limit(req, "datasets", held, d.settings.max_datasets_per_uid)
+            check_limit(req, "datasets", held, d.settings.max_datasets_per_uid)
         try:
             ds = await d.open_dataset(uri, refresh, endpoint_url, options)
         except UsageError as exc:
@@ -443,9 +301,9 @@ def build_router(d: Daemon) -> Router:
         if mount_id is not None and not _MOUNT_ID.fullmatch(mount_id):
             raise HTTPError(400, "field 'id' must be 8-32 lowercase hex digits")
         mountpoint = _field(body, "mountpoint", str)
-        await _check_dataset_access(d, req, ds.uri, mount=ds)
+        await check_dataset_access(d, req, ds.uri, mount=ds)
         known = d.mounts.get(mount_id) if mount_id else None
-        _check_job(d, req, job, again=known is not None and known.uid == req.peer.uid)
+        check_job(d, req, job, again=known is not None and known.uid == req.peer.uid)
         await _initial_settings(d, req, ds, job, io_limit, mode)
         try:
             m = d.register_mount(
@@ -479,12 +337,12 @@ def build_router(d: Daemon) -> Router:
         )
 
     async def del_mount(req: Request, mount_id: str) -> Response:
-        _mount(d, req, mount_id)
+        own_mount(d, req, mount_id)
         d.unregister_mount(mount_id)
         return json_response({"deleted": mount_id})
 
     async def mount_stats(req: Request, mount_id: str) -> Response:
-        m = _mount(d, req, mount_id)
+        m = own_mount(d, req, mount_id)
         body = req.json()
         # buffer_bytes and store_bytes are newer than the rest: a mount started before
         # the daemon was upgraded does not send them.
@@ -508,14 +366,14 @@ def build_router(d: Daemon) -> Router:
         )
 
     async def get_chunk(req: Request) -> Response:
-        m = _mount(d, req, req.query.get("mount", ""))
+        m = own_mount(d, req, req.query.get("mount", ""))
         key = req.query.get("key", "")
         try:
             index = int(req.query.get("index", ""))
         except ValueError:
             raise HTTPError(400, "index must be an integer") from None
         span = _span(req.query.get("span"), index)
-        await _check_object_access(d, req, m, key)
+        await check_object_access(d, req, m, key)
         try:
             data, source = await d.get_chunk(
                 m, key, index, req.query.get("refetch") == "1", req.query.get("version"), span
@@ -529,7 +387,7 @@ def build_router(d: Daemon) -> Router:
         return Response(200, data, "application/octet-stream", {"x-silofs-source": source})
 
     async def offer(req: Request, mount_id: str) -> Response:
-        m = _mount(d, req, mount_id)
+        m = own_mount(d, req, mount_id)
         # The bytes come from the mount, and other users' mounts may read them once
         # admitted: only a peer that could write the cache anyway may offer (promise 3).
         if req.peer.uid not in (0, os.getuid()):
@@ -635,9 +493,9 @@ def _warm_routes(r: Router, d: Daemon) -> None:
         # and warm only a dataset it may mount; of a local one, only the files it could
         # read itself are fetched (node/warm.py), so it cannot pull a 0600 file of
         # another user into the cache.
-        await _check_dataset_access(d, req, ds.uri, mount=ds)
-        _check_job(d, req, job, mount=False)
-        reader = None if _trusted(d, req) else (req.peer.uid, peer_groups(req.peer))
+        await check_dataset_access(d, req, ds.uri, mount=ds)
+        check_job(d, req, job, mount=False)
+        reader = None if trusted(d, req) else (req.peer.uid, peer_groups(req.peer))
         try:
             w = d.start_warm(ds, job, paths, chunk_size, req.peer.uid, reader=reader)
         except UsageError as exc:
@@ -650,8 +508,8 @@ def _warm_routes(r: Router, d: Daemon) -> None:
 
     async def cancel(req: Request, name: str) -> Response:
         ds, w = warm_of(req, name)
-        if req.peer.uid != w.uid and not _trusted(d, req):
-            raise _refuse(req, 403, f"this warm was started by uid {w.uid}")
+        if req.peer.uid != w.uid and not trusted(d, req):
+            raise refuse(req, 403, f"this warm was started by uid {w.uid}")
         w.scope.cancel()
         return json_response({"dataset": ds.uri.canonical, "id": ds.id, **w.view()})
 
@@ -663,7 +521,7 @@ def _warm_routes(r: Router, d: Daemon) -> None:
 # -- forget (silofs-ctl forget) ---------------------------------------------------------
 def _forget_routes(r: Router, d: Daemon) -> None:
     async def forget_dataset(req: Request, name: str) -> Response:
-        _require_admin(d, req)
+        require_admin(d, req)
         ds = _dataset(d, name)
         try:
             await d.forget_dataset(ds)
@@ -672,7 +530,7 @@ def _forget_routes(r: Router, d: Daemon) -> None:
         return json_response({"forgot": "dataset", "dataset": ds.uri.canonical})
 
     async def forget_job(req: Request, job: str) -> Response:
-        _require_admin(d, req)
+        require_admin(d, req)
         job = _job_name(job)
         if job not in d.jobs and job not in d.io_allocations:
             raise HTTPError(404, f"no job {job!r} on this node")
@@ -756,7 +614,7 @@ def _string_list(body: dict, name: str, limit: int) -> list[str]:
 
 def _registration_routes(r: Router, d: Daemon) -> None:
     async def register_job(req: Request, job: str) -> Response:
-        _require_admin(d, req)
+        require_admin(d, req)
         job = _job_name(job)
         info = _registration(req.json())
         await d.register_job(job, info)
@@ -815,8 +673,8 @@ def _hint_paths(body: dict) -> list[str]:
 def _hint_routes(r: Router, d: Daemon) -> None:
     def owned_mount(req: Request, mount_id: str) -> MountState:
         """The peer's own mount, of a job it owns (root and admins: any)."""
-        m = _mount(d, req, mount_id)
-        _check_job(d, req, m.job, again=True)
+        m = own_mount(d, req, mount_id)
+        check_job(d, req, m.job, again=True)
         return m
 
     async def post(req: Request, mount_id: str) -> Response:
@@ -835,15 +693,15 @@ def _hint_routes(r: Router, d: Daemon) -> None:
             window = min(window, limit)  # the node's setting is the most a hint gets
         if limit <= 0:
             raise HTTPError(409, "prefetch by hint is off on this node (prefetch_window = 0)")
-        peer = None if _trusted(d, req) else (req.peer.uid, peer_groups(req.peer))
+        peer = None if trusted(d, req) else (req.peer.uid, peer_groups(req.peer))
         try:
             h = d.prefetch.hint(m, paths, append=append, window=window, peer=peer)
         except ValueError as exc:
-            raise _refuse(req, 429, str(exc)) from None
+            raise refuse(req, 429, str(exc)) from None
         return json_response({"mount": m.id, "job": m.job, **h.view()}, status=202)
 
     async def get(req: Request, mount_id: str) -> Response:
-        m = _mount(d, req, mount_id)
+        m = own_mount(d, req, mount_id)
         h = d.prefetch.hints.get(m.id)
         if h is None:
             raise HTTPError(404, f"mount {m.id} has sent no hint")
