@@ -5,9 +5,10 @@ Owns: binding the daemon's socket (stale-socket takeover, refusing a live one, r
 a directory someone else controls), the accept loop and its connection limits (per uid
 and in total; EMFILE backs off quietly), the TLS listener's own limits (connections,
 handshake time) and its refusal of clients without a valid certificate, request
-framing and limits (header size, body size, idle timeout), keep-alive, and turning
-every failure into a one-line ``{"error": ...}`` JSON answer. Routing lives in
-control/router.py, peer credentials in control/peer.py.
+framing and limits (header size, body size as the request's route allows its peer,
+asked of the router before the body is read; idle timeout), keep-alive, and turning
+every failure into a one-line ``{"error": ...}`` JSON answer. Routing and who may call
+a route live in control/router.py, peer credentials in control/peer.py.
 
 Never: contains silofs business logic (the daemon registers routes), trusts a
 peer without its credentials, or lets one connection's failure (malformed bytes,
@@ -37,6 +38,7 @@ import trio
 from silofs.control.peer import Peer, peer_credentials, remote_peer
 from silofs.control.router import (
     HTTPError,
+    Match,
     Request,
     Response,
     Router,
@@ -80,12 +82,9 @@ class SocketDirError(SilofsError):
 
 @dataclass
 class Limits:
-    max_body: int = 1 << 20
+    max_body: int = 1 << 20  # a route's entry may allow more to the peers that may call it
     max_header: int = 16384
     idle_timeout: float = 300.0
-    # Larger bodies for a few routes and peers: (method, path, peer) -> limit, decided
-    # before the body is read; None: max_body everywhere.
-    body_limit: Callable[[str, str, Peer], int] | None = None
 
 
 class _Reject(Exception):
@@ -151,7 +150,7 @@ class _ServerConnection:
         """Serve the request that begins with ``event``; False if we must close."""
         try:
             with trio.fail_after(self.limits.idle_timeout):
-                req, parts = await self._read_request(event)
+                req, match = await self._read_request(event)
         except h11.RemoteProtocolError as exc:
             await self._reject(_reject_for(exc))
             return False
@@ -161,7 +160,7 @@ class _ServerConnection:
         except trio.TooSlowError:
             log.debug("closing connection from pid %d: request not finished in time", self.peer.pid)
             return False
-        resp = await self._dispatch(req, parts)
+        resp = await self._dispatch(req, match)
         if resp is None:
             return False  # the client left while its handler ran: nobody to answer
         log.debug("%s %s -> %d", req.method, req.path, resp.status)
@@ -169,7 +168,7 @@ class _ServerConnection:
             await self._send(resp, with_body=req.method != "HEAD")
         return self.conn.our_state is h11.DONE and self.conn.their_state is h11.DONE
 
-    async def _dispatch(self, req: Request, parts: list[str]) -> Response | None:
+    async def _dispatch(self, req: Request, match: Match) -> Response | None:
         """Run the handler while watching the connection. A client that closes it (or
         half-closes it after its request, which HTTP/1.1 clients here never do) cancels
         the handler: a mount that gave up must not keep a limiter slot or a GET. A client
@@ -180,7 +179,7 @@ class _ServerConnection:
         answer: list[Response] = []
 
         async def handler(scope: trio.CancelScope) -> None:
-            answer.append(await self.router.dispatch(req, parts))
+            answer.append(await self.router.dispatch(req, match=match))
             scope.cancel()
 
         async with trio.open_nursery() as nursery:
@@ -235,7 +234,9 @@ class _ServerConnection:
         poller.register(self.stream.socket.fileno(), select.POLLIN)
         return not poller.poll(0)
 
-    async def _read_request(self, event: Any) -> tuple[Request, list[str]]:
+    async def _read_request(self, event: Any) -> tuple[Request, Match]:
+        """The request, read up to the body limit its route's entry sets for this peer,
+        and what the router decided for it before the body (answered after it)."""
         assert isinstance(event, h11.Request), event
         self.head = event.method == b"HEAD"
         self._check_header_size(event)
@@ -245,9 +246,8 @@ class _ServerConnection:
             path, parts, query = parse_target(event.target)
         except HTTPError as exc:
             raise _Reject(exc.status, exc.message) from None
-        limit = self.limits.max_body
-        if self.limits.body_limit is not None:
-            limit = self.limits.body_limit(method, path, self.peer)
+        match = self.router.match(method, parts, self.peer)
+        limit = match.body_limit(self.limits.max_body)
         length = headers.get("content-length")
         if length is not None and int(length) > limit:
             raise _Reject(413, self._too_large(limit))
@@ -256,7 +256,7 @@ class _ServerConnection:
                 self.conn.send(h11.InformationalResponse(status_code=100, headers=[]))
             )
         body = await self._read_body(limit)
-        return Request(method, path, query, headers, body, self.peer), parts
+        return Request(method, path, query, headers, body, self.peer), match
 
     def _check_header_size(self, event: h11.Request) -> None:
         # h11 only limits the *incomplete* buffer; a complete oversized header
@@ -696,7 +696,6 @@ async def serve_unix(
     uid: int | None = None,
     gid: int | None = None,
     max_body: int = 1 << 20,
-    body_limit: Callable[[str, str, Peer], int] | None = None,
     max_header: int = 16384,
     idle_timeout: float = 300.0,
     connections: ConnectionLimits | None = None,
@@ -711,9 +710,7 @@ async def serve_unix(
     Removes the socket file on the way out (only if it is still ours).
     """
     sock, ino = bound or bind_unix(path, mode=mode, uid=uid, gid=gid)
-    limits = Limits(
-        max_body=max_body, max_header=max_header, idle_timeout=idle_timeout, body_limit=body_limit
-    )
+    limits = Limits(max_body=max_body, max_header=max_header, idle_timeout=idle_timeout)
     acceptor = _Acceptor(router, limits, connections or ConnectionLimits())
     tsock = trio.socket.from_stdlib_socket(sock)
     try:
@@ -877,8 +874,9 @@ async def serve_tls(
 ) -> None:
     """Serve ``router`` to mutual-TLS clients on a socket from bind_tcp() until
     cancelled. ``context`` is control/tls.py server_context(). Request limits are the
-    Unix socket's, with no larger bodies for anyone. ``acceptor`` (a list) receives the
-    acceptor, for tests that count refusals."""
+    Unix socket's; a remote peer finds only the routes its role may call (control/
+    router.py). ``acceptor`` (a list) receives the acceptor, for tests that count
+    refusals."""
     limits = Limits(max_body=max_body, max_header=max_header, idle_timeout=idle_timeout)
     acc = _TLSAcceptor(router, limits, context, tls_limits or TLSLimits())
     if acceptor is not None:

@@ -1,20 +1,23 @@
 """Who may do what through the daemon's API (docs/SECURITY.md), judged per request.
 
-Owns the trust test (root, the daemon's uid, the admin group, a remote controller), the
-per-peer checks handlers make before they act (store options, opening or mounting a
-dataset, reading an object of a local dataset, holding a job, per-uid limits, a mount's
-owner), and the one WARNING line a refusal leaves. Never changes the daemon's state:
-it reads it, and asks the backend as the peer.
+Owns the roles a peer holds, which the route table's entries are matched against (any
+local peer; root, the daemon's uid or the admin group; a remote controller), the line
+refusing a route a peer's roles do not reach, the trust test, the checks handlers make
+before they act (store options, opening or mounting a dataset, reading an object of a
+local dataset, holding a job, per-uid limits, a mount's owner), and the WARNING line a
+refusal leaves. Never changes the daemon's state: it reads it, and asks the backend as
+the peer.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 
 import trio
 
-from silofs.control.peer import peer_groups, peer_may_change
-from silofs.control.router import HTTPError, Request
+from silofs.control.peer import Peer, peer_groups, peer_may_change
+from silofs.control.router import Caller, HTTPError, Request, Route
 from silofs.errors import AccessDeniedError, BackendError, ObjectChangedError
 from silofs.node.access import cloud_allowed
 from silofs.node.backends.local import LocalBackend
@@ -23,6 +26,30 @@ from silofs.node.state import DatasetState, MountState
 from silofs.uri import DatasetURI
 
 log = logging.getLogger(__name__)
+
+
+def roles(d: Daemon, peer: Peer) -> Caller:
+    """The roles (control/router.py Caller) a peer holds, which its route's entry is
+    matched against: a remote peer is a controller; a local one is LOCAL, ADMIN if
+    trusted (peer_may_change), ROOT if root or the daemon's own uid."""
+    if peer.remote is not None:
+        return Caller.CONTROLLER
+    held = Caller.LOCAL
+    if peer_may_change(peer, d.admin_gid):
+        held |= Caller.ADMIN
+    if peer.uid in (0, os.getuid()):
+        held |= Caller.ROOT
+    return held
+
+
+def refusal(d: Daemon, route: Route, peer: Peer) -> str:
+    """Why a local peer may not call a route its roles do not reach (403, one line)."""
+    if route.who & Caller.ADMIN:
+        group = f" or group {d.settings.admin_group}" if d.settings.admin_group else ""
+        who = f"root{group}"
+    else:
+        who = f"root or uid {os.getuid()} (the daemon's)" if os.getuid() else "root"
+    return f"only {who} may {route.doc}; you are uid {peer.uid}"
 
 
 def trusted(d: Daemon, req: Request) -> bool:
@@ -162,13 +189,3 @@ def own_mount(d: Daemon, req: Request, mount_id: str) -> MountState:
     if req.peer.uid != m.uid and not trusted(d, req):
         raise HTTPError(403, "this mount belongs to another user")
     return m
-
-
-def require_admin(d: Daemon, req: Request) -> None:
-    """403 unless the peer is trusted: allocations, registrations, forgetting."""
-    if not peer_may_change(req.peer, d.admin_gid):
-        log.warning(
-            "refused %s %s from uid %d (pid %d)", req.method, req.path, req.peer.uid, req.peer.pid
-        )
-        who = "root" + (f" or group {d.settings.admin_group}" if d.settings.admin_group else "")
-        raise HTTPError(403, f"changing allocations needs {who}; you are uid {req.peer.uid}")
