@@ -38,6 +38,7 @@ from silofs.errors import (
     VersionMismatchError,
     first_leaf,
 )
+from silofs.node.allocations import Allocations
 from silofs.node.backends import BackendOptions, open_backend
 from silofs.node.cachedir import (
     check_cache_dir,
@@ -56,8 +57,8 @@ from silofs.node.supervise import run_once
 from silofs.node.warm import WarmState, run_warm
 from silofs.node.writer import Writer
 from silofs.pids import pid_alive
-from silofs.records import MountCounters, ObjectInfo, PrefixListed, job_name_error
-from silofs.units import format_rate, format_size
+from silofs.records import MountCounters, ObjectInfo, PrefixListed
+from silofs.units import format_size
 from silofs.uri import DatasetURI, parse_uri
 
 log = logging.getLogger(__name__)
@@ -83,31 +84,6 @@ class Daemon:
         self.store = _open_store(settings.cache_dir, self.map_size)
         secure_cache_dir(settings.cache_dir, self.socket_gid)
         self.usage: dict[int, Usage] = self.store.load_usage()
-        # Allocations are keyed by canonical URI / job name, persisted in the env's meta
-        # db, and kept for datasets and jobs that are not mounted yet (promise 4).
-        self.allocations: dict[str, int] = {
-            k.removeprefix("cache:"): int(v) for k, v in self.store.iter_meta("cache:")
-        }
-        self.io_allocations: dict[str, int | None] = {
-            k.removeprefix("io:"): v["bytes_per_s"]
-            for k, v in self.store.iter_meta("io:")
-            if _valid_persisted_job(k.removeprefix("io:"))
-        }
-        self.modes: dict[str, str] = {
-            k.removeprefix("mode:"): str(v) for k, v in self.store.iter_meta("mode:")
-        }
-        # Job registrations (a cluster scheduler's prolog: GPUs, f*, epochs, datasets;
-        # PUT /v1/jobs/{job}), persisted like allocations so a daemon restart in the
-        # middle of a job does not make the controller forget its GPUs. Removed by
-        # forgetting the job (the epilog does, after unmounting).
-        self.registrations: dict[str, dict] = {
-            k.removeprefix("job:"): dict(v)
-            for k, v in self.store.iter_meta("job:")
-            if isinstance(v, dict) and _valid_persisted_job(k.removeprefix("job:"))
-        }
-        self._enforce = trio.Event()
-        # Allocation changes check the sum and then write it (an await): one at a time.
-        self._allocating = trio.Lock()
         self.datasets: dict[int, DatasetState] = {}
         self.jobs: dict[str, JobState] = {}
         self.mounts: dict[str, MountState] = {}
@@ -120,6 +96,8 @@ class Daemon:
             queue_bytes=settings.admission_queue_bytes,
             sync_seconds=settings.sync_seconds,
         )
+        # What the controller and admins decided, persisted (node/allocations.py).
+        self.allocs = Allocations(self.store, self.writer, self.cache_size)
         self.fetcher = Fetcher(self.store, self.writer, settings.fetch_threads)
         self.prefetch = Prefetcher(self)  # hints, one per mount (node/prefetch.py)
         self.backend_opts = BackendOptions(
@@ -162,74 +140,49 @@ class Daemon:
         assert self.nursery is not None
         self.nursery.start_soon(functools.partial(run_once, what, fn, *args, on_failure=on_failure))
 
-    # -- policy --------------------------------------------------------------------
+    # -- allocations (node/allocations.py) ------------------------------------------
+    @property
+    def allocations(self) -> dict[str, int]:
+        """Cache allocations by canonical URI (read only: change them below)."""
+        return self.allocs.cache
+
+    @property
+    def io_allocations(self) -> dict[str, int | None]:
+        return self.allocs.io
+
+    @property
+    def modes(self) -> dict[str, str]:
+        return self.allocs.modes
+
+    @property
+    def registrations(self) -> dict[str, dict]:
+        return self.allocs.registrations
+
     def quota_policy(self) -> QuotaPolicy:
-        by_id = {
-            ds.id: self.allocations[ds.uri.canonical]
-            for ds in self.datasets.values()
-            if ds.uri.canonical in self.allocations
-        }
-        lru = frozenset(
-            ds.id for ds in self.datasets.values() if self.modes.get(ds.uri.canonical) == "lru"
-        )
-        return QuotaPolicy(self.cache_size, by_id, lru)
+        return self.allocs.quota_policy(self.datasets.values())
 
     async def set_cache_allocation(self, uri: str, size: int | None) -> None:
-        """Allocate `size` bytes of cache to a dataset (None: back to the shared pool).
-
-        The check and the write are one step under a lock: without it two concurrent PUTs
-        both pass the check before either is recorded, and together exceed the cache."""
-        async with self._allocating:
-            await self._set_cache_allocation(uri, size)
-
-    async def _set_cache_allocation(self, uri: str, size: int | None) -> None:
-        others = sum(v for k, v in self.allocations.items() if k != uri)
-        if size is not None and others + size > self.cache_size:
-            over = others + size - self.cache_size
-            raise UsageError(
-                f"allocations would total {format_size(others + size)}, "
-                f"{format_size(over)} more than the cache "
-                f"({format_size(self.cache_size)})"
-            )
-        await self.writer.call(self.store.put_meta, f"cache:{uri}", size)
-        if size is None:
-            self.allocations.pop(uri, None)
-        else:
-            self.allocations[uri] = size
-        log.info(
-            "cache allocation of %s: %s", uri, "shared pool" if size is None else format_size(size)
-        )
-        self._enforce.set()
+        await self.allocs.set_cache(uri, size)
 
     async def set_io_allocation(self, job: str, rate: int | None) -> None:
         """Allocate remote IO to a job (None: unlimited). Applies to queued fetches too."""
-        await self.writer.call(self.store.put_meta, f"io:{job}", {"bytes_per_s": rate})
-        self.io_allocations[job] = rate
+        await self.allocs.set_io(job, rate)
         self.job(job).limiter.set_rate(rate)  # listed in status even before it mounts
-        log.info("remote IO allocation of job %s: %s", job, format_rate(rate))
 
     async def clear_io_allocation(self, job: str) -> bool:
         """Remove a job's remote IO allocation (`silofs-ctl allocate-io JOB --clear`): it
         is unlimited again, its row stays while it is in use. False if it had none."""
-        if job not in self.io_allocations:
+        if not await self.allocs.clear_io(job):
             return False
-        await self.writer.call(self.store.put_meta, f"io:{job}", None)
-        self.io_allocations.pop(job, None)
         if job in self.jobs:
             self.jobs[job].limiter.set_rate(None)
-        log.info("remote IO allocation of job %s removed", job)
         return True
 
     async def set_mode(self, uri: str, mode: str) -> None:
-        if mode not in ("uniform", "lru"):
-            raise UsageError(f"admission mode must be uniform or lru, not {mode!r}")
-        await self.writer.call(self.store.put_meta, f"mode:{uri}", mode)
-        old = self.modes.get(uri, "uniform")
-        self.modes[uri] = mode
+        old = await self.allocs.set_mode(uri, mode)
         ds = self.find_dataset(uri)
         if ds is not None and old == "lru" and mode == "uniform":
             await self.writer.call(self.writer.lru.forget, ds.id)
-        log.info("admission mode of %s: %s", uri, mode)
 
     async def forget_dataset(self, ds: DatasetState) -> None:
         """Drop a dataset's row, cache allocation and admission mode (`silofs-ctl forget`).
@@ -237,11 +190,7 @@ class Daemon:
         count in the shared pool until evicted. Refused while something uses it."""
         self._check_unused(ds=ds)
         uri = ds.uri.canonical
-        if uri in self.allocations:
-            await self.set_cache_allocation(uri, None)
-        if uri in self.modes:
-            await self.writer.call(self.store.put_meta, f"mode:{uri}", None)
-            self.modes.pop(uri, None)
+        await self.allocs.forget_dataset(uri)
         self.datasets.pop(ds.id, None)
         self.warms.pop(ds.id, None)
         for job in self.jobs.values():
@@ -252,21 +201,14 @@ class Daemon:
     async def register_job(self, name: str, info: dict) -> None:
         """Record what a cluster scheduler says of a job (checked by the route), for the
         controller; replaces an earlier registration of the same name."""
-        await self.writer.call(self.store.put_meta, f"job:{name}", info)
-        self.registrations[name] = info
+        await self.allocs.register_job(name, info)
         self.job(name)  # listed in status before it mounts
-        log.info("job %s registered: %s", name, info)
 
     async def forget_job(self, name: str) -> None:
         """Drop a job's row, its remote IO allocation (a mistyped allocate-io) and its
         registration (a finished scheduler job)."""
         self._check_unused(job=name)
-        if name in self.io_allocations:
-            await self.writer.call(self.store.put_meta, f"io:{name}", None)
-            self.io_allocations.pop(name, None)
-        if name in self.registrations:
-            await self.writer.call(self.store.put_meta, f"job:{name}", None)
-            self.registrations.pop(name, None)
+        await self.allocs.forget_job(name)
         self.jobs.pop(name, None)
         log.info("forgot job %s", name)
 
@@ -284,9 +226,7 @@ class Daemon:
         """Shrink datasets that hold more than their quota (promise 1). Eviction runs in
         small txns in the writer thread, so reads never pause."""
         while True:
-            with trio.move_on_after(5):
-                await self._enforce.wait()
-            self._enforce = trio.Event()
+            await self.allocs.changed(timeout=5)
             policy = self.quota_policy()
             for dsid, target in policy.excess(self.usage).items():
                 await self.writer.shrink(dsid, target, lru=dsid in policy.lru)
@@ -852,15 +792,6 @@ def _open_store(cache_dir: str, map_size: int) -> CacheStore:
         moved = move_aside(cache_dir)
         log.error("%s; moved it to %s and starting with an empty cache", exc, moved)
         return CacheStore(cache_dir, map_size)
-
-
-def _valid_persisted_job(name: str) -> bool:
-    """Allocations persisted before job names were checked may hold a name that breaks
-    /metrics for everyone: skip it (the row stays in the env, unused)."""
-    why = job_name_error(name)
-    if why is not None:
-        log.warning("ignoring the persisted IO allocation of job %r: %s", name, why)
-    return why is None
 
 
 def _resolve_access(access: dict[str, list[str]]) -> dict[str, frozenset[int] | None]:
