@@ -96,9 +96,9 @@ async def check_dataset_access(
                 "the admin group, or a group the daemon's [access] lists for the prefix",
             )
         return
-    if mount is not None and uid in d.tree_checked.get(mount.id, ()):
+    if mount is not None and uid in d.catalog.tree_checked.get(mount.id, ()):
         return
-    backend = mount.backend if mount is not None else LocalBackend(uri, d.backend_opts)
+    backend = mount.backend if mount is not None else LocalBackend(uri, d.catalog.backend_opts)
     check = getattr(backend, "check_peer_list", None)
     if check is None:  # not a local backend (a test double): nothing to walk
         return
@@ -113,7 +113,7 @@ async def check_dataset_access(
             raise refuse(req, 403, f"cannot check that uid {uid} may list {uri.bucket}") from None
         return
     if mount is not None:
-        d.tree_checked.setdefault(mount.id, set()).add(uid)
+        d.catalog.tree_checked.setdefault(mount.id, set()).add(uid)
 
 
 async def check_object_access(d: Daemon, req: Request, m: MountState, key: str) -> None:

@@ -1,15 +1,17 @@
 """The node daemon: one trio loop owning datasets, jobs, mounts, fetches and the writer.
 
-Owns the node's state and its lifecycle: opening the cache env, binding the control
-socket, listing datasets into persisted manifests, registering mount processes, serving
-their misses through the Fetcher, and reporting status. HTTP routing lives in
-control/routes.py; LMDB writes go through the Writer. Never serves FUSE requests (mount
+Owns the node's state and the operations on it: opening the cache env, jobs and mount
+processes (registering, their reports and epochs, reaping dead ones), serving their
+misses through the Fetcher and taking back the chunks they offer, warms, who holds
+what (job owners, per-uid counts), and the operations that span its rooms (an IO
+allocation and its job's limiter, forgetting a dataset or a job). The datasets and
+their listings are node/datasets.py's, the allocations node/allocations.py's, the API
+node/routes.py's; LMDB writes go through the Writer. Never serves FUSE requests (mount
 processes do) and never blocks the loop: SDK calls and write txns run in threads.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import logging
 import os
@@ -17,13 +19,10 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable
 
-import lmdb
 import trio
 
 from silofs.cache.format import ChunkRef, encode_chunk
-from silofs.cache.listing import ListingBuilder
 from silofs.cache.store import (
-    LISTING_BATCH,
     CacheDamagedError,
     CacheStore,
     PendingChunk,
@@ -33,13 +32,10 @@ from silofs.cache.store import (
 from silofs.config import NodeSettings, credential_fingerprint
 from silofs.errors import (
     BackendError,
-    UnreachableError,
     UsageError,
     VersionMismatchError,
-    first_leaf,
 )
 from silofs.node.allocations import Allocations
-from silofs.node.backends import BackendOptions, open_backend
 from silofs.node.cachedir import (
     check_cache_dir,
     lock_cache_dir,
@@ -47,6 +43,7 @@ from silofs.node.cachedir import (
     resolve_cache_size,
     secure_cache_dir,
 )
+from silofs.node.datasets import Catalog
 from silofs.node.fetch import Fetcher
 from silofs.node.limiter import TokenBucket
 from silofs.node.metrics import DaemonMetrics, parse_address
@@ -57,9 +54,7 @@ from silofs.node.supervise import run_once
 from silofs.node.warm import WarmState, run_warm
 from silofs.node.writer import Writer
 from silofs.pids import pid_alive
-from silofs.records import MountCounters, ObjectInfo, PrefixListed
-from silofs.units import format_size
-from silofs.uri import DatasetURI, parse_uri
+from silofs.records import MountCounters
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +79,6 @@ class Daemon:
         self.store = _open_store(settings.cache_dir, self.map_size)
         secure_cache_dir(settings.cache_dir, self.socket_gid)
         self.usage: dict[int, Usage] = self.store.load_usage()
-        self.datasets: dict[int, DatasetState] = {}
         self.jobs: dict[str, JobState] = {}
         self.mounts: dict[str, MountState] = {}
         self.writer = Writer(
@@ -100,27 +94,24 @@ class Daemon:
         self.allocs = Allocations(self.store, self.writer, self.cache_size)
         self.fetcher = Fetcher(self.store, self.writer, settings.fetch_threads)
         self.prefetch = Prefetcher(self)  # hints, one per mount (node/prefetch.py)
-        self.backend_opts = BackendOptions(
-            endpoint_url=settings.endpoint_url,
-            connect_timeout=settings.connect_timeout,
-            read_timeout=settings.read_timeout,
-            max_attempts=settings.max_attempts,
-            page_size=settings.page_size,
-            list_workers=settings.list_workers,
-            extra=dict(settings.backend_extra),
+        self.warms: dict[int, WarmState] = {}  # dataset id -> its latest warm
+        # The datasets and their listings (node/datasets.py).
+        self.catalog = Catalog(
+            settings,
+            self.store,
+            self.writer,
+            self.fetcher,
+            mounts=self.mounts,
+            warms=self.warms,
+            spawn=self.spawn,
+            used=self.used,
         )
         self.started = time.time()
         self.nursery: trio.Nursery | None = None
-        # Access (docs/SECURITY.md), all in memory: the uid that opened each dataset
-        # first (counted against its limit), the uids whose mount of a local dataset
-        # passed the directory-tree check since its last listing, and the cloud policy.
-        self.opened_by: dict[int, int] = {}
-        self.tree_checked: dict[int, set[int]] = {}
-        self.cloud_access = _resolve_access(settings.access)
+        self.cloud_access = _resolve_access(settings.access)  # docs/SECURITY.md
         # Who started the daemon and how (service.run_daemon fills it; status shows it).
         self.origin: dict[str, object] = {}
         self.credentials = credential_fingerprint(os.environ)
-        self.warms: dict[int, WarmState] = {}  # dataset id -> its latest warm
         # monotonic time of the last open, mount, unmount or warm: idle exit counts from it
         self.last_used = time.monotonic()
         self.metrics = DaemonMetrics()  # service.serve adds the status collector
@@ -139,6 +130,27 @@ class Daemon:
         an unexpected exception is logged once and given to on_failure, never raised."""
         assert self.nursery is not None
         self.nursery.start_soon(functools.partial(run_once, what, fn, *args, on_failure=on_failure))
+
+    def used(self) -> None:
+        """Something used the daemon now: its idle exit counts from here."""
+        self.last_used = time.monotonic()
+
+    # -- datasets (node/datasets.py) --------------------------------------------------
+    @property
+    def datasets(self) -> dict[int, DatasetState]:
+        return self.catalog.datasets
+
+    def find_dataset(self, name: str) -> DatasetState | None:
+        return self.catalog.find_dataset(name)
+
+    async def open_dataset(
+        self,
+        uri_text: str,
+        refresh: bool,
+        endpoint_url: str | None = None,
+        options: dict[str, str] | None = None,
+    ) -> DatasetState:
+        return await self.catalog.open_dataset(uri_text, refresh, endpoint_url, options)
 
     # -- allocations (node/allocations.py) ------------------------------------------
     @property
@@ -191,7 +203,7 @@ class Daemon:
         self._check_unused(ds=ds)
         uri = ds.uri.canonical
         await self.allocs.forget_dataset(uri)
-        self.datasets.pop(ds.id, None)
+        self.catalog.forget(ds)
         self.warms.pop(ds.id, None)
         for job in self.jobs.values():
             for per_dataset in (job.dataset_bytes, job.epochs, job.epoch_cached):
@@ -278,256 +290,6 @@ class Daemon:
         log.info("warm of %s for job %s started (paths %s)", ds.uri.canonical, job, paths or "all")
         return w
 
-    # -- datasets ------------------------------------------------------------------
-    def find_dataset(self, name: str) -> DatasetState | None:
-        for ds in self.datasets.values():
-            if name in (ds.name, ds.uri.canonical, str(ds.id)):
-                return ds
-        if "://" not in name and not name.startswith("/"):
-            return None  # a relative path would be resolved against the daemon's cwd
-        try:
-            canonical = parse_uri(name).canonical
-        except UsageError:
-            return None
-        return next((d for d in self.datasets.values() if d.uri.canonical == canonical), None)
-
-    def _short_name(self, uri: DatasetURI, dsid: int) -> str:
-        base = (uri.bucket + "/" + uri.prefix).rstrip("/").split("/")[-1] or uri.bucket
-        taken = {d.name for d in self.datasets.values() if d.id != dsid}
-        return base if base not in taken else f"{base}-{dsid}"
-
-    async def open_dataset(
-        self,
-        uri_text: str,
-        refresh: bool,
-        endpoint_url: str | None = None,
-        options: dict[str, str] | None = None,
-    ) -> DatasetState:
-        """Register a dataset (idempotent) and start checking/listing it if needed.
-        `options` are per-dataset store options (config.STORE_OPTIONS): they apply when
-        the dataset is opened, or re-opened while nothing uses it; a different set while
-        mounts use it is a UsageError (one backend per dataset)."""
-        uri = parse_uri(uri_text)
-        options = dict(options or {})
-        self.last_used = time.monotonic()
-        dsid = await self.writer.call(lambda: self.store.dataset_id(uri.canonical, create=True))
-        assert dsid is not None
-        ds = self.datasets.get(dsid)
-        if ds is not None and options and options != ds.options:
-            in_use = any(m.dsid == dsid for m in self.mounts.values()) or (
-                dsid in self.warms and self.warms[dsid].state == "running"
-            )
-            if in_use or ds.state in ("checking", "listing"):
-                raise UsageError(
-                    f"{uri.canonical} is open with store options {ds.options or 'none'}; "
-                    f"{options} would be ignored: unmount its mounts first"
-                )
-            ds.backend = open_backend(uri, self._backend_options(endpoint_url, options))
-            ds.options = options
-            ds.state = "error"  # checked again below with the new options
-        if ds is not None and ds.state in ("checking", "listing"):
-            return ds
-        if ds is None or ds.state == "error" or refresh:
-            if ds is None:
-                backend = open_backend(uri, self._backend_options(endpoint_url, options))
-                ds = DatasetState(dsid, uri, self._short_name(uri, dsid), backend)
-                ds.options = options
-                self.datasets[dsid] = ds
-            ds.state, ds.error = "checking", ""
-
-            def failed(message: str, ds: DatasetState = ds) -> None:
-                ds.state, ds.error = "error", f"cannot open {ds.uri.canonical}: {message}"
-                ds.prepare_errors += 1
-
-            self.spawn(
-                f"preparing {ds.uri.canonical}",
-                self._prepare_dataset,
-                ds,
-                refresh,
-                on_failure=failed,
-            )
-        return ds
-
-    def _backend_options(self, endpoint_url: str | None, options: dict[str, str]) -> BackendOptions:
-        opts = self.backend_opts
-        if endpoint_url:
-            opts = dataclasses.replace(opts, endpoint_url=endpoint_url)
-        if options:
-            opts = dataclasses.replace(opts, extra={**opts.extra, **options})
-        return opts
-
-    async def _prepare_dataset(self, ds: DatasetState, refresh: bool) -> None:
-        record = self.store.dataset_record(ds.id)
-        # A listing saved before generations (no "gen"), or with rows of another shape
-        # (LISTING_FORMAT), cannot be served: list again.
-        have_manifest = self.store.current_generation(ds.id) is not None
-        try:
-            try:
-                await trio.to_thread.run_sync(ds.backend.check, limiter=self.fetcher.threads)
-            except UnreachableError as exc:
-                if not have_manifest or refresh:
-                    raise
-                log.warning(
-                    "%s: %s; serving the persisted listing and cached chunks", ds.uri.canonical, exc
-                )
-            old_gen = self.store.current_generation(ds.id)
-            if refresh or not have_manifest:
-                self.tree_checked.pop(ds.id, None)  # a new listing: check mounts again
-                record = await self._list(ds)
-            ds.record = record
-            ds.state = "ready"
-            self.last_used = time.monotonic()
-            if old_gen is not None and int(record["gen"]) != old_gen:
-                await self._mark_stale(ds, old_gen, int(record["gen"]))
-        except BackendError as exc:
-            ds.state, ds.error = "error", str(exc)
-            ds.prepare_errors += 1
-            log.error("dataset %s: %s", ds.uri.canonical, exc)
-        except lmdb.Error as exc:
-            ds.state = "error"
-            ds.error = f"cannot save the listing of {ds.uri.canonical} in the cache: {exc}"
-            log.error("%s", ds.error)
-
-    async def _list(self, ds: DatasetState) -> dict:
-        """List the store into a new generation of the dataset's directory index.
-
-        Pages stream from the backend thread into the writer in batches of LISTING_BATCH
-        objects, one write txn each, through a channel that holds two batches: daemon
-        memory stays flat however large the listing. The generation becomes visible only
-        when the record naming it is written (finish_listing), so a daemon killed half
-        way leaves the previous listing in place; its rows are deleted by the next one.
-        """
-        ds.state, ds.listed = "listing", 0
-        ds.list_started = time.monotonic()
-        current = self.store.current_generation(ds.id)
-        keep = {current} if current is not None else set()
-        while (
-            await self.writer.call(self.store.delete_stale_generations, ds.id, keep)
-            >= LISTING_BATCH
-        ):
-            pass
-        builder = await self.writer.call(self.store.begin_listing, ds.id)
-        ds.building_gen = builder.gen  # mounts that asked to may serve it while it grows
-        try:
-            return await self._fill(ds, builder)
-        finally:
-            ds.building_gen = None
-
-    async def _fill(self, ds: DatasetState, builder: ListingBuilder) -> dict:
-        send, recv = trio.open_memory_channel[list[ObjectInfo | PrefixListed]](2)
-        # A fanned-out listing also says when a prefix is complete (PrefixListed, in
-        # order with its objects): the builder marks that directory complete for mounts
-        # serving this generation while it grows (--list-in-background).
-        events = getattr(ds.backend, "list_events", ds.backend.list)
-
-        def produce() -> None:
-            batch: list[ObjectInfo | PrefixListed] = []
-            done_at: float | None = None  # when the batch got its first complete prefix
-            for obj in events():
-                batch.append(obj)
-                if isinstance(obj, ObjectInfo):
-                    ds.listed += 1  # progress only; read by status
-                elif obj.done and done_at is None:
-                    done_at = time.monotonic()
-                # A slow store fills a batch slowly: one holding a complete prefix (what
-                # a --list-in-background lookup waits for) goes when the next page
-                # arrives once LISTING_FLUSH old. Other batches stay full-sized: small
-                # txns slow the listing down.
-                if len(batch) >= LISTING_BATCH or (
-                    done_at is not None and time.monotonic() - done_at >= LISTING_FLUSH
-                ):
-                    trio.from_thread.run(send.send, batch)
-                    batch, done_at = [], None
-            if batch:
-                trio.from_thread.run(send.send, batch)
-
-        async def producer() -> None:
-            async with send:
-                await trio.to_thread.run_sync(produce, limiter=self.fetcher.threads)
-
-        t0 = time.monotonic()
-        try:
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(producer)
-                async with recv:
-                    async for batch in recv:
-                        await self.writer.call(self.store.add_to_listing, builder, batch)
-        except BaseExceptionGroup as group:
-            # A task failed (the listing thread or a write) and the nursery cancelled the
-            # other: its error is the listing's (BackendError -> the dataset's error).
-            raise first_leaf(group) from None
-        if ds.listed == 0:
-            raise BackendError(f"{ds.uri.canonical} has no objects: check the prefix")
-        record = await self.writer.call(
-            self.store.finish_listing,
-            builder,
-            {"uri": ds.uri.canonical, "listed_at": time.time()},
-        )
-        t = builder.totals
-        if t.shadowed:
-            log.warning(
-                "%s: %d keys are hidden behind a directory of the same name (or listed twice),"
-                " e.g. %s",
-                ds.uri.canonical,
-                t.shadowed,
-                t.shadowed_keys[0],
-            )
-        if t.skipped:
-            log.warning(
-                "%s: %d keys cannot be file paths (empty, '.' or '..' parts), e.g. %r",
-                ds.uri.canonical,
-                t.skipped,
-                t.skipped_keys[0],
-            )
-        elapsed = time.monotonic() - t0
-        log.info(
-            "listed %s: %d objects, %s in %.1fs (%.0f objects/s), generation %d",
-            ds.uri.canonical,
-            ds.listed,
-            format_size(record["size"]),
-            elapsed,
-            ds.listed / max(elapsed, 1e-9),
-            record["gen"],
-        )
-        return record
-
-    async def _mark_stale(self, ds: DatasetState, old_gen: int, new_gen: int) -> None:
-        """After a refresh: the chunks the dataset holds of objects the new listing
-        shows with another content id, or not at all, become its first eviction
-        victims (CacheStore.mark_stale). Open handles of the old version keep hitting
-        them until space is needed. Chunk keys depend on the chunk size: those of the
-        dataset's mounts and the daemon's default are checked. In bounded steps: a
-        read txn per LISTING_BATCH files, a write txn per step's keys."""
-        sizes = {self.settings.chunk_size} | {
-            m.chunk_size for m in self.mounts.values() if m.dsid == ds.id
-        }
-        marked, row = 0, None
-        while True:
-            keys, row = await trio.to_thread.run_sync(
-                self.store.stale_candidates,
-                ds.id,
-                old_gen,
-                new_gen,
-                sizes,
-                row,
-                limiter=self.fetcher.threads,
-            )
-            if keys:
-                marked += await self.writer.call(self.store.mark_stale, ds.id, keys)
-            if row is None:
-                break
-        ds.stale_chunks = await trio.to_thread.run_sync(
-            self.store.stale_count, ds.id, limiter=self.fetcher.threads
-        )
-        if marked:
-            log.info(
-                "%s: %d cached chunks of versions generation %d no longer lists are the "
-                "first eviction victims",
-                ds.uri.canonical,
-                marked,
-                new_gen,
-            )
-
     # -- jobs and mounts -----------------------------------------------------------
     def job(self, name: str) -> JobState:
         job = self.jobs.get(name)
@@ -556,7 +318,7 @@ class Daemon:
         if ds.state != "ready" and not listing:
             raise UsageError(f"dataset {ds.uri.canonical} is not ready ({ds.state})")
         cs = chunk_size or self.settings.chunk_size
-        self.last_used = time.monotonic()
+        self.used()
         known = self.mounts.get(mount_id) if mount_id else None
         if known is not None:
             if (known.uid, known.dsid, known.job) != (uid, ds.id, job):
@@ -575,7 +337,7 @@ class Daemon:
 
     def unregister_mount(self, mount_id: str) -> None:
         m = self.mounts.pop(mount_id, None)
-        self.last_used = time.monotonic()
+        self.used()
         self.prefetch.forget(mount_id)
         if m is not None:
             log.info("mount %s at %s is gone", m.id, m.mountpoint)
@@ -748,29 +510,10 @@ class Daemon:
 
     def held_by(self, uid: int) -> tuple[int, int, int]:
         """(datasets, mounts, jobs) a uid holds, as its limits count them."""
-        datasets = sum(1 for dsid in self.datasets if self.opened_by.get(dsid) == uid)
+        datasets = sum(1 for dsid in self.datasets if self.catalog.opened_by.get(dsid) == uid)
         mine = [m for m in self.mounts.values() if m.uid == uid]
         jobs = {m.job for m in mine} | {w.job for w in self._running_warms() if w.uid == uid}
         return datasets, len(mine), len(jobs)
-
-    def forget_idle_dataset(self, uid: int) -> bool:
-        """Forget the oldest dataset `uid` opened that no mount uses and that is not being
-        listed, to make room under its limit. Its listing and chunks stay in the cache;
-        opening it again reuses them. False if there is none."""
-        used = {m.dsid for m in self.mounts.values()}
-        for dsid, ds in self.datasets.items():
-            if (
-                self.opened_by.get(dsid) == uid
-                and dsid not in used
-                and ds.state not in ("checking", "listing")
-            ):
-                del self.datasets[dsid]
-                self.opened_by.pop(dsid, None)
-                self.tree_checked.pop(dsid, None)
-                ds.backend.close()
-                log.info("forgot idle dataset %s (opened by uid %d)", ds.uri.canonical, uid)
-                return True
-        return False
 
     def forget_idle_jobs(self, keep: int) -> None:
         """Keep at most `keep` jobs that have neither a mount nor an IO allocation, the
