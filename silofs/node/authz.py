@@ -18,10 +18,16 @@ import trio
 
 from silofs.control.peer import Peer, peer_groups, peer_may_change
 from silofs.control.router import Caller, HTTPError, Request, Route
-from silofs.errors import AccessDeniedError, BackendError, ObjectChangedError
+from silofs.errors import (
+    AccessDeniedError,
+    BackendError,
+    ObjectChangedError,
+    VersionMismatchError,
+)
 from silofs.node.access import cloud_allowed
 from silofs.node.backends.local import LocalBackend
 from silofs.node.daemon import Daemon
+from silofs.node.datasets import Purpose, named_object
 from silofs.node.state import DatasetState, MountState
 from silofs.uri import DatasetURI
 
@@ -125,13 +131,13 @@ async def check_object_access(d: Daemon, req: Request, m: MountState, key: str) 
     check = getattr(ds.backend, "check_peer_read", None)
     if ds.uri.scheme != "file" or check is None:
         return
-    obj = d.store.get_object(ds.id, key, ds.record.get("gen"))
-    if obj is None and ds.building_gen is not None:  # as Daemon.get_chunk looks it up
-        obj = d.store.get_object(ds.id, key, ds.building_gen)
-    if obj is None:
+    try:
+        named = named_object(d.store, ds, key, Purpose.READ, req.query.get("version"))
+    except VersionMismatchError as exc:
+        raise HTTPError(409, str(exc)) from None
+    if named is None:
         return  # get_chunk answers 404
-    version = req.query.get("version")
-    if version is not None and version != obj.version:
+    if named.previous:
         # The previous listing's version would be served from the cache, and only the
         # file as it is now can be judged: no old bytes for an untrusted peer.
         raise HTTPError(
@@ -139,6 +145,7 @@ async def check_object_access(d: Daemon, req: Request, m: MountState, key: str) 
             f"{ds.uri.canonical}{key} changed since this mount listed it; "
             "remount to read the new one",
         )
+    obj = named.obj
     uid, gids = req.peer.uid, peer_groups(req.peer)
     try:
         await trio.to_thread.run_sync(check, obj, uid, gids, limiter=d.fetcher.threads)

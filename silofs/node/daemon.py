@@ -43,7 +43,7 @@ from silofs.node.cachedir import (
     resolve_cache_size,
     secure_cache_dir,
 )
-from silofs.node.datasets import Catalog
+from silofs.node.datasets import Catalog, Purpose, named_object
 from silofs.node.fetch import Fetcher
 from silofs.node.limiter import TokenBucket
 from silofs.node.metrics import DaemonMetrics, parse_address
@@ -393,22 +393,14 @@ class Daemon:
         read-ahead this request belongs to: the GET that fetches chunk `index` may fetch
         the rest of the span with it (Fetcher.fetch_span)."""
         ds = self.datasets[m.dsid]
-        obj = self.store.get_object(ds.id, key, ds.record.get("gen"))
-        if obj is None and ds.building_gen is not None:  # a mount of a listing in progress
-            obj = self.store.get_object(ds.id, key, ds.building_gen)
-        if version is not None and (obj is None or obj.version != version):
-            gen = ds.record.get("gen")
-            old = self.store.get_object(ds.id, key, gen - 1) if gen else None
-            if old is not None and old.version == version:
-                obj = old
-            elif obj is not None:
-                ds.fetch.version_mismatches += 1
-                raise VersionMismatchError(
-                    f"{ds.uri.canonical}{key} changed since this mount listed it "
-                    "(a refresh listed another version); remount to read the new one"
-                )
-        if obj is None:
+        try:
+            named = named_object(self.store, ds, key, Purpose.READ, version)
+        except VersionMismatchError:
+            ds.fetch.version_mismatches += 1
+            raise
+        if named is None:
             raise UsageError(f"{key!r} is not in the listing of {ds.uri.canonical}")
+        obj = named.obj
         last = max(0, (obj.size - 1) // m.chunk_size)
         job = self.job(m.job)
         ref = ChunkRef.of(obj, m.chunk_size, index)
@@ -455,9 +447,10 @@ class Daemon:
         refreshed listing makes it stale), the index and the exact length. The chunk
         key is computed here from the listing, never taken from the mount."""
         ds = self.datasets[m.dsid]
-        obj = self.store.get_object(ds.id, key)
-        if obj is None:
+        named = named_object(self.store, ds, key, Purpose.OFFER)
+        if named is None:
             raise UsageError(f"{key!r} is not in the listing of {ds.uri.canonical}")
+        obj = named.obj
         if obj.content_id != content_id:
             raise UsageError(f"{key!r} changed since this chunk was fetched")
         last = max(0, (obj.size - 1) // m.chunk_size)

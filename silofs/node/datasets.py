@@ -3,7 +3,8 @@ forgetting one.
 
 Owns the dataset records by id, each dataset's backend and store options, the listing
 lifecycle (check the store, list it into a new generation of the directory index in
-bounded batches, mark the chunks a refresh made stale), and the access caches tied to a
+bounded batches, mark the chunks a refresh made stale), the rule for which listing
+generations a mount's request may name (named_object), and the access caches tied to a
 dataset (who opened it first, whose mount passed the directory-tree check). Never
 serves a chunk and never changes allocations; the mounts and warms it asks about are
 the Daemon's.
@@ -12,6 +13,7 @@ the Daemon's.
 from __future__ import annotations
 
 import dataclasses
+import enum
 import logging
 import time
 from collections.abc import Callable
@@ -22,7 +24,13 @@ import trio
 from silofs.cache.listing import ListingBuilder
 from silofs.cache.store import LISTING_BATCH, CacheStore
 from silofs.config import NodeSettings
-from silofs.errors import BackendError, UnreachableError, UsageError, first_leaf
+from silofs.errors import (
+    BackendError,
+    UnreachableError,
+    UsageError,
+    VersionMismatchError,
+    first_leaf,
+)
 from silofs.node.backends import BackendOptions, open_backend
 from silofs.node.fetch import Fetcher
 from silofs.node.state import DatasetState, MountState
@@ -40,6 +48,53 @@ log = logging.getLogger(__name__)
 LISTING_FLUSH = 0.25
 
 Spawn = Callable[..., None]  # Daemon.spawn: a supervised one-shot task
+
+
+class Purpose(enum.Enum):
+    """What a mount's request names an object of the listing for."""
+
+    READ = "read"  # a miss: the bytes of the version the reader's handle opened
+    OFFER = "offer"  # an offered chunk: admitted only against the complete listing
+
+
+@dataclasses.dataclass(frozen=True)
+class Named:
+    """The listing row a request names, and whether it is the previous generation's."""
+
+    obj: ObjectInfo
+    previous: bool = False
+
+
+def named_object(
+    store: CacheStore, ds: DatasetState, key: str, purpose: Purpose, version: str | None = None
+) -> Named | None:
+    """The one rule for which listing generations a mount's request may name.
+
+    Mounts read the dataset's listing: its current generation, or for a key it does not
+    list, the generation being built (a mount of a listing in progress). An offer names
+    the current generation only: bytes are admitted against a complete listing. A read
+    names the version its handle opened: where the listing has another, the previous
+    generation (kept until the next listing) may still list that one, so a handle
+    opened before a refresh keeps reading what it opened; if neither does,
+    VersionMismatchError. None: no generation the purpose may name lists `key`."""
+    if purpose is Purpose.OFFER:
+        obj = store.get_object(ds.id, key)
+        return Named(obj) if obj is not None else None
+    gen = ds.record.get("gen")
+    obj = store.get_object(ds.id, key, gen)
+    if obj is None and ds.building_gen is not None:
+        obj = store.get_object(ds.id, key, ds.building_gen)
+    if version is None or (obj is not None and obj.version == version):
+        return Named(obj) if obj is not None else None
+    old = store.get_object(ds.id, key, gen - 1) if gen else None
+    if old is not None and old.version == version:
+        return Named(old, previous=True)
+    if obj is not None:
+        raise VersionMismatchError(
+            f"{ds.uri.canonical}{key} changed since this mount listed it "
+            "(a refresh listed another version); remount to read the new one"
+        )
+    return None
 
 
 class Catalog:

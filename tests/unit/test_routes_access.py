@@ -367,6 +367,41 @@ def test_routes_matrix(tmp_path: Path, world: Path) -> None:
     run_routes(tmp_path, test, max_jobs_per_uid=1)
 
 
+def test_an_untrusted_peer_gets_no_bytes_of_a_file_a_refresh_no_longer_lists(
+    tmp_path: Path, world: Path
+) -> None:
+    """The previous listing's version of a key the new listing lacks is served from the
+    cache to a handle opened before the refresh; no such file can be judged now, so an
+    untrusted peer gets none of it, whatever version it names."""
+    (world / "data").mkdir()
+    (world / "data" / "pub").write_bytes(b"public")
+    (world / "data" / "gone").write_bytes(b"secret")
+    (world / "data" / "gone").chmod(0o600)
+
+    async def test(d: Daemon, call: Call) -> None:
+        uri = str(world / "data")
+        ds = await _ready(call, ROOT, uri)
+        reg = {"dataset": ds["id"], "job": "j", "mountpoint": "/m"}
+        s, root_mount = await call(ROOT, "POST", "/v1/mounts", reg)
+        assert s == 201, root_mount
+        version = d.store.get_object(ds["id"], "gone").version
+        chunk = f"/v1/chunks?key=gone&index=0&version={version}"
+        assert await call(ROOT, "GET", f"{chunk}&mount={root_mount['id']}") == (200, b"secret")
+        (world / "data" / "gone").unlink()
+        s, body = await call(ROOT, "POST", "/v1/datasets", {"uri": uri, "refresh": True})
+        assert s == 200, body
+        refreshed = await _ready(call, ROOT, uri)
+        assert refreshed["generation"] == ds["generation"] + 1
+        s, alice_mount = await call(ALICE, "POST", "/v1/mounts", {**reg, "job": "a"})
+        assert s == 201, alice_mount
+        s, body = await call(ALICE, "GET", f"{chunk}&mount={alice_mount['id']}")
+        assert s == 409 and "remount" in body["error"], (s, body)
+        # Root's handle opened before the refresh still reads what it opened.
+        assert await call(ROOT, "GET", f"{chunk}&mount={root_mount['id']}") == (200, b"secret")
+
+    run_routes(tmp_path, test)
+
+
 async def _warm_done(call: Call, peer: Peer, dsid: int) -> dict:
     with trio.fail_after(10):
         while (w := (await call(peer, "GET", f"/v1/datasets/{dsid}/warm"))[1])["state"] == (
