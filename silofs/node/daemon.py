@@ -98,9 +98,9 @@ class Daemon:
         # The datasets and their listings (node/datasets.py).
         self.catalog = Catalog(
             settings,
-            self.store,
-            self.writer,
-            self.fetcher,
+            store=self.store,
+            writer=self.writer,
+            fetcher=self.fetcher,
             mounts=self.mounts,
             warms=self.warms,
             spawn=self.spawn,
@@ -140,35 +140,11 @@ class Daemon:
     def datasets(self) -> dict[int, DatasetState]:
         return self.catalog.datasets
 
-    def find_dataset(self, name: str) -> DatasetState | None:
-        return self.catalog.find_dataset(name)
-
-    async def open_dataset(
-        self,
-        uri_text: str,
-        refresh: bool,
-        endpoint_url: str | None = None,
-        options: dict[str, str] | None = None,
-    ) -> DatasetState:
-        return await self.catalog.open_dataset(uri_text, refresh, endpoint_url, options)
-
     # -- allocations (node/allocations.py) ------------------------------------------
     @property
-    def allocations(self) -> dict[str, int]:
-        """Cache allocations by canonical URI (read only: change them below)."""
-        return self.allocs.cache
-
-    @property
-    def io_allocations(self) -> dict[str, int | None]:
-        return self.allocs.io
-
-    @property
     def modes(self) -> dict[str, str]:
+        """Admission modes by canonical URI (read only: set_mode changes one)."""
         return self.allocs.modes
-
-    @property
-    def registrations(self) -> dict[str, dict]:
-        return self.allocs.registrations
 
     def quota_policy(self) -> QuotaPolicy:
         return self.allocs.quota_policy(self.datasets.values())
@@ -192,7 +168,7 @@ class Daemon:
 
     async def set_mode(self, uri: str, mode: str) -> None:
         old = await self.allocs.set_mode(uri, mode)
-        ds = self.find_dataset(uri)
+        ds = self.catalog.find_dataset(uri)
         if ds is not None and old == "lru" and mode == "uniform":
             await self.writer.call(self.writer.lru.forget, ds.id)
 
@@ -294,7 +270,7 @@ class Daemon:
     def job(self, name: str) -> JobState:
         job = self.jobs.get(name)
         if job is None:
-            job = self.jobs[name] = JobState(name, TokenBucket(self.io_allocations.get(name)))
+            job = self.jobs[name] = JobState(name, TokenBucket(self.allocs.io.get(name)))
             job.sample(time.monotonic())  # the zero point of its rates
         return job
 
@@ -352,7 +328,7 @@ class Daemon:
         job.sample(time.monotonic())
         self._advance_epoch(job, ds, delta.bytes_read)
         self.prefetch.reported(m)
-        if touched and self.modes.get(ds.uri.canonical) == "lru":
+        if touched and self.allocs.mode(ds.uri.canonical) == "lru":
             await self.writer.touch(m.dsid, touched)
 
     def _advance_epoch(self, job: JobState, ds: DatasetState, read: int) -> None:
@@ -511,8 +487,8 @@ class Daemon:
     def forget_idle_jobs(self, keep: int) -> None:
         """Keep at most `keep` jobs that have neither a mount nor an IO allocation, the
         oldest forgotten first: a user cycling job names must not grow the daemon."""
-        busy = {m.job for m in self.mounts.values()} | set(self.io_allocations)
-        busy |= set(self.registrations)
+        busy = {m.job for m in self.mounts.values()} | set(self.allocs.io)
+        busy |= set(self.allocs.registrations)
         busy |= {w.job for w in self._running_warms()}
         idle = [name for name in self.jobs if name not in busy]
         for name in idle[: max(0, len(idle) - keep)]:

@@ -47,6 +47,14 @@ log = logging.getLogger(__name__)
 # --list-in-background lookup waits for) would otherwise wait for 10 000 more objects.
 LISTING_FLUSH = 0.25
 
+# The [backend] settings every dataset's store gets: the BackendOptions fields that
+# NodeSettings has by the same names (its backend_extra is `extra`, to which a dataset's
+# own store options add).
+_BACKEND_SETTINGS = sorted(
+    {f.name for f in dataclasses.fields(BackendOptions)}
+    & {f.name for f in dataclasses.fields(NodeSettings)}
+)
+
 Spawn = Callable[..., None]  # Daemon.spawn: a supervised one-shot task
 
 
@@ -103,10 +111,10 @@ class Catalog:
     def __init__(
         self,
         settings: NodeSettings,
+        *,
         store: CacheStore,
         writer: Writer,
         fetcher: Fetcher,
-        *,
         mounts: dict[str, MountState],
         warms: dict[int, WarmState],
         spawn: Spawn,
@@ -122,12 +130,7 @@ class Catalog:
         self.used = used  # something used the daemon now (its idle exit counts from it)
         self.datasets: dict[int, DatasetState] = {}
         self.backend_opts = BackendOptions(
-            endpoint_url=settings.endpoint_url,
-            connect_timeout=settings.connect_timeout,
-            read_timeout=settings.read_timeout,
-            max_attempts=settings.max_attempts,
-            page_size=settings.page_size,
-            list_workers=settings.list_workers,
+            **{name: getattr(settings, name) for name in _BACKEND_SETTINGS},
             extra=dict(settings.backend_extra),
         )
         # Access (docs/SECURITY.md), all in memory: the uid that opened each dataset

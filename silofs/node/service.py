@@ -50,7 +50,7 @@ async def serve(daemon: Daemon, task_status: trio.TaskStatus = trio.TASK_STATUS_
     settings = daemon.settings
     router = build_router(daemon)
     daemon.metrics.watch(lambda: status_view(daemon))
-    for job in [*daemon.io_allocations, *daemon.registrations]:
+    for job in [*daemon.allocs.io, *daemon.allocs.registrations]:
         daemon.job(job)  # persisted allocations are listed before their jobs mount
     # Bound before any task starts: a busy socket is one AddressInUseError, not a failure
     # inside a nursery (which trio reports as an ExceptionGroup).

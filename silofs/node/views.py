@@ -69,8 +69,8 @@ def dataset_view(d: Daemon, ds: DatasetState) -> dict[str, Any]:
         "size": ds.record.get("size", 0),
         "cached_bytes": u.bytes if u else 0,
         "cached_chunks": u.chunks if u else 0,
-        "cache_allocation": d.allocations.get(ds.uri.canonical),
-        "admission": d.modes.get(ds.uri.canonical, "uniform"),
+        "cache_allocation": d.allocs.cache.get(ds.uri.canonical),
+        "admission": d.allocs.mode(ds.uri.canonical),
         "bytes_read": ds.reads.bytes_read,
         "hit_bytes": ds.reads.hit_bytes,
         "hit_ratio": _ratio(ds.reads.hit_bytes, ds.reads.bytes_read),
@@ -120,7 +120,7 @@ def job_view(d: Daemon, j: JobState) -> dict[str, Any]:
         "limiter_wait_s": round(j.limiter.waited_seconds, 3),
         "limiter_charged_bytes": j.limiter.charged_bytes,
         # What the job's scheduler said of it (PUT /v1/jobs/{job}), or null.
-        "registration": d.registrations.get(j.name),
+        "registration": d.allocs.registrations.get(j.name),
         # Prefetch by hint: bytes fetched ahead of the job's readers, and how many of
         # those chunks its readers then read as hits (or still missed).
         "prefetched_bytes": j.prefetch.bytes,

@@ -91,7 +91,7 @@ def test_a_refresh_makes_chunks_of_changed_objects_the_first_victims(
                 assert all(d.store.owns(txn, ds.id, r.key) for r in refs.values())
             (bucket / "f1.bin").write_bytes(b"new bytes")  # changed
             (bucket / "f2.bin").unlink()  # deleted
-            await d.open_dataset(f"file://{bucket}/", True)
+            await d.catalog.open_dataset(f"file://{bucket}/", True)
             with trio.fail_after(30):
                 while ds.state != "ready" or ds.stale_chunks < 2:
                     await trio.sleep(0.01)

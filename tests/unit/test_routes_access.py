@@ -472,10 +472,10 @@ def test_clearing_an_io_allocation(tmp_path: Path) -> None:
     async def test(d: Daemon, call: Call) -> None:
         assert (await call(ROOT, "PUT", "/v1/jobs/j/io", {"bytes_per_s": "1MB/s"}))[0] == 200
         s, body = await call(ALICE, "DELETE", "/v1/jobs/j/io")
-        assert s == 403 and d.io_allocations == {"j": 1_000_000}
+        assert s == 403 and d.allocs.io == {"j": 1_000_000}
         s, body = await call(ROOT, "DELETE", "/v1/jobs/j/io")
         assert (s, body["cleared"]) == (200, True)
-        assert d.io_allocations == {} and d.jobs["j"].limiter.rate is None
+        assert d.allocs.io == {} and d.jobs["j"].limiter.rate is None
         assert d.store.get_meta("io:j") is None
         assert (await call(ROOT, "DELETE", "/v1/jobs/j/io"))[0] == 404
 

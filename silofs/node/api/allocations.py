@@ -16,7 +16,7 @@ from silofs.units import parse_rate, parse_size
 
 async def get_cache(d: Daemon, req: Request, name: str) -> Response:
     uri = dataset_uri(d, name)
-    return json_response({"dataset": uri, "bytes": d.allocations.get(uri)})
+    return json_response({"dataset": uri, "bytes": d.allocs.cache.get(uri)})
 
 
 async def put_cache(d: Daemon, req: Request, name: str) -> Response:
@@ -30,7 +30,7 @@ async def put_cache(d: Daemon, req: Request, name: str) -> Response:
 
 async def get_io(d: Daemon, req: Request, job: str) -> Response:
     job = job_name(job)
-    return json_response({"job": job, "bytes_per_s": d.io_allocations.get(job)})
+    return json_response({"job": job, "bytes_per_s": d.allocs.io.get(job)})
 
 
 async def put_io(d: Daemon, req: Request, job: str) -> Response:
@@ -50,7 +50,7 @@ async def del_io(d: Daemon, req: Request, job: str) -> Response:
 
 async def get_mode(d: Daemon, req: Request, name: str) -> Response:
     uri = dataset_uri(d, name)
-    return json_response({"dataset": uri, "mode": d.modes.get(uri, "uniform")})
+    return json_response({"dataset": uri, "mode": d.allocs.mode(uri)})
 
 
 async def put_mode(d: Daemon, req: Request, name: str) -> Response:
@@ -64,9 +64,9 @@ async def put_mode(d: Daemon, req: Request, name: str) -> Response:
 async def all_allocations(d: Daemon, req: Request) -> Response:
     return json_response(
         {
-            "cache": d.allocations,
-            "io": d.io_allocations,
-            "admission": d.modes,
+            "cache": d.allocs.cache,
+            "io": d.allocs.io,
+            "admission": d.allocs.modes,
             "cache_size": d.cache_size,
         }
     )

@@ -46,13 +46,13 @@ async def open_dataset(d: Daemon, req: Request) -> Response:
     options = store_options(body)
     parsed = _absolute_uri(uri)
     await check_dataset_access(d, req, parsed)
-    if d.find_dataset(parsed.canonical) is None and not trusted(d, req):
+    if d.catalog.find_dataset(parsed.canonical) is None and not trusted(d, req):
         held, _, _ = d.held_by(req.peer.uid)
         if held >= d.settings.max_datasets_per_uid and d.catalog.forget_idle_dataset(req.peer.uid):
             held -= 1
         check_limit(req, "datasets", held, d.settings.max_datasets_per_uid)
     with usage_error_as(400):
-        ds = await d.open_dataset(uri, refresh, endpoint_url, options)
+        ds = await d.catalog.open_dataset(uri, refresh, endpoint_url, options)
     d.catalog.opened_by.setdefault(ds.id, req.peer.uid)
     return json_response(dataset_view(d, ds))
 

@@ -105,7 +105,7 @@ def job_name(job: str) -> str:
 
 def dataset(d: Daemon, name: str) -> DatasetState:
     """The dataset `name` names (short name, id or URI); HTTPError(404) if none."""
-    ds = d.find_dataset(name)
+    ds = d.catalog.find_dataset(name)
     if ds is None:
         raise HTTPError(404, f"no dataset {name!r} on this node")
     return ds
@@ -114,7 +114,7 @@ def dataset(d: Daemon, name: str) -> DatasetState:
 def dataset_uri(d: Daemon, name: str) -> str:
     """Canonical URI for an allocation: a known dataset's name, or any dataset URI (an
     allocation for a dataset not mounted yet is kept until it appears)."""
-    ds = d.find_dataset(name)
+    ds = d.catalog.find_dataset(name)
     if ds is not None:
         return ds.uri.canonical
     if "://" in name or name.startswith("/"):

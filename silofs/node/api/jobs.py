@@ -50,7 +50,7 @@ async def get_job(d: Daemon, req: Request, job: str) -> Response:
 
 async def forget_job(d: Daemon, req: Request, job: str) -> Response:
     job = job_name(job)
-    if job not in d.jobs and job not in d.io_allocations:
+    if job not in d.jobs and job not in d.allocs.io:
         raise HTTPError(404, f"no job {job!r} on this node")
     with usage_error_as(409):  # still in use
         await d.forget_job(job)

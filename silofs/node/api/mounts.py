@@ -83,7 +83,7 @@ async def add_mount(d: Daemon, req: Request) -> Response:
             "building_gen": None
             if d.store.current_generation(ds.id) is not None
             else ds.building_gen,
-            "admission": d.modes.get(ds.uri.canonical, "uniform"),
+            "admission": d.allocs.mode(ds.uri.canonical),
         },
         status=201,
     )
@@ -102,15 +102,15 @@ async def _initial_settings(
             req.peer.uid,
         )
         return
-    if io_limit is not None and job not in d.io_allocations:
+    if io_limit is not None and job not in d.allocs.io:
         await d.set_io_allocation(job, io_limit)
-    if mode is not None and mode != d.modes.get(ds.uri.canonical, "uniform"):
-        if ds.uri.canonical in d.modes:
+    if mode is not None and mode != d.allocs.mode(ds.uri.canonical):
+        if ds.uri.canonical in d.allocs.modes:
             log.info(
                 "mount asked for %s admission of %s; keeping %s",
                 mode,
                 ds.uri.canonical,
-                d.modes[ds.uri.canonical],
+                d.allocs.modes[ds.uri.canonical],
             )
             return
         with usage_error_as(400):  # neither uniform nor lru
@@ -141,9 +141,7 @@ async def mount_stats(d: Daemon, req: Request, mount_id: str) -> Response:
     except ValueError:
         raise HTTPError(400, "field 'touched' must hold hex chunk keys") from None
     await d.report(m, counters, keys)
-    return json_response(
-        {"ok": True, "admission": d.modes.get(d.datasets[m.dsid].uri.canonical, "uniform")}
-    )
+    return json_response({"ok": True, "admission": d.allocs.mode(d.datasets[m.dsid].uri.canonical)})
 
 
 # -- hints (prefetch by hint, node/prefetch.py) -----------------------------------------
