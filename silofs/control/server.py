@@ -312,7 +312,7 @@ class _ServerConnection:
         resp.headers["connection"] = "close"
         try:
             with trio.fail_after(self.limits.idle_timeout):
-                # h11 refuses a body after HEAD: "HEAD *" once got no answer at all.
+                # h11 refuses a body after HEAD: a rejected HEAD gets its answer without one.
                 await self._send(resp, with_body=not self.head)
             if isinstance(self.stream, trio.abc.HalfCloseableStream):  # not TLS
                 await self.stream.send_eof()

@@ -222,7 +222,7 @@ def sd_notify(message: str) -> None:
 # (CPython's default: 700). A fanned-out first listing makes several per object and
 # keeps 2 x list_workers pages in flight, so at 700 many survive young collections, are
 # promoted, and the promotions set off full collections over the whole heap: 0.2 s of
-# CPU per 100 k objects listed, a third of the listing's (bench/README.md, stop 21).
+# CPU per 100 k objects listed, a third of the listing's (bench/README.md).
 GC_YOUNG = 10_000
 
 
