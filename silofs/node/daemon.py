@@ -58,11 +58,6 @@ from silofs.records import MountCounters
 
 log = logging.getLogger(__name__)
 
-# A listing batch holding a complete prefix is written when the next page arrives once
-# this old, though not full: with a slow store a directory's "complete" row (what a
-# --list-in-background lookup waits for) would otherwise wait for 10 000 more objects.
-LISTING_FLUSH = 0.25
-
 
 class Daemon:
     def __init__(self, settings: NodeSettings) -> None:
