@@ -40,12 +40,18 @@ def roles(d: Daemon, peer: Peer) -> Caller:
     trusted (peer_may_change), ROOT if root or the daemon's own uid."""
     if peer.remote is not None:
         return Caller.CONTROLLER
-    held = Caller.LOCAL
-    if peer_may_change(peer, d.admin_gid):
-        held |= Caller.ADMIN
-    if peer.uid in (0, os.getuid()):
-        held |= Caller.ROOT
-    return held
+    return _LOCAL[peer_may_change(peer, d.admin_gid), peer.uid in (0, os.getuid())]
+
+
+# A local peer's roles by (trusted, root or the daemon's uid), made once: every request
+# asks.
+_LOCAL = {
+    (admin, root): Caller.LOCAL
+    | (Caller.ADMIN if admin else Caller(0))
+    | (Caller.ROOT if root else Caller(0))
+    for admin in (False, True)
+    for root in (False, True)
+}
 
 
 def refusal(d: Daemon, route: Route, peer: Peer) -> str:
