@@ -56,12 +56,12 @@ _LOCAL = {
 
 def refusal(d: Daemon, route: Route, peer: Peer) -> str:
     """Why a local peer may not call a route its roles do not reach (403, one line)."""
-    if route.who & Caller.ADMIN:
-        group = f" or group {d.settings.admin_group}" if d.settings.admin_group else ""
-        who = f"root{group}"
-    else:
-        who = f"root or uid {os.getuid()} (the daemon's)" if os.getuid() else "root"
-    return f"only {who} may {route.doc}; you are uid {peer.uid}"
+    who = ["root"]
+    if os.getuid():
+        who.append(f"uid {os.getuid()} (the daemon's)")
+    if route.who & Caller.ADMIN and d.settings.admin_group:
+        who.append(f"group {d.settings.admin_group}")
+    return f"only {' or '.join(who)} may {route.doc}; you are uid {peer.uid}"
 
 
 def trusted(d: Daemon, req: Request) -> bool:

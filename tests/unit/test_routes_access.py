@@ -9,6 +9,7 @@ tests/integration/test_security.py runs the same rules as real users).
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import stat
@@ -480,6 +481,32 @@ def test_clearing_an_io_allocation(tmp_path: Path) -> None:
         assert (await call(ROOT, "DELETE", "/v1/jobs/j/io"))[0] == 404
 
     run_routes(tmp_path, test)
+
+
+GROUP = "4242"  # an admin group by number: no group database entry needed
+
+
+def test_the_route_table_refuses_before_the_handler_and_says_who_may(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    async def test(d: Daemon, call: Call) -> None:
+        s, body = await call(ALICE, "PUT", "/v1/jobs/j/io", {"bytes_per_s": "1MB/s"})
+        assert s == 403 and body["error"].startswith("only root or ")
+        assert body["error"].endswith(
+            f"group {GROUP} may change IO allocations; you are uid {NOBODY}"
+        )
+        assert "j" not in d.jobs  # the handler never ran
+        # An offer is for root (or the daemon's uid), not the admin group; its mount is
+        # not even looked up for anyone else.
+        s, body = await call(ALICE, "PUT", "/v1/mounts/0123456789ab/offer?key=k&index=0", b"x")
+        assert s == 403 and "may offer chunks" in body["error"]
+        assert (await call(ROOT, "PUT", "/v1/mounts/0123456789ab/offer?key=k&index=0"))[0] == 404
+        assert (await call(ROOT, "PUT", "/v1/jobs/j", {"gpus": 1}))[0] == 200
+
+    caplog.set_level(logging.WARNING, logger="silofs.control.router")
+    run_routes(tmp_path, test, admin_group=GROUP)
+    refused = [r.getMessage() for r in caplog.records if r.getMessage().startswith("refused")]
+    assert refused[0].startswith(f"refused PUT /v1/jobs/j/io from uid {NOBODY}: only root")
 
 
 def test_relative_dataset_paths_are_refused(tmp_path: Path) -> None:
