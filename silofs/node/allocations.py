@@ -31,6 +31,8 @@ ADMISSION_MODES = ("uniform", "lru")
 
 
 class Allocations:
+    """The four tables, changed only through the methods below (each persists first)."""
+
     def __init__(self, store: CacheStore, writer: Writer, cache_size: int) -> None:
         self.store = store
         self.writer = writer
@@ -56,6 +58,7 @@ class Allocations:
         self._changed = trio.Event()
 
     def mode(self, uri: str) -> str:
+        """A dataset's admission mode: uniform unless set."""
         return self.modes.get(uri, "uniform")
 
     def quota_policy(self, datasets: Iterable[DatasetState]) -> QuotaPolicy:
