@@ -50,7 +50,7 @@ ROUTES: tuple[Route, ...] = (
     Route(
         "PUT", f"{_DATASET}/cache", allocations.put_cache, CONTROL, doc="change cache allocations"
     ),
-    Route("GET", f"{_DATASET}/admission", allocations.get_mode, READ, doc="read an admission"),
+    Route("GET", f"{_DATASET}/admission", allocations.get_mode, READ, doc="read an admission mode"),
     Route(
         "PUT", f"{_DATASET}/admission", allocations.put_mode, CONTROL, doc="change admission modes"
     ),
