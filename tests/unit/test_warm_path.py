@@ -25,9 +25,9 @@ import lmdb
 import pytest
 import trio
 
-from silofs.cache import store as store_mod
 from silofs.cache.format import ChunkRef
 from silofs.cache.store import CacheStore
+from silofs.mount import pages as pages_mod
 from silofs.mount import reader as reader_mod
 from silofs.mount.reader import ChunkReader, OpenFile, buffer_bytes_for
 from silofs.records import ObjectInfo
@@ -249,7 +249,7 @@ def no_read_around(monkeypatch: pytest.MonkeyPatch) -> None:
     def without(path: str, **kwargs: object) -> lmdb.Environment:
         return real(path, **{**kwargs, "readahead": False})
 
-    monkeypatch.setattr(store_mod.lmdb, "open", without)
+    monkeypatch.setattr(lmdb, "open", without)
 
 
 @pytest.mark.parametrize("probe", ["mincore", "file"])
@@ -257,7 +257,7 @@ def test_a_hit_whose_pages_are_not_in_memory_is_faulted_in_by_a_worker(
     tmp_path: Path, no_read_around: None, probe: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     if probe == "file":  # as for a non-root mount, to which mincore says "all resident"
-        monkeypatch.setattr(store_mod, "_mincore_truthful", lambda _path: False)
+        monkeypatch.setattr(pages_mod, "_mincore_truthful", lambda _path: False)
     env = str(tmp_path / "env")
     os.makedirs(env)
     CacheStore(env, 64 << 20).close()
@@ -325,7 +325,7 @@ def test_a_faulted_in_hit_is_verified_before_it_is_served(
     tmp_path: Path, no_read_around: None, probe: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     if probe == "file":
-        monkeypatch.setattr(store_mod, "_mincore_truthful", lambda _path: False)
+        monkeypatch.setattr(pages_mod, "_mincore_truthful", lambda _path: False)
     env = str(tmp_path / "env")
     os.makedirs(env)
     CacheStore(env, 64 << 20).close()
