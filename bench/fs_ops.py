@@ -27,10 +27,11 @@ import pyfuse3
 import trio
 
 from silofs.cache.format import ChunkRef, encode_chunk
-from silofs.cache.store import CacheStore, PendingChunk
+from silofs.cache.store import CacheStore
 from silofs.mount.fs import Presentation, SilofsFS
 from silofs.mount.manifest import ROOT_INODE, Manifest
 from silofs.mount.reader import ChunkReader
+from silofs.node.store_write import PendingChunk, WritableStore
 from silofs.records import ObjectInfo
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -72,7 +73,7 @@ def main() -> None:
         env, tree = os.path.join(d, "env"), os.path.join(d, "tree", "small")
         os.makedirs(env)
         os.makedirs(tree)
-        store = CacheStore(env, 1 << 30)
+        store = WritableStore(env, 1 << 30)
         objs = [
             ObjectInfo(f"small/{i:06d}.bin", SMALL, 100.0, f"v{i}", f"c{i}")
             for i in range(args.files)
@@ -92,7 +93,7 @@ def main() -> None:
             os.sync()
             with open("/proc/sys/vm/drop_caches", "w") as f:
                 f.write("3\n")
-        ro = CacheStore(env, 1 << 30, readonly=True)
+        ro = CacheStore(env, 1 << 30)
         names = [o.key.split("/")[1].encode() for o in objs]
 
         async def run() -> tuple[list[float], list[float]]:

@@ -30,7 +30,7 @@ PER_DIR = 1000
 
 def measure(n: int, lookups: int) -> None:
     """In the checkout's interpreter: build, then time lookups and a walk."""
-    from silofs.cache.store import LISTING_BATCH, CacheStore, env_map_size
+    from silofs.node.store_write import LISTING_BATCH, WritableStore, env_map_size
 
     try:  # as the daemon runs (a checkout from before stop 21 has no tune_gc)
         from silofs.node.service import tune_gc
@@ -43,7 +43,7 @@ def measure(n: int, lookups: int) -> None:
 
     d = tempfile.mkdtemp(prefix="listing-rows-", dir="/var/tmp")
     try:
-        s = CacheStore(d, env_map_size(max(2 << 30, n * 1024)))  # ~320-450 B per object
+        s = WritableStore(d, env_map_size(max(2 << 30, n * 1024)))  # ~320-450 B per object
         dsid = s.dataset_id("file:///bench/", create=True)
         assert dsid is not None
         b = s.begin_listing(dsid)

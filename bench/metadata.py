@@ -173,7 +173,8 @@ def run_tree(label: str, code: Path | None, work: Path, tree: Path, n: int) -> d
 
 def run_generated(work: Path, n: int) -> dict:
     """A generated listing written with the daemon's listing code, then mounted."""
-    from silofs.cache.store import LISTING_BATCH, CacheStore, env_map_size
+    from silofs.cache.store import CacheStore
+    from silofs.node.store_write import LISTING_BATCH, WritableStore, env_map_size
     from silofs.records import ObjectInfo
 
     root = Path(tempfile.mkdtemp(prefix="generated-", dir=work))
@@ -182,7 +183,7 @@ def run_generated(work: Path, n: int) -> dict:
     uri = f"file://{empty}/"
     cache_size = 8 << 30
     (root / "cache").mkdir()
-    store = CacheStore(str(root / "cache"), env_map_size(cache_size))
+    store = WritableStore(str(root / "cache"), env_map_size(cache_size))
     dsid = store.dataset_id(uri, create=True)
     assert dsid is not None
     t0 = time.monotonic()
@@ -204,7 +205,7 @@ def run_generated(work: Path, n: int) -> dict:
     from silofs.mount.manifest import Manifest
 
     t0 = time.monotonic()
-    ro = CacheStore(str(root / "cache"), env_map_size(cache_size), readonly=True)
+    ro = CacheStore(str(root / "cache"), env_map_size(cache_size))
     m = Manifest(ro, dsid, ro.dataset_record(dsid))
     ino = 1
     for part in (b"shard009", b"d09999", b"img_09999999.jpg"):
@@ -227,11 +228,11 @@ def run_generated(work: Path, n: int) -> dict:
 def run_refresh(work: Path, n: int) -> dict:
     """A refresh of `n` generated objects with 1% changed, 0.5% new and 0.5% deleted,
     through the daemon's listing code: delete stale rows, write, swap."""
-    from silofs.cache.store import LISTING_BATCH, CacheStore, env_map_size
+    from silofs.node.store_write import LISTING_BATCH, WritableStore, env_map_size
     from silofs.records import ObjectInfo
 
     root = Path(tempfile.mkdtemp(prefix="refresh-", dir=work))
-    store = CacheStore(str(root), env_map_size(4 << 30))
+    store = WritableStore(str(root), env_map_size(4 << 30))
     dsid = store.dataset_id("file:///refresh/", create=True)
     assert dsid is not None
 

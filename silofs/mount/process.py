@@ -230,7 +230,7 @@ class MountProcess:
         """Open the env, the listing and the reader for registration `reg`: once, or in
         each serving process after the fork (an LMDB env never crosses a fork)."""
         self.reg = reg
-        store = CacheStore(reg["cache_dir"], reg["map_size"], readonly=True)
+        store = CacheStore(reg["cache_dir"], reg["map_size"])
         # The listing stays in the env: opening it reads one record, whatever its size.
         record = store.dataset_record(reg["dataset"])
         building = reg.get("building_gen")

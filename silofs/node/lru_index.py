@@ -14,7 +14,8 @@ import heapq
 import logging
 import struct
 
-from silofs.cache.store import CacheStore, Usage
+from silofs.cache.store import Usage
+from silofs.node.store_write import WritableStore
 
 log = logging.getLogger(__name__)
 
@@ -23,7 +24,7 @@ _SEQ = struct.Struct(">Q")
 
 
 class LruIndex:
-    def __init__(self, store: CacheStore) -> None:
+    def __init__(self, store: WritableStore) -> None:
         self.store = store
         self.order = store.env.open_db(b"lru")
         self.pos = store.env.open_db(b"lrupos")

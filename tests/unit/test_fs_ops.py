@@ -26,11 +26,12 @@ import pytest
 import trio
 
 from silofs.cache.format import ChunkRef, encode_chunk
-from silofs.cache.store import CacheStore, PendingChunk, Usage
+from silofs.cache.store import CacheStore, Usage
 from silofs.control.client import ControlError
 from silofs.mount.fs import Presentation, SilofsFS
 from silofs.mount.manifest import ROOT_INODE, Manifest
 from silofs.mount.reader import ChunkReader
+from silofs.node.store_write import PendingChunk, WritableStore
 from silofs.records import ObjectInfo
 
 CS = 64 << 10  # chunk size
@@ -139,14 +140,14 @@ def errno_of(exc: pytest.ExceptionInfo[pyfuse3.FUSEError]) -> int:
 
 
 @pytest.fixture
-def store(tmp_path: Path) -> Iterator[CacheStore]:
-    s = CacheStore(str(tmp_path / "env"), 64 << 20)
+def store(tmp_path: Path) -> Iterator[WritableStore]:
+    s = WritableStore(str(tmp_path / "env"), 64 << 20)
     yield s
     s.close()
 
 
 @pytest.fixture
-def run(store: CacheStore) -> Callable[..., None]:
+def run(store: WritableStore) -> Callable[..., None]:
     """run(test, buffer_bytes=..., readahead=...): test(mount) inside trio, with a
     SilofsFS over `store` holding OBJECTS and a FakeDaemon that has their bytes."""
 

@@ -24,9 +24,9 @@ from hypothesis import strategies as st
 
 from silofs.cache import listing
 from silofs.cache.listing import Entry, changed_entries
-from silofs.cache.store import CacheStore
 from silofs.errors import SilofsError
 from silofs.mount.manifest import ROOT_INODE, Manifest
+from silofs.node.store_write import WritableStore
 from silofs.records import ObjectInfo
 from tests.unit.reference_manifest import Manifest as OldManifest
 
@@ -34,8 +34,8 @@ _ids = itertools.count(1)
 
 
 @pytest.fixture(scope="module")
-def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CacheStore]:
-    s = CacheStore(str(tmp_path_factory.mktemp("env")), 256 << 20)
+def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WritableStore]:
+    s = WritableStore(str(tmp_path_factory.mktemp("env")), 256 << 20)
     yield s
     s.close()
 
@@ -44,7 +44,7 @@ def obj(key: str, size: int = 10, mtime: float = 100.0) -> ObjectInfo:
     return ObjectInfo(key, size, mtime, f"v-{key}", f"c-{key}")
 
 
-def build(store: CacheStore, listing: list[ObjectInfo], batch: int | None = None) -> Manifest:
+def build(store: WritableStore, listing: list[ObjectInfo], batch: int | None = None) -> Manifest:
     """List `listing` as a fresh dataset through the daemon's path (begin, batches, finish)."""
     dsid = next(_ids)
     b = store.begin_listing(dsid)
@@ -92,7 +92,7 @@ def walk_paths(m: Manifest) -> dict[str, Entry]:
     return out
 
 
-def test_directories_come_from_slashes(store: CacheStore) -> None:
+def test_directories_come_from_slashes(store: WritableStore) -> None:
     m = build(store, LISTING)
     root = m.get(ROOT_INODE)
     assert root is not None and root.is_dir and root.inode == ROOT_INODE
@@ -112,7 +112,7 @@ def test_directories_come_from_slashes(store: CacheStore) -> None:
     assert train.aux == 2 and root.aux == 2
 
 
-def test_totals(store: CacheStore) -> None:
+def test_totals(store: WritableStore) -> None:
     m = build(store, LISTING)
     assert m.files == 5
     assert m.total_bytes == 100 + 200 + 300 + 400 + 5
@@ -123,7 +123,7 @@ def test_totals(store: CacheStore) -> None:
     assert root is not None and empty.names(ROOT_INODE) == [] and root.mtime == 0.0
 
 
-def test_directory_mtime_is_the_newest_inside(store: CacheStore) -> None:
+def test_directory_mtime_is_the_newest_inside(store: WritableStore) -> None:
     m = build(store, LISTING)
     assert node_at(m, "train/cats").mtime == 20.0  # type: ignore[union-attr]
     assert node_at(m, "train").mtime == 30.0  # type: ignore[union-attr]
@@ -131,7 +131,7 @@ def test_directory_mtime_is_the_newest_inside(store: CacheStore) -> None:
     assert m.get(ROOT_INODE).mtime == 30.0  # type: ignore[union-attr]
 
 
-def test_inode_numbers_do_not_depend_on_listing_order_or_batches(store: CacheStore) -> None:
+def test_inode_numbers_do_not_depend_on_listing_order_or_batches(store: WritableStore) -> None:
     base = build(store, LISTING)
     expected = {p: n.inode for p, n in walk_paths(base).items()}
     rng = random.Random(3)
@@ -142,7 +142,7 @@ def test_inode_numbers_do_not_depend_on_listing_order_or_batches(store: CacheSto
         assert {p: n.inode for p, n in walk_paths(m).items()} == expected
 
 
-def test_inode_numbers_are_kept_across_a_refresh(store: CacheStore) -> None:
+def test_inode_numbers_are_kept_across_a_refresh(store: WritableStore) -> None:
     dsid = next(_ids)
     store.replace_manifest(dsid, LISTING, {})
     first = Manifest(store, dsid, store.dataset_record(dsid))
@@ -162,7 +162,7 @@ def test_inode_numbers_are_kept_across_a_refresh(store: CacheStore) -> None:
     assert after["README"].obj.version == "v2"  # type: ignore[union-attr]
 
 
-def test_a_directorys_files_have_neighbouring_inode_numbers(store: CacheStore) -> None:
+def test_a_directorys_files_have_neighbouring_inode_numbers(store: WritableStore) -> None:
     # The inodes B-tree is keyed by number: a directory's files must share the top bits
     # (their directory's), or every file of a batch dirties a page of its own.
     m = build(store, [obj(f"d{i % 4}/f{i}") for i in range(800)], batch=100)
@@ -176,7 +176,7 @@ def test_a_directorys_files_have_neighbouring_inode_numbers(store: CacheStore) -
 
 
 def test_colliding_file_inode_numbers_probe_to_distinct_ones(
-    store: CacheStore, monkeypatch: pytest.MonkeyPatch
+    store: WritableStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Every file's own hash the same: each one after the first probes past the taken
     # numbers, and every file is still found, with its own attributes.
@@ -230,7 +230,7 @@ KEYS = st.lists(
 )
 @given(KEYS, st.randoms(use_true_random=False), st.integers(1, 7))
 def test_equal_to_the_old_in_memory_manifest(
-    store: CacheStore, keys: list[str], rnd: random.Random, batch: int
+    store: WritableStore, keys: list[str], rnd: random.Random, batch: int
 ) -> None:
     """Same paths, kinds, sizes, objects, readdir names and counts as the old Manifest,
     whatever the listing order and batch size (duplicates included)."""
@@ -257,7 +257,7 @@ def test_equal_to_the_old_in_memory_manifest(
     assert again.record["shadowed"] == new.record["shadowed"]
 
 
-def test_readdir_order_is_sorted_bytes(store: CacheStore) -> None:
+def test_readdir_order_is_sorted_bytes(store: WritableStore) -> None:
     names = ["b", "B", "a", "_", "Z", "10", "9", "é", "e", "a.b", "a-b"]
     m = build(store, [obj(f"d/{n}") for n in names])
     d = node_at(m, "d")
@@ -267,7 +267,7 @@ def test_readdir_order_is_sorted_bytes(store: CacheStore) -> None:
     assert got[0] == b"10" and got[-1] == "é".encode()
 
 
-def test_readdir_resumes_after_any_position(store: CacheStore) -> None:
+def test_readdir_resumes_after_any_position(store: WritableStore) -> None:
     m = build(store, [obj(f"d/{i:05d}") for i in range(500)], batch=37)
     d = node_at(m, "d")
     assert d is not None
@@ -278,7 +278,7 @@ def test_readdir_resumes_after_any_position(store: CacheStore) -> None:
         assert rest == whole[cut + 1 :]
 
 
-def test_lookup_dot_and_dotdot(store: CacheStore) -> None:
+def test_lookup_dot_and_dotdot(store: WritableStore) -> None:
     m = build(store, LISTING)
     cats = node_at(m, "train/cats")
     train = node_at(m, "train")
@@ -290,7 +290,7 @@ def test_lookup_dot_and_dotdot(store: CacheStore) -> None:
     assert m.lookup(ROOT_INODE, b".").inode == ROOT_INODE  # type: ignore[union-attr]
 
 
-def test_lookup_misses(store: CacheStore) -> None:
+def test_lookup_misses(store: WritableStore) -> None:
     m = build(store, LISTING)
     readme = node_at(m, "README")
     assert readme is not None
@@ -303,7 +303,7 @@ def test_lookup_misses(store: CacheStore) -> None:
     assert m.get(1 << 64) is None
 
 
-def test_file_and_directory_prefix_the_directory_wins(store: CacheStore) -> None:
+def test_file_and_directory_prefix_the_directory_wins(store: WritableStore) -> None:
     for order in ([0, 1, 2], [1, 0, 2], [2, 1, 0]):
         listing = [obj("a", 7, 50.0), obj("a/b", 3, 1.0), obj("c", 1)]
         m = build(store, [listing[i] for i in order], batch=1)
@@ -318,7 +318,7 @@ def test_file_and_directory_prefix_the_directory_wins(store: CacheStore) -> None
         assert a.mtime == 1.0
 
 
-def test_shadowing_is_the_same_whatever_the_order(store: CacheStore) -> None:
+def test_shadowing_is_the_same_whatever_the_order(store: WritableStore) -> None:
     listing = [obj("x/y"), obj("x"), obj("x/y/z"), obj("x/w")]
     for order in (listing, listing[::-1]):
         m = build(store, order)
@@ -328,14 +328,14 @@ def test_shadowing_is_the_same_whatever_the_order(store: CacheStore) -> None:
         assert m.files == 2
 
 
-def test_duplicate_keys_are_reported_once_visible(store: CacheStore) -> None:
+def test_duplicate_keys_are_reported_once_visible(store: WritableStore) -> None:
     m = build(store, [obj("k", 1), obj("k", 2)])
     assert m.files == 1 and m.record["shadowed"] == 1
     assert m.names(ROOT_INODE) == [b"k"]
     assert node_at(m, "k").size == 1  # type: ignore[union-attr]
 
 
-def test_keys_no_path_can_name_are_left_out_and_reported(store: CacheStore) -> None:
+def test_keys_no_path_can_name_are_left_out_and_reported(store: WritableStore) -> None:
     bad = ["a//b", "/lead", "./x", "d/../y", "d/.", "..", "nul\0byte"]
     good = [obj("d/ok", 4), obj("fine", 6)]
     m = build(store, [*good, *(obj(k) for k in bad)])
@@ -351,7 +351,7 @@ def test_keys_no_path_can_name_are_left_out_and_reported(store: CacheStore) -> N
     assert d is not None and m.lookup(d.inode, b"..") == m.get(ROOT_INODE)
 
 
-def test_unicode_and_non_utf8_names(store: CacheStore) -> None:
+def test_unicode_and_non_utf8_names(store: WritableStore) -> None:
     raw = b"caf\xe9".decode("utf-8", "surrogateescape")  # latin-1 bytes, not UTF-8
     m = build(store, [obj("日本/ファイル.txt"), obj("ñ/ü 1.jpg"), obj(f"x/{raw}")])
     f = node_at(m, "日本/ファイル.txt")
@@ -364,7 +364,7 @@ def test_unicode_and_non_utf8_names(store: CacheStore) -> None:
 
 
 @pytest.mark.parametrize("length", [255, 256, 480, 491, 492, 600, 1024])
-def test_names_too_long_for_an_lmdb_key(store: CacheStore, length: int) -> None:
+def test_names_too_long_for_an_lmdb_key(store: WritableStore, length: int) -> None:
     long = "n" * (length - 1)
     twins = [long + "a", long + "b", long[:-1] + "é"[:1]]  # same first bytes
     m = build(store, [obj(f"d/{t}", size=i) for i, t in enumerate(twins)] + [obj(f"{long}a/x")])
@@ -379,7 +379,7 @@ def test_names_too_long_for_an_lmdb_key(store: CacheStore, length: int) -> None:
     assert store.get_object(m.dsid, f"d/{twins[1]}").size == 1  # type: ignore[union-attr]
 
 
-def test_an_unfinished_listing_is_invisible_and_cleaned(store: CacheStore) -> None:
+def test_an_unfinished_listing_is_invisible_and_cleaned(store: WritableStore) -> None:
     dsid = next(_ids)
     store.replace_manifest(dsid, LISTING, {})
     gen = store.current_generation(dsid)
@@ -405,7 +405,7 @@ def test_an_unfinished_listing_is_invisible_and_cleaned(store: CacheStore) -> No
             assert len(gens) == 2, gens
 
 
-def test_memory_is_bounded(store: CacheStore, tmp_path: Path) -> None:
+def test_memory_is_bounded(store: WritableStore, tmp_path: Path) -> None:
     m = build(store, [obj(f"d{i % 10}/f{i}") for i in range(3000)], batch=500)
     m.cache_entries = 100
     assert len(walk_paths(m)) == 3010
@@ -429,7 +429,7 @@ FANOUT_KEYS = st.lists(
 )
 @given(FANOUT_KEYS, st.integers(1, 5), st.integers(1, 4), st.sampled_from([1, 4]))
 def test_a_directory_marked_complete_has_all_its_entries(
-    store: CacheStore, keys: list[str], batch: int, page: int, workers: int
+    store: WritableStore, keys: list[str], batch: int, page: int, workers: int
 ) -> None:
     """--list-in-background: through a listing with PrefixListed records in the stream
     (fanned out, or serial in key order), at every batch boundary a directory with a
@@ -526,7 +526,7 @@ def test_content_ids_are_stored_without_repeating_the_version() -> None:
     assert _pack_cid(*cases[0]) == b"\x01s3:\x01:10"  # 8 bytes for 38
 
 
-def test_readdir_rows_carry_what_getattr_and_open_read(store: CacheStore) -> None:
+def test_readdir_rows_carry_what_getattr_and_open_read(store: WritableStore) -> None:
     """entries() reads a file's attributes from its directory's rows; they are the ones
     get() (an inode number alone) and lookup() give, and iter_files walks the same."""
     listing = [
@@ -562,7 +562,7 @@ def test_readdir_rows_carry_what_getattr_and_open_read(store: CacheStore) -> Non
         assert files == sorted(listing, key=lambda o: o.key)
 
 
-def test_a_listing_of_another_row_format_is_not_served(store: CacheStore) -> None:
+def test_a_listing_of_another_row_format_is_not_served(store: WritableStore) -> None:
     dsid = next(_ids)
     store.replace_manifest(dsid, LISTING, {})
     assert store.current_generation(dsid) is not None
@@ -580,7 +580,7 @@ def test_a_listing_of_another_row_format_is_not_served(store: CacheStore) -> Non
 
 
 def test_a_prefix_of_only_markers_is_tentative_then_gone_before_the_listing_ends(
-    store: CacheStore,
+    store: WritableStore,
 ) -> None:
     """A fanned-out listing names "m/" (its keys: the markers "m/" and "m/n/") before it
     is listed: the directory is tentative, and removed as soon as its prefix and its
@@ -618,7 +618,7 @@ def test_a_prefix_of_only_markers_is_tentative_then_gone_before_the_listing_ends
 
 
 @pytest.mark.parametrize("limit", [1, 2, 1000])
-def test_changed_entries_between_two_generations(store: CacheStore, limit: int) -> None:
+def test_changed_entries_between_two_generations(store: WritableStore, limit: int) -> None:
     """What a mount tells the kernel to forget after a refresh (process.py _forget_walk):
     every file of the old listing whose size, mtime or version changed, or that went
     away or became a directory; every directory that went away or became a file; not
@@ -662,7 +662,7 @@ def test_changed_entries_between_two_generations(store: CacheStore, limit: int) 
 
 
 def test_a_name_that_leads_to_another_inode_is_forgotten_by_name(
-    store: CacheStore, monkeypatch: pytest.MonkeyPatch
+    store: WritableStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # A listing written with whole-hash file numbers (before the directory's top bits),
     # then refreshed: each unchanged file has a new inode. The kernel must forget the
