@@ -30,7 +30,7 @@ from collections.abc import Callable
 import pyfuse3
 import trio
 
-from silofs.cache.listing import ListingReader, changed_entries
+from silofs.cache.listing import ListingReader
 from silofs.cache.store import CacheStore
 from silofs.config import MountSettings
 from silofs.control.client import AsyncControlClient, ControlError, quote_segment
@@ -38,7 +38,7 @@ from silofs.errors import SilofsError, first_leaf
 from silofs.logsetup import reopen_log_files
 from silofs.mount import forked
 from silofs.mount.fs import Presentation, SilofsFS
-from silofs.mount.manifest import Manifest
+from silofs.mount.manifest import Manifest, changed_entries
 from silofs.mount.reader import ChunkReader, MissError
 from silofs.mount.shared import SharedTables
 from silofs.mountinfo import mounts

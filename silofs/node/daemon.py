@@ -21,7 +21,6 @@ import lmdb
 import trio
 
 from silofs.cache.format import ChunkRef, encode_chunk
-from silofs.cache.listing import ListingBuilder
 from silofs.cache.store import CacheDamagedError, Usage
 from silofs.config import NodeSettings, credential_fingerprint
 from silofs.errors import BackendError, UnreachableError, UsageError, VersionMismatchError
@@ -35,6 +34,7 @@ from silofs.node.cachedir import (
 )
 from silofs.node.fetch import Fetcher
 from silofs.node.limiter import TokenBucket
+from silofs.node.listing_builder import ListingBuilder
 from silofs.node.metrics import DaemonMetrics, parse_address
 from silofs.node.prefetch import Prefetcher
 from silofs.node.quota import QuotaPolicy

@@ -25,9 +25,10 @@ import lmdb
 
 from silofs.cache.bounds import DamagedValueError, FirstTime, intact_overflow
 from silofs.cache.format import KEY_SIZE, chunk_key
-from silofs.cache.listing import LISTING_FORMAT, ListingBuilder, delete_generations
+from silofs.cache.listing import GEN, LISTING_FORMAT, gen_prefix
 from silofs.cache.store import DSID, USAGE_ROW, CacheStore, Usage
 from silofs.errors import SilofsError
+from silofs.node.listing_builder import ListingBuilder
 from silofs.records import ObjectInfo, PrefixListed
 
 log = logging.getLogger(__name__)
@@ -256,7 +257,7 @@ class WritableStore(CacheStore):
                     if not cur.delete():
                         break
                     legacy += 1
-            return legacy + delete_generations(txn, dsid, keep, dbs[:2], limit - legacy)
+            return legacy + _delete_generations(txn, dsid, keep, dbs[:2], limit - legacy)
 
     def replace_manifest(self, dsid: int, objects: Iterable[ObjectInfo], record: dict) -> dict:
         """List `objects` as the dataset's new generation (all at once: tests, small sets)."""
@@ -565,3 +566,33 @@ class WritableStore(CacheStore):
                 log.warning("chunk %s left in place: its first page's header disagrees", key.hex())
             return False
         return cur.cursor.delete()
+
+
+def _delete_generations(
+    txn: lmdb.Transaction,
+    dsid: int,
+    keep: set[int],
+    dbs: Iterable[lmdb._Database],
+    limit: int,
+) -> int:
+    """Delete up to `limit` rows of `dsid` whose generation is not in `keep`; returns how
+    many were deleted (fewer than `limit`: nothing is left to delete)."""
+    done = 0
+    ds = DSID.pack(dsid)
+    for db in dbs:
+        cur = txn.cursor(db=db)
+        if not cur.set_range(ds):
+            continue
+        while done < limit:
+            k = cur.key()
+            if not k.startswith(ds):
+                break
+            gen = GEN.unpack_from(k, DSID.size)[0]
+            if gen in keep:
+                if not cur.set_range(gen_prefix(dsid, gen + 1)):
+                    break
+                continue
+            if not cur.delete():
+                break
+            done += 1
+    return done

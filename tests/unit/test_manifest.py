@@ -22,10 +22,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from silofs.cache import listing
-from silofs.cache.listing import Entry, changed_entries
+from silofs.cache.listing import Entry
 from silofs.errors import SilofsError
-from silofs.mount.manifest import ROOT_INODE, Manifest
+from silofs.mount.manifest import ROOT_INODE, Manifest, changed_entries
+from silofs.node import listing_builder
 from silofs.node.store_write import WritableStore
 from silofs.records import ObjectInfo
 from tests.unit.reference_manifest import Manifest as OldManifest
@@ -169,7 +169,7 @@ def test_a_directorys_files_have_neighbouring_inode_numbers(store: WritableStore
     tops: dict[str, set[int]] = {}
     for p, n in walk_paths(m).items():
         if not n.is_dir:
-            tops.setdefault(p.split("/")[0], set()).add(n.inode >> listing._FILE_BITS)
+            tops.setdefault(p.split("/")[0], set()).add(n.inode >> listing_builder._FILE_BITS)
     assert len(tops) == 4
     assert all(len(t) == 1 for t in tops.values()), tops
     assert len(set().union(*tops.values())) == 4
@@ -180,12 +180,12 @@ def test_colliding_file_inode_numbers_probe_to_distinct_ones(
 ) -> None:
     # Every file's own hash the same: each one after the first probes past the taken
     # numbers, and every file is still found, with its own attributes.
-    real = listing.xxhash.xxh3_64_intdigest
+    real = listing_builder.xxhash.xxh3_64_intdigest
     fake = types.SimpleNamespace(
         xxh3_64_intdigest=lambda b: 7 if b.startswith(b"f:") else real(b),
-        xxh3_128_digest=listing.xxhash.xxh3_128_digest,
+        xxh3_128_digest=listing_builder.xxhash.xxh3_128_digest,
     )
-    monkeypatch.setattr(listing, "xxhash", fake)
+    monkeypatch.setattr(listing_builder, "xxhash", fake)
     files = [obj(f"d/f{i}", size=i) for i in range(50)] + [obj("g/f0", size=99)]
     m = build(store, files, batch=7)
     found = {p: n for p, n in walk_paths(m).items() if not n.is_dir}
@@ -507,7 +507,7 @@ def test_a_directory_marked_complete_has_all_its_entries(
 
 
 def test_content_ids_are_stored_without_repeating_the_version() -> None:
-    from silofs.cache.listing import _pack_cid, _unpack_cid
+    from silofs.cache.listing import pack_cid, unpack_cid
 
     cases = [
         (b"d41d8cd98f00b204e9800998ecf8427e", b"s3:d41d8cd98f00b204e9800998ecf8427e:10"),
@@ -521,9 +521,9 @@ def test_content_ids_are_stored_without_repeating_the_version() -> None:
         (b"x", b""),
     ]
     for version, cid in cases:
-        stored = _pack_cid(version, cid)
-        assert _unpack_cid(version, stored) == cid, (version, cid)
-    assert _pack_cid(*cases[0]) == b"\x01s3:\x01:10"  # 8 bytes for 38
+        stored = pack_cid(version, cid)
+        assert unpack_cid(version, stored) == cid, (version, cid)
+    assert pack_cid(*cases[0]) == b"\x01s3:\x01:10"  # 8 bytes for 38
 
 
 def test_readdir_rows_carry_what_getattr_and_open_read(store: WritableStore) -> None:
@@ -669,7 +669,7 @@ def test_a_name_that_leads_to_another_inode_is_forgotten_by_name(
     # names, or it keeps opening the old inodes, which the new listing does not have.
     dsid = next(_ids)
     listing_ = [obj("a/same"), obj("a/other", 5), obj("top")]
-    monkeypatch.setattr(listing, "_dir_bits", lambda _path: 0)
+    monkeypatch.setattr(listing_builder, "_dir_bits", lambda _path: 0)
     store.replace_manifest(dsid, listing_, {})
     monkeypatch.undo()
     first = Manifest(store, dsid, store.dataset_record(dsid))
