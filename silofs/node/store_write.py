@@ -13,6 +13,7 @@ what to admit or evict: callers pass the quota and the target.
 
 from __future__ import annotations
 
+import ctypes
 import json
 import logging
 import os
@@ -23,7 +24,7 @@ from dataclasses import dataclass
 
 import lmdb
 
-from silofs.cache.bounds import DamagedValueError, FirstTime, intact_overflow
+from silofs.cache.bounds import DamagedValueError, FirstTime, ValueCursor
 from silofs.cache.format import KEY_SIZE, chunk_key
 from silofs.cache.listing import GEN, LISTING_FORMAT, gen_prefix
 from silofs.cache.store import DSID, USAGE_ROW, CacheStore, Usage
@@ -42,6 +43,10 @@ _EVICT_BATCH = 512
 _HEADROOM_DB = b"headroom"  # filled and emptied inside one txn; never holds committed rows
 _HEADROOM_MIN_PAGES = 32
 _HEADROOM_MAX_PAGES = 256
+# An LMDB page's header, and its flags an overflow value's first page carries.
+_PAGE_HEAD = struct.Struct("<QHHI")  # pgno, pad, flags, overflow page count
+_P_OVERFLOW = 0x04
+_P_DIRTY = 0x10  # set on a write txn's own pages until they are written to the file
 
 
 @dataclass(frozen=True)
@@ -561,7 +566,7 @@ class WritableStore(CacheStore):
         if where is None:
             return False
         addr, size = where
-        if size > self.psize // 2 and not intact_overflow(cur, addr, size, self.psize):
+        if size > self.psize // 2 and not _intact_overflow(cur, addr, size, self.psize):
             if self._damaged(key):
                 log.warning("chunk %s left in place: its first page's header disagrees", key.hex())
             return False
@@ -596,3 +601,21 @@ def _delete_generations(
                 break
             done += 1
     return done
+
+
+def _intact_overflow(cur: ValueCursor, addr: int, size: int, psize: int) -> bool:
+    """Whether the overflow value at `addr` (where cur.find() placed it: in the file, or
+    in pages this write txn wrote) starts on a page whose header is an overflow page's
+    of as many pages as `size` needs and, in the map, names that page. LMDB frees a
+    deleted value's pages by that header; a node pointing into the middle of another
+    value would free live pages."""
+    head = addr - _PAGE_HEAD.size
+    in_map = cur.start <= head < cur.map_end
+    if in_map and (head - cur.start) % psize:
+        return False
+    pgno, _, flags, pages = _PAGE_HEAD.unpack(ctypes.string_at(head, _PAGE_HEAD.size))
+    need = -(-(size + _PAGE_HEAD.size) // psize)
+    if in_map:
+        return pgno == (head - cur.start) // psize and flags == _P_OVERFLOW and pages == need
+    # A page of this txn's own (in the heap): the one LMDB found under that number.
+    return flags == _P_OVERFLOW | _P_DIRTY and pages == need
