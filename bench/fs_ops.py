@@ -29,7 +29,7 @@ import trio
 from silofs.cache.format import ChunkRef, encode_chunk
 from silofs.cache.store import CacheStore
 from silofs.mount.fs import Presentation, SilofsFS
-from silofs.mount.manifest import ROOT_INODE, Manifest
+from silofs.mount.listing_view import ROOT_INODE, ListingView
 from silofs.mount.reader import ChunkReader
 from silofs.node.store_write import PendingChunk, WritableStore
 from silofs.records import ObjectInfo
@@ -87,7 +87,7 @@ def main() -> None:
             with open(os.path.join(tree, o.key.split("/")[1]), "wb") as f:
                 f.write(body)
         store.admit(pending, {}, lambda _d, _u: 1 << 40)
-        record = store.replace_manifest(1, objs, {"uri": "file:///bench/"})
+        record = store.replace_listing(1, objs, {"uri": "file:///bench/"})
         store.close()
         if args.drop:
             os.sync()
@@ -97,7 +97,7 @@ def main() -> None:
         names = [o.key.split("/")[1].encode() for o in objs]
 
         async def run() -> tuple[list[float], list[float]]:
-            manifest = Manifest(ro, 1, record)
+            view = ListingView(ro, 1, record)
             reader = ChunkReader(
                 ro,
                 None,  # type: ignore[arg-type]  # hits never ask the daemon
@@ -108,8 +108,8 @@ def main() -> None:
                 reregister=_never,
             )
             look = Presentation(0, 0, 0o444, 0o555, 3600.0)
-            fs = SilofsFS(manifest, reader, look)
-            small = manifest.lookup(ROOT_INODE, b"small")
+            fs = SilofsFS(view, reader, look)
+            small = view.lookup(ROOT_INODE, b"small")
             assert small is not None
             raw = MemFS(os.path.join(d, "tree"))
             raw_small = raw.children[pyfuse3.ROOT_INODE][b"small"]
@@ -117,7 +117,7 @@ def main() -> None:
             for _ in range(args.runs):
                 ours.append(await per_file(fs, names, small.inode) / args.files * 1e6)
                 theirs.append(await per_file(raw, names, raw_small) / args.files * 1e6)
-            manifest.close()
+            view.close()
             reader.close()
             return ours, theirs
 

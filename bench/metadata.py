@@ -202,11 +202,11 @@ def run_generated(work: Path, n: int) -> dict:
     store.close()
     # The part of mount start that depends on the listing: open the env read-only, read
     # the record, look up one path (the rest is two Python interpreters starting).
-    from silofs.mount.manifest import Manifest
+    from silofs.mount.listing_view import ListingView
 
     t0 = time.monotonic()
     ro = CacheStore(str(root / "cache"), env_map_size(cache_size))
-    m = Manifest(ro, dsid, ro.dataset_record(dsid))
+    m = ListingView(ro, dsid, ro.dataset_record(dsid))
     ino = 1
     for part in (b"shard009", b"d09999", b"img_09999999.jpg"):
         e = m.lookup(ino, part)

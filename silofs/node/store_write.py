@@ -264,7 +264,7 @@ class WritableStore(CacheStore):
                     legacy += 1
             return legacy + _delete_generations(txn, dsid, keep, dbs[:2], limit - legacy)
 
-    def replace_manifest(self, dsid: int, objects: Iterable[ObjectInfo], record: dict) -> dict:
+    def replace_listing(self, dsid: int, objects: Iterable[ObjectInfo], record: dict) -> dict:
         """List `objects` as the dataset's new generation (all at once: tests, small sets)."""
         current = self.current_generation(dsid)
         keep = {current} if current is not None else set()
@@ -280,7 +280,7 @@ class WritableStore(CacheStore):
         self.add_to_listing(b, batch)
         return self.finish_listing(b, record)
 
-    def iter_manifest(self, dsid: int) -> Iterator[ObjectInfo]:
+    def iter_listing(self, dsid: int) -> Iterator[ObjectInfo]:
         """The visible files of the dataset's current listing."""
         gen = self.current_generation(dsid)
         if gen is None:

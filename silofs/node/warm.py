@@ -150,7 +150,7 @@ async def _warm(d: Any, ds: DatasetState, w: WarmState) -> None:
     def plan() -> tuple[int, list[ChunkRef], int]:
         """(matched bytes, chunks the dataset does not hold, bytes it holds), in one
         read txn; the owners rows answer without faulting in chunk values."""
-        objects = [o for o in d.store.iter_manifest(ds.id) if matches(o.key, w.paths)]
+        objects = [o for o in d.store.iter_listing(ds.id) if matches(o.key, w.paths)]
         if w.reader is not None:
             objects, denied = readable(ds, objects, *w.reader)
             w.denied_objects = len(denied)

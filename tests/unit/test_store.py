@@ -2,7 +2,7 @@
 
 Owns the store's invariants: uniform admission under a quota (promise 1), present and
 replace semantics, accounting that always equals content (usage rows == owners rows ==
-chunks, checked by walking the env after every operation), random eviction, manifests,
+chunks, checked by walking the env after every operation), random eviction, listings,
 persistence across a reopen (promise 4) and a full map. The quota here is a plain
 function; the policy that computes it is tested in test_admission.py.
 """
@@ -450,7 +450,7 @@ def test_randomized_sequence_seeded() -> None:
         store.close()
 
 
-# -- manifests ------------------------------------------------------------------------
+# -- listings -------------------------------------------------------------------------
 def objects(n: int, prefix: str = "") -> list[ObjectInfo]:
     return [
         ObjectInfo(
@@ -479,15 +479,15 @@ def test_dataset_ids(store: WritableStore) -> None:
     assert store.all_datasets() == {a: {"uri": "s3://b/a/"}, b: {"uri": "s3://b/b/"}}
 
 
-def test_manifest_round_trip(store: WritableStore) -> None:
+def test_listing_round_trip(store: WritableStore) -> None:
     ds1 = store.dataset_id("s3://b/one/", create=True)
     ds2 = store.dataset_id("s3://b/two/", create=True)
     assert ds1 is not None and ds2 is not None
     objs = objects(50) + UNICODE
     record = {"uri": "s3://b/one/", "objects": len(objs), "size": 123, "listed_at": 1.5}
-    store.replace_manifest(ds1, objs, record)
-    store.replace_manifest(ds2, objects(7, "other/"), {"uri": "s3://b/two/"})
-    got = list(store.iter_manifest(ds1))
+    store.replace_listing(ds1, objs, record)
+    store.replace_listing(ds2, objects(7, "other/"), {"uri": "s3://b/two/"})
+    got = list(store.iter_listing(ds1))
     assert sorted(got, key=lambda o: o.key) == sorted(objs, key=lambda o: o.key)
     assert len(got) == len(objs)
     for o in objs:
@@ -499,30 +499,30 @@ def test_manifest_round_trip(store: WritableStore) -> None:
     assert saved["uri"] == record["uri"] and saved["listed_at"] == 1.5
     # The listing's own totals replace what the caller guessed.
     assert saved["objects"] == len(objs) and saved["size"] == sum(o.size for o in objs)
-    assert list(store.iter_manifest(999)) == []
+    assert list(store.iter_listing(999)) == []
     # Replacing swaps the whole listing and leaves the other dataset alone.
-    store.replace_manifest(ds1, UNICODE[:2], {"uri": "s3://b/one/", "objects": 2})
-    assert sorted(store.iter_manifest(ds1), key=lambda o: o.key) == sorted(
+    store.replace_listing(ds1, UNICODE[:2], {"uri": "s3://b/one/", "objects": 2})
+    assert sorted(store.iter_listing(ds1), key=lambda o: o.key) == sorted(
         UNICODE[:2], key=lambda o: o.key
     )
     assert store.get_object(ds1, "dir0/file-0.bin") is None
-    assert len(list(store.iter_manifest(ds2))) == 7
-    store.replace_manifest(ds2, [], {"uri": "s3://b/two/"})
-    assert list(store.iter_manifest(ds2)) == []
-    assert len(list(store.iter_manifest(ds1))) == 2
+    assert len(list(store.iter_listing(ds2))) == 7
+    store.replace_listing(ds2, [], {"uri": "s3://b/two/"})
+    assert list(store.iter_listing(ds2)) == []
+    assert len(list(store.iter_listing(ds1))) == 2
 
 
-def test_manifest_of_neighbouring_ids_do_not_mix(store: WritableStore) -> None:
+def test_listings_of_neighbouring_ids_do_not_mix(store: WritableStore) -> None:
     # Dataset 1's rows must end where dataset 2's begin, whatever the keys' bytes. (A key
     # with NUL names no path, so it is not listed at all: "\x01" is the lowest byte.)
-    store.replace_manifest(1, [ObjectInfo("\x7f\uffff", 1, 1.0, "v", "c")], {})
-    store.replace_manifest(2, [ObjectInfo("\x01zero", 2, 2.0, "v", "c")], {})
-    store.replace_manifest(256, [ObjectInfo("x", 3, 3.0, "v", "c")], {})
-    assert [o.key for o in store.iter_manifest(1)] == ["\x7f\uffff"]
-    assert [o.key for o in store.iter_manifest(2)] == ["\x01zero"]
-    assert [o.key for o in store.iter_manifest(256)] == ["x"]
-    store.replace_manifest(1, [], {})
-    assert [o.key for o in store.iter_manifest(2)] == ["\x01zero"]
+    store.replace_listing(1, [ObjectInfo("\x7f\uffff", 1, 1.0, "v", "c")], {})
+    store.replace_listing(2, [ObjectInfo("\x01zero", 2, 2.0, "v", "c")], {})
+    store.replace_listing(256, [ObjectInfo("x", 3, 3.0, "v", "c")], {})
+    assert [o.key for o in store.iter_listing(1)] == ["\x7f\uffff"]
+    assert [o.key for o in store.iter_listing(2)] == ["\x01zero"]
+    assert [o.key for o in store.iter_listing(256)] == ["x"]
+    store.replace_listing(1, [], {})
+    assert [o.key for o in store.iter_listing(2)] == ["\x01zero"]
 
 
 @pytest.mark.parametrize("length", [400, 503, 504, 1024])
@@ -536,13 +536,13 @@ def test_long_object_keys(store: WritableStore, length: int) -> None:
         ObjectInfo(twin, 2, 2.0, "v2", "c2"),
         ObjectInfo("short", 3, 3.0, "v3", "c3"),
     ]
-    store.replace_manifest(1, objs, {})
-    assert sorted(store.iter_manifest(1), key=lambda o: o.key) == sorted(objs, key=lambda o: o.key)
+    store.replace_listing(1, objs, {})
+    assert sorted(store.iter_listing(1), key=lambda o: o.key) == sorted(objs, key=lambda o: o.key)
     assert store.get_object(1, long) == objs[0]
     assert store.get_object(1, twin) == objs[1]
     assert store.get_object(1, long + "z") is None
-    store.replace_manifest(1, objs[2:], {})
-    assert list(store.iter_manifest(1)) == objs[2:]
+    store.replace_listing(1, objs[2:], {})
+    assert list(store.iter_listing(1)) == objs[2:]
     assert store.get_object(1, long) is None
 
 
@@ -568,7 +568,7 @@ def test_reopen_keeps_everything(tmp_path: Path) -> None:
     usage: dict[int, Usage] = {}
     ds = s.dataset_id("s3://b/p/", create=True)
     assert ds is not None
-    s.replace_manifest(ds, UNICODE, {"uri": "s3://b/p/", "objects": 5})
+    s.replace_listing(ds, UNICODE, {"uri": "s3://b/p/", "objects": 5})
     fill(s, usage, ds, 120)
     fill(s, usage, 7, 30, size=33)
     s.evict_random(ds, 5000, usage)
@@ -582,7 +582,7 @@ def test_reopen_keeps_everything(tmp_path: Path) -> None:
     assert after.chunks == before.chunks and after.owners == before.owners
     assert s.dataset_id("s3://b/p/", create=False) == ds
     assert s.dataset_id("s3://b/q/", create=True) != ds  # ids are not reused
-    assert sorted(s.iter_manifest(ds), key=lambda o: o.key) == sorted(UNICODE, key=lambda o: o.key)
+    assert sorted(s.iter_listing(ds), key=lambda o: o.key) == sorted(UNICODE, key=lambda o: o.key)
     assert s.get_meta("allocation:s3://b/p/") == 4096
     s.close()
 

@@ -1,7 +1,7 @@
 """The Backend protocol every object store implements, and what they share.
 
 Owns the contract between the node daemon and a store: list a dataset prefix, read a
-byte range of one object as of the version the manifest saw, and say which errors are
+byte range of one object as of the version the listing saw, and say which errors are
 worth retrying. Backend methods block (SDK calls); callers run them in threads behind a
 CapacityLimiter. A backend never caches, never rate-limits and never touches LMDB.
 """

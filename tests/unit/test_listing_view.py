@@ -1,13 +1,13 @@
 """The tree a mount serves: the LMDB directory index (silofs/cache/listing.py) read through
-silofs/mount/manifest.py, built from listings written by the daemon's code path.
+silofs/mount/listing_view.py, built from listings written by the daemon's code path.
 
 Owns: directories from '/', inode numbers that do not depend on listing order, readdir
 order and resumable positions, lookup of '.' and '..', the file-versus-directory-prefix
 conflict (the directory wins and the file is reported), keys no POSIX path can name,
 names too long for an LMDB key, non-UTF-8 names, the totals, batches that split a
 directory, generations (a new listing is invisible until finished; stale rows are
-deleted), and agreement with the in-memory Manifest mounts used before
-(tests/unit/reference_manifest.py) on every path, kind, size and object.
+deleted), and agreement with an in-memory listing (tests/unit/reference_listing.py) on
+every path, kind, size and object.
 """
 
 from __future__ import annotations
@@ -24,11 +24,11 @@ from hypothesis import strategies as st
 
 from silofs.cache.listing import Entry
 from silofs.errors import SilofsError
-from silofs.mount.manifest import ROOT_INODE, Manifest, changed_entries
+from silofs.mount.listing_view import ROOT_INODE, ListingView, changed_entries
 from silofs.node import listing_builder
 from silofs.node.store_write import WritableStore
 from silofs.records import ObjectInfo
-from tests.unit.reference_manifest import Manifest as OldManifest
+from tests.unit.reference_listing import InMemoryListing
 
 _ids = itertools.count(1)
 
@@ -44,7 +44,7 @@ def obj(key: str, size: int = 10, mtime: float = 100.0) -> ObjectInfo:
     return ObjectInfo(key, size, mtime, f"v-{key}", f"c-{key}")
 
 
-def build(store: WritableStore, listing: list[ObjectInfo], batch: int | None = None) -> Manifest:
+def build(store: WritableStore, listing: list[ObjectInfo], batch: int | None = None) -> ListingView:
     """List `listing` as a fresh dataset through the daemon's path (begin, batches, finish)."""
     dsid = next(_ids)
     b = store.begin_listing(dsid)
@@ -52,7 +52,7 @@ def build(store: WritableStore, listing: list[ObjectInfo], batch: int | None = N
     for i in range(0, max(1, len(listing)), step):
         store.add_to_listing(b, listing[i : i + step])
     record = store.finish_listing(b, {"uri": f"file:///d{dsid}/"})
-    return Manifest(store, dsid, record)
+    return ListingView(store, dsid, record)
 
 
 LISTING = [
@@ -64,7 +64,7 @@ LISTING = [
 ]
 
 
-def node_at(m: Manifest, path: str) -> Entry | None:
+def node_at(m: ListingView, path: str) -> Entry | None:
     node = m.get(ROOT_INODE)
     for part in path.split("/") if path else []:
         assert node is not None
@@ -74,7 +74,7 @@ def node_at(m: Manifest, path: str) -> Entry | None:
     return node
 
 
-def walk_paths(m: Manifest) -> dict[str, Entry]:
+def walk_paths(m: ListingView) -> dict[str, Entry]:
     """Every path reachable from the root via lookup of readdir names."""
     out: dict[str, Entry] = {}
     stack = [(m.get(ROOT_INODE), "")]
@@ -144,12 +144,12 @@ def test_inode_numbers_do_not_depend_on_listing_order_or_batches(store: Writable
 
 def test_inode_numbers_are_kept_across_a_refresh(store: WritableStore) -> None:
     dsid = next(_ids)
-    store.replace_manifest(dsid, LISTING, {})
-    first = Manifest(store, dsid, store.dataset_record(dsid))
+    store.replace_listing(dsid, LISTING, {})
+    first = ListingView(store, dsid, store.dataset_record(dsid))
     before = {p: n.inode for p, n in walk_paths(first).items()}
     changed = [*LISTING[1:4], obj("train/cats/3.jpg"), ObjectInfo("README", 6, 2.0, "v2", "c2")]
-    store.replace_manifest(dsid, changed, {})
-    second = Manifest(store, dsid, store.dataset_record(dsid))
+    store.replace_listing(dsid, changed, {})
+    second = ListingView(store, dsid, store.dataset_record(dsid))
     after = walk_paths(second)
     assert second.gen == first.gen + 1
     for p, n in after.items():
@@ -195,9 +195,9 @@ def test_colliding_file_inode_numbers_probe_to_distinct_ones(
         assert n.size == o.size and m.get(n.inode) == n
 
 
-def _tree(m: Manifest | OldManifest) -> dict[str, tuple]:
+def _tree(m: ListingView | InMemoryListing) -> dict[str, tuple]:
     out = {}
-    if isinstance(m, OldManifest):
+    if isinstance(m, InMemoryListing):
         stack = [(m.get(ROOT_INODE), "")]
         while stack:
             node, path = stack.pop()
@@ -229,14 +229,14 @@ KEYS = st.lists(
     max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
 @given(KEYS, st.randoms(use_true_random=False), st.integers(1, 7))
-def test_equal_to_the_old_in_memory_manifest(
+def test_equal_to_the_in_memory_listing(
     store: WritableStore, keys: list[str], rnd: random.Random, batch: int
 ) -> None:
-    """Same paths, kinds, sizes, objects, readdir names and counts as the old Manifest,
+    """Same paths, kinds, sizes, objects, readdir names and counts as the in-memory listing,
     whatever the listing order and batch size (duplicates included)."""
     listing = [ObjectInfo(k, len(k), float(i), "v", f"c{i}") for i, k in enumerate(keys)]
-    # A duplicate key: the first listed wins in both (the old one sorted stably).
-    old = OldManifest(listing)
+    # A duplicate key: the first listed wins in both (the in-memory one sorts stably).
+    old = InMemoryListing(listing)
     new = build(store, listing, batch)
     assert _tree(new) == _tree(old)
     assert (new.files, new.total_bytes, new.inode_count) == (
@@ -381,19 +381,19 @@ def test_names_too_long_for_an_lmdb_key(store: WritableStore, length: int) -> No
 
 def test_an_unfinished_listing_is_invisible_and_cleaned(store: WritableStore) -> None:
     dsid = next(_ids)
-    store.replace_manifest(dsid, LISTING, {})
+    store.replace_listing(dsid, LISTING, {})
     gen = store.current_generation(dsid)
     b = store.begin_listing(dsid)  # a daemon killed mid-listing: never finished
     store.add_to_listing(b, [obj("partial")])
     assert store.current_generation(dsid) == gen
-    assert {o.key for o in store.iter_manifest(dsid)} == {o.key for o in LISTING}
+    assert {o.key for o in store.iter_listing(dsid)} == {o.key for o in LISTING}
     assert store.get_object(dsid, "partial") is None
     # The next listing deletes the partial generation and starts clean.
-    store.replace_manifest(dsid, [obj("new")], {})
-    assert {o.key for o in store.iter_manifest(dsid)} == {"new"}
+    store.replace_listing(dsid, [obj("new")], {})
+    assert {o.key for o in store.iter_listing(dsid)} == {"new"}
     assert store.current_generation(dsid) == gen + 1  # type: ignore[operator]
     assert store.get_object(dsid, "README", gen) is not None  # the previous one is kept
-    store.replace_manifest(dsid, [obj("newer")], {})
+    store.replace_listing(dsid, [obj("newer")], {})
     assert store.get_object(dsid, "README", gen) is None  # ... until the next listing
     with store.env.begin() as txn:  # no rows of other generations are left
         for db in (b"dirents", b"inodes"):
@@ -482,7 +482,7 @@ def test_a_directory_marked_complete_has_all_its_entries(
                         assert sorted(got) == sorted(names[p]), p
                     completed.add(p)
     record = store.finish_listing(b, {"uri": f"file:///d{dsid}/"})
-    m = Manifest(store, dsid, record)
+    m = ListingView(store, dsid, record)
     assert _tree(m) == _tree(final)
     assert (m.files, m.inode_count) == (final.files, final.inode_count)
     assert {p: n.inode for p, n in walk_paths(m).items()} == {
@@ -564,7 +564,7 @@ def test_readdir_rows_carry_what_getattr_and_open_read(store: WritableStore) -> 
 
 def test_a_listing_of_another_row_format_is_not_served(store: WritableStore) -> None:
     dsid = next(_ids)
-    store.replace_manifest(dsid, LISTING, {})
+    store.replace_listing(dsid, LISTING, {})
     assert store.current_generation(dsid) is not None
     record = store.dataset_record(dsid)
     old = {k: v for k, v in record.items() if k != "listing_format"}  # as format 1 wrote it
@@ -576,7 +576,7 @@ def test_a_listing_of_another_row_format_is_not_served(store: WritableStore) -> 
     assert store.current_generation(dsid) is None
     assert store.get_object(dsid, "README") is None
     with pytest.raises(SilofsError, match="another silofs version"):
-        Manifest(store, dsid, old)  # a mount refuses to misread it
+        ListingView(store, dsid, old)  # a mount refuses to misread it
 
 
 def test_a_prefix_of_only_markers_is_tentative_then_gone_before_the_listing_ends(
@@ -626,12 +626,12 @@ def test_changed_entries_between_two_generations(store: WritableStore, limit: in
     dsid = next(_ids)
     old = [obj("a/same"), obj("a/bigger"), obj("a/newer"), obj("a/gone"), obj("b/c")]
     old += [obj("turns/dir"), obj("z", 1, 1.0), obj("gone/deep/x"), obj("filed/y")]
-    store.replace_manifest(dsid, old, {})
-    first = Manifest(store, dsid, store.dataset_record(dsid))
+    store.replace_listing(dsid, old, {})
+    first = ListingView(store, dsid, store.dataset_record(dsid))
     new = [obj("new/file"), obj("z", 1, 1.0), obj("a/same"), obj("a/bigger", 11)]
     new += [obj("a/newer", 10, 101.0), obj("b/c"), obj("turns/dir/x"), obj("filed")]
-    store.replace_manifest(dsid, new, {})
-    second = Manifest(store, dsid, store.dataset_record(dsid))
+    store.replace_listing(dsid, new, {})
+    second = ListingView(store, dsid, store.dataset_record(dsid))
     before = walk_paths(first)
     before[""] = first.get(ROOT_INODE)
     got: list[tuple[int, int, bytes | None]] = []
@@ -670,11 +670,11 @@ def test_a_name_that_leads_to_another_inode_is_forgotten_by_name(
     dsid = next(_ids)
     listing_ = [obj("a/same"), obj("a/other", 5), obj("top")]
     monkeypatch.setattr(listing_builder, "_dir_bits", lambda _path: 0)
-    store.replace_manifest(dsid, listing_, {})
+    store.replace_listing(dsid, listing_, {})
     monkeypatch.undo()
-    first = Manifest(store, dsid, store.dataset_record(dsid))
-    store.replace_manifest(dsid, listing_, {})
-    second = Manifest(store, dsid, store.dataset_record(dsid))
+    first = ListingView(store, dsid, store.dataset_record(dsid))
+    store.replace_listing(dsid, listing_, {})
+    second = ListingView(store, dsid, store.dataset_record(dsid))
     before, after = walk_paths(first), walk_paths(second)
     files = ["a/same", "a/other", "top"]
     assert all(before[p].inode != after[p].inode for p in files)

@@ -2,7 +2,8 @@
 
 Owns what lookup/getattr/readdir need from one listing generation (cache/listing.py):
 '.' and '..', a bounded cache of recently used entries, the path of an inode, the
-listing's totals, and moving to a newer generation when the daemon lists again. The
+listing's totals, moving to a newer generation when the daemon lists again, and which
+entries of the old generation the kernel must forget then (changed_entries). The
 listing itself stays in the env, once per node, so a mount's memory does not grow with
 the object count. Never does network I/O, never writes LMDB, and never keeps an LMDB
 buffer past the call that read it (entries are decoded copies).
@@ -35,7 +36,7 @@ from silofs.errors import SilofsError
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ROOT_INODE", "Entry", "Manifest"]
+__all__ = ["ROOT_INODE", "Entry", "ListingView", "changed_entries"]
 
 RENEW_SECONDS = 0.5
 # How often a lookup waiting for a directory of a listing still being written looks for
@@ -44,7 +45,9 @@ LISTED_POLL_SECONDS = 0.1
 CACHE_ENTRIES = 8192  # decoded entries kept per mount (~200 B each): bounded, not per object
 
 
-class Manifest:
+class ListingView:
+    """The generation of one dataset's listing a mount serves, read through its snapshot."""
+
     def __init__(
         self,
         store: CacheStore,
