@@ -234,6 +234,16 @@ class CacheStore:
         # buffers=True: get() returns memoryviews into the map, valid while the txn is.
         return self.env.begin(buffers=True)
 
+    def snapshot(self, *, buffers: bool = True) -> lmdb.Transaction:
+        """A fresh read txn, after adopting the map if the daemon grew it since this
+        process mapped it (MapResizedError). For the thread that owns the env only: a
+        remap under a worker thread's lookups would pull their pages away."""
+        try:
+            return self.env.begin(buffers=buffers)
+        except lmdb.MapResizedError:
+            self.adopt_map_size()
+            return self.env.begin(buffers=buffers)
+
     # -- datasets, listings (listing.py), accounting -------------------------------
     def dataset_record(self, dsid: int) -> dict:
         with self.env.begin() as txn:

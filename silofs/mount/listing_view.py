@@ -191,11 +191,8 @@ class ListingView:
                 return
             self._txn.abort()
         self._txn_at = now
-        try:
-            self._txn = self.store.env.begin()
-        except lmdb.MapResizedError:
-            self.store.adopt_map_size()  # the daemon grew the map
-            self._txn = self.store.env.begin()
+        # Entries are decoded copies: no buffers, nothing refers into the map.
+        self._txn = self.store.snapshot(buffers=False)
 
     def release_if_idle(self) -> None:
         """Drop a snapshot no operation would use again (older than RENEW_SECONDS): an

@@ -315,11 +315,7 @@ class ChunkReader:
         self._txn_at = time.monotonic()
         self._txn_read = self._reads
         self._stale = False
-        try:
-            self._txn = self.store.read_txn()
-        except lmdb.MapResizedError:
-            self.store.adopt_map_size()  # the daemon grew the map
-            self._txn = self.store.read_txn()
+        self._txn = self.store.snapshot()
 
     def _snapshot(self) -> lmdb.Transaction:
         """The current read snapshot; a new one if it was released while idle (a read
