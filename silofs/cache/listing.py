@@ -289,27 +289,16 @@ class ListingReader:
     ) -> Iterator[tuple[bytes, bytes, int]]:
         """(row key, name, inode) of a directory's entries in index order, after `after`
         (a row key this generator returned earlier)."""
-        prefix = self.rows.dir_prefix(parent)
-        n = len(prefix)
-        cur = txn.cursor(db=self.dirents)
-        start = prefix if after is None else after
-        if not cur.set_range(start):
-            return
-        if after is not None and cur.key() == after and not cur.next():
-            return
-        for k, v in cur:
-            if not k.startswith(prefix):
-                return
-            key = bytes(k)
-            yield key, dirent_name(key, n, v), DIRENT.unpack_from(v)[0]
+        for key, name, ino, _ in self.entries(txn, parent, after, attrs=False):
+            yield key, name, ino
 
     def entries(
-        self, txn: lmdb.Transaction, parent: int, after: bytes | None = None
+        self, txn: lmdb.Transaction, parent: int, after: bytes | None = None, attrs: bool = True
     ) -> Iterator[tuple[bytes, bytes, int, Entry | None]]:
         """children(), with each file's Entry read from the directory's own rows (no
         inodes get: a walk reads the directory in key order); None for a directory
-        (its subdirectory count is in its inodes row: get() it). The file entries'
-        paths are empty: they are for attributes."""
+        (its subdirectory count is in its inodes row: get() it), and for every entry
+        without `attrs`. The file entries' paths are empty: they are for attributes."""
         prefix = self.rows.dir_prefix(parent)
         n = len(prefix)
         cur = txn.cursor(db=self.dirents)
@@ -322,7 +311,7 @@ class ListingReader:
                 return
             key = bytes(k)
             name = dirent_name(key, n, v)
-            if v[8] == DIR:
+            if not attrs or v[8] == DIR:
                 yield key, name, DIRENT.unpack_from(v)[0], None
             else:
                 e = decode_file(parent, b"", name, v)
