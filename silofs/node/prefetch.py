@@ -34,7 +34,7 @@ from typing import Any
 import trio
 
 from silofs.cache.format import ChunkRef
-from silofs.errors import AccessDeniedError, BackendError
+from silofs.errors import AccessDeniedError, BackendError, first_leaf
 from silofs.node.fill_budget import FillBudget
 from silofs.node.state import DatasetState, MountState, PrefetchCounters
 from silofs.records import ObjectInfo
@@ -285,7 +285,9 @@ class Prefetcher:
                 await self._walk(h)
                 if h.state == "running":
                     h.state = "done"
-            except BackendError as exc:
+            except* BackendError as group:
+                # The walk's or a fetch's (inside the walk's nursery): one line, the first.
+                exc = first_leaf(group)
                 h.state, h.error = "error", str(exc)
                 log.error("prefetch of mount %s stopped: %s", h.mount_id, exc)
         h.running = False
@@ -386,13 +388,7 @@ class Prefetcher:
         def window() -> int:
             return min(h.window, budget.quota()) if lru else h.window
 
-        try:
-            await self._steps(h, ds, fetch, fits, failure, slots, budget, window)
-        except BaseExceptionGroup as group:
-            # One task failed (the walk or a fetch): its error is the hint's, as one line.
-            if len(group.exceptions) == 1:
-                raise group.exceptions[0] from None
-            raise
+        await self._steps(h, ds, fetch, fits, failure, slots, budget, window)
         if failure:
             raise failure[0]
 
