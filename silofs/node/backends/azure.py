@@ -169,18 +169,18 @@ def resolve_auth(uri: DatasetURI, opts: BackendOptions) -> AzureAuth:
         )
     )
     url = _normalise_endpoint(endpoint, account)
-    if conn.get("accountkey"):
-        src = f"connection string from {origin}"
-        return AzureAuth(url, _key_credential(account, conn["accountkey"], src), src)
-    if conn.get("sharedaccesssignature"):
-        sas = conn["sharedaccesssignature"].lstrip("?")
-        return AzureAuth(url, AzureSasCredential(sas), f"SAS in connection string from {origin}")
-    if settings.get("account_key"):
-        src = f"account key from {origin}"
-        return AzureAuth(url, _key_credential(account, settings["account_key"], src), src)
-    if settings.get("sas_token"):
-        sas = settings["sas_token"].lstrip("?")
-        return AzureAuth(url, AzureSasCredential(sas), f"SAS token from {origin}")
+    # The first secret given wins, in this order: (the secret, whether it is a SAS token
+    # rather than an account key, where it came from).
+    for secret, is_sas, src in (
+        (conn.get("accountkey"), False, f"connection string from {origin}"),
+        (conn.get("sharedaccesssignature"), True, f"SAS in connection string from {origin}"),
+        (settings.get("account_key"), False, f"account key from {origin}"),
+        (settings.get("sas_token"), True, f"SAS token from {origin}"),
+    ):
+        if secret:
+            if is_sas:
+                return AzureAuth(url, AzureSasCredential(secret.lstrip("?")), src)
+            return AzureAuth(url, _key_credential(account, secret, src), src)
     anonymous = truthy(opts.extra.get("anonymous"))
     if not anonymous and _wants_identity(opts):
         return AzureAuth(url, _default_credential(), _IDENTITY_SOURCE)
