@@ -1,10 +1,14 @@
 """Prefetch by hint: fetch a job's misses ahead of its reader, in the order it said.
 
-Owns one hint per mount (POST /v1/mounts/{id}/hints, the DELI/DLCache idea): the paths a
-training job will read next, in order, and the task that walks them, fetching the chunks
-the dataset does not hold through the Fetcher (single-flight with the reader's own
-misses, charged to the job's token bucket first: promise 2), at most `window` bytes
-ahead of where the reader is. A new hint replaces the old one; `append` extends it.
+Owns one hint per mount (POST /v1/mounts/{id}/hints): the paths a training job will read
+next, in order, and the task that walks them, fetching the chunks the dataset does not
+hold through the Fetcher (single-flight with the reader's own misses, charged to the
+job's token bucket first: promise 2), at most `window` bytes ahead of where the reader
+is. A new hint replaces the old one; `append` extends it. The idea is DELI's
+("Quantifying and Improving Performance of Distributed Deep Learning with Cloud
+Storage", IC2E '21) and DLCache's ("Dataset Placement and Data Loading Optimizations for
+Cloud-Native Deep Learning Workloads", ISORC '23): a loader that knows its order has
+what it reads next fetched ahead of it.
 
 Where the reader is: the daemon never sees hits, so the position (in bytes of the hinted
 order) is the larger of the bytes the mount reported reading since the hint arrived

@@ -316,7 +316,7 @@ class GCSBackend(DelimitedListing):
         size = page_size or self.opts.page_size
         try:
             lister = _raw_lister(client)
-            if lister is None:  # a library without it: its Blobs, as before
+            if lister is None:  # a library without it: through its Blobs
                 return self._list_blobs(client, params, token, size)
             pages = lister(
                 f"/b/{self.bucket_name}/o",
