@@ -486,6 +486,15 @@ def _read_held(offset: int) -> str:
         return errno.errorcode.get(exc.errno or 0, str(exc.errno))
 
 
+def _kill_sleeper(pid: int) -> None:
+    """End the job's escaped reader (still the `sleep` it became, not a reused pid)."""
+    try:
+        if Path(f"/proc/{pid}/cmdline").read_bytes().startswith(b"sleep"):
+            os.kill(pid, signal.SIGKILL)
+    except (FileNotFoundError, ProcessLookupError):
+        pass
+
+
 def _read_file(path: str) -> bytes:
     with open(path, "rb") as f:
         return f.read()
@@ -607,8 +616,7 @@ def test_readers_holding_files_open_past_the_end_do_not_keep_the_mount(
         assert reader.call(_read_held, 400 << 10) in ("ENOTCONN", "ENODEV", "ECONNABORTED")
     finally:
         reader.close()
-        if Path(f"/proc/{escaped}/cmdline").read_bytes().startswith(b"sleep"):
-            os.kill(escaped, signal.SIGKILL)
+        _kill_sleeper(escaped)
 
 
 def test_two_jobs_on_one_node_end_apart(operator: Slurm, job_user: pwd.struct_passwd) -> None:
