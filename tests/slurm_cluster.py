@@ -249,6 +249,7 @@ def job_user() -> Iterator[pwd.struct_passwd]:
     if os.geteuid() != 0 or shutil.which("useradd") is None:
         pytest.skip("a job user needs root and useradd (Debian's passwd package)")
     home = Path(tempfile.mkdtemp(prefix="silofs-home-", dir="/var/tmp"))
+    home.chmod(0o755)  # the way to the user's home, as /home is
     name = f"silofs-{os.urandom(3).hex()}"
     res = subprocess.run(
         ["useradd", "--user-group", "--create-home", "--home-dir", str(home / name),
