@@ -93,7 +93,7 @@ def _teardown(cluster: Slurm) -> None:
     cluster.node.cleanup()
 
 
-# -- the operator's node: built once per session ------------------------------------------
+# -- the operator's node: the user and the venv made once per session -------------------
 @pytest.fixture(scope="session")
 def job_user() -> Iterator[pwd.struct_passwd]:
     slurm_cluster.skip_without_slurm()
@@ -108,8 +108,9 @@ def venv_bin() -> Iterator[Path]:
         yield path
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture
 def fuse_for_everyone() -> Iterator[None]:
+    """Per test, not per session: other tests see this host's mode."""
     slurm_cluster.skip_without_slurm()
     with slurm_cluster.fuse_for_everyone():
         yield
