@@ -19,8 +19,9 @@ import time
 import trio
 
 from silofs.cache.format import ChunkRef, encode_chunk
-from silofs.cache.store import CacheStore, PendingChunk
+from silofs.cache.store import CacheStore
 from silofs.mount.reader import ChunkReader, OpenFile
+from silofs.node.store_write import PendingChunk, WritableStore
 from silofs.records import ObjectInfo
 
 
@@ -36,13 +37,13 @@ def main() -> None:
     args = ap.parse_args()
     size = args.chunk_kib << 10
     with tempfile.TemporaryDirectory(prefix="silofs-hitbench-") as d:
-        store = CacheStore(d, 256 << 20)
+        store = WritableStore(d, 256 << 20)
         obj = ObjectInfo("f.bin", size, 0.0, "v1", "c1")
         ref = ChunkRef.of(obj, size, 0)
         value = encode_chunk(1, 0, size, obj.key, obj.content_id, b"x" * size)
         store.admit([PendingChunk(1, ref.key, value, size)], {}, lambda _d, _u: 1 << 30)
         store.close()  # LMDB allows one env per path per process: reopen it as a mount does
-        reader_store = CacheStore(d, 256 << 20, readonly=True)
+        reader_store = CacheStore(d, 256 << 20)
 
         async def run() -> list[float]:
             reader = ChunkReader(

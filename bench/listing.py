@@ -52,10 +52,10 @@ from xml.sax.saxutils import escape, unescape
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
 
-from silofs.cache.store import LISTING_BATCH, CacheStore, env_map_size  # noqa: E402
 from silofs.node.backends.base import BackendOptions  # noqa: E402
 from silofs.node.backends.s3 import S3Backend  # noqa: E402
 from silofs.node.service import tune_gc  # noqa: E402
+from silofs.node.store_write import LISTING_BATCH, WritableStore, env_map_size  # noqa: E402
 from silofs.records import ObjectInfo, PrefixListed  # noqa: E402
 from silofs.uri import parse_uri  # noqa: E402
 from tests.faultproxy import FaultPlan, FaultProxy  # noqa: E402
@@ -426,7 +426,7 @@ def _measure(
 def _write_listing(backend: Any) -> int:
     """List into a fresh env as daemon._fill does; the objects written."""
     d = tempfile.mkdtemp(prefix="silofs-listing-", dir="/var/tmp")
-    store = CacheStore(d, env_map_size(4 << 30))
+    store = WritableStore(d, env_map_size(4 << 30))
     try:
         dsid = store.dataset_id("s3://bench/data/", create=True)
         assert dsid is not None

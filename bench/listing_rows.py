@@ -5,7 +5,7 @@ FUSE half is bench/metadata.py): a generated listing of --objects files (S3-like
 32-hex ETag version, content id "s3:ETAG:size", directories of 1000) written with the
 daemon's batch code (CacheStore.begin_listing/add_to_listing/finish_listing; objects
 written per second, the objects made before timing), then
---lookups random path lookups through the mount's Manifest (two levels, the entry cache
+--lookups random path lookups through the mount's ListingView (two levels, the entry cache
 kept small so each lookup reads LMDB) and a walk of every directory with the attributes
 READDIRPLUS needs. Each checkout named runs in its own interpreter with that checkout
 first on sys.path; the best of three rounds is printed. Never changes silofs.
@@ -30,7 +30,7 @@ PER_DIR = 1000
 
 def measure(n: int, lookups: int) -> None:
     """In the checkout's interpreter: build, then time lookups and a walk."""
-    from silofs.cache.store import LISTING_BATCH, CacheStore, env_map_size
+    from silofs.node.store_write import LISTING_BATCH, WritableStore, env_map_size
 
     try:  # as the daemon runs (a checkout from before stop 21 has no tune_gc)
         from silofs.node.service import tune_gc
@@ -38,12 +38,12 @@ def measure(n: int, lookups: int) -> None:
         tune_gc()
     except ImportError:
         pass
-    from silofs.mount.manifest import Manifest
+    from silofs.mount.listing_view import ListingView
     from silofs.records import ObjectInfo
 
     d = tempfile.mkdtemp(prefix="listing-rows-", dir="/var/tmp")
     try:
-        s = CacheStore(d, env_map_size(max(2 << 30, n * 1024)))  # ~320-450 B per object
+        s = WritableStore(d, env_map_size(max(2 << 30, n * 1024)))  # ~320-450 B per object
         dsid = s.dataset_id("file:///bench/", create=True)
         assert dsid is not None
         b = s.begin_listing(dsid)
@@ -62,7 +62,7 @@ def measure(n: int, lookups: int) -> None:
         idx = random.Random(1).sample(range(n), min(lookups, n))
         best_look = best_walk = 0.0
         for _ in range(3):
-            m = Manifest(s, dsid, rec, cache_entries=16)
+            m = ListingView(s, dsid, rec, cache_entries=16)
             t = time.perf_counter()
             for i in idx:
                 m.renew()

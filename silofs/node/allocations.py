@@ -17,10 +17,10 @@ from typing import Any
 
 import trio
 
-from silofs.cache.store import CacheStore
 from silofs.errors import UsageError
 from silofs.node.quota import QuotaPolicy
 from silofs.node.state import DatasetState
+from silofs.node.store_write import WritableStore
 from silofs.node.writer import Writer
 from silofs.records import job_name_error
 from silofs.units import format_rate, format_size
@@ -33,7 +33,7 @@ ADMISSION_MODES = ("uniform", "lru")
 class Allocations:
     """The four tables, changed only through the methods below (each persists first)."""
 
-    def __init__(self, store: CacheStore, writer: Writer, cache_size: int) -> None:
+    def __init__(self, store: WritableStore, writer: Writer, cache_size: int) -> None:
         self.store = store
         self.writer = writer
         self.cache_size = cache_size
@@ -146,7 +146,7 @@ class Allocations:
             table[name] = value
 
 
-def _rows(store: CacheStore, prefix: str) -> Iterable[tuple[str, Any]]:
+def _rows(store: WritableStore, prefix: str) -> Iterable[tuple[str, Any]]:
     return ((k.removeprefix(prefix), v) for k, v in store.iter_meta(prefix))
 
 

@@ -22,13 +22,7 @@ from collections.abc import Awaitable, Callable
 import trio
 
 from silofs.cache.format import ChunkRef, encode_chunk
-from silofs.cache.store import (
-    CacheDamagedError,
-    CacheStore,
-    PendingChunk,
-    Usage,
-    env_map_size,
-)
+from silofs.cache.store import CacheDamagedError, Usage
 from silofs.config import NodeSettings, credential_fingerprint
 from silofs.errors import (
     BackendError,
@@ -50,6 +44,7 @@ from silofs.node.metrics import DaemonMetrics, parse_address
 from silofs.node.prefetch import Prefetcher
 from silofs.node.quota import QuotaPolicy
 from silofs.node.state import DatasetState, JobState, MountState
+from silofs.node.store_write import PendingChunk, WritableStore, env_map_size
 from silofs.node.supervise import run_once
 from silofs.node.warm import WarmState, run_warm
 from silofs.node.writer import Writer
@@ -490,15 +485,15 @@ class Daemon:
             del self.jobs[name]
 
 
-def _open_store(cache_dir: str, map_size: int) -> CacheStore:
+def _open_store(cache_dir: str, map_size: int) -> WritableStore:
     """The node's env; a damaged one is moved aside and replaced by an empty one (a cache
     is disposable: refusing to start would need someone to delete it by hand)."""
     try:
-        return CacheStore(cache_dir, map_size)
+        return WritableStore(cache_dir, map_size)
     except CacheDamagedError as exc:
         moved = move_aside(cache_dir)
         log.error("%s; moved it to %s and starting with an empty cache", exc, moved)
-        return CacheStore(cache_dir, map_size)
+        return WritableStore(cache_dir, map_size)
 
 
 def _resolve_access(access: dict[str, list[str]]) -> dict[str, frozenset[int] | None]:

@@ -21,8 +21,7 @@ from collections.abc import Callable
 import lmdb
 import trio
 
-from silofs.cache.listing import ListingBuilder
-from silofs.cache.store import LISTING_BATCH, CacheStore
+from silofs.cache.store import CacheStore
 from silofs.config import NodeSettings
 from silofs.errors import (
     BackendError,
@@ -33,7 +32,9 @@ from silofs.errors import (
 )
 from silofs.node.backends import BackendOptions, open_backend
 from silofs.node.fetch import Fetcher
+from silofs.node.listing_builder import ListingBuilder
 from silofs.node.state import DatasetState, MountState
+from silofs.node.store_write import LISTING_BATCH, WritableStore
 from silofs.node.warm import WarmState
 from silofs.node.writer import Writer
 from silofs.records import ObjectInfo, PrefixListed
@@ -112,7 +113,7 @@ class Catalog:
         self,
         settings: NodeSettings,
         *,
-        store: CacheStore,
+        store: WritableStore,
         writer: Writer,
         fetcher: Fetcher,
         mounts: dict[str, MountState],
@@ -354,7 +355,7 @@ class Catalog:
     async def _mark_stale(self, ds: DatasetState, old_gen: int, new_gen: int) -> None:
         """After a refresh: the chunks the dataset holds of objects the new listing
         shows with another content id, or not at all, become its first eviction
-        victims (CacheStore.mark_stale). Open handles of the old version keep hitting
+        victims (WritableStore.mark_stale). Open handles of the old version keep hitting
         them until space is needed. Chunk keys depend on the chunk size: those of the
         dataset's mounts and the daemon's default are checked. In bounded steps: a
         read txn per LISTING_BATCH files, a write txn per step's keys."""

@@ -235,7 +235,8 @@ def _pids_with(text: str) -> list[int]:
 
 @pytest.fixture
 def make_node(tmp_path: Path) -> Iterator[Callable[..., Node]]:
-    """make_node(cache_size="64M", env=None, start=True) -> a running Node."""
+    """make_node(cache_size="64M", env=None, start=True) -> a running Node (root: its
+    directory, for one other users must reach; default under tmp_path)."""
     if FUSE_MISSING:
         pytest.skip(FUSE_MISSING)
     nodes: list[Node] = []
@@ -247,8 +248,9 @@ def make_node(tmp_path: Path) -> Iterator[Callable[..., Node]]:
         name: str = "node",
         args: tuple[str, ...] = (),
         socket: str | None = None,
+        root: Path | None = None,
     ) -> Node:
-        root = tmp_path / f"{name}{len(nodes)}"
+        root = root or tmp_path / f"{name}{len(nodes)}"
         root.mkdir()
         node = Node(root, cache_size, {**os.environ, **(env or {})}, socket)
         nodes.append(node)

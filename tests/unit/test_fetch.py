@@ -7,11 +7,11 @@ import threading
 import trio
 
 from silofs.cache.format import ChunkRef
-from silofs.cache.store import CacheStore, env_map_size
 from silofs.errors import TransientError
 from silofs.node.fetch import Fetcher
 from silofs.node.limiter import TokenBucket
 from silofs.node.quota import QuotaPolicy
+from silofs.node.store_write import WritableStore, env_map_size
 from silofs.node.writer import Writer
 from silofs.records import ObjectInfo
 
@@ -35,7 +35,7 @@ class SlowBackend:
 
 
 def _fetcher(tmp_path) -> Fetcher:
-    store = CacheStore(str(tmp_path), env_map_size(1 << 20))
+    store = WritableStore(str(tmp_path), env_map_size(1 << 20))
     writer = Writer(
         store,
         {},

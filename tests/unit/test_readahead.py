@@ -12,12 +12,12 @@ import trio
 import trio.testing
 
 from silofs.cache.format import ChunkRef
-from silofs.cache.store import CacheStore, env_map_size
 from silofs.mount.reader import ChunkReader, OpenFile
 from silofs.node.backends.base import RangeStream, StoreCounters
 from silofs.node.fetch import PARK_SECONDS, SPAN_SECONDS, Fetcher
 from silofs.node.limiter import TokenBucket
 from silofs.node.quota import QuotaPolicy
+from silofs.node.store_write import WritableStore, env_map_size
 from silofs.node.writer import Writer
 from silofs.records import ObjectInfo
 
@@ -182,7 +182,7 @@ class _Backend:
 
 
 def _fetcher(tmp_path: Any) -> Fetcher:
-    store = CacheStore(str(tmp_path), env_map_size(1 << 20))
+    store = WritableStore(str(tmp_path), env_map_size(1 << 20))
     writer = Writer(
         store,
         {},
