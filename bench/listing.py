@@ -16,7 +16,7 @@ Azure and GCS, whose emulators take one request per object uploaded). Each timed
 listing starts as the daemon's does, after the dataset's check() (client, credentials,
 HEAD bucket, a 1-key list), and counts the ObjectInfo records of list_events(), what the
 daemon consumes. With --into-env each listing is also written into a fresh cache env as
-the daemon writes a first listing (daemon._fill: a listing thread batching LISTING_BATCH
+the daemon writes a first listing (node/datasets.py _fill: a listing thread batching LISTING_BATCH
 records into a 2-batch queue, one writer adding each batch in its own txn, then
 finish_listing), so the rate is a first listing's end to end. Never changes silofs.
 The S3 server and the proxies run in a child process (the store's CPU is not the
@@ -399,7 +399,7 @@ def _measure(
         serial = 0.0
         for w in workers:
             b = backend(urls[delay], w)
-            # As the daemon does before it lists (daemon._prepare_dataset): the client
+            # As the daemon does before it lists (datasets.py _prepare_dataset): the client
             # and credentials made, the bucket checked, one 1-key list; ~0.1 s of CPU
             # that is no part of the listing's rate.
             b.check()
@@ -424,7 +424,7 @@ def _measure(
 
 
 def _write_listing(backend: Any) -> int:
-    """List into a fresh env as daemon._fill does; the objects written."""
+    """List into a fresh env as the daemon's Catalog._fill does; the objects written."""
     d = tempfile.mkdtemp(prefix="silofs-listing-", dir="/var/tmp")
     store = WritableStore(d, env_map_size(4 << 30))
     try:

@@ -25,11 +25,21 @@ def default_socket() -> str:
 
 
 def default_cache_dir() -> str:
-    if env := os.environ.get("SILOFS_CACHE_DIR"):
-        return env
+    return _per_user_dir("SILOFS_CACHE_DIR", "/var/cache/silofs", "XDG_CACHE_HOME", "~/.cache")
+
+
+def default_log_dir() -> str:
+    """Where background daemons and mounts write their logs."""
+    return _per_user_dir("SILOFS_LOG_DIR", "/var/log/silofs", "XDG_STATE_HOME", "~/.local/state")
+
+
+def _per_user_dir(env: str, for_root: str, xdg: str, xdg_default: str) -> str:
+    """$env if set; `for_root` for root; else silofs/ under $xdg (or `xdg_default`)."""
+    if value := os.environ.get(env):
+        return value
     if os.geteuid() == 0:
-        return "/var/cache/silofs"
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
+        return for_root
+    base = os.environ.get(xdg) or os.path.expanduser(xdg_default)
     return os.path.join(base, "silofs")
 
 

@@ -85,8 +85,8 @@ def peer_may_change(peer: Peer, admin_gid: int | None) -> bool:
     groups included). Trusted peers may change allocations, name store options, open any
     dataset, act on any job, and are exempt from per-uid limits (docs/SECURITY.md).
     A remote peer (TLS, client certificate checked) has the admin role and nothing else:
-    the TLS listener serves it only the routes an admin uses (node/routes.py
-    REMOTE_ROUTES), and no uid-based rule matches it."""
+    it finds only the routes whose entry names a remote controller (node/routes.py), and
+    no uid-based rule matches it."""
     if peer.remote is not None:
         return True
     if peer.uid in (0, os.geteuid()):

@@ -2,10 +2,11 @@
 
 Owns the life of `silofs daemon`: starting the Daemon's background tasks (writer,
 mount reaper, enforcer), serving the control API on the Unix socket (and, when
-[control] tcp_listen is set, its admin routes to mutual-TLS clients), telling systemd
-READY=1/STOPPING=1, a clean stop (flush, sync) on SIGTERM/SIGINT, and SIGHUP (reopen
-the log file, if any; never an exit). The state and its operations live in
-node/daemon.py, the API in node/routes.py. Never handles a request itself.
+[control] tcp_listen is set, to mutual-TLS clients, who find only the routes the table
+gives a remote controller), telling systemd READY=1/STOPPING=1, a clean stop (flush,
+sync) on SIGTERM/SIGINT, and SIGHUP (reopen the log file, if any; never an exit). The
+state and its operations live in node/daemon.py, the API in node/routes.py. Never
+handles a request itself.
 """
 
 from __future__ import annotations
@@ -36,8 +37,9 @@ from silofs.control.server import (
 from silofs.logsetup import reopen_log_files, survive_sighup
 from silofs.node.daemon import Daemon
 from silofs.node.metrics import serve_tcp
-from silofs.node.routes import REMOTE_ROUTES, body_limit, build_router, status_view
+from silofs.node.routes import build_router
 from silofs.node.supervise import run_forever
+from silofs.node.views import status_view
 from silofs.units import format_size
 
 log = logging.getLogger(__name__)
@@ -48,7 +50,7 @@ async def serve(daemon: Daemon, task_status: trio.TaskStatus = trio.TASK_STATUS_
     settings = daemon.settings
     router = build_router(daemon)
     daemon.metrics.watch(lambda: status_view(daemon))
-    for job in [*daemon.io_allocations, *daemon.registrations]:
+    for job in [*daemon.allocs.io, *daemon.allocs.registrations]:
         daemon.job(job)  # persisted allocations are listed before their jobs mount
     # Bound before any task starts: a busy socket is one AddressInUseError, not a failure
     # inside a nursery (which trio reports as an ExceptionGroup).
@@ -77,7 +79,6 @@ async def serve(daemon: Daemon, task_status: trio.TaskStatus = trio.TASK_STATUS_
                     settings.socket,
                     router,
                     max_body=1 << 20,
-                    body_limit=body_limit,
                     connections=connection_limits(daemon),
                     bound=bound,
                     task_status=task_status,
@@ -88,7 +89,7 @@ async def serve(daemon: Daemon, task_status: trio.TaskStatus = trio.TASK_STATUS_
                 await nursery.start(
                     lambda task_status: serve_tls(
                         sock,
-                        router.only(REMOTE_ROUTES),
+                        router,
                         context,
                         tls_limits=TLSLimits(
                             max_connections=settings.tcp_max_connections,
@@ -221,7 +222,7 @@ def sd_notify(message: str) -> None:
 # (CPython's default: 700). A fanned-out first listing makes several per object and
 # keeps 2 x list_workers pages in flight, so at 700 many survive young collections, are
 # promoted, and the promotions set off full collections over the whole heap: 0.2 s of
-# CPU per 100 k objects listed, a third of the listing's (bench/README.md, stop 21).
+# CPU per 100 k objects listed, a third of the listing's (bench/README.md).
 GC_YOUNG = 10_000
 
 

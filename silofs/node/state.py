@@ -63,7 +63,8 @@ class JobState:
     dataset_bytes: dict[int, int] = field(default_factory=dict)
     epochs: dict[int, int] = field(default_factory=dict)
     # Cached bytes per dataset when the job's current epoch began: only those chunks can
-    # serve hits in this epoch (SiloD §6, "Delayed effectiveness").
+    # serve hits in this epoch ("SiloD: A Co-design of Caching and Scheduling for Deep
+    # Learning Clusters", EuroSys '23, §6 "Delayed effectiveness").
     epoch_cached: dict[int, int] = field(default_factory=dict)
     samples: deque[tuple[float, int, int]] = field(default_factory=deque)
     prefetch: PrefetchCounters = field(default_factory=PrefetchCounters)

@@ -18,7 +18,7 @@ from silofs.cache.format import ChunkRef, StaleFormatError, decode_header, verif
 from silofs.errors import VersionMismatchError
 from silofs.node.daemon import Daemon
 from silofs.node.metrics import render
-from silofs.node.routes import dataset_view, status_view
+from silofs.node.views import dataset_view, status_view
 from tests.unit.test_chunk_format import GOLDEN_V1
 from tests.unit.test_daemon_ops import bucket, daemon, listed, mounted, running  # noqa: F401
 
@@ -91,7 +91,7 @@ def test_a_refresh_makes_chunks_of_changed_objects_the_first_victims(
                 assert all(d.store.owns(txn, ds.id, r.key) for r in refs.values())
             (bucket / "f1.bin").write_bytes(b"new bytes")  # changed
             (bucket / "f2.bin").unlink()  # deleted
-            await d.open_dataset(f"file://{bucket}/", True)
+            await d.catalog.open_dataset(f"file://{bucket}/", True)
             with trio.fail_after(30):
                 while ds.state != "ready" or ds.stale_chunks < 2:
                     await trio.sleep(0.01)

@@ -23,8 +23,8 @@ from silofs_ctl.certs_cmd import client_cert, init_ca, node_cert
 
 from silofs.config import load_node_settings
 from silofs.control.client import ControlClient, ControlError, client_tls_context
-from silofs.control.peer import REMOTE_UID, peer_may_change
-from silofs.control.router import Request, Response, Router, json_response
+from silofs.control.peer import REMOTE_UID, Peer, peer_may_change, remote_peer
+from silofs.control.router import Caller, Request, Response, Router, json_response
 from silofs.control.server import TLSLimits, bind_tcp, serve_tls
 from silofs.control.tls import parse_tcp_address, server_context
 from silofs.errors import UsageError
@@ -225,17 +225,17 @@ def test_remote_routes_are_admin_routes_only() -> None:
     async def h(req: Request) -> Response:
         return json_response({})
 
-    router.add("GET", "/v1/status", h)
-    router.add("POST", "/v1/mounts", h)
-    only = router.only({("GET", "/v1/status")})
-    assert [r.pattern for r in only._routes] == ["/v1/status"]
-    with pytest.raises(ValueError):
-        router.only({("GET", "/v1/nothing")})
+    router.add("GET", "/v1/status", h, who=Caller.LOCAL | Caller.CONTROLLER)
+    router.add("POST", "/v1/mounts", h, who=Caller.LOCAL)
+    remote = remote_peer("controller")
+    assert router.match("GET", ["v1", "status"], remote).error is None
+    assert router.match("POST", ["v1", "mounts"], remote).error.status == 404
+    assert router.match("POST", ["v1", "mounts"], Peer(pid=1, uid=1000, gid=1000)).error is None
 
 
 def test_registration_body_is_checked() -> None:
     from silofs.control.router import HTTPError
-    from silofs.node.routes import _registration
+    from silofs.node.api.jobs import parse_registration as _registration
 
     info = _registration(
         {"gpus": 4, "ideal_io": "500MB/s", "epochs": 3, "datasets": ["s3://b/p"], "nodes": ["n1"]}

@@ -70,7 +70,7 @@ async def running(d: Daemon) -> AsyncIterator[Daemon]:
 
 
 async def ready(d: Daemon, uri: str, endpoint_url: str | None = None) -> daemon_mod.DatasetState:
-    ds = await d.open_dataset(uri, False, endpoint_url)
+    ds = await d.catalog.open_dataset(uri, False, endpoint_url)
     with trio.fail_after(30):
         while ds.state in ("checking", "listing"):
             await trio.sleep(0.01)
@@ -255,7 +255,7 @@ def test_a_cache_with_damaged_meta_pages_is_moved_aside(
             f.write(bytes(b ^ 0xFF for b in f.read(64)).ljust(64, b"\xff"))
     fresh = Daemon(settings(tmp_path))
     try:
-        assert fresh.allocations == {}  # an empty cache
+        assert fresh.allocs.cache == {}  # an empty cache
         broken = [p for p in (tmp_path / "cache").iterdir() if p.name.startswith("broken-")]
         assert len(broken) == 1 and (broken[0] / "data.mdb").exists()
         errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
@@ -284,7 +284,7 @@ def test_concurrent_allocations_cannot_exceed_the_cache(daemon: Daemon) -> None:
 
     trio.run(main)
     assert sorted(outcomes.values()) == ["ok", "refused"]
-    assert sum(daemon.allocations.values()) <= daemon.cache_size
+    assert sum(daemon.allocs.cache.values()) <= daemon.cache_size
 
 
 # -- mounts --------------------------------------------------------------------------------
@@ -352,7 +352,7 @@ def test_retries_are_counted_per_backend(monkeypatch: pytest.MonkeyPatch) -> Non
 
 def test_store_errors_show_in_status_and_metrics(daemon: Daemon, bucket: Path) -> None:
     from silofs.node.metrics import render
-    from silofs.node.routes import dataset_view, status_view
+    from silofs.node.views import dataset_view, status_view
 
     async def main() -> None:
         async with running(daemon) as d:
@@ -456,7 +456,7 @@ def test_a_job_registration_survives_a_restart_and_goes_when_the_job_is_forgotte
                 await d.forget_job("slurm-7")
             d.mounts.pop(m.id)
             await d.forget_job("slurm-7")
-            assert "slurm-7" not in d.registrations
+            assert "slurm-7" not in d.allocs.registrations
 
     d = Daemon(settings(tmp_path))
     trio.run(register, d)
@@ -464,14 +464,14 @@ def test_a_job_registration_survives_a_restart_and_goes_when_the_job_is_forgotte
     os.close(d.lock_fd)
     d = Daemon(settings(tmp_path))  # a restart: the registration is read back
     try:
-        assert d.registrations == {"slurm-7": info}
+        assert d.allocs.registrations == {"slurm-7": info}
         trio.run(forget, d)
     finally:
         d.store.close()
         os.close(d.lock_fd)
     d = Daemon(settings(tmp_path))
     try:
-        assert d.registrations == {}
+        assert d.allocs.registrations == {}
     finally:
         d.store.close()
         os.close(d.lock_fd)
