@@ -223,10 +223,12 @@ class _ServerConnection:
                 self.idle_scope = None  # a request has begun: never evicted mid-request
             self.conn.receive_data(data)
 
-    def evictable(self, now: float) -> bool:
-        """Idle for a while with nothing of a next request received, not even in the
-        kernel's buffer (a request we have not read yet would be lost)."""
-        if self.idle_scope is None or now - self.idle_since < _EVICT_IDLE_SECONDS:
+    def evictable(self, now: float, min_idle: float | None = None) -> bool:
+        """Idle for `min_idle` seconds (default _EVICT_IDLE_SECONDS) with nothing of a
+        next request received, not even in the kernel's buffer (a request we have not
+        read yet would be lost)."""
+        least = _EVICT_IDLE_SECONDS if min_idle is None else min_idle
+        if self.idle_scope is None or now - self.idle_since < least:
             return False
         if not isinstance(self.stream, trio.SocketStream):
             return False  # TLS: decrypted bytes may wait in the stream's own buffer
@@ -615,7 +617,14 @@ class _Acceptor:
 
     def _admit(self, peer: Peer) -> str | None:
         if self.conns.trusted(peer):
-            if self.everyone >= self.conns.total + self.conns.reserve:
+            # Over the total, a trusted newcomer (status, a root mount's miss) takes the
+            # place of the longest-idle connection of anyone, its own kind included:
+            # idle connections of a trusted client must not lock out the next request
+            # (1,124 idle root connections at NOFILE 1024 once made status time out and
+            # misses fail with EIO). Only a fully busy daemon refuses it.
+            if self.everyone >= self.conns.total + self.conns.reserve and not self._evict(
+                list(self.live), trusted_too=True
+            ):
                 return f"too many connections ({self.everyone} open)"
             return None
         mine = self.open.get(peer.uid, 0)
@@ -627,14 +636,17 @@ class _Acceptor:
             return f"too many connections to the daemon (limit {self.conns.total})"
         return None
 
-    def _evict(self, uids: list[int]) -> bool:
-        """Close the longest-idle evictable connection of these uids; False if none."""
+    def _evict(self, uids: list[int], *, trusted_too: bool = False) -> bool:
+        """Close the longest-idle evictable connection of these uids (only untrusted
+        ones, unless `trusted_too`: then any connection waiting for its next request,
+        however briefly); False if none."""
         now = time.monotonic()
+        min_idle = 0.0 if trusted_too else _EVICT_IDLE_SECONDS
         idle = [
             c
             for uid in uids
             for c in self.live.get(uid, ())
-            if c.evictable(now) and not self.conns.trusted(c.peer)
+            if c.evictable(now, min_idle) and (trusted_too or not self.conns.trusted(c.peer))
         ]
         if not idle:
             return False
