@@ -826,21 +826,29 @@ class _TLSAcceptor:
         try:
             tune_socket(conn)
             tls = trio.SSLStream(stream, self.context, server_side=True)
-            name = await self._handshake(tls, addr)
-            if name is None:
+            peer = await self._handshake(tls, addr)
+            if peer is None:
                 return
             self.served += 1
-            log.info("remote controller %r connected from %s", name, _host(addr))
-            await _serve_connection(tls, self.router, self.limits, remote_peer(name))
+            # A member's connections are pooled and long-lived: not worth a line each.
+            (log.debug if peer.node else log.info)(
+                "remote %s %r connected from %s",
+                "cluster member" if peer.node else "controller",
+                peer.remote,
+                _host(addr),
+            )
+            await _serve_connection(tls, self.router, self.limits, peer)
         except Exception:  # one connection never ends the listener
             log.exception("bug: unexpected error on a TLS control connection")
         finally:
             self.open -= 1
             await trio.aclose_forcefully(stream)
 
-    async def _handshake(self, tls: trio.SSLStream, addr: Any) -> str | None:
-        """The verified certificate's name, or None (logged, counted) if refused."""
-        from silofs.control.tls import certificate_name
+    async def _handshake(self, tls: trio.SSLStream, addr: Any) -> Peer | None:
+        """The peer its verified certificate proves, or None (logged, counted) if
+        refused. A certificate with the node role is not judged by tls_client_names:
+        the routes judge it (a member of this node's cluster, or nothing)."""
+        from silofs.control.tls import certificate_identity
 
         reason = ""
         with trio.move_on_after(self.tls_limits.handshake_seconds) as scope:
@@ -851,14 +859,17 @@ class _TLSAcceptor:
                 reason = getattr(cause, "verify_message", None) or one_line(cause)
         if scope.cancelled_caught:
             reason = f"no TLS handshake within {self.tls_limits.handshake_seconds:g}s"
-        name = None if reason else certificate_name(tls)  # SSLStream forwards getpeercert
+        name, names, node = (None, frozenset[str](), False)
+        if not reason:
+            name, names, node = certificate_identity(tls)  # SSLStream forwards getpeercert
         allowed = self.tls_limits.allowed_names
-        if not reason and (name is None or (allowed and name not in allowed)):
+        if not reason and (name is None or (allowed and not node and name not in allowed)):
             reason = f"certificate name {name!r} is not in tls_client_names"
         if reason:
             self._refusal(f"TLS listener refused {_host(addr)}: {reason}")
             return None
-        return name
+        assert name is not None
+        return remote_peer(name, names, node)
 
     def _refusal(self, message: str) -> None:
         """Counted, and logged through the listener's throttle."""
