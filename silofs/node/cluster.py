@@ -263,7 +263,7 @@ class Cluster:
         finally:
             dsc.wait_seconds += trio.current_time() - t0
         for c in counters:
-            c.bytes_in += len(data)
+            c.bytes_in += len(reply.body)  # the value, header and data, as the home sent it
         source = reply.headers.get(SOURCE_HEADER, "cache")
         source = "remote" if source == "remote" else "cache"
         if refetch or self.config_keep_copies():

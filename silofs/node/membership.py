@@ -36,9 +36,9 @@ class PeerCounters:
     what this node asked of it and what it answered, and what it asked of this node."""
 
     requests_out: int = 0  # chunk requests sent (a 428 round trip counts once)
-    bytes_in: int = 0  # chunk bytes received, verified
+    bytes_in: int = 0  # chunk values received (header and data), verified
     requests_in: int = 0  # chunk requests served
-    bytes_out: int = 0  # chunk bytes sent
+    bytes_out: int = 0  # chunk values sent (header and data)
     store_fallbacks: int = 0  # chunks read from the store after a failed ask
     wait_seconds: float = 0.0  # time spent waiting on peers' answers
     errors: dict[str, int] = field(default_factory=dict)  # by reason (peer_client.REASONS)
