@@ -20,7 +20,7 @@ import ssl
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 import pytest
 
@@ -196,3 +196,27 @@ def test_certificates_that_are_not_a_members_are_refused_on_peer_routes(three: d
     assert err.value.status == 404
     for n in nodes:
         n.status()  # everyone still serves
+
+
+def test_a_warm_on_one_node_fills_the_share_across_its_homes(three: dict, s3_server) -> None:
+    nodes, tree, proxy = three["nodes"], three["tree"], three["proxy"]
+    uri = nodes[0].status()["datasets"][0]["uri"]
+    size = sum(len(v) for v in tree.values())
+    share = size // 2
+    nodes[0].request("PUT", f"/v1/datasets/{quote(uri, safe='')}/cache", {"bytes": share})
+    version = nodes[0].cluster()["allocations_version"]
+    for n in nodes:  # pushed to every member
+        wait_for(lambda n=n: n.cluster()["allocations_version"] == version, what="the share")
+    gets = _object_gets(proxy)
+    res = nodes[0].run("warm", uri, "--job", "prep")
+    assert res.returncode == 0, res.stderr
+    held = []
+    for n in nodes:
+        d = n.status()["datasets"][0]
+        part = d["cluster_part"]
+        assert part == share // NODES or abs(part - share / NODES) <= 1
+        # A uniform sample of its own chunks up to its part: within one chunk of it.
+        assert part - CHUNK <= d["cached_bytes"] <= part, (n.spec.name, d["cached_bytes"], part)
+        held.append(d["cached_bytes"])
+    # Each chunk fetched once, by its home (a chunk is at most CHUNK bytes).
+    assert _object_gets(proxy) - gets <= sum(held) // (CHUNK // 2)
