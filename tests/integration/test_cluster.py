@@ -17,6 +17,8 @@ from __future__ import annotations
 import os
 import random
 import ssl
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -220,3 +222,42 @@ def test_a_warm_on_one_node_fills_the_share_across_its_homes(three: dict, s3_ser
         held.append(d["cached_bytes"])
     # Each chunk fetched once, by its home (a chunk is at most CHUNK bytes).
     assert _object_gets(proxy) - gets <= sum(held) // (CHUNK // 2)
+
+
+def _ctl(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "silofs_ctl", *args], capture_output=True, text=True, timeout=60
+    )
+
+
+def test_a_member_list_pushed_at_runtime_takes_effect_and_survives_a_restart(three: dict) -> None:
+    nodes, mps, tree = three["nodes"], three["mps"], three["tree"]
+    kept = nodes[:2]
+    res = _ctl("cluster", "set", "--nodes", ",".join(n.socket for n in kept),
+               "--members", ",".join(n.spec.address for n in kept))  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.count("cluster test-cluster, version") == 2, res.stdout
+    version = nodes[0].cluster()["version"]
+    for n in kept:
+        view = n.cluster()
+        assert [m["address"] for m in view["members"]] == [k.spec.address for k in kept]
+        assert view["version"] == version
+    # A node left out refuses a list it is not in (409), one line naming it.
+    res = _ctl("cluster", "set", "--nodes", nodes[2].socket,
+               "--members", ",".join(n.spec.address for n in kept))  # fmt: skip
+    assert res.returncode == 1 and "is not one of the members" in res.stderr, res.stderr
+    # An older version is refused too.
+    res = _ctl("cluster", "set", "--nodes", nodes[0].socket, "--version", "5",
+               "--members", ",".join(n.spec.address for n in nodes))  # fmt: skip
+    assert res.returncode == 1 and "not newer" in res.stderr, res.stderr
+    # In force at once: node 0 reads everything without asking node 2.
+    assert _read_all(mps[0], tree) == 0
+    assert not nodes[2].cluster()["peers_in"]
+    # Persisted: newer than silofs.toml's, so it is the list after a restart.
+    nodes[0].stop()
+    nodes[0].start()
+    assert nodes[0].cluster()["version"] == version
+    assert len(nodes[0].cluster()["members"]) == 2
+    res = _ctl("cluster", "status", "--nodes", nodes[0].socket)
+    assert res.returncode == 0 and "cluster test-cluster" in res.stdout, res.stderr
+    assert res.stdout.count("weight 1") == 2, res.stdout
