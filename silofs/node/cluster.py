@@ -150,6 +150,16 @@ class Cluster:
                 self._slots[m.address] = trio.Semaphore(PEER_POOL)
         self.threads.total_tokens = max(PEER_POOL, PEER_POOL * len(self.pools))
         self.home.set_serve_rate(config.peer_serve_rate)
+        # Every other member may hold PEER_POOL connections to this node's listener.
+        wanted = PEER_POOL * len(self.pools) + 8
+        if self.settings.tcp_max_connections < wanted:
+            log.warning(
+                "tcp_max_connections = %d leaves members too few connections to this node "
+                "(they may hold %d): raise it to at least %d",
+                self.settings.tcp_max_connections,
+                PEER_POOL * len(self.pools),
+                wanted,
+            )
         log.info(
             "cluster %s (version %d): this node is %s; members %s",
             config.name,
