@@ -500,7 +500,7 @@ class Cluster:
         except (PeerError, ValueError, AttributeError) as exc:
             reason = exc.reason if isinstance(exc, PeerError) else "http"
             member.counters.error(reason)
-            self.membership.mark_down(member.address, str(exc))
+            self.membership.mark_down(member.address, str(exc), probe=True)
             return
         finally:
             member.probing = False

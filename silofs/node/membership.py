@@ -154,11 +154,15 @@ class Membership:
         self._live = [m.candidate for m in self.members.values() if m.is_self or m.up]
 
     # -- up and down ---------------------------------------------------------------
-    def mark_down(self, address: str, reason: str) -> None:
+    def mark_down(self, address: str, reason: str, *, probe: bool = False) -> None:
         """A member failed (refused, timed out, answered wrong bytes): down for the
-        backoff, doubled for each failure in a row since it was last up."""
+        backoff, doubled for each failed probe in a row since it was last up. Asks that
+        were under way when it went down and fail too change nothing: eight reads that
+        fail at once are one failure, not a backoff of 2**8."""
         m = self.members.get(address)
         if m is None or m.is_self:
+            return
+        if not m.up and not probe:
             return
         backoff = min(MAX_BACKOFF, self.config.peer_backoff_seconds * (2**m.failures))
         m.failures += 1

@@ -8,8 +8,9 @@ address and certificates from `silofs-ctl certs`. The controller runs inside its
 namespace, where the nodes' Unix sockets are of no use to it (it is given only
 tls:// addresses), learns the jobs from the daemons' registrations, and pushes
 allocations. A plaintext client and a foreign certificate get no answer, a node's
-certificate used as a client gets 403 everywhere, and the daemons go on serving. The test reads results through the
-daemons' Unix sockets (a filesystem path: the same in every network namespace).
+certificate used as a client gets 403 everywhere, and the daemons go on serving. The
+test reads results through the daemons' Unix sockets (a filesystem path: the same in
+every network namespace).
 """
 
 from __future__ import annotations
