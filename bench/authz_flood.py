@@ -35,7 +35,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
 
 from silofs.control.client import ControlClient  # noqa: E402
-from tests.asuser import AsUserError, Identity, as_user, start_as  # noqa: E402
+from tests.support.asuser import AsUserError, Identity, as_user, start_as  # noqa: E402
 
 
 def rss_mb(pid: int) -> float:

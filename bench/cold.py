@@ -57,7 +57,7 @@ from common import (
 )
 from common import S3Server as Server
 
-from tests.faultproxy import FaultPlan, FaultProxy
+from tests.support.faultproxy import FaultPlan, FaultProxy
 
 BUCKET = "cold-bench"
 SMALL = 110 * 1024

@@ -17,7 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
 
-from tests.faultproxy import main  # noqa: E402
+from tests.support.faultproxy import main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -58,7 +58,7 @@ from silofs.node.backends.s3 import S3Backend  # noqa: E402
 from silofs.node.service import tune_gc  # noqa: E402
 from silofs.records import ObjectInfo, PrefixListed  # noqa: E402
 from silofs.uri import parse_uri  # noqa: E402
-from tests.faultproxy import FaultPlan, FaultProxy  # noqa: E402
+from tests.support.faultproxy import FaultPlan, FaultProxy  # noqa: E402
 
 
 class ListServer:
@@ -226,26 +226,18 @@ def _upload(put: Callable[[str], None], keys: list[str]) -> float:
 def emulator(
     kind: str, keys: list[str]
 ) -> Iterator[tuple[int, Callable[[str, int], Any], Callable[[], float]]]:
-    """Azurite or fake-gcs-server started as tests/servers.py starts them, holding `keys`
-    in bucket "bench": (its port, a backend factory taking the proxy URL and workers,
-    the emulator's CPU seconds so far)."""
-    from tests import servers
+    """Azurite or fake-gcs-server started as the tests start them, holding `keys` in
+    bucket "bench": (its port, a backend factory taking the proxy URL and workers, the
+    emulator's CPU seconds so far)."""
+    from tests.support import servers
 
-    port = servers.free_port()
     if kind == "azure":
-        from azure.storage.blob import BlobServiceClient
-
         from silofs.node.backends.azure import AzureBackend
 
-        argv = [
-            servers._azurite_binary(), "--blobHost", "127.0.0.1", "--blobPort", str(port),
-            "--inMemoryPersistence", "--disableTelemetry", "--skipApiVersionCheck",
-        ]  # fmt: skip
-        endpoint = f"http://127.0.0.1:{port}/{servers.AZURITE_ACCOUNT}"
-        proc = servers.start_server("azurite", argv, f"{endpoint}?comp=list")
-        account = servers.AZURITE_ACCOUNT
-        conn = servers.connection_string(endpoint, servers.AZURITE_KEY)
-        container = BlobServiceClient.from_connection_string(conn).create_container("bench")
+        server: Any = servers.start_azurite()
+        port = int(server.endpoint_url.rsplit(":", 1)[1].split("/")[0])
+        account = server.account
+        container = server.service().create_container("bench")
         took = _upload(lambda k: container.upload_blob(k, b"", overwrite=True), keys)
 
         def backend(url: str, workers: int) -> Any:
@@ -254,24 +246,11 @@ def emulator(
             return AzureBackend(parse_uri(f"az://{account}/bench/data/"), opts)
 
     else:
-        from google.auth.credentials import AnonymousCredentials
-        from google.cloud import storage
-
         from silofs.node.backends.gcs import GCSBackend
 
-        url0 = f"http://127.0.0.1:{port}"
-        argv = [
-            servers._fake_gcs_binary(), "-scheme", "http", "-host", "127.0.0.1",
-            "-port", str(port), "-backend", "memory", "-external-url", url0,
-            "-log-level", "warn",
-        ]  # fmt: skip
-        proc = servers.start_server("fake-gcs-server", argv, f"{url0}/storage/v1/b")
-        client = storage.Client(
-            project="bench",
-            credentials=AnonymousCredentials(),
-            client_options={"api_endpoint": url0},
-        )
-        bucket = client.create_bucket("bench")
+        server = servers.start_fake_gcs()
+        port = int(server.endpoint_url.rsplit(":", 1)[1])
+        bucket = server.client().create_bucket("bench")
         took = _upload(lambda k: bucket.blob(k).upload_from_string(b""), keys)
 
         def backend(url: str, workers: int) -> Any:
@@ -282,9 +261,9 @@ def emulator(
 
     print(f"{kind}: {len(keys):,} objects uploaded in {took:.0f}s", flush=True)
     try:
-        yield port, backend, lambda: _cpu_of(proc.proc.pid)
+        yield port, backend, lambda: _cpu_of(server.process.pid)
     finally:
-        proc.stop()
+        server.stop()
 
 
 def _cpu_of(pid: int) -> float:

@@ -602,7 +602,7 @@ def compare(args: argparse.Namespace) -> int:
     from common import CREDS, S3Server, start_s3rver
     from silofs_ctl.scenario import load_scenario
 
-    from tests.faultproxy import FaultPlan, FaultProxy
+    from tests.support.faultproxy import FaultPlan, FaultProxy
 
     scenario = load_scenario(args.scenario)
     if len(scenario.nodes) != 1:

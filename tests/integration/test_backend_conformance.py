@@ -29,7 +29,7 @@ from silofs.errors import (
 from silofs.node.backends import Backend, BackendOptions, open_backend
 from silofs.records import ObjectInfo
 from silofs.uri import parse_uri
-from tests.servers import LocalStore, Store, clean_env
+from tests.support.servers import LocalStore, Store, clean_env
 
 pytestmark = pytest.mark.servers
 
@@ -261,7 +261,7 @@ def test_s3_without_credentials_is_access_denied(
 def _azurite_sas(store: Store, bucket: str, expiry: dt.datetime) -> str:
     from azure.storage.blob import ContainerSasPermissions, generate_container_sas
 
-    from tests.servers import AZURITE_ACCOUNT, AZURITE_KEY
+    from tests.support.servers import AZURITE_ACCOUNT, AZURITE_KEY
 
     return generate_container_sas(
         AZURITE_ACCOUNT,
@@ -296,7 +296,7 @@ def test_azure_sas_token_lists_and_expired_sas_is_denied(store: Store, dataset: 
 def test_azure_account_key_env_and_bare_emulator_endpoint(
     store: Store, dataset: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from tests.servers import AZURITE_KEY
+    from tests.support.servers import AZURITE_KEY
 
     # An endpoint without the account path gets it appended for an IP host (Azurite).
     bare = store.endpoint_url.rsplit("/", 1)[0]  # type: ignore[attr-defined]

@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 
 from silofs.logsetup import setup_logging
-
-from .conftest import Node, needs_fuse, wait_for
+from tests.support.fixtures import needs_fuse
+from tests.support.node import Node
+from tests.support.poll import wait_for
 
 
 def test_sdk_loggers_are_held_at_warning() -> None:

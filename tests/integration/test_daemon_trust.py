@@ -23,9 +23,9 @@ import trio
 
 from silofs.control.client import AsyncControlClient, ControlClient, DaemonNotTrusted
 from silofs.control.peer import DAEMON_USER_ENV, UntrustedDaemonError, trusted_daemon_uids
-from tests.asuser import NOBODY, Child, Identity, as_user, start_as
-
-from .conftest import Node, _pids_with, mounted, silofs_cmd, wait_for
+from tests.support.asuser import NOBODY, Child, Identity, as_user, start_as
+from tests.support.node import Node, mounted, pids_with, silofs_cmd
+from tests.support.poll import wait_for
 
 _ROOT_ONLY = "" if os.geteuid() == 0 else "needs root (a child that drops to nobody)"
 _ANSWER = (
@@ -116,7 +116,7 @@ def test_cli_refuses_a_socket_served_by_another_user(fake: Fake, tmp_path: Path)
     # CLI started no daemon of its own on that path.
     received = fake.stop()
     assert received and set(received) == {0}, received
-    assert not _pids_with(fake.path)
+    assert not pids_with(fake.path)
 
 
 def test_clients_refuse_and_trust_only_when_told(

@@ -24,8 +24,8 @@ from silofs.errors import ObjectChangedError
 from silofs.node.backends import Backend, BackendOptions, open_backend
 from silofs.node.backends.local import LocalBackend
 from silofs.uri import parse_uri
-from tests.faultproxy import Fault, FaultPlan, FaultProxy
-from tests.servers import LocalStore, Store
+from tests.support.faultproxy import Fault, FaultPlan, FaultProxy
+from tests.support.servers import LocalStore, Store
 
 pytestmark = pytest.mark.servers
 

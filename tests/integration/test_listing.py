@@ -24,10 +24,11 @@ from urllib.parse import urlsplit
 import pytest
 
 from silofs.cache.store import CacheStore
-from tests.faultproxy import FaultPlan, FaultProxy
-from tests.servers import AZURITE_KEY, connection_string
-
-from .conftest import Node, force_unmount, needs_fuse, wait_for
+from tests.support.faultproxy import FaultPlan, FaultProxy
+from tests.support.fixtures import needs_fuse
+from tests.support.node import Node, force_unmount
+from tests.support.poll import wait_for
+from tests.support.servers import AZURITE_KEY, connection_string
 
 pytestmark = [needs_fuse, pytest.mark.fuse]
 

@@ -28,10 +28,11 @@ from urllib.parse import quote
 import pytest
 
 from silofs.control.client import ControlClient
-from tests.asuser import Identity as User
-from tests.asuser import Session, as_user
-
-from .conftest import Node, needs_fuse, silofs_cmd, wait_for
+from tests.support.asuser import Identity as User
+from tests.support.asuser import Session, as_user
+from tests.support.fixtures import needs_fuse
+from tests.support.node import Node, silofs_cmd
+from tests.support.poll import wait_for
 
 pytestmark = [needs_fuse, pytest.mark.fuse]
 

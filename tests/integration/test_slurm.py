@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import pwd
+import random
 import shutil
 import signal
 import socket
@@ -31,18 +32,16 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.conftest import Node, mounted, needs_fuse, wait_for
+from tests.support.fixtures import needs_fuse
+from tests.support.net import free_port
+from tests.support.node import Node, mounted
+from tests.support.poll import wait_for
+from tests.support.trees import random_files, write_tree
 
 pytestmark = [needs_fuse, pytest.mark.fuse]
 
 REPO = Path(__file__).resolve().parents[2]
 TOOLS = ("slurmctld", "slurmd", "munged", "sbatch", "squeue", "scontrol", "sinfo")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Slurm:
@@ -151,7 +150,7 @@ def slurm(tmp_path: Path, make_node) -> Iterator[Slurm]:  # type: ignore[no-unty
         wrapper.chmod(0o755)
 
     host = socket.gethostname().split(".")[0]
-    ctld, slurmd = _free_port(), _free_port()
+    ctld, slurmd = free_port(), free_port()
     cluster.conf.write_text(
         textwrap.dedent(f"""\
             ClusterName=silofstest
@@ -238,11 +237,7 @@ def _stop(cluster: Slurm) -> None:
 
 
 def _dataset(root: Path, name: str, files: int) -> Path:
-    d = root / name
-    d.mkdir(parents=True)
-    for i in range(files):
-        (d / f"f{i}.bin").write_bytes(os.urandom(512 << 10))
-    return d
+    return write_tree(root / name, random_files(random.Random(), files, 512 << 10, "f{i}.bin"))
 
 
 JOB_SCRIPT = """\
@@ -492,7 +487,7 @@ def test_controller_learns_the_queue_from_slurmctld_and_sets_priorities_in_sjf_o
     dead_conf = tmp_path / "dead-slurm.conf"
     dead_conf.write_text(
         "\n".join(
-            f"SlurmctldPort={_free_port()}" if ln.startswith("SlurmctldPort=") else ln
+            f"SlurmctldPort={free_port()}" if ln.startswith("SlurmctldPort=") else ln
             for ln in slurm.conf.read_text().splitlines()
         )
         + "\n"

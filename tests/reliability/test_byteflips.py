@@ -31,7 +31,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.conftest import Node, force_unmount, mounted, needs_fuse, wait_for
+from tests.support.fixtures import needs_fuse
+from tests.support.node import Node, force_unmount, mounted
+from tests.support.poll import wait_for
+from tests.support.trees import random_files
 
 pytestmark = [needs_fuse, pytest.mark.fuse]
 
@@ -79,9 +82,8 @@ class Tally:
 
 def _dataset(n_small: int, n_big: int, seed: int) -> dict[str, bytes]:
     rnd = random.Random(seed)
-    files = {f"s/{i:04d}.bin": rnd.randbytes(rnd.randint(60_000, 120_000)) for i in range(n_small)}
-    files.update({f"b/{i:03d}.bin": rnd.randbytes(4 * CHUNK + 1234) for i in range(n_big)})
-    return files
+    files = random_files(rnd, n_small, range(60_000, 120_001), "s/{i:04d}.bin")
+    return files | random_files(rnd, n_big, 4 * CHUNK + 1234, "b/{i:03d}.bin")
 
 
 def _pread(fd: int, size: int, off: int) -> bytes | int:

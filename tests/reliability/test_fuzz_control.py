@@ -35,8 +35,10 @@ from urllib.parse import quote
 
 import pytest
 
-from tests.asuser import Identity, as_user
-from tests.integration.conftest import drop_file_cache, needs_fuse, wait_for
+from tests.support.asuser import Identity, as_user
+from tests.support.fixtures import needs_fuse
+from tests.support.node import drop_file_cache
+from tests.support.poll import wait_for
 
 from .conftest import scale
 

@@ -38,7 +38,10 @@ import pytest
 from silofs.cache.store import _ID, _USAGE, CacheStore, Usage, env_map_size
 from silofs.control.client import ControlClient, ControlError, quote_segment
 from silofs.units import parse_size
-from tests.integration.conftest import Node, drop_file_cache, mounted, needs_fuse, wait_for
+from tests.support.fixtures import needs_fuse
+from tests.support.node import Node, drop_file_cache, mounted
+from tests.support.poll import wait_for
+from tests.support.trees import random_files
 
 from .conftest import scale
 from .verify import pread_all
@@ -56,9 +59,8 @@ SETTLE = 60.0  # seconds for the restarted daemon to enforce allocations / a mou
 
 def make_tree(rnd: random.Random) -> dict[str, bytes]:
     """~10 MB: small whole-object chunks and multi-chunk files (edges on and off chunks)."""
-    tree = {f"s/{i:03d}.bin": rnd.randbytes(rnd.randint(1, 120_000)) for i in range(60)}
-    for i in range(6):
-        tree[f"m/{i}.bin"] = rnd.randbytes(rnd.choice([3 * CHUNK, 4 * CHUNK + 1, 5 * CHUNK - 7]))
+    tree = random_files(rnd, 60, range(1, 120_001), "s/{i:03d}.bin")
+    tree |= random_files(rnd, 6, [3 * CHUNK, 4 * CHUNK + 1, 5 * CHUNK - 7], "m/{i}.bin")
     tree["empty"] = b""
     return tree
 

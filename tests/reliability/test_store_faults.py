@@ -34,9 +34,11 @@ from urllib.parse import urlsplit
 import pytest
 
 from silofs.control.client import quote_segment
-from tests.faultproxy import FAULT_KINDS, Fault, FaultPlan, FaultProxy
-from tests.integration.conftest import Node, drop_file_cache, needs_fuse
-from tests.servers import AZURITE_KEY, connection_string
+from tests.support.faultproxy import FAULT_KINDS, Fault, FaultPlan, FaultProxy
+from tests.support.fixtures import needs_fuse
+from tests.support.node import Node, drop_file_cache
+from tests.support.servers import AZURITE_KEY, connection_string
+from tests.support.trees import random_files
 
 from .conftest import LONG, scale
 from .verify import pread_all
@@ -83,10 +85,8 @@ def fault_plan(kind: str) -> FaultPlan:
 
 
 def make_tree(rnd: random.Random) -> dict[str, bytes]:
-    tree = {f"s/{i:03d}.bin": rnd.randbytes(rnd.randint(1, 200_000)) for i in range(40)}
-    for i in range(4):
-        tree[f"m/{i}.bin"] = rnd.randbytes(rnd.choice([4 * CHUNK, 4 * CHUNK + 999]))
-    return tree
+    small = random_files(rnd, 40, range(1, 200_001), "s/{i:03d}.bin")
+    return small | random_files(rnd, 4, [4 * CHUNK, 4 * CHUNK + 999], "m/{i}.bin")
 
 
 def put_multipart(server: Any, bucket: str, key: str, data: bytes) -> None:

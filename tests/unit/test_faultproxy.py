@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from tests.faultproxy import (
+from tests.support.faultproxy import (
     Fault,
     FaultPlan,
     FaultProxy,
@@ -544,7 +544,7 @@ def test_cli_prints_url_and_proxies(upstream: tuple[str, int]) -> None:
         [
             sys.executable,
             "-m",
-            "tests.faultproxy",
+            "tests.support.faultproxy",
             "--upstream",
             f"{upstream[0]}:{upstream[1]}",
             "--listen",
