@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
@@ -118,13 +118,6 @@ def test_excess_plan_fits_and_is_minimal(
 
 
 # -- Writer --------------------------------------------------------------------------------
-@pytest.fixture
-def store(tmp_path: Path) -> Iterator[CacheStore]:
-    s = CacheStore(str(tmp_path / "cache"), MAP)
-    yield s
-    s.close()
-
-
 def make_writer(store: CacheStore, policy: QuotaPolicy | None = None, **kw: float) -> Writer:
     args: dict[str, float] = {
         "batch_bytes": 1 << 30,

@@ -13,7 +13,7 @@ import os
 import random
 import struct
 import tempfile
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -116,13 +116,6 @@ def check(store: CacheStore, usage: Mapping[int, Usage] | None = None) -> EnvSta
 
 def owned(store: CacheStore, dsid: int) -> set[bytes]:
     return {k for k, (d, _) in walk(store).owners.items() if d == dsid}
-
-
-@pytest.fixture
-def store(tmp_path: Path) -> Iterator[CacheStore]:
-    s = CacheStore(str(tmp_path / "cache"), MAP)
-    yield s
-    s.close()
 
 
 # -- admission ----------------------------------------------------------------------------

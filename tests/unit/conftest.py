@@ -1,0 +1,54 @@
+"""Fixtures the unit tests share: a cache env, an in-process Daemon, directories.
+
+Owns `store` (a fresh CacheStore of STORE_MAP bytes under tmp_path, closed after),
+`daemon` (a Daemon in-process over its own cache dir: tests/unit/inprocess.py),
+`bucket` (a local store of four patterned 300 KiB files for that daemon) and `world`
+(a directory every user may enter, for tests of other users' access). Never starts a
+subprocess, a server or a FUSE mount: unit tests are in-process.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from silofs.cache.store import CacheStore
+from silofs.node.daemon import Daemon
+from tests.support.trees import patterned_files, write_tree
+from tests.unit.inprocess import settings
+
+STORE_MAP = 64 << 20
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[CacheStore]:
+    s = CacheStore(str(tmp_path / "cache"), STORE_MAP)
+    yield s
+    s.close()
+
+
+@pytest.fixture
+def daemon(tmp_path: Path) -> Iterator[Daemon]:
+    d = Daemon(settings(tmp_path))
+    yield d
+    d.store.close()
+    os.close(d.lock_fd)
+
+
+@pytest.fixture
+def bucket(tmp_path: Path) -> Path:
+    return write_tree(tmp_path / "bucket", patterned_files(4, 300 << 10))
+
+
+@pytest.fixture
+def world() -> Iterator[Path]:
+    """A 0755 directory under /tmp: pytest's tmp_path sits in a 0700 dir of root's."""
+    base = Path(tempfile.mkdtemp(prefix="silofs-acc-", dir="/tmp"))
+    base.chmod(0o755)
+    yield base
+    shutil.rmtree(base, ignore_errors=True)
