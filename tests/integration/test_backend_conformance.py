@@ -27,6 +27,7 @@ from silofs.errors import (
     UsageError,
 )
 from silofs.node.backends import Backend, BackendOptions, open_backend
+from silofs.node.backends.base import StoreCounters
 from silofs.records import ObjectInfo
 from silofs.uri import parse_uri
 from tests.support.servers import LocalStore, Store, clean_env
@@ -133,6 +134,9 @@ def test_list_metadata_is_usable(backend: Backend) -> None:
 
 def test_check_passes_on_a_good_dataset(backend: Backend) -> None:
     backend.check()
+    # First time, every request answered as asked: nothing retried, nothing handed back
+    # (a local directory makes no requests and keeps no counters).
+    assert getattr(backend, "counters", StoreCounters()) == StoreCounters()
 
 
 # ---------------------------------------------------------------------------------------

@@ -9,6 +9,7 @@ the same mount (its counters are not counted twice); dead mounts are reaped.
 
 from __future__ import annotations
 
+import fcntl
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,6 +21,7 @@ import trio.testing
 
 from silofs.cache.store import meta_pages_damaged
 from silofs.errors import UsageError
+from silofs.node.cachedir import LOCK_FILE
 from silofs.node.daemon import Daemon
 from silofs.node.supervise import run_forever
 from silofs.records import MountCounters
@@ -167,11 +169,29 @@ def test_a_second_daemon_on_the_same_cache_dir_refuses(daemon: Daemon, tmp_path:
         Daemon(settings(tmp_path))
 
 
+def _lock_is_free(tmp_path: Path) -> bool:
+    """Whether another open file description can take the cache dir's daemon lock now
+    (flock locks belong to open file descriptions, so this process counts as another)."""
+    fd = os.open(tmp_path / "cache" / LOCK_FILE, os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(fd)
+
+
 def test_the_lock_goes_with_the_daemon(tmp_path: Path) -> None:
     d = Daemon(settings(tmp_path))
+    assert not _lock_is_free(tmp_path)  # held while the daemon lives
+    lock_text = (tmp_path / "cache" / LOCK_FILE).read_text()
+    assert lock_text == f"{os.getpid()}\n"  # names its holder for the refusal message
     d.store.close()
     os.close(d.lock_fd)
+    assert _lock_is_free(tmp_path)  # and dropped with its fd
     again = Daemon(settings(tmp_path))
+    assert not _lock_is_free(tmp_path)
     again.store.close()
     os.close(again.lock_fd)
 
