@@ -131,6 +131,7 @@ def test_a_failing_loop_is_restarted(caplog: pytest.LogCaptureFixture) -> None:
     assert len(errors) == 2 and all("MapFullError" in e for e in errors)
 
 
+@pytest.mark.slow
 def test_the_enforcer_survives_a_failed_shrink(
     daemon: Daemon, bucket: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

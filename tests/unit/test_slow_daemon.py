@@ -46,6 +46,7 @@ def slow_router(state: dict) -> Router:
     return router
 
 
+@pytest.mark.slow
 def test_a_wait_longer_than_the_timeout_is_not_cut(
     sock_path: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

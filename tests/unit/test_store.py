@@ -413,7 +413,7 @@ StoreMachine.TestCase.settings = settings(
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )
-TestStoreMachine = StoreMachine.TestCase
+TestStoreMachine = pytest.mark.slow(StoreMachine.TestCase)
 
 
 def test_randomized_sequence_seeded() -> None:
