@@ -24,9 +24,7 @@ import json
 import os
 import resource
 import shutil
-import signal
 import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -36,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 from silofs.control.client import ControlClient  # noqa: E402
 from tests.support.asuser import AsUserError, Identity, as_user, start_as  # noqa: E402
+from tests.support.node import Node  # noqa: E402
 
 
 def rss_mb(pid: int) -> float:
@@ -113,24 +112,12 @@ def main() -> None:
         (data / f"d{i}").mkdir()
         (data / f"d{i}" / "f").write_bytes(b"x" * 4096)
     (base / "run").mkdir(mode=0o755)
-    sock = str(base / "run" / "ctl.sock")
-    log = open(base / "daemon.log", "wb")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "silofs", "daemon", "--socket", sock,
-         "--cache-dir", str(base / "cache"), "--cache-size", "256M"],
-        stdout=log, stderr=log, start_new_session=True,
-    )  # fmt: skip
+    node = Node(base / "node", "256M", socket=str(base / "run" / "ctl.sock"))
+    sock = node.socket
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                status_figures(sock)
-                break
-            except Exception:
-                if time.monotonic() > deadline or proc.poll() is not None:
-                    raise
-                time.sleep(0.05)
-        print(f"daemon idle: RSS {rss_mb(proc.pid):.0f} MB")
+        node.start()
+        pid = node.daemon_pid
+        print(f"daemon idle: RSS {rss_mb(pid):.0f} MB")
         t0 = time.perf_counter()
         try:
             counts = as_user(Identity.nobody(args.uid), flood_api, sock, str(data), args.n)
@@ -143,8 +130,7 @@ def main() -> None:
             f"({time.perf_counter() - t0:.1f}s)"
         )
         print(
-            f"after: RSS {rss_mb(proc.pid):.0f} MB, status {size / 1024:.0f} KiB in "
-            f"{took * 1000:.0f} ms"
+            f"after: RSS {rss_mb(pid):.0f} MB, status {size / 1024:.0f} KiB in {took * 1000:.0f} ms"
         )
         # A root mount registration to time a miss with during the connection flood.
         with ControlClient(sock) as c:
@@ -172,20 +158,15 @@ def main() -> None:
         print(f"uid {args.uid} holding {args.conns} connections: first lines {lines}")
         print(
             f"  meanwhile root: status {took * 1000:.0f} ms, miss {st} ({len(body)} B) in "
-            f"{miss * 1000:.0f} ms; daemon RSS {rss_mb(proc.pid):.0f} MB"
+            f"{miss * 1000:.0f} ms; daemon RSS {rss_mb(pid):.0f} MB"
         )
-        text = (base / "daemon.log").read_text(errors="replace")
+        text = (node.logs / "daemon.log").read_text(errors="replace")
         print(
             f"daemon log: {text.count('Traceback')} tracebacks, "
             f"{text.count('EMFILE') + text.count('Too many open files')} EMFILE lines"
         )
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        node.cleanup()
         shutil.rmtree(base, ignore_errors=True)
 
 

@@ -1,5 +1,5 @@
 """One conformance suite every backend passes: local, S3 (moto), Azure (Azurite), GCS
-(fake-gcs-server), each against a real server on 127.0.0.1 started by tests/servers.py.
+(fake-gcs-server), each against a real server on 127.0.0.1 started by tests/support/servers.py.
 
 Owns the behavioural contract of silofs.backends.base.Backend as the daemon relies on it:
 exact listings (odd names, deep paths, empty objects, markers skipped, many pages), byte

@@ -7,7 +7,7 @@ a file is open (the open handle keeps its version, new opens see the new one, de
 files vanish, new ones appear), the old listing surviving kill -9 mid-listing and the
 next listing starting clean, and --list-in-background never answering ENOENT for a
 name the listing has not reached, while waiting only for the directory looked up when
-the listing fans out (a slow S3 store: moto behind tests/faultproxy.py).
+the listing fans out (a slow S3 store: moto behind tests/support/faultproxy.py).
 """
 
 from __future__ import annotations
@@ -208,7 +208,7 @@ _SERVER = {"s3": "s3_server", "azure": "azurite_server", "gcs": "gcs_server"}
 @pytest.fixture(params=["s3", "azure", "gcs"])
 def slow_store(request: pytest.FixtureRequest, monkeypatch, tmp_path: Path):
     """(kind, store helper, a started FaultProxy with no delay yet, the daemon's env, the
-    mount flags) for an object store reached through tests/faultproxy.py: the test sets
+    mount flags) for an object store reached through tests/support/faultproxy.py: the test sets
     the delay per request with proxy.set_plan once the objects are uploaded."""
     kind = request.param
     s = request.getfixturevalue(_SERVER[kind])

@@ -3,7 +3,7 @@
 Every rule of the authorization matrix is tried by processes running as unprivileged
 users created for the session (useradd), talking to a `silofs daemon` running as root.
 The users' processes are forked from the test and drop to the user's uid, gid and
-supplementary groups before they connect (tests/asuser.py), so the daemon sees them
+supplementary groups before they connect (tests/support/asuser.py), so the daemon sees them
 through SO_PEERCRED exactly as it sees any local user. /dev/fuse is 0600 here, so a
 second user cannot mount at all: the tests send the requests a mount process sends
 (POST /v1/datasets, POST /v1/mounts, GET /v1/chunks, PUT stats).

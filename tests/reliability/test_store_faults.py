@@ -1,7 +1,7 @@
 """A fault-injecting proxy in front of moto, Azurite and fake-gcs-server, readers on a real
 mount: no wrong byte, no EIO, no read over 60 s, whatever the store does.
 
-tests/faultproxy.py sits between the daemon and the emulator and, on GET requests, answers
+tests/support/faultproxy.py sits between the daemon and the emulator and, on GET requests, answers
 500 or 503 SlowDown, resets the connection before the answer or in the middle of the body,
 truncates the body, announces a wrong Content-Length, delays the answer (short form 2 s,
 long form 5-30 s) or flips one byte of the body. The bucket and its listing are made

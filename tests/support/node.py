@@ -7,7 +7,9 @@ leaves no FUSE mount and no process of the node behind, whatever happened. Also 
 the node's daemon and mount logs for records a test did not expect (ERROR, CRITICAL,
 tracebacks). The daemon and the mounts run this checkout's code: the checkout (and its
 silofs-ctl) come first on their PYTHONPATH, after any `pythonpath` given (a baseline
-tree). Never decides what is asserted or measured.
+tree), and they run from the node's root, so `python -m silofs` does not put the
+caller's directory (perhaps another checkout) first on sys.path. Never decides what is
+asserted or measured.
 """
 
 from __future__ import annotations
@@ -155,6 +157,7 @@ class Node:
                 stdout=log,
                 stderr=log,
                 env=self.env,
+                cwd=self.root,
                 start_new_session=True,
             )
         wait_for(self._answers, what=f"the daemon on {self.socket} (log: {self.logs})")
@@ -234,6 +237,7 @@ class Node:
             capture_output=True,
             text=True,
             env={**self.env, **(env or {})},
+            cwd=self.root,
             timeout=timeout,
         )
 
@@ -247,7 +251,7 @@ class Node:
     ) -> Path:
         """`silofs mount URI MOUNTPOINT ARGS` through this node's daemon; the mountpoint
         once it is mounted (AssertionError with silofs's stderr otherwise)."""
-        mp = Path(mountpoint)
+        mp = Path(os.path.abspath(mountpoint))  # the node's processes run from its root
         mp.mkdir(parents=True, exist_ok=True)
         self.mountpoints.append(str(mp))
         args = ("mount", uri, str(mp), "--socket", self.socket, *args)

@@ -284,6 +284,10 @@ class S3Server:
     )
 
     @property
+    def name(self) -> str:
+        return self.process.name if self.process else "s3"
+
+    @property
     def port(self) -> int:
         return int(self.endpoint_url.rsplit(":", 1)[1])
 
