@@ -10,7 +10,7 @@ Starts `silofs daemon` on a private socket and cache under /tmp, then as uid --u
 and prints, each time: how many requests were answered 2xx and 429 (refused by a
 per-uid limit), the daemon's RSS, and the size and latency of GET /v1/status as root.
 While the connections are held it also times a root status and a miss (GET /v1/chunks)
-by a root mount. Issue 9 measured, before the limits: 2,000 of each took the daemon from
+by a root mount. Before the per-uid limits, 2,000 of each took the daemon from
 32 to 153 MB and status to 2 MB / 0.8 s; 1,124 idle connections starved status and made
 misses fail with EMFILE tracebacks every 0.1 s.
 

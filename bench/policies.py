@@ -143,7 +143,7 @@ def time_policy(api: Any, policy: str, n_jobs: int, profile: bool = False) -> Ti
     t1 = time.process_time()
     alloc = api.POLICIES[policy]().allocate(jobs, cluster, SiloDEstimator())
     extra = []
-    if hasattr(api, "share_the_rest"):  # the link shared after the policy (issue 12)
+    if hasattr(api, "share_the_rest"):  # the link's rest shared after the policy
         extra = [api.share_the_rest(alloc, jobs, unknown, cluster)]
     t2 = time.process_time()
     api.to_plan(config, jobs, unknown, cluster, alloc, seen, *extra)

@@ -1,5 +1,5 @@
 """Listings through a real mount: the directory index, refresh without remounting,
-a daemon killed mid-listing, and mounting while the first listing runs (issue 10).
+a daemon killed mid-listing, and mounting while the first listing runs.
 
 Owns what a reader of the mount sees of a listing: readdir of a large directory equal to
 the store (the kernel resumes it at our offsets), hard names, `silofs-ctl refresh` while

@@ -245,7 +245,7 @@ def test_a_user_gets_only_bytes_it_could_read_itself(users: Users, site: Site) -
 
 
 def test_etc_shadow_through_the_api(users: Users, site: Site) -> None:
-    """The attack of issue 9, as it was: open /etc, mount it, ask for shadow."""
+    """The attack the access rules stop: open /etc, mount it, ask for shadow."""
     alice = users.alice
     answer = call(alice, site.sock, "POST", "/v1/datasets", {"uri": "/etc"})
     if answer[0] == 403:  # a dir under /etc alice cannot list: already refused

@@ -6,10 +6,10 @@ while real FUSE mounts
 read (re-reading through handles opened before the damage, and through fresh opens), and
 again while the node is down; every byte read is compared with the store's. Reads may
 fail (EIO) where damage cannot be repaired; no read may return a wrong byte, and no
-mount may die. LMDB trusts its own pages: before stop 20 a flipped value size or page
-number could make a mount touch past the end of data.mdb (SIGBUS: the mount process
-gone, its readers getting ENOTCONN, ECONNABORTED for those in flight; ~1 fresh-clone CI
-run in 5). Lookups now refuse such a value and the daemon backs the whole map with the
+mount may die. LMDB trusts its own pages: without bounds checks a flipped value size or
+page number makes a mount touch past the end of data.mdb (SIGBUS: the mount process
+gone, its readers getting ENOTCONN, ECONNABORTED for those in flight). Lookups refuse
+such a value and the daemon backs the whole map with the
 file (cache/bounds.py, tests/unit/test_damaged_nodes.py); both forms still count
 ENOTCONN, and both assert the mount survived.
 

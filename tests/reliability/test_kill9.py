@@ -291,7 +291,7 @@ def test_kill_9_daemon_and_mount_under_verified_reads_and_allocation_churn(
                 progress(20)  # reads (and admissions) resume against the new daemon
                 registered()  # hits alone do not reopen the dataset; the mount's report does
                 # One mount, one registration, however many of its requests found the
-                # daemon gone (issue 9: a stable mount id, counters never double counted).
+                # daemon gone (a stable mount id: counters are never counted twice).
                 rows = [m for m in node.status()["mounts"] if m["mountpoint"] == str(mp)]
                 if len(rows) != 1:
                     registrations.append(f"iteration {it}: {len(rows)} registrations")

@@ -304,7 +304,7 @@ def test_a_corrupted_range_over_plain_http_is_served(
     bucket_name: str,
     tmp_path: Path,
 ) -> None:
-    """Issue 9 promises no wrong byte, ever: one flipped byte in one ranged GET of a
+    """No wrong byte, ever (docs/SEMANTICS.md): one flipped byte in one ranged GET of a
     multi-chunk object must not reach a reader. Strict xfail: when this starts passing,
     the gap is closed and the marker (and RANGES_UNCHECKED) must go."""
     server = request.getfixturevalue(_SERVER[kind])
