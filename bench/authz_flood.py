@@ -35,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 from silofs.control.client import ControlClient  # noqa: E402
 from tests.support.asuser import AsUserError, Identity, as_user, start_as  # noqa: E402
 from tests.support.node import Node  # noqa: E402
+from tests.support.poll import wait_for  # noqa: E402
 
 
 def rss_mb(pid: int) -> float:
@@ -61,12 +62,12 @@ def flood_api(sock: str, base: str, n: int) -> dict:
             counts["datasets"][status] = counts["datasets"].get(status, 0) + 1
             if status == 200:  # the last one: older idle ones are forgotten at the limit
                 ready = json.loads(body)["id"]
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
+
+        def listed() -> bool:
             _, _, body = c.request_raw("GET", f"/v1/datasets/{ready}")
-            if json.loads(body)["state"] == "ready":
-                break
-            time.sleep(0.05)
+            return json.loads(body)["state"] == "ready"
+
+        wait_for(listed, 30, "the last dataset to be listed")
         for i in range(n):
             body = {"dataset": ready, "job": f"job{i}", "mountpoint": f"/m/{i}"}
             status, _, _ = c.request_raw("POST", "/v1/mounts", body)
@@ -135,8 +136,8 @@ def main() -> None:
         # A root mount registration to time a miss with during the connection flood.
         with ControlClient(sock) as c:
             ds = c.request("POST", "/v1/datasets", {"uri": str(data / "d0")})
-            while c.request("GET", f"/v1/datasets/{ds['id']}")["state"] != "ready":
-                time.sleep(0.05)
+            path = f"/v1/datasets/{ds['id']}"
+            wait_for(lambda: c.request("GET", path)["state"] == "ready", 30, "d0's listing")
             m = c.request(
                 "POST", "/v1/mounts", {"dataset": ds["id"], "job": "root", "mountpoint": "/r"}
             )
