@@ -28,10 +28,11 @@ import trio
 from rawfuse import MemFS
 
 from silofs.cache.format import ChunkRef, encode_chunk
-from silofs.cache.store import CacheStore, PendingChunk
+from silofs.cache.store import CacheStore
 from silofs.mount.fs import Presentation, SilofsFS
-from silofs.mount.manifest import ROOT_INODE, Manifest
+from silofs.mount.listing_view import ROOT_INODE, ListingView
 from silofs.mount.reader import ChunkReader
+from silofs.node.store_write import PendingChunk, WritableStore
 from silofs.records import ObjectInfo
 from tests.support import baseline
 
@@ -78,7 +79,7 @@ def main() -> None:
         env, tree = os.path.join(d, "env"), os.path.join(d, "tree", "small")
         os.makedirs(env)
         os.makedirs(tree)
-        store = CacheStore(env, 1 << 30)
+        store = WritableStore(env, 1 << 30)
         objs = [
             ObjectInfo(f"small/{i:06d}.bin", SMALL, 100.0, f"v{i}", f"c{i}")
             for i in range(args.files)
@@ -92,17 +93,17 @@ def main() -> None:
             with open(os.path.join(tree, o.key.split("/")[1]), "wb") as f:
                 f.write(body)
         store.admit(pending, {}, lambda _d, _u: 1 << 40)
-        record = store.replace_manifest(1, objs, {"uri": "file:///bench/"})
+        record = store.replace_listing(1, objs, {"uri": "file:///bench/"})
         store.close()
         if args.drop:
             os.sync()
             with open("/proc/sys/vm/drop_caches", "w") as f:
                 f.write("3\n")
-        ro = CacheStore(env, 1 << 30, readonly=True)
+        ro = CacheStore(env, 1 << 30)
         names = [o.key.split("/")[1].encode() for o in objs]
 
         async def run() -> tuple[list[float], list[float]]:
-            manifest = Manifest(ro, 1, record)
+            view = ListingView(ro, 1, record)
             reader = ChunkReader(
                 ro,
                 None,  # type: ignore[arg-type]  # hits never ask the daemon
@@ -113,8 +114,8 @@ def main() -> None:
                 reregister=_never,
             )
             look = Presentation(0, 0, 0o444, 0o555, 3600.0)
-            fs = SilofsFS(manifest, reader, look)
-            small = manifest.lookup(ROOT_INODE, b"small")
+            fs = SilofsFS(view, reader, look)
+            small = view.lookup(ROOT_INODE, b"small")
             assert small is not None
             raw = MemFS(os.path.join(d, "tree"))
             raw_small = raw.children[pyfuse3.ROOT_INODE][b"small"]
@@ -122,7 +123,7 @@ def main() -> None:
             for _ in range(args.runs):
                 ours.append(await per_file(fs, names, small.inode) / args.files * 1e6)
                 theirs.append(await per_file(raw, names, raw_small) / args.files * 1e6)
-            manifest.close()
+            view.close()
             reader.close()
             return ours, theirs
 

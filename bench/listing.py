@@ -51,9 +51,9 @@ from xml.sax.saxutils import escape, unescape
 
 import common  # noqa: F401 - this checkout (or a baseline) first on sys.path
 
-from silofs.cache.store import LISTING_BATCH, CacheStore, env_map_size
 from silofs.node.backends.base import BackendOptions
 from silofs.node.backends.s3 import S3Backend
+from silofs.node.store_write import LISTING_BATCH, WritableStore, env_map_size
 from silofs.records import ObjectInfo, PrefixListed
 from silofs.uri import parse_uri
 from tests.support import baseline
@@ -404,7 +404,7 @@ def _measure(
 def _write_listing(backend: Any) -> int:
     """List into a fresh env as daemon._fill does; the objects written."""
     d = tempfile.mkdtemp(prefix="silofs-listing-", dir="/var/tmp")
-    store = CacheStore(d, env_map_size(4 << 30))
+    store = WritableStore(d, env_map_size(4 << 30))
     try:
         dsid = store.dataset_id("s3://bench/data/", create=True)
         assert dsid is not None

@@ -8,7 +8,7 @@ revision's daemon and mounts on the same local tree in the same run:
      bytes per object, mount-ready time from the saved listing (`silofs mount` wall time),
      mount-process RSS after 10 k random stats (lookups/s) and after `find` over the tree;
   2. a generated listing of --generated objects (default 10 M; this checkout only)
-     written with the daemon's own listing code (CacheStore.begin_listing,
+     written with the daemon's own listing code (WritableStore.begin_listing,
      add_to_listing, finish_listing: the path backends feed), then the mount-ready time
      and mount RSS from it.
 Never changes silofs; every daemon and mount it starts is private and gone at exit.
@@ -152,7 +152,8 @@ def run_tree(label: str, code: Path | None, work: Path, tree: Path, n: int) -> d
 
 def run_generated(work: Path, n: int) -> dict:
     """A generated listing written with the daemon's listing code, then mounted."""
-    from silofs.cache.store import LISTING_BATCH, CacheStore, env_map_size
+    from silofs.cache.store import CacheStore
+    from silofs.node.store_write import LISTING_BATCH, WritableStore, env_map_size
     from silofs.records import ObjectInfo
 
     root = Path(tempfile.mkdtemp(prefix="generated-", dir=work))
@@ -161,7 +162,7 @@ def run_generated(work: Path, n: int) -> dict:
     uri = f"file://{empty}/"
     cache_size = 8 << 30
     (root / "cache").mkdir()
-    store = CacheStore(str(root / "cache"), env_map_size(cache_size))
+    store = WritableStore(str(root / "cache"), env_map_size(cache_size))
     dsid = store.dataset_id(uri, create=True)
     assert dsid is not None
     t0 = time.monotonic()
@@ -180,11 +181,11 @@ def run_generated(work: Path, n: int) -> dict:
     store.close()
     # The part of mount start that depends on the listing: open the env read-only, read
     # the record, look up one path (the rest is two Python interpreters starting).
-    from silofs.mount.manifest import Manifest
+    from silofs.mount.listing_view import ListingView
 
     t0 = time.monotonic()
-    ro = CacheStore(str(root / "cache"), env_map_size(cache_size), readonly=True)
-    m = Manifest(ro, dsid, ro.dataset_record(dsid))
+    ro = CacheStore(str(root / "cache"), env_map_size(cache_size))
+    m = ListingView(ro, dsid, ro.dataset_record(dsid))
     ino = 1
     for part in (b"shard009", b"d09999", b"img_09999999.jpg"):
         e = m.lookup(ino, part)
@@ -206,11 +207,11 @@ def run_generated(work: Path, n: int) -> dict:
 def run_refresh(work: Path, n: int) -> dict:
     """A refresh of `n` generated objects with 1% changed, 0.5% new and 0.5% deleted,
     through the daemon's listing code: delete stale rows, write, swap."""
-    from silofs.cache.store import LISTING_BATCH, CacheStore, env_map_size
+    from silofs.node.store_write import LISTING_BATCH, WritableStore, env_map_size
     from silofs.records import ObjectInfo
 
     root = Path(tempfile.mkdtemp(prefix="refresh-", dir=work))
-    store = CacheStore(str(root), env_map_size(4 << 30))
+    store = WritableStore(str(root), env_map_size(4 << 30))
     dsid = store.dataset_id("file:///refresh/", create=True)
     assert dsid is not None
 

@@ -58,6 +58,9 @@ if [ "$mode" = test ]; then
   command -v pgrep >/dev/null || need+=(procps)
   command -v slurmctld >/dev/null || need+=(slurm-wlm)
   command -v munged >/dev/null || need+=(munge)
+  # The Slurm test installs silofs as an operator does: a venv of Debian's python3, with
+  # pyfuse3 built for it, whatever Python runs the suite.
+  dpkg -s python3-venv python3-dev >/dev/null 2>&1 || need+=(python3-venv python3-dev)
 fi
 if [ ${#need[@]} -gt 0 ]; then
   if ! command -v apt-get >/dev/null; then

@@ -1,4 +1,4 @@
-"""`silofs daemon|mount|unmount`: the node-side command line.
+"""`silofs daemon|mount|unmount|end-job`: the node-side command line.
 
 Owns flags, their translation into settings, starting a default daemon when none runs,
 the readiness handshake with a background mount process, and turning every error into
@@ -858,6 +858,35 @@ def unmount(mountpoint: str, socket: str | None, lazy: bool) -> None:
     while pid and time.monotonic() < deadline and _alive(pid):
         time.sleep(0.05)
     click.echo(f"silofs: unmounted {path}", err=True)
+
+
+@main.command("end-job")
+@click.argument("job")
+@click.option(
+    "--dir",
+    "directory",
+    default=None,
+    help="The job's mount directory: every mount at or under it is the job's.",
+)
+@socket_option
+@one_line_errors
+def end_job(job: str, directory: str | None, socket: str | None) -> None:
+    """End a finished batch job on this node (a scheduler's epilog, as root).
+
+    Unmounts every mount at or under --dir and the daemon's silofs mounts of JOB (lazily
+    where a reader holds files open), waits a few seconds for their mount processes
+    (then SIGTERM, then SIGKILL), removes --dir and forgets JOB on the daemon. One line
+    per step on stdout; exit 1, naming it, if anything of the job is left."""
+    from silofs.jobend import end_job as end
+    from silofs.records import job_name_error
+
+    if (why := job_name_error(job)) is not None:
+        raise UsageError(f"bad job name {job!r}: {why}")
+    if os.geteuid() != 0:
+        raise UsageError("end-job unmounts other users' mounts: run it as root")
+    left = end(job, directory, socket or default_socket(), click.echo)
+    if left:
+        fail(f"left of job {job}: {'; '.join(left)}")
 
 
 def _mount_pid(socket: str, path: str) -> int | None:

@@ -21,15 +21,7 @@ import lmdb
 import trio
 
 from silofs.cache.format import ChunkRef, encode_chunk
-from silofs.cache.listing import ListingBuilder
-from silofs.cache.store import (
-    LISTING_BATCH,
-    CacheDamagedError,
-    CacheStore,
-    PendingChunk,
-    Usage,
-    env_map_size,
-)
+from silofs.cache.store import CacheDamagedError, Usage
 from silofs.config import NodeSettings, credential_fingerprint
 from silofs.errors import BackendError, UnreachableError, UsageError, VersionMismatchError
 from silofs.node.backends import BackendOptions, open_backend
@@ -42,10 +34,12 @@ from silofs.node.cachedir import (
 )
 from silofs.node.fetch import Fetcher
 from silofs.node.limiter import TokenBucket
+from silofs.node.listing_builder import ListingBuilder
 from silofs.node.metrics import DaemonMetrics, parse_address
 from silofs.node.prefetch import Prefetcher
 from silofs.node.quota import QuotaPolicy
 from silofs.node.state import DatasetState, JobState, MountState
+from silofs.node.store_write import LISTING_BATCH, PendingChunk, WritableStore, env_map_size
 from silofs.node.supervise import run_once
 from silofs.node.warm import WarmState, run_warm
 from silofs.node.writer import Writer
@@ -549,7 +543,7 @@ class Daemon:
     async def _mark_stale(self, ds: DatasetState, old_gen: int, new_gen: int) -> None:
         """After a refresh: the chunks the dataset holds of objects the new listing
         shows with another content id, or not at all, become its first eviction
-        victims (CacheStore.mark_stale). Open handles of the old version keep hitting
+        victims (WritableStore.mark_stale). Open handles of the old version keep hitting
         them until space is needed. Chunk keys depend on the chunk size: those of the
         dataset's mounts and the daemon's default are checked. In bounded steps: a
         read txn per LISTING_BATCH files, a write txn per step's keys."""
@@ -838,15 +832,15 @@ class Daemon:
             del self.jobs[name]
 
 
-def _open_store(cache_dir: str, map_size: int) -> CacheStore:
+def _open_store(cache_dir: str, map_size: int) -> WritableStore:
     """The node's env; a damaged one is moved aside and replaced by an empty one (a cache
     is disposable: refusing to start would need someone to delete it by hand)."""
     try:
-        return CacheStore(cache_dir, map_size)
+        return WritableStore(cache_dir, map_size)
     except CacheDamagedError as exc:
         moved = move_aside(cache_dir)
         log.error("%s; moved it to %s and starting with an empty cache", exc, moved)
-        return CacheStore(cache_dir, map_size)
+        return WritableStore(cache_dir, map_size)
 
 
 def _valid_persisted_job(name: str) -> bool:

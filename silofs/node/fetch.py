@@ -22,10 +22,11 @@ import trio
 
 from silofs.cache.bounds import FirstTime
 from silofs.cache.format import MAX_SPAN_CHUNKS, ChunkRef, checked_chunk, encode_chunk
-from silofs.cache.store import CacheStore, PendingChunk
+from silofs.cache.store import CacheStore
 from silofs.flight import SingleFlight
 from silofs.node.backends.base import Backend, RangeStream, requests_made
 from silofs.node.limiter import TokenBucket
+from silofs.node.store_write import PendingChunk
 from silofs.node.writer import Writer
 
 log = logging.getLogger(__name__)

@@ -33,7 +33,7 @@ class DatasetState:
     fetch: FetchCounters = field(default_factory=FetchCounters)
     prepare_errors: int = 0  # checks and listings that failed (after their retries)
     # Cached chunks of versions the listing no longer names, after the last refresh:
-    # the first eviction victims (CacheStore.mark_stale).
+    # the first eviction victims (WritableStore.mark_stale).
     stale_chunks: int = 0
 
 

@@ -24,8 +24,8 @@ from typing import Any
 import trio
 
 from silofs.cache.format import ChunkRef
-from silofs.cache.store import Usage
 from silofs.errors import BackendError, UsageError
+from silofs.node.fill_budget import FillBudget
 from silofs.node.state import DatasetState
 from silofs.records import ObjectInfo
 from silofs.units import format_size
@@ -150,7 +150,7 @@ async def _warm(d: Any, ds: DatasetState, w: WarmState) -> None:
     def plan() -> tuple[int, list[ChunkRef], int]:
         """(matched bytes, chunks the dataset does not hold, bytes it holds), in one
         read txn; the owners rows answer without faulting in chunk values."""
-        objects = [o for o in d.store.iter_manifest(ds.id) if matches(o.key, w.paths)]
+        objects = [o for o in d.store.iter_listing(ds.id) if matches(o.key, w.paths)]
         if w.reader is not None:
             objects, denied = readable(ds, objects, *w.reader)
             w.denied_objects = len(denied)
@@ -176,35 +176,24 @@ async def _warm(d: Any, ds: DatasetState, w: WarmState) -> None:
     random.shuffle(refs)
     w.chunks_total = len(refs)
 
-    def quota() -> int:
-        return d.quota_policy().quota(ds.id, d.usage)
-
-    def held() -> int:
-        return d.usage.get(ds.id, Usage()).bytes
-
-    w.target_bytes = min(quota(), w.matched_bytes)
+    budget = FillBudget(d, ds.id)
+    w.target_bytes = min(budget.quota(), w.matched_bytes)
     limiter = d.job(w.job).limiter
-    in_flight = 0  # bytes being fetched
-    offered = 0  # bytes fetched and offered to the Writer since our last flush
     slots = trio.Semaphore(WARM_CONCURRENCY)
-    drained = trio.Event()
     failure: list[BackendError] = []
 
     async def fetch(ref: ChunkRef) -> None:
-        nonlocal in_flight, offered, drained
+        data = b""
         try:
             data, fetched = await d.fetcher.fetch(ds.id, ds.backend, limiter, ref)
         except BackendError as exc:
             failure.append(exc)
             return
         finally:
-            in_flight -= ref.length
+            budget.ended(ref.length, len(data))
             slots.release()
-            if in_flight == 0:
-                drained.set()
         w.chunks_done += 1
         w.fetched_bytes += len(data)
-        offered += len(data)
         if fetched:
             job = d.job(w.job)
             for c in (ds.fetch, job.fetch):
@@ -214,22 +203,10 @@ async def _warm(d: Any, ds: DatasetState, w: WarmState) -> None:
 
     async with trio.open_nursery() as nursery:
         for ref in refs:
-            if failure:
+            if failure or not await budget.fits(ref.length):
                 break
-            # What was offered may already be in the usage row (the Writer flushes on its
-            # own): counted twice here, which only brings the exact check below sooner.
-            if held() + offered + in_flight + ref.length > quota():
-                # What is in flight or queued may still be refused or dropped: wait for
-                # it and for its admission before deciding the dataset is full.
-                if in_flight:
-                    drained = trio.Event()
-                    await drained.wait()
-                await d.writer.flush()
-                offered = 0
-                if held() + ref.length > quota():
-                    break
             await slots.acquire()
-            in_flight += ref.length
+            budget.started(ref.length)
             nursery.start_soon(fetch, ref)
     await d.writer.flush()  # admitted before the warm says done
     if failure:

@@ -15,9 +15,10 @@ from typing import TypeVar
 
 import trio
 
-from silofs.cache.store import AdmitResult, CacheStore, PendingChunk, Usage
+from silofs.cache.store import Usage
 from silofs.node.lru_index import LruIndex
 from silofs.node.quota import QuotaPolicy
+from silofs.node.store_write import AdmitResult, PendingChunk, WritableStore
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +54,7 @@ class Writer:
 
     def __init__(
         self,
-        store: CacheStore,
+        store: WritableStore,
         usage: dict[int, Usage],
         policy: Callable[[], QuotaPolicy],
         *,

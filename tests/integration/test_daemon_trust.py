@@ -2,7 +2,7 @@
 by a client"): a socket served by an unprivileged user is refused before a byte is sent.
 
 The fake daemon is a real Unix socket bound and listened on by a forked child running as
-nobody (tests/asuser.py), so SO_PEERCRED names uid 65534 exactly as it would name a
+nobody (tests/support/asuser.py), so SO_PEERCRED names uid 65534 exactly as it would name a
 local user who made a socket appear at the configured path. The clients are the real
 `silofs` CLI (a subprocess), the blocking ControlClient and the mount processes'
 AsyncControlClient; the real daemon (root) is accepted by a client of any uid.

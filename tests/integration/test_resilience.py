@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from silofs.cache.format import ChunkFormatError, chunk_key, chunk_length, verify_chunk
-from silofs.cache.store import CacheStore, env_map_size
+from silofs.node.store_write import WritableStore, env_map_size
 from silofs.units import parse_size
 from tests.support.fixtures import needs_fuse
 from tests.support.node import Node, drop_file_cache, mounted
@@ -21,11 +21,11 @@ pytestmark = [needs_fuse, pytest.mark.fuse]
 CHUNK = 256 << 10
 
 
-def open_env(node: Node) -> CacheStore:
-    return CacheStore(node.cache_dir, env_map_size(parse_size(node.cache_size)))
+def open_env(node: Node) -> WritableStore:
+    return WritableStore(node.cache_dir, env_map_size(parse_size(node.cache_size)))
 
 
-def check_accounting(store: CacheStore) -> dict[int, int]:
+def check_accounting(store: WritableStore) -> dict[int, int]:
     """Usage rows must equal the owners rows, and every owned chunk must exist."""
     owned: dict[int, int] = {}
     with store.env.begin() as txn:
@@ -47,7 +47,7 @@ def check_accounting(store: CacheStore) -> dict[int, int]:
     return owned
 
 
-def chunk_keys(store: CacheStore) -> set[bytes]:
+def chunk_keys(store: WritableStore) -> set[bytes]:
     with store.env.begin() as txn:
         return {bytes(k) for k, _ in txn.cursor(db=store.db(b"chunks"))}
 

@@ -24,6 +24,7 @@ overrides). Seeded by SILOFS_KILL_SEED (default 1); timing still varies between 
 from __future__ import annotations
 
 import errno
+import json
 import os
 import random
 import signal
@@ -35,8 +36,9 @@ from typing import Any
 
 import pytest
 
-from silofs.cache.store import _ID, _USAGE, CacheStore, Usage, env_map_size
+from silofs.cache.store import DSID, USAGE_ROW, CacheStore, Usage
 from silofs.control.client import ControlClient, ControlError, quote_segment
+from silofs.node.store_write import env_map_size
 from silofs.units import parse_size
 from tests.support.fixtures import needs_fuse
 from tests.support.node import Node, drop_file_cache, mounted
@@ -156,7 +158,8 @@ def committed(store: CacheStore) -> tuple[dict[bytes, int], dict[int, int], list
             if txn.get(key, db=chunks) is None:
                 faults.append(f"owners row without its chunk {key.hex()}")
         usage = {
-            _ID.unpack(k)[0]: Usage(*_USAGE.unpack(v)) for k, v in txn.cursor(db=store.db(b"usage"))
+            DSID.unpack(k)[0]: Usage(*USAGE_ROW.unpack(v))
+            for k, v in txn.cursor(db=store.db(b"usage"))
         }
     rows = {d: (u.bytes, u.chunks) for d, u in usage.items() if u.bytes or u.chunks}
     sums = {d: (owned[d], counted[d]) for d in owned}
@@ -166,8 +169,10 @@ def committed(store: CacheStore) -> tuple[dict[bytes, int], dict[int, int], list
 
 
 def allocation(store: CacheStore, uri: str) -> int | None:
-    value = dict(store.iter_meta("cache:")).get(f"cache:{uri}")
-    return None if value is None else int(value)  # type: ignore[call-overload]
+    """The dataset's cache allocation as the daemon persisted it (its meta row)."""
+    with store.env.begin() as txn:
+        raw = txn.get(f"cache:{uri}".encode(), db=store.db(b"meta"))
+    return None if raw is None else int(json.loads(raw))
 
 
 def unexplained(missing: dict[bytes, int], must_evict: int) -> int:
@@ -280,7 +285,7 @@ def test_kill_9_daemon_and_mount_under_verified_reads_and_allocation_churn(
                     t.join(30)
 
             if target == "daemon":
-                store = CacheStore(node.cache_dir, env_map_size(parse_size(CACHE)), readonly=True)
+                store = CacheStore(node.cache_dir, env_map_size(parse_size(CACHE)))
                 try:
                     before, usage, faults = committed(store)
                     quota = allocation(store, canonical)
@@ -298,7 +303,7 @@ def test_kill_9_daemon_and_mount_under_verified_reads_and_allocation_churn(
                 must_evict = max(0, usage.get(dsid, 0) - quota) if quota is not None else 0
 
                 def settled(quota: int | None = quota) -> tuple | None:
-                    s = CacheStore(node.cache_dir, env_map_size(parse_size(CACHE)), readonly=True)
+                    s = CacheStore(node.cache_dir, env_map_size(parse_size(CACHE)))
                     try:
                         after, now, faults = committed(s)
                     finally:

@@ -12,6 +12,8 @@ Modules (each imports only the standard library, silofs, and what its servers ne
     faultproxy  a fault-injecting, latency-adding HTTP proxy in front of a server
     asuser      run a function as another local user (fork, setuid)
     baseline    another git revision of this repository, unpacked, to run side by side
+    slurm       a one-node Slurm cluster (slurmctld, slurmd, munge) with silofs's prolog
+                and epilog, its job user and the operator's venv (root only)
     fixtures    the pytest plugin: the above as fixtures (servers, make_node, needs_fuse)
 
 Never: measures anything (bench/ does), asserts a promise of silofs (the tests do), or

@@ -97,7 +97,8 @@ def local_store(tmp_path: Path) -> LocalStore:
 @pytest.fixture
 def make_node(tmp_path: Path) -> Iterator[Callable[..., Node]]:
     """make_node(cache_size="64M", env=None, start=True, name="node", args=(),
-    socket=None) -> a running Node (its daemon started with `args`)."""
+    socket=None, root=None) -> a running Node (its daemon started with `args`; root: its
+    directory, for one other users must reach; default under tmp_path)."""
     if FUSE_MISSING:
         pytest.skip(FUSE_MISSING)
     nodes: list[Node] = []
@@ -109,8 +110,9 @@ def make_node(tmp_path: Path) -> Iterator[Callable[..., Node]]:
         name: str = "node",
         args: tuple[str, ...] = (),
         socket: str | None = None,
+        root: Path | None = None,
     ) -> Node:
-        root = tmp_path / f"{name}{len(nodes)}"
+        root = root or tmp_path / f"{name}{len(nodes)}"
         root.mkdir()
         node = Node(root, cache_size, env, socket)
         nodes.append(node)

@@ -1,11 +1,11 @@
 """Fixtures the unit tests share: a cache env, a fetcher, an in-process Daemon, directories.
 
-Owns `store` (a fresh CacheStore of STORE_MAP bytes under tmp_path, closed after),
-`make_fetcher` (a node Fetcher and its Writer over a small env), `daemon` (a Daemon
-in-process over its own cache dir: tests/unit/inprocess.py), `bucket` (a local store of
-four patterned 300 KiB files for that daemon) and `world` (a directory every user may
-enter, for tests of other users' access). Never starts a subprocess, a server or a
-FUSE mount: unit tests are in-process.
+Owns `store` (a fresh WritableStore, the daemon's side of a cache env, of STORE_MAP
+bytes under tmp_path, closed after), `make_fetcher` (a node Fetcher and its Writer over
+a small env), `daemon` (a Daemon in-process over its own cache dir:
+tests/unit/inprocess.py), `bucket` (a local store of four patterned 300 KiB files for
+that daemon) and `world` (a directory every user may enter, for tests of other users'
+access). Never starts a subprocess, a server or a FUSE mount: unit tests are in-process.
 """
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from silofs.cache.store import CacheStore, env_map_size
 from silofs.node.daemon import Daemon
 from silofs.node.fetch import Fetcher
 from silofs.node.quota import QuotaPolicy
+from silofs.node.store_write import WritableStore, env_map_size
 from silofs.node.writer import Writer
 from tests.support.trees import patterned_files, write_tree
 from tests.unit.inprocess import settings
@@ -30,8 +30,8 @@ STORE_MAP = 64 << 20
 
 
 @pytest.fixture
-def store(tmp_path: Path) -> Iterator[CacheStore]:
-    s = CacheStore(str(tmp_path / "cache"), STORE_MAP)
+def store(tmp_path: Path) -> Iterator[WritableStore]:
+    s = WritableStore(str(tmp_path / "cache"), STORE_MAP)
     yield s
     s.close()
 
@@ -40,10 +40,10 @@ def store(tmp_path: Path) -> Iterator[CacheStore]:
 def make_fetcher(tmp_path: Path) -> Iterator[Callable[[], Fetcher]]:
     """make_fetcher() -> a Fetcher over a 1 MiB cache env and its Writer (made in the
     test's trio run, where the fetcher works); the env is closed after the test."""
-    stores: list[CacheStore] = []
+    stores: list[WritableStore] = []
 
     def make() -> Fetcher:
-        store = CacheStore(str(tmp_path / "fetch"), env_map_size(1 << 20))
+        store = WritableStore(str(tmp_path / "fetch"), env_map_size(1 << 20))
         stores.append(store)
         writer = Writer(
             store,

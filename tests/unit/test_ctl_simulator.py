@@ -334,6 +334,7 @@ def test_json_carries_fairness_jobs_epochs_and_the_timelines() -> None:
     assert points[0]["worst"] < 0.6
 
 
+@pytest.mark.slow
 def test_plot_draws_job_rates_and_fairness(tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
     png = tmp_path / "f4.png"

@@ -1,4 +1,4 @@
-"""tests/faultproxy.py against a tiny stdlib http.server upstream on 127.0.0.1.
+"""tests/support/faultproxy.py against a tiny stdlib http.server upstream on 127.0.0.1.
 
 The upstream serves a deterministic body per size (GET/HEAD /obj/SIZE, with Range), the same
 body chunked (/chunked/SIZE) or read-until-close (/close/SIZE), and echoes request bodies

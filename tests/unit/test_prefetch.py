@@ -425,8 +425,8 @@ def test_a_chunk_offered_and_not_committed_is_served_without_a_second_get(
 
     async def test(d: Daemon, call: Any, ds: dict) -> None:
         from silofs.cache.format import encode_chunk
-        from silofs.cache.store import PendingChunk
         from silofs.node.fetch import FetchCounters
+        from silofs.node.store_write import PendingChunk
 
         ref = _ref(d, ds, NAMES[3])
         data = bytes([3]) * ref.length
