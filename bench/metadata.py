@@ -194,7 +194,7 @@ def run_generated(work: Path, n: int) -> dict:
     m.close()
     ro.close()
     rng = random.Random(2)
-    idx = rng.sample(range(n), 10_000)
+    idx = rng.sample(range(n), min(n, 10_000))
     paths = [f"shard{i // 1_000_000:03d}/d{i // PER_DIR:05d}/img_{i:08d}.jpg" for i in idx]
     with Node(root, cache_size) as node:
         node.start()
