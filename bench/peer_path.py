@@ -23,51 +23,27 @@ from __future__ import annotations
 import argparse
 import os
 import random
-import sys
 import tempfile
 from pathlib import Path
 
-from common import (
-    ROOT,
-    Node,
+from common import (  # also puts this checkout first on sys.path
     ProcTimes,
     Samples,
     busy_processes,
     check_fuse,
-    free_port,
     load_average,
     ratio,
     read_files,
 )
 
-sys.path.insert(0, str(ROOT / "silofs-ctl"))
-from silofs.cache.format import chunk_key  # noqa: E402
-from silofs.node.placement import Candidate, home  # noqa: E402
-from tests.cluster_setup import write_cluster  # noqa: E402
+from silofs.cache.format import chunk_key
+from silofs.node.placement import Candidate, home
+from tests.support.cluster import write_cluster
+from tests.support.net import free_port
+from tests.support.node import Node
 
 MB = 10**6
 MiB = 1 << 20
-
-
-class ClusterNode(Node):
-    """A bench Node started with a cluster's silofs.toml."""
-
-    def __init__(self, root: Path, config: Path, cache_size: int) -> None:
-        super().__init__(root, cache_size, extra_path=[str(ROOT / "silofs-ctl")])
-        self.config = config
-
-    def start(self) -> None:
-        import subprocess
-
-        from common import silofs_cmd, wait_for
-
-        args = ["daemon", "--config", str(self.config), "--socket", self.socket,
-                "--cache-dir", self.cache_dir, "--cache-size", str(self.cache_size)]  # fmt: skip
-        with open(self.logs / "daemon.log", "ab") as log:
-            self.proc = subprocess.Popen(
-                silofs_cmd(*args), stdout=log, stderr=log, env=self.env, start_new_session=True
-            )
-        wait_for(self._answers, 30, f"the daemon on {self.socket} (log: {self.logs})")
 
 
 def _content_id(path: Path) -> str:
@@ -86,7 +62,7 @@ def _drop(paths: list[str]) -> None:
 
 
 def _pass(node: Node, mp: str, uri: str, paths: list[str], readers: int, want: dict) -> tuple:
-    """One timed pass on a fresh mount: (MB/s, CPU of the mount)."""
+    """One timed pass on a fresh mount: (MB/s, CPU of the mount, bytes)."""
     node.mount(uri, mp)
     try:
         _drop(paths)
@@ -126,8 +102,8 @@ def main() -> None:
         ports = [free_port(), free_port()]
         specs = write_cluster(root, ["127.0.0.1"] * 2, ports, name="bench", extra=sized)
         cache = 2 * args.files * chunk + (256 << 20)
-        a = ClusterNode(specs[0].root / "node", specs[0].config, cache)
-        b = ClusterNode(specs[1].root / "node", specs[1].config, cache)
+        a = Node(specs[0].root / "node", cache, config=specs[0].config)
+        b = Node(specs[1].root / "node", cache, config=specs[1].config)
         uri = f"file://{data}/"
         with a, b:
             a.start()

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import Node, mounted, needs_fuse, silofs_cmd
+from tests.support.fixtures import needs_fuse
+from tests.support.node import Node, mounted, silofs_cmd
 
 pytestmark = [needs_fuse, pytest.mark.fuse]
 
@@ -181,7 +182,7 @@ def test_azure_missing_container_and_expired_sas(
 
     from azure.storage.blob import ContainerSasPermissions, generate_container_sas
 
-    from tests.servers import AZURITE_ACCOUNT, AZURITE_KEY
+    from tests.support.servers import AZURITE_ACCOUNT, AZURITE_KEY
 
     azurite_server.apply_env(monkeypatch)
     azurite_server.create(bucket_name, {"k": b"v"})

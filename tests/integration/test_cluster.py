@@ -14,7 +14,6 @@ the store's GETs.
 
 from __future__ import annotations
 
-import os
 import random
 import ssl
 import subprocess
@@ -27,10 +26,12 @@ from urllib.parse import quote, urlsplit
 import pytest
 
 from silofs.control.client import ControlClient, ControlError, client_tls_context
-from tests.cluster_setup import ClusterNode, write_cluster
-from tests.faultproxy import FaultPlan, FaultProxy
-from tests.integration.conftest import Node, drop_file_cache, needs_fuse, wait_for
-from tests.servers import free_port
+from tests.support.cluster import ClusterNode, write_cluster
+from tests.support.faultproxy import FaultPlan, FaultProxy
+from tests.support.fixtures import needs_fuse
+from tests.support.net import free_port
+from tests.support.node import Node, drop_file_cache
+from tests.support.poll import wait_for
 
 pytestmark = [needs_fuse, pytest.mark.fuse]
 
@@ -42,12 +43,9 @@ NODES = 3
 class ClusterDaemon(Node):
     """A Node started with its cluster's silofs.toml."""
 
-    def __init__(self, spec: ClusterNode, env: dict[str, str]) -> None:
-        super().__init__(spec.root, "64M", env)
+    def __init__(self, spec: ClusterNode) -> None:
+        super().__init__(spec.root, "64M", config=spec.config)
         self.spec = spec
-
-    def start(self, *extra: str) -> None:
-        super().start("--config", str(self.spec.config), *extra)
 
     def cluster(self) -> dict:
         return self.status()["cluster"]
@@ -80,7 +78,7 @@ def three(s3_server, monkeypatch, bucket_name: str, tmp_path: Path) -> Iterator[
             cluster={"peer_timeout_seconds": 1.0, "peer_backoff_seconds": 0.5},
             extra={"backend": {"endpoint_url": p.url}},
         )
-        nodes = [ClusterDaemon(s, dict(os.environ)) for s in specs]
+        nodes = [ClusterDaemon(s) for s in specs]
         try:
             for n in nodes:
                 n.start()

@@ -21,8 +21,9 @@ import pytest
 
 from silofs.control.client import ControlClient
 from silofs.mountinfo import mounts
-from tests.asuser import Identity, Session
-from tests.integration.conftest import Node, mounted, needs_fuse, silofs_cmd
+from tests.support.asuser import Identity, Session
+from tests.support.fixtures import needs_fuse
+from tests.support.node import Node, mounted, silofs_cmd
 
 pytestmark = [needs_fuse, pytest.mark.fuse]
 

@@ -1,6 +1,6 @@
 """configs/slurm/ prolog and epilog under a real one-node Slurm (slurmctld + slurmd +
 munge from Debian's packages), started by a fixture on this machine (tests/
-slurm_cluster.py).
+support/slurm.py).
 
 Jobs submitted with sbatch name their dataset in --comment; the prolog mounts it and
 registers the job (GPUs from Slurm's gres, f*, epochs) with a real silofs daemon; the
@@ -27,6 +27,7 @@ from __future__ import annotations
 import errno
 import os
 import pwd
+import random
 import shutil
 import signal
 import subprocess
@@ -39,10 +40,14 @@ from pathlib import Path
 import pytest
 
 from silofs.mountinfo import mounts
-from tests import slurm_cluster
-from tests.asuser import Identity, Session
-from tests.integration.conftest import mounted, needs_fuse, wait_for
-from tests.slurm_cluster import Slurm
+from tests.support import slurm as slurm_cluster
+from tests.support.asuser import Identity, Session
+from tests.support.fixtures import needs_fuse
+from tests.support.net import free_port
+from tests.support.node import mounted
+from tests.support.poll import wait_for
+from tests.support.slurm import Slurm
+from tests.support.trees import random_files, write_tree
 
 pytestmark = [needs_fuse, pytest.mark.fuse]
 
@@ -150,11 +155,7 @@ def operator(
 
 
 def _dataset(root: Path, name: str, files: int) -> Path:
-    d = root / name
-    d.mkdir(parents=True)
-    for i in range(files):
-        (d / f"f{i}.bin").write_bytes(os.urandom(512 << 10))
-    return d
+    return write_tree(root / name, random_files(random.Random(), files, 512 << 10, "f{i}.bin"))
 
 
 JOB_SCRIPT = """\
@@ -404,7 +405,7 @@ def test_controller_learns_the_queue_from_slurmctld_and_sets_priorities_in_sjf_o
     dead_conf = tmp_path / "dead-slurm.conf"
     dead_conf.write_text(
         "\n".join(
-            f"SlurmctldPort={slurm_cluster.free_port()}" if ln.startswith("SlurmctldPort=") else ln
+            f"SlurmctldPort={free_port()}" if ln.startswith("SlurmctldPort=") else ln
             for ln in slurm.conf.read_text().splitlines()
         )
         + "\n"
@@ -464,7 +465,7 @@ ESCAPING_SCRIPT = QUEUED_SCRIPT.replace(
     1,
 )
 
-# The job's user, in a process of the test (tests/asuser.py): holds a file of a job's
+# The job's user, in a process of the test (tests/support/asuser.py): holds a file of a job's
 # mount open across the job's end, as a reader that escaped the job would.
 _HELD: list[int] = []
 

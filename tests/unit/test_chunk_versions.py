@@ -19,11 +19,11 @@ from silofs.errors import VersionMismatchError
 from silofs.node.daemon import Daemon
 from silofs.node.metrics import render
 from silofs.node.views import dataset_view, status_view
+from tests.unit.inprocess import listed, mounted, running
 from tests.unit.test_chunk_format import GOLDEN_V1
-from tests.unit.test_daemon_ops import bucket, daemon, listed, mounted, running  # noqa: F401
 
 
-def test_a_request_for_another_version_is_refused(daemon: Daemon, bucket: Path) -> None:  # noqa: F811
+def test_a_request_for_another_version_is_refused(daemon: Daemon, bucket: Path) -> None:
     async def main() -> None:
         async with running(daemon) as d:
             ds, m = await mounted(d, bucket)
@@ -41,8 +41,8 @@ def test_a_request_for_another_version_is_refused(daemon: Daemon, bucket: Path) 
 
 
 def test_a_bad_cached_value_is_replaced_not_missed_forever(
-    daemon: Daemon,  # noqa: F811
-    bucket: Path,  # noqa: F811
+    daemon: Daemon,
+    bucket: Path,
 ) -> None:
     async def main() -> None:
         async with running(daemon) as d:
@@ -75,8 +75,8 @@ def test_a_bad_cached_value_is_replaced_not_missed_forever(
 
 
 def test_a_refresh_makes_chunks_of_changed_objects_the_first_victims(
-    daemon: Daemon,  # noqa: F811
-    bucket: Path,  # noqa: F811
+    daemon: Daemon,
+    bucket: Path,
 ) -> None:
     async def main() -> None:
         async with running(daemon) as d:

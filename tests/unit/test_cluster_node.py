@@ -15,7 +15,7 @@ from silofs.errors import UsageError
 from silofs.node.daemon import Daemon
 from silofs.node.metrics import render
 from silofs.node.views import status_view
-from tests.cluster_setup import make_pki
+from tests.support.cluster import make_pki
 
 
 @pytest.fixture(scope="module")

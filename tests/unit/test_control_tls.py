@@ -28,8 +28,9 @@ from silofs.control.router import Caller, Request, Response, Router, json_respon
 from silofs.control.server import TLSLimits, bind_tcp, serve_tls
 from silofs.control.tls import parse_tcp_address, server_context
 from silofs.errors import UsageError
-from tests.cluster_setup import legacy_node_cert
-from tests.unit.serving import serving, wait_for
+from tests.support.cluster import legacy_node_cert
+from tests.support.poll import wait_for
+from tests.unit.serving import serving
 
 DEADLINE = 10.0
 
@@ -142,7 +143,9 @@ def test_refused_clients_get_nothing_and_the_server_goes_on(
                 with pytest.raises(ControlError) as err:
                     c.request("GET", "/v1/peer")
             assert err.value.status is None  # no HTTP answer at all
-        wait_for(lambda: acc.refused >= 1, "the refusal to be counted")  # GET is retried once
+        wait_for(
+            lambda: acc.refused >= 1, DEADLINE, "the refusal to be counted"
+        )  # GET is retried once
         assert acc.served == 0
         assert_served(port, pki)
         assert acc.open <= 1
@@ -180,7 +183,7 @@ def test_allowed_names_limit_which_certificates_are_admins(pki: dict[str, Path])
         with ControlClient(f"tls://127.0.0.1:{port}", timeout=DEADLINE, tls=ctx) as c:
             with pytest.raises(ControlError):
                 c.request("GET", "/v1/peer")
-        wait_for(lambda: acc.refused >= 1, "the refusal")
+        wait_for(lambda: acc.refused >= 1, DEADLINE, "the refusal")
         assert_served(port, pki)
 
 
@@ -189,7 +192,7 @@ def test_silent_clients_are_cut_at_the_handshake_limit_and_count_against_connect
 ) -> None:
     with tls_server(pki, max_connections=2, handshake_seconds=0.5) as (port, acc):
         silent = [socket.create_connection(("127.0.0.1", port), timeout=DEADLINE) for _ in range(2)]
-        wait_for(lambda: acc.open == 2, "two connections held")
+        wait_for(lambda: acc.open == 2, DEADLINE, "two connections held")
         # At the limit, a third connection is closed at once, even a good one.
         with socket.create_connection(("127.0.0.1", port), timeout=DEADLINE) as s:
             assert s.recv(1) == b""
@@ -197,7 +200,7 @@ def test_silent_clients_are_cut_at_the_handshake_limit_and_count_against_connect
         for s in silent:
             assert s.recv(1) == b""
             s.close()
-        wait_for(lambda: acc.open == 0, "slots freed")
+        wait_for(lambda: acc.open == 0, DEADLINE, "slots freed")
         # ...and the listener serves again.
         assert_served(port, pki)
         assert acc.refused == 3
@@ -299,7 +302,7 @@ def test_new_connections_beyond_the_handshake_rate_are_closed_before_tls(
     with tls_server(pki, handshakes_per_second=2) as (port, acc):
         conns = [socket.create_connection(("127.0.0.1", port), timeout=DEADLINE) for _ in range(6)]
         try:
-            wait_for(lambda: acc.refused >= 4, "connections over the rate to be closed")
+            wait_for(lambda: acc.refused >= 4, DEADLINE, "connections over the rate to be closed")
             assert acc.open <= 2
         finally:
             for s in conns:
@@ -312,4 +315,4 @@ def test_new_connections_beyond_the_handshake_rate_are_closed_before_tls(
             except ControlError:
                 return False  # still over the rate: the bucket refills at 2 a second
 
-        wait_for(served, "the listener to serve again")
+        wait_for(served, DEADLINE, "the listener to serve again")

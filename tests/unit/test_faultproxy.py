@@ -1,4 +1,4 @@
-"""tests/faultproxy.py against a tiny stdlib http.server upstream on 127.0.0.1.
+"""tests/support/faultproxy.py against a tiny stdlib http.server upstream on 127.0.0.1.
 
 The upstream serves a deterministic body per size (GET/HEAD /obj/SIZE, with Range), the same
 body chunked (/chunked/SIZE) or read-until-close (/close/SIZE), and echoes request bodies
@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from tests.faultproxy import (
+from tests.support.faultproxy import (
     Fault,
     FaultPlan,
     FaultProxy,
@@ -544,7 +544,7 @@ def test_cli_prints_url_and_proxies(upstream: tuple[str, int]) -> None:
         [
             sys.executable,
             "-m",
-            "tests.faultproxy",
+            "tests.support.faultproxy",
             "--upstream",
             f"{upstream[0]}:{upstream[1]}",
             "--listen",

@@ -29,8 +29,8 @@ from silofs.cache.format import ChunkRef, encode_chunk
 from silofs.config import ClusterSettings, MemberSpec, NodeSettings
 from silofs.node.daemon import Daemon
 from silofs.node.peer_wire import ChunkAsk
-from tests.cluster_setup import make_pki
-from tests.unit.test_daemon_ops import mounted, running
+from tests.support.cluster import make_pki
+from tests.unit.inprocess import mounted, running
 
 CHUNK = 256 << 10
 TIMEOUT = 0.5

@@ -19,8 +19,8 @@ from silofs.errors import UsageError
 from silofs.node.daemon import Daemon
 from silofs.node.peer_serve import ChargeFirst, UnknownDataset
 from silofs.node.peer_wire import ChunkAsk
-from tests.cluster_setup import make_pki
-from tests.unit.test_daemon_ops import mounted, running
+from tests.support.cluster import make_pki
+from tests.unit.inprocess import mounted, running
 
 CHUNK = 256 << 10
 ME, OTHER = "tls://127.0.0.1:1", "tls://127.0.0.1:2"

@@ -11,10 +11,8 @@ from __future__ import annotations
 import json
 import logging
 import os
-import shutil
 import stat
-import tempfile
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -39,15 +37,6 @@ NOBODY = 65534  # any uid that owns none of the files; no passwd entry needed
 ROOT = Peer(pid=1, uid=0, gid=0)
 ALICE = Peer(pid=2, uid=NOBODY, gid=NOBODY)
 BOB = Peer(pid=3, uid=NOBODY - 1, gid=NOBODY - 1)
-
-
-@pytest.fixture
-def world() -> Iterator[Path]:
-    """A 0755 directory under /tmp: pytest's tmp_path sits in a 0700 dir of root's."""
-    base = Path(tempfile.mkdtemp(prefix="silofs-acc-", dir="/tmp"))
-    base.chmod(0o755)
-    yield base
-    shutil.rmtree(base, ignore_errors=True)
 
 
 # ------------------------------------------------------------------ pure decisions

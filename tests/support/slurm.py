@@ -29,17 +29,13 @@ from pathlib import Path
 import pytest
 
 from silofs.mountinfo import mounts
-from tests.integration.conftest import Node, wait_for
+from tests.support.net import free_port
+from tests.support.node import Node
+from tests.support.poll import wait_for
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 TOOLS = ("slurmctld", "slurmd", "munged", "sbatch", "squeue", "scontrol", "sinfo")
 SYSTEM_PYTHON = "/usr/bin/python3"  # Debian's, as an operator's venv starts from
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Slurm:

@@ -1,4 +1,4 @@
-"""Test helper: the certificates and the silofs.toml of an N-node cluster on this host.
+"""The certificates and the silofs.toml of an N-node cluster on this host.
 
 Owns what a test (or bench/cluster.py) needs to start N node daemons that form one
 cluster: a CA with `silofs-ctl certs`' own helpers, a node certificate per member (for

@@ -47,7 +47,7 @@ loopback upstream only.
 
 CLI, for benchmarks (prints the URL, runs until SIGINT/SIGTERM, prints stats to stderr):
 
-    python -m tests.faultproxy --upstream 127.0.0.1:9000 --listen 127.0.0.1:0 \\
+    python -m tests.support.faultproxy --upstream 127.0.0.1:9000 --listen 127.0.0.1:0 \\
         --first-byte-ms 20 --bandwidth 50MB/s [--fault http_503=0.01,methods=GET] [--seed 1]
 """
 
@@ -1167,7 +1167,7 @@ def parse_fault(spec: str) -> Fault:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
-        prog="python -m tests.faultproxy",
+        prog="python -m tests.support.faultproxy",
         description="Latency/bandwidth/fault proxy on 127.0.0.1 in front of a local emulator.",
     )
     ap.add_argument("--upstream", required=True, help="HOST:PORT of the emulator (loopback)")
