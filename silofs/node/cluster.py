@@ -105,7 +105,7 @@ class Cluster:
         self._nursery: trio.Nursery | None = None
         config = self._newest(settings.cluster, _persisted(d.store))
         if config is not None:
-            self.apply(config, persist=False)
+            self.apply(config)
 
     # -- the member list -----------------------------------------------------------
     @property
@@ -128,9 +128,9 @@ class Cluster:
         )
         return pushed
 
-    def apply(self, config: ClusterSettings, *, persist: bool = True) -> None:
-        """Put a member list in force (at start, or pushed: persist() first). UsageError
-        (one line) if this node cannot be one of its members."""
+    def apply(self, config: ClusterSettings) -> None:
+        """Put a member list in force (at start, or pushed: push() persists it first).
+        UsageError (one line) if this node cannot be one of its members."""
         address = self._self_address(config)
         if self.context is None:
             self.context = _member_context(self.settings)
@@ -143,6 +143,7 @@ class Cluster:
         for addr in list(self.pools):
             if addr not in self.membership.members or self.pools[addr].cluster != cluster_name:
                 self.pools.pop(addr).close()
+                self._slots.pop(addr, None)
         for m in self.membership.peers():
             if m.address not in self.pools:
                 self.pools[m.address] = PeerPool(m.address, m.host, m.port, self.context,
@@ -194,6 +195,7 @@ class Cluster:
                 raise ValueError(str(exc)) from None
         await self.d.writer.call(self.d.store.put_meta, META_ROW, _row(config))
         self.apply(config)
+        self.d.allocs.notify()  # the weights make the parts: the enforcer looks again
         return config
 
     def _self_address(self, config: ClusterSettings, conflict: type[Exception] = UsageError) -> str:
