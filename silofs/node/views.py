@@ -276,7 +276,7 @@ def status_view(d: Daemon) -> dict[str, Any]:
             "idle_exit_seconds": d.origin.get("idle_exit_seconds"),
             "credentials_env": d.credentials,
             "note": PAGE_CACHE_NOTE,
-            "writer": vars(w).copy(),
+            "writer": {**vars(w), "pending_chunks": d.writer.pending_chunks()},
         },
         "datasets": [dataset_view(d, ds) for ds in d.datasets.values()],
         "jobs": [job_view(d, j) for j in d.jobs.values()],

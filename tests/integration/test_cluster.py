@@ -137,6 +137,8 @@ def test_a_killed_home_never_fails_a_read_and_serves_again_once_back(three: dict
     # Every chunk cached at its home, by the victim's reads. (The other nodes read each
     # half of the files once below: a mount's own chunk buffer would answer a re-read.)
     assert _read_all(mps[2], tree) == 0
+    # Its admissions committed (a kill -9 loses the Writer's last batch, by design).
+    wait_for(lambda: victim.status()["node"]["writer"]["pending_chunks"] == 0, what="commits")
     first = {k: v for k, v in tree.items() if int(k[-5]) < FILES // 2}
     second = {k: v for k, v in tree.items() if k not in first}
     victim.kill9()
