@@ -381,17 +381,23 @@ class Cluster:
         ds: DatasetState,
         ref: ChunkRef,
     ) -> None:
-        for c in counters:
-            c.error(exc.reason)
-        if exc.reason in MEMBER_FAILURES or _member_refuses(exc):
-            assert self.membership is not None
-            self.membership.mark_down(member.address, str(exc))
+        self._count_failure(member, counters, exc)
         self._warn(
             member.address,
             exc.reason,
             f"chunk {ref.index} of {ds.uri.canonical}{ref.obj.key} from {member.address} "
             f"failed ({exc.reason}: {exc}); reading it from the store",
         )
+
+    def _count_failure(
+        self, member: MemberState, counters: tuple[PeerCounters, ...], exc: PeerError
+    ) -> None:
+        """Count a failed exchange by reason; mark the member down if it is its own."""
+        for c in counters:
+            c.error(exc.reason)
+        if exc.reason in MEMBER_FAILURES or _member_refuses(exc):
+            assert self.membership is not None
+            self.membership.mark_down(member.address, str(exc))
 
     async def _fallback(
         self,
@@ -461,11 +467,7 @@ class Cluster:
             reply, _ = await self._chunk_exchange(member, ds, limiter, job, ref, warm=True)
             outcome = json.loads(reply.body).get("chunk")
         except PeerError as exc:
-            for c in counters:
-                c.error(exc.reason)
-            if exc.reason in MEMBER_FAILURES or _member_refuses(exc):
-                assert self.membership is not None
-                self.membership.mark_down(member.address, str(exc))
+            self._count_failure(member, counters, exc)
             return "failed"
         except (ValueError, AttributeError):
             return "failed"
