@@ -14,6 +14,8 @@ Modules (each imports only the standard library, silofs, and what its servers ne
     baseline    another git revision of this repository, unpacked, to run side by side
     slurm       a one-node Slurm cluster (slurmctld, slurmd, munge) with silofs's prolog
                 and epilog, its job user and the operator's venv (root only)
+    cluster     the certificates and silofs.toml of an N-node cluster (one cache across
+                nodes): a CA, node certificates, a stranger's and an old-style one
     fixtures    the pytest plugin: the above as fixtures (servers, make_node, needs_fuse)
 
 Never: measures anything (bench/ does), asserts a promise of silofs (the tests do), or
