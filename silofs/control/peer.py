@@ -37,15 +37,20 @@ class Peer:
     uid: int
     gid: int
     remote: str | None = None
+    # A remote peer's certificate: its DNS and IP names, and whether it carries the node
+    # role (a cluster member's certificate, control/tls.py NODE_ROLE_URI).
+    names: frozenset[str] = frozenset()
+    node: bool = False
 
 
 # uid and gid of a remote (TLS) peer: matches no local user, root or the daemon's uid.
 REMOTE_UID = -1
 
 
-def remote_peer(name: str) -> Peer:
-    """The Peer of a controller that proved ``name`` with a client certificate."""
-    return Peer(pid=0, uid=REMOTE_UID, gid=REMOTE_UID, remote=name)
+def remote_peer(name: str, names: frozenset[str] = frozenset(), node: bool = False) -> Peer:
+    """The Peer of a client that proved ``name`` (and ``names``) with a certificate: a
+    controller, or with the node role a cluster member."""
+    return Peer(pid=0, uid=REMOTE_UID, gid=REMOTE_UID, remote=name, names=names, node=node)
 
 
 def peer_credentials(sock: Any) -> Peer:
@@ -88,7 +93,7 @@ def peer_may_change(peer: Peer, admin_gid: int | None) -> bool:
     it finds only the routes whose entry names a remote controller (node/routes.py), and
     no uid-based rule matches it."""
     if peer.remote is not None:
-        return True
+        return not peer.node  # a member's certificate is no admin
     if peer.uid in (0, os.geteuid()):
         return True
     if admin_gid is None:

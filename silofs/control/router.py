@@ -132,16 +132,20 @@ class Caller(enum.Flag):
     ADMIN = enum.auto()  # root, the daemon's own uid, or a member of admin_group
     ROOT = enum.auto()  # root or the daemon's own uid: who could write the cache itself
     CONTROLLER = enum.auto()  # a remote controller, by its client certificate
+    PEER = enum.auto()  # a member of this node's cluster, by its node certificate
 
 
 LOCAL_ROLES = Caller.LOCAL | Caller.ADMIN | Caller.ROOT
+REMOTE_ROLES = Caller.CONTROLLER | Caller.PEER
 EVERYONE = LOCAL_ROLES | Caller.CONTROLLER
 
 
 def _local_or_controller(peer: Peer) -> Caller:
     """The roles a router assumes without a judge: every local peer holds all local
-    roles, a remote peer is a controller."""
-    return LOCAL_ROLES if peer.remote is None else Caller.CONTROLLER
+    roles, a remote peer is a controller (with the node role: a member)."""
+    if peer.remote is None:
+        return LOCAL_ROLES
+    return Caller.PEER if peer.node else Caller.CONTROLLER
 
 
 def _plain_refusal(route: Route, peer: Peer) -> str:
@@ -221,8 +225,10 @@ class Router:
     refuses a peer a route it lacks the roles for (403). A route is there for a peer
     only if it names a role of the peer's kind: a local peer finds every route some
     local role may call (and is refused, 403, those its roles do not reach); a remote
-    peer finds only the routes its own roles may call, and the others answer 404 or 405
-    as if they did not exist. The defaults give every local peer every local role."""
+    peer finds every route some remote role (a controller, a member) may call and is
+    refused those its own roles do not reach (a controller's certificate on a peer
+    route, a member's on an admin route: 403); the local-only routes answer it 404 or
+    405 as if they did not exist. The defaults give every local peer every local role."""
 
     def __init__(
         self,
@@ -261,7 +267,7 @@ class Router:
     def match(self, method: str, parts: list[str], peer: Peer) -> Match:
         """The route for decoded path segments and this peer, or the error to answer."""
         roles = self.roles(peer).value  # ints: a Flag operation costs a microsecond
-        reach = LOCAL_ROLES.value if peer.remote is None else roles
+        reach = LOCAL_ROLES.value if peer.remote is None else REMOTE_ROLES.value
         matches = [
             (r, p)
             for r in self._routes

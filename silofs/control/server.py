@@ -223,10 +223,12 @@ class _ServerConnection:
                 self.idle_scope = None  # a request has begun: never evicted mid-request
             self.conn.receive_data(data)
 
-    def evictable(self, now: float) -> bool:
-        """Idle for a while with nothing of a next request received, not even in the
-        kernel's buffer (a request we have not read yet would be lost)."""
-        if self.idle_scope is None or now - self.idle_since < _EVICT_IDLE_SECONDS:
+    def evictable(self, now: float, min_idle: float | None = None) -> bool:
+        """Idle for `min_idle` seconds (default _EVICT_IDLE_SECONDS) with nothing of a
+        next request received, not even in the kernel's buffer (a request we have not
+        read yet would be lost)."""
+        least = _EVICT_IDLE_SECONDS if min_idle is None else min_idle
+        if self.idle_scope is None or now - self.idle_since < least:
             return False
         if not isinstance(self.stream, trio.SocketStream):
             return False  # TLS: decrypted bytes may wait in the stream's own buffer
@@ -615,7 +617,14 @@ class _Acceptor:
 
     def _admit(self, peer: Peer) -> str | None:
         if self.conns.trusted(peer):
-            if self.everyone >= self.conns.total + self.conns.reserve:
+            # Over the total, a trusted newcomer (status, a root mount's miss) takes the
+            # place of the longest-idle connection of anyone, its own kind included:
+            # idle connections of a trusted client must not lock out the next request
+            # (1,124 idle root connections at NOFILE 1024 once made status time out and
+            # misses fail with EIO). Only a fully busy daemon refuses it.
+            if self.everyone >= self.conns.total + self.conns.reserve and not self._evict(
+                list(self.live), trusted_too=True
+            ):
                 return f"too many connections ({self.everyone} open)"
             return None
         mine = self.open.get(peer.uid, 0)
@@ -627,14 +636,17 @@ class _Acceptor:
             return f"too many connections to the daemon (limit {self.conns.total})"
         return None
 
-    def _evict(self, uids: list[int]) -> bool:
-        """Close the longest-idle evictable connection of these uids; False if none."""
+    def _evict(self, uids: list[int], *, trusted_too: bool = False) -> bool:
+        """Close the longest-idle evictable connection of these uids (only untrusted
+        ones, unless `trusted_too`: then any connection waiting for its next request,
+        however briefly); False if none."""
         now = time.monotonic()
+        min_idle = 0.0 if trusted_too else _EVICT_IDLE_SECONDS
         idle = [
             c
             for uid in uids
             for c in self.live.get(uid, ())
-            if c.evictable(now) and not self.conns.trusted(c.peer)
+            if c.evictable(now, min_idle) and (trusted_too or not self.conns.trusted(c.peer))
         ]
         if not idle:
             return False
@@ -814,21 +826,29 @@ class _TLSAcceptor:
         try:
             tune_socket(conn)
             tls = trio.SSLStream(stream, self.context, server_side=True)
-            name = await self._handshake(tls, addr)
-            if name is None:
+            peer = await self._handshake(tls, addr)
+            if peer is None:
                 return
             self.served += 1
-            log.info("remote controller %r connected from %s", name, _host(addr))
-            await _serve_connection(tls, self.router, self.limits, remote_peer(name))
+            # A member's connections are pooled and long-lived: not worth a line each.
+            (log.debug if peer.node else log.info)(
+                "remote %s %r connected from %s",
+                "cluster member" if peer.node else "controller",
+                peer.remote,
+                _host(addr),
+            )
+            await _serve_connection(tls, self.router, self.limits, peer)
         except Exception:  # one connection never ends the listener
             log.exception("bug: unexpected error on a TLS control connection")
         finally:
             self.open -= 1
             await trio.aclose_forcefully(stream)
 
-    async def _handshake(self, tls: trio.SSLStream, addr: Any) -> str | None:
-        """The verified certificate's name, or None (logged, counted) if refused."""
-        from silofs.control.tls import certificate_name
+    async def _handshake(self, tls: trio.SSLStream, addr: Any) -> Peer | None:
+        """The peer its verified certificate proves, or None (logged, counted) if
+        refused. A certificate with the node role is not judged by tls_client_names:
+        the routes judge it (a member of this node's cluster, or nothing)."""
+        from silofs.control.tls import certificate_identity
 
         reason = ""
         with trio.move_on_after(self.tls_limits.handshake_seconds) as scope:
@@ -839,14 +859,17 @@ class _TLSAcceptor:
                 reason = getattr(cause, "verify_message", None) or one_line(cause)
         if scope.cancelled_caught:
             reason = f"no TLS handshake within {self.tls_limits.handshake_seconds:g}s"
-        name = None if reason else certificate_name(tls)  # SSLStream forwards getpeercert
+        name, names, node = (None, frozenset[str](), False)
+        if not reason:
+            name, names, node = certificate_identity(tls)  # SSLStream forwards getpeercert
         allowed = self.tls_limits.allowed_names
-        if not reason and (name is None or (allowed and name not in allowed)):
+        if not reason and (name is None or (allowed and not node and name not in allowed)):
             reason = f"certificate name {name!r} is not in tls_client_names"
         if reason:
             self._refusal(f"TLS listener refused {_host(addr)}: {reason}")
             return None
-        return name
+        assert name is not None
+        return remote_peer(name, names, node)
 
     def _refusal(self, message: str) -> None:
         """Counted, and logged through the listener's throttle."""

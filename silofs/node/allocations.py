@@ -12,7 +12,7 @@ its tables (a job's limiter, a dataset's LRU rows: the Daemon does) and never ev
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import trio
@@ -61,15 +61,25 @@ class Allocations:
         """A dataset's admission mode: uniform unless set."""
         return self.modes.get(uri, "uniform")
 
-    def quota_policy(self, datasets: Iterable[DatasetState]) -> QuotaPolicy:
+    def quota_policy(
+        self, datasets: Iterable[DatasetState], overrides: Mapping[str, int | None] | None = None
+    ) -> QuotaPolicy:
         """Promise 1's inputs for the datasets the daemon holds: their allocations (by
-        dataset id) and which of them are in lru mode."""
+        dataset id) and which of them are in lru mode. `overrides` (by URI) replace
+        the allocations table's: in a cluster, this node's part of a dataset's share
+        (None: the shared pool)."""
         datasets = list(datasets)
+        table: dict[str, int | None] = {**self.cache, **(overrides or {})}
         by_id = {
-            ds.id: self.cache[ds.uri.canonical] for ds in datasets if ds.uri.canonical in self.cache
+            ds.id: size for ds in datasets if (size := table.get(ds.uri.canonical)) is not None
         }
         lru = frozenset(ds.id for ds in datasets if self.modes.get(ds.uri.canonical) == "lru")
         return QuotaPolicy(self.cache_size, by_id, lru)
+
+    def notify(self) -> None:
+        """Something the quota policy reads changed elsewhere (a cluster's shares): the
+        enforcer looks again now."""
+        self._changed.set()
 
     async def changed(self, timeout: float) -> None:
         """Return once a cache allocation changes, or after `timeout` seconds."""

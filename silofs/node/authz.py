@@ -36,10 +36,17 @@ log = logging.getLogger(__name__)
 
 def roles(d: Daemon, peer: Peer) -> Caller:
     """The roles (control/router.py Caller) a peer holds, which its route's entry is
-    matched against: a remote peer is a controller; a local one is LOCAL, ADMIN if
-    trusted (peer_may_change), ROOT if root or the daemon's own uid."""
+    matched against: a remote peer with the node role is a member (PEER) if one of its
+    certificate's names is the host of a member of this node's cluster, else nothing
+    at all; another remote peer is a controller; a local one is LOCAL, ADMIN if trusted
+    (peer_may_change), ROOT if root or the daemon's own uid."""
     if peer.remote is not None:
-        return Caller.CONTROLLER
+        if not peer.node:
+            return Caller.CONTROLLER
+        membership = d.cluster.membership
+        if membership is not None and membership.names_a_member(peer.names):
+            return Caller.PEER
+        return Caller(0)
     return _LOCAL[peer_may_change(peer, d.admin_gid), peer.uid in (0, os.getuid())]
 
 
@@ -55,13 +62,34 @@ _LOCAL = {
 
 
 def refusal(d: Daemon, route: Route, peer: Peer) -> str:
-    """Why a local peer may not call a route its roles do not reach (403, one line)."""
+    """Why a peer may not call a route its roles do not reach (403, one line)."""
+    if peer.remote is not None:
+        return _remote_refusal(d, route, peer)
     who = ["root"]
     if os.getuid():
         who.append(f"uid {os.getuid()} (the daemon's)")
     if route.who & Caller.ADMIN and d.settings.admin_group:
         who.append(f"group {d.settings.admin_group}")
     return f"only {' or '.join(who)} may {route.doc}; you are uid {peer.uid}"
+
+
+def _remote_refusal(d: Daemon, route: Route, peer: Peer) -> str:
+    """Why a certificate may not call a route: a controller's on a peer route, a
+    member's on anything else, a node certificate naming no member on anything."""
+    name = repr(peer.remote)
+    if not peer.node:
+        return (
+            f"only members of this node's cluster may {route.doc}; "
+            f"certificate {name} is not a node's"
+        )
+    membership = d.cluster.membership
+    if membership is None or not membership.names_a_member(peer.names):
+        cluster = f"cluster {membership.name!r}" if membership is not None else "no cluster"
+        return (
+            f"certificate {name} names no member of this node's cluster ({cluster}): "
+            f"its names are {', '.join(sorted(peer.names)) or 'none'}"
+        )
+    return f"a cluster member's certificate may call only the peer routes, not {route.doc}"
 
 
 def trusted(d: Daemon, req: Request) -> bool:

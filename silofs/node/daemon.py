@@ -37,6 +37,7 @@ from silofs.node.cachedir import (
     resolve_cache_size,
     secure_cache_dir,
 )
+from silofs.node.cluster import Cluster
 from silofs.node.datasets import Catalog, Purpose, named_object
 from silofs.node.fetch import Fetcher
 from silofs.node.limiter import TokenBucket
@@ -107,6 +108,8 @@ class Daemon:
         self.metrics = DaemonMetrics()  # service.serve adds the status collector
         if settings.metrics_address:
             parse_address(settings.metrics_address)  # a bad one stops the start
+        # One cache across the members of [cluster] (node/cluster.py); inactive alone.
+        self.cluster = Cluster(self, settings)
 
     # -- tasks -----------------------------------------------------------------------
     def spawn(
@@ -137,9 +140,20 @@ class Daemon:
         return self.allocs.modes
 
     def quota_policy(self) -> QuotaPolicy:
-        return self.allocs.quota_policy(self.datasets.values())
+        """Promise 1's inputs: the allocations of the datasets open here and of those
+        members read through this node; in a cluster, a dataset with a cluster share
+        gets this node's part of it."""
+        return self.allocs.quota_policy(
+            [*self.datasets.values(), *self.cluster.home.datasets.values()],
+            overrides=self.cluster.parts(),
+        )
 
     async def set_cache_allocation(self, uri: str, size: int | None) -> None:
+        """A dataset's cache allocation; in a cluster, its share of the cluster's caches
+        (each member holds its part: node/cluster_shares.py), pushed to every member."""
+        if self.cluster.active:
+            await self.cluster.set_share(uri, size)
+            return
         await self.allocs.set_cache(uri, size)
 
     async def set_io_allocation(self, job: str, rate: int | None) -> None:
@@ -377,6 +391,10 @@ class Daemon:
                 ds.fetch.cache_served += 1
                 return data, "cache"
             refetch = bad  # replace the bad value rather than keep missing on it
+        peer = await self.cluster.read(ds, job.limiter, m.job, ref, refetch)
+        if peer is not None:  # homed at another member (node/cluster.py)
+            self._count_fetch(ds, job, m, 1 if peer.charged else 0, peer.charged, 0)
+            return peer.data, peer.source
         t0 = time.monotonic()
         try:
             first, end = span if span is not None else (index, index)
@@ -384,6 +402,7 @@ class Daemon:
                 ref if i == index else ChunkRef.of(obj, m.chunk_size, i)
                 for i in range(first, min(end, last) + 1)
             ]
+            refs = self.cluster.homed_here(refs, ref)  # the others are other members
             data, fetched = await self.fetcher.fetch_span(
                 ds.id,
                 ds.backend,
@@ -399,11 +418,24 @@ class Daemon:
                 c.errors += 1
             log.error("%s: chunk %d of %s: %s", ds.uri.canonical, index, key, exc)
             raise
-        for c in (ds.fetch, job.fetch, m.fetch):
-            c.remote_gets += fetched.chunks
-            c.remote_bytes += fetched.bytes
-            c.remote_requests += fetched.requests
+        self._count_fetch(ds, job, m, fetched.chunks, fetched.bytes, fetched.requests)
         return data, "remote"
+
+    def _count_fetch(
+        self, ds: DatasetState, job: JobState, m: MountState, chunks: int, nbytes: int, reqs: int
+    ) -> None:
+        """Store GETs made for a mount's miss (here, or by a member for this node's job)."""
+        for c in (ds.fetch, job.fetch, m.fetch):
+            c.remote_gets += chunks
+            c.remote_bytes += nbytes
+            c.remote_requests += reqs
+
+    def offer_value(self, ds: DatasetState, ref: ChunkRef, data: bytes, *, replace: bool) -> None:
+        """Offer a chunk served by a member to this node's Writer: a copy kept here
+        (keep_peer_copies), or the replacement of a value that failed its check."""
+        o = ref.obj
+        value = encode_chunk(ds.id, ref.index, ref.chunk_size, o.key, o.content_id, data)
+        self.writer.offer(PendingChunk(ds.id, ref.key, value, ref.length, replace=replace))
 
     def offer_chunk(self, m: MountState, key: str, index: int, content_id: str, data: bytes) -> str:
         """A chunk a mount holds in its buffer, offered again after a daemon restart:

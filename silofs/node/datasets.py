@@ -184,7 +184,7 @@ class Catalog:
                     f"{options} would be ignored: unmount its mounts first"
                 )
             ds.backend = open_backend(uri, self._backend_options(endpoint_url, options))
-            ds.options = options
+            ds.options, ds.endpoint_url = options, endpoint_url
             ds.state = "error"  # checked again below with the new options
         if ds is not None and ds.state in ("checking", "listing"):
             return ds
@@ -192,7 +192,7 @@ class Catalog:
             if ds is None:
                 backend = open_backend(uri, self._backend_options(endpoint_url, options))
                 ds = DatasetState(dsid, uri, self._short_name(uri, dsid), backend)
-                ds.options = options
+                ds.options, ds.endpoint_url = options, endpoint_url
                 self.datasets[dsid] = ds
             ds.state, ds.error = "checking", ""
 

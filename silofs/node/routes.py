@@ -19,7 +19,7 @@ import functools
 
 from silofs.control.router import Caller, Route, Router
 from silofs.node import authz
-from silofs.node.api import allocations, chunks, datasets, jobs, mounts, status
+from silofs.node.api import allocations, chunks, datasets, jobs, mounts, peer, status
 from silofs.node.daemon import Daemon
 
 # Who may call a route: reads are for every local peer and a remote controller; the
@@ -28,6 +28,9 @@ from silofs.node.daemon import Daemon
 READ = Caller.LOCAL | Caller.CONTROLLER
 CONTROL = Caller.ADMIN | Caller.CONTROLLER
 LOCAL = Caller.LOCAL
+# Members of this node's cluster, by their node certificate, on the TLS listener only:
+# the Unix socket has no peer routes, and a member's certificate reaches nothing else.
+PEER = Caller.PEER
 
 # A chunk offered by a mount is the only large request body (others: the listener's
 # 1 MiB); only root or the daemon's own uid may send one.
@@ -80,10 +83,20 @@ ROUTES: tuple[Route, ...] = (
         body_limit=MAX_OFFER_BODY,
         doc="offer chunks for admission",
     ),
+    # the cluster: its member list, and what members ask of each other
+    Route("GET", "/v1/cluster", peer.get_cluster, READ, doc="read the cluster's members"),
+    Route("PUT", "/v1/cluster", peer.put_cluster, CONTROL, doc="change the cluster's members"),
+    Route("GET", "/v1/peer/ping", peer.ping, PEER, doc="ping a cluster member"),
+    Route("PUT", "/v1/peer/datasets", peer.put_dataset, PEER, doc="introduce a dataset"),
+    Route("GET", "/v1/peer/chunk", peer.get_chunk, PEER, doc="read a chunk from its home"),
+    Route("GET", "/v1/peer/allocations", peer.get_allocations, PEER, doc="read cache shares"),
+    Route("PUT", "/v1/peer/allocations", peer.put_allocations, PEER, doc="push cache shares"),
 )
 
 # What a remote controller (the mutual-TLS listener, docs/SECURITY.md) may call.
 REMOTE_ROUTES = frozenset((r.method, r.path) for r in ROUTES if r.who & Caller.CONTROLLER)
+# What a member of this node's cluster may call (the same listener).
+PEER_ROUTES = frozenset((r.method, r.path) for r in ROUTES if r.who & Caller.PEER)
 
 
 def build_router(d: Daemon) -> Router:

@@ -72,6 +72,7 @@ async def serve(daemon: Daemon, task_status: trio.TaskStatus = trio.TASK_STATUS_
                 ("the writer's sync loop", daemon.writer.sync_loop),
                 ("the mount reaper", daemon.reap_mounts),
                 ("the enforcer", daemon.enforce_loop),
+                ("the cluster's prober", daemon.cluster.probe_loop),
             ):
                 nursery.start_soon(run_forever, what, loop)
             await nursery.start(
@@ -156,20 +157,55 @@ def bind_remote(settings: NodeSettings) -> tuple[socket.socket, ssl.SSLContext] 
     return bind_tcp(host, port), context
 
 
-# File descriptors kept for everything but connections: LMDB, store clients, logs.
+# File descriptors kept for everything but connections to the control socket: LMDB,
+# logs, the metrics listener's connections (METRICS_CONNECTIONS), and below, per fetch
+# thread, the store client's connections.
 _FD_HEADROOM = 256
+_FDS_PER_FETCH_THREAD = 4
+
+
+def raise_nofile() -> int:
+    """Raise RLIMIT_NOFILE's soft limit to its hard limit (a daemon holds a connection
+    per client, store and peer: the default soft limit of 1024 is small); the soft
+    limit now in force."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or hard > soft:
+        target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError) as exc:  # nr_open below an infinite hard limit
+            log.warning("cannot raise the open-files limit from %d: %s", soft, exc)
+    return soft
+
+
+def fd_budget(s: NodeSettings) -> int:
+    """File descriptors kept for everything but the control socket's connections: the
+    TLS listener's connections, peer clients, store clients, LMDB, logs, metrics."""
+    from silofs.node.peer_client import PEER_POOL  # what each member's pool may open
+
+    members = len(s.cluster.members) if s.cluster is not None else 0
+    return (
+        _FD_HEADROOM
+        + s.tcp_max_connections
+        + members * PEER_POOL
+        + s.fetch_threads * _FDS_PER_FETCH_THREAD
+    )
 
 
 def connection_limits(daemon: Daemon) -> ConnectionLimits:
-    """The configured limits, with the total lowered to fit RLIMIT_NOFILE: running out of
-    fds fails misses and listings, so connections must hit their own limit first."""
+    """The configured limits, with the total lowered to fit RLIMIT_NOFILE minus every
+    other kind of connection's cap (fd_budget): running out of fds fails misses,
+    listings and peers, so each kind of connection must hit its own limit first."""
     s = daemon.settings
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
     reserve = 64
     total = s.max_connections
-    if soft != resource.RLIM_INFINITY and total + reserve > soft - _FD_HEADROOM:
-        total = max(16, (soft - _FD_HEADROOM) * 3 // 4)
-        reserve = max(4, (soft - _FD_HEADROOM) // 4)
+    headroom = fd_budget(s)
+    if soft != resource.RLIM_INFINITY and total + reserve > soft - headroom:
+        room = max(64, soft - headroom)
+        total = max(16, room * 3 // 4)
+        reserve = max(4, room // 4)
         log.warning(
             "max_connections %d does not fit the fd limit %d: using %d (+%d for admins)",
             s.max_connections,
@@ -236,6 +272,8 @@ def run_daemon(settings: NodeSettings, started_by: str = "manual") -> None:
     """Run the daemon in the foreground until SIGTERM/SIGINT (or idle exit). Raises
     SilofsError. `started_by` is "auto" when `silofs mount` started it."""
     tune_gc()
+    nofile = raise_nofile()
+    log.debug("open-files limit: %d", nofile)
     # Before anything slow (opening the cache, moving a damaged one aside): a SIGHUP
     # while starting or stopping must not end the daemon either. serve() handles it
     # itself while it runs.
@@ -258,6 +296,7 @@ def run_daemon(settings: NodeSettings, started_by: str = "manual") -> None:
     try:
         trio.run(serve, daemon)
     finally:
+        daemon.cluster.close()
         daemon.store.close()
         os.close(daemon.lock_fd)
 

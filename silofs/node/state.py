@@ -29,6 +29,7 @@ class DatasetState:
     building_gen: int | None = None  # the listing generation being written, while listing
     record: dict = field(default_factory=dict)
     options: dict[str, str] = field(default_factory=dict)  # per-dataset store options
+    endpoint_url: str | None = None  # the endpoint it was opened with (None: the default)
     reads: MountCounters = field(default_factory=MountCounters)
     fetch: FetchCounters = field(default_factory=FetchCounters)
     prepare_errors: int = 0  # checks and listings that failed (after their retries)

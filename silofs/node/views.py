@@ -13,6 +13,7 @@ import time
 from typing import Any
 
 from silofs.node.daemon import Daemon
+from silofs.node.membership import PeerCounters
 from silofs.node.state import DatasetState, JobState, MountState
 from silofs.records import MountCounters
 
@@ -92,6 +93,67 @@ def dataset_view(d: Daemon, ds: DatasetState) -> dict[str, Any]:
         "stale_chunks": ds.stale_chunks,  # the first eviction victims (after a refresh)
         "mounts": sum(1 for m in d.mounts.values() if m.dsid == ds.id),
         "warm": d.warms[ds.id].view() if ds.id in d.warms else None,
+        # In a cluster: the dataset's share of the cluster's caches and this node's part
+        # (null: no share, the shared pool), and its peer traffic (null alone).
+        "cluster_share": d.cluster.shares.share(ds.uri.canonical) if d.cluster.active else None,
+        "cluster_part": d.cluster.parts().get(ds.uri.canonical),
+        "peer": _peer_counters(d, ds.uri.canonical),
+    }
+
+
+def _peer_counters(d: Daemon, uri: str) -> dict[str, Any] | None:
+    if not d.cluster.active:
+        return None
+    c = d.cluster.datasets.get(uri)
+    return c.view() if c is not None else PeerCounters().view()
+
+
+def cluster_view(d: Daemon) -> dict[str, Any] | None:
+    """The cluster this node is in (GET /v1/cluster, status "cluster"): its members,
+    each one's state and peer traffic, this node's serve cap, the cache shares; None
+    when the node stands alone."""
+    c = d.cluster
+    if c.membership is None or c.config is None:
+        return None
+    now = time.monotonic()
+    members = []
+    for m in c.membership.members.values():
+        members.append(
+            {
+                "address": m.address,
+                "weight": m.weight,
+                "self": m.is_self,
+                "state": "up" if m.up or m.is_self else "down",
+                "down_for_s": round(max(0.0, m.down_until - now), 2) if not m.up else 0.0,
+                "failures": m.failures,
+                "last_error": m.last_error or None,
+                "connections_opened": c.pools[m.address].opened if m.address in c.pools else 0,
+                **m.counters.view(),
+            }
+        )
+    shares = c.shares
+    return {
+        "name": c.config.name,
+        "address": c.membership.self_address,
+        "version": c.config.version,
+        "peer_timeout_seconds": c.config.peer_timeout_seconds,
+        "peer_serve_rate": c.config.peer_serve_rate,
+        "serve_wait_s": round(c.home.serve_waited(), 3),
+        "keep_peer_copies": c.config.keep_peer_copies,
+        "members": members,
+        # What members asked of this node, by the name of their certificate.
+        "peers_in": {name: pc.view() for name, pc in c.incoming.items()},
+        "datasets": [
+            {
+                "uri": uri,
+                "share": shares.share(uri),
+                "part": c.parts().get(uri),
+                **pc.view(),
+            }
+            for uri, pc in sorted(c.datasets.items())
+        ],
+        "allocations_version": shares.version,
+        "shares": dict(shares.shares),
     }
 
 
@@ -211,4 +273,5 @@ def status_view(d: Daemon) -> dict[str, Any]:
         "datasets": [dataset_view(d, ds) for ds in d.datasets.values()],
         "jobs": [job_view(d, j) for j in d.jobs.values()],
         "mounts": [mount_view(d, m) for m in d.mounts.values()],
+        "cluster": cluster_view(d),
     }

@@ -28,6 +28,7 @@ from silofs.control.router import Caller, Request, Response, Router, json_respon
 from silofs.control.server import TLSLimits, bind_tcp, serve_tls
 from silofs.control.tls import parse_tcp_address, server_context
 from silofs.errors import UsageError
+from tests.cluster_setup import legacy_node_cert
 from tests.support.poll import wait_for
 from tests.unit.serving import serving
 
@@ -41,6 +42,7 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     init_ca(str(good))
     node_cert(str(good), "node-a", ["127.0.0.1"])
     client_cert(str(good), "other-client")
+    legacy_node_cert(good, "legacy-node", "127.0.0.1")
     foreign = tmp_path_factory.mktemp("foreign")
     init_ca(str(foreign))  # its controller.pem is signed by a CA the node does not trust
     return {"good": good, "foreign": foreign}
@@ -50,7 +52,9 @@ def make_router() -> Router:
     router = Router()
 
     async def peer(req: Request) -> Response:
-        return json_response(vars(req.peer))
+        return json_response(
+            {k: sorted(v) if isinstance(v, frozenset) else v for k, v in vars(req.peer).items()}
+        )
 
     async def echo(req: Request) -> Response:
         return json_response(req.json())
@@ -94,11 +98,18 @@ def test_controller_certificate_is_a_remote_admin_never_a_local_uid(pki: dict[st
             # keep-alive over TLS: the second request reuses the connection
             assert c.request("PUT", "/v1/echo", {"x": [1, 2]}) == {"x": [1, 2]}
             assert c.connections_opened == 1
-    assert peer == {"pid": 0, "uid": REMOTE_UID, "gid": REMOTE_UID, "remote": "controller"}
+    assert peer == {
+        "pid": 0,
+        "uid": REMOTE_UID,
+        "gid": REMOTE_UID,
+        "remote": "controller",
+        "names": [],
+        "node": False,
+    }
     assert acc.served == 1 and acc.refused == 0
     from silofs.control.peer import Peer
 
-    assert peer_may_change(Peer(**peer), admin_gid=None)
+    assert peer_may_change(Peer(**{**peer, "names": frozenset()}), admin_gid=None)
     assert not peer_may_change(Peer(pid=1, uid=REMOTE_UID, gid=REMOTE_UID), admin_gid=None)
 
 
@@ -126,8 +137,8 @@ def test_refused_clients_get_nothing_and_the_server_goes_on(
                 ctx.load_verify_locations(str(pki["good"] / "ca.pem"))
             elif client == "foreign-ca":
                 ctx = controller(pki, ca="foreign")
-            else:  # a node's serverAuth-only certificate, from the right CA
-                ctx = controller(pki, name="node-a")
+            else:  # a node's serverAuth-only certificate (before clusters), the right CA
+                ctx = controller(pki, name="legacy-node")
             with ControlClient(f"tls://127.0.0.1:{port}", timeout=DEADLINE, tls=ctx) as c:
                 with pytest.raises(ControlError) as err:
                     c.request("GET", "/v1/peer")
@@ -138,6 +149,22 @@ def test_refused_clients_get_nothing_and_the_server_goes_on(
         assert acc.served == 0
         assert_served(port, pki)
         assert acc.open <= 1
+
+
+def test_a_node_certificate_is_a_member_candidate_and_no_admin(pki: dict[str, Path]) -> None:
+    """A certificate of `silofs-ctl certs node` (serverAuth and clientAuth, the node
+    role) gets through the handshake even with tls_client_names set, as a peer with its
+    names and the node role: the routes judge it (this router's routes are for local
+    peers and controllers: 403), and it is never an admin."""
+    with tls_server(pki, allowed_names=frozenset({"controller"})) as (port, acc):
+        ctx = controller(pki, name="node-a")
+        with ControlClient(f"tls://127.0.0.1:{port}", timeout=DEADLINE, tls=ctx) as c:
+            with pytest.raises(ControlError) as err:
+                c.request("GET", "/v1/peer")
+        assert err.value.status == 403
+        assert acc.served == 1
+    node = remote_peer("node-a", frozenset({"127.0.0.1", "node-a"}), node=True)
+    assert not peer_may_change(node, admin_gid=None)
 
 
 def test_client_checks_the_node_name(pki: dict[str, Path]) -> None:

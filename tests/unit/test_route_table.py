@@ -14,7 +14,7 @@ from silofs.control.client import ControlClient, ControlError
 from silofs.control.peer import Peer, remote_peer
 from silofs.control.router import Caller, Request, Response, Route, Router, json_response
 from silofs.control.server import serve_unix
-from silofs.node.routes import MAX_OFFER_BODY, REMOTE_ROUTES, ROUTES
+from silofs.node.routes import MAX_OFFER_BODY, PEER_ROUTES, REMOTE_ROUTES, ROUTES
 from tests.unit.serving import serving
 
 DEADLINE = 10.0
@@ -50,11 +50,53 @@ def test_a_remote_controller_finds_the_reads_and_allocation_changes_only() -> No
         ("DELETE", "/v1/datasets/{name}"),
         ("DELETE", "/v1/jobs/{job}"),
         ("GET", "/metrics"),
+        ("GET", "/v1/cluster"),
+        ("PUT", "/v1/cluster"),
     }
     # Every change a controller may make is an admin's on the node too.
     for r in ROUTES:
         if r.method != "GET" and r.who & Caller.CONTROLLER:
             assert r.who & Caller.ADMIN and not r.who & Caller.LOCAL, r
+
+
+def test_members_find_the_peer_routes_only_and_nobody_else_does() -> None:
+    assert PEER_ROUTES == {
+        ("GET", "/v1/peer/ping"),
+        ("PUT", "/v1/peer/datasets"),
+        ("GET", "/v1/peer/chunk"),
+        ("GET", "/v1/peer/allocations"),
+        ("PUT", "/v1/peer/allocations"),
+    }
+    for r in ROUTES:  # a peer route is a member's alone, and a member reaches no other
+        assert (r.who == Caller.PEER) == (r.path.startswith("/v1/peer/")), r
+    member = remote_peer("n1", frozenset({"10.0.0.1"}), node=True)
+    stranger = remote_peer("n9", frozenset({"10.0.0.9"}), node=True)
+    controller, local = remote_peer("controller"), Peer(pid=1, uid=0, gid=0)
+
+    def roles(peer: Peer) -> Caller:  # node/authz.py roles, with 10.0.0.1 a member
+        if peer.remote is None:
+            return Caller.LOCAL | Caller.ADMIN | Caller.ROOT
+        if peer.node:
+            return Caller.PEER if "10.0.0.1" in peer.names else Caller(0)
+        return Caller.CONTROLLER
+
+    router = Router(ROUTES, roles=roles, refusal=lambda route, peer: "no")
+
+    def status(method: str, path: str, peer: Peer) -> int:
+        error = router.match(method, path.split("/")[1:], peer).error
+        return 200 if error is None else error.status
+
+    chunk = "/v1/peer/chunk"
+    assert status("GET", chunk, local) == 404  # the Unix socket has no peer routes
+    assert status("GET", chunk, controller) == 403
+    assert status("GET", chunk, member) == 200
+    assert status("GET", chunk, stranger) == 403
+    assert status("GET", "/v1/status", member) == 403  # a member's certificate: nothing else
+    assert status("PUT", "/v1/cluster", member) == 403
+    assert status("GET", "/v1/chunks", member) == 404  # local-only routes do not exist for it
+    assert status("GET", "/v1/status", stranger) == 403
+    assert status("GET", "/v1/status", controller) == 200
+    assert status("PUT", "/v1/cluster", controller) == 200
 
 
 async def _ok(req: Request) -> Response:

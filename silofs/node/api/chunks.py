@@ -39,7 +39,7 @@ async def get_chunk(d: Daemon, req: Request) -> Response:
     except UsageError as exc:
         raise HTTPError(404, str(exc)) from None
     except BackendError as exc:
-        raise HTTPError(_backend_status(exc), str(exc)) from None
+        raise HTTPError(backend_status(exc), str(exc)) from None
     return Response(200, data, "application/octet-stream", {"x-silofs-source": source})
 
 
@@ -61,7 +61,7 @@ def _span(text: str | None, index: int) -> tuple[int, int] | None:
     return first, last
 
 
-def _backend_status(exc: BackendError) -> int:
+def backend_status(exc: BackendError) -> int:
     if isinstance(exc, ObjectChangedError):
         return 409
     if isinstance(exc, NotFoundError):

@@ -1,0 +1,92 @@
+"""The daemon's file descriptors: connections of every kind stay below RLIMIT_NOFILE with
+room for mounts and store fetches, so a flood of idle connections never starves status
+or a mount's uncached read.
+
+A real daemon runs under `prlimit --nofile=1024:1024` (a hard limit it cannot raise);
+the test, as root (a trusted client, exempt from per-uid limits), opens 1,124 idle
+connections to its socket and keeps them open while it asks for status and reads an
+uncached file through a real mount.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.support.fixtures import needs_fuse
+from tests.support.node import Node, silofs_cmd
+from tests.support.poll import wait_for
+
+pytestmark = [needs_fuse, pytest.mark.fuse]
+
+IDLE = 1124
+
+
+class LimitedNode(Node):
+    """A Node whose daemon starts with RLIMIT_NOFILE soft = hard = `nofile`."""
+
+    nofile = 1024
+
+    def start(self, *extra: str) -> None:
+        log = open(self.logs / "daemon.log", "ab")
+        cmd = silofs_cmd(
+            "daemon", "--socket", self.socket, "--cache-dir", self.cache_dir,
+            "--cache-size", self.cache_size, *extra,
+        )  # fmt: skip
+        self.proc = subprocess.Popen(
+            ["prlimit", f"--nofile={self.nofile}:{self.nofile}", *cmd],
+            stdout=log,
+            stderr=log,
+            env=self.env,
+            start_new_session=True,
+        )
+        wait_for(self._answers, what=f"the daemon on {self.socket} (log: {self.logs})")
+
+
+@pytest.fixture
+def limited_node(tmp_path: Path):
+    if os.geteuid() != 0:
+        pytest.skip("the flood must come from a trusted (root) client")
+    (tmp_path / "node").mkdir()
+    node = LimitedNode(tmp_path / "node", "64M", dict(os.environ))
+    try:
+        node.start()
+        yield node
+    finally:
+        node.cleanup()
+    assert not node.log_problems(), "\n".join(node.log_problems())
+
+
+def test_idle_connections_of_a_root_client_leave_status_and_misses_working(
+    limited_node: LimitedNode, tmp_path: Path
+) -> None:
+    node = limited_node
+    data = tmp_path / "data"
+    data.mkdir()
+    for i in range(4):
+        (data / f"f{i}.bin").write_bytes(os.urandom(300_000 + i))
+    mp = node.mount(str(data), tmp_path / "mnt")
+    assert (mp / "f0.bin").read_bytes() == (data / "f0.bin").read_bytes()
+
+    idle: list[socket.socket] = []
+    try:
+        for _ in range(IDLE):
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            s.settimeout(10)
+            s.connect(node.socket)
+            idle.append(s)
+        # Some were accepted, the rest wait in the backlog or were answered 429 and
+        # closed: whatever the daemon did with them, it must still serve these two.
+        status = node.status()
+        assert status["node"]["cache_size"] > 0
+        assert (mp / "f3.bin").read_bytes() == (data / "f3.bin").read_bytes()
+        assert (mp / "f2.bin").read_bytes() == (data / "f2.bin").read_bytes()
+        fds = len(os.listdir(f"/proc/{node.proc.pid}/fd"))  # type: ignore[union-attr]
+        assert fds < LimitedNode.nofile - 64, f"the daemon holds {fds} fds"
+    finally:
+        for s in idle:
+            s.close()
