@@ -162,13 +162,14 @@ class Cluster:
         """Start (or restart, after a kill) a node's daemon in its namespace."""
         self.nodes[role].node.start()
 
-    def mount(self, role: str, uri: str, job: str | None = None) -> Path:
-        """Mount `uri` on node `role` (in this host's mount namespace)."""
+    def mount(self, role: str, uri: str, job: str | None = None, name: str = "data") -> Path:
+        """Mount `uri` on node `role` (in this host's mount namespace) at mnt-NAME-ROLE."""
         cn = self.nodes[role]
         cn.job = job or f"train-{role}"
         buffer = self.spec.mount_buffer or 8 * self.spec.chunk_size
         env = {"SILOFS_BUFFER_BYTES": str(buffer)}
-        cn.mountpoint = cn.node.mount(uri, self.root / f"mnt-{role}", "--job", cn.job, env=env)
+        mp = self.root / f"mnt-{name}-{role}"
+        cn.mountpoint = cn.node.mount(uri, mp, "--job", cn.job, env=env)
         return cn.mountpoint
 
     def push_members(self, roles: Sequence[str], targets: Sequence[str] | None = None) -> None:
@@ -187,9 +188,8 @@ class Cluster:
         (default: the spec's members), as every member computes it: weighted rendezvous
         hashing (silofs.node.placement) of the chunk key, made from the content id the
         S3 listing reports."""
-        from silofs.node.placement import Candidate, home
-
         from silofs.cache.format import chunk_key
+        from silofs.node.placement import Candidate, home
 
         roles = roles if roles is not None else (self.spec.members or self.spec.roles)
         by_address = {self.nodes[r].member: r for r in roles}
@@ -443,11 +443,14 @@ def epoch(
     seed: int,
     readers: int = 4,
     stop: threading.Event | None = None,
+    out: dict[str, EpochReads] | None = None,
 ) -> dict[str, EpochReads]:
     """Every node in `mounts` reads every file once, all nodes at once, each in its own
     random order (seeded by `seed` and the role) with `readers` threads taking the
-    next file as a data loader's workers do; `stop` set ends it early."""
-    out = {role: EpochReads(role) for role in mounts}
+    next file as a data loader's workers do; `stop` set ends it early. `out`, if given,
+    is filled as reads complete (another thread may watch the progress)."""
+    out = out if out is not None else {}
+    out.update({role: EpochReads(role) for role in mounts})
     lock = threading.Lock()
 
     def node_epoch(role: str, mp: Path) -> None:
