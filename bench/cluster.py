@@ -5,6 +5,7 @@ from one store behind a limited link, two epochs, each node in its own random or
     python bench/cluster.py [--nodes 4] [--quick] [--json] [--only shared|alone]
         [--files N] [--file-size 256K] [--readers 4] [--store s3rver|moto]
         [--store-rate 50MB/s] [--store-latency-ms 20] [--cache-slack 0.1] [--keep DIR]
+        [--profile PREFIX]
 
 Each node's cache is 1/N of the dataset (plus --cache-slack: rendezvous hashing gives a
 member a binomial share of the chunks, and a home that owns more than its cache holds
@@ -16,7 +17,9 @@ the nodes are one cluster; a chunk's home fetches it once and serves it to the o
 Then, in the shared cluster with its caches warm, one node reads the files homed at it
 (local cache hits) and as many homed elsewhere (served by their homes) in alternating
 rounds: the rate of each, and the CPU per MiB of the asking daemon, the homes' daemons
-and the asking mount, from /proc.
+and the asking mount, from /proc. --profile PREFIX runs py-spy on the asking daemon and
+one home's daemon during one more peer round (its figures are not comparable) and
+prints where their busy time goes.
 
 Prints one JSON object with --json (the figures below otherwise), with the host's load.
 Goals on the bench host: shared store_bytes <= 1.1 D; shared epoch 2 >= 2x faster than
@@ -40,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import ProcTimes, check_fuse, load_average  # noqa: E402
+from common import ProcTimes, Profiler, check_fuse, load_average, profile_summary  # noqa: E402
 
 from silofs.units import parse_size  # noqa: E402
 from tests.support.cluster import (  # noqa: E402
@@ -219,6 +222,8 @@ def peer_vs_local(
     peer_mib = len(peer) * args.file_size * args.rounds / MIB
     local_mib = len(local) * args.file_size * args.rounds / MIB
     local_rate, peer_rate = statistics.median(rates["local"]), statistics.median(rates["peer"])
+    if args.profile:
+        _profile_peer_round(args, c, mp, peer, files)
     return {
         "node": role,
         "files": {"local": len(local), "peer": len(peer)},
@@ -239,8 +244,26 @@ def peer_vs_local(
     }
 
 
-def _read_keys(mp: Path, keys: list[str], files: dict[str, bytes], readers: int) -> int:
+def _profile_peer_round(
+    args: argparse.Namespace, c: Cluster, mp: Path, keys: list[str], files: dict[str, bytes]
+) -> None:
+    """One more peer round under py-spy: the asking daemon and the busiest home's."""
+    asker = c.nodes[c.spec.roles[0]]
+    home = c.nodes[c.spec.roles[1]]
+    outs = [f"{args.profile}-asker.txt", f"{args.profile}-home.txt"]
+    drop_pages(mp, keys)
+    with Profiler(asker.pid, outs[0]), Profiler(home.pid, outs[1]):
+        _read_keys(mp, keys * 3, files, args.readers, drop=True)
+    for out in outs:
+        log(args, f"\n{out}:\n{profile_summary(out)}")
+
+
+def _read_keys(
+    mp: Path, keys: list[str], files: dict[str, bytes], readers: int, drop: bool = False
+) -> int:
     def one(key: str) -> int:
+        if drop:
+            drop_pages(mp, [key])
         r = read_file(mp / key, files[key])
         if r.error or r.wrong:
             raise AssertionError(f"{key}: {r.error or f'{r.wrong} wrong bytes'}")
@@ -308,6 +331,7 @@ def main() -> int:
     ap.add_argument("--cache-slack", type=float, default=0.1)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--keep", default=None, help="work under this directory and keep it")
+    ap.add_argument("--profile", default=None, help="py-spy the peer path: PREFIX-*.txt")
     args = ap.parse_args()
     shape = QUICK if args.quick else FULL
     args.files = args.files or shape["files"]

@@ -31,6 +31,7 @@ import subprocess
 import sys
 import threading
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -241,7 +242,7 @@ def faulty(four: Cluster) -> dict:
     bucket, files = _dataset(four, "faults", 3)
     mp = four.mount("n1", four.store.uri(bucket), name="faults")
     fresh = sorted(k for (k, _), h in four.homes(bucket).items() if h == "n2")
-    return {"files": files, "mp": mp, "fresh": fresh}
+    return {"bucket": bucket, "files": files, "mp": mp, "fresh": fresh}
 
 
 @pytest.mark.parametrize(
@@ -344,6 +345,65 @@ def test_a_home_killed_mid_epoch_fails_no_read_and_serves_again_once_back(
     assert after["errors"] == before["errors"]
     assert c.store_bytes() - sent < CHUNK * len(ours) // 10  # hits at the home
     _release(c, bucket)
+
+
+def test_a_home_cut_off_the_network_never_holds_a_read_longer_than_the_bound(
+    four: Cluster, faulty: dict
+) -> None:
+    """No reset, no answer (its link off the bridge): the first read of one of its
+    chunks waits the peer bound and reads from the store; the next ones skip it."""
+    c = four
+    files, mp = faulty["files"], faulty["mp"]
+    victim = "n4"
+    ours = sorted(k for (k, _), h in c.homes(faulty["bucket"]).items() if h == victim)[:6]
+    before = _member(c, "n1", victim)
+    c.net.set_link(victim, up=False)
+    try:
+        reads = [read_file(mp / key, files[key]) for key in ours]
+    finally:
+        c.net.set_link(victim, up=True)
+    assert all(r.error is None and r.wrong == 0 for r in reads), reads
+    print(f"reads with {victim} cut off: {[round(r.seconds, 2) for r in reads]}")
+    assert max(r.seconds for r in reads) < PEER_TIMEOUT + 3.0
+    assert sum(r.seconds for r in reads[1:]) < PEER_TIMEOUT  # it was skipped after one
+    after = _member(c, "n1", victim)
+    assert after["errors"].get("timeout", 0) > before["errors"].get("timeout", 0), after
+    wait_for(lambda: _member(c, "n1", victim)["state"] == "up", DEADLINE, f"{victim} back")
+
+
+def test_a_slow_store_is_not_a_dead_peer_and_is_asked_once_for_all(four: Cluster) -> None:
+    """The store's first byte slower than the peer bound: the home says 102 while it
+    waits, so three nodes asking it for one chunk at once wait for it (no timeout, no
+    fallback) and the store is asked once."""
+    c = four
+    bucket, files = _dataset(c, "slow", 6)
+    askers, home = ["n1", "n2", "n4"], "n3"
+    mounts = _mount_all(c, bucket, askers, "slow")
+    key = sorted(k for (k, _), h in c.homes(bucket).items() if h == home)[0]
+    before = {r: _member(c, r, home) for r in askers}
+    c.store_proxy.set_plan(FaultPlan(first_byte_delay=PEER_TIMEOUT + 1.5, bandwidth=50e6))
+    try:
+        start = threading.Barrier(len(askers))
+
+        def read(role: str) -> object:
+            start.wait()
+            return read_file(mounts[role] / key, files[key])
+
+        with ThreadPoolExecutor(len(askers)) as pool:
+            reads = list(pool.map(read, askers))
+    finally:
+        c.store_proxy.set_plan(FaultPlan(first_byte_delay=0.01, bandwidth=50e6))
+    assert all(r.error is None and r.wrong == 0 for r in reads), reads
+    assert min(r.seconds for r in reads) >= PEER_TIMEOUT  # they did wait for the store
+    path = f"/{bucket}/{key}"
+    gets = c.store_proxy.wait_history(lambda h: any(x.target.startswith(path) for x in h))
+    assert sum(1 for x in gets if x.method == "GET" and x.target.startswith(path)) == 1
+    for role in askers:
+        after = _member(c, role, home)
+        assert after["errors"] == before[role]["errors"], (role, after)
+        assert after["store_fallbacks"] == before[role]["store_fallbacks"]
+        assert after["bytes_in"] - before[role]["bytes_in"] == CHUNK
+        assert after["state"] == "up"
 
 
 # ---------------------------------------------------------------------------------------

@@ -177,6 +177,12 @@ class Bridge:
                     f"CONFIG_NET_SCH_{kind.upper()})"
                 )
 
+    def set_link(self, leaf: str, up: bool) -> None:
+        """Take `leaf`'s link off the bridge (its packets dropped, no reset: a host cut
+        off the network) or put it back."""
+        hub = next(iter(self.names))
+        _check(ip("-n", self.names[hub], "link", "set", self.devices[leaf][0], "up" if up else "down"))  # fmt: skip  # noqa: E501
+
 
 def _tc(ns: str, verb: str, dev: str, *qdisc: str) -> subprocess.CompletedProcess:
     argv = ["tc", "-n", ns, "qdisc", verb, "dev", dev, "root", *qdisc]
