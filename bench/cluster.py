@@ -118,14 +118,17 @@ def run_mode(
 
 
 def _counters(c: Cluster, role: str) -> dict[str, int]:
-    """A node's cumulative counters: its mount's bytes by source, and peer bytes in."""
+    """A node's cumulative counters: its mount's bytes read and the bytes of the store
+    GETs its misses caused (here, or at their home: a chunk read over several FUSE
+    requests is one GET, whose later requests the mount's buffer serves), and the
+    chunk bytes members sent it."""
     cn = c.nodes[role]
     status = cn.status()
     m = cn.node.mount_status(cn.mountpoint)  # type: ignore[arg-type]
     cl = status.get("cluster") or {}
     return {
         "bytes_read": m["bytes_read"],
-        "store": m["served_bytes"]["store"],
+        "store": m["remote_bytes"],
         "hit_bytes": m["hit_bytes"],
         "peer_in": sum(p.get("bytes_in", 0) for p in cl.get("members", [])),
     }

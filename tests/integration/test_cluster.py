@@ -118,7 +118,8 @@ def _mount_all(c: Cluster, bucket: str, roles: list[str], name: str) -> dict[str
 
 def _counters(c: Cluster, role: str, mp: Path) -> dict[str, int]:
     m = c.nodes[role].node.mount_status(mp)
-    return {"read": m["bytes_read"], "store": m["served_bytes"]["store"]}
+    # remote_bytes: the store GETs its misses caused, here or at their home.
+    return {"read": m["bytes_read"], "store": m["remote_bytes"]}
 
 
 def _run_epoch(
