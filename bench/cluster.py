@@ -1,5 +1,5 @@
 """One cache across the nodes of a cluster, against each node's cache alone: N nodes
-(network namespaces on one bridged subnet, tests/support/cluster.py) read one dataset
+(network namespaces on one bridged subnet, tests/support/netcluster.py) read one dataset
 from one store behind a limited link, two epochs, each node in its own random order.
 
     python bench/cluster.py [--nodes 4] [--quick] [--json] [--only shared|alone]
@@ -46,7 +46,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import ProcTimes, Profiler, check_fuse, load_average, profile_summary  # noqa: E402
 
 from silofs.units import parse_size  # noqa: E402
-from tests.support.cluster import (  # noqa: E402
+from tests.support.faultproxy import parse_rate  # noqa: E402
+from tests.support.net import Link, NetnsUnavailable  # noqa: E402
+from tests.support.netcluster import (  # noqa: E402
     MIB,
     Cluster,
     ClusterSpec,
@@ -56,8 +58,6 @@ from tests.support.cluster import (  # noqa: E402
     epoch,
     read_file,
 )
-from tests.support.faultproxy import parse_rate  # noqa: E402
-from tests.support.net import Link, NetnsUnavailable  # noqa: E402
 from tests.support.servers import S3Server, ServerError, start_moto, start_s3rver  # noqa: E402
 from tests.support.trees import random_files  # noqa: E402
 

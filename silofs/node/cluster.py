@@ -105,7 +105,7 @@ class Cluster:
         self._nursery: trio.Nursery | None = None
         config = self._newest(settings.cluster, _persisted(d.store))
         if config is not None:
-            self.apply(config, persist=False)
+            self.apply(config)
 
     # -- the member list -----------------------------------------------------------
     @property
@@ -128,9 +128,9 @@ class Cluster:
         )
         return pushed
 
-    def apply(self, config: ClusterSettings, *, persist: bool = True) -> None:
-        """Put a member list in force (at start, or pushed: persist() first). UsageError
-        (one line) if this node cannot be one of its members."""
+    def apply(self, config: ClusterSettings) -> None:
+        """Put a member list in force (at start, or pushed: push() persists it first).
+        UsageError (one line) if this node cannot be one of its members."""
         address = self._self_address(config)
         if self.context is None:
             self.context = _member_context(self.settings)
@@ -143,6 +143,7 @@ class Cluster:
         for addr in list(self.pools):
             if addr not in self.membership.members or self.pools[addr].cluster != cluster_name:
                 self.pools.pop(addr).close()
+                self._slots.pop(addr, None)
         for m in self.membership.peers():
             if m.address not in self.pools:
                 self.pools[m.address] = PeerPool(m.address, m.host, m.port, self.context,
@@ -150,6 +151,16 @@ class Cluster:
                 self._slots[m.address] = trio.Semaphore(PEER_POOL)
         self.threads.total_tokens = max(PEER_POOL, PEER_POOL * len(self.pools))
         self.home.set_serve_rate(config.peer_serve_rate)
+        # Every other member may hold PEER_POOL connections to this node's listener.
+        wanted = PEER_POOL * len(self.pools) + 8
+        if self.settings.tcp_max_connections < wanted:
+            log.warning(
+                "tcp_max_connections = %d leaves members too few connections to this node "
+                "(they may hold %d): raise it to at least %d",
+                self.settings.tcp_max_connections,
+                PEER_POOL * len(self.pools),
+                wanted,
+            )
         log.info(
             "cluster %s (version %d): this node is %s; members %s",
             config.name,
@@ -184,6 +195,7 @@ class Cluster:
                 raise ValueError(str(exc)) from None
         await self.d.writer.call(self.d.store.put_meta, META_ROW, _row(config))
         self.apply(config)
+        self.d.allocs.notify()  # the weights make the parts: the enforcer looks again
         return config
 
     def _self_address(self, config: ClusterSettings, conflict: type[Exception] = UsageError) -> str:
@@ -263,7 +275,7 @@ class Cluster:
         finally:
             dsc.wait_seconds += trio.current_time() - t0
         for c in counters:
-            c.bytes_in += len(data)
+            c.bytes_in += len(reply.body)  # the value, header and data, as the home sent it
         source = reply.headers.get(SOURCE_HEADER, "cache")
         source = "remote" if source == "remote" else "cache"
         if refetch or self.config_keep_copies():
@@ -490,7 +502,7 @@ class Cluster:
         except (PeerError, ValueError, AttributeError) as exc:
             reason = exc.reason if isinstance(exc, PeerError) else "http"
             member.counters.error(reason)
-            self.membership.mark_down(member.address, str(exc))
+            self.membership.mark_down(member.address, str(exc), probe=True)
             return
         finally:
             member.probing = False

@@ -410,7 +410,9 @@ class Daemon:
                 ref,
                 refs,
                 replace=refetch,
-                readahead=span is not None,
+                # A GET left open for the reader's next span would stream other
+                # members' chunks in a cluster: there, a GET covers its run only.
+                readahead=span is not None and not self.cluster.active,
             )
             self.metrics.fetch_seconds.labels(ds.uri.canonical).observe(time.monotonic() - t0)
         except BackendError as exc:

@@ -36,9 +36,9 @@ class PeerCounters:
     what this node asked of it and what it answered, and what it asked of this node."""
 
     requests_out: int = 0  # chunk requests sent (a 428 round trip counts once)
-    bytes_in: int = 0  # chunk bytes received, verified
+    bytes_in: int = 0  # chunk values received (header and data), verified
     requests_in: int = 0  # chunk requests served
-    bytes_out: int = 0  # chunk bytes sent
+    bytes_out: int = 0  # chunk values sent (header and data)
     store_fallbacks: int = 0  # chunks read from the store after a failed ask
     wait_seconds: float = 0.0  # time spent waiting on peers' answers
     errors: dict[str, int] = field(default_factory=dict)  # by reason (peer_client.REASONS)
@@ -154,11 +154,15 @@ class Membership:
         self._live = [m.candidate for m in self.members.values() if m.is_self or m.up]
 
     # -- up and down ---------------------------------------------------------------
-    def mark_down(self, address: str, reason: str) -> None:
+    def mark_down(self, address: str, reason: str, *, probe: bool = False) -> None:
         """A member failed (refused, timed out, answered wrong bytes): down for the
-        backoff, doubled for each failure in a row since it was last up."""
+        backoff, doubled for each failed probe in a row since it was last up. Asks that
+        were under way when it went down and fail too change nothing: eight reads that
+        fail at once are one failure, not a backoff of 2**8."""
         m = self.members.get(address)
         if m is None or m.is_self:
+            return
+        if not m.up and not probe:
             return
         backoff = min(MAX_BACKOFF, self.config.peer_backoff_seconds * (2**m.failures))
         m.failures += 1

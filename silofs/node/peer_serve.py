@@ -73,6 +73,7 @@ class Home:
         self.datasets: dict[str, DatasetState] = {}  # introduced by members, not open here
         self.lookups = trio.CapacityLimiter(LOOKUP_THREADS)
         self.budgets: dict[int, FillBudget] = {}  # members' warms, per dataset
+        self._budget_locks: dict[int, trio.Lock] = {}
         self._unlimited: TokenBucket | None = None
 
     # -- datasets ------------------------------------------------------------------
@@ -153,11 +154,16 @@ class Home:
         budget = self.budgets.get(ds.id)
         if budget is None:
             budget = self.budgets[ds.id] = FillBudget(self.d, ds.id)
-        if not await budget.fits(ref.length):
-            return Served(None, "cache", "full")
-        if not ask.charged:
-            raise ChargeFirst(ref.length)
-        budget.started(ref.length)
+            self._budget_locks[ds.id] = trio.Lock()
+        # A FillBudget answers one filling task: members' warms ask at once, so they
+        # take turns between its question and the fetch it allows (fits() waits for
+        # what is in flight to land, which needs no turn).
+        async with self._budget_locks[ds.id]:
+            if not await budget.fits(ref.length):
+                return Served(None, "cache", "full")
+            if not ask.charged:
+                raise ChargeFirst(ref.length)
+            budget.started(ref.length)
         data = b""
         try:
             data, _ = await self.d.fetcher.fetch(ds.id, ds.backend, self._free(), ref)

@@ -108,6 +108,13 @@ def _peer_counters(d: Daemon, uri: str) -> dict[str, Any] | None:
     return c.view() if c is not None else PeerCounters().view()
 
 
+def _cached(d: Daemon, uri: str) -> int:
+    """Bytes this node holds of a dataset, open here or only for members."""
+    ds = d.cluster.home.dataset(uri)
+    u = d.usage.get(ds.id) if ds is not None else None
+    return u.bytes if u else 0
+
+
 def cluster_view(d: Daemon) -> dict[str, Any] | None:
     """The cluster this node is in (GET /v1/cluster, status "cluster"): its members,
     each one's state and peer traffic, this node's serve cap, the cache shares; None
@@ -148,6 +155,7 @@ def cluster_view(d: Daemon) -> dict[str, Any] | None:
                 "uri": uri,
                 "share": shares.share(uri),
                 "part": c.parts().get(uri),
+                "cached_bytes": _cached(d, uri),
                 **pc.view(),
             }
             for uri, pc in sorted(c.datasets.items())

@@ -12,47 +12,26 @@ from __future__ import annotations
 
 import os
 import socket
-import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.support.fixtures import needs_fuse
-from tests.support.node import Node, silofs_cmd
-from tests.support.poll import wait_for
+from tests.support.node import Node
 
 pytestmark = [needs_fuse, pytest.mark.fuse]
 
 IDLE = 1124
-
-
-class LimitedNode(Node):
-    """A Node whose daemon starts with RLIMIT_NOFILE soft = hard = `nofile`."""
-
-    nofile = 1024
-
-    def start(self, *extra: str) -> None:
-        log = open(self.logs / "daemon.log", "ab")
-        cmd = silofs_cmd(
-            "daemon", "--socket", self.socket, "--cache-dir", self.cache_dir,
-            "--cache-size", self.cache_size, *extra,
-        )  # fmt: skip
-        self.proc = subprocess.Popen(
-            ["prlimit", f"--nofile={self.nofile}:{self.nofile}", *cmd],
-            stdout=log,
-            stderr=log,
-            env=self.env,
-            start_new_session=True,
-        )
-        wait_for(self._answers, what=f"the daemon on {self.socket} (log: {self.logs})")
+NOFILE = 1024
 
 
 @pytest.fixture
-def limited_node(tmp_path: Path):
+def limited_node(tmp_path: Path) -> Iterator[Node]:
+    """A daemon started with RLIMIT_NOFILE soft = hard = NOFILE: it cannot raise it."""
     if os.geteuid() != 0:
         pytest.skip("the flood must come from a trusted (root) client")
-    (tmp_path / "node").mkdir()
-    node = LimitedNode(tmp_path / "node", "64M", dict(os.environ))
+    node = Node(tmp_path / "node", "64M", prefix=["prlimit", f"--nofile={NOFILE}:{NOFILE}"])
     try:
         node.start()
         yield node
@@ -62,7 +41,7 @@ def limited_node(tmp_path: Path):
 
 
 def test_idle_connections_of_a_root_client_leave_status_and_misses_working(
-    limited_node: LimitedNode, tmp_path: Path
+    limited_node: Node, tmp_path: Path
 ) -> None:
     node = limited_node
     data = tmp_path / "data"
@@ -86,7 +65,7 @@ def test_idle_connections_of_a_root_client_leave_status_and_misses_working(
         assert (mp / "f3.bin").read_bytes() == (data / "f3.bin").read_bytes()
         assert (mp / "f2.bin").read_bytes() == (data / "f2.bin").read_bytes()
         fds = len(os.listdir(f"/proc/{node.proc.pid}/fd"))  # type: ignore[union-attr]
-        assert fds < LimitedNode.nofile - 64, f"the daemon holds {fds} fds"
+        assert fds < NOFILE - 64, f"the daemon holds {fds} fds"
     finally:
         for s in idle:
             s.close()

@@ -7,9 +7,10 @@ runs a real `silofs daemon` inside its namespace with [control] tcp_listen on it
 address and certificates from `silofs-ctl certs`. The controller runs inside its own
 namespace, where the nodes' Unix sockets are of no use to it (it is given only
 tls:// addresses), learns the jobs from the daemons' registrations, and pushes
-allocations. A plaintext client, a foreign certificate and a node's certificate used as
-a client are refused, and the daemons go on serving. The test reads results through the
-daemons' Unix sockets (a filesystem path: the same in every network namespace).
+allocations. A plaintext client and a foreign certificate get no answer, a node's
+certificate used as a client gets 403 everywhere, and the daemons go on serving. The
+test reads results through the daemons' Unix sockets (a filesystem path: the same in
+every network namespace).
 """
 
 from __future__ import annotations
@@ -195,8 +196,9 @@ def test_controller_in_its_own_namespace_allocates_over_mutual_tls(cluster, netn
     probe = json.loads(res.stdout)
     print(json.dumps(probe, indent=1))
     assert "HTTP/1.1 200" not in probe["plaintext"]
-    for key in ("foreign", "node-cert"):
-        assert probe[key][0] is None, probe[key]  # no HTTP answer at all
+    assert probe["foreign"][0] is None, probe["foreign"]  # no HTTP answer at all
+    # A node's certificate (the node role) is never an admin: 403 (no cluster here).
+    assert probe["node-cert"][0] == 403, probe["node-cert"]
     assert probe["status"][0] == "ok"
     for key in ("chunks", "open", "mount"):
         assert probe[key][0] in (404, 405), probe[key]

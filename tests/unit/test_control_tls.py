@@ -28,7 +28,7 @@ from silofs.control.router import Caller, Request, Response, Router, json_respon
 from silofs.control.server import TLSLimits, bind_tcp, serve_tls
 from silofs.control.tls import parse_tcp_address, server_context
 from silofs.errors import UsageError
-from tests.cluster_setup import legacy_node_cert
+from tests.support.cluster import legacy_node_cert
 from tests.support.poll import wait_for
 from tests.unit.serving import serving
 

@@ -42,7 +42,7 @@ def test_a_failed_member_is_down_for_a_doubling_backoff_and_up_on_a_good_probe(
     b = ms.members["tls://b:7470"]
     waits = []
     for _ in range(9):
-        ms.mark_down(b.address, "refused")
+        ms.mark_down(b.address, "refused", probe=True)  # its probe failed again
         waits.append(b.down_until - clock.now)
         assert not b.up and b.address not in [c.address for c in ms.live()]
         assert b not in ms.due()  # not before its backoff ends
@@ -54,6 +54,14 @@ def test_a_failed_member_is_down_for_a_doubling_backoff_and_up_on_a_good_probe(
     assert b.up and b.failures == 0 and b.address in [c.address for c in ms.live()]
     ms.mark_down(b.address, "timeout")
     assert b.down_until - clock.now == 1.0  # the backoff starts over
+
+
+def test_asks_failing_together_are_one_failure(clock: Clock) -> None:
+    ms = Membership(config("a", "b"), SELF, clock=clock)
+    b = ms.members["tls://b:7470"]
+    for _ in range(8):  # eight reads under way when it died
+        ms.mark_down(b.address, "refused")
+    assert b.failures == 1 and b.down_until - clock.now == 1.0
 
 
 def test_self_is_always_live_and_homes_avoid_down_members(clock: Clock) -> None:

@@ -19,8 +19,8 @@ from silofs.errors import UsageError
 from silofs.node.daemon import Daemon
 from silofs.node.peer_serve import ChargeFirst, UnknownDataset
 from silofs.node.peer_wire import ChunkAsk
-from tests.cluster_setup import make_pki
-from tests.unit.test_daemon_ops import mounted, running
+from tests.support.cluster import make_pki
+from tests.unit.inprocess import mounted, running
 
 CHUNK = 256 << 10
 ME, OTHER = "tls://127.0.0.1:1", "tls://127.0.0.1:2"
@@ -194,3 +194,28 @@ def test_a_pushed_share_is_taken_only_if_newer_and_survives_a_restart(
     from silofs.node.cluster_shares import ClusterShares
 
     assert ClusterShares(home.store, home.writer).version == 10  # persisted
+
+
+def test_members_warming_at_once_take_turns_and_fill_only_the_part(
+    home: Daemon, bucket: Path
+) -> None:
+    async def main() -> list[str]:
+        async with running(home) as d:
+            ds, _ = await mounted(d, bucket)
+            await d.set_cache_allocation(ds.uri.canonical, 4 * CHUNK)  # part: 3 chunks
+            outcomes: list[str] = []
+
+            async def warm(i: int) -> None:
+                a = ask(d, ds, f"f{i % 8}.bin", i // 8, warm=True, charged=True)
+                outcomes.append((await d.cluster.home.serve(a)).outcome)
+
+            with trio.fail_after(20):
+                async with trio.open_nursery() as nursery:
+                    for i in range(16):  # sixteen asks from members at once
+                        nursery.start_soon(warm, i)
+            await d.writer.flush()
+            assert d.usage[ds.id].bytes <= 3 * CHUNK
+            return outcomes
+
+    outcomes = trio.run(main)
+    assert outcomes.count("admitted") == 3 and outcomes.count("full") == 13
