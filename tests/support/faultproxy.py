@@ -68,6 +68,7 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
+import dataclasses
 import fcntl
 import ipaddress
 import random
@@ -231,6 +232,7 @@ class RequestRecord:
     target: str
     fault: str | None  # the fault injected, None if none
     status: int | None  # status sent to the client, None if reset/closed before a response
+    client: str = ""  # the client's address (which host asked, behind one proxy)
 
 
 # ---------------------------------------------------------------------------------------
@@ -740,6 +742,10 @@ class _Connection:
         sock.settimeout(proxy.idle_timeout)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.rfile: Any = None  # made once the client's TLS handshake (if any) is done
+        try:
+            self.client_host = str(sock.getpeername()[0])
+        except OSError:
+            self.client_host = ""
         self.up: socket.socket | None = None
         self.up_rfile: Any = None
         self._sock_lock = threading.Lock()
@@ -764,6 +770,9 @@ class _Connection:
                     self.rfile.close()
             with contextlib.suppress(OSError):
                 self.client.close()
+
+    def _record(self, record: RequestRecord) -> None:
+        self.p._record(dataclasses.replace(record, client=self.client_host))
 
     def _handshake(self, context: ssl.SSLContext) -> bool:
         """The client's TLS handshake (in this connection's thread, not the accept loop);
@@ -919,7 +928,7 @@ class _Connection:
             length = 0 if chunked else (_content_length(headers) or 0)
         except _ProtocolError:
             self._send_synthetic(400, "Bad Request", method, close=True)
-            self.p._record(RequestRecord(method, target, None, 400))
+            self._record(RequestRecord(method, target, None, 400))
             return False
         conn_tokens = _tokens(headers, "connection")
         client_close = "close" in conn_tokens or (
@@ -936,13 +945,13 @@ class _Connection:
             self._drain_request_body(chunked, length)
             self.p._count(kind)
             if kind == "reset_before_response":
-                self.p._record(RequestRecord(method, target, kind, None))
+                self._record(RequestRecord(method, target, kind, None))
                 self._reset_client()
                 return False
             status = 500 if kind == "http_500" else 503
             self._pause(max(0.0, t0 + plan.first_byte_delay - time.monotonic()))
             self._send_synthetic(status, _REASONS[status], method, close=client_close)
-            self.p._record(RequestRecord(method, target, kind, status))
+            self._record(RequestRecord(method, target, kind, status))
             return not client_close
 
         if kind == "delay":
@@ -1055,7 +1064,7 @@ class _Connection:
             raise
         except (OSError, _ProtocolError, ValueError, IndexError):
             self.p._count("upstream_errors")
-            self.p._record(RequestRecord(method, target, kind, 502))
+            self._record(RequestRecord(method, target, kind, 502))
             self._send_synthetic(502, "Bad Gateway", method, close=True)
             return False
         self.p._count("forwarded")
@@ -1109,11 +1118,11 @@ class _Connection:
             except (_ClientGone, OSError):
                 # The client hung up mid-body (it closed an open-ended range GET it
                 # no longer needs): the request still reached the store, so it counts.
-                self.p._record(RequestRecord(method, target, kind, status))
+                self._record(RequestRecord(method, target, kind, status))
                 raise
             if upstream_close:
                 self._close_upstream()
-            self.p._record(RequestRecord(method, target, kind, status))
+            self._record(RequestRecord(method, target, kind, status))
             if not keep:
                 self._finish_client()
             return keep
@@ -1140,7 +1149,7 @@ class _Connection:
                     piece = flipped
                 self._send(piece)
                 offset += len(piece)
-            self.p._record(RequestRecord(method, target, kind, status))
+            self._record(RequestRecord(method, target, kind, status))
             if upstream_close:
                 self._close_upstream()
             if not keep:
@@ -1149,7 +1158,7 @@ class _Connection:
         if kind == "wrong_content_length":
             for piece in body:
                 self._send(piece)
-            self.p._record(RequestRecord(method, target, kind, status))
+            self._record(RequestRecord(method, target, kind, status))
             if upstream_close:
                 self._close_upstream()
             self._finish_client()
@@ -1163,7 +1172,7 @@ class _Connection:
             if sent >= cut:
                 break
         self._close_upstream()
-        self.p._record(RequestRecord(method, target, kind, status))
+        self._record(RequestRecord(method, target, kind, status))
         if kind == "reset_mid_body":
             self._reset_client()
         else:

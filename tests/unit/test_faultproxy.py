@@ -219,6 +219,8 @@ def test_pass_through_is_byte_identical_with_keep_alive(upstream: tuple[str, int
         assert stats["connections"] == 1  # keep-alive: every request on one connection
         assert stats["requests"] == 10
         assert not any(stats[k] for k in ("http_500", "corrupt", "truncate", "upstream_errors"))
+        history = proxy.wait_history(lambda h: len(h) >= 10)
+        assert {r.client for r in history} == {"127.0.0.1"}  # who asked, per request
 
 
 def test_pipelined_requests_and_expect_continue(upstream: tuple[str, int]) -> None:
