@@ -90,7 +90,8 @@ def cluster() -> None:
 @cluster.command("set")
 @click.option("--nodes", "nodes", multiple=True,
               help="A node to push to (a Unix socket or tls://HOST:PORT; repeatable or "
-              "comma-separated). Default: every member.")  # fmt: skip
+              "comma-separated). Default: every member, over TLS with the controller's "
+              "certificate in $SILOFS_CTL_TLS.")  # fmt: skip
 @click.option("--members", "members", multiple=True,
               help="A member, tls://HOST:PORT (repeatable or comma-separated).")  # fmt: skip
 @click.option("--from-slurm", is_flag=True, help="The members are the nodes Slurm reports.")

@@ -14,6 +14,7 @@ import pwd
 import socket
 import struct
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,9 +38,10 @@ class Peer:
     uid: int
     gid: int
     remote: str | None = None
-    # A remote peer's certificate: its DNS and IP names, and whether it carries the node
-    # role (a cluster member's certificate, control/tls.py NODE_ROLE_URI).
-    names: frozenset[str] = frozenset()
+    # A remote peer's certificate: its DNS and IP names (sorted: a peer stays plain,
+    # JSON-able data), and whether it carries the node role (a cluster member's
+    # certificate, control/tls.py NODE_ROLE_URI).
+    names: tuple[str, ...] = ()
     node: bool = False
 
 
@@ -47,10 +49,12 @@ class Peer:
 REMOTE_UID = -1
 
 
-def remote_peer(name: str, names: frozenset[str] = frozenset(), node: bool = False) -> Peer:
+def remote_peer(name: str, names: Iterable[str] = (), node: bool = False) -> Peer:
     """The Peer of a client that proved ``name`` (and ``names``) with a certificate: a
     controller, or with the node role a cluster member."""
-    return Peer(pid=0, uid=REMOTE_UID, gid=REMOTE_UID, remote=name, names=names, node=node)
+    return Peer(
+        pid=0, uid=REMOTE_UID, gid=REMOTE_UID, remote=name, names=tuple(sorted(names)), node=node
+    )
 
 
 def peer_credentials(sock: Any) -> Peer:

@@ -859,7 +859,7 @@ class _TLSAcceptor:
                 reason = getattr(cause, "verify_message", None) or one_line(cause)
         if scope.cancelled_caught:
             reason = f"no TLS handshake within {self.tls_limits.handshake_seconds:g}s"
-        name, names, node = (None, frozenset[str](), False)
+        name, names, node = None, frozenset[str](), False
         if not reason:
             name, names, node = certificate_identity(tls)  # SSLStream forwards getpeercert
         allowed = self.tls_limits.allowed_names

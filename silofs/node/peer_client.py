@@ -39,7 +39,7 @@ MAX_BODY = (64 << 20) + (1 << 20)
 _RECV = 256 << 10
 
 # Why an exchange or its answer failed, as counted in status and /metrics.
-REASONS = ("refused", "timeout", "short", "http", "corrupt", "foreign", "busy")
+REASONS = ("refused", "timeout", "short", "http", "corrupt", "foreign")
 
 
 class PeerError(Exception):

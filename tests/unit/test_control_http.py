@@ -576,7 +576,14 @@ def test_parent_dir_mode_and_owner(tmp_path: Path) -> None:
 def test_peer_credentials_are_ours(server: str) -> None:
     with ControlClient(server) as client:
         got = client.request("GET", "/v1/peer")
-    assert got == {"pid": os.getpid(), "uid": os.getuid(), "gid": os.getgid(), "remote": None}
+    assert got == {
+        "pid": os.getpid(),
+        "uid": os.getuid(),
+        "gid": os.getgid(),
+        "remote": None,  # a local peer: no certificate, so no names and no node role
+        "names": [],
+        "node": False,
+    }
 
 
 def test_peer_may_change(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -52,9 +52,7 @@ def make_router() -> Router:
     router = Router()
 
     async def peer(req: Request) -> Response:
-        return json_response(
-            {k: sorted(v) if isinstance(v, frozenset) else v for k, v in vars(req.peer).items()}
-        )
+        return json_response(vars(req.peer))
 
     async def echo(req: Request) -> Response:
         return json_response(req.json())
@@ -109,7 +107,7 @@ def test_controller_certificate_is_a_remote_admin_never_a_local_uid(pki: dict[st
     assert acc.served == 1 and acc.refused == 0
     from silofs.control.peer import Peer
 
-    assert peer_may_change(Peer(**{**peer, "names": frozenset()}), admin_gid=None)
+    assert peer_may_change(Peer(**{**peer, "names": ()}), admin_gid=None)
     assert not peer_may_change(Peer(pid=1, uid=REMOTE_UID, gid=REMOTE_UID), admin_gid=None)
 
 

@@ -219,3 +219,24 @@ def test_members_warming_at_once_take_turns_and_fill_only_the_part(
 
     outcomes = trio.run(main)
     assert outcomes.count("admitted") == 3 and outcomes.count("full") == 13
+
+
+def test_the_serve_cap_paces_answers_to_members(home: Daemon, bucket: Path) -> None:
+    rate = 2 << 20  # bytes/s served to members at most
+
+    async def main() -> tuple[float, float]:
+        async with running(home) as d:
+            ds, _ = await mounted(d, bucket)
+            d.cluster.home.set_serve_rate(rate)
+            for i in range(4):  # cached here first (no cap on this node's own reads)
+                await d.cluster.home.serve(ask(d, ds, f"f{i}.bin", 0, charged=True))
+            await d.writer.flush()
+            waited = d.cluster.home.serve_waited()
+            t0 = trio.current_time()
+            for i in range(4):
+                await d.cluster.home.serve(ask(d, ds, f"f{i}.bin", 0))
+            return trio.current_time() - t0, d.cluster.home.serve_waited() - waited
+
+    elapsed, waited = trio.run(main)
+    # 4 chunk values (1 MiB and their headers) at 2 MiB/s, less the burst: ~0.4 s.
+    assert elapsed >= 0.3 and waited >= 0.3, (elapsed, waited)
