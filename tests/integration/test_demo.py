@@ -82,7 +82,9 @@ def test_demo_says_so_when_its_mount_cannot_be_unmounted(demo_dir: Path) -> None
         assert res.returncode == 1, res.stdout
         assert "unmounted;" not in res.stdout
         [line] = res.stderr.strip().splitlines()
-        assert line.startswith(f"silofs: error: could not unmount {mnt}: Device or resource busy"), res.stderr
+        assert line.startswith(
+            f"silofs: error: could not unmount {mnt}: Device or resource busy"
+        ), res.stderr
     finally:
         squatter.kill()
         squatter.wait()
