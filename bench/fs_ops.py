@@ -5,10 +5,10 @@ open, read of the whole file, release; all hits from a real LMDB env, values war
 page cache), best and median of several runs, and the same four handlers of the pyfuse3
 ceiling (bench/rawfuse.py MemFS) for scale. It leaves out what FUSE itself costs (the
 kernel round trip, pyfuse3's dispatch, trio's wakeups: bench/throughput.py measures those
-with the real thing). Run it against two trees to compare them:
+with the real thing). --git-rev REV runs the same first with REV's silofs, in a process
+of its own (tests/support/baseline.py):
 
-    PYTHONPATH=/work/main python bench/fs_ops.py
-    PYTHONPATH=. python bench/fs_ops.py
+    python bench/fs_ops.py [--files 2000] [--runs 7] [--git-rev HEAD~3]
 
 Needs no root and no FUSE; the env lives in a temp dir.
 """
@@ -21,20 +21,20 @@ import statistics
 import sys
 import tempfile
 import time
-from pathlib import Path
 
+import common  # noqa: F401 - this checkout (or a baseline) first on sys.path
 import pyfuse3
 import trio
+from rawfuse import MemFS
 
 from silofs.cache.format import ChunkRef, encode_chunk
-from silofs.cache.store import CacheStore, PendingChunk
+from silofs.cache.store import CacheStore
 from silofs.mount.fs import Presentation, SilofsFS
-from silofs.mount.manifest import ROOT_INODE, Manifest
+from silofs.mount.listing_view import ROOT_INODE, ListingView
 from silofs.mount.reader import ChunkReader
+from silofs.node.store_write import PendingChunk, WritableStore
 from silofs.records import ObjectInfo
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from rawfuse import MemFS  # noqa: E402
+from tests.support import baseline
 
 SMALL = 110 << 10
 CHUNK = 4 << 20
@@ -67,12 +67,19 @@ def main() -> None:
         help="drop the page cache after writing the env (needs root): the first run then "
         "reads the env from disk, as a fresh mount after drop_caches does",
     )
+    baseline.add_argument(ap, "handlers (run first, in a process of their own)")
     args = ap.parse_args()
+    if args.git_rev:
+        print(f"== {baseline.describe(args.git_rev)}", flush=True)
+        with baseline.baseline_tree(args.git_rev) as tree:
+            argv = [a for a in sys.argv[1:] if a not in (args.git_rev, "--git-rev")]
+            baseline.run(tree, [__file__, *argv], check=True)
+        print("== this tree", flush=True)
     with tempfile.TemporaryDirectory(prefix="silofs-fsops-") as d:
         env, tree = os.path.join(d, "env"), os.path.join(d, "tree", "small")
         os.makedirs(env)
         os.makedirs(tree)
-        store = CacheStore(env, 1 << 30)
+        store = WritableStore(env, 1 << 30)
         objs = [
             ObjectInfo(f"small/{i:06d}.bin", SMALL, 100.0, f"v{i}", f"c{i}")
             for i in range(args.files)
@@ -86,17 +93,17 @@ def main() -> None:
             with open(os.path.join(tree, o.key.split("/")[1]), "wb") as f:
                 f.write(body)
         store.admit(pending, {}, lambda _d, _u: 1 << 40)
-        record = store.replace_manifest(1, objs, {"uri": "file:///bench/"})
+        record = store.replace_listing(1, objs, {"uri": "file:///bench/"})
         store.close()
         if args.drop:
             os.sync()
             with open("/proc/sys/vm/drop_caches", "w") as f:
                 f.write("3\n")
-        ro = CacheStore(env, 1 << 30, readonly=True)
+        ro = CacheStore(env, 1 << 30)
         names = [o.key.split("/")[1].encode() for o in objs]
 
         async def run() -> tuple[list[float], list[float]]:
-            manifest = Manifest(ro, 1, record)
+            view = ListingView(ro, 1, record)
             reader = ChunkReader(
                 ro,
                 None,  # type: ignore[arg-type]  # hits never ask the daemon
@@ -107,8 +114,8 @@ def main() -> None:
                 reregister=_never,
             )
             look = Presentation(0, 0, 0o444, 0o555, 3600.0)
-            fs = SilofsFS(manifest, reader, look)
-            small = manifest.lookup(ROOT_INODE, b"small")
+            fs = SilofsFS(view, reader, look)
+            small = view.lookup(ROOT_INODE, b"small")
             assert small is not None
             raw = MemFS(os.path.join(d, "tree"))
             raw_small = raw.children[pyfuse3.ROOT_INODE][b"small"]
@@ -116,7 +123,7 @@ def main() -> None:
             for _ in range(args.runs):
                 ours.append(await per_file(fs, names, small.inode) / args.files * 1e6)
                 theirs.append(await per_file(raw, names, raw_small) / args.files * 1e6)
-            manifest.close()
+            view.close()
             reader.close()
             return ours, theirs
 

@@ -51,7 +51,7 @@ class TransientError(BackendError):
 
 
 class ObjectChangedError(BackendError):
-    """The object's content identity differs from the manifest: never mix bytes."""
+    """The object's content identity differs from the listing: never mix bytes."""
 
 
 class ChecksumMismatchError(TransientError):

@@ -9,10 +9,10 @@ a refetch, never a mount or the daemon.
 
 Owns ValueCursor (a cursor that finds a value's address and size without touching it and
 refuses one outside the file), where a py-lmdb Cursor keeps its MDB_val (found once per
-process on a scratch env), where this process maps data.mdb (/proc/self/maps), and
-whether an overflow value's first page header says what its node says (intact_overflow,
-asked before deleting one). Never reads a value's bytes, and never decides what a
-damaged value costs (callers count it and refetch).
+process on a scratch env) and where this process maps data.mdb (/proc/self/maps). Never
+reads a value's bytes, and never decides what a damaged value costs (callers count it
+and refetch). Before deleting a value the daemon also checks its first page's header
+(node/store_write.py).
 """
 
 from __future__ import annotations
@@ -26,10 +26,6 @@ import tempfile
 import lmdb
 
 log = logging.getLogger(__name__)
-
-_PAGE_HEAD = struct.Struct("<QHHI")  # pgno, pad, flags, overflow page count
-_P_OVERFLOW = 0x04
-_P_DIRTY = 0x10  # set on a write txn's own pages until they are written to the file
 
 
 class DamagedValueError(lmdb.CorruptedError):
@@ -149,7 +145,7 @@ class ValueCursor:
     in overflow pages this txn wrote (a value put earlier in it). LMDB looks a page up in
     the txn's own dirty pages before the map, so a value in the heap is one of this
     txn's; only a value that lies partly in the map beyond the file is refused there.
-    (Deletes check an overflow value's first page header as well: intact_overflow.)
+    (The daemon's deletes check an overflow value's first page header as well.)
     """
 
     __slots__ = ("cursor", "_val", "start", "_end", "map_end", "_write")
@@ -202,21 +198,3 @@ class FirstTime:
             self._seen.clear()
         self._seen.add(key)
         return True
-
-
-def intact_overflow(cur: ValueCursor, addr: int, size: int, psize: int) -> bool:
-    """Whether the overflow value at `addr` (where cur.find() placed it: in the file, or
-    in pages this write txn wrote) starts on a page whose header is an overflow page's
-    of as many pages as `size` needs and, in the map, names that page. LMDB frees a
-    deleted value's pages by that header; a node pointing into the middle of another
-    value would free live pages."""
-    head = addr - _PAGE_HEAD.size
-    in_map = cur.start <= head < cur.map_end
-    if in_map and (head - cur.start) % psize:
-        return False
-    pgno, _, flags, pages = _PAGE_HEAD.unpack(ctypes.string_at(head, _PAGE_HEAD.size))
-    need = -(-(size + _PAGE_HEAD.size) // psize)
-    if in_map:
-        return pgno == (head - cur.start) // psize and flags == _P_OVERFLOW and pages == need
-    # A page of this txn's own (in the heap): the one LMDB found under that number.
-    return flags == _P_OVERFLOW | _P_DIRTY and pages == need

@@ -1,6 +1,7 @@
-"""The LMDB environment: chunks, per-dataset accounting, manifests, persisted settings.
+"""The LMDB environment of a cache dir: its databases, and what both processes read there.
 
-Owns every LMDB database of a cache dir and the invariants between them:
+Owns the databases of a cache dir (their names and row keys) and the read side every
+process shares:
   chunks    chunk key (16 B)            -> encoded chunk (format.py)
   owners    dataset id (8 B) + chunk key -> data length (u32): who is charged for it
   usage     dataset id                   -> (bytes, chunks) charged to the dataset
@@ -11,62 +12,37 @@ Owns every LMDB database of a cache dir and the invariants between them:
   objects   (before listing generations: dataset id + object key -> JSON; rows are
             deleted when their dataset is next listed, never written any more)
   meta      name                         -> JSON (format version, allocations, ...)
-A chunk, its owners row and its usage are changed in one write txn, so accounting never
-drifts from content, even across kill -9. Only the daemon writes, from one thread at a
-time (the Writer); mount processes open the same env and only read. This module never
-decides what to admit or evict: callers pass the quota and the target.
+  stale     dataset id + chunk key       -> b"": its first eviction victims
+Only the daemon writes, from one thread at a time (node/store_write.py, through the
+Writer): a chunk, its owners row and its usage change in one write txn, so a reader
+never sees accounting drift from content, even across kill -9. Mount processes open the
+same env read-only (this class). Never writes the env.
 
 Chunk values are found through bounds.py's ValueCursor (get_value, value_cursor) and
 never with a bare get(): a damaged node must cost a refetch, not a SIGBUS. For the same
-reason the daemon keeps data.mdb as large as the map (sparse; _back_the_map).
-
-The read side also owns ValuePages: where a value a read txn returned lies in the
-mapping, whether its pages are in memory (mincore), and asking the kernel to bring them
-in (madvise) so a mount's serving thread never waits on the disk for a hit (mount/
-reader.py). Those calls pass addresses only and never read a value's bytes.
+reason the daemon keeps data.mdb as large as the map (sparse).
 """
 
 from __future__ import annotations
 
-import ctypes
-import errno
 import json
 import logging
-import mmap
 import os
-import random
 import struct
 import threading
-from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
 
 import lmdb
 
-from silofs.cache.bounds import (
-    DamagedValueError,
-    FirstTime,
-    ValueCursor,
-    data_mapping,
-    intact_overflow,
-    mdb_val_offset,
-)
-from silofs.cache.format import KEY_SIZE, chunk_key
-from silofs.cache.listing import (
-    LISTING_FORMAT,
-    ListingBuilder,
-    ListingReader,
-    delete_generations,
-)
+from silofs.cache.bounds import ValueCursor, data_mapping, mdb_val_offset
+from silofs.cache.listing import ListingReader
 from silofs.errors import SilofsError
-from silofs.records import ObjectInfo, PrefixListed
 
 log = logging.getLogger(__name__)
 
-STORE_VERSION = 1
-_ID = struct.Struct(">Q")  # big-endian so a dataset's rows sort together
-_USAGE = struct.Struct("<QQ")
-_LEN = struct.Struct("<I")
+# A dataset id in row keys: big-endian, so a dataset's rows sort together.
+DSID = struct.Struct(">Q")
+USAGE_ROW = struct.Struct("<QQ")  # a usage row's value: bytes, chunks
 _DBS = (
     b"chunks",
     b"owners",
@@ -80,41 +56,12 @@ _DBS = (
     b"stale",
 )
 _DAEMON_ONLY = {b"stale"}  # dbs only the daemon reads (newer than some envs)
-LISTING_BATCH = 10_000  # objects per listing write txn: bounds the writer's hold and memory
-_EVICT_BATCH = 512
-# LMDB needs free pages even to delete (copy-on-write). Admission therefore leaves this
-# much of the map free, so eviction can always run: a full cache must stay shrinkable.
-_HEADROOM_DB = b"headroom"  # filled and emptied inside one txn; never holds committed rows
-_HEADROOM_MIN_PAGES = 32
-_HEADROOM_MAX_PAGES = 256
 
 
 @dataclass
 class Usage:
     bytes: int = 0
     chunks: int = 0
-
-
-@dataclass(frozen=True)
-class PendingChunk:
-    """A fetched chunk waiting for admission."""
-
-    dataset: int
-    key: bytes
-    value: bytes  # encoded (header + data)
-    data_len: int
-    replace: bool = False  # overwrite a cached value that failed verification
-
-
-@dataclass
-class AdmitResult:
-    admitted: int = 0
-    admitted_bytes: int = 0
-    rejected: int = 0  # over quota: uniform admission keeps what it has
-    present: int = 0  # already cached (another mount or dataset got there first)
-    damaged: int = 0  # its key's LMDB node is damaged: left alone, served from the store
-    full: bool = False  # LMDB map full: the disk budget is used up (nothing admitted)
-    unplaced: int = 0  # offers of a batch that hit the full map
 
 
 class CacheDamagedError(SilofsError):
@@ -157,16 +104,15 @@ def meta_pages_damaged(data_path: str, psize: int | None = None) -> bool:
     return False
 
 
-def dataset_prefix(dsid: int) -> bytes:
-    return _ID.pack(dsid)
-
-
 class CacheStore:
-    """One cache dir's LMDB env, opened by the daemon (writer) or a mount (reader)."""
+    """One cache dir's LMDB env, opened read-only (a mount's; the daemon opens it through
+    node/store_write.py's WritableStore, which adds every write)."""
 
-    def __init__(self, path: str, map_size: int, *, readonly: bool = False) -> None:
+    # Whether this process opens the env read-only: every process but the daemon.
+    readonly = True
+
+    def __init__(self, path: str, map_size: int) -> None:
         self.path = path
-        self.readonly = readonly
         try:
             self._open(map_size)
         except (*_DAMAGE, SilofsError) as exc:
@@ -219,69 +165,17 @@ class CacheStore:
                 if not readonly or name not in _DAEMON_ONLY:
                     raise
         self._max_key = self.env.max_key_size()  # 511 in stock LMDB; S3 keys reach 1024
-        psize = self.psize = self.env.stat()["psize"]
+        self.psize = self.env.stat()["psize"]
         try:  # for value_bounds(): the file's size, where it is mapped
             self._data_fd = os.open(os.path.join(path, "data.mdb"), os.O_RDONLY | os.O_CLOEXEC)
         except OSError as exc:
             log.warning("cache values are not bounds-checked: %s", exc)
             self._data_fd = -1
         self._map_start: int | None = None  # found on first use (value_bounds)
-        self._damaged = FirstTime()  # chunk keys whose damaged node was reported
-        self._headroom_pages = max(
-            _HEADROOM_MIN_PAGES, min(map_size // psize // 256, _HEADROOM_MAX_PAGES)
-        )
-        # Two values fill a leaf page; values this size never need contiguous pages.
-        self._headroom_value = bytes(psize // 2 - 128)
-        if not readonly:
-            self._headroom_db = self.env.open_db(_HEADROOM_DB)
-            self._check_version()
-            self._back_the_map()
-
-    def _back_the_map(self) -> None:
-        """Grow data.mdb (sparse: no blocks) to the map's size, so every page of the map
-        is backed by the file in every process that maps it.
-
-        LMDB checksums none of its pages. A damaged page number or value size makes it,
-        or py-lmdb, touch the map past the end of the file: SIGBUS, which ends a mount
-        or the daemon with no error to catch (a read txn refuses page numbers past its
-        last page, but a write txn has allocated past the file's end, and nothing bounds
-        a value's size). Inside a backed map that touch reads zeros or another page: a
-        value that fails its checksum, or an lmdb.Error. LMDB does the same itself with
-        MDB_WRITEMAP; the file's used pages, and so the disk it takes, are unchanged."""
-        if self._data_fd < 0:
-            return
-        map_size = self.env.info()["map_size"]
-        mapped = os.fstat(self._data_fd)
-        if mapped.st_size >= map_size:
-            return
-        try:
-            # The file LMDB opened, not whatever the name leads to now (cachedir.py).
-            fd = os.open(
-                os.path.join(self.path, "data.mdb"), os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC
-            )
-            try:
-                st = os.fstat(fd)
-                if (st.st_dev, st.st_ino) == (mapped.st_dev, mapped.st_ino):
-                    os.ftruncate(fd, map_size)
-            finally:
-                os.close(fd)
-        except OSError as exc:
-            log.warning("cannot grow %s/data.mdb to the map size: %s", self.path, exc)
 
     # -- small helpers -------------------------------------------------------------
     def db(self, name: bytes) -> lmdb._Database:
         return self.dbs[name]
-
-    def _check_version(self) -> None:
-        with self.env.begin(write=True) as txn:
-            raw = txn.get(b"store_version", db=self.db(b"meta"))
-            if raw is None:
-                txn.put(b"store_version", json.dumps(STORE_VERSION).encode(), db=self.db(b"meta"))
-            elif json.loads(raw) != STORE_VERSION:
-                raise SilofsError(
-                    f"cache at {self.path} has store version {raw.decode()}, this "
-                    f"silofs reads {STORE_VERSION}: use another --cache-dir"
-                )
 
     def close(self) -> None:
         self.env.close()
@@ -336,627 +230,35 @@ class CacheStore:
         cur = self.value_cursor(txn, db)
         return txn.get(key, db=db) if cur is None else cur.get(key)
 
-    def sync(self) -> None:
-        self.env.sync(True)
-
     def read_txn(self) -> lmdb.Transaction:
         # buffers=True: get() returns memoryviews into the map, valid while the txn is.
         return self.env.begin(buffers=True)
 
-    def _check_headroom(self, txn: lmdb.Transaction) -> None:
-        """Raise MapFullError unless the map keeps a few free pages after this txn.
+    def snapshot(self, *, buffers: bool = True) -> lmdb.Transaction:
+        """A fresh read txn, after adopting the map if the daemon grew it since this
+        process mapped it (MapResizedError). For the thread that owns the env only: a
+        remap under a worker thread's lookups would pull their pages away."""
+        try:
+            return self.env.begin(buffers=buffers)
+        except lmdb.MapResizedError:
+            self.adopt_map_size()
+            return self.env.begin(buffers=buffers)
 
-        Allocating the pages (and freeing them again in the same txn) asks LMDB itself,
-        which knows about free-list pages still pinned by readers. Leaf-sized values, not
-        one large value: overflow pages must be contiguous, and asking for a contiguous
-        run every txn would grow the file past a fragmented free list.
-        """
-        db = self._headroom_db
-        value = self._headroom_value
-        for i in range(2 * self._headroom_pages):
-            txn.put(i.to_bytes(4, "big"), value, append=True, db=db)
-        txn.drop(db, delete=False)
-
-    # -- meta ----------------------------------------------------------------------
-    def get_meta(self, name: str) -> object | None:
-        with self.env.begin() as txn:
-            raw = txn.get(name.encode(), db=self.db(b"meta"))
-        return None if raw is None else json.loads(raw)
-
-    def put_meta(self, name: str, value: object | None) -> None:
-        with self.env.begin(write=True) as txn:
-            if value is None:
-                txn.delete(name.encode(), db=self.db(b"meta"))
-            else:
-                txn.put(name.encode(), json.dumps(value).encode(), db=self.db(b"meta"))
-
-    def iter_meta(self, prefix: str) -> Iterator[tuple[str, object]]:
-        with self.env.begin() as txn:
-            cur = txn.cursor(db=self.db(b"meta"))
-            p = prefix.encode()
-            if cur.set_range(p):
-                for k, v in cur:
-                    if not k.startswith(p):
-                        break
-                    yield k.decode(), json.loads(v)
-
-    # -- datasets and manifests ----------------------------------------------------
-    def dataset_id(self, uri: str, *, create: bool) -> int | None:
-        with self.env.begin(write=create) as txn:
-            raw = txn.get(uri.encode(), db=self.db(b"names"))
-            if raw is not None:
-                return _ID.unpack(raw)[0]
-            if not create:
-                return None
-            next_raw = txn.get(b"next_dataset_id", db=self.db(b"meta"))
-            dsid = json.loads(next_raw) if next_raw else 1
-            txn.put(b"next_dataset_id", json.dumps(dsid + 1).encode(), db=self.db(b"meta"))
-            txn.put(uri.encode(), _ID.pack(dsid), db=self.db(b"names"))
-            txn.put(_ID.pack(dsid), json.dumps({"uri": uri}).encode(), db=self.db(b"datasets"))
-            return dsid
-
+    # -- datasets, listings (listing.py), accounting -------------------------------
     def dataset_record(self, dsid: int) -> dict:
         with self.env.begin() as txn:
-            raw = txn.get(_ID.pack(dsid), db=self.db(b"datasets"))
+            raw = txn.get(DSID.pack(dsid), db=self.db(b"datasets"))
         return json.loads(raw) if raw else {}
 
-    def all_datasets(self) -> dict[int, dict]:
-        with self.env.begin() as txn:
-            return {_ID.unpack(k)[0]: json.loads(v) for k, v in txn.cursor(db=self.db(b"datasets"))}
-
-    # -- listings (silofs/cache/listing.py) ----------------------------------------
     def listing(self, dsid: int, gen: int) -> ListingReader:
         return ListingReader(dsid, gen, self.db(b"dirents"), self.db(b"inodes"), self._max_key)
 
-    def current_generation(self, dsid: int) -> int | None:
-        """The generation the dataset record names, None if never listed (or listed by a
-        silofs before generations, or with rows of another LISTING_FORMAT: a mount
-        cannot serve those)."""
-        record = self.dataset_record(dsid)
-        gen = record.get("gen")
-        if gen is None or record.get("listing_format") != LISTING_FORMAT:
-            return None  # rows of another shape (cache/listing.py): listed again
-        return int(gen)
-
-    def begin_listing(self, dsid: int) -> ListingBuilder:
-        """A builder for the dataset's next generation. Rows of any generation but the
-        current one (a listing killed half way, or one already replaced) must have been
-        deleted first (delete_stale_generations)."""
-        current = self.current_generation(dsid)
-        gen = (current or 0) + 1
-        b = ListingBuilder(
-            dsid, gen, self.db(b"dirents"), self.db(b"inodes"), self._max_key, previous=current
-        )
-        with self.env.begin(write=True) as txn:
-            b.start(txn)
-        return b
-
-    def add_to_listing(
-        self, builder: ListingBuilder, objects: list[ObjectInfo | PrefixListed]
-    ) -> None:
-        with self.env.begin(write=True) as txn:
-            builder.add(txn, objects)
-
-    def finish_listing(self, builder: ListingBuilder, record: dict) -> dict:
-        """Make the builder's generation the dataset's listing, atomically: mounts see the
-        old generation or the new one. Returns the record written."""
-        base = {**self.dataset_record(builder.dsid), **record}
-        with self.env.begin(write=True) as txn:
-            builder.finish(txn)  # in the same txn: the record's counts include it
-            full = {**base, **builder.record()}
-            txn.put(_ID.pack(builder.dsid), json.dumps(full).encode(), db=self.db(b"datasets"))
-        return full
-
-    def delete_stale_generations(
-        self, dsid: int, keep: set[int], limit: int = LISTING_BATCH
-    ) -> int:
-        """Delete up to `limit` listing rows of generations not in `keep` (and legacy
-        objects rows), in one txn; returns the number deleted (< limit: all gone)."""
-        dbs = (self.db(b"dirents"), self.db(b"inodes"), self.db(b"objects"))
-        with self.env.begin(write=True) as txn:
-            legacy = 0
-            cur = txn.cursor(db=self.db(b"objects"))
-            prefix = _ID.pack(dsid)
-            if cur.set_range(prefix):
-                while legacy < limit and cur.key().startswith(prefix):
-                    if not cur.delete():
-                        break
-                    legacy += 1
-            return legacy + delete_generations(txn, dsid, keep, dbs[:2], limit - legacy)
-
-    def replace_manifest(self, dsid: int, objects: Iterable[ObjectInfo], record: dict) -> dict:
-        """List `objects` as the dataset's new generation (all at once: tests, small sets)."""
-        current = self.current_generation(dsid)
-        keep = {current} if current is not None else set()
-        while self.delete_stale_generations(dsid, keep) >= LISTING_BATCH:
-            pass
-        b = self.begin_listing(dsid)
-        batch: list[ObjectInfo] = []
-        for o in objects:
-            batch.append(o)
-            if len(batch) >= LISTING_BATCH:
-                self.add_to_listing(b, batch)
-                batch = []
-        self.add_to_listing(b, batch)
-        return self.finish_listing(b, record)
-
-    def iter_manifest(self, dsid: int) -> Iterator[ObjectInfo]:
-        """The visible files of the dataset's current listing."""
-        gen = self.current_generation(dsid)
-        if gen is None:
-            return
-        reader = self.listing(dsid, gen)
-        with self.env.begin() as txn:
-            for e in reader.iter_files(txn):
-                obj = e.obj
-                assert obj is not None
-                yield obj
-
-    def get_object(self, dsid: int, key: str, gen: int | None = None) -> ObjectInfo | None:
-        """The object listed under `key` in generation `gen` (default: the current one)."""
-        if gen is None:
-            gen = self.current_generation(dsid)
-            if gen is None:
-                return None
-        with self.env.begin() as txn:
-            e = self.listing(dsid, gen).resolve(txn, key)
-            return None if e is None else e.obj
-
-    # -- accounting ----------------------------------------------------------------
-    def load_usage(self) -> dict[int, Usage]:
-        """Bytes and chunks per dataset, read from the usage rows (no cache walk)."""
-        with self.env.begin() as txn:
-            return {
-                _ID.unpack(k)[0]: Usage(*_USAGE.unpack(v))
-                for k, v in txn.cursor(db=self.db(b"usage"))
-            }
-
     def usage_of(self, txn: lmdb.Transaction, dsid: int) -> Usage:
         """One dataset's usage row, in the caller's txn (a mount's statfs)."""
-        row = txn.get(_ID.pack(dsid), db=self.db(b"usage"))
-        return Usage(*_USAGE.unpack(row)) if row is not None else Usage()
-
-    def _put_usage(self, txn: lmdb.Transaction, dsid: int, u: Usage) -> None:
-        txn.put(_ID.pack(dsid), _USAGE.pack(u.bytes, u.chunks), db=self.db(b"usage"))
-
-    def _remove_chunk(self, txn: lmdb.Transaction, key: bytes, usage: dict[int, Usage]) -> bool:
-        """Delete a chunk and uncharge its owner; whether its value was deleted (a
-        damaged node stays: _delete_chunk).
-
-        The owner is found from the owners rows, not the header, because this runs
-        when a value failed verification and its header cannot be trusted.
-        """
-        deleted = self._delete_chunk(txn, key)
-        for owner in list(usage):
-            row = _ID.pack(owner) + key
-            length_raw = txn.get(row, db=self.db(b"owners"))
-            if length_raw is not None:
-                self._uncharge(txn, owner, row, _LEN.unpack(length_raw)[0], usage)
-                break
-        return deleted
-
-    def _uncharge(
-        self, txn: lmdb.Transaction, owner: int, row: bytes, length: int, usage: dict[int, Usage]
-    ) -> int:
-        txn.delete(row, db=self.db(b"owners"))
-        txn.delete(row, db=self.db(b"stale"))  # owners and stale rows share the key
-        u = usage.setdefault(owner, Usage())
-        # Never below zero: LMDB checksums none of its pages, and a damaged owners row
-        # (its length) must not make every later admission fail on a negative usage.
-        u.bytes = max(0, u.bytes - length)
-        u.chunks = max(0, u.chunks - 1)
-        self._put_usage(txn, owner, u)
-        return length
-
-    def admit(
-        self,
-        items: list[PendingChunk],
-        usage: dict[int, Usage],
-        quota: Callable[[int, Mapping[int, Usage]], int],
-    ) -> AdmitResult:
-        """Admit `items` in one txn. `usage` is updated in place to the committed state.
-
-        quota(dataset, usage) is the most bytes the dataset may hold right now; a chunk
-        that would take it over is rejected (uniform admission: no eviction to make room).
-        """
-        res = AdmitResult()
-        work = {k: Usage(v.bytes, v.chunks) for k, v in usage.items()}
-        try:
-            with self.env.begin(write=True) as txn:
-                for item in items:
-                    self._admit_one(txn, item, work, quota, res)
-                if res.admitted:
-                    self._check_headroom(txn)
-        except lmdb.MapFullError:
-            log.warning("cache map is full; admission pauses until space is freed")
-            return AdmitResult(full=True, unplaced=len(items))
-        usage.clear()
-        usage.update(work)
-        return res
-
-    def _admit_one(
-        self,
-        txn: lmdb.Transaction,
-        item: PendingChunk,
-        work: dict[int, Usage],
-        quota: Callable[[int, Mapping[int, Usage]], int],
-        res: AdmitResult,
-    ) -> None:
-        chunks = self.db(b"chunks")
-        cur = self.value_cursor(txn, chunks, write=True)
-        try:
-            # Present? Found without touching the value (get() would read its pages).
-            found = cur.find(item.key) if cur is not None else txn.get(item.key, db=chunks)
-        except DamagedValueError as exc:
-            if self._damaged(item.key):
-                log.warning("chunk %s not admitted, its node is damaged: %s", item.key.hex(), exc)
-            res.damaged += 1
-            return
-        if found is not None:
-            if not item.replace:
-                res.present += 1
-                return
-            if not self._remove_chunk(txn, item.key, work):  # left in place: damaged
-                res.damaged += 1
-                return
-        u = work.setdefault(item.dataset, Usage())
-        limit = quota(item.dataset, work)
-        if u.bytes + item.data_len > limit:
-            # Chunks of versions no listing names make room first: a full dataset would
-            # otherwise keep them forever (uniform admission evicts nothing).
-            self.evict_stale(txn, item.dataset, limit - item.data_len, work)
-            u = work[item.dataset]
-        if u.bytes + item.data_len > limit:
-            res.rejected += 1
-            return
-        txn.put(item.key, item.value, db=chunks)
-        txn.put(_ID.pack(item.dataset) + item.key, _LEN.pack(item.data_len), db=self.db(b"owners"))
-        u.bytes += item.data_len
-        u.chunks += 1
-        self._put_usage(txn, item.dataset, u)
-        res.admitted += 1
-        res.admitted_bytes += item.data_len
-
-    def evict_random(self, dsid: int, target_bytes: int, usage: dict[int, Usage]) -> int:
-        """Evict random chunks of `dsid` until it holds <= target_bytes. Returns bytes freed.
-
-        Chunk keys are hashes, so the successor of a random probe within the dataset's
-        owners range is a random chunk, chosen without walking the cache. It is not
-        exactly uniform (a key after a larger gap is likelier), but it is independent of
-        access order, which is what keeps the hit ratio at cache/dataset. Works in small
-        txns so the writer never holds the lock long.
-        """
-        freed = 0
-        prefix = _ID.pack(dsid)
-        # Usage is never negative: a negative target (an allocation computed below zero)
-        # means "empty it", and must not loop forever once the dataset is empty.
-        target_bytes = max(0, target_bytes)
-        batch = _EVICT_BATCH
-        while usage.get(dsid, Usage()).bytes > target_bytes:
-            work = {k: Usage(v.bytes, v.chunks) for k, v in usage.items()}
-            batch_freed = 0
-            try:
-                with self.env.begin(write=True) as txn:
-                    batch_freed += self.evict_stale(txn, dsid, target_bytes, work)
-                    for _ in range(batch):
-                        if work.get(dsid, Usage()).bytes <= target_bytes:
-                            break
-                        key = self._random_owned_key(txn, prefix)
-                        if key is None:
-                            work[dsid] = Usage()  # accounting said more than there is
-                            self._put_usage(txn, dsid, work[dsid])
-                            break
-                        batch_freed += self.remove_owned(txn, dsid, key, work)
-            except lmdb.MapFullError:
-                # Deleting needs free pages too; smaller txns need fewer (the headroom
-                # admission leaves always fits one).
-                if batch == 1:
-                    raise
-                batch //= 2
-                log.warning("cache map is full; evicting in batches of %d", batch)
-                continue
-            freed += batch_freed
-            usage.clear()
-            usage.update(work)
-            if usage.get(dsid, Usage()).chunks <= 0 and usage[dsid].bytes > target_bytes:
-                usage[dsid] = Usage()
-        return freed
-
-    def _random_owned_key(self, txn: lmdb.Transaction, prefix: bytes) -> bytes | None:
-        cur = txn.cursor(db=self.db(b"owners"))
-        probe = prefix + random.randbytes(KEY_SIZE)
-        if cur.set_range(probe) and cur.key().startswith(prefix):
-            return cur.key()[len(prefix) :]
-        if cur.set_range(prefix) and cur.key().startswith(prefix):
-            return cur.key()[len(prefix) :]
-        return None
-
-    # -- chunks of versions no listing names (first eviction victims) -----------------
-    def stale_candidates(
-        self,
-        dsid: int,
-        old_gen: int,
-        new_gen: int,
-        chunk_sizes: Iterable[int],
-        after: bytes | None = None,
-        limit: int = LISTING_BATCH,
-    ) -> tuple[list[bytes], bytes | None]:
-        """Chunk keys the dataset owns of up to `limit` files of generation `old_gen` that
-        `new_gen` lists with another content id or not at all, cut with each of
-        `chunk_sizes`; and where to go on (None: done). One read txn, no chunk value
-        read (owners rows only)."""
-        sizes = sorted(set(chunk_sizes))
-        keys: list[bytes] = []
-        with self.env.begin() as txn:
-            old = self.listing(dsid, old_gen)
-            new = self.listing(dsid, new_gen)
-            n = 0
-            for row, e in old.iter_file_rows(txn, after):
-                if n >= limit:
-                    return keys, row
-                n += 1
-                now = new.file_at(txn, row)
-                if now is not None and now.content_id == e.content_id:
-                    continue
-                obj = e.obj
-                assert obj is not None
-                for cs in sizes:
-                    for index in range(max(1, -(-obj.size // cs))):
-                        key = chunk_key(obj.content_id, cs, index)
-                        if self.owns(txn, dsid, key):
-                            keys.append(key)
-        return keys, None
-
-    def mark_stale(self, dsid: int, keys: list[bytes]) -> int:
-        """Make chunks `dsid` owns its first eviction victims (random and LRU eviction,
-        and admission over the quota take them before anything else). Returns how many
-        were marked."""
-        marked = 0
-        with self.env.begin(write=True) as txn:
-            for key in keys:
-                if self.owns(txn, dsid, key):
-                    marked += txn.put(_ID.pack(dsid) + key, b"", db=self.db(b"stale"))
-        return marked
-
-    def stale_count(self, dsid: int) -> int:
-        with self.env.begin() as txn:
-            cur = txn.cursor(db=self.db(b"stale"))
-            prefix = _ID.pack(dsid)
-            n = 0
-            if cur.set_range(prefix):
-                for k in cur.iternext(values=False):
-                    if not k.startswith(prefix):
-                        break
-                    n += 1
-            return n
-
-    def evict_stale(
-        self, txn: lmdb.Transaction, dsid: int, target: int, work: dict[int, Usage]
-    ) -> int:
-        """Evict stale chunks of `dsid` (mark_stale) until it holds <= target bytes or
-        none is left, in the caller's write txn; returns the bytes freed."""
-        freed = 0
-        prefix = _ID.pack(dsid)
-        cur = txn.cursor(db=self.db(b"stale"))
-        while work.get(dsid, Usage()).bytes > target and cur.set_range(prefix):
-            row = cur.key()
-            if not row.startswith(prefix):
-                break
-            key = row[len(prefix) :]
-            if self.owns(txn, dsid, key):
-                freed += self.remove_owned(txn, dsid, key, work)  # deletes the stale row
-            else:
-                cur.delete()
-        return freed
+        row = txn.get(DSID.pack(dsid), db=self.db(b"usage"))
+        return Usage(*USAGE_ROW.unpack(row)) if row is not None else Usage()
 
     def owns(self, txn: lmdb.Transaction, dsid: int, key: bytes) -> bool:
         """Whether `dsid` holds chunk `key`, read from its owners row: cheap, and it never
         faults in the chunk's value pages (a get on the chunks db would)."""
-        return txn.get(_ID.pack(dsid) + key, db=self.db(b"owners")) is not None
-
-    def remove_owned(
-        self, txn: lmdb.Transaction, dsid: int, key: bytes, work: dict[int, Usage]
-    ) -> int:
-        """Delete a chunk `dsid` owns and uncharge it, in the caller's write txn."""
-        row = _ID.pack(dsid) + key
-        length = _LEN.unpack(txn.get(row, db=self.db(b"owners")))[0]
-        self._delete_chunk(txn, key)
-        return self._uncharge(txn, dsid, row, length, work)
-
-    def _delete_chunk(self, txn: lmdb.Transaction, key: bytes) -> bool:
-        """Delete the value of chunk `key` unless its node is damaged: LMDB frees a
-        value's overflow pages by reading the first one's header, past the end of
-        data.mdb (SIGBUS) or in another value (freeing live pages). A damaged node stays,
-        orphaned once its owner is uncharged and never served (every lookup refuses it).
-        Whether it was deleted."""
-        chunks = self.db(b"chunks")
-        cur = self.value_cursor(txn, chunks, write=True)
-        if cur is None:
-            return txn.delete(key, db=chunks)
-        try:
-            where = cur.find(key)
-        except DamagedValueError as exc:
-            if self._damaged(key):
-                log.warning("chunk %s left in place: %s", key.hex(), exc)
-            return False
-        if where is None:
-            return False
-        addr, size = where
-        if size > self.psize // 2 and not intact_overflow(cur, addr, size, self.psize):
-            if self._damaged(key):
-                log.warning("chunk %s left in place: its first page's header disagrees", key.hex())
-            return False
-        return cur.cursor.delete()
-
-
-# -- the read side: where a value's pages are ---------------------------------------------
-_MADV_WILLNEED = 3
-_MADV_POPULATE_READ = 22  # Linux 5.14+: fault the range in (readable), waiting for the IO
-_PAGE = mmap.PAGESIZE
-# Values up to this many pages (256 KiB) are checked whole by one mincore call.
-_WHOLE_PAGES = 64
-
-
-def _libc_calls() -> tuple[Any, Any] | None:
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        mincore, madvise = libc.mincore, libc.madvise
-    except (OSError, AttributeError):
-        return None
-    # Through CDLL (not pythonapi): ctypes releases the GIL for the call, so a madvise
-    # waiting for the disk in a worker thread never stalls the serving thread.
-    mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
-    madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    mincore.restype = madvise.restype = ctypes.c_int
-    return mincore, madvise
-
-
-class ValuePages:
-    """Residency of the values of a read-only env's read txns, by address.
-
-    A hit whose pages are not in memory page-faults on whatever thread first touches
-    them; on a mount's one serving thread that serialises every reader behind one disk
-    read (docs/ARCHITECTURE.md, "the ceiling of one serving process"). A ValueCursor
-    (bounds.py) finds a value without touching it, resident() tells whether its pages are in memory
-    (mincore), populate() brings them in from a worker thread (MADV_POPULATE_READ: a
-    fault's read-around, without the GIL), willneed() starts reading a range ahead.
-
-    Only addresses pass through here, never bytes: if the env is remapped meanwhile
-    (set_mapsize after the daemon grew the map), or the address read from a cursor were
-    wrong, a populate or a hint lands on other pages or fails, which costs a fault later
-    and can never crash or serve wrong bytes (the value itself always comes from
-    py-lmdb, and the caller verifies it).
-
-    mincore reports every page resident for a file the caller neither owns nor may write
-    (Linux 5.0+, a side-channel fix), e.g. for a non-root mount of a root daemon's cache
-    (data.mdb 0640). There value_resident() asks the page cache through the file instead:
-    a 1-byte read with RWF_NOWAIT at the page's file offset (the value's address minus
-    the mapping's start, from /proc/self/maps) fails with EAGAIN when the page is not
-    cached. `enabled` is False where none of this can work: no MDB_val found in the
-    cursor object (another py-lmdb), data.mdb not readable, or no MADV_POPULATE_READ
-    (Linux < 5.14, found on first use). Callers then get values as before, faulting on
-    their own thread.
-    """
-
-    def __init__(self, data_path: str) -> None:
-        calls = _libc_calls()
-        self.enabled = calls is not None and mdb_val_offset() >= 0
-        self.truthful = _mincore_truthful(data_path)  # else: probe through the file
-        if calls is not None:
-            self._mincore, self._madvise = calls
-        self._fd = -1
-        self._map = (0, 0)  # [start, end) of the mapping of data.mdb, as last read
-        self._byte = bytearray(1)
-        if self.enabled and not self.truthful:
-            try:
-                self._fd = os.open(data_path, os.O_RDONLY | os.O_CLOEXEC)
-            except OSError:
-                self.enabled = False
-        self._vec = bytearray(0)
-        self._vec_addr = 0
-        self._grow(1024)
-
-    def _grow(self, pages: int) -> None:
-        self._vec = bytearray(pages)
-        self._vec_addr = ctypes.addressof((ctypes.c_char * pages).from_buffer(self._vec))
-
-    def resident(self, addr: int, lo: int, hi: int) -> bool:
-        """Whether every page of [addr+lo, addr+hi) is in memory (not under IO)."""
-        start = (addr + lo) & ~(_PAGE - 1)
-        end = addr + hi
-        pages = (end - start + _PAGE - 1) // _PAGE
-        if pages <= 0:
-            return True
-        if pages > len(self._vec):
-            self._grow(pages)
-        if self._mincore(start, end - start, self._vec_addr):
-            return True  # not mapped as we think (a remap): let the fault path have it
-        return self._vec.count(1, 0, pages) == pages
-
-    def close(self) -> None:
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
-
-    def _offset(self, addr: int) -> int | None:
-        """The offset in data.mdb of the mapped address `addr` (LMDB maps the file from
-        offset 0), or None if the mapping of data.mdb does not hold it."""
-        start, end = self._map
-        if not start <= addr < end:
-            self._map = data_mapping(self._fd) or (0, 0)  # remapped: read it again
-            start, end = self._map
-            if not start <= addr < end:
-                return None
-        return addr - start
-
-    def _cached(self, page: int) -> bool:
-        """Whether the page at `page` is in the page cache, asked through the file."""
-        offset = self._offset(page)
-        if offset is None:
-            return True  # not ours to judge: let the fault path have it
-        try:
-            os.preadv(self._fd, [self._byte], offset, os.RWF_NOWAIT)
-        except BlockingIOError:
-            return False
-        except OSError:
-            return True
-        return True
-
-    def value_resident(self, addr: int, size: int) -> bool:
-        """Whether the value at `addr` is in memory: all its pages, or for a value of
-        more than _WHOLE_PAGES pages its first, middle and last page.
-
-        One mincore call costs ~0.8 us through ctypes whatever the range once its pages
-        are mapped into this process, plus ~0.02 us per page cached and not mapped (6.18
-        kernel: 1.3 us for 28 pages, 23 us for 1024), so a small file's value is checked
-        whole in one call (three calls cost a 110 KiB hit ~6 us more, bench/fs_ops.py). A
-        big value comes in whole or by a read-around window that cuts it at one end, so a
-        few pages say nearly as much as all of them. A page missed here is faulted in on
-        the caller's thread, as before; nothing else depends on it."""
-        first = addr & ~(_PAGE - 1)
-        last = (addr + size - 1) & ~(_PAGE - 1)
-        if self.truthful and last - first < _WHOLE_PAGES * _PAGE:
-            return self.resident(addr, 0, size)
-        mid = (first + (last - first) // 2) & ~(_PAGE - 1)
-        if not self.truthful:
-            return all(self._cached(page) for page in {first, last, mid})
-        return all(self.resident(page, 0, 1) for page in (first, last, mid))
-
-    def populate(self, addr: int, lo: int, hi: int) -> bool:
-        """Fault [addr+lo, addr+hi) in, waiting for the disk: call from a worker thread.
-        Its faults read around as any fault does (the env is mapped with readahead), so
-        neighbouring values come in with it. False (and disabled from now on) where the
-        kernel lacks MADV_POPULATE_READ."""
-        start = (addr + lo) & ~(_PAGE - 1)
-        if self._madvise(start, addr + hi - start, _MADV_POPULATE_READ) == 0:
-            return True
-        if ctypes.get_errno() == errno.EINVAL:  # an older kernel
-            self.enabled = False
-        return False
-
-    def willneed(self, addr: int, lo: int, hi: int) -> None:
-        """Start reading [addr+lo, addr+hi) ahead (async in the kernel; it may block
-        briefly to submit the IO, so call it from a worker thread)."""
-        start = (addr + lo) & ~(_PAGE - 1)
-        self._madvise(start, addr + hi - start, _MADV_WILLNEED)
-
-
-def _mincore_truthful(data_path: str) -> bool:
-    """Whether mincore reports page-cache residency of data.mdb to this process: the
-    kernel does for a file the caller owns or may write, or with CAP_FOWNER (root)."""
-    try:
-        st = os.stat(data_path)
-    except OSError:
-        return False
-    euid = os.geteuid()
-    return euid == 0 or st.st_uid == euid or os.access(data_path, os.W_OK)
-
-
-def env_map_size(cache_size: int) -> int:
-    """LMDB map size for a byte budget: data + B-tree/overflow-page slack + manifests."""
-    return int(cache_size * 1.25) + (256 << 20)
-
-
-def disk_free(path: str) -> int:
-    st = os.statvfs(path)
-    return st.f_bavail * st.f_frsize
+        return txn.get(DSID.pack(dsid) + key, db=self.db(b"owners")) is not None

@@ -1,11 +1,11 @@
-"""pyfuse3 Operations: a read-only POSIX view of one dataset manifest.
+"""pyfuse3 Operations: a read-only POSIX view of one dataset's listing.
 
 Owns inode attributes, directory listing, open file handles and the shape of each
 read (which chunks cover [off, off+size)), and every errno a reader sees: EROFS for
 anything that would write, ENOENT for unknown names, EIO when a miss cannot be served
 (EACCES when the daemon refuses the reader the object).
 lookup/getattr/readdir are served from the dataset's directory index in the shared LMDB
-env (mount/manifest.py), through a read txn at most 0.5 s old; never the network.
+env (mount/listing_view.py), through a read txn at most 0.5 s old; never the network.
 Never fetches or verifies bytes itself (reader.py does).
 
 With several serving processes (`shared` set: mount/shared.py), a handle the kernel got
@@ -26,7 +26,7 @@ import lmdb
 import pyfuse3
 
 from silofs.cache.listing import ListingReader
-from silofs.mount.manifest import Entry, Manifest
+from silofs.mount.listing_view import Entry, ListingView
 from silofs.mount.reader import ChunkReader, MissError, OpenFile
 from silofs.mount.shared import SharedTables, TableFull, version_hash
 from silofs.records import ObjectInfo
@@ -69,7 +69,7 @@ class SilofsFS(pyfuse3.Operations):
 
     def __init__(
         self,
-        manifest: Manifest,
+        listing: ListingView,
         reader: ChunkReader,
         look: Presentation,
         shared: SharedTables | None = None,
@@ -79,7 +79,7 @@ class SilofsFS(pyfuse3.Operations):
         # Handles another serving process opened, derived here once (bounded: the
         # RELEASE of such a handle may land in yet another process).
         self._adopted: OrderedDict[int, OpenFile] = OrderedDict()
-        self.manifest = manifest
+        self.listing = listing
         self.reader = reader
         self.look = look
         self._files: dict[int, OpenFile] = {}
@@ -96,14 +96,14 @@ class SilofsFS(pyfuse3.Operations):
     def switch(self, record: dict) -> list[Entry]:
         """Serve the listing generation `record` names (the daemon listed again); returns
         recently used entries that changed, for the caller to invalidate in the kernel."""
-        stale = self.manifest.switch(record)
+        stale = self.listing.switch(record)
         self._attrs.clear()
         self._objs.clear()
         return stale
 
     # -- attributes ------------------------------------------------------------------
     def _node(self, inode: int) -> Entry:
-        m = self.manifest
+        m = self.listing
         m.renew()
         node = m.get_any(inode)
         if node is None:
@@ -151,7 +151,7 @@ class SilofsFS(pyfuse3.Operations):
     async def lookup(
         self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext
     ) -> pyfuse3.EntryAttributes:
-        m = self.manifest
+        m = self.listing
         m.renew()
         node = m.lookup(parent_inode, name)
         if node is None and await m.wait_listed(parent_inode, name=name):
@@ -174,7 +174,7 @@ class SilofsFS(pyfuse3.Operations):
         return not (mode & os.W_OK)
 
     async def statfs(self, ctx: pyfuse3.RequestContext) -> pyfuse3.StatvfsData:
-        m = self.manifest
+        m = self.listing
         s = pyfuse3.StatvfsData()
         s.f_bsize = s.f_frsize = 4096
         blocks = int(m.record.get("blocks", -(-m.total_bytes // 4096)))
@@ -194,7 +194,7 @@ class SilofsFS(pyfuse3.Operations):
 
     # -- directories -----------------------------------------------------------------
     async def opendir(self, inode: int, ctx: pyfuse3.RequestContext) -> int:
-        m = self.manifest
+        m = self.listing
         m.renew()
         node = m.get(inode)
         if node is None:
@@ -224,7 +224,7 @@ class SilofsFS(pyfuse3.Operations):
         if slot is None:
             return None
         if h is None:
-            m = self.manifest
+            m = self.listing
             if slot.gen == m.gen:
                 listing = m.reader
             elif m.previous is not None and m.previous.gen == slot.gen:
@@ -245,11 +245,11 @@ class SilofsFS(pyfuse3.Operations):
         h = self._dir_handle(fh)
         if h is None:
             raise pyfuse3.FUSEError(errno.EBADF)
-        m = self.manifest
+        m = self.listing
         if await m.wait_listed(h.inode, settled=True):
             # A directory's entries are complete once its prefix is listed and none of
             # its subdirectories is tentative (it may hold only markers and go), or with
-            # the whole listing; the handle moves to the generation the manifest serves
+            # the whole listing; the handle moves to the generation the mount serves
             # now, which has the same inode numbers.
             h.listing = m.reader
         m.renew()
@@ -294,7 +294,7 @@ class SilofsFS(pyfuse3.Operations):
 
     # -- files -----------------------------------------------------------------------
     async def open(self, inode: int, flags: int, ctx: pyfuse3.RequestContext) -> pyfuse3.FileInfo:
-        m = self.manifest
+        m = self.listing
         m.renew()
         node = m.get(inode)  # the current listing only: a deleted object cannot be opened
         if node is None:
@@ -341,14 +341,14 @@ class SilofsFS(pyfuse3.Operations):
         assert self.shared is not None
         vhash = version_hash(obj.version, obj.content_id)
         try:
-            fh = self.shared.open_file(node.inode, self.manifest.gen, vhash)
+            fh = self.shared.open_file(node.inode, self.listing.gen, vhash)
         except TableFull:
             raise pyfuse3.FUSEError(errno.ENFILE) from None
         # Kept with the adopted ones, bounded: its RELEASE may land in another process.
-        self._adopted[fh] = OpenFile(obj, inode=node.inode, gen=self.manifest.gen)
+        self._adopted[fh] = OpenFile(obj, inode=node.inode, gen=self.listing.gen)
         if len(self._adopted) > ADOPTED:
             self._adopted.popitem(last=False)
-        if node.since <= self.manifest.first_gen:
+        if node.since <= self.listing.first_gen:
             return pyfuse3.FileInfo(fh=fh, keep_cache=True)
         if self.shared.other_versions_open(node.inode, vhash):
             return pyfuse3.FileInfo(fh=fh, keep_cache=False, direct_io=True)
@@ -367,7 +367,7 @@ class SilofsFS(pyfuse3.Operations):
         slot = self.shared.get(fh)
         if slot is None:
             return None
-        m = self.manifest
+        m = self.listing
         m.renew()
         node = None
         if slot.gen == m.gen:
@@ -398,7 +398,7 @@ class SilofsFS(pyfuse3.Operations):
         the next open of the same version keeps the pages, so a re-read never reaches
         this process; an open of another version, or of one forgotten, drops them, and
         a read through a handle of an older listing forgets it (read())."""
-        if node.since <= self.manifest.first_gen:
+        if node.since <= self.listing.first_gen:
             return True
         ino = node.inode
         seen = self._page_versions.get(ino)
@@ -414,7 +414,7 @@ class SilofsFS(pyfuse3.Operations):
             f = self._adopt(fh)
         if f is None:
             raise pyfuse3.FUSEError(errno.EBADF)
-        if f.gen != self.manifest.gen:
+        if f.gen != self.listing.gen:
             # A handle of an older listing fills the inode's pages with its own version:
             # the next open must not keep them (_keep_cache).
             self._page_versions.pop(f.inode, None)
@@ -483,11 +483,11 @@ class SilofsFS(pyfuse3.Operations):
                 versions.pop(f.obj.version, None)
                 if not versions:
                     self._open_versions.pop(f.inode, None)
-        if f is not None and f.gen != self.manifest.gen:
+        if f is not None and f.gen != self.listing.gen:
             # A handle of an older listing: its reads stopped at the old size, and a short
             # read makes the kernel shrink the file's size to it. Once it is closed, the
             # kernel must ask again (process.py invalidates these between requests).
-            node = self.manifest.get(f.inode)
+            node = self.listing.get(f.inode)
             if node is None or node.version != f.obj.version:
                 self.stale_inodes.append(f.inode)
 
@@ -496,9 +496,9 @@ class SilofsFS(pyfuse3.Operations):
         f = self._adopted.pop(fh, None)
         slot = self.shared.get(fh)
         self.shared.free(fh)
-        gen = f.gen if f is not None else slot.gen if slot is not None else self.manifest.gen
-        if gen != self.manifest.gen and slot is not None:
-            node = self.manifest.get(slot.inode)
+        gen = f.gen if f is not None else slot.gen if slot is not None else self.listing.gen
+        if gen != self.listing.gen and slot is not None:
+            node = self.listing.get(slot.inode)
             if node is None or version_hash(node.version, node.content_id) != slot.value:
                 self.stale_inodes.append(slot.inode)
 

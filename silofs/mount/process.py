@@ -1,4 +1,4 @@
-"""One mount process: registers with the daemon, mounts the manifest, serves reads.
+"""One mount process: registers with the daemon, mounts the listing, serves reads.
 
 Owns the life of one FUSE mount: readiness (the `silofs mount` parent returns only once
 the mount answers), raising the bdi read-ahead, periodic counter reports, re-registering
@@ -30,7 +30,7 @@ from collections.abc import Callable
 import pyfuse3
 import trio
 
-from silofs.cache.listing import ListingReader, changed_entries
+from silofs.cache.listing import ListingReader
 from silofs.cache.store import CacheStore
 from silofs.config import MountSettings
 from silofs.control.client import AsyncControlClient, ControlError, quote_segment
@@ -38,7 +38,7 @@ from silofs.errors import SilofsError, first_leaf
 from silofs.logsetup import reopen_log_files
 from silofs.mount import forked
 from silofs.mount.fs import Presentation, SilofsFS
-from silofs.mount.manifest import Manifest
+from silofs.mount.listing_view import ListingView, changed_entries
 from silofs.mount.reader import ChunkReader, MissError
 from silofs.mount.shared import SharedTables
 from silofs.mountinfo import mounts
@@ -221,7 +221,7 @@ class MountProcess:
             return
         raise_read_ahead(self.realpath, self.s.read_ahead_kb)
         log.info(
-            "mounted %s at %s (%d files)", self.s.uri, self.s.mountpoint, self.fs.manifest.files
+            "mounted %s at %s (%d files)", self.s.uri, self.s.mountpoint, self.fs.listing.files
         )
         ready(None)
         await self._serve()
@@ -230,7 +230,7 @@ class MountProcess:
         """Open the env, the listing and the reader for registration `reg`: once, or in
         each serving process after the fork (an LMDB env never crosses a fork)."""
         self.reg = reg
-        store = CacheStore(reg["cache_dir"], reg["map_size"], readonly=True)
+        store = CacheStore(reg["cache_dir"], reg["map_size"])
         # The listing stays in the env: opening it reads one record, whatever its size.
         record = store.dataset_record(reg["dataset"])
         building = reg.get("building_gen")
@@ -243,11 +243,11 @@ class MountProcess:
         elif "gen" not in record:
             store.close()
             raise SilofsError(f"dataset {self.s.uri} has no saved listing")
-        manifest = Manifest(store, reg["dataset"], record, building=building is not None)
+        view = ListingView(store, reg["dataset"], record, building=building is not None)
         if self.first_gen is not None:
             # A serving process: what "listed when the mount started" means (fs.py
             # _keep_cache) is the same in every process, restarted ones included.
-            manifest.first_gen = self.first_gen
+            view.first_gen = self.first_gen
         self.store = store
         self.reader = ChunkReader(
             store,
@@ -267,17 +267,17 @@ class MountProcess:
             self.s.attr_timeout if self.s.metadata_ttl is None else self.s.metadata_ttl,
         )
         if self._ops is None:
-            self.fs = self._ops = SilofsFS(manifest, self.reader, look, shared)
+            self.fs = self._ops = SilofsFS(view, self.reader, look, shared)
         else:
             # A serving process: pyfuse3 keeps calling the Operations object it was
             # given before the fork (it has no call to replace it), so that object is
             # set up again, with nothing left of the one the supervisor closed.
-            self._ops.__init__(manifest, self.reader, look, shared)  # type: ignore[misc]
+            self._ops.__init__(view, self.reader, look, shared)  # type: ignore[misc]
             self.fs = self._ops
 
     def _close(self) -> None:
         if self.fs is not None:
-            self.fs.manifest.close()  # before the env closes
+            self.fs.listing.close()  # before the env closes
         if self.reader is not None:
             self.reader.close()
         self.fs = self.reader = self.store = None
@@ -301,12 +301,12 @@ class MountProcess:
             return False
         await forked.answer_init(self.fs)
         raise_read_ahead(self.realpath, self.s.read_ahead_kb)
-        self.first_gen = self.fs.manifest.first_gen
+        self.first_gen = self.fs.listing.first_gen
         log.info(
             "mounted %s at %s (%d files, %d serving processes)",
             self.s.uri,
             self.s.mountpoint,
-            self.fs.manifest.files,
+            self.fs.listing.files,
             self.s.serve_processes,
         )
         self._close()
@@ -390,7 +390,7 @@ class MountProcess:
         while True:
             await trio.sleep(0.25)
             assert self.reader is not None and self.fs is not None
-            self.fs.manifest.release_if_idle()
+            self.fs.listing.release_if_idle()
             await self._follow_listing()
             now = dataclasses.astuple(self._counters_to_report())
             if now != last:
@@ -401,7 +401,7 @@ class MountProcess:
         """Move to a newer listing generation once the daemon has written one (a refresh,
         or a metadata TTL that expired). One record read per report period."""
         assert self.fs is not None and self.store is not None
-        m = self.fs.manifest
+        m = self.fs.listing
         record = self.store.dataset_record(m.dsid)
         gen = record.get("gen")
         if gen is not None and (gen != m.gen or m.building):

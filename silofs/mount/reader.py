@@ -31,7 +31,7 @@ synchronously after the handler returns, so a view returned without awaiting is 
 A hit whose pages are not in memory (the env "SSD-warm": cached, but its pages dropped
 from the page cache) is not faulted in on the serving thread, where every other reader
 would wait for that disk read: the read takes the snapshot for itself (the next read
-begins another), a worker thread faults the pages in (cache/store.py ValuePages, at
+begins another), a worker thread faults the pages in (mount/pages.py ValuePages, at
 most FAULT_THREADS at once), and the value is then looked up again in that snapshot and
 verified as every hit is. The snapshot is ended by the next read, after the reply went
 out. A sequential reader of a cached file asks the kernel to read the value of the
@@ -54,9 +54,10 @@ import trio
 
 from silofs.cache.bounds import FirstTime, ValueCursor
 from silofs.cache.format import MAX_SPAN_CHUNKS, ChunkFormatError, ChunkRef, checked_chunk
-from silofs.cache.store import CacheStore, ValuePages
+from silofs.cache.store import CacheStore
 from silofs.control.client import AsyncControlClient, ControlError, quote_segment
 from silofs.flight import SingleFlight
+from silofs.mount.pages import ValuePages
 from silofs.records import MountCounters, ObjectInfo
 
 log = logging.getLogger(__name__)
@@ -314,11 +315,7 @@ class ChunkReader:
         self._txn_at = time.monotonic()
         self._txn_read = self._reads
         self._stale = False
-        try:
-            self._txn = self.store.read_txn()
-        except lmdb.MapResizedError:
-            self.store.adopt_map_size()  # the daemon grew the map
-            self._txn = self.store.read_txn()
+        self._txn = self.store.snapshot()
 
     def _snapshot(self) -> lmdb.Transaction:
         """The current read snapshot; a new one if it was released while idle (a read

@@ -3,7 +3,7 @@
 Owns creating and checking cache_dir, choosing the cache budget against the disk, the
 daemon's lock on the directory (one daemon per cache dir), moving a damaged env aside,
 and the modes of the directory and the LMDB files (docs/SECURITY.md). Never opens LMDB
-(cache/store.py does).
+(node/store_write.py does).
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ import os
 import stat
 import time
 
-from silofs.cache.store import disk_free
 from silofs.config import NodeSettings
 from silofs.errors import UsageError
 from silofs.units import format_size
@@ -34,6 +33,11 @@ def resolve_cache_size(settings: NodeSettings) -> int:
             "choose a smaller --cache-size"
         )
     return settings.cache_size
+
+
+def disk_free(path: str) -> int:
+    st = os.statvfs(path)
+    return st.f_bavail * st.f_frsize
 
 
 def _existing_env_bytes(cache_dir: str) -> int:

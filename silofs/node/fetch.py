@@ -22,10 +22,11 @@ import trio
 
 from silofs.cache.bounds import FirstTime
 from silofs.cache.format import MAX_SPAN_CHUNKS, ChunkRef, checked_chunk, encode_chunk
-from silofs.cache.store import CacheStore, PendingChunk
+from silofs.cache.store import CacheStore
 from silofs.flight import SingleFlight
 from silofs.node.backends.base import Backend, RangeStream, requests_made
 from silofs.node.limiter import TokenBucket
+from silofs.node.store_write import PendingChunk
 from silofs.node.writer import Writer
 
 log = logging.getLogger(__name__)
@@ -111,18 +112,27 @@ class Fetcher:
         ref: ChunkRef,
         *,
         replace: bool = False,
+        admit: bool = True,
     ) -> tuple[bytes, bool]:
         """(bytes, whether this call did the GET): the chunk from the store, admitted if
-        its dataset has room. Callers asking for a chunk already in flight share its GET;
-        one fetched and still waiting for admission (a reader right behind a prefetch,
-        or a second request of one reader) is answered from the Writer's queue, no GET."""
+        its dataset has room (and `admit`: a node reading another member's chunk after
+        that member failed does not keep it). Callers asking for a chunk already in
+        flight share its GET; one fetched and still waiting for admission (a reader
+        right behind a prefetch, or a second request of one reader) is answered from
+        the Writer's queue, no GET."""
         if not replace and (value := self.writer.pending(ref.key)) is not None:
             data = checked_chunk(value, ref, FetchCounters())  # we encoded it: never bad
             if data is not None:
                 return bytes(data), False
         return await self._flights.run(
-            ref.key, lambda: self._fetch_once(dsid, backend, limiter, ref, replace)
+            ref.key, lambda: self._fetch_once(dsid, backend, limiter, ref, replace, admit)
         )
+
+    async def joined(self, key: bytes) -> bytes | None:
+        """The bytes of a chunk whose GET is in flight (anyone's), once they are in;
+        None if none is (or its leader gave up). Its error, if it failed."""
+        got = await self._flights.wait(key)
+        return None if got is None else got[0]
 
     async def fetch_span(
         self,
@@ -375,7 +385,13 @@ class Fetcher:
             self._parked.pop(at)[0].close()
 
     async def _fetch_once(
-        self, dsid: int, backend: Backend, limiter: TokenBucket, ref: ChunkRef, replace: bool
+        self,
+        dsid: int,
+        backend: Backend,
+        limiter: TokenBucket,
+        ref: ChunkRef,
+        replace: bool,
+        admit: bool = True,
     ) -> bytes:
         await limiter.charge(ref.length)
         obj = ref.obj
@@ -388,5 +404,6 @@ class Fetcher:
             )
 
         data, value = await trio.to_thread.run_sync(get_and_encode, limiter=self.threads)
-        self.writer.offer(PendingChunk(dsid, ref.key, value, ref.length, replace=replace))
+        if admit:
+            self.writer.offer(PendingChunk(dsid, ref.key, value, ref.length, replace=replace))
         return data

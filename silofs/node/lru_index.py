@@ -2,8 +2,9 @@
 
 Owns two LMDB databases: lru (dataset id + sequence number -> chunk key) and lrupos
 (dataset id + chunk key -> sequence number), and evicting a dataset's least recently
-used chunks to make room. Uniform datasets never touch these (SiloD §6, "Handling
-irregular data access": curriculum-style jobs whose items are reused within an epoch).
+used chunks to make room. Uniform datasets never touch these ("SiloD: A Co-design of
+Caching and Scheduling for Deep Learning Clusters", EuroSys '23, §6, "Handling irregular
+data access": curriculum-style jobs whose items are reused within an epoch).
 Rows can go stale when a chunk is evicted by other means; eviction skips those. Called
 only from the Writer thread; never decides quotas.
 """
@@ -14,7 +15,8 @@ import heapq
 import logging
 import struct
 
-from silofs.cache.store import CacheStore, Usage
+from silofs.cache.store import Usage
+from silofs.node.store_write import WritableStore
 
 log = logging.getLogger(__name__)
 
@@ -23,7 +25,7 @@ _SEQ = struct.Struct(">Q")
 
 
 class LruIndex:
-    def __init__(self, store: CacheStore) -> None:
+    def __init__(self, store: WritableStore) -> None:
         self.store = store
         self.order = store.env.open_db(b"lru")
         self.pos = store.env.open_db(b"lrupos")

@@ -1,10 +1,14 @@
 """Prefetch by hint: fetch a job's misses ahead of its reader, in the order it said.
 
-Owns one hint per mount (POST /v1/mounts/{id}/hints, the DELI/DLCache idea): the paths a
-training job will read next, in order, and the task that walks them, fetching the chunks
-the dataset does not hold through the Fetcher (single-flight with the reader's own
-misses, charged to the job's token bucket first: promise 2), at most `window` bytes
-ahead of where the reader is. A new hint replaces the old one; `append` extends it.
+Owns one hint per mount (POST /v1/mounts/{id}/hints): the paths a training job will read
+next, in order, and the task that walks them, fetching the chunks the dataset does not
+hold through the Fetcher (single-flight with the reader's own misses, charged to the
+job's token bucket first: promise 2), at most `window` bytes ahead of where the reader
+is. A new hint replaces the old one; `append` extends it. The idea is DELI's
+("Quantifying and Improving Performance of Distributed Deep Learning with Cloud
+Storage", IC2E '21) and DLCache's ("Dataset Placement and Data Loading Optimizations for
+Cloud-Native Deep Learning Workloads", ISORC '23): a loader that knows its order has
+what it reads next fetched ahead of it.
 
 Where the reader is: the daemon never sees hits, so the position (in bytes of the hinted
 order) is the larger of the bytes the mount reported reading since the hint arrived
@@ -12,10 +16,10 @@ order) is the larger of the bytes the mount reported reading since the hint arri
 files behind that position are skipped: the reader's own misses fetch them.
 
 Admission stays uniform (promise 1): a chunk is fetched only if the dataset would admit
-it (what it holds, plus what is in flight or offered, plus the chunk, within its quota);
-at the first one that would not fit (checked again after a Writer flush) the hint stops,
-"full". In lru mode the window is capped by the quota, so prefetched chunks do not
-evict each other before they are read.
+it (node/fill_budget.py: what it holds, plus what is in flight or offered, plus the
+chunk, within its quota); at the first one that would not fit (checked again after a
+Writer flush) the hint stops, "full". In lru mode the window is capped by the quota, so
+prefetched chunks do not evict each other before they are read.
 
 Never writes LMDB (the Writer admits what the Fetcher offers), never decides quotas or
 rates, and never raises into the daemon: each hint's task runs supervised
@@ -34,8 +38,8 @@ from typing import Any
 import trio
 
 from silofs.cache.format import ChunkRef
-from silofs.cache.store import Usage
-from silofs.errors import AccessDeniedError, BackendError
+from silofs.errors import AccessDeniedError, BackendError, first_leaf
+from silofs.node.fill_budget import FillBudget
 from silofs.node.state import DatasetState, MountState, PrefetchCounters
 from silofs.records import ObjectInfo
 from silofs.units import format_size
@@ -93,7 +97,6 @@ class Hint:
     position: int = 0  # hinted bytes the reader has passed (an estimate, see module doc)
     front: int = 0  # hinted bytes the walk has passed
     ahead_bytes: int = 0  # prefetched (or in flight) bytes at or past `position`
-    in_flight: int = 0  # bytes being fetched
     waiting: bool = False  # the walk waits for the reader: the window is full
     ahead: deque[_Chunk] = field(default_factory=deque)
     # hinted object key -> (start, end) offsets, for objects the walk has reached and
@@ -112,6 +115,12 @@ class Hint:
     moved: trio.Event = field(default_factory=trio.Event, repr=False)
     scope: trio.CancelScope = field(default_factory=trio.CancelScope, repr=False)
     running: bool = False  # a task walks it
+    budget: FillBudget | None = field(default=None, repr=False)  # its walk's, once it runs
+
+    @property
+    def in_flight(self) -> int:
+        """Bytes being fetched."""
+        return self.budget.in_flight if self.budget is not None else 0
 
     def view(self) -> dict[str, Any]:
         c = self.counters
@@ -280,7 +289,9 @@ class Prefetcher:
                 await self._walk(h)
                 if h.state == "running":
                     h.state = "done"
-            except BackendError as exc:
+            except* BackendError as group:
+                # The walk's or a fetch's (inside the walk's nursery): one line, the first.
+                exc = first_leaf(group)
                 h.state, h.error = "error", str(exc)
                 log.error("prefetch of mount %s stopped: %s", h.mount_id, exc)
         h.running = False
@@ -341,20 +352,12 @@ class Prefetcher:
             return
         limiter = d.job(h.job).limiter
         slots = trio.Semaphore(concurrency(d.settings.fetch_threads))
-        offered = 0  # bytes fetched and offered since the last flush
-        drained = trio.Event()
+        budget = h.budget = FillBudget(d, ds.id)
         failure: list[BackendError] = []
-
-        def quota() -> int:
-            return d.quota_policy().quota(ds.id, d.usage)
-
-        def held() -> int:
-            return d.usage.get(ds.id, Usage()).bytes
-
         lru = d.modes.get(ds.uri.canonical) == "lru"
 
         async def fetch(ref: ChunkRef, chunk: _Chunk) -> None:
-            nonlocal offered, drained
+            data = b""
             try:
                 data, fetched = await d.fetcher.fetch(ds.id, ds.backend, limiter, ref)
             except BackendError as exc:
@@ -369,11 +372,8 @@ class Prefetcher:
                     failure.append(exc)
                 return
             finally:
-                h.in_flight -= ref.length
+                budget.ended(ref.length, len(data))
                 slots.release()
-                if h.in_flight == 0:
-                    drained.set()
-            offered += len(data)
             if fetched:
                 job = d.job(h.job)
                 for c in (h.counters, h.job_counters):
@@ -385,30 +385,14 @@ class Prefetcher:
 
         async def fits(length: int) -> bool:
             """Whether the dataset would admit `length` more bytes (promise 1)."""
-            nonlocal offered, drained
             if lru:  # admission evicts the least recently used; window() keeps it off ours
-                return length <= quota()
-            if held() + offered + h.in_flight + length <= quota():
-                return True
-            # What is in flight or queued may yet be refused or dropped: wait for it and
-            # its admission before deciding the dataset is full.
-            if h.in_flight:
-                drained = trio.Event()
-                await drained.wait()
-            await d.writer.flush()
-            offered = 0
-            return held() + length <= quota()
+                return length <= budget.quota()
+            return await budget.fits(length)
 
         def window() -> int:
-            return min(h.window, quota()) if lru else h.window
+            return min(h.window, budget.quota()) if lru else h.window
 
-        try:
-            await self._steps(h, ds, fetch, fits, failure, slots, quota, window)
-        except BaseExceptionGroup as group:
-            # One task failed (the walk or a fetch): its error is the hint's, as one line.
-            if len(group.exceptions) == 1:
-                raise group.exceptions[0] from None
-            raise
+        await self._steps(h, ds, fetch, fits, failure, slots, budget, window)
         if failure:
             raise failure[0]
 
@@ -427,7 +411,7 @@ class Prefetcher:
         fits: Callable[[int], Awaitable[bool]],
         failure: list[BackendError],
         slots: trio.Semaphore,
-        quota: Callable[[], int],
+        budget: FillBudget,
         window: Callable[[], int],
     ) -> None:
         """The walk itself: resolve the next paths, start the fetches the window and
@@ -480,7 +464,7 @@ class Prefetcher:
                                 "prefetch of mount %s stops: %s is full (its quota %s)",
                                 h.mount_id,
                                 ds.uri.canonical,
-                                format_size(quota()),
+                                format_size(budget.quota()),
                             )
                             h.paths.clear()
                             return
@@ -491,7 +475,7 @@ class Prefetcher:
                         h.by_chunk[(obj.key, ref.index)] = chunk
                         h.ahead_bytes += ref.length
                         await slots.acquire()
-                        h.in_flight += ref.length
+                        budget.started(ref.length)
                         nursery.start_soon(fetch, ref, chunk)
 
 

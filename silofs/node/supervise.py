@@ -17,6 +17,8 @@ from collections.abc import Awaitable, Callable
 
 import trio
 
+from silofs.errors import first_leaf
+
 log = logging.getLogger(__name__)
 
 RESTART_MIN = 1.0  # seconds before the first restart of a failed loop
@@ -25,7 +27,10 @@ HEALTHY_AFTER = 60.0  # a loop that ran this long before failing restarts at RES
 
 
 def describe(exc: BaseException, *, where: bool = True) -> str:
-    """One line: type, message and (for the log) the innermost frame that raised it."""
+    """One line: type, message and (for the log) the innermost frame that raised it; of
+    an ExceptionGroup (a task's nursery reports its failed task inside one), its first
+    exception's (the whole group goes to the DEBUG traceback)."""
+    exc = first_leaf(exc)
     text = str(exc).splitlines()[0] if str(exc) else ""
     line = f"{type(exc).__name__}{': ' + text if text else ''}"
     tb = traceback.extract_tb(exc.__traceback__)

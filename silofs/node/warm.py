@@ -8,13 +8,17 @@ Random order is what keeps promise 1's hit ratio (cache/dataset whatever the acc
 order) when the quota is smaller than the dataset: the warm stops at the first chunk
 that does not fit rather than looking for smaller ones, which would bias the sample.
 An untrusted peer's warm fetches only the local files it could read itself
-(docs/SECURITY.md). Progress lives in WarmState, shown in the dataset view. Never
-writes LMDB (the Writer admits what the Fetcher offers) and never decides a quota.
+(docs/SECURITY.md). In a cluster the walk spans the members: a chunk homed here is
+fetched as alone, one homed at another member is sent to it (node/cluster.py
+warm_ask), until every home says its part of the share is full. Progress lives in
+WarmState, shown in the dataset view. Never writes LMDB (the Writer admits what the
+Fetcher offers) and never decides a quota.
 """
 
 from __future__ import annotations
 
 import fnmatch
+import functools
 import logging
 import random
 import time
@@ -24,8 +28,8 @@ from typing import Any
 import trio
 
 from silofs.cache.format import ChunkRef
-from silofs.cache.store import Usage
 from silofs.errors import BackendError, UsageError
+from silofs.node.fill_budget import FillBudget
 from silofs.node.state import DatasetState
 from silofs.records import ObjectInfo
 from silofs.units import format_size
@@ -150,7 +154,7 @@ async def _warm(d: Any, ds: DatasetState, w: WarmState) -> None:
     def plan() -> tuple[int, list[ChunkRef], int]:
         """(matched bytes, chunks the dataset does not hold, bytes it holds), in one
         read txn; the owners rows answer without faulting in chunk values."""
-        objects = [o for o in d.store.iter_manifest(ds.id) if matches(o.key, w.paths)]
+        objects = [o for o in d.store.iter_listing(ds.id) if matches(o.key, w.paths)]
         if w.reader is not None:
             objects, denied = readable(ds, objects, *w.reader)
             w.denied_objects = len(denied)
@@ -176,61 +180,112 @@ async def _warm(d: Any, ds: DatasetState, w: WarmState) -> None:
     random.shuffle(refs)
     w.chunks_total = len(refs)
 
-    def quota() -> int:
-        return d.quota_policy().quota(ds.id, d.usage)
-
-    def held() -> int:
-        return d.usage.get(ds.id, Usage()).bytes
-
-    w.target_bytes = min(quota(), w.matched_bytes)
+    budget = FillBudget(d, ds.id)
+    w.target_bytes = min(budget.quota(), w.matched_bytes)
     limiter = d.job(w.job).limiter
-    in_flight = 0  # bytes being fetched
-    offered = 0  # bytes fetched and offered to the Writer since our last flush
     slots = trio.Semaphore(WARM_CONCURRENCY)
-    drained = trio.Event()
     failure: list[BackendError] = []
+    if d.cluster.active and d.cluster.shareable(ds):
+        share = d.cluster.shares.share(ds.uri.canonical)
+        w.target_bytes = w.matched_bytes if share is None else min(share, w.matched_bytes)
+        await _walk_cluster(d, ds, w, refs, budget, limiter, slots, failure)
+        await d.writer.flush()
+        if failure:
+            raise failure[0]
+        return
 
-    async def fetch(ref: ChunkRef) -> None:
-        nonlocal in_flight, offered, drained
-        try:
-            data, fetched = await d.fetcher.fetch(ds.id, ds.backend, limiter, ref)
-        except BackendError as exc:
-            failure.append(exc)
-            return
-        finally:
-            in_flight -= ref.length
-            slots.release()
-            if in_flight == 0:
-                drained.set()
-        w.chunks_done += 1
-        w.fetched_bytes += len(data)
-        offered += len(data)
-        if fetched:
-            job = d.job(w.job)
-            for c in (ds.fetch, job.fetch):
-                c.remote_gets += 1
-                c.remote_bytes += len(data)
-                c.remote_requests += 1
+    fetch = functools.partial(_fetch_here, d, ds, w, limiter, budget, slots, failure)
 
     async with trio.open_nursery() as nursery:
         for ref in refs:
-            if failure:
+            if failure or not await budget.fits(ref.length):
                 break
-            # What was offered may already be in the usage row (the Writer flushes on its
-            # own): counted twice here, which only brings the exact check below sooner.
-            if held() + offered + in_flight + ref.length > quota():
-                # What is in flight or queued may still be refused or dropped: wait for
-                # it and for its admission before deciding the dataset is full.
-                if in_flight:
-                    drained = trio.Event()
-                    await drained.wait()
-                await d.writer.flush()
-                offered = 0
-                if held() + ref.length > quota():
-                    break
             await slots.acquire()
-            in_flight += ref.length
+            budget.started(ref.length)
             nursery.start_soon(fetch, ref)
     await d.writer.flush()  # admitted before the warm says done
     if failure:
         raise failure[0]
+
+
+async def _fetch_here(
+    d: Any,
+    ds: DatasetState,
+    w: WarmState,
+    limiter: Any,
+    budget: FillBudget,
+    slots: trio.Semaphore,
+    failure: list[BackendError],
+    ref: ChunkRef,
+) -> None:
+    """One chunk of the walk fetched by this node (admitted if its dataset has room);
+    its slot and budget released whatever happens, a failure kept for the walk."""
+    data = b""
+    try:
+        data, fetched = await d.fetcher.fetch(ds.id, ds.backend, limiter, ref)
+    except BackendError as exc:
+        failure.append(exc)
+        return
+    finally:
+        budget.ended(ref.length, len(data))
+        slots.release()
+    w.chunks_done += 1
+    w.fetched_bytes += len(data)
+    if fetched:
+        for c in (ds.fetch, d.job(w.job).fetch):
+            c.remote_gets += 1
+            c.remote_bytes += len(data)
+            c.remote_requests += 1
+
+
+async def _walk_cluster(
+    d: Any,
+    ds: DatasetState,
+    w: WarmState,
+    refs: list[ChunkRef],
+    budget: FillBudget,
+    limiter: Any,
+    slots: trio.Semaphore,
+    failure: list[BackendError],
+) -> None:
+    """The random walk of a clustered dataset: a chunk homed here is fetched as alone
+    (while this node's part has room); one homed at another member is sent to it (a
+    warm ask: it fetches it, charged to this job, if its part has room). A home that
+    says "full" gets no more; the walk ends when every home is full or the chunks are
+    done, so each home holds a uniform sample of its own chunks (promise 1)."""
+    full: set[str] = set()
+    membership = d.cluster.membership
+
+    local = functools.partial(_fetch_here, d, ds, w, limiter, budget, slots, failure)
+
+    async def remote(member: Any, ref: ChunkRef) -> None:
+        try:
+            outcome = await d.cluster.warm_ask(member, ds, limiter, w.job, ref)
+        finally:
+            slots.release()
+        if outcome == "full":
+            full.add(member.address)
+        elif outcome == "held":
+            w.skipped_bytes += ref.length
+        elif outcome == "admitted":
+            w.chunks_done += 1
+            w.fetched_bytes += ref.length
+
+    async with trio.open_nursery() as nursery:
+        for ref in refs:
+            live = {c.address for c in membership.live()}
+            if failure or live <= full:
+                break
+            member = membership.home(ref.key)
+            if member.address in full:
+                continue
+            if member.is_self:
+                if not await budget.fits(ref.length):
+                    full.add(member.address)
+                    continue
+                await slots.acquire()
+                budget.started(ref.length)
+                nursery.start_soon(local, ref)
+            else:
+                await slots.acquire()
+                nursery.start_soon(remote, member, ref)

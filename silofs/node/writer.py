@@ -15,9 +15,10 @@ from typing import TypeVar
 
 import trio
 
-from silofs.cache.store import AdmitResult, CacheStore, PendingChunk, Usage
+from silofs.cache.store import Usage
 from silofs.node.lru_index import LruIndex
 from silofs.node.quota import QuotaPolicy
+from silofs.node.store_write import AdmitResult, PendingChunk, WritableStore
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +54,7 @@ class Writer:
 
     def __init__(
         self,
-        store: CacheStore,
+        store: WritableStore,
         usage: dict[int, Usage],
         policy: Callable[[], QuotaPolicy],
         *,
@@ -90,6 +91,11 @@ class Writer:
         self._pending[item.key] = item
         self._wakeup.set()
         return True
+
+    def pending_chunks(self) -> int:
+        """Chunks offered and not yet committed (or refused): 0 once every offer so far
+        is in LMDB or was turned away."""
+        return len(self._pending)
 
     def pending(self, key: bytes) -> bytes | None:
         """The encoded value of a chunk offered and not yet committed, if there is one."""

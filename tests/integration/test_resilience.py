@@ -9,21 +9,23 @@ from pathlib import Path
 import pytest
 
 from silofs.cache.format import ChunkFormatError, chunk_key, chunk_length, verify_chunk
-from silofs.cache.store import CacheStore, env_map_size
+from silofs.node.store_write import WritableStore, env_map_size
 from silofs.units import parse_size
-
-from .conftest import Node, drop_file_cache, mounted, needs_fuse, wait_for
+from tests.support.fixtures import needs_fuse
+from tests.support.node import Node, drop_file_cache, mounted
+from tests.support.poll import wait_for
+from tests.support.trees import random_files
 
 pytestmark = [needs_fuse, pytest.mark.fuse]
 
 CHUNK = 256 << 10
 
 
-def open_env(node: Node) -> CacheStore:
-    return CacheStore(node.cache_dir, env_map_size(parse_size(node.cache_size)))
+def open_env(node: Node) -> WritableStore:
+    return WritableStore(node.cache_dir, env_map_size(parse_size(node.cache_size)))
 
 
-def check_accounting(store: CacheStore) -> dict[int, int]:
+def check_accounting(store: WritableStore) -> dict[int, int]:
     """Usage rows must equal the owners rows, and every owned chunk must exist."""
     owned: dict[int, int] = {}
     with store.env.begin() as txn:
@@ -45,7 +47,7 @@ def check_accounting(store: CacheStore) -> dict[int, int]:
     return owned
 
 
-def chunk_keys(store: CacheStore) -> set[bytes]:
+def chunk_keys(store: WritableStore) -> set[bytes]:
     with store.env.begin() as txn:
         return {bytes(k) for k, _ in txn.cursor(db=store.db(b"chunks"))}
 
@@ -93,8 +95,7 @@ def test_corrupted_chunk_is_refetched_and_counted(
 
 
 def _tree(n: int = 240) -> dict[str, bytes]:
-    rnd = random.Random(11)
-    return {f"e/{i:04d}.bin": rnd.randbytes(30_000) for i in range(n)}
+    return random_files(11, n, 30_000, "e/{i:04d}.bin")
 
 
 def _read_in_background(mp: Path, tree: dict[str, bytes]) -> threading.Thread:

@@ -24,6 +24,7 @@ overrides). Seeded by SILOFS_KILL_SEED (default 1); timing still varies between 
 from __future__ import annotations
 
 import errno
+import json
 import os
 import random
 import signal
@@ -35,10 +36,14 @@ from typing import Any
 
 import pytest
 
-from silofs.cache.store import _ID, _USAGE, CacheStore, Usage, env_map_size
+from silofs.cache.store import DSID, USAGE_ROW, CacheStore, Usage
 from silofs.control.client import ControlClient, ControlError, quote_segment
+from silofs.node.store_write import env_map_size
 from silofs.units import parse_size
-from tests.integration.conftest import Node, drop_file_cache, mounted, needs_fuse, wait_for
+from tests.support.fixtures import needs_fuse
+from tests.support.node import Node, drop_file_cache, mounted
+from tests.support.poll import wait_for
+from tests.support.trees import random_files
 
 from .conftest import scale
 from .verify import pread_all
@@ -56,9 +61,8 @@ SETTLE = 60.0  # seconds for the restarted daemon to enforce allocations / a mou
 
 def make_tree(rnd: random.Random) -> dict[str, bytes]:
     """~10 MB: small whole-object chunks and multi-chunk files (edges on and off chunks)."""
-    tree = {f"s/{i:03d}.bin": rnd.randbytes(rnd.randint(1, 120_000)) for i in range(60)}
-    for i in range(6):
-        tree[f"m/{i}.bin"] = rnd.randbytes(rnd.choice([3 * CHUNK, 4 * CHUNK + 1, 5 * CHUNK - 7]))
+    tree = random_files(rnd, 60, range(1, 120_001), "s/{i:03d}.bin")
+    tree |= random_files(rnd, 6, [3 * CHUNK, 4 * CHUNK + 1, 5 * CHUNK - 7], "m/{i}.bin")
     tree["empty"] = b""
     return tree
 
@@ -154,7 +158,8 @@ def committed(store: CacheStore) -> tuple[dict[bytes, int], dict[int, int], list
             if txn.get(key, db=chunks) is None:
                 faults.append(f"owners row without its chunk {key.hex()}")
         usage = {
-            _ID.unpack(k)[0]: Usage(*_USAGE.unpack(v)) for k, v in txn.cursor(db=store.db(b"usage"))
+            DSID.unpack(k)[0]: Usage(*USAGE_ROW.unpack(v))
+            for k, v in txn.cursor(db=store.db(b"usage"))
         }
     rows = {d: (u.bytes, u.chunks) for d, u in usage.items() if u.bytes or u.chunks}
     sums = {d: (owned[d], counted[d]) for d in owned}
@@ -164,8 +169,10 @@ def committed(store: CacheStore) -> tuple[dict[bytes, int], dict[int, int], list
 
 
 def allocation(store: CacheStore, uri: str) -> int | None:
-    value = dict(store.iter_meta("cache:")).get(f"cache:{uri}")
-    return None if value is None else int(value)  # type: ignore[call-overload]
+    """The dataset's cache allocation as the daemon persisted it (its meta row)."""
+    with store.env.begin() as txn:
+        raw = txn.get(f"cache:{uri}".encode(), db=store.db(b"meta"))
+    return None if raw is None else int(json.loads(raw))
 
 
 def unexplained(missing: dict[bytes, int], must_evict: int) -> int:
@@ -278,7 +285,7 @@ def test_kill_9_daemon_and_mount_under_verified_reads_and_allocation_churn(
                     t.join(30)
 
             if target == "daemon":
-                store = CacheStore(node.cache_dir, env_map_size(parse_size(CACHE)), readonly=True)
+                store = CacheStore(node.cache_dir, env_map_size(parse_size(CACHE)))
                 try:
                     before, usage, faults = committed(store)
                     quota = allocation(store, canonical)
@@ -289,14 +296,14 @@ def test_kill_9_daemon_and_mount_under_verified_reads_and_allocation_churn(
                 progress(20)  # reads (and admissions) resume against the new daemon
                 registered()  # hits alone do not reopen the dataset; the mount's report does
                 # One mount, one registration, however many of its requests found the
-                # daemon gone (issue 9: a stable mount id, counters never double counted).
+                # daemon gone (a stable mount id: counters are never counted twice).
                 rows = [m for m in node.status()["mounts"] if m["mountpoint"] == str(mp)]
                 if len(rows) != 1:
                     registrations.append(f"iteration {it}: {len(rows)} registrations")
                 must_evict = max(0, usage.get(dsid, 0) - quota) if quota is not None else 0
 
                 def settled(quota: int | None = quota) -> tuple | None:
-                    s = CacheStore(node.cache_dir, env_map_size(parse_size(CACHE)), readonly=True)
+                    s = CacheStore(node.cache_dir, env_map_size(parse_size(CACHE)))
                     try:
                         after, now, faults = committed(s)
                     finally:

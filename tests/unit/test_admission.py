@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
@@ -20,8 +20,9 @@ import trio.testing
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from silofs.cache.store import CacheStore, PendingChunk, Usage
+from silofs.cache.store import Usage
 from silofs.node.quota import QuotaPolicy
+from silofs.node.store_write import PendingChunk, WritableStore
 from silofs.node.writer import Writer
 from tests.unit.test_store import check, chunk, owned
 
@@ -118,14 +119,7 @@ def test_excess_plan_fits_and_is_minimal(
 
 
 # -- Writer --------------------------------------------------------------------------------
-@pytest.fixture
-def store(tmp_path: Path) -> Iterator[CacheStore]:
-    s = CacheStore(str(tmp_path / "cache"), MAP)
-    yield s
-    s.close()
-
-
-def make_writer(store: CacheStore, policy: QuotaPolicy | None = None, **kw: float) -> Writer:
+def make_writer(store: WritableStore, policy: QuotaPolicy | None = None, **kw: float) -> Writer:
     args: dict[str, float] = {
         "batch_bytes": 1 << 30,
         "batch_seconds": 0.05,
@@ -144,7 +138,7 @@ def run(fn: Callable[[], Awaitable[None]]) -> None:
 class AdmitSpy:
     """Counts store.admit calls (one call = one write txn) and their sizes."""
 
-    def __init__(self, store: CacheStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    def __init__(self, store: WritableStore, monkeypatch: pytest.MonkeyPatch) -> None:
         self.batches: list[int] = []
         real = store.admit
 
@@ -156,7 +150,7 @@ class AdmitSpy:
 
 
 def test_flush_admits_all_offers_in_one_txn(
-    store: CacheStore, monkeypatch: pytest.MonkeyPatch
+    store: WritableStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     spy = AdmitSpy(store, monkeypatch)
 
@@ -176,7 +170,7 @@ def test_flush_admits_all_offers_in_one_txn(
 
 
 def test_run_batches_offers_within_the_batch_window(
-    store: CacheStore, monkeypatch: pytest.MonkeyPatch
+    store: WritableStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     spy = AdmitSpy(store, monkeypatch)
 
@@ -211,7 +205,7 @@ def test_run_batches_offers_within_the_batch_window(
 
 
 def test_run_flushes_early_when_the_batch_is_big(
-    store: CacheStore, monkeypatch: pytest.MonkeyPatch
+    store: WritableStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     spy = AdmitSpy(store, monkeypatch)
     size = len(chunk(1, 0).value)
@@ -240,7 +234,7 @@ def test_run_flushes_early_when_the_batch_is_big(
     run(main)
 
 
-def test_a_full_queue_drops_and_counts(store: CacheStore) -> None:
+def test_a_full_queue_drops_and_counts(store: WritableStore) -> None:
     size = len(chunk(1, 0).value)
 
     async def main() -> None:
@@ -259,7 +253,7 @@ def test_a_full_queue_drops_and_counts(store: CacheStore) -> None:
 def test_offers_a_full_map_refuses_are_not_counted_as_over_quota(tmp_path: Path) -> None:
     # Status and metrics say why offers were not admitted: "rejected" means the dataset
     # was over its quota, which a full disk budget is not.
-    small = CacheStore(str(tmp_path / "small"), 1 << 20)
+    small = WritableStore(str(tmp_path / "small"), 1 << 20)
 
     async def main() -> None:
         w = make_writer(small)
@@ -276,7 +270,7 @@ def test_offers_a_full_map_refuses_are_not_counted_as_over_quota(tmp_path: Path)
         small.close()
 
 
-def test_writer_respects_the_quota(store: CacheStore) -> None:
+def test_writer_respects_the_quota(store: WritableStore) -> None:
     async def main() -> None:
         w = make_writer(store, QuotaPolicy(550))
         for i in range(10):
@@ -289,7 +283,7 @@ def test_writer_respects_the_quota(store: CacheStore) -> None:
     run(main)
 
 
-def test_shrink_evicts_random_chunks(store: CacheStore) -> None:
+def test_shrink_evicts_random_chunks(store: WritableStore) -> None:
     async def main() -> None:
         w = make_writer(store)
         for i in range(100):
@@ -308,7 +302,7 @@ def test_shrink_evicts_random_chunks(store: CacheStore) -> None:
     run(main)
 
 
-def test_usage_dict_is_updated_in_place(store: CacheStore) -> None:
+def test_usage_dict_is_updated_in_place(store: WritableStore) -> None:
     # Other components (status, excess) hold the same dict object.
     async def main() -> None:
         usage = store.load_usage()
@@ -331,7 +325,7 @@ def test_usage_dict_is_updated_in_place(store: CacheStore) -> None:
     run(main)
 
 
-def test_call_serialises_with_other_writes(store: CacheStore) -> None:
+def test_call_serialises_with_other_writes(store: WritableStore) -> None:
     async def main() -> None:
         w = make_writer(store)
         release = threading.Event()
@@ -378,7 +372,7 @@ def test_call_serialises_with_other_writes(store: CacheStore) -> None:
 
 
 def test_a_failed_write_leaves_usage_equal_to_the_committed_rows(
-    store: CacheStore, monkeypatch: pytest.MonkeyPatch
+    store: WritableStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # An eviction that commits some txns and then fails (disk error, full map) must not
     # leave the writer's usage at the pre-eviction numbers: admission would then think
@@ -403,7 +397,9 @@ def test_a_failed_write_leaves_usage_equal_to_the_committed_rows(
     run(main)
 
 
-def test_sync_loop_syncs_periodically(store: CacheStore, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_sync_loop_syncs_periodically(
+    store: WritableStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
     clock = trio.testing.MockClock()  # moved by hand: the sync runs in a thread
     syncs: list[float] = []
     monkeypatch.setattr(store, "sync", lambda: None)
@@ -437,7 +433,7 @@ def test_sync_loop_syncs_periodically(store: CacheStore, monkeypatch: pytest.Mon
     trio.run(main, clock=clock)
 
 
-def test_uncharging_never_goes_below_zero(store: CacheStore) -> None:
+def test_uncharging_never_goes_below_zero(store: WritableStore) -> None:
     # A damaged owners row claiming more bytes than charged must not wedge the writer.
     usage: dict[int, Usage] = {1: Usage(100, 1)}
     with store.env.begin(write=True) as txn:
@@ -447,11 +443,11 @@ def test_uncharging_never_goes_below_zero(store: CacheStore) -> None:
 
 
 # -- one LRU over the shared pool (Alluxio-like) -------------------------------------------
-def test_unallocated_lru_datasets_share_one_lru(store: CacheStore) -> None:
+def test_unallocated_lru_datasets_share_one_lru(store: WritableStore) -> None:
     # A pool of 1000 bytes, datasets 1 and 2 in LRU mode with no allocation, 3 uniform.
     # Dataset 1 fills the pool, then uses chunks 5-9 again; dataset 2's chunks then push
-    # out dataset 1's least recently used (0, 1, 2), not its own and not nothing (each
-    # dataset kept to its first-come share was the old behaviour: 2 admitted nothing).
+    # out dataset 1's least recently used (0, 1, 2), not its own and not nothing (were each
+    # dataset kept to its first-come share, 2 would admit nothing).
     policy = QuotaPolicy(1000, lru=frozenset({1, 2}))
 
     async def main() -> None:
@@ -474,7 +470,7 @@ def test_unallocated_lru_datasets_share_one_lru(store: CacheStore) -> None:
     run(main)
 
 
-def test_pooled_lru_never_evicts_uniform_or_allocated_datasets(store: CacheStore) -> None:
+def test_pooled_lru_never_evicts_uniform_or_allocated_datasets(store: WritableStore) -> None:
     # 1000 bytes: dataset 4 (LRU) has its own 200 allocation; of the 800 left, dataset 3
     # (uniform, no allocation) holds 400, and 1 and 2 (LRU) share the other 400.
     policy = QuotaPolicy(1000, {4: 200}, lru=frozenset({1, 2, 4}))

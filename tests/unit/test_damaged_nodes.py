@@ -25,7 +25,8 @@ import pytest
 
 from silofs.cache.bounds import DamagedValueError, FirstTime, mdb_val_offset
 from silofs.cache.format import chunk_key, encode_chunk
-from silofs.cache.store import CacheStore, PendingChunk, Usage
+from silofs.cache.store import CacheStore, Usage
+from silofs.node.store_write import PendingChunk, WritableStore
 
 PAGE = 4096
 MAP = 64 << 20
@@ -110,7 +111,7 @@ def _everything(path: Path, items: list[PendingChunk], plain: bool, write: bool)
     daemon's replacement and eviction), each step allowed to fail with an lmdb.Error (or
     a damaged row's struct.error), never with a signal."""
     safe = (lmdb.Error, struct.error, ValueError, KeyError)
-    store = CacheStore(str(path), MAP, readonly=True)
+    store = CacheStore(str(path), MAP)
     chunks = store.db(b"chunks")
     with store.read_txn() as txn:
         for item in items:
@@ -127,7 +128,7 @@ def _everything(path: Path, items: list[PendingChunk], plain: bool, write: bool)
     store.close()
     if not write:
         return
-    store = CacheStore(str(path), MAP)
+    store = WritableStore(str(path), MAP)
     usage: dict[int, Usage] = {}
     for step in (
         lambda: usage.update(store.load_usage()),
@@ -174,7 +175,7 @@ def _trials(
 def base(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[PendingChunk]]:
     path = tmp_path_factory.mktemp("env")
     items = _chunks(150, seed=3)
-    store = CacheStore(str(path / "made"), MAP)
+    store = WritableStore(str(path / "made"), MAP)
     store.admit(items, {}, _unlimited)
     (path / "compact").mkdir()
     store.env.copy(str(path / "compact"), compact=True)
@@ -183,6 +184,7 @@ def base(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[PendingCh
     return path / "compact", items
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(mdb_val_offset() < 0, reason="this py-lmdb keeps its MDB_val elsewhere")
 def test_flipped_nodes_raise_and_never_fault(base, tmp_path: Path) -> None:
     """Reads survive any flip in a chunks page; the daemon's deletes and replacements
@@ -206,7 +208,7 @@ def test_a_value_beyond_the_file_is_refused_before_it_is_touched(base, tmp_path:
     path, items = base
     work = tmp_path / "w"
     shutil.copytree(path, work)
-    store = CacheStore(str(work), MAP, readonly=True)
+    store = CacheStore(str(work), MAP)
     big = next(i for i in items if i.data_len > 5_000)
     with store.read_txn() as txn:
         cur = store.value_cursor(txn, store.db(b"chunks"))
@@ -226,14 +228,14 @@ def test_a_value_beyond_the_file_is_refused_before_it_is_touched(base, tmp_path:
     if pid == 0:
         code = 1
         try:
-            store = CacheStore(str(work), MAP, readonly=True)
+            store = CacheStore(str(work), MAP)
             with store.read_txn() as txn:
                 try:
                     store.get_value(txn, store.db(b"chunks"), big.key)
                 except DamagedValueError:
                     code = 0
             store.close()
-            store = CacheStore(str(work), MAP)
+            store = WritableStore(str(work), MAP)
             st = (work / "data.mdb").stat()
             code = code or (st.st_size != MAP or st.st_blocks * 512 > MAP // 4) * 4
             res = store.admit([PendingChunk(*_tuples([big])[0], replace=True)], {}, _unlimited)
@@ -261,10 +263,10 @@ def test_a_damaged_node_is_reported_once_per_key() -> None:
 def test_bounds_end_at_the_map_when_the_file_is_larger(tmp_path: Path) -> None:
     """A daemon that ran with a bigger cache size grew data.mdb past this map: a value
     running past the map's end is refused though it is inside the file."""
-    store = CacheStore(str(tmp_path), 64 << 20)
+    store = WritableStore(str(tmp_path), 64 << 20)
     store.close()
     os.truncate(tmp_path / "data.mdb", 256 << 20)
-    store = CacheStore(str(tmp_path), 64 << 20, readonly=True)
+    store = CacheStore(str(tmp_path), 64 << 20)
     bounds = store.value_bounds()
     assert bounds is not None
     start, end, map_end = bounds

@@ -15,9 +15,8 @@ import errno
 import json
 import os
 import stat
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
@@ -26,11 +25,12 @@ import pytest
 import trio
 
 from silofs.cache.format import ChunkRef, encode_chunk
-from silofs.cache.store import CacheStore, PendingChunk, Usage
+from silofs.cache.store import CacheStore, Usage
 from silofs.control.client import ControlError
 from silofs.mount.fs import Presentation, SilofsFS
-from silofs.mount.manifest import ROOT_INODE, Manifest
+from silofs.mount.listing_view import ROOT_INODE, ListingView
 from silofs.mount.reader import ChunkReader
+from silofs.node.store_write import PendingChunk, WritableStore
 from silofs.records import ObjectInfo
 
 CS = 64 << 10  # chunk size
@@ -131,7 +131,7 @@ class Mount:
 
     def relist(self, objects: list[ObjectInfo]) -> None:
         """The daemon lists the dataset again (a --refresh); the mount switches."""
-        self.fs.switch(self.store.replace_manifest(DSID, objects, {"uri": "file:///d/"}))
+        self.fs.switch(self.store.replace_listing(DSID, objects, {"uri": "file:///d/"}))
 
 
 def errno_of(exc: pytest.ExceptionInfo[pyfuse3.FUSEError]) -> int:
@@ -139,21 +139,14 @@ def errno_of(exc: pytest.ExceptionInfo[pyfuse3.FUSEError]) -> int:
 
 
 @pytest.fixture
-def store(tmp_path: Path) -> Iterator[CacheStore]:
-    s = CacheStore(str(tmp_path / "env"), 64 << 20)
-    yield s
-    s.close()
-
-
-@pytest.fixture
-def run(store: CacheStore) -> Callable[..., None]:
+def run(store: WritableStore) -> Callable[..., None]:
     """run(test, buffer_bytes=..., readahead=...): test(mount) inside trio, with a
     SilofsFS over `store` holding OBJECTS and a FakeDaemon that has their bytes."""
 
     def runner(
         test: Callable[[Mount], Awaitable[None]], buffer_bytes: int = 8 * CS, readahead: int = 0
     ) -> None:
-        record = store.replace_manifest(DSID, OBJECTS, {"uri": "file:///d/"})
+        record = store.replace_listing(DSID, OBJECTS, {"uri": "file:///d/"})
         daemon = FakeDaemon({(o.key, o.version): payload(o.key, o.size) for o in OBJECTS})
 
         async def reregister() -> None:
@@ -170,7 +163,7 @@ def run(store: CacheStore) -> Callable[..., None]:
                 reregister=reregister,
             )
             reader.registered("m1", track_hits=False)
-            fs = SilofsFS(Manifest(store, DSID, record), reader, LOOK)
+            fs = SilofsFS(ListingView(store, DSID, record), reader, LOOK)
             async with trio.open_nursery() as nursery:
                 reader.start(nursery)
                 with trio.fail_after(20):

@@ -2,7 +2,7 @@
 
 Owns the store's invariants: uniform admission under a quota (promise 1), present and
 replace semantics, accounting that always equals content (usage rows == owners rows ==
-chunks, checked by walking the env after every operation), random eviction, manifests,
+chunks, checked by walking the env after every operation), random eviction, listings,
 persistence across a reopen (promise 4) and a full map. The quota here is a plain
 function; the policy that computes it is tested in test_admission.py.
 """
@@ -13,7 +13,7 @@ import os
 import random
 import struct
 import tempfile
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,14 +29,8 @@ from hypothesis.stateful import (
 )
 
 from silofs.cache.format import chunk_key, decode_header, encode_chunk, verify_chunk
-from silofs.cache.store import (
-    AdmitResult,
-    CacheStore,
-    PendingChunk,
-    Usage,
-    dataset_prefix,
-    env_map_size,
-)
+from silofs.cache.store import DSID, CacheStore, Usage
+from silofs.node.store_write import AdmitResult, PendingChunk, WritableStore, env_map_size
 from silofs.records import ObjectInfo
 
 MAP = 64 << 20
@@ -118,15 +112,8 @@ def owned(store: CacheStore, dsid: int) -> set[bytes]:
     return {k for k, (d, _) in walk(store).owners.items() if d == dsid}
 
 
-@pytest.fixture
-def store(tmp_path: Path) -> Iterator[CacheStore]:
-    s = CacheStore(str(tmp_path / "cache"), MAP)
-    yield s
-    s.close()
-
-
 # -- admission ----------------------------------------------------------------------------
-def test_admission_never_exceeds_the_quota(store: CacheStore) -> None:
+def test_admission_never_exceeds_the_quota(store: WritableStore) -> None:
     usage: dict[int, Usage] = {}
     res = store.admit([chunk(1, i) for i in range(25)], usage, fixed({1: 1000}))
     assert (res.admitted, res.admitted_bytes, res.rejected, res.full) == (10, 1000, 15, False)
@@ -137,7 +124,7 @@ def test_admission_never_exceeds_the_quota(store: CacheStore) -> None:
     assert res.rejected == 1 and res.admitted == 0
 
 
-def test_a_full_dataset_admits_nothing_and_evicts_nothing(store: CacheStore) -> None:
+def test_a_full_dataset_admits_nothing_and_evicts_nothing(store: WritableStore) -> None:
     usage: dict[int, Usage] = {}
     store.admit([chunk(1, i) for i in range(10)], usage, fixed({1: 1000}))
     before = walk(store)
@@ -151,7 +138,7 @@ def test_a_full_dataset_admits_nothing_and_evicts_nothing(store: CacheStore) -> 
     assert usage[1] == Usage(1000, 10)
 
 
-def test_quota_sees_the_batch_so_far(store: CacheStore) -> None:
+def test_quota_sees_the_batch_so_far(store: WritableStore) -> None:
     # Within one batch the quota function is asked with usage including earlier items.
     seen: list[int] = []
 
@@ -166,7 +153,7 @@ def test_quota_sees_the_batch_so_far(store: CacheStore) -> None:
     check(store, usage)
 
 
-def test_quota_zero_admits_nothing(store: CacheStore) -> None:
+def test_quota_zero_admits_nothing(store: WritableStore) -> None:
     usage: dict[int, Usage] = {}
     res = store.admit([chunk(1, i) for i in range(3)], usage, fixed({}))
     assert res.rejected == 3 and res.admitted == 0
@@ -174,7 +161,7 @@ def test_quota_zero_admits_nothing(store: CacheStore) -> None:
     assert walk(store).chunks == {}
 
 
-def test_present_chunks_are_not_charged_twice(store: CacheStore) -> None:
+def test_present_chunks_are_not_charged_twice(store: WritableStore) -> None:
     usage: dict[int, Usage] = {}
     store.admit([chunk(1, 0)], usage, unlimited)
     res = store.admit([chunk(1, 0), chunk(1, 0)], usage, unlimited)
@@ -190,7 +177,7 @@ def test_present_chunks_are_not_charged_twice(store: CacheStore) -> None:
     check(store, usage)
 
 
-def test_a_chunk_put_earlier_in_the_batch_is_present_not_damaged(store: CacheStore) -> None:
+def test_a_chunk_put_earlier_in_the_batch_is_present_not_damaged(store: WritableStore) -> None:
     # A value with overflow pages put earlier in the same write txn lies in the txn's
     # own pages (heap), not in data.mdb: the bounds check must not take it for damage.
     usage: dict[int, Usage] = {}
@@ -205,7 +192,7 @@ def test_a_chunk_put_earlier_in_the_batch_is_present_not_damaged(store: CacheSto
     assert s.chunks[items[1].key] == items[1].value and usage[5] == Usage(2 * big, 2)
 
 
-def test_replace_overwrites_and_moves_the_charge(store: CacheStore) -> None:
+def test_replace_overwrites_and_moves_the_charge(store: WritableStore) -> None:
     usage: dict[int, Usage] = {}
     store.admit([chunk(1, 0, cid="shared", fill=1)], usage, unlimited)
     # A reader of dataset 2 found the value bad and refetched it: replace.
@@ -217,14 +204,14 @@ def test_replace_overwrites_and_moves_the_charge(store: CacheStore) -> None:
     assert usage.get(1, Usage()) == Usage() and usage[2] == Usage(150, 1)
 
 
-def test_replace_of_an_absent_chunk_is_an_admission(store: CacheStore) -> None:
+def test_replace_of_an_absent_chunk_is_an_admission(store: WritableStore) -> None:
     usage: dict[int, Usage] = {}
     res = store.admit([chunk(1, 0, replace=True)], usage, unlimited)
     assert res.admitted == 1
     check(store, usage)
 
 
-def test_replace_in_a_full_dataset_frees_its_own_bad_chunk_first(store: CacheStore) -> None:
+def test_replace_in_a_full_dataset_frees_its_own_bad_chunk_first(store: WritableStore) -> None:
     usage: dict[int, Usage] = {}
     store.admit([chunk(1, i) for i in range(10)], usage, fixed({1: 1000}))
     res = store.admit([chunk(1, 3, replace=True, fill=99)], usage, fixed({1: 1000}))
@@ -234,7 +221,7 @@ def test_replace_in_a_full_dataset_frees_its_own_bad_chunk_first(store: CacheSto
     assert s.chunks[chunk(1, 3).key].endswith(bytes([99]) * 100)
 
 
-def test_replace_over_quota_drops_the_bad_chunk(store: CacheStore) -> None:
+def test_replace_over_quota_drops_the_bad_chunk(store: WritableStore) -> None:
     # Dataset 2 is full; its refetch of dataset 1's bad chunk is not admitted, but the
     # bad value must not stay either (it would fail verification forever).
     usage: dict[int, Usage] = {}
@@ -248,14 +235,14 @@ def test_replace_over_quota_drops_the_bad_chunk(store: CacheStore) -> None:
 
 
 # -- eviction -------------------------------------------------------------------------
-def fill(store: CacheStore, usage: dict[int, Usage], dsid: int, n: int, size: int = 100) -> None:
+def fill(store: WritableStore, usage: dict[int, Usage], dsid: int, n: int, size: int = 100) -> None:
     for start in range(0, n, 500):
         items = [chunk(dsid, i, size) for i in range(start, min(n, start + 500))]
         res = store.admit(items, usage, unlimited)
         assert res.admitted == len(items)
 
 
-def test_evict_random_reaches_the_target_and_touches_only_its_dataset(store: CacheStore) -> None:
+def test_evict_random_reaches_the_target_and_touches_only_its_dataset(store: WritableStore) -> None:
     usage: dict[int, Usage] = {}
     fill(store, usage, 1, 300)
     fill(store, usage, 2, 200)
@@ -276,7 +263,7 @@ def test_evict_random_reaches_the_target_and_touches_only_its_dataset(store: Cac
     check(store, usage)
 
 
-def test_evict_random_with_a_negative_target_empties_the_dataset(store: CacheStore) -> None:
+def test_evict_random_with_a_negative_target_empties_the_dataset(store: WritableStore) -> None:
     usage: dict[int, Usage] = {}
     fill(store, usage, 1, 10)
     assert store.evict_random(1, -1, usage) == 1000
@@ -284,7 +271,7 @@ def test_evict_random_with_a_negative_target_empties_the_dataset(store: CacheSto
     check(store, usage)
 
 
-def test_evict_random_large_batches(store: CacheStore) -> None:
+def test_evict_random_large_batches(store: WritableStore) -> None:
     # More than one eviction txn (_EVICT_BATCH is 512).
     usage: dict[int, Usage] = {}
     fill(store, usage, 1, 1500, size=10)
@@ -294,7 +281,7 @@ def test_evict_random_large_batches(store: CacheStore) -> None:
 
 
 def test_eviction_is_random_and_spread_over_the_key_space(tmp_path: Path) -> None:
-    base = CacheStore(str(tmp_path / "base"), MAP)
+    base = WritableStore(str(tmp_path / "base"), MAP)
     usage0: dict[int, Usage] = {}
     fill(base, usage0, 1, 1000)
     keys = sorted(owned(base, 1))
@@ -304,7 +291,7 @@ def test_eviction_is_random_and_spread_over_the_key_space(tmp_path: Path) -> Non
     base.close()
     survivors = []
     for name in ("a", "b"):
-        s = CacheStore(str(tmp_path / name), MAP)
+        s = WritableStore(str(tmp_path / name), MAP)
         usage = s.load_usage()
         assert usage == usage0
         s.evict_random(1, 50_000, usage)
@@ -341,7 +328,7 @@ class StoreMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.dir = tempfile.TemporaryDirectory()
-        self.store = CacheStore(self.dir.name, MAP)
+        self.store = WritableStore(self.dir.name, MAP)
         self.usage: dict[int, Usage] = {}
         self.quotas = {1: 2000, 2: 1500, 3: 800}
         self.known: list[tuple[int, int, str]] = []  # (dataset, index, cid) ever offered
@@ -420,14 +407,14 @@ StoreMachine.TestCase.settings = settings(
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )
-TestStoreMachine = StoreMachine.TestCase
+TestStoreMachine = pytest.mark.slow(StoreMachine.TestCase)
 
 
 def test_randomized_sequence_seeded() -> None:
     """A longer plain random walk than the state machine takes, same checks."""
     rng = random.Random(1234)
     with tempfile.TemporaryDirectory() as d:
-        store = CacheStore(d, MAP)
+        store = WritableStore(d, MAP)
         usage: dict[int, Usage] = {}
         quotas = {1: 30_000, 2: 20_000, 3: 10_000}
         for _ in range(150):
@@ -456,7 +443,7 @@ def test_randomized_sequence_seeded() -> None:
         store.close()
 
 
-# -- manifests ------------------------------------------------------------------------
+# -- listings -------------------------------------------------------------------------
 def objects(n: int, prefix: str = "") -> list[ObjectInfo]:
     return [
         ObjectInfo(
@@ -475,7 +462,7 @@ UNICODE = [
 ]
 
 
-def test_dataset_ids(store: CacheStore) -> None:
+def test_dataset_ids(store: WritableStore) -> None:
     a = store.dataset_id("s3://b/a/", create=True)
     b = store.dataset_id("s3://b/b/", create=True)
     assert a != b
@@ -485,15 +472,15 @@ def test_dataset_ids(store: CacheStore) -> None:
     assert store.all_datasets() == {a: {"uri": "s3://b/a/"}, b: {"uri": "s3://b/b/"}}
 
 
-def test_manifest_round_trip(store: CacheStore) -> None:
+def test_listing_round_trip(store: WritableStore) -> None:
     ds1 = store.dataset_id("s3://b/one/", create=True)
     ds2 = store.dataset_id("s3://b/two/", create=True)
     assert ds1 is not None and ds2 is not None
     objs = objects(50) + UNICODE
     record = {"uri": "s3://b/one/", "objects": len(objs), "size": 123, "listed_at": 1.5}
-    store.replace_manifest(ds1, objs, record)
-    store.replace_manifest(ds2, objects(7, "other/"), {"uri": "s3://b/two/"})
-    got = list(store.iter_manifest(ds1))
+    store.replace_listing(ds1, objs, record)
+    store.replace_listing(ds2, objects(7, "other/"), {"uri": "s3://b/two/"})
+    got = list(store.iter_listing(ds1))
     assert sorted(got, key=lambda o: o.key) == sorted(objs, key=lambda o: o.key)
     assert len(got) == len(objs)
     for o in objs:
@@ -505,34 +492,34 @@ def test_manifest_round_trip(store: CacheStore) -> None:
     assert saved["uri"] == record["uri"] and saved["listed_at"] == 1.5
     # The listing's own totals replace what the caller guessed.
     assert saved["objects"] == len(objs) and saved["size"] == sum(o.size for o in objs)
-    assert list(store.iter_manifest(999)) == []
+    assert list(store.iter_listing(999)) == []
     # Replacing swaps the whole listing and leaves the other dataset alone.
-    store.replace_manifest(ds1, UNICODE[:2], {"uri": "s3://b/one/", "objects": 2})
-    assert sorted(store.iter_manifest(ds1), key=lambda o: o.key) == sorted(
+    store.replace_listing(ds1, UNICODE[:2], {"uri": "s3://b/one/", "objects": 2})
+    assert sorted(store.iter_listing(ds1), key=lambda o: o.key) == sorted(
         UNICODE[:2], key=lambda o: o.key
     )
     assert store.get_object(ds1, "dir0/file-0.bin") is None
-    assert len(list(store.iter_manifest(ds2))) == 7
-    store.replace_manifest(ds2, [], {"uri": "s3://b/two/"})
-    assert list(store.iter_manifest(ds2)) == []
-    assert len(list(store.iter_manifest(ds1))) == 2
+    assert len(list(store.iter_listing(ds2))) == 7
+    store.replace_listing(ds2, [], {"uri": "s3://b/two/"})
+    assert list(store.iter_listing(ds2)) == []
+    assert len(list(store.iter_listing(ds1))) == 2
 
 
-def test_manifest_of_neighbouring_ids_do_not_mix(store: CacheStore) -> None:
+def test_listings_of_neighbouring_ids_do_not_mix(store: WritableStore) -> None:
     # Dataset 1's rows must end where dataset 2's begin, whatever the keys' bytes. (A key
     # with NUL names no path, so it is not listed at all: "\x01" is the lowest byte.)
-    store.replace_manifest(1, [ObjectInfo("\x7f\uffff", 1, 1.0, "v", "c")], {})
-    store.replace_manifest(2, [ObjectInfo("\x01zero", 2, 2.0, "v", "c")], {})
-    store.replace_manifest(256, [ObjectInfo("x", 3, 3.0, "v", "c")], {})
-    assert [o.key for o in store.iter_manifest(1)] == ["\x7f\uffff"]
-    assert [o.key for o in store.iter_manifest(2)] == ["\x01zero"]
-    assert [o.key for o in store.iter_manifest(256)] == ["x"]
-    store.replace_manifest(1, [], {})
-    assert [o.key for o in store.iter_manifest(2)] == ["\x01zero"]
+    store.replace_listing(1, [ObjectInfo("\x7f\uffff", 1, 1.0, "v", "c")], {})
+    store.replace_listing(2, [ObjectInfo("\x01zero", 2, 2.0, "v", "c")], {})
+    store.replace_listing(256, [ObjectInfo("x", 3, 3.0, "v", "c")], {})
+    assert [o.key for o in store.iter_listing(1)] == ["\x7f\uffff"]
+    assert [o.key for o in store.iter_listing(2)] == ["\x01zero"]
+    assert [o.key for o in store.iter_listing(256)] == ["x"]
+    store.replace_listing(1, [], {})
+    assert [o.key for o in store.iter_listing(2)] == ["\x01zero"]
 
 
 @pytest.mark.parametrize("length", [400, 503, 504, 1024])
-def test_long_object_keys(store: CacheStore, length: int) -> None:
+def test_long_object_keys(store: WritableStore, length: int) -> None:
     # S3 allows keys of 1024 bytes; LMDB keys stop at 511. Listing must not fail.
     long = "k/" + "é" * ((length - 2) // 2) + "x" * ((length - 2) % 2)
     assert len(long.encode()) == length
@@ -542,17 +529,17 @@ def test_long_object_keys(store: CacheStore, length: int) -> None:
         ObjectInfo(twin, 2, 2.0, "v2", "c2"),
         ObjectInfo("short", 3, 3.0, "v3", "c3"),
     ]
-    store.replace_manifest(1, objs, {})
-    assert sorted(store.iter_manifest(1), key=lambda o: o.key) == sorted(objs, key=lambda o: o.key)
+    store.replace_listing(1, objs, {})
+    assert sorted(store.iter_listing(1), key=lambda o: o.key) == sorted(objs, key=lambda o: o.key)
     assert store.get_object(1, long) == objs[0]
     assert store.get_object(1, twin) == objs[1]
     assert store.get_object(1, long + "z") is None
-    store.replace_manifest(1, objs[2:], {})
-    assert list(store.iter_manifest(1)) == objs[2:]
+    store.replace_listing(1, objs[2:], {})
+    assert list(store.iter_listing(1)) == objs[2:]
     assert store.get_object(1, long) is None
 
 
-def test_meta(store: CacheStore) -> None:
+def test_meta(store: WritableStore) -> None:
     assert store.get_meta("allocation:s3://b/a/") is None
     store.put_meta("allocation:s3://b/a/", 1 << 30)
     store.put_meta("allocation:s3://b/b/", {"bytes": 5})
@@ -570,11 +557,11 @@ def test_meta(store: CacheStore) -> None:
 # -- persistence --------------------------------------------------------------------------
 def test_reopen_keeps_everything(tmp_path: Path) -> None:
     path = str(tmp_path / "cache")
-    s = CacheStore(path, MAP)
+    s = WritableStore(path, MAP)
     usage: dict[int, Usage] = {}
     ds = s.dataset_id("s3://b/p/", create=True)
     assert ds is not None
-    s.replace_manifest(ds, UNICODE, {"uri": "s3://b/p/", "objects": 5})
+    s.replace_listing(ds, UNICODE, {"uri": "s3://b/p/", "objects": 5})
     fill(s, usage, ds, 120)
     fill(s, usage, 7, 30, size=33)
     s.evict_random(ds, 5000, usage)
@@ -582,21 +569,22 @@ def test_reopen_keeps_everything(tmp_path: Path) -> None:
     before = walk(s)
     s.close()
 
-    s = CacheStore(path, MAP)
+    s = WritableStore(path, MAP)
     assert s.load_usage() == usage
     after = check(s, s.load_usage())
     assert after.chunks == before.chunks and after.owners == before.owners
     assert s.dataset_id("s3://b/p/", create=False) == ds
     assert s.dataset_id("s3://b/q/", create=True) != ds  # ids are not reused
-    assert sorted(s.iter_manifest(ds), key=lambda o: o.key) == sorted(UNICODE, key=lambda o: o.key)
+    assert sorted(s.iter_listing(ds), key=lambda o: o.key) == sorted(UNICODE, key=lambda o: o.key)
     assert s.get_meta("allocation:s3://b/p/") == 4096
     s.close()
 
     # A mount process opens the same env read-only and sees the same.
-    r = CacheStore(path, MAP, readonly=True)
-    assert r.load_usage() == usage
-    assert r.get_object(ds, "a") == UNICODE[-1]
+    r = CacheStore(path, MAP)
     with r.read_txn() as txn:
+        assert {d: r.usage_of(txn, d) for d in usage} == usage
+        e = r.listing(ds, r.dataset_record(ds)["gen"]).resolve(txn, "a")
+        assert e is not None and e.obj == UNICODE[-1]
         key = next(iter(before.chunks))
         value = txn.get(key, db=r.db(b"chunks"))
         assert isinstance(value, memoryview) and bytes(value) == before.chunks[key]
@@ -605,16 +593,16 @@ def test_reopen_keeps_everything(tmp_path: Path) -> None:
 
 def test_store_version_mismatch_is_refused(tmp_path: Path) -> None:
     path = str(tmp_path / "cache")
-    s = CacheStore(path, MAP)
+    s = WritableStore(path, MAP)
     s.put_meta("store_version", 99)
     s.close()
     with pytest.raises(Exception, match="store version 99"):
-        CacheStore(path, MAP)
+        WritableStore(path, MAP)
 
 
 def test_load_usage_reads_the_usage_rows_only(tmp_path: Path) -> None:
     path = str(tmp_path / "cache")
-    s = CacheStore(path, MAP)
+    s = WritableStore(path, MAP)
     usage: dict[int, Usage] = {}
     fill(s, usage, 1, 200)
     fill(s, usage, 2, 10)
@@ -648,7 +636,7 @@ def test_load_usage_reads_the_usage_rows_only(tmp_path: Path) -> None:
 
             return T()
 
-    s = CacheStore(path, MAP)
+    s = WritableStore(path, MAP)
     spy = Spy(s.env, {id(db): name for name, db in s.dbs.items()})
     s.env = spy  # type: ignore[assignment]
     assert s.load_usage() == usage
@@ -662,7 +650,7 @@ SMALL_MAP = 1 << 20
 
 
 def test_map_full_is_a_clean_full_result(tmp_path: Path) -> None:
-    s = CacheStore(str(tmp_path / "cache"), SMALL_MAP)
+    s = WritableStore(str(tmp_path / "cache"), SMALL_MAP)
     usage: dict[int, Usage] = {}
     store_before = walk(s)
     # One batch bigger than the whole map: nothing of it may be written.
@@ -680,22 +668,24 @@ def test_map_full_is_a_clean_full_result(tmp_path: Path) -> None:
 def test_map_full_error_aborts_the_whole_batch(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    s = CacheStore(str(tmp_path / "cache"), SMALL_MAP)
+    s = WritableStore(str(tmp_path / "cache"), SMALL_MAP)
     usage: dict[int, Usage] = {}
     s.admit([chunk(1, i, size=1000) for i in range(5)], usage, unlimited)
     before = walk(s)
     usage_before = {d: Usage(u.bytes, u.chunks) for d, u in usage.items()}
-    real_put_usage = CacheStore._put_usage
+    real_put_usage = WritableStore._put_usage
     calls = 0
 
-    def put_usage_then_fail(self: CacheStore, txn: lmdb.Transaction, dsid: int, u: Usage) -> None:
+    def put_usage_then_fail(
+        self: WritableStore, txn: lmdb.Transaction, dsid: int, u: Usage
+    ) -> None:
         nonlocal calls
         real_put_usage(self, txn, dsid, u)
         calls += 1
         if calls == 3:  # two chunks fully written, the third half way
             raise lmdb.MapFullError("simulated")
 
-    monkeypatch.setattr(CacheStore, "_put_usage", put_usage_then_fail)
+    monkeypatch.setattr(WritableStore, "_put_usage", put_usage_then_fail)
     res = s.admit([chunk(2, i, size=1000) for i in range(5)], usage, unlimited)
     monkeypatch.undo()
     assert res.full and res.admitted == 0 and res.unplaced == 5 and res.rejected == 0
@@ -709,7 +699,7 @@ def test_a_filled_map_can_still_evict_and_then_admit(tmp_path: Path) -> None:
     # Small chunks fill the map's pages without reaching the quota. Eviction must still
     # work afterwards (LMDB needs free pages even to delete), or a full cache could never
     # shrink an allocation again.
-    s = CacheStore(str(tmp_path / "cache"), SMALL_MAP)
+    s = WritableStore(str(tmp_path / "cache"), SMALL_MAP)
     usage: dict[int, Usage] = {}
     i = 0
     for _ in range(2000):
@@ -734,11 +724,11 @@ def test_a_filled_map_can_still_evict_and_then_admit(tmp_path: Path) -> None:
 def test_env_map_size() -> None:
     assert env_map_size(0) == 256 << 20
     assert env_map_size(8 << 30) >= (8 << 30) * 1.25
-    assert dataset_prefix(1) == b"\0" * 7 + b"\x01"
+    assert DSID.pack(1) == b"\0" * 7 + b"\x01"
 
 
 # -- chunks of versions no listing names (mark_stale) ------------------------------------
-def test_stale_chunks_make_room_in_a_full_dataset_first(store: CacheStore) -> None:
+def test_stale_chunks_make_room_in_a_full_dataset_first(store: WritableStore) -> None:
     """Uniform admission evicts nothing, except chunks marked stale: those make room for
     new chunks, and only those."""
     usage: dict[int, Usage] = {}
@@ -756,7 +746,7 @@ def test_stale_chunks_make_room_in_a_full_dataset_first(store: CacheStore) -> No
     check(store, usage)
 
 
-def test_evictions_take_stale_chunks_first(store: CacheStore) -> None:
+def test_evictions_take_stale_chunks_first(store: WritableStore) -> None:
     usage: dict[int, Usage] = {}
     store.admit([chunk(1, i) for i in range(20)], usage, unlimited)
     stale = {chunk(1, i).key for i in range(0, 20, 4)}
@@ -780,9 +770,9 @@ def test_a_mount_opens_an_env_an_older_daemon_made(tmp_path: Path) -> None:
                  b"meta", b"dirents", b"inodes"):  # fmt: skip
         env.open_db(name)
     env.close()
-    ro = CacheStore(str(tmp_path), MAP, readonly=True)
+    ro = CacheStore(str(tmp_path), MAP)
     assert b"stale" not in ro.dbs
     ro.close()
-    rw = CacheStore(str(tmp_path), MAP)
+    rw = WritableStore(str(tmp_path), MAP)
     assert b"stale" in rw.dbs
     rw.close()

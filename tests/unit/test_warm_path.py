@@ -25,11 +25,12 @@ import lmdb
 import pytest
 import trio
 
-from silofs.cache import store as store_mod
 from silofs.cache.format import ChunkRef
 from silofs.cache.store import CacheStore
+from silofs.mount import pages as pages_mod
 from silofs.mount import reader as reader_mod
 from silofs.mount.reader import ChunkReader, OpenFile, buffer_bytes_for
+from silofs.node.store_write import WritableStore
 from silofs.records import ObjectInfo
 
 CHUNK = 64 << 10
@@ -49,9 +50,9 @@ def admit(env: str, items: list[int]) -> None:
     code = textwrap.dedent(
         f"""
         from silofs.cache.format import ChunkRef, encode_chunk
-        from silofs.cache.store import CacheStore, PendingChunk
+        from silofs.node.store_write import PendingChunk, WritableStore
         from tests.unit.test_warm_path import _body, _obj, CHUNK
-        s = CacheStore({env!r}, 64 << 20)
+        s = WritableStore({env!r}, 64 << 20)
         pending = []
         for i in {items!r}:
             o = _obj(i)
@@ -85,14 +86,14 @@ async def _never() -> None:
 def env(tmp_path: Path) -> Iterator[str]:
     path = str(tmp_path / "env")
     os.makedirs(path)
-    CacheStore(path, 64 << 20).close()  # create the dbs
+    WritableStore(path, 64 << 20).close()  # create the dbs
     admit(path, [0])
     yield path
 
 
 def _reader(env: str, daemon: FakeDaemon, buffer_bytes: int | None = 1 << 20) -> ChunkReader:
     return ChunkReader(
-        CacheStore(env, 64 << 20, readonly=True),
+        CacheStore(env, 64 << 20),
         daemon,  # type: ignore[arg-type]
         dataset_id=1,
         chunk_size=CHUNK,
@@ -155,7 +156,7 @@ def test_the_buffer_is_sized_by_read_ahead_and_stays_within_it(env: str) -> None
     # Per sequential reader: its chunk, the next, and 1.5 windows of read-ahead.
     assert buffer_bytes_for(4 << 20, 16 << 20) == (4 << 20) * 8 * reader_mod.BUFFER_STREAMS
     r = ChunkReader(
-        CacheStore(env, 64 << 20, readonly=True),
+        CacheStore(env, 64 << 20),
         FakeDaemon(),  # type: ignore[arg-type]
         dataset_id=1,
         chunk_size=CHUNK,
@@ -198,9 +199,9 @@ def _admit_big(env: str, items: list[int], damage: bool = False) -> None:
     code = textwrap.dedent(
         f"""
         from silofs.cache.format import ChunkRef, encode_chunk
-        from silofs.cache.store import CacheStore, PendingChunk
+        from silofs.node.store_write import PendingChunk, WritableStore
         from tests.unit.test_warm_path import _big_body, _big_obj, BIG
-        s = CacheStore({env!r}, 64 << 20)
+        s = WritableStore({env!r}, 64 << 20)
         pending = []
         for i in {items!r}:
             o = _big_obj(i)
@@ -229,7 +230,7 @@ def _drop_unmapped_pages(env: str) -> None:
 
 def _big_reader(env: str, daemon: FakeDaemon) -> ChunkReader:
     return ChunkReader(
-        CacheStore(env, 64 << 20, readonly=True),
+        CacheStore(env, 64 << 20),
         daemon,  # type: ignore[arg-type]
         dataset_id=1,
         chunk_size=BIG,
@@ -249,7 +250,7 @@ def no_read_around(monkeypatch: pytest.MonkeyPatch) -> None:
     def without(path: str, **kwargs: object) -> lmdb.Environment:
         return real(path, **{**kwargs, "readahead": False})
 
-    monkeypatch.setattr(store_mod.lmdb, "open", without)
+    monkeypatch.setattr(lmdb, "open", without)
 
 
 @pytest.mark.parametrize("probe", ["mincore", "file"])
@@ -257,10 +258,10 @@ def test_a_hit_whose_pages_are_not_in_memory_is_faulted_in_by_a_worker(
     tmp_path: Path, no_read_around: None, probe: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     if probe == "file":  # as for a non-root mount, to which mincore says "all resident"
-        monkeypatch.setattr(store_mod, "_mincore_truthful", lambda _path: False)
+        monkeypatch.setattr(pages_mod, "_mincore_truthful", lambda _path: False)
     env = str(tmp_path / "env")
     os.makedirs(env)
-    CacheStore(env, 64 << 20).close()
+    WritableStore(env, 64 << 20).close()
     _admit_big(env, [0, 1, 2])
     _drop_unmapped_pages(env)
     daemon = FakeDaemon()
@@ -292,10 +293,10 @@ def _admit_chunks(env: str, obj: ObjectInfo, indexes: list[int]) -> None:
     code = textwrap.dedent(
         f"""
         from silofs.cache.format import ChunkRef, encode_chunk
-        from silofs.cache.store import CacheStore, PendingChunk
+        from silofs.node.store_write import PendingChunk, WritableStore
         from silofs.records import ObjectInfo
         from tests.unit.test_warm_path import BIG
-        s = CacheStore({env!r}, 64 << 20)
+        s = WritableStore({env!r}, 64 << 20)
         o = ObjectInfo(*{(obj.key, obj.size, obj.mtime, obj.version, obj.content_id)!r})
         pending = []
         for i in {indexes!r}:
@@ -325,10 +326,10 @@ def test_a_faulted_in_hit_is_verified_before_it_is_served(
     tmp_path: Path, no_read_around: None, probe: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     if probe == "file":
-        monkeypatch.setattr(store_mod, "_mincore_truthful", lambda _path: False)
+        monkeypatch.setattr(pages_mod, "_mincore_truthful", lambda _path: False)
     env = str(tmp_path / "env")
     os.makedirs(env)
-    CacheStore(env, 64 << 20).close()
+    WritableStore(env, 64 << 20).close()
     _admit_big(env, [0, 1], damage=True)
     _drop_unmapped_pages(env)
     daemon = BigDaemon()
@@ -353,12 +354,12 @@ def test_a_sequential_reader_has_the_kernel_read_the_cached_chunks_ahead(
 ) -> None:
     env = str(tmp_path / "env")
     os.makedirs(env)
-    CacheStore(env, 64 << 20).close()
+    WritableStore(env, 64 << 20).close()
     obj = ObjectInfo("seq.bin", 3 * BIG, 1.0, "v", "seq")
     _admit_chunks(env, obj, [0, 1, 2])
     _drop_unmapped_pages(env)
     r = ChunkReader(
-        CacheStore(env, 64 << 20, readonly=True),
+        CacheStore(env, 64 << 20),
         FakeDaemon(),  # type: ignore[arg-type]
         dataset_id=1,
         chunk_size=BIG,
@@ -398,7 +399,7 @@ def test_a_map_the_daemon_grew_is_adopted_and_hits_go_on(env: str) -> None:
     assert os.stat(os.path.join(env, "data.mdb")).st_blocks * 512 < 1 << 20  # sparse past that
     daemon = FakeDaemon()
     r = ChunkReader(
-        CacheStore(env, 1 << 20, readonly=True),  # the map the daemon had when it began
+        CacheStore(env, 1 << 20),  # the map the daemon had when it began
         daemon,  # type: ignore[arg-type]
         dataset_id=1,
         chunk_size=CHUNK,

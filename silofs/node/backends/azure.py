@@ -18,7 +18,6 @@ import binascii
 import ipaddress
 import logging
 import os
-import re
 import threading
 from base64 import b64decode
 from dataclasses import dataclass
@@ -45,22 +44,19 @@ from silofs.node.backends.azurelist import ListedBlob
 from silofs.node.backends.base import (
     BackendOptions,
     DelimitedListing,
+    connection_reason,
     join_prefix,
     md5_b64,
     note_requests,
+    pooled_session,
     relative_key,
+    truthy,
 )
 from silofs.records import ObjectInfo
 from silofs.uri import DatasetURI
 
 log = logging.getLogger(__name__)
 
-_ERRNO_TEXT = re.compile(r"\[Errno -?\d+\] ([^'\")\]]+)")
-
-# Connections kept per client: a listing's workers (list_workers, 32 by default) and the
-# fetcher's threads (16) share it at once under --list-in-background; fewer than both
-# and every request over the size opens a connection and drops it ("pool is full").
-DEFAULT_POOL = 64
 MD5_RANGE_MAX = 4 << 20  # the longest range Azure sends an MD5 for
 _CRED_KEYS = ("connection_string", "account_key", "sas_token")
 _CREDS_HINT = (
@@ -173,19 +169,19 @@ def resolve_auth(uri: DatasetURI, opts: BackendOptions) -> AzureAuth:
         )
     )
     url = _normalise_endpoint(endpoint, account)
-    if conn.get("accountkey"):
-        src = f"connection string from {origin}"
-        return AzureAuth(url, _key_credential(account, conn["accountkey"], src), src)
-    if conn.get("sharedaccesssignature"):
-        sas = conn["sharedaccesssignature"].lstrip("?")
-        return AzureAuth(url, AzureSasCredential(sas), f"SAS in connection string from {origin}")
-    if settings.get("account_key"):
-        src = f"account key from {origin}"
-        return AzureAuth(url, _key_credential(account, settings["account_key"], src), src)
-    if settings.get("sas_token"):
-        sas = settings["sas_token"].lstrip("?")
-        return AzureAuth(url, AzureSasCredential(sas), f"SAS token from {origin}")
-    anonymous = opts.extra.get("anonymous", "").lower() in ("1", "true", "yes")
+    # The first secret given wins, in this order: (the secret, whether it is a SAS token
+    # rather than an account key, where it came from).
+    for secret, is_sas, src in (
+        (conn.get("accountkey"), False, f"connection string from {origin}"),
+        (conn.get("sharedaccesssignature"), True, f"SAS in connection string from {origin}"),
+        (settings.get("account_key"), False, f"account key from {origin}"),
+        (settings.get("sas_token"), True, f"SAS token from {origin}"),
+    ):
+        if secret:
+            if is_sas:
+                return AzureAuth(url, AzureSasCredential(secret.lstrip("?")), src)
+            return AzureAuth(url, _key_credential(account, secret, src), src)
+    anonymous = truthy(opts.extra.get("anonymous"))
     if not anonymous and _wants_identity(opts):
         return AzureAuth(url, _default_credential(), _IDENTITY_SOURCE)
     return AzureAuth(url, None, "anonymous access" if anonymous else "none", anonymous)
@@ -228,12 +224,6 @@ def _default_credential() -> TokenCredential:
     return DefaultAzureCredential(exclude_interactive_browser_credential=True)
 
 
-def _reason(exc: BaseException) -> str:
-    """The OS-level reason inside a wrapped connection error ('Connection refused'), short."""
-    found = _ERRNO_TEXT.search(str(exc))
-    return found.group(1).strip() if found else str(exc)[:160]
-
-
 def _error_code(exc: ax.HttpResponseError) -> str:
     code = getattr(exc, "error_code", None)
     return str(getattr(code, "value", code) or "")
@@ -242,14 +232,17 @@ def _error_code(exc: ax.HttpResponseError) -> str:
 class AzureBackend(DelimitedListing):
     """A read-only view of az://account/container/prefix/; safe to share between threads."""
 
+    item_noun = "blobs"
+
     def __init__(self, uri: DatasetURI, opts: BackendOptions) -> None:
         self.account = uri.account
         self.container_name = uri.bucket
         self.prefix = uri.prefix
         self.uri = uri.canonical
         self.opts = opts
+        self.where = f"container {self.container_name}"
         self.auth = resolve_auth(uri, opts)
-        self._container_client: Any = None
+        self._client: Any = None  # the ContainerClient
         self._lock = threading.Lock()
 
     # -- client ---------------------------------------------------------------------
@@ -262,16 +255,10 @@ class AzureBackend(DelimitedListing):
                 "or set anonymous=true for a public container"
             )
         with self._lock:
-            if self._container_client is None:
+            if self._client is None:
                 from azure.storage.blob import BlobServiceClient
 
-                session = requests.Session()
-                adapter = requests.adapters.HTTPAdapter(
-                    pool_maxsize=int(self.opts.extra.get("max_pool_connections", DEFAULT_POOL)),
-                    max_retries=0,
-                )
-                session.mount("https://", adapter)
-                session.mount("http://", adapter)
+                session = pooled_session(requests.Session(), self.opts)
                 service = BlobServiceClient(
                     self.auth.account_url,
                     credential=self.auth.credential,
@@ -280,24 +267,8 @@ class AzureBackend(DelimitedListing):
                     read_timeout=self.opts.read_timeout,
                     session=session,
                 )
-                self._container_client = service.get_container_client(self.container_name)
-            return self._container_client
-
-    # -- Backend protocol -------------------------------------------------------------
-
-    def _check_once(self) -> None:
-        items, _ = self._list_page(None, page_size=1)
-        if not items:
-            raise NotFoundError(
-                f"no blobs under {self.uri}: check the prefix "
-                f"(container {self.container_name} exists)"
-            )
-
-    def close(self) -> None:
-        with self._lock:
-            if self._container_client is not None:
-                self._container_client.close()
-                self._container_client = None
+                self._client = service.get_container_client(self.container_name)
+            return self._client
 
     # -- internals --------------------------------------------------------------------
 
@@ -410,7 +381,7 @@ class AzureBackend(DelimitedListing):
             return self._classify_http(exc, what)
         if isinstance(exc, ax.ServiceRequestError):  # never reached the service
             return UnreachableError(
-                f"cannot reach Azure blob endpoint {ep} for {self.uri}: {_reason(exc)}; "
+                f"cannot reach Azure blob endpoint {ep} for {self.uri}: {connection_reason(exc)}; "
                 "check the account name, endpoint and network"
             )
         if isinstance(exc, (ax.ServiceResponseError, ax.IncompleteReadError, ax.DecodeError)):

@@ -1,7 +1,7 @@
 """The Backend protocol every object store implements, and what they share.
 
 Owns the contract between the node daemon and a store: list a dataset prefix, read a
-byte range of one object as of the version the manifest saw, and say which errors are
+byte range of one object as of the version the listing saw, and say which errors are
 worth retrying. Backend methods block (SDK calls); callers run them in threads behind a
 CapacityLimiter. A backend never caches, never rate-limits and never touches LMDB.
 """
@@ -14,6 +14,7 @@ import hashlib
 import logging
 import queue
 import random
+import re
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -21,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
-from silofs.errors import BackendError, ChecksumMismatchError, TransientError
+from silofs.errors import BackendError, ChecksumMismatchError, NotFoundError, TransientError
 from silofs.records import ObjectInfo, PrefixListed
 
 log = logging.getLogger(__name__)
@@ -113,13 +114,51 @@ class Backend(Protocol):
         """Release clients and connection pools."""
 
 
+# Connections kept per client: a listing's workers (list_workers, 32 by default) and the
+# fetcher's threads (16) share it at once under --list-in-background; fewer than both
+# and every request over the size opens a connection and drops it ("pool is full").
+DEFAULT_POOL = 64
+_ERRNO_TEXT = re.compile(r"\[Errno -?\d+\] ([^'\")\]]+)")
+
+
+def pool_size(opts: BackendOptions) -> int:
+    """Connections one SDK client keeps: extra max_pool_connections, or DEFAULT_POOL."""
+    return int(opts.extra.get("max_pool_connections", DEFAULT_POOL))
+
+
+def pooled_session(session: Any, opts: BackendOptions) -> Any:
+    """`session` (a requests.Session: Azure's and GCS's transport) with pool_size(opts)
+    connections per host and no retries of its own (retry_call owns retries)."""
+    import requests.adapters  # with the SDK that needs it: S3 and local never load it
+
+    adapter = requests.adapters.HTTPAdapter(pool_maxsize=pool_size(opts), max_retries=0)
+    session.mount("https://", adapter)
+    session.mount("http://", adapter)
+    return session
+
+
+def truthy(value: str | None) -> bool:
+    """An `extra` option's yes: 1, true or yes, in any case."""
+    return (value or "").lower() in ("1", "true", "yes")
+
+
+def connection_reason(exc: BaseException) -> str:
+    """The OS-level reason inside a wrapped connection error ('Connection refused'), short."""
+    found = _ERRNO_TEXT.search(str(exc))
+    return found.group(1).strip() if found else str(exc)[:160]
+
+
 class RetryingBackend:
     """What every object-store backend shares: one retry policy around each listing page
-    and each ranged GET, and reads clamped to the size the listing saw.
+    and each ranged GET, reads clamped to the size the listing saw, and the life of the
+    store's SDK client (built on first use under `_lock`, never at construction, since
+    building one may do I/O; released by close()).
 
-    Subclasses set `uri` and `opts` and provide one-try operations: _check_once(),
-    _list_page(token) -> (items, next token or None), _info(item) -> ObjectInfo or None,
-    and _get_once(info, start, end) -> bytes.
+    Subclasses set `uri`, `opts`, `where` (e.g. "bucket b", for messages), `_lock` and
+    `_client` (None until built), and provide one-try operations: _any_object() (one
+    request or two proving the prefix readable and not empty), _list_page(token) ->
+    (items, next token or None), _info(item) -> ObjectInfo or None, and
+    _get_once(info, start, end) -> bytes.
 
     _get_once checks whatever checksum the store sends for the bytes it returned and
     raises ChecksumMismatchError (retried, counted in `counters`) on a mismatch; a short
@@ -128,6 +167,10 @@ class RetryingBackend:
 
     uri: str
     opts: BackendOptions
+    where: str
+    item_noun = "objects"  # what the store calls what it lists, for messages
+    _lock: threading.Lock
+    _client: Any
 
     @property
     def counters(self) -> StoreCounters:
@@ -140,6 +183,18 @@ class RetryingBackend:
 
     def check(self) -> None:
         retry_call(self._check_once, self.opts, f"check {self.uri}", self.counters)
+
+    def _check_once(self) -> None:
+        if not self._any_object():
+            raise NotFoundError(
+                f"no {self.item_noun} under {self.uri}: check the prefix ({self.where} exists)"
+            )
+
+    def close(self) -> None:
+        with self._lock:
+            if self._client is not None:
+                self._client.close()
+                self._client = None
 
     def list(self) -> Iterator[ObjectInfo]:
         for item in self.list_events():
@@ -255,7 +310,7 @@ class RetryingBackend:
             if not token:
                 return
 
-    def _check_once(self) -> None:
+    def _any_object(self) -> bool:
         raise NotImplementedError
 
     def _list_page(self, token: str | None) -> tuple[Iterable[Any], str | None]:
@@ -286,6 +341,11 @@ class DelimitedListing(RetryingBackend):
     ) -> tuple[list[Any], str | None]:
         items, _, token = self._list_raw(self.prefix, token, page_size, None)
         return items, token
+
+    def _any_object(self) -> bool:
+        # A listing, not bucket metadata: GCS's objectViewer may list but not read
+        # bucket metadata.
+        return bool(self._list_page(None, page_size=1)[0])
 
     def _lists_by_prefix(self) -> bool:
         return True

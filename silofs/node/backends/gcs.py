@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 import threading
 import warnings
 from collections.abc import Iterable
@@ -45,18 +44,20 @@ from silofs.errors import (
     TransientError,
     UnreachableError,
 )
-from silofs.node.backends.base import BackendOptions, DelimitedListing, join_prefix, relative_key
+from silofs.node.backends.base import (
+    BackendOptions,
+    DelimitedListing,
+    connection_reason,
+    join_prefix,
+    pooled_session,
+    relative_key,
+    truthy,
+)
 from silofs.records import ObjectInfo
 from silofs.uri import DatasetURI
 
 log = logging.getLogger(__name__)
 
-_ERRNO_TEXT = re.compile(r"\[Errno -?\d+\] ([^'\")\]]+)")
-
-# Connections kept per client: a listing's workers (list_workers, 32 by default) and the
-# fetcher's threads (16) share it at once under --list-in-background; fewer than both
-# and every request over the size opens a connection and drops it ("pool is full").
-DEFAULT_POOL = 64
 READ_ONLY_SCOPE = "https://www.googleapis.com/auth/devstorage.read_only"
 _LIST_FIELDS = "items(name,size,updated,generation,md5Hash,crc32c),nextPageToken"
 # What the library raises for a failed request (HTTP status, auth, transport).
@@ -65,10 +66,6 @@ _CREDS_HINT = (
     "set GOOGLE_APPLICATION_CREDENTIALS to a key file, run "
     "`gcloud auth application-default login`, or pass anonymous=true for a public bucket"
 )
-
-
-def _truthy(value: str | None) -> bool:
-    return (value or "").lower() in ("1", "true", "yes")
 
 
 def _emulator_endpoint() -> str | None:
@@ -144,7 +141,7 @@ def _credentials_from_info(info: dict[str, Any]) -> tuple[Credentials, str | Non
 
 def resolve_credentials(opts: BackendOptions) -> tuple[Credentials, str | None, str]:
     """(credentials, project, source) with no network I/O; AccessDeniedError if none."""
-    if _truthy(opts.extra.get("anonymous")):
+    if truthy(opts.extra.get("anonymous")):
         return AnonymousCredentials(), None, "anonymous access"
     if key_file := opts.extra.get("key_file"):
         creds, project = _load_key_file(key_file, "the key_file option")
@@ -237,12 +234,6 @@ def _content_id(obj: ListedObject) -> str:
     return f"gs-{digest}:{obj.size}:{obj.generation}"
 
 
-def _reason(exc: BaseException) -> str:
-    """The OS-level reason inside a wrapped connection error ('Connection refused'), short."""
-    found = _ERRNO_TEXT.search(str(exc))
-    return found.group(1).strip() if found else str(exc)[:160]
-
-
 def _refused_connection(exc: requests.exceptions.ConnectionError) -> bool:
     """True if the connection was never made (refused, DNS), not dropped mid-response."""
     text = repr(exc)
@@ -270,6 +261,7 @@ class GCSBackend(DelimitedListing):
         self.prefix = uri.prefix
         self.uri = uri.canonical
         self.opts = opts
+        self.where = f"bucket {self.bucket_name}"
         self.endpoint_url = opts.endpoint_url or _emulator_endpoint()
         self.cred_source = "not resolved yet"
         self._client: Any = None
@@ -290,12 +282,7 @@ class GCSBackend(DelimitedListing):
                 session = AuthorizedSession(
                     creds, refresh_timeout=self.opts.connect_timeout + self.opts.read_timeout
                 )
-                adapter = requests.adapters.HTTPAdapter(
-                    pool_maxsize=int(self.opts.extra.get("max_pool_connections", DEFAULT_POOL)),
-                    max_retries=0,
-                )
-                session.mount("https://", adapter)
-                session.mount("http://", adapter)
+                pooled_session(session, self.opts)
                 options = {"api_endpoint": self.endpoint_url} if self.endpoint_url else None
                 # project=None means "no project" (no ADC lookup); reads do not need one.
                 client = storage.Client(
@@ -310,22 +297,6 @@ class GCSBackend(DelimitedListing):
 
     def _endpoint_name(self) -> str:
         return self.endpoint_url or "storage.googleapis.com"
-
-    # -- Backend protocol -------------------------------------------------------------
-
-    def _check_once(self) -> None:
-        # Listing, not bucket metadata: objectViewer may list but not read bucket metadata.
-        items, _ = self._list_page(None, page_size=1)
-        if not items:
-            raise NotFoundError(
-                f"no objects under {self.uri}: check the prefix (bucket {self.bucket_name} exists)"
-            )
-
-    def close(self) -> None:
-        with self._lock:
-            if self._client is not None:
-                self._client.close()
-                self._client = None
 
     # -- internals --------------------------------------------------------------------
 
@@ -345,7 +316,7 @@ class GCSBackend(DelimitedListing):
         size = page_size or self.opts.page_size
         try:
             lister = _raw_lister(client)
-            if lister is None:  # a library without it: its Blobs, as before
+            if lister is None:  # a library without it: through its Blobs
                 return self._list_blobs(client, params, token, size)
             pages = lister(
                 f"/b/{self.bucket_name}/o",
@@ -439,7 +410,7 @@ class GCSBackend(DelimitedListing):
             return UnreachableError(f"cannot reach GCS endpoint {ep} for {self.uri}: {exc}")
         if isinstance(exc, requests.exceptions.ConnectionError) and _refused_connection(exc):
             return UnreachableError(
-                f"cannot reach GCS endpoint {ep} for {self.uri}: {_reason(exc)}; "
+                f"cannot reach GCS endpoint {ep} for {self.uri}: {connection_reason(exc)}; "
                 "check the endpoint URL and network"
             )
         if isinstance(exc, requests.exceptions.RequestException):

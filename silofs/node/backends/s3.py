@@ -39,7 +39,14 @@ from silofs.errors import (
     TransientError,
     UnreachableError,
 )
-from silofs.node.backends.base import BackendOptions, RetryingBackend, join_prefix, relative_key
+from silofs.node.backends.base import (
+    BackendOptions,
+    RetryingBackend,
+    join_prefix,
+    pool_size,
+    relative_key,
+    truthy,
+)
 from silofs.node.backends.s3lean import Fallback, LeanS3
 from silofs.node.backends.s3lean import Item as _Item
 from silofs.node.backends.s3lean import ListPage as _ListPage
@@ -48,11 +55,6 @@ from silofs.records import ObjectInfo
 from silofs.uri import DatasetURI
 
 log = logging.getLogger(__name__)
-
-# Connections kept per client: a listing's workers (list_workers, 32 by default) and the
-# fetcher's threads (16) share it at once under --list-in-background; fewer than both
-# and every request over the size opens a connection and drops it ("pool is full").
-DEFAULT_POOL = 64
 
 _DENIED = {
     "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken",
@@ -81,10 +83,6 @@ def _code(exc: bx.ClientError) -> tuple[str, int]:
     err = exc.response.get("Error", {})
     status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
     return str(err.get("Code", status)), int(status or 0)
-
-
-def _truthy(value: str | None) -> bool:
-    return (value or "").lower() in ("1", "true", "yes")
 
 
 def _request_payer(params: dict, **_kwargs: Any) -> None:
@@ -156,6 +154,7 @@ class S3Backend(RetryingBackend):
         self.prefix = uri.prefix
         self.uri = uri.canonical
         self.opts = opts
+        self.where = f"bucket {self.bucket}"
         self.endpoint_url = opts.endpoint_url or os.environ.get("AWS_ENDPOINT_URL") or None
         self._client: Any = None
         self._cred_source = "none found"
@@ -170,7 +169,7 @@ class S3Backend(RetryingBackend):
         # The lean request path (s3lean.py) for list pages and GETs; off with extra
         # lean=false, for S3 Express (its session auth is botocore's), and where the
         # client has no credentials to sign with (botocore then raises the right error).
-        self._lean_wanted = _truthy(opts.extra.get("lean", "true")) and not self.bucket.endswith(
+        self._lean_wanted = truthy(opts.extra.get("lean", "true")) and not self.bucket.endswith(
             "--x-s3"
         )
         self._lean: LeanS3 | None = None
@@ -186,14 +185,14 @@ class S3Backend(RetryingBackend):
         style = extra.get("addressing_style")  # path | virtual | auto (botocore's choice)
         s3_cfg = {"addressing_style": style} if style else {}
         # anonymous (--no-sign-request): unsigned requests, for public buckets.
-        unsigned = {"signature_version": UNSIGNED} if _truthy(extra.get("anonymous")) else {}
+        unsigned = {"signature_version": UNSIGNED} if truthy(extra.get("anonymous")) else {}
         return Config(
             **unsigned,
             connect_timeout=self.opts.connect_timeout,
             read_timeout=self.opts.read_timeout,
             # One try per call: base.retry_call owns retries and backoff.
             retries={"total_max_attempts": 1, "mode": "standard"},
-            max_pool_connections=int(extra.get("max_pool_connections", DEFAULT_POOL)),
+            max_pool_connections=pool_size(self.opts),
             s3=s3_cfg,
         )
 
@@ -209,7 +208,7 @@ class S3Backend(RetryingBackend):
                     "s3", endpoint_url=self.endpoint_url, config=self._config()
                 )
                 self._client.meta.events.register("before-parse.s3.ListObjectsV2", _parse_list_page)
-                if _truthy(self.opts.extra.get("requester_pays")):
+                if truthy(self.opts.extra.get("requester_pays")):
                     # The requester (we) pays for requests and transfer: S3 wants the
                     # x-amz-request-payer header on every read of such a bucket.
                     for op in ("ListObjectsV2", "GetObject", "HeadObject"):
@@ -218,7 +217,7 @@ class S3Backend(RetryingBackend):
                         )
                 creds = session.get_credentials()
                 self._cred_source = getattr(creds, "method", None) or "none found"
-                anonymous = _truthy(self.opts.extra.get("anonymous"))
+                anonymous = truthy(self.opts.extra.get("anonymous"))
                 if anonymous:
                     self._cred_source = "none: unsigned requests (anonymous)"
                 if self._lean_wanted and (anonymous or creds is not None):
@@ -228,7 +227,7 @@ class S3Backend(RetryingBackend):
     def _make_lean(self, creds: Any) -> LeanS3 | None:
         try:
             lean = LeanS3(
-                self._client, creds, self.bucket, _truthy(self.opts.extra.get("requester_pays"))
+                self._client, creds, self.bucket, truthy(self.opts.extra.get("requester_pays"))
             )
         except (AttributeError, KeyError, bx.BotoCoreError) as exc:  # a botocore we do not know
             log.warning("S3 %s: lean request path off, botocore serves all: %s", self.uri, exc)
@@ -268,20 +267,10 @@ class S3Backend(RetryingBackend):
 
     # -- Backend protocol -------------------------------------------------------------
 
-    def _check_once(self) -> None:
+    def _any_object(self) -> bool:
         client = self._client_or_raise()
-        self._call(f"bucket {self.bucket}", client.head_bucket, Bucket=self.bucket)
-        page = self._list_raw(None, max_keys=1)
-        if not page.items:
-            raise NotFoundError(
-                f"no objects under {self.uri}: check the prefix (bucket {self.bucket} exists)"
-            )
-
-    def close(self) -> None:
-        with self._lock:
-            if self._client is not None:
-                self._client.close()
-                self._client = None
+        self._call(self.where, client.head_bucket, Bucket=self.bucket)
+        return bool(self._list_raw(None, max_keys=1).items)
 
     # -- internals --------------------------------------------------------------------
 

@@ -1,13 +1,13 @@
 """The tree a mount serves: the LMDB directory index (silofs/cache/listing.py) read through
-silofs/mount/manifest.py, built from listings written by the daemon's code path.
+silofs/mount/listing_view.py, built from listings written by the daemon's code path.
 
 Owns: directories from '/', inode numbers that do not depend on listing order, readdir
 order and resumable positions, lookup of '.' and '..', the file-versus-directory-prefix
 conflict (the directory wins and the file is reported), keys no POSIX path can name,
 names too long for an LMDB key, non-UTF-8 names, the totals, batches that split a
 directory, generations (a new listing is invisible until finished; stale rows are
-deleted), and agreement with the in-memory Manifest mounts used before
-(tests/unit/reference_manifest.py) on every path, kind, size and object.
+deleted), and agreement with an in-memory listing (tests/unit/reference_listing.py) on
+every path, kind, size and object.
 """
 
 from __future__ import annotations
@@ -15,36 +15,28 @@ from __future__ import annotations
 import itertools
 import random
 import types
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from silofs.cache import listing
-from silofs.cache.listing import Entry, changed_entries
-from silofs.cache.store import CacheStore
+from silofs.cache.listing import Entry
 from silofs.errors import SilofsError
-from silofs.mount.manifest import ROOT_INODE, Manifest
+from silofs.mount.listing_view import ROOT_INODE, ListingView, changed_entries
+from silofs.node import listing_builder
+from silofs.node.store_write import WritableStore
 from silofs.records import ObjectInfo
-from tests.unit.reference_manifest import Manifest as OldManifest
+from tests.unit.reference_listing import InMemoryListing
 
 _ids = itertools.count(1)
-
-
-@pytest.fixture(scope="module")
-def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CacheStore]:
-    s = CacheStore(str(tmp_path_factory.mktemp("env")), 256 << 20)
-    yield s
-    s.close()
 
 
 def obj(key: str, size: int = 10, mtime: float = 100.0) -> ObjectInfo:
     return ObjectInfo(key, size, mtime, f"v-{key}", f"c-{key}")
 
 
-def build(store: CacheStore, listing: list[ObjectInfo], batch: int | None = None) -> Manifest:
+def build(store: WritableStore, listing: list[ObjectInfo], batch: int | None = None) -> ListingView:
     """List `listing` as a fresh dataset through the daemon's path (begin, batches, finish)."""
     dsid = next(_ids)
     b = store.begin_listing(dsid)
@@ -52,7 +44,7 @@ def build(store: CacheStore, listing: list[ObjectInfo], batch: int | None = None
     for i in range(0, max(1, len(listing)), step):
         store.add_to_listing(b, listing[i : i + step])
     record = store.finish_listing(b, {"uri": f"file:///d{dsid}/"})
-    return Manifest(store, dsid, record)
+    return ListingView(store, dsid, record)
 
 
 LISTING = [
@@ -64,7 +56,7 @@ LISTING = [
 ]
 
 
-def node_at(m: Manifest, path: str) -> Entry | None:
+def node_at(m: ListingView, path: str) -> Entry | None:
     node = m.get(ROOT_INODE)
     for part in path.split("/") if path else []:
         assert node is not None
@@ -74,7 +66,7 @@ def node_at(m: Manifest, path: str) -> Entry | None:
     return node
 
 
-def walk_paths(m: Manifest) -> dict[str, Entry]:
+def walk_paths(m: ListingView) -> dict[str, Entry]:
     """Every path reachable from the root via lookup of readdir names."""
     out: dict[str, Entry] = {}
     stack = [(m.get(ROOT_INODE), "")]
@@ -92,7 +84,7 @@ def walk_paths(m: Manifest) -> dict[str, Entry]:
     return out
 
 
-def test_directories_come_from_slashes(store: CacheStore) -> None:
+def test_directories_come_from_slashes(store: WritableStore) -> None:
     m = build(store, LISTING)
     root = m.get(ROOT_INODE)
     assert root is not None and root.is_dir and root.inode == ROOT_INODE
@@ -112,7 +104,7 @@ def test_directories_come_from_slashes(store: CacheStore) -> None:
     assert train.aux == 2 and root.aux == 2
 
 
-def test_totals(store: CacheStore) -> None:
+def test_totals(store: WritableStore) -> None:
     m = build(store, LISTING)
     assert m.files == 5
     assert m.total_bytes == 100 + 200 + 300 + 400 + 5
@@ -123,7 +115,7 @@ def test_totals(store: CacheStore) -> None:
     assert root is not None and empty.names(ROOT_INODE) == [] and root.mtime == 0.0
 
 
-def test_directory_mtime_is_the_newest_inside(store: CacheStore) -> None:
+def test_directory_mtime_is_the_newest_inside(store: WritableStore) -> None:
     m = build(store, LISTING)
     assert node_at(m, "train/cats").mtime == 20.0  # type: ignore[union-attr]
     assert node_at(m, "train").mtime == 30.0  # type: ignore[union-attr]
@@ -131,7 +123,7 @@ def test_directory_mtime_is_the_newest_inside(store: CacheStore) -> None:
     assert m.get(ROOT_INODE).mtime == 30.0  # type: ignore[union-attr]
 
 
-def test_inode_numbers_do_not_depend_on_listing_order_or_batches(store: CacheStore) -> None:
+def test_inode_numbers_do_not_depend_on_listing_order_or_batches(store: WritableStore) -> None:
     base = build(store, LISTING)
     expected = {p: n.inode for p, n in walk_paths(base).items()}
     rng = random.Random(3)
@@ -142,14 +134,14 @@ def test_inode_numbers_do_not_depend_on_listing_order_or_batches(store: CacheSto
         assert {p: n.inode for p, n in walk_paths(m).items()} == expected
 
 
-def test_inode_numbers_are_kept_across_a_refresh(store: CacheStore) -> None:
+def test_inode_numbers_are_kept_across_a_refresh(store: WritableStore) -> None:
     dsid = next(_ids)
-    store.replace_manifest(dsid, LISTING, {})
-    first = Manifest(store, dsid, store.dataset_record(dsid))
+    store.replace_listing(dsid, LISTING, {})
+    first = ListingView(store, dsid, store.dataset_record(dsid))
     before = {p: n.inode for p, n in walk_paths(first).items()}
     changed = [*LISTING[1:4], obj("train/cats/3.jpg"), ObjectInfo("README", 6, 2.0, "v2", "c2")]
-    store.replace_manifest(dsid, changed, {})
-    second = Manifest(store, dsid, store.dataset_record(dsid))
+    store.replace_listing(dsid, changed, {})
+    second = ListingView(store, dsid, store.dataset_record(dsid))
     after = walk_paths(second)
     assert second.gen == first.gen + 1
     for p, n in after.items():
@@ -162,30 +154,30 @@ def test_inode_numbers_are_kept_across_a_refresh(store: CacheStore) -> None:
     assert after["README"].obj.version == "v2"  # type: ignore[union-attr]
 
 
-def test_a_directorys_files_have_neighbouring_inode_numbers(store: CacheStore) -> None:
+def test_a_directorys_files_have_neighbouring_inode_numbers(store: WritableStore) -> None:
     # The inodes B-tree is keyed by number: a directory's files must share the top bits
     # (their directory's), or every file of a batch dirties a page of its own.
     m = build(store, [obj(f"d{i % 4}/f{i}") for i in range(800)], batch=100)
     tops: dict[str, set[int]] = {}
     for p, n in walk_paths(m).items():
         if not n.is_dir:
-            tops.setdefault(p.split("/")[0], set()).add(n.inode >> listing._FILE_BITS)
+            tops.setdefault(p.split("/")[0], set()).add(n.inode >> listing_builder._FILE_BITS)
     assert len(tops) == 4
     assert all(len(t) == 1 for t in tops.values()), tops
     assert len(set().union(*tops.values())) == 4
 
 
 def test_colliding_file_inode_numbers_probe_to_distinct_ones(
-    store: CacheStore, monkeypatch: pytest.MonkeyPatch
+    store: WritableStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Every file's own hash the same: each one after the first probes past the taken
     # numbers, and every file is still found, with its own attributes.
-    real = listing.xxhash.xxh3_64_intdigest
+    real = listing_builder.xxhash.xxh3_64_intdigest
     fake = types.SimpleNamespace(
         xxh3_64_intdigest=lambda b: 7 if b.startswith(b"f:") else real(b),
-        xxh3_128_digest=listing.xxhash.xxh3_128_digest,
+        xxh3_128_digest=listing_builder.xxhash.xxh3_128_digest,
     )
-    monkeypatch.setattr(listing, "xxhash", fake)
+    monkeypatch.setattr(listing_builder, "xxhash", fake)
     files = [obj(f"d/f{i}", size=i) for i in range(50)] + [obj("g/f0", size=99)]
     m = build(store, files, batch=7)
     found = {p: n for p, n in walk_paths(m).items() if not n.is_dir}
@@ -195,9 +187,9 @@ def test_colliding_file_inode_numbers_probe_to_distinct_ones(
         assert n.size == o.size and m.get(n.inode) == n
 
 
-def _tree(m: Manifest | OldManifest) -> dict[str, tuple]:
+def _tree(m: ListingView | InMemoryListing) -> dict[str, tuple]:
     out = {}
-    if isinstance(m, OldManifest):
+    if isinstance(m, InMemoryListing):
         stack = [(m.get(ROOT_INODE), "")]
         while stack:
             node, path = stack.pop()
@@ -229,14 +221,14 @@ KEYS = st.lists(
     max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
 @given(KEYS, st.randoms(use_true_random=False), st.integers(1, 7))
-def test_equal_to_the_old_in_memory_manifest(
-    store: CacheStore, keys: list[str], rnd: random.Random, batch: int
+def test_equal_to_the_in_memory_listing(
+    store: WritableStore, keys: list[str], rnd: random.Random, batch: int
 ) -> None:
-    """Same paths, kinds, sizes, objects, readdir names and counts as the old Manifest,
+    """Same paths, kinds, sizes, objects, readdir names and counts as the in-memory listing,
     whatever the listing order and batch size (duplicates included)."""
     listing = [ObjectInfo(k, len(k), float(i), "v", f"c{i}") for i, k in enumerate(keys)]
-    # A duplicate key: the first listed wins in both (the old one sorted stably).
-    old = OldManifest(listing)
+    # A duplicate key: the first listed wins in both (the in-memory one sorts stably).
+    old = InMemoryListing(listing)
     new = build(store, listing, batch)
     assert _tree(new) == _tree(old)
     assert (new.files, new.total_bytes, new.inode_count) == (
@@ -257,7 +249,7 @@ def test_equal_to_the_old_in_memory_manifest(
     assert again.record["shadowed"] == new.record["shadowed"]
 
 
-def test_readdir_order_is_sorted_bytes(store: CacheStore) -> None:
+def test_readdir_order_is_sorted_bytes(store: WritableStore) -> None:
     names = ["b", "B", "a", "_", "Z", "10", "9", "é", "e", "a.b", "a-b"]
     m = build(store, [obj(f"d/{n}") for n in names])
     d = node_at(m, "d")
@@ -267,7 +259,7 @@ def test_readdir_order_is_sorted_bytes(store: CacheStore) -> None:
     assert got[0] == b"10" and got[-1] == "é".encode()
 
 
-def test_readdir_resumes_after_any_position(store: CacheStore) -> None:
+def test_readdir_resumes_after_any_position(store: WritableStore) -> None:
     m = build(store, [obj(f"d/{i:05d}") for i in range(500)], batch=37)
     d = node_at(m, "d")
     assert d is not None
@@ -278,7 +270,7 @@ def test_readdir_resumes_after_any_position(store: CacheStore) -> None:
         assert rest == whole[cut + 1 :]
 
 
-def test_lookup_dot_and_dotdot(store: CacheStore) -> None:
+def test_lookup_dot_and_dotdot(store: WritableStore) -> None:
     m = build(store, LISTING)
     cats = node_at(m, "train/cats")
     train = node_at(m, "train")
@@ -290,7 +282,7 @@ def test_lookup_dot_and_dotdot(store: CacheStore) -> None:
     assert m.lookup(ROOT_INODE, b".").inode == ROOT_INODE  # type: ignore[union-attr]
 
 
-def test_lookup_misses(store: CacheStore) -> None:
+def test_lookup_misses(store: WritableStore) -> None:
     m = build(store, LISTING)
     readme = node_at(m, "README")
     assert readme is not None
@@ -303,7 +295,7 @@ def test_lookup_misses(store: CacheStore) -> None:
     assert m.get(1 << 64) is None
 
 
-def test_file_and_directory_prefix_the_directory_wins(store: CacheStore) -> None:
+def test_file_and_directory_prefix_the_directory_wins(store: WritableStore) -> None:
     for order in ([0, 1, 2], [1, 0, 2], [2, 1, 0]):
         listing = [obj("a", 7, 50.0), obj("a/b", 3, 1.0), obj("c", 1)]
         m = build(store, [listing[i] for i in order], batch=1)
@@ -318,7 +310,7 @@ def test_file_and_directory_prefix_the_directory_wins(store: CacheStore) -> None
         assert a.mtime == 1.0
 
 
-def test_shadowing_is_the_same_whatever_the_order(store: CacheStore) -> None:
+def test_shadowing_is_the_same_whatever_the_order(store: WritableStore) -> None:
     listing = [obj("x/y"), obj("x"), obj("x/y/z"), obj("x/w")]
     for order in (listing, listing[::-1]):
         m = build(store, order)
@@ -328,14 +320,14 @@ def test_shadowing_is_the_same_whatever_the_order(store: CacheStore) -> None:
         assert m.files == 2
 
 
-def test_duplicate_keys_are_reported_once_visible(store: CacheStore) -> None:
+def test_duplicate_keys_are_reported_once_visible(store: WritableStore) -> None:
     m = build(store, [obj("k", 1), obj("k", 2)])
     assert m.files == 1 and m.record["shadowed"] == 1
     assert m.names(ROOT_INODE) == [b"k"]
     assert node_at(m, "k").size == 1  # type: ignore[union-attr]
 
 
-def test_keys_no_path_can_name_are_left_out_and_reported(store: CacheStore) -> None:
+def test_keys_no_path_can_name_are_left_out_and_reported(store: WritableStore) -> None:
     bad = ["a//b", "/lead", "./x", "d/../y", "d/.", "..", "nul\0byte"]
     good = [obj("d/ok", 4), obj("fine", 6)]
     m = build(store, [*good, *(obj(k) for k in bad)])
@@ -351,7 +343,7 @@ def test_keys_no_path_can_name_are_left_out_and_reported(store: CacheStore) -> N
     assert d is not None and m.lookup(d.inode, b"..") == m.get(ROOT_INODE)
 
 
-def test_unicode_and_non_utf8_names(store: CacheStore) -> None:
+def test_unicode_and_non_utf8_names(store: WritableStore) -> None:
     raw = b"caf\xe9".decode("utf-8", "surrogateescape")  # latin-1 bytes, not UTF-8
     m = build(store, [obj("日本/ファイル.txt"), obj("ñ/ü 1.jpg"), obj(f"x/{raw}")])
     f = node_at(m, "日本/ファイル.txt")
@@ -364,7 +356,7 @@ def test_unicode_and_non_utf8_names(store: CacheStore) -> None:
 
 
 @pytest.mark.parametrize("length", [255, 256, 480, 491, 492, 600, 1024])
-def test_names_too_long_for_an_lmdb_key(store: CacheStore, length: int) -> None:
+def test_names_too_long_for_an_lmdb_key(store: WritableStore, length: int) -> None:
     long = "n" * (length - 1)
     twins = [long + "a", long + "b", long[:-1] + "é"[:1]]  # same first bytes
     m = build(store, [obj(f"d/{t}", size=i) for i, t in enumerate(twins)] + [obj(f"{long}a/x")])
@@ -379,21 +371,21 @@ def test_names_too_long_for_an_lmdb_key(store: CacheStore, length: int) -> None:
     assert store.get_object(m.dsid, f"d/{twins[1]}").size == 1  # type: ignore[union-attr]
 
 
-def test_an_unfinished_listing_is_invisible_and_cleaned(store: CacheStore) -> None:
+def test_an_unfinished_listing_is_invisible_and_cleaned(store: WritableStore) -> None:
     dsid = next(_ids)
-    store.replace_manifest(dsid, LISTING, {})
+    store.replace_listing(dsid, LISTING, {})
     gen = store.current_generation(dsid)
     b = store.begin_listing(dsid)  # a daemon killed mid-listing: never finished
     store.add_to_listing(b, [obj("partial")])
     assert store.current_generation(dsid) == gen
-    assert {o.key for o in store.iter_manifest(dsid)} == {o.key for o in LISTING}
+    assert {o.key for o in store.iter_listing(dsid)} == {o.key for o in LISTING}
     assert store.get_object(dsid, "partial") is None
     # The next listing deletes the partial generation and starts clean.
-    store.replace_manifest(dsid, [obj("new")], {})
-    assert {o.key for o in store.iter_manifest(dsid)} == {"new"}
+    store.replace_listing(dsid, [obj("new")], {})
+    assert {o.key for o in store.iter_listing(dsid)} == {"new"}
     assert store.current_generation(dsid) == gen + 1  # type: ignore[operator]
     assert store.get_object(dsid, "README", gen) is not None  # the previous one is kept
-    store.replace_manifest(dsid, [obj("newer")], {})
+    store.replace_listing(dsid, [obj("newer")], {})
     assert store.get_object(dsid, "README", gen) is None  # ... until the next listing
     with store.env.begin() as txn:  # no rows of other generations are left
         for db in (b"dirents", b"inodes"):
@@ -405,7 +397,7 @@ def test_an_unfinished_listing_is_invisible_and_cleaned(store: CacheStore) -> No
             assert len(gens) == 2, gens
 
 
-def test_memory_is_bounded(store: CacheStore, tmp_path: Path) -> None:
+def test_memory_is_bounded(store: WritableStore, tmp_path: Path) -> None:
     m = build(store, [obj(f"d{i % 10}/f{i}") for i in range(3000)], batch=500)
     m.cache_entries = 100
     assert len(walk_paths(m)) == 3010
@@ -429,7 +421,7 @@ FANOUT_KEYS = st.lists(
 )
 @given(FANOUT_KEYS, st.integers(1, 5), st.integers(1, 4), st.sampled_from([1, 4]))
 def test_a_directory_marked_complete_has_all_its_entries(
-    store: CacheStore, keys: list[str], batch: int, page: int, workers: int
+    store: WritableStore, keys: list[str], batch: int, page: int, workers: int
 ) -> None:
     """--list-in-background: through a listing with PrefixListed records in the stream
     (fanned out, or serial in key order), at every batch boundary a directory with a
@@ -482,7 +474,7 @@ def test_a_directory_marked_complete_has_all_its_entries(
                         assert sorted(got) == sorted(names[p]), p
                     completed.add(p)
     record = store.finish_listing(b, {"uri": f"file:///d{dsid}/"})
-    m = Manifest(store, dsid, record)
+    m = ListingView(store, dsid, record)
     assert _tree(m) == _tree(final)
     assert (m.files, m.inode_count) == (final.files, final.inode_count)
     assert {p: n.inode for p, n in walk_paths(m).items()} == {
@@ -507,7 +499,7 @@ def test_a_directory_marked_complete_has_all_its_entries(
 
 
 def test_content_ids_are_stored_without_repeating_the_version() -> None:
-    from silofs.cache.listing import _pack_cid, _unpack_cid
+    from silofs.cache.listing import pack_cid, unpack_cid
 
     cases = [
         (b"d41d8cd98f00b204e9800998ecf8427e", b"s3:d41d8cd98f00b204e9800998ecf8427e:10"),
@@ -521,12 +513,12 @@ def test_content_ids_are_stored_without_repeating_the_version() -> None:
         (b"x", b""),
     ]
     for version, cid in cases:
-        stored = _pack_cid(version, cid)
-        assert _unpack_cid(version, stored) == cid, (version, cid)
-    assert _pack_cid(*cases[0]) == b"\x01s3:\x01:10"  # 8 bytes for 38
+        stored = pack_cid(version, cid)
+        assert unpack_cid(version, stored) == cid, (version, cid)
+    assert pack_cid(*cases[0]) == b"\x01s3:\x01:10"  # 8 bytes for 38
 
 
-def test_readdir_rows_carry_what_getattr_and_open_read(store: CacheStore) -> None:
+def test_readdir_rows_carry_what_getattr_and_open_read(store: WritableStore) -> None:
     """entries() reads a file's attributes from its directory's rows; they are the ones
     get() (an inode number alone) and lookup() give, and iter_files walks the same."""
     listing = [
@@ -562,9 +554,9 @@ def test_readdir_rows_carry_what_getattr_and_open_read(store: CacheStore) -> Non
         assert files == sorted(listing, key=lambda o: o.key)
 
 
-def test_a_listing_of_another_row_format_is_not_served(store: CacheStore) -> None:
+def test_a_listing_of_another_row_format_is_not_served(store: WritableStore) -> None:
     dsid = next(_ids)
-    store.replace_manifest(dsid, LISTING, {})
+    store.replace_listing(dsid, LISTING, {})
     assert store.current_generation(dsid) is not None
     record = store.dataset_record(dsid)
     old = {k: v for k, v in record.items() if k != "listing_format"}  # as format 1 wrote it
@@ -576,11 +568,11 @@ def test_a_listing_of_another_row_format_is_not_served(store: CacheStore) -> Non
     assert store.current_generation(dsid) is None
     assert store.get_object(dsid, "README") is None
     with pytest.raises(SilofsError, match="another silofs version"):
-        Manifest(store, dsid, old)  # a mount refuses to misread it
+        ListingView(store, dsid, old)  # a mount refuses to misread it
 
 
 def test_a_prefix_of_only_markers_is_tentative_then_gone_before_the_listing_ends(
-    store: CacheStore,
+    store: WritableStore,
 ) -> None:
     """A fanned-out listing names "m/" (its keys: the markers "m/" and "m/n/") before it
     is listed: the directory is tentative, and removed as soon as its prefix and its
@@ -618,7 +610,7 @@ def test_a_prefix_of_only_markers_is_tentative_then_gone_before_the_listing_ends
 
 
 @pytest.mark.parametrize("limit", [1, 2, 1000])
-def test_changed_entries_between_two_generations(store: CacheStore, limit: int) -> None:
+def test_changed_entries_between_two_generations(store: WritableStore, limit: int) -> None:
     """What a mount tells the kernel to forget after a refresh (process.py _forget_walk):
     every file of the old listing whose size, mtime or version changed, or that went
     away or became a directory; every directory that went away or became a file; not
@@ -626,12 +618,12 @@ def test_changed_entries_between_two_generations(store: CacheStore, limit: int) 
     dsid = next(_ids)
     old = [obj("a/same"), obj("a/bigger"), obj("a/newer"), obj("a/gone"), obj("b/c")]
     old += [obj("turns/dir"), obj("z", 1, 1.0), obj("gone/deep/x"), obj("filed/y")]
-    store.replace_manifest(dsid, old, {})
-    first = Manifest(store, dsid, store.dataset_record(dsid))
+    store.replace_listing(dsid, old, {})
+    first = ListingView(store, dsid, store.dataset_record(dsid))
     new = [obj("new/file"), obj("z", 1, 1.0), obj("a/same"), obj("a/bigger", 11)]
     new += [obj("a/newer", 10, 101.0), obj("b/c"), obj("turns/dir/x"), obj("filed")]
-    store.replace_manifest(dsid, new, {})
-    second = Manifest(store, dsid, store.dataset_record(dsid))
+    store.replace_listing(dsid, new, {})
+    second = ListingView(store, dsid, store.dataset_record(dsid))
     before = walk_paths(first)
     before[""] = first.get(ROOT_INODE)
     got: list[tuple[int, int, bytes | None]] = []
@@ -662,19 +654,19 @@ def test_changed_entries_between_two_generations(store: CacheStore, limit: int) 
 
 
 def test_a_name_that_leads_to_another_inode_is_forgotten_by_name(
-    store: CacheStore, monkeypatch: pytest.MonkeyPatch
+    store: WritableStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # A listing written with whole-hash file numbers (before the directory's top bits),
     # then refreshed: each unchanged file has a new inode. The kernel must forget the
     # names, or it keeps opening the old inodes, which the new listing does not have.
     dsid = next(_ids)
     listing_ = [obj("a/same"), obj("a/other", 5), obj("top")]
-    monkeypatch.setattr(listing, "_dir_bits", lambda _path: 0)
-    store.replace_manifest(dsid, listing_, {})
+    monkeypatch.setattr(listing_builder, "_dir_bits", lambda _path: 0)
+    store.replace_listing(dsid, listing_, {})
     monkeypatch.undo()
-    first = Manifest(store, dsid, store.dataset_record(dsid))
-    store.replace_manifest(dsid, listing_, {})
-    second = Manifest(store, dsid, store.dataset_record(dsid))
+    first = ListingView(store, dsid, store.dataset_record(dsid))
+    store.replace_listing(dsid, listing_, {})
+    second = ListingView(store, dsid, store.dataset_record(dsid))
     before, after = walk_paths(first), walk_paths(second)
     files = ["a/same", "a/other", "top"]
     assert all(before[p].inode != after[p].inode for p in files)

@@ -1,8 +1,9 @@
-"""The in-memory Manifest silofs mounts served before the LMDB directory index, kept
-as the reference the index must agree with (tests/unit/test_manifest.py).
+"""An in-memory listing (the whole tree in dicts and lists), kept as the reference the
+LMDB directory index must agree with (tests/unit/test_listing_view.py).
 
-Owns nothing the product uses: it is silofs/mount/manifest.py as of d3e37e9, verbatim but
-for this docstring. Never imported by silofs.
+Owns nothing the product uses: the tree a mount served from memory, with the same
+rules for directories, shadowed files and keys no path can name. Never imported by
+silofs.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ class Node:
         return self.obj is None
 
 
-class Manifest:
+class InMemoryListing:
     def __init__(self, objects: Iterable[ObjectInfo]) -> None:
         self.nodes: list[Node | None] = [None]  # index = inode; inode 0 is unused
         self.total_bytes = 0

@@ -2,7 +2,8 @@
 
 Owns what lookup/getattr/readdir need from one listing generation (cache/listing.py):
 '.' and '..', a bounded cache of recently used entries, the path of an inode, the
-listing's totals, and moving to a newer generation when the daemon lists again. The
+listing's totals, moving to a newer generation when the daemon lists again, and which
+entries of the old generation the kernel must forget then (changed_entries). The
 listing itself stays in the env, once per node, so a mount's memory does not grow with
 the object count. Never does network I/O, never writes LMDB, and never keeps an LMDB
 buffer past the call that read it (entries are decoded copies).
@@ -11,6 +12,7 @@ buffer past the call that read it (entries are decoded copies).
 from __future__ import annotations
 
 import logging
+import struct
 import time
 from collections import OrderedDict
 from collections.abc import Iterator
@@ -18,13 +20,23 @@ from collections.abc import Iterator
 import lmdb
 import trio
 
-from silofs.cache.listing import LISTING_FORMAT, ROOT_INODE, Entry, ListingReader
+from silofs.cache.listing import (
+    DIR,
+    DIRENT,
+    FILE_HEAD,
+    INO,
+    LISTING_FORMAT,
+    ROOT_INODE,
+    Entry,
+    ListingReader,
+    dirent_name,
+)
 from silofs.cache.store import CacheStore
 from silofs.errors import SilofsError
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ROOT_INODE", "Entry", "Manifest"]
+__all__ = ["ROOT_INODE", "Entry", "ListingView", "changed_entries"]
 
 RENEW_SECONDS = 0.5
 # How often a lookup waiting for a directory of a listing still being written looks for
@@ -33,7 +45,9 @@ LISTED_POLL_SECONDS = 0.1
 CACHE_ENTRIES = 8192  # decoded entries kept per mount (~200 B each): bounded, not per object
 
 
-class Manifest:
+class ListingView:
+    """The generation of one dataset's listing a mount serves, read through its snapshot."""
+
     def __init__(
         self,
         store: CacheStore,
@@ -177,11 +191,8 @@ class Manifest:
                 return
             self._txn.abort()
         self._txn_at = now
-        try:
-            self._txn = self.store.env.begin()
-        except lmdb.MapResizedError:
-            self.store.adopt_map_size()  # the daemon grew the map
-            self._txn = self.store.env.begin()
+        # Entries are decoded copies: no buffers, nothing refers into the map.
+        self._txn = self.store.snapshot(buffers=False)
 
     def release_if_idle(self) -> None:
         """Drop a snapshot no operation would use again (older than RENEW_SECONDS): an
@@ -253,3 +264,54 @@ class Manifest:
 
     def path(self, node: Entry) -> str:
         return node.path.decode("utf-8", "surrogateescape")
+
+
+# A file row's bytes that a refresh keeps when the file did not change: all but `since`
+# and `ordinal` (the tail of the FILE_HEAD header), which a new listing may renumber.
+_SAME_HEAD = struct.calcsize("<QBQd")
+
+
+def changed_entries(
+    txn: lmdb.Transaction,
+    old: ListingReader,
+    new: ListingReader,
+    start: bytes | None = None,
+    limit: int = 10_000,
+) -> tuple[list[tuple[int, int, bytes | None]], bytes | None]:
+    """Entries of generation `old` that the kernel may hold and `new` contradicts, among
+    up to `limit` rows from row `start` (a row as in iter_file_rows): a file `new` lists
+    with other attributes or version, or not at all, or as a directory; a directory
+    `new` does not list as the same directory (gone, a file now, another inode). Each
+    as (inode, parent, name), the name only for one that is gone from that name; and
+    where to go on (None: done). Raw rows compared (the same key in both generations),
+    no Entry built: a mount runs this over a whole listing after a refresh."""
+    prefix, other = old.rows.prefix, new.rows.prefix
+    n = len(prefix)
+    cur = txn.cursor(db=old.dirents)
+    out: list[tuple[int, int, bytes | None]] = []
+    if not cur.set_range(prefix + (start or INO.pack(ROOT_INODE))):
+        return out, None
+    seen = 0
+    for key, v in cur:
+        k = bytes(key)  # a view with a buffers=True txn, as a mount's
+        if not k.startswith(prefix):
+            return out, None
+        if seen >= limit:
+            return out, k[n:]
+        seen += 1
+        now = txn.get(other + k[n:], db=new.dirents)
+        gone = True  # the name no longer leads to this entry
+        # Still a file, or still a directory, and the same inode: a name that leads to
+        # another inode (a collision probed on, a listing of older inode numbering) is
+        # forgotten, or the kernel keeps opening the old one, which the new listing lacks.
+        if now is not None and now[8] == v[8] and now[:8] == v[:8]:
+            if v[8] == DIR:
+                # A directory's own attributes (nlink) are the recently used entries'
+                # care (fs.switch); here only a name that no longer leads to it.
+                continue
+            if now[:_SAME_HEAD] == v[:_SAME_HEAD] and now[FILE_HEAD.size :] == v[FILE_HEAD.size :]:
+                continue
+            gone = False  # the same name, other attributes
+        name = dirent_name(k, n + INO.size, v) if gone else None
+        out.append((DIRENT.unpack_from(v)[0], INO.unpack_from(k, n)[0], name))
+    return out, None
