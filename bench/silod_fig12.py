@@ -38,7 +38,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from silod_scenarios import TraceShape, generate_trace  # noqa: E402
 from silofs_ctl.scenario import Scenario, parse_scenario  # noqa: E402
-from silofs_ctl.simulator import CACHE_CHOICES, SimResult, Simulation  # noqa: E402
+from silofs_ctl.simulator import (  # noqa: E402
+    CACHE_CHOICES,
+    SimResult,
+    Simulation,
+    SimulationError,
+)
 
 SCHEDULERS = ("fifo", "sjf", "gavel")
 BASELINES = tuple(c for c in CACHE_CHOICES if c != "silod")
@@ -68,6 +73,7 @@ class Run:
     jobs: int
     cpu_s: float
     steps: int
+    error: str = ""  # the simulator gave up (its step limit): no figures
 
 
 def shape(link: str) -> TraceShape:
@@ -111,7 +117,14 @@ def run_pair(text: str, name: str, pair: str) -> Run:
     scenario: Scenario = parse_scenario(text, name)
     sim = Simulation(scenario, scheduler, cache)
     cpu = time.process_time()
-    result = sim.run()
+    try:
+        result = sim.run()
+    except SimulationError as e:
+        cpu = time.process_time() - cpu
+        nan = math.nan
+        return Run(
+            name, scheduler, cache, nan, nan, nan, 0, len(scenario.jobs), cpu, sim.steps, str(e)
+        )
     cpu = time.process_time() - cpu
     return Run(
         name,
@@ -132,6 +145,18 @@ def _run_job(args: tuple[str, int, int, str]) -> Run:
     return run_pair(trace_text(link, jobs, seed), trace_name(link, jobs, seed), pair)
 
 
+def progress(r: Run) -> None:
+    """One line per finished run on stderr, with its figures: a long sweep cut short
+    still leaves what it measured."""
+    print(
+        f"  {r.trace} {r.scheduler}:{r.cache} avg JCT {r.avg_jct_h:.1f}h makespan "
+        f"{r.makespan_d:.1f}d Eq.8 {r.eq8:.2f} finished {r.finished}/{r.jobs} steps "
+        f"{r.steps} cpu {r.cpu_s:.0f}s{' ' + r.error if r.error else ''}",
+        file=sys.stderr,
+        flush=True,
+    )
+
+
 def fig12_table(runs: list[Run]) -> str:
     """Per trace and scheduler: each cache's average JCT and makespan, and each
     baseline's over SiloD's (above 1: SiloD is better)."""
@@ -150,6 +175,8 @@ def fig12_table(runs: list[Run]) -> str:
                 jct = r.avg_jct_h / silod.avg_jct_h if silod else math.nan
                 mk = r.makespan_d / silod.makespan_d if silod else math.nan
                 unfinished = "" if r.finished == r.jobs else f"  ({r.jobs - r.finished} unfinished)"
+                if r.error:
+                    unfinished = f"  ({r.error})"
                 rows.append(
                     f"{scheduler:9} {cache:8} {r.avg_jct_h:8.1f}h {r.makespan_d:8.1f}d "
                     f"{jct:9.2f} {mk:8.2f} {r.eq8:6.2f} {r.cpu_s:5.0f}s{unfinished}"
@@ -168,7 +195,11 @@ def summary(runs: list[Run]) -> str:
         for base in BASELINES:
             jct, mk = [], []
             for trace in traces:
-                pick = {r.cache: r for r in runs if r.trace == trace and r.scheduler == scheduler}
+                pick = {
+                    r.cache: r
+                    for r in runs
+                    if r.trace == trace and r.scheduler == scheduler and not r.error
+                }
                 if "silod" in pick and base in pick:
                     jct.append(pick[base].avg_jct_h / pick["silod"].avg_jct_h)
                     mk.append(pick[base].makespan_d / pick["silod"].makespan_d)
@@ -180,12 +211,18 @@ def summary(runs: list[Run]) -> str:
     for trace in traces:
         verdicts = []
         for scheduler in ("fifo", "sjf"):
-            pick = {r.cache: r for r in runs if r.trace == trace and r.scheduler == scheduler}
+            pick = {
+                r.cache: r
+                for r in runs
+                if r.trace == trace and r.scheduler == scheduler and not r.error
+            }
             if "silod" in pick and len(pick) > 1:
                 best = min(r.avg_jct_h for r in pick.values())
                 ratio = pick["silod"].avg_jct_h / best
                 verdicts.append(f"{scheduler} JCT {ratio:.3f} of best")
-        pick = {r.cache: r for r in runs if r.trace == trace and r.scheduler == "gavel"}
+        pick = {
+            r.cache: r for r in runs if r.trace == trace and r.scheduler == "gavel" and not r.error
+        }
         if "silod" in pick and len(pick) > 1:
             others = max(r.eq8 for c, r in pick.items() if c != "silod")
             verdicts.append(f"gavel Eq.8 {pick['silod'].eq8:.2f} vs next {others:.2f}")
@@ -293,18 +330,11 @@ def main(argv: list[str]) -> int:
         with ProcessPoolExecutor(args.workers) as pool:
             for run in pool.map(_run_job, work):
                 runs.append(run)
-                print(
-                    f"  {run.trace} {run.scheduler}:{run.cache} {run.cpu_s:.0f}s",
-                    file=sys.stderr,
-                    flush=True,
-                )
+                progress(run)
     else:
         for item in work:
             runs.append(_run_job(item))
-            r = runs[-1]
-            print(
-                f"  {r.trace} {r.scheduler}:{r.cache} {r.cpu_s:.0f}s", file=sys.stderr, flush=True
-            )
+            progress(runs[-1])
     if args.json:
         print(json.dumps([asdict(r) for r in runs], indent=1))
     else:
