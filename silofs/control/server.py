@@ -298,7 +298,7 @@ class _ServerConnection:
         (payload,) = self.conn.send_with_data_passthrough(h11.Data(data=body))
         tail = self.conn.send(h11.EndOfMessage())  # b"" with Content-Length framing
         if len(body) <= _COALESCE_LIMIT:
-            await self.stream.send_all(head + bytes(payload) + tail)
+            await self.stream.send_all(b"".join((head, payload, tail)))  # one copy
         else:
             await self.stream.send_all(head)
             await self.stream.send_all(payload)
