@@ -10,7 +10,7 @@ facts here).
 
 Each node keeps its own cache, so a cache unit is a (node, dataset) pair drawing from that
 node's budget. A job on several nodes reads an equal share through each; its IO
-allocation is split evenly across its nodes (papers/silod.md §6).
+allocation is split evenly across its nodes (SiloD, EuroSys '23, §6).
 """
 
 from __future__ import annotations
