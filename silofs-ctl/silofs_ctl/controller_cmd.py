@@ -30,7 +30,7 @@ def render_plan(plan: Plan, down: dict[str, str]) -> str:
         c = plan.cluster_of(node)
         if c is not None and node != c.via:
             continue  # a cluster's shares are listed once, under its name
-        label = node if c is None else f"{c.name} (cluster)"
+        label = node if c is None else c.name  # explained by the line below
         for dataset, nbytes in sorted(plan.cache[node].items()):
             rows.append(f"{label[:16]:16} {dataset[:48]:48} {format_size(nbytes):>12}")
     for c in sorted(plan.clusters.values(), key=lambda c: c.name):
