@@ -75,6 +75,7 @@ class ClusterSeen:
     version: int
     weight: float
     total_weight: float
+    members: tuple[str, ...] = ()  # every configured member's address
     shares: dict[str, int | None] = field(default_factory=dict)
     cached: dict[str, float] = field(default_factory=dict)
 
@@ -160,6 +161,7 @@ def _cluster(view: Any) -> ClusterSeen | None:
         version=int(view.get("allocations_version") or 0),
         weight=mine[0],
         total_weight=sum(weights),
+        members=tuple(str(m.get("address") or "") for m in members),
         shares=shares,
         cached=cached,
     )

@@ -95,20 +95,40 @@ def unit_key(node: str, dataset: str) -> str:
     return f"{node}|{dataset}"
 
 
+CLUSTER_PREFIX = "cluster:"
+
+
 def cluster_pool(name: str) -> str:
     """The pool (and unit key prefix) of a cluster's cache."""
-    return f"cluster:{name}"
+    return CLUSTER_PREFIX + name
 
 
 def cache_pools(config: ControllerConfig, seen: Mapping[str, NodeSeen]) -> dict[str, list[str]]:
     """Each cache pool -> the controller's nodes that draw from it: a node that caches
-    alone (or does not answer) is its own pool; the answering nodes that report one
-    cluster name share that cluster's pool."""
+    alone (or does not answer) is its own pool; answering nodes that report one
+    cluster name, and whose member lists overlap, share that cluster's pool. (Lists
+    that overlap but differ are a member list being replaced; two clusters that happen
+    to share a name have none in common and stay two pools, "NAME" and "NAME~2".)"""
     pools: dict[str, list[str]] = {}
+    groups: dict[str, list[tuple[set[str], list[str]]]] = {}
     for node in config.nodes:
         status = seen.get(node.name)
         c = status.cluster if status is not None else None
-        pools.setdefault(cluster_pool(c.name) if c else node.name, []).append(node.name)
+        if c is None:
+            pools[node.name] = [node.name]
+            continue
+        mine = set(c.members) | {c.address}
+        joined = [g for g in groups.setdefault(c.name, []) if g[0] & mine]
+        for g in joined:
+            groups[c.name].remove(g)
+        merged = (mine.union(*(g[0] for g in joined)), [n for g in joined for n in g[1]])
+        merged[1].append(node.name)
+        groups[c.name].append(merged)
+    for name, found in groups.items():
+        found.sort(key=lambda g: min(g[1]))
+        for i, (_, nodes) in enumerate(found):
+            label = name if i == 0 else f"{name}~{i + 1}"
+            pools[cluster_pool(label)] = sorted(nodes)
     return pools
 
 
@@ -474,10 +494,9 @@ def to_plan(
         plans.append(replace(job, io=total))
     clusters = {}
     for pool, nodes in pools.items():
-        c = seen[nodes[0]].cluster if nodes[0] in seen else None
-        if c is not None:
-            members = tuple(sorted(nodes))
-            clusters[c.name] = ClusterPlan(c.name, members, cluster.pools[pool], members[0])
+        if pool != nodes[0]:  # a cluster's (a node's own pool is keyed by its name)
+            label = pool.removeprefix(CLUSTER_PREFIX)
+            clusters[label] = ClusterPlan(label, tuple(nodes), cluster.pools[pool], nodes[0])
     return Plan(cache, io, sorted(plans, key=lambda p: p.name), clusters=clusters)
 
 

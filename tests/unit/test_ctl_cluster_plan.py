@@ -260,3 +260,35 @@ def test_the_table_lists_a_clusters_shares_once() -> None:
     assert sum(1 for line in text.splitlines() if IMAGENET in line) == 1
     assert any(line.startswith("c ") and IMAGENET in line for line in text.splitlines())
     assert "cluster c: one cache over n1, n2" in text and "pushed to n1" in text
+
+
+def test_two_clusters_that_share_a_name_but_no_member_stay_two_pools() -> None:
+    a, b = Shares(), Shares()
+    m = [FakeMember("n1", TB, "c", a), FakeMember("n2", TB, "c", a)]
+    m += [FakeMember("n3", TB, "c", b), FakeMember("n4", TB, "c", b)]
+    cluster_of(m[0], m[1])
+    cluster_of(m[2], m[3])
+    nodes = {x.name: x for x in m}
+    for x in m:
+        x.add_dataset(IMAGENET, 1300 * GB)
+        x.add_job("dist", IMAGENET)
+    plan = controller(nodes, cfg("n1", "n2", "n3", "n4"), ENTRIES[:1]).round(force=True)
+    assert plan is not None
+    assert {c.name: (c.members, c.via) for c in plan.clusters.values()} == {
+        "c": (("n1", "n2"), "n1"),
+        "c~2": (("n3", "n4"), "n3"),
+    }
+    # each got the shares through its own member
+    assert a.shares and b.shares and not cache_puts(nodes["n2"]) and not cache_puts(nodes["n4"])
+
+
+def test_a_member_list_being_replaced_keeps_one_pool() -> None:
+    nodes = clustered("n1", "n2", "n3")
+    datasets_and_jobs(nodes)
+    # n3 has taken a new list with n1, n3 and a new member; n1 and n2 still the old one
+    n3 = nodes["n3"]
+    assert isinstance(n3, FakeMember)
+    n3.members = [nodes["n1"], n3, FakeMember("n9", TB, "c", n3.table)]  # type: ignore[list-item]
+    plan = controller(nodes, cfg("n1", "n2", "n3"), ENTRIES).round(force=True)
+    assert plan is not None
+    assert [c.members for c in plan.clusters.values()] == [("n1", "n2", "n3")]
