@@ -14,7 +14,7 @@ its members) make one unit per (cluster, dataset), drawing from the cluster's po
 dataset read on k of its nodes is cached once, not k times, and its hit ratio is c/d
 with c cluster-wide. A job on several nodes reads an equal share through each node's
 unit (the same unit for nodes of one cluster); its IO allocation is split evenly across
-its nodes (papers/silod.md §6). A cluster's cache is pushed as each dataset's
+its nodes (SiloD, EuroSys '23, §6). A cluster's cache is pushed as each dataset's
 cluster-wide share, to one member, which passes the table on to the others.
 """
 
