@@ -41,12 +41,18 @@ def make_dataset(root: Path, files: int, size: int) -> str:
     return root.as_uri() + "/"
 
 
+class Member(Node):
+    """A Node started with its cluster's silofs.toml."""
+
+    def __init__(self, spec: ClusterNode) -> None:
+        super().__init__(spec.root, CACHE, config=spec.config)
+        self.spec = spec
+
+
 @pytest.fixture
-def members(tmp_path: Path) -> Iterator[list[Node]]:
-    specs: list[ClusterNode] = write_cluster(
-        tmp_path, ["127.0.0.1"] * NODES, [free_port() for _ in range(NODES)]
-    )
-    nodes = [Node(s.root, CACHE, config=s.config) for s in specs]
+def members(tmp_path: Path) -> Iterator[list[Member]]:
+    specs = write_cluster(tmp_path, ["127.0.0.1"] * NODES, [free_port() for _ in range(NODES)])
+    nodes = [Member(s) for s in specs]
     try:
         for n in nodes:
             n.start()
@@ -58,7 +64,7 @@ def members(tmp_path: Path) -> Iterator[list[Node]]:
     assert not problems, "\n".join(problems)
 
 
-def write_config(tmp_path: Path, members: list[Node], solo: Node, big: str, small: str) -> Path:
+def write_config(tmp_path: Path, members: list[Member], solo: Node, big: str, small: str) -> Path:
     pki = tmp_path / "pki"
     jobs = tmp_path / "jobs.toml"
     jobs.write_text(f"""\
@@ -81,8 +87,8 @@ gpus = 1
 ideal_io = "10MB/s"
 """)
     nodes = "".join(
-        f'[[nodes]]\nname = "n{i}"\naddress = "tls://127.0.0.1:{port}"\ngpus = 1\n\n'
-        for i, port in enumerate(_ports(members))
+        f'[[nodes]]\nname = "{m.spec.name}"\naddress = "{m.spec.address}"\ngpus = 1\n\n'
+        for m in members
     )
     config = tmp_path / "controller.toml"
     config.write_text(f"""\
@@ -103,15 +109,6 @@ gpus = 1
     return config
 
 
-def _ports(members: list[Node]) -> list[int]:
-    out = []
-    for m in members:
-        assert m.config is not None
-        line = next(x for x in m.config.read_text().splitlines() if x.startswith("tcp_listen"))
-        out.append(int(line.split(":")[-1].strip('" ')))
-    return out
-
-
 def run_once(config: Path) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "silofs_ctl", "controller", "run", "--config", str(config)]
     return subprocess.run([*cmd, "--once"], capture_output=True, text=True, timeout=120)
@@ -122,7 +119,7 @@ def dump(obj: object) -> str:
 
 
 def test_the_controller_gives_a_cluster_one_share_per_dataset(
-    tmp_path: Path, members: list[Node], make_node
+    tmp_path: Path, members: list[Member], make_node
 ) -> None:
     big = make_dataset(tmp_path / "imagenet", files=16, size=3 * MiB)  # 48 MiB
     small = make_dataset(tmp_path / "wiki", files=4, size=2 * MiB)  # 8 MiB
