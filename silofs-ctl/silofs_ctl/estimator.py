@@ -1,4 +1,4 @@
-"""SiloD's performance estimator (papers/silod.md §4, Eq. 1-5) and the equal share (Eq. 8-9).
+"""The performance estimator of SiloD (EuroSys '23) §4, Eq. 1-5, and the equal share (Eq. 8-9).
 
 Owns: the closed-form throughput of a job given its GPU share, the cache of the units it
 reads and its remote IO; cache efficiency f*/d at job and at dataset level (§6, "Dataset

@@ -1,7 +1,11 @@
 """The simulator's model of an LRU cache under deep learning's access pattern: every item
 once per epoch, in a new random order (not silofs/cache/lru.py, the daemon's real LRU).
 
-Owns the closed forms the simulator uses for the Alluxio baseline. Never: keeps state.
+Owns the closed forms the simulator uses for the Alluxio baseline, and LruPool: the
+pool's holdings over a run (each dataset's steady-state target, found again only when
+the running readers change, and what it holds now, growing towards it with what its
+readers fetch). Never: moves time, sets rates, or reads anything of a job but its
+dataset, rate ceiling, IO cap and epoch position.
 
 One dataset alone in an LRU cache holding a fraction r of it. An item read at position x
 (a fraction of the epoch) is read again at position y of the next epoch. In between,
@@ -23,8 +27,12 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .sim_job import SimJob
 
 log = logging.getLogger(__name__)
 
@@ -75,28 +83,17 @@ def distinct_fraction(w: float) -> float:
     return inner + (w - 1.0)
 
 
-def holdings(
-    capacity: float,
-    sizes: Mapping[str, float],
-    readers: Mapping[str, Sequence[float]],
-    guess: float | None = None,
-) -> dict[str, float]:
-    """Steady-state bytes each dataset holds in an LRU pool of `capacity`.
-
-    readers: dataset -> read rates (bytes/s) of the jobs reading it now.
-    guess: the pool's characteristic time T last time (see fill_time), if known.
-    """
-    return holdings_at(capacity, sizes, readers, guess)[0]
-
-
 def holdings_at(
     capacity: float,
     sizes: Mapping[str, float],
     readers: Mapping[str, Sequence[float]],
     guess: float | None = None,
 ) -> tuple[dict[str, float], float | None]:
-    """holdings, and the characteristic time T they were found at (None: everything
-    fits). Pass T back as `guess` next time: the search starts next to it."""
+    """Steady-state bytes each dataset holds in an LRU pool of `capacity`, and the
+    pool's characteristic time T they were found at (None: everything fits).
+
+    readers: dataset -> read rates (bytes/s) of the jobs reading it now.
+    guess: T last time, if known: the search starts next to it."""
     active = {k: v for k, v in readers.items() if any(rate > 0 for rate in v)}
     if sum(sizes[k] for k in active) <= capacity:
         return {k: sizes[k] for k in active}, None
@@ -193,19 +190,6 @@ class Equilibrium:
     rates: list[float]
 
 
-def equilibrium_holdings(
-    capacity: float,
-    sizes: Mapping[str, float],
-    readers: Sequence[LruReader],
-    link: float,
-    guess: float | None = None,
-    rounds: int = 12,
-) -> tuple[dict[str, float], float | None]:
-    """equilibrium()'s holdings and characteristic time, started from the rates now."""
-    found = equilibrium(capacity, sizes, readers, link, guess, rounds)
-    return found.held, found.time
-
-
 def equilibrium(
     capacity: float,
     sizes: Mapping[str, float],
@@ -259,3 +243,100 @@ def equilibrium(
             break
         rates = [(a + b) / 2 for a, b in zip(new, rates, strict=True)]  # damped
     return Equilibrium(held, guess, rates)
+
+
+class LruPool:
+    """One LRU over the whole cluster cache, as the simulator runs it (Alluxio).
+
+    Each dataset's steady-state holding (`target`) is the equilibrium of its running
+    readers: a function of their datasets, rate ceilings (GPU share x f*) and IO caps
+    alone, which only a re-plan moves, so it is found again only when one of those
+    changed (not at epoch ends, nor at a re-plan that only queued an arrival), starting
+    from the last equilibrium's rates (a reader coming or going then costs a round or
+    two, not twelve). Between re-plans a dataset's holding (`resident`) only grows
+    towards its target with what its readers fetch.
+
+    A reader's hit ratio in an epoch after its first is the closed form of one dataset
+    alone in an LRU of its holding's size, held constant over `segments` pieces of the
+    part of the epoch its target holding can hit (it slides from high to 0 there); its
+    first epoch is cold but for what the pool held of its dataset when it arrived."""
+
+    def __init__(self, capacity: float, link: float, segments: int) -> None:
+        self.capacity = capacity
+        self.link = link
+        self.segments = segments
+        self.resident: dict[str, float] = {}  # bytes of each dataset held
+        self.target: dict[str, float] = {}  # steady-state holding
+        self.growing: set[str] = set()  # datasets below their target, still growing
+        self.time: float | None = None  # the pool's characteristic time, last
+        # What the targets were last found for (each running reader's dataset, rate
+        # ceiling and IO cap), and the readers' rates there by job name, to start the
+        # next search from.
+        self.key: tuple[tuple[str, float, float | None], ...] | None = None
+        self.rates: dict[str, float] = {}
+
+    def held(self, dataset: str) -> float:
+        """What the pool holds of `dataset` (its units brought to now by the caller)."""
+        return min(self.resident.get(dataset, 0.0), self.target.get(dataset, 0.0))
+
+    def add(self, dataset: str, fetched: float) -> None:
+        """Its readers fetched `fetched` bytes of `dataset`: held, up to its target."""
+        held = self.resident.get(dataset, 0.0) + fetched
+        self.resident[dataset] = min(held, self.target.get(dataset, 0.0))
+
+    def retarget(self, running: Iterable[SimJob], sync: Callable[[], None]) -> None:
+        """The targets for the jobs running now (in arrival order), if what they depend
+        on moved; `sync` first brings every dataset's holding to now (what was fetched
+        so far counts against the old targets)."""
+        readers: list[LruReader] = []
+        names: list[str] = []
+        sizes: dict[str, float] = {}
+        for job in running:
+            gpu_rate = job.share * job.spec.ideal_io
+            readers.append(LruReader(job.spec.dataset, gpu_rate, job.io_cap, job.rate))
+            names.append(job.name)
+            sizes[job.spec.dataset] = job.size
+        key = tuple((r.dataset, r.ceiling, r.io_cap) for r in readers)
+        if key == self.key:
+            return
+        self.key = key
+        sync()
+        old = self.rates
+        start = [
+            old.get(name) or (r.rate if r.rate > 0 else r.ceiling)
+            for name, r in zip(names, readers, strict=True)
+        ]
+        found = equilibrium(self.capacity, sizes, readers, self.link, self.time, start=start)
+        self.target, self.time = found.held, found.time
+        self.rates = dict(zip(names, found.rates, strict=True))
+        for dataset in list(self.resident):
+            self.resident[dataset] = min(self.resident[dataset], self.target.get(dataset, 0.0))
+        self.growing = {d for d, want in self.target.items() if self.resident.get(d, 0.0) < want}
+
+    def hit(self, job: SimJob) -> float:
+        """The job's hit ratio from its position to its next segment boundary (set in
+        job.boundary, a position in its epoch; math.inf: none)."""
+        job.boundary = math.inf
+        if job.epochs_done == 0:
+            return job.first_hit
+        dataset = job.spec.dataset
+        held = job.lru_held = self.held(dataset)
+        r = held / job.size
+        y = job.pos / job.size
+        if r >= 1.0:
+            return 1.0
+        # The segments are a grid over the part of the epoch the target holding can hit,
+        # fixed until the next re-target: a holding still growing towards its target
+        # moves the hit ratio at the grid's points, not at ever shorter segments that
+        # chase its edge (segments/epoch events at most in the part that can hit).
+        top = min(1.0, self.target.get(dataset, 0.0) / job.size)
+        # Positions within rounding (eps bytes) of a boundary count as on it: an event
+        # lands there, and the integral over a vanishing segment is noise.
+        if (top - y) * job.size <= job.eps:
+            return 0.0
+        step = top / self.segments
+        k = math.floor(y / step + 1e-9) + 1
+        job.boundary = min(top, k * step)
+        if (job.boundary - y) * job.size <= job.eps:
+            job.boundary = min(top, (k + 1) * step)
+        return hit_between(r, y, job.boundary)

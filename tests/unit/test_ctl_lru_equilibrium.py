@@ -1,4 +1,4 @@
-"""The simulator's LRU holdings at the rates they lead to (sim_lru.equilibrium_holdings).
+"""The simulator's LRU holdings at the rates they lead to (sim_lru.equilibrium).
 
 Owns: the check that the Alluxio model's holdings are a fixed point of holdings -> hit
 ratios -> rates -> holdings, and the live case that showed the lag (bench/silod_live.py:
@@ -9,7 +9,7 @@ while holdings from its IO-bound rate kept it a little over half cached).
 from __future__ import annotations
 
 from silofs_ctl.policies.base import water_fill
-from silofs_ctl.sim_lru import LruReader, equilibrium_holdings, holdings_at, steady_hit_ratio
+from silofs_ctl.sim_lru import LruReader, equilibrium, holdings_at, steady_hit_ratio
 
 MB = 1e6
 SIZES = {"small": 40 * MB, "big-1": 200 * MB, "big-2": 150 * MB}
@@ -24,14 +24,14 @@ READERS = [
 def test_holdings_from_the_rates_now_lag_and_the_equilibrium_does_not() -> None:
     now, _ = holdings_at(125 * MB, SIZES, {r.dataset: [r.rate] for r in READERS})
     assert now["small"] < 0.9 * SIZES["small"]  # held partly: read at 5 MB/s
-    held, _ = equilibrium_holdings(125 * MB, SIZES, READERS, 15 * MB)
+    held = equilibrium(125 * MB, SIZES, READERS, 15 * MB).held
     # Held whole, the small dataset is read at its 20 MB/s, every 2 s: it stays held.
     assert held["small"] >= 0.99 * SIZES["small"]
     assert sum(held.values()) <= 125 * MB * (1 + 1e-6)
 
 
 def test_the_equilibrium_is_a_fixed_point() -> None:
-    held, _ = equilibrium_holdings(125 * MB, SIZES, READERS, 15 * MB)
+    held = equilibrium(125 * MB, SIZES, READERS, 15 * MB).held
     hits = [steady_hit_ratio(min(1.0, held[r.dataset] / SIZES[r.dataset])) for r in READERS]
     shares = water_fill(
         15 * MB, {r.dataset: r.ceiling * (1 - h) for r, h in zip(READERS, hits, strict=True)}
@@ -53,6 +53,6 @@ def test_io_caps_and_idle_readers_are_respected() -> None:
         LruReader("big-1", 8 * MB, None, 5 * MB),
         LruReader("big-2", 0.0, None, 0.0),
     ]
-    held, _ = equilibrium_holdings(100 * MB, SIZES, readers, 15 * MB)
+    held = equilibrium(100 * MB, SIZES, readers, 15 * MB).held
     assert "big-2" not in held or held["big-2"] == 0
     assert sum(held.values()) <= 100 * MB * (1 + 1e-6)

@@ -235,3 +235,27 @@ def test_fast_maxmin_at_1000_jobs_matches_lp_and_round_by_round_filling(io_scale
     for name, rate in slow.items():
         assert fast.rates[name] == pytest.approx(rate, rel=1e-12, abs=1e-12)
     assert_feasible(jobs, cluster, fast.rates, fast.cache)
+
+
+@pytest.mark.parametrize("n_jobs", [16, 300])
+def test_fixed_hit_problems_solve_the_same_with_the_one_division_model(
+    n_jobs: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The problem Gavel's SiloD form solves for the hits now (every job alone on a unit
+    that cannot move) has a shortcut for its IO limit; it must give every job the same
+    rate, to the last bit, as the general knapsack model does."""
+    from silofs_ctl.policies import gavel
+
+    rng = random.Random(n_jobs)
+    for _ in range(20):
+        jobs, cluster = large_instance(n_jobs, rng.randrange(10**6))
+        hits = {j.name: rng.choice([0.0, 1.0, rng.random()]) for j in jobs}
+        now_jobs, now_cluster = gavel.with_fixed_hits(jobs, cluster, hits)
+        e = equal_share_perf(jobs, cluster, SiloDEstimator())
+        assert gavel._FixedHits.applies(now_jobs, now_cluster)
+        fast = maxmin(now_jobs, now_cluster, e)
+        with monkeypatch.context() as m:
+            m.setattr(gavel._FixedHits, "applies", staticmethod(lambda jobs, cluster: False))
+            general = maxmin(now_jobs, now_cluster, e)
+        assert fast.rates == general.rates
+        assert fast.level == general.level

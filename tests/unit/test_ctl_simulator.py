@@ -17,8 +17,10 @@ import pytest
 from click.testing import CliRunner
 from silofs_ctl.cli import main
 from silofs_ctl.policies.base import PLAN_INPUTS, water_fill_capped
-from silofs_ctl.scenario import load_scenario, parse_scenario
-from silofs_ctl.sim_lru import distinct_fraction, hit_between, steady_hit_ratio
+from silofs_ctl.scenario import JobSpec, load_scenario, parse_scenario
+from silofs_ctl.sim_job import SimJob
+from silofs_ctl.sim_link import Link
+from silofs_ctl.sim_lru import LruPool, distinct_fraction, hit_between, steady_hit_ratio
 from silofs_ctl.simulator import CACHE_CHOICES, Simulation, SimulationError, simulate
 
 SCENARIOS = Path(__file__).resolve().parents[2] / "configs" / "scenarios"
@@ -403,7 +405,7 @@ def test_keeping_a_plan_nothing_it_reads_moved_gives_the_same_run(pair: str) -> 
 @pytest.mark.parametrize("scheduler", ["fifo", "sjf", "gavel"])
 def test_the_level_clock_gives_the_same_run_to_rounding(scheduler: str) -> None:
     """Under LRU the jobs held at the link's level ride the level clock (their progress
-    the integral of the level, Simulation._held_enter); with per-job rate logs they do
+    the integral of the level, sim_clock.Clock.enter); with per-job rate logs they do
     not (every rate is written out). Both must give the same finishes and hits."""
     scenario = load_scenario(SCENARIOS / "trace-300.toml")
     scenario = replace(scenario, jobs=scenario.jobs[:150])
@@ -411,7 +413,7 @@ def test_the_level_clock_gives_the_same_run_to_rounding(scheduler: str) -> None:
     fast = clocked.run()
     plain = Simulation(scenario, scheduler, "alluxio", job_rates=True)
     slow = plain.run()
-    assert clocked.clock_entries > 0 and plain.clock_entries == 0
+    assert clocked.clock.entries > 0 and plain.clock.entries == 0
     for a, b in zip(fast.jobs, slow.jobs, strict=True):
         assert a.finish == pytest.approx(b.finish, rel=1e-9)
         assert a.hit_ratio == pytest.approx(b.hit_ratio, rel=1e-9, abs=1e-12)
@@ -420,32 +422,31 @@ def test_the_level_clock_gives_the_same_run_to_rounding(scheduler: str) -> None:
 
 
 def test_the_kept_water_fill_order_divides_the_link_as_water_fill_capped() -> None:
-    """The simulator keeps its demands in water-fill order and moves one by bisection
-    (Simulation._wf_move); dividing from that order must give water_fill_capped's
+    """The link keeps its demands in water-fill order and moves one by bisection
+    (sim_link.Link.move); dividing from that order must give water_fill_capped's
     shares, held jobs (in its order) and level to the bit, ties and all."""
-    sim = Simulation(load_scenario(SCENARIOS / "trace-300.toml"), "gavel", "alluxio")
+    link = Link(1e9)
     rnd = random.Random(3)
     pool = [0.0, 1e6, 2.5e7, 1e8]  # repeated values: ties keep the dict's order
     for _ in range(300):
         n = rnd.randint(0, 40)
-        sim.demand = {f"j{i}": rnd.choice(pool + [rnd.uniform(0, 3e8)]) for i in range(n)}
-        sim.wf = None
+        link.reset({f"j{i}": rnd.choice(pool + [rnd.uniform(0, 3e8)]) for i in range(n)})
         for _ in range(rnd.randint(0, 12)):
-            link = rnd.choice([1e9, 3e9, rnd.uniform(1e7, 5e9), float("inf")])
-            first, fair, top = sim._wf_divide(link)
-            shares, capped, want_fair = water_fill_capped(link, sim.demand)
-            assert sim.wf is not None
-            assert [name for _, _, name in sim.wf[first:]] == capped
+            link.capacity = rnd.choice([1e9, 3e9, rnd.uniform(1e7, 5e9), float("inf")])
+            first, fair, top = link.divide()
+            shares, capped, want_fair = water_fill_capped(link.capacity, link.demand)
+            assert link.order is not None
+            assert link.held_from(first) == capped
             assert fair == want_fair
             assert top == max(shares.values(), default=0.0)
-            for i, (_, _, name) in enumerate(sim.wf):
-                assert (fair if i >= first else sim.demand[name]) == shares[name]
-            if sim.demand:
-                name = rnd.choice(list(sim.demand))
+            for i, (_, _, name) in enumerate(link.order):
+                assert (fair if i >= first else link.demand[name]) == shares[name]
+            if link.demand:
+                name = rnd.choice(list(link.demand))
                 new = rnd.choice(pool + [rnd.uniform(0, 3e8)])
-                old, sim.demand[name] = sim.demand[name], new
+                old, link.demand[name] = link.demand[name], new
                 if old != new:
-                    sim._wf_move(name, old, new)
+                    link.move(name, old, new)
 
 
 @pytest.mark.slow
@@ -470,3 +471,30 @@ def test_a_run_does_not_depend_on_the_hash_seed() -> None:
         assert a["t_s"] == b["t_s"]
         assert a["throughput_bytes_per_s"] == pytest.approx(b["throughput_bytes_per_s"], 1e-12)
         assert a["remote_bytes_per_s"] == pytest.approx(b["remote_bytes_per_s"], 1e-12)
+
+
+def test_lru_segments_do_not_chase_a_holding_that_grows_as_its_readers_read() -> None:
+    """A dataset whose holding was cut to almost nothing and whose target is now all of
+    it grows with what its readers fetch. Segments cut at fractions of the holding now
+    would shrink with it and each reader would chase the holding's edge, one event per
+    sliver (a 4-week trace with Alluxio ran out of steps this way): the segment ends
+    are a grid of the target, so an epoch has at most `segments` of them."""
+    size = 143e9
+    pool = LruPool(capacity=size, link=float("inf"), segments=8)
+    for start in (1e-12, 1e-6, 1e-3):
+        pool.target["d"] = size
+        pool.resident["d"] = start * size
+        spec = JobSpec("r", 0.0, 1, "d", int(size), 114e6, 10.0)
+        job = SimJob.of(spec, private=False)
+        job.epochs_done = 1
+        events = 0
+        while True:
+            hit = pool.hit(job)
+            if job.boundary == float("inf"):
+                break
+            read = job.boundary * size - job.pos
+            job.pos += read
+            pool.add("d", 12 * read * (1.0 - hit))  # twelve readers in step
+            events += 1
+            assert events <= pool.segments, (start, events)
+        assert 0.0 <= hit <= 1.0

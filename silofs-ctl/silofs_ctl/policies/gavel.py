@@ -29,7 +29,7 @@ from __future__ import annotations
 import logging
 import math
 from bisect import bisect_right
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from ..estimator import ComputeEstimator, Estimator, equal_share_perf, hit_ratio
@@ -54,16 +54,25 @@ class _Loads:
     """A_u(lam) = fixed_u + lam * slope_u for every cache unit."""
 
     def __init__(
-        self, jobs: Sequence[Job], fixed: Mapping[str, float], e: Mapping[str, float]
+        self,
+        jobs: Sequence[Job],
+        fixed: Mapping[str, float],
+        e: Mapping[str, float],
+        reads: Sequence[tuple[str, str, float]] | None = None,
     ) -> None:
+        """reads: (job, unit, weight) of every job's reads in the jobs' order, when the
+        caller has it (maxmin builds loads many times over the same jobs)."""
         self.fixed: dict[str, float] = {}
         self.slope: dict[str, float] = {}
-        for job in jobs:
-            for key, weight in job.reads.items():
-                if job.name in fixed:
-                    self.fixed[key] = self.fixed.get(key, 0.0) + weight * fixed[job.name]
-                else:
-                    self.slope[key] = self.slope.get(key, 0.0) + weight * e[job.name]
+        if reads is None:
+            reads = _reads(jobs)
+        fixed_get, slope_get = self.fixed.get, self.slope.get
+        for name, key, weight in reads:
+            rate = fixed.get(name)
+            if rate is not None:  # (name in fixed)
+                self.fixed[key] = fixed_get(key, 0.0) + weight * rate
+            else:
+                self.slope[key] = slope_get(key, 0.0) + weight * e[name]
         # In the jobs' order, not a set's: the knapsack and the loads sum over these
         # dicts in order, and a hash-seeded order made runs differ in their last bits
         # (and, at ties, in Gavel's progressive filling: trace-300's gavel:silod moved
@@ -87,12 +96,14 @@ class _Loads:
             # no order to choose, each holds what its pool does.
             return fill_units(self.fixed, cluster)
 
-        def rank(key: str) -> tuple[float, float, str]:
-            size = cluster.units[key].size
-            load = self.fixed[key] + lam * self.slope[key]
-            return (-load / size, -self.slope[key] / size, key)
-
-        return fill_units(sorted(self.fixed, key=rank), cluster)
+        units, fixed, slope = cluster.units, self.fixed, self.slope
+        ranks = []  # (-load / size, -slope / size, key): the largest load per byte first
+        for key, load in fixed.items():
+            size = units[key].size
+            per = slope[key]
+            ranks.append((-(load + lam * per) / size, -per / size, key))
+        ranks.sort()
+        return fill_units([key for _, _, key in ranks], cluster)
 
     def io_line(self, cache: Mapping[str, float], cluster: Cluster) -> tuple[float, float]:
         """(a, b) with IO needed = a + b * lam for this cache."""
@@ -104,25 +115,124 @@ class _Loads:
             b += self.slope[key] * miss
         return a, b
 
+    def limit(self, cluster: Cluster, start: float) -> float:
+        """Largest lam >= start with need(lam) <= B, by Newton's method on the concave
+        piecewise-linear need(lam); each step's line lies above need, so every iterate is
+        feasible, and a repeated line means the root is reached."""
+        budget = cluster.remote_io
+        if math.isinf(budget):
+            return math.inf
+        lam = start
+        for _ in range(4 * len(self.fixed) + 16):
+            a, b = self.io_line(self.best_cache(lam, cluster), cluster)
+            if b <= 0.0:
+                return math.inf if a <= budget * (1 + _TOL) else lam
+            nxt = max(lam, (budget - a) / b)
+            if nxt <= lam * (1 + 1e-15) + 1e-300:
+                return nxt
+            lam = nxt
+        log.warning("max-min IO limit did not converge; using lam=%g", lam)
+        return lam
 
-def _io_limit(loads: _Loads, cluster: Cluster, start: float) -> float:
-    """Largest lam >= start with need(lam) <= B, by Newton's method on the concave
-    piecewise-linear need(lam); each step's line lies above need, so every iterate is
-    feasible, and a repeated line means the root is reached."""
-    budget = cluster.remote_io
-    if math.isinf(budget):
-        return math.inf
-    lam = start
-    for _ in range(4 * len(loads.fixed) + 16):
-        a, b = loads.io_line(loads.best_cache(lam, cluster), cluster)
+    @staticmethod
+    def hit(job: Job, cache: Mapping[str, float], cluster: Cluster) -> float:
+        """The job's hit ratio under `cache` (a best_cache)."""
+        return hit_ratio(job, cache, cluster)
+
+
+class _FixedHits:
+    """The IO side of with_fixed_hits' problem: every job reads a unit of its own (weight
+    1), alone in a pool that holds the job's hit ratio now. The cache cannot move, so a
+    job's remote IO is its rate times a miss ratio fixed for the plan, and a round's IO
+    limit is one division. It computes what _Loads does for such a problem (the same
+    products, summed in the same order: the terms _Loads adds for the other jobs are
+    exact zeros) without a dictionary per unit, since the simulator solves this at
+    every re-plan."""
+
+    def __init__(self, jobs: Sequence[Job], e: Mapping[str, float], cluster: Cluster) -> None:
+        keys = [next(iter(job.reads)) for job in jobs]
+        self.cache = fill_units(keys, cluster)
+        self.names = [job.name for job in jobs]
+        self.e = e
+        self.miss: list[float] = []
+        self.hits: dict[str, float] = {}
+        for job, key in zip(jobs, keys, strict=True):
+            size = cluster.units[key].size
+            held = self.cache.get(key, 0.0)
+            self.miss.append(max(0.0, 1.0 - held / size) if size > 0 else 0.0)
+            hit = 0.0 + (1.0 if size <= 0 else min(1.0, held / size))  # hit_ratio's sum
+            self.hits[job.name] = min(1.0, hit)
+
+    @staticmethod
+    def applies(jobs: Sequence[Job], cluster: Cluster) -> bool:
+        """Does every job read one unit (weight 1) that nobody else reads, alone in its
+        pool?"""
+        per_pool: dict[str, int] = {}
+        for unit in cluster.units.values():
+            per_pool[unit.pool] = per_pool.get(unit.pool, 0) + 1
+        seen: set[str] = set()
+        for job in jobs:
+            if len(job.reads) != 1:
+                return False
+            [(key, weight)] = job.reads.items()
+            if weight != 1.0 or key in seen or per_pool[cluster.units[key].pool] != 1:
+                return False
+            seen.add(key)
+        return True
+
+    def loads(self, fixed: Mapping[str, float]) -> _FixedLoads:
+        a = b = 0.0
+        e = self.e
+        for name, miss in zip(self.names, self.miss, strict=True):
+            rate = fixed.get(name)
+            if rate is not None:
+                a += rate * miss
+            else:
+                b += e[name] * miss
+        return _FixedLoads(a, b, self)
+
+
+class _FixedLoads:
+    """need(lam) = a + b * lam for _FixedHits, with what _Loads offers the rounds."""
+
+    def __init__(self, a: float, b: float, model: _FixedHits) -> None:
+        self.a, self.b, self.model = a, b, model
+
+    def limit(self, cluster: Cluster, start: float) -> float:
+        """_Loads.limit with a cache that never moves: its Newton's method takes one
+        step, max(start, (B - a) / b), and the next confirms it."""
+        budget = cluster.remote_io
+        if math.isinf(budget):
+            return math.inf
+        a, b = self.a, self.b
         if b <= 0.0:
-            return math.inf if a <= budget * (1 + _TOL) else lam
-        nxt = max(lam, (budget - a) / b)
-        if nxt <= lam * (1 + 1e-15) + 1e-300:
-            return nxt
-        lam = nxt
-    log.warning("max-min IO limit did not converge; using lam=%g", lam)
-    return lam
+            return math.inf if a <= budget * (1 + _TOL) else start
+        return max(start, (budget - a) / b)
+
+    def best_cache(self, lam: float, cluster: Cluster) -> dict[str, float]:
+        return self.model.cache
+
+    def hit(self, job: Job, cache: Mapping[str, float], cluster: Cluster) -> float:
+        return self.model.hits[job.name]
+
+
+def _reads(jobs: Sequence[Job]) -> list[tuple[str, str, float]]:
+    return [(job.name, key, weight) for job in jobs for key, weight in job.reads.items()]
+
+
+def _io_model(
+    jobs: Sequence[Job], cluster: Cluster, e: Mapping[str, float]
+) -> Callable[[Mapping[str, float]], _Loads | _FixedLoads]:
+    """The IO loads of a round, given the jobs frozen so far (name -> rate)."""
+    if _FixedHits.applies(jobs, cluster):
+        return _FixedHits(jobs, e, cluster).loads
+    reads = _reads(jobs)
+    return lambda fixed: _Loads(jobs, fixed, e, reads)
+
+
+def _io_limit(loads: _Loads | _FixedLoads, cluster: Cluster, start: float) -> float:
+    """Largest lam >= start with need(lam) <= B (see _Loads.limit)."""
+    return loads.limit(cluster, start)
 
 
 def _gpu_limit(
@@ -175,10 +285,11 @@ def maxmin(
     # Free jobs in ascending ceiling: a round's own-ceiling freezes are then a prefix.
     # (Names are unique, so the sort never compares two jobs.)
     free = [job for _, _, job in sorted(live)]
+    io = _io_model(jobs, cluster, e) if io_aware else None
     lam = 0.0
     first = None
     while free:
-        for level, group in _cap_rounds(free, lam, caps, fixed, e, jobs, cluster, io_aware):
+        for level, group in _cap_rounds(free, lam, caps, fixed, e, jobs, cluster, io):
             lam = max(lam, level)
             first = lam if first is None else first
             for job in group:
@@ -188,8 +299,8 @@ def maxmin(
             break
         # (the IO loads only matter when IO is planned: _binding reads them only when
         # IO binds)
-        loads = _Loads(jobs, fixed, e) if io_aware else None
-        lam_io = _io_limit(loads, cluster, lam) if loads is not None else math.inf
+        loads = io(fixed) if io is not None else None
+        lam_io = loads.limit(cluster, lam) if loads is not None else math.inf
         lam_gpu = _gpu_limit(free, fixed, e, jobs, cluster.total_gpus)
         lam = max(lam, min(lam_io, lam_gpu, caps[free[0].name]))
         first = lam if first is None else first
@@ -200,7 +311,7 @@ def maxmin(
             break
         gone = {j.name for j in frozen}
         free = [j for j in free if j.name not in gone]
-    cache = _Loads(jobs, fixed, e).best_cache(0.0, cluster) if io_aware else {}
+    cache = io(fixed).best_cache(0.0, cluster) if io is not None else {}
     return MaxMin(first or 0.0, fixed, cache)
 
 
@@ -218,7 +329,7 @@ def _cap_rounds(
     e: Mapping[str, float],
     jobs: Sequence[Job],
     cluster: Cluster,
-    io_aware: bool,
+    io: Callable[[Mapping[str, float]], _Loads | _FixedLoads] | None,
 ) -> list[tuple[float, list[Job]]]:
     """The leading rounds of progressive filling in which neither GPUs nor IO bind, each
     as (level, the jobs frozen at their ceiling), for `free` in ascending ceiling.
@@ -254,7 +365,7 @@ def _cap_rounds(
             per_lam -= job.gpus * e[job.name] / job.f_star
         start = end
     top = len(gpu_ok) if all(gpu_ok) else len(gpu_ok) - 1  # rounds 0..top-1 GPU-free
-    if io_aware and not math.isinf(cluster.remote_io) and top > 0:
+    if io is not None and not math.isinf(cluster.remote_io) and top > 0:
 
         def io_ok(g: int) -> bool:
             """Round g's IO limit, computed as the plain loop would, is above its level."""
@@ -265,7 +376,7 @@ def _cap_rounds(
                     frozen[job.name] = min(job.f_star, level * e[job.name])
                 begin = end
             start = max(lam, groups[g - 1][0]) if g > 0 else lam
-            limit = _io_limit(_Loads(jobs, frozen, e), cluster, start)
+            limit = io(frozen).limit(cluster, start)
             return limit > groups[g][0] * (1 + _TOL)
 
         # Usually IO binds in none of the rounds, or (just after it bound) in the first.
@@ -295,7 +406,7 @@ def _binding(
     lam: float,
     lam_io: float,
     lam_gpu: float,
-    loads: _Loads | None,
+    loads: _Loads | _FixedLoads | None,
     cluster: Cluster,
 ) -> list[Job]:
     """The jobs that cannot rise above lam: all of them if GPUs ran out; those at their
@@ -308,7 +419,7 @@ def _binding(
         cache = loads.best_cache(lam, cluster)
         held = {j.name for j in frozen}
         frozen += [
-            j for j in free if j.name not in held and hit_ratio(j, cache, cluster) < 1 - _TOL
+            j for j in free if j.name not in held and loads.hit(j, cache, cluster) < 1 - _TOL
         ]
     return frozen or list(free)
 
@@ -326,7 +437,11 @@ def with_fixed_hits(
         size = cluster.units[next(iter(job.reads))].size
         units[key] = CacheUnit(key, key, job.dataset, size)
         pools[key] = hits[job.name] * size
-        fixed.append(replace(job, reads={key: 1.0}, hit_now=None))
+        # (Job(...), not dataclasses.replace: this runs for every job at every re-plan)
+        fixed.append(
+            Job(job.name, job.dataset, job.gpus, job.f_star, {key: 1.0}, job.remaining,
+                job.submit, job.placement, None)
+        )  # fmt: skip
     return fixed, replace(cluster, units=units, pools=pools, cached=None)
 
 
@@ -349,6 +464,10 @@ class GavelPolicy:
 
     def __init__(self, closed_form: bool = True) -> None:
         self.closed_form = closed_form
+        # The last steady-state solve (equal shares and the max-min plan) and what it was
+        # of: it depends on the jobs and the cluster's resources alone, not on the hits
+        # now, so re-plans between two arrivals or completions reuse it.
+        self._steady: tuple[tuple, Cluster, dict[str, float], MaxMin] | None = None
 
     def reads(self, estimator: Estimator) -> frozenset[str]:
         """The vanilla form divides GPUs among the jobs by their equal shares alone; the
@@ -358,9 +477,8 @@ class GavelPolicy:
     def allocate(self, jobs: Sequence[Job], cluster: Cluster, estimator: Estimator) -> Allocation:
         if self.closed_form and type(estimator) is ComputeEstimator:
             return Allocation(cache={}, gpu_share=vanilla_shares(jobs, cluster.total_gpus))
-        e = equal_share_perf(jobs, cluster, estimator)
-        plan = maxmin(jobs, cluster, e, io_aware=estimator.io_aware)
-        alloc = Allocation(cache=plan.cache if estimator.io_aware else {})
+        e, plan = self._steady_plan(jobs, cluster, estimator)
+        alloc = Allocation(cache=dict(plan.cache) if estimator.io_aware else {})
         hits = current_hits(jobs, cluster, plan.cache) if estimator.io_aware else None
         if hits is not None:
             now_jobs, now_cluster = with_fixed_hits(jobs, cluster, hits)
@@ -383,6 +501,29 @@ class GavelPolicy:
         ceiling = {j.name: alloc.gpu_share[j.name] * j.f_star for j in jobs}
         spread_leftover_io(alloc, jobs, cluster, ceiling)
         return alloc
+
+    def _steady_plan(
+        self, jobs: Sequence[Job], cluster: Cluster, estimator: Estimator
+    ) -> tuple[dict[str, float], MaxMin]:
+        """equal_share_perf and maxmin of the jobs as they are (what they read, f*,
+        GPUs) on the cluster's resources, kept while those stay the same."""
+        key = (
+            type(estimator),
+            tuple((j.name, j.f_star, j.gpus, tuple(j.reads.items())) for j in jobs),
+            cluster.remote_io,
+            cluster.total_gpus,
+        )
+        last = self._steady
+        if last is not None and last[0] == key:
+            seen = last[1]
+            if (seen.units is cluster.units or seen.units == cluster.units) and (
+                seen.pools is cluster.pools or seen.pools == cluster.pools
+            ):
+                return last[2], last[3]
+        e = equal_share_perf(jobs, cluster, estimator)
+        plan = maxmin(jobs, cluster, e, io_aware=estimator.io_aware)
+        self._steady = (key, cluster, e, plan)
+        return e, plan
 
 
 def vanilla_shares(jobs: Sequence[Job], total_gpus: float) -> dict[str, float]:

@@ -1,0 +1,118 @@
+"""The simulated remote link: its max-min fair division among the running jobs' demands.
+
+Owns: each running job's remote demand (its rate ceiling x miss ratio, capped by its IO
+allocation), kept in the order water-filling takes them, and the outcome of the last
+division (contended or not, the water level, the jobs held at it). Never: sets a job's
+rate or reads a job; the simulator applies the shares.
+
+A division is policies.base.water_fill_capped: smallest demand first, each gets its demand
+while that is at most an equal split of what is left, and the first that is not, and
+every larger one, get that split (the fair level). Sorting every demand at every step
+would cost O(n log n); the order is kept instead, each demand moved by bisection when it
+changes, so a division is one pass in C over it: the same arithmetic, the same shares,
+level and held jobs to the bit (tests/unit/test_ctl_simulator.py checks this).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from bisect import bisect_left, bisect_right
+from itertools import accumulate, compress, count
+from operator import gt, itemgetter, sub, truediv
+
+log = logging.getLogger(__name__)
+
+
+class Link:
+    """The link of `capacity` bytes/s (math.inf: unlimited) and the demands on it."""
+
+    def __init__(self, capacity: float) -> None:
+        self.capacity = capacity
+        self.demand: dict[str, float] = {}  # running jobs' capped demands, in plan order
+        # The demands in the order a division takes them: (demand, position in
+        # self.demand, name) ascending (a stable sort by demand); None: to be made again
+        # from self.demand (a job came or left).
+        self.order: list[tuple[float, int, str]] | None = None
+        self.values: list[float] = []  # the demands of self.order, in its order
+        self.pos: dict[str, int] = {}  # name -> position in self.demand
+        self.contended = False  # demands exceeded the link at the last division
+        self.level = math.inf  # that division's largest share when contended
+        self.capped: list[str] = []  # the jobs it held below their demand
+        self.fair: float | None = None  # the level they were held at (None: nobody)
+
+    def reset(self, demand: dict[str, float]) -> None:
+        """New demands for every running job (a re-plan); the order is made again."""
+        self.demand = demand
+        self.order = None
+
+    def drop(self, name: str) -> None:
+        """A job left."""
+        self.demand.pop(name, None)
+        self.order = None
+
+    def build(self) -> None:
+        """self.order made from self.demand: sorted by demand, ties in the dict's order."""
+        names = list(self.demand)
+        self.pos = dict(zip(names, range(len(names)), strict=True))
+        # Keyed by the demand alone (float keys compare fastest) and stable: ties stay in
+        # position order, as sorting the whole (demand, position, name) tuples gives.
+        self.order = order = sorted(
+            zip(self.demand.values(), range(len(names)), names, strict=True), key=itemgetter(0)
+        )
+        self.values = list(map(itemgetter(0), order))
+
+    def move(self, name: str, old: float | None, new: float) -> None:
+        """Keep self.order in step with one demand moving from `old` (None: new)."""
+        order = self.order
+        if order is None:
+            return
+        pos = self.pos.get(name)
+        if old is None or pos is None:
+            self.order = None  # a new name: its place in the dict's order is the last
+            return
+        values = self.values
+        at = bisect_left(order, (old, pos))
+        del order[at], values[at]
+        item = (new, pos, name)
+        at = bisect_right(order, item)  # (insort's place)
+        order.insert(at, item)
+        values.insert(at, new)
+
+    def divide(self) -> tuple[int, float | None, float]:
+        """water_fill_capped(capacity, demand) from the kept order: the position in
+        self.order of the first demand held below itself (len(order): none), the fair
+        level (None: nobody held) and the largest share (0 without demands). Demands
+        before that position get themselves, the others the fair level."""
+        if self.order is None:
+            self.build()
+        order = self.order
+        assert order is not None
+        n = len(order)
+        values = self.values
+        link = self.capacity
+        if math.isinf(link):
+            return n, None, values[-1] if n else 0.0
+        lefts = list(accumulate(values, sub, initial=link))
+        first = next(compress(count(), map(gt, values, map(truediv, lefts, range(n, 0, -1)))), n)
+        if first == n:
+            return n, None, values[-1] if n else 0.0
+        fair = lefts[first] / (n - first)
+        top = values[first - 1] if first > 0 and values[first - 1] > fair else fair
+        return first, fair, top
+
+    def held_from(self, first: int) -> list[str]:
+        """The names a division held at the level: those from position `first` on."""
+        assert self.order is not None
+        return list(map(itemgetter(2), self.order[first:]))
+
+    def bound(self, first: int) -> tuple[float, int]:
+        """(demand, position) of the first job held at the level: a job is held iff its
+        own (demand, position) is at least this."""
+        assert self.order is not None
+        demand, pos, _ = self.order[first]
+        return demand, pos
+
+    def over(self) -> bool:
+        """Do the demands exceed the link?"""
+        return sum(self.demand.values()) > self.capacity

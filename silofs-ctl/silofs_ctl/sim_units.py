@@ -1,0 +1,203 @@
+"""The simulated cluster cache: each unit's allocation and fill, and what flows into it.
+
+Owns: per cache unit, the bytes allocated and held (uniform caching), the remote bytes/s
+its running readers fetch into it (`inflow`) and when its fill was last brought to now;
+the units still filling; and, under LRU, handing what is fetched to the LRU pool
+(sim_lru.LruPool). Never: reads jobs' progress, sets rates, or decides allocations.
+
+Fills are lazy: between two updates a unit's inflow is constant, so what it holds now is
+min(cap, held + inflow x dt), written back only when something reads or changes it. A
+uniform unit admits up to its allocation and then admits nothing (a unit that becomes
+full sets `full`: what the policy planned with has changed); an LRU dataset's holding
+grows up to its steady-state target.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping
+
+from .model import CacheUnit
+from .sim_job import SimJob
+from .sim_lru import LruPool
+
+log = logging.getLogger(__name__)
+
+# The most of a dataset filled per step while several jobs read it: what one fetches
+# raises the others' hits continuously, and a step holds their rates constant.
+SHARED_FILL_STEP = 0.02
+
+
+class Units:
+    def __init__(self, units: Mapping[str, CacheUnit], pool: LruPool) -> None:
+        self.units = units
+        self.pool = pool
+        self.lru = False  # the cache is the LRU pool (set per plan)
+        self.filled: dict[str, float] = dict.fromkeys(units, 0.0)
+        self.allocated: dict[str, float] = dict.fromkeys(units, 0.0)
+        # What a uniform unit may hold (its allocation, at most its dataset), and the
+        # fill at which it counts as full (that, less rounding): found as the
+        # allocation moves, read at every step.
+        self.cap: dict[str, float] = {}
+        self.full_at: dict[str, float] = {}
+        for key in units:
+            self._cap(key)
+        self.in_use: set[str] = set()  # units allocated or holding bytes (see allocate)
+        self.inflow: dict[str, float] = {}  # remote bytes/s its running readers fetch
+        self.unit_t: dict[str, float] = {}  # when its fill was last brought to now
+        self.filling: set[str] = set()  # units with inflow and room: they bound steps
+        self.full = False  # a unit became full since the flag was last cleared
+
+    def _cap(self, key: str) -> None:
+        size = self.units[key].size
+        want = self.allocated[key]
+        self.cap[key] = cap = size if size < want else want  # min(want, size)
+        tol = size * 1e-12
+        self.full_at[key] = cap - (tol if tol > 1.0 else 1.0)  # max(1, size * 1e-12)
+
+    def filled_now(self, key: str, now: float) -> float:
+        """What unit `key` holds at `now`, without bringing it up to date."""
+        inflow = self.inflow.get(key, 0.0)
+        held = self.filled[key]
+        if inflow <= 0:
+            return held
+        cap = self.cap[key]
+        grown = held + inflow * (now - self.unit_t[key])
+        if not grown < cap:
+            grown = cap
+        return grown if grown > held else held  # max(held, min(cap, grown))
+
+    def room(self, key: str) -> bool:
+        """Can uniform unit `key` still admit bytes?"""
+        return self.filled[key] < self.full_at[key]
+
+    def sync(self, key: str, now: float) -> None:
+        """Bring a unit's fill to `now`: its readers fetched at a constant total rate since
+        it was last brought up to date."""
+        inflow = self.inflow.get(key, 0.0)
+        last = self.unit_t.get(key, now)
+        self.unit_t[key] = now
+        if inflow <= 0 or now <= last:
+            return
+        fetched = inflow * (now - last)
+        if self.lru:
+            self.pool.add(self.units[key].dataset, fetched)
+            return
+        cap = self.cap[key]
+        held = self.filled[key]
+        if held >= cap:
+            return
+        held += fetched
+        self.filled[key] = held = held if held < cap else cap  # min(cap, held)
+        if held >= self.full_at[key]:
+            self.full = True  # what the policy planned with has changed
+            self.filling.discard(key)
+
+    def sync_all(self, now: float) -> None:
+        """Every unit with an inflow brought to `now`."""
+        if self.lru:
+            for key in list(self.inflow):
+                self.sync(key, now)
+            return
+        unit_t, filled, cap = self.unit_t, self.filled, self.cap
+        for key, inflow in self.inflow.items():
+            if inflow > 0 and filled[key] < cap[key]:
+                self.sync(key, now)
+            else:  # (all sync would do: it holds what it will hold)
+                unit_t[key] = now
+
+    def move_inflow(self, key: str, new: float, old: float, now: float) -> None:
+        """A reader of unit `key` now fetches `new` bytes/s instead of `old`."""
+        lru = self.lru
+        if not lru or key in self.pool.growing:
+            # (an LRU dataset at its target stays there until a re-target, which brings
+            # every unit up to date first: nothing to add up)
+            self.sync(key, now)
+        inflow = self.inflow.get(key, 0.0) + new - old
+        self.inflow[key] = inflow = inflow if inflow > 1e-9 else 0.0
+        if not lru and inflow > 0 and self.room(key):
+            self.filling.add(key)
+        else:
+            self.filling.discard(key)
+
+    def leave(self, key: str, remote: float, now: float) -> None:
+        """A reader of unit `key` that fetched `remote` bytes/s left."""
+        self.sync(key, now)
+        inflow = self.inflow.get(key, 0.0) - remote
+        self.inflow[key] = inflow = inflow if inflow > 1e-9 else 0.0
+        if inflow <= 0:
+            self.filling.discard(key)
+
+    def add_inflow(self, key: str, step: float, now: float) -> None:
+        """`step` more bytes/s into `key` (the level clock's held readers moving)."""
+        if key in self.pool.growing:
+            self.sync(key, now)
+        inflow = self.inflow.get(key, 0.0) + step
+        self.inflow[key] = inflow if inflow > 1e-9 else 0.0
+
+    def reset_inflow(self, inflow: dict[str, float]) -> None:
+        """The inflows summed anew at a re-plan (every unit was brought to now first);
+        the units still filling follow from them."""
+        self.inflow = inflow
+        self.filling = set()
+        if self.lru:
+            return
+        filled, full_at = self.filled, self.full_at
+        self.filling = {key for key in inflow if filled[key] < full_at[key]}  # room
+
+    def allocate(self, cache: Mapping[str, float], readers: Mapping[str, list[SimJob]]) -> None:
+        """Each uniform unit's allocation from a plan; a unit holding more than it is
+        given now evicts random cached items, so each reader loses the same fraction of
+        what it has not read yet."""
+        # Units neither allocated nor holding anything, and not in the new allocation,
+        # stay as they are: only the others are visited (CoorDL has a unit per job of
+        # the whole trace, most of them long finished or not yet arrived).
+        allocated, filled = self.allocated, self.filled
+        keys = self.in_use | cache.keys()
+        for key in keys:
+            want = cache.get(key, 0.0)
+            want = want if want > 0.0 else 0.0  # max(0, want)
+            if allocated[key] != want:
+                allocated[key] = want
+                self._cap(key)
+            held = filled[key]
+            if held > want:
+                for job in readers.get(key, ()):
+                    job.effective *= want / held if held > 0 else 0.0
+                filled[key] = want
+        self.in_use = {k for k in keys if allocated[k] > 0 or filled[k] > 0}
+
+    def below_allocation(self, jobs: Iterable[SimJob]) -> bool:
+        """Is a unit some of `jobs` read still below its allocation?"""
+        filled, allocated = self.filled, self.allocated
+        for job in jobs:
+            want, size = allocated[job.unit], job.size
+            if filled[job.unit] < (size if size < want else want) - job.eps:
+                return True
+        return False
+
+    def until_change(self, now: float, readers: Mapping[str, list[SimJob]], limit: float) -> float:
+        """Seconds from `now` (at most `limit`) until a filling unit is full, or has taken
+        `shared_step` of its dataset while several jobs read it (each reader's hits move
+        with what the others fetch)."""
+        soonest = limit
+        inflows, size_of = self.inflow, self.units
+        for key in self.filling:
+            inflow = inflows[key]
+            size = size_of[key].size
+            room = self.cap[key] - self.filled_now(key, now)
+            if room > 0:
+                until = room / inflow
+                if until < soonest:
+                    soonest = until
+                if len(readers.get(key, ())) > 1:
+                    until = SHARED_FILL_STEP * size / inflow
+                    if until < soonest:
+                        soonest = until
+        return soonest
+
+    def sync_full(self, now: float) -> None:
+        """Bring the filling units that are full by `now` up to date (which sets `full`)."""
+        for key in list(self.filling):
+            if self.filled_now(key, now) >= self.full_at[key]:
+                self.sync(key, now)
