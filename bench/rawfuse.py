@@ -3,11 +3,11 @@
 Owns nothing of silofs's logic: at start it reads every file under DATA into memory,
 builds each inode's attributes once, mounts with the options a silofs mount uses (ro,
 noatime, default_options, entry/attr timeouts of an hour, keep_cache, FLUSH answered
-ENOSYS, bdi read_ahead_kb raised to 1024) and answers each request with the least
-Python pyfuse3 allows: a dict lookup and a memoryview slice. bench/throughput.py
---ceiling measures it the same way as silofs (page cache dropped before each pass, CPU
-of this process from /proc/PID/stat), so "silofs / ceiling" is the share of what one
-pyfuse3 process can do that silofs reaches. Never used by silofs itself.
+ENOSYS, bdi read_ahead_kb raised to 1024 once INIT is answered) and answers each
+request with the least Python pyfuse3 allows: a dict lookup and a memoryview slice.
+bench/throughput.py measures it the same way as silofs (page cache dropped before each
+pass, CPU of this process from /proc/PID/stat), so "silofs / ceiling" is the share of
+what one pyfuse3 process can do that silofs reaches. Never used by silofs itself.
 
 --processes N (N >= 2) serves the one mount from N forked processes (silofs/mount/forked.py:
 fork after INIT, a cloned device per process, one reader of the device at a time); the
@@ -35,6 +35,7 @@ from silofs.mount import forked  # noqa: E402
 from silofs.mount.process import raise_read_ahead  # noqa: E402
 
 TIMEOUT = 3600.0
+READ_AHEAD_KB = 1024  # as a silofs mount's default
 
 
 class MemFS(pyfuse3.Operations):
@@ -49,6 +50,12 @@ class MemFS(pyfuse3.Operations):
         self.data: dict[int, bytes] = {}
         self._next = pyfuse3.ROOT_INODE
         self._add_dir(root, pyfuse3.ROOT_INODE)
+        self.initialized = trio.Event()
+
+    def init(self) -> None:
+        # Inside libfuse's INIT handling, before its reply (which resets the bdi's
+        # read-ahead to the kernel's offer, 128 KiB): serve() raises it afterwards.
+        self.initialized.set()
 
     def _attr(self, ino: int, st: os.stat_result, is_dir: bool) -> None:
         a = pyfuse3.EntryAttributes()
@@ -114,11 +121,15 @@ async def serve(fs: MemFS, mountpoint: str) -> None:
     process would wait for this process) and serve until SIGTERM or an unmount."""
     opts = set(pyfuse3.default_options) | {"fsname=rawfuse", "ro", "noatime"}
     pyfuse3.init(fs, mountpoint, opts)
-    raise_read_ahead(mountpoint, 1024)
-    print("ready", flush=True)
     signalled = False
     try:
         async with trio.open_nursery() as nursery:
+
+            async def ready() -> None:
+                await fs.initialized.wait()
+                await trio.lowlevel.checkpoint()  # INIT's reply is out
+                raise_read_ahead(mountpoint, READ_AHEAD_KB)
+                print("ready", flush=True)
 
             async def signals() -> None:
                 nonlocal signalled
@@ -129,6 +140,7 @@ async def serve(fs: MemFS, mountpoint: str) -> None:
                         return
 
             nursery.start_soon(signals)
+            nursery.start_soon(ready)
             await pyfuse3.main()
             nursery.cancel_scope.cancel()
     finally:
@@ -144,7 +156,7 @@ def serve_forked(fs: MemFS, mountpoint: str, processes: int) -> None:
     opts = set(pyfuse3.default_options) | {"fsname=rawfuse", "ro", "noatime"}
     pyfuse3.init(fs, mountpoint, opts)
     forked.run_until_init(fs)  # the kernel sends INIT right after the mount
-    raise_read_ahead(mountpoint, 1024)
+    raise_read_ahead(mountpoint, READ_AHEAD_KB)
     fd = forked.fuse_fd()
     token = forked.ReadToken()
     forked.install(token)

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import lmdb
 import pyfuse3
+import trio
 
 from silofs.cache.listing import ListingReader
 from silofs.mount.listing_view import Entry, ListingView
@@ -92,6 +93,11 @@ class SilofsFS(pyfuse3.Operations):
         self._open_versions: dict[int, dict[str, int]] = {}  # inode -> version -> handles
         self.stale_inodes: list[int] = []  # attributes the kernel must fetch again
         self._next_fh = 1
+        self.initialized = trio.Event()  # set once the kernel's INIT is being answered
+
+    def init(self) -> None:
+        # Called by pyfuse3 inside libfuse's INIT handling, before the reply is sent.
+        self.initialized.set()
 
     def switch(self, record: dict) -> list[Entry]:
         """Serve the listing generation `record` names (the daemon listed again); returns
