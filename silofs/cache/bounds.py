@@ -111,6 +111,13 @@ def _find_val_offset() -> int:
     return offsets.pop() if offsets is not None and len(offsets) == 1 else -1
 
 
+def map_view(start: int, size: int) -> memoryview:
+    """The `size` bytes mapped at `start` as one memoryview (of the map LMDB keeps for
+    the env). Only slices a ValueCursor placed inside data.mdb may be touched, and none
+    after the env is remapped (set_mapsize), as with any LMDB buffer."""
+    return memoryview((ctypes.c_char * size).from_address(start)).cast("B")
+
+
 def data_mapping(fd: int) -> tuple[int, int] | None:
     """[start, end) of where this process maps the file open on `fd` from offset 0
     (LMDB's map of data.mdb), or None if it does not, or more than once."""
@@ -148,16 +155,24 @@ class ValueCursor:
     (The daemon's deletes check an overflow value's first page header as well.)
     """
 
-    __slots__ = ("cursor", "_val", "start", "_end", "map_end", "_write")
+    __slots__ = ("cursor", "_val", "start", "_end", "map_end", "_write", "_map")
 
     def __init__(
-        self, cursor: lmdb.Cursor, offset: int, bounds: tuple[int, int, int], write: bool
+        self,
+        cursor: lmdb.Cursor,
+        offset: int,
+        bounds: tuple[int, int, int],
+        write: bool,
+        map_view: memoryview | None = None,
     ) -> None:
         self.cursor = cursor
         # [mv_size, mv_data] inside the cursor object, alive as long as self.cursor.
         self._val = (ctypes.c_size_t * 2).from_address(id(cursor) + offset)
         self.start, self._end, self.map_end = bounds
         self._write = write
+        # The map as bytes from `start` (map_view()), for a read txn's values: they lie
+        # in data.mdb, never in a write txn's heap pages.
+        self._map = None if write else map_view
 
     def find(self, key: bytes) -> tuple[int, int] | None:
         """(address, size) of the value of `key`, or None if absent; DamagedValueError
@@ -177,8 +192,14 @@ class ValueCursor:
         return None if self.find(key) is None else self.cursor.value()
 
     def value(self) -> memoryview:
-        """The value found last (touching its pages: they should be in memory)."""
-        return self.cursor.value()
+        """The value found last, touching none of its pages: a slice of the map where
+        there is one (find() placed it inside data.mdb), else py-lmdb's value(), which
+        reads a byte of every page of it (a 4 MiB value: 1024 pages, ~0.1 ms, on each
+        1 MiB request of it)."""
+        if self._map is None:
+            return self.cursor.value()
+        at = self._val[1] - self.start
+        return self._map[at : at + self._val[0]]
 
 
 class FirstTime:

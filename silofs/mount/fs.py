@@ -448,13 +448,15 @@ class SilofsFS(pyfuse3.Operations):
     async def _read_span(
         self, f: OpenFile, off: int, end: int, first: int, last: int, sequential: bool
     ) -> bytes:
-        """A request crossing chunk boundaries: copy each part before the next await."""
+        """A request crossing chunk boundaries: copy each part before the next await.
+        Its misses name the request's chunks as their span, so the daemon fetches
+        those of them it lacks in one GET, not one GET per chunk in turn."""
         cs = self.reader.chunk_size
         parts = []
         for index in range(first, last + 1):
             lo = max(off, index * cs) - index * cs
             hi = min(end, (index + 1) * cs) - index * cs
-            data, hit, source = await self.reader.chunk(f, index, lo, hi)
+            data, hit, source = await self.reader.chunk(f, index, lo, hi, span=(first, last))
             parts.append(bytes(data[lo:hi]))
             self._count(hi - lo, hit, source)
         if sequential:

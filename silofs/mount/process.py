@@ -19,6 +19,7 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 import errno
+import gc
 import logging
 import os
 import secrets
@@ -50,6 +51,11 @@ log = logging.getLogger(__name__)
 # seconds: then the mount is unmounted (readers get ENOTCONN), never left to hang.
 MAX_RESTARTS = 5
 RESTART_WINDOW = 60.0
+# The young GC generation is collected every this many allocations, not 700, and what
+# the mount allocated until it serves is kept out of collections (gc.freeze): a serving
+# loop allocates short-lived objects per request, and the full collections that
+# promotions set off walk the whole heap (the daemon does the same: node/service.py).
+GC_YOUNG = 10_000
 # Rows of the previous listing compared per read txn after a refresh (_forget_walk).
 FORGET_BATCH = 10_000
 CHILD_EXIT_SECONDS = 10.0  # after the unmount, then SIGKILL
@@ -260,6 +266,7 @@ class MountProcess:
             chunk_size=reg["chunk_size"],
             buffer_bytes=self.s.buffer_bytes,
             readahead_bytes=self.s.readahead_bytes,
+            head_bytes=2 * self.s.read_ahead_kb << 10,
             reregister=self._reregister,
         )
         self.reader.registered(self.mount_id, self.lru)
@@ -332,6 +339,9 @@ class MountProcess:
     async def _serve(
         self, child: bool = False, ready: Callable[[str | None], None] | None = None
     ) -> None:
+        _, older, oldest = gc.get_threshold()
+        gc.set_threshold(GC_YOUNG, older, oldest)
+        gc.freeze()
         unmount = True
         try:
             async with trio.open_nursery() as nursery:
