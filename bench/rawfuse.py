@@ -9,17 +9,25 @@ bench/throughput.py measures it the same way as silofs (page cache dropped befor
 pass, CPU of this process from /proc/PID/stat), so "silofs / ceiling" is the share of
 what one pyfuse3 process can do that silofs reaches. Never used by silofs itself.
 
+--from-disk serves the same files from the local disk instead of memory: the SSD
+ceiling. OPEN opens the file, each READ is one preadv into a buffer reused for every
+request, RELEASE closes it; the kernel's read-ahead of the file does the rest. It pays
+what silofs pays after the page cache is dropped (reading its bytes from the SSD into
+the page cache) and nothing of silofs's own, so "silofs / SSD ceiling" says what silofs
+costs beyond a minimal pyfuse3 filesystem over the same disk.
+
 --processes N (N >= 2) serves the one mount from N forked processes (silofs/mount/forked.py:
 fork after INIT, a cloned device per process, one reader of the device at a time); the
 parent then only supervises (it serves nothing, so it stays as it was right after INIT)
 and prints the children's pids after "ready" (`ready PID PID ...`) so a bench can add up
 their CPU.
 
-    python bench/rawfuse.py DATA MOUNTPOINT [--processes N]  # "ready" once mounted
+    python bench/rawfuse.py DATA MOUNTPOINT [--from-disk] [--processes N]  # "ready" once mounted
 """
 
 from __future__ import annotations
 
+import argparse
 import errno
 import os
 import signal
@@ -43,11 +51,14 @@ class MemFS(pyfuse3.Operations):
     enable_writeback_cache = False
     enable_acl = False
 
-    def __init__(self, root: str) -> None:
+    def __init__(self, root: str, from_disk: bool = False) -> None:
         super().__init__()
         self.attrs: dict[int, pyfuse3.EntryAttributes] = {}
         self.children: dict[int, dict[bytes, int]] = {}
         self.data: dict[int, bytes] = {}
+        self.from_disk = from_disk
+        self.paths: dict[int, bytes] = {}  # --from-disk: inode -> the local file
+        self.buf = memoryview(bytearray(1 << 20))  # --from-disk: every READ's bytes
         self._next = pyfuse3.ROOT_INODE
         self._add_dir(root, pyfuse3.ROOT_INODE)
         self.initialized = trio.Event()
@@ -79,6 +90,9 @@ class MemFS(pyfuse3.Operations):
             kids[os.fsencode(entry.name)] = child
             if entry.is_dir(follow_symlinks=False):
                 self._add_dir(entry.path, child)
+            elif self.from_disk:
+                self.paths[child] = os.fsencode(entry.path)
+                self._attr(child, os.stat(entry.path), False)
             else:
                 with open(entry.path, "rb") as f:
                     self.data[child] = f.read()
@@ -104,13 +118,20 @@ class MemFS(pyfuse3.Operations):
                 break
 
     async def open(self, inode: int, flags: int, ctx: pyfuse3.RequestContext) -> pyfuse3.FileInfo:
+        if self.from_disk:
+            return pyfuse3.FileInfo(fh=os.open(self.paths[inode], os.O_RDONLY), keep_cache=True)
         return pyfuse3.FileInfo(fh=inode, keep_cache=True)
 
     async def read(self, fh: int, off: int, size: int) -> memoryview:
+        if self.from_disk:
+            # Replied before any other request is read: the buffer is free again.
+            buf = self.buf if size <= len(self.buf) else memoryview(bytearray(size))
+            return buf[: os.preadv(fh, [buf[:size]], off)]
         return memoryview(self.data[fh])[off : off + size]
 
     async def release(self, fh: int) -> None:
-        pass
+        if self.from_disk:
+            os.close(fh)
 
     async def flush(self, fh: int) -> None:
         raise pyfuse3.FUSEError(errno.ENOSYS)
@@ -202,12 +223,15 @@ def serve_forked(fs: MemFS, mountpoint: str, processes: int) -> None:
 
 
 def main() -> None:
-    data, mountpoint = sys.argv[1], sys.argv[2]
-    processes = 1
-    if len(sys.argv) > 4 and sys.argv[3] == "--processes":
-        processes = int(sys.argv[4])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("data")
+    ap.add_argument("mountpoint")
+    ap.add_argument("--from-disk", action="store_true", help="serve from the local disk")
+    ap.add_argument("--processes", type=int, default=1)
+    args = ap.parse_args()
+    data, mountpoint, processes = args.data, args.mountpoint, args.processes
     os.makedirs(mountpoint, exist_ok=True)
-    fs = MemFS(data)
+    fs = MemFS(data, from_disk=args.from_disk)
     if processes > 1:
         serve_forked(fs, os.path.realpath(mountpoint), processes)
     else:
