@@ -435,8 +435,12 @@ class SilofsFS(pyfuse3.Operations):
         try:
             if first == last:
                 lo, hi = off - first * cs, end - first * cs
+                # The first read of a file's head: a miss names its chunk as a span, so
+                # the daemon may stream the object on from there (node/fetch.py) and a
+                # sequential reader's next spans continue that one GET.
+                span = (0, 0) if off == 0 and f.obj.size > cs else None
                 # verifies [lo, hi) of a hit
-                data, hit, source = await r.chunk(f, first, lo, hi)
+                data, hit, source = await r.chunk(f, first, lo, hi, span)
                 self._count(end - off, hit, source)
                 if sequential and f.obj.size > cs:
                     r.prefetch(f, first)

@@ -117,7 +117,9 @@ def test_a_sequential_read_fetches_spans_in_few_gets_each_charged(cold) -> None:
         what=f"the proxy to see the daemon's {m['remote_requests']} GETs "
         f"(it saw {_gets(proxy, 'big.bin')}: {[(r.target, r.status) for r in proxy.history]})",
     )
-    assert gets <= 6, f"{gets} GETs for 41 chunks read in order"
+    # One stream from the first read on (the first request names its chunks as a span),
+    # continued by every later span; a span that races the stream's start may GET too.
+    assert gets <= 3, f"{gets} GETs for 41 chunks read in order"
     assert m["remote_bytes"] == len(data), m  # no chunk fetched twice, none past the end
     # Every byte fetched, read-ahead included, was charged to the job's bucket.
     assert _job(node)["limiter_charged_bytes"] == len(data)
