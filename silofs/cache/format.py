@@ -139,26 +139,20 @@ def _blocks(length: int, shift: int) -> int:
 
 def encode_chunk(
     dataset: int, index: int, chunk_size: int, key: str, content_id: str, data: bytes | memoryview
-) -> bytearray:
-    """Header + data as one value, block sums and header sum filled in: the data is
-    copied once, into the value (a cold read hands the value's data view on to the
-    reader: node/fetch.py)."""
-    n = len(data)
+) -> bytes:
+    """Header + data as one value, block sums and header sum filled in. The data is
+    copied once, by the join (a cold read hands the value's own data on to the reader:
+    node/fetch.py); no buffer is zero-filled first."""
+    mv = memoryview(data)
+    n = len(mv)
+    sums = b"".join(_SUM.pack(_hash(mv[off : off + BLOCK_SIZE])) for off in range(0, n, BLOCK_SIZE))
     var = _variable_part(key, content_id)
-    hdr_len = _FIXED.size + len(var) + 8 * _blocks(n, BLOCK_SHIFT) + 8
-    value = bytearray(hdr_len + n)
-    _FIXED.pack_into(
-        value, 0, MAGIC, FORMAT_VERSION, BLOCK_SHIFT, 0, hdr_len, dataset, index, chunk_size, n
+    hdr_len = _FIXED.size + len(var) + len(sums) + 8
+    fixed = _FIXED.pack(
+        MAGIC, FORMAT_VERSION, BLOCK_SHIFT, 0, hdr_len, dataset, index, chunk_size, n
     )
-    value[_FIXED.size : _FIXED.size + len(var)] = var
-    value[hdr_len:] = data
-    mv = memoryview(value)
-    at = _FIXED.size + len(var)
-    for off in range(hdr_len, hdr_len + n, BLOCK_SIZE):
-        _SUM.pack_into(value, at, _hash(mv[off : off + BLOCK_SIZE]))
-        at += 8
-    _SUM.pack_into(value, at, _hash(mv[:at]))
-    return value
+    header = fixed + var + sums
+    return b"".join((header, _SUM.pack(_hash(header)), mv))
 
 
 def _parse(mv: memoryview) -> tuple[int, int, int, int, int, int, int, int, int, int]:

@@ -168,7 +168,7 @@ class Fetcher:
         pending = {r.key for r in run}
         mine: list[bytes | memoryview] = []
 
-        def deliver(r: ChunkRef, data: memoryview, value: bytearray) -> None:
+        def deliver(r: ChunkRef, data: memoryview, value: bytes) -> None:
             again = replace and r.key == ref.key
             self.writer.offer(PendingChunk(dsid, r.key, value, r.length, replace=again))
             pending.discard(r.key)
@@ -242,7 +242,7 @@ class Fetcher:
         backend: Backend,
         limiter: TokenBucket,
         run: list[ChunkRef],
-        deliver: Callable[[ChunkRef, memoryview, bytearray], None],
+        deliver: Callable[[ChunkRef, memoryview, bytes], None],
         readahead: bool,
     ) -> int:
         """Fetch consecutive chunks, charged first, each delivered (in the trio thread)
@@ -290,7 +290,7 @@ class Fetcher:
         def send(r: ChunkRef, data: bytes | memoryview) -> None:
             value = encode_chunk(dsid, r.index, r.chunk_size, obj.key, obj.content_id, data)
             # The reader gets the value's own copy of the data: no copy of its own.
-            view = memoryview(value)[len(value) - len(data) :].toreadonly()
+            view = memoryview(value)[len(value) - len(data) :]
             # Queued, not waited for: the thread reads on. The loop runs these callbacks
             # in order, and before it learns that the thread returned (same queue).
             token.run_sync_soon(deliver, r, view, value)
@@ -387,7 +387,7 @@ class Fetcher:
         await limiter.charge(ref.length)
         obj = ref.obj
 
-        def get_and_encode() -> tuple[bytes, bytearray]:
+        def get_and_encode() -> tuple[bytes, bytes]:
             # The backend returns exactly ref.length bytes or raises (its contract).
             data = backend.get_range(obj, ref.start, ref.length) if ref.length else b""
             return data, encode_chunk(

@@ -55,7 +55,7 @@ class PendingChunk:
 
     dataset: int
     key: bytes
-    value: bytes | bytearray  # encoded (header + data)
+    value: bytes  # encoded (header + data)
     data_len: int
     replace: bool = False  # overwrite a cached value that failed verification
 

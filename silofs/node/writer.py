@@ -152,7 +152,7 @@ class Writer:
         self._wakeup.set()
         return True
 
-    def pending(self, key: bytes) -> bytes | bytearray | None:
+    def pending(self, key: bytes) -> bytes | None:
         """The encoded value of a chunk offered and not yet committed, if there is one."""
         item = self._pending.get(key)
         return None if item is None else item.value
