@@ -10,11 +10,15 @@ pass, CPU of this process from /proc/PID/stat), so "silofs / ceiling" is the sha
 what one pyfuse3 process can do that silofs reaches. Never used by silofs itself.
 
 --from-disk serves the same files from the local disk instead of memory: the SSD
-ceiling. OPEN opens the file, each READ is one preadv into a buffer reused for every
-request, RELEASE closes it; the kernel's read-ahead of the file does the rest. It pays
-what silofs pays after the page cache is dropped (reading its bytes from the SSD into
-the page cache) and nothing of silofs's own, so "silofs / SSD ceiling" says what silofs
-costs beyond a minimal pyfuse3 filesystem over the same disk.
+ceiling. Every file is mapped at start (nothing read yet) and a READ answers with a
+slice of its map: the reply's copy faults the pages in, reading around them as any
+fault does. It pays what silofs pays after the page cache is dropped (bringing its
+bytes in from the SSD) and nothing of silofs's own, so "silofs / SSD ceiling" says
+what silofs costs beyond a minimal pyfuse3 filesystem over the same disk. Of the
+configurations tried (bench/README.md: open and close per file with a preadv into a
+reused buffer; descriptors kept open; preadv with RWF_NOWAIT and a worker thread when
+it would block; maps) the maps cost the least CPU per file. Mapped pages survive
+drop_caches: a bench starts a fresh process for every pass.
 
 --processes N (N >= 2) serves the one mount from N forked processes (silofs/mount/forked.py:
 fork after INIT, a cloned device per process, one reader of the device at a time); the
@@ -29,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import errno
+import mmap
 import os
 import signal
 import stat
@@ -55,10 +60,8 @@ class MemFS(pyfuse3.Operations):
         super().__init__()
         self.attrs: dict[int, pyfuse3.EntryAttributes] = {}
         self.children: dict[int, dict[bytes, int]] = {}
-        self.data: dict[int, bytes] = {}
+        self.data: dict[int, bytes | mmap.mmap] = {}
         self.from_disk = from_disk
-        self.paths: dict[int, bytes] = {}  # --from-disk: inode -> the local file
-        self.buf = memoryview(bytearray(1 << 20))  # --from-disk: every READ's bytes
         self._next = pyfuse3.ROOT_INODE
         self._add_dir(root, pyfuse3.ROOT_INODE)
         self.initialized = trio.Event()
@@ -91,7 +94,7 @@ class MemFS(pyfuse3.Operations):
             if entry.is_dir(follow_symlinks=False):
                 self._add_dir(entry.path, child)
             elif self.from_disk:
-                self.paths[child] = os.fsencode(entry.path)
+                self.data[child] = _mapped(entry.path)
                 self._attr(child, os.stat(entry.path), False)
             else:
                 with open(entry.path, "rb") as f:
@@ -118,23 +121,23 @@ class MemFS(pyfuse3.Operations):
                 break
 
     async def open(self, inode: int, flags: int, ctx: pyfuse3.RequestContext) -> pyfuse3.FileInfo:
-        if self.from_disk:
-            return pyfuse3.FileInfo(fh=os.open(self.paths[inode], os.O_RDONLY), keep_cache=True)
         return pyfuse3.FileInfo(fh=inode, keep_cache=True)
 
     async def read(self, fh: int, off: int, size: int) -> memoryview:
-        if self.from_disk:
-            # Replied before any other request is read: the buffer is free again.
-            buf = self.buf if size <= len(self.buf) else memoryview(bytearray(size))
-            return buf[: os.preadv(fh, [buf[:size]], off)]
         return memoryview(self.data[fh])[off : off + size]
 
     async def release(self, fh: int) -> None:
-        if self.from_disk:
-            os.close(fh)
+        pass
 
     async def flush(self, fh: int) -> None:
         raise pyfuse3.FUSEError(errno.ENOSYS)
+
+
+def _mapped(path: str) -> bytes | mmap.mmap:
+    """The file at `path` mapped read-only (none of it read yet); b"" if empty."""
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        return mmap.mmap(f.fileno(), size, prot=mmap.PROT_READ) if size else b""
 
 
 async def serve(fs: MemFS, mountpoint: str) -> None:

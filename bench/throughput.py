@@ -78,8 +78,9 @@ SMALL_CPU_TARGET = 1.15
 
 class Ceiling:
     """bench/rawfuse.py mounted at `mp` over the data dir: the pyfuse3 ceiling (the files
-    served from memory), or with `from_disk` the SSD ceiling (read from the local disk
-    per request, as silofs reads its cache after the page cache is dropped)."""
+    served from memory), or with `from_disk` the SSD ceiling (the files mapped, read
+    from the local disk as silofs reads its cache after the page cache is dropped; a
+    fresh process per pass, fresh(): mapped pages survive drop_caches)."""
 
     def __init__(self, data: Path, mp: str, from_disk: bool = False) -> None:
         self.data, self.mp, self.from_disk = data, mp, from_disk
@@ -104,6 +105,10 @@ class Ceiling:
             self.__exit__()
             raise RuntimeError(f"rawfuse.py did not mount ({line!r})")
         return self
+
+    def fresh(self) -> None:
+        self.__exit__()
+        self.__enter__()
 
     def __exit__(self, *_exc: object) -> None:
         assert self.proc is not None
@@ -552,6 +557,8 @@ def run(args: argparse.Namespace, data: Path, readers: list[int], tmp: Path) -> 
                     ceiling_costs[name] = {}
 
             def raw(name: str, kind: str, fn: Callable[[dict[str, int]], Pass]) -> None:
+                if ceilings[name].from_disk:
+                    ceilings[name].fresh()
                 p = fn({"ceiling": ceilings[name].pid})
                 ceiling_costs[name].setdefault(kind, []).append(p)
                 ceil_rates[name].setdefault(kind, Samples([])).values.append(p.rate)
