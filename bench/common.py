@@ -165,10 +165,16 @@ class Node:
             return c.request("GET", "/v1/status")
 
     def mount_status(self, mountpoint: str) -> dict:
-        for m in self.status()["mounts"]:
-            if m["mountpoint"] == os.path.abspath(mountpoint):
-                return m
-        raise RuntimeError(f"no mount at {mountpoint} in the daemon's status")
+        """The newest mount registered at `mountpoint`. An older one may still be listed:
+        a mount namespace another process made (unshare, `ip netns exec`) while it was
+        mounted keeps its copy of the mount, and so the mount process, alive after the
+        unmount here, until that namespace ends."""
+        found = [
+            m for m in self.status()["mounts"] if m["mountpoint"] == os.path.abspath(mountpoint)
+        ]
+        if not found:
+            raise RuntimeError(f"no mount at {mountpoint} in the daemon's status")
+        return found[-1]
 
     def job_status(self, job: str) -> dict:
         for j in self.status()["jobs"]:
