@@ -257,6 +257,7 @@ def run_daemon(settings: NodeSettings, started_by: str = "manual") -> None:
     try:
         trio.run(serve, daemon)
     finally:
+        daemon.writer.close()
         daemon.store.close()
         os.close(daemon.lock_fd)
 
