@@ -139,11 +139,14 @@ class ValueCursor:
     """A cursor on one db of one txn that finds where a value is without touching it.
 
     py-lmdb's get() and Cursor.value() "preload" a value (read a byte of each of its
-    pages, GIL released) before returning it. Cursor.set_key() only positions the
-    cursor; the value's address and size are then read from the cursor object's MDB_val.
-    That is what lets a mount's serving thread look a value up without waiting on the
-    disk (mount/reader.py), and what lets every caller refuse a value that lies outside
-    data.mdb before anything touches it: find() raises DamagedValueError for one.
+    pages, GIL released) before returning it. Cursor.set_key() positions the cursor,
+    touching the B-tree pages and the value's first page only (the LMDB py-lmdb 3.0
+    bundles checks the header of every page it gets; it gets only pages below the txn's
+    last page, which lie in data.mdb); the value's address and size are then read from
+    the cursor object's MDB_val. That is what lets a mount's serving thread look a value
+    up without reading all of it (mount/reader.py), and what lets every caller refuse a
+    value that runs outside data.mdb before anything touches the rest of it: find()
+    raises DamagedValueError for one.
 
     bounds = (start, end, map_end): the map is [start, map_end), of which [start, end)
     is backed by data.mdb when the txn began (a committed txn's pages are written before

@@ -36,8 +36,9 @@ would wait for that disk read: the read takes the snapshot for itself (the next 
 begins another), a worker thread faults the pages in (mount/pages.py ValuePages, at
 most FAULT_THREADS at once), and the value is then looked up again in that snapshot and
 verified as every hit is. The snapshot is ended by the next read, after the reply went
-out. A sequential reader of a cached file asks the kernel to read the value of the
-chunks ahead in the same window read-ahead of misses uses.
+out. A resident value is served as a slice of the map, none of its pages touched until
+the verification and the reply read those they serve. A sequential reader of a cached
+file asks the kernel to read the values of the next VALUE_AHEAD_BYTES of chunks.
 """
 
 from __future__ import annotations
