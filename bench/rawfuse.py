@@ -3,8 +3,9 @@
 Owns nothing of silofs's logic: at start it reads every file under DATA into memory,
 builds each inode's attributes once, mounts with the options a silofs mount uses (ro,
 noatime, default_options, entry/attr timeouts of an hour, keep_cache, FLUSH answered
-ENOSYS, bdi read_ahead_kb raised to 1024 once INIT is answered) and answers each
-request with the least Python pyfuse3 allows: a dict lookup and a memoryview slice.
+ENOSYS, bdi read_ahead_kb raised to 1024 once INIT is answered), serves with one
+pyfuse3 worker task, and answers each request with the least Python pyfuse3 allows: a
+dict lookup and a memoryview slice.
 bench/throughput.py measures it the same way as silofs (page cache dropped before each
 pass, CPU of this process from /proc/PID/stat), so "silofs / ceiling" is the share of
 what one pyfuse3 process can do that silofs reaches. Never used by silofs itself.
@@ -165,7 +166,11 @@ async def serve(fs: MemFS, mountpoint: str) -> None:
 
             nursery.start_soon(signals)
             nursery.start_soon(ready)
-            await pyfuse3.main()
+            # One worker task: its handlers never await, so more tasks only cost (1
+            # reader: 164 against 194 and 154 against 176 us of CPU per file; 4 readers:
+            # 152 against 197, then 173 against 172; bench/README.md). silofs cannot:
+            # a miss would hold up every hit.
+            await pyfuse3.main(max_tasks=1)
             nursery.cancel_scope.cancel()
     finally:
         # main() also returns when the kernel unmounted us (fusermount3 -u): only a

@@ -36,6 +36,10 @@ log = logging.getLogger(__name__)
 
 ATTR_CACHE = 8192  # attribute replies kept per mount
 ADOPTED = 4096  # handles opened by another serving process, kept derived per process
+# A first read at offset 0 of at least this many bytes opens one GET of the whole object
+# (read()): the kernel's first read-ahead request of a sequential reader is 256 KiB to
+# 1 MiB; a reader that asked for random access sends only the pages it reads.
+STREAM_FROM_HEAD = 128 << 10
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
 
 
@@ -435,10 +439,12 @@ class SilofsFS(pyfuse3.Operations):
         try:
             if first == last:
                 lo, hi = off - first * cs, end - first * cs
-                # The first read of a file's head: a miss names its chunk as a span, so
-                # the daemon may stream the object on from there (node/fetch.py) and a
-                # sequential reader's next spans continue that one GET.
-                span = (0, 0) if off == 0 and f.obj.size > cs else None
+                # The first read of a file's head, of the size the kernel's read-ahead
+                # asks of a sequential reader (a random reader asks for its pages): a
+                # miss names its chunk as a span, so the daemon may stream the object on
+                # from there (node/fetch.py) and the reader's next spans continue it.
+                streams = off == 0 and size >= STREAM_FROM_HEAD and f.obj.size > cs
+                span = (0, 0) if streams else None
                 # verifies [lo, hi) of a hit
                 data, hit, source = await r.chunk(f, first, lo, hi, span)
                 self._count(end - off, hit, source)
