@@ -10,7 +10,7 @@ Starts `silofs daemon` on a private socket and cache under /tmp, then as uid --u
 and prints, each time: how many requests were answered 2xx and 429 (refused by a
 per-uid limit), the daemon's RSS, and the size and latency of GET /v1/status as root.
 While the connections are held it also times a root status and a miss (GET /v1/chunks)
-by a root mount. Issue 9 measured, before the limits: 2,000 of each took the daemon from
+by a root mount. Before the per-uid limits, 2,000 of each took the daemon from
 32 to 153 MB and status to 2 MB / 0.8 s; 1,124 idle connections starved status and made
 misses fail with EMFILE tracebacks every 0.1 s.
 
@@ -24,9 +24,7 @@ import json
 import os
 import resource
 import shutil
-import signal
 import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -35,7 +33,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
 
 from silofs.control.client import ControlClient  # noqa: E402
-from tests.asuser import AsUserError, Identity, as_user, start_as  # noqa: E402
+from tests.support.asuser import AsUserError, Identity, as_user, start_as  # noqa: E402
+from tests.support.node import Node  # noqa: E402
+from tests.support.poll import wait_for  # noqa: E402
 
 
 def rss_mb(pid: int) -> float:
@@ -62,12 +62,12 @@ def flood_api(sock: str, base: str, n: int) -> dict:
             counts["datasets"][status] = counts["datasets"].get(status, 0) + 1
             if status == 200:  # the last one: older idle ones are forgotten at the limit
                 ready = json.loads(body)["id"]
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
+
+        def listed() -> bool:
             _, _, body = c.request_raw("GET", f"/v1/datasets/{ready}")
-            if json.loads(body)["state"] == "ready":
-                break
-            time.sleep(0.05)
+            return json.loads(body)["state"] == "ready"
+
+        wait_for(listed, 30, "the last dataset to be listed")
         for i in range(n):
             body = {"dataset": ready, "job": f"job{i}", "mountpoint": f"/m/{i}"}
             status, _, _ = c.request_raw("POST", "/v1/mounts", body)
@@ -113,24 +113,12 @@ def main() -> None:
         (data / f"d{i}").mkdir()
         (data / f"d{i}" / "f").write_bytes(b"x" * 4096)
     (base / "run").mkdir(mode=0o755)
-    sock = str(base / "run" / "ctl.sock")
-    log = open(base / "daemon.log", "wb")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "silofs", "daemon", "--socket", sock,
-         "--cache-dir", str(base / "cache"), "--cache-size", "256M"],
-        stdout=log, stderr=log, start_new_session=True,
-    )  # fmt: skip
+    node = Node(base / "node", "256M", socket=str(base / "run" / "ctl.sock"))
+    sock = node.socket
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                status_figures(sock)
-                break
-            except Exception:
-                if time.monotonic() > deadline or proc.poll() is not None:
-                    raise
-                time.sleep(0.05)
-        print(f"daemon idle: RSS {rss_mb(proc.pid):.0f} MB")
+        node.start()
+        pid = node.daemon_pid
+        print(f"daemon idle: RSS {rss_mb(pid):.0f} MB")
         t0 = time.perf_counter()
         try:
             counts = as_user(Identity.nobody(args.uid), flood_api, sock, str(data), args.n)
@@ -143,14 +131,13 @@ def main() -> None:
             f"({time.perf_counter() - t0:.1f}s)"
         )
         print(
-            f"after: RSS {rss_mb(proc.pid):.0f} MB, status {size / 1024:.0f} KiB in "
-            f"{took * 1000:.0f} ms"
+            f"after: RSS {rss_mb(pid):.0f} MB, status {size / 1024:.0f} KiB in {took * 1000:.0f} ms"
         )
         # A root mount registration to time a miss with during the connection flood.
         with ControlClient(sock) as c:
             ds = c.request("POST", "/v1/datasets", {"uri": str(data / "d0")})
-            while c.request("GET", f"/v1/datasets/{ds['id']}")["state"] != "ready":
-                time.sleep(0.05)
+            path = f"/v1/datasets/{ds['id']}"
+            wait_for(lambda: c.request("GET", path)["state"] == "ready", 30, "d0's listing")
             m = c.request(
                 "POST", "/v1/mounts", {"dataset": ds["id"], "job": "root", "mountpoint": "/r"}
             )
@@ -172,20 +159,15 @@ def main() -> None:
         print(f"uid {args.uid} holding {args.conns} connections: first lines {lines}")
         print(
             f"  meanwhile root: status {took * 1000:.0f} ms, miss {st} ({len(body)} B) in "
-            f"{miss * 1000:.0f} ms; daemon RSS {rss_mb(proc.pid):.0f} MB"
+            f"{miss * 1000:.0f} ms; daemon RSS {rss_mb(pid):.0f} MB"
         )
-        text = (base / "daemon.log").read_text(errors="replace")
+        text = (node.logs / "daemon.log").read_text(errors="replace")
         print(
             f"daemon log: {text.count('Traceback')} tracebacks, "
             f"{text.count('EMFILE') + text.count('Too many open files')} EMFILE lines"
         )
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        node.cleanup()
         shutil.rmtree(base, ignore_errors=True)
 
 

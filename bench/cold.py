@@ -1,21 +1,21 @@
 """Cold reads from an S3 store: a big file sequentially, and small files behind latency.
 
-Owns, for each local S3 server (moto, and s3rver when `npm install --prefix .ci/node
-s3rver` has put it there): one bucket with a big random object and many 110 KiB objects,
+Owns, for each local S3 server (moto, and s3rver, which npm installs into .ci/node on
+first use; skipped if it cannot): one bucket with a big random object and many 110 KiB objects,
 uploaded once per run; the "store allows" ceiling (one plain boto3 GET of the whole big
 object, streamed in 1 MiB reads) and rclone's `rclone cat` of it when rclone is on PATH;
 then, each on a fresh silofs daemon and cache, a cold sequential read of the big object
 through a mount (MB/s, the range GETs the store saw, the daemon's and the mount's CPU
-split into user and kernel), and cold small files through tests/faultproxy.py adding
+split into user and kernel), and cold small files through tests/support/faultproxy.py adding
 `--first-byte-ms` (20 ms) before every response, with 1 and with 8 reader threads
 (files/s and their ratio, the daemon's and the mount's CPU per file, and the requests the
 daemon's S3 lean path handed to botocore), then the CPU of one whole 110 KiB GET in this
 process with botocore's request path and with the lean one, alternated (the request
 path's share of the daemon's CPU per file). Every figure is the median of `--runs`
 runs, printed with its range; ratios are of medians from the same run of this script.
-Every byte read is checked against what was uploaded. Never runs in CI and never changes silofs.
+Every byte read is checked against what was uploaded. Never runs in CI and never
+changes silofs.
 
-    npm install --prefix .ci/node s3rver           # once, optional
     python bench/cold.py                            # moto and s3rver, 3 runs
     python bench/cold.py --stores moto --runs 5 --big-mb 256 --small-files 240
 
@@ -33,7 +33,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -41,23 +40,22 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 from common import (
-    CREDS,
-    ROOT,
-    Node,
     ProcTimes,
     Profiler,
     Samples,
     busy_processes,
     check_fuse,
-    free_port,
+    drain,
     load_average,
     profile_summary,
     ratio,
-    wait_for,
 )
-from common import S3Server as Server
 
-from tests.faultproxy import FaultPlan, FaultProxy
+from tests.support.faultproxy import FaultPlan, FaultProxy
+from tests.support.node import Node
+from tests.support.poll import wait_for
+from tests.support.servers import S3Server as Server
+from tests.support.servers import ServerError, start_moto, start_s3rver
 
 BUCKET = "cold-bench"
 SMALL = 110 * 1024
@@ -65,19 +63,13 @@ READ = 1 << 20
 
 
 def start_store(name: str, tmp: Path) -> Server | None:
-    port = free_port()
     if name == "moto":
-        argv = [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)]
-        return Server("moto", argv, port, tmp / "moto.log", {})
-    s3rver = ROOT / ".ci" / "node" / "node_modules" / ".bin" / "s3rver"
-    if not s3rver.exists():
-        print(f"s3rver is missing (npm install --prefix {ROOT / '.ci' / 'node'} s3rver): skipped")
+        return start_moto(log_path=tmp / "moto.log")
+    try:
+        return start_s3rver(tmp / "s3rver", tmp / "s3rver.log")
+    except ServerError as exc:
+        print(f"s3rver skipped: {exc}")
         return None
-    (tmp / "s3rver").mkdir()
-    argv = [str(s3rver), "-d", str(tmp / "s3rver"), "-a", "127.0.0.1", "-p", str(port)]
-    # DES continuation tokens need OpenSSL 3's legacy provider (see bench/common.py start_s3rver).
-    env = {"NODE_OPTIONS": "--openssl-legacy-provider"}
-    return Server("s3rver", argv, port, tmp / "s3rver.log", env)
 
 
 def upload(store: Server, big: bytes, small: dict[str, bytes]) -> None:
@@ -112,9 +104,9 @@ def _rclone_env(store: Server) -> dict[str, str]:
         **os.environ,
         "RCLONE_CONFIG_COLD_TYPE": "s3",
         "RCLONE_CONFIG_COLD_PROVIDER": "Other",
-        "RCLONE_CONFIG_COLD_ENDPOINT": store.url,
-        "RCLONE_CONFIG_COLD_ACCESS_KEY_ID": CREDS["AWS_ACCESS_KEY_ID"],
-        "RCLONE_CONFIG_COLD_SECRET_ACCESS_KEY": CREDS["AWS_SECRET_ACCESS_KEY"],
+        "RCLONE_CONFIG_COLD_ENDPOINT": store.endpoint_url,
+        "RCLONE_CONFIG_COLD_ACCESS_KEY_ID": store.env["AWS_ACCESS_KEY_ID"],
+        "RCLONE_CONFIG_COLD_SECRET_ACCESS_KEY": store.env["AWS_SECRET_ACCESS_KEY"],
         "RCLONE_CONFIG_COLD_FORCE_PATH_STYLE": "true",
     }
 
@@ -220,7 +212,7 @@ def cold_big(
 ) -> dict[str, float]:
     """One cold sequential read of the big object through a fresh mount; the range GETs
     are the daemon's count (remote_requests), so no proxy slows the bytes down."""
-    with fresh_mount(tmp, tag, store.url, 2 * size + (256 << 20), *args.mount_args) as (
+    with fresh_mount(tmp, tag, store.endpoint_url, 2 * size + (256 << 20), *args.mount_args) as (
         node,
         mp,
     ):
@@ -242,7 +234,7 @@ def cold_big(
         secs = time.perf_counter() - t0
         cost = {k: ProcTimes.of(p).minus(before[k]) for k, p in pids.items()}
         assert n == size and h.hexdigest() == digest, "the mount read other bytes"
-        gets = node.settled(mp, size).get("remote_requests", float("nan"))
+        gets = node.settle(mp, size).get("remote_requests", float("nan"))
     return {
         "rate": size / secs / 1e6,
         "gets": gets,
@@ -272,33 +264,23 @@ def cold_small(
             pids = {"daemon": node.daemon_pid, "mount": node.mount_pid(mp)}
             keys = list(small)
             random.Random(readers).shuffle(keys)
-            it = iter(keys)
-            lock = threading.Lock()
             bad: list[str] = []
 
-            def reader() -> None:
-                while True:
-                    with lock:
-                        key = next(it, None)
-                    if key is None:
-                        return
-                    try:
-                        with open(os.path.join(mp, key), "rb") as f:
-                            data = f.read()
-                    except OSError as exc:
-                        bad.append(f"{key}: {exc}")
-                        return
-                    if hashlib.blake2b(data, digest_size=16).digest() != digests[key]:
-                        bad.append(key)
+            def read(key: str) -> int:
+                try:
+                    with open(os.path.join(mp, key), "rb") as f:
+                        data = f.read()
+                except OSError as exc:
+                    bad.append(f"{key}: {exc}")
+                    return 0
+                if hashlib.blake2b(data, digest_size=16).digest() != digests[key]:
+                    bad.append(key)
+                return len(data)
 
-            threads = [threading.Thread(target=reader) for _ in range(readers)]
             before = {k: ProcTimes.of(p) for k, p in pids.items()}
             t0 = time.perf_counter()
             with profiled(args if tag.endswith("-0") else _NO_PROFILE, f"small{readers}", pids):
-                for t in threads:
-                    t.start()
-                for t in threads:
-                    t.join()
+                drain(keys, read, readers)
             secs = time.perf_counter() - t0
             cost = {k: ProcTimes.of(p).minus(before[k]) for k, p in pids.items()}
             [ds] = node.status()["datasets"]
@@ -322,11 +304,11 @@ def get_cost(store: Server, small: dict[str, bytes], runs: int) -> None:
     from silofs.node.backends.s3 import S3Backend
     from silofs.uri import parse_uri
 
-    os.environ.update(CREDS)
+    os.environ.update(store.env)
     cost: dict[str, list[float]] = {"false": [], "true": []}
     for _ in range(runs):
         for lean in cost:
-            opts = BackendOptions(endpoint_url=store.url, extra={"lean": lean})
+            opts = BackendOptions(endpoint_url=store.endpoint_url, extra={"lean": lean})
             backend = S3Backend(parse_uri(f"s3://{BUCKET}/small/"), opts)
             infos = list(backend.list())
             c0 = time.process_time()
@@ -368,7 +350,6 @@ def main() -> int:
     check_fuse()
     for k in ("AWS_CA_BUNDLE", "AWS_PROFILE", "AWS_ENDPOINT_URL", "HTTP_PROXY", "http_proxy"):
         os.environ.pop(k, None)  # our own environment only: it reaches our daemons
-    os.environ.update(CREDS)
     os.environ["AWS_CONFIG_FILE"] = os.environ["AWS_SHARED_CREDENTIALS_FILE"] = os.devnull
     print(f"load average before: {load_average()}")
     for line in busy_processes():
@@ -381,7 +362,7 @@ def main() -> int:
     # One flat prefix: s3rver 3.7.1's delimiter listing does not go deeper than one level
     # below the prefix, so it never returns "small/" as a CommonPrefix when every key is in
     # small/000/... (and its pages without a delimiter are not in key order). The keys
-    # were missing from s3rver mounts; moto lists them all. See bench/README.md, cold.py.
+    # were missing from s3rver mounts; moto lists them all (bench/README.md, cold.py).
     small = {f"small/img{i:05d}.jpg": rnd.randbytes(SMALL) for i in range(args.small_files)}
     tmp = Path(tempfile.mkdtemp(prefix="silofs-cold-", dir="/var/tmp"))
     table: list[str] = []
@@ -390,6 +371,7 @@ def main() -> int:
             store = start_store(name, tmp)
             if store is None:
                 continue
+            os.environ.update(store.env)  # its credentials, for our daemons and clients
             try:
                 t0 = time.perf_counter()
                 upload(store, big, small)

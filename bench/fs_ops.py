@@ -5,10 +5,10 @@ open, read of the whole file, release; all hits from a real LMDB env, values war
 page cache), best and median of several runs, and the same four handlers of the pyfuse3
 ceiling (bench/rawfuse.py MemFS) for scale. It leaves out what FUSE itself costs (the
 kernel round trip, pyfuse3's dispatch, trio's wakeups: bench/throughput.py measures those
-with the real thing). Run it against two trees to compare them:
+with the real thing). --git-rev REV runs the same first with REV's silofs, in a process
+of its own (tests/support/baseline.py):
 
-    PYTHONPATH=/work/main python bench/fs_ops.py
-    PYTHONPATH=. python bench/fs_ops.py
+    python bench/fs_ops.py [--files 2000] [--runs 7] [--git-rev HEAD~3]
 
 Needs no root and no FUSE; the env lives in a temp dir.
 """
@@ -21,10 +21,11 @@ import statistics
 import sys
 import tempfile
 import time
-from pathlib import Path
 
+import common  # noqa: F401 - this checkout (or a baseline) first on sys.path
 import pyfuse3
 import trio
+from rawfuse import MemFS
 
 from silofs.cache.format import ChunkRef, encode_chunk
 from silofs.cache.store import CacheStore
@@ -33,9 +34,7 @@ from silofs.mount.listing_view import ROOT_INODE, ListingView
 from silofs.mount.reader import ChunkReader
 from silofs.node.store_write import PendingChunk, WritableStore
 from silofs.records import ObjectInfo
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from rawfuse import MemFS  # noqa: E402
+from tests.support import baseline
 
 SMALL = 110 << 10
 CHUNK = 4 << 20
@@ -68,7 +67,14 @@ def main() -> None:
         help="drop the page cache after writing the env (needs root): the first run then "
         "reads the env from disk, as a fresh mount after drop_caches does",
     )
+    baseline.add_argument(ap, "handlers (run first, in a process of their own)")
     args = ap.parse_args()
+    if args.git_rev:
+        print(f"== {baseline.describe(args.git_rev)}", flush=True)
+        with baseline.baseline_tree(args.git_rev) as tree:
+            argv = [a for a in sys.argv[1:] if a not in (args.git_rev, "--git-rev")]
+            baseline.run(tree, [__file__, *argv], check=True)
+        print("== this tree", flush=True)
     with tempfile.TemporaryDirectory(prefix="silofs-fsops-") as d:
         env, tree = os.path.join(d, "env"), os.path.join(d, "tree", "small")
         os.makedirs(env)

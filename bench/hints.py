@@ -1,5 +1,5 @@
 """Prefetch by hint: cold epoch time with and without hints, against a store with 20 ms
-first-byte latency (bench/delayproxy.py in front of moto), 1 and 4 reader workers.
+first-byte latency (tests/support/faultproxy.py in front of moto), 1 and 4 reader workers.
 
     python bench/hints.py [--files 400] [--size 110K] [--first-byte-ms 20]
                           [--io-limit 30MB/s] [--readers 1,4] [--window 256M]
@@ -24,21 +24,20 @@ import random
 import subprocess
 import sys
 import tempfile
-import threading
 import time
-import urllib.request
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from common import ROOT, Node, check_fuse, read_whole, wait_for
+from common import ROOT, check_fuse, drain, read_path
 
 from silofs.control.client import ControlClient
 from silofs.hints import Hinter
 from silofs.node.prefetch import concurrency
 from silofs.torch import PrefetchSampler
 from silofs.units import parse_rate, parse_size
+from tests.support.node import Node
+from tests.support.servers import S3Server, start_moto
 
 AWS = {
     "AWS_ACCESS_KEY_ID": "testing",
@@ -50,51 +49,20 @@ AWS = {
 }
 
 
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_moto(logs: Path) -> tuple[subprocess.Popen, str]:
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-        stdout=open(logs / "moto.log", "wb"),
-        stderr=subprocess.STDOUT,
-        env={**os.environ, **AWS},
-    )
-
-    def up() -> bool:
-        try:
-            urllib.request.urlopen(f"{url}/moto-api/", timeout=1).close()
-            return True
-        except OSError:
-            return False
-
-    wait_for(up, 30, "moto")
-    return proc, url
-
-
 def start_proxy(upstream: str, first_byte_ms: float) -> tuple[subprocess.Popen, str]:
+    """The fault proxy in a process of its own (its CPU is the store's, not the readers'),
+    holding every response's first byte for `first_byte_ms`."""
     proc = subprocess.Popen(
-        [sys.executable, str(ROOT / "bench" / "delayproxy.py"), "--upstream",
+        [sys.executable, "-m", "tests.support.faultproxy", "--upstream",
          upstream.removeprefix("http://"), "--first-byte-ms", str(first_byte_ms)],
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=ROOT,
     )  # fmt: skip
     assert proc.stdout is not None
     return proc, proc.stdout.readline().strip()
 
 
-def upload(endpoint: str, bucket: str, files: int, size: int) -> dict[str, int]:
-    import boto3
-
-    client = boto3.session.Session(
-        aws_access_key_id="testing", aws_secret_access_key="testing", region_name="us-east-1"
-    ).client("s3", endpoint_url=endpoint)
+def upload(server: S3Server, bucket: str, files: int, size: int) -> dict[str, int]:
+    client = server.client()
     client.create_bucket(Bucket=bucket)
     rnd = random.Random(5)
     sizes = {}
@@ -115,40 +83,18 @@ def store_ceiling(endpoint: str, bucket: str, keys: list[str], threads: int) -> 
     client = boto3.session.Session(
         aws_access_key_id="testing", aws_secret_access_key="testing", region_name="us-east-1"
     ).client("s3", endpoint_url=endpoint, config=Config(max_pool_connections=threads))
-    it = iter(keys)
-    lock = threading.Lock()
 
-    def worker() -> int:
-        n = 0
-        while True:
-            with lock:
-                key = next(it, None)
-            if key is None:
-                return n
-            n += len(client.get_object(Bucket=bucket, Key=key)["Body"].read())
+    def get(key: str) -> int:
+        return len(client.get_object(Bucket=bucket, Key=key)["Body"].read())
 
-    with ThreadPoolExecutor(threads) as pool:
-        t0 = time.perf_counter()
-        total = sum(f.result() for f in [pool.submit(worker) for _ in range(threads)])
-        return total / (time.perf_counter() - t0) / 1e6
+    t0 = time.perf_counter()
+    total = drain(keys, get, threads)
+    return total / (time.perf_counter() - t0) / 1e6
 
 
 def epoch(paths: Iterator[str], readers: int) -> int:
     """Read every file `paths` yields with `readers` threads sharing the iterator."""
-    lock = threading.Lock()
-
-    def worker() -> int:
-        buf = bytearray(1 << 20)
-        n = 0
-        while True:
-            with lock:
-                p = next(paths, None)
-            if p is None:
-                return n
-            n += read_whole(p, buf)
-
-    with ThreadPoolExecutor(readers) as pool:
-        return sum(f.result() for f in [pool.submit(worker) for _ in range(readers)])
+    return drain(paths, read_path, readers)
 
 
 class Files:
@@ -203,7 +149,7 @@ def one_pass(
         else:
             total = epoch((paths[i] for i in sampler), readers)
         seconds = time.perf_counter() - t0
-        m = node.settled(mp, total)
+        m = node.settle(mp, total)
         job = node.job_status("train")
         node.unmount(mp)
         return {
@@ -241,11 +187,11 @@ def main() -> None:
     assert rate, "--io-limit must be a rate"
     with tempfile.TemporaryDirectory(prefix="silofs-hints-", dir="/var/tmp") as tmp:
         base = Path(tmp)
-        moto, moto_url = start_moto(base)
+        moto = start_moto(log_path=base / "moto.log")
         proxy = None
         try:
-            sizes = upload(moto_url, "hints", args.files, parse_size(args.size))
-            proxy, proxy_url = start_proxy(moto_url, args.first_byte_ms)
+            sizes = upload(moto, "hints", args.files, parse_size(args.size))
+            proxy, proxy_url = start_proxy(moto.endpoint_url, args.first_byte_ms)
             keys = sorted(sizes)
             size = sum(sizes.values())
             print(
@@ -291,8 +237,7 @@ def main() -> None:
             if proxy is not None:
                 proxy.terminate()
                 proxy.wait(10)
-            moto.terminate()
-            moto.wait(10)
+            moto.stop()
 
 
 if __name__ == "__main__":

@@ -1,15 +1,15 @@
 """Accuracy of the per-job remote-IO limiter: achieved vs allocated bytes/s, cold reads.
 
-Owns: a local S3 server with cheap range GETs (s3rver from npm on 127.0.0.1; moto makes a
-range GET as expensive as a whole GET, so it never serves miss benchmarks), a bucket of
-random objects uploaded once per run, and for each allocation (5, 20, 80 MB/s and
-unlimited by default) a fresh silofs daemon and cache, a mount with `--io-limit RATE
---chunk-size 1M`, reader threads that read every object cold so demand exceeds the
-allocation, the job's remote_bytes sampled from status every 100 ms, and per-second and
-overall achieved rates with their ratio to the allocation. Every object read is checked
-against its uploaded digest. Never runs in CI and never changes silofs.
+Owns: a local S3 server with cheap range GETs (s3rver, installed into .ci/node with npm
+on first use; moto makes a range GET as expensive as a whole GET, so it never serves
+miss benchmarks), a bucket of random objects uploaded once per run, and for each
+allocation (5, 20, 80 MB/s and unlimited by default) a fresh silofs daemon and cache, a
+mount with `--io-limit RATE --chunk-size 1M`, reader threads that read every object
+cold so demand exceeds the allocation, the job's remote_bytes sampled from status every
+100 ms, and per-second and overall achieved rates with their ratio to the allocation.
+Every object read is checked against its uploaded digest. Never runs in CI and never
+changes silofs.
 
-    npm install --prefix .ci/node s3rver                 # once
     python bench/limiter.py                              # 5, 20, 80 MB/s, unlimited
     python bench/limiter.py --rates 10MB/s,40MB/s --seconds 20 --readers 16
     python bench/limiter.py --step 40MB/s                # also change it mid-run (API)
@@ -31,20 +31,12 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from common import (
-    CREDS,
-    Node,
-    ProcTimes,
-    S3Server,
-    busy_processes,
-    check_fuse,
-    load_average,
-    ratio,
-    start_s3rver,
-)
+from common import ProcTimes, busy_processes, check_fuse, load_average, ratio
 
 from silofs.control.client import ControlClient, ControlError
 from silofs.units import parse_rate, parse_size
+from tests.support.node import Node
+from tests.support.servers import S3Server, start_s3rver
 
 BUCKET = "bench"
 PREFIX = "limiter/"
@@ -294,13 +286,13 @@ def main() -> int:
 
     for k in ("AWS_CA_BUNDLE", "AWS_PROFILE", "AWS_ENDPOINT_URL"):
         os.environ.pop(k, None)  # our own environment only: it reaches our daemons
-    os.environ.update(CREDS)
     print(f"load average before: {load_average()}")
     for line in busy_processes():
         print(f"  busy: {line}")
 
     tmp = Path(tempfile.mkdtemp(prefix="silofs-limiter-", dir="/var/tmp"))
     s3 = start_s3rver(tmp / "s3rver", tmp / "s3rver.log")
+    os.environ.update(s3.env)  # its credentials, for our daemons
     summary = []
     ok = True
     try:
@@ -323,7 +315,7 @@ def main() -> int:
                     "--chunk-size",
                     args.chunk_size,
                     "--endpoint-url",
-                    s3.url,
+                    s3.endpoint_url,
                     *io,
                 )
                 alloc = node.job_status(job)["io_allocation"]
@@ -331,7 +323,7 @@ def main() -> int:
                 run.watch = {
                     "daemon": node.daemon_pid,
                     "mount": node.mount_pid(mp),
-                    "s3rver": s3.proc.pid,
+                    "s3rver": s3.process.pid,
                 }
                 if step is not None and rate is not None:
                     run.step = (args.seconds / 2, step, "")

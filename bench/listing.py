@@ -1,31 +1,31 @@
 """First-listing rate of a store prefix, serial vs fanned out, with per-request latency.
 
-Owns one figure of issue 10: objects listed per second by a backend's list() (the code
-the daemon's listing runs) behind tests/faultproxy.py with a first-byte delay of 0, 10
-and 50 ms per request, with list_workers=1 (one page after another, the behaviour before
-fan-out) and list_workers=32, the default (delimiter-split prefixes in parallel; --workers
-to change).
+Owns the first-listing rate: objects listed per second by a backend's list() (the code
+the daemon's listing runs) behind tests/support/faultproxy.py with a first-byte delay of
+0, 10 and 50 ms per request, with list_workers=1 (one page after another) and
+list_workers=32, the default (delimiter-split prefixes in parallel; --workers to
+change).
 --backends picks the stores:
   s3     S3Backend against a minimal ListObjectsV2 server (ListServer, below): moto
          spends ~1.7 s of CPU per 1000-key page, which would measure moto;
   azure  AzureBackend (walk_blobs per prefix) against Azurite, started as the tests
-         start it (tests/servers.py), the objects uploaded first;
+         start it (tests/support/servers.py), the objects uploaded first;
   gcs    GCSBackend (list_blobs with a delimiter per prefix) against fake-gcs-server.
 The bucket has --dirs directories of --per-dir objects (--cloud-dirs/--cloud-per-dir for
 Azure and GCS, whose emulators take one request per object uploaded). Each timed
 listing starts as the daemon's does, after the dataset's check() (client, credentials,
 HEAD bucket, a 1-key list), and counts the ObjectInfo records of list_events(), what the
 daemon consumes. With --into-env each listing is also written into a fresh cache env as
-the daemon writes a first listing (daemon._fill: a listing thread batching LISTING_BATCH
+the daemon writes a first listing (node/datasets.py _fill: a listing thread batching LISTING_BATCH
 records into a 2-batch queue, one writer adding each batch in its own txn, then
 finish_listing), so the rate is a first listing's end to end. Never changes silofs.
 The S3 server and the proxies run in a child process (the store's CPU is not the
 client's: in one process they would take the GIL from the listing being measured; the
 emulators are processes of their own, and their CPU seconds are counted in the store
-side's); --same-process keeps them in this one, as the figures before the page parser
-were taken.
+side's). --git-rev REV first runs the same listings with REV's silofs, in a process of
+its own (tests/support/baseline.py).
     python bench/listing.py [--backends s3,azure,gcs] [--dirs 100] [--per-dir 1000]
-        [--workers 1,32] [--into-env]
+        [--workers 1,32] [--into-env] [--git-rev REV]
 """
 
 from __future__ import annotations
@@ -45,20 +45,26 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, quote, unquote, urlsplit
 from xml.sax.saxutils import escape, unescape
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
+import common  # noqa: F401 - this checkout (or a baseline) first on sys.path
 
-from silofs.node.backends.base import BackendOptions  # noqa: E402
-from silofs.node.backends.s3 import S3Backend  # noqa: E402
-from silofs.node.service import tune_gc  # noqa: E402
-from silofs.node.store_write import LISTING_BATCH, WritableStore, env_map_size  # noqa: E402
-from silofs.records import ObjectInfo, PrefixListed  # noqa: E402
-from silofs.uri import parse_uri  # noqa: E402
-from tests.faultproxy import FaultPlan, FaultProxy  # noqa: E402
+from silofs.node.backends.base import BackendOptions
+from silofs.node.backends.s3 import S3Backend
+from silofs.node.store_write import LISTING_BATCH, WritableStore, env_map_size
+from silofs.records import ObjectInfo, PrefixListed
+from silofs.uri import parse_uri
+from tests.support import baseline
+from tests.support.faultproxy import FaultPlan, FaultProxy
+
+try:
+    from silofs.node.service import tune_gc
+except ImportError:  # a baseline from before the daemon tuned its GC
+
+    def tune_gc() -> None:
+        pass
 
 
 class ListServer:
@@ -188,13 +194,13 @@ class ListServer:
         self.httpd.shutdown()
 
 
-def serve(keys: list[str] | int, delays: list[float], conn: Any, precompute: bool = True) -> None:
+def serve(keys: list[str] | int, delays: list[float], conn: Any) -> None:
     """The store side: one ListServer over `keys` (its pages built before the URLs are
-    sent, unless told not to), or an emulator already listening on port `keys`; one
-    delaying proxy per delay. Their URLs go back through `conn`, and they stop when
-    `conn` says so (or the parent goes away)."""
+    sent), or an emulator already listening on port `keys`; one delaying proxy per
+    delay. Their URLs go back through `conn`, and they stop when `conn` says so (or the
+    parent goes away)."""
     server = ListServer(keys) if isinstance(keys, list) else None
-    if server is not None and precompute:
+    if server is not None:
         server.precompute("data/")
     port = server.port if server is not None else keys
     assert isinstance(port, int)
@@ -226,26 +232,18 @@ def _upload(put: Callable[[str], None], keys: list[str]) -> float:
 def emulator(
     kind: str, keys: list[str]
 ) -> Iterator[tuple[int, Callable[[str, int], Any], Callable[[], float]]]:
-    """Azurite or fake-gcs-server started as tests/servers.py starts them, holding `keys`
-    in bucket "bench": (its port, a backend factory taking the proxy URL and workers,
-    the emulator's CPU seconds so far)."""
-    from tests import servers
+    """Azurite or fake-gcs-server started as the tests start them, holding `keys` in
+    bucket "bench": (its port, a backend factory taking the proxy URL and workers, the
+    emulator's CPU seconds so far)."""
+    from tests.support import servers
 
-    port = servers.free_port()
     if kind == "azure":
-        from azure.storage.blob import BlobServiceClient
-
         from silofs.node.backends.azure import AzureBackend
 
-        argv = [
-            servers._azurite_binary(), "--blobHost", "127.0.0.1", "--blobPort", str(port),
-            "--inMemoryPersistence", "--disableTelemetry", "--skipApiVersionCheck",
-        ]  # fmt: skip
-        endpoint = f"http://127.0.0.1:{port}/{servers.AZURITE_ACCOUNT}"
-        proc = servers.start_server("azurite", argv, f"{endpoint}?comp=list")
-        account = servers.AZURITE_ACCOUNT
-        conn = servers.connection_string(endpoint, servers.AZURITE_KEY)
-        container = BlobServiceClient.from_connection_string(conn).create_container("bench")
+        server: Any = servers.start_azurite()
+        port = int(server.endpoint_url.rsplit(":", 1)[1].split("/")[0])
+        account = server.account
+        container = server.service().create_container("bench")
         took = _upload(lambda k: container.upload_blob(k, b"", overwrite=True), keys)
 
         def backend(url: str, workers: int) -> Any:
@@ -254,24 +252,11 @@ def emulator(
             return AzureBackend(parse_uri(f"az://{account}/bench/data/"), opts)
 
     else:
-        from google.auth.credentials import AnonymousCredentials
-        from google.cloud import storage
-
         from silofs.node.backends.gcs import GCSBackend
 
-        url0 = f"http://127.0.0.1:{port}"
-        argv = [
-            servers._fake_gcs_binary(), "-scheme", "http", "-host", "127.0.0.1",
-            "-port", str(port), "-backend", "memory", "-external-url", url0,
-            "-log-level", "warn",
-        ]  # fmt: skip
-        proc = servers.start_server("fake-gcs-server", argv, f"{url0}/storage/v1/b")
-        client = storage.Client(
-            project="bench",
-            credentials=AnonymousCredentials(),
-            client_options={"api_endpoint": url0},
-        )
-        bucket = client.create_bucket("bench")
+        server = servers.start_fake_gcs()
+        port = int(server.endpoint_url.rsplit(":", 1)[1])
+        bucket = server.client().create_bucket("bench")
         took = _upload(lambda k: bucket.blob(k).upload_from_string(b""), keys)
 
         def backend(url: str, workers: int) -> Any:
@@ -282,9 +267,9 @@ def emulator(
 
     print(f"{kind}: {len(keys):,} objects uploaded in {took:.0f}s", flush=True)
     try:
-        yield port, backend, lambda: _cpu_of(proc.proc.pid)
+        yield port, backend, lambda: _cpu_of(server.process.pid)
     finally:
-        proc.stop()
+        server.stop()
 
 
 def _cpu_of(pid: int) -> float:
@@ -303,24 +288,24 @@ def main() -> None:
     ap.add_argument("--cloud-per-dir", type=int, default=1000, help="objects each, azure/gcs")
     ap.add_argument("--delays-ms", default="0,10,50")
     ap.add_argument("--workers", default="1,32", help="list_workers values; the first is the base")
-    ap.add_argument("--same-process", action="store_true", help="server and proxy in this process")
     ap.add_argument(
         "--into-env", action="store_true", help="write each listing into a cache env, as the daemon"
     )
-    ap.add_argument(
-        "--build-pages-per-request",
-        action="store_true",
-        help="the server builds each page when asked (as before), not all before timing",
-    )
+    baseline.add_argument(ap, "backends (run first, in a process of their own)")
     args = ap.parse_args()
+    if args.git_rev:
+        print(f"== {baseline.describe(args.git_rev)}", flush=True)
+        with baseline.baseline_tree(args.git_rev) as tree:
+            argv = [a for a in sys.argv[1:] if a != args.git_rev and a != "--git-rev"]
+            baseline.run(tree, [__file__, *argv], check=True)
+        print("== this tree", flush=True)
     delays = [float(x) for x in args.delays_ms.split(",")]
     workers = [int(w) for w in args.workers.split(",")]
     os.environ.update(
         {"AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "x", "AWS_DEFAULT_REGION": "us-east-1"}
     )
-    where = "this process" if args.same_process else "a child process"
     print(
-        f"page size 1000; S3 list server and proxies in {where}; cpu s: this process's CPU "
+        "page size 1000; S3 list server and proxies in a child process; cpu s: this process's CPU "
         "seconds (user + system), store s: the store side's (server or emulator, proxies)"
     )
     print(
@@ -335,13 +320,12 @@ def main() -> None:
             def backend(url: str, w: int, s3: Any = s3) -> Any:
                 return S3Backend(s3, BackendOptions(endpoint_url=url, list_workers=w))
 
-            precompute = not args.build_pages_per_request
-            with _proxies(keys, delays, args.same_process, precompute) as (urls, store_cpu):
+            with _proxies(keys, delays) as (urls, store_cpu):
                 _measure(kind, backend, urls, store_cpu, delays, workers, len(keys), args.into_env)
         elif kind in ("azure", "gcs"):
             keys = _keys(args.cloud_dirs, args.cloud_per_dir)
             with emulator(kind, keys) as (port, backend, emulator_cpu):
-                with _proxies(port, delays, False, False) as (urls, proxies_cpu):
+                with _proxies(port, delays) as (urls, proxies_cpu):
 
                     def both() -> float:
                         return emulator_cpu() + proxies_cpu()
@@ -357,23 +341,17 @@ def _keys(dirs: int, per_dir: int) -> list[str]:
 
 @contextlib.contextmanager
 def _proxies(
-    keys: list[str] | int, delays: list[float], same_process: bool, precompute: bool
+    keys: list[str] | int, delays: list[float]
 ) -> Iterator[tuple[dict[float, str], Callable[[], float]]]:
     """The delaying proxies (and the S3 ListServer) in a child process: their URLs, and
-    the child's CPU seconds so far (0 in this process: counted in the listing's)."""
+    the child's CPU seconds so far."""
     mine, theirs = multiprocessing.Pipe()
-    child: Any
-    if same_process:
-        child = threading.Thread(target=serve, args=(keys, delays, theirs, precompute), daemon=True)
-    else:
-        child = multiprocessing.get_context("fork").Process(
-            target=serve, args=(keys, delays, theirs, precompute), daemon=True
-        )
+    child = multiprocessing.get_context("fork").Process(
+        target=serve, args=(keys, delays, theirs), daemon=True
+    )
     child.start()
 
     def store_cpu() -> float:
-        if same_process:
-            return 0.0
         mine.send("cpu")
         return float(mine.recv())
 
@@ -399,7 +377,7 @@ def _measure(
         serial = 0.0
         for w in workers:
             b = backend(urls[delay], w)
-            # As the daemon does before it lists (daemon._prepare_dataset): the client
+            # As the daemon does before it lists (datasets.py _prepare_dataset): the client
             # and credentials made, the bucket checked, one 1-key list; ~0.1 s of CPU
             # that is no part of the listing's rate.
             b.check()
@@ -424,7 +402,7 @@ def _measure(
 
 
 def _write_listing(backend: Any) -> int:
-    """List into a fresh env as daemon._fill does; the objects written."""
+    """List into a fresh env as the daemon's Catalog._fill does; the objects written."""
     d = tempfile.mkdtemp(prefix="silofs-listing-", dir="/var/tmp")
     store = WritableStore(d, env_map_size(4 << 30))
     try:

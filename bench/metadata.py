@@ -1,19 +1,19 @@
 """Metadata at scale: first listing, env bytes, mount start, lookups, mount memory.
 
-Owns the figures of issue 10, for this checkout and for a baseline checkout (the commit
-before the LMDB directory index, in a git worktree) in the same run:
+Owns the metadata-at-scale figures, for this checkout and, with --git-rev, for another
+revision's daemon and mounts on the same local tree in the same run:
   1. a local store tree of --objects files (default 1 M, 0-byte files in directories of
      1000, written once under --data-dir and reused): first-listing rate through the
      daemon (`silofs mount` of a new dataset), daemon peak RSS (VmHWM) while listing, env
      bytes per object, mount-ready time from the saved listing (`silofs mount` wall time),
      mount-process RSS after 10 k random stats (lookups/s) and after `find` over the tree;
-  2. a generated listing of --generated objects (default 10 M; this checkout only: the
-     baseline would need ~10 GB per mount) written with the daemon's own listing code
-     (CacheStore.begin_listing/add_to_listing/finish_listing, the path backends feed),
-     then the mount-ready time and mount RSS from it.
+  2. a generated listing of --generated objects (default 10 M; this checkout only)
+     written with the daemon's own listing code (WritableStore.begin_listing,
+     add_to_listing, finish_listing: the path backends feed), then the mount-ready time
+     and mount RSS from it.
 Never changes silofs; every daemon and mount it starts is private and gone at exit.
 Run as root (FUSE, dropping dentries between phases):
-    python bench/metadata.py [--objects 1000000] [--generated 10000000] [--baseline-rev REV]
+    python bench/metadata.py [--objects 1000000] [--generated 10000000] [--git-rev REV]
 """
 
 from __future__ import annotations
@@ -29,9 +29,11 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from common import ROOT, Node, check_fuse, silofs_cmd  # noqa: I001
+from common import check_fuse
 
 from silofs.control.client import ControlClient
+from tests.support import baseline
+from tests.support.node import Node
 
 PER_DIR = 1000
 
@@ -133,35 +135,12 @@ def mount_figures(node: Node, uri: str, mp: str, paths: list[str], find: bool) -
     return out
 
 
-def baseline_checkout(work: Path, rev: str) -> Path:
-    path = work / f"baseline-{rev[:12]}"
-    if not path.exists():
-        subprocess.run(
-            ["git", "-C", str(ROOT), "worktree", "add", "--detach", str(path), rev],
-            check=True,
-            capture_output=True,
-        )
-    return path
-
-
-def default_baseline() -> str:
-    """The parent of the commit that introduced the directory index."""
-    out = subprocess.run(
-        ["git", "-C", str(ROOT), "log", "--format=%H", "--grep", "Listing as an LMDB directory"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.split()
-    if not out:
-        sys.exit("cannot find the directory-index commit: pass --baseline-rev")
-    return out[-1] + "^"
-
-
 def run_tree(label: str, code: Path | None, work: Path, tree: Path, n: int) -> dict:
     root = Path(tempfile.mkdtemp(prefix=f"{label}-", dir=work))
     rng = random.Random(1)
     paths = tree_paths(n, 10_000, rng)
-    with Node(root, 8 << 30, extra_path=[str(code)] if code else None) as node:
+    pythonpath = baseline.pythonpath(code) if code else []
+    with Node(root, 8 << 30, pythonpath=pythonpath) as node:
         node.start()
         uri = f"file://{tree}/"
         fig = first_listing(node, uri, n)
@@ -215,7 +194,7 @@ def run_generated(work: Path, n: int) -> dict:
     m.close()
     ro.close()
     rng = random.Random(2)
-    idx = rng.sample(range(n), 10_000)
+    idx = rng.sample(range(n), min(n, 10_000))
     paths = [f"shard{i // 1_000_000:03d}/d{i // PER_DIR:05d}/img_{i:08d}.jpg" for i in idx]
     with Node(root, cache_size) as node:
         node.start()
@@ -315,32 +294,19 @@ def main() -> None:
     ap.add_argument("--generated", type=int, default=10_000_000, help="0: skip")
     ap.add_argument("--refresh-objects", type=int, default=1_000_000, help="0: skip")
     ap.add_argument("--data-dir", default="/var/tmp/silofs-bench-meta")
-    ap.add_argument("--baseline-rev", default=None, help="default: before the index")
-    ap.add_argument("--no-baseline", action="store_true")
+    baseline.add_argument(ap, "daemon and mounts on the local tree")
     args = ap.parse_args()
     check_fuse()
     data = Path(args.data_dir)
     data.mkdir(parents=True, exist_ok=True)
-    # `python -m silofs` puts the working directory first on sys.path: run from a neutral
-    # one, so PYTHONPATH alone decides which checkout each node runs.
-    os.chdir(data)
     tree = make_tree(data, args.objects)
     results: list[tuple[str, dict]] = []
-    if not args.no_baseline:
-        rev = args.baseline_rev or default_baseline()
-        code = baseline_checkout(data, rev)
-        sha = subprocess.run(
-            ["git", "-C", str(code), "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-        ).stdout.strip()
-        print(f"baseline {sha}: {args.objects:,} objects ...", flush=True)
-        results.append(
-            (
-                f"baseline {sha}, {args.objects:,} objects",
-                run_tree("base", code, data, tree, args.objects),
-            )
-        )
+    if args.git_rev:
+        name = baseline.describe(args.git_rev)
+        print(f"baseline {name}: {args.objects:,} objects ...", flush=True)
+        with baseline.baseline_tree(args.git_rev) as code:
+            fig = run_tree("base", code, data, tree, args.objects)
+        results.append((f"baseline {name}, {args.objects:,} objects", fig))
     print(f"this checkout: {args.objects:,} objects ...", flush=True)
     results.append(
         (
@@ -368,5 +334,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    _ = silofs_cmd
     main()

@@ -6,8 +6,8 @@ into its stages (build_problem; the policy's allocate and sharing the rest of th
 to_plan) in CPU seconds (the figures hold on a busy machine), the table and the
 fitted exponent of time in J (least-squares slope of log time over log J). With
 --git-rev it also runs the same clusters against another revision's silofs-ctl, in a
-subprocess on a `git archive` copy (the working tree and the index are left alone), so
-before and after come from one run on one machine. Never: changes what a policy decides,
+subprocess (tests/support/baseline.py: a `git archive` copy, or a checkout's directory),
+so before and after come from one run on one machine. Never: changes what a policy decides,
 or checks correctness (tests/unit/test_ctl_maxmin_lp.py does).
 
     python bench/policies.py                         # 100, 1k, 10k jobs; every policy
@@ -22,19 +22,18 @@ import argparse
 import cProfile
 import json
 import math
-import os
 import pstats
 import random
-import subprocess
 import sys
-import tarfile
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+import common  # noqa: F401 - this checkout first on sys.path
+
+from tests.support import baseline
+
 POLICY_NAMES = ("gavel", "sjf", "fifo", "greedy")
 MB, GB = 10**6, 10**9
 
@@ -144,7 +143,7 @@ def time_policy(api: Any, policy: str, n_jobs: int, profile: bool = False) -> Ti
     t1 = time.process_time()
     alloc = api.POLICIES[policy]().allocate(jobs, cluster, SiloDEstimator())
     extra = []
-    if hasattr(api, "share_the_rest"):  # the link shared after the policy (issue 12)
+    if hasattr(api, "share_the_rest"):  # the link's rest shared after the policy
         extra = [api.share_the_rest(alloc, jobs, unknown, cluster)]
     t2 = time.process_time()
     api.to_plan(config, jobs, unknown, cluster, alloc, seen, *extra)
@@ -186,24 +185,14 @@ def measure(policies: list[str], sizes: list[int], budget: float) -> list[Timing
 
 
 def run_rev(rev: str, policies: list[str], sizes: list[int], budget: float) -> list[Timing]:
-    """This script against `rev`'s silofs-ctl, unpacked from `git archive` into a temp dir."""
-    with tempfile.TemporaryDirectory(prefix="silofs-bench-rev-") as tmp:
-        archive = subprocess.run(
-            ["git", "-C", str(ROOT), "archive", rev, "silofs-ctl"],
-            check=True,
-            capture_output=True,
-        ).stdout
-        archive_path = Path(tmp) / "src.tar"
-        archive_path.write_bytes(archive)
-        with tarfile.open(archive_path) as tar:
-            tar.extractall(tmp, filter="data")
-        env = {**os.environ, "PYTHONPATH": f"{tmp}/silofs-ctl:{ROOT}"}
-        cmd = [sys.executable, __file__, "--json", "--budget", str(budget)]
-        cmd += ["--sizes", *map(str, sizes), "--policies", *policies]
-        print(f"{rev}:", file=sys.stderr, flush=True)
-        done = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True)
-        sys.stderr.write(done.stderr)
-        return [Timing(**row) for row in json.loads(done.stdout)]
+    """This script against `rev`'s silofs-ctl (tests/support/baseline.py), in a subprocess."""
+    cmd = [__file__, "--json", "--budget", str(budget)]
+    cmd += ["--sizes", *map(str, sizes), "--policies", *policies]
+    print(f"{baseline.describe(rev)}:", file=sys.stderr, flush=True)
+    with baseline.baseline_tree(rev) as tree:
+        done = baseline.run(tree, cmd, check=True, capture_output=True, text=True)
+    sys.stderr.write(done.stderr)
+    return [Timing(**row) for row in json.loads(done.stdout)]
 
 
 def table(label: str, timings: list[Timing]) -> str:
@@ -227,7 +216,7 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[100, 1000, 10000])
     parser.add_argument("--policies", nargs="+", default=list(POLICY_NAMES))
-    parser.add_argument("--git-rev", help="also time this revision's silofs-ctl (before)")
+    baseline.add_argument(parser, "silofs-ctl (before)")
     parser.add_argument(
         "--budget",
         type=float,
@@ -251,7 +240,7 @@ def main(argv: list[str]) -> int:
         print(json.dumps([vars(t) for t in after]))
         return 0
     if before:
-        print(table(f"before: {args.git_rev}", before))
+        print(table(f"before: {baseline.describe(args.git_rev)}", before))
         print()
     print(table("after: this tree" if before else "this tree", after))
     return 0

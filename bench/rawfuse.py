@@ -39,12 +39,11 @@ import os
 import signal
 import stat
 import sys
-from pathlib import Path
 
+import common  # noqa: F401, E402 - this checkout first on sys.path
 import pyfuse3
 import trio
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from silofs.mount import forked  # noqa: E402
 from silofs.mount.process import raise_read_ahead  # noqa: E402
 

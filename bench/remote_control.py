@@ -20,9 +20,6 @@ each" is paced under the rate limit (at most 100 of them).
 from __future__ import annotations
 
 import argparse
-import os
-import shutil
-import signal
 import socket
 import statistics
 import subprocess
@@ -33,28 +30,17 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from common import ProcTimes  # also puts this checkout first on sys.path
+
 from silofs.control.client import ControlClient, ControlError, client_tls_context
-
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from tests.support.net import free_port
+from tests.support.node import Node
 
 
 def figures(samples: list[float]) -> str:
     ms = sorted(1000 * s for s in samples)
     p99 = ms[min(len(ms) - 1, int(0.99 * len(ms)))]
     return f"median {statistics.median(ms):6.2f} ms  p99 {p99:6.2f} ms  (n={len(ms)})"
-
-
-def cpu_seconds(pid: int) -> float:
-    """utime + stime of a process, from /proc."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def timed(fn, n: int) -> list[float]:  # type: ignore[no-untyped-def]
@@ -74,13 +60,16 @@ def main() -> None:
     ap.add_argument("--rate", type=float, default=20.0, help="[control] tls_handshakes_per_second")
     args = ap.parse_args()
 
-    tmp = Path(tempfile.mkdtemp(prefix="silofs-bench-tls-"))
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    with tempfile.TemporaryDirectory(prefix="silofs-bench-tls-") as d:
+        run(args, Path(d))
+
+
+def run(args: argparse.Namespace, tmp: Path) -> None:
     ctl = [sys.executable, "-m", "silofs_ctl"]
     pki, foreign = tmp / "pki", tmp / "foreign"
     for a in (["certs", "init", str(pki)], ["certs", "node", str(pki), "bench", "--address",
               "127.0.0.1"], ["certs", "init", str(foreign)]):  # fmt: skip
-        subprocess.run([*ctl, *a], check=True, capture_output=True, env=env)
+        subprocess.run([*ctl, *a], check=True, capture_output=True)
     port = free_port()
     conf = tmp / "silofs.toml"
     conf.write_text(
@@ -89,23 +78,9 @@ def main() -> None:
         f'tls_client_ca = "{pki}/ca.pem"\ntls_client_names = ["controller"]\n'
         f"tls_handshakes_per_second = {args.rate}\n"
     )
-    sock = str(tmp / "ctl.sock")
-    log = open(tmp / "daemon.log", "ab")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "silofs", "daemon", "--config", str(conf), "--socket", sock,
-         "--cache-dir", str(tmp / "cache"), "--cache-size", "64M"],
-        stdout=log, stderr=log, env=env, start_new_session=True,
-    )  # fmt: skip
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                ControlClient(sock, timeout=2).request("GET", "/v1/status")
-                break
-            except ControlError:
-                if time.monotonic() > deadline or proc.poll() is not None:
-                    raise SystemExit((tmp / "daemon.log").read_text()[-2000:]) from None
-                time.sleep(0.05)
+    with Node(tmp / "node", "64M", config=conf) as node:
+        node.start()
+        sock = node.socket
         good = client_tls_context(f"{pki}/controller.pem", f"{pki}/controller.key", f"{pki}/ca.pem")
         bad = client_tls_context(
             f"{foreign}/controller.pem", f"{foreign}/controller.key", f"{pki}/ca.pem"
@@ -157,12 +132,12 @@ def main() -> None:
 
         watcher = threading.Thread(target=watch)
         watcher.start()
-        cpu0 = cpu_seconds(proc.pid)
+        cpu0 = ProcTimes.of(node.daemon_pid).cpu_s
         t0 = time.perf_counter()
         with ThreadPoolExecutor(args.threads) as pool:
             outcomes = list(pool.map(refused, range(args.flood)))
         elapsed = time.perf_counter() - t0
-        cpu = cpu_seconds(proc.pid) - cpu0
+        cpu = ProcTimes.of(node.daemon_pid).cpu_s - cpu0
         stop.set()
         watcher.join()
         print(
@@ -174,15 +149,8 @@ def main() -> None:
         print(f"tls status meanwhile     {figures(during['tls'])}")
         with ControlClient(sock, timeout=10) as c:
             assert c.request("GET", "/v1/status")["node"]
-        warnings = (tmp / "daemon.log").read_text().count("TLS listener refused")
+        warnings = (node.logs / "daemon.log").read_text().count("TLS listener refused")
         print(f"daemon log lines about refusals: {warnings} (at most one a minute)")
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -1,9 +1,10 @@
 """SiloD on real mounts: a scenario's jobs run live under each cache system, against the simulator.
 
-Owns: the live experiment of issue 13. An s3rver bucket holds each dataset of the scenario
-(img-* datasets as ~256 KiB image-like files, everything else as 8 MiB shards) behind
-tests/faultproxy.py with one token bucket of the scenario's `remote_io`: the cloud link
-every remote GET of every job shares. For each system a fresh silofs daemon (cache size =
+Owns: the live experiment. An s3rver bucket (s3rver is installed into .ci/node with npm
+on first use) holds each dataset of the scenario (img-* datasets as ~256 KiB image-like
+files, everything else as 8 MiB shards) behind tests/support/faultproxy.py with one token
+bucket of the scenario's `remote_io`: the cloud link every remote GET of every job
+shares. For each system a fresh silofs daemon (cache size =
 the node's cache) serves one `silofs mount --job NAME` per job; each job is a real
 process (this script with --worker) that reads its dataset in a new random order every
 epoch with reader threads feeding a compute loop that sleeps size/f* per sample, so it
@@ -28,8 +29,6 @@ SILOFS_BUFFER_BYTES bounds each mount's buffer of fetched chunks to what its rea
 have in flight.
 Never: changes silofs, or leaves a mount or process behind.
 
-    npm install --prefix .ci/node s3rver azurite@3.35.0   # once (naming only s3rver
-                                                          # makes npm remove azurite)
     python bench/silod_live.py                    # configs/scenarios/live-full.toml
     python bench/silod_live.py --quick --json     # live-quick.toml, under 10 minutes
     python bench/silod_live.py SCENARIO.toml --systems silod,coordl
@@ -57,11 +56,11 @@ from urllib.parse import quote, urlsplit
 
 BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
-from common import ROOT, Node, load_average, pids_with, silofs_cmd  # noqa: E402
+from common import ROOT, load_average  # noqa: E402
 
-sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "silofs-ctl"))
 from silofs.control.client import ControlClient  # noqa: E402
+from tests.support.node import Node, pids_with  # noqa: E402
 
 SYSTEMS = ("silod", "coordl", "alluxio", "quiver")
 IMAGE_BYTES = 256 << 10
@@ -452,17 +451,11 @@ class Live:
         os.makedirs(job.mountpoint, exist_ok=True)
         with self.lock:
             self.node.mountpoints.append(job.mountpoint)
-        env = {**self.node.env, "SILOFS_BUFFER_BYTES": str(BUFFER_BYTES[kind(spec.dataset)])}
+        env = {"SILOFS_BUFFER_BYTES": str(BUFFER_BYTES[kind(spec.dataset)])}
         args = ["--job", spec.name, "--endpoint-url", self.endpoint, "--chunk-size", CHUNK]
-        res = subprocess.run(
-            silofs_cmd(
-                "mount", self.uri(spec.dataset), job.mountpoint, "--socket", self.node.socket,
-                *args, *extra,
-            ),
-            capture_output=True,
-            text=True,
-            env=env,
-            timeout=120,
+        res = self.node.run(
+            "mount", self.uri(spec.dataset), job.mountpoint, "--socket", self.node.socket,
+            *args, *extra, env=env, timeout=120,
         )  # fmt: skip
         if res.returncode != 0:
             raise RuntimeError(f"silofs mount failed: {res.stderr.strip()}")
@@ -503,7 +496,7 @@ class Live:
     def _teardown(self, job: LiveJob) -> None:
         # The mount's counters (reported every 0.25 s) before it goes away with its job.
         try:
-            self.served[job.spec.name] = self.node.settled(job.mountpoint, job.bytes_read, 5)
+            self.served[job.spec.name] = self.node.settle(job.mountpoint, job.bytes_read, 5)
             self.waited[job.spec.name] = self.node.job_status(job.spec.name)["limiter_wait_s"]
         except RuntimeError as exc:
             print(f"warning: {job.spec.name}: no final counters: {exc}", file=sys.stderr)
@@ -599,10 +592,10 @@ def err(live: float, sim: float) -> float:
 
 
 def compare(args: argparse.Namespace) -> int:
-    from common import CREDS, S3Server, start_s3rver
     from silofs_ctl.scenario import load_scenario
 
-    from tests.faultproxy import FaultPlan, FaultProxy
+    from tests.support.faultproxy import FaultPlan, FaultProxy
+    from tests.support.servers import S3Server, start_s3rver
 
     scenario = load_scenario(args.scenario)
     if len(scenario.nodes) != 1:
@@ -621,11 +614,11 @@ def compare(args: argparse.Namespace) -> int:
         client = _client(args.s3_endpoint)
         args.s3rver_pid = 0
     else:
-        os.environ.update(CREDS)
         s3 = start_s3rver(base / "s3rver", base / "s3rver.log")
+        os.environ.update(s3.env)  # its credentials, for our daemons
         upstream = ("127.0.0.1", s3.port)
         client = s3.client()
-        args.s3rver_pid = s3.proc.pid
+        args.s3rver_pid = s3.process.pid if s3.process else 0
     results: dict[str, LiveResult] = {}
     try:
         upload(client, args.bucket, scenario.datasets)

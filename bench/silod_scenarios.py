@@ -19,6 +19,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import common  # noqa: F401 - this checkout first on sys.path
 from silofs_ctl.scenario import load_scenario
 from silofs_ctl.simulator import CACHE_CHOICES, simulate
 

@@ -18,40 +18,38 @@ the count at the same load: --jobs 1000 is a 1-week trace, --jobs 2000 a 2-week 
     python bench/simulate_speed.py --traces heavy --pairs gavel:silod
     python bench/simulate_speed.py --jobs 400         # a tenth of the size, quickly
     python bench/simulate_speed.py --profile gavel:silod --traces month
-    python bench/simulate_speed.py --git-rev main --timeout 300   # before (main) and after
+    python bench/simulate_speed.py --git-rev HEAD~3 --timeout 300  # before (HEAD~3) and after
 
 With --git-rev, each pair also runs against that revision's silofs-ctl (unpacked with
-`git archive` into a temp dir; the working tree is left alone), one subprocess per pair
+`git archive` into a temp dir by tests/support/baseline.py), one subprocess per pair
 and trace so that --timeout can stop a pair that takes too long (shown as ">N"); the
 table then shows both CPU times and the speed-up, and both average JCTs (sameness).
 --check (with --git-rev) also compares the two runs job by job: the largest relative
 difference of a finish time ("finish rel"), and whether average JCT and average fairness
 agree to 6 significant digits; a pair that does not is marked DIFFERS.
 
-    python bench/simulate_speed.py --jobs 400 --git-rev main --check
+    python bench/simulate_speed.py --jobs 400 --git-rev HEAD~3 --check
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import cProfile
 import json
 import math
-import os
 import pstats
 import subprocess
 import sys
-import tarfile
-import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+import common  # noqa: F401 - this checkout first on sys.path
+from silod_scenarios import TraceShape, generate_trace
+from silofs_ctl.scenario import Scenario, parse_scenario
+from silofs_ctl.simulator import CACHE_CHOICES, Simulation
 
-from silod_scenarios import TraceShape, generate_trace  # noqa: E402
-from silofs_ctl.scenario import Scenario, parse_scenario  # noqa: E402
-from silofs_ctl.simulator import CACHE_CHOICES, Simulation  # noqa: E402
+from tests.support import baseline
 
 SCHEDULERS = ("fifo", "sjf", "gavel")
 # 400 GPUs; cache and remote IO per GPU as in trace-300 (16 nodes, 250GB each, 1GB/s).
@@ -116,26 +114,13 @@ def sameness(new: dict, old: dict) -> tuple[float, bool]:
     return worst, same
 
 
-def unpack(rev: str, into: str) -> str:
-    """`rev`'s silofs-ctl under `into`; returns the PYTHONPATH entry for it."""
-    archive = subprocess.run(
-        ["git", "-C", str(ROOT), "archive", rev, "silofs-ctl"], check=True, capture_output=True
-    ).stdout
-    path = Path(into) / "src.tar"
-    path.write_bytes(archive)
-    with tarfile.open(path) as tar:
-        tar.extractall(into, filter="data")
-    return f"{into}/silofs-ctl"
-
-
-def run_before(pythonpath: str, name: str, pair: str, args: argparse.Namespace) -> dict | None:
+def run_before(tree: Path, name: str, pair: str, args: argparse.Namespace) -> dict | None:
     """One pair on one trace against the other revision; None if it passed --timeout."""
-    cmd = [sys.executable, __file__, "--json", "--traces", name, "--pairs", pair]
+    cmd = [__file__, "--json", "--traces", name, "--pairs", pair]
     cmd += ["--jobs", str(args.jobs), "--seed", str(args.seed)]
-    env = {**os.environ, "PYTHONPATH": pythonpath}
     try:
-        done = subprocess.run(
-            cmd, env=env, check=True, capture_output=True, text=True, timeout=args.timeout
+        done = baseline.run(
+            tree, cmd, check=True, capture_output=True, text=True, timeout=args.timeout
         )
     except subprocess.TimeoutExpired:
         return None
@@ -154,7 +139,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--jobs", type=int, default=4000)
     parser.add_argument("--seed", type=int, default=11)
     parser.add_argument("--profile", metavar="SCHEDULER:CACHE", help="cProfile one pair")
-    parser.add_argument("--git-rev", help="also time this revision's silofs-ctl (before)")
+    baseline.add_argument(parser, "silofs-ctl (before)")
     parser.add_argument(
         "--timeout", type=float, default=600.0, help="wall seconds for one pair of --git-rev"
     )
@@ -172,51 +157,51 @@ def main(argv: list[str]) -> int:
             rows += [run_pair(scenario, pair, False) for pair in args.pairs]
         print(json.dumps(rows))
         return 0
-    tmp = tempfile.TemporaryDirectory(prefix="silofs-bench-rev-") if args.git_rev else None
-    before_path = unpack(args.git_rev, tmp.name) if tmp and args.git_rev else ""
+    with contextlib.ExitStack() as stack:
+        tree = stack.enter_context(baseline.baseline_tree(args.git_rev)) if args.git_rev else None
+        return compare(args, tree)
+
+
+def compare(args: argparse.Namespace, tree: Path | None) -> int:
     head = (
         f"{'trace':8} {'pair':16} {'wall':>8} {'cpu':>8} {'steps':>9} {'plans':>7} {'avg JCT':>9}"
     )
-    if args.git_rev:
+    if tree is not None:
         head += f" {'before cpu':>11} {'speed-up':>8} {'before JCT':>10}"
         if args.check:
             head += f" {'finish rel':>10}"
     print(head)
     worst = 0.0
-    try:
-        for name in args.traces:
-            scenario = trace(name, args.jobs, args.seed)
-            print(
-                f"# {name}: {len(scenario.jobs)} jobs, {scenario.total_gpus} GPUs, "
-                f"offered load {offered_load(scenario):.2f}",
-                flush=True,
+    for name in args.traces:
+        scenario = trace(name, args.jobs, args.seed)
+        print(
+            f"# {name}: {len(scenario.jobs)} jobs, {scenario.total_gpus} GPUs, "
+            f"offered load {offered_load(scenario):.2f}",
+            flush=True,
+        )
+        for pair in args.pairs:
+            row = run_pair(scenario, pair, bool(args.profile))
+            worst = max(worst, row["cpu"])
+            line = (
+                f"{name:8} {pair:16} {row['wall']:7.1f}s {row['cpu']:7.1f}s "
+                f"{row['steps'] if row['steps'] is not None else '-':>9} "
+                f"{row['plans'] if row['plans'] is not None else '-':>7} "
+                f"{row['avg_jct_h']:8.2f}h"
             )
-            for pair in args.pairs:
-                row = run_pair(scenario, pair, bool(args.profile))
-                worst = max(worst, row["cpu"])
-                line = (
-                    f"{name:8} {pair:16} {row['wall']:7.1f}s {row['cpu']:7.1f}s "
-                    f"{row['steps'] if row['steps'] is not None else '-':>9} "
-                    f"{row['plans'] if row['plans'] is not None else '-':>7} "
-                    f"{row['avg_jct_h']:8.2f}h"
-                )
-                if args.git_rev:
-                    old = run_before(before_path, name, pair, args)
-                    if old is None:
-                        over = f">{args.timeout:.0f}s wall"
-                        line += f" {over:>11} {'-':>8} {'-':>10}"
-                    else:
-                        line += (
-                            f" {old['cpu']:10.1f}s {old['cpu'] / max(row['cpu'], 1e-9):7.1f}x "
-                            f"{old['avg_jct_h']:9.2f}h"
-                        )
-                        if args.check:
-                            rel, same = sameness(row, old)
-                            line += f" {rel:10.1e}" + ("" if same else " DIFFERS")
-                print(line, flush=True)
-    finally:
-        if tmp:
-            tmp.cleanup()
+            if tree is not None:
+                old = run_before(tree, name, pair, args)
+                if old is None:
+                    over = f">{args.timeout:.0f}s wall"
+                    line += f" {over:>11} {'-':>8} {'-':>10}"
+                else:
+                    line += (
+                        f" {old['cpu']:10.1f}s {old['cpu'] / max(row['cpu'], 1e-9):7.1f}x "
+                        f"{old['avg_jct_h']:9.2f}h"
+                    )
+                    if args.check:
+                        rel, same = sameness(row, old)
+                        line += f" {rel:10.1e}" + ("" if same else " DIFFERS")
+            print(line, flush=True)
     print(f"slowest pair: {worst:.1f}s CPU")
     return 0
 

@@ -5,13 +5,15 @@ Owns: one 512 MiB file and 2000 files of 110 KiB (random bytes, generated once u
 a cold first pass that fills the cache, then warm passes with the page cache dropped
 before each one, interleaved with the same reads on local disk and on the two pyfuse3
 ceilings (bench/rawfuse.py: from memory, and from the local disk), the ratios against
-the goals (BIG_TARGET...), the mount's CPU per
-file and peak RSS (anonymous vs LMDB-mapped), hit ratio from status, and a byte-for-byte
-check of what the mount served. Never runs in CI (it drops the page
-cache of the whole machine) and never changes silofs.
+the goals (BIG_TARGET and the others below), the mount's CPU per file and peak RSS
+(anonymous vs LMDB-mapped), hit ratio from status, and a byte-for-byte check of what the
+mount served. With --git-rev, another revision's mount process is measured in the same
+rounds, through the same daemon and cache. Never runs in CI (it drops the page cache of
+the whole machine) and never changes silofs.
 
     sudo python bench/throughput.py                      # 512 MiB + 2000 x 110 KiB
     sudo python bench/throughput.py --size-mb 256 --files 1000 --readers 1,4 --keep
+    sudo python bench/throughput.py --git-rev HEAD~3     # before (HEAD~3) and after
     sudo python bench/throughput.py --profile /tmp/prof  # py-spy: cold pass, extra warm passes
 """
 
@@ -31,7 +33,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from common import (
-    Node,
     ProcTimes,
     Profiler,
     RssPeak,
@@ -39,32 +40,17 @@ from common import (
     busy_processes,
     check_root,
     drop_caches,
-    force_unmount,
     load_average,
     profile_summary,
     ratio,
     read_files,
 )
 
+from tests.support import baseline
+from tests.support.node import Node, force_unmount
+
 SMALL_BYTES = 110 << 10
 
-# --lmdb-readahead: an experiment that changes no file of silofs. The silofs processes of
-# this run import it (sitecustomize on their PYTHONPATH); it makes every read-only LMDB
-# env, which only mount processes open, use readahead=True instead of MDB_NORDAHEAD.
-READAHEAD_HOOK = """\
-import lmdb
-
-_open = lmdb.open
-
-
-def _open_with_readahead(path, **kw):
-    if kw.get("readonly"):
-        kw["readahead"] = True
-    return _open(path, **kw)
-
-
-lmdb.open = _open_with_readahead
-"""
 # The goals: warm big file >= 1.0x local disk at mount CPU <= 2x the pyfuse3 ceiling's;
 # warm 110 KiB files >= 0.9x the ceiling's files/s with 1 and with 4 readers, at mount
 # CPU per file <= 1.15x the ceiling's. Each is printed against both ceilings: the one
@@ -260,21 +246,8 @@ def main() -> int:
         help="keep one mount process for all warm passes (its mapped LMDB pages then "
         "survive drop_caches: a RAM-warm figure, not an SSD-warm one)",
     )
-    ap.add_argument(
-        "--lmdb-readahead",
-        action="store_true",
-        help="experiment: mount processes open the LMDB cache with readahead=True "
-        "(silofs opens it with readahead=False, i.e. MADV_RANDOM); changes no file",
-    )
     ap.add_argument("--no-verify", action="store_true", help="skip the byte-for-byte check")
-    ap.add_argument(
-        "--baseline",
-        metavar="TREE",
-        default=None,
-        help="also measure the mount process of another silofs tree (e.g. a `git archive` "
-        "of main), mounted through the same daemon and cache, interleaved with this one: "
-        "before/after from one run",
-    )
+    baseline.add_argument(ap, "mount process (through the same daemon and cache, interleaved)")
     ap.add_argument(
         "--small-only",
         action="store_true",
@@ -310,7 +283,10 @@ def main() -> int:
     tmp = Path(tempfile.mkdtemp(prefix="silofs-bench-", dir="/var/tmp"))
     try:
         data = ensure_data(base, args.size_mb, args.files)
-        return run(args, data, readers, tmp)
+        if args.git_rev is None:
+            return run(args, data, readers, tmp, None)
+        with baseline.baseline_tree(args.git_rev) as tree:
+            return run(args, data, readers, tmp, tree)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
         if not args.keep:
@@ -349,7 +325,7 @@ class Mount:
         if not self.pid:
             return
         if self.expected:
-            st = self.node.settled(self.mp, self.expected)
+            st = self.node.settle(self.mp, self.expected)
             for k in COUNTERS:
                 self.totals[k] += st[k]
             self.expected = 0
@@ -367,7 +343,7 @@ class Mount:
         """Counters of all mounts so far, the current one settled."""
         out = dict(self.totals)
         if self.expected:
-            st = self.node.settled(self.mp, self.expected)
+            st = self.node.settle(self.mp, self.expected)
             for k in COUNTERS:
                 out[k] += st[k]
         return out
@@ -412,7 +388,9 @@ def fill_cache(node: Node, m: Mount, data: Path, files: int, attempts: int = 3) 
         m.expected += n
 
 
-def run(args: argparse.Namespace, data: Path, readers: list[int], tmp: Path) -> int:
+def run(
+    args: argparse.Namespace, data: Path, readers: list[int], tmp: Path, tree: Path | None
+) -> int:
     total = (args.size_mb << 20) + args.files * SMALL_BYTES
     big_bytes = args.size_mb << 20
     mp = str(tmp / "mnt")
@@ -422,18 +400,10 @@ def run(args: argparse.Namespace, data: Path, readers: list[int], tmp: Path) -> 
     for line in busy_processes():
         print(f"  busy: {line}")
 
-    extra_path = []
-    if args.lmdb_readahead:
-        hook = tmp / "hook"
-        hook.mkdir()
-        (hook / "sitecustomize.py").write_text(READAHEAD_HOOK)
-        extra_path.append(str(hook))
-        print("experiment: mount processes open the cache env with readahead=True")
     node = Node(
         tmp / "node",
         cache_size=total * 2 + (512 << 20),
         chunk_size=args.chunk_size,
-        extra_path=extra_path,
     )
     with node:
         node.start()
@@ -525,13 +495,10 @@ def run(args: argparse.Namespace, data: Path, readers: list[int], tmp: Path) -> 
         big_b = Samples([])
         small_b = {r: Samples([]) for r in readers}
         base_mp = str(tmp / "mnt-baseline")
-        if args.baseline:
+        if tree is not None:
             # The other tree's `silofs mount` and mount process, against our daemon.
             other = copy.copy(node)
-            other.env = {
-                **node.env,
-                "PYTHONPATH": os.pathsep.join([args.baseline, node.env["PYTHONPATH"]]),
-            }
+            other.env = baseline.env(tree, node.env)
             base = Mount(other, f"file://{data}", base_mp, mount_args)
             base.open()
 

@@ -1,4 +1,4 @@
-"""`silofs daemon|mount|unmount`: the node-side command line.
+"""`silofs daemon|mount|unmount|end-job`: the node-side command line.
 
 Owns flags, their translation into settings, starting a default daemon when none runs,
 the readiness handshake with a background mount process, and turning every error into
@@ -29,6 +29,7 @@ from silofs.config import (
     MountSettings,
     NodeSettings,
     credential_fingerprint,
+    default_log_dir,
     default_socket,
     load_node_settings,
 )
@@ -36,6 +37,7 @@ from silofs.control.client import ControlClient, ControlError, DaemonNotTrusted
 from silofs.errors import SilofsError, UsageError, first_leaf
 from silofs.logsetup import LOG_FORMATS, setup_logging
 from silofs.mountinfo import silofs_mounts
+from silofs.pids import pid_alive
 from silofs.units import format_rate, format_size, parse_rate, parse_size
 
 log = logging.getLogger(__name__)
@@ -70,16 +72,6 @@ def one_line_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
             fail(str(first_leaf(expected)))
 
     return wrapper
-
-
-def state_dir() -> str:
-    """Where background daemons and mounts write their logs."""
-    if env := os.environ.get("SILOFS_LOG_DIR"):
-        return env
-    if os.geteuid() == 0:
-        return "/var/log/silofs"
-    base = os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state")
-    return os.path.join(base, "silofs")
 
 
 def _size(_ctx: click.Context, _param: click.Parameter, value: str | None) -> int | None:
@@ -141,13 +133,7 @@ socket_option = click.option(
 
 # -- daemon ----------------------------------------------------------------------------
 @main.group(invoke_without_command=True)
-@click.option(
-    "--config",
-    "config_file",
-    type=click.Path(),
-    default=None,
-    help="TOML settings (see configs/silofs.toml).",
-)
+@click.option("--config", "config_file", type=click.Path(), help="TOML settings (configs/).")
 @socket_option
 @click.option("--cache-dir", default=None, help="Directory of the LMDB cache.")
 @click.option("--cache-size", default=None, callback=_size, help="Cache budget, e.g. 500G.")
@@ -158,16 +144,9 @@ socket_option = click.option(
 @click.option("--log-file", default=None, help="Log here (reopened after logrotate/SIGHUP).")
 @click.option("--log-format", type=click.Choice(LOG_FORMATS), default=None, help="text or json.")
 @click.option(
-    "--idle-exit",
-    type=float,
-    default=None,
-    help="Exit after SECONDS with no mount (default: never; ignored under systemd).",
+    "--idle-exit", type=float, help="Exit SECONDS after the last mount (not under systemd)."
 )
-@click.option(
-    "--metrics-address",
-    default=None,
-    help="Serve GET /metrics over TCP too, e.g. 127.0.0.1:9464 (default: off).",
-)
+@click.option("--metrics-address", help="Also serve GET /metrics over TCP, e.g. 127.0.0.1:9464.")
 @click.option("--started-by", type=click.Choice(["manual", "auto"]), default="manual", hidden=True)
 @click.pass_context
 @one_line_errors
@@ -255,7 +234,7 @@ def daemon_stop(socket: str | None, force: bool, timeout: float) -> None:
             "`systemctl stop silofs` if it is a service"
         ) from None
     deadline = time.monotonic() + timeout
-    while _alive(pid):
+    while pid_alive(pid):
         if time.monotonic() > deadline:
             raise SilofsError(f"the daemon (pid {pid}) did not exit within {timeout:.0f}s")
         time.sleep(0.05)
@@ -306,8 +285,8 @@ class DaemonWish:
 def _start_daemon(wish: DaemonWish) -> None:
     """Start a default node daemon in the background and wait until it answers."""
     socket = wish.socket
-    os.makedirs(state_dir(), exist_ok=True)
-    log_path = os.path.join(state_dir(), "daemon.log")
+    os.makedirs(default_log_dir(), exist_ok=True)
+    log_path = os.path.join(default_log_dir(), "daemon.log")
     args = [sys.executable, "-m", "silofs", "daemon", "--socket", socket, "--started-by", "auto"]
     for flag, value in (
         ("--cache-dir", wish.cache_dir),
@@ -749,8 +728,8 @@ def _mount_background(
 ) -> None:
     # Records go to --log-file, else to syslog (the journal) when there is one; stderr
     # (a crash, or records when there is no syslog) to a file in the state dir.
-    os.makedirs(state_dir(), exist_ok=True)
-    err_path = os.path.join(state_dir(), f"mount-{settings.job}.log")
+    os.makedirs(default_log_dir(), exist_ok=True)
+    err_path = os.path.join(default_log_dir(), f"mount-{settings.job}.log")
     log_path = os.path.abspath(log_file) if log_file else err_path
     read_fd, write_fd = os.pipe()
     args = [
@@ -855,9 +834,38 @@ def unmount(mountpoint: str, socket: str | None, lazy: bool) -> None:
         reason = (res.stderr.strip().splitlines() or ["fusermount3 failed"])[-1]
         raise SilofsError(f"cannot unmount {path}: {reason}")
     deadline = time.monotonic() + 10
-    while pid and time.monotonic() < deadline and _alive(pid):
+    while pid and time.monotonic() < deadline and pid_alive(pid):
         time.sleep(0.05)
     click.echo(f"silofs: unmounted {path}", err=True)
+
+
+@main.command("end-job")
+@click.argument("job")
+@click.option(
+    "--dir",
+    "directory",
+    default=None,
+    help="The job's mount directory: every mount at or under it is the job's.",
+)
+@socket_option
+@one_line_errors
+def end_job(job: str, directory: str | None, socket: str | None) -> None:
+    """End a finished batch job on this node (a scheduler's epilog, as root).
+
+    Unmounts every mount at or under --dir and the daemon's silofs mounts of JOB (lazily
+    where a reader holds files open), waits a few seconds for their mount processes
+    (then SIGTERM, then SIGKILL), removes --dir and forgets JOB on the daemon. One line
+    per step on stdout; exit 1, naming it, if anything of the job is left."""
+    from silofs.jobend import end_job as end
+    from silofs.records import job_name_error
+
+    if (why := job_name_error(job)) is not None:
+        raise UsageError(f"bad job name {job!r}: {why}")
+    if os.geteuid() != 0:
+        raise UsageError("end-job unmounts other users' mounts: run it as root")
+    left = end(job, directory, socket or default_socket(), click.echo)
+    if left:
+        fail(f"left of job {job}: {'; '.join(left)}")
 
 
 def _mount_pid(socket: str, path: str) -> int | None:
@@ -869,14 +877,6 @@ def _mount_pid(socket: str, path: str) -> int | None:
     except ControlError:
         pass
     return None
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 # -- warm ------------------------------------------------------------------------------

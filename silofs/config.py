@@ -25,12 +25,51 @@ def default_socket() -> str:
 
 
 def default_cache_dir() -> str:
-    if env := os.environ.get("SILOFS_CACHE_DIR"):
-        return env
+    return _per_user_dir("SILOFS_CACHE_DIR", "/var/cache/silofs", "XDG_CACHE_HOME", "~/.cache")
+
+
+def default_log_dir() -> str:
+    """Where background daemons and mounts write their logs."""
+    return _per_user_dir("SILOFS_LOG_DIR", "/var/log/silofs", "XDG_STATE_HOME", "~/.local/state")
+
+
+def _per_user_dir(env: str, for_root: str, xdg: str, xdg_default: str) -> str:
+    """$env if set; `for_root` for root; else silofs/ under $xdg (or `xdg_default`)."""
+    if value := os.environ.get(env):
+        return value
     if os.geteuid() == 0:
-        return "/var/cache/silofs"
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
+        return for_root
+    base = os.environ.get(xdg) or os.path.expanduser(xdg_default)
     return os.path.join(base, "silofs")
+
+
+@dataclass(frozen=True)
+class MemberSpec:
+    """One member of a cluster: its TLS listener's address, canonical
+    ("tls://host:port", host lower-cased), and its cache weight."""
+
+    address: str
+    weight: float = 1.0
+
+
+@dataclass(frozen=True)
+class ClusterSettings:
+    """[cluster]: this node's cluster (docs/ARCHITECTURE.md "One cache across nodes").
+    The member list may be replaced at runtime (PUT /v1/cluster); `version` orders the
+    lists (the newest wins): a pushed list carries the pusher's, the file's is its
+    modification time (microseconds since the epoch)."""
+
+    name: str
+    members: tuple[MemberSpec, ...]
+    # This node as the others reach it (one of members); None: the member whose port is
+    # tcp_listen's and whose host is one of this node's certificate names.
+    address: str | None = None
+    version: int = 0
+    peer_timeout_seconds: float = 2.0  # connect, TLS handshake, first byte (a 102 counts)
+    peer_backoff_seconds: float = 1.0  # a failed member is down this long, doubling to 60 s
+    peer_serve_rate: int | None = None  # bytes/s served to peers at most; None: unlimited
+    peer_floor_rate: int = 1 << 20  # a peer's body must arrive at least this fast
+    keep_peer_copies: bool = False  # also admit peer-served chunks here
 
 
 @dataclass
@@ -95,6 +134,8 @@ class NodeSettings:
     tcp_max_connections: int = 64  # open at once, handshakes included
     tls_handshake_seconds: float = 10.0  # a client that takes longer is closed
     tls_handshakes_per_second: float = 20.0  # new connections beyond: closed at accept
+    # [cluster]: one cache across the nodes named there (None: this node stands alone).
+    cluster: ClusterSettings | None = None
 
 
 @dataclass
@@ -162,7 +203,7 @@ _SIZE_KEYS = {
     "admission_queue_bytes",
     "prefetch_window",
 }
-_SECTIONS = {"daemon", "backend", "limits", "access", "control"}
+_SECTIONS = {"daemon", "backend", "limits", "access", "control", "cluster"}
 _CONTROL_KEYS = {
     "tcp_listen",
     "tls_cert",
@@ -263,6 +304,123 @@ def _access(table: dict) -> dict[str, list[str]]:
     return out
 
 
+_CLUSTER_KEYS = {f.name for f in dataclasses.fields(ClusterSettings)} - {"version"}
+# A cluster's name travels in a header and names it in status: short, printable, no space.
+_CLUSTER_NAME_MAX = 64
+
+
+def parse_cluster(table: dict, version: int = 0) -> ClusterSettings:
+    """[cluster] (or the body of a member list pushed at runtime) as ClusterSettings;
+    UsageError naming the key otherwise."""
+    unknown = sorted(set(table) - _CLUSTER_KEYS)
+    if unknown:
+        raise UsageError(f"unknown key {unknown[0]!r}")
+    for key in ("name", "members"):
+        if key not in table:
+            raise UsageError(f"{key!r} is missing")
+    out: dict[str, object] = {"version": version}
+    for key, value in table.items():
+        out[key] = _cluster_value(key, value)
+    settings = ClusterSettings(**out)  # type: ignore[arg-type]
+    if settings.address is not None and settings.address not in member_addresses(settings):
+        raise UsageError(f"address {settings.address!r} is not one of the members")
+    return settings
+
+
+def member_addresses(c: ClusterSettings) -> list[str]:
+    return [m.address for m in c.members]
+
+
+def _cluster_value(key: str, value: object) -> object:
+    if key == "name":
+        if (
+            not isinstance(value, str)
+            or not value
+            or len(value) > _CLUSTER_NAME_MAX
+            or not value.isprintable()
+            or any(c.isspace() for c in value)
+        ):
+            raise UsageError(
+                f"name must be 1-{_CLUSTER_NAME_MAX} printable characters without spaces"
+            )
+        return value
+    if key == "members":
+        return _members(value)
+    if key == "address":
+        if not isinstance(value, str):
+            raise UsageError('address must be a string like "tls://gpu01:7470"')
+        return canonical_member(value)
+    if key == "keep_peer_copies":
+        if not isinstance(value, bool):
+            raise UsageError("keep_peer_copies must be true or false")
+        return value
+    if key in ("peer_serve_rate", "peer_floor_rate"):
+        try:
+            rate = parse_rate(value)  # type: ignore[arg-type]
+        except UsageError as exc:
+            raise UsageError(f"{key}: {exc}") from None
+        if key == "peer_floor_rate" and not rate:
+            raise UsageError('peer_floor_rate must be a rate above 0, like "1MiB/s"')
+        if key == "peer_serve_rate" and rate == 0:
+            raise UsageError('peer_serve_rate must be above 0 (or "unlimited")')
+        return rate
+    # peer_timeout_seconds, peer_backoff_seconds
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= 600:
+        raise UsageError(f"{key} must be a number of seconds above 0 (at most 600)")
+    return float(value)
+
+
+def canonical_member(text: str) -> str:
+    """A member address in its canonical form, "tls://host:port"; UsageError otherwise."""
+    from silofs.control.tls import parse_tls_url, tls_url
+
+    if not text.startswith("tls://"):
+        raise UsageError(f"member {text!r} must be written tls://HOST:PORT")
+    try:
+        return tls_url(*parse_tls_url(text))
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _members(value: object) -> tuple[MemberSpec, ...]:
+    """members = ["tls://a:7470", { address = "tls://b:7470", weight = 2.0 }, ...]."""
+    if not isinstance(value, list) or not value:
+        raise UsageError('members must be a non-empty list, like ["tls://gpu01:7470", ...]')
+    out: list[MemberSpec] = []
+    for item in value:
+        weight: object = 1.0
+        if isinstance(item, dict):
+            extra = sorted(set(item) - {"address", "weight"})
+            if extra or "address" not in item:
+                raise UsageError('a member table is { address = "tls://HOST:PORT", weight = 1.0 }')
+            address, weight = item["address"], item.get("weight", 1.0)
+        else:
+            address = item
+        if not isinstance(address, str):
+            raise UsageError(f"member {address!r} must be a string tls://HOST:PORT")
+        if isinstance(weight, bool) or not isinstance(weight, int | float) or not 0 < weight < 1e6:
+            raise UsageError(f"the weight of {address} must be a number above 0")
+        out.append(MemberSpec(canonical_member(address), float(weight)))
+    seen: set[str] = set()
+    for m in out:
+        if m.address in seen:
+            raise UsageError(f"member {m.address} is listed twice")
+        seen.add(m.address)
+    if len(out) > MAX_MEMBERS:
+        raise UsageError(f"a cluster has at most {MAX_MEMBERS} members, not {len(out)}")
+    return tuple(out)
+
+
+MAX_MEMBERS = 1024
+
+
+def _mtime_us(path: str) -> int:
+    try:
+        return os.stat(path).st_mtime_ns // 1000
+    except OSError:
+        return 0
+
+
 def _mode(value: object) -> int:
     """A permission mode: an octal string ("0660"), or a TOML integer (0o660)."""
     mode: int | None = None
@@ -310,6 +468,12 @@ def load_node_settings(path: str | None, **overrides: object) -> NodeSettings:
                     values["access"] = _access(table)
                 except UsageError as exc:
                     raise UsageError(f"config file {path}: [access] {exc}") from None
+                continue
+            if section == "cluster":
+                try:
+                    values["cluster"] = parse_cluster(table, version=_mtime_us(path))
+                except UsageError as exc:
+                    raise UsageError(f"config file {path}: [cluster] {exc}") from None
                 continue
             for key, value in table.items():
                 if key not in known:
@@ -370,6 +534,22 @@ def _validate(s: NodeSettings) -> None:
         if getattr(s, name) < 1:
             raise UsageError(f"{name} must be at least 1")
     _validate_control(s)
+    _validate_cluster(s)
+
+
+def _validate_cluster(s: NodeSettings) -> None:
+    """[cluster] needs the mutual-TLS listener: members reach each other through it."""
+    if s.cluster is None:
+        return
+    missing = [
+        k for k in ("tcp_listen", "tls_cert", "tls_key", "tls_client_ca") if not getattr(s, k)
+    ]
+    if missing:
+        raise UsageError(
+            f"[cluster] needs {', '.join(missing)} in [control]: members reach each other "
+            "over the mutual-TLS listener (`silofs-ctl certs node` makes this node's "
+            "certificate)"
+        )
 
 
 def _validate_control(s: NodeSettings) -> None:

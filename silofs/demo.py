@@ -19,6 +19,7 @@ from pathlib import Path
 import click
 
 from silofs.control.client import ControlClient, ControlError
+from silofs.pids import pid_alive
 
 SMALL_FILES = 500
 SMALL_SIZE = 110 << 10
@@ -118,9 +119,5 @@ def _stop_daemon(socket: str) -> None:
     except (ControlError, ProcessLookupError):
         return
     deadline = time.monotonic() + 15  # it flushes pending admissions first
-    while time.monotonic() < deadline:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return
+    while time.monotonic() < deadline and pid_alive(pid):
         time.sleep(0.05)

@@ -21,6 +21,18 @@ class MountEntry:
     mountpoint: str
     fstype: str  # e.g. "fuse.silofs"
     source: str  # e.g. "silofs:s3://bucket/prefix/"
+    options: str = ""  # the superblock's, e.g. "ro,user_id=1000,group_id=1000"
+
+    @property
+    def owner(self) -> int | None:
+        """The uid that made a FUSE mount (its user_id option); None for other kinds."""
+        if not self.fstype.startswith("fuse"):
+            return None
+        for option in self.options.split(","):
+            key, _, value = option.partition("=")
+            if key == "user_id" and value.isdigit():
+                return int(value)
+        return None
 
 
 def unescape(field: bytes) -> str:
@@ -37,6 +49,7 @@ def parse_line(line: bytes) -> MountEntry | None:
             mountpoint=unescape(fields[4]),
             fstype=fields[sep + 1].decode(),
             source=unescape(fields[sep + 2]),
+            options=fields[sep + 3].decode() if len(fields) > sep + 3 else "",
         )
     except (ValueError, IndexError):
         return None

@@ -1,3 +1,3 @@
-"""Shared pytest wiring: storage-server fixtures live in tests/servers.py."""
+"""Shared pytest wiring: servers, nodes and marks come from tests/support/fixtures.py."""
 
-pytest_plugins = ["tests.servers"]
+pytest_plugins = ["tests.support.fixtures"]

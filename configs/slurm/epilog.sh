@@ -1,18 +1,24 @@
 #!/bin/bash
-# silofs Slurm epilog: unmount what configs/slurm/prolog.sh mounted for the job on this
-# node and forget the job's registration and IO allocation (docs/CONTROLLER.md "Slurm").
-# Same settings file as the prolog ($SILOFS_SLURM_ENV, default /etc/silofs/slurm.env).
+# silofs Slurm epilog: end what configs/slurm/prolog.sh set up for the job on this node
+# (docs/CONTROLLER.md "Slurm"). Same settings file as the prolog ($SILOFS_SLURM_ENV,
+# default /etc/silofs/slurm.env); uses $SILOFS only.
 #
-# Exit status 0 when nothing of the job is left mounted; 1 otherwise (Slurm drains the
-# node: a mount that will not go away needs a person). A job without silofs mounts
-# exits 0 at once.
+# `silofs end-job` finds the job's mounts in the kernel's mount table (every mount under
+# $SILOFS_MOUNT_ROOT/$SLURM_JOB_ID, whoever made it) and through the daemon (the job's
+# mounts elsewhere), unmounts them (lazily where a reader still holds files open), gives
+# their mount processes a few seconds (then SIGTERM, then SIGKILL), removes the job's
+# directory and forgets the job on the daemon (registration and IO allocation), never
+# waiting more than 2 s for the daemon. Each step is one log line.
+#
+# Exit status 0 when nothing of the job is left; 1 otherwise, after a line saying what
+# (Slurm drains the node: a mount, a mount process or a job row that will not go away
+# needs a person). A job the prolog made no directory for exits 0 at once.
 set -u -o pipefail
 
 ENV_FILE=${SILOFS_SLURM_ENV:-/etc/silofs/slurm.env}
 # shellcheck disable=SC1090
 [ -r "$ENV_FILE" ] && . "$ENV_FILE"
 SILOFS=${SILOFS:-silofs}
-SILOFS_CTL=${SILOFS_CTL:-silofs-ctl}
 ROOT=${SILOFS_MOUNT_ROOT:-/mnt/silofs}
 export SILOFS_SOCKET=${SILOFS_SOCKET:-/run/silofs/control.sock}
 JOB_ID=${SLURM_JOB_ID:?SLURM_JOB_ID is not set: run me as a Slurm epilog}
@@ -30,38 +36,11 @@ say() {
     fi
 }
 
-[ -d "$DIR" ] || exit 0
-status=0
-for mp in "$DIR"/*; do
-    [ -d "$mp" ] || continue
-    if mountpoint -q "$mp"; then
-        # `silofs unmount` waits for the mount process (it deregisters on its way out);
-        # a reader still holding files open is detached lazily rather than kept.
-        if ! out=$("$SILOFS" unmount -- "$mp" 2>&1); then
-            fusermount3 -u -z "$mp" 2>/dev/null
-            say "unmount $mp: $out (detached lazily)"
-        fi
-    fi
-    if mountpoint -q "$mp"; then
-        say "FAILED: $mp is still mounted"
-        status=1
-        continue
-    fi
-    rmdir "$mp" 2>/dev/null
-    say "unmounted $mp"
-done
-rmdir "$DIR" 2>/dev/null
-
-# Forget the job (registration and IO allocation). A lazily detached mount process
-# deregisters when it exits: give it a few seconds, then leave the row (harmless).
-for _ in $(seq 1 50); do
-    if out=$("$SILOFS_CTL" forget --kind job "$JOB" 2>&1); then
-        say "forgot $JOB"
-        break
-    fi
-    case "$out" in
-        *"no dataset or job"*) break ;;
-    esac
-    sleep 0.2
-done
-exit $status
+[ -d "$DIR" ] || exit 0  # not a silofs job (the prolog removes what it fails to mount)
+# end-job bounds itself; the outer timeout is for a process it cannot get past.
+timeout -k 5 60 "$SILOFS" end-job --dir "$DIR" -- "$JOB" 2>&1 |
+    while IFS= read -r line; do say "$line"; done
+status=${PIPESTATUS[0]}
+[ "$status" = 0 ] && exit 0
+say "FAILED: silofs end-job exited $status"
+exit 1

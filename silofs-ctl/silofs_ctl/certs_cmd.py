@@ -1,10 +1,12 @@
 """`silofs-ctl certs init` and `certs node`: a small CA for the controller's mutual TLS.
 
 Owns: creating a private CA, the controller's client certificate (clientAuth only) and
-each node daemon's server certificate (serverAuth only, its host names and addresses
-as subjectAltNames), as PEM files with private keys 0600. The split of key usages is
-what keeps a node's certificate from acting as the controller on other nodes: the
-daemon's TLS listener refuses a client certificate without clientAuth. Never: installs
+each node daemon's certificate (serverAuth, and clientAuth for asking the other members
+of its cluster, with its host names and addresses as subjectAltNames and the node role
+marker, a URI subjectAltName `urn:silofs:role:node`), as PEM files with private keys
+0600. The role is what keeps a node's certificate from acting as the controller on
+other nodes: the daemon's TLS listener lets a certificate with the node role call the
+peer routes of a cluster its names are members of, and nothing else. Never: installs
 files on nodes, or reads a key it did not write.
 
 Keys are ECDSA P-256. Certificates last `--days` (default 825); renew by running
@@ -68,6 +70,10 @@ def _load_ca(directory: str) -> tuple[object, object]:
     return cert, key
 
 
+# The node role marker (silofs/control/tls.py NODE_ROLE_URI, which the daemon reads).
+NODE_ROLE_URI = "urn:silofs:role:node"
+
+
 def _sign(
     directory: str,
     name: str,
@@ -92,7 +98,12 @@ def _sign(
             alt.append(x509.IPAddress(ipaddress.ip_address(san)))
         except ValueError:
             alt.append(x509.DNSName(san))
-    usage = ExtendedKeyUsageOID.SERVER_AUTH if server else ExtendedKeyUsageOID.CLIENT_AUTH
+    # A node serves (serverAuth) and asks the other members of its cluster (clientAuth,
+    # with the node role); any other certificate is a client's (clientAuth only).
+    usages = [ExtendedKeyUsageOID.CLIENT_AUTH]
+    if server:
+        usages.insert(0, ExtendedKeyUsageOID.SERVER_AUTH)
+        alt.append(x509.UniformResourceIdentifier(NODE_ROLE_URI))
     builder = (
         x509.CertificateBuilder()
         .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)]))
@@ -102,7 +113,7 @@ def _sign(
         .not_valid_before(now - datetime.timedelta(minutes=5))
         .not_valid_after(now + datetime.timedelta(days=days))
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(x509.ExtendedKeyUsage([usage]), critical=True)
+        .add_extension(x509.ExtendedKeyUsage(usages), critical=True)
     )
     if alt:
         builder = builder.add_extension(x509.SubjectAlternativeName(alt), critical=False)
@@ -158,8 +169,9 @@ def init_ca(directory: str, *, controller: str = CONTROLLER, days: int = 825) ->
 
 
 def node_cert(directory: str, name: str, addresses: list[str], days: int = 825) -> tuple[str, str]:
-    """A node daemon's server certificate: CN and subjectAltNames ``name`` and each of
-    ``addresses`` (host names or IP addresses the controller's tls:// URIs use)."""
+    """A node daemon's certificate: CN and subjectAltNames ``name`` and each of
+    ``addresses`` (host names or IP addresses the controller's and the other members'
+    tls:// URIs use), serverAuth and clientAuth, and the node role."""
     sans = [name, *[a for a in addresses if a != name]]
     return _sign(directory, name, server=True, sans=sans, days=days)
 
@@ -195,13 +207,16 @@ def init_cmd(directory: str, controller: str, days: int, force: bool) -> None:
 @click.argument("name")
 @click.option(
     "--address",
+    "--san",
     "addresses",
     multiple=True,
-    help="Another host name or IP address the controller reaches the node at (repeatable).",
+    help="Another host name or IP address the controller and the other members reach the "
+    "node at (repeatable): the host of its tls:// member address must be among them.",
 )
 @click.option("--days", default=825, show_default=True, type=click.IntRange(1, 3650))
 def node_cmd(directory: str, name: str, addresses: tuple[str, ...], days: int) -> None:
-    """Create DIRECTORY/NAME.pem + NAME.key: a node daemon's server certificate."""
+    """Create DIRECTORY/NAME.pem + NAME.key: a node daemon's certificate (its TLS
+    listener's, and its own when it asks the other members of its cluster)."""
     cert, key = node_cert(directory, name, list(addresses), days)
     click.echo(
         f"{cert} and {key}: copy them with ca.pem to the node, and set [control] "

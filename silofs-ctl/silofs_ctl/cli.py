@@ -17,6 +17,7 @@ from silofs.control.client import ControlError
 from silofs.errors import SilofsError, UsageError
 
 from .certs_cmd import certs
+from .cluster_cmd import cluster
 from .controller_cmd import controller
 from .forget_cmd import forget
 from .job_cmd import job
@@ -81,4 +82,5 @@ main.add_command(admission)
 main.add_command(refresh)
 main.add_command(forget)
 main.add_command(certs)
+main.add_command(cluster)
 main.add_command(job)

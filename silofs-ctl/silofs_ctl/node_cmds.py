@@ -184,6 +184,14 @@ def render_status(s: dict) -> str:
             ],
         ),  # fmt: skip
     ]
+    if c := s.get("cluster"):
+        down = [m["address"] for m in c["members"] if m["state"] == "down"]
+        out += [
+            "",
+            f"cluster {c['name']}: this node {c['address']}, {len(c['members'])} members"
+            + (f", down: {', '.join(down)}" if down else ", all up")
+            + " (silofs-ctl cluster status for more)",
+        ]
     if note := node.get("note"):
         out += ["", f"note: {note}"]
     return "\n".join(out)

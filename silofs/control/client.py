@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 from silofs.control.peer import UntrustedDaemonError, check_daemon_peer
+from silofs.control.tls import TLS_PREFIX, parse_tls_url
 
 if TYPE_CHECKING:
     import trio
@@ -161,25 +162,10 @@ class _ConnectFailed(Exception):
         self.exc = exc
 
 
-TLS_PREFIX = "tls://"
-
-
 def parse_tls_address(address: str) -> tuple[str, int]:
     """(host, port) of "tls://HOST:PORT" or "tls://[V6]:PORT" (port default 7470);
-    ValueError with one line otherwise."""
-    rest = address[len(TLS_PREFIX) :] if address.startswith(TLS_PREFIX) else address
-    host, port = rest, "7470"
-    if rest.startswith("["):
-        host, _, tail = rest[1:].partition("]")
-        if tail:
-            if not tail.startswith(":"):
-                raise ValueError(f"bad node address {address!r}: want tls://HOST:PORT")
-            port = tail[1:]
-    elif ":" in rest:
-        host, _, port = rest.rpartition(":")
-    if not host or "/" in host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ValueError(f"bad node address {address!r}: want tls://HOST:PORT")
-    return host, int(port)
+    ValueError with one line otherwise (control/tls.py parse_tls_url)."""
+    return parse_tls_url(address)
 
 
 def client_tls_context(cert: str, key: str, ca: str) -> ssl.SSLContext:

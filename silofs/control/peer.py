@@ -14,6 +14,7 @@ import pwd
 import socket
 import struct
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,15 +38,23 @@ class Peer:
     uid: int
     gid: int
     remote: str | None = None
+    # A remote peer's certificate: its DNS and IP names (sorted: a peer stays plain,
+    # JSON-able data), and whether it carries the node role (a cluster member's
+    # certificate, control/tls.py NODE_ROLE_URI).
+    names: tuple[str, ...] = ()
+    node: bool = False
 
 
 # uid and gid of a remote (TLS) peer: matches no local user, root or the daemon's uid.
 REMOTE_UID = -1
 
 
-def remote_peer(name: str) -> Peer:
-    """The Peer of a controller that proved ``name`` with a client certificate."""
-    return Peer(pid=0, uid=REMOTE_UID, gid=REMOTE_UID, remote=name)
+def remote_peer(name: str, names: Iterable[str] = (), node: bool = False) -> Peer:
+    """The Peer of a client that proved ``name`` (and ``names``) with a certificate: a
+    controller, or with the node role a cluster member."""
+    return Peer(
+        pid=0, uid=REMOTE_UID, gid=REMOTE_UID, remote=name, names=tuple(sorted(names)), node=node
+    )
 
 
 def peer_credentials(sock: Any) -> Peer:
@@ -85,10 +94,10 @@ def peer_may_change(peer: Peer, admin_gid: int | None) -> bool:
     groups included). Trusted peers may change allocations, name store options, open any
     dataset, act on any job, and are exempt from per-uid limits (docs/SECURITY.md).
     A remote peer (TLS, client certificate checked) has the admin role and nothing else:
-    the TLS listener serves it only the routes an admin uses (node/routes.py
-    REMOTE_ROUTES), and no uid-based rule matches it."""
+    it finds only the routes whose entry names a remote controller (node/routes.py), and
+    no uid-based rule matches it."""
     if peer.remote is not None:
-        return True
+        return not peer.node  # a member's certificate is no admin
     if peer.uid in (0, os.geteuid()):
         return True
     if admin_gid is None:

@@ -1,16 +1,23 @@
-"""Routing of control requests: the request and response records and the path router.
+"""Routing of control requests: route records, the request and response records, and
+the router that matches one to the other.
 
-Owns matching ``/v1/x/{param}`` patterns to async handlers, percent-decoding request
-targets, the ``Request``/``Response`` records handlers see, and the one-line
-``{"error": ...}`` body of every failure. Never reads a socket (control/server.py does)
-and never holds silofs business logic (the daemon registers routes).
+Owns the Route record (method, path pattern, handler, who may call it, body limit),
+matching ``/v1/x/{param}`` patterns, the decision a route's entry makes before a body
+is read (is the route there for this peer, may it call it, how large a body it may
+send), percent-decoding request targets, the ``Request``/``Response`` records handlers
+see, and the one-line ``{"error": ...}`` body of every failure. Never reads a socket
+(control/server.py does), never decides which roles a peer holds (the daemon does,
+node/authz.py), and never holds silofs business logic (node/routes.py is the daemon's
+table).
 """
 
 from __future__ import annotations
 
+import enum
+import functools
 import json
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit
@@ -114,12 +121,67 @@ def one_line(exc: BaseException) -> str:
 Handler = Callable[..., Awaitable[Response]]
 
 
-@dataclass
-class _Route:
+class Caller(enum.Flag):
+    """Who may call a route: the roles a peer may hold. A local peer (SO_PEERCRED) is
+    LOCAL, plus ADMIN and ROOT as the daemon judges it; a peer on the mutual-TLS listener
+    holds only the role its certificate proves. A route names the roles that may call it;
+    a role that needs more than the route's entry (a mount's owner, a file the peer can
+    read) is the handler's check."""
+
+    LOCAL = enum.auto()  # any local process; the handler's per-uid rules apply
+    ADMIN = enum.auto()  # root, the daemon's own uid, or a member of admin_group
+    ROOT = enum.auto()  # root or the daemon's own uid: who could write the cache itself
+    CONTROLLER = enum.auto()  # a remote controller, by its client certificate
+    PEER = enum.auto()  # a member of this node's cluster, by its node certificate
+
+
+LOCAL_ROLES = Caller.LOCAL | Caller.ADMIN | Caller.ROOT
+REMOTE_ROLES = Caller.CONTROLLER | Caller.PEER
+EVERYONE = LOCAL_ROLES | Caller.CONTROLLER
+
+
+def _local_or_controller(peer: Peer) -> Caller:
+    """The roles a router assumes without a judge: every local peer holds all local
+    roles, a remote peer is a controller (with the node role: a member)."""
+    if peer.remote is None:
+        return LOCAL_ROLES
+    return Caller.PEER if peer.node else Caller.CONTROLLER
+
+
+def _plain_refusal(route: Route, peer: Peer) -> str:
+    return f"uid {peer.uid} may not {route.doc or f'call {route.method} {route.path}'}"
+
+
+@dataclass(frozen=True)
+class Route:
+    """One entry of a route table: everything the server and the router need to know
+    of a route, decided from it before the request's body is read.
+
+    ``handler`` is ``async def handler(req, **params) -> Response``; ``who`` the roles
+    that may call it (any one will do); ``body_limit`` the largest body a caller that
+    may call it may send (None: the listener's limit); ``doc`` what it does, as a verb
+    phrase ("change a job's remote IO allocation"), for refusals and the docs."""
+
     method: str
-    pattern: str
-    segments: list[str]  # literal text, or "{name}" for a parameter
+    path: str
     handler: Handler
+    who: Caller
+    body_limit: int | None = None
+    doc: str = ""
+
+    def __post_init__(self) -> None:
+        if self.method != self.method.upper():
+            raise ValueError(f"route method must be upper case: {self.method!r}")
+        if not self.path.startswith("/"):
+            raise ValueError(f"route pattern must start with '/': {self.path!r}")
+        for seg in self.segments:
+            if seg.startswith("{") != seg.endswith("}") or seg == "{}":
+                raise ValueError(f"bad parameter segment {seg!r} in {self.path!r}")
+
+    @functools.cached_property
+    def segments(self) -> list[str]:
+        """Literal text, or "{name}" for a parameter."""
+        return self.path.split("/")[1:]
 
     def match(self, parts: list[str]) -> dict[str, str] | None:
         if len(parts) != len(self.segments):
@@ -140,62 +202,117 @@ class _Route:
         return tuple(not s.startswith("{") for s in self.segments)
 
 
+@dataclass
+class Match:
+    """What the router decided for a request line and a peer, before its body is read:
+    the route and its parameters, or the error to answer once the body is read."""
+
+    route: Route | None
+    params: dict[str, str]
+    error: HTTPError | None = None
+
+    def body_limit(self, default: int) -> int:
+        """The largest body to read: the route's own limit if the peer may call it."""
+        if self.error is None and self.route is not None and self.route.body_limit is not None:
+            return self.route.body_limit
+        return default
+
+
 class Router:
-    """Maps (method, path pattern) to ``async def handler(req, **params) -> Response``."""
+    """A route table, and who may call each route.
 
-    def __init__(self) -> None:
-        self._routes: list[_Route] = []
+    ``roles`` says which roles (Caller) a peer holds; ``refusal`` the one line that
+    refuses a peer a route it lacks the roles for (403). A route is there for a peer
+    only if it names a role of the peer's kind: a local peer finds every route some
+    local role may call (and is refused, 403, those its roles do not reach); a remote
+    peer finds every route some remote role (a controller, a member) may call and is
+    refused those its own roles do not reach (a controller's certificate on a peer
+    route, a member's on an admin route: 403); the local-only routes answer it 404 or
+    405 as if they did not exist. The defaults give every local peer every local role."""
 
-    def add(self, method: str, pattern: str, handler: Handler) -> None:
-        if not pattern.startswith("/"):
-            raise ValueError(f"route pattern must start with '/': {pattern!r}")
-        method = method.upper()
-        segments = pattern.split("/")[1:]
-        for seg in segments:
-            if seg.startswith("{") != seg.endswith("}") or seg == "{}":
-                raise ValueError(f"bad parameter segment {seg!r} in {pattern!r}")
-        if any(r.method == method and r.segments == segments for r in self._routes):
-            raise ValueError(f"duplicate route {method} {pattern}")
-        self._routes.append(_Route(method, pattern, segments, handler))
+    def __init__(
+        self,
+        routes: Iterable[Route] = (),
+        *,
+        roles: Callable[[Peer], Caller] = _local_or_controller,
+        refusal: Callable[[Route, Peer], str] = _plain_refusal,
+    ) -> None:
+        self._routes: list[Route] = []
+        self.roles = roles
+        self.refusal = refusal
+        for route in routes:
+            self.add_route(route)
 
-    def only(self, allowed: set[tuple[str, str]]) -> Router:
-        """A router with only the routes named as (method, pattern): the TLS listener's
-        (remote controllers get the admin routes, never mounts, chunks or offers).
-        ValueError for a name that is not a route here, so a renamed route cannot
-        silently drop out of the list."""
-        sub = Router()
-        for method, pattern in sorted(allowed):
-            found = [r for r in self._routes if (r.method, r.pattern) == (method, pattern)]
-            if not found:
-                raise ValueError(f"no route {method} {pattern} to allow")
-            sub._routes.append(found[0])
-        return sub
+    @property
+    def routes(self) -> tuple[Route, ...]:
+        return tuple(self._routes)
 
-    def resolve(self, method: str, parts: list[str]) -> tuple[Handler, dict[str, str]]:
-        """The handler and params for decoded path segments, or HTTPError 404/405."""
-        matches = [(r, p) for r in self._routes if (p := r.match(parts)) is not None]
+    def add(
+        self,
+        method: str,
+        pattern: str,
+        handler: Handler,
+        *,
+        who: Caller = EVERYONE,
+        body_limit: int | None = None,
+    ) -> None:
+        """Add a route (by default, anyone may call it)."""
+        self.add_route(Route(method.upper(), pattern, handler, who, body_limit))
+
+    def add_route(self, route: Route) -> None:
+        if any(r.method == route.method and r.segments == route.segments for r in self._routes):
+            raise ValueError(f"duplicate route {route.method} {route.path}")
+        self._routes.append(route)
+
+    def match(self, method: str, parts: list[str], peer: Peer) -> Match:
+        """The route for decoded path segments and this peer, or the error to answer."""
+        roles = self.roles(peer).value  # ints: a Flag operation costs a microsecond
+        reach = LOCAL_ROLES.value if peer.remote is None else REMOTE_ROLES.value
+        matches = [
+            (r, p)
+            for r in self._routes
+            if (p := r.match(parts)) is not None and r.who.value & reach
+        ]
         if not matches:
-            raise HTTPError(404, f"no such endpoint: /{'/'.join(parts)}")
+            return Match(None, {}, HTTPError(404, f"no such endpoint: /{'/'.join(parts)}"))
         wanted = [method, "GET"] if method == "HEAD" else [method]
         for want in wanted:
             found = [(r, p) for r, p in matches if r.method == want]
             if found:
                 route, params = max(found, key=lambda rp: rp[0].specificity())
-                return route.handler, params
+                if not route.who.value & roles:
+                    return Match(route, params, HTTPError(403, self.refusal(route, peer)))
+                return Match(route, params)
         allowed = sorted({r.method for r, _ in matches})
-        raise _MethodNotAllowed(method, allowed)
+        return Match(None, {}, _MethodNotAllowed(method, allowed))
 
-    async def dispatch(self, req: Request, parts: list[str] | None = None) -> Response:
+    async def dispatch(
+        self, req: Request, parts: list[str] | None = None, match: Match | None = None
+    ) -> Response:
         """Run the matching handler; every failure becomes an error Response.
 
-        ``parts`` are the decoded path segments from parse_target; without them
-        the decoded path is split, which cannot keep an encoded "/" in a param.
+        ``match`` is what match() decided before the body was read (the server asks it
+        first); without it the request is matched here. ``parts`` are the decoded path
+        segments from parse_target; without them the decoded path is split, which
+        cannot keep an encoded "/" in a param.
         """
         try:
-            if parts is None:
-                parts = req.path.split("/")[1:]
-            handler, params = self.resolve(req.method, parts)
-            resp = await handler(req, **params)
+            if match is None:
+                if parts is None:
+                    parts = req.path.split("/")[1:]
+                match = self.match(req.method, parts, req.peer)
+            if match.error is not None:
+                if match.error.status == 403:  # the route's entry refused this peer
+                    log.warning(
+                        "refused %s %s from uid %d: %s",
+                        req.method,
+                        req.path,
+                        req.peer.uid,
+                        match.error,
+                    )
+                raise match.error
+            assert match.route is not None
+            resp = await match.route.handler(req, **match.params)
             if not isinstance(resp, Response):
                 raise TypeError(f"handler returned {type(resp).__name__}, not Response")
             return resp

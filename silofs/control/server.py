@@ -5,9 +5,10 @@ Owns: binding the daemon's socket (stale-socket takeover, refusing a live one, r
 a directory someone else controls), the accept loop and its connection limits (per uid
 and in total; EMFILE backs off quietly), the TLS listener's own limits (connections,
 handshake time) and its refusal of clients without a valid certificate, request
-framing and limits (header size, body size, idle timeout), keep-alive, and turning
-every failure into a one-line ``{"error": ...}`` JSON answer. Routing lives in
-control/router.py, peer credentials in control/peer.py.
+framing and limits (header size, body size as the request's route allows its peer,
+asked of the router before the body is read; idle timeout), keep-alive, and turning
+every failure into a one-line ``{"error": ...}`` JSON answer. Routing and who may call
+a route live in control/router.py, peer credentials in control/peer.py.
 
 Never: contains silofs business logic (the daemon registers routes), trusts a
 peer without its credentials, or lets one connection's failure (malformed bytes,
@@ -19,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import functools
 import http
 import logging
 import os
@@ -36,6 +38,7 @@ import trio
 from silofs.control.peer import Peer, peer_credentials, remote_peer
 from silofs.control.router import (
     HTTPError,
+    Match,
     Request,
     Response,
     Router,
@@ -79,12 +82,9 @@ class SocketDirError(SilofsError):
 
 @dataclass
 class Limits:
-    max_body: int = 1 << 20
+    max_body: int = 1 << 20  # a route's entry may allow more to the peers that may call it
     max_header: int = 16384
     idle_timeout: float = 300.0
-    # Larger bodies for a few routes and peers: (method, path, peer) -> limit, decided
-    # before the body is read; None: max_body everywhere.
-    body_limit: Callable[[str, str, Peer], int] | None = None
 
 
 class _Reject(Exception):
@@ -150,7 +150,7 @@ class _ServerConnection:
         """Serve the request that begins with ``event``; False if we must close."""
         try:
             with trio.fail_after(self.limits.idle_timeout):
-                req, parts = await self._read_request(event)
+                req, match = await self._read_request(event)
         except h11.RemoteProtocolError as exc:
             await self._reject(_reject_for(exc))
             return False
@@ -160,7 +160,7 @@ class _ServerConnection:
         except trio.TooSlowError:
             log.debug("closing connection from pid %d: request not finished in time", self.peer.pid)
             return False
-        resp = await self._dispatch(req, parts)
+        resp = await self._dispatch(req, match)
         if resp is None:
             return False  # the client left while its handler ran: nobody to answer
         log.debug("%s %s -> %d", req.method, req.path, resp.status)
@@ -168,7 +168,7 @@ class _ServerConnection:
             await self._send(resp, with_body=req.method != "HEAD")
         return self.conn.our_state is h11.DONE and self.conn.their_state is h11.DONE
 
-    async def _dispatch(self, req: Request, parts: list[str]) -> Response | None:
+    async def _dispatch(self, req: Request, match: Match) -> Response | None:
         """Run the handler while watching the connection. A client that closes it (or
         half-closes it after its request, which HTTP/1.1 clients here never do) cancels
         the handler: a mount that gave up must not keep a limiter slot or a GET. A client
@@ -179,7 +179,7 @@ class _ServerConnection:
         answer: list[Response] = []
 
         async def handler(scope: trio.CancelScope) -> None:
-            answer.append(await self.router.dispatch(req, parts))
+            answer.append(await self.router.dispatch(req, match=match))
             scope.cancel()
 
         async with trio.open_nursery() as nursery:
@@ -223,10 +223,12 @@ class _ServerConnection:
                 self.idle_scope = None  # a request has begun: never evicted mid-request
             self.conn.receive_data(data)
 
-    def evictable(self, now: float) -> bool:
-        """Idle for a while with nothing of a next request received, not even in the
-        kernel's buffer (a request we have not read yet would be lost)."""
-        if self.idle_scope is None or now - self.idle_since < _EVICT_IDLE_SECONDS:
+    def evictable(self, now: float, min_idle: float | None = None) -> bool:
+        """Idle for `min_idle` seconds (default _EVICT_IDLE_SECONDS) with nothing of a
+        next request received, not even in the kernel's buffer (a request we have not
+        read yet would be lost)."""
+        least = _EVICT_IDLE_SECONDS if min_idle is None else min_idle
+        if self.idle_scope is None or now - self.idle_since < least:
             return False
         if not isinstance(self.stream, trio.SocketStream):
             return False  # TLS: decrypted bytes may wait in the stream's own buffer
@@ -234,7 +236,9 @@ class _ServerConnection:
         poller.register(self.stream.socket.fileno(), select.POLLIN)
         return not poller.poll(0)
 
-    async def _read_request(self, event: Any) -> tuple[Request, list[str]]:
+    async def _read_request(self, event: Any) -> tuple[Request, Match]:
+        """The request, read up to the body limit its route's entry sets for this peer,
+        and what the router decided for it before the body (answered after it)."""
         assert isinstance(event, h11.Request), event
         self.head = event.method == b"HEAD"
         self._check_header_size(event)
@@ -244,9 +248,8 @@ class _ServerConnection:
             path, parts, query = parse_target(event.target)
         except HTTPError as exc:
             raise _Reject(exc.status, exc.message) from None
-        limit = self.limits.max_body
-        if self.limits.body_limit is not None:
-            limit = self.limits.body_limit(method, path, self.peer)
+        match = self.router.match(method, parts, self.peer)
+        limit = match.body_limit(self.limits.max_body)
         length = headers.get("content-length")
         if length is not None and int(length) > limit:
             raise _Reject(413, self._too_large(limit))
@@ -255,7 +258,7 @@ class _ServerConnection:
                 self.conn.send(h11.InformationalResponse(status_code=100, headers=[]))
             )
         body = await self._read_body(limit)
-        return Request(method, path, query, headers, body, self.peer), parts
+        return Request(method, path, query, headers, body, self.peer), match
 
     def _check_header_size(self, event: h11.Request) -> None:
         # h11 only limits the *incomplete* buffer; a complete oversized header
@@ -311,7 +314,7 @@ class _ServerConnection:
         resp.headers["connection"] = "close"
         try:
             with trio.fail_after(self.limits.idle_timeout):
-                # h11 refuses a body after HEAD: "HEAD *" once got no answer at all.
+                # h11 refuses a body after HEAD: a rejected HEAD gets its answer without one.
                 await self._send(resp, with_body=not self.head)
             if isinstance(self.stream, trio.abc.HalfCloseableStream):  # not TLS
                 await self.stream.send_eof()
@@ -536,6 +539,46 @@ _REFUSALS_AT_ONCE = 64  # connections being told "too many" at once; beyond, jus
 _EVICT_IDLE_SECONDS = 1.0
 
 
+class _Throttled:
+    """A warning at most once a minute, saying how many were held back since the last
+    one (those go to DEBUG): a port scan or a shortage of fds must not flood the log."""
+
+    def __init__(self, seconds: float = 60.0) -> None:
+        self.seconds = seconds
+        self.last: float | None = None
+        self.held = 0
+
+    def __call__(self, message: str) -> None:
+        now = time.monotonic()
+        if self.last is not None and now - self.last < self.seconds:
+            self.held += 1
+            log.debug("%s", message)
+            return
+        suffix = f" ({self.held} more since the last line)" if self.held else ""
+        log.warning("%s%s", message, suffix)
+        self.last, self.held = now, 0
+
+
+async def _accept_forever(
+    sock: trio.socket.SocketType,
+    accepted: Callable[[trio.socket.SocketType, Any], None],
+    warn: Callable[[str], None],
+) -> None:
+    """Hand each accepted connection (and its address) to `accepted` until cancelled.
+    Out of fds or memory, the pending connection waits in the backlog and accept is
+    tried again every 0.1 s: `warn` hears of it, never a traceback."""
+    while True:
+        try:
+            conn, addr = await sock.accept()
+        except OSError as exc:
+            if exc.errno not in _ACCEPT_CAPACITY:
+                raise
+            warn(f"accept: {os.strerror(exc.errno)}; waiting for connections to close")
+            await trio.sleep(0.1)
+            continue
+        accepted(conn, addr)
+
+
 class _Acceptor:
     """The accept loop: counts open connections per uid. Over a limit it first closes
     the longest-idle connection of that uid (of any untrusted uid for the total), so
@@ -551,57 +594,59 @@ class _Acceptor:
         self.untrusted = 0
         self.everyone = 0
         self.refusing = 0
-        self.last_warning = 0.0
+        self.warn = _Throttled()
 
     async def run(self, sock: trio.socket.SocketType, nursery: trio.Nursery) -> None:
-        while True:
-            try:
-                conn, _ = await sock.accept()
-            except OSError as exc:
-                if exc.errno not in _ACCEPT_CAPACITY:
-                    raise
-                # Out of fds: the pending connection waits in the backlog. One line a
-                # minute, not a traceback every 0.1 s.
-                self._warn(f"accept: {os.strerror(exc.errno)}; waiting for connections to close")
-                await trio.sleep(0.1)
-                continue
-            try:
-                peer = peer_credentials(conn)
-            except OSError:
-                conn.close()
-                continue
-            stream = trio.SocketStream(conn)
-            refusal = self._admit(peer)
-            if refusal is None:
-                nursery.start_soon(self._serve, stream, peer)
-            elif self.refusing < _REFUSALS_AT_ONCE:
-                self.refusing += 1
-                nursery.start_soon(self._refuse, stream, refusal)
-            else:
-                conn.close()
+        await _accept_forever(sock, functools.partial(self._accepted, nursery), self.warn)
+
+    def _accepted(self, nursery: trio.Nursery, conn: trio.socket.SocketType, _addr: Any) -> None:
+        try:
+            peer = peer_credentials(conn)
+        except OSError:
+            conn.close()
+            return
+        stream = trio.SocketStream(conn)
+        refusal = self._admit(peer)
+        if refusal is None:
+            nursery.start_soon(self._serve, stream, peer)
+        elif self.refusing < _REFUSALS_AT_ONCE:
+            self.refusing += 1
+            nursery.start_soon(self._refuse, stream, refusal)
+        else:
+            conn.close()
 
     def _admit(self, peer: Peer) -> str | None:
         if self.conns.trusted(peer):
-            if self.everyone >= self.conns.total + self.conns.reserve:
+            # Over the total, a trusted newcomer (status, a root mount's miss) takes the
+            # place of the longest-idle connection of anyone, its own kind included:
+            # idle connections of a trusted client must not lock out the next request
+            # (1,124 idle root connections at NOFILE 1024 once made status time out and
+            # misses fail with EIO). Only a fully busy daemon refuses it.
+            if self.everyone >= self.conns.total + self.conns.reserve and not self._evict(
+                list(self.live), trusted_too=True
+            ):
                 return f"too many connections ({self.everyone} open)"
             return None
         mine = self.open.get(peer.uid, 0)
         if mine >= self.conns.per_uid and not self._evict([peer.uid]):
-            self._warn(f"uid {peer.uid} has {mine} busy connections open; refusing more")
+            self.warn(f"uid {peer.uid} has {mine} busy connections open; refusing more")
             return f"too many connections from uid {peer.uid} (limit {self.conns.per_uid})"
         if self.untrusted >= self.conns.total and not self._evict(list(self.live)):
-            self._warn(f"{self.untrusted} connections open; refusing more")
+            self.warn(f"{self.untrusted} connections open; refusing more")
             return f"too many connections to the daemon (limit {self.conns.total})"
         return None
 
-    def _evict(self, uids: list[int]) -> bool:
-        """Close the longest-idle evictable connection of these uids; False if none."""
+    def _evict(self, uids: list[int], *, trusted_too: bool = False) -> bool:
+        """Close the longest-idle evictable connection of these uids (only untrusted
+        ones, unless `trusted_too`: then any connection waiting for its next request,
+        however briefly); False if none."""
         now = time.monotonic()
+        min_idle = 0.0 if trusted_too else _EVICT_IDLE_SECONDS
         idle = [
             c
             for uid in uids
             for c in self.live.get(uid, ())
-            if c.evictable(now) and not self.conns.trusted(c.peer)
+            if c.evictable(now, min_idle) and (trusted_too or not self.conns.trusted(c.peer))
         ]
         if not idle:
             return False
@@ -647,12 +692,6 @@ class _Acceptor:
             self.refusing -= 1
             await trio.aclose_forcefully(stream)
 
-    def _warn(self, message: str) -> None:
-        now = time.monotonic()
-        if now - self.last_warning >= 60:
-            self.last_warning = now
-            log.warning("%s", message)
-
 
 async def _drain_briefly(stream: trio.SocketStream) -> None:
     """Read what the refused client already sent, so closing does not reset the
@@ -669,7 +708,6 @@ async def serve_unix(
     uid: int | None = None,
     gid: int | None = None,
     max_body: int = 1 << 20,
-    body_limit: Callable[[str, str, Peer], int] | None = None,
     max_header: int = 16384,
     idle_timeout: float = 300.0,
     connections: ConnectionLimits | None = None,
@@ -684,9 +722,7 @@ async def serve_unix(
     Removes the socket file on the way out (only if it is still ours).
     """
     sock, ino = bound or bind_unix(path, mode=mode, uid=uid, gid=gid)
-    limits = Limits(
-        max_body=max_body, max_header=max_header, idle_timeout=idle_timeout, body_limit=body_limit
-    )
+    limits = Limits(max_body=max_body, max_header=max_header, idle_timeout=idle_timeout)
     acceptor = _Acceptor(router, limits, connections or ConnectionLimits())
     tsock = trio.socket.from_stdlib_socket(sock)
     try:
@@ -750,8 +786,7 @@ class _TLSAcceptor:
         self.open = 0
         self.refused = 0  # connections closed without being served (tests, logs)
         self.served = 0
-        self.last_warning = 0.0
-        self.unlogged = 0
+        self.warn = _Throttled()
         self.tokens = tls_limits.handshakes_per_second
         self.refilled = time.monotonic()
 
@@ -767,29 +802,22 @@ class _TLSAcceptor:
         return True
 
     async def run(self, sock: trio.socket.SocketType, nursery: trio.Nursery) -> None:
-        while True:
-            try:
-                conn, addr = await sock.accept()
-            except OSError as exc:
-                if exc.errno not in _ACCEPT_CAPACITY:
-                    raise
-                self._refusal(f"accept: {os.strerror(exc.errno)}; waiting for connections")
-                await trio.sleep(0.1)
-                continue
-            if self.open >= self.tls_limits.max_connections:
-                conn.close()
-                self._refusal(
-                    f"TLS listener: {self.open} connections open "
-                    f"(limit {self.tls_limits.max_connections}); refusing {_host(addr)}"
-                )
-                continue
-            if not self._may_handshake():
-                conn.close()
-                self._refusal(
-                    f"TLS listener: more than {self.tls_limits.handshakes_per_second:g} "
-                    f"new connections a second; refusing {_host(addr)}"
-                )
-                continue
+        await _accept_forever(sock, functools.partial(self._accepted, nursery), self._refusal)
+
+    def _accepted(self, nursery: trio.Nursery, conn: trio.socket.SocketType, addr: Any) -> None:
+        if self.open >= self.tls_limits.max_connections:
+            conn.close()
+            self._refusal(
+                f"TLS listener: {self.open} connections open "
+                f"(limit {self.tls_limits.max_connections}); refusing {_host(addr)}"
+            )
+        elif not self._may_handshake():
+            conn.close()
+            self._refusal(
+                f"TLS listener: more than {self.tls_limits.handshakes_per_second:g} "
+                f"new connections a second; refusing {_host(addr)}"
+            )
+        else:
             self.open += 1
             nursery.start_soon(self._serve, conn, addr)
 
@@ -798,21 +826,29 @@ class _TLSAcceptor:
         try:
             tune_socket(conn)
             tls = trio.SSLStream(stream, self.context, server_side=True)
-            name = await self._handshake(tls, addr)
-            if name is None:
+            peer = await self._handshake(tls, addr)
+            if peer is None:
                 return
             self.served += 1
-            log.info("remote controller %r connected from %s", name, _host(addr))
-            await _serve_connection(tls, self.router, self.limits, remote_peer(name))
+            # A member's connections are pooled and long-lived: not worth a line each.
+            (log.debug if peer.node else log.info)(
+                "remote %s %r connected from %s",
+                "cluster member" if peer.node else "controller",
+                peer.remote,
+                _host(addr),
+            )
+            await _serve_connection(tls, self.router, self.limits, peer)
         except Exception:  # one connection never ends the listener
             log.exception("bug: unexpected error on a TLS control connection")
         finally:
             self.open -= 1
             await trio.aclose_forcefully(stream)
 
-    async def _handshake(self, tls: trio.SSLStream, addr: Any) -> str | None:
-        """The verified certificate's name, or None (logged, counted) if refused."""
-        from silofs.control.tls import certificate_name
+    async def _handshake(self, tls: trio.SSLStream, addr: Any) -> Peer | None:
+        """The peer its verified certificate proves, or None (logged, counted) if
+        refused. A certificate with the node role is not judged by tls_client_names:
+        the routes judge it (a member of this node's cluster, or nothing)."""
+        from silofs.control.tls import certificate_identity
 
         reason = ""
         with trio.move_on_after(self.tls_limits.handshake_seconds) as scope:
@@ -823,26 +859,22 @@ class _TLSAcceptor:
                 reason = getattr(cause, "verify_message", None) or one_line(cause)
         if scope.cancelled_caught:
             reason = f"no TLS handshake within {self.tls_limits.handshake_seconds:g}s"
-        name = None if reason else certificate_name(tls)  # SSLStream forwards getpeercert
+        name, names, node = None, frozenset[str](), False
+        if not reason:
+            name, names, node = certificate_identity(tls)  # SSLStream forwards getpeercert
         allowed = self.tls_limits.allowed_names
-        if not reason and (name is None or (allowed and name not in allowed)):
+        if not reason and (name is None or (allowed and not node and name not in allowed)):
             reason = f"certificate name {name!r} is not in tls_client_names"
         if reason:
             self._refusal(f"TLS listener refused {_host(addr)}: {reason}")
             return None
-        return name
+        assert name is not None
+        return remote_peer(name, names, node)
 
     def _refusal(self, message: str) -> None:
-        """Counted; logged at most once a minute (a port scan must not flood the log)."""
+        """Counted, and logged through the listener's throttle."""
         self.refused += 1
-        now = time.monotonic()
-        if now - self.last_warning >= 60:
-            suffix = f" ({self.unlogged} more since the last line)" if self.unlogged else ""
-            log.warning("%s%s", message, suffix)
-            self.last_warning, self.unlogged = now, 0
-        else:
-            self.unlogged += 1
-            log.debug("%s", message)
+        self.warn(message)
 
 
 def _host(addr: Any) -> str:
@@ -865,8 +897,9 @@ async def serve_tls(
 ) -> None:
     """Serve ``router`` to mutual-TLS clients on a socket from bind_tcp() until
     cancelled. ``context`` is control/tls.py server_context(). Request limits are the
-    Unix socket's, with no larger bodies for anyone. ``acceptor`` (a list) receives the
-    acceptor, for tests that count refusals."""
+    Unix socket's; a remote peer finds only the routes its role may call (control/
+    router.py). ``acceptor`` (a list) receives the acceptor, for tests that count
+    refusals."""
     limits = Limits(max_body=max_body, max_header=max_header, idle_timeout=idle_timeout)
     acc = _TLSAcceptor(router, limits, context, tls_limits or TLSLimits())
     if acceptor is not None:

@@ -34,6 +34,33 @@ def parse_tcp_address(text: str) -> tuple[str, int]:
     return host or "0.0.0.0", int(port_text)
 
 
+TLS_PREFIX = "tls://"
+
+
+def parse_tls_url(address: str) -> tuple[str, int]:
+    """(host, port) of "tls://HOST:PORT" or "tls://[V6]:PORT" (port default 7470; the
+    scheme may be left out); ValueError with one line otherwise. The host is lower-cased
+    (DNS names are not case-sensitive; a certificate's names are compared to it)."""
+    rest = address[len(TLS_PREFIX) :] if address.startswith(TLS_PREFIX) else address
+    host, port = rest, str(DEFAULT_PORT)
+    if rest.startswith("["):
+        host, _, tail = rest[1:].partition("]")
+        if tail:
+            if not tail.startswith(":"):
+                raise ValueError(f"bad node address {address!r}: want tls://HOST:PORT")
+            port = tail[1:]
+    elif ":" in rest:
+        host, _, port = rest.rpartition(":")
+    if not host or "/" in host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"bad node address {address!r}: want tls://HOST:PORT")
+    return host.lower(), int(port)
+
+
+def tls_url(host: str, port: int) -> str:
+    """The canonical "tls://HOST:PORT" (brackets around an IPv6 address)."""
+    return f"{TLS_PREFIX}[{host}]:{port}" if ":" in host else f"{TLS_PREFIX}{host}:{port}"
+
+
 def server_context(cert: str, key: str, client_ca: str) -> ssl.SSLContext:
     """The listener's context: our certificate and key, and every client must present a
     certificate issued by ``client_ca`` for client authentication (OpenSSL checks the
@@ -58,6 +85,25 @@ def server_context(cert: str, key: str, client_ca: str) -> ssl.SSLContext:
     except (OSError, ssl.SSLError) as exc:
         raise UsageError(f"tls_client_ca: cannot load {client_ca}: {_reason(exc)}") from None
     return ctx
+
+
+# The role marker of a node daemon's certificate (a URI subjectAltName that `silofs-ctl
+# certs node` writes): such a certificate may call the peer routes of the cluster its
+# names are members of, and nothing else. A controller's certificate has none.
+NODE_ROLE_URI = "urn:silofs:role:node"
+
+
+def certificate_identity(tls: Any) -> tuple[str | None, frozenset[str], bool]:
+    """(subject CN, its DNS and IP subjectAltNames, whether it carries the node role) of
+    the verified peer certificate of an SSLSocket, SSLObject or trio SSLStream."""
+    cert = tls.getpeercert()
+    if not cert:
+        return None, frozenset(), False
+    names = frozenset(
+        str(v) for k, v in cert.get("subjectAltName", ()) if k in ("DNS", "IP Address")
+    )
+    node = any(k == "URI" and v == NODE_ROLE_URI for k, v in cert.get("subjectAltName", ()))
+    return certificate_name(tls), names, node
 
 
 def certificate_name(tls: Any) -> str | None:

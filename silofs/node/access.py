@@ -3,7 +3,7 @@
 Owns the arithmetic of POSIX mode bits for a peer (its uid and gids, never the daemon's
 own credentials) and the cloud access policy (which groups may open which URI
 prefixes). Pure functions over stat results and settings: never opens a file (the
-local backend walks paths, node/routes.py decides when to ask), never changes the
+local backend walks paths, node/authz.py decides when to ask), never changes the
 process's credentials (a setfsuid in one worker thread would race the others).
 """
 

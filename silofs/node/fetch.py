@@ -113,18 +113,27 @@ class Fetcher:
         ref: ChunkRef,
         *,
         replace: bool = False,
+        admit: bool = True,
     ) -> tuple[bytes | memoryview, bool]:
         """(bytes, whether this call did the GET): the chunk from the store, admitted if
-        its dataset has room. Callers asking for a chunk already in flight share its GET;
-        one fetched and still waiting for admission (a reader right behind a prefetch,
-        or a second request of one reader) is answered from the Writer's queue, no GET."""
+        its dataset has room (and `admit`: a node reading another member's chunk after
+        that member failed does not keep it). Callers asking for a chunk already in
+        flight share its GET; one fetched and still waiting for admission (a reader
+        right behind a prefetch, or a second request of one reader) is answered from
+        the Writer's queue, no GET."""
         if not replace and (value := self.writer.pending(ref.key)) is not None:
             data = checked_chunk(value, ref, FetchCounters())  # we encoded it: never bad
             if data is not None:
                 return bytes(data), False
         return await self._flights.run(
-            ref.key, lambda: self._fetch_once(dsid, backend, limiter, ref, replace)
+            ref.key, lambda: self._fetch_once(dsid, backend, limiter, ref, replace, admit)
         )
+
+    async def joined(self, key: bytes) -> bytes | memoryview | None:
+        """The bytes of a chunk whose GET is in flight (anyone's), once they are in;
+        None if none is (or its leader gave up). Its error, if it failed."""
+        got = await self._flights.wait(key)
+        return None if got is None else got[0]
 
     async def fetch_span(
         self,
@@ -382,7 +391,13 @@ class Fetcher:
             self._parked.pop(at)[0].close()
 
     async def _fetch_once(
-        self, dsid: int, backend: Backend, limiter: TokenBucket, ref: ChunkRef, replace: bool
+        self,
+        dsid: int,
+        backend: Backend,
+        limiter: TokenBucket,
+        ref: ChunkRef,
+        replace: bool,
+        admit: bool = True,
     ) -> bytes:
         await limiter.charge(ref.length)
         obj = ref.obj
@@ -395,5 +410,6 @@ class Fetcher:
             )
 
         data, value = await trio.to_thread.run_sync(get_and_encode, limiter=self.threads)
-        self.writer.offer(PendingChunk(dsid, ref.key, value, ref.length, replace=replace))
+        if admit:
+            self.writer.offer(PendingChunk(dsid, ref.key, value, ref.length, replace=replace))
         return data

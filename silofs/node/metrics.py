@@ -140,6 +140,68 @@ _WRITER = {
 }
 
 
+# Peer traffic (status "cluster"), per member this node asks, per certificate name that
+# asks this node, and per dataset: field -> (metric name, help).
+_PEER = {
+    "requests_out": ("requests_out", "Chunk requests this node sent"),
+    "bytes_in": ("bytes_in", "Chunk bytes this node received, verified"),
+    "requests_in": ("requests_in", "Chunk requests this node served"),
+    "bytes_out": ("bytes_out", "Chunk bytes this node served"),
+    "store_fallbacks": ("store_fallbacks", "Chunks read from the store after a failed ask"),
+    "wait_s": ("wait_seconds", "Seconds spent waiting on peers' answers"),
+}
+
+
+def _peer_families(cluster: dict[str, Any]) -> Iterator[Metric]:
+    """silofs_peer_* (by member), silofs_peer_in_* (by asking certificate) and
+    silofs_peer_dataset_* (by dataset), and the members' state."""
+    up = GaugeMetricFamily(
+        "silofs_peer_member_up", "Whether a cluster member is up (1) or down (0)", labels=["member"]
+    )
+    for m in cluster["members"]:
+        up.add_metric([m["address"]], 1.0 if m["state"] == "up" else 0.0)
+    yield up
+    yield CounterMetricFamily(
+        "silofs_peer_serve_wait_seconds",
+        "Seconds answers to members waited on peer_serve_rate",
+        value=cluster["serve_wait_s"],
+    )
+    asking = ("requests_out", "bytes_in", "store_fallbacks", "wait_s")
+    rows = (
+        # what this node asked of each member, what members asked of it (by the name of
+        # their certificate), and both per dataset
+        ("silofs_peer", "member", asking, [(m["address"], m) for m in cluster["members"]
+                                           if not m["self"]]),
+        ("silofs_peer_in", "peer", ("requests_in", "bytes_out"), list(cluster["peers_in"].items())),
+        ("silofs_peer_dataset", "dataset", tuple(_PEER), [(d["uri"], d)
+                                                          for d in cluster["datasets"]]),
+    )  # fmt: skip
+    for prefix, label, fields, items in rows:
+        for field in fields:
+            suffix, help_text = _PEER[field]
+            family = CounterMetricFamily(f"{prefix}_{suffix}", help_text, labels=[label])
+            for name, row in items:
+                family.add_metric([name], row[field])
+            yield family
+        if prefix == "silofs_peer_in":
+            continue
+        errors = CounterMetricFamily(
+            f"{prefix}_errors", "Failed peer requests, by reason", labels=[label, "reason"]
+        )
+        for name, row in items:
+            for reason, n in sorted(row["errors"].items()):
+                errors.add_metric([name, reason], n)
+        yield errors
+    for key, help_text in (("share", "Cluster share"), ("part", "This node's part of its share")):
+        family = GaugeMetricFamily(
+            f"silofs_dataset_cluster_{key}_bytes", f"{help_text} of the dataset", labels=["dataset"]
+        )
+        for d in cluster["datasets"]:
+            if d[key] is not None:
+                family.add_metric([d["uri"]], d[key])
+        yield family
+
+
 def _family(name: str, kind: str, help_text: str, labels: list[str]) -> Metric:
     if kind == "counter":
         return CounterMetricFamily(name, help_text, labels=labels)
@@ -167,6 +229,8 @@ class StatusCollector(Collector):
                 yield CounterMetricFamily(name, help_text, value=value)
         yield from self._rows(status["datasets"], _DATASET, "dataset", "uri")
         yield from self._rows(status["jobs"], _JOB, "job", "name")
+        if status.get("cluster"):
+            yield from _peer_families(status["cluster"])
 
     @staticmethod
     def _rows(rows: list[dict], spec: dict, label: str, key: str) -> Iterator[Metric]:

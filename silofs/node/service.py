@@ -2,10 +2,11 @@
 
 Owns the life of `silofs daemon`: starting the Daemon's background tasks (writer,
 mount reaper, enforcer), serving the control API on the Unix socket (and, when
-[control] tcp_listen is set, its admin routes to mutual-TLS clients), telling systemd
-READY=1/STOPPING=1, a clean stop (flush, sync) on SIGTERM/SIGINT, and SIGHUP (reopen
-the log file, if any; never an exit). The state and its operations live in
-node/daemon.py, the API in node/routes.py. Never handles a request itself.
+[control] tcp_listen is set, to mutual-TLS clients, who find only the routes the table
+gives a remote controller), telling systemd READY=1/STOPPING=1, a clean stop (flush,
+sync) on SIGTERM/SIGINT, and SIGHUP (reopen the log file, if any; never an exit). The
+state and its operations live in node/daemon.py, the API in node/routes.py. Never
+handles a request itself.
 """
 
 from __future__ import annotations
@@ -36,8 +37,9 @@ from silofs.control.server import (
 from silofs.logsetup import reopen_log_files, survive_sighup
 from silofs.node.daemon import Daemon
 from silofs.node.metrics import serve_tcp
-from silofs.node.routes import REMOTE_ROUTES, body_limit, build_router, status_view
+from silofs.node.routes import build_router
 from silofs.node.supervise import run_forever
+from silofs.node.views import status_view
 from silofs.units import format_size
 
 log = logging.getLogger(__name__)
@@ -48,7 +50,7 @@ async def serve(daemon: Daemon, task_status: trio.TaskStatus = trio.TASK_STATUS_
     settings = daemon.settings
     router = build_router(daemon)
     daemon.metrics.watch(lambda: status_view(daemon))
-    for job in [*daemon.io_allocations, *daemon.registrations]:
+    for job in [*daemon.allocs.io, *daemon.allocs.registrations]:
         daemon.job(job)  # persisted allocations are listed before their jobs mount
     # Bound before any task starts: a busy socket is one AddressInUseError, not a failure
     # inside a nursery (which trio reports as an ExceptionGroup).
@@ -70,6 +72,7 @@ async def serve(daemon: Daemon, task_status: trio.TaskStatus = trio.TASK_STATUS_
                 ("the writer's sync loop", daemon.writer.sync_loop),
                 ("the mount reaper", daemon.reap_mounts),
                 ("the enforcer", daemon.enforce_loop),
+                ("the cluster's prober", daemon.cluster.probe_loop),
             ):
                 nursery.start_soon(run_forever, what, loop)
             await nursery.start(
@@ -77,7 +80,6 @@ async def serve(daemon: Daemon, task_status: trio.TaskStatus = trio.TASK_STATUS_
                     settings.socket,
                     router,
                     max_body=1 << 20,
-                    body_limit=body_limit,
                     connections=connection_limits(daemon),
                     bound=bound,
                     task_status=task_status,
@@ -88,7 +90,7 @@ async def serve(daemon: Daemon, task_status: trio.TaskStatus = trio.TASK_STATUS_
                 await nursery.start(
                     lambda task_status: serve_tls(
                         sock,
-                        router.only(REMOTE_ROUTES),
+                        router,
                         context,
                         tls_limits=TLSLimits(
                             max_connections=settings.tcp_max_connections,
@@ -155,20 +157,55 @@ def bind_remote(settings: NodeSettings) -> tuple[socket.socket, ssl.SSLContext] 
     return bind_tcp(host, port), context
 
 
-# File descriptors kept for everything but connections: LMDB, store clients, logs.
+# File descriptors kept for everything but connections to the control socket: LMDB,
+# logs, the metrics listener's connections (METRICS_CONNECTIONS), and below, per fetch
+# thread, the store client's connections.
 _FD_HEADROOM = 256
+_FDS_PER_FETCH_THREAD = 4
+
+
+def raise_nofile() -> int:
+    """Raise RLIMIT_NOFILE's soft limit to its hard limit (a daemon holds a connection
+    per client, store and peer: the default soft limit of 1024 is small); the soft
+    limit now in force."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or hard > soft:
+        target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError) as exc:  # nr_open below an infinite hard limit
+            log.warning("cannot raise the open-files limit from %d: %s", soft, exc)
+    return soft
+
+
+def fd_budget(s: NodeSettings) -> int:
+    """File descriptors kept for everything but the control socket's connections: the
+    TLS listener's connections, peer clients, store clients, LMDB, logs, metrics."""
+    from silofs.node.peer_client import PEER_POOL  # what each member's pool may open
+
+    members = len(s.cluster.members) if s.cluster is not None else 0
+    return (
+        _FD_HEADROOM
+        + s.tcp_max_connections
+        + members * PEER_POOL
+        + s.fetch_threads * _FDS_PER_FETCH_THREAD
+    )
 
 
 def connection_limits(daemon: Daemon) -> ConnectionLimits:
-    """The configured limits, with the total lowered to fit RLIMIT_NOFILE: running out of
-    fds fails misses and listings, so connections must hit their own limit first."""
+    """The configured limits, with the total lowered to fit RLIMIT_NOFILE minus every
+    other kind of connection's cap (fd_budget): running out of fds fails misses,
+    listings and peers, so each kind of connection must hit its own limit first."""
     s = daemon.settings
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
     reserve = 64
     total = s.max_connections
-    if soft != resource.RLIM_INFINITY and total + reserve > soft - _FD_HEADROOM:
-        total = max(16, (soft - _FD_HEADROOM) * 3 // 4)
-        reserve = max(4, (soft - _FD_HEADROOM) // 4)
+    headroom = fd_budget(s)
+    if soft != resource.RLIM_INFINITY and total + reserve > soft - headroom:
+        room = max(64, soft - headroom)
+        total = max(16, room * 3 // 4)
+        reserve = max(4, room // 4)
         log.warning(
             "max_connections %d does not fit the fd limit %d: using %d (+%d for admins)",
             s.max_connections,
@@ -221,7 +258,7 @@ def sd_notify(message: str) -> None:
 # (CPython's default: 700). A fanned-out first listing makes several per object and
 # keeps 2 x list_workers pages in flight, so at 700 many survive young collections, are
 # promoted, and the promotions set off full collections over the whole heap: 0.2 s of
-# CPU per 100 k objects listed, a third of the listing's (bench/README.md, stop 21).
+# CPU per 100 k objects listed, a third of the listing's (bench/README.md).
 GC_YOUNG = 10_000
 
 
@@ -235,6 +272,8 @@ def run_daemon(settings: NodeSettings, started_by: str = "manual") -> None:
     """Run the daemon in the foreground until SIGTERM/SIGINT (or idle exit). Raises
     SilofsError. `started_by` is "auto" when `silofs mount` started it."""
     tune_gc()
+    nofile = raise_nofile()
+    log.debug("open-files limit: %d", nofile)
     # Before anything slow (opening the cache, moving a damaged one aside): a SIGHUP
     # while starting or stopping must not end the daemon either. serve() handles it
     # itself while it runs.
@@ -257,6 +296,7 @@ def run_daemon(settings: NodeSettings, started_by: str = "manual") -> None:
     try:
         trio.run(serve, daemon)
     finally:
+        daemon.cluster.close()
         daemon.writer.close()
         daemon.store.close()
         os.close(daemon.lock_fd)

@@ -29,6 +29,7 @@ class DatasetState:
     building_gen: int | None = None  # the listing generation being written, while listing
     record: dict = field(default_factory=dict)
     options: dict[str, str] = field(default_factory=dict)  # per-dataset store options
+    endpoint_url: str | None = None  # the endpoint it was opened with (None: the default)
     reads: MountCounters = field(default_factory=MountCounters)
     fetch: FetchCounters = field(default_factory=FetchCounters)
     prepare_errors: int = 0  # checks and listings that failed (after their retries)
@@ -63,7 +64,8 @@ class JobState:
     dataset_bytes: dict[int, int] = field(default_factory=dict)
     epochs: dict[int, int] = field(default_factory=dict)
     # Cached bytes per dataset when the job's current epoch began: only those chunks can
-    # serve hits in this epoch (SiloD §6, "Delayed effectiveness").
+    # serve hits in this epoch ("SiloD: A Co-design of Caching and Scheduling for Deep
+    # Learning Clusters", EuroSys '23, §6 "Delayed effectiveness").
     epoch_cached: dict[int, int] = field(default_factory=dict)
     samples: deque[tuple[float, int, int]] = field(default_factory=deque)
     prefetch: PrefetchCounters = field(default_factory=PrefetchCounters)

@@ -8,8 +8,11 @@ Random order is what keeps promise 1's hit ratio (cache/dataset whatever the acc
 order) when the quota is smaller than the dataset: the warm stops at the first chunk
 that does not fit rather than looking for smaller ones, which would bias the sample.
 An untrusted peer's warm fetches only the local files it could read itself
-(docs/SECURITY.md). Progress lives in WarmState, shown in the dataset view. Never
-writes LMDB (the Writer admits what the Fetcher offers) and never decides a quota.
+(docs/SECURITY.md). In a cluster the walk spans the members: a chunk homed here is
+fetched as alone, one homed at another member is sent to it (node/cluster.py
+warm_ask), until every home says its part of the share is full. Progress lives in
+WarmState, shown in the dataset view. Never writes LMDB (the Writer admits what the
+Fetcher offers) and never decides a quota.
 """
 
 from __future__ import annotations
@@ -181,6 +184,14 @@ async def _warm(d: Any, ds: DatasetState, w: WarmState) -> None:
     limiter = d.job(w.job).limiter
     slots = trio.Semaphore(WARM_CONCURRENCY)
     failure: list[BackendError] = []
+    if d.cluster.active and d.cluster.shareable(ds):
+        share = d.cluster.shares.share(ds.uri.canonical)
+        w.target_bytes = w.matched_bytes if share is None else min(share, w.matched_bytes)
+        await _walk_cluster(d, ds, w, refs, budget, limiter, slots, failure)
+        await d.writer.flush()
+        if failure:
+            raise failure[0]
+        return
 
     async def fetch(ref: ChunkRef) -> None:
         data = b""
@@ -211,3 +222,72 @@ async def _warm(d: Any, ds: DatasetState, w: WarmState) -> None:
     await d.writer.flush()  # admitted before the warm says done
     if failure:
         raise failure[0]
+
+
+async def _walk_cluster(
+    d: Any,
+    ds: DatasetState,
+    w: WarmState,
+    refs: list[ChunkRef],
+    budget: FillBudget,
+    limiter: Any,
+    slots: trio.Semaphore,
+    failure: list[BackendError],
+) -> None:
+    """The random walk of a clustered dataset: a chunk homed here is fetched as alone
+    (while this node's part has room); one homed at another member is sent to it (a
+    warm ask: it fetches it, charged to this job, if its part has room). A home that
+    says "full" gets no more; the walk ends when every home is full or the chunks are
+    done, so each home holds a uniform sample of its own chunks (promise 1)."""
+    full: set[str] = set()
+    membership = d.cluster.membership
+
+    async def local(ref: ChunkRef) -> None:
+        data = b""
+        try:
+            data, fetched = await d.fetcher.fetch(ds.id, ds.backend, limiter, ref)
+        except BackendError as exc:
+            failure.append(exc)
+            return
+        finally:
+            budget.ended(ref.length, len(data))
+            slots.release()
+        w.chunks_done += 1
+        w.fetched_bytes += len(data)
+        if fetched:
+            for c in (ds.fetch, d.job(w.job).fetch):
+                c.remote_gets += 1
+                c.remote_bytes += len(data)
+                c.remote_requests += 1
+
+    async def remote(member: Any, ref: ChunkRef) -> None:
+        try:
+            outcome = await d.cluster.warm_ask(member, ds, limiter, w.job, ref)
+        finally:
+            slots.release()
+        if outcome == "full":
+            full.add(member.address)
+        elif outcome == "held":
+            w.skipped_bytes += ref.length
+        elif outcome == "admitted":
+            w.chunks_done += 1
+            w.fetched_bytes += ref.length
+
+    async with trio.open_nursery() as nursery:
+        for ref in refs:
+            live = {c.address for c in membership.live()}
+            if failure or live <= full:
+                break
+            member = membership.home(ref.key)
+            if member.address in full:
+                continue
+            if member.is_self:
+                if not await budget.fits(ref.length):
+                    full.add(member.address)
+                    continue
+                await slots.acquire()
+                budget.started(ref.length)
+                nursery.start_soon(local, ref)
+            else:
+                await slots.acquire()
+                nursery.start_soon(remote, member, ref)

@@ -152,6 +152,11 @@ class Writer:
         self._wakeup.set()
         return True
 
+    def pending_chunks(self) -> int:
+        """Chunks offered and not yet committed (or refused): 0 once every offer so far
+        is in LMDB or was turned away."""
+        return len(self._pending)
+
     def pending(self, key: bytes) -> bytes | None:
         """The encoded value of a chunk offered and not yet committed, if there is one."""
         item = self._pending.get(key)

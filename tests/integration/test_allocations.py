@@ -13,17 +13,14 @@ from pathlib import Path
 import pytest
 
 from silofs.control.client import ControlClient, ControlError, quote_segment
-
-from .conftest import Node, drop_file_cache, needs_fuse, wait_for
+from tests.support.fixtures import needs_fuse
+from tests.support.node import Node, drop_file_cache
+from tests.support.poll import wait_for
+from tests.support.trees import random_files
 
 pytestmark = [needs_fuse, pytest.mark.fuse]
 
 MB = 1_000_000
-
-
-def make_tree(n: int, size: int, seed: int) -> dict[str, bytes]:
-    rnd = random.Random(seed)
-    return {f"f/{i:04d}.bin": rnd.randbytes(size) for i in range(n)}
 
 
 def read_tree(mp: Path, tree: dict[str, bytes], order: list[str] | None = None) -> None:
@@ -169,8 +166,8 @@ def test_two_jobs_share_cache_but_not_remote_io(
     make_node, local_store, monkeypatch, bucket_name, tmp_path: Path
 ) -> None:
     local_store.apply_env(monkeypatch)
-    shared = make_tree(60, 50_000, 1)
-    cold = make_tree(40, 100_000, 2)
+    shared = random_files(1, 60, 50_000)
+    cold = random_files(2, 40, 100_000)
     local_store.create(bucket_name, {**shared, **{"cold/" + k: v for k, v in cold.items()}})
     node = make_node()
     uri = local_store.uri(bucket_name)
@@ -213,7 +210,7 @@ def test_two_jobs_share_cache_but_not_remote_io(
 def test_shrinking_an_allocation_evicts_to_fit_and_sets_the_hit_ratio(
     make_node, local_store, monkeypatch, bucket_name, tmp_path: Path
 ) -> None:
-    tree = make_tree(100, 40_000, 3)
+    tree = random_files(3, 100, 40_000)
     total = sum(map(len, tree.values()))
     local_store.apply_env(monkeypatch)
     local_store.create(bucket_name, tree)
@@ -252,7 +249,7 @@ def test_allocations_cannot_exceed_the_cache(make_node) -> None:
 def test_allocations_persist_and_apply_when_the_dataset_appears(
     make_node, local_store, monkeypatch, bucket_name, tmp_path: Path
 ) -> None:
-    tree = make_tree(10, 10_000, 4)
+    tree = random_files(4, 10, 10_000)
     local_store.apply_env(monkeypatch)
     local_store.create(bucket_name, tree)
     uri = local_store.uri(bucket_name)
@@ -278,7 +275,7 @@ def test_allocations_persist_and_apply_when_the_dataset_appears(
 def test_lru_mode_keeps_what_was_used_last(
     make_node, local_store, monkeypatch, bucket_name, tmp_path: Path
 ) -> None:
-    tree = make_tree(20, 50_000, 5)
+    tree = random_files(5, 20, 50_000)
     local_store.apply_env(monkeypatch)
     local_store.create(bucket_name, tree)
     uri = local_store.uri(bucket_name)
@@ -299,7 +296,7 @@ def test_lru_mode_keeps_what_was_used_last(
 def test_status_and_metrics_report_jobs(
     make_node, local_store, monkeypatch, bucket_name, tmp_path: Path
 ) -> None:
-    tree = make_tree(30, 20_000, 6)
+    tree = random_files(6, 30, 20_000)
     local_store.apply_env(monkeypatch)
     local_store.create(bucket_name, tree)
     node = make_node()

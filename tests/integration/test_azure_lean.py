@@ -20,7 +20,7 @@ from silofs.node.backends import azurelist
 from silofs.node.backends.azure import AzureBackend
 from silofs.node.backends.base import BackendOptions
 from silofs.uri import parse_uri
-from tests.servers import AZURITE_KEY, AzuriteServer, connection_string
+from tests.support.servers import AZURITE_KEY, AzuriteServer, connection_string
 
 pytestmark = pytest.mark.servers
 

@@ -1,5 +1,5 @@
 """One conformance suite every backend passes: local, S3 (moto), Azure (Azurite), GCS
-(fake-gcs-server), each against a real server on 127.0.0.1 started by tests/servers.py.
+(fake-gcs-server), each against a real server on 127.0.0.1 started by tests/support/servers.py.
 
 Owns the behavioural contract of silofs.backends.base.Backend as the daemon relies on it:
 exact listings (odd names, deep paths, empty objects, markers skipped, many pages), byte
@@ -27,9 +27,10 @@ from silofs.errors import (
     UsageError,
 )
 from silofs.node.backends import Backend, BackendOptions, open_backend
+from silofs.node.backends.base import StoreCounters
 from silofs.records import ObjectInfo
 from silofs.uri import parse_uri
-from tests.servers import LocalStore, Store, clean_env
+from tests.support.servers import LocalStore, Store, clean_env
 
 pytestmark = pytest.mark.servers
 
@@ -133,6 +134,9 @@ def test_list_metadata_is_usable(backend: Backend) -> None:
 
 def test_check_passes_on_a_good_dataset(backend: Backend) -> None:
     backend.check()
+    # First time, every request answered as asked: nothing retried, nothing handed back
+    # (a local directory makes no requests and keeps no counters).
+    assert getattr(backend, "counters", StoreCounters()) == StoreCounters()
 
 
 # ---------------------------------------------------------------------------------------
@@ -261,7 +265,7 @@ def test_s3_without_credentials_is_access_denied(
 def _azurite_sas(store: Store, bucket: str, expiry: dt.datetime) -> str:
     from azure.storage.blob import ContainerSasPermissions, generate_container_sas
 
-    from tests.servers import AZURITE_ACCOUNT, AZURITE_KEY
+    from tests.support.servers import AZURITE_ACCOUNT, AZURITE_KEY
 
     return generate_container_sas(
         AZURITE_ACCOUNT,
@@ -296,7 +300,7 @@ def test_azure_sas_token_lists_and_expired_sas_is_denied(store: Store, dataset: 
 def test_azure_account_key_env_and_bare_emulator_endpoint(
     store: Store, dataset: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from tests.servers import AZURITE_KEY
+    from tests.support.servers import AZURITE_KEY
 
     # An endpoint without the account path gets it appended for an IP host (Azurite).
     bare = store.endpoint_url.rsplit("/", 1)[0]  # type: ignore[attr-defined]

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import Node, mounted, needs_fuse, silofs_cmd
+from tests.support.fixtures import needs_fuse
+from tests.support.node import Node, mounted, silofs_cmd
 
 pytestmark = [needs_fuse, pytest.mark.fuse]
 
@@ -67,7 +68,7 @@ def test_s3_missing_bucket_bad_credentials_unreachable(
     s3_server.apply_env(monkeypatch)
     s3_server.create(bucket_name, {"k": b"v"})
     node = make_node()
-    node.expect_errors(r"ERROR silofs.node.daemon: dataset ")  # each bad input, once
+    node.expect_errors(r"ERROR silofs.node.datasets: dataset ")  # each bad input, once
     res = try_mount(
         node,
         f"s3://{bucket_name}-missing/",
@@ -97,7 +98,7 @@ def test_s3_missing_bucket_bad_credentials_unreachable(
         env={"AWS_ACCESS_KEY_ID": "AKIAWRONGWRONGWRONG0", "AWS_SECRET_ACCESS_KEY": "wrong"},
         name="bad",
     )
-    bad.expect_errors(r"ERROR silofs.node.daemon: dataset .*denied")
+    bad.expect_errors(r"ERROR silofs.node.datasets: dataset .*denied")
     res = try_mount(
         bad, f"s3://{bucket_name}/", tmp_path / "m4", "--endpoint-url", s3_auth_server.endpoint_url
     )
@@ -181,12 +182,12 @@ def test_azure_missing_container_and_expired_sas(
 
     from azure.storage.blob import ContainerSasPermissions, generate_container_sas
 
-    from tests.servers import AZURITE_ACCOUNT, AZURITE_KEY
+    from tests.support.servers import AZURITE_ACCOUNT, AZURITE_KEY
 
     azurite_server.apply_env(monkeypatch)
     azurite_server.create(bucket_name, {"k": b"v"})
     node = make_node(env={"AZURE_STORAGE_CONNECTION_STRING": azurite_server.connection_string})
-    node.expect_errors(r"ERROR silofs.node.daemon: dataset ")  # each bad input, once
+    node.expect_errors(r"ERROR silofs.node.datasets: dataset ")  # each bad input, once
     res = try_mount(node, f"az://{AZURITE_ACCOUNT}", tmp_path / "m0")
     assert_one_line_error(res, "container")
     res = try_mount(node, f"az://{AZURITE_ACCOUNT}/{bucket_name}-missing/", tmp_path / "m1")
@@ -200,7 +201,7 @@ def test_azure_missing_container_and_expired_sas(
         expiry=dt.datetime.now(dt.UTC) - dt.timedelta(hours=1),
     )
     bad = make_node(env={"AZURE_STORAGE_SAS_TOKEN": expired}, name="sas")
-    bad.expect_errors(r"ERROR silofs.node.daemon: dataset .*denied")
+    bad.expect_errors(r"ERROR silofs.node.datasets: dataset .*denied")
     res = try_mount(
         bad,
         f"az://{AZURITE_ACCOUNT}/{bucket_name}/",
@@ -219,7 +220,7 @@ def test_gcs_key_file_that_is_not_json(
     key_file = tmp_path / "key.json"
     key_file.write_text("this is not json")
     node = make_node(env={"GOOGLE_APPLICATION_CREDENTIALS": str(key_file)})
-    node.expect_errors(r"ERROR silofs.node.daemon: dataset ")  # each bad input, once
+    node.expect_errors(r"ERROR silofs.node.datasets: dataset ")  # each bad input, once
     res = try_mount(
         node, f"gs://{bucket_name}/", tmp_path / "m", "--endpoint-url", gcs_server.endpoint_url
     )

@@ -8,7 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import Node, mounted, needs_fuse, wait_for
+from tests.support.fixtures import needs_fuse
+from tests.support.node import Node, mounted
+from tests.support.poll import wait_for
+
 from .test_bad_input import assert_one_line_error
 
 pytestmark = [needs_fuse, pytest.mark.fuse]

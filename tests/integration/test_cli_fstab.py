@@ -15,8 +15,8 @@ import pytest
 
 from silofs.cli_mount import options_to_flags, parse_argv
 from silofs.errors import UsageError
-
-from .conftest import Node, mounted, needs_fuse
+from tests.support.fixtures import needs_fuse
+from tests.support.node import Node, mounted
 
 HELPER_LINK = Path("/sbin/mount.silofs")
 

@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 
 from silofs.logsetup import setup_logging
-
-from .conftest import Node, needs_fuse, wait_for
+from tests.support.fixtures import needs_fuse
+from tests.support.node import Node
+from tests.support.poll import wait_for
 
 
 def test_sdk_loggers_are_held_at_warning() -> None:
@@ -114,7 +115,7 @@ def test_sighup_without_a_log_file_is_logged_and_survived(make_node) -> None:
 def test_a_background_mount_reopens_its_log_on_sighup_and_stays_mounted(
     make_node, local_store, bucket_name, tmp_path: Path, monkeypatch
 ) -> None:
-    # logrotate's postrotate `kill -HUP` used to unmount the dataset under a training job.
+    # logrotate's postrotate `kill -HUP` must not unmount the dataset under a training job.
     local_store.apply_env(monkeypatch)
     local_store.create(bucket_name, {"a.bin": b"a" * 5000})
     node: Node = make_node()

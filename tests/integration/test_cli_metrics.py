@@ -3,7 +3,6 @@ on the control socket and scraped over TCP (metrics_address)."""
 
 from __future__ import annotations
 
-import socket
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -12,16 +11,11 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from silofs.control.client import ControlClient
-
-from .conftest import Node, drop_file_cache, needs_fuse
+from tests.support.fixtures import needs_fuse
+from tests.support.net import free_port
+from tests.support.node import Node, drop_file_cache
 
 pytestmark = [needs_fuse, pytest.mark.fuse]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def families(text: str) -> dict:

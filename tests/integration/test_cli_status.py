@@ -11,7 +11,9 @@ from urllib.parse import quote
 
 import pytest
 
-from .conftest import Node, drop_file_cache, needs_fuse, wait_for
+from tests.support.fixtures import needs_fuse
+from tests.support.node import Node, drop_file_cache
+from tests.support.poll import wait_for
 
 pytestmark = [needs_fuse, pytest.mark.fuse]
 

@@ -10,8 +10,9 @@ import pytest
 from silofs.node.backends.base import BackendOptions
 from silofs.node.backends.s3 import S3Backend
 from silofs.uri import parse_uri
+from tests.support.fixtures import needs_fuse
+from tests.support.node import Node, mounted
 
-from .conftest import Node, mounted, needs_fuse
 from .test_bad_input import assert_one_line_error
 
 

@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 
 from silofs import __version__
+from tests.support.fixtures import needs_fuse
+from tests.support.node import Node, mounted, silofs_cmd
 
-from .conftest import Node, mounted, needs_fuse, silofs_cmd
 from .test_bad_input import assert_one_line_error
 
 

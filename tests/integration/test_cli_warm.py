@@ -13,7 +13,9 @@ from urllib.parse import quote
 
 import pytest
 
-from .conftest import Node, drop_file_cache, needs_fuse, silofs_cmd, wait_for
+from tests.support.fixtures import needs_fuse
+from tests.support.node import Node, drop_file_cache, silofs_cmd
+from tests.support.poll import wait_for
 
 pytestmark = [needs_fuse, pytest.mark.fuse]
 

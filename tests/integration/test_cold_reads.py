@@ -11,9 +11,10 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from tests.faultproxy import FaultPlan, FaultProxy
-
-from .conftest import Node, needs_fuse, wait_for
+from tests.support.faultproxy import FaultPlan, FaultProxy
+from tests.support.fixtures import needs_fuse
+from tests.support.node import Node
+from tests.support.poll import wait_for
 
 pytestmark = [needs_fuse, pytest.mark.fuse]
 
@@ -144,7 +145,7 @@ def test_azure_counts_each_get_of_a_range_longer_than_4mib(
     """Azure sends a range's MD5 only up to 4 MiB, so the backend reads a 16 MiB chunk in
     four GETs: remote_requests counts each (it counted one per range read), as the
     proxy in front of Azurite sees them."""
-    from tests.servers import AZURITE_KEY, connection_string
+    from tests.support.servers import AZURITE_KEY, connection_string
 
     azurite_server.apply_env(monkeypatch)
     data = random.Random(7).randbytes((16 << 20) + 999)

@@ -9,6 +9,7 @@ the distributed job's remote IO split evenly across its two nodes.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -16,14 +17,16 @@ from pathlib import Path
 from silofs_ctl.controller import Controller
 from silofs_ctl.controller_config import load_controller_config
 
-from .conftest import dump
+from tests.support.trees import patterned_files, write_tree
 
 
 def make_dataset(root: Path, files: int, size: int) -> str:
-    root.mkdir(parents=True)
-    for i in range(files):
-        (root / f"item-{i:03d}.bin").write_bytes(bytes([i % 251]) * size)
+    write_tree(root, patterned_files(files, size, "item-{i:03d}.bin"))
     return root.as_uri() + "/"
+
+
+def dump(obj: object) -> str:
+    return json.dumps(obj, indent=1, default=str)
 
 
 def write_config(tmp_path: Path, sockets: dict[str, str], data: str, text: str) -> str:

@@ -10,8 +10,7 @@ from pathlib import Path
 import pytest
 
 from silofs.control.client import ControlError
-
-from .conftest import Node
+from tests.support.node import Node
 
 
 def ctl(

@@ -10,8 +10,8 @@ import subprocess
 from pathlib import Path
 
 from silofs.config import NodeSettings, load_node_settings
-
-from .conftest import silofs_cmd, wait_for
+from tests.support.node import silofs_cmd
+from tests.support.poll import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 

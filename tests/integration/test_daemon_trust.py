@@ -2,7 +2,7 @@
 by a client"): a socket served by an unprivileged user is refused before a byte is sent.
 
 The fake daemon is a real Unix socket bound and listened on by a forked child running as
-nobody (tests/asuser.py), so SO_PEERCRED names uid 65534 exactly as it would name a
+nobody (tests/support/asuser.py), so SO_PEERCRED names uid 65534 exactly as it would name a
 local user who made a socket appear at the configured path. The clients are the real
 `silofs` CLI (a subprocess), the blocking ControlClient and the mount processes'
 AsyncControlClient; the real daemon (root) is accepted by a client of any uid.
@@ -23,9 +23,9 @@ import trio
 
 from silofs.control.client import AsyncControlClient, ControlClient, DaemonNotTrusted
 from silofs.control.peer import DAEMON_USER_ENV, UntrustedDaemonError, trusted_daemon_uids
-from tests.asuser import NOBODY, Child, Identity, as_user, start_as
-
-from .conftest import Node, _pids_with, mounted, silofs_cmd, wait_for
+from tests.support.asuser import NOBODY, Child, Identity, as_user, start_as
+from tests.support.node import Node, mounted, pids_with, silofs_cmd
+from tests.support.poll import wait_for
 
 _ROOT_ONLY = "" if os.geteuid() == 0 else "needs root (a child that drops to nobody)"
 _ANSWER = (
@@ -116,7 +116,7 @@ def test_cli_refuses_a_socket_served_by_another_user(fake: Fake, tmp_path: Path)
     # CLI started no daemon of its own on that path.
     received = fake.stop()
     assert received and set(received) == {0}, received
-    assert not _pids_with(fake.path)
+    assert not pids_with(fake.path)
 
 
 def test_clients_refuse_and_trust_only_when_told(

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import _pids_with, force_unmount, mounted, needs_fuse, silofs_cmd
+from tests.support.fixtures import needs_fuse
+from tests.support.node import force_unmount, mounted, pids_with, silofs_cmd
 
 pytestmark = [needs_fuse, pytest.mark.fuse]
 
@@ -19,7 +20,7 @@ pytestmark = [needs_fuse, pytest.mark.fuse]
 def demo_dir(tmp_path: Path):
     yield tmp_path
     force_unmount(str(tmp_path / "mnt"))
-    for pid in _pids_with(str(tmp_path / "control.sock")):
+    for pid in pids_with(str(tmp_path / "control.sock")):
         os.kill(pid, signal.SIGKILL)
 
 
@@ -46,4 +47,4 @@ def test_demo_shows_the_second_epoch_served_from_cache(demo_dir: Path) -> None:
     # Every byte of epoch 2 is a hit (figures are rounded to whole MB).
     assert abs((int(hit2) - int(hit1)) - (int(read2) - int(read1))) <= 1
     assert not mounted(tmp_path / "mnt")
-    assert not _pids_with(str(tmp_path / "control.sock"))
+    assert not pids_with(str(tmp_path / "control.sock"))

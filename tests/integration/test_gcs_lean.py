@@ -17,7 +17,7 @@ from silofs.node.backends.base import relative_key
 from silofs.node.backends.gcs import GCSBackend
 from silofs.records import ObjectInfo
 from silofs.uri import parse_uri
-from tests.servers import GCSServer
+from tests.support.servers import GCSServer
 
 pytestmark = pytest.mark.servers
 

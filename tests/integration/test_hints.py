@@ -12,8 +12,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from silofs.control.client import ControlClient
 from silofs.hints import Hinter
 from silofs.torch import PrefetchSampler
-
-from .conftest import drop_file_cache, needs_fuse, wait_for
+from tests.support.fixtures import needs_fuse
+from tests.support.node import drop_file_cache
+from tests.support.poll import wait_for
 
 pytestmark = [needs_fuse, pytest.mark.fuse]
 

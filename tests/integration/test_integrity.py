@@ -4,7 +4,7 @@ Owns: a body a store sent that does not match the checksum the store sent with i
 refused and retried (ChecksumMismatchError, counted), never returned; a short body (a
 truncated response, a Content-Length shorter than the range) is retried, never an error on
 the first try; and the local store's version sees a rewrite that restored the mtime.
-Faults are injected by tests/faultproxy.py between the backend and the emulator (moto,
+Faults are injected by tests/support/faultproxy.py between the backend and the emulator (moto,
 Azurite, fake-gcs-server). What is NOT detected (a range of an S3 or GCS object over
 plain HTTP) is pinned here too, so docs/SEMANTICS.md has to change with it.
 """
@@ -24,8 +24,8 @@ from silofs.errors import ObjectChangedError
 from silofs.node.backends import Backend, BackendOptions, open_backend
 from silofs.node.backends.local import LocalBackend
 from silofs.uri import parse_uri
-from tests.faultproxy import Fault, FaultPlan, FaultProxy
-from tests.servers import LocalStore, Store
+from tests.support.faultproxy import Fault, FaultPlan, FaultProxy
+from tests.support.servers import LocalStore, Store
 
 pytestmark = pytest.mark.servers
 

@@ -1,5 +1,5 @@
 """Listings through a real mount: the directory index, refresh without remounting,
-a daemon killed mid-listing, and mounting while the first listing runs (issue 10).
+a daemon killed mid-listing, and mounting while the first listing runs.
 
 Owns what a reader of the mount sees of a listing: readdir of a large directory equal to
 the store (the kernel resumes it at our offsets), hard names, `silofs-ctl refresh` while
@@ -7,7 +7,7 @@ a file is open (the open handle keeps its version, new opens see the new one, de
 files vanish, new ones appear), the old listing surviving kill -9 mid-listing and the
 next listing starting clean, and --list-in-background never answering ENOENT for a
 name the listing has not reached, while waiting only for the directory looked up when
-the listing fans out (a slow S3 store: moto behind tests/faultproxy.py).
+the listing fans out (a slow S3 store: moto behind tests/support/faultproxy.py).
 """
 
 from __future__ import annotations
@@ -24,10 +24,11 @@ from urllib.parse import urlsplit
 import pytest
 
 from silofs.cache.store import CacheStore
-from tests.faultproxy import FaultPlan, FaultProxy
-from tests.servers import AZURITE_KEY, connection_string
-
-from .conftest import Node, force_unmount, needs_fuse, wait_for
+from tests.support.faultproxy import FaultPlan, FaultProxy
+from tests.support.fixtures import needs_fuse
+from tests.support.node import Node, force_unmount
+from tests.support.poll import wait_for
+from tests.support.servers import AZURITE_KEY, connection_string
 
 pytestmark = [needs_fuse, pytest.mark.fuse]
 
@@ -207,7 +208,7 @@ _SERVER = {"s3": "s3_server", "azure": "azurite_server", "gcs": "gcs_server"}
 @pytest.fixture(params=["s3", "azure", "gcs"])
 def slow_store(request: pytest.FixtureRequest, monkeypatch, tmp_path: Path):
     """(kind, store helper, a started FaultProxy with no delay yet, the daemon's env, the
-    mount flags) for an object store reached through tests/faultproxy.py: the test sets
+    mount flags) for an object store reached through tests/support/faultproxy.py: the test sets
     the delay per request with proxy.set_plan once the objects are uploaded."""
     kind = request.param
     s = request.getfixturevalue(_SERVER[kind])

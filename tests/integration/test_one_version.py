@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import needs_fuse
+from tests.support.fixtures import needs_fuse
 
 pytestmark = [needs_fuse, pytest.mark.fuse]
 

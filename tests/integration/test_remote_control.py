@@ -7,16 +7,16 @@ runs a real `silofs daemon` inside its namespace with [control] tcp_listen on it
 address and certificates from `silofs-ctl certs`. The controller runs inside its own
 namespace, where the nodes' Unix sockets are of no use to it (it is given only
 tls:// addresses), learns the jobs from the daemons' registrations, and pushes
-allocations. A plaintext client, a foreign certificate and a node's certificate used as
-a client are refused, and the daemons go on serving. The test reads results through the
-daemons' Unix sockets (a filesystem path: the same in every network namespace).
+allocations. A plaintext client and a foreign certificate get no answer, a node's
+certificate used as a client gets 403 everywhere, and the daemons go on serving. The
+test reads results through the daemons' Unix sockets (a filesystem path: the same in
+every network namespace).
 """
 
 from __future__ import annotations
 
 import json
-import os
-import shutil
+import random
 import subprocess
 import sys
 import textwrap
@@ -25,103 +25,44 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.conftest import Node, needs_fuse, silofs_cmd, wait_for
+from tests.support.fixtures import needs_fuse
+from tests.support.net import NetnsUnavailable, Star, star
+from tests.support.node import Node
+from tests.support.trees import random_files, write_tree
 
 pytestmark = [needs_fuse, pytest.mark.fuse]
 
-# Link-local addresses on veth pairs that exist only between namespaces this test made.
-LINKS = {"n1": ("169.254.12.1", "169.254.12.2"), "n2": ("169.254.12.5", "169.254.12.6")}
 PORT = 7470
 MB = 10**6
 
 
-def _ip(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["ip", *args], capture_output=True, text=True, timeout=30)
-
-
 @pytest.fixture
-def netns() -> Iterator[dict[str, str]]:
-    """Namespaces {"ctl", "n1", "n2"} -> name; veth ctl<->n1, ctl<->n2; removed after."""
-    if os.geteuid() != 0:
-        pytest.skip("network namespaces need root")
-    if shutil.which("ip") is None:
-        pytest.skip("iproute2 is not installed (apt-get install iproute2)")
-    tag = f"{os.getpid() % 100000}"
-    names = {role: f"silofs-{role}-{tag}" for role in ("ctl", "n1", "n2")}
-    made: list[str] = []
+def netns() -> Iterator[Star]:
+    """Namespaces "ctl", "n1", "n2"; veth ctl<->n1, ctl<->n2; removed after."""
     try:
-        for name in names.values():
-            res = _ip("netns", "add", name)
-            if res.returncode != 0:
-                pytest.skip(f"cannot create a network namespace: {res.stderr.strip()}")
-            made.append(name)
-            _check(_ip("-n", name, "link", "set", "lo", "up"))
-        for role, (ctl_addr, node_addr) in LINKS.items():
-            a, b = f"sc{role}{tag}"[:15], f"sn{role}{tag}"[:15]
-            _check(_ip("link", "add", a, "netns", names["ctl"], "type", "veth", "peer", "name", b, "netns", names[role]))  # fmt: skip  # noqa: E501
-            _check(_ip("-n", names["ctl"], "addr", "add", f"{ctl_addr}/30", "dev", a))
-            _check(_ip("-n", names[role], "addr", "add", f"{node_addr}/30", "dev", b))
-            _check(_ip("-n", names["ctl"], "link", "set", a, "up"))
-            _check(_ip("-n", names[role], "link", "set", b, "up"))
-        yield names
-    finally:
-        for name in made:
-            _ip("netns", "del", name)  # takes its veth ends with it
-
-
-def _check(res: subprocess.CompletedProcess) -> None:
-    assert res.returncode == 0, f"ip {res.args}: {res.stderr}"
-
-
-class NsNode(Node):
-    """A Node whose daemon runs inside a network namespace."""
-
-    def __init__(self, root: Path, ns: str, config: Path) -> None:
-        super().__init__(root, "64M", dict(os.environ))
-        self.ns = ns
-        self.config = config
-
-    def start(self, *extra: str) -> None:
-        log = open(self.logs / "daemon.log", "ab")
-        cmd = silofs_cmd(
-            "daemon",
-            "--config",
-            str(self.config),
-            "--socket",
-            self.socket,
-            "--cache-dir",
-            self.cache_dir,
-            "--cache-size",
-            self.cache_size,
-            *extra,
-        )
-        self.proc = subprocess.Popen(
-            ["ip", "netns", "exec", self.ns, *cmd],
-            stdout=log,
-            stderr=log,
-            env=self.env,
-            start_new_session=True,
-        )
-        wait_for(self._answers, what=f"the daemon in {self.ns} (log: {self.logs})")
+        with star("ctl", ["n1", "n2"]) as namespaces:
+            yield namespaces
+    except NetnsUnavailable as exc:
+        pytest.skip(str(exc))
 
 
 @pytest.fixture
 def cluster(
-    tmp_path: Path, netns: dict[str, str]
-) -> Iterator[tuple[dict[str, NsNode], Path, Callable[..., subprocess.CompletedProcess]]]:
+    tmp_path: Path, netns: Star
+) -> Iterator[tuple[dict[str, Node], Path, Callable[..., subprocess.CompletedProcess]]]:
     """Two node daemons in their namespaces with TLS listeners, the PKI, and a function
     that runs a command in the controller's namespace."""
     pki = tmp_path / "pki"
     ctl = [sys.executable, "-m", "silofs_ctl"]
     for args in (
         ["certs", "init", str(pki)],
-        ["certs", "node", str(pki), "n1", "--address", LINKS["n1"][1]],
-        ["certs", "node", str(pki), "n2", "--address", LINKS["n2"][1]],
+        ["certs", "node", str(pki), "n1", "--address", netns.address("n1")],
+        ["certs", "node", str(pki), "n2", "--address", netns.address("n2")],
         ["certs", "init", str(tmp_path / "foreign")],
     ):
         res = subprocess.run([*ctl, *args], capture_output=True, text=True, timeout=60)
         assert res.returncode == 0, res.stderr
-    nodes: dict[str, NsNode] = {}
+    nodes: dict[str, Node] = {}
     try:
         for role in ("n1", "n2"):
             root = tmp_path / role
@@ -130,7 +71,7 @@ def cluster(
             conf.write_text(
                 textwrap.dedent(f"""\
                     [control]
-                    tcp_listen = "{LINKS[role][1]}:{PORT}"
+                    tcp_listen = "{netns.address(role)}:{PORT}"
                     tls_cert = "{pki}/{role}.pem"
                     tls_key = "{pki}/{role}.key"
                     tls_client_ca = "{pki}/ca.pem"
@@ -139,16 +80,11 @@ def cluster(
                     tls_handshake_seconds = 5
                 """)
             )
-            nodes[role] = NsNode(root, netns[role], conf)
+            nodes[role] = Node(root, config=conf, prefix=netns.exec_prefix(role))
             nodes[role].start()
 
         def in_ctl(*cmd: str, timeout: float = 120) -> subprocess.CompletedProcess:
-            return subprocess.run(
-                ["ip", "netns", "exec", netns["ctl"], *cmd],
-                capture_output=True,
-                text=True,
-                timeout=timeout,
-            )
+            return netns.run("ctl", *cmd, timeout=timeout)
 
         yield nodes, tmp_path, in_ctl
     finally:
@@ -159,11 +95,7 @@ def cluster(
 
 
 def _dataset(root: Path, name: str, files: int) -> Path:
-    d = root / name
-    d.mkdir()
-    for i in range(files):
-        (d / f"f{i}.bin").write_bytes(os.urandom(256 << 10))
-    return d
+    return write_tree(root / name, random_files(random.Random(), files, 256 << 10, "f{i}.bin"))
 
 
 # Run inside the controller's namespace: what a network peer gets from a node's listener.
@@ -199,8 +131,9 @@ print(json.dumps(out))
 """  # noqa: E501
 
 
-def test_controller_in_its_own_namespace_allocates_over_mutual_tls(cluster) -> None:  # type: ignore[no-untyped-def]
+def test_controller_in_its_own_namespace_allocates_over_mutual_tls(cluster, netns: Star) -> None:  # type: ignore[no-untyped-def]
     nodes, tmp, in_ctl = cluster
+    addr = {role: netns.address(role) for role in ("n1", "n2")}
     data = tmp / "data"
     data.mkdir()
     imagenet, wiki = _dataset(data, "imagenet", 8), _dataset(data, "wiki", 4)
@@ -228,10 +161,10 @@ def test_controller_in_its_own_namespace_allocates_over_mutual_tls(cluster) -> N
             timeout = "10s"
             [[nodes]]
             name = "n1"
-            address = "tls://{LINKS["n1"][1]}:{PORT}"
+            address = "tls://{addr["n1"]}:{PORT}"
             [[nodes]]
             name = "n2"
-            address = "tls://{LINKS["n2"][1]}:{PORT}"
+            address = "tls://{addr["n2"]}:{PORT}"
             [tls]
             cert = "pki/controller.pem"
             key = "pki/controller.key"
@@ -257,14 +190,15 @@ def test_controller_in_its_own_namespace_allocates_over_mutual_tls(cluster) -> N
     assert any(k.endswith("imagenet/") or "imagenet" in k for k in allocs["cache"]), allocs
 
     # Peers that are not the controller get nothing; the controller gets admin routes only.
-    res = in_ctl(sys.executable, "-c", PROBE, LINKS["n1"][1], str(tmp / "pki"),
+    res = in_ctl(sys.executable, "-c", PROBE, addr["n1"], str(tmp / "pki"),
                  str(tmp / "foreign"))  # fmt: skip
     assert res.returncode == 0, res.stderr
     probe = json.loads(res.stdout)
     print(json.dumps(probe, indent=1))
     assert "HTTP/1.1 200" not in probe["plaintext"]
-    for key in ("foreign", "node-cert"):
-        assert probe[key][0] is None, probe[key]  # no HTTP answer at all
+    assert probe["foreign"][0] is None, probe["foreign"]  # no HTTP answer at all
+    # A node's certificate (the node role) is never an admin: 403 (no cluster here).
+    assert probe["node-cert"][0] == 403, probe["node-cert"]
     assert probe["status"][0] == "ok"
     for key in ("chunks", "open", "mount"):
         assert probe[key][0] in (404, 405), probe[key]
@@ -277,7 +211,7 @@ def test_controller_in_its_own_namespace_allocates_over_mutual_tls(cluster) -> N
     assert res.returncode == 0, f"{res.stdout}\n{res.stderr}"
 
     # An operator's one-node commands over TLS, with the certificates in $SILOFS_CTL_TLS.
-    n1 = f"tls://{LINKS['n1'][1]}:{PORT}"
+    n1 = f"tls://{addr['n1']}:{PORT}"
     ctl_cmd = [sys.executable, "-m", "silofs_ctl"]
     res = in_ctl("env", "-u", "SILOFS_CTL_TLS", *ctl_cmd, "status", "--socket", n1)
     assert res.returncode == 1 and "SILOFS_CTL_TLS" in res.stderr, res.stderr

@@ -11,8 +11,10 @@ import pytest
 from silofs.cache.format import ChunkFormatError, chunk_key, chunk_length, verify_chunk
 from silofs.node.store_write import WritableStore, env_map_size
 from silofs.units import parse_size
-
-from .conftest import Node, drop_file_cache, mounted, needs_fuse, wait_for
+from tests.support.fixtures import needs_fuse
+from tests.support.node import Node, drop_file_cache, mounted
+from tests.support.poll import wait_for
+from tests.support.trees import random_files
 
 pytestmark = [needs_fuse, pytest.mark.fuse]
 
@@ -93,8 +95,7 @@ def test_corrupted_chunk_is_refetched_and_counted(
 
 
 def _tree(n: int = 240) -> dict[str, bytes]:
-    rnd = random.Random(11)
-    return {f"e/{i:04d}.bin": rnd.randbytes(30_000) for i in range(n)}
+    return random_files(11, n, 30_000, "e/{i:04d}.bin")
 
 
 def _read_in_background(mp: Path, tree: dict[str, bytes]) -> threading.Thread:

@@ -16,7 +16,9 @@ from pathlib import Path
 import lmdb
 import pytest
 
-from .conftest import drop_file_cache, force_unmount, needs_fuse, wait_for
+from tests.support.fixtures import needs_fuse
+from tests.support.node import drop_file_cache, force_unmount
+from tests.support.poll import wait_for
 
 pytestmark = [needs_fuse, pytest.mark.fuse]
 

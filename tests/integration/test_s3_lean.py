@@ -23,8 +23,8 @@ from silofs.errors import AccessDeniedError, ChecksumMismatchError, ObjectChange
 from silofs.node.backends.base import BackendOptions
 from silofs.node.backends.s3 import S3Backend
 from silofs.uri import parse_uri
-from tests.faultproxy import Fault, FaultPlan, FaultProxy
-from tests.servers import S3Server, _start_moto
+from tests.support.faultproxy import Fault, FaultPlan, FaultProxy
+from tests.support.servers import S3Server, start_moto
 
 pytestmark = pytest.mark.servers
 
@@ -87,7 +87,7 @@ def test_lists_and_reads_on_the_lean_path(s3_server: S3Server, bucket: str) -> N
 def signing_moto() -> Iterator[tuple[S3Server, dict[str, str]]]:
     """A moto that checks SigV4 signatures: three unauthenticated IAM calls make a user
     with a key and an S3 policy, then every request must be signed with that key."""
-    server = _start_moto("moto-s3-sigv4", {"INITIAL_NO_AUTH_ACTION_COUNT": "3"})
+    server = start_moto("moto-s3-sigv4", {"INITIAL_NO_AUTH_ACTION_COUNT": "3"})
     try:
         iam = boto3.client(
             "iam",
@@ -111,8 +111,7 @@ def signing_moto() -> Iterator[tuple[S3Server, dict[str, str]]]:
         }
         yield S3Server(endpoint_url=server.endpoint_url, env=env), env
     finally:
-        assert server.process is not None
-        server.process.stop()
+        server.stop()
 
 
 def test_signatures_are_accepted_by_a_verifying_store_and_wrong_keys_are_denied(

@@ -3,7 +3,7 @@
 Every rule of the authorization matrix is tried by processes running as unprivileged
 users created for the session (useradd), talking to a `silofs daemon` running as root.
 The users' processes are forked from the test and drop to the user's uid, gid and
-supplementary groups before they connect (tests/asuser.py), so the daemon sees them
+supplementary groups before they connect (tests/support/asuser.py), so the daemon sees them
 through SO_PEERCRED exactly as it sees any local user. /dev/fuse is 0600 here, so a
 second user cannot mount at all: the tests send the requests a mount process sends
 (POST /v1/datasets, POST /v1/mounts, GET /v1/chunks, PUT stats).
@@ -28,10 +28,11 @@ from urllib.parse import quote
 import pytest
 
 from silofs.control.client import ControlClient
-from tests.asuser import Identity as User
-from tests.asuser import Session, as_user
-
-from .conftest import Node, needs_fuse, silofs_cmd, wait_for
+from tests.support.asuser import Identity as User
+from tests.support.asuser import Session, as_user
+from tests.support.fixtures import needs_fuse
+from tests.support.node import Node, silofs_cmd
+from tests.support.poll import wait_for
 
 pytestmark = [needs_fuse, pytest.mark.fuse]
 
@@ -244,7 +245,7 @@ def test_a_user_gets_only_bytes_it_could_read_itself(users: Users, site: Site) -
 
 
 def test_etc_shadow_through_the_api(users: Users, site: Site) -> None:
-    """The attack of issue 9, as it was: open /etc, mount it, ask for shadow."""
+    """The attack the access rules stop: open /etc, mount it, ask for shadow."""
     alice = users.alice
     answer = call(alice, site.sock, "POST", "/v1/datasets", {"uri": "/etc"})
     if answer[0] == 403:  # a dir under /etc alice cannot list: already refused

@@ -19,7 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import force_unmount, mounted, needs_fuse, wait_for
+from tests.support.fixtures import needs_fuse
+from tests.support.node import force_unmount, mounted
+from tests.support.poll import wait_for
+from tests.support.trees import random_files
 
 pytestmark = [needs_fuse, pytest.mark.fuse]
 
@@ -27,8 +30,7 @@ CHUNK = 256 << 10
 
 
 def _tree(n: int) -> dict[str, bytes]:
-    rng = random.Random(11)
-    return {f"d{i % 4}/f{i:03d}.bin": rng.randbytes(rng.randrange(1, 3 * CHUNK)) for i in range(n)}
+    return random_files(11, n, range(1, 3 * CHUNK), lambda i: f"d{i % 4}/f{i:03d}.bin")
 
 
 def _serving(mp: Path) -> tuple[int, list[int]]:

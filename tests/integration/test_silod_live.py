@@ -7,7 +7,7 @@ real job processes. Asserts what would break if the harness or the knobs it driv
 rotted: every job read exactly its epochs' bytes through its mount, the controller's
 cache served the repeated epochs, each system has live and simulated figures, and no
 mount or process of the run is left. Never asserts live vs simulated accuracy (that is
-bench/README.md's figure, measured on the larger scenarios).
+docs/RESULTS.md's figure, measured on the larger scenarios).
 """
 
 from __future__ import annotations
@@ -21,24 +21,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.conftest import FUSE_MISSING
-from tests.servers import S3Server
+from tests.support.node import FUSE_MISSING, pids_with
+from tests.support.servers import S3Server
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-def pids_with(text: str) -> list[int]:
-    """Processes whose command line names `text` (the run's directory)."""
-    out = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/cmdline", "rb") as f:
-                    if text.encode() in f.read():
-                        out.append(int(entry))
-            except OSError:
-                pass
-    return out
 
 
 SCENARIO = """

@@ -1,13 +1,21 @@
 """configs/slurm/ prolog and epilog under a real one-node Slurm (slurmctld + slurmd +
-munge from Debian's packages), started by a fixture on this machine.
+munge from Debian's packages), started by a fixture on this machine (tests/
+support/slurm.py).
 
 Jobs submitted with sbatch name their dataset in --comment; the prolog mounts it and
 registers the job (GPUs from Slurm's gres, f*, epochs) with a real silofs daemon; the
 job reads through its mount; `silofs-ctl controller run --once` plans with what the
-registrations say; the epilog unmounts and forgets the job. With `[slurm]` the
-controller also reads slurmctld's queue and sets pending jobs' priorities in SJF-SiloD
-order, which Slurm then starts them in. Skipped, with the reason,
-where Slurm or munge is not installed or cannot start (not root, no ports).
+registrations say; the epilog ends the job's mounts and forgets the job. With `[slurm]`
+the controller also reads slurmctld's queue and sets pending jobs' priorities in
+SJF-SiloD order, which Slurm then starts them in. Skipped, with the reason, where Slurm
+or munge is not installed or cannot start (not root, no ports).
+
+The `operator` cluster is a node set up as the README tells an operator: silofs in a
+venv under /opt that every user may run, /dev/fuse usable by every user, a daemon whose
+socket_group is the job user's group, and a real second user who submits jobs with its
+own sbatch: the prolog mounts as that user, and the epilog (root) must end mounts it
+may not even stat. Each of those tests ends with nothing of the job left: no mount, no
+mount process, no job in the daemon, the node idle.
 
 The Slurm node has two GPUs declared as gres on two character devices made like
 /dev/null (there are no GPUs here): Slurm counts and allocates them all the same, and
@@ -16,233 +24,138 @@ the count is what the prolog reads.
 
 from __future__ import annotations
 
+import errno
 import os
 import pwd
+import random
 import shutil
 import signal
-import socket
-import stat
 import subprocess
 import sys
 import tempfile
-import textwrap
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.integration.conftest import Node, mounted, needs_fuse, wait_for
+from silofs.mountinfo import mounts
+from tests.support import slurm as slurm_cluster
+from tests.support.asuser import Identity, Session
+from tests.support.fixtures import needs_fuse
+from tests.support.net import free_port
+from tests.support.node import mounted
+from tests.support.poll import wait_for
+from tests.support.slurm import Slurm
+from tests.support.trees import random_files, write_tree
 
 pytestmark = [needs_fuse, pytest.mark.fuse]
 
 REPO = Path(__file__).resolve().parents[2]
-TOOLS = ("slurmctld", "slurmd", "munged", "sbatch", "squeue", "scontrol", "sinfo")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Slurm:
-    """A one-node Slurm cluster in a directory; every command gets SLURM_CONF."""
-
-    def __init__(self, root: Path, node: Node, public: Path) -> None:
-        self.root = root
-        self.node = node
-        self.public = public
-        self.conf = root / "slurm.conf"
-        self.env = {**os.environ, "SLURM_CONF": str(self.conf)}
-        self.procs: list[subprocess.Popen] = []
-        self.mount_root = public / "mnt"
-        self.mount_root.mkdir(mode=0o755)
-        self.log = root / "silofs-slurm.log"
-
-    def run(self, *cmd: str, timeout: float = 60) -> subprocess.CompletedProcess:
-        return subprocess.run(cmd, capture_output=True, text=True, env=self.env, timeout=timeout)
-
-    def spawn(self, *cmd: str) -> None:
-        out = open(self.root / f"{Path(cmd[0]).name}.out", "ab")
-        self.procs.append(
-            subprocess.Popen(cmd, stdout=out, stderr=out, env=self.env, start_new_session=True)
-        )
-
-    def sbatch(self, *args: str) -> str:
-        res = self.run("sbatch", "--parsable", *args)
-        assert res.returncode == 0, res.stderr
-        return res.stdout.strip().split(";")[0]
-
-    def state(self, job: str) -> str:
-        res = self.run("scontrol", "show", "job", "-o", job)
-        for field in res.stdout.split():
-            if field.startswith("JobState="):
-                return field.split("=", 1)[1]
-        return "GONE"
-
-    def daemon_log(self) -> str:
-        return "".join(
-            p.read_text(errors="replace")[-3000:] for p in self.root.glob("*.out") if p.is_file()
-        )
 
 
 @pytest.fixture
-def slurm(tmp_path: Path, make_node) -> Iterator[Slurm]:  # type: ignore[no-untyped-def]
-    missing = [t for t in TOOLS if shutil.which(t) is None]
-    if missing:
-        pytest.skip(
-            f"Slurm/munge not installed ({', '.join(missing)}): apt-get install slurm-wlm munge"
-        )
-    if os.geteuid() != 0:
-        pytest.skip("a slurmd that runs prologs needs root")
-    # What a job's user must reach (the daemon's socket, the mount root, datasets) lives
-    # in a directory every user may search; tmp_path is root's alone.
-    public = Path(tempfile.mkdtemp(prefix="silofs-slurm-"))
-    public.chmod(0o755)
+def public() -> Iterator[Path]:
+    """What a job's user must reach (the daemon's socket, the mount root, datasets)
+    lives in a directory every user may search; tmp_path is root's alone. Set up before
+    make_node, so removed after its teardown has read the logs kept here."""
+    slurm_cluster.skip_without_slurm()
+    path = Path(tempfile.mkdtemp(prefix="silofs-slurm-"))
+    path.chmod(0o755)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def slurm(public: Path, tmp_path: Path, make_node) -> Iterator[Slurm]:  # type: ignore[no-untyped-def]
+    """The cluster as a developer runs it: silofs from this checkout and interpreter."""
     node = make_node(cache_size="64M", socket=str(public / "ctl.sock"))
-    root = tmp_path / "slurm"
-    for sub in ("state", "spool", "munge", "bin"):
-        (root / sub).mkdir(parents=True)
-    os.chmod(root / "munge", 0o700)
-    cluster = Slurm(root, node, public)
-
-    # munge: a private key and socket for this cluster only.
-    key = root / "munge" / "munge.key"
-    key.write_bytes(os.urandom(1024))
-    os.chmod(key, 0o400)
-    munge_socket = root / "munge" / "munge.socket"
-    m = root / "munge"
-    cluster.spawn(
-        "munged", "--foreground", "--force", f"--key-file={key}", f"--socket={munge_socket}",
-        f"--pid-file={m / 'munged.pid'}", f"--log-file={m / 'munged.log'}",
-        f"--seed-file={m / 'munged.seed'}",
-    )  # fmt: skip
-    try:
-        wait_for(munge_socket.exists, timeout=20, what="munged's socket")
-    except AssertionError:
-        _stop(cluster)
-        node.cleanup()
-        shutil.rmtree(public, ignore_errors=True)
-        pytest.skip(f"munged did not start: {cluster.daemon_log()[-500:]}")
-
+    cluster = Slurm(tmp_path / "slurm", node, public)
     # silofs and silofs-ctl as the prolog finds them: this interpreter, this checkout.
+    (tmp_path / "bin").mkdir()
     for name, module in (("silofs", "silofs"), ("silofs-ctl", "silofs_ctl")):
-        path = root / "bin" / name
+        path = tmp_path / "bin" / name
         path.write_text(f'#!/bin/sh\nexec {sys.executable} -m {module} "$@"\n')
         path.chmod(0o755)
-    env_file = root / "silofs-slurm.env"
-    env_file.write_text(
-        textwrap.dedent(f"""\
-            SILOFS={root}/bin/silofs
-            SILOFS_CTL={root}/bin/silofs-ctl
-            SILOFS_SOCKET={node.socket}
-            SILOFS_MOUNT_ROOT={cluster.mount_root}
-            SILOFS_SLURM_LOG={cluster.log}
-            export SLURM_CONF={cluster.conf}
-            export PYTHONPATH={REPO}
-            export PATH={os.environ.get("PATH", "/usr/bin:/bin")}
-        """)
+    settings = (
+        f"SILOFS={tmp_path}/bin/silofs\nSILOFS_CTL={tmp_path}/bin/silofs-ctl\n"
+        f"SILOFS_SOCKET={node.socket}\nSILOFS_MOUNT_ROOT={cluster.mount_root}\n"
+        f"export PYTHONPATH={REPO}\nexport PATH={os.environ.get('PATH', '/usr/bin:/bin')}\n"
     )
-    for kind in ("prolog", "epilog"):
-        wrapper = root / "bin" / f"{kind}.sh"
-        wrapper.write_text(
-            f"#!/bin/sh\nSILOFS_SLURM_ENV={env_file} exec {REPO}/configs/slurm/{kind}.sh\n"
-        )
-        wrapper.chmod(0o755)
-
-    host = socket.gethostname().split(".")[0]
-    ctld, slurmd = _free_port(), _free_port()
-    cluster.conf.write_text(
-        textwrap.dedent(f"""\
-            ClusterName=silofstest
-            SlurmctldHost={host}(127.0.0.1)
-            SlurmctldPort={ctld}
-            SlurmdPort={slurmd}
-            SlurmUser=root
-            SlurmdUser=root
-            AuthType=auth/munge
-            CredType=cred/munge
-            AuthInfo=socket={munge_socket}
-            StateSaveLocation={root}/state
-            SlurmdSpoolDir={root}/spool
-            SlurmctldPidFile={root}/slurmctld.pid
-            SlurmdPidFile={root}/slurmd.pid
-            SlurmctldLogFile={root}/slurmctld.log
-            SlurmdLogFile={root}/slurmd.log
-            ProctrackType=proctrack/linuxproc
-            TaskPlugin=task/none
-            JobAcctGatherType=jobacct_gather/none
-            AccountingStorageType=accounting_storage/none
-            SchedulerType=sched/builtin
-            # Slurm starts jobs in priority order only with this (sched/builtin with
-            # priority/basic starts them in job id order, whatever their priority)
-            PriorityType=priority/multifactor
-            SelectType=select/cons_tres
-            SelectTypeParameters=CR_Core
-            MpiDefault=none
-            ReturnToService=2
-            GresTypes=gpu
-            Prolog={root}/bin/prolog.sh
-            Epilog={root}/bin/epilog.sh
-            PrologFlags=Alloc
-            SlurmdTimeout=60
-            NodeName={host} NodeAddr=127.0.0.1 CPUs={os.cpu_count() or 1} Gres=gpu:2 State=UNKNOWN
-            PartitionName=debug Nodes={host} Default=YES MaxTime=INFINITE State=UP
-        """)
-    )
-    # Two "GPUs": character devices like /dev/null (Slurm ignores gres without files).
-    null = os.stat("/dev/null").st_rdev
-    for i in range(2):
-        os.mknod(root / f"gpu{i}", 0o600 | stat.S_IFCHR, null)
-    (root / "gres.conf").write_text(f"NodeName={host} Name=gpu File={root}/gpu[0-1]\n")
-    cluster.spawn("slurmctld", "-D", "-f", str(cluster.conf))
-    cluster.spawn("slurmd", "-D", "-f", str(cluster.conf), "-N", host)
-
-    def idle() -> bool:
-        res = cluster.run("sinfo", "-h", "-N", "-o", "%T")
-        return res.returncode == 0 and res.stdout.strip() in ("idle", "mixed")
-
     try:
-        wait_for(idle, timeout=60, what="the Slurm node to be idle")
-    except AssertionError:
-        logs = "".join(
-            (root / n).read_text(errors="replace")[-1500:]
-            for n in ("slurmctld.log", "slurmd.log")
-            if (root / n).exists()
-        )
-        _stop(cluster)
-        node.cleanup()
-        shutil.rmtree(public, ignore_errors=True)
-        pytest.skip(f"Slurm did not start on this machine: {logs[-1500:]}")
-    try:
+        slurm_cluster.start(cluster, settings)
         yield cluster
     finally:
-        cluster.run("scancel", "--full", "--user=root")
-        _stop(cluster)
-        for mp in cluster.mount_root.glob("*/*"):
-            if mounted(mp):
-                subprocess.run(["fusermount3", "-u", "-z", str(mp)], capture_output=True)
-        node.cleanup()  # the daemon's socket is in `public`
-        shutil.rmtree(public, ignore_errors=True)
+        _teardown(cluster)
 
 
-def _stop(cluster: Slurm) -> None:
-    for proc in reversed(cluster.procs):
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+def _teardown(cluster: Slurm) -> None:
+    cluster.run("scancel", "--full", "--user=root")
+    slurm_cluster.stop(cluster)
+    for mp in cluster.mount_root.glob("*/*"):
+        if mounted(mp):
+            subprocess.run(["fusermount3", "-u", "-z", str(mp)], capture_output=True)
+    cluster.node.cleanup()
+
+
+# -- the operator's node: the user and the venv made once per session -------------------
+@pytest.fixture(scope="session")
+def job_user() -> Iterator[pwd.struct_passwd]:
+    slurm_cluster.skip_without_slurm()
+    with slurm_cluster.job_user() as user:
+        yield user
+
+
+@pytest.fixture(scope="session")
+def venv_bin() -> Iterator[Path]:
+    slurm_cluster.skip_without_slurm()
+    with slurm_cluster.operator_venv() as path:
+        yield path
+
+
+@pytest.fixture
+def fuse_for_everyone() -> Iterator[None]:
+    """Per test, not per session: other tests see this host's mode."""
+    slurm_cluster.skip_without_slurm()
+    with slurm_cluster.fuse_for_everyone():
+        yield
+
+
+@pytest.fixture
+def operator(
+    public: Path, make_node, job_user: pwd.struct_passwd, venv_bin: Path, fuse_for_everyone: None
+) -> Iterator[Slurm]:  # type: ignore[no-untyped-def]
+    """The node as an operator sets it up (README "Under Slurm"); the cluster's files
+    under a directory every user may search, so the job user's own sbatch works."""
+    config = public / "silofs.toml"
+    group = job_user.pw_name  # useradd --user-group: the user's own group
+    config.write_text(f'[daemon]\nsocket_group = "{group}"\n')
+    node = make_node(
+        cache_size="64M", socket=str(public / "ctl.sock"), root=public / "node",
+        args=("--config", str(config)),
+    )  # fmt: skip
+    # No syslog on this host: mount processes log where the node's logs are checked.
+    node.logs.chmod(0o1777)
+    cluster = Slurm(public / "slurm", node, public)
+    out = public / "out"
+    out.mkdir(mode=0o777)
+    out.chmod(0o1777)
+    settings = (
+        f"SILOFS={venv_bin}/silofs\nSILOFS_CTL={venv_bin}/silofs-ctl\n"
+        f"SILOFS_SOCKET={node.socket}\nSILOFS_MOUNT_ROOT={cluster.mount_root}\n"
+        f"export SILOFS_LOG_DIR={node.logs}\n"
+    )
+    try:
+        slurm_cluster.start(cluster, settings, munge_mode=0o755)
+        yield cluster
+    finally:
+        subprocess.run(["scancel", "--full", f"--user={job_user.pw_name}"], env=cluster.env,
+                       capture_output=True)  # fmt: skip
+        _teardown(cluster)
 
 
 def _dataset(root: Path, name: str, files: int) -> Path:
-    d = root / name
-    d.mkdir(parents=True)
-    for i in range(files):
-        (d / f"f{i}.bin").write_bytes(os.urandom(512 << 10))
-    return d
+    return write_tree(root / name, random_files(random.Random(), files, 512 << 10, "f{i}.bin"))
 
 
 JOB_SCRIPT = """\
@@ -452,7 +365,7 @@ def test_controller_learns_the_queue_from_slurmctld_and_sets_priorities_in_sjf_o
     for job in (*queued, plain):
         assert slurm.state(job) == "PENDING"
 
-    host = socket.gethostname().split(".")[0]
+    host = slurm.host
     node = f'[[nodes]]\nname = "{host}"\nsocket = "{slurm.node.socket}"\n'
     base = f'policy = "sjf"\nremote_io = "100MB/s"\n{node}'
     dry = tmp_path / "dry.toml"  # the text form of squeue, and priorities only said
@@ -492,7 +405,7 @@ def test_controller_learns_the_queue_from_slurmctld_and_sets_priorities_in_sjf_o
     dead_conf = tmp_path / "dead-slurm.conf"
     dead_conf.write_text(
         "\n".join(
-            f"SlurmctldPort={_free_port()}" if ln.startswith("SlurmctldPort=") else ln
+            f"SlurmctldPort={free_port()}" if ln.startswith("SlurmctldPort=") else ln
             for ln in slurm.conf.read_text().splitlines()
         )
         + "\n"
@@ -526,3 +439,225 @@ def test_controller_learns_the_queue_from_slurmctld_and_sets_priorities_in_sjf_o
     log = slurm.log.read_text()
     print(log)
     assert "FAILED" not in log
+
+
+# -- the operator's node: real user mounts, and nothing of a job left at its end ---------
+READING_SCRIPT = """\
+#!/bin/sh
+# Reads its dataset through its mount, again and again, until cancelled.
+d={mount_root}/$SLURM_JOB_ID/{name}
+i=0
+while [ $i -lt 100000 ]; do
+    cat "$d"/*.bin > /dev/null
+    touch {out}/$SLURM_JOB_ID.reading
+    i=$((i+1))
+done
+"""
+
+ESCAPING_SCRIPT = QUEUED_SCRIPT.replace(
+    "/{name}\n",
+    # A reader in a session of its own, which Slurm's linuxproc tracking loses: it
+    # outlives the job, holding one of its files open.
+    "/{name}\n"
+    'setsid sh -c \'exec 3<"$0"; echo $$ > "$1"; exec sleep 300\' "$d/f1.bin" '
+    "{out}/$SLURM_JOB_ID.holder </dev/null >/dev/null 2>&1 &\n"
+    "while [ ! -s {out}/$SLURM_JOB_ID.holder ]; do sleep 0.05; done\n",
+    1,
+)
+
+# The job's user, in a process of the test (tests/support/asuser.py): holds a file of a job's
+# mount open across the job's end, as a reader that escaped the job would.
+_HELD: list[int] = []
+
+
+def _hold(path: str) -> int:
+    fd = os.open(path, os.O_RDONLY)
+    _HELD.append(fd)
+    return len(os.read(fd, 4096))
+
+
+def _read_held(offset: int) -> str:
+    """What a read of the held file at `offset` gives now: "ok" or the errno's name.
+    The file's pages are dropped first, so the read reaches the mount."""
+    fd = _HELD[-1]
+    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    try:
+        os.pread(fd, 4096, offset)
+        return "ok"
+    except OSError as exc:
+        return errno.errorcode.get(exc.errno or 0, str(exc.errno))
+
+
+def _kill_sleeper(pid: int) -> None:
+    """End the job's escaped reader (still the `sleep` it became, not a reused pid)."""
+    try:
+        if Path(f"/proc/{pid}/cmdline").read_bytes().startswith(b"sleep"):
+            os.kill(pid, signal.SIGKILL)
+    except (FileNotFoundError, ProcessLookupError):
+        pass
+
+
+def _read_file(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def _public_dataset(slurm: Slurm, name: str, files: int = 4) -> Path:
+    return _dataset(slurm.public / "data", name, files)
+
+
+def _script(slurm: Slurm, template: str, name: str) -> Path:
+    path = slurm.public / f"{name}-{len(list(slurm.public.glob('*.sh')))}.sh"
+    path.write_text(template.format(mount_root=slurm.mount_root, name=name,
+                                    out=slurm.public / "out"))  # fmt: skip
+    path.chmod(0o755)
+    return path
+
+
+def _submit(slurm: Slurm, user: str | None, script: Path, ds: Path, extra: str = "") -> str:
+    out = slurm.public / "out"
+    comment = f"--comment=silofs={ds}/ {extra}".strip()
+    return slurm.sbatch(comment, f"--output={out}/%j.out", f"--chdir={out}", str(script),
+                        user=user)  # fmt: skip
+
+
+def _ended(slurm: Slurm, job: str) -> str:
+    """The job's final state, once Slurm has it: COMPLETING lasts until the epilog is
+    done, so what follows is what the epilog left."""
+    final = ("COMPLETED", "CANCELLED", "FAILED", "TIMEOUT", "NODE_FAIL", "GONE")
+    return wait_for(lambda: (s := slurm.state(job)) in final and s, timeout=120,
+                    what=f"job {job} to end")  # fmt: skip
+
+
+def _nothing_left(slurm: Slurm, job: str, idle: bool = True) -> list[str]:
+    """Nothing of a job that ended is left: no mount in the mount table, no mount
+    process, no job or mount in the daemon's status, no directory; the epilog said so,
+    step by step, and did not fail (the node is idle, not drained). Its log lines."""
+    assert not slurm.job_mounts(job), slurm.job_mounts(job)
+    assert not slurm.mount_processes(job)
+    status = slurm.node.status()
+    assert f"slurm-{job}" not in {j["name"] for j in status["jobs"]}, status["jobs"]
+    assert not [m for m in status["mounts"] if m["job"] == f"slurm-{job}"]
+    assert not (slurm.mount_root / job).exists()
+    lines = slurm.log_lines("epilog", job)
+    print("\n".join(lines))
+    assert not [ln for ln in lines if "FAILED" in ln or "error" in ln], lines
+    assert f"forgot job slurm-{job}" in lines and f"removed {slurm.mount_root / job}" in lines
+    assert any(ln.startswith("mount processes ended: ") for ln in lines), lines
+    if idle:
+        wait_for(lambda: slurm.node_state() == "idle", timeout=60, what="the node to be idle")
+    return lines
+
+
+def test_a_users_job_is_mounted_by_the_user_and_leaves_nothing(
+    operator: Slurm, job_user: pwd.struct_passwd
+) -> None:
+    """The user submits with its own sbatch; the prolog mounts as the user (the mount
+    table says whose mount it is), the job reads every byte through it, and the epilog,
+    root, ends a mount it may not stat."""
+    slurm = operator
+    ds = _public_dataset(slurm, "ds")
+    script = _script(slurm, QUEUED_SCRIPT, "ds")
+    job = _submit(slurm, job_user.pw_name, script, ds, "silofs.epochs=2")
+    out = slurm.public / "out"
+    wait_for(lambda: (out / f"{job}.sum").exists(), timeout=120, what="the job to read")
+    expected = subprocess.run(f"cat {ds}/*.bin | sha256sum", shell=True, capture_output=True,
+                              text=True).stdout  # fmt: skip
+    assert (out / f"{job}.sum").read_text() == expected
+    (entry,) = [e for e in mounts() if e.mountpoint == str(slurm.mount_root / job / "ds")]
+    assert entry.owner == job_user.pw_uid
+    with pytest.raises(PermissionError):  # why the epilog must not stat it
+        os.stat(entry.mountpoint)
+    assert slurm.mount_processes(job)
+    reg = {j["name"]: j for j in slurm.node.status()["jobs"]}[f"slurm-{job}"]["registration"]
+    assert reg["epochs"] == 2 and reg["scheduler_id"] == job
+
+    (out / f"release-{job}").touch()
+    assert _ended(slurm, job) == "COMPLETED"
+    lines = _nothing_left(slurm, job)
+    assert f"unmounted {entry.mountpoint}" in lines
+
+
+def test_a_job_cancelled_while_reading_leaves_nothing(
+    operator: Slurm, job_user: pwd.struct_passwd
+) -> None:
+    slurm = operator
+    ds = _public_dataset(slurm, "ds", files=8)
+    job = _submit(slurm, job_user.pw_name, _script(slurm, READING_SCRIPT, "ds"), ds)
+    out = slurm.public / "out"
+    wait_for(lambda: (out / f"{job}.reading").exists(), timeout=120, what="the job to read")
+    res = slurm.run("scancel", job)
+    assert res.returncode == 0, res.stderr
+    assert _ended(slurm, job) == "CANCELLED"
+    _nothing_left(slurm, job)
+
+
+def test_readers_holding_files_open_past_the_end_do_not_keep_the_mount(
+    operator: Slurm, job_user: pwd.struct_passwd
+) -> None:
+    """Processes of the job's user that Slurm does not end hold files of the mount open:
+    one the job started in a session of its own (Slurm's linuxproc tracking loses it),
+    one of the test. The epilog detaches the mount and ends its process (SIGTERM), and
+    the readers' next reads fail instead of keeping the mount alive."""
+    slurm = operator
+    ds = _public_dataset(slurm, "ds")
+    job = _submit(slurm, job_user.pw_name, _script(slurm, ESCAPING_SCRIPT, "ds"), ds)
+    out = slurm.public / "out"
+    wait_for(lambda: (out / f"{job}.sum").exists(), timeout=120, what="the job to read")
+    escaped = int((out / f"{job}.holder").read_text())
+    reader = Session(Identity.of(job_user.pw_name))
+    try:
+        assert "sleep" in Path(f"/proc/{escaped}/cmdline").read_text()
+        assert reader.call(_hold, str(slurm.mount_root / job / "ds" / "f1.bin")) == 4096
+        (out / f"release-{job}").touch()
+        assert _ended(slurm, job) == "COMPLETED"
+        assert os.path.exists(f"/proc/{escaped}")  # it did outlive the job
+        lines = _nothing_left(slurm, job)
+        assert any("is busy" in ln and "detached it" in ln for ln in lines), lines
+        assert any(ln.startswith("SIGTERM to ") for ln in lines), lines
+        assert reader.call(_read_held, 400 << 10) in ("ENOTCONN", "ENODEV", "ECONNABORTED")
+    finally:
+        reader.close()
+        _kill_sleeper(escaped)
+
+
+def test_two_jobs_on_one_node_end_apart(operator: Slurm, job_user: pwd.struct_passwd) -> None:
+    """Two jobs of the user read one dataset at once; the first one's end takes its
+    mount only, and the second reads on until its own end."""
+    slurm = operator
+    ds = _public_dataset(slurm, "ds")
+    script = _script(slurm, QUEUED_SCRIPT, "ds")
+    first = _submit(slurm, job_user.pw_name, script, ds)
+    second = _submit(slurm, job_user.pw_name, script, ds)
+    out = slurm.public / "out"
+    for job in (first, second):
+        wait_for(lambda j=job: (out / f"{j}.sum").exists(), timeout=120, what=f"job {job}")
+    (out / f"release-{first}").touch()
+    _ended(slurm, first)
+    _nothing_left(slurm, first, idle=False)
+    assert slurm.state(second) == "RUNNING"
+    assert slurm.job_mounts(second) and slurm.mount_processes(second)
+    reader = Session(Identity.of(job_user.pw_name))
+    try:
+        got = reader.call(_read_file, str(slurm.mount_root / second / "ds" / "f3.bin"))
+        assert got == (ds / "f3.bin").read_bytes()
+    finally:
+        reader.close()
+    (out / f"release-{second}").touch()
+    _ended(slurm, second)
+    _nothing_left(slurm, second)
+
+
+def test_a_job_of_root_is_mounted_by_root_and_leaves_nothing(operator: Slurm) -> None:
+    slurm = operator
+    ds = _public_dataset(slurm, "ds")
+    job = _submit(slurm, None, _script(slurm, QUEUED_SCRIPT, "ds"), ds)
+    out = slurm.public / "out"
+    wait_for(lambda: (out / f"{job}.sum").exists(), timeout=120, what="the job to read")
+    (entry,) = [e for e in mounts() if e.mountpoint == str(slurm.mount_root / job / "ds")]
+    assert entry.owner == 0 and "allow_other" in entry.options
+    started = time.monotonic()
+    (out / f"release-{job}").touch()
+    assert _ended(slurm, job) == "COMPLETED"
+    print(f"job end to COMPLETED: {time.monotonic() - started:.1f}s")
+    _nothing_left(slurm, job)

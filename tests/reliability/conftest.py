@@ -1,13 +1,12 @@
-"""Fixtures for the reliability suite: the integration fixtures, the short/long switch, figures.
+"""Fixtures for the reliability suite: the short/long switch and the figures.
 
-Owns: re-exporting `make_node` (real daemon + real FUSE mounts, tests/integration/conftest.py)
-so every check runs against the parts a user meets; the SILOFS_LONG=1 switch between the short
-form CI runs and the long form run by hand; and collecting each check's figures, printed at
-the end of the run and written as JSON to $SILOFS_RELIABILITY_JSON when set (bench/README.md
-"Reliability" quotes them).
+Owns: the SILOFS_LONG=1 switch between the short form CI runs and the long form run by
+hand; and collecting each check's figures, printed at the end of the run and written as
+JSON to $SILOFS_RELIABILITY_JSON when set (docs/RESULTS.md "Reliability" quotes them).
+Nodes and servers come from the shared plugin (tests/support/fixtures.py).
 
-Never: decides what a check asserts (each test asserts its promise itself), or starts servers
-of its own (tests/servers.py owns moto, Azurite and fake-gcs-server).
+Never: decides what a check asserts (each test asserts its promise itself), or starts
+servers of its own.
 """
 
 from __future__ import annotations
@@ -20,8 +19,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from tests.integration.conftest import make_node  # noqa: F401 - re-exported fixture
 
 LONG = os.environ.get("SILOFS_LONG") == "1"
 

@@ -6,10 +6,10 @@ while real FUSE mounts
 read (re-reading through handles opened before the damage, and through fresh opens), and
 again while the node is down; every byte read is compared with the store's. Reads may
 fail (EIO) where damage cannot be repaired; no read may return a wrong byte, and no
-mount may die. LMDB trusts its own pages: before stop 20 a flipped value size or page
-number could make a mount touch past the end of data.mdb (SIGBUS: the mount process
-gone, its readers getting ENOTCONN, ECONNABORTED for those in flight; ~1 fresh-clone CI
-run in 5). Lookups now refuse such a value and the daemon backs the whole map with the
+mount may die. LMDB trusts its own pages: without bounds checks a flipped value size or
+page number makes a mount touch past the end of data.mdb (SIGBUS: the mount process
+gone, its readers getting ENOTCONN, ECONNABORTED for those in flight). Lookups refuse
+such a value and the daemon backs the whole map with the
 file (cache/bounds.py, tests/unit/test_damaged_nodes.py); both forms still count
 ENOTCONN, and both assert the mount survived.
 
@@ -31,7 +31,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.conftest import Node, force_unmount, mounted, needs_fuse, wait_for
+from tests.support.fixtures import needs_fuse
+from tests.support.node import Node, force_unmount, mounted
+from tests.support.poll import wait_for
+from tests.support.trees import random_files
 
 pytestmark = [needs_fuse, pytest.mark.fuse]
 
@@ -79,9 +82,8 @@ class Tally:
 
 def _dataset(n_small: int, n_big: int, seed: int) -> dict[str, bytes]:
     rnd = random.Random(seed)
-    files = {f"s/{i:04d}.bin": rnd.randbytes(rnd.randint(60_000, 120_000)) for i in range(n_small)}
-    files.update({f"b/{i:03d}.bin": rnd.randbytes(4 * CHUNK + 1234) for i in range(n_big)})
-    return files
+    files = random_files(rnd, n_small, range(60_000, 120_001), "s/{i:04d}.bin")
+    return files | random_files(rnd, n_big, 4 * CHUNK + 1234, "b/{i:03d}.bin")
 
 
 def _pread(fd: int, size: int, off: int) -> bytes | int:

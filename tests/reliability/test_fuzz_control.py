@@ -8,7 +8,7 @@ broken chunked bodies, bare LF, header folding, NUL bytes, HTTP/2.0, `HEAD *`, t
 requests, oversized heads). The daemon serves one real FUSE mount meanwhile, so real
 dataset and mount ids are among the mutated parameters.
 
-The promise checked (issue 9, "The daemon never dies of a request"): every answer is below
+The promise checked ("the daemon never dies of a request"): every answer is below
 500, except 502 from GET /v1/chunks where the store itself failed and 501 for a transfer
 coding the server does not implement (RFC 9112 6.1 asks for exactly that); the daemon never exits
 and answers GET /v1/status afterwards; a whole request (`HEAD *` included) always gets an
@@ -35,8 +35,10 @@ from urllib.parse import quote
 
 import pytest
 
-from tests.asuser import Identity, as_user
-from tests.integration.conftest import drop_file_cache, needs_fuse, wait_for
+from tests.support.asuser import Identity, as_user
+from tests.support.fixtures import needs_fuse
+from tests.support.node import drop_file_cache
+from tests.support.poll import wait_for
 
 from .conftest import scale
 

@@ -40,7 +40,10 @@ from silofs.cache.store import DSID, USAGE_ROW, CacheStore, Usage
 from silofs.control.client import ControlClient, ControlError, quote_segment
 from silofs.node.store_write import env_map_size
 from silofs.units import parse_size
-from tests.integration.conftest import Node, drop_file_cache, mounted, needs_fuse, wait_for
+from tests.support.fixtures import needs_fuse
+from tests.support.node import Node, drop_file_cache, mounted
+from tests.support.poll import wait_for
+from tests.support.trees import random_files
 
 from .conftest import scale
 from .verify import pread_all
@@ -58,9 +61,8 @@ SETTLE = 60.0  # seconds for the restarted daemon to enforce allocations / a mou
 
 def make_tree(rnd: random.Random) -> dict[str, bytes]:
     """~10 MB: small whole-object chunks and multi-chunk files (edges on and off chunks)."""
-    tree = {f"s/{i:03d}.bin": rnd.randbytes(rnd.randint(1, 120_000)) for i in range(60)}
-    for i in range(6):
-        tree[f"m/{i}.bin"] = rnd.randbytes(rnd.choice([3 * CHUNK, 4 * CHUNK + 1, 5 * CHUNK - 7]))
+    tree = random_files(rnd, 60, range(1, 120_001), "s/{i:03d}.bin")
+    tree |= random_files(rnd, 6, [3 * CHUNK, 4 * CHUNK + 1, 5 * CHUNK - 7], "m/{i}.bin")
     tree["empty"] = b""
     return tree
 
@@ -294,7 +296,7 @@ def test_kill_9_daemon_and_mount_under_verified_reads_and_allocation_churn(
                 progress(20)  # reads (and admissions) resume against the new daemon
                 registered()  # hits alone do not reopen the dataset; the mount's report does
                 # One mount, one registration, however many of its requests found the
-                # daemon gone (issue 9: a stable mount id, counters never double counted).
+                # daemon gone (a stable mount id: counters are never counted twice).
                 rows = [m for m in node.status()["mounts"] if m["mountpoint"] == str(mp)]
                 if len(rows) != 1:
                     registrations.append(f"iteration {it}: {len(rows)} registrations")

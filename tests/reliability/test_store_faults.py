@@ -1,7 +1,7 @@
 """A fault-injecting proxy in front of moto, Azurite and fake-gcs-server, readers on a real
 mount: no wrong byte, no EIO, no read over 60 s, whatever the store does.
 
-tests/faultproxy.py sits between the daemon and the emulator and, on GET requests, answers
+tests/support/faultproxy.py sits between the daemon and the emulator and, on GET requests, answers
 500 or 503 SlowDown, resets the connection before the answer or in the middle of the body,
 truncates the body, announces a wrong Content-Length, delays the answer (short form 2 s,
 long form 5-30 s) or flips one byte of the body. The bucket and its listing are made
@@ -34,9 +34,11 @@ from urllib.parse import urlsplit
 import pytest
 
 from silofs.control.client import quote_segment
-from tests.faultproxy import FAULT_KINDS, Fault, FaultPlan, FaultProxy
-from tests.integration.conftest import Node, drop_file_cache, needs_fuse
-from tests.servers import AZURITE_KEY, connection_string
+from tests.support.faultproxy import FAULT_KINDS, Fault, FaultPlan, FaultProxy
+from tests.support.fixtures import needs_fuse
+from tests.support.node import Node, drop_file_cache
+from tests.support.servers import AZURITE_KEY, connection_string
+from tests.support.trees import random_files
 
 from .conftest import LONG, scale
 from .verify import pread_all
@@ -83,10 +85,8 @@ def fault_plan(kind: str) -> FaultPlan:
 
 
 def make_tree(rnd: random.Random) -> dict[str, bytes]:
-    tree = {f"s/{i:03d}.bin": rnd.randbytes(rnd.randint(1, 200_000)) for i in range(40)}
-    for i in range(4):
-        tree[f"m/{i}.bin"] = rnd.randbytes(rnd.choice([4 * CHUNK, 4 * CHUNK + 999]))
-    return tree
+    small = random_files(rnd, 40, range(1, 200_001), "s/{i:03d}.bin")
+    return small | random_files(rnd, 4, [4 * CHUNK, 4 * CHUNK + 999], "m/{i}.bin")
 
 
 def put_multipart(server: Any, bucket: str, key: str, data: bytes) -> None:
@@ -304,7 +304,7 @@ def test_a_corrupted_range_over_plain_http_is_served(
     bucket_name: str,
     tmp_path: Path,
 ) -> None:
-    """Issue 9 promises no wrong byte, ever: one flipped byte in one ranged GET of a
+    """No wrong byte, ever (docs/SEMANTICS.md): one flipped byte in one ranged GET of a
     multi-chunk object must not reach a reader. Strict xfail: when this starts passing,
     the gap is closed and the marker (and RANGES_UNCHECKED) must go."""
     server = request.getfixturevalue(_SERVER[kind])

@@ -1,17 +1,15 @@
-"""Helpers the control-socket unit tests share: a trio server in a thread of its own,
-and polling with a deadline.
+"""Helpers the control-socket unit tests share: a trio server in a thread of its own.
 
 Owns running one `serve_*` task (control/server.py: it calls task_status.started() once
 listening) on its own trio loop in a thread, so a test can talk to it with the blocking
 ControlClient or raw sockets, and stopping it at the end with any error it died of
 raised in the test. Never decides what is served (the caller's router) and never
-sleeps to synchronise: wait_for polls a condition until a deadline.
+sleeps to synchronise (tests/support/poll.py's wait_for polls with a deadline).
 """
 
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -61,11 +59,3 @@ def serving(serve: Callable[..., Awaitable[Any]]) -> Iterator[None]:
         assert not thread.is_alive()
     if "error" in state:
         raise state["error"]
-
-
-def wait_for(predicate: Callable[[], Any], what: str) -> None:
-    """Poll `predicate` until it is true; fail naming `what` after DEADLINE seconds."""
-    deadline = time.monotonic() + DEADLINE
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.01)  # polling interval, not synchronisation

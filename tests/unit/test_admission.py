@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import os
 import threading
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import lmdb
@@ -121,13 +121,6 @@ def test_excess_plan_fits_and_is_minimal(
 
 
 # -- Writer --------------------------------------------------------------------------------
-@pytest.fixture
-def store(tmp_path: Path) -> Iterator[WritableStore]:
-    s = WritableStore(str(tmp_path / "cache"), MAP)
-    yield s
-    s.close()
-
-
 def make_writer(store: WritableStore, policy: QuotaPolicy | None = None, **kw: float) -> Writer:
     args: dict[str, float] = {
         "batch_bytes": 1 << 30,
@@ -512,8 +505,8 @@ def test_uncharging_never_goes_below_zero(store: WritableStore) -> None:
 def test_unallocated_lru_datasets_share_one_lru(store: WritableStore) -> None:
     # A pool of 1000 bytes, datasets 1 and 2 in LRU mode with no allocation, 3 uniform.
     # Dataset 1 fills the pool, then uses chunks 5-9 again; dataset 2's chunks then push
-    # out dataset 1's least recently used (0, 1, 2), not its own and not nothing (each
-    # dataset kept to its first-come share was the old behaviour: 2 admitted nothing).
+    # out dataset 1's least recently used (0, 1, 2), not its own and not nothing (were each
+    # dataset kept to its first-come share, 2 would admit nothing).
     policy = QuotaPolicy(1000, lru=frozenset({1, 2}))
 
     async def main() -> None:

@@ -28,7 +28,7 @@ from silofs.errors import (
 from silofs.node.backends import BackendOptions, base, open_backend
 from silofs.records import ObjectInfo
 from silofs.uri import parse_uri
-from tests.servers import clean_env
+from tests.support.servers import clean_env
 
 # ---------------------------------------------------------------------------------------
 # retry_call

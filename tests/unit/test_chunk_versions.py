@@ -18,12 +18,12 @@ from silofs.cache.format import ChunkRef, StaleFormatError, decode_header, verif
 from silofs.errors import VersionMismatchError
 from silofs.node.daemon import Daemon
 from silofs.node.metrics import render
-from silofs.node.routes import dataset_view, status_view
+from silofs.node.views import dataset_view, status_view
+from tests.unit.inprocess import listed, mounted, running
 from tests.unit.test_chunk_format import GOLDEN_V1
-from tests.unit.test_daemon_ops import bucket, daemon, listed, mounted, running  # noqa: F401
 
 
-def test_a_request_for_another_version_is_refused(daemon: Daemon, bucket: Path) -> None:  # noqa: F811
+def test_a_request_for_another_version_is_refused(daemon: Daemon, bucket: Path) -> None:
     async def main() -> None:
         async with running(daemon) as d:
             ds, m = await mounted(d, bucket)
@@ -41,8 +41,8 @@ def test_a_request_for_another_version_is_refused(daemon: Daemon, bucket: Path) 
 
 
 def test_a_bad_cached_value_is_replaced_not_missed_forever(
-    daemon: Daemon,  # noqa: F811
-    bucket: Path,  # noqa: F811
+    daemon: Daemon,
+    bucket: Path,
 ) -> None:
     async def main() -> None:
         async with running(daemon) as d:
@@ -75,8 +75,8 @@ def test_a_bad_cached_value_is_replaced_not_missed_forever(
 
 
 def test_a_refresh_makes_chunks_of_changed_objects_the_first_victims(
-    daemon: Daemon,  # noqa: F811
-    bucket: Path,  # noqa: F811
+    daemon: Daemon,
+    bucket: Path,
 ) -> None:
     async def main() -> None:
         async with running(daemon) as d:
@@ -91,7 +91,7 @@ def test_a_refresh_makes_chunks_of_changed_objects_the_first_victims(
                 assert all(d.store.owns(txn, ds.id, r.key) for r in refs.values())
             (bucket / "f1.bin").write_bytes(b"new bytes")  # changed
             (bucket / "f2.bin").unlink()  # deleted
-            await d.open_dataset(f"file://{bucket}/", True)
+            await d.catalog.open_dataset(f"file://{bucket}/", True)
             with trio.fail_after(30):
                 while ds.state != "ready" or ds.stale_chunks < 2:
                     await trio.sleep(0.01)

@@ -39,7 +39,8 @@ from silofs.control.client import (
 from silofs.control.peer import Peer, peer_may_change
 from silofs.control.router import HTTPError, Request, Response, Router, json_response, text_response
 from silofs.control.server import AddressInUseError, serve_unix
-from tests.unit.serving import serving, wait_for
+from tests.support.poll import wait_for
+from tests.unit.serving import serving
 
 BLOB = os.urandom(32 << 20)
 DEADLINE = 10.0
@@ -358,7 +359,7 @@ def test_sync_client_reconnects_after_idle_close(sock_path: str) -> None:
         with ControlClient(path) as client:
             assert client.request("GET", "/v1/datasets/a/cache")["name"] == "a"
             sock = client._conn.sock  # type: ignore[union-attr]
-            wait_for(lambda: _peer_closed(sock), "the idle close")
+            wait_for(lambda: _peer_closed(sock), DEADLINE, "the idle close")
             assert client.request("POST", "/v1/echo", {"again": 1}) == {"again": 1}
             assert client.connections_opened == 2
 
@@ -575,7 +576,14 @@ def test_parent_dir_mode_and_owner(tmp_path: Path) -> None:
 def test_peer_credentials_are_ours(server: str) -> None:
     with ControlClient(server) as client:
         got = client.request("GET", "/v1/peer")
-    assert got == {"pid": os.getpid(), "uid": os.getuid(), "gid": os.getgid(), "remote": None}
+    assert got == {
+        "pid": os.getpid(),
+        "uid": os.getuid(),
+        "gid": os.getgid(),
+        "remote": None,  # a local peer: no certificate, so no names and no node role
+        "names": [],
+        "node": False,
+    }
 
 
 def test_peer_may_change(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -700,7 +708,7 @@ def test_throughput_8mib_get_loop(sock_path: str, concurrency: int) -> None:
     repo = Path(__file__).resolve().parents[2]
     server = subprocess.Popen([sys.executable, "-c", BENCH_SERVER, sock_path], cwd=repo)
     try:
-        wait_for(lambda: os.path.exists(sock_path), "the benchmark server")
+        wait_for(lambda: os.path.exists(sock_path), DEADLINE, "the benchmark server")
 
         async def main() -> None:
             async with AsyncControlClient(sock_path) as client:

@@ -23,12 +23,14 @@ from silofs_ctl.certs_cmd import client_cert, init_ca, node_cert
 
 from silofs.config import load_node_settings
 from silofs.control.client import ControlClient, ControlError, client_tls_context
-from silofs.control.peer import REMOTE_UID, peer_may_change
-from silofs.control.router import Request, Response, Router, json_response
+from silofs.control.peer import REMOTE_UID, Peer, peer_may_change, remote_peer
+from silofs.control.router import Caller, Request, Response, Router, json_response
 from silofs.control.server import TLSLimits, bind_tcp, serve_tls
 from silofs.control.tls import parse_tcp_address, server_context
 from silofs.errors import UsageError
-from tests.unit.serving import serving, wait_for
+from tests.support.cluster import legacy_node_cert
+from tests.support.poll import wait_for
+from tests.unit.serving import serving
 
 DEADLINE = 10.0
 
@@ -40,6 +42,7 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     init_ca(str(good))
     node_cert(str(good), "node-a", ["127.0.0.1"])
     client_cert(str(good), "other-client")
+    legacy_node_cert(good, "legacy-node", "127.0.0.1")
     foreign = tmp_path_factory.mktemp("foreign")
     init_ca(str(foreign))  # its controller.pem is signed by a CA the node does not trust
     return {"good": good, "foreign": foreign}
@@ -93,11 +96,18 @@ def test_controller_certificate_is_a_remote_admin_never_a_local_uid(pki: dict[st
             # keep-alive over TLS: the second request reuses the connection
             assert c.request("PUT", "/v1/echo", {"x": [1, 2]}) == {"x": [1, 2]}
             assert c.connections_opened == 1
-    assert peer == {"pid": 0, "uid": REMOTE_UID, "gid": REMOTE_UID, "remote": "controller"}
+    assert peer == {
+        "pid": 0,
+        "uid": REMOTE_UID,
+        "gid": REMOTE_UID,
+        "remote": "controller",
+        "names": [],
+        "node": False,
+    }
     assert acc.served == 1 and acc.refused == 0
     from silofs.control.peer import Peer
 
-    assert peer_may_change(Peer(**peer), admin_gid=None)
+    assert peer_may_change(Peer(**{**peer, "names": ()}), admin_gid=None)
     assert not peer_may_change(Peer(pid=1, uid=REMOTE_UID, gid=REMOTE_UID), admin_gid=None)
 
 
@@ -125,16 +135,34 @@ def test_refused_clients_get_nothing_and_the_server_goes_on(
                 ctx.load_verify_locations(str(pki["good"] / "ca.pem"))
             elif client == "foreign-ca":
                 ctx = controller(pki, ca="foreign")
-            else:  # a node's serverAuth-only certificate, from the right CA
-                ctx = controller(pki, name="node-a")
+            else:  # a node's serverAuth-only certificate (before clusters), the right CA
+                ctx = controller(pki, name="legacy-node")
             with ControlClient(f"tls://127.0.0.1:{port}", timeout=DEADLINE, tls=ctx) as c:
                 with pytest.raises(ControlError) as err:
                     c.request("GET", "/v1/peer")
             assert err.value.status is None  # no HTTP answer at all
-        wait_for(lambda: acc.refused >= 1, "the refusal to be counted")  # GET is retried once
+        wait_for(
+            lambda: acc.refused >= 1, DEADLINE, "the refusal to be counted"
+        )  # GET is retried once
         assert acc.served == 0
         assert_served(port, pki)
         assert acc.open <= 1
+
+
+def test_a_node_certificate_is_a_member_candidate_and_no_admin(pki: dict[str, Path]) -> None:
+    """A certificate of `silofs-ctl certs node` (serverAuth and clientAuth, the node
+    role) gets through the handshake even with tls_client_names set, as a peer with its
+    names and the node role: the routes judge it (this router's routes are for local
+    peers and controllers: 403), and it is never an admin."""
+    with tls_server(pki, allowed_names=frozenset({"controller"})) as (port, acc):
+        ctx = controller(pki, name="node-a")
+        with ControlClient(f"tls://127.0.0.1:{port}", timeout=DEADLINE, tls=ctx) as c:
+            with pytest.raises(ControlError) as err:
+                c.request("GET", "/v1/peer")
+        assert err.value.status == 403
+        assert acc.served == 1
+    node = remote_peer("node-a", frozenset({"127.0.0.1", "node-a"}), node=True)
+    assert not peer_may_change(node, admin_gid=None)
 
 
 def test_client_checks_the_node_name(pki: dict[str, Path]) -> None:
@@ -153,7 +181,7 @@ def test_allowed_names_limit_which_certificates_are_admins(pki: dict[str, Path])
         with ControlClient(f"tls://127.0.0.1:{port}", timeout=DEADLINE, tls=ctx) as c:
             with pytest.raises(ControlError):
                 c.request("GET", "/v1/peer")
-        wait_for(lambda: acc.refused >= 1, "the refusal")
+        wait_for(lambda: acc.refused >= 1, DEADLINE, "the refusal")
         assert_served(port, pki)
 
 
@@ -162,7 +190,7 @@ def test_silent_clients_are_cut_at_the_handshake_limit_and_count_against_connect
 ) -> None:
     with tls_server(pki, max_connections=2, handshake_seconds=0.5) as (port, acc):
         silent = [socket.create_connection(("127.0.0.1", port), timeout=DEADLINE) for _ in range(2)]
-        wait_for(lambda: acc.open == 2, "two connections held")
+        wait_for(lambda: acc.open == 2, DEADLINE, "two connections held")
         # At the limit, a third connection is closed at once, even a good one.
         with socket.create_connection(("127.0.0.1", port), timeout=DEADLINE) as s:
             assert s.recv(1) == b""
@@ -170,7 +198,7 @@ def test_silent_clients_are_cut_at_the_handshake_limit_and_count_against_connect
         for s in silent:
             assert s.recv(1) == b""
             s.close()
-        wait_for(lambda: acc.open == 0, "slots freed")
+        wait_for(lambda: acc.open == 0, DEADLINE, "slots freed")
         # ...and the listener serves again.
         assert_served(port, pki)
         assert acc.refused == 3
@@ -225,17 +253,17 @@ def test_remote_routes_are_admin_routes_only() -> None:
     async def h(req: Request) -> Response:
         return json_response({})
 
-    router.add("GET", "/v1/status", h)
-    router.add("POST", "/v1/mounts", h)
-    only = router.only({("GET", "/v1/status")})
-    assert [r.pattern for r in only._routes] == ["/v1/status"]
-    with pytest.raises(ValueError):
-        router.only({("GET", "/v1/nothing")})
+    router.add("GET", "/v1/status", h, who=Caller.LOCAL | Caller.CONTROLLER)
+    router.add("POST", "/v1/mounts", h, who=Caller.LOCAL)
+    remote = remote_peer("controller")
+    assert router.match("GET", ["v1", "status"], remote).error is None
+    assert router.match("POST", ["v1", "mounts"], remote).error.status == 404
+    assert router.match("POST", ["v1", "mounts"], Peer(pid=1, uid=1000, gid=1000)).error is None
 
 
 def test_registration_body_is_checked() -> None:
     from silofs.control.router import HTTPError
-    from silofs.node.routes import _registration
+    from silofs.node.api.jobs import parse_registration as _registration
 
     info = _registration(
         {"gpus": 4, "ideal_io": "500MB/s", "epochs": 3, "datasets": ["s3://b/p"], "nodes": ["n1"]}
@@ -272,7 +300,7 @@ def test_new_connections_beyond_the_handshake_rate_are_closed_before_tls(
     with tls_server(pki, handshakes_per_second=2) as (port, acc):
         conns = [socket.create_connection(("127.0.0.1", port), timeout=DEADLINE) for _ in range(6)]
         try:
-            wait_for(lambda: acc.refused >= 4, "connections over the rate to be closed")
+            wait_for(lambda: acc.refused >= 4, DEADLINE, "connections over the rate to be closed")
             assert acc.open <= 2
         finally:
             for s in conns:
@@ -285,4 +313,4 @@ def test_new_connections_beyond_the_handshake_rate_are_closed_before_tls(
             except ControlError:
                 return False  # still over the rate: the bucket refills at 2 a second
 
-        wait_for(served, "the listener to serve again")
+        wait_for(served, DEADLINE, "the listener to serve again")

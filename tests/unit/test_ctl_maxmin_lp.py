@@ -218,6 +218,7 @@ def reference_maxmin(jobs: list[Job], cluster: Cluster, e: dict[str, float]) -> 
     return fixed
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("io_scale", [1.0, 0.05])
 def test_fast_maxmin_at_1000_jobs_matches_lp_and_round_by_round_filling(io_scale: float) -> None:
     """The bulk ceiling rounds change nothing: the level is the LP's, every job's rate is

@@ -157,6 +157,7 @@ def test_cli_simulate_prints_jct_makespan_and_fairness(tmp_path: Path) -> None:
         assert needle in res.output
 
 
+@pytest.mark.slow
 def test_cli_simulate_json_and_plot(tmp_path: Path) -> None:
     png = tmp_path / "out.png"
     res = CliRunner().invoke(

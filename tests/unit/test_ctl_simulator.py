@@ -334,6 +334,7 @@ def test_json_carries_fairness_jobs_epochs_and_the_timelines() -> None:
     assert points[0]["worst"] < 0.6
 
 
+@pytest.mark.slow
 def test_plot_draws_job_rates_and_fairness(tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
     png = tmp_path / "f4.png"
@@ -398,6 +399,7 @@ def test_keeping_a_plan_nothing_it_reads_moved_gives_the_same_run(pair: str) -> 
         assert a.hit_ratio == pytest.approx(b.hit_ratio, rel=1e-9, abs=1e-12)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("scheduler", ["fifo", "sjf", "gavel"])
 def test_the_level_clock_gives_the_same_run_to_rounding(scheduler: str) -> None:
     """Under LRU the jobs held at the link's level ride the level clock (their progress
@@ -446,6 +448,7 @@ def test_the_kept_water_fill_order_divides_the_link_as_water_fill_capped() -> No
                     sim._wf_move(name, old, new)
 
 
+@pytest.mark.slow
 def test_a_run_does_not_depend_on_the_hash_seed() -> None:
     # Gavel's loads once summed over a set of unit names: trace-300's gavel:silod moved
     # 18.8-19.0 h in average JCT with PYTHONHASHSEED. Two seeds, two processes.

@@ -9,9 +9,9 @@ the same mount (its counters are not counted twice); dead mounts are reaped.
 
 from __future__ import annotations
 
-import contextlib
+import fcntl
 import os
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import lmdb
@@ -20,75 +20,14 @@ import trio
 import trio.testing
 
 from silofs.cache.store import meta_pages_damaged
-from silofs.config import NodeSettings
 from silofs.errors import UsageError
-from silofs.node import daemon as daemon_mod
+from silofs.node.cachedir import LOCK_FILE
 from silofs.node.daemon import Daemon
-from silofs.node.state import MountState
 from silofs.node.supervise import run_forever
-from silofs.records import MountCounters, ObjectInfo
+from silofs.records import MountCounters
+from tests.unit.inprocess import listed, mounted, ready, running, settings
 
 MiB = 1 << 20
-
-
-def settings(tmp_path: Path, cache_size: int = 100 * MiB) -> NodeSettings:
-    return NodeSettings(
-        socket=str(tmp_path / "ctl.sock"),
-        cache_dir=str(tmp_path / "cache"),
-        cache_size=cache_size,
-        chunk_size=256 << 10,
-        sync_seconds=0.5,
-    )
-
-
-@pytest.fixture
-def bucket(tmp_path: Path) -> Path:
-    root = tmp_path / "bucket"
-    root.mkdir()
-    for i in range(4):
-        (root / f"f{i}.bin").write_bytes(bytes([i]) * (300 << 10))
-    return root
-
-
-@pytest.fixture
-def daemon(tmp_path: Path) -> Iterator[Daemon]:
-    d = Daemon(settings(tmp_path))
-    yield d
-    d.store.close()
-    os.close(d.lock_fd)
-
-
-@contextlib.asynccontextmanager
-async def running(d: Daemon) -> AsyncIterator[Daemon]:
-    """The daemon's loops as service.serve runs them, minus the socket."""
-    async with trio.open_nursery() as nursery:
-        d.nursery = nursery
-        for what, loop in (("writer", d.writer.run), ("enforcer", d.enforce_loop)):
-            nursery.start_soon(run_forever, what, loop)
-        yield d
-        nursery.cancel_scope.cancel()
-
-
-async def ready(d: Daemon, uri: str, endpoint_url: str | None = None) -> daemon_mod.DatasetState:
-    ds = await d.open_dataset(uri, False, endpoint_url)
-    with trio.fail_after(30):
-        while ds.state in ("checking", "listing"):
-            await trio.sleep(0.01)
-    return ds
-
-
-async def mounted(d: Daemon, bucket: Path) -> tuple[daemon_mod.DatasetState, MountState]:
-    """The local `bucket` listed as a dataset, and a mount of it (job "j") by this
-    process, as a mount process registers one."""
-    ds = await ready(d, f"file://{bucket}/")
-    return ds, d.register_mount(ds, "j", "/mnt/x", os.getpid(), os.getuid(), None)
-
-
-def listed(d: Daemon, ds: daemon_mod.DatasetState, key: str) -> ObjectInfo:
-    """The object `key` as the dataset's listing has it."""
-    obj = d.store.get_object(ds.id, key)
-    assert obj is not None, key
-    return obj
 
 
 # -- supervision -------------------------------------------------------------------------
@@ -192,6 +131,7 @@ def test_a_failing_loop_is_restarted(caplog: pytest.LogCaptureFixture) -> None:
     assert len(errors) == 2 and all("MapFullError" in e for e in errors)
 
 
+@pytest.mark.slow
 def test_the_enforcer_survives_a_failed_shrink(
     daemon: Daemon, bucket: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -230,11 +170,29 @@ def test_a_second_daemon_on_the_same_cache_dir_refuses(daemon: Daemon, tmp_path:
         Daemon(settings(tmp_path))
 
 
+def _lock_is_free(tmp_path: Path) -> bool:
+    """Whether another open file description can take the cache dir's daemon lock now
+    (flock locks belong to open file descriptions, so this process counts as another)."""
+    fd = os.open(tmp_path / "cache" / LOCK_FILE, os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(fd)
+
+
 def test_the_lock_goes_with_the_daemon(tmp_path: Path) -> None:
     d = Daemon(settings(tmp_path))
+    assert not _lock_is_free(tmp_path)  # held while the daemon lives
+    lock_text = (tmp_path / "cache" / LOCK_FILE).read_text()
+    assert lock_text == f"{os.getpid()}\n"  # names its holder for the refusal message
     d.store.close()
     os.close(d.lock_fd)
+    assert _lock_is_free(tmp_path)  # and dropped with its fd
     again = Daemon(settings(tmp_path))
+    assert not _lock_is_free(tmp_path)
     again.store.close()
     os.close(again.lock_fd)
 
@@ -255,7 +213,7 @@ def test_a_cache_with_damaged_meta_pages_is_moved_aside(
             f.write(bytes(b ^ 0xFF for b in f.read(64)).ljust(64, b"\xff"))
     fresh = Daemon(settings(tmp_path))
     try:
-        assert fresh.allocations == {}  # an empty cache
+        assert fresh.allocs.cache == {}  # an empty cache
         broken = [p for p in (tmp_path / "cache").iterdir() if p.name.startswith("broken-")]
         assert len(broken) == 1 and (broken[0] / "data.mdb").exists()
         errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
@@ -284,7 +242,7 @@ def test_concurrent_allocations_cannot_exceed_the_cache(daemon: Daemon) -> None:
 
     trio.run(main)
     assert sorted(outcomes.values()) == ["ok", "refused"]
-    assert sum(daemon.allocations.values()) <= daemon.cache_size
+    assert sum(daemon.allocs.cache.values()) <= daemon.cache_size
 
 
 # -- mounts --------------------------------------------------------------------------------
@@ -352,7 +310,7 @@ def test_retries_are_counted_per_backend(monkeypatch: pytest.MonkeyPatch) -> Non
 
 def test_store_errors_show_in_status_and_metrics(daemon: Daemon, bucket: Path) -> None:
     from silofs.node.metrics import render
-    from silofs.node.routes import dataset_view, status_view
+    from silofs.node.views import dataset_view, status_view
 
     async def main() -> None:
         async with running(daemon) as d:
@@ -456,7 +414,7 @@ def test_a_job_registration_survives_a_restart_and_goes_when_the_job_is_forgotte
                 await d.forget_job("slurm-7")
             d.mounts.pop(m.id)
             await d.forget_job("slurm-7")
-            assert "slurm-7" not in d.registrations
+            assert "slurm-7" not in d.allocs.registrations
 
     d = Daemon(settings(tmp_path))
     trio.run(register, d)
@@ -464,14 +422,14 @@ def test_a_job_registration_survives_a_restart_and_goes_when_the_job_is_forgotte
     os.close(d.lock_fd)
     d = Daemon(settings(tmp_path))  # a restart: the registration is read back
     try:
-        assert d.registrations == {"slurm-7": info}
+        assert d.allocs.registrations == {"slurm-7": info}
         trio.run(forget, d)
     finally:
         d.store.close()
         os.close(d.lock_fd)
     d = Daemon(settings(tmp_path))
     try:
-        assert d.registrations == {}
+        assert d.allocs.registrations == {}
     finally:
         d.store.close()
         os.close(d.lock_fd)

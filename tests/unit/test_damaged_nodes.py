@@ -184,6 +184,7 @@ def base(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[PendingCh
     return path / "compact", items
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(mdb_val_offset() < 0, reason="this py-lmdb keeps its MDB_val elsewhere")
 def test_flipped_nodes_raise_and_never_fault(base, tmp_path: Path) -> None:
     """Reads survive any flip in a chunks page; the daemon's deletes and replacements

@@ -1,4 +1,4 @@
-"""tests/faultproxy.py against a tiny stdlib http.server upstream on 127.0.0.1.
+"""tests/support/faultproxy.py against a tiny stdlib http.server upstream on 127.0.0.1.
 
 The upstream serves a deterministic body per size (GET/HEAD /obj/SIZE, with Range), the same
 body chunked (/chunked/SIZE) or read-until-close (/close/SIZE), and echoes request bodies
@@ -13,6 +13,7 @@ import hashlib
 import http.client
 import re
 import socket
+import ssl
 import subprocess
 import sys
 import threading
@@ -24,7 +25,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from tests.faultproxy import (
+from tests.support.faultproxy import (
     Fault,
     FaultPlan,
     FaultProxy,
@@ -218,6 +219,8 @@ def test_pass_through_is_byte_identical_with_keep_alive(upstream: tuple[str, int
         assert stats["connections"] == 1  # keep-alive: every request on one connection
         assert stats["requests"] == 10
         assert not any(stats[k] for k in ("http_500", "corrupt", "truncate", "upstream_errors"))
+        history = proxy.wait_history(lambda h: len(h) >= 10)
+        assert {r.client for r in history} == {"127.0.0.1"}  # who asked, per request
 
 
 def test_pipelined_requests_and_expect_continue(upstream: tuple[str, int]) -> None:
@@ -544,7 +547,7 @@ def test_cli_prints_url_and_proxies(upstream: tuple[str, int]) -> None:
         [
             sys.executable,
             "-m",
-            "tests.faultproxy",
+            "tests.support.faultproxy",
             "--upstream",
             f"{upstream[0]}:{upstream[1]}",
             "--listen",
@@ -574,3 +577,147 @@ def test_cli_prints_url_and_proxies(upstream: tuple[str, int]) -> None:
         _, err = proc.communicate(timeout=15)
     assert proc.returncode == 0
     assert "forwarded=1" in err
+
+
+# ---------------------------------------------------------------------------------------
+# Interim answers, TLS on both sides, a listener in another network namespace
+
+
+def test_interim_answers_are_relayed_before_the_final_one() -> None:
+    """An upstream that says "102 Processing" while it works: the client hears the 102
+    at once (life, to a client with a first-byte deadline), then the answer."""
+    with socket.socket() as lsock:
+        lsock.bind(("127.0.0.1", 0))
+        lsock.listen()
+        release = threading.Event()
+
+        def upstream() -> None:
+            conn, _ = lsock.accept()
+            with conn:
+                conn.recv(65536)
+                conn.sendall(b"HTTP/1.1 102 Processing\r\n\r\n")
+                release.wait(10)
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+                conn.recv(1)
+
+        thread = threading.Thread(target=upstream, daemon=True)
+        thread.start()
+        with FaultProxy(lsock.getsockname()) as proxy:
+            with socket.create_connection(proxy.address, timeout=10) as s:
+                s.sendall(get("/slow"))
+                first = s.recv(65536)
+                assert first.startswith(b"HTTP/1.1 102 Processing\r\n\r\n"), first
+                release.set()
+                rest = first[len(b"HTTP/1.1 102 Processing\r\n\r\n") :]
+                while b"ok" not in rest:
+                    rest += s.recv(65536)
+            assert split_response(rest)[0] == 200
+            assert proxy.wait_stats(lambda st: st["interim"] == 1)
+        thread.join(10)
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from silofs_ctl.certs_cmd import init_ca, node_cert
+
+    d = tmp_path_factory.mktemp("pki")
+    init_ca(str(d))
+    node_cert(str(d), "upstream", ["127.0.0.1"])
+    return d
+
+
+@pytest.fixture(scope="module")
+def tls_upstream(pki: Path) -> Iterator[tuple[str, int]]:
+    """The Upstream handler over TLS, requiring a client certificate of the CA."""
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(pki / "upstream.pem", pki / "upstream.key")
+    ctx.load_verify_locations(pki / "ca.pem")
+    ctx.verify_mode = ssl.CERT_REQUIRED
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Upstream)
+    server.socket = ctx.wrap_socket(server.socket, server_side=True)
+    server.daemon_threads = True
+    server.hits = 0  # type: ignore[attr-defined]
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server.server_address[:2]
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+
+def _client_ctx(pki: Path, cert: bool = True) -> ssl.SSLContext:
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.load_verify_locations(pki / "ca.pem")
+    if cert:
+        ctx.load_cert_chain(pki / "controller.pem", pki / "controller.key")
+    return ctx
+
+
+def _tls_get(pki: Path, address: tuple[str, int], path: str) -> tuple[int, bytes]:
+    ctx = _client_ctx(pki, cert=False)
+    conn = http.client.HTTPSConnection(*address, timeout=10, context=ctx)
+    try:
+        conn.request("GET", path)
+        resp = conn.getresponse()
+        return resp.status, resp.read()
+    finally:
+        conn.close()
+
+
+def test_tls_on_both_sides_faults_the_plain_body(pki: Path, tls_upstream: tuple[str, int]) -> None:
+    """A TLS server in front of a TLS upstream (a client certificate towards it): bytes
+    pass unchanged, and a corrupt fault flips one byte of the HTTP body itself, which
+    the client's TLS layer delivers as it is."""
+    server_ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server_ctx.load_cert_chain(pki / "upstream.pem", pki / "upstream.key")
+    plan = FaultPlan(faults=[Fault("corrupt", path="^/obj/4096$")])
+    with FaultProxy(
+        tls_upstream, plan, seed=3, tls_server=server_ctx, tls_upstream=_client_ctx(pki)
+    ) as proxy:
+        assert proxy.url.startswith("https://127.0.0.1:")
+        status, body = _tls_get(pki, proxy.address, "/obj/1000")
+        assert status == 200 and body == body_of(1000)
+        status, body = _tls_get(pki, proxy.address, "/obj/4096")
+        assert status == 200 and len(body) == 4096
+        diff = [i for i in range(4096) if body[i] != body_of(4096)[i]]
+        assert len(diff) == 1
+        assert proxy.stats["corrupt"] == 1
+        # A plaintext client gets no answer: the handshake fails, counted.
+        data, _ = raw_exchange(proxy, get("/obj/10"))
+        assert b"HTTP/1.1 200" not in data
+        proxy.wait_stats(lambda st: st["tls_errors"] >= 1)
+
+
+def test_listens_in_another_network_namespace(upstream: tuple[str, int]) -> None:
+    """Listening on a namespace's own address (root only): a process in another
+    namespace of that subnet reaches the upstream on this host's loopback through it."""
+    from tests.support.net import NetnsUnavailable, bridge
+
+    try:
+        ctx = bridge("hub", ["leaf"])
+        net = ctx.__enter__()
+    except NetnsUnavailable as exc:
+        pytest.skip(str(exc))
+    try:
+        hub = net.address("hub")
+        with FaultProxy(upstream, listen=(hub, 0), listen_netns=net.names["hub"]) as proxy:
+            assert proxy.url.startswith(f"http://{hub}:")
+            code = (
+                "import http.client,sys;c=http.client.HTTPConnection(sys.argv[1],int(sys.argv[2]),"
+                "timeout=10);c.request('GET','/obj/3000');r=c.getresponse();"
+                "sys.stdout.buffer.write(r.read())"
+            )
+            res = subprocess.run(
+                [*net.exec_prefix("leaf"), sys.executable, "-c", code, hub, str(proxy.address[1])],
+                capture_output=True,
+                timeout=60,
+            )
+            assert res.returncode == 0, res.stderr
+            assert res.stdout == body_of(3000)
+        # From this host's own namespace, that address is not there.
+        with pytest.raises(OSError):
+            socket.create_connection((hub, proxy.address[1]), timeout=1).close()
+    finally:
+        ctx.__exit__(None, None, None)

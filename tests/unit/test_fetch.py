@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 
 import trio
 
@@ -10,9 +11,6 @@ from silofs.cache.format import ChunkRef
 from silofs.errors import TransientError
 from silofs.node.fetch import Fetcher
 from silofs.node.limiter import TokenBucket
-from silofs.node.quota import QuotaPolicy
-from silofs.node.store_write import WritableStore, env_map_size
-from silofs.node.writer import Writer
 from silofs.records import ObjectInfo
 
 OBJ = ObjectInfo("a.bin", 1000, 0.0, "v1", "test:a")
@@ -34,26 +32,12 @@ class SlowBackend:
         return b"x" * length
 
 
-def _fetcher(tmp_path) -> Fetcher:
-    store = WritableStore(str(tmp_path), env_map_size(1 << 20))
-    writer = Writer(
-        store,
-        {},
-        lambda: QuotaPolicy(1 << 20),
-        batch_bytes=1 << 20,
-        batch_seconds=0.01,
-        queue_bytes=1 << 20,
-        sync_seconds=60,
-    )
-    return Fetcher(store, writer, threads=4)
-
-
-def test_concurrent_askers_share_one_get(tmp_path) -> None:
+def test_concurrent_askers_share_one_get(make_fetcher: Callable[[], Fetcher]) -> None:
     backend = SlowBackend()
     results: list[tuple[bytes, bool]] = []
 
     async def main() -> None:
-        fetcher = _fetcher(tmp_path)
+        fetcher = make_fetcher()
         limiter = TokenBucket(None)
         async with trio.open_nursery() as n:
             for _ in range(5):
@@ -71,7 +55,7 @@ async def _ask(fetcher: Fetcher, backend, limiter, out: list) -> None:
     out.append(await fetcher.fetch(1, backend, limiter, ChunkRef.of(OBJ, 4096, 0)))
 
 
-def test_a_cancelled_leader_is_replaced_by_a_waiter(tmp_path) -> None:
+def test_a_cancelled_leader_is_replaced_by_a_waiter(make_fetcher: Callable[[], Fetcher]) -> None:
     """A leader parked on its job's limiter (rate 0) gives up; a waiter of another job,
     with its own allocation, leads a new flight instead of failing."""
     backend = SlowBackend()
@@ -79,7 +63,7 @@ def test_a_cancelled_leader_is_replaced_by_a_waiter(tmp_path) -> None:
     results: list[tuple[bytes, bool]] = []
 
     async def main() -> None:
-        fetcher = _fetcher(tmp_path)
+        fetcher = make_fetcher()
         async with trio.open_nursery() as n:
             leader = trio.CancelScope()
 
@@ -99,12 +83,12 @@ def test_a_cancelled_leader_is_replaced_by_a_waiter(tmp_path) -> None:
     assert backend.calls == 1
 
 
-def test_a_failed_get_fails_every_waiter_once(tmp_path) -> None:
+def test_a_failed_get_fails_every_waiter_once(make_fetcher: Callable[[], Fetcher]) -> None:
     backend = SlowBackend(fail=True)
     errors: list[Exception] = []
 
     async def main() -> None:
-        fetcher = _fetcher(tmp_path)
+        fetcher = make_fetcher()
         limiter = TokenBucket(None)
 
         async def ask() -> None:

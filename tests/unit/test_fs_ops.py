@@ -15,9 +15,8 @@ import errno
 import json
 import os
 import stat
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
@@ -137,13 +136,6 @@ class Mount:
 
 def errno_of(exc: pytest.ExceptionInfo[pyfuse3.FUSEError]) -> int:
     return exc.value.errno
-
-
-@pytest.fixture
-def store(tmp_path: Path) -> Iterator[WritableStore]:
-    s = WritableStore(str(tmp_path / "env"), 64 << 20)
-    yield s
-    s.close()
 
 
 @pytest.fixture

@@ -61,8 +61,9 @@ FLOOR = frozenset(
 MAY_LOAD = {
     # The client side of the control socket, as the CLI uses it.
     MOUNT: frozenset({"silofs.control.client", "silofs.mountinfo"}),
-    # The server side of the control socket, and the package's version.
-    NODE: frozenset({"silofs.control.router", "silofs.control.server"}),
+    # The server side of the control socket, and the package's version; whether a
+    # mount's pid is alive (the reaper), as the CLI asks it.
+    NODE: frozenset({"silofs.control.router", "silofs.control.server", "silofs.pids"}),
 }
 # The packages above them, which importing any of them loads.
 PACKAGE_INITS = frozenset({"silofs", "silofs.cache", "silofs.control"})
@@ -229,7 +230,7 @@ def test_the_floor_is_what_both_processes_load() -> None:
 
 def test_the_floor_imports_neither_side() -> None:
     graph = import_graph()
-    sides = (NODE, MOUNT, "silofs.cli", "silofs.cli_mount", "silofs.demo")
+    sides = (NODE, MOUNT, "silofs.cli", "silofs.cli_mount", "silofs.demo", "silofs.jobend")
     shared = [
         m
         for m in graph

@@ -24,6 +24,7 @@ def run(fn: Callable[[], Awaitable[None]]) -> None:
     trio.run(fn, clock=trio.testing.MockClock(autojump_threshold=0))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("rate", "sizes"),
     [

@@ -15,7 +15,6 @@ from __future__ import annotations
 import itertools
 import random
 import types
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -31,13 +30,6 @@ from silofs.records import ObjectInfo
 from tests.unit.reference_listing import InMemoryListing
 
 _ids = itertools.count(1)
-
-
-@pytest.fixture(scope="module")
-def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WritableStore]:
-    s = WritableStore(str(tmp_path_factory.mktemp("env")), 256 << 20)
-    yield s
-    s.close()
 
 
 def obj(key: str, size: int = 10, mtime: float = 100.0) -> ObjectInfo:

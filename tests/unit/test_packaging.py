@@ -12,6 +12,10 @@ import sys
 import zipfile
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.slow  # builds a wheel
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

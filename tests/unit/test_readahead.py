@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -16,9 +17,6 @@ from silofs.mount.reader import ChunkReader, OpenFile
 from silofs.node.backends.base import RangeStream, StoreCounters
 from silofs.node.fetch import PARK_SECONDS, SPAN_SECONDS, Fetcher
 from silofs.node.limiter import TokenBucket
-from silofs.node.quota import QuotaPolicy
-from silofs.node.store_write import WritableStore, env_map_size
-from silofs.node.writer import Writer
 from silofs.records import ObjectInfo
 
 CS = 1 << 20  # chunk size
@@ -202,20 +200,6 @@ class _Backend:
         return RangeStream(body, start, end, "test://b/big", StoreCounters())
 
 
-def _fetcher(tmp_path: Any) -> Fetcher:
-    store = WritableStore(str(tmp_path), env_map_size(1 << 20))
-    writer = Writer(
-        store,
-        {},
-        lambda: QuotaPolicy(1 << 20),
-        batch_bytes=1 << 20,
-        batch_seconds=0.01,
-        queue_bytes=1 << 20,
-        sync_seconds=60,
-    )
-    return Fetcher(store, writer, threads=4)
-
-
 OBJ = ObjectInfo("big", 32 * CS + 7, 0.0, "v1", "etag:big")
 DATA = bytes(range(256)) * ((OBJ.size + 255) // 256)
 
@@ -241,9 +225,11 @@ async def _span(fetcher: Fetcher, backend: _Backend, limiter: TokenBucket, span:
 
 
 @pytest.mark.parametrize("streams", [False, True])
-def test_a_span_is_one_get_charged_before_it(tmp_path: Any, streams: bool) -> None:
+def test_a_span_is_one_get_charged_before_it(
+    make_fetcher: Callable[[], Fetcher], streams: bool
+) -> None:
     async def main() -> None:
-        fetcher = _fetcher(tmp_path)
+        fetcher = make_fetcher()
         limiter = TokenBucket(None)
         backend = _Backend(DATA, limiter, streams)
         span = _refs(4, 11)
@@ -273,9 +259,11 @@ def test_a_span_is_one_get_charged_before_it(tmp_path: Any, streams: bool) -> No
     trio.run(main)
 
 
-def test_with_a_rate_a_get_covers_what_was_charged_and_no_more(tmp_path: Any) -> None:
+def test_with_a_rate_a_get_covers_what_was_charged_and_no_more(
+    make_fetcher: Callable[[], Fetcher],
+) -> None:
     async def main() -> None:
-        fetcher = _fetcher(tmp_path)
+        fetcher = make_fetcher()
         rate = 4 * CS / SPAN_SECONDS  # at most 4 chunks per GET
         limiter = TokenBucket(rate, burst_seconds=100)
         limiter._tokens = 64.0 * CS  # a full bucket: the test does not wait on the rate
@@ -295,9 +283,11 @@ def test_with_a_rate_a_get_covers_what_was_charged_and_no_more(tmp_path: Any) ->
     trio.run(main)
 
 
-def test_chunks_held_or_in_flight_are_not_fetched_again(tmp_path: Any) -> None:
+def test_chunks_held_or_in_flight_are_not_fetched_again(
+    make_fetcher: Callable[[], Fetcher],
+) -> None:
     async def main() -> None:
-        fetcher = _fetcher(tmp_path)
+        fetcher = make_fetcher()
         limiter = TokenBucket(None)
         backend = _Backend(DATA, limiter, streams=False)
         backend.hold_at = 5 * CS
@@ -326,13 +316,15 @@ def test_chunks_held_or_in_flight_are_not_fetched_again(tmp_path: Any) -> None:
     trio.run(main)
 
 
-def test_spans_asked_while_the_stream_is_busy_all_continue_it(tmp_path: Any) -> None:
+def test_spans_asked_while_the_stream_is_busy_all_continue_it(
+    make_fetcher: Callable[[], Fetcher],
+) -> None:
     """A reader with three spans in flight: the second waits for the first's stream, and
     the third must wait for the second's, not open a stream of its own (it did: one GET
     more, and the stream left for it was closed by the reaper PARK_SECONDS later)."""
 
     async def main() -> None:
-        fetcher = _fetcher(tmp_path)
+        fetcher = make_fetcher()
         limiter = TokenBucket(None)
         backend = _Backend(DATA, limiter, streams=True)
         backend.hold_at = 0  # the first span's stream is slow to read

@@ -9,11 +9,10 @@ tests/integration/test_security.py runs the same rules as real users).
 from __future__ import annotations
 
 import json
+import logging
 import os
-import shutil
 import stat
-import tempfile
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -38,15 +37,6 @@ NOBODY = 65534  # any uid that owns none of the files; no passwd entry needed
 ROOT = Peer(pid=1, uid=0, gid=0)
 ALICE = Peer(pid=2, uid=NOBODY, gid=NOBODY)
 BOB = Peer(pid=3, uid=NOBODY - 1, gid=NOBODY - 1)
-
-
-@pytest.fixture
-def world() -> Iterator[Path]:
-    """A 0755 directory under /tmp: pytest's tmp_path sits in a 0700 dir of root's."""
-    base = Path(tempfile.mkdtemp(prefix="silofs-acc-", dir="/tmp"))
-    base.chmod(0o755)
-    yield base
-    shutil.rmtree(base, ignore_errors=True)
 
 
 # ------------------------------------------------------------------ pure decisions
@@ -367,6 +357,41 @@ def test_routes_matrix(tmp_path: Path, world: Path) -> None:
     run_routes(tmp_path, test, max_jobs_per_uid=1)
 
 
+def test_an_untrusted_peer_gets_no_bytes_of_a_file_a_refresh_no_longer_lists(
+    tmp_path: Path, world: Path
+) -> None:
+    """The previous listing's version of a key the new listing lacks is served from the
+    cache to a handle opened before the refresh; no such file can be judged now, so an
+    untrusted peer gets none of it, whatever version it names."""
+    (world / "data").mkdir()
+    (world / "data" / "pub").write_bytes(b"public")
+    (world / "data" / "gone").write_bytes(b"secret")
+    (world / "data" / "gone").chmod(0o600)
+
+    async def test(d: Daemon, call: Call) -> None:
+        uri = str(world / "data")
+        ds = await _ready(call, ROOT, uri)
+        reg = {"dataset": ds["id"], "job": "j", "mountpoint": "/m"}
+        s, root_mount = await call(ROOT, "POST", "/v1/mounts", reg)
+        assert s == 201, root_mount
+        version = d.store.get_object(ds["id"], "gone").version
+        chunk = f"/v1/chunks?key=gone&index=0&version={version}"
+        assert await call(ROOT, "GET", f"{chunk}&mount={root_mount['id']}") == (200, b"secret")
+        (world / "data" / "gone").unlink()
+        s, body = await call(ROOT, "POST", "/v1/datasets", {"uri": uri, "refresh": True})
+        assert s == 200, body
+        refreshed = await _ready(call, ROOT, uri)
+        assert refreshed["generation"] == ds["generation"] + 1
+        s, alice_mount = await call(ALICE, "POST", "/v1/mounts", {**reg, "job": "a"})
+        assert s == 201, alice_mount
+        s, body = await call(ALICE, "GET", f"{chunk}&mount={alice_mount['id']}")
+        assert s == 409 and "remount" in body["error"], (s, body)
+        # Root's handle opened before the refresh still reads what it opened.
+        assert await call(ROOT, "GET", f"{chunk}&mount={root_mount['id']}") == (200, b"secret")
+
+    run_routes(tmp_path, test)
+
+
 async def _warm_done(call: Call, peer: Peer, dsid: int) -> dict:
     with trio.fail_after(10):
         while (w := (await call(peer, "GET", f"/v1/datasets/{dsid}/warm"))[1])["state"] == (
@@ -437,14 +462,40 @@ def test_clearing_an_io_allocation(tmp_path: Path) -> None:
     async def test(d: Daemon, call: Call) -> None:
         assert (await call(ROOT, "PUT", "/v1/jobs/j/io", {"bytes_per_s": "1MB/s"}))[0] == 200
         s, body = await call(ALICE, "DELETE", "/v1/jobs/j/io")
-        assert s == 403 and d.io_allocations == {"j": 1_000_000}
+        assert s == 403 and d.allocs.io == {"j": 1_000_000}
         s, body = await call(ROOT, "DELETE", "/v1/jobs/j/io")
         assert (s, body["cleared"]) == (200, True)
-        assert d.io_allocations == {} and d.jobs["j"].limiter.rate is None
+        assert d.allocs.io == {} and d.jobs["j"].limiter.rate is None
         assert d.store.get_meta("io:j") is None
         assert (await call(ROOT, "DELETE", "/v1/jobs/j/io"))[0] == 404
 
     run_routes(tmp_path, test)
+
+
+GROUP = "4242"  # an admin group by number: no group database entry needed
+
+
+def test_the_route_table_refuses_before_the_handler_and_says_who_may(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    async def test(d: Daemon, call: Call) -> None:
+        s, body = await call(ALICE, "PUT", "/v1/jobs/j/io", {"bytes_per_s": "1MB/s"})
+        assert s == 403 and body["error"].startswith("only root or ")
+        assert body["error"].endswith(
+            f"group {GROUP} may change IO allocations; you are uid {NOBODY}"
+        )
+        assert "j" not in d.jobs  # the handler never ran
+        # An offer is for root (or the daemon's uid), not the admin group; its mount is
+        # not even looked up for anyone else.
+        s, body = await call(ALICE, "PUT", "/v1/mounts/0123456789ab/offer?key=k&index=0", b"x")
+        assert s == 403 and "may offer chunks" in body["error"]
+        assert (await call(ROOT, "PUT", "/v1/mounts/0123456789ab/offer?key=k&index=0"))[0] == 404
+        assert (await call(ROOT, "PUT", "/v1/jobs/j", {"gpus": 1}))[0] == 200
+
+    caplog.set_level(logging.WARNING, logger="silofs.control.router")
+    run_routes(tmp_path, test, admin_group=GROUP)
+    refused = [r.getMessage() for r in caplog.records if r.getMessage().startswith("refused")]
+    assert refused[0].startswith(f"refused PUT /v1/jobs/j/io from uid {NOBODY}: only root")
 
 
 def test_relative_dataset_paths_are_refused(tmp_path: Path) -> None:

@@ -1,6 +1,6 @@
 """A slow daemon is not a dead one: progress heartbeats, silence timeouts, cancelled handlers.
 
-Owns the transport's side of issue 9's "slow is not gone": a handler that waits longer
+Owns the transport's side of "slow is not gone": a handler that waits longer
 than the client's timeout (a rate limiter) still answers, because the server sends
 `102 Processing` to clients that ask for progress; a daemon that says nothing (frozen)
 fails the request after the client's timeout with `timed_out`; a client that closes its
@@ -46,6 +46,7 @@ def slow_router(state: dict) -> Router:
     return router
 
 
+@pytest.mark.slow
 def test_a_wait_longer_than_the_timeout_is_not_cut(
     sock_path: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

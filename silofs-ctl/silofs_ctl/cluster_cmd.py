@@ -1,0 +1,197 @@
+"""`silofs-ctl cluster set` and `cluster status`: a cluster's member list, pushed to every
+node at once, and what each node says of it.
+
+Owns the operator's side of PUT and GET /v1/cluster: the member list (given, or the
+nodes Slurm reports: `scontrol show nodes --json`, else `sinfo -N -h -o %N`), one version
+for every node (so the newest list wins everywhere alike), the push to each node over
+its Unix socket or its mutual-TLS listener (with the controller's certificate, as
+`controller run` reaches nodes: $SILOFS_CTL_TLS), and a table of the members each node
+sees up or down. Never: starts or stops daemons, or writes a node's silofs.toml (a pushed
+list is persisted by the daemon itself).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import click
+
+from silofs.control.client import ControlError
+from silofs.units import format_size
+
+from .nodes import one_node_client
+from .slurm import SlurmError, expand_hostlist, run_bounded
+
+DEFAULT_PORT = 7470
+_SLURM_TIMEOUT = 30.0
+_SLURM_LIMIT = 64 << 20
+
+
+def _split(values: Sequence[str]) -> list[str]:
+    """Repeatable options that also take comma-separated lists."""
+    return [v.strip() for value in values for v in value.split(",") if v.strip()]
+
+
+def slurm_nodes(scontrol: str = "scontrol", sinfo: str = "sinfo") -> list[str]:
+    """The node names Slurm reports: `scontrol show nodes --json` (Slurm 21.08+), else
+    `sinfo -N -h -o %N`. SlurmError (one line) if neither answers."""
+    try:
+        doc = json.loads(
+            run_bounded([scontrol, "show", "nodes", "--json"], _SLURM_TIMEOUT, _SLURM_LIMIT)
+        )
+        names = [
+            str(n["name"]) for n in doc.get("nodes", []) if isinstance(n, dict) and n.get("name")
+        ]
+        if names:
+            return sorted(set(names))
+    except (SlurmError, ValueError, KeyError, TypeError, AttributeError):
+        pass
+    text = run_bounded([sinfo, "-N", "-h", "-o", "%N"], _SLURM_TIMEOUT, _SLURM_LIMIT)
+    names = sorted({h for line in text.splitlines() for h in expand_hostlist(line)})
+    if not names:
+        raise SlurmError("sinfo: no nodes")
+    return names
+
+
+def members_body(
+    name: str, members: list[str], weights: dict[str, float], version: int
+) -> dict[str, Any]:
+    """The body of PUT /v1/cluster."""
+    return {
+        "name": name,
+        "version": version,
+        "members": [{"address": m, "weight": weights[m]} if m in weights else m for m in members],
+    }
+
+
+def _weights(values: Sequence[str]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for value in values:
+        address, sep, weight = value.rpartition("=")
+        try:
+            out[address] = float(weight)
+        except ValueError:
+            raise click.BadParameter(
+                f"{value!r}: want ADDRESS=WEIGHT", param_hint="--weight"
+            ) from None
+        if not sep:
+            raise click.BadParameter(f"{value!r}: want ADDRESS=WEIGHT", param_hint="--weight")
+    return out
+
+
+@click.group("cluster")
+def cluster() -> None:
+    """One cache across nodes: the member list of a cluster (docs/ARCHITECTURE.md)."""
+
+
+@cluster.command("set")
+@click.option("--nodes", "nodes", multiple=True,
+              help="A node to push to (a Unix socket or tls://HOST:PORT; repeatable or "
+              "comma-separated). Default: every member, over TLS with the controller's "
+              "certificate in $SILOFS_CTL_TLS.")  # fmt: skip
+@click.option("--members", "members", multiple=True,
+              help="A member, tls://HOST:PORT (repeatable or comma-separated).")  # fmt: skip
+@click.option("--from-slurm", is_flag=True, help="The members are the nodes Slurm reports.")
+@click.option("--port", default=DEFAULT_PORT, show_default=True, type=click.IntRange(1, 65535),
+              help="With --from-slurm: the members' TLS port.")  # fmt: skip
+@click.option("--name", default=None, help="The cluster's name (default: the nodes' current).")
+@click.option("--weight", "weights", multiple=True, help="ADDRESS=WEIGHT (repeatable).")
+@click.option("--version", "version", type=click.IntRange(0), default=None,
+              help="The list's version (default: now, in microseconds).")  # fmt: skip
+def set_cmd(
+    nodes: tuple[str, ...],
+    members: tuple[str, ...],
+    from_slurm: bool,
+    port: int,
+    name: str | None,
+    weights: tuple[str, ...],
+    version: int | None,
+) -> None:
+    """Push a member list to every node; each puts it in force without a restart."""
+    listed = _split(members)
+    if from_slurm == bool(listed):
+        raise click.UsageError("give the members with --members or --from-slurm (one of them)")
+    if from_slurm:
+        try:
+            listed = [f"tls://{host}:{port}" for host in slurm_nodes()]
+        except SlurmError as exc:
+            raise click.ClickException(str(exc)) from None
+    targets = _split(nodes) or listed
+    weighted = _weights(weights)
+    name = name or _current_name(targets)
+    body = members_body(name, listed, weighted, version or time.time_ns() // 1000)
+    failed = 0
+    for target in targets:
+        try:
+            with one_node_client(target) as client:
+                got = client.request("PUT", "/v1/cluster", body)
+            click.echo(f"{target}: cluster {got['name']}, version {got['version']}, "
+                       f"{got['members']} members")  # fmt: skip
+        except ControlError as exc:
+            failed += 1
+            click.echo(f"{target}: {exc}", err=True)
+    if failed:
+        raise click.ClickException(f"{failed} of {len(targets)} nodes did not take the list")
+
+
+def _current_name(targets: list[str]) -> str:
+    for target in targets:
+        try:
+            with one_node_client(target) as client:
+                view = client.request("GET", "/v1/cluster")
+        except ControlError:
+            continue
+        if isinstance(view, dict) and view.get("name"):
+            return str(view["name"])
+    raise click.UsageError("no node is in a cluster yet: give the cluster's --name")
+
+
+@cluster.command("status")
+@click.option("--nodes", "nodes", multiple=True, required=True,
+              help="A node to ask (a Unix socket or tls://HOST:PORT; repeatable).")  # fmt: skip
+@click.option("--json", "as_json", is_flag=True, help="Each node's view as JSON, one per line.")
+def status_cmd(nodes: tuple[str, ...], as_json: bool) -> None:
+    """What each node says of its cluster: members up or down, peer traffic."""
+    failed = 0
+    for target in _split(nodes):
+        try:
+            with one_node_client(target) as client:
+                view = client.request("GET", "/v1/cluster")
+        except ControlError as exc:
+            failed += 1
+            click.echo(f"{target}: {exc}", err=True)
+            continue
+        if as_json:
+            click.echo(json.dumps({"node": target, "cluster": view}))
+        else:
+            click.echo(render(target, view))
+    if failed:
+        raise click.ClickException(f"{failed} nodes did not answer")
+
+
+def render(target: str, view: dict) -> str:
+    if not view.get("name"):
+        return f"{target}: in no cluster"
+    out = [f"{target}: cluster {view['name']} (version {view['version']}), this node "
+           f"{view['address']}"]  # fmt: skip
+    for m in view["members"]:
+        errors = ", ".join(f"{k} {v}" for k, v in sorted(m["errors"].items())) or "-"
+        state = "self" if m["self"] else m["state"]
+        if m["state"] == "down":
+            state += f" ({m['down_for_s']:g}s: {m['last_error']})"
+        out.append(
+            f"  {m['address']} weight {m['weight']:g} {state}: asked {m['requests_out']}, "
+            f"received {format_size(m['bytes_in'])}, fallbacks {m['store_fallbacks']}, "
+            f"errors {errors}"
+        )
+    for d in view.get("datasets", []):
+        share = "-" if d["share"] is None else format_size(d["share"])
+        part = "-" if d["part"] is None else format_size(d["part"])
+        out.append(
+            f"  {d['uri']}: share {share}, part {part}, in {format_size(d['bytes_in'])}, "
+            f"out {format_size(d['bytes_out'])}"
+        )
+    return "\n".join(out)

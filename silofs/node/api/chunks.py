@@ -1,0 +1,81 @@
+"""Chunks: a mount's miss (GET /v1/chunks) and a chunk it offers back for admission after
+a daemon restart (PUT /v1/mounts/{id}/offer).
+
+Owns reading and checking those requests (the object key, the chunk index, the
+read-ahead span, the version the reader's handle opened), the per-request checks beyond
+the route's entry (node/authz.py: the peer's own mount; for a local dataset, that it
+could read the object itself, on every request), and the status each failure answers.
+Fetching, verification and admission are the Daemon's.
+"""
+
+from __future__ import annotations
+
+from silofs.cache.format import MAX_SPAN_CHUNKS
+from silofs.control.router import HTTPError, Request, Response, json_response
+from silofs.errors import (
+    BackendError,
+    NotFoundError,
+    ObjectChangedError,
+    UsageError,
+    VersionMismatchError,
+)
+from silofs.node.api.fields import query_int, usage_error_as
+from silofs.node.authz import check_object_access, own_mount
+from silofs.node.daemon import Daemon
+
+
+async def get_chunk(d: Daemon, req: Request) -> Response:
+    m = own_mount(d, req, req.query.get("mount", ""))
+    key = req.query.get("key", "")
+    index = query_int(req, "index")
+    span = _span(req.query.get("span"), index)
+    await check_object_access(d, req, m, key)
+    try:
+        data, source = await d.get_chunk(
+            m, key, index, req.query.get("refetch") == "1", req.query.get("version"), span
+        )
+    except VersionMismatchError as exc:
+        raise HTTPError(409, str(exc)) from None
+    except UsageError as exc:
+        raise HTTPError(404, str(exc)) from None
+    except BackendError as exc:
+        raise HTTPError(backend_status(exc), str(exc)) from None
+    return Response(200, data, "application/octet-stream", {"x-silofs-source": source})
+
+
+def _span(text: str | None, index: int) -> tuple[int, int] | None:
+    """`span=FIRST-LAST`: the read-ahead span a chunk request belongs to (inclusive
+    chunk indices around `index`, at most MAX_SPAN_CHUNKS). The daemon clamps it to the
+    object and to MAX_SPAN_BYTES, and charges every chunk it fetches to the peer's job."""
+    if text is None:
+        return None
+    first_text, sep, last_text = text.partition("-")
+    try:
+        first, last = int(first_text), int(last_text)
+    except ValueError:
+        raise HTTPError(400, "span must be FIRST-LAST chunk indices") from None
+    if not sep or not 0 <= first <= index <= last or last - first >= MAX_SPAN_CHUNKS:
+        raise HTTPError(
+            400, f"span must be FIRST-LAST around index {index}, at most {MAX_SPAN_CHUNKS} chunks"
+        )
+    return first, last
+
+
+def backend_status(exc: BackendError) -> int:
+    if isinstance(exc, ObjectChangedError):
+        return 409
+    if isinstance(exc, NotFoundError):
+        return 404
+    return 502
+
+
+async def offer(d: Daemon, req: Request, mount_id: str) -> Response:
+    # Only root or the daemon's own uid get here (the route's entry): the bytes come from
+    # the mount, and other users' mounts read them once admitted.
+    m = own_mount(d, req, mount_id)
+    key = req.query.get("key", "")
+    index = query_int(req, "index")
+    content_id = req.query.get("content_id", "")
+    with usage_error_as(409):  # not what the listing says
+        outcome = d.offer_chunk(m, key, index, content_id, req.body)
+    return json_response({"chunk": outcome})

@@ -1,0 +1,693 @@
+"""This node in a cluster: one cache across the members, each chunk fetched from the
+store once per cluster.
+
+Owns the cluster as the Daemon sees it: the member list in force (from silofs.toml or
+pushed at runtime, the newest by version, persisted in the cache env's meta as
+"cluster:members"), this node's address among them, the connections to each member
+(node/peer_client.py), the prober that finds members down and back up and pulls cache
+shares a member missed, the shares themselves (node/cluster_shares.py) and their push
+to every member, the peer counters (per member, per dataset, per certificate asking
+this node), and the asking side of a read: a miss whose home (node/placement.py over
+node/membership.py) is another member is asked of it, its answer verified block by
+block against this node's own ChunkRef before a byte is served, and on any failure
+counted by reason and read from the store by this node, charged to its job. The
+home's side is node/peer_serve.py. Never serves FUSE, never writes LMDB itself, and
+never trusts a member's bytes without the check.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import ssl
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import trio
+
+from silofs.cache.format import (
+    ChunkFormatError,
+    ChunkRef,
+    decode_header,
+    verify_chunk,
+)
+from silofs.config import ClusterSettings, NodeSettings, parse_cluster
+from silofs.control.tls import parse_tcp_address, tls_url
+from silofs.errors import UsageError
+from silofs.flight import SingleFlight
+from silofs.node.cluster_shares import ClusterShares, parse_shares
+from silofs.node.limiter import TokenBucket
+from silofs.node.membership import Membership, MemberState, PeerCounters
+from silofs.node.peer_client import (
+    PEER_POOL,
+    Bounds,
+    PeerError,
+    PeerPool,
+    PeerReply,
+    client_context,
+)
+from silofs.node.peer_serve import Home
+from silofs.node.peer_wire import (
+    ALLOCATIONS_PATH,
+    CHARGE_HEADER,
+    DATASETS_PATH,
+    PEER_OPTIONS,
+    PING_PATH,
+    SOURCE_HEADER,
+    UNKNOWN_DATASET_HEADER,
+    ChunkAsk,
+    dataset_body,
+)
+from silofs.node.state import DatasetState
+
+log = logging.getLogger(__name__)
+
+META_ROW = "cluster:members"
+PROBE_TICK = 0.5  # how often the prober looks for members due a ping
+# Failures that are the member's: it is marked down (and skipped) for its backoff.
+MEMBER_FAILURES = frozenset({"refused", "timeout", "short", "corrupt", "foreign"})
+# A warning per member and reason at most this often; the others at DEBUG.
+WARN_EVERY = 10.0
+
+
+@dataclass
+class PeerRead:
+    """A miss served through the cluster: the bytes (verified), where they came from
+    ("cache": a member's cache, no store GET for it; "remote": a store GET made for it,
+    by its home or, after a failure, by this node), and the bytes of that GET charged
+    to the job (0 if none)."""
+
+    data: bytes | bytearray | memoryview
+    source: str
+    charged: int = 0
+    fallback: bool = False  # read from the store by this node after a member failed
+
+
+class Cluster:
+    """The Daemon's cluster room. `d` is the Daemon (node/daemon.py imports this)."""
+
+    def __init__(self, d: Any, settings: NodeSettings) -> None:
+        self.d = d
+        self.settings = settings
+        self.membership: Membership | None = None
+        self.pools: dict[str, PeerPool] = {}
+        self._slots: dict[str, trio.Semaphore] = {}
+        self.context: ssl.SSLContext | None = None
+        self.shares = ClusterShares(d.store, d.writer)
+        self.home = Home(d, None)
+        self.datasets: dict[str, PeerCounters] = {}  # by dataset URI
+        self.incoming: dict[str, PeerCounters] = {}  # by the asking certificate's name
+        self._asks: SingleFlight[bytes, PeerRead] = SingleFlight()
+        self.threads = trio.CapacityLimiter(PEER_POOL)
+        self._warned: dict[tuple[str, str], float] = {}
+        self._nursery: trio.Nursery | None = None
+        config = self._newest(settings.cluster, _persisted(d.store))
+        if config is not None:
+            self.apply(config)
+
+    # -- the member list -----------------------------------------------------------
+    @property
+    def active(self) -> bool:
+        return self.membership is not None
+
+    @property
+    def config(self) -> ClusterSettings | None:
+        return self.membership.config if self.membership is not None else None
+
+    def _newest(
+        self, file: ClusterSettings | None, pushed: ClusterSettings | None
+    ) -> ClusterSettings | None:
+        if pushed is None or (file is not None and file.version >= pushed.version):
+            return file
+        log.info(
+            "cluster %s: the member list pushed at version %d is newer than silofs.toml's",
+            pushed.name,
+            pushed.version,
+        )
+        return pushed
+
+    def apply(self, config: ClusterSettings) -> None:
+        """Put a member list in force (at start, or pushed: push() persists it first).
+        UsageError (one line) if this node cannot be one of its members."""
+        address = self._self_address(config)
+        if self.context is None:
+            self.context = _member_context(self.settings)
+        if self.membership is None:
+            self.membership = Membership(config, address)
+        else:
+            self.membership.replace(config)
+        # Pools follow the members: removed ones closed, new ones made.
+        cluster_name = config.name
+        for addr in list(self.pools):
+            if addr not in self.membership.members or self.pools[addr].cluster != cluster_name:
+                self.pools.pop(addr).close()
+                self._slots.pop(addr, None)
+        for m in self.membership.peers():
+            if m.address not in self.pools:
+                self.pools[m.address] = PeerPool(m.address, m.host, m.port, self.context,
+                                                 cluster_name)  # fmt: skip
+                self._slots[m.address] = trio.Semaphore(PEER_POOL)
+        self.threads.total_tokens = max(PEER_POOL, PEER_POOL * len(self.pools))
+        self.home.set_serve_rate(config.peer_serve_rate)
+        # Every other member may hold PEER_POOL connections to this node's listener.
+        wanted = PEER_POOL * len(self.pools) + 8
+        if self.settings.tcp_max_connections < wanted:
+            log.warning(
+                "tcp_max_connections = %d leaves members too few connections to this node "
+                "(they may hold %d): raise it to at least %d",
+                self.settings.tcp_max_connections,
+                PEER_POOL * len(self.pools),
+                wanted,
+            )
+        log.info(
+            "cluster %s (version %d): this node is %s; members %s",
+            config.name,
+            config.version,
+            address,
+            ", ".join(f"{m.address} (weight {m.weight:g})" for m in config.members),
+        )
+
+    async def push(self, body: dict) -> ClusterSettings:
+        """A member list pushed at runtime (PUT /v1/cluster): parsed, checked newer than
+        the one in force, persisted, applied. UsageError (400) for a bad body,
+        ValueError (409) for an older version or a list this node is not in."""
+        if "address" in body:
+            raise UsageError("address is this node's own setting ([cluster] in silofs.toml)")
+        fields = {k: v for k, v in body.items() if k != "version"}
+        version = body.get("version", time.time_ns() // 1000)
+        if isinstance(version, bool) or not isinstance(version, int) or version < 0:
+            raise UsageError("version must be a whole number")
+        config = parse_cluster(fields, version=version)
+        if self.config is not None and config.version <= self.config.version:
+            if config == self.config:
+                return config
+            raise ValueError(
+                f"version {config.version} is not newer than the member list in force "
+                f"(version {self.config.version})"
+            )
+        self._self_address(config, conflict=ValueError)  # before anything is written
+        if self.context is None:
+            try:
+                self.context = _member_context(self.settings)
+            except UsageError as exc:
+                raise ValueError(str(exc)) from None
+        await self.d.writer.call(self.d.store.put_meta, META_ROW, _row(config))
+        self.apply(config)
+        self.d.allocs.notify()  # the weights make the parts: the enforcer looks again
+        return config
+
+    def _self_address(self, config: ClusterSettings, conflict: type[Exception] = UsageError) -> str:
+        """This node's member address: [cluster] address, or the member whose port is
+        tcp_listen's and whose host is one of this node's certificate names (or
+        tcp_listen's host)."""
+        own = self.settings.cluster.address if self.settings.cluster is not None else None
+        members = [m.address for m in config.members]
+        if own is not None:
+            if own not in members:
+                raise conflict(f"this node ({own}) is not one of the members of {config.name}")
+            return own
+        if self.settings.tcp_listen is None or self.settings.tls_cert is None:
+            raise conflict(
+                "this node has no [control] tcp_listen and TLS files: members reach each "
+                "other over the mutual-TLS listener"
+            )
+        host, port = parse_tcp_address(self.settings.tcp_listen)
+        names = {host.lower(), *_certificate_names(self.settings.tls_cert)}
+        mine = [a for a in members if any(a == tls_url(n, port) for n in names if n != "0.0.0.0")]
+        if len(mine) != 1:
+            raise conflict(
+                f"cannot tell which member this node is ({len(mine)} of the members match "
+                f"port {port} and its certificate's names): set [cluster] address"
+            )
+        return mine[0]
+
+    # -- the asking side -----------------------------------------------------------
+    def shareable(self, ds: DatasetState) -> bool:
+        """Whether a dataset is read through the cluster: its store options are ones a
+        member takes (peer_wire.PEER_OPTIONS) and its endpoint is this node's default
+        (members send their own credentials to their own endpoint only)."""
+        return set(ds.options) <= PEER_OPTIONS and ds.endpoint_url in (
+            None,
+            self.settings.endpoint_url,
+        )
+
+    def is_home(self, key: bytes) -> bool:
+        return self.membership is None or self.membership.is_home(key)
+
+    async def read(
+        self, ds: DatasetState, limiter: TokenBucket, job: str, ref: ChunkRef, refetch: bool
+    ) -> PeerRead | None:
+        """A miss of a chunk homed at another member: asked of it (one ask per chunk
+        however many readers here wait for it); None if this node is its home (or the
+        dataset is not read through the cluster)."""
+        if self.membership is None or not self.shareable(ds):
+            return None
+        member = self.membership.home(ref.key)
+        if member.is_self:
+            return None
+        got, _ = await self._asks.run(
+            ref.key, functools.partial(self._ask, member, ds, limiter, job, ref, refetch)
+        )
+        return got
+
+    async def _ask(
+        self,
+        member: MemberState,
+        ds: DatasetState,
+        limiter: TokenBucket,
+        job: str,
+        ref: ChunkRef,
+        refetch: bool,
+    ) -> PeerRead:
+        dsc = self.dataset_counters(ds.uri.canonical)
+        counters = (member.counters, dsc)
+        for c in counters:
+            c.requests_out += 1
+        t0 = trio.current_time()
+        try:
+            reply, charged = await self._chunk_exchange(member, ds, limiter, job, ref, warm=False)
+            data = self._verified(member, reply, ref)
+        except PeerError as exc:
+            self._failed(member, counters, exc, ds, ref)
+            return await self._fallback(ds, limiter, ref, refetch, counters)
+        finally:
+            dsc.wait_seconds += trio.current_time() - t0
+        for c in counters:
+            c.bytes_in += len(reply.body)  # the value, header and data, as the home sent it
+        source = reply.headers.get(SOURCE_HEADER, "cache")
+        source = "remote" if source == "remote" else "cache"
+        if refetch or self.config_keep_copies():
+            # This node's own value was bad (replace it), or copies are kept here.
+            self.d.offer_value(ds, ref, bytes(data), replace=refetch)
+        return PeerRead(data, source, charged if source == "remote" else 0)
+
+    def config_keep_copies(self) -> bool:
+        return self.config is not None and self.config.keep_peer_copies
+
+    async def _chunk_exchange(
+        self,
+        member: MemberState,
+        ds: DatasetState,
+        limiter: TokenBucket,
+        job: str,
+        ref: ChunkRef,
+        *,
+        warm: bool,
+    ) -> tuple[PeerReply, int]:
+        """The chunk request and its charge round trip: (the 200 answer, bytes charged to
+        the job). A job without a rate is charged up front (its charge never waits), so
+        its ask is one round trip; a job with one is charged only when the home says a
+        store GET is needed (428 and the bytes), then asks again."""
+        charged = limiter.rate is None
+        paid = 0
+        introduced = False
+        for _ in range(4):
+            ask = ChunkAsk.of(ds.uri.canonical, ref, job, charged=charged, warm=warm)
+            reply = await self._exchange(member, "GET", ask.target())
+            if reply.status == 428 and not charged:
+                n = _charge(reply, ref)
+                await limiter.charge(n)  # promise 2: before the home's GET, to this job
+                charged, paid = True, n
+                continue
+            if reply.status == 404 and UNKNOWN_DATASET_HEADER in reply.headers and not introduced:
+                await self._introduce(member, ds)
+                introduced = True
+                continue
+            if reply.status != 200:
+                raise PeerError(
+                    "http", f"{member.address}: {reply.status} {_error(reply)}", reply.status
+                )
+            if limiter.rate is None and reply.headers.get(SOURCE_HEADER) == "remote":
+                paid = ref.length
+                await limiter.charge(paid)  # counted; an unlimited job never waits
+            return reply, paid
+        raise PeerError("http", f"{member.address}: no answer after its charge round trips")
+
+    async def _introduce(self, member: MemberState, ds: DatasetState) -> None:
+        body = json.dumps(dataset_body(ds.uri.canonical, ds.options)).encode()
+        reply = await self._exchange(member, "PUT", DATASETS_PATH, body)
+        if reply.status != 200:
+            raise PeerError("http", f"{member.address} refused {ds.uri.canonical}: "
+                            f"{reply.status} {_error(reply)}")  # fmt: skip
+
+    async def _exchange(self, member: MemberState, method: str, target: str,
+                        body: bytes = b"") -> PeerReply:  # fmt: skip
+        """One exchange with a member, in a worker thread, at most PEER_POOL at once per
+        member. The time it took is counted as waiting on peers."""
+        config = self.config
+        assert config is not None
+        pool = self.pools[member.address]
+        bounds = Bounds(config.peer_timeout_seconds, float(config.peer_floor_rate))
+        async with self._slots[member.address]:
+            if not member.up and not member.probing:
+                raise PeerError("refused", f"{member.address} is down: {member.last_error}")
+            t0 = trio.current_time()
+            try:
+                return await trio.to_thread.run_sync(
+                    functools.partial(pool.request, method, target, bounds, body),
+                    limiter=self.threads,
+                    abandon_on_cancel=True,
+                )
+            finally:
+                member.counters.wait_seconds += trio.current_time() - t0
+
+    def _verified(self, member: MemberState, reply: PeerReply, ref: ChunkRef) -> memoryview:
+        """The chunk's data if the member's value is exactly this node's ChunkRef: the
+        header's checksum and identity (content id, chunk size, index, length) and every
+        block's xxh3; PeerError naming why not."""
+        body = reply.body
+        try:
+            h = decode_header(body)
+        except ChunkFormatError as exc:
+            reason = "short" if len(body) < ref.length else "corrupt"
+            raise PeerError(reason, f"{member.address}: {exc}") from None
+        if (h.index, h.chunk_size, h.content_id) != (ref.index, ref.chunk_size, ref.obj.content_id):
+            raise PeerError("foreign", f"{member.address} answered another chunk")
+        if h.length != ref.length:
+            reason = "short" if h.length < ref.length else "foreign"
+            raise PeerError(reason, f"{member.address} answered {h.length} of {ref.length} bytes")
+        try:
+            return verify_chunk(body, ref.obj.content_id, ref.chunk_size, ref.index, ref.length)
+        except ChunkFormatError as exc:
+            raise PeerError("corrupt", f"{member.address}: {exc}") from None
+
+    def _failed(
+        self,
+        member: MemberState,
+        counters: tuple[PeerCounters, ...],
+        exc: PeerError,
+        ds: DatasetState,
+        ref: ChunkRef,
+    ) -> None:
+        self._count_failure(member, counters, exc)
+        self._warn(
+            member.address,
+            exc.reason,
+            f"chunk {ref.index} of {ds.uri.canonical}{ref.obj.key} from {member.address} "
+            f"failed ({exc.reason}: {exc}); reading it from the store",
+        )
+
+    def _count_failure(
+        self, member: MemberState, counters: tuple[PeerCounters, ...], exc: PeerError
+    ) -> None:
+        """Count a failed exchange by reason; mark the member down if it is its own."""
+        for c in counters:
+            c.error(exc.reason)
+        if exc.reason in MEMBER_FAILURES or _member_refuses(exc):
+            assert self.membership is not None
+            self.membership.mark_down(member.address, str(exc))
+
+    async def _fallback(
+        self,
+        ds: DatasetState,
+        limiter: TokenBucket,
+        ref: ChunkRef,
+        refetch: bool,
+        counters: tuple[PeerCounters, ...],
+    ) -> PeerRead:
+        """The chunk from the store by this node, charged to its job; not admitted here
+        (it is another member's) unless keep_peer_copies."""
+        for c in counters:
+            c.store_fallbacks += 1
+        data, did = await self.d.fetcher.fetch(
+            ds.id, ds.backend, limiter, ref, replace=refetch,
+            admit=refetch or self.config_keep_copies(),
+        )  # fmt: skip
+        return PeerRead(data, "remote", ref.length if did else 0, fallback=True)
+
+    def _warn(self, address: str, reason: str, message: str) -> None:
+        now = time.monotonic()
+        key = (address, reason)
+        if now - self._warned.get(key, -WARN_EVERY) >= WARN_EVERY:
+            self._warned[key] = now
+            log.warning("%s", message)
+        else:
+            log.debug("%s", message)
+
+    def dataset_counters(self, uri: str) -> PeerCounters:
+        c = self.datasets.get(uri)
+        if c is None:
+            c = self.datasets[uri] = PeerCounters()
+        return c
+
+    def incoming_counters(self, name: str) -> PeerCounters:
+        c = self.incoming.get(name)
+        if c is None:
+            if len(self.incoming) >= 4096:  # names are certificates of the CA: bounded
+                self.incoming.clear()
+            c = self.incoming[name] = PeerCounters()
+        return c
+
+    def homed_here(self, refs: list[ChunkRef], ref: ChunkRef) -> list[ChunkRef]:
+        """The run of `refs` around `ref` whose chunks are homed at this node: a
+        read-ahead span covers only this node's chunks (the others are their homes')."""
+        if self.membership is None:
+            return refs
+        at = next((i for i, r in enumerate(refs) if r.key == ref.key), None)
+        if at is None:
+            return [ref]
+        lo = at
+        while lo > 0 and self.membership.is_home(refs[lo - 1].key):
+            lo -= 1
+        hi = at + 1
+        while hi < len(refs) and self.membership.is_home(refs[hi].key):
+            hi += 1
+        return refs[lo:hi]
+
+    # -- warm ----------------------------------------------------------------------
+    async def warm_ask(
+        self, member: MemberState, ds: DatasetState, limiter: TokenBucket, job: str, ref: ChunkRef
+    ) -> str:
+        """Ask a chunk's home to hold it (a warm): "held", "admitted", "full", or
+        "failed" (counted; the member is marked down where it failed)."""
+        counters = (member.counters, self.dataset_counters(ds.uri.canonical))
+        try:
+            reply, _ = await self._chunk_exchange(member, ds, limiter, job, ref, warm=True)
+            outcome = json.loads(reply.body).get("chunk")
+        except PeerError as exc:
+            self._count_failure(member, counters, exc)
+            return "failed"
+        except (ValueError, AttributeError):
+            return "failed"
+        return outcome if outcome in ("held", "admitted", "full") else "failed"
+
+    # -- probing and shares --------------------------------------------------------
+    async def probe_loop(self) -> None:
+        """Ping members due a probe (down ones when their backoff ends, up ones every
+        PING_SECONDS), close idle connections, pull newer shares. Runs for the daemon's
+        life; a member list applied later is picked up on the next tick."""
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            while True:
+                await trio.sleep(PROBE_TICK)
+                if self.membership is None:
+                    continue
+                for m in self.membership.due():
+                    m.probing = True
+                    nursery.start_soon(self._probe, m)
+                for pool in self.pools.values():
+                    pool.sweep()
+
+    async def _probe(self, member: MemberState) -> None:
+        assert self.membership is not None
+        try:
+            reply = await self._exchange(member, "GET", PING_PATH)
+            if reply.status != 200:
+                raise PeerError(
+                    "http", f"{member.address}: ping {reply.status} {_error(reply)}", reply.status
+                )
+            pong = json.loads(reply.body)
+            if pong.get("name") != self.membership.name:
+                raise PeerError("http", f"{member.address} is of cluster {pong.get('name')!r}")
+        except (PeerError, ValueError, AttributeError) as exc:
+            reason = exc.reason if isinstance(exc, PeerError) else "http"
+            member.counters.error(reason)
+            self.membership.mark_down(member.address, str(exc), probe=True)
+            return
+        finally:
+            member.probing = False
+        self.membership.mark_up(member.address)
+        version = pong.get("allocations_version")
+        if isinstance(version, int) and version > self.shares.version:
+            await self._pull_shares(member)
+
+    async def _pull_shares(self, member: MemberState) -> None:
+        try:
+            reply = await self._exchange(member, "GET", ALLOCATIONS_PATH)
+            parsed = parse_shares(json.loads(reply.body)) if reply.status == 200 else None
+        except (PeerError, ValueError) as exc:
+            log.debug("pulling cache shares from %s failed: %s", member.address, exc)
+            return
+        if parsed is not None and await self.shares.accept(*parsed):
+            self.d.allocs.notify()
+
+    async def set_share(self, uri: str, size: int | None) -> int:
+        """allocate-cache on a clustered node: the dataset's share of the cluster's
+        caches, set here and pushed to every member. UsageError if this node's part, with
+        its other allocations, would exceed its cache."""
+        assert self.membership is not None
+        part = self.part_of(size)
+        if part is not None:
+            others = sum(v for k, v in self.parts().items() if k != uri and v is not None)
+            others += sum(
+                v
+                for k, v in self.d.allocs.cache.items()
+                if k != uri and k not in self.shares.shares
+            )
+            if others + part > self.d.cache_size:
+                raise UsageError(
+                    f"this node's part of {uri} ({part} bytes) and its other allocations "
+                    f"({others} bytes) would exceed its cache ({self.d.cache_size} bytes)"
+                )
+        version = await self.shares.set(uri, size)
+        self.d.allocs.notify()
+        self._spawn_push()
+        return version
+
+    def _spawn_push(self) -> None:
+        if self._nursery is None or self.membership is None:
+            return
+        body = json.dumps(self.shares.view()).encode()
+        for m in self.membership.peers():
+            self._nursery.start_soon(self._push_shares, m, body)
+
+    async def _push_shares(self, member: MemberState, body: bytes) -> None:
+        try:
+            reply = await self._exchange(member, "PUT", ALLOCATIONS_PATH, body)
+            if reply.status != 200:
+                raise PeerError("http", f"{reply.status} {_error(reply)}")
+        except PeerError as exc:
+            log.info("cache shares not pushed to %s (it pulls them when back): %s",
+                     member.address, exc)  # fmt: skip
+
+    async def accept_shares(self, body: dict) -> bool:
+        parsed = parse_shares(body)
+        if parsed is None:
+            raise UsageError("a shares body is {version: N, shares: {URI: bytes or null}}")
+        accepted = await self.shares.accept(*parsed)
+        if accepted:
+            self.d.allocs.notify()
+        return accepted
+
+    def part_of(self, size: int | None) -> int | None:
+        assert self.membership is not None
+        if size is None:
+            return None
+        return int(size * self.membership.self_weight() / self.membership.total_weight())
+
+    def parts(self) -> dict[str, int | None]:
+        """This node's part of every dataset share (None: the share was cleared)."""
+        if self.membership is None:
+            return {}
+        return {uri: self.part_of(size) for uri, size in self.shares.shares.items()}
+
+    def close(self) -> None:
+        for pool in self.pools.values():
+            pool.close()
+        self.home.close()
+
+
+def _charge(reply: PeerReply, ref: ChunkRef) -> int:
+    text = reply.headers.get(CHARGE_HEADER, "")
+    if not text.isdigit() or int(text) > ref.length:
+        raise PeerError("http", f"428 with a charge of {text[:40]!r} for a {ref.length}-byte chunk")
+    return int(text)
+
+
+def _error(reply: PeerReply) -> str:
+    try:
+        return str(json.loads(reply.body)["error"])[:300]
+    except (ValueError, KeyError, TypeError):
+        return bytes(reply.body[:100]).decode("latin-1")
+
+
+def _member_refuses(exc: PeerError) -> bool:
+    """An HTTP answer that says the member will not serve this node (403: it does not
+    count this node a member; 5xx but 502, its store's failure): down for its backoff."""
+    s = exc.status
+    return s is not None and (s == 403 or (500 <= s < 600 and s != 502))
+
+
+def _row(config: ClusterSettings) -> dict:
+    row = {
+        "name": config.name,
+        "members": [{"address": m.address, "weight": m.weight} for m in config.members],
+        "version": config.version,
+    }
+    for key in ("peer_timeout_seconds", "peer_backoff_seconds", "peer_serve_rate",
+                "peer_floor_rate", "keep_peer_copies"):  # fmt: skip
+        row[key] = getattr(config, key)
+    return row
+
+
+def _persisted(store: Any) -> ClusterSettings | None:
+    row = store.get_meta(META_ROW)
+    if not isinstance(row, dict):
+        return None
+    try:
+        fields = {k: v for k, v in row.items() if k != "version" and v is not None}
+        return parse_cluster(fields, version=int(row.get("version", 0)))
+    except (UsageError, ValueError, TypeError) as exc:
+        log.warning("ignoring the persisted cluster member list: %s", exc)
+        return None
+
+
+def _certificate_names(path: str) -> set[str]:
+    """The DNS and IP names of this node's certificate."""
+    cert = _load_certificate(path)
+    from cryptography import x509
+
+    try:
+        san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    except x509.ExtensionNotFound:
+        return set()
+    return {n.lower() for n in san.get_values_for_type(x509.DNSName)} | {
+        str(ip) for ip in san.get_values_for_type(x509.IPAddress)
+    }
+
+
+def _load_certificate(path: str) -> Any:
+    from cryptography import x509
+
+    try:
+        with open(path, "rb") as f:
+            return x509.load_pem_x509_certificate(f.read())
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"tls_cert: cannot read {path}: {exc}") from None
+
+
+def _member_context(settings: NodeSettings) -> ssl.SSLContext:
+    """This node as the other members' client: its certificate must carry the node role
+    and the clientAuth purpose (certificates made before clusters have neither)."""
+    from cryptography import x509
+    from cryptography.x509.oid import ExtendedKeyUsageOID
+
+    from silofs.control.tls import NODE_ROLE_URI
+
+    assert settings.tls_cert and settings.tls_key and settings.tls_client_ca
+    cert = _load_certificate(settings.tls_cert)
+    try:
+        usages = cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+        client = ExtendedKeyUsageOID.CLIENT_AUTH in usages
+    except x509.ExtensionNotFound:
+        client = True  # no EKU: every purpose
+    try:
+        san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+        node = NODE_ROLE_URI in san.get_values_for_type(x509.UniformResourceIdentifier)
+    except x509.ExtensionNotFound:
+        node = False
+    if not (client and node):
+        raise UsageError(
+            f"{settings.tls_cert} is not a cluster member's certificate (no node role or "
+            "clientAuth): a node needs a new certificate to join a cluster: "
+            "`silofs-ctl certs node DIR NAME --address HOST`"
+        )
+    try:
+        return client_context(settings.tls_cert, settings.tls_key, settings.tls_client_ca)
+    except (OSError, ssl.SSLError) as exc:
+        raise UsageError(f"tls_cert/tls_key/tls_client_ca: {exc}") from None
+
+
+__all__ = ["Cluster", "PeerRead"]

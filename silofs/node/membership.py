@@ -1,0 +1,217 @@
+"""The members of this node's cluster and whether each is up: the list in force, each
+member's state (up, or down until a time and why), the backoff of a failing member,
+which members are due for a probe, and a new list replacing the old one at runtime.
+
+Owns the truth about who is live, which placement (node/placement.py) is computed
+over: this node is always live; a member that refused, failed or was too slow is down
+for peer_backoff_seconds, doubling with each failure in a row up to MAX_BACKOFF, and
+comes back up on its first good probe. Pure state on the trio loop, with the clock
+injectable (tests): never does I/O (node/cluster.py probes) and never decides what a
+failure is (the peer client does).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from silofs.config import ClusterSettings
+from silofs.control.tls import parse_tls_url
+from silofs.node.placement import Candidate, home
+
+log = logging.getLogger(__name__)
+
+MAX_BACKOFF = 60.0
+# An up member is pinged this often: a member that died is found before a read needs
+# it, and one that missed an allocation learns it from the ping's version.
+PING_SECONDS = 5.0
+
+
+@dataclass
+class PeerCounters:
+    """Peer traffic of one member (or one dataset, or one certificate name asking us):
+    what this node asked of it and what it answered, and what it asked of this node."""
+
+    requests_out: int = 0  # chunk requests sent (a 428 round trip counts once)
+    bytes_in: int = 0  # chunk values received (header and data), verified
+    requests_in: int = 0  # chunk requests served
+    bytes_out: int = 0  # chunk values sent (header and data)
+    store_fallbacks: int = 0  # chunks read from the store after a failed ask
+    wait_seconds: float = 0.0  # time spent waiting on peers' answers
+    errors: dict[str, int] = field(default_factory=dict)  # by reason (peer_client.REASONS)
+
+    def error(self, reason: str) -> None:
+        self.errors[reason] = self.errors.get(reason, 0) + 1
+
+    def view(self) -> dict[str, object]:
+        return {
+            "requests_out": self.requests_out,
+            "bytes_in": self.bytes_in,
+            "requests_in": self.requests_in,
+            "bytes_out": self.bytes_out,
+            "store_fallbacks": self.store_fallbacks,
+            "wait_s": round(self.wait_seconds, 3),
+            "errors": dict(self.errors),
+        }
+
+
+@dataclass
+class MemberState:
+    """One member as this node sees it."""
+
+    candidate: Candidate
+    host: str
+    port: int
+    is_self: bool = False
+    up: bool = True
+    down_until: float = 0.0  # monotonic; while down, the next probe is due then
+    failures: int = 0  # in a row, since it was last up
+    last_error: str = ""
+    last_ok: float = 0.0  # monotonic time of its last good answer
+    probing: bool = False  # a probe of it is in flight
+    counters: PeerCounters = field(default_factory=PeerCounters)
+
+    @property
+    def address(self) -> str:
+        return self.candidate.address
+
+    @property
+    def weight(self) -> float:
+        return self.candidate.weight
+
+
+class Membership:
+    """The member list in force and each member's state."""
+
+    def __init__(
+        self,
+        config: ClusterSettings,
+        self_address: str,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.clock = clock
+        self.self_address = self_address
+        self.members: dict[str, MemberState] = {}
+        self.config = config
+        self._live: list[Candidate] = []
+        self.replace(config)
+
+    # -- the list ------------------------------------------------------------------
+    @property
+    def name(self) -> str:
+        return self.config.name
+
+    @property
+    def version(self) -> int:
+        return self.config.version
+
+    def replace(self, config: ClusterSettings) -> None:
+        """Put a new member list in force; members in both keep their state (and
+        counters), a member whose weight changed keeps them too."""
+        if self_address_missing(config, self.self_address):
+            raise ValueError(f"{self.self_address} is not one of the members")
+        old = self.members
+        self.members = {}
+        for spec in config.members:
+            host, port = parse_tls_url(spec.address)
+            state = old.get(spec.address)
+            candidate = Candidate(spec.address, spec.weight)
+            if state is None:
+                state = MemberState(candidate, host, port, spec.address == self.self_address)
+            state.candidate = candidate
+            self.members[spec.address] = state
+        self.config = config
+        self._relive()
+
+    def total_weight(self) -> float:
+        """The configured members' weights: a part of a share is the member's weight over
+        this, whether the others are up or not (a member going down must not make every
+        other one evict)."""
+        return sum(m.weight for m in self.members.values())
+
+    def self_weight(self) -> float:
+        return self.members[self.self_address].weight
+
+    def peers(self) -> list[MemberState]:
+        return [m for m in self.members.values() if not m.is_self]
+
+    # -- placement -----------------------------------------------------------------
+    def live(self) -> list[Candidate]:
+        return self._live
+
+    def home(self, key: bytes) -> MemberState:
+        """The live member with the highest score for `key` (this node is always live)."""
+        return self.members[home(key, self._live).address]
+
+    def is_home(self, key: bytes) -> bool:
+        return home(key, self._live).address == self.self_address
+
+    def _relive(self) -> None:
+        self._live = [m.candidate for m in self.members.values() if m.is_self or m.up]
+
+    # -- up and down ---------------------------------------------------------------
+    def mark_down(self, address: str, reason: str, *, probe: bool = False) -> None:
+        """A member failed (refused, timed out, answered wrong bytes): down for the
+        backoff, doubled for each failed probe in a row since it was last up. Asks that
+        were under way when it went down and fail too change nothing: eight reads that
+        fail at once are one failure, not a backoff of 2**8."""
+        m = self.members.get(address)
+        if m is None or m.is_self:
+            return
+        if not m.up and not probe:
+            return
+        backoff = min(MAX_BACKOFF, self.config.peer_backoff_seconds * (2**m.failures))
+        m.failures += 1
+        m.down_until = self.clock() + backoff
+        m.last_error = reason
+        if m.up:
+            log.warning("cluster member %s is down for %.1fs: %s", address, backoff, reason)
+            m.up = False
+            self._relive()
+
+    def mark_up(self, address: str) -> None:
+        """A member answered well: up again (its backoff starts over)."""
+        m = self.members.get(address)
+        if m is None or m.is_self:
+            return
+        m.last_ok = self.clock()
+        m.failures = 0
+        if not m.up:
+            log.info("cluster member %s is up again", address)
+            m.up = True
+            m.down_until = 0.0
+            self._relive()
+
+    def due(self) -> list[MemberState]:
+        """Members to probe now: down ones whose backoff ended, up ones not heard from
+        for PING_SECONDS; none with a probe in flight."""
+        now = self.clock()
+        return [
+            m
+            for m in self.peers()
+            if not m.probing
+            and ((not m.up and now >= m.down_until) or (m.up and now - m.last_ok >= PING_SECONDS))
+        ]
+
+    # -- who may call the peer routes ----------------------------------------------
+    def names_a_member(self, names: Iterable[str]) -> bool:
+        """Whether one of a certificate's names (DNS names, IP addresses) is the host of
+        a configured member other than this node: only members call peer routes."""
+        hosts = {_normal_host(m.host) for m in self.peers()}
+        return any(_normal_host(n) in hosts for n in names)
+
+
+def self_address_missing(config: ClusterSettings, address: str) -> bool:
+    return all(m.address != address for m in config.members)
+
+
+def _normal_host(name: str) -> str:
+    """A host name lower-cased, an IP address in its compressed form."""
+    try:
+        return ipaddress.ip_address(name.strip().strip("[]")).compressed
+    except ValueError:
+        return name.strip().lower().rstrip(".")

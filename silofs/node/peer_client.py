@@ -1,0 +1,356 @@
+"""This node's client of the other members' peer routes: mutual TLS, pooled keep-alive
+connections, and deadlines that keep a read from waiting on a dead member.
+
+Owns, per member, a pool of at most PEER_POOL blocking TLS connections (this node's
+certificate as the client's, the cluster CA checking the member's, which must carry the
+node role), HTTP/1.1 framing of one request and its answer (bodies read straight into
+one buffer with recv_into, no copy through a parser), and the bounds every exchange
+keeps: connect, TLS handshake and the answer's first byte within peer_timeout_seconds
+(a "102 Processing" counts as life and starts the bound again), then the body at
+peer_floor_rate at least. A failure is a PeerError naming its reason (REASONS).
+Blocking, for worker threads (node/cluster.py runs each exchange in one, so TLS and
+copies run outside the trio loop, in parallel); thread-safe. Never decides what a
+failure means for the member, never verifies chunk bytes (node/cluster.py does both).
+"""
+
+from __future__ import annotations
+
+import logging
+import select
+import socket
+import ssl
+import threading
+import time
+from dataclasses import dataclass
+
+from silofs.control.tls import certificate_identity
+
+log = logging.getLogger(__name__)
+
+# Connections to one member open at once (in use or idle). The members' TLS listeners
+# take tcp_max_connections each (docs/SECURITY.md): every member may hold this many.
+PEER_POOL = 4
+# An idle connection older than this is closed, not reused: it holds a slot of the
+# member's listener.
+IDLE_CLOSE_SECONDS = 30.0
+MAX_HEAD = 16 << 10  # a peer's answer head (status line and headers)
+# The largest body a member may answer: a chunk value (64 MiB chunk and its header).
+MAX_BODY = (64 << 20) + (1 << 20)
+_RECV = 256 << 10
+
+# Why an exchange or its answer failed, as counted in status and /metrics.
+REASONS = ("refused", "timeout", "short", "http", "corrupt", "foreign")
+
+
+class PeerError(Exception):
+    """An exchange with a member failed; `reason` is one of REASONS."""
+
+    def __init__(self, reason: str, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.message = message
+        self.status = status  # the member's HTTP answer, for reason "http"
+
+    def __str__(self) -> str:
+        return self.message
+
+
+@dataclass
+class PeerReply:
+    status: int
+    headers: dict[str, str]
+    body: bytearray
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """How long an exchange may take: `timeout` seconds to connect, handshake and hear
+    the first byte of the answer (each 102 starts it again), then the body at
+    `floor_rate` bytes/s at least (plus `timeout` of slack)."""
+
+    timeout: float
+    floor_rate: float
+
+
+def client_context(cert: str, key: str, ca: str) -> ssl.SSLContext:
+    """This node as a client of the other members: its certificate (which needs the
+    clientAuth purpose and the node role: `silofs-ctl certs node`) and the cluster CA,
+    which must have issued the member's certificate for the host of its address."""
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    ctx.load_cert_chain(cert, key)
+    ctx.load_verify_locations(cafile=ca)
+    return ctx
+
+
+class _Connection:
+    """One TLS connection and the bytes read past the last answer (none, normally)."""
+
+    def __init__(self, sock: ssl.SSLSocket) -> None:
+        self.sock = sock
+        self.used = time.monotonic()
+
+    def close(self) -> None:
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+    def looks_closed(self) -> bool:
+        """An idle keep-alive connection that is readable has been closed by the member
+        (or sent junk): not reused."""
+        poller = select.poll()
+        try:
+            poller.register(self.sock.fileno(), select.POLLIN)
+            return bool(poller.poll(0)) or self.sock.pending() > 0
+        except (OSError, ValueError):
+            return True
+
+
+class PeerPool:
+    """The connections to one member, and one exchange at a time on each."""
+
+    def __init__(
+        self, address: str, host: str, port: int, context: ssl.SSLContext, cluster: str
+    ) -> None:
+        self.address = address
+        self.host = host
+        self.port = port
+        self.context = context
+        self.cluster = cluster
+        self._idle: list[_Connection] = []
+        self._lock = threading.Lock()
+        self._closed = False
+        self.opened = 0  # connections made (tests, status)
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            idle, self._idle = self._idle, []
+        for conn in idle:
+            conn.close()
+
+    def request(
+        self,
+        method: str,
+        target: str,
+        bounds: Bounds,
+        body: bytes = b"",
+        headers: dict[str, str] | None = None,
+    ) -> PeerReply:
+        """One exchange; PeerError if it fails. A connection from the pool that turns
+        out dead before any byte of the answer is replaced once by a new one (the
+        request is idempotent: GET or PUT)."""
+        head = self._head(method, target, bounds, body, headers or {})
+        for attempt in (1, 2):
+            conn, reused = self._checkout(bounds)
+            try:
+                reply, keep = _exchange(conn, head, body, bounds, reused, self.address)
+            except _StaleConnection:
+                conn.close()
+                if attempt == 1:
+                    continue
+                raise PeerError("refused", f"{self.address} closed the connection") from None
+            except BaseException:
+                conn.close()
+                raise
+            self._checkin(conn, keep)
+            return reply
+        raise AssertionError("unreachable")
+
+    def _head(
+        self, method: str, target: str, bounds: Bounds, body: bytes, headers: dict[str, str]
+    ) -> bytes:
+        lines = [
+            f"{method} {target} HTTP/1.1",
+            f"host: {self.host}",
+            f"x-silofs-cluster: {self.cluster}",
+            # The member sends "102 Processing" while it works (a store GET, its serve
+            # cap): three within our timeout, so a slow store is not a dead member.
+            f"x-silofs-progress: {bounds.timeout:g}",
+        ]
+        if body or method in ("PUT", "POST"):
+            lines.append(f"content-length: {len(body)}")
+            lines.append("content-type: application/json")
+        lines.extend(f"{k}: {v}" for k, v in headers.items())
+        return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+
+    def _checkout(self, bounds: Bounds) -> tuple[_Connection, bool]:
+        now = time.monotonic()
+        with self._lock:
+            if self._closed:
+                raise PeerError("refused", f"the pool of {self.address} is closed")
+            while self._idle:
+                conn = self._idle.pop()  # LIFO: the warmest
+                if now - conn.used < IDLE_CLOSE_SECONDS and not conn.looks_closed():
+                    return conn, True
+                conn.close()
+        return self._connect(bounds), False
+
+    def _checkin(self, conn: _Connection, keep: bool) -> None:
+        conn.used = time.monotonic()
+        with self._lock:
+            if keep and not self._closed and len(self._idle) < PEER_POOL:
+                self._idle.append(conn)
+                return
+        conn.close()
+
+    def sweep(self) -> None:
+        """Close idle connections older than IDLE_CLOSE_SECONDS (the prober calls this)."""
+        now = time.monotonic()
+        with self._lock:
+            old = [c for c in self._idle if now - c.used >= IDLE_CLOSE_SECONDS]
+            self._idle = [c for c in self._idle if c not in old]
+        for conn in old:
+            conn.close()
+
+    def _connect(self, bounds: Bounds) -> _Connection:
+        deadline = time.monotonic() + bounds.timeout
+        try:
+            raw = socket.create_connection((self.host, self.port), timeout=bounds.timeout)
+        except TimeoutError:
+            raise PeerError("timeout", f"{self.address}: no connection within "
+                            f"{bounds.timeout:g}s") from None  # fmt: skip
+        except OSError as exc:
+            raise PeerError("refused", f"{self.address}: {exc.strerror or exc}") from None
+        try:
+            raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            raw.settimeout(max(0.001, deadline - time.monotonic()))
+            sock = self.context.wrap_socket(raw, server_hostname=self.host)
+        except TimeoutError:
+            raw.close()
+            raise PeerError("timeout", f"{self.address}: no TLS handshake within "
+                            f"{bounds.timeout:g}s") from None  # fmt: skip
+        except (ssl.SSLError, ssl.CertificateError, OSError) as exc:
+            raw.close()
+            reason = getattr(exc, "verify_message", None) or getattr(exc, "reason", None) or exc
+            raise PeerError("refused", f"{self.address}: TLS handshake failed: {reason}") from None
+        _, _, node = certificate_identity(sock)
+        if not node:
+            sock.close()
+            raise PeerError(
+                "refused",
+                f"{self.address} presents a certificate without the node role "
+                "(`silofs-ctl certs node` issues one)",
+            )
+        self.opened += 1
+        return _Connection(sock)
+
+
+class _StaleConnection(Exception):
+    """A reused connection failed before any byte of the answer: it was closed while
+    idle, and the request may be sent again on a new one."""
+
+
+def _remaining(deadline: float, what: str, address: str) -> float:
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise PeerError("timeout", f"{address}: {what}")
+    return left
+
+
+def _exchange(
+    conn: _Connection, head: bytes, body: bytes, bounds: Bounds, reused: bool, address: str
+) -> tuple[PeerReply, bool]:
+    """Send one request and read its answer: (reply, whether the connection may be
+    reused)."""
+    sock = conn.sock
+    deadline = time.monotonic() + bounds.timeout
+    try:
+        sock.settimeout(_remaining(deadline, "timed out sending", address))
+        sock.sendall(head + body if len(body) < _RECV else head)
+        if len(body) >= _RECV:
+            sock.sendall(body)
+    except (ssl.SSLError, OSError) as exc:
+        if reused and not isinstance(exc, TimeoutError):
+            raise _StaleConnection() from None
+        raise _transport_error(exc, address, "sending") from None
+    buf = bytearray(MAX_HEAD)
+    view = memoryview(buf)
+    got = 0
+    while True:  # skip 1xx answers; each starts the first-byte bound again
+        status, headers, end, got = _read_head(sock, view, got, deadline, address, reused)
+        if status >= 200:
+            break
+        buf[: got - end] = buf[end:got]  # what followed the 102 (usually nothing)
+        got -= end
+        reused = False  # the member answered: a failure from here is not a stale pool
+        deadline = time.monotonic() + bounds.timeout
+    length = headers.get("content-length", "")
+    if not length.isdigit() or int(length) > MAX_BODY:
+        raise PeerError("http", f"{address}: an answer without a usable content-length")
+    n = int(length)
+    data = bytearray(n)
+    have = min(n, got - end)
+    data[:have] = buf[end : end + have]
+    body_deadline = time.monotonic() + bounds.timeout + n / bounds.floor_rate
+    dview = memoryview(data)
+    while have < n:
+        try:
+            sock.settimeout(_remaining(body_deadline, f"body slower than {bounds.floor_rate:g} B/s",
+                                       address))  # fmt: skip
+            r = sock.recv_into(dview[have:], n - have)
+        except TimeoutError:
+            raise PeerError("timeout", f"{address}: body slower than the floor rate "
+                            f"({have} of {n} bytes)") from None  # fmt: skip
+        except (ssl.SSLError, OSError) as exc:
+            raise PeerError("short", f"{address}: the body broke off after {have} of {n} "
+                            f"bytes: {exc}") from None  # fmt: skip
+        if r == 0:
+            raise PeerError("short", f"{address}: the body ended after {have} of {n} bytes")
+        have += r
+    keep = "close" not in headers.get("connection", "").lower() and got - end <= n
+    return PeerReply(status, headers, data), keep
+
+
+def _read_head(
+    sock: ssl.SSLSocket,
+    view: memoryview,
+    got: int,
+    deadline: float,
+    address: str,
+    reused: bool,
+) -> tuple[int, dict[str, str], int, int]:
+    """(status, headers, offset of the body in the buffer, bytes in the buffer)."""
+    while True:
+        end = bytes(view[:got]).find(b"\r\n\r\n") if got else -1
+        if end >= 0:
+            return (*_parse_head(bytes(view[:end]), address), end + 4, got)
+        if got >= len(view):
+            raise PeerError("http", f"{address}: an answer head over {len(view)} bytes")
+        try:
+            sock.settimeout(_remaining(deadline, "no answer in time", address))
+            r = sock.recv_into(view[got:])
+        except TimeoutError:
+            raise PeerError("timeout", f"{address}: no answer in time") from None
+        except (ssl.SSLError, OSError) as exc:
+            if reused and got == 0:
+                raise _StaleConnection() from None
+            raise _transport_error(exc, address, "reading the answer") from None
+        if r == 0:
+            if reused and got == 0:
+                raise _StaleConnection()
+            raise PeerError("refused", f"{address} closed the connection without an answer")
+        got += r
+
+
+def _parse_head(raw: bytes, address: str) -> tuple[int, dict[str, str]]:
+    lines = raw.decode("latin-1").split("\r\n")
+    parts = lines[0].split(" ", 2)
+    if len(parts) < 2 or not parts[0].startswith("HTTP/1.") or not parts[1].isdigit():
+        raise PeerError("http", f"{address}: not an HTTP answer: {lines[0][:80]!r}")
+    headers: dict[str, str] = {}
+    for line in lines[1:]:
+        name, sep, value = line.partition(":")
+        if not sep:
+            raise PeerError("http", f"{address}: a malformed header line")
+        key = name.strip().lower()
+        value = value.strip()
+        headers[key] = f"{headers[key]}, {value}" if key in headers else value
+    return int(parts[1]), headers
+
+
+def _transport_error(exc: BaseException, address: str, doing: str) -> PeerError:
+    if isinstance(exc, TimeoutError):
+        return PeerError("timeout", f"{address}: timed out {doing}")
+    return PeerError("refused", f"{address}: connection failed {doing}: {exc}")

@@ -1,0 +1,249 @@
+"""The home's side of the peer routes: serving a chunk a member asks for, from this
+node's cache, its Writer's queue, a store GET already in flight, or one store GET after
+the asker charged its job.
+
+Owns what a home does with a member's chunk request (node/peer_wire.py ChunkAsk): the
+dataset it names (one this node has open, or one a member introduced, opened backend
+only: no listing; a local directory only if this node has it open and lists the object
+at that version), the lookup (verified before a byte leaves: a damaged value here is a
+miss, refetched and replaced), the charge protocol (no new store GET until the asker
+says it charged its job: ChargeFirst, answered 428), one store GET per chunk however
+many members ask (the Fetcher's single-flight), admission under this node's part of
+the dataset's share (the Writer, with the quota policy), a warm's "held / admitted /
+full" (the room a FillBudget sees), and the cap on bytes served to peers
+(peer_serve_rate, waited for before the answer: the asker hears 102 meanwhile). Never
+judges who asks (the route table and node/authz.py do) and never writes LMDB itself.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import lmdb
+import trio
+
+from silofs.cache.format import ChunkRef, checked_chunk, encode_chunk
+from silofs.errors import UsageError, VersionMismatchError
+from silofs.node.backends import open_backend
+from silofs.node.datasets import Purpose, named_object
+from silofs.node.fill_budget import FillBudget
+from silofs.node.limiter import TokenBucket
+from silofs.node.peer_wire import PEER_OPTIONS, ChunkAsk
+from silofs.node.state import DatasetState
+from silofs.uri import parse_uri
+
+log = logging.getLogger(__name__)
+
+# Lookups of chunk values for members at once (each faults in up to a chunk's pages
+# in a worker thread, so the trio loop never waits on the SSD).
+LOOKUP_THREADS = 4
+
+
+class ChargeFirst(Exception):
+    """Serving needs a new store GET and the asker has not charged its job: it must
+    charge `nbytes` and ask again (428)."""
+
+    def __init__(self, nbytes: int) -> None:
+        super().__init__(f"charge {nbytes} bytes to the job first")
+        self.nbytes = nbytes
+
+
+class UnknownDataset(Exception):
+    """The request names a dataset this node has neither open nor been introduced to."""
+
+
+@dataclass
+class Served:
+    value: bytes | None  # the encoded chunk (header + data); None for a warm
+    source: str  # "cache": no store GET for this ask; "remote": this ask's GET
+    outcome: str = "served"  # a warm: held | admitted | full
+
+
+class Home:
+    """This node as the home of chunks. `d` is the Daemon (which imports the cluster
+    modules, so it is not imported here)."""
+
+    def __init__(self, d: Any, serve_rate: int | None) -> None:
+        self.d = d
+        self.serve_rate = serve_rate
+        self._serve_cap: TokenBucket | None = None  # made in the trio loop, on first use
+        self.datasets: dict[str, DatasetState] = {}  # introduced by members, not open here
+        self.lookups = trio.CapacityLimiter(LOOKUP_THREADS)
+        self.budgets: dict[int, FillBudget] = {}  # members' warms, per dataset
+        self._budget_locks: dict[int, trio.Lock] = {}
+        self._unlimited: TokenBucket | None = None
+
+    # -- datasets ------------------------------------------------------------------
+    def dataset(self, uri: str) -> DatasetState | None:
+        """The dataset a member names: open here (its backend, its counters), or one a
+        member introduced."""
+        ds = self.d.catalog.find_dataset(uri) if "://" in uri else None
+        if ds is not None and ds.uri.canonical == uri:
+            return ds
+        return self.datasets.get(uri)
+
+    async def introduce(self, uri_text: str, options: dict[str, str]) -> DatasetState:
+        """Open a dataset a member reads, backend only (no check, no listing): this node
+        may fetch and admit its chunks. UsageError (403) for what a member may not name:
+        a local directory this node does not have open (its files would be read as
+        root), store options beyond PEER_OPTIONS."""
+        uri = parse_uri(uri_text)
+        bad = sorted(set(options) - PEER_OPTIONS)
+        if bad:
+            raise PermissionError(f"store option {bad[0]!r} is not taken from a member")
+        known = self.dataset(uri.canonical)
+        if known is not None:
+            return known
+        if uri.scheme == "file":
+            raise PermissionError(
+                f"{uri.canonical}: a local directory is served to members only while this "
+                "node has it open itself"
+            )
+        dsid = await self.d.writer.call(lambda: self.d.store.dataset_id(uri.canonical, create=True))
+        opts = self.d.catalog.backend_opts
+        if options:
+            opts = dataclasses.replace(opts, extra={**opts.extra, **options})
+        backend = open_backend(uri, opts)
+        ds = DatasetState(dsid, uri, f"peer-{dsid}", backend, state="peer", options=options)
+        self.datasets[uri.canonical] = ds
+        log.info("opened %s for the cluster's members (backend only)", uri.canonical)
+        return ds
+
+    def close(self) -> None:
+        for ds in self.datasets.values():
+            ds.backend.close()
+        self.datasets.clear()
+
+    # -- a chunk -------------------------------------------------------------------
+    async def serve(self, ask: ChunkAsk) -> Served:
+        """A member's chunk request; ChargeFirst (428), UnknownDataset (404),
+        UsageError (409: not the object this node lists), BackendError (the store)."""
+        ds = self.dataset(ask.uri)
+        if ds is None:
+            raise UnknownDataset(ask.uri)
+        ref = ask.ref()
+        if ds.uri.scheme == "file":
+            self._check_listed(ds, ask)
+        if ask.warm:
+            return await self._warm(ds, ask, ref)
+        value, bad = await self._lookup(ds, ref)
+        if value is not None:
+            return await self._answer(ask, value, "cache")
+        if not bad:
+            pending = self.d.writer.pending(ref.key)
+            if pending is not None:
+                return await self._answer(ask, pending, "cache")
+            data = await self.d.fetcher.joined(ref.key)  # another's GET: wait for it
+            if data is not None:
+                return await self._answer(ask, self._encoded(ds, ref, data), "cache")
+        if not ask.charged:
+            raise ChargeFirst(ref.length)
+        data, did = await self.d.fetcher.fetch(ds.id, ds.backend, self._free(), ref, replace=bad)
+        return await self._answer(ask, self._encoded(ds, ref, data), "remote" if did else "cache")
+
+    async def _warm(self, ds: DatasetState, ask: ChunkAsk, ref: ChunkRef) -> Served:
+        """A member's warm: held if this dataset holds the chunk (or it is on its way),
+        else fetched only if this node's part of the dataset has room."""
+        if await self._holds(ds, ref) or self.d.writer.pending(ref.key) is not None:
+            return Served(None, "cache", "held")
+        if await self.d.fetcher.joined(ref.key) is not None:
+            return Served(None, "cache", "held")
+        budget = self.budgets.get(ds.id)
+        if budget is None:
+            budget = self.budgets[ds.id] = FillBudget(self.d, ds.id)
+            self._budget_locks[ds.id] = trio.Lock()
+        # A FillBudget answers one filling task: members' warms ask at once, so they
+        # take turns between its question and the fetch it allows (fits() waits for
+        # what is in flight to land, which needs no turn).
+        async with self._budget_locks[ds.id]:
+            if not await budget.fits(ref.length):
+                return Served(None, "cache", "full")
+            if not ask.charged:
+                raise ChargeFirst(ref.length)
+            budget.started(ref.length)
+        data = b""
+        try:
+            data, _ = await self.d.fetcher.fetch(ds.id, ds.backend, self._free(), ref)
+        finally:
+            budget.ended(ref.length, len(data))
+        return Served(None, "remote", "admitted")
+
+    def _check_listed(self, ds: DatasetState, ask: ChunkAsk) -> None:
+        """A local directory's object is read for a member only if this node's listing
+        names it, at the version and content id the member names: a member never makes
+        this node read a file its listing does not show."""
+        try:
+            named = named_object(self.d.store, ds, ask.key, Purpose.READ, ask.version)
+        except VersionMismatchError as exc:
+            raise UsageError(str(exc)) from None
+        obj = named.obj if named is not None else None
+        if obj is None or (obj.content_id, obj.size) != (ask.content_id, ask.size):
+            raise UsageError(f"{ask.key!r} is not in this node's listing of {ds.uri.canonical}")
+
+    async def _holds(self, ds: DatasetState, ref: ChunkRef) -> bool:
+        """Whether the dataset holds the chunk (its owners row: no value pages read)."""
+        store = self.d.store
+
+        def owns() -> bool:
+            with store.read_txn() as txn:
+                try:
+                    return bool(store.owns(txn, ds.id, ref.key))
+                except lmdb.Error:
+                    return False
+
+        return await trio.to_thread.run_sync(owns, limiter=self.lookups)
+
+    async def _lookup(self, ds: DatasetState, ref: ChunkRef) -> tuple[bytes | None, bool]:
+        """(the value, verified, or None; whether a value failed verification: fetched
+        again with replace)."""
+        store = self.d.store
+
+        def lookup() -> tuple[bytes | None, bool]:
+            with store.read_txn() as txn:
+                try:
+                    value = store.get_value(txn, store.db(b"chunks"), ref.key)
+                except lmdb.Error:
+                    return None, False  # a damaged page: the store GET replaces nothing
+                if value is None:
+                    return None, False
+                if checked_chunk(value, ref, ds.fetch) is None:
+                    return None, True
+                return bytes(value), False
+
+        return await trio.to_thread.run_sync(lookup, limiter=self.lookups)
+
+    def _encoded(self, ds: DatasetState, ref: ChunkRef, data: bytes | memoryview) -> bytes:
+        pending = self.d.writer.pending(ref.key)
+        if pending is not None:
+            return pending
+        o = ref.obj
+        return encode_chunk(ds.id, ref.index, ref.chunk_size, o.key, o.content_id, data)
+
+    async def _answer(self, ask: ChunkAsk, value: bytes, source: str) -> Served:
+        await self.serve_cap().charge(len(value))
+        return Served(value, source)
+
+    def serve_waited(self) -> float:
+        """Seconds answers to members waited on the serve cap, in all."""
+        return self._serve_cap.waited_seconds if self._serve_cap is not None else 0.0
+
+    def set_serve_rate(self, rate: int | None) -> None:
+        self.serve_rate = rate
+        if self._serve_cap is not None:
+            self._serve_cap.set_rate(rate)
+
+    def serve_cap(self) -> TokenBucket:
+        """peer_serve_rate: bytes this node serves to members at most (its own mounts
+        come first)."""
+        if self._serve_cap is None:
+            self._serve_cap = TokenBucket(self.serve_rate, burst_seconds=0.1)
+        return self._serve_cap
+
+    def _free(self) -> TokenBucket:
+        """The bucket of a GET the asker charged already (promise 2: to its job)."""
+        if self._unlimited is None:
+            self._unlimited = TokenBucket(None)
+        return self._unlimited

@@ -1,0 +1,126 @@
+"""What members say to each other on the peer routes: the paths, the headers, a chunk
+request's fields, and a dataset's description.
+
+Owns the one encoding both sides use (node/cluster.py asks, node/api/peer.py and
+node/peer_serve.py answer): a chunk request names everything the home needs to fetch
+the chunk itself without a listing (dataset URI, object key, size, version, content id,
+chunk size and index) and the asking job; the home computes the chunk key from those,
+never takes one. Checked here into one-line ValueErrors (400 on the home). Never does
+I/O and never decides anything.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from urllib.parse import quote
+
+from silofs.cache.format import ChunkRef
+from silofs.records import ObjectInfo, job_name_error
+
+CHUNK_PATH = "/v1/peer/chunk"
+DATASETS_PATH = "/v1/peer/datasets"
+PING_PATH = "/v1/peer/ping"
+ALLOCATIONS_PATH = "/v1/peer/allocations"
+
+CLUSTER_HEADER = "x-silofs-cluster"  # the cluster the asker believes it talks to
+CHARGE_HEADER = "x-silofs-charge"  # 428: bytes the asker charges its job before asking again
+SOURCE_HEADER = "x-silofs-source"  # "cache" (no store GET for this ask) or "remote"
+UNKNOWN_DATASET_HEADER = "x-silofs-unknown-dataset"  # 404: introduce the dataset first
+
+# Store options a member passes on with a dataset (a home opens it with them). Never
+# credentials or what selects them (profile, credential), never an endpoint: a home
+# sends its own credentials only to its own endpoint. A dataset opened here with other
+# options, or another endpoint, is read by this node alone.
+PEER_OPTIONS = frozenset({"region", "requester_pays", "anonymous"})
+
+MIN_CHUNK, MAX_CHUNK = 64 << 10, 64 << 20
+_MAX_TEXT = 4096
+
+
+@dataclass(frozen=True)
+class ChunkAsk:
+    """One chunk request of a member."""
+
+    uri: str
+    key: str
+    content_id: str
+    size: int
+    version: str
+    chunk_size: int
+    index: int
+    job: str
+    charged: bool = False  # the asker charged its job for the chunk (after a 428)
+    warm: bool = False  # a warm: no body, the answer says held, admitted or full
+
+    @classmethod
+    def of(cls, uri: str, ref: ChunkRef, job: str, *, charged: bool, warm: bool) -> ChunkAsk:
+        o = ref.obj
+        return cls(
+            uri, o.key, o.content_id, o.size, o.version, ref.chunk_size, ref.index, job,
+            charged, warm,
+        )  # fmt: skip
+
+    def target(self) -> str:
+        q = "&".join(
+            f"{k}={quote(str(v), safe='')}"
+            for k, v in (
+                ("ds", self.uri), ("key", self.key), ("cid", self.content_id),
+                ("size", self.size), ("version", self.version), ("cs", self.chunk_size),
+                ("i", self.index), ("job", self.job), ("charged", int(self.charged)),
+                ("warm", int(self.warm)),
+            )
+        )  # fmt: skip
+        return f"{CHUNK_PATH}?{q}"
+
+    @classmethod
+    def from_query(cls, q: dict[str, str]) -> ChunkAsk:
+        """The request a query names; ValueError (one line) if it names none."""
+        for name in ("ds", "key", "cid", "size", "version", "cs", "i", "job"):
+            if name not in q:
+                raise ValueError(f"missing {name}")
+        for name in ("ds", "key", "cid", "version"):
+            if not q[name] or len(q[name]) > _MAX_TEXT or not q[name].isprintable():
+                raise ValueError(f"{name} must be printable text of 1-{_MAX_TEXT} characters")
+        if not key_is_listable(q["key"]):
+            raise ValueError(f"key {q['key'][:100]!r} is not an object key a listing names")
+        why = job_name_error(q["job"])
+        if why is not None:
+            raise ValueError(why)
+        size, cs, index = (_int(q, n) for n in ("size", "cs", "i"))
+        if not MIN_CHUNK <= cs <= MAX_CHUNK:
+            raise ValueError("cs must be between 64KiB and 64MiB")
+        if not 0 <= index <= max(0, (size - 1) // cs):
+            raise ValueError(f"the object has no chunk {index}")
+        flags = [q.get(n, "0") for n in ("charged", "warm")]
+        if any(f not in ("0", "1") for f in flags):
+            raise ValueError("charged and warm are 0 or 1")
+        return cls(
+            q["ds"], q["key"], q["cid"], size, q["version"], cs, index, q["job"],
+            flags[0] == "1", flags[1] == "1",
+        )  # fmt: skip
+
+    def ref(self) -> ChunkRef:
+        """The chunk, as the home computes it: its key from the content id, chunk size
+        and index (cache/format.py chunk_key), never from the asker."""
+        obj = ObjectInfo(self.key, self.size, 0.0, self.version, self.content_id)
+        return ChunkRef.of(obj, self.chunk_size, self.index)
+
+
+def _int(q: dict[str, str], name: str) -> int:
+    text = q[name]
+    if not text.isdigit() or len(text) > 19:
+        raise ValueError(f"{name} must be a whole number")
+    return int(text)
+
+
+def key_is_listable(key: str) -> bool:
+    """Whether a listing could name `key`: no empty, '.' or '..' part, no NUL, no
+    leading '/' (the listing skips those; a home must not read a path they make)."""
+    if "\0" in key or key.startswith("/"):
+        return False
+    return all(part not in ("", ".", "..") for part in key.split("/"))
+
+
+def dataset_body(uri: str, options: dict[str, str]) -> dict[str, object]:
+    """The body of PUT /v1/peer/datasets: a dataset a home may not have open."""
+    return {"uri": uri, "options": {k: v for k, v in options.items() if k in PEER_OPTIONS}}

@@ -1,0 +1,263 @@
+"""One cache across three node daemons on 127.0.0.1: real daemons (each its own port,
+cache dir, socket and FUSE mount) reading one moto bucket through a proxy that counts
+the store's GETs.
+
+- Three nodes read the whole dataset: each chunk is fetched from the store once for the
+  cluster, every byte read is right, and a second pass makes no store GET at all.
+- A home killed with kill -9: every read on the other nodes completes (its chunks from
+  the store) within the bound, with right bytes; restarted, it is found up again and
+  serves its chunks.
+- Certificates: a node certificate that names no member, a controller's certificate and
+  a member's certificate on an admin route are refused (403); a certificate made
+  before clusters (serverAuth only) gets no answer at all.
+"""
+
+from __future__ import annotations
+
+import random
+import ssl
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from urllib.parse import quote, urlsplit
+
+import pytest
+
+from silofs.control.client import ControlClient, ControlError, client_tls_context
+from tests.support.cluster import ClusterNode, write_cluster
+from tests.support.faultproxy import FaultPlan, FaultProxy
+from tests.support.fixtures import needs_fuse
+from tests.support.net import free_port
+from tests.support.node import Node, drop_file_cache
+from tests.support.poll import wait_for
+
+pytestmark = [needs_fuse, pytest.mark.fuse]
+
+CHUNK = 256 << 10
+FILES = 8
+NODES = 3
+
+
+class ClusterDaemon(Node):
+    """A Node started with its cluster's silofs.toml."""
+
+    def __init__(self, spec: ClusterNode) -> None:
+        super().__init__(spec.root, "64M", config=spec.config)
+        self.spec = spec
+
+    def cluster(self) -> dict:
+        return self.status()["cluster"]
+
+    def member(self, address: str) -> dict:
+        return next(m for m in self.cluster()["members"] if m["address"] == address)
+
+
+def _tree() -> dict[str, bytes]:
+    rnd = random.Random(22)
+    return {f"d/f{i}.bin": rnd.randbytes(4 * CHUNK + 4096 * i + 1) for i in range(FILES)}
+
+
+def _chunks(tree: dict[str, bytes]) -> int:
+    return sum(-(-len(v) // CHUNK) for v in tree.values())
+
+
+@pytest.fixture
+def three(s3_server, monkeypatch, bucket_name: str, tmp_path: Path) -> Iterator[dict]:
+    """Three running daemons of one cluster, each with the bucket mounted."""
+    s3_server.apply_env(monkeypatch)
+    tree = _tree()
+    s3_server.create(bucket_name, tree)
+    up = urlsplit(s3_server.endpoint_url)
+    with FaultProxy(upstream=(up.hostname or "127.0.0.1", up.port or 80), faults=FaultPlan()) as p:
+        specs = write_cluster(
+            tmp_path,
+            ["127.0.0.1"] * NODES,
+            [free_port() for _ in range(NODES)],
+            cluster={"peer_timeout_seconds": 1.0, "peer_backoff_seconds": 0.5},
+            extra={"backend": {"endpoint_url": p.url}},
+        )
+        nodes = [ClusterDaemon(s) for s in specs]
+        try:
+            for n in nodes:
+                n.start()
+            mps = [
+                n.mount(s3_server.uri(bucket_name), tmp_path / f"mnt{i}", "--chunk-size", "256K")
+                for i, n in enumerate(nodes)
+            ]
+            yield {"nodes": nodes, "mps": mps, "tree": tree, "proxy": p, "pki": tmp_path / "pki"}
+        finally:
+            for n in nodes:
+                n.cleanup()
+        problems = [x for n in nodes for x in n.log_problems()]
+        assert not problems, "\n".join(problems)
+
+
+def _object_gets(proxy: FaultProxy) -> int:
+    return sum(1 for r in proxy.history if r.method == "GET" and "/d/f" in r.target)
+
+
+def _read_all(mp: Path, tree: dict[str, bytes]) -> int:
+    """Read every file; the number of wrong bytes."""
+    wrong = 0
+    for key, want in tree.items():
+        path = mp / key
+        drop_file_cache(path)
+        got = path.read_bytes()
+        wrong += sum(a != b for a, b in zip(got, want, strict=False)) + abs(len(got) - len(want))
+    return wrong
+
+
+def test_each_chunk_is_fetched_once_per_cluster_and_served_right(three: dict) -> None:
+    nodes, mps, tree, proxy = three["nodes"], three["mps"], three["tree"], three["proxy"]
+    before = _object_gets(proxy)
+    for mp in mps:  # one node after the other: the later ones find the chunks cached
+        assert _read_all(mp, tree) == 0
+    gets = _object_gets(proxy) - before
+    # A span of a node's own chunks may be one GET for several: at most one per chunk.
+    assert 0 < gets <= _chunks(tree), (gets, _chunks(tree))
+    for mp in mps:
+        assert _read_all(mp, tree) == 0
+    assert _object_gets(proxy) - before == gets  # the second pass: no store GET at all
+    statuses = [n.status() for n in nodes]
+    peer_in = sum(s["datasets"][0]["peer"]["bytes_in"] for s in statuses)
+    served = sum(s["datasets"][0]["peer"]["bytes_out"] for s in statuses)
+    assert peer_in == served > 0
+    for s in statuses:
+        # (Pings before every member was started may have failed: members' own errors.)
+        assert all(m["state"] == "up" for m in s["cluster"]["members"]), s["cluster"]
+        peer = s["datasets"][0]["peer"]
+        assert peer["errors"] == {} and peer["store_fallbacks"] == 0, peer
+
+
+def test_a_killed_home_never_fails_a_read_and_serves_again_once_back(three: dict) -> None:
+    nodes, mps, tree, proxy = three["nodes"], three["mps"], three["tree"], three["proxy"]
+    victim = nodes[2]
+    # Every chunk cached at its home, by the victim's reads. (The other nodes read each
+    # half of the files once below: a mount's own chunk buffer would answer a re-read.)
+    assert _read_all(mps[2], tree) == 0
+    # Its admissions committed (a kill -9 loses the Writer's last batch, by design).
+    wait_for(lambda: victim.status()["node"]["writer"]["pending_chunks"] == 0, what="commits")
+    first = {k: v for k, v in tree.items() if int(k[-5]) < FILES // 2}
+    second = {k: v for k, v in tree.items() if k not in first}
+    victim.kill9()
+    address = victim.spec.address
+    t0 = time.monotonic()
+    for mp in mps[:2]:
+        assert _read_all(mp, first) == 0  # the victim's chunks: from the store, new homes
+    elapsed = time.monotonic() - t0
+    # A dead member's port refuses at once; a silent one would cost peer_timeout_seconds
+    # (1 s here) once, then it is down and skipped.
+    assert elapsed < 30, elapsed
+    for n in nodes[:2]:
+        assert n.member(address)["state"] == "down"
+        assert n.member(address)["errors"].get("refused", 0) >= 1
+    # Back: the others find it up (their prober pings it when its backoff ends) and ask
+    # it for its chunks again, which it still holds.
+    victim.start()
+    for n in nodes[:2]:
+        wait_for(lambda n=n: n.member(address)["state"] == "up", what="the member to be up again")
+    gets = _object_gets(proxy)
+    for mp in mps[:2]:
+        assert _read_all(mp, second) == 0
+    assert sum(p["requests_in"] for p in victim.cluster()["peers_in"].values()) > 0
+    assert _object_gets(proxy) == gets  # its chunks came from its cache, not the store
+
+
+def _attempt(address: str, ctx: ssl.SSLContext, method: str, path: str) -> int | None:
+    try:
+        with ControlClient(address, timeout=10, tls=ctx) as c:  # as a stranger would ask
+            status, _, _ = c.request_raw(method, path)
+            return status
+    except ControlError as exc:
+        return exc.status
+
+
+def test_certificates_that_are_not_a_members_are_refused_on_peer_routes(three: dict) -> None:
+    nodes, pki = three["nodes"], three["pki"]
+    target = nodes[0].spec.address
+    ca = str(pki / "ca.pem")
+
+    def ctx(name: str) -> ssl.SSLContext:
+        return client_tls_context(str(pki / f"{name}.pem"), str(pki / f"{name}.key"), ca)
+
+    ping = "/v1/peer/ping"
+    assert _attempt(target, ctx("stranger"), "GET", ping) == 403  # node role, no member
+    assert _attempt(target, ctx("stranger"), "GET", "/v1/status") == 403
+    assert _attempt(target, ctx("controller"), "GET", ping) == 403  # no node role
+    assert _attempt(target, ctx("controller"), "GET", "/v1/status") == 200
+    assert _attempt(target, ctx("n1"), "GET", "/v1/status") == 403  # a member: peer routes only
+    assert _attempt(target, ctx("n1"), "GET", "/v1/chunks?mount=x&key=a&index=0") == 404
+    assert _attempt(target, ctx("legacy"), "GET", ping) is None  # no answer at all
+    # A member without the cluster's name in its request is refused too.
+    assert _attempt(target, ctx("n1"), "GET", ping) == 403
+    # The Unix socket has no peer routes, whoever asks.
+    with pytest.raises(ControlError) as err:
+        nodes[0].request("GET", ping)
+    assert err.value.status == 404
+    for n in nodes:
+        n.status()  # everyone still serves
+
+
+def test_a_warm_on_one_node_fills_the_share_across_its_homes(three: dict, s3_server) -> None:
+    nodes, tree, proxy = three["nodes"], three["tree"], three["proxy"]
+    uri = nodes[0].status()["datasets"][0]["uri"]
+    size = sum(len(v) for v in tree.values())
+    share = size // 2
+    nodes[0].request("PUT", f"/v1/datasets/{quote(uri, safe='')}/cache", {"bytes": share})
+    version = nodes[0].cluster()["allocations_version"]
+    for n in nodes:  # pushed to every member
+        wait_for(lambda n=n: n.cluster()["allocations_version"] == version, what="the share")
+    gets = _object_gets(proxy)
+    res = nodes[0].run("warm", uri, "--job", "prep")
+    assert res.returncode == 0, res.stderr
+    held = []
+    for n in nodes:
+        d = n.status()["datasets"][0]
+        part = d["cluster_part"]
+        assert part == share // NODES or abs(part - share / NODES) <= 1
+        # A uniform sample of its own chunks up to its part: within one chunk of it.
+        assert part - CHUNK <= d["cached_bytes"] <= part, (n.spec.name, d["cached_bytes"], part)
+        held.append(d["cached_bytes"])
+    # Each chunk fetched once, by its home (a chunk is at most CHUNK bytes).
+    assert _object_gets(proxy) - gets <= sum(held) // (CHUNK // 2)
+
+
+def _ctl(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "silofs_ctl", *args], capture_output=True, text=True, timeout=60
+    )
+
+
+def test_a_member_list_pushed_at_runtime_takes_effect_and_survives_a_restart(three: dict) -> None:
+    nodes, mps, tree = three["nodes"], three["mps"], three["tree"]
+    kept = nodes[:2]
+    res = _ctl("cluster", "set", "--nodes", ",".join(n.socket for n in kept),
+               "--members", ",".join(n.spec.address for n in kept))  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.count("cluster test-cluster, version") == 2, res.stdout
+    version = nodes[0].cluster()["version"]
+    for n in kept:
+        view = n.cluster()
+        assert [m["address"] for m in view["members"]] == [k.spec.address for k in kept]
+        assert view["version"] == version
+    # A node left out refuses a list it is not in (409), one line naming it.
+    res = _ctl("cluster", "set", "--nodes", nodes[2].socket,
+               "--members", ",".join(n.spec.address for n in kept))  # fmt: skip
+    assert res.returncode == 1 and "is not one of the members" in res.stderr, res.stderr
+    # An older version is refused too.
+    res = _ctl("cluster", "set", "--nodes", nodes[0].socket, "--version", "5",
+               "--members", ",".join(n.spec.address for n in nodes))  # fmt: skip
+    assert res.returncode == 1 and "not newer" in res.stderr, res.stderr
+    # In force at once: node 0 reads everything without asking node 2.
+    assert _read_all(mps[0], tree) == 0
+    assert not nodes[2].cluster()["peers_in"]
+    # Persisted: newer than silofs.toml's, so it is the list after a restart.
+    nodes[0].stop()
+    nodes[0].start()
+    assert nodes[0].cluster()["version"] == version
+    assert len(nodes[0].cluster()["members"]) == 2
+    res = _ctl("cluster", "status", "--nodes", nodes[0].socket)
+    assert res.returncode == 0 and "cluster test-cluster" in res.stdout, res.stderr
+    assert res.stdout.count("weight 1") == 2, res.stdout

@@ -1,0 +1,187 @@
+"""`silofs end-job` (what a scheduler's epilog runs, as root) on real FUSE mounts with a
+real daemon: the job's mounts in its directory and the daemon's other mounts of the job
+end, a reader holding a file open does not keep one, the job is forgotten, and a daemon
+that is dead or frozen costs seconds, not minutes, and is named in what is left.
+(Under a real Slurm, with mounts of a real second user: tests/integration/test_slurm.py.)
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from silofs.control.client import ControlClient
+from silofs.mountinfo import mounts
+from tests.support.asuser import Identity, Session
+from tests.support.fixtures import needs_fuse
+from tests.support.node import Node, mounted, silofs_cmd
+
+pytestmark = [needs_fuse, pytest.mark.fuse]
+
+JOB = "slurm-7"
+
+
+@pytest.fixture
+def site(tmp_path: Path) -> Path:
+    if os.geteuid() != 0:
+        pytest.skip("end-job unmounts other users' mounts: it runs as root")
+    data = tmp_path / "data"
+    data.mkdir()
+    for i in range(3):
+        (data / f"f{i}.bin").write_bytes(os.urandom(256 << 10))
+    return tmp_path
+
+
+def end_job(node: Node, directory: Path) -> tuple[subprocess.CompletedProcess, float]:
+    start = time.monotonic()
+    res = subprocess.run(
+        silofs_cmd("end-job", "--dir", str(directory), "--", JOB),
+        capture_output=True, text=True, env=node.env, timeout=120,
+    )  # fmt: skip
+    elapsed = time.monotonic() - start
+    print(res.stdout, res.stderr, f"{elapsed:.1f}s")
+    return res, elapsed
+
+
+def mount_processes(node: Node) -> list[int]:
+    """Live (not zombie) mount processes of this node's socket."""
+    out = []
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                state = f.read().rsplit(b")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if b"mount-process" in argv and node.socket.encode() in argv and state != b"Z":
+            out.append(int(entry))
+    return out
+
+
+def test_the_jobs_mounts_end_wherever_they_are_and_the_job_is_forgotten(
+    site: Path, make_node
+) -> None:  # type: ignore[no-untyped-def]
+    node = make_node()
+    job_dir = site / "jobs" / "7"
+    inside = node.mount(str(site / "data"), job_dir / "data", "--job", JOB)
+    second = node.mount(str(site / "data"), job_dir / "more", "--job", JOB)
+    elsewhere = node.mount(str(site / "data"), site / "elsewhere", "--job", JOB)
+    other = node.mount(str(site / "data"), site / "other", "--job", "another")
+    node.request("PUT", f"/v1/jobs/{JOB}", {"gpus": 2, "datasets": [f"file://{site}/data/"]})
+    processes = set(mount_processes(node))
+    assert len(processes) == 4
+    held = os.open(inside / "f1.bin", os.O_RDONLY)  # a reader that outlived the job
+    try:
+        assert os.read(held, 4096)
+        res, _ = end_job(node, job_dir)
+        assert res.returncode == 0, res.stderr
+        lines = res.stdout.splitlines()
+        assert f"{inside} is busy (a process holds files open in it): detached it" in lines
+        assert any(ln.startswith("SIGTERM to ") and str(inside) in ln for ln in lines), lines
+        for mp in (second, elsewhere):
+            assert f"unmounted {mp}" in lines
+        assert f"removed {job_dir}" in lines and f"forgot job {JOB}" in lines
+        # The held file's next read that reaches the mount fails; nothing waits on it.
+        os.posix_fadvise(held, 0, 0, os.POSIX_FADV_DONTNEED)
+        with pytest.raises(OSError) as err:
+            os.pread(held, 4096, 200 << 10)
+        assert err.value.errno in (errno.ENOTCONN, errno.ENODEV, errno.ECONNABORTED)
+    finally:
+        os.close(held)
+    assert not [m for m in (inside, second, elsewhere) if mounted(m)]
+    assert mounted(other) and (other / "f0.bin").read_bytes()  # another job's: untouched
+    assert mount_processes(node) == [node.mount_status(str(other))["pid"]]
+    assert not job_dir.exists() and elsewhere.is_dir()  # only the job's directory goes
+    status = node.status()
+    assert JOB not in {j["name"] for j in status["jobs"]}
+    assert [m["job"] for m in status["mounts"]] == ["another"]
+    # Again: nothing of the job is left, and that is no error.
+    res, _ = end_job(node, job_dir)
+    assert res.returncode == 0 and f"job {JOB} was not registered on the daemon" in res.stdout
+
+
+def test_a_dead_daemon_costs_no_time_and_is_named_in_what_is_left(site: Path, make_node) -> None:  # type: ignore[no-untyped-def]
+    node = make_node()
+    job_dir = site / "jobs" / "7"
+    mp = node.mount(str(site / "data"), job_dir / "data", "--job", JOB)
+    node.kill9()
+    res, elapsed = end_job(node, job_dir)
+    assert res.returncode == 1
+    assert f"unmounted {mp}" in res.stdout and f"removed {job_dir}" in res.stdout
+    (error,) = res.stderr.splitlines()
+    assert error.startswith(f"silofs: error: left of job {JOB}: job {JOB} on the daemon")
+    assert "cannot reach the silofs daemon" in error
+    assert not mounted(mp) and not mount_processes(node)
+    assert elapsed < 10  # no retries against a daemon that is not there
+
+
+def test_a_frozen_daemon_is_waited_for_seconds_and_the_mounts_end_anyway(
+    site: Path, make_node
+) -> None:  # type: ignore[no-untyped-def]
+    node = make_node()
+    job_dir = site / "jobs" / "7"
+    mp = node.mount(str(site / "data"), job_dir / "data", "--job", JOB)
+    assert node.proc is not None
+    node.proc.send_signal(signal.SIGSTOP)
+    try:
+        res, elapsed = end_job(node, job_dir)
+    finally:
+        node.proc.send_signal(signal.SIGCONT)
+    assert res.returncode == 1
+    assert "did not answer GET /v1/status within 2s" in res.stdout
+    assert f"unmounted {mp}" in res.stdout and f"removed {job_dir}" in res.stdout
+    assert "did not answer" in res.stderr and f"left of job {JOB}" in res.stderr
+    assert not mounted(mp) and not mount_processes(node)
+    assert elapsed < 15  # one 2 s request, and the mount process's few seconds
+
+
+def _open_and_register(sock: str, uri: str, job: str, mountpoint: str) -> str:
+    """As another user: open a dataset and register a mount of `job` that names
+    `mountpoint`, a path this process does not serve. The registration's id."""
+    with ControlClient(sock, timeout=30) as client:
+        ds = client.request("POST", "/v1/datasets", {"uri": uri})
+        while ds["state"] in ("checking", "listing"):
+            time.sleep(0.05)
+            ds = client.request("GET", f"/v1/datasets/{ds['id']}")
+        body = {"dataset": ds["id"], "job": job, "mountpoint": mountpoint}
+        return client.request("POST", "/v1/mounts", body)["id"]
+
+
+@pytest.fixture
+def public() -> Iterator[Path]:
+    path = Path(tempfile.mkdtemp(prefix="silofs-endjob-"))
+    path.chmod(0o755)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def test_a_row_naming_another_users_mount_does_not_get_it_unmounted(
+    public: Path, make_node
+) -> None:  # type: ignore[no-untyped-def]
+    """A mount row says what its process claimed: a user who registers a mount of the
+    job naming root's mount does not get root's mount ended (nor is it the job's)."""
+    data = public / "data"
+    data.mkdir(mode=0o755)
+    (data / "f.bin").write_bytes(b"x" * 4096)
+    node = make_node(socket=str(public / "ctl.sock"))
+    roots = node.mount(str(data), public / "roots", "--job", "root-job")
+    liar = Session(Identity.nobody())
+    try:
+        liar.call(_open_and_register, node.socket, str(data), JOB, str(roots))
+        res, _ = end_job(node, public / "jobs" / "7")
+        assert res.returncode == 1
+        assert f"not unmounting {roots}" in res.stdout
+        assert mounted(roots) and any(e.mountpoint == str(roots) for e in mounts())
+        assert f"{roots} still uses it" in res.stderr  # the row is still there, and said
+    finally:
+        liar.close()

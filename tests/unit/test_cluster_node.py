@@ -1,0 +1,134 @@
+"""A node joining a cluster (node/cluster.py): which member it is, the certificate it
+needs, the list that wins at start, and its peer figures in status and /metrics."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import trio
+
+from silofs.config import ClusterSettings, MemberSpec, NodeSettings
+from silofs.errors import UsageError
+from silofs.node.daemon import Daemon
+from silofs.node.metrics import render
+from silofs.node.views import status_view
+from tests.support.cluster import make_pki
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_pki(tmp_path_factory.mktemp("pki"), ["127.0.0.1", "127.0.0.1"])
+
+
+def settings(
+    tmp_path: Path, pki: Path, cluster: ClusterSettings | None, cert: str = "n0"
+) -> NodeSettings:
+    return NodeSettings(
+        socket=str(tmp_path / "ctl.sock"),
+        cache_dir=str(tmp_path / "cache"),
+        cache_size=64 << 20,
+        tcp_listen="127.0.0.1:7001",
+        tls_cert=str(pki / f"{cert}.pem"),
+        tls_key=str(pki / f"{cert}.key"),
+        tls_client_ca=str(pki / "ca.pem"),
+        cluster=cluster,
+    )
+
+
+def members(*ports: int, version: int = 1) -> ClusterSettings:
+    return ClusterSettings(
+        "c", tuple(MemberSpec(f"tls://127.0.0.1:{p}") for p in ports), version=version
+    )
+
+
+@pytest.fixture
+def made(tmp_path: Path) -> Iterator[list[Daemon]]:
+    daemons: list[Daemon] = []
+    yield daemons
+    for d in daemons:
+        d.cluster.close()
+        d.store.close()
+        os.close(d.lock_fd)
+
+
+def test_without_an_address_a_node_is_the_member_of_its_port_and_certificate_names(
+    tmp_path: Path, pki: Path, made: list[Daemon]
+) -> None:
+    d = Daemon(settings(tmp_path, pki, members(7000, 7001, 7002)))
+    made.append(d)
+    assert d.cluster.membership is not None
+    assert d.cluster.membership.self_address == "tls://127.0.0.1:7001"
+
+
+def test_a_node_in_none_of_the_members_does_not_start(tmp_path: Path, pki: Path) -> None:
+    with pytest.raises(UsageError, match="cannot tell which member"):
+        Daemon(settings(tmp_path, pki, members(7000, 7002)))
+
+
+def test_a_certificate_made_before_clusters_is_one_line_asking_for_a_new_one(
+    tmp_path: Path, pki: Path
+) -> None:
+    with pytest.raises(UsageError) as err:
+        Daemon(settings(tmp_path, pki, members(7000, 7001), cert="legacy"))
+    assert "needs a new certificate to join a cluster" in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_a_pushed_list_newer_than_the_files_wins_at_start(
+    tmp_path: Path, pki: Path, made: list[Daemon]
+) -> None:
+    d = Daemon(settings(tmp_path, pki, members(7000, 7001, version=10)))
+
+    async def push() -> None:
+        async with trio.open_nursery():
+            await d.cluster.push({"name": "c", "members": ["tls://127.0.0.1:7001"], "version": 20})
+
+    trio.run(push)
+    d.cluster.close()
+    d.store.close()
+    os.close(d.lock_fd)
+    again = Daemon(settings(tmp_path, pki, members(7000, 7001, version=10)))
+    made.append(again)
+    assert again.cluster.config is not None and again.cluster.config.version == 20
+    assert [m.address for m in again.cluster.config.members] == ["tls://127.0.0.1:7001"]
+    # An edit of silofs.toml after the push (a newer file) wins at the next start.
+    again.cluster.close()
+    again.store.close()
+    os.close(again.lock_fd)
+    made.clear()
+    edited = Daemon(settings(tmp_path, pki, members(7000, 7001, 7002, version=30)))
+    made.append(edited)
+    assert edited.cluster.config is not None and len(edited.cluster.config.members) == 3
+
+
+def test_peer_figures_in_status_and_metrics(tmp_path: Path, pki: Path, made: list[Daemon]) -> None:
+    d = Daemon(settings(tmp_path, pki, members(7000, 7001)))
+    made.append(d)
+    assert d.cluster.membership is not None
+    peer = d.cluster.membership.members["tls://127.0.0.1:7000"]
+    peer.counters.requests_out = 3
+    peer.counters.error("corrupt")
+    d.cluster.dataset_counters("s3://b/").bytes_in = 1234
+    d.cluster.incoming_counters("n1").requests_in = 2
+    d.cluster.membership.mark_down(peer.address, "refused")
+    view = status_view(d)["cluster"]
+    assert view["name"] == "c" and view["address"] == "tls://127.0.0.1:7001"
+    by = {m["address"]: m for m in view["members"]}
+    assert by[peer.address]["state"] == "down" and by[peer.address]["errors"] == {"corrupt": 1}
+    assert view["peers_in"]["n1"]["requests_in"] == 2
+    text = render(status_view(d))
+    for line in (
+        'silofs_peer_member_up{member="tls://127.0.0.1:7000"} 0.0',
+        'silofs_peer_requests_out_total{member="tls://127.0.0.1:7000"} 3.0',
+        'silofs_peer_errors_total{member="tls://127.0.0.1:7000",reason="corrupt"} 1.0',
+        'silofs_peer_dataset_bytes_in_total{dataset="s3://b/"} 1234.0',
+        'silofs_peer_in_requests_in_total{peer="n1"} 2.0',
+    ):
+        assert line in text, line
+    alone = Daemon(settings(tmp_path / "alone", pki, None))
+    made.append(alone)
+    assert status_view(alone)["cluster"] is None
+    assert "silofs_peer_" not in render(status_view(alone))

@@ -1,0 +1,81 @@
+"""`silofs-ctl cluster` (silofs_ctl/cluster_cmd.py): the members Slurm reports, the body
+pushed to every node, and one line for what is typed wrong."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from silofs_ctl.cluster_cmd import members_body, slurm_nodes
+from silofs_ctl.slurm import SlurmError
+
+
+def script(tmp_path: Path, name: str, body: str) -> str:
+    path = tmp_path / name
+    path.write_text(f"#!/bin/sh\n{body}\n")
+    path.chmod(0o755)
+    return str(path)
+
+
+def test_members_from_scontrols_json(tmp_path: Path) -> None:
+    doc = {"nodes": [{"name": "gpu02"}, {"name": "gpu01"}, {"name": "gpu01"}, {"x": 1}]}
+    scontrol = script(tmp_path, "scontrol", f"echo '{json.dumps(doc)}'")
+    assert slurm_nodes(scontrol, "/nonexistent") == ["gpu01", "gpu02"]
+
+
+def test_members_from_sinfo_when_scontrol_has_no_json(tmp_path: Path) -> None:
+    scontrol = script(tmp_path, "scontrol", "echo 'invalid option --json' >&2; exit 1")
+    sinfo = script(tmp_path, "sinfo", "echo 'gpu[01-03]'; echo gpu02; echo cpu7")
+    assert slurm_nodes(scontrol, sinfo) == ["cpu7", "gpu01", "gpu02", "gpu03"]
+    empty = script(tmp_path, "sinfo2", "true")
+    with pytest.raises(SlurmError, match="no nodes"):
+        slurm_nodes(scontrol, empty)
+
+
+def test_the_pushed_body_names_every_member_with_one_version() -> None:
+    body = members_body("c", ["tls://a:1", "tls://b:1"], {"tls://b:1": 2.0}, 42)
+    assert body == {
+        "name": "c",
+        "version": 42,
+        "members": ["tls://a:1", {"address": "tls://b:1", "weight": 2.0}],
+    }
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["cluster", "set", "--name", "c"], "--members or --from-slurm"),
+        (["cluster", "set", "--members", "tls://a:1", "--from-slurm"], "one of them"),
+        (["cluster", "set", "--members", "tls://a:1", "--weight", "x"], "ADDRESS=WEIGHT"),
+        (["cluster", "status"], "--nodes"),
+    ],
+)
+def test_mistakes_are_one_line(args: list[str], message: str, tmp_path: Path) -> None:
+    import subprocess
+
+    res = subprocess.run(
+        [sys.executable, "-m", "silofs_ctl", *args, "--nodes", str(tmp_path / "no.sock")]
+        if args[1] == "set"
+        else [sys.executable, "-m", "silofs_ctl", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert res.returncode == 2, res.stderr
+    assert message in res.stderr and res.stderr.count("\n") == 1, res.stderr
+
+
+def test_an_unreachable_node_is_named_and_fails_the_command(tmp_path: Path) -> None:
+    import subprocess
+
+    sock = str(tmp_path / "no.sock")
+    res = subprocess.run(
+        [sys.executable, "-m", "silofs_ctl", "cluster", "set", "--name", "c",
+         "--members", "tls://a:1", "--nodes", sock],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert res.returncode == 1
+    assert f"{sock}: cannot reach" in res.stderr
+    assert "1 of 1 nodes did not take the list" in res.stderr

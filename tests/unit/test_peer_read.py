@@ -1,0 +1,308 @@
+"""The asking side of the peer path (node/cluster.py, node/peer_client.py) against a fake
+member on 127.0.0.1: a real Daemon in this process asks a TLS server of the test's for
+the chunks homed there, and gets right bytes whatever the member answers.
+
+The fake member is a thread with a stdlib TLS socket (the cluster CA, the node
+certificate n1; it requires the asker's certificate) that answers per `mode`: the right
+value, flipped bytes, a short body, another chunk's value, nothing at all, a body
+slower than the floor rate, 102s for longer than the timeout and then the value, and
+the charge round trip (428). Each bad answer must be detected, counted by reason, the
+member marked down, and the chunk served right from the store (a local directory).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import ssl
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from urllib.parse import parse_qsl, urlsplit
+
+import pytest
+import trio
+
+from silofs.cache.format import ChunkRef, encode_chunk
+from silofs.config import ClusterSettings, MemberSpec, NodeSettings
+from silofs.node.daemon import Daemon
+from silofs.node.peer_wire import ChunkAsk
+from tests.support.cluster import make_pki
+from tests.unit.inprocess import mounted, running
+
+CHUNK = 256 << 10
+TIMEOUT = 0.5
+
+
+class FakeMember:
+    """A member's TLS listener that answers chunk requests as `mode` says."""
+
+    def __init__(self, pki: Path, bucket: Path) -> None:
+        self.bucket = bucket
+        self.mode = "ok"
+        self.asks: list[dict[str, str]] = []
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.load_cert_chain(pki / "n1.pem", pki / "n1.key")
+        ctx.load_verify_locations(pki / "ca.pem")
+        ctx.verify_mode = ssl.CERT_REQUIRED
+        self.ctx = ctx
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._accept, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.stop.set()
+        with contextlib.suppress(OSError):
+            self.sock.shutdown(socket.SHUT_RDWR)  # wakes the accept
+        self.sock.close()
+        self.thread.join(5)
+
+    def _accept(self) -> None:
+        while not self.stop.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, raw: socket.socket) -> None:
+        with contextlib.suppress(OSError, ssl.SSLError):
+            tls = self.ctx.wrap_socket(raw, server_side=True)
+            buf = b""
+            while True:
+                while b"\r\n\r\n" not in buf:
+                    data = tls.recv(65536)
+                    if not data:
+                        return
+                    buf += data
+                head, _, buf = buf.partition(b"\r\n\r\n")
+                target = head.split(b"\r\n")[0].split()[1].decode()
+                query = dict(parse_qsl(urlsplit(target).query))
+                if urlsplit(target).path == "/v1/peer/ping":
+                    body = b'{"name":"c","allocations_version":0}'
+                    tls.sendall(_head(200, len(body), "application/json") + body)
+                    continue
+                self.asks.append(query)
+                if not self._answer(tls, query):
+                    return
+
+    def _answer(self, tls: ssl.SSLSocket, query: dict[str, str]) -> bool:
+        """Answer one chunk request; False to close the connection."""
+        ask = ChunkAsk.from_query(query)
+        ref = ask.ref()
+        data = (self.bucket / ask.key).read_bytes()[ref.start : ref.start + ref.length]
+        value = encode_chunk(1, ref.index, ref.chunk_size, ask.key, ask.content_id, data)
+        mode = self.mode
+        if mode == "charge" and not ask.charged:
+            body = b'{"charge":%d}' % ref.length
+            extra = f"x-silofs-charge: {ref.length}\r\n"
+            tls.sendall(_head(428, len(body), "application/json", extra) + body)
+            return True
+        if mode == "flip":
+            value = bytearray(value)
+            value[-100] ^= 0xFF
+        elif mode == "foreign":
+            other = ChunkRef.of(ref.obj, ref.chunk_size, 0 if ref.index else 1)
+            value = encode_chunk(1, other.index, other.chunk_size, ask.key, ask.content_id,
+                                 data[: other.length].ljust(other.length, b"x"))  # fmt: skip
+        elif mode == "short":
+            tls.sendall(_head(200, len(value)) + bytes(value[: len(value) // 2]))
+            return False
+        elif mode == "silent":
+            self.stop.wait(10)
+            return False
+        elif mode == "trickle":
+            tls.sendall(_head(200, len(value)))
+            for i in range(0, len(value), 4096):
+                if self.stop.wait(0.05):
+                    return False
+                tls.sendall(value[i : i + 4096])
+            return True
+        elif mode == "processing" and len(self.asks) == 1:
+            for _ in range(int(3 * TIMEOUT / 0.2)):  # 102s for 3 timeouts, then the value
+                tls.sendall(b"HTTP/1.1 102 Processing\r\n\r\n")
+                time.sleep(0.2)
+        tls.sendall(_head(200, len(value), extra="x-silofs-source: cache\r\n") + bytes(value))
+        return True
+
+
+def _head(
+    status: int, length: int, ctype: str = "application/octet-stream", extra: str = ""
+) -> bytes:
+    return (
+        f"HTTP/1.1 {status} X\r\ncontent-type: {ctype}\r\ncontent-length: {length}\r\n{extra}\r\n"
+    ).encode()
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_pki(tmp_path_factory.mktemp("pki"), ["127.0.0.1", "127.0.0.1"])
+
+
+@pytest.fixture
+def bucket(tmp_path: Path) -> Path:
+    root = tmp_path / "bucket"
+    root.mkdir()
+    for i in range(8):
+        (root / f"f{i}.bin").write_bytes(os.urandom(3 * CHUNK + 1000 * i + 1))
+    return root
+
+
+@pytest.fixture
+def member(pki: Path, bucket: Path) -> Iterator[FakeMember]:
+    fake = FakeMember(pki, bucket)
+    yield fake
+    fake.close()
+
+
+def asker(tmp_path: Path, pki: Path, port: int) -> Daemon:
+    me = "tls://127.0.0.1:1"  # never listened on: this node only asks
+    settings = NodeSettings(
+        socket=str(tmp_path / "ctl.sock"),
+        cache_dir=str(tmp_path / "cache"),
+        cache_size=64 << 20,
+        chunk_size=CHUNK,
+        tcp_listen="127.0.0.1:1",
+        tls_cert=str(pki / "n0.pem"),
+        tls_key=str(pki / "n0.key"),
+        tls_client_ca=str(pki / "ca.pem"),
+        cluster=ClusterSettings(
+            name="c",
+            address=me,
+            members=(MemberSpec(me), MemberSpec(f"tls://127.0.0.1:{port}")),
+            peer_timeout_seconds=TIMEOUT,
+            peer_backoff_seconds=30.0,
+            peer_floor_rate=1 << 20,
+        ),
+    )
+    return Daemon(settings)
+
+
+@contextlib.contextmanager
+def daemon_of(tmp_path: Path, pki: Path, port: int) -> Iterator[Daemon]:
+    d = asker(tmp_path, pki, port)
+    try:
+        yield d
+    finally:
+        d.cluster.close()
+        d.store.close()
+        os.close(d.lock_fd)
+
+
+def remote_chunks(d: Daemon, ds: object, bucket: Path) -> list[tuple[str, int]]:
+    """(key, index) of the full-size chunks whose home is the fake member (a file's last
+    chunk is a few bytes: a trickle would deliver it in time)."""
+    out = []
+    for i in range(8):
+        key = f"f{i}.bin"
+        obj = d.store.get_object(ds.id, key)  # type: ignore[attr-defined]
+        for index in range(3):
+            if not d.cluster.is_home(ChunkRef.of(obj, CHUNK, index).key):
+                out.append((key, index))
+    assert out, "no chunk is homed at the member"
+    return out
+
+
+def read_all(d: Daemon, bucket: Path, mode: str, member: FakeMember) -> dict:
+    """Read every chunk homed at the member with it in `mode`: the bytes must be right.
+    The member's and the dataset's peer counters, and whether it is up, after."""
+
+    async def main() -> dict:
+        async with running(d):
+            ds, m = await mounted(d, bucket)
+            member.mode = mode
+            chunks = remote_chunks(d, ds, bucket)
+            for key, index in chunks[:3]:
+                data, _ = await d.get_chunk(m, key, index, False)
+                want = (bucket / key).read_bytes()[index * CHUNK : (index + 1) * CHUNK]
+                assert bytes(data) == want, (mode, key, index)
+            peer = next(p for p in d.cluster.membership.peers())  # type: ignore[union-attr]
+            return {
+                "member": peer.counters.view(),
+                "dataset": d.cluster.datasets[ds.uri.canonical].view(),
+                "up": peer.up,
+                "remote_gets": ds.fetch.remote_gets,
+            }
+
+    return trio.run(main)
+
+
+def test_a_good_member_serves_the_chunks_it_is_home_of(
+    tmp_path: Path, pki: Path, bucket: Path, member: FakeMember
+) -> None:
+    with daemon_of(tmp_path, pki, member.port) as d:
+        got = read_all(d, bucket, "ok", member)
+    assert got["up"] and got["member"]["errors"] == {}
+    assert got["member"]["requests_out"] == 3 and got["member"]["bytes_in"] > 0
+    assert got["remote_gets"] == 0  # no store GET here
+    # A job without an IO allocation is charged up front: one round trip per chunk.
+    assert [a["charged"] for a in member.asks] == ["1", "1", "1"]
+
+
+@pytest.mark.parametrize(
+    ("mode", "reason"),
+    [
+        ("flip", "corrupt"),
+        ("short", "short"),
+        ("foreign", "foreign"),
+        ("silent", "timeout"),
+        ("trickle", "timeout"),
+    ],
+)
+def test_a_bad_answer_is_counted_the_member_marked_down_and_the_store_serves(
+    tmp_path: Path, pki: Path, bucket: Path, member: FakeMember, mode: str, reason: str
+) -> None:
+    t0 = time.monotonic()
+    with daemon_of(tmp_path, pki, member.port) as d:
+        got = read_all(d, bucket, mode, member)
+    assert got["member"]["errors"] == {reason: 1}, got
+    assert got["dataset"]["errors"] == {reason: 1} and got["dataset"]["store_fallbacks"] == 1
+    assert not got["up"]  # down for its backoff: the other chunks were not asked of it
+    assert len(member.asks) == 1
+    assert got["remote_gets"] == 3  # this node read all three from the store
+    if mode in ("silent", "trickle"):  # the wait is bounded: timeout + body at the floor
+        assert time.monotonic() - t0 < 10
+
+
+def test_a_refused_connection_is_a_failure_too(tmp_path: Path, pki: Path, bucket: Path) -> None:
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    fake = FakeMember.__new__(FakeMember)
+    fake.mode = "ok"
+    with daemon_of(tmp_path, pki, port) as d:
+        got = read_all(d, bucket, "ok", fake)
+    assert got["member"]["errors"] == {"refused": 1} and not got["up"]
+
+
+def test_102_processing_is_life_past_the_timeout(
+    tmp_path: Path, pki: Path, bucket: Path, member: FakeMember
+) -> None:
+    with daemon_of(tmp_path, pki, member.port) as d:
+        got = read_all(d, bucket, "processing", member)
+    assert got["up"] and got["member"]["errors"] == {} and got["remote_gets"] == 0
+
+
+def test_a_job_with_a_rate_is_charged_after_428_and_before_the_homes_get(
+    tmp_path: Path, pki: Path, bucket: Path, member: FakeMember
+) -> None:
+    with daemon_of(tmp_path, pki, member.port) as d:
+
+        async def main() -> tuple[int, int]:
+            async with running(d):
+                await d.set_io_allocation("j", 100 << 20)
+                ds, m = await mounted(d, bucket)
+                member.mode = "charge"
+                key, index = remote_chunks(d, ds, bucket)[0]
+                data, source = await d.get_chunk(m, key, index, False)
+                want = (bucket / key).read_bytes()[index * CHUNK : (index + 1) * CHUNK]
+                assert bytes(data) == want
+                return d.job("j").limiter.charged_bytes, len(want)
+
+        charged, length = trio.run(main)
+    assert [a["charged"] for a in member.asks] == ["0", "1"]
+    assert charged == length

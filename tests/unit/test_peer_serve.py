@@ -1,0 +1,242 @@
+"""The home's side of the peer path (node/peer_serve.py) and the cluster's shares
+(node/cluster_shares.py), on a real Daemon in this process with a local directory: the
+charge protocol, one store GET per chunk however many members ask at once, admission
+under this node's part of a share, a warm's answers, and what a member may not name."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import trio
+
+from silofs.cache.format import ChunkRef
+from silofs.config import ClusterSettings, MemberSpec, NodeSettings
+from silofs.errors import UsageError
+from silofs.node.daemon import Daemon
+from silofs.node.peer_serve import ChargeFirst, UnknownDataset
+from silofs.node.peer_wire import ChunkAsk
+from tests.support.cluster import make_pki
+from tests.unit.inprocess import mounted, running
+
+CHUNK = 256 << 10
+ME, OTHER = "tls://127.0.0.1:1", "tls://127.0.0.1:2"
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_pki(tmp_path_factory.mktemp("pki"), ["127.0.0.1", "127.0.0.1"])
+
+
+@pytest.fixture
+def bucket(tmp_path: Path) -> Path:
+    root = tmp_path / "bucket"
+    root.mkdir()
+    for i in range(8):
+        (root / f"f{i}.bin").write_bytes(os.urandom(2 * CHUNK))
+    return root
+
+
+@pytest.fixture
+def home(tmp_path: Path, pki: Path) -> Iterator[Daemon]:
+    settings = NodeSettings(
+        socket=str(tmp_path / "ctl.sock"),
+        cache_dir=str(tmp_path / "cache"),
+        cache_size=64 << 20,
+        chunk_size=CHUNK,
+        tcp_listen="127.0.0.1:1",
+        tls_cert=str(pki / "n0.pem"),
+        tls_key=str(pki / "n0.key"),
+        tls_client_ca=str(pki / "ca.pem"),
+        cluster=ClusterSettings(
+            name="c", address=ME, members=(MemberSpec(ME, 3.0), MemberSpec(OTHER, 1.0))
+        ),
+    )
+    d = Daemon(settings)
+    yield d
+    d.cluster.close()
+    d.store.close()
+    os.close(d.lock_fd)
+
+
+def ask(d: Daemon, ds: object, key: str, index: int, **flags: bool) -> ChunkAsk:
+    obj = d.store.get_object(ds.id, key)  # type: ignore[attr-defined]
+    ref = ChunkRef.of(obj, CHUNK, index)
+    flags = {"charged": False, "warm": False, **flags}
+    return ChunkAsk.of(ds.uri.canonical, ref, "peer-job", **flags)  # type: ignore[attr-defined]
+
+
+def counting_gets(ds: object) -> list[int]:
+    """Count the backend's get_range calls (the store GETs) from here on."""
+    backend = ds.backend  # type: ignore[attr-defined]
+    calls: list[int] = []
+    original = backend.get_range
+
+    def get_range(obj: object, start: int, length: int) -> bytes:
+        calls.append(start)
+        return original(obj, start, length)
+
+    backend.get_range = get_range
+    return calls
+
+
+def test_a_miss_needs_the_askers_charge_then_one_get_for_every_asker(
+    home: Daemon, bucket: Path
+) -> None:
+    async def main() -> None:
+        async with running(home) as d:
+            ds, _ = await mounted(d, bucket)
+            gets = counting_gets(ds)
+            with pytest.raises(ChargeFirst) as charge:
+                await d.cluster.home.serve(ask(d, ds, "f1.bin", 1))
+            assert charge.value.nbytes == CHUNK and gets == []
+            served = []
+
+            async def one() -> None:
+                served.append(await d.cluster.home.serve(ask(d, ds, "f1.bin", 1, charged=True)))
+
+            async with trio.open_nursery() as nursery:
+                for _ in range(5):  # five members at once
+                    nursery.start_soon(one)
+            assert len(gets) == 1
+            assert sorted(s.source for s in served) == ["cache"] * 4 + ["remote"]
+            want = (bucket / "f1.bin").read_bytes()[CHUNK:]
+            for s in served:
+                assert s.value is not None and s.value.endswith(want)
+            # Admitted: now served from the cache to an asker that charged nothing.
+            await d.writer.flush()
+            again = await d.cluster.home.serve(ask(d, ds, "f1.bin", 1))
+            assert again.source == "cache" and len(gets) == 1
+
+    trio.run(main)
+
+
+def test_what_a_member_may_not_name(home: Daemon, bucket: Path, tmp_path: Path) -> None:
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "secret").write_bytes(b"s" * 100)
+
+    async def main() -> None:
+        async with running(home) as d:
+            ds, _ = await mounted(d, bucket)
+            with pytest.raises(UnknownDataset):
+                await d.cluster.home.serve(
+                    ChunkAsk(f"file://{other}/", "secret", "x", 100, "v", CHUNK, 0, "j", True)
+                )
+            with pytest.raises(PermissionError, match="local directory"):
+                await d.cluster.home.introduce(f"file://{other}/", {})
+            with pytest.raises(PermissionError, match="profile"):
+                await d.cluster.home.introduce("s3://b/p/", {"profile": "admin"})
+            # A local object this node's listing does not name, or names otherwise.
+            good = ask(d, ds, "f0.bin", 0, charged=True)
+            forged = dataclasses.replace(good, content_id="forged")
+            unlisted = dataclasses.replace(good, key="nope.bin")
+            for bad in (forged, unlisted):
+                with pytest.raises(UsageError):
+                    await d.cluster.home.serve(bad)
+
+    trio.run(main)
+
+
+def test_key_and_query_checks() -> None:
+    good = {"ds": "s3://b/", "key": "a/b", "cid": "c", "size": "10", "version": "v",
+            "cs": str(CHUNK), "i": "0", "job": "j"}  # fmt: skip
+    assert ChunkAsk.from_query(good).key == "a/b"
+    for field, value in (("key", "../etc/passwd"), ("key", "a//b"), ("key", "/abs"),
+                         ("i", "1"), ("cs", "4096"), ("job", "a b"), ("size", "-1")):  # fmt: skip
+        with pytest.raises(ValueError):
+            ChunkAsk.from_query({**good, field: value})
+
+
+def test_a_share_is_split_by_configured_weight_and_warms_fill_only_the_part(
+    home: Daemon, bucket: Path
+) -> None:
+    async def main() -> None:
+        async with running(home) as d:
+            ds, _ = await mounted(d, bucket)
+            # 4 chunks' worth of share: this node (weight 3 of 4) holds 3 chunks at most.
+            await d.set_cache_allocation(ds.uri.canonical, 4 * CHUNK)
+            assert d.cluster.shares.share(ds.uri.canonical) == 4 * CHUNK
+            assert d.cluster.parts()[ds.uri.canonical] == 3 * CHUNK
+            assert d.quota_policy().quota(ds.id, d.usage) == 3 * CHUNK
+
+            async def warm(key: str) -> str:
+                try:  # a member's warm: charged only when the home would fetch
+                    return (await d.cluster.home.serve(ask(d, ds, key, 0, warm=True))).outcome
+                except ChargeFirst:
+                    a = ask(d, ds, key, 0, warm=True, charged=True)
+                    return (await d.cluster.home.serve(a)).outcome
+
+            outcomes = [await warm(f"f{i}.bin") for i in range(8)]
+            assert outcomes[:3] == ["admitted"] * 3 and set(outcomes[3:]) == {"full"}
+            held = await d.cluster.home.serve(ask(d, ds, "f0.bin", 0, warm=True))
+            assert held.outcome == "held"
+            assert d.usage[ds.id].bytes == 3 * CHUNK
+
+    trio.run(main)
+
+
+def test_a_pushed_share_is_taken_only_if_newer_and_survives_a_restart(
+    home: Daemon, bucket: Path, tmp_path: Path
+) -> None:
+    async def main() -> None:
+        async with running(home) as d:
+            assert await d.cluster.accept_shares({"version": 10, "shares": {"s3://b/": 1 << 20}})
+            assert not await d.cluster.accept_shares({"version": 9, "shares": {"s3://b/": 5}})
+            with pytest.raises(UsageError):
+                await d.cluster.accept_shares({"version": "x", "shares": {}})
+
+    trio.run(main)
+    assert home.cluster.shares.view() == {"version": 10, "shares": {"s3://b/": 1 << 20}}
+    from silofs.node.cluster_shares import ClusterShares
+
+    assert ClusterShares(home.store, home.writer).version == 10  # persisted
+
+
+def test_members_warming_at_once_take_turns_and_fill_only_the_part(
+    home: Daemon, bucket: Path
+) -> None:
+    async def main() -> list[str]:
+        async with running(home) as d:
+            ds, _ = await mounted(d, bucket)
+            await d.set_cache_allocation(ds.uri.canonical, 4 * CHUNK)  # part: 3 chunks
+            outcomes: list[str] = []
+
+            async def warm(i: int) -> None:
+                a = ask(d, ds, f"f{i % 8}.bin", i // 8, warm=True, charged=True)
+                outcomes.append((await d.cluster.home.serve(a)).outcome)
+
+            with trio.fail_after(20):
+                async with trio.open_nursery() as nursery:
+                    for i in range(16):  # sixteen asks from members at once
+                        nursery.start_soon(warm, i)
+            await d.writer.flush()
+            assert d.usage[ds.id].bytes <= 3 * CHUNK
+            return outcomes
+
+    outcomes = trio.run(main)
+    assert outcomes.count("admitted") == 3 and outcomes.count("full") == 13
+
+
+def test_the_serve_cap_paces_answers_to_members(home: Daemon, bucket: Path) -> None:
+    rate = 2 << 20  # bytes/s served to members at most
+
+    async def main() -> tuple[float, float]:
+        async with running(home) as d:
+            ds, _ = await mounted(d, bucket)
+            d.cluster.home.set_serve_rate(rate)
+            for i in range(4):  # cached here first (no cap on this node's own reads)
+                await d.cluster.home.serve(ask(d, ds, f"f{i}.bin", 0, charged=True))
+            await d.writer.flush()
+            waited = d.cluster.home.serve_waited()
+            t0 = trio.current_time()
+            for i in range(4):
+                await d.cluster.home.serve(ask(d, ds, f"f{i}.bin", 0))
+            return trio.current_time() - t0, d.cluster.home.serve_waited() - waited
+
+    elapsed, waited = trio.run(main)
+    # 4 chunk values (1 MiB and their headers) at 2 MiB/s, less the burst: ~0.4 s.
+    assert elapsed >= 0.3 and waited >= 0.3, (elapsed, waited)
