@@ -81,7 +81,7 @@ SNAPSHOT_REUSE_SECONDS = 0.25
 
 # How far ahead of a sequential reader the kernel reads cached values (_advise_ahead):
 # 64 MiB against the 16 MiB window of misses made a 512 MiB pass 0.61 -> 0.82 GB/s, and
-# 8 MiB was slower still (bench/README.md, "Reads at their limits").
+# 8 MiB was slower still (docs/RESULTS.md, 2026-11-27).
 VALUE_AHEAD_BYTES = 64 << 20
 # Sequential readers whose read-ahead the chunk buffer holds at once (buffer_bytes_for).
 BUFFER_STREAMS = 2

@@ -30,7 +30,7 @@ T = TypeVar("T")
 # The nice value of the thread that admits chunks (_AdmitThread). Admission copies every
 # fetched byte twice more (into LMDB's pages, then into the page cache) on the path of a
 # cold read: at a lower priority it runs on what the readers leave (a cold 256 MiB read
-# on moto 146 -> 178 MB/s, bench/README.md "Reads at their limits"); its queue
+# on moto 146 -> 178 MB/s, docs/RESULTS.md 2026-11-27); its queue
 # (admission_queue_bytes) holds what it has not written yet.
 ADMIT_NICE = 10
 
