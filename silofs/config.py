@@ -181,7 +181,7 @@ class MountSettings:
     # registers against it instead of opening it a second time.
     dataset_id: int | None = None
     # Processes serving the one FUSE connection (mount/forked.py): 1 is one pyfuse3
-    # process, as before; N > 1 forks N serving processes after INIT, for many readers.
+    # process (the default); N > 1 forks N serving processes after INIT, for many readers.
     serve_processes: int = 1
     # The longest silence the mount accepts from the daemon after a request (seconds).
     # The daemon sends "102 Processing" while it works on one, so only a frozen

@@ -59,18 +59,16 @@ def _silofs(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "silofs", *args], capture_output=True, text=True)
 
 
-def _mount_stats(socket: str) -> dict:
+def _mount_stats(socket: str, expected: int) -> dict:
+    """The demo mount's counters once they account for `expected` bytes read (a mount
+    reports its counters to the daemon a few times a second), or as they are after 5 s."""
+    deadline = time.monotonic() + 5
     with ControlClient(socket) as c:
-        for _ in range(100):
-            status = c.request("GET", "/v1/status")
-            m = status["mounts"][0]
-            if m["bytes_read"] >= _mount_stats.expected:  # type: ignore[attr-defined]
+        while True:
+            m = c.request("GET", "/v1/status")["mounts"][0]
+            if m["bytes_read"] >= expected or time.monotonic() > deadline:
                 return m
             time.sleep(0.05)
-        return m
-
-
-_mount_stats.expected = 0  # type: ignore[attr-defined]
 
 
 def run_demo(root: Path, epochs: int, files: int = SMALL_FILES, big: int = BIG_SIZE) -> None:
@@ -94,11 +92,12 @@ def run_demo(root: Path, epochs: int, files: int = SMALL_FILES, big: int = BIG_S
     if res.returncode != 0:
         raise click.ClickException(res.stderr.strip().removeprefix("silofs: error: "))
     click.echo(f"mounted file://{data}/ at {mnt}")
+    read = 0
     try:
         for epoch in range(1, epochs + 1):
             n, nbytes, secs = read_epoch(mnt)
-            _mount_stats.expected += nbytes  # type: ignore[attr-defined]
-            m = _mount_stats(socket)
+            read += nbytes
+            m = _mount_stats(socket, read)
             click.echo(
                 f"epoch {epoch}: {n} files, {nbytes / 1e6:.0f} MB in {secs:.2f}s "
                 f"({nbytes / 1e6 / secs:.0f} MB/s); cache hits so far "
@@ -106,8 +105,14 @@ def run_demo(root: Path, epochs: int, files: int = SMALL_FILES, big: int = BIG_S
                 f"remote GETs {m['remote_gets']}"
             )
     finally:
-        _silofs("unmount", str(mnt), "--socket", socket)
+        unmounted = _silofs("unmount", str(mnt), "--socket", socket)
         _stop_daemon(socket)
+    if unmounted.returncode != 0:
+        # The last part of "cannot unmount M: fusermount3: failed to unmount M: REASON".
+        why = unmounted.stderr.strip().rpartition(": ")[2] or "no reason given"
+        raise click.ClickException(
+            f"could not unmount {mnt}: {why} (close what uses it, then `fusermount3 -u {mnt}`)"
+        )
     click.echo("unmounted; epoch 2 onwards came from the local cache (remote GETs stay flat)")
 
 

@@ -314,5 +314,10 @@ def _signature(
     parts += sorted(f"queued:{j.id}:{j.datasets}:{j.gpus}:{j.ideal_io}:{j.epochs}" for j in queue)
     parts += sorted(f"{n}:{j.name}:{j.dataset}" for n, s in seen.items() for j in s.jobs.values())
     parts += sorted(f"up:{n}" for n in seen)
+    parts += sorted(
+        f"cluster:{n}:{s.cluster.name}:{s.cluster.weight}:{s.cluster.total_weight}"
+        for n, s in seen.items()
+        if s.cluster is not None
+    )
     parts += sorted(f"ideal:{k}" for k in ideal)
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()

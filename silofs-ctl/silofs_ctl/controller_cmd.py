@@ -27,8 +27,17 @@ log = logging.getLogger(__name__)
 def render_plan(plan: Plan, down: dict[str, str]) -> str:
     rows = ["{:16} {:48} {:>12}".format("node", "dataset", "cache")]
     for node in sorted(plan.cache):
+        c = plan.cluster_of(node)
+        if c is not None and node != c.via:
+            continue  # a cluster's shares are listed once, under its name
+        label = node if c is None else c.name  # explained by the line below
         for dataset, nbytes in sorted(plan.cache[node].items()):
-            rows.append(f"{node[:16]:16} {dataset[:48]:48} {format_size(nbytes):>12}")
+            rows.append(f"{label[:16]:16} {dataset[:48]:48} {format_size(nbytes):>12}")
+    for c in sorted(plan.clusters.values(), key=lambda c: c.name):
+        rows.append(
+            f"cluster {c.name}: one cache over {', '.join(c.members)} "
+            f"({format_size(int(c.pool))}); its shares are cluster-wide, pushed to {c.via}"
+        )
     rows += [
         "",
         "{:24} {:16} {:>12} {:>12} {:>12}".format("job", "nodes", "f*", "remote IO", "per node"),

@@ -1,7 +1,8 @@
 """What the controller sees: node statuses parsed, and rates measured from their counters.
 
 Owns: the fields the controller reads from GET /v1/status (docs/CONTROLLER.md), the
-per-node view of datasets, jobs and job registrations (a Slurm prolog's), and
+per-node view of datasets, jobs, job registrations (a Slurm prolog's) and the cluster
+the node is a member of (its name, weights and cache shares), and
 RateTracker (a job's throughput and hit ratio over a poll window, and its best
 unthrottled rate, its f* when none is given).
 Never: talks to a node (the loop fetches statuses and hands them here), plans or pushes.
@@ -61,12 +62,37 @@ class Registration:
 
 
 @dataclass
+class ClusterSeen:
+    """The cluster a node is a member of, as that node reports it (status "cluster").
+
+    A member holds `weight / total_weight` of every dataset's cluster-wide share (its
+    part); `shares` is the cluster-wide table it holds (URI -> bytes, None: the dataset
+    is back in the shared pool), at `version`; `cached` the bytes of each dataset this
+    node holds, datasets it only holds for other members included."""
+
+    name: str
+    address: str
+    version: int
+    weight: float
+    total_weight: float
+    members: tuple[str, ...] = ()  # every configured member's address
+    shares: dict[str, int | None] = field(default_factory=dict)
+    cached: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def scale(self) -> float:
+        """The cluster's caches over this member's part of them (1 / its fraction)."""
+        return self.total_weight / self.weight if self.weight > 0 else 1.0
+
+
+@dataclass
 class NodeSeen:
     name: str
     cache_size: float | None
     datasets: dict[str, DatasetSeen]
     jobs: dict[str, JobSeen]
     registrations: dict[str, Registration] = field(default_factory=dict)
+    cluster: ClusterSeen | None = None  # None: the node caches alone
 
 
 def parse_status(node: str, status: Mapping[str, Any]) -> NodeSeen:
@@ -102,7 +128,43 @@ def parse_status(node: str, status: Mapping[str, Any]) -> NodeSeen:
             remote_rate=_opt_float(j.get("remote_bytes_per_s")),
             effective_cache=_opt_float(j.get("effective_cache")),
         )
-    return NodeSeen(node, _opt_float(info.get("cache_size")), datasets, jobs, registrations)
+    return NodeSeen(
+        node,
+        _opt_float(info.get("cache_size")),
+        datasets,
+        jobs,
+        registrations,
+        _cluster(status.get("cluster")),
+    )
+
+
+def _cluster(view: Any) -> ClusterSeen | None:
+    """The node's cluster view, or None (it stands alone, or a view we cannot use: then
+    the node is planned as standing alone)."""
+    if not isinstance(view, Mapping) or not view.get("name"):
+        return None
+    members = [m for m in view.get("members") or [] if isinstance(m, Mapping)]
+    weights = [float(m.get("weight") or 0.0) for m in members]
+    mine = [float(m.get("weight") or 0.0) for m in members if m.get("self")]
+    if not mine or mine[0] <= 0 or sum(weights) <= 0:
+        return None
+    raw = view.get("shares") if isinstance(view.get("shares"), Mapping) else {}
+    shares = {str(k): None if v is None else int(v) for k, v in raw.items()}
+    cached = {
+        str(d["uri"]): float(d.get("cached_bytes") or 0)
+        for d in view.get("datasets") or []
+        if isinstance(d, Mapping) and d.get("uri")
+    }
+    return ClusterSeen(
+        name=str(view["name"]),
+        address=str(view.get("address") or ""),
+        version=int(view.get("allocations_version") or 0),
+        weight=mine[0],
+        total_weight=sum(weights),
+        members=tuple(str(m.get("address") or "") for m in members),
+        shares=shares,
+        cached=cached,
+    )
 
 
 def _registration(job: Mapping[str, Any]) -> Registration | None:

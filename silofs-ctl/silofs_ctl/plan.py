@@ -8,9 +8,14 @@ which the controller may feed back to it as priority. Never: talks to a node or 
 scheduler, keeps state between rounds, or schedules GPUs (jobs and their placement are
 facts here).
 
-Each node keeps its own cache, so a cache unit is a (node, dataset) pair drawing from that
-node's budget. A job on several nodes reads an equal share through each; its IO
-allocation is split evenly across its nodes (papers/silod.md §6).
+A node that caches alone makes a cache unit per (node, dataset), drawing from that
+node's budget. Nodes that report the same cluster (status "cluster": one cache across
+its members) make one unit per (cluster, dataset), drawing from the cluster's pool: a
+dataset read on k of its nodes is cached once, not k times, and its hit ratio is c/d
+with c cluster-wide. A job on several nodes reads an equal share through each node's
+unit (the same unit for nodes of one cluster); its IO allocation is split evenly across
+its nodes (SiloD, EuroSys '23, §6). A cluster's cache is pushed as each dataset's
+cluster-wide share, to one member, which passes the table on to the others.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ from dataclasses import dataclass, field, replace
 from .controller_config import POLICIES, ControllerConfig, JobEntry, NodeConfig
 from .estimator import SiloDEstimator, hit_ratio
 from .model import Allocation, CacheUnit, Cluster, Job
-from .observe import JobSeen, NodeSeen
+from .observe import ClusterSeen, JobSeen, NodeSeen
 from .policies.base import current_hits, water_fill
 from .policies.sjf import silod_choice
 from .slurm import SlurmJob
@@ -54,18 +59,81 @@ class QueuedPlan:
 
 
 @dataclass
+class ClusterPlan:
+    """A cluster of the controller's nodes: one cache pool, shares pushed to one member.
+
+    The daemons keep one table of shares per cluster, newest version wins as a whole, and
+    a member given a share passes the whole table on to the others: shares set on two
+    members at once could each undo the other's. So every change goes to `via` (the
+    first answering member by name), one at a time, and reaches the others from it."""
+
+    name: str
+    members: tuple[str, ...]  # the controller's nodes in it that answered
+    pool: float  # bytes the cluster-wide shares may add up to
+    via: str
+
+
+@dataclass
 class Plan:
     """What to push: cache bytes per (node, dataset URI), IO per (node, job); and the
-    scheduler's queue in SJF-SiloD order (first should run first)."""
+    scheduler's queue in SJF-SiloD order (first should run first).
+
+    For a node in a cluster, `cache` holds each dataset's cluster-wide share (the same on
+    every member); only the cluster's `via` member is sent it (`clusters`)."""
 
     cache: dict[str, dict[str, int]]
     io: dict[str, dict[str, int | None]]
     jobs: list[JobPlan]
     queue: list[QueuedPlan] = field(default_factory=list)
+    clusters: dict[str, ClusterPlan] = field(default_factory=dict)
+
+    def cluster_of(self, node: str) -> ClusterPlan | None:
+        return next((c for c in self.clusters.values() if node in c.members), None)
 
 
 def unit_key(node: str, dataset: str) -> str:
     return f"{node}|{dataset}"
+
+
+CLUSTER_PREFIX = "cluster:"
+
+
+def cluster_pool(name: str) -> str:
+    """The pool (and unit key prefix) of a cluster's cache."""
+    return CLUSTER_PREFIX + name
+
+
+def cache_pools(config: ControllerConfig, seen: Mapping[str, NodeSeen]) -> dict[str, list[str]]:
+    """Each cache pool -> the controller's nodes that draw from it: a node that caches
+    alone (or does not answer) is its own pool; answering nodes that report one
+    cluster name, and whose member lists overlap, share that cluster's pool. (Lists
+    that overlap but differ are a member list being replaced; two clusters that happen
+    to share a name have none in common and stay two pools, "NAME" and "NAME~2".)"""
+    pools: dict[str, list[str]] = {}
+    groups: dict[str, list[tuple[set[str], list[str]]]] = {}
+    for node in config.nodes:
+        status = seen.get(node.name)
+        c = status.cluster if status is not None else None
+        if c is None:
+            pools[node.name] = [node.name]
+            continue
+        mine = set(c.members) | {c.address}
+        joined = [g for g in groups.setdefault(c.name, []) if g[0] & mine]
+        for g in joined:
+            groups[c.name].remove(g)
+        merged = (mine.union(*(g[0] for g in joined)), [n for g in joined for n in g[1]])
+        merged[1].append(node.name)
+        groups[c.name].append(merged)
+    for name, found in groups.items():
+        found.sort(key=lambda g: min(g[1]))
+        for i, (_, nodes) in enumerate(found):
+            label = name if i == 0 else f"{name}~{i + 1}"
+            pools[cluster_pool(label)] = sorted(nodes)
+    return pools
+
+
+def _pool_of(pools: Mapping[str, list[str]]) -> dict[str, str]:
+    return {node: pool for pool, nodes in pools.items() for node in nodes}
 
 
 def plan_allocations(
@@ -192,6 +260,8 @@ def build_problem(
     """
     by_name = {e.name: e for e in entries}
     configured = {n.name for n in config.nodes}
+    pools = cache_pools(config, seen)
+    pool_of = _pool_of(pools)
     index = _DatasetIndex(seen)
     where: dict[str, list[str]] = {}
     dataset_of: dict[str, str] = {}
@@ -224,13 +294,14 @@ def build_problem(
             )
             unknown.append(JobPlan(name, dataset, nodes, f_star, None, why))
             continue
-        reads = {}
+        reads: dict[str, float] = {}
         for node in nodes:
-            key = unit_key(node, dataset)
-            units[key] = CacheUnit(key, node, dataset, size)
-            reads[key] = 1.0 / len(nodes)
+            pool = pool_of.get(node, node)
+            key = unit_key(pool, dataset)
+            units[key] = CacheUnit(key, pool, dataset, size)
+            reads[key] = reads.get(key, 0.0) + 1.0 / len(nodes)
         jobs.append(_job(name, dataset, entry, f_star, reads, nodes, seen, size))
-    return jobs, _cluster(config, jobs, units, seen), unknown
+    return jobs, _cluster(config, jobs, units, seen, pools), unknown
 
 
 def _job(
@@ -244,10 +315,10 @@ def _job(
     size: float,
 ) -> Job:
     gpus = entry.gpus if entry else 1
-    reports = [seen[n].jobs[name] for n in nodes if n in seen and name in seen[n].jobs]
-    done = sum(r.bytes_read for r in reports)
+    reports = [(seen[n], seen[n].jobs[name]) for n in nodes if n in seen and name in seen[n].jobs]
+    done = sum(r.bytes_read for _, r in reports)
     remaining = max(0.0, entry.epochs * size - done) if entry and entry.epochs else math.inf
-    hits = [_hit_now(r, size) for r in reports]
+    hits = [_hit_now(r, size, node.cluster) for node, r in reports]
     hits = [h for h in hits if h is not None]
     hit_now = sum(hits) / len(hits) if hits and len(hits) == len(nodes) else None
     per_node = max(1, gpus // len(nodes))
@@ -263,11 +334,15 @@ def _job(
     )
 
 
-def _hit_now(report: JobSeen, size: float) -> float | None:
+def _hit_now(report: JobSeen, size: float, cluster: ClusterSeen | None = None) -> float | None:
     """The job's hit ratio this epoch on one node: its effective cache over the dataset
-    (uniform caching; what was cached when the epoch began, §6), else as measured."""
+    (uniform caching; what was cached when the epoch began, §6), else as measured.
+
+    A node in a cluster reports the effective cache it holds itself, its part of the
+    cluster's (chunks are placed on members by weight): scaled up to the cluster's."""
     if report.effective_cache is not None and size > 0:
-        return min(1.0, report.effective_cache / size)
+        scale = cluster.scale if cluster is not None else 1.0
+        return min(1.0, report.effective_cache * scale / size)
     return report.hit_now
 
 
@@ -276,6 +351,7 @@ def _cluster(
     jobs: Sequence[Job],
     units: dict[str, CacheUnit],
     seen: Mapping[str, NodeSeen],
+    pools: Mapping[str, list[str]],
 ) -> Cluster:
     # The jobs already run, so every node has at least the GPUs its jobs hold.
     used: dict[str, int] = {}
@@ -283,13 +359,53 @@ def _cluster(
         for node, n in (job.placement or {}).items():
             used[node] = used.get(node, 0) + n
     gpus = {n.name: max(n.gpus, used.get(n.name, 0)) for n in config.nodes}
-    pools = {n.name: float(_budget(n, seen)) for n in config.nodes}
-    cached = {}
-    for key, unit in units.items():
-        node = seen.get(unit.pool)
-        ds = node.datasets.get(unit.dataset) if node else None
-        cached[key] = ds.cached if ds else 0.0
-    return Cluster(gpus, dict(pools), config.remote_io, pools, units, cached)
+    budgets = {n.name: float(_budget(n, seen)) for n in config.nodes}
+    capacity = {
+        pool: budgets[nodes[0]] if pool == nodes[0] else _cluster_capacity(nodes, budgets, seen)
+        for pool, nodes in pools.items()
+    }
+    cached = {
+        key: cached_in(pools.get(unit.pool, [unit.pool]), unit.dataset, seen)
+        for key, unit in units.items()
+    }
+    return Cluster(gpus, budgets, config.remote_io, capacity, units, cached)
+
+
+def _cluster_capacity(
+    members: Sequence[str], budgets: Mapping[str, float], seen: Mapping[str, NodeSeen]
+) -> float:
+    """What a cluster's shares may add up to: each member holds its part of every share
+    (weight / the configured members' weights), so the member whose budget its part
+    fills first bounds them all. When weights follow cache sizes, this is the sum of
+    the members' caches. A member's allocations of its own (made before it joined,
+    outside any share) still take room in its cache."""
+    bound = math.inf
+    for node in members:
+        status = seen[node]
+        assert status.cluster is not None
+        local = sum(
+            d.allocation or 0.0
+            for uri, d in status.datasets.items()
+            if uri not in status.cluster.shares
+        )
+        bound = min(bound, max(0.0, budgets[node] - local) * status.cluster.scale)
+    return 0.0 if math.isinf(bound) else bound
+
+
+def cached_in(nodes: Sequence[str], uri: str, seen: Mapping[str, NodeSeen]) -> float:
+    """Bytes of a dataset the nodes of one pool hold now (a cluster's: added up over its
+    members, what each holds only for other members included)."""
+    total = 0.0
+    for node in nodes:
+        status = seen.get(node)
+        if status is None:
+            continue
+        ds = status.datasets.get(uri)
+        held = ds.cached if ds else 0.0
+        if status.cluster is not None:
+            held = max(held, status.cluster.cached.get(uri, 0.0))
+        total += held
+    return total
 
 
 def _budget(node: NodeConfig, seen: Mapping[str, NodeSeen]) -> float:
@@ -356,16 +472,18 @@ def to_plan(
 ) -> Plan:
     """Per-node pushes: cache per dataset, IO per job split evenly over its nodes. A job
     missing from alloc.io (or from unknown_io, for jobs the policy did not plan) is left
-    unthrottled (null)."""
+    unthrottled (null). Every member of a cluster is planned its cluster-wide shares."""
+    pools = cache_pools(config, seen)
     cache: dict[str, dict[str, int]] = {n.name: {} for n in config.nodes}
     for key, unit in cluster.units.items():
-        cache[unit.pool][unit.dataset] = int(alloc.cache.get(key, 0.0))
-    _keep_idle(cache, cluster, seen, queued or set())
+        for node in pools.get(unit.pool, [unit.pool]):
+            cache[node][unit.dataset] = int(alloc.cache.get(key, 0.0))
+    _keep_idle(cache, cluster, seen, queued or set(), pools)
     io: dict[str, dict[str, int | None]] = {n.name: {} for n in config.nodes}
     plans = []
     for job in jobs:
         total = alloc.io.get(job.name)
-        nodes = tuple(sorted({cluster.units[k].pool for k in job.reads}))
+        nodes = tuple(sorted(job.placement or ()))
         for node in nodes:
             io[node][job.name] = _split(total, len(nodes))
         plans.append(JobPlan(job.name, job.dataset, nodes, job.f_star, total))
@@ -374,7 +492,12 @@ def to_plan(
         for node in job.nodes:
             io.setdefault(node, {})[job.name] = _split(total, len(job.nodes))
         plans.append(replace(job, io=total))
-    return Plan(cache, io, sorted(plans, key=lambda p: p.name))
+    clusters = {}
+    for pool, nodes in pools.items():
+        if pool != nodes[0]:  # a cluster's (a node's own pool is keyed by its name)
+            label = pool.removeprefix(CLUSTER_PREFIX)
+            clusters[label] = ClusterPlan(label, tuple(nodes), cluster.pools[pool], nodes[0])
+    return Plan(cache, io, sorted(plans, key=lambda p: p.name), clusters=clusters)
 
 
 def _split(total: float | None, parts: int) -> int | None:
@@ -389,17 +512,28 @@ def _keep_idle(
     cluster: Cluster,
     seen: Mapping[str, NodeSeen],
     queued: set[str],
+    pools: Mapping[str, list[str]],
 ) -> None:
-    """Datasets no running job reads keep what they have cached while their node has
+    """Datasets no running job reads keep what they have cached while their pool has
     room (a job may come back to them), and are squeezed to 0 when it has not; those a
     queued job will read are kept first (its data, cached, is worth more than data
-    nobody asked for)."""
-    for node, status in seen.items():
-        if node not in cache:
+    nobody asked for). A cluster's idle datasets are those any member lists or holds a
+    share of, each kept (on every member) up to what the cluster holds of it."""
+    for pool, nodes in pools.items():
+        nodes = [n for n in nodes if n in seen and n in cache]
+        if not nodes:
             continue
-        room = cluster.pools.get(node, 0.0) - sum(cache[node].values())
-        idle = [d for d in status.datasets.values() if d.uri not in cache[node]]
-        for ds in sorted(idle, key=lambda d: (d.uri not in queued, -d.cached, d.uri)):
-            keep = int(max(0.0, min(ds.cached, room)))
-            cache[node][ds.uri] = keep
+        room = cluster.pools.get(pool, 0.0) - sum(cache[nodes[0]].values())
+        uris: set[str] = set()
+        for node in nodes:
+            status = seen[node]
+            uris.update(status.datasets)
+            if status.cluster is not None:
+                uris.update(status.cluster.shares)
+                uris.update(status.cluster.cached)
+        held = {u: cached_in(nodes, u, seen) for u in uris if u not in cache[nodes[0]]}
+        for uri in sorted(held, key=lambda u: (u not in queued, -held[u], u)):
+            keep = int(max(0.0, min(held[uri], room)))
+            for node in nodes:
+                cache[node][uri] = keep
             room -= keep

@@ -2,7 +2,10 @@
 
 Owns: the diff between a Plan and a node's status (or what the node last accepted, for
 what it does not list), the PUTs, and the report of what landed, what was refused and
-which nodes were unreachable. Never: plans, retries within a round (the next round
+which nodes were unreachable. A cluster's cache shares go to its one `via` member (the
+PUT is the same as a node's own allocation; the daemon takes it as the cluster-wide
+share and passes it on), diffed against the shares that member holds; its other
+members get only their jobs' IO. Never: plans, retries within a round (the next round
 does), or lets one node's failure stop the others.
 """
 
@@ -73,9 +76,10 @@ def _push_node(
     # take its allocations over its cache size, so every shrink must land before any
     # grow or a grow sorted before the shrink that makes room for it waits a round.
     updates: list[tuple[bool, str, str, int | None]] = []
-    for dataset, nbytes in plan.cache.get(node, {}).items():
-        held = status.datasets.get(dataset)
-        current = held.allocation if held else memory.get(("cache", dataset), -1)
+    cluster = plan.cluster_of(node)
+    cache = plan.cache.get(node, {}) if cluster is None or cluster.via == node else {}
+    for dataset, nbytes in cache.items():
+        current = _cache_now(status, dataset, memory, clustered=cluster is not None)
         if current is None or int(current) != nbytes:
             shrink = current is not None and current >= 0 and nbytes < current
             updates.append((not shrink, "cache", dataset, nbytes))
@@ -102,3 +106,22 @@ def _push_node(
         memory[(kind, name)] = value
         count += 1
     return count, refused
+
+
+def _cache_now(
+    status: NodeSeen,
+    dataset: str,
+    memory: dict[tuple[str, str], int | None],
+    *,
+    clustered: bool,
+) -> float | None:
+    """What a node holds for a dataset now: its allocation, or in a cluster the dataset's
+    cluster-wide share (its datasets' own allocation column is the node-local one); -1
+    when it lists none and we never set one."""
+    if clustered and status.cluster is not None:
+        shares = status.cluster.shares
+        if dataset in shares:
+            return shares[dataset]
+        return memory.get(("cache", dataset), -1)
+    held = status.datasets.get(dataset)
+    return held.allocation if held else memory.get(("cache", dataset), -1)

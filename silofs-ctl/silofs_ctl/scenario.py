@@ -8,6 +8,7 @@ back to a default and skew results).
 
     [cluster]
     remote_io = "200MB/s"
+    cache = "cluster"      # one cache across the nodes (default), or "per-node"
     [[cluster.nodes]]      # one table per node; `count = N` repeats it
     gpus = 4
     cache = "1TiB"
@@ -34,7 +35,10 @@ from .tomlcheck import Checker, ConfigError, load_toml, parse_duration
 log = logging.getLogger(__name__)
 
 TOP_KEYS = {"description", "cluster", "jobs"}
-CLUSTER_KEYS = {"remote_io", "nodes"}
+CLUSTER_KEYS = {"remote_io", "nodes", "cache"}
+# How the nodes cache: "cluster", one cache across them (a silofs cluster, the SiloD
+# paper's distributed cache: a dataset is cached once); "per-node", each alone.
+NODE_CACHES = ("cluster", "per-node")
 NODE_KEYS = {"name", "gpus", "cache", "count"}
 JOB_KEYS = {"name", "submit", "gpus", "dataset", "dataset_size", "ideal_io", "epochs"}
 __all__ = ["JobSpec", "NodeSpec", "Scenario", "ScenarioError", "load_scenario", "parse_duration"]
@@ -70,6 +74,11 @@ class Scenario:
     remote_io: float
     nodes: tuple[NodeSpec, ...]
     jobs: tuple[JobSpec, ...]
+    node_caches: str = "cluster"  # one of NODE_CACHES
+
+    @property
+    def per_node(self) -> bool:
+        return self.node_caches == "per-node"
 
     @property
     def total_gpus(self) -> int:
@@ -106,9 +115,12 @@ def parse_scenario(text: str, path: str = "<scenario>") -> Scenario:
     )
     if remote_io <= 0:
         raise ld.fail(("cluster", "remote_io"), 'remote_io must be positive (or "unlimited")')
+    node_caches = cluster.get("cache", "cluster")
+    if node_caches not in NODE_CACHES:
+        raise ld.fail(("cluster", "cache"), 'cache must be "cluster" or "per-node"')
     nodes = _nodes(ld, cluster.get("nodes"))
     jobs = _jobs(ld, data.get("jobs"), sum(n.gpus for n in nodes))
-    return Scenario(Path(path).stem, description, remote_io, nodes, jobs)
+    return Scenario(Path(path).stem, description, remote_io, nodes, jobs, node_caches)
 
 
 def _nodes(ld: Checker, raw: Any) -> tuple[NodeSpec, ...]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import signal
 import sys
 from types import FrameType
@@ -132,8 +133,11 @@ def _run_until_done_or_interrupted(sim: Simulation) -> SimResult:
 
     def stop(signum: int, _frame: FrameType | None) -> None:
         signal.signal(signal.SIGINT, previous)
-        log.warning("interrupted: stopping after this step (Ctrl-C again to abort)")
         sim.request_stop()
+        # Not through logging: the handler may run while the main thread is inside a
+        # write to stderr's buffer, and a buffered write from here would then fail
+        # ("reentrant call"). One unbuffered write of one line cannot.
+        os.write(2, b"silofs-ctl: interrupted: stopping after this step (Ctrl-C again to abort)\n")
 
     previous = signal.signal(signal.SIGINT, stop)
     log.info(

@@ -274,12 +274,17 @@ class Simulation:
             self.cache_policy.reads if self.cache_policy is not None else frozenset()
         )
         self.jobs_moved = True  # a job arrived or left since the policy last ran
-        self.cluster = _cluster(scenario, private=cache == "coordl")
+        if scenario.per_node and cache == "alluxio":
+            raise SimulationError("alluxio is one LRU across the nodes, not per-node caches")
+        # Per-node caches: a dataset is held once per reader, not once (_cluster).
+        private = cache == "coordl" or scenario.per_node
+        per_node = scenario.per_node and cache != "coordl"  # CoorDL's are per job anyway
+        self.cluster = _cluster(scenario, private=private, per_node=per_node)
         # Fairness is judged against the same reference for every policy pair.
         self.reference = _cluster(scenario, private=False)
         self.now = 0.0
         self.pending = sorted(
-            (_job_state(spec, private=cache == "coordl") for spec in scenario.jobs),
+            (_job_state(spec, private=private) for spec in scenario.jobs),
             key=lambda j: (j.spec.submit, j.name),
         )
         self.pending.reverse()  # popped from the end: soonest submission last
@@ -1559,17 +1564,29 @@ class Simulation:
         )
 
 
-def _cluster(scenario: Scenario, *, private: bool) -> Cluster:
+def _cluster(scenario: Scenario, *, private: bool, per_node: bool = False) -> Cluster:
+    """The policies' cluster: a unit per dataset in one pool of every node's cache (one
+    cache across the nodes), or with `private` a unit per job (CoorDL's own cache).
+
+    `per_node` (nodes caching alone): a unit per job too, in a pool of its own of the
+    nodes' cache per GPU times its GPUs. The flow model does not follow which node
+    serves which reads, so a dataset read by k jobs is held k times and each copy is
+    bounded by its job's GPU share of a node's cache: exact when each job runs on nodes
+    of its own (one copy per node), more copies than nodes would hold when jobs of a
+    dataset share a node, one copy where a job spread over m nodes holds m."""
     node_gpus = {n.name: n.gpus for n in scenario.nodes}
     node_cache = {n.name: float(n.cache) for n in scenario.nodes}
     if not private:
         sizes = {ds: float(size) for ds, size in scenario.datasets.items()}
         return Cluster.pooled(node_gpus, node_cache, scenario.remote_io, sizes)
-    units = {
-        f"job:{j.name}": CacheUnit(f"job:{j.name}", POOL, j.dataset, float(j.dataset_size))
-        for j in scenario.jobs
-    }
-    pools = {POOL: float(sum(node_cache.values()))}
+    total = float(sum(node_cache.values()))
+    per_gpu = total / max(1, sum(node_gpus.values()))
+    units, pools = {}, {}
+    for j in scenario.jobs:
+        key = f"job:{j.name}"
+        pool = key if per_node else POOL
+        units[key] = CacheUnit(key, pool, j.dataset, float(j.dataset_size))
+        pools[pool] = per_gpu * j.gpus if per_node else total
     return Cluster(node_gpus, node_cache, scenario.remote_io, pools, units)
 
 

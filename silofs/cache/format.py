@@ -23,7 +23,7 @@ Layout of a version-2 value (little-endian):
 
 Why per-block sums: every read of a cached chunk is verified when it is served (promise
 3), and a FUSE read of [off, off+size) checks the header and only the blocks it covers,
-so the cost follows the bytes served, not the chunk size (bench/verify_cost.py).
+so the cost follows the bytes served, not the chunk size (measured: docs/RESULTS.md).
 
 Version-1 values (one xxh3_64 over header and data) are not verified any more: they are
 a miss (StaleFormatError, not counted as corrupt) and the refetch replaces them with a

@@ -205,8 +205,13 @@ class Daemon:
         log.info("forgot job %s", name)
 
     def _check_unused(self, ds: DatasetState | None = None, job: str | None = None) -> None:
-        for m in self.mounts.values():
-            if (ds is not None and m.dsid == ds.id) or m.job == job:
+        for m in list(self.mounts.values()):
+            if not pid_alive(m.pid):
+                # Unmounted, its process gone, not reaped yet (the reaper runs every
+                # 2 s): `silofs unmount` waits for the process, so a forget right after
+                # it must not be refused for a mount that no longer exists.
+                self.unregister_mount(m.id)
+            elif (ds is not None and m.dsid == ds.id) or m.job == job:
                 raise UsageError(f"{m.mountpoint} still uses it: unmount it first")
         for dsid, w in self.warms.items():
             if w.state == "running" and ((ds is not None and dsid == ds.id) or w.job == job):

@@ -221,18 +221,18 @@ class Catalog:
         record = self.store.dataset_record(ds.id)
         # A listing saved before generations (no "gen"), or with rows of another shape
         # (LISTING_FORMAT), cannot be served: list again.
-        have_manifest = self.store.current_generation(ds.id) is not None
+        have_listing = self.store.current_generation(ds.id) is not None
         try:
             try:
                 await trio.to_thread.run_sync(ds.backend.check, limiter=self.fetcher.threads)
             except UnreachableError as exc:
-                if not have_manifest or refresh:
+                if not have_listing or refresh:
                     raise
                 log.warning(
                     "%s: %s; serving the persisted listing and cached chunks", ds.uri.canonical, exc
                 )
             old_gen = self.store.current_generation(ds.id)
-            if refresh or not have_manifest:
+            if refresh or not have_listing:
                 self.tree_checked.pop(ds.id, None)  # a new listing: check mounts again
                 record = await self._list(ds)
             ds.record = record

@@ -18,6 +18,7 @@ Fetcher offers) and never decides a quota.
 from __future__ import annotations
 
 import fnmatch
+import functools
 import logging
 import random
 import time
@@ -193,24 +194,7 @@ async def _warm(d: Any, ds: DatasetState, w: WarmState) -> None:
             raise failure[0]
         return
 
-    async def fetch(ref: ChunkRef) -> None:
-        data = b""
-        try:
-            data, fetched = await d.fetcher.fetch(ds.id, ds.backend, limiter, ref)
-        except BackendError as exc:
-            failure.append(exc)
-            return
-        finally:
-            budget.ended(ref.length, len(data))
-            slots.release()
-        w.chunks_done += 1
-        w.fetched_bytes += len(data)
-        if fetched:
-            job = d.job(w.job)
-            for c in (ds.fetch, job.fetch):
-                c.remote_gets += 1
-                c.remote_bytes += len(data)
-                c.remote_requests += 1
+    fetch = functools.partial(_fetch_here, d, ds, w, limiter, budget, slots, failure)
 
     async with trio.open_nursery() as nursery:
         for ref in refs:
@@ -222,6 +206,36 @@ async def _warm(d: Any, ds: DatasetState, w: WarmState) -> None:
     await d.writer.flush()  # admitted before the warm says done
     if failure:
         raise failure[0]
+
+
+async def _fetch_here(
+    d: Any,
+    ds: DatasetState,
+    w: WarmState,
+    limiter: Any,
+    budget: FillBudget,
+    slots: trio.Semaphore,
+    failure: list[BackendError],
+    ref: ChunkRef,
+) -> None:
+    """One chunk of the walk fetched by this node (admitted if its dataset has room);
+    its slot and budget released whatever happens, a failure kept for the walk."""
+    data = b""
+    try:
+        data, fetched = await d.fetcher.fetch(ds.id, ds.backend, limiter, ref)
+    except BackendError as exc:
+        failure.append(exc)
+        return
+    finally:
+        budget.ended(ref.length, len(data))
+        slots.release()
+    w.chunks_done += 1
+    w.fetched_bytes += len(data)
+    if fetched:
+        for c in (ds.fetch, d.job(w.job).fetch):
+            c.remote_gets += 1
+            c.remote_bytes += len(data)
+            c.remote_requests += 1
 
 
 async def _walk_cluster(
@@ -242,23 +256,7 @@ async def _walk_cluster(
     full: set[str] = set()
     membership = d.cluster.membership
 
-    async def local(ref: ChunkRef) -> None:
-        data = b""
-        try:
-            data, fetched = await d.fetcher.fetch(ds.id, ds.backend, limiter, ref)
-        except BackendError as exc:
-            failure.append(exc)
-            return
-        finally:
-            budget.ended(ref.length, len(data))
-            slots.release()
-        w.chunks_done += 1
-        w.fetched_bytes += len(data)
-        if fetched:
-            for c in (ds.fetch, d.job(w.job).fetch):
-                c.remote_gets += 1
-                c.remote_bytes += len(data)
-                c.remote_requests += 1
+    local = functools.partial(_fetch_here, d, ds, w, limiter, budget, slots, failure)
 
     async def remote(member: Any, ref: ChunkRef) -> None:
         try:

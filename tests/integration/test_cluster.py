@@ -95,7 +95,7 @@ def three(s3_server, monkeypatch, bucket_name: str, tmp_path: Path) -> Iterator[
 
 
 def _object_gets(proxy: FaultProxy) -> int:
-    return sum(1 for r in proxy.history if r.method == "GET" and "/d/f" in r.target)
+    return sum(1 for r in proxy.settled_history() if r.method == "GET" and "/d/f" in r.target)
 
 
 def _read_all(mp: Path, tree: dict[str, bytes]) -> int:

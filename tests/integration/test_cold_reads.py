@@ -50,7 +50,7 @@ def cold(make_node, s3_server, monkeypatch, bucket_name, tmp_path: Path):
 
 
 def _gets(proxy: FaultProxy, name: str) -> int:
-    return sum(1 for r in proxy.history if r.method == "GET" and name in r.target)
+    return sum(1 for r in proxy.settled_history() if r.method == "GET" and name in r.target)
 
 
 def _job(node: Node) -> dict:

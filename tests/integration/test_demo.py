@@ -48,3 +48,43 @@ def test_demo_shows_the_second_epoch_served_from_cache(demo_dir: Path) -> None:
     assert abs((int(hit2) - int(hit1)) - (int(read2) - int(read1))) <= 1
     assert not mounted(tmp_path / "mnt")
     assert not pids_with(str(tmp_path / "control.sock"))
+
+
+def test_demo_says_so_when_its_mount_cannot_be_unmounted(demo_dir: Path) -> None:
+    """A shell left inside the demo's mount keeps it busy: the demo must not print
+    "unmounted" and exit 0 while the mount is still there."""
+    mnt = demo_dir / "mnt"
+    squatter = subprocess.Popen(
+        [
+            "python3",
+            "-c",
+            "import os, sys, time\n"
+            f"mnt = {str(mnt)!r}\n"
+            "end = time.monotonic() + 120\n"
+            "while not os.path.ismount(mnt) and time.monotonic() < end:\n"
+            "    time.sleep(0.01)\n"
+            "os.chdir(mnt)\n"
+            "print('in', flush=True)\n"
+            "sys.stdin.read()\n",
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        res = subprocess.run(
+            silofs_cmd("demo", "--dir", str(demo_dir), "--files", "20", "--big-mb", "2"),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert squatter.stdout is not None and squatter.stdout.readline() == "in\n"
+        assert res.returncode == 1, res.stdout
+        assert "unmounted;" not in res.stdout
+        [line] = res.stderr.strip().splitlines()
+        assert line.startswith(
+            f"silofs: error: could not unmount {mnt}: Device or resource busy"
+        ), res.stderr
+    finally:
+        squatter.kill()
+        squatter.wait()

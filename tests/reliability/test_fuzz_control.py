@@ -87,7 +87,7 @@ def _req(method: str, target: str, body: bytes | None = None) -> tuple[str, byte
 
 
 def corpus(known: dict[str, list[str]]) -> list[tuple[str, bytes, bool]]:
-    """Requests every run sends first: what the issue and earlier long runs found."""
+    """Requests every run sends first: what earlier long runs found."""
     deep = b"[" * 100_000 + b"]" * 100_000
     uri = quote(known["uri"][0], safe="")
     return [

@@ -91,7 +91,7 @@ def make_tree(rnd: random.Random) -> dict[str, bytes]:
 
 def put_multipart(server: Any, bucket: str, key: str, data: bytes) -> None:
     """An S3 object uploaded in parts: its ETag is no MD5 of the bytes, so the SDK cannot
-    check the body against it (what the issue saw served wrong over plain HTTP)."""
+    check the body against it (a body once served wrong over plain HTTP)."""
     client = server.client()
     part = 5 << 20
     upload = client.create_multipart_upload(Bucket=bucket, Key=key)

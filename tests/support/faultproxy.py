@@ -117,6 +117,7 @@ _BODY_FAULTS = frozenset({"reset_mid_body", "truncate", "wrong_content_length", 
 _COUNTERS = (
     "connections",
     "requests",
+    "requests_done",  # requests whose handling ended (answered, refused or cut off)
     "forwarded",
     "not_applicable",
     "upstream_errors",
@@ -648,6 +649,12 @@ class FaultProxy:
         read ``history`` right after a response."""
         return self._wait(lambda: list(self._history), predicate, timeout, "history")
 
+    def settled_history(self, timeout: float = 10.0) -> list[RequestRecord]:
+        """The history once every request the proxy has begun is done with (recorded,
+        when it is recorded at all): what a test reads after its client got its answers."""
+        self.wait_stats(lambda s: s["requests_done"] == s["requests"], timeout)
+        return self.history
+
     def _wait(
         self, read: Callable[[], T], predicate: Callable[[T], bool], timeout: float, what: str
     ) -> T:
@@ -923,6 +930,14 @@ class _Connection:
             return False
         method, target, version = parts
         self.p._count("requests")
+        try:
+            return self._handle_counted(t0, start, method, target, version, headers)
+        finally:
+            self.p._count("requests_done")
+
+    def _handle_counted(
+        self, t0: float, start: str, method: str, target: str, version: str, headers: Headers
+    ) -> bool:
         try:
             chunked = _is_chunked(headers)
             length = 0 if chunked else (_content_length(headers) or 0)

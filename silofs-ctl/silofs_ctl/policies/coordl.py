@@ -1,6 +1,7 @@
 """CoorDL baseline: each job caches its own copy of its data in its own nodes' disks.
 
-Owns: the static per-job cache of CoorDL (papers/silod.md §2.1, §8): uniform caching,
+Owns: the static per-job cache of CoorDL as SiloD describes it ("SiloD: A Co-design of
+Caching and Scheduling for Deep Learning Clusters", EuroSys '23, §2.1, §8): uniform caching,
 but a job's cache is fixed by where it runs, the share of a node's disk that goes with
 the GPUs it holds there, and is never shared with another job, even on the same dataset.
 Never: moves cache between jobs according to benefit; that is what it lacks.

@@ -1,4 +1,4 @@
-"""Algorithm 2 (papers/silod.md §5.3): greedy cache allocation by cache efficiency.
+"""Algorithm 2 of SiloD (EuroSys '23, §5.3): greedy cache allocation by cache efficiency.
 
 Owns: the cache policy SiloD offers schedulers that have no performance estimator (FIFO).
 Datasets are ranked by dataset-level cache efficiency, the sum of f*/d over the jobs

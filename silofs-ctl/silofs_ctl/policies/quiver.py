@@ -1,4 +1,5 @@
-"""Quiver baseline (papers/quiver.md §5.3): whole datasets, greedy by benefit over cost.
+"""Quiver baseline ("Quiver: An Informed Storage Cache for Deep Learning", FAST '20,
+§5.3): whole datasets, greedy by benefit over cost.
 
 Owns: Quiver's benefit-aware placement as SiloD compares against it. A job's benefit is
 its speed-up from caching, t_miss / t_hit, measured by Quiver's probing; here it is the

@@ -184,7 +184,7 @@ class LocalBackend:
         with openat and judged (no symlink, read, no ACL, the listed version). The same
         inodes are judged as by one walk per object, and no path is resolved twice, so
         the check is as strict; a million files in 1,000 directories cost a million
-        openat+fstat+getxattr instead of a walk of every path (bench/warm_access.py)."""
+        openat+fstat+getxattr instead of a walk of every path (measured: docs/RESULTS.md)."""
         by_dir: dict[str, list[ObjectInfo]] = {}
         for info in infos:
             by_dir.setdefault(info.key.rpartition("/")[0], []).append(info)
