@@ -203,25 +203,27 @@ def peer_vs_local(
     mount_pid = cn.node.mount_pid(mp)
     homes_pids = [x.pid for r, x in c.nodes.items() if r != role]
     peer_in0 = _counters(c, role)["peer_in"]
+
+    def times() -> tuple[ProcTimes, ...]:
+        homes = [ProcTimes.of(p) for p in homes_pids]
+        return (
+            ProcTimes.of(cn.pid),
+            ProcTimes.of(mount_pid),
+            ProcTimes(sum(h.user_s for h in homes), sum(h.sys_s for h in homes), 0),
+        )
+
     for _ in range(args.rounds):
         for kind, keys in (("local", local), ("peer", peer)):
             drop_pages(mp, keys)
-            t0 = (
-                ProcTimes.of(cn.pid).cpu_s,
-                ProcTimes.of(mount_pid).cpu_s,
-                sum(ProcTimes.of(p).cpu_s for p in homes_pids),
-            )
+            t0 = times()
             start = time.monotonic()
             nbytes = _read_keys(mp, keys, files, args.readers)
             seconds = time.monotonic() - start
-            t1 = (
-                ProcTimes.of(cn.pid).cpu_s,
-                ProcTimes.of(mount_pid).cpu_s,
-                sum(ProcTimes.of(p).cpu_s for p in homes_pids),
-            )
+            t1 = times()
             rates[kind].append(nbytes / seconds / MIB)
             for name, a, b in zip(("daemon", "mount", "homes"), t0, t1, strict=True):
-                cpu[kind][name] = cpu[kind].get(name, 0.0) + b - a
+                cpu[kind][name] = cpu[kind].get(name, 0.0) + b.cpu_s - a.cpu_s
+                cpu[kind][f"{name}_sys"] = cpu[kind].get(f"{name}_sys", 0.0) + b.sys_s - a.sys_s
     peer_mib = len(peer) * args.file_size * args.rounds / MIB
     local_mib = len(local) * args.file_size * args.rounds / MIB
     local_rate, peer_rate = statistics.median(rates["local"]), statistics.median(rates["peer"])
@@ -239,6 +241,13 @@ def peer_vs_local(
             "asking_daemon": round(1000 * cpu["peer"]["daemon"] / peer_mib, 2),
             "asking_mount": round(1000 * cpu["peer"]["mount"] / peer_mib, 2),
             "home_daemons": round(1000 * cpu["peer"]["homes"] / peer_mib, 2),
+        },
+        # Of those, the kernel's part (system time: sockets, TLS records through the
+        # veths and the bridge, page faults).
+        "sys_ms_per_peer_mib": {
+            "asking_daemon": round(1000 * cpu["peer"]["daemon_sys"] / peer_mib, 2),
+            "asking_mount": round(1000 * cpu["peer"]["mount_sys"] / peer_mib, 2),
+            "home_daemons": round(1000 * cpu["peer"]["homes_sys"] / peer_mib, 2),
         },
         "cpu_ms_per_local_mib": {
             "daemon": round(1000 * cpu["local"]["daemon"] / local_mib, 2),

@@ -38,6 +38,7 @@ from common import (  # also puts this checkout first on sys.path
 
 from silofs.cache.format import chunk_key
 from silofs.node.placement import Candidate, home
+from silofs.units import parse_size
 from tests.support.cluster import write_cluster
 from tests.support.net import free_port
 from tests.support.node import Node
@@ -80,7 +81,7 @@ def _pass(node: Node, mp: str, uri: str, paths: list[str], readers: int, want: d
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--files", type=int, default=64)
-    ap.add_argument("--chunk-mb", type=int, default=4)
+    ap.add_argument("--chunk-size", type=parse_size, default=4 * MiB, help="e.g. 4M, 128K")
     ap.add_argument("--readers", type=int, default=4)
     ap.add_argument("--runs", type=int, default=3)
     args = ap.parse_args()
@@ -88,7 +89,7 @@ def main() -> None:
     print(f"load average: {load_average()}")
     for line in busy_processes():
         print(f"busy: {line}")
-    chunk = args.chunk_mb * MiB
+    chunk = args.chunk_size
     with tempfile.TemporaryDirectory(prefix="silofs-peer-", dir="/var/tmp") as tmp:
         root = Path(tmp)
         data = root / "data"
@@ -98,7 +99,7 @@ def main() -> None:
         for i in range(args.files):
             want[f"f{i:04d}.bin"] = rnd.randbytes(chunk)
             (data / f"f{i:04d}.bin").write_bytes(want[f"f{i:04d}.bin"])
-        sized = {"daemon": {"chunk_size": f"{args.chunk_mb}M"}}
+        sized = {"daemon": {"chunk_size": str(chunk)}}
         ports = [free_port(), free_port()]
         specs = write_cluster(root, ["127.0.0.1"] * 2, ports, name="bench", extra=sized)
         cache = 2 * args.files * chunk + (256 << 20)

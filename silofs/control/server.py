@@ -23,6 +23,7 @@ import fcntl
 import functools
 import http
 import logging
+import math
 import os
 import select
 import socket
@@ -177,33 +178,37 @@ class _ServerConnection:
         measures silence (a frozen daemon), not a wait the daemon chose (a rate limiter).
         None if the client left."""
         answer: list[Response] = []
-
-        async def handler(scope: trio.CancelScope) -> None:
-            answer.append(await self.router.dispatch(req, match=match))
-            scope.cancel()
-
+        interval = _progress_interval(req.headers) if "x-silofs-progress" in req.headers else None
+        # The handler runs in the nursery's body (one task fewer per request); the
+        # watcher cancels the nursery, and so the handler, if the client leaves.
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(handler, nursery.cancel_scope)
-            nursery.start_soon(self._watch_peer, nursery.cancel_scope)
-            if "x-silofs-progress" in req.headers:
-                nursery.start_soon(self._progress, _progress_interval(req.headers))
+            nursery.start_soon(self._watch_peer, nursery.cancel_scope, interval)
+            answer.append(await self.router.dispatch(req, match=match))
+            nursery.cancel_scope.cancel()
         if not answer:
             log.debug("%s %s: the client left; handler cancelled", req.method, req.path)
         return answer[0] if answer else None
 
-    async def _watch_peer(self, scope: trio.CancelScope) -> None:
-        try:
-            data = await self.stream.receive_some(_RECV_SIZE)
-        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-            data = b""
-        self.conn.receive_data(data)  # a pipelined request is kept for the next cycle
-        if not data:
-            scope.cancel()
-
-    async def _progress(self, interval: float) -> None:
+    async def _watch_peer(self, scope: trio.CancelScope, interval: float | None) -> None:
+        """Cancel `scope` if the client closes the connection (a pipelined request is
+        kept for the next cycle, and not read further); every `interval` seconds (None:
+        never) send 102 Processing meanwhile."""
         event = h11.InformationalResponse(status_code=102, headers=[])
+        reading = True
         while True:
-            await trio.sleep(interval)
+            with trio.move_on_after(interval if interval is not None else math.inf):
+                if not reading:
+                    await trio.sleep_forever()
+                try:
+                    data = await self.stream.receive_some(_RECV_SIZE)
+                except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                    data = b""
+                self.conn.receive_data(data)
+                if not data:
+                    scope.cancel()
+                    return
+                reading = False
+                continue
             # Shielded: a send cut short by the handler finishing would corrupt the
             # stream; 102 is a few bytes, bounded by the idle timeout all the same.
             with trio.CancelScope(shield=True) as shielded:
@@ -298,7 +303,7 @@ class _ServerConnection:
         (payload,) = self.conn.send_with_data_passthrough(h11.Data(data=body))
         tail = self.conn.send(h11.EndOfMessage())  # b"" with Content-Length framing
         if len(body) <= _COALESCE_LIMIT:
-            await self.stream.send_all(head + bytes(payload) + tail)
+            await self.stream.send_all(b"".join((head, payload, tail)))  # one copy
         else:
             await self.stream.send_all(head)
             await self.stream.send_all(payload)

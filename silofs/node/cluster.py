@@ -22,6 +22,7 @@ import json
 import logging
 import ssl
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -267,8 +268,10 @@ class Cluster:
             c.requests_out += 1
         t0 = trio.current_time()
         try:
-            reply, charged = await self._chunk_exchange(member, ds, limiter, job, ref, warm=False)
-            data = self._verified(member, reply, ref)
+            reply, charged, data = await self._chunk_exchange(
+                member, ds, limiter, job, ref, warm=False
+            )
+            assert data is not None  # checked in the exchange's thread
         except PeerError as exc:
             self._failed(member, counters, exc, ds, ref)
             return await self._fallback(ds, limiter, ref, refetch, counters)
@@ -295,17 +298,19 @@ class Cluster:
         ref: ChunkRef,
         *,
         warm: bool,
-    ) -> tuple[PeerReply, int]:
+    ) -> tuple[PeerReply, int, memoryview | None]:
         """The chunk request and its charge round trip: (the 200 answer, bytes charged to
-        the job). A job without a rate is charged up front (its charge never waits), so
-        its ask is one round trip; a job with one is charged only when the home says a
-        store GET is needed (428 and the bytes), then asks again."""
+        the job, the chunk's data checked block by block: None for a warm). A job without
+        a rate is charged up front (its charge never waits), so its ask is one round trip;
+        a job with one is charged only when the home says a store GET is needed (428 and
+        the bytes), then asks again."""
         charged = limiter.rate is None
         paid = 0
         introduced = False
+        check = None if warm else functools.partial(self._verified, member, ref=ref)
         for _ in range(4):
             ask = ChunkAsk.of(ds.uri.canonical, ref, job, charged=charged, warm=warm)
-            reply = await self._exchange(member, "GET", ask.target())
+            reply, data = await self._exchange(member, "GET", ask.target(), check=check)
             if reply.status == 428 and not charged:
                 n = _charge(reply, ref)
                 await limiter.charge(n)  # promise 2: before the home's GET, to this job
@@ -322,20 +327,28 @@ class Cluster:
             if limiter.rate is None and reply.headers.get(SOURCE_HEADER) == "remote":
                 paid = ref.length
                 await limiter.charge(paid)  # counted; an unlimited job never waits
-            return reply, paid
+            return reply, paid, data
         raise PeerError("http", f"{member.address}: no answer after its charge round trips")
 
     async def _introduce(self, member: MemberState, ds: DatasetState) -> None:
         body = json.dumps(dataset_body(ds.uri.canonical, ds.options)).encode()
-        reply = await self._exchange(member, "PUT", DATASETS_PATH, body)
+        reply, _ = await self._exchange(member, "PUT", DATASETS_PATH, body)
         if reply.status != 200:
             raise PeerError("http", f"{member.address} refused {ds.uri.canonical}: "
                             f"{reply.status} {_error(reply)}")  # fmt: skip
 
-    async def _exchange(self, member: MemberState, method: str, target: str,
-                        body: bytes = b"") -> PeerReply:  # fmt: skip
+    async def _exchange(
+        self,
+        member: MemberState,
+        method: str,
+        target: str,
+        body: bytes = b"",
+        check: Callable[[PeerReply], memoryview] | None = None,
+    ) -> tuple[PeerReply, memoryview | None]:
         """One exchange with a member, in a worker thread, at most PEER_POOL at once per
-        member. The time it took is counted as waiting on peers."""
+        member: (the answer, `check` of a 200 answer, run in the same thread: a chunk's
+        blocks are checked off the loop). The time it took is counted as waiting on
+        peers."""
         config = self.config
         assert config is not None
         pool = self.pools[member.address]
@@ -346,7 +359,7 @@ class Cluster:
             t0 = trio.current_time()
             try:
                 return await trio.to_thread.run_sync(
-                    functools.partial(pool.request, method, target, bounds, body),
+                    functools.partial(_request, pool, method, target, bounds, body, check),
                     limiter=self.threads,
                     abandon_on_cancel=True,
                 )
@@ -464,7 +477,7 @@ class Cluster:
         "failed" (counted; the member is marked down where it failed)."""
         counters = (member.counters, self.dataset_counters(ds.uri.canonical))
         try:
-            reply, _ = await self._chunk_exchange(member, ds, limiter, job, ref, warm=True)
+            reply, _, _ = await self._chunk_exchange(member, ds, limiter, job, ref, warm=True)
             outcome = json.loads(reply.body).get("chunk")
         except PeerError as exc:
             self._count_failure(member, counters, exc)
@@ -493,7 +506,7 @@ class Cluster:
     async def _probe(self, member: MemberState) -> None:
         assert self.membership is not None
         try:
-            reply = await self._exchange(member, "GET", PING_PATH)
+            reply, _ = await self._exchange(member, "GET", PING_PATH)
             if reply.status != 200:
                 raise PeerError(
                     "http", f"{member.address}: ping {reply.status} {_error(reply)}", reply.status
@@ -515,7 +528,7 @@ class Cluster:
 
     async def _pull_shares(self, member: MemberState) -> None:
         try:
-            reply = await self._exchange(member, "GET", ALLOCATIONS_PATH)
+            reply, _ = await self._exchange(member, "GET", ALLOCATIONS_PATH)
             parsed = parse_shares(json.loads(reply.body)) if reply.status == 200 else None
         except (PeerError, ValueError) as exc:
             log.debug("pulling cache shares from %s failed: %s", member.address, exc)
@@ -555,7 +568,7 @@ class Cluster:
 
     async def _push_shares(self, member: MemberState, body: bytes) -> None:
         try:
-            reply = await self._exchange(member, "PUT", ALLOCATIONS_PATH, body)
+            reply, _ = await self._exchange(member, "PUT", ALLOCATIONS_PATH, body)
             if reply.status != 200:
                 raise PeerError("http", f"{reply.status} {_error(reply)}")
         except PeerError as exc:
@@ -587,6 +600,19 @@ class Cluster:
         for pool in self.pools.values():
             pool.close()
         self.home.close()
+
+
+def _request(
+    pool: PeerPool,
+    method: str,
+    target: str,
+    bounds: Bounds,
+    body: bytes,
+    check: Callable[[PeerReply], memoryview] | None,
+) -> tuple[PeerReply, memoryview | None]:
+    """One exchange and the check of its 200 answer (in a worker thread)."""
+    reply = pool.request(method, target, bounds, body)
+    return reply, check(reply) if check is not None and reply.status == 200 else None
 
 
 def _charge(reply: PeerReply, ref: ChunkRef) -> int:

@@ -37,9 +37,14 @@ from silofs.uri import parse_uri
 
 log = logging.getLogger(__name__)
 
-# Lookups of chunk values for members at once (each faults in up to a chunk's pages
-# in a worker thread, so the trio loop never waits on the SSD).
+# Lookups of large chunk values for members at once (each faults in up to a chunk's
+# pages in a worker thread, so the trio loop never waits on the SSD for them).
 LOOKUP_THREADS = 4
+# A chunk up to this size is looked up, checked and copied on the loop, as the Fetcher
+# does for a mount's miss: ~0.1 ms for 128 KiB, against ~1 ms for the round trip to a
+# worker thread and back on a busy 2-core host. Larger ones go to a thread, so checking
+# and copying many MiB (or faulting them in from the SSD) never stalls the loop.
+INLINE_LOOKUP_BYTES = 1 << 20
 
 
 class ChargeFirst(Exception):
@@ -198,7 +203,8 @@ class Home:
 
     async def _lookup(self, ds: DatasetState, ref: ChunkRef) -> tuple[bytes | None, bool]:
         """(the value, verified, or None; whether a value failed verification: fetched
-        again with replace)."""
+        again with replace). A chunk up to INLINE_LOOKUP_BYTES is looked up on the loop,
+        a larger one in a worker thread."""
         store = self.d.store
 
         def lookup() -> tuple[bytes | None, bool]:
@@ -213,6 +219,8 @@ class Home:
                     return None, True
                 return bytes(value), False
 
+        if ref.length <= INLINE_LOOKUP_BYTES:
+            return lookup()
         return await trio.to_thread.run_sync(lookup, limiter=self.lookups)
 
     def _encoded(self, ds: DatasetState, ref: ChunkRef, data: bytes | memoryview) -> bytes:

@@ -17,8 +17,9 @@ that limits the store's link and counts what it sends.
   nodes asking one chunk at once cause one store GET.
 - Certificates: a node certificate naming no member and a controller's certificate are
   refused on the peer routes, a member's certificate on an admin route too.
-- A member added mid-epoch (its own cluster): about 1/4 of the chunks change home, only
-  those are fetched again, nothing is served wrong.
+- A member added mid-epoch (its own cluster; the list pushed with `silofs-ctl cluster
+  set`): about 1/4 of the chunks change home, only those are fetched again, nothing is
+  served wrong, and the epoch after is all hits.
 
 Waiting is polling with a deadline. The tests of the first cluster share it (made once
 per module) and run in file order: each leaves the caches in a state the next can
@@ -63,7 +64,10 @@ DATASET = FILES * CHUNK
 NODES = 4
 # Weighted rendezvous hashing gives each member a binomial share of the chunks (std
 # ~sqrt(3/FILES) of a quarter: 11% here): a cache of exactly a quarter would leave the
-# members over their quarter missing in every epoch.
+# members over their quarter missing in every epoch. docs/SEMANTICS.md states the slack
+# that makes that rare for any placement (+32% here); the placements here are fixed by
+# the datasets' content ids and the members' addresses (the largest home of the first
+# dataset holds 1.05 quarters, of the others up to 1.23).
 SLACK = 1.2
 PEER_TIMEOUT = 2.0
 BACKOFF = 0.5
@@ -521,12 +525,16 @@ def test_a_member_added_mid_epoch_moves_a_quarter_of_the_chunks(joining: Cluster
         )
     for role, mp in mounts.items():
         c.nodes[role].node.settle(mp, 2 * DATASET)
-    reads, ratios, sent2 = _run_epoch(c, mounts, files, seed=53, done=2)
+    reads, _, _ = _run_epoch(c, mounts, files, seed=53, done=2)
     _assert_right(reads, files)
-    # The moved chunks were fetched once, by their new home; the rest stayed hits.
+    # The moved chunks were fetched once, by their new home (in the rest of the epoch
+    # of the add or in the next: how much of it was left when the list took effect,
+    # pushed by `silofs-ctl cluster set`, is the host's timing); the rest stayed hits.
     fetched = (c.store_bytes() - sent) / CHUNK
-    print(f"moved {len(moved)} of {len(before)}; store GETs since the add ~{fetched:.0f}; "
-          f"epoch-3 hit ratios {ratios}")  # fmt: skip
     assert len(moved) * 0.9 <= fetched <= len(moved) * 1.1 + 8
     assert _held(c, "n4", bucket) == len(moved)
+    reads, ratios, _ = _run_epoch(c, mounts, files, seed=54, done=3)
+    _assert_right(reads, files)
+    print(f"moved {len(moved)} of {len(before)}; store GETs since the add ~{fetched:.0f}; "
+          f"then hit ratios {ratios}")  # fmt: skip
     assert all(h >= 0.95 for h in ratios.values()), ratios

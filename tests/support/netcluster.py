@@ -173,12 +173,16 @@ class Cluster:
         return cn.mountpoint
 
     def push_members(self, roles: Sequence[str], targets: Sequence[str] | None = None) -> None:
-        """PUT /v1/cluster (as root, over each node's socket) with the members `roles`,
-        on `targets` (default: those members)."""
-        body = {"name": self.spec.name, "members": self.members(roles)}
-        body["version"] = time.time_ns() // 1000
-        for role in targets or roles:
-            self.nodes[role].node.request("PUT", "/v1/cluster", body)
+        """The members `roles` pushed to `targets` (default: those members) as an
+        operator does it: `silofs-ctl cluster set` over each node's socket (one version
+        for all, the weights as --weight)."""
+        members = self.members(roles)
+        args = ["cluster", "set", "--name", self.spec.name]
+        args += ["--nodes", ",".join(self.nodes[r].node.socket for r in targets or roles)]
+        args += ["--members", ",".join(m["address"] for m in members)]
+        for m in members:
+            args += ["--weight", f"{m['address']}={m['weight']:g}"]
+        _ctl(*args)
 
     # -- placement ------------------------------------------------------------------
     def homes(
