@@ -60,17 +60,24 @@ def _newest_that_fit(items: list[PendingChunk], quota: int) -> set[int]:
 
 
 class _AdmitThread:
-    """One thread, at nice ADMIT_NICE, that runs admission batches for the trio loop
-    (a worker of trio's cache would keep the nice value for whatever it runs next, and
-    only a privileged process may lower it again). Started on first use."""
+    """One thread, ADMIT_NICE below the daemon's priority, that runs admission batches
+    for the trio loop (a worker of trio's cache would keep the nice value for whatever
+    it runs next, and only a privileged process may lower it again). Started on first
+    use."""
 
     def __init__(self) -> None:
         self._jobs: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
 
     def _serve(self) -> None:
+        # ADMIT_NICE below the daemon's own priority, whatever that is: an absolute value
+        # would put admission level with a daemon started at nice 10, and above one
+        # started at 15 (when run as root, which may raise a priority).
+        me = threading.get_native_id()
         try:
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), ADMIT_NICE)
+            os.setpriority(
+                os.PRIO_PROCESS, me, min(19, os.getpriority(os.PRIO_PROCESS, me) + ADMIT_NICE)
+            )
         except OSError as exc:
             log.info("admission runs at the daemon's priority: %s", exc)
         while (job := self._jobs.get()) is not None:
