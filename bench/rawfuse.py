@@ -3,11 +3,23 @@
 Owns nothing of silofs's logic: at start it reads every file under DATA into memory,
 builds each inode's attributes once, mounts with the options a silofs mount uses (ro,
 noatime, default_options, entry/attr timeouts of an hour, keep_cache, FLUSH answered
-ENOSYS, bdi read_ahead_kb raised to 1024) and answers each request with the least
-Python pyfuse3 allows: a dict lookup and a memoryview slice. bench/throughput.py
---ceiling measures it the same way as silofs (page cache dropped before each pass, CPU
-of this process from /proc/PID/stat), so "silofs / ceiling" is the share of what one
-pyfuse3 process can do that silofs reaches. Never used by silofs itself.
+ENOSYS, bdi read_ahead_kb raised to 1024 once INIT is answered), serves with one
+pyfuse3 worker task, and answers each request with the least Python pyfuse3 allows: a
+dict lookup and a memoryview slice.
+bench/throughput.py measures it the same way as silofs (page cache dropped before each
+pass, CPU of this process from /proc/PID/stat), so "silofs / ceiling" is the share of
+what one pyfuse3 process can do that silofs reaches. Never used by silofs itself.
+
+--from-disk serves the same files from the local disk instead of memory: the SSD
+ceiling. Every file is mapped at start (nothing read yet) and a READ answers with a
+slice of its map: the reply's copy faults the pages in, reading around them as any
+fault does. It pays what silofs pays after the page cache is dropped (bringing its
+bytes in from the SSD) and nothing of silofs's own, so "silofs / SSD ceiling" says
+what silofs costs beyond a minimal pyfuse3 filesystem over the same disk. Of the
+configurations tried (bench/README.md: open and close per file with a preadv into a
+reused buffer; descriptors kept open; preadv with RWF_NOWAIT and a worker thread when
+it would block; maps) the maps cost the least CPU per file. Mapped pages survive
+drop_caches: a bench starts a fresh process for every pass.
 
 --processes N (N >= 2) serves the one mount from N forked processes (silofs/mount/forked.py:
 fork after INIT, a cloned device per process, one reader of the device at a time); the
@@ -15,12 +27,14 @@ parent then only supervises (it serves nothing, so it stays as it was right afte
 and prints the children's pids after "ready" (`ready PID PID ...`) so a bench can add up
 their CPU.
 
-    python bench/rawfuse.py DATA MOUNTPOINT [--processes N]  # "ready" once mounted
+    python bench/rawfuse.py DATA MOUNTPOINT [--from-disk] [--processes N]  # "ready" once mounted
 """
 
 from __future__ import annotations
 
+import argparse
 import errno
+import mmap
 import os
 import signal
 import stat
@@ -34,6 +48,7 @@ from silofs.mount import forked  # noqa: E402
 from silofs.mount.process import raise_read_ahead  # noqa: E402
 
 TIMEOUT = 3600.0
+READ_AHEAD_KB = 1024  # as a silofs mount's default
 
 
 class MemFS(pyfuse3.Operations):
@@ -41,13 +56,20 @@ class MemFS(pyfuse3.Operations):
     enable_writeback_cache = False
     enable_acl = False
 
-    def __init__(self, root: str) -> None:
+    def __init__(self, root: str, from_disk: bool = False) -> None:
         super().__init__()
         self.attrs: dict[int, pyfuse3.EntryAttributes] = {}
         self.children: dict[int, dict[bytes, int]] = {}
-        self.data: dict[int, bytes] = {}
+        self.data: dict[int, bytes | mmap.mmap] = {}
+        self.from_disk = from_disk
         self._next = pyfuse3.ROOT_INODE
         self._add_dir(root, pyfuse3.ROOT_INODE)
+        self.initialized = trio.Event()
+
+    def init(self) -> None:
+        # Inside libfuse's INIT handling, before its reply (which resets the bdi's
+        # read-ahead to the kernel's offer, 128 KiB): serve() raises it afterwards.
+        self.initialized.set()
 
     def _attr(self, ino: int, st: os.stat_result, is_dir: bool) -> None:
         a = pyfuse3.EntryAttributes()
@@ -71,6 +93,9 @@ class MemFS(pyfuse3.Operations):
             kids[os.fsencode(entry.name)] = child
             if entry.is_dir(follow_symlinks=False):
                 self._add_dir(entry.path, child)
+            elif self.from_disk:
+                self.data[child] = _mapped(entry.path)
+                self._attr(child, os.stat(entry.path), False)
             else:
                 with open(entry.path, "rb") as f:
                     self.data[child] = f.read()
@@ -108,16 +133,27 @@ class MemFS(pyfuse3.Operations):
         raise pyfuse3.FUSEError(errno.ENOSYS)
 
 
+def _mapped(path: str) -> bytes | mmap.mmap:
+    """The file at `path` mapped read-only (none of it read yet); b"" if empty."""
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        return mmap.mmap(f.fileno(), size, prot=mmap.PROT_READ) if size else b""
+
+
 async def serve(fs: MemFS, mountpoint: str) -> None:
     """Mount at `mountpoint` (already resolved: once mounted, a stat of it from this
     process would wait for this process) and serve until SIGTERM or an unmount."""
     opts = set(pyfuse3.default_options) | {"fsname=rawfuse", "ro", "noatime"}
     pyfuse3.init(fs, mountpoint, opts)
-    raise_read_ahead(mountpoint, 1024)
-    print("ready", flush=True)
     signalled = False
     try:
         async with trio.open_nursery() as nursery:
+
+            async def ready() -> None:
+                await fs.initialized.wait()
+                await trio.lowlevel.checkpoint()  # INIT's reply is out
+                raise_read_ahead(mountpoint, READ_AHEAD_KB)
+                print("ready", flush=True)
 
             async def signals() -> None:
                 nonlocal signalled
@@ -128,7 +164,12 @@ async def serve(fs: MemFS, mountpoint: str) -> None:
                         return
 
             nursery.start_soon(signals)
-            await pyfuse3.main()
+            nursery.start_soon(ready)
+            # One worker task: its handlers never await, so more tasks only cost (1
+            # reader: 164 against 194 and 154 against 176 us of CPU per file; 4 readers:
+            # 152 against 197, then 173 against 172; bench/README.md). silofs cannot:
+            # a miss would hold up every hit.
+            await pyfuse3.main(max_tasks=1)
             nursery.cancel_scope.cancel()
     finally:
         # main() also returns when the kernel unmounted us (fusermount3 -u): only a
@@ -143,7 +184,7 @@ def serve_forked(fs: MemFS, mountpoint: str, processes: int) -> None:
     opts = set(pyfuse3.default_options) | {"fsname=rawfuse", "ro", "noatime"}
     pyfuse3.init(fs, mountpoint, opts)
     forked.run_until_init(fs)  # the kernel sends INIT right after the mount
-    raise_read_ahead(mountpoint, 1024)
+    raise_read_ahead(mountpoint, READ_AHEAD_KB)
     fd = forked.fuse_fd()
     token = forked.ReadToken()
     forked.install(token)
@@ -189,12 +230,15 @@ def serve_forked(fs: MemFS, mountpoint: str, processes: int) -> None:
 
 
 def main() -> None:
-    data, mountpoint = sys.argv[1], sys.argv[2]
-    processes = 1
-    if len(sys.argv) > 4 and sys.argv[3] == "--processes":
-        processes = int(sys.argv[4])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("data")
+    ap.add_argument("mountpoint")
+    ap.add_argument("--from-disk", action="store_true", help="serve from the local disk")
+    ap.add_argument("--processes", type=int, default=1)
+    args = ap.parse_args()
+    data, mountpoint, processes = args.data, args.mountpoint, args.processes
     os.makedirs(mountpoint, exist_ok=True)
-    fs = MemFS(data)
+    fs = MemFS(data, from_disk=args.from_disk)
     if processes > 1:
         serve_forked(fs, os.path.realpath(mountpoint), processes)
     else:

@@ -102,11 +102,13 @@ class ChunkRef:
     index: int
     key: bytes
     length: int
+    content_bytes: bytes  # obj.content_id encoded, as a value's header holds it
 
     @classmethod
     def of(cls, obj: ObjectInfo, chunk_size: int, index: int) -> ChunkRef:
         length = chunk_length(obj, chunk_size, index)
-        return cls(obj, chunk_size, index, chunk_key(obj.content_id, chunk_size, index), length)
+        cid = obj.content_id
+        return cls(obj, chunk_size, index, chunk_key(cid, chunk_size, index), length, cid.encode())
 
     @property
     def start(self) -> int:
@@ -138,7 +140,9 @@ def _blocks(length: int, shift: int) -> int:
 def encode_chunk(
     dataset: int, index: int, chunk_size: int, key: str, content_id: str, data: bytes | memoryview
 ) -> bytes:
-    """Header + data as one value, block sums and header sum filled in."""
+    """Header + data as one value, block sums and header sum filled in. The data is
+    copied once, by the join (a cold read hands the value's own data on to the reader:
+    node/fetch.py); no buffer is zero-filled first."""
     mv = memoryview(data)
     n = len(mv)
     sums = b"".join(_SUM.pack(_hash(mv[off : off + BLOCK_SIZE])) for off in range(0, n, BLOCK_SIZE))
@@ -148,7 +152,7 @@ def encode_chunk(
         MAGIC, FORMAT_VERSION, BLOCK_SHIFT, 0, hdr_len, dataset, index, chunk_size, n
     )
     header = fixed + var + sums
-    return header + _SUM.pack(_hash(header)) + bytes(mv)
+    return b"".join((header, _SUM.pack(_hash(header)), mv))
 
 
 def _parse(mv: memoryview) -> tuple[int, int, int, int, int, int, int, int, int, int]:
@@ -201,7 +205,7 @@ def decode_header(value: bytes | memoryview) -> ChunkHeader:
 
 def verify_chunk(
     value: bytes | memoryview,
-    content_id: str,
+    content_id: str | bytes,
     chunk_size: int,
     index: int,
     expected_length: int,
@@ -213,25 +217,49 @@ def verify_chunk(
     Checks the header (its checksum and identity fields) on every call, and the data
     blocks covering [lo, hi) (default: all of it). Bytes outside those blocks are NOT
     verified: the caller serves only [lo, hi) of the returned view. This is the hit
-    path of every FUSE read: no strings decoded, no objects built.
-    """
+    path of every FUSE read (`content_id` given encoded: ChunkRef.content_bytes): no
+    strings decoded, no objects built."""
     mv = memoryview(value)
-    _, idx, csize, length, hdr_len, shift, _, cid_at, sums_at, _ = _parse(mv)
-    if idx != index or csize != chunk_size or mv[cid_at:sums_at] != content_id.encode():
-        raise ChunkFormatError("chunk header names another object or chunk")
-    if length != expected_length:
-        raise ChunkFormatError(f"chunk length {length} != expected {expected_length}")
+    cid = content_id.encode() if isinstance(content_id, str) else content_id
+    length = expected_length
     if hi is None:
         hi = length
+    n = len(mv)
+    if n < _FIXED.size:
+        _parse(mv)  # raises the precise error
+    magic, version, shift, _, hdr_len, _, idx, csize, dlen = _FIXED.unpack_from(mv)
+    if (
+        magic != MAGIC
+        or version != FORMAT_VERSION
+        or hdr_len + dlen != n
+        or hdr_len < _MIN_HDR
+        or not 12 <= shift <= 26
+    ):
+        _parse(mv)  # raises the precise error
+        raise ChunkFormatError(f"bad block size 2**{shift}")
+    if _hash(mv[: hdr_len - 8]) != _SUM.unpack_from(mv, hdr_len - 8)[0]:
+        raise ChunkFormatError("header checksum mismatch")
+    cid_at = _FIXED.size + 4 + _LEN16.unpack_from(mv, _FIXED.size)[0]
+    if cid_at > hdr_len - 8:
+        raise ChunkFormatError("bad variable header: key runs past the header")
+    sums_at = cid_at + _LEN16.unpack_from(mv, cid_at - 2)[0]
+    if sums_at + 8 * ((dlen + (1 << shift) - 1) >> shift) + 8 != hdr_len:
+        raise ChunkFormatError("variable header length mismatch")
+    if idx != index or csize != chunk_size or mv[cid_at:sums_at] != cid:
+        raise ChunkFormatError("chunk header names another object or chunk")
+    if dlen != length:
+        raise ChunkFormatError(f"chunk length {dlen} != expected {length}")
     if not 0 <= lo <= hi <= length:
         raise ValueError(f"range [{lo}, {hi}) outside a chunk of {length} bytes")
     data = mv[hdr_len:]
     if hi > lo:
-        first, last = lo >> shift, (hi - 1) >> shift
-        want = struct.unpack_from(f"<{last - first + 1}Q", mv, sums_at + 8 * first)
-        for b, w in zip(range(first, last + 1), want, strict=True):
-            if _hash(data[b << shift : (b + 1) << shift]) != w:
-                raise ChunkFormatError(f"checksum mismatch in block {b}")
+        b, last = lo >> shift, (hi - 1) >> shift
+        size = 1 << shift
+        at = sums_at + 8 * b
+        for off in range(b << shift, (last + 1) << shift, size):
+            if _hash(data[off : off + size]) != _SUM.unpack_from(mv, at)[0]:
+                raise ChunkFormatError(f"checksum mismatch in block {off >> shift}")
+            at += 8
     return data
 
 
@@ -247,9 +275,7 @@ def checked_chunk(
     the caller treats it as a miss (and refetches, replacing the value). A value of an
     older format is a miss too, but not counted as corrupt."""
     try:
-        return verify_chunk(
-            value, ref.obj.content_id, ref.chunk_size, ref.index, ref.length, lo, hi
-        )
+        return verify_chunk(value, ref.content_bytes, ref.chunk_size, ref.index, ref.length, lo, hi)
     except StaleFormatError:
         return None
     except ChunkFormatError as exc:

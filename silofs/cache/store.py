@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import lmdb
 
-from silofs.cache.bounds import ValueCursor, data_mapping, mdb_val_offset
+from silofs.cache.bounds import ValueCursor, data_mapping, map_view, mdb_val_offset
 from silofs.cache.listing import ListingReader
 from silofs.errors import SilofsError
 
@@ -172,6 +172,7 @@ class CacheStore:
             log.warning("cache values are not bounds-checked: %s", exc)
             self._data_fd = -1
         self._map_start: int | None = None  # found on first use (value_bounds)
+        self._map_view: tuple[int, int, memoryview] | None = None  # start, end, view
 
     # -- small helpers -------------------------------------------------------------
     def db(self, name: bytes) -> lmdb._Database:
@@ -220,7 +221,10 @@ class CacheStore:
         bounds = self.value_bounds() if offset >= 0 else None
         if bounds is None:
             return None
-        return ValueCursor(txn.cursor(db=db), offset, bounds, write)
+        start, _, end = bounds
+        if self._map_view is None or self._map_view[:2] != (start, end):
+            self._map_view = (start, end, map_view(start, end - start))  # after a remap
+        return ValueCursor(txn.cursor(db=db), offset, bounds, write, self._map_view[2])
 
     def get_value(
         self, txn: lmdb.Transaction, db: lmdb._Database, key: bytes

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import lmdb
 import pyfuse3
+import trio
 
 from silofs.cache.listing import ListingReader
 from silofs.mount.listing_view import Entry, ListingView
@@ -35,6 +36,10 @@ log = logging.getLogger(__name__)
 
 ATTR_CACHE = 8192  # attribute replies kept per mount
 ADOPTED = 4096  # handles opened by another serving process, kept derived per process
+# A first read at offset 0 of at least this many bytes opens one GET of the whole object
+# (read()): the kernel's first read-ahead request of a sequential reader is 256 KiB to
+# 1 MiB; a reader that asked for random access sends only the pages it reads.
+STREAM_FROM_HEAD = 128 << 10
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
 
 
@@ -92,6 +97,11 @@ class SilofsFS(pyfuse3.Operations):
         self._open_versions: dict[int, dict[str, int]] = {}  # inode -> version -> handles
         self.stale_inodes: list[int] = []  # attributes the kernel must fetch again
         self._next_fh = 1
+        self.initialized = trio.Event()  # set once the kernel's INIT is being answered
+
+    def init(self) -> None:
+        # Called by pyfuse3 inside libfuse's INIT handling, before the reply is sent.
+        self.initialized.set()
 
     def switch(self, record: dict) -> list[Entry]:
         """Serve the listing generation `record` names (the daemon listed again); returns
@@ -429,8 +439,14 @@ class SilofsFS(pyfuse3.Operations):
         try:
             if first == last:
                 lo, hi = off - first * cs, end - first * cs
+                # The first read of a file's head, of the size the kernel's read-ahead
+                # asks of a sequential reader (a random reader asks for its pages): a
+                # miss names its chunk as a span, so the daemon may stream the object on
+                # from there (node/fetch.py) and the reader's next spans continue it.
+                streams = off == 0 and size >= STREAM_FROM_HEAD and f.obj.size > cs
+                span = (0, 0) if streams else None
                 # verifies [lo, hi) of a hit
-                data, hit, source = await r.chunk(f, first, lo, hi)
+                data, hit, source = await r.chunk(f, first, lo, hi, span)
                 self._count(end - off, hit, source)
                 if sequential and f.obj.size > cs:
                     r.prefetch(f, first)
@@ -442,13 +458,15 @@ class SilofsFS(pyfuse3.Operations):
     async def _read_span(
         self, f: OpenFile, off: int, end: int, first: int, last: int, sequential: bool
     ) -> bytes:
-        """A request crossing chunk boundaries: copy each part before the next await."""
+        """A request crossing chunk boundaries: copy each part before the next await.
+        Its misses name the request's chunks as their span, so the daemon fetches
+        those of them it lacks in one GET, not one GET per chunk in turn."""
         cs = self.reader.chunk_size
         parts = []
         for index in range(first, last + 1):
             lo = max(off, index * cs) - index * cs
             hi = min(end, (index + 1) * cs) - index * cs
-            data, hit, source = await self.reader.chunk(f, index, lo, hi)
+            data, hit, source = await self.reader.chunk(f, index, lo, hi, span=(first, last))
             parts.append(bytes(data[lo:hi]))
             self._count(hi - lo, hit, source)
         if sequential:

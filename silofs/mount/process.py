@@ -19,6 +19,7 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 import errno
+import gc
 import logging
 import os
 import secrets
@@ -50,6 +51,11 @@ log = logging.getLogger(__name__)
 # seconds: then the mount is unmounted (readers get ENOTCONN), never left to hang.
 MAX_RESTARTS = 5
 RESTART_WINDOW = 60.0
+# The young GC generation is collected every this many allocations, not 700, and what
+# the mount allocated until it serves is kept out of collections (gc.freeze): a serving
+# loop allocates short-lived objects per request, and the full collections that
+# promotions set off walk the whole heap (the daemon does the same: node/service.py).
+GC_YOUNG = 10_000
 # Rows of the previous listing compared per read txn after a refresh (_forget_walk).
 FORGET_BATCH = 10_000
 CHILD_EXIT_SECONDS = 10.0  # after the unmount, then SIGKILL
@@ -80,18 +86,27 @@ async def open_dataset(
 def raise_read_ahead(target: str, kb: int) -> None:
     """Raise the mount's bdi read_ahead_kb so the kernel sends 1 MiB reads, not 128 KiB.
 
-    `target` must be resolved (realpath) before mounting. The bdi is found through
-    /proc/self/mountinfo: stat()ing our own mountpoint from the process that serves it
-    would deadlock, and realpath() stats every component.
+    Only once INIT has been answered: the kernel offers INIT a max_readahead of the
+    bdi's default (128 KiB), libfuse echoes it back, and the reply sets the bdi's
+    read-ahead to the smaller of the two, undoing a raise made before it. A file opened
+    before the raise keeps the old read-ahead until it is closed. `target` must be
+    resolved (realpath) before mounting. The bdi is found through /proc/self/mountinfo:
+    stat()ing our own mountpoint from the process that serves it would deadlock, and
+    realpath() stats every component. Logged at WARNING if it did not take.
     """
     try:
         for entry in reversed(mounts()):  # the newest mount at that path is ours
             if entry.mountpoint == target and entry.fstype.startswith("fuse"):
-                with open(f"/sys/class/bdi/{entry.device}/read_ahead_kb", "w") as bdi:
+                path = f"/sys/class/bdi/{entry.device}/read_ahead_kb"
+                with open(path, "w") as bdi:
                     bdi.write(str(kb))
+                with open(path) as bdi:
+                    now = int(bdi.read())
+                if now != kb:
+                    log.warning("read_ahead_kb of %s is %d, not %d", target, now, kb)
                 return
-    except OSError as exc:
-        log.info("could not raise read_ahead_kb for %s: %s", target, exc)
+    except (OSError, ValueError) as exc:
+        log.warning("could not raise read_ahead_kb for %s: %s", target, exc)
 
 
 class MountProcess:
@@ -219,12 +234,7 @@ class MountProcess:
             await self._goodbye()
             ready(_mount_error(exc, self.s.mountpoint))
             return
-        raise_read_ahead(self.realpath, self.s.read_ahead_kb)
-        log.info(
-            "mounted %s at %s (%d files)", self.s.uri, self.s.mountpoint, self.fs.listing.files
-        )
-        ready(None)
-        await self._serve()
+        await self._serve(ready=ready)
 
     def _open(self, reg: dict, shared: SharedTables | None = None) -> None:
         """Open the env, the listing and the reader for registration `reg`: once, or in
@@ -256,6 +266,7 @@ class MountProcess:
             chunk_size=reg["chunk_size"],
             buffer_bytes=self.s.buffer_bytes,
             readahead_bytes=self.s.readahead_bytes,
+            head_bytes=2 * self.s.read_ahead_kb << 10,
             reregister=self._reregister,
         )
         self.reader.registered(self.mount_id, self.lru)
@@ -325,13 +336,20 @@ class MountProcess:
         self.reader.counters = shared.own_counters()
         await self._serve(child=True)
 
-    async def _serve(self, child: bool = False) -> None:
+    async def _serve(
+        self, child: bool = False, ready: Callable[[str | None], None] | None = None
+    ) -> None:
+        _, older, oldest = gc.get_threshold()
+        gc.set_threshold(GC_YOUNG, older, oldest)
+        gc.freeze()
         unmount = True
         try:
             async with trio.open_nursery() as nursery:
                 assert self.reader is not None
                 self._nursery = nursery
                 self.reader.start(nursery)
+                if ready is not None:
+                    nursery.start_soon(self._ready_after_init, ready)
                 nursery.start_soon(self._report_loop)
                 nursery.start_soon(self._child_signals if child else self._signals)
                 try:
@@ -359,6 +377,21 @@ class MountProcess:
             self._close()
             if not child:
                 log.info("unmounted %s", self.s.mountpoint)
+
+    async def _ready_after_init(self, ready: Callable[[str | None], None]) -> None:
+        """Once pyfuse3.main() has answered the kernel's INIT: raise the bdi read-ahead
+        (raise_read_ahead: not before the INIT reply) and tell `silofs mount` the mount
+        is ready, so a file its caller opens next reads with the raised read-ahead."""
+        assert self.fs is not None
+        await self.fs.initialized.wait()
+        # init() runs inside libfuse's INIT handling, before its reply: this task runs
+        # only after pyfuse3's loop yields, which is after the reply went out.
+        await trio.lowlevel.checkpoint()
+        raise_read_ahead(self.realpath, self.s.read_ahead_kb)
+        log.info(
+            "mounted %s at %s (%d files)", self.s.uri, self.s.mountpoint, self.fs.listing.files
+        )
+        ready(None)
 
     async def _child_signals(self) -> None:
         """A serving process: SIGTERM ends it (the supervisor replaces it, or is

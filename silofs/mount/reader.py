@@ -8,16 +8,18 @@ caught too), a bounded buffer of chunks fetched by this mount (so a 4 MiB chunk 
 read-ahead of misses, and the counters the daemon reports. Never talks to a store and
 never writes LMDB.
 
-Read-ahead is per open file and adaptive: once a run of sequential reads covers half a
-chunk, it asks for the next chunk, and every span asked for after it is twice as long,
-up to max_window chunks (readahead_bytes, at most half the buffer); a new span is asked
-for once the reader is within half a window of the end of what was asked; a seek (a
-read not where the last one ended) ends the run, and the window starts again at one
-chunk. Random reads, files of one chunk and heads of files (the kernel reads a header
-in two or three requests) therefore never read ahead. Each chunk of a span is its own
-request to the daemon (so each lands in the buffer and its single-flight as it is
-served), and each names the span, so the daemon fetches the span in one range GET,
-charged to the job before the GET (node/fetch.py).
+Read-ahead is per open file and adaptive: once a run of sequential reads covers more
+than half a chunk (and, from a file's start, more than the kernel reads of a file whose
+head alone is read: its read-ahead of the first request and the window after it), it
+asks for the next chunk, and every span asked for after it is twice as long, up to
+max_window chunks (readahead_bytes, at most half the buffer); a new span is asked for
+once the reader is within half a window of the end of what was asked; a seek (a read
+not where the last one ended) ends the run, and the window starts again at one chunk.
+Random reads, files of one chunk and heads of files therefore never read ahead. Each
+chunk of a span is its own request to the daemon (so each lands in the buffer and its
+single-flight as it is served), and each names the span, so the daemon fetches the span
+in one range GET, charged to the job before the GET (node/fetch.py). The misses of one
+kernel request that crosses chunks name that request's chunks as their span.
 
 A file is one version from open to close: every chunk of it is looked up by the content
 id of the mount's own listing, and misses carry the listed version (&version=) so the
@@ -34,8 +36,9 @@ would wait for that disk read: the read takes the snapshot for itself (the next 
 begins another), a worker thread faults the pages in (mount/pages.py ValuePages, at
 most FAULT_THREADS at once), and the value is then looked up again in that snapshot and
 verified as every hit is. The snapshot is ended by the next read, after the reply went
-out. A sequential reader of a cached file asks the kernel to read the value of the
-chunks ahead in the same window read-ahead of misses uses.
+out. A resident value is served as a slice of the map, none of its pages touched until
+the verification and the reply read those they serve. A sequential reader of a cached
+file asks the kernel to read the values of the next VALUE_AHEAD_BYTES of chunks.
 """
 
 from __future__ import annotations
@@ -76,6 +79,10 @@ WINDOW_OF_BUFFER = 0.5
 SNAPSHOT_REUSE_SECONDS = 0.25
 
 
+# How far ahead of a sequential reader the kernel reads cached values (_advise_ahead):
+# 64 MiB against the 16 MiB window of misses made a 512 MiB pass 0.61 -> 0.82 GB/s, and
+# 8 MiB was slower still (docs/RESULTS.md, 2026-11-27).
+VALUE_AHEAD_BYTES = 64 << 20
 # Sequential readers whose read-ahead the chunk buffer holds at once (buffer_bytes_for).
 BUFFER_STREAMS = 2
 # Hits being faulted in by worker threads at once (ChunkReader._fault_in): enough to keep
@@ -123,6 +130,7 @@ class OpenFile:
     asked_at: int = -1  # the chunk the reader was in when read-ahead last asked
     run_start: int = 0  # where the current run of sequential reads began
     asked_until: int = 0  # the end (bytes) of what read-ahead asked for in this run
+    advised: int = 0  # the first chunk whose cached value was not read ahead yet
 
     def chunk_ref(self, chunk_size: int, index: int) -> ChunkRef:
         ref = self.ref
@@ -141,7 +149,7 @@ class OpenFile:
             # us out of order: a read inside what this run asked for is still the run.
             self.next_offset = max(self.next_offset, end)
             return True
-        self.window = self.ahead = self.asked_until = 0
+        self.window = self.ahead = self.asked_until = self.advised = 0
         self.asked_at = -1
         self.run_start = off
         self.next_offset = end
@@ -197,8 +205,13 @@ class ChunkReader:
         buffer_bytes: int | None,
         readahead_bytes: int,
         reregister: Callable[[], Awaitable[None]],
+        head_bytes: int = 0,
     ) -> None:
         self.store = store
+        # What the kernel reads of a file whose head alone is read: its read-ahead of
+        # the first request and the window after it (2 x the bdi's read_ahead_kb). A
+        # run from offset 0 is a sequential reader only once it goes past that.
+        self.head_bytes = head_bytes
         self.client = client
         self.dataset_id = dataset_id
         self.chunk_size = chunk_size
@@ -227,7 +240,7 @@ class ChunkReader:
         # read, once that hit's reply is out.
         self._retired: list[lmdb.Transaction] = []
         self._cursor: ValueCursor | None = None  # on self._txn's chunks db
-        self._resident_key = b""  # the chunk found in memory last (_cold)
+        self._resident_key = b""  # the chunk found in memory last (_lookup)
         self._damaged = FirstTime()  # chunk keys whose lookup failed
         self.pages = ValuePages(os.path.join(store.path, "data.mdb"))
         if self.pages.enabled and store.value_bounds() is None:
@@ -335,22 +348,35 @@ class ChunkReader:
         """The cached value of `ref` in the current snapshot (self._txn), unverified, or
         None if absent; or, if its pages are not all in memory, [address, 0, size] of it
         with none of them touched (_fault_in them first)."""
-        value = self._find(ref.key)
-        if value is None and self._txn_read != self._reads:
+        cur = self._cursor or self._value_cursor()
+        if cur is None or not self.pages.enabled:
+            return self._get(ref.key)
+        where = cur.find(ref.key)  # DamagedValueError (an lmdb.Error) outside data.mdb
+        if where is None and self._txn_read != self._reads:
             # Admitted since an earlier read began the snapshot? Look in a fresh one.
             self.renew()
-            value = self._find(ref.key)
-        return value
-
-    def _find(self, key: bytes) -> memoryview | list[int] | None:
-        if not self.pages.enabled:
             cur = self._value_cursor()
-            return self._snapshot().get(key, db=self._chunks_db) if cur is None else cur.get(key)
-        cold = self._cold(key)
-        if cold is None or cold:
-            return cold
-        assert self._cursor is not None
-        return self._cursor.value()  # in memory: the get's preload does not wait
+            assert cur is not None
+            where = cur.find(ref.key)
+        if where is None:
+            return None
+        addr, size = where
+        if ref.key == self._resident_key or self.pages.value_resident(addr, size):
+            # The key served last is mapped into this process now (a big chunk is read
+            # in many requests), and drop_caches leaves mapped pages alone.
+            self._resident_key = ref.key
+            return cur.value()  # a view of its pages, none of them touched yet
+        return [addr, 0, size]
+
+    def _get(self, key: bytes) -> memoryview | list[int] | None:
+        """_lookup where values cannot be found untouched: py-lmdb's get (bounds-checked
+        if a cursor can be), faulting the value in on this thread."""
+        cur = self._value_cursor()
+        value = self._snapshot().get(key, db=self._chunks_db) if cur is None else cur.get(key)
+        if value is None and self._txn_read != self._reads:
+            self.renew()
+            return self._get(key)
+        return value
 
     def _value_cursor(self) -> ValueCursor | None:
         """The current snapshot's cursor on the chunks db (None: values cannot be
@@ -358,32 +384,6 @@ class ChunkReader:
         if self._cursor is None:
             self._cursor = self.store.value_cursor(self._snapshot(), self._chunks_db)
         return self._cursor
-
-    def _cold(self, key: bytes) -> list[int] | None:
-        """[address, 0, size] of the value of `key` in the current snapshot if any of its
-        pages is not in memory, [] if all are, None if absent. Touches none of them."""
-        cur = self._value_cursor()
-        assert cur is not None  # pages.enabled: value_bounds() found the map
-        where = cur.find(key)  # DamagedValueError (an lmdb.Error) outside data.mdb
-        if where is None:
-            return None
-        addr, size = where
-        if key == self._resident_key:
-            # Served last (a big chunk is read in many requests): its pages are mapped
-            # into this process now, and drop_caches leaves mapped pages alone.
-            return []
-        if self.pages.value_resident(addr, size):
-            self._resident_key = key
-            return []
-        return [addr, 0, size]
-
-    def _verified(self, value: memoryview, ref: ChunkRef, lo: int, hi: int) -> memoryview:
-        """The data of `value` with [lo, hi) verified; ChunkFormatError if it is corrupt
-        (or of an older format)."""
-        data = checked_chunk(value, ref, self.counters, lo, hi)
-        if data is None:
-            raise ChunkFormatError(f"chunk {ref.index} of {ref.obj.key}")
-        return data
 
     async def _fault_in(self, ref: ChunkRef, where: list[int]) -> memoryview | None:
         """The value of `ref` once a worker thread faulted its pages (`where`) in.
@@ -399,8 +399,7 @@ class ChunkReader:
         self.faulted_in += 1
         try:
             await trio.to_thread.run_sync(_populate, self.pages, where, limiter=self._fault_limiter)
-            # Looked up again (it may have been remapped meanwhile: set_mapsize); its
-            # pages are in memory now, so the get's preload does not wait.
+            # Looked up again: the env may have been remapped meanwhile (set_mapsize).
             value = self.store.get_value(txn, self._chunks_db, ref.key)
             self._resident_key = ref.key
             return value
@@ -410,20 +409,30 @@ class ChunkReader:
 
     # -- one chunk, any source -------------------------------------------------------
     async def chunk(
-        self, f: OpenFile, index: int, lo: int = 0, hi: int | None = None
+        self,
+        f: OpenFile,
+        index: int,
+        lo: int = 0,
+        hi: int | None = None,
+        span: tuple[int, int] | None = None,
     ) -> tuple[memoryview | bytes, bool, str]:
         """(data, hit, source): the whole chunk from LMDB (hit, "cache"), this mount's
         buffer ("buffer"; a hit if the daemon had it cached), or the daemon ("cache" if it
         found the chunk cached, "store" if it had to GET it). Of an LMDB hit only [lo, hi)
-        (chunk offsets; default all) is verified, so the caller serves only that part."""
+        (chunk offsets; default all) is verified, so the caller serves only that part.
+        A miss names `span` (the chunks the same request reads) to the daemon."""
         ref = f.chunk_ref(self.chunk_size, index)
         if hi is None:
             hi = ref.length
         try:
             value = self._lookup(ref)
-            if isinstance(value, list):
+            if type(value) is list:
                 value = await self._fault_in(ref, value)
-            view = None if value is None else self._verified(value, ref, lo, hi)
+            view = None
+            if value is not None:
+                view = checked_chunk(value, ref, self.counters, lo, hi)
+                if view is None:  # damaged (counted, logged) or of an older format
+                    raise ChunkFormatError(f"chunk {index} of {f.obj.key}")
         except ChunkFormatError:
             data, from_cache = await self._miss(ref, refetch=True)
             return data, from_cache, "cache" if from_cache else "store"
@@ -442,7 +451,7 @@ class ChunkReader:
             return view, True, "cache"  # no await between the (last) get and the reply
         if (item := self.buffer.get(ref.key)) is not None:
             return item[0], item[1], "buffer"
-        data, from_cache = await self._miss(ref, refetch=False)
+        data, from_cache = await self._miss(ref, refetch=False, span=span)
         return data, from_cache, "cache" if from_cache else "store"
 
     async def _miss(
@@ -489,20 +498,25 @@ class ChunkReader:
 
     # -- read-ahead --------------------------------------------------------------------
     def prefetch(self, f: OpenFile, current: int) -> None:
-        """After a sequential read that reached chunk `current`: ask for the next span
-        if the reader is within half a window of the end of what was asked (module
-        docstring). Chunks our dataset holds (its owners rows; a get of the value would
-        fault in up to chunk_size bytes), in flight or in the buffer are not asked for;
-        one owned by another dataset is missed here and the daemon serves it from LMDB.
-        The values of those our dataset holds are read ahead from the env instead, if
-        their pages are not in memory (found with a cursor, which touches none)."""
-        if self._nursery is None or self.max_window == 0 or current == f.asked_at:
-            return  # once per chunk: the span asked for before is usually still in flight
-        if f.next_offset - f.run_start < self.chunk_size // 2:
-            # Not yet a sequential reader: the kernel reads the head of a file in two or
-            # three requests of its own read-ahead (an image decoder reading a header).
+        """After a sequential read that reached chunk `current`: have the kernel read
+        the cached values of the next VALUE_AHEAD_BYTES (_advise_ahead), and ask the
+        daemon for the next span if the reader is within half a window of the end of
+        what was asked (module docstring). Chunks our dataset holds (its owners rows; a
+        get of the value would fault in up to chunk_size bytes), in flight or in the
+        buffer are not asked for; one owned by another dataset is missed here and the
+        daemon serves it from LMDB."""
+        if self._nursery is None or self.max_window == 0:
+            return
+        run = f.next_offset - f.run_start
+        if run <= self.chunk_size // 2 or (f.run_start == 0 and run <= self.head_bytes):
+            # Not yet a sequential reader: the kernel reads the head of a file in two
+            # requests of its own read-ahead (an image decoder reading a header).
             return
         last = (f.obj.size - 1) // self.chunk_size
+        if self.pages.enabled:
+            self._advise_ahead(f, current, last)
+        if current == f.asked_at:
+            return  # once per chunk: the span asked for before is usually still in flight
         f.ahead = max(f.ahead, current + 1)
         f.window = max(f.window, 1)
         if f.ahead > last or f.ahead - current - 1 > f.window * AHEAD_TRIGGER:
@@ -514,19 +528,15 @@ class ChunkReader:
             return  # other files' read-ahead fills the buffer: ask on a later read
         txn = self._snapshot()
         refs = []
-        held: list[bytes] = []  # keys of cached chunks ahead: their values are read ahead
         for index in range(first, end + 1):
             ref = ChunkRef.of(f.obj, self.chunk_size, index)
             try:
-                owned = self.store.owns(txn, self.dataset_id, ref.key)
+                if self.store.owns(txn, self.dataset_id, ref.key):
+                    continue  # cached: its value is read ahead instead (_advise_ahead)
             except lmdb.Error:
                 return  # a damaged page: the reader's own lookup will count it
-            if owned:
-                held.append(ref.key)
-            elif self._wanted(ref):
+            if self._wanted(ref):
                 refs.append(ref)
-        if held and self.pages.enabled:
-            self._nursery.start_soon(self._read_ahead_values, held)
         f.ahead = end + 1
         f.asked_until = f.ahead * self.chunk_size
         f.asked_at = current
@@ -535,11 +545,29 @@ class ChunkReader:
             self.ahead_bytes += ref.length
             self._nursery.start_soon(self._prefetch_one, ref, (first, end))
 
+    def _advise_ahead(self, f: OpenFile, current: int, last: int) -> None:
+        """Keep the kernel reading the cached values of a sequential reader's next
+        VALUE_AHEAD_BYTES: once less than half of that is advised, the rest up to it. A
+        value costs no buffer while it is read ahead, so the lead is longer than the
+        read-ahead window of misses, and the serving thread finds the next chunks in
+        memory (without it, a 512 MiB file waited on the disk inside set_key)."""
+        assert self._nursery is not None
+        lead = max(1, VALUE_AHEAD_BYTES // self.chunk_size)
+        if f.advised > current + lead // 2:
+            return
+        first, end = max(f.advised, current + 1), min(last, current + lead)
+        if first > end:
+            return
+        f.advised = end + 1
+        keys = [ChunkRef.of(f.obj, self.chunk_size, i).key for i in range(first, end + 1)]
+        self._nursery.start_soon(self._read_ahead_values, keys)
+
     async def _read_ahead_values(self, keys: list[bytes]) -> None:
-        """Have the kernel read the values of `keys` ahead (MADV_WILLNEED), found in a
-        snapshot of the worker's own: the lookups' B-tree faults (each reading around
-        it) happen there, not on the serving thread. A hint by address only: harmless
-        once that snapshot ends or if the env is remapped meanwhile (ValuePages)."""
+        """Have the kernel read the values of `keys` ahead (MADV_WILLNEED; keys not
+        cached are skipped), found in a snapshot of the worker's own: the lookups'
+        B-tree faults (each reading around it) happen there, not on the serving thread.
+        A hint by address only: harmless once that snapshot ends or if the env is
+        remapped meanwhile (ValuePages)."""
 
         def advise() -> None:
             # The serving thread must not remap the env under this walk (adopt_map_size).

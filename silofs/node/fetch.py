@@ -76,8 +76,9 @@ class Fetcher:
         self.store = store
         self.writer = writer
         self.threads = trio.CapacityLimiter(threads)
-        self._flights: SingleFlight[bytes, bytes] = SingleFlight()
-        self._loose: OrderedDict[bytes, bytes] = OrderedDict()
+        # A chunk's bytes: bytes, or a read-only view of the data in its encoded value.
+        self._flights: SingleFlight[bytes, bytes | memoryview] = SingleFlight()
+        self._loose: OrderedDict[bytes, bytes | memoryview] = OrderedDict()
         self._loose_bytes = 0
         # Runs reading a stream now, by where they end: the next span waits for them.
         self._busy: dict[tuple[str, str, int], trio.Event] = {}
@@ -113,7 +114,7 @@ class Fetcher:
         *,
         replace: bool = False,
         admit: bool = True,
-    ) -> tuple[bytes, bool]:
+    ) -> tuple[bytes | memoryview, bool]:
         """(bytes, whether this call did the GET): the chunk from the store, admitted if
         its dataset has room (and `admit`: a node reading another member's chunk after
         that member failed does not keep it). Callers asking for a chunk already in
@@ -128,7 +129,7 @@ class Fetcher:
             ref.key, lambda: self._fetch_once(dsid, backend, limiter, ref, replace, admit)
         )
 
-    async def joined(self, key: bytes) -> bytes | None:
+    async def joined(self, key: bytes) -> bytes | memoryview | None:
         """The bytes of a chunk whose GET is in flight (anyone's), once they are in;
         None if none is (or its leader gave up). Its error, if it failed."""
         got = await self._flights.wait(key)
@@ -144,7 +145,7 @@ class Fetcher:
         *,
         replace: bool = False,
         readahead: bool = False,
-    ) -> tuple[bytes, Fetched]:
+    ) -> tuple[bytes | memoryview, Fetched]:
         """The bytes of `ref`, and what this call fetched for them. `span` is the run of
         consecutive chunks of ref's object the reader will read next (ref among them).
         If nobody fetches ref yet, one range GET covers the longest run of `span` around
@@ -174,9 +175,9 @@ class Fetcher:
             self._flights.claim([r.key for r in run])
             break
         pending = {r.key for r in run}
-        mine: list[bytes] = []
+        mine: list[bytes | memoryview] = []
 
-        def deliver(r: ChunkRef, data: bytes, value: bytes) -> None:
+        def deliver(r: ChunkRef, data: memoryview, value: bytes) -> None:
             again = replace and r.key == ref.key
             self.writer.offer(PendingChunk(dsid, r.key, value, r.length, replace=again))
             pending.discard(r.key)
@@ -198,7 +199,7 @@ class Fetcher:
             raise
         return mine[0], Fetched(len(run), sum(r.length for r in run), requests)
 
-    def _keep_loose(self, key: bytes, data: bytes) -> None:
+    def _keep_loose(self, key: bytes, data: bytes | memoryview) -> None:
         """A chunk of a span that arrived before its own request: kept (bounded, oldest
         dropped) so the request does not GET it again when its dataset admits nothing."""
         self._loose[key] = data
@@ -250,7 +251,7 @@ class Fetcher:
         backend: Backend,
         limiter: TokenBucket,
         run: list[ChunkRef],
-        deliver: Callable[[ChunkRef, bytes, bytes], None],
+        deliver: Callable[[ChunkRef, memoryview, bytes], None],
         readahead: bool,
     ) -> int:
         """Fetch consecutive chunks, charged first, each delivered (in the trio thread)
@@ -297,9 +298,11 @@ class Fetcher:
 
         def send(r: ChunkRef, data: bytes | memoryview) -> None:
             value = encode_chunk(dsid, r.index, r.chunk_size, obj.key, obj.content_id, data)
+            # The reader gets the value's own copy of the data: no copy of its own.
+            view = memoryview(value)[len(value) - len(data) :]
             # Queued, not waited for: the thread reads on. The loop runs these callbacks
             # in order, and before it learns that the thread returned (same queue).
-            token.run_sync_soon(deliver, r, bytes(data), value)
+            token.run_sync_soon(deliver, r, view, value)
 
         def fetch() -> RangeStream | None:
             nonlocal opened
@@ -340,7 +343,10 @@ class Fetcher:
         open_range = getattr(backend, "open_range", None)
 
         def backend_open(start: int, length: int) -> RangeStream | None:
-            return open_range(obj, start, length) if open_range is not None else None
+            # A stream from chunk 0 on: the object is read in chunks, each verified (a
+            # range of it was, before: chunk 0 was its own GET, the stream began at 1).
+            whole = start == 0 and length == obj.size and length > first.chunk_size
+            return None if open_range is None else open_range(obj, start, length, whole=whole)
 
         try:
             if stream_on and before is not None and at not in self._parked:

@@ -223,7 +223,7 @@ class Home:
             return lookup()
         return await trio.to_thread.run_sync(lookup, limiter=self.lookups)
 
-    def _encoded(self, ds: DatasetState, ref: ChunkRef, data: bytes) -> bytes:
+    def _encoded(self, ds: DatasetState, ref: ChunkRef, data: bytes | memoryview) -> bytes:
         pending = self.d.writer.pending(ref.key)
         if pending is not None:
             return pending

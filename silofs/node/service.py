@@ -297,6 +297,7 @@ def run_daemon(settings: NodeSettings, started_by: str = "manual") -> None:
         trio.run(serve, daemon)
     finally:
         daemon.cluster.close()
+        daemon.writer.close()
         daemon.store.close()
         os.close(daemon.lock_fd)
 

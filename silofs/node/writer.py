@@ -9,9 +9,12 @@ admission (the chunk is admitted on a later miss) rather than slow a reader down
 from __future__ import annotations
 
 import logging
+import os
+import queue
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import trio
 
@@ -23,6 +26,13 @@ from silofs.node.store_write import AdmitResult, PendingChunk, WritableStore
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+
+# The nice value of the thread that admits chunks (_AdmitThread). Admission copies every
+# fetched byte twice more (into LMDB's pages, then into the page cache) on the path of a
+# cold read: at a lower priority it runs on what the readers leave (a cold 256 MiB read
+# on moto 146 -> 178 MB/s, docs/RESULTS.md 2026-11-27); its queue
+# (admission_queue_bytes) holds what it has not written yet.
+ADMIT_NICE = 10
 
 
 @dataclass
@@ -47,6 +57,55 @@ def _newest_that_fit(items: list[PendingChunk], quota: int) -> set[int]:
             kept.add(id(item))
             room -= item.data_len
     return kept
+
+
+class _AdmitThread:
+    """One thread, at nice ADMIT_NICE, that runs admission batches for the trio loop
+    (a worker of trio's cache would keep the nice value for whatever it runs next, and
+    only a privileged process may lower it again). Started on first use."""
+
+    def __init__(self) -> None:
+        self._jobs: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+
+    def _serve(self) -> None:
+        try:
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), ADMIT_NICE)
+        except OSError as exc:
+            log.info("admission runs at the daemon's priority: %s", exc)
+        while (job := self._jobs.get()) is not None:
+            job()
+
+    async def run(self, fn: Callable[..., T], *args: Any) -> T:
+        """fn(*args) in the thread; like trio.to_thread.run_sync, a cancellation waits
+        for it to finish (a write txn is never left half done)."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._serve, name="silofs-admit", daemon=True)
+            self._thread.start()
+        token = trio.lowlevel.current_trio_token()
+        done = trio.Event()
+        out: list[tuple[bool, Any]] = []
+
+        def job() -> None:
+            try:
+                out.append((True, fn(*args)))
+            except BaseException as exc:  # noqa: BLE001 - handed to the waiting task
+                out.append((False, exc))
+            token.run_sync_soon(done.set)
+
+        self._jobs.put(job)
+        with trio.CancelScope(shield=True):
+            await done.wait()
+        ok, value = out[0]
+        if not ok:
+            raise value
+        await trio.lowlevel.checkpoint_if_cancelled()
+        return value  # type: ignore[no-any-return]
+
+    def stop(self) -> None:
+        if self._thread is not None:
+            self._jobs.put(None)
+            self._thread = None
 
 
 class Writer:
@@ -80,6 +139,7 @@ class Writer:
         self._pending: dict[bytes, PendingChunk] = {}
         self._wakeup = trio.Event()
         self._lock = trio.Lock()  # one write txn at a time, in one thread
+        self._admit_thread = _AdmitThread()
 
     def offer(self, item: PendingChunk) -> bool:
         """Queue a chunk for admission; False (and counted) when the queue is full."""
@@ -107,13 +167,21 @@ class Writer:
         async with self._lock:
             return await trio.to_thread.run_sync(fn, *args)
 
-    async def _with_usage(self, fn: Callable[..., T], *args: object) -> T:
+    def close(self) -> None:
+        """End the admission thread (after the last flush)."""
+        self._admit_thread.stop()
+
+    async def _with_usage(self, fn: Callable[..., T], *args: object, admission: bool = False) -> T:
         """Like call(), for writes that change accounting: fn gets a private copy of
-        the usage taken under the lock, and the copy becomes the truth once committed."""
+        the usage taken under the lock, and the copy becomes the truth once committed.
+        `admission`: in the admission thread, at its lower priority."""
         async with self._lock:
             usage = {k: Usage(v.bytes, v.chunks) for k, v in self.usage.items()}
             try:
-                result = await trio.to_thread.run_sync(fn, *args, usage)
+                if admission:
+                    result = await self._admit_thread.run(fn, *args, usage)
+                else:
+                    result = await trio.to_thread.run_sync(fn, *args, usage)
             except BaseException:
                 # fn may have committed some txns before it failed (eviction works in
                 # several); the copy may also hold changes of an aborted txn. The usage
@@ -144,7 +212,9 @@ class Writer:
             return
         policy = self.policy()
         try:
-            res: AdmitResult = await self._with_usage(self._admit_batch, batch, policy)
+            res: AdmitResult = await self._with_usage(
+                self._admit_batch, batch, policy, admission=True
+            )
         finally:
             for item in batch:  # committed (or refused): LMDB answers from now on
                 if self._pending.get(item.key) is item:

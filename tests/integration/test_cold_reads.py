@@ -84,9 +84,11 @@ def test_random_reads_fetch_only_the_chunks_they_touch(cold) -> None:
         ),
         what="the proxy and the daemon to count the same GETs",
     )
-    assert len(exact) <= gets <= len(paged) < 40  # one GET per chunk read, none ahead
+    # At most one GET per read (a read across a chunk boundary names both chunks as its
+    # span: one GET), every chunk a read covers fetched, none ahead.
+    assert 0 < gets <= 12 and len(paged) < 40
     m = node.mount_status(str(mp))
-    assert m["remote_bytes"] <= len(paged) * CHUNK
+    assert (len(exact) - 1) * CHUNK < m["remote_bytes"] <= len(paged) * CHUNK
 
 
 def test_an_image_folder_read_at_the_head_reads_no_file_ahead(cold) -> None:
@@ -116,7 +118,9 @@ def test_a_sequential_read_fetches_spans_in_few_gets_each_charged(cold) -> None:
         what=f"the proxy to see the daemon's {m['remote_requests']} GETs "
         f"(it saw {_gets(proxy, 'big.bin')}: {[(r.target, r.status) for r in proxy.history]})",
     )
-    assert gets <= 6, f"{gets} GETs for 41 chunks read in order"
+    # One stream from the first read on (the first request names its chunks as a span),
+    # continued by every later span; a span that races the stream's start may GET too.
+    assert gets <= 3, f"{gets} GETs for 41 chunks read in order"
     assert m["remote_bytes"] == len(data), m  # no chunk fetched twice, none past the end
     # Every byte fetched, read-ahead included, was charged to the job's bucket.
     assert _job(node)["limiter_charged_bytes"] == len(data)

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from silofs.mountinfo import mounts
 from tests.support.fixtures import needs_fuse
 from tests.support.node import Node, drop_file_cache, mounted
 from tests.support.poll import wait_for
@@ -166,6 +167,30 @@ def test_the_mount_is_read_only(
             attempt()
         assert exc.value.errno == 30, exc.value  # EROFS
     assert (local_store.root / bucket_name / "empty.txt").exists()
+
+
+def _bdi_read_ahead_kb(mp: Path) -> int:
+    """The read_ahead_kb of the bdi of the mount at `mp`, found through mountinfo."""
+    target = os.path.realpath(mp)
+    entries = [e for e in mounts() if e.mountpoint == target]
+    assert entries, f"{target} is not in /proc/self/mountinfo"
+    return int(Path(f"/sys/class/bdi/{entries[-1].device}/read_ahead_kb").read_text())
+
+
+@pytest.mark.parametrize("processes", [1, 2])
+def test_the_kernel_reads_ahead_a_mebibyte_once_mounted(
+    make_node, local_store, monkeypatch, bucket_name, tmp_path: Path, processes: int
+) -> None:
+    """The INIT reply sets the bdi's read-ahead to the kernel's offer (128 KiB): the
+    mount raises it only after answering INIT, and is ready only then, so the first
+    file opened reads 1 MiB at a time."""
+    local_store.apply_env(monkeypatch)
+    local_store.create(bucket_name, {"a.bin": b"x" * 1000})
+    node = make_node()
+    args = ["--serve-processes", str(processes)] if processes > 1 else []
+    mp = node.mount(local_store.uri(bucket_name), tmp_path / "mnt", *args)
+    assert _bdi_read_ahead_kb(mp) == 1024
+    assert (mp / "a.bin").read_bytes() == b"x" * 1000
 
 
 def test_hit_ratio_follows_the_cache_share(

@@ -204,10 +204,15 @@ class Node:
         return self.request("GET", "/v1/status")
 
     def mount_status(self, mountpoint: Path | str) -> dict:
-        for m in self.status()["mounts"]:
-            if m["mountpoint"] == os.path.realpath(mountpoint):
-                return m
-        raise AssertionError(f"no mount at {mountpoint} in the daemon's status")
+        """The newest mount registered at `mountpoint`. An older one may still be listed:
+        a mount namespace another process made (unshare, `ip netns exec`) while it was
+        mounted keeps its copy of the mount, and so the mount process, alive after the
+        unmount here, until that namespace ends."""
+        path = os.path.realpath(mountpoint)
+        found = [m for m in self.status()["mounts"] if m["mountpoint"] == path]
+        if not found:
+            raise AssertionError(f"no mount at {mountpoint} in the daemon's status")
+        return found[-1]
 
     def job_status(self, job: str) -> dict:
         for j in self.status()["jobs"]:

@@ -10,10 +10,12 @@ in-memory usage always equals the committed usage rows. Time is trio's MockClock
 from __future__ import annotations
 
 import math
+import os
 import threading
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+import lmdb
 import pytest
 import trio
 import trio.testing
@@ -23,7 +25,7 @@ from hypothesis import strategies as st
 from silofs.cache.store import Usage
 from silofs.node.quota import QuotaPolicy
 from silofs.node.store_write import PendingChunk, WritableStore
-from silofs.node.writer import Writer
+from silofs.node.writer import ADMIT_NICE, Writer
 from tests.unit.test_store import check, chunk, owned
 
 MAP = 64 << 20
@@ -165,6 +167,63 @@ def test_flush_admits_all_offers_in_one_txn(
         await w.flush()  # nothing queued: no txn
         assert spy.batches == [7]
         check(store, w.usage)
+
+    run(main)
+
+
+def test_admission_runs_in_its_own_thread_at_a_lower_priority(
+    store: WritableStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Admission copies every fetched byte into LMDB: it runs on what the readers leave
+    (one thread of its own at nice ADMIT_NICE), while other writes keep the daemon's."""
+    seen: list[tuple[str, int]] = []
+    real = store.admit
+
+    def admit(items: list[PendingChunk], *a: object, **k: object) -> object:
+        me = threading.get_native_id()
+        seen.append((threading.current_thread().name, os.getpriority(os.PRIO_PROCESS, me)))
+        return real(items, *a, **k)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(store, "admit", admit)
+    base = os.getpriority(os.PRIO_PROCESS, 0)
+
+    async def main() -> None:
+        w = make_writer(store)
+        for round_ in range(2):
+            assert w.offer(chunk(1, round_))
+            await w.flush()
+        prio = await w.call(lambda: os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
+        assert prio == base  # another write: a thread at the daemon's priority
+        w.close()
+
+    run(main)
+    assert [name for name, _ in seen] == ["silofs-admit"] * 2
+    assert all(nice == min(19, base + ADMIT_NICE) for _, nice in seen)
+    check(store, store.load_usage())
+
+
+def test_a_failed_admission_is_raised_in_the_loop_and_the_thread_goes_on(
+    store: WritableStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = store.admit
+    fail = [True]
+
+    def admit(items: list[PendingChunk], *a: object, **k: object) -> object:
+        if fail.pop(0) if fail else False:
+            raise lmdb.MapFullError("full")
+        return real(items, *a, **k)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(store, "admit", admit)
+
+    async def main() -> None:
+        w = make_writer(store)
+        assert w.offer(chunk(1, 0))
+        with pytest.raises(lmdb.MapFullError):
+            await w.flush()
+        assert w.offer(chunk(1, 1))
+        await w.flush()
+        assert w.usage == {1: Usage(100, 1)}
+        w.close()
 
     run(main)
 

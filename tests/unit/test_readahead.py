@@ -117,6 +117,25 @@ def test_a_seek_resets_the_window_and_random_reads_never_read_ahead() -> None:
     assert f.window == 0
 
 
+def test_the_kernels_read_ahead_of_a_files_head_is_not_a_sequential_reader() -> None:
+    """With the bdi read-ahead at 1 MiB the kernel reads 2 MiB of a file whose head
+    alone is read (the first request, and the window after it): no span for that; a
+    third request in sequence is a reader, and read-ahead starts."""
+    reader = _reader()
+    reader.head_bytes = 2 * CS
+    f = OpenFile(ObjectInfo("big.jpg", 40 * CS, 0.0, "v", "c"))
+    _read(reader, f, 0, CS)
+    _read(reader, f, CS, CS)
+    assert reader._nursery.asked == []  # type: ignore[attr-defined]
+    _read(reader, f, 2 * CS, CS)
+    assert reader._nursery.spans == [(3, 3)]  # type: ignore[attr-defined]
+    # Past the head, half a chunk in sequence is enough again (a reader after a seek).
+    g = OpenFile(ObjectInfo("other", 40 * CS, 0.0, "v", "c"))
+    _read(reader, g, 10 * CS, 300 << 10)
+    _read(reader, g, 10 * CS + (300 << 10), 300 << 10)
+    assert reader._nursery.spans[-1] == (11, 11)  # type: ignore[attr-defined]
+
+
 def test_files_of_one_chunk_and_a_full_buffer_ask_for_nothing() -> None:
     reader = _reader()
     small = OpenFile(ObjectInfo("img.jpg", 110 << 10, 0.0, "v", "c"))
@@ -162,7 +181,9 @@ class _Backend:
             self.release.wait(30)
         return self.data[start : start + length]
 
-    def open_range(self, info: ObjectInfo, start: int, length: int) -> RangeStream | None:
+    def open_range(
+        self, info: ObjectInfo, start: int, length: int, whole: bool = False
+    ) -> RangeStream | None:
         if not self.streams:
             return None
         end = min(start + length, info.size)

@@ -244,14 +244,18 @@ class RetryingBackend:
         fetch = functools.partial(self._get_exact, info, start, end)
         return retry_call(fetch, self.opts, f"read {self.uri}{info.key}", self.counters)
 
-    def open_range(self, info: ObjectInfo, start: int, length: int) -> RangeStream | None:
+    def open_range(
+        self, info: ObjectInfo, start: int, length: int, whole: bool = False
+    ) -> RangeStream | None:
         """An open ranged GET of [start, start+length) (clamped to the listed size), to
         read in order in pieces, or None where the store streams no ranges or the range
-        is the whole object (get_range then checks the store's whole-object checksum).
-        Opening is retried as get_range is; a piece that comes short raises
+        is the whole object (get_range then checks the store's whole-object checksum),
+        unless `whole`: the caller reads the object in chunks, each verified as a range
+        would be. Opening is retried as get_range is; a piece that comes short raises
         TransientError, and the caller reads the rest with get_range."""
         end = min(start + length, info.size)
-        if start >= end or (start == 0 and end == info.size) or not self._streams_ranges():
+        everything = start == 0 and end == info.size and not whole
+        if start >= end or everything or not self._streams_ranges():
             return None
 
         def opener() -> Any:
