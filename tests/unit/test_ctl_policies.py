@@ -400,3 +400,31 @@ def test_a_plan_depends_on_no_moving_input_its_policy_does_not_declare(
     # and the declarations are not empty where the plan does depend on them
     assert ("remaining" in pol.reads(est)) == (policy is SjfPolicy)
     assert ("hits" in pol.reads(est)) == (est.io_aware and policy in (SjfPolicy, GavelPolicy))
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_fixed_hits_round_loads_equal_the_loads_of_each_round(seed: int) -> None:
+    # _cap_rounds' binary search asks for the IO loads with the first g rounds frozen;
+    # _FixedHits.round_loads must give what loads() gives for that dictionary, to the bit
+    import random
+
+    from silofs_ctl.policies.gavel import _FixedHits, _frozen_loads, with_fixed_hits
+
+    rng = random.Random(seed)
+    jobs, cl = _busy_instance(seed)
+    hits = {j.name: rng.choice([0.0, 1.0, rng.random()]) for j in jobs}
+    now_jobs, now_cl = with_fixed_hits(jobs, cl, hits)
+    e = {j.name: rng.uniform(1, 300) * MB for j in now_jobs}
+    model = _FixedHits(now_jobs, e, now_cl)
+    fixed = {j.name: rng.uniform(0, 200) * MB for j in now_jobs if rng.random() < 0.3}
+    free = [j for j in now_jobs if j.name not in fixed]
+    groups, end, level = [], 0, 0.1
+    while end < len(free):
+        end = min(len(free), end + rng.randint(1, 3))
+        level *= rng.uniform(1.0, 2.0)
+        groups.append((level, end))
+    fast = model.round_loads(fixed, free, groups)
+    for g in range(len(groups) + 1):
+        general = _frozen_loads(model.loads, fixed, free, groups, e, g)
+        assert (fast(g).a, fast(g).b) == (general.a, general.b)
+        assert fast(g).limit(now_cl, 0.5) == general.limit(now_cl, 0.5)

@@ -31,6 +31,7 @@ import math
 from bisect import bisect_right
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from functools import partial
 
 from ..estimator import ComputeEstimator, Estimator, equal_share_perf, hit_ratio
 from ..model import Allocation, CacheUnit, Cluster, Job
@@ -190,6 +191,43 @@ class _FixedHits:
             else:
                 b += e[name] * miss
         return _FixedLoads(a, b, self)
+
+    def round_loads(
+        self,
+        fixed: Mapping[str, float],
+        free: Sequence[Job],
+        groups: Sequence[tuple[float, int]],
+    ) -> Callable[[int], _FixedLoads]:
+        """g -> loads(fixed with groups[:g] of `free` frozen at their levels), as
+        _cap_rounds' binary search asks for it: the same products summed in the same
+        order, without a dictionary of frozen jobs per step."""
+        e = self.e
+        level_of: dict[str, tuple[int, float]] = {}
+        begin = 0
+        for g, (level, end) in enumerate(groups):
+            for job in free[begin:end]:
+                level_of[job.name] = (g, min(job.f_star, level * e[job.name]))
+            begin = end
+        # per job in loads' order: (first round frozen, a's term then, b's term before)
+        terms: list[tuple[int, float, float]] = []
+        for name, miss in zip(self.names, self.miss, strict=True):
+            rate = fixed.get(name)
+            if rate is not None:
+                terms.append((-1, rate * miss, 0.0))
+            else:
+                g, frozen = level_of.get(name, (len(groups), 0.0))
+                terms.append((g, frozen * miss, e[name] * miss))
+
+        def loads(g: int) -> _FixedLoads:
+            a = b = 0.0
+            for first, a_term, b_term in terms:
+                if first < g:
+                    a += a_term
+                else:
+                    b += b_term
+            return _FixedLoads(a, b, self)
+
+        return loads
 
 
 class _FixedLoads:
@@ -366,17 +404,16 @@ def _cap_rounds(
         start = end
     top = len(gpu_ok) if all(gpu_ok) else len(gpu_ok) - 1  # rounds 0..top-1 GPU-free
     if io is not None and not math.isinf(cluster.remote_io) and top > 0:
+        model = getattr(io, "__self__", None)
+        if isinstance(model, _FixedHits):
+            round_loads = model.round_loads(fixed, free, groups)
+        else:
+            round_loads = partial(_frozen_loads, io, fixed, free, groups, e)
 
         def io_ok(g: int) -> bool:
             """Round g's IO limit, computed as the plain loop would, is above its level."""
-            frozen = dict(fixed)
-            begin = 0
-            for level, end in groups[:g]:
-                for job in free[begin:end]:
-                    frozen[job.name] = min(job.f_star, level * e[job.name])
-                begin = end
             start = max(lam, groups[g - 1][0]) if g > 0 else lam
-            limit = io(frozen).limit(cluster, start)
+            limit = round_loads(g).limit(cluster, start)
             return limit > groups[g][0] * (1 + _TOL)
 
         # Usually IO binds in none of the rounds, or (just after it bound) in the first.
@@ -398,6 +435,25 @@ def _cap_rounds(
         out.append((level, list(free[begin:end])))
         begin = end
     return out
+
+
+def _frozen_loads(
+    io: Callable[[Mapping[str, float]], _Loads | _FixedLoads],
+    fixed: Mapping[str, float],
+    free: Sequence[Job],
+    groups: Sequence[tuple[float, int]],
+    e: Mapping[str, float],
+    g: int,
+) -> _Loads | _FixedLoads:
+    """The IO loads with groups[:g] of `free` frozen at their levels, as the plain
+    rounds would have frozen them."""
+    frozen = dict(fixed)
+    begin = 0
+    for level, end in groups[:g]:
+        for job in free[begin:end]:
+            frozen[job.name] = min(job.f_star, level * e[job.name])
+        begin = end
+    return io(frozen)
 
 
 def _binding(
