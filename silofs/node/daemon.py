@@ -205,13 +205,12 @@ class Daemon:
         log.info("forgot job %s", name)
 
     def _check_unused(self, ds: DatasetState | None = None, job: str | None = None) -> None:
-        for m in list(self.mounts.values()):
-            if not pid_alive(m.pid):
-                # Unmounted, its process gone, not reaped yet (the reaper runs every
-                # 2 s): `silofs unmount` waits for the process, so a forget right after
-                # it must not be refused for a mount that no longer exists.
-                self.unregister_mount(m.id)
-            elif (ds is not None and m.dsid == ds.id) or m.job == job:
+        # A mount unmounted and its process gone may not be reaped yet (every 2 s):
+        # `silofs unmount` waits for the process, so a forget right after it must not
+        # be refused for a mount that no longer exists.
+        self._unregister_dead_mounts()
+        for m in self.mounts.values():
+            if (ds is not None and m.dsid == ds.id) or m.job == job:
                 raise UsageError(f"{m.mountpoint} still uses it: unmount it first")
         for dsid, w in self.warms.items():
             if w.state == "running" and ((ds is not None and dsid == ds.id) or w.job == job):
@@ -478,10 +477,13 @@ class Daemon:
             await trio.sleep(2)
             await self.reap_once()
 
-    async def reap_once(self) -> None:
+    def _unregister_dead_mounts(self) -> None:
         for m in list(self.mounts.values()):
             if not pid_alive(m.pid):
                 self.unregister_mount(m.id)
+
+    async def reap_once(self) -> None:
+        self._unregister_dead_mounts()
         # A sequential reader's open GET that nobody continued holds a store connection.
         self.fetcher.sweep_parked(trio.current_time())
         # A mount process that ended without closing the env (kill -9, or any exit while
