@@ -129,9 +129,8 @@ class Upstream(BaseHTTPRequestHandler):
         self.wfile.write(bytes(data))
 
 
-@pytest.fixture(scope="module")
-def upstream() -> Iterator[tuple[str, int]]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Upstream)
+def serve_upstream(server: ThreadingHTTPServer) -> Iterator[tuple[str, int]]:
+    """Serve the Upstream handler on `server` in a thread until the fixture ends."""
     server.daemon_threads = True
     server.hits = 0  # type: ignore[attr-defined]
     thread = threading.Thread(target=server.serve_forever, daemon=True)
@@ -142,6 +141,11 @@ def upstream() -> Iterator[tuple[str, int]]:
         server.shutdown()
         server.server_close()
         thread.join()
+
+
+@pytest.fixture(scope="module")
+def upstream() -> Iterator[tuple[str, int]]:
+    yield from serve_upstream(ThreadingHTTPServer(("127.0.0.1", 0), Upstream))
 
 
 def raw_exchange(proxy: FaultProxy, request: bytes, timeout: float = 10.0) -> tuple[bytes, bool]:
@@ -635,16 +639,7 @@ def tls_upstream(pki: Path) -> Iterator[tuple[str, int]]:
     ctx.verify_mode = ssl.CERT_REQUIRED
     server = ThreadingHTTPServer(("127.0.0.1", 0), Upstream)
     server.socket = ctx.wrap_socket(server.socket, server_side=True)
-    server.daemon_threads = True
-    server.hits = 0  # type: ignore[attr-defined]
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield server.server_address[:2]
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join()
+    yield from serve_upstream(server)
 
 
 def _client_ctx(pki: Path, cert: bool = True) -> ssl.SSLContext:
