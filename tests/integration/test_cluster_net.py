@@ -28,6 +28,7 @@ start from. Needs root (namespaces), tc and FUSE; skipped with the reason otherw
 
 from __future__ import annotations
 
+import contextlib
 import math
 import random
 import ssl
@@ -140,6 +141,28 @@ def _run_epoch(
         after = _counters(c, role, mp)
         ratios[role] = 1 - (after["store"] - before[role]["store"]) / size
     return reads, ratios, c.store_bytes() - sent
+
+
+@contextlib.contextmanager
+def _epoch_past(
+    mounts: dict[str, Path], files: dict[str, bytes], seed: int, part: int
+) -> Iterator[dict[str, EpochReads]]:
+    """An epoch on every mount in a thread; the body runs once every node has read
+    1/`part` of it, and the epoch is over (its reads in the dict) when the block ends."""
+    progress: dict[str, EpochReads] = {}
+    worker = threading.Thread(
+        target=epoch, args=(mounts, files, seed), kwargs={"readers": 4, "out": progress}
+    )
+    worker.start()
+    try:
+        wait_for(
+            lambda: progress and all(len(r.reads) >= FILES // part for r in progress.values()),
+            DEADLINE,
+            f"1/{part} of the epoch read",
+        )
+        yield progress
+    finally:
+        worker.join()
 
 
 def _assert_right(reads: dict[str, EpochReads], files: dict[str, bytes]) -> None:
@@ -317,20 +340,8 @@ def test_a_home_killed_mid_epoch_fails_no_read_and_serves_again_once_back(
     _share(c, bucket, int(DATASET * SLACK))  # each home's part: its whole cache
     reads, _, _ = _run_epoch(c, mounts, files, seed=41, done=0)  # the homes hold them
     _assert_right(reads, files)
-    progress: dict[str, EpochReads] = {}
-    worker = threading.Thread(
-        target=epoch, args=(mounts, files, 42), kwargs={"readers": 4, "out": progress}
-    )
-    worker.start()
-    try:
-        wait_for(
-            lambda: progress and all(len(r.reads) >= FILES // 4 for r in progress.values()),
-            DEADLINE,
-            "a quarter of the epoch read",
-        )
+    with _epoch_past(mounts, files, seed=42, part=4) as progress:
         c.nodes[victim].node.kill9()
-    finally:
-        worker.join()
     _assert_right(progress, files)
     slowest = max(r.slowest for r in progress.values())
     # Connection refused at once; a chunk's store GET on this host takes well under
@@ -511,21 +522,9 @@ def test_a_member_added_mid_epoch_moves_a_quarter_of_the_chunks(joining: Cluster
     assert all(after[k] == "n4" for k in moved)  # only to the new member
     assert 0.18 <= len(moved) / len(before) <= 0.32, len(moved)
     # Mid-epoch, every node is told the four members.
-    progress: dict[str, EpochReads] = {}
     sent = c.store_bytes()
-    worker = threading.Thread(
-        target=epoch, args=(mounts, files, 52), kwargs={"readers": 4, "out": progress}
-    )
-    worker.start()
-    try:
-        wait_for(
-            lambda: progress and all(len(r.reads) >= FILES // 3 for r in progress.values()),
-            DEADLINE,
-            "a third of the epoch read",
-        )
+    with _epoch_past(mounts, files, seed=52, part=3) as progress:
         c.push_members(new)
-    finally:
-        worker.join()
     _assert_right(progress, files)
     for role in old:
         wait_for(
