@@ -111,11 +111,13 @@ def buffer_bytes_for(chunk_size: int, readahead_bytes: int) -> int:
 class MissError(Exception):
     """A miss could not be served; fs.py answers `errno`: EACCES when the daemon refused
     this reader (403: it may not read the object itself, docs/SECURITY.md), else EIO.
-    The message is already logged."""
+    `logged` once an ERROR line says so: a read-ahead's failure is a warning (the
+    reader asks again), and a reader that joined that read-ahead logs it itself."""
 
     def __init__(self, message: str, errno_: int = errno.EIO) -> None:
         super().__init__(message)
         self.errno = errno_
+        self.logged = False
 
 
 @dataclass(slots=True)
@@ -455,19 +457,33 @@ class ChunkReader:
         return data, from_cache, "cache" if from_cache else "store"
 
     async def _miss(
-        self, ref: ChunkRef, refetch: bool, span: tuple[int, int] | None = None
+        self,
+        ref: ChunkRef,
+        refetch: bool,
+        span: tuple[int, int] | None = None,
+        ahead: bool = False,
     ) -> tuple[bytes, bool]:
         async def ask() -> tuple[bytes, bool]:
-            data, from_cache = await self._ask_daemon(ref, refetch, span)
+            data, from_cache = await self._ask_daemon(ref, refetch, span, ahead)
             self.buffer.put(ref.key, data, from_cache, ref)
             return data, from_cache
 
-        result = (await self._flights.run(ref.key, ask))[0]
+        try:
+            result = (await self._flights.run(ref.key, ask))[0]
+        except MissError as exc:
+            if not ahead and not exc.logged:  # this reader joined a read-ahead's ask
+                _log_failure(logging.ERROR, ref, exc)
+                exc.logged = True
+            raise
         self._stale = True  # the chunk may be admitted (or replaced) now: see begin_read
         return result
 
     async def _ask_daemon(
-        self, ref: ChunkRef, refetch: bool, span: tuple[int, int] | None = None
+        self,
+        ref: ChunkRef,
+        refetch: bool,
+        span: tuple[int, int] | None = None,
+        ahead: bool = False,
     ) -> tuple[bytes, bool]:
         for attempt in (1, 2):
             path = (
@@ -491,9 +507,10 @@ class ChunkReader:
                     continue
                 except (ControlError, MissError) as exc:
                     body = str(exc).encode()
-            msg = _error_text(body)
-            log.error("reading %s chunk %d: %s", ref.obj.key, ref.index, msg)
-            raise MissError(msg, errno.EACCES if status == 403 else errno.EIO)
+            exc = MissError(_error_text(body), errno.EACCES if status == 403 else errno.EIO)
+            _log_failure(logging.WARNING if ahead else logging.ERROR, ref, exc)
+            exc.logged = not ahead
+            raise exc
         raise AssertionError("unreachable")
 
     # -- read-ahead --------------------------------------------------------------------
@@ -589,11 +606,15 @@ class ChunkReader:
     async def _prefetch_one(self, ref: ChunkRef, span: tuple[int, int]) -> None:
         try:
             if self._wanted(ref):
-                await self._miss(ref, False, span)
+                await self._miss(ref, False, span, ahead=True)
         except MissError:
             pass  # the reader will ask again and get the error itself
         finally:
             self.ahead_bytes -= ref.length
+
+
+def _log_failure(level: int, ref: ChunkRef, exc: MissError) -> None:
+    log.log(level, "reading %s chunk %d: %s", ref.obj.key, ref.index, exc)
 
 
 def _populate(pages: ValuePages, ranges: list[int]) -> None:

@@ -422,7 +422,9 @@ class Daemon:
         except BackendError as exc:
             for c in (ds.fetch, job.fetch, m.fetch):
                 c.errors += 1
-            log.error("%s: chunk %d of %s: %s", ds.uri.canonical, index, key, exc)
+            # A warning: the asker is told and decides (a mount's read-ahead asks
+            # again; a reader's EIO is the mount's ERROR line).
+            log.warning("%s: chunk %d of %s: %s", ds.uri.canonical, index, key, exc)
             raise
         self._count_fetch(ds, job, m, fetched.chunks, fetched.bytes, fetched.requests)
         return data, "remote"

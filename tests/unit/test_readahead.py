@@ -3,6 +3,7 @@ daemon's span GETs (one GET per span, charged to the job before it, streamed on)
 
 from __future__ import annotations
 
+import errno
 import io
 import threading
 from collections.abc import Callable
@@ -13,7 +14,7 @@ import trio
 import trio.testing
 
 from silofs.cache.format import ChunkRef
-from silofs.mount.reader import ChunkReader, OpenFile
+from silofs.mount.reader import ChunkReader, MissError, OpenFile
 from silofs.node.backends.base import RangeStream, StoreCounters
 from silofs.node.fetch import PARK_SECONDS, SPAN_SECONDS, Fetcher
 from silofs.node.limiter import TokenBucket
@@ -347,3 +348,53 @@ def test_spans_asked_while_the_stream_is_busy_all_continue_it(
         assert not fetcher._busy
 
     trio.run(main)
+
+
+# -- failures: a read-ahead's is a warning, a reader's an error ------------------------
+class _FailingClient:
+    """Answers every chunk request 502 once `release` is set."""
+
+    def __init__(self) -> None:
+        self.release = trio.Event()
+
+    async def request(self, method: str, path: str) -> tuple[int, dict[str, str], bytes]:
+        await self.release.wait()
+        return 502, {}, b'{"error": "GCS response for k broke off"}'
+
+
+def _errors(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+
+
+def test_a_failed_read_ahead_is_a_warning_and_a_reader_joining_it_an_error(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    reader = _reader()
+    client = reader.client = _FailingClient()  # type: ignore[assignment]
+    ref = ChunkRef.of(ObjectInfo("k", 4 * CS, 0.0, "v", "c"), CS, 1)
+    outcomes: list[str] = []
+
+    async def read() -> None:
+        try:
+            await reader._miss(ref, False)
+        except MissError as exc:
+            outcomes.append(f"reader {exc.errno}")
+
+    async def main() -> None:
+        client.release.set()
+        await reader._prefetch_one(ref, (1, 1))  # alone: a warning, nothing raised
+        assert _errors(caplog) == []
+        assert any("broke off" in r.getMessage() for r in caplog.records)
+        client.release = trio.Event()
+        async with trio.open_nursery() as n:
+            n.start_soon(reader._prefetch_one, ref, (1, 1))
+            await trio.testing.wait_all_tasks_blocked()
+            n.start_soon(read)  # joins the read-ahead's ask
+            await trio.testing.wait_all_tasks_blocked()
+            client.release.set()
+
+    reader.ahead_bytes = 2 * ref.length  # what prefetch() would have counted
+    with caplog.at_level("WARNING", logger="silofs.mount.reader"):
+        trio.run(main)
+    assert outcomes == [f"reader {errno.EIO}"]
+    assert _errors(caplog) == ["reading k chunk 1: GCS response for k broke off"]
