@@ -4,8 +4,9 @@ Owns `store` (a fresh WritableStore, the daemon's side of a cache env, of STORE_
 bytes under tmp_path, closed after), `make_fetcher` (a node Fetcher and its Writer over
 a small env), `daemon` (a Daemon in-process over its own cache dir:
 tests/unit/inprocess.py), `bucket` (a local store of four patterned 300 KiB files for
-that daemon) and `world` (a directory every user may enter, for tests of other users'
-access). Never starts a subprocess, a server or a FUSE mount: unit tests are in-process.
+that daemon), `world` (a directory every user may enter, for tests of other users'
+access) and `pki` (a cluster CA with two node certificates for 127.0.0.1, read-only, one
+per session). Never starts a subprocess, a server or a FUSE mount: unit tests are in-process.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from silofs.node.fetch import Fetcher
 from silofs.node.quota import QuotaPolicy
 from silofs.node.store_write import WritableStore, env_map_size
 from silofs.node.writer import Writer
+from tests.support.cluster import make_pki
 from tests.support.trees import patterned_files, write_tree
 from tests.unit.inprocess import settings
 
@@ -81,3 +83,9 @@ def world() -> Iterator[Path]:
     base.chmod(0o755)
     yield base
     shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """tests/support/cluster.py make_pki: ca.pem, n0/n1 node certificates and keys."""
+    return make_pki(tmp_path_factory.mktemp("pki"), ["127.0.0.1", "127.0.0.1"])

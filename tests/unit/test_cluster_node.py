@@ -15,12 +15,6 @@ from silofs.errors import UsageError
 from silofs.node.daemon import Daemon
 from silofs.node.metrics import render
 from silofs.node.views import status_view
-from tests.support.cluster import make_pki
-
-
-@pytest.fixture(scope="module")
-def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_pki(tmp_path_factory.mktemp("pki"), ["127.0.0.1", "127.0.0.1"])
 
 
 def settings(

@@ -29,7 +29,6 @@ from silofs.cache.format import ChunkRef, encode_chunk
 from silofs.config import ClusterSettings, MemberSpec, NodeSettings
 from silofs.node.daemon import Daemon
 from silofs.node.peer_wire import ChunkAsk
-from tests.support.cluster import make_pki
 from tests.unit.inprocess import mounted, running
 
 CHUNK = 256 << 10
@@ -136,11 +135,6 @@ def _head(
     return (
         f"HTTP/1.1 {status} X\r\ncontent-type: {ctype}\r\ncontent-length: {length}\r\n{extra}\r\n"
     ).encode()
-
-
-@pytest.fixture(scope="module")
-def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_pki(tmp_path_factory.mktemp("pki"), ["127.0.0.1", "127.0.0.1"])
 
 
 @pytest.fixture

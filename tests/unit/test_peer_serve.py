@@ -19,16 +19,10 @@ from silofs.errors import UsageError
 from silofs.node.daemon import Daemon
 from silofs.node.peer_serve import ChargeFirst, UnknownDataset
 from silofs.node.peer_wire import ChunkAsk
-from tests.support.cluster import make_pki
 from tests.unit.inprocess import mounted, running
 
 CHUNK = 256 << 10
 ME, OTHER = "tls://127.0.0.1:1", "tls://127.0.0.1:2"
-
-
-@pytest.fixture(scope="module")
-def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_pki(tmp_path_factory.mktemp("pki"), ["127.0.0.1", "127.0.0.1"])
 
 
 @pytest.fixture
