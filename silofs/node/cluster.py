@@ -522,8 +522,11 @@ class Cluster:
         finally:
             member.probing = False
         self.membership.mark_up(member.address)
-        version = pong.get("allocations_version")
-        if isinstance(version, int) and version > self.shares.version:
+        # Tables merge entry by entry: one that differs may hold a change we missed.
+        version, digest = pong.get("allocations_version"), pong.get("allocations_digest")
+        if (isinstance(version, int) and version > self.shares.version) or (
+            isinstance(digest, str) and digest != self.shares.digest
+        ):
             await self._pull_shares(member)
 
     async def _pull_shares(self, member: MemberState) -> None:

@@ -2,19 +2,25 @@
 and persisted, and this node's part of it.
 
 Owns the one table every member holds alike (dataset URI -> bytes, or None: back to the
-shared pool) with the version that orders its changes (the newest wins; a member that
-missed one pulls it from a member whose ping names a newer version), persisting it in
-the cache env's meta (row "cluster:shares") through the Writer, and the part arithmetic:
-part = share x this member's weight / the configured members' weights (configured, not
-live: a member going down must not make every other one evict). Never pushes or pulls
-(node/cluster.py does), never evicts (the enforcer does, from the quota policy).
+shared pool), each entry with the version of its last change, merged entry by entry
+(the newer version of each dataset wins, so changes made at the same time on two members
+to two datasets both hold), the table's version (its newest entry's) and digest (what a
+ping compares: members whose digests differ pull each other's table and merge), persisting
+it in the cache env's meta (row "cluster:shares") through the Writer, and the part
+arithmetic: part = share x this member's weight / the configured members' weights
+(configured, not live: a member going down must not make every other one evict). Never
+pushes or pulls (node/cluster.py does), never evicts (the enforcer does, from the quota
+policy).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from typing import Any
+
+import xxhash
 
 from silofs.node.store_write import WritableStore
 from silofs.node.writer import Writer
@@ -24,6 +30,9 @@ log = logging.getLogger(__name__)
 
 META_ROW = "cluster:shares"
 
+Shares = dict[str, int | None]
+Stamps = dict[str, int]
+
 
 def now_version() -> int:
     """A version from the clock: microseconds since the epoch."""
@@ -31,39 +40,50 @@ def now_version() -> int:
 
 
 class ClusterShares:
-    """The shares table and its version."""
+    """The shares table, each entry's version, and the table's version."""
 
     def __init__(self, store: WritableStore, writer: Writer) -> None:
         self.store = store
         self.writer = writer
+        self.shares: Shares = {}
+        self.stamps: Stamps = {}
         row = store.get_meta(META_ROW)
-        self.version = 0
-        self.shares: dict[str, int | None] = {}
-        if isinstance(row, dict):
-            parsed = parse_shares(row)
-            if parsed is not None:
-                self.version, self.shares = parsed
+        if isinstance(row, dict) and (parsed := parse_shares(row)) is not None:
+            self.shares, self.stamps = parsed[1], parsed[2]
+
+    @property
+    def version(self) -> int:
+        return max(self.stamps.values(), default=0)
+
+    @property
+    def digest(self) -> str:
+        """Of the whole table: equal on two members holding the same entries."""
+        rows = sorted((uri, self.shares[uri], self.stamps[uri]) for uri in self.shares)
+        return xxhash.xxh3_64_hexdigest(json.dumps(rows).encode())
 
     def view(self) -> dict[str, Any]:
-        return {"version": self.version, "shares": dict(self.shares)}
+        return {"version": self.version, "shares": dict(self.shares), "stamps": dict(self.stamps)}
 
-    async def accept(self, version: int, shares: dict[str, int | None]) -> bool:
-        """Put a table in force if it is newer than ours (persisted first); whether it was."""
-        if version <= self.version:
+    async def accept(self, version: int, shares: Shares, stamps: Stamps) -> bool:
+        """Merge a table into ours, entry by entry, the newer version of each winning
+        (persisted first); whether anything changed. `version` is the table's; entries
+        arrive with their own stamps."""
+        newer = {u: s for u, s in shares.items() if stamps[u] > self.stamps.get(u, -1)}
+        if not newer:
             return False
-        await self.writer.call(
-            self.store.put_meta, META_ROW, {"version": version, "shares": shares}
-        )
-        self.version, self.shares = version, dict(shares)
-        log.info("cluster cache shares, version %d: %s", version, _describe(shares))
+        merged_shares = {**self.shares, **newer}
+        merged_stamps = {**self.stamps, **{u: stamps[u] for u in newer}}
+        row = {"version": max(merged_stamps.values()), "shares": merged_shares}
+        await self.writer.call(self.store.put_meta, META_ROW, {**row, "stamps": merged_stamps})
+        self.shares, self.stamps = merged_shares, merged_stamps
+        log.info("cluster cache shares, version %d: %s", self.version, _describe(newer))
         return True
 
     async def set(self, uri: str, size: int | None) -> int:
-        """Change one dataset's share here (an allocate-cache on this node); the new
-        version, to be pushed to every member."""
-        shares = {**self.shares, uri: size}
+        """Change one dataset's share here (an allocate-cache on this node); its new
+        version (newer than any this node has seen), to be pushed to every member."""
         version = max(now_version(), self.version + 1)
-        await self.accept(version, shares)
+        await self.accept(version, {uri: size}, {uri: version})
         return version
 
     def share(self, uri: str) -> int | None:
@@ -77,21 +97,30 @@ class ClusterShares:
         return int(size * weight / total)
 
 
-def parse_shares(body: dict) -> tuple[int, dict[str, int | None]] | None:
-    """(version, shares) of a persisted row or a pushed body; None if malformed."""
-    version, shares = body.get("version"), body.get("shares")
-    if isinstance(version, bool) or not isinstance(version, int) or version < 0:
+def parse_shares(body: dict) -> tuple[int, Shares, Stamps] | None:
+    """(version, shares, stamps) of a persisted row or a pushed body; None if malformed.
+    A body without stamps (an older member's) stamps every entry with its version."""
+    version, shares, stamps = body.get("version"), body.get("shares"), body.get("stamps")
+    if not _is_version(version) or not isinstance(shares, dict):
         return None
-    if not isinstance(shares, dict):
+    if stamps is None:
+        stamps = dict.fromkeys(shares, version)
+    if not isinstance(stamps, dict) or set(stamps) != set(shares):
         return None
-    out: dict[str, int | None] = {}
+    out: Shares = {}
     for uri, size in shares.items():
         if not isinstance(uri, str) or not uri or len(uri) > 4096:
             return None
         if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 0):
             return None
+        if not _is_version(stamps[uri]) or stamps[uri] > version:
+            return None
         out[uri] = size
-    return version, out
+    return version, out, dict(stamps)
+
+
+def _is_version(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
 
 
 def _describe(shares: dict[str, int | None]) -> str:

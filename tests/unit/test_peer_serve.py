@@ -184,7 +184,11 @@ def test_a_pushed_share_is_taken_only_if_newer_and_survives_a_restart(
                 await d.cluster.accept_shares({"version": "x", "shares": {}})
 
     trio.run(main)
-    assert home.cluster.shares.view() == {"version": 10, "shares": {"s3://b/": 1 << 20}}
+    assert home.cluster.shares.view() == {
+        "version": 10,
+        "shares": {"s3://b/": 1 << 20},
+        "stamps": {"s3://b/": 10},  # a body without stamps: each entry at its version
+    }
     from silofs.node.cluster_shares import ClusterShares
 
     assert ClusterShares(home.store, home.writer).version == 10  # persisted

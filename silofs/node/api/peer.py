@@ -68,6 +68,7 @@ async def ping(d: Daemon, req: Request) -> Response:
             "address": d.cluster.membership.self_address,
             "members_version": config.version,
             "allocations_version": d.cluster.shares.version,
+            "allocations_digest": d.cluster.shares.digest,
         }
     )
 
