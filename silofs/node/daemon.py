@@ -153,6 +153,8 @@ class Daemon:
         (each member holds its part: node/cluster_shares.py), pushed to every member."""
         if self.cluster.active:
             await self.cluster.set_share(uri, size)
+            if uri in self.allocs.cache:  # set before the node joined: the share replaces it
+                await self.allocs.set_cache(uri, None)
             return
         await self.allocs.set_cache(uri, size)
 

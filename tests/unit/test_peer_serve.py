@@ -194,6 +194,17 @@ def test_a_pushed_share_is_taken_only_if_newer_and_survives_a_restart(
     assert ClusterShares(home.store, home.writer).version == 10  # persisted
 
 
+def test_a_share_replaces_an_allocation_made_before_the_node_joined(home: Daemon) -> None:
+    async def main() -> None:
+        async with running(home) as d:
+            await d.allocs.set_cache("s3://old/", 1 << 20)  # as a standalone node did
+            await d.set_cache_allocation("s3://old/", None)
+            assert "s3://old/" not in d.allocs.cache  # no stale per-node row in status
+            assert d.cluster.shares.shares == {"s3://old/": None}
+
+    trio.run(main)
+
+
 def test_members_warming_at_once_take_turns_and_fill_only_the_part(
     home: Daemon, bucket: Path
 ) -> None:
