@@ -62,10 +62,10 @@ class QueuedPlan:
 class ClusterPlan:
     """A cluster of the controller's nodes: one cache pool, shares pushed to one member.
 
-    The daemons keep one table of shares per cluster, newest version wins as a whole, and
-    a member given a share passes the whole table on to the others: shares set on two
-    members at once could each undo the other's. So every change goes to `via` (the
-    first answering member by name), one at a time, and reaches the others from it."""
+    The daemons keep one table of shares per cluster, merged entry by entry, and a member
+    given a share passes the table on to the others. Every change goes to `via` (the
+    first answering member by name), one at a time, and reaches the others from it: one
+    push per change, not one per member."""
 
     name: str
     members: tuple[str, ...]  # the controller's nodes in it that answered
