@@ -55,6 +55,8 @@ class SimResult:
     # jobs, an unfinished job's fairness is of the work it did so far.
     interrupted: bool = False
     until: float = 0.0  # simulated time reached
+    # the scenario's [cluster] cache: "cluster" (one cache across the nodes) or "per-node"
+    node_caches: str = "cluster"
     # (time, worst, average) over the active jobs of rate / equal-share rate, at each plan
     fairness_timeline: list[tuple[float, float, float]] = field(default_factory=list)
     # per job, (time, rate) at each change; only when asked for (Simulation(job_rates=True))
@@ -91,6 +93,7 @@ class SimResult:
             "scenario": self.scenario,
             "scheduler": self.scheduler,
             "cache": self.cache,
+            "node_caches": self.node_caches,
             "avg_jct_s": _finite(self.avg_jct),
             "makespan_s": _finite(self.makespan),
             "avg_fairness": self.avg_fairness,
@@ -178,6 +181,7 @@ class Recorder:
         jobs: Sequence[SimJob],
         now: float,
         interrupted: bool,
+        node_caches: str = "cluster",
     ) -> SimResult:
         """The results of `jobs` (every job of the scenario, each brought to `now`)."""
         self.timeline.append((now, 0.0, 0.0))
@@ -189,6 +193,7 @@ class Recorder:
             self.timeline,
             interrupted=interrupted,
             until=now,
+            node_caches=node_caches,
             fairness_timeline=self.fairness_timeline,
             job_rates=self.job_rates,
         )

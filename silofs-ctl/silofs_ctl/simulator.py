@@ -719,6 +719,7 @@ class Simulation:
             self.all,
             clock.now,
             interrupted=bool(self.pending or self.active),
+            node_caches=self.scenario.node_caches,
         )
 
 
