@@ -58,6 +58,7 @@ RESTART_WINDOW = 60.0
 GC_YOUNG = 10_000
 # Rows of the previous listing compared per read txn after a refresh (_forget_walk).
 FORGET_BATCH = 10_000
+CHILD_TERM_SECONDS = 0.5  # after the unmount, then SIGTERM (still connected: detached)
 CHILD_EXIT_SECONDS = 10.0  # after the unmount, then SIGKILL
 
 
@@ -719,15 +720,23 @@ class Supervisor:
             self._end(unmount=not unmounted)
 
     def _end(self, unmount: bool) -> None:
-        pyfuse3.close(unmount=unmount)  # the serving processes read ENODEV and end
-        deadline = time.monotonic() + CHILD_EXIT_SECONDS
+        # Unmounted, the serving processes read ENODEV and end. A mount detached lazily
+        # while a reader holds a file stays connected as long as any of them holds the
+        # device: those get SIGTERM, and the last one's exit aborts the connection.
+        pyfuse3.close(unmount=unmount)
+        start = time.monotonic()
+        termed = False
         while self.children:
             pid, status = os.waitpid(-1, os.WNOHANG)
             if pid:
                 self.children.pop(pid, None)
                 self.token.recover(pid)
                 continue
-            if time.monotonic() > deadline:
+            if not termed and time.monotonic() - start > CHILD_TERM_SECONDS:
+                termed = True
+                for pid in self.children:
+                    os.kill(pid, signal.SIGTERM)
+            if time.monotonic() - start > CHILD_EXIT_SECONDS:
                 for pid in self.children:
                     log.warning("serving process %d did not end: killing it", pid)
                     os.kill(pid, signal.SIGKILL)

@@ -110,6 +110,29 @@ def test_the_jobs_mounts_end_wherever_they_are_and_the_job_is_forgotten(
     assert res.returncode == 0 and f"job {JOB} was not registered on the daemon" in res.stdout
 
 
+def test_a_held_mount_of_several_serving_processes_ends_on_sigterm(site: Path, make_node) -> None:  # type: ignore[no-untyped-def]
+    """Detached lazily, a mount stays connected while any serving process holds the
+    device: the supervisor's SIGTERM must end them all, not leave them to SIGKILL."""
+    node = make_node()
+    job_dir = site / "jobs" / "7"
+    mp = node.mount(str(site / "data"), job_dir / "data", "--job", JOB, "--serve-processes", "2")
+    assert len(mount_processes(node)) == 3  # the supervisor and two serving processes
+    held = os.open(mp / "f1.bin", os.O_RDONLY)
+    try:
+        assert os.read(held, 4096)
+        res, _ = end_job(node, job_dir)
+        assert res.returncode == 0, res.stderr
+        assert f"{mp} is busy (a process holds files open in it): detached it" in res.stdout
+        assert "SIGKILL" not in res.stdout, res.stdout
+        os.posix_fadvise(held, 0, 0, os.POSIX_FADV_DONTNEED)
+        with pytest.raises(OSError) as err:
+            os.pread(held, 4096, 200 << 10)
+        assert err.value.errno in (errno.ENOTCONN, errno.ENODEV, errno.ECONNABORTED)
+    finally:
+        os.close(held)
+    assert mount_processes(node) == [] and not job_dir.exists()
+
+
 def test_a_dead_daemon_costs_no_time_and_is_named_in_what_is_left(site: Path, make_node) -> None:  # type: ignore[no-untyped-def]
     node = make_node()
     job_dir = site / "jobs" / "7"
