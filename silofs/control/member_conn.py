@@ -22,10 +22,12 @@ from __future__ import annotations
 
 import http
 import logging
+import math
 import os
 import select
 import socket
 import ssl
+import time
 from typing import Any
 
 import trio
@@ -84,6 +86,16 @@ class _Channel:
         outgoing: ssl.MemoryBIO,
     ) -> None:  # fmt: skip
         self.sock, self.obj, self.incoming, self.outgoing = sock, obj, incoming, outgoing
+        # When the current request must be read, or its answer sent, by (monotonic):
+        # a client that trickles bytes is cut there, as on the loop (fail_after).
+        self.deadline = math.inf
+
+    def _bound(self) -> None:
+        if self.deadline != math.inf:
+            left = self.deadline - time.monotonic()
+            if left <= 0:
+                raise _Closed("timed out")
+            self.sock.settimeout(left)
 
     def recv(self) -> bytes:
         """Some decrypted bytes; b"" at the client's close."""
@@ -98,6 +110,7 @@ class _Channel:
                 raise _Closed(f"TLS: {exc}") from None
             self._flush()  # a post-handshake message may want an answer
             try:
+                self._bound()
                 data = self.sock.recv(_RECV)
             except TimeoutError:
                 raise _Closed("timed out") from None
@@ -121,6 +134,7 @@ class _Channel:
         data = self.outgoing.read()
         if data:
             try:
+                self._bound()
                 self.sock.sendall(data)
             except OSError as exc:  # TimeoutError included
                 raise _Closed(str(exc)) from None
@@ -146,7 +160,11 @@ class MemberConnection:
         self.nursery = nursery
         self.max_body, self.max_header, self.idle_timeout = max_body, max_header, idle_timeout
         self.buf = b""
+        self.token = trio.lowlevel.current_trio_token()
+        # The handler's end, signalled from the loop; polled with the socket (its close).
         self.wake = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
+        self.poller = select.poll()
+        self.poller.register(self.wake, select.POLLIN)
 
     def run(self) -> None:
         """Serve requests until the client closes or a limit ends the connection."""
@@ -162,6 +180,7 @@ class MemberConnection:
 
     def _serve_one(self) -> bool:
         """One request and its answer; False if the connection is to be closed."""
+        self.ch.deadline = math.inf  # waiting for a request: the idle timeout
         self.ch.sock.settimeout(self.idle_timeout)
         try:
             head = self._read_head()
@@ -169,11 +188,13 @@ class MemberConnection:
                 return False
             req, match, close = self._request(head)
         except _Reject as exc:
+            self.ch.deadline = time.monotonic() + self.idle_timeout
             self._answer(error_response(exc.status, exc.message), close=True)
             return False
         resp = self._dispatch(req, match)
         if resp is None:
             return False  # the client left while its handler ran
+        self.ch.deadline = time.monotonic() + self.idle_timeout
         self._answer(resp, close=close, with_body=req.method != "HEAD")
         return not close
 
@@ -184,6 +205,8 @@ class MemberConnection:
             if len(self.buf) > self.max_header:
                 raise _Reject(431, "request header too large")
             data = self.ch.recv()
+            if self.ch.deadline == math.inf:  # the request began: read it in time
+                self.ch.deadline = time.monotonic() + self.idle_timeout
             if not data:
                 if self.buf:
                     raise _Closed("closed mid-request")
@@ -241,6 +264,8 @@ class MemberConnection:
         interval = _progress_interval(req.headers) if _PROGRESS_HEADER in req.headers else None
         box: list[Response | None] = []
         scope = trio.CancelScope()
+        self.ch.deadline = math.inf  # a handler may wait (each 102 has the idle timeout)
+        self.ch.sock.settimeout(self.idle_timeout)
 
         async def handler() -> None:
             try:
@@ -249,25 +274,28 @@ class MemberConnection:
             finally:
                 os.eventfd_write(self.wake, 1)
 
-        trio.from_thread.run_sync(self.nursery.start_soon, handler)
-        poller = select.poll()
-        poller.register(self.wake, select.POLLIN)
-        if not self.buf:  # a pipelined request is left for the next cycle
-            poller.register(self.ch.sock, select.POLLIN | select.POLLRDHUP)
+        self.token.run_sync_soon(self.nursery.start_soon, handler)
+        watching = not self.buf  # a pipelined request is left for the next cycle
+        if watching:
+            self.poller.register(self.ch.sock, select.POLLIN | select.POLLRDHUP)
         timeout = -1 if interval is None else int(interval * 1000)
-        while True:
-            ready = {fd for fd, _ in poller.poll(timeout)}
-            if self.wake in ready:
-                os.eventfd_read(self.wake)
-                return box[0] if box else None
-            if not ready:
-                self.ch.send(b"HTTP/1.1 102 Processing\r\n\r\n")
-            elif self._client_closed():
-                trio.from_thread.run_sync(scope.cancel)
-                timeout = -1
-                poller.unregister(self.ch.sock)
-            else:
-                poller.unregister(self.ch.sock)  # the next request began: keep it
+        try:
+            while True:
+                ready = {fd for fd, _ in self.poller.poll(timeout)}
+                if self.wake in ready:
+                    os.eventfd_read(self.wake)
+                    return box[0] if box else None
+                if not ready:
+                    self.ch.send(b"HTTP/1.1 102 Processing\r\n\r\n")
+                    continue
+                if self._client_closed():
+                    self.token.run_sync_soon(scope.cancel)
+                    timeout = -1
+                self.poller.unregister(self.ch.sock)  # closed, or the next request began
+                watching = False
+        finally:
+            if watching:
+                self.poller.unregister(self.ch.sock)
 
     def _client_closed(self) -> bool:
         try:

@@ -9,9 +9,11 @@ test's to write and read. No sleeps: waits poll with a deadline.
 from __future__ import annotations
 
 import functools
+import select
 import socket
 import ssl
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -79,14 +81,14 @@ def make_router(probe: Probe) -> Router:
 
 
 @contextmanager
-def server(pki: Path, probe: Probe) -> Iterator[tuple[int, Any]]:
+def server(pki: Path, probe: Probe, idle_timeout: float = 300.0) -> Iterator[tuple[int, Any]]:
     ctx = server_context(str(pki / "node-a.pem"), str(pki / "node-a.key"), str(pki / "ca.pem"))
     sock = bind_tcp("127.0.0.1", 0)
     port = sock.getsockname()[1]
     acceptor: list[Any] = []
     serve = functools.partial(
         serve_tls, sock, make_router(probe), ctx, tls_limits=TLSLimits(), acceptor=acceptor,
-        max_header=4096,
+        max_header=4096, idle_timeout=idle_timeout,
     )  # fmt: skip
     with serving(serve):
         yield port, acceptor[0]
@@ -225,3 +227,19 @@ def test_a_controller_stays_on_the_loop(pki: Path) -> None:
         status, _, body = Reader(s).answer()
         assert status == 200 and body == BIG
         assert acc.member_threads.borrowed_tokens == 0
+
+
+def test_a_trickled_request_is_cut_at_the_idle_timeout(pki: Path) -> None:
+    """A request whose bytes come one at a time is read within idle_timeout of its
+    first byte, or the connection ends (a slow client holds a thread no longer)."""
+    probe = Probe()
+    with server(pki, probe, idle_timeout=0.5) as (port, acc), connect(pki, port) as s:
+        start = time.monotonic()
+        closed = False
+        for byte in get("/v1/peer/big") * 10:
+            s.sendall(bytes([byte]))
+            if select.select([s], [], [], 0.05)[0]:  # the server's close (or an answer)
+                closed = Reader(s).closed()
+                break
+        assert closed and time.monotonic() - start < DEADLINE
+        wait_for(lambda: acc.open == 0, DEADLINE, "the connection to end")
