@@ -27,6 +27,7 @@ import os
 import select
 import socket
 import ssl
+import threading
 import time
 from typing import Any
 
@@ -163,6 +164,10 @@ class MemberConnection:
         self.token = trio.lowlevel.current_trio_token()
         # The handler's end, signalled from the loop; polled with the socket (its close).
         self.wake = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
+        # A handler may end after this thread did (cancelled with the connection): it
+        # signals only while the eventfd is open, never a number the kernel reused.
+        self.wake_lock = threading.Lock()
+        self.wake_open = True
         self.poller = select.poll()
         self.poller.register(self.wake, select.POLLIN)
 
@@ -176,7 +181,9 @@ class MemberConnection:
         except (trio.RunFinishedError, trio.Cancelled):
             pass
         finally:
-            os.close(self.wake)
+            with self.wake_lock:
+                self.wake_open = False
+                os.close(self.wake)
 
     def _serve_one(self) -> bool:
         """One request and its answer; False if the connection is to be closed."""
@@ -272,18 +279,22 @@ class MemberConnection:
                 with scope:
                     box.append(await self.router.dispatch(req, match=match))
             finally:
-                os.eventfd_write(self.wake, 1)
+                with self.wake_lock:
+                    if self.wake_open:
+                        os.eventfd_write(self.wake, 1)
 
         self.token.run_sync_soon(self.nursery.start_soon, handler)
         watching = not self.buf  # a pipelined request is left for the next cycle
         if watching:
             self.poller.register(self.ch.sock, select.POLLIN | select.POLLRDHUP)
         timeout = -1 if interval is None else int(interval * 1000)
+        done = False
         try:
             while True:
                 ready = {fd for fd, _ in self.poller.poll(timeout)}
                 if self.wake in ready:
                     os.eventfd_read(self.wake)
+                    done = True
                     return box[0] if box else None
                 if not ready:
                     self.ch.send(b"HTTP/1.1 102 Processing\r\n\r\n")
@@ -296,6 +307,8 @@ class MemberConnection:
         finally:
             if watching:
                 self.poller.unregister(self.ch.sock)
+            if not done:  # this thread is leaving (a 102 failed): the handler goes too
+                self.token.run_sync_soon(scope.cancel)
 
     def _client_closed(self) -> bool:
         try:
