@@ -243,3 +243,20 @@ def test_a_trickled_request_is_cut_at_the_idle_timeout(pki: Path) -> None:
                 break
         assert closed and time.monotonic() - start < DEADLINE
         wait_for(lambda: acc.open == 0, DEADLINE, "the connection to end")
+
+
+def test_a_session_that_cannot_be_handed_over_stays_on_the_loop(
+    pki: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """If this trio's SSLStream keeps its session otherwise, a member is served on the
+    loop as before: same answers, no thread."""
+    from silofs.control import member_conn
+
+    monkeypatch.setattr(member_conn, "handoff", lambda tls: None)
+    probe = Probe()
+    with server(pki, probe) as (port, acc), connect(pki, port) as s:
+        r = Reader(s)
+        for _ in range(2):
+            s.sendall(get("/v1/peer/big"))
+            assert r.answer()[2] == BIG
+        assert acc.member_threads.borrowed_tokens == 0
