@@ -170,9 +170,12 @@ class MemberConnection:
         self.wake_open = True
         self.poller = select.poll()
         self.poller.register(self.wake, select.POLLIN)
+        self.started = False  # run() began (in its thread): it closes the socket
 
     def run(self) -> None:
-        """Serve requests until the client closes or a limit ends the connection."""
+        """Serve requests until the client closes or a limit ends the connection; then
+        close it."""
+        self.started = True
         try:
             while self._serve_one():
                 pass
@@ -181,7 +184,12 @@ class MemberConnection:
         except (trio.RunFinishedError, trio.Cancelled):
             pass
         finally:
-            with self.wake_lock:
+            self.ch.sock.close()
+            self.close_wake()
+
+    def close_wake(self) -> None:
+        with self.wake_lock:
+            if self.wake_open:
                 self.wake_open = False
                 os.close(self.wake)
 
@@ -387,8 +395,11 @@ async def serve_member(
     session = handoff(tls)
     if session is None:
         return False
-    sock = socket.fromfd(conn.fileno(), conn.family, conn.type)  # a dup: blocking here
+    # The thread owns the socket from here (trio's object is left without its fd, so
+    # closing the stream later touches nothing) and closes it when it ends.
+    sock = socket.socket(conn.family, conn.type, fileno=conn.detach())
     sock.setblocking(True)
+    member: MemberConnection | None = None
     try:
         async with trio.open_nursery() as nursery:
             member = MemberConnection(
@@ -400,10 +411,18 @@ async def serve_member(
             finally:
                 nursery.cancel_scope.cancel()
     finally:
-        # Wakes the thread if it still waits on the socket (cancelled: the daemon stops).
-        try:
-            sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-        sock.close()
+        if member is None or not member.started:
+            member_close(member, sock)
+        else:  # still running if cancelled (the daemon stops): wake it, it closes
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
     return True
+
+
+def member_close(member: MemberConnection | None, sock: socket.socket) -> None:
+    """Close what a connection whose thread never ran holds."""
+    sock.close()
+    if member is not None:
+        member.close_wake()

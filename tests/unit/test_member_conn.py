@@ -141,7 +141,8 @@ def get(path: str, extra: str = "") -> bytes:
 
 def test_keep_alive_answers_in_a_thread_and_pipelines(pki: Path) -> None:
     probe = Probe()
-    with server(pki, probe) as (port, acc), connect(pki, port) as s:
+    with server(pki, probe) as (port, acc):
+        s = connect(pki, port)
         r = Reader(s)
         s.sendall(get("/v1/peer/big"))
         assert r.answer() == (200, r_headers(len(BIG)), BIG)
@@ -159,9 +160,10 @@ def test_keep_alive_answers_in_a_thread_and_pipelines(pki: Path) -> None:
         # A node certificate reaches peer routes only: the router judges it as on the loop.
         s.sendall(get("/v1/admin"))
         assert r.answer()[0] in (403, 404)
-    assert acc.served == 1
-    wait_for(lambda: acc.open == 0, DEADLINE, "the connection to end")
-    wait_for(lambda: acc.member_threads.borrowed_tokens == 0, DEADLINE, "its thread to end")
+        s.close()
+        wait_for(lambda: acc.open == 0, DEADLINE, "the connection to end")
+        wait_for(lambda: acc.member_threads.borrowed_tokens == 0, DEADLINE, "its thread to end")
+        assert acc.served == 1
 
 
 def r_headers(n: int) -> dict[str, str]:
