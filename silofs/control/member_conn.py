@@ -29,6 +29,7 @@ import socket
 import ssl
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import trio
@@ -154,8 +155,10 @@ class MemberConnection:
         max_body: int,
         max_header: int,
         idle_timeout: float,
+        progress: Callable[[dict[str, str]], float],
     ) -> None:
         self.ch = channel
+        self.progress = progress
         self.router = router
         self.peer = peer
         self.nursery = nursery
@@ -273,10 +276,8 @@ class MemberConnection:
     def _dispatch(self, req: Request, match: Match) -> Response | None:
         """The handler's answer; None if the client closed meanwhile (the handler is
         cancelled then). While it runs, "102 Processing" every interval the client asked
-        for (control/server.py _progress_interval)."""
-        from silofs.control.server import _progress_interval
-
-        interval = _progress_interval(req.headers) if _PROGRESS_HEADER in req.headers else None
+        for (the listener's `progress`: how often, from the header's value)."""
+        interval = self.progress(req.headers) if _PROGRESS_HEADER in req.headers else None
         box: list[Response | None] = []
         scope = trio.CancelScope()
         self.ch.deadline = math.inf  # a handler may wait (each 102 has the idle timeout)
@@ -388,6 +389,7 @@ async def serve_member(
     max_body: int,
     max_header: int,
     idle_timeout: float,
+    progress: Callable[[dict[str, str]], float],
 ) -> bool:
     """Serve a member's handshaken connection from a worker thread until it ends;
     False (nothing done) if the TLS session cannot be handed over, and the caller
@@ -404,7 +406,7 @@ async def serve_member(
         async with trio.open_nursery() as nursery:
             member = MemberConnection(
                 _Channel(sock, *session), router, peer, nursery, max_body, max_header,
-                idle_timeout,
+                idle_timeout, progress,
             )  # fmt: skip
             try:
                 await trio.to_thread.run_sync(member.run, limiter=limiter, abandon_on_cancel=True)

@@ -849,7 +849,7 @@ class _TLSAcceptor:
             if peer.node and await serve_member(
                 tls, conn, self.router, peer, self.member_threads,
                 max_body=self.limits.max_body, max_header=self.limits.max_header,
-                idle_timeout=self.limits.idle_timeout,
+                idle_timeout=self.limits.idle_timeout, progress=_progress_interval,
             ):  # fmt: skip
                 return
             await _serve_connection(tls, self.router, self.limits, peer)
