@@ -36,6 +36,7 @@ from typing import Any
 import h11
 import trio
 
+from silofs.control.member_conn import serve_member
 from silofs.control.peer import Peer, peer_credentials, remote_peer
 from silofs.control.router import (
     HTTPError,
@@ -794,6 +795,9 @@ class _TLSAcceptor:
         self.warn = _Throttled()
         self.tokens = tls_limits.handshakes_per_second
         self.refilled = time.monotonic()
+        # A member's connection holds a thread while it is open (control/member_conn.py):
+        # their own limiter, never the one of trio's other worker threads.
+        self.member_threads = trio.CapacityLimiter(tls_limits.max_connections)
 
     def _may_handshake(self) -> bool:
         """Token bucket of handshakes_per_second, holding at most one second's worth."""
@@ -842,6 +846,12 @@ class _TLSAcceptor:
                 peer.remote,
                 _host(addr),
             )
+            if peer.node and await serve_member(
+                tls, conn, self.router, peer, self.member_threads,
+                max_body=self.limits.max_body, max_header=self.limits.max_header,
+                idle_timeout=self.limits.idle_timeout, progress=_progress_interval,
+            ):  # fmt: skip
+                return
             await _serve_connection(tls, self.router, self.limits, peer)
         except Exception:  # one connection never ends the listener
             log.exception("bug: unexpected error on a TLS control connection")

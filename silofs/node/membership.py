@@ -12,6 +12,7 @@ failure is (the peer client does).
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import logging
 import time
@@ -209,8 +210,10 @@ def self_address_missing(config: ClusterSettings, address: str) -> bool:
     return all(m.address != address for m in config.members)
 
 
+@functools.lru_cache(maxsize=4096)
 def _normal_host(name: str) -> str:
-    """A host name lower-cased, an IP address in its compressed form."""
+    """A host name lower-cased, an IP address in its compressed form (cached: every
+    peer request asks it of the caller's certificate names and of the members)."""
     try:
         return ipaddress.ip_address(name.strip().strip("[]")).compressed
     except ValueError:

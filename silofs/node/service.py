@@ -187,7 +187,8 @@ def fd_budget(s: NodeSettings) -> int:
     members = len(s.cluster.members) if s.cluster is not None else 0
     return (
         _FD_HEADROOM
-        + s.tcp_max_connections
+        # A member's connection holds its socket and an eventfd (control/member_conn.py).
+        + 2 * s.tcp_max_connections
         + members * PEER_POOL
         + s.fetch_threads * _FDS_PER_FETCH_THREAD
     )

@@ -63,7 +63,14 @@ MAY_LOAD = {
     MOUNT: frozenset({"silofs.control.client", "silofs.mountinfo"}),
     # The server side of the control socket, and the package's version; whether a
     # mount's pid is alive (the reaper), as the CLI asks it.
-    NODE: frozenset({"silofs.control.router", "silofs.control.server", "silofs.pids"}),
+    NODE: frozenset(
+        {
+            "silofs.control.member_conn",
+            "silofs.control.router",
+            "silofs.control.server",
+            "silofs.pids",
+        }
+    ),
 }
 # The packages above them, which importing any of them loads.
 PACKAGE_INITS = frozenset({"silofs", "silofs.cache", "silofs.control"})

@@ -1,0 +1,430 @@
+"""A cluster member's connection to the mutual-TLS listener, served from a worker thread.
+
+Members ask each other for chunks over long-lived keep-alive connections, one small
+request and one chunk-sized answer at a time. On the trio loop every such exchange
+costs the loop more CPU than the answer's bytes (SSLStream pumping its memory BIOs in
+Python, h11 framing both ways, a watcher task and its cancel scopes), and the loop is
+the one every mount and store fetch of the node shares. Here, once control/server.py
+has completed the handshake and found a certificate with the node role, the same TLS
+session (its SSLObject and memory BIOs) is driven over the blocking socket by one
+thread, which frames HTTP/1.1 by hand and sends the answer's bytes from C.
+
+Owns that framing and its limits (the same as control/server.py's: the header block
+size, the body size the route's entry allows this peer, asked before the body is read;
+the idle timeout; no chunked bodies), a "102 Processing" while a handler waits when
+the client asked for progress, and cancelling the handler when the client closes.
+Never: decides who may call what (each request goes through the router's match and
+dispatch on the trio loop, as on every other connection), runs a handler off the loop,
+or lets one connection's failure reach the listener.
+"""
+
+from __future__ import annotations
+
+import http
+import logging
+import math
+import os
+import select
+import socket
+import ssl
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import trio
+
+from silofs.control.peer import Peer
+from silofs.control.router import (
+    HTTPError,
+    Match,
+    Request,
+    Response,
+    Router,
+    error_response,
+    parse_target,
+)
+
+log = logging.getLogger(__name__)
+
+_RECV = 256 << 10
+# An answer's bytes are encrypted this much at a time: the outgoing BIO holds at most
+# this much ciphertext, whatever the body's size.
+_WRITE_SLICE = 1 << 20
+_PROGRESS_HEADER = "x-silofs-progress"
+_FRAMING = ("content-length", "transfer-encoding", "content-type")
+
+
+class _Closed(Exception):
+    """The client closed the connection, stalled past a limit, or broke TLS."""
+
+
+class _Reject(Exception):
+    """A request answered with an error, after which the connection is closed."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+def handoff(tls: trio.SSLStream) -> tuple[ssl.SSLObject, ssl.MemoryBIO, ssl.MemoryBIO] | None:
+    """The TLS session of a handshaken SSLStream (its SSLObject, incoming and outgoing
+    BIOs), or None if this trio keeps it otherwise (the connection then stays on the
+    loop). Bytes already received and not yet decrypted stay in the incoming BIO."""
+    parts = tuple(getattr(tls, name, None) for name in ("_ssl_object", "_incoming", "_outgoing"))
+    if not isinstance(parts[0], ssl.SSLObject) or getattr(tls, "_delayed_outgoing", None):
+        return None
+    if not all(isinstance(p, ssl.MemoryBIO) for p in parts[1:]) or parts[2].pending:
+        return None
+    return parts  # type: ignore[return-value]
+
+
+class _Channel:
+    """The TLS session over the blocking socket: decrypted bytes in, plaintext out."""
+
+    def __init__(
+        self, sock: socket.socket, obj: ssl.SSLObject, incoming: ssl.MemoryBIO,
+        outgoing: ssl.MemoryBIO,
+    ) -> None:  # fmt: skip
+        self.sock, self.obj, self.incoming, self.outgoing = sock, obj, incoming, outgoing
+        # When the current request must be read, or its answer sent, by (monotonic):
+        # a client that trickles bytes is cut there, as on the loop (fail_after).
+        self.deadline = math.inf
+
+    def _bound(self) -> None:
+        if self.deadline != math.inf:
+            left = self.deadline - time.monotonic()
+            if left <= 0:
+                raise _Closed("timed out")
+            self.sock.settimeout(left)
+
+    def recv(self) -> bytes:
+        """Some decrypted bytes; b"" at the client's close."""
+        while True:
+            try:
+                return self.obj.read(_RECV)
+            except ssl.SSLWantReadError:
+                pass
+            except ssl.SSLZeroReturnError:
+                return b""
+            except ssl.SSLError as exc:
+                raise _Closed(f"TLS: {exc}") from None
+            self._flush()  # a post-handshake message may want an answer
+            try:
+                self._bound()
+                data = self.sock.recv(_RECV)
+            except TimeoutError:
+                raise _Closed("timed out") from None
+            except OSError as exc:
+                raise _Closed(str(exc)) from None
+            if not data:
+                return b""
+            self.incoming.write(data)
+
+    def send(self, *parts: bytes | memoryview) -> None:
+        try:
+            for part in parts:
+                view = memoryview(part).cast("B")
+                for at in range(0, len(view), _WRITE_SLICE):
+                    self.obj.write(view[at : at + _WRITE_SLICE])
+                    self._flush()
+        except ssl.SSLError as exc:
+            raise _Closed(f"TLS: {exc}") from None
+
+    def _flush(self) -> None:
+        data = self.outgoing.read()
+        if data:
+            try:
+                self._bound()
+                self.sock.sendall(data)
+            except OSError as exc:  # TimeoutError included
+                raise _Closed(str(exc)) from None
+
+
+class MemberConnection:
+    """One member's connection: requests read and answered in this thread, each
+    handler run on the trio loop in `nursery`."""
+
+    def __init__(
+        self,
+        channel: _Channel,
+        router: Router,
+        peer: Peer,
+        nursery: trio.Nursery,
+        max_body: int,
+        max_header: int,
+        idle_timeout: float,
+        progress: Callable[[dict[str, str]], float],
+    ) -> None:
+        self.ch = channel
+        self.progress = progress
+        self.router = router
+        self.peer = peer
+        self.nursery = nursery
+        self.max_body, self.max_header, self.idle_timeout = max_body, max_header, idle_timeout
+        self.buf = b""
+        self.token = trio.lowlevel.current_trio_token()
+        # The handler's end, signalled from the loop; polled with the socket (its close).
+        self.wake = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
+        # A handler may end after this thread did (cancelled with the connection): it
+        # signals only while the eventfd is open, never a number the kernel reused.
+        self.wake_lock = threading.Lock()
+        self.wake_open = True
+        self.poller = select.poll()
+        self.poller.register(self.wake, select.POLLIN)
+        self.started = False  # run() began (in its thread): it closes the socket
+
+    def run(self) -> None:
+        """Serve requests until the client closes or a limit ends the connection; then
+        close it."""
+        self.started = True
+        try:
+            while self._serve_one():
+                pass
+        except _Closed as exc:
+            log.debug("member %r: connection ended: %s", self.peer.remote, exc)
+        except (trio.RunFinishedError, trio.Cancelled):
+            pass
+        finally:
+            self.ch.sock.close()
+            self.close_wake()
+
+    def close_wake(self) -> None:
+        with self.wake_lock:
+            if self.wake_open:
+                self.wake_open = False
+                os.close(self.wake)
+
+    def _serve_one(self) -> bool:
+        """One request and its answer; False if the connection is to be closed."""
+        self.ch.deadline = math.inf  # waiting for a request: the idle timeout
+        self.ch.sock.settimeout(self.idle_timeout)
+        try:
+            head = self._read_head()
+            if head is None:
+                return False
+            req, match, close = self._request(head)
+        except _Reject as exc:
+            self.ch.deadline = time.monotonic() + self.idle_timeout
+            self._answer(error_response(exc.status, exc.message), close=True)
+            return False
+        resp = self._dispatch(req, match)
+        if resp is None:
+            return False  # the client left while its handler ran
+        self.ch.deadline = time.monotonic() + self.idle_timeout
+        self._answer(resp, close=close, with_body=req.method != "HEAD")
+        return not close
+
+    def _read_head(self) -> bytes | None:
+        """The request's head (request line and headers); None at a close between
+        requests."""
+        while (end := self.buf.find(b"\r\n\r\n")) < 0:
+            if len(self.buf) > self.max_header:
+                raise _Reject(431, "request header too large")
+            data = self.ch.recv()
+            if self.ch.deadline == math.inf:  # the request began: read it in time
+                self.ch.deadline = time.monotonic() + self.idle_timeout
+            if not data:
+                if self.buf:
+                    raise _Closed("closed mid-request")
+                return None
+            self.buf += data
+        if end > self.max_header:
+            raise _Reject(431, "request header too large")
+        head, self.buf = self.buf[:end], self.buf[end + 4 :]
+        return head
+
+    def _request(self, head: bytes) -> tuple[Request, Match, bool]:
+        """(the request, its route's decision, whether to close after the answer)."""
+        lines = head.split(b"\r\n")
+        parts = lines[0].split(b" ")
+        if len(parts) != 3 or parts[2] != b"HTTP/1.1" or not parts[0].isalpha():
+            raise _Reject(400, "malformed HTTP request: want METHOD TARGET HTTP/1.1")
+        headers = _headers(lines[1:])
+        method = parts[0].decode("ascii")
+        try:
+            path, segments, query = parse_target(parts[1])
+        except HTTPError as exc:
+            raise _Reject(exc.status, exc.message) from None
+        if "transfer-encoding" in headers:
+            raise _Reject(501, "a chunked request body is not accepted here")
+        length_text = headers.get("content-length", "0")
+        if not length_text.isdigit() or len(length_text) > 19:
+            raise _Reject(400, "malformed HTTP request: bad content-length")
+        match = self.router.match(method, segments, self.peer)
+        limit = match.body_limit(self.max_body)
+        length = int(length_text)
+        if length > limit:
+            raise _Reject(413, f"request body too large (limit {limit} bytes)")
+        if headers.get("expect", "").lower() == "100-continue" and length > len(self.buf):
+            self.ch.send(b"HTTP/1.1 100 Continue\r\n\r\n")
+        body = self._read_body(length)
+        close = "close" in headers.get("connection", "").lower()
+        return Request(method, path, query, headers, body, self.peer), match, close
+
+    def _read_body(self, length: int) -> bytes:
+        while len(self.buf) < length:
+            data = self.ch.recv()
+            if not data:
+                raise _Closed("closed mid-request")
+            self.buf += data
+        body, self.buf = self.buf[:length], self.buf[length:]
+        return body
+
+    # -- the handler, on the loop ------------------------------------------------------
+    def _dispatch(self, req: Request, match: Match) -> Response | None:
+        """The handler's answer; None if the client closed meanwhile (the handler is
+        cancelled then). While it runs, "102 Processing" every interval the client asked
+        for (the listener's `progress`: how often, from the header's value)."""
+        interval = self.progress(req.headers) if _PROGRESS_HEADER in req.headers else None
+        box: list[Response | None] = []
+        scope = trio.CancelScope()
+        self.ch.deadline = math.inf  # a handler may wait (each 102 has the idle timeout)
+        self.ch.sock.settimeout(self.idle_timeout)
+
+        async def handler() -> None:
+            try:
+                with scope:
+                    box.append(await self.router.dispatch(req, match=match))
+            finally:
+                with self.wake_lock:
+                    if self.wake_open:
+                        os.eventfd_write(self.wake, 1)
+
+        self.token.run_sync_soon(self.nursery.start_soon, handler)
+        watching = not self.buf  # a pipelined request is left for the next cycle
+        if watching:
+            self.poller.register(self.ch.sock, select.POLLIN | select.POLLRDHUP)
+        timeout = -1 if interval is None else int(interval * 1000)
+        done = False
+        try:
+            while True:
+                ready = {fd for fd, _ in self.poller.poll(timeout)}
+                if self.wake in ready:
+                    os.eventfd_read(self.wake)
+                    done = True
+                    return box[0] if box else None
+                if not ready:
+                    self.ch.send(b"HTTP/1.1 102 Processing\r\n\r\n")
+                    continue
+                if self._client_closed():
+                    self.token.run_sync_soon(scope.cancel)
+                    timeout = -1
+                self.poller.unregister(self.ch.sock)  # closed, or the next request began
+                watching = False
+        finally:
+            if watching:
+                self.poller.unregister(self.ch.sock)
+            if not done:  # this thread is leaving (a 102 failed): the handler goes too
+                self.token.run_sync_soon(scope.cancel)
+
+    def _client_closed(self) -> bool:
+        try:
+            return not self.ch.sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            return False
+        except OSError:
+            return True
+
+    def _answer(self, resp: Response, *, close: bool, with_body: bool = True) -> None:
+        body = memoryview(resp.body).cast("B")
+        if resp.status < 200 or resp.status in (204, 304):
+            body = memoryview(b"")
+        self.ch.send(_response_head(resp, len(body), close), *((body,) if with_body else ()))
+
+
+def _headers(lines: list[bytes]) -> dict[str, str]:
+    headers: dict[str, str] = {}
+    for line in lines:
+        name, sep, value = line.partition(b":")
+        if not sep or not name or name != name.strip() or not _is_token(name):
+            raise _Reject(400, "malformed HTTP request: a bad header line")
+        if b"\r" in value or b"\n" in value or b"\0" in value:
+            raise _Reject(400, "malformed HTTP request: a bad header value")
+        key = name.decode("ascii").lower()
+        text = value.strip(b" \t").decode("latin-1")
+        if key == "content-length" and key in headers and headers[key] != text:
+            raise _Reject(400, "malformed HTTP request: conflicting content-length")
+        if key == "content-length" and key in headers:
+            continue
+        headers[key] = f"{headers[key]}, {text}" if key in headers else text
+    return headers
+
+
+_TOKEN = frozenset(b"!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
+
+
+def _is_token(name: bytes) -> bool:
+    return all(c in _TOKEN for c in name)
+
+
+def _response_head(resp: Response, length: int, close: bool) -> bytes:
+    try:
+        reason = http.HTTPStatus(resp.status).phrase
+    except ValueError:
+        reason = ""
+    lines = [f"HTTP/1.1 {resp.status} {reason}", f"content-type: {resp.content_type}"]
+    if not (resp.status < 200 or resp.status == 204):
+        lines.append(f"content-length: {length}")
+    for name, value in resp.headers.items():
+        # Framing is ours to decide: a handler cannot desynchronise the stream.
+        if name.lower() not in _FRAMING and name.lower() != "connection":
+            lines.append(f"{name}: {value}")
+    if close:
+        lines.append("connection: close")
+    head = "\r\n".join(lines) + "\r\n\r\n"
+    if "\0" in head or head.count("\r\n") != len(lines) + 1 or "\n" in head.replace("\r\n", ""):
+        raise ValueError("a response header holds a line break")
+    return head.encode("latin-1")
+
+
+async def serve_member(
+    tls: trio.SSLStream,
+    conn: Any,
+    router: Router,
+    peer: Peer,
+    limiter: trio.CapacityLimiter,
+    *,
+    max_body: int,
+    max_header: int,
+    idle_timeout: float,
+    progress: Callable[[dict[str, str]], float],
+) -> bool:
+    """Serve a member's handshaken connection from a worker thread until it ends;
+    False (nothing done) if the TLS session cannot be handed over, and the caller
+    serves it on the loop."""
+    session = handoff(tls)
+    if session is None:
+        return False
+    # The thread owns the socket from here (trio's object is left without its fd, so
+    # closing the stream later touches nothing) and closes it when it ends.
+    sock = socket.socket(conn.family, conn.type, fileno=conn.detach())
+    sock.setblocking(True)
+    member: MemberConnection | None = None
+    try:
+        async with trio.open_nursery() as nursery:
+            member = MemberConnection(
+                _Channel(sock, *session), router, peer, nursery, max_body, max_header,
+                idle_timeout, progress,
+            )  # fmt: skip
+            try:
+                await trio.to_thread.run_sync(member.run, limiter=limiter, abandon_on_cancel=True)
+            finally:
+                nursery.cancel_scope.cancel()
+    finally:
+        if member is None or not member.started:
+            member_close(member, sock)
+        else:  # still running if cancelled (the daemon stops): wake it, it closes
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+    return True
+
+
+def member_close(member: MemberConnection | None, sock: socket.socket) -> None:
+    """Close what a connection whose thread never ran holds."""
+    sock.close()
+    if member is not None:
+        member.close_wake()

@@ -1,0 +1,264 @@
+"""A member's connection to the mutual-TLS listener, served from a worker thread
+(control/member_conn.py): the same routes, limits and answers as on the loop.
+
+The server runs serve_tls on 127.0.0.1 in a thread with its own trio loop; the client
+is a raw stdlib TLS socket with a node certificate, so every byte on the wire is the
+test's to write and read. No sleeps: waits poll with a deadline.
+"""
+
+from __future__ import annotations
+
+import functools
+import select
+import socket
+import ssl
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+from silofs_ctl.certs_cmd import client_cert, init_ca, node_cert
+
+from silofs.control.router import Caller, Request, Response, Router, json_response
+from silofs.control.server import TLSLimits, bind_tcp, serve_tls
+from silofs.control.tls import server_context
+from tests.support.poll import wait_for
+from tests.unit.serving import serving
+
+DEADLINE = 10.0
+BIG = bytes(range(256)) * 6000  # 1.5 MB: several write slices and TLS records
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    d = tmp_path_factory.mktemp("ca")
+    init_ca(str(d))
+    node_cert(str(d), "node-a", ["127.0.0.1"])
+    node_cert(str(d), "node-b", ["127.0.0.1"])
+    client_cert(str(d), "other-client")
+    return d
+
+
+class Probe:
+    """What the slow handler saw: started, cancelled."""
+
+    def __init__(self) -> None:
+        self.started = threading.Event()
+        self.cancelled = threading.Event()
+        self.release: trio.Event | None = None
+        self.token: trio.lowlevel.TrioToken | None = None
+
+
+def make_router(probe: Probe) -> Router:
+    router = Router()
+
+    async def big(req: Request) -> Response:
+        return Response(200, BIG, "application/octet-stream", {"x-who": req.peer.remote or ""})
+
+    async def echo(req: Request) -> Response:
+        return Response(200, req.body, "application/octet-stream")
+
+    async def slow(req: Request) -> Response:
+        probe.release = trio.Event()
+        probe.token = trio.lowlevel.current_trio_token()
+        probe.started.set()
+        try:
+            await probe.release.wait()
+        except trio.Cancelled:
+            probe.cancelled.set()
+            raise
+        return json_response({"slow": "done"})
+
+    router.add("GET", "/v1/peer/big", big, who=Caller.PEER)
+    router.add("PUT", "/v1/peer/echo", echo, who=Caller.PEER, body_limit=64 << 10)
+    router.add("GET", "/v1/peer/slow", slow, who=Caller.PEER)
+    router.add("GET", "/v1/admin", big, who=Caller.CONTROLLER)
+    return router
+
+
+@contextmanager
+def server(pki: Path, probe: Probe, idle_timeout: float = 300.0) -> Iterator[tuple[int, Any]]:
+    ctx = server_context(str(pki / "node-a.pem"), str(pki / "node-a.key"), str(pki / "ca.pem"))
+    sock = bind_tcp("127.0.0.1", 0)
+    port = sock.getsockname()[1]
+    acceptor: list[Any] = []
+    serve = functools.partial(
+        serve_tls, sock, make_router(probe), ctx, tls_limits=TLSLimits(), acceptor=acceptor,
+        max_header=4096, idle_timeout=idle_timeout,
+    )  # fmt: skip
+    with serving(serve):
+        yield port, acceptor[0]
+
+
+def connect(pki: Path, port: int, name: str = "node-b") -> ssl.SSLSocket:
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.load_cert_chain(str(pki / f"{name}.pem"), str(pki / f"{name}.key"))
+    ctx.load_verify_locations(str(pki / "ca.pem"))
+    raw = socket.create_connection(("127.0.0.1", port), timeout=DEADLINE)
+    return ctx.wrap_socket(raw, server_hostname="127.0.0.1")
+
+
+class Reader:
+    """HTTP/1.1 answers off one socket."""
+
+    def __init__(self, sock: ssl.SSLSocket) -> None:
+        self.sock, self.buf = sock, b""
+
+    def answer(self) -> tuple[int, dict[str, str], bytes]:
+        while b"\r\n\r\n" not in self.buf:
+            self._more()
+        head, _, self.buf = self.buf.partition(b"\r\n\r\n")
+        lines = head.decode("latin-1").split("\r\n")
+        status = int(lines[0].split(" ")[1])
+        headers = {
+            k.strip().lower(): v.strip() for k, _, v in (x.partition(":") for x in lines[1:])
+        }
+        n = int(headers.get("content-length", "0"))
+        while len(self.buf) < n:
+            self._more()
+        body, self.buf = self.buf[:n], self.buf[n:]
+        return status, headers, body
+
+    def closed(self) -> bool:
+        try:
+            return not self.buf and self.sock.recv(1) == b""
+        except (ConnectionResetError, ssl.SSLError):
+            return True
+
+    def _more(self) -> None:
+        data = self.sock.recv(1 << 20)
+        assert data, f"closed; had {self.buf[:200]!r}"
+        self.buf += data
+
+
+def get(path: str, extra: str = "") -> bytes:
+    return f"GET {path} HTTP/1.1\r\nhost: x\r\n{extra}\r\n".encode()
+
+
+def test_keep_alive_answers_in_a_thread_and_pipelines(pki: Path) -> None:
+    probe = Probe()
+    with server(pki, probe) as (port, acc):
+        s = connect(pki, port)
+        r = Reader(s)
+        s.sendall(get("/v1/peer/big"))
+        assert r.answer() == (200, r_headers(len(BIG)), BIG)
+        assert acc.member_threads.borrowed_tokens == 1  # this connection's thread
+        # Two requests in one write: both answered, in order.
+        body = b"z" * 1000
+        s.sendall(
+            get("/v1/peer/big")
+            + b"PUT /v1/peer/echo HTTP/1.1\r\nhost: x\r\n"
+            + f"content-length: {len(body)}\r\n\r\n".encode()
+            + body
+        )
+        assert r.answer()[2] == BIG
+        assert r.answer()[:3:2] == (200, body)
+        # A node certificate reaches peer routes only: the router judges it as on the loop.
+        s.sendall(get("/v1/admin"))
+        assert r.answer()[0] in (403, 404)
+        s.close()
+        wait_for(lambda: acc.open == 0, DEADLINE, "the connection to end")
+        wait_for(lambda: acc.member_threads.borrowed_tokens == 0, DEADLINE, "its thread to end")
+        assert acc.served == 1
+
+
+def r_headers(n: int) -> dict[str, str]:
+    return {"content-type": "application/octet-stream", "content-length": str(n), "x-who": "node-b"}
+
+
+@pytest.mark.parametrize(
+    ("request_bytes", "status"),
+    [
+        (get("/v1/peer/big", "x-pad: " + "a" * 5000 + "\r\n"), 431),
+        (b"PUT /v1/peer/echo HTTP/1.1\r\nhost: x\r\ncontent-length: 70000\r\n\r\n", 413),
+        (b"PUT /v1/peer/echo HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\n", 501),
+        (b"GET /v1/peer/big HTTP/1.0\r\nhost: x\r\n\r\n", 400),
+        (b"GET /v1/peer/big HTTP/1.1\r\nbad header\r\n\r\n", 400),
+        (b"GET /v1/peer/big HTTP/1.1\r\n x: folded\r\n\r\n", 400),
+        (b"GET /v1/peer/big HTTP/1.1\r\ncontent-length: 1\r\ncontent-length: 2\r\n\r\n", 400),
+        (get("/v1/peer/nothing"), 404),
+    ],
+)
+def test_limits_and_malformed_requests(pki: Path, request_bytes: bytes, status: int) -> None:
+    probe = Probe()
+    with server(pki, probe) as (port, acc), connect(pki, port) as s:
+        r = Reader(s)
+        s.sendall(request_bytes)
+        got, headers, body = r.answer()
+        assert got == status and b'"error"' in body
+        if status != 404:
+            assert headers.get("connection") == "close" and r.closed()
+        with connect(pki, port) as s2:  # the listener serves on
+            s2.sendall(get("/v1/peer/big"))
+            assert Reader(s2).answer()[2] == BIG
+
+
+def test_progress_while_the_handler_waits_then_the_answer(pki: Path) -> None:
+    probe = Probe()
+    with server(pki, probe) as (port, _), connect(pki, port) as s:
+        r = Reader(s)
+        s.sendall(get("/v1/peer/slow", "x-silofs-progress: 0.3\r\n"))
+        assert r.answer()[0] == 102
+        assert r.answer()[0] == 102  # every 0.1 s while it waits
+        assert probe.started.is_set() and probe.release is not None
+        trio.from_thread.run_sync(probe.release.set, trio_token=probe.token)
+        while (answer := r.answer())[0] == 102:
+            pass
+        assert answer[0] == 200 and b"done" in answer[2]
+
+
+def test_a_client_that_leaves_cancels_its_handler(pki: Path) -> None:
+    probe = Probe()
+    with server(pki, probe) as (port, acc):
+        s = connect(pki, port)
+        s.sendall(get("/v1/peer/slow"))
+        assert probe.started.wait(DEADLINE)
+        s.close()
+        assert probe.cancelled.wait(DEADLINE)
+        wait_for(lambda: acc.open == 0, DEADLINE, "the connection to end")
+
+
+def test_a_controller_stays_on_the_loop(pki: Path) -> None:
+    probe = Probe()
+    with server(pki, probe) as (port, acc), connect(pki, port, "other-client") as s:
+        s.sendall(get("/v1/admin"))
+        status, _, body = Reader(s).answer()
+        assert status == 200 and body == BIG
+        assert acc.member_threads.borrowed_tokens == 0
+
+
+def test_a_trickled_request_is_cut_at_the_idle_timeout(pki: Path) -> None:
+    """A request whose bytes come one at a time is read within idle_timeout of its
+    first byte, or the connection ends (a slow client holds a thread no longer)."""
+    probe = Probe()
+    with server(pki, probe, idle_timeout=0.5) as (port, acc), connect(pki, port) as s:
+        start = time.monotonic()
+        closed = False
+        for byte in get("/v1/peer/big") * 10:
+            s.sendall(bytes([byte]))
+            if select.select([s], [], [], 0.05)[0]:  # the server's close (or an answer)
+                closed = Reader(s).closed()
+                break
+        assert closed and time.monotonic() - start < DEADLINE
+        wait_for(lambda: acc.open == 0, DEADLINE, "the connection to end")
+
+
+def test_a_session_that_cannot_be_handed_over_stays_on_the_loop(
+    pki: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """If this trio's SSLStream keeps its session otherwise, a member is served on the
+    loop as before: same answers, no thread."""
+    from silofs.control import member_conn
+
+    monkeypatch.setattr(member_conn, "handoff", lambda tls: None)
+    probe = Probe()
+    with server(pki, probe) as (port, acc), connect(pki, port) as s:
+        r = Reader(s)
+        for _ in range(2):
+            s.sendall(get("/v1/peer/big"))
+            assert r.answer()[2] == BIG
+        assert acc.member_threads.borrowed_tokens == 0
