@@ -164,7 +164,7 @@ class Writer:
         is in LMDB or was turned away."""
         return len(self._pending)
 
-    def pending(self, key: bytes) -> bytes | None:
+    def pending(self, key: bytes) -> bytes | bytearray | None:
         """The encoded value of a chunk offered and not yet committed, if there is one."""
         item = self._pending.get(key)
         return None if item is None else item.value
