@@ -74,6 +74,7 @@ PACKAGE_INITS = frozenset({"silofs", "silofs.cache", "silofs.control"})
 FORMAT = frozenset(
     {
         ("silofs.cache.format", "ChunkHeader"),
+        ("silofs.cache.format", "ChunkValue"),
         ("silofs.cache.format", "KEY_SIZE"),
         ("silofs.cache.format", "decode_header"),
         ("silofs.cache.format", "encode_chunk"),
