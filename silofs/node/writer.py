@@ -4,6 +4,13 @@ Owns the Writer: the only code that opens LMDB write txns, batching admissions i
 large txns from one thread and carrying out the quota policy (silofs/node/quota.py) on
 them. Never decides quotas, never fetches and never serves reads; a full queue drops an
 admission (the chunk is admitted on a later miss) rather than slow a reader down.
+
+Admission holds its queue while offers keep coming (a cold read streaming in): it writes
+once they pause for batch_seconds, once the queue holds HOLD_SHARE of its bound, or
+HOLD_SECONDS (at least batch_seconds) after the first offer it holds, whichever comes first, in txns of at most
+batch_bytes each. Its writes (LMDB's copy of every value, then the page cache's) then
+run mostly after the reads, not beside them on the same cores; the queue's bound is the
+memory this takes, as before.
 """
 
 from __future__ import annotations
@@ -33,6 +40,13 @@ T = TypeVar("T")
 # on moto 146 -> 178 MB/s, docs/RESULTS.md 2026-11-27); its queue
 # (admission_queue_bytes) holds what it has not written yet.
 ADMIT_NICE = 10
+# How long admission holds its queue while offers keep coming (module docstring): at
+# most this long after the first offer held, and until the queue holds this share of
+# admission_queue_bytes (the rest is room for what arrives before the write begins;
+# once it begins the queue is empty again). Under both, a cold 256 MiB read on moto
+# ran at ... (bench/README.md).
+HOLD_SECONDS = 2.0
+HOLD_SHARE = 0.5
 
 
 @dataclass
@@ -205,18 +219,41 @@ class Writer:
         (node/supervise.py): a failed batch is logged and the loop restarted."""
         while True:
             await self._wakeup.wait()
-            # Let a batch build up: one txn per ~50 ms or 32 MiB, not one per chunk.
-            with trio.move_on_after(self.batch_seconds):
-                while self._queued < self.batch_bytes:
-                    self._wakeup = trio.Event()
-                    await self._wakeup.wait()
+            await self._hold()
             await self.flush()
 
+    async def _hold(self) -> None:
+        """Wait while offers keep coming (module docstring): until none came for
+        batch_seconds, the queue holds HOLD_SHARE of its bound, or HOLD_SECONDS passed."""
+        hold_bytes = max(self.batch_bytes, int(self.queue_bytes * HOLD_SHARE))
+        with trio.move_on_after(max(HOLD_SECONDS, self.batch_seconds)):
+            while self._queued < hold_bytes:
+                self._wakeup = trio.Event()
+                with trio.move_on_after(self.batch_seconds) as quiet:
+                    await self._wakeup.wait()
+                if quiet.cancelled_caught:
+                    return
+
     async def flush(self) -> None:
+        """Write everything queued, in txns of at most batch_bytes (and one chunk)."""
         batch, self._queue, self._queued = self._queue, [], 0
         self._wakeup = trio.Event()
-        if not batch:
-            return
+        while batch:
+            size, n = 0, 0
+            while n < len(batch) and (n == 0 or size + len(batch[n].value) <= self.batch_bytes):
+                size += len(batch[n].value)
+                n += 1
+            part, batch = batch[:n], batch[n:]
+            try:
+                await self._flush_part(part)
+            except BaseException:
+                for item in batch:  # never written: dropped, and said so
+                    self.stats.dropped_chunks += 1
+                    if self._pending.get(item.key) is item:
+                        del self._pending[item.key]
+                raise
+
+    async def _flush_part(self, batch: list[PendingChunk]) -> None:
         policy = self.policy()
         try:
             res: AdmitResult = await self._with_usage(

@@ -263,14 +263,14 @@ def test_run_batches_offers_within_the_batch_window(
     run(main)
 
 
-def test_run_flushes_early_when_the_batch_is_big(
+def test_run_flushes_early_when_the_queue_is_half_full(
     store: WritableStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     spy = AdmitSpy(store, monkeypatch)
     size = len(chunk(1, 0).value)
 
     async def main() -> None:
-        w = make_writer(store, batch_bytes=3 * size, batch_seconds=10)
+        w = make_writer(store, batch_bytes=size, queue_bytes=6 * size, batch_seconds=10)
         done = trio.Event()
         real_flush = w.flush
 
@@ -287,8 +287,56 @@ def test_run_flushes_early_when_the_batch_is_big(
                 w.offer(chunk(1, i))
             await done.wait()
             assert trio.current_time() - t0 < 1, "did not wait for the 10 s window"
-            assert spy.batches == [3]
+            assert spy.batches == [1, 1, 1], "in txns of batch_bytes"
             nursery.cancel_scope.cancel()
+
+    run(main)
+
+
+def test_run_holds_the_queue_while_offers_keep_coming(
+    store: WritableStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stream of offers (a cold read) is written once it pauses, in txns of at most
+    batch_bytes; one that never pauses is written HOLD_SECONDS after its first offer."""
+    from silofs.node.writer import HOLD_SECONDS
+
+    spy = AdmitSpy(store, monkeypatch)
+    size = len(chunk(1, 0).value)
+
+    async def main() -> None:
+        w = make_writer(store, batch_bytes=3 * size, batch_seconds=0.05)
+        flushed: list[float] = []  # when each flush began
+        done = [trio.Event(), trio.Event()]
+        real_flush = w.flush
+
+        async def flush() -> None:
+            flushed.append(trio.current_time())
+            await real_flush()
+            done[len(flushed) - 1].set()
+
+        w.flush = flush  # type: ignore[method-assign]
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(w.run)
+            await trio.testing.wait_all_tasks_blocked()
+            t0 = trio.current_time()
+            for i in range(10):  # 0.04 s apart: never a pause of batch_seconds
+                w.offer(chunk(1, i))
+                await trio.sleep(0.04)
+            assert flushed == [], "written while offers kept coming"
+            await done[0].wait()
+            assert spy.batches == [3, 3, 3, 1]
+            assert 0.41 - 1e-9 <= flushed[0] - t0 <= 0.42
+            # Offers that never pause: written HOLD_SECONDS after the first.
+            t1 = trio.current_time()
+            i = 10
+            while not len(flushed) > 1:
+                w.offer(chunk(1, i))
+                i += 1
+                await trio.sleep(0.04)
+            await done[1].wait()
+            assert HOLD_SECONDS - 1e-9 <= flushed[1] - t1 <= HOLD_SECONDS + 0.05
+            nursery.cancel_scope.cancel()
+        check(store, w.usage)
 
     run(main)
 
