@@ -6,11 +6,13 @@ them. Never decides quotas, never fetches and never serves reads; a full queue d
 admission (the chunk is admitted on a later miss) rather than slow a reader down.
 
 Admission holds its queue while offers keep coming (a cold read streaming in): it writes
-once they pause for batch_seconds, once the queue holds HOLD_SHARE of its bound, or
-HOLD_SECONDS (at least batch_seconds) after the first offer it holds, whichever comes first, in txns of at most
-batch_bytes each. Its writes (LMDB's copy of every value, then the page cache's) then
-run mostly after the reads, not beside them on the same cores; the queue's bound is the
-memory this takes, as before.
+once they pause for batch_seconds, once the queue is within one batch (batch_bytes, at
+most half the queue) of its bound, or HOLD_SECONDS (at least batch_seconds) after the
+first offer it holds, whichever comes first, in txns of at most batch_bytes each. Its
+writes (LMDB's copy of every value, then the page cache's) then run after the reads,
+not beside them on the same cores; the queue's bound (admission_queue_bytes) is the
+memory this takes, as before, and the batch left free is room for what arrives before
+the write begins (the queue is empty again once it has), so holding drops nothing.
 """
 
 from __future__ import annotations
@@ -40,13 +42,9 @@ T = TypeVar("T")
 # on moto 146 -> 178 MB/s, docs/RESULTS.md 2026-11-27); its queue
 # (admission_queue_bytes) holds what it has not written yet.
 ADMIT_NICE = 10
-# How long admission holds its queue while offers keep coming (module docstring): at
-# most this long after the first offer held, and until the queue holds this share of
-# admission_queue_bytes (the rest is room for what arrives before the write begins;
-# once it begins the queue is empty again). Under both, a cold 256 MiB read on moto
-# ran at ... (bench/README.md).
-HOLD_SECONDS = 2.0
-HOLD_SHARE = 0.5
+# The longest admission holds its queue while offers keep coming (module docstring),
+# from the first offer held: what a kill -9 of the daemon may cost in refetches.
+HOLD_SECONDS = 5.0
 
 
 @dataclass
@@ -224,8 +222,9 @@ class Writer:
 
     async def _hold(self) -> None:
         """Wait while offers keep coming (module docstring): until none came for
-        batch_seconds, the queue holds HOLD_SHARE of its bound, or HOLD_SECONDS passed."""
-        hold_bytes = max(self.batch_bytes, int(self.queue_bytes * HOLD_SHARE))
+        batch_seconds, the queue is within one batch of its bound, or HOLD_SECONDS
+        passed."""
+        hold_bytes = self.queue_bytes - min(self.batch_bytes, self.queue_bytes // 2)
         with trio.move_on_after(max(HOLD_SECONDS, self.batch_seconds)):
             while self._queued < hold_bytes:
                 self._wakeup = trio.Event()

@@ -263,14 +263,14 @@ def test_run_batches_offers_within_the_batch_window(
     run(main)
 
 
-def test_run_flushes_early_when_the_queue_is_half_full(
+def test_run_flushes_early_when_the_queue_is_a_batch_from_full(
     store: WritableStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     spy = AdmitSpy(store, monkeypatch)
     size = len(chunk(1, 0).value)
 
     async def main() -> None:
-        w = make_writer(store, batch_bytes=size, queue_bytes=6 * size, batch_seconds=10)
+        w = make_writer(store, batch_bytes=size, queue_bytes=4 * size, batch_seconds=10)
         done = trio.Event()
         real_flush = w.flush
 
