@@ -35,6 +35,7 @@ from silofs.control.server import (
     serve_unix,
 )
 from silofs.logsetup import reopen_log_files, survive_sighup
+from silofs.node import heap
 from silofs.node.daemon import Daemon
 from silofs.node.metrics import serve_tcp
 from silofs.node.routes import build_router
@@ -272,6 +273,9 @@ def run_daemon(settings: NodeSettings, started_by: str = "manual") -> None:
     """Run the daemon in the foreground until SIGTERM/SIGINT (or idle exit). Raises
     SilofsError. `started_by` is "auto" when `silofs mount` started it."""
     tune_gc()
+    # Admission holds up to its queue's bound of chunk buffers, and as much again while
+    # a write runs: that much freed heap is kept for the next cold read (node/heap.py).
+    heap.keep_freed(2 * settings.admission_queue_bytes)
     nofile = raise_nofile()
     log.debug("open-files limit: %d", nofile)
     # Before anything slow (opening the cache, moving a damaged one aside): a SIGHUP

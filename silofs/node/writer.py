@@ -28,6 +28,7 @@ from typing import Any, TypeVar
 import trio
 
 from silofs.cache.store import Usage
+from silofs.node import heap
 from silofs.node.lru_index import LruIndex
 from silofs.node.quota import QuotaPolicy
 from silofs.node.store_write import AdmitResult, PendingChunk, WritableStore
@@ -45,6 +46,9 @@ ADMIT_NICE = 10
 # The longest admission holds its queue while offers keep coming (module docstring),
 # from the first offer held: what a kill -9 of the daemon may cost in refetches.
 HOLD_SECONDS = 5.0
+# After admitting, the daemon keeps its freed chunk buffers for the next cold read
+# (node/heap.py) until no offer came for this long, then gives them back.
+IDLE_GIVE_BACK_SECONDS = 10.0
 
 
 @dataclass
@@ -215,10 +219,18 @@ class Writer:
     async def run(self) -> None:
         """The admission loop. The daemon runs it and sync_loop() under supervision
         (node/supervise.py): a failed batch is logged and the loop restarted."""
+        wrote = False
         while True:
-            await self._wakeup.wait()
+            with trio.move_on_after(IDLE_GIVE_BACK_SECONDS) as idle:
+                await self._wakeup.wait()
+            if idle.cancelled_caught:
+                if wrote:  # the buffers of what it admitted, kept meanwhile
+                    await trio.to_thread.run_sync(heap.give_back)
+                    wrote = False
+                continue
             await self._hold()
             await self.flush()
+            wrote = True
 
     async def _hold(self) -> None:
         """Wait while offers keep coming (module docstring): until none came for

@@ -601,3 +601,45 @@ def test_pooled_lru_never_evicts_uniform_or_allocated_datasets(store: WritableSt
         check(store, w.usage)
 
     run(main)
+
+
+def test_run_gives_the_heap_back_once_idle_after_writing(
+    store: WritableStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from silofs.node import heap
+    from silofs.node.writer import IDLE_GIVE_BACK_SECONDS
+
+    given: list[int] = []
+    monkeypatch.setattr(heap, "give_back", lambda: given.append(1))
+
+    async def main() -> None:
+        w = make_writer(store, batch_seconds=0.05)
+        written = trio.Event()
+        real_flush = w.flush
+
+        async def flush() -> None:
+            await real_flush()
+            written.set()
+
+        w.flush = flush  # type: ignore[method-assign]
+
+        async def given_after(n: int) -> float:
+            t0 = trio.current_time()
+            while len(given) < n:
+                await trio.sleep(0.01)
+            return trio.current_time() - t0
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(w.run)
+            await trio.sleep(3 * IDLE_GIVE_BACK_SECONDS)
+            assert given == [], "nothing admitted: nothing to give back"
+            for n in (1, 2):
+                written = trio.Event()
+                w.offer(chunk(1, n))
+                await written.wait()
+                assert await given_after(n) >= IDLE_GIVE_BACK_SECONDS - 0.02
+                await trio.sleep(3 * IDLE_GIVE_BACK_SECONDS)
+                assert len(given) == n, "once per idle spell"
+            nursery.cancel_scope.cancel()
+
+    run(main)
