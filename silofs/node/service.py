@@ -23,7 +23,7 @@ import time
 import lmdb
 import trio
 
-from silofs import __version__
+from silofs import __version__, heap
 from silofs.config import NodeSettings
 from silofs.control.peer import peer_may_change
 from silofs.control.server import (
@@ -35,7 +35,6 @@ from silofs.control.server import (
     serve_unix,
 )
 from silofs.logsetup import reopen_log_files, survive_sighup
-from silofs.node import heap
 from silofs.node.daemon import Daemon
 from silofs.node.metrics import serve_tcp
 from silofs.node.routes import build_router
@@ -274,7 +273,7 @@ def run_daemon(settings: NodeSettings, started_by: str = "manual") -> None:
     SilofsError. `started_by` is "auto" when `silofs mount` started it."""
     tune_gc()
     # Admission holds up to its queue's bound of chunk buffers, and as much again while
-    # a write runs: that much freed heap is kept for the next cold read (node/heap.py).
+    # a write runs: that much freed heap is kept for the next cold read (silofs/heap.py).
     heap.keep_freed(2 * settings.admission_queue_bytes)
     nofile = raise_nofile()
     log.debug("open-files limit: %d", nofile)

@@ -27,8 +27,8 @@ from typing import Any, TypeVar
 
 import trio
 
+from silofs import heap
 from silofs.cache.store import Usage
-from silofs.node import heap
 from silofs.node.lru_index import LruIndex
 from silofs.node.quota import QuotaPolicy
 from silofs.node.store_write import AdmitResult, PendingChunk, WritableStore
@@ -47,7 +47,7 @@ ADMIT_NICE = 10
 # from the first offer held: what a kill -9 of the daemon may cost in refetches.
 HOLD_SECONDS = 5.0
 # After admitting, the daemon keeps its freed chunk buffers for the next cold read
-# (node/heap.py) until no offer came for this long, then gives them back.
+# (silofs/heap.py) until no offer came for this long, then gives them back.
 IDLE_GIVE_BACK_SECONDS = 10.0
 
 

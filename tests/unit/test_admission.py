@@ -606,7 +606,7 @@ def test_pooled_lru_never_evicts_uniform_or_allocated_datasets(store: WritableSt
 def test_run_gives_the_heap_back_once_idle_after_writing(
     store: WritableStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from silofs.node import heap
+    from silofs import heap
     from silofs.node.writer import IDLE_GIVE_BACK_SECONDS
 
     given: list[int] = []

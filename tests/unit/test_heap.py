@@ -1,4 +1,4 @@
-"""node/heap.py: freed chunk buffers are reused, not faulted in afresh, until given back."""
+"""heap.py: freed chunk buffers are reused, not faulted in afresh, until given back."""
 
 from __future__ import annotations
 
@@ -7,13 +7,13 @@ import sys
 
 import pytest
 
-from silofs.node import heap
+from silofs import heap
 
 # A child process (the settings are the whole process's): 32 buffers of 4 MiB, freed,
 # then 32 more; the minor faults of the second round.
 _CHILD = """
 import resource, sys
-from silofs.node import heap
+from silofs import heap
 if sys.argv[1] == "keep":
     assert heap.keep_freed(512 << 20)
 def faults():

@@ -51,6 +51,7 @@ FLOOR = frozenset(
         "silofs.control.tls",
         "silofs.errors",
         "silofs.flight",
+        "silofs.heap",
         "silofs.logsetup",
         "silofs.records",
         "silofs.units",

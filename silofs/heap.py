@@ -1,14 +1,15 @@
-"""glibc's heap in the daemon: freed chunk buffers kept for the next ones, given back
-when admission is idle.
+"""glibc's heap in the daemon and the mounts: freed chunk buffers kept for the next ones.
 
-Owns two malloc settings of the daemon process and the call that hands its free heap
-back to the kernel. A cold read allocates a buffer per fetched chunk (its cache value,
-node/fetch.py) and admission frees it once committed; by default glibc gives freed
+Owns two malloc settings of a process and the call that hands its free heap back to the
+kernel. A cold read allocates a buffer per chunk: the daemon its cache value
+(node/fetch.py), freed once admission committed it; a mount its copy of the daemon's
+answer (mount/reader.py), freed when its buffer drops it. By default glibc gives freed
 buffers above a few MiB back to the kernel at once, and every next chunk's buffer is
 faulted in and zeroed page by page afresh (56 buffers of 4 MiB: ~57,000 minor faults,
 0.08-0.1 CPU-s of kernel time, every time; kept, none after the first). Never allocates
-and never decides what to keep: the Writer says when it is idle. Elsewhere than glibc
-on Linux this does nothing.
+and never decides how much to keep or when to give it back: the daemon's Writer gives
+it back when admission is idle, a mount keeps at most its chunk buffer's size. Elsewhere
+than glibc on Linux this does nothing.
 """
 
 from __future__ import annotations
