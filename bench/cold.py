@@ -272,6 +272,7 @@ def cold_small(
     small: dict[str, bytes],
     readers: int,
     args: argparse.Namespace,
+    tree: str | None = None,
 ) -> float:
     """files/s reading every small object once, cold, with `readers` threads, through a
     proxy that holds every response's first byte for --first-byte-ms."""
@@ -280,7 +281,7 @@ def cold_small(
     digests = {k: hashlib.blake2b(v, digest_size=16).digest() for k, v in small.items()}
     cache = 2 * sum(map(len, small.values())) + (256 << 20)
     with FaultProxy(upstream=up, faults=plan, max_connections=256) as proxy:
-        with fresh_mount(tmp, tag, proxy.url, cache, *args.mount_args) as (node, mp):
+        with fresh_mount(tmp, tag, proxy.url, cache, *args.mount_args, tree=tree) as (node, mp):
             pids = {"daemon": node.daemon_pid, "mount": node.mount_pid(mp)}
             keys = list(small)
             random.Random(readers).shuffle(keys)
@@ -468,25 +469,27 @@ def main() -> int:
                 if not args.skip_big:
                     table.append(big_pass(store, tmp, name, size, digest, args))
                 if not args.skip_small:
-                    figures = {}
+                    trees = {"": None, **({" (other)": args.other_tree} if args.other_tree else {})}
+                    figures: dict[tuple[int, str], Samples] = {}
                     for readers in (1, 8):
-                        figures[readers] = Samples(
-                            [
-                                cold_small(
-                                    store, tmp, f"{name}-small{readers}-{i}", small, readers, args
-                                )
-                                for i in range(args.runs)
-                            ]
-                        )
-                    x = ratio(figures[8].median, figures[1].median)
+                        got: dict[str, list[float]] = {t: [] for t in trees}
+                        for i in range(args.runs):  # the trees alternate run by run
+                            for t, tree in trees.items():
+                                tag = f"{name}-small{readers}{t.strip(' ()')}-{i}"
+                                rate = cold_small(store, tmp, tag, small, readers, args, tree)
+                                got[t].append(rate)
+                        for t in trees:
+                            figures[(readers, t)] = Samples(got[t])
+                    x = ratio(figures[(8, "")].median, figures[(1, "")].median)
                     print(f"cold 110 KiB files, {args.first_byte_ms:g} ms first byte, files/s:")
-                    for readers, s in figures.items():
-                        print(f"  {readers} reader(s)  {s.text('{:.0f}')}")
+                    for (readers, t), s in figures.items():
+                        print(f"  {readers} reader(s){t}  {s.text('{:.0f}')}")
                     print(f"  8 readers / 1 reader {x:.2f}x")
                     get_cost(store, small, args.runs)
                     table.append(
                         f"| {name} | cold 110 KiB, {args.first_byte_ms:g} ms | "
-                        f"1: {figures[1].text('{:.0f}')} files/s, 8: {figures[8].text('{:.0f}')} "
+                        f"1: {figures[(1, '')].text('{:.0f}')} files/s, "
+                        f"8: {figures[(8, '')].text('{:.0f}')} "
                         f"| | {x:.2f}x |"
                     )
             finally:
