@@ -256,15 +256,22 @@ class Writer:
                 n += 1
             part, batch = batch[:n], batch[n:]
             try:
-                await self._flush_part(part)
+                full = await self._flush_part(part)
             except BaseException:
-                for item in batch:  # never written: dropped, and said so
-                    self.stats.dropped_chunks += 1
-                    if self._pending.get(item.key) is item:
-                        del self._pending[item.key]
+                self._forget(batch, "dropped_chunks")  # never written: said so
                 raise
+            if full:  # the rest would not fit either (one warning, as for one txn)
+                self._forget(batch, "map_full_chunks")
+                return
 
-    async def _flush_part(self, batch: list[PendingChunk]) -> None:
+    def _forget(self, items: list[PendingChunk], counter: str) -> None:
+        setattr(self.stats, counter, getattr(self.stats, counter) + len(items))
+        for item in items:
+            if self._pending.get(item.key) is item:
+                del self._pending[item.key]
+
+    async def _flush_part(self, batch: list[PendingChunk]) -> bool:
+        """Admit one txn's worth; whether the map was full."""
         policy = self.policy()
         try:
             res: AdmitResult = await self._with_usage(
@@ -281,6 +288,7 @@ class Writer:
         self.stats.damaged_chunks += res.damaged
         self.stats.map_full_chunks += res.unplaced
         self.stats.map_full += int(res.full)
+        return res.full
 
     def _admit_batch(
         self, batch: list[PendingChunk], policy: QuotaPolicy, usage: dict[int, Usage]

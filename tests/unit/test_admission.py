@@ -377,6 +377,27 @@ def test_offers_a_full_map_refuses_are_not_counted_as_over_quota(tmp_path: Path)
         small.close()
 
 
+def test_a_write_in_several_txns_stops_at_the_full_map(tmp_path: Path) -> None:
+    small = WritableStore(str(tmp_path / "small"), 1 << 20)
+
+    async def main() -> None:
+        w = make_writer(small, batch_bytes=100_000)  # 4 chunks a txn
+        for i in range(80):
+            w.offer(chunk(1, i, size=20_000))
+        await w.flush()
+        s = w.stats
+        assert s.admitted_chunks > 0 and s.rejected_chunks == 0
+        assert s.admitted_chunks + s.map_full_chunks == 80
+        assert s.map_full == 1, "no txn tried after the first that hit the full map"
+        assert w.pending_chunks() == 0
+        check(small, w.usage)
+
+    try:
+        run(main)
+    finally:
+        small.close()
+
+
 def test_writer_respects_the_quota(store: WritableStore) -> None:
     async def main() -> None:
         w = make_writer(store, QuotaPolicy(550))
