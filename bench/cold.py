@@ -6,7 +6,10 @@ uploaded once per run; the "store allows" ceiling (one plain boto3 GET of the wh
 object, streamed in 1 MiB reads) and rclone's `rclone cat` of it when rclone is on PATH;
 then, each on a fresh silofs daemon and cache, a cold sequential read of the big object
 through a mount (MB/s, the range GETs the store saw, the daemon's and the mount's CPU
-split into user and kernel), and cold small files through tests/support/faultproxy.py adding
+split into user and kernel, and how long after the last byte the cache held all of it);
+the boto3 GET and the silofs read (and with `--other-tree DIR`, another checkout's
+silofs) alternate round by round, so each ratio compares passes that met the same load;
+and cold small files through tests/support/faultproxy.py adding
 `--first-byte-ms` (20 ms) before every response, with 1 and with 8 reader threads
 (files/s and their ratio, the daemon's and the mount's CPU per file, and the requests the
 daemon's S3 lean path handed to botocore), then the CPU of one whole 110 KiB GET in this
@@ -194,9 +197,10 @@ def profiled(args: argparse.Namespace, tag: str, pids: dict[str, int]) -> Iterat
 
 @contextmanager
 def fresh_mount(
-    tmp: Path, tag: str, url: str, cache: int, *args: str
+    tmp: Path, tag: str, url: str, cache: int, *args: str, tree: str | None = None
 ) -> Iterator[tuple[Node, str]]:
-    node = Node(tmp / f"node-{tag}", cache_size=cache)
+    path = [tree, os.path.join(tree, "silofs-ctl")] if tree else []
+    node = Node(tmp / f"node-{tag}", cache_size=cache, pythonpath=path)
     with node:
         node.start()
         mp = str(tmp / f"mnt-{tag}")
@@ -208,11 +212,20 @@ def fresh_mount(
 
 
 def cold_big(
-    store: Server, tmp: Path, tag: str, size: int, digest: str, args: argparse.Namespace
+    store: Server,
+    tmp: Path,
+    tag: str,
+    size: int,
+    digest: str,
+    args: argparse.Namespace,
+    tree: str | None = None,
 ) -> dict[str, float]:
-    """One cold sequential read of the big object through a fresh mount; the range GETs
-    are the daemon's count (remote_requests), so no proxy slows the bytes down."""
-    with fresh_mount(tmp, tag, store.endpoint_url, 2 * size + (256 << 20), *args.mount_args) as (
+    """One cold sequential read of the big object through a fresh mount (of the silofs
+    in `tree`, default this checkout); the range GETs are the daemon's count
+    (remote_requests), so no proxy slows the bytes down. Then waits until every byte is
+    admitted to the cache (the next epoch hits): the seconds that took after the read."""
+    cache = 2 * size + (256 << 20)
+    with fresh_mount(tmp, tag, store.endpoint_url, cache, *args.mount_args, tree=tree) as (
         node,
         mp,
     ):
@@ -235,9 +248,16 @@ def cold_big(
         cost = {k: ProcTimes.of(p).minus(before[k]) for k, p in pids.items()}
         assert n == size and h.hexdigest() == digest, "the mount read other bytes"
         gets = node.settle(mp, size).get("remote_requests", float("nan"))
+        wait_for(
+            lambda: node.status()["datasets"][0]["cached_bytes"] >= size,
+            120,
+            "every chunk of the big object to be admitted",
+        )
+        admitted_after = time.perf_counter() - t0 - secs
     return {
         "rate": size / secs / 1e6,
         "gets": gets,
+        "admitted_after": admitted_after,
         "daemon_user": cost["daemon"].user_s,
         "daemon_sys": cost["daemon"].sys_s,
         "mount_user": cost["mount"].user_s,
@@ -252,6 +272,7 @@ def cold_small(
     small: dict[str, bytes],
     readers: int,
     args: argparse.Namespace,
+    tree: str | None = None,
 ) -> float:
     """files/s reading every small object once, cold, with `readers` threads, through a
     proxy that holds every response's first byte for --first-byte-ms."""
@@ -260,7 +281,7 @@ def cold_small(
     digests = {k: hashlib.blake2b(v, digest_size=16).digest() for k, v in small.items()}
     cache = 2 * sum(map(len, small.values())) + (256 << 20)
     with FaultProxy(upstream=up, faults=plan, max_connections=256) as proxy:
-        with fresh_mount(tmp, tag, proxy.url, cache, *args.mount_args) as (node, mp):
+        with fresh_mount(tmp, tag, proxy.url, cache, *args.mount_args, tree=tree) as (node, mp):
             pids = {"daemon": node.daemon_pid, "mount": node.mount_pid(mp)}
             keys = list(small)
             random.Random(readers).shuffle(keys)
@@ -324,6 +345,66 @@ def get_cost(store: Server, small: dict[str, bytes], runs: int) -> None:
     )
 
 
+def big_pass(
+    store: Server, tmp: Path, name: str, size: int, digest: str, args: argparse.Namespace
+) -> str:
+    """The big file, `--runs` rounds; each round reads it with one boto3 GET, then
+    through silofs (and through --other-tree's silofs), so the ratios compare passes
+    that met the same load. rclone's figures come after the rounds. Its table row."""
+    trees = {"silofs": None, **({"other": args.other_tree} if args.other_tree else {})}
+    boto: list[float] = []
+    runs: dict[str, list[dict[str, float]]] = {t: [] for t in trees}
+    for i in range(args.runs):
+        boto.append(boto3_ceiling(store, size, digest))
+        for t, tree in trees.items():
+            runs[t].append(cold_big(store, tmp, f"{name}-{t}-big{i}", size, digest, args, tree))
+        print(
+            f"  round {i}: boto3 {boto[-1]:.0f} MB/s, "
+            + ", ".join(f"{t} {r[-1]['rate']:.0f}" for t, r in runs.items())
+        )
+    ceiling = Samples(boto)
+    rc = [r for _ in range(args.runs) if (r := rclone_rate(store, size))]
+    rcl = Samples(rc) if rc else None
+    rm = [
+        r
+        for i in range(args.runs)
+        if (r := rclone_mount_rate(store, tmp, f"{name}{i}", size, digest))
+    ]
+    rcm = Samples(rm) if rm else None
+    print(f"cold {args.big_mb} MiB sequential, MB/s (median, range of {args.runs}):")
+    print(f"  boto3 one GET (ceiling)  {ceiling.text('{:.0f}')}")
+    if rcl is not None:
+        print(f"  rclone cat               {rcl.text('{:.0f}')}")
+    else:
+        print("  rclone                   not installed")
+    if rcm is not None:
+        print(f"  rclone mount vfs full    {rcm.text('{:.0f}')}")
+    rows = []
+    for t, tree in trees.items():
+        rate = Samples([r["rate"] for r in runs[t]])
+        med = {k: Samples([r[k] for r in runs[t]]).median for k in runs[t][0]}
+        label = "silofs mount" if tree is None else f"silofs of {tree}"
+        print(f"  {label:<24} {rate.text('{:.0f}')}   {med['gets']:.0f} range GETs")
+        ratios = [f"silofs / boto3 {ratio(rate.median, ceiling.median):.2f}x"]
+        if rcl is not None:
+            ratios.append(f"silofs / rclone cat {ratio(rate.median, rcl.median):.2f}x")
+        if rcm is not None:
+            ratios.append(f"silofs / rclone mount {ratio(rate.median, rcm.median):.2f}x")
+        print("    " + "   ".join(ratios))
+        print(
+            f"    CPU s (median): daemon user {med['daemon_user']:.2f} sys "
+            f"{med['daemon_sys']:.2f}; mount user {med['mount_user']:.2f} "
+            f"sys {med['mount_sys']:.2f}; all admitted {med['admitted_after']:.2f} s "
+            "after the last byte was read"
+        )
+        if tree is None:
+            rows.append(
+                f"| {name} | cold {args.big_mb} MiB sequential | {rate.text('{:.0f}')} MB/s "
+                f"| boto3 {ceiling.median:.0f} MB/s | " + ", ".join(ratios) + " |"
+            )
+    return "\n".join(rows)
+
+
 _NO_PROFILE = argparse.Namespace(profile=None)
 
 
@@ -342,6 +423,12 @@ def main() -> int:
         "are then not comparable: py-spy takes CPU)",
     )
     ap.add_argument("--skip-big", action="store_true")
+    ap.add_argument(
+        "--other-tree",
+        metavar="DIR",
+        help="another silofs checkout whose daemon and mount read the big file too, in "
+        "every round right after this checkout's",
+    )
     ap.add_argument(
         "--mount-args", default="", help="extra `silofs mount` flags, e.g. '--chunk-size 1M'"
     )
@@ -380,81 +467,29 @@ def main() -> int:
                     f"in {time.perf_counter() - t0:.1f}s =="
                 )
                 if not args.skip_big:
-                    ceiling = Samples(
-                        [boto3_ceiling(store, size, digest) for _ in range(args.runs)]
-                    )
-                    rc = [r for _ in range(args.runs) if (r := rclone_rate(store, size))]
-                    rcl = Samples(rc) if rc else None
-                    rm = [
-                        r
-                        for i in range(args.runs)
-                        if (r := rclone_mount_rate(store, tmp, f"{name}{i}", size, digest))
-                    ]
-                    rcm = Samples(rm) if rm else None
-                    runs = [
-                        cold_big(store, tmp, f"{name}-big{i}", size, digest, args)
-                        for i in range(args.runs)
-                    ]
-                    rate = Samples([r["rate"] for r in runs])
-                    med = {k: Samples([r[k] for r in runs]).median for k in runs[0]}
-                    print(
-                        f"cold {args.big_mb} MiB sequential, MB/s (median, range of {args.runs}):"
-                    )
-                    print(f"  boto3 one GET (ceiling)  {ceiling.text('{:.0f}')}")
-                    if rcl is not None:
-                        print(f"  rclone cat               {rcl.text('{:.0f}')}")
-                    else:
-                        print("  rclone                   not installed")
-                    if rcm is not None:
-                        print(f"  rclone mount vfs full    {rcm.text('{:.0f}')}")
-                    print(
-                        f"  silofs mount             {rate.text('{:.0f}')}   "
-                        f"{med['gets']:.0f} range GETs"
-                    )
-                    ratios = [f"silofs / boto3 {ratio(rate.median, ceiling.median):.2f}x"]
-                    if rcl is not None:
-                        ratios.append(f"silofs / rclone cat {ratio(rate.median, rcl.median):.2f}x")
-                    if rcm is not None:
-                        ratios.append(
-                            f"silofs / rclone mount {ratio(rate.median, rcm.median):.2f}x"
-                        )
-                    print("  " + "   ".join(ratios))
-                    print(
-                        f"  CPU s (median): daemon user {med['daemon_user']:.2f} sys "
-                        f"{med['daemon_sys']:.2f}; mount user {med['mount_user']:.2f} "
-                        f"sys {med['mount_sys']:.2f}"
-                    )
-                    refs = [f"boto3 {ceiling.median:.0f}"]
-                    if rcl is not None:
-                        refs.append(f"rclone cat {rcl.median:.0f}")
-                    if rcm is not None:
-                        refs.append(f"rclone mount {rcm.median:.0f}")
-                    table.append(
-                        f"| {name} | cold {args.big_mb} MiB sequential "
-                        f"| {rate.text('{:.0f}')} MB/s | {', '.join(refs)} MB/s | "
-                        + ", ".join(ratios)
-                        + " |"
-                    )
+                    table.append(big_pass(store, tmp, name, size, digest, args))
                 if not args.skip_small:
-                    figures = {}
+                    trees = {"": None, **({" (other)": args.other_tree} if args.other_tree else {})}
+                    figures: dict[tuple[int, str], Samples] = {}
                     for readers in (1, 8):
-                        figures[readers] = Samples(
-                            [
-                                cold_small(
-                                    store, tmp, f"{name}-small{readers}-{i}", small, readers, args
-                                )
-                                for i in range(args.runs)
-                            ]
-                        )
-                    x = ratio(figures[8].median, figures[1].median)
+                        got: dict[str, list[float]] = {t: [] for t in trees}
+                        for i in range(args.runs):  # the trees alternate run by run
+                            for t, tree in trees.items():
+                                tag = f"{name}-small{readers}{t.strip(' ()')}-{i}"
+                                rate = cold_small(store, tmp, tag, small, readers, args, tree)
+                                got[t].append(rate)
+                        for t in trees:
+                            figures[(readers, t)] = Samples(got[t])
+                    x = ratio(figures[(8, "")].median, figures[(1, "")].median)
                     print(f"cold 110 KiB files, {args.first_byte_ms:g} ms first byte, files/s:")
-                    for readers, s in figures.items():
-                        print(f"  {readers} reader(s)  {s.text('{:.0f}')}")
+                    for (readers, t), s in figures.items():
+                        print(f"  {readers} reader(s){t}  {s.text('{:.0f}')}")
                     print(f"  8 readers / 1 reader {x:.2f}x")
                     get_cost(store, small, args.runs)
                     table.append(
                         f"| {name} | cold 110 KiB, {args.first_byte_ms:g} ms | "
-                        f"1: {figures[1].text('{:.0f}')} files/s, 8: {figures[8].text('{:.0f}')} "
+                        f"1: {figures[(1, '')].text('{:.0f}')} files/s, "
+                        f"8: {figures[(8, '')].text('{:.0f}')} "
                         f"| | {x:.2f}x |"
                     )
             finally:

@@ -137,22 +137,48 @@ def _blocks(length: int, shift: int) -> int:
     return (length + (1 << shift) - 1) >> shift
 
 
-def encode_chunk(
-    dataset: int, index: int, chunk_size: int, key: str, content_id: str, data: bytes | memoryview
-) -> bytes:
-    """Header + data as one value, block sums and header sum filled in. The data is
-    copied once, by the join (a cold read hands the value's own data on to the reader:
-    node/fetch.py); no buffer is zero-filled first."""
-    mv = memoryview(data)
-    n = len(mv)
-    sums = b"".join(_SUM.pack(_hash(mv[off : off + BLOCK_SIZE])) for off in range(0, n, BLOCK_SIZE))
-    var = _variable_part(key, content_id)
+def _header(dataset: int, index: int, chunk_size: int, data: memoryview, var: bytes) -> bytes:
+    """A value's whole header for `data`: fixed part, variable part, block sums, hdr_sum."""
+    n = len(data)
+    sums = b"".join(
+        _SUM.pack(_hash(data[off : off + BLOCK_SIZE])) for off in range(0, n, BLOCK_SIZE)
+    )
     hdr_len = _FIXED.size + len(var) + len(sums) + 8
     fixed = _FIXED.pack(
         MAGIC, FORMAT_VERSION, BLOCK_SHIFT, 0, hdr_len, dataset, index, chunk_size, n
     )
     header = fixed + var + sums
-    return b"".join((header, _SUM.pack(_hash(header)), mv))
+    return header + _SUM.pack(_hash(header))
+
+
+def encode_chunk(
+    dataset: int, index: int, chunk_size: int, key: str, content_id: str, data: bytes | memoryview
+) -> bytes:
+    """Header + data as one value, block sums and header sum filled in. The data is
+    copied once, by the join; no buffer is zero-filled first. A chunk read from a
+    stream is built in place instead (ChunkValue: no copy at all)."""
+    mv = memoryview(data)
+    return b"".join((_header(dataset, index, chunk_size, mv, _variable_part(key, content_id)), mv))
+
+
+class ChunkValue:
+    """A value built in place: the caller fills `data` (a view of the value's data part,
+    say a socket's recv_into), then seal() writes the header in front of it. The value
+    is what encode_chunk would return for those bytes, without their copy into it (a
+    cold read hands the value's own data on to the reader: node/fetch.py)."""
+
+    def __init__(self, length: int, key: str, content_id: str) -> None:
+        self._var = _variable_part(key, content_id)
+        self._hdr_len = _FIXED.size + len(self._var) + 8 * _blocks(length, BLOCK_SHIFT) + 8
+        self.value = bytearray(self._hdr_len + length)
+        self.data = memoryview(self.value)[self._hdr_len :]
+
+    def seal(self, dataset: int, index: int, chunk_size: int) -> bytearray:
+        """The value, its header written for the data as it is now."""
+        header = _header(dataset, index, chunk_size, self.data, self._var)
+        assert len(header) == self._hdr_len
+        self.value[: self._hdr_len] = header
+        return self.value
 
 
 def _parse(mv: memoryview) -> tuple[int, int, int, int, int, int, int, int, int, int]:

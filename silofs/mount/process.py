@@ -31,6 +31,7 @@ from collections.abc import Callable
 import pyfuse3
 import trio
 
+from silofs import heap
 from silofs.cache.listing import ListingReader
 from silofs.cache.store import CacheStore
 from silofs.config import MountSettings
@@ -270,6 +271,9 @@ class MountProcess:
             head_bytes=2 * self.s.read_ahead_kb << 10,
             reregister=self._reregister,
         )
+        # A cold read's chunks come in a fresh buffer each and leave the chunk buffer in
+        # turn: as much freed heap as it holds is kept for the next ones (silofs/heap.py).
+        heap.keep_freed(self.reader.buffer.max_bytes)
         self.reader.registered(self.mount_id, self.lru)
         look = Presentation(
             self.s.uid,

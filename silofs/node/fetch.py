@@ -21,7 +21,13 @@ import lmdb
 import trio
 
 from silofs.cache.bounds import FirstTime
-from silofs.cache.format import MAX_SPAN_CHUNKS, ChunkRef, checked_chunk, encode_chunk
+from silofs.cache.format import (
+    MAX_SPAN_CHUNKS,
+    ChunkRef,
+    ChunkValue,
+    checked_chunk,
+    encode_chunk,
+)
 from silofs.cache.store import CacheStore
 from silofs.flight import SingleFlight
 from silofs.node.backends.base import Backend, RangeStream, requests_made
@@ -177,7 +183,7 @@ class Fetcher:
         pending = {r.key for r in run}
         mine: list[bytes | memoryview] = []
 
-        def deliver(r: ChunkRef, data: memoryview, value: bytes) -> None:
+        def deliver(r: ChunkRef, data: memoryview, value: bytes | bytearray) -> None:
             again = replace and r.key == ref.key
             self.writer.offer(PendingChunk(dsid, r.key, value, r.length, replace=again))
             pending.discard(r.key)
@@ -251,7 +257,7 @@ class Fetcher:
         backend: Backend,
         limiter: TokenBucket,
         run: list[ChunkRef],
-        deliver: Callable[[ChunkRef, memoryview, bytes], None],
+        deliver: Callable[[ChunkRef, memoryview, bytes | bytearray], None],
         readahead: bool,
     ) -> int:
         """Fetch consecutive chunks, charged first, each delivered (in the trio thread)
@@ -304,6 +310,14 @@ class Fetcher:
             # in order, and before it learns that the thread returned (same queue).
             token.run_sync_soon(deliver, r, view, value)
 
+        def send_read(r: ChunkRef, stream: RangeStream) -> None:
+            # The stream's bytes land in the value itself: no copy between the socket
+            # and LMDB's put, nor to the reader's reply (it gets a view of the value).
+            built = ChunkValue(r.length, obj.key, obj.content_id)
+            stream.readinto(built.data)
+            value = built.seal(dsid, r.index, r.chunk_size)
+            token.run_sync_soon(deliver, r, built.data.toreadonly(), value)
+
         def fetch() -> RangeStream | None:
             nonlocal opened
             noted = requests_made()
@@ -316,7 +330,7 @@ class Fetcher:
             if stream is not None:
                 try:
                     for r in run:
-                        send(r, stream.read(r.length))
+                        send_read(r, stream)
                         done += 1
                 except Exception as exc:  # a broken stream: the rest by get_range
                     log.info("range stream of %s broke (%s); reading on without it", obj.key, exc)

@@ -62,7 +62,7 @@ class UnknownDataset(Exception):
 
 @dataclass
 class Served:
-    value: bytes | None  # the encoded chunk (header + data); None for a warm
+    value: bytes | bytearray | None  # the encoded chunk (header + data); None for a warm
     source: str  # "cache": no store GET for this ask; "remote": this ask's GET
     outcome: str = "served"  # a warm: held | admitted | full
 
@@ -223,14 +223,16 @@ class Home:
             return lookup()
         return await trio.to_thread.run_sync(lookup, limiter=self.lookups)
 
-    def _encoded(self, ds: DatasetState, ref: ChunkRef, data: bytes | memoryview) -> bytes:
+    def _encoded(
+        self, ds: DatasetState, ref: ChunkRef, data: bytes | memoryview
+    ) -> bytes | bytearray:
         pending = self.d.writer.pending(ref.key)
         if pending is not None:
             return pending
         o = ref.obj
         return encode_chunk(ds.id, ref.index, ref.chunk_size, o.key, o.content_id, data)
 
-    async def _answer(self, ask: ChunkAsk, value: bytes, source: str) -> Served:
+    async def _answer(self, ask: ChunkAsk, value: bytes | bytearray, source: str) -> Served:
         await self.serve_cap().charge(len(value))
         return Served(value, source)
 

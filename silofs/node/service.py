@@ -23,7 +23,7 @@ import time
 import lmdb
 import trio
 
-from silofs import __version__
+from silofs import __version__, heap
 from silofs.config import NodeSettings
 from silofs.control.peer import peer_may_change
 from silofs.control.server import (
@@ -273,6 +273,9 @@ def run_daemon(settings: NodeSettings, started_by: str = "manual") -> None:
     """Run the daemon in the foreground until SIGTERM/SIGINT (or idle exit). Raises
     SilofsError. `started_by` is "auto" when `silofs mount` started it."""
     tune_gc()
+    # Admission holds up to its queue's bound of chunk buffers, and as much again while
+    # a write runs: that much freed heap is kept for the next cold read (silofs/heap.py).
+    heap.keep_freed(2 * settings.admission_queue_bytes)
     nofile = raise_nofile()
     log.debug("open-files limit: %d", nofile)
     # Before anything slow (opening the cache, moving a damaged one aside): a SIGHUP

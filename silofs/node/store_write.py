@@ -55,7 +55,7 @@ class PendingChunk:
 
     dataset: int
     key: bytes
-    value: bytes  # encoded (header + data)
+    value: bytes | bytearray  # encoded (header + data); never changed once offered
     data_len: int
     replace: bool = False  # overwrite a cached value that failed verification
 

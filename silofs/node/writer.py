@@ -4,6 +4,15 @@ Owns the Writer: the only code that opens LMDB write txns, batching admissions i
 large txns from one thread and carrying out the quota policy (silofs/node/quota.py) on
 them. Never decides quotas, never fetches and never serves reads; a full queue drops an
 admission (the chunk is admitted on a later miss) rather than slow a reader down.
+
+Admission holds its queue while offers keep coming (a cold read streaming in): it writes
+once they pause for batch_seconds, once the queue is within one batch (batch_bytes, at
+most half the queue) of its bound, or HOLD_SECONDS (at least batch_seconds) after the
+first offer it holds, whichever comes first, in txns of at most batch_bytes each. Its
+writes (LMDB's copy of every value, then the page cache's) then run after the reads,
+not beside them on the same cores; the queue's bound (admission_queue_bytes) is the
+memory this takes, as before, and the batch left free is room for what arrives before
+the write begins (the queue is empty again once it has), so holding drops nothing.
 """
 
 from __future__ import annotations
@@ -18,6 +27,7 @@ from typing import Any, TypeVar
 
 import trio
 
+from silofs import heap
 from silofs.cache.store import Usage
 from silofs.node.lru_index import LruIndex
 from silofs.node.quota import QuotaPolicy
@@ -33,6 +43,12 @@ T = TypeVar("T")
 # on moto 146 -> 178 MB/s, docs/RESULTS.md 2026-11-27); its queue
 # (admission_queue_bytes) holds what it has not written yet.
 ADMIT_NICE = 10
+# The longest admission holds its queue while offers keep coming (module docstring),
+# from the first offer held: what a kill -9 of the daemon may cost in refetches.
+HOLD_SECONDS = 5.0
+# After admitting, the daemon keeps its freed chunk buffers for the next cold read
+# (silofs/heap.py) until no offer came for this long, then gives them back.
+IDLE_GIVE_BACK_SECONDS = 10.0
 
 
 @dataclass
@@ -164,7 +180,7 @@ class Writer:
         is in LMDB or was turned away."""
         return len(self._pending)
 
-    def pending(self, key: bytes) -> bytes | None:
+    def pending(self, key: bytes) -> bytes | bytearray | None:
         """The encoded value of a chunk offered and not yet committed, if there is one."""
         item = self._pending.get(key)
         return None if item is None else item.value
@@ -203,20 +219,59 @@ class Writer:
     async def run(self) -> None:
         """The admission loop. The daemon runs it and sync_loop() under supervision
         (node/supervise.py): a failed batch is logged and the loop restarted."""
+        wrote = False
         while True:
-            await self._wakeup.wait()
-            # Let a batch build up: one txn per ~50 ms or 32 MiB, not one per chunk.
-            with trio.move_on_after(self.batch_seconds):
-                while self._queued < self.batch_bytes:
-                    self._wakeup = trio.Event()
-                    await self._wakeup.wait()
+            with trio.move_on_after(IDLE_GIVE_BACK_SECONDS) as idle:
+                await self._wakeup.wait()
+            if idle.cancelled_caught:
+                if wrote:  # the buffers of what it admitted, kept meanwhile
+                    await trio.to_thread.run_sync(heap.give_back)
+                    wrote = False
+                continue
+            await self._hold()
             await self.flush()
+            wrote = True
+
+    async def _hold(self) -> None:
+        """Wait while offers keep coming (module docstring): until none came for
+        batch_seconds, the queue is within one batch of its bound, or HOLD_SECONDS
+        passed."""
+        hold_bytes = self.queue_bytes - min(self.batch_bytes, self.queue_bytes // 2)
+        with trio.move_on_after(max(HOLD_SECONDS, self.batch_seconds)):
+            while self._queued < hold_bytes:
+                self._wakeup = trio.Event()
+                with trio.move_on_after(self.batch_seconds) as quiet:
+                    await self._wakeup.wait()
+                if quiet.cancelled_caught:
+                    return
 
     async def flush(self) -> None:
+        """Write everything queued, in txns of at most batch_bytes (and one chunk)."""
         batch, self._queue, self._queued = self._queue, [], 0
         self._wakeup = trio.Event()
-        if not batch:
-            return
+        while batch:
+            size, n = 0, 0
+            while n < len(batch) and (n == 0 or size + len(batch[n].value) <= self.batch_bytes):
+                size += len(batch[n].value)
+                n += 1
+            part, batch = batch[:n], batch[n:]
+            try:
+                full = await self._flush_part(part)
+            except BaseException:
+                self._forget(batch, "dropped_chunks")  # never written: said so
+                raise
+            if full:  # the rest would not fit either (one warning, as for one txn)
+                self._forget(batch, "map_full_chunks")
+                return
+
+    def _forget(self, items: list[PendingChunk], counter: str) -> None:
+        setattr(self.stats, counter, getattr(self.stats, counter) + len(items))
+        for item in items:
+            if self._pending.get(item.key) is item:
+                del self._pending[item.key]
+
+    async def _flush_part(self, batch: list[PendingChunk]) -> bool:
+        """Admit one txn's worth; whether the map was full."""
         policy = self.policy()
         try:
             res: AdmitResult = await self._with_usage(
@@ -233,6 +288,7 @@ class Writer:
         self.stats.damaged_chunks += res.damaged
         self.stats.map_full_chunks += res.unplaced
         self.stats.map_full += int(res.full)
+        return res.full
 
     def _admit_batch(
         self, batch: list[PendingChunk], policy: QuotaPolicy, usage: dict[int, Usage]

@@ -118,10 +118,15 @@ def test_kill_9_of_the_daemon_during_admission(
     total = sum(map(len, tree.values()))
     local_store.apply_env(monkeypatch)
     local_store.create(bucket_name, tree)
-    node = make_node()
+    # Admission holds its queue while reads keep coming (node/writer.py): a small queue
+    # makes it write while they go on, so the kill lands among its txns.
+    config = tmp_path / "small-queue.toml"
+    config.write_text('[daemon]\nadmission_queue_bytes = "4160K"\nwriter_batch_bytes = "256K"\n')
+    node = make_node(args=("--config", str(config)))
     mp = node.mount(local_store.uri(bucket_name), tmp_path / "mnt")
     reader = _read_in_background(mp, tree)
     wait_for(lambda: node.mount_status(str(mp))["bytes_read"] > total // 3, what="reads")
+    wait_for(lambda: node.status()["datasets"][0]["cached_bytes"] > 0, what="a first admission")
     node.kill9()
     # Reads that miss while no daemon answers fail (EIO) until it is back: a connect
     # after the kill is refused, one made just before it is reset mid-request.

@@ -83,6 +83,38 @@ def test_lists_and_reads_on_the_lean_path(s3_server: S3Server, bucket: str) -> N
     assert fanned_calls == [] and fanned.counters.lean_fallbacks == 0
 
 
+def test_a_range_stream_fills_a_buffer_from_the_connection(
+    s3_server: S3Server, bucket: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """readinto takes the body's bytes straight off the connection, not through
+    urllib3's read (a bytes object copied into the buffer), and stops at the range."""
+    import urllib3.response
+
+    backend = _backend(s3_server.endpoint_url, bucket, page_size=1000, list_workers=1)
+    info = next(i for i in backend.list() if i.size > 2000)
+    data = DATA["ds/" + info.key]
+    urllib3_reads: list[int | None] = []
+    read = urllib3.response.HTTPResponse.read
+
+    def counted(self: urllib3.response.HTTPResponse, amt: int | None = None, **kw: object) -> bytes:
+        urllib3_reads.append(amt)
+        return read(self, amt, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(urllib3.response.HTTPResponse, "read", counted)
+    stream = backend.open_range(info, 10, 1990)
+    assert stream is not None
+    buf = bytearray(1990)
+    view = memoryview(buf)
+    stream.readinto(view[:1000])
+    stream.readinto(view[1000:])
+    assert buf == data[10:2000] and stream.pos == stream.end
+    with pytest.raises(ValueError):
+        stream.readinto(memoryview(bytearray(1)))  # past the range
+    stream.close()
+    assert urllib3_reads == []
+    assert backend.counters.lean_fallbacks == 0
+
+
 @pytest.fixture(scope="module")
 def signing_moto() -> Iterator[tuple[S3Server, dict[str, str]]]:
     """A moto that checks SigV4 signatures: three unauthenticated IAM calls make a user

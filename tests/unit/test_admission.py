@@ -263,14 +263,14 @@ def test_run_batches_offers_within_the_batch_window(
     run(main)
 
 
-def test_run_flushes_early_when_the_batch_is_big(
+def test_run_flushes_early_when_the_queue_is_a_batch_from_full(
     store: WritableStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     spy = AdmitSpy(store, monkeypatch)
     size = len(chunk(1, 0).value)
 
     async def main() -> None:
-        w = make_writer(store, batch_bytes=3 * size, batch_seconds=10)
+        w = make_writer(store, batch_bytes=size, queue_bytes=4 * size, batch_seconds=10)
         done = trio.Event()
         real_flush = w.flush
 
@@ -287,8 +287,56 @@ def test_run_flushes_early_when_the_batch_is_big(
                 w.offer(chunk(1, i))
             await done.wait()
             assert trio.current_time() - t0 < 1, "did not wait for the 10 s window"
-            assert spy.batches == [3]
+            assert spy.batches == [1, 1, 1], "in txns of batch_bytes"
             nursery.cancel_scope.cancel()
+
+    run(main)
+
+
+def test_run_holds_the_queue_while_offers_keep_coming(
+    store: WritableStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stream of offers (a cold read) is written once it pauses, in txns of at most
+    batch_bytes; one that never pauses is written HOLD_SECONDS after its first offer."""
+    from silofs.node.writer import HOLD_SECONDS
+
+    spy = AdmitSpy(store, monkeypatch)
+    size = len(chunk(1, 0).value)
+
+    async def main() -> None:
+        w = make_writer(store, batch_bytes=3 * size, batch_seconds=0.05)
+        flushed: list[float] = []  # when each flush began
+        done = [trio.Event(), trio.Event()]
+        real_flush = w.flush
+
+        async def flush() -> None:
+            flushed.append(trio.current_time())
+            await real_flush()
+            done[len(flushed) - 1].set()
+
+        w.flush = flush  # type: ignore[method-assign]
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(w.run)
+            await trio.testing.wait_all_tasks_blocked()
+            t0 = trio.current_time()
+            for i in range(10):  # 0.04 s apart: never a pause of batch_seconds
+                w.offer(chunk(1, i))
+                await trio.sleep(0.04)
+            assert flushed == [], "written while offers kept coming"
+            await done[0].wait()
+            assert spy.batches == [3, 3, 3, 1]
+            assert 0.41 - 1e-9 <= flushed[0] - t0 <= 0.42
+            # Offers that never pause: written HOLD_SECONDS after the first.
+            t1 = trio.current_time()
+            i = 10
+            while not len(flushed) > 1:
+                w.offer(chunk(1, i))
+                i += 1
+                await trio.sleep(0.04)
+            await done[1].wait()
+            assert HOLD_SECONDS - 1e-9 <= flushed[1] - t1 <= HOLD_SECONDS + 0.05
+            nursery.cancel_scope.cancel()
+        check(store, w.usage)
 
     run(main)
 
@@ -322,6 +370,27 @@ def test_offers_a_full_map_refuses_are_not_counted_as_over_quota(tmp_path: Path)
         s = w.stats
         assert (s.admitted_chunks, s.rejected_chunks, s.map_full_chunks) == (0, 0, 80)
         assert s.map_full >= 1 and s.damaged_chunks == 0
+
+    try:
+        run(main)
+    finally:
+        small.close()
+
+
+def test_a_write_in_several_txns_stops_at_the_full_map(tmp_path: Path) -> None:
+    small = WritableStore(str(tmp_path / "small"), 1 << 20)
+
+    async def main() -> None:
+        w = make_writer(small, batch_bytes=100_000)  # 4 chunks a txn
+        for i in range(80):
+            w.offer(chunk(1, i, size=20_000))
+        await w.flush()
+        s = w.stats
+        assert s.admitted_chunks > 0 and s.rejected_chunks == 0
+        assert s.admitted_chunks + s.map_full_chunks == 80
+        assert s.map_full == 1, "no txn tried after the first that hit the full map"
+        assert w.pending_chunks() == 0
+        check(small, w.usage)
 
     try:
         run(main)
@@ -551,5 +620,47 @@ def test_pooled_lru_never_evicts_uniform_or_allocated_datasets(store: WritableSt
         assert w.usage[1] == Usage(200, 2) and w.usage[2] == Usage(200, 2)
         assert w.usage[3] == Usage(400, 4) and w.usage[4] == Usage(200, 2)
         check(store, w.usage)
+
+    run(main)
+
+
+def test_run_gives_the_heap_back_once_idle_after_writing(
+    store: WritableStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from silofs import heap
+    from silofs.node.writer import IDLE_GIVE_BACK_SECONDS
+
+    given: list[int] = []
+    monkeypatch.setattr(heap, "give_back", lambda: given.append(1))
+
+    async def main() -> None:
+        w = make_writer(store, batch_seconds=0.05)
+        written = trio.Event()
+        real_flush = w.flush
+
+        async def flush() -> None:
+            await real_flush()
+            written.set()
+
+        w.flush = flush  # type: ignore[method-assign]
+
+        async def given_after(n: int) -> float:
+            t0 = trio.current_time()
+            while len(given) < n:
+                await trio.sleep(0.01)
+            return trio.current_time() - t0
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(w.run)
+            await trio.sleep(3 * IDLE_GIVE_BACK_SECONDS)
+            assert given == [], "nothing admitted: nothing to give back"
+            for n in (1, 2):
+                written = trio.Event()
+                w.offer(chunk(1, n))
+                await written.wait()
+                assert await given_after(n) >= IDLE_GIVE_BACK_SECONDS - 0.02
+                await trio.sleep(3 * IDLE_GIVE_BACK_SECONDS)
+                assert len(given) == n, "once per idle spell"
+            nursery.cancel_scope.cancel()
 
     run(main)

@@ -24,6 +24,7 @@ from silofs.cache.format import (
     MAGIC,
     ChunkFormatError,
     ChunkRef,
+    ChunkValue,
     StaleFormatError,
     checked_chunk,
     chunk_key,
@@ -345,3 +346,14 @@ def test_a_flip_is_detected_exactly_when_its_block_is_served(
     else:  # outside what is served: not looked at (the next read of it will be)
         view = verify_chunk(bytes(value), "c", 1 << 20, 0, size, lo, hi)
         assert bytes(view[lo:hi]) == data[lo:hi]
+
+
+@pytest.mark.parametrize("length", [0, 1, BLOCK_SIZE - 1, BLOCK_SIZE, 3 * BLOCK_SIZE + 5])
+def test_a_value_built_in_place_is_the_encoded_value(length: int) -> None:
+    data = bytes(range(256)) * (length // 256) + bytes(length % 256)
+    built = ChunkValue(length, "dir/ünï.bin", "etag-1:9")
+    assert len(built.data) == length
+    built.data[:] = data
+    value = built.seal(7, 3, 4 << 20)
+    assert value == encode_chunk(7, 3, 4 << 20, "dir/ünï.bin", "etag-1:9", data)
+    assert verify_chunk(value, "etag-1:9", 4 << 20, 3, length) == data

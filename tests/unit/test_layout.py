@@ -51,6 +51,7 @@ FLOOR = frozenset(
         "silofs.control.tls",
         "silofs.errors",
         "silofs.flight",
+        "silofs.heap",
         "silofs.logsetup",
         "silofs.records",
         "silofs.units",
@@ -81,6 +82,7 @@ PACKAGE_INITS = frozenset({"silofs", "silofs.cache", "silofs.control"})
 FORMAT = frozenset(
     {
         ("silofs.cache.format", "ChunkHeader"),
+        ("silofs.cache.format", "ChunkValue"),
         ("silofs.cache.format", "KEY_SIZE"),
         ("silofs.cache.format", "decode_header"),
         ("silofs.cache.format", "encode_chunk"),

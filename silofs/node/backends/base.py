@@ -389,6 +389,31 @@ class RangeStream:
         self.pos += want
         return parts[0] if len(parts) == 1 else b"".join(parts)
 
+    def readinto(self, buf: memoryview) -> None:
+        """Fill `buf` with the next len(buf) bytes; TransientError if the body ends
+        first. A body with a readinto of its own (a socket's recv_into underneath) fills
+        it directly; another is read and copied."""
+        want = len(buf)
+        if want > self.end - self.pos:
+            raise ValueError(f"{want} bytes asked of a stream with {self.end - self.pos} left")
+        fill = getattr(self._body, "readinto", None)
+        got = 0
+        while got < want:
+            if fill is not None:
+                n = fill(buf[got:])
+            else:
+                piece = self._body.read(want - got)
+                n = len(piece)
+                buf[got : got + n] = piece
+            if not n:
+                self._counters.short_reads += 1
+                raise TransientError(
+                    f"short read from {self._what}: the stream ended at {self.pos + got} "
+                    f"of {self.end}"
+                )
+            got += n
+        self.pos += want
+
     def close(self) -> None:
         try:
             self._body.close()

@@ -22,6 +22,7 @@ reads credentials from anywhere but the boto3 session, never writes to the bucke
 
 from __future__ import annotations
 
+import http.client
 import logging
 import re
 import threading
@@ -44,6 +45,32 @@ log = logging.getLogger(__name__)
 # (unquoted), LastModified (epoch seconds).
 Item = tuple[str, int, str, float]
 _NS = "{http://s3.amazonaws.com/doc/2006-03-01/}"
+
+
+class _Body(StreamingBody):
+    """botocore's StreamingBody, plus a readinto that receives straight into the
+    caller's buffer (a cold read's chunk value: node/fetch.py): urllib3 2's readinto
+    reads a bytes object and copies it, a second copy of every byte. It reads from the
+    http.client response under urllib3 while urllib3 has nothing to decode and nothing
+    of the body buffered, and through read() otherwise; a body read this way is read so
+    to its end or closed, never read by urllib3 after it."""
+
+    def readinto(self, buf: memoryview) -> int:
+        raw = self._raw_stream
+        fp = getattr(raw, "_fp", None)
+        buffered = getattr(raw, "_decoded_buffer", None)
+        if (
+            isinstance(fp, http.client.HTTPResponse)
+            and not raw.headers.get("content-encoding")
+            and buffered is not None
+            and not len(buffered)
+        ):
+            n = fp.readinto(buf)
+            self._amount_read += n
+            return n
+        piece = self.read(len(buf))  # counted there
+        buf[: len(piece)] = piece
+        return len(piece)
 
 
 class Fallback(Exception):
@@ -385,5 +412,5 @@ class LeanS3:
         if checksum:
             handle_checksum_body(resp, response, {"checksum": self._checksum_ctx}, self._get_model)
         length = got.get("content-length")
-        body = response["body"] or StreamingBody(resp.raw, int(length) if length else None)
+        body = response["body"] or _Body(resp.raw, int(length) if length else None)
         return got, body
