@@ -298,14 +298,14 @@ def summary(runs: list[Run]) -> str:
 def fig13_table(runs: list[Run]) -> str:
     rows = ["Figure 13: time-averaged Eq. 8 objective under Gavel (paper beside)"]
     traces = list(dict.fromkeys(r.trace for r in runs))
-    rows.append(f"{'cache':8} " + " ".join(f"{t[-20:]:>20}" for t in traces) + f" {'paper':>6}")
+    rows.append(f"{'cache':8} " + " ".join(f"{t[-22:]:>22}" for t in traces) + f" {'paper':>6}")
     for cache in CACHE_CHOICES:
         cells = []
         for trace in traces:
             pick = [
                 r for r in runs if r.trace == trace and r.scheduler == "gavel" and r.cache == cache
             ]
-            cells.append(f"{pick[0].eq8:20.2f}" if pick else f"{'-':>20}")
+            cells.append(f"{pick[0].eq8:22.2f}" if pick else f"{'-':>22}")
         rows.append(f"{cache:8} " + " ".join(cells) + f" {PAPER_FIG13[cache]:6.2f}")
     return "\n".join(rows)
 
