@@ -17,6 +17,13 @@ from the first arrival to the last finish). Never: changes what the simulator do
     python bench/silod_fig12.py --json > fig12.json     # every run, for scripts
     python bench/silod_fig12.py --plot fig12.png        # the two figures (matplotlib)
     python bench/silod_fig12.py --write-traces DIR      # the TOML files, then stop
+    python bench/silod_fig12.py --nodes 12 --explain    # a quarter of the cluster, per class
+
+--nodes N builds the cluster on N nodes with the link, the number of jobs and the teams
+scaled by N/50 (the same load per GPU: the 12-node traces show what the 50-node ones do
+in a fifth of the time). --explain adds, per run, the cluster's remote bytes and hit
+ratio and, per model and dataset, the jobs' average JCT, data read, hit ratio and
+remote bytes: where the link went.
 
 A trace written with --write-traces runs alone with `silofs-ctl simulate FILE
 --scheduler S --cache C --json`. --workers N runs N simulations at once (one process
@@ -28,10 +35,11 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -74,15 +82,27 @@ class Run:
     cpu_s: float
     steps: int
     error: str = ""  # the simulator gave up (its step limit): no figures
+    # per model/dataset: (jobs, average JCT h, data read PB, hit ratio, remote PB)
+    classes: dict[str, tuple[int, float, float, float, float]] = field(default_factory=dict)
 
 
-def shape(link: str) -> TraceShape:
-    teams = NODES * GPUS_PER_NODE // TEAM_GPUS
+def scaled(link: str, nodes: int) -> str:
+    """The link for a cluster of `nodes` with the same bandwidth per GPU as `link` has
+    at NODES (decimal units, as scenario files read them)."""
+    m = re.fullmatch(r"([0-9.]+)\s*([MG])B/s", link)
+    if not m:
+        raise SystemExit(f"silod_fig12: cannot read link {link!r} (e.g. 2GB/s, 500MB/s)")
+    mb = float(m.group(1)) * (1000 if m.group(2) == "G" else 1) * nodes / NODES
+    return f"{mb:g}MB/s"
+
+
+def shape(link: str, nodes: int = NODES) -> TraceShape:
+    teams = nodes * GPUS_PER_NODE // TEAM_GPUS
     return TraceShape(
-        nodes=NODES,
+        nodes=nodes,
         gpus_per_node=GPUS_PER_NODE,
         cache_per_node=CACHE_PER_NODE,
-        remote_io=link,
+        remote_io=link if nodes == NODES else scaled(link, nodes),
         days=DAYS,
         min_hours=0.5,
         max_hours=96.0,
@@ -90,12 +110,35 @@ def shape(link: str) -> TraceShape:
     )
 
 
-def trace_name(link: str, jobs: int, seed: int) -> str:
-    return f"fig12-{link.replace('/', '')}-{jobs}-s{seed}"
+def trace_name(link: str, jobs: int, seed: int, nodes: int = NODES) -> str:
+    where = "" if nodes == NODES else f"-{nodes}n"
+    return f"fig12-{link.replace('/', '')}{where}-{jobs}-s{seed}"
 
 
-def trace_text(link: str, jobs: int, seed: int) -> str:
-    return generate_trace(jobs, seed, shape(link))
+def trace_text(link: str, jobs: int, seed: int, nodes: int = NODES) -> str:
+    return generate_trace(jobs, seed, shape(link, nodes))
+
+
+def by_class(result: SimResult) -> dict[str, tuple[int, float, float, float, float]]:
+    """Per model/dataset (team copies together): jobs, average JCT (h) of those that
+    finished, data read (PB), hit ratio, remote bytes (PB)."""
+    groups: dict[str, list] = {}
+    for j in result.jobs:
+        key = f"{j.name.rsplit('-', 1)[0]}/{j.dataset.rsplit('-team', 1)[0]}"
+        groups.setdefault(key, []).append(j)
+    out = {}
+    for key in sorted(groups):
+        jobs = groups[key]
+        done = [j.jct for j in jobs if j.jct is not None]
+        read = sum(j.bytes_read for j in jobs)
+        out[key] = (
+            len(jobs),
+            sum(done) / len(done) / 3600 if done else math.nan,
+            read / 1e15,
+            sum(j.hit_bytes for j in jobs) / read if read > 0 else math.nan,
+            sum(j.remote_bytes for j in jobs) / 1e15,
+        )
+    return out
 
 
 def eq8(result: SimResult) -> float:
@@ -137,12 +180,34 @@ def run_pair(text: str, name: str, pair: str) -> Run:
         len(result.jobs),
         cpu,
         sim.steps,
+        classes=by_class(result),
     )
 
 
-def _run_job(args: tuple[str, int, int, str]) -> Run:
-    link, jobs, seed, pair = args
-    return run_pair(trace_text(link, jobs, seed), trace_name(link, jobs, seed), pair)
+def _run_job(args: tuple[str, int, int, str, int]) -> Run:
+    link, jobs, seed, pair, nodes = args
+    name = trace_name(link, jobs, seed, nodes)
+    return run_pair(trace_text(link, jobs, seed, nodes), name, pair)
+
+
+def explain(runs: list[Run]) -> str:
+    """Per run: where the link went (remote bytes and hit ratio, in all and per class)."""
+    rows = []
+    for r in runs:
+        if r.error or not r.classes:
+            continue
+        read = sum(c[2] for c in r.classes.values())
+        remote = sum(c[4] for c in r.classes.values())
+        hits = sum(c[2] * c[3] for c in r.classes.values() if not math.isnan(c[3]))
+        rows.append(
+            f"== {r.trace} {r.scheduler}:{r.cache}: read {read:.2f} PB, remote {remote:.2f} PB, "
+            f"hit ratio {hits / read if read else math.nan:.3f}"
+        )
+        head = f"  {'model/dataset':30} {'jobs':>5} {'avg JCT':>8} {'read':>8} {'hit':>6}"
+        rows.append(f"{head} {'remote':>8}")
+        for key, (n, jct, got, hit, rem) in r.classes.items():
+            rows.append(f"  {key:30} {n:5} {jct:7.1f}h {got:5.2f} PB {hit:6.3f} {rem:5.2f} PB")
+    return "\n".join(rows)
 
 
 def progress(r: Run) -> None:
@@ -233,14 +298,14 @@ def summary(runs: list[Run]) -> str:
 def fig13_table(runs: list[Run]) -> str:
     rows = ["Figure 13: time-averaged Eq. 8 objective under Gavel (paper beside)"]
     traces = list(dict.fromkeys(r.trace for r in runs))
-    rows.append(f"{'cache':8} " + " ".join(f"{t[-20:]:>20}" for t in traces) + f" {'paper':>6}")
+    rows.append(f"{'cache':8} " + " ".join(f"{t[-22:]:>22}" for t in traces) + f" {'paper':>6}")
     for cache in CACHE_CHOICES:
         cells = []
         for trace in traces:
             pick = [
                 r for r in runs if r.trace == trace and r.scheduler == "gavel" and r.cache == cache
             ]
-            cells.append(f"{pick[0].eq8:20.2f}" if pick else f"{'-':>20}")
+            cells.append(f"{pick[0].eq8:22.2f}" if pick else f"{'-':>22}")
         rows.append(f"{cache:8} " + " ".join(cells) + f" {PAPER_FIG13[cache]:6.2f}")
     return "\n".join(rows)
 
@@ -298,7 +363,11 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     parser.add_argument("--links", nargs="+", default=["2GB/s", "4GB/s"])
-    parser.add_argument("--jobs", type=int, default=4000)
+    parser.add_argument("--jobs", type=int, help="jobs per trace (default 4000 x nodes/50)")
+    parser.add_argument(
+        "--nodes", type=int, default=NODES, help="cluster size; link and teams scale with it"
+    )
+    parser.add_argument("--explain", action="store_true", help="remote bytes per class")
     parser.add_argument(
         "--pairs",
         nargs="+",
@@ -310,17 +379,21 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--plot", metavar="FILE.png", help="draw Figures 12 and 13")
     parser.add_argument("--write-traces", metavar="DIR", help="write the traces and stop")
     args = parser.parse_args(argv)
+    if args.nodes < 2:
+        parser.error("--nodes must be at least 2 (a team is 16 GPUs)")
+    if args.jobs is None:
+        args.jobs = round(4000 * args.nodes / NODES)
     if args.write_traces:
         out = Path(args.write_traces)
         out.mkdir(parents=True, exist_ok=True)
         for link in args.links:
             for seed in args.seeds:
-                path = out / f"{trace_name(link, args.jobs, seed)}.toml"
-                path.write_text(trace_text(link, args.jobs, seed))
+                path = out / f"{trace_name(link, args.jobs, seed, args.nodes)}.toml"
+                path.write_text(trace_text(link, args.jobs, seed, args.nodes))
                 print(path)
         return 0
     work = [
-        (link, args.jobs, seed, pair)
+        (link, args.jobs, seed, pair, args.nodes)
         for link in args.links
         for seed in args.seeds
         for pair in args.pairs
@@ -343,6 +416,9 @@ def main(argv: list[str]) -> int:
         print(fig13_table(runs))
         print()
         print(summary(runs))
+        if args.explain:
+            print()
+            print(explain(runs))
     if args.plot:
         plot(runs, args.plot)
     return 0

@@ -293,6 +293,27 @@ def test_coordl_static_share_follows_gpus_on_the_node() -> None:
     assert alloc.cache["b"] == pytest.approx(50 * GB)  # 400 GB of disk, but d = 50 GB
 
 
+def test_coordl_time_shared_jobs_never_hold_more_than_the_disks() -> None:
+    # Gavel time-shares: 3 jobs asking 8 + 8 + 4 GPUs on a 16-GPU cluster have no
+    # placement. Each used to get its GPUs' slice of all disks (1 TB, 1 TB, 0.5 TB of a
+    # 2 TB cluster); now they divide the 2 TB by the GPUs they ask for. (A unit per
+    # job, as the simulator gives CoorDL.)
+    c = Cluster.pooled(
+        {"n0": 8, "n1": 8}, {"n0": 1 * TB, "n1": 1 * TB}, 100 * MB, dict.fromkeys("xyz", 5 * TB)
+    )
+    jobs = [job("x", "x", 100 * MB, gpus=8), job("y", "y", 100 * MB, gpus=8)]
+    jobs.append(job("z", "z", 100 * MB, gpus=4))
+    alloc = Allocation(gpu_share={"x": 0.4, "y": 0.4, "z": 0.4})
+    CoordlCache().fill_cache(jobs, c, alloc)
+    assert sum(alloc.cache.values()) == pytest.approx(2 * TB)
+    assert alloc.cache["x"] == pytest.approx(0.8 * TB)
+    assert alloc.cache["z"] == pytest.approx(0.4 * TB)
+    # Asking for no more GPUs than there are, each keeps its GPUs' slice.
+    alloc = Allocation(gpu_share={"x": 1.0, "y": 0.0, "z": 1.0})
+    CoordlCache().fill_cache(jobs, c, alloc)
+    assert alloc.cache == {"x": pytest.approx(1 * TB), "z": pytest.approx(0.5 * TB)}
+
+
 def test_alluxio_only_marks_lru() -> None:
     jobs, c = figure4()
     alloc = running(jobs)

@@ -7,7 +7,9 @@ the GPUs it holds there, and is never shared with another job, even on the same 
 Never: moves cache between jobs according to benefit; that is what it lacks.
 
 The simulator gives every job a private cache unit ("job:NAME") when this baseline runs.
-A job time-shared by Gavel has no placement; it gets its GPU fraction of all disks.
+A job time-shared by Gavel has no placement: the time-shared jobs divide the disks (what
+placed jobs leave) in proportion to the GPUs they request, each at most its GPUs' slice,
+so that together they never hold more than the disks do.
 """
 
 from __future__ import annotations
@@ -37,11 +39,11 @@ class CoordlCache:
     reads: frozenset[str] = frozenset()  # a job's cache follows its GPUs and placement
 
     def fill_cache(self, jobs: Sequence[Job], cluster: Cluster, alloc: Allocation) -> None:
-        cache: dict[str, float] = {}
-        # static_share's time-shared case, with the cluster's totals summed once
-        total_gpus, total_cache = cluster.total_gpus, cluster.total_cache
-        gpu_share, placements, units = alloc.gpu_share, alloc.placement, cluster.units
+        shares: dict[str, float] = {}
+        gpu_share, placements = alloc.gpu_share, alloc.placement
         node_cache, node_gpus = cluster.node_cache, cluster.node_gpus
+        shared: list[Job] = []  # running without a placement: time-shared
+        placed_total = 0.0
         for job in jobs:
             if gpu_share.get(job.name, 0.0) <= 0:
                 continue
@@ -54,9 +56,36 @@ class CoordlCache:
             elif placement:
                 share = static_share(job, cluster, placement)
             else:
-                share = total_cache * job.gpus / total_gpus if total_gpus > 0 else 0.0
+                shared.append(job)
+                continue
+            shares[job.name] = share
+            placed_total += share
+        shares.update(time_shared_slices(shared, cluster, placed_total))
+        cache: dict[str, float] = {}
+        units = cluster.units
+        for job in jobs:
+            share = shares.get(job.name)
+            if share is None:
+                continue
             for key, weight in job.reads.items():
                 size = units[key].size
                 held = cache.get(key, 0.0) + share * weight
                 cache[key] = held if held < size else size  # min(size, held)
         alloc.cache = cache
+
+
+def time_shared_slices(
+    jobs: Sequence[Job], cluster: Cluster, placed: float = 0.0
+) -> dict[str, float]:
+    """Each time-shared job's disk: its GPUs' slice of all disks, unless the jobs together
+    request more GPUs than the cluster has; then what placed jobs leave (`placed` bytes
+    taken) is divided in proportion to the GPUs each requests. (A time-shared job runs a
+    fraction of the time on its GPUs, but a static cache cannot follow that fraction.)"""
+    total_gpus, total_cache = cluster.total_gpus, cluster.total_cache
+    if total_gpus <= 0 or not jobs:
+        return {}
+    asked = sum(job.gpus for job in jobs)
+    left = max(0.0, total_cache - placed)
+    if total_cache * asked / total_gpus > left:
+        return {job.name: left * job.gpus / asked for job in jobs}
+    return {job.name: total_cache * job.gpus / total_gpus for job in jobs}
