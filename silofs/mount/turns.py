@@ -1,0 +1,174 @@
+"""How pyfuse3's worker tasks take turns at /dev/fuse: one reads while every hit is served.
+
+pyfuse3's loop (3.x, `_session_loop`) runs worker tasks that each wait for the device
+under one trio.Lock, receive a request, and await its handler. It starts another task
+whenever one receives a request while no other waits, so after the first request a
+mount runs two, and with trio's fair lock they take turns per request: the one that
+received parks on the lock, the other is handed it and woken (a park, an unpark and a
+scheduler pass per request, ~12% of a 4-reader mount's samples), and each acquire is a
+checkpoint of its own. A filesystem whose handlers never wait can bound the loop to one
+task; silofs cannot, since a miss waits for the daemon and must never hold up a hit.
+
+`TurnLock` replaces that lock (pyfuse3 looks trio up at call time, as forked.py also
+uses): taking it when free costs no checkpoint, and releasing it wakes nobody while at
+most one task is parked on it, so the task that just received keeps the device for its
+next request and the other one stays parked. The turn passes only when it must:
+
+- a handler that waits (its coroutine yields: a miss, a fault-in, a listing not there
+  yet) hands the free lock to the parked task first (`passes_turn` wraps each handler),
+  so the device is read again while the handler waits, as before;
+- with two or more tasks parked, a release hands the lock on (pyfuse3 ends a task once
+  more than `min_tasks` wait: without a holder none of them would ever wake again);
+- a release during an exception (the session closed, a cancellation) hands it on, so
+  the parked tasks see the end too; a task that leaves the loop without one (the kernel
+  ended the session) is noticed by the parked task within PARK_SECONDS.
+
+No other task can run while the lock is free with a task parked on it: that holds only
+between the receiving task's release and its next acquire, during which it runs
+without yielding unless its handler waits, which passes the turn first. Never changes
+what a request is answered, nor which requests are read.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable, Generator
+from typing import Any
+
+import pyfuse3
+import trio
+
+# How often a parked task looks whether the lock's holder left pyfuse3's loop: what an
+# unmount may keep the process waiting, and one wakeup of an idle task per period.
+PARK_SECONDS = 0.2
+
+
+class TurnLock:
+    """pyfuse3's read lock: one task waits for the device at a time (module docstring)."""
+
+    __slots__ = ("_held", "_lot")
+
+    def __init__(self) -> None:
+        self._held = False
+        self._lot = trio.lowlevel.ParkingLot()
+
+    async def __aenter__(self) -> None:
+        if not self._held:
+            self._held = True  # no checkpoint: the wait for the device that follows is one
+            return
+        while True:
+            with trio.move_on_after(PARK_SECONDS):
+                await self._lot.park()
+                return  # woken holding it (_hand_on, pass_turn)
+            if not self._held:
+                # Its last holder left pyfuse3's loop without an exception (the kernel
+                # ended the session: libfuse's receive returns 0): see the end too.
+                self._held = True
+                return
+
+    async def __aexit__(self, exc_type: object, *_: object) -> None:
+        if exc_type is not None or len(self._lot) > 1:
+            self._hand_on()
+        else:
+            self._held = False
+
+    def _hand_on(self) -> None:
+        # Ownership passes with the wakeup, as trio.Lock does: nobody can take it between.
+        self._held = bool(self._lot.unpark(count=1))
+
+    def pass_turn(self) -> None:
+        """The task that last received waits in its handler: wake a parked one to read
+        the device meanwhile (if the lock is held, another task is reading already)."""
+        if not self._held and self._lot:
+            self._held = True
+            self._lot.unpark(count=1)
+
+    @property
+    def parked(self) -> int:
+        return len(self._lot)
+
+
+_lock: TurnLock | None = None
+
+
+def _new_lock() -> TurnLock:
+    global _lock
+    _lock = TurnLock()
+    return _lock
+
+
+class _Trio:
+    """trio as pyfuse3 sees it: the same, but for Lock."""
+
+    Lock = staticmethod(_new_lock)
+
+    def __init__(self, real: Any) -> None:
+        self._real = real
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._real, name)
+
+
+def install() -> None:
+    """Have pyfuse3's next main() take turns at the device with a TurnLock. Composes
+    with another replacement of pyfuse3's trio (forked.install) made before it."""
+    if not isinstance(pyfuse3.trio, _Trio):  # type: ignore[attr-defined]
+        pyfuse3.trio = _Trio(pyfuse3.trio)  # type: ignore[attr-defined]
+
+
+class _Watched:
+    """A handler's coroutine, run as pyfuse3 awaits it; if it yields (it waits for
+    something), the turn at the device passes first."""
+
+    __slots__ = ("_coro",)
+
+    def __init__(self, coro: Any) -> None:
+        self._coro = coro
+
+    def __await__(self) -> Generator[Any, Any, Any]:
+        coro = self._coro
+        try:
+            signal = coro.send(None)
+        except StopIteration as done:
+            return done.value  # served without waiting: the common case, a hit
+        if _lock is not None:
+            _lock.pass_turn()
+        while True:
+            try:
+                sent = yield signal
+            except GeneratorExit:
+                coro.close()
+                raise
+            except BaseException as exc:
+                try:
+                    signal = coro.throw(exc)
+                except StopIteration as done:
+                    return done.value
+            else:
+                try:
+                    signal = coro.send(sent)
+                except StopIteration as done:
+                    return done.value
+
+
+def passes_turn(cls: type) -> type:
+    """Class decorator: each request handler of a pyfuse3.Operations subclass passes the
+    turn at the device on (TurnLock.pass_turn) if it waits for anything."""
+    for name, base in vars(pyfuse3.Operations).items():
+        if name.startswith("_") or name == "init" or not inspect.iscoroutinefunction(base):
+            continue
+        fn = getattr(cls, name)
+        if getattr(fn, "_passes_turn", False):
+            continue
+
+        def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
+            @functools.wraps(fn)
+            def handler(*args: Any, **kwargs: Any) -> _Watched:
+                return _Watched(fn(*args, **kwargs))
+
+            handler._passes_turn = True  # type: ignore[attr-defined]
+            return handler
+
+        setattr(cls, name, wrap(fn))
+    return cls
