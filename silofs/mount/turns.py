@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import select
 from collections.abc import Callable, Generator
 from typing import Any
 
@@ -42,6 +43,9 @@ import trio
 # How often a parked task looks whether the lock's holder left pyfuse3's loop: what an
 # unmount may keep the process waiting, and one wakeup of an idle task per period.
 PARK_SECONDS = 0.2
+# Requests a task may take from the device in a row without yielding to trio when each
+# was already queued (_Lowlevel.wait_readable).
+STREAK = 8
 
 
 class TurnLock:
@@ -98,13 +102,43 @@ def _new_lock() -> TurnLock:
     return _lock
 
 
+class _Lowlevel:
+    """trio.lowlevel as pyfuse3 sees it: wait_readable returns at once, without a trip
+    through trio's scheduler and epoll, when a request is already queued on the device
+    (a poll with no timeout), at most STREAK times in a row: then it waits through trio
+    as before, so the mount's other tasks (replies from the daemon, reports) still run."""
+
+    def __init__(self, real: Any) -> None:
+        self._real = real
+        self._poll = select.poll()
+        self._fd = -1
+        self._streak = 0
+
+    async def wait_readable(self, fd: int) -> None:
+        if self._streak < STREAK:
+            if fd != self._fd:
+                if self._fd >= 0:
+                    self._poll.unregister(self._fd)
+                self._poll.register(fd, select.POLLIN)
+                self._fd = fd
+            if self._poll.poll(0):
+                self._streak += 1
+                return
+        self._streak = 0
+        await self._real.wait_readable(fd)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._real, name)
+
+
 class _Trio:
-    """trio as pyfuse3 sees it: the same, but for Lock."""
+    """trio as pyfuse3 sees it: the same, but for Lock and lowlevel.wait_readable."""
 
     Lock = staticmethod(_new_lock)
 
     def __init__(self, real: Any) -> None:
         self._real = real
+        self.lowlevel = _Lowlevel(real.lowlevel)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._real, name)
