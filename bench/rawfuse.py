@@ -44,7 +44,7 @@ import common  # noqa: F401, E402 - this checkout first on sys.path
 import pyfuse3
 import trio
 
-from silofs.mount import forked  # noqa: E402
+from silofs.mount import forked, turns  # noqa: E402
 from silofs.mount.process import raise_read_ahead  # noqa: E402
 
 TIMEOUT = 3600.0
@@ -140,7 +140,7 @@ def _mapped(path: str) -> bytes | mmap.mmap:
         return mmap.mmap(f.fileno(), size, prot=mmap.PROT_READ) if size else b""
 
 
-async def serve(fs: MemFS, mountpoint: str) -> None:
+async def serve(fs: MemFS, mountpoint: str, loop: str = "pyfuse3") -> None:
     """Mount at `mountpoint` (already resolved: once mounted, a stat of it from this
     process would wait for this process) and serve until SIGTERM or an unmount."""
     opts = set(pyfuse3.default_options) | {"fsname=rawfuse", "ro", "noatime"}
@@ -169,6 +169,8 @@ async def serve(fs: MemFS, mountpoint: str) -> None:
             # reader: 164 against 194 and 154 against 176 us of CPU per file; 4 readers:
             # 152 against 197, then 173 against 172; bench/README.md). silofs cannot:
             # a miss would hold up every hit.
+            if loop == "turns":
+                turns.install()  # no checkpoint per acquire; a queued request taken at once
             await pyfuse3.main(max_tasks=1)
             nursery.cancel_scope.cancel()
     finally:
@@ -235,6 +237,12 @@ def main() -> None:
     ap.add_argument("mountpoint")
     ap.add_argument("--from-disk", action="store_true", help="serve from the local disk")
     ap.add_argument("--processes", type=int, default=1)
+    ap.add_argument(
+        "--loop",
+        choices=("pyfuse3", "turns"),
+        default="pyfuse3",
+        help="pyfuse3's own loop, or with silofs's lock and wait (silofs/mount/turns.py)",
+    )
     args = ap.parse_args()
     data, mountpoint, processes = args.data, args.mountpoint, args.processes
     os.makedirs(mountpoint, exist_ok=True)
@@ -242,7 +250,7 @@ def main() -> None:
     if processes > 1:
         serve_forked(fs, os.path.realpath(mountpoint), processes)
     else:
-        trio.run(serve, fs, os.path.realpath(mountpoint))
+        trio.run(serve, fs, os.path.realpath(mountpoint), args.loop)
 
 
 if __name__ == "__main__":

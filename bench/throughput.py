@@ -68,8 +68,8 @@ class Ceiling:
     from the local disk as silofs reads its cache after the page cache is dropped; a
     fresh process per pass, fresh(): mapped pages survive drop_caches)."""
 
-    def __init__(self, data: Path, mp: str, from_disk: bool = False) -> None:
-        self.data, self.mp, self.from_disk = data, mp, from_disk
+    def __init__(self, data: Path, mp: str, from_disk: bool = False, loop: str = "pyfuse3") -> None:
+        self.data, self.mp, self.from_disk, self.loop = data, mp, from_disk, loop
         self.proc: subprocess.Popen | None = None
 
     @property
@@ -80,7 +80,7 @@ class Ceiling:
     def __enter__(self) -> Ceiling:
         script = Path(__file__).resolve().parent / "rawfuse.py"
         self.proc = subprocess.Popen(
-            [sys.executable, str(script), str(self.data), self.mp]
+            [sys.executable, str(script), str(self.data), self.mp, "--loop", self.loop]
             + (["--from-disk"] if self.from_disk else []),
             stdout=subprocess.PIPE,
             text=True,
@@ -265,6 +265,12 @@ def main() -> int:
         help="skip the pyfuse3 ceilings (bench/rawfuse.py: the same files served from memory, "
         "and from the local disk, by a minimal pyfuse3 filesystem, measured the same way "
         "as silofs)",
+    )
+    ap.add_argument(
+        "--turns-ceiling",
+        action="store_true",
+        help="also the ceiling from memory served with silofs's device loop "
+        "(rawfuse.py --loop turns: silofs/mount/turns.py)",
     )
     ap.add_argument(
         "--profile",
@@ -515,11 +521,16 @@ def run(
         with contextlib.ExitStack() as stack:
             ceilings: dict[str, Ceiling] = {}
             if not args.no_ceiling:
-                for name, mp_name, disk in (
-                    ("ceiling", "raw", False),
-                    ("ssd ceiling", "rawd", True),
-                ):
-                    ceilings[name] = stack.enter_context(Ceiling(data, str(tmp / mp_name), disk))
+                kinds = [
+                    ("ceiling", "raw", False, "pyfuse3"),
+                    ("ssd ceiling", "rawd", True, "pyfuse3"),
+                ]
+                if args.turns_ceiling:
+                    kinds.append(("turns ceiling", "rawt", False, "turns"))
+                for name, mp_name, disk, loop in kinds:
+                    ceilings[name] = stack.enter_context(
+                        Ceiling(data, str(tmp / mp_name), disk, loop)
+                    )
                     ceil_rates[name] = {}
                     ceiling_costs[name] = {}
 
@@ -612,7 +623,11 @@ def run(
                 big = kind == "big"
                 rate_ok = "" if big else f" {verdict(rr, CEILING_TARGET)}"
                 cpu_target = BIG_CPU_TARGET if big else SMALL_CPU_TARGET
-                label = "pyfuse3 ceiling" if name == "ceiling" else "pyfuse3 SSD ceiling"
+                label = {
+                    "ceiling": "pyfuse3 ceiling",
+                    "ssd ceiling": "pyfuse3 SSD ceiling",
+                    "turns ceiling": "pyfuse3 ceiling, silofs's loop",
+                }[name]
                 print(
                     f"           {label} {theirs.text(fmt)} {unit}   silofs/{name} {rr:.2f}x"
                     f"{rate_ok}; mount CPU / {name}'s {rc:.2f}x {verdict(rc, cpu_target, True)}"
