@@ -30,7 +30,6 @@ from silofs.cache.listing import ListingReader
 from silofs.mount.listing_view import Entry, ListingView
 from silofs.mount.reader import ChunkReader, MissError, OpenFile
 from silofs.mount.shared import SharedTables, TableFull, version_hash
-from silofs.mount.turns import passes_turn
 from silofs.records import ObjectInfo
 
 log = logging.getLogger(__name__)
@@ -68,7 +67,6 @@ class _DirHandle:
     key: bytes | None = None  # position key (cache/listing.py) of the entry at `pos`
 
 
-@passes_turn
 class SilofsFS(pyfuse3.Operations):
     supports_dot_lookup = True
     enable_writeback_cache = False

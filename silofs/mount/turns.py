@@ -9,40 +9,39 @@ scheduler pass per request, ~12% of a 4-reader mount's samples), and each acquir
 checkpoint of its own. A filesystem whose handlers never wait can bound the loop to one
 task; silofs cannot, since a miss waits for the daemon and must never hold up a hit.
 
-`TurnLock` replaces that lock (pyfuse3 looks trio up at call time, as forked.py also
-uses): taking it when free costs no checkpoint, and releasing it wakes nobody while at
-most one task is parked on it, so the task that just received keeps the device for its
-next request and the other one stays parked. The turn passes only when it must:
+`install` replaces that lock with a `TurnLock` (pyfuse3 looks trio up at call time, as
+forked.py also uses): taking it when free costs no checkpoint, and releasing it wakes
+nobody while at most one task is parked on it, so the task that just received keeps the
+device for its next request and the other one stays parked. The turn passes only when
+it must:
 
-- a handler that waits (its coroutine yields: a miss, a fault-in, a listing not there
-  yet) hands the free lock to the parked task first (`passes_turn` wraps each handler),
-  so the device is read again while the handler waits, as before;
+- a task whose step ends while the lock is free and a task is parked on it (its handler
+  waits: a miss, a fault-in, a listing not there yet; or it left pyfuse3's loop, as when
+  the kernel ends the session) hands the lock on before any other task runs
+  (`_PassTurn`, a trio instrument: no wrapper per request);
 - with two or more tasks parked, a release hands the lock on (pyfuse3 ends a task once
   more than `min_tasks` wait: without a holder none of them would ever wake again);
 - a release during an exception (the session closed, a cancellation) hands it on, so
-  the parked tasks see the end too; a task that leaves the loop without one (the kernel
-  ended the session) is noticed by the parked task within PARK_SECONDS.
+  the parked tasks see the end too.
 
-No other task can run while the lock is free with a task parked on it: that holds only
-between the receiving task's release and its next acquire, during which it runs
-without yielding unless its handler waits, which passes the turn first. Never changes
+The lock is free with a task parked on it only between the receiving task's release and
+its next acquire, which it runs without yielding unless its handler waits. Also,
+`wait_readable` returns at once when a request is already queued on the device, up to
+STREAK times in a row, without a trip through trio's scheduler and epoll. Never changes
 what a request is answered, nor which requests are read.
 """
 
 from __future__ import annotations
 
-import functools
-import inspect
 import select
-from collections.abc import Callable, Generator
 from typing import Any
 
 import pyfuse3
 import trio
 
-# How often a parked task looks whether the lock's holder left pyfuse3's loop: what an
-# unmount may keep the process waiting, and one wakeup of an idle task per period.
-PARK_SECONDS = 0.2
+# A parked task also looks whether the lock was left free this often: a backstop only
+# (the instrument hands the lock on at once), one wakeup of an idle task per period.
+PARK_SECONDS = 1.0
 # Requests a task may take from the device in a row without yielding to trio when each
 # was already queued (_Lowlevel.wait_readable).
 STREAK = 8
@@ -66,8 +65,6 @@ class TurnLock:
                 await self._lot.park()
                 return  # woken holding it (_hand_on, pass_turn)
             if not self._held:
-                # Its last holder left pyfuse3's loop without an exception (the kernel
-                # ended the session: libfuse's receive returns 0): see the end too.
                 self._held = True
                 return
 
@@ -82,15 +79,10 @@ class TurnLock:
         self._held = bool(self._lot.unpark(count=1))
 
     def pass_turn(self) -> None:
-        """The task that last received waits in its handler: wake a parked one to read
-        the device meanwhile (if the lock is held, another task is reading already)."""
+        """If the lock is free and a task is parked on it: wake that one holding it."""
         if not self._held and self._lot:
             self._held = True
             self._lot.unpark(count=1)
-
-    @property
-    def parked(self) -> int:
-        return len(self._lot)
 
 
 _lock: TurnLock | None = None
@@ -100,6 +92,16 @@ def _new_lock() -> TurnLock:
     global _lock
     _lock = TurnLock()
     return _lock
+
+
+class _PassTurn(trio.abc.Instrument):
+    """After every task step: a free lock with a task parked on it passes to that task
+    (the step's task received the last request and now waits, or left the loop)."""
+
+    def after_task_step(self, task: trio.lowlevel.Task) -> None:
+        lock = _lock
+        if lock is not None and not lock._held and lock._lot:
+            lock.pass_turn()
 
 
 class _Lowlevel:
@@ -145,64 +147,9 @@ class _Trio:
 
 
 def install() -> None:
-    """Have pyfuse3's next main() take turns at the device with a TurnLock. Composes
-    with another replacement of pyfuse3's trio (forked.install) made before it."""
+    """From inside the trio run that will call pyfuse3.main(): have pyfuse3 take turns
+    at the device with a TurnLock. pyfuse3 makes its lock on its first wait for the
+    device after init(), so call it before that."""
     if not isinstance(pyfuse3.trio, _Trio):  # type: ignore[attr-defined]
         pyfuse3.trio = _Trio(pyfuse3.trio)  # type: ignore[attr-defined]
-
-
-class _Watched:
-    """A handler's coroutine, run as pyfuse3 awaits it; if it yields (it waits for
-    something), the turn at the device passes first."""
-
-    __slots__ = ("_coro",)
-
-    def __init__(self, coro: Any) -> None:
-        self._coro = coro
-
-    def __await__(self) -> Generator[Any, Any, Any]:
-        coro = self._coro
-        try:
-            signal = coro.send(None)
-        except StopIteration as done:
-            return done.value  # served without waiting: the common case, a hit
-        if _lock is not None:
-            _lock.pass_turn()
-        while True:
-            try:
-                sent = yield signal
-            except GeneratorExit:
-                coro.close()
-                raise
-            except BaseException as exc:
-                try:
-                    signal = coro.throw(exc)
-                except StopIteration as done:
-                    return done.value
-            else:
-                try:
-                    signal = coro.send(sent)
-                except StopIteration as done:
-                    return done.value
-
-
-def passes_turn(cls: type) -> type:
-    """Class decorator: each request handler of a pyfuse3.Operations subclass passes the
-    turn at the device on (TurnLock.pass_turn) if it waits for anything."""
-    for name, base in vars(pyfuse3.Operations).items():
-        if name.startswith("_") or name == "init" or not inspect.iscoroutinefunction(base):
-            continue
-        fn = getattr(cls, name)
-        if getattr(fn, "_passes_turn", False):
-            continue
-
-        def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
-            @functools.wraps(fn)
-            def handler(*args: Any, **kwargs: Any) -> _Watched:
-                return _Watched(fn(*args, **kwargs))
-
-            handler._passes_turn = True  # type: ignore[attr-defined]
-            return handler
-
-        setattr(cls, name, wrap(fn))
-    return cls
+    trio.lowlevel.add_instrument(_PassTurn())
