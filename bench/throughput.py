@@ -269,7 +269,7 @@ def main() -> int:
     ap.add_argument(
         "--turns-ceiling",
         action="store_true",
-        help="also the ceiling from memory served with silofs's device loop "
+        help="also both ceilings served with silofs's device loop "
         "(rawfuse.py --loop turns: silofs/mount/turns.py)",
     )
     ap.add_argument(
@@ -527,6 +527,7 @@ def run(
                 ]
                 if args.turns_ceiling:
                     kinds.append(("turns ceiling", "rawt", False, "turns"))
+                    kinds.append(("turns ssd ceiling", "rawdt", True, "turns"))
                 for name, mp_name, disk, loop in kinds:
                     ceilings[name] = stack.enter_context(
                         Ceiling(data, str(tmp / mp_name), disk, loop)
@@ -627,6 +628,7 @@ def run(
                     "ceiling": "pyfuse3 ceiling",
                     "ssd ceiling": "pyfuse3 SSD ceiling",
                     "turns ceiling": "pyfuse3 ceiling, silofs's loop",
+                    "turns ssd ceiling": "pyfuse3 SSD ceiling, silofs's loop",
                 }[name]
                 print(
                     f"           {label} {theirs.text(fmt)} {unit}   silofs/{name} {rr:.2f}x"
