@@ -97,13 +97,15 @@ class Ceiling:
         self.__enter__()
 
     def __exit__(self, *_exc: object) -> None:
-        assert self.proc is not None
+        if self.proc is None:
+            return
         self.proc.terminate()
         try:
             self.proc.wait(30)
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+        self.proc = None
         force_unmount(self.mp)
 
 
@@ -537,8 +539,14 @@ def run(
 
             def raw(name: str, kind: str, fn: Callable[[dict[str, int]], Pass]) -> None:
                 if ceilings[name].from_disk:
+                    # Started for its pass and stopped after it: the files another
+                    # process keeps mapped would survive drop_caches.
                     ceilings[name].fresh()
-                p = fn({"ceiling": ceilings[name].pid})
+                try:
+                    p = fn({"ceiling": ceilings[name].pid})
+                finally:
+                    if ceilings[name].from_disk:
+                        ceilings[name].__exit__()
                 ceiling_costs[name].setdefault(kind, []).append(p)
                 ceil_rates[name].setdefault(kind, Samples([])).values.append(p.rate)
 
