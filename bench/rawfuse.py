@@ -1,10 +1,12 @@
 """The pyfuse3 ceiling: a minimal read-only pyfuse3 filesystem serving a directory from memory.
 
-Owns nothing of silofs's logic: at start it reads every file under DATA into memory,
-builds each inode's attributes once, mounts with the options a silofs mount uses (ro,
-noatime, default_options, entry/attr timeouts of an hour, keep_cache, FLUSH answered
-ENOSYS, bdi read_ahead_kb raised to 1024 once INIT is answered), serves with one
-pyfuse3 worker task, and answers each request with the least Python pyfuse3 allows: a
+Owns nothing of silofs's logic (its device loop aside): at start it reads every file
+under DATA into memory, builds each inode's attributes once, mounts with the options a
+silofs mount uses (ro, noatime, default_options, entry/attr timeouts of an hour,
+keep_cache, FLUSH answered ENOSYS, bdi read_ahead_kb raised to 1024 once INIT is
+answered), serves with one pyfuse3 worker task through the device loop silofs uses
+(silofs/mount/turns.py: the cheapest of those tried, bench/README.md; `--loop pyfuse3`
+for pyfuse3's own), and answers each request with the least Python pyfuse3 allows: a
 dict lookup and a memoryview slice.
 bench/throughput.py measures it the same way as silofs (page cache dropped before each
 pass, CPU of this process from /proc/PID/stat), so "silofs / ceiling" is the share of
@@ -27,7 +29,7 @@ parent then only supervises (it serves nothing, so it stays as it was right afte
 and prints the children's pids after "ready" (`ready PID PID ...`) so a bench can add up
 their CPU.
 
-    python bench/rawfuse.py DATA MOUNTPOINT [--from-disk] [--processes N]  # "ready" once mounted
+    python bench/rawfuse.py DATA MOUNTPOINT [--from-disk] [--processes N] [--loop pyfuse3]
 """
 
 from __future__ import annotations
@@ -140,7 +142,7 @@ def _mapped(path: str) -> bytes | mmap.mmap:
         return mmap.mmap(f.fileno(), size, prot=mmap.PROT_READ) if size else b""
 
 
-async def serve(fs: MemFS, mountpoint: str, loop: str = "pyfuse3") -> None:
+async def serve(fs: MemFS, mountpoint: str, loop: str = "turns") -> None:
     """Mount at `mountpoint` (already resolved: once mounted, a stat of it from this
     process would wait for this process) and serve until SIGTERM or an unmount."""
     opts = set(pyfuse3.default_options) | {"fsname=rawfuse", "ro", "noatime"}
@@ -240,8 +242,9 @@ def main() -> None:
     ap.add_argument(
         "--loop",
         choices=("pyfuse3", "turns"),
-        default="pyfuse3",
-        help="pyfuse3's own loop, or with silofs's lock and wait (silofs/mount/turns.py)",
+        default="turns",
+        help="the device loop: silofs's (silofs/mount/turns.py: no checkpoint per acquire, "
+        "a queued request taken at once), or pyfuse3's own",
     )
     args = ap.parse_args()
     data, mountpoint, processes = args.data, args.mountpoint, args.processes

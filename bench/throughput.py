@@ -269,10 +269,10 @@ def main() -> int:
         "as silofs)",
     )
     ap.add_argument(
-        "--turns-ceiling",
+        "--pyfuse3-loop-ceiling",
         action="store_true",
-        help="also both ceilings served with silofs's device loop "
-        "(rawfuse.py --loop turns: silofs/mount/turns.py)",
+        help="also both ceilings served with pyfuse3's own device loop (rawfuse.py --loop "
+        "pyfuse3; the contract's ceilings use the cheaper one silofs uses, --loop turns)",
     )
     ap.add_argument(
         "--profile",
@@ -524,12 +524,12 @@ def run(
             ceilings: dict[str, Ceiling] = {}
             if not args.no_ceiling:
                 kinds = [
-                    ("ceiling", "raw", False, "pyfuse3"),
-                    ("ssd ceiling", "rawd", True, "pyfuse3"),
+                    ("ceiling", "raw", False, "turns"),
+                    ("ssd ceiling", "rawd", True, "turns"),
                 ]
-                if args.turns_ceiling:
-                    kinds.append(("turns ceiling", "rawt", False, "turns"))
-                    kinds.append(("turns ssd ceiling", "rawdt", True, "turns"))
+                if args.pyfuse3_loop_ceiling:
+                    kinds.append(("pyfuse3-loop ceiling", "rawp", False, "pyfuse3"))
+                    kinds.append(("pyfuse3-loop ssd ceiling", "rawdp", True, "pyfuse3"))
                 for name, mp_name, disk, loop in kinds:
                     ceilings[name] = stack.enter_context(
                         Ceiling(data, str(tmp / mp_name), disk, loop)
@@ -635,8 +635,8 @@ def run(
                 label = {
                     "ceiling": "pyfuse3 ceiling",
                     "ssd ceiling": "pyfuse3 SSD ceiling",
-                    "turns ceiling": "pyfuse3 ceiling, silofs's loop",
-                    "turns ssd ceiling": "pyfuse3 SSD ceiling, silofs's loop",
+                    "pyfuse3-loop ceiling": "pyfuse3 ceiling, pyfuse3's own loop",
+                    "pyfuse3-loop ssd ceiling": "pyfuse3 SSD ceiling, pyfuse3's own loop",
                 }[name]
                 print(
                     f"           {label} {theirs.text(fmt)} {unit}   silofs/{name} {rr:.2f}x"
