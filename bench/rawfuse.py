@@ -1,10 +1,12 @@
 """The pyfuse3 ceiling: a minimal read-only pyfuse3 filesystem serving a directory from memory.
 
-Owns nothing of silofs's logic: at start it reads every file under DATA into memory,
-builds each inode's attributes once, mounts with the options a silofs mount uses (ro,
-noatime, default_options, entry/attr timeouts of an hour, keep_cache, FLUSH answered
-ENOSYS, bdi read_ahead_kb raised to 1024 once INIT is answered), serves with one
-pyfuse3 worker task, and answers each request with the least Python pyfuse3 allows: a
+Owns nothing of silofs's logic (its device loop aside): at start it reads every file
+under DATA into memory, builds each inode's attributes once, mounts with the options a
+silofs mount uses (ro, noatime, default_options, entry/attr timeouts of an hour,
+keep_cache, FLUSH answered ENOSYS, bdi read_ahead_kb raised to 1024 once INIT is
+answered), serves with one pyfuse3 worker task through the device loop silofs uses
+(silofs/mount/turns.py: the cheapest of those tried, bench/README.md; `--loop pyfuse3`
+for pyfuse3's own), and answers each request with the least Python pyfuse3 allows: a
 dict lookup and a memoryview slice.
 bench/throughput.py measures it the same way as silofs (page cache dropped before each
 pass, CPU of this process from /proc/PID/stat), so "silofs / ceiling" is the share of
@@ -27,7 +29,7 @@ parent then only supervises (it serves nothing, so it stays as it was right afte
 and prints the children's pids after "ready" (`ready PID PID ...`) so a bench can add up
 their CPU.
 
-    python bench/rawfuse.py DATA MOUNTPOINT [--from-disk] [--processes N]  # "ready" once mounted
+    python bench/rawfuse.py DATA MOUNTPOINT [--from-disk] [--processes N] [--loop pyfuse3]
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ import common  # noqa: F401, E402 - this checkout first on sys.path
 import pyfuse3
 import trio
 
-from silofs.mount import forked  # noqa: E402
+from silofs.mount import forked, turns  # noqa: E402
 from silofs.mount.process import raise_read_ahead  # noqa: E402
 
 TIMEOUT = 3600.0
@@ -140,7 +142,7 @@ def _mapped(path: str) -> bytes | mmap.mmap:
         return mmap.mmap(f.fileno(), size, prot=mmap.PROT_READ) if size else b""
 
 
-async def serve(fs: MemFS, mountpoint: str) -> None:
+async def serve(fs: MemFS, mountpoint: str, loop: str = "turns") -> None:
     """Mount at `mountpoint` (already resolved: once mounted, a stat of it from this
     process would wait for this process) and serve until SIGTERM or an unmount."""
     opts = set(pyfuse3.default_options) | {"fsname=rawfuse", "ro", "noatime"}
@@ -169,6 +171,8 @@ async def serve(fs: MemFS, mountpoint: str) -> None:
             # reader: 164 against 194 and 154 against 176 us of CPU per file; 4 readers:
             # 152 against 197, then 173 against 172; bench/README.md). silofs cannot:
             # a miss would hold up every hit.
+            if loop == "turns":
+                turns.install()  # no checkpoint per acquire; a queued request taken at once
             await pyfuse3.main(max_tasks=1)
             nursery.cancel_scope.cancel()
     finally:
@@ -235,6 +239,13 @@ def main() -> None:
     ap.add_argument("mountpoint")
     ap.add_argument("--from-disk", action="store_true", help="serve from the local disk")
     ap.add_argument("--processes", type=int, default=1)
+    ap.add_argument(
+        "--loop",
+        choices=("pyfuse3", "turns"),
+        default="turns",
+        help="the device loop: silofs's (silofs/mount/turns.py: no checkpoint per acquire, "
+        "a queued request taken at once), or pyfuse3's own",
+    )
     args = ap.parse_args()
     data, mountpoint, processes = args.data, args.mountpoint, args.processes
     os.makedirs(mountpoint, exist_ok=True)
@@ -242,7 +253,7 @@ def main() -> None:
     if processes > 1:
         serve_forked(fs, os.path.realpath(mountpoint), processes)
     else:
-        trio.run(serve, fs, os.path.realpath(mountpoint))
+        trio.run(serve, fs, os.path.realpath(mountpoint), args.loop)
 
 
 if __name__ == "__main__":

@@ -68,8 +68,8 @@ class Ceiling:
     from the local disk as silofs reads its cache after the page cache is dropped; a
     fresh process per pass, fresh(): mapped pages survive drop_caches)."""
 
-    def __init__(self, data: Path, mp: str, from_disk: bool = False) -> None:
-        self.data, self.mp, self.from_disk = data, mp, from_disk
+    def __init__(self, data: Path, mp: str, from_disk: bool = False, loop: str = "pyfuse3") -> None:
+        self.data, self.mp, self.from_disk, self.loop = data, mp, from_disk, loop
         self.proc: subprocess.Popen | None = None
 
     @property
@@ -80,7 +80,7 @@ class Ceiling:
     def __enter__(self) -> Ceiling:
         script = Path(__file__).resolve().parent / "rawfuse.py"
         self.proc = subprocess.Popen(
-            [sys.executable, str(script), str(self.data), self.mp]
+            [sys.executable, str(script), str(self.data), self.mp, "--loop", self.loop]
             + (["--from-disk"] if self.from_disk else []),
             stdout=subprocess.PIPE,
             text=True,
@@ -97,13 +97,15 @@ class Ceiling:
         self.__enter__()
 
     def __exit__(self, *_exc: object) -> None:
-        assert self.proc is not None
+        if self.proc is None:
+            return
         self.proc.terminate()
         try:
             self.proc.wait(30)
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+        self.proc = None
         force_unmount(self.mp)
 
 
@@ -265,6 +267,12 @@ def main() -> int:
         help="skip the pyfuse3 ceilings (bench/rawfuse.py: the same files served from memory, "
         "and from the local disk, by a minimal pyfuse3 filesystem, measured the same way "
         "as silofs)",
+    )
+    ap.add_argument(
+        "--pyfuse3-loop-ceiling",
+        action="store_true",
+        help="also both ceilings served with pyfuse3's own device loop (rawfuse.py --loop "
+        "pyfuse3; the contract's ceilings use the cheaper one silofs uses, --loop turns)",
     )
     ap.add_argument(
         "--profile",
@@ -515,18 +523,30 @@ def run(
         with contextlib.ExitStack() as stack:
             ceilings: dict[str, Ceiling] = {}
             if not args.no_ceiling:
-                for name, mp_name, disk in (
-                    ("ceiling", "raw", False),
-                    ("ssd ceiling", "rawd", True),
-                ):
-                    ceilings[name] = stack.enter_context(Ceiling(data, str(tmp / mp_name), disk))
+                kinds = [
+                    ("ceiling", "raw", False, "turns"),
+                    ("ssd ceiling", "rawd", True, "turns"),
+                ]
+                if args.pyfuse3_loop_ceiling:
+                    kinds.append(("pyfuse3-loop ceiling", "rawp", False, "pyfuse3"))
+                    kinds.append(("pyfuse3-loop ssd ceiling", "rawdp", True, "pyfuse3"))
+                for name, mp_name, disk, loop in kinds:
+                    ceilings[name] = stack.enter_context(
+                        Ceiling(data, str(tmp / mp_name), disk, loop)
+                    )
                     ceil_rates[name] = {}
                     ceiling_costs[name] = {}
 
             def raw(name: str, kind: str, fn: Callable[[dict[str, int]], Pass]) -> None:
                 if ceilings[name].from_disk:
+                    # Started for its pass and stopped after it: the files another
+                    # process keeps mapped would survive drop_caches.
                     ceilings[name].fresh()
-                p = fn({"ceiling": ceilings[name].pid})
+                try:
+                    p = fn({"ceiling": ceilings[name].pid})
+                finally:
+                    if ceilings[name].from_disk:
+                        ceilings[name].__exit__()
                 ceiling_costs[name].setdefault(kind, []).append(p)
                 ceil_rates[name].setdefault(kind, Samples([])).values.append(p.rate)
 
@@ -612,7 +632,12 @@ def run(
                 big = kind == "big"
                 rate_ok = "" if big else f" {verdict(rr, CEILING_TARGET)}"
                 cpu_target = BIG_CPU_TARGET if big else SMALL_CPU_TARGET
-                label = "pyfuse3 ceiling" if name == "ceiling" else "pyfuse3 SSD ceiling"
+                label = {
+                    "ceiling": "pyfuse3 ceiling",
+                    "ssd ceiling": "pyfuse3 SSD ceiling",
+                    "pyfuse3-loop ceiling": "pyfuse3 ceiling, pyfuse3's own loop",
+                    "pyfuse3-loop ssd ceiling": "pyfuse3 SSD ceiling, pyfuse3's own loop",
+                }[name]
                 print(
                     f"           {label} {theirs.text(fmt)} {unit}   silofs/{name} {rr:.2f}x"
                     f"{rate_ok}; mount CPU / {name}'s {rc:.2f}x {verdict(rc, cpu_target, True)}"

@@ -104,6 +104,25 @@ class ChunkRef:
     length: int
     content_bytes: bytes  # obj.content_id encoded, as a value's header holds it
 
+    def __init__(
+        self,
+        obj: ObjectInfo,
+        chunk_size: int,
+        index: int,
+        key: bytes,
+        length: int,
+        content_bytes: bytes,
+    ) -> None:
+        # Written out, as ObjectInfo's: a hit makes one per file opened, and the
+        # generated frozen __init__ sets each field through object.__setattr__.
+        d = self.__dict__
+        d["obj"] = obj
+        d["chunk_size"] = chunk_size
+        d["index"] = index
+        d["key"] = key
+        d["length"] = length
+        d["content_bytes"] = content_bytes
+
     @classmethod
     def of(cls, obj: ObjectInfo, chunk_size: int, index: int) -> ChunkRef:
         length = chunk_length(obj, chunk_size, index)

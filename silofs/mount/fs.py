@@ -439,15 +439,22 @@ class SilofsFS(pyfuse3.Operations):
         try:
             if first == last:
                 lo, hi = off - first * cs, end - first * cs
-                # The first read of a file's head, of the size the kernel's read-ahead
-                # asks of a sequential reader (a random reader asks for its pages): a
-                # miss names its chunk as a span, so the daemon may stream the object on
-                # from there (node/fetch.py) and the reader's next spans continue it.
-                streams = off == 0 and size >= STREAM_FROM_HEAD and f.obj.size > cs
-                span = (0, 0) if streams else None
-                # verifies [lo, hi) of a hit
-                data, hit, source = await r.chunk(f, first, lo, hi, span)
-                self._count(end - off, hit, source)
+                data = r.hit(f, first, lo, hi)  # verified over [lo, hi)
+                if data is not None:
+                    c = r.counters
+                    c.bytes_read += end - off
+                    c.hits += 1
+                    c.hit_bytes += end - off
+                else:
+                    # The first read of a file's head, of the size the kernel's
+                    # read-ahead asks of a sequential reader (a random reader asks for
+                    # its pages): a miss names its chunk as a span, so the daemon may
+                    # stream the object on from there (node/fetch.py) and the reader's
+                    # next spans continue it.
+                    streams = off == 0 and size >= STREAM_FROM_HEAD and f.obj.size > cs
+                    span = (0, 0) if streams else None
+                    data, hit, source = await r.chunk(f, first, lo, hi, span)
+                    self._count(end - off, hit, source)
                 if sequential and f.obj.size > cs:
                     r.prefetch(f, first)
                 return memoryview(data)[lo:hi]

@@ -38,7 +38,7 @@ from silofs.config import MountSettings
 from silofs.control.client import AsyncControlClient, ControlError, quote_segment
 from silofs.errors import SilofsError, first_leaf
 from silofs.logsetup import reopen_log_files
-from silofs.mount import forked
+from silofs.mount import forked, turns
 from silofs.mount.fs import Presentation, SilofsFS
 from silofs.mount.listing_view import ListingView, changed_entries
 from silofs.mount.reader import ChunkReader, MissError
@@ -236,6 +236,10 @@ class MountProcess:
             await self._goodbye()
             ready(_mount_error(exc, self.s.mountpoint))
             return
+        # One process: its worker tasks pass the device on only when a handler waits.
+        # (With --serve-processes the read token decides, and pyfuse3's lock was made
+        # before the fork: mount/forked.py.)
+        turns.install()
         await self._serve(ready=ready)
 
     def _open(self, reg: dict, shared: SharedTables | None = None) -> None:

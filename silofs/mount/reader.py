@@ -56,7 +56,13 @@ import lmdb
 import trio
 
 from silofs.cache.bounds import FirstTime, ValueCursor
-from silofs.cache.format import MAX_SPAN_CHUNKS, ChunkFormatError, ChunkRef, checked_chunk
+from silofs.cache.format import (
+    MAX_SPAN_CHUNKS,
+    ChunkFormatError,
+    ChunkRef,
+    checked_chunk,
+    verify_chunk,
+)
 from silofs.cache.store import CacheStore
 from silofs.control.client import AsyncControlClient, ControlError, quote_segment
 from silofs.flight import SingleFlight
@@ -410,6 +416,25 @@ class ChunkReader:
             self._retired.append(txn)
 
     # -- one chunk, any source -------------------------------------------------------
+    def hit(self, f: OpenFile, index: int, lo: int, hi: int) -> memoryview | None:
+        """The chunk's data, verified over [lo, hi), if it is cached and in memory: the
+        common case, answered without a coroutine. None where chunk() must take it
+        (absent, not resident, damaged, or a lookup that failed): chunk() looks it up
+        again and counts what it finds, so nothing is counted here."""
+        ref = f.chunk_ref(self.chunk_size, index)
+        try:
+            value = self._lookup(ref)
+            if type(value) is not memoryview:
+                return None
+            view = verify_chunk(
+                value, ref.content_bytes, ref.chunk_size, ref.index, ref.length, lo, hi
+            )
+        except (ChunkFormatError, lmdb.Error):
+            return None
+        if self.track_hits and len(self.touched) < 65536:
+            self.touched.append(ref.key)
+        return view
+
     async def chunk(
         self,
         f: OpenFile,

@@ -251,6 +251,49 @@ def test_concurrent_readers_of_a_cold_file_fetch_each_chunk_once(
     assert m["remote_bytes"] == len(data)
 
 
+def _fuse_waiting(mp: Path) -> int:
+    """Requests of the FUSE connection at `mp` the kernel sent and has no answer to."""
+    conn = os.minor(os.stat(mp).st_dev)
+    return int(Path(f"/sys/fs/fuse/connections/{conn}/waiting").read_text())
+
+
+def test_hits_are_served_while_a_miss_waits(
+    make_node, local_store, monkeypatch, bucket_name, tmp_path: Path
+) -> None:
+    """A miss waiting for its job's IO allocation holds up no hit: reads of a cached file
+    go on through the same mount while the miss still waits, and both read right."""
+    rnd = random.Random(11)
+    tree = {"hot.bin": rnd.randbytes(100_000), "cold.bin": rnd.randbytes(400_000)}
+    local_store.apply_env(monkeypatch)
+    local_store.create(bucket_name, tree)
+    node = make_node()
+    mp = node.mount(local_store.uri(bucket_name), tmp_path / "mnt", "--job", "j")
+    assert (mp / "hot.bin").read_bytes() == tree["hot.bin"]
+    wait_for(lambda: node.status()["datasets"][0]["cached_chunks"] == 1, what="admission")
+    node.request("PUT", "/v1/jobs/j/io", {"bytes_per_s": 0})  # no remote IO: a miss waits
+    cold: list[bytes] = []
+    waiter = threading.Thread(target=lambda: cold.append((mp / "cold.bin").read_bytes()))
+    waiter.start()
+    hits: list[bool] = []
+
+    def read_hot() -> None:
+        for _ in range(50):
+            drop_file_cache(mp / "hot.bin")
+            hits.append((mp / "hot.bin").read_bytes() == tree["hot.bin"])
+
+    hot = threading.Thread(target=read_hot, daemon=True)
+    try:
+        wait_for(lambda: _fuse_waiting(mp) >= 1, what="the miss to wait in the mount")
+        hot.start()
+        hot.join(20)
+        assert not hot.is_alive() and hits == [True] * 50, "hits waited behind the miss"
+        assert waiter.is_alive() and not cold  # the miss still waits
+    finally:
+        node.request("PUT", "/v1/jobs/j/io", {"bytes_per_s": None})
+        waiter.join(60)
+    assert cold == [tree["cold.bin"]]
+
+
 def test_unmount_and_fusermount_both_end_the_mount(
     make_node, local_store, monkeypatch, bucket_name, tmp_path: Path
 ) -> None:
