@@ -164,6 +164,36 @@ class _FixedHits:
             hit = 0.0 + (1.0 if size <= 0 else min(1.0, held / size))  # hit_ratio's sum
             self.hits[job.name] = min(1.0, hit)
 
+    @classmethod
+    def of_hits(
+        cls,
+        jobs: Sequence[Job],
+        cluster: Cluster,
+        hits: Mapping[str, float],
+        e: Mapping[str, float],
+    ) -> _FixedHits:
+        """The model of with_fixed_hits(jobs, cluster, hits) built from `jobs` directly,
+        without its jobs and cluster: the same arithmetic as __init__ on them (fill_units
+        gives each unit min(size - 0.0, its pool), since it is alone in its pool)."""
+        self = cls.__new__(cls)
+        self.names = names = [job.name for job in jobs]
+        self.e = e
+        cache: dict[str, float] = {}
+        miss: list[float] = []
+        out: dict[str, float] = {}
+        self.cache, self.miss, self.hits = cache, miss, out
+        units = cluster.units
+        for job, name in zip(jobs, names, strict=True):
+            size = units[next(iter(job.reads))].size
+            take = min(size - 0.0, hits[name] * size)
+            held = 0.0
+            if take > 0:
+                cache[f"now:{name}"] = held = 0.0 + take
+            miss.append(max(0.0, 1.0 - held / size) if size > 0 else 0.0)
+            hit = 0.0 + (1.0 if size <= 0 else min(1.0, held / size))
+            out[name] = min(1.0, hit)
+        return self
+
     @staticmethod
     def applies(jobs: Sequence[Job], cluster: Cluster) -> bool:
         """Does every job read one unit (weight 1) that nobody else reads, alone in its
@@ -310,6 +340,26 @@ def maxmin(
     are taken in bulk (_cap_rounds) with the same outcome, so the number of full rounds,
     each of which solves the cache knapsack, is the number of times IO or GPUs bind.
     """
+    return _fill(jobs, cluster, e, _io_model(jobs, cluster, e) if io_aware else None)
+
+
+def maxmin_fixed_hits(
+    jobs: Sequence[Job], cluster: Cluster, hits: Mapping[str, float], e: Mapping[str, float]
+) -> MaxMin:
+    """maxmin(*with_fixed_hits(jobs, cluster, hits), e), to the last bit, without making
+    that problem's jobs and cluster: only its IO model differs from `jobs` on `cluster`
+    (the rounds read names, GPUs, f* and the cluster's GPUs and link, which are the
+    same)."""
+    return _fill(jobs, cluster, e, _FixedHits.of_hits(jobs, cluster, hits, e).loads)
+
+
+def _fill(
+    jobs: Sequence[Job],
+    cluster: Cluster,
+    e: Mapping[str, float],
+    io: Callable[[Mapping[str, float]], _Loads | _FixedLoads] | None,
+) -> MaxMin:
+    """maxmin's progressive filling with the IO model `io` (None: IO is not planned)."""
     fixed: dict[str, float] = {}
     caps: dict[str, float] = {}
     live: list[tuple[float, str, Job]] = []
@@ -323,7 +373,6 @@ def maxmin(
     # Free jobs in ascending ceiling: a round's own-ceiling freezes are then a prefix.
     # (Names are unique, so the sort never compares two jobs.)
     free = [job for _, _, job in sorted(live)]
-    io = _io_model(jobs, cluster, e) if io_aware else None
     lam = 0.0
     first = None
     while free:
@@ -537,8 +586,7 @@ class GavelPolicy:
         alloc = Allocation(cache=dict(plan.cache) if estimator.io_aware else {})
         hits = current_hits(jobs, cluster, plan.cache) if estimator.io_aware else None
         if hits is not None:
-            now_jobs, now_cluster = with_fixed_hits(jobs, cluster, hits)
-            plan = maxmin(now_jobs, now_cluster, e)
+            plan = maxmin_fixed_hits(jobs, cluster, hits, e)
         rates, gpu_share = plan.rates, alloc.gpu_share
         for job in jobs:
             share = 0.0
