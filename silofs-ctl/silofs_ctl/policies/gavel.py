@@ -82,6 +82,7 @@ class _Loads:
             self.fixed.setdefault(key, 0.0)
             self.slope.setdefault(key, 0.0)
         self.one_per_pool: bool | None = None  # see best_cache
+        self.rows: list[tuple[str, float, float, float]] | None = None  # see _rows
 
     def best_cache(self, lam: float, cluster: Cluster) -> dict[str, float]:
         """The knapsack at lam. Ties go to the larger slope, so the returned cache is
@@ -97,23 +98,42 @@ class _Loads:
             # no order to choose, each holds what its pool does.
             return fill_units(self.fixed, cluster)
 
-        units, fixed, slope = cluster.units, self.fixed, self.slope
-        ranks = []  # (-load / size, -slope / size, key): the largest load per byte first
-        for key, load in fixed.items():
-            size = units[key].size
-            per = slope[key]
-            ranks.append((-(load + lam * per) / size, -per / size, key))
+        # (-load / size, -slope / size, key): the largest load per byte first
+        ranks = [
+            (-(load + lam * per) / size, -per / size, key)
+            for key, size, load, per in self._rows(cluster)
+        ]
         ranks.sort()
-        return fill_units([key for _, _, key in ranks], cluster)
+        return _fill_ranked(ranks, cluster)
+
+    def _rows(self, cluster: Cluster) -> list[tuple[str, float, float, float]]:
+        """(key, size, fixed, slope) of every unit, in the loads' order (found once)."""
+        rows = self.rows
+        if rows is None:
+            units, slope = cluster.units, self.slope
+            rows = self.rows = [
+                (key, units[key].size, load, slope[key]) for key, load in self.fixed.items()
+            ]
+        return rows
 
     def io_line(self, cache: Mapping[str, float], cluster: Cluster) -> tuple[float, float]:
-        """(a, b) with IO needed = a + b * lam for this cache."""
+        """(a, b) with IO needed = a + b * lam for this cache. (A unit the cache leaves
+        out misses everything: 1.0 - 0.0 / size is 1.0, and x * 1.0 is x, to the bit.)"""
         a = b = 0.0
-        for key in self.fixed:
-            size = cluster.units[key].size
-            miss = max(0.0, 1.0 - cache.get(key, 0.0) / size) if size > 0 else 0.0
-            a += self.fixed[key] * miss
-            b += self.slope[key] * miss
+        get = cache.get
+        for key, size, load, per in self._rows(cluster):
+            held = get(key)
+            if held is None:
+                if size > 0:
+                    a += load
+                    b += per
+                else:
+                    a += load * 0.0
+                    b += per * 0.0
+                continue
+            miss = max(0.0, 1.0 - held / size) if size > 0 else 0.0
+            a += load * miss
+            b += per * miss
         return a, b
 
     def limit(self, cluster: Cluster, start: float) -> float:
@@ -282,6 +302,29 @@ class _FixedLoads:
 
     def hit(self, job: Job, cache: Mapping[str, float], cluster: Cluster) -> float:
         return self.model.hits[job.name]
+
+
+def _fill_ranked(ranks: Sequence[tuple[float, float, str]], cluster: Cluster) -> dict[str, float]:
+    """fill_units in the order of `ranks`' keys (each once, nothing held before): the
+    same floats, and it stops once every pool is used up (a pool at 0.0 gives nothing
+    more: each take is at most what is left, so what is left never drops below 0.0)."""
+    cache: dict[str, float] = {}
+    left = dict(cluster.pools)
+    units = cluster.units
+    open_pools = sum(1 for v in left.values() if v > 0.0)
+    for _, _, key in ranks:
+        if not open_pools:
+            break
+        unit = units[key]
+        pool = unit.pool
+        have = left[pool]
+        take = min(unit.size - 0.0, have)
+        if take > 0:
+            cache[key] = 0.0 + take
+            left[pool] = have = have - take
+            if not have > 0.0:
+                open_pools -= 1
+    return cache
 
 
 def _reads(jobs: Sequence[Job]) -> list[tuple[str, str, float]]:
