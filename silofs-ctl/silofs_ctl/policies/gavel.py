@@ -485,9 +485,10 @@ def _cap_rounds(
     per_lam = sum(j.gpus * e[j.name] / j.f_star for j in free)  # free jobs have f* > 0
     gpu_ok: list[bool] = []
     used, start = used0, 0
+    gpu_bar = cluster.total_gpus * (1 - _MARGIN)
     for level, end in groups:
         near = level * (1 + _TOL) * (1 + _MARGIN)
-        gpu_ok.append(used + per_lam * near < cluster.total_gpus * (1 - _MARGIN))
+        gpu_ok.append(used + per_lam * near < gpu_bar)
         if not gpu_ok[-1]:
             break
         for job in free[start:end]:
@@ -566,9 +567,12 @@ def _binding(
     if lam_io <= near and loads is not None:
         cache = loads.best_cache(lam, cluster)
         held = {j.name for j in frozen}
-        frozen += [
-            j for j in free if j.name not in held and loads.hit(j, cache, cluster) < 1 - _TOL
-        ]
+        bar = 1 - _TOL
+        if isinstance(loads, _FixedLoads):  # (its hit is a lookup: done here per job)
+            hits = loads.model.hits
+            frozen += [j for j in free if j.name not in held and hits[j.name] < bar]
+        else:
+            frozen += [j for j in free if j.name not in held and loads.hit(j, cache, cluster) < bar]
     return frozen or list(free)
 
 
