@@ -63,24 +63,25 @@ class _Loads:
     ) -> None:
         """reads: (job, unit, weight) of every job's reads in the jobs' order, when the
         caller has it (maxmin builds loads many times over the same jobs)."""
-        self.fixed: dict[str, float] = {}
-        self.slope: dict[str, float] = {}
+        loads: dict[str, float] = {}
+        slopes: dict[str, float] = {}
+        self.fixed, self.slope = loads, slopes
         if reads is None:
             reads = _reads(jobs)
-        fixed_get, slope_get = self.fixed.get, self.slope.get
+        rate_of, fixed_get, slope_get = fixed.get, loads.get, slopes.get
         for name, key, weight in reads:
-            rate = fixed.get(name)
+            rate = rate_of(name)
             if rate is not None:  # (name in fixed)
-                self.fixed[key] = fixed_get(key, 0.0) + weight * rate
+                loads[key] = fixed_get(key, 0.0) + weight * rate
             else:
-                self.slope[key] = slope_get(key, 0.0) + weight * e[name]
+                slopes[key] = slope_get(key, 0.0) + weight * e[name]
         # In the jobs' order, not a set's: the knapsack and the loads sum over these
         # dicts in order, and a hash-seeded order made runs differ in their last bits
         # (and, at ties, in Gavel's progressive filling: trace-300's gavel:silod moved
         # 18.6-19.1 h in average JCT from run to run).
-        for key in (*self.fixed, *self.slope):
-            self.fixed.setdefault(key, 0.0)
-            self.slope.setdefault(key, 0.0)
+        for key in (*loads, *slopes):
+            loads.setdefault(key, 0.0)
+            slopes.setdefault(key, 0.0)
         self.one_per_pool: bool | None = None  # see best_cache
         self.rows: list[tuple[str, float, float, float]] | None = None  # see _rows
 
