@@ -259,3 +259,23 @@ def test_fixed_hit_problems_solve_the_same_with_the_one_division_model(
             general = maxmin(now_jobs, now_cluster, e)
         assert fast.rates == general.rates
         assert fast.level == general.level
+
+
+@pytest.mark.parametrize("n_jobs", [16, 300])
+def test_fixed_hits_solve_without_building_the_problem_is_the_same_to_the_bit(
+    n_jobs: int,
+) -> None:
+    """maxmin_fixed_hits is maxmin of with_fixed_hits' problem, made without its jobs and
+    cluster: every rate, the level and the cache must be the same floats."""
+    from silofs_ctl.policies import gavel
+
+    rng = random.Random(n_jobs + 1)
+    for _ in range(20):
+        jobs, cluster = large_instance(n_jobs, rng.randrange(10**6))
+        hits = {j.name: rng.choice([0.0, 1.0, rng.random()]) for j in jobs}
+        e = equal_share_perf(jobs, cluster, SiloDEstimator())
+        built = maxmin(*gavel.with_fixed_hits(jobs, cluster, hits), e)
+        direct = gavel.maxmin_fixed_hits(jobs, cluster, hits, e)
+        assert list(direct.rates.items()) == list(built.rates.items())
+        assert direct.level == built.level
+        assert direct.cache == built.cache

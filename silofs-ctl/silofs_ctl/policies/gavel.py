@@ -63,25 +63,27 @@ class _Loads:
     ) -> None:
         """reads: (job, unit, weight) of every job's reads in the jobs' order, when the
         caller has it (maxmin builds loads many times over the same jobs)."""
-        self.fixed: dict[str, float] = {}
-        self.slope: dict[str, float] = {}
+        loads: dict[str, float] = {}
+        slopes: dict[str, float] = {}
+        self.fixed, self.slope = loads, slopes
         if reads is None:
             reads = _reads(jobs)
-        fixed_get, slope_get = self.fixed.get, self.slope.get
+        rate_of, fixed_get, slope_get = fixed.get, loads.get, slopes.get
         for name, key, weight in reads:
-            rate = fixed.get(name)
+            rate = rate_of(name)
             if rate is not None:  # (name in fixed)
-                self.fixed[key] = fixed_get(key, 0.0) + weight * rate
+                loads[key] = fixed_get(key, 0.0) + weight * rate
             else:
-                self.slope[key] = slope_get(key, 0.0) + weight * e[name]
+                slopes[key] = slope_get(key, 0.0) + weight * e[name]
         # In the jobs' order, not a set's: the knapsack and the loads sum over these
         # dicts in order, and a hash-seeded order made runs differ in their last bits
         # (and, at ties, in Gavel's progressive filling: trace-300's gavel:silod moved
         # 18.6-19.1 h in average JCT from run to run).
-        for key in (*self.fixed, *self.slope):
-            self.fixed.setdefault(key, 0.0)
-            self.slope.setdefault(key, 0.0)
+        for key in (*loads, *slopes):
+            loads.setdefault(key, 0.0)
+            slopes.setdefault(key, 0.0)
         self.one_per_pool: bool | None = None  # see best_cache
+        self.rows: list[tuple[str, float, float, float]] | None = None  # see _rows
 
     def best_cache(self, lam: float, cluster: Cluster) -> dict[str, float]:
         """The knapsack at lam. Ties go to the larger slope, so the returned cache is
@@ -97,23 +99,42 @@ class _Loads:
             # no order to choose, each holds what its pool does.
             return fill_units(self.fixed, cluster)
 
-        units, fixed, slope = cluster.units, self.fixed, self.slope
-        ranks = []  # (-load / size, -slope / size, key): the largest load per byte first
-        for key, load in fixed.items():
-            size = units[key].size
-            per = slope[key]
-            ranks.append((-(load + lam * per) / size, -per / size, key))
+        # (-load / size, -slope / size, key): the largest load per byte first
+        ranks = [
+            (-(load + lam * per) / size, -per / size, key)
+            for key, size, load, per in self._rows(cluster)
+        ]
         ranks.sort()
-        return fill_units([key for _, _, key in ranks], cluster)
+        return _fill_ranked(ranks, cluster)
+
+    def _rows(self, cluster: Cluster) -> list[tuple[str, float, float, float]]:
+        """(key, size, fixed, slope) of every unit, in the loads' order (found once)."""
+        rows = self.rows
+        if rows is None:
+            units, slope = cluster.units, self.slope
+            rows = self.rows = [
+                (key, units[key].size, load, slope[key]) for key, load in self.fixed.items()
+            ]
+        return rows
 
     def io_line(self, cache: Mapping[str, float], cluster: Cluster) -> tuple[float, float]:
-        """(a, b) with IO needed = a + b * lam for this cache."""
+        """(a, b) with IO needed = a + b * lam for this cache. (A unit the cache leaves
+        out misses everything: 1.0 - 0.0 / size is 1.0, and x * 1.0 is x, to the bit.)"""
         a = b = 0.0
-        for key in self.fixed:
-            size = cluster.units[key].size
-            miss = max(0.0, 1.0 - cache.get(key, 0.0) / size) if size > 0 else 0.0
-            a += self.fixed[key] * miss
-            b += self.slope[key] * miss
+        get = cache.get
+        for key, size, load, per in self._rows(cluster):
+            held = get(key)
+            if held is None:
+                if size > 0:
+                    a += load
+                    b += per
+                else:
+                    a += load * 0.0
+                    b += per * 0.0
+                continue
+            miss = max(0.0, 1.0 - held / size) if size > 0 else 0.0
+            a += load * miss
+            b += per * miss
         return a, b
 
     def limit(self, cluster: Cluster, start: float) -> float:
@@ -163,6 +184,36 @@ class _FixedHits:
             self.miss.append(max(0.0, 1.0 - held / size) if size > 0 else 0.0)
             hit = 0.0 + (1.0 if size <= 0 else min(1.0, held / size))  # hit_ratio's sum
             self.hits[job.name] = min(1.0, hit)
+
+    @classmethod
+    def of_hits(
+        cls,
+        jobs: Sequence[Job],
+        cluster: Cluster,
+        hits: Mapping[str, float],
+        e: Mapping[str, float],
+    ) -> _FixedHits:
+        """The model of with_fixed_hits(jobs, cluster, hits) built from `jobs` directly,
+        without its jobs and cluster: the same arithmetic as __init__ on them (fill_units
+        gives each unit min(size - 0.0, its pool), since it is alone in its pool)."""
+        self = cls.__new__(cls)
+        self.names = names = [job.name for job in jobs]
+        self.e = e
+        cache: dict[str, float] = {}
+        miss: list[float] = []
+        out: dict[str, float] = {}
+        self.cache, self.miss, self.hits = cache, miss, out
+        units = cluster.units
+        for job, name in zip(jobs, names, strict=True):
+            size = units[next(iter(job.reads))].size
+            take = min(size - 0.0, hits[name] * size)
+            held = 0.0
+            if take > 0:
+                cache[f"now:{name}"] = held = 0.0 + take
+            miss.append(max(0.0, 1.0 - held / size) if size > 0 else 0.0)
+            hit = 0.0 + (1.0 if size <= 0 else min(1.0, held / size))
+            out[name] = min(1.0, hit)
+        return self
 
     @staticmethod
     def applies(jobs: Sequence[Job], cluster: Cluster) -> bool:
@@ -254,6 +305,29 @@ class _FixedLoads:
         return self.model.hits[job.name]
 
 
+def _fill_ranked(ranks: Sequence[tuple[float, float, str]], cluster: Cluster) -> dict[str, float]:
+    """fill_units in the order of `ranks`' keys (each once, nothing held before): the
+    same floats, and it stops once every pool is used up (a pool at 0.0 gives nothing
+    more: each take is at most what is left, so what is left never drops below 0.0)."""
+    cache: dict[str, float] = {}
+    left = dict(cluster.pools)
+    units = cluster.units
+    open_pools = sum(1 for v in left.values() if v > 0.0)
+    for _, _, key in ranks:
+        if not open_pools:
+            break
+        unit = units[key]
+        pool = unit.pool
+        have = left[pool]
+        take = min(unit.size - 0.0, have)
+        if take > 0:
+            cache[key] = 0.0 + take
+            left[pool] = have = have - take
+            if not have > 0.0:
+                open_pools -= 1
+    return cache
+
+
 def _reads(jobs: Sequence[Job]) -> list[tuple[str, str, float]]:
     return [(job.name, key, weight) for job in jobs for key, weight in job.reads.items()]
 
@@ -310,6 +384,26 @@ def maxmin(
     are taken in bulk (_cap_rounds) with the same outcome, so the number of full rounds,
     each of which solves the cache knapsack, is the number of times IO or GPUs bind.
     """
+    return _fill(jobs, cluster, e, _io_model(jobs, cluster, e) if io_aware else None)
+
+
+def maxmin_fixed_hits(
+    jobs: Sequence[Job], cluster: Cluster, hits: Mapping[str, float], e: Mapping[str, float]
+) -> MaxMin:
+    """maxmin(*with_fixed_hits(jobs, cluster, hits), e), to the last bit, without making
+    that problem's jobs and cluster: only its IO model differs from `jobs` on `cluster`
+    (the rounds read names, GPUs, f* and the cluster's GPUs and link, which are the
+    same)."""
+    return _fill(jobs, cluster, e, _FixedHits.of_hits(jobs, cluster, hits, e).loads)
+
+
+def _fill(
+    jobs: Sequence[Job],
+    cluster: Cluster,
+    e: Mapping[str, float],
+    io: Callable[[Mapping[str, float]], _Loads | _FixedLoads] | None,
+) -> MaxMin:
+    """maxmin's progressive filling with the IO model `io` (None: IO is not planned)."""
     fixed: dict[str, float] = {}
     caps: dict[str, float] = {}
     live: list[tuple[float, str, Job]] = []
@@ -323,7 +417,6 @@ def maxmin(
     # Free jobs in ascending ceiling: a round's own-ceiling freezes are then a prefix.
     # (Names are unique, so the sort never compares two jobs.)
     free = [job for _, _, job in sorted(live)]
-    io = _io_model(jobs, cluster, e) if io_aware else None
     lam = 0.0
     first = None
     while free:
@@ -393,9 +486,10 @@ def _cap_rounds(
     per_lam = sum(j.gpus * e[j.name] / j.f_star for j in free)  # free jobs have f* > 0
     gpu_ok: list[bool] = []
     used, start = used0, 0
+    gpu_bar = cluster.total_gpus * (1 - _MARGIN)
     for level, end in groups:
         near = level * (1 + _TOL) * (1 + _MARGIN)
-        gpu_ok.append(used + per_lam * near < cluster.total_gpus * (1 - _MARGIN))
+        gpu_ok.append(used + per_lam * near < gpu_bar)
         if not gpu_ok[-1]:
             break
         for job in free[start:end]:
@@ -474,9 +568,12 @@ def _binding(
     if lam_io <= near and loads is not None:
         cache = loads.best_cache(lam, cluster)
         held = {j.name for j in frozen}
-        frozen += [
-            j for j in free if j.name not in held and loads.hit(j, cache, cluster) < 1 - _TOL
-        ]
+        bar = 1 - _TOL
+        if isinstance(loads, _FixedLoads):  # (its hit is a lookup: done here per job)
+            hits = loads.model.hits
+            frozen += [j for j in free if j.name not in held and hits[j.name] < bar]
+        else:
+            frozen += [j for j in free if j.name not in held and loads.hit(j, cache, cluster) < bar]
     return frozen or list(free)
 
 
@@ -537,8 +634,7 @@ class GavelPolicy:
         alloc = Allocation(cache=dict(plan.cache) if estimator.io_aware else {})
         hits = current_hits(jobs, cluster, plan.cache) if estimator.io_aware else None
         if hits is not None:
-            now_jobs, now_cluster = with_fixed_hits(jobs, cluster, hits)
-            plan = maxmin(now_jobs, now_cluster, e)
+            plan = maxmin_fixed_hits(jobs, cluster, hits, e)
         rates, gpu_share = plan.rates, alloc.gpu_share
         for job in jobs:
             share = 0.0
