@@ -267,7 +267,10 @@ class LruPool:
         self.segments = segments
         self.resident: dict[str, float] = {}  # bytes of each dataset held
         self.target: dict[str, float] = {}  # steady-state holding
-        self.growing: set[str] = set()  # datasets below their target, still growing
+        # Datasets below their target, still growing; a dict for its order (the
+        # simulator re-rates their readers in it, and a set's order of str hashes moves
+        # with PYTHONHASHSEED).
+        self.growing: dict[str, None] = {}
         self.time: float | None = None  # the pool's characteristic time, last
         # What the targets were last found for (each running reader's dataset, rate
         # ceiling and IO cap), and the readers' rates there by job name, to start the
@@ -311,7 +314,9 @@ class LruPool:
         self.rates = dict(zip(names, found.rates, strict=True))
         for dataset in list(self.resident):
             self.resident[dataset] = min(self.resident[dataset], self.target.get(dataset, 0.0))
-        self.growing = {d for d, want in self.target.items() if self.resident.get(d, 0.0) < want}
+        self.growing = {
+            d: None for d, want in self.target.items() if self.resident.get(d, 0.0) < want
+        }
 
     def hit(self, job: SimJob) -> float:
         """The job's hit ratio from its position to its next segment boundary (set in

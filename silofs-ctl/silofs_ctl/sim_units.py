@@ -45,7 +45,10 @@ class Units:
         self.in_use: set[str] = set()  # units allocated or holding bytes (see allocate)
         self.inflow: dict[str, float] = {}  # remote bytes/s its running readers fetch
         self.unit_t: dict[str, float] = {}  # when its fill was last brought to now
-        self.filling: set[str] = set()  # units with inflow and room: they bound steps
+        # Units with inflow and room: they bound steps. A dict for its order: the
+        # simulator visits them in turn and sums rates in that order, and a set's order
+        # (of str hashes) would change with PYTHONHASHSEED, and with it the last bits.
+        self.filling: dict[str, None] = {}
         self.full = False  # a unit became full since the flag was last cleared
 
     def _cap(self, key: str) -> None:
@@ -91,7 +94,7 @@ class Units:
         self.filled[key] = held = held if held < cap else cap  # min(cap, held)
         if held >= self.full_at[key]:
             self.full = True  # what the policy planned with has changed
-            self.filling.discard(key)
+            self.filling.pop(key, None)
 
     def sync_all(self, now: float) -> None:
         """Every unit with an inflow brought to `now`."""
@@ -116,9 +119,9 @@ class Units:
         inflow = self.inflow.get(key, 0.0) + new - old
         self.inflow[key] = inflow = inflow if inflow > 1e-9 else 0.0
         if not lru and inflow > 0 and self.room(key):
-            self.filling.add(key)
+            self.filling[key] = None
         else:
-            self.filling.discard(key)
+            self.filling.pop(key, None)
 
     def leave(self, key: str, remote: float, now: float) -> None:
         """A reader of unit `key` that fetched `remote` bytes/s left."""
@@ -126,7 +129,7 @@ class Units:
         inflow = self.inflow.get(key, 0.0) - remote
         self.inflow[key] = inflow = inflow if inflow > 1e-9 else 0.0
         if inflow <= 0:
-            self.filling.discard(key)
+            self.filling.pop(key, None)
 
     def add_inflow(self, key: str, step: float, now: float) -> None:
         """`step` more bytes/s into `key` (the level clock's held readers moving)."""
@@ -139,11 +142,11 @@ class Units:
         """The inflows summed anew at a re-plan (every unit was brought to now first);
         the units still filling follow from them."""
         self.inflow = inflow
-        self.filling = set()
+        self.filling = {}
         if self.lru:
             return
         filled, full_at = self.filled, self.full_at
-        self.filling = {key for key in inflow if filled[key] < full_at[key]}  # room
+        self.filling = {key: None for key in inflow if filled[key] < full_at[key]}  # room
 
     def allocate(self, cache: Mapping[str, float], readers: Mapping[str, list[SimJob]]) -> None:
         """Each uniform unit's allocation from a plan; a unit holding more than it is

@@ -349,7 +349,7 @@ class Simulation:
                 continue  # nothing fetched into it now: its holding stays
             units.sync(dataset, now)
             if pool.resident.get(dataset, 0.0) >= pool.target.get(dataset, 0.0):
-                pool.growing.discard(dataset)
+                pool.growing.pop(dataset, None)
             for other in self.readers.get(dataset, ()):
                 if other.share > 0 and other.epochs_done > 0:
                     if other.lru_held != pool.held(other.spec.dataset):
