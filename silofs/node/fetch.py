@@ -181,11 +181,14 @@ class Fetcher:
             self._flights.claim([r.key for r in run])
             break
         pending = {r.key for r in run}
+        streamed = len(run) > 1
         mine: list[bytes | memoryview] = []
 
         def deliver(r: ChunkRef, data: memoryview, value: bytes | bytearray) -> None:
             again = replace and r.key == ref.key
-            self.writer.offer(PendingChunk(dsid, r.key, value, r.length, replace=again))
+            self.writer.offer(
+                PendingChunk(dsid, r.key, value, r.length, replace=again, streamed=streamed)
+            )
             pending.discard(r.key)
             waited = self._flights.settle(r.key, data)
             if r.key == ref.key:

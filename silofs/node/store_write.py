@@ -58,6 +58,7 @@ class PendingChunk:
     value: bytes | bytearray  # encoded (header + data); never changed once offered
     data_len: int
     replace: bool = False  # overwrite a cached value that failed verification
+    streamed: bool = False  # one of several chunks one GET streams (a sequential read)
 
 
 @dataclass

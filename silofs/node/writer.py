@@ -5,7 +5,8 @@ large txns from one thread and carrying out the quota policy (silofs/node/quota.
 them. Never decides quotas, never fetches and never serves reads; a full queue drops an
 admission (the chunk is admitted on a later miss) rather than slow a reader down.
 
-Admission holds its queue while offers keep coming (a cold read streaming in): it writes
+Admission holds its queue while streamed offers keep coming (a cold read streaming in:
+chunks of GETs that each cover several; any other offer ends the hold): it writes
 once they pause for batch_seconds, once the queue is within one batch (batch_bytes, at
 most half the queue) of its bound, or HOLD_SECONDS (at least batch_seconds) after the
 first offer it holds, whichever comes first, in txns of at most batch_bytes each. Its
@@ -160,6 +161,7 @@ class Writer:
         # one in that gap (a reader right behind a prefetch) is served from here rather
         # than fetched again (fetch.py Fetcher.cached).
         self._pending: dict[bytes, PendingChunk] = {}
+        self._streaming = False  # the last offer was one of a stream's chunks (_hold)
         self._wakeup = trio.Event()
         self._lock = trio.Lock()  # one write txn at a time, in one thread
         self._admit_thread = _AdmitThread()
@@ -172,6 +174,7 @@ class Writer:
         self._queue.append(item)
         self._queued += len(item.value)
         self._pending[item.key] = item
+        self._streaming = item.streamed
         self._wakeup.set()
         return True
 
@@ -233,12 +236,21 @@ class Writer:
             wrote = True
 
     async def _hold(self) -> None:
-        """Wait while offers keep coming (module docstring): until none came for
-        batch_seconds, the queue is within one batch of its bound, or HOLD_SECONDS
-        passed."""
+        """Let a batch build up. Streamed offers (module docstring): wait while they keep
+        coming, until none came for batch_seconds, the queue is within one batch of its
+        bound, or HOLD_SECONDS passed. Others: one txn per batch_seconds or batch_bytes,
+        not one per chunk."""
+        if not self._streaming:
+            # Random misses (small files, other members' chunks) are not held longer:
+            # a held queue serves them as hits, a cache beyond their allocation.
+            with trio.move_on_after(self.batch_seconds):
+                while self._queued < self.batch_bytes:
+                    self._wakeup = trio.Event()
+                    await self._wakeup.wait()
+            return
         hold_bytes = self.queue_bytes - min(self.batch_bytes, self.queue_bytes // 2)
         with trio.move_on_after(max(HOLD_SECONDS, self.batch_seconds)):
-            while self._queued < hold_bytes:
+            while self._streaming and self._queued < hold_bytes:
                 self._wakeup = trio.Event()
                 with trio.move_on_after(self.batch_seconds) as quiet:
                     await self._wakeup.wait()

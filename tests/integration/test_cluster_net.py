@@ -252,21 +252,24 @@ def test_a_cluster_share_of_half_the_dataset_is_half_the_hits_everywhere(four: C
     bucket, files = _dataset(c, "half", 2)
     mounts = _mount_all(c, bucket, c.spec.roles, "half")
     _share(c, bucket, DATASET // 2)
-    reads1, _, _ = _run_epoch(c, mounts, files, seed=21, done=0)
-    _assert_right(reads1, files)
-    reads2, ratios2, _ = _run_epoch(c, mounts, files, seed=22, done=1)
-    _assert_right(reads2, files)
-    print(f"epoch-2 hit ratios with a share of half: {ratios2}")
-    # The share is what the homes may hold: each its part (equal weights: a quarter).
-    for role in c.spec.roles:
-        held = _held(c, role, bucket) * CHUNK
-        assert held <= DATASET // 2 // NODES, f"{role} holds {held} of a share of half"
-    # At least the share's hits everywhere. A chunk another node has just missed may
-    # still wait in its home's admission queue and be served from there, with no store
-    # GET, so a node can count a few more hits than the share holds (more when admission
-    # runs behind, as on a loaded host); what the homes hold is checked above.
-    assert all(0.45 <= h <= 0.6 for h in ratios2.values()), ratios2
-    _release(c, bucket)
+    try:
+        reads1, _, _ = _run_epoch(c, mounts, files, seed=21, done=0)
+        _assert_right(reads1, files)
+        reads2, ratios2, _ = _run_epoch(c, mounts, files, seed=22, done=1)
+        _assert_right(reads2, files)
+        print(f"epoch-2 hit ratios with a share of half: {ratios2}")
+        # The share is what the homes may hold: each its part (equal weights: a quarter).
+        for role in c.spec.roles:
+            held = _held(c, role, bucket) * CHUNK
+            assert held <= DATASET // 2 // NODES, f"{role} holds {held} of a share of half"
+        # At least the share's hits everywhere. A chunk another node has just missed may
+        # still wait in its home's admission queue and be served from there, with no
+        # store GET, so a node can count a few more hits than the share holds (more when
+        # admission runs behind, as on a loaded host); what the homes hold is checked
+        # above.
+        assert all(0.45 <= h <= 0.6 for h in ratios2.values()), ratios2
+    finally:
+        _release(c, bucket)  # the module's cluster: the next test needs the room
 
 
 # ---------------------------------------------------------------------------------------

@@ -298,6 +298,8 @@ def test_run_holds_the_queue_while_offers_keep_coming(
 ) -> None:
     """A stream of offers (a cold read) is written once it pauses, in txns of at most
     batch_bytes; one that never pauses is written HOLD_SECONDS after its first offer."""
+    from dataclasses import replace
+
     from silofs.node.writer import HOLD_SECONDS
 
     spy = AdmitSpy(store, monkeypatch)
@@ -320,7 +322,7 @@ def test_run_holds_the_queue_while_offers_keep_coming(
             await trio.testing.wait_all_tasks_blocked()
             t0 = trio.current_time()
             for i in range(10):  # 0.04 s apart: never a pause of batch_seconds
-                w.offer(chunk(1, i))
+                w.offer(replace(chunk(1, i), streamed=True))
                 await trio.sleep(0.04)
             assert flushed == [], "written while offers kept coming"
             await done[0].wait()
@@ -330,13 +332,42 @@ def test_run_holds_the_queue_while_offers_keep_coming(
             t1 = trio.current_time()
             i = 10
             while not len(flushed) > 1:
-                w.offer(chunk(1, i))
+                w.offer(replace(chunk(1, i), streamed=True))
                 i += 1
                 await trio.sleep(0.04)
             await done[1].wait()
             assert HOLD_SECONDS - 1e-9 <= flushed[1] - t1 <= HOLD_SECONDS + 0.05
             nursery.cancel_scope.cancel()
         check(store, w.usage)
+
+    run(main)
+
+
+def test_random_misses_are_not_held(store: WritableStore) -> None:
+    """Offers that are not a stream's chunks (small files, single-chunk misses) are
+    written as they come: a held queue would serve them as hits, a cache beyond the
+    dataset's allocation."""
+    size = len(chunk(1, 0).value)
+
+    async def main() -> None:
+        w = make_writer(store, batch_bytes=3 * size, batch_seconds=0.05)
+        flushed: list[float] = []
+        real_flush = w.flush
+
+        async def flush() -> None:
+            flushed.append(trio.current_time())
+            await real_flush()
+
+        w.flush = flush  # type: ignore[method-assign]
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(w.run)
+            await trio.testing.wait_all_tasks_blocked()
+            t0 = trio.current_time()
+            for i in range(10):  # 0.04 s apart, as above, but not streamed
+                w.offer(chunk(1, i))
+                await trio.sleep(0.04)
+            assert flushed and flushed[0] - t0 <= 0.05 + 1e-9, "held like a stream"
+            nursery.cancel_scope.cancel()
 
     run(main)
 
