@@ -68,6 +68,14 @@ def mount_processes(node: Node) -> list[int]:
     return out
 
 
+def assert_held_read_fails(held: int) -> None:
+    """The held file's next read that reaches the mount fails; nothing waits on it."""
+    os.posix_fadvise(held, 0, 0, os.POSIX_FADV_DONTNEED)
+    with pytest.raises(OSError) as err:
+        os.pread(held, 4096, 200 << 10)
+    assert err.value.errno in (errno.ENOTCONN, errno.ENODEV, errno.ECONNABORTED)
+
+
 def test_the_jobs_mounts_end_wherever_they_are_and_the_job_is_forgotten(
     site: Path, make_node
 ) -> None:  # type: ignore[no-untyped-def]
@@ -91,11 +99,7 @@ def test_the_jobs_mounts_end_wherever_they_are_and_the_job_is_forgotten(
         for mp in (second, elsewhere):
             assert f"unmounted {mp}" in lines
         assert f"removed {job_dir}" in lines and f"forgot job {JOB}" in lines
-        # The held file's next read that reaches the mount fails; nothing waits on it.
-        os.posix_fadvise(held, 0, 0, os.POSIX_FADV_DONTNEED)
-        with pytest.raises(OSError) as err:
-            os.pread(held, 4096, 200 << 10)
-        assert err.value.errno in (errno.ENOTCONN, errno.ENODEV, errno.ECONNABORTED)
+        assert_held_read_fails(held)
     finally:
         os.close(held)
     assert not [m for m in (inside, second, elsewhere) if mounted(m)]
@@ -124,10 +128,7 @@ def test_a_held_mount_of_several_serving_processes_ends_on_sigterm(site: Path, m
         assert res.returncode == 0, res.stderr
         assert f"{mp} is busy (a process holds files open in it): detached it" in res.stdout
         assert "SIGKILL" not in res.stdout, res.stdout
-        os.posix_fadvise(held, 0, 0, os.POSIX_FADV_DONTNEED)
-        with pytest.raises(OSError) as err:
-            os.pread(held, 4096, 200 << 10)
-        assert err.value.errno in (errno.ENOTCONN, errno.ENODEV, errno.ECONNABORTED)
+        assert_held_read_fails(held)
     finally:
         os.close(held)
     assert mount_processes(node) == [] and not job_dir.exists()
