@@ -215,15 +215,22 @@ def test_mixed_a_job_on_a_clustered_and_a_standalone_node_reads_half_through_eac
     assert len(set(rates.values())) == 1  # IO still split evenly over its 3 nodes
 
 
-def test_two_clusters_are_two_pools_each_pushed_through_its_own_member() -> None:
+def two_clusters(a_name: str, b_name: str) -> tuple[Shares, Shares, list[FakeMember]]:
+    """n1, n2 in cluster `a_name`, n3, n4 in `b_name`, each its own shares table; every
+    node has IMAGENET open."""
     a, b = Shares(), Shares()
-    m = [FakeMember("n1", TB, "a", a), FakeMember("n2", TB, "a", a)]
-    m += [FakeMember("n3", TB, "b", b), FakeMember("n4", TB, "b", b)]
+    m = [FakeMember("n1", TB, a_name, a), FakeMember("n2", TB, a_name, a)]
+    m += [FakeMember("n3", TB, b_name, b), FakeMember("n4", TB, b_name, b)]
     cluster_of(m[0], m[1])
     cluster_of(m[2], m[3])
-    nodes = {x.name: x for x in m}
     for x in m:
         x.add_dataset(IMAGENET, 1300 * GB)
+    return a, b, m
+
+
+def test_two_clusters_are_two_pools_each_pushed_through_its_own_member() -> None:
+    a, b, m = two_clusters("a", "b")
+    nodes = {x.name: x for x in m}
     for x in m[:2]:
         x.add_job("dist", IMAGENET)
     for x in m[2:]:
@@ -263,14 +270,9 @@ def test_the_table_lists_a_clusters_shares_once() -> None:
 
 
 def test_two_clusters_that_share_a_name_but_no_member_stay_two_pools() -> None:
-    a, b = Shares(), Shares()
-    m = [FakeMember("n1", TB, "c", a), FakeMember("n2", TB, "c", a)]
-    m += [FakeMember("n3", TB, "c", b), FakeMember("n4", TB, "c", b)]
-    cluster_of(m[0], m[1])
-    cluster_of(m[2], m[3])
+    a, b, m = two_clusters("c", "c")
     nodes = {x.name: x for x in m}
     for x in m:
-        x.add_dataset(IMAGENET, 1300 * GB)
         x.add_job("dist", IMAGENET)
     plan = controller(nodes, cfg("n1", "n2", "n3", "n4"), ENTRIES[:1]).round(force=True)
     assert plan is not None
