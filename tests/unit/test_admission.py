@@ -151,6 +151,30 @@ class AdmitSpy:
         monkeypatch.setattr(store, "admit", admit)
 
 
+class Flushes:
+    """When each of a Writer's flushes began and ended (virtual time); `wait(n)` returns
+    once n have ended."""
+
+    def __init__(self, w: Writer) -> None:
+        self.began: list[float] = []
+        self.ended: list[float] = []
+        self._changed = trio.Event()
+        real = w.flush
+
+        async def flush() -> None:
+            self.began.append(trio.current_time())
+            await real()
+            self.ended.append(trio.current_time())
+            self._changed.set()
+            self._changed = trio.Event()
+
+        w.flush = flush  # type: ignore[method-assign]
+
+    async def wait(self, n: int = 1) -> None:
+        while len(self.ended) < n:
+            await self._changed.wait()
+
+
 def test_flush_admits_all_offers_in_one_txn(
     store: WritableStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -235,16 +259,7 @@ def test_run_batches_offers_within_the_batch_window(
 
     async def main() -> None:
         w = make_writer(store, batch_seconds=0.05)
-        flushed: list[float] = []
-        done = trio.Event()
-        real_flush = w.flush
-
-        async def flush() -> None:
-            await real_flush()
-            flushed.append(trio.current_time())
-            done.set()
-
-        w.flush = flush  # type: ignore[method-assign]
+        flushes = Flushes(w)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(w.run)
             await trio.testing.wait_all_tasks_blocked()
@@ -252,10 +267,10 @@ def test_run_batches_offers_within_the_batch_window(
             for i in range(5):
                 w.offer(chunk(1, i))
                 await trio.sleep(0.001)  # offers trickle in (virtual time)
-            await done.wait()
+            await flushes.wait()
             assert spy.batches == [5], "five offers, one txn"
-            assert flushed[0] - t0 >= 0.05 - 1e-9, "waited for the batch window"
-            assert flushed[0] - t0 < 0.05 + 0.01
+            assert flushes.ended[0] - t0 >= 0.05 - 1e-9, "waited for the batch window"
+            assert flushes.ended[0] - t0 < 0.05 + 0.01
             nursery.cancel_scope.cancel()
         check(store, w.usage)
         assert w.usage[1] == Usage(500, 5)
@@ -271,21 +286,14 @@ def test_run_flushes_early_when_the_queue_is_a_batch_from_full(
 
     async def main() -> None:
         w = make_writer(store, batch_bytes=size, queue_bytes=4 * size, batch_seconds=10)
-        done = trio.Event()
-        real_flush = w.flush
-
-        async def flush() -> None:
-            await real_flush()
-            done.set()
-
-        w.flush = flush  # type: ignore[method-assign]
+        flushes = Flushes(w)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(w.run)
             await trio.testing.wait_all_tasks_blocked()
             t0 = trio.current_time()
             for i in range(3):
                 w.offer(chunk(1, i))
-            await done.wait()
+            await flushes.wait()
             assert trio.current_time() - t0 < 1, "did not wait for the 10 s window"
             assert spy.batches == [1, 1, 1], "in txns of batch_bytes"
             nursery.cancel_scope.cancel()
@@ -307,16 +315,8 @@ def test_run_holds_the_queue_while_offers_keep_coming(
 
     async def main() -> None:
         w = make_writer(store, batch_bytes=3 * size, batch_seconds=0.05)
-        flushed: list[float] = []  # when each flush began
-        done = [trio.Event(), trio.Event()]
-        real_flush = w.flush
-
-        async def flush() -> None:
-            flushed.append(trio.current_time())
-            await real_flush()
-            done[len(flushed) - 1].set()
-
-        w.flush = flush  # type: ignore[method-assign]
+        flushes = Flushes(w)
+        flushed = flushes.began
         async with trio.open_nursery() as nursery:
             nursery.start_soon(w.run)
             await trio.testing.wait_all_tasks_blocked()
@@ -325,7 +325,7 @@ def test_run_holds_the_queue_while_offers_keep_coming(
                 w.offer(replace(chunk(1, i), streamed=True))
                 await trio.sleep(0.04)
             assert flushed == [], "written while offers kept coming"
-            await done[0].wait()
+            await flushes.wait(1)
             assert spy.batches == [3, 3, 3, 1]
             assert 0.41 - 1e-9 <= flushed[0] - t0 <= 0.42
             # Offers that never pause: written HOLD_SECONDS after the first.
@@ -335,7 +335,7 @@ def test_run_holds_the_queue_while_offers_keep_coming(
                 w.offer(replace(chunk(1, i), streamed=True))
                 i += 1
                 await trio.sleep(0.04)
-            await done[1].wait()
+            await flushes.wait(2)
             assert HOLD_SECONDS - 1e-9 <= flushed[1] - t1 <= HOLD_SECONDS + 0.05
             nursery.cancel_scope.cancel()
         check(store, w.usage)
@@ -351,14 +351,7 @@ def test_random_misses_are_not_held(store: WritableStore) -> None:
 
     async def main() -> None:
         w = make_writer(store, batch_bytes=3 * size, batch_seconds=0.05)
-        flushed: list[float] = []
-        real_flush = w.flush
-
-        async def flush() -> None:
-            flushed.append(trio.current_time())
-            await real_flush()
-
-        w.flush = flush  # type: ignore[method-assign]
+        flushed = Flushes(w).began
         async with trio.open_nursery() as nursery:
             nursery.start_soon(w.run)
             await trio.testing.wait_all_tasks_blocked()
@@ -666,14 +659,7 @@ def test_run_gives_the_heap_back_once_idle_after_writing(
 
     async def main() -> None:
         w = make_writer(store, batch_seconds=0.05)
-        written = trio.Event()
-        real_flush = w.flush
-
-        async def flush() -> None:
-            await real_flush()
-            written.set()
-
-        w.flush = flush  # type: ignore[method-assign]
+        flushes = Flushes(w)
 
         async def given_after(n: int) -> float:
             t0 = trio.current_time()
@@ -686,9 +672,8 @@ def test_run_gives_the_heap_back_once_idle_after_writing(
             await trio.sleep(3 * IDLE_GIVE_BACK_SECONDS)
             assert given == [], "nothing admitted: nothing to give back"
             for n in (1, 2):
-                written = trio.Event()
                 w.offer(chunk(1, n))
-                await written.wait()
+                await flushes.wait(n)
                 assert await given_after(n) >= IDLE_GIVE_BACK_SECONDS - 0.02
                 await trio.sleep(3 * IDLE_GIVE_BACK_SECONDS)
                 assert len(given) == n, "once per idle spell"
