@@ -536,7 +536,7 @@ class Cluster:
         except (PeerError, ValueError) as exc:
             log.debug("pulling cache shares from %s failed: %s", member.address, exc)
             return
-        if parsed is not None and await self.shares.accept(*parsed):
+        if parsed is not None and await self.shares.accept(*parsed[1:]):
             self.d.allocs.notify()
 
     async def set_share(self, uri: str, size: int | None) -> int:
@@ -582,7 +582,7 @@ class Cluster:
         parsed = parse_shares(body)
         if parsed is None:
             raise UsageError("a shares body is {version: N, shares: {URI: bytes or null}}")
-        accepted = await self.shares.accept(*parsed)
+        accepted = await self.shares.accept(*parsed[1:])
         if accepted:
             self.d.allocs.notify()
         return accepted

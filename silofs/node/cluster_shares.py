@@ -64,10 +64,10 @@ class ClusterShares:
     def view(self) -> dict[str, Any]:
         return {"version": self.version, "shares": dict(self.shares), "stamps": dict(self.stamps)}
 
-    async def accept(self, version: int, shares: Shares, stamps: Stamps) -> bool:
-        """Merge a table into ours, entry by entry, the newer version of each winning
-        (persisted first); whether anything changed. `version` is the table's; entries
-        arrive with their own stamps."""
+    async def accept(self, shares: Shares, stamps: Stamps) -> bool:
+        """Merge a table into ours, entry by entry, the newer stamp of each winning
+        (persisted first); whether anything changed. Our version becomes the newest
+        stamp we hold, so the table's own version is not needed here."""
         newer = {u: s for u, s in shares.items() if stamps[u] > self.stamps.get(u, -1)}
         if not newer:
             return False
@@ -83,7 +83,7 @@ class ClusterShares:
         """Change one dataset's share here (an allocate-cache on this node); its new
         version (newer than any this node has seen), to be pushed to every member."""
         version = max(now_version(), self.version + 1)
-        await self.accept(version, {uri: size}, {uri: version})
+        await self.accept({uri: size}, {uri: version})
         return version
 
     def share(self, uri: str) -> int | None:
