@@ -1,5 +1,5 @@
 """A member's connection to the mutual-TLS listener, served from a worker thread
-(control/member_conn.py): the same routes, limits and answers as on the loop.
+(control/thread_conn.py): the same routes, limits and answers as on the loop.
 
 The server runs serve_tls on 127.0.0.1 in a thread with its own trio loop; the client
 is a raw stdlib TLS socket with a node certificate, so every byte on the wire is the
@@ -252,9 +252,9 @@ def test_a_session_that_cannot_be_handed_over_stays_on_the_loop(
 ) -> None:
     """If this trio's SSLStream keeps its session otherwise, a member is served on the
     loop as before: same answers, no thread."""
-    from silofs.control import member_conn
+    from silofs.control import thread_conn
 
-    monkeypatch.setattr(member_conn, "handoff", lambda tls: None)
+    monkeypatch.setattr(thread_conn, "handoff", lambda tls: None)
     probe = Probe()
     with server(pki, probe) as (port, acc), connect(pki, port) as s:
         r = Reader(s)
