@@ -341,12 +341,17 @@ class ThreadConnection:
         return Request(method, path, query, headers, body, self.peer), match, close
 
     def _read_body(self, length: int) -> bytes:
-        while len(self.buf) < length:
+        # Parts joined once: a mount's offer is up to a 64 MiB chunk, and adding each
+        # read to the buffer would copy it over and over.
+        parts, have = [self.buf], len(self.buf)
+        while have < length:
             data = self.ch.recv()
             if not data:
                 raise _Closed("closed mid-request")
-            self.buf += data
-        body, self.buf = self.buf[:length], self.buf[length:]
+            parts.append(data)
+            have += len(data)
+        data = b"".join(parts) if len(parts) > 1 else self.buf
+        body, self.buf = data[:length], data[length:]
         return body
 
     # -- the handler, on the loop ------------------------------------------------------

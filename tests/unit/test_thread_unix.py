@@ -63,6 +63,7 @@ def make_router(probe: Probe) -> Router:
     router.add("GET", "/v1/slow", slow)
     router.add("GET", "/v1/plain", plain)
     router.add("PUT", "/v1/echo", echo, body_limit=1024)
+    router.add("PUT", "/v1/offer", echo, body_limit=64 << 20)
     return router
 
 
@@ -158,6 +159,19 @@ def test_a_chunk_request_moves_the_connection_and_it_keeps_answering(
         c.send("GET", "/v1/chunks")
         assert json.loads(c.answer()[2])["query"] == {"n": "1"}
         assert c.answer()[2] == BIG
+        c.close()
+
+
+def test_a_large_body_arrives_whole_on_a_moved_connection(tmp_path: Path, moved: list[Any]) -> None:
+    body = bytes(range(251)) * (160 << 10)  # ~39 MiB: a chunk offered back, in many reads
+    with server(tmp_path, Probe()) as path:
+        c = Client(path)
+        assert c.get("/v1/chunks")[0] == 200
+        c.send("PUT", "/v1/offer", f"content-length: {len(body)}\r\n", body)
+        status, _, got = c.answer()
+        assert status == 200 and got == body
+        assert c.get("/v1/chunks")[2] == BIG  # the connection goes on
+        assert len(moved) == 1
         c.close()
 
 
