@@ -47,6 +47,9 @@ _COALESCE_LIMIT = 256 * 1024
 # content-length (read to the close): a daemon never sends either.
 _MAX_HEAD = 64 * 1024
 _MAX_UNFRAMED = 64 << 20
+# An answer at least this long (chunk bytes) is returned as the bytearray it was read
+# into; a shorter one as bytes.
+_LARGE_BODY = 64 * 1024
 _FRAMING = frozenset({"content-length", "transfer-encoding", "host"})
 
 
@@ -427,9 +430,11 @@ class _AsyncConnection:
         """`length` bytes: what the head's read brought, then straight into one buffer
         (a chunk's bytes are copied once, by the kernel)."""
         if len(self.buf) >= length:
-            body = bytes(self.buf[:length])
+            # A chunk's bytes copied once (a bytearray, as a body read below is); a
+            # small answer (JSON) as bytes.
+            body = self.buf[:length] if length >= _LARGE_BODY else bytes(self.buf[:length])
             del self.buf[:length]
-            return body
+            return body  # type: ignore[return-value]
         out = bytearray(length)
         view = memoryview(out)
         got = len(self.buf)
