@@ -446,7 +446,7 @@ class _AsyncConnection:
                 raise _Dropped(f"the daemon closed the connection after {got} of {length} bytes")
             got += n
             self._heard()
-        return out  # type: ignore[return-value]  # bytes-like: callers slice and compare
+        return out if length >= _LARGE_BODY else bytes(out)  # type: ignore[return-value]
 
     async def _until_close(self) -> bytes:
         try:
