@@ -26,7 +26,7 @@ from silofs.control import thread_conn
 from silofs.control.router import Request, Response, Router, json_response
 from silofs.control.server import ConnectionLimits, serve_unix
 from tests.support.poll import wait_for
-from tests.unit.serving import serving
+from tests.unit.serving import Reader, serving
 
 DEADLINE = 10.0
 BIG = bytes(range(256)) * 1024  # 256 KiB: more than one send
@@ -92,47 +92,21 @@ def server(tmp_path: Path, probe: Probe, **limits: Any) -> Iterator[str]:
         yield path
 
 
-class Client:
+class Client(Reader):
     """Raw HTTP/1.1 over one Unix socket."""
 
     def __init__(self, path: str) -> None:
-        self.sock = socket.socket(socket.AF_UNIX)
-        self.sock.settimeout(DEADLINE)
-        self.sock.connect(path)
-        self.buf = b""
+        sock = socket.socket(socket.AF_UNIX)
+        sock.settimeout(DEADLINE)
+        sock.connect(path)
+        super().__init__(sock)
 
     def send(self, method: str, path: str, extra: str = "", body: bytes = b"") -> None:
         self.sock.sendall(f"{method} {path} HTTP/1.1\r\nhost: x\r\n{extra}\r\n".encode() + body)
 
-    def answer(self) -> tuple[int, dict[str, str], bytes]:
-        while b"\r\n\r\n" not in self.buf:
-            self._more()
-        head, _, self.buf = self.buf.partition(b"\r\n\r\n")
-        lines = head.decode("latin-1").split("\r\n")
-        status = int(lines[0].split(" ")[1])
-        headers = {
-            k.strip().lower(): v.strip() for k, _, v in (x.partition(":") for x in lines[1:])
-        }
-        n = int(headers.get("content-length", "0"))
-        while len(self.buf) < n:
-            self._more()
-        body, self.buf = self.buf[:n], self.buf[n:]
-        return status, headers, body
-
     def get(self, path: str, extra: str = "") -> tuple[int, dict[str, str], bytes]:
         self.send("GET", path, extra)
         return self.answer()
-
-    def closed(self) -> bool:
-        try:
-            return not self.buf and self.sock.recv(1) == b""
-        except ConnectionResetError:
-            return True
-
-    def _more(self) -> None:
-        data = self.sock.recv(1 << 20)
-        assert data, f"closed; had {self.buf[:200]!r}"
-        self.buf += data
 
     def close(self) -> None:
         self.sock.close()
