@@ -256,8 +256,10 @@ class ProcTimes:
         return self.user_s + self.sys_s
 
     @classmethod
-    def of(cls, pid: int) -> ProcTimes:
-        with open(f"/proc/{pid}/stat") as f:
+    def of(cls, pid: int, tid: int | None = None) -> ProcTimes:
+        """All of `pid`'s threads, or only its thread `tid`."""
+        path = f"/proc/{pid}/stat" if tid is None else f"/proc/{pid}/task/{tid}/stat"
+        with open(path) as f:
             fields = f.read().rsplit(")", 1)[1].split()
         hz = os.sysconf("SC_CLK_TCK")
         return cls(int(fields[11]) / hz, int(fields[12]) / hz, int(fields[9]))

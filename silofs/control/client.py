@@ -10,7 +10,7 @@ by a uid the client does not trust (DaemonNotTrusted, checked on every new conne
 before a byte is sent: control/peer.py ``check_daemon_peer``).
 
 Never: interprets what an endpoint means, retries a non-idempotent request that
-may have reached the daemon, or imports trio/h11 at module level (the CLI imports
+may have reached the daemon, or imports trio at module level (the CLI imports
 this module and should not pay ~100 ms for a trio it never uses).
 """
 
@@ -43,9 +43,13 @@ _RECV_SIZE = 256 * 1024
 # Same reasoning as the server's SOCKET_BUFFER (fewer wakeups per chunk body).
 _SOCKET_BUFFER = 4 * 1024 * 1024
 _COALESCE_LIMIT = 256 * 1024
-# Response bodies at least this long (chunk bytes) are read into one buffer directly,
-# not through h11 (_AsyncConnection._receive_direct).
-_DIRECT_BODY = 64 * 1024
+# The longest answer head the async client reads, and the longest answer without a
+# content-length (read to the close): a daemon never sends either.
+_MAX_HEAD = 64 * 1024
+_MAX_UNFRAMED = 64 << 20
+# An answer at least this long (chunk bytes) is returned as the bytearray it was read
+# into; a shorter one as bytes.
+_LARGE_BODY = 64 * 1024
 _FRAMING = frozenset({"content-length", "transfer-encoding", "host"})
 
 
@@ -327,13 +331,19 @@ class _Dropped(Exception):
 
 
 class _AsyncConnection:
-    """One keep-alive connection; used by one request at a time."""
+    """One keep-alive connection; used by one request at a time.
+
+    HTTP/1.1 is framed here by hand, not by h11: a mount asks its daemon for every
+    chunk it misses, and h11's events, state machine and header validation cost more
+    CPU than the rest of the request (bench/mount_hop.py). What a silofs daemon
+    answers is simple: a head, then a body of content-length bytes (none for 1xx, 204,
+    304 and HEAD); an answer without a length is read to the connection's close, and
+    anything else (a chunked answer, a malformed head) drops the connection."""
 
     def __init__(self, stream: trio.SocketStream) -> None:
-        import h11
-
         self.stream = stream
-        self.h11 = h11.Connection(h11.CLIENT)
+        self.sock = stream.socket
+        self.buf = bytearray()  # received and not yet consumed (a head's tail)
         # The request's timeout measures silence: every received byte (a 102 Processing
         # heartbeat included) moves this scope's deadline `silence` seconds on.
         self.scope: trio.CancelScope | None = None
@@ -341,127 +351,123 @@ class _AsyncConnection:
 
     def close(self) -> None:
         # Synchronous on purpose: safe to call while being cancelled.
-        self.stream.socket.close()
+        self.sock.close()
 
     def looks_dead(self) -> bool:
-        return _peer_closed(self.stream.socket)
+        return _peer_closed(self.sock)
 
     async def roundtrip(
         self, method: str, target: str, headers: list[tuple[str, str]], body: bytes | None
     ) -> tuple[int, dict[str, str], bytes, bool]:
         """(status, headers, body, reusable) for one request."""
-        await self._send_request(method, target, headers, body)
+        await self._send(_request_bytes(method, target, headers), body)
         return await self._receive_response(bodiless=method == "HEAD")
 
-    async def _send_request(
-        self, method: str, target: str, headers: list[tuple[str, str]], body: bytes | None
-    ) -> None:
-        import h11
-
-        conn = self.h11
-        head = conn.send(h11.Request(method=method, target=target, headers=headers))
-        parts = [head]
-        if body:
-            parts.extend(conn.send_with_data_passthrough(h11.Data(data=body)))
-        parts.append(conn.send(h11.EndOfMessage()))
-        if sum(len(p) for p in parts) <= _COALESCE_LIMIT:
-            parts = [b"".join(parts)]
+    async def _send(self, head: bytes, body: bytes | None) -> None:
+        parts = [head + body] if body and len(body) <= _COALESCE_LIMIT else [head, body]
         for part in parts:
-            if part:
-                await self.stream.send_all(part)
+            view = memoryview(part or b"")
+            while view:
+                view = view[await self.sock.send(view) :]
+
+    async def _receive(self) -> int:
+        """More bytes into self.buf (how many); _Dropped at the daemon's close."""
+        data = await self.sock.recv(_RECV_SIZE)
+        if not data:
+            raise _Dropped("the daemon closed the connection")
+        self._heard()
+        self.buf += data
+        return len(data)
+
+    def _heard(self) -> None:
+        if self.scope is not None:
+            import trio
+
+            self.scope.deadline = trio.current_time() + self.silence
 
     async def _receive_response(
         self, bodiless: bool = False
     ) -> tuple[int, dict[str, str], bytes, bool]:
-        import h11
-
         while True:
-            event = await self._next_event()
-            if isinstance(event, h11.Response):
-                break
-            if not isinstance(event, h11.InformationalResponse):
-                raise _Dropped(f"unexpected {type(event).__name__} before the response")
+            version, status, headers = await self._head()
+            if status >= 200:
+                break  # 1xx (102 Processing while the daemon works): the next head
+        reusable = version == b"HTTP/1.1" and "close" not in headers.get("connection", "")
+        if bodiless or status in (204, 304):
+            return status, headers, b"", reusable and not self.buf
+        if "transfer-encoding" in headers:
+            raise _Dropped("a chunked answer from the daemon (it never sends one)")
+        length = headers.get("content-length")
+        if length is None:
+            return status, headers, await self._until_close(), False
+        if not length.isdigit() or len(length) > 19:
+            raise _Dropped(f"a bad content-length from the daemon: {length[:40]!r}")
+        body = await self._body(int(length))
+        return status, headers, body, reusable and not self.buf
+
+    async def _head(self) -> tuple[bytes, int, dict[str, str]]:
+        """The next head: (HTTP version, status, lower-cased headers)."""
+        while (end := self.buf.find(b"\r\n\r\n")) < 0:
+            if len(self.buf) > _MAX_HEAD:
+                raise _Dropped("the daemon's answer head is too large")
+            await self._receive()
+        lines = bytes(self.buf[:end]).split(b"\r\n")
+        del self.buf[: end + 4]
+        parts = lines[0].split(b" ", 2)
+        if len(parts) < 2 or not parts[0].startswith(b"HTTP/1.") or not parts[1].isdigit():
+            raise _Dropped(f"a malformed answer from the daemon: {lines[0][:80]!r}")
         headers: dict[str, str] = {}
-        for name, value in event.headers:
-            key = name.decode("ascii").lower()
-            text = value.decode("latin-1")
+        for line in lines[1:]:
+            name, sep, value = line.partition(b":")
+            if not sep:
+                raise _Dropped(f"a malformed header from the daemon: {line[:80]!r}")
+            key = name.strip().decode("latin-1").lower()
+            text = value.strip(b" \t").decode("latin-1")
             headers[key] = f"{headers[key]}, {text}" if key in headers else text
-        length = headers.get("content-length", "")
-        if (
-            length.isdigit()
-            and int(length) >= _DIRECT_BODY
-            and event.http_version == b"1.1"
-            and not bodiless
-            and event.status_code not in (204, 304)
-        ):
-            body, reusable = await self._receive_direct(int(length), headers)
-            return event.status_code, headers, body, reusable
-        chunks: list[bytes | bytearray] = []
-        while True:
-            part = await self._next_event()
-            if isinstance(part, h11.Data):
-                chunks.append(part.data)
-            elif isinstance(part, h11.EndOfMessage):
-                break
-            else:
-                raise _Dropped(f"unexpected {type(part).__name__} in the response body")
-        body = b"".join(chunks)  # one join (and the only copy on our side): no O(n^2)
-        reusable = self.h11.our_state is h11.DONE and self.h11.their_state is h11.DONE
-        if reusable:
-            self.h11.start_next_cycle()
-        return event.status_code, headers, body, reusable
+        return parts[0], int(parts[1]), headers
 
-    async def _receive_direct(self, length: int, headers: dict[str, str]) -> tuple[bytearray, bool]:
-        """A body of `length` bytes read straight into one buffer: what h11 holds
-        already, then recv_into the rest. Through h11 every byte was copied three times
-        (its receive buffer, a Data event, the join): 40% of the mount's CPU in a cold
-        sequential read (bench/cold.py --profile). h11 is left behind mid-body, so the
-        next request on this connection starts a fresh h11 state."""
-        import h11
-        import trio
-
-        body = bytearray(length)
-        view = memoryview(body)
-        got = 0
+    async def _body(self, length: int) -> bytes:
+        """`length` bytes: what the head's read brought, then straight into one buffer
+        (a chunk's bytes are copied once, by the kernel)."""
+        if len(self.buf) >= length:
+            # A chunk's bytes copied once (a bytearray, as a body read below is); a
+            # small answer (JSON) as bytes.
+            body = self.buf[:length] if length >= _LARGE_BODY else bytes(self.buf[:length])
+            del self.buf[:length]
+            return body  # type: ignore[return-value]
+        out = bytearray(length)
+        view = memoryview(out)
+        got = len(self.buf)
+        view[:got] = self.buf
+        self.buf.clear()
         while got < length:
-            event = self.h11.next_event()
-            if event is h11.NEED_DATA:
-                break
-            if isinstance(event, h11.Data):
-                view[got : got + len(event.data)] = event.data
-                got += len(event.data)
-            elif isinstance(event, h11.EndOfMessage):
-                break
-            else:
-                raise _Dropped(f"unexpected {type(event).__name__} in the response body")
-        sock = self.stream.socket
-        while got < length:
-            n = await sock.recv_into(view[got:], length - got)
+            n = await self.sock.recv_into(view[got:], length - got)
             if n == 0:
                 raise _Dropped(f"the daemon closed the connection after {got} of {length} bytes")
             got += n
-            if self.scope is not None:
-                self.scope.deadline = trio.current_time() + self.silence
-        reusable = "close" not in headers.get("connection", "").lower()
-        self.h11 = h11.Connection(h11.CLIENT)
-        return body, reusable
+            self._heard()
+        return out if length >= _LARGE_BODY else bytes(out)  # type: ignore[return-value]
 
-    async def _next_event(self) -> Any:
-        import h11
+    async def _until_close(self) -> bytes:
+        try:
+            while len(self.buf) <= _MAX_UNFRAMED:
+                await self._receive()
+        except _Dropped:
+            return bytes(self.buf)
+        raise _Dropped("an unframed answer from the daemon is too large")
 
-        while True:
-            event = self.h11.next_event()
-            if event is h11.NEED_DATA:
-                data = await self.stream.receive_some(_RECV_SIZE)
-                if self.scope is not None and data:
-                    import trio
 
-                    self.scope.deadline = trio.current_time() + self.silence
-                self.h11.receive_data(data)
-            elif isinstance(event, h11.ConnectionClosed):
-                raise _Dropped("the daemon closed the connection")
-            else:
-                return event
+def _request_bytes(method: str, target: str, headers: list[tuple[str, str]]) -> bytes:
+    """The request's head; ControlError if a part would break the framing (a line
+    break or NUL in the target or a header, a space in the target)."""
+    head = f"{method} {target} HTTP/1.1\r\n" + "".join(f"{k}: {v}\r\n" for k, v in headers)
+    bare = head.replace("\r\n", "")
+    if "\r" in bare or "\n" in bare or "\0" in bare or " " in target:
+        raise ControlError(f"refusing to send a malformed request: {method} {target[:80]!r}")
+    try:
+        return (head + "\r\n").encode("latin-1")
+    except UnicodeEncodeError:
+        raise ControlError(f"refusing to send a non-latin-1 request: {target[:80]!r}") from None
 
 
 class AsyncControlClient:
@@ -528,7 +534,6 @@ class AsyncControlClient:
         *,
         fresh: bool,
     ) -> tuple[int, dict[str, str], bytes]:
-        import h11
         import trio
 
         conn: _AsyncConnection | None = None
@@ -548,12 +553,7 @@ class AsyncControlClient:
                 f"{self.timeout:g}s after {method} {path} (frozen or overloaded?)",
                 timed_out=True,
             ) from None
-        except (
-            OSError,
-            trio.BrokenResourceError,
-            trio.ClosedResourceError,
-            h11.ProtocolError,
-        ) as exc:
+        except (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
             assert conn is not None  # connect failures are ControlError already
             conn.close()
             raise _Dropped(_describe(exc)) from None

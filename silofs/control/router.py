@@ -160,7 +160,10 @@ class Route:
     ``handler`` is ``async def handler(req, **params) -> Response``; ``who`` the roles
     that may call it (any one will do); ``body_limit`` the largest body a caller that
     may call it may send (None: the listener's limit); ``doc`` what it does, as a verb
-    phrase ("change a job's remote IO allocation"), for refusals and the docs."""
+    phrase ("change a job's remote IO allocation"), for refusals and the docs;
+    ``threaded``: a Unix-socket connection that calls it is served from a worker thread
+    from then on (control/thread_conn.py), for routes called many times a second with
+    chunk-sized answers. Who may call what is judged the same either way."""
 
     method: str
     path: str
@@ -168,6 +171,7 @@ class Route:
     who: Caller
     body_limit: int | None = None
     doc: str = ""
+    threaded: bool = False
 
     def __post_init__(self) -> None:
         if self.method != self.method.upper():
@@ -255,9 +259,10 @@ class Router:
         *,
         who: Caller = EVERYONE,
         body_limit: int | None = None,
+        threaded: bool = False,
     ) -> None:
         """Add a route (by default, anyone may call it)."""
-        self.add_route(Route(method.upper(), pattern, handler, who, body_limit))
+        self.add_route(Route(method.upper(), pattern, handler, who, body_limit, threaded=threaded))
 
     def add_route(self, route: Route) -> None:
         if any(r.method == route.method and r.segments == route.segments for r in self._routes):

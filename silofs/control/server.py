@@ -36,7 +36,6 @@ from typing import Any
 import h11
 import trio
 
-from silofs.control.member_conn import serve_member
 from silofs.control.peer import Peer, peer_credentials, remote_peer
 from silofs.control.router import (
     HTTPError,
@@ -48,6 +47,7 @@ from silofs.control.router import (
     one_line,
     parse_target,
 )
+from silofs.control.thread_conn import ConnLimits, ThreadConnection, serve_member, serve_plain
 from silofs.errors import SilofsError
 
 log = logging.getLogger(__name__)
@@ -107,10 +107,16 @@ class _ServerConnection:
         router: Router,
         limits: Limits,
         peer: Peer | None = None,
+        threads: trio.CapacityLimiter | None = None,
     ) -> None:
         self.stream = stream
         self.router = router
         self.limits = limits
+        # Threads a connection calling a route marked `threaded` may move to (None:
+        # never moves: the TLS listener's controllers).
+        self.threads = threads
+        self.threaded: ThreadConnection | None = None  # serving it now, in its thread
+        self.move = False  # the last request's route asked for a thread
         # max_incomplete_event_size bounds the buffered, not-yet-parsed header
         # block; h11 reports overflow as RemoteProtocolError with hint 431.
         self.conn = h11.Connection(h11.SERVER, max_incomplete_event_size=limits.max_header)
@@ -130,6 +136,30 @@ class _ServerConnection:
             if event is None or not await self._serve_one(event):
                 return
             self.conn.start_next_cycle()
+            if self.move and self._may_move():
+                await self._serve_in_thread()
+                return
+
+    def _may_move(self) -> bool:
+        """A thread is free and nothing of the next request is in h11's buffer (the
+        thread reads the socket from its first byte on)."""
+        assert self.threads is not None
+        data, closed = self.conn.trailing_data
+        return not data and not closed and self.threads.available_tokens >= 1
+
+    async def _serve_in_thread(self) -> None:
+        """The rest of the connection, served from a worker thread (control/
+        thread_conn.py): its requests are many and small, their answers chunk-sized,
+        which the loop would pay more for in framing than in the handler."""
+        assert self.threads is not None and isinstance(self.stream, trio.SocketStream)
+
+        def started(conn: ThreadConnection | None) -> None:
+            self.threaded = conn
+
+        await serve_plain(
+            self.stream.socket, self.router, self.peer, self.threads,
+            _thread_limits(self.limits), started,
+        )  # fmt: skip
 
     async def _wait_for_request(self) -> Any:
         """The first event of the next request; None on EOF, idle timeout or garbage."""
@@ -166,6 +196,8 @@ class _ServerConnection:
         if resp is None:
             return False  # the client left while its handler ran: nobody to answer
         log.debug("%s %s -> %d", req.method, req.path, resp.status)
+        route = match.route
+        self.move = self.threads is not None and route is not None and route.threaded
         with trio.fail_after(self.limits.idle_timeout):
             await self._send(resp, with_body=req.method != "HEAD")
         return self.conn.our_state is h11.DONE and self.conn.their_state is h11.DONE
@@ -234,6 +266,8 @@ class _ServerConnection:
         next request received, not even in the kernel's buffer (a request we have not
         read yet would be lost)."""
         least = _EVICT_IDLE_SECONDS if min_idle is None else min_idle
+        if self.threaded is not None:
+            return self.threaded.evictable(now, least)
         if self.idle_scope is None or now - self.idle_since < least:
             return False
         if not isinstance(self.stream, trio.SocketStream):
@@ -265,6 +299,22 @@ class _ServerConnection:
             )
         body = await self._read_body(limit)
         return Request(method, path, query, headers, body, self.peer), match
+
+    def waiting_since(self) -> float:
+        """When it began waiting for its next request (as evictable() found it)."""
+        if self.threaded is not None:
+            return self.threaded.idle_since or time.monotonic()
+        return self.idle_since
+
+    def evict(self) -> bool:
+        """Close this connection, which evictable() found waiting for a request; False
+        if a request began meanwhile (a thread-served connection's may)."""
+        if self.threaded is not None:
+            return self.threaded.evict()
+        assert self.idle_scope is not None
+        self.idle_scope.cancel()  # it closes at its next checkpoint
+        self.idle_scope = None
+        return True
 
     def _check_header_size(self, event: h11.Request) -> None:
         # h11 only limits the *incomplete* buffer; a complete oversized header
@@ -327,6 +377,10 @@ class _ServerConnection:
         except (trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlowError, OSError):
             return
         await _drain(self.stream)
+
+
+def _thread_limits(limits: Limits) -> ConnLimits:
+    return ConnLimits(limits.max_body, limits.max_header, limits.idle_timeout, _progress_interval)
 
 
 def _progress_interval(headers: dict[str, str]) -> float:
@@ -395,14 +449,16 @@ async def _serve_connection(
     limits: Limits,
     peer: Peer | None = None,
     live: set[_ServerConnection] | None = None,
+    threads: trio.CapacityLimiter | None = None,
 ) -> None:
     """Connection task: never lets an exception escape into the server's nursery.
-    ``live`` holds the connection while it runs (the acceptor's view of a uid's)."""
+    ``live`` holds the connection while it runs (the acceptor's view of a uid's);
+    ``threads``, those it may move to (_ServerConnection)."""
     conn: _ServerConnection | None = None
     try:
         if isinstance(stream, trio.SocketStream):  # a TLS stream was tuned before it
             tune_socket(stream.socket)
-        conn = _ServerConnection(stream, router, limits, peer)
+        conn = _ServerConnection(stream, router, limits, peer, threads)
         if live is not None:
             live.add(conn)
         await conn.run()
@@ -536,6 +592,9 @@ class ConnectionLimits:
     total: int = 1024
     reserve: int = 64
     trusted: Callable[[Peer], bool] = lambda peer: peer.uid == 0
+    # Of those, how many may be served from a worker thread at once (a route marked
+    # `threaded`, a mount's chunk misses), each holding an eventfd too; 0: none.
+    threads: int = 64
 
 
 # Errors that mean "out of file descriptors or memory for now", not a broken listener.
@@ -601,6 +660,9 @@ class _Acceptor:
         self.everyone = 0
         self.refusing = 0
         self.warn = _Throttled()
+        # Connections served from a thread hold one each: their own limiter, never the
+        # one of trio's other worker threads (a full one leaves them on the loop).
+        self.threads = trio.CapacityLimiter(conns.threads) if conns.threads else None
 
     async def run(self, sock: trio.socket.SocketType, nursery: trio.Nursery) -> None:
         await _accept_forever(sock, functools.partial(self._accepted, nursery), self.warn)
@@ -654,13 +716,11 @@ class _Acceptor:
             for c in self.live.get(uid, ())
             if c.evictable(now, min_idle) and (trusted_too or not self.conns.trusted(c.peer))
         ]
-        if not idle:
-            return False
-        victim = min(idle, key=lambda c: c.idle_since)
-        assert victim.idle_scope is not None
-        victim.idle_scope.cancel()  # it closes at its next checkpoint
-        victim.idle_scope = None
-        return True
+        # Longest idle first; a thread-served one whose request began meanwhile is passed.
+        for victim in sorted(idle, key=lambda c: c.waiting_since()):
+            if victim.evict():
+                return True
+        return False
 
     async def _serve(self, stream: trio.SocketStream, peer: Peer) -> None:
         trusted = self.conns.trusted(peer)
@@ -669,7 +729,7 @@ class _Acceptor:
         self.untrusted += not trusted
         live = self.live.setdefault(peer.uid, set())
         try:
-            await _serve_connection(stream, self.router, self.limits, peer, live)
+            await _serve_connection(stream, self.router, self.limits, peer, live, self.threads)
         finally:
             if not live:
                 self.live.pop(peer.uid, None)
@@ -795,7 +855,7 @@ class _TLSAcceptor:
         self.warn = _Throttled()
         self.tokens = tls_limits.handshakes_per_second
         self.refilled = time.monotonic()
-        # A member's connection holds a thread while it is open (control/member_conn.py):
+        # A member's connection holds a thread while it is open (control/thread_conn.py):
         # their own limiter, never the one of trio's other worker threads.
         self.member_threads = trio.CapacityLimiter(tls_limits.max_connections)
 
@@ -847,10 +907,8 @@ class _TLSAcceptor:
                 _host(addr),
             )
             if peer.node and await serve_member(
-                tls, conn, self.router, peer, self.member_threads,
-                max_body=self.limits.max_body, max_header=self.limits.max_header,
-                idle_timeout=self.limits.idle_timeout, progress=_progress_interval,
-            ):  # fmt: skip
+                tls, conn, self.router, peer, self.member_threads, _thread_limits(self.limits)
+            ):
                 return
             await _serve_connection(tls, self.router, self.limits, peer)
         except Exception:  # one connection never ends the listener

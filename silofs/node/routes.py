@@ -74,7 +74,8 @@ ROUTES: tuple[Route, ...] = (
     Route("POST", f"{_MOUNT}/hints", mounts.post_hint, LOCAL, doc="hint a reading order"),
     Route("GET", f"{_MOUNT}/hints", mounts.get_hint, LOCAL, doc="read a hint's progress"),
     Route("DELETE", f"{_MOUNT}/hints", mounts.cancel_hint, LOCAL, doc="stop a hint"),
-    Route("GET", "/v1/chunks", chunks.get_chunk, LOCAL, doc="read a chunk"),
+    # A mount's misses: its connections move to threads of their own after the first.
+    Route("GET", "/v1/chunks", chunks.get_chunk, LOCAL, doc="read a chunk", threaded=True),
     Route(
         "PUT",
         f"{_MOUNT}/offer",

@@ -187,8 +187,11 @@ def fd_budget(s: NodeSettings) -> int:
     members = len(s.cluster.members) if s.cluster is not None else 0
     return (
         _FD_HEADROOM
-        # A member's connection holds its socket and an eventfd (control/member_conn.py).
+        # A member's connection holds its socket and an eventfd (control/thread_conn.py),
+        # and so does a mount's connection served from a thread (its socket is counted
+        # among the control socket's).
         + 2 * s.tcp_max_connections
+        + ConnectionLimits.threads
         + members * PEER_POOL
         + s.fetch_threads * _FDS_PER_FETCH_THREAD
     )

@@ -1,14 +1,18 @@
-"""Helpers the control-socket unit tests share: a trio server in a thread of its own.
+"""Helpers the control-socket unit tests share: a trio server in a thread of its own,
+and a reader of raw HTTP/1.1 answers.
 
 Owns running one `serve_*` task (control/server.py: it calls task_status.started() once
 listening) on its own trio loop in a thread, so a test can talk to it with the blocking
 ControlClient or raw sockets, and stopping it at the end with any error it died of
-raised in the test. Never decides what is served (the caller's router) and never
-sleeps to synchronise (tests/support/poll.py's wait_for polls with a deadline).
+raised in the test; Reader, the answers off such a raw socket. Never decides what is
+served (the caller's router) and never sleeps to synchronise (tests/support/poll.py's
+wait_for polls with a deadline).
 """
 
 from __future__ import annotations
 
+import socket
+import ssl
 import threading
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
@@ -59,3 +63,36 @@ def serving(serve: Callable[..., Awaitable[Any]]) -> Iterator[None]:
         assert not thread.is_alive()
     if "error" in state:
         raise state["error"]
+
+
+class Reader:
+    """HTTP/1.1 answers off one blocking socket (plain or TLS), every byte the test's."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock, self.buf = sock, b""
+
+    def answer(self) -> tuple[int, dict[str, str], bytes]:
+        while b"\r\n\r\n" not in self.buf:
+            self._more()
+        head, _, self.buf = self.buf.partition(b"\r\n\r\n")
+        lines = head.decode("latin-1").split("\r\n")
+        status = int(lines[0].split(" ")[1])
+        headers = {
+            k.strip().lower(): v.strip() for k, _, v in (x.partition(":") for x in lines[1:])
+        }
+        n = int(headers.get("content-length", "0"))
+        while len(self.buf) < n:
+            self._more()
+        body, self.buf = self.buf[:n], self.buf[n:]
+        return status, headers, body
+
+    def closed(self) -> bool:
+        try:
+            return not self.buf and self.sock.recv(1) == b""
+        except (ConnectionResetError, ssl.SSLError):
+            return True
+
+    def _more(self) -> None:
+        data = self.sock.recv(1 << 20)
+        assert data, f"closed; had {self.buf[:200]!r}"
+        self.buf += data

@@ -49,8 +49,12 @@ DEADLINE = 10.0
 # ------------------------------------------------------------------ fixtures
 
 
-def make_router() -> Router:
+def make_router(threaded: bool = False) -> Router:
+    """Every route `threaded` or none: a connection then moves to a thread of its own
+    after its first request (control/thread_conn.py), and the tests that use the
+    `server` fixture run both ways."""
     router = Router()
+    add = functools.partial(router.add, threaded=threaded)
 
     async def dataset(req: Request, name: str) -> Response:
         return json_response({"name": name, "query": req.query, "method": req.method})
@@ -79,18 +83,18 @@ def make_router() -> Router:
     async def metrics(req: Request) -> Response:
         return text_response("silofs_up 1\n")
 
-    router.add("GET", "/v1/datasets/{name}/cache", dataset)
-    router.add("PUT", "/v1/datasets/{name}/cache", dataset)
-    router.add("DELETE", "/v1/datasets/{name}/cache", dataset)
-    router.add("GET", "/v1/datasets/{name}", dataset)
-    router.add("GET", "/v1/datasets/stats", dataset_stats)
-    router.add("POST", "/v1/echo", echo)
-    router.add("POST", "/v1/size", size)
-    router.add("GET", "/v1/boom", boom)
-    router.add("GET", "/v1/teapot", teapot)
-    router.add("GET", "/v1/blob/{size}", blob)
-    router.add("GET", "/v1/peer", peer)
-    router.add("GET", "/metrics", metrics)
+    add("GET", "/v1/datasets/{name}/cache", dataset)
+    add("PUT", "/v1/datasets/{name}/cache", dataset)
+    add("DELETE", "/v1/datasets/{name}/cache", dataset)
+    add("GET", "/v1/datasets/{name}", dataset)
+    add("GET", "/v1/datasets/stats", dataset_stats)
+    add("POST", "/v1/echo", echo)
+    add("POST", "/v1/size", size)
+    add("GET", "/v1/boom", boom)
+    add("GET", "/v1/teapot", teapot)
+    add("GET", "/v1/blob/{size}", blob)
+    add("GET", "/v1/peer", peer)
+    add("GET", "/metrics", metrics)
     return router
 
 
@@ -115,9 +119,9 @@ def sock_path(tmp_path: Path) -> str:
     return str(tmp_path / "run" / "silofs.sock")
 
 
-@pytest.fixture
-def server(sock_path: str) -> Iterator[str]:
-    with server_thread(sock_path) as path:
+@pytest.fixture(params=[False, True], ids=["loop", "threaded"])
+def server(sock_path: str, request: pytest.FixtureRequest) -> Iterator[str]:
+    with server_thread(sock_path, make_router(request.param)) as path:
         yield path
 
 

@@ -66,7 +66,7 @@ MAY_LOAD = {
     # mount's pid is alive (the reaper), as the CLI asks it.
     NODE: frozenset(
         {
-            "silofs.control.member_conn",
+            "silofs.control.thread_conn",
             "silofs.control.router",
             "silofs.control.server",
             "silofs.pids",

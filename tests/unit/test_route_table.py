@@ -34,6 +34,14 @@ def test_every_route_says_who_may_call_it_and_what_it_does() -> None:
     assert large[0].body_limit == MAX_OFFER_BODY
 
 
+def test_only_a_mounts_chunk_miss_moves_its_connection_to_a_thread() -> None:
+    # A route marked threaded is one a local peer calls many times a second with
+    # chunk-sized answers; no peer route (members have their own threads) and no route
+    # with a large body.
+    threaded = [(r.method, r.path, r.who) for r in ROUTES if r.threaded]
+    assert threaded == [("GET", "/v1/chunks", Caller.LOCAL)]
+
+
 def test_a_remote_controller_finds_the_reads_and_allocation_changes_only() -> None:
     assert REMOTE_ROUTES == {
         ("GET", "/v1/status"),

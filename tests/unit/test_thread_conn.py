@@ -1,5 +1,5 @@
 """A member's connection to the mutual-TLS listener, served from a worker thread
-(control/member_conn.py): the same routes, limits and answers as on the loop.
+(control/thread_conn.py): the same routes, limits and answers as on the loop.
 
 The server runs serve_tls on 127.0.0.1 in a thread with its own trio loop; the client
 is a raw stdlib TLS socket with a node certificate, so every byte on the wire is the
@@ -27,7 +27,7 @@ from silofs.control.router import Caller, Request, Response, Router, json_respon
 from silofs.control.server import TLSLimits, bind_tcp, serve_tls
 from silofs.control.tls import server_context
 from tests.support.poll import wait_for
-from tests.unit.serving import serving
+from tests.unit.serving import Reader, serving
 
 DEADLINE = 10.0
 BIG = bytes(range(256)) * 6000  # 1.5 MB: several write slices and TLS records
@@ -100,39 +100,6 @@ def connect(pki: Path, port: int, name: str = "node-b") -> ssl.SSLSocket:
     ctx.load_verify_locations(str(pki / "ca.pem"))
     raw = socket.create_connection(("127.0.0.1", port), timeout=DEADLINE)
     return ctx.wrap_socket(raw, server_hostname="127.0.0.1")
-
-
-class Reader:
-    """HTTP/1.1 answers off one socket."""
-
-    def __init__(self, sock: ssl.SSLSocket) -> None:
-        self.sock, self.buf = sock, b""
-
-    def answer(self) -> tuple[int, dict[str, str], bytes]:
-        while b"\r\n\r\n" not in self.buf:
-            self._more()
-        head, _, self.buf = self.buf.partition(b"\r\n\r\n")
-        lines = head.decode("latin-1").split("\r\n")
-        status = int(lines[0].split(" ")[1])
-        headers = {
-            k.strip().lower(): v.strip() for k, _, v in (x.partition(":") for x in lines[1:])
-        }
-        n = int(headers.get("content-length", "0"))
-        while len(self.buf) < n:
-            self._more()
-        body, self.buf = self.buf[:n], self.buf[n:]
-        return status, headers, body
-
-    def closed(self) -> bool:
-        try:
-            return not self.buf and self.sock.recv(1) == b""
-        except (ConnectionResetError, ssl.SSLError):
-            return True
-
-    def _more(self) -> None:
-        data = self.sock.recv(1 << 20)
-        assert data, f"closed; had {self.buf[:200]!r}"
-        self.buf += data
 
 
 def get(path: str, extra: str = "") -> bytes:
@@ -252,9 +219,9 @@ def test_a_session_that_cannot_be_handed_over_stays_on_the_loop(
 ) -> None:
     """If this trio's SSLStream keeps its session otherwise, a member is served on the
     loop as before: same answers, no thread."""
-    from silofs.control import member_conn
+    from silofs.control import thread_conn
 
-    monkeypatch.setattr(member_conn, "handoff", lambda tls: None)
+    monkeypatch.setattr(thread_conn, "handoff", lambda tls: None)
     probe = Probe()
     with server(pki, probe) as (port, acc), connect(pki, port) as s:
         r = Reader(s)

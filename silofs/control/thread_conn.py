@@ -1,21 +1,25 @@
-"""A cluster member's connection to the mutual-TLS listener, served from a worker thread.
+"""A keep-alive control connection served from a worker thread: a cluster member's
+connection to the mutual-TLS listener, or a mount's Unix-socket connection once it has
+asked for a chunk.
 
-Members ask each other for chunks over long-lived keep-alive connections, one small
-request and one chunk-sized answer at a time. On the trio loop every such exchange
-costs the loop more CPU than the answer's bytes (SSLStream pumping its memory BIOs in
-Python, h11 framing both ways, a watcher task and its cancel scopes), and the loop is
-the one every mount and store fetch of the node shares. Here, once control/server.py
-has completed the handshake and found a certificate with the node role, the same TLS
-session (its SSLObject and memory BIOs) is driven over the blocking socket by one
-thread, which frames HTTP/1.1 by hand and sends the answer's bytes from C.
+Both carry many small requests, each answered with a chunk's bytes. On the trio loop
+every such exchange costs the loop more CPU than the answer's bytes (h11 framing both
+ways, a watcher task and its cancel scopes, and for TLS SSLStream pumping its memory
+BIOs in Python), and the loop is the one every mount and store fetch of the node
+shares. Here one thread reads and frames HTTP/1.1 by hand over the blocking socket and
+sends the answer's bytes from C: for a member, once control/server.py has completed the
+handshake and found a certificate with the node role, the same TLS session (its
+SSLObject and memory BIOs); for a mount, the plain socket, whose peer credentials were
+taken at accept.
 
 Owns that framing and its limits (the same as control/server.py's: the header block
 size, the body size the route's entry allows this peer, asked before the body is read;
 the idle timeout; no chunked bodies), a "102 Processing" while a handler waits when
-the client asked for progress, and cancelling the handler when the client closes.
-Never: decides who may call what (each request goes through the router's match and
-dispatch on the trio loop, as on every other connection), runs a handler off the loop,
-or lets one connection's failure reach the listener.
+the client asked for progress, cancelling the handler when the client closes, and
+closing an idle connection when the listener evicts it. Never: decides who may call
+what (each request goes through the router's match and dispatch on the trio loop, as
+on every other connection), runs a handler off the loop, or lets one connection's
+failure reach the listener.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ import ssl
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import trio
@@ -80,14 +85,11 @@ def handoff(tls: trio.SSLStream) -> tuple[ssl.SSLObject, ssl.MemoryBIO, ssl.Memo
     return parts  # type: ignore[return-value]
 
 
-class _Channel:
-    """The TLS session over the blocking socket: decrypted bytes in, plaintext out."""
+class _Bounded:
+    """A blocking socket and the deadline of the current request."""
 
-    def __init__(
-        self, sock: socket.socket, obj: ssl.SSLObject, incoming: ssl.MemoryBIO,
-        outgoing: ssl.MemoryBIO,
-    ) -> None:  # fmt: skip
-        self.sock, self.obj, self.incoming, self.outgoing = sock, obj, incoming, outgoing
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
         # When the current request must be read, or its answer sent, by (monotonic):
         # a client that trickles bytes is cut there, as on the loop (fail_after).
         self.deadline = math.inf
@@ -98,6 +100,43 @@ class _Channel:
             if left <= 0:
                 raise _Closed("timed out")
             self.sock.settimeout(left)
+
+
+class PlainChannel(_Bounded):
+    """A Unix-socket connection's bytes, as they are."""
+
+    def recv(self) -> bytes:
+        """Some bytes; b"" at the client's close."""
+        try:
+            self._bound()
+            return self.sock.recv(_RECV)
+        except OSError as exc:  # TimeoutError included
+            raise _Closed(str(exc) or "timed out") from None
+
+    def send(self, *parts: bytes | memoryview) -> None:
+        """All of `parts`, gathered into as few sendmsg calls as the socket takes."""
+        views = [memoryview(p).cast("B") for p in parts if len(p)]
+        try:
+            while views:
+                self._bound()
+                sent = self.sock.sendmsg(views)
+                while views and sent >= len(views[0]):
+                    sent -= len(views.pop(0))
+                if sent:
+                    views[0] = views[0][sent:]
+        except OSError as exc:
+            raise _Closed(str(exc) or "timed out") from None
+
+
+class TLSChannel(_Bounded):
+    """The TLS session over the blocking socket: decrypted bytes in, plaintext out."""
+
+    def __init__(
+        self, sock: socket.socket, obj: ssl.SSLObject, incoming: ssl.MemoryBIO,
+        outgoing: ssl.MemoryBIO,
+    ) -> None:  # fmt: skip
+        super().__init__(sock)
+        self.obj, self.incoming, self.outgoing = obj, incoming, outgoing
 
     def recv(self) -> bytes:
         """Some decrypted bytes; b"" at the client's close."""
@@ -142,13 +181,16 @@ class _Channel:
                 raise _Closed(str(exc)) from None
 
 
-class MemberConnection:
-    """One member's connection: requests read and answered in this thread, each
-    handler run on the trio loop in `nursery`."""
+Channel = PlainChannel | TLSChannel
+
+
+class ThreadConnection:
+    """One connection: requests read and answered in this thread, each handler run on
+    the trio loop in `nursery`."""
 
     def __init__(
         self,
-        channel: _Channel,
+        channel: Channel,
         router: Router,
         peer: Peer,
         nursery: trio.Nursery,
@@ -174,6 +216,11 @@ class MemberConnection:
         self.poller = select.poll()
         self.poller.register(self.wake, select.POLLIN)
         self.started = False  # run() began (in its thread): it closes the socket
+        # Since when the connection waits for a request with nothing of it received
+        # (None: a request is being served). The listener may then evict it (evict()).
+        self.state_lock = threading.Lock()
+        self.idle_since: float | None = None
+        self.evicted = False
 
     def run(self) -> None:
         """Serve requests until the client closes or a limit ends the connection; then
@@ -183,7 +230,8 @@ class MemberConnection:
             while self._serve_one():
                 pass
         except _Closed as exc:
-            log.debug("member %r: connection ended: %s", self.peer.remote, exc)
+            who = self.peer.remote or f"pid {self.peer.pid}"
+            log.debug("connection of %r ended: %s", who, exc)
         except (trio.RunFinishedError, trio.Cancelled):
             pass
         finally:
@@ -200,6 +248,8 @@ class MemberConnection:
         """One request and its answer; False if the connection is to be closed."""
         self.ch.deadline = math.inf  # waiting for a request: the idle timeout
         self.ch.sock.settimeout(self.idle_timeout)
+        with self.state_lock:
+            self.idle_since = None if self.buf else time.monotonic()
         try:
             head = self._read_head()
             if head is None:
@@ -213,8 +263,33 @@ class MemberConnection:
         if resp is None:
             return False  # the client left while its handler ran
         self.ch.deadline = time.monotonic() + self.idle_timeout
+        close = close or self.evicted  # evicted as its request came: answered, then closed
         self._answer(resp, close=close, with_body=req.method != "HEAD")
         return not close
+
+    def evictable(self, now: float, min_idle: float) -> bool:
+        """Waiting for a request for `min_idle` seconds with nothing of it received,
+        not even in the kernel's buffer. Called on the loop."""
+        since = self.idle_since
+        if since is None or now - since < min_idle or self.evicted:
+            return False
+        poller = select.poll()
+        poller.register(self.ch.sock, select.POLLIN)
+        return not poller.poll(0)
+
+    def evict(self) -> bool:
+        """Close the connection if it still waits for a request (its thread sees the
+        end of input and leaves); False if a request began meanwhile. A request read
+        in the same instant is answered, and the connection closed after it."""
+        with self.state_lock:
+            if self.idle_since is None or self.evicted:
+                return False
+            self.evicted = True
+            try:
+                self.ch.sock.shutdown(socket.SHUT_RD)
+            except OSError:
+                pass
+            return True
 
     def _read_head(self) -> bytes | None:
         """The request's head (request line and headers); None at a close between
@@ -225,6 +300,8 @@ class MemberConnection:
             data = self.ch.recv()
             if self.ch.deadline == math.inf:  # the request began: read it in time
                 self.ch.deadline = time.monotonic() + self.idle_timeout
+                with self.state_lock:
+                    self.idle_since = None
             if not data:
                 if self.buf:
                     raise _Closed("closed mid-request")
@@ -264,12 +341,17 @@ class MemberConnection:
         return Request(method, path, query, headers, body, self.peer), match, close
 
     def _read_body(self, length: int) -> bytes:
-        while len(self.buf) < length:
+        # Parts joined once: a mount's offer is up to a 64 MiB chunk, and adding each
+        # read to the buffer would copy it over and over.
+        parts, have = [self.buf], len(self.buf)
+        while have < length:
             data = self.ch.recv()
             if not data:
                 raise _Closed("closed mid-request")
-            self.buf += data
-        body, self.buf = self.buf[:length], self.buf[length:]
+            parts.append(data)
+            have += len(data)
+        data = b"".join(parts) if len(parts) > 1 else self.buf
+        body, self.buf = data[:length], data[length:]
         return body
 
     # -- the handler, on the loop ------------------------------------------------------
@@ -379,17 +461,24 @@ def _response_head(resp: Response, length: int, close: bool) -> bytes:
     return head.encode("latin-1")
 
 
+@dataclass
+class ConnLimits:
+    """What a thread-served connection keeps to: the listener's request limits and how
+    often a waiting handler's client hears 102 (from its header's value)."""
+
+    max_body: int
+    max_header: int
+    idle_timeout: float
+    progress: Callable[[dict[str, str]], float]
+
+
 async def serve_member(
     tls: trio.SSLStream,
     conn: Any,
     router: Router,
     peer: Peer,
     limiter: trio.CapacityLimiter,
-    *,
-    max_body: int,
-    max_header: int,
-    idle_timeout: float,
-    progress: Callable[[dict[str, str]], float],
+    limits: ConnLimits,
 ) -> bool:
     """Serve a member's handshaken connection from a worker thread until it ends;
     False (nothing done) if the TLS session cannot be handed over, and the caller
@@ -397,34 +486,62 @@ async def serve_member(
     session = handoff(tls)
     if session is None:
         return False
-    # The thread owns the socket from here (trio's object is left without its fd, so
-    # closing the stream later touches nothing) and closes it when it ends.
+    sock = _take_socket(conn)
+    await _serve(TLSChannel(sock, *session), router, peer, limiter, limits)
+    return True
+
+
+async def serve_plain(
+    conn: Any,
+    router: Router,
+    peer: Peer,
+    limiter: trio.CapacityLimiter,
+    limits: ConnLimits,
+    started: Callable[[ThreadConnection | None], None] = lambda c: None,
+) -> None:
+    """Serve a Unix-socket connection (nothing of a next request received yet) from a
+    worker thread until it ends. `started` hears of the connection while its thread
+    serves it, and of None when it has ended (the listener's eviction)."""
+    await _serve(PlainChannel(_take_socket(conn)), router, peer, limiter, limits, started)
+
+
+def _take_socket(conn: Any) -> socket.socket:
+    """The thread owns the socket from here (trio's object is left without its fd, so
+    closing the stream later touches nothing) and closes it when it ends."""
     sock = socket.socket(conn.family, conn.type, fileno=conn.detach())
     sock.setblocking(True)
-    member: MemberConnection | None = None
+    return sock
+
+
+async def _serve(
+    channel: Channel,
+    router: Router,
+    peer: Peer,
+    limiter: trio.CapacityLimiter,
+    limits: ConnLimits,
+    started: Callable[[ThreadConnection | None], None] = lambda c: None,
+) -> None:
+    sock = channel.sock
+    served: ThreadConnection | None = None
     try:
         async with trio.open_nursery() as nursery:
-            member = MemberConnection(
-                _Channel(sock, *session), router, peer, nursery, max_body, max_header,
-                idle_timeout, progress,
+            served = ThreadConnection(
+                channel, router, peer, nursery, limits.max_body, limits.max_header,
+                limits.idle_timeout, limits.progress,
             )  # fmt: skip
+            started(served)
             try:
-                await trio.to_thread.run_sync(member.run, limiter=limiter, abandon_on_cancel=True)
+                await trio.to_thread.run_sync(served.run, limiter=limiter, abandon_on_cancel=True)
             finally:
+                started(None)
                 nursery.cancel_scope.cancel()
     finally:
-        if member is None or not member.started:
-            member_close(member, sock)
+        if served is None or not served.started:
+            sock.close()
+            if served is not None:
+                served.close_wake()
         else:  # still running if cancelled (the daemon stops): wake it, it closes
             try:
                 sock.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass
-    return True
-
-
-def member_close(member: MemberConnection | None, sock: socket.socket) -> None:
-    """Close what a connection whose thread never ran holds."""
-    sock.close()
-    if member is not None:
-        member.close_wake()
