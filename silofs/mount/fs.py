@@ -90,7 +90,6 @@ class SilofsFS(pyfuse3.Operations):
         self._files: dict[int, OpenFile] = {}
         self._dirs: dict[int, _DirHandle] = {}
         self._attrs: OrderedDict[int, pyfuse3.EntryAttributes] = OrderedDict()
-        self._objs: OrderedDict[int, tuple[Entry, ObjectInfo]] = OrderedDict()  # for open()
         # inode -> the version the kernel's pages of it hold, for inodes whose version
         # changed since the mount started (_keep_cache); bounded.
         self._page_versions: OrderedDict[int, str] = OrderedDict()
@@ -108,7 +107,6 @@ class SilofsFS(pyfuse3.Operations):
         recently used entries that changed, for the caller to invalidate in the kernel."""
         stale = self.listing.switch(record)
         self._attrs.clear()
-        self._objs.clear()
         return stale
 
     # -- attributes ------------------------------------------------------------------
@@ -133,29 +131,28 @@ class SilofsFS(pyfuse3.Operations):
         return a
 
     def _build_attr(self, node: Entry) -> pyfuse3.EntryAttributes:
+        # A new EntryAttributes holds zeros (generation, st_rdev) and st_nlink 1: only
+        # what differs is set, each setter being a call into pyfuse3.
         a = pyfuse3.EntryAttributes()
+        look = self.look
         a.st_ino = node.inode
-        a.generation = 0
         # The kernel keeps names and attributes exactly as long as the metadata TTL says:
         # a refresh is seen by the kernel no later than that.
-        a.entry_timeout = self.look.timeout
-        a.attr_timeout = self.look.timeout
+        a.entry_timeout = a.attr_timeout = look.timeout
         if node.is_dir:
-            a.st_mode = stat.S_IFDIR | self.look.dir_mode
+            a.st_mode = stat.S_IFDIR | look.dir_mode
             a.st_nlink = 2 + node.aux  # aux: its subdirectories
-            a.st_size = 4096
+            size = 4096
         else:
-            a.st_mode = stat.S_IFREG | self.look.file_mode
-            a.st_nlink = 1
-            a.st_size = node.size
-        a.st_uid = self.look.uid
-        a.st_gid = self.look.gid
-        a.st_rdev = 0
+            a.st_mode = stat.S_IFREG | look.file_mode
+            size = node.size
+        a.st_size = size
+        a.st_uid = look.uid
+        a.st_gid = look.gid
         a.st_blksize = 1 << 20
         # As a 4 KiB-block disk would allocate it, so `du` agrees with a local copy.
-        a.st_blocks = -(-a.st_size // 4096) * 8
-        ns = int(node.mtime * 1e9)
-        a.st_atime_ns = a.st_mtime_ns = a.st_ctime_ns = ns
+        a.st_blocks = -(-size // 4096) * 8
+        a.st_atime_ns = a.st_mtime_ns = a.st_ctime_ns = int(node.mtime * 1e9)
         return a
 
     async def lookup(
@@ -313,17 +310,8 @@ class SilofsFS(pyfuse3.Operations):
             raise pyfuse3.FUSEError(errno.EISDIR)
         if flags & _WRITE_FLAGS:
             raise pyfuse3.FUSEError(errno.EROFS)
-        # The ObjectInfo is decoded once per cached entry, not per open (the entry holds
-        # the key as bytes): the same entry object gives the same object.
-        cached = self._objs.get(inode)
-        if cached is not None and cached[0] is node:
-            obj = cached[1]
-        else:
-            obj = node.obj
-            assert obj is not None
-            self._objs[inode] = (node, obj)
-            if len(self._objs) > ATTR_CACHE:
-                self._objs.popitem(last=False)
+        obj = node.obj  # decoded once per cached entry, not per open
+        assert obj is not None
         if self.shared is not None:
             return self._open_shared(node, obj)
         fh = self._next_fh
