@@ -317,16 +317,20 @@ class SilofsFS(pyfuse3.Operations):
         fh = self._next_fh
         self._next_fh += 1
         self._files[fh] = OpenFile(obj, inode=inode, gen=m.gen)
-        versions = self._open_versions.setdefault(inode, {})
-        others = len(versions) - (node.version in versions)
-        versions[node.version] = versions.get(node.version, 0) + 1
-        if others:
-            # A handle of another version (opened before a refresh) is still open: the
-            # kernel's pages of the inode are shared by all its handles, so this one
-            # reads around them (direct_io) and leaves them to the other version.
-            self._page_versions.pop(inode, None)
-            return pyfuse3.FileInfo(fh=fh, keep_cache=False, direct_io=True)
-        return pyfuse3.FileInfo(fh=fh, keep_cache=self._keep_cache(node))
+        versions = self._open_versions.get(inode)
+        if versions is None:  # the common case: no other handle of the inode is open
+            self._open_versions[inode] = {node.version: 1}
+        else:
+            others = len(versions) - (node.version in versions)
+            versions[node.version] = versions.get(node.version, 0) + 1
+            if others:
+                # A handle of another version (opened before a refresh) is still open:
+                # the kernel's pages of the inode are shared by all its handles, so this
+                # one reads around them (direct_io) and leaves them to the other version.
+                self._page_versions.pop(inode, None)
+                return pyfuse3.FileInfo(fh=fh, keep_cache=False, direct_io=True)
+        keep = node.since <= m.first_gen or self._keep_cache(node)
+        return pyfuse3.FileInfo(fh=fh, keep_cache=keep)
 
     def _open_shared(self, node: Entry, obj: ObjectInfo) -> pyfuse3.FileInfo:
         """open() with several serving processes: the handle is a slot of the shared
@@ -416,7 +420,8 @@ class SilofsFS(pyfuse3.Operations):
             # A handle of an older listing fills the inode's pages with its own version:
             # the next open must not keep them (_keep_cache).
             self._page_versions.pop(f.inode, None)
-        end = min(off + size, f.obj.size)
+        obj_size = f.obj.size
+        end = off + size if off + size < obj_size else obj_size
         if off >= end:
             return b""
         r = self.reader
@@ -433,17 +438,18 @@ class SilofsFS(pyfuse3.Operations):
                     c.bytes_read += end - off
                     c.hits += 1
                     c.hit_bytes += end - off
-                else:
-                    # The first read of a file's head, of the size the kernel's
-                    # read-ahead asks of a sequential reader (a random reader asks for
-                    # its pages): a miss names its chunk as a span, so the daemon may
-                    # stream the object on from there (node/fetch.py) and the reader's
-                    # next spans continue it.
-                    streams = off == 0 and size >= STREAM_FROM_HEAD and f.obj.size > cs
-                    span = (0, 0) if streams else None
-                    data, hit, source = await r.chunk(f, first, lo, hi, span)
-                    self._count(end - off, hit, source)
-                if sequential and f.obj.size > cs:
+                    if sequential and obj_size > cs:
+                        r.prefetch(f, first)
+                    return data[lo:hi]
+                # The first read of a file's head, of the size the kernel's read-ahead
+                # asks of a sequential reader (a random reader asks for its pages): a
+                # miss names its chunk as a span, so the daemon may stream the object on
+                # from there (node/fetch.py) and the reader's next spans continue it.
+                streams = off == 0 and size >= STREAM_FROM_HEAD and obj_size > cs
+                span = (0, 0) if streams else None
+                data, hit, source = await r.chunk(f, first, lo, hi, span)
+                self._count(end - off, hit, source)
+                if sequential and obj_size > cs:
                     r.prefetch(f, first)
                 return memoryview(data)[lo:hi]
             return await self._read_span(f, off, end, first, last, sequential)
@@ -487,16 +493,20 @@ class SilofsFS(pyfuse3.Operations):
             self._release_shared(fh)
             return
         f = self._files.pop(fh, None)
-        if f is not None:
-            versions = self._open_versions.get(f.inode, {})
-            left = versions.get(f.obj.version, 0) - 1
+        if f is None:
+            return
+        versions = self._open_versions.get(f.inode)
+        if versions is not None:
+            version = f.obj.version
+            left = versions.get(version, 0) - 1
             if left > 0:
-                versions[f.obj.version] = left
-            else:
-                versions.pop(f.obj.version, None)
-                if not versions:
-                    self._open_versions.pop(f.inode, None)
-        if f is not None and f.gen != self.listing.gen:
+                versions[version] = left
+            elif version in versions:
+                if len(versions) == 1:
+                    del self._open_versions[f.inode]
+                else:
+                    del versions[version]
+        if f.gen != self.listing.gen:
             # A handle of an older listing: its reads stopped at the old size, and a short
             # read makes the kernel shrink the file's size to it. Once it is closed, the
             # kernel must ask again (process.py invalidates these between requests).
