@@ -293,10 +293,16 @@ class ListingReader:
         self, txn: lmdb.Transaction, parent: int, name: bytes, parent_path: bytes | None = None
     ) -> Entry | None:
         """`name` in directory `parent` (whose path the caller may know already)."""
-        row, long = self.rows.dirent(parent, name)
-        v = txn.get(row, db=self.dirents)
-        if v is None or (long and dirent_name(row, 0, v) != name):
-            return None
+        rows = self.rows
+        if len(name) <= rows.room:  # Rows.dirent of a name that fits, written out
+            v = txn.get(rows.prefix + INO.pack(parent) + name, db=self.dirents)
+            if v is None:
+                return None
+        else:
+            row, _ = rows.dirent(parent, name)
+            v = txn.get(row, db=self.dirents)
+            if v is None or dirent_name(row, 0, v) != name:
+                return None
         if v[8] == DIR:
             return self.get(txn, DIRENT.unpack_from(v)[0])
         if parent_path is None:
