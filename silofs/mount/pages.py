@@ -1,7 +1,7 @@
 """Where a value of a mount's read txn lies in memory, and bringing it in off the serving thread.
 
 Owns ValuePages: whether the pages of a value a read txn returned are in memory
-(mincore, or a RWF_NOWAIT read of data.mdb where mincore cannot tell), faulting them in
+(a 1-byte RWF_NOWAIT read of data.mdb, or mincore where that is refused), faulting them in
 from a worker thread (MADV_POPULATE_READ) and asking the kernel to read a range ahead
 (MADV_WILLNEED), so a mount's serving thread never waits on the disk for a hit
 (mount/reader.py). Only addresses pass through here: it never reads a value's bytes and
@@ -45,9 +45,10 @@ class ValuePages:
     A hit whose pages are not in memory page-faults on whatever thread first touches
     them; on a mount's one serving thread that serialises every reader behind one disk
     read (docs/ARCHITECTURE.md, "the ceiling of one serving process"). A ValueCursor
-    (bounds.py) finds a value without touching it, resident() tells whether its pages are in memory
-    (mincore), populate() brings them in from a worker thread (MADV_POPULATE_READ: a
-    fault's read-around, without the GIL), willneed() starts reading a range ahead.
+    (bounds.py) finds a value without touching it, value_resident() tells whether its
+    pages are in memory, populate() brings them in from a worker thread
+    (MADV_POPULATE_READ: a fault's read-around, without the GIL), willneed() starts
+    reading a range ahead.
 
     Only addresses pass through here, never bytes: if the env is remapped meanwhile
     (set_mapsize after the daemon grew the map), or the address read from a cursor were
@@ -55,15 +56,16 @@ class ValuePages:
     and can never crash or serve wrong bytes (the value itself always comes from
     py-lmdb, and the caller verifies it).
 
-    mincore reports every page resident for a file the caller neither owns nor may write
-    (Linux 5.0+, a side-channel fix), e.g. for a non-root mount of a root daemon's cache
-    (data.mdb 0640). There value_resident() asks the page cache through the file instead:
-    a 1-byte read with RWF_NOWAIT at the page's file offset (the value's address minus
-    the mapping's start, from /proc/self/maps) fails with EAGAIN when the page is not
-    cached. `enabled` is False where none of this can work: no MDB_val found in the
-    cursor object (another py-lmdb), data.mdb not readable, or no MADV_POPULATE_READ
-    (Linux < 5.14, found on first use). Callers then fault a value's pages in on their
-    own thread when they touch it.
+    value_resident() asks the page cache through the file: a 1-byte read with
+    RWF_NOWAIT at the page's file offset (the value's address minus the mapping's start,
+    from /proc/self/maps) fails with EAGAIN when the page is not cached. It costs less
+    than mincore through ctypes, and works for a non-root mount of a root daemon's cache
+    (data.mdb 0640), to which mincore reports every page resident (Linux 5.0+, a
+    side-channel fix). Where the file refuses RWF_NOWAIT, mincore answers instead if it
+    can tell (`truthful`). `enabled` is False where none of this can work: no MDB_val
+    found in the cursor object (another py-lmdb), data.mdb not readable, neither probe
+    usable, or no MADV_POPULATE_READ (Linux < 5.14, found on first use). Callers then
+    fault a value's pages in on their own thread when they touch it.
     """
 
     def __init__(self, data_path: str) -> None:
