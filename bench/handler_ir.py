@@ -25,68 +25,30 @@ import tempfile
 
 import common  # noqa: F401 - this checkout (or a baseline) first on sys.path
 import trio
+from fs_ops import SMALL, cached_files, fresh_mount
 
+from silofs.cache.store import CacheStore
+from silofs.mount.listing_view import ROOT_INODE
 from tests.support import baseline
 
-SMALL = 110 << 10
-CHUNK = 4 << 20
 MODES = ("L", "LO", "LOR")  # lookup; + open and release; + read
 
 
 def build(d: str, files: int) -> None:
     """The env and listing of `files` cached 110 KiB files under small/."""
-    from silofs.cache.format import ChunkRef, encode_chunk
-    from silofs.node.store_write import PendingChunk, WritableStore
-    from silofs.records import ObjectInfo
-
-    env = os.path.join(d, "env")
-    os.makedirs(env)
-    store = WritableStore(env, 1 << 30)
-    objs = [ObjectInfo(f"small/{i:06d}.bin", SMALL, 100.0, f"v{i}", f"c{i}") for i in range(files)]
-    body = os.urandom(SMALL)
-    pending = [
-        PendingChunk(
-            1,
-            ChunkRef.of(o, CHUNK, 0).key,
-            encode_chunk(1, 0, CHUNK, o.key, o.content_id, body),
-            SMALL,
-        )
-        for o in objs
-    ]
-    store.admit(pending, {}, lambda _d, _u: 1 << 40)
-    record = store.replace_listing(1, objs, {"uri": "file:///bench/"})
-    store.close()
     with open(os.path.join(d, "record"), "wb") as f:
-        pickle.dump((record, [o.key.split("/")[1].encode() for o in objs]), f)
+        pickle.dump(cached_files(d, files), f)
 
 
 def passes(d: str, count: int, mode: str) -> None:
     """`count` fresh mounts' handlers over every file (run under callgrind)."""
-    from silofs.cache.store import CacheStore
-    from silofs.mount.fs import Presentation, SilofsFS
-    from silofs.mount.listing_view import ROOT_INODE, ListingView
-    from silofs.mount.reader import ChunkReader
-
     with open(os.path.join(d, "record"), "rb") as f:
         record, names = pickle.load(f)
     store = CacheStore(os.path.join(d, "env"), 1 << 30)
 
-    async def never() -> None:
-        raise AssertionError("a hit never re-registers")
-
     async def run() -> None:
         for _ in range(count):
-            view = ListingView(store, 1, record)
-            reader = ChunkReader(
-                store,
-                None,  # type: ignore[arg-type]  # hits never ask the daemon
-                dataset_id=1,
-                chunk_size=CHUNK,
-                buffer_bytes=CHUNK,
-                readahead_bytes=4 * CHUNK,
-                reregister=never,
-            )
-            fs = SilofsFS(view, reader, Presentation(0, 0, 0o444, 0o555, 3600.0))
+            view, reader, fs = fresh_mount(store, record)
             small = view.lookup(ROOT_INODE, b"small")
             assert small is not None
             for name in names:
