@@ -57,6 +57,45 @@ async def per_file(fs: pyfuse3.Operations, names: list[bytes], parent: int) -> f
     return time.perf_counter() - t0
 
 
+def cached_files(d: str, files: int, with_tree: bool = False) -> tuple[dict, list[bytes]]:
+    """An env in d/env caching `files` 110 KiB files listed under small/ (with
+    `with_tree`, the same bytes as files under d/tree/small too, for the ceiling): the
+    listing's record and the files' names."""
+    env, tree = os.path.join(d, "env"), os.path.join(d, "tree", "small")
+    os.makedirs(env)
+    store = WritableStore(env, 1 << 30)
+    objs = [ObjectInfo(f"small/{i:06d}.bin", SMALL, 100.0, f"v{i}", f"c{i}") for i in range(files)]
+    body = os.urandom(SMALL)
+    pending = []
+    for o in objs:
+        value = encode_chunk(1, 0, CHUNK, o.key, o.content_id, body)
+        pending.append(PendingChunk(1, ChunkRef.of(o, CHUNK, 0).key, value, SMALL))
+    if with_tree:
+        os.makedirs(tree)
+        for o in objs:
+            with open(os.path.join(tree, o.key.split("/")[1]), "wb") as f:
+                f.write(body)
+    store.admit(pending, {}, lambda _d, _u: 1 << 40)
+    record = store.replace_listing(1, objs, {"uri": "file:///bench/"})
+    store.close()
+    return record, [o.key.split("/")[1].encode() for o in objs]
+
+
+def fresh_mount(store: CacheStore, record: dict) -> tuple[ListingView, ChunkReader, SilofsFS]:
+    """A mount's handlers over `store` as a fresh mount has them: empty caches."""
+    view = ListingView(store, 1, record)
+    reader = ChunkReader(
+        store,
+        None,  # type: ignore[arg-type]  # hits never ask the daemon
+        dataset_id=1,
+        chunk_size=CHUNK,
+        buffer_bytes=CHUNK,
+        readahead_bytes=4 * CHUNK,
+        reregister=_never,
+    )
+    return view, reader, SilofsFS(view, reader, Presentation(0, 0, 0o444, 0o555, 3600.0))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--files", type=int, default=2000)
@@ -76,45 +115,15 @@ def main() -> None:
             baseline.run(tree, [__file__, *argv], check=True)
         print("== this tree", flush=True)
     with tempfile.TemporaryDirectory(prefix="silofs-fsops-") as d:
-        env, tree = os.path.join(d, "env"), os.path.join(d, "tree", "small")
-        os.makedirs(env)
-        os.makedirs(tree)
-        store = WritableStore(env, 1 << 30)
-        objs = [
-            ObjectInfo(f"small/{i:06d}.bin", SMALL, 100.0, f"v{i}", f"c{i}")
-            for i in range(args.files)
-        ]
-        body = os.urandom(SMALL)
-        pending = []
-        for o in objs:
-            ref = ChunkRef.of(o, CHUNK, 0)
-            value = encode_chunk(1, 0, CHUNK, o.key, o.content_id, body)
-            pending.append(PendingChunk(1, ref.key, value, SMALL))
-            with open(os.path.join(tree, o.key.split("/")[1]), "wb") as f:
-                f.write(body)
-        store.admit(pending, {}, lambda _d, _u: 1 << 40)
-        record = store.replace_listing(1, objs, {"uri": "file:///bench/"})
-        store.close()
+        record, names = cached_files(d, args.files, with_tree=True)
         if args.drop:
             os.sync()
             with open("/proc/sys/vm/drop_caches", "w") as f:
                 f.write("3\n")
-        ro = CacheStore(env, 1 << 30)
-        names = [o.key.split("/")[1].encode() for o in objs]
+        ro = CacheStore(os.path.join(d, "env"), 1 << 30)
 
         async def run() -> tuple[list[float], list[float]]:
-            view = ListingView(ro, 1, record)
-            reader = ChunkReader(
-                ro,
-                None,  # type: ignore[arg-type]  # hits never ask the daemon
-                dataset_id=1,
-                chunk_size=CHUNK,
-                buffer_bytes=CHUNK,
-                readahead_bytes=4 * CHUNK,
-                reregister=_never,
-            )
-            look = Presentation(0, 0, 0o444, 0o555, 3600.0)
-            fs = SilofsFS(view, reader, look)
+            view, reader, fs = fresh_mount(ro, record)
             small = view.lookup(ROOT_INODE, b"small")
             assert small is not None
             raw = MemFS(os.path.join(d, "tree"))

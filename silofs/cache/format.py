@@ -264,8 +264,8 @@ def verify_chunk(
     verified: the caller serves only [lo, hi) of the returned view. This is the hit
     path of every FUSE read (`content_id` given encoded: ChunkRef.content_bytes): no
     strings decoded, no objects built."""
-    mv = memoryview(value)
-    cid = content_id.encode() if isinstance(content_id, str) else content_id
+    mv = value if type(value) is memoryview else memoryview(value)
+    cid = content_id.encode() if type(content_id) is str else content_id
     length = expected_length
     if hi is None:
         hi = length
@@ -296,16 +296,17 @@ def verify_chunk(
         raise ChunkFormatError(f"chunk length {dlen} != expected {length}")
     if not 0 <= lo <= hi <= length:
         raise ValueError(f"range [{lo}, {hi}) outside a chunk of {length} bytes")
-    data = mv[hdr_len:]
     if hi > lo:
         b, last = lo >> shift, (hi - 1) >> shift
         size = 1 << shift
         at = sums_at + 8 * b
-        for off in range(b << shift, (last + 1) << shift, size):
-            if _hash(data[off : off + size]) != _SUM.unpack_from(mv, at)[0]:
-                raise ChunkFormatError(f"checksum mismatch in block {off >> shift}")
+        # Blocks sliced from the value itself: the last one may run past the data's end,
+        # which the slice ends at.
+        for off in range(hdr_len + (b << shift), hdr_len + ((last + 1) << shift), size):
+            if _hash(mv[off : off + size]) != _SUM.unpack_from(mv, at)[0]:
+                raise ChunkFormatError(f"checksum mismatch in block {(off - hdr_len) >> shift}")
             at += 8
-    return data
+    return mv[hdr_len:]
 
 
 def checked_chunk(

@@ -45,7 +45,7 @@ from __future__ import annotations
 import logging
 import struct
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import lmdb
 import xxhash
@@ -101,6 +101,9 @@ class Entry:
     path: bytes
     version: str = ""
     content_id: str = ""
+    # The file's ObjectInfo, decoded on first use: a mount opens a cached entry many
+    # times, and the same entry gives the same object.
+    _obj: ObjectInfo | None = field(default=None, compare=False, repr=False)
 
     @property
     def name(self) -> bytes:
@@ -108,10 +111,11 @@ class Entry:
 
     @property
     def obj(self) -> ObjectInfo | None:
-        if self.is_dir:
-            return None
-        key = self.path.decode("utf-8", "surrogateescape")
-        return ObjectInfo(key, self.size, self.mtime, self.version, self.content_id)
+        obj = self._obj
+        if obj is None and not self.is_dir:
+            key = self.path.decode("utf-8", "surrogateescape")
+            obj = self._obj = ObjectInfo(key, self.size, self.mtime, self.version, self.content_id)
+        return obj
 
 
 def _dec(raw: bytes) -> str:
@@ -140,6 +144,9 @@ def pack_cid(version: bytes, cid: bytes) -> bytes:
     return cid
 
 
+_MARKS = (_SAME, b"\x02")  # a stored content id that starts otherwise is the id itself
+
+
 def unpack_cid(version: bytes, stored: bytes) -> bytes:
     if stored[:1] == _SAME:
         return stored[1:].replace(_SAME, version)
@@ -160,8 +167,20 @@ def decode_file(parent: int, parent_path: bytes, name: bytes, v: bytes | memoryv
     ino, _, size, mtime, since, ordinal = FILE_HEAD.unpack_from(v)
     version, stored, _ = bytes(v[FILE_HEAD.size :]).split(b"\0", 2)
     path = parent_path + b"/" + name if parent != ROOT_INODE else name
-    cid = unpack_cid(version, stored)
-    return Entry(ino, False, parent, size, mtime, ordinal, since, path, _dec(version), _dec(cid))
+    cid = unpack_cid(version, stored) if stored[:1] in _MARKS else stored
+    # Written out (no _dec): every lookup of a file the kernel does not know decodes one.
+    return Entry(
+        ino,
+        False,
+        parent,
+        size,
+        mtime,
+        ordinal,
+        since,
+        path,
+        version.decode("utf-8", "surrogateescape"),
+        cid.decode("utf-8", "surrogateescape"),
+    )
 
 
 def dirent_name(key: bytes | memoryview, n: int, v: bytes | memoryview) -> bytes:
@@ -274,10 +293,16 @@ class ListingReader:
         self, txn: lmdb.Transaction, parent: int, name: bytes, parent_path: bytes | None = None
     ) -> Entry | None:
         """`name` in directory `parent` (whose path the caller may know already)."""
-        row, long = self.rows.dirent(parent, name)
-        v = txn.get(row, db=self.dirents)
-        if v is None or (long and dirent_name(row, 0, v) != name):
-            return None
+        rows = self.rows
+        if len(name) <= rows.room:  # Rows.dirent of a name that fits, written out
+            v = txn.get(rows.prefix + INO.pack(parent) + name, db=self.dirents)
+            if v is None:
+                return None
+        else:
+            row, _ = rows.dirent(parent, name)
+            v = txn.get(row, db=self.dirents)
+            if v is None or dirent_name(row, 0, v) != name:
+                return None
         if v[8] == DIR:
             return self.get(txn, DIRENT.unpack_from(v)[0])
         if parent_path is None:

@@ -90,7 +90,6 @@ class SilofsFS(pyfuse3.Operations):
         self._files: dict[int, OpenFile] = {}
         self._dirs: dict[int, _DirHandle] = {}
         self._attrs: OrderedDict[int, pyfuse3.EntryAttributes] = OrderedDict()
-        self._objs: OrderedDict[int, tuple[Entry, ObjectInfo]] = OrderedDict()  # for open()
         # inode -> the version the kernel's pages of it hold, for inodes whose version
         # changed since the mount started (_keep_cache); bounded.
         self._page_versions: OrderedDict[int, str] = OrderedDict()
@@ -108,7 +107,6 @@ class SilofsFS(pyfuse3.Operations):
         recently used entries that changed, for the caller to invalidate in the kernel."""
         stale = self.listing.switch(record)
         self._attrs.clear()
-        self._objs.clear()
         return stale
 
     # -- attributes ------------------------------------------------------------------
@@ -133,29 +131,28 @@ class SilofsFS(pyfuse3.Operations):
         return a
 
     def _build_attr(self, node: Entry) -> pyfuse3.EntryAttributes:
+        # A new EntryAttributes holds zeros (generation, st_rdev) and st_nlink 1: only
+        # what differs is set, each setter being a call into pyfuse3.
         a = pyfuse3.EntryAttributes()
+        look = self.look
         a.st_ino = node.inode
-        a.generation = 0
         # The kernel keeps names and attributes exactly as long as the metadata TTL says:
         # a refresh is seen by the kernel no later than that.
-        a.entry_timeout = self.look.timeout
-        a.attr_timeout = self.look.timeout
+        a.entry_timeout = a.attr_timeout = look.timeout
         if node.is_dir:
-            a.st_mode = stat.S_IFDIR | self.look.dir_mode
+            a.st_mode = stat.S_IFDIR | look.dir_mode
             a.st_nlink = 2 + node.aux  # aux: its subdirectories
-            a.st_size = 4096
+            size = 4096
         else:
-            a.st_mode = stat.S_IFREG | self.look.file_mode
-            a.st_nlink = 1
-            a.st_size = node.size
-        a.st_uid = self.look.uid
-        a.st_gid = self.look.gid
-        a.st_rdev = 0
+            a.st_mode = stat.S_IFREG | look.file_mode
+            size = node.size
+        a.st_size = size
+        a.st_uid = look.uid
+        a.st_gid = look.gid
         a.st_blksize = 1 << 20
         # As a 4 KiB-block disk would allocate it, so `du` agrees with a local copy.
-        a.st_blocks = -(-a.st_size // 4096) * 8
-        ns = int(node.mtime * 1e9)
-        a.st_atime_ns = a.st_mtime_ns = a.st_ctime_ns = ns
+        a.st_blocks = -(-size // 4096) * 8
+        a.st_atime_ns = a.st_mtime_ns = a.st_ctime_ns = int(node.mtime * 1e9)
         return a
 
     async def lookup(
@@ -313,32 +310,27 @@ class SilofsFS(pyfuse3.Operations):
             raise pyfuse3.FUSEError(errno.EISDIR)
         if flags & _WRITE_FLAGS:
             raise pyfuse3.FUSEError(errno.EROFS)
-        # The ObjectInfo is decoded once per cached entry, not per open (the entry holds
-        # the key as bytes): the same entry object gives the same object.
-        cached = self._objs.get(inode)
-        if cached is not None and cached[0] is node:
-            obj = cached[1]
-        else:
-            obj = node.obj
-            assert obj is not None
-            self._objs[inode] = (node, obj)
-            if len(self._objs) > ATTR_CACHE:
-                self._objs.popitem(last=False)
+        obj = node.obj  # decoded once per cached entry, not per open
+        assert obj is not None
         if self.shared is not None:
             return self._open_shared(node, obj)
         fh = self._next_fh
         self._next_fh += 1
         self._files[fh] = OpenFile(obj, inode=inode, gen=m.gen)
-        versions = self._open_versions.setdefault(inode, {})
-        others = len(versions) - (node.version in versions)
-        versions[node.version] = versions.get(node.version, 0) + 1
-        if others:
-            # A handle of another version (opened before a refresh) is still open: the
-            # kernel's pages of the inode are shared by all its handles, so this one
-            # reads around them (direct_io) and leaves them to the other version.
-            self._page_versions.pop(inode, None)
-            return pyfuse3.FileInfo(fh=fh, keep_cache=False, direct_io=True)
-        return pyfuse3.FileInfo(fh=fh, keep_cache=self._keep_cache(node))
+        versions = self._open_versions.get(inode)
+        if versions is None:  # the common case: no other handle of the inode is open
+            self._open_versions[inode] = {node.version: 1}
+        else:
+            others = len(versions) - (node.version in versions)
+            versions[node.version] = versions.get(node.version, 0) + 1
+            if others:
+                # A handle of another version (opened before a refresh) is still open:
+                # the kernel's pages of the inode are shared by all its handles, so this
+                # one reads around them (direct_io) and leaves them to the other version.
+                self._page_versions.pop(inode, None)
+                return pyfuse3.FileInfo(fh=fh, keep_cache=False, direct_io=True)
+        keep = node.since <= m.first_gen or self._keep_cache(node)
+        return pyfuse3.FileInfo(fh=fh, keep_cache=keep)
 
     def _open_shared(self, node: Entry, obj: ObjectInfo) -> pyfuse3.FileInfo:
         """open() with several serving processes: the handle is a slot of the shared
@@ -428,7 +420,8 @@ class SilofsFS(pyfuse3.Operations):
             # A handle of an older listing fills the inode's pages with its own version:
             # the next open must not keep them (_keep_cache).
             self._page_versions.pop(f.inode, None)
-        end = min(off + size, f.obj.size)
+        obj_size = f.obj.size
+        end = off + size if off + size < obj_size else obj_size
         if off >= end:
             return b""
         r = self.reader
@@ -445,17 +438,18 @@ class SilofsFS(pyfuse3.Operations):
                     c.bytes_read += end - off
                     c.hits += 1
                     c.hit_bytes += end - off
-                else:
-                    # The first read of a file's head, of the size the kernel's
-                    # read-ahead asks of a sequential reader (a random reader asks for
-                    # its pages): a miss names its chunk as a span, so the daemon may
-                    # stream the object on from there (node/fetch.py) and the reader's
-                    # next spans continue it.
-                    streams = off == 0 and size >= STREAM_FROM_HEAD and f.obj.size > cs
-                    span = (0, 0) if streams else None
-                    data, hit, source = await r.chunk(f, first, lo, hi, span)
-                    self._count(end - off, hit, source)
-                if sequential and f.obj.size > cs:
+                    if sequential and obj_size > cs:
+                        r.prefetch(f, first)
+                    return data[lo:hi]
+                # The first read of a file's head, of the size the kernel's read-ahead
+                # asks of a sequential reader (a random reader asks for its pages): a
+                # miss names its chunk as a span, so the daemon may stream the object on
+                # from there (node/fetch.py) and the reader's next spans continue it.
+                streams = off == 0 and size >= STREAM_FROM_HEAD and obj_size > cs
+                span = (0, 0) if streams else None
+                data, hit, source = await r.chunk(f, first, lo, hi, span)
+                self._count(end - off, hit, source)
+                if sequential and obj_size > cs:
                     r.prefetch(f, first)
                 return memoryview(data)[lo:hi]
             return await self._read_span(f, off, end, first, last, sequential)
@@ -499,16 +493,20 @@ class SilofsFS(pyfuse3.Operations):
             self._release_shared(fh)
             return
         f = self._files.pop(fh, None)
-        if f is not None:
-            versions = self._open_versions.get(f.inode, {})
-            left = versions.get(f.obj.version, 0) - 1
+        if f is None:
+            return
+        versions = self._open_versions.get(f.inode)
+        if versions is not None:
+            version = f.obj.version
+            left = versions.get(version, 0) - 1
             if left > 0:
-                versions[f.obj.version] = left
-            else:
-                versions.pop(f.obj.version, None)
-                if not versions:
-                    self._open_versions.pop(f.inode, None)
-        if f is not None and f.gen != self.listing.gen:
+                versions[version] = left
+            elif version in versions:
+                if len(versions) == 1:
+                    del self._open_versions[f.inode]
+                else:
+                    del versions[version]
+        if f.gen != self.listing.gen:
             # A handle of an older listing: its reads stopped at the old size, and a short
             # read makes the kernel shrink the file's size to it. Once it is closed, the
             # kernel must ask again (process.py invalidates these between requests).

@@ -240,16 +240,23 @@ class ListingView:
             self._cache.popitem(last=False)
 
     def lookup(self, parent: int, name: bytes) -> Entry | None:
-        node = self.get(parent)
+        # Every LOOKUP of a name the kernel does not know comes here: get() and
+        # _remember() written out.
+        cache = self._cache
+        node = cache.get(parent)
+        if node is not None:
+            cache.move_to_end(parent)
+        else:
+            node = self.get(parent)
         if node is None or not node.is_dir:
             return None
-        if name == b".":
-            return node
-        if name == b"..":
-            return self.get(node.parent)
+        if name == b"." or name == b"..":
+            return node if name == b"." else self.get(node.parent)
         e = self.reader.lookup(self.txn, parent, name, node.path)
         if e is not None:
-            self._remember(e)
+            cache[e.inode] = e
+            if len(cache) > self.cache_entries:
+                cache.popitem(last=False)
         return e
 
     def children(

@@ -1,7 +1,7 @@
 """Where a value of a mount's read txn lies in memory, and bringing it in off the serving thread.
 
 Owns ValuePages: whether the pages of a value a read txn returned are in memory
-(mincore, or a RWF_NOWAIT read of data.mdb where mincore cannot tell), faulting them in
+(a 1-byte RWF_NOWAIT read of data.mdb, or mincore where that is refused), faulting them in
 from a worker thread (MADV_POPULATE_READ) and asking the kernel to read a range ahead
 (MADV_WILLNEED), so a mount's serving thread never waits on the disk for a hit
 (mount/reader.py). Only addresses pass through here: it never reads a value's bytes and
@@ -45,9 +45,10 @@ class ValuePages:
     A hit whose pages are not in memory page-faults on whatever thread first touches
     them; on a mount's one serving thread that serialises every reader behind one disk
     read (docs/ARCHITECTURE.md, "the ceiling of one serving process"). A ValueCursor
-    (bounds.py) finds a value without touching it, resident() tells whether its pages are in memory
-    (mincore), populate() brings them in from a worker thread (MADV_POPULATE_READ: a
-    fault's read-around, without the GIL), willneed() starts reading a range ahead.
+    (bounds.py) finds a value without touching it, value_resident() tells whether its
+    pages are in memory, populate() brings them in from a worker thread
+    (MADV_POPULATE_READ: a fault's read-around, without the GIL), willneed() starts
+    reading a range ahead.
 
     Only addresses pass through here, never bytes: if the env is remapped meanwhile
     (set_mapsize after the daemon grew the map), or the address read from a cursor were
@@ -55,15 +56,16 @@ class ValuePages:
     and can never crash or serve wrong bytes (the value itself always comes from
     py-lmdb, and the caller verifies it).
 
-    mincore reports every page resident for a file the caller neither owns nor may write
-    (Linux 5.0+, a side-channel fix), e.g. for a non-root mount of a root daemon's cache
-    (data.mdb 0640). There value_resident() asks the page cache through the file instead:
-    a 1-byte read with RWF_NOWAIT at the page's file offset (the value's address minus
-    the mapping's start, from /proc/self/maps) fails with EAGAIN when the page is not
-    cached. `enabled` is False where none of this can work: no MDB_val found in the
-    cursor object (another py-lmdb), data.mdb not readable, or no MADV_POPULATE_READ
-    (Linux < 5.14, found on first use). Callers then fault a value's pages in on their
-    own thread when they touch it.
+    value_resident() asks the page cache through the file: a 1-byte read with
+    RWF_NOWAIT at the page's file offset (the value's address minus the mapping's start,
+    from /proc/self/maps) fails with EAGAIN when the page is not cached. It costs less
+    than mincore through ctypes, and works for a non-root mount of a root daemon's cache
+    (data.mdb 0640), to which mincore reports every page resident (Linux 5.0+, a
+    side-channel fix). Where the file refuses RWF_NOWAIT, mincore answers instead if it
+    can tell (`truthful`). `enabled` is False where none of this can work: no MDB_val
+    found in the cursor object (another py-lmdb), data.mdb not readable, neither probe
+    usable, or no MADV_POPULATE_READ (Linux < 5.14, found on first use). Callers then
+    fault a value's pages in on their own thread when they touch it.
     """
 
     def __init__(self, data_path: str) -> None:
@@ -75,11 +77,18 @@ class ValuePages:
         self._fd = -1
         self._map = (0, 0)  # [start, end) of the mapping of data.mdb, as last read
         self._byte = bytearray(1)
-        if self.enabled and not self.truthful:
+        self._iov = [self._byte]
+        if self.enabled:
             try:
                 self._fd = os.open(data_path, os.O_RDONLY | os.O_CLOEXEC)
-            except OSError:
-                self.enabled = False
+                os.preadv(self._fd, self._iov, 0, os.RWF_NOWAIT)
+            except BlockingIOError:
+                pass  # page 0 not cached: the probe works
+            except (OSError, AttributeError):  # no RWF_NOWAIT here (EOPNOTSUPP)
+                if self._fd >= 0:
+                    os.close(self._fd)
+                    self._fd = -1
+                self.enabled = self.truthful  # mincore is then the only way to tell
         self._vec = bytearray(0)
         self._vec_addr = 0
         self._grow(1024)
@@ -119,11 +128,15 @@ class ValuePages:
 
     def _cached(self, page: int) -> bool:
         """Whether the page at `page` is in the page cache, asked through the file."""
-        offset = self._offset(page)
-        if offset is None:
-            return True  # not ours to judge: let the fault path have it
+        start, end = self._map
+        if start <= page < end:
+            offset = page - start
+        else:
+            offset = self._offset(page)  # remapped: read the map again
+            if offset is None:
+                return True  # not ours to judge: let the fault path have it
         try:
-            os.preadv(self._fd, [self._byte], offset, os.RWF_NOWAIT)
+            os.preadv(self._fd, self._iov, offset, os.RWF_NOWAIT)
         except BlockingIOError:
             return False
         except OSError:
@@ -131,24 +144,28 @@ class ValuePages:
         return True
 
     def value_resident(self, addr: int, size: int) -> bool:
-        """Whether the value at `addr` is in memory: all its pages, or for a value of
-        more than _WHOLE_PAGES pages its first, middle and last page.
+        """Whether the value at `addr`, found by a ValueCursor, is in memory: for a value
+        of up to _WHOLE_PAGES pages its last page, else its middle and last page.
 
-        One mincore call costs ~0.8 us through ctypes whatever the range once its pages
-        are mapped into this process, plus ~0.02 us per page cached and not mapped (6.18
-        kernel: 1.3 us for 28 pages, 23 us for 1024), so a small file's value is checked
-        whole in one call (three calls cost a 110 KiB hit ~6 us more, bench/fs_ops.py). A
-        big value comes in whole or by a read-around window that cuts it at one end, so a
-        few pages say nearly as much as all of them. A page missed here is faulted in on
-        the caller's thread; nothing else depends on it."""
+        The lookup that found it touched its first page (bounds.py), so that one is in
+        memory; if that touch had to read it, the fault read around it. Pages come in
+        whole runs (a fault's read-around, a read-ahead), so the last page in memory says
+        the ones between are too, short of a run ending and another beginning inside the
+        value: a page missed here is faulted in on the caller's thread, and nothing else
+        depends on it. Each page is asked of the page cache through the file (a 1-byte
+        RWF_NOWAIT read, ~0.9 us): a mincore call through ctypes costs more in Python
+        (~1.5 us for a 110 KiB value) and tells a non-root mount nothing."""
         first = addr & ~(_PAGE - 1)
         last = (addr + size - 1) & ~(_PAGE - 1)
-        if self.truthful and last - first < _WHOLE_PAGES * _PAGE:
-            return self.resident(addr, 0, size)
-        mid = (first + (last - first) // 2) & ~(_PAGE - 1)
-        if not self.truthful:
-            return all(self._cached(page) for page in {first, last, mid})
-        return all(self.resident(page, 0, 1) for page in (first, last, mid))
+        if last == first:
+            return True
+        if self._fd < 0:  # no RWF_NOWAIT: mincore, truthful here (__init__)
+            if last - first < _WHOLE_PAGES * _PAGE:
+                return self.resident(addr, 0, size)
+            return self.resident(last, 0, 1) and self.resident(first + (last - first) // 2, 0, 1)
+        if last - first < _WHOLE_PAGES * _PAGE:
+            return self._cached(last)
+        return self._cached(last) and self._cached((first + (last - first) // 2) & ~(_PAGE - 1))
 
     def populate(self, addr: int, lo: int, hi: int) -> bool:
         """Fault [addr+lo, addr+hi) in, waiting for the disk: call from a worker thread.

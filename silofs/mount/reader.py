@@ -421,7 +421,9 @@ class ChunkReader:
         common case, answered without a coroutine. None where chunk() must take it
         (absent, not resident, damaged, or a lookup that failed): chunk() looks it up
         again and counts what it finds, so nothing is counted here."""
-        ref = f.chunk_ref(self.chunk_size, index)
+        ref = f.ref
+        if ref is None or ref.index != index or ref.chunk_size != self.chunk_size:
+            ref = f.chunk_ref(self.chunk_size, index)
         try:
             value = self._lookup(ref)
             if type(value) is not memoryview:

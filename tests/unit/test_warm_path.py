@@ -321,6 +321,48 @@ class BigDaemon:
         return 200, {"x-silofs-source": "store"}, _big_body(i)
 
 
+def test_a_value_whose_last_page_left_the_page_cache_is_not_resident(
+    tmp_path: Path, no_read_around: None
+) -> None:
+    """The residency check of a small value goes by its last page, not by the first
+    (which its lookup touched, so it stays mapped): with the value's other pages
+    evicted it is not resident, and once its last page is read back in, it is."""
+    env = str(tmp_path / "env")
+    os.makedirs(env)
+    WritableStore(env, 64 << 20).close()
+    _admit_big(env, [228])  # 112 KiB: checked by its last page
+    r = _big_reader(env, FakeDaemon())
+    if not r.pages.enabled or r.pages._fd < 0:
+        pytest.skip("no RWF_NOWAIT read of data.mdb here")
+    data = os.path.join(env, "data.mdb")
+    with open(data, "rb") as f:
+        while f.read(1 << 20):  # every page of the env in the page cache
+            pass
+    r.begin_read()
+    cur = r._value_cursor()
+    assert cur is not None
+    where = cur.find(ChunkRef.of(_big_obj(228), BIG, 0).key)
+    assert where is not None
+    addr, size = where
+    assert r.pages.value_resident(addr, size)
+    bounds = r.store.value_bounds()
+    assert bounds is not None
+    page = os.sysconf("SC_PAGE_SIZE")
+    last = ((addr + size - 1) & ~(page - 1)) - bounds[0]  # its offset in data.mdb
+    fd = os.open(data, os.O_RDONLY)
+    try:
+        os.fsync(fd)  # dirty pages are not evicted
+        # All of the file but what this process mapped (the lookup's pages): a page
+        # cache folio may span more than one page, and is evicted whole or not at all.
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        assert not r.pages.value_resident(addr, size)
+        os.pread(fd, 1, last)
+        assert r.pages.value_resident(addr, size)
+    finally:
+        os.close(fd)
+    r.close()
+
+
 @pytest.mark.parametrize("probe", ["mincore", "file"])
 def test_a_faulted_in_hit_is_verified_before_it_is_served(
     tmp_path: Path, no_read_around: None, probe: str, monkeypatch: pytest.MonkeyPatch

@@ -1,0 +1,118 @@
+"""Instructions silofs's FUSE handlers run per warm 110 KiB file, counted by callgrind.
+
+Prints, per file, the instructions of LOOKUP, OPEN + RELEASE and READ (silofs.mount.fs
+called in a loop, as bench/fs_ops.py does, over a real LMDB env whose values are in the
+page cache), each a fresh mount's: every pass builds a new ListingView, ChunkReader and
+SilofsFS, so each file is looked up, decoded and its attributes built once per pass, as
+after a mount starts. Each figure is the difference between a run of 3 passes and one of
+1 (startup cancels out), over --files files. Needs valgrind; no root, no FUSE. It leaves
+out what FUSE itself costs (bench/throughput.py measures that). --git-rev REV counts
+REV's handlers first, in a process of their own (tests/support/baseline.py):
+
+    python bench/handler_ir.py [--files 300] [--git-rev main]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pickle
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+
+import common  # noqa: F401 - this checkout (or a baseline) first on sys.path
+import trio
+from fs_ops import SMALL, cached_files, fresh_mount
+
+from silofs.cache.store import CacheStore
+from silofs.mount.listing_view import ROOT_INODE
+from tests.support import baseline
+
+MODES = ("L", "LO", "LOR")  # lookup; + open and release; + read
+
+
+def build(d: str, files: int) -> None:
+    """The env and listing of `files` cached 110 KiB files under small/."""
+    with open(os.path.join(d, "record"), "wb") as f:
+        pickle.dump(cached_files(d, files), f)
+
+
+def passes(d: str, count: int, mode: str) -> None:
+    """`count` fresh mounts' handlers over every file (run under callgrind)."""
+    with open(os.path.join(d, "record"), "rb") as f:
+        record, names = pickle.load(f)
+    store = CacheStore(os.path.join(d, "env"), 1 << 30)
+
+    async def run() -> None:
+        for _ in range(count):
+            view, reader, fs = fresh_mount(store, record)
+            small = view.lookup(ROOT_INODE, b"small")
+            assert small is not None
+            for name in names:
+                attr = await fs.lookup(small.inode, name, None)  # type: ignore[arg-type]
+                if mode == "L":
+                    continue
+                fi = await fs.open(attr.st_ino, os.O_RDONLY, None)  # type: ignore[arg-type]
+                if mode == "LOR":
+                    assert len(await fs.read(fi.fh, 0, 112 << 10)) == SMALL
+                await fs.release(fi.fh)
+            view.close()
+            reader._cursor = None  # its snapshot ends; the env stays open for the next
+            if reader._txn is not None:
+                reader._txn.abort()
+                reader._txn = None
+            reader.pages.close()
+
+    trio.run(run)
+
+
+def counted(d: str, count: int, mode: str) -> int:
+    """Instructions of a whole run of `count` passes under callgrind."""
+    out = os.path.join(d, f"cg.{mode}.{count}")
+    subprocess.run(
+        ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", sys.executable]
+        + [__file__, "--passes", str(count), "--mode", mode, "--dir", d],
+        check=True,
+        capture_output=True,
+    )
+    with open(out) as f:
+        m = re.search(r"^totals: (\d+)", f.read(), re.M)
+    assert m is not None, "no totals line in callgrind's output"
+    return int(m.group(1))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--files", type=int, default=300)
+    ap.add_argument("--passes", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--mode", choices=MODES, help=argparse.SUPPRESS)
+    ap.add_argument("--dir", help=argparse.SUPPRESS)
+    baseline.add_argument(ap, "handlers (counted first, in a process of their own)")
+    args = ap.parse_args()
+    if args.passes is not None:  # one run under callgrind
+        passes(args.dir, args.passes, args.mode)
+        return
+    if shutil.which("valgrind") is None:
+        raise SystemExit("handler_ir.py needs valgrind")
+    if args.git_rev:
+        print(f"== {baseline.describe(args.git_rev)}", flush=True)
+        with baseline.baseline_tree(args.git_rev) as tree:
+            argv = [a for a in sys.argv[1:] if a not in (args.git_rev, "--git-rev")]
+            baseline.run(tree, [__file__, *argv], check=True)
+        print("== this tree", flush=True)
+    with tempfile.TemporaryDirectory(prefix="silofs-handler-ir-") as d:
+        build(d, args.files)
+        per = {m: (counted(d, 3, m) - counted(d, 1, m)) / 2 / args.files for m in MODES}
+    lookup, open_release, read = per["L"], per["LO"] - per["L"], per["LOR"] - per["LO"]
+    print(
+        f"instructions per warm 110 KiB file ({args.files} files, 3 passes minus 1): "
+        f"LOOKUP {lookup / 1e3:.1f} k, OPEN + RELEASE {open_release / 1e3:.1f} k, "
+        f"READ {read / 1e3:.1f} k, all four {per['LOR'] / 1e3:.1f} k"
+    )
+
+
+if __name__ == "__main__":
+    main()
