@@ -91,6 +91,9 @@ class Fetcher:
         # Open GETs of sequential readers, by (object key, content id, next offset).
         self._parked: OrderedDict[tuple[str, str, int], tuple[RangeStream, float]] = OrderedDict()
         self._damaged = FirstTime()  # chunk keys whose lookup failed
+        # Starts a task that outlives the request that began it (the daemon's spawn);
+        # None: a span's GET runs in the task of the request that claimed it.
+        self.spawn: Callable[..., None] | None = None
 
     def cached(self, ref: ChunkRef, counters: FetchCounters) -> tuple[bytes | None, bool]:
         """(a verified copy of the chunk from LMDB or None, whether a value is there that
@@ -151,6 +154,7 @@ class Fetcher:
         *,
         replace: bool = False,
         readahead: bool = False,
+        counted: Callable[[Fetched], None] | None = None,
     ) -> tuple[bytes | memoryview, Fetched]:
         """The bytes of `ref`, and what this call fetched for them. `span` is the run of
         consecutive chunks of ref's object the reader will read next (ref among them).
@@ -160,7 +164,13 @@ class Fetcher:
         run is charged to `limiter` before the GET, and every chunk of it is offered to
         the Writer and handed to whoever waits for it as soon as its bytes are in.
         `readahead`: the request named a span (a sequential reader), so the GET may
-        stay open for the reader's next span (_get_run)."""
+        stay open for the reader's next span (_get_run).
+
+        With `spawn` set and a run of several chunks, the GET runs in a task of its own
+        and this call waits for ref's bytes like any other request of the span: ref is
+        answered as soon as its chunk is in, not once the whole run is (a reader waited
+        for the first chunk of every span while the daemon held it). What it fetched
+        then goes to `counted` when the run ends, and this call returns Fetched()."""
         while True:
             loose = self._loose.pop(ref.key, None)
             if loose is not None:
@@ -179,10 +189,52 @@ class Fetcher:
             # No await from here to claim(): what is free is claimed as it was seen.
             run = self._run_around(dsid, limiter, ref, span)
             self._flights.claim([r.key for r in run])
-            break
+            if self.spawn is None or len(run) < 2:
+                break
+            args = (dsid, backend, limiter, ref, run, replace, readahead, counted)
+            self.spawn(f"GET of chunks of {ref.obj.key}", self._run_apart, *args)
+            # ref's bytes come like any follower's; if the run is abandoned (the daemon
+            # stops), the loop leads anew.
+        mine: list[bytes | memoryview] = []
+        requests = await self._run(dsid, backend, limiter, ref, run, replace, readahead, mine)
+        return mine[0], Fetched(len(run), sum(r.length for r in run), requests)
+
+    async def _run_apart(
+        self,
+        dsid: int,
+        backend: Backend,
+        limiter: TokenBucket,
+        ref: ChunkRef,
+        run: list[ChunkRef],
+        replace: bool,
+        readahead: bool,
+        counted: Callable[[Fetched], None] | None,
+    ) -> None:
+        """A span's GET in a task of its own (fetch_span): every chunk, ref's too, goes
+        to whoever waits for it; a failure reaches them, and is not raised here (they
+        report it)."""
+        try:
+            requests = await self._run(dsid, backend, limiter, ref, run, replace, readahead)
+        except Exception:  # noqa: BLE001 - settled: every waiter of the run has it
+            return
+        if counted is not None:
+            counted(Fetched(len(run), sum(r.length for r in run), requests))
+
+    async def _run(
+        self,
+        dsid: int,
+        backend: Backend,
+        limiter: TokenBucket,
+        ref: ChunkRef,
+        run: list[ChunkRef],
+        replace: bool,
+        readahead: bool,
+        mine: list[bytes | memoryview] | None = None,
+    ) -> int:
+        """Fetch the claimed `run`, settling each chunk's flight as its bytes come in
+        (ref's goes to `mine` if given: its caller is not a waiter); the GETs made."""
         pending = {r.key for r in run}
         streamed = len(run) > 1
-        mine: list[bytes | memoryview] = []
 
         def deliver(r: ChunkRef, data: memoryview, value: bytes | bytearray) -> None:
             again = replace and r.key == ref.key
@@ -191,13 +243,13 @@ class Fetcher:
             )
             pending.discard(r.key)
             waited = self._flights.settle(r.key, data)
-            if r.key == ref.key:
+            if mine is not None and r.key == ref.key:
                 mine.append(data)
             elif not waited:
                 self._keep_loose(r.key, data)  # its request has not arrived yet
 
         try:
-            requests = await self._get_run(dsid, backend, limiter, run, deliver, readahead)
+            return await self._get_run(dsid, backend, limiter, run, deliver, readahead)
         except Exception as exc:
             for key in pending:
                 self._flights.settle(key, error=exc)
@@ -206,7 +258,6 @@ class Fetcher:
             for key in pending:
                 self._flights.abandon(key)
             raise
-        return mine[0], Fetched(len(run), sum(r.length for r in run), requests)
 
     def _keep_loose(self, key: bytes, data: bytes | memoryview) -> None:
         """A chunk of a span that arrived before its own request: kept (bounded, oldest
