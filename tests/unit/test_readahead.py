@@ -431,8 +431,55 @@ def test_the_request_that_began_a_span_is_answered_once_its_chunk_is_in(
                 gate.set()
         want = "the store went away" if broken else "ok"
         assert outcomes == {5: want, 6: want, 7: want}
-        assert counted == ([] if broken else [Fetched(4, 4 * CS, 1)])
+        # (then the stream read on, the next test's subject)
+        assert counted[:1] == ([] if broken else [Fetched(4, 4 * CS, 1)])
         assert not any(r.key in fetcher._flights for r in span)
+
+    trio.run(main)
+
+
+def test_a_read_ahead_stream_reads_one_run_on_before_the_reader_asks(
+    make_fetcher: Callable[[], Fetcher],
+) -> None:
+    """With `spawn` set, a read-ahead run that continued an open stream (a sequential
+    reader's second span) and leaves it open reads as many chunks again before the
+    reader asks for them (kept for their requests, charged and counted to the job), so
+    the store's connection does not stand still between spans; and no further: the
+    requests for them make no GET and read nothing on. A first span (perhaps a random
+    read crossing chunks) does not read on."""
+
+    async def main() -> None:
+        fetcher = make_fetcher()
+        limiter = TokenBucket(None)
+        backend = _Backend(DATA, limiter, streams=True)
+        counted: list[Fetched] = []
+
+        async def ask(ref: ChunkRef, span: list[ChunkRef]) -> None:
+            got, _ = await fetcher.fetch_span(
+                1, backend, limiter, ref, span, readahead=True, counted=counted.append
+            )
+            assert bytes(got) == DATA[ref.start : ref.start + ref.length]
+
+        async def read_span(first: int, last: int, parked_at: int) -> None:
+            async with trio.open_nursery() as n:
+                fetcher.spawn = lambda _what, fn, *args: n.start_soon(fn, *args)
+                for ref in _refs(first, last):
+                    n.start_soon(ask, ref, _refs(first, last))
+                at = (OBJ.key, OBJ.content_id, parked_at * CS)
+                with trio.fail_after(10):
+                    while at not in fetcher._parked:
+                        await trio.sleep(0.01)  # the stream is read in a thread
+
+        await read_span(0, 3, parked_at=4)
+        assert not fetcher._loose and counted == [Fetched(4, 4 * CS, 1)]
+        await read_span(4, 7, parked_at=12)
+        assert list(fetcher._loose) == [r.key for r in _refs(8, 11)]
+        assert counted[1:] == [Fetched(4, 4 * CS, 0), Fetched(4, 4 * CS, 0)]
+        assert limiter.charged_bytes == 12 * CS
+        await read_span(8, 11, parked_at=12)
+        assert [(kind, start) for kind, start, _, _ in backend.gets] == [("open", 0)]
+        assert not fetcher._loose and list(fetcher._parked) == [(OBJ.key, OBJ.content_id, 12 * CS)]
+        assert limiter.charged_bytes == 12 * CS and len(counted) == 3
 
     trio.run(main)
 
