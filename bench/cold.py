@@ -470,11 +470,11 @@ def main() -> int:
     args = ap.parse_args()
     args.mount_args = args.mount_args.split()
     check_fuse()
-    trees = ExitStack()  # a --git-rev revision's unpacked tree, removed on exit
+    unpacked = ExitStack()  # a --git-rev revision's unpacked tree, removed on exit
     if args.other_tree:
         args.other_label = baseline.describe(args.other_tree)
         print(f"other tree: {args.other_label}")
-        args.other_tree = str(trees.enter_context(baseline.baseline_tree(args.other_tree)))
+        args.other_tree = str(unpacked.enter_context(baseline.baseline_tree(args.other_tree)))
     for k in ("AWS_CA_BUNDLE", "AWS_PROFILE", "AWS_ENDPOINT_URL", "HTTP_PROXY", "http_proxy"):
         os.environ.pop(k, None)  # our own environment only: it reaches our daemons
     os.environ["AWS_CONFIG_FILE"] = os.environ["AWS_SHARED_CREDENTIALS_FILE"] = os.devnull
@@ -536,7 +536,7 @@ def main() -> int:
                 store.stop()
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-        trees.close()
+        unpacked.close()
     print("\n| store | figure | silofs | reference | ratio |\n|---|---|---|---|---|")
     print("\n".join(table))
     print(f"load average after: {load_average()}")
