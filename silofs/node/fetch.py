@@ -6,8 +6,11 @@ the asking job's token bucket before the GET (promise 2), then offered to the Wr
 A mount reading ahead names the span of chunks it will read next; the first request of
 the span to arrive fetches the chunks of it that are neither in flight nor held in one
 range GET (a store charges per request, and moto or s3rver cost a fixed ~150 ms per
-GET of a big object), bounded by MAX_SPAN_BYTES and by the job's rate. Never serves FUSE
-requests and never writes LMDB itself (the Writer does).
+GET of a big object), bounded by MAX_SPAN_BYTES and by the job's rate. In the daemon
+that GET runs in a task of its own, so each chunk's request, the first one's too, is
+answered as its chunk comes in; and a sequential reader's open GET reads the reader's
+window on before it is asked for. Never serves FUSE requests and never writes LMDB
+itself (the Writer does).
 """
 
 from __future__ import annotations
