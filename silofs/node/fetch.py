@@ -249,13 +249,16 @@ class Fetcher:
         stop = min(-(-obj.size // last.chunk_size), last.index + 1 + count)
         room = min(MAX_SPAN_BYTES, LOOSE_BYTES - self._loose_bytes)
         ahead: list[ChunkRef] = []
-        with self.store.read_txn() as txn:
-            for i in range(last.index + 1, stop):
-                r = ChunkRef.of(obj, last.chunk_size, i)
-                if r.length > room or not self._free(txn, dsid, r):
-                    break
-                ahead.append(r)
-                room -= r.length
+        try:
+            with self.store.read_txn() as txn:
+                for i in range(last.index + 1, stop):
+                    r = ChunkRef.of(obj, last.chunk_size, i)
+                    if r.length > room or not self._free(txn, dsid, r):
+                        break
+                    ahead.append(r)
+                    room -= r.length
+        except lmdb.Error:
+            return []  # a damaged env: the reader's own requests will see it
         self._flights.claim([r.key for r in ahead])
         return ahead
 
