@@ -84,7 +84,6 @@ class Daemon:
         # What the controller and admins decided, persisted (node/allocations.py).
         self.allocs = Allocations(self.store, self.writer, self.cache_size)
         self.fetcher = Fetcher(self.store, self.writer, settings.fetch_threads)
-        self.fetcher.spawn = self.spawn  # a span's GET outlives the request that began it
         self.prefetch = Prefetcher(self)  # hints, one per mount (node/prefetch.py)
         self.warms: dict[int, WarmState] = {}  # dataset id -> its latest warm
         # The datasets and their listings (node/datasets.py).
@@ -420,8 +419,6 @@ class Daemon:
                 # A GET left open for the reader's next span would stream other
                 # members' chunks in a cluster: there, a GET covers its run only.
                 readahead=span is not None and not self.cluster.active,
-                # A span's GET in a task of its own counts what it fetched when it ends.
-                counted=lambda f: self._count_fetch(ds, job, m, f.chunks, f.bytes, f.requests),
             )
             self.metrics.fetch_seconds.labels(ds.uri.canonical).observe(time.monotonic() - t0)
         except BackendError as exc:

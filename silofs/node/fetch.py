@@ -6,11 +6,8 @@ the asking job's token bucket before the GET (promise 2), then offered to the Wr
 A mount reading ahead names the span of chunks it will read next; the first request of
 the span to arrive fetches the chunks of it that are neither in flight nor held in one
 range GET (a store charges per request, and moto or s3rver cost a fixed ~150 ms per
-GET of a big object), bounded by MAX_SPAN_BYTES and by the job's rate. In the daemon
-that GET runs in a task of its own, so each chunk's request, the first one's too, is
-answered as its chunk comes in; and a sequential reader's open GET reads the reader's
-window on before it is asked for. Never serves FUSE requests and never writes LMDB
-itself (the Writer does).
+GET of a big object), bounded by MAX_SPAN_BYTES and by the job's rate. Never serves FUSE
+requests and never writes LMDB itself (the Writer does).
 """
 
 from __future__ import annotations
@@ -94,9 +91,6 @@ class Fetcher:
         # Open GETs of sequential readers, by (object key, content id, next offset).
         self._parked: OrderedDict[tuple[str, str, int], tuple[RangeStream, float]] = OrderedDict()
         self._damaged = FirstTime()  # chunk keys whose lookup failed
-        # Starts a task that outlives the request that began it (the daemon's spawn);
-        # None: a span's GET runs in the task of the request that claimed it.
-        self.spawn: Callable[..., None] | None = None
 
     def cached(self, ref: ChunkRef, counters: FetchCounters) -> tuple[bytes | None, bool]:
         """(a verified copy of the chunk from LMDB or None, whether a value is there that
@@ -157,7 +151,6 @@ class Fetcher:
         *,
         replace: bool = False,
         readahead: bool = False,
-        counted: Callable[[Fetched], None] | None = None,
     ) -> tuple[bytes | memoryview, Fetched]:
         """The bytes of `ref`, and what this call fetched for them. `span` is the run of
         consecutive chunks of ref's object the reader will read next (ref among them).
@@ -167,13 +160,7 @@ class Fetcher:
         run is charged to `limiter` before the GET, and every chunk of it is offered to
         the Writer and handed to whoever waits for it as soon as its bytes are in.
         `readahead`: the request named a span (a sequential reader), so the GET may
-        stay open for the reader's next span (_get_run).
-
-        With `spawn` set and a run of several chunks, the GET runs in a task of its own
-        and this call waits for ref's bytes like any other request of the span: ref is
-        answered as soon as its chunk is in, not once the whole run is (a reader waited
-        for the first chunk of every span while the daemon held it). What it fetched
-        then goes to `counted` when the run ends, and this call returns Fetched()."""
+        stay open for the reader's next span (_get_run)."""
         while True:
             loose = self._loose.pop(ref.key, None)
             if loose is not None:
@@ -192,103 +179,10 @@ class Fetcher:
             # No await from here to claim(): what is free is claimed as it was seen.
             run = self._run_around(dsid, limiter, ref, span)
             self._flights.claim([r.key for r in run])
-            if self.spawn is None or len(run) < 2:
-                break
-            args = (dsid, backend, limiter, ref, run, replace, readahead, counted, len(span))
-            self.spawn(f"GET of chunks of {ref.obj.key}", self._run_apart, *args)
-            # ref's bytes come like any follower's; if the run is abandoned (the daemon
-            # stops), the loop leads anew.
-        mine: list[bytes | memoryview] = []
-        requests = await self._run(dsid, backend, limiter, ref, run, replace, readahead, mine)
-        return mine[0], Fetched(len(run), sum(r.length for r in run), requests)
-
-    async def _run_apart(
-        self,
-        dsid: int,
-        backend: Backend,
-        limiter: TokenBucket,
-        ref: ChunkRef,
-        run: list[ChunkRef],
-        replace: bool,
-        readahead: bool,
-        counted: Callable[[Fetched], None] | None,
-        onward: int = 0,
-    ) -> None:
-        """A span's GET in a task of its own (fetch_span): every chunk, ref's too, goes
-        to whoever waits for it; a failure reaches them, and is not raised here (they
-        report it). A read-ahead run that continued an open stream (a reader past its
-        first span: no GET of its own) and leaves it open reads `onward` chunks further
-        (the reader's window, _onward); a first run may be a random read that crossed
-        chunks."""
-        try:
-            requests = await self._run(dsid, backend, limiter, ref, run, replace, readahead)
-        except Exception:  # noqa: BLE001 - settled: every waiter of the run has it
-            return
-        if counted is not None:
-            counted(Fetched(len(run), sum(r.length for r in run), requests))
-        sequential = readahead and onward > 0 and requests == 0
-        ahead = self._onward(dsid, limiter, run[-1], onward) if sequential else []
-        if ahead:
-            # No await since the run ended: nobody else has taken its stream.
-            await self._run_apart(dsid, backend, limiter, ahead[0], ahead, False, True, counted)
-
-    def _onward(
-        self, dsid: int, limiter: TokenBucket, last: ChunkRef, count: int
-    ) -> list[ChunkRef]:
-        """The chunks an open stream that ended a read-ahead run at `last` reads next,
-        before the reader asks for them, claimed: at most `count`, up to the first in
-        flight, kept or held, within MAX_SPAN_BYTES and while the kept chunks stay
-        within LOOSE_BYTES. Otherwise the stream stood still from the end of one span
-        until the reader asked for the next (15-90 ms per 16 MiB span on a loaded
-        host). None with a rate (every byte is charged before its GET) or where no
-        stream was left open."""
-        obj = last.obj
-        end = last.start + last.length
-        if limiter.rate is not None or (obj.key, obj.content_id, end) not in self._parked:
-            return []
-        stop = min(-(-obj.size // last.chunk_size), last.index + 1 + count)
-        room = min(MAX_SPAN_BYTES, LOOSE_BYTES - self._loose_bytes)
-        ahead: list[ChunkRef] = []
-        try:
-            with self.store.read_txn() as txn:
-                for i in range(last.index + 1, stop):
-                    r = ChunkRef.of(obj, last.chunk_size, i)
-                    if r.length > room or not self._free(txn, dsid, r):
-                        break
-                    ahead.append(r)
-                    room -= r.length
-        except lmdb.Error:
-            return []  # a damaged env: the reader's own requests will see it
-        self._flights.claim([r.key for r in ahead])
-        return ahead
-
-    def _free(self, txn: lmdb.Transaction, dsid: int, r: ChunkRef) -> bool:
-        """Whether chunk `r` is for a run to fetch: not in flight, kept, waiting for
-        admission, nor held by the dataset."""
-        if r.key in self._flights or r.key in self._loose:
-            return False
-        if self.writer.pending(r.key) is not None:
-            return False  # fetched, waiting for admission
-        try:
-            return not self.store.owns(txn, dsid, r.key)
-        except lmdb.Error:
-            return False  # a damaged page: that chunk's own request will see it
-
-    async def _run(
-        self,
-        dsid: int,
-        backend: Backend,
-        limiter: TokenBucket,
-        ref: ChunkRef,
-        run: list[ChunkRef],
-        replace: bool,
-        readahead: bool,
-        mine: list[bytes | memoryview] | None = None,
-    ) -> int:
-        """Fetch the claimed `run`, settling each chunk's flight as its bytes come in
-        (ref's goes to `mine` if given: its caller is not a waiter); the GETs made."""
+            break
         pending = {r.key for r in run}
         streamed = len(run) > 1
+        mine: list[bytes | memoryview] = []
 
         def deliver(r: ChunkRef, data: memoryview, value: bytes | bytearray) -> None:
             again = replace and r.key == ref.key
@@ -297,13 +191,13 @@ class Fetcher:
             )
             pending.discard(r.key)
             waited = self._flights.settle(r.key, data)
-            if mine is not None and r.key == ref.key:
+            if r.key == ref.key:
                 mine.append(data)
             elif not waited:
                 self._keep_loose(r.key, data)  # its request has not arrived yet
 
         try:
-            return await self._get_run(dsid, backend, limiter, run, deliver, readahead)
+            requests = await self._get_run(dsid, backend, limiter, run, deliver, readahead)
         except Exception as exc:
             for key in pending:
                 self._flights.settle(key, error=exc)
@@ -312,6 +206,7 @@ class Fetcher:
             for key in pending:
                 self._flights.abandon(key)
             raise
+        return mine[0], Fetched(len(run), sum(r.length for r in run), requests)
 
     def _keep_loose(self, key: bytes, data: bytes | memoryview) -> None:
         """A chunk of a span that arrived before its own request: kept (bounded, oldest
@@ -338,7 +233,14 @@ class Fetcher:
             def free(r: ChunkRef) -> bool:
                 if len(run) >= MAX_SPAN_CHUNKS or total + r.length > limit:
                     return False
-                return self._free(txn, dsid, r)
+                if r.key in self._flights or r.key in self._loose:
+                    return False
+                if self.writer.pending(r.key) is not None:
+                    return False  # fetched, waiting for admission
+                try:
+                    return not self.store.owns(txn, dsid, r.key)
+                except lmdb.Error:
+                    return False  # a damaged page: that chunk's own request will see it
 
             for r in span[at + 1 :]:
                 if not free(r):

@@ -16,7 +16,7 @@ import trio.testing
 from silofs.cache.format import ChunkRef
 from silofs.mount.reader import ChunkReader, MissError, OpenFile
 from silofs.node.backends.base import RangeStream, StoreCounters
-from silofs.node.fetch import PARK_SECONDS, SPAN_SECONDS, Fetched, Fetcher
+from silofs.node.fetch import PARK_SECONDS, SPAN_SECONDS, Fetcher
 from silofs.node.limiter import TokenBucket
 from silofs.records import ObjectInfo
 
@@ -346,140 +346,6 @@ def test_spans_asked_while_the_stream_is_busy_all_continue_it(
         # The one stream is left where the third span ended, for the reader's next.
         assert list(fetcher._parked) == [(OBJ.key, OBJ.content_id, 24 * CS)]
         assert not fetcher._busy
-
-    trio.run(main)
-
-
-class _GatedBody(io.BytesIO):
-    """A stream's body that gives `free` bytes, then waits for `gate` (the store is
-    slow past there); `broken`: once `gate` is set it fails instead of going on."""
-
-    def __init__(self, data: bytes, free: int, gate: threading.Event, broken: bool) -> None:
-        super().__init__(data)
-        self.free, self.gate, self.broken = free, gate, broken
-
-    def readinto(self, buf: Any) -> int:
-        if self.tell() >= self.free:
-            self.gate.wait(30)
-            if self.broken:
-                raise OSError("connection reset by the store")
-        elif len(buf) > self.free - self.tell():
-            buf = memoryview(buf)[: self.free - self.tell()]
-        return super().readinto(buf)
-
-
-class _GatedBackend(_Backend):
-    """Streams whose bodies are _GatedBody; no get_range (a broken stream fails)."""
-
-    def __init__(
-        self, data: bytes, limiter: TokenBucket, gate: threading.Event, broken: bool
-    ) -> None:
-        super().__init__(data, limiter, streams=True)
-        self.gate, self.broken = gate, broken
-
-    def open_range(
-        self, info: ObjectInfo, start: int, length: int, whole: bool = False
-    ) -> RangeStream | None:
-        body = _GatedBody(self.data[start : start + length], CS, self.gate, self.broken)
-        return RangeStream(body, start, start + length, "test://b/big", StoreCounters())
-
-    def get_range(self, info: ObjectInfo, start: int, length: int) -> bytes:
-        raise OSError("the store went away")
-
-
-@pytest.mark.parametrize("broken", [False, True])
-def test_the_request_that_began_a_span_is_answered_once_its_chunk_is_in(
-    make_fetcher: Callable[[], Fetcher], broken: bool
-) -> None:
-    """With `spawn` set (the daemon's), a span's GET runs in a task of its own: the
-    request that began it gets its chunk while the GET still reads the rest (it waited
-    for the whole span before), and the run's figures reach `counted` when it ends. A
-    stream that breaks after that chunk fails the chunks not in yet, not the one served."""
-
-    async def main() -> None:
-        fetcher = make_fetcher()
-        limiter = TokenBucket(None)
-        gate = threading.Event()
-        backend = _GatedBackend(DATA, limiter, gate, broken)
-        span = _refs(4, 7)
-        counted: list[Fetched] = []
-        async with trio.open_nursery() as n:
-            fetcher.spawn = lambda _what, fn, *args: n.start_soon(fn, *args)
-            data, fetched = await fetcher.fetch_span(
-                1, backend, limiter, span[0], span, readahead=True, counted=counted.append
-            )
-            assert bytes(data) == DATA[4 * CS : 5 * CS]
-            assert fetched == Fetched() and counted == []  # the GET reads on
-            assert all(r.key in fetcher._flights for r in span[1:])
-            outcomes: dict[int, str] = {}
-
-            async def ask(ref: ChunkRef) -> None:
-                try:
-                    got, f = await fetcher.fetch_span(
-                        1, backend, limiter, ref, span, readahead=True
-                    )
-                except OSError as exc:
-                    outcomes[ref.index] = str(exc)
-                    return
-                ok = bytes(got) == DATA[ref.start : ref.start + ref.length] and f == Fetched()
-                outcomes[ref.index] = "ok" if ok else "other bytes"
-
-            async with trio.open_nursery() as asks:
-                for ref in span[1:]:
-                    asks.start_soon(ask, ref)
-                await trio.testing.wait_all_tasks_blocked()
-                gate.set()
-        want = "the store went away" if broken else "ok"
-        assert outcomes == {5: want, 6: want, 7: want}
-        # (then the stream read on, the next test's subject)
-        assert counted[:1] == ([] if broken else [Fetched(4, 4 * CS, 1)])
-        assert not any(r.key in fetcher._flights for r in span)
-
-    trio.run(main)
-
-
-def test_a_read_ahead_stream_reads_one_run_on_before_the_reader_asks(
-    make_fetcher: Callable[[], Fetcher],
-) -> None:
-    """With `spawn` set, a read-ahead run that continued an open stream (a sequential
-    reader's second span) and leaves it open reads as many chunks again before the
-    reader asks for them (kept for their requests, charged and counted to the job), so
-    the store's connection does not stand still between spans; and no further: the
-    requests for them make no GET and read nothing on. A first span (perhaps a random
-    read crossing chunks) does not read on."""
-
-    async def main() -> None:
-        fetcher = make_fetcher()
-        limiter = TokenBucket(None)
-        backend = _Backend(DATA, limiter, streams=True)
-        counted: list[Fetched] = []
-
-        async def ask(ref: ChunkRef, span: list[ChunkRef]) -> None:
-            got, _ = await fetcher.fetch_span(
-                1, backend, limiter, ref, span, readahead=True, counted=counted.append
-            )
-            assert bytes(got) == DATA[ref.start : ref.start + ref.length]
-
-        async def read_span(first: int, last: int, parked_at: int) -> None:
-            async with trio.open_nursery() as n:
-                fetcher.spawn = lambda _what, fn, *args: n.start_soon(fn, *args)
-                for ref in _refs(first, last):
-                    n.start_soon(ask, ref, _refs(first, last))
-                at = (OBJ.key, OBJ.content_id, parked_at * CS)
-                with trio.fail_after(10):
-                    while at not in fetcher._parked:
-                        await trio.sleep(0.01)  # the stream is read in a thread
-
-        await read_span(0, 3, parked_at=4)
-        assert not fetcher._loose and counted == [Fetched(4, 4 * CS, 1)]
-        await read_span(4, 7, parked_at=12)
-        assert list(fetcher._loose) == [r.key for r in _refs(8, 11)]
-        assert counted[1:] == [Fetched(4, 4 * CS, 0), Fetched(4, 4 * CS, 0)]
-        assert limiter.charged_bytes == 12 * CS
-        await read_span(8, 11, parked_at=12)
-        assert [(kind, start) for kind, start, _, _ in backend.gets] == [("open", 0)]
-        assert not fetcher._loose and list(fetcher._parked) == [(OBJ.key, OBJ.content_id, 12 * CS)]
-        assert limiter.charged_bytes == 12 * CS and len(counted) == 3
 
     trio.run(main)
 
