@@ -6,9 +6,11 @@ uploaded once per run; the "store allows" ceiling (one plain boto3 GET of the wh
 object, streamed in 1 MiB reads) and rclone's `rclone cat` of it when rclone is on PATH;
 then, each on a fresh silofs daemon and cache, a cold sequential read of the big object
 through a mount (MB/s, the range GETs the store saw, the daemon's and the mount's CPU
-split into user and kernel, and how long after the last byte the cache held all of it);
-the boto3 GET and the silofs read (and with `--other-tree DIR`, another checkout's
-silofs) alternate round by round, so each ratio compares passes that met the same load;
+split into user and kernel, and how long after the last byte the cache held all of it),
+with the CPU per MiB of daemon and mount, of boto3's process, and of the store
+meanwhile; the boto3 GET and the silofs read (and with `--git-rev REV|DIR`, another
+revision's or checkout's silofs) alternate round by round, so each ratio compares
+passes that met the same load;
 and cold small files through tests/support/faultproxy.py adding
 `--first-byte-ms` (20 ms) before every response, with 1 and with 8 reader threads
 (files/s and their ratio, the daemon's and the mount's CPU per file, and the requests the
@@ -21,6 +23,7 @@ changes silofs.
 
     python bench/cold.py                            # moto and s3rver, 3 runs
     python bench/cold.py --stores moto --runs 5 --big-mb 256 --small-files 240
+    python bench/cold.py --stores moto --runs 5 --skip-small --git-rev main
 
 MB is 10**6 bytes. The machine is shared: the load average and busy processes are
 printed first, and figures from a busy machine are only comparable within one run.
@@ -32,6 +35,7 @@ import argparse
 import hashlib
 import os
 import random
+import resource
 import shutil
 import subprocess
 import sys
@@ -54,6 +58,7 @@ from common import (
     ratio,
 )
 
+from tests.support import baseline
 from tests.support.faultproxy import FaultPlan, FaultProxy
 from tests.support.node import Node
 from tests.support.poll import wait_for
@@ -87,9 +92,21 @@ def upload(store: Server, big: bytes, small: dict[str, bytes]) -> None:
         )
 
 
-def boto3_ceiling(store: Server, size: int, digest: str) -> float:
-    """MB/s of one whole-object GET streamed in 1 MiB reads (what the store allows)."""
+def store_times(store: Server) -> ProcTimes | None:
+    """The store process's CPU so far (None if it is not our subprocess)."""
+    return ProcTimes.of(store.process.pid) if store.process is not None else None
+
+
+def store_cpu(store: Server, before: ProcTimes | None) -> float:
+    now = store_times(store)
+    return float("nan") if now is None or before is None else now.minus(before).cpu_s
+
+
+def boto3_ceiling(store: Server, size: int, digest: str) -> dict[str, float]:
+    """One whole-object GET streamed in 1 MiB reads (what the store allows): MB/s, and
+    the CPU seconds of this process (boto3 and the hash) and of the store meanwhile."""
     client = store.client()
+    s0, c0 = store_times(store), resource.getrusage(resource.RUSAGE_SELF)
     t0 = time.perf_counter()
     body = client.get_object(Bucket=BUCKET, Key="big/big.bin")["Body"]
     h = hashlib.blake2b(digest_size=16)
@@ -98,8 +115,10 @@ def boto3_ceiling(store: Server, size: int, digest: str) -> float:
         h.update(piece)
         n += len(piece)
     secs = time.perf_counter() - t0
+    c1 = resource.getrusage(resource.RUSAGE_SELF)
     assert n == size and h.hexdigest() == digest, "boto3 read other bytes than uploaded"
-    return size / secs / 1e6
+    client_cpu = c1.ru_utime + c1.ru_stime - c0.ru_utime - c0.ru_stime
+    return {"rate": size / secs / 1e6, "client": client_cpu, "store": store_cpu(store, s0)}
 
 
 def _rclone_env(store: Server) -> dict[str, str]:
@@ -231,6 +250,7 @@ def cold_big(
     ):
         pids = {"daemon": node.daemon_pid, "mount": node.mount_pid(mp)}
         before = {k: ProcTimes.of(p) for k, p in pids.items()}
+        s0 = store_times(store)
         h = hashlib.blake2b(digest_size=16)
         buf = bytearray(READ)
         view = memoryview(buf)
@@ -246,6 +266,7 @@ def cold_big(
             os.close(fd)
         secs = time.perf_counter() - t0
         cost = {k: ProcTimes.of(p).minus(before[k]) for k, p in pids.items()}
+        on_store = store_cpu(store, s0)
         assert n == size and h.hexdigest() == digest, "the mount read other bytes"
         gets = node.settle(mp, size).get("remote_requests", float("nan"))
         wait_for(
@@ -262,6 +283,7 @@ def cold_big(
         "daemon_sys": cost["daemon"].sys_s,
         "mount_user": cost["mount"].user_s,
         "mount_sys": cost["mount"].sys_s,
+        "store": on_store,
     }
 
 
@@ -352,17 +374,19 @@ def big_pass(
     through silofs (and through --other-tree's silofs), so the ratios compare passes
     that met the same load. rclone's figures come after the rounds. Its table row."""
     trees = {"silofs": None, **({"other": args.other_tree} if args.other_tree else {})}
-    boto: list[float] = []
+    boto: list[dict[str, float]] = []
     runs: dict[str, list[dict[str, float]]] = {t: [] for t in trees}
     for i in range(args.runs):
         boto.append(boto3_ceiling(store, size, digest))
         for t, tree in trees.items():
             runs[t].append(cold_big(store, tmp, f"{name}-{t}-big{i}", size, digest, args, tree))
         print(
-            f"  round {i}: boto3 {boto[-1]:.0f} MB/s, "
+            f"  round {i}: boto3 {boto[-1]['rate']:.0f} MB/s, "
             + ", ".join(f"{t} {r[-1]['rate']:.0f}" for t, r in runs.items())
         )
-    ceiling = Samples(boto)
+    ceiling = Samples([b["rate"] for b in boto])
+    mib = size / (1 << 20)
+    boto_ms = {k: Samples([b[k] for b in boto]).median * 1000 / mib for k in ("client", "store")}
     rc = [r for _ in range(args.runs) if (r := rclone_rate(store, size))]
     rcl = Samples(rc) if rc else None
     rm = [
@@ -373,6 +397,10 @@ def big_pass(
     rcm = Samples(rm) if rm else None
     print(f"cold {args.big_mb} MiB sequential, MB/s (median, range of {args.runs}):")
     print(f"  boto3 one GET (ceiling)  {ceiling.text('{:.0f}')}")
+    print(
+        f"    CPU ms per MiB (median): client (boto3 and the hash) {boto_ms['client']:.2f}, "
+        f"store {boto_ms['store']:.2f}"
+    )
     if rcl is not None:
         print(f"  rclone cat               {rcl.text('{:.0f}')}")
     else:
@@ -383,7 +411,7 @@ def big_pass(
     for t, tree in trees.items():
         rate = Samples([r["rate"] for r in runs[t]])
         med = {k: Samples([r[k] for r in runs[t]]).median for k in runs[t][0]}
-        label = "silofs mount" if tree is None else f"silofs of {tree}"
+        label = "silofs mount" if tree is None else f"silofs of {args.other_label}"
         print(f"  {label:<24} {rate.text('{:.0f}')}   {med['gets']:.0f} range GETs")
         ratios = [f"silofs / boto3 {ratio(rate.median, ceiling.median):.2f}x"]
         if rcl is not None:
@@ -396,6 +424,11 @@ def big_pass(
             f"{med['daemon_sys']:.2f}; mount user {med['mount_user']:.2f} "
             f"sys {med['mount_sys']:.2f}; all admitted {med['admitted_after']:.2f} s "
             "after the last byte was read"
+        )
+        per_mib = med["daemon_user"] + med["daemon_sys"] + med["mount_user"] + med["mount_sys"]
+        print(
+            f"    CPU ms per MiB (median): daemon and mount {per_mib * 1000 / mib:.2f}, "
+            f"store {med['store'] * 1000 / mib:.2f}"
         )
         if tree is None:
             rows.append(
@@ -425,9 +458,11 @@ def main() -> int:
     ap.add_argument("--skip-big", action="store_true")
     ap.add_argument(
         "--other-tree",
-        metavar="DIR",
-        help="another silofs checkout whose daemon and mount read the big file too, in "
-        "every round right after this checkout's",
+        "--git-rev",
+        metavar="REV|DIR",
+        help="another silofs (a git revision of this repository, or a checkout in DIR) whose "
+        "daemon and mount read the big file and the small files too, in every round right "
+        "after this checkout's",
     )
     ap.add_argument(
         "--mount-args", default="", help="extra `silofs mount` flags, e.g. '--chunk-size 1M'"
@@ -435,6 +470,11 @@ def main() -> int:
     args = ap.parse_args()
     args.mount_args = args.mount_args.split()
     check_fuse()
+    unpacked = ExitStack()  # a --git-rev revision's unpacked tree, removed on exit
+    if args.other_tree:
+        args.other_label = baseline.describe(args.other_tree)
+        print(f"other tree: {args.other_label}")
+        args.other_tree = str(unpacked.enter_context(baseline.baseline_tree(args.other_tree)))
     for k in ("AWS_CA_BUNDLE", "AWS_PROFILE", "AWS_ENDPOINT_URL", "HTTP_PROXY", "http_proxy"):
         os.environ.pop(k, None)  # our own environment only: it reaches our daemons
     os.environ["AWS_CONFIG_FILE"] = os.environ["AWS_SHARED_CREDENTIALS_FILE"] = os.devnull
@@ -496,6 +536,7 @@ def main() -> int:
                 store.stop()
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+        unpacked.close()
     print("\n| store | figure | silofs | reference | ratio |\n|---|---|---|---|---|")
     print("\n".join(table))
     print(f"load average after: {load_average()}")
