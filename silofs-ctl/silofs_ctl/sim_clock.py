@@ -54,12 +54,22 @@ class Clock:
     def schedule(self, job: SimJob) -> None:
         """A new event for `job` from its rate now (none if it does not read): earlier
         ones go stale. Its LRU boundary is the one the event is computed with."""
-        self.seq += 1
-        job.seq = self.seq
+        self.seq = seq = self.seq + 1
+        job.seq = seq
         job.event_boundary = boundary = job.boundary
         rate = job.rate
         if rate > 0:
-            heapq.heappush(self.events, (self.now + job.until(boundary) / rate, self.seq, job))
+            # SimJob.until written out: a plan re-rates (and so re-schedules) most jobs
+            until = job.work - job.read
+            left = job.size - job.pos
+            if left < until:
+                until = left
+            if boundary < math.inf:
+                left = boundary * job.size - job.pos
+                if left < until:
+                    until = left
+            until = until if until > 0.0 else 0.0
+            heapq.heappush(self.events, (self.now + until / rate, seq, job))
 
     def soonest(self) -> float:
         """The time of the next job event (math.inf: none)."""

@@ -223,22 +223,28 @@ class Units:
         # Units neither allocated nor holding anything, and not in the new allocation,
         # stay as they are: only the others are visited (CoorDL has a unit per job of
         # the whole trace, most of them long finished or not yet arrived).
-        allocated, filled, moved = self.allocated, self.filled, self.moved
-        keys = self.in_use | cache.keys()
-        for key in keys:
+        allocated, filled, moved, cap_of = self.allocated, self.filled, self.moved, self.cap
+        in_use = set()
+        for key in self.in_use | cache.keys():
             want = cache.get(key, 0.0)
             want = want if want > 0.0 else 0.0  # max(0, want)
             if allocated[key] != want:
                 allocated[key] = want
-                self._cap(key)
+                # _cap, written out: most units' allocations move at every plan
+                size = self.units[key].size
+                cap_of[key] = cap = size if size < want else want  # min(want, size)
+                tol = size * 1e-12
+                self.full_at[key] = cap - (tol if tol > 1.0 else 1.0)
                 moved.add(key)
             held = filled[key]
             if held > want:
                 for job in readers.get(key, ()):
                     job.effective *= want / held if held > 0 else 0.0
-                filled[key] = want
+                filled[key] = held = want
                 moved.add(key)
-        self.in_use = {k for k in keys if allocated[k] > 0 or filled[k] > 0}
+            if want > 0 or held > 0:
+                in_use.add(key)
+        self.in_use = in_use
         # (reset_inflow, which always follows, pushes the fill events of `moved` anew)
 
     def below_allocation(self, jobs: Iterable[SimJob]) -> bool:
