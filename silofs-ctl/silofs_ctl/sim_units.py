@@ -17,10 +17,11 @@ Fill events. While a filling unit's inflow and cap stay, the moment it reaches i
 counts as full) are fixed; both are kept in heaps, like the jobs' events in sim_clock,
 so a step costs the soonest of them, not a visit to every filling unit. An entry
 (time, seq, key) is stale unless seq is the unit's latest (`fill_seq`) and the unit is
-still filling: a unit whose inflow or cap moves pushes new ones. Bringing a unit's fill
-to now (sync) moves neither moment, so it pushes nothing. The moments only choose which
-units to look at: the step to a unit's cap and whether it is full are found from its
-fill now, as a visit of every unit would find them.
+still filling: a unit whose inflow or cap moves has new ones pushed when the heaps are
+next read (once per step however many of its readers were re-rated). Bringing a unit's
+fill to now (sync) moves neither moment, so it pushes nothing. The moments only choose
+which units to look at: the step to a unit's cap and whether it is full are found from
+its fill now, as a visit of every unit would find them.
 """
 
 from __future__ import annotations
@@ -64,6 +65,10 @@ class Units:
         self.fill_pos: dict[str, int] = {}  # a filling unit's place in that order
         self.fill_count = 0  # units that started filling (the next place)
         self.fill_seq: dict[str, int] = {}  # its latest fill events' sequence number
+        # Filling units whose inflow or cap moved since their events were pushed: pushed
+        # anew when the heaps are next read (a step moves a shared unit's inflow once
+        # per reader it re-rates). A dict for its order, as `filling`.
+        self.unpushed: dict[str, None] = {}
         self.seq = 0  # the last fill event's sequence number
         self.at_cap: list[tuple[float, int, str]] = []  # (when it reaches cap, seq, key)
         self.at_full: list[tuple[float, int, str]] = []  # (when it reaches full_at, ...)
@@ -85,7 +90,15 @@ class Units:
             self.filling[key] = None
             self.fill_pos[key] = self.fill_count
             self.fill_count += 1
-        self._schedule(key)
+        self.unpushed[key] = None
+
+    def _push(self) -> None:
+        """The fill events of the units in `unpushed` still filling, pushed anew."""
+        filling = self.filling
+        for key in self.unpushed:
+            if key in filling:
+                self._schedule(key)
+        self.unpushed = {}
 
     def _schedule(self, key: str) -> None:
         """Push filling unit `key`'s two moments from its fill and inflow now."""
@@ -182,7 +195,7 @@ class Units:
         if inflow <= 0:
             self.filling.pop(key, None)
         elif key in self.filling:
-            self._schedule(key)
+            self.unpushed[key] = None
 
     def add_inflow(self, key: str, step: float, now: float) -> None:
         """`step` more bytes/s into `key` (the level clock's held readers moving)."""
@@ -193,7 +206,7 @@ class Units:
         self.inflow[key] = inflow = inflow if inflow > 1e-9 else 0.0
         if filling:
             if inflow > 0:
-                self._schedule(key)
+                self.unpushed[key] = None
             else:
                 self.filling.pop(key)
 
@@ -205,7 +218,7 @@ class Units:
         self.inflow = inflow
         self.moved = set()
         if self.lru:
-            self.filling, self.fill_pos = {}, {}
+            self.filling, self.fill_pos, self.unpushed = {}, {}, {}
             self.at_cap, self.at_full = [], []
             return
         filled, full_at = self.filled, self.full_at
@@ -214,7 +227,7 @@ class Units:
         self.fill_count = len(self.filling)
         for key in self.filling:
             if key in moved or key not in was_filling or old.get(key) != inflow[key]:
-                self._schedule(key)
+                self.unpushed[key] = None
 
     def allocate(self, cache: Mapping[str, float], readers: Mapping[str, list[SimJob]]) -> None:
         """Each uniform unit's allocation from a plan; a unit holding more than it is
@@ -277,6 +290,8 @@ class Units:
         `SHARED_FILL_STEP` of its dataset while several jobs read it (each reader's hits
         move with what the others fetch)."""
         soonest = limit
+        if self.unpushed:
+            self._push()
         events, live = self.at_cap, self._live
         while events and not live(events[0]):
             heapq.heappop(events)
@@ -307,6 +322,8 @@ class Units:
         """Bring the filling units that are full by `now` up to date (which sets `full`)."""
         # The moment to full_at is rounded: look a little past now, and decide by the fill.
         late = now + 1e-9 * (now if now > 1.0 else 1.0)
+        if self.unpushed:
+            self._push()
         events, live, not_yet = self.at_full, self._live, []
         while events and events[0][0] <= late:
             event = heapq.heappop(events)
