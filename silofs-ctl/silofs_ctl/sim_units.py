@@ -119,6 +119,7 @@ class Units:
         heapq.heapify(self.at_full)
 
     def _live(self, event: tuple[float, int, str]) -> bool:
+        """Is this fill event the unit's latest, and the unit still filling?"""
         _, seq, key = event
         return key in self.filling and self.fill_seq[key] == seq
 
@@ -198,17 +199,12 @@ class Units:
             self.unpushed[key] = None
 
     def add_inflow(self, key: str, step: float, now: float) -> None:
-        """`step` more bytes/s into `key` (the level clock's held readers moving)."""
-        filling = key in self.filling  # (never under LRU, where this is called)
-        if filling or key in self.pool.growing:
+        """`step` more bytes/s into `key` (the level clock's held readers moving: under
+        LRU only, where no unit is filling and so none has fill events)."""
+        if key in self.pool.growing:
             self.sync(key, now)
         inflow = self.inflow.get(key, 0.0) + step
-        self.inflow[key] = inflow = inflow if inflow > 1e-9 else 0.0
-        if filling:
-            if inflow > 0:
-                self.unpushed[key] = None
-            else:
-                self.filling.pop(key)
+        self.inflow[key] = inflow if inflow > 1e-9 else 0.0
 
     def reset_inflow(self, inflow: dict[str, float]) -> None:
         """The inflows summed anew at a re-plan (every unit was brought to now first);
@@ -237,7 +233,7 @@ class Units:
         # stay as they are: only the others are visited (CoorDL has a unit per job of
         # the whole trace, most of them long finished or not yet arrived).
         allocated, filled, moved, cap_of = self.allocated, self.filled, self.moved, self.cap
-        in_use = set()
+        in_use: set[str] = set()
         for key in self.in_use | cache.keys():
             want = cache.get(key, 0.0)
             want = want if want > 0.0 else 0.0  # max(0, want)
