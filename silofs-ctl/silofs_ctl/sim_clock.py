@@ -59,17 +59,7 @@ class Clock:
         job.event_boundary = boundary = job.boundary
         rate = job.rate
         if rate > 0:
-            # SimJob.until written out: a plan re-rates (and so re-schedules) most jobs
-            until = job.work - job.read
-            left = job.size - job.pos
-            if left < until:
-                until = left
-            if boundary < math.inf:
-                left = boundary * job.size - job.pos
-                if left < until:
-                    until = left
-            until = until if until > 0.0 else 0.0
-            heapq.heappush(self.events, (self.now + until / rate, seq, job))
+            heapq.heappush(self.events, (self.now + job.until(boundary) / rate, seq, job))
 
     def soonest(self) -> float:
         """The time of the next job event (math.inf: none)."""

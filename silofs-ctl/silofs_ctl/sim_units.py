@@ -232,18 +232,14 @@ class Units:
         # Units neither allocated nor holding anything, and not in the new allocation,
         # stay as they are: only the others are visited (CoorDL has a unit per job of
         # the whole trace, most of them long finished or not yet arrived).
-        allocated, filled, moved, cap_of = self.allocated, self.filled, self.moved, self.cap
+        allocated, filled, moved = self.allocated, self.filled, self.moved
         in_use: set[str] = set()
         for key in self.in_use | cache.keys():
             want = cache.get(key, 0.0)
             want = want if want > 0.0 else 0.0  # max(0, want)
             if allocated[key] != want:
                 allocated[key] = want
-                # _cap, written out: most units' allocations move at every plan
-                size = self.units[key].size
-                cap_of[key] = cap = size if size < want else want  # min(want, size)
-                tol = size * 1e-12
-                self.full_at[key] = cap - (tol if tol > 1.0 else 1.0)
+                self._cap(key)
                 moved.add(key)
             held = filled[key]
             if held > want:
