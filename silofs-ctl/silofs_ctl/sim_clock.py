@@ -54,12 +54,12 @@ class Clock:
     def schedule(self, job: SimJob) -> None:
         """A new event for `job` from its rate now (none if it does not read): earlier
         ones go stale. Its LRU boundary is the one the event is computed with."""
-        self.seq += 1
-        job.seq = self.seq
+        self.seq = seq = self.seq + 1
+        job.seq = seq
         job.event_boundary = boundary = job.boundary
         rate = job.rate
         if rate > 0:
-            heapq.heappush(self.events, (self.now + job.until(boundary) / rate, self.seq, job))
+            heapq.heappush(self.events, (self.now + job.until(boundary) / rate, seq, job))
 
     def soonest(self) -> float:
         """The time of the next job event (math.inf: none)."""

@@ -2,18 +2,31 @@
 
 Owns: per cache unit, the bytes allocated and held (uniform caching), the remote bytes/s
 its running readers fetch into it (`inflow`) and when its fill was last brought to now;
-the units still filling; and, under LRU, handing what is fetched to the LRU pool
-(sim_lru.LruPool). Never: reads jobs' progress, sets rates, or decides allocations.
+the units still filling, when each will be full, and which of them several jobs read;
+and, under LRU, handing what is fetched to the LRU pool (sim_lru.LruPool). Never: reads
+jobs' progress, sets rates, or decides allocations.
 
 Fills are lazy: between two updates a unit's inflow is constant, so what it holds now is
 min(cap, held + inflow x dt), written back only when something reads or changes it. A
 uniform unit admits up to its allocation and then admits nothing (a unit that becomes
 full sets `full`: what the policy planned with has changed); an LRU dataset's holding
 grows up to its steady-state target.
+
+Fill events. While a filling unit's inflow and cap stay, the moment it reaches its cap
+(which bounds the simulator's steps) and the moment it reaches `full_at` (from which it
+counts as full) are fixed; both are kept in heaps, like the jobs' events in sim_clock,
+so a step costs the soonest of them, not a visit to every filling unit. An entry
+(time, seq, key) is stale unless seq is the unit's latest (`fill_seq`) and the unit is
+still filling: a unit whose inflow or cap moves has new ones pushed when the heaps are
+next read (once per step however many of its readers were re-rated). Bringing a unit's
+fill to now (sync) moves neither moment, so it pushes nothing. The moments only choose
+which units to look at: the step to a unit's cap and whether it is full are found from
+its fill now, as a visit of every unit would find them.
 """
 
 from __future__ import annotations
 
+import heapq
 import logging
 from collections.abc import Iterable, Mapping
 
@@ -49,6 +62,18 @@ class Units:
         # simulator visits them in turn and sums rates in that order, and a set's order
         # (of str hashes) would change with PYTHONHASHSEED, and with it the last bits.
         self.filling: dict[str, None] = {}
+        self.fill_pos: dict[str, int] = {}  # a filling unit's place in that order
+        self.fill_count = 0  # units that started filling (the next place)
+        self.fill_seq: dict[str, int] = {}  # its latest fill events' sequence number
+        # Filling units whose inflow or cap moved since their events were pushed: pushed
+        # anew when the heaps are next read (a step moves a shared unit's inflow once
+        # per reader it re-rates). A dict for its order, as `filling`.
+        self.unpushed: dict[str, None] = {}
+        self.seq = 0  # the last fill event's sequence number
+        self.at_cap: list[tuple[float, int, str]] = []  # (when it reaches cap, seq, key)
+        self.at_full: list[tuple[float, int, str]] = []  # (when it reaches full_at, ...)
+        self.shared: set[str] = set()  # units at least two active jobs read
+        self.moved: set[str] = set()  # units whose cap or fill a plan moved (allocate)
         self.full = False  # a unit became full since the flag was last cleared
 
     def _cap(self, key: str) -> None:
@@ -57,6 +82,46 @@ class Units:
         self.cap[key] = cap = size if size < want else want  # min(want, size)
         tol = size * 1e-12
         self.full_at[key] = cap - (tol if tol > 1.0 else 1.0)  # max(1, size * 1e-12)
+
+    def _start_filling(self, key: str) -> None:
+        """Unit `key` (brought to now, with inflow and room) is filling; its fill events
+        are due again (its inflow or cap moved)."""
+        if key not in self.filling:
+            self.filling[key] = None
+            self.fill_pos[key] = self.fill_count
+            self.fill_count += 1
+        self.unpushed[key] = None
+
+    def _push(self) -> None:
+        """The fill events of the units in `unpushed` still filling, pushed anew."""
+        filling = self.filling
+        for key in self.unpushed:
+            if key in filling:
+                self._schedule(key)
+        self.unpushed = {}
+
+    def _schedule(self, key: str) -> None:
+        """Push filling unit `key`'s two moments from its fill and inflow now."""
+        self.seq = seq = self.seq + 1
+        self.fill_seq[key] = seq
+        inflow, held, start = self.inflow[key], self.filled[key], self.unit_t[key]
+        heapq.heappush(self.at_cap, (start + (self.cap[key] - held) / inflow, seq, key))
+        heapq.heappush(self.at_full, (start + (self.full_at[key] - held) / inflow, seq, key))
+        if len(self.at_cap) > 4 * len(self.filling) + 1024:
+            self._compact()
+
+    def _compact(self) -> None:
+        """Drop stale fill events once they outnumber the live ones by far."""
+        live = self._live
+        self.at_cap = [e for e in self.at_cap if live(e)]
+        self.at_full = [e for e in self.at_full if live(e)]
+        heapq.heapify(self.at_cap)
+        heapq.heapify(self.at_full)
+
+    def _live(self, event: tuple[float, int, str]) -> bool:
+        """Is this fill event the unit's latest, and the unit still filling?"""
+        _, seq, key = event
+        return key in self.filling and self.fill_seq[key] == seq
 
     def filled_now(self, key: str, now: float) -> float:
         """What unit `key` holds at `now`, without bringing it up to date."""
@@ -119,7 +184,7 @@ class Units:
         inflow = self.inflow.get(key, 0.0) + new - old
         self.inflow[key] = inflow = inflow if inflow > 1e-9 else 0.0
         if not lru and inflow > 0 and self.room(key):
-            self.filling[key] = None
+            self._start_filling(key)
         else:
             self.filling.pop(key, None)
 
@@ -130,9 +195,12 @@ class Units:
         self.inflow[key] = inflow = inflow if inflow > 1e-9 else 0.0
         if inflow <= 0:
             self.filling.pop(key, None)
+        elif key in self.filling:
+            self.unpushed[key] = None
 
     def add_inflow(self, key: str, step: float, now: float) -> None:
-        """`step` more bytes/s into `key` (the level clock's held readers moving)."""
+        """`step` more bytes/s into `key` (the level clock's held readers moving: under
+        LRU only, where no unit is filling and so none has fill events)."""
         if key in self.pool.growing:
             self.sync(key, now)
         inflow = self.inflow.get(key, 0.0) + step
@@ -140,13 +208,22 @@ class Units:
 
     def reset_inflow(self, inflow: dict[str, float]) -> None:
         """The inflows summed anew at a re-plan (every unit was brought to now first);
-        the units still filling follow from them."""
+        the units still filling follow from them, and the fill events of those whose
+        inflow or cap moved (the others' stand: a sync moves neither moment)."""
+        old, was_filling, moved = self.inflow, self.filling, self.moved
         self.inflow = inflow
-        self.filling = {}
+        self.moved = set()
         if self.lru:
+            self.filling, self.fill_pos, self.unpushed = {}, {}, {}
+            self.at_cap, self.at_full = [], []
             return
         filled, full_at = self.filled, self.full_at
         self.filling = {key: None for key in inflow if filled[key] < full_at[key]}  # room
+        self.fill_pos = dict(zip(self.filling, range(len(self.filling)), strict=True))
+        self.fill_count = len(self.filling)
+        for key in self.filling:
+            if key in moved or key not in was_filling or old.get(key) != inflow[key]:
+                self.unpushed[key] = None
 
     def allocate(self, cache: Mapping[str, float], readers: Mapping[str, list[SimJob]]) -> None:
         """Each uniform unit's allocation from a plan; a unit holding more than it is
@@ -155,20 +232,25 @@ class Units:
         # Units neither allocated nor holding anything, and not in the new allocation,
         # stay as they are: only the others are visited (CoorDL has a unit per job of
         # the whole trace, most of them long finished or not yet arrived).
-        allocated, filled = self.allocated, self.filled
-        keys = self.in_use | cache.keys()
-        for key in keys:
+        allocated, filled, moved = self.allocated, self.filled, self.moved
+        in_use: set[str] = set()
+        for key in self.in_use | cache.keys():
             want = cache.get(key, 0.0)
             want = want if want > 0.0 else 0.0  # max(0, want)
             if allocated[key] != want:
                 allocated[key] = want
                 self._cap(key)
+                moved.add(key)
             held = filled[key]
             if held > want:
                 for job in readers.get(key, ()):
                     job.effective *= want / held if held > 0 else 0.0
-                filled[key] = want
-        self.in_use = {k for k in keys if allocated[k] > 0 or filled[k] > 0}
+                filled[key] = held = want
+                moved.add(key)
+            if want > 0 or held > 0:
+                in_use.add(key)
+        self.in_use = in_use
+        # (reset_inflow, which always follows, pushes the fill events of `moved` anew)
 
     def below_allocation(self, jobs: Iterable[SimJob]) -> bool:
         """Is a unit some of `jobs` read still below its allocation?"""
@@ -179,28 +261,70 @@ class Units:
                 return True
         return False
 
-    def until_change(self, now: float, readers: Mapping[str, list[SimJob]], limit: float) -> float:
+    def readers(self, key: str, count: int) -> None:
+        """Unit `key` now has `count` active readers."""
+        if count > 1:
+            self.shared.add(key)
+        else:
+            self.shared.discard(key)
+
+    def shared_filling(self) -> list[str]:
+        """The filling units several active jobs read, in the order of `filling`."""
+        filling, shared = self.filling, self.shared
+        if len(shared) < len(filling):
+            keys = [key for key in shared if key in filling]
+            keys.sort(key=self.fill_pos.__getitem__)
+            return keys
+        return [key for key in filling if key in shared]
+
+    def until_change(self, now: float, limit: float) -> float:
         """Seconds from `now` (at most `limit`) until a filling unit is full, or has taken
-        `shared_step` of its dataset while several jobs read it (each reader's hits move
-        with what the others fetch)."""
+        `SHARED_FILL_STEP` of its dataset while several jobs read it (each reader's hits
+        move with what the others fetch)."""
         soonest = limit
-        inflows, size_of = self.inflow, self.units
-        for key in self.filling:
-            inflow = inflows[key]
-            size = size_of[key].size
-            room = self.cap[key] - self.filled_now(key, now)
-            if room > 0:
-                until = room / inflow
+        if self.unpushed:
+            self._push()
+        events, live = self.at_cap, self._live
+        while events and not live(events[0]):
+            heapq.heappop(events)
+        if events:
+            until = self._until_cap(events[0][2], now)
+            if until is not None:
                 if until < soonest:
                     soonest = until
-                if len(readers.get(key, ())) > 1:
-                    until = SHARED_FILL_STEP * size / inflow
-                    if until < soonest:
+            else:  # (the soonest has reached its cap already: look at every unit)
+                for key in self.filling:
+                    until = self._until_cap(key, now)
+                    if until is not None and until < soonest:
                         soonest = until
+        inflows, size_of = self.inflow, self.units
+        for key in self.shared_filling():
+            if self.cap[key] - self.filled_now(key, now) > 0:
+                until = SHARED_FILL_STEP * size_of[key].size / inflows[key]
+                if until < soonest:
+                    soonest = until
         return soonest
+
+    def _until_cap(self, key: str, now: float) -> float | None:
+        """Seconds from `now` until filling unit `key` reaches its cap (None: it has)."""
+        room = self.cap[key] - self.filled_now(key, now)
+        return room / self.inflow[key] if room > 0 else None
 
     def sync_full(self, now: float) -> None:
         """Bring the filling units that are full by `now` up to date (which sets `full`)."""
-        for key in list(self.filling):
+        # The moment to full_at is rounded: look a little past now, and decide by the fill.
+        late = now + 1e-9 * (now if now > 1.0 else 1.0)
+        if self.unpushed:
+            self._push()
+        events, live, not_yet = self.at_full, self._live, []
+        while events and events[0][0] <= late:
+            event = heapq.heappop(events)
+            if not live(event):
+                continue
+            key = event[2]
             if self.filled_now(key, now) >= self.full_at[key]:
-                self.sync(key, now)
+                self.sync(key, now)  # (which ends its filling)
+            if key in self.filling:
+                not_yet.append(event)
+        for event in not_yet:
+            heapq.heappush(events, event)

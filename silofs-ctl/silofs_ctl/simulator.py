@@ -175,7 +175,7 @@ class Simulation:
             soonest = min(soonest, self.pending[-1].spec.submit)
         soonest -= now
         if not units.lru and units.filling:
-            soonest = units.until_change(now, self.readers, soonest)
+            soonest = units.until_change(now, soonest)
         if soonest == math.inf:
             stuck = ", ".join(self.active)
             raise SimulationError(f"jobs can make no progress at t={now:.0f}s: {stuck}")
@@ -609,7 +609,7 @@ class Simulation:
         per step)."""
         units, readers = self.units, self.readers
         now, vclock = self.clock.now, self.clock.vclock
-        for key in [k for k in units.filling if len(readers.get(k, ())) > 1]:
+        for key in units.shared_filling():
             group = readers[key]
             fetched = {j.name: j.remote * (now - j.t) for j in group if j.remote > 0 and j.rate > 0}
             for job in group:
@@ -678,6 +678,7 @@ class Simulation:
         self.touched.pop(job.name, None)
         group = self.readers[job.unit]
         del group[next(i for i, other in enumerate(group) if other is job)]  # (not ==)
+        self.units.readers(job.unit, len(group))
         if not group:
             del self.readers[job.unit]
         dataset = job.spec.dataset
@@ -698,7 +699,9 @@ class Simulation:
             held = self.pool.resident.get(job.spec.dataset, 0.0)
             job.first_hit = min(1.0, held / job.size)
             self.active[job.name] = job
-            self.readers.setdefault(job.unit, []).append(job)
+            group = self.readers.setdefault(job.unit, [])
+            group.append(job)
+            units.readers(job.unit, len(group))
             dataset = job.spec.dataset
             self.dataset_readers[dataset] = self.dataset_readers.get(dataset, 0) + 1
             self.dirty = self.jobs_moved = True
