@@ -29,6 +29,8 @@ import logging
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import repeat
+from operator import add, le, mul, sub, truediv
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -220,28 +222,41 @@ def equilibrium(
     else:
         rates = list(start)
     held: dict[str, float] = {}
+    # What does not move from round to round, per reader in order (the loops below are
+    # the same arithmetic as one loop over the readers, with their loops in C).
     keys = [str(i) for i in range(len(readers))]
+    datasets = [r.dataset for r in readers]
+    ceilings = [r.ceiling for r in readers]
+    idle = [i for i, r in enumerate(readers) if not r.ceiling > 0]  # hit taken as 0.0
+    capped = [(i, r.io_cap) for i, r in enumerate(readers) if r.io_cap is not None]
+    of_dataset: dict[str, list[int]] = {}  # datasets in order of their first reader
+    for i, dataset in enumerate(datasets):
+        of_dataset.setdefault(dataset, []).append(i)
     for _ in range(rounds):
-        by_dataset: dict[str, list[float]] = {}
-        for reader, rate in zip(readers, rates, strict=True):
-            by_dataset.setdefault(reader.dataset, []).append(rate)
+        rate_at = rates.__getitem__
+        by_dataset = {d: list(map(rate_at, idx)) for d, idx in of_dataset.items()}
         held, guess = holdings_at(capacity, sizes, by_dataset, guess)
         # one steady hit ratio per dataset: its readers share it
         hit_of = {d: steady_hit_ratio(min(1.0, held.get(d, 0.0) / sizes[d])) for d in by_dataset}
-        hits = [hit_of[r.dataset] if r.ceiling > 0 else 0.0 for r in readers]
-        demands: dict[str, float] = {}
-        for key, reader, hit in zip(keys, readers, hits, strict=True):
-            need = reader.ceiling * (1.0 - hit)
-            demands[key] = need if reader.io_cap is None else min(need, reader.io_cap)
-        shares = water_fill(link, demands)
+        hits = list(map(hit_of.__getitem__, datasets))
+        for i in idle:
+            hits[i] = 0.0
+        needs = list(map(mul, ceilings, map(sub, repeat(1.0), hits)))  # ceiling * (1 - hit)
+        for i, cap in capped:
+            needs[i] = min(needs[i], cap)
+        shares = water_fill(link, dict(zip(keys, needs, strict=True)))
         new = [
-            r.ceiling if hit >= 1.0 - 1e-12 else min(r.ceiling, shares[key] / (1.0 - hit))
-            for key, r, hit in zip(keys, readers, hits, strict=True)
+            ceiling if hit >= 1.0 - 1e-12 else min(ceiling, share / (1.0 - hit))
+            for ceiling, share, hit in zip(
+                ceilings, map(shares.__getitem__, keys), hits, strict=True
+            )
         ]
-        if all(abs(a - b) <= 1e-2 * max(b, 1.0) for a, b in zip(new, rates, strict=True)):
+        # every rate moved by at most 1% (abs(a - b) <= 1e-2 * max(b, 1.0))
+        bars = map(mul, repeat(1e-2), map(max, rates, repeat(1.0)))
+        if all(map(le, map(abs, map(sub, new, rates)), bars)):
             rates = new
             break
-        rates = [(a + b) / 2 for a, b in zip(new, rates, strict=True)]  # damped
+        rates = list(map(truediv, map(add, new, rates), repeat(2)))  # damped: (a + b) / 2
     return Equilibrium(held, guess, rates)
 
 

@@ -29,9 +29,12 @@ from __future__ import annotations
 import logging
 import math
 from bisect import bisect_right
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
+from heapq import heapify, heappop
+from itertools import compress, repeat
+from operator import attrgetter, methodcaller, mul, not_
 
 from ..estimator import ComputeEstimator, Estimator, equal_share_perf, hit_ratio
 from ..model import Allocation, CacheUnit, Cluster, Job
@@ -90,9 +93,7 @@ class _Loads:
         also optimal just right of lam (the piece Newton's method must follow)."""
 
         if self.one_per_pool is None:
-            pools_used: dict[str, int] = {}
-            for unit in cluster.units.values():
-                pools_used[unit.pool] = pools_used.get(unit.pool, 0) + 1
+            pools_used = _units_per_pool(cluster)
             self.one_per_pool = all(pools_used[cluster.units[k].pool] == 1 for k in self.fixed)
         if self.one_per_pool:
             # Every unit alone in its pool (the problem as it stands now, with_fixed_hits):
@@ -104,8 +105,10 @@ class _Loads:
             (-(load + lam * per) / size, -per / size, key)
             for key, size, load, per in self._rows(cluster)
         ]
-        ranks.sort()
-        return _fill_ranked(ranks, cluster)
+        # Only the first few units fit (the pools run out): a heap gives them in sorted
+        # order (the ranks are distinct: keys are) without sorting the rest.
+        heapify(ranks)
+        return _fill_ranked(map(heappop, repeat(ranks, len(ranks))), cluster)
 
     def _rows(self, cluster: Cluster) -> list[tuple[str, float, float, float]]:
         """(key, size, fixed, slope) of every unit, in the loads' order (found once)."""
@@ -176,6 +179,7 @@ class _FixedHits:
         self.cache = fill_units(keys, cluster)
         self.names = [job.name for job in jobs]
         self.e = e
+        self._slopes: list[float] | None = None
         self.miss: list[float] = []
         self.hits: dict[str, float] = {}
         for job, key in zip(jobs, keys, strict=True):
@@ -199,6 +203,7 @@ class _FixedHits:
         self = cls.__new__(cls)
         self.names = names = [job.name for job in jobs]
         self.e = e
+        self._slopes = None
         cache: dict[str, float] = {}
         miss: list[float] = []
         out: dict[str, float] = {}
@@ -233,15 +238,21 @@ class _FixedHits:
         return True
 
     def loads(self, fixed: Mapping[str, float]) -> _FixedLoads:
-        a = b = 0.0
-        e = self.e
-        for name, miss in zip(self.names, self.miss, strict=True):
-            rate = fixed.get(name)
-            if rate is not None:
-                a += rate * miss
-            else:
-                b += e[name] * miss
+        # The loop's sums (in the jobs' order, from 0.0) with the loop in C: a over the
+        # frozen jobs' rate * miss, b over the free jobs' e * miss.
+        names, miss = self.names, self.miss
+        frozen = list(map(fixed.__contains__, names))
+        rates = map(fixed.__getitem__, compress(names, frozen))
+        a = sum(map(mul, rates, compress(miss, frozen)), 0.0)
+        b = sum(compress(self.slopes(), map(not_, frozen)), 0.0)
         return _FixedLoads(a, b, self)
+
+    def slopes(self) -> list[float]:
+        """e * miss per job, in loads' order (found once)."""
+        per = self._slopes
+        if per is None:
+            per = self._slopes = list(map(mul, map(self.e.__getitem__, self.names), self.miss))
+        return per
 
     def round_loads(
         self,
@@ -259,23 +270,25 @@ class _FixedHits:
             for job in free[begin:end]:
                 level_of[job.name] = (g, min(job.f_star, level * e[job.name]))
             begin = end
-        # per job in loads' order: (first round frozen, a's term then, b's term before)
-        terms: list[tuple[int, float, float]] = []
+        # per job in loads' order: the first round it is frozen in (-1: frozen before),
+        # a's term from then on, b's term before
+        firsts: list[int] = []
+        a_terms: list[float] = []
+        never = (len(groups), 0.0)
         for name, miss in zip(self.names, self.miss, strict=True):
             rate = fixed.get(name)
             if rate is not None:
-                terms.append((-1, rate * miss, 0.0))
+                firsts.append(-1)
+                a_terms.append(rate * miss)
             else:
-                g, frozen = level_of.get(name, (len(groups), 0.0))
-                terms.append((g, frozen * miss, e[name] * miss))
+                g, frozen = level_of.get(name, never)
+                firsts.append(g)
+                a_terms.append(frozen * miss)
+        b_terms = self.slopes()  # (a frozen job's b term is never read)
 
         def loads(g: int) -> _FixedLoads:
-            a = b = 0.0
-            for first, a_term, b_term in terms:
-                if first < g:
-                    a += a_term
-                else:
-                    b += b_term
+            a = sum(compress(a_terms, map(g.__gt__, firsts)), 0.0)
+            b = sum(compress(b_terms, map(g.__le__, firsts)), 0.0)
             return _FixedLoads(a, b, self)
 
         return loads
@@ -305,7 +318,23 @@ class _FixedLoads:
         return self.model.hits[job.name]
 
 
-def _fill_ranked(ranks: Sequence[tuple[float, float, str]], cluster: Cluster) -> dict[str, float]:
+_POOL_COUNTS: list[tuple[Mapping[str, CacheUnit], dict[str, int]]] = []
+
+
+def _units_per_pool(cluster: Cluster) -> dict[str, int]:
+    """pool -> how many units draw from it; kept for the last units mapping seen (a
+    plan's clusters share the scenario's, and every _Loads asks)."""
+    units = cluster.units
+    if _POOL_COUNTS and _POOL_COUNTS[0][0] is units:
+        return _POOL_COUNTS[0][1]
+    counts: dict[str, int] = {}
+    for unit in units.values():
+        counts[unit.pool] = counts.get(unit.pool, 0) + 1
+    _POOL_COUNTS[:] = [(units, counts)]
+    return counts
+
+
+def _fill_ranked(ranks: Iterable[tuple[float, float, str]], cluster: Cluster) -> dict[str, float]:
     """fill_units in the order of `ranks`' keys (each once, nothing held before): the
     same floats, and it stops once every pool is used up (a pool at 0.0 gives nothing
     more: each take is at most what is left, so what is left never drops below 0.0)."""
@@ -361,6 +390,24 @@ def _gpu_limit(
     return max(0.0, total_gpus - used) / per_lam if per_lam > 0 else math.inf
 
 
+_NAME = attrgetter("name")
+_F_STAR = attrgetter("f_star")
+
+
+def _freeze(
+    fixed: dict[str, float], jobs: Iterable[Job], lam: float, e: Mapping[str, float]
+) -> None:
+    """fixed[j.name] = min(j.f_star, lam * e[j.name]) for each job, in order."""
+    names = list(map(_NAME, jobs))
+    fixed.update(
+        zip(
+            names,
+            map(min, map(_F_STAR, jobs), map(mul, repeat(lam), map(e.__getitem__, names))),
+            strict=True,
+        )
+    )
+
+
 def maxmin_level(
     jobs: Sequence[Job], cluster: Cluster, e: Mapping[str, float], io_aware: bool = True
 ) -> tuple[float, dict[str, float]]:
@@ -375,7 +422,11 @@ def maxmin_level(
 
 
 def maxmin(
-    jobs: Sequence[Job], cluster: Cluster, e: Mapping[str, float], io_aware: bool = True
+    jobs: Sequence[Job],
+    cluster: Cluster,
+    e: Mapping[str, float],
+    io_aware: bool = True,
+    start: _Start | None = None,
 ) -> MaxMin:
     """Progressive filling whose first round is exactly the Eq. 9 optimum.
 
@@ -384,27 +435,41 @@ def maxmin(
     are taken in bulk (_cap_rounds) with the same outcome, so the number of full rounds,
     each of which solves the cache knapsack, is the number of times IO or GPUs bind.
     """
-    return _fill(jobs, cluster, e, _io_model(jobs, cluster, e) if io_aware else None)
+    io = _io_model(jobs, cluster, e) if io_aware else None
+    return _fill(jobs, cluster, e, io, start)
 
 
 def maxmin_fixed_hits(
-    jobs: Sequence[Job], cluster: Cluster, hits: Mapping[str, float], e: Mapping[str, float]
+    jobs: Sequence[Job],
+    cluster: Cluster,
+    hits: Mapping[str, float],
+    e: Mapping[str, float],
+    start: _Start | None = None,
 ) -> MaxMin:
     """maxmin(*with_fixed_hits(jobs, cluster, hits), e), to the last bit, without making
     that problem's jobs and cluster: only its IO model differs from `jobs` on `cluster`
     (the rounds read names, GPUs, f* and the cluster's GPUs and link, which are the
     same)."""
-    return _fill(jobs, cluster, e, _FixedHits.of_hits(jobs, cluster, hits, e).loads)
+    return _fill(jobs, cluster, e, _FixedHits.of_hits(jobs, cluster, hits, e).loads, start)
 
 
-def _fill(
-    jobs: Sequence[Job],
-    cluster: Cluster,
-    e: Mapping[str, float],
-    io: Callable[[Mapping[str, float]], _Loads | _FixedLoads] | None,
-) -> MaxMin:
-    """maxmin's progressive filling with the IO model `io` (None: IO is not planned)."""
-    fixed: dict[str, float] = {}
+@dataclass
+class _Start:
+    """What progressive filling starts from, which depends on the jobs (names, GPUs, f*),
+    e and the cluster's GPUs alone, not on the IO model: the jobs that never run (fixed
+    at 0.0), each free job's ceiling, the free jobs in ascending ceiling, and the first
+    round's ceiling groups with how many of them GPUs allow (_cap_rounds' first call).
+    Gavel's two solves of a plan share it, and so do plans of the same jobs."""
+
+    zero: list[str]
+    caps: dict[str, float]
+    free: list[Job]
+    groups: list[tuple[float, int]]
+    gpu_top: int
+
+
+def _start(jobs: Sequence[Job], cluster: Cluster, e: Mapping[str, float]) -> _Start:
+    zero: list[str] = []
     caps: dict[str, float] = {}
     live: list[tuple[float, str, Job]] = []
     for job in jobs:
@@ -413,14 +478,35 @@ def _fill(
             caps[job.name] = cap = job.f_star / rate
             live.append((cap, job.name, job))
         else:
-            fixed[job.name] = 0.0
+            zero.append(job.name)
     # Free jobs in ascending ceiling: a round's own-ceiling freezes are then a prefix.
     # (Names are unique, so the sort never compares two jobs.)
     free = [job for _, _, job in sorted(live)]
+    groups = _groups(free, caps)
+    gpu_top = _gpu_rounds(free, dict.fromkeys(zero, 0.0), e, jobs, cluster, groups)
+    return _Start(zero, caps, free, groups, gpu_top)
+
+
+def _fill(
+    jobs: Sequence[Job],
+    cluster: Cluster,
+    e: Mapping[str, float],
+    io: Callable[[Mapping[str, float]], _Loads | _FixedLoads] | None,
+    start: _Start | None = None,
+) -> MaxMin:
+    """maxmin's progressive filling with the IO model `io` (None: IO is not planned),
+    from `start` (_start(jobs, cluster, e), when the caller has it)."""
+    if start is None:
+        start = _start(jobs, cluster, e)
+    fixed = dict.fromkeys(start.zero, 0.0)
+    caps, free = start.caps, start.free
+    first_round: tuple[list[tuple[float, int]], int] | None = (start.groups, start.gpu_top)
     lam = 0.0
     first = None
     while free:
-        for level, group in _cap_rounds(free, lam, caps, fixed, e, jobs, cluster, io):
+        rounds = _cap_rounds(free, lam, caps, fixed, e, jobs, cluster, io, first_round)
+        first_round = None  # (only the first call starts where _start did)
+        for level, group in rounds:
             lam = max(lam, level)
             first = lam if first is None else first
             for job in group:
@@ -436,13 +522,16 @@ def _fill(
         lam = max(lam, min(lam_io, lam_gpu, caps[free[0].name]))
         first = lam if first is None else first
         frozen = _binding(free, caps, lam, lam_io, lam_gpu, loads, cluster)
-        for job in frozen:
-            fixed[job.name] = min(job.f_star, lam * e[job.name])
+        _freeze(fixed, frozen, lam, e)
         if len(frozen) == len(free):  # (frozen is a subset of free)
             break
         gone = {j.name for j in frozen}
         free = [j for j in free if j.name not in gone]
-    cache = io(fixed).best_cache(0.0, cluster) if io is not None else {}
+    model = getattr(io, "__self__", None)
+    if isinstance(model, _FixedHits):
+        cache = model.cache  # (what best_cache gives at any loads: the cache cannot move)
+    else:
+        cache = io(fixed).best_cache(0.0, cluster) if io is not None else {}
     return MaxMin(first or 0.0, fixed, cache)
 
 
@@ -461,6 +550,7 @@ def _cap_rounds(
     jobs: Sequence[Job],
     cluster: Cluster,
     io: Callable[[Mapping[str, float]], _Loads | _FixedLoads] | None,
+    known: tuple[list[tuple[float, int]], int] | None = None,
 ) -> list[tuple[float, list[Job]]]:
     """The leading rounds of progressive filling in which neither GPUs nor IO bind, each
     as (level, the jobs frozen at their ceiling), for `free` in ascending ceiling.
@@ -472,31 +562,11 @@ def _cap_rounds(
     binary search finds it, GPUs with prefix sums, IO with O(log rounds) solutions of
     the same _io_limit the plain round would compute.
     """
-    groups: list[tuple[float, int]] = []  # (level, end index in free)
-    ceilings = [caps[job.name] for job in free]  # ascending
-    i = 0
-    while i < len(free):
-        level = ceilings[i]
-        # the first k > i whose ceiling is above level * (1 + _TOL)
-        k = bisect_right(ceilings, level * (1 + _TOL), i + 1)
-        groups.append((level, k))
-        i = k
-    # GPUs: with groups < g frozen at their level, used(g) + per_lam(g) * lam.
-    used0 = sum(j.gpus * fixed[j.name] / j.f_star for j in jobs if j.name in fixed and j.f_star > 0)
-    per_lam = sum(j.gpus * e[j.name] / j.f_star for j in free)  # free jobs have f* > 0
-    gpu_ok: list[bool] = []
-    used, start = used0, 0
-    gpu_bar = cluster.total_gpus * (1 - _MARGIN)
-    for level, end in groups:
-        near = level * (1 + _TOL) * (1 + _MARGIN)
-        gpu_ok.append(used + per_lam * near < gpu_bar)
-        if not gpu_ok[-1]:
-            break
-        for job in free[start:end]:
-            used += job.gpus * min(job.f_star, level * e[job.name]) / job.f_star
-            per_lam -= job.gpus * e[job.name] / job.f_star
-        start = end
-    top = len(gpu_ok) if all(gpu_ok) else len(gpu_ok) - 1  # rounds 0..top-1 GPU-free
+    if known is not None:
+        groups, top = known
+    else:
+        groups = _groups(free, caps)
+        top = _gpu_rounds(free, fixed, e, jobs, cluster, groups)
     if io is not None and not math.isinf(cluster.remote_io) and top > 0:
         model = getattr(io, "__self__", None)
         if isinstance(model, _FixedHits):
@@ -529,6 +599,47 @@ def _cap_rounds(
         out.append((level, list(free[begin:end])))
         begin = end
     return out
+
+
+def _groups(free: Sequence[Job], caps: Mapping[str, float]) -> list[tuple[float, int]]:
+    """The ceiling groups of `free` (ascending ceiling): (level, end index in free)."""
+    groups: list[tuple[float, int]] = []
+    ceilings = [caps[job.name] for job in free]  # ascending
+    i = 0
+    while i < len(free):
+        level = ceilings[i]
+        # the first k > i whose ceiling is above level * (1 + _TOL)
+        k = bisect_right(ceilings, level * (1 + _TOL), i + 1)
+        groups.append((level, k))
+        i = k
+    return groups
+
+
+def _gpu_rounds(
+    free: Sequence[Job],
+    fixed: Mapping[str, float],
+    e: Mapping[str, float],
+    jobs: Sequence[Job],
+    cluster: Cluster,
+    groups: Sequence[tuple[float, int]],
+) -> int:
+    """How many of the leading ceiling groups GPUs allow (_cap_rounds)."""
+    # GPUs: with groups < g frozen at their level, used(g) + per_lam(g) * lam.
+    used0 = sum(j.gpus * fixed[j.name] / j.f_star for j in jobs if j.name in fixed and j.f_star > 0)
+    per_lam = sum(j.gpus * e[j.name] / j.f_star for j in free)  # free jobs have f* > 0
+    gpu_ok: list[bool] = []
+    used, start = used0, 0
+    gpu_bar = cluster.total_gpus * (1 - _MARGIN)
+    for level, end in groups:
+        near = level * (1 + _TOL) * (1 + _MARGIN)
+        gpu_ok.append(used + per_lam * near < gpu_bar)
+        if not gpu_ok[-1]:
+            break
+        for job in free[start:end]:
+            used += job.gpus * min(job.f_star, level * e[job.name]) / job.f_star
+            per_lam -= job.gpus * e[job.name] / job.f_star
+        start = end
+    return len(gpu_ok) if all(gpu_ok) else len(gpu_ok) - 1  # rounds 0..top-1 GPU-free
 
 
 def _frozen_loads(
@@ -573,8 +684,32 @@ def _binding(
             hits = loads.model.hits
             frozen += [j for j in free if j.name not in held and hits[j.name] < bar]
         else:
-            frozen += [j for j in free if j.name not in held and loads.hit(j, cache, cluster) < bar]
+            part = _unit_hits(cache, cluster)
+            frozen += [j for j in free if j.name not in held and _hit(j, part) < bar]
     return frozen or list(free)
+
+
+def _unit_hits(cache: Mapping[str, float], cluster: Cluster) -> Callable[[str], float]:
+    """key -> min(1, c/d) of the unit under `cache` (1 for an empty one), found once."""
+    units, held = cluster.units, cache.get
+    found: dict[str, float] = {}
+
+    def part(key: str) -> float:
+        value = found.get(key)
+        if value is None:
+            size = units[key].size
+            value = found[key] = 1.0 if size <= 0 else min(1.0, held(key, 0.0) / size)
+        return value
+
+    return part
+
+
+def _hit(job: Job, part: Callable[[str], float]) -> float:
+    """hit_ratio(job, cache, cluster) with part from _unit_hits(cache, cluster)."""
+    hit = 0.0
+    for key, weight in job.reads.items():
+        hit += weight * part(key)
+    return min(1.0, hit)
 
 
 def with_fixed_hits(
@@ -596,6 +731,12 @@ def with_fixed_hits(
                 job.submit, job.placement, None)
         )  # fmt: skip
     return fixed, replace(cluster, units=units, pools=pools, cached=None)
+
+
+# What the steady plan depends on per job, taken in C (it is compared at every re-plan).
+_NAME_F_GPUS = attrgetter("name", "f_star", "gpus")
+_READS = attrgetter("reads")
+_ITEMS = methodcaller("items")
 
 
 class GavelPolicy:
@@ -620,7 +761,9 @@ class GavelPolicy:
         # The last steady-state solve (equal shares and the max-min plan) and what it was
         # of: it depends on the jobs and the cluster's resources alone, not on the hits
         # now, so re-plans between two arrivals or completions reuse it.
-        self._steady: tuple[tuple, Cluster, dict[str, float], MaxMin] | None = None
+        # With it, where filling starts (_Start): the fixed-hits solve of every plan of
+        # those jobs starts there too (the views differ, not their names, GPUs, f*).
+        self._steady: tuple[tuple, Cluster, dict[str, float], MaxMin, _Start] | None = None
 
     def reads(self, estimator: Estimator) -> frozenset[str]:
         """The vanilla form divides GPUs among the jobs by their equal shares alone; the
@@ -630,11 +773,11 @@ class GavelPolicy:
     def allocate(self, jobs: Sequence[Job], cluster: Cluster, estimator: Estimator) -> Allocation:
         if self.closed_form and type(estimator) is ComputeEstimator:
             return Allocation(cache={}, gpu_share=vanilla_shares(jobs, cluster.total_gpus))
-        e, plan = self._steady_plan(jobs, cluster, estimator)
+        e, plan, start = self._steady_plan(jobs, cluster, estimator)
         alloc = Allocation(cache=dict(plan.cache) if estimator.io_aware else {})
         hits = current_hits(jobs, cluster, plan.cache) if estimator.io_aware else None
         if hits is not None:
-            plan = maxmin_fixed_hits(jobs, cluster, hits, e)
+            plan = maxmin_fixed_hits(jobs, cluster, hits, e, start)
         rates, gpu_share = plan.rates, alloc.gpu_share
         for job in jobs:
             share = 0.0
@@ -656,12 +799,14 @@ class GavelPolicy:
 
     def _steady_plan(
         self, jobs: Sequence[Job], cluster: Cluster, estimator: Estimator
-    ) -> tuple[dict[str, float], MaxMin]:
+    ) -> tuple[dict[str, float], MaxMin, _Start]:
         """equal_share_perf and maxmin of the jobs as they are (what they read, f*,
-        GPUs) on the cluster's resources, kept while those stay the same."""
+        GPUs) on the cluster's resources, and where that filling started, kept while
+        those stay the same."""
         key = (
             type(estimator),
-            tuple((j.name, j.f_star, j.gpus, tuple(j.reads.items())) for j in jobs),
+            tuple(map(_NAME_F_GPUS, jobs)),
+            tuple(map(tuple, map(_ITEMS, map(_READS, jobs)))),
             cluster.remote_io,
             cluster.total_gpus,
         )
@@ -671,11 +816,12 @@ class GavelPolicy:
             if (seen.units is cluster.units or seen.units == cluster.units) and (
                 seen.pools is cluster.pools or seen.pools == cluster.pools
             ):
-                return last[2], last[3]
+                return last[2], last[3], last[4]
         e = equal_share_perf(jobs, cluster, estimator)
-        plan = maxmin(jobs, cluster, e, io_aware=estimator.io_aware)
-        self._steady = (key, cluster, e, plan)
-        return e, plan
+        start = _start(jobs, cluster, e)
+        plan = maxmin(jobs, cluster, e, io_aware=estimator.io_aware, start=start)
+        self._steady = (key, cluster, e, plan, start)
+        return e, plan, start
 
 
 def vanilla_shares(jobs: Sequence[Job], total_gpus: float) -> dict[str, float]:
