@@ -247,5 +247,8 @@ def test_the_serve_cap_paces_answers_to_members(home: Daemon, bucket: Path) -> N
             return trio.current_time() - t0, d.cluster.home.serve_waited() - waited
 
     elapsed, waited = trio.run(main)
-    # 4 chunk values (1 MiB and their headers) at 2 MiB/s, less the burst: ~0.4 s.
-    assert elapsed >= 0.3 and waited >= 0.3, (elapsed, waited)
+    # 4 chunk values (1 MiB and their headers) at 2 MiB/s, less the burst: ~0.4 s at
+    # least, however fast the serving. How much of it the cap waited depends on how long
+    # the serving itself took (tokens accrue meanwhile: a loaded host waits less), so
+    # only that it waited is asserted of it.
+    assert elapsed >= 0.3 and waited > 0, (elapsed, waited)
