@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 import tempfile
 import time
 
@@ -109,11 +108,7 @@ def main() -> None:
     baseline.add_argument(ap, "handlers (run first, in a process of their own)")
     args = ap.parse_args()
     if args.git_rev:
-        print(f"== {baseline.describe(args.git_rev)}", flush=True)
-        with baseline.baseline_tree(args.git_rev) as tree:
-            argv = [a for a in sys.argv[1:] if a not in (args.git_rev, "--git-rev")]
-            baseline.run(tree, [__file__, *argv], check=True)
-        print("== this tree", flush=True)
+        baseline.run_self_first(args.git_rev, __file__)
     with tempfile.TemporaryDirectory(prefix="silofs-fsops-") as d:
         record, names = cached_files(d, args.files, with_tree=True)
         if args.drop:

@@ -98,11 +98,7 @@ def main() -> None:
     if shutil.which("valgrind") is None:
         raise SystemExit("handler_ir.py needs valgrind")
     if args.git_rev:
-        print(f"== {baseline.describe(args.git_rev)}", flush=True)
-        with baseline.baseline_tree(args.git_rev) as tree:
-            argv = [a for a in sys.argv[1:] if a not in (args.git_rev, "--git-rev")]
-            baseline.run(tree, [__file__, *argv], check=True)
-        print("== this tree", flush=True)
+        baseline.run_self_first(args.git_rev, __file__)
     with tempfile.TemporaryDirectory(prefix="silofs-handler-ir-") as d:
         build(d, args.files)
         per = {m: (counted(d, 3, m) - counted(d, 1, m)) / 2 / args.files for m in MODES}

@@ -38,7 +38,6 @@ import os
 import queue
 import re
 import shutil
-import sys
 import tempfile
 import threading
 import time
@@ -294,11 +293,7 @@ def main() -> None:
     baseline.add_argument(ap, "backends (run first, in a process of their own)")
     args = ap.parse_args()
     if args.git_rev:
-        print(f"== {baseline.describe(args.git_rev)}", flush=True)
-        with baseline.baseline_tree(args.git_rev) as tree:
-            argv = [a for a in sys.argv[1:] if a != args.git_rev and a != "--git-rev"]
-            baseline.run(tree, [__file__, *argv], check=True)
-        print("== this tree", flush=True)
+        baseline.run_self_first(args.git_rev, __file__)
     delays = [float(x) for x in args.delays_ms.split(",")]
     workers = [int(w) for w in args.workers.split(",")]
     os.environ.update(

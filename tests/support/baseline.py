@@ -81,3 +81,14 @@ def env(tree: Path, base: Mapping[str, str] | None = None) -> dict[str, str]:
 def run(tree: Path, argv: Sequence[str], **kwargs: Any) -> subprocess.CompletedProcess:
     """`python ARGV` with `tree`'s code (`env`); kwargs go to subprocess.run."""
     return subprocess.run([sys.executable, *argv], env=env(tree), **kwargs)
+
+
+def run_self_first(spec: str, script: str) -> None:
+    """Run `script` with this process's arguments but --git-rev under the tree `spec`
+    names, before this tree's run: a bench that measures in one process compares
+    revisions by running itself twice, headed so the two reports are told apart."""
+    print(f"== {describe(spec)}", flush=True)
+    with baseline_tree(spec) as tree:
+        argv = [a for a in sys.argv[1:] if a not in (spec, "--git-rev")]
+        run(tree, [script, *argv], check=True)
+    print("== this tree", flush=True)
