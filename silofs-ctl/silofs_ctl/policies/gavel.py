@@ -376,6 +376,13 @@ def _io_limit(loads: _Loads | _FixedLoads, cluster: Cluster, start: float) -> fl
     return loads.limit(cluster, start)
 
 
+def _gpus_held(fixed: Mapping[str, float], jobs: Sequence[Job]) -> float:
+    """The GPUs the jobs whose rates are fixed hold at those rates."""
+    # A job with no ideal rate (f* == 0) runs at rate 0 at any level and so holds no GPU
+    # time; leaving it out is also what keeps the division defined.
+    return sum(j.gpus * fixed[j.name] / j.f_star for j in jobs if j.name in fixed and j.f_star > 0)
+
+
 def _gpu_limit(
     free: Sequence[Job],
     fixed: Mapping[str, float],
@@ -383,9 +390,7 @@ def _gpu_limit(
     jobs: Sequence[Job],
     total_gpus: float,
 ) -> float:
-    # A job with no ideal rate (f* == 0) runs at rate 0 at any level and so holds no GPU
-    # time; leaving it out is also what keeps the division defined.
-    used = sum(j.gpus * fixed[j.name] / j.f_star for j in jobs if j.name in fixed and j.f_star > 0)
+    used = _gpus_held(fixed, jobs)
     per_lam = sum(j.gpus * e[j.name] / j.f_star for j in free if j.f_star > 0)
     return max(0.0, total_gpus - used) / per_lam if per_lam > 0 else math.inf
 
@@ -625,7 +630,7 @@ def _gpu_rounds(
 ) -> int:
     """How many of the leading ceiling groups GPUs allow (_cap_rounds)."""
     # GPUs: with groups < g frozen at their level, used(g) + per_lam(g) * lam.
-    used0 = sum(j.gpus * fixed[j.name] / j.f_star for j in jobs if j.name in fixed and j.f_star > 0)
+    used0 = _gpus_held(fixed, jobs)
     per_lam = sum(j.gpus * e[j.name] / j.f_star for j in free)  # free jobs have f* > 0
     gpu_ok: list[bool] = []
     used, start = used0, 0
