@@ -4,7 +4,8 @@ and a reader of raw HTTP/1.1 answers.
 Owns running one `serve_*` task (control/server.py: it calls task_status.started() once
 listening) on its own trio loop in a thread, so a test can talk to it with the blocking
 ControlClient or raw sockets, and stopping it at the end with any error it died of
-raised in the test; Reader, the answers off such a raw socket. Never decides what is
+raised in the test; Reader, the answers off such a raw socket; next_head, the requests
+a scripted raw server reads. Never decides what is
 served (the caller's router) and never sleeps to synchronise (tests/support/poll.py's
 wait_for polls with a deadline).
 """
@@ -21,6 +22,18 @@ from typing import Any
 import trio
 
 DEADLINE = 10.0
+
+
+def next_head(sock: socket.socket | ssl.SSLSocket, buf: bytes) -> tuple[bytes, bytes] | None:
+    """(the next request head, what followed it) off `sock`, `buf` being what was
+    received and not yet consumed; None if the client closed first."""
+    while b"\r\n\r\n" not in buf:
+        data = sock.recv(65536)
+        if not data:
+            return None
+        buf += data
+    head, _, rest = buf.partition(b"\r\n\r\n")
+    return head, rest
 
 
 @contextmanager

@@ -16,6 +16,7 @@ import pytest
 import trio
 
 from silofs.control.client import AsyncControlClient, ControlError
+from tests.unit.serving import next_head
 
 DEADLINE = 10.0
 
@@ -37,12 +38,10 @@ def scripted(tmp_path: Path, answers: list[bytes]) -> Iterator[tuple[str, list[b
         with conn:
             buf = b""
             for answer in answers:
-                while b"\r\n\r\n" not in buf:
-                    data = conn.recv(65536)
-                    if not data:
-                        return
-                    buf += data
-                head, _, buf = buf.partition(b"\r\n\r\n")
+                got = next_head(conn, buf)
+                if got is None:
+                    return
+                head, buf = got
                 heads.append(head)
                 conn.sendall(answer)
 

@@ -30,6 +30,7 @@ from silofs.config import ClusterSettings, MemberSpec, NodeSettings
 from silofs.node.daemon import Daemon
 from silofs.node.peer_wire import ChunkAsk
 from tests.unit.inprocess import mounted, running
+from tests.unit.serving import next_head
 
 CHUNK = 256 << 10
 TIMEOUT = 0.5
@@ -72,13 +73,8 @@ class FakeMember:
         with contextlib.suppress(OSError, ssl.SSLError):
             tls = self.ctx.wrap_socket(raw, server_side=True)
             buf = b""
-            while True:
-                while b"\r\n\r\n" not in buf:
-                    data = tls.recv(65536)
-                    if not data:
-                        return
-                    buf += data
-                head, _, buf = buf.partition(b"\r\n\r\n")
+            while (got := next_head(tls, buf)) is not None:
+                head, buf = got
                 target = head.split(b"\r\n")[0].split()[1].decode()
                 query = dict(parse_qsl(urlsplit(target).query))
                 if urlsplit(target).path == "/v1/peer/ping":
