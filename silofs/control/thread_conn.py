@@ -33,7 +33,7 @@ import socket
 import ssl
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -370,11 +370,9 @@ class ThreadConnection:
                 with scope:
                     box.append(await self.router.dispatch(req, match=match))
             finally:
-                with self.wake_lock:
-                    if self.wake_open:
-                        os.eventfd_write(self.wake, 1)
+                self._signal()
 
-        self.token.run_sync_soon(self.nursery.start_soon, handler)
+        self.token.run_sync_soon(self._start, handler)
         watching = not self.buf  # a pipelined request is left for the next cycle
         if watching:
             self.poller.register(self.ch.sock, select.POLLIN | select.POLLRDHUP)
@@ -400,6 +398,22 @@ class ThreadConnection:
                 self.poller.unregister(self.ch.sock)
             if not done:  # this thread is leaving (a 102 failed): the handler goes too
                 self.token.run_sync_soon(scope.cancel)
+
+    def _start(self, handler: Callable[[], Awaitable[None]]) -> None:
+        """On the loop: the handler in the connection's nursery. That nursery closes
+        under a thread still reading a request when the daemon stops (the thread is
+        abandoned, not waited for); the thread is then woken with no answer and closes
+        the connection, where start_soon's error would have ended the whole loop."""
+        try:
+            self.nursery.start_soon(handler)
+        except RuntimeError:
+            self._signal()
+
+    def _signal(self) -> None:
+        """Wake the thread waiting in _dispatch (the handler ended, or never started)."""
+        with self.wake_lock:
+            if self.wake_open:
+                os.eventfd_write(self.wake, 1)
 
     def _client_closed(self) -> bool:
         try:

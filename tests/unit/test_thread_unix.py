@@ -23,6 +23,7 @@ import trio
 
 from silofs.control import server as control_server
 from silofs.control import thread_conn
+from silofs.control.peer import Peer
 from silofs.control.router import Request, Response, Router, json_response
 from silofs.control.server import ConnectionLimits, serve_unix
 from tests.support.poll import wait_for
@@ -232,3 +233,29 @@ def test_with_no_thread_free_a_connection_stays_on_the_loop(
         assert len(moved) == 1
         a.close()
         b.close()
+
+
+def test_a_request_read_after_the_connections_nursery_closed_ends_it_not_the_loop() -> None:
+    # When the daemon stops, a moved connection's nursery closes without waiting for its
+    # thread; a request the thread read just then must close that connection, and the
+    # loop must carry on (starting the handler in the closed nursery raised on the loop
+    # and ended the whole daemon with a traceback).
+    ours, client = socket.socketpair()
+    client.settimeout(DEADLINE)
+
+    async def main() -> str:
+        async with trio.open_nursery() as closed:
+            pass
+        conn = thread_conn.ThreadConnection(
+            thread_conn.PlainChannel(ours), make_router(Probe()), Peer(1, 0, 0), closed,
+            1024, 8192, DEADLINE, lambda headers: 1.0,
+        )  # fmt: skip
+        client.sendall(b"GET /v1/plain HTTP/1.1\r\nhost: silofs\r\n\r\n")
+        with trio.fail_after(DEADLINE):  # a thread never woken fails here, not hangs
+            await trio.to_thread.run_sync(conn.run, abandon_on_cancel=True)
+        await trio.sleep(0)  # the loop still schedules
+        return "alive"
+
+    assert trio.run(main) == "alive"
+    assert client.recv(1) == b""  # closed, no answer
+    client.close()
