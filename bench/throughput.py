@@ -48,6 +48,7 @@ from common import (
 
 from tests.support import baseline
 from tests.support.node import Node, force_unmount
+from tests.support.poll import wait_for
 
 SMALL_BYTES = 110 << 10
 
@@ -315,7 +316,8 @@ class Mount:
     A fresh mount process per measured pass is what makes drop_caches honest: pages of
     the LMDB file that a process has mapped survive drop_caches (the kernel drops only
     unmapped clean pages), so a long-lived mount process would serve later passes from
-    RAM however often the page cache is "dropped".
+    RAM however often the page cache is "dropped"; so would the previous one, had close()
+    not waited for it to exit.
     """
 
     def __init__(self, node: Node, uri: str, mp: str, args: list[str]) -> None:
@@ -337,7 +339,14 @@ class Mount:
             for k in COUNTERS:
                 self.totals[k] += st[k]
             self.expected = 0
+        pids = [self.pid, *_children(self.pid)]
         self.node.unmount(self.mp)
+        # A mount process ends a second or two after `silofs unmount` returns, its LMDB
+        # pages still mapped meanwhile: the next pass's drop_caches would keep them.
+        wait_for(
+            lambda: not any(os.path.exists(f"/proc/{p}") for p in pids),
+            what=f"mount process {self.pid} to exit",
+        )
         self.pid = 0
 
     def chunk_size(self) -> int:
