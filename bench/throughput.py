@@ -257,6 +257,11 @@ def main() -> int:
         help="warm passes of the small files only (the cold pass still reads everything)",
     )
     ap.add_argument(
+        "--big-only",
+        action="store_true",
+        help="warm passes of the big file only (the cold pass still reads everything)",
+    )
+    ap.add_argument(
         "--serve-processes",
         type=int,
         default=1,
@@ -410,6 +415,7 @@ def run(
 ) -> int:
     total = (args.size_mb << 20) + args.files * SMALL_BYTES
     big_bytes = args.size_mb << 20
+    warm_readers = [] if args.big_only else readers
     mp = str(tmp / "mnt")
     local_small = small_paths(data, args.files)
     fuse_small = small_paths(mp, args.files)
@@ -612,7 +618,7 @@ def run(
                 if not args.small_only:
                     for step in bigs:
                         step()
-                for r in readers:
+                for r in warm_readers:
                     for small_step in smalls:
                         small_step(r)
         after = m.snapshot()
@@ -669,7 +675,7 @@ def run(
                 f"{ratio(big_b.median, big_l.median):.2f}x (this tree / baseline "
                 f"{ratio(big_s.median, big_b.median):.2f}x)"
             )
-        for r in readers:
+        for r in warm_readers:
             rs = ratio(small_s[r].median, small_l[r].median)
             print(
                 f"small x{r:<2}  silofs {small_s[r].text('{:.0f}')} files/s   "
@@ -715,7 +721,7 @@ def run(
             m.fresh()
             with profiling("warm-big", daemon=False):
                 print(f"  big     {big_pass(mp).rate:.2f} GB/s (under py-spy)")
-            for r in readers:
+            for r in warm_readers:
                 m.fresh()
                 with profiling(f"warm-small-x{r}", daemon=False):
                     print(
