@@ -45,6 +45,7 @@ from common import (
     ratio,
     read_files,
 )
+from cpu_split import PerfRecord, split
 
 from tests.support import baseline
 from tests.support.node import Node, force_unmount
@@ -215,6 +216,39 @@ def small_pass(paths: list[str], readers: int, watch: dict[str, int] | None = No
     return p
 
 
+def perf_passes(
+    prefix: str, m: Mount, data: Path | None, tmp: Path, files: int, kinds: list[int]
+) -> None:
+    """One more warm pass of each kind (0: the big file, else that many small-file
+    readers) through a fresh silofs mount process and, given `data`, through the ceiling
+    from memory, each under perf; prints where each one's CPU went (cpu_split.py)."""
+    print("\n== where the CPU goes (perf record -e cpu-clock; figures under perf) ==")
+    servers: list[tuple[str, str, Callable[[], int]]] = [("silofs", m.mp, lambda: m.pid)]
+    with contextlib.ExitStack() as stack:
+        if data is not None:
+            raw = stack.enter_context(Ceiling(data, str(tmp / "rawperf"), loop="turns"))
+            servers.append(("ceiling", raw.mp, lambda: raw.pid))
+        for kind in kinds:
+            for who, root, pid in servers:
+                if who == "silofs":
+                    m.fresh()
+                out = f"{prefix}-{who}-{'big' if not kind else f'x{kind}'}.data"
+                watch = {who: pid()}
+                with PerfRecord(pid(), out):
+                    if kind:
+                        p = small_pass(small_paths(root, files), kind, watch)
+                        rate = f"{p.rate:.0f} files/s"
+                    else:
+                        p = big_pass(root, watch)
+                        rate = f"{p.rate:.2f} GB/s"
+                c = p.cost[who]
+                print(
+                    f"  {who}, {'big file' if not kind else f'small x{kind}'}: {rate}, "
+                    f"{c.cpu_s:.2f} CPU-s, {c.major_faults} major faults ({out})"
+                )
+                print(split(out).text())
+
+
 def verify(local: Path, mp: str, files: int) -> list[str]:
     """Files whose bytes through the mount differ from the local copy."""
     bad = []
@@ -279,6 +313,15 @@ def main() -> int:
         action="store_true",
         help="also both ceilings served with pyfuse3's own device loop (rawfuse.py --loop "
         "pyfuse3; the contract's ceilings use the cheaper one silofs uses, --loop turns)",
+    )
+    ap.add_argument(
+        "--perf",
+        metavar="PREFIX",
+        default=None,
+        help="after the warm rounds, one more warm pass of each kind through silofs and "
+        "through the ceiling from memory under `perf record` (PREFIX-*.data), and their "
+        "CPU split by part: the reply, the verification, the page-cache fill, ... "
+        "(bench/cpu_split.py)",
     )
     ap.add_argument(
         "--profile",
@@ -731,6 +774,10 @@ def run(
             for out in profiles:
                 print(f"\n{out}:\n{profile_summary(out)}")
 
+        if args.perf:
+            kinds = ([] if args.small_only else [0]) + warm_readers  # 0: the big file
+            perf_passes(args.perf, m, None if args.no_ceiling else data, tmp, args.files, kinds)
+            m.expected = 0
         if not m.pid:
             m.open()
         if not args.no_verify:
