@@ -114,8 +114,8 @@ def split(data: str) -> Split:
             if frames:
                 seconds[_part(frames)] += period / 1e9
             period, frames = 0, []
-        elif line[0] in " \t":
+        elif line.startswith("\t"):  # a frame (perf script indents them with a tab)
             frames.append(line.strip())
-        else:  # a sample's head: TID PERIOD (ns of cpu-clock)
+        else:  # a sample's head: TID PERIOD (ns of cpu-clock), the TID right-aligned
             period = int(line.split()[1])
     return Split(seconds)
