@@ -37,6 +37,7 @@ PARTS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("interpreter (handlers, trio, pyfuse3's glue)", ("libpython", "pyfuse3")),
 )
 _FAULTS = PARTS[1][0]
+SCRIPT_FIELDS = "tid,period,ip,sym,dso"
 _OTHER = "other (scheduler, timers, libc)"
 
 
@@ -102,11 +103,16 @@ def _part(frames: list[str]) -> str:
 def split(data: str) -> Split:
     """The samples of perf.data `data` by part, in CPU seconds (each sample's period)."""
     out = subprocess.run(
-        ["perf", "script", "-i", data, "-F", "tid,period,ip,sym,dso"],
+        ["perf", "script", "-i", data, "-F", SCRIPT_FIELDS],
         capture_output=True,
         text=True,
         check=True,
     ).stdout
+    return split_text(out)
+
+
+def split_text(out: str) -> Split:
+    """split() of `perf script -F SCRIPT_FIELDS` output."""
     seconds = dict.fromkeys([p for p, _ in PARTS] + [_OTHER], 0.0)
     period, frames = 0, []
     for line in [*out.splitlines(), ""]:
