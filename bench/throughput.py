@@ -165,6 +165,15 @@ class Pass:
         )
 
 
+def _running(pid: int) -> bool:
+    """Whether `pid` is a live process (an exited one not yet reaped maps nothing)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
 def _children(pid: int) -> list[int]:
     try:
         with open(f"/proc/{pid}/task/{pid}/children") as f:
@@ -391,10 +400,7 @@ class Mount:
         self.node.unmount(self.mp)
         # A mount process ends a second or two after `silofs unmount` returns, its LMDB
         # pages still mapped meanwhile: the next pass's drop_caches would keep them.
-        wait_for(
-            lambda: not any(os.path.exists(f"/proc/{p}") for p in pids),
-            what=f"mount process {self.pid} to exit",
-        )
+        wait_for(lambda: not any(map(_running, pids)), what=f"mount process {self.pid} to exit")
         self.pid = 0
 
     def chunk_size(self) -> int:
