@@ -20,10 +20,12 @@ from __future__ import annotations
 import http.client
 import json
 import random
+import shutil
 import socket
 import ssl
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack
@@ -32,7 +34,8 @@ from urllib.parse import quote, urlsplit
 
 import pytest
 
-from silofs.control.client import client_tls_context
+from silofs.control.client import ControlClient, client_tls_context
+from tests.support.asuser import Identity, as_user
 from tests.support.cluster import ClusterNode, write_cluster
 from tests.support.faultproxy import FaultPlan, FaultProxy
 from tests.support.fixtures import needs_fuse
@@ -48,8 +51,8 @@ CLUSTER = "test-cluster"
 
 
 class ClusterDaemon(Node):
-    def __init__(self, spec: ClusterNode) -> None:
-        super().__init__(spec.root, "64M", config=spec.config)
+    def __init__(self, spec: ClusterNode, socket: str | None = None) -> None:
+        super().__init__(spec.root, "64M", config=spec.config, socket=socket)
         self.spec = spec
 
     def cluster(self) -> dict:
@@ -373,3 +376,41 @@ def test_idle_and_half_open_connections_leave_the_node_and_its_members_serving(
     # Gone: the member's asks reach the home again.
     wait_for(lambda: _status(home, _ctx(pki, "n1"), "GET", "/v1/peer/ping") == 200,
              what="the peer port to answer again")  # fmt: skip
+
+
+def _as_local_user(sock: str, calls: list[tuple[str, str, dict | None]]) -> list[int]:
+    with ControlClient(sock, timeout=30) as c:
+        return [c.request_raw(method, path, body)[0] for method, path, body in calls]
+
+
+def test_a_local_user_reaches_no_peer_route_and_cannot_change_the_members(
+    tmp_path: Path,
+) -> None:
+    # The socket where any user may reach it (pytest's tmp_path is root's alone).
+    public = Path(tempfile.mkdtemp(prefix="silofs-a22-", dir="/tmp"))
+    public.chmod(0o755)
+    specs = write_cluster(tmp_path, ["127.0.0.1"] * 2, [free_port(), free_port()])
+    node = ClusterDaemon(specs[0], socket=str(public / "ctl.sock"))
+    try:
+        node.start()
+        before = node.cluster()
+        ask = _chunk_target("s3://b/", "a", "s3:e:10", 10, "e")
+        calls: list[tuple[str, str, dict | None]] = [
+            ("GET", "/v1/peer/ping", None),
+            ("GET", ask, None),
+            ("PUT", "/v1/peer/datasets", {"uri": "s3://b/", "options": {}}),
+            ("GET", "/v1/peer/allocations", None),
+            ("PUT", "/v1/peer/allocations", {"version": 1, "shares": {"s3://b/": 1}}),
+            ("PUT", "/v1/cluster", {"name": CLUSTER, "members": [specs[0].address]}),
+            ("PUT", f"/v1/datasets/{quote('s3://b/', safe='')}/cache", {"bytes": 1}),
+            ("GET", "/v1/cluster", None),
+        ]
+        got = as_user(Identity.nobody(), _as_local_user, node.socket, calls)
+        assert got[:5] == [404] * 5, got  # the Unix socket has no peer route, for anyone
+        assert got[5:] == [403, 403, 200], got  # admins' changes; reading is public
+        after = node.cluster()
+        assert (after["version"], after["shares"]) == (before["version"], before["shares"])
+        assert [m["address"] for m in after["members"]] == [s.address for s in specs]
+    finally:
+        node.cleanup()
+        shutil.rmtree(public, ignore_errors=True)
