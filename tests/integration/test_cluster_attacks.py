@@ -26,6 +26,7 @@ import ssl
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack
@@ -59,16 +60,19 @@ class ClusterDaemon(Node):
         return self.status()["cluster"]
 
 
-def _tree() -> dict[str, bytes]:
+def _tree(files: int) -> dict[str, bytes]:
     rnd = random.Random(2222)
-    return {f"d/f{i}.bin": rnd.randbytes(2 * CHUNK + 17 * i + 1) for i in range(6)}
+    return {f"d/f{i}.bin": rnd.randbytes(2 * CHUNK + 17 * i + 1) for i in range(files)}
 
 
 @pytest.fixture
-def pair(s3_server, monkeypatch, bucket_name: str, tmp_path: Path) -> Iterator[dict]:
-    """Two running daemons of one cluster, each with the bucket mounted."""
+def pair(
+    request: pytest.FixtureRequest, s3_server, monkeypatch, bucket_name: str, tmp_path: Path
+) -> Iterator[dict]:
+    """Two running daemons of one cluster, each with the bucket mounted (6 files, or as
+    many as the test's indirect parameter says)."""
     s3_server.apply_env(monkeypatch)
-    tree = _tree()
+    tree = _tree(getattr(request, "param", 6))
     s3_server.create(bucket_name, tree)
     up = urlsplit(s3_server.endpoint_url)
     with FaultProxy(upstream=(up.hostname or "127.0.0.1", up.port or 80), faults=FaultPlan()) as p:
@@ -414,3 +418,41 @@ def test_a_local_user_reaches_no_peer_route_and_cannot_change_the_members(
     finally:
         node.cleanup()
         shutil.rmtree(public, ignore_errors=True)
+
+
+@pytest.mark.parametrize("pair", [48], indirect=True)
+def test_member_lists_pushed_while_reads_are_in_flight_serve_no_wrong_byte(pair: dict) -> None:
+    """Lists that add a dead member, reorder and restore the members, pushed to both
+    nodes over and over while both read every file for the first time (each chunk a
+    miss: from its home, or the store): no wrong byte, no failed read, no error logged."""
+    nodes, mps, tree = pair["nodes"], pair["mps"], pair["tree"]
+    both = [n.spec.address for n in nodes]
+    dead = f"tls://127.0.0.1:{free_port()}"
+    lists = [[*both, dead], [both[1], both[0]], both]
+    wrong: list[int] = []
+    errors: list[BaseException] = []
+
+    def reader(mp: Path) -> None:
+        try:
+            wrong.append(_wrong_bytes(mp, tree))
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=reader, args=(mp,)) for mp in mps]
+    for t in threads:
+        t.start()
+    pushed = 0
+    try:
+        while any(t.is_alive() for t in threads):
+            body = {"name": CLUSTER, "members": lists[pushed % len(lists)]}
+            for n in nodes:
+                n.request("PUT", "/v1/cluster", body)
+            pushed += 1
+    finally:
+        for t in threads:
+            t.join(timeout=120)
+    assert not errors, errors
+    assert wrong == [0, 0]
+    peer = [n.status()["datasets"][0]["peer"] for n in nodes]
+    assert pushed >= 3 and sum(p["requests_out"] for p in peer) > 0, (pushed, peer)
+    _serves_right(pair)
