@@ -38,7 +38,7 @@ import pytest
 from silofs.control.client import ControlClient, client_tls_context
 from tests.support.asuser import Identity, as_user
 from tests.support.cluster import ClusterNode, write_cluster
-from tests.support.faultproxy import FaultPlan, FaultProxy
+from tests.support.faultproxy import Fault, FaultPlan, FaultProxy
 from tests.support.fixtures import needs_fuse
 from tests.support.net import free_port
 from tests.support.node import Node, drop_file_cache
@@ -456,3 +456,19 @@ def test_member_lists_pushed_while_reads_are_in_flight_serve_no_wrong_byte(pair:
     peer = [n.status()["datasets"][0]["peer"] for n in nodes]
     assert pushed >= 3 and sum(p["requests_out"] for p in peer) > 0, (pushed, peer)
     _serves_right(pair)
+
+
+def test_a_store_down_while_the_homes_are_up_serves_every_cached_chunk(pair: dict) -> None:
+    nodes, mps, tree, proxy = pair["nodes"], pair["mps"], pair["tree"], pair["proxy"]
+    # Every chunk cached at its home (node 0 reads all: its own chunks admitted here,
+    # the others by node 1 as their home).
+    assert _wrong_bytes(mps[0], tree) == 0
+    for n in nodes:
+        wait_for(lambda n=n: n.status()["node"]["writer"]["pending_chunks"] == 0, what="commits")
+    proxy.set_plan(FaultPlan(faults=[Fault("http_503", probability=1.0)]))
+    before = proxy.stats["requests"]
+    assert _wrong_bytes(mps[1], tree) == 0  # a mount that never read them: misses all
+    assert proxy.stats["requests"] == before  # no store request at all
+    assert nodes[1].status()["datasets"][0]["peer"]["store_fallbacks"] == 0
+    for n in nodes:  # (a ping before the other was started may have failed: not since)
+        assert all(m["state"] == "up" for m in n.cluster()["members"])
