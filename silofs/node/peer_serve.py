@@ -47,6 +47,11 @@ LOOKUP_THREADS = 4
 INLINE_LOOKUP_BYTES = 1 << 20
 # The state of a dataset a member introduced (opened backend only, no listing here).
 PEER_STATE = "peer"
+# Introduced datasets whose store client is kept between GETs, the most recently used:
+# a client costs ~12 MB (an SDK session of its own), and members may introduce every
+# dataset read anywhere in the cluster (300 with a GET each took a daemon from 76 MB to
+# 3.9 GB). The others' clients are closed, and built again at their next GET.
+LIVE_CLIENTS = 16
 
 
 class ChargeFirst(Exception):
@@ -78,6 +83,7 @@ class Home:
         self.serve_rate = serve_rate
         self._serve_cap: TokenBucket | None = None  # made in the trio loop, on first use
         self.datasets: dict[str, DatasetState] = {}  # introduced by members, not open here
+        self._live: dict[str, DatasetState] = {}  # of those, the LIVE_CLIENTS last fetched for
         self.lookups = trio.CapacityLimiter(LOOKUP_THREADS)
         self.budgets: dict[int, FillBudget] = {}  # members' warms, per dataset
         self._budget_locks: dict[int, trio.Lock] = {}
@@ -119,10 +125,24 @@ class Home:
         log.info("opened %s for the cluster's members (backend only)", uri.canonical)
         return ds
 
+    def _fetching(self, ds: DatasetState) -> None:
+        """An introduced dataset's client is about to be used: kept, and the least
+        recently used one beyond LIVE_CLIENTS closed (its GETs under way, if any, fail
+        and are retried on a new client)."""
+        if ds.state != PEER_STATE:
+            return
+        uri = ds.uri.canonical
+        self._live.pop(uri, None)
+        self._live[uri] = ds
+        if len(self._live) > LIVE_CLIENTS:
+            oldest = next(iter(self._live))
+            self._live.pop(oldest).backend.close()
+
     def close(self) -> None:
         for ds in self.datasets.values():
             ds.backend.close()
         self.datasets.clear()
+        self._live.clear()
 
     # -- a chunk -------------------------------------------------------------------
     async def serve(self, ask: ChunkAsk) -> Served:
@@ -149,6 +169,7 @@ class Home:
         self._check_identity(ds, ask, ref)
         if not ask.charged:
             raise ChargeFirst(ref.length)
+        self._fetching(ds)
         data, did = await self.d.fetcher.fetch(ds.id, ds.backend, self._free(), ref, replace=bad)
         return await self._answer(ask, self._encoded(ds, ref, data), "remote" if did else "cache")
 
@@ -173,6 +194,7 @@ class Home:
             if not ask.charged:
                 raise ChargeFirst(ref.length)
             budget.started(ref.length)
+        self._fetching(ds)
         data = b""
         try:
             data, _ = await self.d.fetcher.fetch(ds.id, ds.backend, self._free(), ref)

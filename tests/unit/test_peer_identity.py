@@ -67,3 +67,34 @@ def test_a_forged_content_id_of_an_introduced_dataset_is_refused_before_any_get(
                     await d.cluster.home.serve(ask)
 
     trio.run(main)
+
+
+def test_only_the_last_introduced_datasets_fetched_for_keep_their_store_clients(
+    home: Daemon,  # noqa: F811
+) -> None:
+    """A store client costs ~12 MB: a home keeps those of the LIVE_CLIENTS introduced
+    datasets it fetched for last, and closes the others' (built again at their next
+    GET)."""
+    from silofs.node.peer_serve import LIVE_CLIENTS
+
+    closed: list[str] = []
+
+    async def fetch(dsid: int, backend: object, *_a: object, **_k: object) -> tuple[bytes, bool]:
+        return b"x" * 10, True
+
+    async def main() -> None:
+        async with running(home) as d:
+            d.fetcher.fetch = fetch  # type: ignore[method-assign]
+            uris = [f"s3://b{i}/" for i in range(LIVE_CLIENTS + 4)]
+            for uri in uris:
+                ds = await d.cluster.home.introduce(uri, {})
+                ds.backend.close = lambda uri=uri: closed.append(uri)  # type: ignore[method-assign]
+            # The fifth used again (the most recent now), then the first (its client
+            # was closed: built again, and the least recent, the sixth, closed).
+            for uri in [*uris, uris[4], uris[0]]:
+                ask = ChunkAsk(uri, "a", "s3:e1:10", 10, "e1", CHUNK, 0, "j", charged=True)
+                served = await d.cluster.home.serve(ask)
+                assert served.value is not None and served.value.endswith(b"x" * 10)
+            assert closed == [*uris[:4], uris[5]]
+
+    trio.run(main)

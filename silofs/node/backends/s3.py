@@ -239,6 +239,11 @@ class S3Backend(RetryingBackend):
             log.debug("S3 %s: lean endpoint not resolved yet: %s", self.uri, exc)
         return lean
 
+    def close(self) -> None:
+        with self._lock:
+            self._lean = None  # it holds the client: drop both (built again on next use)
+        super().close()
+
     def _lean_path(self) -> LeanS3 | None:
         self._client_or_raise()
         lean = self._lean
