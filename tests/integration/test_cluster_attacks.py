@@ -35,7 +35,7 @@ from urllib.parse import quote, urlsplit
 
 import pytest
 
-from silofs.control.client import ControlClient, client_tls_context
+from silofs.control.client import ControlClient, ControlError, client_tls_context
 from tests.support.asuser import Identity, as_user
 from tests.support.cluster import ClusterNode, write_cluster
 from tests.support.faultproxy import Fault, FaultPlan, FaultProxy
@@ -472,3 +472,22 @@ def test_a_store_down_while_the_homes_are_up_serves_every_cached_chunk(pair: dic
     assert nodes[1].status()["datasets"][0]["peer"]["store_fallbacks"] == 0
     for n in nodes:  # (a ping before the other was started may have failed: not since)
         assert all(m["state"] == "up" for m in n.cluster()["members"])
+
+
+def test_a_share_of_zero_caches_nothing_and_one_beyond_the_disks_changes_nothing(
+    pair: dict,
+) -> None:
+    nodes, mps, tree = pair["nodes"], pair["mps"], pair["tree"]
+    path = f"/v1/datasets/{quote(pair['uri'], safe='')}/cache"
+    nodes[0].request("PUT", path, {"bytes": 0})
+    for n in nodes:
+        wait_for(lambda n=n: n.status()["datasets"][0]["cluster_share"] == 0, what="the share")
+    with pytest.raises(ControlError) as err:  # each node's part would exceed its cache
+        nodes[1].request("PUT", path, {"bytes": 1 << 40})
+    assert err.value.status in (400, 409) and "exceed" in str(err.value), err.value
+    for mp in mps:  # every read right: from the store, through the homes, nothing kept
+        assert _wrong_bytes(mp, tree) == 0
+    for n in nodes:
+        wait_for(lambda n=n: n.status()["node"]["writer"]["pending_chunks"] == 0, what="commits")
+        d = n.status()["datasets"][0]
+        assert (d["cluster_share"], d["cluster_part"], d["cached_bytes"]) == (0, 0, 0), d
