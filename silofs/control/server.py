@@ -882,7 +882,8 @@ class _TLSAcceptor:
     def _source(self, host: str) -> _Source:
         src = self.sources.get(host)
         if src is None:
-            if len(self.sources) >= _SOURCES_MAX:  # forget the idle ones (full buckets)
+            if len(self.sources) >= _SOURCES_MAX:  # those with no handshake under way go
+                # (at most max_connections stay; a source seen again starts full)
                 self.sources = {h: s for h, s in self.sources.items() if s.handshaking}
             src = self.sources[host] = _Source(self.tls_limits.handshakes_per_second)
         return src
@@ -984,7 +985,7 @@ class _TLSAcceptor:
 # rate, that one source address may hold: the rest stays for the others (a member's
 # pool, a controller), whatever one address sends.
 SOURCE_SHARE = 0.75
-_SOURCES_MAX = 4096  # source addresses remembered at once (the idle ones are dropped)
+_SOURCES_MAX = 4096  # source addresses remembered at once
 
 
 @dataclass

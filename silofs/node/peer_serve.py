@@ -127,8 +127,8 @@ class Home:
 
     def _fetching(self, ds: DatasetState) -> None:
         """An introduced dataset's client is about to be used: kept, and the least
-        recently used one beyond LIVE_CLIENTS closed (its GETs under way, if any, fail
-        and are retried on a new client)."""
+        recently used one beyond LIVE_CLIENTS closed (a GET under way on it finishes on
+        the connection it holds, or fails and is retried on a new client)."""
         if ds.state != PEER_STATE:
             return
         uri = ds.uri.canonical
