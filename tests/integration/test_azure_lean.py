@@ -101,3 +101,26 @@ def test_errors_are_classified_as_the_sdks(azurite_server: AzuriteServer) -> Non
     )
     with pytest.raises(AccessDeniedError, match="denied"):
         denied._list_raw("ds/", None, 1, None)
+
+
+def test_a_blob_without_an_md5_is_not_read_under_a_digests_name(
+    azurite_server: AzuriteServer, container: str
+) -> None:
+    """A cluster member may name a blob by any digest-shaped content id (identifies()
+    cannot tell it from the version): the GET must refuse one the blob does not have,
+    or a blob without an MD5 could be cached under another blob's digest and size."""
+    import dataclasses
+
+    from silofs.errors import ObjectChangedError
+
+    backend = _backend(azurite_server, container)
+    listed = {i.key: i for i in backend.list()}
+    nomd5, plain = listed["nomd5.bin"], listed["plain.bin"]
+    assert not nomd5.content_id.startswith("az-md5:")
+    assert backend.get_range(nomd5, 0, 5) == b"y" * 5
+    for forged_id in (azurelist.md5_content_id("AAAAAAAAAAAAAAAAAAAAAA==", nomd5.size),
+                      plain.content_id.rsplit(":", 1)[0] + f":{nomd5.size}"):  # fmt: skip
+        forged = dataclasses.replace(nomd5, content_id=forged_id)
+        assert backend.identifies(forged)
+        with pytest.raises(ObjectChangedError):
+            backend.get_range(forged, 0, 5)

@@ -383,10 +383,12 @@ class AzureBackend(DelimitedListing):
                 raise ChecksumMismatchError(
                     f"{what}: bytes {start}-{end - 1} do not match their Content-MD5"
                 )
-        # A range's answer names the whole blob's MD5 (if it has one): the content id of
-        # a blob listed with one is that digest, checked here (identifies()).
+        # A range's answer names the whole blob's MD5 if it has one: the content id of a
+        # blob named by a digest must be that digest (identifies() lets any such id pass,
+        # so this is the check). No MD5 in the answer is a mismatch too: else a member
+        # could name a blob without one by another blob's digest and size.
         blob_md5 = blob_md5s[-1] if blob_md5s else ""
-        if blob_md5 and info.content_id.startswith("az-md5:"):
+        if info.content_id.startswith("az-md5:"):
             if azurelist.md5_content_id(blob_md5, info.size) != info.content_id:
                 raise ObjectChangedError(f"{what}: its MD5 is not the one listed")
         return data
