@@ -163,7 +163,12 @@ class Route:
     phrase ("change a job's remote IO allocation"), for refusals and the docs;
     ``threaded``: a Unix-socket connection that calls it is served from a worker thread
     from then on (control/thread_conn.py), for routes called many times a second with
-    chunk-sized answers. Who may call what is judged the same either way."""
+    chunk-sized answers. Who may call what is judged the same either way. ``inline``
+    is ``def inline(req, **params) -> Response | None``, called from such a thread (a
+    thread-served connection of either kind) once the route's entry admitted the peer:
+    the answer, served without a trip through the trio loop, or None for the handler
+    to answer on the loop. It may only read the daemon's state (and count under a lock),
+    never wait on the loop, and must answer as the handler would."""
 
     method: str
     path: str
@@ -172,6 +177,7 @@ class Route:
     body_limit: int | None = None
     doc: str = ""
     threaded: bool = False
+    inline: Callable[..., Response | None] | None = None
 
     def __post_init__(self) -> None:
         if self.method != self.method.upper():

@@ -40,7 +40,7 @@ from silofs.errors import UsageError
 from silofs.flight import SingleFlight
 from silofs.node.cluster_shares import ClusterShares, parse_shares
 from silofs.node.limiter import TokenBucket
-from silofs.node.membership import Membership, MemberState, PeerCounters
+from silofs.node.membership import COUNTS, Membership, MemberState, PeerCounters
 from silofs.node.peer_client import (
     PEER_POOL,
     Bounds,
@@ -442,15 +442,17 @@ class Cluster:
     def dataset_counters(self, uri: str) -> PeerCounters:
         c = self.datasets.get(uri)
         if c is None:
-            c = self.datasets[uri] = PeerCounters()
+            with COUNTS:  # a connection's thread may make it too
+                c = self.datasets.setdefault(uri, PeerCounters())
         return c
 
     def incoming_counters(self, name: str) -> PeerCounters:
         c = self.incoming.get(name)
         if c is None:
-            if len(self.incoming) >= 4096:  # names are certificates of the CA: bounded
-                self.incoming.clear()
-            c = self.incoming[name] = PeerCounters()
+            with COUNTS:
+                if len(self.incoming) >= 4096:  # names are certificates of the CA: bounded
+                    self.incoming.clear()
+                c = self.incoming.setdefault(name, PeerCounters())
         return c
 
     def homed_here(self, refs: list[ChunkRef], ref: ChunkRef) -> list[ChunkRef]:
