@@ -75,7 +75,16 @@ ROUTES: tuple[Route, ...] = (
     Route("GET", f"{_MOUNT}/hints", mounts.get_hint, LOCAL, doc="read a hint's progress"),
     Route("DELETE", f"{_MOUNT}/hints", mounts.cancel_hint, LOCAL, doc="stop a hint"),
     # A mount's misses: its connections move to threads of their own after the first.
-    Route("GET", "/v1/chunks", chunks.get_chunk, LOCAL, doc="read a chunk", threaded=True),
+    # A miss homed at another member is asked of it from that thread.
+    Route(
+        "GET",
+        "/v1/chunks",
+        chunks.get_chunk,
+        LOCAL,
+        doc="read a chunk",
+        threaded=True,
+        inline=chunks.peer_chunk,
+    ),  # fmt: skip
     Route(
         "PUT",
         f"{_MOUNT}/offer",
