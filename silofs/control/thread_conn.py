@@ -162,12 +162,16 @@ class TLSChannel(_Bounded):
             self.incoming.write(data)
 
     def send(self, *parts: bytes | memoryview) -> None:
+        """All of `parts` encrypted and sent in one sendall per _WRITE_SLICE of them: an
+        answer's head and a chunk up to that size leave in one send, not one per part."""
         try:
             for part in parts:
                 view = memoryview(part).cast("B")
                 for at in range(0, len(view), _WRITE_SLICE):
                     self.obj.write(view[at : at + _WRITE_SLICE])
-                    self._flush()
+                    if self.outgoing.pending >= _WRITE_SLICE:
+                        self._flush()
+            self._flush()
         except ssl.SSLError as exc:
             raise _Closed(f"TLS: {exc}") from None
 

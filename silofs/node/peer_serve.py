@@ -159,18 +159,24 @@ class Home:
 
     def held(self, ask: ChunkAsk) -> bytes | None:
         """From a member connection's thread, not the loop: the verified value of a chunk
-        this node holds, if it may be answered there: not a warm, a dataset named by a
-        store URI (a local directory's object is checked against the listing first), no
-        serve cap (its bucket waits on the loop). None otherwise, and for anything
-        unusual (a miss, a damaged or stale value): serve() decides then, on the loop."""
+        this node holds, if it may be answered there: not a warm, a dataset this node
+        knows (a local directory's object listed as the member names it), no serve cap
+        (its bucket waits on the loop). None otherwise, and for anything unusual (a miss,
+        a damaged or stale value, an object not listed): serve() decides then, on the
+        loop."""
         if ask.warm or self.serve_rate is not None:
             return None
         try:
             ds = self.dataset(ask.uri)
         except RuntimeError:  # the loop changed the open datasets meanwhile
             return None
-        if ds is None or ds.uri.scheme == "file":
+        if ds is None:
             return None
+        if ds.uri.scheme == "file":
+            try:
+                self._check_listed(ds, ask)
+            except (UsageError, lmdb.Error):
+                return None
         ref = ask.ref()
         store = self.d.store
         with store.read_txn() as txn:
