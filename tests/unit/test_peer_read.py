@@ -381,3 +381,54 @@ def test_a_rated_job_is_never_asked_for_from_a_thread(
                 nursery.cancel_scope.cancel()
 
         trio.run(main)
+
+
+def test_one_ask_per_chunk_whether_a_thread_or_the_loop_asks_first(
+    tmp_path: Path, pki: Path, bucket: Path, member: FakeMember
+) -> None:
+    """A reader on the loop joins a chunk a connection thread is asking for (the member
+    answers slowly: 102s first), and a thread leaves a chunk the loop asks for to it."""
+    with daemon_of(tmp_path, pki, member.port) as d:
+
+        async def main() -> None:
+            async with running(d), trio.open_nursery() as nursery:
+                nursery.start_soon(d.cluster.probe_loop)
+                ds, m = await mounted(d, bucket)
+                key, index = remote_chunks(d, ds, bucket)[0]
+                ref = ChunkRef.of(d.store.get_object(ds.id, key), CHUNK, index)  # type: ignore[arg-type]
+                want = (bucket / key).read_bytes()[index * CHUNK : (index + 1) * CHUNK]
+                # The loop's flight first: a thread does not ask for it.
+                d.cluster.asks.claim([ref.key])
+                while d.cluster.thread_asks.token is None:
+                    await trio.sleep(0)
+                got = await trio.to_thread.run_sync(
+                    d.cluster.thread_asks.read, ds, m, key, index, None
+                )
+                assert got is None and not member.asks
+                d.cluster.asks.abandon(ref.key)
+                # The thread's flight first: the loop's reader joins it.
+                member.mode = "processing"
+                box: list[object] = []
+
+                async def from_thread() -> None:
+                    box.append(
+                        await trio.to_thread.run_sync(
+                            d.cluster.thread_asks.read, ds, m, key, index, None
+                        )
+                    )
+
+                nursery.start_soon(from_thread)
+                with trio.fail_after(10):
+                    while ref.key not in d.cluster.thread_asks.flights:
+                        await trio.sleep(0.005)
+                data, _ = await d.get_chunk(m, key, index, False)
+                with trio.fail_after(10):
+                    while not box:
+                        await trio.sleep(0.005)
+                assert bytes(data) == want
+                assert box[0] is not None and bytes(box[0].data) == want  # type: ignore[attr-defined]
+                assert len(member.asks) == 1
+                assert d.cluster.datasets[ds.uri.canonical].requests_out == 1
+                nursery.cancel_scope.cancel()
+
+        trio.run(main)
