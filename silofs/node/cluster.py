@@ -23,7 +23,6 @@ import logging
 import ssl
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import Any
 
 import trio
@@ -41,7 +40,7 @@ from silofs.flight import SingleFlight
 from silofs.node.cluster_shares import ClusterShares, parse_shares
 from silofs.node.limiter import TokenBucket
 from silofs.node.membership import COUNTS, Membership, MemberState, PeerCounters
-from silofs.node.peer_ask import MemberSlots, ThreadAsks, ThreadFlight
+from silofs.node.peer_ask import MemberSlots, PeerRead, ThreadAsks, ThreadFlight
 from silofs.node.peer_client import (
     PEER_POOL,
     Bounds,
@@ -72,19 +71,6 @@ PROBE_TICK = 0.5  # how often the prober looks for members due a ping
 MEMBER_FAILURES = frozenset({"refused", "timeout", "short", "corrupt", "foreign"})
 # A warning per member and reason at most this often; the others at DEBUG.
 WARN_EVERY = 10.0
-
-
-@dataclass
-class PeerRead:
-    """A miss served through the cluster: the bytes (verified), where they came from
-    ("cache": a member's cache, no store GET for it; "remote": a store GET made for it,
-    by its home or, after a failure, by this node), and the bytes of that GET charged
-    to the job (0 if none)."""
-
-    data: bytes | bytearray | memoryview
-    source: str
-    charged: int = 0
-    fallback: bool = False  # read from the store by this node after a member failed
 
 
 class Cluster:
@@ -442,7 +428,7 @@ class Cluster:
             t0 = trio.current_time()
             try:
                 return await trio.to_thread.run_sync(
-                    functools.partial(_request, pool, method, target, bounds, body, check),
+                    functools.partial(pool.request_checked, method, target, bounds, body, check),
                     limiter=self.threads,
                     abandon_on_cancel=True,
                 )
@@ -695,19 +681,6 @@ class Cluster:
         for pool in self.pools.values():
             pool.close()
         self.home.close()
-
-
-def _request(
-    pool: PeerPool,
-    method: str,
-    target: str,
-    bounds: Bounds,
-    body: bytes,
-    check: Callable[[PeerReply], memoryview] | None,
-) -> tuple[PeerReply, memoryview | None]:
-    """One exchange and the check of its 200 answer (in a worker thread)."""
-    reply = pool.request(method, target, bounds, body)
-    return reply, check(reply) if check is not None and reply.status == 200 else None
 
 
 def _charge(reply: PeerReply, ref: ChunkRef) -> int:

@@ -2,9 +2,11 @@
 thread: the exchange with the home, its check and the answer to the mount without a
 trip through the trio loop.
 
-Owns that thread's side of the asking path (node/cluster.py owns the loop's): the
-decision, made from the daemon's state as it reads now (the listing, the chunk's home
-and whether it is up, the job's limiter, the dataset's options), to ask here at all;
+Owns that thread's side of the asking path (node/cluster.py owns the loop's), the
+record of a miss served through the cluster that both sides give their readers
+(PeerRead), and the decision, made from the daemon's state as it reads now (the
+listing, the chunk's home and whether it is up, the job's limiter, the dataset's
+options), to ask here at all;
 the flights of chunks asked from threads, which the loop's askers of the same chunk
 join (one ask per chunk however many readers wait); the per-member exchange slots both
 sides share (MemberSlots: at most PEER_POOL exchanges, so connections, per member); and
@@ -37,10 +39,22 @@ from silofs.node.peer_client import PEER_POOL, Bounds, PeerError
 from silofs.node.peer_wire import SOURCE_HEADER, ChunkAsk
 
 if TYPE_CHECKING:
-    from silofs.node.cluster import Cluster, PeerRead
     from silofs.node.state import DatasetState, MountState
 
 log = logging.getLogger(__name__)
+
+
+@dataclass
+class PeerRead:
+    """A miss served through the cluster: the bytes (verified), where they came from
+    ("cache": a member's cache, no store GET for it; "remote": a store GET made for it,
+    by its home or, after a failure, by this node), and the bytes of that GET charged
+    to the job (0 if none)."""
+
+    data: bytes | bytearray | memoryview
+    source: str
+    charged: int = 0
+    fallback: bool = False  # read from the store by this node after a member failed
 
 
 class MemberSlots:
@@ -103,8 +117,8 @@ class ThreadFlight:
 class ThreadAsks:
     """The asks made from connection threads, and the flights the loop joins."""
 
-    def __init__(self, cluster: Cluster) -> None:
-        self.cluster = cluster
+    def __init__(self, cluster: Any) -> None:
+        self.cluster = cluster  # the Daemon's Cluster (node/cluster.py imports this module)
         self.lock = threading.Lock()  # the flights, and the loop's claims on its own
         self.flights: dict[bytes, ThreadFlight] = {}
         self.token: Any = None  # the loop's (Cluster.probe_loop): None, threads never ask
@@ -214,8 +228,6 @@ class ThreadAsks:
         ref: ChunkRef,
         config: Any,
     ) -> PeerRead | None:
-        from silofs.node.cluster import PeerRead, _request
-
         c = self.cluster
         dsc = c.dataset_counters(ds.uri.canonical)
         ask = ChunkAsk.of(ds.uri.canonical, ref, m.job, charged=True, warm=False)
@@ -223,7 +235,7 @@ class ThreadAsks:
         check = functools.partial(c._verified, member, ref=ref)
         t0 = time.monotonic()
         try:
-            reply, data = _request(pool, "GET", ask.target(), bounds, b"", check)
+            reply, data = pool.request_checked("GET", ask.target(), bounds, b"", check)
         finally:
             slots.release(on_loop=False)
             waited = time.monotonic() - t0

@@ -22,6 +22,7 @@ import socket
 import ssl
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from silofs.control.tls import certificate_identity
@@ -246,6 +247,19 @@ class PeerPool:
             self._checkin(conn, keep)
             return reply
         raise AssertionError("unreachable")
+
+    def request_checked(
+        self,
+        method: str,
+        target: str,
+        bounds: Bounds,
+        body: bytes,
+        check: Callable[[PeerReply], memoryview] | None,
+    ) -> tuple[PeerReply, memoryview | None]:
+        """One exchange and `check` of its 200 answer, in the same thread (a chunk's
+        blocks are checked where it was received); PeerError if either fails."""
+        reply = self.request(method, target, bounds, body)
+        return reply, check(reply) if check is not None and reply.status == 200 else None
 
     def _head(
         self, method: str, target: str, bounds: Bounds, body: bytes, headers: dict[str, str]
