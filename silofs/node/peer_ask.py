@@ -193,7 +193,7 @@ class ThreadAsks:
         if not slots.try_acquire():
             self._hand_over(flight, member, ds, ref, None)
             return None
-        try:
+        try:  # _exchange gives the slot back
             return self._exchange(flight, member, pool, slots, ds, m, ref, config)
         except PeerError as exc:
             self._hand_over(flight, member, ds, ref, exc)
@@ -230,11 +230,11 @@ class ThreadAsks:
     ) -> PeerRead | None:
         c = self.cluster
         dsc = c.dataset_counters(ds.uri.canonical)
-        ask = ChunkAsk.of(ds.uri.canonical, ref, m.job, charged=True, warm=False)
-        bounds = Bounds(config.peer_timeout_seconds, float(config.peer_floor_rate))
-        check = functools.partial(c._verified, member, ref=ref)
         t0 = time.monotonic()
-        try:
+        try:  # the slot taken in read() is given back whatever happens here
+            ask = ChunkAsk.of(ds.uri.canonical, ref, m.job, charged=True, warm=False)
+            bounds = Bounds(config.peer_timeout_seconds, float(config.peer_floor_rate))
+            check = functools.partial(c._verified, member, ref=ref)
             reply, data = pool.request_checked("GET", ask.target(), bounds, b"", check)
         finally:
             slots.release(on_loop=False)
