@@ -45,9 +45,11 @@ from common import (
     ratio,
     read_files,
 )
+from cpu_split import PerfRecord, split
 
 from tests.support import baseline
 from tests.support.node import Node, force_unmount
+from tests.support.poll import wait_for
 
 SMALL_BYTES = 110 << 10
 
@@ -163,6 +165,15 @@ class Pass:
         )
 
 
+def _running(pid: int) -> bool:
+    """Whether `pid` is a live process (an exited one not yet reaped maps nothing)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
 def _children(pid: int) -> list[int]:
     try:
         with open(f"/proc/{pid}/task/{pid}/children") as f:
@@ -214,6 +225,39 @@ def small_pass(paths: list[str], readers: int, watch: dict[str, int] | None = No
     return p
 
 
+def perf_passes(
+    prefix: str, m: Mount, data: Path | None, tmp: Path, files: int, kinds: list[int]
+) -> None:
+    """One more warm pass of each kind (0: the big file, else that many small-file
+    readers) through a fresh silofs mount process and, given `data`, through the ceiling
+    from memory, each under perf; prints where each one's CPU went (cpu_split.py)."""
+    print("\n== where the CPU goes (perf record -e cpu-clock; figures under perf) ==")
+    servers: list[tuple[str, str, Callable[[], int]]] = [("silofs", m.mp, lambda: m.pid)]
+    with contextlib.ExitStack() as stack:
+        if data is not None:
+            raw = stack.enter_context(Ceiling(data, str(tmp / "rawperf"), loop="turns"))
+            servers.append(("ceiling", raw.mp, lambda: raw.pid))
+        for kind in kinds:
+            for who, root, pid in servers:
+                if who == "silofs":
+                    m.fresh()
+                out = f"{prefix}-{who}-{'big' if not kind else f'x{kind}'}.data"
+                watch = {who: pid()}
+                with PerfRecord(pid(), out):
+                    if kind:
+                        p = small_pass(small_paths(root, files), kind, watch)
+                        rate = f"{p.rate:.0f} files/s"
+                    else:
+                        p = big_pass(root, watch)
+                        rate = f"{p.rate:.2f} GB/s"
+                c = p.cost[who]
+                print(
+                    f"  {who}, {'big file' if not kind else f'small x{kind}'}: {rate}, "
+                    f"{c.cpu_s:.2f} CPU-s, {c.major_faults} major faults ({out})"
+                )
+                print(split(out).text())
+
+
 def verify(local: Path, mp: str, files: int) -> list[str]:
     """Files whose bytes through the mount differ from the local copy."""
     bad = []
@@ -256,6 +300,11 @@ def main() -> int:
         help="warm passes of the small files only (the cold pass still reads everything)",
     )
     ap.add_argument(
+        "--big-only",
+        action="store_true",
+        help="warm passes of the big file only (the cold pass still reads everything)",
+    )
+    ap.add_argument(
         "--serve-processes",
         type=int,
         default=1,
@@ -273,6 +322,15 @@ def main() -> int:
         action="store_true",
         help="also both ceilings served with pyfuse3's own device loop (rawfuse.py --loop "
         "pyfuse3; the contract's ceilings use the cheaper one silofs uses, --loop turns)",
+    )
+    ap.add_argument(
+        "--perf",
+        metavar="PREFIX",
+        default=None,
+        help="after the warm rounds, one more warm pass of each kind through silofs and "
+        "through the ceiling from memory under `perf record` (PREFIX-*.data), and their "
+        "CPU split by part: the reply, the verification, the page-cache fill, ... "
+        "(bench/cpu_split.py)",
     )
     ap.add_argument(
         "--profile",
@@ -315,7 +373,8 @@ class Mount:
     A fresh mount process per measured pass is what makes drop_caches honest: pages of
     the LMDB file that a process has mapped survive drop_caches (the kernel drops only
     unmapped clean pages), so a long-lived mount process would serve later passes from
-    RAM however often the page cache is "dropped".
+    RAM however often the page cache is "dropped"; so would the previous one, had close()
+    not waited for it to exit.
     """
 
     def __init__(self, node: Node, uri: str, mp: str, args: list[str]) -> None:
@@ -337,7 +396,11 @@ class Mount:
             for k in COUNTERS:
                 self.totals[k] += st[k]
             self.expected = 0
+        pids = [self.pid, *_children(self.pid)]
         self.node.unmount(self.mp)
+        # A mount process ends a second or two after `silofs unmount` returns, its LMDB
+        # pages still mapped meanwhile: the next pass's drop_caches would keep them.
+        wait_for(lambda: not any(map(_running, pids)), what=f"mount process {self.pid} to exit")
         self.pid = 0
 
     def chunk_size(self) -> int:
@@ -401,6 +464,7 @@ def run(
 ) -> int:
     total = (args.size_mb << 20) + args.files * SMALL_BYTES
     big_bytes = args.size_mb << 20
+    warm_readers = [] if args.big_only else readers
     mp = str(tmp / "mnt")
     local_small = small_paths(data, args.files)
     fuse_small = small_paths(mp, args.files)
@@ -603,7 +667,7 @@ def run(
                 if not args.small_only:
                     for step in bigs:
                         step()
-                for r in readers:
+                for r in warm_readers:
                     for small_step in smalls:
                         small_step(r)
         after = m.snapshot()
@@ -660,7 +724,7 @@ def run(
                 f"{ratio(big_b.median, big_l.median):.2f}x (this tree / baseline "
                 f"{ratio(big_s.median, big_b.median):.2f}x)"
             )
-        for r in readers:
+        for r in warm_readers:
             rs = ratio(small_s[r].median, small_l[r].median)
             print(
                 f"small x{r:<2}  silofs {small_s[r].text('{:.0f}')} files/s   "
@@ -706,7 +770,7 @@ def run(
             m.fresh()
             with profiling("warm-big", daemon=False):
                 print(f"  big     {big_pass(mp).rate:.2f} GB/s (under py-spy)")
-            for r in readers:
+            for r in warm_readers:
                 m.fresh()
                 with profiling(f"warm-small-x{r}", daemon=False):
                     print(
@@ -716,6 +780,10 @@ def run(
             for out in profiles:
                 print(f"\n{out}:\n{profile_summary(out)}")
 
+        if args.perf:
+            kinds = ([] if args.small_only else [0]) + warm_readers  # 0: the big file
+            perf_passes(args.perf, m, None if args.no_ceiling else data, tmp, args.files, kinds)
+            m.expected = 0
         if not m.pid:
             m.open()
         if not args.no_verify:

@@ -307,6 +307,11 @@ def _access(table: dict) -> dict[str, list[str]]:
 _CLUSTER_KEYS = {f.name for f in dataclasses.fields(ClusterSettings)} - {"version"}
 # A cluster's name travels in a header and names it in status: short, printable, no space.
 _CLUSTER_NAME_MAX = 64
+# What a read may wait on a member that does not answer (docs/SEMANTICS.md "No read
+# waits on a dead member"): its first byte at most this long, its body at least this
+# fast. A member list pushed with 600 s or 1 B/s would hold reads for minutes or days.
+MAX_PEER_TIMEOUT = 30
+MIN_PEER_FLOOR_RATE = 64 << 10
 
 
 def parse_cluster(table: dict, version: int = 0) -> ClusterSettings:
@@ -359,14 +364,15 @@ def _cluster_value(key: str, value: object) -> object:
             rate = parse_rate(value)  # type: ignore[arg-type]
         except UsageError as exc:
             raise UsageError(f"{key}: {exc}") from None
-        if key == "peer_floor_rate" and not rate:
-            raise UsageError('peer_floor_rate must be a rate above 0, like "1MiB/s"')
+        if key == "peer_floor_rate" and (not rate or rate < MIN_PEER_FLOOR_RATE):
+            raise UsageError('peer_floor_rate must be a rate of at least 64KiB/s, like "1MiB/s"')
         if key == "peer_serve_rate" and rate == 0:
             raise UsageError('peer_serve_rate must be above 0 (or "unlimited")')
         return rate
     # peer_timeout_seconds, peer_backoff_seconds
-    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= 600:
-        raise UsageError(f"{key} must be a number of seconds above 0 (at most 600)")
+    most = MAX_PEER_TIMEOUT if key == "peer_timeout_seconds" else 600
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= most:
+        raise UsageError(f"{key} must be a number of seconds above 0 (at most {most})")
     return float(value)
 
 

@@ -19,7 +19,9 @@ from typing import Any
 
 import click
 
+from silofs.config import canonical_member, parse_cluster
 from silofs.control.client import ControlError
+from silofs.errors import UsageError
 from silofs.units import format_size
 
 from .nodes import one_node_client
@@ -119,10 +121,14 @@ def set_cmd(
             listed = [f"tls://{host}:{port}" for host in slurm_nodes()]
         except SlurmError as exc:
             raise click.ClickException(str(exc)) from None
+    listed, weighted = _canonical(listed, _weights(weights))
     targets = _split(nodes) or listed
-    weighted = _weights(weights)
     name = name or _current_name(targets)
     body = members_body(name, listed, weighted, version or time.time_ns() // 1000)
+    try:  # as every node will judge it: one line here, and no node takes a list others refuse
+        parse_cluster({k: v for k, v in body.items() if k != "version"})
+    except UsageError as exc:
+        raise click.UsageError(str(exc)) from None
     failed = 0
     for target in targets:
         try:
@@ -135,6 +141,20 @@ def set_cmd(
             click.echo(f"{target}: {exc}", err=True)
     if failed:
         raise click.ClickException(f"{failed} of {len(targets)} nodes did not take the list")
+
+
+def _canonical(members: list[str], weights: dict[str, float]) -> tuple[list[str], dict[str, float]]:
+    """Members and weights by canonical address (as the nodes compare them: a weight
+    written tls://GPU01:7470 is gpu01's); a weight must name a member."""
+    try:
+        listed = [canonical_member(m) for m in members]
+        weighted = {canonical_member(a): w for a, w in weights.items()}
+    except UsageError as exc:
+        raise click.UsageError(str(exc)) from None
+    for address in weights:
+        if canonical_member(address) not in listed:
+            raise click.BadParameter(f"{address} is not one of the members", param_hint="--weight")
+    return listed, weighted
 
 
 def _current_name(targets: list[str]) -> str:

@@ -855,47 +855,78 @@ class _TLSAcceptor:
         self.warn = _Throttled()
         self.tokens = tls_limits.handshakes_per_second
         self.refilled = time.monotonic()
+        # Per source address: its handshakes in progress and its own bucket, so that one
+        # source (an outsider opening connections as fast as it can) never holds more
+        # than SOURCE_SHARE of the slots or of the rate, and members and controllers
+        # elsewhere still get in.
+        self.sources: dict[str, _Source] = {}
         # A member's connection holds a thread while it is open (control/thread_conn.py):
         # their own limiter, never the one of trio's other worker threads.
         self.member_threads = trio.CapacityLimiter(tls_limits.max_connections)
 
-    def _may_handshake(self) -> bool:
-        """Token bucket of handshakes_per_second, holding at most one second's worth."""
+    def _may_handshake(self, source: _Source) -> bool:
+        """Token buckets of handshakes_per_second (every source's, holding at most one
+        second's worth) and of SOURCE_SHARE of it (this source's, as large a burst)."""
         rate = self.tls_limits.handshakes_per_second
         now = time.monotonic()
         self.tokens = min(rate, self.tokens + (now - self.refilled) * rate)
         self.refilled = now
-        if self.tokens < 1:
+        source.tokens = min(rate, source.tokens + (now - source.refilled) * rate * SOURCE_SHARE)
+        source.refilled = now
+        if self.tokens < 1 or source.tokens < 1:
             return False
         self.tokens -= 1
+        source.tokens -= 1
         return True
+
+    def _source(self, host: str) -> _Source:
+        src = self.sources.get(host)
+        if src is None:
+            if len(self.sources) >= _SOURCES_MAX:  # those with no handshake under way go
+                # (at most max_connections stay; a source seen again starts full)
+                self.sources = {h: s for h, s in self.sources.items() if s.handshaking}
+            src = self.sources[host] = _Source(self.tls_limits.handshakes_per_second)
+        return src
 
     async def run(self, sock: trio.socket.SocketType, nursery: trio.Nursery) -> None:
         await _accept_forever(sock, functools.partial(self._accepted, nursery), self._refusal)
 
     def _accepted(self, nursery: trio.Nursery, conn: trio.socket.SocketType, addr: Any) -> None:
-        if self.open >= self.tls_limits.max_connections:
+        limit = self.tls_limits.max_connections
+        source = self._source(str(addr[0]) if isinstance(addr, tuple) else str(addr))
+        if self.open >= limit:
             conn.close()
             self._refusal(
-                f"TLS listener: {self.open} connections open "
-                f"(limit {self.tls_limits.max_connections}); refusing {_host(addr)}"
+                f"TLS listener: {self.open} connections open (limit {limit}); "
+                f"refusing {_host(addr)}"
             )
-        elif not self._may_handshake():
+        elif source.handshaking >= max(1, math.ceil(limit * SOURCE_SHARE)):
+            conn.close()
+            self._refusal(
+                f"TLS listener: {source.handshaking} handshakes in progress from one "
+                f"address; refusing {_host(addr)}"
+            )
+        elif not self._may_handshake(source):
             conn.close()
             self._refusal(
                 f"TLS listener: more than {self.tls_limits.handshakes_per_second:g} "
-                f"new connections a second; refusing {_host(addr)}"
+                f"new connections a second (or {SOURCE_SHARE:.0%} of them from one "
+                f"address); refusing {_host(addr)}"
             )
         else:
             self.open += 1
-            nursery.start_soon(self._serve, conn, addr)
+            source.handshaking += 1
+            nursery.start_soon(self._serve, conn, addr, source)
 
-    async def _serve(self, conn: trio.socket.SocketType, addr: Any) -> None:
+    async def _serve(self, conn: trio.socket.SocketType, addr: Any, source: _Source) -> None:
         stream = trio.SocketStream(conn)
         try:
             tune_socket(conn)
             tls = trio.SSLStream(stream, self.context, server_side=True)
-            peer = await self._handshake(tls, addr)
+            try:
+                peer = await self._handshake(tls, addr)
+            finally:
+                source.handshaking -= 1
             if peer is None:
                 return
             self.served += 1
@@ -948,6 +979,25 @@ class _TLSAcceptor:
         """Counted, and logged through the listener's throttle."""
         self.refused += 1
         self.warn(message)
+
+
+# The most of the TLS listener's connection slots in handshake, and of its handshake
+# rate, that one source address may hold: the rest stays for the others (a member's
+# pool, a controller), whatever one address sends.
+SOURCE_SHARE = 0.75
+_SOURCES_MAX = 4096  # source addresses remembered at once
+
+
+@dataclass
+class _Source:
+    """One source address at the TLS listener: its handshakes in progress and its bucket."""
+
+    tokens: float
+    refilled: float = 0.0
+    handshaking: int = 0
+
+    def __post_init__(self) -> None:
+        self.refilled = time.monotonic()
 
 
 def _host(addr: Any) -> str:

@@ -53,6 +53,13 @@ LOOKUP_THREADS = 4
 # worker thread and back on a busy 2-core host. Larger ones go to a thread, so checking
 # and copying many MiB (or faulting them in from the SSD) never stalls the loop.
 INLINE_LOOKUP_BYTES = 1 << 20
+# The state of a dataset a member introduced (opened backend only, no listing here).
+PEER_STATE = "peer"
+# Introduced datasets whose store client is kept between GETs, the most recently used:
+# a client costs ~12 MB (an SDK session of its own), and members may introduce every
+# dataset read anywhere in the cluster (300 with a GET each took a daemon from 76 MB to
+# 3.9 GB). The others' clients are closed, and built again at their next GET.
+LIVE_CLIENTS = 16
 
 
 class ChargeFirst(Exception):
@@ -84,6 +91,7 @@ class Home:
         self.serve_rate = serve_rate
         self._serve_cap: TokenBucket | None = None  # made in the trio loop, on first use
         self.datasets: dict[str, DatasetState] = {}  # introduced by members, not open here
+        self._live: dict[str, DatasetState] = {}  # of those, the LIVE_CLIENTS last fetched for
         self.lookups = trio.CapacityLimiter(LOOKUP_THREADS)
         self.budgets: dict[int, FillBudget] = {}  # members' warms, per dataset
         self._budget_locks: dict[int, trio.Lock] = {}
@@ -120,15 +128,29 @@ class Home:
         if options:
             opts = dataclasses.replace(opts, extra={**opts.extra, **options})
         backend = open_backend(uri, opts)
-        ds = DatasetState(dsid, uri, f"peer-{dsid}", backend, state="peer", options=options)
+        ds = DatasetState(dsid, uri, f"peer-{dsid}", backend, state=PEER_STATE, options=options)
         self.datasets[uri.canonical] = ds
         log.info("opened %s for the cluster's members (backend only)", uri.canonical)
         return ds
+
+    def _fetching(self, ds: DatasetState) -> None:
+        """An introduced dataset's client is about to be used: kept, and the least
+        recently used one beyond LIVE_CLIENTS closed (a GET under way on it finishes on
+        the connection it holds, or fails and is retried on a new client)."""
+        if ds.state != PEER_STATE:
+            return
+        uri = ds.uri.canonical
+        self._live.pop(uri, None)
+        self._live[uri] = ds
+        if len(self._live) > LIVE_CLIENTS:
+            oldest = next(iter(self._live))
+            self._live.pop(oldest).backend.close()
 
     def close(self) -> None:
         for ds in self.datasets.values():
             ds.backend.close()
         self.datasets.clear()
+        self._live.clear()
 
     # -- a chunk -------------------------------------------------------------------
     async def serve(self, ask: ChunkAsk) -> Served:
@@ -152,8 +174,10 @@ class Home:
             data = await self.d.fetcher.joined(ref.key)  # another's GET: wait for it
             if data is not None:
                 return await self._answer(ask, self._encoded(ds, ref, data), "cache")
+        self._check_identity(ds, ask, ref)
         if not ask.charged:
             raise ChargeFirst(ref.length)
+        self._fetching(ds)
         data, did = await self.d.fetcher.fetch(ds.id, ds.backend, self._free(), ref, replace=bad)
         return await self._answer(ask, self._encoded(ds, ref, data), "remote" if did else "cache")
 
@@ -196,6 +220,7 @@ class Home:
             return Served(None, "cache", "held")
         if await self.d.fetcher.joined(ref.key) is not None:
             return Served(None, "cache", "held")
+        self._check_identity(ds, ask, ref)
         budget = self.budgets.get(ds.id)
         if budget is None:
             budget = self.budgets[ds.id] = FillBudget(self.d, ds.id)
@@ -209,6 +234,7 @@ class Home:
             if not ask.charged:
                 raise ChargeFirst(ref.length)
             budget.started(ref.length)
+        self._fetching(ds)
         data = b""
         try:
             data, _ = await self.d.fetcher.fetch(ds.id, ds.backend, self._free(), ref)
@@ -227,6 +253,24 @@ class Home:
         obj = named.obj if named is not None else None
         if obj is None or (obj.content_id, obj.size) != (ask.content_id, ask.size):
             raise UsageError(f"{ask.key!r} is not in this node's listing of {ds.uri.canonical}")
+
+    def _check_identity(self, ds: DatasetState, ask: ChunkAsk, ref: ChunkRef) -> None:
+        """Before a store GET for a member: the bytes of the version it names are
+        admitted under the content id it names (the chunk key is made of it), so that id
+        must be the one the store gives that version: else a member could name one
+        object's version with another's content id, and this node's mounts and every
+        member asking here would be served the first object's bytes as the second's.
+        The backend vouches where the id is made of the version; else this node's
+        listing must name the object so (a local directory's was checked already)."""
+        if ds.uri.scheme == "file" or ds.backend.identifies(ref.obj):
+            return
+        if ds.state != PEER_STATE:
+            self._check_listed(ds, ask)
+            return
+        raise UsageError(
+            f"content id {ask.content_id[:100]!r} of {ask.key[:100]!r} cannot be checked "
+            f"against version {ask.version[:100]!r} without a listing of {ds.uri.canonical}"
+        )
 
     async def _holds(self, ds: DatasetState, ref: ChunkRef) -> bool:
         """Whether the dataset holds the chunk (its owners row: no value pages read)."""

@@ -194,6 +194,23 @@ def test_overwritten_object_raises_changed_never_mixed_bytes(
     backend.close()
 
 
+def test_a_content_id_is_vouched_for_only_with_the_bytes_it_names(backend: Backend) -> None:
+    """What a cluster's home relies on before it caches a member's chunk under the
+    content id the member names: a listed object is vouched for (a local directory's
+    by its listing only), and an object's version under another's content id is either
+    not vouched for or refused by the GET, never read."""
+    import dataclasses
+
+    listed = _listing(backend)
+    a, b = listed["big.bin"], listed["with space.txt"]
+    assert backend.identifies(a) == (not backend.uri.startswith("file://"))
+    forged = dataclasses.replace(a, content_id=b.content_id, size=b.size)
+    if backend.identifies(forged):  # a digest (Azure): the answer names the real one
+        with pytest.raises(ObjectChangedError):
+            backend.get_range(forged, 0, 100)
+    assert not backend.identifies(dataclasses.replace(a, size=a.size + 1))
+
+
 # ---------------------------------------------------------------------------------------
 # Errors
 

@@ -74,6 +74,9 @@ def test_no_section_no_cluster(tmp_path: Path) -> None:
         ('name = "c"\nmembers = [{ addr = "tls://a:1" }]', "member table"),
         ('name = "c"\nmembers = ["tls://a:1"]\naddress = "tls://b:1"', "not one of the members"),
         ('name = "c"\nmembers = ["tls://a:1"]\npeer_timeout_seconds = 0', "above 0"),
+        # A read waits on a silent member at most this: a few seconds, never minutes.
+        ('name = "c"\nmembers = ["tls://a:1"]\npeer_timeout_seconds = 600', "at most 30"),
+        ('name = "c"\nmembers = ["tls://a:1"]\npeer_floor_rate = "1B/s"', "at least 64KiB/s"),
         ('name = "c"\nmembers = ["tls://a:1"]\npeer_serve_rate = 0', "above 0"),
         ('name = "c"\nmembers = ["tls://a:1"]\npeer_floor_rate = "fast"', "peer_floor_rate"),
         ('name = "c"\nmembers = ["tls://a:1"]\nkeep_peer_copies = "yes"', "true or false"),

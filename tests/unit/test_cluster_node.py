@@ -126,3 +126,24 @@ def test_peer_figures_in_status_and_metrics(tmp_path: Path, pki: Path, made: lis
     made.append(alone)
     assert status_view(alone)["cluster"] is None
     assert "silofs_peer_" not in render(status_view(alone))
+
+
+@pytest.mark.xfail(
+    reason="a list naming this node twice (two names of its certificate, one port) is taken: "
+    "it asks itself over TLS as a second home; refusing it needs a rule for certificates "
+    "shared by several nodes",
+    strict=True,
+)
+def test_a_list_naming_this_node_twice_under_two_of_its_names_is_refused(
+    tmp_path: Path, pki: Path, made: list[Daemon]
+) -> None:
+    from silofs_ctl.certs_cmd import node_cert
+
+    node_cert(str(pki), "aliased", ["127.0.0.1", "localhost"])
+    me = "tls://127.0.0.1:7001"
+    twice = ClusterSettings(
+        "c", (MemberSpec(me), MemberSpec("tls://localhost:7001"), MemberSpec("tls://127.0.0.1:7000")),
+        address=me, version=1,
+    )  # fmt: skip
+    with pytest.raises(UsageError, match="this node"):
+        made.append(Daemon(settings(tmp_path, pki, twice, cert="aliased")))

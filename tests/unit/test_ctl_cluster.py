@@ -49,6 +49,15 @@ def test_the_pushed_body_names_every_member_with_one_version() -> None:
         (["cluster", "set", "--name", "c"], "--members or --from-slurm"),
         (["cluster", "set", "--members", "tls://a:1", "--from-slurm"], "one of them"),
         (["cluster", "set", "--members", "tls://a:1", "--weight", "x"], "ADDRESS=WEIGHT"),
+        # Judged here as every node would, before any is sent.
+        (
+            ["cluster", "set", "--members", "tls://a:1", "--weight", "tls://b:1=2"],
+            "not one of the members",
+        ),  # fmt: skip
+        (["cluster", "set", "--name", "c", "--members", "tls://a:1,tls://A:1"], "listed twice"),
+        (["cluster", "set", "--members", "tls://a:99999"], "bad node address"),
+        (["cluster", "set", "--members", "a:1"], "tls://HOST:PORT"),
+        (["cluster", "set", "--members", "tls://a:1", "--name", "a b"], "name must be"),
         (["cluster", "status"], "--nodes"),
     ],
 )

@@ -318,6 +318,14 @@ class AzureBackend(DelimitedListing):
             return None
         return ObjectInfo(key, blob.size, blob.mtime, blob.etag, azurelist.content_id(blob))
 
+    def identifies(self, info: ObjectInfo) -> bool:
+        # A blob without an MD5 is named by its ETag (the GET's condition); one with an
+        # MD5 by that digest, which every GET's answer names and _get_part checks.
+        cid = info.content_id
+        return cid == azurelist.etag_content_id(info.version, info.size) or (
+            cid.startswith("az-md5:") and cid.endswith(f":{info.size}")
+        )
+
     # Each GET is counted as its response arrives (keep_md5): a long range is several.
     _counts_own_requests = True
 
@@ -334,10 +342,13 @@ class AzureBackend(DelimitedListing):
         what = f"{self.uri}{info.key}"
         blob = self._container().get_blob_client(store_key)
         md5s: list[str] = []
+        blob_md5s: list[str] = []
 
         def keep_md5(response: Any) -> None:
             note_requests()  # once per response: the SDK's own retries included
-            md5s.append(response.http_response.headers.get("content-md5", ""))
+            headers = response.http_response.headers
+            md5s.append(headers.get("content-md5", ""))
+            blob_md5s.append(headers.get("x-ms-blob-content-md5", ""))
 
         try:
             # Not validate_content=True: with decompress=False the SDK (12.31) then returns
@@ -372,6 +383,12 @@ class AzureBackend(DelimitedListing):
                 raise ChecksumMismatchError(
                     f"{what}: bytes {start}-{end - 1} do not match their Content-MD5"
                 )
+        # A range's answer names the whole blob's MD5 (if it has one): the content id of
+        # a blob listed with one is that digest, checked here (identifies()).
+        blob_md5 = blob_md5s[-1] if blob_md5s else ""
+        if blob_md5 and info.content_id.startswith("az-md5:"):
+            if azurelist.md5_content_id(blob_md5, info.size) != info.content_id:
+                raise ObjectChangedError(f"{what}: its MD5 is not the one listed")
         return data
 
     def _classify(self, exc: Exception, what: str) -> BackendError:

@@ -138,5 +138,15 @@ def from_properties(props: Any) -> ListedBlob:
 
 def content_id(blob: ListedBlob) -> str:
     if blob.md5:
-        return f"az-md5:{b64encode(blob.md5).decode()}:{blob.size}"
-    return f"az-etag:{blob.etag}:{blob.size}"
+        return md5_content_id(b64encode(blob.md5).decode(), blob.size)
+    return etag_content_id(blob.etag, blob.size)
+
+
+def md5_content_id(md5_b64: str, size: int) -> str:
+    """The content id of a blob listed with an MD5 (base64, as Azure sends it)."""
+    return f"az-md5:{md5_b64}:{size}"
+
+
+def etag_content_id(etag: str, size: int) -> str:
+    """The content id of a blob listed without an MD5."""
+    return f"az-etag:{etag}:{size}"

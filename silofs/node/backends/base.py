@@ -110,6 +110,12 @@ class Backend(Protocol):
         fewer bytes only at the end of the object.
         """
 
+    def identifies(self, info: ObjectInfo) -> bool:
+        """Whether `info.content_id` is the content id this store gives every object of
+        `info.version` and `info.size`, so bytes read as of that version may be cached
+        under it. False where the content id cannot be told from those (a digest of the
+        bytes): only a listing can vouch for it then."""
+
     def close(self) -> None:
         """Release clients and connection pools."""
 
@@ -234,6 +240,9 @@ class RetryingBackend:
         Express One Zone directory buckets ("--x-s3" names) do not, so a serial listing
         of one sends no PrefixListed (its lookups wait for the whole listing)."""
         return not str(getattr(self, "bucket", "")).endswith("--x-s3")
+
+    def identifies(self, info: ObjectInfo) -> bool:
+        return False  # a store that can tell says so (Backend.identifies)
 
     def get_range(self, info: ObjectInfo, start: int, length: int) -> bytes:
         # Clamp to the listed size: past-the-end reads are short (or empty) without a

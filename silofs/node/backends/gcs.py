@@ -360,6 +360,13 @@ class GCSBackend(DelimitedListing):
             return None
         return ObjectInfo(key, obj.size, obj.mtime, str(obj.generation), _content_id(obj))
 
+    def identifies(self, info: ObjectInfo) -> bool:
+        # The GET is pinned to the generation, which ends the content id (after the
+        # size); the digest before them is the generation's, whatever it says.
+        return info.content_id.startswith("gs-") and info.content_id.endswith(
+            f":{info.size}:{info.version}"
+        )
+
     def _get_once(self, info: ObjectInfo, start: int, end: int) -> bytes:
         store_key = join_prefix(self.prefix, info.key)
         what = f"{self.uri}{info.key}"

@@ -239,6 +239,11 @@ class S3Backend(RetryingBackend):
             log.debug("S3 %s: lean endpoint not resolved yet: %s", self.uri, exc)
         return lean
 
+    def close(self) -> None:
+        with self._lock:
+            self._lean = None  # it holds the client: drop both (built again on next use)
+        super().close()
+
     def _lean_path(self) -> LeanS3 | None:
         self._client_or_raise()
         lean = self._lean
@@ -332,7 +337,11 @@ class S3Backend(RetryingBackend):
         if key is None:
             return None
         # Positional: a listing makes one per object (key, size, mtime, version, content_id).
-        return ObjectInfo(key, size, mtime, etag, f"s3:{etag}:{size}")
+        return ObjectInfo(key, size, mtime, etag, _content_id(etag, size))
+
+    def identifies(self, info: ObjectInfo) -> bool:
+        # The GET is pinned to the ETag (If-Match), and the content id is made of it.
+        return info.content_id == _content_id(info.version, info.size)
 
     def _streams_ranges(self) -> bool:
         return True
@@ -486,3 +495,7 @@ class S3Backend(RetryingBackend):
         if code == "InvalidObjectState":
             return BackendError(f"{what} is archived (e.g. Glacier); restore it before reading")
         return BackendError(f"S3 refused a request for {what} ({code}, HTTP {status})")
+
+
+def _content_id(etag: str, size: int) -> str:
+    return f"s3:{etag}:{size}"
