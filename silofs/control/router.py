@@ -163,7 +163,12 @@ class Route:
     phrase ("change a job's remote IO allocation"), for refusals and the docs;
     ``threaded``: a Unix-socket connection that calls it is served from a worker thread
     from then on (control/thread_conn.py), for routes called many times a second with
-    chunk-sized answers. Who may call what is judged the same either way."""
+    chunk-sized answers. Who may call what is judged the same either way. ``inline``
+    is ``def inline(req, **params) -> Response | None``, called from such a thread (a
+    thread-served connection of either kind) once the route's entry admitted the peer:
+    the answer, served without a trip through the trio loop, or None for the handler
+    to answer on the loop. It may only read the daemon's state (and count under a lock),
+    never wait on the loop, and must answer as the handler would."""
 
     method: str
     path: str
@@ -172,6 +177,7 @@ class Route:
     body_limit: int | None = None
     doc: str = ""
     threaded: bool = False
+    inline: Callable[..., Response | None] | None = None
 
     def __post_init__(self) -> None:
         if self.method != self.method.upper():
@@ -242,6 +248,9 @@ class Router:
         refusal: Callable[[Route, Peer], str] = _plain_refusal,
     ) -> None:
         self._routes: list[Route] = []
+        # Routes without parameters by (method, segments): a request for one needs no
+        # scan of the table (the chunk routes are asked thousands of times a second).
+        self._literal: dict[tuple[str, tuple[str, ...]], Route] = {}
         self.roles = roles
         self.refusal = refusal
         for route in routes:
@@ -268,11 +277,20 @@ class Router:
         if any(r.method == route.method and r.segments == route.segments for r in self._routes):
             raise ValueError(f"duplicate route {route.method} {route.path}")
         self._routes.append(route)
+        if not any(seg.startswith("{") for seg in route.segments):
+            self._literal[(route.method, tuple(route.segments))] = route
 
     def match(self, method: str, parts: list[str], peer: Peer) -> Match:
         """The route for decoded path segments and this peer, or the error to answer."""
         roles = self.roles(peer).value  # ints: a Flag operation costs a microsecond
         reach = LOCAL_ROLES.value if peer.remote is None else REMOTE_ROLES.value
+        # A route of this method with exactly these literal segments is the most specific
+        # match there can be: the scan below would find it too.
+        route = self._literal.get((method, tuple(parts)))
+        if route is not None and route.who.value & reach:
+            if not route.who.value & roles:
+                return Match(route, {}, HTTPError(403, self.refusal(route, peer)))
+            return Match(route, {})
         matches = [
             (r, p)
             for r in self._routes

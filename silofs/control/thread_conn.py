@@ -17,9 +17,9 @@ size, the body size the route's entry allows this peer, asked before the body is
 the idle timeout; no chunked bodies), a "102 Processing" while a handler waits when
 the client asked for progress, cancelling the handler when the client closes, and
 closing an idle connection when the listener evicts it. Never: decides who may call
-what (each request goes through the router's match and dispatch on the trio loop, as
-on every other connection), runs a handler off the loop, or lets one connection's
-failure reach the listener.
+what (each request goes through the router's match, as on every other connection,
+then its route's inline answer here if it has one, else its handler on the trio loop),
+runs a handler off the loop, or lets one connection's failure reach the listener.
 """
 
 from __future__ import annotations
@@ -162,12 +162,16 @@ class TLSChannel(_Bounded):
             self.incoming.write(data)
 
     def send(self, *parts: bytes | memoryview) -> None:
+        """All of `parts` encrypted and sent in one sendall per _WRITE_SLICE of them: an
+        answer's head and a chunk up to that size leave in one send, not one per part."""
         try:
             for part in parts:
                 view = memoryview(part).cast("B")
                 for at in range(0, len(view), _WRITE_SLICE):
                     self.obj.write(view[at : at + _WRITE_SLICE])
-                    self._flush()
+                    if self.outgoing.pending >= _WRITE_SLICE:
+                        self._flush()
+            self._flush()
         except ssl.SSLError as exc:
             raise _Closed(f"TLS: {exc}") from None
 
@@ -259,7 +263,9 @@ class ThreadConnection:
             self.ch.deadline = time.monotonic() + self.idle_timeout
             self._answer(error_response(exc.status, exc.message), close=True)
             return False
-        resp = self._dispatch(req, match)
+        resp = self._inline(req, match)
+        if resp is None:
+            resp = self._dispatch(req, match)
         if resp is None:
             return False  # the client left while its handler ran
         self.ch.deadline = time.monotonic() + self.idle_timeout
@@ -353,6 +359,18 @@ class ThreadConnection:
         data = b"".join(parts) if len(parts) > 1 else self.buf
         body, self.buf = data[:length], data[length:]
         return body
+
+    def _inline(self, req: Request, match: Match) -> Response | None:
+        """The route's inline answer, in this thread (control/router.py Route.inline), if
+        it has one and the route's entry admitted the peer; None: the loop's handler."""
+        route = match.route
+        if match.error is not None or route is None or route.inline is None:
+            return None
+        try:
+            return route.inline(req, **match.params)
+        except Exception:  # the handler answers what the inline could not
+            log.exception("inline answer for %s %s failed", req.method, req.path)
+            return None
 
     # -- the handler, on the loop ------------------------------------------------------
     def _dispatch(self, req: Request, match: Match) -> Response | None:

@@ -22,8 +22,7 @@ import json
 import logging
 import ssl
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import trio
@@ -40,7 +39,8 @@ from silofs.errors import UsageError
 from silofs.flight import SingleFlight
 from silofs.node.cluster_shares import ClusterShares, parse_shares
 from silofs.node.limiter import TokenBucket
-from silofs.node.membership import Membership, MemberState, PeerCounters
+from silofs.node.membership import COUNTS, Membership, MemberState, PeerCounters
+from silofs.node.peer_ask import MemberSlots, PeerRead, ThreadAsks, ThreadFlight
 from silofs.node.peer_client import (
     PEER_POOL,
     Bounds,
@@ -61,7 +61,7 @@ from silofs.node.peer_wire import (
     ChunkAsk,
     dataset_body,
 )
-from silofs.node.state import DatasetState
+from silofs.node.state import DatasetState, MountState
 
 log = logging.getLogger(__name__)
 
@@ -73,19 +73,6 @@ MEMBER_FAILURES = frozenset({"refused", "timeout", "short", "corrupt", "foreign"
 WARN_EVERY = 10.0
 
 
-@dataclass
-class PeerRead:
-    """A miss served through the cluster: the bytes (verified), where they came from
-    ("cache": a member's cache, no store GET for it; "remote": a store GET made for it,
-    by its home or, after a failure, by this node), and the bytes of that GET charged
-    to the job (0 if none)."""
-
-    data: bytes | bytearray | memoryview
-    source: str
-    charged: int = 0
-    fallback: bool = False  # read from the store by this node after a member failed
-
-
 class Cluster:
     """The Daemon's cluster room. `d` is the Daemon (node/daemon.py imports this)."""
 
@@ -94,13 +81,14 @@ class Cluster:
         self.settings = settings
         self.membership: Membership | None = None
         self.pools: dict[str, PeerPool] = {}
-        self._slots: dict[str, trio.Semaphore] = {}
+        self.slots: dict[str, MemberSlots] = {}
         self.context: ssl.SSLContext | None = None
         self.shares = ClusterShares(d.store, d.writer)
         self.home = Home(d, None)
         self.datasets: dict[str, PeerCounters] = {}  # by dataset URI
         self.incoming: dict[str, PeerCounters] = {}  # by the asking certificate's name
-        self._asks: SingleFlight[bytes, PeerRead] = SingleFlight()
+        self.asks: SingleFlight[bytes, PeerRead] = SingleFlight()
+        self.thread_asks = ThreadAsks(self)  # a mount connection's thread asks (peer_ask.py)
         self.threads = trio.CapacityLimiter(PEER_POOL)
         self._warned: dict[tuple[str, str], float] = {}
         self._nursery: trio.Nursery | None = None
@@ -144,12 +132,12 @@ class Cluster:
         for addr in list(self.pools):
             if addr not in self.membership.members or self.pools[addr].cluster != cluster_name:
                 self.pools.pop(addr).close()
-                self._slots.pop(addr, None)
+                self.slots.pop(addr, None)
         for m in self.membership.peers():
             if m.address not in self.pools:
                 self.pools[m.address] = PeerPool(m.address, m.host, m.port, self.context,
                                                  cluster_name)  # fmt: skip
-                self._slots[m.address] = trio.Semaphore(PEER_POOL)
+                self.slots[m.address] = MemberSlots(self.thread_asks.token)
         self.threads.total_tokens = max(PEER_POOL, PEER_POOL * len(self.pools))
         self.home.set_serve_rate(config.peer_serve_rate)
         # Every other member may hold PEER_POOL connections to this node's listener.
@@ -245,13 +233,89 @@ class Cluster:
         dataset is not read through the cluster)."""
         if self.membership is None or not self.shareable(ds):
             return None
-        member = self.membership.home(ref.key)
-        if member.is_self:
-            return None
-        got, _ = await self._asks.run(
-            ref.key, functools.partial(self._ask, member, ds, limiter, job, ref, refetch)
-        )
+        while True:
+            # Claimed under the thread flights' lock: a connection thread never asks for a
+            # chunk the loop asks for, nor the loop for one a thread asks for. A chunk in
+            # flight is joined even if its home changed meanwhile (its member went down
+            # and this node took its place): one store GET for it, not two.
+            member = self.membership.home(ref.key)
+            with self.thread_asks.lock:
+                failed = self.thread_asks.lead_fallback(ref.key)
+                flight = self.thread_asks.flights.get(ref.key)
+                asked = flight is None and ref.key in self.asks
+                lead = flight is None and not asked and not member.is_self
+                if lead:
+                    self.asks.claim([ref.key])
+            if failed is not None:
+                return await self._fallback_for(failed, ds, limiter, ref, refetch)
+            if flight is not None:
+                got = await self.thread_asks.wait(flight)
+            elif asked:
+                joined = await self.asks.wait(ref.key)
+                got = joined[0] if joined is not None else None
+            elif not lead:
+                return None  # this node is its home
+            else:
+                call = functools.partial(self._ask, member, ds, limiter, job, ref, refetch)
+                return await self._lead(ref.key, call)
+            if got is not None:
+                return got
+
+    async def _fallback_for(
+        self,
+        flight: ThreadFlight,
+        ds: DatasetState,
+        limiter: TokenBucket,
+        ref: ChunkRef,
+        refetch: bool,
+    ) -> PeerRead:
+        """A chunk whose ask from a connection thread failed (counted: ask_failed), read
+        from the store by this node for its waiters, as _ask does after its own failure."""
+        assert self.membership is not None and flight.failure is not None
+        member = self.membership.members.get(flight.address)
+        counters: tuple[PeerCounters, ...] = (self.dataset_counters(ds.uri.canonical),)
+        if member is not None:
+            counters = (member.counters, *counters)
+        got = None
+        try:
+            got = await self._fallback(ds, limiter, ref, refetch, counters)
+            return got
+        finally:
+            self.thread_asks.finish(flight, got)
+
+    async def _lead(self, key: bytes, call: Callable[[], Awaitable[PeerRead]]) -> PeerRead:
+        try:
+            got = await call()
+        except Exception as exc:
+            self.asks.settle(key, error=exc)
+            raise
+        except BaseException:
+            self.asks.abandon(key)  # cancelled: a waiter asks anew
+            raise
+        self.asks.settle(key, got)
         return got
+
+    def ask_failed(
+        self, member: MemberState, ds: DatasetState, ref: ChunkRef, exc: PeerError
+    ) -> None:
+        """On the loop: an exchange a connection thread made (peer_ask.py) failed, counted
+        as the loop's own ask counts one and the member marked down if the failure is
+        its own, before that thread's request reaches its handler here (run_sync_soon
+        keeps the order): the handler then reads the chunk from the store (read())."""
+        counters = (member.counters, self.dataset_counters(ds.uri.canonical))
+        with COUNTS:
+            for c in counters:
+                c.requests_out += 1
+        self._failed(member, counters, exc, ds, ref)
+
+    def count_remote(self, ds: DatasetState, m: MountState, nbytes: int) -> None:
+        """On the loop: a store GET a home made for a chunk a connection thread asked
+        for, charged to the mount's job (unlimited: counted, never waited for) and
+        counted as the loop's ask counts it (Daemon.get_chunk)."""
+        job = self.d.job(m.job)
+        self.d.count_fetch(ds, job, m, 1, nbytes, 0)
+        if self._nursery is not None:
+            self._nursery.start_soon(job.limiter.charge, nbytes)
 
     async def _ask(
         self,
@@ -264,8 +328,9 @@ class Cluster:
     ) -> PeerRead:
         dsc = self.dataset_counters(ds.uri.canonical)
         counters = (member.counters, dsc)
-        for c in counters:
-            c.requests_out += 1
+        with COUNTS:
+            for c in counters:
+                c.requests_out += 1
         t0 = trio.current_time()
         try:
             reply, charged, data = await self._chunk_exchange(
@@ -276,9 +341,11 @@ class Cluster:
             self._failed(member, counters, exc, ds, ref)
             return await self._fallback(ds, limiter, ref, refetch, counters)
         finally:
-            dsc.wait_seconds += trio.current_time() - t0
-        for c in counters:
-            c.bytes_in += len(reply.body)  # the value, header and data, as the home sent it
+            with COUNTS:
+                dsc.wait_seconds += trio.current_time() - t0
+        with COUNTS:
+            for c in counters:
+                c.bytes_in += len(reply.body)  # the value, header and data, as the home sent it
         source = reply.headers.get(SOURCE_HEADER, "cache")
         source = "remote" if source == "remote" else "cache"
         if refetch or self.config_keep_copies():
@@ -353,18 +420,23 @@ class Cluster:
         assert config is not None
         pool = self.pools[member.address]
         bounds = Bounds(config.peer_timeout_seconds, float(config.peer_floor_rate))
-        async with self._slots[member.address]:
+        slots = self.slots[member.address]
+        await slots.acquire()
+        try:
             if not member.up and not member.probing:
                 raise PeerError("refused", f"{member.address} is down: {member.last_error}")
             t0 = trio.current_time()
             try:
                 return await trio.to_thread.run_sync(
-                    functools.partial(_request, pool, method, target, bounds, body, check),
+                    functools.partial(pool.request_checked, method, target, bounds, body, check),
                     limiter=self.threads,
                     abandon_on_cancel=True,
                 )
             finally:
-                member.counters.wait_seconds += trio.current_time() - t0
+                with COUNTS:
+                    member.counters.wait_seconds += trio.current_time() - t0
+        finally:
+            slots.release(on_loop=True)
 
     def _verified(self, member: MemberState, reply: PeerReply, ref: ChunkRef) -> memoryview:
         """The chunk's data if the member's value is exactly this node's ChunkRef: the
@@ -442,15 +514,17 @@ class Cluster:
     def dataset_counters(self, uri: str) -> PeerCounters:
         c = self.datasets.get(uri)
         if c is None:
-            c = self.datasets[uri] = PeerCounters()
+            with COUNTS:  # a connection's thread may make it too
+                c = self.datasets.setdefault(uri, PeerCounters())
         return c
 
     def incoming_counters(self, name: str) -> PeerCounters:
         c = self.incoming.get(name)
         if c is None:
-            if len(self.incoming) >= 4096:  # names are certificates of the CA: bounded
-                self.incoming.clear()
-            c = self.incoming[name] = PeerCounters()
+            with COUNTS:
+                if len(self.incoming) >= 4096:  # names are certificates of the CA: bounded
+                    self.incoming.clear()
+                c = self.incoming.setdefault(name, PeerCounters())
         return c
 
     def homed_here(self, refs: list[ChunkRef], ref: ChunkRef) -> list[ChunkRef]:
@@ -493,6 +567,10 @@ class Cluster:
         life; a member list applied later is picked up on the next tick."""
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
+            token = trio.lowlevel.current_trio_token()
+            self.thread_asks.token = token  # connection threads may ask from here on
+            for slots in self.slots.values():
+                slots.token = token
             while True:
                 await trio.sleep(PROBE_TICK)
                 if self.membership is None:
@@ -603,19 +681,6 @@ class Cluster:
         for pool in self.pools.values():
             pool.close()
         self.home.close()
-
-
-def _request(
-    pool: PeerPool,
-    method: str,
-    target: str,
-    bounds: Bounds,
-    body: bytes,
-    check: Callable[[PeerReply], memoryview] | None,
-) -> tuple[PeerReply, memoryview | None]:
-    """One exchange and the check of its 200 answer (in a worker thread)."""
-    reply = pool.request(method, target, bounds, body)
-    return reply, check(reply) if check is not None and reply.status == 200 else None
 
 
 def _charge(reply: PeerReply, ref: ChunkRef) -> int:

@@ -399,7 +399,7 @@ class Daemon:
             refetch = bad  # replace the bad value rather than keep missing on it
         peer = await self.cluster.read(ds, job.limiter, m.job, ref, refetch)
         if peer is not None:  # homed at another member (node/cluster.py)
-            self._count_fetch(ds, job, m, 1 if peer.charged else 0, peer.charged, 0)
+            self.count_fetch(ds, job, m, 1 if peer.charged else 0, peer.charged, 0)
             return peer.data, peer.source
         t0 = time.monotonic()
         try:
@@ -428,10 +428,10 @@ class Daemon:
             # again; a reader's EIO is the mount's ERROR line).
             log.warning("%s: chunk %d of %s: %s", ds.uri.canonical, index, key, exc)
             raise
-        self._count_fetch(ds, job, m, fetched.chunks, fetched.bytes, fetched.requests)
+        self.count_fetch(ds, job, m, fetched.chunks, fetched.bytes, fetched.requests)
         return data, "remote"
 
-    def _count_fetch(
+    def count_fetch(
         self, ds: DatasetState, job: JobState, m: MountState, chunks: int, nbytes: int, reqs: int
     ) -> None:
         """Store GETs made for a mount's miss (here, or by a member for this node's job)."""

@@ -6,7 +6,8 @@ Owns the truth about who is live, which placement (node/placement.py) is compute
 over: this node is always live; a member that refused, failed or was too slow is down
 for peer_backoff_seconds, doubling with each failure in a row up to MAX_BACKOFF, and
 comes back up on its first good probe. Pure state on the trio loop, with the clock
-injectable (tests): never does I/O (node/cluster.py probes) and never decides what a
+injectable (tests), but for the peer counters, which connection threads add to as
+well (under COUNTS): never does I/O (node/cluster.py probes) and never decides what a
 failure is (the peer client does).
 """
 
@@ -15,6 +16,7 @@ from __future__ import annotations
 import functools
 import ipaddress
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -29,6 +31,9 @@ MAX_BACKOFF = 60.0
 # An up member is pinged this often: a member that died is found before a read needs
 # it, and one that missed an allocation learns it from the ping's version.
 PING_SECONDS = 5.0
+# Held to add to any PeerCounters: threads serving connections (a chunk answered from
+# a member connection's thread) add to the same counters as the loop.
+COUNTS = threading.Lock()
 
 
 @dataclass
@@ -45,7 +50,19 @@ class PeerCounters:
     errors: dict[str, int] = field(default_factory=dict)  # by reason (peer_client.REASONS)
 
     def error(self, reason: str) -> None:
-        self.errors[reason] = self.errors.get(reason, 0) + 1
+        with COUNTS:
+            self.errors[reason] = self.errors.get(reason, 0) + 1
+
+    def answered(self, nbytes: int) -> None:
+        """A chunk request served, `nbytes` of value sent (0: none, a warm's answer)."""
+        with COUNTS:
+            self.requests_in += 1
+            self.bytes_out += nbytes
+
+    def sent(self, nbytes: int) -> None:
+        """`nbytes` of value sent for a request answered() counted already."""
+        with COUNTS:
+            self.bytes_out += nbytes
 
     def view(self) -> dict[str, object]:
         return {
@@ -55,7 +72,7 @@ class PeerCounters:
             "bytes_out": self.bytes_out,
             "store_fallbacks": self.store_fallbacks,
             "wait_s": round(self.wait_seconds, 3),
-            "errors": dict(self.errors),
+            "errors": dict(self.errors),  # a copy: a thread may add to it meanwhile
         }
 
 

@@ -4,7 +4,8 @@ connections, and deadlines that keep a read from waiting on a dead member.
 Owns, per member, a pool of at most PEER_POOL blocking TLS connections (this node's
 certificate as the client's, the cluster CA checking the member's, which must carry the
 node role), HTTP/1.1 framing of one request and its answer (bodies read straight into
-one buffer with recv_into, no copy through a parser), and the bounds every exchange
+one buffer with recv_into, no copy through a parser; TLS driven through memory BIOs,
+TLSPipe, so ciphertext is read in large pieces), and the bounds every exchange
 keeps: connect, TLS handshake and the answer's first byte within peer_timeout_seconds
 (a "102 Processing" counts as life and starts the bound again), then the body at
 peer_floor_rate at least. A failure is a PeerError naming its reason (REASONS).
@@ -21,6 +22,7 @@ import socket
 import ssl
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from silofs.control.tls import certificate_identity
@@ -37,6 +39,8 @@ MAX_HEAD = 16 << 10  # a peer's answer head (status line and headers)
 # The largest body a member may answer: a chunk value (64 MiB chunk and its header).
 MAX_BODY = (64 << 20) + (1 << 20)
 _RECV = 256 << 10
+# A request's bytes are encrypted this much at a time before they are sent.
+_WRITE_SLICE = 1 << 20
 
 # Why an exchange or its answer failed, as counted in status and /metrics.
 REASONS = ("refused", "timeout", "short", "http", "corrupt", "foreign")
@@ -83,10 +87,96 @@ def client_context(cert: str, key: str, ca: str) -> ssl.SSLContext:
     return ctx
 
 
+class TLSPipe:
+    """A client's TLS session over a blocking socket, through memory BIOs: ciphertext is
+    read up to _RECV bytes per recv, so a chunk-sized answer costs a few recv calls and
+    one SSLObject.read per 16 KiB record, where an SSLSocket makes a poll and a recv for
+    every record. What _exchange calls of a socket: settimeout, sendall, recv_into (0 at
+    the member's close, with or without its close_notify, as SSLSocket's default)."""
+
+    def __init__(
+        self,
+        raw: socket.socket,
+        obj: ssl.SSLObject,
+        incoming: ssl.MemoryBIO,
+        outgoing: ssl.MemoryBIO,
+    ) -> None:
+        self.raw, self.obj, self.incoming, self.outgoing = raw, obj, incoming, outgoing
+
+    @classmethod
+    def connect(
+        cls, raw: socket.socket, context: ssl.SSLContext, host: str, deadline: float
+    ) -> TLSPipe:
+        """The handshake over `raw` (its timeout set to what is left of `deadline` for
+        each read); ssl.SSLError, TimeoutError or OSError if it fails."""
+        incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+        pipe = cls(raw, context.wrap_bio(incoming, outgoing, server_hostname=host),
+                   incoming, outgoing)  # fmt: skip
+        while True:
+            try:
+                pipe.obj.do_handshake()
+                break
+            except ssl.SSLWantReadError:
+                pipe._flush()
+                raw.settimeout(max(0.001, deadline - time.monotonic()))
+                if not pipe._fill():
+                    raise ConnectionResetError("closed during the TLS handshake") from None
+        pipe._flush()
+        return pipe
+
+    def settimeout(self, seconds: float | None) -> None:
+        self.raw.settimeout(seconds)
+
+    def fileno(self) -> int:
+        return self.raw.fileno()
+
+    def pending(self) -> int:
+        """Bytes received and not yet read: decrypted, or ciphertext not decrypted."""
+        return self.obj.pending() + self.incoming.pending
+
+    def getpeercert(self) -> dict | None:
+        return self.obj.getpeercert()  # type: ignore[return-value]
+
+    def close(self) -> None:
+        self.raw.close()
+
+    def sendall(self, data: bytes | memoryview) -> None:
+        view = memoryview(data).cast("B")
+        for at in range(0, len(view), _WRITE_SLICE):
+            self.obj.write(view[at : at + _WRITE_SLICE])
+            if self.outgoing.pending >= _WRITE_SLICE:
+                self._flush()
+        self._flush()
+
+    def recv_into(self, view: memoryview, nbytes: int = 0) -> int:
+        nbytes = nbytes or len(view)
+        while True:
+            try:
+                return self.obj.read(nbytes, view)
+            except ssl.SSLWantReadError:
+                pass
+            except ssl.SSLZeroReturnError:
+                return 0
+            self._flush()  # a post-handshake message may want an answer
+            if not self._fill():
+                return 0
+
+    def _fill(self) -> bool:
+        data = self.raw.recv(_RECV)
+        if data:
+            self.incoming.write(data)
+        return bool(data)
+
+    def _flush(self) -> None:
+        data = self.outgoing.read()
+        if data:
+            self.raw.sendall(data)
+
+
 class _Connection:
     """One TLS connection and the bytes read past the last answer (none, normally)."""
 
-    def __init__(self, sock: ssl.SSLSocket) -> None:
+    def __init__(self, sock: TLSPipe) -> None:
         self.sock = sock
         self.used = time.monotonic()
 
@@ -158,6 +248,19 @@ class PeerPool:
             return reply
         raise AssertionError("unreachable")
 
+    def request_checked(
+        self,
+        method: str,
+        target: str,
+        bounds: Bounds,
+        body: bytes,
+        check: Callable[[PeerReply], memoryview] | None,
+    ) -> tuple[PeerReply, memoryview | None]:
+        """One exchange and `check` of its 200 answer, in the same thread (a chunk's
+        blocks are checked where it was received); PeerError if either fails."""
+        reply = self.request(method, target, bounds, body)
+        return reply, check(reply) if check is not None and reply.status == 200 else None
+
     def _head(
         self, method: str, target: str, bounds: Bounds, body: bytes, headers: dict[str, str]
     ) -> bytes:
@@ -215,8 +318,7 @@ class PeerPool:
             raise PeerError("refused", f"{self.address}: {exc.strerror or exc}") from None
         try:
             raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            raw.settimeout(max(0.001, deadline - time.monotonic()))
-            sock = self.context.wrap_socket(raw, server_hostname=self.host)
+            sock = TLSPipe.connect(raw, self.context, self.host, deadline)
         except TimeoutError:
             raw.close()
             raise PeerError("timeout", f"{self.address}: no TLS handshake within "
@@ -304,7 +406,7 @@ def _exchange(
 
 
 def _read_head(
-    sock: ssl.SSLSocket,
+    sock: TLSPipe,
     view: memoryview,
     got: int,
     deadline: float,

@@ -11,8 +11,10 @@ says it charged its job: ChargeFirst, answered 428), one store GET per chunk how
 many members ask (the Fetcher's single-flight), admission under this node's part of
 the dataset's share (the Writer, with the quota policy), a warm's "held / admitted /
 full" (the room a FillBudget sees), and the cap on bytes served to peers
-(peer_serve_rate, waited for before the answer: the asker hears 102 meanwhile). Never
-judges who asks (the route table and node/authz.py do) and never writes LMDB itself.
+(peer_serve_rate, waited for before the answer: the asker hears 102 meanwhile). A
+chunk held here is answered from the member connection's thread (held()), the rest on
+the trio loop (serve()). Never judges who asks (the route table and node/authz.py do)
+and never writes LMDB itself.
 """
 
 from __future__ import annotations
@@ -25,7 +27,13 @@ from typing import Any
 import lmdb
 import trio
 
-from silofs.cache.format import ChunkRef, checked_chunk, encode_chunk
+from silofs.cache.format import (
+    ChunkFormatError,
+    ChunkRef,
+    checked_chunk,
+    encode_chunk,
+    verify_chunk,
+)
 from silofs.errors import UsageError, VersionMismatchError
 from silofs.node.backends import open_backend
 from silofs.node.datasets import Purpose, named_object
@@ -172,6 +180,38 @@ class Home:
         self._fetching(ds)
         data, did = await self.d.fetcher.fetch(ds.id, ds.backend, self._free(), ref, replace=bad)
         return await self._answer(ask, self._encoded(ds, ref, data), "remote" if did else "cache")
+
+    def held(self, ask: ChunkAsk) -> bytes | None:
+        """From a member connection's thread, not the loop: the verified value of a chunk
+        this node holds, if it may be answered there: not a warm, a dataset this node
+        knows (a local directory's object listed as the member names it), no serve cap
+        (its bucket waits on the loop). None otherwise, and for anything unusual (a miss,
+        a damaged or stale value, an object not listed): serve() decides then, on the
+        loop."""
+        if ask.warm or self.serve_rate is not None:
+            return None
+        try:
+            ds = self.dataset(ask.uri)
+        except RuntimeError:  # the loop changed the open datasets meanwhile
+            return None
+        if ds is None:
+            return None
+        if ds.uri.scheme == "file":
+            try:
+                self._check_listed(ds, ask)
+            except (UsageError, lmdb.Error):
+                return None
+        ref = ask.ref()
+        store = self.d.store
+        with store.read_txn() as txn:
+            try:
+                value = store.get_value(txn, store.db(b"chunks"), ref.key)
+                if value is None:
+                    return None
+                verify_chunk(value, ref.content_bytes, ref.chunk_size, ref.index, ref.length)
+            except (lmdb.Error, ChunkFormatError):
+                return None  # serve() looks again, counts and replaces it
+            return bytes(value)
 
     async def _warm(self, ds: DatasetState, ask: ChunkAsk, ref: ChunkRef) -> Served:
         """A member's warm: held if this dataset holds the chunk (or it is on its way),

@@ -75,7 +75,16 @@ ROUTES: tuple[Route, ...] = (
     Route("GET", f"{_MOUNT}/hints", mounts.get_hint, LOCAL, doc="read a hint's progress"),
     Route("DELETE", f"{_MOUNT}/hints", mounts.cancel_hint, LOCAL, doc="stop a hint"),
     # A mount's misses: its connections move to threads of their own after the first.
-    Route("GET", "/v1/chunks", chunks.get_chunk, LOCAL, doc="read a chunk", threaded=True),
+    # A miss homed at another member is asked of it from that thread.
+    Route(
+        "GET",
+        "/v1/chunks",
+        chunks.get_chunk,
+        LOCAL,
+        doc="read a chunk",
+        threaded=True,
+        inline=chunks.peer_chunk,
+    ),  # fmt: skip
     Route(
         "PUT",
         f"{_MOUNT}/offer",
@@ -89,7 +98,15 @@ ROUTES: tuple[Route, ...] = (
     Route("PUT", "/v1/cluster", peer.put_cluster, CONTROL, doc="change the cluster's members"),
     Route("GET", "/v1/peer/ping", peer.ping, PEER, doc="ping a cluster member"),
     Route("PUT", "/v1/peer/datasets", peer.put_dataset, PEER, doc="introduce a dataset"),
-    Route("GET", "/v1/peer/chunk", peer.get_chunk, PEER, doc="read a chunk from its home"),
+    # A chunk the home holds is answered from the member connection's thread.
+    Route(
+        "GET",
+        "/v1/peer/chunk",
+        peer.get_chunk,
+        PEER,
+        doc="read a chunk from its home",
+        inline=peer.held_chunk,
+    ),  # fmt: skip
     Route("GET", "/v1/peer/allocations", peer.get_allocations, PEER, doc="read cache shares"),
     Route("PUT", "/v1/peer/allocations", peer.put_allocations, PEER, doc="push cache shares"),
 )
@@ -103,7 +120,14 @@ PEER_ROUTES = frozenset((r.method, r.path) for r in ROUTES if r.who & Caller.PEE
 def build_router(d: Daemon) -> Router:
     """The table with each handler bound to `d`, judging peers by `d`'s settings."""
     return Router(
-        (dataclasses.replace(r, handler=functools.partial(r.handler, d)) for r in ROUTES),
+        (
+            dataclasses.replace(
+                r,
+                handler=functools.partial(r.handler, d),
+                inline=functools.partial(r.inline, d) if r.inline is not None else None,
+            )
+            for r in ROUTES
+        ),
         roles=functools.partial(authz.roles, d),
         refusal=functools.partial(authz.refusal, d),
     )

@@ -148,8 +148,10 @@ def cluster_view(d: Daemon) -> dict[str, Any] | None:
         "serve_wait_s": round(c.home.serve_waited(), 3),
         "keep_peer_copies": c.config.keep_peer_copies,
         "members": members,
-        # What members asked of this node, by the name of their certificate.
-        "peers_in": {name: pc.view() for name, pc in c.incoming.items()},
+        # What members asked of this node, by the name of their certificate. The
+        # counter tables are copied first (list(): one C call, no thread runs in it):
+        # member connections' threads add to them.
+        "peers_in": {name: pc.view() for name, pc in list(c.incoming.items())},
         "datasets": [
             {
                 "uri": uri,
@@ -158,7 +160,7 @@ def cluster_view(d: Daemon) -> dict[str, Any] | None:
                 "cached_bytes": _cached(d, uri),
                 **pc.view(),
             }
-            for uri, pc in sorted(c.datasets.items())
+            for uri, pc in sorted(list(c.datasets.items()))
         ],
         "allocations_version": shares.version,
         "shares": dict(shares.shares),

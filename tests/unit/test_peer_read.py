@@ -296,3 +296,139 @@ def test_a_job_with_a_rate_is_charged_after_428_and_before_the_homes_get(
         charged, length = trio.run(main)
     assert [a["charged"] for a in member.asks] == ["0", "1"]
     assert charged == length
+
+
+def read_from_threads(d: Daemon, bucket: Path, mode: str, member: FakeMember) -> dict:
+    """Ask for the member's chunks as a mount connection's thread does (peer_ask.py),
+    each then read through the loop's handler path as the connection does when the
+    thread hands a chunk over: the bytes must be right either way."""
+
+    async def main() -> dict:
+        async with running(d), trio.open_nursery() as nursery:
+            nursery.start_soon(d.cluster.probe_loop)
+            while d.cluster.thread_asks.token is None:
+                await trio.sleep(0)
+            ds, m = await mounted(d, bucket)
+            member.mode = mode
+            served = []
+            for key, index in remote_chunks(d, ds, bucket)[:3]:
+                want = (bucket / key).read_bytes()[index * CHUNK : (index + 1) * CHUNK]
+                got = await trio.to_thread.run_sync(
+                    d.cluster.thread_asks.read, ds, m, key, index, None
+                )
+                if got is None:  # handed to the loop: the handler joins its flight
+                    data, _ = await d.get_chunk(m, key, index, False)
+                else:
+                    data = got.data
+                served.append(got is not None)
+                assert bytes(data) == want, (mode, key, index)
+            assert not d.cluster.thread_asks.flights and not d.cluster.asks._flights
+            peer = next(p for p in d.cluster.membership.peers())  # type: ignore[union-attr]
+            nursery.cancel_scope.cancel()
+            return {
+                "served": served,
+                "member": peer.counters.view(),
+                "dataset": d.cluster.datasets[ds.uri.canonical].view(),
+                "up": peer.up,
+                "remote_gets": ds.fetch.remote_gets,
+            }
+
+    return trio.run(main)
+
+
+def test_a_connection_thread_asks_the_home_and_checks_the_answer_off_the_loop(
+    tmp_path: Path, pki: Path, bucket: Path, member: FakeMember
+) -> None:
+    with daemon_of(tmp_path, pki, member.port) as d:
+        got = read_from_threads(d, bucket, "ok", member)
+    assert got["served"] == [True, True, True]  # no chunk needed the loop
+    assert got["up"] and got["member"]["errors"] == {}
+    assert got["member"]["requests_out"] == 3 and got["dataset"]["requests_out"] == 3
+    assert got["member"]["bytes_in"] > 3 * CHUNK and got["remote_gets"] == 0
+    assert [a["charged"] for a in member.asks] == ["1", "1", "1"]  # unlimited: up front
+
+
+@pytest.mark.parametrize(("mode", "reason"), [("flip", "corrupt"), ("short", "short")])
+def test_a_bad_answer_to_a_thread_is_counted_once_and_the_loop_reads_the_store(
+    tmp_path: Path, pki: Path, bucket: Path, member: FakeMember, mode: str, reason: str
+) -> None:
+    with daemon_of(tmp_path, pki, member.port) as d:
+        got = read_from_threads(d, bucket, mode, member)
+    assert got["served"] == [False, False, False]  # the first failed, then it was down
+    assert got["member"]["errors"] == {reason: 1}, got
+    assert got["dataset"]["errors"] == {reason: 1} and got["dataset"]["store_fallbacks"] == 1
+    assert not got["up"] and len(member.asks) == 1  # never asked again while down
+    assert got["remote_gets"] == 3
+
+
+def test_a_rated_job_is_never_asked_for_from_a_thread(
+    tmp_path: Path, pki: Path, bucket: Path, member: FakeMember
+) -> None:
+    with daemon_of(tmp_path, pki, member.port) as d:
+
+        async def main() -> None:
+            async with running(d), trio.open_nursery() as nursery:
+                nursery.start_soon(d.cluster.probe_loop)
+                ds, m = await mounted(d, bucket)
+                d.job("j").limiter.set_rate(1 << 30)
+                while d.cluster.thread_asks.token is None:
+                    await trio.sleep(0)
+                key, index = remote_chunks(d, ds, bucket)[0]
+                got = await trio.to_thread.run_sync(
+                    d.cluster.thread_asks.read, ds, m, key, index, None
+                )
+                assert got is None and not member.asks  # its charge is the loop's
+                nursery.cancel_scope.cancel()
+
+        trio.run(main)
+
+
+def test_one_ask_per_chunk_whether_a_thread_or_the_loop_asks_first(
+    tmp_path: Path, pki: Path, bucket: Path, member: FakeMember
+) -> None:
+    """A reader on the loop joins a chunk a connection thread is asking for (the member
+    answers slowly: 102s first), and a thread leaves a chunk the loop asks for to it."""
+    with daemon_of(tmp_path, pki, member.port) as d:
+
+        async def main() -> None:
+            async with running(d), trio.open_nursery() as nursery:
+                nursery.start_soon(d.cluster.probe_loop)
+                ds, m = await mounted(d, bucket)
+                key, index = remote_chunks(d, ds, bucket)[0]
+                ref = ChunkRef.of(d.store.get_object(ds.id, key), CHUNK, index)  # type: ignore[arg-type]
+                want = (bucket / key).read_bytes()[index * CHUNK : (index + 1) * CHUNK]
+                # The loop's flight first: a thread does not ask for it.
+                d.cluster.asks.claim([ref.key])
+                while d.cluster.thread_asks.token is None:
+                    await trio.sleep(0)
+                got = await trio.to_thread.run_sync(
+                    d.cluster.thread_asks.read, ds, m, key, index, None
+                )
+                assert got is None and not member.asks
+                d.cluster.asks.abandon(ref.key)
+                # The thread's flight first: the loop's reader joins it.
+                member.mode = "processing"
+                box: list[object] = []
+
+                async def from_thread() -> None:
+                    box.append(
+                        await trio.to_thread.run_sync(
+                            d.cluster.thread_asks.read, ds, m, key, index, None
+                        )
+                    )
+
+                nursery.start_soon(from_thread)
+                with trio.fail_after(10):
+                    while ref.key not in d.cluster.thread_asks.flights:
+                        await trio.sleep(0.005)
+                data, _ = await d.get_chunk(m, key, index, False)
+                with trio.fail_after(10):
+                    while not box:
+                        await trio.sleep(0.005)
+                assert bytes(data) == want
+                assert box[0] is not None and bytes(box[0].data) == want  # type: ignore[attr-defined]
+                assert len(member.asks) == 1
+                assert d.cluster.datasets[ds.uri.canonical].requests_out == 1
+                nursery.cancel_scope.cancel()
+
+        trio.run(main)

@@ -252,3 +252,36 @@ def test_the_serve_cap_paces_answers_to_members(home: Daemon, bucket: Path) -> N
     # the serving itself took (tokens accrue meanwhile: a loaded host waits less), so
     # only that it waited is asserted of it.
     assert elapsed >= 0.3 and waited > 0, (elapsed, waited)
+
+
+def test_a_held_chunk_is_answered_off_the_loop_only_as_serve_would_answer_it(
+    home: Daemon, bucket: Path
+) -> None:
+    """Home.held (a member connection's thread): the value serve() gives for a chunk
+    held here, checked; None (the loop decides) for a miss, a warm, an object the
+    listing does not name so, a damaged value, and while a serve cap is set."""
+
+    async def main() -> None:
+        async with running(home) as d:
+            ds, _ = await mounted(d, bucket)
+            h = d.cluster.home
+            assert await trio.to_thread.run_sync(h.held, ask(d, ds, "f2.bin", 0)) is None
+            served = await h.serve(ask(d, ds, "f2.bin", 0, charged=True))
+            await d.writer.flush()
+            held = await trio.to_thread.run_sync(h.held, ask(d, ds, "f2.bin", 0))
+            assert held is not None and held == served.value
+            assert h.held(ask(d, ds, "f2.bin", 0, warm=True)) is None
+            other = dataclasses.replace(ask(d, ds, "f2.bin", 0), content_id="not-it")
+            assert h.held(other) is None  # serve() answers it 409
+            h.set_serve_rate(1 << 30)
+            assert h.held(ask(d, ds, "f2.bin", 0)) is None  # the cap waits on the loop
+            h.set_serve_rate(None)
+            # A damaged value is a miss there: serve() counts and replaces it.
+            key = ask(d, ds, "f2.bin", 0).ref().key
+            value = bytearray(served.value)  # type: ignore[arg-type]
+            value[-10] ^= 0xFF
+            with d.store.env.begin(write=True) as txn:
+                txn.put(key, bytes(value), db=d.store.db(b"chunks"))
+            assert h.held(ask(d, ds, "f2.bin", 0)) is None
+
+    trio.run(main)

@@ -20,7 +20,7 @@ from silofs.errors import (
     VersionMismatchError,
 )
 from silofs.node.api.fields import query_int, usage_error_as
-from silofs.node.authz import check_object_access, own_mount
+from silofs.node.authz import check_object_access, own_mount, trusted
 from silofs.node.daemon import Daemon
 
 
@@ -41,6 +41,29 @@ async def get_chunk(d: Daemon, req: Request) -> Response:
     except BackendError as exc:
         raise HTTPError(backend_status(exc), str(exc)) from None
     return Response(200, data, "application/octet-stream", {"x-silofs-source": source})
+
+
+def peer_chunk(d: Daemon, req: Request) -> Response | None:
+    """GET /v1/chunks from the mount connection's thread (Route.inline): a miss of a
+    chunk homed at another member, asked of it from here (node/peer_ask.py); None for
+    everything else, which get_chunk answers on the loop (errors included)."""
+    q = req.query
+    m = d.mounts.get(q.get("mount", ""))
+    if m is None or q.get("refetch") == "1" or (req.peer.uid != m.uid and not trusted(d, req)):
+        return None
+    ds = d.datasets.get(m.dsid)
+    index_text = q.get("index", "")
+    if ds is None or ds.uri.scheme == "file" or not index_text.isdigit() or len(index_text) > 19:
+        return None  # a local directory's reader is checked on the loop (authz)
+    index = int(index_text)
+    try:
+        _span(q.get("span"), index)
+    except HTTPError:
+        return None
+    got = d.cluster.thread_asks.read(ds, m, q.get("key", ""), index, q.get("version"))
+    if got is None:
+        return None
+    return Response(200, got.data, "application/octet-stream", {"x-silofs-source": got.source})
 
 
 def _span(text: str | None, index: int) -> tuple[int, int] | None:

@@ -5,9 +5,10 @@ mutual-TLS listener).
 Owns reading and checking those requests (a peer route also checks that the caller
 names this node's cluster in x-silofs-cluster), the status each outcome answers
 (428 and the bytes to charge, 404 and x-silofs-unknown-dataset for a dataset to
-introduce first), and counting what members ask of this node. Who may call a route is
-the route table's and node/authz.py's; what a home does is node/peer_serve.py's, the
-member list and shares node/cluster.py's.
+introduce first), and counting what members ask of this node. A chunk the home holds
+is answered from the member connection's thread (held_chunk), the rest on the loop.
+Who may call a route is the route table's and node/authz.py's; what a home does is
+node/peer_serve.py's, the member list and shares node/cluster.py's.
 """
 
 from __future__ import annotations
@@ -101,7 +102,7 @@ async def get_chunk(d: Daemon, req: Request) -> Response:
     if d.cluster.home.dataset(ask.uri) is not None:  # never a row per name a member makes up
         counters.append(d.cluster.dataset_counters(ask.uri))
     for c in counters:
-        c.requests_in += 1
+        c.answered(0)
     try:
         served = await d.cluster.home.serve(ask)
     except ChargeFirst as exc:
@@ -121,8 +122,28 @@ async def get_chunk(d: Daemon, req: Request) -> Response:
         resp.headers[SOURCE_HEADER] = served.source
         return resp
     for c in counters:
-        c.bytes_out += len(served.value)
+        c.sent(len(served.value))
     return Response(200, served.value, "application/octet-stream", {SOURCE_HEADER: served.source})
+
+
+def held_chunk(d: Daemon, req: Request) -> Response | None:
+    """GET /v1/peer/chunk from the member connection's thread (Route.inline): the
+    answer for a chunk this node holds, as get_chunk would give it; None for the rest
+    (get_chunk answers on the loop: misses, warms, errors)."""
+    config = d.cluster.config
+    if config is None or req.headers.get(CLUSTER_HEADER) != config.name:
+        return None
+    try:
+        ask = ChunkAsk.from_query(req.query)
+    except ValueError:
+        return None
+    value = d.cluster.home.held(ask)
+    if value is None:
+        return None
+    for c in (d.cluster.incoming_counters(req.peer.remote or "?"),
+              d.cluster.dataset_counters(ask.uri)):  # fmt: skip
+        c.answered(len(value))
+    return Response(200, value, "application/octet-stream", {SOURCE_HEADER: "cache"})
 
 
 async def get_allocations(d: Daemon, req: Request) -> Response:
