@@ -47,7 +47,14 @@ from silofs.control.router import (
     one_line,
     parse_target,
 )
-from silofs.control.thread_conn import ConnLimits, ThreadConnection, serve_member, serve_plain
+from silofs.control.thread_conn import (
+    LINGER_BYTES,
+    LINGER_SECONDS,
+    ConnLimits,
+    ThreadConnection,
+    serve_member,
+    serve_plain,
+)
 from silofs.errors import SilofsError
 
 log = logging.getLogger(__name__)
@@ -61,10 +68,6 @@ _COALESCE_LIMIT = 256 * 1024
 # net.core.wmem_max/rmem_max) cut server CPU per 8 MiB reply by ~30% in our
 # measurements: fewer wakeups and partial sends per chunk reply.
 SOCKET_BUFFER = 4 * 1024 * 1024
-# After an error that forces a close, read and discard what the client is still
-# sending for a little while, so it can see our answer instead of EPIPE/ECONNRESET.
-_LINGER_SECONDS = 2.0
-_LINGER_BYTES = 64 * 1024 * 1024
 # A client that asks for progress (header x-silofs-progress: the seconds of silence it
 # accepts) hears "102 Processing" at least this often while its handler waits (e.g. on a
 # rate limiter), and 3 times within its silence: only a frozen daemon stays silent.
@@ -404,8 +407,8 @@ def _reject_for(exc: h11.RemoteProtocolError) -> _Reject:
 
 async def _drain(stream: trio.abc.ReceiveStream) -> None:
     received = 0
-    with trio.move_on_after(_LINGER_SECONDS):
-        while received < _LINGER_BYTES:
+    with trio.move_on_after(LINGER_SECONDS):
+        while received < LINGER_BYTES:
             try:
                 data = await stream.receive_some(_RECV_SIZE * 16)
             except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):

@@ -58,6 +58,11 @@ _RECV = 256 << 10
 _WRITE_SLICE = 1 << 20
 _PROGRESS_HEADER = "x-silofs-progress"
 _FRAMING = ("content-length", "transfer-encoding", "content-type")
+# After an error that forces a close, read and discard what the client is still
+# sending for a little while (on the loop and in a thread alike): closing with its bytes
+# unread resets the connection, and the reset can reach the client before our answer.
+LINGER_SECONDS = 2.0
+LINGER_BYTES = 64 * 1024 * 1024
 
 
 class _Closed(Exception):
@@ -262,6 +267,7 @@ class ThreadConnection:
         except _Reject as exc:
             self.ch.deadline = time.monotonic() + self.idle_timeout
             self._answer(error_response(exc.status, exc.message), close=True)
+            self._linger()
             return False
         resp = self._inline(req, match)
         if resp is None:
@@ -432,6 +438,23 @@ class ThreadConnection:
         with self.wake_lock:
             if self.wake_open:
                 os.eventfd_write(self.wake, 1)
+
+    def _linger(self) -> None:
+        """Read and drop what the client still sends (its ciphertext as it comes, not
+        decrypted), up to LINGER_SECONDS and LINGER_BYTES, so that the close after an
+        error answer does not reset the connection before the client reads it."""
+        end, got = time.monotonic() + LINGER_SECONDS, 0
+        try:
+            if isinstance(self.ch, PlainChannel):
+                self.ch.sock.shutdown(socket.SHUT_WR)  # the answer is all it gets
+            while got < LINGER_BYTES and (left := end - time.monotonic()) > 0:
+                self.ch.sock.settimeout(left)
+                data = self.ch.sock.recv(_RECV)
+                if not data:
+                    return
+                got += len(data)
+        except OSError:  # TimeoutError included: the linger is over
+            return
 
     def _client_closed(self) -> bool:
         try:

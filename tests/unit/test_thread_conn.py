@@ -164,6 +164,21 @@ def test_limits_and_malformed_requests(pki: Path, request_bytes: bytes, status: 
             assert Reader(s2).answer()[2] == BIG
 
 
+def test_a_refused_body_sent_whole_still_hears_its_answer(pki: Path) -> None:
+    """As http.client does: the whole body is sent before the answer is read. The
+    thread answers 413 after the head and must read on before it closes: a close with
+    the body unread resets the connection, and the client saw no answer at all."""
+    probe = Probe()
+    body = b"z" * (4 << 20)
+    head = f"PUT /v1/peer/echo HTTP/1.1\r\nhost: x\r\ncontent-length: {len(body)}\r\n\r\n"
+    for _ in range(3):
+        with server(pki, probe) as (port, _), connect(pki, port) as s:
+            s.sendall(head.encode() + body)
+            got, headers, answer = Reader(s).answer()
+            assert got == 413 and b"too large" in answer
+            assert headers.get("connection") == "close"
+
+
 def test_progress_while_the_handler_waits_then_the_answer(pki: Path) -> None:
     probe = Probe()
     with server(pki, probe) as (port, _), connect(pki, port) as s:
