@@ -835,9 +835,13 @@ class GavelPolicy:
         spread_leftover_gpus(alloc, jobs, cluster)
         if hits is None:
             hits = {j.name: hit_ratio(j, plan.cache, cluster) for j in jobs}
-        for job in jobs:
-            alloc.io[job.name] = plan.rates.get(job.name, 0.0) * (1.0 - hits[job.name])
-        ceiling = {j.name: alloc.gpu_share[j.name] * j.f_star for j in jobs}
+        # io: rate * (1 - hit now); ceiling: share * f* (each pass in C, in the jobs' order)
+        names = list(map(_NAME, jobs))
+        misses = map(sub, repeat(1.0), map(hits.__getitem__, names))
+        io = map(mul, map(plan.rates.get, names, repeat(0.0)), misses)
+        alloc.io.update(zip(names, io, strict=True))
+        shares = map(alloc.gpu_share.__getitem__, names)
+        ceiling = dict(zip(names, map(mul, shares, map(_F_STAR, jobs)), strict=True))
         spread_leftover_io(alloc, jobs, cluster, ceiling)
         return alloc
 
