@@ -449,3 +449,21 @@ def test_fixed_hits_round_loads_equal_the_loads_of_each_round(seed: int) -> None
         general = _frozen_loads(model.loads, fixed, free, groups, e, g)
         assert (fast(g).a, fast(g).b) == (general.a, general.b)
         assert fast(g).limit(now_cl, 0.5) == general.limit(now_cl, 0.5)
+
+
+def test_gavel_keeps_its_steady_plan_only_for_the_same_jobs() -> None:
+    # One GavelPolicy re-plans as a fresh one would when a job's reads (a new mapping),
+    # its f* or its GPUs move, and when the reads are equal mappings but new objects.
+    c = cluster(4, 1 * TB, 100 * MB, {"a": 800 * GB, "b": 600 * GB, "c": 90 * GB})
+    plans = [
+        [job("j0", "a", 114 * MB), job("j1", "b", 60 * MB, gpus=2)],
+        [job("j0", "a", 114 * MB), replace(job("j1", "c", 60 * MB, gpus=2), dataset="b")],
+        [job("j0", "a", 30 * MB), replace(job("j1", "c", 60 * MB, gpus=2), dataset="b")],
+        [job("j0", "a", 30 * MB), replace(job("j1", "c", 60 * MB, gpus=3), dataset="b")],
+        [job("j0", "a", 30 * MB), replace(job("j1", "c", 60 * MB, gpus=3), dataset="b")],
+    ]
+    kept = GavelPolicy()
+    for jobs in plans:
+        got = kept.allocate(jobs, c, SiloDEstimator())
+        want = GavelPolicy().allocate(jobs, c, SiloDEstimator())
+        assert (got.gpu_share, got.cache, got.io) == (want.gpu_share, want.cache, want.io)

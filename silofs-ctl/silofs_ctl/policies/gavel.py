@@ -33,8 +33,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
 from heapq import heapify, heappop
-from itertools import compress, repeat
-from operator import attrgetter, methodcaller, mul, not_
+from itertools import chain, compress, count, repeat
+from operator import attrgetter, is_, itemgetter, mul, not_, sub, truediv
 
 from ..estimator import ComputeEstimator, Estimator, equal_share_perf, hit_ratio
 from ..model import Allocation, CacheUnit, Cluster, Job
@@ -176,7 +176,7 @@ class _FixedHits:
 
     def __init__(self, jobs: Sequence[Job], e: Mapping[str, float], cluster: Cluster) -> None:
         keys = [next(iter(job.reads)) for job in jobs]
-        self.cache = fill_units(keys, cluster)
+        self._cache = fill_units(keys, cluster)
         self.names = [job.name for job in jobs]
         self.e = e
         self._slopes: list[float] | None = None
@@ -184,7 +184,7 @@ class _FixedHits:
         self.hits: dict[str, float] = {}
         for job, key in zip(jobs, keys, strict=True):
             size = cluster.units[key].size
-            held = self.cache.get(key, 0.0)
+            held = self._cache.get(key, 0.0)
             self.miss.append(max(0.0, 1.0 - held / size) if size > 0 else 0.0)
             hit = 0.0 + (1.0 if size <= 0 else min(1.0, held / size))  # hit_ratio's sum
             self.hits[job.name] = min(1.0, hit)
@@ -196,29 +196,51 @@ class _FixedHits:
         cluster: Cluster,
         hits: Mapping[str, float],
         e: Mapping[str, float],
+        sizes: Sequence[float] | None = None,
     ) -> _FixedHits:
         """The model of with_fixed_hits(jobs, cluster, hits) built from `jobs` directly,
         without its jobs and cluster: the same arithmetic as __init__ on them (fill_units
-        gives each unit min(size - 0.0, its pool), since it is alone in its pool)."""
+        gives each unit min(size - 0.0, its pool), since it is alone in its pool).
+        sizes: each job's dataset size (_job_sizes), when the caller has them."""
         self = cls.__new__(cls)
-        self.names = names = [job.name for job in jobs]
+        self.names = names = list(map(_NAME, jobs))
         self.e = e
         self._slopes = None
-        cache: dict[str, float] = {}
+        if sizes is None:
+            sizes = _job_sizes(jobs, cluster)
+        # A unit holds take = min(size - 0.0, hit * size) if that is > 0 (as 0.0 + take,
+        # which is take), else nothing; size - 0.0 is size, to the bit.
+        takes = map(min, sizes, map(mul, map(hits.__getitem__, names), sizes))
+        self.held = held = [take if take > 0 else 0.0 for take in takes]
+        self._cache = None
         miss: list[float] = []
         out: dict[str, float] = {}
-        self.cache, self.miss, self.hits = cache, miss, out
-        units = cluster.units
-        for job, name in zip(jobs, names, strict=True):
-            size = units[next(iter(job.reads))].size
-            take = min(size - 0.0, hits[name] * size)
-            held = 0.0
-            if take > 0:
-                cache[f"now:{name}"] = held = 0.0 + take
-            miss.append(max(0.0, 1.0 - held / size) if size > 0 else 0.0)
-            hit = 0.0 + (1.0 if size <= 0 else min(1.0, held / size))
-            out[name] = min(1.0, hit)
+        self.miss, self.hits = miss, out
+        for name, size, have in zip(names, sizes, held, strict=True):
+            if size > 0:
+                # max(0.0, 1.0 - c/d); and min(1.0, 0.0 + min(1.0, c/d)), where c/d >= 0
+                # (so 0.0 + x is x, and the outer min changes nothing)
+                part = have / size
+                left = 1.0 - part
+                miss.append(left if left > 0.0 else 0.0)
+                out[name] = part if part < 1.0 else 1.0
+            else:
+                miss.append(0.0)
+                out[name] = 1.0 if size <= 0 else min(1.0, have / size)
         return self
+
+    @property
+    def cache(self) -> dict[str, float]:
+        """The fixed cache (unit now:NAME -> bytes held), made when first asked for:
+        a plan reads its rates and hits, not this."""
+        cache = self._cache
+        if cache is None:
+            cache = self._cache = {
+                f"now:{name}": have
+                for name, have in zip(self.names, self.held, strict=True)
+                if have > 0
+            }
+        return cache
 
     @staticmethod
     def applies(jobs: Sequence[Job], cluster: Cluster) -> bool:
@@ -263,27 +285,24 @@ class _FixedHits:
         """g -> loads(fixed with groups[:g] of `free` frozen at their levels), as
         _cap_rounds' binary search asks for it: the same products summed in the same
         order, without a dictionary of frozen jobs per step."""
-        e = self.e
-        level_of: dict[str, tuple[int, float]] = {}
-        begin = 0
-        for g, (level, end) in enumerate(groups):
-            for job in free[begin:end]:
-                level_of[job.name] = (g, min(job.f_star, level * e[job.name]))
-            begin = end
-        # per job in loads' order: the first round it is frozen in (-1: frozen before),
-        # a's term from then on, b's term before
-        firsts: list[int] = []
-        a_terms: list[float] = []
-        never = (len(groups), 0.0)
-        for name, miss in zip(self.names, self.miss, strict=True):
-            rate = fixed.get(name)
-            if rate is not None:
-                firsts.append(-1)
-                a_terms.append(rate * miss)
-            else:
-                g, frozen = level_of.get(name, never)
-                firsts.append(g)
-                a_terms.append(frozen * miss)
+        # per job in loads' order: the first round it is frozen in (-1: frozen before,
+        # len(groups): in neither), a's term from then on (its rate times its miss), b's
+        # term before. Each pass is in C: a free job of group g is frozen at
+        # min(f*, level_g * e), the plain rounds' rate.
+        e, names = self.e, self.names
+        ends = list(map(_END, groups))
+        counts = list(map(sub, ends, [0, *ends]))  # each group's size
+        free = free[: sum(counts)]
+        free_names = list(map(_NAME, free))
+        levels = chain.from_iterable(map(repeat, map(_LEVEL, groups), counts))
+        frozen = map(min, map(_F_STAR, free), map(mul, levels, map(e.__getitem__, free_names)))
+        rate_of = dict(zip(free_names, frozen, strict=True))
+        rate_of.update(fixed)
+        rounds = chain.from_iterable(map(repeat, count(), counts))
+        first_of = dict(zip(free_names, rounds, strict=True))
+        first_of.update(dict.fromkeys(fixed, -1))
+        firsts = list(map(first_of.get, names, repeat(len(groups))))
+        a_terms = list(map(mul, map(rate_of.get, names, repeat(0.0)), self.miss))
         b_terms = self.slopes()  # (a frozen job's b term is never read)
 
         def loads(g: int) -> _FixedLoads:
@@ -380,7 +399,14 @@ def _gpus_held(fixed: Mapping[str, float], jobs: Sequence[Job]) -> float:
     """The GPUs the jobs whose rates are fixed hold at those rates."""
     # A job with no ideal rate (f* == 0) runs at rate 0 at any level and so holds no GPU
     # time; leaving it out is also what keeps the division defined.
-    return sum(j.gpus * fixed[j.name] / j.f_star for j in jobs if j.name in fixed and j.f_star > 0)
+    held = [j for j in jobs if j.name in fixed and j.f_star > 0]
+    return _gpus_at(held, map(fixed.__getitem__, map(_NAME, held)))
+
+
+def _gpus_at(jobs: Sequence[Job], rates: Iterable[float]) -> float:
+    """sum of gpus * rate / f* over `jobs` with their `rates`, in order (in C)."""
+    gpu_rates = map(mul, map(_GPUS, jobs), rates)
+    return sum(map(truediv, gpu_rates, map(_F_STAR, jobs)), 0.0)
 
 
 def _gpu_limit(
@@ -391,12 +417,17 @@ def _gpu_limit(
     total_gpus: float,
 ) -> float:
     used = _gpus_held(fixed, jobs)
-    per_lam = sum(j.gpus * e[j.name] / j.f_star for j in free if j.f_star > 0)
+    live = [j for j in free if j.f_star > 0]
+    per_lam = _gpus_at(live, map(e.__getitem__, map(_NAME, live)))
     return max(0.0, total_gpus - used) / per_lam if per_lam > 0 else math.inf
 
 
 _NAME = attrgetter("name")
 _F_STAR = attrgetter("f_star")
+_GPUS = attrgetter("gpus")
+_READS = attrgetter("reads")
+_LEVEL = itemgetter(0)
+_END = itemgetter(1)
 
 
 def _freeze(
@@ -455,7 +486,19 @@ def maxmin_fixed_hits(
     that problem's jobs and cluster: only its IO model differs from `jobs` on `cluster`
     (the rounds read names, GPUs, f* and the cluster's GPUs and link, which are the
     same)."""
-    return _fill(jobs, cluster, e, _FixedHits.of_hits(jobs, cluster, hits, e).loads, start)
+    sizes = None
+    if start is not None:
+        sizes = start.sizes
+        if sizes is None:
+            sizes = start.sizes = _job_sizes(jobs, cluster)
+    model = _FixedHits.of_hits(jobs, cluster, hits, e, sizes)
+    return _fill(jobs, cluster, e, model.loads, start)
+
+
+def _job_sizes(jobs: Sequence[Job], cluster: Cluster) -> list[float]:
+    """The size of the unit each job reads first (its dataset's), in the jobs' order."""
+    units = cluster.units
+    return [units[next(iter(job.reads))].size for job in jobs]
 
 
 @dataclass
@@ -464,13 +507,15 @@ class _Start:
     e and the cluster's GPUs alone, not on the IO model: the jobs that never run (fixed
     at 0.0), each free job's ceiling, the free jobs in ascending ceiling, and the first
     round's ceiling groups with how many of them GPUs allow (_cap_rounds' first call).
-    Gavel's two solves of a plan share it, and so do plans of the same jobs."""
+    Gavel's two solves of a plan share it, and so do plans of the same jobs (with the
+    jobs' dataset sizes, which the fixed-hits solve reads)."""
 
     zero: list[str]
     caps: dict[str, float]
     free: list[Job]
     groups: list[tuple[float, int]]
     gpu_top: int
+    sizes: list[float] | None = None  # _job_sizes, found by the first fixed-hits solve
 
 
 def _start(jobs: Sequence[Job], cluster: Cluster, e: Mapping[str, float]) -> _Start:
@@ -738,12 +783,6 @@ def with_fixed_hits(
     return fixed, replace(cluster, units=units, pools=pools, cached=None)
 
 
-# What the steady plan depends on per job, taken in C (it is compared at every re-plan).
-_NAME_F_GPUS = attrgetter("name", "f_star", "gpus")
-_READS = attrgetter("reads")
-_ITEMS = methodcaller("items")
-
-
 class GavelPolicy:
     """Max-min fairness over perf(j, R) / perf(j, R^equal) (Eq. 8, or Eq. 9 with SiloD).
 
@@ -768,7 +807,7 @@ class GavelPolicy:
         # now, so re-plans between two arrivals or completions reuse it.
         # With it, where filling starts (_Start): the fixed-hits solve of every plan of
         # those jobs starts there too (the views differ, not their names, GPUs, f*).
-        self._steady: tuple[tuple, Cluster, dict[str, float], MaxMin, _Start] | None = None
+        self._steady: _Steady | None = None
 
     def reads(self, estimator: Estimator) -> frozenset[str]:
         """The vanilla form divides GPUs among the jobs by their equal shares alone; the
@@ -796,9 +835,13 @@ class GavelPolicy:
         spread_leftover_gpus(alloc, jobs, cluster)
         if hits is None:
             hits = {j.name: hit_ratio(j, plan.cache, cluster) for j in jobs}
-        for job in jobs:
-            alloc.io[job.name] = plan.rates.get(job.name, 0.0) * (1.0 - hits[job.name])
-        ceiling = {j.name: alloc.gpu_share[j.name] * j.f_star for j in jobs}
+        # io: rate * (1 - hit now); ceiling: share * f* (each pass in C, in the jobs' order)
+        names = list(map(_NAME, jobs))
+        misses = map(sub, repeat(1.0), map(hits.__getitem__, names))
+        io = map(mul, map(plan.rates.get, names, repeat(0.0)), misses)
+        alloc.io.update(zip(names, io, strict=True))
+        shares = map(alloc.gpu_share.__getitem__, names)
+        ceiling = dict(zip(names, map(mul, shares, map(_F_STAR, jobs)), strict=True))
         spread_leftover_io(alloc, jobs, cluster, ceiling)
         return alloc
 
@@ -808,25 +851,71 @@ class GavelPolicy:
         """equal_share_perf and maxmin of the jobs as they are (what they read, f*,
         GPUs) on the cluster's resources, and where that filling started, kept while
         those stay the same."""
-        key = (
-            type(estimator),
-            tuple(map(_NAME_F_GPUS, jobs)),
-            tuple(map(tuple, map(_ITEMS, map(_READS, jobs)))),
-            cluster.remote_io,
-            cluster.total_gpus,
-        )
         last = self._steady
-        if last is not None and last[0] == key:
-            seen = last[1]
-            if (seen.units is cluster.units or seen.units == cluster.units) and (
-                seen.pools is cluster.pools or seen.pools == cluster.pools
+        if last is not None and _same_jobs(last.jobs, jobs):
+            seen = last.cluster
+            if (
+                last.estimator is type(estimator)
+                and seen.remote_io == cluster.remote_io
+                and seen.total_gpus == cluster.total_gpus
+                and (seen.units is cluster.units or seen.units == cluster.units)
+                and (seen.pools is cluster.pools or seen.pools == cluster.pools)
             ):
-                return last[2], last[3], last[4]
+                return last.e, last.plan, last.start
         e = equal_share_perf(jobs, cluster, estimator)
         start = _start(jobs, cluster, e)
         plan = maxmin(jobs, cluster, e, io_aware=estimator.io_aware, start=start)
-        self._steady = (key, cluster, e, plan, start)
+        self._steady = _Steady(_JobsSeen.of(jobs), type(estimator), cluster, e, plan, start)
         return e, plan, start
+
+
+@dataclass
+class _JobsSeen:
+    """What the steady plan depends on per job, in the jobs' order: names, f*, GPUs, and
+    what each reads (the mappings themselves: a job's reads are taken to be the same
+    while they are the same mapping, and compared item by item, in order, otherwise)."""
+
+    names: list[str]
+    f_stars: list[float]
+    gpus: list[int]
+    reads: list[Mapping[str, float]]
+
+    @classmethod
+    def of(cls, jobs: Sequence[Job]) -> _JobsSeen:
+        return cls(
+            list(map(_NAME, jobs)),
+            list(map(_F_STAR, jobs)),
+            list(map(_GPUS, jobs)),
+            list(map(_READS, jobs)),
+        )
+
+
+def _same_jobs(seen: _JobsSeen, jobs: Sequence[Job]) -> bool:
+    """Are `jobs` the jobs `seen` was taken of, as far as the steady plan reads them? (It
+    is compared at every re-plan: one attribute at a time, each pass in C.)"""
+    if len(jobs) != len(seen.names) or list(map(_NAME, jobs)) != seen.names:
+        return False
+    if list(map(_F_STAR, jobs)) != seen.f_stars or list(map(_GPUS, jobs)) != seen.gpus:
+        return False
+    reads = list(map(_READS, jobs))
+    if all(map(is_, reads, seen.reads)):
+        return True
+    return all(
+        a is b or tuple(a.items()) == tuple(b.items())
+        for a, b in zip(reads, seen.reads, strict=True)
+    )
+
+
+@dataclass
+class _Steady:
+    """GavelPolicy's last steady-state solve and what it was of."""
+
+    jobs: _JobsSeen
+    estimator: type
+    cluster: Cluster
+    e: dict[str, float]
+    plan: MaxMin
+    start: _Start
 
 
 def vanilla_shares(jobs: Sequence[Job], total_gpus: float) -> dict[str, float]:
@@ -867,10 +956,15 @@ def spread_leftover_gpus(alloc: Allocation, jobs: Sequence[Job], cluster: Cluste
     out better than planned (another job filling a shared dataset, an epoch starting)
     can then use all of its IO allocation instead of idling at its planned rate.
     """
-    used = sum(alloc.gpu_share[j.name] * j.gpus for j in jobs)
-    room = {j.name: (1.0 - alloc.gpu_share[j.name]) * j.gpus for j in jobs}
+    # The same products and sums as a loop over the jobs would make, each pass in C.
+    gpu_share = alloc.gpu_share
+    names = list(map(_NAME, jobs))
+    gpus = list(map(_GPUS, jobs))
+    shares = list(map(gpu_share.__getitem__, names))
+    used = sum(map(mul, shares, gpus), 0.0)
+    room = dict(zip(names, map(mul, map(sub, repeat(1.0), shares), gpus), strict=True))
     extra = water_fill(max(0.0, cluster.total_gpus - used), room)
-    for job in jobs:
-        if job.gpus > 0:
-            share = alloc.gpu_share[job.name] + extra[job.name] / job.gpus
-            alloc.gpu_share[job.name] = min(1.0, share)
+    for name, n, share in zip(names, gpus, shares, strict=True):
+        if n > 0:
+            share += extra[name] / n
+            gpu_share[name] = share if share < 1.0 else 1.0  # min(1.0, share)
