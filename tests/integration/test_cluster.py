@@ -21,16 +21,15 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from urllib.parse import quote, urlsplit
+from urllib.parse import quote
 
 import pytest
 
 from silofs.control.client import ControlClient, ControlError, client_tls_context
-from tests.support.cluster import ClusterNode, write_cluster
-from tests.support.faultproxy import FaultPlan, FaultProxy
+from tests.support.cluster_run import running_cluster
+from tests.support.faultproxy import FaultProxy
 from tests.support.fixtures import needs_fuse
-from tests.support.net import free_port
-from tests.support.node import Node, drop_file_cache
+from tests.support.node import drop_file_cache
 from tests.support.poll import wait_for
 
 pytestmark = [needs_fuse, pytest.mark.fuse]
@@ -38,20 +37,6 @@ pytestmark = [needs_fuse, pytest.mark.fuse]
 CHUNK = 256 << 10
 FILES = 8
 NODES = 3
-
-
-class ClusterDaemon(Node):
-    """A Node started with its cluster's silofs.toml."""
-
-    def __init__(self, spec: ClusterNode) -> None:
-        super().__init__(spec.root, "64M", config=spec.config)
-        self.spec = spec
-
-    def cluster(self) -> dict:
-        return self.status()["cluster"]
-
-    def member(self, address: str) -> dict:
-        return next(m for m in self.cluster()["members"] if m["address"] == address)
 
 
 def _tree() -> dict[str, bytes]:
@@ -68,30 +53,8 @@ def three(s3_server, monkeypatch, bucket_name: str, tmp_path: Path) -> Iterator[
     """Three running daemons of one cluster, each with the bucket mounted."""
     s3_server.apply_env(monkeypatch)
     tree = _tree()
-    s3_server.create(bucket_name, tree)
-    up = urlsplit(s3_server.endpoint_url)
-    with FaultProxy(upstream=(up.hostname or "127.0.0.1", up.port or 80), faults=FaultPlan()) as p:
-        specs = write_cluster(
-            tmp_path,
-            ["127.0.0.1"] * NODES,
-            [free_port() for _ in range(NODES)],
-            cluster={"peer_timeout_seconds": 1.0, "peer_backoff_seconds": 0.5},
-            extra={"backend": {"endpoint_url": p.url}},
-        )
-        nodes = [ClusterDaemon(s) for s in specs]
-        try:
-            for n in nodes:
-                n.start()
-            mps = [
-                n.mount(s3_server.uri(bucket_name), tmp_path / f"mnt{i}", "--chunk-size", "256K")
-                for i, n in enumerate(nodes)
-            ]
-            yield {"nodes": nodes, "mps": mps, "tree": tree, "proxy": p, "pki": tmp_path / "pki"}
-        finally:
-            for n in nodes:
-                n.cleanup()
-        problems = [x for n in nodes for x in n.log_problems()]
-        assert not problems, "\n".join(problems)
+    with running_cluster(s3_server, bucket_name, tree, tmp_path, NODES, "256K") as c:
+        yield {"nodes": c.nodes, "mps": c.mps, "tree": tree, "proxy": c.proxy, "pki": c.pki}
 
 
 def _object_gets(proxy: FaultProxy) -> int:

@@ -31,17 +31,18 @@ import time
 from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
-from urllib.parse import quote, urlsplit
+from urllib.parse import quote
 
 import pytest
 
 from silofs.control.client import ControlClient, ControlError, client_tls_context
 from tests.support.asuser import Identity, as_user
-from tests.support.cluster import ClusterNode, write_cluster
-from tests.support.faultproxy import Fault, FaultPlan, FaultProxy
+from tests.support.cluster import write_cluster
+from tests.support.cluster_run import ClusterDaemon, running_cluster
+from tests.support.faultproxy import Fault, FaultPlan
 from tests.support.fixtures import needs_fuse
 from tests.support.net import free_port
-from tests.support.node import Node, drop_file_cache
+from tests.support.node import drop_file_cache
 from tests.support.poll import wait_for
 
 pytestmark = [needs_fuse, pytest.mark.fuse]
@@ -49,15 +50,6 @@ pytestmark = [needs_fuse, pytest.mark.fuse]
 CHUNK = 256 << 10
 NODES = 2
 CLUSTER = "test-cluster"
-
-
-class ClusterDaemon(Node):
-    def __init__(self, spec: ClusterNode, socket: str | None = None) -> None:
-        super().__init__(spec.root, "64M", config=spec.config, socket=socket)
-        self.spec = spec
-
-    def cluster(self) -> dict:
-        return self.status()["cluster"]
 
 
 def _tree(files: int) -> dict[str, bytes]:
@@ -73,34 +65,11 @@ def pair(
     many as the test's indirect parameter says)."""
     s3_server.apply_env(monkeypatch)
     tree = _tree(getattr(request, "param", 6))
-    s3_server.create(bucket_name, tree)
-    up = urlsplit(s3_server.endpoint_url)
-    with FaultProxy(upstream=(up.hostname or "127.0.0.1", up.port or 80), faults=FaultPlan()) as p:
-        specs = write_cluster(
-            tmp_path,
-            ["127.0.0.1"] * NODES,
-            [free_port() for _ in range(NODES)],
-            cluster={"peer_timeout_seconds": 1.0, "peer_backoff_seconds": 0.5},
-            extra={"backend": {"endpoint_url": p.url}},
-        )
-        nodes = [ClusterDaemon(s) for s in specs]
-        try:
-            for n in nodes:
-                n.start()
-            uri = s3_server.uri(bucket_name)
-            mps = [
-                n.mount(uri, tmp_path / f"mnt{i}", "--chunk-size", "256K")
-                for i, n in enumerate(nodes)
-            ]
-            yield {
-                "nodes": nodes, "mps": mps, "tree": tree, "proxy": p, "pki": tmp_path / "pki",
-                "uri": uri, "s3": s3_server, "bucket": bucket_name,
-            }  # fmt: skip
-        finally:
-            for n in nodes:
-                n.cleanup()
-        problems = [x for n in nodes for x in n.log_problems()]
-        assert not problems, "\n".join(problems)
+    with running_cluster(s3_server, bucket_name, tree, tmp_path, NODES, "256K") as c:
+        yield {
+            "nodes": c.nodes, "mps": c.mps, "tree": tree, "proxy": c.proxy, "pki": c.pki,
+            "uri": c.uri, "s3": s3_server, "bucket": bucket_name,
+        }  # fmt: skip
 
 
 def _ctx(pki: Path, name: str) -> ssl.SSLContext:
