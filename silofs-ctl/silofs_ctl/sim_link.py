@@ -38,8 +38,14 @@ class Link:
         self.pos: dict[str, int] = {}  # name -> position in self.demand
         self.contended = False  # demands exceeded the link at the last division
         self.level = math.inf  # that division's largest share when contended
-        self.capped: list[str] = []  # the jobs it held below their demand
+        self.capped: set[str] = set()  # the jobs it held below their demand
         self.fair: float | None = None  # the level they were held at (None: nobody)
+        # (demand, position) of the first job that division held (None: nobody): it held
+        # exactly the jobs whose own pair was at least this, then.
+        self.bound: tuple[float, int] | None = None
+        # Jobs whose demand moved since that division without a new one, with their pair
+        # at it: only they and the jobs between two divisions' bounds can change sides.
+        self.drift: dict[str, tuple[float, int]] = {}
 
     def reset(self, demand: dict[str, float]) -> None:
         """New demands for every running job (a re-plan); the order is made again."""
@@ -71,6 +77,8 @@ class Link:
         if old is None or pos is None:
             self.order = None  # a new name: its place in the dict's order is the last
             return
+        if name not in self.drift:
+            self.drift[name] = (old, pos)
         values = self.values
         at = bisect_left(order, (old, pos))
         del order[at], values[at]
@@ -106,12 +114,48 @@ class Link:
         assert self.order is not None
         return list(map(itemgetter(2), self.order[first:]))
 
-    def bound(self, first: int) -> tuple[float, int]:
+    def record(
+        self, first: int, fair: float | None, capped: set[str] | None = None
+    ) -> tuple[float, int] | None:
+        """Record a division (divide's `first` and `fair`) as the last one: its bound,
+        and the jobs it held (`capped` when the caller knows them, else found)."""
+        bound = self.bound_at(first) if fair is not None else None
+        self.capped = capped if capped is not None else set(self.held_from(first))
+        self.fair, self.bound, self.drift = fair, bound, {}
+        return bound
+
+    def bound_at(self, first: int) -> tuple[float, int]:
         """(demand, position) of the first job held at the level: a job is held iff its
         own (demand, position) is at least this."""
         assert self.order is not None
         demand, pos, _ = self.order[first]
         return demand, pos
+
+    def key(self, name: str) -> tuple[float, int]:
+        """A job's place in the order a division takes the demands."""
+        return self.demand[name], self.pos[name]
+
+    def flips(self, bound: tuple[float, int] | None, moved: set[str]) -> set[str]:
+        """The jobs not in `moved` that a division with `bound` holds and the last did
+        not, or the other way round. A job whose demand has not moved since the last
+        division was held by it iff its pair was at least that division's bound, so
+        only the jobs between the two bounds, and those that drifted, can differ."""
+        order = self.order
+        assert order is not None
+        old = self.bound
+        at = len(order) if old is None else bisect_left(order, old)
+        new = len(order) if bound is None else bisect_left(order, bound)
+        lo, hi = (at, new) if at < new else (new, at)
+        names = set(map(itemgetter(2), order[lo:hi]))
+        names.update(self.drift)
+        names -= moved
+        demand, pos, capped = self.demand, self.pos, self.capped
+        return {
+            name
+            for name in names
+            if name in demand
+            and (bound is not None and (demand[name], pos[name]) >= bound) != (name in capped)
+        }
 
     def over(self) -> bool:
         """Do the demands exceed the link?"""
