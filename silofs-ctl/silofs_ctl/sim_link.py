@@ -35,6 +35,12 @@ class Link:
         # from self.demand (a job came or left).
         self.order: list[tuple[float, int, str]] | None = None
         self.values: list[float] = []  # the demands of self.order, in its order
+        # The last division's running remainders (lefts[i]: the link less the demands
+        # before position i), its first held position, and the first position whose
+        # demand moved since (len(order): none).
+        self.lefts: list[float] = []
+        self.first = 0
+        self.stale = 0
         self.pos: dict[str, int] = {}  # name -> position in self.demand
         self.contended = False  # demands exceeded the link at the last division
         self.level = math.inf  # that division's largest share when contended
@@ -67,6 +73,8 @@ class Link:
             zip(self.demand.values(), range(len(names)), names, strict=True), key=itemgetter(0)
         )
         self.values = list(map(itemgetter(0), order))
+        self.lefts = []
+        self.stale = 0
 
     def move(self, name: str, old: float | None, new: float) -> None:
         """Keep self.order in step with one demand moving from `old` (None: new)."""
@@ -83,9 +91,13 @@ class Link:
         at = bisect_left(order, (old, pos))
         del order[at], values[at]
         item = (new, pos, name)
-        at = bisect_right(order, item)  # (insort's place)
-        order.insert(at, item)
-        values.insert(at, new)
+        to = bisect_right(order, item)  # (insort's place)
+        order.insert(to, item)
+        values.insert(to, new)
+        if to < at:
+            at = to
+        if at < self.stale:
+            self.stale = at
 
     def divide(self) -> tuple[int, float | None, float]:
         """water_fill_capped(capacity, demand) from the kept order: the position in
@@ -101,8 +113,25 @@ class Link:
         link = self.capacity
         if math.isinf(link):
             return n, None, values[-1] if n else 0.0
-        lefts = list(accumulate(values, sub, initial=link))
-        first = next(compress(count(), map(gt, values, map(truediv, lefts, range(n, 0, -1)))), n)
+        # Only the demands from `stale` on moved since the last division: what is left
+        # before them, and whether they were held, stand (the same subtractions, in the
+        # same order, give the same bits).
+        lefts, stale = self.lefts, self.stale
+        if not lefts or lefts[0] != link:  # (new demands, or a new capacity)
+            stale = 0
+            lefts[:] = [link]
+        if stale < n:
+            lefts[stale:] = accumulate(values[stale:], sub, initial=lefts[stale])
+        first = self.first
+        if first >= stale:
+            first = next(
+                compress(
+                    count(stale),
+                    map(gt, values[stale:], map(truediv, lefts[stale:n], range(n - stale, 0, -1))),
+                ),
+                n,
+            )
+        self.first, self.stale = first, n
         if first == n:
             return n, None, values[-1] if n else 0.0
         fair = lefts[first] / (n - first)
