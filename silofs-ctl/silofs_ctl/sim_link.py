@@ -2,8 +2,9 @@
 
 Owns: each running job's remote demand (its rate ceiling x miss ratio, capped by its IO
 allocation), kept in the order water-filling takes them, and the outcome of the last
-division (contended or not, the water level, the jobs held at it). Never: sets a job's
-rate or reads a job; the simulator applies the shares.
+division (contended or not, the water level, the jobs held at it and the bound they were
+held from, which says which jobs a new division can have moved across the level). Never:
+sets a job's rate or reads a job; the simulator applies the shares.
 
 A division is policies.base.water_fill_capped: smallest demand first, each gets its demand
 while that is at most an equal split of what is left, and the first that is not, and
