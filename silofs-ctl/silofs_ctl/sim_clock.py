@@ -24,10 +24,14 @@ from __future__ import annotations
 import heapq
 import logging
 import math
+from collections.abc import Iterable
+from operator import attrgetter
 
 from .sim_job import SimJob
 
 log = logging.getLogger(__name__)
+
+_joined = attrgetter("joined")  # the order of Clock.held (a dict: in the order of enter)
 
 
 class Clock:
@@ -115,6 +119,7 @@ class Clock:
         job.v = self.vclock
         self.held[job.name] = job
         self.entries += 1
+        job.joined = self.entries
         job.held_k = k = 1.0 / (1.0 - hit)
         self.held_k += k
         self.held_units[job.unit] = self.held_units.get(job.unit, 0) + 1
@@ -142,20 +147,20 @@ class Clock:
         job.rate = remote / (1.0 - job.hit)
         self.schedule(job)
 
-    def relevel(self, fair: float | None, capped: list[str]) -> float:
-        """A new division of the link: the held jobs it does not hold (not in `capped`)
-        leave at the old level; the others move to the new level `fair`. Returns the
-        step of the level when jobs stay held (0 when none do), which the caller adds to
-        the inflows of held_units and to the totals."""
+    def relevel(self, fair: float | None, leaving: Iterable[SimJob]) -> float:
+        """A new division of the link: the held jobs it does not hold (`leaving`; with
+        `fair` None, every one) leave at the old level, in the order they joined; the
+        others move to the new level `fair`. Returns the step of the level when jobs
+        stay held (0 when none do), which the caller adds to the inflows of held_units
+        and to the totals."""
         held = self.held
         if held:
             if fair is None:
-                for job in list(held.values()):
-                    self.exit(job)
+                leaving = list(held.values())
             else:
-                keep = set(capped)
-                for job in [j for name, j in held.items() if name not in keep]:
-                    self.exit(job)
+                leaving = sorted(leaving, key=_joined)
+            for job in leaving:
+                self.exit(job)
         new = fair if fair is not None else 0.0
         step = new - self.level if held else 0.0
         self.level = new

@@ -64,6 +64,7 @@ class SimJob:
     held: bool = False
     v: float = 0.0
     held_k: float = 0.0  # 1 / (1 - hit) when it joined (what Clock.held_k sums)
+    joined: int = 0  # when it last joined the level clock (Clock.entries then)
     # Fixed for the job's life; plain attributes because the event loop reads them for
     # every active job at every step.
     name: str = field(init=False)

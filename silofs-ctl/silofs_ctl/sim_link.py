@@ -2,8 +2,9 @@
 
 Owns: each running job's remote demand (its rate ceiling x miss ratio, capped by its IO
 allocation), kept in the order water-filling takes them, and the outcome of the last
-division (contended or not, the water level, the jobs held at it). Never: sets a job's
-rate or reads a job; the simulator applies the shares.
+division (contended or not, the water level, the jobs held at it and the bound they were
+held from, which says which jobs a new division can have moved across the level). Never:
+sets a job's rate or reads a job; the simulator applies the shares.
 
 A division is policies.base.water_fill_capped: smallest demand first, each gets its demand
 while that is at most an equal split of what is left, and the first that is not, and
@@ -35,11 +36,23 @@ class Link:
         # from self.demand (a job came or left).
         self.order: list[tuple[float, int, str]] | None = None
         self.values: list[float] = []  # the demands of self.order, in its order
+        # The last division's running remainders (lefts[i]: the link less the demands
+        # before position i), its first held position, and the first position whose
+        # demand moved since (len(order): none).
+        self.lefts: list[float] = []
+        self.first = 0
+        self.stale = 0
         self.pos: dict[str, int] = {}  # name -> position in self.demand
         self.contended = False  # demands exceeded the link at the last division
         self.level = math.inf  # that division's largest share when contended
-        self.capped: list[str] = []  # the jobs it held below their demand
+        self.capped: set[str] = set()  # the jobs it held below their demand
         self.fair: float | None = None  # the level they were held at (None: nobody)
+        # (demand, position) of the first job that division held (None: nobody): it held
+        # exactly the jobs whose own pair was at least this, then.
+        self.bound: tuple[float, int] | None = None
+        # Jobs whose demand moved since that division without a new one, with their pair
+        # at it: only they and the jobs between two divisions' bounds can change sides.
+        self.drift: dict[str, tuple[float, int]] = {}
 
     def reset(self, demand: dict[str, float]) -> None:
         """New demands for every running job (a re-plan); the order is made again."""
@@ -61,6 +74,8 @@ class Link:
             zip(self.demand.values(), range(len(names)), names, strict=True), key=itemgetter(0)
         )
         self.values = list(map(itemgetter(0), order))
+        self.lefts = []
+        self.stale = 0
 
     def move(self, name: str, old: float | None, new: float) -> None:
         """Keep self.order in step with one demand moving from `old` (None: new)."""
@@ -71,13 +86,19 @@ class Link:
         if old is None or pos is None:
             self.order = None  # a new name: its place in the dict's order is the last
             return
+        if name not in self.drift:
+            self.drift[name] = (old, pos)
         values = self.values
         at = bisect_left(order, (old, pos))
         del order[at], values[at]
         item = (new, pos, name)
-        at = bisect_right(order, item)  # (insort's place)
-        order.insert(at, item)
-        values.insert(at, new)
+        to = bisect_right(order, item)  # (insort's place)
+        order.insert(to, item)
+        values.insert(to, new)
+        if to < at:
+            at = to
+        if at < self.stale:
+            self.stale = at
 
     def divide(self) -> tuple[int, float | None, float]:
         """water_fill_capped(capacity, demand) from the kept order: the position in
@@ -93,8 +114,25 @@ class Link:
         link = self.capacity
         if math.isinf(link):
             return n, None, values[-1] if n else 0.0
-        lefts = list(accumulate(values, sub, initial=link))
-        first = next(compress(count(), map(gt, values, map(truediv, lefts, range(n, 0, -1)))), n)
+        # Only the demands from `stale` on moved since the last division: what is left
+        # before them, and whether they were held, stand (the same subtractions, in the
+        # same order, give the same bits).
+        lefts, stale = self.lefts, self.stale
+        if not lefts or lefts[0] != link:  # (new demands, or a new capacity)
+            stale = 0
+            lefts[:] = [link]
+        if stale < n:
+            lefts[stale:] = accumulate(values[stale:], sub, initial=lefts[stale])
+        first = self.first
+        if first >= stale:
+            first = next(
+                compress(
+                    count(stale),
+                    map(gt, values[stale:], map(truediv, lefts[stale:n], range(n - stale, 0, -1))),
+                ),
+                n,
+            )
+        self.first, self.stale = first, n
         if first == n:
             return n, None, values[-1] if n else 0.0
         fair = lefts[first] / (n - first)
@@ -106,12 +144,48 @@ class Link:
         assert self.order is not None
         return list(map(itemgetter(2), self.order[first:]))
 
-    def bound(self, first: int) -> tuple[float, int]:
+    def record(
+        self, first: int, fair: float | None, capped: set[str] | None = None
+    ) -> tuple[float, int] | None:
+        """Record a division (divide's `first` and `fair`) as the last one: its bound,
+        and the jobs it held (`capped` when the caller knows them, else found)."""
+        bound = self.bound_at(first) if fair is not None else None
+        self.capped = capped if capped is not None else set(self.held_from(first))
+        self.fair, self.bound, self.drift = fair, bound, {}
+        return bound
+
+    def bound_at(self, first: int) -> tuple[float, int]:
         """(demand, position) of the first job held at the level: a job is held iff its
         own (demand, position) is at least this."""
         assert self.order is not None
         demand, pos, _ = self.order[first]
         return demand, pos
+
+    def key(self, name: str) -> tuple[float, int]:
+        """A job's place in the order a division takes the demands."""
+        return self.demand[name], self.pos[name]
+
+    def flips(self, bound: tuple[float, int] | None, moved: set[str]) -> set[str]:
+        """The jobs not in `moved` that a division with `bound` holds and the last did
+        not, or the other way round. A job whose demand has not moved since the last
+        division was held by it iff its pair was at least that division's bound, so
+        only the jobs between the two bounds, and those that drifted, can differ."""
+        order = self.order
+        assert order is not None
+        old = self.bound
+        at = len(order) if old is None else bisect_left(order, old)
+        new = len(order) if bound is None else bisect_left(order, bound)
+        lo, hi = (at, new) if at < new else (new, at)
+        names = set(map(itemgetter(2), order[lo:hi]))
+        names.update(self.drift)
+        names -= moved
+        demand, pos, capped = self.demand, self.pos, self.capped
+        return {
+            name
+            for name in names
+            if name in demand
+            and (bound is not None and (demand[name], pos[name]) >= bound) != (name in capped)
+        }
 
     def over(self) -> bool:
         """Do the demands exceed the link?"""

@@ -141,6 +141,9 @@ class Simulation:
         # step, so the partial results are of a consistent state.
         self.stop_requested = False
         self.touched: dict[str, SimJob] = {}  # jobs whose rate an event may have changed
+        # Jobs the link holds at its level that are not on the level clock (it would not
+        # take them): a move of the level re-rates them one by one.
+        self.held_off: set[str] = set()
 
     def request_stop(self) -> None:
         self.stop_requested = True
@@ -407,6 +410,8 @@ class Simulation:
                     self._set_rate(job, min(level, demand[job.name]))
                     if clock.on and job.name in link.capped:
                         clock.enter(job)
+                        if not job.held:
+                            self.held_off.add(job.name)
             return
         contended = link.over()
         if contended or link.contended:
@@ -419,20 +424,27 @@ class Simulation:
             for job in jobs:
                 if job.share > 0:
                     self._set_rate(job, demand[job.name])
-            link.capped, link.fair = [], None
+            link.record(len(demand), None, set())
+            self.held_off = set()
         link.contended = contended
 
     def _redivide(self, jobs: list[SimJob], contended: bool) -> None:
         """The link is (or was) shared out below some demands: `jobs`' demands moving can
-        move everyone's share. Jobs whose share stays keep their rate untouched."""
-        clock, link = self.clock, self.link
+        move everyone's share. Jobs whose share stays keep their rate untouched, and only
+        the jobs that may have changed sides of the level are looked at (Link.flips): a
+        job held at the level before and after either is on the level clock, which
+        moves it, or is re-rated here."""
+        clock, link, running = self.clock, self.link, self.running
         first, fair, top = link.divide()
-        capped = link.held_from(first)
-        bound = link.bound(first) if fair is not None else None
+        bound = link.bound_at(first) if fair is not None else None
         link.level = top if contended else math.inf
+        changed = {job.name for job in jobs}
+        flips = link.flips(bound, changed)
+        was_capped = link.capped
+        leaving = [name for name in flips if name in was_capped]
         if clock.on:
-            self._relevel(fair, capped)
-        demand, pos = link.demand, link.pos
+            self._relevel(fair, [running[name] for name in leaving if running[name].held])
+        demand, pos, key = link.demand, link.pos, link.key
         for job in jobs:
             if job.share > 0:
                 share = demand[job.name]
@@ -442,24 +454,52 @@ class Simulation:
         # Any other job's demand did not move, so unless it is held below its demand now
         # or was at the last division, its share is that same demand; and one held at
         # both, at the same fair level, keeps that level.
-        changed = {job.name for job in jobs}
+        kept = [  # held at both, off the level clock
+            name
+            for name in self.held_off
+            if name in was_capped and name not in flips and name not in changed
+        ]
         if fair is not None and fair == link.fair:
-            now_held, was_held = set(capped), set(link.capped)
-            others = sorted(now_held ^ was_held)  # sorted: a fixed order
-            self._rerate_others(others, bound, fair, changed)
+            self._rerate_others(sorted(flips), bound, fair, changed)  # sorted: a fixed order
         else:  # the ones held now (at fair), then the ones held before
-            self._rerate_others(capped, bound, fair, changed, held=True)
-            self._rerate_others(link.capped, bound, fair, changed)
+            joining = [name for name in flips if name not in was_capped]
+            if clock.on:
+                now_held = sorted(joining + kept, key=key)
+            else:
+                now_held = link.held_from(first)
+            self._rerate_others(now_held, bound, fair, changed, held=True)
+            drift = link.drift  # (the demands at the last division, where they moved)
+            before = sorted(leaving, key=lambda name: drift.get(name) or key(name))
+            self._rerate_others(before, bound, fair, changed)
+        capped = was_capped
+        capped.symmetric_difference_update(flips)
+        for name in changed:
+            if name in demand and bound is not None and key(name) >= bound:
+                capped.add(name)
+            else:
+                capped.discard(name)
         if clock.on:
-            for name in capped:
-                clock.enter(self.running[name])
-        link.capped, link.fair = capped, fair
+            moved = [name for name in changed if name in capped]
+            self._enter([*moved, *(name for name in flips if name in capped), *kept])
+        link.record(first, fair, capped)
 
-    def _relevel(self, fair: float | None, capped: list[str]) -> None:
-        """The level clock follows a new division; the inflows of the units its held jobs
-        read, and the totals, move with the level."""
+    def _enter(self, names: list[str]) -> None:
+        """The running jobs `names`, held at the level, on the level clock in the
+        division's order where they may go; the others are kept in `held_off`."""
+        running, enter = self.running, self.clock.enter
+        held_off = self.held_off = set()
+        for name in sorted(names, key=self.link.key):
+            job = running[name]
+            enter(job)
+            if not job.held:
+                held_off.add(name)
+
+    def _relevel(self, fair: float | None, leaving: list[SimJob]) -> None:
+        """The level clock follows a new division (`leaving`: the held jobs it does not
+        hold); the inflows of the units its held jobs read, and the totals, move with
+        the level."""
         clock, units = self.clock, self.units
-        step = clock.relevel(fair, capped)
+        step = clock.relevel(fair, leaving)
         if step:
             now = clock.now
             for unit, count in clock.held_units.items():
@@ -565,15 +605,19 @@ class Simulation:
                     recorder.rate(job.name, now, 0.0)
         units.reset_inflow(inflow)
         self.total_rate, self.total_remote = total_rate, total_remote
-        link.capped, link.fair = capped, fair
+        link.record(first, fair, held)
         link.contended = contended
         # (the held jobs were let go before the plan: _reschedule)
         clock.on = lru and not log_rates
         clock.level = fair if fair is not None else 0.0
+        self.held_off = held_off = set()
         if clock.on:
-            running = self.running
+            running, enter = self.running, clock.enter
             for name in capped:
-                clock.enter(running[name])
+                job = running[name]
+                enter(job)
+                if not job.held:
+                    held_off.add(name)
         return worst, total
 
     def _set_rate(self, job: SimJob, share: float) -> None:

@@ -449,6 +449,37 @@ def test_the_kept_water_fill_order_divides_the_link_as_water_fill_capped() -> No
                     link.move(name, old, new)
 
 
+def test_the_jobs_a_division_says_changed_sides_are_exactly_those_that_did() -> None:
+    """Link.flips looks only between two divisions' bounds and at drifted demands; it
+    must name every job (but the moved ones) that one division held and the other did
+    not, including demands that moved between divisions without one (ties and all)."""
+    rnd = random.Random(5)
+    pool = [0.0, 1e6, 2.5e7, 1e8, 3e8]  # repeated values: ties at the bound
+    for _ in range(200):
+        n = rnd.randint(1, 40)
+        link = Link(rnd.choice([1e8, 1e9, rnd.uniform(1e7, 5e9)]))
+        link.reset({f"j{i}": rnd.choice(pool + [rnd.uniform(0, 3e8)]) for i in range(n)})
+        first, fair, _ = link.divide()
+        link.record(first, fair)
+        for _ in range(rnd.randint(1, 10)):
+            moved: set[str] = set()
+            for _ in range(rnd.randint(0, 4)):  # some without a division between
+                name = rnd.choice(list(link.demand))
+                new = rnd.choice(pool + [rnd.uniform(0, 3e8)])
+                old, link.demand[name] = link.demand[name], new
+                if old != new:
+                    link.move(name, old, new)
+                if rnd.random() < 0.5:
+                    moved.add(name)
+            before = set(link.capped)
+            first, fair, _ = link.divide()
+            after = set(link.held_from(first))
+            bound = link.bound_at(first) if fair is not None else None
+            assert link.flips(bound, moved) == (before ^ after) - moved
+            link.record(first, fair)
+            assert link.capped == after
+
+
 @pytest.mark.slow
 def test_a_run_does_not_depend_on_the_hash_seed() -> None:
     # Gavel's loads once summed over a set of unit names: trace-300's gavel:silod moved
