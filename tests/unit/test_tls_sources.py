@@ -47,11 +47,14 @@ def test_a_connection_flood_from_one_address_leaves_the_others_room(
         flood = subprocess.Popen([sys.executable, "-c", _FLOOD, str(port)])
         try:
             wait_for(lambda: acc.refused >= 200, DEADLINE, "the flood to be refused")
-            # The tokens the flood leaves (a quarter of the rate) accrue for the others
-            # (it once took every one as it came)...
-            wait_for(lambda: acc.tokens >= 3, DEADLINE, "tokens left by the flood")
-            # ...so another address gets in.
-            ok = sum(_served(port, pki) for _ in range(5))
+            ok = 0
+            for _ in range(5):
+                # The tokens the flood leaves (a quarter of the rate) accrue for the
+                # others (it once took every one as it came)...
+                wait_for(lambda: acc.tokens >= 3, DEADLINE, "tokens left by the flood")
+                # ...so another address gets in, though the flood may win a race for
+                # one of them on a loaded host.
+                ok += _served(port, pki)
             assert ok >= 3, ok
         finally:
             flood.kill()
