@@ -37,7 +37,7 @@ import pytest
 
 from silofs.control.client import ControlClient, ControlError, client_tls_context
 from tests.support.asuser import Identity, as_user
-from tests.support.cluster import write_cluster
+from tests.support.cluster import odd_node_cert, write_cluster
 from tests.support.cluster_run import ClusterDaemon, running_cluster
 from tests.support.faultproxy import Fault, FaultPlan
 from tests.support.fixtures import needs_fuse
@@ -152,43 +152,6 @@ def test_a_member_cannot_cache_one_objects_bytes_under_anothers_content_id(pair:
         assert _wrong_bytes(mp, tree, [b]) == 0
 
 
-def _expired_node_cert(pki: Path, name: str, host: str) -> None:
-    """A node certificate of the cluster's CA for a member's host, expired yesterday."""
-    import datetime
-    import ipaddress
-
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
-
-    ca_cert = x509.load_pem_x509_certificate((pki / "ca.pem").read_bytes())
-    ca_key = serialization.load_pem_private_key((pki / "ca.key").read_bytes(), None)
-    key = ec.generate_private_key(ec.SECP256R1())
-    now = datetime.datetime.now(datetime.UTC)
-    usage = [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]
-    names = [x509.IPAddress(ipaddress.ip_address(host)),
-             x509.UniformResourceIdentifier("urn:silofs:role:node")]  # fmt: skip
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)]))
-        .issuer_name(ca_cert.subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(days=10))
-        .not_valid_after(now - datetime.timedelta(days=1))
-        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(x509.ExtendedKeyUsage(usage), critical=True)
-        .add_extension(x509.SubjectAlternativeName(names), critical=False)
-        .sign(ca_key, hashes.SHA256())  # type: ignore[arg-type]
-    )
-    pem = serialization.Encoding.PEM
-    (pki / f"{name}.key").write_bytes(
-        key.private_bytes(pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
-    )
-    (pki / f"{name}.pem").write_bytes(cert.public_bytes(pem))
-
-
 def test_outsiders_get_no_answer_and_a_member_reaches_only_the_peer_routes(pair: dict) -> None:
     nodes, pki = pair["nodes"], pair["pki"]
     home = nodes[0]
@@ -200,7 +163,7 @@ def test_outsiders_get_no_answer_and_a_member_reaches_only_the_peer_routes(pair:
         except ConnectionResetError:
             answer = b""
     assert not answer.startswith(b"HTTP"), answer
-    _expired_node_cert(pki, "expired", "127.0.0.1")
+    odd_node_cert(pki, "expired", "127.0.0.1", expired=True)
     assert _status(home, _ctx(pki, "expired"), "GET", "/v1/peer/ping") is None
     assert _status(home, _ctx(pki, "legacy"), "GET", "/v1/peer/ping") is None
     member = _ctx(pki, "n1")

@@ -4,9 +4,10 @@ Owns what a test (or bench/cluster.py) needs to start N node daemons that form o
 cluster: a CA with `silofs-ctl certs`' own helpers, a node certificate per member (for
 the address it listens on, with the node role), a controller's certificate, a
 certificate with the node role that names no member (a stranger), an old-style
-serverAuth-only node certificate (made before clusters), and per node a silofs.toml
-with [control] (the mutual-TLS listener) and [cluster] (every member, this one's
-address, the peer settings). Never starts a process.
+serverAuth-only node certificate (made before clusters) or an expired one on request
+(odd_node_cert), and per node a silofs.toml with [control] (the mutual-TLS listener)
+and [cluster] (every member, this one's address, the peer settings). Never starts a
+process.
 
     nodes = write_cluster(tmp_path, ["127.0.0.1"] * 3, ports=[free_port() for _ in "abc"],
                           extra={"backend": {"endpoint_url": proxy.url}})
@@ -118,6 +119,16 @@ def write_cluster(
 def legacy_node_cert(directory: Path, name: str, host: str) -> None:
     """A node certificate as `silofs-ctl certs node` made it before clusters: serverAuth
     only, no node role."""
+    odd_node_cert(directory, name, host, legacy=True)
+
+
+def odd_node_cert(
+    directory: Path, name: str, host: str, *, legacy: bool = False, expired: bool = False
+) -> None:
+    """A certificate of the CA in `directory` for `host`, as `silofs-ctl certs node`
+    never makes one now: `legacy`, serverAuth only and no node role (as it made them
+    before clusters); `expired`, a node certificate (both usages, the role) that expired
+    yesterday."""
     import ipaddress
 
     from cryptography import x509
@@ -130,20 +141,27 @@ def legacy_node_cert(directory: Path, name: str, host: str) -> None:
     key = ec.generate_private_key(ec.SECP256R1())
     now = datetime.datetime.now(datetime.UTC)
     try:
-        alt: x509.GeneralName = x509.IPAddress(ipaddress.ip_address(host))
+        names: list[x509.GeneralName] = [x509.IPAddress(ipaddress.ip_address(host))]
     except ValueError:
-        alt = x509.DNSName(host)
+        names = [x509.DNSName(host)]
+    usage = [ExtendedKeyUsageOID.SERVER_AUTH]
+    if not legacy:
+        usage.append(ExtendedKeyUsageOID.CLIENT_AUTH)
+        names.append(x509.UniformResourceIdentifier("urn:silofs:role:node"))
+    start, end = now - datetime.timedelta(minutes=5), now + datetime.timedelta(days=30)
+    if expired:
+        start, end = now - datetime.timedelta(days=10), now - datetime.timedelta(days=1)
     cert = (
         x509.CertificateBuilder()
         .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)]))
         .issuer_name(ca_cert.subject)
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=30))
+        .not_valid_before(start)
+        .not_valid_after(end)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=True)
-        .add_extension(x509.SubjectAlternativeName([alt]), critical=False)
+        .add_extension(x509.ExtendedKeyUsage(usage), critical=True)
+        .add_extension(x509.SubjectAlternativeName(names), critical=False)
         .sign(ca_key, hashes.SHA256())  # type: ignore[arg-type]
     )
     key_pem = key.private_bytes(
