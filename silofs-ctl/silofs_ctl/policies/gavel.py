@@ -676,7 +676,7 @@ def _gpu_rounds(
     """How many of the leading ceiling groups GPUs allow (_cap_rounds)."""
     # GPUs: with groups < g frozen at their level, used(g) + per_lam(g) * lam.
     used0 = _gpus_held(fixed, jobs)
-    per_lam = sum(j.gpus * e[j.name] / j.f_star for j in free)  # free jobs have f* > 0
+    per_lam = _gpus_at(free, map(e.__getitem__, map(_NAME, free)))  # free jobs: f* > 0
     gpu_ok: list[bool] = []
     used, start = used0, 0
     gpu_bar = cluster.total_gpus * (1 - _MARGIN)
