@@ -248,27 +248,11 @@ def decode_header(value: bytes | memoryview) -> ChunkHeader:
     return ChunkHeader(dataset, index, csize, length, checksum, key, cid, hdr_len, sums_at, shift)
 
 
-def verify_chunk(
-    value: bytes | memoryview,
-    content_id: str | bytes,
-    chunk_size: int,
-    index: int,
-    expected_length: int,
-    lo: int = 0,
-    hi: int | None = None,
-) -> memoryview:
-    """The whole data of `value` if it is the expected chunk, else ChunkFormatError.
-
-    Checks the header (its checksum and identity fields) on every call, and the data
-    blocks covering [lo, hi) (default: all of it). Bytes outside those blocks are NOT
-    verified: the caller serves only [lo, hi) of the returned view. This is the hit
-    path of every FUSE read (`content_id` given encoded: ChunkRef.content_bytes): no
-    strings decoded, no objects built."""
-    mv = value if type(value) is memoryview else memoryview(value)
-    cid = content_id.encode() if type(content_id) is str else content_id
-    length = expected_length
-    if hi is None:
-        hi = length
+def _checked_header(
+    mv: memoryview, cid: bytes, chunk_size: int, index: int, length: int, lo: int, hi: int
+) -> tuple[int, int, int]:
+    """(hdr_len, block shift, offset of the block sums) of a value whose header is sound
+    and names exactly this chunk, else ChunkFormatError; [lo, hi) must lie in its data."""
     n = len(mv)
     if n < _FIXED.size:
         _parse(mv)  # raises the precise error
@@ -296,17 +280,80 @@ def verify_chunk(
         raise ChunkFormatError(f"chunk length {dlen} != expected {length}")
     if not 0 <= lo <= hi <= length:
         raise ValueError(f"range [{lo}, {hi}) outside a chunk of {length} bytes")
+    return hdr_len, shift, sums_at
+
+
+def _check_blocks(
+    value: memoryview, sums_at: int, data: memoryview, first: int, shift: int
+) -> None:
+    """Compare `data`, the chunk's blocks from block `first` on (the last may be short),
+    with their sums in the header of `value` (which begin at `sums_at`)."""
+    size = 1 << shift
+    at = sums_at + 8 * first
+    for off in range(0, len(data), size):
+        if _hash(data[off : off + size]) != _SUM.unpack_from(value, at)[0]:
+            raise ChunkFormatError(f"checksum mismatch in block {first + (off >> shift)}")
+        at += 8
+
+
+def verify_chunk(
+    value: bytes | memoryview,
+    content_id: str | bytes,
+    chunk_size: int,
+    index: int,
+    expected_length: int,
+    lo: int = 0,
+    hi: int | None = None,
+) -> memoryview:
+    """The whole data of `value` if it is the expected chunk, else ChunkFormatError.
+
+    Checks the header (its checksum and identity fields) on every call, and the data
+    blocks covering [lo, hi) (default: all of it). Bytes outside those blocks are NOT
+    verified: the caller serves only [lo, hi) of the returned view. The returned view
+    is of `value` itself, so `value` must be bytes nobody changes after the check: for a
+    value in the LMDB map (which a writer, or anything that writes data.mdb, may change
+    under a reader) use copy_verified."""
+    mv = value if type(value) is memoryview else memoryview(value)
+    cid = content_id.encode() if type(content_id) is str else content_id
+    if hi is None:
+        hi = expected_length
+    hdr_len, shift, sums_at = _checked_header(mv, cid, chunk_size, index, expected_length, lo, hi)
     if hi > lo:
         b, last = lo >> shift, (hi - 1) >> shift
-        size = 1 << shift
-        at = sums_at + 8 * b
-        # Blocks sliced from the value itself: the last one may run past the data's end,
-        # which the slice ends at.
-        for off in range(hdr_len + (b << shift), hdr_len + ((last + 1) << shift), size):
-            if _hash(mv[off : off + size]) != _SUM.unpack_from(mv, at)[0]:
-                raise ChunkFormatError(f"checksum mismatch in block {(off - hdr_len) >> shift}")
-            at += 8
+        _check_blocks(
+            mv, sums_at, mv[hdr_len + (b << shift) : hdr_len + ((last + 1) << shift)], b, shift
+        )
     return mv[hdr_len:]
+
+
+def copy_verified(
+    value: bytes | memoryview,
+    content_id: str | bytes,
+    chunk_size: int,
+    index: int,
+    expected_length: int,
+    lo: int = 0,
+    hi: int | None = None,
+) -> memoryview:
+    """Exactly the data [lo, hi) of `value` if it is the expected chunk, else
+    ChunkFormatError: the blocks covering [lo, hi) are copied out of `value` first and the
+    copy is what is checked and returned. This is the hit path of every FUSE read
+    (`content_id` given encoded: ChunkRef.content_bytes): a value in the LMDB map may
+    change after a check of the map itself (a damaged disk, anything writing data.mdb),
+    and the kernel copies a reply only after the handler returns, so only bytes of our
+    own are ever both checked and served."""
+    mv = value if type(value) is memoryview else memoryview(value)
+    cid = content_id.encode() if type(content_id) is str else content_id
+    if hi is None:
+        hi = expected_length
+    hdr_len, shift, sums_at = _checked_header(mv, cid, chunk_size, index, expected_length, lo, hi)
+    if hi <= lo:
+        return memoryview(b"")
+    b, last = lo >> shift, (hi - 1) >> shift
+    start = b << shift
+    own = memoryview(mv[hdr_len + start : hdr_len + ((last + 1) << shift)].tobytes())
+    _check_blocks(mv, sums_at, own, b, shift)
+    return own[lo - start : hi - start]
 
 
 def checked_chunk(
@@ -315,13 +362,21 @@ def checked_chunk(
     counts: CorruptCounter,
     lo: int = 0,
     hi: int | None = None,
+    *,
+    copy: bool = True,
 ) -> memoryview | None:
-    """The data of a cached value if it is exactly `ref` (verified over [lo, hi), default
-    all of it), else None: a corrupt value is counted in `counts` and logged here, and
-    the caller treats it as a miss (and refetches, replacing the value). A value of an
-    older format is a miss too, but not counted as corrupt."""
+    """The data [lo, hi) (default all of it) of a cached value if it is exactly `ref`,
+    else None: a corrupt value is counted in `counts` and logged here, and the caller
+    treats it as a miss (and refetches, replacing the value). A value of an older format
+    is a miss too, but not counted as corrupt. What is returned was copied out of `value`
+    before it was checked (copy_verified); `copy=False` only where `value` is already
+    the caller's own bytes: then the check is of `value`, and a view of it returned."""
+    args = (ref.content_bytes, ref.chunk_size, ref.index, ref.length, lo, hi)
     try:
-        return verify_chunk(value, ref.content_bytes, ref.chunk_size, ref.index, ref.length, lo, hi)
+        if not copy:
+            view = verify_chunk(value, *args)
+            return view[lo:hi]
+        return copy_verified(value, *args)
     except StaleFormatError:
         return None
     except ChunkFormatError as exc:

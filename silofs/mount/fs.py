@@ -432,7 +432,7 @@ class SilofsFS(pyfuse3.Operations):
         try:
             if first == last:
                 lo, hi = off - first * cs, end - first * cs
-                data = r.hit(f, first, lo, hi)  # verified over [lo, hi)
+                data = r.hit(f, first, lo, hi)  # [lo, hi), a verified copy
                 if data is not None:
                     c = r.counters
                     c.bytes_read += end - off
@@ -440,7 +440,7 @@ class SilofsFS(pyfuse3.Operations):
                     c.hit_bytes += end - off
                     if sequential and obj_size > cs:
                         r.prefetch(f, first)
-                    return data[lo:hi]
+                    return data
                 # The first read of a file's head, of the size the kernel's read-ahead
                 # asks of a sequential reader (a random reader asks for its pages): a
                 # miss names its chunk as a span, so the daemon may stream the object on
@@ -451,7 +451,7 @@ class SilofsFS(pyfuse3.Operations):
                 self._count(end - off, hit, source)
                 if sequential and obj_size > cs:
                     r.prefetch(f, first)
-                return memoryview(data)[lo:hi]
+                return data
             return await self._read_span(f, off, end, first, last, sequential)
         except MissError as exc:  # EIO, or EACCES when the daemon refused this reader
             raise pyfuse3.FUSEError(exc.errno) from None
@@ -459,7 +459,8 @@ class SilofsFS(pyfuse3.Operations):
     async def _read_span(
         self, f: OpenFile, off: int, end: int, first: int, last: int, sequential: bool
     ) -> bytes:
-        """A request crossing chunk boundaries: copy each part before the next await.
+        """A request crossing chunk boundaries. Each part is bytes no other task changes
+        (a copy out of the map, or the daemon's answer), so it may wait for the next.
         Its misses name the request's chunks as their span, so the daemon fetches
         those of them it lacks in one GET, not one GET per chunk in turn."""
         cs = self.reader.chunk_size
@@ -468,7 +469,7 @@ class SilofsFS(pyfuse3.Operations):
             lo = max(off, index * cs) - index * cs
             hi = min(end, (index + 1) * cs) - index * cs
             data, hit, source = await self.reader.chunk(f, index, lo, hi, span=(first, last))
-            parts.append(bytes(data[lo:hi]))
+            parts.append(data)
             self._count(hi - lo, hit, source)
         if sequential:
             self.reader.prefetch(f, last)

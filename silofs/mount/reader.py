@@ -61,7 +61,7 @@ from silofs.cache.format import (
     ChunkFormatError,
     ChunkRef,
     checked_chunk,
-    verify_chunk,
+    copy_verified,
 )
 from silofs.cache.store import CacheStore
 from silofs.control.client import AsyncControlClient, ControlError, quote_segment
@@ -417,10 +417,10 @@ class ChunkReader:
 
     # -- one chunk, any source -------------------------------------------------------
     def hit(self, f: OpenFile, index: int, lo: int, hi: int) -> memoryview | None:
-        """The chunk's data, verified over [lo, hi), if it is cached and in memory: the
-        common case, answered without a coroutine. None where chunk() must take it
-        (absent, not resident, damaged, or a lookup that failed): chunk() looks it up
-        again and counts what it finds, so nothing is counted here."""
+        """The chunk's data [lo, hi), copied out of the map and verified, if it is cached
+        and in memory: the common case, answered without a coroutine. None where chunk()
+        must take it (absent, not resident, damaged, or a lookup that failed): chunk()
+        looks it up again and counts what it finds, so nothing is counted here."""
         ref = f.ref
         if ref is None or ref.index != index or ref.chunk_size != self.chunk_size:
             ref = f.chunk_ref(self.chunk_size, index)
@@ -428,7 +428,7 @@ class ChunkReader:
             value = self._lookup(ref)
             if type(value) is not memoryview:
                 return None
-            view = verify_chunk(
+            view = copy_verified(
                 value, ref.content_bytes, ref.chunk_size, ref.index, ref.length, lo, hi
             )
         except (ChunkFormatError, lmdb.Error):
@@ -444,12 +444,12 @@ class ChunkReader:
         lo: int = 0,
         hi: int | None = None,
         span: tuple[int, int] | None = None,
-    ) -> tuple[memoryview | bytes, bool, str]:
-        """(data, hit, source): the whole chunk from LMDB (hit, "cache"), this mount's
+    ) -> tuple[memoryview, bool, str]:
+        """(data, hit, source): the chunk's bytes [lo, hi) (chunk offsets; default all of
+        it) from LMDB (hit, "cache"; copied out of the map and verified), this mount's
         buffer ("buffer"; a hit if the daemon had it cached), or the daemon ("cache" if it
-        found the chunk cached, "store" if it had to GET it). Of an LMDB hit only [lo, hi)
-        (chunk offsets; default all) is verified, so the caller serves only that part.
-        A miss names `span` (the chunks the same request reads) to the daemon."""
+        found the chunk cached, "store" if it had to GET it). A miss names `span` (the
+        chunks the same request reads) to the daemon."""
         ref = f.chunk_ref(self.chunk_size, index)
         if hi is None:
             hi = ref.length
@@ -464,7 +464,7 @@ class ChunkReader:
                     raise ChunkFormatError(f"chunk {index} of {f.obj.key}")
         except ChunkFormatError:
             data, from_cache = await self._miss(ref, refetch=True)
-            return data, from_cache, "cache" if from_cache else "store"
+            return memoryview(data)[lo:hi], from_cache, "cache" if from_cache else "store"
         except lmdb.Error as exc:
             # LMDB has no checksums of its own pages: a damaged B-tree page can make a
             # lookup fail. A miss, like a damaged value; never an exception out of read().
@@ -473,15 +473,15 @@ class ChunkReader:
                 self.counters.corrupt_chunks += 1
                 log.warning("cache lookup of chunk %d of %s failed: %s", index, f.obj.key, exc)
             data, from_cache = await self._miss(ref, refetch=True)
-            return data, from_cache, "cache" if from_cache else "store"
+            return memoryview(data)[lo:hi], from_cache, "cache" if from_cache else "store"
         if view is not None:
             if self.track_hits and len(self.touched) < 65536:
                 self.touched.append(ref.key)
             return view, True, "cache"  # no await between the (last) get and the reply
         if (item := self.buffer.get(ref.key)) is not None:
-            return item[0], item[1], "buffer"
+            return memoryview(item[0])[lo:hi], item[1], "buffer"
         data, from_cache = await self._miss(ref, refetch=False, span=span)
-        return data, from_cache, "cache" if from_cache else "store"
+        return memoryview(data)[lo:hi], from_cache, "cache" if from_cache else "store"
 
     async def _miss(
         self,

@@ -92,7 +92,7 @@ class Fetcher:
         self._parked: OrderedDict[tuple[str, str, int], tuple[RangeStream, float]] = OrderedDict()
         self._damaged = FirstTime()  # chunk keys whose lookup failed
 
-    def cached(self, ref: ChunkRef, counters: FetchCounters) -> tuple[bytes | None, bool]:
+    def cached(self, ref: ChunkRef, counters: FetchCounters) -> tuple[memoryview | None, bool]:
         """(a verified copy of the chunk from LMDB or None, whether a value is there that
         failed verification: corrupt (counted) or of an older format; the caller fetches
         with replace=True so the bad value does not stay in the way of every read)."""
@@ -108,8 +108,8 @@ class Fetcher:
                 return None, False
             if value is None:
                 return None, False
-            data = checked_chunk(value, ref, counters)
-            return (None, True) if data is None else (bytes(data), False)
+            data = checked_chunk(value, ref, counters)  # copied out of the map, then checked
+            return (None, True) if data is None else (data, False)
 
     async def fetch(
         self,
@@ -130,7 +130,7 @@ class Fetcher:
         if not replace and (value := self.writer.pending(ref.key)) is not None:
             data = checked_chunk(value, ref, FetchCounters())  # we encoded it: never bad
             if data is not None:
-                return bytes(data), False
+                return data, False
         return await self._flights.run(
             ref.key, lambda: self._fetch_once(dsid, backend, limiter, ref, replace, admit)
         )
@@ -170,7 +170,7 @@ class Fetcher:
                 # fetched (a prefetch, a span) and not yet committed: no second GET
                 data = checked_chunk(value, ref, FetchCounters())  # we encoded it
                 if data is not None:
-                    return bytes(data), Fetched()
+                    return data, Fetched()
             got = await self._flights.wait(ref.key)
             if got is not None:
                 return got[0], Fetched()

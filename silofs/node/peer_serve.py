@@ -208,10 +208,11 @@ class Home:
                 value = store.get_value(txn, store.db(b"chunks"), ref.key)
                 if value is None:
                     return None
+                value = bytes(value)  # checked after the copy: the map may change under us
                 verify_chunk(value, ref.content_bytes, ref.chunk_size, ref.index, ref.length)
             except (lmdb.Error, ChunkFormatError):
                 return None  # serve() looks again, counts and replaces it
-            return bytes(value)
+            return value
 
     async def _warm(self, ds: DatasetState, ask: ChunkAsk, ref: ChunkRef) -> Served:
         """A member's warm: held if this dataset holds the chunk (or it is on its way),
@@ -299,9 +300,10 @@ class Home:
                     return None, False  # a damaged page: the store GET replaces nothing
                 if value is None:
                     return None, False
-                if checked_chunk(value, ref, ds.fetch) is None:
+                value = bytes(value)  # checked after the copy: the map may change under us
+                if checked_chunk(value, ref, ds.fetch, copy=False) is None:
                     return None, True
-                return bytes(value), False
+                return value, False
 
         if ref.length <= INLINE_LOOKUP_BYTES:
             return lookup()

@@ -26,6 +26,7 @@ import os
 import random
 import struct
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -308,3 +309,61 @@ def test_byte_flips_never_serve_a_wrong_byte(
     )
     assert sum(online_tally.flips.values()) >= online * 2 // 3
     assert online_survived and off_tally.gone == 0, "a mount died under byte flips"
+
+
+def test_a_flip_after_the_check_never_reaches_a_reader(
+    make_node, local_store, monkeypatch, bucket_name, tmp_path: Path
+) -> None:
+    """The kernel copies a read's reply only after the handler returned, and a daemon
+    answers a mount after its own check: a byte flipped in data.mdb after a check and
+    undone right after must not reach a reader, so what is checked and served must be a
+    copy taken before the check. Flips and unflips one hot chunk's bytes as fast as a
+    process can while two readers read it (short form 8 s; long form 60 s)."""
+    seconds = 60 if LONG else 8
+    rnd = random.Random(7)
+    data = rnd.randbytes(200_000)
+    local_store.apply_env(monkeypatch)
+    local_store.create(bucket_name, {"f.bin": data})
+    node = make_node(cache_size="64M")
+    node.expect_errors(r"silofs\.mount\.reader: reading ")  # a flip seen by a check: a miss
+    mp = node.mount(local_store.uri(bucket_name), tmp_path / "m0", "--chunk-size", "256K")
+    assert (mp / "f.bin").read_bytes() == data
+    wait_for(lambda: node.status()["datasets"][0]["cached_chunks"] == 1, what="admission")
+    tally, stop = Tally(), threading.Event()
+
+    def read(size: int, step: int) -> None:
+        fd = os.open(mp / "f.bin", os.O_RDONLY)
+        off = 0
+        while not stop.is_set():
+            tally.read(_pread(fd, size, off), data[off : off + size])
+            off = (off + step) % len(data)
+        os.close(fd)
+
+    readers = [
+        threading.Thread(target=read, args=(128 << 10, 0), daemon=True),
+        threading.Thread(target=read, args=(70_000, 30_011), daemon=True),
+    ]
+    for t in readers:
+        t.start()
+    flipper = Flipper(node.cache_dir, rnd)
+    fd = os.open(flipper.path, os.O_RDWR)
+    flips = 0
+    try:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            values, _ = flipper._pages()  # a chunk refetched after a check moved
+            for at, hdr_len, length in values:
+                for _ in range(100):
+                    pos = at + hdr_len + rnd.randrange(length)
+                    b = os.pread(fd, 1, pos)
+                    os.pwrite(fd, bytes([b[0] ^ 0xFF]), pos)
+                    os.pwrite(fd, b, pos)
+                    flips += 1
+    finally:
+        stop.set()
+        for t in readers:
+            t.join(30)
+        os.close(fd)
+    print(f"\nflip-after-check: {flips} flips, {tally.reads} reads, EIO {tally.eio}")
+    assert tally.reads > 100 and tally.wrong_bytes == 0, f"{tally.wrong_reads} wrong reads"
+    assert tally.other_errors == 0 and tally.gone == 0, tally.other_codes

@@ -28,6 +28,7 @@ from silofs.cache.format import (
     StaleFormatError,
     checked_chunk,
     chunk_key,
+    copy_verified,
     decode_header,
     encode_chunk,
     verify_chunk,
@@ -132,6 +133,33 @@ def test_range_verification_checks_only_the_covered_blocks() -> None:
     ]:
         with pytest.raises(ChunkFormatError, match="block 2"):
             verify_chunk(v, "c", 1 << 20, 0, n, lo, hi)
+
+
+def test_served_ranges_are_private_copies_checked_after_the_copy() -> None:
+    """The hit path serves a slice of the LMDB map only after the kernel's reply copy, and
+    the map may change meanwhile (a damaged disk, a process writing data.mdb): what
+    copy_verified and checked_chunk return must not change with the value they came from,
+    and must be the range asked for, block-straddling or not."""
+    data = bytes(range(256)) * 1024  # 256 KiB: four blocks
+    value = bytearray(encode_chunk(1, 0, 1 << 20, "k", "c", data))
+    hdr = decode_header(bytes(value)).header_len
+    ref = ChunkRef.of(ObjectInfo("k", len(data), 0.0, "v", "c"), 1 << 20, 0)
+    counts = type("Counts", (), {"corrupt_chunks": 0})()
+    ranges = [
+        (0, len(data)),
+        (5, 5),
+        (BLOCK_SIZE - 3, 2 * BLOCK_SIZE + 7),
+        (3 * BLOCK_SIZE, len(data) - 1),
+    ]
+    for lo, hi in ranges:
+        got = copy_verified(value, "c", 1 << 20, 0, len(data), lo, hi)
+        counted = checked_chunk(value, ref, counts, lo, hi)
+        assert counted is not None
+        for pos in range(lo, hi, 4093):
+            value[hdr + pos] ^= 0xFF  # after the check: must not reach what was returned
+        assert bytes(got) == data[lo:hi] and bytes(counted) == data[lo:hi]
+        for pos in range(lo, hi, 4093):
+            value[hdr + pos] ^= 0xFF
 
 
 def test_header_damage_is_detected_on_any_range() -> None:
