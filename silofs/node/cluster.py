@@ -18,8 +18,10 @@ never trusts a member's bytes without the check.
 from __future__ import annotations
 
 import functools
+import ipaddress
 import json
 import logging
+import socket
 import ssl
 import time
 from collections.abc import Awaitable, Callable
@@ -34,7 +36,7 @@ from silofs.cache.format import (
     verify_chunk,
 )
 from silofs.config import ClusterSettings, NodeSettings, parse_cluster
-from silofs.control.tls import parse_tcp_address, tls_url
+from silofs.control.tls import parse_tcp_address, parse_tls_url, tls_url
 from silofs.errors import UsageError
 from silofs.flight import SingleFlight
 from silofs.node.cluster_shares import ClusterShares, parse_shares
@@ -117,10 +119,12 @@ class Cluster:
         )
         return pushed
 
-    def apply(self, config: ClusterSettings) -> None:
-        """Put a member list in force (at start, or pushed: push() persists it first).
-        UsageError (one line) if this node cannot be one of its members."""
-        address = self._self_address(config)
+    def apply(self, config: ClusterSettings, address: str | None = None) -> None:
+        """Put a member list in force (at start, or pushed: push() persists it first and
+        names this node's `address` in it). UsageError (one line) if this node cannot be
+        one of its members."""
+        if address is None:
+            address = self._self_address(config)
         if self.context is None:
             self.context = _member_context(self.settings)
         if self.membership is None:
@@ -176,14 +180,15 @@ class Cluster:
                 f"version {config.version} is not newer than the member list in force "
                 f"(version {self.config.version})"
             )
-        self._self_address(config, conflict=ValueError)  # before anything is written
+        # Before anything is written; in a thread: it may resolve the members' names.
+        address = await trio.to_thread.run_sync(self._self_address, config, ValueError)
         if self.context is None:
             try:
                 self.context = _member_context(self.settings)
             except UsageError as exc:
                 raise ValueError(str(exc)) from None
         await self.d.writer.call(self.d.store.put_meta, META_ROW, _row(config))
-        self.apply(config)
+        self.apply(config, address)
         self.d.allocs.notify()  # the weights make the parts: the enforcer looks again
         return config
 
@@ -196,21 +201,31 @@ class Cluster:
         if own is not None:
             if own not in members:
                 raise conflict(f"this node ({own}) is not one of the members of {config.name}")
-            return own
-        if self.settings.tcp_listen is None or self.settings.tls_cert is None:
+        elif self.settings.tcp_listen is None or self.settings.tls_cert is None:
             raise conflict(
                 "this node has no [control] tcp_listen and TLS files: members reach each "
                 "other over the mutual-TLS listener"
             )
-        host, port = parse_tcp_address(self.settings.tcp_listen)
-        names = {host.lower(), *_certificate_names(self.settings.tls_cert)}
-        mine = [a for a in members if any(a == tls_url(n, port) for n in names if n != "0.0.0.0")]
-        if len(mine) != 1:
-            raise conflict(
-                f"cannot tell which member this node is ({len(mine)} of the members match "
-                f"port {port} and its certificate's names): set [cluster] address"
-            )
-        return mine[0]
+        else:
+            host, port = parse_tcp_address(self.settings.tcp_listen)
+            names = {host.lower(), *_certificate_names(self.settings.tls_cert)}
+            mine = [
+                a for a in members if any(a == tls_url(n, port) for n in names if n != "0.0.0.0")
+            ]
+            if len(mine) != 1:
+                raise conflict(
+                    f"cannot tell which member this node is ({len(mine)} of the members match "
+                    f"port {port} and its certificate's names): set [cluster] address"
+                )
+            own = mine[0]
+        if self.settings.tcp_listen is not None:
+            twice = _aliases(own, members, parse_tcp_address(self.settings.tcp_listen))
+            if twice:
+                raise conflict(
+                    f"{twice[0]} is this node ({own}) again: it reaches this node's own "
+                    "listener, and a node may be one member only"
+                )
+        return own
 
     # -- the asking side -----------------------------------------------------------
     def shareable(self, ds: DatasetState) -> bool:
@@ -681,6 +696,52 @@ class Cluster:
         for pool in self.pools.values():
             pool.close()
         self.home.close()
+
+
+def _aliases(own: str, members: list[str], listen: tuple[str, int]) -> list[str]:
+    """The members other than `own` whose address reaches this node's own listener:
+    tcp_listen's port, and a host resolving to an address the listener accepts (any
+    address of this host when it listens on all of them). A certificate may name several
+    nodes, so its names cannot tell; the addresses can. Names that do not resolve here
+    are not this node (a member may be down or not yet in DNS)."""
+    host, port = listen
+    wildcard = host in ("0.0.0.0", "::")
+    accepted = set() if wildcard else _resolve(host)
+    out = []
+    for address in members:
+        if address == own:
+            continue
+        m_host, m_port = parse_tls_url(address)
+        if m_port != port:
+            continue
+        ips = _resolve(m_host)
+        if ips & accepted or (wildcard and any(_is_local(ip) for ip in ips)):
+            out.append(address)
+    return out
+
+
+def _resolve(host: str) -> set[str]:
+    try:
+        infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    except (OSError, UnicodeError):
+        return set()
+    return {str(info[4][0]) for info in infos}
+
+
+def _is_local(ip: str) -> bool:
+    """Whether `ip` is an address of this host: a loopback address, or one the kernel
+    routes to itself (its route's source is the address itself; a bind test would say
+    yes to any address where ip_nonlocal_bind is set)."""
+    address = ipaddress.ip_address(ip.partition("%")[0])
+    if address.is_loopback:
+        return True
+    family = socket.AF_INET6 if address.version == 6 else socket.AF_INET
+    with socket.socket(family, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect((ip, 9))  # a datagram socket's connect sends nothing
+            return s.getsockname()[0] == ip
+        except OSError:
+            return False
 
 
 def _charge(reply: PeerReply, ref: ChunkRef) -> int:

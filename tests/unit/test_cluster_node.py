@@ -128,12 +128,6 @@ def test_peer_figures_in_status_and_metrics(tmp_path: Path, pki: Path, made: lis
     assert "silofs_peer_" not in render(status_view(alone))
 
 
-@pytest.mark.xfail(
-    reason="a list naming this node twice (two names of its certificate, one port) is taken: "
-    "it asks itself over TLS as a second home; refusing it needs a rule for certificates "
-    "shared by several nodes",
-    strict=True,
-)
 def test_a_list_naming_this_node_twice_under_two_of_its_names_is_refused(
     tmp_path: Path, pki: Path, made: list[Daemon]
 ) -> None:
@@ -145,5 +139,39 @@ def test_a_list_naming_this_node_twice_under_two_of_its_names_is_refused(
         "c", (MemberSpec(me), MemberSpec("tls://localhost:7001"), MemberSpec("tls://127.0.0.1:7000")),
         address=me, version=1,
     )  # fmt: skip
-    with pytest.raises(UsageError, match="this node"):
+    with pytest.raises(UsageError, match="localhost:7001 is this node"):
         made.append(Daemon(settings(tmp_path, pki, twice, cert="aliased")))
+
+
+def test_a_certificate_naming_several_nodes_is_no_alias(
+    tmp_path: Path, pki: Path, made: list[Daemon]
+) -> None:
+    """One certificate may name several nodes (a shared or wildcard one): a member on
+    this node's port under another of its names is this node only if that name reaches
+    this node's listener. A name that resolves nowhere here (a member not in DNS yet, or
+    down) is a member like any other."""
+    from silofs_ctl.certs_cmd import node_cert
+
+    node_cert(str(pki), "shared", ["127.0.0.1", "other-node.invalid"])
+    me = "tls://127.0.0.1:7001"
+    config = ClusterSettings(
+        "c", (MemberSpec(me), MemberSpec("tls://other-node.invalid:7001")), address=me, version=1
+    )
+    d = Daemon(settings(tmp_path, pki, config, cert="shared"))
+    made.append(d)
+    assert status_view(d)["cluster"]["members"]
+
+
+def test_a_pushed_list_naming_this_node_twice_is_refused_and_changes_nothing(
+    tmp_path: Path, pki: Path, made: list[Daemon]
+) -> None:
+    d = Daemon(settings(tmp_path, pki, members(7000, 7001, version=10)))
+    made.append(d)
+    aliased = ["tls://127.0.0.1:7001", "tls://localhost:7001", "tls://127.0.0.1:7000"]
+
+    async def push() -> None:
+        await d.cluster.push({"name": "c", "members": aliased, "version": 20})
+
+    with pytest.raises(ValueError, match="localhost:7001 is this node"):
+        trio.run(push)
+    assert d.cluster.config is not None and d.cluster.config.version == 10
