@@ -5,6 +5,8 @@ network: resolve()'s call is answered before it is sent."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from silofs.node.backends.base import BackendOptions
@@ -84,3 +86,23 @@ def test_lean_false_and_s3_express_are_botocore_only() -> None:
         backend = S3Backend(parse_uri(uri), BackendOptions(extra=extra))
         backend.client()
         assert backend._lean is None
+
+
+def test_datasets_share_the_service_models_but_not_their_credentials(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Each dataset's session used to load and parse S3's models again (~12 MB each): a
+    user opening 64 cloud datasets cost the daemon ~0.8 GB. They share one loader now,
+    and still resolve credentials each on their own (here: two profiles)."""
+    creds = tmp_path / "credentials"
+    creds.write_text(
+        "[one]\naws_access_key_id = AKIDONE\naws_secret_access_key = s1\n"
+        "[two]\naws_access_key_id = AKIDTWO\naws_secret_access_key = s2\n"
+    )
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(creds))
+    a = S3Backend(parse_uri("s3://bucket-a/ds/"), BackendOptions(extra={"profile": "one"}))
+    b = S3Backend(parse_uri("s3://bucket-b/ds/"), BackendOptions(extra={"profile": "two"}))
+    ca, cb = a.client(), b.client()
+    assert ca is not cb and ca._loader is cb._loader
+    keys = {c._request_signer._credentials.access_key for c in (ca, cb)}
+    assert keys == {"AKIDONE", "AKIDTWO"}

@@ -27,6 +27,8 @@ from typing import Any
 
 import boto3
 import botocore.exceptions as bx
+import botocore.loaders
+import botocore.session
 from botocore import UNSIGNED
 from botocore.config import Config
 
@@ -55,6 +57,20 @@ from silofs.records import ObjectInfo
 from silofs.uri import DatasetURI
 
 log = logging.getLogger(__name__)
+
+# One loader of botocore's service models for every dataset's session: a session of its
+# own loads and parses S3's models again (~12 MB each, measured with 20 sessions: 247 MiB
+# against 24 with the loader shared). Each dataset keeps its own session, so credentials
+# are still resolved per dataset (a profile, a fixed credentials file, a rebuilt client).
+_LOADER = botocore.loaders.create_loader()
+_SESSION_LOCK = threading.Lock()  # sessions, the loader and client creation are not thread-safe
+
+
+def _session(profile: str | None, region: str | None) -> boto3.session.Session:
+    core = botocore.session.Session()
+    core.register_component("data_loader", _LOADER)
+    return boto3.session.Session(botocore_session=core, profile_name=profile, region_name=region)
+
 
 _DENIED = {
     "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken",
@@ -200,13 +216,13 @@ class S3Backend(RetryingBackend):
         """The shared boto3 client, built on first use (the credential chain may do I/O)."""
         with self._lock:
             if self._client is None:
-                session = boto3.session.Session(
-                    profile_name=self.opts.extra.get("profile"),
-                    region_name=self.opts.extra.get("region"),
-                )
-                self._client = session.client(
-                    "s3", endpoint_url=self.endpoint_url, config=self._config()
-                )
+                with _SESSION_LOCK:
+                    session = _session(
+                        self.opts.extra.get("profile"), self.opts.extra.get("region")
+                    )
+                    self._client = session.client(
+                        "s3", endpoint_url=self.endpoint_url, config=self._config()
+                    )
                 self._client.meta.events.register("before-parse.s3.ListObjectsV2", _parse_list_page)
                 if truthy(self.opts.extra.get("requester_pays")):
                     # The requester (we) pays for requests and transfer: S3 wants the
