@@ -129,6 +129,11 @@ def set_cmd(
         parse_cluster({k: v for k, v in body.items() if k != "version"})
     except UsageError as exc:
         raise click.UsageError(str(exc)) from None
+    refused = _refusals(targets, body)
+    if refused:
+        raise click.ClickException(
+            f"{refused} of {len(targets)} nodes refuse the list (above); no node was changed"
+        )
     failed = 0
     for target in targets:
         try:
@@ -141,6 +146,23 @@ def set_cmd(
             click.echo(f"{target}: {exc}", err=True)
     if failed:
         raise click.ClickException(f"{failed} of {len(targets)} nodes did not take the list")
+
+
+def _refusals(targets: list[str], body: dict) -> int:
+    """How many nodes refuse the list (each named on stderr), asked before any is changed:
+    a list one node refuses (not newer, not naming it, naming it twice) must not change
+    the others. A node that cannot be reached refuses nothing (a dead node must not
+    block a list that leaves it out): the push that follows names it."""
+    refused = 0
+    for target in targets:
+        try:
+            with one_node_client(target) as client:
+                client.request("PUT", "/v1/cluster?check=1", body)
+        except ControlError as exc:
+            if exc.status is not None:
+                refused += 1
+                click.echo(f"{target}: {exc}", err=True)
+    return refused
 
 
 def _canonical(members: list[str], weights: dict[str, float]) -> tuple[list[str], dict[str, float]]:

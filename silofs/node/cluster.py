@@ -162,10 +162,11 @@ class Cluster:
             ", ".join(f"{m.address} (weight {m.weight:g})" for m in config.members),
         )
 
-    async def push(self, body: dict) -> ClusterSettings:
+    async def push(self, body: dict, check_only: bool = False) -> ClusterSettings:
         """A member list pushed at runtime (PUT /v1/cluster): parsed, checked newer than
-        the one in force, persisted, applied. UsageError (400) for a bad body,
-        ValueError (409) for an older version or a list this node is not in."""
+        the one in force, persisted, applied (`check_only`: only judged, nothing
+        changed: `silofs-ctl cluster set` asks every node first). UsageError (400) for a
+        bad body, ValueError (409) for an older version or a list this node is not in."""
         if "address" in body:
             raise UsageError("address is this node's own setting ([cluster] in silofs.toml)")
         fields = {k: v for k, v in body.items() if k != "version"}
@@ -184,9 +185,13 @@ class Cluster:
         address = await trio.to_thread.run_sync(self._self_address, config, ValueError)
         if self.context is None:
             try:
-                self.context = _member_context(self.settings)
+                context = _member_context(self.settings)
             except UsageError as exc:
                 raise ValueError(str(exc)) from None
+            if not check_only:
+                self.context = context
+        if check_only:
+            return config
         await self.d.writer.call(self.d.store.put_meta, META_ROW, _row(config))
         self.apply(config, address)
         self.d.allocs.notify()  # the weights make the parts: the enforcer looks again

@@ -209,6 +209,12 @@ def test_a_member_list_pushed_at_runtime_takes_effect_and_survives_a_restart(thr
     res = _ctl("cluster", "set", "--nodes", nodes[2].socket,
                "--members", ",".join(n.spec.address for n in kept))  # fmt: skip
     assert res.returncode == 1 and "is not one of the members" in res.stderr, res.stderr
+    # Sent to every node, a list some of them refuse changes none: node 0 would take it.
+    res = _ctl("cluster", "set", "--nodes", ",".join(n.socket for n in nodes),
+               "--members", nodes[0].spec.address)  # fmt: skip
+    assert res.returncode == 1 and "no node was changed" in res.stderr, res.stderr
+    assert nodes[0].cluster()["version"] == version
+    assert len(nodes[0].cluster()["members"]) == 2
     # An older version is refused too.
     res = _ctl("cluster", "set", "--nodes", nodes[0].socket, "--version", "5",
                "--members", ",".join(n.spec.address for n in nodes))  # fmt: skip

@@ -37,7 +37,7 @@ async def get_cluster(d: Daemon, req: Request) -> Response:
 async def put_cluster(d: Daemon, req: Request) -> Response:
     body = req.json()
     try:
-        config = await d.cluster.push(body)
+        config = await d.cluster.push(body, check_only=req.query.get("check") == "1")
     except UsageError as exc:
         raise HTTPError(400, str(exc)) from None
     except ValueError as exc:
