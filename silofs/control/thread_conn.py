@@ -489,18 +489,18 @@ def _headers(lines: list[bytes]) -> dict[str, str]:
     return headers
 
 
-_TOKEN = frozenset(b"!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
+_TOKEN = b"!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
 
 
 def _is_token(name: bytes) -> bool:
-    return all(c in _TOKEN for c in name)
+    return not name.translate(None, _TOKEN)  # nothing left once the token bytes go
+
+
+_REASONS = {int(s): s.phrase for s in http.HTTPStatus}
 
 
 def _response_head(resp: Response, length: int, close: bool) -> bytes:
-    try:
-        reason = http.HTTPStatus(resp.status).phrase
-    except ValueError:
-        reason = ""
+    reason = _REASONS.get(resp.status, "")
     lines = [f"HTTP/1.1 {resp.status} {reason}", f"content-type: {resp.content_type}"]
     if not (resp.status < 200 or resp.status == 204):
         lines.append(f"content-length: {length}")
