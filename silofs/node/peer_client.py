@@ -111,6 +111,7 @@ class TLSPipe:
         self.deadline = math.inf  # monotonic: reads and sends past it raise TimeoutError
         self._bounded = math.inf  # the deadline the socket's timeout was last set for
         self._bounded_at = 0.0
+        self._ciphertext = memoryview(bytearray(_RECV))  # what _fill receives into
 
     @classmethod
     def connect(
@@ -206,10 +207,10 @@ class TLSPipe:
     def _fill(self) -> bool:
         """More ciphertext, waited for until the deadline (TimeoutError after it)."""
         self._bound()
-        data = self.raw.recv(_RECV)
-        if data:
-            self.incoming.write(data)
-        return bool(data)
+        n = self.raw.recv_into(self._ciphertext)
+        if n:
+            self.incoming.write(self._ciphertext[:n])
+        return n > 0
 
     def _flush(self) -> None:
         data = self.outgoing.read()
@@ -228,6 +229,8 @@ class _Connection:
         # allocated per exchange.
         self.head = bytearray(MAX_HEAD)
         self.head_view = memoryview(self.head)
+        self.poller = select.poll()  # looks_closed's, registered once
+        self.poller.register(sock.fileno(), select.POLLIN)
 
     def close(self) -> None:
         try:
@@ -238,10 +241,8 @@ class _Connection:
     def looks_closed(self) -> bool:
         """An idle keep-alive connection that is readable has been closed by the member
         (or sent junk): not reused."""
-        poller = select.poll()
         try:
-            poller.register(self.sock.fileno(), select.POLLIN)
-            return bool(poller.poll(0)) or self.sock.pending() > 0
+            return bool(self.poller.poll(0)) or self.sock.pending() > 0
         except (OSError, ValueError):
             return True
 
