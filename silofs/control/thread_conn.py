@@ -62,6 +62,9 @@ _FRAMING = ("content-length", "transfer-encoding", "content-type")
 # sending for a little while (on the loop and in a thread alike): closing with its bytes
 # unread resets the connection, and the reset can reach the client before our answer.
 LINGER_SECONDS = 2.0
+# How long after its deadline a wait may end: a socket timeout set for an earlier
+# deadline is kept while it overshoots the current one by at most this.
+_TIMEOUT_SLACK = 0.01
 LINGER_BYTES = 64 * 1024 * 1024
 
 
@@ -99,11 +102,23 @@ class _Bounded:
         # a client that trickles bytes is cut there, as on the loop (fail_after).
         self.deadline = math.inf
 
+    def wait_at_most(self, seconds: float) -> None:
+        """Each wait while there is no deadline (between requests, while a handler
+        runs) ends after `seconds` (the idle timeout)."""
+        if self.sock.gettimeout() != seconds:
+            self.sock.settimeout(seconds)
+
     def _bound(self) -> None:
-        if self.deadline != math.inf:
-            left = self.deadline - time.monotonic()
-            if left <= 0:
-                raise _Closed("timed out")
+        """Each wait ends by the deadline (at most _TIMEOUT_SLACK after it). The socket's
+        timeout is set again only when it would not: a request's reads and its
+        answer's sends under a deadline of the idle timeout cost no ioctl each."""
+        if self.deadline == math.inf:
+            return
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise _Closed("timed out")
+        timeout = self.sock.gettimeout()
+        if timeout is None or not left <= timeout <= left + _TIMEOUT_SLACK:
             self.sock.settimeout(left)
 
 
@@ -256,7 +271,7 @@ class ThreadConnection:
     def _serve_one(self) -> bool:
         """One request and its answer; False if the connection is to be closed."""
         self.ch.deadline = math.inf  # waiting for a request: the idle timeout
-        self.ch.sock.settimeout(self.idle_timeout)
+        self.ch.wait_at_most(self.idle_timeout)
         with self.state_lock:
             self.idle_since = None if self.buf else time.monotonic()
         try:
@@ -387,7 +402,7 @@ class ThreadConnection:
         box: list[Response | None] = []
         scope = trio.CancelScope()
         self.ch.deadline = math.inf  # a handler may wait (each 102 has the idle timeout)
-        self.ch.sock.settimeout(self.idle_timeout)
+        self.ch.wait_at_most(self.idle_timeout)
 
         async def handler() -> None:
             try:

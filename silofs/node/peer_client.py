@@ -42,8 +42,9 @@ MAX_BODY = (64 << 20) + (1 << 20)
 _RECV = 256 << 10
 # A request's bytes are encrypted this much at a time before they are sent.
 _WRITE_SLICE = 1 << 20
-# How stale the socket's timeout may get before a read sets it again from the deadline.
-_REBOUND_SECONDS = 0.01
+# How long after its deadline a wait may end: a socket timeout set for an earlier
+# deadline is kept while it overshoots the current one by at most this.
+_TIMEOUT_SLACK = 0.01
 
 # Why an exchange or its answer failed, as counted in status and /metrics.
 REASONS = ("refused", "timeout", "short", "http", "corrupt", "foreign")
@@ -109,8 +110,6 @@ class TLSPipe:
     ) -> None:
         self.raw, self.obj, self.incoming, self.outgoing = raw, obj, incoming, outgoing
         self.deadline = math.inf  # monotonic: reads and sends past it raise TimeoutError
-        self._bounded = math.inf  # the deadline the socket's timeout was last set for
-        self._bounded_at = 0.0
         self._ciphertext = memoryview(bytearray(_RECV))  # what _fill receives into
 
     @classmethod
@@ -191,18 +190,17 @@ class TLSPipe:
         return have, None
 
     def _bound(self) -> None:
-        """The socket's timeout: what is left until the deadline (TimeoutError if
-        nothing is). Set again only when the last setting is 10 ms old, so a
-        chunk's few reads cost no ioctl each; a wait may overrun the deadline by that."""
+        """Each wait ends by the deadline (at most _TIMEOUT_SLACK after it), or
+        TimeoutError if it has passed. The socket's timeout is set again only when it
+        would not: a chunk's few reads cost no ioctl each."""
         if self.deadline == math.inf:
             return
-        now = time.monotonic()
-        left = self.deadline - now
+        left = self.deadline - time.monotonic()
         if left <= 0:
             raise TimeoutError("timed out")
-        if self._bounded != self.deadline or now - self._bounded_at > _REBOUND_SECONDS:
+        timeout = self.raw.gettimeout()
+        if timeout is None or not left <= timeout <= left + _TIMEOUT_SLACK:
             self.raw.settimeout(left)
-            self._bounded, self._bounded_at = self.deadline, now
 
     def _fill(self) -> bool:
         """More ciphertext, waited for until the deadline (TimeoutError after it)."""
