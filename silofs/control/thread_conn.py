@@ -14,7 +14,9 @@ taken at accept.
 
 Owns that framing and its limits (the same as control/server.py's: the header block
 size, the body size the route's entry allows this peer, asked before the body is read;
-the idle timeout; no chunked bodies), a "102 Processing" while a handler waits when
+the idle timeout, each wait limited by the kernel (wait_limit: one system call per read
+or write, where a Python socket timeout polls first) and the request's deadline
+checked between them; no chunked bodies), a "102 Processing" while a handler waits when
 the client asked for progress, cancelling the handler when the client closes, and
 closing an idle connection when the listener evicts it. Never: decides who may call
 what (each request goes through the router's match, as on every other connection,
@@ -31,6 +33,7 @@ import os
 import select
 import socket
 import ssl
+import struct
 import threading
 import time
 from collections.abc import Awaitable, Callable
@@ -93,6 +96,17 @@ def handoff(tls: trio.SSLStream) -> tuple[ssl.SSLObject, ssl.MemoryBIO, ssl.Memo
     return parts  # type: ignore[return-value]
 
 
+def wait_limit(sock: socket.socket, seconds: float) -> None:
+    """Each recv and send on the blocking `sock` waits at most `seconds`, counted by the
+    kernel (SO_RCVTIMEO, SO_SNDTIMEO; a wait that runs out raises BlockingIOError): one
+    system call per read or write, where a Python socket timeout polls before each."""
+    whole = int(seconds)
+    micros = max(int((seconds - whole) * 1_000_000), 0 if whole else 1)  # 0 0: forever
+    value = struct.pack("@ll", whole, micros)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, value)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, value)
+
+
 class _Bounded:
     """A blocking socket and the deadline of the current request."""
 
@@ -101,25 +115,40 @@ class _Bounded:
         # When the current request must be read, or its answer sent, by (monotonic):
         # a client that trickles bytes is cut there, as on the loop (fail_after).
         self.deadline = math.inf
+        self.limit: float | None = None  # each wait's, as last set (wait_limit)
 
     def wait_at_most(self, seconds: float) -> None:
         """Each wait while there is no deadline (between requests, while a handler
         runs) ends after `seconds` (the idle timeout)."""
-        if self.sock.gettimeout() != seconds:
-            self.sock.settimeout(seconds)
+        if self.limit != seconds:
+            wait_limit(self.sock, seconds)
+            self.limit = seconds
 
     def _bound(self) -> None:
-        """Each wait ends by the deadline (at most _TIMEOUT_SLACK after it). The socket's
-        timeout is set again only when it would not: a request's reads and its
-        answer's sends under a deadline of the idle timeout cost no ioctl each."""
+        """Each wait ends by the deadline (at most _TIMEOUT_SLACK after it). The limit
+        is set again only when it would not: a request's reads and its answer's sends
+        under a deadline of the idle timeout cost no system call each."""
         if self.deadline == math.inf:
             return
         left = self.deadline - time.monotonic()
         if left <= 0:
             raise _Closed("timed out")
-        timeout = self.sock.gettimeout()
-        if timeout is None or not left <= timeout <= left + _TIMEOUT_SLACK:
-            self.sock.settimeout(left)
+        if self.limit is None or not left <= self.limit <= left + _TIMEOUT_SLACK:
+            wait_limit(self.sock, left)
+            self.limit = left
+
+    def _sendall(self, data: bytes | memoryview) -> None:
+        """sendall, bounded by the deadline as a whole (a client reading a byte at a
+        time is cut there, however much each send moves)."""
+        view = memoryview(data).cast("B")
+        try:
+            while view:
+                self._bound()
+                view = view[self.sock.send(view) :]
+        except BlockingIOError:
+            raise _Closed("timed out") from None
+        except OSError as exc:
+            raise _Closed(str(exc)) from None
 
 
 class PlainChannel(_Bounded):
@@ -130,8 +159,10 @@ class PlainChannel(_Bounded):
         try:
             self._bound()
             return self.sock.recv(_RECV)
-        except OSError as exc:  # TimeoutError included
-            raise _Closed(str(exc) or "timed out") from None
+        except BlockingIOError:
+            raise _Closed("timed out") from None
+        except OSError as exc:
+            raise _Closed(str(exc)) from None
 
     def send(self, *parts: bytes | memoryview) -> None:
         """All of `parts`, gathered into as few sendmsg calls as the socket takes."""
@@ -144,8 +175,10 @@ class PlainChannel(_Bounded):
                     sent -= len(views.pop(0))
                 if sent:
                     views[0] = views[0][sent:]
+        except BlockingIOError:
+            raise _Closed("timed out") from None
         except OSError as exc:
-            raise _Closed(str(exc) or "timed out") from None
+            raise _Closed(str(exc)) from None
 
 
 class TLSChannel(_Bounded):
@@ -173,7 +206,7 @@ class TLSChannel(_Bounded):
             try:
                 self._bound()
                 data = self.sock.recv(_RECV)
-            except TimeoutError:
+            except BlockingIOError:
                 raise _Closed("timed out") from None
             except OSError as exc:
                 raise _Closed(str(exc)) from None
@@ -198,11 +231,7 @@ class TLSChannel(_Bounded):
     def _flush(self) -> None:
         data = self.outgoing.read()
         if data:
-            try:
-                self._bound()
-                self.sock.sendall(data)
-            except OSError as exc:  # TimeoutError included
-                raise _Closed(str(exc)) from None
+            self._sendall(data)
 
 
 Channel = PlainChannel | TLSChannel

@@ -26,6 +26,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from silofs.control.thread_conn import wait_limit
 from silofs.control.tls import certificate_identity
 
 log = logging.getLogger(__name__)
@@ -95,9 +96,11 @@ class TLSPipe:
     """A client's TLS session over a blocking socket, through memory BIOs: ciphertext is
     read up to _RECV bytes per recv, so a chunk-sized answer costs a few recv calls and
     one SSLObject.read per 16 KiB record, where an SSLSocket makes a poll and a recv for
-    every record. Reads are bounded by `deadline` (monotonic), which is applied to the
-    socket only when ciphertext must be waited for: records already received are
-    decrypted without a system call. What _exchange calls: sendall, recv_into and
+    every record. Reads and sends are bounded by `deadline` (monotonic): the socket
+    blocks, each wait limited by the kernel (control/thread_conn.py wait_limit: no poll
+    before each call, as a Python socket timeout makes), the limit set again only when
+    it would overrun the deadline; records already received are decrypted without a
+    system call. What _exchange calls: sendall, recv_into and
     read_exactly (short at the member's close, with or without its close_notify, as
     SSLSocket's default; TimeoutError past the deadline)."""
 
@@ -111,6 +114,9 @@ class TLSPipe:
         self.raw, self.obj, self.incoming, self.outgoing = raw, obj, incoming, outgoing
         self.deadline = math.inf  # monotonic: reads and sends past it raise TimeoutError
         self._ciphertext = memoryview(bytearray(_RECV))  # what _fill receives into
+        # The socket blocks, each wait limited by the kernel (wait_limit), as last set.
+        raw.settimeout(None)
+        self.limit: float | None = None
 
     @classmethod
     def connect(
@@ -191,30 +197,37 @@ class TLSPipe:
 
     def _bound(self) -> None:
         """Each wait ends by the deadline (at most _TIMEOUT_SLACK after it), or
-        TimeoutError if it has passed. The socket's timeout is set again only when it
-        would not: a chunk's few reads cost no ioctl each."""
+        TimeoutError if it has passed. The kernel's limit is set again only when it
+        would not: a chunk's few reads cost no system call each beyond the read."""
         if self.deadline == math.inf:
             return
         left = self.deadline - time.monotonic()
         if left <= 0:
             raise TimeoutError("timed out")
-        timeout = self.raw.gettimeout()
-        if timeout is None or not left <= timeout <= left + _TIMEOUT_SLACK:
-            self.raw.settimeout(left)
+        if self.limit is None or not left <= self.limit <= left + _TIMEOUT_SLACK:
+            wait_limit(self.raw, left)
+            self.limit = left
 
     def _fill(self) -> bool:
         """More ciphertext, waited for until the deadline (TimeoutError after it)."""
         self._bound()
-        n = self.raw.recv_into(self._ciphertext)
+        try:
+            n = self.raw.recv_into(self._ciphertext)
+        except BlockingIOError:  # the wait's limit ran out
+            raise TimeoutError("timed out") from None
         if n:
             self.incoming.write(self._ciphertext[:n])
         return n > 0
 
     def _flush(self) -> None:
         data = self.outgoing.read()
-        if data:
-            self._bound()
-            self.raw.sendall(data)
+        view = memoryview(data)
+        try:
+            while view:
+                self._bound()
+                view = view[self.raw.send(view) :]
+        except BlockingIOError:
+            raise TimeoutError("timed out") from None
 
 
 class _Connection:
