@@ -51,6 +51,9 @@ _MAX_UNFRAMED = 64 << 20
 # into; a shorter one as bytes.
 _LARGE_BODY = 64 * 1024
 _FRAMING = frozenset({"content-length", "transfer-encoding", "host"})
+# How much of an answer the async client peeks at to find its head's end (a daemon's
+# head is ~100 bytes; a longer one is taken in pieces of this).
+_PEEK = 1024
 
 
 class ControlError(Exception):
@@ -338,11 +341,17 @@ class _AsyncConnection:
     CPU than the rest of the request (bench/mount_hop.py). What a silofs daemon
     answers is simple: a head, then a body of content-length bytes (none for 1xx, 204,
     304 and HEAD); an answer without a length is read to the connection's close, and
-    anything else (a chunked answer, a malformed head) drops the connection."""
+    anything else (a chunked answer, a malformed head) drops the connection.
+
+    The socket is the stdlib's, non-blocking, waited on with trio's wait_readable and
+    wait_writable (each a checkpoint): trio's socket wrapper would try a recv that
+    fails (the answer is not there yet) and yield once more per call. A head is peeked
+    at and taken whole, so a chunk's bytes go from the kernel straight into the body's
+    one buffer, never through a buffer of the head's."""
 
     def __init__(self, stream: trio.SocketStream) -> None:
-        self.stream = stream
-        self.sock = stream.socket
+        self.sock = socket.socket(fileno=stream.socket.detach())
+        self.sock.setblocking(False)
         self.buf = bytearray()  # received and not yet consumed (a head's tail)
         # The request's timeout measures silence: every received byte (a 102 Processing
         # heartbeat included) moves this scope's deadline `silence` seconds on.
@@ -351,6 +360,12 @@ class _AsyncConnection:
 
     def close(self) -> None:
         # Synchronous on purpose: safe to call while being cancelled.
+        import trio
+
+        try:  # a task waiting on it (none, normally) hears of it first
+            trio.lowlevel.notify_closing(self.sock)
+        except RuntimeError:  # outside trio's run
+            pass
         self.sock.close()
 
     def looks_dead(self) -> bool:
@@ -364,17 +379,39 @@ class _AsyncConnection:
         return await self._receive_response(bodiless=method == "HEAD")
 
     async def _send(self, head: bytes, body: bytes | None) -> None:
+        import trio
+
         parts = [head + body] if body and len(body) <= _COALESCE_LIMIT else [head, body]
         for part in parts:
             view = memoryview(part or b"")
             while view:
-                view = view[await self.sock.send(view) :]
+                try:
+                    view = view[self.sock.send(view) :]
+                except BlockingIOError:
+                    await trio.lowlevel.wait_writable(self.sock)
+
+    async def _readable(self) -> None:
+        import trio
+
+        await trio.lowlevel.wait_readable(self.sock)
 
     async def _receive(self) -> int:
-        """More bytes into self.buf (how many); _Dropped at the daemon's close."""
-        data = await self.sock.recv(_RECV_SIZE)
-        if not data:
+        """More bytes of a head into self.buf (how many; a head's end is taken, never
+        what follows it); _Dropped at the daemon's close."""
+        while True:
+            try:
+                peek = self.sock.recv(_PEEK, socket.MSG_PEEK)
+                break
+            except BlockingIOError:
+                await self._readable()
+        if not peek:
             raise _Dropped("the daemon closed the connection")
+        # The head ends in what is peeked (or in what self.buf holds and it completes):
+        # take up to there; else all of it, and look again.
+        seen = len(self.buf)
+        end = (self.buf[-3:] + peek).find(b"\r\n\r\n")
+        take = len(peek) if end < 0 else end + 4 - min(3, seen)
+        data = self.sock.recv(take)
         self._heard()
         self.buf += data
         return len(data)
@@ -388,6 +425,7 @@ class _AsyncConnection:
     async def _receive_response(
         self, bodiless: bool = False
     ) -> tuple[int, dict[str, str], bytes, bool]:
+        await self._readable()  # the answer cannot be there yet: wait first
         while True:
             version, status, headers = await self._head()
             if status >= 200:
@@ -441,7 +479,11 @@ class _AsyncConnection:
         view[:got] = self.buf
         self.buf.clear()
         while got < length:
-            n = await self.sock.recv_into(view[got:], length - got)
+            try:
+                n = self.sock.recv_into(view[got:], length - got)
+            except BlockingIOError:
+                await self._readable()
+                continue
             if n == 0:
                 raise _Dropped(f"the daemon closed the connection after {got} of {length} bytes")
             got += n

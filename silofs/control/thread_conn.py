@@ -14,7 +14,9 @@ taken at accept.
 
 Owns that framing and its limits (the same as control/server.py's: the header block
 size, the body size the route's entry allows this peer, asked before the body is read;
-the idle timeout; no chunked bodies), a "102 Processing" while a handler waits when
+the idle timeout, each wait limited by the kernel (wait_limit: one system call per read
+or write, where a Python socket timeout polls first) and the request's deadline
+checked between them; no chunked bodies), a "102 Processing" while a handler waits when
 the client asked for progress, cancelling the handler when the client closes, and
 closing an idle connection when the listener evicts it. Never: decides who may call
 what (each request goes through the router's match, as on every other connection,
@@ -31,6 +33,7 @@ import os
 import select
 import socket
 import ssl
+import struct
 import threading
 import time
 from collections.abc import Awaitable, Callable
@@ -62,6 +65,9 @@ _FRAMING = ("content-length", "transfer-encoding", "content-type")
 # sending for a little while (on the loop and in a thread alike): closing with its bytes
 # unread resets the connection, and the reset can reach the client before our answer.
 LINGER_SECONDS = 2.0
+# How long after its deadline a wait may end: a socket timeout set for an earlier
+# deadline is kept while it overshoots the current one by at most this.
+_TIMEOUT_SLACK = 0.01
 LINGER_BYTES = 64 * 1024 * 1024
 
 
@@ -90,6 +96,17 @@ def handoff(tls: trio.SSLStream) -> tuple[ssl.SSLObject, ssl.MemoryBIO, ssl.Memo
     return parts  # type: ignore[return-value]
 
 
+def wait_limit(sock: socket.socket, seconds: float) -> None:
+    """Each recv and send on the blocking `sock` waits at most `seconds`, counted by the
+    kernel (SO_RCVTIMEO, SO_SNDTIMEO; a wait that runs out raises BlockingIOError): one
+    system call per read or write, where a Python socket timeout polls before each."""
+    whole = int(seconds)
+    micros = max(int((seconds - whole) * 1_000_000), 0 if whole else 1)  # 0 0: forever
+    value = struct.pack("@ll", whole, micros)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, value)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, value)
+
+
 class _Bounded:
     """A blocking socket and the deadline of the current request."""
 
@@ -98,13 +115,44 @@ class _Bounded:
         # When the current request must be read, or its answer sent, by (monotonic):
         # a client that trickles bytes is cut there, as on the loop (fail_after).
         self.deadline = math.inf
+        self.limit: float | None = None  # each wait's, as last set (wait_limit)
+        # What a read lands in (then copied out at its length): a recv of _RECV bytes
+        # into a new object maps and unmaps that much memory on every call (~20 us,
+        # more than the rest of a small request's read).
+        self.landing = memoryview(bytearray(_RECV))
+
+    def wait_at_most(self, seconds: float) -> None:
+        """Each wait while there is no deadline (between requests, while a handler
+        runs) ends after `seconds` (the idle timeout)."""
+        if self.limit != seconds:
+            wait_limit(self.sock, seconds)
+            self.limit = seconds
 
     def _bound(self) -> None:
-        if self.deadline != math.inf:
-            left = self.deadline - time.monotonic()
-            if left <= 0:
-                raise _Closed("timed out")
-            self.sock.settimeout(left)
+        """Each wait ends by the deadline (at most _TIMEOUT_SLACK after it). The limit
+        is set again only when it would not: a request's reads and its answer's sends
+        under a deadline of the idle timeout cost no system call each."""
+        if self.deadline == math.inf:
+            return
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise _Closed("timed out")
+        if self.limit is None or not left <= self.limit <= left + _TIMEOUT_SLACK:
+            wait_limit(self.sock, left)
+            self.limit = left
+
+    def _sendall(self, data: bytes | memoryview) -> None:
+        """sendall, bounded by the deadline as a whole (a client reading a byte at a
+        time is cut there, however much each send moves)."""
+        view = memoryview(data).cast("B")
+        try:
+            while view:
+                self._bound()
+                view = view[self.sock.send(view) :]
+        except BlockingIOError:
+            raise _Closed("timed out") from None
+        except OSError as exc:
+            raise _Closed(str(exc)) from None
 
 
 class PlainChannel(_Bounded):
@@ -114,9 +162,12 @@ class PlainChannel(_Bounded):
         """Some bytes; b"" at the client's close."""
         try:
             self._bound()
-            return self.sock.recv(_RECV)
-        except OSError as exc:  # TimeoutError included
-            raise _Closed(str(exc) or "timed out") from None
+            n = self.sock.recv_into(self.landing)
+            return bytes(self.landing[:n])
+        except BlockingIOError:
+            raise _Closed("timed out") from None
+        except OSError as exc:
+            raise _Closed(str(exc)) from None
 
     def send(self, *parts: bytes | memoryview) -> None:
         """All of `parts`, gathered into as few sendmsg calls as the socket takes."""
@@ -129,8 +180,10 @@ class PlainChannel(_Bounded):
                     sent -= len(views.pop(0))
                 if sent:
                     views[0] = views[0][sent:]
+        except BlockingIOError:
+            raise _Closed("timed out") from None
         except OSError as exc:
-            raise _Closed(str(exc) or "timed out") from None
+            raise _Closed(str(exc)) from None
 
 
 class TLSChannel(_Bounded):
@@ -147,7 +200,8 @@ class TLSChannel(_Bounded):
         """Some decrypted bytes; b"" at the client's close."""
         while True:
             try:
-                return self.obj.read(_RECV)
+                n = self.obj.read(_RECV, self.landing)
+                return bytes(self.landing[:n])
             except ssl.SSLWantReadError:
                 pass
             except ssl.SSLZeroReturnError:
@@ -157,14 +211,14 @@ class TLSChannel(_Bounded):
             self._flush()  # a post-handshake message may want an answer
             try:
                 self._bound()
-                data = self.sock.recv(_RECV)
-            except TimeoutError:
+                n = self.sock.recv_into(self.landing)
+            except BlockingIOError:
                 raise _Closed("timed out") from None
             except OSError as exc:
                 raise _Closed(str(exc)) from None
-            if not data:
+            if not n:
                 return b""
-            self.incoming.write(data)
+            self.incoming.write(self.landing[:n])
 
     def send(self, *parts: bytes | memoryview) -> None:
         """All of `parts` encrypted and sent in one sendall per _WRITE_SLICE of them: an
@@ -183,11 +237,7 @@ class TLSChannel(_Bounded):
     def _flush(self) -> None:
         data = self.outgoing.read()
         if data:
-            try:
-                self._bound()
-                self.sock.sendall(data)
-            except OSError as exc:  # TimeoutError included
-                raise _Closed(str(exc)) from None
+            self._sendall(data)
 
 
 Channel = PlainChannel | TLSChannel
@@ -256,7 +306,7 @@ class ThreadConnection:
     def _serve_one(self) -> bool:
         """One request and its answer; False if the connection is to be closed."""
         self.ch.deadline = math.inf  # waiting for a request: the idle timeout
-        self.ch.sock.settimeout(self.idle_timeout)
+        self.ch.wait_at_most(self.idle_timeout)
         with self.state_lock:
             self.idle_since = None if self.buf else time.monotonic()
         try:
@@ -387,7 +437,7 @@ class ThreadConnection:
         box: list[Response | None] = []
         scope = trio.CancelScope()
         self.ch.deadline = math.inf  # a handler may wait (each 102 has the idle timeout)
-        self.ch.sock.settimeout(self.idle_timeout)
+        self.ch.wait_at_most(self.idle_timeout)
 
         async def handler() -> None:
             try:
@@ -489,18 +539,18 @@ def _headers(lines: list[bytes]) -> dict[str, str]:
     return headers
 
 
-_TOKEN = frozenset(b"!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
+_TOKEN = b"!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
 
 
 def _is_token(name: bytes) -> bool:
-    return all(c in _TOKEN for c in name)
+    return not name.translate(None, _TOKEN)  # nothing left once the token bytes go
+
+
+_REASONS = {int(s): s.phrase for s in http.HTTPStatus}
 
 
 def _response_head(resp: Response, length: int, close: bool) -> bytes:
-    try:
-        reason = http.HTTPStatus(resp.status).phrase
-    except ValueError:
-        reason = ""
+    reason = _REASONS.get(resp.status, "")
     lines = [f"HTTP/1.1 {resp.status} {reason}", f"content-type: {resp.content_type}"]
     if not (resp.status < 200 or resp.status == 204):
         lines.append(f"content-length: {length}")

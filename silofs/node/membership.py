@@ -144,6 +144,9 @@ class Membership:
             self.members[spec.address] = state
         self.config = config
         self._relive()
+        # The hosts of the other members, as names_a_member compares them: asked on
+        # every request a member's connection makes, from its thread.
+        self._peer_hosts = frozenset(_normal_host(m.host) for m in self.peers())
 
     def total_weight(self) -> float:
         """The configured members' weights: a part of a share is the member's weight over
@@ -219,7 +222,7 @@ class Membership:
     def names_a_member(self, names: Iterable[str]) -> bool:
         """Whether one of a certificate's names (DNS names, IP addresses) is the host of
         a configured member other than this node: only members call peer routes."""
-        hosts = {_normal_host(m.host) for m in self.peers()}
+        hosts = self._peer_hosts
         return any(_normal_host(n) in hosts for n in names)
 
 

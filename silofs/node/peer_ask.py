@@ -255,7 +255,7 @@ class ThreadAsks:
             self.token.run_sync_soon(c.count_remote, ds, m, ref.length)
         with self.lock:  # its waiters count no GET: count_remote did, for this mount
             self.flights.pop(flight.key, None)
-            flight.value, flight.finished = dataclasses.replace(got, charged=0), True
+            flight.value, flight.finished = PeerRead(data, source), True
             waiters = flight.waiters
         if waiters:
             self.token.run_sync_soon(flight.done.set)

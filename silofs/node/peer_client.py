@@ -17,6 +17,7 @@ failure means for the member, never verifies chunk bytes (node/cluster.py does b
 from __future__ import annotations
 
 import logging
+import math
 import select
 import socket
 import ssl
@@ -25,6 +26,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from silofs.control.thread_conn import wait_limit
 from silofs.control.tls import certificate_identity
 
 log = logging.getLogger(__name__)
@@ -41,6 +43,9 @@ MAX_BODY = (64 << 20) + (1 << 20)
 _RECV = 256 << 10
 # A request's bytes are encrypted this much at a time before they are sent.
 _WRITE_SLICE = 1 << 20
+# How long after its deadline a wait may end: a socket timeout set for an earlier
+# deadline is kept while it overshoots the current one by at most this.
+_TIMEOUT_SLACK = 0.01
 
 # Why an exchange or its answer failed, as counted in status and /metrics.
 REASONS = ("refused", "timeout", "short", "http", "corrupt", "foreign")
@@ -91,8 +96,13 @@ class TLSPipe:
     """A client's TLS session over a blocking socket, through memory BIOs: ciphertext is
     read up to _RECV bytes per recv, so a chunk-sized answer costs a few recv calls and
     one SSLObject.read per 16 KiB record, where an SSLSocket makes a poll and a recv for
-    every record. What _exchange calls of a socket: settimeout, sendall, recv_into (0 at
-    the member's close, with or without its close_notify, as SSLSocket's default)."""
+    every record. Reads and sends are bounded by `deadline` (monotonic): the socket
+    blocks, each wait limited by the kernel (control/thread_conn.py wait_limit: no poll
+    before each call, as a Python socket timeout makes), the limit set again only when
+    it would overrun the deadline; records already received are decrypted without a
+    system call. What _exchange calls: sendall, recv_into and
+    read_exactly (short at the member's close, with or without its close_notify, as
+    SSLSocket's default; TimeoutError past the deadline)."""
 
     def __init__(
         self,
@@ -102,30 +112,32 @@ class TLSPipe:
         outgoing: ssl.MemoryBIO,
     ) -> None:
         self.raw, self.obj, self.incoming, self.outgoing = raw, obj, incoming, outgoing
+        self.deadline = math.inf  # monotonic: reads and sends past it raise TimeoutError
+        self._ciphertext = memoryview(bytearray(_RECV))  # what _fill receives into
+        # The socket blocks, each wait limited by the kernel (wait_limit), as last set.
+        raw.settimeout(None)
+        self.limit: float | None = None
 
     @classmethod
     def connect(
         cls, raw: socket.socket, context: ssl.SSLContext, host: str, deadline: float
     ) -> TLSPipe:
-        """The handshake over `raw` (its timeout set to what is left of `deadline` for
-        each read); ssl.SSLError, TimeoutError or OSError if it fails."""
+        """The handshake over `raw`, within `deadline`; ssl.SSLError, TimeoutError or
+        OSError if it fails."""
         incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
         pipe = cls(raw, context.wrap_bio(incoming, outgoing, server_hostname=host),
                    incoming, outgoing)  # fmt: skip
+        pipe.deadline = deadline
         while True:
             try:
                 pipe.obj.do_handshake()
                 break
             except ssl.SSLWantReadError:
                 pipe._flush()
-                raw.settimeout(max(0.001, deadline - time.monotonic()))
                 if not pipe._fill():
                     raise ConnectionResetError("closed during the TLS handshake") from None
         pipe._flush()
         return pipe
-
-    def settimeout(self, seconds: float | None) -> None:
-        self.raw.settimeout(seconds)
 
     def fileno(self) -> int:
         return self.raw.fileno()
@@ -149,6 +161,7 @@ class TLSPipe:
         self._flush()
 
     def recv_into(self, view: memoryview, nbytes: int = 0) -> int:
+        """Decrypted bytes into `view` (one record's at most); 0 at the close."""
         nbytes = nbytes or len(view)
         while True:
             try:
@@ -161,24 +174,74 @@ class TLSPipe:
             if not self._fill():
                 return 0
 
+    def read_exactly(self, view: memoryview) -> tuple[int, BaseException | None]:
+        """Fill `view`, record after record, the socket only when they run out: (bytes
+        read, None), fewer at the member's close; or (bytes read, the error that
+        stopped it: TimeoutError past the deadline, ssl.SSLError, OSError)."""
+        have, n, read = 0, len(view), self.obj.read
+        try:
+            while have < n:
+                try:
+                    have += read(n - have, view[have:])
+                    continue
+                except ssl.SSLWantReadError:
+                    pass
+                except ssl.SSLZeroReturnError:
+                    break
+                self._flush()  # a post-handshake message may want an answer
+                if not self._fill():
+                    break
+        except (ssl.SSLError, OSError) as exc:  # TimeoutError included
+            return have, exc
+        return have, None
+
+    def _bound(self) -> None:
+        """Each wait ends by the deadline (at most _TIMEOUT_SLACK after it), or
+        TimeoutError if it has passed. The kernel's limit is set again only when it
+        would not: a chunk's few reads cost no system call each beyond the read."""
+        if self.deadline == math.inf:
+            return
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("timed out")
+        if self.limit is None or not left <= self.limit <= left + _TIMEOUT_SLACK:
+            wait_limit(self.raw, left)
+            self.limit = left
+
     def _fill(self) -> bool:
-        data = self.raw.recv(_RECV)
-        if data:
-            self.incoming.write(data)
-        return bool(data)
+        """More ciphertext, waited for until the deadline (TimeoutError after it)."""
+        self._bound()
+        try:
+            n = self.raw.recv_into(self._ciphertext)
+        except BlockingIOError:  # the wait's limit ran out
+            raise TimeoutError("timed out") from None
+        if n:
+            self.incoming.write(self._ciphertext[:n])
+        return n > 0
 
     def _flush(self) -> None:
         data = self.outgoing.read()
-        if data:
-            self.raw.sendall(data)
+        view = memoryview(data)
+        try:
+            while view:
+                self._bound()
+                view = view[self.raw.send(view) :]
+        except BlockingIOError:
+            raise TimeoutError("timed out") from None
 
 
 class _Connection:
-    """One TLS connection and the bytes read past the last answer (none, normally)."""
+    """One TLS connection and the buffer its answers' heads are read into."""
 
     def __init__(self, sock: TLSPipe) -> None:
         self.sock = sock
         self.used = time.monotonic()
+        # An answer's head is read into this (each exchange's, in turn): no buffer
+        # allocated per exchange.
+        self.head = bytearray(MAX_HEAD)
+        self.head_view = memoryview(self.head)
+        self.poller = select.poll()  # looks_closed's, registered once
+        self.poller.register(sock.fileno(), select.POLLIN)
 
     def close(self) -> None:
         try:
@@ -189,10 +252,8 @@ class _Connection:
     def looks_closed(self) -> bool:
         """An idle keep-alive connection that is readable has been closed by the member
         (or sent junk): not reused."""
-        poller = select.poll()
         try:
-            poller.register(self.sock.fileno(), select.POLLIN)
-            return bool(poller.poll(0)) or self.sock.pending() > 0
+            return bool(self.poller.poll(0)) or self.sock.pending() > 0
         except (OSError, ValueError):
             return True
 
@@ -208,6 +269,7 @@ class PeerPool:
         self.port = port
         self.context = context
         self.cluster = cluster
+        self._fixed = f"host: {host}\r\nx-silofs-cluster: {cluster}\r\n"  # every request's
         self._idle: list[_Connection] = []
         self._lock = threading.Lock()
         self._closed = False
@@ -264,19 +326,15 @@ class PeerPool:
     def _head(
         self, method: str, target: str, bounds: Bounds, body: bytes, headers: dict[str, str]
     ) -> bytes:
-        lines = [
-            f"{method} {target} HTTP/1.1",
-            f"host: {self.host}",
-            f"x-silofs-cluster: {self.cluster}",
-            # The member sends "102 Processing" while it works (a store GET, its serve
-            # cap): three within our timeout, so a slow store is not a dead member.
-            f"x-silofs-progress: {bounds.timeout:g}",
-        ]
+        # The member sends "102 Processing" while it works (a store GET, its serve cap):
+        # three within our timeout, so a slow store is not a dead member.
+        head = (f"{method} {target} HTTP/1.1\r\n{self._fixed}"
+                f"x-silofs-progress: {bounds.timeout:g}\r\n")  # fmt: skip
         if body or method in ("PUT", "POST"):
-            lines.append(f"content-length: {len(body)}")
-            lines.append("content-type: application/json")
-        lines.extend(f"{k}: {v}" for k, v in headers.items())
-        return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+            head += f"content-length: {len(body)}\r\ncontent-type: application/json\r\n"
+        for k, v in headers.items():
+            head += f"{k}: {v}\r\n"
+        return (head + "\r\n").encode("latin-1")
 
     def _checkout(self, bounds: Bounds) -> tuple[_Connection, bool]:
         now = time.monotonic()
@@ -344,84 +402,66 @@ class _StaleConnection(Exception):
     idle, and the request may be sent again on a new one."""
 
 
-def _remaining(deadline: float, what: str, address: str) -> float:
-    left = deadline - time.monotonic()
-    if left <= 0:
-        raise PeerError("timeout", f"{address}: {what}")
-    return left
-
-
 def _exchange(
     conn: _Connection, head: bytes, body: bytes, bounds: Bounds, reused: bool, address: str
 ) -> tuple[PeerReply, bool]:
     """Send one request and read its answer: (reply, whether the connection may be
     reused)."""
     sock = conn.sock
-    deadline = time.monotonic() + bounds.timeout
+    sock.deadline = time.monotonic() + bounds.timeout
     try:
-        sock.settimeout(_remaining(deadline, "timed out sending", address))
         sock.sendall(head + body if len(body) < _RECV else head)
         if len(body) >= _RECV:
             sock.sendall(body)
-    except (ssl.SSLError, OSError) as exc:
+    except (ssl.SSLError, OSError) as exc:  # TimeoutError included
         if reused and not isinstance(exc, TimeoutError):
             raise _StaleConnection() from None
         raise _transport_error(exc, address, "sending") from None
-    buf = bytearray(MAX_HEAD)
-    view = memoryview(buf)
+    buf, view = conn.head, conn.head_view
     got = 0
     while True:  # skip 1xx answers; each starts the first-byte bound again
-        status, headers, end, got = _read_head(sock, view, got, deadline, address, reused)
+        status, headers, end, got = _read_head(sock, view, got, address, reused)
         if status >= 200:
             break
-        buf[: got - end] = buf[end:got]  # what followed the 102 (usually nothing)
+        buf[: got - end] = view[end:got]  # what followed the 102 (usually nothing)
         got -= end
         reused = False  # the member answered: a failure from here is not a stale pool
-        deadline = time.monotonic() + bounds.timeout
+        sock.deadline = time.monotonic() + bounds.timeout
     length = headers.get("content-length", "")
     if not length.isdigit() or int(length) > MAX_BODY:
         raise PeerError("http", f"{address}: an answer without a usable content-length")
     n = int(length)
     data = bytearray(n)
     have = min(n, got - end)
-    data[:have] = buf[end : end + have]
-    body_deadline = time.monotonic() + bounds.timeout + n / bounds.floor_rate
-    dview = memoryview(data)
-    while have < n:
-        try:
-            sock.settimeout(_remaining(body_deadline, f"body slower than {bounds.floor_rate:g} B/s",
-                                       address))  # fmt: skip
-            r = sock.recv_into(dview[have:], n - have)
-        except TimeoutError:
-            raise PeerError("timeout", f"{address}: body slower than the floor rate "
-                            f"({have} of {n} bytes)") from None  # fmt: skip
-        except (ssl.SSLError, OSError) as exc:
-            raise PeerError("short", f"{address}: the body broke off after {have} of {n} "
-                            f"bytes: {exc}") from None  # fmt: skip
-        if r == 0:
-            raise PeerError("short", f"{address}: the body ended after {have} of {n} bytes")
-        have += r
+    data[:have] = view[end : end + have]
+    sock.deadline = time.monotonic() + bounds.timeout + n / bounds.floor_rate
+    more, exc = sock.read_exactly(memoryview(data)[have:])
+    have += more
+    if isinstance(exc, TimeoutError):
+        raise PeerError("timeout", f"{address}: body slower than the floor rate "
+                        f"({have} of {n} bytes)") from None  # fmt: skip
+    if exc is not None:
+        raise PeerError("short", f"{address}: the body broke off after {have} of {n} "
+                        f"bytes: {exc}") from None  # fmt: skip
+    if have < n:
+        raise PeerError("short", f"{address}: the body ended after {have} of {n} bytes")
     keep = "close" not in headers.get("connection", "").lower() and got - end <= n
     return PeerReply(status, headers, data), keep
 
 
 def _read_head(
-    sock: TLSPipe,
-    view: memoryview,
-    got: int,
-    deadline: float,
-    address: str,
-    reused: bool,
+    sock: TLSPipe, view: memoryview, got: int, address: str, reused: bool
 ) -> tuple[int, dict[str, str], int, int]:
-    """(status, headers, offset of the body in the buffer, bytes in the buffer)."""
+    """(status, headers, offset of the body in the buffer, bytes in the buffer), within
+    the pipe's deadline."""
+    buf = view.obj
     while True:
-        end = bytes(view[:got]).find(b"\r\n\r\n") if got else -1
+        end = buf.find(b"\r\n\r\n", 0, got) if got else -1  # type: ignore[attr-defined]
         if end >= 0:
             return (*_parse_head(bytes(view[:end]), address), end + 4, got)
         if got >= len(view):
             raise PeerError("http", f"{address}: an answer head over {len(view)} bytes")
         try:
-            sock.settimeout(_remaining(deadline, "no answer in time", address))
             r = sock.recv_into(view[got:])
         except TimeoutError:
             raise PeerError("timeout", f"{address}: no answer in time") from None

@@ -11,6 +11,7 @@ I/O and never decides anything.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from urllib.parse import quote
 
@@ -61,16 +62,12 @@ class ChunkAsk:
         )  # fmt: skip
 
     def target(self) -> str:
-        q = "&".join(
-            f"{k}={quote(str(v), safe='')}"
-            for k, v in (
-                ("ds", self.uri), ("key", self.key), ("cid", self.content_id),
-                ("size", self.size), ("version", self.version), ("cs", self.chunk_size),
-                ("i", self.index), ("job", self.job), ("charged", int(self.charged)),
-                ("warm", int(self.warm)),
-            )
-        )  # fmt: skip
-        return f"{CHUNK_PATH}?{q}"
+        return (
+            f"{CHUNK_PATH}?ds={_quote(self.uri)}&key={_quote(self.key)}"
+            f"&cid={_quote(self.content_id)}&size={self.size}&version={_quote(self.version)}"
+            f"&cs={self.chunk_size}&i={self.index}&job={_quote(self.job)}"
+            f"&charged={int(self.charged)}&warm={int(self.warm)}"
+        )
 
     @classmethod
     def from_query(cls, q: dict[str, str]) -> ChunkAsk:
@@ -104,6 +101,21 @@ class ChunkAsk:
         and index (cache/format.py chunk_key), never from the asker."""
         obj = ObjectInfo(self.key, self.size, 0.0, self.version, self.content_id)
         return ChunkRef.of(obj, self.chunk_size, self.index)
+
+
+# What a query value may carry as it is (RFC 3986 allows "/" and ":" in a query);
+# everything else is percent-encoded.
+_UNSAFE = re.compile(r"[^A-Za-z0-9_.~/:-]")
+
+
+def _escape(m: re.Match[str]) -> str:
+    return f"%{ord(m.group()):02X}"
+
+
+def _quote(text: str) -> str:
+    """quote(text, safe="/:"), in one regex pass for ASCII text (a dataset URI, a key, a
+    content id and a version: escaped on every chunk request)."""
+    return _UNSAFE.sub(_escape, text) if text.isascii() else quote(text, safe="/:")
 
 
 def _int(q: dict[str, str], name: str) -> int:
