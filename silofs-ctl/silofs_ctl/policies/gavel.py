@@ -782,19 +782,17 @@ def _binding(
     near = lam * (1 + _TOL)
     if lam_gpu <= near:
         return list(free)
-    # (each pass in C, in free's order)
-    names = list(map(_NAME, free))
-    at_cap = list(map(near.__ge__, map(caps.__getitem__, names)))  # caps[j] <= near
-    frozen = list(compress(free, at_cap))
+    frozen = [j for j in free if caps[j.name] <= near]
     if lam_io <= near and loads is not None:
         cache = loads.best_cache(lam, cluster)
+        held = {j.name for j in frozen}
         bar = 1 - _TOL
-        rest = list(compress(free, map(not_, at_cap)))
-        if isinstance(loads, _FixedLoads):  # (its hit is a lookup)
-            hits = map(loads.model.hits.__getitem__, compress(names, map(not_, at_cap)))
+        if isinstance(loads, _FixedLoads):  # (its hit is a lookup: done here per job)
+            hits = loads.model.hits
+            frozen += [j for j in free if j.name not in held and hits[j.name] < bar]
         else:
-            hits = _hits(rest, _unit_hits(cache, cluster))
-        frozen += compress(rest, map(bar.__gt__, hits))
+            part = _unit_hits(cache, cluster)
+            frozen += [j for j in free if j.name not in held and _hit(j, part) < bar]
     return frozen or list(free)
 
 
@@ -811,16 +809,6 @@ def _unit_hits(cache: Mapping[str, float], cluster: Cluster) -> Callable[[str], 
         return value
 
     return part
-
-
-def _hits(jobs: Sequence[Job], part: Callable[[str], float]) -> Iterable[float]:
-    """_hit of each job, in order. A job that reads one unit with weight 1.0 (a pooled
-    cache's) has min(1.0, 0.0 + 1.0 * p) with p = part(key) in [0, 1], which is p: then
-    it is part of its unit, looked up in C."""
-    reads = list(map(_READS, jobs))
-    if all(len(r) == 1 for r in reads) and all(w == 1.0 for r in reads for w in r.values()):
-        return map(part, map(next, map(iter, reads)))
-    return [_hit(job, part) for job in jobs]
 
 
 def _hit(job: Job, part: Callable[[str], float]) -> float:
