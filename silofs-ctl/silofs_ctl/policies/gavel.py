@@ -34,7 +34,7 @@ from dataclasses import dataclass, replace
 from functools import partial
 from heapq import heapify, heappop
 from itertools import chain, compress, count, repeat
-from operator import and_, attrgetter, is_, itemgetter, mul, not_, sub, truediv
+from operator import attrgetter, is_, itemgetter, mul, not_, sub, truediv
 
 from ..estimator import ComputeEstimator, Estimator, equal_share_perf, hit_ratio
 from ..model import Allocation, CacheUnit, Cluster, Job
@@ -417,10 +417,7 @@ def _gpus_held(fixed: Mapping[str, float], jobs: Sequence[Job]) -> float:
     """The GPUs the jobs whose rates are fixed hold at those rates."""
     # A job with no ideal rate (f* == 0) runs at rate 0 at any level and so holds no GPU
     # time; leaving it out is also what keeps the division defined.
-    f_stars = list(map(_F_STAR, jobs))
-    names = list(map(_NAME, jobs))
-    mask = map(and_, map(fixed.__contains__, names), map(_POSITIVE, f_stars))
-    held = list(compress(jobs, mask))
+    held = [j for j in jobs if j.name in fixed and j.f_star > 0]
     return _gpus_at(held, map(fixed.__getitem__, map(_NAME, held)))
 
 
@@ -444,7 +441,7 @@ def _gpu_limit(
         used, per_lam = base
     else:
         used = _gpus_held(fixed, jobs)
-        live = list(compress(free, map(_POSITIVE, map(_F_STAR, free))))
+        live = [j for j in free if j.f_star > 0]
         per_lam = _gpus_at(live, map(e.__getitem__, map(_NAME, live)))
     return max(0.0, total_gpus - used) / per_lam if per_lam > 0 else math.inf
 
@@ -454,7 +451,6 @@ _F_STAR = attrgetter("f_star")
 _GPUS = attrgetter("gpus")
 _READS = attrgetter("reads")
 _LEVEL = itemgetter(0)
-_POSITIVE = (0.0).__lt__  # x > 0
 _END = itemgetter(1)
 
 
