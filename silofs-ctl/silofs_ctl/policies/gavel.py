@@ -281,14 +281,40 @@ class _FixedHits:
         fixed: Mapping[str, float],
         free: Sequence[Job],
         groups: Sequence[tuple[float, int]],
+        start: _Start | None = None,
     ) -> Callable[[int], _FixedLoads]:
         """g -> loads(fixed with groups[:g] of `free` frozen at their levels), as
         _cap_rounds' binary search asks for it: the same products summed in the same
-        order, without a dictionary of frozen jobs per step."""
-        # per job in loads' order: the first round it is frozen in (-1: frozen before,
-        # len(groups): in neither), a's term from then on (its rate times its miss), b's
-        # term before. Each pass is in C: a free job of group g is frozen at
-        # min(f*, level_g * e), the plain rounds' rate.
+        order, without a dictionary of frozen jobs per step. start: fixed, free and
+        groups are where `start` begins (filling's first call), whose rounds and rates
+        per job are then kept in it: they do not depend on the hits."""
+        if start is not None:
+            terms = start.round_terms
+            if terms is None:
+                terms = start.round_terms = self._round_terms(fixed, free, groups)
+        else:
+            terms = self._round_terms(fixed, free, groups)
+        firsts, rates = terms
+        a_terms = list(map(mul, rates, self.miss))
+        b_terms = self.slopes()  # (a frozen job's b term is never read)
+
+        def loads(g: int) -> _FixedLoads:
+            a = sum(compress(a_terms, map(g.__gt__, firsts)), 0.0)
+            b = sum(compress(b_terms, map(g.__le__, firsts)), 0.0)
+            return _FixedLoads(a, b, self)
+
+        return loads
+
+    def _round_terms(
+        self,
+        fixed: Mapping[str, float],
+        free: Sequence[Job],
+        groups: Sequence[tuple[float, int]],
+    ) -> tuple[list[int], list[float]]:
+        """Per job in loads' order: the first round it is frozen in (-1: frozen before,
+        len(groups): in neither), and its rate from then on (0.0 if never frozen)."""
+        # Each pass is in C: a free job of group g is frozen at min(f*, level_g * e), the
+        # plain rounds' rate.
         e, names = self.e, self.names
         ends = list(map(_END, groups))
         counts = list(map(sub, ends, [0, *ends]))  # each group's size
@@ -302,15 +328,7 @@ class _FixedHits:
         first_of = dict(zip(free_names, rounds, strict=True))
         first_of.update(dict.fromkeys(fixed, -1))
         firsts = list(map(first_of.get, names, repeat(len(groups))))
-        a_terms = list(map(mul, map(rate_of.get, names, repeat(0.0)), self.miss))
-        b_terms = self.slopes()  # (a frozen job's b term is never read)
-
-        def loads(g: int) -> _FixedLoads:
-            a = sum(compress(a_terms, map(g.__gt__, firsts)), 0.0)
-            b = sum(compress(b_terms, map(g.__le__, firsts)), 0.0)
-            return _FixedLoads(a, b, self)
-
-        return loads
+        return firsts, list(map(rate_of.get, names, repeat(0.0)))
 
 
 class _FixedLoads:
@@ -415,10 +433,16 @@ def _gpu_limit(
     e: Mapping[str, float],
     jobs: Sequence[Job],
     total_gpus: float,
+    base: tuple[float, float] | None = None,
 ) -> float:
-    used = _gpus_held(fixed, jobs)
-    live = [j for j in free if j.f_star > 0]
-    per_lam = _gpus_at(live, map(e.__getitem__, map(_NAME, live)))
+    """The level at which GPUs run out. base: (used, per_lam) for these free and fixed
+    jobs (_gpu_base), when the caller has it."""
+    if base is not None:
+        used, per_lam = base
+    else:
+        used = _gpus_held(fixed, jobs)
+        live = [j for j in free if j.f_star > 0]
+        per_lam = _gpus_at(live, map(e.__getitem__, map(_NAME, live)))
     return max(0.0, total_gpus - used) / per_lam if per_lam > 0 else math.inf
 
 
@@ -515,7 +539,10 @@ class _Start:
     free: list[Job]
     groups: list[tuple[float, int]]
     gpu_top: int
+    gpu_base: tuple[float, float]  # _gpu_base at the start: the first round's GPU limit
     sizes: list[float] | None = None  # _job_sizes, found by the first fixed-hits solve
+    # _FixedHits._round_terms of the first round, found by the first fixed-hits solve
+    round_terms: tuple[list[int], list[float]] | None = None
 
 
 def _start(jobs: Sequence[Job], cluster: Cluster, e: Mapping[str, float]) -> _Start:
@@ -533,8 +560,9 @@ def _start(jobs: Sequence[Job], cluster: Cluster, e: Mapping[str, float]) -> _St
     # (Names are unique, so the sort never compares two jobs.)
     free = [job for _, _, job in sorted(live)]
     groups = _groups(free, caps)
-    gpu_top = _gpu_rounds(free, dict.fromkeys(zero, 0.0), e, jobs, cluster, groups)
-    return _Start(zero, caps, free, groups, gpu_top)
+    base = _gpu_base(free, dict.fromkeys(zero, 0.0), e, jobs)
+    gpu_top = _gpu_rounds(free, {}, e, jobs, cluster, groups, base)
+    return _Start(zero, caps, free, groups, gpu_top, base)
 
 
 def _fill(
@@ -550,33 +578,43 @@ def _fill(
         start = _start(jobs, cluster, e)
     fixed = dict.fromkeys(start.zero, 0.0)
     caps, free = start.caps, start.free
-    first_round: tuple[list[tuple[float, int]], int] | None = (start.groups, start.gpu_top)
+    start_free = free
+    first_round: _Start | None = start
     lam = 0.0
     first = None
     while free:
-        rounds = _cap_rounds(free, lam, caps, fixed, e, jobs, cluster, io, first_round)
+        rounds, tried = _cap_rounds(free, lam, caps, fixed, e, jobs, cluster, io, first_round)
         first_round = None  # (only the first call starts where _start did)
+        taken = 0
         for level, group in rounds:
             lam = max(lam, level)
             first = lam if first is None else first
-            for job in group:
-                fixed[job.name] = min(job.f_star, lam * e[job.name])
-            free = free[len(group) :]
+            _freeze(fixed, group, lam, e)
+            taken += len(group)
+        if taken:
+            free = free[taken:]
         if not free:
             break
         # (the IO loads only matter when IO is planned: _binding reads them only when
-        # IO binds)
-        loads = io(fixed) if io is not None else None
-        lam_io = loads.limit(cluster, lam) if loads is not None else math.inf
-        lam_gpu = _gpu_limit(free, fixed, e, jobs, cluster.total_gpus)
+        # IO binds.) The binary search may have solved this very round already: the
+        # same loads, the same start, so the same limit.
+        known = tried.get(len(rounds))
+        if known is not None:
+            loads, lam_io = known
+        else:
+            loads = io(fixed) if io is not None else None
+            lam_io = loads.limit(cluster, lam) if loads is not None else math.inf
+        # (nothing frozen yet: the GPUs are where filling started)
+        gpus = start.gpu_base if free is start_free else None
+        lam_gpu = _gpu_limit(free, fixed, e, jobs, cluster.total_gpus, gpus)
         lam = max(lam, min(lam_io, lam_gpu, caps[free[0].name]))
         first = lam if first is None else first
         frozen = _binding(free, caps, lam, lam_io, lam_gpu, loads, cluster)
         _freeze(fixed, frozen, lam, e)
         if len(frozen) == len(free):  # (frozen is a subset of free)
             break
-        gone = {j.name for j in frozen}
-        free = [j for j in free if j.name not in gone]
+        gone = set(map(_NAME, frozen))
+        free = list(compress(free, map(not_, map(gone.__contains__, map(_NAME, free)))))
     model = getattr(io, "__self__", None)
     if isinstance(model, _FixedHits):
         cache = model.cache  # (what best_cache gives at any loads: the cache cannot move)
@@ -600,8 +638,8 @@ def _cap_rounds(
     jobs: Sequence[Job],
     cluster: Cluster,
     io: Callable[[Mapping[str, float]], _Loads | _FixedLoads] | None,
-    known: tuple[list[tuple[float, int]], int] | None = None,
-) -> list[tuple[float, list[Job]]]:
+    known: _Start | None = None,
+) -> tuple[list[tuple[float, list[Job]]], dict[int, tuple[_Loads | _FixedLoads, float]]]:
     """The leading rounds of progressive filling in which neither GPUs nor IO bind, each
     as (level, the jobs frozen at their ceiling), for `free` in ascending ceiling.
 
@@ -611,23 +649,29 @@ def _cap_rounds(
     round g is at least its rate at round g-1, so that holds for a prefix of rounds:
     binary search finds it, GPUs with prefix sums, IO with O(log rounds) solutions of
     the same _io_limit the plain round would compute.
+
+    Also returns the rounds whose IO loads and limit it solved (g -> (loads, limit)):
+    those of round len(rounds) are what the plain loop computes next.
     """
+    tried: dict[int, tuple[_Loads | _FixedLoads, float]] = {}
     if known is not None:
-        groups, top = known
+        groups, top = known.groups, known.gpu_top
     else:
         groups = _groups(free, caps)
         top = _gpu_rounds(free, fixed, e, jobs, cluster, groups)
     if io is not None and not math.isinf(cluster.remote_io) and top > 0:
         model = getattr(io, "__self__", None)
         if isinstance(model, _FixedHits):
-            round_loads = model.round_loads(fixed, free, groups)
+            round_loads = model.round_loads(fixed, free, groups, known)
         else:
             round_loads = partial(_frozen_loads, io, fixed, free, groups, e)
 
         def io_ok(g: int) -> bool:
             """Round g's IO limit, computed as the plain loop would, is above its level."""
             start = max(lam, groups[g - 1][0]) if g > 0 else lam
-            limit = round_loads(g).limit(cluster, start)
+            loads = round_loads(g)
+            limit = loads.limit(cluster, start)
+            tried[g] = (loads, limit)
             return limit > groups[g][0] * (1 + _TOL)
 
         # Usually IO binds in none of the rounds, or (just after it bound) in the first.
@@ -646,9 +690,9 @@ def _cap_rounds(
     out = []
     begin = 0
     for level, end in groups[:top]:
-        out.append((level, list(free[begin:end])))
+        out.append((level, free[begin:end]))
         begin = end
-    return out
+    return out, tried
 
 
 def _groups(free: Sequence[Job], caps: Mapping[str, float]) -> list[tuple[float, int]]:
@@ -672,11 +716,12 @@ def _gpu_rounds(
     jobs: Sequence[Job],
     cluster: Cluster,
     groups: Sequence[tuple[float, int]],
+    base: tuple[float, float] | None = None,
 ) -> int:
-    """How many of the leading ceiling groups GPUs allow (_cap_rounds)."""
+    """How many of the leading ceiling groups GPUs allow (_cap_rounds). base: _gpu_base
+    of the same jobs, when the caller has it."""
     # GPUs: with groups < g frozen at their level, used(g) + per_lam(g) * lam.
-    used0 = _gpus_held(fixed, jobs)
-    per_lam = _gpus_at(free, map(e.__getitem__, map(_NAME, free)))  # free jobs: f* > 0
+    used0, per_lam = base if base is not None else _gpu_base(free, fixed, e, jobs)
     gpu_ok: list[bool] = []
     used, start = used0, 0
     gpu_bar = cluster.total_gpus * (1 - _MARGIN)
@@ -690,6 +735,14 @@ def _gpu_rounds(
             per_lam -= job.gpus * e[job.name] / job.f_star
         start = end
     return len(gpu_ok) if all(gpu_ok) else len(gpu_ok) - 1  # rounds 0..top-1 GPU-free
+
+
+def _gpu_base(
+    free: Sequence[Job], fixed: Mapping[str, float], e: Mapping[str, float], jobs: Sequence[Job]
+) -> tuple[float, float]:
+    """The GPUs the fixed jobs hold, and the free jobs' GPUs per unit of level (every
+    free job has f* > 0): what _gpu_limit divides, before any round."""
+    return _gpus_held(fixed, jobs), _gpus_at(free, map(e.__getitem__, map(_NAME, free)))
 
 
 def _frozen_loads(
