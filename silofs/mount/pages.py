@@ -109,6 +109,19 @@ class ValuePages:
         except BlockingIOError:
             return 0
 
+    def cached(self, offset: int) -> bool:
+        """Whether the page of data.mdb at `offset` is in the page cache (a 1-byte
+        RWF_NOWAIT read); for `nowait` readers only."""
+        try:
+            return os.preadv(self._fd, self._iov, offset, os.RWF_NOWAIT) == 1
+        except BlockingIOError:
+            return False
+
+    def pread(self, n: int, offset: int) -> bytes:
+        """`n` bytes of data.mdb from `offset` (fewer at its end), waiting for the disk:
+        a worker thread's read."""
+        return os.pread(self._fd, n, offset)
+
     def _grow(self, pages: int) -> None:
         self._vec = bytearray(pages)
         self._vec_addr = ctypes.addressof((ctypes.c_char * pages).from_buffer(self._vec))

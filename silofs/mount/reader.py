@@ -100,6 +100,11 @@ SNAPSHOT_REUSE_SECONDS = 0.25
 VALUE_AHEAD_BYTES = 64 << 20
 # Sequential readers whose read-ahead the chunk buffer holds at once (buffer_bytes_for).
 BUFFER_STREAMS = 2
+# A hit of more than this many bytes is copied only once its last page is in the page
+# cache (a 1-byte RWF_NOWAIT read): the kernel's read-ahead brings a value's pages in
+# order, so one copy that stops short at a page still under IO would be copied again
+# whole by a worker.
+PROBE_BYTES = 256 << 10
 # Hits being read by worker threads at once (ChunkReader._read_in): enough to keep a few
 # readers' disk reads in flight together; each holds a read snapshot meanwhile.
 FAULT_THREADS = 8
@@ -266,6 +271,7 @@ class ChunkReader:
         self._buf = bytearray(0)
         self._guess_ref: ChunkRef | None = None
         self._guess = 0
+        self._short = b""  # the chunk hit() found not all in the page cache, last
         self._flights: SingleFlight[bytes, tuple[bytes, bool]] = SingleFlight()
         self._nursery: trio.Nursery | None = None
         # In LRU mode the daemon needs to know what was hit: it never sees hits itself.
@@ -413,39 +419,42 @@ class ChunkReader:
         size: int,
         lo: int,
         hi: int,
-        own: bool,
-        nowait: bool,
+        waits: bool,
         hdr: int,
         shift: int = BLOCK_SHIFT,
         exact: bool = False,
     ) -> memoryview | None:
         """[lo, hi) of `ref`'s value (`size` bytes at `base` in data.mdb), copied out of
-        the file and checked on the copy (check_copy), else ChunkFormatError; None if
-        `nowait` and a page of it is not in the page cache. The header is copied as
-        `hdr` bytes and the data in blocks of 1 << `shift` as this dataset writes them,
-        and again as the value's own header says if that differs (`exact`: it did).
-        `own`: in new buffers (kept across awaits), else in this reader's scratch."""
+        the file and checked on the copy (check_copy), else ChunkFormatError. The header
+        is copied as `hdr` bytes and the data in blocks of 1 << `shift` as this dataset
+        writes them, and again as the value's own header says if that differs (`exact`:
+        it did). `waits`: a worker thread's read, into new bytes, waiting for the disk;
+        else into this reader's scratch, None if a page is not in the page cache."""
         start = (lo >> shift) << shift
         end = min((((hi - 1) >> shift) + 1) << shift, ref.length) if hi > lo else start
-        if own:
-            head, data = memoryview(bytearray(hdr)), memoryview(bytearray(end - start))
+        pages = self.pages
+        if waits:  # bytes, not a bytearray: nothing zero-fills them first
+            head = memoryview(pages.pread(hdr, base))
+            data = memoryview(pages.pread(end - start, base + hdr + start) if end else b"")
+            if len(head) + len(data) < hdr + end - start:
+                raise ChunkFormatError("value runs past the end of data.mdb")
         else:
+            nowait = pages.nowait
+            if nowait and end - start > PROBE_BYTES and not pages.cached(base + hdr + end - 1):
+                return None  # its last page is not in yet: copy none of it twice
             head, data = self._scratch(hdr, end - start)
-        read = self.pages.read
-        if start == 0 and end:  # header and data are one run of the file
-            got = read(base, [head, data], nowait)
-        else:
-            got = read(base, [head], nowait)
-            if got == hdr and end:
-                got += read(base + hdr + start, [data], nowait)
-        if got < hdr + end - start:
-            if nowait:
+            if start == 0 and end:  # header and data are one run of the file
+                got = pages.read(base, [head, data], nowait)
+            else:
+                got = pages.read(base, [head], nowait)
+                if got == hdr and end:
+                    got += pages.read(base + hdr + start, [data], nowait)
+            if got < hdr + end - start:
                 return None
-            raise ChunkFormatError("value runs past the end of data.mdb")
         found = layout(head)
         if found != (hdr, shift) and not exact and found[0] <= size and 12 <= found[1] <= 26:
             # Another dataset's key in the header, say: copy the value as it is laid out.
-            return self._copy_out(ref, base, size, lo, hi, True, nowait, *found, exact=True)
+            return self._copy_out(ref, base, size, lo, hi, waits, *found, exact=True)
         cid = ref.content_bytes
         return check_copy(head, size, data, cid, ref.chunk_size, ref.index, ref.length, lo, hi)
 
@@ -464,7 +473,7 @@ class ChunkReader:
         self._cursor = None
         self.read_in += 1
         try:
-            copy = functools.partial(self._copy_out, ref, base, size, lo, hi, True, False, hdr)
+            copy = functools.partial(self._copy_out, ref, base, size, lo, hi, True, hdr)
             view = await trio.to_thread.run_sync(copy, limiter=self._fault_limiter)
         finally:
             txn.abort()
@@ -498,8 +507,9 @@ class ChunkReader:
                 if base is None or not (pages.nowait or pages.value_resident(addr, size)):
                     return None
                 hdr = self._header_guess(ref, size)
-                view = self._copy_out(ref, base, size, lo, hi, False, pages.nowait, hdr)
+                view = self._copy_out(ref, base, size, lo, hi, False, hdr)
                 if view is None:
+                    self._short = ref.key  # chunk() goes straight to a worker
                     return None
         except (ChunkFormatError, lmdb.Error):
             return None
@@ -527,10 +537,11 @@ class ChunkReader:
             value = self._value_cursor().value()  # type: ignore[union-attr]
             return copy_verified(value, cid, ref.chunk_size, ref.index, ref.length, lo, hi)
         hdr = self._header_guess(ref, size)
-        if pages.nowait or pages.value_resident(addr, size):
-            view = self._copy_out(ref, base, size, lo, hi, True, pages.nowait, hdr)
+        short, self._short = self._short, b""
+        if short != ref.key and (pages.nowait or pages.value_resident(addr, size)):
+            view = self._copy_out(ref, base, size, lo, hi, False, hdr)
             if view is not None:
-                return view
+                return memoryview(view.tobytes())  # the scratch is the next hit's
         return await self._read_in(ref, base, size, lo, hi, hdr)
 
     async def chunk(
