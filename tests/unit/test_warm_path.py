@@ -15,6 +15,7 @@ per path per process).
 from __future__ import annotations
 
 import os
+import random
 import subprocess
 import sys
 import textwrap
@@ -468,6 +469,64 @@ def test_a_map_the_daemon_grew_is_adopted_and_hits_go_on(env: str) -> None:
         data, hit, source = await r.chunk(OpenFile(_obj(1099)), 0)
         assert (hit, source, bytes(data)) == (True, "cache", _body(1099))
         assert daemon.requests == []
+
+    trio.run(main)
+    r.close()
+
+
+def _mixed_body(n: int) -> bytes:
+    """Bytes that differ at every offset a copy could be off by (not a repeated block)."""
+    return random.Random(n).randbytes(n)
+
+
+@pytest.mark.parametrize("key", ["k", "an/other/dataset/listed/it/under/a/much/longer/key.bin"])
+def test_a_chunk_admitted_under_another_key_is_served_exactly(tmp_path: Path, key: str) -> None:
+    """A value's header holds the key of the dataset that admitted it, so its length is
+    not always what this mount expects: every range, from the chunk's start or not, is
+    still exactly the bytes asked for, on the serving thread and through chunk()."""
+    env = str(tmp_path / "env")
+    os.makedirs(env)
+    WritableStore(env, 64 << 20).close()
+    obj = ObjectInfo("mine.bin", BIG + BIG // 2 + 17, 1.0, "v", "shared")
+    body = _mixed_body(obj.size)
+    code = textwrap.dedent(
+        f"""
+        from silofs.cache.format import ChunkRef, encode_chunk
+        from silofs.node.store_write import PendingChunk, WritableStore
+        from silofs.records import ObjectInfo
+        from tests.unit.test_warm_path import BIG, _mixed_body
+        s = WritableStore({env!r}, 64 << 20)
+        o = ObjectInfo(*{(obj.key, obj.size, obj.mtime, obj.version, obj.content_id)!r})
+        body = _mixed_body(o.size)
+        pending = []
+        for i in (0, 1):
+            ref = ChunkRef.of(o, BIG, i)
+            data = body[i * BIG : i * BIG + ref.length]
+            value = encode_chunk(1, i, BIG, {key!r}, o.content_id, data)
+            pending.append(PendingChunk(1, ref.key, value, ref.length))
+        s.admit(pending, {{}}, lambda _d, _u: 1 << 40)
+        s.close()
+        """
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT, timeout=60)
+    daemon = FakeDaemon()
+    r = _big_reader(env, daemon)
+    f = OpenFile(obj)
+    ranges = [(0, 0, 1), (0, 1, BIG), (0, 70_000, 200_000), (0, BIG - 5, BIG), (1, 0, 4096)]
+    ranges.append((1, 65_536, obj.size - BIG))
+
+    async def main() -> None:
+        for index, lo, hi in ranges:
+            want = body[index * BIG + lo : index * BIG + hi]
+            r.begin_read()
+            view = r.hit(f, index, lo, hi)
+            if r.pages.enabled:
+                assert view is not None
+            if view is not None:
+                assert bytes(view) == want, (index, lo, hi)
+            data, hit, _ = await r.chunk(f, index, lo, hi)
+            assert hit and bytes(data) == want, (index, lo, hi)
+        assert daemon.requests == [] and r.counters.corrupt_chunks == 0
 
     trio.run(main)
     r.close()
