@@ -188,7 +188,7 @@ class ChunkValue:
 
     def __init__(self, length: int, key: str, content_id: str) -> None:
         self._var = _variable_part(key, content_id)
-        self._hdr_len = _FIXED.size + len(self._var) + 8 * _blocks(length, BLOCK_SHIFT) + 8
+        self._hdr_len = header_bytes(key.encode(), content_id.encode(), length)
         self.value = bytearray(self._hdr_len + length)
         self.data = memoryview(self.value)[self._hdr_len :]
 

@@ -67,6 +67,7 @@ from silofs.cache.format import (
     ChunkRef,
     StaleFormatError,
     check_copy,
+    checked_chunk,
     copy_verified,
     count_damage,
     header_bytes,
@@ -126,6 +127,10 @@ def buffer_bytes_for(chunk_size: int, readahead_bytes: int) -> int:
     it was admitted, else fetched again."""
     window = window_chunks(chunk_size, readahead_bytes)
     return chunk_size * (window + (window + 1) // 2 + 2) * BUFFER_STREAMS
+
+
+class _Refetch(Exception):
+    """A cached value that must be fetched again, already counted if it was damaged."""
 
 
 class MissError(Exception):
@@ -522,20 +527,16 @@ class ChunkReader:
         it fails), in buffers of its own; None if it is not cached. A value not all in
         the page cache is read by a worker thread (_read_in)."""
         pages = self.pages
-        cid = ref.content_bytes
         if not pages.enabled:
             value = self._get(ref.key)
-            if value is None:
-                return None
-            return copy_verified(value, cid, ref.chunk_size, ref.index, ref.length, lo, hi)
+            return None if value is None else self._checked(value, ref, lo, hi)
         where = self._find(ref)
         if where is None:
             return None
         addr, size = where
         base = pages.offset(addr)
         if base is None:  # not where data.mdb is mapped: copy it out of the map instead
-            value = self._value_cursor().value()  # type: ignore[union-attr]
-            return copy_verified(value, cid, ref.chunk_size, ref.index, ref.length, lo, hi)
+            return self._checked(self._value_cursor().value(), ref, lo, hi)  # type: ignore[union-attr]
         hdr = self._header_guess(ref, size)
         short, self._short = self._short, b""
         if short != ref.key and (pages.nowait or pages.value_resident(addr, size)):
@@ -543,6 +544,14 @@ class ChunkReader:
             if view is not None:
                 return memoryview(view.tobytes())  # the scratch is the next hit's
         return await self._read_in(ref, base, size, lo, hi, hdr)
+
+    def _checked(self, value: memoryview, ref: ChunkRef, lo: int, hi: int) -> memoryview:
+        """[lo, hi) of a value in the map, copied out and verified; _Refetch if it is
+        damaged (counted and logged) or of an older format."""
+        view = checked_chunk(value, ref, self.counters, lo, hi)
+        if view is None:
+            raise _Refetch
+        return view
 
     async def chunk(
         self,
@@ -562,7 +571,7 @@ class ChunkReader:
             hi = ref.length
         try:
             view = await self._cached(ref, lo, hi)
-        except StaleFormatError:  # of an older format: a miss, not damage
+        except (StaleFormatError, _Refetch):  # of an older format, or counted already
             data, from_cache = await self._miss(ref, refetch=True)
             return memoryview(data)[lo:hi], from_cache, "cache" if from_cache else "store"
         except ChunkFormatError as exc:
