@@ -103,10 +103,11 @@ class ValuePages:
         """Copy data.mdb from `offset` on into `buffers` (one preadv); the bytes read.
         With `nowait` it stops at the first page not in the page cache (0 if that is
         the first), having started the kernel's read-ahead of it; without, it waits for
-        the disk (a worker thread's call), and is short only at the end of the file."""
+        the disk, and is short only at the end of the file. 0 as well if the read fails
+        (an I/O error): the caller's worker reads it again and sees the error (pread)."""
         try:
             return os.preadv(self._fd, buffers, offset, os.RWF_NOWAIT if nowait else 0)
-        except BlockingIOError:
+        except OSError:
             return 0
 
     def cached(self, offset: int) -> bool:
@@ -114,12 +115,12 @@ class ValuePages:
         RWF_NOWAIT read); for `nowait` readers only."""
         try:
             return os.preadv(self._fd, self._iov, offset, os.RWF_NOWAIT) == 1
-        except BlockingIOError:
+        except OSError:
             return False
 
     def pread(self, n: int, offset: int) -> bytes:
         """`n` bytes of data.mdb from `offset` (fewer at its end), waiting for the disk:
-        a worker thread's read."""
+        a worker thread's read. OSError if the read fails."""
         return os.pread(self._fd, n, offset)
 
     def _grow(self, pages: int) -> None:

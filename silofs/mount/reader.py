@@ -439,8 +439,11 @@ class ChunkReader:
         end = min((((hi - 1) >> shift) + 1) << shift, ref.length) if hi > lo else start
         pages = self.pages
         if waits:  # bytes, not a bytearray: nothing zero-fills them first
-            head = memoryview(pages.pread(hdr, base))
-            data = memoryview(pages.pread(end - start, base + hdr + start) if end else b"")
+            try:
+                head = memoryview(pages.pread(hdr, base))
+                data = memoryview(pages.pread(end - start, base + hdr + start) if end else b"")
+            except OSError as exc:  # a bad sector, say: refetched like a damaged value
+                raise ChunkFormatError(f"cannot read data.mdb: {exc}") from None
             if len(head) + len(data) < hdr + end - start:
                 raise ChunkFormatError("value runs past the end of data.mdb")
         else:

@@ -530,3 +530,28 @@ def test_a_chunk_admitted_under_another_key_is_served_exactly(tmp_path: Path, ke
 
     trio.run(main)
     r.close()
+
+
+def test_a_value_that_cannot_be_read_is_refetched_and_the_reader_goes_on(env: str) -> None:
+    """A read of data.mdb that fails (an I/O error: here a descriptor every read of
+    which fails) is a damaged value: counted, refetched, never an exception out of a
+    read, on the serving thread or from a worker."""
+    daemon = FakeDaemon()
+    r = _reader(env, daemon)
+    if not r.pages.enabled:
+        pytest.skip("values are not copied out of data.mdb here")
+
+    async def main() -> None:
+        r.begin_read()
+        f = OpenFile(_obj(0))
+        view = r.hit(f, 0, 0, 1000)  # learns where data.mdb is mapped
+        assert view is not None and bytes(view) == _body(0)
+        os.close(r.pages._fd)
+        r.pages._fd = os.open(env, os.O_RDONLY)  # a directory: each read fails, EISDIR
+        assert r.hit(f, 0, 0, 1000) is None
+        data, hit, source = await r.chunk(f, 0)
+        assert (hit, source, bytes(data)) == (False, "store", _body(0))
+        assert r.counters.corrupt_chunks == 1 and "refetch=1" in daemon.requests[0]
+
+    trio.run(main)
+    r.close()
