@@ -52,6 +52,7 @@ from tests.support.node import Node, force_unmount
 from tests.support.poll import wait_for
 
 SMALL_BYTES = 110 << 10
+EXIT_SECONDS = 90.0  # a mount process's exit after `silofs unmount` (Mount.close)
 
 # The goals: warm big file >= 1.0x local disk at mount CPU <= 2x the pyfuse3 ceiling's;
 # warm 110 KiB files >= 0.9x the ceiling's files/s with 1 and with 4 readers, at mount
@@ -399,8 +400,14 @@ class Mount:
         pids = [self.pid, *_children(self.pid)]
         self.node.unmount(self.mp)
         # A mount process ends a second or two after `silofs unmount` returns, its LMDB
-        # pages still mapped meanwhile: the next pass's drop_caches would keep them.
-        wait_for(lambda: not any(map(_running, pids)), what=f"mount process {self.pid} to exit")
+        # pages still mapped meanwhile: the next pass's drop_caches would keep them. Its
+        # last report to the daemon may take up to the daemon timeout (30 s) when the
+        # daemon is slow to answer (seen on a loaded host), so wait longer than that.
+        wait_for(
+            lambda: not any(map(_running, pids)),
+            timeout=EXIT_SECONDS,
+            what=f"mount process {self.pid} to exit",
+        )
         self.pid = 0
 
     def chunk_size(self) -> int:

@@ -188,7 +188,7 @@ class ChunkValue:
 
     def __init__(self, length: int, key: str, content_id: str) -> None:
         self._var = _variable_part(key, content_id)
-        self._hdr_len = _FIXED.size + len(self._var) + 8 * _blocks(length, BLOCK_SHIFT) + 8
+        self._hdr_len = header_bytes(key.encode(), content_id.encode(), length)
         self.value = bytearray(self._hdr_len + length)
         self.data = memoryview(self.value)[self._hdr_len :]
 
@@ -248,23 +248,47 @@ def decode_header(value: bytes | memoryview) -> ChunkHeader:
     return ChunkHeader(dataset, index, csize, length, checksum, key, cid, hdr_len, sums_at, shift)
 
 
-def _checked_header(
-    mv: memoryview, cid: bytes, chunk_size: int, index: int, length: int, lo: int, hi: int
-) -> tuple[int, int, int]:
-    """(hdr_len, block shift, offset of the block sums) of a value whose header is sound
-    and names exactly this chunk, else ChunkFormatError; [lo, hi) must lie in its data."""
+def layout(head: bytes | bytearray | memoryview) -> tuple[int, int]:
+    """(hdr_len, block shift) as the fixed part of a value's header states them,
+    UNCHECKED: how much of a value to copy before check_copy checks the copy. Raises
+    ChunkFormatError (StaleFormatError for version 1) if `head` holds no fixed part."""
+    if len(head) < _FIXED.size:
+        _short(head)
+    _, _, shift, _, hdr_len, _, _, _, _ = _FIXED.unpack_from(head)
+    return hdr_len, shift
+
+
+def header_bytes(key: bytes, content_id: bytes, length: int) -> int:
+    """The header length of a value written for this chunk under `key` (the object key
+    as the admitting dataset listed it): what a reader copies along with the data."""
+    return _MIN_HDR + len(key) + len(content_id) + 8 * _blocks(length, BLOCK_SHIFT)
+
+
+def _short(mv: bytes | bytearray | memoryview) -> None:
     n = len(mv)
-    if n < _FIXED.size:
-        _parse(mv)  # raises the precise error
+    if n >= _V1_PREFIX.size and _V1_PREFIX.unpack_from(mv) == (MAGIC, 1):
+        raise StaleFormatError("chunk format version 1")
+    raise ChunkFormatError("value shorter than a chunk header")
+
+
+def _checked_header(
+    mv: memoryview, n: int, cid: bytes, chunk_size: int, index: int, length: int, lo: int, hi: int
+) -> tuple[int, int, int]:
+    """(hdr_len, block shift, offset of the block sums) of a value of `n` bytes whose
+    header (`mv`: the value, or at least its first hdr_len bytes) is sound and names
+    exactly this chunk, else ChunkFormatError; [lo, hi) must lie in its data."""
+    if len(mv) < _FIXED.size:
+        _short(mv)
     magic, version, shift, _, hdr_len, _, idx, csize, dlen = _FIXED.unpack_from(mv)
-    if (
-        magic != MAGIC
-        or version != FORMAT_VERSION
-        or hdr_len + dlen != n
-        or hdr_len < _MIN_HDR
-        or not 12 <= shift <= 26
-    ):
-        _parse(mv)  # raises the precise error
+    if magic != MAGIC:
+        raise ChunkFormatError("bad magic")
+    if version != FORMAT_VERSION:
+        if version == 1:
+            raise StaleFormatError("chunk format version 1")
+        raise ChunkFormatError(f"unknown chunk format version {version}")
+    if hdr_len + dlen != n or hdr_len < _MIN_HDR or len(mv) < hdr_len:
+        raise ChunkFormatError("header length does not match the value")
+    if not 12 <= shift <= 26:
         raise ChunkFormatError(f"bad block size 2**{shift}")
     if _hash(mv[: hdr_len - 8]) != _SUM.unpack_from(mv, hdr_len - 8)[0]:
         raise ChunkFormatError("header checksum mismatch")
@@ -317,7 +341,9 @@ def verify_chunk(
     cid = content_id.encode() if type(content_id) is str else content_id
     if hi is None:
         hi = expected_length
-    hdr_len, shift, sums_at = _checked_header(mv, cid, chunk_size, index, expected_length, lo, hi)
+    hdr_len, shift, sums_at = _checked_header(
+        mv, len(mv), cid, chunk_size, index, expected_length, lo, hi
+    )
     if hi > lo:
         b, last = lo >> shift, (hi - 1) >> shift
         _check_blocks(
@@ -343,17 +369,47 @@ def copy_verified(
     and the kernel copies a reply only after the handler returns, so only bytes of our
     own are ever both checked and served."""
     mv = value if type(value) is memoryview else memoryview(value)
-    cid = content_id.encode() if type(content_id) is str else content_id
     if hi is None:
         hi = expected_length
-    hdr_len, shift, sums_at = _checked_header(mv, cid, chunk_size, index, expected_length, lo, hi)
+    hdr_len, shift = layout(mv)
+    if not 12 <= shift <= 26 or not _MIN_HDR <= hdr_len <= len(mv):
+        hdr_len, shift = len(mv), BLOCK_SHIFT  # check_copy names what is wrong
+    header = memoryview(mv[:hdr_len].tobytes())
+    start = (lo >> shift) << shift
+    end = hdr_len + (((hi - 1) >> shift) + 1 << shift) if hi > lo else hdr_len + start
+    own = memoryview(mv[hdr_len + start : end].tobytes())
+    return check_copy(header, len(mv), own, content_id, chunk_size, index, expected_length, lo, hi)
+
+
+def check_copy(
+    header: memoryview,
+    size: int,
+    blocks: memoryview,
+    content_id: str | bytes,
+    chunk_size: int,
+    index: int,
+    expected_length: int,
+    lo: int,
+    hi: int,
+) -> memoryview:
+    """Exactly the data [lo, hi) of a value of `size` bytes if it is the expected chunk,
+    else ChunkFormatError, checked on copies the caller made and nobody else can change:
+    `header`, at least the value's first hdr_len bytes (layout()), and `blocks`, its
+    data from the block covering `lo` on, through the one covering hi - 1 (or more). The
+    result is a view of `blocks`."""
+    cid = content_id.encode() if type(content_id) is str else content_id
+    hdr_len, shift, sums_at = _checked_header(
+        header, size, cid, chunk_size, index, expected_length, lo, hi
+    )
     if hi <= lo:
         return memoryview(b"")
-    b, last = lo >> shift, (hi - 1) >> shift
+    b = lo >> shift
     start = b << shift
-    own = memoryview(mv[hdr_len + start : hdr_len + ((last + 1) << shift)].tobytes())
-    _check_blocks(mv, sums_at, own, b, shift)
-    return own[lo - start : hi - start]
+    end = min(((hi - 1) >> shift) + 1 << shift, expected_length)
+    if len(blocks) < end - start:
+        raise ChunkFormatError("short copy of the value")
+    _check_blocks(header, sums_at, blocks[: end - start], b, shift)
+    return blocks[lo - start : hi - start]
 
 
 def checked_chunk(
@@ -380,11 +436,13 @@ def checked_chunk(
     except StaleFormatError:
         return None
     except ChunkFormatError as exc:
-        counts.corrupt_chunks += 1
-        log.warning(
-            "cached chunk %d of %s failed verification (%s); refetching",
-            ref.index,
-            ref.obj.key,
-            exc,
-        )
+        count_damage(ref, counts, exc)
         return None
+
+
+def count_damage(ref: ChunkRef, counts: CorruptCounter, exc: ChunkFormatError) -> None:
+    """Count and log a cached value of `ref` that failed its check (the caller refetches)."""
+    counts.corrupt_chunks += 1
+    log.warning(
+        "cached chunk %d of %s failed verification (%s); refetching", ref.index, ref.obj.key, exc
+    )

@@ -1,17 +1,18 @@
-"""Where a value of a mount's read txn lies in memory, and bringing it in off the serving thread.
+"""Copying a value of a mount's read txn out of data.mdb, and where its pages are.
 
-Owns ValuePages: whether the pages of a value a read txn returned are in memory
-(a 1-byte RWF_NOWAIT read of data.mdb, or mincore where that is refused), faulting them in
-from a worker thread (MADV_POPULATE_READ) and asking the kernel to read a range ahead
+Owns ValuePages: copying the bytes of a value a ValueCursor found (by its address in
+LMDB's map) out of data.mdb into a buffer of the caller's own with one preadv, without
+waiting for the disk on the serving thread (RWF_NOWAIT: a short read says the rest is
+not in the page cache, and a worker thread reads it), whether a value is in memory where
+that flag is refused (mincore), and asking the kernel to read a range ahead
 (MADV_WILLNEED), so a mount's serving thread never waits on the disk for a hit
-(mount/reader.py). Only addresses pass through here: it never reads a value's bytes and
-never writes the env.
+(mount/reader.py). Never writes the env, and never checks what it copies (the caller
+does, on its copy: cache/format.py check_copy).
 """
 
 from __future__ import annotations
 
 import ctypes
-import errno
 import mmap
 import os
 from typing import Any
@@ -19,10 +20,7 @@ from typing import Any
 from silofs.cache.bounds import data_mapping, mdb_val_offset
 
 _MADV_WILLNEED = 3
-_MADV_POPULATE_READ = 22  # Linux 5.14+: fault the range in (readable), waiting for the IO
 _PAGE = mmap.PAGESIZE
-# Values up to this many pages (256 KiB) are checked whole by one mincore call.
-_WHOLE_PAGES = 64
 
 
 def _libc_calls() -> tuple[Any, Any] | None:
@@ -40,41 +38,40 @@ def _libc_calls() -> tuple[Any, Any] | None:
 
 
 class ValuePages:
-    """Residency of the values of a read-only env's read txns, by address.
+    """The values of a read-only env's read txns, by address: their bytes and residency.
 
-    A hit whose pages are not in memory page-faults on whatever thread first touches
-    them; on a mount's one serving thread that serialises every reader behind one disk
-    read (docs/ARCHITECTURE.md, "the ceiling of one serving process"). A ValueCursor
-    (bounds.py) finds a value without touching it, value_resident() tells whether its
-    pages are in memory, populate() brings them in from a worker thread
-    (MADV_POPULATE_READ: a fault's read-around, without the GIL), willneed() starts
-    reading a range ahead.
+    A hit whose pages are not in memory would wait for the disk on whatever thread
+    first reads them; on a mount's one serving thread that serialises every reader
+    behind one disk read (docs/ARCHITECTURE.md, "the ceiling of one serving process").
+    A ValueCursor (bounds.py) finds a value without touching it; read() copies a range
+    of it out of data.mdb (its file offset is its address minus where this process maps
+    the file from offset 0, /proc/self/maps), and with `nowait` only what the page cache
+    holds: a read of pages not cached starts the kernel's read-ahead for them and
+    returns short, and the caller reads the rest from a worker thread. A copy rather
+    than a view of the map: the map may change under a reader (a damaged disk, anything
+    writing data.mdb), and the kernel copies a FUSE reply only after the handler
+    returns. The read also takes the file's sequential read-ahead, where touching the
+    map would take one fault (and its read-around) at a time.
 
-    Only addresses pass through here, never bytes: if the env is remapped meanwhile
-    (set_mapsize after the daemon grew the map), or the address read from a cursor were
-    wrong, a populate or a hint lands on other pages or fails, which costs a fault later
-    and can never crash or serve wrong bytes (the value itself always comes from
-    py-lmdb, and the caller verifies it).
-
-    value_resident() asks the page cache through the file: a 1-byte read with
-    RWF_NOWAIT at the page's file offset (the value's address minus the mapping's start,
-    from /proc/self/maps) fails with EAGAIN when the page is not cached. It costs less
-    than mincore through ctypes, and works for a non-root mount of a root daemon's cache
-    (data.mdb 0640), to which mincore reports every page resident (Linux 5.0+, a
-    side-channel fix). Where the file refuses RWF_NOWAIT, mincore answers instead if it
-    can tell (`truthful`). `enabled` is False where none of this can work: no MDB_val
-    found in the cursor object (another py-lmdb), data.mdb not readable, neither probe
-    usable, or no MADV_POPULATE_READ (Linux < 5.14, found on first use). Callers then
-    fault a value's pages in on their own thread when they touch it.
+    The address and the mapping are read while the snapshot that found the value is
+    open, so the writer cannot reuse its pages meanwhile; a wrong address (a remap, a
+    damaged node the cursor let through) reads other bytes of the file, which the
+    caller's check refuses. Where the file refuses RWF_NOWAIT, value_resident() asks
+    mincore instead if it can tell (`truthful`: the kernel reports every page resident
+    to a non-root mount of a root daemon's cache, data.mdb 0640, Linux 5.0+).
+    `enabled` is False where none of this can work: no MDB_val found in the cursor
+    object (another py-lmdb), data.mdb not readable, or neither RWF_NOWAIT nor a
+    truthful mincore. Callers then copy a value out of the map on their own thread.
     """
 
     def __init__(self, data_path: str) -> None:
         calls = _libc_calls()
         self.enabled = calls is not None and mdb_val_offset() >= 0
-        self.truthful = _mincore_truthful(data_path)  # else: probe through the file
+        self.truthful = _mincore_truthful(data_path)
         if calls is not None:
             self._mincore, self._madvise = calls
         self._fd = -1
+        self.nowait = False  # reads may ask for RWF_NOWAIT
         self._map = (0, 0)  # [start, end) of the mapping of data.mdb, as last read
         self._byte = bytearray(1)
         self._iov = [self._byte]
@@ -82,16 +79,49 @@ class ValuePages:
             try:
                 self._fd = os.open(data_path, os.O_RDONLY | os.O_CLOEXEC)
                 os.preadv(self._fd, self._iov, 0, os.RWF_NOWAIT)
+                self.nowait = True
             except BlockingIOError:
-                pass  # page 0 not cached: the probe works
-            except (OSError, AttributeError):  # no RWF_NOWAIT here (EOPNOTSUPP)
-                if self._fd >= 0:
-                    os.close(self._fd)
-                    self._fd = -1
-                self.enabled = self.truthful  # mincore is then the only way to tell
+                self.nowait = True  # page 0 not cached: the flag works
+            except (OSError, AttributeError):  # unreadable, or no RWF_NOWAIT (EOPNOTSUPP)
+                pass
+            # Without RWF_NOWAIT a read would wait on the serving thread unless mincore
+            # can tell it will not.
+            self.enabled = self._fd >= 0 and (self.nowait or self.truthful)
         self._vec = bytearray(0)
         self._vec_addr = 0
         self._grow(1024)
+
+    def offset(self, addr: int) -> int | None:
+        """The offset in data.mdb of the mapped address `addr` (a value's, found by a
+        ValueCursor in a snapshot still open), or None if the mapping does not hold it."""
+        start, end = self._map
+        if start <= addr < end:
+            return addr - start
+        return self._offset(addr)
+
+    def read(self, offset: int, buffers: list[Any], nowait: bool) -> int:
+        """Copy data.mdb from `offset` on into `buffers` (one preadv); the bytes read.
+        With `nowait` it stops at the first page not in the page cache (0 if that is
+        the first), having started the kernel's read-ahead of it; without, it waits for
+        the disk, and is short only at the end of the file. 0 as well if the read fails
+        (an I/O error): the caller's worker reads it again and sees the error (pread)."""
+        try:
+            return os.preadv(self._fd, buffers, offset, os.RWF_NOWAIT if nowait else 0)
+        except OSError:
+            return 0
+
+    def cached(self, offset: int) -> bool:
+        """Whether the page of data.mdb at `offset` is in the page cache (a 1-byte
+        RWF_NOWAIT read); for `nowait` readers only."""
+        try:
+            return os.preadv(self._fd, self._iov, offset, os.RWF_NOWAIT) == 1
+        except OSError:
+            return False
+
+    def pread(self, n: int, offset: int) -> bytes:
+        """`n` bytes of data.mdb from `offset` (fewer at its end), waiting for the disk:
+        a worker thread's read. OSError if the read fails."""
+        return os.pread(self._fd, n, offset)
 
     def _grow(self, pages: int) -> None:
         self._vec = bytearray(pages)
@@ -126,58 +156,11 @@ class ValuePages:
                 return None
         return addr - start
 
-    def _cached(self, page: int) -> bool:
-        """Whether the page at `page` is in the page cache, asked through the file."""
-        start, end = self._map
-        if start <= page < end:
-            offset = page - start
-        else:
-            offset = self._offset(page)  # remapped: read the map again
-            if offset is None:
-                return True  # not ours to judge: let the fault path have it
-        try:
-            os.preadv(self._fd, self._iov, offset, os.RWF_NOWAIT)
-        except BlockingIOError:
-            return False
-        except OSError:
-            return True
-        return True
-
     def value_resident(self, addr: int, size: int) -> bool:
-        """Whether the value at `addr`, found by a ValueCursor, is in memory: for a value
-        of up to _WHOLE_PAGES pages its last page, else its middle and last page.
-
-        The lookup that found it touched its first page (bounds.py), so that one is in
-        memory; if that touch had to read it, the fault read around it. Pages come in
-        whole runs (a fault's read-around, a read-ahead), so the last page in memory says
-        the ones between are too, short of a run ending and another beginning inside the
-        value: a page missed here is faulted in on the caller's thread, and nothing else
-        depends on it. Each page is asked of the page cache through the file (a 1-byte
-        RWF_NOWAIT read, ~0.9 us): a mincore call through ctypes costs more in Python
-        (~1.5 us for a 110 KiB value) and tells a non-root mount nothing."""
-        first = addr & ~(_PAGE - 1)
-        last = (addr + size - 1) & ~(_PAGE - 1)
-        if last == first:
-            return True
-        if self._fd < 0:  # no RWF_NOWAIT: mincore, truthful here (__init__)
-            if last - first < _WHOLE_PAGES * _PAGE:
-                return self.resident(addr, 0, size)
-            return self.resident(last, 0, 1) and self.resident(first + (last - first) // 2, 0, 1)
-        if last - first < _WHOLE_PAGES * _PAGE:
-            return self._cached(last)
-        return self._cached(last) and self._cached((first + (last - first) // 2) & ~(_PAGE - 1))
-
-    def populate(self, addr: int, lo: int, hi: int) -> bool:
-        """Fault [addr+lo, addr+hi) in, waiting for the disk: call from a worker thread.
-        Its faults read around as any fault does (the env is mapped with readahead), so
-        neighbouring values come in with it. False (and disabled from now on) where the
-        kernel lacks MADV_POPULATE_READ."""
-        start = (addr + lo) & ~(_PAGE - 1)
-        if self._madvise(start, addr + hi - start, _MADV_POPULATE_READ) == 0:
-            return True
-        if ctypes.get_errno() == errno.EINVAL:  # an older kernel
-            self.enabled = False
-        return False
+        """Whether every page of the value at `addr`, found by a ValueCursor, is in
+        memory, by mincore: where reads cannot ask RWF_NOWAIT (then mincore is truthful
+        here, or `enabled` is False: __init__)."""
+        return self.resident(addr, 0, size)
 
     def willneed(self, addr: int, lo: int, hi: int) -> None:
         """Start reading [addr+lo, addr+hi) ahead (async in the kernel; it may block

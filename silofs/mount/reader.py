@@ -1,12 +1,13 @@
 """The mount process's view of the cache: hits from LMDB, misses through the daemon.
 
-Owns the hit path (a memoryview of an LMDB value from a read txn that stays open until
-the FUSE reply is sent; the header and the checksum blocks covering the bytes a request
-serves are verified on every request, so damage that lands while a file is open is
-caught too), a bounded buffer of chunks fetched by this mount (so a 4 MiB chunk read in
-1 MiB requests is fetched once even when its dataset is full), single-flight and
-read-ahead of misses, and the counters the daemon reports. Never talks to a store and
-never writes LMDB.
+Owns the hit path (the header and the blocks of an LMDB value covering the bytes a
+request serves, copied out of data.mdb into a buffer of the mount's own while the read
+txn that found the value is open, then verified on that copy and served from it: damage
+that lands while a file is open is caught too, and bytes that change after the check
+never reach a reader), a bounded buffer of chunks fetched by this mount (so a 4 MiB
+chunk read in 1 MiB requests is fetched once even when its dataset is full),
+single-flight and read-ahead of misses, and the counters the daemon reports. Never
+talks to a store and never writes LMDB.
 
 Read-ahead is per open file and adaptive: once a run of sequential reads covers more
 than half a chunk (and, from a file's start, more than the kernel reads of a file whose
@@ -26,24 +27,27 @@ id of the mount's own listing, and misses carry the listed version (&version=) s
 daemon serves that version or refuses (409, EIO here), never bytes of a version a later
 refresh listed.
 
-Invariant: an LMDB memoryview is never held across an await. Another task renews the
-read txn at the start of its read, which would invalidate it; pyfuse3 sends a reply
-synchronously after the handler returns, so a view returned without awaiting is safe.
+Invariant: an LMDB memoryview (a cursor's B-tree walk, a value's address) is never held
+across an await. Another task renews the read txn at the start of its read, which would
+invalidate it.
 
-A hit whose pages are not in memory (the env "SSD-warm": cached, but its pages dropped
-from the page cache) is not faulted in on the serving thread, where every other reader
-would wait for that disk read: the read takes the snapshot for itself (the next read
-begins another), a worker thread faults the pages in (mount/pages.py ValuePages, at
-most FAULT_THREADS at once), and the value is then looked up again in that snapshot and
-verified as every hit is. The snapshot is ended by the next read, after the reply went
-out. A resident value is served as a slice of the map, none of its pages touched until
-the verification and the reply read those they serve. A sequential reader of a cached
-file asks the kernel to read the values of the next VALUE_AHEAD_BYTES of chunks.
+A value is found without touching its pages (cache/bounds.py ValueCursor) and copied out
+of data.mdb with RWF_NOWAIT (mount/pages.py): a hit whose pages are not all in the page
+cache (the env "SSD-warm": cached, but its pages dropped) is not read on the serving
+thread, where every other reader would wait for that disk read. That read takes the
+snapshot for itself (the next read begins another), a worker thread reads the value's
+range (at most FAULT_THREADS at once) and the snapshot ends once it has; the copy is
+verified as every hit is. A hit answered without an await is copied into the reader's
+one scratch buffer, which pyfuse3 writes to /dev/fuse before any other task runs; bytes
+kept across an await (a span's parts, a worker's read) have buffers of their own. A
+sequential reader of a cached file asks the kernel to read the values of the next
+VALUE_AHEAD_BYTES of chunks.
 """
 
 from __future__ import annotations
 
 import errno
+import functools
 import json
 import logging
 import os
@@ -57,11 +61,17 @@ import trio
 
 from silofs.cache.bounds import FirstTime, ValueCursor
 from silofs.cache.format import (
+    BLOCK_SHIFT,
     MAX_SPAN_CHUNKS,
     ChunkFormatError,
     ChunkRef,
+    StaleFormatError,
+    check_copy,
     checked_chunk,
     copy_verified,
+    count_damage,
+    header_bytes,
+    layout,
 )
 from silofs.cache.store import CacheStore
 from silofs.control.client import AsyncControlClient, ControlError, quote_segment
@@ -91,8 +101,14 @@ SNAPSHOT_REUSE_SECONDS = 0.25
 VALUE_AHEAD_BYTES = 64 << 20
 # Sequential readers whose read-ahead the chunk buffer holds at once (buffer_bytes_for).
 BUFFER_STREAMS = 2
-# Hits being faulted in by worker threads at once (ChunkReader._fault_in): enough to keep
-# a few readers' disk reads in flight together; each holds a read snapshot meanwhile.
+# A hit of more than this many bytes is copied only once its last page is in the page
+# cache (a 1-byte RWF_NOWAIT read): the kernel's read-ahead brings a value's pages in
+# order, so one copy that stops short at a page still under IO would be copied again
+# whole by a worker. The serving thread copies such a range out of the map
+# (ChunkReader._map_copy), a shorter one by preadv.
+PROBE_BYTES = 256 << 10
+# Hits being read by worker threads at once (ChunkReader._read_in): enough to keep a few
+# readers' disk reads in flight together; each holds a read snapshot meanwhile.
 FAULT_THREADS = 8
 
 
@@ -112,6 +128,10 @@ def buffer_bytes_for(chunk_size: int, readahead_bytes: int) -> int:
     it was admitted, else fetched again."""
     window = window_chunks(chunk_size, readahead_bytes)
     return chunk_size * (window + (window + 1) // 2 + 2) * BUFFER_STREAMS
+
+
+class _Refetch(Exception):
+    """A cached value that must be fetched again, already counted if it was damaged."""
 
 
 class MissError(Exception):
@@ -244,17 +264,20 @@ class ChunkReader:
         self._stale = False  # a miss was served since: the next read begins a new one
         self._reads = 0  # reads begun; the idle task compares it between its ticks
         self._chunks_db = store.db(b"chunks")
-        # Snapshots a faulted-in hit took (_fault_in) and served from: ended by the next
-        # read, once that hit's reply is out.
-        self._retired: list[lmdb.Transaction] = []
         self._cursor: ValueCursor | None = None  # on self._txn's chunks db
-        self._resident_key = b""  # the chunk found in memory last (_lookup)
         self._damaged = FirstTime()  # chunk keys whose lookup failed
         self.pages = ValuePages(os.path.join(store.path, "data.mdb"))
         if self.pages.enabled and store.value_bounds() is None:
             self.pages.enabled = False  # no cursor finds a value untouched
         self._fault_limiter = trio.CapacityLimiter(FAULT_THREADS)
-        self.faulted_in = 0  # hits whose pages a worker thread brought in
+        self.read_in = 0  # hits a worker thread read because the page cache lacked them
+        # The scratch buffers of hits answered without an await (_scratch), and the
+        # header length of the chunk read last (_header_guess).
+        self._head = bytearray(4096)
+        self._buf = bytearray(0)
+        self._guess_ref: ChunkRef | None = None
+        self._guess = 0
+        self._short = b""  # the chunk hit() found not all in the page cache, last
         self._flights: SingleFlight[bytes, tuple[bytes, bool]] = SingleFlight()
         self._nursery: trio.Nursery | None = None
         # In LRU mode the daemon needs to know what was hit: it never sees hits itself.
@@ -287,7 +310,6 @@ class ChunkReader:
                 self._cursor = None
                 self._txn.abort()
                 self._txn = None
-            self._end_retired()  # their replies went out before this task ran
             seen = self._reads
 
     def close(self) -> None:
@@ -297,7 +319,6 @@ class ChunkReader:
         if self._txn is not None:
             self._txn.abort()
             self._txn = None
-        self._end_retired()
         self.pages.close()
         self.store.close()
 
@@ -309,23 +330,16 @@ class ChunkReader:
         An older snapshot answers a hit the same: a chunk key names one version's bytes
         (promise 3 needs no fresher view). Only a chunk admitted since the snapshot
         began looks absent, so a lookup that misses looks again in a fresh one
-        (_lookup) before asking the daemon, and the read after a miss begins a fresh
+        (_find) before asking the daemon, and the read after a miss begins a fresh
         one (the writer may have admitted that chunk, or replaced a value that failed
         its check, since). Safe only where no LMDB view is still in use."""
         self._reads += 1
-        if self._retired:
-            self._end_retired()
         if (
             self._txn is None
             or self._stale
             or time.monotonic() - self._txn_at >= SNAPSHOT_REUSE_SECONDS
         ):
             self.renew()
-
-    def _end_retired(self) -> None:
-        for txn in self._retired:
-            txn.abort()
-        self._retired.clear()
 
     def renew(self) -> None:
         """Start a fresh read snapshot. Safe only where no LMDB view is still in use."""
@@ -352,13 +366,12 @@ class ChunkReader:
         with self.store.read_txn() as txn:
             return self.store.usage_of(txn, self.dataset_id).bytes
 
-    def _lookup(self, ref: ChunkRef) -> memoryview | list[int] | None:
-        """The cached value of `ref` in the current snapshot (self._txn), unverified, or
-        None if absent; or, if its pages are not all in memory, [address, 0, size] of it
-        with none of them touched (_fault_in them first)."""
+    def _find(self, ref: ChunkRef) -> tuple[int, int] | None:
+        """(address, size) of the cached value of `ref` in the current snapshot
+        (self._txn), none of its pages touched but the first (bounds.py), or None if
+        absent. For self.pages.enabled only (a ValueCursor finds values there)."""
         cur = self._cursor or self._value_cursor()
-        if cur is None or not self.pages.enabled:
-            return self._get(ref.key)
+        assert cur is not None
         where = cur.find(ref.key)  # DamagedValueError (an lmdb.Error) outside data.mdb
         if where is None and self._txn_read != self._reads:
             # Admitted since an earlier read began the snapshot? Look in a fresh one.
@@ -366,25 +379,17 @@ class ChunkReader:
             cur = self._value_cursor()
             assert cur is not None
             where = cur.find(ref.key)
-        if where is None:
-            return None
-        addr, size = where
-        if ref.key == self._resident_key or self.pages.value_resident(addr, size):
-            # The key served last is mapped into this process now (a big chunk is read
-            # in many requests), and drop_caches leaves mapped pages alone.
-            self._resident_key = ref.key
-            return cur.value()  # a view of its pages, none of them touched yet
-        return [addr, 0, size]
+        return where
 
-    def _get(self, key: bytes) -> memoryview | list[int] | None:
-        """_lookup where values cannot be found untouched: py-lmdb's get (bounds-checked
-        if a cursor can be), faulting the value in on this thread."""
+    def _get(self, key: bytes) -> memoryview | None:
+        """The value of `key` as a view of the map, faulted in on this thread: where
+        values cannot be copied out of the file (not self.pages.enabled)."""
         cur = self._value_cursor()
         value = self._snapshot().get(key, db=self._chunks_db) if cur is None else cur.get(key)
         if value is None and self._txn_read != self._reads:
             self.renew()
             return self._get(key)
-        return value
+        return value  # type: ignore[return-value]
 
     def _value_cursor(self) -> ValueCursor | None:
         """The current snapshot's cursor on the chunks db (None: values cannot be
@@ -393,48 +398,178 @@ class ChunkReader:
             self._cursor = self.store.value_cursor(self._snapshot(), self._chunks_db)
         return self._cursor
 
-    async def _fault_in(self, ref: ChunkRef, where: list[int]) -> memoryview | None:
-        """The value of `ref` once a worker thread faulted its pages (`where`) in.
+    def _header_guess(self, ref: ChunkRef, size: int) -> int:
+        """The header length of `ref`'s value (of `size` bytes) as this dataset admits
+        it: a read copies it along with the data, in one preadv where the data begins at
+        the chunk's start (_copy_out copies it again if the header says otherwise)."""
+        if ref is not self._guess_ref:
+            self._guess_ref = ref
+            self._guess = header_bytes(ref.obj.key.encode(), ref.content_bytes, ref.length)
+        return min(self._guess, size)
 
-        The snapshot the value was found in (self._txn) becomes this read's own: a read
-        that begins meanwhile begins a fresh one instead of ending it, so the writer
-        cannot reuse the value's pages while the thread reads them, nor until this
-        read's reply is out (the next read ends it: _retired)."""
+    def _scratch(self, head: int, data: int) -> tuple[memoryview, memoryview]:
+        """This reader's own buffers for a hit served without an await: pyfuse3 writes
+        a handler's reply to /dev/fuse before its task yields (fuse_reply_buf, GIL held),
+        and no other thread ever touches them, so the next request may reuse them. Never
+        for bytes kept across an await (chunk(), a span's parts)."""
+        if len(self._head) < head:
+            self._head = bytearray(head)
+        if len(self._buf) < data:
+            self._buf = bytearray(data)  # a new one: the old may still be exported
+        return memoryview(self._head)[:head], memoryview(self._buf)[:data]
+
+    def _copy_out(
+        self,
+        ref: ChunkRef,
+        base: int,
+        size: int,
+        lo: int,
+        hi: int,
+        waits: bool,
+        hdr: int,
+        shift: int = BLOCK_SHIFT,
+        exact: bool = False,
+    ) -> memoryview | None:
+        """[lo, hi) of `ref`'s value (`size` bytes at `base` in data.mdb), copied out of
+        the file and checked on the copy (check_copy), else ChunkFormatError. The header
+        is copied as `hdr` bytes and the data in blocks of 1 << `shift` as this dataset
+        writes them, and again as the value's own header says if that differs (`exact`:
+        it did). `waits`: a worker thread's read, into new bytes, waiting for the disk;
+        else into this reader's scratch, None if a page is not in the page cache."""
+        start = (lo >> shift) << shift
+        end = min((((hi - 1) >> shift) + 1) << shift, ref.length) if hi > lo else start
+        pages = self.pages
+        if waits:  # bytes, not a bytearray: nothing zero-fills them first
+            try:
+                head = memoryview(pages.pread(hdr, base))
+                data = memoryview(pages.pread(end - start, base + hdr + start) if end else b"")
+            except OSError as exc:  # a bad sector, say: refetched like a damaged value
+                raise ChunkFormatError(f"cannot read data.mdb: {exc}") from None
+            if len(head) + len(data) < hdr + end - start:
+                raise ChunkFormatError("value runs past the end of data.mdb")
+        else:
+            nowait = pages.nowait
+            if nowait and end - start > PROBE_BYTES and not pages.cached(base + hdr + end - 1):
+                return None  # its last page is not in yet: copy none of it twice
+            head, data = self._scratch(hdr, end - start)
+            if start == 0 and end:  # header and data are one run of the file
+                got = pages.read(base, [head, data], nowait)
+            else:
+                got = pages.read(base, [head], nowait)
+                if got == hdr and end:
+                    got += pages.read(base + hdr + start, [data], nowait)
+            if got < hdr + end - start:
+                return None
+        found = layout(head)
+        if found != (hdr, shift) and not exact and found[0] <= size and 12 <= found[1] <= 26:
+            # Another dataset's key in the header, say: copy the value as it is laid out.
+            return self._copy_out(ref, base, size, lo, hi, waits, *found, exact=True)
+        cid = ref.content_bytes
+        return check_copy(head, size, data, cid, ref.chunk_size, ref.index, ref.length, lo, hi)
+
+    async def _read_in(
+        self, ref: ChunkRef, base: int, size: int, lo: int, hi: int, hdr: int
+    ) -> memoryview:
+        """[lo, hi) of a value not all in the page cache, read by a worker thread.
+
+        The snapshot the value was found in (self._txn) is this read's own until the
+        thread is done: a read that begins meanwhile begins a fresh one instead of
+        ending it, so the writer cannot reuse the value's pages while the thread reads
+        them. What the thread read is this read's own copy, so the snapshot ends then."""
         txn = self._txn
         assert txn is not None
         self._txn = None
         self._cursor = None
-        self.faulted_in += 1
+        self.read_in += 1
         try:
-            await trio.to_thread.run_sync(_populate, self.pages, where, limiter=self._fault_limiter)
-            # Looked up again: the env may have been remapped meanwhile (set_mapsize).
-            value = self.store.get_value(txn, self._chunks_db, ref.key)
-            self._resident_key = ref.key
-            return value
+            copy = functools.partial(self._copy_out, ref, base, size, lo, hi, True, hdr)
+            view = await trio.to_thread.run_sync(copy, limiter=self._fault_limiter)
         finally:
-            # Retired only now: a read that begins while the thread works must not end it.
-            self._retired.append(txn)
+            txn.abort()
+        assert view is not None  # a read that waits is short only at the file's end
+        return view
 
     # -- one chunk, any source -------------------------------------------------------
     def hit(self, f: OpenFile, index: int, lo: int, hi: int) -> memoryview | None:
-        """The chunk's data [lo, hi), copied out of the map and verified, if it is cached
-        and in memory: the common case, answered without a coroutine. None where chunk()
-        must take it (absent, not resident, damaged, or a lookup that failed): chunk()
+        """The chunk's data [lo, hi), copied out of data.mdb and verified, if it is
+        cached and in the page cache: the common case, answered without a coroutine,
+        in this reader's scratch buffer (valid until the next hit). None where chunk()
+        must take it (absent, not in memory, damaged, or a lookup that failed): chunk()
         looks it up again and counts what it finds, so nothing is counted here."""
         ref = f.ref
         if ref is None or ref.index != index or ref.chunk_size != self.chunk_size:
             ref = f.chunk_ref(self.chunk_size, index)
+        pages = self.pages
         try:
-            value = self._lookup(ref)
-            if type(value) is not memoryview:
-                return None
-            view = copy_verified(
-                value, ref.content_bytes, ref.chunk_size, ref.index, ref.length, lo, hi
-            )
+            if not pages.enabled:
+                value = self._get(ref.key)
+                if value is None:
+                    return None
+                cid = ref.content_bytes
+                view = copy_verified(value, cid, ref.chunk_size, ref.index, ref.length, lo, hi)
+            else:
+                where = self._find(ref)
+                if where is None:
+                    return None
+                addr, size = where
+                base = pages.offset(addr)
+                if base is None or not (pages.nowait or pages.value_resident(addr, size)):
+                    return None
+                hdr = self._header_guess(ref, size)
+                if hi - lo > PROBE_BYTES and pages.nowait:
+                    view = self._map_copy(ref, base + hdr + hi - 1, lo, hi)
+                else:
+                    view = self._copy_out(ref, base, size, lo, hi, False, hdr)
+                if view is None:
+                    self._short = ref.key  # chunk() goes straight to a worker
+                    return None
         except (ChunkFormatError, lmdb.Error):
             return None
         if self.track_hits and len(self.touched) < 65536:
             self.touched.append(ref.key)
+        return view
+
+    def _map_copy(self, ref: ChunkRef, last: int, lo: int, hi: int) -> memoryview | None:
+        """[lo, hi) of the value the cursor is on, copied out of the map and verified
+        (copy_verified), if the page at `last` (the range's last, in data.mdb) is in the
+        page cache, else None. A long range copies for less CPU this way than by preadv
+        (one memcpy over pages mapped 16 at a time, against the kernel's copy page by
+        page: bench/README.md); the copy is this read's own all the same."""
+        if not self.pages.cached(last):
+            return None
+        value = self._value_cursor().value()  # type: ignore[union-attr]
+        cid = ref.content_bytes
+        return copy_verified(value, cid, ref.chunk_size, ref.index, ref.length, lo, hi)
+
+    async def _cached(self, ref: ChunkRef, lo: int, hi: int) -> memoryview | None:
+        """[lo, hi) of `ref`'s cached value, copied out and verified (ChunkFormatError if
+        it fails), in buffers of its own; None if it is not cached. A value not all in
+        the page cache is read by a worker thread (_read_in)."""
+        pages = self.pages
+        if not pages.enabled:
+            value = self._get(ref.key)
+            return None if value is None else self._checked(value, ref, lo, hi)
+        where = self._find(ref)
+        if where is None:
+            return None
+        addr, size = where
+        base = pages.offset(addr)
+        if base is None:  # not where data.mdb is mapped: copy it out of the map instead
+            return self._checked(self._value_cursor().value(), ref, lo, hi)  # type: ignore[union-attr]
+        hdr = self._header_guess(ref, size)
+        short, self._short = self._short, b""
+        if short != ref.key and (pages.nowait or pages.value_resident(addr, size)):
+            view = self._copy_out(ref, base, size, lo, hi, False, hdr)
+            if view is not None:
+                return memoryview(view.tobytes())  # the scratch is the next hit's
+        return await self._read_in(ref, base, size, lo, hi, hdr)
+
+    def _checked(self, value: memoryview, ref: ChunkRef, lo: int, hi: int) -> memoryview:
+        """[lo, hi) of a value in the map, copied out and verified; _Refetch if it is
+        damaged (counted and logged) or of an older format."""
+        view = checked_chunk(value, ref, self.counters, lo, hi)
+        if view is None:
+            raise _Refetch
         return view
 
     async def chunk(
@@ -446,23 +581,20 @@ class ChunkReader:
         span: tuple[int, int] | None = None,
     ) -> tuple[memoryview, bool, str]:
         """(data, hit, source): the chunk's bytes [lo, hi) (chunk offsets; default all of
-        it) from LMDB (hit, "cache"; copied out of the map and verified), this mount's
+        it) from LMDB (hit, "cache"; copied out of data.mdb and verified), this mount's
         buffer ("buffer"; a hit if the daemon had it cached), or the daemon ("cache" if it
-        found the chunk cached, "store" if it had to GET it). A miss names `span` (the
-        chunks the same request reads) to the daemon."""
+        found the chunk cached, "store" if it had to GET it), in bytes of their own. A
+        miss names `span` (the chunks the same request reads) to the daemon."""
         ref = f.chunk_ref(self.chunk_size, index)
         if hi is None:
             hi = ref.length
         try:
-            value = self._lookup(ref)
-            if type(value) is list:
-                value = await self._fault_in(ref, value)
-            view = None
-            if value is not None:
-                view = checked_chunk(value, ref, self.counters, lo, hi)
-                if view is None:  # damaged (counted, logged) or of an older format
-                    raise ChunkFormatError(f"chunk {index} of {f.obj.key}")
-        except ChunkFormatError:
+            view = await self._cached(ref, lo, hi)
+        except (StaleFormatError, _Refetch):  # of an older format, or counted already
+            data, from_cache = await self._miss(ref, refetch=True)
+            return memoryview(data)[lo:hi], from_cache, "cache" if from_cache else "store"
+        except ChunkFormatError as exc:
+            count_damage(ref, self.counters, exc)
             data, from_cache = await self._miss(ref, refetch=True)
             return memoryview(data)[lo:hi], from_cache, "cache" if from_cache else "store"
         except lmdb.Error as exc:
@@ -477,7 +609,7 @@ class ChunkReader:
         if view is not None:
             if self.track_hits and len(self.touched) < 65536:
                 self.touched.append(ref.key)
-            return view, True, "cache"  # no await between the (last) get and the reply
+            return view, True, "cache"
         if (item := self.buffer.get(ref.key)) is not None:
             return memoryview(item[0])[lo:hi], item[1], "buffer"
         data, from_cache = await self._miss(ref, refetch=False, span=span)
@@ -642,13 +774,6 @@ class ChunkReader:
 
 def _log_failure(level: int, ref: ChunkRef, exc: MissError) -> None:
     log.log(level, "reading %s chunk %d: %s", ref.obj.key, ref.index, exc)
-
-
-def _populate(pages: ValuePages, ranges: list[int]) -> None:
-    """Fault [addr+lo, addr+hi)... of `where` in (a worker thread: the GIL is released)."""
-    addr = ranges[0]
-    for i in range(1, len(ranges), 2):
-        pages.populate(addr, ranges[i], ranges[i + 1])
 
 
 def _error_text(body: bytes) -> str:

@@ -5,7 +5,7 @@ LMDB by the next read (the snapshot is reused between reads, so a lookup that mi
 looks again in a fresh one) without asking the daemon; the read after a miss begins a
 fresh snapshot; the snapshot is not renewed per read; the chunk buffer's default bound
 follows read-ahead (chunk size x (read-ahead + 2) x streams) and holds; a hit whose pages
-are not in memory is faulted in by a worker thread and verified before it is served; a
+are not in memory is read by a worker thread and verified before it is served; a
 sequential reader has the kernel read the cached chunks ahead; a map the daemon grew is
 adopted. A real LMDB env;
 the admitting writer runs in another process, as the daemon does (LMDB allows one env
@@ -15,6 +15,7 @@ per path per process).
 from __future__ import annotations
 
 import os
+import random
 import subprocess
 import sys
 import textwrap
@@ -27,7 +28,6 @@ import trio
 
 from silofs.cache.format import ChunkRef
 from silofs.cache.store import CacheStore
-from silofs.mount import pages as pages_mod
 from silofs.mount import reader as reader_mod
 from silofs.mount.reader import ChunkReader, OpenFile, buffer_bytes_for
 from silofs.node.store_write import WritableStore
@@ -253,12 +253,21 @@ def no_read_around(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(lmdb, "open", without)
 
 
+def _probe(r: ChunkReader, probe: str) -> None:
+    """Have `r` tell a value in memory as a mount does where the file takes RWF_NOWAIT
+    ("file"), or by mincore where it does not."""
+    if not r.pages.enabled or (probe == "file" and not r.pages.nowait):
+        pytest.skip("no RWF_NOWAIT read of data.mdb here")
+    if probe == "mincore":
+        if not r.pages.truthful:
+            pytest.skip("mincore does not report this env's page cache here")
+        r.pages.nowait = False
+
+
 @pytest.mark.parametrize("probe", ["mincore", "file"])
-def test_a_hit_whose_pages_are_not_in_memory_is_faulted_in_by_a_worker(
-    tmp_path: Path, no_read_around: None, probe: str, monkeypatch: pytest.MonkeyPatch
+def test_a_hit_whose_pages_are_not_in_memory_is_read_by_a_worker(
+    tmp_path: Path, no_read_around: None, probe: str
 ) -> None:
-    if probe == "file":  # as for a non-root mount, to which mincore says "all resident"
-        monkeypatch.setattr(pages_mod, "_mincore_truthful", lambda _path: False)
     env = str(tmp_path / "env")
     os.makedirs(env)
     WritableStore(env, 64 << 20).close()
@@ -266,23 +275,23 @@ def test_a_hit_whose_pages_are_not_in_memory_is_faulted_in_by_a_worker(
     _drop_unmapped_pages(env)
     daemon = FakeDaemon()
     r = _big_reader(env, daemon)
-    if not r.pages.enabled or (probe == "mincore" and not r.pages.truthful):
-        pytest.skip("mincore does not report this env's page cache here")
-    assert r.pages.truthful == (probe == "mincore")
+    _probe(r, probe)
 
     async def main() -> None:
         r.begin_read()
         f = OpenFile(_big_obj(1))
+        assert r.hit(f, 0, 0, 4096) is None  # not on the serving thread
         data, hit, source = await r.chunk(f, 0)
         assert (hit, source) == (True, "cache")
-        assert r.faulted_in == 1
-        pinned = r._retired[-1]
-        assert r._txn is None  # the snapshot is this read's until the next one begins
+        assert r.read_in == 1
+        assert r._txn is None  # the snapshot was the worker's, and ended with its read
         assert bytes(data) == _big_body(1)
         r.begin_read()
-        assert r._retired == [] and r._txn is not pinned
         data, hit, _ = await r.chunk(f, 0)  # now in memory: served on this thread
-        assert hit and r.faulted_in == 1 and bytes(data[:256]) == bytes(range(256))
+        assert hit and r.read_in == 1 and bytes(data[:256]) == bytes(range(256))
+        n = len(_big_body(1))
+        view = r.hit(f, 0, 5, n - 7)
+        assert view is not None and bytes(view) == _big_body(1)[5:-7]
         assert daemon.requests == []
 
     trio.run(main)
@@ -321,54 +330,52 @@ class BigDaemon:
         return 200, {"x-silofs-source": "store"}, _big_body(i)
 
 
-def test_a_value_whose_last_page_left_the_page_cache_is_not_resident(
-    tmp_path: Path, no_read_around: None
+@pytest.mark.parametrize("probe", ["mincore", "file"])
+def test_a_value_whose_last_page_left_the_page_cache_is_not_a_hit_here(
+    tmp_path: Path, no_read_around: None, probe: str
 ) -> None:
-    """The residency check of a small value goes by its last page, not by the first
-    (which its lookup touched, so it stays mapped): with the value's other pages
-    evicted it is not resident, and once its last page is read back in, it is."""
+    """The serving thread copies a value only if every page of it is in memory, not
+    just the first (which its lookup touched, so it stays mapped): with the value's
+    other pages evicted hit() leaves it to a worker, and once they are back it serves."""
     env = str(tmp_path / "env")
     os.makedirs(env)
     WritableStore(env, 64 << 20).close()
-    _admit_big(env, [228])  # 112 KiB: checked by its last page
+    _admit_big(env, [228])  # 112 KiB
     r = _big_reader(env, FakeDaemon())
-    if not r.pages.enabled or r.pages._fd < 0:
-        pytest.skip("no RWF_NOWAIT read of data.mdb here")
+    _probe(r, probe)
     data = os.path.join(env, "data.mdb")
-    with open(data, "rb") as f:
-        while f.read(1 << 20):  # every page of the env in the page cache
-            pass
+
+    def read_all() -> None:
+        with open(data, "rb") as f:
+            while f.read(1 << 20):  # every page of the env in the page cache
+                pass
+
+    read_all()
     r.begin_read()
-    cur = r._value_cursor()
-    assert cur is not None
-    where = cur.find(ChunkRef.of(_big_obj(228), BIG, 0).key)
-    assert where is not None
-    addr, size = where
-    assert r.pages.value_resident(addr, size)
-    bounds = r.store.value_bounds()
-    assert bounds is not None
-    page = os.sysconf("SC_PAGE_SIZE")
-    last = ((addr + size - 1) & ~(page - 1)) - bounds[0]  # its offset in data.mdb
+    f = OpenFile(_big_obj(228))
+    want = _big_body(228)
+    view = r.hit(f, 0, 0, len(want))
+    assert view is not None and bytes(view) == want
     fd = os.open(data, os.O_RDONLY)
     try:
         os.fsync(fd)  # dirty pages are not evicted
         # All of the file but what this process mapped (the lookup's pages): a page
         # cache folio may span more than one page, and is evicted whole or not at all.
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        assert not r.pages.value_resident(addr, size)
-        os.pread(fd, 1, last)
-        assert r.pages.value_resident(addr, size)
+        assert r.hit(f, 0, 0, len(want)) is None
+        assert r.hit(f, 0, len(want) - 10, len(want)) is None
     finally:
         os.close(fd)
+    read_all()
+    view = r.hit(f, 0, 0, len(want))
+    assert view is not None and bytes(view) == want
     r.close()
 
 
 @pytest.mark.parametrize("probe", ["mincore", "file"])
-def test_a_faulted_in_hit_is_verified_before_it_is_served(
-    tmp_path: Path, no_read_around: None, probe: str, monkeypatch: pytest.MonkeyPatch
+def test_a_hit_read_by_a_worker_is_verified_before_it_is_served(
+    tmp_path: Path, no_read_around: None, probe: str
 ) -> None:
-    if probe == "file":
-        monkeypatch.setattr(pages_mod, "_mincore_truthful", lambda _path: False)
     env = str(tmp_path / "env")
     os.makedirs(env)
     WritableStore(env, 64 << 20).close()
@@ -376,13 +383,12 @@ def test_a_faulted_in_hit_is_verified_before_it_is_served(
     _drop_unmapped_pages(env)
     daemon = BigDaemon()
     r = _big_reader(env, daemon)  # type: ignore[arg-type]
-    if not r.pages.enabled or (probe == "mincore" and not r.pages.truthful):
-        pytest.skip("mincore does not report this env's page cache here")
+    _probe(r, probe)
 
     async def main() -> None:
         r.begin_read()
         data, hit, source = await r.chunk(OpenFile(_big_obj(1)), 0)
-        assert r.faulted_in == 1 and r.counters.corrupt_chunks == 1
+        assert r.read_in == 1 and r.counters.corrupt_chunks == 1
         assert (hit, source, len(daemon.requests)) == (False, "store", 1)
         assert "refetch=1" in daemon.requests[0]
         assert bytes(data) == _big_body(1)
@@ -414,7 +420,9 @@ def test_a_sequential_reader_has_the_kernel_read_the_cached_chunks_ahead(
 
     def resident(index: int) -> bool:
         r.begin_read()
-        return type(r._lookup(ChunkRef.of(obj, BIG, index))) is not list
+        where = r._find(ChunkRef.of(obj, BIG, index))
+        assert where is not None
+        return r.pages.resident(where[0], 0, where[1])
 
     async def main() -> None:
         async with trio.open_nursery() as nursery:
@@ -430,7 +438,7 @@ def test_a_sequential_reader_has_the_kernel_read_the_cached_chunks_ahead(
             while not resident(1):
                 assert trio.current_time() < deadline, "chunk 1 never read ahead"
                 await trio.sleep(0.01)
-            assert r.faulted_in == 1  # chunk 0 only: chunk 1 came in by read-ahead
+            assert r.read_in == 1  # chunk 0 only: chunk 1 came in by read-ahead
             nursery.cancel_scope.cancel()
 
     trio.run(main)
@@ -461,6 +469,89 @@ def test_a_map_the_daemon_grew_is_adopted_and_hits_go_on(env: str) -> None:
         data, hit, source = await r.chunk(OpenFile(_obj(1099)), 0)
         assert (hit, source, bytes(data)) == (True, "cache", _body(1099))
         assert daemon.requests == []
+
+    trio.run(main)
+    r.close()
+
+
+def _mixed_body(n: int) -> bytes:
+    """Bytes that differ at every offset a copy could be off by (not a repeated block)."""
+    return random.Random(n).randbytes(n)
+
+
+@pytest.mark.parametrize("key", ["k", "an/other/dataset/listed/it/under/a/much/longer/key.bin"])
+def test_a_chunk_admitted_under_another_key_is_served_exactly(tmp_path: Path, key: str) -> None:
+    """A value's header holds the key of the dataset that admitted it, so its length is
+    not always what this mount expects: every range, from the chunk's start or not, is
+    still exactly the bytes asked for, on the serving thread and through chunk()."""
+    env = str(tmp_path / "env")
+    os.makedirs(env)
+    WritableStore(env, 64 << 20).close()
+    obj = ObjectInfo("mine.bin", BIG + BIG // 2 + 17, 1.0, "v", "shared")
+    body = _mixed_body(obj.size)
+    code = textwrap.dedent(
+        f"""
+        from silofs.cache.format import ChunkRef, encode_chunk
+        from silofs.node.store_write import PendingChunk, WritableStore
+        from silofs.records import ObjectInfo
+        from tests.unit.test_warm_path import BIG, _mixed_body
+        s = WritableStore({env!r}, 64 << 20)
+        o = ObjectInfo(*{(obj.key, obj.size, obj.mtime, obj.version, obj.content_id)!r})
+        body = _mixed_body(o.size)
+        pending = []
+        for i in (0, 1):
+            ref = ChunkRef.of(o, BIG, i)
+            data = body[i * BIG : i * BIG + ref.length]
+            value = encode_chunk(1, i, BIG, {key!r}, o.content_id, data)
+            pending.append(PendingChunk(1, ref.key, value, ref.length))
+        s.admit(pending, {{}}, lambda _d, _u: 1 << 40)
+        s.close()
+        """
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT, timeout=60)
+    daemon = FakeDaemon()
+    r = _big_reader(env, daemon)
+    f = OpenFile(obj)
+    ranges = [(0, 0, 1), (0, 1, BIG), (0, 70_000, 200_000), (0, BIG - 5, BIG), (1, 0, 4096)]
+    ranges.append((1, 65_536, obj.size - BIG))
+
+    async def main() -> None:
+        for index, lo, hi in ranges:
+            want = body[index * BIG + lo : index * BIG + hi]
+            r.begin_read()
+            view = r.hit(f, index, lo, hi)
+            if r.pages.enabled:
+                assert view is not None
+            if view is not None:
+                assert bytes(view) == want, (index, lo, hi)
+            data, hit, _ = await r.chunk(f, index, lo, hi)
+            assert hit and bytes(data) == want, (index, lo, hi)
+        assert daemon.requests == [] and r.counters.corrupt_chunks == 0
+
+    trio.run(main)
+    r.close()
+
+
+def test_a_value_that_cannot_be_read_is_refetched_and_the_reader_goes_on(env: str) -> None:
+    """A read of data.mdb that fails (an I/O error: here a descriptor every read of
+    which fails) is a damaged value: counted, refetched, never an exception out of a
+    read, on the serving thread or from a worker."""
+    daemon = FakeDaemon()
+    r = _reader(env, daemon)
+    if not r.pages.enabled:
+        pytest.skip("values are not copied out of data.mdb here")
+
+    async def main() -> None:
+        r.begin_read()
+        f = OpenFile(_obj(0))
+        view = r.hit(f, 0, 0, 1000)  # learns where data.mdb is mapped
+        assert view is not None and bytes(view) == _body(0)
+        os.close(r.pages._fd)
+        r.pages._fd = os.open(env, os.O_RDONLY)  # a directory: each read fails, EISDIR
+        assert r.hit(f, 0, 0, 1000) is None
+        data, hit, source = await r.chunk(f, 0)
+        assert (hit, source, bytes(data)) == (False, "store", _body(0))
+        assert r.counters.corrupt_chunks == 1 and "refetch=1" in daemon.requests[0]
 
     trio.run(main)
     r.close()
