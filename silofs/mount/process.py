@@ -61,6 +61,10 @@ GC_YOUNG = 10_000
 FORGET_BATCH = 10_000
 CHILD_TERM_SECONDS = 0.5  # after the unmount, then SIGTERM (still connected: detached)
 CHILD_EXIT_SECONDS = 10.0  # after the unmount, then SIGKILL
+# The last report after an unmount: a daemon slow to answer must not keep the ended
+# mount's process (and `silofs unmount`'s wait for it) for the client's whole timeout;
+# the daemon forgets a mount whose process is gone anyway (reap_mounts).
+FINAL_REPORT_SECONDS = 2.0
 
 
 async def open_dataset(
@@ -380,7 +384,8 @@ class MountProcess:
             else:
                 pyfuse3.close(unmount=unmount)
             with trio.CancelScope(shield=True):
-                await self._report()
+                with trio.move_on_after(FINAL_REPORT_SECONDS):
+                    await self._report()
                 if not child:
                     await self._goodbye()
             self._close()

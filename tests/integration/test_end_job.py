@@ -24,6 +24,7 @@ from silofs.mountinfo import mounts
 from tests.support.asuser import Identity, Session
 from tests.support.fixtures import needs_fuse
 from tests.support.node import Node, mounted, silofs_cmd
+from tests.support.poll import wait_for
 
 pytestmark = [needs_fuse, pytest.mark.fuse]
 
@@ -167,6 +168,38 @@ def test_a_frozen_daemon_is_waited_for_seconds_and_the_mounts_end_anyway(
     assert "did not answer" in res.stderr and f"left of job {JOB}" in res.stderr
     assert not mounted(mp) and not mount_processes(node)
     assert elapsed < 15  # one 2 s request, and the mount process's few seconds
+
+
+def test_an_unmounted_mount_exits_in_seconds_while_its_daemon_is_frozen(
+    site: Path, make_node
+) -> None:  # type: ignore[no-untyped-def]
+    """The mount's last report after the kernel ends its session is bounded: a frozen
+    daemon kept the ended mount's process (and whoever waits for it) for the client's
+    whole 30 s timeout."""
+    node = make_node()
+    mp = node.mount(str(site / "data"), site / "m", "--job", JOB)
+    pid = node.mount_pid(mp)
+    assert node.proc is not None
+    node.proc.send_signal(signal.SIGSTOP)
+    try:
+        subprocess.run(["fusermount3", "-u", str(mp)], check=True, capture_output=True)
+        wait_for(lambda: not _alive(pid), timeout=10, what="the mount process's exit")
+    finally:
+        node.proc.send_signal(signal.SIGCONT)
+    assert not mounted(mp)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie is gone for this purpose: it ended, and its parent has not reaped it yet.
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
 
 
 def _open_and_register(sock: str, uri: str, job: str, mountpoint: str) -> str:
