@@ -10,8 +10,9 @@ A division is policies.base.water_fill_capped: smallest demand first, each gets 
 while that is at most an equal split of what is left, and the first that is not, and
 every larger one, get that split (the fair level). Sorting every demand at every step
 would cost O(n log n); the order is kept instead, each demand moved by bisection when it
-changes, so a division is one pass in C over it: the same arithmetic, the same shares,
-level and held jobs to the bit (tests/unit/test_ctl_simulator.py checks this).
+changes, so a division is at most one pass in C over it, from the first demand that
+moved to the first held one: the same arithmetic, the same shares, level and held jobs
+to the bit (tests/unit/test_ctl_simulator.py checks this).
 """
 
 from __future__ import annotations
@@ -37,10 +38,10 @@ class Link:
         self.order: list[tuple[float, int, str]] | None = None
         self.values: list[float] = []  # the demands of self.order, in its order
         # The last division's running remainders (lefts[i]: the link less the demands
-        # before position i), its first held position, and the first position whose
-        # demand moved since (len(order): none).
+        # before position i; the first `valid` found), its first held position, and the
+        # first position whose demand moved since (len(order): none).
         self.lefts: list[float] = []
-        self.valid = 0  # how many of lefts are found (from the front)
+        self.valid = 0
         self.first = 0
         self.stale = 0
         self.pos: dict[str, int] = {}  # name -> position in self.demand
