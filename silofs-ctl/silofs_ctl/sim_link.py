@@ -10,8 +10,9 @@ A division is policies.base.water_fill_capped: smallest demand first, each gets 
 while that is at most an equal split of what is left, and the first that is not, and
 every larger one, get that split (the fair level). Sorting every demand at every step
 would cost O(n log n); the order is kept instead, each demand moved by bisection when it
-changes, so a division is one pass in C over it: the same arithmetic, the same shares,
-level and held jobs to the bit (tests/unit/test_ctl_simulator.py checks this).
+changes, so a division is at most one pass in C over it, from the first demand that
+moved to the first held one: the same arithmetic, the same shares, level and held jobs
+to the bit (tests/unit/test_ctl_simulator.py checks this).
 """
 
 from __future__ import annotations
@@ -37,9 +38,10 @@ class Link:
         self.order: list[tuple[float, int, str]] | None = None
         self.values: list[float] = []  # the demands of self.order, in its order
         # The last division's running remainders (lefts[i]: the link less the demands
-        # before position i), its first held position, and the first position whose
-        # demand moved since (len(order): none).
+        # before position i; the first `valid` found), its first held position, and the
+        # first position whose demand moved since (len(order): none).
         self.lefts: list[float] = []
+        self.valid = 0
         self.first = 0
         self.stale = 0
         self.pos: dict[str, int] = {}  # name -> position in self.demand
@@ -75,6 +77,7 @@ class Link:
         )
         self.values = list(map(itemgetter(0), order))
         self.lefts = []
+        self.valid = 0
         self.stale = 0
 
     def move(self, name: str, old: float | None, new: float) -> None:
@@ -116,28 +119,47 @@ class Link:
             return n, None, values[-1] if n else 0.0
         # Only the demands from `stale` on moved since the last division: what is left
         # before them, and whether they were held, stand (the same subtractions, in the
-        # same order, give the same bits).
+        # same order, give the same bits). What is left is found only as far as the
+        # search for the first held demand needs it: the demands held at the level get
+        # the level whatever they are.
         lefts, stale = self.lefts, self.stale
         if not lefts or lefts[0] != link:  # (new demands, or a new capacity)
             stale = 0
             lefts[:] = [link]
-        if stale < n:
-            lefts[stale:] = accumulate(values[stale:], sub, initial=lefts[stale])
+            self.valid = 1
+        if self.valid > stale + 1:
+            self.valid = stale + 1  # (lefts[stale] is of the demands before it alone)
         first = self.first
         if first >= stale:
-            first = next(
-                compress(
-                    count(stale),
-                    map(gt, values[stale:], map(truediv, lefts[stale:n], range(n - stale, 0, -1))),
-                ),
-                n,
-            )
+            first = self._first_from(stale)
         self.first, self.stale = first, n
         if first == n:
             return n, None, values[-1] if n else 0.0
         fair = lefts[first] / (n - first)
         top = values[first - 1] if first > 0 and values[first - 1] > fair else fair
         return first, fair, top
+
+    def _first_from(self, start: int) -> int:
+        """The first place from `start` on whose demand exceeds an equal split of what is
+        left for it and the larger ones (len(order): none), what is left found on the
+        way in chunks (`valid`: how many of `lefts` are found)."""
+        values, lefts = self.values, self.lefts
+        n = len(values)
+        at, chunk = start, 32
+        while at < n:
+            end = min(n, at + chunk)
+            valid = self.valid
+            if valid < end:  # lefts[valid:end], on from lefts[valid - 1]
+                lefts[valid - 1 :] = accumulate(
+                    values[valid - 1 : end - 1], sub, initial=lefts[valid - 1]
+                )
+                self.valid = end
+            shares = map(truediv, lefts[at:end], range(n - at, n - end, -1))
+            found = next(compress(count(at), map(gt, values[at:end], shares)), None)
+            if found is not None:
+                return found
+            at, chunk = end, chunk * 2
+        return n
 
     def held_from(self, first: int) -> list[str]:
         """The names a division held at the level: those from position `first` on."""

@@ -29,8 +29,8 @@ import logging
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from itertools import repeat
-from operator import add, le, mul, sub, truediv
+from itertools import accumulate, compress, count, repeat
+from operator import add, gt, le, mul, sub, truediv
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -101,6 +101,7 @@ def holdings_at(
         return {k: sizes[k] for k in active}, None
     # Per dataset: its size and each reader's rate in dataset sizes per second.
     items = [(k, sizes[k], [rate / sizes[k] for rate in active[k]]) for k in active]
+    found: dict[float, list[float]] = {}  # the holdings at each T evaluated
 
     def held_all(t: float) -> list[float]:
         out = []
@@ -117,6 +118,7 @@ def holdings_at(
                 else:
                     untouched *= 1.0 - distinct_fraction(w)
             out.append(size * (1.0 - untouched))
+        found[t] = out
         return out
 
     def excess(t: float) -> float:
@@ -168,7 +170,10 @@ def holdings_at(
             if kept == 1:
                 f_lo /= 2
             kept = 1
-    return {k: held for (k, _, _), held in zip(items, held_all(lo), strict=True)}, lo
+    held = found.get(lo)  # (the search ends at a T it evaluated, but at T = 0)
+    if held is None:
+        held = held_all(lo)
+    return {k: held for (k, _, _), held in zip(items, held, strict=True)}, lo
 
 
 @dataclass(frozen=True)
@@ -213,10 +218,6 @@ def equilibrium(
 
     A start near the answer (the last equilibrium's rates when one reader came or went)
     ends after a round or two instead of up to `rounds`."""
-    # Imported here: policies import the estimator and model, not this module, but keep
-    # this module free of import-time dependencies on them.
-    from .policies.base import water_fill
-
     if start is None:
         rates = [r.rate if r.rate > 0 else r.ceiling for r in readers]
     else:
@@ -224,7 +225,6 @@ def equilibrium(
     held: dict[str, float] = {}
     # What does not move from round to round, per reader in order (the loops below are
     # the same arithmetic as one loop over the readers, with their loops in C).
-    keys = [str(i) for i in range(len(readers))]
     datasets = [r.dataset for r in readers]
     ceilings = [r.ceiling for r in readers]
     idle = [i for i, r in enumerate(readers) if not r.ceiling > 0]  # hit taken as 0.0
@@ -244,12 +244,10 @@ def equilibrium(
         needs = list(map(mul, ceilings, map(sub, repeat(1.0), hits)))  # ceiling * (1 - hit)
         for i, cap in capped:
             needs[i] = min(needs[i], cap)
-        shares = water_fill(link, dict(zip(keys, needs, strict=True)))
+        shares = _water_fill(link, needs)
         new = [
             ceiling if hit >= 1.0 - 1e-12 else min(ceiling, share / (1.0 - hit))
-            for ceiling, share, hit in zip(
-                ceilings, map(shares.__getitem__, keys), hits, strict=True
-            )
+            for ceiling, share, hit in zip(ceilings, shares, hits, strict=True)
         ]
         # every rate moved by at most 1% (abs(a - b) <= 1e-2 * max(b, 1.0))
         bars = map(mul, repeat(1e-2), map(max, rates, repeat(1.0)))
@@ -258,6 +256,25 @@ def equilibrium(
             break
         rates = list(map(truediv, map(add, new, rates), repeat(2)))  # damped: (a + b) / 2
     return Equilibrium(held, guess, rates)
+
+
+def _water_fill(capacity: float, needs: list[float]) -> list[float]:
+    """policies.base.water_fill of `needs` keyed by their place, as a list: the same
+    order (a stable sort by demand), the same subtractions and level, to the bit."""
+    if math.isinf(capacity):
+        return list(needs)
+    n = len(needs)
+    order = sorted(range(n), key=needs.__getitem__)
+    values = list(map(needs.__getitem__, order))
+    # lefts[i]: what is left for order[i:] once every smaller demand is met
+    lefts = list(accumulate(values, sub, initial=capacity))
+    first = next(compress(count(), map(gt, values, map(truediv, lefts, range(n, 0, -1)))), n)
+    shares = list(needs)
+    if first < n:
+        fair = lefts[first] / (n - first)
+        for i in order[first:]:
+            shares[i] = fair
+    return shares
 
 
 class LruPool:

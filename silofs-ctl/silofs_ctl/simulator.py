@@ -502,8 +502,20 @@ class Simulation:
         step = clock.relevel(fair, leaving)
         if step:
             now = clock.now
-            for unit, count in clock.held_units.items():
-                units.add_inflow(unit, count * step, now)
+            # Only a dataset still growing to its target reads its inflow before the next
+            # plan sums the inflows anew: one at its target stays there whatever it is
+            # fed (LruPool.add), and the level clock runs only under LRU. The others'
+            # inflows are left as they are (each unit's sum is apart from the others').
+            held_units, growing = clock.held_units, self.pool.growing
+            if len(growing) < len(held_units):
+                for unit in growing:
+                    count = held_units.get(unit)
+                    if count is not None:
+                        units.add_inflow(unit, count * step, now)
+            else:
+                for unit, count in held_units.items():
+                    if unit in growing:
+                        units.add_inflow(unit, count * step, now)
             self.total_remote += step * len(clock.held)
             self.total_rate += step * clock.held_k
 

@@ -449,6 +449,31 @@ def test_the_kept_water_fill_order_divides_the_link_as_water_fill_capped() -> No
                     link.move(name, old, new)
 
 
+def test_a_division_that_finds_what_is_left_only_up_to_the_first_held_is_water_fill() -> None:
+    """Link.divide finds what is left of the link lazily, in chunks, only as far as the
+    first held demand; over hundreds of demands (many chunks) and several moves between
+    divisions, before and after that place, it must still be water_fill_capped to the
+    bit."""
+    rnd = random.Random(11)
+    for _ in range(60):
+        n = rnd.randint(30, 400)
+        link = Link(rnd.uniform(1e8, 2e10))
+        pool = [rnd.uniform(0, 2e8) for _ in range(8)]  # some ties
+        link.reset({f"j{i}": rnd.choice(pool + [rnd.uniform(0, 2e8)]) for i in range(n)})
+        for _ in range(rnd.randint(1, 25)):
+            for _ in range(rnd.randint(0, 3)):
+                name = rnd.choice(list(link.demand))
+                new = rnd.choice(pool + [rnd.uniform(0, 2e8), 0.0])
+                old, link.demand[name] = link.demand[name], new
+                if old != new:
+                    link.move(name, old, new)
+            first, fair, top = link.divide()
+            shares, capped, want_fair = water_fill_capped(link.capacity, link.demand)
+            assert link.held_from(first) == capped
+            assert fair == want_fair
+            assert top == max(shares.values(), default=0.0)
+
+
 def test_the_jobs_a_division_says_changed_sides_are_exactly_those_that_did() -> None:
     """Link.flips looks only between two divisions' bounds and at drifted demands; it
     must name every job (but the moved ones) that one division held and the other did
