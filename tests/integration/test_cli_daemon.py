@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from silofs.pids import pid_alive
 from tests.support.fixtures import needs_fuse
 from tests.support.node import Node, mounted
 from tests.support.poll import wait_for
@@ -15,19 +16,6 @@ from tests.support.poll import wait_for
 from .test_bad_input import assert_one_line_error
 
 pytestmark = [needs_fuse, pytest.mark.fuse]
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # kill(pid, 0) also answers for a zombie not reaped yet: read its state.
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 @pytest.fixture
@@ -54,7 +42,7 @@ def test_an_auto_started_daemon_exits_after_its_last_mount(auto, tmp_path: Path)
     assert (mp / "b.txt").read_bytes() == b"hello"
     res = node.run("unmount", str(mp))
     assert res.returncode == 0, res.stderr
-    wait_for(lambda: not _alive(pid), timeout=20, what="the idle daemon to exit")
+    wait_for(lambda: not pid_alive(pid), timeout=20, what="the idle daemon to exit")
     assert not os.path.exists(node.socket)
 
 
@@ -85,9 +73,9 @@ def test_daemon_stop(auto, tmp_path: Path) -> None:
     pid = node.status()["node"]["pid"]
     res = node.run("daemon", "stop")
     assert_one_line_error(res, "still use the daemon", str(mp))
-    assert _alive(pid)
+    assert pid_alive(pid)
     assert node.run("unmount", str(mp)).returncode == 0
     res = node.run("daemon", "stop")
     assert res.returncode == 0, res.stderr
     assert res.stderr.strip() == f"silofs: stopped the daemon (pid {pid}) on {node.socket}"
-    assert not _alive(pid)
+    assert not pid_alive(pid)

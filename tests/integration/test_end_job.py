@@ -21,6 +21,7 @@ import pytest
 
 from silofs.control.client import ControlClient
 from silofs.mountinfo import mounts
+from silofs.pids import pid_alive
 from tests.support.asuser import Identity, Session
 from tests.support.fixtures import needs_fuse
 from tests.support.node import Node, mounted, silofs_cmd
@@ -183,23 +184,10 @@ def test_an_unmounted_mount_exits_in_seconds_while_its_daemon_is_frozen(
     node.proc.send_signal(signal.SIGSTOP)
     try:
         subprocess.run(["fusermount3", "-u", str(mp)], check=True, capture_output=True)
-        wait_for(lambda: not _alive(pid), timeout=10, what="the mount process's exit")
+        wait_for(lambda: not pid_alive(pid), timeout=10, what="the mount process's exit")
     finally:
         node.proc.send_signal(signal.SIGCONT)
     assert not mounted(mp)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # A zombie is gone for this purpose: it ended, and its parent has not reaped it yet.
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rpartition(")")[2].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 def _open_and_register(sock: str, uri: str, job: str, mountpoint: str) -> str:
