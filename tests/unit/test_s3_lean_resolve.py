@@ -106,3 +106,7 @@ def test_datasets_share_the_service_models_but_not_their_credentials(
     assert ca is not cb and ca._loader is cb._loader
     keys = {c._request_signer._credentials.access_key for c in (ca, cb)}
     assert keys == {"AKIDONE", "AKIDTWO"}
+    # boto3 adds its data directory to a session's loader: shared, it is there once.
+    paths = list(ca._loader.search_paths)
+    S3Backend(parse_uri("s3://bucket-c/ds/"), BackendOptions(extra={"profile": "one"})).client()
+    assert ca._loader.search_paths == paths and len(set(paths)) == len(paths)

@@ -69,7 +69,14 @@ _SESSION_LOCK = threading.Lock()  # sessions, the loader and client creation are
 def _session(profile: str | None, region: str | None) -> boto3.session.Session:
     core = botocore.session.Session()
     core.register_component("data_loader", _LOADER)
-    return boto3.session.Session(botocore_session=core, profile_name=profile, region_name=region)
+    session = boto3.session.Session(botocore_session=core, profile_name=profile, region_name=region)
+    # boto3 appends its data directory to the loader's search paths at every session:
+    # one loader for all would search a list growing by one per client built. Only that
+    # last entry is dropped, so a thread walking the list meanwhile misses nothing.
+    paths = _LOADER.search_paths
+    while len(paths) > 1 and paths[-1] in paths[:-1]:
+        paths.pop()
+    return session
 
 
 _DENIED = {
