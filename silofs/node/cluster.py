@@ -85,6 +85,9 @@ class Cluster:
         self.pools: dict[str, PeerPool] = {}
         self.slots: dict[str, MemberSlots] = {}
         self.context: ssl.SSLContext | None = None
+        # Pushes one at a time: each awaits (a name lookup, the meta write) between its
+        # version check and putting its list in force, where another could overtake it.
+        self._pushing = trio.Lock()
         self.shares = ClusterShares(d.store, d.writer)
         self.home = Home(d, None)
         self.datasets: dict[str, PeerCounters] = {}  # by dataset URI
@@ -167,6 +170,10 @@ class Cluster:
         the one in force, persisted, applied (`check_only`: only judged, nothing
         changed: `silofs-ctl cluster set` asks every node first). UsageError (400) for a
         bad body, ValueError (409) for an older version or a list this node is not in."""
+        async with self._pushing:
+            return await self._push(body, check_only)
+
+    async def _push(self, body: dict, check_only: bool) -> ClusterSettings:
         if "address" in body:
             raise UsageError("address is this node's own setting ([cluster] in silofs.toml)")
         fields = {k: v for k, v in body.items() if k != "version"}

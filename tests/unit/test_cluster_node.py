@@ -175,3 +175,30 @@ def test_a_pushed_list_naming_this_node_twice_is_refused_and_changes_nothing(
     with pytest.raises(ValueError, match="localhost:7001 is this node"):
         trio.run(push)
     assert d.cluster.config is not None and d.cluster.config.version == 10
+
+
+def test_concurrent_pushes_never_leave_an_older_list_in_force(
+    tmp_path: Path, pki: Path, made: list[Daemon]
+) -> None:
+    """Each push awaits between its version check and putting its list in force (a name
+    lookup in a thread, the meta write): an older list pushed at the same moment as a
+    newer one must not be applied after it, whatever order their awaits end in."""
+    d = Daemon(settings(tmp_path, pki, members(7000, 7001, version=10)))
+    made.append(d)
+
+    async def push(version: int, ports: tuple[int, ...]) -> None:
+        body = {"name": "c", "members": [f"tls://127.0.0.1:{p}" for p in ports]}
+        try:
+            await d.cluster.push({**body, "version": version})
+        except ValueError:
+            pass  # the older one, judged after the newer: refused
+
+    async def both(older: int, newer: int) -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(push, older, (7001,))
+            nursery.start_soon(push, newer, (7000, 7001))
+
+    for older, newer in ((20, 30), (40, 50), (60, 70)):
+        trio.run(both, older, newer)
+        assert d.cluster.config is not None and d.cluster.config.version == newer
+        assert len(d.cluster.config.members) == 2
