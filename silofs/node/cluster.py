@@ -341,8 +341,15 @@ class Cluster:
         counted as the loop's ask counts it (Daemon.get_chunk)."""
         job = self.d.job(m.job)
         self.d.count_fetch(ds, job, m, 1, nbytes, 0)
-        if self._nursery is not None:
-            self._nursery.start_soon(job.limiter.charge, nbytes)
+        # The daemon's nursery, not the prober's: this runs as a callback from a thread
+        # (run_sync_soon), where an exception would end the daemon, and the prober's
+        # nursery is closed while the supervisor restarts it.
+        nursery = self.d.nursery
+        if nursery is not None:
+            try:
+                nursery.start_soon(job.limiter.charge, nbytes)
+            except RuntimeError:  # the daemon is stopping: nothing left to limit
+                pass
 
     async def _ask(
         self,
@@ -445,9 +452,10 @@ class Cluster:
         peers."""
         config = self.config
         assert config is not None
-        pool = self.pools[member.address]
+        pool, slots = self.pools.get(member.address), self.slots.get(member.address)
+        if pool is None or slots is None:  # a list put in force since left it out
+            raise PeerError("refused", f"{member.address} is no longer a member")
         bounds = Bounds(config.peer_timeout_seconds, float(config.peer_floor_rate))
-        slots = self.slots[member.address]
         await slots.acquire()
         try:
             if not member.up and not member.probing:
@@ -592,6 +600,12 @@ class Cluster:
         """Ping members due a probe (down ones when their backoff ends, up ones every
         PING_SECONDS), close idle connections, pull newer shares. Runs for the daemon's
         life; a member list applied later is picked up on the next tick."""
+        try:
+            await self._probe_forever()
+        finally:
+            self._nursery = None  # closed: shares are pushed again by the next prober
+
+    async def _probe_forever(self) -> None:
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             token = trio.lowlevel.current_trio_token()

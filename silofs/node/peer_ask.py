@@ -252,7 +252,7 @@ class ThreadAsks:
                 counters.bytes_in += len(reply.body)
         got = PeerRead(data, source, ref.length if source == "remote" else 0)
         if source == "remote":  # the home's GET was for this job: counted on the loop
-            self.token.run_sync_soon(c.count_remote, ds, m, ref.length)
+            self.token.run_sync_soon(_logged, c.count_remote, ds, m, ref.length)
         with self.lock:  # its waiters count no GET: count_remote did, for this mount
             self.flights.pop(flight.key, None)
             flight.value, flight.finished = PeerRead(data, source), True
@@ -285,8 +285,17 @@ class ThreadAsks:
             waiters = flight.waiters
         try:
             if failure is not None:
-                self.token.run_sync_soon(self.cluster.ask_failed, member, ds, ref, failure)
+                self.token.run_sync_soon(_logged, self.cluster.ask_failed, member, ds, ref, failure)
             if waiters:
                 self.token.run_sync_soon(wake.set)
         except trio.RunFinishedError:
             pass
+
+
+def _logged(fn: Any, *args: Any) -> None:
+    """fn(*args) as a callback a thread hands the loop (run_sync_soon): an exception is
+    logged here, since raised from such a callback it would end the daemon's loop."""
+    try:
+        fn(*args)
+    except Exception:
+        log.exception("counting a peer exchange on the loop failed")

@@ -202,3 +202,26 @@ def test_concurrent_pushes_never_leave_an_older_list_in_force(
         trio.run(both, older, newer)
         assert d.cluster.config is not None and d.cluster.config.version == newer
         assert len(d.cluster.config.members) == 2
+
+
+def test_an_exchange_with_a_member_a_new_list_left_out_is_refused_not_a_crash(
+    tmp_path: Path, pki: Path, made: list[Daemon]
+) -> None:
+    """A probe, a share push or an ask begun for a member that a list put in force
+    meanwhile left out finds no connection pool for it: a refused exchange (counted,
+    read from the store), not a KeyError that restarts the prober."""
+    from silofs.node.peer_client import PeerError
+    from silofs.node.peer_wire import PING_PATH
+
+    d = Daemon(settings(tmp_path, pki, members(7000, 7001, version=10)))
+    made.append(d)
+    assert d.cluster.membership is not None
+    gone = d.cluster.membership.members["tls://127.0.0.1:7000"]
+
+    async def main() -> None:
+        await d.cluster.push({"name": "c", "members": ["tls://127.0.0.1:7001"], "version": 20})
+        with pytest.raises(PeerError, match="no longer a member") as err:
+            await d.cluster._exchange(gone, "GET", PING_PATH)
+        assert err.value.reason == "refused"
+
+    trio.run(main)
