@@ -107,6 +107,20 @@ def wait_limit(sock: socket.socket, seconds: float) -> None:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, value)
 
 
+def wait_until(sock: socket.socket, deadline: float, limit: float | None) -> float | None:
+    """Make each wait on `sock` end by `deadline` (at most _TIMEOUT_SLACK after it), where
+    `limit` is the wait limit set on it last: the limit in force after this call, or None
+    if the deadline has passed. The limit is set again only when the one in force would
+    not end a wait in time, so the reads and sends of one request cost no call each."""
+    left = deadline - time.monotonic()
+    if left <= 0:
+        return None
+    if limit is None or not left <= limit <= left + _TIMEOUT_SLACK:
+        wait_limit(sock, left)
+        return left
+    return limit
+
+
 class _Bounded:
     """A blocking socket and the deadline of the current request."""
 
@@ -129,17 +143,14 @@ class _Bounded:
             self.limit = seconds
 
     def _bound(self) -> None:
-        """Each wait ends by the deadline (at most _TIMEOUT_SLACK after it). The limit
-        is set again only when it would not: a request's reads and its answer's sends
-        under a deadline of the idle timeout cost no system call each."""
+        """Each wait ends by the deadline (wait_until), or the connection closes once
+        it has passed."""
         if self.deadline == math.inf:
             return
-        left = self.deadline - time.monotonic()
-        if left <= 0:
+        limit = wait_until(self.sock, self.deadline, self.limit)
+        if limit is None:
             raise _Closed("timed out")
-        if self.limit is None or not left <= self.limit <= left + _TIMEOUT_SLACK:
-            wait_limit(self.sock, left)
-            self.limit = left
+        self.limit = limit
 
     def _sendall(self, data: bytes | memoryview) -> None:
         """sendall, bounded by the deadline as a whole (a client reading a byte at a

@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from silofs.control.thread_conn import wait_limit
+from silofs.control.thread_conn import wait_until
 from silofs.control.tls import certificate_identity
 
 log = logging.getLogger(__name__)
@@ -43,9 +43,6 @@ MAX_BODY = (64 << 20) + (1 << 20)
 _RECV = 256 << 10
 # A request's bytes are encrypted this much at a time before they are sent.
 _WRITE_SLICE = 1 << 20
-# How long after its deadline a wait may end: a socket timeout set for an earlier
-# deadline is kept while it overshoots the current one by at most this.
-_TIMEOUT_SLACK = 0.01
 
 # Why an exchange or its answer failed, as counted in status and /metrics.
 REASONS = ("refused", "timeout", "short", "http", "corrupt", "foreign")
@@ -196,17 +193,14 @@ class TLSPipe:
         return have, None
 
     def _bound(self) -> None:
-        """Each wait ends by the deadline (at most _TIMEOUT_SLACK after it), or
-        TimeoutError if it has passed. The kernel's limit is set again only when it
-        would not: a chunk's few reads cost no system call each beyond the read."""
+        """Each wait ends by the deadline (wait_until), or TimeoutError if it has
+        passed: a chunk's few reads cost no system call each beyond the read."""
         if self.deadline == math.inf:
             return
-        left = self.deadline - time.monotonic()
-        if left <= 0:
+        limit = wait_until(self.raw, self.deadline, self.limit)
+        if limit is None:
             raise TimeoutError("timed out")
-        if self.limit is None or not left <= self.limit <= left + _TIMEOUT_SLACK:
-            wait_limit(self.raw, left)
-            self.limit = left
+        self.limit = limit
 
     def _fill(self) -> bool:
         """More ciphertext, waited for until the deadline (TimeoutError after it)."""
