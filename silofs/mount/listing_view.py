@@ -154,8 +154,11 @@ class ListingView:
         tentative (made from a listed prefix, no object under it yet: it may hold only
         'dir/' markers and go), wait until it holds an object, is removed, or the listing
         ends. True if it waited (the caller looks the name up again: gone means the
-        finished listing does not have it), False if there was nothing to wait for."""
-        if not self.building or not self._tentative(parent, directory):
+        finished listing does not have it), False if there was nothing to wait for.
+        The first look is in the snapshot the caller's lookup used: in a fresher one the
+        directory may have been removed since, and "not tentative" would then pass off
+        the caller's stale entry as final."""
+        if not self.building or not self._tentative(parent, directory, fresh=False):
             return False
         while self.building and self._tentative(parent, directory):
             with trio.move_on_after(LISTED_POLL_SECONDS):
@@ -173,9 +176,10 @@ class ListingView:
             return self.reader.settled(self.txn, directory)
         return self.reader.complete(self.txn, directory)
 
-    def _tentative(self, parent: int, directory: int) -> bool:
-        self._txn_at = 0.0
-        self.renew()
+    def _tentative(self, parent: int, directory: int, fresh: bool = True) -> bool:
+        if fresh:
+            self._txn_at = 0.0
+            self.renew()
         return self.reader.tentative(self.txn, parent, directory)
 
     # -- the read txn --------------------------------------------------------------

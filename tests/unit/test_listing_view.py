@@ -609,6 +609,37 @@ def test_a_prefix_of_only_markers_is_tentative_then_gone_before_the_listing_ends
     assert record["inodes"] == 4  # root, d, d/x, f
 
 
+def test_a_directory_removed_after_its_lookup_is_not_served_from_that_lookup(
+    store: WritableStore,
+) -> None:
+    """A lookup finds tentative directory m/ in its snapshot; before wait_resolved looks,
+    the listing removes m/ (only markers under it). wait_resolved must say "look again"
+    (the name is gone), not judge "not tentative" in a fresher snapshot and so let the
+    caller answer with the entry it found: a marker-only directory shown to a reader."""
+    import trio
+
+    from silofs.records import PrefixListed
+
+    dsid = next(_ids)
+    b = store.begin_listing(dsid)
+    store.add_to_listing(b, [PrefixListed("", ("m/",), done=True), PrefixListed("m/", ("m/n/",))])
+    view = ListingView(store, dsid, {"gen": b.gen}, building=True)
+    view.renew()
+    found = view.lookup(ROOT_INODE, b"m")
+    assert found is not None and found.is_dir
+    store.add_to_listing(b, [PrefixListed("m/", done=True), PrefixListed("m/n/", done=True)])
+
+    async def lookup_as_fs_does() -> Entry | None:
+        node = found
+        if await view.wait_resolved(ROOT_INODE, found.inode):
+            view.renew()
+            node = view.lookup(ROOT_INODE, b"m")
+        return node
+
+    assert trio.run(lookup_as_fs_does) is None
+    view.close()
+
+
 @pytest.mark.parametrize("limit", [1, 2, 1000])
 def test_changed_entries_between_two_generations(store: WritableStore, limit: int) -> None:
     """What a mount tells the kernel to forget after a refresh (process.py _forget_walk):
