@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import pwd
+import random
 import shutil
 import signal
 import socket
@@ -29,7 +30,6 @@ from pathlib import Path
 import pytest
 
 from silofs.mountinfo import mounts
-from tests.support.net import free_port
 from tests.support.node import Node
 from tests.support.poll import wait_for
 
@@ -153,30 +153,60 @@ def start(cluster: Slurm, settings: str, munge_mode: int = 0o700) -> None:
             f"#!/bin/sh\nSILOFS_SLURM_ENV={env_file} exec {REPO}/configs/slurm/{kind}.sh\n"
         )
         wrapper.chmod(0o755)
-    _write_conf(cluster, munge_socket)
-    cluster.spawn("slurmctld", "-D", "-f", str(cluster.conf))
-    cluster.spawn("slurmd", "-D", "-f", str(cluster.conf), "-N", cluster.host)
-    try:
-        wait_for(lambda: cluster.node_state() in ("idle", "mixed"), timeout=60,
-                 what="the Slurm node to be idle")  # fmt: skip
-    except AssertionError:
-        logs = "".join(
-            (root / n).read_text(errors="replace")[-1500:]
-            for n in ("slurmctld.log", "slurmd.log")
-            if (root / n).exists()
-        )
-        stop(cluster)
-        pytest.skip(f"Slurm did not start on this machine: {logs[-1500:]}")
+    for attempt in range(3):
+        _write_conf(cluster, munge_socket, _listen_ports(2))
+        daemons = len(cluster.procs)
+        cluster.spawn("slurmctld", "-D", "-f", str(cluster.conf))
+        cluster.spawn("slurmd", "-D", "-f", str(cluster.conf), "-N", cluster.host)
+        try:
+            wait_for(lambda: cluster.node_state() in ("idle", "mixed"), timeout=60,
+                     what="the Slurm node to be idle")  # fmt: skip
+            return
+        except AssertionError:
+            logs = "".join(
+                (root / n).read_text(errors="replace")[-1500:]
+                for n in ("slurmctld.log", "slurmd.log")
+                if (root / n).exists()
+            )
+        if "Address already in use" not in logs or attempt == 2:
+            stop(cluster)
+            pytest.skip(f"Slurm did not start on this machine: {logs[-1500:]}")
+        # A port checked free was taken before Slurm bound it: other ports, fresh logs.
+        stop(cluster, cluster.procs[daemons:])
+        del cluster.procs[daemons:]
+        for n in ("slurmctld.log", "slurmd.log"):
+            (root / n).unlink(missing_ok=True)
 
 
-def _write_conf(cluster: Slurm, munge_socket: Path) -> None:
+def _listen_ports(n: int) -> list[int]:
+    """`n` distinct ports free on every address (slurmctld and slurmd bind the wildcard),
+    below the kernel's ephemeral range: a port from that range checked free can be taken
+    by any outgoing connection before the daemon binds it."""
+    with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+        low = int(f.read().split()[0])
+    ports: list[int] = []
+    rnd = random.Random()
+    while len(ports) < n:
+        port = rnd.randrange(max(1024, low - 8000), low)
+        if port in ports:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind(("0.0.0.0", port))
+            except OSError:
+                continue
+        ports.append(port)
+    return ports
+
+
+def _write_conf(cluster: Slurm, munge_socket: Path, ports: list[int]) -> None:
     root, host = cluster.root, cluster.host
     cluster.conf.write_text(
         textwrap.dedent(f"""\
             ClusterName=silofstest
             SlurmctldHost={host}(127.0.0.1)
-            SlurmctldPort={free_port()}
-            SlurmdPort={free_port()}
+            SlurmctldPort={ports[0]}
+            SlurmdPort={ports[1]}
             SlurmUser=root
             SlurmdUser=root
             AuthType=auth/munge
@@ -212,12 +242,13 @@ def _write_conf(cluster: Slurm, munge_socket: Path) -> None:
     # Two "GPUs": character devices like /dev/null (Slurm ignores gres without files).
     null = os.stat("/dev/null").st_rdev
     for i in range(2):
-        os.mknod(root / f"gpu{i}", 0o600 | stat.S_IFCHR, null)
+        if not (root / f"gpu{i}").exists():  # written again when Slurm starts again
+            os.mknod(root / f"gpu{i}", 0o600 | stat.S_IFCHR, null)
     (root / "gres.conf").write_text(f"NodeName={host} Name=gpu File={root}/gpu[0-1]\n")
 
 
-def stop(cluster: Slurm) -> None:
-    for proc in reversed(cluster.procs):
+def stop(cluster: Slurm, procs: list[subprocess.Popen] | None = None) -> None:
+    for proc in reversed(cluster.procs if procs is None else procs):
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
             try:
