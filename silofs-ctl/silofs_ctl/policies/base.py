@@ -127,11 +127,15 @@ def spread_leftover_io(
             if job.name in alloc.io:
                 alloc.io[job.name] = math.inf
         return
-    used = sum(alloc.io.values())
+    spare = max(0.0, cluster.remote_io - sum(alloc.io.values()))
+    if spare == 0.0:
+        # The link is all allocated (as it is whenever IO binds the plan): every job's
+        # share of nothing is 0.0, and an allocation (>= 0) plus 0.0 is itself.
+        return
     room = {
         j.name: max(0.0, ceiling[j.name] - alloc.io[j.name]) for j in jobs if j.name in alloc.io
     }
-    extra = water_fill(max(0.0, cluster.remote_io - used), room)
+    extra = water_fill(spare, room)
     for name, add in extra.items():
         alloc.io[name] += add
 
