@@ -606,7 +606,6 @@ def _fill(
         else:
             loads = io(fixed) if io is not None else None
             lam_io = loads.limit(cluster, lam) if loads is not None else math.inf
-        # (nothing frozen yet: the GPUs are where filling started)
         # (the GPUs the fixed jobs hold and the free ones' per unit of level are the
         # ones _cap_rounds started from, unless it froze some)
         gpus = gpus if not rounds else None
