@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import random
 from dataclasses import replace
 
 import pytest
@@ -24,7 +25,7 @@ from silofs_ctl.policies import (
     QuiverCache,
     SjfPolicy,
 )
-from silofs_ctl.policies.base import water_fill
+from silofs_ctl.policies.base import water_fill, water_fill_capped
 from silofs_ctl.policies.gavel import maxmin_level
 from silofs_ctl.policies.greedy import greedy_cache
 from silofs_ctl.policies.sjf import silod_choice
@@ -325,6 +326,28 @@ def test_water_fill_is_max_min_fair() -> None:
     assert water_fill(100, {"a": 10, "b": 60, "c": 60}) == {"a": 10, "b": 45, "c": 45}
     assert water_fill(100, {"a": 10, "b": 20}) == {"a": 10, "b": 20}
     assert water_fill(math.inf, {"a": 10}) == {"a": 10}
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_water_fill_divides_as_water_fill_capped_to_the_bit(seed: int) -> None:
+    """water_fill takes only the met demands from a heap; the division, its float steps
+    and its order must be water_fill_capped's (ties, zero demands, every capacity from
+    nothing to more than all of them)."""
+    rng = random.Random(seed)
+    n = rng.randint(0, 60)
+    pool = [0.0, 1.0, 2.5, 7.0]  # a few repeated values: ties in the order of the keys
+    demands = {
+        f"j{i}": rng.choice(pool) if rng.random() < 0.3 else rng.uniform(0, 10) for i in range(n)
+    }
+    total = sum(demands.values())
+    for capacity in (0.0, total * rng.random(), total * rng.random() / 20, total, total * 2):
+        got = water_fill(capacity, demands)
+        want = water_fill_capped(capacity, demands)[0]
+        assert list(got.items()) == list(want.items())
+        assert all(
+            math.copysign(1, a) == math.copysign(1, b)
+            for a, b in zip(got.values(), want.values(), strict=True)
+        )
 
 
 @pytest.mark.parametrize("jobs_count", [1, 3, 12, 40])

@@ -505,18 +505,20 @@ def maxmin_fixed_hits(
     hits: Mapping[str, float],
     e: Mapping[str, float],
     start: _Start | None = None,
+    with_cache: bool = True,
 ) -> MaxMin:
     """maxmin(*with_fixed_hits(jobs, cluster, hits), e), to the last bit, without making
     that problem's jobs and cluster: only its IO model differs from `jobs` on `cluster`
     (the rounds read names, GPUs, f* and the cluster's GPUs and link, which are the
-    same)."""
+    same). with_cache False: the plan's cache (a unit per job, named after it) is left
+    empty, for a caller that reads only the rates."""
     sizes = None
     if start is not None:
         sizes = start.sizes
         if sizes is None:
             sizes = start.sizes = _job_sizes(jobs, cluster)
     model = _FixedHits.of_hits(jobs, cluster, hits, e, sizes)
-    return _fill(jobs, cluster, e, model.loads, start)
+    return _fill(jobs, cluster, e, model.loads, start, with_cache)
 
 
 def _job_sizes(jobs: Sequence[Job], cluster: Cluster) -> list[float]:
@@ -571,6 +573,7 @@ def _fill(
     e: Mapping[str, float],
     io: Callable[[Mapping[str, float]], _Loads | _FixedLoads] | None,
     start: _Start | None = None,
+    with_cache: bool = True,
 ) -> MaxMin:
     """maxmin's progressive filling with the IO model `io` (None: IO is not planned),
     from `start` (_start(jobs, cluster, e), when the caller has it)."""
@@ -578,12 +581,11 @@ def _fill(
         start = _start(jobs, cluster, e)
     fixed = dict.fromkeys(start.zero, 0.0)
     caps, free = start.caps, start.free
-    start_free = free
     first_round: _Start | None = start
     lam = 0.0
     first = None
     while free:
-        rounds, tried = _cap_rounds(free, lam, caps, fixed, e, jobs, cluster, io, first_round)
+        rounds, tried, gpus = _cap_rounds(free, lam, caps, fixed, e, jobs, cluster, io, first_round)
         first_round = None  # (only the first call starts where _start did)
         taken = 0
         for level, group in rounds:
@@ -604,8 +606,9 @@ def _fill(
         else:
             loads = io(fixed) if io is not None else None
             lam_io = loads.limit(cluster, lam) if loads is not None else math.inf
-        # (nothing frozen yet: the GPUs are where filling started)
-        gpus = start.gpu_base if free is start_free else None
+        # (the GPUs the fixed jobs hold and the free ones' per unit of level are the
+        # ones _cap_rounds started from, unless it froze some)
+        gpus = gpus if not rounds else None
         lam_gpu = _gpu_limit(free, fixed, e, jobs, cluster.total_gpus, gpus)
         lam = max(lam, min(lam_io, lam_gpu, caps[free[0].name]))
         first = lam if first is None else first
@@ -617,7 +620,8 @@ def _fill(
         free = list(compress(free, map(not_, map(gone.__contains__, map(_NAME, free)))))
     model = getattr(io, "__self__", None)
     if isinstance(model, _FixedHits):
-        cache = model.cache  # (what best_cache gives at any loads: the cache cannot move)
+        # (what best_cache gives at any loads: the cache cannot move)
+        cache = model.cache if with_cache else {}
     else:
         cache = io(fixed).best_cache(0.0, cluster) if io is not None else {}
     return MaxMin(first or 0.0, fixed, cache)
@@ -639,7 +643,11 @@ def _cap_rounds(
     cluster: Cluster,
     io: Callable[[Mapping[str, float]], _Loads | _FixedLoads] | None,
     known: _Start | None = None,
-) -> tuple[list[tuple[float, list[Job]]], dict[int, tuple[_Loads | _FixedLoads, float]]]:
+) -> tuple[
+    list[tuple[float, list[Job]]],
+    dict[int, tuple[_Loads | _FixedLoads, float]],
+    tuple[float, float],
+]:
     """The leading rounds of progressive filling in which neither GPUs nor IO bind, each
     as (level, the jobs frozen at their ceiling), for `free` in ascending ceiling.
 
@@ -651,14 +659,16 @@ def _cap_rounds(
     the same _io_limit the plain round would compute.
 
     Also returns the rounds whose IO loads and limit it solved (g -> (loads, limit)):
-    those of round len(rounds) are what the plain loop computes next.
+    those of round len(rounds) are what the plain loop computes next; and _gpu_base of
+    `free` and `fixed`, which it starts from.
     """
     tried: dict[int, tuple[_Loads | _FixedLoads, float]] = {}
     if known is not None:
-        groups, top = known.groups, known.gpu_top
+        groups, top, base = known.groups, known.gpu_top, known.gpu_base
     else:
         groups = _groups(free, caps)
-        top = _gpu_rounds(free, fixed, e, jobs, cluster, groups)
+        base = _gpu_base(free, fixed, e, jobs)
+        top = _gpu_rounds(free, fixed, e, jobs, cluster, groups, base)
     if io is not None and not math.isinf(cluster.remote_io) and top > 0:
         model = getattr(io, "__self__", None)
         if isinstance(model, _FixedHits):
@@ -692,7 +702,7 @@ def _cap_rounds(
     for level, end in groups[:top]:
         out.append((level, free[begin:end]))
         begin = end
-    return out, tried
+    return out, tried, base
 
 
 def _groups(free: Sequence[Job], caps: Mapping[str, float]) -> list[tuple[float, int]]:
@@ -780,14 +790,13 @@ def _binding(
         return list(free)
     frozen = [j for j in free if caps[j.name] <= near]
     if lam_io <= near and loads is not None:
-        cache = loads.best_cache(lam, cluster)
         held = {j.name for j in frozen}
         bar = 1 - _TOL
         if isinstance(loads, _FixedLoads):  # (its hit is a lookup: done here per job)
             hits = loads.model.hits
             frozen += [j for j in free if j.name not in held and hits[j.name] < bar]
         else:
-            part = _unit_hits(cache, cluster)
+            part = _unit_hits(loads.best_cache(lam, cluster), cluster)
             frozen += [j for j in free if j.name not in held and _hit(j, part) < bar]
     return frozen or list(free)
 
@@ -874,7 +883,8 @@ class GavelPolicy:
         alloc = Allocation(cache=dict(plan.cache) if estimator.io_aware else {})
         hits = current_hits(jobs, cluster, plan.cache) if estimator.io_aware else None
         if hits is not None:
-            plan = maxmin_fixed_hits(jobs, cluster, hits, e, start)
+            # (the plan's cache is the steady one above: this solve's is not read)
+            plan = maxmin_fixed_hits(jobs, cluster, hits, e, start, with_cache=False)
         rates, gpu_share = plan.rates, alloc.gpu_share
         for job in jobs:
             share = 0.0
