@@ -203,10 +203,15 @@ class ThreadAsks:
             raise
 
     def _cached_here(self, ref: ChunkRef) -> bool:
+        """Whether the chunks db has the key. Only the key is looked up: set_key reads
+        B-tree pages and the value's first page, all below the txn's last page, so inside
+        data.mdb (cache/bounds.py); the value is never touched here, so it needs no
+        bounds (whose fstat, a system call that lets the other connection threads take
+        the GIL, would cost more than the look-up)."""
         store = self.cluster.d.store
         with store.read_txn() as txn:
             try:
-                return store.get_value(txn, store.db(b"chunks"), ref.key) is not None
+                return txn.cursor(db=store.db(b"chunks")).set_key(ref.key)
             except lmdb.Error:
                 return True  # the loop's lookup counts it
 
