@@ -37,6 +37,13 @@ PEER_POOL = 4
 # An idle connection older than this is closed, not reused: it holds a slot of the
 # member's listener.
 IDLE_CLOSE_SECONDS = 30.0
+# A connection checked in this recently is reused without looking whether the member
+# closed it meanwhile (a poll: a system call, which in a connection thread lets the
+# others take the GIL, and a wake-up more per exchange). A member that did is found out
+# before any byte of the answer, and the request sent again on a new connection
+# (_StaleConnection); bytes a member sent unasked are read as an answer, which the
+# asker checks as any other (a chunk's every block and its identity).
+LOOK_AFTER_SECONDS = 1.0
 MAX_HEAD = 16 << 10  # a peer's answer head (status line and headers)
 # The largest body a member may answer: a chunk value (64 MiB chunk and its header).
 MAX_BODY = (64 << 20) + (1 << 20)
@@ -337,7 +344,10 @@ class PeerPool:
                 raise PeerError("refused", f"the pool of {self.address} is closed")
             while self._idle:
                 conn = self._idle.pop()  # LIFO: the warmest
-                if now - conn.used < IDLE_CLOSE_SECONDS and not conn.looks_closed():
+                idle = now - conn.used
+                if idle < LOOK_AFTER_SECONDS or (
+                    idle < IDLE_CLOSE_SECONDS and not conn.looks_closed()
+                ):
                     return conn, True
                 conn.close()
         return self._connect(bounds), False
