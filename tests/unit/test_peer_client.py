@@ -1,6 +1,7 @@
 """The peer client's exchange (node/peer_client.py PeerPool) against a member whose
 ciphertext arrives in small pieces: a chunk's body is read whole and in time, however
-its TLS records are cut by the network.
+its TLS records are cut by the network. And the listing rows an asking thread
+remembers (node/peer_ask.py): only the current generation's, of the same dataset state.
 
 The member is a thread driving TLS through memory BIOs over a plain socket, so the test
 decides how its ciphertext is sent: in pieces smaller than a record, with a pause after
@@ -105,3 +106,49 @@ def test_a_body_cut_into_pieces_is_read_whole_as_soon_as_it_is_there(
             assert took < 4.0, f"the exchange took {took:.1f} s: it waited for bytes never sent"
     finally:
         pool.close()
+
+
+def test_a_remembered_listing_row_is_the_current_generations_only(tmp_path: Path) -> None:
+    """ThreadAsks' rows found in a dataset's listing (node/peer_ask.py _named): a relist
+    (the next generation) names the new version at once, and a dataset opened again
+    (a new DatasetState, the same id) never gets the rows of the one before."""
+    from silofs.node.peer_ask import ThreadAsks
+    from silofs.node.state import DatasetState
+    from silofs.node.store_write import WritableStore
+    from silofs.records import ObjectInfo
+    from silofs.uri import parse_uri
+
+    store = WritableStore(str(tmp_path / "cache"), 1 << 26)
+    dsid = store.dataset_id("s3://b/", create=True)
+    assert dsid is not None
+
+    class Cluster:
+        class d:  # noqa: N801 (the Daemon's attribute)
+            pass
+
+    Cluster.d.store = store  # type: ignore[attr-defined]
+    asks = ThreadAsks(Cluster())
+
+    def listed(version: str) -> DatasetState:
+        obj = ObjectInfo("a/b.bin", 10, 0.0, version, f"cid-{version}")
+        record = store.replace_listing(dsid, [obj], {})
+        uri = parse_uri("s3://b/")
+        return DatasetState(dsid, uri, "b", None, record=record)  # type: ignore[arg-type]
+
+    ds = listed("v1")
+    for _ in range(2):  # found, then remembered
+        obj = asks._named(ds, "a/b.bin", None)
+        assert obj is not None and obj.version == "v1"
+    assert len(asks.objects) == 1
+    fresh = listed("v2")  # the next generation
+    ds.record = fresh.record
+    obj = asks._named(ds, "a/b.bin", None)
+    assert obj is not None and obj.version == "v2"
+    again = listed("v3")  # opened again: a new state of the same id
+    obj = asks._named(again, "a/b.bin", None)
+    assert obj is not None and obj.version == "v3"
+    ds.building_gen = 99  # while a listing is built, nothing more is remembered
+    count = len(asks.objects)
+    asks._named(ds, "a/b.bin", None)
+    assert len(asks.objects) == count
+    store.close()
