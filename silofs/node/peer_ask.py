@@ -25,6 +25,7 @@ import functools
 import logging
 import threading
 import time
+import weakref
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -126,12 +127,13 @@ class ThreadAsks:
         self.flights: dict[bytes, ThreadFlight] = {}
         self.token: Any = None  # the loop's (Cluster.probe_loop): None, threads never ask
         # Objects the threads found in a dataset's current listing generation, by
-        # (dataset id, generation, key), with the DatasetState they were found through:
+        # (dataset id, generation, key), with the DatasetState they were found through
+        # (weakly: a forgotten dataset, and its store client, is not kept alive here):
         # a complete generation's rows never change (a relist writes the next one), so
         # a row found once is the row named_object would find again while that state's
         # record names that generation. Saves the listing's path walk (its LMDB look-ups
         # and decoding: ~50 us of a connection thread's CPU per chunk on a busy host).
-        self.objects: dict[tuple[int, int, str], tuple[DatasetState, ObjectInfo]] = {}
+        self.objects: dict[tuple[int, int, str], tuple[weakref.ref, ObjectInfo]] = {}
 
     # -- the loop's side -----------------------------------------------------------------
     def lead_fallback(self, key: bytes) -> ThreadFlight | None:
@@ -214,7 +216,7 @@ class ThreadAsks:
         included), from self.objects where it holds the current generation's row."""
         gen = ds.record.get("gen")
         hit = self.objects.get((ds.id, gen, key)) if gen is not None else None
-        if hit is not None and hit[0] is ds and (version is None or hit[1].version == version):
+        if hit is not None and hit[0]() is ds and (version is None or hit[1].version == version):
             return hit[1]
         building = ds.building_gen
         try:
@@ -229,7 +231,7 @@ class ThreadAsks:
         if gen is not None and current and not named.previous:
             if len(self.objects) >= _MAX_OBJECTS:
                 self.objects.clear()
-            self.objects[(ds.id, gen, key)] = (ds, named.obj)
+            self.objects[(ds.id, gen, key)] = (weakref.ref(ds), named.obj)
         return named.obj
 
     def _cached_here(self, ref: ChunkRef) -> bool:

@@ -152,3 +152,34 @@ def test_a_remembered_listing_row_is_the_current_generations_only(tmp_path: Path
     asks._named(ds, "a/b.bin", None)
     assert len(asks.objects) == count
     store.close()
+
+
+def test_a_remembered_row_keeps_no_forgotten_dataset_alive(tmp_path: Path) -> None:
+    import gc
+    import weakref
+
+    from silofs.node.peer_ask import ThreadAsks
+    from silofs.node.state import DatasetState
+    from silofs.node.store_write import WritableStore
+    from silofs.records import ObjectInfo
+    from silofs.uri import parse_uri
+
+    store = WritableStore(str(tmp_path / "cache"), 1 << 26)
+    dsid = store.dataset_id("s3://b/", create=True)
+    assert dsid is not None
+
+    class Cluster:
+        class d:  # noqa: N801 (the Daemon's attribute)
+            pass
+
+    Cluster.d.store = store  # type: ignore[attr-defined]
+    asks = ThreadAsks(Cluster())
+    record = store.replace_listing(dsid, [ObjectInfo("k", 1, 0.0, "v", "c")], {})
+    ds = DatasetState(dsid, parse_uri("s3://b/"), "b", None, record=record)  # type: ignore[arg-type]
+    assert asks._named(ds, "k", None) is not None
+    assert len(asks.objects) == 1
+    gone = weakref.ref(ds)
+    del ds
+    gc.collect()
+    assert gone() is None  # the backend and its store client go with it
+    store.close()
