@@ -97,6 +97,10 @@ class Response:
     body: bytes | bytearray | memoryview = b""
     content_type: str = "application/json"
     headers: dict[str, str] = field(default_factory=dict)
+    # Called once the answer is sent or given up (the body is not read after it): for
+    # a body that lends bytes only while something stays open, as a held chunk's LMDB
+    # read txn. Only an inline answer (Route.inline, control/thread_conn.py) has one.
+    release: Callable[[], None] | None = None
 
 
 def json_response(obj: Any, status: int = 200) -> Response:

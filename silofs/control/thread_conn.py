@@ -335,9 +335,13 @@ class ThreadConnection:
             resp = self._dispatch(req, match)
         if resp is None:
             return False  # the client left while its handler ran
-        self.ch.deadline = time.monotonic() + self.idle_timeout
-        close = close or self.evicted  # evicted as its request came: answered, then closed
-        self._answer(resp, close=close, with_body=req.method != "HEAD")
+        try:
+            self.ch.deadline = time.monotonic() + self.idle_timeout
+            close = close or self.evicted  # evicted as its request came: answered, closed
+            self._answer(resp, close=close, with_body=req.method != "HEAD")
+        finally:
+            if resp.release is not None:
+                resp.release()
         return not close
 
     def evictable(self, now: float, min_idle: float) -> bool:

@@ -25,6 +25,7 @@ import functools
 import logging
 import threading
 import time
+import weakref
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -37,11 +38,14 @@ from silofs.node.datasets import Purpose, named_object
 from silofs.node.membership import COUNTS, MemberState
 from silofs.node.peer_client import PEER_POOL, Bounds, PeerError
 from silofs.node.peer_wire import SOURCE_HEADER, ChunkAsk
+from silofs.records import ObjectInfo
 
 if TYPE_CHECKING:
     from silofs.node.state import DatasetState, MountState
 
 log = logging.getLogger(__name__)
+
+_MAX_OBJECTS = 16384  # ThreadAsks.objects' entries (emptied when full)
 
 
 @dataclass
@@ -122,6 +126,14 @@ class ThreadAsks:
         self.lock = threading.Lock()  # the flights, and the loop's claims on its own
         self.flights: dict[bytes, ThreadFlight] = {}
         self.token: Any = None  # the loop's (Cluster.probe_loop): None, threads never ask
+        # Objects the threads found in a dataset's current listing generation, by
+        # (dataset id, generation, key), with the DatasetState they were found through
+        # (weakly: a forgotten dataset, and its store client, is not kept alive here):
+        # a complete generation's rows never change (a relist writes the next one), so
+        # a row found once is the row named_object would find again while that state's
+        # record names that generation. Saves the listing's path walk (its LMDB look-ups
+        # and decoding: ~50 us of a connection thread's CPU per chunk on a busy host).
+        self.objects: dict[tuple[int, int, str], tuple[weakref.ref, ObjectInfo]] = {}
 
     # -- the loop's side -----------------------------------------------------------------
     def lead_fallback(self, key: bytes) -> ThreadFlight | None:
@@ -171,13 +183,10 @@ class ThreadAsks:
         job = d.jobs.get(m.job)
         if job is None or job.limiter.rate is not None:
             return None  # a rated job is charged only on the home's 428: the loop's
-        try:
-            named = named_object(d.store, ds, key, Purpose.READ, version)
-        except (VersionMismatchError, lmdb.Error):
+        obj = self._named(ds, key, version)
+        if obj is None or not 0 <= index <= max(0, (obj.size - 1) // m.chunk_size):
             return None
-        if named is None or not 0 <= index <= max(0, (named.obj.size - 1) // m.chunk_size):
-            return None
-        ref = ChunkRef.of(named.obj, m.chunk_size, index)
+        ref = ChunkRef.of(obj, m.chunk_size, index)
         try:
             member = membership.home(ref.key)
         except KeyError:  # the loop put a new member list in force meanwhile
@@ -202,11 +211,39 @@ class ThreadAsks:
             self._hand_over(flight, member, ds, ref, None)
             raise
 
+    def _named(self, ds: DatasetState, key: str, version: str | None) -> ObjectInfo | None:
+        """named_object's answer for a read of `key` (None: the loop decides, errors
+        included), from self.objects where it holds the current generation's row."""
+        gen = ds.record.get("gen")
+        hit = self.objects.get((ds.id, gen, key)) if gen is not None else None
+        if hit is not None and hit[0]() is ds and (version is None or hit[1].version == version):
+            return hit[1]
+        building = ds.building_gen
+        try:
+            named = named_object(self.cluster.d.store, ds, key, Purpose.READ, version)
+        except (VersionMismatchError, lmdb.Error):
+            return None
+        if named is None:
+            return None
+        # Only a row of the current generation (not one being built, not the previous
+        # one's), as of before and after the look-up.
+        current = building is None and ds.building_gen is None and ds.record.get("gen") == gen
+        if gen is not None and current and not named.previous:
+            if len(self.objects) >= _MAX_OBJECTS:
+                self.objects.clear()
+            self.objects[(ds.id, gen, key)] = (weakref.ref(ds), named.obj)
+        return named.obj
+
     def _cached_here(self, ref: ChunkRef) -> bool:
+        """Whether the chunks db has the key. Only the key is looked up: set_key reads
+        B-tree pages and the value's first page, all below the txn's last page, so inside
+        data.mdb (cache/bounds.py); the value is never touched here, so it needs no
+        bounds (whose fstat, a system call that lets the other connection threads take
+        the GIL, would cost more than the look-up)."""
         store = self.cluster.d.store
         with store.read_txn() as txn:
             try:
-                return store.get_value(txn, store.db(b"chunks"), ref.key) is not None
+                return txn.cursor(db=store.db(b"chunks")).set_key(ref.key)
             except lmdb.Error:
                 return True  # the loop's lookup counts it
 

@@ -37,10 +37,20 @@ PEER_POOL = 4
 # An idle connection older than this is closed, not reused: it holds a slot of the
 # member's listener.
 IDLE_CLOSE_SECONDS = 30.0
+# A connection checked in this recently is reused without looking whether the member
+# closed it meanwhile (a poll: a system call, which in a connection thread lets the
+# others take the GIL, and a wake-up more per exchange). A member that did is found out
+# before any byte of the answer, and the request sent again on a new connection
+# (_StaleConnection); bytes a member sent unasked are read as an answer, which the
+# asker checks as any other (a chunk's every block and its identity).
+LOOK_AFTER_SECONDS = 1.0
 MAX_HEAD = 16 << 10  # a peer's answer head (status line and headers)
 # The largest body a member may answer: a chunk value (64 MiB chunk and its header).
 MAX_BODY = (64 << 20) + (1 << 20)
 _RECV = 256 << 10
+# The most ciphertext of one TLS record (header, 2**14 bytes, TLS 1.2's largest
+# expansion): what the SSL object may hold of a record it has not decrypted yet.
+_MAX_RECORD = 5 + (1 << 14) + 2048
 # A request's bytes are encrypted this much at a time before they are sent.
 _WRITE_SLICE = 1 << 20
 
@@ -186,7 +196,7 @@ class TLSPipe:
                 except ssl.SSLZeroReturnError:
                     break
                 self._flush()  # a post-handshake message may want an answer
-                if not self._fill():
+                if not self._fill(n - have):
                     break
         except (ssl.SSLError, OSError) as exc:  # TimeoutError included
             return have, exc
@@ -202,11 +212,22 @@ class TLSPipe:
             raise TimeoutError("timed out")
         self.limit = limit
 
-    def _fill(self) -> bool:
-        """More ciphertext, waited for until the deadline (TimeoutError after it)."""
+    def _fill(self, plaintext: int = 0) -> bool:
+        """More ciphertext, waited for until the deadline (TimeoutError after it). With
+        `plaintext`, the bytes still to be read: at least that much ciphertext, less what
+        is buffered (in the BIO, and one record at most inside the SSL object, which
+        takes a record's bytes from the BIO before it has all of them), is yet to come
+        (a record is longer than its plaintext), so the recv waits for all of it at once
+        (MSG_WAITALL; less at the deadline or the close): one wake-up for most of a
+        chunk's body, not one per burst of segments."""
         self._bound()
+        need = plaintext - self.incoming.pending - _MAX_RECORD
+        need = min(need, len(self._ciphertext))
         try:
-            n = self.raw.recv_into(self._ciphertext)
+            if need > 0:
+                n = self.raw.recv_into(self._ciphertext, need, socket.MSG_WAITALL)
+            else:
+                n = self.raw.recv_into(self._ciphertext)
         except BlockingIOError:  # the wait's limit ran out
             raise TimeoutError("timed out") from None
         if n:
@@ -337,7 +358,10 @@ class PeerPool:
                 raise PeerError("refused", f"the pool of {self.address} is closed")
             while self._idle:
                 conn = self._idle.pop()  # LIFO: the warmest
-                if now - conn.used < IDLE_CLOSE_SECONDS and not conn.looks_closed():
+                idle = now - conn.used
+                if idle < LOOK_AFTER_SECONDS or (
+                    idle < IDLE_CLOSE_SECONDS and not conn.looks_closed()
+                ):
                     return conn, True
                 conn.close()
         return self._connect(bounds), False

@@ -12,9 +12,10 @@ many members ask (the Fetcher's single-flight), admission under this node's part
 the dataset's share (the Writer, with the quota policy), a warm's "held / admitted /
 full" (the room a FillBudget sees), and the cap on bytes served to peers
 (peer_serve_rate, waited for before the answer: the asker hears 102 meanwhile). A
-chunk held here is answered from the member connection's thread (held()), the rest on
-the trio loop (serve()). Never judges who asks (the route table and node/authz.py do)
-and never writes LMDB itself.
+chunk held here is answered from the member connection's thread (held(): its value
+checked and sent from the LMDB map, in one read txn kept open until the answer is
+sent), the rest on the trio loop (serve()). Never judges who asks (the route table and
+node/authz.py do) and never writes LMDB itself.
 """
 
 from __future__ import annotations
@@ -73,6 +74,20 @@ class ChargeFirst(Exception):
 
 class UnknownDataset(Exception):
     """The request names a dataset this node has neither open nor been introduced to."""
+
+
+@dataclass
+class Held:
+    """A held chunk's checked value, lent from the LMDB map: valid until close(), which
+    ends the read txn it lies in (called in the thread that called held()). While the
+    txn is open, LMDB reuses none of its pages: the value sent is the one checked (bar
+    something else writing data.mdb; the asker checks every block anyway)."""
+
+    value: memoryview
+    txn: lmdb.Transaction
+
+    def close(self) -> None:
+        self.txn.abort()
 
 
 @dataclass
@@ -181,13 +196,13 @@ class Home:
         data, did = await self.d.fetcher.fetch(ds.id, ds.backend, self._free(), ref, replace=bad)
         return await self._answer(ask, self._encoded(ds, ref, data), "remote" if did else "cache")
 
-    def held(self, ask: ChunkAsk) -> bytes | None:
+    def held(self, ask: ChunkAsk) -> Held | None:
         """From a member connection's thread, not the loop: the verified value of a chunk
-        this node holds, if it may be answered there: not a warm, a dataset this node
-        knows (a local directory's object listed as the member names it), no serve cap
-        (its bucket waits on the loop). None otherwise, and for anything unusual (a miss,
-        a damaged or stale value, an object not listed): serve() decides then, on the
-        loop."""
+        this node holds (closed once sent), if it may be answered there: not a warm, a
+        dataset this node knows (a local directory's object listed as the member names
+        it), no serve cap (its bucket waits on the loop). None otherwise, and for
+        anything unusual (a miss, a damaged or stale value, an object not listed):
+        serve() decides then, on the loop."""
         if ask.warm or self.serve_rate is not None:
             return None
         try:
@@ -203,16 +218,21 @@ class Home:
                 return None
         ref = ask.ref()
         store = self.d.store
-        with store.read_txn() as txn:
-            try:
-                value = store.get_value(txn, store.db(b"chunks"), ref.key)
-                if value is None:
-                    return None
-                value = bytes(value)  # checked after the copy: the map may change under us
+        txn = store.read_txn()
+        try:
+            value = store.get_value(txn, store.db(b"chunks"), ref.key)
+            if value is not None:
+                # Checked where it lies, not copied: sent from there too, txn still open.
+                value = memoryview(value)
                 verify_chunk(value, ref.content_bytes, ref.chunk_size, ref.index, ref.length)
-            except (lmdb.Error, ChunkFormatError):
-                return None  # serve() looks again, counts and replaces it
-            return value
+                return Held(value, txn)
+        except (lmdb.Error, ChunkFormatError):
+            pass  # serve() looks again, counts and replaces it
+        except BaseException:
+            txn.abort()
+            raise
+        txn.abort()
+        return None
 
     async def _warm(self, ds: DatasetState, ask: ChunkAsk, ref: ChunkRef) -> Served:
         """A member's warm: held if this dataset holds the chunk (or it is on its way),

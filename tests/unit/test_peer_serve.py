@@ -269,7 +269,8 @@ def test_a_held_chunk_is_answered_off_the_loop_only_as_serve_would_answer_it(
             served = await h.serve(ask(d, ds, "f2.bin", 0, charged=True))
             await d.writer.flush()
             held = await trio.to_thread.run_sync(h.held, ask(d, ds, "f2.bin", 0))
-            assert held is not None and held == served.value
+            assert held is not None and held.value == served.value
+            held.close()
             assert h.held(ask(d, ds, "f2.bin", 0, warm=True)) is None
             other = dataclasses.replace(ask(d, ds, "f2.bin", 0), content_id="not-it")
             assert h.held(other) is None  # serve() answers it 409

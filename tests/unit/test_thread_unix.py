@@ -24,7 +24,7 @@ import trio
 from silofs.control import server as control_server
 from silofs.control import thread_conn
 from silofs.control.peer import Peer
-from silofs.control.router import Request, Response, Router, json_response
+from silofs.control.router import EVERYONE, Request, Response, Route, Router, json_response
 from silofs.control.server import ConnectionLimits, serve_unix
 from tests.support.poll import wait_for
 from tests.unit.serving import Reader, serving
@@ -259,3 +259,45 @@ def test_a_request_read_after_the_connections_nursery_closed_ends_it_not_the_loo
     assert trio.run(main) == "alive"
     assert client.recv(1) == b""  # closed, no answer
     client.close()
+
+
+def test_an_inline_answers_release_runs_once_it_is_sent_in_the_connections_thread(
+    tmp_path: Path, moved: list[Any]
+) -> None:
+    """A body lent until release() (a held chunk's LMDB txn): the answer is sent whole
+    first, release() runs once per answer, in the thread that answered, and a client
+    that left before its answer still gets it released."""
+    released: list[str] = []
+    sent: list[threading.Event] = []  # one per answer made
+
+    def lent(req: Request) -> Response:
+        done = threading.Event()
+        sent.append(done)
+
+        def release() -> None:
+            released.append(threading.current_thread().name)
+            done.set()
+
+        return Response(200, memoryview(BIG), "application/octet-stream", release=release)
+
+    async def never(req: Request) -> Response:
+        raise AssertionError("the inline answer is the one sent")
+
+    router = make_router(Probe())
+    router.add_route(Route("GET", "/v1/lent", never, EVERYONE, threaded=True, inline=lent))
+    path = str(tmp_path / "s.sock")
+    conns = ConnectionLimits(trusted=lambda peer: False)
+    with serving(functools.partial(serve_unix, path, router, connections=conns)):
+        c = Client(path)
+        assert c.get("/v1/chunks")[0] == 200
+        wait_for(lambda: moved, DEADLINE, "the connection's thread")
+        for _ in range(3):
+            status, _, body = c.get("/v1/lent")
+            assert (status, body) == (200, BIG)
+            # Released after the last byte went out, so possibly after it arrived here.
+            wait_for(lambda: len(released) == len(sent), DEADLINE, "the answer's release")
+        assert len(released) == 3
+        assert threading.current_thread().name not in released
+        c.send("GET", "/v1/lent")  # and leaves before reading the answer
+        c.close()
+        wait_for(lambda: len(released) == 4, DEADLINE, "the last answer's release")

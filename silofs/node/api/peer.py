@@ -137,13 +137,19 @@ def held_chunk(d: Daemon, req: Request) -> Response | None:
         ask = ChunkAsk.from_query(req.query)
     except ValueError:
         return None
-    value = d.cluster.home.held(ask)
-    if value is None:
+    held = d.cluster.home.held(ask)
+    if held is None:
         return None
-    for c in (d.cluster.incoming_counters(req.peer.remote or "?"),
-              d.cluster.dataset_counters(ask.uri)):  # fmt: skip
-        c.answered(len(value))
-    return Response(200, value, "application/octet-stream", {SOURCE_HEADER: "cache"})
+    try:
+        for c in (d.cluster.incoming_counters(req.peer.remote or "?"),
+                  d.cluster.dataset_counters(ask.uri)):  # fmt: skip
+            c.answered(len(held.value))
+    except BaseException:
+        held.close()
+        raise
+    # Sent from the map: the txn it lies in ends once the answer is sent (release).
+    headers = {SOURCE_HEADER: "cache"}
+    return Response(200, held.value, "application/octet-stream", headers, release=held.close)
 
 
 async def get_allocations(d: Daemon, req: Request) -> Response:
