@@ -48,6 +48,9 @@ class Request:
     headers: dict[str, str]  # names lower-cased; repeated headers joined with ", "
     body: bytes
     peer: Peer
+    # The connection can carry a descriptor with the answer's head (a Unix socket served
+    # from its own thread: control/thread_conn.py); Response.fd is sent only then.
+    passes_fds: bool = False
 
     def json(self) -> Any:
         """The body as a JSON object; HTTPError(400) if it is not one, nests deeper than
@@ -97,6 +100,9 @@ class Response:
     body: bytes | bytearray | memoryview = b""
     content_type: str = "application/json"
     headers: dict[str, str] = field(default_factory=dict)
+    # A file whose descriptor goes with the head (SCM_RIGHTS), on a connection whose
+    # Request.passes_fds: anything with fileno(), referenced here until it is sent.
+    fd: Any = None
 
 
 def json_response(obj: Any, status: int = 200) -> Response:
