@@ -6,8 +6,8 @@ kernel. A cold read allocates a buffer per chunk: the daemon its cache value
 answer (mount/reader.py), freed when its buffer drops it. By default glibc gives freed
 buffers above a few MiB back to the kernel at once, and every next chunk's buffer is
 faulted in and zeroed page by page afresh (56 buffers of 4 MiB: ~57,000 minor faults,
-0.08-0.1 CPU-s of kernel time, every time; kept, none after the first). Never allocates
-and never decides how much to keep or when to give it back: the daemon's Writer gives
+0.08-0.1 CPU-s of kernel time, every time; kept, none after the first). Never decides
+how much to keep or when to give it back: the daemon's Writer gives
 it back when admission is idle, a mount keeps at most its chunk buffer's size. Elsewhere
 than glibc on Linux this does nothing.
 

@@ -33,9 +33,11 @@ log = logging.getLogger(__name__)
 # Every change of the file refused: writes (write(2) and writable shared mappings),
 # shrinking (which would fault the daemon's mapping), growing, and new seals.
 SEALS = fcntl.F_SEAL_SEAL | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE
-# Values in memory files at once (each one descriptor of ours and one of its mapping's):
-# beyond this a value is built on the heap and its reply carries its bytes.
-MAX_LIVE = 512
+# Mappings of memory files at once (each holds one descriptor of ours and one of its
+# own), at most: beyond this a value is built on the heap and its reply carries its
+# bytes. 256 covers the admission queue's default 256 MiB of 1 MiB chunks; a lower
+# open-files limit lowers it (limit_live).
+MAX_LIVE = 256
 # A value smaller than this is built on the heap: its bytes cost less to send than the
 # descriptor's setup (memfd_create, ftruncate, two mappings) and the mount's mapping.
 MIN_BYTES = 512 << 10
@@ -57,6 +59,17 @@ class SealedValue(mmap.mmap):
 
     def fileno(self) -> int:
         return self.fd
+
+
+def limit_live(nofile: int) -> None:
+    """At most a sixteenth of the process's open-files limit `nofile` held by values."""
+    global MAX_LIVE
+    MAX_LIVE = max(0, min(MAX_LIVE, nofile // 32))
+
+
+def fds_held() -> int:
+    """The most descriptors values may hold at once."""
+    return 2 * MAX_LIVE
 
 
 def _forget(fd: int) -> None:
