@@ -48,8 +48,8 @@ class Request:
     headers: dict[str, str]  # names lower-cased; repeated headers joined with ", "
     body: bytes
     peer: Peer
-    # The connection can carry a descriptor with the answer's head (a Unix socket served
-    # from its own thread: control/thread_conn.py); Response.fd is sent only then.
+    # The connection can carry a descriptor with the answer's head (a Unix socket's, on
+    # the loop or in a thread of its own); Response.fd is sent only then.
     passes_fds: bool = False
 
     def json(self) -> Any:

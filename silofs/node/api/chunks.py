@@ -5,10 +5,10 @@ Owns reading and checking those requests (the object key, the chunk index, the
 read-ahead span, the version the reader's handle opened), the per-request checks beyond
 the route's entry (node/authz.py: the peer's own mount; for a local dataset, that it
 could read the object itself, on every request), and the status each failure answers.
-A mount that asks with `fd=1` on a connection that can carry a descriptor is handed a
-streamed chunk's sealed memory file instead of its bytes (silofs/sealed.py), if the
-daemon trusts it: the file's pages stay charged to the daemon while the mount holds
-them, so an untrusted user's mount could pin the daemon's memory with them.
+A mount that asks with `fd=1` on a connection that can carry one (a Unix socket's) is
+handed a streamed chunk's sealed memory file instead of its bytes (silofs/sealed.py),
+if the daemon trusts it: the file's pages stay charged to the daemon while the mount
+holds them, so an untrusted user's mount could pin the daemon's memory with them.
 Fetching, verification and admission are the Daemon's.
 """
 
