@@ -3,7 +3,8 @@
 Owns two malloc settings of a process and the call that hands its free heap back to the
 kernel. A cold read allocates a buffer per chunk: the daemon its cache value
 (node/fetch.py), freed once admission committed it; a mount its copy of the daemon's
-answer (mount/reader.py), freed when its buffer drops it. By default glibc gives freed
+answer (mount/reader.py), freed when its buffer drops it (a big streamed chunk is a
+memory file instead on both sides: silofs/sealed.py). By default glibc gives freed
 buffers above a few MiB back to the kernel at once, and every next chunk's buffer is
 faulted in and zeroed page by page afresh (56 buffers of 4 MiB: ~57,000 minor faults,
 0.08-0.1 CPU-s of kernel time, every time; kept, none after the first). Never decides
