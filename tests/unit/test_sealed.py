@@ -1,7 +1,9 @@
 """A streamed chunk handed to a mount as a sealed memory file (silofs/sealed.py): the
-file refuses every change once sealed, a reply carries its descriptor only on a
-thread-served Unix connection, the client maps what a descriptor names and refuses a
-file that is not sealed or a descriptor no answer names, and no descriptor is left open.
+file refuses every change once sealed, a Unix connection's answers carry its
+descriptor (on the loop and in the connection's thread), the client maps what a
+descriptor names and refuses a file that is not sealed or a descriptor no answer names,
+and no descriptor is left open. Who may receive one is the chunk route's
+(tests/unit/test_routes_access.py).
 
 Real sockets and a real serve_unix in a thread of its own; no sleeps.
 """
@@ -153,7 +155,7 @@ def chunk_router(values: list[sealed.SealedValue]) -> Router:
     return router
 
 
-def test_a_thread_served_connection_hands_the_file_and_the_client_maps_it(
+def test_a_unix_connection_hands_the_file_and_the_client_maps_it(
     tmp_path: Path, seal_mode: str
 ) -> None:
     before = open_fds()
