@@ -33,16 +33,22 @@ version-2 value. A cache written by this version is read as a miss by an older o
 from __future__ import annotations
 
 import logging
+import mmap
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
 import xxhash
 
+from silofs import heap
 from silofs.errors import UsageError
 from silofs.records import ObjectInfo
 
 log = logging.getLogger(__name__)
+
+# A value being built in place: a heap buffer, or a memory file's mapping (silofs/sealed.py).
+Buffer = bytearray | mmap.mmap
 
 MAGIC = b"SLFC"
 FORMAT_VERSION = 2
@@ -186,17 +192,27 @@ class ChunkValue:
     is what encode_chunk would return for those bytes, without their copy into it (a
     cold read hands the value's own data on to the reader: node/fetch.py)."""
 
-    def __init__(self, length: int, key: str, content_id: str) -> None:
+    def __init__(
+        self,
+        length: int,
+        key: str,
+        content_id: str,
+        alloc: Callable[[int], Buffer] = heap.uninitialized,
+    ) -> None:
         self._var = _variable_part(key, content_id)
         self._hdr_len = header_bytes(key.encode(), content_id.encode(), length)
-        self.value = bytearray(self._hdr_len + length)
+        # Not zeroed first (alloc's buffer may hold anything): the caller fills all of
+        # `data` or drops the value.
+        self.value = alloc(self._hdr_len + length)
         self.data = memoryview(self.value)[self._hdr_len :]
 
-    def seal(self, dataset: int, index: int, chunk_size: int) -> bytearray:
-        """The value, its header written for the data as it is now."""
+    def seal(self, dataset: int, index: int, chunk_size: int) -> Buffer:
+        """The value, its header written for the data as it is now. `data` is released:
+        the value is the one reference to its buffer left here."""
         header = _header(dataset, index, chunk_size, self.data, self._var)
         assert len(header) == self._hdr_len
         self.value[: self._hdr_len] = header
+        self.data.release()
         return self.value
 
 

@@ -16,9 +16,11 @@ this module and should not pay ~100 ms for a trio it never uses).
 
 from __future__ import annotations
 
+import array
 import http.client
 import json
 import logging
+import os
 import select
 import socket
 import ssl
@@ -27,6 +29,7 @@ from urllib.parse import quote
 
 from silofs.control.peer import UntrustedDaemonError, check_daemon_peer
 from silofs.control.tls import TLS_PREFIX, parse_tls_url
+from silofs.sealed import FD_HEADER, map_received
 
 if TYPE_CHECKING:
     import trio
@@ -54,6 +57,9 @@ _FRAMING = frozenset({"content-length", "transfer-encoding", "host"})
 # How much of an answer the async client peeks at to find its head's end (a daemon's
 # head is ~100 bytes; a longer one is taken in pieces of this).
 _PEEK = 1024
+# Room for the ancillary data of four descriptors where an answer takes one, so that
+# more than it takes are seen (and closed) rather than silently cut (MSG_CTRUNC).
+_FD_SPACE = socket.CMSG_SPACE(4 * 4)
 
 
 class ControlError(Exception):
@@ -357,6 +363,8 @@ class _AsyncConnection:
         # heartbeat included) moves this scope's deadline `silence` seconds on.
         self.scope: trio.CancelScope | None = None
         self.silence = 0.0
+        # Descriptors that came with a head (SCM_RIGHTS) and no answer has taken yet.
+        self.fds: list[int] = []
 
     def close(self) -> None:
         # Synchronous on purpose: safe to call while being cancelled.
@@ -367,6 +375,11 @@ class _AsyncConnection:
         except RuntimeError:  # outside trio's run
             pass
         self.sock.close()
+        self._close_fds()
+
+    def _close_fds(self) -> None:
+        while self.fds:
+            os.close(self.fds.pop())
 
     def looks_dead(self) -> bool:
         return _peer_closed(self.sock)
@@ -411,7 +424,16 @@ class _AsyncConnection:
         seen = len(self.buf)
         end = (self.buf[-3:] + peek).find(b"\r\n\r\n")
         take = len(peek) if end < 0 else end + 4 - min(3, seen)
-        data = self.sock.recv(take)
+        # A descriptor rides with a head's first byte (a chunk's sealed file,
+        # silofs/sealed.py): taken with it, or the kernel would close it.
+        data, ancillary, flags, _ = self.sock.recvmsg(take, _FD_SPACE)
+        for level, kind, payload in ancillary:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                got = array.array("i")
+                got.frombytes(payload[: len(payload) - len(payload) % got.itemsize])
+                self.fds.extend(got)
+        if flags & socket.MSG_CTRUNC:
+            raise _Dropped("the daemon sent more descriptors than an answer takes")
         self._heard()
         self.buf += data
         return len(data)
@@ -436,12 +458,29 @@ class _AsyncConnection:
         if "transfer-encoding" in headers:
             raise _Dropped("a chunked answer from the daemon (it never sends one)")
         length = headers.get("content-length")
+        where = headers.get(FD_HEADER)
+        if where is not None or self.fds:
+            return status, headers, self._mapped(where, length), reusable and not self.buf
         if length is None:
             return status, headers, await self._until_close(), False
         if not length.isdigit() or len(length) > 19:
             raise _Dropped(f"a bad content-length from the daemon: {length[:40]!r}")
         body = await self._body(int(length))
         return status, headers, body, reusable and not self.buf
+
+    def _mapped(self, where: str | None, length: str | None) -> bytes:
+        """The chunk data of the sealed file that came with this answer's head, mapped
+        read-only (silofs/sealed.py); _Dropped if the answer and the descriptors that
+        came do not go together."""
+        if where is None or len(self.fds) != 1 or length != "0":
+            raise _Dropped(
+                f"{len(self.fds)} descriptor(s) with an answer naming {where!r} "
+                f"(content-length {length})"
+            )
+        try:
+            return map_received(self.fds.pop(), where)  # type: ignore[return-value]
+        except (OSError, ValueError) as exc:
+            raise _Dropped(f"the daemon's chunk file: {exc}") from None
 
     async def _head(self) -> tuple[bytes, int, dict[str, str]]:
         """The next head: (HTTP version, status, lower-cased headers)."""
@@ -473,7 +512,10 @@ class _AsyncConnection:
             body = self.buf[:length] if length >= _LARGE_BODY else bytes(self.buf[:length])
             del self.buf[:length]
             return body  # type: ignore[return-value]
-        out = bytearray(length)
+        from silofs import heap  # ctypes: not for the CLI's start
+
+        # Not zeroed first: every byte of it is received below, or the answer dropped.
+        out = heap.uninitialized(length)
         view = memoryview(out)
         got = len(self.buf)
         view[:got] = self.buf

@@ -48,6 +48,9 @@ class Request:
     headers: dict[str, str]  # names lower-cased; repeated headers joined with ", "
     body: bytes
     peer: Peer
+    # The connection can carry a descriptor with the answer's head (a Unix socket's, on
+    # the loop or in a thread of its own); Response.fd is sent only then.
+    passes_fds: bool = False
 
     def json(self) -> Any:
         """The body as a JSON object; HTTPError(400) if it is not one, nests deeper than
@@ -101,6 +104,9 @@ class Response:
     # a body that lends bytes only while something stays open, as a held chunk's LMDB
     # read txn. Only an inline answer (Route.inline, control/thread_conn.py) has one.
     release: Callable[[], None] | None = None
+    # A file whose descriptor goes with the head (SCM_RIGHTS), on a connection whose
+    # Request.passes_fds: anything with fileno(), referenced here until it is sent.
+    fd: Any = None
 
 
 def json_response(obj: Any, status: int = 200) -> Response:

@@ -17,6 +17,7 @@ a handler bug, a vanished client) end the server.
 
 from __future__ import annotations
 
+import array
 import contextlib
 import errno
 import fcntl
@@ -301,7 +302,13 @@ class _ServerConnection:
                 self.conn.send(h11.InformationalResponse(status_code=100, headers=[]))
             )
         body = await self._read_body(limit)
-        return Request(method, path, query, headers, body, self.peer), match
+        return Request(method, path, query, headers, body, self.peer, self._unix), match
+
+    @property
+    def _unix(self) -> bool:
+        """A Unix socket's connection: an answer may carry a descriptor (Response.fd)."""
+        stream = self.stream
+        return isinstance(stream, trio.SocketStream) and stream.socket.family == socket.AF_UNIX
 
     def waiting_since(self) -> float:
         """When it began waiting for its next request (as evictable() found it)."""
@@ -349,6 +356,9 @@ class _ServerConnection:
         if resp.status < 200 or resp.status in (204, 304):
             body = memoryview(b"")
         head = self.conn.send(_response_event(resp, len(body)))
+        if resp.fd is not None and self._unix:
+            await self._send_fd(head, resp.fd.fileno())  # resp holds the file meanwhile
+            head = b""
         if not with_body or not body:
             await self.stream.send_all(head + self.conn.send(h11.EndOfMessage()))
             return
@@ -363,6 +373,15 @@ class _ServerConnection:
             await self.stream.send_all(payload)
             if tail:
                 await self.stream.send_all(tail)
+
+    async def _send_fd(self, head: bytes, fd: int) -> None:
+        """`head`, the descriptor `fd` riding with its first byte (SCM_RIGHTS), as
+        control/thread_conn.py sends it; nothing else sends on the stream meanwhile (the
+        handler's watcher has ended)."""
+        assert isinstance(self.stream, trio.SocketStream)
+        rights = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [fd]))]
+        sent = await self.stream.socket.sendmsg([head], rights)
+        await self.stream.send_all(head[sent:])
 
     async def _reject(self, exc: _Reject) -> None:
         """Answer an error and close; the client is still sending, so linger first."""

@@ -26,6 +26,7 @@ runs a handler off the loop, or lets one connection's failure reach the listener
 
 from __future__ import annotations
 
+import array
 import http
 import logging
 import math
@@ -195,6 +196,19 @@ class PlainChannel(_Bounded):
             raise _Closed("timed out") from None
         except OSError as exc:
             raise _Closed(str(exc)) from None
+
+    def send_fd(self, head: bytes, fd: int) -> None:
+        """`head`, the descriptor `fd` riding with its first byte (SCM_RIGHTS): the
+        client's receive of that byte takes the descriptor too."""
+        rights = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [fd]))]
+        try:
+            self._bound()
+            sent = self.sock.sendmsg([head], rights)
+        except BlockingIOError:
+            raise _Closed("timed out") from None
+        except OSError as exc:
+            raise _Closed(str(exc)) from None
+        self.send(head[sent:])
 
 
 class TLSChannel(_Bounded):
@@ -415,7 +429,8 @@ class ThreadConnection:
             self.ch.send(b"HTTP/1.1 100 Continue\r\n\r\n")
         body = self._read_body(length)
         close = "close" in headers.get("connection", "").lower()
-        return Request(method, path, query, headers, body, self.peer), match, close
+        passes_fds = isinstance(self.ch, PlainChannel)
+        return Request(method, path, query, headers, body, self.peer, passes_fds), match, close
 
     def _read_body(self, length: int) -> bytes:
         # Parts joined once: a mount's offer is up to a 64 MiB chunk, and adding each
@@ -533,7 +548,11 @@ class ThreadConnection:
         body = memoryview(resp.body).cast("B")
         if resp.status < 200 or resp.status in (204, 304):
             body = memoryview(b"")
-        self.ch.send(_response_head(resp, len(body), close), *((body,) if with_body else ()))
+        head = _response_head(resp, len(body), close)
+        if resp.fd is not None and isinstance(self.ch, PlainChannel):
+            self.ch.send_fd(head, resp.fd.fileno())  # resp holds the file meanwhile
+            head = b""
+        self.ch.send(head, *((body,) if with_body else ()))
 
 
 def _headers(lines: list[bytes]) -> dict[str, str]:

@@ -648,6 +648,8 @@ class ChunkReader:
             path = (
                 f"/v1/chunks?mount={self.mount_id}&key={quote_segment(ref.obj.key)}"
                 f"&index={ref.index}&version={quote_segment(ref.obj.version)}"
+                # A streamed chunk may come as the daemon's sealed file (silofs/sealed.py).
+                + "&fd=1"
                 + ("&refetch=1" if refetch else "")
                 + (f"&span={span[0]}-{span[1]}" if span is not None else "")
             )

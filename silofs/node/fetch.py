@@ -20,9 +20,11 @@ from dataclasses import dataclass
 import lmdb
 import trio
 
+from silofs import sealed
 from silofs.cache.bounds import FirstTime
 from silofs.cache.format import (
     MAX_SPAN_CHUNKS,
+    Buffer,
     ChunkRef,
     ChunkValue,
     checked_chunk,
@@ -184,7 +186,7 @@ class Fetcher:
         streamed = len(run) > 1
         mine: list[bytes | memoryview] = []
 
-        def deliver(r: ChunkRef, data: memoryview, value: bytes | bytearray) -> None:
+        def deliver(r: ChunkRef, data: memoryview, value: bytes | Buffer) -> None:
             again = replace and r.key == ref.key
             self.writer.offer(
                 PendingChunk(dsid, r.key, value, r.length, replace=again, streamed=streamed)
@@ -260,7 +262,7 @@ class Fetcher:
         backend: Backend,
         limiter: TokenBucket,
         run: list[ChunkRef],
-        deliver: Callable[[ChunkRef, memoryview, bytes | bytearray], None],
+        deliver: Callable[[ChunkRef, memoryview, bytes | Buffer], None],
         readahead: bool,
     ) -> int:
         """Fetch consecutive chunks, charged first, each delivered (in the trio thread)
@@ -316,10 +318,16 @@ class Fetcher:
         def send_read(r: ChunkRef, stream: RangeStream) -> None:
             # The stream's bytes land in the value itself: no copy between the socket
             # and LMDB's put, nor to the reader's reply (it gets a view of the value).
-            built = ChunkValue(r.length, obj.key, obj.content_id)
+            # A big value is built in a memory file, sealed once filled, and a mount on
+            # this host is handed the file rather than its bytes (silofs/sealed.py).
+            built = ChunkValue(r.length, obj.key, obj.content_id, sealed.buffer)
             stream.readinto(built.data)
             value = built.seal(dsid, r.index, r.chunk_size)
-            token.run_sync_soon(deliver, r, built.data.toreadonly(), value)
+            del built
+            if isinstance(value, sealed.SealedValue):
+                value = sealed.seal(value, r.length)
+            view = memoryview(value)[len(value) - r.length :].toreadonly()
+            token.run_sync_soon(deliver, r, view, value)
 
         def fetch() -> RangeStream | None:
             nonlocal opened

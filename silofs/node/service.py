@@ -23,7 +23,7 @@ import time
 import lmdb
 import trio
 
-from silofs import __version__, heap
+from silofs import __version__, heap, sealed
 from silofs.config import NodeSettings
 from silofs.control.peer import peer_may_change
 from silofs.control.server import (
@@ -194,6 +194,7 @@ def fd_budget(s: NodeSettings) -> int:
         + ConnectionLimits.threads
         + members * PEER_POOL
         + s.fetch_threads * _FDS_PER_FETCH_THREAD
+        + sealed.fds_held()
     )
 
 
@@ -281,6 +282,7 @@ def run_daemon(settings: NodeSettings, started_by: str = "manual") -> None:
     heap.keep_freed(2 * settings.admission_queue_bytes)
     nofile = raise_nofile()
     log.debug("open-files limit: %d", nofile)
+    sealed.limit_live(nofile)
     # Before anything slow (opening the cache, moving a damaged one aside): a SIGHUP
     # while starting or stopping must not end the daemon either. serve() handles it
     # itself while it runs.

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import lmdb
 
 from silofs.cache.bounds import DamagedValueError, FirstTime, ValueCursor
-from silofs.cache.format import KEY_SIZE, chunk_key
+from silofs.cache.format import KEY_SIZE, Buffer, chunk_key
 from silofs.cache.listing import GEN, LISTING_FORMAT, gen_prefix
 from silofs.cache.store import DSID, USAGE_ROW, CacheStore, Usage
 from silofs.errors import SilofsError
@@ -55,7 +55,7 @@ class PendingChunk:
 
     dataset: int
     key: bytes
-    value: bytes | bytearray  # encoded (header + data); never changed once offered
+    value: bytes | Buffer  # encoded (header + data); never changed once offered
     data_len: int
     replace: bool = False  # overwrite a cached value that failed verification
     streamed: bool = False  # one of several chunks one GET streams (a sequential read)

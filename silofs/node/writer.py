@@ -29,6 +29,7 @@ from typing import Any, TypeVar
 import trio
 
 from silofs import heap
+from silofs.cache.format import Buffer
 from silofs.cache.store import Usage
 from silofs.node.lru_index import LruIndex
 from silofs.node.quota import QuotaPolicy
@@ -183,7 +184,7 @@ class Writer:
         is in LMDB or was turned away."""
         return len(self._pending)
 
-    def pending(self, key: bytes) -> bytes | bytearray | None:
+    def pending(self, key: bytes) -> bytes | Buffer | None:
         """The encoded value of a chunk offered and not yet committed, if there is one."""
         item = self._pending.get(key)
         return None if item is None else item.value

@@ -591,3 +591,52 @@ def test_connection_limits_evict_idle_then_refuse(
             nursery.cancel_scope.cancel()
 
     trio.run(main)
+
+
+def test_a_sealed_chunk_file_goes_only_to_trusted_peers_on_a_unix_connection(
+    tmp_path: Path, world: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The chunk route hands a streamed chunk's sealed file (silofs/sealed.py) to a
+    trusted peer that asked with fd=1 on a connection that can carry it; everyone else
+    gets the bytes, after the same checks."""
+    from silofs import sealed
+    from silofs.cache.format import ChunkValue
+
+    (world / "data").mkdir()
+    (world / "data" / "pub").write_bytes(b"public")
+    data = os.urandom(1 << 20)
+    built = ChunkValue(len(data), "pub", "etag", sealed.buffer)
+    built.data[:] = data
+    raw = built.seal(1, 0, 4 << 20)
+    del built
+    assert isinstance(raw, sealed.SealedValue)
+    value = sealed.seal(raw, len(data))
+    del raw
+    view = memoryview(value)[len(value) - len(data) :].toreadonly()
+
+    async def streamed(*_args: Any, **_kw: Any) -> tuple[memoryview, str]:
+        return view, "remote"
+
+    monkeypatch.setattr(Daemon, "get_chunk", streamed)
+
+    async def test(d: Daemon, call: Call) -> None:
+        ds = await _ready(call, ALICE, str(world / "data"))
+        reg = {"dataset": ds["id"], "job": "j", "mountpoint": "/m"}
+        router = build_router(d)
+        answers = {}
+        for who in (ALICE, ROOT):
+            s, m = await call(who, "POST", "/v1/mounts", {**reg, "job": f"j{who.uid}"})
+            assert s == 201, m
+            for fd, unix in (("1", True), ("1", False), ("0", True)):
+                query = {"mount": m["id"], "key": "pub", "index": "0", "fd": fd}
+                req = Request("GET", "/v1/chunks", query, {}, b"", who, unix)
+                answers[who.uid, fd, unix] = await router.dispatch(req)
+        for (uid, fd, unix), resp in answers.items():
+            assert resp.status == 200
+            if (uid, fd, unix) == (0, "1", True):
+                assert resp.fd is value and resp.body == b""
+                assert resp.headers[sealed.FD_HEADER] == f"{len(value) - len(data)} {len(data)}"
+            else:
+                assert resp.fd is None and bytes(resp.body) == data
+
+    run_routes(tmp_path, test)

@@ -5,11 +5,16 @@ Owns reading and checking those requests (the object key, the chunk index, the
 read-ahead span, the version the reader's handle opened), the per-request checks beyond
 the route's entry (node/authz.py: the peer's own mount; for a local dataset, that it
 could read the object itself, on every request), and the status each failure answers.
+A mount that asks with `fd=1` on a connection that can carry one (a Unix socket's) is
+handed a streamed chunk's sealed memory file instead of its bytes (silofs/sealed.py),
+if the daemon trusts it: the file's pages stay charged to the daemon while the mount
+holds them, so an untrusted user's mount could pin the daemon's memory with them.
 Fetching, verification and admission are the Daemon's.
 """
 
 from __future__ import annotations
 
+from silofs import sealed
 from silofs.cache.format import MAX_SPAN_CHUNKS
 from silofs.control.router import HTTPError, Request, Response, json_response
 from silofs.errors import (
@@ -40,7 +45,14 @@ async def get_chunk(d: Daemon, req: Request) -> Response:
         raise HTTPError(404, str(exc)) from None
     except BackendError as exc:
         raise HTTPError(backend_status(exc), str(exc)) from None
-    return Response(200, data, "application/octet-stream", {"x-silofs-source": source})
+    headers = {"x-silofs-source": source}
+    if req.query.get("fd") == "1" and req.passes_fds and trusted(d, req):
+        shared = sealed.passable(data)
+        if shared is not None:  # the mount maps the sealed file instead (silofs/sealed.py)
+            value, offset = shared
+            headers[sealed.FD_HEADER] = f"{offset} {len(data)}"
+            return Response(200, b"", "application/octet-stream", headers, fd=value)
+    return Response(200, data, "application/octet-stream", headers)
 
 
 def peer_chunk(d: Daemon, req: Request) -> Response | None:
