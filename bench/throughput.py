@@ -71,8 +71,16 @@ class Ceiling:
     from the local disk as silofs reads its cache after the page cache is dropped; a
     fresh process per pass, fresh(): mapped pages survive drop_caches)."""
 
-    def __init__(self, data: Path, mp: str, from_disk: bool = False, loop: str = "pyfuse3") -> None:
+    def __init__(
+        self,
+        data: Path,
+        mp: str,
+        from_disk: bool = False,
+        loop: str = "pyfuse3",
+        own_session: bool = True,
+    ) -> None:
         self.data, self.mp, self.from_disk, self.loop = data, mp, from_disk, loop
+        self.own_session = own_session
         self.proc: subprocess.Popen | None = None
 
     @property
@@ -87,6 +95,13 @@ class Ceiling:
             + (["--from-disk"] if self.from_disk else []),
             stdout=subprocess.PIPE,
             text=True,
+            # As `silofs mount` starts its mount process. With the kernel's autogroups
+            # (kernel.sched_autogroup_enabled) a session is a scheduling group of its own:
+            # a ceiling in the readers' session is preempted by the reader its reply wakes
+            # and finds the next request queued, where a process apart (any mount: its
+            # readers are in another session, cgroup or container) sleeps in epoll_wait
+            # for ~half of its requests (bench/README.md "Why silofs sleeps ...").
+            start_new_session=self.own_session,
         )
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline().strip()  # after it has read the data in
@@ -323,6 +338,13 @@ def main() -> int:
         action="store_true",
         help="also both ceilings served with pyfuse3's own device loop (rawfuse.py --loop "
         "pyfuse3; the contract's ceilings use the cheaper one silofs uses, --loop turns)",
+    )
+    ap.add_argument(
+        "--same-session-ceiling",
+        action="store_true",
+        help="also the ceiling from memory started in this process's session (the readers'), "
+        "not in one of its own as a mount process is: with the kernel's autogroups the "
+        "readers' wakeups then preempt it, and it sleeps for few requests",
     )
     ap.add_argument(
         "--perf",
@@ -595,15 +617,17 @@ def run(
             ceilings: dict[str, Ceiling] = {}
             if not args.no_ceiling:
                 kinds = [
-                    ("ceiling", "raw", False, "turns"),
-                    ("ssd ceiling", "rawd", True, "turns"),
+                    ("ceiling", "raw", False, "turns", True),
+                    ("ssd ceiling", "rawd", True, "turns", True),
                 ]
                 if args.pyfuse3_loop_ceiling:
-                    kinds.append(("pyfuse3-loop ceiling", "rawp", False, "pyfuse3"))
-                    kinds.append(("pyfuse3-loop ssd ceiling", "rawdp", True, "pyfuse3"))
-                for name, mp_name, disk, loop in kinds:
+                    kinds.append(("pyfuse3-loop ceiling", "rawp", False, "pyfuse3", True))
+                    kinds.append(("pyfuse3-loop ssd ceiling", "rawdp", True, "pyfuse3", True))
+                if args.same_session_ceiling:
+                    kinds.append(("same-session ceiling", "raws", False, "turns", False))
+                for name, mp_name, disk, loop, apart in kinds:
                     ceilings[name] = stack.enter_context(
-                        Ceiling(data, str(tmp / mp_name), disk, loop)
+                        Ceiling(data, str(tmp / mp_name), disk, loop, own_session=apart)
                     )
                     ceil_rates[name] = {}
                     ceiling_costs[name] = {}
@@ -708,6 +732,7 @@ def run(
                     "ssd ceiling": "pyfuse3 SSD ceiling",
                     "pyfuse3-loop ceiling": "pyfuse3 ceiling, pyfuse3's own loop",
                     "pyfuse3-loop ssd ceiling": "pyfuse3 SSD ceiling, pyfuse3's own loop",
+                    "same-session ceiling": "pyfuse3 ceiling in the readers' session",
                 }[name]
                 print(
                     f"           {label} {theirs.text(fmt)} {unit}   silofs/{name} {rr:.2f}x"
