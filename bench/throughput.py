@@ -29,7 +29,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from common import (
@@ -170,6 +170,9 @@ class Pass:
     cost: dict[str, ProcTimes]
     rss: dict[str, RssPeak]
     files: int = 1
+    # Times the serving thread slept (voluntary context switches: in epoll_wait for the
+    # next request, mostly) and was preempted, per watched process.
+    switches: dict[str, tuple[int, int]] = field(default_factory=dict)
 
     def cost_text(self) -> str:
         return "; ".join(
@@ -177,8 +180,16 @@ class Pass:
             f"{100 * c.sys_s / max(c.cpu_s, 1e-9):.0f}% in the kernel"
             + (f", {1e6 * c.cpu_s / self.files:.0f} us/file" if self.files > 1 else "")
             + f"), {c.major_faults} major faults, {self.rss[who].text()}"
+            + self.switch_text(who)
             for who, c in self.cost.items()
         )
+
+    def switch_text(self, who: str) -> str:
+        if who not in self.switches:
+            return ""
+        slept, preempted = (n / self.files for n in self.switches[who])
+        per = "file" if self.files > 1 else "pass"
+        return f", main thread slept {slept:.2f}, preempted {preempted:.2f} times per {per}"
 
 
 def _running(pid: int) -> bool:
@@ -211,12 +222,30 @@ def tree_times(pid: int) -> ProcTimes:
     return t
 
 
+def thread_switches(pid: int) -> tuple[int, int]:
+    """(voluntary, involuntary) context switches of `pid`'s main thread, the one that
+    serves FUSE requests (a serving process's, with --serve-processes: the first)."""
+    pid = (_children(pid) or [pid])[0]
+    counts = {}
+    try:
+        with open(f"/proc/{pid}/task/{pid}/status") as f:
+            for line in f:
+                if "ctxt_switches" in line:
+                    key, value = line.split(":")
+                    counts[key] = int(value)
+    except OSError:
+        return 0, 0
+    return counts.get("voluntary_ctxt_switches", 0), counts.get("nonvoluntary_ctxt_switches", 0)
+
+
 def timed_read(paths: list[str], readers: int, watch: dict[str, int] | None) -> Pass:
     """Drop the page cache, then read `paths` once; rate = bytes/s. CPU counts the
-    watched processes' children too; RSS is of the first serving process if any."""
+    watched processes' children too; RSS and switches are of the first serving process
+    if any."""
     drop_caches()
     watch = watch or {}
     t0 = {who: tree_times(pid) for who, pid in watch.items()}
+    s0 = {who: thread_switches(pid) for who, pid in watch.items()}
     with contextlib.ExitStack() as stack:
         rss = {
             who: stack.enter_context(RssPeak((_children(pid) or [pid])[0]))
@@ -224,7 +253,11 @@ def timed_read(paths: list[str], readers: int, watch: dict[str, int] | None) -> 
         }
         secs, n = read_files(paths, readers)
     cost = {who: tree_times(pid).minus(t0[who]) for who, pid in watch.items()}
-    return Pass(n / secs, secs, cost, rss, len(paths))
+    switches = {}
+    for who, pid in watch.items():
+        v, i = thread_switches(pid)
+        switches[who] = (v - s0[who][0], i - s0[who][1])
+    return Pass(n / secs, secs, cost, rss, len(paths), switches)
 
 
 def big_pass(root: Path | str, watch: dict[str, int] | None = None) -> Pass:
@@ -784,11 +817,13 @@ def run(
                 anon = max(p.rss[key].anon for p in ps) / 1024
                 mapped = max(p.rss[key].file for p in ps) / 1024
                 unit = f", {per_file.text('{:.0f}')} us CPU/file" if kind != "big" else ""
+                slept = Samples([p.switches.get(key, (0, 0))[0] / p.files for p in ps])
                 print(
                     f"  {who}, {kind:>3} pass: {cpu.text()} CPU-s{unit} "
                     f"({100 * busy.median:.0f}% of a core, {100 * kernel:.0f}% in the kernel), "
                     f"major faults {faults}; peak RSS anon {anon:.0f} MiB, "
-                    f"file-backed {mapped:.0f} MiB"
+                    f"file-backed {mapped:.0f} MiB; serving thread slept {slept.text('{:.2f}')} "
+                    f"times per {'pass' if kind == 'big' else 'file'}"
                 )
         d = {k: after[k] - before[k] for k in COUNTERS}
         print(
