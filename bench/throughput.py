@@ -5,11 +5,12 @@ Owns: one 512 MiB file and 2000 files of 110 KiB (random bytes, generated once u
 a cold first pass that fills the cache, then warm passes with the page cache dropped
 before each one, interleaved with the same reads on local disk and on the two pyfuse3
 ceilings (bench/rawfuse.py: from memory, and from the local disk), the ratios against
-the goals (BIG_TARGET and the others below), the mount's CPU per file and peak RSS
-(anonymous vs LMDB-mapped), hit ratio from status, and a byte-for-byte check of what the
-mount served. With --git-rev, another revision's mount process is measured in the same
-rounds, through the same daemon and cache. Never runs in CI (it drops the page cache of
-the whole machine) and never changes silofs.
+the goals (BIG_TARGET and the others below), the mount's CPU per file, how often its
+serving thread slept, and peak RSS (anonymous vs LMDB-mapped), hit ratio from status,
+and a byte-for-byte check of what the mount served. The ceilings start in a session of
+their own, as a mount process does. With --git-rev, another revision's mount process is
+measured in the same rounds, through the same daemon and cache. Never runs in CI (it
+drops the page cache of the whole machine) and never changes silofs.
 
     sudo python bench/throughput.py                      # 512 MiB + 2000 x 110 KiB
     sudo python bench/throughput.py --size-mb 256 --files 1000 --readers 1,4 --keep
@@ -100,7 +101,8 @@ class Ceiling:
             # a ceiling in the readers' session is preempted by the reader its reply wakes
             # and finds the next request queued, where a process apart (any mount: its
             # readers are in another session, cgroup or container) sleeps in epoll_wait
-            # for ~half of its requests (bench/README.md "Why silofs sleeps ...").
+            # for ~half of its requests (bench/README.md, "Why the serving thread sleeps
+            # between requests").
             start_new_session=self.own_session,
         )
         assert self.proc.stdout is not None
@@ -226,7 +228,7 @@ def thread_switches(pid: int) -> tuple[int, int]:
     """(voluntary, involuntary) context switches of `pid`'s main thread, the one that
     serves FUSE requests (a serving process's, with --serve-processes: the first)."""
     pid = (_children(pid) or [pid])[0]
-    counts = {}
+    counts: dict[str, int] = {}
     try:
         with open(f"/proc/{pid}/task/{pid}/status") as f:
             for line in f:
@@ -253,7 +255,7 @@ def timed_read(paths: list[str], readers: int, watch: dict[str, int] | None) -> 
         }
         secs, n = read_files(paths, readers)
     cost = {who: tree_times(pid).minus(t0[who]) for who, pid in watch.items()}
-    switches = {}
+    switches: dict[str, tuple[int, int]] = {}
     for who, pid in watch.items():
         v, i = thread_switches(pid)
         switches[who] = (v - s0[who][0], i - s0[who][1])
