@@ -4,10 +4,8 @@ thread's sleeps are counted from the right thread and fields."""
 from __future__ import annotations
 
 import io
-import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -62,13 +60,32 @@ def test_a_ceiling_starts_in_a_session_of_its_own_unless_asked(
 
 
 def test_sleeps_are_counted_for_the_main_thread(throughput: Any) -> None:
-    # The test runs in pytest's main thread, whose every sleep is a voluntary switch.
-    before = throughput.thread_switches(os.getpid())
-    for _ in range(20):
-        time.sleep(0.001)
-    after = throughput.thread_switches(os.getpid())
-    assert after[0] - before[0] >= 20
-    assert after[1] >= before[1]
+    # A process of its own (with no children: the first child's main thread would be
+    # counted, as a mount's serving process is), whose main thread sleeps 50 times
+    # between the two readings.
+    code = (
+        "import sys, time\n"
+        "print('go', flush=True); sys.stdin.readline()\n"
+        "[time.sleep(0.001) for _ in range(50)]\n"
+        "print('done', flush=True); sys.stdin.read()\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stdin is not None and proc.stdout is not None
+        assert proc.stdout.readline().strip() == "go"
+        before = throughput.thread_switches(proc.pid)
+        proc.stdin.write("\n")
+        proc.stdin.flush()
+        assert proc.stdout.readline().strip() == "done"
+        after = throughput.thread_switches(proc.pid)
+        assert after[0] - before[0] >= 50
+        assert after[1] >= before[1]
+    finally:
+        assert proc.stdin is not None
+        proc.stdin.close()
+        proc.wait(10)
 
 
 def test_a_process_that_sleeps_in_another_thread_is_not_counted(throughput: Any) -> None:
