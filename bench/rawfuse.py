@@ -9,8 +9,10 @@ answered), serves with one pyfuse3 worker task through the device loop silofs us
 for pyfuse3's own), and answers each request with the least Python pyfuse3 allows: a
 dict lookup and a memoryview slice.
 bench/throughput.py measures it the same way as silofs (page cache dropped before each
-pass, CPU of this process from /proc/PID/stat), so "silofs / ceiling" is the share of
-what one pyfuse3 process can do that silofs reaches. Never used by silofs itself.
+pass, CPU of this process from /proc/PID/stat, started in a session of its own as a
+silofs mount process is: the kernel's autogroups schedule a session as one group), so
+"silofs / ceiling" is the share of what one pyfuse3 process can do that silofs reaches.
+Never used by silofs itself.
 
 --from-disk serves the same files from the local disk instead of memory: the SSD
 ceiling. Every file is mapped at start (nothing read yet) and a READ answers with a

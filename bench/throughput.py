@@ -5,11 +5,12 @@ Owns: one 512 MiB file and 2000 files of 110 KiB (random bytes, generated once u
 a cold first pass that fills the cache, then warm passes with the page cache dropped
 before each one, interleaved with the same reads on local disk and on the two pyfuse3
 ceilings (bench/rawfuse.py: from memory, and from the local disk), the ratios against
-the goals (BIG_TARGET and the others below), the mount's CPU per file and peak RSS
-(anonymous vs LMDB-mapped), hit ratio from status, and a byte-for-byte check of what the
-mount served. With --git-rev, another revision's mount process is measured in the same
-rounds, through the same daemon and cache. Never runs in CI (it drops the page cache of
-the whole machine) and never changes silofs.
+the goals (BIG_TARGET and the others below), the mount's CPU per file, how often its
+serving thread slept, and peak RSS (anonymous vs LMDB-mapped), hit ratio from status,
+and a byte-for-byte check of what the mount served. The ceilings start in a session of
+their own, as a mount process does. With --git-rev, another revision's mount process is
+measured in the same rounds, through the same daemon and cache. Never runs in CI (it
+drops the page cache of the whole machine) and never changes silofs.
 
     sudo python bench/throughput.py                      # 512 MiB + 2000 x 110 KiB
     sudo python bench/throughput.py --size-mb 256 --files 1000 --readers 1,4 --keep
@@ -29,7 +30,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from common import (
@@ -71,8 +72,16 @@ class Ceiling:
     from the local disk as silofs reads its cache after the page cache is dropped; a
     fresh process per pass, fresh(): mapped pages survive drop_caches)."""
 
-    def __init__(self, data: Path, mp: str, from_disk: bool = False, loop: str = "pyfuse3") -> None:
+    def __init__(
+        self,
+        data: Path,
+        mp: str,
+        from_disk: bool = False,
+        loop: str = "pyfuse3",
+        own_session: bool = True,
+    ) -> None:
         self.data, self.mp, self.from_disk, self.loop = data, mp, from_disk, loop
+        self.own_session = own_session
         self.proc: subprocess.Popen | None = None
 
     @property
@@ -87,6 +96,14 @@ class Ceiling:
             + (["--from-disk"] if self.from_disk else []),
             stdout=subprocess.PIPE,
             text=True,
+            # As `silofs mount` starts its mount process. With the kernel's autogroups
+            # (kernel.sched_autogroup_enabled) a session is a scheduling group of its own:
+            # a ceiling in the readers' session is preempted by the reader its reply wakes
+            # and finds the next request queued, where a process apart (any mount: its
+            # readers are in another session, cgroup or container) sleeps in epoll_wait
+            # for ~half of its requests (bench/README.md, "Why the serving thread sleeps
+            # between requests").
+            start_new_session=self.own_session,
         )
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline().strip()  # after it has read the data in
@@ -155,6 +172,9 @@ class Pass:
     cost: dict[str, ProcTimes]
     rss: dict[str, RssPeak]
     files: int = 1
+    # Times the serving thread slept (voluntary context switches: in epoll_wait for the
+    # next request, mostly) and was preempted, per watched process.
+    switches: dict[str, tuple[int, int]] = field(default_factory=dict)
 
     def cost_text(self) -> str:
         return "; ".join(
@@ -162,8 +182,16 @@ class Pass:
             f"{100 * c.sys_s / max(c.cpu_s, 1e-9):.0f}% in the kernel"
             + (f", {1e6 * c.cpu_s / self.files:.0f} us/file" if self.files > 1 else "")
             + f"), {c.major_faults} major faults, {self.rss[who].text()}"
+            + self.switch_text(who)
             for who, c in self.cost.items()
         )
+
+    def switch_text(self, who: str) -> str:
+        if who not in self.switches:
+            return ""
+        slept, preempted = (n / self.files for n in self.switches[who])
+        per = "file" if self.files > 1 else "pass"
+        return f", main thread slept {slept:.2f}, preempted {preempted:.2f} times per {per}"
 
 
 def _running(pid: int) -> bool:
@@ -196,12 +224,30 @@ def tree_times(pid: int) -> ProcTimes:
     return t
 
 
+def thread_switches(pid: int) -> tuple[int, int]:
+    """(voluntary, involuntary) context switches of `pid`'s main thread, the one that
+    serves FUSE requests (a serving process's, with --serve-processes: the first)."""
+    pid = (_children(pid) or [pid])[0]
+    counts: dict[str, int] = {}
+    try:
+        with open(f"/proc/{pid}/task/{pid}/status") as f:
+            for line in f:
+                if "ctxt_switches" in line:
+                    key, value = line.split(":")
+                    counts[key] = int(value)
+    except OSError:
+        return 0, 0
+    return counts.get("voluntary_ctxt_switches", 0), counts.get("nonvoluntary_ctxt_switches", 0)
+
+
 def timed_read(paths: list[str], readers: int, watch: dict[str, int] | None) -> Pass:
     """Drop the page cache, then read `paths` once; rate = bytes/s. CPU counts the
-    watched processes' children too; RSS is of the first serving process if any."""
+    watched processes' children too; RSS and switches are of the first serving process
+    if any."""
     drop_caches()
     watch = watch or {}
     t0 = {who: tree_times(pid) for who, pid in watch.items()}
+    s0 = {who: thread_switches(pid) for who, pid in watch.items()}
     with contextlib.ExitStack() as stack:
         rss = {
             who: stack.enter_context(RssPeak((_children(pid) or [pid])[0]))
@@ -209,7 +255,11 @@ def timed_read(paths: list[str], readers: int, watch: dict[str, int] | None) -> 
         }
         secs, n = read_files(paths, readers)
     cost = {who: tree_times(pid).minus(t0[who]) for who, pid in watch.items()}
-    return Pass(n / secs, secs, cost, rss, len(paths))
+    switches: dict[str, tuple[int, int]] = {}
+    for who, pid in watch.items():
+        v, i = thread_switches(pid)
+        switches[who] = (v - s0[who][0], i - s0[who][1])
+    return Pass(n / secs, secs, cost, rss, len(paths), switches)
 
 
 def big_pass(root: Path | str, watch: dict[str, int] | None = None) -> Pass:
@@ -323,6 +373,13 @@ def main() -> int:
         action="store_true",
         help="also both ceilings served with pyfuse3's own device loop (rawfuse.py --loop "
         "pyfuse3; the contract's ceilings use the cheaper one silofs uses, --loop turns)",
+    )
+    ap.add_argument(
+        "--same-session-ceiling",
+        action="store_true",
+        help="also the ceiling from memory started in this process's session (the readers'), "
+        "not in one of its own as a mount process is: with the kernel's autogroups the "
+        "readers' wakeups then preempt it, and it sleeps for few requests",
     )
     ap.add_argument(
         "--perf",
@@ -595,15 +652,17 @@ def run(
             ceilings: dict[str, Ceiling] = {}
             if not args.no_ceiling:
                 kinds = [
-                    ("ceiling", "raw", False, "turns"),
-                    ("ssd ceiling", "rawd", True, "turns"),
+                    ("ceiling", "raw", False, "turns", True),
+                    ("ssd ceiling", "rawd", True, "turns", True),
                 ]
                 if args.pyfuse3_loop_ceiling:
-                    kinds.append(("pyfuse3-loop ceiling", "rawp", False, "pyfuse3"))
-                    kinds.append(("pyfuse3-loop ssd ceiling", "rawdp", True, "pyfuse3"))
-                for name, mp_name, disk, loop in kinds:
+                    kinds.append(("pyfuse3-loop ceiling", "rawp", False, "pyfuse3", True))
+                    kinds.append(("pyfuse3-loop ssd ceiling", "rawdp", True, "pyfuse3", True))
+                if args.same_session_ceiling:
+                    kinds.append(("same-session ceiling", "raws", False, "turns", False))
+                for name, mp_name, disk, loop, apart in kinds:
                     ceilings[name] = stack.enter_context(
-                        Ceiling(data, str(tmp / mp_name), disk, loop)
+                        Ceiling(data, str(tmp / mp_name), disk, loop, own_session=apart)
                     )
                     ceil_rates[name] = {}
                     ceiling_costs[name] = {}
@@ -708,6 +767,7 @@ def run(
                     "ssd ceiling": "pyfuse3 SSD ceiling",
                     "pyfuse3-loop ceiling": "pyfuse3 ceiling, pyfuse3's own loop",
                     "pyfuse3-loop ssd ceiling": "pyfuse3 SSD ceiling, pyfuse3's own loop",
+                    "same-session ceiling": "pyfuse3 ceiling in the readers' session",
                 }[name]
                 print(
                     f"           {label} {theirs.text(fmt)} {unit}   silofs/{name} {rr:.2f}x"
@@ -759,11 +819,13 @@ def run(
                 anon = max(p.rss[key].anon for p in ps) / 1024
                 mapped = max(p.rss[key].file for p in ps) / 1024
                 unit = f", {per_file.text('{:.0f}')} us CPU/file" if kind != "big" else ""
+                slept = Samples([p.switches.get(key, (0, 0))[0] / p.files for p in ps])
                 print(
                     f"  {who}, {kind:>3} pass: {cpu.text()} CPU-s{unit} "
                     f"({100 * busy.median:.0f}% of a core, {100 * kernel:.0f}% in the kernel), "
                     f"major faults {faults}; peak RSS anon {anon:.0f} MiB, "
-                    f"file-backed {mapped:.0f} MiB"
+                    f"file-backed {mapped:.0f} MiB; serving thread slept {slept.text('{:.2f}')} "
+                    f"times per {'pass' if kind == 'big' else 'file'}"
                 )
         d = {k: after[k] - before[k] for k in COUNTERS}
         print(

@@ -1,0 +1,115 @@
+"""bench/throughput.py: the ceilings are placed as a mount process is, and the serving
+thread's sleeps are counted from the right thread and fields."""
+
+from __future__ import annotations
+
+import io
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+_BENCH = Path(__file__).resolve().parents[2] / "bench"
+
+
+@pytest.fixture(scope="module")
+def throughput() -> Any:
+    sys.path.insert(0, str(_BENCH))
+    try:
+        import throughput as module
+    finally:
+        sys.path.remove(str(_BENCH))
+    return module
+
+
+class _Started:
+    """What Ceiling.__enter__ sees of the process it starts: its first line, "ready"."""
+
+    started: list[dict[str, Any]] = []
+
+    def __init__(self, args: list[str], **kwargs: Any) -> None:
+        self.started.append(kwargs)
+        self.stdout = io.StringIO("ready\n")
+        self.pid = 1
+
+    def terminate(self) -> None:
+        pass
+
+    def wait(self, timeout: float | None = None) -> int:
+        return 0
+
+
+@pytest.mark.parametrize("own_session", [True, False])
+def test_a_ceiling_starts_in_a_session_of_its_own_unless_asked(
+    throughput: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, own_session: bool
+) -> None:
+    # A mount process runs in a session of its own (`silofs mount`): with the kernel's
+    # autogroups, a ceiling in the readers' session would be scheduled unlike any mount.
+    _Started.started = []
+    monkeypatch.setattr(throughput.subprocess, "Popen", _Started)
+    mp = str(tmp_path / "mnt")
+    if own_session:
+        ceiling = throughput.Ceiling(tmp_path, mp, loop="turns")
+    else:
+        ceiling = throughput.Ceiling(tmp_path, mp, loop="turns", own_session=False)
+    with ceiling:
+        pass
+    assert [k.get("start_new_session") for k in _Started.started] == [own_session]
+
+
+def test_sleeps_are_counted_for_the_main_thread(throughput: Any) -> None:
+    # A process of its own (with no children: the first child's main thread would be
+    # counted, as a mount's serving process is), whose main thread sleeps 50 times
+    # between the two readings.
+    code = (
+        "import sys, time\n"
+        "print('go', flush=True); sys.stdin.readline()\n"
+        "[time.sleep(0.001) for _ in range(50)]\n"
+        "print('done', flush=True); sys.stdin.read()\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stdin is not None and proc.stdout is not None
+        assert proc.stdout.readline().strip() == "go"
+        before = throughput.thread_switches(proc.pid)
+        proc.stdin.write("\n")
+        proc.stdin.flush()
+        assert proc.stdout.readline().strip() == "done"
+        after = throughput.thread_switches(proc.pid)
+        assert after[0] - before[0] >= 50
+        assert after[1] >= before[1]
+    finally:
+        assert proc.stdin is not None
+        proc.stdin.close()
+        proc.wait(10)
+
+
+def test_a_process_that_sleeps_in_another_thread_is_not_counted(throughput: Any) -> None:
+    # Only the main thread serves FUSE requests: a worker thread's sleeps are not its.
+    code = (
+        "import sys, threading, time\n"
+        "t = threading.Thread(target=lambda: [time.sleep(0.001) for _ in range(200)])\n"
+        "t.start(); t.join(); print('done', flush=True); sys.stdin.read()\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == "done"
+        slept, _ = throughput.thread_switches(proc.pid)
+        assert slept < 100  # the thread's 200 sleeps are not the main thread's
+    finally:
+        assert proc.stdin is not None
+        proc.stdin.close()
+        proc.wait(10)
+
+
+def test_a_gone_process_has_no_switches(throughput: Any) -> None:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait(10)
+    assert throughput.thread_switches(proc.pid) == (0, 0)
