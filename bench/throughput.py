@@ -7,8 +7,9 @@ before each one, interleaved with the same reads on local disk and on the two py
 ceilings (bench/rawfuse.py: from memory, and from the local disk), the ratios against
 the goals (BIG_TARGET and the others below), the mount's CPU per file, how often its
 serving thread slept, and peak RSS (anonymous vs LMDB-mapped), hit ratio from status,
-and a byte-for-byte check of what the mount served. The ceilings start in a session of
-their own, as a mount process does. With --git-rev, another revision's mount process is
+and a byte-for-byte check of what the mount served. The ceilings start in the readers'
+session, their best placement (--own-session-ceiling adds one placed as a mount process
+is, in a session of its own). With --git-rev, another revision's mount process is
 measured in the same rounds, through the same daemon and cache. Never runs in CI (it
 drops the page cache of the whole machine) and never changes silofs.
 
@@ -78,7 +79,7 @@ class Ceiling:
         mp: str,
         from_disk: bool = False,
         loop: str = "pyfuse3",
-        own_session: bool = True,
+        own_session: bool = False,
     ) -> None:
         self.data, self.mp, self.from_disk, self.loop = data, mp, from_disk, loop
         self.own_session = own_session
@@ -96,13 +97,13 @@ class Ceiling:
             + (["--from-disk"] if self.from_disk else []),
             stdout=subprocess.PIPE,
             text=True,
-            # As `silofs mount` starts its mount process. With the kernel's autogroups
-            # (kernel.sched_autogroup_enabled) a session is a scheduling group of its own:
-            # a ceiling in the readers' session is preempted by the reader its reply wakes
-            # and finds the next request queued, where a process apart (any mount: its
+            # With the kernel's autogroups (kernel.sched_autogroup_enabled) a session
+            # is a scheduling group of its own: a ceiling in the readers' session is
+            # preempted by the reader its reply wakes and finds the next request queued,
+            # where a process apart (any mount, started as `silofs mount` starts it: its
             # readers are in another session, cgroup or container) sleeps in epoll_wait
             # for ~half of its requests (bench/README.md, "Why the serving thread sleeps
-            # between requests").
+            # between requests"). The contract's ceiling keeps the cheaper placement.
             start_new_session=self.own_session,
         )
         assert self.proc.stdout is not None
@@ -375,11 +376,11 @@ def main() -> int:
         "pyfuse3; the contract's ceilings use the cheaper one silofs uses, --loop turns)",
     )
     ap.add_argument(
-        "--same-session-ceiling",
+        "--own-session-ceiling",
         action="store_true",
-        help="also the ceiling from memory started in this process's session (the readers'), "
-        "not in one of its own as a mount process is: with the kernel's autogroups the "
-        "readers' wakeups then preempt it, and it sleeps for few requests",
+        help="also the ceiling from memory started in a session of its own, as a mount "
+        "process is, not in the readers' (the contract's ceiling): with the kernel's "
+        "autogroups the readers' wakeups then seldom preempt it, and it sleeps more",
     )
     ap.add_argument(
         "--perf",
@@ -652,14 +653,14 @@ def run(
             ceilings: dict[str, Ceiling] = {}
             if not args.no_ceiling:
                 kinds = [
-                    ("ceiling", "raw", False, "turns", True),
-                    ("ssd ceiling", "rawd", True, "turns", True),
+                    ("ceiling", "raw", False, "turns", False),
+                    ("ssd ceiling", "rawd", True, "turns", False),
                 ]
                 if args.pyfuse3_loop_ceiling:
-                    kinds.append(("pyfuse3-loop ceiling", "rawp", False, "pyfuse3", True))
-                    kinds.append(("pyfuse3-loop ssd ceiling", "rawdp", True, "pyfuse3", True))
-                if args.same_session_ceiling:
-                    kinds.append(("same-session ceiling", "raws", False, "turns", False))
+                    kinds.append(("pyfuse3-loop ceiling", "rawp", False, "pyfuse3", False))
+                    kinds.append(("pyfuse3-loop ssd ceiling", "rawdp", True, "pyfuse3", False))
+                if args.own_session_ceiling:
+                    kinds.append(("own-session ceiling", "raws", False, "turns", True))
                 for name, mp_name, disk, loop, apart in kinds:
                     ceilings[name] = stack.enter_context(
                         Ceiling(data, str(tmp / mp_name), disk, loop, own_session=apart)
@@ -767,7 +768,7 @@ def run(
                     "ssd ceiling": "pyfuse3 SSD ceiling",
                     "pyfuse3-loop ceiling": "pyfuse3 ceiling, pyfuse3's own loop",
                     "pyfuse3-loop ssd ceiling": "pyfuse3 SSD ceiling, pyfuse3's own loop",
-                    "same-session ceiling": "pyfuse3 ceiling in the readers' session",
+                    "own-session ceiling": "pyfuse3 ceiling in a session of its own",
                 }[name]
                 print(
                     f"           {label} {theirs.text(fmt)} {unit}   silofs/{name} {rr:.2f}x"
