@@ -191,6 +191,9 @@ def test_an_idle_moved_connection_is_evicted_for_a_newcomer_of_its_uid(
     with server(tmp_path, Probe(), per_uid=2) as path:
         first, second = Client(path), Client(path)
         assert first.get("/v1/chunks")[0] == 200
+        # Its thread marks it idle after the answer is sent: wait for that before the
+        # second's request, so the first is the longer idle whatever the scheduling.
+        wait_for(lambda: len(moved) == 1 and moved[0].idle_since, DEADLINE, "the first idle")
         assert second.get("/v1/chunks")[0] == 200
         wait_for(lambda: len(moved) == 2 and all(m.idle_since for m in moved), DEADLINE, "idle")
         third = Client(path)
