@@ -103,19 +103,23 @@ class Simulation:
             self.cache_policy.reads if self.cache_policy is not None else frozenset()
         )
         self.jobs_moved = True  # a job arrived or left since the policy last ran
-        # The level clock (sim_clock.Clock) carries the jobs held at the link's level
-        # under LRU always, and under uniform caching where it pays and nothing a plan
-        # reads can see it: Gavel moves every running job's share at every plan, so the
-        # level moves at most steps with hundreds of jobs held at it (Quiver: 1.7x less
-        # CPU), and a plan reading nothing that moved keeps the last one. It sums their
-        # progress in another order (to rounding; shared fills and event times carry
-        # that to ~1e-6 of a finish), so FIFO and SJF, and plans that read hits, keep
-        # writing every rate out and their results to the bit.
-        self.uniform_clock = isinstance(self.policy, GavelPolicy) and not self.plan_reads
         if scenario.per_node and cache == "alluxio":
             raise SimulationError("alluxio is one LRU across the nodes, not per-node caches")
         # Per-node caches: a dataset is held once per reader, not once (_cluster).
         private = cache == "coordl" or scenario.per_node
+        # The level clock (sim_clock.Clock) carries the jobs held at the link's level
+        # under LRU always, and under uniform caching where it pays and nothing a plan
+        # reads can see it: Gavel moves every running job's share at every plan, so the
+        # level moves at most steps with hundreds of jobs held at it (Quiver: 1.7x less
+        # CPU), and a plan reading nothing that moved keeps the last one. With a unit
+        # per job (private) a level move still visits each held job's filling unit, so
+        # it saves nothing there. It sums the held jobs' progress in another order (to
+        # rounding; shared fills and event times carry that to ~1e-6 of a finish), so
+        # FIFO and SJF, and plans that read hits, keep writing every rate out and their
+        # results to the bit.
+        self.uniform_clock = (
+            isinstance(self.policy, GavelPolicy) and not self.plan_reads and not private
+        )
         per_node = scenario.per_node and cache != "coordl"  # CoorDL's are per job anyway
         self.cluster = _cluster(scenario, private=private, per_node=per_node)
         # Fairness is judged against the same reference for every policy pair.
