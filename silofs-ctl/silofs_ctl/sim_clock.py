@@ -1,7 +1,7 @@
 """Simulated time: now, the jobs' pending events, and the level clock.
 
 Owns: the current time, each job's next event (its end, its epoch's end, its LRU
-segment's end) in a heap keyed by time, and the level clock: under LRU, the jobs held at
+segment's end) in a heap keyed by time, and the level clock: the jobs held at
 the link's fair level, whose progress is the integral of that level and whose events are
 marks on the integral. Never: decides a rate or a share, or touches cache units and the
 link's totals (the simulator applies a level move to those: `relevel` says by how much).
@@ -14,9 +14,12 @@ when the level moves and the division still holds it, nothing about it needs wri
 out: its progress is the integral of the level since it was last brought to now
 (`vclock`, advanced by level x dt at every tick; SimJob.advance reads it), and its next
 event is where vclock reaches a mark (`vevents`, like `events` but in vclock). A level
-move then costs the units such jobs read, not each job. A job leaves the clock when an
-event touches it, when a division stops holding it, when it leaves, and at every re-plan.
-It runs only without per-job rate logs: those write every rate out.
+move then costs the units such jobs read that are still filling (or, under LRU, growing
+to their target), not each job. A job leaves the clock when an event touches it, when a
+division stops holding it, when it leaves, and at every re-plan. It runs only without
+per-job rate logs: those write every rate out. Under uniform caching a held job's hit
+ratio is H / unread, which reading keeps: the simulator decides where the clock runs
+(Simulation.uniform_clock).
 """
 
 from __future__ import annotations
@@ -39,7 +42,9 @@ class Clock:
         self.now = 0.0
         self.seq = 0  # the last event's sequence number (both heaps)
         self.events: list[tuple[float, int, SimJob]] = []
-        self.on = False  # the level clock runs (set per plan: LRU, no rate logs)
+        # the level clock runs (set per plan: LRU, or uniform caching under Gavel's
+        # vanilla plans; no rate logs)
+        self.on = False
         self.level = 0.0  # the fair level the held jobs read at (0: none held)
         self.vclock = 0.0  # the integral of `level` since t=0
         self.vevents: list[tuple[float, int, SimJob]] = []  # (vclock mark, seq, job)

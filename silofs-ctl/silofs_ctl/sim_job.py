@@ -7,9 +7,10 @@ Never: decides a rate, reads another job, or touches a cache unit or the link.
 
 Between two events a job's rate, remote IO and hit ratio are constant, so its progress
 is linear; bringing it to now over many steps at once is the same arithmetic as doing it
-step by step. A job held at the link's fair level under LRU (sim_clock.Clock) reads at
-level / (1 - hit) while the level moves, so its progress is the integral of the level
-(the clock's `vclock`) since it was last brought to now.
+step by step. A job held at the link's fair level on the level clock (sim_clock.Clock)
+reads at level / (1 - hit) while the level moves, so its progress is the integral of the
+level (the clock's `vclock`) since it was last brought to now; its H shrinks with what
+it read as at any rate (H / unread stays, so its hit ratio does).
 """
 
 from __future__ import annotations
@@ -109,11 +110,11 @@ class SimJob:
                 return
             got = rate * dt
             fetched = self.remote * dt
-            if self.effective > 0.0:  # (0 under LRU, and it stays 0)
-                unread = self.size - self.pos
-                if unread > 0:
-                    left = unread - got
-                    self.effective *= (left if left > 0.0 else 0.0) / unread  # max(0, left)
+        if self.effective > 0.0:  # (0 under LRU, and it stays 0)
+            unread = self.size - self.pos
+            if unread > 0:
+                left = unread - got
+                self.effective *= (left if left > 0.0 else 0.0) / unread  # max(0, left)
         self.read += got
         self.pos += got
         hits = got * self.hit

@@ -38,6 +38,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+_ROUNDS = 12  # at most, of the equilibrium's iteration (it stops when rates move < 1%)
+
 
 def steady_hit_ratio(r: float) -> float:
     """Expected hit ratio of one epoch after the first, LRU holding fraction r."""
@@ -203,7 +205,7 @@ def equilibrium(
     readers: Sequence[LruReader],
     link: float,
     guess: float | None = None,
-    rounds: int = 12,
+    rounds: int = _ROUNDS,
     start: Sequence[float] | None = None,
 ) -> Equilibrium:
     """Che holdings at the rates they lead to: a dataset's holding sets its readers'
@@ -219,16 +221,32 @@ def equilibrium(
     A start near the answer (the last equilibrium's rates when one reader came or went)
     ends after a round or two instead of up to `rounds`."""
     if start is None:
-        rates = [r.rate if r.rate > 0 else r.ceiling for r in readers]
-    else:
-        rates = list(start)
+        start = [r.rate if r.rate > 0 else r.ceiling for r in readers]
+    datasets = [r.dataset for r in readers]
+    ceilings = [r.ceiling for r in readers]
+    io_caps = [r.io_cap for r in readers]
+    return _solve(capacity, sizes, datasets, ceilings, io_caps, link, guess, rounds, start)
+
+
+def _solve(
+    capacity: float,
+    sizes: Mapping[str, float],
+    datasets: list[str],
+    ceilings: list[float],
+    io_caps: list[float | None],
+    link: float,
+    guess: float | None,
+    rounds: int,
+    start: Sequence[float],
+) -> Equilibrium:
+    """equilibrium() of the readers given as parallel lists (each reader's dataset, rate
+    ceiling and IO cap), from the rates `start`."""
+    rates = list(start)
     held: dict[str, float] = {}
     # What does not move from round to round, per reader in order (the loops below are
     # the same arithmetic as one loop over the readers, with their loops in C).
-    datasets = [r.dataset for r in readers]
-    ceilings = [r.ceiling for r in readers]
-    idle = [i for i, r in enumerate(readers) if not r.ceiling > 0]  # hit taken as 0.0
-    capped = [(i, r.io_cap) for i, r in enumerate(readers) if r.io_cap is not None]
+    idle = [i for i, ceiling in enumerate(ceilings) if not ceiling > 0]  # hit taken as 0.0
+    capped = [(i, cap) for i, cap in enumerate(io_caps) if cap is not None]
     of_dataset: dict[str, list[int]] = {}  # datasets in order of their first reader
     for i, dataset in enumerate(datasets):
         of_dataset.setdefault(dataset, []).append(i)
@@ -307,7 +325,7 @@ class LruPool:
         # What the targets were last found for (each running reader's dataset, rate
         # ceiling and IO cap), and the readers' rates there by job name, to start the
         # next search from.
-        self.key: tuple[tuple[str, float, float | None], ...] | None = None
+        self.key: tuple[list[str], list[float], list[float | None]] | None = None
         self.rates: dict[str, float] = {}
 
     def held(self, dataset: str) -> float:
@@ -323,25 +341,33 @@ class LruPool:
         """The targets for the jobs running now (in arrival order), if what they depend
         on moved; `sync` first brings every dataset's holding to now (what was fetched
         so far counts against the old targets)."""
-        readers: list[LruReader] = []
-        names: list[str] = []
+        # Parallel lists, one place per reader (not a reader object each: this runs for
+        # every running job at every plan).
+        datasets: list[str] = []
+        ceilings: list[float] = []
+        io_caps: list[float | None] = []
+        jobs = list(running)
         sizes: dict[str, float] = {}
-        for job in running:
-            gpu_rate = job.share * job.spec.ideal_io
-            readers.append(LruReader(job.spec.dataset, gpu_rate, job.io_cap, job.rate))
-            names.append(job.name)
-            sizes[job.spec.dataset] = job.size
-        key = tuple((r.dataset, r.ceiling, r.io_cap) for r in readers)
+        for job in jobs:
+            spec = job.spec
+            datasets.append(spec.dataset)
+            ceilings.append(job.share * spec.ideal_io)  # its rate when IO does not hold it back
+            io_caps.append(job.io_cap)
+            sizes[spec.dataset] = job.size
+        key = (datasets, ceilings, io_caps)
         if key == self.key:
             return
         self.key = key
         sync()
         old = self.rates
+        names = [job.name for job in jobs]
         start = [
-            old.get(name) or (r.rate if r.rate > 0 else r.ceiling)
-            for name, r in zip(names, readers, strict=True)
+            old.get(name) or (job.rate if job.rate > 0 else ceiling)
+            for name, job, ceiling in zip(names, jobs, ceilings, strict=True)
         ]
-        found = equilibrium(self.capacity, sizes, readers, self.link, self.time, start=start)
+        found = _solve(
+            self.capacity, sizes, datasets, ceilings, io_caps, self.link, self.time, _ROUNDS, start
+        )
         self.target, self.time = found.held, found.time
         self.rates = dict(zip(names, found.rates, strict=True))
         for dataset in list(self.resident):

@@ -199,10 +199,14 @@ class Units:
             self.unpushed[key] = None
 
     def add_inflow(self, key: str, step: float, now: float) -> None:
-        """`step` more bytes/s into `key` (the level clock's held readers moving: under
-        LRU only, where no unit is filling and so none has fill events)."""
-        if key in self.pool.growing:
+        """`step` more bytes/s into `key` (the level clock's held readers moving; the
+        caller moves only units still filling or LRU datasets still growing)."""
+        if self.lru:
+            if key in self.pool.growing:
+                self.sync(key, now)
+        elif key in self.filling:
             self.sync(key, now)
+            self.unpushed[key] = None  # (its fill events move with its inflow)
         inflow = self.inflow.get(key, 0.0) + step
         self.inflow[key] = inflow if inflow > 1e-9 else 0.0
 

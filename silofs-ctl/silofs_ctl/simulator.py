@@ -24,7 +24,8 @@ Model (docs/CONTROLLER.md has the details):
 
 The parts, each in its own module:
 - sim_job.SimJob: one job's state, and advance(), the one progress step every loop uses;
-- sim_clock.Clock: time, the jobs' pending events, and the level clock (LRU);
+- sim_clock.Clock: time, the jobs' pending events, and the level clock (jobs held at the
+  link's level);
 - sim_link.Link: the link's max-min division, demands kept in water-filling order;
 - sim_units.Units: each cache unit's allocation, fill and inflow (uniform caching);
 - sim_lru.LruPool: the LRU pool's holdings (Alluxio);
@@ -106,6 +107,19 @@ class Simulation:
             raise SimulationError("alluxio is one LRU across the nodes, not per-node caches")
         # Per-node caches: a dataset is held once per reader, not once (_cluster).
         private = cache == "coordl" or scenario.per_node
+        # The level clock (sim_clock.Clock) carries the jobs held at the link's level
+        # under LRU always, and under uniform caching where it pays and nothing a plan
+        # reads can see it: Gavel moves every running job's share at every plan, so the
+        # level moves at most steps with hundreds of jobs held at it (Quiver: 1.7x less
+        # CPU), and a plan reading nothing that moved keeps the last one. With a unit
+        # per job (private) a level move still visits each held job's filling unit, so
+        # it saves nothing there. It sums the held jobs' progress in another order (to
+        # rounding; shared fills and event times carry that to ~1e-6 of a finish), so
+        # FIFO and SJF, and plans that read hits, keep writing every rate out and their
+        # results to the bit.
+        self.uniform_clock = (
+            isinstance(self.policy, GavelPolicy) and not self.plan_reads and not private
+        )
         per_node = scenario.per_node and cache != "coordl"  # CoorDL's are per job anyway
         self.cluster = _cluster(scenario, private=private, per_node=per_node)
         # Fairness is judged against the same reference for every policy pair.
@@ -502,11 +516,14 @@ class Simulation:
         step = clock.relevel(fair, leaving)
         if step:
             now = clock.now
-            # Only a dataset still growing to its target reads its inflow before the next
-            # plan sums the inflows anew: one at its target stays there whatever it is
-            # fed (LruPool.add), and the level clock runs only under LRU. The others'
-            # inflows are left as they are (each unit's sum is apart from the others').
-            held_units, growing = clock.held_units, self.pool.growing
+            # Only a unit still filling (uniform) or a dataset still growing to its
+            # target (LRU) reads its inflow before the next plan sums the inflows anew:
+            # one at its cap or target stays there whatever it is fed (Units.add_inflow,
+            # LruPool.add). The others' inflows are left as they are (each unit's sum is
+            # apart from the others').
+            held_units = clock.held_units
+            # (a filling unit that a sync finds full leaves `filling`: a copy is walked)
+            growing = self.pool.growing if units.lru else list(units.filling)
             if len(growing) < len(held_units):
                 for unit in growing:
                     count = held_units.get(unit)
@@ -620,7 +637,7 @@ class Simulation:
         link.record(first, fair, held)
         link.contended = contended
         # (the held jobs were let go before the plan: _reschedule)
-        clock.on = lru and not log_rates
+        clock.on = (lru or self.uniform_clock) and not log_rates
         clock.level = fair if fair is not None else 0.0
         self.held_off = held_off = set()
         if clock.on:
@@ -667,7 +684,9 @@ class Simulation:
         now, vclock = self.clock.now, self.clock.vclock
         for key in units.shared_filling():
             group = readers[key]
-            fetched = {j.name: j.remote * (now - j.t) for j in group if j.remote > 0 and j.rate > 0}
+            fetched = {
+                j.name: _fetched(j, now, vclock) for j in group if j.remote > 0 and j.rate > 0
+            }
             for job in group:
                 job.advance(now, vclock)
             before = units.filled[key]
@@ -806,6 +825,13 @@ def _cluster(scenario: Scenario, *, private: bool, per_node: bool = False) -> Cl
         units[key] = CacheUnit(key, pool, j.dataset, float(j.dataset_size))
         pools[pool] = per_gpu * j.gpus if per_node else total
     return Cluster(node_gpus, node_cache, scenario.remote_io, pools, units)
+
+
+def _fetched(job: SimJob, now: float, vclock: float) -> float:
+    """Remote bytes a running job fetched since it was last brought to now."""
+    if job.held:
+        return vclock - job.v
+    return job.remote * (now - job.t)
 
 
 def simulate(scenario: Scenario, scheduler: str, cache: str, interval: float = 600.0) -> SimResult:

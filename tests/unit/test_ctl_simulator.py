@@ -402,16 +402,19 @@ def test_keeping_a_plan_nothing_it_reads_moved_gives_the_same_run(pair: str) -> 
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("scheduler", ["fifo", "sjf", "gavel"])
-def test_the_level_clock_gives_the_same_run_to_rounding(scheduler: str) -> None:
-    """Under LRU the jobs held at the link's level ride the level clock (their progress
-    the integral of the level, sim_clock.Clock.enter); with per-job rate logs they do
-    not (every rate is written out). Both must give the same finishes and hits."""
+@pytest.mark.parametrize("pair", ["fifo:alluxio", "sjf:alluxio", "gavel:alluxio", "gavel:quiver"])
+def test_the_level_clock_gives_the_same_run_to_rounding(pair: str) -> None:
+    """Under LRU, and under shared uniform caches with Gavel's vanilla plans, the jobs held at
+    the link's level ride the level clock (their progress the integral of the level,
+    their H kept by the same advance: sim_clock.Clock.enter); with per-job rate logs
+    they do not (every rate is written out). Both must give the same finishes and
+    hits."""
+    scheduler, cache = pair.split(":")
     scenario = load_scenario(SCENARIOS / "trace-300.toml")
     scenario = replace(scenario, jobs=scenario.jobs[:150])
-    clocked = Simulation(scenario, scheduler, "alluxio")
+    clocked = Simulation(scenario, scheduler, cache)
     fast = clocked.run()
-    plain = Simulation(scenario, scheduler, "alluxio", job_rates=True)
+    plain = Simulation(scenario, scheduler, cache, job_rates=True)
     slow = plain.run()
     assert clocked.clock.entries > 0 and plain.clock.entries == 0
     for a, b in zip(fast.jobs, slow.jobs, strict=True):
@@ -419,6 +422,20 @@ def test_the_level_clock_gives_the_same_run_to_rounding(scheduler: str) -> None:
         assert a.hit_ratio == pytest.approx(b.hit_ratio, rel=1e-9, abs=1e-12)
         assert a.remote_bytes == pytest.approx(b.remote_bytes, rel=1e-9)
     assert fast.avg_fairness == pytest.approx(slow.avg_fairness, rel=1e-9)
+
+
+@pytest.mark.parametrize("pair", ["fifo:quiver", "sjf:silod", "gavel:silod", "gavel:coordl"])
+def test_uniform_caches_write_every_rate_out_outside_gavels_vanilla_plans(pair: str) -> None:
+    """The level clock sums held jobs' progress in another order than writing each rate
+    out: FIFO and SJF, plans that read hit ratios (SiloD) and caches of a unit per job
+    (CoorDL) keep every rate written out, so their runs are the same to the bit as
+    before it ran under uniform caching."""
+    scheduler, cache = pair.split(":")
+    scenario = load_scenario(SCENARIOS / "trace-300.toml")
+    scenario = replace(scenario, jobs=scenario.jobs[:60])
+    sim = Simulation(scenario, scheduler, cache)
+    sim.run()
+    assert sim.clock.entries == 0
 
 
 def test_the_kept_water_fill_order_divides_the_link_as_water_fill_capped() -> None:
