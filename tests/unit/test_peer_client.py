@@ -19,6 +19,7 @@ import ssl
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -108,15 +109,10 @@ def test_a_body_cut_into_pieces_is_read_whole_as_soon_as_it_is_there(
         pool.close()
 
 
-def test_a_remembered_listing_row_is_the_current_generations_only(tmp_path: Path) -> None:
-    """ThreadAsks' rows found in a dataset's listing (node/peer_ask.py _named): a relist
-    (the next generation) names the new version at once, and a dataset opened again
-    (a new DatasetState, the same id) never gets the rows of the one before."""
+def _thread_asks(tmp_path: Path) -> tuple[Any, int, Any]:
+    """A cache with dataset s3://b/ and the ThreadAsks of a daemon over it."""
     from silofs.node.peer_ask import ThreadAsks
-    from silofs.node.state import DatasetState
     from silofs.node.store_write import WritableStore
-    from silofs.records import ObjectInfo
-    from silofs.uri import parse_uri
 
     store = WritableStore(str(tmp_path / "cache"), 1 << 26)
     dsid = store.dataset_id("s3://b/", create=True)
@@ -127,7 +123,18 @@ def test_a_remembered_listing_row_is_the_current_generations_only(tmp_path: Path
             pass
 
     Cluster.d.store = store  # type: ignore[attr-defined]
-    asks = ThreadAsks(Cluster())
+    return store, dsid, ThreadAsks(Cluster())
+
+
+def test_a_remembered_listing_row_is_the_current_generations_only(tmp_path: Path) -> None:
+    """ThreadAsks' rows found in a dataset's listing (node/peer_ask.py _named): a relist
+    (the next generation) names the new version at once, and a dataset opened again
+    (a new DatasetState, the same id) never gets the rows of the one before."""
+    from silofs.node.state import DatasetState
+    from silofs.records import ObjectInfo
+    from silofs.uri import parse_uri
+
+    store, dsid, asks = _thread_asks(tmp_path)
 
     def listed(version: str) -> DatasetState:
         obj = ObjectInfo("a/b.bin", 10, 0.0, version, f"cid-{version}")
@@ -158,22 +165,11 @@ def test_a_remembered_row_keeps_no_forgotten_dataset_alive(tmp_path: Path) -> No
     import gc
     import weakref
 
-    from silofs.node.peer_ask import ThreadAsks
     from silofs.node.state import DatasetState
-    from silofs.node.store_write import WritableStore
     from silofs.records import ObjectInfo
     from silofs.uri import parse_uri
 
-    store = WritableStore(str(tmp_path / "cache"), 1 << 26)
-    dsid = store.dataset_id("s3://b/", create=True)
-    assert dsid is not None
-
-    class Cluster:
-        class d:  # noqa: N801 (the Daemon's attribute)
-            pass
-
-    Cluster.d.store = store  # type: ignore[attr-defined]
-    asks = ThreadAsks(Cluster())
+    store, dsid, asks = _thread_asks(tmp_path)
     record = store.replace_listing(dsid, [ObjectInfo("k", 1, 0.0, "v", "c")], {})
     ds = DatasetState(dsid, parse_uri("s3://b/"), "b", None, record=record)  # type: ignore[arg-type]
     assert asks._named(ds, "k", None) is not None
