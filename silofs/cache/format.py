@@ -221,16 +221,9 @@ def _parse(mv: memoryview) -> tuple[int, int, int, int, int, int, int, int, int,
     of a value whose header checksum holds, else ChunkFormatError. Touches no data."""
     n = len(mv)
     if n < _FIXED.size:
-        if n >= _V1_PREFIX.size and _V1_PREFIX.unpack_from(mv) == (MAGIC, 1):
-            raise StaleFormatError("chunk format version 1")
-        raise ChunkFormatError("value shorter than a chunk header")
+        _short(mv)
     magic, version, shift, _, hdr_len, dataset, index, csize, length = _FIXED.unpack_from(mv)
-    if magic != MAGIC:
-        raise ChunkFormatError("bad magic")
-    if version != FORMAT_VERSION:
-        if version == 1:
-            raise StaleFormatError("chunk format version 1")
-        raise ChunkFormatError(f"unknown chunk format version {version}")
+    _check_kind(magic, version)
     if hdr_len + length != n or hdr_len < _MIN_HDR:
         raise ChunkFormatError("header length does not match the value")
     (checksum,) = _SUM.unpack_from(mv, hdr_len - 8)
@@ -287,6 +280,17 @@ def _short(mv: bytes | bytearray | memoryview) -> None:
     raise ChunkFormatError("value shorter than a chunk header")
 
 
+def _check_kind(magic: bytes, version: int) -> None:
+    """ChunkFormatError unless the fixed header names a value of this format version
+    (StaleFormatError for version 1: a refetch, not damage)."""
+    if magic != MAGIC:
+        raise ChunkFormatError("bad magic")
+    if version != FORMAT_VERSION:
+        if version == 1:
+            raise StaleFormatError("chunk format version 1")
+        raise ChunkFormatError(f"unknown chunk format version {version}")
+
+
 def _checked_header(
     mv: memoryview, n: int, cid: bytes, chunk_size: int, index: int, length: int, lo: int, hi: int
 ) -> tuple[int, int, int]:
@@ -296,12 +300,7 @@ def _checked_header(
     if len(mv) < _FIXED.size:
         _short(mv)
     magic, version, shift, _, hdr_len, _, idx, csize, dlen = _FIXED.unpack_from(mv)
-    if magic != MAGIC:
-        raise ChunkFormatError("bad magic")
-    if version != FORMAT_VERSION:
-        if version == 1:
-            raise StaleFormatError("chunk format version 1")
-        raise ChunkFormatError(f"unknown chunk format version {version}")
+    _check_kind(magic, version)
     if hdr_len + dlen != n or hdr_len < _MIN_HDR or len(mv) < hdr_len:
         raise ChunkFormatError("header length does not match the value")
     if not 12 <= shift <= 26:
