@@ -232,6 +232,7 @@ def peer_vs_local(
         )
 
     waits: dict[str, dict[str, int]] = {"local": {}, "peer": {}}
+    slices: dict[str, dict[str, int]] = {"local": {}, "peer": {}}
     seconds_of: dict[str, list[float]] = {"local": [], "peer": []}
     readers_s: dict[str, float] = {"local": 0.0, "peer": 0.0}
     for _ in range(args.rounds):
@@ -246,9 +247,10 @@ def peer_vs_local(
             readers_s[kind] += _self_cpu_s() - r0
             t1 = times()
             for name, ps in pids.items():
-                run, wait = _sched_sum(ps)
+                run, wait, runs = _sched_sum(ps)
                 ns[kind][name] = ns[kind].get(name, 0) + run - n0[name][0]
                 waits[kind][name] = waits[kind].get(name, 0) + wait - n0[name][1]
+                slices[kind][name] = slices[kind].get(name, 0) + runs - n0[name][2]
             seconds_of[kind] += [r.seconds for r in reads]
             rates[kind].append(sum(r.nbytes for r in reads) / seconds / MIB)
             names = ("daemon", "mount", "homes", "daemon_loop", "homes_loop")
@@ -297,6 +299,15 @@ def peer_vs_local(
         },
         **_waits_and_asker(
             args, len(peer), len(local), ns, waits, seconds_of, readers_s, local_rate
+        ),
+        # How often each process's threads were put on a core per chunk: the
+        # wake-ups a chunk costs (and any preemption at this load).
+        "runs_per_peer_chunk": {
+            name: round(slices["peer"][name] / (len(peer) * args.rounds), 2)
+            for name in ("daemon", "mount", "homes")
+        },
+        "runs_per_local_chunk": round(
+            (slices["local"]["daemon"] + slices["local"]["mount"]) / (len(local) * args.rounds), 2
         ),
     }
 
@@ -365,20 +376,21 @@ def _self_cpu_s() -> float:
     return r.ru_utime + r.ru_stime
 
 
-def _sched_sum(pids: list[int]) -> tuple[int, int]:
-    """(ns on CPU, ns ready but waiting for a CPU) of the processes' live threads
-    (/proc/PID/task/*/schedstat): a round's threads live through it (a thread that
-    ends takes its time with it)."""
-    run = wait = 0
+def _sched_sum(pids: list[int]) -> tuple[int, int, int]:
+    """(ns on CPU, ns ready but waiting for a CPU, times put on a CPU) of the
+    processes' live threads (/proc/PID/task/*/schedstat): a round's threads live
+    through it (a thread that ends takes its time with it)."""
+    run = wait = runs = 0
     for pid in pids:
         for tid in os.listdir(f"/proc/{pid}/task"):
             try:
                 with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
                     fields = f.read().split()
                 run, wait = run + int(fields[0]), wait + int(fields[1])
+                runs += int(fields[2])
             except (OSError, ValueError, IndexError):
                 pass  # ended meanwhile
-    return run, wait
+    return run, wait, runs
 
 
 def _loop_times(pid: int) -> ProcTimes:
