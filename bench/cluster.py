@@ -24,11 +24,11 @@ the nodes are one cluster; a chunk's home fetches it once and serves it to the o
 Then, in the shared cluster with its caches warm, one node reads the files homed at it
 (local cache hits) and as many homed elsewhere (served by their homes) in alternating
 rounds: the rate of each, and the CPU per MiB of the asking daemon, the homes' daemons
-and the asking mount, from /proc; per chunk, each process's CPU and its threads' wait for
-a core (schedstat's run-queue time), the readers' CPU and the reads' latency; and,
-labelled as a projection beside the goal's figure, what the asking node alone (its
-daemon and mount) spends per peer-served chunk and the rate its cores would allow with
-the homes on other hosts. --profile PREFIX runs py-spy on the asking daemon, its
+and the asking mount, from /proc; per chunk, each process's CPU, its threads' wait for
+a core (schedstat's run-queue time) and how often they ran, the readers' CPU and the
+reads' latency; and, labelled as a projection beside the goal's figure, what the asking
+node alone (its daemon and mount) spends per peer-served chunk and the rate its cores
+would allow with the homes on other hosts. --profile PREFIX runs py-spy on the asking daemon, its
 mount and one home's daemon during more peer rounds (their figures are not comparable)
 and prints where their busy time goes.
 
