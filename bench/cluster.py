@@ -24,7 +24,11 @@ the nodes are one cluster; a chunk's home fetches it once and serves it to the o
 Then, in the shared cluster with its caches warm, one node reads the files homed at it
 (local cache hits) and as many homed elsewhere (served by their homes) in alternating
 rounds: the rate of each, and the CPU per MiB of the asking daemon, the homes' daemons
-and the asking mount, from /proc. --profile PREFIX runs py-spy on the asking daemon, its
+and the asking mount, from /proc; per chunk, each process's CPU, its threads' wait for
+a core (schedstat's run-queue time) and how often they ran, the readers' CPU and the
+reads' latency; and, labelled as a projection beside the goal's figure, what the asking
+node alone (its daemon and mount) spends per peer-served chunk and the rate its cores
+would allow with the homes on other hosts. --profile PREFIX runs py-spy on the asking daemon, its
 mount and one home's daemon during more peer rounds (their figures are not comparable)
 and prints where their busy time goes.
 
@@ -41,6 +45,7 @@ import json
 import math
 import os
 import random
+import resource
 import statistics
 import sys
 import tempfile
@@ -60,6 +65,7 @@ from tests.support.netcluster import (  # noqa: E402
     Cluster,
     ClusterSpec,
     EpochReads,
+    FileRead,
     cluster,
     drop_pages,
     epoch,
@@ -225,18 +231,28 @@ def peer_vs_local(
             ProcTimes(sum(h.user_s for h in home_loops), sum(h.sys_s for h in home_loops), 0),
         )
 
+    waits: dict[str, dict[str, int]] = {"local": {}, "peer": {}}
+    slices: dict[str, dict[str, int]] = {"local": {}, "peer": {}}
+    seconds_of: dict[str, list[float]] = {"local": [], "peer": []}
+    readers_s: dict[str, float] = {"local": 0.0, "peer": 0.0}
     for _ in range(args.rounds):
         for kind, keys in (("local", local), ("peer", peer)):
             drop_pages(mp, keys)
-            n0 = {name: sum(map(_run_ns, ps)) for name, ps in pids.items()}
+            n0 = {name: _sched_sum(ps) for name, ps in pids.items()}
             t0 = times()
+            r0 = _self_cpu_s()
             start = time.monotonic()
-            nbytes = _read_keys(mp, keys, files, args.readers)
+            reads = _read_keys(mp, keys, files, args.readers)
             seconds = time.monotonic() - start
+            readers_s[kind] += _self_cpu_s() - r0
             t1 = times()
             for name, ps in pids.items():
-                ns[kind][name] = ns[kind].get(name, 0) + sum(map(_run_ns, ps)) - n0[name]
-            rates[kind].append(nbytes / seconds / MIB)
+                run, wait, runs = _sched_sum(ps)
+                ns[kind][name] = ns[kind].get(name, 0) + run - n0[name][0]
+                waits[kind][name] = waits[kind].get(name, 0) + wait - n0[name][1]
+                slices[kind][name] = slices[kind].get(name, 0) + runs - n0[name][2]
+            seconds_of[kind] += [r.seconds for r in reads]
+            rates[kind].append(sum(r.nbytes for r in reads) / seconds / MIB)
             names = ("daemon", "mount", "homes", "daemon_loop", "homes_loop")
             for name, a, b in zip(names, t0, t1, strict=True):
                 cpu[kind][name] = cpu[kind].get(name, 0.0) + b.cpu_s - a.cpu_s
@@ -281,20 +297,100 @@ def peer_vs_local(
             "daemon": round(1000 * cpu["local"]["daemon"] / local_mib, 2),
             "mount": round(1000 * cpu["local"]["mount"] / local_mib, 2),
         },
+        **_waits_and_asker(
+            args, len(peer), len(local), ns, waits, seconds_of, readers_s, local_rate
+        ),
+        # How often each process's threads were put on a core per chunk: the
+        # wake-ups a chunk costs (and any preemption at this load).
+        "runs_per_peer_chunk": {
+            name: round(slices["peer"][name] / (len(peer) * args.rounds), 2)
+            for name in ("daemon", "mount", "homes")
+        },
+        "runs_per_local_chunk": round(
+            (slices["local"]["daemon"] + slices["local"]["mount"]) / (len(local) * args.rounds), 2
+        ),
     }
 
 
-def _run_ns(pid: int) -> int:
-    """Nanoseconds on CPU of a process's live threads (/proc/PID/task/*/schedstat): a
-    round's threads live through it (a thread that ends takes its time with it)."""
-    total = 0
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        try:
-            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
-                total += int(f.read().split()[0])
-        except (OSError, ValueError, IndexError):
-            pass  # ended meanwhile
-    return total
+def _waits_and_asker(
+    args: argparse.Namespace,
+    n_peer: int,
+    n_local: int,
+    ns: dict[str, dict[str, int]],
+    waits: dict[str, dict[str, int]],
+    seconds_of: dict[str, list[float]],
+    readers_s: dict[str, float],
+    local_mib_s: float,
+) -> dict[str, Any]:
+    """Where a peer-served chunk waits, and what the asking node alone spends on it.
+
+    `wait_us_per_peer_chunk`: the time each process's threads were ready to run but
+    waited for a core (schedstat's run-queue time): on two cores shared by four nodes
+    and the readers, most of a chunk's wall time beyond its CPU. `asking_node_alone`
+    is a projection, not the goal's figure: the CPU the asking node's own daemon and
+    mount spend per peer-served chunk against the mount's per local hit, and the rate
+    its cores would give peer reads if the homes ran on other hosts (as in a real
+    cluster) and the node did nothing else; the readers' own CPU (the same per byte
+    either way) is left out of both."""
+    chunks = {"peer": n_peer * args.rounds, "local": n_local * args.rounds}
+    chunk_mib = args.chunk_size / MIB
+    peer_us = {k: ns["peer"][k] / 1000 / chunks["peer"] for k in ("daemon", "mount")}
+    local_us = (ns["local"]["daemon"] + ns["local"]["mount"]) / 1000 / chunks["local"]
+    asker_us = peer_us["daemon"] + peer_us["mount"]
+    cores = os.cpu_count() or 1
+
+    def latency(kind: str) -> dict[str, float]:
+        got = sorted(seconds_of[kind])
+        return {f"p{q}": round(1000 * got[(len(got) - 1) * q // 100], 2) for q in (50, 90, 99)}
+
+    return {
+        "wait_us_per_peer_chunk": {
+            name: round(waits["peer"][name] / 1000 / chunks["peer"])
+            for name in ("daemon", "mount", "homes")
+        },
+        "wait_us_per_local_chunk": round(
+            (waits["local"]["daemon"] + waits["local"]["mount"]) / 1000 / chunks["local"]
+        ),
+        "readers_cpu_us_per_chunk": {
+            kind: round(1e6 * readers_s[kind] / chunks[kind]) for kind in chunks
+        },
+        "read_ms": {kind: latency(kind) for kind in chunks},
+        "asking_node_alone": {
+            "note": "projection, not the goal's figure: homes on other hosts",
+            "cpu_us_per_peer_chunk": round(asker_us),
+            "cpu_us_per_local_chunk": round(local_us),
+            "peer_mib_s_if_cpu_bound": round(cores * 1e6 / asker_us * chunk_mib, 1),
+            "local_mib_s_if_cpu_bound": round(cores * 1e6 / local_us * chunk_mib, 1),
+            "peer_over_local_if_cpu_bound": round(local_us / asker_us, 3),
+        },
+        # The ceiling above over the local hits' measured rate (which is not CPU-bound).
+        "asking_node_ceiling_over_local": round(
+            cores * 1e6 / asker_us * chunk_mib / local_mib_s, 3
+        ),
+    }
+
+
+def _self_cpu_s() -> float:
+    """This process's CPU seconds (its readers'), at microsecond resolution."""
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def _sched_sum(pids: list[int]) -> tuple[int, int, int]:
+    """(ns on CPU, ns ready but waiting for a CPU, times put on a CPU) of the
+    processes' live threads (/proc/PID/task/*/schedstat): a round's threads live
+    through it (a thread that ends takes its time with it)."""
+    run = wait = runs = 0
+    for pid in pids:
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            try:
+                with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                    fields = f.read().split()
+                run, wait = run + int(fields[0]), wait + int(fields[1])
+                runs += int(fields[2])
+            except (OSError, ValueError, IndexError):
+                pass  # ended meanwhile
+    return run, wait, runs
 
 
 def _loop_times(pid: int) -> ProcTimes:
@@ -319,17 +415,17 @@ def _profile_peer_round(
 
 def _read_keys(
     mp: Path, keys: list[str], files: dict[str, bytes], readers: int, drop: bool = False
-) -> int:
-    def one(key: str) -> int:
+) -> list[FileRead]:
+    def one(key: str) -> FileRead:
         if drop:
             drop_pages(mp, [key])
         r = read_file(mp / key, files[key])
         if r.error or r.wrong:
             raise AssertionError(f"{key}: {r.error or f'{r.wrong} wrong bytes'}")
-        return r.nbytes
+        return r
 
     with ThreadPoolExecutor(readers) as pool:
-        return sum(pool.map(one, keys))
+        return list(pool.map(one, keys))
 
 
 # -- the store and the whole run ---------------------------------------------------------

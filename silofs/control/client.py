@@ -20,6 +20,7 @@ import array
 import http.client
 import json
 import logging
+import math
 import os
 import select
 import socket
@@ -57,6 +58,11 @@ _FRAMING = frozenset({"content-length", "transfer-encoding", "host"})
 # How much of an answer the async client peeks at to find its head's end (a daemon's
 # head is ~100 bytes; a longer one is taken in pieces of this).
 _PEEK = 1024
+# A keep-alive connection that finished an answer this recently is reused without
+# looking whether the daemon closed it (a poll per request otherwise).
+REUSE_UNPOLLED = 1.0
+# A request's timeout measures silence to within this factor (_AsyncConnection._heard).
+SILENCE_SLACK = 1.1
 # Room for the ancillary data of four descriptors where an answer takes one, so that
 # more than it takes are seen (and closed) rather than silently cut (MSG_CTRUNC).
 _FD_SPACE = socket.CMSG_SPACE(4 * 4)
@@ -360,9 +366,13 @@ class _AsyncConnection:
         self.sock.setblocking(False)
         self.buf = bytearray()  # received and not yet consumed (a head's tail)
         # The request's timeout measures silence: every received byte (a 102 Processing
-        # heartbeat included) moves this scope's deadline `silence` seconds on.
+        # heartbeat included) keeps this scope's deadline at least `silence` seconds on
+        # (_heard).
         self.scope: trio.CancelScope | None = None
         self.silence = 0.0
+        # When this connection last finished an answer (trio's clock): a keep-alive
+        # connection used this recently is reused without a poll (looks_dead).
+        self.used_at = -math.inf
         # Descriptors that came with a head (SCM_RIGHTS) and no answer has taken yet.
         self.fds: list[int] = []
 
@@ -381,8 +391,13 @@ class _AsyncConnection:
         while self.fds:
             os.close(self.fds.pop())
 
-    def looks_dead(self) -> bool:
-        return _peer_closed(self.sock)
+    def looks_dead(self, now: float) -> bool:
+        """Whether the daemon closed this idle connection. One used in the last
+        REUSE_UNPOLLED seconds is taken as alive without a poll (a system call and a
+        poll object per request otherwise): the daemon closes only connections idle far
+        longer, or one it must drop to make room, which the caller may only use for a
+        request it can repeat on a new connection."""
+        return now - self.used_at > REUSE_UNPOLLED and _peer_closed(self.sock)
 
     async def roundtrip(
         self, method: str, target: str, headers: list[tuple[str, str]], body: bytes | None
@@ -439,10 +454,16 @@ class _AsyncConnection:
         return len(data)
 
     def _heard(self) -> None:
+        # Moving a scope's deadline re-registers it with trio (a chunk's answer is heard
+        # two or three times): it is moved only once it is less than `silence` away, and
+        # then to SILENCE_SLACK times that, so a request fails after `silence` seconds
+        # of silence at the earliest and after SILENCE_SLACK times that at the latest.
         if self.scope is not None:
             import trio
 
-            self.scope.deadline = trio.current_time() + self.silence
+            now = trio.current_time()
+            if self.scope.deadline < now + self.silence:
+                self.scope.deadline = now + SILENCE_SLACK * self.silence
 
     async def _receive_response(
         self, bodiless: bool = False
@@ -561,7 +582,8 @@ class AsyncControlClient:
     daemon sends "102 Processing" three times per ``timeout`` (at least every 5 s) while a
     handler waits, so a request that the
     daemon is slowing down on purpose (a limiter) waits as long as it takes, and a frozen
-    daemon (SIGSTOP, a stuck loop) fails the request after ``timeout`` seconds."""
+    daemon (SIGSTOP, a stuck loop) fails the request after ``timeout`` seconds (at most a
+    tenth more: SILENCE_SLACK)."""
 
     def __init__(self, socket_path: str, max_connections: int = 16, timeout: float = 30.0) -> None:
         import trio
@@ -621,14 +643,19 @@ class AsyncControlClient:
         import trio
 
         conn: _AsyncConnection | None = None
+        # A bare scope, not fail_after (a generator context manager per request); its
+        # deadline as _heard keeps it, so a prompt answer moves it no more.
+        scope = trio.CancelScope(deadline=trio.current_time() + SILENCE_SLACK * self.timeout)
         try:
-            with trio.fail_after(self.timeout) as scope:
-                conn = await self._checkout(fresh)
+            with scope:
+                conn = await self._checkout(fresh, method)
                 conn.scope, conn.silence = scope, self.timeout
                 status, rheaders, data, reusable = await conn.roundtrip(
                     method, path, headers, payload
                 )
                 conn.scope = None
+            if scope.cancelled_caught:
+                raise trio.TooSlowError
         except trio.TooSlowError:
             if conn is not None:
                 conn.close()
@@ -646,18 +673,22 @@ class AsyncControlClient:
                 conn.close()
             raise
         if reusable and not self._closed:
+            conn.used_at = trio.current_time()
             self._idle.append(conn)
         else:
             conn.close()
         return status, rheaders, data
 
-    async def _checkout(self, fresh: bool) -> _AsyncConnection:
+    async def _checkout(self, fresh: bool, method: str) -> _AsyncConnection:
         """An idle connection (unless ``fresh``) or a new one; ControlError if unreachable."""
         import trio
 
+        # Only a request that may be repeated on a new connection (_Dropped) takes a
+        # recently used connection unpolled.
+        now = trio.current_time() if method in IDEMPOTENT else math.inf
         while self._idle and not fresh:
             conn = self._idle.pop()  # LIFO: the warmest connection, least likely timed out
-            if not conn.looks_dead():
+            if not conn.looks_dead(now):
                 return conn
             conn.close()
         try:

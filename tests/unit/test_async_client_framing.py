@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 import trio
 
-from silofs.control.client import AsyncControlClient, ControlError
+from silofs.control.client import AsyncControlClient, ControlError, _peer_closed
+from tests.support.poll import wait_for
 from tests.unit.serving import next_head
 
 DEADLINE = 10.0
@@ -132,3 +133,28 @@ def test_a_request_that_would_break_the_framing_is_refused_unsent(
         ask(sock, ("GET", path))
     assert "malformed request" in str(exc.value)
     assert heads == []
+
+
+@pytest.mark.parametrize("method", ["GET", "POST"])
+def test_a_connection_the_daemon_closed_is_not_reused_for_a_request_it_cannot_repeat(
+    tmp_path: Path, method: str
+) -> None:
+    """A connection used in the last second is reused without a poll: a GET on one the
+    daemon closed meanwhile is asked again on a new one; a POST (which may not be
+    repeated) polls first and is sent once, on a new connection."""
+    ok = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok"
+
+    async def main(path: str) -> tuple[list[tuple[int, bytes]], int]:
+        async with AsyncControlClient(path, timeout=DEADLINE) as client:
+            status, _, body = await client.request("GET", "/v1/a")
+            [conn] = client._idle
+            # The scripted daemon closes the connection after its one answer.
+            wait_for(lambda: _peer_closed(conn.sock), DEADLINE, "the daemon's close")
+            again = await client.request(method, "/v1/b", b"{}" if method == "POST" else None)
+            return [(status, bytes(body)), (again[0], bytes(again[2]))], client.connections_opened
+
+    with scripted(tmp_path, [ok]) as (path, heads):
+        answers, opened = trio.run(main, path)
+    assert answers == [(200, b"ok"), (200, b"ok")]
+    assert opened == 2
+    assert [h.split(b" ", 1)[0] for h in heads] == [b"GET", method.encode()]
