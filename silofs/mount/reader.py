@@ -533,15 +533,15 @@ class ChunkReader:
         self, ref: ChunkRef, addr: int, base: int, size: int, hdr: int, lo: int, hi: int
     ) -> memoryview | None:
         """[lo, hi) of the value the cursor is on (`size` bytes at `addr` in the map and
-        `base` in data.mdb, its header likely `hdr` bytes), copied out of the map and verified
-        (copy_verified), if the range's last page is in the page cache, else None. A
-        long range copies for less CPU this way than by preadv (one memcpy over pages
-        mapped 16 at a time, against the kernel's copy page by page: bench/README.md);
-        the copy is this read's own all the same. The pages it reads are mapped first
-        (ValuePages.mapped): one the disk cannot read is ChunkFormatError here, and
-        chunk() reads the value again by a worker's pread, which sees the error and has
-        the chunk refetched, where the copy would have raised SIGBUS and killed the
-        mount."""
+        at `base` in data.mdb, its header likely `hdr` bytes), copied out of the map and
+        verified (copy_verified), if the range's last page is in the page cache, else
+        None. A long range copies for less CPU this way than by preadv (one memcpy over
+        pages mapped 16 at a time, against the kernel's copy page by page:
+        bench/README.md); the copy is this read's own all the same. The pages it reads
+        are mapped first (ValuePages.mapped): one the disk cannot read is
+        ChunkFormatError here, and chunk() reads the value again by a worker's pread,
+        which sees the error and has the chunk refetched, where the copy would have
+        raised SIGBUS and killed the mount."""
         pages = self.pages
         if not pages.cached(base + hdr + hi - 1):
             return None

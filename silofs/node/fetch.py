@@ -84,8 +84,9 @@ class _Continuation:
     """A span waiting for the run before it on the same open GET. The thread reading
     that run reads on into this one (Fetcher._get_run) when it finds it here, so the
     stream does not stand idle while it is handed back through the loop to the waiting
-    task and a thread call of its own: each hand-over cost ~10 ms on a loaded host, 16
-    per 256 MiB in 16 MiB spans."""
+    task and a thread call of its own (~10 ms on a loaded host). Seldom the case in a
+    cold sequential read on moto: the stream usually ends its run before the mount asks
+    for the next span (bench/README.md)."""
 
     dsid: int
     run: list[ChunkRef]
@@ -327,15 +328,25 @@ class Fetcher:
             for k in (*self._busy, *self._parked)
         )
 
-        def send(r: ChunkRef, data: bytes | memoryview) -> None:
-            value = encode_chunk(dsid, r.index, r.chunk_size, obj.key, obj.content_id, data)
+        def send(r: ChunkRef, data: bytes | memoryview, cont: _Continuation | None) -> None:
+            d = dsid if cont is None else cont.dsid
+            value = encode_chunk(d, r.index, r.chunk_size, obj.key, obj.content_id, data)
             # The reader gets the value's own copy of the data: no copy of its own.
             view = memoryview(value)[len(value) - len(data) :]
             # Queued, not waited for: the thread reads on. The loop runs these callbacks
             # in order, and before it learns that the thread returned (same queue).
-            token.run_sync_soon(deliver, r, view, value)
+            token.run_sync_soon(deliver if cont is None else cont.deliver, r, view, value)
 
-        def send_read(r: ChunkRef, stream: RangeStream, cont: _Continuation | None = None) -> None:
+        def get_rest(rest: list[ChunkRef], cont: _Continuation | None = None) -> None:
+            n = sum(r.length for r in rest)
+            # The backend returns exactly n bytes or raises (its contract).
+            data = backend.get_range(obj, rest[0].start, n) if n else b""
+            view, off = memoryview(data), 0
+            for r in rest:
+                send(r, view[off : off + r.length], cont)
+                off += r.length
+
+        def send_read(r: ChunkRef, stream: RangeStream, cont: _Continuation | None) -> None:
             # The stream's bytes land in the value itself: no copy between the socket
             # and LMDB's put, nor to the reader's reply (it gets a view of the value).
             # A big value is built in a memory file, sealed once filled, and a mount on
@@ -361,7 +372,7 @@ class Fetcher:
             if stream is not None:
                 try:
                     for r in run:
-                        send_read(r, stream)
+                        send_read(r, stream, None)
                         done += 1
                 except Exception as exc:  # a broken stream: the rest by get_range
                     log.info("range stream of %s broke (%s); reading on without it", obj.key, exc)
@@ -370,13 +381,7 @@ class Fetcher:
             rest = run[done:]
             if rest:
                 opened += 1
-                n = sum(r.length for r in rest)
-                # The backend returns exactly n bytes or raises (its contract).
-                data = backend.get_range(obj, rest[0].start, n) if n else b""
-                view, off = memoryview(data), 0
-                for r in rest:
-                    send(r, view[off : off + r.length])
-                    off += r.length
+                get_rest(rest)
             # The requests the store made (retries, Azure's 4 MiB GETs), where the
             # backend counts them (RetryingBackend); else one per open or get_range.
             opened = max(opened, requests_made() - noted)
@@ -401,22 +406,8 @@ class Fetcher:
             except Exception as exc:  # a broken stream: the rest of the span by get_range
                 log.info("range stream of %s broke (%s); reading on without it", obj.key, exc)
                 stream.close()
-                rest = cont.run[done:]
                 try:
-                    data = backend.get_range(obj, rest[0].start, sum(r.length for r in rest))
-                    view, off = memoryview(data), 0
-                    for r in rest:
-                        value = encode_chunk(
-                            cont.dsid,
-                            r.index,
-                            r.chunk_size,
-                            obj.key,
-                            obj.content_id,
-                            view[off : off + r.length],
-                        )
-                        data_view = memoryview(value)[len(value) - r.length :]
-                        token.run_sync_soon(cont.deliver, r, data_view, value)
-                        off += r.length
+                    get_rest(cont.run[done:], cont)
                     cont.requests = max(1, requests_made() - noted)
                 except Exception as exc2:
                     cont.error = exc2
