@@ -13,6 +13,7 @@ does, on its copy: cache/format.py check_copy).
 from __future__ import annotations
 
 import ctypes
+import errno
 import mmap
 import os
 from typing import Any
@@ -20,6 +21,7 @@ from typing import Any
 from silofs.cache.bounds import data_mapping, mdb_val_offset
 
 _MADV_WILLNEED = 3
+_MADV_POPULATE_READ = 22  # Linux 5.14+
 _PAGE = mmap.PAGESIZE
 
 
@@ -72,6 +74,7 @@ class ValuePages:
             self._mincore, self._madvise = calls
         self._fd = -1
         self.nowait = False  # reads may ask for RWF_NOWAIT
+        self._no_populate = False  # the kernel refused MADV_POPULATE_READ (mapped())
         self._map = (0, 0)  # [start, end) of the mapping of data.mdb, as last read
         self._byte = bytearray(1)
         self._iov = [self._byte]
@@ -161,6 +164,25 @@ class ValuePages:
         memory, by mincore: where reads cannot ask RWF_NOWAIT (then mincore is truthful
         here, or `enabled` is False: __init__)."""
         return self.resident(addr, 0, size)
+
+    def mapped(self, addr: int, lo: int, hi: int) -> bool:
+        """Map [addr+lo, addr+hi) of LMDB's map into this process before the caller reads
+        it there (MADV_POPULATE_READ): True once every page is mapped, False if a page
+        cannot be read (an I/O error of the cache disk, a file cut short) or the range is
+        not mapped. A read of such a page through the map would raise SIGBUS, which kills
+        the mount (Python cannot recover from it in a memmove); the populate reports it
+        as an error instead. It does the work the copy's page faults would (it blocks on
+        the disk as they would for a page not in memory), so it costs about the same.
+        Where the kernel lacks it (before 5.14), True: the caller reads as it did."""
+        if self._no_populate:
+            return True
+        start = (addr + lo) & ~(_PAGE - 1)
+        if self._madvise(start, addr + hi - start, _MADV_POPULATE_READ) == 0:
+            return True
+        if ctypes.get_errno() == errno.EINVAL:
+            self._no_populate = True
+            return True
+        return False
 
     def willneed(self, addr: int, lo: int, hi: int) -> None:
         """Start reading [addr+lo, addr+hi) ahead (async in the kernel; it may block

@@ -517,7 +517,7 @@ class ChunkReader:
                     return None
                 hdr = self._header_guess(ref, size)
                 if hi - lo > PROBE_BYTES and pages.nowait:
-                    view = self._map_copy(ref, base + hdr + hi - 1, lo, hi)
+                    view = self._map_copy(ref, addr, base, size, hdr, lo, hi)
                 else:
                     view = self._copy_out(ref, base, size, lo, hi, False, hdr)
                 if view is None:
@@ -529,15 +529,35 @@ class ChunkReader:
             self.touched.append(ref.key)
         return view
 
-    def _map_copy(self, ref: ChunkRef, last: int, lo: int, hi: int) -> memoryview | None:
-        """[lo, hi) of the value the cursor is on, copied out of the map and verified
-        (copy_verified), if the page at `last` (the range's last, in data.mdb) is in the
-        page cache, else None. A long range copies for less CPU this way than by preadv
-        (one memcpy over pages mapped 16 at a time, against the kernel's copy page by
-        page: bench/README.md); the copy is this read's own all the same."""
-        if not self.pages.cached(last):
+    def _map_copy(
+        self, ref: ChunkRef, addr: int, base: int, size: int, hdr: int, lo: int, hi: int
+    ) -> memoryview | None:
+        """[lo, hi) of the value the cursor is on (`size` bytes at `addr` in the map and
+        at `base` in data.mdb, its header likely `hdr` bytes), copied out of the map and
+        verified (copy_verified), if the range's last page is in the page cache, else
+        None. A long range copies for less CPU this way than by preadv (one memcpy over
+        pages mapped 16 at a time, against the kernel's copy page by page:
+        bench/README.md); the copy is this read's own all the same. The pages it reads
+        are mapped first (ValuePages.mapped): one the disk cannot read is
+        ChunkFormatError here, and chunk() reads the value again by a worker's pread,
+        which sees the error and has the chunk refetched, where the copy would have
+        raised SIGBUS and killed the mount."""
+        pages = self.pages
+        if not pages.cached(base + hdr + hi - 1):
             return None
+        if not pages.mapped(addr, 0, hdr):
+            raise ChunkFormatError("the value's header cannot be read from data.mdb")
         value = self._value_cursor().value()  # type: ignore[union-attr]
+        found, shift = layout(value)
+        if not 12 <= shift <= 26 or not hdr <= found <= size:
+            found, shift = hdr, BLOCK_SHIFT  # copy_verified names what is wrong
+        start = (lo >> shift) << shift
+        end = min(found + ((((hi - 1) >> shift) + 1) << shift), size)
+        if not (
+            (found == hdr or pages.mapped(addr, hdr, found))
+            and pages.mapped(addr, found + start, end)
+        ):
+            raise ChunkFormatError("a page of the value cannot be read from data.mdb")
         cid = ref.content_bytes
         return copy_verified(value, cid, ref.chunk_size, ref.index, ref.length, lo, hi)
 

@@ -350,6 +350,96 @@ def test_spans_asked_while_the_stream_is_busy_all_continue_it(
     trio.run(main)
 
 
+class _WatchedBody:
+    """A stream's body that records (thread, position) of each read, waits for
+    `release` before its first, and raises from `break_at` on (a broken connection)."""
+
+    def __init__(self, data: bytes, start: int, backend: _Backend, break_at: int | None):
+        self.body, self.pos, self.backend, self.break_at = (
+            io.BytesIO(data),
+            start,
+            backend,
+            break_at,
+        )
+        self.reads: list[tuple[int, int]] = []
+
+    def readinto(self, buf: memoryview) -> int:
+        self.backend.release.wait(30)
+        self.reads.append((threading.get_ident(), self.pos))
+        if self.break_at is not None and self.pos >= self.break_at:
+            raise ConnectionResetError("the store went away")
+        n = self.body.readinto(buf)
+        self.pos += n
+        return n
+
+    def close(self) -> None:
+        pass
+
+
+def _watched(backend: _Backend, break_at: int | None = None) -> list[_WatchedBody]:
+    """The bodies of `backend`'s streams from now on, each watched (_WatchedBody); the
+    first breaks at `break_at`."""
+    bodies: list[_WatchedBody] = []
+
+    def open_range(info: ObjectInfo, start: int, length: int, whole: bool = False):
+        end = min(start + length, info.size)
+        backend.gets.append(("open", start, end - start, backend.limiter.charged_bytes))
+        broken = None if bodies else break_at  # the first stream breaks, not the next
+        body = _WatchedBody(backend.data[start:end], start, backend, broken)
+        bodies.append(body)
+        return RangeStream(body, start, end, "test://b/big", StoreCounters())
+
+    backend.open_range = open_range  # type: ignore[method-assign]
+    return bodies
+
+
+@pytest.mark.parametrize("break_at", [None, 12 * CS])
+def test_the_thread_reading_a_span_reads_on_into_those_waiting_for_it(
+    make_fetcher: Callable[[], Fetcher], break_at: int | None
+) -> None:
+    """Spans waiting for the stream are read by the thread that reads the span before
+    them, not handed back through the loop (the stream idled at each hand-over); a
+    stream that breaks in a span read on is read on by one get_range."""
+
+    async def main() -> None:
+        fetcher = make_fetcher()
+        limiter = TokenBucket(None)
+        backend = _Backend(DATA, limiter, streams=True)
+        bodies = _watched(backend, break_at)
+        results: list[tuple[dict[int, bytes], list]] = []
+
+        async def span(first: int, last: int) -> None:
+            results.append(await _span(fetcher, backend, limiter, _refs(first, last)))
+
+        async with trio.open_nursery() as n:
+            for first in (0, 8, 16):
+                n.start_soon(span, first, first + 7)
+                await trio.testing.wait_all_tasks_blocked()
+            backend.release.set()
+        got = {i: d for r in results for i, d in r[0].items()}
+        assert got == {i: DATA[i * CS : (i + 1) * CS] for i in range(24)}
+        # One thread read the first stream in all three spans (up to where it broke): the
+        # last read began at the last chunk.
+        assert len({thread for thread, _ in bodies[0].reads}) == 1
+        assert bodies[0].reads[-1][1] == (23 * CS if break_at is None else break_at)
+        assert not fetcher._handoff and not fetcher._busy
+        requests = sum(f.requests for r in results for f in r[1])
+        if break_at is None:
+            assert [(kind, start) for kind, start, _, _ in backend.gets] == [("open", 0)]
+            assert requests == 1
+            assert list(fetcher._parked) == [(OBJ.key, OBJ.content_id, 24 * CS)]
+        else:  # the second span's rest by one GET, the third opens a stream anew
+            assert [(kind, start) for kind, start, _, _ in backend.gets] == [
+                ("open", 0),
+                ("get", 12 * CS),
+                ("open", 16 * CS),
+            ]
+            assert requests == 3
+        assert limiter.charged_bytes == 24 * CS
+
+    trio.run(main)
+
+
 # -- failures: a read-ahead's is a warning, a reader's an error ------------------------
 class _FailingClient:
     """Answers every chunk request 502 once `release` is set."""

@@ -14,6 +14,8 @@ per path per process).
 
 from __future__ import annotations
 
+import ctypes
+import mmap
 import os
 import random
 import subprocess
@@ -30,6 +32,7 @@ import trio
 from silofs.cache.format import ChunkRef
 from silofs.cache.store import CacheStore
 from silofs.mount import reader as reader_mod
+from silofs.mount.pages import ValuePages
 from silofs.mount.reader import ChunkReader, OpenFile, buffer_bytes_for
 from silofs.node.store_write import WritableStore
 from silofs.records import ObjectInfo
@@ -568,3 +571,78 @@ def test_a_value_that_cannot_be_read_is_refetched_and_the_reader_goes_on(env: st
 
     trio.run(main)
     r.close()
+
+
+def test_a_long_hit_whose_pages_cannot_be_mapped_is_refetched_not_read_from_the_map(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A range over PROBE_BYTES is copied out of LMDB's map, where a page the disk
+    cannot read would raise SIGBUS in the copy and kill the mount. Its pages are mapped
+    first; one that cannot be (what MADV_POPULATE_READ reports for such a page) makes
+    the value damaged: counted, refetched, and the reader goes on."""
+    env = str(tmp_path / "env")
+    os.makedirs(env)
+    WritableStore(env, 64 << 20).close()
+    _admit_big(env, [1])
+    daemon = BigDaemon()
+    r = _big_reader(env, daemon)  # type: ignore[arg-type]
+    _probe(r, "file")
+    want = _big_body(1)
+    n = len(want)
+    assert n > reader_mod.PROBE_BYTES
+    with open(os.path.join(env, "data.mdb"), "rb") as fh:
+        while fh.read(1 << 20):  # every page in the page cache: a hit on this thread
+            pass
+    asked: list[tuple[int, int]] = []
+    real = r.pages.mapped
+
+    def mapped(addr: int, lo: int, hi: int) -> bool:
+        asked.append((lo, hi))
+        return real(addr, lo, hi)
+
+    monkeypatch.setattr(r.pages, "mapped", mapped)
+
+    async def main() -> None:
+        r.begin_read()
+        f = OpenFile(_big_obj(1))
+        view = r.hit(f, 0, 4096, n - 3)
+        assert view is not None and bytes(view) == want[4096:-3]
+        (_, hdr), data_range = asked  # the header's pages, then the blocks' (from 0 here)
+        assert data_range == (hdr, hdr + n)
+        monkeypatch.setattr(r.pages, "mapped", lambda addr, lo, hi: False)  # unreadable
+        assert r.hit(f, 0, 4096, n - 3) is None
+        os.close(r.pages._fd)
+        r.pages._fd = os.open(env, os.O_RDONLY)  # and every read of the file fails
+        data, hit, source = await r.chunk(f, 0)
+        assert (hit, source, bytes(data)) == (False, "store", want)
+        assert r.counters.corrupt_chunks == 1 and "refetch=1" in daemon.requests[0]
+
+    trio.run(main)
+    r.close()
+
+
+def test_mapped_reports_a_page_a_read_of_the_map_would_die_on(tmp_path: Path) -> None:
+    """ValuePages.mapped on a mapping whose file was cut short under it: False for a
+    range past the file's end (a read there raises SIGBUS), True for the pages the file
+    still has."""
+    page = mmap.PAGESIZE
+    path = tmp_path / "data.mdb"
+    path.write_bytes(b"x" * (4 * page))
+    pages = ValuePages(str(path))
+    if not pages.enabled:
+        pytest.skip("values are not copied out of data.mdb here")
+    with open(path, "r+b") as fh:
+        m = mmap.mmap(fh.fileno(), 4 * page)
+        fh.truncate(page)
+    first = ctypes.c_char.from_buffer(m)
+    addr = ctypes.addressof(first)
+    try:
+        if not pages.mapped(addr, 0, 10) or pages._no_populate:
+            pytest.skip("no MADV_POPULATE_READ here (Linux 5.14+)")
+        assert pages.mapped(addr, 0, page)
+        assert not pages.mapped(addr, 0, 2 * page)
+        assert not pages.mapped(addr, 3 * page, 3 * page + 1)
+    finally:
+        del first
+        m.close()
+        pages.close()
