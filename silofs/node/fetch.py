@@ -79,23 +79,6 @@ class Fetched:
     requests: int = 0
 
 
-@dataclass
-class _Continuation:
-    """A span waiting for the run before it on the same open GET. The thread reading
-    that run reads on into this one (Fetcher._get_run) when it finds it here, so the
-    stream does not stand idle while it is handed back through the loop to the waiting
-    task and a thread call of its own (~10 ms on a loaded host). Seldom the case in a
-    cold sequential read on moto: the stream usually ends its run before the mount asks
-    for the next span (bench/README.md)."""
-
-    dsid: int
-    run: list[ChunkRef]
-    deliver: Callable[[ChunkRef, memoryview, bytes | Buffer], None]
-    done: trio.Event
-    requests: int = 0  # GETs made for it (a broken stream read on by get_range)
-    error: Exception | None = None
-
-
 class Fetcher:
     def __init__(self, store: CacheStore, writer: Writer, threads: int) -> None:
         self.store = store
@@ -109,10 +92,6 @@ class Fetcher:
         self._busy: dict[tuple[str, str, int], trio.Event] = {}
         # Open GETs of sequential readers, by (object key, content id, next offset).
         self._parked: OrderedDict[tuple[str, str, int], tuple[RangeStream, float]] = OrderedDict()
-        # Spans waiting for the run before theirs, by where they start. Taken (popped)
-        # by the loop's task or by the thread reading that run, whichever comes first:
-        # a dict's pop is atomic under the GIL, so exactly one of them reads the span.
-        self._handoff: dict[tuple[str, str, int], _Continuation] = {}
         self._damaged = FirstTime()  # chunk keys whose lookup failed
 
     def cached(self, ref: ChunkRef, counters: FetchCounters) -> tuple[memoryview | None, bool]:
@@ -328,37 +307,27 @@ class Fetcher:
             for k in (*self._busy, *self._parked)
         )
 
-        def send(r: ChunkRef, data: bytes | memoryview, cont: _Continuation | None) -> None:
-            d = dsid if cont is None else cont.dsid
-            value = encode_chunk(d, r.index, r.chunk_size, obj.key, obj.content_id, data)
+        def send(r: ChunkRef, data: bytes | memoryview) -> None:
+            value = encode_chunk(dsid, r.index, r.chunk_size, obj.key, obj.content_id, data)
             # The reader gets the value's own copy of the data: no copy of its own.
             view = memoryview(value)[len(value) - len(data) :]
             # Queued, not waited for: the thread reads on. The loop runs these callbacks
             # in order, and before it learns that the thread returned (same queue).
-            token.run_sync_soon(deliver if cont is None else cont.deliver, r, view, value)
+            token.run_sync_soon(deliver, r, view, value)
 
-        def get_rest(rest: list[ChunkRef], cont: _Continuation | None = None) -> None:
-            n = sum(r.length for r in rest)
-            # The backend returns exactly n bytes or raises (its contract).
-            data = backend.get_range(obj, rest[0].start, n) if n else b""
-            view, off = memoryview(data), 0
-            for r in rest:
-                send(r, view[off : off + r.length], cont)
-                off += r.length
-
-        def send_read(r: ChunkRef, stream: RangeStream, cont: _Continuation | None) -> None:
+        def send_read(r: ChunkRef, stream: RangeStream) -> None:
             # The stream's bytes land in the value itself: no copy between the socket
             # and LMDB's put, nor to the reader's reply (it gets a view of the value).
             # A big value is built in a memory file, sealed once filled, and a mount on
             # this host is handed the file rather than its bytes (silofs/sealed.py).
             built = ChunkValue(r.length, obj.key, obj.content_id, sealed.buffer)
             stream.readinto(built.data)
-            value = built.seal(dsid if cont is None else cont.dsid, r.index, r.chunk_size)
+            value = built.seal(dsid, r.index, r.chunk_size)
             del built
             if isinstance(value, sealed.SealedValue):
                 value = sealed.seal(value, r.length)
             view = memoryview(value)[len(value) - r.length :].toreadonly()
-            token.run_sync_soon(deliver if cont is None else cont.deliver, r, view, value)
+            token.run_sync_soon(deliver, r, view, value)
 
         def fetch() -> RangeStream | None:
             nonlocal opened
@@ -372,7 +341,7 @@ class Fetcher:
             if stream is not None:
                 try:
                     for r in run:
-                        send_read(r, stream, None)
+                        send_read(r, stream)
                         done += 1
                 except Exception as exc:  # a broken stream: the rest by get_range
                     log.info("range stream of %s broke (%s); reading on without it", obj.key, exc)
@@ -381,39 +350,19 @@ class Fetcher:
             rest = run[done:]
             if rest:
                 opened += 1
-                get_rest(rest)
-            # The requests the store made (retries, Azure's 4 MiB GETs), where the
-            # backend counts them (RetryingBackend); else one per open or get_range.
-            opened = max(opened, requests_made() - noted)
-            while stream is not None and stream.pos < stream.end:
-                cont = self._handoff.pop((obj.key, obj.content_id, stream.pos), None)
-                if cont is None:
-                    break
-                stream = read_on(stream, cont)
+                n = sum(r.length for r in rest)
+                # The backend returns exactly n bytes or raises (its contract).
+                data = backend.get_range(obj, rest[0].start, n) if n else b""
+                view, off = memoryview(data), 0
+                for r in rest:
+                    send(r, view[off : off + r.length])
+                    off += r.length
             if stream is not None and stream.pos >= stream.end:
                 stream.close()
                 stream = None
-            return stream
-
-        def read_on(stream: RangeStream, cont: _Continuation) -> RangeStream | None:
-            """Read the waiting span `cont` on from `stream`, in this thread (its task
-            only waits for cont.done); the stream, or None if it broke."""
-            noted, done = requests_made(), 0
-            try:
-                for r in cont.run:
-                    send_read(r, stream, cont)
-                    done += 1
-            except Exception as exc:  # a broken stream: the rest of the span by get_range
-                log.info("range stream of %s broke (%s); reading on without it", obj.key, exc)
-                stream.close()
-                try:
-                    get_rest(cont.run[done:], cont)
-                    cont.requests = max(1, requests_made() - noted)
-                except Exception as exc2:
-                    cont.error = exc2
-                token.run_sync_soon(cont.done.set)
-                return None
-            token.run_sync_soon(cont.done.set)
+            # The requests the store made (retries, Azure's 4 MiB GETs), where the
+            # backend counts them (RetryingBackend); else one per open or get_range.
+            opened = max(opened, requests_made() - noted)
             return stream
 
         open_range = getattr(backend, "open_range", None)
@@ -426,22 +375,8 @@ class Fetcher:
 
         try:
             if stream_on and before is not None and at not in self._parked:
-                # The run before ours is reading the stream we want: its thread reads
-                # ours on if it finds us waiting when it gets here (read_on).
-                cont = _Continuation(dsid, run, deliver, trio.Event())
-                self._handoff[at] = cont
-                try:
-                    with trio.move_on_after(PARK_SECONDS):
-                        await before.wait()
-                finally:
-                    taken = self._handoff.pop(at, None) is None
-                    if taken:  # the thread delivers our chunks: wait for it, even cancelled
-                        with trio.CancelScope(shield=True):
-                            await cont.done.wait()
-                if taken:
-                    if cont.error is not None:
-                        raise cont.error
-                    return cont.requests
+                with trio.move_on_after(PARK_SECONDS):
+                    await before.wait()  # the run before ours is reading the stream we want
             self.sweep_parked(trio.current_time())
             parked = self._parked.pop(at, None)
             left = await trio.to_thread.run_sync(fetch, limiter=self.threads)
