@@ -3,12 +3,16 @@
 Prints the mean Python cost of the four handlers a warm 110 KiB file needs (SilofsFS.lookup,
 open, read of the whole file, release; all hits from a real LMDB env, values warm in the
 page cache), best and median of several runs, and the same four handlers of the pyfuse3
-ceiling (bench/rawfuse.py MemFS) for scale. It leaves out what FUSE itself costs (the
-kernel round trip, pyfuse3's dispatch, trio's wakeups: bench/throughput.py measures those
-with the real thing). --git-rev REV runs the same first with REV's silofs, in a process
-of its own (tests/support/baseline.py):
+ceiling (bench/rawfuse.py MemFS) for scale; then each handler's own thread CPU (median
+over the runs after the first). It leaves out what FUSE itself costs (the kernel round
+trip, pyfuse3's dispatch, trio's wakeups: bench/throughput.py measures those with the
+real thing). A handler on FUSE starts with caches that the round trip before it (the
+reply's copy, the reader's copy, the kernel, the reader) has used: --pollute KIB copies
+that many KiB between any two handlers, outside the timings, to show what that costs
+each one. --git-rev REV runs the same first with REV's silofs, in a process of its own
+(tests/support/baseline.py):
 
-    python bench/fs_ops.py [--files 2000] [--runs 7] [--git-rev HEAD~3]
+    python bench/fs_ops.py [--files 2000] [--runs 7] [--pollute 256] [--git-rev HEAD~3]
 
 Needs no root and no FUSE; the env lives in a temp dir.
 """
@@ -43,6 +47,9 @@ async def _never() -> None:
     raise AssertionError("a hit never re-registers")
 
 
+HANDLERS = ("lookup", "open", "read", "release")
+
+
 async def per_file(fs: pyfuse3.Operations, names: list[bytes], parent: int) -> float:
     """Seconds for lookup + open + read + release of every name once."""
     ctx = None
@@ -54,6 +61,48 @@ async def per_file(fs: pyfuse3.Operations, names: list[bytes], parent: int) -> f
         assert len(data) == SMALL
         await fs.release(fi.fh)
     return time.perf_counter() - t0
+
+
+class Polluter:
+    """Copies `kib` KiB between handlers (nothing if 0): what a FUSE round trip's copies
+    do to the CPU's caches before the next handler runs."""
+
+    def __init__(self, kib: int) -> None:
+        self._src = bytearray(os.urandom(kib << 10))
+        self._dst = bytearray(kib << 10)
+
+    def __call__(self) -> None:
+        if self._src:
+            self._dst[:] = self._src
+
+
+async def per_handler(
+    fs: pyfuse3.Operations, names: list[bytes], parent: int, pollute: Polluter
+) -> dict[str, float]:
+    """Each handler's own thread CPU per file (us), `pollute` run before each handler."""
+    ctx = None
+    clock = time.thread_time_ns
+    spent = dict.fromkeys(HANDLERS, 0)
+    for name in names:
+        pollute()
+        t0 = clock()
+        attr = await fs.lookup(parent, name, ctx)
+        t1 = clock()
+        pollute()
+        t2 = clock()
+        fi = await fs.open(attr.st_ino, os.O_RDONLY, ctx)
+        t3 = clock()
+        pollute()
+        t4 = clock()
+        assert len(await fs.read(fi.fh, 0, 112 << 10)) == SMALL
+        t5 = clock()
+        pollute()
+        t6 = clock()
+        await fs.release(fi.fh)
+        t7 = clock()
+        for h, ns in zip(HANDLERS, (t1 - t0, t3 - t2, t5 - t4, t7 - t6), strict=True):
+            spent[h] += ns
+    return {h: ns / len(names) / 1e3 for h, ns in spent.items()}
 
 
 def cached_files(d: str, files: int, with_tree: bool = False) -> tuple[dict, list[bytes]]:
@@ -95,6 +144,16 @@ def fresh_mount(store: CacheStore, record: dict) -> tuple[ListingView, ChunkRead
     return view, reader, SilofsFS(view, reader, Presentation(0, 0, 0o444, 0o555, 3600.0))
 
 
+def retire(reader: ChunkReader) -> None:
+    """End a fresh mount's read snapshot and close its descriptor of data.mdb, leaving
+    the env open for the next fresh mount (one env per path per process)."""
+    reader._cursor = None
+    if reader._txn is not None:
+        reader._txn.abort()
+        reader._txn = None
+    reader.pages.close()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--files", type=int, default=2000)
@@ -104,6 +163,15 @@ def main() -> None:
         action="store_true",
         help="drop the page cache after writing the env (needs root): the first run then "
         "reads the env from disk, as a fresh mount after drop_caches does",
+    )
+    ap.add_argument(
+        "--pollute",
+        type=int,
+        default=0,
+        metavar="KIB",
+        help="copy KIB KiB between handlers in the per-handler figures (outside their "
+        "timings), as a FUSE round trip's copies use the caches: 256 is about a 110 KiB "
+        "reply written and read",
     )
     baseline.add_argument(ap, "handlers (run first, in a process of their own)")
     args = ap.parse_args()
@@ -117,7 +185,9 @@ def main() -> None:
                 f.write("3\n")
         ro = CacheStore(os.path.join(d, "env"), 1 << 30)
 
-        async def run() -> tuple[list[float], list[float]]:
+        pollute = Polluter(args.pollute)
+
+        async def run() -> tuple[list[float], list[float], list[dict[str, float]]]:
             view, reader, fs = fresh_mount(ro, record)
             small = view.lookup(ROOT_INODE, b"small")
             assert small is not None
@@ -128,10 +198,20 @@ def main() -> None:
                 ours.append(await per_file(fs, names, small.inode) / args.files * 1e6)
                 theirs.append(await per_file(raw, names, raw_small) / args.files * 1e6)
             view.close()
+            # Per handler, each run a fresh mount's (every file looked up and decoded
+            # once, as in a pass after a mount starts); the env stays open.
+            handlers = []
+            for _ in range(args.runs):
+                view, fresh_reader, fs = fresh_mount(ro, record)
+                small = view.lookup(ROOT_INODE, b"small")
+                assert small is not None
+                handlers.append(await per_handler(fs, names, small.inode, pollute))
+                view.close()
+                retire(fresh_reader)
             reader.close()
-            return ours, theirs
+            return ours, theirs, handlers
 
-        ours, theirs = trio.run(run)
+        ours, theirs, handlers = trio.run(run)
         for who, fig in (("silofs", ours), ("ceiling (MemFS)", theirs)):
             print(
                 f"{who:16} lookup+open+read+release of a warm 110 KiB file: "
@@ -139,6 +219,10 @@ def main() -> None:
                 f"median {statistics.median(fig):.1f} us "
                 f"({args.runs} runs of {args.files})"
             )
+        later = handlers[1:] or handlers
+        each = ", ".join(f"{h} {statistics.median(r[h] for r in later):.1f}" for h in HANDLERS)
+        polluted = f", {args.pollute} KiB copied between handlers" if args.pollute else ""
+        print(f"silofs per handler, us of thread CPU per file (fresh mounts{polluted}): {each}")
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ import tempfile
 
 import common  # noqa: F401 - this checkout (or a baseline) first on sys.path
 import trio
-from fs_ops import SMALL, cached_files, fresh_mount
+from fs_ops import SMALL, cached_files, fresh_mount, retire
 
 from silofs.cache.store import CacheStore
 from silofs.mount.listing_view import ROOT_INODE
@@ -60,11 +60,7 @@ def passes(d: str, count: int, mode: str) -> None:
                     assert len(await fs.read(fi.fh, 0, 112 << 10)) == SMALL
                 await fs.release(fi.fh)
             view.close()
-            reader._cursor = None  # its snapshot ends; the env stays open for the next
-            if reader._txn is not None:
-                reader._txn.abort()
-                reader._txn = None
-            reader.pages.close()
+            retire(reader)  # its snapshot ends; the env stays open for the next
 
     trio.run(run)
 

@@ -300,7 +300,8 @@ def _checked_header(
     if len(mv) < _FIXED.size:
         _short(mv)
     magic, version, shift, _, hdr_len, _, idx, csize, dlen = _FIXED.unpack_from(mv)
-    _check_kind(magic, version)
+    if magic != MAGIC or version != FORMAT_VERSION:  # every hit passes here: no call
+        _check_kind(magic, version)
     if hdr_len + dlen != n or hdr_len < _MIN_HDR or len(mv) < hdr_len:
         raise ChunkFormatError("header length does not match the value")
     if not 12 <= shift <= 26:

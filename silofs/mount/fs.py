@@ -147,8 +147,10 @@ class SilofsFS(pyfuse3.Operations):
             a.st_mode = stat.S_IFREG | look.file_mode
             size = node.size
         a.st_size = size
-        a.st_uid = look.uid
-        a.st_gid = look.gid
+        if look.uid:  # zero already (root's mounts): one setter call fewer per lookup
+            a.st_uid = look.uid
+        if look.gid:
+            a.st_gid = look.gid
         a.st_blksize = 1 << 20
         # As a 4 KiB-block disk would allocate it, so `du` agrees with a local copy.
         a.st_blocks = -(-size // 4096) * 8

@@ -256,7 +256,8 @@ class ListingView:
             return None
         if name == b"." or name == b"..":
             return node if name == b"." else self.get(node.parent)
-        e = self.reader.lookup(self.txn, parent, name, node.path)
+        txn = self._txn if self._txn is not None else self.txn  # renewed by the caller
+        e = self.reader.lookup(txn, parent, name, node.path)
         if e is not None:
             cache[e.inode] = e
             if len(cache) > self.cache_entries:

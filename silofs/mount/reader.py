@@ -271,7 +271,7 @@ class ChunkReader:
             self.pages.enabled = False  # no cursor finds a value untouched
         self._fault_limiter = trio.CapacityLimiter(FAULT_THREADS)
         self.read_in = 0  # hits a worker thread read because the page cache lacked them
-        # The scratch buffers of hits answered without an await (_scratch), and the
+        # The scratch buffers of hits answered without an await (_copy_out), and the
         # header length of the chunk read last (_header_guess).
         self._head = bytearray(4096)
         self._buf = bytearray(0)
@@ -407,17 +407,6 @@ class ChunkReader:
             self._guess = header_bytes(ref.obj.key.encode(), ref.content_bytes, ref.length)
         return min(self._guess, size)
 
-    def _scratch(self, head: int, data: int) -> tuple[memoryview, memoryview]:
-        """This reader's own buffers for a hit served without an await: pyfuse3 writes
-        a handler's reply to /dev/fuse before its task yields (fuse_reply_buf, GIL held),
-        and no other thread ever touches them, so the next request may reuse them. Never
-        for bytes kept across an await (chunk(), a span's parts)."""
-        if len(self._head) < head:
-            self._head = bytearray(head)
-        if len(self._buf) < data:
-            self._buf = bytearray(data)  # a new one: the old may still be exported
-        return memoryview(self._head)[:head], memoryview(self._buf)[:data]
-
     def _copy_out(
         self,
         ref: ChunkRef,
@@ -451,7 +440,15 @@ class ChunkReader:
             nowait = pages.nowait
             if nowait and end - start > PROBE_BYTES and not pages.cached(base + hdr + end - 1):
                 return None  # its last page is not in yet: copy none of it twice
-            head, data = self._scratch(hdr, end - start)
+            # This reader's own buffers for a hit served without an await: pyfuse3 writes
+            # a handler's reply to /dev/fuse before its task yields (fuse_reply_buf, GIL
+            # held), and no other thread ever touches them, so the next request may reuse
+            # them. Never for bytes kept across an await (chunk(), a span's parts).
+            if len(self._head) < hdr:
+                self._head = bytearray(hdr)
+            if len(self._buf) < end - start:
+                self._buf = bytearray(end - start)  # a new one: the old may still be exported
+            head, data = memoryview(self._head)[:hdr], memoryview(self._buf)[: end - start]
             if start == 0 and end:  # header and data are one run of the file
                 got = pages.read(base, [head, data], nowait)
             else:
@@ -460,12 +457,19 @@ class ChunkReader:
                     got += pages.read(base + hdr + start, [data], nowait)
             if got < hdr + end - start:
                 return None
-        found = layout(head)
-        if found != (hdr, shift) and not exact and found[0] <= size and 12 <= found[1] <= 26:
-            # Another dataset's key in the header, say: copy the value as it is laid out.
-            return self._copy_out(ref, base, size, lo, hi, waits, *found, exact=True)
         cid = ref.content_bytes
-        return check_copy(head, size, data, cid, ref.chunk_size, ref.index, ref.length, lo, hi)
+        try:
+            return check_copy(head, size, data, cid, ref.chunk_size, ref.index, ref.length, lo, hi)
+        except StaleFormatError:
+            raise
+        except ChunkFormatError:
+            # Laid out otherwise than guessed (another dataset's key in the header, say:
+            # the copy then fails its check)? Copy the value again as its header says.
+            # Asked only after a failed check: a hit pays no second parse of the header.
+            found = layout(head) if not exact else (hdr, shift)
+            if found == (hdr, shift) or found[0] > size or not 12 <= found[1] <= 26:
+                raise
+        return self._copy_out(ref, base, size, lo, hi, waits, *found, exact=True)
 
     async def _read_in(
         self, ref: ChunkRef, base: int, size: int, lo: int, hi: int, hdr: int
@@ -508,9 +512,14 @@ class ChunkReader:
                 cid = ref.content_bytes
                 view = copy_verified(value, cid, ref.chunk_size, ref.index, ref.length, lo, hi)
             else:
-                where = self._find(ref)
+                cur = self._cursor
+                # The current snapshot's cursor, asked directly (_find looks again in a
+                # fresh snapshot only when this one lacks the value).
+                where = cur.find(ref.key) if cur is not None else None
                 if where is None:
-                    return None
+                    where = self._find(ref)
+                    if where is None:
+                        return None
                 addr, size = where
                 base = pages.offset(addr)
                 if base is None or not (pages.nowait or pages.value_resident(addr, size)):
