@@ -441,7 +441,9 @@ class ThreadConnection:
         body = self._read_body(length)
         close = "close" in headers.get("connection", "").lower()
         passes_fds = isinstance(self.ch, PlainChannel)
-        return Request(method, path, query, headers, body, self.peer, passes_fds), match, close
+        req = Request(method, path, query, headers, body, self.peer, passes_fds)
+        req.gone = self._client_closed
+        return req, match, close
 
     def _read_body(self, length: int) -> bytes:
         # Parts joined once: a mount's offer is up to a 64 MiB chunk, and adding each
