@@ -773,7 +773,12 @@ class Supervisor:
             for i in range(self.n):
                 self._spawn(i)
             while self.children:
-                pid, status = os.wait()
+                ended = self._next_exit()
+                if ended is None:
+                    log.info("%s is no longer mounted here and nothing is open in it",
+                             self.mp.s.mountpoint)  # fmt: skip
+                    break
+                pid, status = ended
                 index = self.children.pop(pid)
                 if self.token.recover(pid):
                     log.info("serving process %d held the device's read token: put back", pid)
@@ -805,6 +810,23 @@ class Supervisor:
             for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
                 signal.signal(sig, signal.SIG_IGN)
             self._end(unmount=not unmounted)
+
+    def _next_exit(self) -> tuple[int, int] | None:
+        """The next serving process to end (pid, wait status); None once the mount has
+        left this namespace's mount table with nothing open in it (a copy in another
+        namespace keeps the connection: MountProcess._end_when_unmounted)."""
+        detached = False
+        with open(MOUNT_TABLE, "rb") as table:  # opened first: no change is missed
+            changed = True
+            while True:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+                if pid:
+                    return pid, status
+                if changed and not detached:
+                    detached = not mounted_here(self.mp.device)
+                if detached and self.shared.open_handles() == 0:
+                    return None
+                changed = bool(select.select([], [], [table], DETACHED_POLL_SECONDS)[2])
 
     def _end(self, unmount: bool) -> None:
         # Unmounted, the serving processes read ENODEV and end. A mount detached lazily

@@ -209,15 +209,17 @@ def other_namespace() -> Iterator[Callable[[], None]]:
         proc.wait()
 
 
+@pytest.mark.parametrize("processes", ["1", "2"])
 def test_a_copy_in_another_mount_namespace_does_not_keep_an_unmounted_mount(
-    make_node, tmp_path: Path, other_namespace
+    make_node, tmp_path: Path, other_namespace, processes: str
 ) -> None:
     data = tmp_path / "data"
     data.mkdir()
     (data / "a.bin").write_bytes(os.urandom(1 << 20))
     node: Node = make_node()
-    mp = node.mount(str(data), tmp_path / "m")
+    mp = node.mount(str(data), tmp_path / "m", "--serve-processes", processes)
     pid = node.mount_pid(mp)
+    assert (mp / "a.bin").read_bytes()  # a file opened and closed: no handle left
     other_namespace()
     code, err, elapsed = _silofs_unmount(node, mp)
     assert (code, err) == (0, f"silofs: unmounted {mp}") and elapsed < EXIT_BOUND
