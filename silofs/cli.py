@@ -821,22 +821,11 @@ def mount_process(
 @click.option("--lazy", "-z", is_flag=True, help="Detach now, finish when no longer busy.")
 @one_line_errors
 def unmount(mountpoint: str, socket: str | None, lazy: bool) -> None:
-    """Unmount a silofs mount and wait for its process to finish."""
-    path = (
-        os.path.realpath(mountpoint) if os.path.exists(mountpoint) else os.path.abspath(mountpoint)
-    )
-    if path not in silofs_mounts():
-        raise UsageError(f"{path} is not a silofs mount")
-    pid = _mount_pid(socket or default_socket(), path)
-    cmd = ["fusermount3", "-u"] + (["-z"] if lazy else []) + [path]
-    res = subprocess.run(cmd, capture_output=True, text=True)
-    if res.returncode != 0:
-        reason = (res.stderr.strip().splitlines() or ["fusermount3 failed"])[-1]
-        raise SilofsError(f"cannot unmount {path}: {reason}")
-    deadline = time.monotonic() + 10
-    while pid and time.monotonic() < deadline and pid_alive(pid):
-        time.sleep(0.05)
-    click.echo(f"silofs: unmounted {path}", err=True)
+    """Unmount a silofs mount and wait (at most 10 s) for its process to finish."""
+    from silofs import unmount as um
+
+    outcome = um.unmount(mountpoint, socket or default_socket(), lazy)
+    click.echo(f"silofs: {um.outcome_line(outcome, lazy)}", err=True)
 
 
 @main.command("end-job")
@@ -866,17 +855,6 @@ def end_job(job: str, directory: str | None, socket: str | None) -> None:
     left = end(job, directory, socket or default_socket(), click.echo)
     if left:
         fail(f"left of job {job}: {'; '.join(left)}")
-
-
-def _mount_pid(socket: str, path: str) -> int | None:
-    try:
-        with ControlClient(socket, timeout=5) as client:
-            for m in client.request("GET", "/v1/status")["mounts"]:
-                if m["mountpoint"] == path:
-                    return int(m["pid"])
-    except ControlError:
-        pass
-    return None
 
 
 # -- warm ------------------------------------------------------------------------------

@@ -53,6 +53,7 @@ FD_HEADER = "x-silofs-fd"
 
 _lock = threading.Lock()
 _live = 0
+_live_bytes = 0
 
 
 class SealedValue(mmap.mmap):
@@ -73,22 +74,29 @@ def limit_live(nofile: int) -> None:
     MAX_LIVE = max(0, min(MAX_LIVE, nofile // 32))
 
 
+def live() -> dict[str, int]:
+    """The values alive in memory files now, their bytes, and the most at once."""
+    with _lock:
+        return {"count": _live, "bytes": _live_bytes, "max": MAX_LIVE}
+
+
 def fds_held() -> int:
     """The most descriptors values may hold at once."""
     return 2 * MAX_LIVE
 
 
-def _forget(fd: int) -> None:
-    global _live
+def _forget(fd: int, size: int) -> None:
+    global _live, _live_bytes
     os.close(fd)
     with _lock:
         _live -= 1
+        _live_bytes -= size
 
 
 def _map(fd: int, size: int, prot: int) -> SealedValue:
     """A shared mapping of the file, its pages mapped at once (no fault per page), that
     owns `fd` from here on (closed when the mapping is collected)."""
-    global _live
+    global _live, _live_bytes
     try:
         value = SealedValue(fd, size, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE, prot=prot)
     except BaseException:
@@ -96,8 +104,9 @@ def _map(fd: int, size: int, prot: int) -> SealedValue:
         raise
     with _lock:
         _live += 1
+        _live_bytes += size
     value.fd = fd
-    weakref.finalize(value, _forget, fd)
+    weakref.finalize(value, _forget, fd, size)
     return value
 
 

@@ -51,6 +51,10 @@ class Request:
     # The connection can carry a descriptor with the answer's head (a Unix socket's, on
     # the loop or in a thread of its own); Response.fd is sent only then.
     passes_fds: bool = False
+    # Whether the client has closed its connection: asked by an inline answer that waits
+    # on something else (a member), between its waits, so a client that left frees the
+    # thread and the work it started. Never on the loop (its handlers are cancelled).
+    gone: Callable[[], bool] = field(default=lambda: False, compare=False, repr=False)
 
     def json(self) -> Any:
         """The body as a JSON object; HTTPError(400) if it is not one, nests deeper than

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import array
 import contextlib
+import dataclasses
 import errno
 import fcntl
 import functools
@@ -840,6 +841,10 @@ class TLSLimits:
     # rate a connection is closed at accept, before any TLS, so a flood of refused
     # clients costs bounded CPU. A controller keeps one keep-alive connection per node.
     handshakes_per_second: float = 20.0
+    # A cluster member's request and answer are held to the peer bounds (ConnLimits);
+    # None: the idle timeout, as for a controller.
+    member_request_seconds: float | None = None
+    member_floor_rate: float | None = None
 
 
 def bind_tcp(host: str, port: int) -> socket.socket:
@@ -959,8 +964,13 @@ class _TLSAcceptor:
                 peer.remote,
                 _host(addr),
             )
+            limits = dataclasses.replace(
+                _thread_limits(self.limits),
+                request_seconds=self.tls_limits.member_request_seconds,
+                floor_rate=self.tls_limits.member_floor_rate,
+            )
             if peer.node and await serve_member(
-                tls, conn, self.router, peer, self.member_threads, _thread_limits(self.limits)
+                tls, conn, self.router, peer, self.member_threads, limits
             ):
                 return
             await _serve_connection(tls, self.router, self.limits, peer)

@@ -278,17 +278,18 @@ class ThreadConnection:
         router: Router,
         peer: Peer,
         nursery: trio.Nursery,
-        max_body: int,
-        max_header: int,
-        idle_timeout: float,
-        progress: Callable[[dict[str, str]], float],
+        limits: ConnLimits,
     ) -> None:
         self.ch = channel
-        self.progress = progress
+        self.progress = limits.progress
         self.router = router
         self.peer = peer
         self.nursery = nursery
-        self.max_body, self.max_header, self.idle_timeout = max_body, max_header, idle_timeout
+        self.max_body, self.max_header = limits.max_body, limits.max_header
+        self.idle_timeout = limits.idle_timeout
+        # The time a request has from its first byte, and a write of the answer.
+        self.request_seconds = limits.request_seconds or limits.idle_timeout
+        self.floor_rate = limits.floor_rate
         self.buf = b""
         self.token = trio.lowlevel.current_trio_token()
         # The handler's end, signalled from the loop; polled with the socket (its close).
@@ -340,7 +341,7 @@ class ThreadConnection:
                 return False
             req, match, close = self._request(head)
         except _Reject as exc:
-            self.ch.deadline = time.monotonic() + self.idle_timeout
+            self.ch.deadline = time.monotonic() + self.request_seconds
             self._answer(error_response(exc.status, exc.message), close=True)
             self._linger()
             return False
@@ -350,13 +351,21 @@ class ThreadConnection:
         if resp is None:
             return False  # the client left while its handler ran
         try:
-            self.ch.deadline = time.monotonic() + self.idle_timeout
+            self.ch.deadline = self._answer_deadline(resp)
             close = close or self.evicted  # evicted as its request came: answered, closed
             self._answer(resp, close=close, with_body=req.method != "HEAD")
         finally:
             if resp.release is not None:
                 resp.release()
         return not close
+
+    def _answer_deadline(self, resp: Response) -> float:
+        """When the answer must have left: the request time, plus its body at the
+        floor rate where there is one (else the idle timeout for the whole answer)."""
+        now = time.monotonic()
+        if self.floor_rate is None:
+            return now + self.idle_timeout
+        return now + self.request_seconds + memoryview(resp.body).nbytes / self.floor_rate
 
     def evictable(self, now: float, min_idle: float) -> bool:
         """Waiting for a request for `min_idle` seconds with nothing of it received,
@@ -390,7 +399,7 @@ class ThreadConnection:
                 raise _Reject(431, "request header too large")
             data = self.ch.recv()
             if self.ch.deadline == math.inf:  # the request began: read it in time
-                self.ch.deadline = time.monotonic() + self.idle_timeout
+                self.ch.deadline = time.monotonic() + self.request_seconds
                 with self.state_lock:
                     self.idle_since = None
             if not data:
@@ -425,12 +434,16 @@ class ThreadConnection:
         length = int(length_text)
         if length > limit:
             raise _Reject(413, f"request body too large (limit {limit} bytes)")
+        if self.floor_rate is not None:
+            self.ch.deadline += length / self.floor_rate  # a member's body, at the floor
         if headers.get("expect", "").lower() == "100-continue" and length > len(self.buf):
             self.ch.send(b"HTTP/1.1 100 Continue\r\n\r\n")
         body = self._read_body(length)
         close = "close" in headers.get("connection", "").lower()
         passes_fds = isinstance(self.ch, PlainChannel)
-        return Request(method, path, query, headers, body, self.peer, passes_fds), match, close
+        req = Request(method, path, query, headers, body, self.peer, passes_fds)
+        req.gone = self._client_closed
+        return req, match, close
 
     def _read_body(self, length: int) -> bytes:
         # Parts joined once: a mount's offer is up to a 64 MiB chunk, and adding each
@@ -466,8 +479,8 @@ class ThreadConnection:
         interval = self.progress(req.headers) if _PROGRESS_HEADER in req.headers else None
         box: list[Response | None] = []
         scope = trio.CancelScope()
-        self.ch.deadline = math.inf  # a handler may wait (each 102 has the idle timeout)
-        self.ch.wait_at_most(self.idle_timeout)
+        self.ch.deadline = math.inf  # a handler may wait (each 102 has the request time)
+        self.ch.wait_at_most(self.request_seconds)
 
         async def handler() -> None:
             try:
@@ -609,6 +622,12 @@ class ConnLimits:
     max_header: int
     idle_timeout: float
     progress: Callable[[dict[str, str]], float]
+    # A cluster member's connection is held to the peer bounds instead: a request whole
+    # within `request_seconds` of its first byte, an answer gone within that plus its
+    # size at `floor_rate` (what the asking member itself waits, docs/SEMANTICS.md). A
+    # member that trickles its request or never reads its answer holds no thread longer.
+    request_seconds: float | None = None
+    floor_rate: float | None = None
 
 
 async def serve_member(
@@ -664,10 +683,7 @@ async def _serve(
     served: ThreadConnection | None = None
     try:
         async with trio.open_nursery() as nursery:
-            served = ThreadConnection(
-                channel, router, peer, nursery, limits.max_body, limits.max_header,
-                limits.idle_timeout, limits.progress,
-            )  # fmt: skip
+            served = ThreadConnection(channel, router, peer, nursery, limits)
             started(served)
             try:
                 await trio.to_thread.run_sync(served.run, limiter=limiter, abandon_on_cancel=True)

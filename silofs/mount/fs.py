@@ -296,6 +296,10 @@ class SilofsFS(pyfuse3.Operations):
         if self.shared is not None:
             self.shared.set_position(fh, h.pos, h.key)
 
+    def open_handles(self) -> int:
+        """Files and directories this process has open (a detached mount ends at 0)."""
+        return len(self._files) + len(self._dirs)
+
     async def releasedir(self, fh: int) -> None:
         self._dirs.pop(fh, None)
         if self.shared is not None:

@@ -2,8 +2,12 @@
 
 Owns the life of one FUSE mount: readiness (the `silofs mount` parent returns only once
 the mount answers), raising the bdi read-ahead, periodic counter reports, re-registering
-after a daemon restart, and a clean unmount on SIGTERM or `fusermount3 -u`. Never lists
-a store or fetches from one (the daemon does) and never writes LMDB.
+after a daemon restart, and a clean unmount on SIGTERM or `fusermount3 -u`, each within
+a bound (docs/SEMANTICS.md): requests in flight get TERM_GRACE_SECONDS after SIGTERM, and
+a mount gone from this namespace's mount table with nothing open ends even while a copy
+in another mount namespace keeps the kernel's connection. Never lists a store or fetches
+from one (the daemon does), never writes LMDB, and never unmounts a mount other than its
+own (a later mount at the same path).
 
 With --serve-processes N > 1 (mount/forked.py) this process registers, mounts and
 answers INIT, closes its LMDB env and its daemon connections, and forks N serving
@@ -23,10 +27,12 @@ import gc
 import logging
 import os
 import secrets
+import select
 import signal
 import time
 from collections import deque
 from collections.abc import Callable
+from typing import BinaryIO
 
 import pyfuse3
 import trio
@@ -65,6 +71,15 @@ CHILD_EXIT_SECONDS = 10.0  # after the unmount, then SIGKILL
 # mount's process (and `silofs unmount`'s wait for it) for the client's whole timeout;
 # the daemon forgets a mount whose process is gone anyway (reap_mounts).
 FINAL_REPORT_SECONDS = 2.0
+# After SIGTERM, requests being answered get this long to finish; then they are cancelled
+# and the connection aborted (readers get ENOTCONN): a cold read waiting on a store that
+# does not answer must not keep the process (and a scheduler's epilog) for the daemon's
+# whole retry budget.
+TERM_GRACE_SECONDS = 2.0
+# How often a detached mount (gone from the mount table, files still open) checks
+# whether the last of them was closed.
+DETACHED_POLL_SECONDS = 0.25
+MOUNT_TABLE = "/proc/self/mountinfo"
 
 
 async def open_dataset(
@@ -144,6 +159,9 @@ class MountProcess:
         self.lru = False
         # Resolved now: once mounted, this process must never stat its own mountpoint.
         self.realpath = os.path.realpath(settings.mountpoint)
+        # The mount's "major:minor" once mounted: names this mount, not whatever is
+        # mounted at the same path later.
+        self.device: str | None = None
 
     async def register(self) -> dict:
         if self.s.dataset_id is not None:
@@ -236,6 +254,7 @@ class MountProcess:
             assert self.fs is not None
             quiet_forgotten_replies()
             pyfuse3.init(self.fs, self.s.mountpoint, self._options())
+            self.device = mount_device(self.realpath)
         except (ControlError, SilofsError, RuntimeError, OSError) as exc:
             await self._goodbye()
             ready(_mount_error(exc, self.s.mountpoint))
@@ -318,6 +337,7 @@ class MountProcess:
             forked.release_after_receive(SilofsFS)
             quiet_forgotten_replies()
             pyfuse3.init(self.fs, self.s.mountpoint, self._options())
+            self.device = mount_device(self.realpath)
         except (ControlError, SilofsError, RuntimeError, OSError) as exc:
             await self._goodbye()
             self._close()
@@ -365,6 +385,8 @@ class MountProcess:
                     nursery.start_soon(self._ready_after_init, ready)
                 nursery.start_soon(self._report_loop)
                 nursery.start_soon(self._child_signals if child else self._signals)
+                if not child:
+                    nursery.start_soon(self._end_when_unmounted)
                 try:
                     await pyfuse3.main()
                 except BaseException as exc:
@@ -382,7 +404,8 @@ class MountProcess:
                 # and says goodbye; this one's counters go into the sum.
                 forked.give_token()
             else:
-                pyfuse3.close(unmount=unmount)
+                # Never unmount what another mount put at our path since.
+                pyfuse3.close(unmount=unmount and mounted_here(self.device))
             with trio.CancelScope(shield=True):
                 with trio.move_on_after(FINAL_REPORT_SECONDS):
                     await self._report()
@@ -429,8 +452,39 @@ class MountProcess:
                     files = reopen_log_files()
                     log.info("received SIGHUP: %s", ", ".join(files) or "no log file; ignored")
                     continue
-                pyfuse3.terminate()  # SIGHUP of a terminal that closed ends it, as libfuse
+                # SIGHUP of a terminal that closed ends it, as libfuse does.
+                await self._terminate("the signal")
                 return
+
+    async def _terminate(self, why: str) -> None:
+        """End serving: pyfuse3.terminate() stops receiving, but pyfuse3.main() still
+        waits for every handler in flight; past the grace they are cancelled (the
+        caller is cancelled first if main() returns)."""
+        pyfuse3.terminate()
+        await trio.sleep(TERM_GRACE_SECONDS)
+        log.warning(
+            "requests still in flight %.0f s after %s: cancelling them", TERM_GRACE_SECONDS, why
+        )
+        assert self._nursery is not None
+        self._nursery.cancel_scope.cancel()
+
+    async def _end_when_unmounted(self) -> None:
+        """End once this mount has left this namespace's mount table and nothing is open
+        in it. The kernel ends the session only when the last copy of the mount goes: a
+        copy in another mount namespace (any unshare or `ip netns exec` run while it was
+        mounted) outlives `silofs unmount` here, and this process would wait, serving
+        nobody, for as long as that namespace lives. A lazily detached mount still
+        serves the files open in it until the last is closed."""
+        if self.device is None:
+            return
+        with open(MOUNT_TABLE, "rb") as table:  # opened first: no change is missed
+            while mounted_here(self.device):
+                await trio.to_thread.run_sync(_wait_for_change, table, abandon_on_cancel=True)
+        assert self.fs is not None
+        while self.fs.open_handles():
+            await trio.sleep(DETACHED_POLL_SECONDS)
+        log.info("%s is no longer mounted here and nothing is open in it", self.s.mountpoint)
+        await self._terminate("the unmount")
 
     async def _report_loop(self) -> None:
         last = None
@@ -587,6 +641,26 @@ class MountProcess:
                 pass
 
 
+def mount_device(target: str) -> str | None:
+    """The "major:minor" of the newest FUSE mount at `target` (resolved), if any."""
+    for entry in reversed(mounts()):
+        if entry.mountpoint == target and entry.fstype.startswith("fuse"):
+            return entry.device
+    return None
+
+
+def mounted_here(device: str | None) -> bool:
+    """Whether the mount `device` is still in this namespace's mount table (at any
+    path: a bind mount of it counts). Unknown devices count as mounted."""
+    return device is None or any(e.device == device for e in mounts(MOUNT_TABLE))
+
+
+def _wait_for_change(table: BinaryIO) -> None:
+    """Block until the mount table changes (the kernel marks an open mountinfo file
+    exceptional on every mount or unmount in the namespace), or a while passes."""
+    select.select([], [], [table], 30.0)
+
+
 def _invalidate(names: list[tuple[int, int, bytes | None]]) -> None:
     """Tell the kernel to forget attributes and names that a new listing changed:
     (inode, parent, name) each, the name forgotten only where one is given. Runs in a
@@ -699,7 +773,12 @@ class Supervisor:
             for i in range(self.n):
                 self._spawn(i)
             while self.children:
-                pid, status = os.wait()
+                ended = self._next_exit()
+                if ended is None:
+                    log.info("%s is no longer mounted here and nothing is open in it",
+                             self.mp.s.mountpoint)  # fmt: skip
+                    break
+                pid, status = ended
                 index = self.children.pop(pid)
                 if self.token.recover(pid):
                     log.info("serving process %d held the device's read token: put back", pid)
@@ -732,11 +811,28 @@ class Supervisor:
                 signal.signal(sig, signal.SIG_IGN)
             self._end(unmount=not unmounted)
 
+    def _next_exit(self) -> tuple[int, int] | None:
+        """The next serving process to end (pid, wait status); None once the mount has
+        left this namespace's mount table with nothing open in it (a copy in another
+        namespace keeps the connection: MountProcess._end_when_unmounted)."""
+        detached = False
+        with open(MOUNT_TABLE, "rb") as table:  # opened first: no change is missed
+            changed = True
+            while True:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+                if pid:
+                    return pid, status
+                if changed and not detached:
+                    detached = not mounted_here(self.mp.device)
+                if detached and self.shared.open_handles() == 0:
+                    return None
+                changed = bool(select.select([], [], [table], DETACHED_POLL_SECONDS)[2])
+
     def _end(self, unmount: bool) -> None:
         # Unmounted, the serving processes read ENODEV and end. A mount detached lazily
         # while a reader holds a file stays connected as long as any of them holds the
         # device: those get SIGTERM, and the last one's exit aborts the connection.
-        pyfuse3.close(unmount=unmount)
+        pyfuse3.close(unmount=unmount and mounted_here(self.mp.device))
         start = time.monotonic()
         termed = False
         while self.children:

@@ -39,7 +39,7 @@ from silofs.config import ClusterSettings, NodeSettings, parse_cluster
 from silofs.control.tls import parse_tcp_address, parse_tls_url, tls_url
 from silofs.errors import UsageError
 from silofs.flight import SingleFlight
-from silofs.node.cluster_shares import ClusterShares, parse_shares
+from silofs.node.cluster_shares import ClusterShares, check_shares, now_version
 from silofs.node.limiter import TokenBucket
 from silofs.node.membership import COUNTS, Membership, MemberState, PeerCounters
 from silofs.node.peer_ask import MemberSlots, PeerRead, ThreadAsks, ThreadFlight
@@ -656,11 +656,18 @@ class Cluster:
     async def _pull_shares(self, member: MemberState) -> None:
         try:
             reply, _ = await self._exchange(member, "GET", ALLOCATIONS_PATH)
-            parsed = parse_shares(json.loads(reply.body)) if reply.status == 200 else None
+            if reply.status != 200:
+                return
+            parsed = check_shares(json.loads(reply.body), now=now_version())
         except (PeerError, ValueError) as exc:
             log.debug("pulling cache shares from %s failed: %s", member.address, exc)
             return
-        if parsed is not None and await self.shares.accept(*parsed[1:]):
+        try:
+            accepted = await self.shares.accept(*parsed[1:])
+        except UsageError as exc:
+            log.warning("cache shares of %s refused: %s", member.address, exc)
+            return
+        if accepted:
             self.d.allocs.notify()
 
     async def set_share(self, uri: str, size: int | None) -> int:
@@ -703,9 +710,10 @@ class Cluster:
                      member.address, exc)  # fmt: skip
 
     async def accept_shares(self, body: dict) -> bool:
-        parsed = parse_shares(body)
-        if parsed is None:
-            raise UsageError("a shares body is {version: N, shares: {URI: bytes or null}}")
+        try:
+            parsed = check_shares(body, now=now_version())
+        except ValueError as exc:
+            raise UsageError(f"cache shares refused: {exc}") from None
         accepted = await self.shares.accept(*parsed[1:])
         if accepted:
             self.d.allocs.notify()

@@ -22,9 +22,11 @@ from typing import Any
 
 import xxhash
 
+from silofs.errors import UsageError
 from silofs.node.store_write import WritableStore
 from silofs.node.writer import Writer
 from silofs.units import format_size
+from silofs.uri import parse_uri
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +34,16 @@ META_ROW = "cluster:shares"
 
 Shares = dict[str, int | None]
 Stamps = dict[str, int]
+
+# What one table may hold, whoever sent it: every node keeps the whole table in memory
+# and in one meta row, and hashes it for every ping, so a member pushing made-up
+# datasets must not grow it without end.
+MAX_SHARES = 4096
+MAX_URI = 1024
+MAX_SHARE_BYTES = 1 << 60  # 1 EiB: the part arithmetic stays within a float
+# A stamp this far ahead of the receiver's clock (microseconds) is refused: the newest
+# stamp wins, so one from the far future would pin its entry against every change.
+MAX_AHEAD = 24 * 3600 * 1_000_000
 
 
 def now_version() -> int:
@@ -72,6 +84,11 @@ class ClusterShares:
         if not newer:
             return False
         merged_shares = {**self.shares, **newer}
+        if len(merged_shares) > MAX_SHARES:
+            raise UsageError(
+                f"the cache shares table would hold {len(merged_shares)} datasets "
+                f"(at most {MAX_SHARES})"
+            )
         merged_stamps = {**self.stamps, **{u: stamps[u] for u in newer}}
         row = {"version": max(merged_stamps.values()), "shares": merged_shares}
         await self.writer.call(self.store.put_meta, META_ROW, {**row, "stamps": merged_stamps})
@@ -98,35 +115,64 @@ class ClusterShares:
 
 
 def parse_shares(body: dict) -> tuple[int, Shares, Stamps] | None:
-    """(version, shares, stamps) of a persisted row or a pushed body; None if malformed.
-    A body without stamps (an older member's) stamps every entry with its version."""
+    """(version, shares, stamps) of a persisted row; None if malformed."""
+    try:
+        return check_shares(body)
+    except ValueError:
+        return None
+
+
+def check_shares(body: object, now: int | None = None) -> tuple[int, Shares, Stamps]:
+    """(version, shares, stamps) of a pushed or pulled body, or ValueError saying what
+    is wrong with it: each URI a dataset's canonical URI, each share a size in bytes or
+    null, at most MAX_SHARES entries, no stamp above the table's version nor (given
+    `now`, this node's clock) more than MAX_AHEAD ahead of it. A body without stamps
+    (an older member's) stamps every entry with its version."""
+    if not isinstance(body, dict):
+        raise ValueError("a shares body is {version: N, shares: {URI: bytes or null}}")
     version, shares, stamps = body.get("version"), body.get("shares"), body.get("stamps")
     if not _is_version(version) or not isinstance(shares, dict):
-        return None
+        raise ValueError("a shares body is {version: N, shares: {URI: bytes or null}}")
+    if len(shares) > MAX_SHARES:
+        raise ValueError(f"{len(shares)} shares (at most {MAX_SHARES})")
+    if now is not None and version > now + MAX_AHEAD:
+        raise ValueError(f"version {version} is more than a day ahead of this node's clock")
     if stamps is None:
         stamps = dict.fromkeys(shares, version)
     if not isinstance(stamps, dict) or set(stamps) != set(shares):
-        return None
-    out: Shares = {}
+        raise ValueError("stamps must name the same datasets as shares")
     for uri, size in shares.items():
-        if not isinstance(uri, str) or not uri or len(uri) > 4096:
-            return None
-        if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 0):
-            return None
+        _check_uri(uri)
+        if size is not None and (
+            isinstance(size, bool) or not isinstance(size, int) or not 0 <= size <= MAX_SHARE_BYTES
+        ):
+            raise ValueError(f"the share of {uri} must be null or 0-{MAX_SHARE_BYTES} bytes")
         if not _is_version(stamps[uri]) or stamps[uri] > version:
-            return None
-        out[uri] = size
-    return version, out, dict(stamps)
+            raise ValueError(f"the stamp of {uri} must be a version no newer than the table's")
+    return version, dict(shares), dict(stamps)
+
+
+def _check_uri(uri: object) -> None:
+    if not isinstance(uri, str) or not 0 < len(uri) <= MAX_URI or not uri.isprintable():
+        raise ValueError(f"a dataset URI must be 1-{MAX_URI} printable characters")
+    try:
+        canonical = parse_uri(uri).canonical
+    except UsageError as exc:
+        raise ValueError(str(exc)) from None
+    if canonical != uri:
+        raise ValueError(f"{uri!r} is not a dataset's canonical URI ({canonical!r})")
 
 
 def _is_version(v: object) -> bool:
     return isinstance(v, int) and not isinstance(v, bool) and v >= 0
 
 
-def _describe(shares: dict[str, int | None]) -> str:
-    return (
-        ", ".join(
-            f"{uri} {'shared pool' if s is None else format_size(s)}" for uri, s in shares.items()
-        )
-        or "none"
-    )
+def _describe(shares: dict[str, int | None], most: int = 8) -> str:
+    """The changed entries for one log line: the first `most` of them, and how many more."""
+    shown = [
+        f"{uri} {'shared pool' if s is None else format_size(s)}"
+        for uri, s in list(shares.items())[:most]
+    ]
+    if len(shares) > most:
+        shown.append(f"and {len(shares) - most} more")
+    return ", ".join(shown) or "none"

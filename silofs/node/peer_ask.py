@@ -26,6 +26,7 @@ import logging
 import threading
 import time
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -36,7 +37,7 @@ from silofs.cache.format import ChunkRef
 from silofs.errors import VersionMismatchError
 from silofs.node.datasets import Purpose, named_object
 from silofs.node.membership import COUNTS, MemberState
-from silofs.node.peer_client import PEER_POOL, Bounds, PeerError
+from silofs.node.peer_client import PEER_POOL, Abandoned, Bounds, PeerError
 from silofs.node.peer_wire import SOURCE_HEADER, ChunkAsk
 from silofs.records import ObjectInfo
 
@@ -168,11 +169,19 @@ class ThreadAsks:
 
     # -- the thread's side ---------------------------------------------------------------
     def read(
-        self, ds: DatasetState, m: MountState, key: str, index: int, version: str | None
+        self,
+        ds: DatasetState,
+        m: MountState,
+        key: str,
+        index: int,
+        version: str | None,
+        gone: Callable[[], bool] | None = None,
     ) -> PeerRead | None:
         """From a mount connection's thread: the chunk, asked of its home and checked;
         None if the loop is to serve this miss (its handler then reads it as it would
-        have: joining a flight, asking itself, or reading the store)."""
+        have: joining a flight, asking itself, or reading the store). `gone`: whether
+        the mount has closed its connection; then the exchange is abandoned (the home
+        sees its connection close and stops) and None returned."""
         c = self.cluster
         d = c.d
         config, membership = c.config, c.membership
@@ -203,7 +212,11 @@ class ThreadAsks:
             self._hand_over(flight, member, ds, ref, None)
             return None
         try:  # _exchange gives the slot back
-            return self._exchange(flight, member, pool, slots, ds, m, ref, config)
+            return self._exchange(flight, member, pool, slots, ds, m, ref, config, gone)
+        except Abandoned:  # the mount left: no failure of the member's
+            log.debug("ask of %s for a mount that left: abandoned", member.address)
+            self._hand_over(flight, member, ds, ref, None)
+            return None
         except PeerError as exc:
             self._hand_over(flight, member, ds, ref, exc)
             return None
@@ -264,6 +277,7 @@ class ThreadAsks:
         m: MountState,
         ref: ChunkRef,
         config: Any,
+        gone: Callable[[], bool] | None = None,
     ) -> PeerRead | None:
         c = self.cluster
         dsc = c.dataset_counters(ds.uri.canonical)
@@ -272,7 +286,7 @@ class ThreadAsks:
             ask = ChunkAsk.of(ds.uri.canonical, ref, m.job, charged=True, warm=False)
             bounds = Bounds(config.peer_timeout_seconds, float(config.peer_floor_rate))
             check = functools.partial(c._verified, member, ref=ref)
-            reply, data = pool.request_checked("GET", ask.target(), bounds, b"", check)
+            reply, data = pool.request_checked("GET", ask.target(), bounds, b"", check, gone)
         finally:
             slots.release(on_loop=False)
             waited = time.monotonic() - t0

@@ -71,6 +71,11 @@ class PeerError(Exception):
         return self.message
 
 
+class Abandoned(Exception):
+    """The asker's own client left while a member worked on its request: the exchange
+    was dropped (its connection closed, so the member stops too). No member failure."""
+
+
 @dataclass
 class PeerReply:
     status: int
@@ -304,15 +309,17 @@ class PeerPool:
         bounds: Bounds,
         body: bytes = b"",
         headers: dict[str, str] | None = None,
+        gone: Callable[[], bool] | None = None,
     ) -> PeerReply:
-        """One exchange; PeerError if it fails. A connection from the pool that turns
-        out dead before any byte of the answer is replaced once by a new one (the
-        request is idempotent: GET or PUT)."""
+        """One exchange; PeerError if it fails, Abandoned if `gone()` turned true while
+        the member sent 102s. A connection from the pool that turns out dead before any
+        byte of the answer is replaced once by a new one (the request is idempotent:
+        GET or PUT)."""
         head = self._head(method, target, bounds, body, headers or {})
         for attempt in (1, 2):
             conn, reused = self._checkout(bounds)
             try:
-                reply, keep = _exchange(conn, head, body, bounds, reused, self.address)
+                reply, keep = _exchange(conn, head, body, bounds, reused, self.address, gone)
             except _StaleConnection:
                 conn.close()
                 if attempt == 1:
@@ -332,10 +339,11 @@ class PeerPool:
         bounds: Bounds,
         body: bytes,
         check: Callable[[PeerReply], memoryview] | None,
+        gone: Callable[[], bool] | None = None,
     ) -> tuple[PeerReply, memoryview | None]:
         """One exchange and `check` of its 200 answer, in the same thread (a chunk's
         blocks are checked where it was received); PeerError if either fails."""
-        reply = self.request(method, target, bounds, body)
+        reply = self.request(method, target, bounds, body, gone=gone)
         return reply, check(reply) if check is not None and reply.status == 200 else None
 
     def _head(
@@ -421,10 +429,16 @@ class _StaleConnection(Exception):
 
 
 def _exchange(
-    conn: _Connection, head: bytes, body: bytes, bounds: Bounds, reused: bool, address: str
+    conn: _Connection,
+    head: bytes,
+    body: bytes,
+    bounds: Bounds,
+    reused: bool,
+    address: str,
+    gone: Callable[[], bool] | None = None,
 ) -> tuple[PeerReply, bool]:
     """Send one request and read its answer: (reply, whether the connection may be
-    reused)."""
+    reused). Between 102s, Abandoned once `gone()` says the asker's client left."""
     sock = conn.sock
     sock.deadline = time.monotonic() + bounds.timeout
     try:
@@ -444,6 +458,8 @@ def _exchange(
         buf[: got - end] = view[end:got]  # what followed the 102 (usually nothing)
         got -= end
         reused = False  # the member answered: a failure from here is not a stale pool
+        if gone is not None and gone():
+            raise Abandoned(f"{address}: the asker left while the member worked")
         sock.deadline = time.monotonic() + bounds.timeout
     length = headers.get("content-length", "")
     if not length.isdigit() or int(length) > MAX_BODY:

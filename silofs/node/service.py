@@ -97,6 +97,7 @@ async def serve(daemon: Daemon, task_status: trio.TaskStatus = trio.TASK_STATUS_
                             handshake_seconds=settings.tls_handshake_seconds,
                             handshakes_per_second=settings.tls_handshakes_per_second,
                             allowed_names=frozenset(settings.tls_client_names),
+                            **member_bounds(settings),
                         ),
                         task_status=task_status,
                     )
@@ -196,6 +197,17 @@ def fd_budget(s: NodeSettings) -> int:
         + s.fetch_threads * _FDS_PER_FETCH_THREAD
         + sealed.fds_held()
     )
+
+
+def member_bounds(s: NodeSettings) -> dict[str, float]:
+    """The peer bounds a member's connection is held to on this node's listener: what
+    an asking member waits for a request to be answered (docs/SEMANTICS.md)."""
+    if s.cluster is None:
+        return {}
+    return {
+        "member_request_seconds": s.cluster.peer_timeout_seconds,
+        "member_floor_rate": float(s.cluster.peer_floor_rate),
+    }
 
 
 def connection_limits(daemon: Daemon) -> ConnectionLimits:

@@ -12,6 +12,7 @@ import os
 import time
 from typing import Any
 
+from silofs import sealed
 from silofs.node.daemon import Daemon
 from silofs.node.membership import PeerCounters
 from silofs.node.state import DatasetState, JobState, MountState
@@ -204,10 +205,13 @@ def job_view(d: Daemon, j: JobState) -> dict[str, Any]:
 
 def process_memory(pid: int) -> dict[str, int] | None:
     """A process's resident memory split as `top` does not: anon_bytes (RssAnon, what it
-    allocated itself) and file_bytes (RssFile: for a mount process mostly the pages of
+    allocated itself), file_bytes (RssFile: for a mount process mostly the pages of
     the LMDB env it has mapped, shared with every other mount and the page cache, and
-    reclaimable), summed with its children's (a mount's serving processes with
-    --serve-processes; a page mapped by several of them counts in each, as in `top`).
+    reclaimable) and shmem_bytes (RssShmem: for a mount process the daemon's sealed chunk
+    files it maps, silofs/sealed.py, at most about its chunk buffer; not reclaimable
+    while mapped, and charged to the daemon, which made them), summed with its
+    children's (a mount's serving processes with --serve-processes; a page mapped by
+    several of them counts in each, as in `top`).
     None if it has gone or /proc is unreadable."""
     out = _rss(pid)
     if out is None:
@@ -229,12 +233,15 @@ def _rss(pid: int) -> dict[str, int] | None:
     try:
         with open(f"/proc/{pid}/status") as f:
             for line in f:
-                if line.startswith(("RssAnon:", "RssFile:")):
-                    name, kib = line.split()[:2]
-                    out["anon_bytes" if name == "RssAnon:" else "file_bytes"] = int(kib) << 10
+                name = _RSS_FIELDS.get(line.split(":", 1)[0])
+                if name is not None:
+                    out[name] = int(line.split()[1]) << 10
     except (OSError, ValueError):
         return None
-    return out if len(out) == 2 else None
+    return out if len(out) == len(_RSS_FIELDS) else None
+
+
+_RSS_FIELDS = {"RssAnon": "anon_bytes", "RssFile": "file_bytes", "RssShmem": "shmem_bytes"}
 
 
 def mount_view(d: Daemon, m: MountState) -> dict[str, Any]:
@@ -279,6 +286,9 @@ def status_view(d: Daemon) -> dict[str, Any]:
             "credentials_env": d.credentials,
             "note": PAGE_CACHE_NOTE,
             "writer": {**vars(w), "pending_chunks": d.writer.pending_chunks()},
+            # Streamed chunks the daemon holds in sealed memory files (at most "max");
+            # the mounts' mappings of them are each mount's memory.shmem_bytes.
+            "sealed_chunks": sealed.live(),
         },
         "datasets": [dataset_view(d, ds) for ds in d.datasets.values()],
         "jobs": [job_view(d, j) for j in d.jobs.values()],

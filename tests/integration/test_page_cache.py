@@ -59,7 +59,7 @@ def test_status_splits_a_mounts_memory(
     mp = node.mount(local_store.uri(bucket_name), tmp_path / "mnt")
     assert (mp / "f.bin").read_bytes() == b"x" * 100_000
     memory = node.mount_status(str(mp))["memory"]
-    assert set(memory) == {"anon_bytes", "file_bytes"}
+    assert set(memory) == {"anon_bytes", "file_bytes", "shmem_bytes"}
     # A Python process holds some MiB of its own; the mapped env and libraries are files.
     assert memory["anon_bytes"] > 1 << 20 and memory["file_bytes"] > 0
 

@@ -7,9 +7,18 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import pytest
 import trio
 
-from silofs.node.cluster_shares import ClusterShares, parse_shares
+from silofs.errors import UsageError
+from silofs.node.cluster_shares import (
+    MAX_AHEAD,
+    MAX_SHARES,
+    ClusterShares,
+    check_shares,
+    now_version,
+    parse_shares,
+)
 from silofs.node.store_write import WritableStore
 
 
@@ -88,3 +97,39 @@ def test_malformed_bodies_are_refused() -> None:
         {**ok, "shares": {"s3://b/": -5}},
     ):
         assert parse_shares(bad) is None, bad
+
+
+def test_what_a_member_may_push_is_bounded_and_named_in_one_line() -> None:
+    now = now_version()
+    ok = {"version": now, "shares": {"s3://b/": 1}}
+    assert check_shares(ok, now=now)[1] == {"s3://b/": 1}
+    many = {f"s3://b{i}/": 1 for i in range(MAX_SHARES + 1)}
+    for bad, says in (
+        ({"version": now, "shares": many}, "shares (at most"),
+        ({"version": now, "shares": {"s3://b/x": 1}}, "canonical URI"),  # not a dataset's name
+        ({"version": now, "shares": {"s3://b/\nforged log line/": 1}}, "printable"),
+        ({"version": now, "shares": {"s3://" + "b" * 2000 + "/": 1}}, "printable"),
+        ({"version": now, "shares": {"no-scheme-at-all": 1}}, "canonical URI"),
+        ({"version": now, "shares": {"s3://b/": 1 << 80}}, "bytes"),
+        ({"version": now + MAX_AHEAD + 1, "shares": {"s3://b/": 1}}, "ahead"),
+        ([1, 2], "a shares body is"),
+    ):
+        with pytest.raises(ValueError) as err:
+            check_shares(bad, now=now)
+        assert says in str(err.value) and "\n" not in str(err.value), (bad, err.value)
+
+
+def test_pushes_of_made_up_datasets_stop_at_the_tables_bound(tmp_path) -> None:
+    """Each push within the body's bound, but together more than a table may hold: the
+    one that would overflow it is refused whole, and nothing of it is kept."""
+    table = _table(WritableStore(str(tmp_path / "a"), 64 << 20))
+    half = MAX_SHARES // 2 + 1
+    for n in range(2):
+        body = {f"s3://made-up-{n}-{i}/": 1 for i in range(half)}
+        stamps = dict.fromkeys(body, 5)
+        if n == 0:
+            assert trio.run(table.accept, body, stamps)
+        else:
+            with pytest.raises(UsageError, match="at most"):
+                trio.run(table.accept, body, stamps)
+    assert len(table.shares) == half and len(_table(table.store).shares) == half

@@ -240,7 +240,15 @@ def test_the_floor_is_what_both_processes_load() -> None:
 
 def test_the_floor_imports_neither_side() -> None:
     graph = import_graph()
-    sides = (NODE, MOUNT, "silofs.cli", "silofs.cli_mount", "silofs.demo", "silofs.jobend")
+    sides = (
+        NODE,
+        MOUNT,
+        "silofs.cli",
+        "silofs.cli_mount",
+        "silofs.demo",
+        "silofs.jobend",
+        "silofs.unmount",
+    )
     shared = [
         m
         for m in graph

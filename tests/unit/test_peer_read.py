@@ -51,6 +51,7 @@ class FakeMember:
         self.sock = socket.create_server(("127.0.0.1", 0))
         self.port = self.sock.getsockname()[1]
         self.stop = threading.Event()
+        self.left = threading.Event()  # an asker closed a connection mid-answer
         self.thread = threading.Thread(target=self._accept, daemon=True)
         self.thread.start()
 
@@ -117,6 +118,13 @@ class FakeMember:
                     return False
                 tls.sendall(value[i : i + 4096])
             return True
+        elif mode == "stalling":  # a store that never answers: 102s until the asker leaves
+            try:
+                while not self.stop.wait(0.1):
+                    tls.sendall(b"HTTP/1.1 102 Processing\r\n\r\n")
+            except OSError:
+                self.left.set()
+            return False
         elif mode == "processing" and len(self.asks) == 1:
             for _ in range(int(3 * TIMEOUT / 0.2)):  # 102s for 3 timeouts, then the value
                 tls.sendall(b"HTTP/1.1 102 Processing\r\n\r\n")
@@ -429,6 +437,49 @@ def test_one_ask_per_chunk_whether_a_thread_or_the_loop_asks_first(
                 assert box[0] is not None and bytes(box[0].data) == want  # type: ignore[attr-defined]
                 assert len(member.asks) == 1
                 assert d.cluster.datasets[ds.uri.canonical].requests_out == 1
+                nursery.cancel_scope.cancel()
+
+        trio.run(main)
+
+
+def test_a_thread_whose_mount_left_drops_its_ask_and_frees_the_home(
+    tmp_path: Path, pki: Path, bucket: Path, member: FakeMember
+) -> None:
+    """The home works on, sending 102s (its store does not answer); the mount that asked
+    closes its connection: the thread gives up within a 102's interval, closes the
+    member connection (the home sees it), and the member is not counted as failing."""
+    with daemon_of(tmp_path, pki, member.port) as d:
+
+        async def main() -> None:
+            async with running(d), trio.open_nursery() as nursery:
+                nursery.start_soon(d.cluster.probe_loop)
+                ds, m = await mounted(d, bucket)
+                while d.cluster.thread_asks.token is None:
+                    await trio.sleep(0)
+                member.mode = "stalling"
+                key, index = remote_chunks(d, ds, bucket)[0]
+                left = threading.Event()
+                box: list[object] = []
+
+                def ask() -> None:
+                    box.append(
+                        d.cluster.thread_asks.read(ds, m, key, index, None, gone=left.is_set)
+                    )
+
+                nursery.start_soon(trio.to_thread.run_sync, ask)
+                with trio.fail_after(10):
+                    while not member.asks:
+                        await trio.sleep(0.01)
+                left.set()  # the mount closed its connection
+                start = time.monotonic()
+                with trio.fail_after(10):
+                    while not box:
+                        await trio.sleep(0.01)
+                assert box == [None] and time.monotonic() - start < 2 * TIMEOUT
+                assert await trio.to_thread.run_sync(member.left.wait, 10)
+                peer = next(p for p in d.cluster.membership.peers())  # type: ignore[union-attr]
+                assert peer.up and peer.counters.view()["errors"] == {}
+                assert not d.cluster.thread_asks.flights
                 nursery.cancel_scope.cancel()
 
         trio.run(main)

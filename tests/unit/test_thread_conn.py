@@ -81,24 +81,30 @@ def make_router(probe: Probe) -> Router:
 
 
 @contextmanager
-def server(pki: Path, probe: Probe, idle_timeout: float = 300.0) -> Iterator[tuple[int, Any]]:
+def server(
+    pki: Path, probe: Probe, idle_timeout: float = 300.0, **tls: Any
+) -> Iterator[tuple[int, Any]]:
     ctx = server_context(str(pki / "node-a.pem"), str(pki / "node-a.key"), str(pki / "ca.pem"))
     sock = bind_tcp("127.0.0.1", 0)
     port = sock.getsockname()[1]
     acceptor: list[Any] = []
     serve = functools.partial(
-        serve_tls, sock, make_router(probe), ctx, tls_limits=TLSLimits(), acceptor=acceptor,
+        serve_tls, sock, make_router(probe), ctx, tls_limits=TLSLimits(**tls), acceptor=acceptor,
         max_header=4096, idle_timeout=idle_timeout,
     )  # fmt: skip
     with serving(serve):
         yield port, acceptor[0]
 
 
-def connect(pki: Path, port: int, name: str = "node-b") -> ssl.SSLSocket:
+def connect(pki: Path, port: int, name: str = "node-b", rcvbuf: int = 0) -> ssl.SSLSocket:
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
     ctx.load_cert_chain(str(pki / f"{name}.pem"), str(pki / f"{name}.key"))
     ctx.load_verify_locations(str(pki / "ca.pem"))
-    raw = socket.create_connection(("127.0.0.1", port), timeout=DEADLINE)
+    raw = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    if rcvbuf:  # before connect: the window it offers is then small
+        raw.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+    raw.settimeout(DEADLINE)
+    raw.connect(("127.0.0.1", port))
     return ctx.wrap_socket(raw, server_hostname="127.0.0.1")
 
 
@@ -227,6 +233,65 @@ def test_a_trickled_request_is_cut_at_the_idle_timeout(pki: Path) -> None:
                 break
         assert closed and time.monotonic() - start < DEADLINE
         wait_for(lambda: acc.open == 0, DEADLINE, "the connection to end")
+
+
+# The peer bounds a member's connection is held to (what the asking member waits).
+MEMBER = {"member_request_seconds": 0.5, "member_floor_rate": 16e6}
+
+
+def _trickle_until_closed(s: ssl.SSLSocket, request: bytes) -> bool:
+    """Send `request` a byte at a time; True once the server closed the connection."""
+    for byte in request:
+        try:
+            s.sendall(bytes([byte]))
+        except OSError:
+            return True
+        if select.select([s], [], [], 0.05)[0]:  # the server's close (or an answer)
+            return Reader(s).closed()
+    return False
+
+
+def test_a_members_trickled_request_is_cut_at_the_peer_bound(pki: Path) -> None:
+    """With the idle timeout at 300 s, a member that sends its request a byte at a time
+    still holds its thread no longer than the peer bound (0.5 s here)."""
+    probe = Probe()
+    with server(pki, probe, **MEMBER) as (port, acc), connect(pki, port) as s:
+        start = time.monotonic()
+        assert _trickle_until_closed(s, get("/v1/peer/big") * 50)
+        assert time.monotonic() - start < 5
+        wait_for(lambda: acc.member_threads.borrowed_tokens == 0, DEADLINE, "its thread to end")
+
+
+def test_a_member_that_never_reads_its_answer_is_cut_at_the_peer_bound(pki: Path) -> None:
+    probe = Probe()
+    with server(pki, probe, **MEMBER) as (port, acc):
+        s = connect(pki, port, rcvbuf=4096)
+        try:
+            start = time.monotonic()
+            s.sendall(get("/v1/peer/big"))  # 1.5 MB it never reads: 0.5 s + 0.1 s allowed
+            wait_for(lambda: acc.open == 0, DEADLINE, "the connection to end")
+            wait_for(lambda: acc.member_threads.borrowed_tokens == 0, DEADLINE, "its thread")
+            assert time.monotonic() - start < 5
+        finally:
+            s.close()
+
+
+def test_a_flood_of_trickling_members_holds_the_listener_only_for_the_bound(pki: Path) -> None:
+    """Members holding every slot of the listener with requests they never finish are
+    cut at the peer bound; then a member is served again."""
+    probe = Probe()
+    with server(pki, probe, max_connections=4, **MEMBER) as (port, acc):
+        flood = [connect(pki, port) for _ in range(4)]
+        try:
+            for s in flood:
+                s.sendall(b"GET /v1/peer/big HTTP/1.1\r\n")  # and nothing more
+            wait_for(lambda: acc.open == 0, DEADLINE, "the flood to be cut")
+            with connect(pki, port) as s:
+                s.sendall(get("/v1/peer/big"))
+                assert Reader(s).answer()[2] == BIG
+        finally:
+            for s in flood:
+                s.close()
 
 
 def test_a_session_that_cannot_be_handed_over_stays_on_the_loop(

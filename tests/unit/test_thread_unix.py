@@ -249,10 +249,10 @@ def test_a_request_read_after_the_connections_nursery_closed_ends_it_not_the_loo
     async def main() -> str:
         async with trio.open_nursery() as closed:
             pass
+        limits = thread_conn.ConnLimits(1024, 8192, DEADLINE, lambda headers: 1.0)
         conn = thread_conn.ThreadConnection(
-            thread_conn.PlainChannel(ours), make_router(Probe()), Peer(1, 0, 0), closed,
-            1024, 8192, DEADLINE, lambda headers: 1.0,
-        )  # fmt: skip
+            thread_conn.PlainChannel(ours), make_router(Probe()), Peer(1, 0, 0), closed, limits
+        )
         client.sendall(b"GET /v1/plain HTTP/1.1\r\nhost: silofs\r\n\r\n")
         with trio.fail_after(DEADLINE):  # a thread never woken fails here, not hangs
             await trio.to_thread.run_sync(conn.run, abandon_on_cancel=True)

@@ -72,7 +72,9 @@ def peer_chunk(d: Daemon, req: Request) -> Response | None:
         _span(q.get("span"), index)
     except HTTPError:
         return None
-    got = d.cluster.thread_asks.read(ds, m, q.get("key", ""), index, q.get("version"))
+    got = d.cluster.thread_asks.read(
+        ds, m, q.get("key", ""), index, q.get("version"), gone=req.gone
+    )
     if got is None:
         return None
     return Response(200, got.data, "application/octet-stream", {"x-silofs-source": got.source})
