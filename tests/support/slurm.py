@@ -29,6 +29,7 @@ from pathlib import Path
 
 import pytest
 
+from silofs.jobend import mount_process_claims
 from silofs.mountinfo import mounts
 from tests.support.node import Node
 from tests.support.poll import wait_for
@@ -102,19 +103,19 @@ class Slurm:
         return [e.mountpoint for e in mounts() if e.mountpoint.startswith(top + "/")]
 
     def mount_processes(self, job: str) -> list[int]:
-        """Background silofs mount processes of silofs job slurm-JOB."""
-        mark = f'"job": "slurm-{job}"'.encode()
+        """Background silofs mount processes of silofs job slurm-JOB of this Slurm (its
+        mount root: other tests on the host number their jobs from 1 too)."""
+        top = str(self.mount_root / job) + "/"
         out = []
-        for entry in os.listdir("/proc"):
+        for pid, mountpoint in mount_process_claims():
+            if not mountpoint.startswith(top):
+                continue
             try:
-                with open(f"/proc/{entry}/cmdline", "rb") as f:
-                    argv = f.read().split(b"\0")
+                with open(f"/proc/{pid}/stat", "rb") as f:
+                    if f.read().rsplit(b")", 1)[1].split()[0] != b"Z":
+                        out.append(pid)
             except OSError:
                 continue
-            if b"mount-process" in argv and any(mark in a for a in argv):
-                with open(f"/proc/{entry}/stat", "rb") as f:
-                    if f.read().rsplit(b")", 1)[1].split()[0] != b"Z":
-                        out.append(int(entry))
         return out
 
 
