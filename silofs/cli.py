@@ -926,6 +926,12 @@ def warm(
         ),
         err=True,
     )
+    if w.get("failed_chunks"):
+        click.echo(
+            f"silofs: warning: {w['failed_chunks']} chunks could not be placed at their "
+            "homes (members slow or down: see `silofs status`); run the warm again to fill them",
+            err=True,
+        )
 
 
 _progress_shown = False

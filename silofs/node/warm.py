@@ -40,6 +40,10 @@ WARM_CONCURRENCY = 8  # chunks in flight per warm; the Fetcher's thread limit st
 # The shuffled list of chunks costs ~250 B per chunk the dataset does not hold: 8 M chunks
 # (32 TiB at 4 MiB chunks) is ~2 GB of daemon memory. Beyond it, warm parts (--paths).
 WARM_MAX_CHUNKS = 8_000_000
+# Rounds of asking again the chunks whose home's warm ask failed, and the pause before
+# each (long enough for a busy home to be probed again).
+WARM_RETRIES = 2
+WARM_RETRY_PAUSE = 1.0
 
 
 @dataclass
@@ -59,6 +63,9 @@ class WarmState:
     chunks_total: int = 0  # chunks it did not hold when it started
     chunks_done: int = 0  # of those, fetched
     denied_objects: int = 0  # matching objects skipped: the reader may not read them
+    # Chunks a peer's warm ask failed for, after the retries (the walk goes on without
+    # them): the share is that much short of full, and the CLI says so.
+    failed_chunks: int = 0
     started: float = field(default_factory=time.time)
     finished: float | None = None
     error: str = ""
@@ -80,6 +87,7 @@ class WarmState:
             "chunks_total": self.chunks_total,
             "chunks_done": self.chunks_done,
             "denied_objects": self.denied_objects,
+            "failed_chunks": self.failed_chunks,
             "elapsed_s": round(elapsed, 2),
             "bytes_per_s": round(self.fetched_bytes / elapsed) if elapsed > 0 else 0,
             "error": self.error or None,
@@ -258,6 +266,8 @@ async def _walk_cluster(
 
     local = functools.partial(_fetch_here, d, ds, w, limiter, budget, slots, failure)
 
+    failed: list[ChunkRef] = []
+
     async def remote(member: Any, ref: ChunkRef) -> None:
         try:
             outcome = await d.cluster.warm_ask(member, ds, limiter, w.job, ref)
@@ -270,22 +280,43 @@ async def _walk_cluster(
         elif outcome == "admitted":
             w.chunks_done += 1
             w.fetched_bytes += ref.length
+        else:
+            failed.append(ref)
 
-    async with trio.open_nursery() as nursery:
-        for ref in refs:
-            live = {c.address for c in membership.live()}
-            if failure or live <= full:
-                break
-            member = membership.home(ref.key)
-            if member.address in full:
-                continue
-            if member.is_self:
-                if not await budget.fits(ref.length):
-                    full.add(member.address)
+    async def walk(todo: list[ChunkRef]) -> None:
+        async with trio.open_nursery() as nursery:
+            for ref in todo:
+                live = {c.address for c in membership.live()}
+                if failure or live <= full:
+                    break
+                member = membership.home(ref.key)
+                if member.address in full:
                     continue
-                await slots.acquire()
-                budget.started(ref.length)
-                nursery.start_soon(local, ref)
-            else:
-                await slots.acquire()
-                nursery.start_soon(remote, member, ref)
+                if member.is_self:
+                    if not await budget.fits(ref.length):
+                        full.add(member.address)
+                        continue
+                    await slots.acquire()
+                    budget.started(ref.length)
+                    nursery.start_soon(local, ref)
+                else:
+                    await slots.acquire()
+                    nursery.start_soon(remote, member, ref)
+
+    await walk(refs)
+    # A failed ask (a home slow or down: marked down for a backoff) is asked again, of
+    # whichever member is its home by then, so a busy moment does not leave a home's
+    # part short; what still fails is reported, not hidden behind "done".
+    for _ in range(WARM_RETRIES):
+        if not failed or failure:
+            break
+        todo, failed[:] = failed[:], []
+        await trio.sleep(WARM_RETRY_PAUSE)
+        await walk(todo)
+    w.failed_chunks = len(failed)
+    if failed:
+        log.warning(
+            "warm of %s: %d chunks could not be placed at their homes",
+            ds.uri.canonical,
+            len(failed),
+        )
