@@ -11,6 +11,7 @@ structure policies/gavel.py exploits:
 
 from __future__ import annotations
 
+import math
 import random
 
 import numpy as np
@@ -279,3 +280,35 @@ def test_fixed_hits_solve_without_building_the_problem_is_the_same_to_the_bit(
         assert list(direct.rates.items()) == list(built.rates.items())
         assert direct.level == built.level
         assert direct.cache == built.cache
+
+
+@pytest.mark.parametrize("n_jobs", [8, 40, 300])
+def test_the_array_form_of_a_plan_for_the_hits_now_is_the_loops_to_the_bit(
+    n_jobs: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """GavelPolicy's SiloD plan solves for the hits now with array operations from
+    ARRAYS_FROM jobs on: every share and IO allocation must be the same floats, in the
+    same order, as the loops give, whether IO, GPUs or the jobs' ceilings bind, with an
+    unlimited link, jobs without f* and a spare link to hand out."""
+    from dataclasses import replace
+
+    from silofs_ctl.policies import gavel
+
+    rng = random.Random(n_jobs + 7)
+    for trial in range(24):
+        jobs, cluster = large_instance(max(n_jobs, 10), rng.randrange(10**6))
+        jobs = jobs[:n_jobs]
+        link = [cluster.remote_io, cluster.remote_io / 20, cluster.remote_io * 50, math.inf]
+        gpus = {"all": rng.choice([8, cluster.total_gpus, 4 * cluster.total_gpus])}
+        cluster = replace(cluster, remote_io=link[trial % 4], node_gpus=gpus, cached={})
+        views = []
+        for job in jobs:
+            f_star = 0.0 if rng.random() < 0.05 else job.f_star
+            hit = rng.choice([0.0, 1.0, 1.0 - 1e-12, rng.random()])
+            views.append(replace(job, f_star=f_star, hit_now=hit))
+        out = []
+        for first in (10**9, 0):
+            monkeypatch.setattr(gavel, "ARRAYS_FROM", first)
+            alloc = gavel.GavelPolicy().allocate(views, cluster, SiloDEstimator())
+            out.append((list(alloc.gpu_share.items()), list(alloc.io.items()), alloc.cache))
+        assert out[0] == out[1]

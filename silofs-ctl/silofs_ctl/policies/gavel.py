@@ -36,8 +36,11 @@ from heapq import heapify, heappop
 from itertools import chain, compress, count, repeat
 from operator import attrgetter, is_, itemgetter, mul, not_, sub, truediv
 
+import numpy as np
+
 from ..estimator import ComputeEstimator, Estimator, equal_share_perf, hit_ratio
 from ..model import Allocation, CacheUnit, Cluster, Job
+from . import gavel_arrays as ga
 from .base import HITS, current_hits, fill_units, spread_leftover_io, water_fill
 
 log = logging.getLogger(__name__)
@@ -545,6 +548,7 @@ class _Start:
     sizes: list[float] | None = None  # _job_sizes, found by the first fixed-hits solve
     # _FixedHits._round_terms of the first round, found by the first fixed-hits solve
     round_terms: tuple[list[int], list[float]] | None = None
+    arrays: ga.JobArrays | None = None  # the jobs as gavel_arrays reads them, when it does
 
 
 def _start(jobs: Sequence[Job], cluster: Cluster, e: Mapping[str, float]) -> _Start:
@@ -882,6 +886,9 @@ class GavelPolicy:
         e, plan, start = self._steady_plan(jobs, cluster, estimator)
         alloc = Allocation(cache=dict(plan.cache) if estimator.io_aware else {})
         hits = current_hits(jobs, cluster, plan.cache) if estimator.io_aware else None
+        if hits is not None and len(jobs) >= ARRAYS_FROM:
+            _fixed_hits_tail(alloc, jobs, cluster, hits, e, start)
+            return alloc
         if hits is not None:
             # (the plan's cache is the steady one above: this solve's is not read)
             plan = maxmin_fixed_hits(jobs, cluster, hits, e, start, with_cache=False)
@@ -930,6 +937,63 @@ class GavelPolicy:
         plan = maxmin(jobs, cluster, e, io_aware=estimator.io_aware, start=start)
         self._steady = _Steady(_JobsSeen.of(jobs), type(estimator), cluster, e, plan, start)
         return e, plan, start
+
+
+# From how many jobs a plan for the hits now is solved as array operations
+# (gavel_arrays): below it, numpy's cost per call outweighs the loops it replaces.
+ARRAYS_FROM = 32
+
+
+def _fixed_hits_tail(
+    alloc: Allocation,
+    jobs: Sequence[Job],
+    cluster: Cluster,
+    hits: Mapping[str, float],
+    e: Mapping[str, float],
+    start: _Start,
+) -> None:
+    """What GavelPolicy.allocate does with the hits now (maxmin_fixed_hits, the shares,
+    spread_leftover_gpus, the IO and spread_leftover_io), as array operations: the same
+    floats in the same order (gavel_arrays says how)."""
+    arrays = start.arrays
+    if arrays is None:
+        arrays = start.arrays = _job_arrays(jobs, cluster, e, start)
+    limits = ga.Limits(cluster.total_gpus, cluster.remote_io, _TOL, _MARGIN)
+    names = list(map(_NAME, jobs))
+    hit_now = np.array(list(map(hits.__getitem__, names)))
+    miss, hit = ga.fixed_hits_model(arrays, hit_now)
+    rate = ga.fill(arrays, miss, hit, limits)
+    share = ga.gpu_shares(arrays, rate, cluster.total_gpus)
+    alloc.gpu_share.update(zip(names, share.tolist(), strict=True))
+    io = rate * (1.0 - hit_now)
+    extra = ga.leftover_io(io, share * arrays.f_star, cluster.remote_io)
+    alloc.io.update(zip(names, (io if extra is None else extra).tolist(), strict=True))
+
+
+def _job_arrays(
+    jobs: Sequence[Job], cluster: Cluster, e: Mapping[str, float], start: _Start
+) -> ga.JobArrays:
+    """start's jobs as gavel_arrays reads them."""
+    where = {name: i for i, name in enumerate(map(_NAME, jobs))}
+    sizes = start.sizes
+    if sizes is None:
+        sizes = start.sizes = _job_sizes(jobs, cluster)
+    zero = np.zeros(len(jobs), dtype=bool)
+    zero[[where[name] for name in start.zero]] = True
+    groups = start.groups
+    return ga.JobArrays(
+        e=np.array([e.get(name, 0.0) for name in where]),
+        f_star=np.array(list(map(_F_STAR, jobs)), dtype=float),
+        gpus=np.array(list(map(_GPUS, jobs)), dtype=float),
+        sizes=np.array(sizes, dtype=float),
+        zero=zero,
+        free=np.array([where[job.name] for job in start.free], dtype=np.intp),
+        caps=np.array([start.caps[job.name] for job in start.free], dtype=float),
+        levels=np.array(list(map(_LEVEL, groups)), dtype=float),
+        ends=np.array(list(map(_END, groups)), dtype=np.intp),
+        gpu_top=start.gpu_top,
+        gpu_base=start.gpu_base,
+    )
 
 
 @dataclass
