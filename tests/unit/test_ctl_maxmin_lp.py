@@ -286,9 +286,10 @@ def test_fixed_hits_solve_without_building_the_problem_is_the_same_to_the_bit(
 def test_the_array_form_of_a_plan_for_the_hits_now_is_the_loops_to_the_bit(
     n_jobs: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """GavelPolicy's SiloD plan solves for the hits now with array operations from
-    ARRAYS_FROM jobs on: every share and IO allocation must be the same floats, in the
-    same order, as the loops give, whether IO, GPUs or the jobs' ceilings bind, with an
+    """GavelPolicy's SiloD plan is solved with array operations from ARRAYS_FROM jobs
+    on (the steady state when the units share one pool, and the plan for the hits now):
+    every share, IO allocation and cached unit must be the same floats, in the same
+    order, as the loops give, whether IO, GPUs or the jobs' ceilings bind, with an
     unlimited link, jobs without f* and a spare link to hand out."""
     from dataclasses import replace
 
@@ -298,6 +299,10 @@ def test_the_array_form_of_a_plan_for_the_hits_now_is_the_loops_to_the_bit(
     for trial in range(24):
         jobs, cluster = large_instance(max(n_jobs, 10), rng.randrange(10**6))
         jobs = jobs[:n_jobs]
+        if trial % 3:  # one pool, as the simulator's cluster: the knapsack in arrays
+            pool = {"all": sum(cluster.pools.values()) * rng.choice([0.02, 0.3, 1.0, 3.0])}
+            units = {k: replace(u, pool="all") for k, u in cluster.units.items()}
+            cluster = replace(cluster, pools=pool, units=units)
         link = [cluster.remote_io, cluster.remote_io / 20, cluster.remote_io * 50, math.inf]
         gpus = {"all": rng.choice([8, cluster.total_gpus, 4 * cluster.total_gpus])}
         cluster = replace(cluster, remote_io=link[trial % 4], node_gpus=gpus, cached={})
@@ -309,6 +314,17 @@ def test_the_array_form_of_a_plan_for_the_hits_now_is_the_loops_to_the_bit(
         out = []
         for first in (10**9, 0):
             monkeypatch.setattr(gavel, "ARRAYS_FROM", first)
-            alloc = gavel.GavelPolicy().allocate(views, cluster, SiloDEstimator())
-            out.append((list(alloc.gpu_share.items()), list(alloc.io.items()), alloc.cache))
+            policy = gavel.GavelPolicy()
+            alloc = policy.allocate(views, cluster, SiloDEstimator())
+            assert policy._steady is not None
+            steady = policy._steady.plan  # its rates and level too, not only its cache
+            out.append(
+                (
+                    list(alloc.gpu_share.items()),
+                    list(alloc.io.items()),
+                    list(alloc.cache.items()),
+                    steady.rates,
+                    steady.level,
+                )
+            )
         assert out[0] == out[1]

@@ -934,7 +934,13 @@ class GavelPolicy:
                 return last.e, last.plan, last.start
         e = equal_share_perf(jobs, cluster, estimator)
         start = _start(jobs, cluster, e)
-        plan = maxmin(jobs, cluster, e, io_aware=estimator.io_aware, start=start)
+        knapsack = None
+        if estimator.io_aware and len(jobs) >= ARRAYS_FROM:
+            knapsack = _knapsack_io(jobs, cluster, e)
+        if knapsack is not None:
+            plan = _maxmin_arrays(jobs, cluster, e, start, knapsack)
+        else:
+            plan = maxmin(jobs, cluster, e, io_aware=estimator.io_aware, start=start)
         self._steady = _Steady(_JobsSeen.of(jobs), type(estimator), cluster, e, plan, start)
         return e, plan, start
 
@@ -961,13 +967,63 @@ def _fixed_hits_tail(
     limits = ga.Limits(cluster.total_gpus, cluster.remote_io, _TOL, _MARGIN)
     names = list(map(_NAME, jobs))
     hit_now = np.array(list(map(hits.__getitem__, names)))
-    miss, hit = ga.fixed_hits_model(arrays, hit_now)
-    rate = ga.fill(arrays, miss, hit, limits)
+    rate = ga.fill(arrays, ga.fixed_hits_model(arrays, hit_now), limits).rate
     share = ga.gpu_shares(arrays, rate, cluster.total_gpus)
     alloc.gpu_share.update(zip(names, share.tolist(), strict=True))
     io = rate * (1.0 - hit_now)
     extra = ga.leftover_io(io, share * arrays.f_star, cluster.remote_io)
     alloc.io.update(zip(names, (io if extra is None else extra).tolist(), strict=True))
+
+
+def _maxmin_arrays(
+    jobs: Sequence[Job], cluster: Cluster, e: Mapping[str, float], start: _Start, io: ga.KnapsackIO
+) -> MaxMin:
+    """maxmin(jobs, cluster, e, start=start) as array operations (gavel_arrays): the same
+    rates (in the jobs' order) and level, and the same cache, in the same order."""
+    arrays = start.arrays
+    if arrays is None:
+        arrays = start.arrays = _job_arrays(jobs, cluster, e, start)
+    limits = ga.Limits(cluster.total_gpus, cluster.remote_io, _TOL, _MARGIN)
+    filled = ga.fill(arrays, io, limits)
+    units, takes = io.loads(filled.rate, np.ones(len(jobs), dtype=bool)).cache(0.0)
+    cache = dict(zip(map(io.keys.__getitem__, units.tolist()), takes.tolist(), strict=True))
+    rates = dict(zip(map(_NAME, jobs), filled.rate.tolist(), strict=True))
+    return MaxMin(filled.level, rates, cache)
+
+
+def _knapsack_io(
+    jobs: Sequence[Job], cluster: Cluster, e: Mapping[str, float]
+) -> ga.KnapsackIO | None:
+    """The jobs' reads as gavel_arrays.KnapsackIO, when it models them: every unit they
+    read draws from the cluster's one pool and holds data (else None: _Loads does)."""
+    if len(cluster.pools) != 1:
+        return None
+    [(pool, capacity)] = cluster.pools.items()
+    index: dict[str, int] = {}
+    r_job: list[int] = []
+    r_unit: list[int] = []
+    r_w: list[float] = []
+    for i, job in enumerate(jobs):
+        for key, weight in job.reads.items():
+            r_job.append(i)
+            r_unit.append(index.setdefault(key, len(index)))
+            r_w.append(weight)
+    keys = list(index)
+    units = [cluster.units[key] for key in keys]
+    if not all(unit.pool == pool and unit.size > 0 for unit in units):
+        return None
+    rank = np.empty(len(keys), dtype=np.intp)
+    rank[sorted(range(len(keys)), key=keys.__getitem__)] = np.arange(len(keys))
+    return ga.KnapsackIO(
+        r_job=np.array(r_job, dtype=np.intp),
+        r_unit=np.array(r_unit, dtype=np.intp),
+        r_w=np.array(r_w, dtype=float),
+        e=np.array([e.get(job.name, 0.0) for job in jobs]),
+        sizes=np.array([unit.size for unit in units], dtype=float),
+        key_rank=rank,
+        keys=keys,
+        pool=capacity,
+    )
 
 
 def _job_arrays(

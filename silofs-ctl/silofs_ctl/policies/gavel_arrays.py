@@ -15,10 +15,13 @@ leading 0.0 + x is x). A running subtraction p - s0 - s1 ... is the cumsum of p,
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass
 
 import numpy as np
+
+log = logging.getLogger(__name__)
 
 FloatArray = np.ndarray
 IndexArray = np.ndarray
@@ -61,8 +64,8 @@ class Limits:
     margin: float
 
 
-def fixed_hits_model(arrays: JobArrays, hits: FloatArray) -> tuple[FloatArray, FloatArray]:
-    """(miss, hit) per job: gavel._FixedHits.of_hits' miss list and hits, as arrays."""
+def fixed_hits_model(arrays: JobArrays, hits: FloatArray) -> FixedHitsIO:
+    """gavel._FixedHits.of_hits as arrays: each job's miss ratio and hit ratio."""
     sizes = arrays.sizes
     positive = sizes > 0
     takes = np.minimum(sizes, hits * sizes)
@@ -72,7 +75,154 @@ def fixed_hits_model(arrays: JobArrays, hits: FloatArray) -> tuple[FloatArray, F
     left = 1.0 - part
     miss = np.where(positive, np.where(left > 0.0, left, 0.0), 0.0)
     hit = np.where(positive, np.where(part < 1.0, part, 1.0), 1.0)
-    return miss, hit
+    return FixedHitsIO(miss, hit, arrays.e * miss)
+
+
+@dataclass
+class FixedHitsIO:
+    """gavel._FixedHits: a job's remote IO is its rate times a miss ratio fixed for the
+    plan, so a round's IO need is a + b * lam."""
+
+    miss: FloatArray
+    hit: FloatArray
+    slopes: FloatArray  # e * miss
+
+    def loads(self, rate: FloatArray, done: FloatArray) -> FixedHitsLoads:
+        """gavel._FixedHits.loads with the jobs in `done` fixed at `rate`."""
+        a = seqsum(rate[done] * self.miss[done])
+        return FixedHitsLoads(a, seqsum(self.slopes[~done]), self.hit)
+
+
+@dataclass
+class FixedHitsLoads:
+    a: float
+    b: float
+    hit: FloatArray
+
+    def limit(self, start: float, limits: Limits) -> float:
+        """gavel._FixedLoads.limit."""
+        return _line_limit(self.a, self.b, start, limits)
+
+    def hits(self, lam: float) -> FloatArray:
+        return self.hit
+
+
+def _line_limit(a: float, b: float, start: float, limits: Limits) -> float:
+    """Largest lam >= start with a + b * lam <= B (gavel._FixedLoads.limit)."""
+    budget = limits.remote_io
+    if math.isinf(budget):
+        return math.inf
+    if b <= 0.0:
+        return math.inf if a <= budget * (1 + limits.tol) else start
+    return max(start, (budget - a) / b)
+
+
+@dataclass
+class KnapsackIO:
+    """gavel._Loads for jobs whose units all draw from one pool (the simulator's
+    cluster): reads as (job, unit, weight) rows in the jobs' order, units numbered in
+    first-read order, and each unit's size (> 0), the order of its key and its key."""
+
+    r_job: IndexArray
+    r_unit: IndexArray
+    r_w: FloatArray
+    e: FloatArray
+    sizes: FloatArray
+    key_rank: IndexArray
+    keys: list[str]
+    pool: float
+
+    def loads(self, rate: FloatArray, done: FloatArray) -> KnapsackLoads:
+        """_Loads(jobs, {done: rate}, e): per unit, fixed = sum of weight * rate over
+        its readers in `done` and slope = sum of weight * e over the others, each in
+        the reads' order (bincount adds in order; a 0.0 for a reader of the other kind
+        changes nothing), and the units in _Loads' order: those with a fixed reader by
+        their first one, then the rest by their first reader."""
+        m = len(self.sizes)
+        r_unit, r_job = self.r_unit, self.r_job
+        d = done[r_job]
+        fixed = np.bincount(r_unit, np.where(d, self.r_w * rate[r_job], 0.0), m)
+        slope = np.bincount(r_unit, np.where(d, 0.0, self.r_w * self.e[r_job]), m)
+        first_fixed = _first_seen(r_unit[d])
+        seen = np.zeros(m, dtype=bool)
+        seen[first_fixed] = True
+        rest = _first_seen(r_unit[~d])
+        rows = np.concatenate((first_fixed, rest[~seen[rest]]))
+        return KnapsackLoads(self, fixed, slope, rows)
+
+
+def _first_seen(units: IndexArray) -> IndexArray:
+    """The distinct values of `units` in the order they first occur."""
+    found, first = np.unique(units, return_index=True)
+    return found[np.argsort(first, kind="stable")]
+
+
+@dataclass
+class KnapsackLoads:
+    """A_u(lam) = fixed_u + lam * slope_u (gavel._Loads) over the units in `rows`."""
+
+    io: KnapsackIO
+    fixed: FloatArray
+    slope: FloatArray
+    rows: IndexArray
+
+    def cache(self, lam: float) -> tuple[IndexArray, FloatArray]:
+        """gavel._Loads.best_cache at lam: the units cached in rank order (the largest
+        load per byte first, then slope per byte, then key) and what each holds, filled
+        from the one pool as _fill_ranked does: whole units while one is smaller than
+        what is left (subtracted one by one), then what is left."""
+        io, rows = self.io, self.rows
+        size = io.sizes[rows]
+        per = self.slope[rows]
+        first = -(self.fixed[rows] + lam * per) / size
+        ranked = rows[np.lexsort((io.key_rank[rows], -per / size, first))]
+        if not io.pool > 0.0:
+            return ranked[:0], size[:0]
+        sizes = io.sizes[ranked]
+        lefts = np.cumsum(np.concatenate(([io.pool], -sizes)))
+        last = np.flatnonzero(sizes >= lefts[:-1])
+        if not len(last):
+            return ranked, sizes
+        k = int(last[0])
+        takes = sizes[: k + 1].copy()
+        takes[k] = lefts[k]
+        return ranked[: k + 1], takes
+
+    def held(self, lam: float) -> FloatArray:
+        """Bytes each unit holds under cache(lam) (0.0 for the others)."""
+        units, takes = self.cache(lam)
+        held = np.zeros(len(self.io.sizes))
+        held[units] = takes
+        return held
+
+    def limit(self, start: float, limits: Limits) -> float:
+        """gavel._Loads.limit: Newton's method on the concave need(lam)."""
+        budget = limits.remote_io
+        if math.isinf(budget):
+            return math.inf
+        rows, sizes = self.rows, self.io.sizes[self.rows]
+        fixed, slope = self.fixed[rows], self.slope[rows]
+        lam = start
+        for _ in range(4 * len(rows) + 16):
+            left = 1.0 - self.held(lam)[rows] / sizes
+            miss = np.where(left > 0.0, left, 0.0)
+            a, b = seqsum(fixed * miss), seqsum(slope * miss)
+            if b <= 0.0:
+                return math.inf if a <= budget * (1 + limits.tol) else lam
+            nxt = max(lam, (budget - a) / b)
+            if nxt <= lam * (1 + 1e-15) + 1e-300:
+                return nxt
+            lam = nxt
+        log.warning("max-min IO limit did not converge; using lam=%g", lam)
+        return lam
+
+    def hits(self, lam: float) -> FloatArray:
+        """Each job's hit ratio under cache(lam): min(1, sum of weight * min(1, c/d))."""
+        io = self.io
+        part = self.held(lam) / io.sizes
+        part = np.where(part < 1.0, part, 1.0)
+        hit = np.bincount(io.r_job, io.r_w * part[io.r_unit], len(io.e))
+        return np.where(hit < 1.0, hit, 1.0)
 
 
 def _groups(caps: FloatArray, tol: float) -> tuple[FloatArray, IndexArray]:
@@ -115,66 +265,59 @@ def _gpu_rounds(
     return int(bad[0]) if len(bad) else len(levels)
 
 
-def _io_limit(a: float, b: float, start: float, limits: Limits) -> float:
-    """gavel._FixedLoads.limit."""
-    budget = limits.remote_io
-    if math.isinf(budget):
-        return math.inf
-    if b <= 0.0:
-        return math.inf if a <= budget * (1 + limits.tol) else start
-    return max(start, (budget - a) / b)
+IOModel = FixedHitsIO | KnapsackIO
+Loads = FixedHitsLoads | KnapsackLoads
 
 
-def fill(arrays: JobArrays, miss: FloatArray, hit: FloatArray, limits: Limits) -> FloatArray:
-    """Each job's rate: gavel._fill(jobs, cluster, e, _FixedHits(...).loads, start)'s
-    rates, in the jobs' order, to the bit."""
+@dataclass
+class Filled:
+    """What progressive filling ends with: every job's rate (jobs' order), the level of
+    its first round (gavel.MaxMin.level) and the IO loads with every job fixed."""
+
+    rate: FloatArray
+    level: float
+
+
+def fill(arrays: JobArrays, io: IOModel, limits: Limits) -> Filled:
+    """gavel._fill(jobs, cluster, e, io, start) as array operations: each job's rate,
+    to the bit."""
     e, f_star = arrays.e, arrays.f_star
     tol = limits.tol
     rate = np.zeros(len(e))
     frozen = arrays.zero.copy()
-    slopes = e * miss
-    free = arrays.free
-    caps = arrays.caps
+    free, caps = arrays.free, arrays.caps
     levels, ends, top, base = arrays.levels, arrays.ends, arrays.gpu_top, arrays.gpu_base
-    lam = 0.0
+    lam, first = 0.0, math.nan
     while len(free):
-        tried: dict[int, tuple[float, float, float]] = {}
+        tried: dict[int, tuple[Loads, float]] = {}
         if not math.isinf(limits.remote_io) and top > 0:
-            top = _io_rounds(arrays, free, levels, ends, top, lam, rate, frozen, miss, slopes,
-                             limits, tried)  # fmt: skip
-        taken = 0
+            top = _io_rounds(arrays, io, free, levels, ends, top, lam, rate, frozen, limits,
+                             tried)  # fmt: skip
         if top:
+            # the rounds where only the jobs' ceilings bind, at their levels
             taken = int(ends[top - 1])
             group_lam = np.maximum.accumulate(np.maximum(lam, levels[:top]))
+            first = float(group_lam[0]) if math.isnan(first) else first
             lam = float(group_lam[-1])
             moved = free[:taken]
             level_of = np.repeat(group_lam, np.diff(ends[:top], prepend=0))
             rate[moved] = np.minimum(f_star[moved], level_of * e[moved])
             frozen[moved] = True
             free, caps = free[taken:], caps[taken:]
-        if not len(free):
-            break
+            if not len(free):
+                break
+            base = _gpu_base(arrays, free, rate, frozen)
         known = tried.get(top)
         if known is not None:
-            _, _, lam_io = known
+            loads, lam_io = known
         else:
-            a = seqsum(rate[frozen] * miss[frozen])
-            b = seqsum(slopes[~frozen])
-            lam_io = _io_limit(a, b, lam, limits)
-        if taken:
-            base = _gpu_base(arrays, free, rate, frozen)
+            loads = io.loads(rate, frozen)
+            lam_io = loads.limit(lam, limits)
         used, per_lam = base
         lam_gpu = max(0.0, limits.total_gpus - used) / per_lam if per_lam > 0 else math.inf
         lam = max(lam, min(lam_io, lam_gpu, float(caps[0])))
-        near = lam * (1 + tol)
-        if lam_gpu <= near:
-            stop = np.ones(len(free), dtype=bool)
-        else:
-            stop = caps <= near
-            if lam_io <= near:
-                stop |= hit[free] < 1 - tol
-            if not stop.any():
-                stop[:] = True
+        first = lam if math.isnan(first) else first
+        stop = _binding(caps, lam, lam_io, lam_gpu, loads, free, tol)
         moved = free[stop]
         rate[moved] = np.minimum(f_star[moved], lam * e[moved])
         frozen[moved] = True
@@ -185,7 +328,29 @@ def fill(arrays: JobArrays, miss: FloatArray, hit: FloatArray, limits: Limits) -
         levels, ends = _groups(caps, tol)
         base = _gpu_base(arrays, free, rate, frozen)
         top = _gpu_rounds(arrays, free, levels, ends, base, limits)
-    return rate
+    return Filled(rate, 0.0 if math.isnan(first) else first)
+
+
+def _binding(
+    caps: FloatArray,
+    lam: float,
+    lam_io: float,
+    lam_gpu: float,
+    loads: Loads,
+    free: IndexArray,
+    tol: float,
+) -> FloatArray:
+    """gavel._binding as a mask over `free`: all of them if GPUs ran out; those at
+    their own ceiling; and, if IO ran out, those that still miss the cache."""
+    near = lam * (1 + tol)
+    if lam_gpu <= near:
+        return np.ones(len(free), dtype=bool)
+    stop = caps <= near
+    if lam_io <= near:
+        stop |= loads.hits(lam)[free] < 1 - tol
+    if not stop.any():
+        stop[:] = True
+    return stop
 
 
 def _gpu_base(
@@ -201,6 +366,7 @@ def _gpu_base(
 
 def _io_rounds(
     arrays: JobArrays,
+    io: IOModel,
     free: IndexArray,
     levels: FloatArray,
     ends: IndexArray,
@@ -208,13 +374,11 @@ def _io_rounds(
     lam: float,
     rate: FloatArray,
     frozen: FloatArray,
-    miss: FloatArray,
-    slopes: FloatArray,
     limits: Limits,
-    tried: dict[int, tuple[float, float, float]],
+    tried: dict[int, tuple[Loads, float]],
 ) -> int:
     """gavel._cap_rounds' search for the leading rounds IO allows, among the `top` the
-    GPUs allow; each round's (a, b, limit) goes into `tried`."""
+    GPUs allow; each round's loads and limit go into `tried`."""
     e, f_star = arrays.e, arrays.f_star
     counts = np.diff(ends, prepend=0)
     # per job (jobs' order): the round it is frozen in (-1: before), its rate from then
@@ -222,14 +386,12 @@ def _io_rounds(
     first[free[: int(ends[-1])]] = np.repeat(np.arange(len(levels)), counts)
     at = rate.copy()
     at[free] = np.minimum(f_star[free], np.repeat(levels, counts) * e[free])
-    a_terms = at * miss
 
     def io_ok(g: int) -> bool:
         start = max(lam, float(levels[g - 1])) if g > 0 else lam
-        done = first < g
-        a, b = seqsum(a_terms[done]), seqsum(slopes[~done])
-        limit = _io_limit(a, b, start, limits)
-        tried[g] = (a, b, limit)
+        loads = io.loads(at, first < g)
+        limit = loads.limit(start, limits)
+        tried[g] = (loads, limit)
         return limit > float(levels[g]) * (1 + limits.tol)
 
     if not io_ok(top - 1):
