@@ -38,7 +38,14 @@ from operator import attrgetter, is_, itemgetter, mul, not_, sub, truediv
 
 import numpy as np
 
-from ..estimator import ComputeEstimator, Estimator, equal_share_perf, hit_ratio
+from ..estimator import (
+    ComputeEstimator,
+    Estimator,
+    SiloDEstimator,
+    _equal_cache,
+    equal_share_perf,
+    hit_ratio,
+)
 from ..model import Allocation, CacheUnit, Cluster, Job
 from . import gavel_arrays as ga
 from .base import HITS, current_hits, fill_units, spread_leftover_io, water_fill
@@ -548,7 +555,6 @@ class _Start:
     sizes: list[float] | None = None  # _job_sizes, found by the first fixed-hits solve
     # _FixedHits._round_terms of the first round, found by the first fixed-hits solve
     round_terms: tuple[list[int], list[float]] | None = None
-    arrays: ga.JobArrays | None = None  # the jobs as gavel_arrays reads them, when it does
 
 
 def _start(jobs: Sequence[Job], cluster: Cluster, e: Mapping[str, float]) -> _Start:
@@ -883,11 +889,12 @@ class GavelPolicy:
     def allocate(self, jobs: Sequence[Job], cluster: Cluster, estimator: Estimator) -> Allocation:
         if self.closed_form and type(estimator) is ComputeEstimator:
             return Allocation(cache={}, gpu_share=vanilla_shares(jobs, cluster.total_gpus))
-        e, plan, start = self._steady_plan(jobs, cluster, estimator)
+        steady = self._steady_plan(jobs, cluster, estimator)
+        e, plan, start = steady.e, steady.plan, steady.start
         alloc = Allocation(cache=dict(plan.cache) if estimator.io_aware else {})
         hits = current_hits(jobs, cluster, plan.cache) if estimator.io_aware else None
-        if hits is not None and len(jobs) >= ARRAYS_FROM:
-            _fixed_hits_tail(alloc, jobs, cluster, hits, e, start)
+        if hits is not None and steady.arrays is not None:
+            _fixed_hits_tail(alloc, jobs, cluster, hits, steady.arrays)
             return alloc
         if hits is not None:
             # (the plan's cache is the steady one above: this solve's is not read)
@@ -915,9 +922,7 @@ class GavelPolicy:
         spread_leftover_io(alloc, jobs, cluster, ceiling)
         return alloc
 
-    def _steady_plan(
-        self, jobs: Sequence[Job], cluster: Cluster, estimator: Estimator
-    ) -> tuple[dict[str, float], MaxMin, _Start]:
+    def _steady_plan(self, jobs: Sequence[Job], cluster: Cluster, estimator: Estimator) -> _Steady:
         """equal_share_perf and maxmin of the jobs as they are (what they read, f*,
         GPUs) on the cluster's resources, and where that filling started, kept while
         those stay the same."""
@@ -931,18 +936,17 @@ class GavelPolicy:
                 and (seen.units is cluster.units or seen.units == cluster.units)
                 and (seen.pools is cluster.pools or seen.pools == cluster.pools)
             ):
-                return last.e, last.plan, last.start
-        e = equal_share_perf(jobs, cluster, estimator)
-        start = _start(jobs, cluster, e)
-        knapsack = None
-        if estimator.io_aware and len(jobs) >= ARRAYS_FROM:
-            knapsack = _knapsack_io(jobs, cluster, e)
-        if knapsack is not None:
-            plan = _maxmin_arrays(jobs, cluster, e, start, knapsack)
+                return last
+        start: _Start | None = None
+        arrays: ga.JobArrays | None = None
+        if type(estimator) is SiloDEstimator and len(jobs) >= ARRAYS_FROM:
+            e, plan, arrays = _steady_arrays(jobs, cluster)
         else:
+            e = equal_share_perf(jobs, cluster, estimator)
+            start = _start(jobs, cluster, e)
             plan = maxmin(jobs, cluster, e, io_aware=estimator.io_aware, start=start)
-        self._steady = _Steady(_JobsSeen.of(jobs), type(estimator), cluster, e, plan, start)
-        return e, plan, start
+        self._steady = _Steady(_JobsSeen.of(jobs), type(estimator), cluster, e, plan, start, arrays)
+        return self._steady
 
 
 # From how many jobs a plan for the hits now is solved as array operations
@@ -955,19 +959,14 @@ def _fixed_hits_tail(
     jobs: Sequence[Job],
     cluster: Cluster,
     hits: Mapping[str, float],
-    e: Mapping[str, float],
-    start: _Start,
+    arrays: ga.JobArrays,
 ) -> None:
     """What GavelPolicy.allocate does with the hits now (maxmin_fixed_hits, the shares,
     spread_leftover_gpus, the IO and spread_leftover_io), as array operations: the same
     floats in the same order (gavel_arrays says how)."""
-    arrays = start.arrays
-    if arrays is None:
-        arrays = start.arrays = _job_arrays(jobs, cluster, e, start)
-    limits = ga.Limits(cluster.total_gpus, cluster.remote_io, _TOL, _MARGIN)
     names = list(map(_NAME, jobs))
     hit_now = np.array(list(map(hits.__getitem__, names)))
-    rate = ga.fill(arrays, ga.fixed_hits_model(arrays, hit_now), limits).rate
+    rate = ga.fill(arrays, ga.fixed_hits_model(arrays, hit_now), _limits(cluster)).rate
     share = ga.gpu_shares(arrays, rate, cluster.total_gpus)
     alloc.gpu_share.update(zip(names, share.tolist(), strict=True))
     io = rate * (1.0 - hit_now)
@@ -975,80 +974,51 @@ def _fixed_hits_tail(
     alloc.io.update(zip(names, (io if extra is None else extra).tolist(), strict=True))
 
 
-def _maxmin_arrays(
-    jobs: Sequence[Job], cluster: Cluster, e: Mapping[str, float], start: _Start, io: ga.KnapsackIO
-) -> MaxMin:
-    """maxmin(jobs, cluster, e, start=start) as array operations (gavel_arrays): the same
-    rates (in the jobs' order) and level, and the same cache, in the same order."""
-    arrays = start.arrays
-    if arrays is None:
-        arrays = start.arrays = _job_arrays(jobs, cluster, e, start)
-    limits = ga.Limits(cluster.total_gpus, cluster.remote_io, _TOL, _MARGIN)
+def _limits(cluster: Cluster) -> ga.Limits:
+    return ga.Limits(cluster.total_gpus, cluster.remote_io, _TOL, _MARGIN)
+
+
+def _steady_arrays(
+    jobs: Sequence[Job], cluster: Cluster
+) -> tuple[dict[str, float], MaxMin, ga.JobArrays]:
+    """equal_share_perf (SiloD's estimator), _start and maxmin as array operations
+    (gavel_arrays): the same e, the same rates (in the jobs' order) and level, and the
+    same cache in the same order; and the jobs as the plans for the hits now read them.
+    With several pools the knapsack is _Loads' (gavel_arrays fills one pool)."""
+    names = list(map(_NAME, jobs))
+    reads = ga.reads_of(
+        names, list(map(_F_STAR, jobs)), list(map(_GPUS, jobs)), list(map(_READS, jobs)),
+        cluster.units,
+    )  # fmt: skip
+    equal = _equal_cache(jobs, cluster)
+    unit_cache = np.array([equal.get(key, 0.0) for key in reads.keys])
+    e_of = ga.equal_share_perf(reads, cluster.total_gpus, cluster.remote_io, unit_cache)
+    e = dict(zip(names, e_of.tolist(), strict=True))
+    limits = _limits(cluster)
+    arrays = ga.job_arrays(reads, e_of, limits)
+    io = _knapsack_io(reads, e_of, cluster)
+    if io is None:
+        return e, maxmin(jobs, cluster, e), arrays
     filled = ga.fill(arrays, io, limits)
     units, takes = io.loads(filled.rate, np.ones(len(jobs), dtype=bool)).cache(0.0)
     cache = dict(zip(map(io.keys.__getitem__, units.tolist()), takes.tolist(), strict=True))
-    rates = dict(zip(map(_NAME, jobs), filled.rate.tolist(), strict=True))
-    return MaxMin(filled.level, rates, cache)
+    rates = dict(zip(names, filled.rate.tolist(), strict=True))
+    return e, MaxMin(filled.level, rates, cache), arrays
 
 
-def _knapsack_io(
-    jobs: Sequence[Job], cluster: Cluster, e: Mapping[str, float]
-) -> ga.KnapsackIO | None:
+def _knapsack_io(reads: ga.Reads, e: np.ndarray, cluster: Cluster) -> ga.KnapsackIO | None:
     """The jobs' reads as gavel_arrays.KnapsackIO, when it models them: every unit they
-    read draws from the cluster's one pool and holds data (else None: _Loads does)."""
+    read draws from the cluster's one pool and holds data (else None)."""
     if len(cluster.pools) != 1:
         return None
     [(pool, capacity)] = cluster.pools.items()
-    index: dict[str, int] = {}
-    r_job: list[int] = []
-    r_unit: list[int] = []
-    r_w: list[float] = []
-    for i, job in enumerate(jobs):
-        for key, weight in job.reads.items():
-            r_job.append(i)
-            r_unit.append(index.setdefault(key, len(index)))
-            r_w.append(weight)
-    keys = list(index)
-    units = [cluster.units[key] for key in keys]
-    if not all(unit.pool == pool and unit.size > 0 for unit in units):
+    keys = reads.keys
+    if not all(cluster.units[key].pool == pool for key in keys) or not all(reads.unit_size > 0):
         return None
     rank = np.empty(len(keys), dtype=np.intp)
     rank[sorted(range(len(keys)), key=keys.__getitem__)] = np.arange(len(keys))
     return ga.KnapsackIO(
-        r_job=np.array(r_job, dtype=np.intp),
-        r_unit=np.array(r_unit, dtype=np.intp),
-        r_w=np.array(r_w, dtype=float),
-        e=np.array([e.get(job.name, 0.0) for job in jobs]),
-        sizes=np.array([unit.size for unit in units], dtype=float),
-        key_rank=rank,
-        keys=keys,
-        pool=capacity,
-    )
-
-
-def _job_arrays(
-    jobs: Sequence[Job], cluster: Cluster, e: Mapping[str, float], start: _Start
-) -> ga.JobArrays:
-    """start's jobs as gavel_arrays reads them."""
-    where = {name: i for i, name in enumerate(map(_NAME, jobs))}
-    sizes = start.sizes
-    if sizes is None:
-        sizes = start.sizes = _job_sizes(jobs, cluster)
-    zero = np.zeros(len(jobs), dtype=bool)
-    zero[[where[name] for name in start.zero]] = True
-    groups = start.groups
-    return ga.JobArrays(
-        e=np.array([e.get(name, 0.0) for name in where]),
-        f_star=np.array(list(map(_F_STAR, jobs)), dtype=float),
-        gpus=np.array(list(map(_GPUS, jobs)), dtype=float),
-        sizes=np.array(sizes, dtype=float),
-        zero=zero,
-        free=np.array([where[job.name] for job in start.free], dtype=np.intp),
-        caps=np.array([start.caps[job.name] for job in start.free], dtype=float),
-        levels=np.array(list(map(_LEVEL, groups)), dtype=float),
-        ends=np.array(list(map(_END, groups)), dtype=np.intp),
-        gpu_top=start.gpu_top,
-        gpu_base=start.gpu_base,
+        reads.r_job, reads.r_unit, reads.r_w, e, reads.unit_size, rank, keys, capacity
     )
 
 
@@ -1098,7 +1068,8 @@ class _Steady:
     cluster: Cluster
     e: dict[str, float]
     plan: MaxMin
-    start: _Start
+    start: _Start | None  # (None: solved as array operations, which start from arrays)
+    arrays: ga.JobArrays | None = None  # the jobs as gavel_arrays reads them, when it does
 
 
 def vanilla_shares(jobs: Sequence[Job], total_gpus: float) -> dict[str, float]:

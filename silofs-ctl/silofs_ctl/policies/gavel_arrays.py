@@ -17,9 +17,14 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
+from itertools import chain, count
+from operator import methodcaller
 
 import numpy as np
+
+from ..model import CacheUnit
 
 log = logging.getLogger(__name__)
 
@@ -453,3 +458,93 @@ def leftover_io(io: FloatArray, ceiling: FloatArray, remote_io: float) -> FloatA
         return None
     room = ceiling - io
     return io + water_fill(spare, np.where(room > 0.0, room, 0.0))
+
+
+@dataclass
+class Reads:
+    """Jobs and what they read as arrays: per job (jobs' order) its name, f*, GPUs and
+    first read; per read (jobs' order, each job's reads in order) its job, unit and
+    weight; per unit (first-read order) its key and size."""
+
+    names: list[str]
+    f_star: FloatArray
+    gpus: FloatArray
+    r_job: IndexArray
+    r_unit: IndexArray
+    r_w: FloatArray
+    keys: list[str]
+    unit_size: FloatArray
+    first_read: IndexArray
+
+
+def reads_of(
+    names: list[str], f_star: list[float], gpus: list[int], reads: list[Mapping[str, float]],
+    units: Mapping[str, CacheUnit],
+) -> Reads:  # fmt: skip
+    """Reads of the jobs given by their columns; units: the cluster's, by key."""
+    counts = list(map(len, reads))
+    keys = list(chain.from_iterable(reads))
+    weights = list(chain.from_iterable(map(methodcaller("values"), reads)))
+    keys_seen = list(dict.fromkeys(keys))
+    where = dict(zip(keys_seen, count()))
+    lens = np.array(counts, dtype=np.intp)
+    return Reads(
+        names=names,
+        f_star=np.array(f_star, dtype=float),
+        gpus=np.array(gpus, dtype=float),
+        r_job=np.repeat(np.arange(len(names)), lens),
+        r_unit=np.array(list(map(where.__getitem__, keys)), dtype=np.intp),
+        r_w=np.array(weights, dtype=float),
+        keys=keys_seen,
+        unit_size=np.array([units[key].size for key in keys_seen], dtype=float),
+        first_read=np.cumsum(lens) - lens,
+    )
+
+
+def equal_share_perf(
+    reads: Reads, total_gpus: float, remote_io: float, unit_cache: FloatArray
+) -> FloatArray:
+    """estimator.equal_share_perf with SiloD's estimator, per job: Eq. 4 at the equal
+    share (GPUs, IO and `unit_cache`, each unit's equal cache), or share * f* where that
+    gives nothing. The same operations: a job's hit ratio adds its reads in order."""
+    n = len(reads.names)
+    gpus, f_star = reads.gpus, reads.f_star
+    per_job = total_gpus / n
+    with np.errstate(divide="ignore", invalid="ignore"):
+        share = per_job / gpus
+        part = unit_cache / reads.unit_size
+    share = np.where(gpus > 0, np.where(share < 1.0, share, 1.0), 1.0)
+    part = np.where(reads.unit_size <= 0, 1.0, np.where(part < 1.0, part, 1.0))
+    hit = np.bincount(reads.r_job, reads.r_w * part[reads.r_unit], n)
+    miss = 1.0 - np.where(hit < 1.0, hit, 1.0)
+    full = share * f_star
+    value = full
+    io = remote_io / n
+    if not math.isinf(io):
+        with np.errstate(divide="ignore", invalid="ignore"):
+            fed = io / miss
+        value = np.where(miss <= 0.0, full, np.where(fed < full, fed, full))
+    return np.where(value > 0, value, full)
+
+
+def job_arrays(reads: Reads, e: FloatArray, limits: Limits) -> JobArrays:
+    """gavel._start as arrays: the jobs that never run, the others in ascending ceiling
+    (ties by name), the first round's ceiling groups and how many the GPUs allow."""
+    f_star = reads.f_star
+    live = np.flatnonzero((e > 0) & (f_star > 0))
+    caps = f_star[live] / e[live]
+    order = np.argsort(caps, kind="stable")
+    if (caps[order][1:] == caps[order][:-1]).any():
+        # equal ceilings go by name (numpy orders str as Python does, by code point)
+        order = np.lexsort((np.array(reads.names)[live], caps))
+    free, caps = live[order], caps[order]
+    zero = np.ones(len(e), dtype=bool)
+    zero[live] = False
+    levels, ends = _groups(caps, limits.tol)
+    arrays = JobArrays(
+        e=e, f_star=f_star, gpus=reads.gpus, sizes=reads.unit_size[reads.r_unit[reads.first_read]],
+        zero=zero, free=free, caps=caps, levels=levels, ends=ends, gpu_top=0, gpu_base=(0.0, 0.0),
+    )  # fmt: skip
+    arrays.gpu_base = _gpu_base(arrays, free, np.zeros(len(e)), zero)
+    arrays.gpu_top = _gpu_rounds(arrays, free, levels, ends, arrays.gpu_base, limits)
+    return arrays
