@@ -35,8 +35,7 @@ from functools import partial
 from heapq import heapify, heappop
 from itertools import chain, compress, count, repeat
 from operator import attrgetter, is_, itemgetter, mul, not_, sub, truediv
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from ..estimator import (
     ComputeEstimator,
@@ -47,8 +46,10 @@ from ..estimator import (
     hit_ratio,
 )
 from ..model import Allocation, CacheUnit, Cluster, Job
-from . import gavel_arrays as ga
 from .base import HITS, current_hits, fill_units, spread_leftover_io, water_fill
+
+if TYPE_CHECKING:  # (gavel_arrays imports numpy: only a plan of many jobs needs it)
+    from . import gavel_arrays as ga
 
 log = logging.getLogger(__name__)
 
@@ -949,9 +950,11 @@ class GavelPolicy:
         return self._steady
 
 
-# From how many jobs a plan for the hits now is solved as array operations
-# (gavel_arrays): below it, numpy's cost per call outweighs the loops it replaces.
-ARRAYS_FROM = 32
+# From how many jobs a SiloD plan is solved as array operations (gavel_arrays). Each
+# plan then pays some 250 us of numpy calls whatever its size; the loops cost about 6 us
+# a job. On instances like tests/unit/test_ctl_maxmin_lp.py's large_instance (one pool,
+# a third of the plans of new jobs) the two cross at about 70 jobs: below, the loops.
+ARRAYS_FROM = 80
 
 
 def _fixed_hits_tail(
@@ -964,17 +967,18 @@ def _fixed_hits_tail(
     """What GavelPolicy.allocate does with the hits now (maxmin_fixed_hits, the shares,
     spread_leftover_gpus, the IO and spread_leftover_io), as array operations: the same
     floats in the same order (gavel_arrays says how)."""
+    from . import gavel_arrays as ga
+
     names = list(map(_NAME, jobs))
-    hit_now = np.array(list(map(hits.__getitem__, names)))
-    rate = ga.fill(arrays, ga.fixed_hits_model(arrays, hit_now), _limits(cluster)).rate
-    share = ga.gpu_shares(arrays, rate, cluster.total_gpus)
-    alloc.gpu_share.update(zip(names, share.tolist(), strict=True))
-    io = rate * (1.0 - hit_now)
-    extra = ga.leftover_io(io, share * arrays.f_star, cluster.remote_io)
-    alloc.io.update(zip(names, (io if extra is None else extra).tolist(), strict=True))
+    hit_now = list(map(hits.__getitem__, names))
+    shares, io = ga.solve_hits_now(arrays, hit_now, _limits(cluster))
+    alloc.gpu_share.update(zip(names, shares, strict=True))
+    alloc.io.update(zip(names, io, strict=True))
 
 
 def _limits(cluster: Cluster) -> ga.Limits:
+    from . import gavel_arrays as ga
+
     return ga.Limits(cluster.total_gpus, cluster.remote_io, _TOL, _MARGIN)
 
 
@@ -985,41 +989,35 @@ def _steady_arrays(
     (gavel_arrays): the same e, the same rates (in the jobs' order) and level, and the
     same cache in the same order; and the jobs as the plans for the hits now read them.
     With several pools the knapsack is _Loads' (gavel_arrays fills one pool)."""
+    from . import gavel_arrays as ga
+
     names = list(map(_NAME, jobs))
     reads = ga.reads_of(
         names, list(map(_F_STAR, jobs)), list(map(_GPUS, jobs)), list(map(_READS, jobs)),
         cluster.units,
     )  # fmt: skip
     equal = _equal_cache(jobs, cluster)
-    unit_cache = np.array([equal.get(key, 0.0) for key in reads.keys])
-    e_of = ga.equal_share_perf(reads, cluster.total_gpus, cluster.remote_io, unit_cache)
-    e = dict(zip(names, e_of.tolist(), strict=True))
-    limits = _limits(cluster)
-    arrays = ga.job_arrays(reads, e_of, limits)
-    io = _knapsack_io(reads, e_of, cluster)
-    if io is None:
-        return e, maxmin(jobs, cluster, e), arrays
-    filled = ga.fill(arrays, io, limits)
-    units, takes = io.loads(filled.rate, np.ones(len(jobs), dtype=bool)).cache(0.0)
-    cache = dict(zip(map(io.keys.__getitem__, units.tolist()), takes.tolist(), strict=True))
-    rates = dict(zip(names, filled.rate.tolist(), strict=True))
-    return e, MaxMin(filled.level, rates, cache), arrays
+    pool = _one_pool(reads.keys, cluster)
+    steady = ga.steady_state(
+        reads, [equal.get(key, 0.0) for key in reads.keys], pool, _limits(cluster)
+    )
+    e = dict(zip(names, steady.e, strict=True))
+    if steady.rates is None:
+        return e, maxmin(jobs, cluster, e), steady.arrays
+    rates = dict(zip(names, steady.rates, strict=True))
+    return e, MaxMin(steady.level, rates, dict(steady.cache)), steady.arrays
 
 
-def _knapsack_io(reads: ga.Reads, e: np.ndarray, cluster: Cluster) -> ga.KnapsackIO | None:
-    """The jobs' reads as gavel_arrays.KnapsackIO, when it models them: every unit they
-    read draws from the cluster's one pool and holds data (else None)."""
+def _one_pool(keys: Sequence[str], cluster: Cluster) -> float | None:
+    """The capacity of the cluster's pool when it has one and the units `keys` draw
+    from it and hold data (gavel_arrays' knapsack), else None."""
     if len(cluster.pools) != 1:
         return None
     [(pool, capacity)] = cluster.pools.items()
-    keys = reads.keys
-    if not all(cluster.units[key].pool == pool for key in keys) or not all(reads.unit_size > 0):
-        return None
-    rank = np.empty(len(keys), dtype=np.intp)
-    rank[sorted(range(len(keys)), key=keys.__getitem__)] = np.arange(len(keys))
-    return ga.KnapsackIO(
-        reads.r_job, reads.r_unit, reads.r_w, e, reads.unit_size, rank, keys, capacity
-    )
+    units = cluster.units
+    if all(units[key].pool == pool and units[key].size > 0 for key in keys):
+        return capacity
+    return None
 
 
 @dataclass

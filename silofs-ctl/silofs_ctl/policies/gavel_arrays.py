@@ -1,16 +1,21 @@
-"""Gavel's solve for the hits now (maxmin_fixed_hits) as array operations, for many jobs.
+"""Gavel's SiloD plan (gavel.py) as array operations, for the many jobs of a large cluster.
 
-Owns: the progressive filling of the fixed-hits problem (every job reads a unit of its
-own whose hit ratio cannot move this plan) over arrays of the jobs, and the same float
-arithmetic as gavel._fill on gavel._FixedHits, to the bit. Never: builds the problem,
-decides when the array form is worth it (gavel.py does both), or solves the steady state.
+Owns: the jobs and their reads as arrays; the equal share (estimator.equal_share_perf
+with SiloD's estimator); where progressive filling starts (gavel._start); the filling
+(gavel._fill) with either IO model, the steady state's knapsack over one pool
+(gavel._Loads) or the hits now (gavel._FixedHits); and what GavelPolicy.allocate makes
+of the rates (shares, leftover GPUs, IO, leftover link): the same float arithmetic as
+those, to the bit. Never: decides when the array form is used (gavel.py does, and keeps
+the loops for few jobs and several pools), or reads a Job (gavel.py hands it columns).
 
 Exactness. Elementwise +, -, *, /, min and max of float64 arrays are the IEEE operations
 Python's floats make. Sums are not: np.sum adds pairwise. Every sum here that the Python
 form makes with `sum(..., 0.0)` or `+=` in a loop is made with np.cumsum, which adds left
 to right, over the same terms in the same order (the terms are >= 0, so the Python form's
 leading 0.0 + x is x). A running subtraction p - s0 - s1 ... is the cumsum of p, -s0,
--s1, ... (IEEE defines a - b as a + (-b)).
+-s1, ... (IEEE defines a - b as a + (-b)). np.bincount adds each bin's weights in the
+order given, as a loop over the reads adds to a dictionary. Python's min(a, b) and
+max(a, b) keep a on ties, which for non-NaN floats other than -0.0 is the same value.
 """
 
 from __future__ import annotations
@@ -548,3 +553,48 @@ def job_arrays(reads: Reads, e: FloatArray, limits: Limits) -> JobArrays:
     arrays.gpu_base = _gpu_base(arrays, free, np.zeros(len(e)), zero)
     arrays.gpu_top = _gpu_rounds(arrays, free, levels, ends, arrays.gpu_base, limits)
     return arrays
+
+
+def solve_hits_now(
+    arrays: JobArrays, hit_now: list[float], limits: Limits
+) -> tuple[list[float], list[float]]:
+    """Each job's GPU share and IO (jobs' order) as GavelPolicy.allocate makes them from
+    the hits now: maxmin_fixed_hits' rates, min(1, rate / f*) with the idle GPUs
+    spread, rate * (1 - hit now) with the idle link spread up to share * f*."""
+    hit = np.array(hit_now, dtype=float)
+    rate = fill(arrays, fixed_hits_model(arrays, hit), limits).rate
+    share = gpu_shares(arrays, rate, limits.total_gpus)
+    io = rate * (1.0 - hit)
+    extra = leftover_io(io, share * arrays.f_star, limits.remote_io)
+    return share.tolist(), (io if extra is None else extra).tolist()
+
+
+@dataclass
+class Steady:
+    """The steady-state solve: e per job, the jobs' arrays, and (when the knapsack is
+    solved here) each job's rate, the level and the cache as (key, bytes) in order."""
+
+    e: list[float]
+    arrays: JobArrays
+    rates: list[float] | None = None
+    level: float = 0.0
+    cache: list[tuple[str, float]] | None = None
+
+
+def steady_state(
+    reads: Reads, unit_cache: list[float], pool: float | None, limits: Limits
+) -> Steady:
+    """equal_share_perf, _start and (with `pool`, the capacity of the one pool every
+    unit draws from) gavel.maxmin; unit_cache: each unit's equal cache (keys' order)."""
+    e = equal_share_perf(reads, limits.total_gpus, limits.remote_io, np.array(unit_cache))
+    arrays = job_arrays(reads, e, limits)
+    if pool is None:
+        return Steady(e.tolist(), arrays)
+    keys = reads.keys
+    rank = np.empty(len(keys), dtype=np.intp)
+    rank[sorted(range(len(keys)), key=keys.__getitem__)] = np.arange(len(keys))
+    io = KnapsackIO(reads.r_job, reads.r_unit, reads.r_w, e, reads.unit_size, rank, keys, pool)
+    filled = fill(arrays, io, limits)
+    units, takes = io.loads(filled.rate, np.ones(len(e), dtype=bool)).cache(0.0)
+    cache = list(zip(map(keys.__getitem__, units.tolist()), takes.tolist(), strict=True))
+    return Steady(e.tolist(), arrays, filled.rate.tolist(), filled.level, cache)
