@@ -328,3 +328,19 @@ def test_the_array_form_of_a_plan_for_the_hits_now_is_the_loops_to_the_bit(
                 )
             )
         assert out[0] == out[1]
+
+
+def test_the_array_form_groups_ceilings_as_the_search_does() -> None:
+    """gavel_arrays._groups takes runs of equal ceilings as the groups unless some
+    ceiling lies within the tolerance above a smaller one; either way its groups must
+    be gavel._groups', levels and ends, with near-ties and equal ceilings mixed in."""
+    from silofs_ctl.policies import gavel, gavel_arrays
+
+    rng = random.Random(3)
+    near = [1.0, 2.0, 2.0 * (1 + 5e-10), 3.0, 3.0 * (1 + 2e-9)]
+    for _ in range(500):
+        caps = sorted(rng.choice([*near, rng.uniform(1, 4)]) for _ in range(rng.randint(0, 40)))
+        jobs = [Job(f"j{i}", "d", 1, 1.0, {"u": 1.0}) for i in range(len(caps))]
+        expected = gavel._groups(jobs, {job.name: cap for job, cap in zip(jobs, caps, strict=True)})
+        levels, ends = gavel_arrays._groups(np.array(caps, dtype=float), gavel._TOL)
+        assert list(zip(levels.tolist(), ends.tolist(), strict=True)) == expected

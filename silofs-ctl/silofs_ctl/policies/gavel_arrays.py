@@ -238,17 +238,23 @@ class KnapsackLoads:
 def _groups(caps: FloatArray, tol: float) -> tuple[FloatArray, IndexArray]:
     """gavel._groups of ascending ceilings: each group's level and end index."""
     n = len(caps)
+    if not n:
+        return caps, np.zeros(0, dtype=np.intp)
+    moved = np.flatnonzero(caps[1:] != caps[:-1]) + 1  # where a larger ceiling starts
+    if not (caps[moved] <= caps[moved - 1] * (1 + tol)).any():
+        # No ceiling lies within tol above a smaller one: each group is a run of equal
+        # ceilings (what the search from its first member finds).
+        return caps[np.append(0, moved)], np.append(moved, n)
     nxt = np.searchsorted(caps, caps * (1 + tol), side="right").tolist()
-    ends: list[int] = []
+    found: list[int] = []
     i = 0
     while i < n:
         k = nxt[i]
         if k <= i:  # (bisect_right from i + 1)
             k = i + 1
-        ends.append(k)
+        found.append(k)
         i = k
-    starts = [0, *ends[:-1]]
-    return caps[starts], np.array(ends, dtype=np.intp)
+    return caps[[0, *found[:-1]]], np.array(found, dtype=np.intp)
 
 
 def _gpu_rounds(
