@@ -46,7 +46,7 @@ def seqsum(terms: FloatArray) -> float:
 
 @dataclass
 class JobArrays:
-    """What the filling reads per job, fixed while the jobs are (gavel._Start keeps it).
+    """What the filling reads per job, fixed while the jobs are (gavel._Steady keeps it).
 
     Job arrays are in the jobs' order; `free` lists the positions of the jobs that can
     run (e > 0, f* > 0) in ascending ceiling, as gavel._Start.free does."""
@@ -105,6 +105,8 @@ class FixedHitsIO:
 
 @dataclass
 class FixedHitsLoads:
+    """need(lam) = a + b * lam (gavel._FixedLoads), and the hits the plan holds."""
+
     a: float
     b: float
     hit: FloatArray
