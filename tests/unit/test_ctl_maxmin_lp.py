@@ -11,6 +11,7 @@ structure policies/gavel.py exploits:
 
 from __future__ import annotations
 
+import math
 import random
 
 import numpy as np
@@ -279,3 +280,67 @@ def test_fixed_hits_solve_without_building_the_problem_is_the_same_to_the_bit(
         assert list(direct.rates.items()) == list(built.rates.items())
         assert direct.level == built.level
         assert direct.cache == built.cache
+
+
+@pytest.mark.parametrize("n_jobs", [8, 40, 300])
+def test_the_array_form_of_a_plan_for_the_hits_now_is_the_loops_to_the_bit(
+    n_jobs: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """GavelPolicy's SiloD plan is solved with array operations from ARRAYS_FROM jobs
+    on (the steady state when the units share one pool, and the plan for the hits now):
+    every share, IO allocation and cached unit must be the same floats, in the same
+    order, as the loops give, whether IO, GPUs or the jobs' ceilings bind, with an
+    unlimited link, jobs without f* and a spare link to hand out."""
+    from dataclasses import replace
+
+    from silofs_ctl.policies import gavel
+
+    rng = random.Random(n_jobs + 7)
+    for trial in range(24):
+        jobs, cluster = large_instance(max(n_jobs, 10), rng.randrange(10**6))
+        jobs = jobs[:n_jobs]
+        if trial % 3:  # one pool, as the simulator's cluster: the knapsack in arrays
+            pool = {"all": sum(cluster.pools.values()) * rng.choice([0.02, 0.3, 1.0, 3.0])}
+            units = {k: replace(u, pool="all") for k, u in cluster.units.items()}
+            cluster = replace(cluster, pools=pool, units=units)
+        link = [cluster.remote_io, cluster.remote_io / 20, cluster.remote_io * 50, math.inf]
+        gpus = {"all": rng.choice([8, cluster.total_gpus, 4 * cluster.total_gpus])}
+        cluster = replace(cluster, remote_io=link[trial % 4], node_gpus=gpus, cached={})
+        views = []
+        for job in jobs:
+            f_star = 0.0 if rng.random() < 0.05 else job.f_star
+            hit = rng.choice([0.0, 1.0, 1.0 - 1e-12, rng.random()])
+            views.append(replace(job, f_star=f_star, hit_now=hit))
+        out = []
+        for first in (10**9, 0):
+            monkeypatch.setattr(gavel, "ARRAYS_FROM", first)
+            policy = gavel.GavelPolicy()
+            alloc = policy.allocate(views, cluster, SiloDEstimator())
+            assert policy._steady is not None
+            steady = policy._steady.plan  # its rates and level too, not only its cache
+            out.append(
+                (
+                    list(alloc.gpu_share.items()),
+                    list(alloc.io.items()),
+                    list(alloc.cache.items()),
+                    steady.rates,
+                    steady.level,
+                )
+            )
+        assert out[0] == out[1]
+
+
+def test_the_array_form_groups_ceilings_as_the_search_does() -> None:
+    """gavel_arrays._groups takes runs of equal ceilings as the groups unless some
+    ceiling lies within the tolerance above a smaller one; either way its groups must
+    be gavel._groups', levels and ends, with near-ties and equal ceilings mixed in."""
+    from silofs_ctl.policies import gavel, gavel_arrays
+
+    rng = random.Random(3)
+    near = [1.0, 2.0, 2.0 * (1 + 5e-10), 3.0, 3.0 * (1 + 2e-9)]
+    for _ in range(500):
+        caps = sorted(rng.choice([*near, rng.uniform(1, 4)]) for _ in range(rng.randint(0, 40)))
+        jobs = [Job(f"j{i}", "d", 1, 1.0, {"u": 1.0}) for i in range(len(caps))]
+        expected = gavel._groups(jobs, {job.name: cap for job, cap in zip(jobs, caps, strict=True)})
+        levels, ends = gavel_arrays._groups(np.array(caps, dtype=float), gavel._TOL)
+        assert list(zip(levels.tolist(), ends.tolist(), strict=True)) == expected

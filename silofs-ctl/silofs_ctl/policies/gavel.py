@@ -35,10 +35,21 @@ from functools import partial
 from heapq import heapify, heappop
 from itertools import chain, compress, count, repeat
 from operator import attrgetter, is_, itemgetter, mul, not_, sub, truediv
+from typing import TYPE_CHECKING
 
-from ..estimator import ComputeEstimator, Estimator, equal_share_perf, hit_ratio
+from ..estimator import (
+    ComputeEstimator,
+    Estimator,
+    SiloDEstimator,
+    _equal_cache,
+    equal_share_perf,
+    hit_ratio,
+)
 from ..model import Allocation, CacheUnit, Cluster, Job
 from .base import HITS, current_hits, fill_units, spread_leftover_io, water_fill
+
+if TYPE_CHECKING:  # (gavel_arrays imports numpy: only a plan of many jobs needs it)
+    from . import gavel_arrays as ga
 
 log = logging.getLogger(__name__)
 
@@ -879,9 +890,13 @@ class GavelPolicy:
     def allocate(self, jobs: Sequence[Job], cluster: Cluster, estimator: Estimator) -> Allocation:
         if self.closed_form and type(estimator) is ComputeEstimator:
             return Allocation(cache={}, gpu_share=vanilla_shares(jobs, cluster.total_gpus))
-        e, plan, start = self._steady_plan(jobs, cluster, estimator)
+        steady = self._steady_plan(jobs, cluster, estimator)
+        e, plan, start = steady.e, steady.plan, steady.start
         alloc = Allocation(cache=dict(plan.cache) if estimator.io_aware else {})
         hits = current_hits(jobs, cluster, plan.cache) if estimator.io_aware else None
+        if hits is not None and steady.arrays is not None:
+            _fixed_hits_tail(alloc, jobs, cluster, hits, steady.arrays)
+            return alloc
         if hits is not None:
             # (the plan's cache is the steady one above: this solve's is not read)
             plan = maxmin_fixed_hits(jobs, cluster, hits, e, start, with_cache=False)
@@ -908,9 +923,7 @@ class GavelPolicy:
         spread_leftover_io(alloc, jobs, cluster, ceiling)
         return alloc
 
-    def _steady_plan(
-        self, jobs: Sequence[Job], cluster: Cluster, estimator: Estimator
-    ) -> tuple[dict[str, float], MaxMin, _Start]:
+    def _steady_plan(self, jobs: Sequence[Job], cluster: Cluster, estimator: Estimator) -> _Steady:
         """equal_share_perf and maxmin of the jobs as they are (what they read, f*,
         GPUs) on the cluster's resources, and where that filling started, kept while
         those stay the same."""
@@ -924,12 +937,87 @@ class GavelPolicy:
                 and (seen.units is cluster.units or seen.units == cluster.units)
                 and (seen.pools is cluster.pools or seen.pools == cluster.pools)
             ):
-                return last.e, last.plan, last.start
-        e = equal_share_perf(jobs, cluster, estimator)
-        start = _start(jobs, cluster, e)
-        plan = maxmin(jobs, cluster, e, io_aware=estimator.io_aware, start=start)
-        self._steady = _Steady(_JobsSeen.of(jobs), type(estimator), cluster, e, plan, start)
-        return e, plan, start
+                return last
+        start: _Start | None = None
+        arrays: ga.JobArrays | None = None
+        if type(estimator) is SiloDEstimator and len(jobs) >= ARRAYS_FROM:
+            e, plan, arrays = _steady_arrays(jobs, cluster)
+        else:
+            e = equal_share_perf(jobs, cluster, estimator)
+            start = _start(jobs, cluster, e)
+            plan = maxmin(jobs, cluster, e, io_aware=estimator.io_aware, start=start)
+        self._steady = _Steady(_JobsSeen.of(jobs), type(estimator), cluster, e, plan, start, arrays)
+        return self._steady
+
+
+# From how many jobs a SiloD plan is solved as array operations (gavel_arrays). Each
+# plan then pays some 250 us of numpy calls whatever its size; the loops cost about 6 us
+# a job. On instances like tests/unit/test_ctl_maxmin_lp.py's large_instance (one pool,
+# a third of the plans of new jobs) the two cross at about 70 jobs: below, the loops.
+ARRAYS_FROM = 80
+
+
+def _fixed_hits_tail(
+    alloc: Allocation,
+    jobs: Sequence[Job],
+    cluster: Cluster,
+    hits: Mapping[str, float],
+    arrays: ga.JobArrays,
+) -> None:
+    """What GavelPolicy.allocate does with the hits now (maxmin_fixed_hits, the shares,
+    spread_leftover_gpus, the IO and spread_leftover_io), as array operations: the same
+    floats in the same order (gavel_arrays says how)."""
+    from . import gavel_arrays as ga
+
+    names = list(map(_NAME, jobs))
+    hit_now = list(map(hits.__getitem__, names))
+    shares, io = ga.solve_hits_now(arrays, hit_now, _limits(cluster))
+    alloc.gpu_share.update(zip(names, shares, strict=True))
+    alloc.io.update(zip(names, io, strict=True))
+
+
+def _limits(cluster: Cluster) -> ga.Limits:
+    from . import gavel_arrays as ga
+
+    return ga.Limits(cluster.total_gpus, cluster.remote_io, _TOL, _MARGIN)
+
+
+def _steady_arrays(
+    jobs: Sequence[Job], cluster: Cluster
+) -> tuple[dict[str, float], MaxMin, ga.JobArrays]:
+    """equal_share_perf (SiloD's estimator), _start and maxmin as array operations
+    (gavel_arrays): the same e, the same rates (in the jobs' order) and level, and the
+    same cache in the same order; and the jobs as the plans for the hits now read them.
+    With several pools the knapsack is _Loads' (gavel_arrays fills one pool)."""
+    from . import gavel_arrays as ga
+
+    names = list(map(_NAME, jobs))
+    reads = ga.reads_of(
+        names, list(map(_F_STAR, jobs)), list(map(_GPUS, jobs)), list(map(_READS, jobs)),
+        cluster.units,
+    )  # fmt: skip
+    equal = _equal_cache(jobs, cluster)
+    pool = _one_pool(reads.keys, cluster)
+    steady = ga.steady_state(
+        reads, [equal.get(key, 0.0) for key in reads.keys], pool, _limits(cluster)
+    )
+    e = dict(zip(names, steady.e, strict=True))
+    if steady.rates is None:
+        return e, maxmin(jobs, cluster, e), steady.arrays
+    rates = dict(zip(names, steady.rates, strict=True))
+    return e, MaxMin(steady.level, rates, dict(steady.cache)), steady.arrays
+
+
+def _one_pool(keys: Sequence[str], cluster: Cluster) -> float | None:
+    """The capacity of the cluster's pool when it has one and the units `keys` draw
+    from it and hold data (gavel_arrays' knapsack), else None."""
+    if len(cluster.pools) != 1:
+        return None
+    [(pool, capacity)] = cluster.pools.items()
+    units = cluster.units
+    if all(units[key].pool == pool and units[key].size > 0 for key in keys):
+        return capacity
+    return None
 
 
 @dataclass
@@ -978,7 +1066,8 @@ class _Steady:
     cluster: Cluster
     e: dict[str, float]
     plan: MaxMin
-    start: _Start
+    start: _Start | None  # (None: solved as array operations, which start from arrays)
+    arrays: ga.JobArrays | None = None  # the jobs as gavel_arrays reads them, when it does
 
 
 def vanilla_shares(jobs: Sequence[Job], total_gpus: float) -> dict[str, float]:
