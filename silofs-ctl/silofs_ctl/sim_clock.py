@@ -134,9 +134,10 @@ class Clock:
         mark = self.vclock + job.until(boundary) * (1.0 - hit)
         heapq.heappush(self.vevents, (mark, self.seq, job))
 
-    def exit(self, job: SimJob) -> None:
+    def exit(self, job: SimJob, schedule: bool = True) -> None:
         """Take a job off the level clock: brought to now, its rate and remote written out
-        (the inflows and totals held it at them already), its next event in time."""
+        (the inflows and totals held it at them already), its next event in time
+        (schedule False: none yet, the caller schedules it)."""
         job.advance(self.now, self.vclock)
         job.held = False
         del self.held[job.name]
@@ -150,7 +151,10 @@ class Clock:
             self.held_k = 0.0  # (no rounding left over)
         job.remote = remote = self.level
         job.rate = remote / (1.0 - job.hit)
-        self.schedule(job)
+        if schedule:
+            self.schedule(job)
+        else:
+            job.seq = -1
 
     def relevel(self, fair: float | None, leaving: Iterable[SimJob]) -> float:
         """A new division of the link: the held jobs it does not hold (`leaving`; with
@@ -172,8 +176,11 @@ class Clock:
         return step
 
     def dissolve(self) -> None:
-        """Every held job off the level clock (a re-plan re-rates them all)."""
+        """Every held job off the level clock (a re-plan re-rates them all), with no
+        event: the re-plan schedules every running job whose event it finds stale
+        (seq -1), at the time this would have pushed when its rate stays, and after a
+        plan of other jobs the level moves and so does every held job's event."""
         for job in list(self.held.values()):
-            self.exit(job)
+            self.exit(job, schedule=False)
         self.vevents = []
         self.held_k = 0.0

@@ -33,12 +33,17 @@ from itertools import accumulate, compress, count, repeat
 from operator import add, gt, le, mul, sub, truediv
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 if TYPE_CHECKING:
     from .sim_job import SimJob
 
 log = logging.getLogger(__name__)
 
 _ROUNDS = 12  # at most, of the equilibrium's iteration (it stops when rates move < 1%)
+# From this many readers the equilibrium is solved as arrays (numpy's per-call cost pays
+# for itself; below it, lists): both give the same bits.
+_ARRAYS_FROM = 128
 
 
 def steady_hit_ratio(r: float) -> float:
@@ -126,6 +131,16 @@ def holdings_at(
     def excess(t: float) -> float:
         return sum(held_all(t)) - capacity
 
+    lo = _fill_time(excess, capacity, guess)
+    held = found.get(lo)  # (the search ends at a T it evaluated, but at T = 0)
+    if held is None:
+        held = held_all(lo)
+    return {k: held for (k, _, _), held in zip(items, held, strict=True)}, lo
+
+
+def _fill_time(excess: Callable[[float], float], capacity: float, guess: float | None) -> float:
+    """The pool's characteristic time T: where `excess(T)` (the holdings at T less the
+    pool's `capacity`) reaches 0, from below. guess: T last time, if known."""
     # The holdings grow with T: find the T at which they fill the pool, from below so
     # that they never exceed it. Regula falsi with the Illinois fix: a few evaluations
     # where bisection to full precision took a hundred (this runs at every epoch end).
@@ -172,10 +187,7 @@ def holdings_at(
             if kept == 1:
                 f_lo /= 2
             kept = 1
-    held = found.get(lo)  # (the search ends at a T it evaluated, but at T = 0)
-    if held is None:
-        held = held_all(lo)
-    return {k: held for (k, _, _), held in zip(items, held, strict=True)}, lo
+    return lo
 
 
 @dataclass(frozen=True)
@@ -241,6 +253,22 @@ def _solve(
 ) -> Equilibrium:
     """equilibrium() of the readers given as parallel lists (each reader's dataset, rate
     ceiling and IO cap), from the rates `start`."""
+    solve = _solve_arrays if len(datasets) >= _ARRAYS_FROM else _solve_lists
+    return solve(capacity, sizes, datasets, ceilings, io_caps, link, guess, rounds, start)
+
+
+def _solve_lists(
+    capacity: float,
+    sizes: Mapping[str, float],
+    datasets: list[str],
+    ceilings: list[float],
+    io_caps: list[float | None],
+    link: float,
+    guess: float | None,
+    rounds: int,
+    start: Sequence[float],
+) -> Equilibrium:
+    """_solve with a loop over the readers (the loops in C where they can be)."""
     rates = list(start)
     held: dict[str, float] = {}
     # What does not move from round to round, per reader in order (the loops below are
@@ -293,6 +321,163 @@ def _water_fill(capacity: float, needs: list[float]) -> list[float]:
         for i in order[first:]:
             shares[i] = fair
     return shares
+
+
+def _solve_arrays(
+    capacity: float,
+    sizes: Mapping[str, float],
+    datasets: list[str],
+    ceilings: list[float],
+    io_caps: list[float | None],
+    link: float,
+    guess: float | None,
+    rounds: int,
+    start: Sequence[float],
+) -> Equilibrium:
+    """_solve as arrays over the readers: each operation is the one _solve_lists does
+    for each reader, elementwise (the same IEEE result), and every sum or product that
+    spans readers is taken left to right in their order, so the result is the lists'
+    to the bit (tests/unit/test_ctl_lru_equilibrium.py compares them)."""
+    groups = _Groups(sizes, datasets)
+    perm, of_reader, size = groups.perm, groups.of_reader, groups.size
+    ceiling = np.array(ceilings, dtype=float)
+    idle = ~(ceiling > 0)  # hit taken as 0.0
+    capped = np.array([i for i, cap in enumerate(io_caps) if cap is not None], np.intp)
+    caps = np.array([cap for cap in io_caps if cap is not None], dtype=float)
+    rates = np.array(start, dtype=float)
+    held: np.ndarray | None = None
+    for _ in range(rounds):
+        held, guess = groups.holdings(capacity, rates[perm], guess)
+        # one steady hit ratio per dataset (its readers share it); the log in Python,
+        # as math.log has it (numpy's may differ in the last bit)
+        if held is None:  # every dataset read is held whole; one not read holds nothing
+            hit_of = groups.active.astype(float)
+        else:
+            hit_of = _steady_hit_ratios(held / size)
+        hits = hit_of[of_reader]
+        hits[idle] = 0.0
+        needs = ceiling * (1.0 - hits)
+        if capped.size:
+            needs[capped] = np.minimum(needs[capped], caps)
+        shares = _water_fill_array(link, needs)
+        with np.errstate(divide="ignore", invalid="ignore"):  # (hits of 1: not taken)
+            new = np.where(hits >= 1.0 - 1e-12, ceiling, np.minimum(ceiling, shares / (1.0 - hits)))
+        # every rate moved by at most 1% (abs(a - b) <= 1e-2 * max(b, 1.0))
+        if np.all(np.abs(new - rates) <= 1e-2 * np.maximum(rates, 1.0)):
+            rates = new
+            break
+        rates = (new + rates) / 2  # damped
+    return Equilibrium(groups.held_dict(held), guess, rates.tolist())
+
+
+def _water_fill_array(capacity: float, needs: np.ndarray) -> np.ndarray:
+    """_water_fill of an array: the same
+    order (a stable sort by demand), the same subtractions and level, to the bit."""
+    if math.isinf(capacity):
+        return needs.copy()
+    n = len(needs)
+    order = np.argsort(needs, kind="stable")
+    values = needs[order]
+    # lefts[i]: what is left for order[i:] once every smaller demand is met (subtracted
+    # one by one, as an accumulate is)
+    lefts = np.subtract.accumulate(np.concatenate(([capacity], values)))
+    over = np.flatnonzero(values > lefts[:n] / np.arange(n, 0, -1))
+    shares = needs.copy()
+    if over.size:
+        first = int(over[0])
+        shares[order[first:]] = lefts[first] / (n - first)
+    return shares
+
+
+class _Groups:
+    """Readers grouped by dataset, as arrays: the readers in order of their dataset's
+    first reader (`perm`, stable within a dataset), where each dataset's run starts
+    (`starts`), its name and size, and each reader's dataset size."""
+
+    def __init__(self, sizes: Mapping[str, float], datasets: Sequence[str]) -> None:
+        place: dict[str, int] = {}  # datasets in order of their first reader
+        of_reader = [place.setdefault(d, len(place)) for d in datasets]
+        self.names = list(place)
+        self.of_reader = np.array(of_reader, np.intp)  # each reader's dataset
+        self.perm = np.argsort(self.of_reader, kind="stable")
+        counts = np.bincount(self.of_reader)
+        self.starts = np.zeros(len(counts), np.intp)
+        np.cumsum(counts[:-1], out=self.starts[1:])
+        self.size = np.array([sizes[d] for d in self.names], dtype=float)
+        self.reader_size = np.repeat(self.size, counts)  # in perm order
+
+    def held_dict(self, held: np.ndarray | None) -> dict[str, float]:
+        """{dataset: bytes held} of the datasets read now (None: each held whole)."""
+        active = self.active
+        values = (self.size if held is None else held).tolist()
+        return {d: v for d, v, a in zip(self.names, values, active.tolist(), strict=True) if a}
+
+    def holdings(
+        self, capacity: float, rates: np.ndarray, guess: float | None
+    ) -> tuple[np.ndarray | None, float | None]:
+        """holdings_at of the readers' `rates` (in perm order): each dataset's holding
+        (None: everything read fits, each held whole) and T. Sets `active`: the datasets
+        some reader reads at a rate > 0 (the others hold nothing and are left out)."""
+        starts = self.starts
+        self.active = active = np.logical_or.reduceat(rates > 0, starts)
+        # (sums added one by one in the datasets' order, as sum() of a list adds them;
+        # a dataset not read adds 0.0, which moves no bit)
+        if _total(np.where(active, self.size, 0.0)) <= capacity:
+            return None, None
+        per = rates / self.reader_size  # each reader's rate in dataset sizes per second
+        size = self.size
+        found: dict[float, np.ndarray] = {}  # the holdings at each T evaluated
+
+        def held_all(t: float) -> np.ndarray:
+            w = t * per
+            # 1 - distinct_fraction(w) for w <= 1, written as distinct_fraction's
+            # arithmetic (the same operations in the same order, so the same bits)
+            untouched = 1.0 - w + w * w * w / 6.0
+            untouched[w >= 2.0] = 0.0  # a whole epoch in the window: held whole
+            middle = np.flatnonzero((w > 1.0) & (w < 2.0))
+            if middle.size:
+                untouched[middle] = 1.0 - _distinct_between_1_and_2(w[middle])
+            # the product per dataset, left to right (a reduction by multiply is)
+            out = size * (1.0 - np.multiply.reduceat(untouched, starts))
+            found[t] = out
+            return out
+
+        def excess(t: float) -> float:
+            return _total(held_all(t)) - capacity
+
+        lo = _fill_time(excess, capacity, guess)
+        held = found.get(lo)  # (the search ends at a T it evaluated, but at T = 0)
+        if held is None:
+            held = held_all(lo)
+        return held, lo
+
+
+def _distinct_between_1_and_2(w: np.ndarray) -> np.ndarray:
+    """distinct_fraction of windows `w` of one to two epochs, as it computes them: the
+    same operations in the same order, and its powers by the C library's pow as Python's
+    ** takes them (numpy's own power may round differently)."""
+    u = (w - 1).tolist()
+    square = np.array(list(map(pow, u, repeat(2.0))))
+    cube = np.array(list(map(pow, u, repeat(3.0))))
+    inner = w * (2.0 - w) - (w / 2 - 1 / 3 - w * square / 2 + cube / 3)
+    return inner + (w - 1.0)
+
+
+def _steady_hit_ratios(fraction: np.ndarray) -> np.ndarray:
+    """steady_hit_ratio(min(1.0, r)) of each r in `fraction`, to the bit (the log is the
+    C library's, as math.log takes it; numpy's may round differently)."""
+    hit = (fraction >= 1.0).astype(float)
+    between = np.flatnonzero((fraction > 0.0) & (fraction < 1.0))
+    if between.size:
+        s = 1.0 - fraction[between]
+        hit[between] = 1.0 - s + s * np.array(list(map(math.log, s.tolist())))
+    return hit
+
+
+def _total(values: np.ndarray) -> float:
+    """sum() of the values as a list: added one by one, left to right (np.sum adds
+    pairwise, which moves last bits)."""
+    return sum(values.tolist())
 
 
 class LruPool:
