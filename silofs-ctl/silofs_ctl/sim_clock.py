@@ -134,10 +134,9 @@ class Clock:
         mark = self.vclock + job.until(boundary) * (1.0 - hit)
         heapq.heappush(self.vevents, (mark, self.seq, job))
 
-    def exit(self, job: SimJob, schedule: bool = True) -> None:
+    def exit(self, job: SimJob) -> None:
         """Take a job off the level clock: brought to now, its rate and remote written out
-        (the inflows and totals held it at them already), its next event in time
-        (schedule False: none yet, the caller schedules it)."""
+        (the inflows and totals held it at them already), its next event in time."""
         job.advance(self.now, self.vclock)
         job.held = False
         del self.held[job.name]
@@ -151,10 +150,7 @@ class Clock:
             self.held_k = 0.0  # (no rounding left over)
         job.remote = remote = self.level
         job.rate = remote / (1.0 - job.hit)
-        if schedule:
-            self.schedule(job)
-        else:
-            job.seq = -1
+        self.schedule(job)
 
     def relevel(self, fair: float | None, leaving: Iterable[SimJob]) -> float:
         """A new division of the link: the held jobs it does not hold (`leaving`; with
@@ -176,11 +172,8 @@ class Clock:
         return step
 
     def dissolve(self) -> None:
-        """Every held job off the level clock (a re-plan re-rates them all), with no
-        event: the re-plan schedules every running job whose event it finds stale
-        (seq -1), at the time this would have pushed when its rate stays, and after a
-        plan of other jobs the level moves and so does every held job's event."""
+        """Every held job off the level clock (a re-plan re-rates them all)."""
         for job in list(self.held.values()):
-            self.exit(job, schedule=False)
+            self.exit(job)
         self.vevents = []
         self.held_k = 0.0
