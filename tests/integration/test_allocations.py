@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -350,8 +352,16 @@ def _as_nobody(socket: str, calls: list[tuple[str, str, dict | None]]) -> list:
     return json.loads(data)
 
 
-def test_only_root_or_the_admin_group_may_change(make_node) -> None:
-    sock_dir = tempfile.mkdtemp(prefix="silofs-authz-")
+@pytest.fixture
+def sock_dir() -> Iterator[str]:
+    """A short directory for a socket others may reach (a socket path has ~108 bytes),
+    removed after the node that listens in it (fixtures end in reverse order)."""
+    path = tempfile.mkdtemp(prefix="silofs-authz-")
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def test_only_root_or_the_admin_group_may_change(sock_dir: str, make_node) -> None:
     os.chmod(sock_dir, 0o755)
     node = make_node(socket=os.path.join(sock_dir, "ctl.sock"))
     put_io(node, "j", 7 * MB)
@@ -371,7 +381,6 @@ def test_only_root_or_the_admin_group_may_change(make_node) -> None:
         assert "uid 65534" in answer[2]
     assert node.request("GET", "/v1/allocations") == before
     assert "refused PUT" in (node.logs / "daemon.log").read_text()
-    os.rmdir(sock_dir) if not os.listdir(sock_dir) else None
 
 
 # -- fuzzing the control API -------------------------------------------------------------
