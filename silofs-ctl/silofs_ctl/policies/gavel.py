@@ -155,25 +155,43 @@ class _Loads:
         """Largest lam >= start with need(lam) <= B, by Newton's method on the concave
         piecewise-linear need(lam); each step's line lies above need, so every iterate is
         feasible, and a repeated line means the root is reached."""
-        budget = cluster.remote_io
-        if math.isinf(budget):
-            return math.inf
-        lam = start
-        for _ in range(4 * len(self.fixed) + 16):
-            a, b = self.io_line(self.best_cache(lam, cluster), cluster)
-            if b <= 0.0:
-                return math.inf if a <= budget * (1 + _TOL) else lam
-            nxt = max(lam, (budget - a) / b)
-            if nxt <= lam * (1 + 1e-15) + 1e-300:
-                return nxt
-            lam = nxt
-        log.warning("max-min IO limit did not converge; using lam=%g", lam)
-        return lam
+        return newton_limit(
+            lambda lam: self.io_line(self.best_cache(lam, cluster), cluster),
+            start,
+            cluster.remote_io,
+            _TOL,
+            4 * len(self.fixed) + 16,
+        )
 
     @staticmethod
     def hit(job: Job, cache: Mapping[str, float], cluster: Cluster) -> float:
         """The job's hit ratio under `cache` (a best_cache)."""
         return hit_ratio(job, cache, cluster)
+
+
+def newton_limit(
+    line: Callable[[float], tuple[float, float]],
+    start: float,
+    budget: float,
+    tol: float,
+    steps: int,
+) -> float:
+    """Largest lam >= start with need(lam) <= budget, where line(lam) is (a, b), need's
+    tangent a + b * lam at lam, by Newton's method on the concave piecewise-linear need
+    (the loop form's _Loads.limit and gavel_arrays' both: one arithmetic, same bits)."""
+    if math.isinf(budget):
+        return math.inf
+    lam = start
+    for _ in range(steps):
+        a, b = line(lam)
+        if b <= 0.0:
+            return math.inf if a <= budget * (1 + tol) else lam
+        nxt = max(lam, (budget - a) / b)
+        if nxt <= lam * (1 + 1e-15) + 1e-300:
+            return nxt
+        lam = nxt
+    log.warning("max-min IO limit did not converge; using lam=%g", lam)
+    return lam
 
 
 class _FixedHits:

@@ -30,6 +30,7 @@ from operator import methodcaller
 import numpy as np
 
 from ..model import CacheUnit
+from .gavel import newton_limit
 
 log = logging.getLogger(__name__)
 
@@ -209,24 +210,15 @@ class KnapsackLoads:
 
     def limit(self, start: float, limits: Limits) -> float:
         """gavel._Loads.limit: Newton's method on the concave need(lam)."""
-        budget = limits.remote_io
-        if math.isinf(budget):
-            return math.inf
         rows, sizes = self.rows, self.io.sizes[self.rows]
         fixed, slope = self.fixed[rows], self.slope[rows]
-        lam = start
-        for _ in range(4 * len(rows) + 16):
+
+        def line(lam: float) -> tuple[float, float]:
             left = 1.0 - self.held(lam)[rows] / sizes
             miss = np.where(left > 0.0, left, 0.0)
-            a, b = seqsum(fixed * miss), seqsum(slope * miss)
-            if b <= 0.0:
-                return math.inf if a <= budget * (1 + limits.tol) else lam
-            nxt = max(lam, (budget - a) / b)
-            if nxt <= lam * (1 + 1e-15) + 1e-300:
-                return nxt
-            lam = nxt
-        log.warning("max-min IO limit did not converge; using lam=%g", lam)
-        return lam
+            return seqsum(fixed * miss), seqsum(slope * miss)
+
+        return newton_limit(line, start, limits.remote_io, limits.tol, 4 * len(rows) + 16)
 
     def hits(self, lam: float) -> FloatArray:
         """Each job's hit ratio under cache(lam): min(1, sum of weight * min(1, c/d))."""
