@@ -237,24 +237,16 @@ def equilibrium(
     datasets = [r.dataset for r in readers]
     ceilings = [r.ceiling for r in readers]
     io_caps = [r.io_cap for r in readers]
-    return _solve(capacity, sizes, datasets, ceilings, io_caps, link, guess, rounds, start)
+    return _solve(len(datasets))(
+        capacity, sizes, datasets, ceilings, io_caps, link, guess, rounds, start
+    )
 
 
-def _solve(
-    capacity: float,
-    sizes: Mapping[str, float],
-    datasets: list[str],
-    ceilings: list[float],
-    io_caps: list[float | None],
-    link: float,
-    guess: float | None,
-    rounds: int,
-    start: Sequence[float],
-) -> Equilibrium:
-    """equilibrium() of the readers given as parallel lists (each reader's dataset, rate
-    ceiling and IO cap), from the rates `start`."""
-    solve = _solve_arrays if len(datasets) >= _ARRAYS_FROM else _solve_lists
-    return solve(capacity, sizes, datasets, ceilings, io_caps, link, guess, rounds, start)
+def _solve(readers: int) -> Callable[..., Equilibrium]:
+    """equilibrium()'s solver for `readers` readers given as parallel lists (each
+    reader's dataset, rate ceiling and IO cap): _solve_lists or _solve_arrays, which
+    give the same bits (numpy's fixed cost per call is larger below _ARRAYS_FROM)."""
+    return _solve_arrays if readers >= _ARRAYS_FROM else _solve_lists
 
 
 def _solve_lists(
@@ -268,7 +260,7 @@ def _solve_lists(
     rounds: int,
     start: Sequence[float],
 ) -> Equilibrium:
-    """_solve with a loop over the readers (the loops in C where they can be)."""
+    """The equilibrium with a loop over the readers (the loops in C where they can be)."""
     rates = list(start)
     held: dict[str, float] = {}
     # What does not move from round to round, per reader in order (the loops below are
@@ -334,7 +326,7 @@ def _solve_arrays(
     rounds: int,
     start: Sequence[float],
 ) -> Equilibrium:
-    """_solve as arrays over the readers: each operation is the one _solve_lists does
+    """The equilibrium as arrays over the readers: each operation is the one _solve_lists does
     for each reader, elementwise (the same IEEE result), and every sum or product that
     spans readers is taken left to right in their order, so the result is the lists'
     to the bit (tests/unit/test_ctl_lru_equilibrium.py compares them)."""
@@ -550,7 +542,7 @@ class LruPool:
             old.get(name) or (job.rate if job.rate > 0 else ceiling)
             for name, job, ceiling in zip(names, jobs, ceilings, strict=True)
         ]
-        found = _solve(
+        found = _solve(len(datasets))(
             self.capacity, sizes, datasets, ceilings, io_caps, self.link, self.time, _ROUNDS, start
         )
         self.target, self.time = found.held, found.time
