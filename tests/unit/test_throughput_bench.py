@@ -6,8 +6,10 @@ from __future__ import annotations
 import io
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import pytest
 
@@ -60,6 +62,21 @@ def test_a_ceiling_starts_in_the_readers_session_unless_asked(
     assert [k.get("start_new_session") for k in _Started.started] == [own_session]
 
 
+@contextmanager
+def _child(code: str) -> Iterator[tuple[subprocess.Popen, IO[str], IO[str]]]:
+    """A Python process of its own running `code`, talking over its stdin and stdout;
+    closing its stdin ends it."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    assert proc.stdin is not None and proc.stdout is not None
+    try:
+        yield proc, proc.stdin, proc.stdout
+    finally:
+        proc.stdin.close()
+        proc.wait(10)
+
+
 def test_sleeps_are_counted_for_the_main_thread(throughput: Any) -> None:
     # A process of its own (with no children: the first child's main thread would be
     # counted, as a mount's serving process is), whose main thread sleeps 50 times
@@ -70,23 +87,15 @@ def test_sleeps_are_counted_for_the_main_thread(throughput: Any) -> None:
         "[time.sleep(0.001) for _ in range(50)]\n"
         "print('done', flush=True); sys.stdin.read()\n"
     )
-    proc = subprocess.Popen(
-        [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
-    )
-    try:
-        assert proc.stdin is not None and proc.stdout is not None
-        assert proc.stdout.readline().strip() == "go"
+    with _child(code) as (proc, stdin, stdout):
+        assert stdout.readline().strip() == "go"
         before = throughput.thread_switches(proc.pid)
-        proc.stdin.write("\n")
-        proc.stdin.flush()
-        assert proc.stdout.readline().strip() == "done"
+        stdin.write("\n")
+        stdin.flush()
+        assert stdout.readline().strip() == "done"
         after = throughput.thread_switches(proc.pid)
         assert after[0] - before[0] >= 50
         assert after[1] >= before[1]
-    finally:
-        assert proc.stdin is not None
-        proc.stdin.close()
-        proc.wait(10)
 
 
 def test_a_process_that_sleeps_in_another_thread_is_not_counted(throughput: Any) -> None:
@@ -96,18 +105,10 @@ def test_a_process_that_sleeps_in_another_thread_is_not_counted(throughput: Any)
         "t = threading.Thread(target=lambda: [time.sleep(0.001) for _ in range(200)])\n"
         "t.start(); t.join(); print('done', flush=True); sys.stdin.read()\n"
     )
-    proc = subprocess.Popen(
-        [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
-    )
-    try:
-        assert proc.stdout is not None
-        assert proc.stdout.readline().strip() == "done"
+    with _child(code) as (proc, _, stdout):
+        assert stdout.readline().strip() == "done"
         slept, _ = throughput.thread_switches(proc.pid)
         assert slept < 100  # the thread's 200 sleeps are not the main thread's
-    finally:
-        assert proc.stdin is not None
-        proc.stdin.close()
-        proc.wait(10)
 
 
 def test_a_gone_process_has_no_switches(throughput: Any) -> None:
