@@ -373,13 +373,17 @@ class ChunkReader:
         cur = self._cursor or self._value_cursor()
         assert cur is not None
         where = cur.find(ref.key)  # DamagedValueError (an lmdb.Error) outside data.mdb
-        if where is None and self._txn_read != self._reads:
-            # Admitted since an earlier read began the snapshot? Look in a fresh one.
-            self.renew()
-            cur = self._value_cursor()
-            assert cur is not None
-            where = cur.find(ref.key)
-        return where
+        return where if where is not None else self._find_fresh(ref)
+
+    def _find_fresh(self, ref: ChunkRef) -> tuple[int, int] | None:
+        """_find's answer once the current snapshot lacks `ref`: admitted since an
+        earlier read began the snapshot? Look in a fresh one."""
+        if self._txn_read == self._reads:
+            return None
+        self.renew()
+        cur = self._value_cursor()
+        assert cur is not None
+        return cur.find(ref.key)
 
     def _get(self, key: bytes) -> memoryview | None:
         """The value of `key` as a view of the map, faulted in on this thread: where
@@ -513,13 +517,16 @@ class ChunkReader:
                 view = copy_verified(value, cid, ref.chunk_size, ref.index, ref.length, lo, hi)
             else:
                 cur = self._cursor
-                # The current snapshot's cursor, asked directly (_find looks again in a
-                # fresh snapshot only when this one lacks the value).
-                where = cur.find(ref.key) if cur is not None else None
-                if where is None:
+                # The current snapshot's cursor, asked directly; a fresh snapshot only
+                # when this one lacks the value.
+                if cur is None:
                     where = self._find(ref)
+                else:
+                    where = cur.find(ref.key)
                     if where is None:
-                        return None
+                        where = self._find_fresh(ref)
+                if where is None:
+                    return None
                 addr, size = where
                 base = pages.offset(addr)
                 if base is None or not (pages.nowait or pages.value_resident(addr, size)):
