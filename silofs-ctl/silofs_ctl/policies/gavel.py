@@ -194,6 +194,24 @@ def newton_limit(
     return lam
 
 
+def rounds_io_allows(io_ok: Callable[[int], bool], top: int) -> int:
+    """How many leading rounds of the `top` (> 0) the GPUs allow also pass `io_ok`
+    (which holds for a prefix of the rounds), by bisection. Usually IO binds in none
+    of the rounds, or (just after it bound) in the first: those two are asked first."""
+    if io_ok(top - 1):
+        return top
+    if not io_ok(0):
+        return 0
+    lo, hi = 1, top - 1  # io_ok holds below lo, fails at hi
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if io_ok(mid):
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
 class _FixedHits:
     """The IO side of with_fixed_hits' problem: every job reads a unit of its own (weight
     1), alone in a pool that holds the job's hit ratio now. The cache cannot move, so a
@@ -713,19 +731,7 @@ def _cap_rounds(
             tried[g] = (loads, limit)
             return limit > groups[g][0] * (1 + _TOL)
 
-        # Usually IO binds in none of the rounds, or (just after it bound) in the first.
-        if not io_ok(top - 1):
-            if not io_ok(0):
-                top = 0
-            else:
-                lo, hi = 1, top - 1  # io_ok holds below lo, fails at hi
-                while lo < hi:
-                    mid = (lo + hi) // 2
-                    if io_ok(mid):
-                        lo = mid + 1
-                    else:
-                        hi = mid
-                top = lo
+        top = rounds_io_allows(io_ok, top)
     out = []
     begin = 0
     for level, end in groups[:top]:

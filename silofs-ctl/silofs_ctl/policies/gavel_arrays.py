@@ -30,7 +30,7 @@ from operator import methodcaller
 import numpy as np
 
 from ..model import CacheUnit
-from .gavel import newton_limit
+from .gavel import newton_limit, rounds_io_allows
 
 log = logging.getLogger(__name__)
 
@@ -404,18 +404,7 @@ def _io_rounds(
         tried[g] = (loads, limit)
         return limit > float(levels[g]) * (1 + limits.tol)
 
-    if not io_ok(top - 1):
-        if not io_ok(0):
-            return 0
-        lo, hi = 1, top - 1
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if io_ok(mid):
-                lo = mid + 1
-            else:
-                hi = mid
-        return lo
-    return top
+    return rounds_io_allows(io_ok, top)
 
 
 def water_fill(capacity: float, demands: FloatArray) -> FloatArray:
