@@ -47,6 +47,7 @@ from ..estimator import (
 )
 from ..model import Allocation, CacheUnit, Cluster, Job
 from .base import HITS, current_hits, fill_units, spread_leftover_io, water_fill
+from .gavel_search import newton_limit, rounds_io_allows
 
 if TYPE_CHECKING:  # (gavel_arrays imports numpy: only a plan of many jobs needs it)
     from . import gavel_arrays as ga
@@ -167,49 +168,6 @@ class _Loads:
     def hit(job: Job, cache: Mapping[str, float], cluster: Cluster) -> float:
         """The job's hit ratio under `cache` (a best_cache)."""
         return hit_ratio(job, cache, cluster)
-
-
-def newton_limit(
-    line: Callable[[float], tuple[float, float]],
-    start: float,
-    budget: float,
-    tol: float,
-    steps: int,
-) -> float:
-    """Largest lam >= start with need(lam) <= budget, where line(lam) is (a, b), need's
-    tangent a + b * lam at lam, by Newton's method on the concave piecewise-linear need
-    (the loop form's _Loads.limit and gavel_arrays' both: one arithmetic, same bits)."""
-    if math.isinf(budget):
-        return math.inf
-    lam = start
-    for _ in range(steps):
-        a, b = line(lam)
-        if b <= 0.0:
-            return math.inf if a <= budget * (1 + tol) else lam
-        nxt = max(lam, (budget - a) / b)
-        if nxt <= lam * (1 + 1e-15) + 1e-300:
-            return nxt
-        lam = nxt
-    log.warning("max-min IO limit did not converge; using lam=%g", lam)
-    return lam
-
-
-def rounds_io_allows(io_ok: Callable[[int], bool], top: int) -> int:
-    """How many leading rounds of the `top` (> 0) the GPUs allow also pass `io_ok`
-    (which holds for a prefix of the rounds), by bisection. Usually IO binds in none
-    of the rounds, or (just after it bound) in the first: those two are asked first."""
-    if io_ok(top - 1):
-        return top
-    if not io_ok(0):
-        return 0
-    lo, hi = 1, top - 1  # io_ok holds below lo, fails at hi
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if io_ok(mid):
-            lo = mid + 1
-        else:
-            hi = mid
-    return lo
 
 
 class _FixedHits:

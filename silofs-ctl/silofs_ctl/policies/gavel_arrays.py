@@ -30,7 +30,7 @@ from operator import methodcaller
 import numpy as np
 
 from ..model import CacheUnit
-from .gavel import newton_limit, rounds_io_allows
+from .gavel_search import newton_limit, rounds_io_allows
 
 log = logging.getLogger(__name__)
 
