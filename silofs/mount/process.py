@@ -399,6 +399,9 @@ class MountProcess:
                 unmount = False  # the kernel already unmounted us
                 nursery.cancel_scope.cancel()
         finally:
+            # Ended: nothing may start in the nursery now, and a daemon that restarted
+            # since the last report is not told of a mount that is gone (_report).
+            self._nursery = None
             if child:
                 # The next process reads ENODEV in turn; the supervisor unmounts (once)
                 # and says goodbye; this one's counters go into the sum.
@@ -624,9 +627,10 @@ class MountProcess:
             self.reader.track_hits = answer.get("admission") == "lru"
         except ControlError as exc:
             log.debug("could not report counters: %s", exc)
-            if exc.status == 404 and not self._registering:
+            if exc.status == 404 and not self._registering and self._nursery is not None:
                 # The daemon restarted. A mount serving only hits never sends a miss, so
-                # this is where it finds out and introduces itself again.
+                # this is where it finds out and introduces itself again (while it
+                # serves: its final report's counters are simply dropped).
                 try:
                     await self._reregister()
                 except MissError as again:
