@@ -71,6 +71,11 @@ CHILD_EXIT_SECONDS = 10.0  # after the unmount, then SIGKILL
 # mount's process (and `silofs unmount`'s wait for it) for the client's whole timeout;
 # the daemon forgets a mount whose process is gone anyway (reap_mounts).
 FINAL_REPORT_SECONDS = 2.0
+# Counters are reported every 250 ms while they move, and at least this often while the
+# mount is idle: a restarted daemon learns of a mount serving nothing within this (the
+# 404 that makes it register again), so status and end-job see it, and a rate sampled
+# then falls to zero rather than keeping the last one.
+IDLE_REPORT_SECONDS = 1.0
 # After SIGTERM, requests being answered get this long to finish; then they are cancelled
 # and the connection aborted (readers get ENOTCONN): a cold read waiting on a store that
 # does not answer must not keep the process (and a scheduler's epilog) for the daemon's
@@ -491,15 +496,17 @@ class MountProcess:
 
     async def _report_loop(self) -> None:
         last = None
+        reported = trio.current_time()
         while True:
             await trio.sleep(0.25)
             assert self.reader is not None and self.fs is not None
             self.fs.listing.release_if_idle()
             await self._follow_listing()
             now = dataclasses.astuple(self._counters_to_report())
-            if now != last:
+            if now != last or trio.current_time() - reported >= IDLE_REPORT_SECONDS:
                 await self._report()
                 last = now
+                reported = trio.current_time()
 
     async def _follow_listing(self) -> None:
         """Move to a newer listing generation once the daemon has written one (a refresh,
