@@ -7,6 +7,8 @@ the store's GETs.
 - A home killed with kill -9: every read on the other nodes completes (its chunks from
   the store) within the bound, with right bytes; restarted, it is found up again and
   serves its chunks.
+- A member killed with kill -9 as a warm on another node starts: the warm ends, and
+  the others read every byte right.
 - Certificates: a node certificate that names no member, a controller's certificate and
   a member's certificate on an admin route are refused (403); a certificate made
   before clusters (serverAuth only) gets no answer at all.
