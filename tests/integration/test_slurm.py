@@ -730,3 +730,63 @@ def test_a_job_whose_user_cannot_read_its_dataset_mounts_nothing(
     assert not (slurm.mount_root / job).exists()
     slurm.run("scancel", job)
     slurm.run("scontrol", "update", f"NodeName={slurm.host}", "State=RESUME")
+
+
+def test_two_users_jobs_on_one_node_cannot_reach_each_others_mounts(
+    operator: Slurm, job_user: pwd.struct_passwd, venv_bin: Path
+) -> None:
+    """Jobs of two users on one node: neither user may read, unmount or forget the
+    other's job, and the first one's end leaves the second reading."""
+    slurm = operator
+    ds = _public_dataset(slurm, "ds")
+    script = _script(slurm, QUEUED_SCRIPT, "ds")
+    out = slurm.public / "out"
+    with slurm_cluster.job_user() as other:
+        # The daemon's socket_group (the first user's group) holds every job user.
+        res = subprocess.run(["usermod", "-aG", job_user.pw_name, other.pw_name],
+                             capture_output=True, text=True)  # fmt: skip
+        assert res.returncode == 0, res.stderr
+        first = _submit(slurm, job_user.pw_name, script, ds)
+        second = _submit(slurm, other.pw_name, script, ds)
+        for job in (first, second):
+            wait_for(lambda j=job: (out / f"{j}.sum").exists(), timeout=120, what=f"job {job}")
+        theirs = str(slurm.mount_root / first / "ds")
+        reader = Session(Identity.of(other.pw_name))
+        try:
+            assert reader.call(_read_error, f"{theirs}/f1.bin") == "EACCES"
+        finally:
+            reader.close()
+        as_other = [
+            "runuser",
+            "-u",
+            other.pw_name,
+            "--",
+            "env",
+            f"SILOFS_SOCKET={slurm.node.socket}",
+        ]
+        res = subprocess.run([*as_other, f"{venv_bin}/silofs", "unmount", theirs],
+                             capture_output=True, text=True, timeout=60, cwd="/")  # fmt: skip
+        assert res.returncode != 0 and len(res.stderr.strip().splitlines()) == 1, res.stderr
+        for verb in (["forget", f"slurm-{first}"], ["allocate-io", f"slurm-{first}", "0"]):
+            res = subprocess.run([*as_other, f"{venv_bin}/silofs-ctl", *verb],
+                                 capture_output=True, text=True, timeout=60, cwd="/")  # fmt: skip
+            assert res.returncode != 0 and "error" in res.stderr, (verb, res.stderr)
+        assert slurm.job_mounts(first) and slurm.job_mounts(second)
+        assert slurm.node.request("GET", f"/v1/jobs/slurm-{first}/io")["bytes_per_s"] is None
+        (out / f"release-{first}").touch()
+        _ended(slurm, first)
+        _nothing_left(slurm, first, idle=False)
+        assert slurm.state(second) == "RUNNING" and slurm.job_mounts(second)
+        (out / f"release-{second}").touch()
+        _ended(slurm, second)
+        _nothing_left(slurm, second)
+
+
+def _read_error(path: str) -> str:
+    """What reading `path` gives: "ok" or the errno's name."""
+    try:
+        with open(path, "rb") as f:
+            f.read(1)
+        return "ok"
+    except OSError as exc:
+        return errno.errorcode.get(exc.errno or 0, str(exc.errno))
