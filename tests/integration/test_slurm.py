@@ -15,7 +15,10 @@ venv under /opt that every user may run, /dev/fuse usable by every user, a daemo
 socket_group is the job user's group, and a real second user who submits jobs with its
 own sbatch: the prolog mounts as that user, and the epilog (root) must end mounts it
 may not even stat. Each of those tests ends with nothing of the job left: no mount, no
-mount process, no job in the daemon, the node idle.
+mount process, no job in the daemon, the node idle; so do a job whose mount process and
+script are killed -9 and one whose daemon restarts under it. A third user's job beside
+the second's may not read, unmount or forget it; a dataset the job's user may not read
+fails the prolog with one line and leaves nothing.
 
 The Slurm node has two GPUs declared as gres on two character devices made like
 /dev/null (there are no GPUs here): Slurm counts and allocates them all the same, and
