@@ -50,6 +50,7 @@ import errno
 import functools
 import json
 import logging
+import mmap
 import os
 import time
 from collections import OrderedDict
@@ -72,11 +73,13 @@ from silofs.cache.format import (
     count_damage,
     header_bytes,
     layout,
+    verify_chunk,
 )
 from silofs.cache.store import CacheStore
 from silofs.control.client import AsyncControlClient, ControlError, quote_segment
 from silofs.flight import SingleFlight
-from silofs.mount.pages import ValuePages
+from silofs.mount.ahead import ValuesAhead
+from silofs.mount.pages import DirectFile, ValuePages
 from silofs.records import MountCounters, ObjectInfo
 
 log = logging.getLogger(__name__)
@@ -107,9 +110,15 @@ BUFFER_STREAMS = 2
 # whole by a worker. The serving thread copies such a range out of the map
 # (ChunkReader._map_copy), a shorter one by preadv.
 PROBE_BYTES = 256 << 10
-# Hits being read by worker threads at once (ChunkReader._read_in): enough to keep a few
-# readers' disk reads in flight together; each holds a read snapshot meanwhile.
+# Hits being read by worker threads at once (ChunkReader._read_in, and the values read
+# ahead direct): enough to keep a few readers' disk reads in flight together; each holds
+# a read snapshot meanwhile.
 FAULT_THREADS = 8
+# How far ahead of a sequential reader cached values are read by O_DIRECT into buffers of
+# the mount's own (_direct_ahead), where data.mdb takes O_DIRECT and chunks are at least
+# DIRECT_MIN_CHUNK: each value read ahead holds a buffer until it is served.
+DIRECT_AHEAD_BYTES = 16 << 20
+DIRECT_MIN_CHUNK = 1 << 20
 
 
 def window_chunks(chunk_size: int, readahead_bytes: int) -> int:
@@ -271,6 +280,12 @@ class ChunkReader:
             self.pages.enabled = False  # no cursor finds a value untouched
         self._fault_limiter = trio.CapacityLimiter(FAULT_THREADS)
         self.read_in = 0  # hits a worker thread read because the page cache lacked them
+        self.direct: DirectFile | None = None
+        self.ahead: ValuesAhead | None = None
+        self._env_reads_around = False  # the map's faults read around (_find_alone)
+        self._direct_lead = max(1, DIRECT_AHEAD_BYTES // chunk_size)
+        if self.pages.enabled and chunk_size >= DIRECT_MIN_CHUNK:
+            self._open_direct(os.path.join(store.path, "data.mdb"))
         # The scratch buffers of hits answered without an await (_copy_out), and the
         # header length of the chunk read last (_header_guess).
         self._head = bytearray(4096)
@@ -283,6 +298,19 @@ class ChunkReader:
         # In LRU mode the daemon needs to know what was hit: it never sees hits itself.
         self.track_hits = False
         self.touched: list[bytes] = []
+
+    def _open_direct(self, data_path: str) -> None:
+        """Read a sequential reader's next values by O_DIRECT where data.mdb allows it.
+        A buffer holds a whole value and the page-aligned bytes around it (its header
+        is at most a few KiB: the object key, the content id, a sum per block)."""
+        direct = DirectFile(data_path)
+        if not direct.enabled:
+            return
+        self._env_reads_around = bool(self.store.env.flags()["readahead"])
+        room = self.chunk_size + (8 << 10) + self.chunk_size // 512 + 2 * direct.align
+        size = (room + mmap.PAGESIZE - 1) // mmap.PAGESIZE * mmap.PAGESIZE
+        self.direct = direct
+        self.ahead = ValuesAhead(size, (self._direct_lead + 2) * BUFFER_STREAMS)
 
     def registered(self, mount_id: str, track_hits: bool) -> None:
         """The daemon knows this mount by `mount_id` (again, after a daemon restart)."""
@@ -320,6 +348,10 @@ class ChunkReader:
             self._txn.abort()
             self._txn = None
         self.pages.close()
+        if self.direct is not None:
+            self.direct.close()
+        if self.ahead is not None:
+            self.ahead.close()
         self.store.close()
 
     # -- the hit path (synchronous) --------------------------------------------------
@@ -508,8 +540,13 @@ class ChunkReader:
         if ref is None or ref.index != index or ref.chunk_size != self.chunk_size:
             ref = f.chunk_ref(self.chunk_size, index)
         pages = self.pages
+        ahead = self.ahead
         try:
-            if not pages.enabled:
+            if ahead is not None and (value := ahead.get(ref.key)) is not None:
+                view = self._ahead_view(ref, value, lo, hi)
+            elif ahead is not None and ahead.reading(ref.key):
+                return None  # chunk() waits for that read
+            elif not pages.enabled:
                 value = self._get(ref.key)
                 if value is None:
                     return None
@@ -577,10 +614,34 @@ class ChunkReader:
         cid = ref.content_bytes
         return copy_verified(value, cid, ref.chunk_size, ref.index, ref.length, lo, hi)
 
+    def _ahead_view(self, ref: ChunkRef, value: memoryview, lo: int, hi: int) -> memoryview:
+        """[lo, hi) of `ref`'s value read ahead direct, verified on the buffer it was read
+        into (the mount's own memory), else ChunkFormatError: a view of that buffer,
+        valid until the caller's task yields. A value served to its end is dropped, its
+        buffer free for the next value read ahead."""
+        cid = ref.content_bytes
+        view = verify_chunk(value, cid, ref.chunk_size, ref.index, ref.length, lo, hi)[lo:hi]
+        ahead = self.ahead
+        assert ahead is not None
+        ahead.served += 1
+        if hi == ref.length:
+            ahead.drop(ref.key)
+        return view
+
     async def _cached(self, ref: ChunkRef, lo: int, hi: int) -> memoryview | None:
         """[lo, hi) of `ref`'s cached value, copied out and verified (ChunkFormatError if
-        it fails), in buffers of its own; None if it is not cached. A value not all in
-        the page cache is read by a worker thread (_read_in)."""
+        it fails), in buffers of its own; None if it is not cached. A value being read
+        ahead direct is waited for; a value not all in the page cache is read by a
+        worker thread (_read_in)."""
+        ahead = self.ahead
+        if ahead is not None and not ahead.wanted(ref.key):
+            value = await ahead.wait(ref.key)
+            if value is not None:
+                try:
+                    return memoryview(self._ahead_view(ref, value, lo, hi).tobytes())
+                except ChunkFormatError:
+                    ahead.drop(ref.key)
+                    raise
         pages = self.pages
         if not pages.enabled:
             value = self._get(ref.key)
@@ -727,7 +788,9 @@ class ChunkReader:
             # requests of its own read-ahead (an image decoder reading a header).
             return
         last = (f.obj.size - 1) // self.chunk_size
-        if self.pages.enabled:
+        if self.direct is not None and self.direct.enabled:
+            self._direct_ahead(f, current, last)
+        elif self.pages.enabled:
             self._advise_ahead(f, current, last)
         if current == f.asked_at:
             return  # once per chunk: the span asked for before is usually still in flight
@@ -775,6 +838,79 @@ class ChunkReader:
         f.advised = end + 1
         keys = [ChunkRef.of(f.obj, self.chunk_size, i).key for i in range(first, end + 1)]
         self._nursery.start_soon(self._read_ahead_values, keys)
+
+    def _direct_ahead(self, f: OpenFile, current: int, last: int) -> None:
+        """Keep the values of a sequential reader's next DIRECT_AHEAD_BYTES of chunks read
+        (or being read) by O_DIRECT into buffers of the mount's own: the disk does the
+        work the page cache's fill, the map's faults and the copy out of it did."""
+        assert self._nursery is not None and self.ahead is not None
+        lead = self._direct_lead
+        if f.advised > current + lead:
+            return
+        first, end = max(f.advised, current + 1), min(last, current + lead)
+        if first > end:
+            return
+        f.advised = end + 1
+        for index in range(first, end + 1):
+            key = ChunkRef.of(f.obj, self.chunk_size, index).key
+            # Begun here, not in the task: the reader's next request, which may come
+            # before the task runs, waits for this read instead of reading it itself.
+            if self.ahead.wanted(key) and self.ahead.begin(key):
+                self._nursery.start_soon(self._read_ahead_direct, key)
+
+    async def _read_ahead_direct(self, key: bytes) -> None:
+        """Read `key`'s cached value (a read begun) into a buffer of ValuesAhead, by a
+        worker thread. A value that cannot be read is left to the reader's own read of
+        it, which counts the damage and has it refetched."""
+        ahead = self.ahead
+        assert ahead is not None
+        buf = ahead.buffer()  # taken in the task: never while a reply may still read it
+        value = None
+        try:
+            if buf is not None:
+                value = await trio.to_thread.run_sync(
+                    self._read_direct, key, buf, limiter=self._fault_limiter
+                )
+        except (OSError, lmdb.Error) as exc:
+            log.debug("reading a cached value ahead: %s", exc)
+        finally:
+            ahead.end(key, buf, value)
+
+    def _read_direct(self, key: bytes, buf: mmap.mmap) -> memoryview | None:
+        """The value of `key` read by O_DIRECT into `buf` (a worker thread's call), in a
+        snapshot of the worker's own, held with the remap lock until the read is done
+        so the writer cannot reuse the value's pages meanwhile. None if it is not
+        cached, does not fit `buf`, or is all in the page cache already (the serving
+        thread copies it from there for less than a read from the disk)."""
+        pages, direct = self.pages, self.direct
+        assert direct is not None
+        with self.store.remap_lock, self.store.read_txn() as txn:
+            cur = self.store.value_cursor(txn, self._chunks_db)
+            where = self._find_alone(cur, key) if cur is not None else None
+            if where is None or not direct.enabled:
+                return None
+            addr, size = where
+            base = pages.offset(addr)
+            start, end = direct.span(base or 0, size)
+            if base is None or end - start > len(buf) or pages.value_cached(addr, size):
+                return None
+            return direct.read(base, size, buf)
+
+    def _find_alone(self, cur: ValueCursor, key: bytes) -> tuple[int, int] | None:
+        """cur.find(key) with no read-around of the page faults it takes (a worker's
+        call, under the remap lock). The lookup touches the value's first page; with the
+        env's read-around (the bdi's read-ahead, megabytes on some disks) that fault
+        would fill the page cache with the value read direct next, and the ones after
+        it: the very fill the direct read saves. The map reads around again after it:
+        a hit's lookup on the serving thread meanwhile reads only the page it needs."""
+        bounds = self.store.value_bounds()
+        if not self._env_reads_around or bounds is None:
+            return cur.find(key)
+        self.pages.read_around(bounds[0], bounds[2], False)
+        try:
+            return cur.find(key)
+        finally:
+            self.pages.read_around(bounds[0], bounds[2], True)
 
     async def _read_ahead_values(self, keys: list[bytes]) -> None:
         """Have the kernel read the values of `keys` ahead (MADV_WILLNEED; keys not
