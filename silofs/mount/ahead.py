@@ -41,7 +41,8 @@ class ValuesAhead:
         self.max_buffers = max_buffers
         self.allocated = 0  # buffers mapped (free, holding a value, or being read into)
         self.read = 0  # values read into a buffer
-        self.served = 0  # values a request took from here
+        self.served = 0  # requests served from here
+        self.waited = 0  # requests that waited for their value's read
         self._free: list[mmap.mmap] = []
         self._values: OrderedDict[bytes, tuple[mmap.mmap, memoryview]] = OrderedDict()
         self._flights: dict[bytes, trio.Event] = {}
@@ -63,6 +64,7 @@ class ValuesAhead:
         """get(), after the read of `key` in flight (if any) is done."""
         flight = self._flights.get(key)
         if flight is not None:
+            self.waited += 1
             await flight.wait()
         return self.get(key)
 

@@ -628,20 +628,22 @@ class ChunkReader:
             ahead.drop(ref.key)
         return view
 
-    async def _cached(self, ref: ChunkRef, lo: int, hi: int) -> memoryview | None:
+    async def _cached(self, ref: ChunkRef, lo: int, hi: int, kept: bool) -> memoryview | None:
         """[lo, hi) of `ref`'s cached value, copied out and verified (ChunkFormatError if
-        it fails), in buffers of its own; None if it is not cached. A value being read
-        ahead direct is waited for; a value not all in the page cache is read by a
-        worker thread (_read_in)."""
+        it fails), in buffers of its own (`kept`; else it may be a view of the reader's,
+        valid until the caller's task yields: chunk()); None if it is not cached. A value
+        being read ahead direct is waited for; a value not all in the page cache is read
+        by a worker thread (_read_in)."""
         ahead = self.ahead
         if ahead is not None and not ahead.wanted(ref.key):
             value = await ahead.wait(ref.key)
             if value is not None:
                 try:
-                    return memoryview(self._ahead_view(ref, value, lo, hi).tobytes())
+                    view = self._ahead_view(ref, value, lo, hi)
                 except ChunkFormatError:
                     ahead.drop(ref.key)
                     raise
+                return memoryview(view.tobytes()) if kept else view
         pages = self.pages
         if not pages.enabled:
             value = self._get(ref.key)
@@ -657,8 +659,8 @@ class ChunkReader:
         short, self._short = self._short, b""
         if short != ref.key and (pages.nowait or pages.value_resident(addr, size)):
             view = self._copy_out(ref, base, size, lo, hi, False, hdr)
-            if view is not None:
-                return memoryview(view.tobytes())  # the scratch is the next hit's
+            if view is not None:  # the scratch is the next hit's
+                return memoryview(view.tobytes()) if kept else view
         return await self._read_in(ref, base, size, lo, hi, hdr)
 
     def _checked(self, value: memoryview, ref: ChunkRef, lo: int, hi: int) -> memoryview:
@@ -676,17 +678,21 @@ class ChunkReader:
         lo: int = 0,
         hi: int | None = None,
         span: tuple[int, int] | None = None,
+        kept: bool = True,
     ) -> tuple[memoryview, bool, str]:
         """(data, hit, source): the chunk's bytes [lo, hi) (chunk offsets; default all of
         it) from LMDB (hit, "cache"; copied out of data.mdb and verified), this mount's
         buffer ("buffer"; a hit if the daemon had it cached), or the daemon ("cache" if it
         found the chunk cached, "store" if it had to GET it), in bytes of their own. A
-        miss names `span` (the chunks the same request reads) to the daemon."""
+        miss names `span` (the chunks the same request reads) to the daemon. With
+        `kept` False the caller replies with the bytes before its task yields again
+        (fs.py's read of one chunk), so a hit may be a view of a buffer of the reader's,
+        as hit()'s is, and is not copied out of it."""
         ref = f.chunk_ref(self.chunk_size, index)
         if hi is None:
             hi = ref.length
         try:
-            view = await self._cached(ref, lo, hi)
+            view = await self._cached(ref, lo, hi, kept)
         except (StaleFormatError, _Refetch):  # of an older format, or counted already
             data, from_cache = await self._miss(ref, refetch=True)
             return memoryview(data)[lo:hi], from_cache, "cache" if from_cache else "store"

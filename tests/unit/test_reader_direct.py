@@ -153,8 +153,8 @@ async def read_all(r: ChunkReader, size: int = 256 << 10) -> bytes:
         r.begin_read()
         sequential = f.advance(off, end)
         view = r.hit(f, index, lo, hi)
-        if view is None:
-            view, _, _ = await r.chunk(f, index, lo, hi)
+        if view is None:  # used before the next await, as fs.py replies with it
+            view, _, _ = await r.chunk(f, index, lo, hi, kept=False)
         out += view
         if sequential:
             r.prefetch(f, index)
