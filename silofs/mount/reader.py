@@ -848,7 +848,9 @@ class ChunkReader:
     def _direct_ahead(self, f: OpenFile, current: int, last: int) -> None:
         """Keep the values of a sequential reader's next DIRECT_AHEAD_BYTES of chunks read
         (or being read) by O_DIRECT into buffers of the mount's own: the disk does the
-        work the page cache's fill, the map's faults and the copy out of it did."""
+        work the page cache's fill, the map's faults and the copy out of it did. Only
+        chunks our dataset holds (its owners rows, which touch no value): a cold file's
+        are misses, and a worker would look each up for nothing."""
         assert self._nursery is not None and self.ahead is not None
         lead = self._direct_lead
         if f.advised > current + lead:
@@ -857,11 +859,17 @@ class ChunkReader:
         if first > end:
             return
         f.advised = end + 1
+        txn = self._snapshot()
         for index in range(first, end + 1):
             key = ChunkRef.of(f.obj, self.chunk_size, index).key
+            try:
+                if not self.ahead.wanted(key) or not self.store.owns(txn, self.dataset_id, key):
+                    continue
+            except lmdb.Error:
+                return  # a damaged page: the reader's own lookup will count it
             # Begun here, not in the task: the reader's next request, which may come
             # before the task runs, waits for this read instead of reading it itself.
-            if self.ahead.wanted(key) and self.ahead.begin(key):
+            if self.ahead.begin(key):
                 self._nursery.start_soon(self._read_ahead_direct, key)
 
     async def _read_ahead_direct(self, key: bytes) -> None:

@@ -37,14 +37,17 @@ from silofs.records import ObjectInfo
 CHUNK = 1 << 20  # reader.DIRECT_MIN_CHUNK: the smallest chunk read ahead direct
 ROOT = Path(__file__).resolve().parents[2]
 OBJ = ObjectInfo("big.bin", 6 * CHUNK - 12345, 1.0, "v1", "cid-big")
+ALL = (0, 1, 2, 3, 4, 5)
 
 
 def body() -> bytes:
     return random.Random(7).randbytes(OBJ.size)
 
 
-def admit(env: str, damaged: tuple[int, ...] = (), sync: bool = True) -> None:
-    """Admit every chunk of OBJ from another process, as the daemon does; a chunk in
+def admit(
+    env: str, damaged: tuple[int, ...] = (), sync: bool = True, chunks: tuple[int, ...] = ALL
+) -> None:
+    """Admit `chunks` of OBJ from another process, as the daemon does; a chunk in
     `damaged` with one data byte changed after it was encoded. `sync`: written back to
     the disk, so its pages can be evicted."""
     code = textwrap.dedent(
@@ -55,7 +58,7 @@ def admit(env: str, damaged: tuple[int, ...] = (), sync: bool = True) -> None:
         s = WritableStore({env!r}, 64 << 20)
         data = body()
         pending = []
-        for i in range(6):
+        for i in {chunks!r}:
             ref = ChunkRef.of(OBJ, CHUNK, i)
             part = data[i * CHUNK : i * CHUNK + ref.length]
             value = bytearray(encode_chunk(1, i, CHUNK, OBJ.key, OBJ.content_id, part))
@@ -216,6 +219,51 @@ def test_a_sequential_reader_is_served_from_values_read_direct(
         assert not any(resident(r, i) for i in range(2, 6)), "a value read direct was cached"
         assert r.counters.corrupt_chunks == 0 and daemon.requests == []
         assert ahead.allocated <= ahead.max_buffers
+
+    run(r, main)
+
+
+def test_chunks_not_cached_are_not_read_ahead_direct(env: str, no_read_around: None) -> None:
+    """A chunk our dataset does not hold is a miss: read-ahead asks the daemon for it,
+    and no worker looks it up to read it direct."""
+    admit(env, chunks=(0, 1, 2))
+    evict(env)
+    daemon = Daemon()
+    r = reader(env, daemon)
+
+    async def main() -> None:
+        assert await read_all(r) == body()
+        assert r.ahead is not None and r.ahead.read == 2  # chunks 1 and 2
+        assert not r.ahead._flights
+        asked = {p.split("&index=")[1].split("&")[0] for p in daemon.requests}
+        assert asked == {"3", "4", "5"}
+
+    run(r, main)
+
+
+def test_bytes_kept_across_an_await_are_a_copy_of_the_buffer(
+    env: str, no_read_around: None
+) -> None:
+    """chunk() with the bytes kept (a request across chunks keeps each part while it
+    awaits the next) gives bytes of their own: the value's buffer, free once served to
+    its end, may be read into again before the reply."""
+    admit(env)
+    evict(env)
+    r = reader(env, Daemon())
+
+    async def main() -> None:
+        f = OpenFile(OBJ)
+        f.advance(0, CHUNK)
+        r.begin_read()
+        await r.chunk(f, 0)
+        r.prefetch(f, 0)
+        assert r.ahead is not None and r.ahead.reading(ChunkRef.of(OBJ, CHUNK, 1).key)
+        r.begin_read()
+        data, hit, _ = await r.chunk(f, 1)  # waits for the read, then served to its end
+        buf = r.ahead.buffer()
+        assert buf is not None
+        buf[:] = bytes(len(buf))  # the freed buffer, read into again
+        assert hit and bytes(data) == body()[CHUNK : 2 * CHUNK]
 
     run(r, main)
 
