@@ -39,9 +39,14 @@ snapshot for itself (the next read begins another), a worker thread reads the va
 range (at most FAULT_THREADS at once) and the snapshot ends once it has; the copy is
 verified as every hit is. A hit answered without an await is copied into the reader's
 one scratch buffer, which pyfuse3 writes to /dev/fuse before any other task runs; bytes
-kept across an await (a span's parts, a worker's read) have buffers of their own. A
-sequential reader of a cached file asks the kernel to read the values of the next
-VALUE_AHEAD_BYTES of chunks.
+kept across an await (a span's parts, a worker's read) have buffers of their own.
+
+A sequential reader's next DIRECT_AHEAD_BYTES of cached values are read by O_DIRECT into
+buffers of the mount's own (mount/ahead.py) by worker threads, where data.mdb takes
+O_DIRECT and the values are not in the page cache already: no page-cache fill, no
+mapping, no copy out of the map. A request for such a value is verified on that buffer
+and served from it (hit(), or chunk() once the read is done). Elsewhere a sequential
+reader asks the kernel to read the values of the next VALUE_AHEAD_BYTES of chunks.
 """
 
 from __future__ import annotations
