@@ -255,15 +255,20 @@ def test_prolog_without_a_silofs_comment_does_nothing_and_a_bad_dataset_fails(
     plain = slurm.sbatch(f"--output={out}/%j.out", "--wrap=true")
     wait_for(lambda: slurm.state(plain) in ("COMPLETED", "GONE"), timeout=120, what="plain job")
     assert not list(slurm.mount_root.iterdir())
-    # A dataset the node cannot open: the prolog fails, Slurm holds the job (and, as
-    # for any prolog failure, drains the node), nothing stays mounted.
+    # A dataset that does not exist is the job's mistake, not the node's: the prolog
+    # cancels the job with the reason, nothing stays mounted, and the node stays in
+    # service (a prolog failure would drain it: one user's typo must not).
     bad = slurm.sbatch(
         f"--comment=silofs={tmp_path}/no-such-dir", f"--output={out}/%j.out", "--wrap=true"
     )
     wait_for(lambda: "FAILED" in (slurm.log.read_text() if slurm.log.exists() else ""),
              timeout=120, what="the prolog to fail")  # fmt: skip
     assert bad in slurm.log.read_text()
+    wait_for(lambda: slurm.state(bad) in ("CANCELLED", "GONE"), timeout=60, what="the cancel")
     assert not any(mounted(p) for p in slurm.mount_root.glob("*/*"))
+    assert "drain" not in slurm.node_state().lower(), slurm.node_state()
+    after = slurm.sbatch(f"--output={out}/%j.out", "--wrap=true")
+    wait_for(lambda: slurm.state(after) in ("COMPLETED", "GONE"), timeout=120, what="next job")
     slurm.node.expect_errors(".*no-such-dir.*", ".*does not exist.*")
 
 
@@ -716,7 +721,8 @@ def test_a_job_whose_user_cannot_read_its_dataset_mounts_nothing(
     operator: Slurm, job_user: pwd.struct_passwd
 ) -> None:
     """A dataset only root may read: the prolog, mounting as the job's user, is refused,
-    says why in one line, and leaves no mount, no process and no directory."""
+    says why in one line, cancels the job and leaves no mount, no process and no
+    directory; the node is not drained (the user's comment chose the dataset)."""
     slurm = operator
     ds = _public_dataset(slurm, "secret")
     ds.chmod(0o700)
@@ -731,8 +737,8 @@ def test_a_job_whose_user_cannot_read_its_dataset_mounts_nothing(
     assert not (slurm.public / "out" / f"{job}.sum").exists()
     assert not slurm.job_mounts(job) and not slurm.mount_processes(job)
     assert not (slurm.mount_root / job).exists()
-    slurm.run("scancel", job)
-    slurm.run("scontrol", "update", f"NodeName={slurm.host}", "State=RESUME")
+    wait_for(lambda: slurm.state(job) in ("CANCELLED", "GONE"), timeout=60, what="the cancel")
+    assert "drain" not in slurm.node_state().lower(), slurm.node_state()
 
 
 def test_two_users_jobs_on_one_node_cannot_reach_each_others_mounts(
