@@ -94,13 +94,18 @@ if [ -n "${SLURM_JOB_NODELIST:-}" ]; then
 fi
 
 MOUNTED=()
-fail() {
-    say "FAILED: $*"
+undo() {  # unmount what this prolog mounted, and remove the job's directory
     for mp in "${MOUNTED[@]}"; do
         "$SILOFS" unmount "$mp" >/dev/null 2>&1 || fusermount3 -u -z "$mp" 2>/dev/null
         rmdir "$mp" 2>/dev/null
     done
+    MOUNTED=()
     rmdir "$ROOT/$JOB_ID" 2>/dev/null
+}
+
+fail() {
+    say "FAILED: $*"
+    undo
     echo "silofs prolog: $*" >&2
     exit 1
 }
@@ -110,18 +115,14 @@ refuse() {
     if ! "$SILOFS_CTL" status >/dev/null 2>&1; then
         fail "$*"  # the daemon does not answer: not the job's fault
     fi
-    say "FAILED: $* (the node daemon answers: the job is cancelled, the node stays up)"
-    for mp in "${MOUNTED[@]}"; do
-        "$SILOFS" unmount "$mp" >/dev/null 2>&1 || fusermount3 -u -z "$mp" 2>/dev/null
-        rmdir "$mp" 2>/dev/null
-    done
-    rmdir "$ROOT/$JOB_ID" 2>/dev/null
+    undo
     local reason
     reason="silofs: $(printf '%s' "$*" | tr -c '[:print:]' ' ' | cut -c1-400)"
     scontrol update "JobId=$JOB_ID" "AdminComment=$reason" >/dev/null 2>&1 || true
     if ! scancel "$JOB_ID" >/dev/null 2>&1; then
         fail "$* (and scancel failed)"
     fi
+    say "FAILED: $* (the node daemon answers: the job is cancelled, the node stays up)"
     echo "silofs prolog: $*" >&2
     exit 0
 }
