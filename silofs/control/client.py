@@ -55,9 +55,10 @@ _MAX_UNFRAMED = 64 << 20
 # into; a shorter one as bytes.
 _LARGE_BODY = 64 * 1024
 _FRAMING = frozenset({"content-length", "transfer-encoding", "host"})
-# How much of an answer the async client peeks at to find its head's end (a daemon's
-# head is ~100 bytes; a longer one is taken in pieces of this).
-_PEEK = 1024
+# How much of an answer the async client takes per receive until it has the head (a
+# daemon's head is ~100 bytes; the body's first bytes that came with it are copied into
+# the body's buffer, the rest is received there directly).
+_HEAD_READ = 4096
 # A keep-alive connection that finished an answer this recently is reused without
 # looking whether the daemon closed it (a poll per request otherwise).
 REUSE_UNPOLLED = 1.0
@@ -357,9 +358,10 @@ class _AsyncConnection:
 
     The socket is the stdlib's, non-blocking, waited on with trio's wait_readable and
     wait_writable (each a checkpoint): trio's socket wrapper would try a recv that
-    fails (the answer is not there yet) and yield once more per call. A head is peeked
-    at and taken whole, so a chunk's bytes go from the kernel straight into the body's
-    one buffer, never through a buffer of the head's."""
+    fails (the answer is not there yet) and yield once more per call. A head is taken
+    in one receive of at most _HEAD_READ bytes (no peek first: a system call more per
+    answer), so at most that much of a chunk's bytes passes through the head's buffer;
+    the rest goes from the kernel straight into the body's one buffer."""
 
     def __init__(self, stream: trio.SocketStream) -> None:
         self.sock = socket.socket(fileno=stream.socket.detach())
@@ -424,24 +426,18 @@ class _AsyncConnection:
         await trio.lowlevel.wait_readable(self.sock)
 
     async def _receive(self) -> int:
-        """More bytes of a head into self.buf (how many; a head's end is taken, never
-        what follows it); _Dropped at the daemon's close."""
+        """More bytes of a head into self.buf (how many: up to _HEAD_READ, which may
+        include what follows the head); _Dropped at the daemon's close."""
         while True:
             try:
-                peek = self.sock.recv(_PEEK, socket.MSG_PEEK)
+                # A descriptor rides with a head's first byte (a chunk's sealed file,
+                # silofs/sealed.py): taken with it, or the kernel would close it.
+                data, ancillary, flags, _ = self.sock.recvmsg(_HEAD_READ, _FD_SPACE)
                 break
             except BlockingIOError:
                 await self._readable()
-        if not peek:
+        if not data:
             raise _Dropped("the daemon closed the connection")
-        # The head ends in what is peeked (or in what self.buf holds and it completes):
-        # take up to there; else all of it, and look again.
-        seen = len(self.buf)
-        end = (self.buf[-3:] + peek).find(b"\r\n\r\n")
-        take = len(peek) if end < 0 else end + 4 - min(3, seen)
-        # A descriptor rides with a head's first byte (a chunk's sealed file,
-        # silofs/sealed.py): taken with it, or the kernel would close it.
-        data, ancillary, flags, _ = self.sock.recvmsg(take, _FD_SPACE)
         for level, kind, payload in ancillary:
             if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
                 got = array.array("i")
