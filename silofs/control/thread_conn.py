@@ -51,6 +51,7 @@ from silofs.control.router import (
     Response,
     Router,
     error_response,
+    parse_query,
     parse_target,
 )
 
@@ -70,6 +71,8 @@ LINGER_SECONDS = 2.0
 # deadline is kept while it overshoots the current one by at most this.
 _TIMEOUT_SLACK = 0.01
 LINGER_BYTES = 64 * 1024 * 1024
+# Routes a connection remembers (ThreadConnection._route); emptied when full.
+_MAX_ROUTES = 64
 
 
 class _Closed(Exception):
@@ -291,6 +294,8 @@ class ThreadConnection:
         self.request_seconds = limits.request_seconds or limits.idle_timeout
         self.floor_rate = limits.floor_rate
         self.buf = b""
+        # Routes this connection's requests found: _route.
+        self._routes: dict[tuple[str, bytes, int], tuple[str, Match]] = {}
         self.token = trio.lowlevel.current_trio_token()
         # The handler's end, signalled from the loop; polled with the socket (its close).
         self.wake = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
@@ -420,16 +425,12 @@ class ThreadConnection:
             raise _Reject(400, "malformed HTTP request: want METHOD TARGET HTTP/1.1")
         headers = _headers(lines[1:])
         method = parts[0].decode("ascii")
-        try:
-            path, segments, query = parse_target(parts[1])
-        except HTTPError as exc:
-            raise _Reject(exc.status, exc.message) from None
+        path, query, match = self._route(method, parts[1])
         if "transfer-encoding" in headers:
             raise _Reject(501, "a chunked request body is not accepted here")
         length_text = headers.get("content-length", "0")
         if not length_text.isdigit() or len(length_text) > 19:
             raise _Reject(400, "malformed HTTP request: bad content-length")
-        match = self.router.match(method, segments, self.peer)
         limit = match.body_limit(self.max_body)
         length = int(length_text)
         if length > limit:
@@ -444,6 +445,31 @@ class ThreadConnection:
         req = Request(method, path, query, headers, body, self.peer, passes_fds)
         req.gone = self._client_closed
         return req, match, close
+
+    def _route(self, method: str, target: bytes) -> tuple[str, dict[str, str], Match]:
+        """(decoded path, query, the router's decision) for a request target. A route
+        found by its literal path and admitted is remembered per (method, path, the
+        peer's roles as the router's `roles` says now): a connection's next requests of
+        it (a mount's misses, a member's chunk asks) skip the path's decoding and the
+        match, and a change of roles (a member removed) is a key never seen before."""
+        raw_path, _, raw_query = target.partition(b"?")
+        key = (method, raw_path, self.router.roles(self.peer).value)
+        known = self._routes.get(key)
+        if known is not None:
+            try:
+                return known[0], parse_query(raw_query.decode("ascii")), known[1]
+            except UnicodeDecodeError:
+                pass  # parse_target names what is wrong
+        try:
+            path, segments, query = parse_target(target)
+        except HTTPError as exc:
+            raise _Reject(exc.status, exc.message) from None
+        match = self.router.match(method, segments, self.peer)
+        if match.error is None and match.route is not None and not match.params:
+            if len(self._routes) >= _MAX_ROUTES:
+                self._routes.clear()
+            self._routes[key] = (path, match)
+        return path, query, match
 
     def _read_body(self, length: int) -> bytes:
         # Parts joined once: a mount's offer is up to a 64 MiB chunk, and adding each
