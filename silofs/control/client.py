@@ -615,7 +615,8 @@ class AsyncControlClient:
         # chose, such as a rate limiter, is then never cut by self.timeout.
         extra = {"x-silofs-progress": f"{self.timeout:g}", **(headers or {})}
         request_headers = _request_headers(method, payload, ctype, extra)
-        async with self._slots:
+        await self._take_slot()
+        try:
             try:
                 return await self._attempt(method, path, request_headers, payload, fresh=False)
             except _Dropped as exc:
@@ -626,6 +627,19 @@ class AsyncControlClient:
                 return await self._attempt(method, path, request_headers, payload, fresh=True)
             except _Dropped as exc:
                 raise ControlError(self._failed(exc)) from None
+        finally:
+            self._slots.release()
+
+    async def _take_slot(self) -> None:
+        """One of the max_connections slots. A free one is taken without a checkpoint
+        (the semaphore's acquire yields to trio's scheduler even then): the request
+        waits for its answer through trio anyway, and a cancellation is seen there."""
+        import trio
+
+        try:
+            self._slots.acquire_nowait()
+        except trio.WouldBlock:
+            await self._slots.acquire()
 
     async def _attempt(
         self,
