@@ -227,16 +227,20 @@ class TLSChannel(_Bounded):
     def recv(self) -> bytes:
         """Some decrypted bytes; b"" at the client's close."""
         while True:
-            try:
-                n = self.obj.read(_RECV, self.landing)
-                return bytes(self.landing[:n])
-            except ssl.SSLWantReadError:
-                pass
-            except ssl.SSLZeroReturnError:
-                return b""
-            except ssl.SSLError as exc:
-                raise _Closed(f"TLS: {exc}") from None
-            self._flush()  # a post-handshake message may want an answer
+            # With nothing received (decrypted or not), a read would only raise
+            # SSLWantReadError: the socket first.
+            if self.incoming.pending or self.obj.pending():
+                try:
+                    n = self.obj.read(_RECV, self.landing)
+                    return bytes(self.landing[:n])
+                except ssl.SSLWantReadError:
+                    pass
+                except ssl.SSLZeroReturnError:
+                    return b""
+                except ssl.SSLError as exc:
+                    raise _Closed(f"TLS: {exc}") from None
+            if self.outgoing.pending:
+                self._flush()  # a post-handshake message wants an answer
             try:
                 self._bound()
                 n = self.sock.recv_into(self.landing)
