@@ -26,7 +26,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from silofs import heap
 from silofs.control.thread_conn import wait_until
 from silofs.control.tls import certificate_identity
 
@@ -470,8 +469,7 @@ def _exchange(
     if not length.isdigit() or int(length) > MAX_BODY:
         raise PeerError("http", f"{address}: an answer without a usable content-length")
     n = int(length)
-    # Not zeroed first: filled whole below, or the answer fails and is dropped.
-    data = heap.uninitialized(n)
+    data = bytearray(n)
     have = min(n, got - end)
     data[:have] = view[end : end + have]
     sock.deadline = time.monotonic() + bounds.timeout + n / bounds.floor_rate
