@@ -142,11 +142,14 @@ def _encode(body: dict | bytes | None) -> tuple[bytes | None, str | None]:
     return json.dumps(body, separators=(",", ":")).encode(), "application/json"
 
 
+_BODY_METHODS = ("POST", "PUT", "PATCH")  # a content-length even without a payload
+
+
 def _request_headers(
     method: str, payload: bytes | None, ctype: str | None, extra: dict[str, str]
 ) -> list[tuple[str, str]]:
     headers = [("host", "localhost")]
-    if payload is not None or method in ("POST", "PUT", "PATCH"):
+    if payload is not None or method in _BODY_METHODS:
         headers.append(("content-length", str(len(payload or b""))))
     given = {k.lower() for k in extra}
     if ctype and "content-type" not in given:
@@ -402,7 +405,7 @@ class _AsyncConnection:
         return now - self.used_at > REUSE_UNPOLLED and _peer_closed(self.sock)
 
     async def roundtrip(
-        self, method: str, target: str, headers: list[tuple[str, str]], body: bytes | None
+        self, method: str, target: str, headers: list[tuple[str, str]] | str, body: bytes | None
     ) -> tuple[int, dict[str, str], bytes, bool]:
         """(status, headers, body, reusable) for one request."""
         await self._send(_request_bytes(method, target, headers), body)
@@ -558,10 +561,16 @@ class _AsyncConnection:
         raise _Dropped("an unframed answer from the daemon is too large")
 
 
-def _request_bytes(method: str, target: str, headers: list[tuple[str, str]]) -> bytes:
-    """The request's head; ControlError if a part would break the framing (a line
-    break or NUL in the target or a header, a space in the target)."""
-    head = f"{method} {target} HTTP/1.1\r\n" + "".join(f"{k}: {v}\r\n" for k, v in headers)
+def _header_lines(headers: list[tuple[str, str]]) -> str:
+    return "".join(f"{k}: {v}\r\n" for k, v in headers)
+
+
+def _request_bytes(method: str, target: str, headers: list[tuple[str, str]] | str) -> bytes:
+    """The request's head (`headers` as pairs, or as their lines already joined);
+    ControlError if a part would break the framing (a line break or NUL in the target or
+    a header, a space in the target)."""
+    lines = headers if isinstance(headers, str) else _header_lines(headers)
+    head = f"{method} {target} HTTP/1.1\r\n{lines}"
     bare = head.replace("\r\n", "")
     if "\r" in bare or "\n" in bare or "\0" in bare or " " in target:
         raise ControlError(f"refusing to send a malformed request: {method} {target[:80]!r}")
@@ -590,6 +599,11 @@ class AsyncControlClient:
         self._idle: list[_AsyncConnection] = []
         self._slots = trio.Semaphore(max_connections)
         self._closed = False
+        # The header lines of a request with no body and no headers of the caller's (a
+        # mount's miss), joined once.
+        self._plain = _header_lines(
+            _request_headers("GET", None, None, {"x-silofs-progress": f"{timeout:g}"})
+        )
 
     async def json(self, method: str, path: str, body: dict | bytes | None = None) -> Any:
         """Parsed JSON (bytes for other content types); ControlError on >= 400."""
@@ -611,10 +625,14 @@ class AsyncControlClient:
             raise ControlError("AsyncControlClient is closed")
         method = method.upper()
         payload, ctype = _encode(body)
-        # Ask for "102 Processing" while the daemon works (control/server.py): a wait it
-        # chose, such as a rate limiter, is then never cut by self.timeout.
-        extra = {"x-silofs-progress": f"{self.timeout:g}", **(headers or {})}
-        request_headers = _request_headers(method, payload, ctype, extra)
+        request_headers: list[tuple[str, str]] | str
+        if payload is None and headers is None and method not in _BODY_METHODS:
+            request_headers = self._plain
+        else:
+            # Ask for "102 Processing" while the daemon works (control/server.py): a wait
+            # it chose, such as a rate limiter, is then never cut by self.timeout.
+            extra = {"x-silofs-progress": f"{self.timeout:g}", **(headers or {})}
+            request_headers = _request_headers(method, payload, ctype, extra)
         await self._take_slot()
         try:
             try:
@@ -645,7 +663,7 @@ class AsyncControlClient:
         self,
         method: str,
         path: str,
-        headers: list[tuple[str, str]],
+        headers: list[tuple[str, str]] | str,
         payload: bytes | None,
         *,
         fresh: bool,
