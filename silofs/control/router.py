@@ -405,10 +405,12 @@ def _decode_escapes(m: re.Match[str]) -> str:
 
 
 # Escaped texts decoded before: a chunk request carries the same escaped fields (a
-# content id's quotes, a dataset URI) as the last; at most _MAX_UNQUOTED, forgotten all
-# at once when full. Only texts that decoded are kept (an error is raised again).
+# content id's quotes, a dataset URI) as the last; at most _MAX_UNQUOTED of them, each of
+# at most _MEMO_CHARS (any peer's request lands here: its memory stays bounded),
+# forgotten all at once when full. Only texts that decoded are kept.
 _UNQUOTED: dict[str, str] = {}
 _MAX_UNQUOTED = 4096
+_MEMO_CHARS = 256
 
 
 def _unquote(text: str) -> str:
@@ -420,9 +422,10 @@ def _unquote(text: str) -> str:
     decoded = _UNQUOTED.get(text)
     if decoded is None:
         decoded = _ESCAPES.sub(_decode_escapes, text)
-        if len(_UNQUOTED) >= _MAX_UNQUOTED:
-            _UNQUOTED.clear()
-        _UNQUOTED[text] = decoded
+        if len(text) <= _MEMO_CHARS:
+            if len(_UNQUOTED) >= _MAX_UNQUOTED:
+                _UNQUOTED.clear()
+            _UNQUOTED[text] = decoded
     return decoded
 
 

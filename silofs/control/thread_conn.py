@@ -71,8 +71,10 @@ LINGER_SECONDS = 2.0
 # deadline is kept while it overshoots the current one by at most this.
 _TIMEOUT_SLACK = 0.01
 LINGER_BYTES = 64 * 1024 * 1024
-# Routes a connection remembers (ThreadConnection._route); emptied when full.
+# Routes a connection remembers (ThreadConnection._route), each by a path of at most
+# _MAX_ROUTE_CHARS bytes; emptied when full.
 _MAX_ROUTES = 64
+_MAX_ROUTE_CHARS = 256
 
 
 class _Closed(Exception):
@@ -469,7 +471,12 @@ class ThreadConnection:
         except HTTPError as exc:
             raise _Reject(exc.status, exc.message) from None
         match = self.router.match(method, segments, self.peer)
-        if match.error is None and match.route is not None and not match.params:
+        if (
+            match.error is None
+            and match.route is not None
+            and not match.params
+            and len(raw_path) <= _MAX_ROUTE_CHARS  # a route's path, as a client spells it
+        ):
             if len(self._routes) >= _MAX_ROUTES:
                 self._routes.clear()
             self._routes[key] = (path, match)

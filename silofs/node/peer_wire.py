@@ -40,8 +40,10 @@ _REQUIRED_ORDER = ("ds", "key", "cid", "size", "version", "cs", "i", "job")
 _REQUIRED = frozenset(_REQUIRED_ORDER)
 # Every chunk request names its dataset, job and object again: what was escaped or
 # checked once is remembered (a handful of datasets and jobs, a few chunks per object),
-# at most this many of each, forgotten all at once when full.
+# at most _MAX_MEMO of each and texts of at most _MEMO_CHARS (a member's asks land here:
+# the memory stays bounded), forgotten all at once when full.
 _MAX_MEMO = 4096
+_MEMO_CHARS = 256
 _GOOD_JOBS: set[str] = set()  # job names job_name_error passed
 _QUOTED: dict[str, str] = {}  # _quote's answers
 
@@ -130,9 +132,10 @@ def _quote(text: str) -> str:
     quoted = _QUOTED.get(text)
     if quoted is None:
         quoted = _UNSAFE.sub(_escape, text) if text.isascii() else quote(text, safe="/:")
-        if len(_QUOTED) >= _MAX_MEMO:
-            _QUOTED.clear()
-        _QUOTED[text] = quoted
+        if len(text) <= _MEMO_CHARS:
+            if len(_QUOTED) >= _MAX_MEMO:
+                _QUOTED.clear()
+            _QUOTED[text] = quoted
     return quoted
 
 
