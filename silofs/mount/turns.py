@@ -25,7 +25,9 @@ it must:
   the parked tasks see the end too.
 
 The lock is free with a task parked on it only between the receiving task's release and
-its next acquire, which it runs without yielding unless its handler waits. Also,
+its next acquire, which it runs without yielding unless its handler waits; a parked task
+waits with no timeout of its own, and a backstop task hands a lock left free on once
+every PARK_SECONDS (a step the instrument never saw end). Also,
 `wait_readable` returns at once when a request is already queued on the device, up to
 STREAK times in a row, without a trip through trio's scheduler and epoll. Never changes
 what a request is answered, nor which requests are read.
