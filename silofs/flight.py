@@ -12,7 +12,7 @@ caches a result beyond the call.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Hashable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 import trio
@@ -23,11 +23,23 @@ V = TypeVar("V")
 
 @dataclass
 class _Flight(Generic[V]):
-    done: trio.Event = field(default_factory=trio.Event)
+    # Made by the first waiter: most flights have none (a mount's miss is rarely asked
+    # twice at once), and an Event with its parking lot per call is work for nothing.
+    done: trio.Event | None = None
     finished: bool = False
     value: V | None = None
     error: Exception | None = None
     waiters: int = 0  # callers that waited for this flight's outcome
+
+    async def wait(self) -> None:
+        self.waiters += 1
+        if self.done is None:
+            self.done = trio.Event()
+        await self.done.wait()
+
+    def end(self) -> None:
+        if self.done is not None:
+            self.done.set()
 
 
 class SingleFlight(Generic[K, V]):
@@ -54,12 +66,12 @@ class SingleFlight(Generic[K, V]):
             flight.value, flight.finished = value, True
         else:
             flight.error = error
-        flight.done.set()
+        flight.end()
         return flight.waiters > 0
 
     def abandon(self, key: K) -> None:
         """End a claimed key's flight with no outcome: a waiter leads a new call."""
-        self._flights.pop(key).done.set()
+        self._flights.pop(key).end()
 
     async def wait(self, key: K) -> tuple[V, bool] | None:
         """The outcome of the flight of `key` if one is under way: (value, False), or its
@@ -67,8 +79,7 @@ class SingleFlight(Generic[K, V]):
         flight = self._flights.get(key)
         if flight is None:
             return None
-        flight.waiters += 1
-        await flight.done.wait()
+        await flight.wait()
         if flight.error is not None:
             raise flight.error
         return (flight.value, False) if flight.finished else None  # type: ignore[return-value]
@@ -76,8 +87,7 @@ class SingleFlight(Generic[K, V]):
     async def run(self, key: K, call: Callable[[], Awaitable[V]]) -> tuple[V, bool]:
         """(value, whether this caller made the call)."""
         while (flight := self._flights.get(key)) is not None:
-            flight.waiters += 1
-            await flight.done.wait()
+            await flight.wait()
             if flight.error is not None:
                 raise flight.error
             if flight.finished:
@@ -92,4 +102,4 @@ class SingleFlight(Generic[K, V]):
             raise
         finally:
             del self._flights[key]
-            flight.done.set()
+            flight.end()

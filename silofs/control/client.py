@@ -55,9 +55,10 @@ _MAX_UNFRAMED = 64 << 20
 # into; a shorter one as bytes.
 _LARGE_BODY = 64 * 1024
 _FRAMING = frozenset({"content-length", "transfer-encoding", "host"})
-# How much of an answer the async client peeks at to find its head's end (a daemon's
-# head is ~100 bytes; a longer one is taken in pieces of this).
-_PEEK = 1024
+# How much of an answer the async client takes per receive until it has the head (a
+# daemon's head is ~100 bytes; the body's first bytes that came with it are copied into
+# the body's buffer, the rest is received there directly).
+_HEAD_READ = 4096
 # A keep-alive connection that finished an answer this recently is reused without
 # looking whether the daemon closed it (a poll per request otherwise).
 REUSE_UNPOLLED = 1.0
@@ -141,11 +142,14 @@ def _encode(body: dict | bytes | None) -> tuple[bytes | None, str | None]:
     return json.dumps(body, separators=(",", ":")).encode(), "application/json"
 
 
+_BODY_METHODS = ("POST", "PUT", "PATCH")  # a content-length even without a payload
+
+
 def _request_headers(
     method: str, payload: bytes | None, ctype: str | None, extra: dict[str, str]
 ) -> list[tuple[str, str]]:
     headers = [("host", "localhost")]
-    if payload is not None or method in ("POST", "PUT", "PATCH"):
+    if payload is not None or method in _BODY_METHODS:
         headers.append(("content-length", str(len(payload or b""))))
     given = {k.lower() for k in extra}
     if ctype and "content-type" not in given:
@@ -357,9 +361,10 @@ class _AsyncConnection:
 
     The socket is the stdlib's, non-blocking, waited on with trio's wait_readable and
     wait_writable (each a checkpoint): trio's socket wrapper would try a recv that
-    fails (the answer is not there yet) and yield once more per call. A head is peeked
-    at and taken whole, so a chunk's bytes go from the kernel straight into the body's
-    one buffer, never through a buffer of the head's."""
+    fails (the answer is not there yet) and yield once more per call. A head is taken
+    in one receive of at most _HEAD_READ bytes (no peek first: a system call more per
+    answer), so at most that much of a chunk's bytes passes through the head's buffer;
+    the rest goes from the kernel straight into the body's one buffer."""
 
     def __init__(self, stream: trio.SocketStream) -> None:
         self.sock = socket.socket(fileno=stream.socket.detach())
@@ -400,7 +405,7 @@ class _AsyncConnection:
         return now - self.used_at > REUSE_UNPOLLED and _peer_closed(self.sock)
 
     async def roundtrip(
-        self, method: str, target: str, headers: list[tuple[str, str]], body: bytes | None
+        self, method: str, target: str, headers: list[tuple[str, str]] | str, body: bytes | None
     ) -> tuple[int, dict[str, str], bytes, bool]:
         """(status, headers, body, reusable) for one request."""
         await self._send(_request_bytes(method, target, headers), body)
@@ -424,24 +429,18 @@ class _AsyncConnection:
         await trio.lowlevel.wait_readable(self.sock)
 
     async def _receive(self) -> int:
-        """More bytes of a head into self.buf (how many; a head's end is taken, never
-        what follows it); _Dropped at the daemon's close."""
+        """More bytes of a head into self.buf (how many: up to _HEAD_READ, which may
+        include what follows the head); _Dropped at the daemon's close."""
         while True:
             try:
-                peek = self.sock.recv(_PEEK, socket.MSG_PEEK)
+                # A descriptor rides with a head's first byte (a chunk's sealed file,
+                # silofs/sealed.py): taken with it, or the kernel would close it.
+                data, ancillary, flags, _ = self.sock.recvmsg(_HEAD_READ, _FD_SPACE)
                 break
             except BlockingIOError:
                 await self._readable()
-        if not peek:
+        if not data:
             raise _Dropped("the daemon closed the connection")
-        # The head ends in what is peeked (or in what self.buf holds and it completes):
-        # take up to there; else all of it, and look again.
-        seen = len(self.buf)
-        end = (self.buf[-3:] + peek).find(b"\r\n\r\n")
-        take = len(peek) if end < 0 else end + 4 - min(3, seen)
-        # A descriptor rides with a head's first byte (a chunk's sealed file,
-        # silofs/sealed.py): taken with it, or the kernel would close it.
-        data, ancillary, flags, _ = self.sock.recvmsg(take, _FD_SPACE)
         for level, kind, payload in ancillary:
             if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
                 got = array.array("i")
@@ -562,10 +561,16 @@ class _AsyncConnection:
         raise _Dropped("an unframed answer from the daemon is too large")
 
 
-def _request_bytes(method: str, target: str, headers: list[tuple[str, str]]) -> bytes:
-    """The request's head; ControlError if a part would break the framing (a line
-    break or NUL in the target or a header, a space in the target)."""
-    head = f"{method} {target} HTTP/1.1\r\n" + "".join(f"{k}: {v}\r\n" for k, v in headers)
+def _header_lines(headers: list[tuple[str, str]]) -> str:
+    return "".join(f"{k}: {v}\r\n" for k, v in headers)
+
+
+def _request_bytes(method: str, target: str, headers: list[tuple[str, str]] | str) -> bytes:
+    """The request's head (`headers` as pairs, or as their lines already joined);
+    ControlError if a part would break the framing (a line break or NUL in the target or
+    a header, a space in the target)."""
+    lines = headers if isinstance(headers, str) else _header_lines(headers)
+    head = f"{method} {target} HTTP/1.1\r\n{lines}"
     bare = head.replace("\r\n", "")
     if "\r" in bare or "\n" in bare or "\0" in bare or " " in target:
         raise ControlError(f"refusing to send a malformed request: {method} {target[:80]!r}")
@@ -594,6 +599,11 @@ class AsyncControlClient:
         self._idle: list[_AsyncConnection] = []
         self._slots = trio.Semaphore(max_connections)
         self._closed = False
+        # The header lines of a request with no body and no headers of the caller's (a
+        # mount's miss), joined once.
+        self._plain = _header_lines(
+            _request_headers("GET", None, None, {"x-silofs-progress": f"{timeout:g}"})
+        )
 
     async def json(self, method: str, path: str, body: dict | bytes | None = None) -> Any:
         """Parsed JSON (bytes for other content types); ControlError on >= 400."""
@@ -615,11 +625,16 @@ class AsyncControlClient:
             raise ControlError("AsyncControlClient is closed")
         method = method.upper()
         payload, ctype = _encode(body)
-        # Ask for "102 Processing" while the daemon works (control/server.py): a wait it
-        # chose, such as a rate limiter, is then never cut by self.timeout.
-        extra = {"x-silofs-progress": f"{self.timeout:g}", **(headers or {})}
-        request_headers = _request_headers(method, payload, ctype, extra)
-        async with self._slots:
+        request_headers: list[tuple[str, str]] | str
+        if payload is None and headers is None and method not in _BODY_METHODS:
+            request_headers = self._plain
+        else:
+            # Ask for "102 Processing" while the daemon works (control/server.py): a wait
+            # it chose, such as a rate limiter, is then never cut by self.timeout.
+            extra = {"x-silofs-progress": f"{self.timeout:g}", **(headers or {})}
+            request_headers = _request_headers(method, payload, ctype, extra)
+        await self._take_slot()
+        try:
             try:
                 return await self._attempt(method, path, request_headers, payload, fresh=False)
             except _Dropped as exc:
@@ -630,12 +645,25 @@ class AsyncControlClient:
                 return await self._attempt(method, path, request_headers, payload, fresh=True)
             except _Dropped as exc:
                 raise ControlError(self._failed(exc)) from None
+        finally:
+            self._slots.release()
+
+    async def _take_slot(self) -> None:
+        """One of the max_connections slots. A free one is taken without a checkpoint
+        (the semaphore's acquire yields to trio's scheduler even then): the request
+        waits for its answer through trio anyway, and a cancellation is seen there."""
+        import trio
+
+        try:
+            self._slots.acquire_nowait()
+        except trio.WouldBlock:
+            await self._slots.acquire()
 
     async def _attempt(
         self,
         method: str,
         path: str,
-        headers: list[tuple[str, str]],
+        headers: list[tuple[str, str]] | str,
         payload: bytes | None,
         *,
         fresh: bool,

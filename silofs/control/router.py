@@ -404,11 +404,29 @@ def _decode_escapes(m: re.Match[str]) -> str:
     return bytes.fromhex(m.group().replace("%", "")).decode("utf-8", "strict")
 
 
+# Escaped texts decoded before: a chunk request carries the same escaped fields (a
+# content id's quotes, a dataset URI) as the last; at most _MAX_UNQUOTED of them, each of
+# at most _MEMO_CHARS (any peer's request lands here: its memory stays bounded),
+# forgotten all at once when full. Only texts that decoded are kept.
+_UNQUOTED: dict[str, str] = {}
+_MAX_UNQUOTED = 4096
+_MEMO_CHARS = 256
+
+
 def _unquote(text: str) -> str:
     """urllib.parse.unquote(text, errors="strict"), in one regex pass: a chunk request
     carries several escaped fields, and the general decoder costs more than the rest of
     its parsing. UnicodeDecodeError for escapes that are not UTF-8."""
-    return _ESCAPES.sub(_decode_escapes, text) if "%" in text else text
+    if "%" not in text:
+        return text
+    decoded = _UNQUOTED.get(text)
+    if decoded is None:
+        decoded = _ESCAPES.sub(_decode_escapes, text)
+        if len(text) <= _MEMO_CHARS:
+            if len(_UNQUOTED) >= _MAX_UNQUOTED:
+                _UNQUOTED.clear()
+            _UNQUOTED[text] = decoded
+    return decoded
 
 
 def parse_query(raw: str) -> dict[str, str]:
@@ -416,10 +434,13 @@ def parse_query(raw: str) -> dict[str, str]:
     is a space, a field without "=" has the empty value, the last of a repeated name
     wins. UnicodeDecodeError for escapes that are not UTF-8."""
     query: dict[str, str] = {}
+    plus, escaped = "+" in raw, "%" in raw  # looked for once, not in every field
     for part in raw.split("&"):
         if part:
             name, _, value = part.partition("=")
-            if "+" in part:
+            if plus:
                 name, value = name.replace("+", " "), value.replace("+", " ")
-            query[_unquote(name)] = _unquote(value)
+            if escaped:
+                name, value = _unquote(name), _unquote(value)
+            query[name] = value
     return query

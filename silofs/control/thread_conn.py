@@ -51,6 +51,7 @@ from silofs.control.router import (
     Response,
     Router,
     error_response,
+    parse_query,
     parse_target,
 )
 
@@ -70,6 +71,10 @@ LINGER_SECONDS = 2.0
 # deadline is kept while it overshoots the current one by at most this.
 _TIMEOUT_SLACK = 0.01
 LINGER_BYTES = 64 * 1024 * 1024
+# Routes a connection remembers (ThreadConnection._route), each by a path of at most
+# _MAX_ROUTE_CHARS bytes; emptied when full.
+_MAX_ROUTES = 64
+_MAX_ROUTE_CHARS = 256
 
 
 class _Closed(Exception):
@@ -224,16 +229,20 @@ class TLSChannel(_Bounded):
     def recv(self) -> bytes:
         """Some decrypted bytes; b"" at the client's close."""
         while True:
-            try:
-                n = self.obj.read(_RECV, self.landing)
-                return bytes(self.landing[:n])
-            except ssl.SSLWantReadError:
-                pass
-            except ssl.SSLZeroReturnError:
-                return b""
-            except ssl.SSLError as exc:
-                raise _Closed(f"TLS: {exc}") from None
-            self._flush()  # a post-handshake message may want an answer
+            # With nothing received (decrypted or not), a read would only raise
+            # SSLWantReadError: the socket first.
+            if self.incoming.pending or self.obj.pending():
+                try:
+                    n = self.obj.read(_RECV, self.landing)
+                    return bytes(self.landing[:n])
+                except ssl.SSLWantReadError:
+                    pass
+                except ssl.SSLZeroReturnError:
+                    return b""
+                except ssl.SSLError as exc:
+                    raise _Closed(f"TLS: {exc}") from None
+            if self.outgoing.pending:
+                self._flush()  # a post-handshake message wants an answer
             try:
                 self._bound()
                 n = self.sock.recv_into(self.landing)
@@ -291,6 +300,8 @@ class ThreadConnection:
         self.request_seconds = limits.request_seconds or limits.idle_timeout
         self.floor_rate = limits.floor_rate
         self.buf = b""
+        # Routes this connection's requests found: _route.
+        self._routes: dict[tuple[str, bytes, int], tuple[str, Match]] = {}
         self.token = trio.lowlevel.current_trio_token()
         # The handler's end, signalled from the loop; polled with the socket (its close).
         self.wake = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
@@ -420,16 +431,12 @@ class ThreadConnection:
             raise _Reject(400, "malformed HTTP request: want METHOD TARGET HTTP/1.1")
         headers = _headers(lines[1:])
         method = parts[0].decode("ascii")
-        try:
-            path, segments, query = parse_target(parts[1])
-        except HTTPError as exc:
-            raise _Reject(exc.status, exc.message) from None
+        path, query, match = self._route(method, parts[1])
         if "transfer-encoding" in headers:
             raise _Reject(501, "a chunked request body is not accepted here")
         length_text = headers.get("content-length", "0")
         if not length_text.isdigit() or len(length_text) > 19:
             raise _Reject(400, "malformed HTTP request: bad content-length")
-        match = self.router.match(method, segments, self.peer)
         limit = match.body_limit(self.max_body)
         length = int(length_text)
         if length > limit:
@@ -444,6 +451,36 @@ class ThreadConnection:
         req = Request(method, path, query, headers, body, self.peer, passes_fds)
         req.gone = self._client_closed
         return req, match, close
+
+    def _route(self, method: str, target: bytes) -> tuple[str, dict[str, str], Match]:
+        """(decoded path, query, the router's decision) for a request target. A route
+        found by its literal path and admitted is remembered per (method, path, the
+        peer's roles as the router's `roles` says now): a connection's next requests of
+        it (a mount's misses, a member's chunk asks) skip the path's decoding and the
+        match, and a change of roles (a member removed) is a key never seen before."""
+        raw_path, _, raw_query = target.partition(b"?")
+        key = (method, raw_path, self.router.roles(self.peer).value)
+        known = self._routes.get(key)
+        if known is not None:
+            try:
+                return known[0], parse_query(raw_query.decode("ascii")), known[1]
+            except UnicodeDecodeError:
+                pass  # parse_target names what is wrong
+        try:
+            path, segments, query = parse_target(target)
+        except HTTPError as exc:
+            raise _Reject(exc.status, exc.message) from None
+        match = self.router.match(method, segments, self.peer)
+        if (
+            match.error is None
+            and match.route is not None
+            and not match.params
+            and len(raw_path) <= _MAX_ROUTE_CHARS  # a route's path, as a client spells it
+        ):
+            if len(self._routes) >= _MAX_ROUTES:
+                self._routes.clear()
+            self._routes[key] = (path, match)
+        return path, query, match
 
     def _read_body(self, length: int) -> bytes:
         # Parts joined once: a mount's offer is up to a 64 MiB chunk, and adding each

@@ -25,7 +25,9 @@ it must:
   the parked tasks see the end too.
 
 The lock is free with a task parked on it only between the receiving task's release and
-its next acquire, which it runs without yielding unless its handler waits. Also,
+its next acquire, which it runs without yielding unless its handler waits; a parked task
+waits with no timeout of its own, and a backstop task hands a lock left free on once
+every PARK_SECONDS (a step the instrument never saw end). Also,
 `wait_readable` returns at once when a request is already queued on the device, up to
 STREAK times in a row, without a trip through trio's scheduler and epoll. Never changes
 what a request is answered, nor which requests are read.
@@ -39,8 +41,9 @@ from typing import Any
 import pyfuse3
 import trio
 
-# A parked task also looks whether the lock was left free this often: a backstop only
-# (the instrument hands the lock on at once), one wakeup of an idle task per period.
+# How often a backstop task looks whether the lock was left free with a task parked on
+# it (the instrument hands the lock on at once): one wakeup of the mount per period,
+# where a timeout armed on every park cost each miss a deadline set and cleared.
 PARK_SECONDS = 1.0
 # Requests a task may take from the device in a row without yielding to trio when each
 # was already queued (_Lowlevel.wait_readable).
@@ -60,13 +63,7 @@ class TurnLock:
         if not self._held:
             self._held = True  # no checkpoint: the wait for the device that follows is one
             return
-        while True:
-            with trio.move_on_after(PARK_SECONDS):
-                await self._lot.park()
-                return  # woken holding it (_hand_on, pass_turn)
-            if not self._held:
-                self._held = True
-                return
+        await self._lot.park()  # woken holding it (_hand_on, pass_turn, _backstop)
 
     async def __aexit__(self, exc_type: object, *_: object) -> None:
         if exc_type is not None or len(self._lot) > 1:
@@ -153,3 +150,15 @@ def install() -> None:
     if not isinstance(pyfuse3.trio, _Trio):  # type: ignore[attr-defined]
         pyfuse3.trio = _Trio(pyfuse3.trio)  # type: ignore[attr-defined]
     trio.lowlevel.add_instrument(_PassTurn())
+    trio.lowlevel.spawn_system_task(_backstop, name="silofs.turns.backstop")
+
+
+async def _backstop() -> None:
+    """Every PARK_SECONDS: a lock left free with a task parked on it passes to that
+    task (what the instrument does after every step; this only covers a step it never
+    saw end, so no parked task waits longer than this for a free lock)."""
+    while True:
+        await trio.sleep(PARK_SECONDS)
+        lock = _lock
+        if lock is not None:
+            lock.pass_turn()

@@ -176,13 +176,15 @@ class TLSPipe:
         """Decrypted bytes into `view` (one record's at most); 0 at the close."""
         nbytes = nbytes or len(view)
         while True:
-            try:
-                return self.obj.read(nbytes, view)
-            except ssl.SSLWantReadError:
-                pass
-            except ssl.SSLZeroReturnError:
-                return 0
-            self._flush()  # a post-handshake message may want an answer
+            if self.pending():  # else SSLWantReadError, raised and caught for nothing
+                try:
+                    return self.obj.read(nbytes, view)
+                except ssl.SSLWantReadError:
+                    pass
+                except ssl.SSLZeroReturnError:
+                    return 0
+            if self.outgoing.pending:
+                self._flush()  # a post-handshake message wants an answer
             if not self._fill():
                 return 0
 
@@ -190,17 +192,19 @@ class TLSPipe:
         """Fill `view`, record after record, the socket only when they run out: (bytes
         read, None), fewer at the member's close; or (bytes read, the error that
         stopped it: TimeoutError past the deadline, ssl.SSLError, OSError)."""
-        have, n, read = 0, len(view), self.obj.read
+        have, n, read, incoming = 0, len(view), self.obj.read, self.incoming
         try:
             while have < n:
-                try:
-                    have += read(n - have, view[have:])
-                    continue
-                except ssl.SSLWantReadError:
-                    pass
-                except ssl.SSLZeroReturnError:
-                    break
-                self._flush()  # a post-handshake message may want an answer
+                if incoming.pending or self.obj.pending():  # else it would raise, for nothing
+                    try:
+                        have += read(n - have, view[have:])
+                        continue
+                    except ssl.SSLWantReadError:
+                        pass
+                    except ssl.SSLZeroReturnError:
+                        break
+                if self.outgoing.pending:
+                    self._flush()  # a post-handshake message wants an answer
                 if not self._fill(n - have):
                     break
         except (ssl.SSLError, OSError) as exc:  # TimeoutError included

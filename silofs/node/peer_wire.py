@@ -36,6 +36,16 @@ PEER_OPTIONS = frozenset({"region", "requester_pays", "anonymous"})
 
 MIN_CHUNK, MAX_CHUNK = 64 << 10, 64 << 20
 _MAX_TEXT = 4096
+_REQUIRED_ORDER = ("ds", "key", "cid", "size", "version", "cs", "i", "job")
+_REQUIRED = frozenset(_REQUIRED_ORDER)
+# Every chunk request names its dataset, job and object again: what was escaped or
+# checked once is remembered (a handful of datasets and jobs, a few chunks per object),
+# at most _MAX_MEMO of each and texts of at most _MEMO_CHARS (a member's asks land here:
+# the memory stays bounded), forgotten all at once when full.
+_MAX_MEMO = 4096
+_MEMO_CHARS = 256
+_GOOD_JOBS: set[str] = set()  # job names job_name_error passed
+_QUOTED: dict[str, str] = {}  # _quote's answers
 
 
 @dataclass(frozen=True)
@@ -72,17 +82,21 @@ class ChunkAsk:
     @classmethod
     def from_query(cls, q: dict[str, str]) -> ChunkAsk:
         """The request a query names; ValueError (one line) if it names none."""
-        for name in ("ds", "key", "cid", "size", "version", "cs", "i", "job"):
-            if name not in q:
-                raise ValueError(f"missing {name}")
+        if not q.keys() >= _REQUIRED:
+            raise ValueError(f"missing {next(n for n in _REQUIRED_ORDER if n not in q)}")
         for name in ("ds", "key", "cid", "version"):
             if not q[name] or len(q[name]) > _MAX_TEXT or not q[name].isprintable():
                 raise ValueError(f"{name} must be printable text of 1-{_MAX_TEXT} characters")
         if not key_is_listable(q["key"]):
             raise ValueError(f"key {q['key'][:100]!r} is not an object key a listing names")
-        why = job_name_error(q["job"])
-        if why is not None:
-            raise ValueError(why)
+        job = q["job"]
+        if job not in _GOOD_JOBS:
+            why = job_name_error(job)
+            if why is not None:
+                raise ValueError(why)
+            if len(_GOOD_JOBS) >= _MAX_MEMO:
+                _GOOD_JOBS.clear()
+            _GOOD_JOBS.add(job)
         size, cs, index = (_int(q, n) for n in ("size", "cs", "i"))
         if not MIN_CHUNK <= cs <= MAX_CHUNK:
             raise ValueError("cs must be between 64KiB and 64MiB")
@@ -114,8 +128,15 @@ def _escape(m: re.Match[str]) -> str:
 
 def _quote(text: str) -> str:
     """quote(text, safe="/:"), in one regex pass for ASCII text (a dataset URI, a key, a
-    content id and a version: escaped on every chunk request)."""
-    return _UNSAFE.sub(_escape, text) if text.isascii() else quote(text, safe="/:")
+    content id and a version: escaped on every chunk request, so remembered)."""
+    quoted = _QUOTED.get(text)
+    if quoted is None:
+        quoted = _UNSAFE.sub(_escape, text) if text.isascii() else quote(text, safe="/:")
+        if len(text) <= _MEMO_CHARS:
+            if len(_QUOTED) >= _MAX_MEMO:
+                _QUOTED.clear()
+            _QUOTED[text] = quoted
+    return quoted
 
 
 def _int(q: dict[str, str], name: str) -> int:
@@ -130,7 +151,8 @@ def key_is_listable(key: str) -> bool:
     leading '/' (the listing skips those; a home must not read a path they make)."""
     if "\0" in key or key.startswith("/"):
         return False
-    return all(part not in ("", ".", "..") for part in key.split("/"))
+    parts = key.split("/")
+    return "" not in parts and "." not in parts and ".." not in parts
 
 
 def dataset_body(uri: str, options: dict[str, str]) -> dict[str, object]:

@@ -743,3 +743,25 @@ def test_throughput_8mib_get_loop(sock_path: str, concurrency: int) -> None:
     finally:
         server.terminate()
         server.wait(DEADLINE)
+
+
+def test_decoded_query_fields_are_remembered_within_bounds() -> None:
+    """Escaped fields decoded once are remembered for the next request (a content id's
+    quotes on every chunk ask), but any peer's request reaches that memo: long fields
+    are never kept, and however many distinct ones come it holds a bounded number."""
+    from silofs.control import router as router_module
+    from silofs.control.router import parse_query
+
+    memo = router_module._UNQUOTED
+    memo.clear()
+    assert parse_query("cid=%22abc%22&k=a+b") == {"cid": '"abc"', "k": "a b"}
+    assert memo == {"%22abc%22": '"abc"'}
+    long = "%41" * 1000  # 3,000 characters
+    assert parse_query(f"x={long}") == {"x": "A" * 1000}
+    assert long not in memo
+    for i in range(router_module._MAX_UNQUOTED + 10):
+        assert parse_query(f"v=%2F{i}") == {"v": f"/{i}"}
+        assert len(memo) <= router_module._MAX_UNQUOTED
+    with pytest.raises(UnicodeDecodeError):
+        parse_query("x=%FF")
+    assert "%FF" not in memo

@@ -24,7 +24,15 @@ import trio
 from silofs.control import server as control_server
 from silofs.control import thread_conn
 from silofs.control.peer import Peer
-from silofs.control.router import EVERYONE, Request, Response, Route, Router, json_response
+from silofs.control.router import (
+    EVERYONE,
+    Caller,
+    Request,
+    Response,
+    Route,
+    Router,
+    json_response,
+)
 from silofs.control.server import ConnectionLimits, serve_unix
 from tests.support.poll import wait_for
 from tests.unit.serving import Reader, serving
@@ -304,3 +312,35 @@ def test_an_inline_answers_release_runs_once_it_is_sent_in_the_connections_threa
         c.send("GET", "/v1/lent")  # and leaves before reading the answer
         c.close()
         wait_for(lambda: len(released) == 4, DEADLINE, "the last answer's release")
+
+
+def test_a_moved_connection_is_judged_by_the_roles_its_peer_holds_now(
+    tmp_path: Path, moved: list[Any]
+) -> None:
+    """A moved connection remembers the routes it called, but by the roles its peer held:
+    roles taken away meanwhile (a member removed from the list, a user out of the admin
+    group) refuse the next request of the same route, as on a new connection."""
+    admin = [True]
+
+    def roles(peer: Any) -> Caller:
+        return Caller.LOCAL | (Caller.ADMIN if admin[0] else Caller(0))
+
+    router = Router(roles=roles, refusal=lambda route, peer: "admins only")
+
+    async def chunk(req: Request) -> Response:
+        return Response(200, b"chunk", "application/octet-stream")
+
+    router.add("GET", "/v1/chunks", chunk, who=Caller.ADMIN, threaded=True)
+    path = str(tmp_path / "s.sock")
+    conns = ConnectionLimits(trusted=lambda peer: False)
+    with serving(functools.partial(serve_unix, path, router, connections=conns)):
+        c = Client(path)
+        for _ in range(3):  # the first moves the connection, the rest are remembered
+            assert c.get("/v1/chunks?key=a")[0] == 200
+        wait_for(lambda: len(moved) == 1, DEADLINE, "the connection's thread")
+        admin[0] = False
+        status, _, body = c.get("/v1/chunks?key=a")
+        assert status == 403 and b"admins only" in body
+        admin[0] = True
+        assert c.get("/v1/chunks?key=a")[0] == 200
+        c.close()
