@@ -237,7 +237,6 @@ class Simulation:
             self.equal_for = names
         self._clean()
         worst, total = self._rerate_plan(active)
-        clock.compact(len(self.running))
         self.next_plan = clock.now + self.interval if self._filling() else math.inf
         if active:
             self.recorder.fairness_timeline.append((clock.now, worst, total / len(active)))
@@ -341,7 +340,7 @@ class Simulation:
             job.io_cap = io.get(name)
             if share <= 0:  # waiting or preempted: no rate, fetches nothing
                 job.rate = job.remote = 0.0
-                job.seq = -1  # its events are stale
+                self.clock.cancel(job)
                 continue
             if job.start is None:
                 job.start = now
@@ -712,7 +711,7 @@ class Simulation:
         clock, units = self.clock, self.units
         now = clock.now
         for job in clock.due():
-            job.seq = -1  # consumed: the next rate sets the next one
+            job.seq = -1  # consumed (Clock.due): the next rate sets the next one
             job.advance(now, clock.vclock)
             self.touched[job.name] = job
             if job.work - job.read <= job.eps:
@@ -746,7 +745,7 @@ class Simulation:
         if job.rate > 0:
             self.recorder.rate(job.name, clock.now, 0.0)
         job.rate = job.remote = 0.0
-        job.seq = -1
+        clock.remove(job)
         del self.active[job.name]
         self.running.pop(job.name, None)
         self.link.drop(job.name)
@@ -767,6 +766,7 @@ class Simulation:
         while self.pending and self.pending[-1].spec.submit <= now + 1e-9:
             job = self.pending.pop()
             job.t = now
+            self.clock.add(job)
             # everything cached is unread by a new job: effective from its first epoch
             job.effective = units.filled_now(job.unit, now)
             if units.lru:
