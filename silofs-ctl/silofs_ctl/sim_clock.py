@@ -104,11 +104,19 @@ class Clock:
         job.seq = seq
         job.event_boundary = boundary = job.boundary
         rate = job.rate
-        slot = job.slot
         if rate > 0:
-            self.times[slot] = self.now + job.until(boundary) / rate
+            # SimJob.until, written out (this runs at every re-rate)
+            until = job.work - job.read
+            left = job.size - job.pos
+            if left < until:
+                until = left
+            if boundary < _INF:
+                left = boundary * job.size - job.pos
+                if left < until:
+                    until = left
+            self.times[job.slot] = self.now + (until if until > 0.0 else 0.0) / rate
         else:
-            self.times[slot] = _INF
+            self.times[job.slot] = _INF
 
     def soonest(self) -> float:
         """The time of the next job event (math.inf: none)."""

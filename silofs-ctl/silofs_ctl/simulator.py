@@ -678,32 +678,44 @@ class Simulation:
     def _shared_fill(self) -> None:
         """Units several active jobs read, filling: what one reader fetches raises the
         others' hits (the bounded steps of Units.until_change keep that change small
-        per step)."""
-        units, readers = self.units, self.readers
+        per step). (min and max written out: x if x < y else y is min(y, x) to the bit,
+        and the fetched bytes are summed in the readers' order, as sum() adds.)"""
+        units, readers, touched = self.units, self.readers, self.touched
         now, vclock = self.clock.now, self.clock.vclock
+        filled = units.filled
         for key in units.shared_filling():
             group = readers[key]
-            fetched = {
-                j.name: _fetched(j, now, vclock) for j in group if j.remote > 0 and j.rate > 0
-            }
+            fetched = []  # per reader, what it fetched since it was last brought to now
+            total = 0.0
             for job in group:
+                got = 0.0
+                if job.remote > 0 and job.rate > 0:
+                    got = vclock - job.v if job.held else job.remote * (now - job.t)
+                    total += got
+                fetched.append(got)
                 job.advance(now, vclock)
-            before = units.filled[key]
+            before = filled[key]
             units.sync(key, now)
-            admit = units.filled[key] - before
-            total = sum(fetched.values())
+            admit = filled[key] - before
             if admit <= 0 or total <= 0:
                 continue
-            size = units.units[key].size
-            uncached = max(size - before, 1e-9)
-            for other in group:
+            uncached = units.units[key].size - before
+            if 1e-9 > uncached:
+                uncached = 1e-9
+            for other, got in zip(group, fetched, strict=True):
                 # what others admitted is new to `other` unless it already read it
-                new = admit - admit * fetched.get(other.name, 0.0) / total
+                new = admit - admit * got / total
                 if new > 0:
-                    frac = max(0.0, other.unread - other.effective) / uncached
-                    other.effective = min(other.unread, other.effective + new * min(1.0, frac))
+                    unread = other.size - other.pos
+                    if not unread > 0.0:
+                        unread = 0.0
+                    effective = other.effective
+                    frac = unread - effective
+                    frac = (frac if frac > 0.0 else 0.0) / uncached
+                    more = effective + new * (frac if frac < 1.0 else 1.0)
+                    other.effective = more if more < unread else unread
                 if other.share > 0:
-                    self.touched[other.name] = other
+                    touched[other.name] = other
 
     def _boundaries(self) -> None:
         """The jobs whose event is due: finished, or at an epoch's end; then the units
@@ -825,13 +837,6 @@ def _cluster(scenario: Scenario, *, private: bool, per_node: bool = False) -> Cl
         units[key] = CacheUnit(key, pool, j.dataset, float(j.dataset_size))
         pools[pool] = per_gpu * j.gpus if per_node else total
     return Cluster(node_gpus, node_cache, scenario.remote_io, pools, units)
-
-
-def _fetched(job: SimJob, now: float, vclock: float) -> float:
-    """Remote bytes a running job fetched since it was last brought to now."""
-    if job.held:
-        return vclock - job.v
-    return job.remote * (now - job.t)
 
 
 def simulate(scenario: Scenario, scheduler: str, cache: str, interval: float = 600.0) -> SimResult:
