@@ -348,9 +348,12 @@ class Simulation:
         if lru:
             # (the holdings move with the running readers; a reader's hit with them)
             self.pool.retarget(running.values(), lambda: units.sync_all(now))
+            for job in running.values():
+                job.hit = self._hit(job)
+        else:
+            self._uniform_hits(running.values())
         for job in running.values():
-            job.hit = hit = self._hit(job)
-            need = job.share * job.spec.ideal_io * (1.0 - hit)
+            need = job.share * job.spec.ideal_io * (1.0 - job.hit)
             cap = job.io_cap
             demand[job.name] = need if cap is None or not cap < need else cap
         self.link.reset(demand)
@@ -389,6 +392,21 @@ class Simulation:
             hit = units.filled_now(job.unit, self.clock.now) / job.size
         return hit if hit < 1.0 else 1.0
 
+    def _uniform_hits(self, jobs: Iterable[SimJob]) -> None:
+        """_hit of each running one of `jobs` under uniform caching, set as its hit
+        ratio (the loop of a re-plan and of a step's re-rates, without a call per job)."""
+        units, now = self.units, self.clock.now
+        for job in jobs:
+            if job.share <= 0:
+                continue
+            job.boundary = math.inf
+            unread = job.size - job.pos
+            if unread > job.eps:
+                hit = job.effective / unread
+            else:  # at an epoch's end: what the next one will find
+                hit = units.filled_now(job.unit, now) / job.size
+            job.hit = hit if hit < 1.0 else 1.0
+
     def _rerate(self, jobs: list[SimJob]) -> None:
         """New rates for `jobs` (brought up to date here), and for any other running job
         whose max-min share of the link moves with their demands."""
@@ -401,11 +419,18 @@ class Simulation:
             job.advance(now, vclock)
             if job.held:
                 clock.exit(job)  # its hit ratio may move: re-rated as any other
+        lru = self.units.lru
+        if not lru:
+            self._uniform_hits(jobs)
+        for job in jobs:
             if job.share <= 0:
                 continue
-            job.hit = self._hit(job)
+            if lru:
+                job.hit = self._hit(job)
             need = job.share * job.spec.ideal_io * (1.0 - job.hit)
-            need = need if job.io_cap is None else min(need, job.io_cap)
+            cap = job.io_cap
+            if cap is not None and cap < need:
+                need = cap  # min(need, cap)
             old = demand.get(job.name)
             if held:
                 was = -1.0 if old is None else old
