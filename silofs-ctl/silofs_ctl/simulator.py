@@ -249,6 +249,8 @@ class Simulation:
         # remaining work does not move).
         with_hits = HITS in reads and not self.units.lru
         with_remaining = REMAINING in reads
+        if with_hits:
+            return self._hit_views(active, with_remaining)
         views = []
         for job in active:
             job.advance(now, vclock)
@@ -264,6 +266,33 @@ class Simulation:
                 view.remaining == (max(0.0, job.work - job.read) if with_remaining else math.inf)
                 and view.placement is None
                 and view.hit_now is None
+            ):
+                view = self._view(job)
+            views.append(view)
+        return views
+
+    def _hit_views(self, active: list[SimJob], with_remaining: bool) -> list[Job]:
+        """_plan_views for a plan that reads uniform hit ratios: every job's view holds its
+        hit ratio now (_hit, written out), so each is compared with its kept one and
+        made anew (_view) only where it moved."""
+        now, vclock, units = self.clock.now, self.clock.vclock, self.units
+        views = []
+        for job in active:
+            job.advance(now, vclock)
+            job.boundary = math.inf
+            unread = job.size - job.pos
+            if unread > job.eps:
+                hit = job.effective / unread
+            else:
+                hit = units.filled_now(job.unit, now) / job.size
+            if not hit < 1.0:
+                hit = 1.0
+            view = job.view
+            if (
+                view is None
+                or view.hit_now != hit
+                or view.placement != (job.placement if job.share > 0 else None)
+                or view.remaining != (max(0.0, job.work - job.read) if with_remaining else math.inf)
             ):
                 view = self._view(job)
             views.append(view)
@@ -340,7 +369,8 @@ class Simulation:
             job.io_cap = io.get(name)
             if share <= 0:  # waiting or preempted: no rate, fetches nothing
                 job.rate = job.remote = 0.0
-                self.clock.cancel(job)
+                if job.seq >= 0:  # (-1: it has no event already)
+                    self.clock.cancel(job)
                 continue
             if job.start is None:
                 job.start = now
