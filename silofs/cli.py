@@ -88,6 +88,10 @@ def _rate(_ctx: click.Context, _param: click.Parameter, value: str | None) -> in
         raise click.BadParameter(str(exc)) from None
 
 
+# A file's owner or group as the kernel takes it: (uid_t)-1 means "no owner" to chown.
+_ID = click.IntRange(0, 2**32 - 2)
+
+
 def _octal(_ctx: click.Context, _param: click.Parameter, value: str) -> int:
     try:
         return int(value, 8)
@@ -538,8 +542,8 @@ def _ttl(_ctx: click.Context, _param: click.Parameter, value: str) -> float | No
     help="Log file of the mount process (default: syslog/the journal when there is one).",
 )
 @click.option("--log-format", type=click.Choice(LOG_FORMATS), default="text", help="text or json.")
-@click.option("--uid", type=int, default=None, help="Owner of files (default: you).")
-@click.option("--gid", type=int, default=None, help="Group of files (default: yours).")
+@click.option("--uid", type=_ID, default=None, help="Owner of files (default: you).")
+@click.option("--gid", type=_ID, default=None, help="Group of files (default: yours).")
 @click.option("--file-mode", default="0444", callback=_octal, help="Mode of files.")
 @click.option("--dir-mode", default="0555", callback=_octal, help="Mode of directories.")
 @click.option("--log-level", default="info")

@@ -40,6 +40,17 @@ class DatasetURI:
         return f"{self.scheme}://{self.bucket}/{self.prefix}"
 
 
+# C0 controls and DEL, raw or percent-encoded: no store takes them in every name (a
+# local path ends at NUL), and a name that holds a newline would write lines of its own
+# into every log that names the dataset.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def _no_control(uri: str, *parts: str) -> None:
+    if any(_CONTROL.search(p) for p in (uri, *parts)):
+        raise UsageError(f"dataset URI {uri!r} holds a control character (%00-%1F or %7F)")
+
+
 def _norm_prefix(path: str) -> str:
     path = path.strip("/")
     return path + "/" if path else ""
@@ -49,6 +60,7 @@ def parse_uri(uri: str) -> DatasetURI:
     """Parse file:///dir, a bare local path, s3://b/p, az://acct/c/p, https://acct.blob..., gs://b/p."""
     if not uri:
         raise UsageError("empty dataset URI")
+    _no_control(uri)
     if "://" not in uri:
         return DatasetURI("file", os.path.abspath(os.path.expanduser(uri)), "")
     try:
@@ -58,6 +70,7 @@ def parse_uri(uri: str) -> DatasetURI:
         raise UsageError(f"bad dataset URI {uri!r}: {exc}") from None
     scheme = parts.scheme.lower()
     path = unquote(parts.path)
+    _no_control(uri, path)
     if scheme == "file":
         if parts.netloc not in ("", "localhost"):
             raise UsageError(f"file URI must be file:///absolute/path, not {uri!r}")

@@ -34,9 +34,13 @@
 #   SILOFS_MOUNT_AS=user (default) or root: see "Who mounts" above
 #
 # Exit status: 0 with no silofs token in the comment (nothing to do) or all mounted and
-# registered; 1 otherwise, after unmounting what it mounted. Slurm then requeues the
-# job held and drains the node (a prolog failure is a node failure to Slurm): a dataset
-# the node cannot mount is one.
+# registered. A dataset that will not mount while the node daemon answers is the job's
+# own problem (a path its user may not read, a typo, a bucket that does not exist, a
+# store that refuses): the prolog unmounts what it mounted, cancels the job with the
+# reason (scancel, the reason in the job's AdminComment and the log) and exits 0, so one
+# user's comment can never drain a node. Anything else (the daemon does not answer, the
+# mount root cannot be made, registration fails) is the node's: 1 after unmounting what
+# it mounted, and Slurm requeues the job held and drains the node, for a person to look.
 set -u -o pipefail
 
 ENV_FILE=${SILOFS_SLURM_ENV:-/etc/silofs/slurm.env}
@@ -90,15 +94,37 @@ if [ -n "${SLURM_JOB_NODELIST:-}" ]; then
 fi
 
 MOUNTED=()
-fail() {
-    say "FAILED: $*"
+undo() {  # unmount what this prolog mounted, and remove the job's directory
     for mp in "${MOUNTED[@]}"; do
         "$SILOFS" unmount "$mp" >/dev/null 2>&1 || fusermount3 -u -z "$mp" 2>/dev/null
         rmdir "$mp" 2>/dev/null
     done
+    MOUNTED=()
     rmdir "$ROOT/$JOB_ID" 2>/dev/null
+}
+
+fail() {
+    say "FAILED: $*"
+    undo
     echo "silofs prolog: $*" >&2
     exit 1
+}
+
+# The job's own dataset failed while this node works: cancel the job, keep the node.
+refuse() {
+    if ! "$SILOFS_CTL" status >/dev/null 2>&1; then
+        fail "$*"  # the daemon does not answer: not the job's fault
+    fi
+    undo
+    local reason
+    reason="silofs: $(printf '%s' "$*" | tr -c '[:print:]' ' ' | cut -c1-400)"
+    scontrol update "JobId=$JOB_ID" "AdminComment=$reason" >/dev/null 2>&1 || true
+    if ! scancel "$JOB_ID" >/dev/null 2>&1; then
+        fail "$* (and scancel failed)"
+    fi
+    say "FAILED: $* (the node daemon answers: the job is cancelled, the node stays up)"
+    echo "silofs prolog: $*" >&2
+    exit 0
 }
 
 # Mount as the job's user unless told otherwise, or unless the job is root's.
@@ -146,7 +172,7 @@ for uri in "${DATASETS[@]}"; do
     fi
     if ! out=$(cd / && "${cmd[@]}" 2>&1); then
         rmdir "$mp" 2>/dev/null
-        fail "mount $uri at $mp: $out"
+        refuse "mount $uri at $mp: $out"
     fi
     MOUNTED+=("$mp")
     say "mounted $uri at $mp"

@@ -20,6 +20,7 @@ import datetime
 import ipaddress
 import logging
 import os
+import re
 
 import click
 
@@ -72,6 +73,56 @@ def _load_ca(directory: str) -> tuple[object, object]:
 
 # The node role marker (silofs/control/tls.py NODE_ROLE_URI, which the daemon reads).
 NODE_ROLE_URI = "urn:silofs:role:node"
+
+# A certificate's name is a host name: it names the files NAME.pem and NAME.key in the
+# CA's directory, so never a path, and never the CA's own.
+_HOST = re.compile(r"[A-Za-z0-9]([A-Za-z0-9.-]{0,251}[A-Za-z0-9])?")
+
+
+def _check_name(name: str, what: str) -> str:
+    if not _HOST.fullmatch(name) or ".." in name:
+        raise click.BadParameter(f"{name!r} is not a host name (letters, digits, '.' and '-')",
+                                 param_hint=what)  # fmt: skip
+    if name.lower() == CA:
+        raise click.BadParameter(f"{name!r} names the CA's own files", param_hint=what)
+    return name
+
+
+def _check_address(address: str) -> str:
+    try:
+        ipaddress.ip_address(address)
+        return address
+    except ValueError:
+        return _check_name(address, "--address")
+
+
+def _only_over_a_node(directory: str, name: str) -> None:
+    """Refuse to replace NAME.pem unless it is a node's certificate: a controller's (a
+    client certificate) replaced by a node's would lose the controller its routes."""
+    from cryptography import x509
+
+    path = os.path.join(directory, f"{name}.pem")
+    try:
+        with open(path, "rb") as f:
+            cert = x509.load_pem_x509_certificate(f.read())
+        sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+        uris = sans.get_values_for_type(x509.UniformResourceIdentifier)
+    except FileNotFoundError:
+        return
+    except (OSError, ValueError, x509.ExtensionNotFound):
+        uris = []
+    if NODE_ROLE_URI not in uris:
+        raise click.ClickException(
+            f"{path} exists and is not a node's certificate (the controller's?): "
+            "choose another NAME"
+        )
+
+
+def _writing(directory: str, exc: OSError) -> click.ClickException:
+    return click.ClickException(
+        f"cannot write certificates in {directory}: {exc.strerror or exc}"
+        + (f" ({exc.filename})" if exc.filename else "")
+    )
 
 
 def _sign(
@@ -193,9 +244,13 @@ def certs() -> None:
 @click.option("--force", is_flag=True, help="Replace an existing CA (every node must be redone).")
 def init_cmd(directory: str, controller: str, days: int, force: bool) -> None:
     """Create DIRECTORY/ca.pem + ca.key and the controller's client certificate."""
+    _check_name(controller, "--controller")
     if os.path.exists(os.path.join(directory, f"{CA}.key")) and not force:
         raise click.ClickException(f"{directory} already holds a CA (ca.key); --force replaces it")
-    init_ca(directory, controller=controller, days=days)
+    try:
+        init_ca(directory, controller=controller, days=days)
+    except OSError as exc:
+        raise _writing(directory, exc) from None
     click.echo(
         f"CA and {controller}.pem/.key in {directory}; give each node "
         f"`silofs-ctl certs node {directory} NAME --address ADDR` and ca.pem"
@@ -217,7 +272,14 @@ def init_cmd(directory: str, controller: str, days: int, force: bool) -> None:
 def node_cmd(directory: str, name: str, addresses: tuple[str, ...], days: int) -> None:
     """Create DIRECTORY/NAME.pem + NAME.key: a node daemon's certificate (its TLS
     listener's, and its own when it asks the other members of its cluster)."""
-    cert, key = node_cert(directory, name, list(addresses), days)
+    _check_name(name, "NAME")
+    for address in addresses:
+        _check_address(address)
+    _only_over_a_node(directory, name)
+    try:
+        cert, key = node_cert(directory, name, list(addresses), days)
+    except OSError as exc:
+        raise _writing(directory, exc) from None
     click.echo(
         f"{cert} and {key}: copy them with ca.pem to the node, and set [control] "
         "tls_cert, tls_key and tls_client_ca (= ca.pem) in its silofs.toml"

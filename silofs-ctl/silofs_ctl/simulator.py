@@ -781,11 +781,11 @@ class Simulation:
             job.seq = -1  # consumed (Clock.due): the next rate sets the next one
             job.advance(now, clock.vclock)
             self.touched[job.name] = job
-            if job.work - job.read <= job.eps:
+            if _at_end(job, job.work - job.read, now, clock.vclock):
                 job.close_epoch()
                 job.finish = now
                 self._leave(job)
-            elif job.size - job.pos <= job.eps:  # unread <= eps
+            elif _at_end(job, job.size - job.pos, now, clock.vclock):  # nothing unread
                 job.close_epoch()
                 job.pos = 0.0
                 job.epochs_done += 1
@@ -892,6 +892,20 @@ def _cluster(scenario: Scenario, *, private: bool, per_node: bool = False) -> Cl
         units[key] = CacheUnit(key, pool, j.dataset, float(j.dataset_size))
         pools[pool] = per_gpu * j.gpus if per_node else total
     return Cluster(node_gpus, node_cache, scenario.remote_io, pools, units)
+
+
+def _at_end(job: SimJob, left: float, now: float, vclock: float) -> bool:
+    """Is `left` (bytes to the job's end or its epoch's) nothing? At most `eps`, or less
+    than the job reads in the smallest step the clock can take at `now` (`now` + the
+    time to read it rounds to `now`): the job's event would be due again at once with
+    nothing read, and the run would stall at `now` for ever. Late in a long run (a
+    clock of ~2e7 s steps by ~4e-9 s) a job at ~1 GB/s reads more than `eps` per step."""
+    if left <= job.eps:
+        return True
+    rate = job.rate
+    if rate > 0.0 and now + left / rate <= now:
+        return True
+    return job.held and vclock + left * (1.0 - job.hit) <= vclock
 
 
 def simulate(scenario: Scenario, scheduler: str, cache: str, interval: float = 600.0) -> SimResult:

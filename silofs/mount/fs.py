@@ -453,7 +453,8 @@ class SilofsFS(pyfuse3.Operations):
                 # from there (node/fetch.py) and the reader's next spans continue it.
                 streams = off == 0 and size >= STREAM_FROM_HEAD and obj_size > cs
                 span = (0, 0) if streams else None
-                data, hit, source = await r.chunk(f, first, lo, hi, span)
+                # Replied with before this task yields: a hit may be the reader's buffer.
+                data, hit, source = await r.chunk(f, first, lo, hi, span, kept=False)
                 self._count(end - off, hit, source)
                 if sequential and obj_size > cs:
                     r.prefetch(f, first)

@@ -6,23 +6,36 @@ waiting for the disk on the serving thread (RWF_NOWAIT: a short read says the re
 not in the page cache, and a worker thread reads it), whether a value is in memory where
 that flag is refused (mincore), and asking the kernel to read a range ahead
 (MADV_WILLNEED), so a mount's serving thread never waits on the disk for a hit
-(mount/reader.py). Never writes the env, and never checks what it copies (the caller
-does, on its copy: cache/format.py check_copy).
+(mount/reader.py). Owns DirectFile too: data.mdb opened with O_DIRECT, a value read by
+the disk's DMA into a page-aligned buffer of the caller's own, bypassing the page cache.
+Never writes the env, and never checks what it copies (the caller does, on its copy:
+cache/format.py check_copy).
 """
 
 from __future__ import annotations
 
 import ctypes
 import errno
+import logging
 import mmap
 import os
+import struct
 from typing import Any
 
 from silofs.cache.bounds import data_mapping, mdb_val_offset
 
+_MADV_NORMAL = 0
+_MADV_RANDOM = 1
 _MADV_WILLNEED = 3
 _MADV_POPULATE_READ = 22  # Linux 5.14+
 _PAGE = mmap.PAGESIZE
+# statx(2): STATX_DIOALIGN (Linux 6.1+) and where struct statx keeps its answer.
+_STATX_DIOALIGN = 0x2000
+_STATX_SIZE = 256
+_DIO_ALIGN_AT = 152  # stx_dio_mem_align, then stx_dio_offset_align (u32 each)
+_AT_FDCWD = -100
+
+log = logging.getLogger(__name__)
 
 
 def _libc_calls() -> tuple[Any, Any] | None:
@@ -165,6 +178,20 @@ class ValuePages:
         here, or `enabled` is False: __init__)."""
         return self.resident(addr, 0, size)
 
+    def value_cached(self, addr: int, size: int) -> bool:
+        """Whether every page of the value at `addr` (found by a ValueCursor in a snapshot
+        still open) is in the page cache, by mincore; False where mincore cannot tell
+        (not `truthful`) or the range is not mapped. For any thread: its own vector."""
+        start = addr & ~(_PAGE - 1)
+        pages = (addr + size - start + _PAGE - 1) // _PAGE
+        if not self.truthful or pages <= 0:
+            return False
+        vec = bytearray(pages)
+        at = ctypes.addressof((ctypes.c_char * pages).from_buffer(vec))
+        if self._mincore(start, addr + size - start, at):
+            return False
+        return vec.count(1) == pages
+
     def mapped(self, addr: int, lo: int, hi: int) -> bool:
         """Map [addr+lo, addr+hi) of LMDB's map into this process before the caller reads
         it there (MADV_POPULATE_READ): True once every page is mapped, False if a page
@@ -184,11 +211,92 @@ class ValuePages:
             return True
         return False
 
+    def read_around(self, start: int, end: int, on: bool) -> None:
+        """Whether a fault in the map [start, end) reads the pages around it too."""
+        self._madvise(start, end - start, _MADV_NORMAL if on else _MADV_RANDOM)
+
     def willneed(self, addr: int, lo: int, hi: int) -> None:
         """Start reading [addr+lo, addr+hi) ahead (async in the kernel; it may block
         briefly to submit the IO, so call it from a worker thread)."""
         start = (addr + lo) & ~(_PAGE - 1)
         self._madvise(start, addr + hi - start, _MADV_WILLNEED)
+
+
+class DirectFile:
+    """data.mdb opened with O_DIRECT: a value read by the disk's DMA straight into a
+    page-aligned buffer of the caller's own (an anonymous map), with no page-cache fill,
+    no mapping and no copy on the CPU (bench/README.md, "The big file read direct").
+
+    LMDB writes data.mdb through the page cache; before the kernel reads a range with
+    O_DIRECT it writes back that range's dirty pages, so a value committed a moment ago
+    reads as committed. `align` is the file's O_DIRECT offset and length alignment
+    (statx STATX_DIOALIGN, at least a page; a page where the kernel does not say), 0
+    where the filesystem says it has no O_DIRECT. `enabled` is False where the file
+    refuses O_DIRECT, at open or with EINVAL at a read (a filesystem that takes the flag
+    but not the reads): the caller then reads as it would without, and that is logged
+    once, at debug."""
+
+    def __init__(self, data_path: str) -> None:
+        self.fd = -1
+        self.align = _dio_align(data_path)
+        if self.align:
+            try:
+                self.fd = os.open(data_path, os.O_RDONLY | os.O_DIRECT | os.O_CLOEXEC)
+            except OSError as exc:
+                log.debug("no O_DIRECT reads of %s: %s", data_path, exc)
+        self.enabled = self.fd >= 0
+
+    def span(self, base: int, size: int) -> tuple[int, int]:
+        """[start, end) of data.mdb an O_DIRECT read of `size` bytes at `base` covers."""
+        a = self.align
+        return base // a * a, (base + size + a - 1) // a * a
+
+    def read(self, base: int, size: int, buf: mmap.mmap) -> memoryview | None:
+        """The `size` bytes at `base` in data.mdb, read into `buf` (page-aligned, at least
+        span()'s length long): a view of them in `buf`, with no page of the file cached
+        or mapped. None where the file refuses O_DIRECT (EINVAL: `enabled` is False from
+        then on). OSError where the disk cannot read them or the file ends before they
+        do: the caller takes the value as damaged."""
+        start, end = self.span(base, size)
+        try:
+            got = os.preadv(self.fd, [memoryview(buf)[: end - start]], start)
+        except OSError as exc:
+            if exc.errno != errno.EINVAL:
+                raise
+            if self.enabled:
+                log.debug("data.mdb refuses O_DIRECT reads (%s): reading through the map", exc)
+            self.enabled = False
+            return None
+        if got < base + size - start:
+            raise OSError(errno.EIO, "the value runs past the end of data.mdb")
+        return memoryview(buf)[base - start : base - start + size]
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+        self.enabled = False
+
+
+def _dio_align(path: str) -> int:
+    """The O_DIRECT offset and length alignment of the file at `path`, at least a page:
+    statx's STATX_DIOALIGN (Linux 6.1+; 0 where it says the file has no O_DIRECT), a
+    page where the kernel does not report it (a read then finds out: EINVAL)."""
+    try:
+        statx = ctypes.CDLL(None, use_errno=True).statx
+    except (OSError, AttributeError):
+        return _PAGE
+    statx.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_uint, ctypes.c_void_p]
+    statx.restype = ctypes.c_int
+    out = ctypes.create_string_buffer(_STATX_SIZE)
+    if statx(_AT_FDCWD, os.fsencode(path), 0, _STATX_DIOALIGN, out) != 0:
+        return _PAGE
+    if not struct.unpack_from("<I", out.raw)[0] & _STATX_DIOALIGN:
+        return _PAGE
+    mem, offset = struct.unpack_from("<II", out.raw, _DIO_ALIGN_AT)
+    if not offset or mem > _PAGE:  # no O_DIRECT, or buffers a map cannot align
+        return 0
+    return max(offset, _PAGE)
 
 
 def _mincore_truthful(data_path: str) -> bool:

@@ -71,6 +71,11 @@ CHILD_EXIT_SECONDS = 10.0  # after the unmount, then SIGKILL
 # mount's process (and `silofs unmount`'s wait for it) for the client's whole timeout;
 # the daemon forgets a mount whose process is gone anyway (reap_mounts).
 FINAL_REPORT_SECONDS = 2.0
+# Counters are reported every 250 ms while they move, and at least this often while the
+# mount is idle: a restarted daemon learns of a mount serving nothing within this (the
+# 404 that makes it register again), so status and end-job see it, and a rate sampled
+# then falls to zero rather than keeping the last one.
+IDLE_REPORT_SECONDS = 1.0
 # After SIGTERM, requests being answered get this long to finish; then they are cancelled
 # and the connection aborted (readers get ENOTCONN): a cold read waiting on a store that
 # does not answer must not keep the process (and a scheduler's epilog) for the daemon's
@@ -399,6 +404,9 @@ class MountProcess:
                 unmount = False  # the kernel already unmounted us
                 nursery.cancel_scope.cancel()
         finally:
+            # Ended: nothing may start in the nursery now, and a daemon that restarted
+            # since the last report is not told of a mount that is gone (_report).
+            self._nursery = None
             if child:
                 # The next process reads ENODEV in turn; the supervisor unmounts (once)
                 # and says goodbye; this one's counters go into the sum.
@@ -488,15 +496,17 @@ class MountProcess:
 
     async def _report_loop(self) -> None:
         last = None
+        reported = trio.current_time()
         while True:
             await trio.sleep(0.25)
             assert self.reader is not None and self.fs is not None
             self.fs.listing.release_if_idle()
             await self._follow_listing()
             now = dataclasses.astuple(self._counters_to_report())
-            if now != last:
+            if now != last or trio.current_time() - reported >= IDLE_REPORT_SECONDS:
                 await self._report()
                 last = now
+                reported = trio.current_time()
 
     async def _follow_listing(self) -> None:
         """Move to a newer listing generation once the daemon has written one (a refresh,
@@ -624,9 +634,10 @@ class MountProcess:
             self.reader.track_hits = answer.get("admission") == "lru"
         except ControlError as exc:
             log.debug("could not report counters: %s", exc)
-            if exc.status == 404 and not self._registering:
+            if exc.status == 404 and not self._registering and self._nursery is not None:
                 # The daemon restarted. A mount serving only hits never sends a miss, so
-                # this is where it finds out and introduces itself again.
+                # this is where it finds out and introduces itself again (while it
+                # serves: its final report's counters are simply dropped).
                 try:
                     await self._reregister()
                 except MissError as again:

@@ -39,9 +39,14 @@ snapshot for itself (the next read begins another), a worker thread reads the va
 range (at most FAULT_THREADS at once) and the snapshot ends once it has; the copy is
 verified as every hit is. A hit answered without an await is copied into the reader's
 one scratch buffer, which pyfuse3 writes to /dev/fuse before any other task runs; bytes
-kept across an await (a span's parts, a worker's read) have buffers of their own. A
-sequential reader of a cached file asks the kernel to read the values of the next
-VALUE_AHEAD_BYTES of chunks.
+kept across an await (a span's parts, a worker's read) have buffers of their own.
+
+A sequential reader's next DIRECT_AHEAD_BYTES of cached values are read by O_DIRECT into
+buffers of the mount's own (mount/ahead.py) by worker threads, where data.mdb takes
+O_DIRECT and the values are not in the page cache already: no page-cache fill, no
+mapping, no copy out of the map. A request for such a value is verified on that buffer
+and served from it (hit(), or chunk() once the read is done). Elsewhere a sequential
+reader asks the kernel to read the values of the next VALUE_AHEAD_BYTES of chunks.
 """
 
 from __future__ import annotations
@@ -50,6 +55,7 @@ import errno
 import functools
 import json
 import logging
+import mmap
 import os
 import time
 from collections import OrderedDict
@@ -72,11 +78,13 @@ from silofs.cache.format import (
     count_damage,
     header_bytes,
     layout,
+    verify_chunk,
 )
 from silofs.cache.store import CacheStore
 from silofs.control.client import AsyncControlClient, ControlError, quote_segment
 from silofs.flight import SingleFlight
-from silofs.mount.pages import ValuePages
+from silofs.mount.ahead import ValuesAhead
+from silofs.mount.pages import DirectFile, ValuePages
 from silofs.records import MountCounters, ObjectInfo
 
 log = logging.getLogger(__name__)
@@ -107,9 +115,15 @@ BUFFER_STREAMS = 2
 # whole by a worker. The serving thread copies such a range out of the map
 # (ChunkReader._map_copy), a shorter one by preadv.
 PROBE_BYTES = 256 << 10
-# Hits being read by worker threads at once (ChunkReader._read_in): enough to keep a few
-# readers' disk reads in flight together; each holds a read snapshot meanwhile.
+# Hits being read by worker threads at once (ChunkReader._read_in, and the values read
+# ahead direct): enough to keep a few readers' disk reads in flight together; each holds
+# a read snapshot meanwhile.
 FAULT_THREADS = 8
+# How far ahead of a sequential reader cached values are read by O_DIRECT into buffers of
+# the mount's own (_direct_ahead), where data.mdb takes O_DIRECT and chunks are at least
+# DIRECT_MIN_CHUNK: each value read ahead holds a buffer until it is served.
+DIRECT_AHEAD_BYTES = 16 << 20
+DIRECT_MIN_CHUNK = 1 << 20
 
 
 def window_chunks(chunk_size: int, readahead_bytes: int) -> int:
@@ -271,6 +285,12 @@ class ChunkReader:
             self.pages.enabled = False  # no cursor finds a value untouched
         self._fault_limiter = trio.CapacityLimiter(FAULT_THREADS)
         self.read_in = 0  # hits a worker thread read because the page cache lacked them
+        self.direct: DirectFile | None = None
+        self.ahead: ValuesAhead | None = None
+        self._env_reads_around = False  # the map's faults read around (_find_alone)
+        self._direct_lead = max(1, DIRECT_AHEAD_BYTES // chunk_size)
+        if self.pages.enabled and chunk_size >= DIRECT_MIN_CHUNK:
+            self._open_direct(os.path.join(store.path, "data.mdb"))
         # The scratch buffers of hits answered without an await (_copy_out), and the
         # header length of the chunk read last (_header_guess).
         self._head = bytearray(4096)
@@ -283,6 +303,19 @@ class ChunkReader:
         # In LRU mode the daemon needs to know what was hit: it never sees hits itself.
         self.track_hits = False
         self.touched: list[bytes] = []
+
+    def _open_direct(self, data_path: str) -> None:
+        """Read a sequential reader's next values by O_DIRECT where data.mdb allows it.
+        A buffer holds a whole value and the page-aligned bytes around it (its header
+        is at most a few KiB: the object key, the content id, a sum per block)."""
+        direct = DirectFile(data_path)
+        if not direct.enabled:
+            return
+        self._env_reads_around = bool(self.store.env.flags()["readahead"])
+        room = self.chunk_size + (8 << 10) + self.chunk_size // 512 + 2 * direct.align
+        size = (room + mmap.PAGESIZE - 1) // mmap.PAGESIZE * mmap.PAGESIZE
+        self.direct = direct
+        self.ahead = ValuesAhead(size, (self._direct_lead + 2) * BUFFER_STREAMS)
 
     def registered(self, mount_id: str, track_hits: bool) -> None:
         """The daemon knows this mount by `mount_id` (again, after a daemon restart)."""
@@ -320,6 +353,10 @@ class ChunkReader:
             self._txn.abort()
             self._txn = None
         self.pages.close()
+        if self.direct is not None:
+            self.direct.close()
+        if self.ahead is not None:
+            self.ahead.close()
         self.store.close()
 
     # -- the hit path (synchronous) --------------------------------------------------
@@ -508,8 +545,13 @@ class ChunkReader:
         if ref is None or ref.index != index or ref.chunk_size != self.chunk_size:
             ref = f.chunk_ref(self.chunk_size, index)
         pages = self.pages
+        ahead = self.ahead
         try:
-            if not pages.enabled:
+            if ahead is not None and (value := ahead.get(ref.key)) is not None:
+                view = self._ahead_view(ref, value, lo, hi)
+            elif ahead is not None and ahead.reading(ref.key):
+                return None  # chunk() waits for that read
+            elif not pages.enabled:
                 value = self._get(ref.key)
                 if value is None:
                     return None
@@ -577,10 +619,36 @@ class ChunkReader:
         cid = ref.content_bytes
         return copy_verified(value, cid, ref.chunk_size, ref.index, ref.length, lo, hi)
 
-    async def _cached(self, ref: ChunkRef, lo: int, hi: int) -> memoryview | None:
+    def _ahead_view(self, ref: ChunkRef, value: memoryview, lo: int, hi: int) -> memoryview:
+        """[lo, hi) of `ref`'s value read ahead direct, verified on the buffer it was read
+        into (the mount's own memory), else ChunkFormatError: a view of that buffer,
+        valid until the caller's task yields. A value served to its end is dropped, its
+        buffer free for the next value read ahead."""
+        cid = ref.content_bytes
+        view = verify_chunk(value, cid, ref.chunk_size, ref.index, ref.length, lo, hi)[lo:hi]
+        ahead = self.ahead
+        assert ahead is not None
+        ahead.served += 1
+        if hi == ref.length:
+            ahead.drop(ref.key)
+        return view
+
+    async def _cached(self, ref: ChunkRef, lo: int, hi: int, kept: bool) -> memoryview | None:
         """[lo, hi) of `ref`'s cached value, copied out and verified (ChunkFormatError if
-        it fails), in buffers of its own; None if it is not cached. A value not all in
-        the page cache is read by a worker thread (_read_in)."""
+        it fails), in buffers of its own (`kept`; else it may be a view of the reader's,
+        valid until the caller's task yields: chunk()); None if it is not cached. A value
+        being read ahead direct is waited for; a value not all in the page cache is read
+        by a worker thread (_read_in)."""
+        ahead = self.ahead
+        if ahead is not None and not ahead.wanted(ref.key):
+            value = await ahead.wait(ref.key)
+            if value is not None:
+                try:
+                    view = self._ahead_view(ref, value, lo, hi)
+                except ChunkFormatError:
+                    ahead.drop(ref.key)
+                    raise
+                return memoryview(view.tobytes()) if kept else view
         pages = self.pages
         if not pages.enabled:
             value = self._get(ref.key)
@@ -596,8 +664,8 @@ class ChunkReader:
         short, self._short = self._short, b""
         if short != ref.key and (pages.nowait or pages.value_resident(addr, size)):
             view = self._copy_out(ref, base, size, lo, hi, False, hdr)
-            if view is not None:
-                return memoryview(view.tobytes())  # the scratch is the next hit's
+            if view is not None:  # the scratch is the next hit's
+                return memoryview(view.tobytes()) if kept else view
         return await self._read_in(ref, base, size, lo, hi, hdr)
 
     def _checked(self, value: memoryview, ref: ChunkRef, lo: int, hi: int) -> memoryview:
@@ -615,17 +683,21 @@ class ChunkReader:
         lo: int = 0,
         hi: int | None = None,
         span: tuple[int, int] | None = None,
+        kept: bool = True,
     ) -> tuple[memoryview, bool, str]:
         """(data, hit, source): the chunk's bytes [lo, hi) (chunk offsets; default all of
         it) from LMDB (hit, "cache"; copied out of data.mdb and verified), this mount's
         buffer ("buffer"; a hit if the daemon had it cached), or the daemon ("cache" if it
         found the chunk cached, "store" if it had to GET it), in bytes of their own. A
-        miss names `span` (the chunks the same request reads) to the daemon."""
+        miss names `span` (the chunks the same request reads) to the daemon. With
+        `kept` False the caller replies with the bytes before its task yields again
+        (fs.py's read of one chunk), so a hit may be a view of a buffer of the reader's,
+        as hit()'s is, and is not copied out of it."""
         ref = f.chunk_ref(self.chunk_size, index)
         if hi is None:
             hi = ref.length
         try:
-            view = await self._cached(ref, lo, hi)
+            view = await self._cached(ref, lo, hi, kept)
         except (StaleFormatError, _Refetch):  # of an older format, or counted already
             data, from_cache = await self._miss(ref, refetch=True)
             return memoryview(data)[lo:hi], from_cache, "cache" if from_cache else "store"
@@ -727,7 +799,9 @@ class ChunkReader:
             # requests of its own read-ahead (an image decoder reading a header).
             return
         last = (f.obj.size - 1) // self.chunk_size
-        if self.pages.enabled:
+        if self.direct is not None and self.direct.enabled:
+            self._direct_ahead(f, current, last)
+        elif self.pages.enabled:
             self._advise_ahead(f, current, last)
         if current == f.asked_at:
             return  # once per chunk: the span asked for before is usually still in flight
@@ -775,6 +849,87 @@ class ChunkReader:
         f.advised = end + 1
         keys = [ChunkRef.of(f.obj, self.chunk_size, i).key for i in range(first, end + 1)]
         self._nursery.start_soon(self._read_ahead_values, keys)
+
+    def _direct_ahead(self, f: OpenFile, current: int, last: int) -> None:
+        """Keep the values of a sequential reader's next DIRECT_AHEAD_BYTES of chunks read
+        (or being read) by O_DIRECT into buffers of the mount's own: the disk does the
+        work the page cache's fill, the map's faults and the copy out of it did. Only
+        chunks our dataset holds (its owners rows, which touch no value): a cold file's
+        are misses, and a worker would look each up for nothing."""
+        assert self._nursery is not None and self.ahead is not None
+        lead = self._direct_lead
+        if f.advised > current + lead:
+            return
+        first, end = max(f.advised, current + 1), min(last, current + lead)
+        if first > end:
+            return
+        f.advised = end + 1
+        txn = self._snapshot()
+        for index in range(first, end + 1):
+            key = ChunkRef.of(f.obj, self.chunk_size, index).key
+            try:
+                if not self.ahead.wanted(key) or not self.store.owns(txn, self.dataset_id, key):
+                    continue
+            except lmdb.Error:
+                return  # a damaged page: the reader's own lookup will count it
+            # Begun here, not in the task: the reader's next request, which may come
+            # before the task runs, waits for this read instead of reading it itself.
+            if self.ahead.begin(key):
+                self._nursery.start_soon(self._read_ahead_direct, key)
+
+    async def _read_ahead_direct(self, key: bytes) -> None:
+        """Read `key`'s cached value (a read begun) into a buffer of ValuesAhead, by a
+        worker thread. A value that cannot be read is left to the reader's own read of
+        it, which counts the damage and has it refetched."""
+        ahead = self.ahead
+        assert ahead is not None
+        buf = ahead.buffer()  # taken in the task: never while a reply may still read it
+        value = None
+        try:
+            if buf is not None:
+                value = await trio.to_thread.run_sync(
+                    self._read_direct, key, buf, limiter=self._fault_limiter
+                )
+        except (OSError, lmdb.Error) as exc:
+            log.debug("reading a cached value ahead: %s", exc)
+        finally:
+            ahead.end(key, buf, value)
+
+    def _read_direct(self, key: bytes, buf: mmap.mmap) -> memoryview | None:
+        """The value of `key` read by O_DIRECT into `buf` (a worker thread's call), in a
+        snapshot of the worker's own, held with the remap lock until the read is done
+        so the writer cannot reuse the value's pages meanwhile. None if it is not
+        cached, does not fit `buf`, or is all in the page cache already (the serving
+        thread copies it from there for less than a read from the disk)."""
+        pages, direct = self.pages, self.direct
+        assert direct is not None
+        with self.store.remap_lock, self.store.read_txn() as txn:
+            cur = self.store.value_cursor(txn, self._chunks_db)
+            where = self._find_alone(cur, key) if cur is not None else None
+            if where is None or not direct.enabled:
+                return None
+            addr, size = where
+            base = pages.offset(addr)
+            start, end = direct.span(base or 0, size)
+            if base is None or end - start > len(buf) or pages.value_cached(addr, size):
+                return None
+            return direct.read(base, size, buf)
+
+    def _find_alone(self, cur: ValueCursor, key: bytes) -> tuple[int, int] | None:
+        """cur.find(key) with no read-around of the page faults it takes (a worker's
+        call, under the remap lock). The lookup touches the value's first page; with the
+        env's read-around (the bdi's read-ahead, megabytes on some disks) that fault
+        would fill the page cache with the value read direct next, and the ones after
+        it: the very fill the direct read saves. The map reads around again after it:
+        a hit's lookup on the serving thread meanwhile reads only the page it needs."""
+        bounds = self.store.value_bounds()
+        if not self._env_reads_around or bounds is None:
+            return cur.find(key)
+        self.pages.read_around(bounds[0], bounds[2], False)
+        try:
+            return cur.find(key)
+        finally:
+            self.pages.read_around(bounds[0], bounds[2], True)
 
     async def _read_ahead_values(self, keys: list[bytes]) -> None:
         """Have the kernel read the values of `keys` ahead (MADV_WILLNEED; keys not

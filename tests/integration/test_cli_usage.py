@@ -47,6 +47,16 @@ def test_usage_errors_have_our_prefix_and_exit_2(tmp_path: Path) -> None:
         assert "Usage:" not in res.stderr and "Error:" not in res.stderr
 
 
+def test_an_owner_or_group_out_of_range_is_refused_before_anything_starts(tmp_path: Path) -> None:
+    """A negative --uid once mounted, and the mount process died of the first stat."""
+    sock = str(tmp_path / "ctl.sock")
+    for flag in ("--uid=-5", "--gid=-1", "--uid=4294967295", "--gid=99999999999"):
+        res = run("mount", flag, "--socket", sock, str(tmp_path), str(tmp_path))
+        line = assert_one_line_error(res, "not in the range")
+        assert res.returncode == 2, (flag, line)
+    assert not (tmp_path / "ctl.sock").exists()  # no daemon was started
+
+
 def test_bare_command_prints_its_help() -> None:
     res = run()
     assert res.returncode == 2 and res.stderr.startswith("Usage: ") and "warm" in res.stderr

@@ -7,6 +7,8 @@ the store's GETs.
 - A home killed with kill -9: every read on the other nodes completes (its chunks from
   the store) within the bound, with right bytes; restarted, it is found up again and
   serves its chunks.
+- A member killed with kill -9 as a warm on another node starts: the warm ends, and
+  the others read every byte right.
 - Certificates: a node certificate that names no member, a controller's certificate and
   a member's certificate on an admin route are refused (403); a certificate made
   before clusters (serverAuth only) gets no answer at all.
@@ -185,6 +187,30 @@ def test_a_warm_on_one_node_fills_the_share_across_its_homes(three: dict, s3_ser
         held.append(d["cached_bytes"])
     # Each chunk fetched once, by its home (a chunk is at most CHUNK bytes).
     assert _object_gets(proxy) - gets <= sum(held) // (CHUNK // 2)
+
+
+def test_a_warm_while_a_member_dies_ends_and_every_read_is_right(three: dict) -> None:
+    """kill -9 of a member as a warm on another node starts: the warm ends in bounded
+    time (the dead home's chunks skipped or fetched elsewhere), and the survivors read
+    every byte right."""
+    nodes, mps, tree = three["nodes"], three["mps"], three["tree"]
+    uri = nodes[0].status()["datasets"][0]["uri"]
+    victim = nodes[2]
+    warm = subprocess.Popen(
+        [sys.executable, "-m", "silofs", "warm", uri, "--job", "prep", "--socket", nodes[0].socket],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    victim.kill9()
+    try:
+        out, err = warm.communicate(timeout=60)
+    finally:
+        warm.kill()
+    print(out, err)
+    assert "Traceback" not in err and len(err.strip().splitlines()) <= 1, err
+    assert warm.returncode == 0 or err.startswith("silofs: error: "), (warm.returncode, err)
+    for mp in mps[:2]:
+        assert _read_all(mp, tree) == 0
+    assert nodes[0].member(victim.spec.address)["state"] == "down"
 
 
 def _ctl(*args: str) -> subprocess.CompletedProcess:

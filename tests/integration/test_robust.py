@@ -4,7 +4,8 @@ Owns, on real FUSE mounts and a real daemon: an idle mount releases its LMDB rea
 snapshot, so another dataset's admissions and evictions reuse pages and admission keeps
 up round after round; a daemon stopped (SIGSTOP) for longer than the mount's timeout
 leaves one registration and counters counted once; a second daemon on the same cache
-dir refuses with one line.
+dir refuses with one line; after a daemon restart an idle mount registers again within
+seconds, and one unmounted before it did ends without an error.
 """
 
 from __future__ import annotations
@@ -221,3 +222,45 @@ def test_concurrent_allocations_cannot_together_exceed_the_cache(make_node) -> N
     assert sorted(outcomes) == ["409", "ok"]
     allocs = node.request("GET", "/v1/allocations")
     assert sum(allocs["cache"].values()) <= allocs["cache_size"]
+
+
+def test_an_idle_mount_unmounted_after_a_daemon_restart_ends_cleanly(
+    make_node, local_store, monkeypatch, tmp_path: Path
+) -> None:
+    """A mount that read nothing since its daemon restarted learns of the restart only
+    from its final report at the unmount: it ends without an error and leaves no
+    registration on the new daemon."""
+    local_store.apply_env(monkeypatch)
+    files = {f"f{n}": os.urandom(200 << 10) for n in range(3)}
+    local_store.create("data", files)
+    node = make_node()
+    mp = node.mount(local_store.uri("data"), tmp_path / "mnt", "--job", "idle")
+    for key, data in files.items():
+        assert (mp / key).read_bytes() == data
+    node.settle(mp, sum(map(len, files.values())))
+    pid = node.mount_pid(mp)
+    node.stop()
+    node.start()
+    res = node.run("unmount", str(mp), "--socket", node.socket, timeout=60)
+    assert res.returncode == 0, res.stderr
+    wait_for(lambda: not os.path.exists(f"/proc/{pid}"), what="the mount process to exit")
+    assert not node.log_problems(), "\n".join(node.log_problems())
+    assert node.status()["mounts"] == []
+
+
+def test_an_idle_mount_is_known_again_soon_after_a_daemon_restart(
+    make_node, local_store, monkeypatch, tmp_path: Path
+) -> None:
+    """A mount that reads nothing after its daemon restarted registers again within
+    seconds all the same: status shows it, and its job, without a read."""
+    local_store.apply_env(monkeypatch)
+    local_store.create("data", {"f": os.urandom(100 << 10)})
+    node = make_node()
+    mp = node.mount(local_store.uri("data"), tmp_path / "mnt", "--job", "quiet")
+    assert (mp / "f").stat().st_size == 100 << 10
+    pid = node.mount_pid(mp)
+    node.stop()
+    node.start()
+    assert node.status()["mounts"] == []
+    m = wait_for(lambda: node.status()["mounts"], timeout=10, what="the mount to register")
+    assert [(x["pid"], x["job"]) for x in m] == [(pid, "quiet")]

@@ -571,3 +571,54 @@ def test_lru_segments_do_not_chase_a_holding_that_grows_as_its_readers_read() ->
             events += 1
             assert events <= pool.segments, (start, events)
         assert 0.0 <= hit <= 1.0
+
+
+@pytest.mark.parametrize("cache", ["coordl", "silod", "quiver"])
+def test_a_remainder_shorter_than_the_clocks_step_ends_the_epoch(
+    cache: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Late in a long run the clock steps by ~4e-9 s: a job at 1 GB/s left with 1.5
+    bytes of its epoch (more than its eps of 1 byte) has its event at `now` again with
+    nothing read, and the run stalled there until the step limit (a 4-week 2 GB/s trace,
+    Gavel with CoorDL, gave up at t=16,916,892 s). The remainder ends the epoch."""
+    import silofs_ctl.simulator as simulator
+
+    monkeypatch.setattr(simulator, "_MAX_STEPS", 20_000)
+    scenario = parse_scenario(
+        """
+[cluster]
+remote_io = "2GB/s"
+[[cluster.nodes]]
+gpus = 1
+cache = "1TB"
+[[jobs]]
+name = "late"
+submit = "17000000s"
+gpus = 1
+dataset = "d"
+dataset_size = "143GB"
+ideal_io = "1GB/s"
+epochs = 3
+"""
+    )
+    sim = Simulation(scenario, "fifo", cache)
+    step, armed = sim._step, [True]
+
+    def step_near_the_epochs_end() -> float:
+        job = sim.active.get("late")
+        if armed[0] and job is not None and job.rate > 0 and not job.held:
+            armed[0] = False
+            clock = sim.clock
+            job.advance(clock.now, clock.vclock)
+            left = 1.5
+            assert left > job.eps and clock.now + left / job.rate == clock.now
+            job.read += job.size - left - job.pos
+            job.pos = job.size - left
+            clock.schedule(job)
+        return step()
+
+    sim._step = step_near_the_epochs_end  # type: ignore[method-assign]
+    result = sim.run()
+    assert not armed[0]
+    (job,) = result.jobs
+    assert job.jct is not None and len(job.epoch_hit_ratios) == 3

@@ -120,3 +120,56 @@ def test_no_silofs_token_means_nothing_and_an_odd_job_id_is_refused(
     assert res.returncode == 1 and not site["record"].exists()
     res = run(site, "epilog.sh", SLURM_JOB_ID="../../etc")
     assert res.returncode == 1
+
+
+def _stand_in(site: dict[str, Path], name: str, body: str) -> None:
+    path = site["tmp"] / "bin" / name
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(f'#!/bin/sh\necho "{name} $*" >> {site["record"]}\n{body}\n')
+    path.chmod(0o755)
+
+
+def _with_bin(site: dict[str, Path], **slurm: str) -> subprocess.CompletedProcess:
+    path = f"{site['tmp'] / 'bin'}:{os.environ.get('PATH', '/usr/bin:/bin')}"
+    return run(site, "prolog.sh", PATH=path, **slurm)
+
+
+@pytest.mark.parametrize("daemon_answers", [True, False])
+def test_a_dataset_that_will_not_mount_cancels_the_job_unless_the_node_is_at_fault(
+    site: dict[str, Path], daemon_answers: bool
+) -> None:
+    """A mount refused while the node daemon answers is the job's own dataset (a typo,
+    a path its user may not read): the job is cancelled with the reason and the prolog
+    exits 0, so Slurm does not drain the node for one user's comment. With the daemon
+    not answering it is the node's failure: exit 1 (Slurm drains it)."""
+    for name in ("scancel", "scontrol"):
+        _stand_in(site, name, "exit 0")
+    ok = "ds1"
+    silofs = site["tmp"] / "silofs"
+    silofs.write_text(
+        f'#!/bin/sh\necho "silofs $*" >> {site["record"]}\n'
+        f'case "$*" in *"-- {ok} "*|unmount*) exit 0 ;; esac\n'
+        'echo "silofs: error: uid 0 may not read /secret" >&2\nexit 1\n'
+    )
+    ctl = site["tmp"] / "silofs-ctl"
+    ctl.write_text(
+        f'#!/bin/sh\necho "silofs-ctl $*" >> {site["record"]}\nexit {0 if daemon_answers else 1}\n'
+    )
+    res = _with_bin(
+        site, SLURM_JOB_ID="7", SLURM_JOB_UID="0", SLURM_JOB_COMMENT=f"silofs={ok} silofs=/secret"
+    )
+    lines = site["record"].read_text().splitlines()
+    log = site["tmp"].joinpath("log").read_text()
+    (failed,) = [ln for ln in log.splitlines() if "FAILED" in ln]
+    assert "may not read /secret" in failed
+    assert any(ln.startswith("silofs unmount") and ln.endswith("/7/ds1") for ln in lines)
+    assert not (site["root"] / "7").exists()
+    assert not any(ln.startswith("silofs-ctl job register") for ln in lines)
+    if daemon_answers:
+        assert res.returncode == 0, res.stderr
+        assert "scancel 7" in lines
+        (comment,) = [ln for ln in lines if ln.startswith("scontrol update JobId=7")]
+        assert "AdminComment=silofs: mount /secret" in comment and "may not read" in comment
+    else:
+        assert res.returncode == 1
+        assert not any(ln.startswith(("scancel", "scontrol update")) for ln in lines)

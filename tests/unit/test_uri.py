@@ -90,6 +90,14 @@ def test_canonical_forms() -> None:
         ("https://example.com/data", ["unknown URI scheme 'https'"]),
         ("hdfs://namenode/data", ["unknown URI scheme 'hdfs'"]),
         ("file://otherhost/srv", ["file:///absolute/path"]),
+        # Control characters, raw or percent-encoded (urlsplit drops a raw newline
+        # silently; a decoded one would write a line of its own into the logs).
+        ("file:///data/da%00ta", ["control character"]),
+        ("/data/x\x00y", ["control character"]),
+        ("s3://b/train%0a2026-01-01 ERROR forged", ["control character"]),
+        ("s3://b/train\nforged", ["control character"]),
+        ("gs://b\r/x", ["control character"]),
+        ("az://acct/c/p%7f", ["control character"]),
     ],
 )
 def test_bad_uris_are_usage_errors_that_say_what_is_wrong(uri: str, words: list[str]) -> None:

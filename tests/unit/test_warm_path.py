@@ -414,8 +414,12 @@ def test_a_hit_read_by_a_worker_is_verified_before_it_is_served(
 
 
 def test_a_sequential_reader_has_the_kernel_read_the_cached_chunks_ahead(
-    tmp_path: Path, no_read_around: None
+    tmp_path: Path, no_read_around: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Where values are not read ahead direct (chunks under DIRECT_MIN_CHUNK, or a
+    data.mdb that refuses O_DIRECT: tests/unit/test_reader_direct.py), the kernel reads
+    them into the page cache ahead of a sequential reader."""
+    monkeypatch.setattr(reader_mod, "DIRECT_MIN_CHUNK", 2 * BIG)
     env = str(tmp_path / "env")
     os.makedirs(env)
     WritableStore(env, 64 << 20).close()
