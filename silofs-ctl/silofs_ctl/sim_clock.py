@@ -1,19 +1,22 @@
 """Simulated time: now, the jobs' pending events, and the level clock.
 
 Owns: the current time, each job's next event (its end, its epoch's end, its LRU
-segment's end) in a heap keyed by time, and the level clock: the jobs held at
+segment's end) as a time in an array, and the level clock: the jobs held at
 the link's fair level, whose progress is the integral of that level and whose events are
 marks on the integral. Never: decides a rate or a share, or touches cache units and the
 link's totals (the simulator applies a level move to those: `relevel` says by how much).
 
-Events: (time, seq, job); an entry is stale unless seq is the job's latest (job.seq), so
-a job that is re-rated pushes a new entry and the old one is skipped when it surfaces.
+Events: each active job has a slot (SimJob.slot) in two arrays of next-event times, one
+in time and one in vclock; a slot holds the job's latest event or inf. A re-rate
+overwrites its slot (no stale entries to skip), and the next event is an argmin over the
+active jobs' slots, a pass in C. Events due together are taken in (time, seq) order, seq
+counting every scheduling (job.seq), as a heap of (time, seq, job) would pop them.
 
 The level clock. A job held at the link's fair level `level` reads level / (1 - hit), so
 when the level moves and the division still holds it, nothing about it needs writing
 out: its progress is the integral of the level since it was last brought to now
 (`vclock`, advanced by level x dt at every tick; SimJob.advance reads it), and its next
-event is where vclock reaches a mark (`vevents`, like `events` but in vclock). A level
+event is where vclock reaches a mark (`vtimes`, like `times` but in vclock). A level
 move then costs the units such jobs read that are still filling (or, under LRU, growing
 to their target), not each job. A job leaves the clock when an event touches it, when a
 division stops holding it, when it leaves, and at every re-plan. It runs only without
@@ -24,34 +27,68 @@ ratio is H / unread, which reading keeps: the simulator decides where the clock 
 
 from __future__ import annotations
 
-import heapq
 import logging
 import math
 from collections.abc import Iterable
 from operator import attrgetter
+
+import numpy as np
 
 from .sim_job import SimJob
 
 log = logging.getLogger(__name__)
 
 _joined = attrgetter("joined")  # the order of Clock.held (a dict: in the order of enter)
+_INF = math.inf
 
 
 class Clock:
     def __init__(self) -> None:
         self.now = 0.0
-        self.seq = 0  # the last event's sequence number (both heaps)
-        self.events: list[tuple[float, int, SimJob]] = []
+        self.seq = 0  # the last event's sequence number (both kinds)
+        # Per slot: the job there (None: free) and its next event in time (`times`) or
+        # as a vclock mark (`vtimes`), inf where it has none; at most one is finite.
+        self.jobs: list[SimJob | None] = []
+        self.free: list[int] = []  # free slots, the lowest last
+        self.times = np.empty(0)
+        self.vtimes = np.empty(0)
         # the level clock runs (set per plan: LRU, or uniform caching under Gavel's
         # vanilla plans; no rate logs)
         self.on = False
         self.level = 0.0  # the fair level the held jobs read at (0: none held)
         self.vclock = 0.0  # the integral of `level` since t=0
-        self.vevents: list[tuple[float, int, SimJob]] = []  # (vclock mark, seq, job)
         self.held: dict[str, SimJob] = {}
         self.held_units: dict[str, int] = {}  # held jobs per unit
         self.held_k = 0.0  # sum of the held jobs' 1 / (1 - hit)
         self.entries = 0  # jobs put on the level clock (for tests and profiles)
+
+    # ------------------------------------------------------------ slots
+
+    def add(self, job: SimJob) -> None:
+        """Give an arriving job a slot (no event yet)."""
+        if not self.free:
+            size = len(self.jobs)
+            grow = max(64, size)
+            self.jobs.extend([None] * grow)
+            self.times = np.concatenate((self.times, np.full(grow, _INF)))
+            self.vtimes = np.concatenate((self.vtimes, np.full(grow, _INF)))
+            self.free.extend(range(size + grow - 1, size - 1, -1))
+        job.slot = slot = self.free.pop()
+        self.jobs[slot] = job
+
+    def remove(self, job: SimJob) -> None:
+        """A leaving job's slot back (its events gone)."""
+        self.cancel(job)
+        slot = job.slot
+        self.jobs[slot] = None
+        self.free.append(slot)
+        job.slot = -1
+
+    def cancel(self, job: SimJob) -> None:
+        """The job has no pending event (it waits, or its event was consumed)."""
+        job.seq = -1
+        self.times[job.slot] = _INF
+        self.vtimes[job.slot] = _INF
 
     # ------------------------------------------------------------ time and events
 
@@ -61,50 +98,64 @@ class Clock:
         self.vclock += self.level * dt
 
     def schedule(self, job: SimJob) -> None:
-        """A new event for `job` from its rate now (none if it does not read): earlier
-        ones go stale. Its LRU boundary is the one the event is computed with."""
+        """A new event for `job` from its rate now (none if it does not read), in place of
+        any earlier one. Its LRU boundary is the one the event is computed with."""
         self.seq = seq = self.seq + 1
         job.seq = seq
         job.event_boundary = boundary = job.boundary
         rate = job.rate
         if rate > 0:
-            heapq.heappush(self.events, (self.now + job.until(boundary) / rate, seq, job))
+            # SimJob.until, written out (this runs at every re-rate)
+            until = job.work - job.read
+            left = job.size - job.pos
+            if left < until:
+                until = left
+            if boundary < _INF:
+                left = boundary * job.size - job.pos
+                if left < until:
+                    until = left
+            self.times[job.slot] = self.now + (until if until > 0.0 else 0.0) / rate
+        else:
+            self.times[job.slot] = _INF
 
     def soonest(self) -> float:
         """The time of the next job event (math.inf: none)."""
-        soonest = math.inf
-        events = self.events
-        while events and events[0][1] != events[0][2].seq:
-            heapq.heappop(events)  # stale
-        if events:
-            soonest = events[0][0]
-        vevents = self.vevents
-        while vevents and vevents[0][1] != vevents[0][2].seq:
-            heapq.heappop(vevents)  # stale
-        if vevents and self.level > 0:
-            soonest = min(soonest, self.now + (vevents[0][0] - self.vclock) / self.level)
+        times = self.times
+        soonest = float(times[times.argmin()]) if len(times) else _INF
+        if self.held and self.level > 0:
+            vtimes = self.vtimes
+            mark = float(vtimes[vtimes.argmin()])
+            if mark < _INF:
+                soonest = min(soonest, self.now + (mark - self.vclock) / self.level)
         return soonest
 
     def due(self) -> list[SimJob]:
-        """The jobs whose event is now (to rounding), taken off the heaps: events in
-        time first, then those on the level clock."""
-        due_jobs = []
+        """The jobs whose event is now (to rounding), their events consumed: events in
+        time first, then those on the level clock, each in (time, seq) order."""
+        due_jobs: list[SimJob] = []
+        if not len(self.times):
+            return due_jobs
         tol = 1e-9 * max(1.0, self.now)
-        for events, at in (
-            (self.events, self.now + tol),
-            (self.vevents, self.vclock + self.level * tol),  # (the same tolerance in time)
+        jobs = self.jobs
+        for marks, at in (
+            (self.times, self.now + tol),
+            (self.vtimes, self.vclock + self.level * tol),  # (the same tolerance in time)
         ):
-            while events and events[0][0] <= at:
-                _, seq, job = heapq.heappop(events)
-                if seq == job.seq:
-                    due_jobs.append(job)
+            found: list[tuple[float, int, SimJob]] = []
+            while True:
+                slot = int(marks.argmin())
+                mark = float(marks[slot])
+                if not mark <= at:
+                    break
+                job = jobs[slot]
+                found.append((mark, job.seq, job))  # type: ignore[union-attr]
+                marks[slot] = _INF
+            if len(found) > 1:
+                found.sort(key=_time_seq)
+            due_jobs.extend(job for _, _, job in found)
+            if not self.held:
+                break  # (no marks on the level clock)
         return due_jobs
-
-    def compact(self, running: int) -> None:
-        """Drop stale events once they outnumber the live ones by far."""
-        if len(self.events) > 4 * running + 1024:
-            self.events = [e for e in self.events if e[1] == e[2].seq]
-            heapq.heapify(self.events)
 
     # ------------------------------------------------------------ the level clock
 
@@ -131,14 +182,15 @@ class Clock:
         self.seq += 1
         job.seq = self.seq
         job.event_boundary = boundary = job.boundary
-        mark = self.vclock + job.until(boundary) * (1.0 - hit)
-        heapq.heappush(self.vevents, (mark, self.seq, job))
+        self.vtimes[job.slot] = self.vclock + job.until(boundary) * (1.0 - hit)
+        self.times[job.slot] = _INF
 
     def exit(self, job: SimJob) -> None:
         """Take a job off the level clock: brought to now, its rate and remote written out
         (the inflows and totals held it at them already), its next event in time."""
         job.advance(self.now, self.vclock)
         job.held = False
+        self.vtimes[job.slot] = _INF
         del self.held[job.name]
         self.held_k -= job.held_k
         count = self.held_units[job.unit] - 1
@@ -175,5 +227,8 @@ class Clock:
         """Every held job off the level clock (a re-plan re-rates them all)."""
         for job in list(self.held.values()):
             self.exit(job)
-        self.vevents = []
         self.held_k = 0.0
+
+
+def _time_seq(event: tuple[float, int, SimJob]) -> tuple[float, int]:
+    return event[0], event[1]

@@ -55,7 +55,8 @@ class SimJob:
     remote: float = 0.0
     boundary: float = math.inf  # LRU: epoch position where the current hit ratio ends
     t: float = 0.0  # when the fields above were last brought to now (advance)
-    seq: int = -1  # its latest event in the clock's heaps; -1: none
+    seq: int = -1  # its latest event's sequence number (Clock.schedule); -1: none
+    slot: int = -1  # its place in the clock's event arrays while active (Clock.add)
     event_boundary: float = math.inf  # the LRU boundary that event was computed with
     lru_held: float = -1.0  # LRU: the dataset's holding its hit ratio was computed with
     view: Job | None = None  # its policy view, kept while the plan reads nothing new

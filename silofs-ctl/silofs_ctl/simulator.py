@@ -237,7 +237,6 @@ class Simulation:
             self.equal_for = names
         self._clean()
         worst, total = self._rerate_plan(active)
-        clock.compact(len(self.running))
         self.next_plan = clock.now + self.interval if self._filling() else math.inf
         if active:
             self.recorder.fairness_timeline.append((clock.now, worst, total / len(active)))
@@ -250,6 +249,8 @@ class Simulation:
         # remaining work does not move).
         with_hits = HITS in reads and not self.units.lru
         with_remaining = REMAINING in reads
+        if with_hits:
+            return self._hit_views(active, with_remaining)
         views = []
         for job in active:
             job.advance(now, vclock)
@@ -265,6 +266,33 @@ class Simulation:
                 view.remaining == (max(0.0, job.work - job.read) if with_remaining else math.inf)
                 and view.placement is None
                 and view.hit_now is None
+            ):
+                view = self._view(job)
+            views.append(view)
+        return views
+
+    def _hit_views(self, active: list[SimJob], with_remaining: bool) -> list[Job]:
+        """_plan_views for a plan that reads uniform hit ratios: every job's view holds its
+        hit ratio now (_hit, written out), so each is compared with its kept one and
+        made anew (_view) only where it moved."""
+        now, vclock, units = self.clock.now, self.clock.vclock, self.units
+        views = []
+        for job in active:
+            job.advance(now, vclock)
+            job.boundary = math.inf
+            unread = job.size - job.pos
+            if unread > job.eps:
+                hit = job.effective / unread
+            else:
+                hit = units.filled_now(job.unit, now) / job.size
+            if not hit < 1.0:
+                hit = 1.0
+            view = job.view
+            if (
+                view is None
+                or view.hit_now != hit
+                or view.placement != (job.placement if job.share > 0 else None)
+                or view.remaining != (max(0.0, job.work - job.read) if with_remaining else math.inf)
             ):
                 view = self._view(job)
             views.append(view)
@@ -341,7 +369,8 @@ class Simulation:
             job.io_cap = io.get(name)
             if share <= 0:  # waiting or preempted: no rate, fetches nothing
                 job.rate = job.remote = 0.0
-                job.seq = -1  # its events are stale
+                if job.seq >= 0:  # (-1: it has no event already)
+                    self.clock.cancel(job)
                 continue
             if job.start is None:
                 job.start = now
@@ -349,9 +378,12 @@ class Simulation:
         if lru:
             # (the holdings move with the running readers; a reader's hit with them)
             self.pool.retarget(running.values(), lambda: units.sync_all(now))
+            for job in running.values():
+                job.hit = self._hit(job)
+        else:
+            self._uniform_hits(running.values())
         for job in running.values():
-            job.hit = hit = self._hit(job)
-            need = job.share * job.spec.ideal_io * (1.0 - hit)
+            need = job.share * job.spec.ideal_io * (1.0 - job.hit)
             cap = job.io_cap
             demand[job.name] = need if cap is None or not cap < need else cap
         self.link.reset(demand)
@@ -390,6 +422,21 @@ class Simulation:
             hit = units.filled_now(job.unit, self.clock.now) / job.size
         return hit if hit < 1.0 else 1.0
 
+    def _uniform_hits(self, jobs: Iterable[SimJob]) -> None:
+        """_hit of each running one of `jobs` under uniform caching, set as its hit
+        ratio (the loop of a re-plan and of a step's re-rates, without a call per job)."""
+        units, now = self.units, self.clock.now
+        for job in jobs:
+            if job.share <= 0:
+                continue
+            job.boundary = math.inf
+            unread = job.size - job.pos
+            if unread > job.eps:
+                hit = job.effective / unread
+            else:  # at an epoch's end: what the next one will find
+                hit = units.filled_now(job.unit, now) / job.size
+            job.hit = hit if hit < 1.0 else 1.0
+
     def _rerate(self, jobs: list[SimJob]) -> None:
         """New rates for `jobs` (brought up to date here), and for any other running job
         whose max-min share of the link moves with their demands."""
@@ -402,11 +449,18 @@ class Simulation:
             job.advance(now, vclock)
             if job.held:
                 clock.exit(job)  # its hit ratio may move: re-rated as any other
+        lru = self.units.lru
+        if not lru:
+            self._uniform_hits(jobs)
+        for job in jobs:
             if job.share <= 0:
                 continue
-            job.hit = self._hit(job)
+            if lru:
+                job.hit = self._hit(job)
             need = job.share * job.spec.ideal_io * (1.0 - job.hit)
-            need = need if job.io_cap is None else min(need, job.io_cap)
+            cap = job.io_cap
+            if cap is not None and cap < need:
+                need = cap  # min(need, cap)
             old = demand.get(job.name)
             if held:
                 was = -1.0 if old is None else old
@@ -679,32 +733,44 @@ class Simulation:
     def _shared_fill(self) -> None:
         """Units several active jobs read, filling: what one reader fetches raises the
         others' hits (the bounded steps of Units.until_change keep that change small
-        per step)."""
-        units, readers = self.units, self.readers
+        per step). (min and max written out: x if x < y else y is min(y, x) to the bit,
+        and the fetched bytes are summed in the readers' order, as sum() adds.)"""
+        units, readers, touched = self.units, self.readers, self.touched
         now, vclock = self.clock.now, self.clock.vclock
+        filled = units.filled
         for key in units.shared_filling():
             group = readers[key]
-            fetched = {
-                j.name: _fetched(j, now, vclock) for j in group if j.remote > 0 and j.rate > 0
-            }
+            fetched = []  # per reader, what it fetched since it was last brought to now
+            total = 0.0
             for job in group:
+                got = 0.0
+                if job.remote > 0 and job.rate > 0:
+                    got = vclock - job.v if job.held else job.remote * (now - job.t)
+                    total += got
+                fetched.append(got)
                 job.advance(now, vclock)
-            before = units.filled[key]
+            before = filled[key]
             units.sync(key, now)
-            admit = units.filled[key] - before
-            total = sum(fetched.values())
+            admit = filled[key] - before
             if admit <= 0 or total <= 0:
                 continue
-            size = units.units[key].size
-            uncached = max(size - before, 1e-9)
-            for other in group:
+            uncached = units.units[key].size - before
+            if 1e-9 > uncached:
+                uncached = 1e-9
+            for other, got in zip(group, fetched, strict=True):
                 # what others admitted is new to `other` unless it already read it
-                new = admit - admit * fetched.get(other.name, 0.0) / total
+                new = admit - admit * got / total
                 if new > 0:
-                    frac = max(0.0, other.unread - other.effective) / uncached
-                    other.effective = min(other.unread, other.effective + new * min(1.0, frac))
+                    unread = other.size - other.pos
+                    if not unread > 0.0:
+                        unread = 0.0
+                    effective = other.effective
+                    frac = unread - effective
+                    frac = (frac if frac > 0.0 else 0.0) / uncached
+                    more = effective + new * (frac if frac < 1.0 else 1.0)
+                    other.effective = more if more < unread else unread
                 if other.share > 0:
-                    self.touched[other.name] = other
+                    touched[other.name] = other
 
     def _boundaries(self) -> None:
         """The jobs whose event is due: finished, or at an epoch's end; then the units
@@ -712,7 +778,7 @@ class Simulation:
         clock, units = self.clock, self.units
         now = clock.now
         for job in clock.due():
-            job.seq = -1  # consumed: the next rate sets the next one
+            job.seq = -1  # consumed (Clock.due): the next rate sets the next one
             job.advance(now, clock.vclock)
             self.touched[job.name] = job
             if _at_end(job, job.work - job.read, now, clock.vclock):
@@ -746,7 +812,7 @@ class Simulation:
         if job.rate > 0:
             self.recorder.rate(job.name, clock.now, 0.0)
         job.rate = job.remote = 0.0
-        job.seq = -1
+        clock.remove(job)
         del self.active[job.name]
         self.running.pop(job.name, None)
         self.link.drop(job.name)
@@ -767,6 +833,7 @@ class Simulation:
         while self.pending and self.pending[-1].spec.submit <= now + 1e-9:
             job = self.pending.pop()
             job.t = now
+            self.clock.add(job)
             # everything cached is unread by a new job: effective from its first epoch
             job.effective = units.filled_now(job.unit, now)
             if units.lru:
@@ -839,13 +906,6 @@ def _at_end(job: SimJob, left: float, now: float, vclock: float) -> bool:
     if rate > 0.0 and now + left / rate <= now:
         return True
     return job.held and vclock + left * (1.0 - job.hit) <= vclock
-
-
-def _fetched(job: SimJob, now: float, vclock: float) -> float:
-    """Remote bytes a running job fetched since it was last brought to now."""
-    if job.held:
-        return vclock - job.v
-    return job.remote * (now - job.t)
 
 
 def simulate(scenario: Scenario, scheduler: str, cache: str, interval: float = 600.0) -> SimResult:
