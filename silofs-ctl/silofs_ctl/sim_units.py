@@ -14,21 +14,26 @@ grows up to its steady-state target.
 
 Fill events. While a filling unit's inflow and cap stay, the moment it reaches its cap
 (which bounds the simulator's steps) and the moment it reaches `full_at` (from which it
-counts as full) are fixed; both are kept in heaps, like the jobs' events in sim_clock,
-so a step costs the soonest of them, not a visit to every filling unit. An entry
-(time, seq, key) is stale unless seq is the unit's latest (`fill_seq`) and the unit is
-still filling: a unit whose inflow or cap moves has new ones pushed when the heaps are
-next read (once per step however many of its readers were re-rated). Bringing a unit's
-fill to now (sync) moves neither moment, so it pushes nothing. The moments only choose
-which units to look at: the step to a unit's cap and whether it is full are found from
-its fill now, as a visit of every unit would find them.
+counts as full) are fixed; both are kept per unit in two arrays (`t_cap`, `t_full`), so
+a step costs a min or a comparison over them in C, not a visit of every filling unit
+(CoorDL runs some 500 of them at once). A unit's entry stands while it is filling; one
+that left `filling` is stale and set to infinity where a search meets it. A unit whose
+inflow or cap moves has its entries written anew when they are next read (once per step
+however many of its readers were re-rated; after a plan, all of them at once as array
+operations, the same IEEE arithmetic as one at a time). Bringing a unit's fill to now
+(sync) moves neither moment, so it writes nothing. Among equal moments the one written
+first is taken (`ev_seq`). The moments only choose which units to look at: the step to
+a unit's cap and whether it is full are found from its fill now, as a visit of every
+unit would find them.
 """
 
 from __future__ import annotations
 
-import heapq
 import logging
+import math
 from collections.abc import Iterable, Mapping
+
+import numpy as np
 
 from .model import CacheUnit
 from .sim_job import SimJob
@@ -39,6 +44,9 @@ log = logging.getLogger(__name__)
 # The most of a dataset filled per step while several jobs read it: what one fetches
 # raises the others' hits continuously, and a step holds their rates constant.
 SHARED_FILL_STEP = 0.02
+# From this many units' entries written at once they are written as arrays (numpy's
+# fixed cost per call pays for itself); fewer are written one at a time.
+_ARRAYS_FROM = 32
 
 
 class Units:
@@ -53,7 +61,12 @@ class Units:
         # allocation moves, read at every step.
         self.cap: dict[str, float] = {}
         self.full_at: dict[str, float] = {}
-        for key in units:
+        # Each unit's size, and what less than its cap counts as full (rounding): fixed.
+        self.size: dict[str, float] = {key: unit.size for key, unit in units.items()}
+        self.tol: dict[str, float] = {}
+        for key, size in self.size.items():
+            tol = size * 1e-12
+            self.tol[key] = tol if tol > 1.0 else 1.0  # max(1, size * 1e-12)
             self._cap(key)
         self.in_use: set[str] = set()  # units allocated or holding bytes (see allocate)
         self.inflow: dict[str, float] = {}  # remote bytes/s its running readers fetch
@@ -64,24 +77,27 @@ class Units:
         self.filling: dict[str, None] = {}
         self.fill_pos: dict[str, int] = {}  # a filling unit's place in that order
         self.fill_count = 0  # units that started filling (the next place)
-        self.fill_seq: dict[str, int] = {}  # its latest fill events' sequence number
-        # Filling units whose inflow or cap moved since their events were pushed: pushed
-        # anew when the heaps are next read (a step moves a shared unit's inflow once
-        # per reader it re-rates). A dict for its order, as `filling`.
+        # Filling units whose inflow or cap moved since their events were written:
+        # written anew when the events are next read (a step moves a shared unit's
+        # inflow once per reader it re-rates). A dict for its order, as `filling`.
         self.unpushed: dict[str, None] = {}
+        # The fill events, by the unit's place in `keys`: when it reaches its cap, when
+        # it reaches full_at (math.inf: none), and the order they were written in.
+        self.keys = list(units)
+        self.index = {key: i for i, key in enumerate(self.keys)}
+        self.t_cap = np.full(len(self.keys), math.inf)
+        self.t_full = np.full(len(self.keys), math.inf)
+        self.ev_seq = np.zeros(len(self.keys), np.int64)
         self.seq = 0  # the last fill event's sequence number
-        self.at_cap: list[tuple[float, int, str]] = []  # (when it reaches cap, seq, key)
-        self.at_full: list[tuple[float, int, str]] = []  # (when it reaches full_at, ...)
         self.shared: set[str] = set()  # units at least two active jobs read
         self.moved: set[str] = set()  # units whose cap or fill a plan moved (allocate)
         self.full = False  # a unit became full since the flag was last cleared
 
     def _cap(self, key: str) -> None:
-        size = self.units[key].size
+        size = self.size[key]
         want = self.allocated[key]
         self.cap[key] = cap = size if size < want else want  # min(want, size)
-        tol = size * 1e-12
-        self.full_at[key] = cap - (tol if tol > 1.0 else 1.0)  # max(1, size * 1e-12)
+        self.full_at[key] = cap - self.tol[key]
 
     def _start_filling(self, key: str) -> None:
         """Unit `key` (brought to now, with inflow and room) is filling; its fill events
@@ -93,35 +109,67 @@ class Units:
         self.unpushed[key] = None
 
     def _push(self) -> None:
-        """The fill events of the units in `unpushed` still filling, pushed anew."""
+        """The fill events of the units in `unpushed` still filling, written anew."""
         filling = self.filling
-        for key in self.unpushed:
-            if key in filling:
-                self._schedule(key)
+        keys = [key for key in self.unpushed if key in filling]
         self.unpushed = {}
+        if len(keys) >= _ARRAYS_FROM:
+            self._schedule_all(keys)
+            return
+        for key in keys:
+            self._schedule(key)
 
     def _schedule(self, key: str) -> None:
-        """Push filling unit `key`'s two moments from its fill and inflow now."""
+        """Write filling unit `key`'s two moments from its fill and inflow now."""
         self.seq = seq = self.seq + 1
-        self.fill_seq[key] = seq
+        i = self.index[key]
         inflow, held, start = self.inflow[key], self.filled[key], self.unit_t[key]
-        heapq.heappush(self.at_cap, (start + (self.cap[key] - held) / inflow, seq, key))
-        heapq.heappush(self.at_full, (start + (self.full_at[key] - held) / inflow, seq, key))
-        if len(self.at_cap) > 4 * len(self.filling) + 1024:
-            self._compact()
+        self.t_cap[i] = start + (self.cap[key] - held) / inflow
+        self.t_full[i] = start + (self.full_at[key] - held) / inflow
+        self.ev_seq[i] = seq
 
-    def _compact(self) -> None:
-        """Drop stale fill events once they outnumber the live ones by far."""
-        live = self._live
-        self.at_cap = [e for e in self.at_cap if live(e)]
-        self.at_full = [e for e in self.at_full if live(e)]
-        heapq.heapify(self.at_cap)
-        heapq.heapify(self.at_full)
+    def _schedule_all(self, keys: list[str]) -> None:
+        """_schedule of each of `keys` in turn, as array operations (elementwise, so the
+        same IEEE results)."""
+        n = len(keys)
+        idx = np.fromiter(map(self.index.__getitem__, keys), np.intp, n)
+        inflow = np.fromiter(map(self.inflow.__getitem__, keys), float, n)
+        held = np.fromiter(map(self.filled.__getitem__, keys), float, n)
+        start = np.fromiter(map(self.unit_t.__getitem__, keys), float, n)
+        cap = np.fromiter(map(self.cap.__getitem__, keys), float, n)
+        full_at = np.fromiter(map(self.full_at.__getitem__, keys), float, n)
+        self.t_cap[idx] = start + (cap - held) / inflow
+        self.t_full[idx] = start + (full_at - held) / inflow
+        self.ev_seq[idx] = np.arange(self.seq + 1, self.seq + 1 + n)
+        self.seq += n
 
-    def _live(self, event: tuple[float, int, str]) -> bool:
-        """Is this fill event the unit's latest, and the unit still filling?"""
-        _, seq, key = event
-        return key in self.filling and self.fill_seq[key] == seq
+    def _drop(self, i: int) -> None:
+        """Unit `keys[i]` is no longer filling: its (stale) events are dropped."""
+        self.t_cap[i] = math.inf
+        self.t_full[i] = math.inf
+
+    def _soonest_cap(self) -> str | None:
+        """The filling unit whose cap event is soonest (the first written among equals),
+        its stale rivals dropped on the way; None: no unit is filling."""
+        t_cap, keys, filling = self.t_cap, self.keys, self.filling
+        while True:
+            i = int(t_cap.argmin())
+            when = t_cap[i]
+            if when == math.inf:
+                return None
+            ties = np.flatnonzero(t_cap == when)
+            if len(ties) > 1:
+                live = [int(j) for j in ties if keys[j] in filling]
+                for j in ties.tolist():
+                    if keys[j] not in filling:
+                        self._drop(j)
+                if not live:
+                    continue
+                i = min(live, key=self.ev_seq.__getitem__)
+            key = keys[i]
+            if key in filling:
+                return key
+            self._drop(i)
 
     def filled_now(self, key: str, now: float) -> float:
         """What unit `key` holds at `now`, without bringing it up to date."""
@@ -219,7 +267,8 @@ class Units:
         self.moved = set()
         if self.lru:
             self.filling, self.fill_pos, self.unpushed = {}, {}, {}
-            self.at_cap, self.at_full = [], []
+            self.t_cap.fill(math.inf)
+            self.t_full.fill(math.inf)
             return
         filled, full_at = self.filled, self.full_at
         self.filling = {key: None for key in inflow if filled[key] < full_at[key]}  # room
@@ -288,11 +337,9 @@ class Units:
         soonest = limit
         if self.unpushed:
             self._push()
-        events, live = self.at_cap, self._live
-        while events and not live(events[0]):
-            heapq.heappop(events)
-        if events:
-            until = self._until_cap(events[0][2], now)
+        key = self._soonest_cap()
+        if key is not None:
+            until = self._until_cap(key, now)
             if until is not None:
                 if until < soonest:
                     soonest = until
@@ -320,15 +367,10 @@ class Units:
         late = now + 1e-9 * (now if now > 1.0 else 1.0)
         if self.unpushed:
             self._push()
-        events, live, not_yet = self.at_full, self._live, []
-        while events and events[0][0] <= late:
-            event = heapq.heappop(events)
-            if not live(event):
-                continue
-            key = event[2]
-            if self.filled_now(key, now) >= self.full_at[key]:
+        t_full, keys, filling, full_at = self.t_full, self.keys, self.filling, self.full_at
+        for i in np.flatnonzero(t_full <= late).tolist():
+            key = keys[i]
+            if key in filling and self.filled_now(key, now) >= full_at[key]:
                 self.sync(key, now)  # (which ends its filling)
-            if key in self.filling:
-                not_yet.append(event)
-        for event in not_yet:
-            heapq.heappush(events, event)
+            if key not in filling:
+                self._drop(i)

@@ -2,8 +2,8 @@
 
 The simulator's steps are bounded by the soonest moment a filling unit reaches its cap
 (or takes its shared-fill step), and a unit that reaches full_at re-plans. Units keeps
-those moments in heaps; these tests drive it through random allocations, inflow moves,
-readers leaving and steps, and check at every step that the heaps give what looking at
+those moments in arrays; these tests drive it through random allocations, inflow moves,
+readers leaving and steps, and check at every step that the arrays give what looking at
 every filling unit gives: the same step to the bit, and the same units full.
 """
 
