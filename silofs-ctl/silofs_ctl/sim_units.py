@@ -69,6 +69,10 @@ class Units:
             self.tol[key] = tol if tol > 1.0 else 1.0  # max(1, size * 1e-12)
             self._cap(key)
         self.in_use: set[str] = set()  # units allocated or holding bytes (see allocate)
+        # Units that had room (below full_at) at the last allocation, some of which may
+        # have filled since: between two allocations a unit's full_at stays and its fill
+        # only grows, so a unit without room stays so (below_allocation prunes them).
+        self.roomy: set[str] = set()
         self.inflow: dict[str, float] = {}  # remote bytes/s its running readers fetch
         self.unit_t: dict[str, float] = {}  # when its fill was last brought to now
         # Units with inflow and room: they bound steps. A dict for its order: the
@@ -215,12 +219,26 @@ class Units:
             for key in list(self.inflow):
                 self.sync(key, now)
             return
-        unit_t, filled, cap = self.unit_t, self.filled, self.cap
+        # (sync of each, written out: this visits every unit with an inflow at every
+        # plan)
+        unit_t, filled, cap, full_at, filling = (
+            self.unit_t, self.filled, self.cap, self.full_at, self.filling
+        )  # fmt: skip
         for key, inflow in self.inflow.items():
-            if inflow > 0 and filled[key] < cap[key]:
-                self.sync(key, now)
-            else:  # (all sync would do: it holds what it will hold)
-                unit_t[key] = now
+            if inflow > 0:
+                held, top = filled[key], cap[key]
+                if held < top:
+                    last = unit_t.get(key, now)
+                    unit_t[key] = now
+                    if now <= last:
+                        continue
+                    held += inflow * (now - last)
+                    filled[key] = held = held if held < top else top  # min(cap, held)
+                    if held >= full_at[key]:
+                        self.full = True  # what the policy planned with has changed
+                        filling.pop(key, None)
+                    continue
+            unit_t[key] = now  # (all sync would do: it holds what it will hold)
 
     def move_inflow(self, key: str, new: float, old: float, now: float) -> None:
         """A reader of unit `key` now fetches `new` bytes/s instead of `old`."""
@@ -285,14 +303,20 @@ class Units:
         # Units neither allocated nor holding anything, and not in the new allocation,
         # stay as they are: only the others are visited (CoorDL has a unit per job of
         # the whole trace, most of them long finished or not yet arrived).
+        # (_cap written out: a plan of Gavel moves every running job's unit)
         allocated, filled, moved = self.allocated, self.filled, self.moved
+        size_of, tol_of, cap_of, full_of = self.size, self.tol, self.cap, self.full_at
         in_use: set[str] = set()
+        roomy: set[str] = set()
+        get = cache.get
         for key in self.in_use | cache.keys():
-            want = cache.get(key, 0.0)
+            want = get(key, 0.0)
             want = want if want > 0.0 else 0.0  # max(0, want)
             if allocated[key] != want:
                 allocated[key] = want
-                self._cap(key)
+                size = size_of[key]
+                cap_of[key] = cap = size if size < want else want  # min(want, size)
+                full_of[key] = cap - tol_of[key]
                 moved.add(key)
             held = filled[key]
             if held > want:
@@ -302,13 +326,25 @@ class Units:
                 moved.add(key)
             if want > 0 or held > 0:
                 in_use.add(key)
-        self.in_use = in_use
+                if held < full_of[key]:
+                    roomy.add(key)
+        self.in_use, self.roomy = in_use, roomy
         # (reset_inflow, which always follows, pushes the fill events of `moved` anew)
 
     def below_allocation(self, jobs: Iterable[SimJob]) -> bool:
         """Is a unit some of `jobs` read still below its allocation?"""
-        filled, allocated = self.filled, self.allocated
+        # A job's unit is below its allocation, less the job's rounding, exactly when
+        # it has room (its size is the unit's, its eps the unit's tol): only units that
+        # had room at the last allocation can, and when none still has, none is.
+        filled, full_at, roomy = self.filled, self.full_at, self.roomy
+        full = [key for key in roomy if not filled[key] < full_at[key]]
+        roomy.difference_update(full)
+        if not roomy:
+            return False
+        allocated = self.allocated
         for job in jobs:
+            if job.unit not in roomy:
+                continue
             want, size = allocated[job.unit], job.size
             if filled[job.unit] < (size if size < want else want) - job.eps:
                 return True
