@@ -335,19 +335,19 @@ class Units:
         """Is a unit some of `jobs` read still below its allocation?"""
         # A job's unit is below its allocation, less the job's rounding, exactly when
         # it has room (its size is the unit's, its eps the unit's tol): only units that
-        # had room at the last allocation can, and when none still has, none is.
-        filled, full_at, roomy = self.filled, self.full_at, self.roomy
-        full = [key for key in roomy if not filled[key] < full_at[key]]
-        roomy.difference_update(full)
+        # had room at the last allocation can, and one found without is dropped from
+        # them (it stays so until the next), so that once none has, none is looked at.
+        roomy = self.roomy
         if not roomy:
             return False
-        allocated = self.allocated
+        filled, allocated = self.filled, self.allocated
         for job in jobs:
-            if job.unit not in roomy:
-                continue
-            want, size = allocated[job.unit], job.size
-            if filled[job.unit] < (size if size < want else want) - job.eps:
-                return True
+            key = job.unit
+            if key in roomy:
+                want, size = allocated[key], job.size
+                if filled[key] < (size if size < want else want) - job.eps:
+                    return True
+                roomy.discard(key)
         return False
 
     def readers(self, key: str, count: int) -> None:
