@@ -152,6 +152,12 @@ class Units:
         self.t_cap[i] = math.inf
         self.t_full[i] = math.inf
 
+    def _stop_filling(self, key: str) -> None:
+        """Unit `key` is no longer filling (if it was): its events go with it, so that
+        a search for the soonest does not meet them."""
+        if self.filling.pop(key, 0) is None:
+            self._drop(self.index[key])
+
     def _soonest_cap(self) -> str | None:
         """The filling unit whose cap event is soonest (the first written among equals),
         its stale rivals dropped on the way; None: no unit is filling."""
@@ -211,7 +217,7 @@ class Units:
         self.filled[key] = held = held if held < cap else cap  # min(cap, held)
         if held >= self.full_at[key]:
             self.full = True  # what the policy planned with has changed
-            self.filling.pop(key, None)
+            self._stop_filling(key)
 
     def sync_all(self, now: float) -> None:
         """Every unit with an inflow brought to `now`."""
@@ -236,7 +242,8 @@ class Units:
                     filled[key] = held = held if held < top else top  # min(cap, held)
                     if held >= full_at[key]:
                         self.full = True  # what the policy planned with has changed
-                        filling.pop(key, None)
+                        if filling.pop(key, 0) is None:
+                            self._drop(self.index[key])
                     continue
             unit_t[key] = now  # (all sync would do: it holds what it will hold)
 
@@ -252,7 +259,7 @@ class Units:
         if not lru and inflow > 0 and self.room(key):
             self._start_filling(key)
         else:
-            self.filling.pop(key, None)
+            self._stop_filling(key)
 
     def leave(self, key: str, remote: float, now: float) -> None:
         """A reader of unit `key` that fetched `remote` bytes/s left."""
@@ -260,7 +267,7 @@ class Units:
         inflow = self.inflow.get(key, 0.0) - remote
         self.inflow[key] = inflow = inflow if inflow > 1e-9 else 0.0
         if inflow <= 0:
-            self.filling.pop(key, None)
+            self._stop_filling(key)
         elif key in self.filling:
             self.unpushed[key] = None
 
@@ -289,7 +296,11 @@ class Units:
             self.t_full.fill(math.inf)
             return
         filled, full_at = self.filled, self.full_at
-        self.filling = {key: None for key in inflow if filled[key] < full_at[key]}  # room
+        self.filling = filling = {key: None for key in inflow if filled[key] < full_at[key]}
+        stopped = [self.index[key] for key in was_filling if key not in filling]
+        if stopped:
+            self.t_cap[stopped] = math.inf
+            self.t_full[stopped] = math.inf
         self.fill_pos = dict(zip(self.filling, range(len(self.filling)), strict=True))
         self.fill_count = len(self.filling)
         for key in self.filling:
