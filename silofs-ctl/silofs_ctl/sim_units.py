@@ -32,6 +32,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Iterable, Mapping
+from itertools import repeat
 
 import numpy as np
 
@@ -68,6 +69,7 @@ class Units:
             tol = size * 1e-12
             self.tol[key] = tol if tol > 1.0 else 1.0  # max(1, size * 1e-12)
             self._cap(key)
+        self.size_tol = {key: (size, self.tol[key]) for key, size in self.size.items()}
         self.in_use: set[str] = set()  # units allocated or holding bytes (see allocate)
         # Units that had room (below full_at) at the last allocation, some of which may
         # have filled since: between two allocations a unit's full_at stays and its fill
@@ -314,33 +316,49 @@ class Units:
         # Units neither allocated nor holding anything, and not in the new allocation,
         # stay as they are: only the others are visited (CoorDL has a unit per job of
         # the whole trace, most of them long finished or not yet arrived).
-        # (_cap written out: a plan of Gavel moves every running job's unit)
-        allocated, filled, moved = self.allocated, self.filled, self.moved
-        size_of, tol_of, cap_of, full_of = self.size, self.tol, self.cap, self.full_at
+        # (_cap written out: a plan of Gavel moves every running job's unit, and each
+        # arrival shrinks every CoorDL job's slice, so half of them evict)
         in_use: set[str] = set()
         roomy: set[str] = set()
-        get = cache.get
-        for key in self.in_use | cache.keys():
-            want = get(key, 0.0)
+        self._allocate(cache.items(), readers, in_use, roomy)
+        self._allocate(zip(self.in_use - cache.keys(), repeat(0.0)), readers, in_use, roomy)
+        self.in_use, self.roomy = in_use, roomy
+        # (reset_inflow, which always follows, pushes the fill events of `moved` anew)
+
+    def _allocate(
+        self,
+        wants: Iterable[tuple[str, float]],
+        readers: Mapping[str, list[SimJob]],
+        in_use: set[str],
+        roomy: set[str],
+    ) -> None:
+        """allocate's work for units `wants` (unit, bytes): into `in_use` the units
+        allocated or holding bytes, into `roomy` those of them with room."""
+        allocated, filled, cap_of, full_of = self.allocated, self.filled, self.cap, self.full_at
+        size_tol, moved_add, in_use_add, roomy_add = (
+            self.size_tol, self.moved.add, in_use.add, roomy.add
+        )  # fmt: skip
+        for key, want in wants:
             want = want if want > 0.0 else 0.0  # max(0, want)
             if allocated[key] != want:
                 allocated[key] = want
-                size = size_of[key]
+                size, tol = size_tol[key]
                 cap_of[key] = cap = size if size < want else want  # min(want, size)
-                full_of[key] = cap - tol_of[key]
-                moved.add(key)
+                full_of[key] = full = cap - tol
+                moved_add(key)
+            else:
+                full = full_of[key]
             held = filled[key]
-            if held > want:
+            if held > want:  # (so held > 0)
+                scale = want / held
                 for job in readers.get(key, ()):
-                    job.effective *= want / held if held > 0 else 0.0
+                    job.effective *= scale
                 filled[key] = held = want
-                moved.add(key)
+                moved_add(key)
             if want > 0 or held > 0:
-                in_use.add(key)
-                if held < full_of[key]:
-                    roomy.add(key)
-        self.in_use, self.roomy = in_use, roomy
-        # (reset_inflow, which always follows, pushes the fill events of `moved` anew)
+                in_use_add(key)
+                if held < full:
+                    roomy_add(key)
 
     def below_allocation(self, jobs: Iterable[SimJob]) -> bool:
         """Is a unit some of `jobs` read still below its allocation?"""
