@@ -45,8 +45,10 @@ log = logging.getLogger(__name__)
 # The most of a dataset filled per step while several jobs read it: what one fetches
 # raises the others' hits continuously, and a step holds their rates constant.
 SHARED_FILL_STEP = 0.02
-# From this many units' entries written at once they are written as arrays (numpy's
-# fixed cost per call pays for itself); fewer are written one at a time.
+# From this many units the fill events are numpy arrays (a search is a call in C over
+# them); below, lists (numpy's fixed cost per call is more than a scan of a few). From
+# this many entries written at once they are written as array operations.
+_ARRAYS_FROM_UNITS = 64
 _ARRAYS_FROM = 32
 
 
@@ -91,9 +93,16 @@ class Units:
         # it reaches full_at (math.inf: none), and the order they were written in.
         self.keys = list(units)
         self.index = {key: i for i, key in enumerate(self.keys)}
-        self.t_cap = np.full(len(self.keys), math.inf)
-        self.t_full = np.full(len(self.keys), math.inf)
-        self.ev_seq = np.zeros(len(self.keys), np.int64)
+        n = len(self.keys)
+        self.arrays = n >= _ARRAYS_FROM_UNITS
+        self.t_cap: np.ndarray | list[float]
+        self.t_full: np.ndarray | list[float]
+        self.ev_seq: np.ndarray | list[int]
+        if self.arrays:
+            self.t_cap, self.t_full = np.full(n, math.inf), np.full(n, math.inf)
+            self.ev_seq = np.zeros(n, np.int64)
+        else:
+            self.t_cap, self.t_full, self.ev_seq = [math.inf] * n, [math.inf] * n, [0] * n
         self.seq = 0  # the last fill event's sequence number
         self.shared: set[str] = set()  # units at least two active jobs read
         self.moved: set[str] = set()  # units whose cap or fill a plan moved (allocate)
@@ -119,7 +128,7 @@ class Units:
         filling = self.filling
         keys = [key for key in self.unpushed if key in filling]
         self.unpushed = {}
-        if len(keys) >= _ARRAYS_FROM:
+        if self.arrays and len(keys) >= _ARRAYS_FROM:
             self._schedule_all(keys)
             return
         for key in keys:
@@ -164,17 +173,22 @@ class Units:
         """The filling unit whose cap event is soonest (the first written among equals),
         its stale rivals dropped on the way; None: no unit is filling."""
         t_cap, keys, filling = self.t_cap, self.keys, self.filling
+        if not keys:
+            return None
         while True:
-            i = int(t_cap.argmin())
+            i, tied = self._first_min(t_cap)
             when = t_cap[i]
             if when == math.inf:
                 return None
-            ties = np.flatnonzero(t_cap == when)
-            if len(ties) > 1:
-                live = [int(j) for j in ties if keys[j] in filling]
-                for j in ties.tolist():
+            if tied:
+                if self.arrays:
+                    ties = np.flatnonzero(t_cap == when).tolist()  # type: ignore[operator]
+                else:
+                    ties = [j for j, t in enumerate(t_cap) if t == when]
+                for j in ties:
                     if keys[j] not in filling:
                         self._drop(j)
+                live = [j for j in ties if keys[j] in filling]
                 if not live:
                     continue
                 i = min(live, key=self.ev_seq.__getitem__)
@@ -182,6 +196,25 @@ class Units:
             if key in filling:
                 return key
             self._drop(i)
+
+    def _first_min(self, t: np.ndarray | list[float]) -> tuple[int, bool]:
+        """Where `t` is least (the first place), and whether another place ties."""
+        if self.arrays:
+            i = int(t.argmin())  # type: ignore[union-attr]
+            return i, len(t) - 1 - int(t[::-1].argmin()) != i  # type: ignore[index]
+        least = min(t)
+        return t.index(least), t.count(least) > 1  # type: ignore[union-attr]
+
+    def _due(self, late: float) -> list[int]:
+        """The places whose full moment is at most `late`."""
+        t_full = self.t_full
+        if self.arrays:
+            if t_full.min() > late:  # type: ignore[union-attr]
+                return []
+            return np.flatnonzero(t_full <= late).tolist()  # type: ignore[operator]
+        if min(t_full, default=math.inf) > late:
+            return []
+        return [i for i, t in enumerate(t_full) if t <= late]
 
     def filled_now(self, key: str, now: float) -> float:
         """What unit `key` holds at `now`, without bringing it up to date."""
@@ -294,15 +327,19 @@ class Units:
         self.moved = set()
         if self.lru:
             self.filling, self.fill_pos, self.unpushed = {}, {}, {}
-            self.t_cap.fill(math.inf)
-            self.t_full.fill(math.inf)
+            n = len(self.keys)
+            self.t_cap[:] = [math.inf] * n
+            self.t_full[:] = [math.inf] * n
             return
         filled, full_at = self.filled, self.full_at
         self.filling = filling = {key: None for key in inflow if filled[key] < full_at[key]}
         stopped = [self.index[key] for key in was_filling if key not in filling]
-        if stopped:
+        if stopped and self.arrays:
             self.t_cap[stopped] = math.inf
             self.t_full[stopped] = math.inf
+        else:
+            for i in stopped:
+                self._drop(i)
         self.fill_pos = dict(zip(self.filling, range(len(self.filling)), strict=True))
         self.fill_count = len(self.filling)
         for key in self.filling:
@@ -432,8 +469,8 @@ class Units:
         late = now + 1e-9 * (now if now > 1.0 else 1.0)
         if self.unpushed:
             self._push()
-        t_full, keys, filling, full_at = self.t_full, self.keys, self.filling, self.full_at
-        for i in np.flatnonzero(t_full <= late).tolist():
+        keys, filling, full_at = self.keys, self.filling, self.full_at
+        for i in self._due(late):
             key = keys[i]
             if key in filling and self.filled_now(key, now) >= full_at[key]:
                 self.sync(key, now)  # (which ends its filling)

@@ -53,16 +53,18 @@ def plan(units: Units, rnd: random.Random, now: float) -> None:
     units.reset_inflow(inflow)
 
 
+@pytest.mark.parametrize("n", [40, 80])  # (fill events in lists, and in numpy arrays)
 @pytest.mark.parametrize("seed", range(6))
-def test_fill_events_give_the_step_and_the_full_units_a_scan_gives(seed: int) -> None:
+def test_fill_events_give_the_step_and_the_full_units_a_scan_gives(seed: int, n: int) -> None:
     rnd = random.Random(seed)
-    units = make(40)
+    units = make(n)
+    assert units.arrays == (n >= 64)
     now = 0.0
     plan(units, rnd, now)
     fulls = 0
     for _ in range(3000):
         action = rnd.random()
-        key = f"u{rnd.randrange(40)}"
+        key = f"u{rnd.randrange(n)}"
         if action < 0.05:
             plan(units, rnd, now)
         elif action < 0.45:
