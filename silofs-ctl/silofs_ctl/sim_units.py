@@ -14,10 +14,11 @@ grows up to its steady-state target.
 
 Fill events. While a filling unit's inflow and cap stay, the moment it reaches its cap
 (which bounds the simulator's steps) and the moment it reaches `full_at` (from which it
-counts as full) are fixed; both are kept per unit in two arrays (`t_cap`, `t_full`), so
-a step costs a min or a comparison over them in C, not a visit of every filling unit
-(CoorDL runs some 500 of them at once). A unit's entry stands while it is filling; one
-that left `filling` is stale and set to infinity where a search meets it. A unit whose
+counts as full) are fixed; both are kept per unit in two arrays (`t_cap`, `t_full`:
+numpy from 64 units, lists below), so a step costs a min or a comparison over them in
+C, not a visit of every filling unit (CoorDL runs some 500 of them at once). A unit's
+entries stand while it is filling and are set to infinity when it stops (one found
+stale where a search meets it is dropped there). A unit whose
 inflow or cap moves has its entries written anew when they are next read (once per step
 however many of its readers were re-rated; after a plan, all of them at once as array
 operations, the same IEEE arithmetic as one at a time). Bringing a unit's fill to now
