@@ -556,27 +556,46 @@ class LruPool:
     def hit(self, job: SimJob) -> float:
         """The job's hit ratio from its position to its next segment boundary (set in
         job.boundary, a position in its epoch; math.inf: none)."""
+        # (held, hit_between and min and max written out, the same arithmetic: this
+        # runs for every LRU reader re-rated at every step and plan)
         job.boundary = math.inf
         if job.epochs_done == 0:
             return job.first_hit
         dataset = job.spec.dataset
-        held = job.lru_held = self.held(dataset)
-        r = held / job.size
-        y = job.pos / job.size
+        resident = self.resident.get(dataset, 0.0)
+        target = self.target.get(dataset, 0.0)
+        held = job.lru_held = target if target < resident else resident  # self.held
+        size = job.size
+        r = held / size
+        y = job.pos / size
         if r >= 1.0:
             return 1.0
         # The segments are a grid over the part of the epoch the target holding can hit,
         # fixed until the next re-target: a holding still growing towards its target
         # moves the hit ratio at the grid's points, not at ever shorter segments that
         # chase its edge (segments/epoch events at most in the part that can hit).
-        top = min(1.0, self.target.get(dataset, 0.0) / job.size)
+        top = target / size
+        top = top if top < 1.0 else 1.0  # min(1, target / size)
         # Positions within rounding (eps bytes) of a boundary count as on it: an event
         # lands there, and the integral over a vanishing segment is noise.
-        if (top - y) * job.size <= job.eps:
+        eps = job.eps
+        if (top - y) * size <= eps:
             return 0.0
         step = top / self.segments
         k = math.floor(y / step + 1e-9) + 1
-        job.boundary = min(top, k * step)
-        if (job.boundary - y) * job.size <= job.eps:
-            job.boundary = min(top, (k + 1) * step)
-        return hit_between(r, y, job.boundary)
+        end = k * step
+        end = end if end < top else top  # min(top, k * step)
+        if (end - y) * size <= eps:
+            end = (k + 1) * step
+            end = end if end < top else top
+        job.boundary = end
+        if end <= y:
+            return hit_at(r, y)
+        # hit_between(r, y, end)
+        s = 1.0 - r
+        last = r if r < end else end  # min(end, r)
+        if last <= y:
+            return 0.0
+        hits = (last - y) - s * math.log((1.0 - y) / (1.0 - last))
+        hits /= end - y
+        return hits if hits > 0.0 else 0.0  # max(0, hits)

@@ -14,21 +14,28 @@ grows up to its steady-state target.
 
 Fill events. While a filling unit's inflow and cap stay, the moment it reaches its cap
 (which bounds the simulator's steps) and the moment it reaches `full_at` (from which it
-counts as full) are fixed; both are kept in heaps, like the jobs' events in sim_clock,
-so a step costs the soonest of them, not a visit to every filling unit. An entry
-(time, seq, key) is stale unless seq is the unit's latest (`fill_seq`) and the unit is
-still filling: a unit whose inflow or cap moves has new ones pushed when the heaps are
-next read (once per step however many of its readers were re-rated). Bringing a unit's
-fill to now (sync) moves neither moment, so it pushes nothing. The moments only choose
-which units to look at: the step to a unit's cap and whether it is full are found from
-its fill now, as a visit of every unit would find them.
+counts as full) are fixed; both are kept per unit in two arrays (`t_cap`, `t_full`:
+numpy from 64 units, lists below), so a step costs a min or a comparison over them in
+C, not a visit of every filling unit (CoorDL runs some 500 of them at once). A unit's
+entries stand while it is filling and are set to infinity when it stops (one found
+stale where a search meets it is dropped there). A unit whose
+inflow or cap moves has its entries written anew when they are next read (once per step
+however many of its readers were re-rated; after a plan, all of them at once as array
+operations, the same IEEE arithmetic as one at a time). Bringing a unit's fill to now
+(sync) moves neither moment, so it writes nothing. Among equal moments the one written
+first is taken (`ev_seq`). The moments only choose which units to look at: the step to
+a unit's cap and whether it is full are found from its fill now, as a visit of every
+unit would find them.
 """
 
 from __future__ import annotations
 
-import heapq
 import logging
+import math
 from collections.abc import Iterable, Mapping
+from itertools import repeat
+
+import numpy as np
 
 from .model import CacheUnit
 from .sim_job import SimJob
@@ -39,6 +46,11 @@ log = logging.getLogger(__name__)
 # The most of a dataset filled per step while several jobs read it: what one fetches
 # raises the others' hits continuously, and a step holds their rates constant.
 SHARED_FILL_STEP = 0.02
+# From this many units the fill events are numpy arrays (a search is a call in C over
+# them); below, lists (numpy's fixed cost per call is more than a scan of a few). From
+# this many entries written at once they are written as array operations.
+_ARRAYS_FROM_UNITS = 64
+_ARRAYS_FROM = 32
 
 
 class Units:
@@ -53,9 +65,19 @@ class Units:
         # allocation moves, read at every step.
         self.cap: dict[str, float] = {}
         self.full_at: dict[str, float] = {}
-        for key in units:
+        # Each unit's size, and what less than its cap counts as full (rounding): fixed.
+        self.size: dict[str, float] = {key: unit.size for key, unit in units.items()}
+        self.tol: dict[str, float] = {}
+        for key, size in self.size.items():
+            tol = size * 1e-12
+            self.tol[key] = tol if tol > 1.0 else 1.0  # max(1, size * 1e-12)
             self._cap(key)
+        self.size_tol = {key: (size, self.tol[key]) for key, size in self.size.items()}
         self.in_use: set[str] = set()  # units allocated or holding bytes (see allocate)
+        # Units that had room (below full_at) at the last allocation, some of which may
+        # have filled since: between two allocations a unit's full_at stays and its fill
+        # only grows, so a unit without room stays so (below_allocation prunes them).
+        self.roomy: set[str] = set()
         self.inflow: dict[str, float] = {}  # remote bytes/s its running readers fetch
         self.unit_t: dict[str, float] = {}  # when its fill was last brought to now
         # Units with inflow and room: they bound steps. A dict for its order: the
@@ -64,24 +86,34 @@ class Units:
         self.filling: dict[str, None] = {}
         self.fill_pos: dict[str, int] = {}  # a filling unit's place in that order
         self.fill_count = 0  # units that started filling (the next place)
-        self.fill_seq: dict[str, int] = {}  # its latest fill events' sequence number
-        # Filling units whose inflow or cap moved since their events were pushed: pushed
-        # anew when the heaps are next read (a step moves a shared unit's inflow once
-        # per reader it re-rates). A dict for its order, as `filling`.
+        # Filling units whose inflow or cap moved since their events were written:
+        # written anew when the events are next read (a step moves a shared unit's
+        # inflow once per reader it re-rates). A dict for its order, as `filling`.
         self.unpushed: dict[str, None] = {}
+        # The fill events, by the unit's place in `keys`: when it reaches its cap, when
+        # it reaches full_at (math.inf: none), and the order they were written in.
+        self.keys = list(units)
+        self.index = {key: i for i, key in enumerate(self.keys)}
+        n = len(self.keys)
+        self.arrays = n >= _ARRAYS_FROM_UNITS
+        self.t_cap: np.ndarray | list[float]
+        self.t_full: np.ndarray | list[float]
+        self.ev_seq: np.ndarray | list[int]
+        if self.arrays:
+            self.t_cap, self.t_full = np.full(n, math.inf), np.full(n, math.inf)
+            self.ev_seq = np.zeros(n, np.int64)
+        else:
+            self.t_cap, self.t_full, self.ev_seq = [math.inf] * n, [math.inf] * n, [0] * n
         self.seq = 0  # the last fill event's sequence number
-        self.at_cap: list[tuple[float, int, str]] = []  # (when it reaches cap, seq, key)
-        self.at_full: list[tuple[float, int, str]] = []  # (when it reaches full_at, ...)
         self.shared: set[str] = set()  # units at least two active jobs read
         self.moved: set[str] = set()  # units whose cap or fill a plan moved (allocate)
         self.full = False  # a unit became full since the flag was last cleared
 
     def _cap(self, key: str) -> None:
-        size = self.units[key].size
+        size = self.size[key]
         want = self.allocated[key]
         self.cap[key] = cap = size if size < want else want  # min(want, size)
-        tol = size * 1e-12
-        self.full_at[key] = cap - (tol if tol > 1.0 else 1.0)  # max(1, size * 1e-12)
+        self.full_at[key] = cap - self.tol[key]
 
     def _start_filling(self, key: str) -> None:
         """Unit `key` (brought to now, with inflow and room) is filling; its fill events
@@ -93,35 +125,97 @@ class Units:
         self.unpushed[key] = None
 
     def _push(self) -> None:
-        """The fill events of the units in `unpushed` still filling, pushed anew."""
+        """The fill events of the units in `unpushed` still filling, written anew."""
         filling = self.filling
-        for key in self.unpushed:
-            if key in filling:
-                self._schedule(key)
+        keys = [key for key in self.unpushed if key in filling]
         self.unpushed = {}
+        if self.arrays and len(keys) >= _ARRAYS_FROM:
+            self._schedule_all(keys)
+            return
+        for key in keys:
+            self._schedule(key)
 
     def _schedule(self, key: str) -> None:
-        """Push filling unit `key`'s two moments from its fill and inflow now."""
+        """Write filling unit `key`'s two moments from its fill and inflow now."""
         self.seq = seq = self.seq + 1
-        self.fill_seq[key] = seq
+        i = self.index[key]
         inflow, held, start = self.inflow[key], self.filled[key], self.unit_t[key]
-        heapq.heappush(self.at_cap, (start + (self.cap[key] - held) / inflow, seq, key))
-        heapq.heappush(self.at_full, (start + (self.full_at[key] - held) / inflow, seq, key))
-        if len(self.at_cap) > 4 * len(self.filling) + 1024:
-            self._compact()
+        self.t_cap[i] = start + (self.cap[key] - held) / inflow
+        self.t_full[i] = start + (self.full_at[key] - held) / inflow
+        self.ev_seq[i] = seq
 
-    def _compact(self) -> None:
-        """Drop stale fill events once they outnumber the live ones by far."""
-        live = self._live
-        self.at_cap = [e for e in self.at_cap if live(e)]
-        self.at_full = [e for e in self.at_full if live(e)]
-        heapq.heapify(self.at_cap)
-        heapq.heapify(self.at_full)
+    def _schedule_all(self, keys: list[str]) -> None:
+        """_schedule of each of `keys` in turn, as array operations (elementwise, so the
+        same IEEE results)."""
+        n = len(keys)
+        idx = np.fromiter(map(self.index.__getitem__, keys), np.intp, n)
+        inflow = np.fromiter(map(self.inflow.__getitem__, keys), float, n)
+        held = np.fromiter(map(self.filled.__getitem__, keys), float, n)
+        start = np.fromiter(map(self.unit_t.__getitem__, keys), float, n)
+        cap = np.fromiter(map(self.cap.__getitem__, keys), float, n)
+        full_at = np.fromiter(map(self.full_at.__getitem__, keys), float, n)
+        self.t_cap[idx] = start + (cap - held) / inflow
+        self.t_full[idx] = start + (full_at - held) / inflow
+        self.ev_seq[idx] = np.arange(self.seq + 1, self.seq + 1 + n)
+        self.seq += n
 
-    def _live(self, event: tuple[float, int, str]) -> bool:
-        """Is this fill event the unit's latest, and the unit still filling?"""
-        _, seq, key = event
-        return key in self.filling and self.fill_seq[key] == seq
+    def _drop(self, i: int) -> None:
+        """Unit `keys[i]` is no longer filling: its (stale) events are dropped."""
+        self.t_cap[i] = math.inf
+        self.t_full[i] = math.inf
+
+    def _stop_filling(self, key: str) -> None:
+        """Unit `key` is no longer filling (if it was): its events go with it, so that
+        a search for the soonest does not meet them."""
+        if self.filling.pop(key, 0) is None:
+            self._drop(self.index[key])
+
+    def _soonest_cap(self) -> str | None:
+        """The filling unit whose cap event is soonest (the first written among equals),
+        its stale rivals dropped on the way; None: no unit is filling."""
+        t_cap, keys, filling = self.t_cap, self.keys, self.filling
+        if not keys:
+            return None
+        while True:
+            i, tied = self._first_min(t_cap)
+            when = t_cap[i]
+            if when == math.inf:
+                return None
+            if tied:
+                if self.arrays:
+                    ties = np.flatnonzero(t_cap == when).tolist()  # type: ignore[operator]
+                else:
+                    ties = [j for j, t in enumerate(t_cap) if t == when]
+                for j in ties:
+                    if keys[j] not in filling:
+                        self._drop(j)
+                live = [j for j in ties if keys[j] in filling]
+                if not live:
+                    continue
+                i = min(live, key=self.ev_seq.__getitem__)
+            key = keys[i]
+            if key in filling:
+                return key
+            self._drop(i)
+
+    def _first_min(self, t: np.ndarray | list[float]) -> tuple[int, bool]:
+        """Where `t` is least (the first place), and whether another place ties."""
+        if self.arrays:
+            i = int(t.argmin())  # type: ignore[union-attr]
+            return i, len(t) - 1 - int(t[::-1].argmin()) != i  # type: ignore[index]
+        least = min(t)
+        return t.index(least), t.count(least) > 1  # type: ignore[union-attr]
+
+    def _due(self, late: float) -> list[int]:
+        """The places whose full moment is at most `late`."""
+        t_full = self.t_full
+        if self.arrays:
+            if t_full.min() > late:  # type: ignore[union-attr]
+                return []
+            return np.flatnonzero(t_full <= late).tolist()  # type: ignore[operator]
+        if min(t_full, default=math.inf) > late:
+            return []
+        return [i for i, t in enumerate(t_full) if t <= late]
 
     def filled_now(self, key: str, now: float) -> float:
         """What unit `key` holds at `now`, without bringing it up to date."""
@@ -159,7 +253,7 @@ class Units:
         self.filled[key] = held = held if held < cap else cap  # min(cap, held)
         if held >= self.full_at[key]:
             self.full = True  # what the policy planned with has changed
-            self.filling.pop(key, None)
+            self._stop_filling(key)
 
     def sync_all(self, now: float) -> None:
         """Every unit with an inflow brought to `now`."""
@@ -167,12 +261,27 @@ class Units:
             for key in list(self.inflow):
                 self.sync(key, now)
             return
-        unit_t, filled, cap = self.unit_t, self.filled, self.cap
+        # (sync of each, written out: this visits every unit with an inflow at every
+        # plan)
+        unit_t, filled, cap, full_at, filling = (
+            self.unit_t, self.filled, self.cap, self.full_at, self.filling
+        )  # fmt: skip
         for key, inflow in self.inflow.items():
-            if inflow > 0 and filled[key] < cap[key]:
-                self.sync(key, now)
-            else:  # (all sync would do: it holds what it will hold)
-                unit_t[key] = now
+            if inflow > 0:
+                held, top = filled[key], cap[key]
+                if held < top:
+                    last = unit_t.get(key, now)
+                    unit_t[key] = now
+                    if now <= last:
+                        continue
+                    held += inflow * (now - last)
+                    filled[key] = held = held if held < top else top  # min(cap, held)
+                    if held >= full_at[key]:
+                        self.full = True  # what the policy planned with has changed
+                        if filling.pop(key, 0) is None:
+                            self._drop(self.index[key])
+                    continue
+            unit_t[key] = now  # (all sync would do: it holds what it will hold)
 
     def move_inflow(self, key: str, new: float, old: float, now: float) -> None:
         """A reader of unit `key` now fetches `new` bytes/s instead of `old`."""
@@ -186,7 +295,7 @@ class Units:
         if not lru and inflow > 0 and self.room(key):
             self._start_filling(key)
         else:
-            self.filling.pop(key, None)
+            self._stop_filling(key)
 
     def leave(self, key: str, remote: float, now: float) -> None:
         """A reader of unit `key` that fetched `remote` bytes/s left."""
@@ -194,7 +303,7 @@ class Units:
         inflow = self.inflow.get(key, 0.0) - remote
         self.inflow[key] = inflow = inflow if inflow > 1e-9 else 0.0
         if inflow <= 0:
-            self.filling.pop(key, None)
+            self._stop_filling(key)
         elif key in self.filling:
             self.unpushed[key] = None
 
@@ -219,10 +328,19 @@ class Units:
         self.moved = set()
         if self.lru:
             self.filling, self.fill_pos, self.unpushed = {}, {}, {}
-            self.at_cap, self.at_full = [], []
+            n = len(self.keys)
+            self.t_cap[:] = [math.inf] * n
+            self.t_full[:] = [math.inf] * n
             return
         filled, full_at = self.filled, self.full_at
-        self.filling = {key: None for key in inflow if filled[key] < full_at[key]}  # room
+        self.filling = filling = {key: None for key in inflow if filled[key] < full_at[key]}
+        stopped = [self.index[key] for key in was_filling if key not in filling]
+        if stopped and self.arrays:
+            self.t_cap[stopped] = math.inf
+            self.t_full[stopped] = math.inf
+        else:
+            for i in stopped:
+                self._drop(i)
         self.fill_pos = dict(zip(self.filling, range(len(self.filling)), strict=True))
         self.fill_count = len(self.filling)
         for key in self.filling:
@@ -236,33 +354,67 @@ class Units:
         # Units neither allocated nor holding anything, and not in the new allocation,
         # stay as they are: only the others are visited (CoorDL has a unit per job of
         # the whole trace, most of them long finished or not yet arrived).
-        allocated, filled, moved = self.allocated, self.filled, self.moved
+        # (_cap written out: a plan of Gavel moves every running job's unit, and each
+        # arrival shrinks every CoorDL job's slice, so half of them evict)
         in_use: set[str] = set()
-        for key in self.in_use | cache.keys():
-            want = cache.get(key, 0.0)
+        roomy: set[str] = set()
+        self._allocate(cache.items(), readers, in_use, roomy)
+        self._allocate(zip(self.in_use - cache.keys(), repeat(0.0)), readers, in_use, roomy)
+        self.in_use, self.roomy = in_use, roomy
+        # (reset_inflow, which always follows, pushes the fill events of `moved` anew)
+
+    def _allocate(
+        self,
+        wants: Iterable[tuple[str, float]],
+        readers: Mapping[str, list[SimJob]],
+        in_use: set[str],
+        roomy: set[str],
+    ) -> None:
+        """allocate's work for units `wants` (unit, bytes): into `in_use` the units
+        allocated or holding bytes, into `roomy` those of them with room."""
+        allocated, filled, cap_of, full_of = self.allocated, self.filled, self.cap, self.full_at
+        size_tol, moved_add, in_use_add, roomy_add = (
+            self.size_tol, self.moved.add, in_use.add, roomy.add
+        )  # fmt: skip
+        for key, want in wants:
             want = want if want > 0.0 else 0.0  # max(0, want)
             if allocated[key] != want:
                 allocated[key] = want
-                self._cap(key)
-                moved.add(key)
+                size, tol = size_tol[key]
+                cap_of[key] = cap = size if size < want else want  # min(want, size)
+                full_of[key] = full = cap - tol
+                moved_add(key)
+            else:
+                full = full_of[key]
             held = filled[key]
-            if held > want:
+            if held > want:  # (so held > 0)
+                scale = want / held
                 for job in readers.get(key, ()):
-                    job.effective *= want / held if held > 0 else 0.0
+                    job.effective *= scale
                 filled[key] = held = want
-                moved.add(key)
+                moved_add(key)
             if want > 0 or held > 0:
-                in_use.add(key)
-        self.in_use = in_use
-        # (reset_inflow, which always follows, pushes the fill events of `moved` anew)
+                in_use_add(key)
+                if held < full:
+                    roomy_add(key)
 
     def below_allocation(self, jobs: Iterable[SimJob]) -> bool:
         """Is a unit some of `jobs` read still below its allocation?"""
+        # A job's unit is below its allocation, less the job's rounding, exactly when
+        # it has room (its size is the unit's, its eps the unit's tol): only units that
+        # had room at the last allocation can, and one found without is dropped from
+        # them (it stays so until the next), so that once none has, none is looked at.
+        roomy = self.roomy
+        if not roomy:
+            return False
         filled, allocated = self.filled, self.allocated
         for job in jobs:
-            want, size = allocated[job.unit], job.size
-            if filled[job.unit] < (size if size < want else want) - job.eps:
-                return True
+            key = job.unit
+            if key in roomy:
+                want, size = allocated[key], job.size
+                if filled[key] < (size if size < want else want) - job.eps:
+                    return True
+                roomy.discard(key)
         return False
 
     def readers(self, key: str, count: int) -> None:
@@ -288,11 +440,9 @@ class Units:
         soonest = limit
         if self.unpushed:
             self._push()
-        events, live = self.at_cap, self._live
-        while events and not live(events[0]):
-            heapq.heappop(events)
-        if events:
-            until = self._until_cap(events[0][2], now)
+        key = self._soonest_cap()
+        if key is not None:
+            until = self._until_cap(key, now)
             if until is not None:
                 if until < soonest:
                     soonest = until
@@ -320,15 +470,10 @@ class Units:
         late = now + 1e-9 * (now if now > 1.0 else 1.0)
         if self.unpushed:
             self._push()
-        events, live, not_yet = self.at_full, self._live, []
-        while events and events[0][0] <= late:
-            event = heapq.heappop(events)
-            if not live(event):
-                continue
-            key = event[2]
-            if self.filled_now(key, now) >= self.full_at[key]:
+        keys, filling, full_at = self.keys, self.filling, self.full_at
+        for i in self._due(late):
+            key = keys[i]
+            if key in filling and self.filled_now(key, now) >= full_at[key]:
                 self.sync(key, now)  # (which ends its filling)
-            if key in self.filling:
-                not_yet.append(event)
-        for event in not_yet:
-            heapq.heappush(events, event)
+            if key not in filling:
+                self._drop(i)

@@ -2,8 +2,8 @@
 
 The simulator's steps are bounded by the soonest moment a filling unit reaches its cap
 (or takes its shared-fill step), and a unit that reaches full_at re-plans. Units keeps
-those moments in heaps; these tests drive it through random allocations, inflow moves,
-readers leaving and steps, and check at every step that the heaps give what looking at
+those moments in arrays; these tests drive it through random allocations, inflow moves,
+readers leaving and steps, and check at every step that the arrays give what looking at
 every filling unit gives: the same step to the bit, and the same units full.
 """
 
@@ -53,16 +53,18 @@ def plan(units: Units, rnd: random.Random, now: float) -> None:
     units.reset_inflow(inflow)
 
 
+@pytest.mark.parametrize("n", [40, 80])  # (fill events in lists, and in numpy arrays)
 @pytest.mark.parametrize("seed", range(6))
-def test_fill_events_give_the_step_and_the_full_units_a_scan_gives(seed: int) -> None:
+def test_fill_events_give_the_step_and_the_full_units_a_scan_gives(seed: int, n: int) -> None:
     rnd = random.Random(seed)
-    units = make(40)
+    units = make(n)
+    assert units.arrays == (n >= 64)
     now = 0.0
     plan(units, rnd, now)
     fulls = 0
     for _ in range(3000):
         action = rnd.random()
-        key = f"u{rnd.randrange(40)}"
+        key = f"u{rnd.randrange(n)}"
         if action < 0.05:
             plan(units, rnd, now)
         elif action < 0.45:

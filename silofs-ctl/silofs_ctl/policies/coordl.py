@@ -39,34 +39,40 @@ class CoordlCache:
     reads: frozenset[str] = frozenset()  # a job's cache follows its GPUs and placement
 
     def fill_cache(self, jobs: Sequence[Job], cluster: Cluster, alloc: Allocation) -> None:
-        shares: dict[str, float] = {}
         gpu_share, placements = alloc.gpu_share, alloc.placement
         node_cache, node_gpus = cluster.node_cache, cluster.node_gpus
-        shared: list[Job] = []  # running without a placement: time-shared
+        # The jobs with GPUs in order, and each one's disk (None: time-shared, running
+        # without a placement, whose slices follow from what the placed ones take).
+        running: list[Job] = []
+        shares: list[float | None] = []
+        shared: list[Job] = []
         placed_total = 0.0
         for job in jobs:
             if gpu_share.get(job.name, 0.0) <= 0:
                 continue
             placement = placements.get(job.name)
-            if placement and len(placement) == 1:
+            if not placement:
+                shared.append(job)
+                share = None
+            elif len(placement) == 1:
                 # static_share of a job on one node (its sum of one term, 0.0 + x, is x)
                 [(node, n)] = placement.items()
                 gpus = node_gpus[node]
                 share = node_cache[node] * n / gpus if gpus > 0 else 0.0
-            elif placement:
-                share = static_share(job, cluster, placement)
+                placed_total += share
             else:
-                shared.append(job)
-                continue
-            shares[job.name] = share
-            placed_total += share
-        shares.update(time_shared_slices(shared, cluster, placed_total))
+                share = static_share(job, cluster, placement)
+                placed_total += share
+            running.append(job)
+            shares.append(share)
+        slices = iter(time_shared_slices(shared, cluster, placed_total))
         cache: dict[str, float] = {}
         units = cluster.units
-        for job in jobs:
-            share = shares.get(job.name)
+        for job, share in zip(running, shares, strict=True):
             if share is None:
-                continue
+                share = next(slices, None)
+                if share is None:  # (no GPUs in the cluster: no slices)
+                    continue
             for key, weight in job.reads.items():
                 size = units[key].size
                 held = cache.get(key, 0.0) + share * weight
@@ -74,18 +80,21 @@ class CoordlCache:
         alloc.cache = cache
 
 
-def time_shared_slices(
-    jobs: Sequence[Job], cluster: Cluster, placed: float = 0.0
-) -> dict[str, float]:
-    """Each time-shared job's disk: its GPUs' slice of all disks, unless the jobs together
-    request more GPUs than the cluster has; then what placed jobs leave (`placed` bytes
-    taken) is divided in proportion to the GPUs each requests. (A time-shared job runs a
-    fraction of the time on its GPUs, but a static cache cannot follow that fraction.)"""
+def time_shared_slices(jobs: Sequence[Job], cluster: Cluster, placed: float = 0.0) -> list[float]:
+    """Each time-shared job's disk, in order: its GPUs' slice of all disks, unless the
+    jobs together request more GPUs than the cluster has; then what placed jobs leave
+    (`placed` bytes taken) is divided in proportion to the GPUs each requests. (A
+    time-shared job runs a fraction of the time on its GPUs, but a static cache cannot
+    follow that fraction.) Empty when the cluster has no GPUs."""
     total_gpus, total_cache = cluster.total_gpus, cluster.total_cache
     if total_gpus <= 0 or not jobs:
-        return {}
-    asked = sum(job.gpus for job in jobs)
+        return []
+    gpus = [job.gpus for job in jobs]
+    asked = sum(gpus)
     left = max(0.0, total_cache - placed)
+    # (one slice per GPU count: the jobs asking as many GPUs get the same bytes)
     if total_cache * asked / total_gpus > left:
-        return {job.name: left * job.gpus / asked for job in jobs}
-    return {job.name: total_cache * job.gpus / total_gpus for job in jobs}
+        slice_of = {g: left * g / asked for g in set(gpus)}
+    else:
+        slice_of = {g: total_cache * g / total_gpus for g in set(gpus)}
+    return list(map(slice_of.__getitem__, gpus))
