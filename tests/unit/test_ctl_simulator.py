@@ -26,7 +26,15 @@ from silofs_ctl.simulator import CACHE_CHOICES, Simulation, SimulationError, sim
 SCENARIOS = Path(__file__).resolve().parents[2] / "configs" / "scenarios"
 
 
-def one_job(cache: str, size: str, epochs: int = 6, io: str = "100MB/s") -> str:
+def one_job(
+    cache: str,
+    size: str,
+    epochs: int = 6,
+    io: str = "100MB/s",
+    *,
+    ideal_io: str = "200MB/s",
+    submit: str = "0s",
+) -> str:
     return f"""
 [cluster]
 remote_io = "{io}"
@@ -35,10 +43,11 @@ gpus = 1
 cache = "{cache}"
 [[jobs]]
 name = "solo"
+submit = "{submit}"
 gpus = 1
 dataset = "d"
 dataset_size = "{size}"
-ideal_io = "200MB/s"
+ideal_io = "{ideal_io}"
 epochs = {epochs}
 """
 
@@ -584,28 +593,14 @@ def test_a_remainder_shorter_than_the_clocks_step_ends_the_epoch(
     import silofs_ctl.simulator as simulator
 
     monkeypatch.setattr(simulator, "_MAX_STEPS", 20_000)
-    scenario = parse_scenario(
-        """
-[cluster]
-remote_io = "2GB/s"
-[[cluster.nodes]]
-gpus = 1
-cache = "1TB"
-[[jobs]]
-name = "late"
-submit = "17000000s"
-gpus = 1
-dataset = "d"
-dataset_size = "143GB"
-ideal_io = "1GB/s"
-epochs = 3
-"""
-    )
+    # 143 GB read at 1 GB/s from t = 1.7e7 s, where the clock steps by ~4e-9 s
+    late = one_job("1TB", "143GB", epochs=3, io="2GB/s", ideal_io="1GB/s", submit="17000000s")
+    scenario = parse_scenario(late)
     sim = Simulation(scenario, "fifo", cache)
     step, armed = sim._step, [True]
 
     def step_near_the_epochs_end() -> float:
-        job = sim.active.get("late")
+        job = sim.active.get("solo")
         if armed[0] and job is not None and job.rate > 0 and not job.held:
             armed[0] = False
             clock = sim.clock
