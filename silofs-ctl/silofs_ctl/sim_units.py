@@ -66,13 +66,12 @@ class Units:
         self.cap: dict[str, float] = {}
         self.full_at: dict[str, float] = {}
         # Each unit's size, and what less than its cap counts as full (rounding): fixed.
-        self.size: dict[str, float] = {key: unit.size for key, unit in units.items()}
-        self.tol: dict[str, float] = {}
-        for key, size in self.size.items():
+        self.size_tol: dict[str, tuple[float, float]] = {}
+        for key, unit in units.items():
+            size = unit.size
             tol = size * 1e-12
-            self.tol[key] = tol if tol > 1.0 else 1.0  # max(1, size * 1e-12)
+            self.size_tol[key] = (size, tol if tol > 1.0 else 1.0)  # max(1, size * 1e-12)
             self._cap(key)
-        self.size_tol = {key: (size, self.tol[key]) for key, size in self.size.items()}
         self.in_use: set[str] = set()  # units allocated or holding bytes (see allocate)
         # Units that had room (below full_at) at the last allocation, some of which may
         # have filled since: between two allocations a unit's full_at stays and its fill
@@ -110,10 +109,10 @@ class Units:
         self.full = False  # a unit became full since the flag was last cleared
 
     def _cap(self, key: str) -> None:
-        size = self.size[key]
+        size, tol = self.size_tol[key]
         want = self.allocated[key]
         self.cap[key] = cap = size if size < want else want  # min(want, size)
-        self.full_at[key] = cap - self.tol[key]
+        self.full_at[key] = cap - tol
 
     def _start_filling(self, key: str) -> None:
         """Unit `key` (brought to now, with inflow and room) is filling; its fill events
