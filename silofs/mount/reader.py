@@ -921,15 +921,15 @@ class ChunkReader:
         env's read-around (the bdi's read-ahead, megabytes on some disks) that fault
         would fill the page cache with the value read direct next, and the ones after
         it: the very fill the direct read saves. The map reads around again after it:
-        a hit's lookup on the serving thread meanwhile reads only the page it needs."""
-        bounds = self.store.value_bounds()
-        if not self._env_reads_around or bounds is None:
+        a hit's lookup on the serving thread meanwhile reads only the page it needs.
+        The map's span is the cursor's own bounds, found with it."""
+        if not self._env_reads_around:
             return cur.find(key)
-        self.pages.read_around(bounds[0], bounds[2], False)
+        self.pages.read_around(cur.start, cur.map_end, False)
         try:
             return cur.find(key)
         finally:
-            self.pages.read_around(bounds[0], bounds[2], True)
+            self.pages.read_around(cur.start, cur.map_end, True)
 
     async def _read_ahead_values(self, keys: list[bytes]) -> None:
         """Have the kernel read the values of `keys` ahead (MADV_WILLNEED; keys not
