@@ -130,6 +130,11 @@ class CacheStore:
         # Held by a thread other than the env's owner while it looks values up, and by
         # adopt_map_size (a remap) in the owner.
         self.remap_lock = threading.Lock()
+        # Snapshots kept across work outside that lock (pin): py-lmdb ends every txn of
+        # the env at a remap (set_mapsize frees their reader slots), after which the
+        # writer may reuse the pages such a snapshot was keeping for a read in flight.
+        self._pins = 0
+        self._unpinned = threading.Condition(threading.Lock())
         try:
             self.env = lmdb.open(
                 path,
@@ -187,10 +192,29 @@ class CacheStore:
     def adopt_map_size(self) -> None:
         """The daemon grew the map (MapResizedError): remap at its size. Waits for the
         lookups a worker thread runs in this env (a mount's read-ahead of cached values,
-        mount/reader.py), whose B-tree walk a remap would pull the pages from under."""
+        mount/reader.py), whose B-tree walk a remap would pull the pages from under, and
+        for the snapshots pinned for reads in flight (pin), which it would end."""
         with self.remap_lock:
+            with self._unpinned:
+                self._unpinned.wait_for(lambda: not self._pins)
             self.env.set_mapsize(0)
             self._map_start = None  # the new map may start elsewhere
+
+    def pin(self) -> None:
+        """Keep remaps off a read snapshot its holder keeps across work outside
+        remap_lock (a read of data.mdb by offset, in another thread): adopt_map_size
+        waits until unpin() ends it. Take it in the owner's thread, or in another under
+        remap_lock (no remap can be under way then)."""
+        with self._unpinned:
+            self._pins += 1
+
+    def unpin(self, txn: lmdb.Transaction) -> None:
+        """End a snapshot pin() kept: from any thread; a remap waiting for it goes on."""
+        with self._unpinned:
+            txn.abort()
+            self._pins -= 1
+            if not self._pins:
+                self._unpinned.notify_all()
 
     # -- values, found before they are touched (bounds.py) ----------------------------
     def value_bounds(self) -> tuple[int, int, int] | None:

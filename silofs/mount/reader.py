@@ -52,7 +52,6 @@ reader asks the kernel to read the values of the next VALUE_AHEAD_BYTES of chunk
 from __future__ import annotations
 
 import errno
-import functools
 import json
 import logging
 import mmap
@@ -526,11 +525,26 @@ class ChunkReader:
         self._txn = None
         self._cursor = None
         self.read_in += 1
+        # Pinned: a remap meanwhile (another read's snapshot() on this thread) ends every
+        # txn, and waits for this one. Unpinned by the worker once it has read, not after
+        # the await: the serving thread may be that remap, waiting.
+        store = self.store
+        store.pin()
+        began = False
+
+        def copy() -> memoryview | None:
+            nonlocal began
+            began = True
+            try:
+                return self._copy_out(ref, base, size, lo, hi, True, hdr)
+            finally:
+                store.unpin(txn)
+
         try:
-            copy = functools.partial(self._copy_out, ref, base, size, lo, hi, True, hdr)
             view = await trio.to_thread.run_sync(copy, limiter=self._fault_limiter)
         finally:
-            txn.abort()
+            if not began:  # cancelled before a thread took it
+                store.unpin(txn)
         assert view is not None  # a read that waits is short only at the file's end
         return view
 
@@ -897,23 +911,41 @@ class ChunkReader:
 
     def _read_direct(self, key: bytes, buf: mmap.mmap) -> memoryview | None:
         """The value of `key` read by O_DIRECT into `buf` (a worker thread's call), in a
-        snapshot of the worker's own, held with the remap lock until the read is done
-        so the writer cannot reuse the value's pages meanwhile. None if it is not
-        cached, does not fit `buf`, or is all in the page cache already (the serving
-        thread copies it from there for less than a read from the disk)."""
-        pages, direct = self.pages, self.direct
+        snapshot of the worker's own, open until the read is done so the writer cannot
+        reuse the value's pages meanwhile. None if it is not cached, does not fit `buf`,
+        or is all in the page cache already (the serving thread copies it from there for
+        less than a read from the disk).
+
+        The remap lock is held for what reads LMDB's map (the snapshot's begin, the
+        B-tree walk, the address's offset, mincore), not across the read: that reads the
+        file at an offset, which a remap does not move. The snapshot is pinned instead
+        (CacheStore.pin: a remap ends every txn, and waits for this one). So several
+        values' reads are in flight at once, one per worker, and the disk's queue stays
+        busy between them (tests/unit/test_reader_direct.py)."""
+        pages, direct, store = self.pages, self.direct, self.store
         assert direct is not None
-        with self.store.remap_lock, self.store.read_txn() as txn:
-            cur = self.store.value_cursor(txn, self._chunks_db)
-            where = self._find_alone(cur, key) if cur is not None else None
-            if where is None or not direct.enabled:
-                return None
-            addr, size = where
-            base = pages.offset(addr)
-            start, end = direct.span(base or 0, size)
-            if base is None or end - start > len(buf) or pages.value_cached(addr, size):
-                return None
+        with store.remap_lock:
+            txn = store.read_txn()
+            try:
+                cur = store.value_cursor(txn, self._chunks_db)
+                where = self._find_alone(cur, key) if cur is not None else None
+                if where is None or not direct.enabled:
+                    txn.abort()
+                    return None
+                addr, size = where
+                base = pages.offset(addr)
+                start, end = direct.span(base or 0, size)
+                if base is None or end - start > len(buf) or pages.value_cached(addr, size):
+                    txn.abort()
+                    return None
+            except BaseException:
+                txn.abort()
+                raise
+            store.pin()
+        try:
             return direct.read(base, size, buf)
+        finally:
+            store.unpin(txn)
 
     def _find_alone(self, cur: ValueCursor, key: bytes) -> tuple[int, int] | None:
         """cur.find(key) with no read-around of the page faults it takes (a worker's

@@ -18,6 +18,7 @@ import random
 import subprocess
 import sys
 import textwrap
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -68,6 +69,31 @@ def admit(
         s.admit(pending, {{}}, lambda _d, _u: 1 << 40)
         if {sync!r}:
             s.sync()
+        s.close()
+        """
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT, timeout=60)
+
+
+def churn(env: str, tag: str) -> None:
+    """From another process, as the daemon does: evict every chunk of dataset 1, then
+    admit as many values of dataset 2 (keys and bytes of `tag`'s own), each in a txn of
+    its own. LMDB's writer puts them in the pages freed by an earlier eviction once no
+    snapshot older than that eviction is open, else at the end of the file."""
+    code = textwrap.dedent(
+        f"""
+        import hashlib, random
+        from silofs.node.store_write import PendingChunk, WritableStore
+        from tests.unit.test_reader_direct import CHUNK, OBJ
+        s = WritableStore({env!r}, 64 << 20)
+        usage = s.load_usage()
+        s.evict_random(1, 0, usage)
+        rng = random.Random({tag!r})
+        for i in range(6):
+            key = hashlib.sha256(f"{tag}-{{i}}".encode()).digest()[:16]
+            value = rng.randbytes(CHUNK + 4096)
+            s.admit([PendingChunk(2, key, value, CHUNK)], usage, lambda _d, _u: 1 << 40)
+        s.sync()
         s.close()
         """
     )
@@ -468,3 +494,115 @@ def test_small_chunks_are_not_read_direct(env: str) -> None:
         assert r.direct is None and r.ahead is None
     finally:
         r.close()
+
+
+def test_direct_reads_are_in_flight_together(env: str, no_read_around: None) -> None:
+    """A sequential reader's values read ahead direct are read by several workers at
+    once (the remap lock is not held across a read), so the disk's queue is not left
+    empty between one value's read and the next; every byte still exact. Each read
+    waits (up to a deadline) until another is in flight too: one at a time, none
+    would ever see another."""
+    admit(env)
+    evict(env)
+    daemon = Daemon()
+    r = reader(env, daemon)
+    assert r.direct is not None
+    real = r.direct.read
+    state = threading.Condition()
+    counts = {"now": 0, "most": 0}
+
+    def read(base: int, size: int, buf: mmap.mmap) -> memoryview | None:
+        with state:
+            counts["now"] += 1
+            counts["most"] = max(counts["most"], counts["now"])
+            state.notify_all()
+            state.wait_for(lambda: counts["most"] >= 2, timeout=10)
+        try:
+            return real(base, size, buf)
+        finally:
+            with state:
+                counts["now"] -= 1
+
+    r.direct.read = read  # type: ignore[method-assign]
+
+    async def main() -> None:
+        assert await read_all(r) == body()
+        assert r.ahead is not None and r.ahead.read == 5
+        assert counts["most"] >= 2, "one direct read at a time"
+        assert r.counters.corrupt_chunks == 0 and daemon.requests == []
+
+    run(r, main)
+
+
+def test_a_value_in_a_direct_read_is_neither_remapped_nor_reused_under_it(
+    env: str, no_read_around: None
+) -> None:
+    """While a value's O_DIRECT read is in flight, the lookups' lock is free (another
+    worker looks its value up), and the daemon may evict the value and admit others,
+    committing meanwhile: the read still reads the value's bytes, because its snapshot
+    stays open until the read is done and keeps the writer off its pages. A remap
+    (which ends every txn of the env, py-lmdb) waits for that read. Once the snapshot
+    ends the writer does reuse those pages (checked below): a read whose snapshot ended
+    before it, or at a remap, would read the new bytes."""
+    admit(env)
+    evict(env)
+    r = reader(env, Daemon())
+    assert r.direct is not None and r.ahead is not None
+    ref = ChunkRef.of(OBJ, CHUNK, 3)
+    addr, size = lookup(r, 3)
+    base = r.pages.offset(addr)
+    assert base is not None
+    before = os.pread(r.pages._fd, size, base)
+    evict(env)  # that read cached the value: the worker would leave it to a hit
+    real = r.direct.read
+    in_read, go = threading.Event(), threading.Event()
+
+    def held(at: int, n: int, buf: mmap.mmap) -> memoryview | None:
+        in_read.set()
+        assert go.wait(60)
+        return real(at, n, buf)
+
+    r.direct.read = held  # type: ignore[method-assign]
+    buf = r.ahead.buffer()
+    assert buf is not None
+    got: list[bytes | None] = []
+    remapped = threading.Event()
+
+    def work() -> None:
+        view = r._read_direct(ref.key, buf)
+        got.append(None if view is None else bytes(view))
+
+    def remap() -> None:
+        r.store.adopt_map_size()
+        remapped.set()
+
+    worker = threading.Thread(target=work)
+    remapper = threading.Thread(target=remap)
+    worker.start()
+    try:
+        assert in_read.wait(30)
+        assert r.store.remap_lock.acquire(timeout=10), "the lookups' lock held across a read"
+        r.store.remap_lock.release()
+        remapper.start()
+        churn(env, "a")  # the value evicted, others admitted: its pages are freed
+        assert not remapped.is_set(), "a remap went ahead under a read in flight"
+    finally:
+        go.set()
+        worker.join(60)
+        if remapper.is_alive() or remapped.is_set():
+            remapper.join(60)
+    try:
+        assert got == [before], "the direct read read other bytes than the value's"
+        assert remapped.is_set()
+        assert lookup_absent(r, ref.key)
+        churn(env, "b")  # no snapshot from before the eviction now: the pages are reused
+        assert os.pread(r.pages._fd, size, base) != before, "the writer reuses no pages"
+    finally:
+        r.close()
+
+
+def lookup_absent(r: ChunkReader, key: bytes) -> bool:
+    with r.store.snapshot() as txn:
+        cur = r.store.value_cursor(txn, r._chunks_db)
+        assert cur is not None
+        return cur.find(key) is None
