@@ -6,8 +6,10 @@ a value damaged on disk is counted once and refetched; a value the direct read c
 read is read the other way (and counted and refetched if that fails too); a file that
 refuses O_DIRECT reads (EINVAL) makes the reader read as it did without; a value whose
 pages LMDB's writer has just written (dirty in the page cache) reads as written; the
-buffers stay within their bound. A real LMDB env; the writer runs in another process,
-as the daemon does.
+buffers stay within their bound; several values are read at once, and a value's read,
+direct or a worker's read of a hit, keeps its snapshot until it is done: a remap waits
+for it, and the daemon's evictions cannot reuse its pages under it. A real LMDB env;
+the writer runs in another process, as the daemon does.
 """
 
 from __future__ import annotations
@@ -599,6 +601,54 @@ def test_a_value_in_a_direct_read_is_neither_remapped_nor_reused_under_it(
         assert os.pread(r.pages._fd, size, base) != before, "the writer reuses no pages"
     finally:
         r.close()
+
+
+def test_a_remap_waits_for_a_workers_read_of_a_hit(env: str, no_read_around: None) -> None:
+    """A hit not in the page cache is read by a worker in the snapshot that found it;
+    a remap meanwhile (the serving thread adopting a map the daemon grew) would end that
+    snapshot, and the daemon's evictions and admissions could then reuse the value's
+    pages under the read: it waits for the read instead, which reads the value's bytes
+    (no damage counted, nothing refetched)."""
+    admit(env)
+    evict(env)
+    daemon = Daemon()
+    r = reader(env, daemon)
+    real = r.pages.pread
+    in_read, go = threading.Event(), threading.Event()
+
+    def held(n: int, offset: int) -> bytes:
+        in_read.set()
+        assert go.wait(60)
+        return real(n, offset)
+
+    r.pages.pread = held  # type: ignore[method-assign]
+    remapped = threading.Event()
+    remapper = threading.Thread(target=lambda: (r.store.adopt_map_size(), remapped.set()))
+
+    async def main() -> None:
+        f = OpenFile(OBJ)
+        r.begin_read()
+        async with trio.open_nursery() as nursery:
+            got: list[bytes] = []
+
+            async def read() -> None:
+                data, hit, _ = await r.chunk(f, 2)
+                got.append(bytes(data) if hit else b"")
+
+            nursery.start_soon(read)
+            assert await trio.to_thread.run_sync(in_read.wait, 30)
+            try:
+                remapper.start()
+                await trio.to_thread.run_sync(churn, env, "a")
+                assert not remapped.is_set(), "a remap went ahead under a read in flight"
+            finally:
+                go.set()
+        assert got == [body()[2 * CHUNK : 3 * CHUNK]]
+        assert r.read_in == 1 and r.counters.corrupt_chunks == 0 and daemon.requests == []
+        await trio.to_thread.run_sync(remapper.join, 60)
+        assert remapped.is_set()
+
+    run(r, main)
 
 
 def lookup_absent(r: ChunkReader, key: bytes) -> bool:
