@@ -926,24 +926,26 @@ class ChunkReader:
         assert direct is not None
         with store.remap_lock:
             txn = store.read_txn()
+            found: tuple[int, int] | None = None
             try:
                 cur = store.value_cursor(txn, self._chunks_db)
                 where = self._find_alone(cur, key) if cur is not None else None
-                if where is None or not direct.enabled:
+                if where is not None and direct.enabled:
+                    addr, size = where
+                    base = pages.offset(addr)
+                    start, end = direct.span(base or 0, size)
+                    if not (
+                        base is None or end - start > len(buf) or pages.value_cached(addr, size)
+                    ):
+                        found = base, size
+            finally:
+                if found is None:
                     txn.abort()
-                    return None
-                addr, size = where
-                base = pages.offset(addr)
-                start, end = direct.span(base or 0, size)
-                if base is None or end - start > len(buf) or pages.value_cached(addr, size):
-                    txn.abort()
-                    return None
-            except BaseException:
-                txn.abort()
-                raise
+            if found is None:
+                return None
             store.pin()
         try:
-            return direct.read(base, size, buf)
+            return direct.read(*found, buf)
         finally:
             store.unpin(txn)
 
