@@ -200,13 +200,19 @@ class CacheStore:
             self.env.set_mapsize(0)
             self._map_start = None  # the new map may start elsewhere
 
-    def pin(self) -> None:
-        """Keep remaps off a read snapshot its holder keeps across work outside
-        remap_lock (a read of data.mdb by offset, in another thread): adopt_map_size
-        waits until unpin() ends it. Take it in the owner's thread, or in another under
-        remap_lock (no remap can be under way then)."""
+    def pin(self, txn: lmdb.Transaction) -> bool:
+        """Keep remaps off the read snapshot `txn`, which its holder keeps across work
+        outside remap_lock (a read of data.mdb by offset, in a worker thread):
+        adopt_map_size waits until unpin() ends it. False, and nothing pinned, if a remap
+        ended it already. Call it under remap_lock (no remap under way), or in the
+        owner's thread (no remap either: the owner remaps) where no pin waits on it."""
         with self._unpinned:
+            try:
+                txn.id()
+            except lmdb.Error:  # "closed/deleted/dropped": ended by set_mapsize
+                return False
             self._pins += 1
+            return True
 
     def unpin(self, txn: lmdb.Transaction) -> None:
         """End a snapshot pin() kept: from any thread; a remap waiting for it goes on."""

@@ -513,40 +513,42 @@ class ChunkReader:
 
     async def _read_in(
         self, ref: ChunkRef, base: int, size: int, lo: int, hi: int, hdr: int
-    ) -> memoryview:
-        """[lo, hi) of a value not all in the page cache, read by a worker thread.
+    ) -> memoryview | None:
+        """[lo, hi) of a value not all in the page cache, read by a worker thread; None
+        if a remap ended the snapshot that found it before the worker began (the caller
+        looks the value up again).
 
         The snapshot the value was found in (self._txn) is this read's own until the
         thread is done: a read that begins meanwhile begins a fresh one instead of
         ending it, so the writer cannot reuse the value's pages while the thread reads
-        them. What the thread read is this read's own copy, so the snapshot ends then."""
+        them. A remap would end it (py-lmdb ends every txn of the env), so the worker
+        pins it (CacheStore.pin) and a remap waits for its read. The worker, not this
+        task: a remap runs on this thread, and would wait forever for a pin whose
+        thread had not started (the limiter hands out threads from this thread). What
+        the thread read is this read's own copy, so the snapshot ends then."""
         txn = self._txn
         assert txn is not None
         self._txn = None
         self._cursor = None
         self.read_in += 1
-        # Pinned: a remap meanwhile (another read's snapshot() on this thread) ends every
-        # txn, and waits for this one. Unpinned by the worker once it has read, not after
-        # the await: the serving thread may be that remap, waiting.
         store = self.store
-        store.pin()
-        began = False
 
         def copy() -> memoryview | None:
-            nonlocal began
-            began = True
+            with store.remap_lock:
+                pinned = store.pin(txn)
+            if not pinned:
+                return None
             try:
-                return self._copy_out(ref, base, size, lo, hi, True, hdr)
+                view = self._copy_out(ref, base, size, lo, hi, True, hdr)
             finally:
                 store.unpin(txn)
+            assert view is not None  # a read that waits is short only at the file's end
+            return view
 
         try:
-            view = await trio.to_thread.run_sync(copy, limiter=self._fault_limiter)
+            return await trio.to_thread.run_sync(copy, limiter=self._fault_limiter)
         finally:
-            if not began:  # cancelled before a thread took it
-                store.unpin(txn)
-        assert view is not None  # a read that waits is short only at the file's end
-        return view
+            txn.abort()  # ended by now, unless no thread took it (cancelled)
 
     # -- one chunk, any source -------------------------------------------------------
     def hit(self, f: OpenFile, index: int, lo: int, hi: int) -> memoryview | None:
@@ -647,7 +649,9 @@ class ChunkReader:
             ahead.drop(ref.key)
         return view
 
-    async def _cached(self, ref: ChunkRef, lo: int, hi: int, kept: bool) -> memoryview | None:
+    async def _cached(
+        self, ref: ChunkRef, lo: int, hi: int, kept: bool, again: bool = True
+    ) -> memoryview | None:
         """[lo, hi) of `ref`'s cached value, copied out and verified (ChunkFormatError if
         it fails), in buffers of its own (`kept`; else it may be a view of the reader's,
         valid until the caller's task yields: chunk()); None if it is not cached. A value
@@ -680,7 +684,12 @@ class ChunkReader:
             view = self._copy_out(ref, base, size, lo, hi, False, hdr)
             if view is not None:  # the scratch is the next hit's
                 return memoryview(view.tobytes()) if kept else view
-        return await self._read_in(ref, base, size, lo, hi, hdr)
+        view = await self._read_in(ref, base, size, lo, hi, hdr)
+        if view is None:  # a remap ended the snapshot that found it: in a fresh one
+            if not again:
+                raise _Refetch  # remapped again meanwhile: the daemon serves it
+            return await self._cached(ref, lo, hi, kept, again=False)
+        return view
 
     def _checked(self, value: memoryview, ref: ChunkRef, lo: int, hi: int) -> memoryview:
         """[lo, hi) of a value in the map, copied out and verified; _Refetch if it is
@@ -943,7 +952,7 @@ class ChunkReader:
                     txn.abort()
             if found is None:
                 return None
-            store.pin()
+            store.pin(txn)  # under the remap lock, in the snapshot just begun: alive
         try:
             return direct.read(*found, buf)
         finally:

@@ -27,6 +27,7 @@ from pathlib import Path
 import lmdb
 import pytest
 import trio
+import trio.testing
 
 from silofs.cache.format import ChunkRef
 from silofs.cache.store import CacheStore
@@ -647,6 +648,44 @@ def test_a_remap_waits_for_a_workers_read_of_a_hit(env: str, no_read_around: Non
         assert r.read_in == 1 and r.counters.corrupt_chunks == 0 and daemon.requests == []
         await trio.to_thread.run_sync(remapper.join, 60)
         assert remapped.is_set()
+
+    run(r, main)
+
+
+def test_a_remap_while_a_read_of_a_hit_waits_for_a_thread_waits_for_nothing(
+    env: str, no_read_around: None
+) -> None:
+    """A worker's read of a hit pins its snapshot once its thread runs, not before: a
+    remap on the serving thread (snapshot() adopting a map the daemon grew) while the
+    read waits for a thread (every one busy) must not wait for it, since only the
+    serving thread can hand that thread out. The remap ends the read's snapshot; its
+    worker finds it ended, and the value is looked up again in a fresh one: every byte,
+    nothing counted damaged, nothing asked of the daemon."""
+    admit(env)
+    evict(env)
+    daemon = Daemon()
+    r = reader(env, daemon)
+    r._fault_limiter = trio.CapacityLimiter(1)
+
+    async def main() -> None:
+        f = OpenFile(OBJ)
+        got: list[tuple[bytes, bool]] = []
+
+        async def read() -> None:
+            data, hit, _ = await r.chunk(f, 2)
+            got.append((bytes(data), hit))
+
+        async with trio.open_nursery() as nursery:
+            await r._fault_limiter.acquire()  # every worker thread busy
+            r.begin_read()
+            nursery.start_soon(read)
+            await trio.testing.wait_all_tasks_blocked()
+            assert r.read_in == 1, "the read did not go to a worker"
+            assert r.store._pins == 0, "a read waiting for its thread holds a pin"
+            r.store.adopt_map_size()  # on the serving thread, as snapshot() does
+            r._fault_limiter.release()
+        assert got == [(body()[2 * CHUNK : 3 * CHUNK], True)]
+        assert r.read_in == 2 and r.counters.corrupt_chunks == 0 and daemon.requests == []
 
     run(r, main)
 
