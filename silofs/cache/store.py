@@ -204,8 +204,7 @@ class CacheStore:
         """Keep remaps off the read snapshot `txn`, which its holder keeps across work
         outside remap_lock (a read of data.mdb by offset, in a worker thread):
         adopt_map_size waits until unpin() ends it. False, and nothing pinned, if a remap
-        ended it already. Call it under remap_lock (no remap under way), or in the
-        owner's thread (no remap either: the owner remaps) where no pin waits on it."""
+        ended it already. Call it under remap_lock, so that no remap is under way."""
         with self._unpinned:
             try:
                 txn.id()
