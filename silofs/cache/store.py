@@ -179,6 +179,7 @@ class CacheStore:
         # Saves an env.info() dict and an fstat (a system call that hands the GIL to
         # another thread) on every lookup: ~75 us per answer on a busy host.
         self._bounds: tuple[int, int, int] | None = None
+        self._bounds_lock = threading.Lock()  # finding or changing them (not reading)
         self._map_view: tuple[int, int, memoryview] | None = None  # start, end, view
 
     # -- small helpers -------------------------------------------------------------
@@ -197,8 +198,9 @@ class CacheStore:
         mount/reader.py), whose B-tree walk a remap would pull the pages from under."""
         with self.remap_lock:
             self.env.set_mapsize(0)
-            self._map_start = None  # the new map may start elsewhere
-            self._bounds = None
+            with self._bounds_lock:
+                self._map_start = None  # the new map may start elsewhere
+                self._bounds = None
 
     # -- values, found before they are touched (bounds.py) ----------------------------
     def value_bounds(self) -> tuple[int, int, int] | None:
@@ -206,21 +208,22 @@ class CacheStore:
         process's map of data.mdb cannot be found. Found once per map: the end is
         the file's size then, which a value found past it asks again (file_end())."""
         bounds = self._bounds
-        if bounds is not None:
+        if bounds is not None or self._data_fd < 0:
             return bounds
-        if self._data_fd < 0:
-            return None
-        if self._map_start is None:
-            span = data_mapping(self._data_fd)
-            self._map_start = span[0] if span is not None else 0
-            if not self._map_start:
-                log.info("no map of %s found: cache values are not bounds-checked", self.path)
-        start = self._map_start
-        if not start:
-            return None
-        map_size = self.env.info()["map_size"]
-        bounds = self._bounds = (start, self._file_end(start, map_size), start + map_size)
-        return bounds
+        with self._bounds_lock:
+            if self._bounds is not None:
+                return self._bounds
+            if self._map_start is None:
+                span = data_mapping(self._data_fd)
+                self._map_start = span[0] if span is not None else 0
+                if not self._map_start:
+                    log.info("no map of %s found: cache values are not bounds-checked", self.path)
+            start = self._map_start
+            if not start:
+                return None
+            map_size = self.env.info()["map_size"]
+            bounds = self._bounds = (start, self._file_end(start, map_size), start + map_size)
+            return bounds
 
     def _file_end(self, start: int, map_size: int) -> int:
         """Where data.mdb ends in the map as of now. The file may be larger than this
@@ -233,8 +236,10 @@ class CacheStore:
         next lookups too."""
         start, _, map_end = bounds
         end = self._file_end(start, map_end - start)
-        if self._bounds is not None and self._bounds[0] == start and self._bounds[2] == map_end:
-            self._bounds = (start, end, map_end)
+        with self._bounds_lock:  # not over a remap's reset (adopt_map_size)
+            known = self._bounds
+            if known is not None and (known[0], known[2]) == (start, map_end) and known[1] < end:
+                self._bounds = (start, end, map_end)
         return end
 
     def value_cursor(
