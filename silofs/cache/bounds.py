@@ -22,6 +22,7 @@ import logging
 import os
 import struct
 import tempfile
+from collections.abc import Callable
 
 import lmdb
 
@@ -149,16 +150,19 @@ class ValueCursor:
     raises DamagedValueError for one.
 
     bounds = (start, end, map_end): the map is [start, map_end), of which [start, end)
-    is backed by data.mdb when the txn began (a committed txn's pages are written before
-    its meta page, and the file never shrinks). In a read txn every value lies there. In
-    a write txn a value may also sit wholly in heap memory: in a leaf this txn copied, or
-    in overflow pages this txn wrote (a value put earlier in it). LMDB looks a page up in
-    the txn's own dirty pages before the map, so a value in the heap is one of this
-    txn's; only a value that lies partly in the map beyond the file is refused there.
+    is backed by data.mdb (a committed txn's pages are written before its meta page, and
+    the file never shrinks). The bounds may be found before the txn began (once per
+    map, CacheStore.value_bounds): a value past `end` but inside the map is checked
+    again against the file's size now (refresh) before it is refused. In a read txn
+    every value lies there. In a write txn a value may also sit wholly in heap memory:
+    in a leaf this txn copied, or in overflow pages this txn wrote (a value put earlier
+    in it). LMDB looks a page up in the txn's own dirty pages before the map, so a value
+    in the heap is one of this txn's; only a value that lies partly in the map beyond
+    the file is refused there.
     (The daemon's deletes check an overflow value's first page header as well.)
     """
 
-    __slots__ = ("cursor", "_val", "start", "_end", "map_end", "_write", "_map")
+    __slots__ = ("cursor", "_val", "start", "_end", "map_end", "_write", "_map", "_refresh")
 
     def __init__(
         self,
@@ -167,12 +171,17 @@ class ValueCursor:
         bounds: tuple[int, int, int],
         write: bool,
         map_view: memoryview | None = None,
+        refresh: Callable[[tuple[int, int, int]], int] | None = None,
     ) -> None:
         self.cursor = cursor
         # [mv_size, mv_data] inside the cursor object, alive as long as self.cursor.
         self._val = (ctypes.c_size_t * 2).from_address(id(cursor) + offset)
         self.start, self._end, self.map_end = bounds
         self._write = write
+        # bounds may be older than the txn (CacheStore keeps them per map): the file
+        # has grown since, never shrunk. refresh(bounds) is the file's end now, asked
+        # for a value that lies in the map past the old end before it is refused.
+        self._refresh = refresh
         # The map as bytes from `start` (map_view()), for a read txn's values: they lie
         # in data.mdb, never in a write txn's heap pages.
         self._map = None if write else map_view
@@ -185,6 +194,10 @@ class ValueCursor:
         val = self._val
         size, addr = val[0], val[1]
         in_file = self.start <= addr and addr + size <= self._end
+        if not in_file and self._refresh is not None and self.start <= addr:
+            if addr + size <= self.map_end:  # past the end found before: look again
+                self._end = self._refresh((self.start, self._end, self.map_end))
+                in_file = addr + size <= self._end
         in_heap = addr + size <= self.start or addr >= self.map_end  # no byte in the map
         if not in_file and not (self._write and in_heap):
             raise DamagedValueError(f"value of {size} bytes at {addr:#x} lies outside data.mdb")

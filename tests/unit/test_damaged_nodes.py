@@ -272,3 +272,43 @@ def test_bounds_end_at_the_map_when_the_file_is_larger(tmp_path: Path) -> None:
     start, end, map_end = bounds
     assert end == map_end == start + store.env.info()["map_size"] < start + (256 << 20)
     store.close()
+
+
+@pytest.mark.skipif(mdb_val_offset() < 0, reason="this py-lmdb keeps its MDB_val elsewhere")
+def test_bounds_are_found_once_per_map_and_again_for_a_value_past_them(
+    base, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A lookup costs no fstat once the bounds are known; a value past the end known
+    (the file grew since: it never shrinks) is checked against the file again, served,
+    and the new end kept; a remap finds them again."""
+    path, items = base
+    work = tmp_path / "w"
+    shutil.copytree(path, work)
+    store = CacheStore(str(work), MAP)
+    chunks = store.db(b"chunks")
+    bounds = store.value_bounds()
+    assert bounds is not None
+    start, end, map_end = bounds
+    calls = []
+    real_fstat = os.fstat
+    monkeypatch.setattr(os, "fstat", lambda fd: calls.append(fd) or real_fstat(fd))
+    with store.read_txn() as txn:
+        for item in items:
+            assert bytes(store.get_value(txn, chunks, item.key)) == item.value
+    assert calls == []  # nothing asked per lookup
+    big = next(i for i in items if i.data_len > 5_000)
+    with store.read_txn() as txn:
+        cur = store.value_cursor(txn, chunks)
+        assert cur is not None
+        addr, size = cur.find(big.key)
+    # As if found while data.mdb ended before this value (the file has grown since).
+    store._bounds = (start, addr, map_end)
+    with store.read_txn() as txn:
+        assert bytes(store.get_value(txn, chunks, big.key)) == big.value
+    assert len(calls) == 1 and store.value_bounds() == (start, end, map_end)
+    with store.read_txn() as txn:
+        assert bytes(store.get_value(txn, chunks, big.key)) == big.value
+    assert len(calls) == 1  # the new end is kept
+    store.adopt_map_size()
+    assert store._bounds is None and store.value_bounds() == (start, end, map_end)
+    store.close()
