@@ -130,6 +130,11 @@ class CacheStore:
         # Held by a thread other than the env's owner while it looks values up, and by
         # adopt_map_size (a remap) in the owner.
         self.remap_lock = threading.Lock()
+        # Snapshots kept across work outside that lock (pin): py-lmdb ends every txn of
+        # the env at a remap (set_mapsize frees their reader slots), after which the
+        # writer may reuse the pages such a snapshot was keeping for a read in flight.
+        self._pins = 0
+        self._unpinned = threading.Condition(threading.Lock())
         try:
             self.env = lmdb.open(
                 path,
@@ -195,12 +200,36 @@ class CacheStore:
     def adopt_map_size(self) -> None:
         """The daemon grew the map (MapResizedError): remap at its size. Waits for the
         lookups a worker thread runs in this env (a mount's read-ahead of cached values,
-        mount/reader.py), whose B-tree walk a remap would pull the pages from under."""
+        mount/reader.py), whose B-tree walk a remap would pull the pages from under, and
+        for the snapshots pinned for reads in flight (pin), which it would end."""
         with self.remap_lock:
+            with self._unpinned:
+                self._unpinned.wait_for(lambda: not self._pins)
             self.env.set_mapsize(0)
             with self._bounds_lock:
                 self._map_start = None  # the new map may start elsewhere
                 self._bounds = None
+
+    def pin(self, txn: lmdb.Transaction) -> bool:
+        """Keep remaps off the read snapshot `txn`, which its holder keeps across work
+        outside remap_lock (a read of data.mdb by offset, in a worker thread):
+        adopt_map_size waits until unpin() ends it. False, and nothing pinned, if a remap
+        ended it already. Call it under remap_lock, so that no remap is under way."""
+        with self._unpinned:
+            try:
+                txn.id()
+            except lmdb.Error:  # "closed/deleted/dropped": ended by set_mapsize
+                return False
+            self._pins += 1
+            return True
+
+    def unpin(self, txn: lmdb.Transaction) -> None:
+        """End a snapshot pin() kept: from any thread; a remap waiting for it goes on."""
+        with self._unpinned:
+            txn.abort()
+            self._pins -= 1
+            if not self._pins:
+                self._unpinned.notify_all()
 
     # -- values, found before they are touched (bounds.py) ----------------------------
     def value_bounds(self) -> tuple[int, int, int] | None:

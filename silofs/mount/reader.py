@@ -52,11 +52,11 @@ reader asks the kernel to read the values of the next VALUE_AHEAD_BYTES of chunk
 from __future__ import annotations
 
 import errno
-import functools
 import json
 import logging
 import mmap
 import os
+import threading
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
@@ -124,6 +124,12 @@ FAULT_THREADS = 8
 # DIRECT_MIN_CHUNK: each value read ahead holds a buffer until it is served.
 DIRECT_AHEAD_BYTES = 16 << 20
 DIRECT_MIN_CHUNK = 1 << 20
+# O_DIRECT reads of values read ahead in flight at once (a semaphore the worker threads
+# take: one freed hands on at once, where a trio limiter would wait for the serving
+# thread's loop): the disk's queue stays busy between one value's read and the next.
+# In one process (bench/values_ahead.py, 6 rounds, load 14): 2 read faster than 1 in
+# every round, 4 no faster than 2 (bench/README.md).
+DIRECT_READS = 2
 
 
 def window_chunks(chunk_size: int, readahead_bytes: int) -> int:
@@ -284,6 +290,7 @@ class ChunkReader:
         if self.pages.enabled and store.value_bounds() is None:
             self.pages.enabled = False  # no cursor finds a value untouched
         self._fault_limiter = trio.CapacityLimiter(FAULT_THREADS)
+        self._direct_reads = threading.BoundedSemaphore(DIRECT_READS)
         self.read_in = 0  # hits a worker thread read because the page cache lacked them
         self.direct: DirectFile | None = None
         self.ahead: ValuesAhead | None = None
@@ -514,25 +521,42 @@ class ChunkReader:
 
     async def _read_in(
         self, ref: ChunkRef, base: int, size: int, lo: int, hi: int, hdr: int
-    ) -> memoryview:
-        """[lo, hi) of a value not all in the page cache, read by a worker thread.
+    ) -> memoryview | None:
+        """[lo, hi) of a value not all in the page cache, read by a worker thread; None
+        if a remap ended the snapshot that found it before the worker began (the caller
+        looks the value up again).
 
         The snapshot the value was found in (self._txn) is this read's own until the
         thread is done: a read that begins meanwhile begins a fresh one instead of
         ending it, so the writer cannot reuse the value's pages while the thread reads
-        them. What the thread read is this read's own copy, so the snapshot ends then."""
+        them. A remap would end it (py-lmdb ends every txn of the env), so the worker
+        pins it (CacheStore.pin) and a remap waits for its read. The worker, not this
+        task: a remap runs on this thread, and would wait forever for a pin whose
+        thread had not started (the limiter hands out threads from this thread). What
+        the thread read is this read's own copy, so the snapshot ends then."""
         txn = self._txn
         assert txn is not None
         self._txn = None
         self._cursor = None
         self.read_in += 1
+        store = self.store
+
+        def copy() -> memoryview | None:
+            with store.remap_lock:
+                pinned = store.pin(txn)
+            if not pinned:
+                return None
+            try:
+                view = self._copy_out(ref, base, size, lo, hi, True, hdr)
+            finally:
+                store.unpin(txn)
+            assert view is not None  # a read that waits is short only at the file's end
+            return view
+
         try:
-            copy = functools.partial(self._copy_out, ref, base, size, lo, hi, True, hdr)
-            view = await trio.to_thread.run_sync(copy, limiter=self._fault_limiter)
+            return await trio.to_thread.run_sync(copy, limiter=self._fault_limiter)
         finally:
-            txn.abort()
-        assert view is not None  # a read that waits is short only at the file's end
-        return view
+            txn.abort()  # ended by now, unless no thread took it (cancelled)
 
     # -- one chunk, any source -------------------------------------------------------
     def hit(self, f: OpenFile, index: int, lo: int, hi: int) -> memoryview | None:
@@ -633,7 +657,9 @@ class ChunkReader:
             ahead.drop(ref.key)
         return view
 
-    async def _cached(self, ref: ChunkRef, lo: int, hi: int, kept: bool) -> memoryview | None:
+    async def _cached(
+        self, ref: ChunkRef, lo: int, hi: int, kept: bool, again: bool = True
+    ) -> memoryview | None:
         """[lo, hi) of `ref`'s cached value, copied out and verified (ChunkFormatError if
         it fails), in buffers of its own (`kept`; else it may be a view of the reader's,
         valid until the caller's task yields: chunk()); None if it is not cached. A value
@@ -666,7 +692,12 @@ class ChunkReader:
             view = self._copy_out(ref, base, size, lo, hi, False, hdr)
             if view is not None:  # the scratch is the next hit's
                 return memoryview(view.tobytes()) if kept else view
-        return await self._read_in(ref, base, size, lo, hi, hdr)
+        view = await self._read_in(ref, base, size, lo, hi, hdr)
+        if view is None:  # a remap ended the snapshot that found it: in a fresh one
+            if not again:
+                raise _Refetch  # remapped again meanwhile: the daemon serves it
+            return await self._cached(ref, lo, hi, kept, again=False)
+        return view
 
     def _checked(self, value: memoryview, ref: ChunkRef, lo: int, hi: int) -> memoryview:
         """[lo, hi) of a value in the map, copied out and verified; _Refetch if it is
@@ -897,23 +928,44 @@ class ChunkReader:
 
     def _read_direct(self, key: bytes, buf: mmap.mmap) -> memoryview | None:
         """The value of `key` read by O_DIRECT into `buf` (a worker thread's call), in a
-        snapshot of the worker's own, held with the remap lock until the read is done
-        so the writer cannot reuse the value's pages meanwhile. None if it is not
-        cached, does not fit `buf`, or is all in the page cache already (the serving
-        thread copies it from there for less than a read from the disk)."""
-        pages, direct = self.pages, self.direct
+        snapshot of the worker's own, open until the read is done so the writer cannot
+        reuse the value's pages meanwhile. None if it is not cached, does not fit `buf`,
+        or is all in the page cache already (the serving thread copies it from there for
+        less than a read from the disk).
+
+        The remap lock is held for what reads LMDB's map (the snapshot's begin, the
+        B-tree walk, the address's offset, mincore), not across the read: that reads the
+        file at an offset, which a remap does not move. The snapshot is pinned instead
+        (CacheStore.pin: a remap ends every txn, and waits for this one). So up to
+        DIRECT_READS values' reads are in flight at once, each in a worker of its own,
+        and the disk's queue stays busy between them (tests/unit/test_reader_direct.py)."""
+        pages, direct, store = self.pages, self.direct, self.store
         assert direct is not None
-        with self.store.remap_lock, self.store.read_txn() as txn:
-            cur = self.store.value_cursor(txn, self._chunks_db)
-            where = self._find_alone(cur, key) if cur is not None else None
-            if where is None or not direct.enabled:
+        with store.remap_lock:
+            txn = store.read_txn()
+            found: tuple[int, int] | None = None
+            try:
+                cur = store.value_cursor(txn, self._chunks_db)
+                where = self._find_alone(cur, key) if cur is not None else None
+                if where is not None and direct.enabled:
+                    addr, size = where
+                    base = pages.offset(addr)
+                    start, end = direct.span(base or 0, size)
+                    if not (
+                        base is None or end - start > len(buf) or pages.value_cached(addr, size)
+                    ):
+                        found = base, size
+            finally:
+                if found is None:
+                    txn.abort()
+            if found is None:
                 return None
-            addr, size = where
-            base = pages.offset(addr)
-            start, end = direct.span(base or 0, size)
-            if base is None or end - start > len(buf) or pages.value_cached(addr, size):
-                return None
-            return direct.read(base, size, buf)
+            store.pin(txn)  # under the remap lock, in the snapshot just begun: alive
+        try:
+            with self._direct_reads:
+                return direct.read(*found, buf)
+        finally:
+            store.unpin(txn)
 
     def _find_alone(self, cur: ValueCursor, key: bytes) -> tuple[int, int] | None:
         """cur.find(key) with no read-around of the page faults it takes (a worker's

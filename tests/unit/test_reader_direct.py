@@ -6,8 +6,10 @@ a value damaged on disk is counted once and refetched; a value the direct read c
 read is read the other way (and counted and refetched if that fails too); a file that
 refuses O_DIRECT reads (EINVAL) makes the reader read as it did without; a value whose
 pages LMDB's writer has just written (dirty in the page cache) reads as written; the
-buffers stay within their bound. A real LMDB env; the writer runs in another process,
-as the daemon does.
+buffers stay within their bound; several values are read at once, and a value's read,
+direct or a worker's read of a hit, keeps its snapshot until it is done: a remap waits
+for it, and the daemon's evictions cannot reuse its pages under it. A real LMDB env;
+the writer runs in another process, as the daemon does.
 """
 
 from __future__ import annotations
@@ -18,12 +20,14 @@ import random
 import subprocess
 import sys
 import textwrap
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import lmdb
 import pytest
 import trio
+import trio.testing
 
 from silofs.cache.format import ChunkRef
 from silofs.cache.store import CacheStore
@@ -68,6 +72,31 @@ def admit(
         s.admit(pending, {{}}, lambda _d, _u: 1 << 40)
         if {sync!r}:
             s.sync()
+        s.close()
+        """
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT, timeout=60)
+
+
+def churn(env: str, tag: str) -> None:
+    """From another process, as the daemon does: evict every chunk of dataset 1, then
+    admit as many values of dataset 2 (keys and bytes of `tag`'s own), each in a txn of
+    its own. LMDB's writer puts them in the pages freed by an earlier eviction once no
+    snapshot older than that eviction is open, else at the end of the file."""
+    code = textwrap.dedent(
+        f"""
+        import hashlib, random
+        from silofs.node.store_write import PendingChunk, WritableStore
+        from tests.unit.test_reader_direct import CHUNK, OBJ
+        s = WritableStore({env!r}, 64 << 20)
+        usage = s.load_usage()
+        s.evict_random(1, 0, usage)
+        rng = random.Random({tag!r})
+        for i in range(6):
+            key = hashlib.sha256(f"{tag}-{{i}}".encode()).digest()[:16]
+            value = rng.randbytes(CHUNK + 4096)
+            s.admit([PendingChunk(2, key, value, CHUNK)], usage, lambda _d, _u: 1 << 40)
+        s.sync()
         s.close()
         """
     )
@@ -468,3 +497,201 @@ def test_small_chunks_are_not_read_direct(env: str) -> None:
         assert r.direct is None and r.ahead is None
     finally:
         r.close()
+
+
+def test_direct_reads_are_in_flight_together(env: str, no_read_around: None) -> None:
+    """A sequential reader's values read ahead direct are read by several workers at
+    once (the remap lock is not held across a read), so the disk's queue is not left
+    empty between one value's read and the next; every byte still exact. Each read
+    waits (up to a deadline) until another is in flight too: one at a time, none
+    would ever see another."""
+    admit(env)
+    evict(env)
+    daemon = Daemon()
+    r = reader(env, daemon)
+    assert r.direct is not None
+    real = r.direct.read
+    state = threading.Condition()
+    counts = {"now": 0, "most": 0}
+
+    def read(base: int, size: int, buf: mmap.mmap) -> memoryview | None:
+        with state:
+            counts["now"] += 1
+            counts["most"] = max(counts["most"], counts["now"])
+            state.notify_all()
+            state.wait_for(lambda: counts["most"] >= 2, timeout=10)
+        try:
+            return real(base, size, buf)
+        finally:
+            with state:
+                counts["now"] -= 1
+
+    r.direct.read = read  # type: ignore[method-assign]
+
+    async def main() -> None:
+        assert await read_all(r) == body()
+        assert r.ahead is not None and r.ahead.read == 5
+        assert counts["most"] >= 2, "one direct read at a time"
+        assert r.counters.corrupt_chunks == 0 and daemon.requests == []
+
+    run(r, main)
+
+
+def test_a_value_in_a_direct_read_is_neither_remapped_nor_reused_under_it(
+    env: str, no_read_around: None
+) -> None:
+    """While a value's O_DIRECT read is in flight, the lookups' lock is free (another
+    worker looks its value up), and the daemon may evict the value and admit others,
+    committing meanwhile: the read still reads the value's bytes, because its snapshot
+    stays open until the read is done and keeps the writer off its pages. A remap
+    (which ends every txn of the env, py-lmdb) waits for that read. Once the snapshot
+    ends the writer does reuse those pages (checked below): a read whose snapshot ended
+    before it, or at a remap, would read the new bytes."""
+    admit(env)
+    evict(env)
+    r = reader(env, Daemon())
+    assert r.direct is not None and r.ahead is not None
+    ref = ChunkRef.of(OBJ, CHUNK, 3)
+    addr, size = lookup(r, 3)
+    base = r.pages.offset(addr)
+    assert base is not None
+    before = os.pread(r.pages._fd, size, base)
+    evict(env)  # that read cached the value: the worker would leave it to a hit
+    real = r.direct.read
+    in_read, go = threading.Event(), threading.Event()
+
+    def held(at: int, n: int, buf: mmap.mmap) -> memoryview | None:
+        in_read.set()
+        assert go.wait(60)
+        return real(at, n, buf)
+
+    r.direct.read = held  # type: ignore[method-assign]
+    buf = r.ahead.buffer()
+    assert buf is not None
+    got: list[bytes | None] = []
+    remapped = threading.Event()
+
+    def work() -> None:
+        view = r._read_direct(ref.key, buf)
+        got.append(None if view is None else bytes(view))
+
+    def remap() -> None:
+        r.store.adopt_map_size()
+        remapped.set()
+
+    worker = threading.Thread(target=work)
+    remapper = threading.Thread(target=remap)
+    worker.start()
+    try:
+        assert in_read.wait(30)
+        assert r.store.remap_lock.acquire(timeout=10), "the lookups' lock held across a read"
+        r.store.remap_lock.release()
+        remapper.start()
+        churn(env, "a")  # the value evicted, others admitted: its pages are freed
+        assert not remapped.is_set(), "a remap went ahead under a read in flight"
+    finally:
+        go.set()
+        worker.join(60)
+        if remapper.is_alive() or remapped.is_set():
+            remapper.join(60)
+    try:
+        assert got == [before], "the direct read read other bytes than the value's"
+        assert remapped.is_set()
+        assert lookup_absent(r, ref.key)
+        churn(env, "b")  # no snapshot from before the eviction now: the pages are reused
+        assert os.pread(r.pages._fd, size, base) != before, "the writer reuses no pages"
+    finally:
+        r.close()
+
+
+def test_a_remap_waits_for_a_workers_read_of_a_hit(env: str, no_read_around: None) -> None:
+    """A hit not in the page cache is read by a worker in the snapshot that found it;
+    a remap meanwhile (the serving thread adopting a map the daemon grew) would end that
+    snapshot, and the daemon's evictions and admissions could then reuse the value's
+    pages under the read: it waits for the read instead, which reads the value's bytes
+    (no damage counted, nothing refetched)."""
+    admit(env)
+    evict(env)
+    daemon = Daemon()
+    r = reader(env, daemon)
+    real = r.pages.pread
+    in_read, go = threading.Event(), threading.Event()
+
+    def held(n: int, offset: int) -> bytes:
+        in_read.set()
+        assert go.wait(60)
+        return real(n, offset)
+
+    r.pages.pread = held  # type: ignore[method-assign]
+    remapped = threading.Event()
+    remapper = threading.Thread(target=lambda: (r.store.adopt_map_size(), remapped.set()))
+
+    async def main() -> None:
+        f = OpenFile(OBJ)
+        r.begin_read()
+        async with trio.open_nursery() as nursery:
+            got: list[bytes] = []
+
+            async def read() -> None:
+                data, hit, _ = await r.chunk(f, 2)
+                got.append(bytes(data) if hit else b"")
+
+            nursery.start_soon(read)
+            assert await trio.to_thread.run_sync(in_read.wait, 30)
+            try:
+                remapper.start()
+                await trio.to_thread.run_sync(churn, env, "a")
+                assert not remapped.is_set(), "a remap went ahead under a read in flight"
+            finally:
+                go.set()
+        assert got == [body()[2 * CHUNK : 3 * CHUNK]]
+        assert r.read_in == 1 and r.counters.corrupt_chunks == 0 and daemon.requests == []
+        await trio.to_thread.run_sync(remapper.join, 60)
+        assert remapped.is_set()
+
+    run(r, main)
+
+
+def test_a_remap_while_a_read_of_a_hit_waits_for_a_thread_waits_for_nothing(
+    env: str, no_read_around: None
+) -> None:
+    """A worker's read of a hit pins its snapshot once its thread runs, not before: a
+    remap on the serving thread (snapshot() adopting a map the daemon grew) while the
+    read waits for a thread (every one busy) must not wait for it, since only the
+    serving thread can hand that thread out. The remap ends the read's snapshot; its
+    worker finds it ended, and the value is looked up again in a fresh one: every byte,
+    nothing counted damaged, nothing asked of the daemon."""
+    admit(env)
+    evict(env)
+    daemon = Daemon()
+    r = reader(env, daemon)
+    r._fault_limiter = trio.CapacityLimiter(1)
+
+    async def main() -> None:
+        f = OpenFile(OBJ)
+        got: list[tuple[bytes, bool]] = []
+
+        async def read() -> None:
+            data, hit, _ = await r.chunk(f, 2)
+            got.append((bytes(data), hit))
+
+        async with trio.open_nursery() as nursery:
+            await r._fault_limiter.acquire()  # every worker thread busy
+            r.begin_read()
+            nursery.start_soon(read)
+            await trio.testing.wait_all_tasks_blocked()
+            assert r.read_in == 1, "the read did not go to a worker"
+            assert r.store._pins == 0, "a read waiting for its thread holds a pin"
+            r.store.adopt_map_size()  # on the serving thread, as snapshot() does
+            r._fault_limiter.release()
+        assert got == [(body()[2 * CHUNK : 3 * CHUNK], True)]
+        assert r.read_in == 2 and r.counters.corrupt_chunks == 0 and daemon.requests == []
+
+    run(r, main)
+
+
+def lookup_absent(r: ChunkReader, key: bytes) -> bool:
+    with r.store.snapshot() as txn:
+        cur = r.store.value_cursor(txn, r._chunks_db)
+        assert cur is not None
+        return cur.find(key) is None
