@@ -350,8 +350,10 @@ def _ensure_daemon(wish: DaemonWish) -> None:
         with ControlClient(wish.socket, timeout=5) as client:
             node = client.request("GET", "/v1/status")["node"]
     except ControlError as exc:
-        # A socket served by an untrusted uid is no missing daemon: say so, start nothing.
-        if exc.status is not None or isinstance(exc, DaemonNotTrusted):
+        # A socket served by an untrusted uid is no missing daemon, and neither is one
+        # that accepted the request and then said nothing (frozen or overloaded): say
+        # so, start nothing (another daemon would find the socket taken).
+        if exc.status is not None or exc.timed_out or isinstance(exc, DaemonNotTrusted):
             raise
         _start_daemon(wish)
         return

@@ -300,7 +300,7 @@ class ControlClient:
                 raise
             except TimeoutError:
                 self.close()
-                raise ControlError(self._too_slow(method, path)) from None
+                raise ControlError(self._too_slow(method, path), timed_out=True) from None
             except (OSError, http.client.HTTPException) as exc:
                 self.close()
                 if attempt + 1 < attempts:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 from pathlib import Path
 
@@ -158,6 +159,22 @@ def test_second_daemon_on_the_same_socket(node: Node) -> None:
     )
     assert_one_line_error(res, "already listening")
     assert node.status()["node"]["pid"] == node.proc.pid  # the first one is unharmed
+
+
+def test_a_mount_on_a_frozen_daemon_says_so_and_starts_no_other(
+    node: Node, local_store, bucket_name, tmp_path: Path
+) -> None:
+    local_store.create(bucket_name, {"a.bin": b"x" * 1000})
+    assert node.proc is not None
+    os.kill(node.proc.pid, signal.SIGSTOP)  # accepts connections, answers nothing
+    try:
+        res = try_mount(node, local_store.uri(bucket_name), tmp_path / "mnt")
+    finally:
+        os.kill(node.proc.pid, signal.SIGCONT)
+    assert_one_line_error(res, node.socket, "did not answer")
+    assert "--started-by auto" not in (node.logs / "daemon.log").read_text()
+    assert node.status()["node"]["pid"] == node.proc.pid  # still the one daemon
+    assert node.mount(local_store.uri(bucket_name), tmp_path / "mnt")  # once it answers
 
 
 def test_mount_starts_a_default_daemon(make_node, local_store, bucket_name, tmp_path: Path) -> None:
