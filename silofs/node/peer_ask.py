@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 import lmdb
 import trio
 
-from silofs.cache.format import ChunkRef
+from silofs.cache.format import ChunkRef, most_value_bytes
 from silofs.errors import VersionMismatchError
 from silofs.node.datasets import Purpose, named_object
 from silofs.node.membership import COUNTS, MemberState
@@ -286,7 +286,9 @@ class ThreadAsks:
             ask = ChunkAsk.of(ds.uri.canonical, ref, m.job, charged=True, warm=False)
             bounds = Bounds(config.peer_timeout_seconds, float(config.peer_floor_rate))
             check = functools.partial(c._verified, member, ref=ref)
-            reply, data = pool.request_checked("GET", ask.target(), bounds, b"", check, gone)
+            reply, data = pool.request_checked(
+                "GET", ask.target(), bounds, b"", check, gone, most_value_bytes(ref)
+            )
         finally:
             slots.release(on_loop=False)
             waited = time.monotonic() - t0
