@@ -284,6 +284,8 @@ class DaemonWish:
     # The mount names its own credentials (--profile, --no-sign-request, ...): the
     # daemon's environment does not decide them.
     own_credentials: bool = False
+    # False (--no-start-daemon): a daemon that does not answer is an error, not started.
+    start: bool = True
 
 
 def _start_daemon(wish: DaemonWish) -> None:
@@ -355,6 +357,8 @@ def _ensure_daemon(wish: DaemonWish) -> None:
         # so, start nothing (another daemon would find the socket taken).
         if exc.status is not None or exc.timed_out or isinstance(exc, DaemonNotTrusted):
             raise
+        if not wish.start:
+            raise SilofsError(f"{exc} (--no-start-daemon: not starting one)") from None
         _start_daemon(wish)
         return
     _check_daemon_fits(wish, node)
@@ -494,6 +498,12 @@ def _ttl(_ctx: click.Context, _param: click.Parameter, value: str) -> float | No
     show_default=True,
     help="If this starts the daemon: it exits SECONDS after its last mount (0: never).",
 )
+@click.option(
+    "--no-start-daemon",
+    is_flag=True,
+    help="Fail if no daemon answers on the socket rather than start one (a node whose "
+    "daemon systemd runs: the Slurm prolog).",
+)
 @click.option("--refresh", is_flag=True, help="List the bucket again.")
 @click.option(
     "--metadata-ttl",
@@ -562,6 +572,7 @@ def mount(
     io_limit: int | None,
     admission: str | None,
     idle_exit: float,
+    no_start_daemon: bool,
     refresh: bool,
     metadata_ttl: float | None,
     list_in_background: bool,
@@ -609,7 +620,9 @@ def mount(
     if debug:
         log_level = "debug"
     own = bool({"profile", "anonymous", "credential"} & store_options.keys())
-    _ensure_daemon(DaemonWish(socket, cache_dir, cache_size, endpoint_url, idle_exit, own))
+    _ensure_daemon(
+        DaemonWish(socket, cache_dir, cache_size, endpoint_url, idle_exit, own, not no_start_daemon)
+    )
     ds = _wait_listing(socket, canonical, refresh, endpoint_url, list_in_background, store_options)
     settings = MountSettings(
         uri=canonical,
