@@ -273,17 +273,6 @@ def header_bytes(key: bytes, content_id: bytes, length: int) -> int:
     return _MIN_HDR + len(key) + len(content_id) + 8 * _blocks(length, BLOCK_SHIFT)
 
 
-# Room for the object key in most_value_bytes: more than any store's key or local path
-# (S3 1,024 bytes, PATH_MAX 4,096) as any dataset holding the chunk lists it.
-_KEY_ROOM = 64 << 10
-
-
-def most_value_bytes(ref: ChunkRef) -> int:
-    """The longest value that can hold this chunk, under whatever object key the
-    dataset that admitted it lists (a member's answer longer than this is not it)."""
-    return ref.length + header_bytes(b"", ref.obj.content_id.encode(), ref.length) + _KEY_ROOM
-
-
 def _short(mv: bytes | bytearray | memoryview) -> None:
     n = len(mv)
     if n >= _V1_PREFIX.size and _V1_PREFIX.unpack_from(mv) == (MAGIC, 1):

@@ -33,7 +33,6 @@ from silofs.cache.format import (
     ChunkFormatError,
     ChunkRef,
     decode_header,
-    most_value_bytes,
     verify_chunk,
 )
 from silofs.config import ClusterSettings, NodeSettings, parse_cluster
@@ -63,6 +62,7 @@ from silofs.node.peer_wire import (
     UNKNOWN_DATASET_HEADER,
     ChunkAsk,
     dataset_body,
+    most_value_bytes,
 )
 from silofs.node.state import DatasetState, MountState
 

@@ -33,12 +33,12 @@ from typing import TYPE_CHECKING, Any
 import lmdb
 import trio
 
-from silofs.cache.format import ChunkRef, most_value_bytes
+from silofs.cache.format import ChunkRef
 from silofs.errors import VersionMismatchError
 from silofs.node.datasets import Purpose, named_object
 from silofs.node.membership import COUNTS, MemberState
 from silofs.node.peer_client import PEER_POOL, Abandoned, Bounds, PeerError
-from silofs.node.peer_wire import SOURCE_HEADER, ChunkAsk
+from silofs.node.peer_wire import SOURCE_HEADER, ChunkAsk, most_value_bytes
 from silofs.records import ObjectInfo
 
 if TYPE_CHECKING:
