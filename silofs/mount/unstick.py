@@ -116,5 +116,9 @@ def watch(pid: int) -> None:
 
 
 if __name__ == "__main__":
+    # A Ctrl-C or hangup of the mount's terminal reaches this process too: the mount
+    # decides what they mean, and this one ends when it does.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     watch(int(sys.argv[1]))
