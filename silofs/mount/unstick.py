@@ -100,8 +100,10 @@ def _serving(pid: int) -> list[int]:
 
 
 def watch(pid: int) -> None:
-    """Until `pid` is gone: interrupt a blocked read() of the device (module docstring)."""
-    while os.path.exists(f"/proc/{pid}"):
+    """Until `pid` (this process's parent) is gone: interrupt a blocked read() of the
+    device (module docstring). Its end is told by the parent changing, never by its pid's
+    /proc entry, which a new process may take."""
+    while os.getppid() == pid:
         time.sleep(LOOK_SECONDS)
         blocked = [p for p in _serving(pid) if in_device_read(p)]
         if not blocked:
