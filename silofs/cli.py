@@ -216,7 +216,8 @@ def daemon_stop(socket: str | None, force: bool, timeout: float) -> None:
         with ControlClient(socket, timeout=5) as client:
             status = client.request("GET", "/v1/status")
     except ControlError as exc:
-        if exc.status is not None or isinstance(exc, DaemonNotTrusted):
+        # A frozen daemon (it accepted and said nothing) is named as such, not as none.
+        if exc.status is not None or exc.timed_out or isinstance(exc, DaemonNotTrusted):
             raise
         raise SilofsError(f"no silofs daemon answers on {socket}") from None
     pid = int(status["node"]["pid"])

@@ -170,9 +170,11 @@ def test_a_mount_on_a_frozen_daemon_says_so_and_starts_no_other(
     os.kill(node.proc.pid, signal.SIGSTOP)  # accepts connections, answers nothing
     try:
         res = try_mount(node, local_store.uri(bucket_name), tmp_path / "mnt")
+        stop = node.run("daemon", "stop", "--socket", node.socket)
     finally:
         os.kill(node.proc.pid, signal.SIGCONT)
     assert_one_line_error(res, node.socket, "did not answer")
+    assert_one_line_error(stop, node.socket, "did not answer")  # not "no daemon answers"
     assert "--started-by auto" not in (node.logs / "daemon.log").read_text()
     assert node.status()["node"]["pid"] == node.proc.pid  # still the one daemon
     assert node.mount(local_store.uri(bucket_name), tmp_path / "mnt")  # once it answers
