@@ -44,6 +44,7 @@ CONFIRM_SECONDS = 0.05
 _READ = {"x86_64": 0, "aarch64": 63, "riscv64": 63, "ppc64le": 3, "s390x": 3}.get(
     platform.machine()
 )
+PR_SET_PTRACER = 0x59616D61  # linux/prctl.h: Yama's "this pid may trace me"
 SIGNAL = signal.SIGURG  # ignored by default: one sent to a process without `arm` ends nothing
 
 
@@ -58,7 +59,7 @@ def spawn(pid: int) -> subprocess.Popen | None:
         log.debug("no watcher for blocked FUSE reads: no /proc/%d/syscall", pid)
         return None
     try:
-        return subprocess.Popen(
+        watcher = subprocess.Popen(
             [sys.executable, "-m", "silofs.mount.unstick", str(pid)],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
@@ -67,6 +68,13 @@ def spawn(pid: int) -> subprocess.Popen | None:
     except OSError as exc:
         log.warning("no watcher for blocked FUSE reads: %s", exc)
         return None
+    # Reading another process's /proc/PID/syscall is a ptrace-attach check: under Yama
+    # (ptrace_scope 1, Ubuntu's default) only an ancestor passes it, and the watcher is
+    # a child. Name it as this process's tracer (EINVAL without Yama: nothing to do).
+    import ctypes  # not for a process that never spawns a watcher
+
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PTRACER, watcher.pid, 0, 0, 0)
+    return watcher
 
 
 def stop(watcher: subprocess.Popen | None) -> None:
@@ -103,6 +111,12 @@ def watch(pid: int) -> None:
     """Until `pid` (this process's parent) is gone: interrupt a blocked read() of the
     device (module docstring). Its end is told by the parent changing, never by its pid's
     /proc entry, which a new process may take."""
+    try:
+        with open(f"/proc/{pid}/syscall") as f:
+            f.read()  # the access check is made on read
+    except OSError as exc:  # stderr: the mount's log
+        print(f"silofs.mount.unstick: cannot watch pid {pid}: {exc}", file=sys.stderr)
+        return
     while os.getppid() == pid:
         time.sleep(LOOK_SECONDS)
         blocked = [p for p in _serving(pid) if in_device_read(p)]
