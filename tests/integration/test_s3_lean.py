@@ -4,7 +4,8 @@ Owns: list pages and GETs go out on the lean path (botocore makes no API call of
 on the happy path), signed so that a moto that verifies SigV4 signatures accepts them;
 and every answer the lean path does not handle (a 412 of a changed object, a 403, a
 reset connection) is redone by botocore with exactly its error mapping, and counted in
-`lean_fallbacks`; a timeout is not (the attempt ends: botocore would wait as long again). A checksum mismatch on the lean path is the same ChecksumMismatchError
+`lean_fallbacks`; a timeout is not (the attempt ends: botocore would wait as long
+again). A checksum mismatch on the lean path is the same ChecksumMismatchError
 as on botocore's. The backend's behaviour itself is pinned by test_backend_conformance.py
 and test_integrity.py, which run through the lean path unchanged.
 """
