@@ -216,7 +216,8 @@ def daemon_stop(socket: str | None, force: bool, timeout: float) -> None:
         with ControlClient(socket, timeout=5) as client:
             status = client.request("GET", "/v1/status")
     except ControlError as exc:
-        if exc.status is not None or isinstance(exc, DaemonNotTrusted):
+        # A frozen daemon (it accepted and said nothing) is named as such, not as none.
+        if exc.status is not None or exc.timed_out or isinstance(exc, DaemonNotTrusted):
             raise
         raise SilofsError(f"no silofs daemon answers on {socket}") from None
     pid = int(status["node"]["pid"])
@@ -284,6 +285,8 @@ class DaemonWish:
     # The mount names its own credentials (--profile, --no-sign-request, ...): the
     # daemon's environment does not decide them.
     own_credentials: bool = False
+    # False (--no-start-daemon): a daemon that does not answer is an error, not started.
+    start: bool = True
 
 
 def _start_daemon(wish: DaemonWish) -> None:
@@ -350,9 +353,13 @@ def _ensure_daemon(wish: DaemonWish) -> None:
         with ControlClient(wish.socket, timeout=5) as client:
             node = client.request("GET", "/v1/status")["node"]
     except ControlError as exc:
-        # A socket served by an untrusted uid is no missing daemon: say so, start nothing.
-        if exc.status is not None or isinstance(exc, DaemonNotTrusted):
+        # A socket served by an untrusted uid is no missing daemon, and neither is one
+        # that accepted the request and then said nothing (frozen or overloaded): say
+        # so, start nothing (another daemon would find the socket taken).
+        if exc.status is not None or exc.timed_out or isinstance(exc, DaemonNotTrusted):
             raise
+        if not wish.start:
+            raise SilofsError(f"{exc} (--no-start-daemon: not starting one)") from None
         _start_daemon(wish)
         return
     _check_daemon_fits(wish, node)
@@ -492,6 +499,12 @@ def _ttl(_ctx: click.Context, _param: click.Parameter, value: str) -> float | No
     show_default=True,
     help="If this starts the daemon: it exits SECONDS after its last mount (0: never).",
 )
+@click.option(
+    "--no-start-daemon",
+    is_flag=True,
+    help="Fail if no daemon answers on the socket rather than start one (a node whose "
+    "daemon systemd runs: the Slurm prolog).",
+)
 @click.option("--refresh", is_flag=True, help="List the bucket again.")
 @click.option(
     "--metadata-ttl",
@@ -560,6 +573,7 @@ def mount(
     io_limit: int | None,
     admission: str | None,
     idle_exit: float,
+    no_start_daemon: bool,
     refresh: bool,
     metadata_ttl: float | None,
     list_in_background: bool,
@@ -607,7 +621,9 @@ def mount(
     if debug:
         log_level = "debug"
     own = bool({"profile", "anonymous", "credential"} & store_options.keys())
-    _ensure_daemon(DaemonWish(socket, cache_dir, cache_size, endpoint_url, idle_exit, own))
+    _ensure_daemon(
+        DaemonWish(socket, cache_dir, cache_size, endpoint_url, idle_exit, own, not no_start_daemon)
+    )
     ds = _wait_listing(socket, canonical, refresh, endpoint_url, list_in_background, store_options)
     settings = MountSettings(
         uri=canonical,

@@ -159,7 +159,9 @@ for uri in "${DATASETS[@]}"; do
     mp="$ROOT/$JOB_ID/$name"
     mkdir -p "$mp" || fail "cannot create $mp"
     # Options first, then "--": a URI that begins with "-" is a URI, not an option.
-    args=(mount --job "$JOB")
+    # --no-start-daemon: a node daemon that is down is the node's failure (below), never
+    # a reason to start an ad-hoc daemon without the node's config on its socket.
+    args=(mount --no-start-daemon --job "$JOB")
     if [ "$AS_USER" = 1 ]; then
         chown "$SLURM_JOB_UID:${SLURM_JOB_GID:-$SLURM_JOB_UID}" "$mp"
         cmd=(runuser -u "$JOB_USER" -- env "SILOFS_SOCKET=$SILOFS_SOCKET" "$SILOFS"

@@ -300,7 +300,7 @@ class ControlClient:
                 raise
             except TimeoutError:
                 self.close()
-                raise ControlError(self._too_slow(method, path)) from None
+                raise ControlError(self._too_slow(method, path), timed_out=True) from None
             except (OSError, http.client.HTTPException) as exc:
                 self.close()
                 if attempt + 1 < attempts:
@@ -596,6 +596,9 @@ class AsyncControlClient:
         self.socket_path = socket_path
         self.timeout = timeout
         self.connections_opened = 0
+        # When an answer (any status) last came (trio's clock): a mount asks whether the
+        # daemon has said anything since one of its requests timed out.
+        self.answered_at = -math.inf
         self._idle: list[_AsyncConnection] = []
         self._slots = trio.Semaphore(max_connections)
         self._closed = False
@@ -619,30 +622,42 @@ class AsyncControlClient:
         body: dict | bytes | None = None,
         *,
         headers: dict[str, str] | None = None,
+        timeout: float | None = None,
     ) -> tuple[int, dict[str, str], bytes]:
-        """(status, lower-cased headers, body) for any status; ControlError if no answer."""
+        """(status, lower-cased headers, body) for any status; ControlError if no answer.
+        `timeout`: the silence this request accepts, instead of the client's."""
         if self._closed:
             raise ControlError("AsyncControlClient is closed")
         method = method.upper()
+        silence = self.timeout if timeout is None else timeout
         payload, ctype = _encode(body)
         request_headers: list[tuple[str, str]] | str
-        if payload is None and headers is None and method not in _BODY_METHODS:
+        if (
+            payload is None
+            and headers is None
+            and method not in _BODY_METHODS
+            and silence == self.timeout
+        ):
             request_headers = self._plain
         else:
             # Ask for "102 Processing" while the daemon works (control/server.py): a wait
-            # it chose, such as a rate limiter, is then never cut by self.timeout.
-            extra = {"x-silofs-progress": f"{self.timeout:g}", **(headers or {})}
+            # it chose, such as a rate limiter, is then never cut by the silence allowed.
+            extra = {"x-silofs-progress": f"{silence:g}", **(headers or {})}
             request_headers = _request_headers(method, payload, ctype, extra)
         await self._take_slot()
         try:
             try:
-                return await self._attempt(method, path, request_headers, payload, fresh=False)
+                return await self._attempt(
+                    method, path, request_headers, payload, fresh=False, silence=silence
+                )
             except _Dropped as exc:
                 if method not in IDEMPOTENT:  # it may have reached the daemon: never repeat
                     raise ControlError(self._failed(exc)) from None
                 log.debug("retrying %s %s on a new connection after %s", method, path, exc)
             try:
-                return await self._attempt(method, path, request_headers, payload, fresh=True)
+                return await self._attempt(
+                    method, path, request_headers, payload, fresh=True, silence=silence
+                )
             except _Dropped as exc:
                 raise ControlError(self._failed(exc)) from None
         finally:
@@ -667,17 +682,18 @@ class AsyncControlClient:
         payload: bytes | None,
         *,
         fresh: bool,
+        silence: float,
     ) -> tuple[int, dict[str, str], bytes]:
         import trio
 
         conn: _AsyncConnection | None = None
         # A bare scope, not fail_after (a generator context manager per request); its
         # deadline as _heard keeps it, so a prompt answer moves it no more.
-        scope = trio.CancelScope(deadline=trio.current_time() + SILENCE_SLACK * self.timeout)
+        scope = trio.CancelScope(deadline=trio.current_time() + SILENCE_SLACK * silence)
         try:
             with scope:
                 conn = await self._checkout(fresh, method)
-                conn.scope, conn.silence = scope, self.timeout
+                conn.scope, conn.silence = scope, silence
                 status, rheaders, data, reusable = await conn.roundtrip(
                     method, path, headers, payload
                 )
@@ -689,7 +705,7 @@ class AsyncControlClient:
                 conn.close()
             raise ControlError(
                 f"the silofs daemon at {self.socket_path} said nothing for "
-                f"{self.timeout:g}s after {method} {path} (frozen or overloaded?)",
+                f"{silence:g}s after {method} {path} (frozen or overloaded?)",
                 timed_out=True,
             ) from None
         except (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
@@ -700,8 +716,9 @@ class AsyncControlClient:
             if conn is not None:
                 conn.close()
             raise
+        self.answered_at = trio.current_time()
         if reusable and not self._closed:
-            conn.used_at = trio.current_time()
+            conn.used_at = self.answered_at
             self._idle.append(conn)
         else:
             conn.close()

@@ -10,7 +10,9 @@ creates keys and certificates (`silofs-ctl certs` does).
 
 from __future__ import annotations
 
+import ipaddress
 import logging
+import re
 import ssl
 from typing import Any
 
@@ -51,9 +53,28 @@ def parse_tls_url(address: str) -> tuple[str, int]:
             port = tail[1:]
     elif ":" in rest:
         host, _, port = rest.rpartition(":")
-    if not host or "/" in host or not port.isdigit() or not 0 < int(port) < 65536:
+    if not _is_host(host, bracketed=rest.startswith("[")):
+        raise ValueError(
+            f"bad node address {address!r}: want tls://HOST:PORT, HOST a host name "
+            "(letters, digits, '.' and '-') or an IP address"
+        )
+    if not port.isdigit() or not 0 < int(port) < 65536:
         raise ValueError(f"bad node address {address!r}: want tls://HOST:PORT")
     return host.lower(), int(port)
+
+
+# A host name as certificates name nodes (silofs-ctl certs): letters, digits, '.' and '-'.
+_HOST_NAME = re.compile(r"[A-Za-z0-9]([A-Za-z0-9.-]{0,251}[A-Za-z0-9])?")
+
+
+def _is_host(host: str, bracketed: bool) -> bool:
+    """A name a connection and a certificate can both mean: an IP address ([IPv6] in
+    brackets), or a host name; never one with spaces, control characters, '@' or '/'."""
+    try:
+        addr = ipaddress.ip_address(host)
+    except ValueError:
+        return not bracketed and bool(_HOST_NAME.fullmatch(host)) and ".." not in host
+    return not bracketed or addr.version == 6
 
 
 def tls_url(host: str, port: int) -> str:

@@ -44,7 +44,7 @@ from silofs.config import MountSettings
 from silofs.control.client import AsyncControlClient, ControlError, quote_segment
 from silofs.errors import SilofsError, first_leaf
 from silofs.logsetup import reopen_log_files
-from silofs.mount import forked, turns
+from silofs.mount import forked, turns, unstick
 from silofs.mount.fs import Presentation, SilofsFS
 from silofs.mount.listing_view import ListingView, changed_entries
 from silofs.mount.reader import ChunkReader, MissError
@@ -381,6 +381,10 @@ class MountProcess:
         gc.set_threshold(GC_YOUNG, older, oldest)
         gc.freeze()
         unmount = True
+        # A request withdrawn between trio's wakeup and pyfuse3's blocking read() must
+        # not freeze this loop until the next request: the watcher run_mount started
+        # interrupts that read (mount/unstick.py).
+        unstick.arm()
         try:
             async with trio.open_nursery() as nursery:
                 assert self.reader is not None
@@ -710,11 +714,15 @@ def run_mount(
     settings: MountSettings, socket_path: str, ready: Callable[[str | None], None]
 ) -> None:
     mp = MountProcess(settings, socket_path)
-    if settings.serve_processes <= 1:
-        trio.run(mp.run, ready)
-        return
-    if trio.run(mp.prepare_fork, ready):
-        Supervisor(mp, socket_path).run(ready)
+    watcher = unstick.spawn(os.getpid())  # this process, or the serving ones it forks
+    try:
+        if settings.serve_processes <= 1:
+            trio.run(mp.run, ready)
+            return
+        if trio.run(mp.prepare_fork, ready):
+            Supervisor(mp, socket_path).run(ready)
+    finally:
+        unstick.stop(watcher)
 
 
 class _Stop(Exception):
@@ -831,8 +839,10 @@ class Supervisor:
             changed = True
             while True:
                 pid, status = os.waitpid(-1, os.WNOHANG)
-                if pid:
+                if pid in self.children:
                     return pid, status
+                if pid:
+                    continue  # not a serving process (the watcher of mount/unstick.py)
                 if changed and not detached:
                     detached = not mounted_here(self.mp.device)
                 if detached and self.shared.open_handles() == 0:

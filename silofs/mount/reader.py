@@ -130,6 +130,12 @@ DIRECT_MIN_CHUNK = 1 << 20
 # In one process (bench/values_ahead.py, 6 rounds, load 14): 2 read faster than 1 in
 # every round, 4 no faster than 2 (bench/README.md).
 DIRECT_READS = 2
+# At most this many chunk keys remembered as left unanswered (ChunkReader._silent), and
+# the silence a new ask of one accepts while the daemon has answered nothing since: this
+# fraction of the client's timeout, at least SILENT_RECHECK_MIN seconds.
+SILENT_KEYS = 1024
+SILENT_RECHECK = 0.1
+SILENT_RECHECK_MIN = 1.0
 
 
 def window_chunks(chunk_size: int, readahead_bytes: int) -> int:
@@ -306,6 +312,9 @@ class ChunkReader:
         self._guess = 0
         self._short = b""  # the chunk hit() found not all in the page cache, last
         self._flights: SingleFlight[bytes, tuple[bytes, bool]] = SingleFlight()
+        # Chunk keys whose last ask the daemon left unanswered for the client's timeout,
+        # and when that ask failed (trio's clock): _silence_for.
+        self._silent: dict[bytes, float] = {}
         self._nursery: trio.Nursery | None = None
         # In LRU mode the daemon needs to know what was hit: it never sees hits itself.
         self.track_hits = False
@@ -783,6 +792,7 @@ class ChunkReader:
         span: tuple[int, int] | None = None,
         ahead: bool = False,
     ) -> tuple[bytes, bool]:
+        silence = self._silence_for(ref)
         for attempt in (1, 2):
             path = (
                 f"/v1/chunks?mount={self.mount_id}&key={quote_segment(ref.obj.key)}"
@@ -794,10 +804,15 @@ class ChunkReader:
             )
             frozen = False
             try:
-                status, headers, body = await self.client.request("GET", path)
+                if silence is None:
+                    status, headers, body = await self.client.request("GET", path)
+                else:
+                    status, headers, body = await self.client.request("GET", path, timeout=silence)
             except ControlError as exc:
                 status, headers, body = None, {}, str(exc).encode()
                 frozen = exc.timed_out  # silent for client.timeout s: EIO, no re-register
+                if frozen:
+                    self._note_silence(ref.key)
             if status == 200:
                 return body, headers.get("x-silofs-source") == "cache"
             gone = (status is None and not frozen) or (status == 404 and b"no mount" in body)
@@ -812,6 +827,27 @@ class ChunkReader:
             exc.logged = not ahead
             raise exc
         raise AssertionError("unreachable")
+
+    def _note_silence(self, key: bytes) -> None:
+        if len(self._silent) >= SILENT_KEYS:
+            self._silent.clear()  # a bound, not a cache: forgetting costs one more wait
+        self._silent[key] = trio.current_time()
+
+    def _silence_for(self, ref: ChunkRef) -> float | None:
+        """The silence to accept for this ask: the client's (None), or a tenth of it for
+        a chunk whose ask the daemon left unanswered for the client's whole timeout less
+        than that timeout ago, when it has answered nothing since. The kernel asks again
+        for the pages of a read-ahead that failed (a buffered read() of a miss is two
+        requests of one chunk), and a frozen daemon would make that reader wait twice the
+        timeout; a daemon that woke up answers (or sends 102) within the tenth."""
+        since = self._silent.get(ref.key)
+        if since is None:
+            return None
+        timeout = self.client.timeout
+        if self.client.answered_at > since or trio.current_time() - since >= timeout:
+            del self._silent[ref.key]  # the daemon answered since, or long ago
+            return None
+        return max(SILENT_RECHECK_MIN, timeout * SILENT_RECHECK)
 
     # -- read-ahead --------------------------------------------------------------------
     def prefetch(self, f: OpenFile, current: int) -> None:

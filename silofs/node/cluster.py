@@ -62,6 +62,7 @@ from silofs.node.peer_wire import (
     UNKNOWN_DATASET_HEADER,
     ChunkAsk,
     dataset_body,
+    most_value_bytes,
 )
 from silofs.node.state import DatasetState, MountState
 
@@ -409,9 +410,10 @@ class Cluster:
         paid = 0
         introduced = False
         check = None if warm else functools.partial(self._verified, member, ref=ref)
+        most = None if warm else most_value_bytes(ref)
         for _ in range(4):
             ask = ChunkAsk.of(ds.uri.canonical, ref, job, charged=charged, warm=warm)
-            reply, data = await self._exchange(member, "GET", ask.target(), check=check)
+            reply, data = await self._exchange(member, "GET", ask.target(), check=check, most=most)
             if reply.status == 428 and not charged:
                 n = _charge(reply, ref)
                 await limiter.charge(n)  # promise 2: before the home's GET, to this job
@@ -445,6 +447,7 @@ class Cluster:
         target: str,
         body: bytes = b"",
         check: Callable[[PeerReply], memoryview] | None = None,
+        most: int | None = None,
     ) -> tuple[PeerReply, memoryview | None]:
         """One exchange with a member, in a worker thread, at most PEER_POOL at once per
         member: (the answer, `check` of a 200 answer, run in the same thread: a chunk's
@@ -463,7 +466,9 @@ class Cluster:
             t0 = trio.current_time()
             try:
                 return await trio.to_thread.run_sync(
-                    functools.partial(pool.request_checked, method, target, bounds, body, check),
+                    functools.partial(
+                        pool.request_checked, method, target, bounds, body, check, most=most
+                    ),
                     limiter=self.threads,
                     abandon_on_cancel=True,
                 )

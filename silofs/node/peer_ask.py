@@ -38,7 +38,7 @@ from silofs.errors import VersionMismatchError
 from silofs.node.datasets import Purpose, named_object
 from silofs.node.membership import COUNTS, MemberState
 from silofs.node.peer_client import PEER_POOL, Abandoned, Bounds, PeerError
-from silofs.node.peer_wire import SOURCE_HEADER, ChunkAsk
+from silofs.node.peer_wire import SOURCE_HEADER, ChunkAsk, most_value_bytes
 from silofs.records import ObjectInfo
 
 if TYPE_CHECKING:
@@ -286,7 +286,9 @@ class ThreadAsks:
             ask = ChunkAsk.of(ds.uri.canonical, ref, m.job, charged=True, warm=False)
             bounds = Bounds(config.peer_timeout_seconds, float(config.peer_floor_rate))
             check = functools.partial(c._verified, member, ref=ref)
-            reply, data = pool.request_checked("GET", ask.target(), bounds, b"", check, gone)
+            reply, data = pool.request_checked(
+                "GET", ask.target(), bounds, b"", check, gone, most_value_bytes(ref)
+            )
         finally:
             slots.release(on_loop=False)
             waited = time.monotonic() - t0

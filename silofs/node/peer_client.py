@@ -314,6 +314,7 @@ class PeerPool:
         body: bytes = b"",
         headers: dict[str, str] | None = None,
         gone: Callable[[], bool] | None = None,
+        most: int | None = None,
     ) -> PeerReply:
         """One exchange; PeerError if it fails, Abandoned if `gone()` turned true while
         the member sent 102s. A connection from the pool that turns out dead before any
@@ -323,7 +324,7 @@ class PeerPool:
         for attempt in (1, 2):
             conn, reused = self._checkout(bounds)
             try:
-                reply, keep = _exchange(conn, head, body, bounds, reused, self.address, gone)
+                reply, keep = _exchange(conn, head, body, bounds, reused, self.address, gone, most)
             except _StaleConnection:
                 conn.close()
                 if attempt == 1:
@@ -344,10 +345,13 @@ class PeerPool:
         body: bytes,
         check: Callable[[PeerReply], memoryview] | None,
         gone: Callable[[], bool] | None = None,
+        most: int | None = None,
     ) -> tuple[PeerReply, memoryview | None]:
         """One exchange and `check` of its 200 answer, in the same thread (a chunk's
-        blocks are checked where it was received); PeerError if either fails."""
-        reply = self.request(method, target, bounds, body, gone=gone)
+        blocks are checked where it was received); PeerError if either fails. `most`:
+        the longest 200 answer that can be right (a chunk's value), else "foreign" before
+        its body is waited for."""
+        reply = self.request(method, target, bounds, body, gone=gone, most=most)
         return reply, check(reply) if check is not None and reply.status == 200 else None
 
     def _head(
@@ -440,9 +444,12 @@ def _exchange(
     reused: bool,
     address: str,
     gone: Callable[[], bool] | None = None,
+    most: int | None = None,
 ) -> tuple[PeerReply, bool]:
     """Send one request and read its answer: (reply, whether the connection may be
-    reused). Between 102s, Abandoned once `gone()` says the asker's client left."""
+    reused). Between 102s, Abandoned once `gone()` says the asker's client left. A 200
+    answer longer than `most` is refused before its body is read: its length sets how
+    long the body may take (at the floor rate), and no right answer is that long."""
     sock = conn.sock
     sock.deadline = time.monotonic() + bounds.timeout
     try:
@@ -469,6 +476,9 @@ def _exchange(
     if not length.isdigit() or int(length) > MAX_BODY:
         raise PeerError("http", f"{address}: an answer without a usable content-length")
     n = int(length)
+    if most is not None and status == 200 and n > most:
+        raise PeerError("foreign", f"{address}: an answer of {n} bytes for a value of at "
+                        f"most {most}")  # fmt: skip
     data = bytearray(n)
     have = min(n, got - end)
     data[:have] = view[end : end + have]

@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass
 from urllib.parse import quote
 
-from silofs.cache.format import ChunkRef
+from silofs.cache.format import ChunkRef, header_bytes
 from silofs.records import ObjectInfo, job_name_error
 
 CHUNK_PATH = "/v1/peer/chunk"
@@ -158,3 +158,14 @@ def key_is_listable(key: str) -> bool:
 def dataset_body(uri: str, options: dict[str, str]) -> dict[str, object]:
     """The body of PUT /v1/peer/datasets: a dataset a home may not have open."""
     return {"uri": uri, "options": {k: v for k, v in options.items() if k in PEER_OPTIONS}}
+
+
+# Room for the object key in most_value_bytes: more than any store's key or local path
+# (S3 1,024 bytes, PATH_MAX 4,096) as any dataset holding the chunk lists it.
+_KEY_ROOM = 64 << 10
+
+
+def most_value_bytes(ref: ChunkRef) -> int:
+    """The longest value that can hold this chunk, under whatever object key the
+    dataset that admitted it lists (a member's answer longer than this is not it)."""
+    return ref.length + header_bytes(b"", ref.obj.content_id.encode(), ref.length) + _KEY_ROOM

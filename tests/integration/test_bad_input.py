@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from tests.support.fixtures import needs_fuse
-from tests.support.node import Node, mounted, silofs_cmd
+from tests.support.node import REPO, Node, mounted, pids_with, silofs_cmd
 
 pytestmark = [needs_fuse, pytest.mark.fuse]
 
@@ -158,6 +160,71 @@ def test_second_daemon_on_the_same_socket(node: Node) -> None:
     )
     assert_one_line_error(res, "already listening")
     assert node.status()["node"]["pid"] == node.proc.pid  # the first one is unharmed
+
+
+def test_a_mount_on_a_frozen_daemon_says_so_and_starts_no_other(
+    node: Node, local_store, bucket_name, tmp_path: Path
+) -> None:
+    local_store.create(bucket_name, {"a.bin": b"x" * 1000})
+    assert node.proc is not None
+    os.kill(node.proc.pid, signal.SIGSTOP)  # accepts connections, answers nothing
+    try:
+        res = try_mount(node, local_store.uri(bucket_name), tmp_path / "mnt")
+        stop = node.run("daemon", "stop", "--socket", node.socket)
+    finally:
+        os.kill(node.proc.pid, signal.SIGCONT)
+    assert_one_line_error(res, node.socket, "did not answer")
+    assert_one_line_error(stop, node.socket, "did not answer")  # not "no daemon answers"
+    assert "--started-by auto" not in (node.logs / "daemon.log").read_text()
+    assert node.status()["node"]["pid"] == node.proc.pid  # still the one daemon
+    assert node.mount(local_store.uri(bucket_name), tmp_path / "mnt")  # once it answers
+
+
+def test_no_start_daemon_and_the_slurm_prolog_with_the_daemon_down_start_none(
+    make_node, local_store, bucket_name, tmp_path: Path
+) -> None:
+    """The prolog mounts with --no-start-daemon: with the node daemon down it fails the
+    job on the node (exit 1) and starts no ad-hoc daemon (without the node's config) on
+    the socket the node's daemon will want back."""
+    node = make_node(start=False)
+    local_store.create(bucket_name, {"a.bin": b"x" * 1000})
+    res = try_mount(node, local_store.uri(bucket_name), tmp_path / "m0", "--no-start-daemon")
+    assert_one_line_error(res, "cannot reach", "--no-start-daemon")
+    assert not os.path.exists(node.socket) and not pids_with(node.socket)
+    site = tmp_path / "site"
+    (site / "bin").mkdir(parents=True)
+    for name, module in (("silofs", "silofs"), ("silofs-ctl", "silofs_ctl")):
+        tool = site / "bin" / name
+        tool.write_text(f'#!/bin/sh\nexec {sys.executable} -m {module} "$@"\n')
+        tool.chmod(0o755)
+    for name in ("scancel", "scontrol"):  # what the prolog asks of Slurm: nothing here
+        (site / "bin" / name).write_text(f"#!/bin/sh\necho {name} >> {site}/slurm-calls\n")
+        (site / "bin" / name).chmod(0o755)
+    (site / "mnt").mkdir()
+    (site / "slurm.env").write_text(
+        f"SILOFS={site}/bin/silofs\nSILOFS_CTL={site}/bin/silofs-ctl\n"
+        f"SILOFS_MOUNT_ROOT={site}/mnt\nSILOFS_SLURM_LOG={site}/log\n"
+        f"SILOFS_SOCKET={node.socket}\nSILOFS_MOUNT_AS=root\n"
+    )
+    env = {
+        "PATH": f"{site}/bin:{os.environ['PATH']}",
+        "PYTHONPATH": node.env["PYTHONPATH"],
+        "SILOFS_LOG_DIR": str(node.logs),
+        "SILOFS_SLURM_ENV": str(site / "slurm.env"),
+        "SLURM_JOB_ID": "41",
+        "SLURM_JOB_UID": "0",
+        "SLURM_JOB_COMMENT": f"silofs={local_store.uri(bucket_name)}",
+    }
+    res = subprocess.run(
+        [str(REPO / "configs" / "slurm" / "prolog.sh")],
+        env=env, cwd="/", capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert res.returncode == 1, (res.stdout, res.stderr)  # the node's failure: drained
+    assert "cannot reach" in (site / "log").read_text()
+    assert not os.path.exists(node.socket) and not pids_with(node.socket)
+    assert not (site / "mnt" / "41").exists()
+    calls = (site / "slurm-calls").read_text().split()  # `scontrol show job` only
+    assert "scancel" not in calls  # no job cancelled for the node's fault
 
 
 def test_mount_starts_a_default_daemon(make_node, local_store, bucket_name, tmp_path: Path) -> None:

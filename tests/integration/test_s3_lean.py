@@ -4,7 +4,8 @@ Owns: list pages and GETs go out on the lean path (botocore makes no API call of
 on the happy path), signed so that a moto that verifies SigV4 signatures accepts them;
 and every answer the lean path does not handle (a 412 of a changed object, a 403, a
 reset connection) is redone by botocore with exactly its error mapping, and counted in
-`lean_fallbacks`. A checksum mismatch on the lean path is the same ChecksumMismatchError
+`lean_fallbacks`; a timeout is not (the attempt ends: botocore would wait as long
+again). A checksum mismatch on the lean path is the same ChecksumMismatchError
 as on botocore's. The backend's behaviour itself is pinned by test_backend_conformance.py
 and test_integrity.py, which run through the lean path unchanged.
 """
@@ -19,7 +20,12 @@ from urllib.parse import urlsplit
 import boto3
 import pytest
 
-from silofs.errors import AccessDeniedError, ChecksumMismatchError, ObjectChangedError
+from silofs.errors import (
+    AccessDeniedError,
+    ChecksumMismatchError,
+    ObjectChangedError,
+    TransientError,
+)
 from silofs.node.backends.base import BackendOptions
 from silofs.node.backends.s3 import S3Backend
 from silofs.uri import parse_uri
@@ -220,3 +226,22 @@ def test_a_corrupted_body_fails_its_checksum_on_the_lean_path(
     assert backend.counters.lean_fallbacks == 0  # a mismatch is an answer, not redone
     proxy.set_plan(FaultPlan())
     assert backend.get_range(info, 0, info.size) == data
+
+
+def test_a_timed_out_request_is_not_redone_by_botocore(
+    s3_server: S3Server, bucket: str, proxy: FaultProxy
+) -> None:
+    """A store that says nothing: the lean GET's read timeout is the attempt's end (one
+    transient error, retried by retry_call), not a fallback that waits as long again
+    through botocore for the same silent store."""
+    backend = _backend(proxy.url, bucket, max_attempts=2, read_timeout=1.0, connect_timeout=1.0)
+    infos = {i.key: i for i in backend.list()}
+    info = infos["plain.bin"]
+    proxy.set_plan(FaultPlan(faults=[Fault("delay", seconds=30, methods="GET")]))
+    before = proxy.stats["requests"]
+    with pytest.raises(TransientError):
+        backend.get_range(info, 0, info.size)
+    assert proxy.stats["requests"] - before == 2  # one GET per attempt
+    assert backend.counters.lean_fallbacks == 0
+    proxy.set_plan(FaultPlan())
+    assert backend.get_range(info, 0, info.size) == DATA["ds/plain.bin"]

@@ -68,6 +68,11 @@ def test_no_section_no_cluster(tmp_path: Path) -> None:
         ('name = "has space"\nmembers = ["tls://a:1"]', "without spaces"),
         ('name = "c"\nmembers = ["a:1"]', "tls://HOST:PORT"),
         ('name = "c"\nmembers = ["tls://a:99999"]', "bad node address"),
+        ('name = "c"\nmembers = ["tls://a b:1"]', "bad node address"),  # not a host name
+        ('name = "c"\nmembers = ["tls://user@a:1"]', "bad node address"),
+        ('name = "c"\nmembers = ["tls://a..b:1"]', "bad node address"),
+        ('name = "c"\nmembers = ["tls://[a.b]:1"]', "bad node address"),  # brackets: IPv6
+        ('name = "c"\nmembers = ["tls://[10.0.0.1]:1"]', "bad node address"),
         ('name = "c"\nmembers = ["tls://a:1", "tls://A:1"]', "listed twice"),
         ('name = "c"\nmembers = [{ address = "tls://a:1", weight = 0 }]', "weight"),
         ('name = "c"\nmembers = [{ address = "tls://a:1", weight = true }]', "weight"),

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import errno
 import json
+import math
 import os
 import stat
 from collections.abc import Awaitable, Callable
@@ -65,6 +66,10 @@ class FakeDaemon:
     objects: dict[tuple[str, str], bytes]
     fail: dict[str, Any] = field(default_factory=dict)  # key -> status, or an exception
     asked: list[dict[str, str]] = field(default_factory=list)
+    # As AsyncControlClient: its silence timeout, and when it last heard an answer (a
+    # chunk whose ask timed out is asked again with less: ChunkReader._silence_for).
+    timeout: float = 30.0
+    answered_at: float = -math.inf
 
     async def request(self, method: str, path: str, body: Any = None, **_: Any) -> tuple:
         assert method == "GET" and path.startswith("/v1/chunks?"), path

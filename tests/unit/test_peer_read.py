@@ -4,8 +4,9 @@ the chunks homed there, and gets right bytes whatever the member answers.
 
 The fake member is a thread with a stdlib TLS socket (the cluster CA, the node
 certificate n1; it requires the asker's certificate) that answers per `mode`: the right
-value, flipped bytes, a short body, another chunk's value, nothing at all, a body
-slower than the floor rate, 102s for longer than the timeout and then the value, and
+value, flipped bytes, a short body, another chunk's value, nothing at all (no TLS
+handshake, or no byte after a head, one that claims 64 MiB too), a body slower than the
+floor rate, 102s for longer than the timeout and then the value, and
 the charge round trip (428). Each bad answer must be detected, counted by reason, the
 member marked down, and the chunk served right from the store (a local directory).
 """
@@ -71,6 +72,10 @@ class FakeMember:
             threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
 
     def _serve(self, raw: socket.socket) -> None:
+        if self.mode == "no_tls":  # accepts TCP, never answers the handshake
+            self.stop.wait(10)
+            raw.close()
+            return
         with contextlib.suppress(OSError, ssl.SSLError):
             tls = self.ctx.wrap_socket(raw, server_side=True)
             buf = b""
@@ -109,6 +114,11 @@ class FakeMember:
             tls.sendall(_head(200, len(value)) + bytes(value[: len(value) // 2]))
             return False
         elif mode == "silent":
+            self.stop.wait(10)
+            return False
+        elif mode in ("head_stall", "long_head_stall"):  # the head, then not a byte more
+            n = len(value) if mode == "head_stall" else 64 << 20
+            tls.sendall(_head(200, n))
             self.stop.wait(10)
             return False
         elif mode == "trickle":
@@ -249,6 +259,9 @@ def test_a_good_member_serves_the_chunks_it_is_home_of(
         ("foreign", "foreign"),
         ("silent", "timeout"),
         ("trickle", "timeout"),
+        ("no_tls", "timeout"),
+        ("head_stall", "timeout"),
+        ("long_head_stall", "foreign"),
     ],
 )
 def test_a_bad_answer_is_counted_the_member_marked_down_and_the_store_serves(
@@ -260,10 +273,11 @@ def test_a_bad_answer_is_counted_the_member_marked_down_and_the_store_serves(
     assert got["member"]["errors"] == {reason: 1}, got
     assert got["dataset"]["errors"] == {reason: 1} and got["dataset"]["store_fallbacks"] == 1
     assert not got["up"]  # down for its backoff: the other chunks were not asked of it
-    assert len(member.asks) == 1
+    assert len(member.asks) == (0 if mode == "no_tls" else 1)
     assert got["remote_gets"] == 3  # this node read all three from the store
-    if mode in ("silent", "trickle"):  # the wait is bounded: timeout + body at the floor
-        assert time.monotonic() - t0 < 10
+    # The wait is bounded by the timeout plus a chunk's value at the floor rate (1 MiB/s
+    # here: 0.75 s), whatever length the member's head claims (64 MiB: 64 s).
+    assert time.monotonic() - t0 < 10
 
 
 def test_a_refused_connection_is_a_failure_too(tmp_path: Path, pki: Path, bucket: Path) -> None:

@@ -49,7 +49,7 @@ from silofs.node.backends.base import (
     relative_key,
     truthy,
 )
-from silofs.node.backends.s3lean import Fallback, LeanS3
+from silofs.node.backends.s3lean import TIMEOUTS, Fallback, LeanS3
 from silofs.node.backends.s3lean import Item as _Item
 from silofs.node.backends.s3lean import ListPage as _ListPage
 from silofs.node.backends.s3lean import etag as _etag
@@ -346,7 +346,7 @@ class S3Backend(RetryingBackend):
                 query["continuation-token"] = token
             try:
                 return lean.list_page(query)
-            except bx.ClientError as exc:  # 429/5xx, as botocore raises them (s3lean._busy)
+            except (bx.ClientError, *TIMEOUTS) as exc:  # 429/5xx (s3lean._busy), silence
                 raise self._classify(exc, f"bucket {self.bucket}") from exc
             except Fallback as exc:
                 self._fell_back(f"a list page of {self.bucket}", exc)
@@ -378,7 +378,7 @@ class S3Backend(RetryingBackend):
             headers = {"If-Match": f'"{info.version}"', "Range": f"bytes={start}-{end - 1}"}
             try:
                 got, body = lean.get(store_key, headers, (206,), checksum=False)
-            except bx.ClientError as exc:  # 429/5xx (s3lean._busy)
+            except (bx.ClientError, *TIMEOUTS) as exc:  # 429/5xx (s3lean._busy), silence
                 raise self._get_error(exc, what) from exc
             except Fallback as exc:
                 self._fell_back(what, exc)
@@ -422,7 +422,7 @@ class S3Backend(RetryingBackend):
         if lean is not None:
             try:
                 resp, data = self._get_lean(lean, store_key, info, kwargs.get("Range"), what)
-            except bx.ClientError as exc:  # 429/5xx (s3lean._busy)
+            except (bx.ClientError, *TIMEOUTS) as exc:  # 429/5xx (s3lean._busy), silence
                 raise self._get_error(exc, what) from exc
             except Fallback as exc:
                 self._fell_back(what, exc)
@@ -462,6 +462,9 @@ class S3Backend(RetryingBackend):
             data = body.read()
         except bx.FlexibleChecksumError as exc:
             raise ChecksumMismatchError(f"{what}: body does not match its checksum: {exc}") from exc
+        except TIMEOUTS:
+            body.close()
+            raise  # the store went silent mid-body: an attempt's end, not a redo
         except _BROKEN_OFF as exc:
             body.close()
             raise Fallback(f"body broke off: {exc}") from exc

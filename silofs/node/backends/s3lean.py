@@ -11,13 +11,14 @@ bounded a fanned-out listing (bench/listing.py); per small-file GET it saves mos
 daemon's ~3-6 ms of botocore CPU (bench/cold.py).
 
 Never maps an error itself: any answer but the expected 2xx (bar 429 and 5xx), any
-transport error and any page this module cannot parse raises Fallback, and the caller
-(s3.py) redoes the request through botocore, whose retries-off client, region redirects
-and error mapping are unchanged. That is safe because both calls are GETs (idempotent;
-a GetObject is pinned to the listed ETag by If-Match, so the redo reads the same version
-or fails as botocore says). A 429 or 5xx is raised as the ClientError botocore would
-raise for it (see _busy), for s3.py's one mapping, not redone. Never retries, never
-reads credentials from anywhere but the boto3 session, never writes to the bucket.
+transport error but a timeout (raised as botocore's, TIMEOUTS) and any page this module
+cannot parse raises Fallback, and the caller (s3.py) redoes the request through
+botocore, whose retries-off client, region redirects and error mapping are unchanged.
+That is safe because both calls are GETs (idempotent; a GetObject is pinned to the
+listed ETag by If-Match, so the redo reads the same version or fails as botocore says).
+A 429 or 5xx is raised as the ClientError botocore would raise for it (see _busy), for
+s3.py's one mapping, not redone. Never retries, never reads credentials from anywhere
+but the boto3 session, never writes to the bucket.
 """
 
 from __future__ import annotations
@@ -71,6 +72,11 @@ class _Body(StreamingBody):
         piece = self.read(len(buf))  # counted there
         buf[: len(piece)] = piece
         return len(piece)
+
+
+# A request the store did not answer in time is raised as botocore raises it, never
+# redone through botocore: that would wait the same timeout again for the same store.
+TIMEOUTS = (bx.ReadTimeoutError, bx.ConnectTimeoutError)
 
 
 class Fallback(Exception):
@@ -373,6 +379,8 @@ class LeanS3:
             if any(answer is not None for _, answer in answers):
                 raise Fallback("a before-send handler answered")
             return self._http.send(prepared)
+        except TIMEOUTS:
+            raise  # the store said nothing: botocore would wait as long again for it
         except bx.BotoCoreError as exc:  # transport, or the credentials' refresh
             raise Fallback(f"{type(exc).__name__}: {exc}") from exc
 
