@@ -483,3 +483,24 @@ def test_a_thread_whose_mount_left_drops_its_ask_and_frees_the_home(
                 nursery.cancel_scope.cancel()
 
         trio.run(main)
+
+
+def test_a_down_member_is_pinged_at_once_when_a_warm_rechecks_it(
+    tmp_path: Path, pki: Path, member: FakeMember
+) -> None:
+    """recheck() pings a member in its backoff (30 s here) now, and it is up again by its
+    answer (a down member's exchange is refused unless it is a probe's)."""
+    with daemon_of(tmp_path, pki, member.port) as d:
+
+        async def main() -> list[tuple[bool, bool]]:
+            membership = d.cluster.membership
+            assert membership is not None
+            async with running(d):
+                peer = membership.peers()[0]
+                membership.mark_down(peer.address, "refused", probe=True)
+                seen = [(peer.up, peer.probing)]
+                await d.cluster.recheck({peer.address})
+                seen.append((peer.up, peer.probing))
+            return seen
+
+        assert trio.run(main) == [(False, False), (True, False)]
