@@ -587,8 +587,9 @@ class Cluster:
     async def warm_ask(
         self, member: MemberState, ds: DatasetState, limiter: TokenBucket, job: str, ref: ChunkRef
     ) -> str:
-        """Ask a chunk's home to hold it (a warm): "held", "admitted", "full", or
-        "failed" (counted; the member is marked down where it failed)."""
+        """Ask a chunk's home to hold it (a warm): "held", "admitted" (committed there),
+        "full", or "failed" (counted, and the member marked down, where the exchange
+        failed; or the home's Writer dropped it: asked again later)."""
         counters = (member.counters, self.dataset_counters(ds.uri.canonical))
         try:
             reply, _, _ = await self._chunk_exchange(member, ds, limiter, job, ref, warm=True)

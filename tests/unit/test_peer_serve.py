@@ -173,6 +173,29 @@ def test_a_share_is_split_by_configured_weight_and_warms_fill_only_the_part(
     trio.run(main)
 
 
+def test_a_warm_is_answered_admitted_once_the_chunk_is_committed(
+    home: Daemon, bucket: Path
+) -> None:
+    """The asker's warm says done once every home answered: "admitted" means in this
+    node's part already (its usage, as status shows it), not in the Writer's queue; a
+    chunk the Writer dropped (its queue full) is "dropped", for the asker to ask again."""
+
+    async def main() -> None:
+        async with running(home) as d:
+            ds, _ = await mounted(d, bucket)
+            await d.set_cache_allocation(ds.uri.canonical, 8 * CHUNK)
+            d.writer.batch_seconds = 0.2  # a batch the answer would come before
+            a = ask(d, ds, "f0.bin", 0, warm=True, charged=True)
+            assert (await d.cluster.home.serve(a)).outcome == "admitted"
+            assert d.usage[ds.id].bytes == CHUNK and d.writer.pending_chunks() == 0
+            d.writer.queue_bytes = 1  # nothing fits in the queue: every offer is dropped
+            a = ask(d, ds, "f1.bin", 0, warm=True, charged=True)
+            assert (await d.cluster.home.serve(a)).outcome == "dropped"
+            assert d.usage[ds.id].bytes == CHUNK
+
+    trio.run(main)
+
+
 def test_a_pushed_share_is_taken_only_if_newer_and_survives_a_restart(
     home: Daemon, bucket: Path, tmp_path: Path
 ) -> None:
