@@ -14,12 +14,12 @@ import pytest
 import trio
 
 from silofs.cache.format import ChunkRef
-from silofs.config import ClusterSettings, MemberSpec, NodeSettings
+from silofs.config import ClusterSettings, MemberSpec
 from silofs.errors import UsageError
 from silofs.node.daemon import Daemon
 from silofs.node.peer_serve import ChargeFirst, UnknownDataset
 from silofs.node.peer_wire import ChunkAsk
-from tests.unit.inprocess import mounted, running
+from tests.unit.inprocess import member_daemon, mounted, running
 
 CHUNK = 256 << 10
 ME, OTHER = "tls://127.0.0.1:1", "tls://127.0.0.1:2"
@@ -36,24 +36,11 @@ def bucket(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def home(tmp_path: Path, pki: Path) -> Iterator[Daemon]:
-    settings = NodeSettings(
-        socket=str(tmp_path / "ctl.sock"),
-        cache_dir=str(tmp_path / "cache"),
-        cache_size=64 << 20,
-        chunk_size=CHUNK,
-        tcp_listen="127.0.0.1:1",
-        tls_cert=str(pki / "n0.pem"),
-        tls_key=str(pki / "n0.key"),
-        tls_client_ca=str(pki / "ca.pem"),
-        cluster=ClusterSettings(
-            name="c", address=ME, members=(MemberSpec(ME, 3.0), MemberSpec(OTHER, 1.0))
-        ),
+    cluster = ClusterSettings(
+        name="c", address=ME, members=(MemberSpec(ME, 3.0), MemberSpec(OTHER, 1.0))
     )
-    d = Daemon(settings)
-    yield d
-    d.cluster.close()
-    d.store.close()
-    os.close(d.lock_fd)
+    with member_daemon(tmp_path, pki, cluster, CHUNK) as d:
+        yield d
 
 
 def ask(d: Daemon, ds: object, key: str, index: int, **flags: bool) -> ChunkAsk:

@@ -24,15 +24,15 @@ import pytest
 import trio
 
 from silofs.cache.format import ChunkRef
-from silofs.config import ClusterSettings, MemberSpec, NodeSettings
+from silofs.config import ClusterSettings, MemberSpec
 from silofs.node import warm
 from silofs.node.daemon import Daemon
 from silofs.node.state import DatasetState
 from silofs.node.warm import WarmState, run_warm
-from tests.unit.inprocess import ready, running
+from tests.unit.inprocess import MEMBER_ME, member_daemon, ready, running
 
 CHUNK = 64 << 10
-ME, B, C = "tls://127.0.0.1:1", "tls://127.0.0.1:2", "tls://127.0.0.1:3"
+ME, B, C = MEMBER_ME, "tls://127.0.0.1:2", "tls://127.0.0.1:3"
 
 
 @pytest.fixture(autouse=True)
@@ -51,30 +51,15 @@ def bucket(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def daemon(tmp_path: Path, pki: Path) -> Iterator[Daemon]:
-    settings = NodeSettings(
-        socket=str(tmp_path / "ctl.sock"),
-        cache_dir=str(tmp_path / "cache"),
-        cache_size=64 << 20,
-        chunk_size=CHUNK,
-        tcp_listen="127.0.0.1:1",  # never listened on: nothing asks this node here
-        tls_cert=str(pki / "n0.pem"),
-        tls_key=str(pki / "n0.key"),
-        tls_client_ca=str(pki / "ca.pem"),
-        cluster=ClusterSettings(
-            name="c",
-            address=ME,
-            members=tuple(MemberSpec(a) for a in (ME, B, C)),
-            peer_timeout_seconds=0.5,
-            peer_backoff_seconds=30.0,
-        ),
+    cluster = ClusterSettings(
+        name="c",
+        address=ME,
+        members=tuple(MemberSpec(a) for a in (ME, B, C)),
+        peer_timeout_seconds=0.5,
+        peer_backoff_seconds=30.0,
     )
-    d = Daemon(settings)
-    try:
+    with member_daemon(tmp_path, pki, cluster, CHUNK) as d:
         yield d
-    finally:
-        d.cluster.close()
-        d.store.close()
-        os.close(d.lock_fd)
 
 
 class Homes:
@@ -132,16 +117,27 @@ def _warm(d: Daemon, bucket: Path, homes_part: int, setup: Any, *, share: int) -
     return trio.run(main)
 
 
-def _members_back_when_pinged(d: Daemon) -> None:
-    """recheck(): every member pinged answers (it was only in its backoff)."""
+def _pings(d: Daemon, *, answered: bool) -> list[set[str]]:
+    """recheck() records the members it pings; `answered`: each is up again (it was
+    only in its backoff), else it stays down."""
     membership = d.cluster.membership
     assert membership is not None
+    pinged: list[set[str]] = []
 
     async def recheck(addresses: set[str]) -> None:
-        for a in addresses:
+        pinged.append(addresses)
+        for a in addresses if answered else ():
             membership.mark_up(a)
 
     d.cluster.recheck = recheck  # type: ignore[method-assign]
+    return pinged
+
+
+async def _c_down(d: Daemon, ds: DatasetState, homes: Homes) -> None:
+    """C found down and not pinged again since: the state n0 was in after its members
+    started (each one's backoff doubling until it listened)."""
+    assert d.cluster.membership is not None
+    d.cluster.membership.mark_down(C, "refused", probe=True)
 
 
 def test_a_member_down_when_the_warm_starts_is_filled_once_it_answers(
@@ -150,18 +146,11 @@ def test_a_member_down_when_the_warm_starts_is_filled_once_it_answers(
     d = daemon
     membership = d.cluster.membership
     assert membership is not None
-    _members_back_when_pinged(d)
-    size = sum(p.stat().st_size for p in bucket.iterdir())
-    share = size // 2
+    pinged = _pings(d, answered=True)
+    share = sum(p.stat().st_size for p in bucket.iterdir()) // 2
     part = share // 3
-
-    async def setup(d: Daemon, ds: DatasetState, homes: Homes) -> None:
-        # Found down at start and not yet pinged again: the state n0 was in after its
-        # members started (each one's backoff doubling until it listened).
-        membership.mark_down(C, "refused", probe=True)
-
-    ds, homes, w, here = _warm(d, bucket, part, setup, share=share)
-    assert w.state == "done" and w.failed_chunks == 0
+    ds, homes, w, here = _warm(d, bucket, part, _c_down, share=share)
+    assert w.state == "done" and w.failed_chunks == 0 and pinged == [{C}]
     placed = {ref.key: membership.placed(ref.key).address for ref in _refs(d, ds)}
     # Every member within one chunk of its part, the one that was down too.
     assert part - CHUNK < here <= part
@@ -181,21 +170,10 @@ def test_a_member_down_all_along_has_its_chunks_asked_of_its_stand_in_last(
     daemon: Daemon, bucket: Path
 ) -> None:
     d = daemon
-    membership = d.cluster.membership
-    assert membership is not None
-    pinged: list[set[str]] = []
-
-    async def recheck(addresses: set[str]) -> None:
-        pinged.append(addresses)  # and it does not answer: down still
-
-    d.cluster.recheck = recheck  # type: ignore[method-assign]
+    pinged = _pings(d, answered=False)
     size = sum(p.stat().st_size for p in bucket.iterdir())
-
-    async def setup(d: Daemon, ds: DatasetState, homes: Homes) -> None:
-        membership.mark_down(C, "refused", probe=True)
-
     # A share bigger than the dataset: every member's part holds every chunk it gets.
-    ds, homes, w, here = _warm(d, bucket, 3 * size, setup, share=9 * size)
+    ds, homes, w, here = _warm(d, bucket, 3 * size, _c_down, share=9 * size)
     assert w.state == "done" and w.failed_chunks == 0
     assert pinged == [{C}] * warm.WARM_RETRIES
     assert not [a for a, _ in homes.asked if a == C]  # never asked: it is down
