@@ -209,3 +209,37 @@ def test_chunks_held_here_but_placed_at_another_member_are_asked_of_it(
     assert foreign and w.state == "done" and w.failed_chunks == 0
     placed_at_b = {r.key for r in _refs(d, ds) if membership.placed(r.key).address == B}
     assert set(homes.held[B]) == placed_at_b  # all of B's, those held here among them
+
+
+def test_a_down_members_chunk_held_here_is_not_fetched_again_for_its_stand_in(
+    daemon: Daemon, bucket: Path
+) -> None:
+    """C down all along: its chunks go to the member standing in for it in the last
+    round; one of them this node holds already (read here while C was down) is not
+    fetched from the store again when this node is that member."""
+    d = daemon
+    membership = d.cluster.membership
+    assert membership is not None
+    _pings(d, answered=False)
+    size = sum(p.stat().st_size for p in bucket.iterdir())
+    gets: list[tuple[str, int]] = []
+    held: list[ChunkRef] = []
+
+    async def setup(d: Daemon, ds: DatasetState, homes: Homes) -> None:
+        await _c_down(d, ds, homes)
+        for ref in _refs(d, ds):
+            if membership.placed(ref.key).address == C and membership.home(ref.key).is_self:
+                await d.fetcher.fetch(ds.id, ds.backend, d.job("j").limiter, ref)
+                held.append(ref)
+        await d.writer.flush()
+        real = ds.backend.get_range
+
+        def get_range(obj: Any, start: int, length: int) -> bytes:
+            gets.append((obj.key, start))
+            return real(obj, start, length)
+
+        ds.backend.get_range = get_range  # type: ignore[method-assign]
+
+    _, _, w, _ = _warm(d, bucket, 3 * size, setup, share=9 * size)
+    assert held and w.state == "done"
+    assert not {(r.obj.key, r.start) for r in held} & set(gets)
