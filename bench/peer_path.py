@@ -40,7 +40,7 @@ from silofs.cache.format import chunk_key
 from silofs.node.placement import Candidate, home
 from silofs.units import parse_size
 from tests.support.cluster import write_cluster
-from tests.support.net import free_port
+from tests.support.net import free_ports
 from tests.support.node import Node
 
 MB = 10**6
@@ -100,7 +100,7 @@ def main() -> None:
             want[f"f{i:04d}.bin"] = rnd.randbytes(chunk)
             (data / f"f{i:04d}.bin").write_bytes(want[f"f{i:04d}.bin"])
         sized = {"daemon": {"chunk_size": str(chunk)}}
-        ports = [free_port(), free_port()]
+        ports = free_ports(2)
         specs = write_cluster(root, ["127.0.0.1"] * 2, ports, name="bench", extra=sized)
         cache = 2 * args.files * chunk + (256 << 20)
         a = Node(specs[0].root / "node", cache, config=specs[0].config)

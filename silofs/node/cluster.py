@@ -592,8 +592,9 @@ class Cluster:
     async def warm_ask(
         self, member: MemberState, ds: DatasetState, limiter: TokenBucket, job: str, ref: ChunkRef
     ) -> str:
-        """Ask a chunk's home to hold it (a warm): "held", "admitted", "full", or
-        "failed" (counted; the member is marked down where it failed)."""
+        """Ask a chunk's home to hold it (a warm): "held", "admitted" (committed there),
+        "full", or "failed" (counted, and the member marked down, where the exchange
+        failed; or the home's Writer dropped it: asked again later)."""
         counters = (member.counters, self.dataset_counters(ds.uri.canonical))
         try:
             reply, _, _ = await self._chunk_exchange(member, ds, limiter, job, ref, warm=True)
@@ -632,7 +633,22 @@ class Cluster:
                 for pool in self.pools.values():
                     pool.sweep()
 
+    async def recheck(self, addresses: set[str]) -> None:
+        """Ping now those of these members that are down, rather than when their backoff
+        ends (a warm about to ask them for their chunks again): each is up, or down
+        again, by its answer. A probe of the prober's in flight meanwhile is harmless:
+        two pings of one member (the first to end clears `probing`, which only lets a
+        down member's exchange begin)."""
+        assert self.membership is not None
+        down = [m for a in addresses if (m := self.membership.members.get(a)) and not m.up]
+        async with trio.open_nursery() as nursery:
+            for m in down:
+                m.probing = True
+                nursery.start_soon(self._probe, m)
+
     async def _probe(self, member: MemberState) -> None:
+        """Ping a member (`probing` set: a down member's exchange needs it): up, or down
+        for its backoff, by its answer; pull its shares if they differ from ours."""
         assert self.membership is not None
         try:
             reply, _ = await self._exchange(member, "GET", PING_PATH)

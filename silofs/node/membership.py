@@ -116,6 +116,7 @@ class Membership:
         self.members: dict[str, MemberState] = {}
         self.config = config
         self._live: list[Candidate] = []
+        self._configured: list[Candidate] = []
         self.replace(config)
 
     # -- the list ------------------------------------------------------------------
@@ -143,6 +144,7 @@ class Membership:
             state.candidate = candidate
             self.members[spec.address] = state
         self.config = config
+        self._configured = [m.candidate for m in self.members.values()]
         self._relive()
         # The hosts of the other members, as names_a_member compares them: asked on
         # every request a member's connection makes, from its thread.
@@ -170,6 +172,20 @@ class Membership:
 
     def is_home(self, key: bytes) -> bool:
         return home(key, self._live).address == self.self_address
+
+    def placed(self, key: bytes) -> MemberState:
+        """The configured member with the highest score for `key`, up or down: the one
+        whose part of a share the chunk fills (parts are of the configured weights:
+        node/cluster_shares.py). home() is where a read goes now; while a member is
+        down its chunks' home is another member, which must not fill its own part with
+        them (it holds them for nobody once the member is back)."""
+        return self.members[home(key, self._configured).address]
+
+    def placed_by(self) -> Callable[[bytes], str]:
+        """placed()'s answer as an address, from the list in force now: a function a
+        worker thread may call while the loop puts another list in force."""
+        configured = list(self._configured)
+        return lambda key: home(key, configured).address
 
     def _relive(self) -> None:
         self._live = [m.candidate for m in self.members.values() if m.is_self or m.up]

@@ -10,9 +10,9 @@ miss, refetched and replaced), the charge protocol (no new store GET until the a
 says it charged its job: ChargeFirst, answered 428), one store GET per chunk however
 many members ask (the Fetcher's single-flight), admission under this node's part of
 the dataset's share (the Writer, with the quota policy), a warm's "held / admitted /
-full" (the room a FillBudget sees), and the cap on bytes served to peers
-(peer_serve_rate, waited for before the answer: the asker hears 102 meanwhile). A
-chunk held here is answered from the member connection's thread (held(): its value
+full" (the room a FillBudget sees; "admitted" once committed), and the cap on bytes
+served to peers (peer_serve_rate, waited for before the answer: the asker hears 102
+meanwhile). A chunk held here is answered from the member connection's thread (held(): its value
 checked and sent from the LMDB map, in one read txn kept open until the answer is
 sent), the rest on the trio loop (serve()). Never judges who asks (the route table and
 node/authz.py do) and never writes LMDB itself.
@@ -94,7 +94,7 @@ class Held:
 class Served:
     value: bytes | bytearray | None  # the encoded chunk (header + data); None for a warm
     source: str  # "cache": no store GET for this ask; "remote": this ask's GET
-    outcome: str = "served"  # a warm: held | admitted | full
+    outcome: str = "served"  # a warm: held | admitted | full | dropped (ask again)
 
 
 class Home:
@@ -261,7 +261,17 @@ class Home:
             data, _ = await self.d.fetcher.fetch(ds.id, ds.backend, self._free(), ref)
         finally:
             budget.ended(ref.length, len(data))
-        return Served(None, "remote", "admitted")
+        # "admitted" once it is: the asker's warm says done when every home has
+        # answered, and a chunk still in the Writer's queue then is not in this part
+        # yet (a status read right after showed a part short by it), nor sure to be.
+        await self.d.writer.settled(ref.key)
+        if await self._holds(ds, ref):
+            return Served(None, "remote", "admitted")
+        # Turned away: the Writer found the part full (a mount's reads here took the
+        # room meanwhile), or its queue was full (asked again later: "dropped").
+        async with self._budget_locks[ds.id]:
+            room = await budget.fits(ref.length)
+        return Served(None, "remote", "dropped" if room else "full")
 
     def _check_listed(self, ds: DatasetState, ask: ChunkAsk) -> None:
         """A local directory's object is read for a member only if this node's listing

@@ -8,9 +8,10 @@ Random order is what keeps promise 1's hit ratio (cache/dataset whatever the acc
 order) when the quota is smaller than the dataset: the warm stops at the first chunk
 that does not fit rather than looking for smaller ones, which would bias the sample.
 An untrusted peer's warm fetches only the local files it could read itself
-(docs/SECURITY.md). In a cluster the walk spans the members: a chunk homed here is
-fetched as alone, one homed at another member is sent to it (node/cluster.py
-warm_ask), until every home says its part of the share is full. Progress lives in
+(docs/SECURITY.md). In a cluster the walk spans the members: a chunk placed here (among
+the configured members, as the parts of a share are) is fetched as alone, one placed at
+another member is sent to it (node/cluster.py warm_ask), a down member's chunks wait
+for it, until every member says its part of the share is full. Progress lives in
 WarmState, shown in the dataset view. Never writes LMDB (the Writer admits what the
 Fetcher offers) and never decides a quota.
 """
@@ -159,9 +160,16 @@ async def run_warm(d: Any, ds: DatasetState, w: WarmState) -> None:
 
 
 async def _warm(d: Any, ds: DatasetState, w: WarmState) -> None:
+    clustered = d.cluster.active and d.cluster.shareable(ds)
+    # In a cluster, a chunk held here counts as held only if it is this node's to hold:
+    # one homed at another member (admitted here while that member was down) is still
+    # asked of it, or its part stays short by it.
+    placed = d.cluster.membership.placed_by() if clustered else None
+    here = d.cluster.membership.self_address if clustered else None
+
     def plan() -> tuple[int, list[ChunkRef], int]:
-        """(matched bytes, chunks the dataset does not hold, bytes it holds), in one
-        read txn; the owners rows answer without faulting in chunk values."""
+        """(matched bytes, chunks to walk, bytes held), in one read txn; the owners rows
+        answer without faulting in chunk values."""
         objects = [o for o in d.store.iter_listing(ds.id) if matches(o.key, w.paths)]
         if w.reader is not None:
             objects, denied = readable(ds, objects, *w.reader)
@@ -178,7 +186,8 @@ async def _warm(d: Any, ds: DatasetState, w: WarmState) -> None:
                 # A zero-byte object is one empty chunk, as the mount reads it.
                 for i in range(max(1, -(-o.size // w.chunk_size))):
                     ref = ChunkRef.of(o, w.chunk_size, i)
-                    if d.store.owns(txn, ds.id, ref.key):
+                    mine = placed is None or placed(ref.key) == here
+                    if mine and d.store.owns(txn, ds.id, ref.key):
                         held_bytes += ref.length
                     else:
                         missing.append(ref)
@@ -193,7 +202,7 @@ async def _warm(d: Any, ds: DatasetState, w: WarmState) -> None:
     limiter = d.job(w.job).limiter
     slots = trio.Semaphore(WARM_CONCURRENCY)
     failure: list[BackendError] = []
-    if d.cluster.active and d.cluster.shareable(ds):
+    if clustered:
         share = d.cluster.shares.share(ds.uri.canonical)
         w.target_bytes = w.matched_bytes if share is None else min(share, w.matched_bytes)
         await _walk_cluster(d, ds, w, refs, budget, limiter, slots, failure)
@@ -246,6 +255,12 @@ async def _fetch_here(
             c.remote_requests += 1
 
 
+def _holds(d: Any, ds: DatasetState, ref: ChunkRef) -> bool:
+    """Whether the dataset holds the chunk here (its owners row: no value read)."""
+    with d.store.read_txn() as txn:
+        return bool(d.store.owns(txn, ds.id, ref.key))
+
+
 async def _walk_cluster(
     d: Any,
     ds: DatasetState,
@@ -256,17 +271,29 @@ async def _walk_cluster(
     slots: trio.Semaphore,
     failure: list[BackendError],
 ) -> None:
-    """The random walk of a clustered dataset: a chunk homed here is fetched as alone
-    (while this node's part has room); one homed at another member is sent to it (a
-    warm ask: it fetches it, charged to this job, if its part has room). A home that
-    says "full" gets no more; the walk ends when every home is full or the chunks are
-    done, so each home holds a uniform sample of its own chunks (promise 1)."""
+    """The random walk of a clustered dataset: each chunk goes to the member it is
+    placed at among the configured members (whose part of the share it fills): one
+    placed here is fetched as alone (while this node's part has room); one placed at
+    another member is sent to it (a warm ask: it fetches it, charged to this job, if
+    its part has room). A home that says "full" gets no more; the walk ends when every
+    member is full or the chunks are done, so each holds a uniform sample of its own
+    chunks (promise 1).
+
+    A chunk whose member is down (found down by a failed ask, or not yet found up
+    since it started: its backoff) waits, as does one whose ask failed: the walk never
+    hands a member's chunks to the one standing in for it, which would fill that one's
+    part with chunks it holds for nobody once the member is back, and leave the
+    member's part short (a warm started while a member was still in its startup
+    backoff filled the other two and ended with the third a third full). After the
+    walk, the members of the waiting chunks are pinged at once and their chunks asked
+    again; in the last round, a member still down has its chunks asked of the member
+    standing in for it (where reads of them go meanwhile)."""
     full: set[str] = set()
     membership = d.cluster.membership
 
     local = functools.partial(_fetch_here, d, ds, w, limiter, budget, slots, failure)
 
-    failed: list[ChunkRef] = []
+    waiting: list[ChunkRef] = []  # chunks whose member was down, or whose ask failed
 
     async def remote(member: Any, ref: ChunkRef) -> None:
         try:
@@ -281,15 +308,22 @@ async def _walk_cluster(
             w.chunks_done += 1
             w.fetched_bytes += ref.length
         else:
-            failed.append(ref)
+            waiting.append(ref)
 
-    async def walk(todo: list[ChunkRef]) -> None:
+    async def walk(todo: list[ChunkRef], last: bool) -> None:
         async with trio.open_nursery() as nursery:
             for ref in todo:
-                live = {c.address for c in membership.live()}
-                if failure or live <= full:
+                if failure or full.issuperset(membership.members):
                     break
-                member = membership.home(ref.key)
+                member = membership.placed(ref.key)
+                if not member.up:  # never this node: it is always up
+                    if not last:
+                        waiting.append(ref)
+                        continue
+                    member = membership.home(ref.key)
+                    if member.is_self and _holds(d, ds, ref):  # held here: no GET again
+                        w.skipped_bytes += ref.length
+                        continue
                 if member.address in full:
                     continue
                 if member.is_self:
@@ -303,20 +337,21 @@ async def _walk_cluster(
                     await slots.acquire()
                     nursery.start_soon(remote, member, ref)
 
-    await walk(refs)
-    # A failed ask (a home slow or down: marked down for a backoff) is asked again, of
-    # whichever member is its home by then, so a busy moment does not leave a home's
-    # part short; what still fails is reported, not hidden behind "done".
-    for _ in range(WARM_RETRIES):
-        if not failed or failure:
+    await walk(refs, last=WARM_RETRIES == 0)
+    # A member down or slow for a moment (marked down for a backoff) is pinged and
+    # asked again, so a busy moment does not leave its part short; what still fails is
+    # reported, not hidden behind "done".
+    for n in range(WARM_RETRIES):
+        if not waiting or failure:
             break
-        todo, failed[:] = failed[:], []
+        todo, waiting[:] = waiting[:], []
         await trio.sleep(WARM_RETRY_PAUSE)
-        await walk(todo)
-    w.failed_chunks = len(failed)
-    if failed:
+        await d.cluster.recheck({membership.placed(ref.key).address for ref in todo})
+        await walk(todo, last=n == WARM_RETRIES - 1)
+    w.failed_chunks = len(waiting)
+    if waiting:
         log.warning(
             "warm of %s: %d chunks could not be placed at their homes",
             ds.uri.canonical,
-            len(failed),
+            len(waiting),
         )

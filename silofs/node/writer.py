@@ -164,6 +164,7 @@ class Writer:
         self._pending: dict[bytes, PendingChunk] = {}
         self._streaming = False  # the last offer was one of a stream's chunks (_hold)
         self._wakeup = trio.Event()
+        self._settled = trio.Event()  # set (and made anew) whenever offers leave _pending
         self._lock = trio.Lock()  # one write txn at a time, in one thread
         self._admit_thread = _AdmitThread()
 
@@ -188,6 +189,16 @@ class Writer:
         """The encoded value of a chunk offered and not yet committed, if there is one."""
         item = self._pending.get(key)
         return None if item is None else item.value
+
+    async def settled(self, key: bytes) -> None:
+        """Return once no offer of `key` waits to be committed: it is in LMDB, or was
+        turned away (over its dataset's quota, or dropped)."""
+        while key in self._pending:
+            await self._settled.wait()
+
+    def _note_settled(self) -> None:
+        self._settled.set()
+        self._settled = trio.Event()
 
     async def call(self, fn: Callable[..., T], *args: object) -> T:
         """Run a write operation in the writer thread, serialised with admissions."""
@@ -259,9 +270,22 @@ class Writer:
                     return
 
     async def flush(self) -> None:
-        """Write everything queued, in txns of at most batch_bytes (and one chunk)."""
+        """Write everything queued, in txns of at most batch_bytes (and one chunk), and
+        return once what another flush was writing when this one began (the run loop's
+        batch, taken from the queue before this call) is settled too: every offer made
+        before the call is then in LMDB or turned away, which is what a caller flushing
+        asks (a warm saying done, a fill budget's exact count)."""
+        # Taken before ours is written: those not in our batch are in another flush's.
+        before = list(self._pending.items())
         batch, self._queue, self._queued = self._queue, [], 0
         self._wakeup = trio.Event()
+        await self._write(batch)
+        # Another flush writes its batch without waiting on this one: no cycle.
+        for key, item in before:
+            while self._pending.get(key) is item:
+                await self._settled.wait()
+
+    async def _write(self, batch: list[PendingChunk]) -> None:
         while batch:
             size, n = 0, 0
             while n < len(batch) and (n == 0 or size + len(batch[n].value) <= self.batch_bytes):
@@ -282,6 +306,7 @@ class Writer:
         for item in items:
             if self._pending.get(item.key) is item:
                 del self._pending[item.key]
+        self._note_settled()
 
     async def _flush_part(self, batch: list[PendingChunk]) -> bool:
         """Admit one txn's worth; whether the map was full."""
@@ -294,6 +319,7 @@ class Writer:
             for item in batch:  # committed (or refused): LMDB answers from now on
                 if self._pending.get(item.key) is item:
                     del self._pending[item.key]
+            self._note_settled()
         self.stats.batches += 1
         self.stats.admitted_chunks += res.admitted
         self.stats.admitted_bytes += res.admitted_bytes

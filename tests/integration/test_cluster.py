@@ -7,6 +7,8 @@ the store's GETs.
 - A home killed with kill -9: every read on the other nodes completes (its chunks from
   the store) within the bound, with right bytes; restarted, it is found up again and
   serves its chunks.
+- A warm on one node fills every member's part of the share to within one chunk, a
+  member the warm node still counts down after a restart (its backoff) too.
 - A member killed with kill -9 as a warm on another node starts: the warm ends, and
   the others read every byte right.
 - Certificates: a node certificate that names no member, a controller's certificate and
@@ -187,6 +189,38 @@ def test_a_warm_on_one_node_fills_the_share_across_its_homes(three: dict, s3_ser
         held.append(d["cached_bytes"])
     # Each chunk fetched once, by its home (a chunk is at most CHUNK bytes).
     assert _object_gets(proxy) - gets <= sum(held) // (CHUNK // 2)
+
+
+def test_a_warm_while_a_restarted_member_is_still_in_its_backoff_fills_its_part(
+    three: dict,
+) -> None:
+    """The warm node counts a member down (its backoff grown by refusals while it was
+    gone) that is back already: its part is filled all the same, as the others', each
+    with its own chunks (issue 22: a warm that began in the members' startup backoff
+    left one a third full, exit 0)."""
+    nodes, tree = three["nodes"], three["tree"]
+    uri = nodes[0].status()["datasets"][0]["uri"]
+    share = sum(len(v) for v in tree.values()) // 2
+    nodes[0].request("PUT", f"/v1/datasets/{quote(uri, safe='')}/cache", {"bytes": share})
+    version = nodes[0].cluster()["allocations_version"]
+    for n in nodes:
+        wait_for(lambda n=n: n.cluster()["allocations_version"] == version, what="the share")
+    victim, address = nodes[2], nodes[2].spec.address
+    refused = nodes[0].member(address)["errors"].get("refused", 0)
+    victim.kill9()
+    # Five refused probes in a row: its next probe is 0.5 s x 2**5 = 16 s after the last.
+    wait_for(
+        lambda: nodes[0].member(address)["errors"].get("refused", 0) >= refused + 5,
+        timeout=60,
+        what="the warm node's probes of it to be refused",
+    )
+    victim.start()
+    res = nodes[0].run("warm", uri, "--job", "prep")
+    assert res.returncode == 0 and "warning" not in res.stderr, res.stderr
+    for n in nodes:
+        d = n.status()["datasets"][0]
+        part = d["cluster_part"]
+        assert part - CHUNK <= d["cached_bytes"] <= part, (n.spec.name, d["cached_bytes"], part)
 
 
 def test_a_warm_while_a_member_dies_ends_and_every_read_is_right(three: dict) -> None:

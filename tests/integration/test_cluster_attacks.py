@@ -41,7 +41,7 @@ from tests.support.cluster import odd_node_cert, write_cluster
 from tests.support.cluster_run import ClusterDaemon, running_cluster
 from tests.support.faultproxy import Fault, FaultPlan
 from tests.support.fixtures import needs_fuse
-from tests.support.net import free_port
+from tests.support.net import free_port, free_ports
 from tests.support.node import drop_file_cache
 from tests.support.poll import wait_for
 
@@ -325,7 +325,7 @@ def test_a_local_user_reaches_no_peer_route_and_cannot_change_the_members(
     # The socket where any user may reach it (pytest's tmp_path is root's alone).
     public = Path(tempfile.mkdtemp(prefix="silofs-a22-", dir="/tmp"))
     public.chmod(0o755)
-    specs = write_cluster(tmp_path, ["127.0.0.1"] * 2, [free_port(), free_port()])
+    specs = write_cluster(tmp_path, ["127.0.0.1"] * 2, free_ports(2))
     node = ClusterDaemon(specs[0], socket=str(public / "ctl.sock"))
     try:
         node.start()

@@ -24,7 +24,7 @@ import pytest
 
 from tests.support.cluster import ClusterNode, write_cluster
 from tests.support.fixtures import needs_fuse
-from tests.support.net import free_port
+from tests.support.net import free_ports
 from tests.support.node import Node
 from tests.support.poll import wait_for
 from tests.support.trees import patterned_files, write_tree
@@ -51,7 +51,7 @@ class Member(Node):
 
 @pytest.fixture
 def members(tmp_path: Path) -> Iterator[list[Member]]:
-    specs = write_cluster(tmp_path, ["127.0.0.1"] * NODES, [free_port() for _ in range(NODES)])
+    specs = write_cluster(tmp_path, ["127.0.0.1"] * NODES, free_ports(NODES))
     nodes = [Member(s) for s in specs]
     try:
         for n in nodes:

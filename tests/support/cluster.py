@@ -9,7 +9,7 @@ serverAuth-only node certificate (made before clusters) or an expired one on req
 and [cluster] (every member, this one's address, the peer settings). Never starts a
 process.
 
-    nodes = write_cluster(tmp_path, ["127.0.0.1"] * 3, ports=[free_port() for _ in "abc"],
+    nodes = write_cluster(tmp_path, ["127.0.0.1"] * 3, ports=free_ports(3),
                           extra={"backend": {"endpoint_url": proxy.url}})
     nodes[0].config        # Path of node 0's silofs.toml
     nodes[0].address       # "tls://127.0.0.1:PORT", its member address

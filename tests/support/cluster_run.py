@@ -17,7 +17,7 @@ from urllib.parse import urlsplit
 
 from tests.support.cluster import ClusterNode, write_cluster
 from tests.support.faultproxy import FaultPlan, FaultProxy
-from tests.support.net import free_port
+from tests.support.net import free_ports
 from tests.support.node import Node
 
 
@@ -57,7 +57,7 @@ def running_cluster(
         specs = write_cluster(
             tmp_path,
             ["127.0.0.1"] * n,
-            [free_port() for _ in range(n)],
+            free_ports(n),
             cluster={"peer_timeout_seconds": 1.0, "peer_backoff_seconds": 0.5},
             extra={"backend": {"endpoint_url": p.url}},
         )

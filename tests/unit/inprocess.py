@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import trio
 
-from silofs.config import NodeSettings
+from silofs.config import ClusterSettings, NodeSettings
 from silofs.node import daemon as daemon_mod
 from silofs.node.daemon import Daemon
 from silofs.node.state import MountState
@@ -32,6 +32,38 @@ def settings(tmp_path: Path, cache_size: int = 100 * MiB) -> NodeSettings:
         chunk_size=256 << 10,
         sync_seconds=0.5,
     )
+
+
+# A member's address in the in-process cluster tests: the node's tcp_listen, never
+# listened on (nothing asks the node over the network there).
+MEMBER_ME = "tls://127.0.0.1:1"
+
+
+@contextlib.contextmanager
+def member_daemon(
+    tmp_path: Path, pki: Path, cluster: ClusterSettings, chunk_size: int
+) -> Iterator[Daemon]:
+    """A Daemon that is MEMBER_ME of `cluster` (the certificate n0 of the test PKI),
+    closed after."""
+    d = Daemon(
+        NodeSettings(
+            socket=str(tmp_path / "ctl.sock"),
+            cache_dir=str(tmp_path / "cache"),
+            cache_size=64 * MiB,
+            chunk_size=chunk_size,
+            tcp_listen="127.0.0.1:1",
+            tls_cert=str(pki / "n0.pem"),
+            tls_key=str(pki / "n0.key"),
+            tls_client_ca=str(pki / "ca.pem"),
+            cluster=cluster,
+        )
+    )
+    try:
+        yield d
+    finally:
+        d.cluster.close()
+        d.store.close()
+        os.close(d.lock_fd)
 
 
 @contextlib.asynccontextmanager

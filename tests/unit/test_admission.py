@@ -252,6 +252,54 @@ def test_a_failed_admission_is_raised_in_the_loop_and_the_thread_goes_on(
     run(main)
 
 
+def test_a_flush_returns_once_the_batch_another_flush_is_writing_is_settled(
+    store: WritableStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The run loop took the queue and is admitting it when a caller flushes (a warm
+    saying done, a fill budget's exact count): the flush finds the queue empty, and must
+    still return only once that batch is committed, and settled() once a key is."""
+    gate = threading.Event()
+    real = store.admit
+
+    def admit(items: list[PendingChunk], *a: object, **k: object) -> object:
+        assert gate.wait(30)  # the run loop's batch stays in its txn until the test says
+        return real(items, *a, **k)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(store, "admit", admit)
+    seen: list[str] = []
+
+    async def main() -> None:
+        w = make_writer(store, batch_seconds=0.0)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(w.run)
+            assert w.offer(chunk(1, 0))
+            with trio.fail_after(30):
+                while w._queue:  # taken by the run loop
+                    await trio.sleep(0.001)
+
+            async def flush() -> None:
+                await w.flush()
+                seen.append(f"flushed {w.usage.get(1, Usage()).bytes}")
+
+            async def settled() -> None:
+                await w.settled(chunk(1, 0).key)
+                seen.append(f"settled {w.usage.get(1, Usage()).bytes}")
+
+            nursery.start_soon(flush)
+            nursery.start_soon(settled)
+            await trio.testing.wait_all_tasks_blocked()
+            seen.append("gate")
+            gate.set()
+            with trio.fail_after(30):
+                while len(seen) < 3:
+                    await trio.sleep(0.001)
+            nursery.cancel_scope.cancel()
+        w.close()
+
+    trio.run(main)
+    assert seen[0] == "gate" and sorted(seen[1:]) == ["flushed 100", "settled 100"]
+
+
 def test_run_batches_offers_within_the_batch_window(
     store: WritableStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:

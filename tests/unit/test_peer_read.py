@@ -27,10 +27,10 @@ import pytest
 import trio
 
 from silofs.cache.format import ChunkRef, encode_chunk
-from silofs.config import ClusterSettings, MemberSpec, NodeSettings
+from silofs.config import ClusterSettings, MemberSpec
 from silofs.node.daemon import Daemon
 from silofs.node.peer_wire import ChunkAsk
-from tests.unit.inprocess import mounted, running
+from tests.unit.inprocess import MEMBER_ME, member_daemon, mounted, running
 from tests.unit.serving import next_head
 
 CHUNK = 256 << 10
@@ -167,38 +167,20 @@ def member(pki: Path, bucket: Path) -> Iterator[FakeMember]:
     fake.close()
 
 
-def asker(tmp_path: Path, pki: Path, port: int) -> Daemon:
-    me = "tls://127.0.0.1:1"  # never listened on: this node only asks
-    settings = NodeSettings(
-        socket=str(tmp_path / "ctl.sock"),
-        cache_dir=str(tmp_path / "cache"),
-        cache_size=64 << 20,
-        chunk_size=CHUNK,
-        tcp_listen="127.0.0.1:1",
-        tls_cert=str(pki / "n0.pem"),
-        tls_key=str(pki / "n0.key"),
-        tls_client_ca=str(pki / "ca.pem"),
-        cluster=ClusterSettings(
-            name="c",
-            address=me,
-            members=(MemberSpec(me), MemberSpec(f"tls://127.0.0.1:{port}")),
-            peer_timeout_seconds=TIMEOUT,
-            peer_backoff_seconds=30.0,
-            peer_floor_rate=1 << 20,
-        ),
-    )
-    return Daemon(settings)
-
-
 @contextlib.contextmanager
 def daemon_of(tmp_path: Path, pki: Path, port: int) -> Iterator[Daemon]:
-    d = asker(tmp_path, pki, port)
-    try:
+    """This node asks only (its address is never listened on); the fake is the other
+    member."""
+    cluster = ClusterSettings(
+        name="c",
+        address=MEMBER_ME,
+        members=(MemberSpec(MEMBER_ME), MemberSpec(f"tls://127.0.0.1:{port}")),
+        peer_timeout_seconds=TIMEOUT,
+        peer_backoff_seconds=30.0,
+        peer_floor_rate=1 << 20,
+    )
+    with member_daemon(tmp_path, pki, cluster, CHUNK) as d:
         yield d
-    finally:
-        d.cluster.close()
-        d.store.close()
-        os.close(d.lock_fd)
 
 
 def remote_chunks(d: Daemon, ds: object, bucket: Path) -> list[tuple[str, int]]:
@@ -497,3 +479,24 @@ def test_a_thread_whose_mount_left_drops_its_ask_and_frees_the_home(
                 nursery.cancel_scope.cancel()
 
         trio.run(main)
+
+
+def test_a_down_member_is_pinged_at_once_when_a_warm_rechecks_it(
+    tmp_path: Path, pki: Path, member: FakeMember
+) -> None:
+    """recheck() pings a member in its backoff (30 s here) now, and it is up again by its
+    answer (a down member's exchange is refused unless it is a probe's)."""
+    with daemon_of(tmp_path, pki, member.port) as d:
+
+        async def main() -> list[tuple[bool, bool]]:
+            membership = d.cluster.membership
+            assert membership is not None
+            async with running(d):
+                peer = membership.peers()[0]
+                membership.mark_down(peer.address, "refused", probe=True)
+                seen = [(peer.up, peer.probing)]
+                await d.cluster.recheck({peer.address})
+                seen.append((peer.up, peer.probing))
+            return seen
+
+        assert trio.run(main) == [(False, False), (True, False)]

@@ -14,12 +14,12 @@ import pytest
 import trio
 
 from silofs.cache.format import ChunkRef
-from silofs.config import ClusterSettings, MemberSpec, NodeSettings
+from silofs.config import ClusterSettings, MemberSpec
 from silofs.errors import UsageError
 from silofs.node.daemon import Daemon
 from silofs.node.peer_serve import ChargeFirst, UnknownDataset
 from silofs.node.peer_wire import ChunkAsk
-from tests.unit.inprocess import mounted, running
+from tests.unit.inprocess import member_daemon, mounted, running
 
 CHUNK = 256 << 10
 ME, OTHER = "tls://127.0.0.1:1", "tls://127.0.0.1:2"
@@ -36,24 +36,11 @@ def bucket(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def home(tmp_path: Path, pki: Path) -> Iterator[Daemon]:
-    settings = NodeSettings(
-        socket=str(tmp_path / "ctl.sock"),
-        cache_dir=str(tmp_path / "cache"),
-        cache_size=64 << 20,
-        chunk_size=CHUNK,
-        tcp_listen="127.0.0.1:1",
-        tls_cert=str(pki / "n0.pem"),
-        tls_key=str(pki / "n0.key"),
-        tls_client_ca=str(pki / "ca.pem"),
-        cluster=ClusterSettings(
-            name="c", address=ME, members=(MemberSpec(ME, 3.0), MemberSpec(OTHER, 1.0))
-        ),
+    cluster = ClusterSettings(
+        name="c", address=ME, members=(MemberSpec(ME, 3.0), MemberSpec(OTHER, 1.0))
     )
-    d = Daemon(settings)
-    yield d
-    d.cluster.close()
-    d.store.close()
-    os.close(d.lock_fd)
+    with member_daemon(tmp_path, pki, cluster, CHUNK) as d:
+        yield d
 
 
 def ask(d: Daemon, ds: object, key: str, index: int, **flags: bool) -> ChunkAsk:
@@ -169,6 +156,29 @@ def test_a_share_is_split_by_configured_weight_and_warms_fill_only_the_part(
             held = await d.cluster.home.serve(ask(d, ds, "f0.bin", 0, warm=True))
             assert held.outcome == "held"
             assert d.usage[ds.id].bytes == 3 * CHUNK
+
+    trio.run(main)
+
+
+def test_a_warm_is_answered_admitted_once_the_chunk_is_committed(
+    home: Daemon, bucket: Path
+) -> None:
+    """The asker's warm says done once every home answered: "admitted" means in this
+    node's part already (its usage, as status shows it), not in the Writer's queue; a
+    chunk the Writer dropped (its queue full) is "dropped", for the asker to ask again."""
+
+    async def main() -> None:
+        async with running(home) as d:
+            ds, _ = await mounted(d, bucket)
+            await d.set_cache_allocation(ds.uri.canonical, 8 * CHUNK)
+            d.writer.batch_seconds = 0.2  # a batch the answer would come before
+            a = ask(d, ds, "f0.bin", 0, warm=True, charged=True)
+            assert (await d.cluster.home.serve(a)).outcome == "admitted"
+            assert d.usage[ds.id].bytes == CHUNK and d.writer.pending_chunks() == 0
+            d.writer.queue_bytes = 1  # nothing fits in the queue: every offer is dropped
+            a = ask(d, ds, "f1.bin", 0, warm=True, charged=True)
+            assert (await d.cluster.home.serve(a)).outcome == "dropped"
+            assert d.usage[ds.id].bytes == CHUNK
 
     trio.run(main)
 

@@ -22,7 +22,7 @@ def _refs(n: int) -> list[ChunkRef]:
 
 class _Member:
     def __init__(self, address: str) -> None:
-        self.address, self.is_self = address, False
+        self.address, self.is_self, self.up = address, False, True
 
 
 class _Cluster:
@@ -32,9 +32,13 @@ class _Cluster:
         self.members = [_Member("a"), _Member("b")]
         self.fails = dict(fails)
         self.asked: list[tuple[str, bytes]] = []
+        home = lambda key: self.members[key[-1] % 2]  # noqa: E731
         self.membership = types.SimpleNamespace(
-            live=lambda: self.members, home=lambda key: self.members[key[-1] % 2]
+            members={m.address: m for m in self.members}, home=home, placed=home
         )
+
+    async def recheck(self, addresses: set[str]) -> None:
+        pass
 
     async def warm_ask(
         self, member: _Member, ds: Any, limiter: Any, job: str, ref: ChunkRef
