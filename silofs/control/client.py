@@ -102,7 +102,25 @@ def unreachable(socket_path: str) -> str:
     )
 
 
+# sun_path holds 108 bytes, its terminating NUL included (unix(7)).
+UNIX_PATH_MAX = 107
+
+
+def socket_path_too_long(socket_path: str) -> str | None:
+    """The one-line complaint about a control socket path no Unix socket can have (Python
+    says only "AF_UNIX path too long", with no errno), else None."""
+    size = len(os.fsencode(socket_path))
+    if size <= UNIX_PATH_MAX or socket_path.startswith(TLS_PREFIX):
+        return None
+    return (
+        f"control socket path {socket_path} is {size} bytes: a Unix socket's path holds "
+        f"at most {UNIX_PATH_MAX}; choose a shorter --socket"
+    )
+
+
 def _connect_error(socket_path: str, exc: OSError) -> ControlError:
+    if too_long := socket_path_too_long(socket_path):
+        return ControlError(too_long)
     if isinstance(exc, ssl.SSLError | ssl.CertificateError):
         reason = getattr(exc, "verify_message", None) or getattr(exc, "reason", None) or exc
         return ControlError(f"TLS handshake with the daemon at {socket_path} failed: {reason}")

@@ -38,6 +38,7 @@ from typing import Any
 import h11
 import trio
 
+from silofs.control.client import socket_path_too_long
 from silofs.control.peer import Peer, peer_credentials, remote_peer
 from silofs.control.router import (
     HTTPError,
@@ -566,6 +567,8 @@ def bind_unix(
     path: str, *, mode: int, uid: int | None, gid: int | None
 ) -> tuple[socket.socket, int]:
     """The listening socket at ``path`` and the socket file's inode (blocking; startup only)."""
+    if too_long := socket_path_too_long(path):
+        raise SocketDirError(too_long)
     parent = os.path.dirname(os.path.abspath(path))
     try:
         os.makedirs(parent, mode=0o755, exist_ok=True)

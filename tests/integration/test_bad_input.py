@@ -162,6 +162,38 @@ def test_second_daemon_on_the_same_socket(node: Node) -> None:
     assert node.status()["node"]["pid"] == node.proc.pid  # the first one is unharmed
 
 
+def test_a_socket_path_too_long_for_unix_sockets(local_store, bucket_name, tmp_path: Path) -> None:
+    """A --socket past sun_path's 107 bytes: the daemon, a mount (which would start one)
+    and silofs-ctl each say so in one line, and nothing is started or mounted."""
+    local_store.create(bucket_name, {"a": b"1"})
+    long_dir = tmp_path / ("d" * 120)
+    sock = str(long_dir / "control.sock")
+    mp = tmp_path / "mnt"
+    mp.mkdir()
+    for args in (
+        ("daemon", "--socket", sock, "--cache-dir", str(tmp_path / "c")),
+        (
+            "mount",
+            local_store.uri(bucket_name),
+            str(mp),
+            "--socket",
+            sock,
+            "--cache-dir",
+            str(tmp_path / "c"),
+        ),
+    ):
+        res = subprocess.run(silofs_cmd(*args), capture_output=True, text=True, timeout=60)
+        assert_one_line_error(res, "socket path", "at most 107")
+    assert not mounted(mp)
+    assert not pids_with(sock)  # no daemon left running on it
+    res = subprocess.run(
+        [sys.executable, "-m", "silofs_ctl", "status", "--socket", sock],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert res.returncode != 0 and res.stderr.count("\n") == 1, res.stderr
+    assert "at most 107" in res.stderr
+
+
 def test_a_mount_on_a_frozen_daemon_says_so_and_starts_no_other(
     node: Node, local_store, bucket_name, tmp_path: Path
 ) -> None:
