@@ -82,6 +82,9 @@ def render_status(s: dict) -> str:
             f"(uid {node.get('started_by_uid')})"
             + (f", exits {idle:g}s after its last mount" if idle else "")
         )
+    error = node.get("writer", {}).get("error")
+    if error:
+        out.append(f"cache: not admitting: {error} (see the daemon's log)")
     ds_rows = [
         [
             d["name"],

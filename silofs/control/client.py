@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 from silofs.control.peer import UntrustedDaemonError, check_daemon_peer
-from silofs.control.tls import TLS_PREFIX, parse_tls_url
+from silofs.control.tls import TLS_PREFIX, parse_tls_url, socket_path_too_long
 from silofs.sealed import FD_HEADER, map_received
 
 if TYPE_CHECKING:
@@ -99,22 +99,6 @@ def unreachable(socket_path: str) -> str:
     return (
         f"cannot reach the silofs daemon at {socket_path} "
         "(is it running? start it with `silofs daemon`)"
-    )
-
-
-# sun_path holds 108 bytes, its terminating NUL included (unix(7)).
-UNIX_PATH_MAX = 107
-
-
-def socket_path_too_long(socket_path: str) -> str | None:
-    """The one-line complaint about a control socket path no Unix socket can have (Python
-    says only "AF_UNIX path too long", with no errno), else None."""
-    size = len(os.fsencode(socket_path))
-    if size <= UNIX_PATH_MAX or socket_path.startswith(TLS_PREFIX):
-        return None
-    return (
-        f"control socket path {socket_path} is {size} bytes: a Unix socket's path holds "
-        f"at most {UNIX_PATH_MAX}; choose a shorter --socket"
     )
 
 

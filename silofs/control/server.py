@@ -38,7 +38,6 @@ from typing import Any
 import h11
 import trio
 
-from silofs.control.client import socket_path_too_long
 from silofs.control.peer import Peer, peer_credentials, remote_peer
 from silofs.control.router import (
     HTTPError,
@@ -567,6 +566,8 @@ def bind_unix(
     path: str, *, mode: int, uid: int | None, gid: int | None
 ) -> tuple[socket.socket, int]:
     """The listening socket at ``path`` and the socket file's inode (blocking; startup only)."""
+    from silofs.control.tls import socket_path_too_long  # as below: ssl only when used
+
     if too_long := socket_path_too_long(path):
         raise SocketDirError(too_long)
     parent = os.path.dirname(os.path.abspath(path))

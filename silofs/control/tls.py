@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+import os
 import re
 import ssl
 from typing import Any
@@ -80,6 +81,23 @@ def _is_host(host: str, bracketed: bool) -> bool:
 def tls_url(host: str, port: int) -> str:
     """The canonical "tls://HOST:PORT" (brackets around an IPv6 address)."""
     return f"{TLS_PREFIX}[{host}]:{port}" if ":" in host else f"{TLS_PREFIX}{host}:{port}"
+
+
+# sun_path holds 108 bytes, its terminating NUL included (unix(7)).
+UNIX_PATH_MAX = 107
+
+
+def socket_path_too_long(socket_path: str) -> str | None:
+    """The one-line complaint about a control address that is a Unix socket's path no
+    Unix socket can have (Python says only "AF_UNIX path too long", with no errno), else
+    None."""
+    size = len(os.fsencode(socket_path))
+    if size <= UNIX_PATH_MAX or socket_path.startswith(TLS_PREFIX):
+        return None
+    return (
+        f"control socket path {socket_path} is {size} bytes: a Unix socket's path holds "
+        f"at most {UNIX_PATH_MAX}; choose a shorter --socket"
+    )
 
 
 def server_context(cert: str, key: str, client_ca: str) -> ssl.SSLContext:

@@ -137,6 +137,10 @@ _WRITER = {
     ),
     "evicted_bytes": ("silofs_evicted_bytes", "Bytes evicted to enforce quotas"),
     "map_full": ("silofs_lmdb_map_full", "Admission batches that hit LMDB's map size"),
+    "failed_batches": (
+        "silofs_admission_failed_batches",
+        "Admission batches whose write failed (a full disk, an I/O error)",
+    ),
 }
 
 

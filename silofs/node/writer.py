@@ -34,6 +34,7 @@ from silofs.cache.store import Usage
 from silofs.node.lru_index import LruIndex
 from silofs.node.quota import QuotaPolicy
 from silofs.node.store_write import AdmitResult, PendingChunk, WritableStore
+from silofs.node.supervise import describe
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +65,10 @@ class WriterStats:
     evicted_bytes: int = 0
     batches: int = 0
     map_full: int = 0
+    failed_batches: int = 0  # a batch's txn raised (a full disk, an I/O error)
+    # The last failure in one line while it lasts: cleared by the next batch committed,
+    # so status says the cache is not admitting now (not only the daemon's log).
+    error: str | None = None
 
 
 def _newest_that_fit(items: list[PendingChunk], quota: int) -> set[int]:
@@ -294,9 +299,13 @@ class Writer:
             part, batch = batch[:n], batch[n:]
             try:
                 full = await self._flush_part(part)
-            except BaseException:
+            except BaseException as exc:
                 self._forget(batch, "dropped_chunks")  # never written: said so
+                if isinstance(exc, Exception):  # not a cancellation
+                    self.stats.failed_batches += 1
+                    self.stats.error = describe(exc, where=False)
                 raise
+            self.stats.error = None
             if full:  # the rest would not fit either (one warning, as for one txn)
                 self._forget(batch, "map_full_chunks")
                 return

@@ -9,6 +9,7 @@ in-memory usage always equals the committed usage rows. Time is trio's MockClock
 
 from __future__ import annotations
 
+import errno
 import math
 import os
 import threading
@@ -571,6 +572,35 @@ def test_call_serialises_with_other_writes(store: WritableStore) -> None:
     run(main)
 
 
+def test_a_failed_batch_shows_in_the_stats_until_a_batch_commits(
+    store: WritableStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A full disk (or an I/O error) fails the admission txn: status says so while it
+    # lasts (writer.error, one line), not only the daemon's log, and the next batch
+    # committed clears it.
+    async def main() -> None:
+        w = make_writer(store)
+        real = store.admit
+
+        def full(*args: object) -> object:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+        monkeypatch.setattr(store, "admit", full)
+        w.offer(chunk(1, 0))
+        with pytest.raises(OSError):
+            await w.flush()
+        assert w.stats.failed_batches == 1
+        assert w.stats.error is not None and "No space left" in w.stats.error
+        assert "\n" not in w.stats.error
+        monkeypatch.setattr(store, "admit", real)
+        w.offer(chunk(1, 1))
+        await w.flush()
+        assert w.stats.error is None and w.stats.admitted_chunks == 1
+        assert w.stats.failed_batches == 1
+
+    run(main)
+
+
 def test_a_failed_write_leaves_usage_equal_to_the_committed_rows(
     store: WritableStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -728,3 +758,14 @@ def test_run_gives_the_heap_back_once_idle_after_writing(
             nursery.cancel_scope.cancel()
 
     run(main)
+
+
+def test_silofs_ctl_status_names_a_writer_that_is_not_admitting() -> None:
+    from silofs_ctl.node_cmds import render_status
+
+    node = {"cached_bytes": 0, "cache_size": 1 << 30, "cache_dir": "/c", "writer": {"error": None}}
+    s = {"node": node, "datasets": [], "jobs": [], "mounts": []}
+    assert "not admitting" not in render_status(s)
+    node["writer"]["error"] = "OSError: [Errno 28] No space left on device"
+    line = next(x for x in render_status(s).splitlines() if "not admitting" in x)
+    assert "No space left on device" in line
