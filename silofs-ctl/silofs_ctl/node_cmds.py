@@ -84,7 +84,7 @@ def render_status(s: dict) -> str:
         )
     error = node.get("writer", {}).get("error")
     if error:
-        out.append(f"cache: not admitting: {error} (see the daemon's log)")
+        out.append(f"cache: the last admission failed: {error} (see the daemon's log)")
     ds_rows = [
         [
             d["name"],

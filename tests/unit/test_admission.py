@@ -760,12 +760,12 @@ def test_run_gives_the_heap_back_once_idle_after_writing(
     run(main)
 
 
-def test_silofs_ctl_status_names_a_writer_that_is_not_admitting() -> None:
+def test_silofs_ctl_status_names_a_failed_admission() -> None:
     from silofs_ctl.node_cmds import render_status
 
     node = {"cached_bytes": 0, "cache_size": 1 << 30, "cache_dir": "/c", "writer": {"error": None}}
     s = {"node": node, "datasets": [], "jobs": [], "mounts": []}
-    assert "not admitting" not in render_status(s)
+    assert "admission failed" not in render_status(s)
     node["writer"]["error"] = "OSError: [Errno 28] No space left on device"
-    line = next(x for x in render_status(s).splitlines() if "not admitting" in x)
+    line = next(x for x in render_status(s).splitlines() if "last admission failed" in x)
     assert "No space left on device" in line
