@@ -66,8 +66,8 @@ class WriterStats:
     batches: int = 0
     map_full: int = 0
     failed_batches: int = 0  # a batch's txn raised (a full disk, an I/O error)
-    # The last failure in one line while it lasts: cleared by the next batch committed,
-    # so status says the cache is not admitting now (not only the daemon's log).
+    # The last batch's failure in one line, cleared by the next batch committed: status
+    # shows why the cache stopped filling (a full disk), not only the daemon's log.
     error: str | None = None
 
 
