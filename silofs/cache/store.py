@@ -326,3 +326,8 @@ class CacheStore:
         """Whether `dsid` holds chunk `key`, read from its owners row: cheap, and it never
         faults in the chunk's value pages (a get on the chunks db would)."""
         return txn.get(DSID.pack(dsid) + key, db=self.db(b"owners")) is not None
+
+    def holds(self, dsid: int, key: bytes) -> bool:
+        """owns() in a read txn of its own (one question, not a walk)."""
+        with self.read_txn() as txn:
+            return self.owns(txn, dsid, key)

@@ -400,8 +400,7 @@ class Prefetcher:
         """Whether the dataset holds the chunk, or it waits in the Writer's queue."""
         if self.d.writer.pending(key) is not None:
             return True
-        with self.d.store.read_txn() as txn:
-            return self.d.store.owns(txn, dsid, key)
+        return self.d.store.holds(dsid, key)
 
     async def _steps(
         self,

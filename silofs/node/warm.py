@@ -255,12 +255,6 @@ async def _fetch_here(
             c.remote_requests += 1
 
 
-def _holds(d: Any, ds: DatasetState, ref: ChunkRef) -> bool:
-    """Whether the dataset holds the chunk here (its owners row: no value read)."""
-    with d.store.read_txn() as txn:
-        return bool(d.store.owns(txn, ds.id, ref.key))
-
-
 async def _walk_cluster(
     d: Any,
     ds: DatasetState,
@@ -321,7 +315,7 @@ async def _walk_cluster(
                         waiting.append(ref)
                         continue
                     member = membership.home(ref.key)
-                    if member.is_self and _holds(d, ds, ref):  # held here: no GET again
+                    if member.is_self and d.store.holds(ds.id, ref.key):  # held here: no GET again
                         w.skipped_bytes += ref.length
                         continue
                 if member.address in full:
