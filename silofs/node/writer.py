@@ -312,6 +312,10 @@ class Writer:
 
     def _forget(self, items: list[PendingChunk], counter: str) -> None:
         setattr(self.stats, counter, getattr(self.stats, counter) + len(items))
+        self._settle(items)
+
+    def _settle(self, items: list[PendingChunk]) -> None:
+        """These offers leave _pending (a newer offer of the same key stays)."""
         for item in items:
             if self._pending.get(item.key) is item:
                 del self._pending[item.key]
@@ -325,10 +329,7 @@ class Writer:
                 self._admit_batch, batch, policy, admission=True
             )
         finally:
-            for item in batch:  # committed (or refused): LMDB answers from now on
-                if self._pending.get(item.key) is item:
-                    del self._pending[item.key]
-            self._note_settled()
+            self._settle(batch)  # committed (or refused): LMDB answers from now on
         self.stats.batches += 1
         self.stats.admitted_chunks += res.admitted
         self.stats.admitted_bytes += res.admitted_bytes
