@@ -44,12 +44,28 @@ def _cpu_s(who: int) -> float:
 def _daemon(sock: socket.socket, size: int, chunks: int, kind: str, payload: bytes) -> None:
     """The child: answer each ask with the chunk's bytes or its sealed file."""
     head = b"h" * HEAD
+    region = None
     for _ in range(chunks):
         sock.recv(1)
+        if kind in ("region", "region-view"):
+            kind = "region"
         if kind == "bytes":
             value = heap.uninitialized(size)
             value[:] = payload
             sock.sendmsg([head, value])
+            continue
+        if kind == "region":
+            # One region for the connection, sealed and passed once, filled per chunk.
+            if region is None:
+                region = sealed.buffer(size)
+                assert isinstance(region, sealed.SealedValue)
+                region = sealed.seal(region, size)
+                fds = array.array("i", [region.fd])
+                region[:] = payload
+                sock.sendmsg([head], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)])
+                continue
+            region[:] = payload
+            sock.send(head)
             continue
         built = sealed.buffer(HEAD + size)
         assert isinstance(built, sealed.SealedValue)
@@ -62,8 +78,22 @@ def _daemon(sock: socket.socket, size: int, chunks: int, kind: str, payload: byt
 
 def _mount(sock: socket.socket, size: int, chunks: int, kind: str) -> None:
     """This process: ask, and take each answer as the mount's client would."""
+    mapped: memoryview | None = None
     for _ in range(chunks):
         sock.send(b"x")
+        if kind in ("region", "region-view"):
+            if mapped is None:
+                _, ancillary, _, _ = sock.recvmsg(HEAD, socket.CMSG_SPACE(4))
+                fds = array.array("i")
+                fds.frombytes(ancillary[0][2][:4])
+                mapped = sealed.map_received(fds[0], f"0 {size}")
+            else:
+                got = 0
+                while got < HEAD:
+                    got += len(sock.recv(HEAD - got))
+            if kind == "region":  # copied out: the mount keeps its own bytes
+                bytes(mapped)
+            continue
         if kind == "bytes":
             body = heap.uninitialized(HEAD + size)
             view, got = memoryview(body), 0
@@ -109,7 +139,7 @@ def main() -> None:
     print(f"load before: {load_average()}")
     for size in (parse_size(s) for s in args.sizes.split(",")):
         one_run(size, 200, "bytes")  # warm the allocator and the socket's buffers
-        runs: dict[str, list[tuple[float, float, float]]] = {"bytes": [], "memfd": []}
+        runs: dict[str, list[tuple[float, float, float]]] = {"bytes": [], "memfd": [], "region": [], "region-view": []}
         for _ in range(args.runs):
             for kind in runs:
                 runs[kind].append(one_run(size, args.chunks, kind))
@@ -118,12 +148,14 @@ def main() -> None:
             mount, daemon, wall = (statistics.median(col) for col in zip(*rows, strict=True))
             sums[kind] = mount + daemon
             print(
-                f"{size >> 10:>5} KiB {kind:5}: mount {mount:6.1f} us, daemon {daemon:6.1f} us,"
+                f"{size >> 10:>5} KiB {kind:11}: mount {mount:6.1f} us, daemon {daemon:6.1f} us,"
                 f" sum {mount + daemon:6.1f} us, wall {wall:6.1f} us per chunk"
             )
-        print(
-            f"{size >> 10:>5} KiB memfd over bytes (CPU sums): {sums['memfd'] / sums['bytes']:.2f}x"
-        )
+        for kind in ("memfd", "region", "region-view"):
+            print(
+                f"{size >> 10:>5} KiB {kind} over bytes (CPU sums): "
+                f"{sums[kind] / sums['bytes']:.2f}x"
+            )
     print(f"load after: {load_average()}")
 
 
