@@ -246,12 +246,14 @@ class Region:
         while refusing everyone else's (_keeps_map): else no region, bytes instead."""
         return hasattr(os, "memfd_create") and _keeps_map()
 
-    def view(self, size: int) -> memoryview | None:
+    def view(self, size: int, least: int = 0) -> memoryview | None:
         """A writable view of the region's first `size` bytes, the region made (or made
-        anew, larger) first; None if no memory file can be had (the caller uses a
-        buffer of its own)."""
+        anew, larger: of at least `least` bytes, so a connection's values of one chunk
+        size need one region, whatever the first one's length) first; None if no
+        memory file can be had (the caller uses a buffer of its own)."""
         value = self.value
         if value is None or len(value) < size:
+            size_made = max(size, least)
             self.close()
             if _live >= MAX_LIVE:
                 return None
@@ -261,11 +263,11 @@ class Region:
                 log.debug("no hand-off region (%s): bytes instead", exc)
                 return None
             try:
-                os.ftruncate(fd, size)
+                os.ftruncate(fd, size_made)
             except BaseException:
                 os.close(fd)
                 raise
-            value = _map(fd, size, mmap.PROT_READ | mmap.PROT_WRITE)  # owns fd
+            value = _map(fd, size_made, mmap.PROT_READ | mmap.PROT_WRITE)  # owns fd
             # Sealed before its descriptor can leave: this mapping stays writable,
             # no other (the mount's included) can be made so.
             fcntl.fcntl(fd, fcntl.F_ADD_SEALS, FUTURE_SEALS)

@@ -48,6 +48,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 _MAX_OBJECTS = 16384  # ThreadAsks.objects' entries (emptied when full)
+# More header than a short chunk's value has, in a full chunk's: its blocks' sums (8
+# bytes per 64 KiB block, cache/format.py: 8 KiB for a 64 MiB chunk), with room to spare.
+_SUMS_ROOM = 16 << 10
 
 
 @dataclass
@@ -295,7 +298,10 @@ class ThreadAsks:
             ask = ChunkAsk.of(ds.uri.canonical, ref, m.job, charged=True, warm=False)
             bounds = Bounds(config.peer_timeout_seconds, float(config.peer_floor_rate))
             check = functools.partial(c._verified, member, ref=ref)
-            into = region.view if region is not None else None
+            into = None
+            if region is not None:  # one region for the mount's chunks, its short ones too
+                least = most_value_bytes(ref) - ref.length + m.chunk_size + _SUMS_ROOM
+                into = functools.partial(region.view, least=least)
             reply, data = pool.request_checked(
                 "GET", ask.target(), bounds, b"", check, gone, most_value_bytes(ref), into
             )

@@ -123,6 +123,24 @@ def test_region_is_sealed_against_others_and_named_by_its_tail() -> None:
     assert sealed.live()["count"] == before - 1
 
 
+def test_region_is_made_once_for_a_connections_values_of_one_chunk_size() -> None:
+    """A short chunk's value first: the region is made for a full chunk's all the same,
+    so the next, longer value needs no new region (and no new descriptor)."""
+    region = sealed.Region()
+    short = region.view(HEAD + 1000, least=HEAD + SIZE)
+    assert short is not None and short.nbytes == HEAD + 1000
+    first, region.sent = region.value, True
+    full = region.view(HEAD + SIZE, least=HEAD + SIZE)
+    assert full is not None and region.value is first and region.sent
+    assert region.where(full[HEAD:]) == f"{HEAD} {SIZE}"
+    short.release()
+    full.release()
+    bigger = region.view(2 * SIZE)  # longer than any: a region anew, to be passed again
+    assert bigger is not None and region.value is not first and not region.sent
+    bigger.release()
+    region.close()
+
+
 def test_unsealed_file_is_refused_as_a_region() -> None:
     fd = os.memfd_create("not-sealed", os.MFD_CLOEXEC)
     os.ftruncate(fd, 4096)
