@@ -56,9 +56,15 @@ FD_HEADER = "x-silofs-fd"
 # "OFFSET LENGTH"; the region's descriptor rides with the first such reply's head only.
 REGION_HEADER = "x-silofs-region"
 
+# Hand-off regions' bytes at once, at most (Region: one per trusted mount connection
+# that was handed a peer-served chunk, alive as long as it): beyond this a connection's
+# chunks come as bytes. 128 MiB is 32 connections' regions at the default 4 MiB chunk.
+MAX_REGION_BYTES = 128 << 20
+
 _lock = threading.Lock()
 _live = 0
 _live_bytes = 0
+_region_bytes = 0
 
 
 class SealedValue(mmap.mmap):
@@ -255,19 +261,26 @@ class Region:
         if value is None or len(value) < size:
             size_made = max(size, least)
             self.close()
-            if _live >= MAX_LIVE:
+            if _live >= MAX_LIVE or not _take_region_bytes(size_made):
                 return None
             try:
                 fd = os.memfd_create("silofs-region", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
             except OSError as exc:  # EMFILE
                 log.debug("no hand-off region (%s): bytes instead", exc)
+                _give_region_bytes(size_made)
                 return None
             try:
                 os.ftruncate(fd, size_made)
             except BaseException:
                 os.close(fd)
+                _give_region_bytes(size_made)
                 raise
-            value = _map(fd, size_made, mmap.PROT_READ | mmap.PROT_WRITE)  # owns fd
+            try:
+                value = _map(fd, size_made, mmap.PROT_READ | mmap.PROT_WRITE)  # owns fd
+            except BaseException:  # fd closed by _map
+                _give_region_bytes(size_made)
+                raise
+            weakref.finalize(value, _give_region_bytes, size_made)
             # Sealed before its descriptor can leave: this mapping stays writable,
             # no other (the mount's included) can be made so.
             fcntl.fcntl(fd, fcntl.F_ADD_SEALS, FUTURE_SEALS)
@@ -291,6 +304,27 @@ class Region:
                 value.close()
             except BufferError:  # a view is alive still: the finalizer closes it
                 pass
+
+
+def _take_region_bytes(size: int) -> bool:
+    global _region_bytes
+    with _lock:
+        if _region_bytes + size > MAX_REGION_BYTES:
+            return False
+        _region_bytes += size
+        return True
+
+
+def _give_region_bytes(size: int) -> None:
+    global _region_bytes
+    with _lock:
+        _region_bytes -= size
+
+
+def region_bytes() -> int:
+    """The bytes of the hand-off regions alive now (at most MAX_REGION_BYTES)."""
+    with _lock:
+        return _region_bytes
 
 
 def map_region(fd: int) -> mmap.mmap:

@@ -141,6 +141,28 @@ def test_region_is_made_once_for_a_connections_values_of_one_chunk_size() -> Non
     region.close()
 
 
+def test_regions_are_bounded_in_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past MAX_REGION_BYTES a connection gets no region (its chunks come as bytes);
+    a region dropped gives its bytes back."""
+    before = sealed.region_bytes()
+    monkeypatch.setattr(sealed, "MAX_REGION_BYTES", before + 2 * SIZE)
+    one, two, three = sealed.Region(), sealed.Region(), sealed.Region()
+    for region in (one, two):
+        view = region.view(SIZE)
+        assert view is not None
+        view.release()
+    assert sealed.region_bytes() == before + 2 * SIZE
+    assert three.view(SIZE) is None and three.value is None
+    one.close()
+    assert sealed.region_bytes() == before + SIZE
+    view = three.view(SIZE)
+    assert view is not None
+    view.release()
+    two.close()
+    three.close()
+    assert sealed.region_bytes() == before
+
+
 def test_unsealed_file_is_refused_as_a_region() -> None:
     fd = os.memfd_create("not-sealed", os.MFD_CLOEXEC)
     os.ftruncate(fd, 4096)
