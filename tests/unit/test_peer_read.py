@@ -22,6 +22,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
 import pytest
@@ -31,6 +32,7 @@ from silofs import sealed
 from silofs.cache.format import ChunkRef, encode_chunk
 from silofs.config import ClusterSettings, MemberSpec
 from silofs.node.daemon import Daemon
+from silofs.node.peer_ask import PeerRead
 from silofs.node.peer_wire import ChunkAsk
 from tests.unit.inprocess import MEMBER_ME, member_daemon, mounted, running
 from tests.unit.serving import next_head
@@ -420,11 +422,46 @@ def test_a_rated_job_is_never_asked_for_from_a_thread(
         trio.run(main)
 
 
+async def join_a_threads_ask(
+    d: Daemon,
+    nursery: trio.Nursery,
+    ds: Any,
+    m: Any,
+    key: str,
+    index: int,
+    ref: ChunkRef,
+    region: sealed.Region | None = None,
+) -> tuple[Any, PeerRead | None]:
+    """A connection thread asks for the chunk (the member answering slowly); once its
+    flight is there, a reader on the loop joins it: (the loop's data, the thread's)."""
+    box: list[PeerRead | None] = []
+    read = functools.partial(d.cluster.thread_asks.read, region=region)
+
+    async def from_thread() -> None:
+        box.append(await trio.to_thread.run_sync(read, ds, m, key, index, None))
+
+    nursery.start_soon(from_thread)
+    with trio.fail_after(10):
+        while ref.key not in d.cluster.thread_asks.flights:
+            await trio.sleep(0.005)
+    data, _ = await d.get_chunk(m, key, index, False)
+    with trio.fail_after(10):
+        while not box:
+            await trio.sleep(0.005)
+    return data, box[0]
+
+
+@pytest.mark.parametrize("in_region", [False, True], ids=["bytes", "region"])
 def test_one_ask_per_chunk_whether_a_thread_or_the_loop_asks_first(
-    tmp_path: Path, pki: Path, bucket: Path, member: FakeMember
+    tmp_path: Path, pki: Path, bucket: Path, member: FakeMember, in_region: bool
 ) -> None:
     """A reader on the loop joins a chunk a connection thread is asking for (the member
-    answers slowly: 102s first), and a thread leaves a chunk the loop asks for to it."""
+    answers slowly: 102s first), and a thread leaves a chunk the loop asks for to it.
+    A thread receiving into its connection's region: the loop's reader gets bytes of its
+    own, which the region written again for the connection's next answer never changes."""
+    if in_region and not sealed.Region.usable():
+        pytest.skip("no F_SEAL_FUTURE_WRITE")
+    region = sealed.Region() if in_region else None
     with daemon_of(tmp_path, pki, member.port) as d:
 
         async def main() -> None:
@@ -445,78 +482,22 @@ def test_one_ask_per_chunk_whether_a_thread_or_the_loop_asks_first(
                 d.cluster.asks.abandon(ref.key)
                 # The thread's flight first: the loop's reader joins it.
                 member.mode = "processing"
-                box: list[object] = []
-
-                async def from_thread() -> None:
-                    box.append(
-                        await trio.to_thread.run_sync(
-                            d.cluster.thread_asks.read, ds, m, key, index, None
-                        )
-                    )
-
-                nursery.start_soon(from_thread)
-                with trio.fail_after(10):
-                    while ref.key not in d.cluster.thread_asks.flights:
-                        await trio.sleep(0.005)
-                data, _ = await d.get_chunk(m, key, index, False)
-                with trio.fail_after(10):
-                    while not box:
-                        await trio.sleep(0.005)
+                data, got = await join_a_threads_ask(d, nursery, ds, m, key, index, ref, region)
+                assert got is not None and bytes(got.data) == want
+                if region is not None:
+                    assert region.where(got.data) is not None  # type: ignore[arg-type]
+                    again = region.view(region.filled)  # the connection's next answer
+                    assert again is not None
+                    again[:] = b"\0" * len(again)
+                    again.release()
                 assert bytes(data) == want
-                assert box[0] is not None and bytes(box[0].data) == want  # type: ignore[attr-defined]
                 assert len(member.asks) == 1
                 assert d.cluster.datasets[ds.uri.canonical].requests_out == 1
                 nursery.cancel_scope.cancel()
 
         trio.run(main)
-
-
-@pytest.mark.skipif(not sealed.Region.usable(), reason="no F_SEAL_FUTURE_WRITE")
-def test_a_loop_reader_joining_a_threads_ask_gets_bytes_the_region_never_changes(
-    tmp_path: Path, pki: Path, bucket: Path, member: FakeMember
-) -> None:
-    """The thread receives the chunk into its connection's region; the loop's reader
-    that joined its flight gets bytes of its own: the region written again for the
-    connection's next answer changes none of them."""
-    region = sealed.Region()
-    with daemon_of(tmp_path, pki, member.port) as d:
-
-        async def main() -> None:
-            async with running(d), trio.open_nursery() as nursery:
-                nursery.start_soon(d.cluster.probe_loop)
-                ds, m = await mounted(d, bucket)
-                key, index = remote_chunks(d, ds, bucket)[0]
-                ref = ChunkRef.of(d.store.get_object(ds.id, key), CHUNK, index)  # type: ignore[arg-type]
-                want = (bucket / key).read_bytes()[index * CHUNK : (index + 1) * CHUNK]
-                while d.cluster.thread_asks.token is None:
-                    await trio.sleep(0)
-                member.mode = "processing"  # 102s first: the loop's reader joins meanwhile
-                box: list[object] = []
-                read = functools.partial(d.cluster.thread_asks.read, region=region)
-
-                async def from_thread() -> None:
-                    box.append(await trio.to_thread.run_sync(read, ds, m, key, index, None))
-
-                nursery.start_soon(from_thread)
-                with trio.fail_after(10):
-                    while ref.key not in d.cluster.thread_asks.flights:
-                        await trio.sleep(0.005)
-                data, _ = await d.get_chunk(m, key, index, False)
-                with trio.fail_after(10):
-                    while not box:
-                        await trio.sleep(0.005)
-                got = box[0]
-                assert got is not None and region.where(got.data) is not None  # type: ignore[attr-defined]
-                again = region.view(region.filled)  # the connection's next answer
-                assert again is not None
-                again[:] = b"\0" * len(again)
-                again.release()
-                assert bytes(data) == want
-                assert len(member.asks) == 1
-                nursery.cancel_scope.cancel()
-
-        trio.run(main)
-    region.close()
+    if region is not None:
+        region.close()
 
 
 def test_a_thread_whose_mount_left_drops_its_ask_and_frees_the_home(
