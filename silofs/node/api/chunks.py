@@ -8,7 +8,9 @@ could read the object itself, on every request), and the status each failure ans
 A mount that asks with `fd=1` on a connection that can carry one (a Unix socket's) is
 handed a streamed chunk's sealed memory file instead of its bytes (silofs/sealed.py),
 if the daemon trusts it: the file's pages stay charged to the daemon while the mount
-holds them, so an untrusted user's mount could pin the daemon's memory with them.
+holds them, so an untrusted user's mount could pin the daemon's memory with them. One
+that asks with `region=1` on a thread-served connection is answered a chunk another
+member served by its place in the connection's hand-off region (the same trust rule).
 Fetching, verification and admission are the Daemon's.
 """
 
