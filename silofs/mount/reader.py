@@ -799,6 +799,8 @@ class ChunkReader:
                 f"&index={ref.index}&version={quote_segment(ref.obj.version)}"
                 # A streamed chunk may come as the daemon's sealed file (silofs/sealed.py).
                 + "&fd=1"
+                # A peer-served chunk may come named in the connection's hand-off region.
+                + "&region=1"
                 + ("&refetch=1" if refetch else "")
                 + (f"&span={span[0]}-{span[1]}" if span is not None else "")
             )

@@ -270,6 +270,8 @@ class Cluster:
             with self.thread_asks.lock:
                 failed = self.thread_asks.lead_fallback(ref.key)
                 flight = self.thread_asks.flights.get(ref.key)
+                if flight is not None:
+                    flight.joined += 1  # its value is then bytes of their own (peer_ask.py)
                 asked = flight is None and ref.key in self.asks
                 lead = flight is None and not asked and not member.is_self
                 if lead:

@@ -98,6 +98,21 @@ def test_each_chunk_is_fetched_once_per_cluster_and_served_right(three: dict) ->
         assert all(m["state"] == "up" for m in s["cluster"]["members"]), s["cluster"]
         peer = s["datasets"][0]["peer"]
         assert peer["errors"] == {} and peer["store_fallbacks"] == 0, peer
+    # The peer-served chunks reached the (root's, so trusted) mounts through their
+    # connections' hand-off regions (silofs/sealed.py Region), held by each daemon.
+    assert all(_regions(n.daemon_pid) > 0 for n in nodes)
+
+
+def _regions(pid: int) -> int:
+    """The hand-off regions process `pid` holds open."""
+    fds = Path(f"/proc/{pid}/fd")
+    links = []
+    for fd in fds.iterdir():
+        try:
+            links.append(fd.readlink().name)
+        except OSError:  # closed meanwhile
+            pass
+    return sum(1 for link in links if link.startswith("memfd:silofs-region"))
 
 
 def test_a_killed_home_never_fails_a_read_and_serves_again_once_back(three: dict) -> None:
