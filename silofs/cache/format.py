@@ -36,7 +36,7 @@ import logging
 import mmap
 import struct
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import xxhash
@@ -111,8 +111,8 @@ class ChunkRef:
     content_bytes: bytes  # obj.content_id encoded, as a value's header holds it
     # The header length of its value as written under obj.key (header_bytes): what a
     # hit copies along with the data, in the same read (0: not known, as for a ref
-    # built by hand).
-    header: int = 0
+    # built by hand). Derived from the fields above: not compared.
+    header: int = field(default=0, compare=False)
 
     def __init__(
         self,
