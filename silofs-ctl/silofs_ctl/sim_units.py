@@ -106,7 +106,6 @@ class Units:
         self.seq = 0  # the last fill event's sequence number
         self.shared: set[str] = set()  # units at least two active jobs read
         self.moved: set[str] = set()  # units whose cap or fill a plan moved (allocate)
-        self.evicted: set[str] = set()  # units the last allocate shrank (readers' H moved)
         self.full = False  # a unit became full since the flag was last cleared
 
     def _cap(self, key: str) -> None:
@@ -358,7 +357,6 @@ class Units:
         # arrival shrinks every CoorDL job's slice, so half of them evict)
         in_use: set[str] = set()
         roomy: set[str] = set()
-        self.evicted = set()
         self._allocate(cache.items(), readers, in_use, roomy)
         self._allocate(zip(self.in_use - cache.keys(), repeat(0.0)), readers, in_use, roomy)
         self.in_use, self.roomy = in_use, roomy
@@ -394,7 +392,6 @@ class Units:
                     job.effective *= scale
                 filled[key] = held = want
                 moved_add(key)
-                self.evicted.add(key)
             if want > 0 or held > 0:
                 in_use_add(key)
                 if held < full:

@@ -158,9 +158,6 @@ class Simulation:
         # Jobs the link holds at its level that are not on the level clock (it would not
         # take them): a move of the level re-rates them one by one.
         self.held_off: set[str] = set()
-        # The hit ratio now of each active job (self.active's order), found by the last
-        # plan's views when that plan read them (_hit_views), else None.
-        self.view_hits: list[float] | None = None
 
     def request_stop(self) -> None:
         self.stop_requested = True
@@ -254,7 +251,6 @@ class Simulation:
         with_remaining = REMAINING in reads
         if with_hits:
             return self._hit_views(active, with_remaining)
-        self.view_hits = None
         views = []
         for job in active:
             job.advance(now, vclock)
@@ -281,7 +277,6 @@ class Simulation:
         made anew (_view) only where it moved."""
         now, vclock, units = self.clock.now, self.clock.vclock, self.units
         views = []
-        self.view_hits = hits = []
         for job in active:
             job.advance(now, vclock)
             job.boundary = math.inf
@@ -292,7 +287,6 @@ class Simulation:
                 hit = units.filled_now(job.unit, now) / job.size
             if not hit < 1.0:
                 hit = 1.0
-            hits.append(hit)
             view = job.view
             if (
                 view is None
@@ -386,8 +380,6 @@ class Simulation:
             self.pool.retarget(running.values(), lambda: units.sync_all(now))
             for job in running.values():
                 job.hit = self._hit(job)
-        elif self.view_hits is not None:
-            self._view_hits(self.view_hits)
         else:
             self._uniform_hits(running.values())
         for job in running.values():
@@ -444,20 +436,6 @@ class Simulation:
             else:  # at an epoch's end: what the next one will find
                 hit = units.filled_now(job.unit, now) / job.size
             job.hit = hit if hit < 1.0 else 1.0
-
-    def _view_hits(self, hits: list[float]) -> None:
-        """_uniform_hits of the running jobs after a plan whose views found each active
-        job's hit ratio (`hits`, in the order of self.active): every job and unit was
-        brought to now before the views, so a hit ratio the views found still holds
-        unless the plan's allocation evicted from the job's unit (Units.evicted), which
-        moves its H and what the unit holds."""
-        evicted = self.units.evicted
-        for job, hit in zip(self.active.values(), hits, strict=True):
-            if job.share > 0:
-                if job.unit in evicted:
-                    self._uniform_hits((job,))
-                else:
-                    job.hit = hit
 
     def _rerate(self, jobs: list[SimJob]) -> None:
         """New rates for `jobs` (brought up to date here), and for any other running job

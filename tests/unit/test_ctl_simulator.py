@@ -617,29 +617,3 @@ def test_a_remainder_shorter_than_the_clocks_step_ends_the_epoch(
     assert not armed[0]
     (job,) = result.jobs
     assert job.jct is not None and len(job.epoch_hit_ratios) == 3
-
-
-def test_the_hits_a_plans_views_found_are_the_hits_a_full_recompute_gives() -> None:
-    """A plan that reads hit ratios (Gavel with SiloD) finds each job's in its views;
-    applying the plan keeps them (Simulation._view_hits) and finds anew only the jobs
-    of units the allocation evicted from. After every such plan each running job's hit
-    ratio must be, to the bit, what _hit computes from the job and its unit then, and
-    the runs must have evicted (else the other branch is not tried)."""
-    scenario = load_scenario(SCENARIOS / "trace-300.toml")
-    scenario = replace(scenario, jobs=scenario.jobs[:120])
-    checked, evicting = [0], [0]
-
-    class Checked(Simulation):
-        def _view_hits(self, hits: list[float]) -> None:
-            super()._view_hits(hits)
-            evicting[0] += bool(self.units.evicted)
-            for job in self.running.values():
-                kept = job.hit
-                assert self._hit(job) == kept, job.name
-                checked[0] += 1
-
-    sim = Checked(scenario, "gavel", "silod")
-    result = sim.run()
-    assert checked[0] > 1000 and evicting[0] > 0
-    plain = simulate(scenario, "gavel", "silod")
-    assert [j.finish for j in result.jobs] == [j.finish for j in plain.jobs]
