@@ -30,6 +30,7 @@ from silofs.cache.listing import ListingReader
 from silofs.mount.listing_view import Entry, ListingView
 from silofs.mount.reader import ChunkReader, MissError, OpenFile
 from silofs.mount.shared import SharedTables, TableFull, version_hash
+from silofs.mount.survive import answer_eio, catches_own, unforeseen
 from silofs.records import ObjectInfo
 
 log = logging.getLogger(__name__)
@@ -67,6 +68,7 @@ class _DirHandle:
     key: bytes | None = None  # position key (cache/listing.py) of the entry at `pos`
 
 
+@answer_eio  # an exception other than FUSEError is that request's EIO (survive.py)
 class SilofsFS(pyfuse3.Operations):
     supports_dot_lookup = True
     enable_writeback_cache = False
@@ -416,26 +418,27 @@ class SilofsFS(pyfuse3.Operations):
             self._page_versions.popitem(last=False)
         return seen == node.version
 
+    @catches_own  # the hot path: no wrapper's coroutine frame per read (survive.py)
     async def read(self, fh: int, off: int, size: int) -> bytes | memoryview:
-        f = self._files.get(fh)
-        if f is None and self.shared is not None:
-            f = self._adopt(fh)
-        if f is None:
-            raise pyfuse3.FUSEError(errno.EBADF)
-        if f.gen != self.listing.gen:
-            # A handle of an older listing fills the inode's pages with its own version:
-            # the next open must not keep them (_keep_cache).
-            self._page_versions.pop(f.inode, None)
-        obj_size = f.obj.size
-        end = off + size if off + size < obj_size else obj_size
-        if off >= end:
-            return b""
-        r = self.reader
-        r.begin_read()
-        cs = r.chunk_size
-        first, last = off // cs, (end - 1) // cs
-        sequential = f.advance(off, end)  # a seek resets the file's read-ahead window
         try:
+            f = self._files.get(fh)
+            if f is None and self.shared is not None:
+                f = self._adopt(fh)
+            if f is None:
+                raise pyfuse3.FUSEError(errno.EBADF)
+            if f.gen != self.listing.gen:
+                # A handle of an older listing fills the inode's pages with its own version:
+                # the next open must not keep them (_keep_cache).
+                self._page_versions.pop(f.inode, None)
+            obj_size = f.obj.size
+            end = off + size if off + size < obj_size else obj_size
+            if off >= end:
+                return b""
+            r = self.reader
+            cs = r.chunk_size
+            first, last = off // cs, (end - 1) // cs
+            sequential = f.advance(off, end)  # a seek resets the file's read-ahead window
+            r.begin_read()
             if first == last:
                 lo, hi = off - first * cs, end - first * cs
                 data = r.hit(f, first, lo, hi)  # [lo, hi), a verified copy
@@ -462,6 +465,11 @@ class SilofsFS(pyfuse3.Operations):
             return await self._read_span(f, off, end, first, last, sequential)
         except MissError as exc:  # EIO, or EACCES when the daemon refused this reader
             raise pyfuse3.FUSEError(exc.errno) from None
+        except pyfuse3.FUSEError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - this read's EIO, never the mount's end
+            unforeseen(f"FUSE read of handle {fh} [{off}, +{size})", exc)
+            raise pyfuse3.FUSEError(errno.EIO) from None
 
     async def _read_span(
         self, f: OpenFile, off: int, end: int, first: int, last: int, sequential: bool

@@ -49,6 +49,7 @@ from silofs.mount.fs import Presentation, SilofsFS
 from silofs.mount.listing_view import ListingView, changed_entries
 from silofs.mount.reader import ChunkReader, MissError
 from silofs.mount.shared import SharedTables
+from silofs.mount.survive import unforeseen
 from silofs.mountinfo import mounts
 from silofs.records import MountCounters
 
@@ -232,6 +233,8 @@ class MountProcess:
                     log.info("stopped offering buffered chunks: %s", exc)
                     break
                 counts[answer["chunk"]] = counts.get(answer["chunk"], 0) + 1
+        except Exception as exc:  # noqa: BLE001 - offers are not promises: never the mount's end
+            unforeseen("offering buffered chunks to the daemon", exc)
         finally:
             self._offering = False
         if counts:
@@ -489,9 +492,13 @@ class MountProcess:
         serves the files open in it until the last is closed."""
         if self.device is None:
             return
-        with open(MOUNT_TABLE, "rb") as table:  # opened first: no change is missed
-            while mounted_here(self.device):
-                await trio.to_thread.run_sync(_wait_for_change, table, abandon_on_cancel=True)
+        try:
+            with open(MOUNT_TABLE, "rb") as table:  # opened first: no change is missed
+                while mounted_here(self.device):
+                    await trio.to_thread.run_sync(_wait_for_change, table, abandon_on_cancel=True)
+        except Exception as exc:  # noqa: BLE001 - the kernel's ENODEV still ends the mount
+            unforeseen("watching the mount table", exc)
+            return
         assert self.fs is not None
         while self.fs.open_handles():
             await trio.sleep(DETACHED_POLL_SECONDS)
@@ -504,13 +511,16 @@ class MountProcess:
         while True:
             await trio.sleep(0.25)
             assert self.reader is not None and self.fs is not None
-            self.fs.listing.release_if_idle()
-            await self._follow_listing()
-            now = dataclasses.astuple(self._counters_to_report())
-            if now != last or trio.current_time() - reported >= IDLE_REPORT_SECONDS:
-                await self._report()
-                last = now
-                reported = trio.current_time()
+            try:
+                self.fs.listing.release_if_idle()
+                await self._follow_listing()
+                now = dataclasses.astuple(self._counters_to_report())
+                if now != last or trio.current_time() - reported >= IDLE_REPORT_SECONDS:
+                    await self._report()
+                    last = now
+                    reported = trio.current_time()
+            except Exception as exc:  # noqa: BLE001 - one round's failure; the next tries again
+                unforeseen("the mount's report loop", exc)
 
     async def _follow_listing(self) -> None:
         """Move to a newer listing generation once the daemon has written one (a refresh,
@@ -607,6 +617,8 @@ class MountProcess:
                 ds = await self.client.json("GET", f"/v1/datasets/{ds['id']}")
         except ControlError as exc:
             log.warning("could not refresh the listing: %s", exc)
+        except Exception as exc:  # noqa: BLE001 - the next expiry asks again
+            unforeseen("asking the daemon to refresh the listing", exc)
         finally:
             self._relisting = False
 
