@@ -138,6 +138,11 @@ class Cluster:
             self.membership = Membership(config, address)
         else:
             self.membership.replace(config)
+        placed = self.membership.placed_by()
+        here = self.membership.self_address
+        # A chunk placed at another member is admitted here only standing in for it, as
+        # a first eviction victim (WritableStore.elsewhere).
+        self.d.store.elsewhere = lambda key: placed(key) != here
         # Pools follow the members: removed ones closed, new ones made.
         cluster_name = config.name
         for addr in list(self.pools):
