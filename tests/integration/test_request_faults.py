@@ -224,3 +224,41 @@ def test_the_watcher_ends_with_its_mount(
     wait_for(lambda: _gone(watcher), timeout=5, what="the watcher to end with its mount")
     if how == "kill9":
         subprocess.run(["fusermount3", "-u", "-z", str(mp)], check=False)
+
+
+def test_a_bucket_deleted_while_mounted_fails_only_uncached_reads_and_not_for_good(
+    make_node, s3_server, monkeypatch, bucket_name, tmp_path: Path
+) -> None:
+    s3_server.apply_env(monkeypatch)
+    files = {"a.bin": os.urandom(100 << 10), "b.bin": os.urandom(100 << 10)}
+    s3_server.create(bucket_name, files)
+    node = make_node()
+    node.expect_errors(r"reading b\.bin chunk 0")
+    mnt = tmp_path / "mnt"
+    mp = node.mount(s3_server.uri(bucket_name), mnt, "--endpoint-url", s3_server.endpoint_url)
+    assert (mp / "a.bin").read_bytes() == files["a.bin"]
+    wait_for(lambda: node.status()["datasets"][0]["cached_chunks"] == 1, what="a.bin admitted")
+    client = s3_server.client()
+    for key in files:
+        client.delete_object(Bucket=bucket_name, Key=key)
+    client.delete_bucket(Bucket=bucket_name)
+
+    drop_file_cache(mp / "a.bin")
+    assert (mp / "a.bin").read_bytes() == files["a.bin"]  # cached: still served
+    with pytest.raises(OSError) as failed:
+        (mp / "b.bin").read_bytes()
+    assert failed.value.errno == errno.EIO
+    assert sorted(os.listdir(mp)) == ["a.bin", "b.bin"]  # the listing stays
+    assert mounted(mp)
+    assert node.status()["datasets"][0]["store_errors"] >= 1
+
+    s3_server.create(bucket_name, files)  # back, the same bytes (the same ETags)
+
+    def reads() -> bool:
+        try:
+            return (mp / "b.bin").read_bytes() == files["b.bin"]
+        except OSError:
+            drop_file_cache(mp / "b.bin")
+            return False
+
+    wait_for(reads, timeout=20, what="b.bin read once the bucket is back")
