@@ -295,3 +295,39 @@ def test_keys_no_posix_name_can_hold(
     assert (mp / "d" / "y.bin").read_bytes() == b"y"
     assert (mp / "e" / ("M" * 255)).read_bytes() == b"max"
     assert mounted(mp)
+
+
+def test_odd_local_names_are_served_and_a_non_utf8_one_skipped(
+    make_node, local_store, monkeypatch, bucket_name, tmp_path: Path
+) -> None:
+    local_store.apply_env(monkeypatch)
+    names = ["new\nline", "tab\there", " lead", "trail ", "-dash", 'q"uote', "%2F", "..dots"]
+    local_store.create(bucket_name, {n: n.encode() for n in names} | {"sub\ndir/f": b"f"})
+    root = Path(local_store.uri(bucket_name).removeprefix("file://"))
+    (root / os.fsdecode(b"bad\xff\xfe")).write_bytes(b"x")  # a name that is not UTF-8
+    node = make_node()
+    mp = node.mount(local_store.uri(bucket_name), tmp_path / "mnt")
+    assert sorted(os.listdir(mp)) == sorted([*names, "sub\ndir"])
+    for n in names:
+        assert (mp / n).read_bytes() == n.encode()
+    assert (mp / "sub\ndir" / "f").read_bytes() == b"f"
+    assert "not UTF-8" in (node.logs / "daemon.log").read_text()
+
+
+def test_a_directory_of_100k_entries_reads_whole_once_each(
+    make_node, local_store, monkeypatch, bucket_name, tmp_path: Path
+) -> None:
+    local_store.apply_env(monkeypatch)
+    local_store.create(bucket_name, {"seed": b""})
+    root = Path(local_store.uri(bucket_name).removeprefix("file://"))
+    names = [f"f{i:06d}" for i in range(100_000)]
+    for n in names:
+        (root / n).touch()
+    node = make_node()
+    mp = node.mount(local_store.uri(bucket_name), tmp_path / "mnt")
+    got = os.listdir(mp)  # getdents in 32 KiB batches: offsets resumed many times
+    assert len(got) == len(set(got)) == 100_001
+    assert sorted(got) == sorted([*names, "seed"])
+    with os.scandir(mp) as entries:  # readdirplus: each entry's attributes with it
+        first = next(e for e in entries if e.name == "f050000")
+        assert first.stat().st_size == 0 and first.is_file()
