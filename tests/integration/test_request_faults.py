@@ -331,3 +331,40 @@ def test_a_directory_of_100k_entries_reads_whole_once_each(
     with os.scandir(mp) as entries:  # readdirplus: each entry's attributes with it
         first = next(e for e in entries if e.name == "f050000")
         assert first.stat().st_size == 0 and first.is_file()
+
+
+def test_an_object_replaced_with_another_size_while_open_never_mixes_bytes(
+    make_node, s3_server, monkeypatch, bucket_name, tmp_path: Path
+) -> None:
+    """Rewritten in the store (longer, then shorter) while a reader has it open and has
+    read its head: the rest is the old version's bytes or EIO, never the new one's, and
+    the file keeps its listed size."""
+    s3_server.apply_env(monkeypatch)
+    chunk = 256 << 10
+    old = random.Random("old").randbytes(3 * chunk + 100)
+    s3_server.create(bucket_name, {"f.bin": old})
+    node = make_node()
+    node.expect_errors(r"reading f\.bin chunk")
+    mp = node.mount(
+        s3_server.uri(bucket_name),
+        tmp_path / "mnt",
+        "--endpoint-url",
+        s3_server.endpoint_url,
+        "--chunk-size",
+        "256K",
+    )
+    for new in (random.Random("new").randbytes(5 * chunk), b"short"):
+        drop_file_cache(mp / "f.bin")
+        with open(mp / "f.bin", "rb", buffering=0) as f:
+            assert f.read(4096) == old[:4096]
+            s3_server.put(bucket_name, "f.bin", new)
+            assert os.fstat(f.fileno()).st_size == len(old)
+            got = bytearray(old[:4096])
+            try:
+                f.seek(2 * chunk)  # a chunk not read yet: the store has the new version
+                got = bytearray(f.read(chunk))
+                assert bytes(got) == old[2 * chunk : 3 * chunk]
+            except OSError as exc:
+                assert exc.errno == errno.EIO
+        s3_server.put(bucket_name, "f.bin", old)  # back: the listed ETag again
+    assert mounted(mp)
