@@ -368,3 +368,39 @@ def test_an_object_replaced_with_another_size_while_open_never_mixes_bytes(
                 assert exc.errno == errno.EIO
         s3_server.put(bucket_name, "f.bin", old)  # back: the listed ETag again
     assert mounted(mp)
+
+
+def test_credentials_revoked_while_mounted(
+    make_node, s3_server, monkeypatch, bucket_name, tmp_path: Path
+) -> None:
+    """The store answers 403 AccessDenied to every GET (the key was revoked): cached
+    chunks are served, an uncached read is EIO (not EACCES: the reader is not the one
+    refused), the mount and the daemon go on, and reads work once the store lets the
+    daemon in again."""
+    s3_server.apply_env(monkeypatch)
+    files = {"a.bin": os.urandom(100 << 10), "b.bin": os.urandom(100 << 10)}
+    s3_server.create(bucket_name, files)
+    up = urlsplit(s3_server.endpoint_url)
+    with FaultProxy(upstream=(up.hostname or "127.0.0.1", up.port or 80), faults=FaultPlan()) as p:
+        node = make_node()
+        node.expect_errors(r"reading b\.bin chunk 0")
+        mp = node.mount(s3_server.uri(bucket_name), tmp_path / "mnt", "--endpoint-url", p.url)
+        assert (mp / "a.bin").read_bytes() == files["a.bin"]
+        wait_for(lambda: node.status()["datasets"][0]["cached_chunks"] == 1, what="admitted")
+        p.set_plan(FaultPlan(faults=[Fault("http_403")]))
+        drop_file_cache(mp / "a.bin")
+        assert (mp / "a.bin").read_bytes() == files["a.bin"]
+        with pytest.raises(OSError) as failed:
+            (mp / "b.bin").read_bytes()
+        assert failed.value.errno == errno.EIO
+        assert mounted(mp) and node.status()["datasets"][0]["store_errors"] >= 1
+        p.set_plan(FaultPlan())
+
+        def reads() -> bool:
+            try:
+                return (mp / "b.bin").read_bytes() == files["b.bin"]
+            except OSError:
+                drop_file_cache(mp / "b.bin")
+                return False
+
+        wait_for(reads, timeout=20, what="b.bin read once the credentials work again")
