@@ -24,7 +24,7 @@ import pytest
 from tests.support.faultproxy import Fault, FaultPlan, FaultProxy
 from tests.support.fixtures import needs_fuse
 from tests.support.inject import fault_env
-from tests.support.node import Node, drop_file_cache, mounted
+from tests.support.node import Node, drop_file_cache, mounted, pids_with
 from tests.support.poll import wait_for
 
 pytestmark = [needs_fuse, pytest.mark.fuse]
@@ -173,28 +173,20 @@ def test_a_failed_fetch_is_not_fetched_again_by_the_retried_read(
 
 def _watchers(mount_pid: int) -> list[int]:
     """The unstick watchers whose parent is `mount_pid`."""
-    out = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                cmd = f.read()
-            with open(f"/proc/{entry}/stat") as f:
-                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            continue
-        if b"silofs.mount.unstick" in cmd and ppid == mount_pid:
-            out.append(int(entry))
-    return out
+    return [p for p in pids_with("silofs.mount.unstick") if _stat(p)[1:2] == [str(mount_pid)]]
+
+
+def _stat(pid: int) -> list[str]:
+    """/proc/PID/stat's fields after the command name: state, ppid, ...; [] if gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return []
 
 
 def _gone(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
-    except OSError:
-        return True
+    return _stat(pid)[:1] in ([], ["Z"])
 
 
 @pytest.mark.parametrize("how", ["fusermount", "umount", "kill9", "sigterm"])
