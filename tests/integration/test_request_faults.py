@@ -396,3 +396,44 @@ def test_credentials_revoked_while_mounted(
                 return False
 
         wait_for(reads, timeout=20, what="b.bin read once the credentials work again")
+
+
+def test_a_full_cache_disk_while_admitting(
+    make_node, local_store, monkeypatch, bucket_name, tmp_path: Path
+) -> None:
+    """The cache dir's file system fills up (another writer) while a mount's misses are
+    admitted: every read is still served right (from the store), the daemon says once
+    in status what failed, and it admits again once there is room."""
+    if os.geteuid() != 0:
+        pytest.skip("mounts a tmpfs for the cache dir")
+    local_store.apply_env(monkeypatch)
+    files = {f"f{i:02d}": random.Random(i).randbytes(2 * MiB) for i in range(12)}
+    local_store.create(bucket_name, files)
+    node = make_node(start=False, cache_size="48M")
+    os.makedirs(node.cache_dir)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=96M", "tmpfs", node.cache_dir], check=True)
+    try:
+        node.start()
+        node.expect_errors(r"the writer failed: DiskError")
+        uri = local_store.uri(bucket_name)
+        mp = node.mount(uri, tmp_path / "a")
+        with open(os.path.join(node.cache_dir, "filler"), "wb") as filler:
+            try:
+                while True:
+                    filler.write(bytes(MiB))
+                    filler.flush()
+            except OSError as exc:
+                assert exc.errno == errno.ENOSPC
+        for name, data in files.items():
+            assert (mp / name).read_bytes() == data
+        error = wait_for(lambda: node.status()["node"]["writer"]["error"], what="the error")
+        assert "No space left on device" in error
+        assert node.status()["datasets"][0]["cached_chunks"] == 0
+        os.unlink(os.path.join(node.cache_dir, "filler"))
+        again = node.mount(uri, tmp_path / "b")  # a mount of its own: its buffer is empty
+        for name, data in files.items():
+            assert (again / name).read_bytes() == data
+        wait_for(lambda: node.status()["datasets"][0]["cached_chunks"] > 0, what="admissions")
+    finally:
+        node.cleanup()
+        subprocess.run(["umount", "-l", node.cache_dir], check=False)
