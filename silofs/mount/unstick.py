@@ -29,6 +29,7 @@ Never reads the device, never answers a request, holds no descriptor of the moun
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import platform
@@ -123,9 +124,11 @@ def _interrupt(mount: int, mount_fd: int, pid: int) -> bool:
     whose pidfd is `mount_fd`) or a child of it; whether it was sent. Sent through a
     pidfd, which names one process for good: a pid the kernel reused since it was looked
     at is another process's, and a pidfd opened on it fails the parent check (a child
-    of the mount opened and checked is that child, alive or dead)."""
+    of the mount opened and checked is that child, alive or dead). `mount_fd` -1: no
+    pidfds here (a kernel before 5.3, a seccomp profile without pidfd_open): checked
+    the same, then sent by pid, the mount still this watcher's parent."""
     fd = mount_fd
-    if pid != mount:
+    if pid != mount and mount_fd >= 0:
         try:
             fd = os.pidfd_open(pid)
         except OSError:
@@ -135,7 +138,12 @@ def _interrupt(mount: int, mount_fd: int, pid: int) -> bool:
             return False  # not a serving process of this mount (any more)
         if not in_device_read(pid):
             return False
-        signal.pidfd_send_signal(fd, SIGNAL)
+        if fd >= 0:
+            signal.pidfd_send_signal(fd, SIGNAL)
+        elif os.getppid() == mount:
+            os.kill(pid, SIGNAL)  # the narrowest window there is without a pidfd
+        else:
+            return False
         return True
     except OSError:
         return False  # ended meanwhile
@@ -144,12 +152,22 @@ def _interrupt(mount: int, mount_fd: int, pid: int) -> bool:
             os.close(fd)
 
 
+def _pidfd(pid: int) -> int:
+    """A pidfd of `pid`; -1 where the kernel gives none (ENOSYS, or EPERM from seccomp)."""
+    try:
+        return os.pidfd_open(pid)
+    except OSError as exc:
+        if exc.errno in (errno.ENOSYS, errno.EPERM):
+            return -1
+        raise
+
+
 def watch(pid: int) -> None:
     """Until `pid` (this process's parent) is gone: interrupt a blocked read() of the
     device (module docstring). Its end is told by the parent changing, never by its pid's
     /proc entry, which a new process may take."""
     try:
-        mount_fd = os.pidfd_open(pid)
+        mount_fd = _pidfd(pid)
         with open(f"/proc/{pid}/syscall") as f:
             f.read()  # the access check is made on read
     except OSError as exc:  # stderr: the mount's log

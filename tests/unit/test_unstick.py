@@ -78,3 +78,23 @@ def test_only_the_mount_and_its_children_are_signalled(sent: list[int]) -> None:
         except ProcessLookupError:
             pass
     assert sent == [me, mine.pid]
+
+
+def test_without_pidfds_the_same_checks_then_the_pid(
+    sent: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No pidfd_open (an old kernel, a seccomp profile): the parent check still keeps a
+    stranger from being signalled; the mount's children are signalled by pid."""
+    me = os.getpid()
+    mine = _sleeper()
+    killed: list[int] = []
+    try:
+        with monkeypatch.context() as m:
+            m.setattr(os, "kill", lambda pid, sig: killed.append(pid))
+            m.setattr(os, "getppid", lambda: me)
+            assert unstick._interrupt(me, -1, mine.pid)
+            assert not unstick._interrupt(me, -1, 1)  # init: not a child of the mount
+    finally:
+        mine.kill()
+        mine.wait()
+    assert killed == [mine.pid] and sent == []
