@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -352,3 +353,21 @@ def test_a_log_file_that_cannot_be_opened_is_one_line(
         text=True,
     )  # fmt: skip
     assert_one_line_error(res, "log_file", bad)
+
+
+def test_a_busy_metrics_port_is_one_line(tmp_path: Path) -> None:
+    busy = socket.socket()
+    busy.bind(("127.0.0.1", 0))
+    busy.listen()
+    port = busy.getsockname()[1]
+    try:
+        res = subprocess.run(
+            silofs_cmd("daemon", "--socket", str(tmp_path / "m.sock"), "--cache-dir",
+                       str(tmp_path / "cache"), "--metrics-address", f"127.0.0.1:{port}"),
+            capture_output=True,
+            text=True,
+        )  # fmt: skip
+    finally:
+        busy.close()
+    assert_one_line_error(res, "metrics_address", f"127.0.0.1:{port}", "in use")
+    assert not (tmp_path / "m.sock").exists()
