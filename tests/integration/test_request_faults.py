@@ -45,6 +45,19 @@ def _planted(node: Node, tmp_path: Path, *faults: str) -> dict[str, str]:
     return fault_env(tmp_path / "planted", node.env["PYTHONPATH"], *faults)
 
 
+def _reads_again(path: Path, data: bytes, what: str) -> None:
+    """Wait until `path` reads as `data` (an error that was not a lasting one)."""
+
+    def reads() -> bool:
+        try:
+            return path.read_bytes() == data
+        except OSError:
+            drop_file_cache(path)
+            return False
+
+    wait_for(reads, timeout=20, what=what)
+
+
 def _mount_log(node: Node) -> str:
     return "\n".join(p.read_text(errors="replace") for p in node.logs.iterdir())
 
@@ -157,15 +170,7 @@ def test_a_failed_fetch_is_not_fetched_again_by_the_retried_read(
         assert gets() == 5, [(r.target, r.fault) for r in p.history]
         # Not a lasting error: once the store is back, the chunk is fetched again.
         p.set_plan(FaultPlan())
-
-        def reads() -> bool:
-            drop_file_cache(mp / "one.bin")
-            try:
-                return (mp / "one.bin").read_bytes() == data
-            except OSError:
-                return False
-
-        wait_for(reads, timeout=20, what="a read once the store is back")
+        _reads_again(mp / "one.bin", data, "a read once the store is back")
 
 
 # -- the watcher of blocked FUSE reads ------------------------------------------------
@@ -245,15 +250,7 @@ def test_a_bucket_deleted_while_mounted_fails_only_uncached_reads_and_not_for_go
     assert node.status()["datasets"][0]["store_errors"] >= 1
 
     s3_server.create(bucket_name, files)  # back, the same bytes (the same ETags)
-
-    def reads() -> bool:
-        try:
-            return (mp / "b.bin").read_bytes() == files["b.bin"]
-        except OSError:
-            drop_file_cache(mp / "b.bin")
-            return False
-
-    wait_for(reads, timeout=20, what="b.bin read once the bucket is back")
+    _reads_again(mp / "b.bin", files["b.bin"], "b.bin read once the bucket is back")
 
 
 def test_keys_no_posix_name_can_hold(
@@ -387,15 +384,7 @@ def test_credentials_revoked_while_mounted(
         assert failed.value.errno == errno.EIO
         assert mounted(mp) and node.status()["datasets"][0]["store_errors"] >= 1
         p.set_plan(FaultPlan())
-
-        def reads() -> bool:
-            try:
-                return (mp / "b.bin").read_bytes() == files["b.bin"]
-            except OSError:
-                drop_file_cache(mp / "b.bin")
-                return False
-
-        wait_for(reads, timeout=20, what="b.bin read once the credentials work again")
+        _reads_again(mp / "b.bin", files["b.bin"], "b.bin read once the credentials work")
 
 
 def test_a_full_cache_disk_while_admitting(
