@@ -160,6 +160,10 @@ class MountProcess:
         self.shared: SharedTables | None = None
         self._ops: SilofsFS | None = None  # the object pyfuse3.init() was given
         self.signalled = False  # a serving process ended by a signal (not an unmount)
+        # pyfuse3.main() returned because this process ended the session itself, and the
+        # mount goes with it (its `silofs mount` went away before "ready"); otherwise
+        # main() returning means the kernel unmounted us, or SIGTERM aborted the mount.
+        self.unmount_at_end = False
         self.reg: dict = {}
         self.first_gen: int | None = None
         self.lru = False
@@ -408,7 +412,7 @@ class MountProcess:
                     if not forked.is_disconnected(exc):
                         raise
                     log.info("the kernel ended the FUSE session: %s", first_leaf(exc))
-                unmount = False  # the kernel already unmounted us
+                unmount = self.unmount_at_end  # else the kernel already unmounted us
                 nursery.cancel_scope.cancel()
         finally:
             # Ended: nothing may start in the nursery now, and a daemon that restarted
@@ -443,7 +447,12 @@ class MountProcess:
         log.info(
             "mounted %s at %s (%d files)", self.s.uri, self.s.mountpoint, self.fs.listing.files
         )
-        ready(None)
+        try:
+            ready(None)
+        except OSError as exc:
+            _caller_gone(exc, self.s.mountpoint)
+            self.unmount_at_end = True
+            await self._terminate("its silofs mount went away")
 
     async def _child_signals(self) -> None:
         """A serving process: SIGTERM ends it (the supervisor replaces it, or is
@@ -668,6 +677,16 @@ class MountProcess:
                 pass
 
 
+def _caller_gone(exc: OSError, mountpoint: str) -> None:
+    """The `silofs mount` waiting for this mount's "ready" is gone (killed, interrupted:
+    EPIPE): it told its caller the mount failed, so the mount ends, cleanly."""
+    log.warning(
+        "the silofs mount that started this mount is gone (%s): unmounting %s",
+        exc.strerror or exc,
+        mountpoint,
+    )
+
+
 def mount_device(target: str) -> str | None:
     """The "major:minor" of the newest FUSE mount at `target` (resolved), if any."""
     for entry in reversed(mounts()):
@@ -795,7 +814,12 @@ class Supervisor:
         # Told first: the ready pipe must not be inherited by the serving processes (the
         # `silofs mount` parent reads it to EOF when something fails). Requests wait in
         # the kernel until the first serving process reads them.
-        ready(None)
+        try:
+            ready(None)
+        except OSError as exc:
+            _caller_gone(exc, self.mp.s.mountpoint)
+            self._end(unmount=True)
+            return
         signal.signal(signal.SIGTERM, stop)
         signal.signal(signal.SIGINT, stop)
         signal.signal(signal.SIGHUP, hangup)

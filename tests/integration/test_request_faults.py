@@ -24,7 +24,7 @@ import pytest
 from tests.support.faultproxy import Fault, FaultPlan, FaultProxy
 from tests.support.fixtures import needs_fuse
 from tests.support.inject import fault_env
-from tests.support.node import Node, drop_file_cache, mounted, pids_with
+from tests.support.node import Node, drop_file_cache, mounted, pids_with, silofs_cmd
 from tests.support.poll import wait_for
 
 pytestmark = [needs_fuse, pytest.mark.fuse]
@@ -426,3 +426,33 @@ def test_a_full_cache_disk_while_admitting(
     finally:
         node.cleanup()
         subprocess.run(["umount", "-l", node.cache_dir], check=False)
+
+
+def test_a_mount_whose_silofs_mount_was_killed_before_ready_ends_cleanly(
+    make_node, local_store, monkeypatch, bucket_name, tmp_path: Path
+) -> None:
+    """`silofs mount` killed (a timeout, Ctrl-C) while it waits for the mount process's
+    "ready": it told its caller the mount failed, so the mount ends, unmounted (not left
+    as a dead ENOTCONN mountpoint), with one warning and no traceback (the write of
+    "ok" to the closed pipe raised EPIPE in a task of the mount)."""
+    local_store.apply_env(monkeypatch)
+    local_store.create(bucket_name, {"f": b"f"})
+    node = make_node()
+    env = _planted(node, tmp_path, "silofs.mount.process:MountProcess._ready_after_init:sleep3")
+    mp = tmp_path / "mnt"
+    mp.mkdir()
+    node.mountpoints.append(str(mp))
+    caller = subprocess.Popen(
+        silofs_cmd("mount", local_store.uri(bucket_name), str(mp), "--socket", node.socket),
+        env={**node.env, **env},
+        stderr=subprocess.DEVNULL,
+    )
+    wait_for(lambda: mounted(mp), what="the mount (its ready delayed)")
+    pid = node.mount_pid(mp)
+    caller.kill()
+    caller.wait()
+    wait_for(lambda: _gone(pid), timeout=15, what="the mount process to end")
+    assert not mounted(mp) and os.listdir(mp) == []  # unmounted, not a dead mountpoint
+    log = _mount_log(node)
+    assert "the silofs mount that started this mount is gone" in log
+    assert "Traceback" not in log

@@ -4,7 +4,8 @@ Owns writing a `sitecustomize` module into a directory of the test's: put that d
 first on a process's PYTHONPATH (Node(pythonpath=...), or env={"PYTHONPATH": ...} for one
 `silofs mount`) with SILOFS_TEST_FAULTS set, and when the named module is imported in
 that process, each named method raises RuntimeError("planted fault") on its first
-`times` calls (0: on every call). How a test shows that an exception nobody foresaw (a
+`times` calls (0: on every call), or, for `times` "sleepS", a coroutine method waits S
+seconds before it runs. How a test shows that an exception nobody foresaw (a
 bug, not an I/O error) in a request or a background task ends only what it was doing.
 Never used by silofs itself; never changes a process without SILOFS_TEST_FAULTS.
 """
@@ -25,6 +26,9 @@ def _plant(module, attr, times):
     cls_name, meth = attr.split(".")
     cls = getattr(module, cls_name)
     real = getattr(cls, meth)
+    if times.startswith("sleep"):  # "sleepS": every call waits S seconds first
+        _plant_sleep(cls, meth, real, float(times[5:]))
+        return
     left = [int(times)]
 
     def fire():
@@ -43,6 +47,16 @@ def _plant(module, attr, times):
             if fire():
                 raise RuntimeError("planted fault in " + attr)
             return real(*args, **kwargs)
+
+    setattr(cls, meth, planted)
+
+
+def _plant_sleep(cls, meth, real, seconds):
+    async def planted(*args, **kwargs):
+        import trio
+
+        await trio.sleep(seconds)
+        return await real(*args, **kwargs)
 
     setattr(cls, meth, planted)
 
