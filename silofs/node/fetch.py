@@ -102,26 +102,28 @@ class Fetcher:
         # Open GETs of sequential readers, by (object key, content id, next offset).
         self._parked: OrderedDict[tuple[str, str, int], tuple[RangeStream, float]] = OrderedDict()
         self._damaged = FirstTime()  # chunk keys whose lookup failed
-        # Chunk keys whose fetch failed: (until when, on trio's clock; the error).
-        self._failed: OrderedDict[bytes, tuple[float, BackendError]] = OrderedDict()
+        # (dataset id, chunk key) whose fetch failed: (until when, on trio's clock; the
+        # error). Per dataset: two datasets may list one object with other credentials.
+        self._failed: OrderedDict[tuple[int, bytes], tuple[float, BackendError]] = OrderedDict()
 
-    def _failed_lately(self, key: bytes) -> BackendError | None:
-        """The error a fetch of `key` failed with less than FAILED_SECONDS ago, if any."""
-        got = self._failed.get(key)
+    def _failed_lately(self, dsid: int, key: bytes) -> BackendError | None:
+        """The error a fetch of `key` for `dsid` failed with less than FAILED_SECONDS ago,
+        if any."""
+        got = self._failed.get((dsid, key))
         if got is None:
             return None
         if got[0] <= trio.current_time():
-            del self._failed[key]
+            del self._failed[dsid, key]
             return None
         return got[1]
 
-    def _note_failed(self, keys: list[bytes] | set[bytes], exc: BaseException) -> None:
+    def _note_failed(self, dsid: int, keys: list[bytes] | set[bytes], exc: BaseException) -> None:
         if not isinstance(exc, BackendError):
             return  # a bug or a cancellation is not the store's answer
         until = trio.current_time() + FAILED_SECONDS
         for key in keys:
-            self._failed.pop(key, None)
-            self._failed[key] = (until, exc)
+            self._failed.pop((dsid, key), None)
+            self._failed[dsid, key] = (until, exc)
         while len(self._failed) > FAILED_KEYS:
             self._failed.popitem(last=False)
 
@@ -164,14 +166,14 @@ class Fetcher:
             data = checked_chunk(value, ref, FetchCounters())  # we encoded it: never bad
             if data is not None:
                 return data, False
-        if ref.key not in self._flights and (failed := self._failed_lately(ref.key)):
+        if ref.key not in self._flights and (failed := self._failed_lately(dsid, ref.key)):
             raise failed.with_traceback(None)  # failed a moment ago: no second round of GETs
         try:
             return await self._flights.run(
                 ref.key, lambda: self._fetch_once(dsid, backend, limiter, ref, replace, admit)
             )
         except BackendError as exc:
-            self._note_failed([ref.key], exc)
+            self._note_failed(dsid, [ref.key], exc)
             raise
 
     async def joined(self, key: bytes) -> bytes | memoryview | None:
@@ -215,7 +217,7 @@ class Fetcher:
                 return got[0], Fetched()
             if ref.key in self._flights:
                 continue  # its leader gave up and another began since: wait for that one
-            if (failed := self._failed_lately(ref.key)) is not None:
+            if (failed := self._failed_lately(dsid, ref.key)) is not None:
                 raise failed.with_traceback(None)  # failed a moment ago: no second round of GETs
             # No await from here to claim(): what is free is claimed as it was seen.
             run = self._run_around(dsid, limiter, ref, span)
@@ -242,7 +244,7 @@ class Fetcher:
         except Exception as exc:
             for key in pending:
                 self._flights.settle(key, error=exc)
-            self._note_failed(pending, exc)
+            self._note_failed(dsid, pending, exc)
             raise
         except BaseException:  # cancelled (the asking mount went away): others lead anew
             for key in pending:
@@ -277,7 +279,7 @@ class Fetcher:
                     return False
                 if r.key in self._flights or r.key in self._loose:
                     return False
-                if self._failed_lately(r.key) is not None:
+                if self._failed_lately(dsid, r.key) is not None:
                     return False  # its own request answers the error, no GET
                 if self.writer.pending(r.key) is not None:
                     return False  # fetched, waiting for admission

@@ -127,9 +127,13 @@ def test_a_failed_fetch_is_remembered_for_seconds_not_for_good(
         with pytest.raises(TransientError):
             await fetcher.fetch_span(1, backend, limiter, ref, [ref])
         assert backend.calls == 1
+        # Another dataset listing the same object (other credentials, say) is asked anew.
+        with pytest.raises(TransientError):
+            await fetcher.fetch(2, backend, limiter, ref)
+        assert backend.calls == 2
         await trio.sleep(FAILED_SECONDS + 0.1)
         backend.fail = False
         data, _ = await fetcher.fetch(1, backend, limiter, ref)
-        assert bytes(data) == b"x" * 1000 and backend.calls == 2
+        assert bytes(data) == b"x" * 1000 and backend.calls == 3
 
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
