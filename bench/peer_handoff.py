@@ -1,16 +1,20 @@
 """A peer-served chunk handed from the asking daemon to its mount: its bytes through the
-Unix socket against a sealed memory file passed by descriptor (silofs/sealed.py).
+Unix socket against a sealed memory file passed by descriptor (silofs/sealed.py), per
+chunk or one per connection (sealed.Region, the hand-off region silofs uses).
 
 Owns one measurement, the hand-off alone, in two processes over a socketpair: a child
 (as the daemon) that, for each one-byte ask, fills a fresh buffer of the chunk's size
 (where the decrypted TLS records would land) and answers with a 64-byte head and either
 the bytes (one sendmsg) or the sealed file's descriptor (SCM_RIGHTS: memfd_create,
-ftruncate, a populated mapping, the seals); and this process (as the mount) receiving
-the bytes into a fresh buffer, or mapping the received file read-only after checking its
-seals and range (sealed.map_received) and dropping the mapping once used. It prints,
-per size and kind, both sides' CPU per chunk (getrusage: microseconds) and the wall
-time, medians of --runs, kinds alternating, and the ratio of the sums. Never runs in CI
-and never changes silofs.
+ftruncate, a populated mapping, the seals), or fills the connection's one region (made,
+sealed and passed with the first answer) and answers with the head alone; and this
+process (as the mount) receiving the bytes into a fresh buffer, or mapping the received
+file read-only after checking its seals and range (sealed.map_received) and dropping the
+mapping once used, or mapping the region once and copying each chunk out of it
+(`region`) or only looking at it (`region-view`). It prints, per size and kind, both
+sides' CPU per chunk (getrusage: microseconds) and the wall time, medians of --runs,
+kinds alternating, and the ratios of the sums to the bytes'. Never runs in CI and never
+changes silofs.
 
     python bench/peer_handoff.py                 # 128K, 512K and 1M, 2000 chunks, 5 runs
     python bench/peer_handoff.py --sizes 128K --chunks 5000
@@ -22,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import array
+import mmap
 import os
 import resource
 import socket
@@ -44,12 +49,28 @@ def _cpu_s(who: int) -> float:
 def _daemon(sock: socket.socket, size: int, chunks: int, kind: str, payload: bytes) -> None:
     """The child: answer each ask with the chunk's bytes or its sealed file."""
     head = b"h" * HEAD
+    region = sealed.Region()
     for _ in range(chunks):
         sock.recv(1)
+        if kind in ("region", "region-view"):
+            kind = "region"
         if kind == "bytes":
             value = heap.uninitialized(size)
             value[:] = payload
             sock.sendmsg([head, value])
+            continue
+        if kind == "region":
+            # One region for the connection, sealed and passed once, filled per chunk.
+            view = region.view(size)
+            assert view is not None and region.value is not None
+            view[:] = payload
+            view.release()
+            if not region.sent:
+                region.sent = True
+                fds = array.array("i", [region.value.fd])
+                sock.sendmsg([head], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)])
+            else:
+                sock.send(head)
             continue
         built = sealed.buffer(HEAD + size)
         assert isinstance(built, sealed.SealedValue)
@@ -62,8 +83,23 @@ def _daemon(sock: socket.socket, size: int, chunks: int, kind: str, payload: byt
 
 def _mount(sock: socket.socket, size: int, chunks: int, kind: str) -> None:
     """This process: ask, and take each answer as the mount's client would."""
+    mapped: mmap.mmap | None = None
     for _ in range(chunks):
         sock.send(b"x")
+        if kind in ("region", "region-view"):
+            if mapped is None:
+                _, ancillary, _, _ = sock.recvmsg(HEAD, socket.CMSG_SPACE(4))
+                fds = array.array("i")
+                fds.frombytes(ancillary[0][2][:4])
+                mapped = sealed.map_region(fds[0])
+            else:
+                got = 0
+                while got < HEAD:
+                    got += len(sock.recv(HEAD - got))
+            with memoryview(mapped) as view:
+                if kind == "region":  # copied out, as the mount's client does
+                    bytes(view[:size])
+            continue
         if kind == "bytes":
             body = heap.uninitialized(HEAD + size)
             view, got = memoryview(body), 0
@@ -109,7 +145,12 @@ def main() -> None:
     print(f"load before: {load_average()}")
     for size in (parse_size(s) for s in args.sizes.split(",")):
         one_run(size, 200, "bytes")  # warm the allocator and the socket's buffers
-        runs: dict[str, list[tuple[float, float, float]]] = {"bytes": [], "memfd": []}
+        runs: dict[str, list[tuple[float, float, float]]] = {
+            "bytes": [],
+            "memfd": [],
+            "region": [],
+            "region-view": [],
+        }
         for _ in range(args.runs):
             for kind in runs:
                 runs[kind].append(one_run(size, args.chunks, kind))
@@ -118,12 +159,14 @@ def main() -> None:
             mount, daemon, wall = (statistics.median(col) for col in zip(*rows, strict=True))
             sums[kind] = mount + daemon
             print(
-                f"{size >> 10:>5} KiB {kind:5}: mount {mount:6.1f} us, daemon {daemon:6.1f} us,"
+                f"{size >> 10:>5} KiB {kind:11}: mount {mount:6.1f} us, daemon {daemon:6.1f} us,"
                 f" sum {mount + daemon:6.1f} us, wall {wall:6.1f} us per chunk"
             )
-        print(
-            f"{size >> 10:>5} KiB memfd over bytes (CPU sums): {sums['memfd'] / sums['bytes']:.2f}x"
-        )
+        for kind in ("memfd", "region", "region-view"):
+            print(
+                f"{size >> 10:>5} KiB {kind} over bytes (CPU sums): "
+                f"{sums[kind] / sums['bytes']:.2f}x"
+            )
     print(f"load after: {load_average()}")
 
 

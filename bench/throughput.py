@@ -212,6 +212,22 @@ def _children(pid: int) -> list[int]:
         return []
 
 
+def _serving(pid: int) -> int:
+    """The process that serves `pid`'s requests: its first serving child with
+    --serve-processes, else `pid` itself. A mount process's other child, the watcher of
+    blocked device reads (silofs/mount/unstick.py), serves nothing: its switches and
+    RSS are not the mount's."""
+    for c in _children(pid):
+        try:
+            with open(f"/proc/{c}/cmdline", "rb") as f:
+                if b"silofs.mount.unstick" in f.read():
+                    continue
+        except OSError:
+            continue
+        return c
+    return pid
+
+
 def tree_times(pid: int) -> ProcTimes:
     """CPU of a process and its children (a mount's serving processes with
     --serve-processes: its supervisor serves nothing)."""
@@ -228,7 +244,7 @@ def tree_times(pid: int) -> ProcTimes:
 def thread_switches(pid: int) -> tuple[int, int]:
     """(voluntary, involuntary) context switches of `pid`'s main thread, the one that
     serves FUSE requests (a serving process's, with --serve-processes: the first)."""
-    pid = (_children(pid) or [pid])[0]
+    pid = _serving(pid)
     counts: dict[str, int] = {}
     try:
         with open(f"/proc/{pid}/task/{pid}/status") as f:
@@ -250,10 +266,7 @@ def timed_read(paths: list[str], readers: int, watch: dict[str, int] | None) -> 
     t0 = {who: tree_times(pid) for who, pid in watch.items()}
     s0 = {who: thread_switches(pid) for who, pid in watch.items()}
     with contextlib.ExitStack() as stack:
-        rss = {
-            who: stack.enter_context(RssPeak((_children(pid) or [pid])[0]))
-            for who, pid in watch.items()
-        }
+        rss = {who: stack.enter_context(RssPeak(_serving(pid))) for who, pid in watch.items()}
         secs, n = read_files(paths, readers)
     cost = {who: tree_times(pid).minus(t0[who]) for who, pid in watch.items()}
     switches: dict[str, tuple[int, int]] = {}

@@ -2,14 +2,15 @@
 
 Owns making a small sample dataset, mounting it with a private daemon (its own socket
 and cache under the demo dir, so it touches nothing else on the machine), reading it
-twice as a training epoch would, and printing what the cache did. Never needs a cloud
-account and leaves no mount or daemon behind.
+twice as a training epoch would, and printing what the cache did; each run starts with
+an empty cache. Never needs a cloud account and leaves no mount or daemon behind.
 """
 
 from __future__ import annotations
 
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -76,6 +77,11 @@ def run_demo(root: Path, epochs: int, files: int = SMALL_FILES, big: int = BIG_S
     click.echo(f"sample dataset: {data} ({files} x 110KiB files and one {big >> 20}MiB shard)")
     make_dataset(data, files, big)
     mnt.mkdir(parents=True, exist_ok=True)
+    # Every run starts cold, as the first did: a cache kept from an earlier run would
+    # serve epoch 1 too, and the demo would show nothing. Its daemon (left by a run that
+    # was killed) goes first: it holds the cache open.
+    _stop_daemon(socket)
+    shutil.rmtree(root / "cache", ignore_errors=True)
     res = _silofs(
         "mount",
         str(data),

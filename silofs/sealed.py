@@ -13,7 +13,9 @@ cannot change a byte the daemon checksums, admits or serves to any other reader.
 Owns the buffer a streamed value is built in (a memory file for a big one, at most
 MAX_LIVE at once, each holding two descriptors while it lives; else the heap), sealing
 it, telling whether a reply's data is all of one, and a mount's
-read-only mapping of a received descriptor. Never decides who may receive a descriptor
+read-only mapping of a received descriptor; and a connection's hand-off region (Region):
+one sealed memory file per mount connection that peer-served chunks are received into
+and named from, passed and mapped once. Never decides who may receive a descriptor
 (the chunk route does: the same peer checks as for the bytes, and only a peer the
 daemon trusts, since the pages stay charged to the daemon while the receiver holds
 them), and never writes a value once it is sealed.
@@ -50,10 +52,19 @@ MIN_BYTES = 512 << 10
 # The reply header naming the descriptor that came with the head: "OFFSET LENGTH" of the
 # chunk's data in the file.
 FD_HEADER = "x-silofs-fd"
+# The reply header naming a chunk's data in its connection's hand-off region (Region):
+# "OFFSET LENGTH"; the region's descriptor rides with the first such reply's head only.
+REGION_HEADER = "x-silofs-region"
+
+# Hand-off regions' bytes at once, at most (Region: one per trusted mount connection
+# that was handed a peer-served chunk, alive as long as it): beyond this a connection's
+# chunks come as bytes. 128 MiB is 32 connections' regions at the default 4 MiB chunk.
+MAX_REGION_BYTES = 128 << 20
 
 _lock = threading.Lock()
 _live = 0
 _live_bytes = 0
+_region_bytes = 0
 
 
 class SealedValue(mmap.mmap):
@@ -210,6 +221,125 @@ def passable(data: object) -> tuple[SealedValue, int] | None:
     if data.nbytes != obj.data_len:
         return None
     return obj, len(obj) - obj.data_len
+
+
+class Region:
+    """One connection's hand-off region (a peer-served chunk's answer to its mount): a
+    memory file the daemon keeps writable and maps once, sealed against every change by
+    others (F_SEAL_FUTURE_WRITE) before its descriptor leaves, passed once with the
+    first answer that names it, mapped once by the mount. Each peer-served chunk is
+    received into it (decrypted straight from TLS) and checked there, and the answer
+    names only where its data lies: no copy into the daemon's socket, none out of the
+    mount's, no memory file per chunk (bench/peer_handoff.py).
+
+    The invariant that makes reuse safe is the connection's: one request at a time. The
+    daemon writes the region only while it answers a request of this connection, and
+    the mount copies what an answer names out of it before that answer's request ends
+    (control/client.py), i.e. before it may send the connection's next request. Nothing
+    else of the daemon may keep a view of it past the answer (node/peer_ask.py copies
+    for the loop's waiters). Its file is dropped with the connection (close()); a
+    mount that keeps its mapping keeps only those pages, so only a peer the daemon
+    trusts gets a region (as for FD_HEADER)."""
+
+    def __init__(self) -> None:
+        self.value: SealedValue | None = None
+        self.sent = False  # its descriptor went out with an answer on this connection
+        self.filled = 0  # the bytes of the last view() handed out
+
+    @staticmethod
+    def usable() -> bool:
+        """Whether the kernel keeps the daemon's writable mapping of a sealed file
+        while refusing everyone else's (_keeps_map): else no region, bytes instead."""
+        return hasattr(os, "memfd_create") and _keeps_map()
+
+    def view(self, size: int, least: int = 0) -> memoryview | None:
+        """A writable view of the region's first `size` bytes, the region made (or made
+        anew, larger: of at least `least` bytes, so a connection's values of one chunk
+        size need one region, whatever the first one's length) first; None if no
+        memory file can be had (the caller uses a buffer of its own)."""
+        value = self.value
+        if value is None or len(value) < size:
+            size_made = max(size, least)
+            self.close()
+            if _live >= MAX_LIVE or not _take_region_bytes(size_made):
+                return None
+            try:
+                fd = os.memfd_create("silofs-region", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+            except OSError as exc:  # EMFILE
+                log.debug("no hand-off region (%s): bytes instead", exc)
+                _give_region_bytes(size_made)
+                return None
+            try:
+                os.ftruncate(fd, size_made)
+            except BaseException:
+                os.close(fd)
+                _give_region_bytes(size_made)
+                raise
+            try:
+                value = _map(fd, size_made, mmap.PROT_READ | mmap.PROT_WRITE)  # owns fd
+            except BaseException:  # fd closed by _map
+                _give_region_bytes(size_made)
+                raise
+            weakref.finalize(value, _give_region_bytes, size_made)
+            # Sealed before its descriptor can leave: this mapping stays writable,
+            # no other (the mount's included) can be made so.
+            fcntl.fcntl(fd, fcntl.F_ADD_SEALS, FUTURE_SEALS)
+            self.value, self.sent = value, False
+        self.filled = size
+        return memoryview(value)[:size]
+
+    def where(self, data: memoryview) -> str | None:
+        """REGION_HEADER's value for `data`, the tail of the last view() (a chunk
+        value's data part); None if `data` is not that."""
+        value = self.value
+        if value is None or data.obj is not value or data.nbytes > self.filled:
+            return None
+        return f"{self.filled - data.nbytes} {data.nbytes}"
+
+    def close(self) -> None:
+        """Drop the region (its file goes once no view of it is left)."""
+        value, self.value, self.sent, self.filled = self.value, None, False, 0
+        if value is not None:
+            try:
+                value.close()
+            except BufferError:  # a view is alive still: the finalizer closes it
+                pass
+
+
+def _take_region_bytes(size: int) -> bool:
+    global _region_bytes
+    with _lock:
+        if _region_bytes + size > MAX_REGION_BYTES:
+            return False
+        _region_bytes += size
+        return True
+
+
+def _give_region_bytes(size: int) -> None:
+    global _region_bytes
+    with _lock:
+        _region_bytes -= size
+
+
+def region_bytes() -> int:
+    """The bytes of the hand-off regions alive now (at most MAX_REGION_BYTES)."""
+    with _lock:
+        return _region_bytes
+
+
+def map_region(fd: int) -> mmap.mmap:
+    """A received hand-off region (Region), mapped read-only; the descriptor is closed.
+    ValueError if the file is not sealed against change by others."""
+    try:
+        seals = fcntl.fcntl(fd, fcntl.F_GET_SEALS)
+        if seals & SEALS != SEALS and seals & FUTURE_SEALS != FUTURE_SEALS:
+            raise ValueError("the daemon's hand-off region is not sealed against change")
+        size = os.fstat(fd).st_size
+        if size == 0:
+            raise ValueError("an empty hand-off region")
+        return mmap.mmap(fd, size, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE, prot=mmap.PROT_READ)
+    finally:
+        os.close(fd)
 
 
 def map_received(fd: int, where: str) -> memoryview:

@@ -235,6 +235,8 @@ def allocate_cache(dataset: str, size: str, create: bool, socket: str | None) ->
     ans = _call(socket, "PUT", f"/v1/datasets/{name}/cache", {"bytes": nbytes})
     shown = "the shared pool" if ans["bytes"] is None else format_size(ans["bytes"])
     click.echo(f"{ans['dataset']}: cache allocation {shown}")
+    for member, why in sorted((ans.get("members_not_reached") or {}).items()):
+        click.echo(f"  not yet on member {member} ({why}): it takes the share once reachable")
 
 
 def _require_known_dataset(socket: str | None, quoted: str, typed: str) -> None:

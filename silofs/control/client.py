@@ -30,7 +30,7 @@ from urllib.parse import quote
 
 from silofs.control.peer import UntrustedDaemonError, check_daemon_peer
 from silofs.control.tls import TLS_PREFIX, parse_tls_url, socket_path_too_long
-from silofs.sealed import FD_HEADER, map_received
+from silofs.sealed import FD_HEADER, REGION_HEADER, map_received, map_region
 
 if TYPE_CHECKING:
     import trio
@@ -382,6 +382,11 @@ class _AsyncConnection:
         self.used_at = -math.inf
         # Descriptors that came with a head (SCM_RIGHTS) and no answer has taken yet.
         self.fds: list[int] = []
+        # The daemon's hand-off region for this connection (silofs/sealed.py Region),
+        # mapped read-only once its descriptor came: answers naming REGION_HEADER are
+        # copied out of it before their request ends, so before this connection's next
+        # request lets the daemon write the region again.
+        self.region: Any = None
 
     def close(self) -> None:
         # Synchronous on purpose: safe to call while being cancelled.
@@ -393,6 +398,12 @@ class _AsyncConnection:
             pass
         self.sock.close()
         self._close_fds()
+        self._drop_region()
+
+    def _drop_region(self) -> None:
+        region, self.region = self.region, None
+        if region is not None:
+            region.close()
 
     def _close_fds(self) -> None:
         while self.fds:
@@ -480,6 +491,9 @@ class _AsyncConnection:
         if "transfer-encoding" in headers:
             raise _Dropped("a chunked answer from the daemon (it never sends one)")
         length = headers.get("content-length")
+        at = headers.get(REGION_HEADER)
+        if at is not None:
+            return status, headers, self._from_region(at, length), reusable and not self.buf
         where = headers.get(FD_HEADER)
         if where is not None or self.fds:
             return status, headers, self._mapped(where, length), reusable and not self.buf
@@ -503,6 +517,29 @@ class _AsyncConnection:
             return map_received(self.fds.pop(), where)  # type: ignore[return-value]
         except (OSError, ValueError) as exc:
             raise _Dropped(f"the daemon's chunk file: {exc}") from None
+
+    def _from_region(self, at: str, length: str | None) -> bytes:
+        """A copy of the chunk data this answer names in the connection's hand-off
+        region (its descriptor came with this head, the first time); _Dropped if the
+        answer, the descriptors and the region do not go together."""
+        if len(self.fds) > 1 or length != "0":
+            raise _Dropped(f"{len(self.fds)} descriptor(s) with an answer naming a region "
+                           f"(content-length {length})")  # fmt: skip
+        if self.fds:
+            self._drop_region()
+            try:
+                self.region = map_region(self.fds.pop())
+            except (OSError, ValueError) as exc:
+                raise _Dropped(f"the daemon's hand-off region: {exc}") from None
+        offset_text, _, length_text = at.partition(" ")
+        region = self.region
+        if region is None or not (offset_text.isdigit() and length_text.isdigit()):
+            raise _Dropped(f"an answer naming {REGION_HEADER} {at[:40]!r} without a region")
+        offset, n = int(offset_text), int(length_text)
+        if n == 0 or offset + n > len(region):
+            raise _Dropped(f"{REGION_HEADER} {at!r} is outside a region of {len(region)} bytes")
+        with memoryview(region) as view:  # released at once: the region may be closed
+            return bytes(view[offset : offset + n])
 
     async def _head(self) -> tuple[bytes, int, dict[str, str]]:
         """The next head: (HTTP version, status, lower-cased headers)."""

@@ -55,6 +55,10 @@ class Request:
     # on something else (a member), between its waits, so a client that left frees the
     # thread and the work it started. Never on the loop (its handlers are cancelled).
     gone: Callable[[], bool] = field(default=lambda: False, compare=False, repr=False)
+    # The connection's hand-off region (silofs/sealed.py Region) where one is to be had:
+    # a Unix connection served by a thread of its own, one request at a time. An inline
+    # answer may name its data there (REGION_HEADER) instead of sending its bytes.
+    region: Any = field(default=None, compare=False, repr=False)
 
     def json(self) -> Any:
         """The body as a JSON object; HTTPError(400) if it is not one, nests deeper than

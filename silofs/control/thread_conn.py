@@ -43,6 +43,7 @@ from typing import Any
 
 import trio
 
+from silofs import sealed
 from silofs.control.peer import Peer
 from silofs.control.router import (
     HTTPError,
@@ -312,6 +313,10 @@ class ThreadConnection:
         self.poller = select.poll()
         self.poller.register(self.wake, select.POLLIN)
         self.started = False  # run() began (in its thread): it closes the socket
+        # The hand-off region of a Unix connection (silofs/sealed.py Region): made at its
+        # first use, dropped with the connection (run()'s end).
+        usable = isinstance(channel, PlainChannel) and sealed.Region.usable()
+        self.region: sealed.Region | None = sealed.Region() if usable else None
         # Since when the connection waits for a request with nothing of it received
         # (None: a request is being served). The listener may then evict it (evict()).
         self.state_lock = threading.Lock()
@@ -333,6 +338,8 @@ class ThreadConnection:
         finally:
             self.ch.sock.close()
             self.close_wake()
+            if self.region is not None:
+                self.region.close()
 
     def close_wake(self) -> None:
         with self.wake_lock:
@@ -449,6 +456,7 @@ class ThreadConnection:
         close = "close" in headers.get("connection", "").lower()
         passes_fds = isinstance(self.ch, PlainChannel)
         req = Request(method, path, query, headers, body, self.peer, passes_fds)
+        req.region = self.region
         req.gone = self._client_closed
         return req, match, close
 

@@ -305,12 +305,9 @@ class ChunkReader:
         self._direct_lead = max(1, DIRECT_AHEAD_BYTES // chunk_size)
         if self.pages.enabled and chunk_size >= DIRECT_MIN_CHUNK:
             self._open_direct(os.path.join(store.path, "data.mdb"))
-        # The scratch buffers of hits answered without an await (_copy_out), and the
-        # header length of the chunk read last (_header_guess).
+        # The scratch buffers of hits answered without an await (_copy_out).
         self._head = bytearray(4096)
         self._buf = bytearray(0)
-        self._guess_ref: ChunkRef | None = None
-        self._guess = 0
         self._short = b""  # the chunk hit() found not all in the page cache, last
         self._flights: SingleFlight[bytes, tuple[bytes, bool]] = SingleFlight()
         # Chunk keys whose last ask the daemon left unanswered for the client's timeout,
@@ -463,10 +460,8 @@ class ChunkReader:
         """The header length of `ref`'s value (of `size` bytes) as this dataset admits
         it: a read copies it along with the data, in one preadv where the data begins at
         the chunk's start (_copy_out copies it again if the header says otherwise)."""
-        if ref is not self._guess_ref:
-            self._guess_ref = ref
-            self._guess = header_bytes(ref.obj.key.encode(), ref.content_bytes, ref.length)
-        return min(self._guess, size)
+        guess = ref.header or header_bytes(ref.obj.key.encode(), ref.content_bytes, ref.length)
+        return guess if guess < size else size
 
     def _copy_out(
         self,
@@ -580,13 +575,13 @@ class ChunkReader:
         looks it up again and counts what it finds, so nothing is counted here."""
         ref = f.ref
         if ref is None or ref.index != index or ref.chunk_size != self.chunk_size:
-            ref = f.chunk_ref(self.chunk_size, index)
+            ref = f.ref = ChunkRef.of(f.obj, self.chunk_size, index)  # f.chunk_ref()'s
         pages = self.pages
         ahead = self.ahead
         try:
-            if ahead is not None and (value := ahead.get(ref.key)) is not None:
+            if ahead is not None and ahead.values and (value := ahead.get(ref.key)) is not None:
                 view = self._ahead_view(ref, value, lo, hi)
-            elif ahead is not None and ahead.reading(ref.key):
+            elif ahead is not None and ahead.flights and ahead.reading(ref.key):
                 return None  # chunk() waits for that read
             elif not pages.enabled:
                 value = self._get(ref.key)
@@ -610,7 +605,9 @@ class ChunkReader:
                 base = pages.offset(addr)
                 if base is None or not (pages.nowait or pages.value_resident(addr, size)):
                     return None
-                hdr = self._header_guess(ref, size)
+                hdr = ref.header  # ChunkRef.of's (the hit path makes its refs so)
+                if hdr > size or not hdr:
+                    hdr = self._header_guess(ref, size)
                 if hi - lo > PROBE_BYTES and pages.nowait:
                     view = self._map_copy(ref, addr, base, size, hdr, lo, hi)
                 else:
@@ -803,6 +800,8 @@ class ChunkReader:
                 f"&index={ref.index}&version={quote_segment(ref.obj.version)}"
                 # A streamed chunk may come as the daemon's sealed file (silofs/sealed.py).
                 + "&fd=1"
+                # A peer-served chunk may come named in the connection's hand-off region.
+                + "&region=1"
                 + ("&refetch=1" if refetch else "")
                 + (f"&span={span[0]}-{span[1]}" if span is not None else "")
             )

@@ -278,6 +278,8 @@ class Cluster:
             with self.thread_asks.lock:
                 failed = self.thread_asks.lead_fallback(ref.key)
                 flight = self.thread_asks.flights.get(ref.key)
+                if flight is not None:
+                    flight.joined += 1  # its value is then bytes of their own (peer_ask.py)
                 asked = flight is None and ref.key in self.asks
                 lead = flight is None and not asked and not member.is_self
                 if lead:
@@ -715,10 +717,11 @@ class Cluster:
         if accepted:
             self.d.allocs.notify()
 
-    async def set_share(self, uri: str, size: int | None) -> int:
+    async def set_share(self, uri: str, size: int | None) -> dict[str, str]:
         """allocate-cache on a clustered node: the dataset's share of the cluster's
-        caches, set here and pushed to every member. UsageError if this node's part, with
-        its other allocations, would exceed its cache."""
+        caches, set here and pushed to every member; the members it did not reach, with
+        why. UsageError if this node's part, with its other allocations, would exceed
+        its cache."""
         assert self.membership is not None
         part = self.part_of(size)
         if part is not None:
@@ -733,24 +736,31 @@ class Cluster:
                     f"this node's part of {uri} ({part} bytes) and its other allocations "
                     f"({others} bytes) would exceed its cache ({self.d.cache_size} bytes)"
                 )
-        version = await self.shares.set(uri, size)
+        await self.shares.set(uri, size)
         self.d.allocs.notify()
-        self._spawn_push()
-        return version
+        return await self._push_all()
 
-    def _spawn_push(self) -> None:
-        if self._nursery is None or self.membership is None:
-            return
+    async def _push_all(self) -> dict[str, str]:
+        """Push the share table to every other member at once and wait for the answers
+        (each bounded as any exchange: a down member is refused at once), so a warm run
+        right after allocate-cache finds every reachable home holding its part. The
+        members not reached, with why: they pull the table when a ping finds it differs."""
+        if self.membership is None:
+            return {}
         body = json.dumps(self.shares.view()).encode()
-        for m in self.membership.peers():
-            self._nursery.start_soon(self._push_shares, m, body)
+        missed: dict[str, str] = {}
+        async with trio.open_nursery() as nursery:
+            for m in self.membership.peers():
+                nursery.start_soon(self._push_shares, m, body, missed)
+        return missed
 
-    async def _push_shares(self, member: MemberState, body: bytes) -> None:
+    async def _push_shares(self, member: MemberState, body: bytes, missed: dict[str, str]) -> None:
         try:
             reply, _ = await self._exchange(member, "PUT", ALLOCATIONS_PATH, body)
             if reply.status != 200:
                 raise PeerError("http", f"{reply.status} {_error(reply)}")
         except PeerError as exc:
+            missed[member.address] = str(exc)
             log.info("cache shares not pushed to %s (it pulls them when back): %s",
                      member.address, exc)  # fmt: skip
 

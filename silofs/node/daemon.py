@@ -148,15 +148,17 @@ class Daemon:
             overrides=self.cluster.parts(),
         )
 
-    async def set_cache_allocation(self, uri: str, size: int | None) -> None:
+    async def set_cache_allocation(self, uri: str, size: int | None) -> dict[str, str] | None:
         """A dataset's cache allocation; in a cluster, its share of the cluster's caches
-        (each member holds its part: node/cluster_shares.py), pushed to every member."""
+        (each member holds its part: node/cluster_shares.py), pushed to every member:
+        then the members the push did not reach, with why (None off a cluster)."""
         if self.cluster.active:
-            await self.cluster.set_share(uri, size)
+            missed = await self.cluster.set_share(uri, size)
             if uri in self.allocs.cache:  # set before the node joined: the share replaces it
                 await self.allocs.set_cache(uri, None)
-            return
+            return missed
         await self.allocs.set_cache(uri, size)
+        return None
 
     async def set_io_allocation(self, job: str, rate: int | None) -> None:
         """Allocate remote IO to a job (None: unlimited). Applies to queued fetches too."""

@@ -40,6 +40,7 @@ from silofs.node.membership import COUNTS, MemberState
 from silofs.node.peer_client import PEER_POOL, Abandoned, Bounds, PeerError
 from silofs.node.peer_wire import SOURCE_HEADER, ChunkAsk, most_value_bytes
 from silofs.records import ObjectInfo
+from silofs.sealed import Region
 
 if TYPE_CHECKING:
     from silofs.node.state import DatasetState, MountState
@@ -47,6 +48,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 _MAX_OBJECTS = 16384  # ThreadAsks.objects' entries (emptied when full)
+# More header than a short chunk's value has, in a full chunk's: its blocks' sums (8
+# bytes per 64 KiB block, cache/format.py: 8 KiB for a 64 MiB chunk), with room to spare.
+_SUMS_ROOM = 16 << 10
 
 
 @dataclass
@@ -117,6 +121,9 @@ class ThreadFlight:
     address: str = ""  # the member whose answer failed
     led: bool = False  # a loop task reads it from the store
     waiters: int = 0  # the loop's tasks waiting for it
+    # The loop's tasks that found it (Cluster.read, under the lock), waiting or about to:
+    # its value must then be bytes of their own, not a view of a connection's region.
+    joined: int = 0
 
 
 class ThreadAsks:
@@ -176,12 +183,16 @@ class ThreadAsks:
         index: int,
         version: str | None,
         gone: Callable[[], bool] | None = None,
+        region: Region | None = None,
     ) -> PeerRead | None:
         """From a mount connection's thread: the chunk, asked of its home and checked;
         None if the loop is to serve this miss (its handler then reads it as it would
         have: joining a flight, asking itself, or reading the store). `gone`: whether
         the mount has closed its connection; then the exchange is abandoned (the home
-        sees its connection close and stops) and None returned."""
+        sees its connection close and stops) and None returned. `region`: the mount
+        connection's hand-off region (silofs/sealed.py), which the answer is received
+        into and checked in where it can be: the PeerRead's data is then a view of it,
+        valid until this connection's next request."""
         c = self.cluster
         d = c.d
         config, membership = c.config, c.membership
@@ -212,7 +223,7 @@ class ThreadAsks:
             self._hand_over(flight, member, ds, ref, None)
             return None
         try:  # _exchange gives the slot back
-            return self._exchange(flight, member, pool, slots, ds, m, ref, config, gone)
+            return self._exchange(flight, member, pool, slots, ds, m, ref, config, gone, region)
         except Abandoned:  # the mount left: no failure of the member's
             log.debug("ask of %s for a mount that left: abandoned", member.address)
             self._hand_over(flight, member, ds, ref, None)
@@ -278,6 +289,7 @@ class ThreadAsks:
         ref: ChunkRef,
         config: Any,
         gone: Callable[[], bool] | None = None,
+        region: Region | None = None,
     ) -> PeerRead | None:
         c = self.cluster
         dsc = c.dataset_counters(ds.uri.canonical)
@@ -286,8 +298,12 @@ class ThreadAsks:
             ask = ChunkAsk.of(ds.uri.canonical, ref, m.job, charged=True, warm=False)
             bounds = Bounds(config.peer_timeout_seconds, float(config.peer_floor_rate))
             check = functools.partial(c._verified, member, ref=ref)
+            into = None
+            if region is not None:  # one region for the mount's chunks, its short ones too
+                least = most_value_bytes(ref) - ref.length + m.chunk_size + _SUMS_ROOM
+                into = functools.partial(region.view, least=least)
             reply, data = pool.request_checked(
-                "GET", ask.target(), bounds, b"", check, gone, most_value_bytes(ref)
+                "GET", ask.target(), bounds, b"", check, gone, most_value_bytes(ref), into
             )
         finally:
             slots.release(on_loop=False)
@@ -307,8 +323,12 @@ class ThreadAsks:
         if source == "remote":  # the home's GET was for this job: counted on the loop
             self.token.run_sync_soon(_logged, c.count_remote, ds, m, ref.length)
         with self.lock:  # its waiters count no GET: count_remote did, for this mount
-            self.flights.pop(flight.key, None)
-            flight.value, flight.finished = PeerRead(data, source), True
+            self.flights.pop(flight.key, None)  # found by nobody else from here on
+            if type(reply.body) is not memoryview:
+                flight.value = PeerRead(data, source)
+            elif flight.joined:  # the region is this connection's next answer's
+                flight.value = PeerRead(bytes(data), source)
+            flight.finished = True
             waiters = flight.waiters
         if waiters:
             self.token.run_sync_soon(flight.done.set)

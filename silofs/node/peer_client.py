@@ -80,7 +80,7 @@ class Abandoned(Exception):
 class PeerReply:
     status: int
     headers: dict[str, str]
-    body: bytearray
+    body: bytearray | memoryview  # a view: received where the caller's `into` said
 
 
 @dataclass(frozen=True)
@@ -315,16 +315,20 @@ class PeerPool:
         headers: dict[str, str] | None = None,
         gone: Callable[[], bool] | None = None,
         most: int | None = None,
+        into: Callable[[int], memoryview | None] | None = None,
     ) -> PeerReply:
         """One exchange; PeerError if it fails, Abandoned if `gone()` turned true while
         the member sent 102s. A connection from the pool that turns out dead before any
         byte of the answer is replaced once by a new one (the request is idempotent:
-        GET or PUT)."""
+        GET or PUT). `into(n)`: where a 200 answer's n-byte body is received (a view of
+        the caller's), else (None) a buffer of its own."""
         head = self._head(method, target, bounds, body, headers or {})
         for attempt in (1, 2):
             conn, reused = self._checkout(bounds)
             try:
-                reply, keep = _exchange(conn, head, body, bounds, reused, self.address, gone, most)
+                reply, keep = _exchange(
+                    conn, head, body, bounds, reused, self.address, gone, most, into
+                )
             except _StaleConnection:
                 conn.close()
                 if attempt == 1:
@@ -346,12 +350,13 @@ class PeerPool:
         check: Callable[[PeerReply], memoryview] | None,
         gone: Callable[[], bool] | None = None,
         most: int | None = None,
+        into: Callable[[int], memoryview | None] | None = None,
     ) -> tuple[PeerReply, memoryview | None]:
         """One exchange and `check` of its 200 answer, in the same thread (a chunk's
         blocks are checked where it was received); PeerError if either fails. `most`:
         the longest 200 answer that can be right (a chunk's value), else "foreign" before
-        its body is waited for."""
-        reply = self.request(method, target, bounds, body, gone=gone, most=most)
+        its body is waited for; `into`: as for request()."""
+        reply = self.request(method, target, bounds, body, gone=gone, most=most, into=into)
         return reply, check(reply) if check is not None and reply.status == 200 else None
 
     def _head(
@@ -445,6 +450,7 @@ def _exchange(
     address: str,
     gone: Callable[[], bool] | None = None,
     most: int | None = None,
+    into: Callable[[int], memoryview | None] | None = None,
 ) -> tuple[PeerReply, bool]:
     """Send one request and read its answer: (reply, whether the connection may be
     reused). Between 102s, Abandoned once `gone()` says the asker's client left. A 200
@@ -479,7 +485,8 @@ def _exchange(
     if most is not None and status == 200 and n > most:
         raise PeerError("foreign", f"{address}: an answer of {n} bytes for a value of at "
                         f"most {most}")  # fmt: skip
-    data = bytearray(n)
+    target = into(n) if into is not None and status == 200 else None
+    data = target if target is not None else bytearray(n)
     have = min(n, got - end)
     data[:have] = view[end : end + have]
     sock.deadline = time.monotonic() + bounds.timeout + n / bounds.floor_rate

@@ -31,6 +31,7 @@ from silofs.cache.format import (
     copy_verified,
     decode_header,
     encode_chunk,
+    layout,
     verify_chunk,
 )
 from silofs.records import ObjectInfo
@@ -385,3 +386,22 @@ def test_a_value_built_in_place_is_the_encoded_value(length: int) -> None:
     value = built.seal(7, 3, 4 << 20)
     assert value == encode_chunk(7, 3, 4 << 20, "dir/ünï.bin", "etag-1:9", data)
     assert verify_chunk(value, "etag-1:9", 4 << 20, 3, length) == data
+
+
+@pytest.mark.parametrize(
+    ("key", "size", "index"),
+    [
+        ("a/b.bin", 110 << 10, 0),
+        ("dïr/ñame-€.bin", (4 << 20) + 5, 1),
+        ("x", 0, 0),
+        ("k", 9 << 20, 2),
+    ],
+)
+def test_a_refs_header_length_is_its_encoded_values(key: str, size: int, index: int) -> None:
+    """ChunkRef.of's header (what a hit copies with the data in one read) is the header
+    length of the value written for that chunk, non-ASCII keys and a last short block
+    included."""
+    obj = ObjectInfo(key, size, 1.0, "v1", "etag-ü")
+    ref = ChunkRef.of(obj, 4 << 20, index)
+    value = encode_chunk(7, index, 4 << 20, key, obj.content_id, bytes(ref.length))
+    assert ref.header == layout(value)[0] == len(value) - ref.length

@@ -14,6 +14,7 @@ member marked down, and the chunk served right from the store (a local directory
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import socket
 import ssl
@@ -21,14 +22,17 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
 import pytest
 import trio
 
+from silofs import sealed
 from silofs.cache.format import ChunkRef, encode_chunk
 from silofs.config import ClusterSettings, MemberSpec
 from silofs.node.daemon import Daemon
+from silofs.node.peer_ask import PeerRead
 from silofs.node.peer_wire import ChunkAsk
 from tests.unit.inprocess import MEMBER_ME, member_daemon, mounted, running
 from tests.unit.serving import next_head
@@ -302,10 +306,13 @@ def test_a_job_with_a_rate_is_charged_after_428_and_before_the_homes_get(
     assert charged == length
 
 
-def read_from_threads(d: Daemon, bucket: Path, mode: str, member: FakeMember) -> dict:
+def read_from_threads(
+    d: Daemon, bucket: Path, mode: str, member: FakeMember, region: sealed.Region | None = None
+) -> dict:
     """Ask for the member's chunks as a mount connection's thread does (peer_ask.py),
     each then read through the loop's handler path as the connection does when the
-    thread hands a chunk over: the bytes must be right either way."""
+    thread hands a chunk over: the bytes must be right either way. With `region` (the
+    connection's hand-off region), a chunk the thread serves must lie in it."""
 
     async def main() -> dict:
         async with running(d), trio.open_nursery() as nursery:
@@ -317,13 +324,14 @@ def read_from_threads(d: Daemon, bucket: Path, mode: str, member: FakeMember) ->
             served = []
             for key, index in remote_chunks(d, ds, bucket)[:3]:
                 want = (bucket / key).read_bytes()[index * CHUNK : (index + 1) * CHUNK]
-                got = await trio.to_thread.run_sync(
-                    d.cluster.thread_asks.read, ds, m, key, index, None
-                )
+                read = functools.partial(d.cluster.thread_asks.read, region=region)
+                got = await trio.to_thread.run_sync(read, ds, m, key, index, None)
                 if got is None:  # handed to the loop: the handler joins its flight
                     data, _ = await d.get_chunk(m, key, index, False)
                 else:
                     data = got.data
+                    if region is not None:  # named where it lies, as peer_chunk does
+                        assert region.where(data) == f"{region.filled - len(want)} {len(want)}"
                 served.append(got is not None)
                 assert bytes(data) == want, (mode, key, index)
             assert not d.cluster.thread_asks.flights and not d.cluster.asks._flights
@@ -365,6 +373,33 @@ def test_a_bad_answer_to_a_thread_is_counted_once_and_the_loop_reads_the_store(
     assert got["remote_gets"] == 3
 
 
+@pytest.mark.skipif(not sealed.Region.usable(), reason="no F_SEAL_FUTURE_WRITE")
+def test_a_thread_receives_the_answer_into_the_mount_connections_region(
+    tmp_path: Path, pki: Path, bucket: Path, member: FakeMember
+) -> None:
+    region = sealed.Region()
+    with daemon_of(tmp_path, pki, member.port) as d:
+        got = read_from_threads(d, bucket, "ok", member, region)
+    assert got["served"] == [True, True, True] and got["member"]["errors"] == {}
+    assert region.value is not None  # one region, reused for each
+    region.close()
+
+
+@pytest.mark.skipif(not sealed.Region.usable(), reason="no F_SEAL_FUTURE_WRITE")
+@pytest.mark.parametrize(("mode", "reason"), [("flip", "corrupt"), ("short", "short")])
+def test_a_bad_answer_in_the_region_is_never_served_from_it(
+    tmp_path: Path, pki: Path, bucket: Path, member: FakeMember, mode: str, reason: str
+) -> None:
+    """The bad answer lands in the region, fails its check there, and the loop reads the
+    chunk from the store: right bytes, counted once, as without a region."""
+    region = sealed.Region()
+    with daemon_of(tmp_path, pki, member.port) as d:
+        got = read_from_threads(d, bucket, mode, member, region)
+    assert got["served"] == [False, False, False]
+    assert got["member"]["errors"] == {reason: 1} and got["remote_gets"] == 3
+    region.close()
+
+
 def test_a_rated_job_is_never_asked_for_from_a_thread(
     tmp_path: Path, pki: Path, bucket: Path, member: FakeMember
 ) -> None:
@@ -387,11 +422,46 @@ def test_a_rated_job_is_never_asked_for_from_a_thread(
         trio.run(main)
 
 
+async def join_a_threads_ask(
+    d: Daemon,
+    nursery: trio.Nursery,
+    ds: Any,
+    m: Any,
+    key: str,
+    index: int,
+    ref: ChunkRef,
+    region: sealed.Region | None = None,
+) -> tuple[Any, PeerRead | None]:
+    """A connection thread asks for the chunk (the member answering slowly); once its
+    flight is there, a reader on the loop joins it: (the loop's data, the thread's)."""
+    box: list[PeerRead | None] = []
+    read = functools.partial(d.cluster.thread_asks.read, region=region)
+
+    async def from_thread() -> None:
+        box.append(await trio.to_thread.run_sync(read, ds, m, key, index, None))
+
+    nursery.start_soon(from_thread)
+    with trio.fail_after(10):
+        while ref.key not in d.cluster.thread_asks.flights:
+            await trio.sleep(0.005)
+    data, _ = await d.get_chunk(m, key, index, False)
+    with trio.fail_after(10):
+        while not box:
+            await trio.sleep(0.005)
+    return data, box[0]
+
+
+@pytest.mark.parametrize("in_region", [False, True], ids=["bytes", "region"])
 def test_one_ask_per_chunk_whether_a_thread_or_the_loop_asks_first(
-    tmp_path: Path, pki: Path, bucket: Path, member: FakeMember
+    tmp_path: Path, pki: Path, bucket: Path, member: FakeMember, in_region: bool
 ) -> None:
     """A reader on the loop joins a chunk a connection thread is asking for (the member
-    answers slowly: 102s first), and a thread leaves a chunk the loop asks for to it."""
+    answers slowly: 102s first), and a thread leaves a chunk the loop asks for to it.
+    A thread receiving into its connection's region: the loop's reader gets bytes of its
+    own, which the region written again for the connection's next answer never changes."""
+    if in_region and not sealed.Region.usable():
+        pytest.skip("no F_SEAL_FUTURE_WRITE")
+    region = sealed.Region() if in_region else None
     with daemon_of(tmp_path, pki, member.port) as d:
 
         async def main() -> None:
@@ -412,30 +482,22 @@ def test_one_ask_per_chunk_whether_a_thread_or_the_loop_asks_first(
                 d.cluster.asks.abandon(ref.key)
                 # The thread's flight first: the loop's reader joins it.
                 member.mode = "processing"
-                box: list[object] = []
-
-                async def from_thread() -> None:
-                    box.append(
-                        await trio.to_thread.run_sync(
-                            d.cluster.thread_asks.read, ds, m, key, index, None
-                        )
-                    )
-
-                nursery.start_soon(from_thread)
-                with trio.fail_after(10):
-                    while ref.key not in d.cluster.thread_asks.flights:
-                        await trio.sleep(0.005)
-                data, _ = await d.get_chunk(m, key, index, False)
-                with trio.fail_after(10):
-                    while not box:
-                        await trio.sleep(0.005)
+                data, got = await join_a_threads_ask(d, nursery, ds, m, key, index, ref, region)
+                assert got is not None and bytes(got.data) == want
+                if region is not None:
+                    assert region.where(got.data) is not None  # type: ignore[arg-type]
+                    again = region.view(region.filled)  # the connection's next answer
+                    assert again is not None
+                    again[:] = b"\0" * len(again)
+                    again.release()
                 assert bytes(data) == want
-                assert box[0] is not None and bytes(box[0].data) == want  # type: ignore[attr-defined]
                 assert len(member.asks) == 1
                 assert d.cluster.datasets[ds.uri.canonical].requests_out == 1
                 nursery.cancel_scope.cancel()
 
         trio.run(main)
+    if region is not None:
+        region.close()
 
 
 def test_a_thread_whose_mount_left_drops_its_ask_and_frees_the_home(

@@ -263,7 +263,7 @@ def test_chunks_not_cached_are_not_read_ahead_direct(env: str, no_read_around: N
     async def main() -> None:
         assert await read_all(r) == body()
         assert r.ahead is not None and r.ahead.read == 2  # chunks 1 and 2
-        assert not r.ahead._flights
+        assert not r.ahead.flights
         asked = {p.split("&index=")[1].split("&")[0] for p in daemon.requests}
         assert asked == {"3", "4", "5"}
 

@@ -24,8 +24,11 @@ async def put_cache(d: Daemon, req: Request, name: str) -> Response:
     uri = dataset_uri(d, name)
     size = amount(body, "bytes", parse_size, allow_null=True)
     with usage_error_as(409):  # more than the cache
-        await d.set_cache_allocation(uri, size)
-    return json_response({"dataset": uri, "bytes": size})
+        missed = await d.set_cache_allocation(uri, size)
+    if missed is None:
+        return json_response({"dataset": uri, "bytes": size})
+    # A cluster share: the members that do not hold it yet (they pull it once back).
+    return json_response({"dataset": uri, "bytes": size, "members_not_reached": missed})
 
 
 async def get_io(d: Daemon, req: Request, job: str) -> Response:

@@ -8,7 +8,9 @@ could read the object itself, on every request), and the status each failure ans
 A mount that asks with `fd=1` on a connection that can carry one (a Unix socket's) is
 handed a streamed chunk's sealed memory file instead of its bytes (silofs/sealed.py),
 if the daemon trusts it: the file's pages stay charged to the daemon while the mount
-holds them, so an untrusted user's mount could pin the daemon's memory with them.
+holds them, so an untrusted user's mount could pin the daemon's memory with them. One
+that asks with `region=1` on a thread-served connection is answered a chunk another
+member served by its place in the connection's hand-off region (the same trust rule).
 Fetching, verification and admission are the Daemon's.
 """
 
@@ -72,12 +74,23 @@ def peer_chunk(d: Daemon, req: Request) -> Response | None:
         _span(q.get("span"), index)
     except HTTPError:
         return None
+    # A mount that takes a hand-off region (region=1) and that the daemon trusts (its
+    # pages stay the daemon's while the mount maps them: silofs/sealed.py) has the chunk
+    # received into its connection's region and named there, not sent as bytes.
+    region = req.region if q.get("region") == "1" and trusted(d, req) else None
     got = d.cluster.thread_asks.read(
-        ds, m, q.get("key", ""), index, q.get("version"), gone=req.gone
+        ds, m, q.get("key", ""), index, q.get("version"), gone=req.gone, region=region
     )
     if got is None:
         return None
-    return Response(200, got.data, "application/octet-stream", {"x-silofs-source": got.source})
+    headers = {"x-silofs-source": got.source}
+    where = region.where(got.data) if region is not None else None
+    if where is None:
+        return Response(200, got.data, "application/octet-stream", headers)
+    headers[sealed.REGION_HEADER] = where
+    fd = None if region.sent else region.value
+    region.sent = True  # a failed send ends the connection, and the region with it
+    return Response(200, b"", "application/octet-stream", headers, fd=fd)
 
 
 def _span(text: str | None, index: int) -> tuple[int, int] | None:
