@@ -751,6 +751,11 @@ def _mount_background(
     os.makedirs(default_log_dir(), exist_ok=True)
     err_path = os.path.join(default_log_dir(), f"mount-{settings.job}.log")
     log_path = os.path.abspath(log_file) if log_file else err_path
+    if log_file:
+        try:  # here, where the error reaches the user: the mount process's goes to a file
+            open(log_path, "a").close()
+        except OSError as exc:
+            raise UsageError(f"cannot open --log-file {log_file}: {exc.strerror}") from None
     read_fd, write_fd = os.pipe()
     args = [
         sys.executable,

@@ -7,6 +7,7 @@ validation into one-line UsageErrors. Never starts anything and never touches th
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import tomllib
 from dataclasses import dataclass, field
@@ -187,7 +188,7 @@ class MountSettings:
     # The daemon sends "102 Processing" while it works on one, so only a frozen
     # daemon hits it: an uncached read then fails with EIO. SILOFS_DAEMON_TIMEOUT sets it.
     daemon_timeout: float = field(
-        default_factory=lambda: float(os.environ.get("SILOFS_DAEMON_TIMEOUT", "30"))
+        default_factory=lambda: _daemon_timeout(os.environ.get("SILOFS_DAEMON_TIMEOUT", "30"))
     )
 
 
@@ -272,12 +273,30 @@ def _typed(name: str, value: object, kind: str) -> object:
     if kind == "int" and (isinstance(value, bool) or not isinstance(value, int)):
         raise UsageError(f"must be a whole number, not {value!r}")
     if kind == "float":
+        # TOML writes nan and inf: neither is a number of seconds or a rate (a sleep of
+        # nan failed the writer's sync loop for good).
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise UsageError(f"must be a number, not {value!r}")
+        if not math.isfinite(value):
+            raise UsageError(f"must be a finite number, not {value!r}")
         return float(value)
     if kind == "str" and not isinstance(value, str):
         raise UsageError(f"must be a string, not {value!r}")
     return value
+
+
+def _daemon_timeout(text: str) -> float:
+    """SILOFS_DAEMON_TIMEOUT: the silence a mount accepts from the daemon, in seconds."""
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = math.nan
+    if not 0 < seconds <= 86400:
+        raise UsageError(
+            f"SILOFS_DAEMON_TIMEOUT must be a number of seconds above 0 (at most 86400), "
+            f"not {text!r}"
+        )
+    return seconds
 
 
 def _access(table: dict) -> dict[str, list[str]]:

@@ -19,6 +19,8 @@ import sys
 import threading
 import time
 
+from silofs.errors import UsageError
+
 LOG_FORMATS = ("text", "json")
 SDK_LOGGERS = (
     "azure",
@@ -101,7 +103,10 @@ def setup_logging(
     handler: logging.Handler
     json_fmt = JsonFormatter() if fmt == "json" else None
     if log_file:
-        handler = ReopeningFileHandler(log_file)
+        try:
+            handler = ReopeningFileHandler(log_file)
+        except OSError as exc:  # a directory that does not exist, no permission
+            raise UsageError(f"cannot open log_file {log_file}: {exc.strerror}") from None
         handler.setFormatter(json_fmt or logging.Formatter(TEXT_FORMAT))
         _reopen_on_sighup(handler)
     elif syslog_ident and (address := syslog_address()):

@@ -30,6 +30,7 @@ from silofs.cache.listing import ListingReader
 from silofs.mount.listing_view import Entry, ListingView
 from silofs.mount.reader import ChunkReader, MissError, OpenFile
 from silofs.mount.shared import SharedTables, TableFull, version_hash
+from silofs.mount.survive import answer_eio, catches_own, eio
 from silofs.records import ObjectInfo
 
 log = logging.getLogger(__name__)
@@ -67,6 +68,7 @@ class _DirHandle:
     key: bytes | None = None  # position key (cache/listing.py) of the entry at `pos`
 
 
+@answer_eio  # an exception other than FUSEError is that request's EIO (survive.py)
 class SilofsFS(pyfuse3.Operations):
     supports_dot_lookup = True
     enable_writeback_cache = False
@@ -157,27 +159,39 @@ class SilofsFS(pyfuse3.Operations):
         a.st_atime_ns = a.st_mtime_ns = a.st_ctime_ns = int(node.mtime * 1e9)
         return a
 
+    @catches_own  # a hot handler: no wrapper frame (survive.py)
     async def lookup(
         self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext
     ) -> pyfuse3.EntryAttributes:
-        m = self.listing
-        m.renew()
-        node = m.lookup(parent_inode, name)
-        if node is None and await m.wait_listed(parent_inode, name=name):
-            # --list-in-background: a name not listed yet is not a missing name.
+        try:
+            m = self.listing
             m.renew()
             node = m.lookup(parent_inode, name)
-        if node is not None and node.is_dir and await m.wait_resolved(parent_inode, node.inode):
-            # A directory made from a listed prefix with no object under it yet: it may
-            # hold only 'dir/' markers, and the finished listing will not have it.
-            m.renew()
-            node = m.lookup(parent_inode, name)
-        if node is None:
-            raise pyfuse3.FUSEError(errno.ENOENT)
-        return self._attr(node)
+            if node is None and await m.wait_listed(parent_inode, name=name):
+                # --list-in-background: a name not listed yet is not a missing name.
+                m.renew()
+                node = m.lookup(parent_inode, name)
+            if node is not None and node.is_dir and await m.wait_resolved(parent_inode, node.inode):
+                # A directory made from a listed prefix with no object under it yet: it may
+                # hold only 'dir/' markers, and the finished listing will not have it.
+                m.renew()
+                node = m.lookup(parent_inode, name)
+            if node is None:
+                raise pyfuse3.FUSEError(errno.ENOENT)
+            return self._attr(node)
+        except pyfuse3.FUSEError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - this request's EIO, not the mount's end
+            raise eio("FUSE lookup", exc) from None
 
+    @catches_own  # a hot handler: no wrapper frame (survive.py)
     async def getattr(self, inode: int, ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
-        return self._attr(self._node(inode))
+        try:
+            return self._attr(self._node(inode))
+        except pyfuse3.FUSEError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - this request's EIO, not the mount's end
+            raise eio("FUSE getattr", exc) from None
 
     async def access(self, inode: int, mode: int, ctx: pyfuse3.RequestContext) -> bool:
         return not (mode & os.W_OK)
@@ -306,37 +320,43 @@ class SilofsFS(pyfuse3.Operations):
             self.shared.free(fh)
 
     # -- files -----------------------------------------------------------------------
+    @catches_own  # a hot handler: no wrapper frame (survive.py)
     async def open(self, inode: int, flags: int, ctx: pyfuse3.RequestContext) -> pyfuse3.FileInfo:
-        m = self.listing
-        m.renew()
-        node = m.get(inode)  # the current listing only: a deleted object cannot be opened
-        if node is None:
-            raise pyfuse3.FUSEError(errno.ENOENT)
-        if node.is_dir:
-            raise pyfuse3.FUSEError(errno.EISDIR)
-        if flags & _WRITE_FLAGS:
-            raise pyfuse3.FUSEError(errno.EROFS)
-        obj = node.obj  # decoded once per cached entry, not per open
-        assert obj is not None
-        if self.shared is not None:
-            return self._open_shared(node, obj)
-        fh = self._next_fh
-        self._next_fh += 1
-        self._files[fh] = OpenFile(obj, inode=inode, gen=m.gen)
-        versions = self._open_versions.get(inode)
-        if versions is None:  # the common case: no other handle of the inode is open
-            self._open_versions[inode] = {node.version: 1}
-        else:
-            others = len(versions) - (node.version in versions)
-            versions[node.version] = versions.get(node.version, 0) + 1
-            if others:
-                # A handle of another version (opened before a refresh) is still open:
-                # the kernel's pages of the inode are shared by all its handles, so this
-                # one reads around them (direct_io) and leaves them to the other version.
-                self._page_versions.pop(inode, None)
-                return pyfuse3.FileInfo(fh=fh, keep_cache=False, direct_io=True)
-        keep = node.since <= m.first_gen or self._keep_cache(node)
-        return pyfuse3.FileInfo(fh=fh, keep_cache=keep)
+        try:
+            m = self.listing
+            m.renew()
+            node = m.get(inode)  # the current listing only: a deleted object cannot be opened
+            if node is None:
+                raise pyfuse3.FUSEError(errno.ENOENT)
+            if node.is_dir:
+                raise pyfuse3.FUSEError(errno.EISDIR)
+            if flags & _WRITE_FLAGS:
+                raise pyfuse3.FUSEError(errno.EROFS)
+            obj = node.obj  # decoded once per cached entry, not per open
+            assert obj is not None
+            if self.shared is not None:
+                return self._open_shared(node, obj)
+            fh = self._next_fh
+            self._next_fh += 1
+            self._files[fh] = OpenFile(obj, inode=inode, gen=m.gen)
+            versions = self._open_versions.get(inode)
+            if versions is None:  # the common case: no other handle of the inode is open
+                self._open_versions[inode] = {node.version: 1}
+            else:
+                others = len(versions) - (node.version in versions)
+                versions[node.version] = versions.get(node.version, 0) + 1
+                if others:
+                    # A handle of another version (opened before a refresh) is still open:
+                    # the kernel's pages of the inode are shared by all its handles, so this
+                    # one reads around them (direct_io) and leaves them to the other version.
+                    self._page_versions.pop(inode, None)
+                    return pyfuse3.FileInfo(fh=fh, keep_cache=False, direct_io=True)
+            keep = node.since <= m.first_gen or self._keep_cache(node)
+            return pyfuse3.FileInfo(fh=fh, keep_cache=keep)
+        except pyfuse3.FUSEError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - this request's EIO, not the mount's end
+            raise eio("FUSE open", exc) from None
 
     def _open_shared(self, node: Entry, obj: ObjectInfo) -> pyfuse3.FileInfo:
         """open() with several serving processes: the handle is a slot of the shared
@@ -416,26 +436,27 @@ class SilofsFS(pyfuse3.Operations):
             self._page_versions.popitem(last=False)
         return seen == node.version
 
+    @catches_own  # the hot path: no wrapper's coroutine frame per read (survive.py)
     async def read(self, fh: int, off: int, size: int) -> bytes | memoryview:
-        f = self._files.get(fh)
-        if f is None and self.shared is not None:
-            f = self._adopt(fh)
-        if f is None:
-            raise pyfuse3.FUSEError(errno.EBADF)
-        if f.gen != self.listing.gen:
-            # A handle of an older listing fills the inode's pages with its own version:
-            # the next open must not keep them (_keep_cache).
-            self._page_versions.pop(f.inode, None)
-        obj_size = f.obj.size
-        end = off + size if off + size < obj_size else obj_size
-        if off >= end:
-            return b""
-        r = self.reader
-        r.begin_read()
-        cs = r.chunk_size
-        first, last = off // cs, (end - 1) // cs
-        sequential = f.advance(off, end)  # a seek resets the file's read-ahead window
         try:
+            f = self._files.get(fh)
+            if f is None and self.shared is not None:
+                f = self._adopt(fh)
+            if f is None:
+                raise pyfuse3.FUSEError(errno.EBADF)
+            if f.gen != self.listing.gen:
+                # A handle of an older listing fills the inode's pages with its own version:
+                # the next open must not keep them (_keep_cache).
+                self._page_versions.pop(f.inode, None)
+            obj_size = f.obj.size
+            end = off + size if off + size < obj_size else obj_size
+            if off >= end:
+                return b""
+            r = self.reader
+            cs = r.chunk_size
+            first, last = off // cs, (end - 1) // cs
+            sequential = f.advance(off, end)  # a seek resets the file's read-ahead window
+            r.begin_read()
             if first == last:
                 lo, hi = off - first * cs, end - first * cs
                 data = r.hit(f, first, lo, hi)  # [lo, hi), a verified copy
@@ -462,6 +483,10 @@ class SilofsFS(pyfuse3.Operations):
             return await self._read_span(f, off, end, first, last, sequential)
         except MissError as exc:  # EIO, or EACCES when the daemon refused this reader
             raise pyfuse3.FUSEError(exc.errno) from None
+        except pyfuse3.FUSEError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - this read's EIO, never the mount's end
+            raise eio(f"FUSE read of handle {fh} [{off}, +{size})", exc) from None
 
     async def _read_span(
         self, f: OpenFile, off: int, end: int, first: int, last: int, sequential: bool
@@ -496,31 +521,37 @@ class SilofsFS(pyfuse3.Operations):
             c.misses += 1
             c.miss_bytes += n
 
+    @catches_own  # a hot handler: no wrapper frame (survive.py)
     async def release(self, fh: int) -> None:
-        if self.shared is not None:
-            self._release_shared(fh)
-            return
-        f = self._files.pop(fh, None)
-        if f is None:
-            return
-        versions = self._open_versions.get(f.inode)
-        if versions is not None:
-            version = f.obj.version
-            left = versions.get(version, 0) - 1
-            if left > 0:
-                versions[version] = left
-            elif version in versions:
-                if len(versions) == 1:
-                    del self._open_versions[f.inode]
-                else:
-                    del versions[version]
-        if f.gen != self.listing.gen:
-            # A handle of an older listing: its reads stopped at the old size, and a short
-            # read makes the kernel shrink the file's size to it. Once it is closed, the
-            # kernel must ask again (process.py invalidates these between requests).
-            node = self.listing.get(f.inode)
-            if node is None or node.version != f.obj.version:
-                self.stale_inodes.append(f.inode)
+        try:
+            if self.shared is not None:
+                self._release_shared(fh)
+                return
+            f = self._files.pop(fh, None)
+            if f is None:
+                return
+            versions = self._open_versions.get(f.inode)
+            if versions is not None:
+                version = f.obj.version
+                left = versions.get(version, 0) - 1
+                if left > 0:
+                    versions[version] = left
+                elif version in versions:
+                    if len(versions) == 1:
+                        del self._open_versions[f.inode]
+                    else:
+                        del versions[version]
+            if f.gen != self.listing.gen:
+                # A handle of an older listing: its reads stopped at the old size, and a short
+                # read makes the kernel shrink the file's size to it. Once it is closed, the
+                # kernel must ask again (process.py invalidates these between requests).
+                node = self.listing.get(f.inode)
+                if node is None or node.version != f.obj.version:
+                    self.stale_inodes.append(f.inode)
+        except pyfuse3.FUSEError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - this request's EIO, not the mount's end
+            raise eio("FUSE release", exc) from None
 
     def _release_shared(self, fh: int) -> None:
         assert self.shared is not None

@@ -49,6 +49,7 @@ from silofs.mount.fs import Presentation, SilofsFS
 from silofs.mount.listing_view import ListingView, changed_entries
 from silofs.mount.reader import ChunkReader, MissError
 from silofs.mount.shared import SharedTables
+from silofs.mount.survive import unforeseen
 from silofs.mountinfo import mounts
 from silofs.records import MountCounters
 
@@ -159,6 +160,10 @@ class MountProcess:
         self.shared: SharedTables | None = None
         self._ops: SilofsFS | None = None  # the object pyfuse3.init() was given
         self.signalled = False  # a serving process ended by a signal (not an unmount)
+        # pyfuse3.main() returned because this process ended the session itself, and the
+        # mount goes with it (its `silofs mount` went away before "ready"); otherwise
+        # main() returning means the kernel unmounted us, or SIGTERM aborted the mount.
+        self.unmount_at_end = False
         self.reg: dict = {}
         self.first_gen: int | None = None
         self.lru = False
@@ -232,6 +237,8 @@ class MountProcess:
                     log.info("stopped offering buffered chunks: %s", exc)
                     break
                 counts[answer["chunk"]] = counts.get(answer["chunk"], 0) + 1
+        except Exception as exc:  # noqa: BLE001 - offers are not promises: never the mount's end
+            unforeseen("offering buffered chunks to the daemon", exc)
         finally:
             self._offering = False
         if counts:
@@ -405,7 +412,7 @@ class MountProcess:
                     if not forked.is_disconnected(exc):
                         raise
                     log.info("the kernel ended the FUSE session: %s", first_leaf(exc))
-                unmount = False  # the kernel already unmounted us
+                unmount = self.unmount_at_end  # else the kernel already unmounted us
                 nursery.cancel_scope.cancel()
         finally:
             # Ended: nothing may start in the nursery now, and a daemon that restarted
@@ -440,7 +447,12 @@ class MountProcess:
         log.info(
             "mounted %s at %s (%d files)", self.s.uri, self.s.mountpoint, self.fs.listing.files
         )
-        ready(None)
+        try:
+            ready(None)
+        except OSError as exc:
+            _caller_gone(exc, self.s.mountpoint)
+            self.unmount_at_end = True
+            await self._terminate("its silofs mount went away")
 
     async def _child_signals(self) -> None:
         """A serving process: SIGTERM ends it (the supervisor replaces it, or is
@@ -489,9 +501,13 @@ class MountProcess:
         serves the files open in it until the last is closed."""
         if self.device is None:
             return
-        with open(MOUNT_TABLE, "rb") as table:  # opened first: no change is missed
-            while mounted_here(self.device):
-                await trio.to_thread.run_sync(_wait_for_change, table, abandon_on_cancel=True)
+        try:
+            with open(MOUNT_TABLE, "rb") as table:  # opened first: no change is missed
+                while mounted_here(self.device):
+                    await trio.to_thread.run_sync(_wait_for_change, table, abandon_on_cancel=True)
+        except Exception as exc:  # noqa: BLE001 - the kernel's ENODEV still ends the mount
+            unforeseen("watching the mount table", exc)
+            return
         assert self.fs is not None
         while self.fs.open_handles():
             await trio.sleep(DETACHED_POLL_SECONDS)
@@ -504,13 +520,16 @@ class MountProcess:
         while True:
             await trio.sleep(0.25)
             assert self.reader is not None and self.fs is not None
-            self.fs.listing.release_if_idle()
-            await self._follow_listing()
-            now = dataclasses.astuple(self._counters_to_report())
-            if now != last or trio.current_time() - reported >= IDLE_REPORT_SECONDS:
-                await self._report()
-                last = now
-                reported = trio.current_time()
+            try:
+                self.fs.listing.release_if_idle()
+                await self._follow_listing()
+                now = dataclasses.astuple(self._counters_to_report())
+                if now != last or trio.current_time() - reported >= IDLE_REPORT_SECONDS:
+                    await self._report()
+                    last = now
+                    reported = trio.current_time()
+            except Exception as exc:  # noqa: BLE001 - one round's failure; the next tries again
+                unforeseen("the mount's report loop", exc)
 
     async def _follow_listing(self) -> None:
         """Move to a newer listing generation once the daemon has written one (a refresh,
@@ -607,6 +626,8 @@ class MountProcess:
                 ds = await self.client.json("GET", f"/v1/datasets/{ds['id']}")
         except ControlError as exc:
             log.warning("could not refresh the listing: %s", exc)
+        except Exception as exc:  # noqa: BLE001 - the next expiry asks again
+            unforeseen("asking the daemon to refresh the listing", exc)
         finally:
             self._relisting = False
 
@@ -654,6 +675,16 @@ class MountProcess:
                     await self.client.json("DELETE", f"/v1/mounts/{self.mount_id}")
             except ControlError:
                 pass
+
+
+def _caller_gone(exc: OSError, mountpoint: str) -> None:
+    """The `silofs mount` waiting for this mount's "ready" is gone (killed, interrupted:
+    EPIPE): it told its caller the mount failed, so the mount ends, cleanly."""
+    log.warning(
+        "the silofs mount that started this mount is gone (%s): unmounting %s",
+        exc.strerror or exc,
+        mountpoint,
+    )
 
 
 def mount_device(target: str) -> str | None:
@@ -783,7 +814,12 @@ class Supervisor:
         # Told first: the ready pipe must not be inherited by the serving processes (the
         # `silofs mount` parent reads it to EOF when something fails). Requests wait in
         # the kernel until the first serving process reads them.
-        ready(None)
+        try:
+            ready(None)
+        except OSError as exc:
+            _caller_gone(exc, self.mp.s.mountpoint)
+            self._end(unmount=True)
+            return
         signal.signal(signal.SIGTERM, stop)
         signal.signal(signal.SIGINT, stop)
         signal.signal(signal.SIGHUP, hangup)

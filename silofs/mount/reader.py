@@ -85,6 +85,7 @@ from silofs.control.client import AsyncControlClient, ControlError, quote_segmen
 from silofs.flight import SingleFlight
 from silofs.mount.ahead import ValuesAhead
 from silofs.mount.pages import DirectFile, ValuePages
+from silofs.mount.survive import unforeseen
 from silofs.records import MountCounters, ObjectInfo
 
 log = logging.getLogger(__name__)
@@ -354,8 +355,11 @@ class ChunkReader:
             if self._reads == seen and self._txn is not None:
                 # No await since the last read began: no LMDB view is in use (invariant).
                 self._cursor = None
-                self._txn.abort()
-                self._txn = None
+                txn, self._txn = self._txn, None
+                try:
+                    txn.abort()
+                except Exception as exc:  # noqa: BLE001 - a task of the mount: never its end
+                    unforeseen("releasing the idle read snapshot", exc)
             seen = self._reads
 
     def close(self) -> None:
@@ -958,6 +962,9 @@ class ChunkReader:
                 )
         except (OSError, lmdb.Error) as exc:
             log.debug("reading a cached value ahead: %s", exc)
+        except Exception as exc:  # noqa: BLE001 - a task of the mount: never its end
+            # The reader's own read of the value (a worker's pread) serves it instead.
+            unforeseen("reading a cached value ahead (O_DIRECT)", exc)
         finally:
             ahead.end(key, buf, value)
 
@@ -1038,6 +1045,8 @@ class ChunkReader:
             await trio.to_thread.run_sync(advise, limiter=self._fault_limiter)
         except lmdb.Error:
             pass  # a damaged page: the reader's own lookup will count it
+        except Exception as exc:  # noqa: BLE001 - a hint only: never the mount's end
+            unforeseen("advising cached values ahead", exc)
 
     def _wanted(self, ref: ChunkRef) -> bool:
         return ref.key not in self._flights and self.buffer.get(ref.key) is None
@@ -1048,6 +1057,8 @@ class ChunkReader:
                 await self._miss(ref, False, span, ahead=True)
         except MissError:
             pass  # the reader will ask again and get the error itself
+        except Exception as exc:  # noqa: BLE001 - a task of the mount: never its end
+            unforeseen(f"reading chunk {ref.index} of {ref.obj.key} ahead", exc)
         finally:
             self.ahead_bytes -= ref.length
 

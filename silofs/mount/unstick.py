@@ -16,7 +16,10 @@ Owns the watcher: a small process of its own (`python -m silofs.mount.unstick PI
 no thread of the mount could run while that read() holds the GIL) that looks every
 LOOK_SECONDS at the main thread of PID and of its children (the serving processes of
 --serve-processes) and, when one is in read() of a /dev/fuse descriptor twice
-CONFIRM_SECONDS apart (a read that finds a request returns at once), sends it SIGURG.
+CONFIRM_SECONDS apart (a read that finds a request returns at once), sends it SIGURG
+through a pidfd (`_interrupt`): the mount's own, opened while it was this watcher's
+parent, or one of a serving process opened and then checked to be a child of the mount,
+so a pid the kernel gave to another process meanwhile is never signalled.
 `arm` gives a serving process a handler for it, installed without SA_RESTART (as
 Python's signal.signal does), so the read() fails with EINTR, which pyfuse3's loop
 takes as "wait for the device again". A read that took a request is never cut (the
@@ -26,6 +29,7 @@ Never reads the device, never answers a request, holds no descriptor of the moun
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import platform
@@ -107,16 +111,70 @@ def _serving(pid: int) -> list[int]:
         return [pid]
 
 
+def _parent_of(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _interrupt(mount: int, mount_fd: int, pid: int) -> bool:
+    """SIGNAL to `pid` if it is still in read() of the device and is the mount (`mount`,
+    whose pidfd is `mount_fd`) or a child of it; whether it was sent. Sent through a
+    pidfd, which names one process for good: a pid the kernel reused since it was looked
+    at is another process's, and a pidfd opened on it fails the parent check (a child
+    of the mount opened and checked is that child, alive or dead). `mount_fd` -1: no
+    pidfds here (a kernel before 5.3, a seccomp profile without pidfd_open): checked
+    the same, then sent by pid, the mount still this watcher's parent."""
+    fd = mount_fd
+    if pid != mount and mount_fd >= 0:
+        try:
+            fd = os.pidfd_open(pid)
+        except OSError:
+            return False  # gone
+    try:
+        if pid != mount and _parent_of(pid) != mount:
+            return False  # not a serving process of this mount (any more)
+        if not in_device_read(pid):
+            return False
+        if fd >= 0:
+            signal.pidfd_send_signal(fd, SIGNAL)
+        elif os.getppid() == mount:
+            os.kill(pid, SIGNAL)  # the narrowest window there is without a pidfd
+        else:
+            return False
+        return True
+    except OSError:
+        return False  # ended meanwhile
+    finally:
+        if fd != mount_fd:
+            os.close(fd)
+
+
+def _pidfd(pid: int) -> int:
+    """A pidfd of `pid`; -1 where the kernel gives none (ENOSYS, or EPERM from seccomp)."""
+    try:
+        return os.pidfd_open(pid)
+    except OSError as exc:
+        if exc.errno in (errno.ENOSYS, errno.EPERM):
+            return -1
+        raise
+
+
 def watch(pid: int) -> None:
     """Until `pid` (this process's parent) is gone: interrupt a blocked read() of the
     device (module docstring). Its end is told by the parent changing, never by its pid's
     /proc entry, which a new process may take."""
     try:
+        mount_fd = _pidfd(pid)
         with open(f"/proc/{pid}/syscall") as f:
             f.read()  # the access check is made on read
     except OSError as exc:  # stderr: the mount's log
         print(f"silofs.mount.unstick: cannot watch pid {pid}: {exc}", file=sys.stderr)
         return
+    if os.getppid() != pid:
+        return  # the mount ended before the pidfd was opened: it may name another process
     while os.getppid() == pid:
         time.sleep(LOOK_SECONDS)
         blocked = [p for p in _serving(pid) if in_device_read(p)]
@@ -124,11 +182,7 @@ def watch(pid: int) -> None:
             continue
         time.sleep(CONFIRM_SECONDS)
         for p in blocked:
-            if in_device_read(p):
-                try:
-                    os.kill(p, SIGNAL)
-                except OSError:
-                    pass
+            _interrupt(pid, mount_fd, p)
 
 
 if __name__ == "__main__":

@@ -98,6 +98,9 @@ class Cluster:
         self.threads = trio.CapacityLimiter(PEER_POOL)
         self._warned: dict[tuple[str, str], float] = {}
         self._nursery: trio.Nursery | None = None
+        # Probes in flight, by member address: a recheck waits for one rather than
+        # pinging again (two failed pings of one outage would be two failures).
+        self._probes: dict[str, trio.Event] = {}
         config = self._newest(settings.cluster, _persisted(d.store))
         if config is not None:
             self.apply(config)
@@ -135,6 +138,11 @@ class Cluster:
             self.membership = Membership(config, address)
         else:
             self.membership.replace(config)
+        placed = self.membership.placed_by()
+        here = self.membership.self_address
+        # A chunk placed at another member is admitted here only standing in for it, as
+        # a first eviction victim (WritableStore.elsewhere).
+        self.d.store.elsewhere = lambda key: placed(key) != here
         # Pools follow the members: removed ones closed, new ones made.
         cluster_name = config.name
         for addr in list(self.pools):
@@ -630,23 +638,39 @@ class Cluster:
                 if self.membership is None:
                     continue
                 for m in self.membership.due():
-                    m.probing = True
-                    nursery.start_soon(self._probe, m)
+                    self._start_probe(nursery, m)
                 for pool in self.pools.values():
                     pool.sweep()
 
     async def recheck(self, addresses: set[str]) -> None:
         """Ping now those of these members that are down, rather than when their backoff
         ends (a warm about to ask them for their chunks again): each is up, or down
-        again, by its answer. A probe of the prober's in flight meanwhile is harmless:
-        two pings of one member (the first to end clears `probing`, which only lets a
-        down member's exchange begin)."""
+        again, by its answer. A member whose probe is in flight (the prober's, or
+        another recheck's) is not pinged again: its answer is waited for, so one failed
+        ping is one failure (a second would double the backoff and the error count)."""
         assert self.membership is not None
         down = [m for a in addresses if (m := self.membership.members.get(a)) and not m.up]
         async with trio.open_nursery() as nursery:
             for m in down:
-                m.probing = True
-                nursery.start_soon(self._probe, m)
+                flying = self._probes.get(m.address)
+                if flying is not None:
+                    nursery.start_soon(flying.wait)
+                else:
+                    self._start_probe(nursery, m)
+
+    def _start_probe(self, nursery: trio.Nursery, member: MemberState) -> None:
+        member.probing = True
+        self._probes[member.address] = done = trio.Event()
+
+        async def probe() -> None:
+            try:
+                await self._probe(member)
+            finally:
+                if self._probes.get(member.address) is done:
+                    del self._probes[member.address]
+                done.set()
+
+        nursery.start_soon(probe)
 
     async def _probe(self, member: MemberState) -> None:
         """Ping a member (`probing` set: a down member's exchange needs it): up, or down

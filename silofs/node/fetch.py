@@ -31,6 +31,7 @@ from silofs.cache.format import (
     encode_chunk,
 )
 from silofs.cache.store import CacheStore
+from silofs.errors import BackendError
 from silofs.flight import SingleFlight
 from silofs.node.backends.base import Backend, RangeStream, requests_made
 from silofs.node.limiter import TokenBucket
@@ -55,6 +56,14 @@ LOOSE_BYTES = MAX_SPAN_BYTES
 # many wait at once; each holds one store connection.
 PARK_SECONDS = 5.0
 MAX_PARKED = 8
+# A chunk whose store fetch failed (a BackendError, after the backend's own retries)
+# answers a new fetch of it with that error for this long, without a GET: the kernel
+# asks again at once for the pages of a read that failed (and a read-ahead's reader asks
+# for the chunk itself), which doubled the store's load during an outage. Seconds, so a
+# transient error stays one: the first fetch after them asks the store again. At most
+# FAILED_KEYS chunks are remembered (the oldest forgotten: one more GET).
+FAILED_SECONDS = 3.0
+FAILED_KEYS = 4096
 
 
 @dataclass
@@ -93,6 +102,30 @@ class Fetcher:
         # Open GETs of sequential readers, by (object key, content id, next offset).
         self._parked: OrderedDict[tuple[str, str, int], tuple[RangeStream, float]] = OrderedDict()
         self._damaged = FirstTime()  # chunk keys whose lookup failed
+        # (dataset id, chunk key) whose fetch failed: (until when, on trio's clock; the
+        # error). Per dataset: two datasets may list one object with other credentials.
+        self._failed: OrderedDict[tuple[int, bytes], tuple[float, BackendError]] = OrderedDict()
+
+    def _failed_lately(self, dsid: int, key: bytes) -> BackendError | None:
+        """The error a fetch of `key` for `dsid` failed with less than FAILED_SECONDS ago,
+        if any."""
+        got = self._failed.get((dsid, key))
+        if got is None:
+            return None
+        if got[0] <= trio.current_time():
+            del self._failed[dsid, key]
+            return None
+        return got[1]
+
+    def _note_failed(self, dsid: int, keys: list[bytes] | set[bytes], exc: BaseException) -> None:
+        if not isinstance(exc, BackendError):
+            return  # a bug or a cancellation is not the store's answer
+        until = trio.current_time() + FAILED_SECONDS
+        for key in keys:
+            self._failed.pop((dsid, key), None)
+            self._failed[dsid, key] = (until, exc)
+        while len(self._failed) > FAILED_KEYS:
+            self._failed.popitem(last=False)
 
     def cached(self, ref: ChunkRef, counters: FetchCounters) -> tuple[memoryview | None, bool]:
         """(a verified copy of the chunk from LMDB or None, whether a value is there that
@@ -133,9 +166,15 @@ class Fetcher:
             data = checked_chunk(value, ref, FetchCounters())  # we encoded it: never bad
             if data is not None:
                 return data, False
-        return await self._flights.run(
-            ref.key, lambda: self._fetch_once(dsid, backend, limiter, ref, replace, admit)
-        )
+        if ref.key not in self._flights and (failed := self._failed_lately(dsid, ref.key)):
+            raise failed.with_traceback(None)  # failed a moment ago: no second round of GETs
+        try:
+            return await self._flights.run(
+                ref.key, lambda: self._fetch_once(dsid, backend, limiter, ref, replace, admit)
+            )
+        except BackendError as exc:
+            self._note_failed(dsid, [ref.key], exc)
+            raise
 
     async def joined(self, key: bytes) -> bytes | memoryview | None:
         """The bytes of a chunk whose GET is in flight (anyone's), once they are in;
@@ -178,6 +217,8 @@ class Fetcher:
                 return got[0], Fetched()
             if ref.key in self._flights:
                 continue  # its leader gave up and another began since: wait for that one
+            if (failed := self._failed_lately(dsid, ref.key)) is not None:
+                raise failed.with_traceback(None)  # failed a moment ago: no second round of GETs
             # No await from here to claim(): what is free is claimed as it was seen.
             run = self._run_around(dsid, limiter, ref, span)
             self._flights.claim([r.key for r in run])
@@ -203,6 +244,7 @@ class Fetcher:
         except Exception as exc:
             for key in pending:
                 self._flights.settle(key, error=exc)
+            self._note_failed(dsid, pending, exc)
             raise
         except BaseException:  # cancelled (the asking mount went away): others lead anew
             for key in pending:
@@ -237,6 +279,8 @@ class Fetcher:
                     return False
                 if r.key in self._flights or r.key in self._loose:
                     return False
+                if self._failed_lately(dsid, r.key) is not None:
+                    return False  # its own request answers the error, no GET
                 if self.writer.pending(r.key) is not None:
                     return False  # fetched, waiting for admission
                 try:

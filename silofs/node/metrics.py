@@ -292,14 +292,27 @@ def parse_address(text: str) -> tuple[str, int]:
 _MAX_REQUEST = 8192
 
 
+async def open_metrics(address: str) -> list[trio.SocketListener]:
+    """The listeners of metrics_address, opened at startup before any task runs, so a
+    busy port is one UsageError naming it (inside the daemon's nursery it was a
+    traceback of an ExceptionGroup)."""
+    host, port = parse_address(address)
+    try:
+        return await trio.open_tcp_listeners(port, host=host)
+    except OSError as exc:
+        raise UsageError(
+            f"cannot listen on metrics_address {address}: {exc.strerror or exc}"
+        ) from None
+
+
 async def serve_tcp(
-    address: str,
+    listeners: list[trio.SocketListener],
     render: Callable[[], bytes],
     task_status: trio.TaskStatus = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """GET /metrics over TCP for Prometheus; anything else is 404. One request per
-    connection; rendering runs in the trio loop, where the state it reads lives."""
-    host, port = parse_address(address)
+    """GET /metrics over TCP for Prometheus on `listeners` (open_metrics); anything else
+    is 404. One request per connection; rendering runs in the trio loop, where the state
+    it reads lives."""
 
     async def handle(stream: trio.SocketStream) -> None:
         async with stream:
@@ -334,7 +347,8 @@ async def serve_tcp(
             except trio.BrokenResourceError:
                 pass
 
-    listeners = await trio.open_tcp_listeners(port, host=host)
-    log.info("metrics on http://%s:%d/metrics", host, port)
+    for listener in listeners:
+        host, port = listener.socket.getsockname()[:2]
+        log.info("metrics on http://%s:%d/metrics", host, port)
     task_status.started()
     await trio.serve_listeners(handle, listeners)

@@ -36,7 +36,7 @@ from silofs.control.server import (
 )
 from silofs.logsetup import reopen_log_files, survive_sighup
 from silofs.node.daemon import Daemon
-from silofs.node.metrics import serve_tcp
+from silofs.node.metrics import open_metrics, serve_tcp
 from silofs.node.routes import build_router
 from silofs.node.supervise import run_forever
 from silofs.node.views import status_view
@@ -55,6 +55,7 @@ async def serve(daemon: Daemon, task_status: trio.TaskStatus = trio.TASK_STATUS_
     # Bound before any task starts: a busy socket is one AddressInUseError, not a failure
     # inside a nursery (which trio reports as an ExceptionGroup).
     remote = bind_remote(settings)  # first: a refusal leaves no socket file behind
+    metrics = await open_metrics(settings.metrics_address) if settings.metrics_address else None
     bound = bind_unix(settings.socket, mode=settings.socket_mode, uid=None, gid=daemon.socket_gid)
     # The signal handler is in place before READY=1: a SIGTERM right after systemd hears
     # READY still gets STOPPING=1, a flush and a final sync. SIGHUP reopens the log file
@@ -102,8 +103,8 @@ async def serve(daemon: Daemon, task_status: trio.TaskStatus = trio.TASK_STATUS_
                         task_status=task_status,
                     )
                 )
-            if settings.metrics_address:
-                await nursery.start(serve_tcp, settings.metrics_address, daemon.metrics.render)
+            if metrics is not None:
+                await nursery.start(serve_tcp, metrics, daemon.metrics.render)
             log.info(
                 "silofs %s daemon ready: socket %s, cache %s (%s)",
                 __version__,

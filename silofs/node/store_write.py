@@ -81,6 +81,14 @@ class WritableStore(CacheStore):
     """One cache dir's env, opened for writing (and created) by the daemon."""
 
     readonly = False
+    # In a cluster: whether a chunk key is placed at another member (its configured home,
+    # node/membership.py placed). Such a chunk is admitted here only while this node
+    # stands in for its home (down), and is made a first eviction victim as it is
+    # admitted: once the home is back, reads go there, and the copy here must give way
+    # to this node's own chunks rather than hold their room in this node's part (it
+    # was counted against the dataset's share twice: here and at its home). Called
+    # from the Writer's thread; set by node/cluster.py.
+    elsewhere: Callable[[bytes], bool] | None = None
 
     def _open(self, map_size: int) -> None:
         super()._open(map_size)
@@ -401,6 +409,9 @@ class WritableStore(CacheStore):
             _OWNED_LEN.pack(item.data_len),
             db=self.db(b"owners"),
         )
+        elsewhere = self.elsewhere
+        if elsewhere is not None and elsewhere(item.key):
+            txn.put(DSID.pack(item.dataset) + item.key, b"", db=self.db(b"stale"))
         u.bytes += item.data_len
         u.chunks += 1
         self._put_usage(txn, item.dataset, u)

@@ -91,7 +91,7 @@ def dataset_view(d: Daemon, ds: DatasetState) -> dict[str, Any]:
         # Requests the S3 lean path handed to botocore (error answers, transport errors).
         "store_lean_fallbacks": _store_count(ds, "lean_fallbacks"),
         "version_mismatches": ds.fetch.version_mismatches,
-        "stale_chunks": ds.stale_chunks,  # the first eviction victims (after a refresh)
+        "stale_chunks": ds.stale_chunks,  # the first eviction victims marked after a refresh
         "mounts": sum(1 for m in d.mounts.values() if m.dsid == ds.id),
         "warm": d.warms[ds.id].view() if ds.id in d.warms else None,
         # In a cluster: the dataset's share of the cluster's caches and this node's part

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -324,3 +325,49 @@ def test_gcs_key_file_that_is_not_json(
         node, f"gs://{bucket_name}/", tmp_path / "m", "--endpoint-url", gcs_server.endpoint_url
     )
     assert_one_line_error(res, str(key_file))
+
+
+def test_a_log_file_that_cannot_be_opened_is_one_line(
+    node: Node, local_store, bucket_name, tmp_path: Path
+) -> None:
+    """A log file in a directory that does not exist: the daemon said so in a traceback,
+    and `silofs mount` pointed at the very file it could not write."""
+    bad = str(tmp_path / "no-such-dir" / "x.log")
+    res = subprocess.run(
+        silofs_cmd("daemon", "--socket", str(tmp_path / "other.sock"), "--log-file", bad,
+                   "--cache-dir", str(tmp_path / "other-cache")),
+        capture_output=True,
+        text=True,
+    )  # fmt: skip
+    assert_one_line_error(res, "log_file", bad)
+    local_store.create(bucket_name, {"k": b"v"})
+    res = try_mount(node, local_store.uri(bucket_name), tmp_path / "m", "--log-file", bad)
+    assert_one_line_error(res, "--log-file", bad)
+    # And in the configuration file: the same line, naming the setting.
+    config = tmp_path / "silofs.toml"
+    config.write_text(f'[daemon]\nlog_file = "{bad}"\n')
+    res = subprocess.run(
+        silofs_cmd("daemon", "--socket", str(tmp_path / "third.sock"), "--config", str(config),
+                   "--cache-dir", str(tmp_path / "third-cache")),
+        capture_output=True,
+        text=True,
+    )  # fmt: skip
+    assert_one_line_error(res, "log_file", bad)
+
+
+def test_a_busy_metrics_port_is_one_line(tmp_path: Path) -> None:
+    busy = socket.socket()
+    busy.bind(("127.0.0.1", 0))
+    busy.listen()
+    port = busy.getsockname()[1]
+    try:
+        res = subprocess.run(
+            silofs_cmd("daemon", "--socket", str(tmp_path / "m.sock"), "--cache-dir",
+                       str(tmp_path / "cache"), "--metrics-address", f"127.0.0.1:{port}"),
+            capture_output=True,
+            text=True,
+        )  # fmt: skip
+    finally:
+        busy.close()
+    assert_one_line_error(res, "metrics_address", f"127.0.0.1:{port}", "in use")
+    assert not (tmp_path / "m.sock").exists()

@@ -19,6 +19,7 @@ header upstream). The Host header is forwarded as the client sent it (the proxy'
 Fault kinds (Fault.kind), at most one per request, the first rule whose filter matches and
 whose probability draw succeeds (rules are tried in order):
 
+    http_403               403 AccessDenied (S3 XML body): credentials revoked; not forwarded
     http_500               500 InternalError (S3 XML body); the request is not forwarded
     http_503               503 SlowDown (S3 XML body); the request is not forwarded
     reset_before_response  the request is read, then the connection is reset (RST)
@@ -104,6 +105,7 @@ __all__ = [
 ]
 
 FAULT_KINDS = (
+    "http_403",
     "http_500",
     "http_503",
     "reset_before_response",
@@ -134,7 +136,12 @@ REPLAYABLE_BODY = 8 * 1024 * 1024  # request bodies up to this are buffered (ret
 IO_CHUNK = 64 * 1024
 _POLL_SLICE = 0.1  # seconds; waits also wake at once on close() (event / socket shutdown)
 
-_REASONS = {500: "Internal Server Error", 502: "Bad Gateway", 503: "Slow Down"}
+_REASONS = {
+    403: "Forbidden",
+    500: "Internal Server Error",
+    502: "Bad Gateway",
+    503: "Slow Down",
+}
 
 
 # ---------------------------------------------------------------------------------------
@@ -956,14 +963,14 @@ class _Connection:
             self._send(b"HTTP/1.1 100 Continue\r\n\r\n")
             headers = _without(headers, "expect")
 
-        if kind in ("http_500", "http_503", "reset_before_response"):
+        if kind in ("http_403", "http_500", "http_503", "reset_before_response"):
             self._drain_request_body(chunked, length)
             self.p._count(kind)
             if kind == "reset_before_response":
                 self._record(RequestRecord(method, target, kind, None))
                 self._reset_client()
                 return False
-            status = 500 if kind == "http_500" else 503
+            status = {"http_403": 403, "http_500": 500}.get(kind, 503)
             self._pause(max(0.0, t0 + plan.first_byte_delay - time.monotonic()))
             self._send_synthetic(status, _REASONS[status], method, close=client_close)
             self._record(RequestRecord(method, target, kind, status))
@@ -990,6 +997,8 @@ class _Connection:
         request_id = uuid.uuid4().hex[:16].upper()
         if status == 503:
             body = _error_body("SlowDown", "Please reduce your request rate.", request_id)
+        elif status == 403:
+            body = _error_body("AccessDenied", "Access Denied", request_id)
         elif status == 500:
             body = _error_body(
                 "InternalError", "We encountered an internal error. Please try again.", request_id

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from silofs.config import NodeSettings, load_node_settings
+from silofs.config import MountSettings, NodeSettings, load_node_settings
 from silofs.errors import UsageError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -162,6 +162,13 @@ def test_bad_values_name_their_key(tmp_path: Path, text: str, key: str) -> None:
         ("[backend]\npage_size = 0\n", "page_size"),
         ("[backend]\nconnect_timeout = 0\n", "connect_timeout"),
         ("[backend]\nread_timeout = -5\n", "read_timeout"),
+        # TOML's nan and inf are floats: a sleep of nan failed the sync loop for good.
+        ("[daemon]\nsync_seconds = nan\n", "sync_seconds"),
+        ("[daemon]\nwriter_batch_seconds = nan\n", "writer_batch_seconds"),
+        ("[daemon]\nidle_exit_seconds = inf\n", "idle_exit_seconds"),
+        ("[backend]\nconnect_timeout = nan\n", "connect_timeout"),
+        ("[backend]\nread_timeout = inf\n", "read_timeout"),
+        ("[control]\ntls_handshakes_per_second = inf\n", "tls_handshakes_per_second"),
     ],
 )
 def test_out_of_range_values(tmp_path: Path, text: str, key: str) -> None:
@@ -215,3 +222,12 @@ def test_missing_unreadable_and_malformed_files(tmp_path: Path) -> None:
     bad.write_bytes(b"[daemon]\nlog_file = '\xe9'\n")
     with pytest.raises(UsageError, match="latin1.toml"):
         load_node_settings(str(bad))
+
+
+@pytest.mark.parametrize("value", ["abc", "nan", "inf", "0", "-1", ""])
+def test_a_bad_daemon_timeout_is_one_line_naming_the_variable(
+    monkeypatch: pytest.MonkeyPatch, value: str
+) -> None:
+    monkeypatch.setenv("SILOFS_DAEMON_TIMEOUT", value)
+    with pytest.raises(UsageError, match="SILOFS_DAEMON_TIMEOUT"):
+        MountSettings(uri="file:///x", mountpoint="/x", job="j")

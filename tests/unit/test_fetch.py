@@ -5,11 +5,13 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
+import pytest
 import trio
+import trio.testing
 
 from silofs.cache.format import ChunkRef
 from silofs.errors import TransientError
-from silofs.node.fetch import Fetcher
+from silofs.node.fetch import FAILED_SECONDS, Fetcher
 from silofs.node.limiter import TokenBucket
 from silofs.records import ObjectInfo
 
@@ -105,3 +107,33 @@ def test_a_failed_get_fails_every_waiter_once(make_fetcher: Callable[[], Fetcher
 
     trio.run(main)
     assert backend.calls == 1 and len(errors) == 3
+
+
+def test_a_failed_fetch_is_remembered_for_seconds_not_for_good(
+    make_fetcher: Callable[[], Fetcher],
+) -> None:
+    """The kernel asks again at once for a read that failed: that ask (a fetch, or a span's
+    fetch) gets the error without a GET; once FAILED_SECONDS pass, the store is asked."""
+    backend = SlowBackend(fail=True)
+    backend.release.set()
+    ref = ChunkRef.of(OBJ, 4096, 0)
+
+    async def main() -> None:
+        fetcher = make_fetcher()
+        limiter = TokenBucket(None)
+        for _ in range(2):
+            with pytest.raises(TransientError):
+                await fetcher.fetch(1, backend, limiter, ref)
+        with pytest.raises(TransientError):
+            await fetcher.fetch_span(1, backend, limiter, ref, [ref])
+        assert backend.calls == 1
+        # Another dataset listing the same object (other credentials, say) is asked anew.
+        with pytest.raises(TransientError):
+            await fetcher.fetch(2, backend, limiter, ref)
+        assert backend.calls == 2
+        await trio.sleep(FAILED_SECONDS + 0.1)
+        backend.fail = False
+        data, _ = await fetcher.fetch(1, backend, limiter, ref)
+        assert bytes(data) == b"x" * 1000 and backend.calls == 3
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))

@@ -12,6 +12,7 @@ not the internals, so the tests hold while the hot path changes.
 from __future__ import annotations
 
 import errno
+import inspect
 import json
 import math
 import os
@@ -441,3 +442,14 @@ def test_statfs_shows_the_dataset_and_what_is_cached(run: Callable[..., None]) -
         assert s.f_blocks - s.f_bfree == CS // 4096
 
     run(test)
+
+
+def test_every_request_handler_answers_eio_for_an_unforeseen_exception() -> None:
+    """pyfuse3 ends main() (the whole mount) on an exception other than FUSEError out of
+    a handler: each one is wrapped (survive.answer_eio) or catches its own."""
+    for name, base in vars(pyfuse3.Operations).items():
+        if name.startswith("_") or not inspect.iscoroutinefunction(base):
+            continue
+        fn = getattr(SilofsFS, name)
+        guarded = getattr(fn, "_answers_eio", False) or getattr(fn, "_catches_own", False)
+        assert guarded, f"SilofsFS.{name} may end the mount"

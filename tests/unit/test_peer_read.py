@@ -562,3 +562,33 @@ def test_a_down_member_is_pinged_at_once_when_a_warm_rechecks_it(
             return seen
 
         assert trio.run(main) == [(False, False), (True, False)]
+
+
+def test_a_recheck_while_the_prober_pings_counts_one_failure(
+    tmp_path: Path, pki: Path, member: FakeMember
+) -> None:
+    """The prober's ping of a down member is in flight when a warm rechecks it: the
+    recheck waits for that ping's answer rather than pinging again, so the outage is one
+    failure (the backoff doubles once) and one error, not two."""
+    member.mode = "no_tls"  # the ping gets no answer: it fails after the peer timeout
+    with daemon_of(tmp_path, pki, member.port) as d:
+
+        async def main() -> tuple[int, dict[str, int]]:
+            membership = d.cluster.membership
+            assert membership is not None
+            async with running(d), trio.open_nursery() as nursery:
+                nursery.start_soon(d.cluster.probe_loop)
+                peer = membership.peers()[0]
+                membership.mark_down(peer.address, "refused", probe=True)
+                peer.down_until = 0.0  # due for the prober's ping at its next tick
+                with trio.fail_after(10):
+                    while not peer.probing:
+                        await trio.sleep(0.01)
+                await d.cluster.recheck({peer.address})
+                assert not peer.up and not peer.probing
+                nursery.cancel_scope.cancel()
+                return peer.failures, peer.counters.view()["errors"]
+
+        failures, errors = trio.run(main)
+        assert failures == 2, "one failure for the mark_down, one for the failed ping"
+        assert sum(errors.values()) == 1, errors

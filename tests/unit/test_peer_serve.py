@@ -296,3 +296,42 @@ def test_a_held_chunk_is_answered_off_the_loop_only_as_serve_would_answer_it(
             assert h.held(ask(d, ds, "f2.bin", 0)) is None
 
     trio.run(main)
+
+
+def test_chunks_held_for_a_member_that_was_down_give_way_to_this_node_s_own(
+    home: Daemon, bucket: Path
+) -> None:
+    """While OTHER is down this node is home of its chunks too and admits them where its
+    part has room; once OTHER is back they are its again (reads go there), so here they
+    must not keep this node's own chunks out of its part: the first to make room."""
+
+    async def main() -> None:
+        async with running(home) as d:
+            ds, _ = await mounted(d, bucket)
+            membership = d.cluster.membership
+            assert membership is not None
+            await d.set_cache_allocation(ds.uri.canonical, 4 * CHUNK)  # part: 3 chunks
+            refs = [
+                ChunkRef.of(d.store.get_object(ds.id, f"f{i}.bin"), CHUNK, c)
+                for i in range(8)
+                for c in range(2)
+            ]
+            theirs = [r for r in refs if membership.placed(r.key).address == OTHER][:1]
+            mine = [r for r in refs if membership.placed(r.key).address == ME][:3]
+            assert len(theirs) == 1 and len(mine) == 3
+
+            async def serve(r: ChunkRef) -> None:
+                a = ChunkAsk.of(ds.uri.canonical, r, "peer-job", charged=True, warm=False)
+                await d.cluster.home.serve(a)
+                await d.writer.flush()
+
+            membership.mark_down(OTHER, "refused")
+            await serve(theirs[0])  # standing in for OTHER: held while there is room
+            assert d.store.holds(ds.id, theirs[0].key)
+            membership.mark_up(OTHER)
+            for r in mine:
+                await serve(r)
+            assert all(d.store.holds(ds.id, r.key) for r in mine)
+            assert d.usage[ds.id].bytes == 3 * CHUNK
+
+    trio.run(main)
