@@ -161,8 +161,8 @@ class MountProcess:
         self._ops: SilofsFS | None = None  # the object pyfuse3.init() was given
         self.signalled = False  # a serving process ended by a signal (not an unmount)
         # pyfuse3.main() returned because this process ended the session itself, and the
-        # mount goes with it (its `silofs mount` went away before "ready"); otherwise
-        # main() returning means the kernel unmounted us, or SIGTERM aborted the mount.
+        # mount goes with it (a signal, or its `silofs mount` went away before "ready");
+        # otherwise main() returning means the kernel unmounted us.
         self.unmount_at_end = False
         self.reg: dict = {}
         self.first_gen: int | None = None
@@ -476,7 +476,10 @@ class MountProcess:
                     files = reopen_log_files()
                     log.info("received SIGHUP: %s", ", ".join(files) or "no log file; ignored")
                     continue
-                # SIGHUP of a terminal that closed ends it, as libfuse does.
+                # SIGHUP of a terminal that closed ends it, as libfuse does. A signal
+                # ends the mount with the process, as rclone's and gcsfuse's do: a dead
+                # mountpoint (ENOTCONN until someone unmounts it) helps nobody.
+                self.unmount_at_end = True
                 await self._terminate("the signal")
                 return
 

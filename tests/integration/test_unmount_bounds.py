@@ -81,6 +81,22 @@ def _stall_a_read(mp: Path, proxy: FaultProxy) -> BlockedRead:
     return reader
 
 
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_to_an_idle_mount_process_unmounts_it(make_node, tmp_path: Path, sig) -> None:
+    """kill (or Ctrl-C of a foreground mount) leaves no dead mountpoint behind: the
+    directory is a plain directory again, not ENOTCONN until someone unmounts it."""
+    (tmp_path / "bucket").mkdir()
+    (tmp_path / "bucket" / "a.txt").write_bytes(b"a")
+    node: Node = make_node(cache_size="64M")
+    mp = node.mount(str(tmp_path / "bucket"), tmp_path / "mnt")
+    assert (mp / "a.txt").read_bytes() == b"a"
+    pid = node.mount_pid(mp)
+    os.kill(pid, sig)
+    wait_for(lambda: not pid_alive(pid), timeout=EXIT_BOUND, what="the mount process's exit")
+    assert not mounted(mp)
+    assert os.listdir(mp) == []  # the empty directory under it, not ENOTCONN
+
+
 def test_sigterm_ends_a_mount_with_a_cold_read_in_flight(stalled) -> None:
     node, mp, proxy = stalled
     pid = node.mount_pid(mp)
