@@ -818,7 +818,10 @@ class ChunkReader:
                     self._note_silence(ref.key)
             if status == 200:
                 return body, headers.get("x-silofs-source") == "cache"
-            gone = (status is None and not frozen) or (status == 404 and b"no mount" in body)
+            # The daemon's 404 names this mount (authz.py): an object key or a store's
+            # message saying "no mount" must not look like a daemon restart.
+            unknown = f"no mount {self.mount_id!r}".encode()
+            gone = (status is None and not frozen) or (status == 404 and unknown in body)
             if gone and attempt == 1:
                 try:
                     await self._reregister()  # the daemon restarted: introduce ourselves

@@ -15,6 +15,7 @@ per path per process).
 from __future__ import annotations
 
 import ctypes
+import json
 import mmap
 import os
 import random
@@ -33,7 +34,7 @@ from silofs.cache.format import ChunkRef
 from silofs.cache.store import CacheStore
 from silofs.mount import reader as reader_mod
 from silofs.mount.pages import ValuePages
-from silofs.mount.reader import ChunkReader, OpenFile, buffer_bytes_for
+from silofs.mount.reader import ChunkReader, MissError, OpenFile, buffer_bytes_for
 from silofs.node.store_write import WritableStore
 from silofs.records import ObjectInfo
 
@@ -105,6 +106,59 @@ def _reader(env: str, daemon: FakeDaemon, buffer_bytes: int | None = 1 << 20) ->
         readahead_bytes=0,
         reregister=_never,
     )
+
+
+class NotFoundDaemon:
+    """Answers every chunk request 404 with `message`."""
+
+    def __init__(self, message: str) -> None:
+        self.message = message
+        self.requests = 0
+
+    async def request(self, method: str, path: str) -> tuple[int, dict, bytes]:
+        self.requests += 1
+        return 404, {}, json.dumps({"error": self.message}).encode()
+
+
+@pytest.mark.parametrize(
+    "message, restarted",
+    [
+        ("no mount 'm1' (the daemon restarted?)", True),
+        ("no mount 'other' (the daemon restarted?)", False),
+        ("no such key: 'f2.bin/no mount here'", False),
+    ],
+)
+def test_only_the_daemons_404_for_this_mount_has_it_register_again(
+    env: str, message: str, restarted: bool
+) -> None:
+    """A 404 naming this mount is a daemon that lost it (a restart): register again and
+    ask once more. Any other 404, even one whose text says "no mount" (an object key, a
+    store's message), is that read's error."""
+    daemon = NotFoundDaemon(message)
+    calls: list[int] = []
+
+    async def reregister() -> None:
+        calls.append(1)
+
+    r = ChunkReader(
+        CacheStore(env, 64 << 20),
+        daemon,  # type: ignore[arg-type]
+        dataset_id=1,
+        chunk_size=CHUNK,
+        buffer_bytes=1 << 20,
+        readahead_bytes=0,
+        reregister=reregister,
+    )
+    r.registered("m1", track_hits=False)
+
+    async def main() -> None:
+        r.begin_read()
+        with pytest.raises(MissError):
+            await r.chunk(OpenFile(_obj(2)), 0)  # not cached
+
+    trio.run(main)
+    r.close()
+    assert (len(calls), daemon.requests) == ((1, 2) if restarted else (0, 1))
 
 
 def test_a_chunk_admitted_after_the_snapshot_began_is_a_hit(
