@@ -23,8 +23,9 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import lmdb
 import pytest
@@ -96,15 +97,20 @@ def env(tmp_path: Path) -> Iterator[str]:
     yield path
 
 
-def _reader(env: str, daemon: FakeDaemon, buffer_bytes: int | None = 1 << 20) -> ChunkReader:
+def _reader(
+    env: str,
+    daemon: Any,
+    buffer_bytes: int | None = 1 << 20,
+    reregister: Callable[[], Awaitable[None]] = _never,
+) -> ChunkReader:
     return ChunkReader(
         CacheStore(env, 64 << 20),
-        daemon,  # type: ignore[arg-type]
+        daemon,
         dataset_id=1,
         chunk_size=CHUNK,
         buffer_bytes=buffer_bytes,
         readahead_bytes=0,
-        reregister=_never,
+        reregister=reregister,
     )
 
 
@@ -140,15 +146,7 @@ def test_only_the_daemons_404_for_this_mount_has_it_register_again(
     async def reregister() -> None:
         calls.append(1)
 
-    r = ChunkReader(
-        CacheStore(env, 64 << 20),
-        daemon,  # type: ignore[arg-type]
-        dataset_id=1,
-        chunk_size=CHUNK,
-        buffer_bytes=1 << 20,
-        readahead_bytes=0,
-        reregister=reregister,
-    )
+    r = _reader(env, daemon, reregister=reregister)
     r.registered("m1", track_hits=False)
 
     async def main() -> None:
