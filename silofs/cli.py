@@ -998,7 +998,7 @@ def _progress_end() -> None:
     "--dir",
     "root",
     default=None,
-    help="Where the sample data, cache and mount go (default: /var/tmp/silofs-demo).",
+    help="Where the sample data, cache and mount go (default: /var/tmp/silofs-demo-USER).",
 )
 @click.option("--epochs", default=2, show_default=True, help="How many passes to read.")
 @click.option("--files", default=500, hidden=True)
@@ -1008,9 +1008,9 @@ def demo(root: str | None, epochs: int, files: int, big_mb: int) -> None:
     """Mount a local sample dataset, read it twice, show the cache at work."""
     from pathlib import Path
 
-    from silofs.demo import run_demo
+    from silofs.demo import default_dir, run_demo
 
-    run_demo(Path(root or "/var/tmp/silofs-demo"), epochs, files, big_mb << 20)
+    run_demo(Path(root) if root else default_dir(), epochs, files, big_mb << 20)
 
 
 __all__ = ["main", "NodeSettings"]

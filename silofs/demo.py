@@ -9,9 +9,11 @@ an empty cache. Never needs a cloud account and leaves no mount or daemon behind
 from __future__ import annotations
 
 import os
+import pwd
 import random
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -72,7 +74,35 @@ def _mount_stats(socket: str, expected: int) -> dict:
             time.sleep(0.05)
 
 
+def default_dir() -> Path:
+    """The demo's directory when --dir is not given: one per user, so a second user of a
+    host (or root before them) does not find the first's files, which it may not write."""
+    try:
+        user = pwd.getpwuid(os.geteuid()).pw_name
+    except KeyError:  # a uid with no passwd entry (a container)
+        user = str(os.geteuid())
+    return Path(f"/var/tmp/silofs-demo-{user}")
+
+
+def ownership_error(root: Path, euid: int) -> str | None:
+    """Why `root` may not hold this user's demo, or None: it must be a directory of
+    this user's, not a symlink (anyone can create a name in /var/tmp before them)."""
+    try:
+        st = root.lstat()
+    except FileNotFoundError:
+        return None
+    if not stat.S_ISDIR(st.st_mode):
+        return f"{root} is not a directory"
+    if euid != 0 and st.st_uid != euid:
+        return f"{root} belongs to another user"
+    return None
+
+
 def run_demo(root: Path, epochs: int, files: int = SMALL_FILES, big: int = BIG_SIZE) -> None:
+    why = ownership_error(root, os.geteuid())
+    if why is not None:
+        raise click.ClickException(f"{why}: choose another --dir")
+    root.mkdir(parents=True, exist_ok=True)
     data, mnt, socket = root / "bucket", root / "mnt", str(root / "control.sock")
     click.echo(f"sample dataset: {data} ({files} x 110KiB files and one {big >> 20}MiB shard)")
     make_dataset(data, files, big)
