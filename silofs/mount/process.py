@@ -29,6 +29,7 @@ import os
 import secrets
 import select
 import signal
+import stat
 import time
 from collections import deque
 from collections.abc import Callable
@@ -68,6 +69,7 @@ GC_YOUNG = 10_000
 FORGET_BATCH = 10_000
 CHILD_TERM_SECONDS = 0.5  # after the unmount, then SIGTERM (still connected: detached)
 CHILD_EXIT_SECONDS = 10.0  # after the unmount, then SIGKILL
+FUSE_DEVICE = "/dev/fuse"
 # The last report after an unmount: a daemon slow to answer must not keep the ended
 # mount's process (and `silofs unmount`'s wait for it) for the client's whole timeout;
 # the daemon forgets a mount whose process is gone anyway (reap_mounts).
@@ -737,11 +739,28 @@ def _invalidate_attrs(inodes: list[int]) -> None:
 
 def _mount_error(exc: BaseException, mountpoint: str) -> str:
     if isinstance(exc, RuntimeError) and "fuse" in str(exc).lower():
+        if not os.access(FUSE_DEVICE, os.R_OK | os.W_OK):
+            return _device_error(mountpoint)
         return (
             f"cannot mount at {mountpoint}: {exc} (is /dev/fuse available and the "
             "mountpoint an empty, unmounted directory?)"
         )
     return str(exc)
+
+
+def _device_error(mountpoint: str) -> str:
+    """libfuse opens /dev/fuse itself before it would ask fusermount3 (setuid) to mount:
+    a device only root may open (some hosts make it 0600) stops every other user."""
+    try:
+        st = os.stat(FUSE_DEVICE)
+    except OSError as exc:
+        return f"cannot mount at {mountpoint}: {FUSE_DEVICE}: {exc.strerror} (modprobe fuse)"
+    return (
+        f"cannot mount at {mountpoint}: {FUSE_DEVICE} is mode "
+        f"{stat.filemode(st.st_mode)}, which this user may not open: an administrator "
+        f"can make it 0666 (Debian's default; fusermount3 still decides who may mount "
+        "where), or mount as root"
+    )
 
 
 def run_mount(

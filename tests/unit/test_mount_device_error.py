@@ -1,0 +1,56 @@
+"""A user who may not open /dev/fuse is told so, in one line that says what to do.
+
+libfuse opens /dev/fuse itself before it would ask the setuid fusermount3 to mount; a
+host whose device is 0600 (root only) stops every other user with libfuse's bare
+"fuse_session_mount failed". Run as another user (fork + setuid), against a stand-in
+device file of root's with mode 0600.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+
+import pytest
+
+from silofs.mount import process
+from tests.support.asuser import Identity, as_user
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to become another user")
+
+
+@pytest.fixture
+def device(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    where = tempfile.mkdtemp(dir="/var/tmp")  # a directory another user can enter
+    os.chmod(where, 0o755)
+    path = os.path.join(where, "fuse")
+    with open(path, "w"):
+        pass
+    os.chmod(path, 0o600)
+    monkeypatch.setattr(process, "FUSE_DEVICE", path)
+    yield path
+    shutil.rmtree(where)
+
+
+def _message() -> str:
+    return process._mount_error(RuntimeError("fuse_session_mount failed"), "/mnt/x")
+
+
+def test_a_device_this_user_may_not_open_is_named_with_its_mode(device: str) -> None:
+    got = as_user(Identity.nobody(), _message)
+    assert got.startswith(f"cannot mount at /mnt/x: {device} is mode -rw-------"), got
+    assert "0666" in got and "\n" not in got
+
+
+def test_a_missing_device_says_so(device: str) -> None:
+    os.remove(device)
+    got = as_user(Identity.nobody(), _message)
+    assert got == f"cannot mount at /mnt/x: {device}: No such file or directory (modprobe fuse)"
+
+
+def test_a_device_this_user_may_open_keeps_the_general_hint(device: str) -> None:
+    os.chmod(device, 0o666)
+    got = as_user(Identity.nobody(), _message)
+    assert "is /dev/fuse available and the mountpoint an empty" in got
