@@ -99,10 +99,14 @@ def ownership_error(root: Path, euid: int) -> str | None:
 
 
 def run_demo(root: Path, epochs: int, files: int = SMALL_FILES, big: int = BIG_SIZE) -> None:
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:  # not a directory (a file, a dangling symlink): said below
+        pass
+    # After the mkdir: a name made by someone else first (a race in /var/tmp) is caught.
     why = ownership_error(root, os.geteuid())
     if why is not None:
         raise click.ClickException(f"{why}: choose another --dir")
-    root.mkdir(parents=True, exist_ok=True)
     data, mnt, socket = root / "bucket", root / "mnt", str(root / "control.sock")
     click.echo(f"sample dataset: {data} ({files} x 110KiB files and one {big >> 20}MiB shard)")
     make_dataset(data, files, big)
