@@ -37,6 +37,7 @@ from silofs.mount.pages import DirectFile
 from silofs.mount.reader import ChunkReader, OpenFile
 from silofs.node.store_write import WritableStore
 from silofs.records import ObjectInfo
+from tests.support.pagecache import drop_unmapped_pages
 
 CHUNK = 1 << 20  # reader.DIRECT_MIN_CHUNK: the smallest chunk read ahead direct
 ROOT = Path(__file__).resolve().parents[2]
@@ -611,9 +612,10 @@ def test_a_remap_waits_for_a_workers_read_of_a_hit(env: str, no_read_around: Non
     pages under the read: it waits for the read instead, which reads the value's bytes
     (no damage counted, nothing refetched)."""
     admit(env)
-    evict(env)
+    drop_unmapped_pages(env)  # all of them: nothing maps data.mdb yet
     daemon = Daemon()
     r = reader(env, daemon)
+    r.pages.nowait = False  # mincore: a RWF_NOWAIT read's read-ahead may land in time
     real = r.pages.pread
     in_read, go = threading.Event(), threading.Event()
 
@@ -662,9 +664,10 @@ def test_a_remap_while_a_read_of_a_hit_waits_for_a_thread_waits_for_nothing(
     worker finds it ended, and the value is looked up again in a fresh one: every byte,
     nothing counted damaged, nothing asked of the daemon."""
     admit(env)
-    evict(env)
+    drop_unmapped_pages(env)  # all of them: nothing maps data.mdb yet
     daemon = Daemon()
     r = reader(env, daemon)
+    r.pages.nowait = False  # mincore: a RWF_NOWAIT read's read-ahead may land in time
     r._fault_limiter = trio.CapacityLimiter(1)
 
     async def main() -> None:

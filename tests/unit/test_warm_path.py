@@ -38,6 +38,7 @@ from silofs.mount.pages import ValuePages
 from silofs.mount.reader import ChunkReader, MissError, OpenFile, buffer_bytes_for
 from silofs.node.store_write import WritableStore
 from silofs.records import ObjectInfo
+from tests.support.pagecache import drop_unmapped_pages
 
 CHUNK = 64 << 10
 ROOT = Path(__file__).resolve().parents[2]
@@ -273,51 +274,6 @@ def _admit_big(env: str, items: list[int], damage: bool = False) -> None:
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT, timeout=60)
 
 
-def _cached_pages(fd: int) -> int | None:
-    """How many pages of the file behind `fd` are in the page cache, by mincore on a map
-    of it that nothing touches (mapping does not fault pages in); None where the kernel
-    will not tell (it reports the page cache only to a file's owner or writer, or root)."""
-    size = os.fstat(fd).st_size
-    if size == 0:
-        return 0
-    if os.geteuid() != 0 and os.fstat(fd).st_uid != os.geteuid():
-        return None
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.mmap.restype = ctypes.c_void_p
-    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int]
-    libc.mmap.argtypes += [ctypes.c_int, ctypes.c_long]
-    addr = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
-    if addr in (None, ctypes.c_void_p(-1).value):
-        return None
-    try:
-        vec = (ctypes.c_ubyte * ((size + mmap.PAGESIZE - 1) // mmap.PAGESIZE))()
-        if libc.mincore(ctypes.c_void_p(addr), ctypes.c_size_t(size), vec):
-            return None
-        return sum(b & 1 for b in vec)
-    finally:
-        libc.munmap(ctypes.c_void_p(addr), ctypes.c_size_t(size))
-
-
-def _drop_unmapped_pages(env: str) -> None:
-    """Evict data.mdb's pages no process has mapped from the page cache (what
-    drop_caches does to a cache whose pages a fresh mount has not touched yet). One
-    fadvise is not always enough on a busy host (pages still in a CPU's LRU batch or
-    under writeback are skipped): evict until none is left, polled with a deadline."""
-    fd = os.open(os.path.join(env, "data.mdb"), os.O_RDONLY)
-    try:
-        os.fsync(fd)  # dirty pages are not evicted
-        deadline = time.monotonic() + 10
-        while True:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            left = _cached_pages(fd)
-            if not left:  # none left, or the kernel will not say: as evicted as it gets
-                return
-            assert time.monotonic() < deadline, f"{left} pages of data.mdb stayed cached"
-            os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _big_reader(env: str, daemon: FakeDaemon) -> ChunkReader:
     return ChunkReader(
         CacheStore(env, 64 << 20),
@@ -379,7 +335,7 @@ def test_a_hit_whose_pages_are_not_in_memory_is_read_by_a_worker(
     _admit_big(env, [0, 1, 2])
 
     def attempt() -> bool:
-        _drop_unmapped_pages(env)
+        drop_unmapped_pages(env)
         daemon = FakeDaemon()
         r = _big_reader(env, daemon)
         _probe(r, probe)
@@ -511,7 +467,7 @@ def test_a_hit_read_by_a_worker_is_verified_before_it_is_served(
     _admit_big(env, [0, 1], damage=True)
 
     def attempt() -> bool:
-        _drop_unmapped_pages(env)
+        drop_unmapped_pages(env)
         daemon = BigDaemon()
         r = _big_reader(env, daemon)  # type: ignore[arg-type]
         _probe(r, probe)
@@ -547,7 +503,7 @@ def test_a_sequential_reader_has_the_kernel_read_the_cached_chunks_ahead(
     WritableStore(env, 64 << 20).close()
     obj = ObjectInfo("seq.bin", 3 * BIG, 1.0, "v", "seq")
     _admit_chunks(env, obj, [0, 1, 2])
-    _drop_unmapped_pages(env)
+    drop_unmapped_pages(env)
     r = ChunkReader(
         CacheStore(env, 64 << 20),
         FakeDaemon(),  # type: ignore[arg-type]
