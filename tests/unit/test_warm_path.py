@@ -515,6 +515,7 @@ def test_a_sequential_reader_has_the_kernel_read_the_cached_chunks_ahead(
     )
     if not r.pages.enabled or not r.pages.truthful:
         pytest.skip("mincore does not report this env's page cache here")
+    r.pages.nowait = False  # mincore: a RWF_NOWAIT read's read-ahead may land in time
 
     def resident(index: int) -> bool:
         r.begin_read()
