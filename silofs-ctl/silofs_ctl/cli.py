@@ -15,6 +15,7 @@ import click
 
 from silofs.control.client import ControlError
 from silofs.errors import SilofsError, UsageError
+from silofs.records import shown
 
 from .certs_cmd import certs
 from .cluster_cmd import cluster
@@ -31,7 +32,7 @@ PROG = "silofs-ctl"
 
 def fail(message: str, code: int = 1) -> NoReturn:
     """One line on stderr, as `silofs` prints them: `silofs-ctl: error: ...`."""
-    click.echo(f"{PROG}: error: {' '.join(message.split())}", err=True)
+    click.echo(f"{PROG}: error: {shown(' '.join(message.split()))}", err=True)
     sys.exit(code)
 
 
