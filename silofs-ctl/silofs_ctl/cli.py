@@ -7,6 +7,7 @@ logic, or lets an exception reach the user as a traceback.
 
 from __future__ import annotations
 
+import importlib
 import logging
 import sys
 from typing import Any, NoReturn
@@ -23,7 +24,6 @@ from .controller_cmd import controller
 from .forget_cmd import forget
 from .job_cmd import job
 from .node_cmds import admission, allocate_cache, allocate_io, refresh, status
-from .simulate_cmd import simulate_cmd
 
 log = logging.getLogger(__name__)
 
@@ -36,11 +36,25 @@ def fail(message: str, code: int = 1) -> NoReturn:
     sys.exit(code)
 
 
+# Commands whose module is imported only when the command runs (or --help lists it):
+# `simulate` loads numpy (the simulator's arrays, ~0.1 s), which no other command needs.
+LAZY_COMMANDS = {"simulate": ("silofs_ctl.simulate_cmd", "simulate_cmd")}
+
+
 class OneLineGroup(click.Group):
     """click, with every error in silofs's one style: `silofs-ctl: error: ...` on one
     line; exit 2 for what was typed wrong (usage errors, as click's own), 1 otherwise,
     130 when interrupted. click's own rendering ("Usage: ... Try ... Error: ...") is
     three lines with another prefix; scripts and people grep for one."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*super().list_commands(ctx), *LAZY_COMMANDS})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name in LAZY_COMMANDS and cmd_name not in self.commands:
+            module, attr = LAZY_COMMANDS[cmd_name]
+            self.add_command(getattr(importlib.import_module(module), attr), cmd_name)
+        return super().get_command(ctx, cmd_name)
 
     def main(self, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
         kwargs["standalone_mode"] = False
@@ -74,7 +88,6 @@ def main(verbose: int) -> None:
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
 
-main.add_command(simulate_cmd)
 main.add_command(controller)
 main.add_command(status)
 main.add_command(allocate_cache)
