@@ -11,6 +11,7 @@ handles a request itself.
 
 from __future__ import annotations
 
+import functools
 import gc
 import logging
 import os
@@ -66,10 +67,16 @@ async def serve(daemon: Daemon, task_status: trio.TaskStatus = trio.TASK_STATUS_
             # Every background loop is supervised (node/supervise.py): a failure is one
             # ERROR line and the loop restarts after a backoff; the daemon goes on. The
             # writer restarts too: offers queued meanwhile wait (or are dropped, counted,
-            # when the queue is full), and a failure that persists shows as one ERROR
-            # line per restart (backoff up to a minute).
+            # when the queue is full); a failure that persists (a full disk) is one ERROR
+            # line, then DEBUG per restart (backoff up to a minute) and an ERROR summary
+            # every 10 minutes until a batch commits again; status says it meanwhile.
+            nursery.start_soon(
+                functools.partial(
+                    run_forever, "the writer", daemon.writer.run,
+                    progress=lambda: daemon.writer.stats.batches,
+                )
+            )  # fmt: skip
             for what, loop in (
-                ("the writer", daemon.writer.run),
                 ("the writer's sync loop", daemon.writer.sync_loop),
                 ("the mount reaper", daemon.reap_mounts),
                 ("the enforcer", daemon.enforce_loop),

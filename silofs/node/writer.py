@@ -311,6 +311,8 @@ class Writer:
                     self.stats.failed_batches += 1
                     self.stats.error = describe(exc, where=False)
                 raise
+            if self.stats.error is not None:  # its failure was an ERROR line: so is this
+                log.info("the writer admits again (a batch committed after: %s)", self.stats.error)
             self.stats.error = None
             if full:  # the rest would not fit either (one warning, as for one txn)
                 self._forget(batch, "map_full_chunks")
