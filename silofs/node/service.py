@@ -209,12 +209,18 @@ def fd_budget(s: NodeSettings) -> int:
 
 def member_bounds(s: NodeSettings) -> dict[str, float]:
     """The peer bounds a member's connection is held to on this node's listener: what
-    an asking member waits for a request to be answered (docs/SEMANTICS.md)."""
+    an asking member waits for a request to be answered (docs/SEMANTICS.md), and how
+    long it may sit idle (just past its own pool's close: peer_client.py; also when
+    the member list is pushed only later)."""
+    from silofs.node.peer_client import LISTENER_IDLE_SECONDS
+
+    idle = {"member_idle_seconds": LISTENER_IDLE_SECONDS}
     if s.cluster is None:
-        return {}
+        return idle
     return {
         "member_request_seconds": s.cluster.peer_timeout_seconds,
         "member_floor_rate": float(s.cluster.peer_floor_rate),
+        **idle,
     }
 
 
