@@ -16,6 +16,7 @@ import click
 
 from silofs.control.client import ControlError
 from silofs.errors import SilofsError, UsageError
+from silofs.logsetup import TextFormatter
 from silofs.records import shown
 
 from .certs_cmd import certs
@@ -85,7 +86,11 @@ class OneLineGroup(click.Group):
 def main(verbose: int) -> None:
     """SiloD's controller: allocate cache and remote IO across silofs nodes, or simulate."""
     level = logging.WARNING - 10 * min(verbose, 2)
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # Messages shown() as the daemon's are (silofs/logsetup.py): the controller logs
+    # names the nodes and Slurm send it (dataset URIs, job names, errors).
+    handler = logging.StreamHandler()
+    handler.setFormatter(TextFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=level, handlers=[handler])
 
 
 main.add_command(controller)

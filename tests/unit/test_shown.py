@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import logging
+import subprocess
+import sys
 
 from silofs_ctl.node_cmds import render_status
 
@@ -59,3 +61,18 @@ def test_the_fsname_option_is_ascii_for_any_uri() -> None:
     assert name.isascii() and name.isprintable() and "," not in name
     assert name == "file:///data/donn%C3%A9es_a%C2%9B%E2%80%AE/"
     assert fsname("s3://bucket/a b/") == "s3://bucket/a b/"  # printable ASCII as it was
+
+
+def test_the_controllers_log_lines_are_escaped_too() -> None:
+    """silofs-ctl's own logging (the controller logs names the nodes and Slurm send)."""
+    code = (
+        "import logging\n"
+        "from silofs_ctl.cli import main\n"
+        "main.callback(verbose=0)\n"
+        f"logging.getLogger('silofs_ctl.controller').warning('node said %s', {HOSTILE!r})\n"
+    )
+    res = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    (line,) = res.stderr.splitlines()
+    assert line.endswith(f"WARNING silofs_ctl.controller: node said {shown(HOSTILE)}"), line
