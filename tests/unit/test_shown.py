@@ -9,6 +9,7 @@ import logging
 import subprocess
 import sys
 
+import pytest
 from silofs_ctl.node_cmds import render_status
 
 from silofs.logsetup import JsonFormatter, TextFormatter
@@ -76,3 +77,13 @@ def test_the_controllers_log_lines_are_escaped_too() -> None:
     )
     (line,) = res.stderr.splitlines()
     assert line.endswith(f"WARNING silofs_ctl.controller: node said {shown(HOSTILE)}"), line
+
+
+def test_silofs_one_line_errors_are_escaped(capsys: pytest.CaptureFixture[str]) -> None:
+    """`silofs`'s error line may quote another user's mountpoint (a daemon still in use)."""
+    from silofs.cli import fail
+
+    with pytest.raises(SystemExit):
+        fail(f"1 mount(s) still use the daemon (e.g. {HOSTILE})")
+    err = capsys.readouterr().err
+    assert err == f"silofs: error: 1 mount(s) still use the daemon (e.g. {shown(HOSTILE)})\n"
