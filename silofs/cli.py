@@ -38,6 +38,7 @@ from silofs.errors import SilofsError, UsageError, first_leaf
 from silofs.logsetup import LOG_FORMATS, setup_logging
 from silofs.mountinfo import silofs_mounts
 from silofs.pids import pid_alive
+from silofs.records import shown
 from silofs.units import format_rate, format_size, parse_rate, parse_size
 
 log = logging.getLogger(__name__)
@@ -46,7 +47,8 @@ DAEMON_START_TIMEOUT = 30.0
 
 
 def fail(message: str, code: int = 1) -> None:
-    click.echo(f"silofs: error: {message}", err=True)
+    # shown(): a message may quote what others named (a mountpoint, a daemon's answer)
+    click.echo(f"silofs: error: {shown(message)}", err=True)
     sys.exit(code)
 
 

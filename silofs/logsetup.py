@@ -2,9 +2,10 @@
 
 Owns the root logger's one handler: a file that is reopened when logrotate moves it (and
 on SIGHUP), or syslog/the journal (/dev/log) for processes running in the background, or
-stderr; text or one JSON object per line; and the store SDKs' loggers held at WARNING
-(the Azure SDK alone writes a 10-line INFO entry per request). Never decides what is
-logged, and imports neither the daemon nor the mount side.
+stderr; text or one JSON object per line, each message with its control characters
+escaped (records.shown); and the store SDKs' loggers held at WARNING (the Azure SDK
+alone writes a 10-line INFO entry per request). Never decides what is logged, and
+imports neither the daemon nor the mount side.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import threading
 import time
 
 from silofs.errors import UsageError
+from silofs.records import shown
 
 LOG_FORMATS = ("text", "json")
 SDK_LOGGERS = (
@@ -47,6 +49,17 @@ def syslog_address() -> str | None:
         return None
 
 
+class TextFormatter(logging.Formatter):
+    """The stdlib's, with the message shown() (records.py): a name from someone else
+    (a dataset URI, a mountpoint, an object key) holding ESC or a newline cannot drive
+    the terminal of whoever reads the log, or forge a line of its own. A traceback
+    after the message keeps its lines."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:  # noqa: N802 - stdlib name
+        record.message = shown(record.message)
+        return super().formatMessage(record)
+
+
 class JsonFormatter(logging.Formatter):
     """One JSON object per record: time, level, logger, pid, message (and exc)."""
 
@@ -57,7 +70,8 @@ class JsonFormatter(logging.Formatter):
             "level": record.levelname.lower(),
             "logger": record.name,
             "pid": record.process,
-            "message": record.getMessage(),
+            # json.dumps (ensure_ascii off) leaves C1 controls and bidi overrides raw
+            "message": shown(record.getMessage()),
         }
         if record.exc_info:
             doc["exc"] = self.formatException(record.exc_info)
@@ -76,7 +90,7 @@ class QuietSysLogHandler(logging.handlers.SysLogHandler):
             sys.stderr.write(f"silofs: syslog at {self.address} stopped answering; dropping logs\n")
 
 
-class _IdentFormatter(logging.Formatter):
+class _IdentFormatter(TextFormatter):
     def __init__(self, ident: str, inner: logging.Formatter | None) -> None:
         super().__init__(SYSLOG_FORMAT)
         self.ident = ident
@@ -107,7 +121,7 @@ def setup_logging(
             handler = ReopeningFileHandler(log_file)
         except OSError as exc:  # a directory that does not exist, no permission
             raise UsageError(f"cannot open log_file {log_file}: {exc.strerror}") from None
-        handler.setFormatter(json_fmt or logging.Formatter(TEXT_FORMAT))
+        handler.setFormatter(json_fmt or TextFormatter(TEXT_FORMAT))
         _reopen_on_sighup(handler)
     elif syslog_ident and (address := syslog_address()):
         handler = QuietSysLogHandler(
@@ -116,7 +130,7 @@ def setup_logging(
         handler.setFormatter(_IdentFormatter(syslog_ident, json_fmt))
     else:
         handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(json_fmt or logging.Formatter(TEXT_FORMAT))
+        handler.setFormatter(json_fmt or TextFormatter(TEXT_FORMAT))
     root = logging.getLogger()
     for old in list(root.handlers):
         root.removeHandler(old)

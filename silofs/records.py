@@ -2,13 +2,15 @@
 counters, a job name.
 
 Owns only plain data shared by the node daemon, the mount processes and the cache
-format, so that neither side has to import the other to name them, and the job-name
-grammar both the CLI and the daemon check. Never does I/O.
+format, so that neither side has to import the other to name them, the job-name
+grammar both the CLI and the daemon check, and how a name from someone else is shown
+on a terminal or in a log line (shown). Never does I/O.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -94,3 +96,27 @@ def job_name_error(name: object) -> str | None:
     if not name.isprintable() or any(c.isspace() or c in '/"\\' for c in name):
         return JOB_NAME_RULE
     return None
+
+
+def shown(text: str) -> str:
+    """`text` safe to print: every character str.isprintable() refuses (C0 and C1
+    controls such as ESC, CSI and BEL, DEL, newlines and tabs, bidi overrides and
+    other format characters, lone surrogates) written as its Python escape (\\x1b,
+    \\n, \\u202e). Names reach a terminal and the log from others (a dataset URI,
+    a mountpoint, an object key in an error, a member's certificate name): none may
+    move the cursor, recolour, retitle the terminal or start a line of its own."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode() for c in text)
+
+
+def shown_all(value: Any) -> Any:
+    """A JSON answer with every string in it, keys included, shown() (for text output;
+    JSON output keeps the strings as they are, json.dumps escapes them itself)."""
+    if isinstance(value, str):
+        return shown(value)
+    if isinstance(value, dict):
+        return {shown_all(k): shown_all(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [shown_all(v) for v in value]
+    return value

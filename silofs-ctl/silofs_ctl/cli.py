@@ -7,6 +7,7 @@ logic, or lets an exception reach the user as a traceback.
 
 from __future__ import annotations
 
+import importlib
 import logging
 import sys
 from typing import Any, NoReturn
@@ -15,6 +16,8 @@ import click
 
 from silofs.control.client import ControlError
 from silofs.errors import SilofsError, UsageError
+from silofs.logsetup import TextFormatter
+from silofs.records import shown
 
 from .certs_cmd import certs
 from .cluster_cmd import cluster
@@ -22,7 +25,6 @@ from .controller_cmd import controller
 from .forget_cmd import forget
 from .job_cmd import job
 from .node_cmds import admission, allocate_cache, allocate_io, refresh, status
-from .simulate_cmd import simulate_cmd
 
 log = logging.getLogger(__name__)
 
@@ -31,8 +33,13 @@ PROG = "silofs-ctl"
 
 def fail(message: str, code: int = 1) -> NoReturn:
     """One line on stderr, as `silofs` prints them: `silofs-ctl: error: ...`."""
-    click.echo(f"{PROG}: error: {' '.join(message.split())}", err=True)
+    click.echo(f"{PROG}: error: {shown(' '.join(message.split()))}", err=True)
     sys.exit(code)
+
+
+# Commands whose module is imported only when the command runs (or --help lists it):
+# `simulate` loads numpy (the simulator's arrays, ~0.1 s), which no other command needs.
+LAZY_COMMANDS = {"simulate": ("silofs_ctl.simulate_cmd", "simulate_cmd")}
 
 
 class OneLineGroup(click.Group):
@@ -40,6 +47,15 @@ class OneLineGroup(click.Group):
     line; exit 2 for what was typed wrong (usage errors, as click's own), 1 otherwise,
     130 when interrupted. click's own rendering ("Usage: ... Try ... Error: ...") is
     three lines with another prefix; scripts and people grep for one."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*super().list_commands(ctx), *LAZY_COMMANDS})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name in LAZY_COMMANDS and cmd_name not in self.commands:
+            module, attr = LAZY_COMMANDS[cmd_name]
+            self.add_command(getattr(importlib.import_module(module), attr), cmd_name)
+        return super().get_command(ctx, cmd_name)
 
     def main(self, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
         kwargs["standalone_mode"] = False
@@ -70,10 +86,13 @@ class OneLineGroup(click.Group):
 def main(verbose: int) -> None:
     """SiloD's controller: allocate cache and remote IO across silofs nodes, or simulate."""
     level = logging.WARNING - 10 * min(verbose, 2)
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # Messages shown() as the daemon's are (silofs/logsetup.py): the controller logs
+    # names the nodes and Slurm send it (dataset URIs, job names, errors).
+    handler = logging.StreamHandler()
+    handler.setFormatter(TextFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=level, handlers=[handler])
 
 
-main.add_command(simulate_cmd)
 main.add_command(controller)
 main.add_command(status)
 main.add_command(allocate_cache)

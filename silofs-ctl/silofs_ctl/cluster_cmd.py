@@ -22,6 +22,7 @@ import click
 from silofs.config import canonical_member, parse_cluster
 from silofs.control.client import ControlError
 from silofs.errors import UsageError
+from silofs.records import shown, shown_all
 from silofs.units import format_size
 
 from .nodes import one_node_client
@@ -138,12 +139,12 @@ def set_cmd(
     for target in targets:
         try:
             with one_node_client(target) as client:
-                got = client.request("PUT", "/v1/cluster", body)
+                got = shown_all(client.request("PUT", "/v1/cluster", body))
             click.echo(f"{target}: cluster {got['name']}, version {got['version']}, "
                        f"{got['members']} members")  # fmt: skip
         except ControlError as exc:
             failed += 1
-            click.echo(f"{target}: {exc}", err=True)
+            click.echo(f"{target}: {shown(str(exc))}", err=True)
     if failed:
         raise click.ClickException(f"{failed} of {len(targets)} nodes did not take the list")
 
@@ -161,7 +162,7 @@ def _refusals(targets: list[str], body: dict) -> int:
         except ControlError as exc:
             if exc.status is not None:
                 refused += 1
-                click.echo(f"{target}: {exc}", err=True)
+                click.echo(f"{target}: {shown(str(exc))}", err=True)
     return refused
 
 
@@ -204,7 +205,7 @@ def status_cmd(nodes: tuple[str, ...], as_json: bool) -> None:
                 view = client.request("GET", "/v1/cluster")
         except ControlError as exc:
             failed += 1
-            click.echo(f"{target}: {exc}", err=True)
+            click.echo(f"{target}: {shown(str(exc))}", err=True)
             continue
         if as_json:
             click.echo(json.dumps({"node": target, "cluster": view}))
@@ -214,7 +215,8 @@ def status_cmd(nodes: tuple[str, ...], as_json: bool) -> None:
         raise click.ClickException(f"{failed} nodes did not answer")
 
 
-def render(target: str, view: dict) -> str:
+def render(target: str, answer: dict) -> str:
+    view = shown_all(answer)  # names and errors from the nodes: escapes, never commands
     if not view.get("name"):
         return f"{target}: in no cluster"
     out = [f"{target}: cluster {view['name']} (version {view['version']}), this node "

@@ -11,7 +11,7 @@ import click
 
 from silofs.config import default_socket
 from silofs.control.client import ControlError, quote_segment
-from silofs.records import job_name_error
+from silofs.records import job_name_error, shown_all
 
 from .node_cmds import dataset_arg, job_arg
 from .nodes import SOCKET_HELP, one_node_client
@@ -46,7 +46,7 @@ def forget(name: str, socket: str | None, kind: str) -> None:
         with one_node_client(socket or default_socket()) as client:
             for path in paths:
                 try:
-                    ans = client.request("DELETE", path)
+                    ans = shown_all(client.request("DELETE", path))
                 except ControlError as exc:
                     if exc.status == 404 and path is not paths[-1]:
                         continue

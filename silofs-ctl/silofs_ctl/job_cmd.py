@@ -16,6 +16,7 @@ import click
 
 from silofs.config import default_socket
 from silofs.control.client import ControlError, quote_segment
+from silofs.records import shown
 
 from .node_cmds import job_arg
 from .nodes import SOCKET_HELP, one_node_client
@@ -63,7 +64,7 @@ def register(
             ans = client.request("PUT", f"/v1/jobs/{quote_segment(name)}", body)
     except ControlError as exc:
         raise click.ClickException(str(exc)) from None
-    click.echo(f"registered job {ans['job']}: {json.dumps(ans['registration'])}")
+    click.echo(f"registered job {shown(ans['job'])}: {json.dumps(ans['registration'])}")
 
 
 @job.command("show")

@@ -20,7 +20,7 @@ import click
 from silofs.config import default_socket
 from silofs.control.client import ControlError, quote_segment
 from silofs.errors import UsageError
-from silofs.records import job_name_error
+from silofs.records import job_name_error, shown_all
 from silofs.units import format_rate, format_size, parse_rate, parse_size
 
 from .nodes import SOCKET_HELP, one_node_client
@@ -69,7 +69,11 @@ def _table(rows: list[list[str]], header: list[str]) -> str:
     return "\n".join(lines)
 
 
-def render_status(s: dict) -> str:
+def render_status(answer: dict) -> str:
+    """The status answer as text. Every string in it is shown() first: a dataset URI,
+    a mountpoint or an error holding ESC, a newline or a bidi override prints as its
+    escape, never as a terminal command or a row of its own."""
+    s = shown_all(answer)
     node = s["node"]
     out = [
         f"node: cache {format_size(node['cached_bytes'])} of "
@@ -232,7 +236,7 @@ def allocate_cache(dataset: str, size: str, create: bool, socket: str | None) ->
     name = quote_segment(dataset_arg(dataset))
     if not create:
         _require_known_dataset(socket, name, dataset)
-    ans = _call(socket, "PUT", f"/v1/datasets/{name}/cache", {"bytes": nbytes})
+    ans = shown_all(_call(socket, "PUT", f"/v1/datasets/{name}/cache", {"bytes": nbytes}))
     shown = "the shared pool" if ans["bytes"] is None else format_size(ans["bytes"])
     click.echo(f"{ans['dataset']}: cache allocation {shown}")
     for member, why in sorted((ans.get("members_not_reached") or {}).items()):
@@ -292,7 +296,7 @@ def allocate_io(job: str, rate: str | None, create: bool, clear: bool, socket: s
     if clear:
         if rate is not None or create:
             raise click.UsageError("--clear takes no RATE and no --create")
-        ans = _call(socket, "DELETE", path)
+        ans = shown_all(_call(socket, "DELETE", path))
         click.echo(f"{ans['job']}: remote IO allocation removed (unlimited)")
         return
     if rate is None:
@@ -303,7 +307,7 @@ def allocate_io(job: str, rate: str | None, create: bool, clear: bool, socket: s
         raise click.BadParameter(str(exc), param_hint="RATE") from None
     if not create:
         _require_known_job(socket, job)
-    ans = _call(socket, "PUT", path, {"bytes_per_s": rate_bps})
+    ans = shown_all(_call(socket, "PUT", path, {"bytes_per_s": rate_bps}))
     click.echo(f"{ans['job']}: remote IO allocation {format_rate(ans['bytes_per_s'])}")
 
 
@@ -328,7 +332,7 @@ def _require_known_job(socket: str | None, job: str) -> None:
 def admission(dataset: str, mode: str, socket: str | None) -> None:
     """Set DATASET's cache admission: uniform (epochs) or lru (irregular access)."""
     path = f"/v1/datasets/{quote_segment(dataset_arg(dataset))}/admission"
-    ans = _call(socket, "PUT", path, {"mode": mode})
+    ans = shown_all(_call(socket, "PUT", path, {"mode": mode}))
     click.echo(f"{ans['dataset']}: admission {ans['mode']}")
 
 
@@ -348,6 +352,7 @@ def refresh(dataset: str, wait: bool, socket: str | None) -> None:
         ans = _call(socket, "GET", f"/v1/datasets/{ans['id']}")
     if ans["state"] == "error":
         raise click.ClickException(ans.get("error") or "the listing failed")
+    ans = shown_all(ans)
     if wait:
         click.echo(
             f"{ans['name']}: listing generation {ans.get('generation')}, "

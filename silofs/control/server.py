@@ -849,6 +849,11 @@ class TLSLimits:
     # None: the idle timeout, as for a controller.
     member_request_seconds: float | None = None
     member_floor_rate: float | None = None
+    # How long a member's connection may wait for its next request (None: the idle
+    # timeout). Its pool closes connections idle 30 s (node/peer_client.py); one the
+    # member never closes (it died, or the network between went away) must not hold a
+    # slot of max_connections for the controller's 300 s.
+    member_idle_seconds: float | None = None
 
 
 def bind_tcp(host: str, port: int) -> socket.socket:
@@ -968,8 +973,11 @@ class _TLSAcceptor:
                 peer.remote,
                 _host(addr),
             )
+            own = self.limits
+            if peer.node and self.tls_limits.member_idle_seconds is not None:
+                own = dataclasses.replace(own, idle_timeout=self.tls_limits.member_idle_seconds)
             limits = dataclasses.replace(
-                _thread_limits(self.limits),
+                _thread_limits(own),
                 request_seconds=self.tls_limits.member_request_seconds,
                 floor_rate=self.tls_limits.member_floor_rate,
             )
@@ -977,7 +985,7 @@ class _TLSAcceptor:
                 tls, conn, self.router, peer, self.member_threads, limits
             ):
                 return
-            await _serve_connection(tls, self.router, self.limits, peer)
+            await _serve_connection(tls, self.router, own, peer)
         except Exception:  # one connection never ends the listener
             log.exception("bug: unexpected error on a TLS control connection")
         finally:

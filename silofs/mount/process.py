@@ -34,6 +34,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from typing import BinaryIO
+from urllib.parse import quote
 
 import pyfuse3
 import trio
@@ -136,6 +137,14 @@ def raise_read_ahead(target: str, kb: int) -> None:
                 return
     except (OSError, ValueError) as exc:
         log.warning("could not raise read_ahead_kb for %s: %s", target, exc)
+
+
+def fsname(uri: str) -> str:
+    """The dataset's URI as the mount's source (/proc/self/mountinfo): a comma would end
+    the option (written "_"), and pyfuse3 passes options as ASCII, so any other
+    character outside printable ASCII is percent-encoded (UTF-8): a directory named
+    "données" once failed every mount of it with UnicodeEncodeError."""
+    return "".join(c if " " <= c <= "~" else quote(c, safe="") for c in uri.replace(",", "_"))
 
 
 class MountProcess:
@@ -247,9 +256,8 @@ class MountProcess:
             log.info("offered buffered chunks to the daemon again: %s", counts)
 
     def _options(self) -> set[str]:
-        name = self.s.uri.replace(",", "_")
         opts = set(pyfuse3.default_options) | {
-            f"fsname=silofs:{name}",
+            f"fsname=silofs:{fsname(self.s.uri)}",
             "subtype=silofs",
             "ro",
             "noatime",

@@ -37,6 +37,12 @@ PEER_POOL = 4
 # An idle connection older than this is closed, not reused: it holds a slot of the
 # member's listener.
 IDLE_CLOSE_SECONDS = 30.0
+# The member's listener closes a member connection idle this long (node/service.py
+# member_bounds): after its pool would have (the prober sweeps every 0.5 s), so the
+# listener never closes one a pool is about to reuse, but long before the controller's
+# 300 s, so a member that died or was cut off holds no slot of tcp_max_connections
+# longer than this.
+LISTENER_IDLE_SECONDS = IDLE_CLOSE_SECONDS + 15.0
 # A connection checked in this recently is reused without looking whether the member
 # closed it meanwhile (a poll: a system call, which in a connection thread lets the
 # others take the GIL, and a wake-up more per exchange). A member that did is found out

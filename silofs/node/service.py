@@ -11,6 +11,7 @@ handles a request itself.
 
 from __future__ import annotations
 
+import functools
 import gc
 import logging
 import os
@@ -66,10 +67,16 @@ async def serve(daemon: Daemon, task_status: trio.TaskStatus = trio.TASK_STATUS_
             # Every background loop is supervised (node/supervise.py): a failure is one
             # ERROR line and the loop restarts after a backoff; the daemon goes on. The
             # writer restarts too: offers queued meanwhile wait (or are dropped, counted,
-            # when the queue is full), and a failure that persists shows as one ERROR
-            # line per restart (backoff up to a minute).
+            # when the queue is full); a failure that persists (a full disk) is one ERROR
+            # line, then DEBUG per restart (backoff up to a minute) and an ERROR summary
+            # every 10 minutes until a batch commits again; status says it meanwhile.
+            nursery.start_soon(
+                functools.partial(
+                    run_forever, "the writer", daemon.writer.run,
+                    progress=lambda: daemon.writer.stats.batches,
+                )
+            )  # fmt: skip
             for what, loop in (
-                ("the writer", daemon.writer.run),
                 ("the writer's sync loop", daemon.writer.sync_loop),
                 ("the mount reaper", daemon.reap_mounts),
                 ("the enforcer", daemon.enforce_loop),
@@ -202,12 +209,18 @@ def fd_budget(s: NodeSettings) -> int:
 
 def member_bounds(s: NodeSettings) -> dict[str, float]:
     """The peer bounds a member's connection is held to on this node's listener: what
-    an asking member waits for a request to be answered (docs/SEMANTICS.md)."""
+    an asking member waits for a request to be answered (docs/SEMANTICS.md), and how
+    long it may sit idle (just past its own pool's close: peer_client.py; also when
+    the member list is pushed only later)."""
+    from silofs.node.peer_client import LISTENER_IDLE_SECONDS
+
+    idle = {"member_idle_seconds": LISTENER_IDLE_SECONDS}
     if s.cluster is None:
-        return {}
+        return idle
     return {
         "member_request_seconds": s.cluster.peer_timeout_seconds,
         "member_floor_rate": float(s.cluster.peer_floor_rate),
+        **idle,
     }
 
 

@@ -3,6 +3,7 @@ errors, `silofs-ctl forget`, and df on a mount."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -122,3 +123,37 @@ def test_dataset_errors_show_and_forget_removes_rows(
     assert uri not in node.request("GET", "/v1/allocations")["cache"]
     res = ctl(node, "forget", "no-such-thing")
     assert res.returncode != 0 and "no dataset or job named 'no-such-thing'" in res.stderr
+
+
+def _unprintable(text: str) -> set[str]:
+    """The characters of `text` a terminal could act on, but the lines' own newlines."""
+    return {c for line in text.split("\n") for c in line if not c.isprintable()}
+
+
+def test_names_with_control_characters_print_as_escapes(make_node, tmp_path: Path) -> None:
+    """A dataset directory whose name holds a C1 CSI (U+009B, which a UTF-8 xterm takes
+    as ESC [) and a bidi override, mounted at a mountpoint whose name holds ESC, BEL and
+    a newline (anyone may name a directory so): `silofs-ctl status` prints each as its
+    escape, on the row it belongs to, and the daemon's log holds none of them raw."""
+    data = tmp_path / "data\x9b2J\u202eevil"
+    data.mkdir()
+    (data / "a.bin").write_bytes(b"x" * 1000)
+    node: Node = make_node()
+    mp = node.mount(str(data), tmp_path / "mnt\x1b]0;owned\x07\nfake row", "--job", "train")
+    assert (mp / "a.bin").read_bytes() == b"x" * 1000
+    res = ctl(node, "status")
+    assert res.returncode == 0, res.stderr
+    assert _unprintable(res.stdout) == set(), res.stdout
+    assert "\\x9b2J\\u202eevil" in res.stdout and "mnt\\x1b]0;owned\\x07\\nfake row" in res.stdout
+    mounts = res.stdout.split("mounts:\n", 1)[1].split("\n\n", 1)[0].splitlines()
+    assert len(mounts) == 2 and mounts[1].startswith("train "), mounts  # header and one row
+    res = ctl(node, "allocate-cache", f"file://{data}/", "1M")
+    assert res.returncode == 0 and _unprintable(res.stdout) == set(), res
+    assert "\\u202e" in res.stdout
+    # A JSON answer keeps the names exact (json.dumps writes them as \u escapes).
+    got = json.loads(ctl(node, "status", "--json").stdout)
+    assert got["mounts"][0]["mountpoint"] == str(mp)
+    log = "".join(p.read_text(errors="replace") for p in node.logs.iterdir())
+    assert "\u202e" not in log and "\x1b" not in log and "\x9b" not in log
+    assert "\\u202e" in log  # the dataset was logged (opened, listed), escaped
+    node.unmount(mp)

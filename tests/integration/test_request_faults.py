@@ -418,11 +418,20 @@ def test_a_full_cache_disk_while_admitting(
         error = wait_for(lambda: node.status()["node"]["writer"]["error"], what="the error")
         assert "No space left on device" in error
         assert node.status()["datasets"][0]["cached_chunks"] == 0
+        # Misses go on while the disk stays full: the writer fails again after each
+        # restart, and the log says so once (repeats are DEBUG until a batch commits).
+        more = node.mount(uri, tmp_path / "b")  # a mount of its own: its buffer is empty
+        for name, data in files.items():
+            assert (more / name).read_bytes() == data
+        wait_for(lambda: node.status()["node"]["writer"]["failed_batches"] >= 2, what="again")
+        log = (node.logs / "daemon.log").read_text()
+        assert log.count("the writer failed") == 1, log
         os.unlink(os.path.join(node.cache_dir, "filler"))
-        again = node.mount(uri, tmp_path / "b")  # a mount of its own: its buffer is empty
+        again = node.mount(uri, tmp_path / "c")  # a mount of its own: its buffer is empty
         for name, data in files.items():
             assert (again / name).read_bytes() == data
         wait_for(lambda: node.status()["datasets"][0]["cached_chunks"] > 0, what="admissions")
+        assert "the writer admits again" in (node.logs / "daemon.log").read_text()
     finally:
         node.cleanup()
         subprocess.run(["umount", "-l", node.cache_dir], check=False)

@@ -9,9 +9,12 @@ the same mount (its counters are not counted twice); dead mounts are reaped.
 
 from __future__ import annotations
 
+import errno
 import fcntl
+import logging
 import os
-from collections.abc import Iterator
+import re
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import lmdb
@@ -23,7 +26,7 @@ from silofs.cache.store import meta_pages_damaged
 from silofs.errors import UsageError
 from silofs.node.cachedir import LOCK_FILE
 from silofs.node.daemon import Daemon
-from silofs.node.supervise import run_forever
+from silofs.node.supervise import REPEAT_SUMMARY, RESTART_MAX, run_forever
 from silofs.records import MountCounters
 from tests.unit.inprocess import listed, mounted, ready, running, settings
 
@@ -124,11 +127,67 @@ def test_a_failing_loop_is_restarted(caplog: pytest.LogCaptureFixture) -> None:
         with trio.move_on_after(100):
             await run_forever("the enforcer", flaky)
 
+    caplog.set_level(logging.DEBUG, logger="silofs.node.supervise")
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
     assert len(calls) == 3
     assert calls[2] - calls[1] > calls[1] - calls[0] >= 1  # backoff
     errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
-    assert len(errors) == 2 and all("MapFullError" in e for e in errors)
+    assert len(errors) == 1 and "MapFullError" in errors[0]  # the same failure again:
+    again = [r.getMessage() for r in caplog.records if "failed again" in r.getMessage()]
+    assert len(again) == 1 and "MapFullError" in again[0]  # DEBUG
+
+
+def _supervised_log(
+    caplog: pytest.LogCaptureFixture,
+    minutes: float,
+    failure: Callable[[int], Exception],
+    progress: Callable[[int], int] | None = None,
+) -> tuple[int, list[str]]:
+    """Run a loop that fails at once on every start (failure(n) for the n-th) under
+    run_forever for `minutes` of mock time; its starts and the ERROR lines logged."""
+    starts = [0]
+
+    async def loop() -> None:
+        starts[0] += 1
+        raise failure(starts[0])
+
+    async def main() -> None:
+        with trio.move_on_after(minutes * 60):
+            hook = None if progress is None else lambda: progress(starts[0])
+            await run_forever("the writer", loop, progress=hook)
+
+    caplog.clear()
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    return starts[0], errors
+
+
+def test_a_full_disk_is_one_error_line_then_a_summary_every_ten_minutes(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The writer fails each restart while the disk stays full and nothing commits: one
+    ERROR line when it starts, then one per REPEAT_SUMMARY (not one per restart, ~60 an
+    hour at the backoff's ceiling); once a batch committed between two failures, the
+    next failure is an ERROR line again, as is another failure."""
+    full = lambda n: OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))  # noqa: E731
+    starts, errors = _supervised_log(caplog, 60, full, progress=lambda n: 0)
+    # 3,600 s: a summary at most every REPEAT_SUMMARY, at least every REPEAT_SUMMARY
+    # plus a restart's backoff (60 s)
+    most, least = 3600 // REPEAT_SUMMARY, 3600 // (REPEAT_SUMMARY + RESTART_MAX)
+    assert starts > 60 and 1 + least <= len(errors) <= 1 + most, (starts, errors)
+    assert "No space left on device" in errors[0] and "still fails" not in errors[0]
+    assert all("still fails" in e and "No space left on device" in e for e in errors[1:])
+    summed = sum(int(re.search(r"fails, (\d+) more times", e)[1]) for e in errors[1:])
+    # they count the restarts between (those after the last summary are not said yet)
+    assert starts - 1 - (REPEAT_SUMMARY + RESTART_MAX) // RESTART_MAX <= summed < starts
+
+    # Recovered between failures (a batch committed: the count moved): each an ERROR.
+    starts, errors = _supervised_log(caplog, 3, full, progress=lambda n: n)
+    assert len(errors) == starts > 3
+    # Another failure is said at once, and the first one again after it.
+    other = lambda n: lmdb.MapFullError("x") if n == 3 else full(n)  # noqa: E731
+    starts, errors = _supervised_log(caplog, 3, other, progress=lambda n: 0)
+    assert len(errors) == 3 and "MapFullError" in errors[1], errors
 
 
 @pytest.mark.slow

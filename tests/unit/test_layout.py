@@ -361,8 +361,10 @@ def test_the_floor_never_writes_the_env() -> None:
 def test_the_controller_imports_only_the_shared_client_side() -> None:
     graph = import_graph()
     # silofs.records: the job name grammar (one place, stdlib only), so silofs-ctl can
-    # name a bad JOB argument before any request.
+    # name a bad JOB argument before any request, and `shown` for what it prints.
+    # silofs.logsetup: the log formatter that escapes a message as the daemon's does.
     allowed = (
+        "silofs.logsetup",
         "silofs.units",
         "silofs.errors",
         "silofs.config",

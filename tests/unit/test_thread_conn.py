@@ -309,3 +309,41 @@ def test_a_session_that_cannot_be_handed_over_stays_on_the_loop(
             s.sendall(get("/v1/peer/big"))
             assert r.answer()[2] == BIG
         assert acc.member_threads.borrowed_tokens == 0
+
+
+def test_an_idle_member_connection_is_closed_at_the_member_idle_bound(pki: Path) -> None:
+    """A member's connection waiting for its next request is closed at the listener's
+    member idle bound (a member that died without closing it frees its slot), while a
+    controller's idle connection keeps the idle timeout (300 s here)."""
+    probe = Probe()
+    with server(pki, probe, member_idle_seconds=0.5) as (port, acc):
+        member, controller = connect(pki, port), connect(pki, port, "other-client")
+        try:
+            member.sendall(get("/v1/peer/big"))
+            assert Reader(member).answer()[2] == BIG
+            controller.sendall(get("/v1/admin"))
+            assert Reader(controller).answer()[2] == BIG
+            wait_for(lambda: acc.open == 1, DEADLINE, "the idle member's connection to end")
+            assert Reader(member).closed()
+            controller.sendall(get("/v1/admin"))  # the controller's is still served
+            assert Reader(controller).answer()[2] == BIG
+        finally:
+            member.close()
+            controller.close()
+
+
+def test_the_listener_keeps_a_member_connection_just_past_its_pools_close(
+    tmp_path: Path,
+) -> None:
+    """The two ends agree: a member's pool closes a connection idle IDLE_CLOSE_SECONDS,
+    and the listener a little later (never one the pool is about to reuse), far below
+    the controller's idle timeout, with or without a [cluster] in silofs.toml (a member
+    list may be pushed later)."""
+    from silofs.control.server import Limits
+    from silofs.node.peer_client import IDLE_CLOSE_SECONDS
+    from silofs.node.service import member_bounds
+    from tests.unit.inprocess import settings
+
+    idle = member_bounds(settings(tmp_path))["member_idle_seconds"]
+    assert IDLE_CLOSE_SECONDS + 5 <= idle <= 2 * IDLE_CLOSE_SECONDS < Limits().idle_timeout
+    assert TLSLimits(**member_bounds(settings(tmp_path))).member_idle_seconds == idle
