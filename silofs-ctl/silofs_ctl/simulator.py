@@ -288,13 +288,20 @@ class Simulation:
             if not hit < 1.0:
                 hit = 1.0
             view = job.view
+            placement = job.placement if job.share > 0 else None
+            remaining = max(0.0, job.work - job.read) if with_remaining else math.inf
             if (
                 view is None
                 or view.hit_now != hit
-                or view.placement != (job.placement if job.share > 0 else None)
-                or view.remaining != (max(0.0, job.work - job.read) if with_remaining else math.inf)
+                or view.placement != placement
+                or view.remaining != remaining
             ):
-                view = self._view(job)
+                # _view, with the hit ratio found above (it finds the same)
+                spec = job.spec
+                view = job.view = Job(
+                    job.name, spec.dataset, spec.gpus, spec.ideal_io, job.reads,
+                    remaining, spec.submit, placement, hit,
+                )  # fmt: skip
             views.append(view)
         return views
 

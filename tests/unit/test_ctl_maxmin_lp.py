@@ -290,7 +290,8 @@ def test_the_array_form_of_a_plan_for_the_hits_now_is_the_loops_to_the_bit(
     on (the steady state when the units share one pool, and the plan for the hits now):
     every share, IO allocation and cached unit must be the same floats, in the same
     order, as the loops give, whether IO, GPUs or the jobs' ceilings bind, with an
-    unlimited link, jobs without f* and a spare link to hand out."""
+    unlimited link, jobs without f* and a spare link to hand out; and with some jobs
+    that do not say their hit ratio now (then it is the cache's as filled)."""
     from dataclasses import replace
 
     from silofs_ctl.policies import gavel
@@ -310,6 +311,8 @@ def test_the_array_form_of_a_plan_for_the_hits_now_is_the_loops_to_the_bit(
         for job in jobs:
             f_star = 0.0 if rng.random() < 0.05 else job.f_star
             hit = rng.choice([0.0, 1.0, 1.0 - 1e-12, rng.random()])
+            if trial % 4 == 1 and rng.random() < 0.2:
+                hit = None
             views.append(replace(job, f_star=f_star, hit_now=hit))
         out = []
         for first in (10**9, 0):

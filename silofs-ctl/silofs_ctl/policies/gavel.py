@@ -455,6 +455,7 @@ _NAME = attrgetter("name")
 _F_STAR = attrgetter("f_star")
 _GPUS = attrgetter("gpus")
 _READS = attrgetter("reads")
+_HIT_NOW = attrgetter("hit_now")
 _LEVEL = itemgetter(0)
 _END = itemgetter(1)
 
@@ -875,9 +876,15 @@ class GavelPolicy:
         steady = self._steady_plan(jobs, cluster, estimator)
         e, plan, start = steady.e, steady.plan, steady.start
         alloc = Allocation(cache=dict(plan.cache) if estimator.io_aware else {})
+        if estimator.io_aware and steady.arrays is not None:
+            hit_now = list(map(_HIT_NOW, jobs))
+            if None not in hit_now:  # (what current_hits gives when every job says)
+                _fixed_hits_tail(alloc, jobs, cluster, hit_now, steady.arrays)
+                return alloc
         hits = current_hits(jobs, cluster, plan.cache) if estimator.io_aware else None
         if hits is not None and steady.arrays is not None:
-            _fixed_hits_tail(alloc, jobs, cluster, hits, steady.arrays)
+            _fixed_hits_tail(alloc, jobs, cluster, list(map(hits.__getitem__, map(_NAME, jobs))),
+                             steady.arrays)  # fmt: skip
             return alloc
         if hits is not None:
             # (the plan's cache is the steady one above: this solve's is not read)
@@ -943,16 +950,15 @@ def _fixed_hits_tail(
     alloc: Allocation,
     jobs: Sequence[Job],
     cluster: Cluster,
-    hits: Mapping[str, float],
+    hit_now: list[float],
     arrays: ga.JobArrays,
 ) -> None:
-    """What GavelPolicy.allocate does with the hits now (maxmin_fixed_hits, the shares,
-    spread_leftover_gpus, the IO and spread_leftover_io), as array operations: the same
-    floats in the same order (gavel_arrays says how)."""
+    """What GavelPolicy.allocate does with the hits now (`hit_now`, in the jobs' order:
+    maxmin_fixed_hits, the shares, spread_leftover_gpus, the IO and spread_leftover_io),
+    as array operations: the same floats in the same order (gavel_arrays says how)."""
     from . import gavel_arrays as ga
 
     names = list(map(_NAME, jobs))
-    hit_now = list(map(hits.__getitem__, names))
     shares, io = ga.solve_hits_now(arrays, hit_now, _limits(cluster))
     alloc.gpu_share.update(zip(names, shares, strict=True))
     alloc.io.update(zip(names, io, strict=True))

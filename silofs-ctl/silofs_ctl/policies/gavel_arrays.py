@@ -156,18 +156,21 @@ class KnapsackIO:
         d = done[r_job]
         fixed = np.bincount(r_unit, np.where(d, self.r_w * rate[r_job], 0.0), m)
         slope = np.bincount(r_unit, np.where(d, 0.0, self.r_w * self.e[r_job]), m)
-        first_fixed = _first_seen(r_unit[d])
+        first_fixed = _first_seen(r_unit[d], m)
         seen = np.zeros(m, dtype=bool)
         seen[first_fixed] = True
-        rest = _first_seen(r_unit[~d])
+        rest = _first_seen(r_unit[~d], m)
         rows = np.concatenate((first_fixed, rest[~seen[rest]]))
         return KnapsackLoads(self, fixed, slope, rows)
 
 
-def _first_seen(units: IndexArray) -> IndexArray:
-    """The distinct values of `units` in the order they first occur."""
-    found, first = np.unique(units, return_index=True)
-    return found[np.argsort(first, kind="stable")]
+def _first_seen(units: IndexArray, m: int) -> IndexArray:
+    """The distinct values of `units` (each below `m`) in the order they first occur."""
+    n = len(units)
+    first = np.full(m, n)
+    np.minimum.at(first, units, np.arange(n))  # each value's first place (n: none)
+    found = np.flatnonzero(first < n)
+    return found[np.argsort(first[found])]  # (the places differ: no ties to order)
 
 
 @dataclass
