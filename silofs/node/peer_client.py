@@ -7,7 +7,8 @@ node role), HTTP/1.1 framing of one request and its answer (bodies read straight
 one buffer with recv_into, no copy through a parser; TLS driven through memory BIOs,
 TLSPipe, so ciphertext is read in large pieces), and the bounds every exchange
 keeps: connect, TLS handshake and the answer's first byte within peer_timeout_seconds
-(a "102 Processing" counts as life and starts the bound again), then the body at
+(a "102 Processing" counts as life and starts the bound again, for at most
+MAX_PROGRESS_SECONDS in all), then the body at
 peer_floor_rate at least. A failure is a PeerError naming its reason (REASONS).
 Blocking, for worker threads (node/cluster.py runs each exchange in one, so TLS and
 copies run outside the trio loop, in parallel); thread-safe. Never decides what a
@@ -51,6 +52,12 @@ LISTENER_IDLE_SECONDS = IDLE_CLOSE_SECONDS + 15.0
 # asker checks as any other (a chunk's every block and its identity).
 LOOK_AFTER_SECONDS = 1.0
 MAX_HEAD = 16 << 10  # a peer's answer head (status line and headers)
+# A member's "102 Processing" answers extend the first-byte bound for at most this long
+# in all: an honest home sends them while its own store GET runs (connect 10 s, read
+# 30 s a try) or while it waits on its serve cap, but a home whose GET hangs, or a
+# member that sends 102s forever, would otherwise hold the read for good. Past it the
+# member is down ("timeout") and the asker reads the chunk from the store itself.
+MAX_PROGRESS_SECONDS = 60.0
 # The largest body a member may answer: a chunk value (64 MiB chunk and its header).
 MAX_BODY = (64 << 20) + (1 << 20)
 _RECV = 256 << 10
@@ -474,16 +481,25 @@ def _exchange(
         raise _transport_error(exc, address, "sending") from None
     buf, view = conn.head, conn.head_view
     got = 0
+    progress_end = sock.deadline + MAX_PROGRESS_SECONDS
+    processing = False
     while True:  # skip 1xx answers; each starts the first-byte bound again
-        status, headers, end, got = _read_head(sock, view, got, address, reused)
+        try:
+            status, headers, end, got = _read_head(sock, view, got, address, reused)
+        except PeerError as exc:
+            if processing and exc.reason == "timeout" and time.monotonic() >= progress_end:
+                raise PeerError("timeout", f"{address}: 102 Processing for "
+                                f"{MAX_PROGRESS_SECONDS:g}s and no answer") from None  # fmt: skip
+            raise
         if status >= 200:
             break
+        processing = True
         buf[: got - end] = view[end:got]  # what followed the 102 (usually nothing)
         got -= end
         reused = False  # the member answered: a failure from here is not a stale pool
         if gone is not None and gone():
             raise Abandoned(f"{address}: the asker left while the member worked")
-        sock.deadline = time.monotonic() + bounds.timeout
+        sock.deadline = min(time.monotonic() + bounds.timeout, progress_end)
     length = headers.get("content-length", "")
     if not length.isdigit() or int(length) > MAX_BODY:
         raise PeerError("http", f"{address}: an answer without a usable content-length")

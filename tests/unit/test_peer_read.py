@@ -31,6 +31,7 @@ import trio
 from silofs import sealed
 from silofs.cache.format import ChunkRef, encode_chunk
 from silofs.config import ClusterSettings, MemberSpec
+from silofs.node import peer_client
 from silofs.node.daemon import Daemon
 from silofs.node.peer_ask import PeerRead
 from silofs.node.peer_wire import ChunkAsk
@@ -283,6 +284,23 @@ def test_102_processing_is_life_past_the_timeout(
     with daemon_of(tmp_path, pki, member.port) as d:
         got = read_all(d, bucket, "processing", member)
     assert got["up"] and got["member"]["errors"] == {} and got["remote_gets"] == 0
+
+
+def test_102s_forever_are_life_only_for_a_bounded_time(
+    tmp_path: Path, pki: Path, bucket: Path, member: FakeMember, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A member that answers 102 Processing and never the chunk (its GET hangs, or it
+    is hostile) holds a read for MAX_PROGRESS_SECONDS at most: then it is down
+    ("timeout") and the chunk is read from the store, right."""
+    monkeypatch.setattr(peer_client, "MAX_PROGRESS_SECONDS", 2.0)
+    t0 = time.monotonic()
+    with daemon_of(tmp_path, pki, member.port) as d:
+        got = read_all(d, bucket, "stalling", member)
+    assert got["member"]["errors"] == {"timeout": 1}, got
+    assert got["dataset"]["store_fallbacks"] == 1 and not got["up"]
+    assert got["remote_gets"] == 3 and len(member.asks) == 1
+    assert member.left.wait(10)  # the asker closed the member's connection
+    assert time.monotonic() - t0 < 20  # 2 s of 102s, not until the member stops
 
 
 def test_a_job_with_a_rate_is_charged_after_428_and_before_the_homes_get(
