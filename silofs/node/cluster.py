@@ -72,6 +72,12 @@ log = logging.getLogger(__name__)
 
 META_ROW = "cluster:members"
 PROBE_TICK = 0.5  # how often the prober looks for members due a ping
+# Pings in flight at once. Each runs in a thread and holds a connection (a silent
+# member's for peer_timeout_seconds): a pushed list of 1,000 members, most of them
+# down, once had the prober run 400 threads at once, and with members that hang the
+# handshake it would hold a socket per member, however few fds the start budgeted for
+# (service.fd_budget counts the members of silofs.toml). The rest wait their turn.
+PROBES_AT_ONCE = 16
 # Failures that are the member's: it is marked down (and skipped) for its backoff.
 MEMBER_FAILURES = frozenset({"refused", "timeout", "short", "corrupt", "foreign"})
 # A warning per member and reason at most this often; the others at DEBUG.
@@ -106,6 +112,7 @@ class Cluster:
         # Membership.came_up as of the last stand-in sweep, and whether one runs.
         self._swept = 0
         self._sweeping = False
+        self._probing = trio.CapacityLimiter(PROBES_AT_ONCE)
         config = self._newest(settings.cluster, _persisted(d.store))
         if config is not None:
             self.apply(config)
@@ -688,7 +695,8 @@ class Cluster:
 
         async def probe() -> None:
             try:
-                await self._probe(member)
+                async with self._probing:
+                    await self._probe(member)
             finally:
                 if self._probes.get(member.address) is done:
                     del self._probes[member.address]
