@@ -133,6 +133,18 @@ class FakeMember:
                     return False
                 tls.sendall(value[i : i + 4096])
             return True
+        elif mode == "chunked":  # a body framed as HTTP/1.1 allows, but not as members do
+            tls.sendall(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n"
+                        + b"%x\r\n" % len(value) + bytes(value) + b"\r\n0\r\n\r\n")  # fmt: skip
+            return False
+        elif mode == "redirect":  # elsewhere: a member that points at another host
+            tls.sendall(b"HTTP/1.1 302 Found\r\nlocation: https://127.0.0.2/x\r\n"
+                        b"content-length: 0\r\n\r\n")  # fmt: skip
+            return True
+        elif mode == "huge":  # a length past any chunk value, then nothing
+            tls.sendall(_head(200, 10**15))
+            self.stop.wait(10)
+            return False
         elif mode == "stalling":  # a store that never answers: 102s until the asker leaves
             try:
                 while not self.stop.wait(0.1):
@@ -264,6 +276,21 @@ def test_a_bad_answer_is_counted_the_member_marked_down_and_the_store_serves(
     assert got["remote_gets"] == 3  # this node read all three from the store
     # The wait is bounded by the timeout plus a chunk's value at the floor rate (1 MiB/s
     # here: 0.75 s), whatever length the member's head claims (64 MiB: 64 s).
+    assert time.monotonic() - t0 < 10
+
+
+@pytest.mark.parametrize("mode", ["chunked", "redirect", "huge"])
+def test_an_answer_no_member_sends_is_an_http_failure_and_the_store_serves(
+    tmp_path: Path, pki: Path, bucket: Path, member: FakeMember, mode: str
+) -> None:
+    """A chunked body, a redirect (never followed), a content-length of a petabyte:
+    each read is right, from the store, at once; the member is not waited for."""
+    t0 = time.monotonic()
+    with daemon_of(tmp_path, pki, member.port) as d:
+        got = read_all(d, bucket, mode, member)
+    assert set(got["member"]["errors"]) == {"http"}, got
+    assert got["dataset"]["store_fallbacks"] == got["member"]["errors"]["http"] >= 1
+    assert got["remote_gets"] == 3
     assert time.monotonic() - t0 < 10
 
 
