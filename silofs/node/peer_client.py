@@ -17,6 +17,8 @@ failure means for the member, never verifies chunk bytes (node/cluster.py does b
 
 from __future__ import annotations
 
+import concurrent.futures
+import ipaddress
 import logging
 import math
 import select
@@ -66,6 +68,11 @@ _RECV = 256 << 10
 _MAX_RECORD = 5 + (1 << 14) + 2048
 # A request's bytes are encrypted this much at a time before they are sent.
 _WRITE_SLICE = 1 << 20
+
+# Name lookups of members' hosts run here, so that a connect waits for one no longer
+# than its bound (getaddrinfo takes no timeout: with DNS not answering, glibc's is 5 s a
+# try, tried twice). A lookup past the bound is left to end in its thread.
+_LOOKUPS = concurrent.futures.ThreadPoolExecutor(8, thread_name_prefix="silofs-peer-dns")
 
 # Why an exchange or its answer failed, as counted in status and /metrics.
 REASONS = ("refused", "timeout", "short", "http", "corrupt", "foreign")
@@ -420,7 +427,8 @@ class PeerPool:
     def _connect(self, bounds: Bounds) -> _Connection:
         deadline = time.monotonic() + bounds.timeout
         try:
-            raw = socket.create_connection((self.host, self.port), timeout=bounds.timeout)
+            where = _lookup(self.host, self.port, bounds.timeout)
+            raw = socket.create_connection(where, timeout=max(0.01, deadline - time.monotonic()))
         except TimeoutError:
             raise PeerError("timeout", f"{self.address}: no connection within "
                             f"{bounds.timeout:g}s") from None  # fmt: skip
@@ -447,6 +455,26 @@ class PeerPool:
             )
         self.opened += 1
         return _Connection(sock)
+
+
+def _lookup(host: str, port: int, timeout: float) -> tuple[str, int]:
+    """(address, port) to connect to: `host` itself if it is an IP address, else its
+    first address, looked up within `timeout` (TimeoutError past it; OSError if the
+    name does not resolve)."""
+    try:
+        ipaddress.ip_address(host)
+        return host, port
+    except ValueError:
+        pass
+    future = _LOOKUPS.submit(socket.getaddrinfo, host, port, 0, socket.SOCK_STREAM)
+    try:
+        infos = future.result(timeout)
+    except concurrent.futures.TimeoutError:
+        future.cancel()
+        raise TimeoutError(f"no address for {host} within {timeout:g}s") from None
+    if not infos:
+        raise OSError(f"no address for {host}")
+    return str(infos[0][4][0]), port
 
 
 class _StaleConnection(Exception):

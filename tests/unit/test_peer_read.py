@@ -637,3 +637,26 @@ def test_a_recheck_while_the_prober_pings_counts_one_failure(
         failures, errors = trio.run(main)
         assert failures == 2, "one failure for the mark_down, one for the failed ping"
         assert sum(errors.values()) == 1, errors
+
+
+def test_a_member_name_dns_does_not_answer_for_is_a_timeout_within_the_bound(
+    pki: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """getaddrinfo takes no timeout (glibc: 5 s a try, two tries, with DNS down): the
+    connect's bound covers the lookup of a member's name too."""
+    real = socket.getaddrinfo
+    stop = threading.Event()
+
+    def slow(host: str, *args: Any, **kw: Any) -> Any:
+        if host == "member.example":
+            stop.wait(30)  # a DNS server that does not answer
+        return real(host, *args, **kw)
+
+    monkeypatch.setattr(socket, "getaddrinfo", slow)
+    ctx = peer_client.client_context(str(pki / "n0.pem"), str(pki / "n0.key"), str(pki / "ca.pem"))
+    pool = peer_client.PeerPool("tls://member.example:7001", "member.example", 7001, ctx, "c")
+    t0 = time.monotonic()
+    with pytest.raises(peer_client.PeerError) as err:
+        pool.request("GET", "/v1/peer/ping", peer_client.Bounds(TIMEOUT, 1 << 20))
+    stop.set()
+    assert err.value.reason == "timeout" and time.monotonic() - t0 < TIMEOUT + 1
