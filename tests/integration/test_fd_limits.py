@@ -123,10 +123,10 @@ def test_idle_connections_of_a_member_leave_status_and_misses_working(tmp_path: 
 _HOLDS: set[int] = set()
 
 
-def _hold_connections(uid: int, path: str, n: int) -> tuple[int, int]:
-    """A child as `uid` that opens `n` connections to `path` and holds them until the
-    returned pipe's write end is closed: (pid, that fd). It says how many it opened
-    (one byte: n // 8) once done."""
+def _hold_connections(uid: int, path: str, n: int, first: bytes = b"") -> tuple[int, int]:
+    """A child as `uid` that opens `n` connections to `path` (sending `first` on each)
+    and holds them until the returned pipe's write end is closed: (pid, that fd). It
+    says how many it opened (one byte: n // 8) once done."""
     done_r, done_w = os.pipe()
     hold_r, hold_w = os.pipe()
     pid = os.fork()
@@ -144,6 +144,7 @@ def _hold_connections(uid: int, path: str, n: int) -> tuple[int, int]:
                 s.settimeout(10)
                 try:
                     s.connect(path)
+                    s.sendall(first)
                 except OSError:
                     s.close()
                     continue
@@ -227,6 +228,39 @@ def test_idle_connections_of_many_users_leave_status_and_misses_working(
                  what="status as another user", interval=0.2)  # fmt: skip
         fds = len(os.listdir(f"/proc/{node.daemon_pid}/fd"))
         assert fds < NOFILE - 64, f"the daemon holds {fds} fds"
+    finally:
+        for pid, hold in holders:
+            os.close(hold)
+            _HOLDS.discard(hold)
+            os.waitpid(pid, 0)
+        node.cleanup()
+        shutil.rmtree(public, ignore_errors=True)
+    assert not node.log_problems(), "\n".join(node.log_problems())
+
+
+def test_connections_that_sent_one_byte_of_a_request_do_not_lock_other_users_out(
+    tmp_path: Path,
+) -> None:
+    """Three untrusted uids, each at its limit (128) of connections that sent one byte
+    of a request and no more: past the total (336 under NOFILE 1024). Such a connection
+    was kept for the idle timeout (300 s) and the total never freed; past 5 s it is
+    closed for a newcomer, so a fourth user's status answers."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to become other users")
+    public = Path(tempfile.mkdtemp(prefix="silofs-fd-", dir="/tmp"))
+    public.chmod(0o755)
+    node = Node(tmp_path / "node", "64M", socket=str(public / "ctl.sock"),
+                prefix=["prlimit", f"--nofile={NOFILE}:{NOFILE}"])  # fmt: skip
+    holders: list[tuple[int, int]] = []
+    try:
+        node.start()
+        for uid in range(52000, 52003):
+            holders.append(_hold_connections(uid, node.socket, 128, b"G"))
+        answers: list[str] = []
+        wait_for(lambda: answers.append(_status_as(52100, node.socket)) or answers[-1] == "200",
+                 timeout=30, what="status as a user with no connection of its own",
+                 interval=0.2)  # fmt: skip
+        assert node.status()["node"]["cache_size"] > 0
     finally:
         for pid, hold in holders:
             os.close(hold)
