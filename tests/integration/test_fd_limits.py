@@ -16,6 +16,7 @@ import shutil
 import socket
 import tempfile
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -48,16 +49,23 @@ def limited_node(tmp_path: Path) -> Iterator[Node]:
     assert not node.log_problems(), "\n".join(node.log_problems())
 
 
-def test_idle_connections_of_a_root_client_leave_status_and_misses_working(
-    limited_node: Node, tmp_path: Path
-) -> None:
-    node = limited_node
+def _mounted_data(node: Node, tmp_path: Path) -> tuple[Path, Path]:
+    """Four files in a local directory mounted by root: (the directory, the mount), one
+    file read (cached); the other three are uncached."""
     data = tmp_path / "data"
     data.mkdir()
     for i in range(4):
         (data / f"f{i}.bin").write_bytes(os.urandom(300_000 + i))
     mp = node.mount(str(data), tmp_path / "mnt")
     assert (mp / "f0.bin").read_bytes() == (data / "f0.bin").read_bytes()
+    return data, mp
+
+
+def test_idle_connections_of_a_root_client_leave_status_and_misses_working(
+    limited_node: Node, tmp_path: Path
+) -> None:
+    node = limited_node
+    data, mp = _mounted_data(node, tmp_path)
 
     idle: list[socket.socket] = []
     try:
@@ -191,45 +199,40 @@ def _status_as(uid: int, path: str) -> str:
     return got.decode(errors="replace")
 
 
-def test_idle_connections_of_many_users_leave_status_and_misses_working(
-    tmp_path: Path,
-) -> None:
-    """Nine untrusted uids, each past its own per-uid limit (128) of idle connections:
-    together 1,260, past the daemon's total under NOFILE 1024 (336). Status still
-    answers root at once and a tenth user with no connection of its own once the
-    flood's connections have idled 1 s (they are evicted for it), root's mount reads
-    an uncached file, and the daemon's fds stay under the limit."""
+@dataclass
+class Flooded:
+    """A daemon under NOFILE on a socket any user may reach, and the children holding
+    other users' connections to it (ended with the test)."""
+
+    node: Node
+    holders: list[tuple[int, int]]
+
+    def hold(self, uids: range, n: int, first: bytes = b"") -> None:
+        for uid in uids:
+            self.holders.append(_hold_connections(uid, self.node.socket, n, first))
+
+    def status_as(self, uid: int, timeout: float) -> None:
+        """Status as `uid` answers 200 within `timeout`: the flood's connections may
+        need to wait out their eviction bound first (until then a new one is refused,
+        or past 64 refusals at once closed unanswered)."""
+        wait_for(lambda: _status_as(uid, self.node.socket) == "200", timeout=timeout,
+                 what=f"status as uid {uid}", interval=0.2)  # fmt: skip
+
+
+@pytest.fixture
+def flooded(tmp_path: Path) -> Iterator[Flooded]:
     if os.geteuid() != 0:
         pytest.skip("needs root to become other users")
     public = Path(tempfile.mkdtemp(prefix="silofs-fd-", dir="/tmp"))
     public.chmod(0o755)  # any user may reach the socket (pytest's tmp_path is root's)
     node = Node(tmp_path / "node", "64M", socket=str(public / "ctl.sock"),
                 prefix=["prlimit", f"--nofile={NOFILE}:{NOFILE}"])  # fmt: skip
-    holders: list[tuple[int, int]] = []
+    state = Flooded(node, [])
     try:
         node.start()
-        data = tmp_path / "data"
-        data.mkdir()
-        for i in range(4):
-            (data / f"f{i}.bin").write_bytes(os.urandom(300_000 + i))
-        mp = node.mount(str(data), tmp_path / "mnt")
-        assert (mp / "f0.bin").read_bytes() == (data / "f0.bin").read_bytes()
-        for uid in range(52000, 52009):
-            holders.append(_hold_connections(uid, node.socket, 140))
-        # The flood's newest connections are not idle yet: a new one may be refused
-        # (or, past 64 refusals at once, closed unanswered) until they have waited 1 s.
-        answers: list[str] = []
-        wait_for(lambda: answers.append(_status_as(52100, node.socket)) or answers[-1] == "200",
-                 timeout=15, what="status as a user with no connection of its own",
-                 interval=0.2)  # fmt: skip
-        assert node.status()["node"]["cache_size"] > 0
-        assert (mp / "f3.bin").read_bytes() == (data / "f3.bin").read_bytes()
-        wait_for(lambda: _status_as(52009, node.socket) == "200", timeout=15,
-                 what="status as another user", interval=0.2)  # fmt: skip
-        fds = len(os.listdir(f"/proc/{node.daemon_pid}/fd"))
-        assert fds < NOFILE - 64, f"the daemon holds {fds} fds"
+        yield state
     finally:
-        for pid, hold in holders:
+        for pid, hold in state.holders:
             os.close(hold)
             _HOLDS.discard(hold)
             os.waitpid(pid, 0)
@@ -238,34 +241,32 @@ def test_idle_connections_of_many_users_leave_status_and_misses_working(
     assert not node.log_problems(), "\n".join(node.log_problems())
 
 
+def test_idle_connections_of_many_users_leave_status_and_misses_working(
+    flooded: Flooded, tmp_path: Path
+) -> None:
+    """Nine untrusted uids, each past its own per-uid limit (128) of idle connections:
+    together 1,260, past the daemon's total under NOFILE 1024 (336). Status still
+    answers root at once and a tenth user with no connection of its own once the
+    flood's connections have idled 1 s (they are evicted for it), root's mount reads
+    an uncached file, and the daemon's fds stay under the limit."""
+    node = flooded.node
+    data, mp = _mounted_data(node, tmp_path)
+    flooded.hold(range(52000, 52009), 140)
+    flooded.status_as(52100, 15)
+    assert node.status()["node"]["cache_size"] > 0
+    assert (mp / "f3.bin").read_bytes() == (data / "f3.bin").read_bytes()
+    flooded.status_as(52009, 15)
+    fds = len(os.listdir(f"/proc/{node.daemon_pid}/fd"))
+    assert fds < NOFILE - 64, f"the daemon holds {fds} fds"
+
+
 def test_connections_that_sent_one_byte_of_a_request_do_not_lock_other_users_out(
-    tmp_path: Path,
+    flooded: Flooded,
 ) -> None:
     """Three untrusted uids, each at its limit (128) of connections that sent one byte
     of a request and no more: past the total (336 under NOFILE 1024). Such a connection
     was kept for the idle timeout (300 s) and the total never freed; past 5 s it is
     closed for a newcomer, so a fourth user's status answers."""
-    if os.geteuid() != 0:
-        pytest.skip("needs root to become other users")
-    public = Path(tempfile.mkdtemp(prefix="silofs-fd-", dir="/tmp"))
-    public.chmod(0o755)
-    node = Node(tmp_path / "node", "64M", socket=str(public / "ctl.sock"),
-                prefix=["prlimit", f"--nofile={NOFILE}:{NOFILE}"])  # fmt: skip
-    holders: list[tuple[int, int]] = []
-    try:
-        node.start()
-        for uid in range(52000, 52003):
-            holders.append(_hold_connections(uid, node.socket, 128, b"G"))
-        answers: list[str] = []
-        wait_for(lambda: answers.append(_status_as(52100, node.socket)) or answers[-1] == "200",
-                 timeout=30, what="status as a user with no connection of its own",
-                 interval=0.2)  # fmt: skip
-        assert node.status()["node"]["cache_size"] > 0
-    finally:
-        for pid, hold in holders:
-            os.close(hold)
-            _HOLDS.discard(hold)
-            os.waitpid(pid, 0)
-        node.cleanup()
-        shutil.rmtree(public, ignore_errors=True)
-    assert not node.log_problems(), "\n".join(node.log_problems())
+    flooded.hold(range(52000, 52003), 128, b"G")
+    flooded.status_as(52100, 30)
+    assert flooded.node.status()["node"]["cache_size"] > 0
