@@ -427,8 +427,7 @@ class PeerPool:
     def _connect(self, bounds: Bounds) -> _Connection:
         deadline = time.monotonic() + bounds.timeout
         try:
-            where = _lookup(self.host, self.port, bounds.timeout)
-            raw = socket.create_connection(where, timeout=max(0.01, deadline - time.monotonic()))
+            raw = _connect_any(_lookup(self.host, self.port, bounds.timeout), deadline)
         except TimeoutError:
             raise PeerError("timeout", f"{self.address}: no connection within "
                             f"{bounds.timeout:g}s") from None  # fmt: skip
@@ -457,13 +456,13 @@ class PeerPool:
         return _Connection(sock)
 
 
-def _lookup(host: str, port: int, timeout: float) -> tuple[str, int]:
-    """(address, port) to connect to: `host` itself if it is an IP address, else its
-    first address, looked up within `timeout` (TimeoutError past it; OSError if the
-    name does not resolve)."""
+def _lookup(host: str, port: int, timeout: float) -> list[tuple[str, int]]:
+    """The (address, port)s to try: `host` itself if it is an IP address, else its
+    addresses, looked up within `timeout` (TimeoutError past it; OSError if the name
+    does not resolve)."""
     try:
         ipaddress.ip_address(host)
-        return host, port
+        return [(host, port)]
     except ValueError:
         pass
     future = _LOOKUPS.submit(socket.getaddrinfo, host, port, 0, socket.SOCK_STREAM)
@@ -472,9 +471,26 @@ def _lookup(host: str, port: int, timeout: float) -> tuple[str, int]:
     except concurrent.futures.TimeoutError:
         future.cancel()
         raise TimeoutError(f"no address for {host} within {timeout:g}s") from None
-    if not infos:
+    found = list(dict.fromkeys((str(i[4][0]), port) for i in infos))
+    if not found:
         raise OSError(f"no address for {host}")
-    return str(infos[0][4][0]), port
+    return found
+
+
+def _connect_any(addresses: list[tuple[str, int]], deadline: float) -> socket.socket:
+    """A connection to the first of `addresses` that takes one by `deadline`, as
+    socket.create_connection tries a name's addresses (a name whose first address is
+    ::1 and a member listening on 127.0.0.1 only); the last error if none does."""
+    error: OSError = OSError("no address to connect to")
+    for where in addresses:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("timed out")
+        try:
+            return socket.create_connection(where, timeout=left)
+        except OSError as exc:  # TimeoutError included: the next address gets what is left
+            error = exc
+    raise error
 
 
 class _StaleConnection(Exception):

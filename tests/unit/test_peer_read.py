@@ -660,3 +660,20 @@ def test_a_member_name_dns_does_not_answer_for_is_a_timeout_within_the_bound(
         pool.request("GET", "/v1/peer/ping", peer_client.Bounds(TIMEOUT, 1 << 20))
     stop.set()
     assert err.value.reason == "timeout" and time.monotonic() - t0 < TIMEOUT + 1
+
+
+def test_each_address_of_a_members_name_is_tried_in_turn() -> None:
+    """A name whose first address takes no connection (::1, with the member on
+    127.0.0.1 only; here another port) still reaches the member, as
+    socket.create_connection did."""
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        port = listener.getsockname()[1]
+        with socket.socket() as closed:  # a port nothing listens on
+            closed.bind(("127.0.0.1", 0))
+            dead = closed.getsockname()[1]
+        addresses = [("127.0.0.1", dead), ("127.0.0.1", port)]
+        conn = peer_client._connect_any(addresses, time.monotonic() + TIMEOUT)
+        with conn:
+            assert conn.getpeername() == ("127.0.0.1", port)
+        with pytest.raises(OSError):
+            peer_client._connect_any(addresses[:1], time.monotonic() + TIMEOUT)
