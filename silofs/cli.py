@@ -294,8 +294,7 @@ class DaemonWish:
 def _start_daemon(wish: DaemonWish) -> None:
     """Start a default node daemon in the background and wait until it answers."""
     socket = wish.socket
-    os.makedirs(default_log_dir(), exist_ok=True)
-    log_path = os.path.join(default_log_dir(), "daemon.log")
+    log_path = _log_file("daemon.log")
     args = [sys.executable, "-m", "silofs", "daemon", "--socket", socket, "--started-by", "auto"]
     for flag, value in (
         ("--cache-dir", wish.cache_dir),
@@ -311,7 +310,7 @@ def _start_daemon(wish: DaemonWish) -> None:
         # Not the unit's notify socket: a mount run by a Type=notify unit must not have
         # its READY=1 sent by the daemon it happened to start.
         env = {k: v for k, v in os.environ.items() if k not in ("NOTIFY_SOCKET", "INVOCATION_ID")}
-        proc = subprocess.Popen(
+        proc = _spawn(
             args,
             stdin=subprocess.DEVNULL,
             stdout=logf,
@@ -339,6 +338,33 @@ def _start_daemon(wish: DaemonWish) -> None:
     raise SilofsError(
         f"the silofs daemon did not start within {DAEMON_START_TIMEOUT:.0f}s; see {log_path}"
     )
+
+
+def _log_file(name: str) -> str:
+    """`name` in the log dir (made if missing), where a background daemon or mount
+    writes what it says before its own logging is set up; SilofsError, one line, when
+    the dir cannot be made or written (a HOME that is not writable, a file in its
+    place): never a traceback."""
+    where = default_log_dir()
+    path = os.path.join(where, name)
+    try:
+        os.makedirs(where, exist_ok=True)
+        open(path, "ab").close()
+    except OSError as exc:
+        raise SilofsError(
+            f"cannot write logs in {where}: {exc.strerror or exc}; set SILOFS_LOG_DIR "
+            "(or XDG_STATE_HOME) to a directory you can write"
+        ) from None
+    return path
+
+
+def _spawn(args: list[str], **kwargs: Any) -> subprocess.Popen:
+    """subprocess.Popen, its OSError (the interpreter not executable, out of
+    processes) one line."""
+    try:
+        return subprocess.Popen(args, **kwargs)
+    except OSError as exc:
+        raise SilofsError(f"cannot start {' '.join(args[:4])}: {exc.strerror or exc}") from None
 
 
 def _last_error(log_path: str) -> str | None:
@@ -750,8 +776,7 @@ def _mount_background(
 ) -> None:
     # Records go to --log-file, else to syslog (the journal) when there is one; stderr
     # (a crash, or records when there is no syslog) to a file in the state dir.
-    os.makedirs(default_log_dir(), exist_ok=True)
-    err_path = os.path.join(default_log_dir(), f"mount-{settings.job}.log")
+    err_path = _log_file(f"mount-{settings.job}.log")
     log_path = os.path.abspath(log_file) if log_file else err_path
     if log_file:
         try:  # here, where the error reaches the user: the mount process's goes to a file
@@ -775,16 +800,21 @@ def _mount_background(
         *(["--log-file", log_path] if log_file else ["--background"]),
         json.dumps(vars(settings)),
     ]
-    with open(err_path, "ab") as errf:
-        proc = subprocess.Popen(
-            args,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=errf,
-            pass_fds=(write_fd,),
-            start_new_session=True,
-        )
-    os.close(write_fd)
+    try:
+        with open(err_path, "ab") as errf:
+            proc = _spawn(
+                args,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=errf,
+                pass_fds=(write_fd,),
+                start_new_session=True,
+            )
+    except BaseException:
+        os.close(read_fd)
+        raise
+    finally:
+        os.close(write_fd)
     with os.fdopen(read_fd) as pipe:
         answer = pipe.readline().strip()  # EOF if the child dies before it answers
     if answer == "ok":

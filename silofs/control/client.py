@@ -25,6 +25,7 @@ import os
 import select
 import socket
 import ssl
+import stat
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
@@ -96,9 +97,32 @@ def quote_segment(s: str) -> str:
 
 
 def unreachable(socket_path: str) -> str:
+    kind = _not_a_socket(socket_path)
+    if kind is not None:  # no daemon can listen there: starting one would not help
+        return (
+            f"{socket_path} is {kind}, not a silofs daemon's socket: point --socket "
+            "(or SILOFS_SOCKET) at the daemon's socket"
+        )
     return (
         f"cannot reach the silofs daemon at {socket_path} "
         "(is it running? start it with `silofs daemon`)"
+    )
+
+
+def _not_a_socket(path: str) -> str | None:
+    """What `path` is if it exists and is no socket ("a directory", ...); else None."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return None
+    if stat.S_ISSOCK(mode):
+        return None
+    return (
+        "a directory"
+        if stat.S_ISDIR(mode)
+        else "a regular file"
+        if stat.S_ISREG(mode)
+        else "another kind of file"
     )
 
 

@@ -134,6 +134,11 @@ class _ServerConnection:
         # then close this connection to make room for another of the same uid.
         self.idle_scope: trio.CancelScope | None = None
         self.idle_since = 0.0
+        # Set while a request is being read (from its first byte until it is whole): its
+        # scope and when it began; the acceptor may close a slow one
+        # (_EVICT_SLOW_REQUEST_SECONDS).
+        self.request_scope: trio.CancelScope | None = None
+        self.request_since = 0.0
 
     async def run(self) -> None:
         while True:
@@ -186,8 +191,18 @@ class _ServerConnection:
     async def _serve_one(self, event: h11.Event) -> bool:
         """Serve the request that begins with ``event``; False if we must close."""
         try:
-            with trio.fail_after(self.limits.idle_timeout):
-                req, match = await self._read_request(event)
+            with trio.CancelScope() as scope:
+                if self.request_scope is None:  # already buffered: no read began it
+                    self.request_since = time.monotonic()
+                self.request_scope = scope
+                try:
+                    with trio.fail_after(self.limits.idle_timeout):
+                        req, match = await self._read_request(event)
+                finally:
+                    self.request_scope = None
+            if scope.cancelled_caught:
+                log.debug("closing connection from pid %d: evicted mid-request", self.peer.pid)
+                return False
         except h11.RemoteProtocolError as exc:
             await self._reject(_reject_for(exc))
             return False
@@ -262,17 +277,23 @@ class _ServerConnection:
                 data = await self.stream.receive_some(_RECV_SIZE)
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 data = b""  # a reset peer is the same as a closed one here
-            if idle and data:
-                self.idle_scope = None  # a request has begun: never evicted mid-request
+            if idle and data and self.idle_scope is not None:
+                # A request has begun: evictable from here only if it is slow to arrive.
+                self.request_scope, self.request_since = self.idle_scope, time.monotonic()
+                self.idle_scope = None
             self.conn.receive_data(data)
 
     def evictable(self, now: float, min_idle: float | None = None) -> bool:
         """Idle for `min_idle` seconds (default _EVICT_IDLE_SECONDS) with nothing of a
         next request received, not even in the kernel's buffer (a request we have not
-        read yet would be lost)."""
+        read yet would be lost); or a request begun _EVICT_SLOW_REQUEST_SECONDS ago (at
+        least `min_idle`) that has not arrived whole."""
         least = _EVICT_IDLE_SECONDS if min_idle is None else min_idle
         if self.threaded is not None:
             return self.threaded.evictable(now, least)
+        if self.request_scope is not None:
+            slow = now - self.request_since >= max(least, _EVICT_SLOW_REQUEST_SECONDS)
+            return slow and isinstance(self.stream, trio.SocketStream)
         if self.idle_scope is None or now - self.idle_since < least:
             return False
         if not isinstance(self.stream, trio.SocketStream):
@@ -315,6 +336,8 @@ class _ServerConnection:
         """When it began waiting for its next request (as evictable() found it)."""
         if self.threaded is not None:
             return self.threaded.idle_since or time.monotonic()
+        if self.request_scope is not None:
+            return self.request_since
         return self.idle_since
 
     def evict(self) -> bool:
@@ -322,9 +345,10 @@ class _ServerConnection:
         if a request began meanwhile (a thread-served connection's may)."""
         if self.threaded is not None:
             return self.threaded.evict()
-        assert self.idle_scope is not None
-        self.idle_scope.cancel()  # it closes at its next checkpoint
-        self.idle_scope = None
+        scope = self.idle_scope or self.request_scope
+        assert scope is not None
+        scope.cancel()  # it closes at its next checkpoint
+        self.idle_scope = self.request_scope = None
         return True
 
     def _check_header_size(self, event: h11.Request) -> None:
@@ -629,6 +653,12 @@ _ACCEPT_CAPACITY = {errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS}
 _REFUSALS_AT_ONCE = 64  # connections being told "too many" at once; beyond, just closed
 # A connection idle this long may be closed to make room for a new one of its uid.
 _EVICT_IDLE_SECONDS = 1.0
+# A connection whose request began this long ago and has not arrived whole may be closed
+# as an idle one may (its request is lost): a local client writes a request at once, so
+# this is a client that trickles it. Otherwise a request's first byte made a connection
+# unevictable for the idle timeout (300 s): a few local users holding their per-uid
+# limits of connections that each sent one byte locked every other user out.
+_EVICT_SLOW_REQUEST_SECONDS = 5.0
 
 
 class _Throttled:
@@ -741,7 +771,11 @@ class _Acceptor:
             c
             for uid in uids
             for c in self.live.get(uid, ())
-            if c.evictable(now, min_idle) and (trusted_too or not self.conns.trusted(c.peer))
+            if c.evictable(now, min_idle)
+            and (trusted_too or not self.conns.trusted(c.peer))
+            # A trusted client's slow request (a mount's big offer on a busy host) is
+            # never cut: only an untrusted one's.
+            and not (c.request_scope is not None and self.conns.trusted(c.peer))
         ]
         # Longest idle first; a thread-served one whose request began meanwhile is passed.
         for victim in sorted(idle, key=lambda c: c.waiting_since()):

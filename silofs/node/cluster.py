@@ -17,6 +17,7 @@ never trusts a member's bytes without the check.
 
 from __future__ import annotations
 
+import concurrent.futures
 import functools
 import ipaddress
 import json
@@ -72,6 +73,19 @@ log = logging.getLogger(__name__)
 
 META_ROW = "cluster:members"
 PROBE_TICK = 0.5  # how often the prober looks for members due a ping
+# Pings in flight at once. Each runs in a thread and holds a connection (a silent
+# member's for peer_timeout_seconds): a pushed list of 1,000 members, most of them
+# down, once had the prober run 400 threads at once, and with members that hang the
+# handshake it would hold a socket per member, however few fds the start budgeted for
+# (service.fd_budget counts the members of silofs.toml). The rest wait their turn.
+PROBES_AT_ONCE = 16
+# Name lookups of the members' hosts (_aliases, at start and for every pushed list): this
+# many at once, and all of them within RESOLVE_SECONDS. One after another, 1,000 members
+# with DNS down (glibc: 5 s a try, 2 tries) would hold a push, and a daemon's start, for
+# hours. A name not resolved in time counts as resolving nowhere, as one that does not
+# resolve at all: not this node.
+RESOLVE_THREADS = 32
+RESOLVE_SECONDS = 10.0
 # Failures that are the member's: it is marked down (and skipped) for its backoff.
 MEMBER_FAILURES = frozenset({"refused", "timeout", "short", "corrupt", "foreign"})
 # A warning per member and reason at most this often; the others at DEBUG.
@@ -106,6 +120,7 @@ class Cluster:
         # Membership.came_up as of the last stand-in sweep, and whether one runs.
         self._swept = 0
         self._sweeping = False
+        self._probing = trio.CapacityLimiter(PROBES_AT_ONCE)
         config = self._newest(settings.cluster, _persisted(d.store))
         if config is not None:
             self.apply(config)
@@ -688,7 +703,8 @@ class Cluster:
 
         async def probe() -> None:
             try:
-                await self._probe(member)
+                async with self._probing:
+                    await self._probe(member)
             finally:
                 if self._probes.get(member.address) is done:
                     del self._probes[member.address]
@@ -825,17 +841,43 @@ def _aliases(own: str, members: list[str], listen: tuple[str, int]) -> list[str]
     host, port = listen
     wildcard = host in ("0.0.0.0", "::")
     accepted = set() if wildcard else _resolve(host)
-    out = []
+    candidates = []
     for address in members:
         if address == own:
             continue
         m_host, m_port = parse_tls_url(address)
-        if m_port != port:
-            continue
-        ips = _resolve(m_host)
+        if m_port == port:
+            candidates.append((address, m_host))
+    resolved = _resolve_all(list(dict.fromkeys(h for _, h in candidates)))  # in list order
+    out = []
+    for address, m_host in candidates:
+        ips = resolved[m_host]
         if ips & accepted or (wildcard and any(_is_local(ip) for ip in ips)):
             out.append(address)
     return out
+
+
+def _resolve_all(hosts: list[str]) -> dict[str, set[str]]:
+    """Each host's addresses, looked up RESOLVE_THREADS at once; those not answered
+    within RESOLVE_SECONDS (in all) resolve nowhere. Lookups still running then are left
+    to end in their threads (getaddrinfo cannot be cancelled); those not begun are
+    dropped."""
+    if not hosts:
+        return {}
+    pool = concurrent.futures.ThreadPoolExecutor(
+        min(RESOLVE_THREADS, len(hosts)), thread_name_prefix="silofs-resolve"
+    )
+    try:
+        futures = {h: pool.submit(_resolve, h) for h in hosts}
+        done, late = concurrent.futures.wait(futures.values(), timeout=RESOLVE_SECONDS)
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
+    if late:
+        log.warning(
+            "%d of %d member host names not resolved within %gs: taken as not this node",
+            len(late), len(hosts), RESOLVE_SECONDS,
+        )  # fmt: skip
+    return {h: f.result() if f in done else set() for h, f in futures.items()}
 
 
 def _resolve(host: str) -> set[str]:

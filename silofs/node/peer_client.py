@@ -7,7 +7,8 @@ node role), HTTP/1.1 framing of one request and its answer (bodies read straight
 one buffer with recv_into, no copy through a parser; TLS driven through memory BIOs,
 TLSPipe, so ciphertext is read in large pieces), and the bounds every exchange
 keeps: connect, TLS handshake and the answer's first byte within peer_timeout_seconds
-(a "102 Processing" counts as life and starts the bound again), then the body at
+(a "102 Processing" counts as life and starts the bound again, for at most
+MAX_PROGRESS_SECONDS in all), then the body at
 peer_floor_rate at least. A failure is a PeerError naming its reason (REASONS).
 Blocking, for worker threads (node/cluster.py runs each exchange in one, so TLS and
 copies run outside the trio loop, in parallel); thread-safe. Never decides what a
@@ -16,6 +17,8 @@ failure means for the member, never verifies chunk bytes (node/cluster.py does b
 
 from __future__ import annotations
 
+import concurrent.futures
+import ipaddress
 import logging
 import math
 import select
@@ -51,6 +54,12 @@ LISTENER_IDLE_SECONDS = IDLE_CLOSE_SECONDS + 15.0
 # asker checks as any other (a chunk's every block and its identity).
 LOOK_AFTER_SECONDS = 1.0
 MAX_HEAD = 16 << 10  # a peer's answer head (status line and headers)
+# A member's "102 Processing" answers extend the first-byte bound for at most this long
+# in all: an honest home sends them while its own store GET runs (connect 10 s, read
+# 30 s a try) or while it waits on its serve cap, but a home whose GET hangs, or a
+# member that sends 102s forever, would otherwise hold the read for good. Past it the
+# member is down ("timeout") and the asker reads the chunk from the store itself.
+MAX_PROGRESS_SECONDS = 60.0
 # The largest body a member may answer: a chunk value (64 MiB chunk and its header).
 MAX_BODY = (64 << 20) + (1 << 20)
 _RECV = 256 << 10
@@ -59,6 +68,11 @@ _RECV = 256 << 10
 _MAX_RECORD = 5 + (1 << 14) + 2048
 # A request's bytes are encrypted this much at a time before they are sent.
 _WRITE_SLICE = 1 << 20
+
+# Name lookups of members' hosts run here, so that a connect waits for one no longer
+# than its bound (getaddrinfo takes no timeout: with DNS not answering, glibc's is 5 s a
+# try, tried twice). A lookup past the bound is left to end in its thread.
+_LOOKUPS = concurrent.futures.ThreadPoolExecutor(8, thread_name_prefix="silofs-peer-dns")
 
 # Why an exchange or its answer failed, as counted in status and /metrics.
 REASONS = ("refused", "timeout", "short", "http", "corrupt", "foreign")
@@ -413,7 +427,7 @@ class PeerPool:
     def _connect(self, bounds: Bounds) -> _Connection:
         deadline = time.monotonic() + bounds.timeout
         try:
-            raw = socket.create_connection((self.host, self.port), timeout=bounds.timeout)
+            raw = _connect_any(_lookup(self.host, self.port, bounds.timeout), deadline)
         except TimeoutError:
             raise PeerError("timeout", f"{self.address}: no connection within "
                             f"{bounds.timeout:g}s") from None  # fmt: skip
@@ -440,6 +454,43 @@ class PeerPool:
             )
         self.opened += 1
         return _Connection(sock)
+
+
+def _lookup(host: str, port: int, timeout: float) -> list[tuple[str, int]]:
+    """The (address, port)s to try: `host` itself if it is an IP address, else its
+    addresses, looked up within `timeout` (TimeoutError past it; OSError if the name
+    does not resolve)."""
+    try:
+        ipaddress.ip_address(host)
+        return [(host, port)]
+    except ValueError:
+        pass
+    future = _LOOKUPS.submit(socket.getaddrinfo, host, port, 0, socket.SOCK_STREAM)
+    try:
+        infos = future.result(timeout)
+    except concurrent.futures.TimeoutError:
+        future.cancel()
+        raise TimeoutError(f"no address for {host} within {timeout:g}s") from None
+    found = list(dict.fromkeys((str(i[4][0]), port) for i in infos))
+    if not found:
+        raise OSError(f"no address for {host}")
+    return found
+
+
+def _connect_any(addresses: list[tuple[str, int]], deadline: float) -> socket.socket:
+    """A connection to the first of `addresses` that takes one by `deadline`, as
+    socket.create_connection tries a name's addresses (a name whose first address is
+    ::1 and a member listening on 127.0.0.1 only); the last error if none does."""
+    error: OSError = OSError("no address to connect to")
+    for where in addresses:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("timed out")
+        try:
+            return socket.create_connection(where, timeout=left)
+        except OSError as exc:  # TimeoutError included: the next address gets what is left
+            error = exc
+    raise error
 
 
 class _StaleConnection(Exception):
@@ -474,16 +525,25 @@ def _exchange(
         raise _transport_error(exc, address, "sending") from None
     buf, view = conn.head, conn.head_view
     got = 0
+    progress_end = sock.deadline + MAX_PROGRESS_SECONDS
+    processing = False
     while True:  # skip 1xx answers; each starts the first-byte bound again
-        status, headers, end, got = _read_head(sock, view, got, address, reused)
+        try:
+            status, headers, end, got = _read_head(sock, view, got, address, reused)
+        except PeerError as exc:
+            if processing and exc.reason == "timeout" and time.monotonic() >= progress_end:
+                raise PeerError("timeout", f"{address}: 102 Processing for "
+                                f"{MAX_PROGRESS_SECONDS:g}s and no answer") from None  # fmt: skip
+            raise
         if status >= 200:
             break
+        processing = True
         buf[: got - end] = view[end:got]  # what followed the 102 (usually nothing)
         got -= end
         reused = False  # the member answered: a failure from here is not a stale pool
         if gone is not None and gone():
             raise Abandoned(f"{address}: the asker left while the member worked")
-        sock.deadline = time.monotonic() + bounds.timeout
+        sock.deadline = min(time.monotonic() + bounds.timeout, progress_end)
     length = headers.get("content-length", "")
     if not length.isdigit() or int(length) > MAX_BODY:
         raise PeerError("http", f"{address}: an answer without a usable content-length")

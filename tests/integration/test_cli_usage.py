@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -98,3 +99,29 @@ def test_mount_and_unmount_say_one_line_and_jobs_differ_by_path(
         res = node.run("unmount", str(mp), "--socket", node.socket)
         assert res.returncode == 0 and res.stderr.strip() == f"silofs: unmounted {mp}"
         assert not mounted(mp)
+
+
+def test_a_log_dir_that_cannot_be_written_is_one_line_and_starts_nothing(
+    tmp_path: Path,
+) -> None:
+    """A daemon started in the background writes its first words to the log dir: one
+    that cannot be made (a file in its place, a HOME that is not writable) was a
+    traceback from os.makedirs."""
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "a.txt").write_text("a")
+    mp = tmp_path / "mp"
+    mp.mkdir()
+    blocker = tmp_path / "state"
+    blocker.write_text("a file where the log dir would be")
+    sock = tmp_path / "run" / "ctl.sock"
+    for log_dir in (blocker, blocker / "silofs"):
+        env = {**os.environ, "SILOFS_LOG_DIR": str(log_dir),
+               "SILOFS_CACHE_DIR": str(tmp_path / "cache")}  # fmt: skip
+        for args in (("mount", str(data), str(mp)), ("warm", str(data))):
+            res = subprocess.run(silofs_cmd(*args, "--socket", str(sock)), capture_output=True,
+                                 text=True, timeout=60, env=env)  # fmt: skip
+            line = assert_one_line_error(res, "cannot write logs in", "SILOFS_LOG_DIR")
+            assert res.returncode == 1 and "Traceback" not in res.stderr, line
+            assert not sock.exists()  # no daemon was started
+    assert not os.path.ismount(mp)

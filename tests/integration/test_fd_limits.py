@@ -12,8 +12,11 @@ a member's certificate (handshaken) and from bare TCP connections.
 from __future__ import annotations
 
 import os
+import shutil
 import socket
+import tempfile
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -24,6 +27,7 @@ from tests.support.cluster_run import ClusterDaemon
 from tests.support.fixtures import needs_fuse
 from tests.support.net import free_port
 from tests.support.node import Node
+from tests.support.poll import wait_for
 
 pytestmark = [needs_fuse, pytest.mark.fuse]
 
@@ -45,16 +49,23 @@ def limited_node(tmp_path: Path) -> Iterator[Node]:
     assert not node.log_problems(), "\n".join(node.log_problems())
 
 
-def test_idle_connections_of_a_root_client_leave_status_and_misses_working(
-    limited_node: Node, tmp_path: Path
-) -> None:
-    node = limited_node
+def _mounted_data(node: Node, tmp_path: Path) -> tuple[Path, Path]:
+    """Four files in a local directory mounted by root: (the directory, the mount), one
+    file read (cached); the other three are uncached."""
     data = tmp_path / "data"
     data.mkdir()
     for i in range(4):
         (data / f"f{i}.bin").write_bytes(os.urandom(300_000 + i))
     mp = node.mount(str(data), tmp_path / "mnt")
     assert (mp / "f0.bin").read_bytes() == (data / "f0.bin").read_bytes()
+    return data, mp
+
+
+def test_idle_connections_of_a_root_client_leave_status_and_misses_working(
+    limited_node: Node, tmp_path: Path
+) -> None:
+    node = limited_node
+    data, mp = _mounted_data(node, tmp_path)
 
     idle: list[socket.socket] = []
     try:
@@ -113,3 +124,149 @@ def test_idle_connections_of_a_member_leave_status_and_misses_working(tmp_path: 
             s.close()
         node.cleanup()
     assert not node.log_problems(), "\n".join(node.log_problems())
+
+
+# The write ends of the holders' pipes: a child forked later closes them, or an earlier
+# holder would never see its end (the copy in the later child keeps it open).
+_HOLDS: set[int] = set()
+
+
+def _hold_connections(uid: int, path: str, n: int, first: bytes = b"") -> tuple[int, int]:
+    """A child as `uid` that opens `n` connections to `path` (sending `first` on each)
+    and holds them until the returned pipe's write end is closed: (pid, that fd). It
+    says how many it opened (one byte: n // 8) once done."""
+    done_r, done_w = os.pipe()
+    hold_r, hold_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # never returns into pytest
+        code = 0
+        try:
+            for fd in (done_r, hold_w, *_HOLDS):
+                os.close(fd)
+            os.setgroups([])
+            os.setgid(uid)
+            os.setuid(uid)
+            held = []
+            for _ in range(n):
+                s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                s.settimeout(10)
+                try:
+                    s.connect(path)
+                    s.sendall(first)
+                except OSError:
+                    s.close()
+                    continue
+                held.append(s)
+            os.write(done_w, bytes([len(held) // 8]))
+            os.read(hold_r, 1)  # until the parent closes its end
+        except BaseException:
+            code = 1
+        os._exit(code)
+    os.close(done_w)
+    os.close(hold_r)
+    _HOLDS.add(hold_w)
+    assert os.read(done_r, 1), "the child failed"
+    os.close(done_r)
+    return pid, hold_w
+
+
+def _status_as(uid: int, path: str) -> str:
+    """GET /v1/status as `uid` on a new connection: its HTTP status, or the error."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        code = 255
+        try:
+            for fd in (r, *_HOLDS):
+                os.close(fd)
+            os.setgroups([])
+            os.setgid(uid)
+            os.setuid(uid)
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            s.settimeout(20)
+            s.connect(path)
+            s.sendall(b"GET /v1/status HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+            head = s.recv(64).split(b" ")
+            os.write(w, head[1][:3] if len(head) > 1 else b"nothing")
+            code = 0
+        except BaseException as exc:
+            os.write(w, repr(exc).encode()[:200])
+        os._exit(code)
+    os.close(w)
+    got = os.read(r, 200)
+    os.close(r)
+    os.waitpid(pid, 0)
+    return got.decode(errors="replace")
+
+
+@dataclass
+class Flooded:
+    """A daemon under NOFILE on a socket any user may reach, and the children holding
+    other users' connections to it (ended with the test)."""
+
+    node: Node
+    holders: list[tuple[int, int]]
+
+    def hold(self, uids: range, n: int, first: bytes = b"") -> None:
+        for uid in uids:
+            self.holders.append(_hold_connections(uid, self.node.socket, n, first))
+
+    def status_as(self, uid: int, timeout: float) -> None:
+        """Status as `uid` answers 200 within `timeout`: the flood's connections may
+        need to wait out their eviction bound first (until then a new one is refused,
+        or past 64 refusals at once closed unanswered)."""
+        wait_for(lambda: _status_as(uid, self.node.socket) == "200", timeout=timeout,
+                 what=f"status as uid {uid}", interval=0.2)  # fmt: skip
+
+
+@pytest.fixture
+def flooded(tmp_path: Path) -> Iterator[Flooded]:
+    if os.geteuid() != 0:
+        pytest.skip("needs root to become other users")
+    public = Path(tempfile.mkdtemp(prefix="silofs-fd-", dir="/tmp"))
+    public.chmod(0o755)  # any user may reach the socket (pytest's tmp_path is root's)
+    node = Node(tmp_path / "node", "64M", socket=str(public / "ctl.sock"),
+                prefix=["prlimit", f"--nofile={NOFILE}:{NOFILE}"])  # fmt: skip
+    state = Flooded(node, [])
+    try:
+        node.start()
+        yield state
+    finally:
+        for pid, hold in state.holders:
+            os.close(hold)
+            _HOLDS.discard(hold)
+            os.waitpid(pid, 0)
+        node.cleanup()
+        shutil.rmtree(public, ignore_errors=True)
+    assert not node.log_problems(), "\n".join(node.log_problems())
+
+
+def test_idle_connections_of_many_users_leave_status_and_misses_working(
+    flooded: Flooded, tmp_path: Path
+) -> None:
+    """Nine untrusted uids, each past its own per-uid limit (128) of idle connections:
+    together 1,260, past the daemon's total under NOFILE 1024 (336). Status still
+    answers root at once and a tenth user with no connection of its own once the
+    flood's connections have idled 1 s (they are evicted for it), root's mount reads
+    an uncached file, and the daemon's fds stay under the limit."""
+    node = flooded.node
+    data, mp = _mounted_data(node, tmp_path)
+    flooded.hold(range(52000, 52009), 140)
+    flooded.status_as(52100, 15)
+    assert node.status()["node"]["cache_size"] > 0
+    assert (mp / "f3.bin").read_bytes() == (data / "f3.bin").read_bytes()
+    flooded.status_as(52009, 15)
+    fds = len(os.listdir(f"/proc/{node.daemon_pid}/fd"))
+    assert fds < NOFILE - 64, f"the daemon holds {fds} fds"
+
+
+def test_connections_that_sent_one_byte_of_a_request_do_not_lock_other_users_out(
+    flooded: Flooded,
+) -> None:
+    """Three untrusted uids, each at its limit (128) of connections that sent one byte
+    of a request and no more: past the total (336 under NOFILE 1024). Such a connection
+    was kept for the idle timeout (300 s) and the total never freed; past 5 s it is
+    closed for a newcomer, so a fourth user's status answers."""
+    flooded.hold(range(52000, 52003), 128, b"G")
+    flooded.status_as(52100, 30)
+    assert flooded.node.status()["node"]["cache_size"] > 0

@@ -4,6 +4,8 @@ needs, the list that wins at start, and its peer figures in status and /metrics.
 from __future__ import annotations
 
 import os
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -160,6 +162,46 @@ def test_a_certificate_naming_several_nodes_is_no_alias(
     d = Daemon(settings(tmp_path, pki, config, cert="shared"))
     made.append(d)
     assert status_view(d)["cluster"]["members"]
+
+
+def test_a_thousand_members_with_dns_down_start_within_the_lookup_bound(
+    tmp_path: Path, pki: Path, made: list[Daemon], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """1,000 members on this node's port named by host names, DNS not answering (each
+    lookup 0.5 s here; glibc's own is 5 s a try): looked up one after another the start
+    took 500 s. Lookups run RESOLVE_THREADS at once for RESOLVE_SECONDS in all, the
+    unanswered ones are not this node, and an alias answered in time is still found."""
+    from silofs.node import cluster as cluster_mod
+
+    real = cluster_mod._resolve
+    stop = threading.Event()
+
+    def slow(host: str) -> set[str]:
+        if host.startswith("node-"):
+            stop.wait(0.5)  # a DNS server that does not answer
+            return set()
+        return real(host)
+
+    monkeypatch.setattr(cluster_mod, "_resolve", slow)
+    monkeypatch.setattr(cluster_mod, "RESOLVE_SECONDS", 2.0)
+    me = "tls://127.0.0.1:7001"
+    many = [MemberSpec(me), *(MemberSpec(f"tls://node-{i}.example:7001") for i in range(999))]
+    t0 = time.monotonic()
+    d = Daemon(settings(tmp_path, pki, ClusterSettings("c", tuple(many), address=me, version=1)))
+    made.append(d)
+    assert time.monotonic() - t0 < 10
+    assert len(status_view(d)["cluster"]["members"]) == 1000
+
+    async def push(members: list[str]) -> None:
+        await d.cluster.push({"name": "c", "members": members, "version": 20})
+
+    # localhost is resolved at once (not node-*): this node twice, refused, in time.
+    aliased = [me, "tls://localhost:7001", *(m.address for m in many[1:])]
+    t0 = time.monotonic()
+    with pytest.raises(ValueError, match="localhost:7001 is this node"):
+        trio.run(push, aliased)
+    assert time.monotonic() - t0 < 10
+    stop.set()
 
 
 def test_a_pushed_list_naming_this_node_twice_is_refused_and_changes_nothing(

@@ -411,6 +411,21 @@ def test_clients_report_an_absent_daemon(tmp_path: Path) -> None:
     trio.run(main)
 
 
+def test_a_socket_path_that_is_no_socket_is_named_as_what_it_is(tmp_path: Path) -> None:
+    """A regular file or a directory where the socket should be: no daemon can listen
+    there, so "is it running? start it" would send the user the wrong way."""
+    (tmp_path / "file.sock").write_text("")
+    (tmp_path / "dir.sock").mkdir()
+    for name, kind in (("file.sock", "a regular file"), ("dir.sock", "a directory")):
+        path = str(tmp_path / name)
+        with pytest.raises(ControlError) as err:
+            ControlClient(path).request("GET", "/v1/status")
+        assert str(err.value) == (
+            f"{path} is {kind}, not a silofs daemon's socket: point --socket "
+            "(or SILOFS_SOCKET) at the daemon's socket"
+        )
+
+
 # ----------------------------------------------------------------- async client
 
 

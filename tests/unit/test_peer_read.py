@@ -31,6 +31,7 @@ import trio
 from silofs import sealed
 from silofs.cache.format import ChunkRef, encode_chunk
 from silofs.config import ClusterSettings, MemberSpec
+from silofs.node import peer_client
 from silofs.node.daemon import Daemon
 from silofs.node.peer_ask import PeerRead
 from silofs.node.peer_wire import ChunkAsk
@@ -132,6 +133,18 @@ class FakeMember:
                     return False
                 tls.sendall(value[i : i + 4096])
             return True
+        elif mode == "chunked":  # a body framed as HTTP/1.1 allows, but not as members do
+            tls.sendall(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n"
+                        + b"%x\r\n" % len(value) + bytes(value) + b"\r\n0\r\n\r\n")  # fmt: skip
+            return False
+        elif mode == "redirect":  # elsewhere: a member that points at another host
+            tls.sendall(b"HTTP/1.1 302 Found\r\nlocation: https://127.0.0.2/x\r\n"
+                        b"content-length: 0\r\n\r\n")  # fmt: skip
+            return True
+        elif mode == "huge":  # a length past any chunk value, then nothing
+            tls.sendall(_head(200, 10**15))
+            self.stop.wait(10)
+            return False
         elif mode == "stalling":  # a store that never answers: 102s until the asker leaves
             try:
                 while not self.stop.wait(0.1):
@@ -266,6 +279,21 @@ def test_a_bad_answer_is_counted_the_member_marked_down_and_the_store_serves(
     assert time.monotonic() - t0 < 10
 
 
+@pytest.mark.parametrize("mode", ["chunked", "redirect", "huge"])
+def test_an_answer_no_member_sends_is_an_http_failure_and_the_store_serves(
+    tmp_path: Path, pki: Path, bucket: Path, member: FakeMember, mode: str
+) -> None:
+    """A chunked body, a redirect (never followed), a content-length of a petabyte:
+    each read is right, from the store, at once; the member is not waited for."""
+    t0 = time.monotonic()
+    with daemon_of(tmp_path, pki, member.port) as d:
+        got = read_all(d, bucket, mode, member)
+    assert set(got["member"]["errors"]) == {"http"}, got
+    assert got["dataset"]["store_fallbacks"] == got["member"]["errors"]["http"] >= 1
+    assert got["remote_gets"] == 3
+    assert time.monotonic() - t0 < 10
+
+
 def test_a_refused_connection_is_a_failure_too(tmp_path: Path, pki: Path, bucket: Path) -> None:
     with socket.socket() as s:  # a port nobody listens on
         s.bind(("127.0.0.1", 0))
@@ -283,6 +311,23 @@ def test_102_processing_is_life_past_the_timeout(
     with daemon_of(tmp_path, pki, member.port) as d:
         got = read_all(d, bucket, "processing", member)
     assert got["up"] and got["member"]["errors"] == {} and got["remote_gets"] == 0
+
+
+def test_102s_forever_are_life_only_for_a_bounded_time(
+    tmp_path: Path, pki: Path, bucket: Path, member: FakeMember, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A member that answers 102 Processing and never the chunk (its GET hangs, or it
+    is hostile) holds a read for MAX_PROGRESS_SECONDS at most: then it is down
+    ("timeout") and the chunk is read from the store, right."""
+    monkeypatch.setattr(peer_client, "MAX_PROGRESS_SECONDS", 2.0)
+    t0 = time.monotonic()
+    with daemon_of(tmp_path, pki, member.port) as d:
+        got = read_all(d, bucket, "stalling", member)
+    assert got["member"]["errors"] == {"timeout": 1}, got
+    assert got["dataset"]["store_fallbacks"] == 1 and not got["up"]
+    assert got["remote_gets"] == 3 and len(member.asks) == 1
+    assert member.left.wait(10)  # the asker closed the member's connection
+    assert time.monotonic() - t0 < 20  # 2 s of 102s, not until the member stops
 
 
 def test_a_job_with_a_rate_is_charged_after_428_and_before_the_homes_get(
@@ -592,3 +637,43 @@ def test_a_recheck_while_the_prober_pings_counts_one_failure(
         failures, errors = trio.run(main)
         assert failures == 2, "one failure for the mark_down, one for the failed ping"
         assert sum(errors.values()) == 1, errors
+
+
+def test_a_member_name_dns_does_not_answer_for_is_a_timeout_within_the_bound(
+    pki: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """getaddrinfo takes no timeout (glibc: 5 s a try, two tries, with DNS down): the
+    connect's bound covers the lookup of a member's name too."""
+    real = socket.getaddrinfo
+    stop = threading.Event()
+
+    def slow(host: str, *args: Any, **kw: Any) -> Any:
+        if host == "member.example":
+            stop.wait(30)  # a DNS server that does not answer
+        return real(host, *args, **kw)
+
+    monkeypatch.setattr(socket, "getaddrinfo", slow)
+    ctx = peer_client.client_context(str(pki / "n0.pem"), str(pki / "n0.key"), str(pki / "ca.pem"))
+    pool = peer_client.PeerPool("tls://member.example:7001", "member.example", 7001, ctx, "c")
+    t0 = time.monotonic()
+    with pytest.raises(peer_client.PeerError) as err:
+        pool.request("GET", "/v1/peer/ping", peer_client.Bounds(TIMEOUT, 1 << 20))
+    stop.set()
+    assert err.value.reason == "timeout" and time.monotonic() - t0 < TIMEOUT + 1
+
+
+def test_each_address_of_a_members_name_is_tried_in_turn() -> None:
+    """A name whose first address takes no connection (::1, with the member on
+    127.0.0.1 only; here another port) still reaches the member, as
+    socket.create_connection did."""
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        port = listener.getsockname()[1]
+        with socket.socket() as closed:  # a port nothing listens on
+            closed.bind(("127.0.0.1", 0))
+            dead = closed.getsockname()[1]
+        addresses = [("127.0.0.1", dead), ("127.0.0.1", port)]
+        conn = peer_client._connect_any(addresses, time.monotonic() + TIMEOUT)
+        with conn:
+            assert conn.getpeername() == ("127.0.0.1", port)
+        with pytest.raises(OSError):
+            peer_client._connect_any(addresses[:1], time.monotonic() + TIMEOUT)

@@ -593,6 +593,66 @@ def test_connection_limits_evict_idle_then_refuse(
     trio.run(main)
 
 
+def test_a_request_trickled_past_the_bound_is_evicted_like_an_idle_connection(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Connections that sent one byte of a request and no more held their uid's (and the
+    total's) places for the idle timeout: a few users could lock every other out. Past
+    _EVICT_SLOW_REQUEST_SECONDS such a connection is closed for a new one, as an idle
+    one is; before, the new one is refused."""
+    import functools
+
+    from silofs.control import server
+    from silofs.control.router import Router, json_response
+
+    path = str(tmp_path / "s.sock")
+    router = Router()
+
+    async def fast(req: Request) -> Any:
+        return json_response({"ok": True})
+
+    router.add("GET", "/fast", fast)
+    limits = server.ConnectionLimits(per_uid=2, total=10, reserve=0, trusted=lambda p: False)
+
+    async def status_of(stream: trio.SocketStream) -> str:
+        data = await stream.receive_some(4096)
+        return data.split(b"\r\n", 1)[0].decode() if data else "closed"
+
+    async def ask() -> str:
+        stream = await trio.open_unix_socket(path)
+        async with stream:
+            await stream.send_all(b"GET /fast HTTP/1.1\r\nhost: x\r\n\r\n")
+            with trio.fail_after(10):
+                return await status_of(stream)
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(
+                functools.partial(server.serve_unix, path, router, connections=limits)
+            )
+            slow = []
+            for _ in range(2):  # a request's first byte, then nothing
+                stream = await trio.open_unix_socket(path)
+                await stream.send_all(b"G")
+                slow.append(stream)
+            assert (await ask()).startswith("HTTP/1.1 429")
+            monkeypatch.setattr(server, "_EVICT_SLOW_REQUEST_SECONDS", 0.2)
+            end = trio.current_time() + 10
+            while (answer := await ask()) != "HTTP/1.1 200 OK":
+                assert answer.startswith("HTTP/1.1 429") and trio.current_time() < end
+                await trio.sleep(0.05)  # polling, with a deadline
+            closed = []
+            for stream in slow:  # one of them was closed for the new one
+                with trio.move_on_after(2):
+                    closed.append(await status_of(stream))
+            assert closed == ["closed"], closed
+            for s in slow:
+                await s.aclose()
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+
+
 def test_a_sealed_chunk_file_goes_only_to_trusted_peers_on_a_unix_connection(
     tmp_path: Path, world: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
