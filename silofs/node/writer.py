@@ -262,17 +262,26 @@ class Writer:
             # a held queue serves them as hits, a cache beyond their allocation.
             with trio.move_on_after(self.batch_seconds):
                 while self._queued < self.batch_bytes:
-                    self._wakeup = trio.Event()
+                    self._rearm()
                     await self._wakeup.wait()
             return
         hold_bytes = self.queue_bytes - min(self.batch_bytes, self.queue_bytes // 2)
         with trio.move_on_after(max(HOLD_SECONDS, self.batch_seconds)):
             while self._streaming and self._queued < hold_bytes:
-                self._wakeup = trio.Event()
+                self._rearm()
                 with trio.move_on_after(self.batch_seconds) as quiet:
                     await self._wakeup.wait()
                 if quiet.cancelled_caught:
                     return
+
+    def _rearm(self) -> None:
+        """Make the next wait for an offer block until one comes. Only a wakeup already
+        set is replaced: the run loop may be waiting on the current one, and a flush
+        from another task (a warm's, a fill budget's) that replaced it left the loop
+        waiting on an event no offer sets any more, so admissions stalled until
+        IDLE_GIVE_BACK_SECONDS (~10 s) while offers piled up in memory."""
+        if self._wakeup.is_set():
+            self._wakeup = trio.Event()
 
     async def flush(self) -> None:
         """Write everything queued, in txns of at most batch_bytes (and one chunk), and
@@ -283,7 +292,7 @@ class Writer:
         # Taken before ours is written: those not in our batch are in another flush's.
         before = list(self._pending.items())
         batch, self._queue, self._queued = self._queue, [], 0
-        self._wakeup = trio.Event()
+        self._rearm()
         await self._write(batch)
         # Another flush writes its batch without waiting on this one: no cycle.
         for key, item in before:

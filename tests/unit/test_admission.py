@@ -24,6 +24,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from silofs.cache.store import Usage
+from silofs.node import writer as writer_mod
 from silofs.node.quota import QuotaPolicy
 from silofs.node.store_write import PendingChunk, WritableStore
 from silofs.node.writer import ADMIT_NICE, Writer
@@ -194,6 +195,35 @@ def test_flush_admits_all_offers_in_one_txn(
         check(store, w.usage)
 
     run(main)
+
+
+def test_offers_after_a_flush_from_another_task_are_admitted_without_waiting(
+    store: WritableStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A warm or a fill budget flushes from its own task while the run loop waits for
+    offers: the next offer still wakes the loop (it once waited on an event the flush
+    had replaced, until IDLE_GIVE_BACK_SECONDS, the offers held in memory meanwhile)."""
+    monkeypatch.setattr(writer_mod, "IDLE_GIVE_BACK_SECONDS", 3600.0)
+
+    async def admitted(w: Writer) -> None:
+        with trio.fail_after(60):  # not the hour the loop's idle bound would take
+            while w.pending_chunks():
+                await trio.sleep(0.01)
+
+    async def main() -> None:
+        w = make_writer(store)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(w.run)
+            assert w.offer(chunk(1, 0))
+            await admitted(w)
+            await trio.testing.wait_all_tasks_blocked()  # the loop waits for offers
+            await w.flush()  # another task's, with nothing queued
+            assert w.offer(chunk(1, 1))
+            await admitted(w)
+            assert w.stats.admitted_chunks == 2
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
 
 
 def test_admission_runs_in_its_own_thread_at_a_lower_priority(
