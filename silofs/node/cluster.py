@@ -65,7 +65,9 @@ from silofs.node.peer_wire import (
     dataset_body,
     most_value_bytes,
 )
+from silofs.node.standins import homed_live_by, sweep_standins
 from silofs.node.state import DatasetState, MountState
+from silofs.node.supervise import describe
 
 log = logging.getLogger(__name__)
 
@@ -115,6 +117,9 @@ class Cluster:
         # Probes in flight, by member address: a recheck waits for one rather than
         # pinging again (two failed pings of one outage would be two failures).
         self._probes: dict[str, trio.Event] = {}
+        # Membership.came_up as of the last stand-in sweep, and whether one runs.
+        self._swept = 0
+        self._sweeping = False
         self._probing = trio.CapacityLimiter(PROBES_AT_ONCE)
         config = self._newest(settings.cluster, _persisted(d.store))
         if config is not None:
@@ -656,6 +661,25 @@ class Cluster:
                     self._start_probe(nursery, m)
                 for pool in self.pools.values():
                     pool.sweep()
+                if self.membership.came_up != self._swept and not self._sweeping:
+                    self._sweeping = True
+                    nursery.start_soon(self._sweep_standins, self.membership.came_up)
+
+    async def _sweep_standins(self, came_up: int) -> None:
+        """Drop the copies this node holds for members answering now (node/standins.py)."""
+        assert self.membership is not None
+        if self.config_keep_copies():  # copies of members' chunks are kept by choice
+            self._swept, self._sweeping = came_up, False
+            return
+        homed_live = homed_live_by(self.membership.placed_by(), self.membership.answering())
+        try:
+            await sweep_standins(self.d.writer, self.d.store, homed_live)
+        except Exception as exc:  # a full map, an I/O error: tried again when the next
+            # member comes up (not on every tick: one warning, not one per half second)
+            log.warning("cluster: the sweep of stand-in copies failed: %s", describe(exc))
+        finally:
+            self._swept = came_up
+            self._sweeping = False
 
     async def recheck(self, addresses: set[str]) -> None:
         """Ping now those of these members that are down, rather than when their backoff

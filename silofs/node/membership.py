@@ -117,6 +117,9 @@ class Membership:
         self.config = config
         self._live: list[Candidate] = []
         self._configured: list[Candidate] = []
+        # Members that answered for the first time, or again after being down: the
+        # stand-in sweep (node/standins.py) runs when this changed since its last pass.
+        self.came_up = 0
         self.replace(config)
 
     # -- the list ------------------------------------------------------------------
@@ -215,6 +218,8 @@ class Membership:
         m = self.members.get(address)
         if m is None or m.is_self:
             return
+        if not m.up or m.last_ok == 0.0:
+            self.came_up += 1  # its first answer, or back from down (node/standins.py)
         m.last_ok = self.clock()
         m.failures = 0
         if not m.up:
@@ -222,6 +227,11 @@ class Membership:
             m.up = True
             m.down_until = 0.0
             self._relive()
+
+    def answering(self) -> frozenset[str]:
+        """The other members up that have answered since this node started (one not
+        yet pinged is presumed up, but nothing is known of it)."""
+        return frozenset(m.address for m in self.peers() if m.up and m.last_ok > 0.0)
 
     def due(self) -> list[MemberState]:
         """Members to probe now: down ones whose backoff ended, up ones not heard from

@@ -550,6 +550,37 @@ class WritableStore(CacheStore):
                 cur.delete()
         return freed
 
+    def sweep_elsewhere(
+        self, homed_live: Callable[[bytes], bool], after: bytes, usage: dict[int, Usage]
+    ) -> tuple[int, int, bytes | None]:
+        """Delete up to _EVICT_BATCH first eviction victims (the stale rows after `after`)
+        whose chunk `homed_live` says is placed at another member that is live again:
+        copies this node made standing in for a home that was down, which count in this
+        node's part while reads go to their home. One write txn; returns the bytes freed,
+        the chunks deleted and where to go on (None: done). A chunk placed here is never
+        `homed_live`'s (the caller's rule), so a stand-in's own chunks stay."""
+        freed = removed = 0
+        with self.env.begin(write=True) as txn:
+            cur = txn.cursor(db=self.db(b"stale"))
+            rows: list[bytes] = []
+            if cur.set_range(after) if after else cur.first():
+                for row in cur.iternext(values=False):
+                    if row == after:
+                        continue
+                    rows.append(bytes(row))
+                    if len(rows) >= _EVICT_BATCH:
+                        break
+            for row in rows:
+                dsid, key = DSID.unpack(row[: DSID.size])[0], row[DSID.size :]
+                if not homed_live(key):
+                    continue
+                if self.owns(txn, dsid, key):
+                    freed += self.remove_owned(txn, dsid, key, usage)  # and its stale row
+                    removed += 1
+                else:
+                    txn.delete(row, db=self.db(b"stale"))
+        return freed, removed, (rows[-1] if len(rows) >= _EVICT_BATCH else None)
+
     def remove_owned(
         self, txn: lmdb.Transaction, dsid: int, key: bytes, work: dict[int, Usage]
     ) -> int:

@@ -214,6 +214,12 @@ class Writer:
         """End the admission thread (after the last flush)."""
         self._admit_thread.stop()
 
+    async def with_usage(self, fn: Callable[..., T], *args: object) -> T:
+        """Run a write that changes accounting (an eviction, the stand-in sweep of
+        node/standins.py) in a worker thread, serialised with admissions; fn gets the
+        usage copy as its last argument."""
+        return await self._with_usage(fn, *args)
+
     async def _with_usage(self, fn: Callable[..., T], *args: object, admission: bool = False) -> T:
         """Like call(), for writes that change accounting: fn gets a private copy of
         the usage taken under the lock, and the copy becomes the truth once committed.

@@ -26,6 +26,7 @@ from hypothesis import strategies as st
 from silofs.cache.store import Usage
 from silofs.node import writer as writer_mod
 from silofs.node.quota import QuotaPolicy
+from silofs.node.standins import sweep_standins
 from silofs.node.store_write import PendingChunk, WritableStore
 from silofs.node.writer import ADMIT_NICE, Writer
 from tests.unit.test_store import check, chunk, owned
@@ -197,12 +198,25 @@ def test_flush_admits_all_offers_in_one_txn(
     run(main)
 
 
+async def _flush(w: Writer, store: WritableStore) -> None:
+    await w.flush()
+
+
+async def _sweep(w: Writer, store: WritableStore) -> None:
+    # A stand-in sweep (node/standins.py) flushes, then walks the victims in batches.
+    await sweep_standins(w, store, lambda key: False)
+
+
+@pytest.mark.parametrize("outside", [_flush, _sweep], ids=["flush", "standin-sweep"])
 def test_offers_after_a_flush_from_another_task_are_admitted_without_waiting(
-    store: WritableStore, monkeypatch: pytest.MonkeyPatch
+    store: WritableStore,
+    monkeypatch: pytest.MonkeyPatch,
+    outside: Callable[[Writer, WritableStore], Awaitable[None]],
 ) -> None:
-    """A warm or a fill budget flushes from its own task while the run loop waits for
-    offers: the next offer still wakes the loop (it once waited on an event the flush
-    had replaced, until IDLE_GIVE_BACK_SECONDS, the offers held in memory meanwhile)."""
+    """A warm, a fill budget or the cluster's stand-in sweep flushes from its own task
+    while the run loop waits for offers: the next offer still wakes the loop (it once
+    waited on an event the flush had replaced, until IDLE_GIVE_BACK_SECONDS, the offers
+    held in memory meanwhile: with the sweep, a cluster's nodes admitted nothing)."""
     monkeypatch.setattr(writer_mod, "IDLE_GIVE_BACK_SECONDS", 3600.0)
 
     async def admitted(w: Writer) -> None:
@@ -217,13 +231,15 @@ def test_offers_after_a_flush_from_another_task_are_admitted_without_waiting(
             assert w.offer(chunk(1, 0))
             await admitted(w)
             await trio.testing.wait_all_tasks_blocked()  # the loop waits for offers
-            await w.flush()  # another task's, with nothing queued
-            assert w.offer(chunk(1, 1))
-            await admitted(w)
-            assert w.stats.admitted_chunks == 2
+            await outside(w, store)  # another task's, with nothing queued
+            for i in range(1, 4):
+                assert w.offer(chunk(1, i))
+                await admitted(w)
+            assert w.stats.admitted_chunks == 4
             nursery.cancel_scope.cancel()
 
     trio.run(main)
+    assert len(owned(store, 1)) == 4
 
 
 def test_admission_runs_in_its_own_thread_at_a_lower_priority(

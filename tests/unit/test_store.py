@@ -234,6 +234,39 @@ def test_replace_over_quota_drops_the_bad_chunk(store: WritableStore) -> None:
     assert usage.get(1, Usage()) == Usage()
 
 
+# -- stand-in copies (node/standins.py) --------------------------------------------------
+def test_the_sweep_drops_only_copies_whose_home_is_live_and_never_this_nodes_own(
+    store: WritableStore,
+) -> None:
+    """Chunks admitted standing in for a member (elsewhere) are first eviction victims;
+    the sweep deletes those whose home answers again, across batches, uncharged, and
+    leaves copies of a member still down, the node's own chunks, and a copy placed at
+    this node now (the member list changed since it was admitted)."""
+    usage: dict[int, Usage] = {}
+    homes = {chunk(d, i).key: ("b" if i % 3 == 0 else "c" if i % 3 == 1 else "here")
+             for d in (1, 2) for i in range(1500)}  # fmt: skip
+    store.elsewhere = lambda key: homes[key] != "here"
+    for d in (1, 2):
+        fill(store, usage, d, 1500)
+    store.elsewhere = None
+    moved = chunk(1, 3).key  # admitted for b; placed here now
+    homes[moved] = "here"
+    live = {"b"}
+    after: bytes | None = b""
+    freed = removed = batches = 0
+    while after is not None:
+        f, n, after = store.sweep_elsewhere(lambda k: homes[k] in live, after, usage)
+        freed, removed, batches = freed + f, removed + n, batches + 1
+    assert batches > 1  # 2,000 victim rows: more than one txn
+    b_chunks = sum(1 for h in homes.values() if h == "b")
+    assert removed == b_chunks and freed == 100 * b_chunks
+    state = check(store, usage)
+    assert not any(homes[k] == "b" for k in state.owners)
+    assert {k for k in state.owners} == {k for k, h in homes.items() if h != "b"}
+    assert moved in state.owners
+    assert usage[1].chunks + usage[2].chunks == 3000 - b_chunks
+
+
 # -- eviction -------------------------------------------------------------------------
 def fill(store: WritableStore, usage: dict[int, Usage], dsid: int, n: int, size: int = 100) -> None:
     for start in range(0, n, 500):
