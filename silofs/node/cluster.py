@@ -281,6 +281,18 @@ class Cluster:
     def is_home(self, key: bytes) -> bool:
         return self.membership is None or self.membership.is_home(key)
 
+    def keeps_here(self, ds: DatasetState, key: bytes) -> bool:
+        """Whether a chunk of `ds` that came from elsewhere than this node's own miss
+        (a mount's buffer offered again after a restart) belongs in this cache: not when
+        its home is another live member, which holds the cluster's copy (a copy here
+        would count the chunk twice, and no sweep deletes it while that member stays up)."""
+        return (
+            self.membership is None
+            or not self.shareable(ds)
+            or self.config_keep_copies()
+            or self.membership.is_home(key)
+        )
+
     async def read(
         self, ds: DatasetState, limiter: TokenBucket, job: str, ref: ChunkRef, refetch: bool
     ) -> PeerRead | None:

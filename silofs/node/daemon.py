@@ -451,7 +451,8 @@ class Daemon:
 
     def offer_chunk(self, m: MountState, key: str, index: int, content_id: str, data: bytes) -> str:
         """A chunk a mount holds in its buffer, offered again after a daemon restart:
-        'present' (cached already), 'queued' (offered to the Writer, admitted if its
+        'present' (cached already), 'elsewhere' (in a cluster, homed at another member
+        that is up: not kept here), 'queued' (offered to the Writer, admitted if its
         dataset has room) or 'dropped' (queue full). UsageError if it does not match the
         dataset's listing: the object key, the content id the mount fetched it under (a
         refreshed listing makes it stale), the index and the exact length. The chunk
@@ -472,6 +473,8 @@ class Daemon:
         cached, bad = self.fetcher.cached(ref, ds.fetch)
         if cached is not None:
             return "present"
+        if not bad and not self.cluster.keeps_here(ds, ref.key):
+            return "elsewhere"  # its home, another member up now, holds it
         value = encode_chunk(ds.id, index, m.chunk_size, obj.key, obj.content_id, data)
         # A value that failed verification (or is of an older format) is replaced.
         ok = self.writer.offer(PendingChunk(ds.id, ref.key, value, ref.length, replace=bad))

@@ -6,7 +6,8 @@ the store's GETs.
   cluster, every byte read is right, and a second pass makes no store GET at all.
 - A home killed with kill -9: every read on the other nodes completes (its chunks from
   the store) within the bound, with right bytes; restarted, it is found up again and
-  serves its chunks.
+  serves its chunks; the others drop the copies they made standing in for it, so the
+  nodes' cached bytes add up to the dataset once again.
 - A warm on one node fills every member's part of the share to within one chunk, a
   member the warm node still counts down after a restart (its backoff) too. The share
   is on every member when allocate-cache answers; one set while a member is down names
@@ -123,14 +124,21 @@ def test_a_killed_home_never_fails_a_read_and_serves_again_once_back(three: dict
     assert _read_all(mps[2], tree) == 0
     # Its admissions committed (a kill -9 loses the Writer's last batch, by design).
     wait_for(lambda: victim.status()["node"]["writer"]["pending_chunks"] == 0, what="commits")
+    victim_cached = _cached([victim])
     first = {k: v for k, v in tree.items() if int(k[-5]) < FILES // 2}
     second = {k: v for k, v in tree.items() if k not in first}
+    total = sum(len(v) for v in tree.values())
+    assert _cached(nodes) == total  # each chunk once, at its home
     victim.kill9()
     address = victim.spec.address
     t0 = time.monotonic()
     for mp in mps[:2]:
         assert _read_all(mp, first) == 0  # the victim's chunks: from the store, new homes
     elapsed = time.monotonic() - t0
+    for n in nodes[:2]:
+        wait_for(lambda n=n: n.status()["node"]["writer"]["pending_chunks"] == 0, what="commits")
+    standins = _cached(nodes[:2]) + victim_cached - total
+    assert standins > 0  # the stand-ins hold copies of the victim's chunks now
     # A dead member's port refuses at once; a silent one would cost peer_timeout_seconds
     # (1 s here) once, then it is down and skipped.
     assert elapsed < 30, elapsed
@@ -139,14 +147,23 @@ def test_a_killed_home_never_fails_a_read_and_serves_again_once_back(three: dict
         assert n.member(address)["errors"].get("refused", 0) >= 1
     # Back: the others find it up (their prober pings it when its backoff ends) and ask
     # it for its chunks again, which it still holds.
-    victim.start()
+    victim.start()  # its mount, which outlived it, offers its buffer again (none kept)
     for n in nodes[:2]:
         wait_for(lambda n=n: n.member(address)["state"] == "up", what="the member to be up again")
+    # The stand-ins drop those copies once it answers: the cluster holds each chunk once
+    # again (status does not count the dataset twice), and each keeps its own chunks.
+    wait_for(lambda: _cached(nodes) == total, what="the stand-in copies dropped")
+    assert _cached([victim]) == victim_cached
     gets = _object_gets(proxy)
     for mp in mps[:2]:
         assert _read_all(mp, second) == 0
     assert sum(p["requests_in"] for p in victim.cluster()["peers_in"].values()) > 0
     assert _object_gets(proxy) == gets  # its chunks came from its cache, not the store
+
+
+def _cached(nodes: list) -> int:
+    # A restarted daemon lists the dataset again once its mount registers anew.
+    return sum(ds["cached_bytes"] for n in nodes for ds in n.status()["datasets"])
 
 
 def _attempt(address: str, ctx: ssl.SSLContext, method: str, path: str) -> int | None:

@@ -250,6 +250,40 @@ def test_a_good_member_serves_the_chunks_it_is_home_of(
     assert [a["charged"] for a in member.asks] == ["1", "1", "1"]
 
 
+def test_a_buffered_chunk_offered_after_a_restart_is_kept_only_where_it_is_homed(
+    tmp_path: Path, pki: Path, bucket: Path, member: FakeMember
+) -> None:
+    """A mount re-offers its buffer to a restarted daemon: a chunk homed at another member
+    that is up is not admitted here (the cluster would hold it twice, and no stand-in
+    sweep deletes a copy whose home never went down); one homed here is."""
+
+    async def main() -> None:
+        async with running(d):
+            ds, m = await mounted(d, bucket)
+            key, index = remote_chunks(d, ds, bucket)[0]
+            obj = d.store.get_object(ds.id, key)
+            data = (bucket / key).read_bytes()[index * CHUNK : (index + 1) * CHUNK]
+            assert d.offer_chunk(m, key, index, obj.content_id, data) == "elsewhere"
+            own = next(
+                (f"f{i}.bin", j)
+                for i in range(8)
+                for j in range(3)
+                if d.cluster.is_home(
+                    ChunkRef.of(d.store.get_object(ds.id, f"f{i}.bin"), CHUNK, j).key
+                )
+            )
+            obj = d.store.get_object(ds.id, own[0])
+            mine = (bucket / own[0]).read_bytes()[own[1] * CHUNK : (own[1] + 1) * CHUNK]
+            assert d.offer_chunk(m, own[0], own[1], obj.content_id, mine) == "queued"
+            with trio.fail_after(30):
+                while d.usage.get(ds.id) is None or d.usage[ds.id].chunks < 1:
+                    await trio.sleep(0.01)
+            assert d.usage[ds.id].chunks == 1
+
+    with daemon_of(tmp_path, pki, member.port) as d:
+        trio.run(main)
+
+
 @pytest.mark.parametrize(
     ("mode", "reason"),
     [
