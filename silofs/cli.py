@@ -39,7 +39,7 @@ from silofs.logsetup import LOG_FORMATS, setup_logging
 from silofs.mountinfo import silofs_mounts
 from silofs.pids import pid_alive
 from silofs.records import shown
-from silofs.units import format_rate, format_size, parse_rate, parse_size
+from silofs.units import count, format_rate, format_size, parse_rate, parse_size
 
 log = logging.getLogger(__name__)
 
@@ -226,9 +226,9 @@ def daemon_stop(socket: str | None, force: bool, timeout: float) -> None:
     mounts = status.get("mounts", [])
     if mounts and not force:
         raise UsageError(
-            f"{len(mounts)} mount(s) still use the daemon (e.g. {mounts[0]['mountpoint']}): "
-            "unmount them first, or pass --force (they keep serving cached bytes; misses "
-            "fail until a daemon runs again)"
+            f"the daemon still serves {count(len(mounts), 'mount')} (e.g. "
+            f"{mounts[0]['mountpoint']}): unmount first, or pass --force (a mount keeps "
+            "serving cached bytes; its misses fail until a daemon runs again)"
         )
     try:
         os.kill(pid, signal.SIGTERM)
@@ -451,22 +451,23 @@ def _wait_listing(
             if background and ds.get("building_gen") is not None:
                 if tty:
                     click.echo(
-                        f"listing {ds['uri']} in the background ({ds['listed']} objects so "
-                        "far); `silofs-ctl status` shows its progress",
+                        f"listing {ds['uri']} in the background "
+                        f"({count(ds['listed'], 'object')} so far); `silofs-ctl status` shows "
+                        "its progress",
                         err=True,
                     )
                 return ds
             if tty and ds["state"] == "listing":
                 rate = ds.get("list_rate") or 0
                 click.echo(
-                    f"\rlisting {ds['uri']}: {ds['listed']} objects ({rate:,.0f}/s)",
+                    f"\rlisting {ds['uri']}: {count(ds['listed'], 'object')} ({rate:,.0f}/s)",
                     nl=False,
                     err=True,
                 )
             time.sleep(0.1)
             ds = client.request("GET", f"/v1/datasets/{ds['id']}")
     if tty and ds.get("listed"):
-        click.echo(f"\rlisted {ds['uri']}: {ds['listed']} objects", err=True)
+        click.echo(f"\rlisted {ds['uri']}: {count(ds['listed'], 'object')}", err=True)
     if ds["state"] != "ready":
         raise SilofsError(ds.get("error") or f"listing {uri} did not finish")
     return ds
@@ -977,7 +978,7 @@ def warm(
         f"{format_size(w['matched_bytes'])} ({format_size(w['fetched_bytes'])} fetched, "
         f"{format_size(w['skipped_bytes'])} already cached) in {w['elapsed_s']:.1f}s"
         + (
-            f"; {w['denied_objects']} files you may not read were left out"
+            f"; left out {count(w['denied_objects'], 'file')} you may not read"
             if w.get("denied_objects")
             else ""
         ),
@@ -985,7 +986,7 @@ def warm(
     )
     if w.get("failed_chunks"):
         click.echo(
-            f"silofs: warning: {w['failed_chunks']} chunks could not be placed at their "
+            f"silofs: warning: {count(w['failed_chunks'], 'chunk')} could not be placed at their "
             "homes (members slow or down: see `silofs status`); run the warm again to fill them",
             err=True,
         )

@@ -23,6 +23,7 @@ import click
 
 from silofs.control.client import ControlClient, ControlError
 from silofs.pids import pid_alive
+from silofs.units import count
 
 SMALL_FILES = 500
 SMALL_SIZE = 110 << 10
@@ -139,7 +140,7 @@ def run_demo(root: Path, epochs: int, files: int = SMALL_FILES, big: int = BIG_S
             read += nbytes
             m = _mount_stats(socket, read)
             click.echo(
-                f"epoch {epoch}: {n} files, {nbytes / 1e6:.0f} MB in {secs:.2f}s "
+                f"epoch {epoch}: {count(n, 'file')}, {nbytes / 1e6:.0f} MB in {secs:.2f}s "
                 f"({nbytes / 1e6 / secs:.0f} MB/s); cache hits so far "
                 f"{m['hit_bytes'] / 1e6:.0f} MB of {m['bytes_read'] / 1e6:.0f} MB read, "
                 f"remote GETs {m['remote_gets']}"

@@ -58,6 +58,7 @@ from silofs.control.thread_conn import (
     serve_plain,
 )
 from silofs.errors import SilofsError
+from silofs.units import count
 
 log = logging.getLogger(__name__)
 
@@ -783,7 +784,7 @@ class _Acceptor:
             self.warn(f"uid {peer.uid} has {mine} busy connections open; refusing more")
             return f"too many connections from uid {peer.uid} (limit {self.conns.per_uid})"
         if self.untrusted >= self.conns.total and not self._evict(list(self.live)):
-            self.warn(f"{self.untrusted} connections open; refusing more")
+            self.warn(f"{count(self.untrusted, 'connection')} open; refusing more")
             return f"too many connections to the daemon (limit {self.conns.total})"
         return None
 
@@ -995,13 +996,13 @@ class _TLSAcceptor:
         if self.open >= limit:
             conn.close()
             self._refusal(
-                f"TLS listener: {self.open} connections open (limit {limit}); "
+                f"TLS listener: {count(self.open, 'connection')} open (limit {limit}); "
                 f"refusing {_host(addr)}"
             )
         elif source.handshaking >= max(1, math.ceil(limit * SOURCE_SHARE)):
             conn.close()
             self._refusal(
-                f"TLS listener: {source.handshaking} handshakes in progress from one "
+                f"TLS listener: {count(source.handshaking, 'handshake')} in progress from one "
                 f"address; refusing {_host(addr)}"
             )
         elif not self._may_handshake(source):

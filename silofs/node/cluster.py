@@ -66,6 +66,7 @@ from silofs.node.peer_wire import (
     most_value_bytes,
 )
 from silofs.node.state import DatasetState, MountState
+from silofs.units import count
 
 log = logging.getLogger(__name__)
 
@@ -854,8 +855,8 @@ def _resolve_all(hosts: list[str]) -> dict[str, set[str]]:
         pool.shutdown(wait=False, cancel_futures=True)
     if late:
         log.warning(
-            "%d of %d member host names not resolved within %gs: taken as not this node",
-            len(late), len(hosts), RESOLVE_SECONDS,
+            "%d of %s not resolved within %gs: taken as not this node",
+            len(late), count(len(hosts), "member host name"), RESOLVE_SECONDS,
         )  # fmt: skip
     return {h: f.result() if f in done else set() for h, f in futures.items()}
 

@@ -41,7 +41,7 @@ from silofs.node.metrics import open_metrics, serve_tcp
 from silofs.node.routes import build_router
 from silofs.node.supervise import run_forever
 from silofs.node.views import status_view
-from silofs.units import format_size
+from silofs.units import count, format_size
 
 log = logging.getLogger(__name__)
 
@@ -267,11 +267,11 @@ def refit_connections(limits: ConnectionLimits, daemon: Daemon) -> None:
         reserve = max(4, room // 4)
         if (total, reserve) != (limits.total, limits.reserve):
             log.warning(
-                "max_connections %d does not fit the fd limit %d with %d cluster members: "
+                "max_connections %d does not fit the fd limit %d (%s in the cluster): "
                 "using %d (+%d for admins)",
                 s.max_connections,
                 soft,
-                members,
+                count(members, "member"),
                 total,
                 reserve,
             )
