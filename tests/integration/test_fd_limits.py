@@ -153,7 +153,7 @@ def test_a_pushed_member_list_takes_its_pools_room_from_the_control_socket(
     socket's connections, not out of the fds kept for store fetches, the listener and
     the pools (docs/ARCHITECTURE.md "File descriptors"). A flood of root's idle
     connections then holds at most what is left, and status still answers. Before, the
-    limits were those of the start's 2 members: the flood held 440 connections, where
+    limits were those of the start's 2 members: the flood held 439 connections, where
     60 members leave 208."""
     if os.geteuid() != 0:
         pytest.skip("prlimit on a daemon the test cleans up as root")
