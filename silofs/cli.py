@@ -39,7 +39,7 @@ from silofs.logsetup import LOG_FORMATS, setup_logging
 from silofs.mountinfo import silofs_mounts
 from silofs.pids import pid_alive
 from silofs.records import shown
-from silofs.units import format_rate, format_size, parse_rate, parse_size
+from silofs.units import count, format_rate, format_size, parse_rate, parse_size
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +50,14 @@ def fail(message: str, code: int = 1) -> None:
     # shown(): a message may quote what others named (a mountpoint, a daemon's answer)
     click.echo(f"silofs: error: {shown(message)}", err=True)
     sys.exit(code)
+
+
+def say(line: str, *, back: bool = False, nl: bool = True, err: bool = True) -> None:
+    """An informational line (on stderr unless `err` is False), escaped as fail()'s are:
+    it names a URI, a mountpoint or a socket the user typed or another user made (a
+    name may hold a terminal escape or a newline). `back`: it starts with a carriage
+    return, over the progress line before it."""
+    click.echo(("\r" if back else "") + shown(line), nl=nl, err=err)
 
 
 def one_line_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -226,9 +234,9 @@ def daemon_stop(socket: str | None, force: bool, timeout: float) -> None:
     mounts = status.get("mounts", [])
     if mounts and not force:
         raise UsageError(
-            f"{len(mounts)} mount(s) still use the daemon (e.g. {mounts[0]['mountpoint']}): "
-            "unmount them first, or pass --force (they keep serving cached bytes; misses "
-            "fail until a daemon runs again)"
+            f"the daemon still serves {count(len(mounts), 'mount')} (e.g. "
+            f"{mounts[0]['mountpoint']}): unmount first, or pass --force (a mount keeps "
+            "serving cached bytes; its misses fail until a daemon runs again)"
         )
     try:
         os.kill(pid, signal.SIGTERM)
@@ -245,7 +253,7 @@ def daemon_stop(socket: str | None, force: bool, timeout: float) -> None:
         if time.monotonic() > deadline:
             raise SilofsError(f"the daemon (pid {pid}) did not exit within {timeout:.0f}s")
         time.sleep(0.05)
-    click.echo(f"silofs: stopped the daemon (pid {pid}) on {socket}", err=True)
+    say(f"silofs: stopped the daemon (pid {pid}) on {socket}")
 
 
 # -- mount -----------------------------------------------------------------------------
@@ -422,10 +430,9 @@ def _check_daemon_fits(wish: DaemonWish, node: dict) -> None:
             f"differs from yours in {names}: {remedy} and mount again to use yours "
             "(or name them for this mount: --profile, --no-sign-request, --azure-identity)"
         )
-    click.echo(
+    say(
         f"silofs: note: the daemon ({node.get('started_by', 'manual')}) uses its own "
-        f"store credentials; {names} in your environment is not used",
-        err=True,
+        f"store credentials; {names} in your environment is not used"
     )
 
 
@@ -450,23 +457,23 @@ def _wait_listing(
         while ds["state"] in ("checking", "listing"):
             if background and ds.get("building_gen") is not None:
                 if tty:
-                    click.echo(
-                        f"listing {ds['uri']} in the background ({ds['listed']} objects so "
-                        "far); `silofs-ctl status` shows its progress",
-                        err=True,
+                    say(
+                        f"listing {ds['uri']} in the background "
+                        f"({count(ds['listed'], 'object')} so far); `silofs-ctl status` shows "
+                        "its progress"
                     )
                 return ds
             if tty and ds["state"] == "listing":
                 rate = ds.get("list_rate") or 0
-                click.echo(
-                    f"\rlisting {ds['uri']}: {ds['listed']} objects ({rate:,.0f}/s)",
+                say(
+                    f"listing {ds['uri']}: {count(ds['listed'], 'object')} ({rate:,.0f}/s)",
+                    back=True,
                     nl=False,
-                    err=True,
                 )
             time.sleep(0.1)
             ds = client.request("GET", f"/v1/datasets/{ds['id']}")
     if tty and ds.get("listed"):
-        click.echo(f"\rlisted {ds['uri']}: {ds['listed']} objects", err=True)
+        say(f"listed {ds['uri']}: {count(ds['listed'], 'object')}", back=True)
     if ds["state"] != "ready":
         raise SilofsError(ds.get("error") or f"listing {uri} did not finish")
     return ds
@@ -678,7 +685,7 @@ def mount(
         _mount_foreground(settings, socket, log_level, log_file, log_format)
     else:
         _mount_background(settings, socket, log_level, log_file, log_format)
-        click.echo(f"silofs: {canonical} mounted at {mountpoint} (job {settings.job})", err=True)
+        say(f"silofs: {canonical} mounted at {mountpoint} (job {settings.job})")
 
 
 def _store_options(
@@ -764,7 +771,7 @@ def _mount_foreground(
         if error:
             errors.append(error)
         else:
-            click.echo(f"silofs: {settings.uri} mounted at {settings.mountpoint}", err=True)
+            say(f"silofs: {settings.uri} mounted at {settings.mountpoint}")
 
     run_mount(settings, socket, ready)
     if errors:
@@ -882,7 +889,7 @@ def unmount(mountpoint: str, socket: str | None, lazy: bool) -> None:
     from silofs import unmount as um
 
     outcome = um.unmount(mountpoint, socket or default_socket(), lazy)
-    click.echo(f"silofs: {um.outcome_line(outcome, lazy)}", err=True)
+    say(f"silofs: {um.outcome_line(outcome, lazy)}")
 
 
 @main.command("end-job")
@@ -909,7 +916,8 @@ def end_job(job: str, directory: str | None, socket: str | None) -> None:
         raise UsageError(f"bad job name {job!r}: {why}")
     if os.geteuid() != 0:
         raise UsageError("end-job unmounts other users' mounts: run it as root")
-    left = end(job, directory, socket or default_socket(), click.echo)
+    # Its lines name other users' mountpoints: escaped.
+    left = end(job, directory, socket or default_socket(), functools.partial(say, err=False))
     if left:
         fail(f"left of job {job}: {'; '.join(left)}")
 
@@ -972,22 +980,20 @@ def warm(
         raise SilofsError(f"warm of {w['dataset']} stopped: {w['error']}")
     if w["state"] != "done":
         raise SilofsError(f"warm of {w['dataset']} was {w['state']}")
-    click.echo(
+    say(
         f"silofs: warmed {w['dataset']}: {format_size(w['done_bytes'])} cached of "
         f"{format_size(w['matched_bytes'])} ({format_size(w['fetched_bytes'])} fetched, "
         f"{format_size(w['skipped_bytes'])} already cached) in {w['elapsed_s']:.1f}s"
         + (
-            f"; {w['denied_objects']} files you may not read were left out"
+            f"; left out {count(w['denied_objects'], 'file')} you may not read"
             if w.get("denied_objects")
             else ""
-        ),
-        err=True,
+        )
     )
     if w.get("failed_chunks"):
-        click.echo(
-            f"silofs: warning: {w['failed_chunks']} chunks could not be placed at their "
-            "homes (members slow or down: see `silofs status`); run the warm again to fill them",
-            err=True,
+        say(
+            f"silofs: warning: {count(w['failed_chunks'], 'chunk')} could not be placed at their "
+            "homes (members slow or down: see `silofs status`); run the warm again to fill them"
         )
 
 

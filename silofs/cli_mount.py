@@ -17,6 +17,7 @@ import logging
 import sys
 
 from silofs.errors import UsageError
+from silofs.records import shown
 
 log = logging.getLogger(__name__)
 
@@ -158,11 +159,11 @@ def main(argv: list[str] | None = None) -> None:
         source, target, options, sloppy, fake, verbose = parse_argv(argv)
         flags = options_to_flags(options, sloppy)
     except UsageError as exc:
-        print(f"mount.silofs: error: {exc}", file=sys.stderr)
+        print(f"mount.silofs: error: {shown(str(exc))}", file=sys.stderr)
         sys.exit(EXIT_USAGE)
     cmd = ["mount", source, target, *flags]
     if verbose:
-        print("mount.silofs: silofs " + " ".join(cmd), file=sys.stderr)
+        print("mount.silofs: silofs " + shown(" ".join(cmd)), file=sys.stderr)
     if fake:
         sys.exit(0)
     from silofs.cli import main as silofs_main

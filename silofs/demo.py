@@ -23,6 +23,8 @@ import click
 
 from silofs.control.client import ControlClient, ControlError
 from silofs.pids import pid_alive
+from silofs.records import shown
+from silofs.units import count
 
 SMALL_FILES = 500
 SMALL_SIZE = 110 << 10
@@ -108,7 +110,9 @@ def run_demo(root: Path, epochs: int, files: int = SMALL_FILES, big: int = BIG_S
     if why is not None:
         raise click.ClickException(f"{why}: choose another --dir")
     data, mnt, socket = root / "bucket", root / "mnt", str(root / "control.sock")
-    click.echo(f"sample dataset: {data} ({files} x 110KiB files and one {big >> 20}MiB shard)")
+    click.echo(
+        shown(f"sample dataset: {data} ({files} x 110KiB files and one {big >> 20}MiB shard)")
+    )
     make_dataset(data, files, big)
     mnt.mkdir(parents=True, exist_ok=True)
     # Every run starts cold, as the first did: a cache kept from an earlier run would
@@ -131,7 +135,7 @@ def run_demo(root: Path, epochs: int, files: int = SMALL_FILES, big: int = BIG_S
     )
     if res.returncode != 0:
         raise click.ClickException(res.stderr.strip().removeprefix("silofs: error: "))
-    click.echo(f"mounted file://{data}/ at {mnt}")
+    click.echo(shown(f"mounted file://{data}/ at {mnt}"))
     read = 0
     try:
         for epoch in range(1, epochs + 1):
@@ -139,7 +143,7 @@ def run_demo(root: Path, epochs: int, files: int = SMALL_FILES, big: int = BIG_S
             read += nbytes
             m = _mount_stats(socket, read)
             click.echo(
-                f"epoch {epoch}: {n} files, {nbytes / 1e6:.0f} MB in {secs:.2f}s "
+                f"epoch {epoch}: {count(n, 'file')}, {nbytes / 1e6:.0f} MB in {secs:.2f}s "
                 f"({nbytes / 1e6 / secs:.0f} MB/s); cache hits so far "
                 f"{m['hit_bytes'] / 1e6:.0f} MB of {m['bytes_read'] / 1e6:.0f} MB read, "
                 f"remote GETs {m['remote_gets']}"

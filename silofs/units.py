@@ -1,4 +1,4 @@
-"""Parsing and printing of sizes and rates.
+"""Parsing and printing of sizes and rates, and printing of counts.
 
 Owns the one grammar users type for sizes (500M, 1.5GiB, 2T, 4096) and rates
 (200MB/s, 1.5Gbps, unlimited). Never touches settings or I/O.
@@ -110,6 +110,14 @@ def parse_rate(text: str | int | None, *, require_unit: bool = False) -> int | N
 def _rate(value: Fraction, text: object) -> int:
     # 0 means "no remote IO at all": a positive rate must never round down to it.
     return max(1, _checked(value, text, "rate")) if value > 0 else 0
+
+
+def count(n: int, noun: str, many: str | None = None, *, grouped: bool = False) -> str:
+    """`n` and its noun, singular for one: count(1, "node") is "1 node", count(0, "node")
+    "0 nodes"; `many` is the plural where an "s" is not it (count(2, "process",
+    "processes")); `grouped`: with thousands separators ("1,024 files")."""
+    number = f"{n:,}" if grouped else str(n)
+    return f"{number} {noun if n == 1 else many or noun + 's'}"
 
 
 def format_size(n: float) -> str:

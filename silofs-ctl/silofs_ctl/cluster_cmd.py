@@ -23,7 +23,7 @@ from silofs.config import canonical_member, parse_cluster
 from silofs.control.client import ControlError
 from silofs.errors import UsageError
 from silofs.records import shown, shown_all
-from silofs.units import format_size
+from silofs.units import count, format_size
 
 from .nodes import one_node_client
 from .slurm import SlurmError, expand_hostlist, run_bounded
@@ -133,7 +133,8 @@ def set_cmd(
     refused = _refusals(targets, body)
     if refused:
         raise click.ClickException(
-            f"{refused} of {len(targets)} nodes refuse the list (above); no node was changed"
+            f"{refused} of {count(len(targets), 'node')} refused the list (above); no node was "
+            "changed"
         )
     failed = 0
     for target in targets:
@@ -141,12 +142,14 @@ def set_cmd(
             with one_node_client(target) as client:
                 got = shown_all(client.request("PUT", "/v1/cluster", body))
             click.echo(f"{target}: cluster {got['name']}, version {got['version']}, "
-                       f"{got['members']} members")  # fmt: skip
+                       f"{count(got['members'], 'member')}")  # fmt: skip
         except ControlError as exc:
             failed += 1
             click.echo(f"{target}: {shown(str(exc))}", err=True)
     if failed:
-        raise click.ClickException(f"{failed} of {len(targets)} nodes did not take the list")
+        raise click.ClickException(
+            f"{failed} of {count(len(targets), 'node')} did not take the list"
+        )
 
 
 def _refusals(targets: list[str], body: dict) -> int:
@@ -212,7 +215,7 @@ def status_cmd(nodes: tuple[str, ...], as_json: bool) -> None:
         else:
             click.echo(render(target, view))
     if failed:
-        raise click.ClickException(f"{failed} nodes did not answer")
+        raise click.ClickException(f"{count(failed, 'node')} did not answer")
 
 
 def render(target: str, answer: dict) -> str:

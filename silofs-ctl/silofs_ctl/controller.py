@@ -23,6 +23,8 @@ from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from silofs.units import count
+
 from .controller_config import ControllerConfig, JobEntry, load_jobs_file
 from .nodes import ClientFactory, NodeError, socket_clients
 from .observe import NodeSeen, RateTracker, Registration, parse_status
@@ -109,7 +111,7 @@ class Controller:
         except ConfigError as exc:
             log.error("%s (keeping the previous jobs)", exc)
             return False
-        log.info("jobs file: %d jobs", len(self.entries))
+        log.info("jobs file: %s", count(len(self.entries), "job"))
         return True
 
     def round(self, *, dry_run: bool = False, force: bool = False) -> Plan | None:
@@ -145,7 +147,7 @@ class Controller:
             self.next_round = now  # retry what did not land at the next poll
         # (a node that is down is polled every time anyway; it coming back re-plans)
         if report.pushed:
-            log.info("pushed %d allocation changes", report.pushed)
+            log.info("pushed %s", count(report.pushed, "allocation change"))
         return plan
 
     def ask_slurm(self) -> list[SlurmJob]:
@@ -229,7 +231,7 @@ class Controller:
             if len(todo) < len(targets):
                 self.next_round = 0.0  # the rest at the next poll
         if done:
-            log.info("slurm: set %d priorities in SJF-SiloD order: %s", done,
+            log.info("slurm: set %s in SJF-SiloD order: %s", count(done, "priority", "priorities"),
                      ", ".join(f"{j.id}={targets[j.id]}" for j in todo[:done]))  # fmt: skip
 
     @property

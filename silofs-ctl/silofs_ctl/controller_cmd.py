@@ -14,7 +14,7 @@ from types import FrameType
 
 import click
 
-from silofs.units import format_rate, format_size
+from silofs.units import count, format_rate, format_size
 
 from .controller import Controller
 from .controller_config import load_controller_config
@@ -120,7 +120,9 @@ def run_cmd(config_path: str, dry_run: bool, once: bool) -> None:
                 sys.exit(1)
             return
         _stop_on_signals(ctl)
-        log.warning("controller running: policy %s, %d nodes", config.policy, len(config.nodes))
+        log.warning(
+            "controller running: policy %s, %s", config.policy, count(len(config.nodes), "node")
+        )
         ctl.run()
     except ConfigError as exc:
         raise click.ClickException(str(exc)) from None

@@ -21,7 +21,7 @@ from silofs.config import default_socket
 from silofs.control.client import ControlError, quote_segment
 from silofs.errors import UsageError
 from silofs.records import job_name_error, shown_all
-from silofs.units import format_rate, format_size, parse_rate, parse_size
+from silofs.units import count, format_rate, format_size, parse_rate, parse_size
 
 from .nodes import SOCKET_HELP, one_node_client
 
@@ -116,7 +116,8 @@ def render_status(answer: dict) -> str:
         elif d.get("state") == "listing":
             # Progress of a listing: objects so far and the rate since it began.
             out.append(
-                f"  {d['name']}: listing, {d.get('listed', 0):,} objects listed "
+                f"  {d['name']}: listing, "
+                f"{count(d.get('listed', 0), 'object', grouped=True)} listed "
                 f"({d.get('list_rate') or 0:,.0f}/s)"
             )
         elif d.get("state") not in (None, "ready"):
@@ -195,7 +196,7 @@ def render_status(answer: dict) -> str:
         down = [m["address"] for m in c["members"] if m["state"] == "down"]
         out += [
             "",
-            f"cluster {c['name']}: this node {c['address']}, {len(c['members'])} members"
+            f"cluster {c['name']}: this node {c['address']}, {count(len(c['members']), 'member')}"
             + (f", down: {', '.join(down)}" if down else ", all up")
             + " (silofs-ctl cluster status for more)",
         ]
@@ -356,7 +357,7 @@ def refresh(dataset: str, wait: bool, socket: str | None) -> None:
     if wait:
         click.echo(
             f"{ans['name']}: listing generation {ans.get('generation')}, "
-            f"{ans['objects']} objects, {format_size(ans['size'])}"
+            f"{count(ans['objects'], 'object')}, {format_size(ans['size'])}"
         )
     else:
         click.echo(f"{ans['name']}: {ans['state']}")

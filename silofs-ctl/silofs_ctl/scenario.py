@@ -30,6 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from silofs.units import count
+
 from .tomlcheck import Checker, ConfigError, load_toml, parse_duration
 
 log = logging.getLogger(__name__)
@@ -156,7 +158,8 @@ def _jobs(ld: Checker, raw: Any, total_gpus: int) -> tuple[JobSpec, ...]:
         if job.gpus > total_gpus:
             raise ld.fail(
                 ("jobs", i, "gpus"),
-                f"job {job.name!r} needs {job.gpus} GPUs but the cluster has only {total_gpus}",
+                f"job {job.name!r} needs {count(job.gpus, 'GPU')} but the cluster has only "
+                f"{total_gpus}",
             )
         names.add(job.name)
         jobs.append(job)

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from silofs.errors import UsageError
-from silofs.units import parse_rate
+from silofs.units import count, parse_rate
 
 log = logging.getLogger(__name__)
 
@@ -310,7 +310,7 @@ def parse_text(text: str, delim: str) -> list[SlurmJob]:
     if parts and not parts[-1].strip():
         parts.pop()  # the newline after the last record
     if len(parts) % n:
-        raise SlurmError(f"squeue: {len(parts)} fields is not a whole number of jobs")
+        raise SlurmError(f"squeue: {count(len(parts), 'field')}, not a whole number of jobs")
     jobs = []
     for i in range(0, len(parts), n):
         f = parts[i : i + n]

@@ -32,6 +32,7 @@ from urllib.parse import quote
 from silofs.control.peer import UntrustedDaemonError, check_daemon_peer
 from silofs.control.tls import TLS_PREFIX, parse_tls_url, socket_path_too_long
 from silofs.sealed import FD_HEADER, REGION_HEADER, map_received, map_region
+from silofs.units import count
 
 if TYPE_CHECKING:
     import trio
@@ -534,7 +535,7 @@ class _AsyncConnection:
         came do not go together."""
         if where is None or len(self.fds) != 1 or length != "0":
             raise _Dropped(
-                f"{len(self.fds)} descriptor(s) with an answer naming {where!r} "
+                f"{count(len(self.fds), 'descriptor')} with an answer naming {where!r} "
                 f"(content-length {length})"
             )
         try:
@@ -547,7 +548,7 @@ class _AsyncConnection:
         region (its descriptor came with this head, the first time); _Dropped if the
         answer, the descriptors and the region do not go together."""
         if len(self.fds) > 1 or length != "0":
-            raise _Dropped(f"{len(self.fds)} descriptor(s) with an answer naming a region "
+            raise _Dropped(f"{count(len(self.fds), 'descriptor')} with an answer naming a region "
                            f"(content-length {length})")  # fmt: skip
         if self.fds:
             self._drop_region()

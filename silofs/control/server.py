@@ -58,6 +58,7 @@ from silofs.control.thread_conn import (
     serve_plain,
 )
 from silofs.errors import SilofsError
+from silofs.units import count
 
 log = logging.getLogger(__name__)
 
@@ -113,10 +114,14 @@ class _ServerConnection:
         limits: Limits,
         peer: Peer | None = None,
         threads: trio.CapacityLimiter | None = None,
+        trusted: bool = True,
     ) -> None:
         self.stream = stream
         self.router = router
         self.limits = limits
+        # The listener trusts the peer (ConnectionLimits.trusted): its requests, once
+        # served from a thread, keep the idle timeout (_thread_limits).
+        self.trusted = trusted
         # Threads a connection calling a route marked `threaded` may move to (None:
         # never moves: the TLS listener's controllers).
         self.threads = threads
@@ -168,7 +173,7 @@ class _ServerConnection:
 
         await serve_plain(
             self.stream.socket, self.router, self.peer, self.threads,
-            _thread_limits(self.limits), started,
+            _thread_limits(self.limits, self.trusted), started,
         )  # fmt: skip
 
     async def _wait_for_request(self) -> Any:
@@ -426,8 +431,13 @@ class _ServerConnection:
         await _drain(self.stream)
 
 
-def _thread_limits(limits: Limits) -> ConnLimits:
-    return ConnLimits(limits.max_body, limits.max_header, limits.idle_timeout, _progress_interval)
+def _thread_limits(limits: Limits, trusted: bool = True) -> ConnLimits:
+    bounds: dict[str, float] = {}
+    if not trusted:
+        bounds = {"request_seconds": _THREAD_REQUEST_SECONDS, "floor_rate": _THREAD_FLOOR_RATE}
+    return ConnLimits(
+        limits.max_body, limits.max_header, limits.idle_timeout, _progress_interval, **bounds
+    )
 
 
 def _progress_interval(headers: dict[str, str]) -> float:
@@ -497,15 +507,17 @@ async def _serve_connection(
     peer: Peer | None = None,
     live: set[_ServerConnection] | None = None,
     threads: trio.CapacityLimiter | None = None,
+    trusted: bool = True,
 ) -> None:
     """Connection task: never lets an exception escape into the server's nursery.
     ``live`` holds the connection while it runs (the acceptor's view of a uid's);
-    ``threads``, those it may move to (_ServerConnection)."""
+    ``threads``, those it may move to (_ServerConnection); ``trusted``, whether the
+    listener trusts the peer."""
     conn: _ServerConnection | None = None
     try:
         if isinstance(stream, trio.SocketStream):  # a TLS stream was tuned before it
             tune_socket(stream.socket)
-        conn = _ServerConnection(stream, router, limits, peer, threads)
+        conn = _ServerConnection(stream, router, limits, peer, threads, trusted)
         if live is not None:
             live.add(conn)
         await conn.run()
@@ -659,6 +671,21 @@ _EVICT_IDLE_SECONDS = 1.0
 # unevictable for the idle timeout (300 s): a few local users holding their per-uid
 # limits of connections that each sent one byte locked every other user out.
 _EVICT_SLOW_REQUEST_SECONDS = 5.0
+# An untrusted peer's connection served from a thread holds one of the node's
+# ConnectionLimits.threads (64, shared by every mount) for as long as a request takes
+# to arrive or its answer to leave: that is bounded like a cluster member's (ConnLimits),
+# not by the idle timeout. Its request must be whole within _THREAD_REQUEST_SECONDS of
+# its first byte (a local client writes a request at once: the loop's connections are
+# evicted for one slower than that, _EVICT_SLOW_REQUEST_SECONDS), and its answer gone
+# within that plus its size at _THREAD_FLOOR_RATE (a local reader takes a chunk at GB/s;
+# a member's floor over the network is the same 1 MiB/s). Otherwise one user's mount
+# trickling a byte of a request, or never reading a chunk's answer, on each of 64
+# connections held every thread for 300 s. The handler's own wait (a slow store GET
+# under a low IO allocation) is not bounded by these: a waiting client hears 102s.
+# Trusted peers keep the idle timeout: a mount's offer of a 64 MiB chunk on a busy host
+# is never cut (as on the loop, where a trusted request is never evicted).
+_THREAD_REQUEST_SECONDS = _EVICT_SLOW_REQUEST_SECONDS
+_THREAD_FLOOR_RATE = float(1 << 20)
 
 
 class _Throttled:
@@ -757,7 +784,7 @@ class _Acceptor:
             self.warn(f"uid {peer.uid} has {mine} busy connections open; refusing more")
             return f"too many connections from uid {peer.uid} (limit {self.conns.per_uid})"
         if self.untrusted >= self.conns.total and not self._evict(list(self.live)):
-            self.warn(f"{self.untrusted} connections open; refusing more")
+            self.warn(f"{count(self.untrusted, 'connection')} open; refusing more")
             return f"too many connections to the daemon (limit {self.conns.total})"
         return None
 
@@ -790,7 +817,9 @@ class _Acceptor:
         self.untrusted += not trusted
         live = self.live.setdefault(peer.uid, set())
         try:
-            await _serve_connection(stream, self.router, self.limits, peer, live, self.threads)
+            await _serve_connection(
+                stream, self.router, self.limits, peer, live, self.threads, trusted
+            )
         finally:
             if not live:
                 self.live.pop(peer.uid, None)
@@ -967,13 +996,13 @@ class _TLSAcceptor:
         if self.open >= limit:
             conn.close()
             self._refusal(
-                f"TLS listener: {self.open} connections open (limit {limit}); "
+                f"TLS listener: {count(self.open, 'connection')} open (limit {limit}); "
                 f"refusing {_host(addr)}"
             )
         elif source.handshaking >= max(1, math.ceil(limit * SOURCE_SHARE)):
             conn.close()
             self._refusal(
-                f"TLS listener: {source.handshaking} handshakes in progress from one "
+                f"TLS listener: {count(source.handshaking, 'handshake')} in progress from one "
                 f"address; refusing {_host(addr)}"
             )
         elif not self._may_handshake(source):

@@ -33,6 +33,7 @@ from silofs.cache.listing import (
 )
 from silofs.cache.store import CacheStore
 from silofs.errors import SilofsError
+from silofs.units import count
 
 log = logging.getLogger(__name__)
 
@@ -108,7 +109,7 @@ class ListingView:
         self.previous = self.reader
         self.reader = self._use(record)
         self._txn_at = 0.0  # the next operation reads a snapshot that has `record`
-        log.info("listing generation %d: %d files", self.gen, self.files)
+        log.info("listing generation %d: %s", self.gen, count(self.files, "file"))
         self.renew()
         stale = []
         for old in recent:

@@ -54,6 +54,7 @@ from silofs.mount.shared import SharedTables
 from silofs.mount.survive import unforeseen
 from silofs.mountinfo import mounts
 from silofs.records import MountCounters
+from silofs.units import count
 
 log = logging.getLogger(__name__)
 
@@ -369,11 +370,11 @@ class MountProcess:
         raise_read_ahead(self.realpath, self.s.read_ahead_kb)
         self.first_gen = self.fs.listing.first_gen
         log.info(
-            "mounted %s at %s (%d files, %d serving processes)",
+            "mounted %s at %s (%s, %s)",
             self.s.uri,
             self.s.mountpoint,
-            self.fs.listing.files,
-            self.s.serve_processes,
+            count(self.fs.listing.files, "file"),
+            count(self.s.serve_processes, "serving process", "serving processes"),
         )
         self._close()
         await self.client.aclose()
@@ -455,7 +456,10 @@ class MountProcess:
         await trio.lowlevel.checkpoint()
         raise_read_ahead(self.realpath, self.s.read_ahead_kb)
         log.info(
-            "mounted %s at %s (%d files)", self.s.uri, self.s.mountpoint, self.fs.listing.files
+            "mounted %s at %s (%s)",
+            self.s.uri,
+            self.s.mountpoint,
+            count(self.fs.listing.files, "file"),
         )
         try:
             ready(None)
@@ -877,8 +881,8 @@ class Supervisor:
                     self.deaths.popleft()
                 if len(self.deaths) > MAX_RESTARTS:
                     log.error(
-                        "%d serving processes died within %.0f s: unmounting %s",
-                        len(self.deaths),
+                        "%s died within %.0f s: unmounting %s",
+                        count(len(self.deaths), "serving process", "serving processes"),
                         RESTART_WINDOW,
                         self.mp.s.mountpoint,
                     )

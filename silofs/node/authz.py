@@ -29,6 +29,7 @@ from silofs.node.backends.local import LocalBackend
 from silofs.node.daemon import Daemon
 from silofs.node.datasets import Purpose, named_object
 from silofs.node.state import DatasetState, MountState
+from silofs.units import count
 from silofs.uri import DatasetURI
 
 log = logging.getLogger(__name__)
@@ -196,7 +197,8 @@ def check_limit(req: Request, what: str, held: int, limit: int) -> None:
         raise refuse(
             req,
             429,
-            f"uid {req.peer.uid} already holds {held} {what} (limit {limit}): "
+            f"uid {req.peer.uid} already holds {count(held, what.removesuffix('s'), what)} "
+            f"(limit {limit}): "
             f"release some, or ask an admin to raise max_{what}_per_uid",
         )
 

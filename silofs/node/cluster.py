@@ -68,6 +68,7 @@ from silofs.node.peer_wire import (
 from silofs.node.standins import homed_live_by, sweep_standins
 from silofs.node.state import DatasetState, MountState
 from silofs.node.supervise import describe
+from silofs.units import count
 
 log = logging.getLogger(__name__)
 
@@ -76,8 +77,8 @@ PROBE_TICK = 0.5  # how often the prober looks for members due a ping
 # Pings in flight at once. Each runs in a thread and holds a connection (a silent
 # member's for peer_timeout_seconds): a pushed list of 1,000 members, most of them
 # down, once had the prober run 400 threads at once, and with members that hang the
-# handshake it would hold a socket per member, however few fds the start budgeted for
-# (service.fd_budget counts the members of silofs.toml). The rest wait their turn.
+# handshake it would hold a socket per member, beyond the PEER_POOL per member that
+# service.fd_budget keeps for the list in force. The rest wait their turn.
 PROBES_AT_ONCE = 16
 # Name lookups of the members' hosts (_aliases, at start and for every pushed list): this
 # many at once, and all of them within RESOLVE_SECONDS. One after another, 1,000 members
@@ -121,6 +122,9 @@ class Cluster:
         self._swept = 0
         self._sweeping = False
         self._probing = trio.CapacityLimiter(PROBES_AT_ONCE)
+        # Called after each member list is put in force (the node's service refits the
+        # control socket's connection limits to the fds the new list's pools may take).
+        self.applied: Callable[[], None] = lambda: None
         config = self._newest(settings.cluster, _persisted(d.store))
         if config is not None:
             self.apply(config)
@@ -193,6 +197,7 @@ class Cluster:
             address,
             ", ".join(f"{m.address} (weight {m.weight:g})" for m in config.members),
         )
+        self.applied()
 
     async def push(self, body: dict, check_only: bool = False) -> ClusterSettings:
         """A member list pushed at runtime (PUT /v1/cluster): parsed, checked newer than
@@ -886,8 +891,8 @@ def _resolve_all(hosts: list[str]) -> dict[str, set[str]]:
         pool.shutdown(wait=False, cancel_futures=True)
     if late:
         log.warning(
-            "%d of %d member host names not resolved within %gs: taken as not this node",
-            len(late), len(hosts), RESOLVE_SECONDS,
+            "%d of %s not resolved within %gs: taken as not this node",
+            len(late), count(len(hosts), "member host name"), RESOLVE_SECONDS,
         )  # fmt: skip
     return {h: f.result() if f in done else set() for h, f in futures.items()}
 

@@ -51,6 +51,7 @@ from silofs.node.warm import WarmState, run_warm
 from silofs.node.writer import Writer
 from silofs.pids import pid_alive
 from silofs.records import MountCounters
+from silofs.units import count
 
 log = logging.getLogger(__name__)
 
@@ -502,7 +503,7 @@ class Daemon:
         # the table (max_readers slots, one kill(pid, 0) each), so it runs every tick.
         cleared = await trio.to_thread.run_sync(self.store.env.reader_check)
         if cleared:
-            log.info("cleared %d stale LMDB reader slot(s) of ended processes", cleared)
+            log.info("cleared %s of ended processes", count(cleared, "stale LMDB reader slot"))
 
     # -- ownership and per-uid limits (docs/SECURITY.md) ----------------------------
     def job_owner(self, job: str) -> int | None:

@@ -38,7 +38,7 @@ from silofs.node.store_write import LISTING_BATCH, WritableStore
 from silofs.node.warm import WarmState
 from silofs.node.writer import Writer
 from silofs.records import ObjectInfo, PrefixListed
-from silofs.units import format_size
+from silofs.units import count, format_size
 from silofs.uri import DatasetURI, parse_uri
 
 log = logging.getLogger(__name__)
@@ -327,24 +327,23 @@ class Catalog:
         t = builder.totals
         if t.shadowed:
             log.warning(
-                "%s: %d keys are hidden behind a directory of the same name (or listed twice),"
-                " e.g. %s",
+                "%s: %s hidden behind a directory of the same name (or listed twice), e.g. %s",
                 ds.uri.canonical,
-                t.shadowed,
+                count(t.shadowed, "key"),
                 t.shadowed_keys[0],
             )
         if t.skipped:
             log.warning(
-                "%s: %d keys cannot be file paths (empty, '.' or '..' parts), e.g. %r",
+                "%s: %s left out, not file paths (empty, '.' or '..' parts), e.g. %r",
                 ds.uri.canonical,
-                t.skipped,
+                count(t.skipped, "key"),
                 t.skipped_keys[0],
             )
         elapsed = time.monotonic() - t0
         log.info(
-            "listed %s: %d objects, %s in %.1fs (%.0f objects/s), generation %d",
+            "listed %s: %s, %s in %.1fs (%.0f objects/s), generation %d",
             ds.uri.canonical,
-            ds.listed,
+            count(ds.listed, "object"),
             format_size(record["size"]),
             elapsed,
             ds.listed / max(elapsed, 1e-9),
@@ -382,10 +381,9 @@ class Catalog:
         )
         if marked:
             log.info(
-                "%s: %d cached chunks of versions generation %d no longer lists are the "
-                "first eviction victims",
+                "%s: %s of versions generation %d no longer lists made first eviction victims",
                 ds.uri.canonical,
-                marked,
+                count(marked, "cached chunk"),
                 new_gen,
             )
 

@@ -37,6 +37,7 @@ from silofs.node.backends.base import Backend, RangeStream, requests_made
 from silofs.node.limiter import TokenBucket
 from silofs.node.store_write import PendingChunk
 from silofs.node.writer import Writer
+from silofs.units import count
 
 log = logging.getLogger(__name__)
 
@@ -439,7 +440,7 @@ class Fetcher:
             run[-1].index,
             total,
             t1 - t0,
-            "continued" if parked is not None and not opened else f"{opened} GET(s)",
+            "continued" if parked is not None and not opened else count(opened, "GET"),
             trio.current_time() - t1,
         )
         return opened

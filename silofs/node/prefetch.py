@@ -42,7 +42,7 @@ from silofs.errors import AccessDeniedError, BackendError, first_leaf
 from silofs.node.fill_budget import FillBudget
 from silofs.node.state import DatasetState, MountState, PrefetchCounters
 from silofs.records import ObjectInfo
-from silofs.units import format_size
+from silofs.units import count, format_size
 
 log = logging.getLogger(__name__)
 
@@ -235,10 +235,10 @@ class Prefetcher:
         self.hints[m.id] = h
         self._start(h)
         log.info(
-            "mount %s (job %s): hint of %d paths, window %s",
+            "mount %s (job %s): hint of %s, window %s",
             m.id,
             m.job,
-            len(paths),
+            count(len(paths), "path"),
             format_size(window),
         )
         return h
@@ -301,11 +301,11 @@ class Prefetcher:
         # A sampler's pieces end and restart the walk often; replacing a hint cancels it.
         log.log(
             logging.DEBUG if h.state in ("done", "cancelled") else logging.INFO,
-            "prefetch of mount %s %s: %s prefetched, %d chunks hit, %d missed",
+            "prefetch of mount %s %s: %s prefetched, %s hit, %d missed",
             h.mount_id,
             h.state,
             format_size(h.counters.bytes),
-            h.counters.hit_chunks,
+            count(h.counters.hit_chunks, "chunk"),
             h.counters.missed_chunks,
         )
 

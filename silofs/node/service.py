@@ -41,7 +41,7 @@ from silofs.node.metrics import open_metrics, serve_tcp
 from silofs.node.routes import build_router
 from silofs.node.supervise import run_forever
 from silofs.node.views import status_view
-from silofs.units import format_size
+from silofs.units import count, format_size
 
 log = logging.getLogger(__name__)
 
@@ -83,12 +83,15 @@ async def serve(daemon: Daemon, task_status: trio.TaskStatus = trio.TASK_STATUS_
                 ("the cluster's prober", daemon.cluster.probe_loop),
             ):
                 nursery.start_soon(run_forever, what, loop)
+            # Fitted to the fd limit now and again whenever a member list is put in force.
+            connections = connection_limits(daemon)
+            daemon.cluster.applied = functools.partial(refit_connections, connections, daemon)
             await nursery.start(
                 lambda task_status: serve_unix(
                     settings.socket,
                     router,
                     max_body=1 << 20,
-                    connections=connection_limits(daemon),
+                    connections=connections,
                     bound=bound,
                     task_status=task_status,
                 )
@@ -188,12 +191,12 @@ def raise_nofile() -> int:
     return soft
 
 
-def fd_budget(s: NodeSettings) -> int:
+def fd_budget(s: NodeSettings, members: int) -> int:
     """File descriptors kept for everything but the control socket's connections: the
-    TLS listener's connections, peer clients, store clients, LMDB, logs, metrics."""
+    TLS listener's connections, peer clients (`members`: the member list in force),
+    store clients, LMDB, logs, metrics."""
     from silofs.node.peer_client import PEER_POOL  # what each member's pool may open
 
-    members = len(s.cluster.members) if s.cluster is not None else 0
     return (
         _FD_HEADROOM
         # A member's connection holds its socket and an eventfd (control/thread_conn.py),
@@ -224,32 +227,58 @@ def member_bounds(s: NodeSettings) -> dict[str, float]:
     }
 
 
+def members_in_force(daemon: Daemon) -> int:
+    """The members of the list in force (silofs.toml's, or one pushed later, at start
+    or since), 0 outside a cluster."""
+    config = daemon.cluster.config
+    return len(config.members) if config is not None else 0
+
+
 def connection_limits(daemon: Daemon) -> ConnectionLimits:
     """The configured limits, with the total lowered to fit RLIMIT_NOFILE minus every
     other kind of connection's cap (fd_budget): running out of fds fails misses,
-    listings and peers, so each kind of connection must hit its own limit first."""
+    listings and peers, so each kind of connection must hit its own limit first.
+    Fitted again to every member list put in force later (refit_connections)."""
+    s = daemon.settings
+    limits = ConnectionLimits(
+        per_uid=s.max_connections_per_uid,
+        total=s.max_connections,
+        reserve=64,
+        trusted=lambda peer: peer_may_change(peer, daemon.admin_gid),
+    )
+    refit_connections(limits, daemon)
+    return limits
+
+
+def refit_connections(limits: ConnectionLimits, daemon: Daemon) -> None:
+    """Set `limits`' total and reserve for the member list in force: each member's pool
+    may hold PEER_POOL connections, so a list pushed with many more members than at
+    start must take its room from the control socket's connections, never from the fds
+    kept for mounts' misses, store fetches and peers. The listener reads them at each
+    accept; connections already open stay (they close or are evicted as usual)."""
     s = daemon.settings
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-    reserve = 64
-    total = s.max_connections
-    headroom = fd_budget(s)
+    total, reserve = s.max_connections, 64
+    members = members_in_force(daemon)
+    headroom = fd_budget(s, members)
     if soft != resource.RLIM_INFINITY and total + reserve > soft - headroom:
         room = max(64, soft - headroom)
         total = max(16, room * 3 // 4)
         reserve = max(4, room // 4)
-        log.warning(
-            "max_connections %d does not fit the fd limit %d: using %d (+%d for admins)",
-            s.max_connections,
-            soft,
-            total,
-            reserve,
-        )
-    return ConnectionLimits(
-        per_uid=s.max_connections_per_uid,
-        total=total,
-        reserve=reserve,
-        trusted=lambda peer: peer_may_change(peer, daemon.admin_gid),
-    )
+        if (total, reserve) != (limits.total, limits.reserve):
+            log.warning(
+                "max_connections %d does not fit the fd limit %d (%s in the cluster): "
+                "using %d (+%d for admins)",
+                s.max_connections,
+                soft,
+                count(members, "member"),
+                total,
+                reserve,
+            )
+    elif (total, reserve) != (limits.total, limits.reserve):
+        log.info("max_connections %d (+%d for admins) fits the fd limit %d again", total,
+                 reserve, soft)  # fmt: skip
+    limits.total, limits.reserve = total, reserve
 
 
 def under_systemd() -> bool:

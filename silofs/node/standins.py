@@ -23,6 +23,8 @@ from typing import TYPE_CHECKING
 
 import trio
 
+from silofs.units import count, format_size
+
 if TYPE_CHECKING:
     from silofs.node.store_write import WritableStore
     from silofs.node.writer import Writer
@@ -46,9 +48,9 @@ async def sweep_standins(
         await trio.sleep(0)  # between batches, admissions and requests go first
     if removed:
         log.info(
-            "cluster: dropped %d chunk(s) (%d bytes) held standing in for members back up",
-            removed,
-            freed,
+            "cluster: dropped %s (%s) held standing in for members back up",
+            count(removed, "chunk"),
+            format_size(freed),
         )
     return freed
 

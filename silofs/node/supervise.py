@@ -20,6 +20,7 @@ from collections.abc import Awaitable, Callable
 import trio
 
 from silofs.errors import first_leaf
+from silofs.units import count
 
 log = logging.getLogger(__name__)
 
@@ -98,8 +99,8 @@ async def run_forever(
                 since += 1
                 if now - said_at >= REPEAT_SUMMARY:
                     minutes = (now - said_at) / 60
-                    log.error("%s still fails, %d more times in %.0f min: %s; restarting "
-                              "it in %.0fs", what, since, minutes, text, delay)  # fmt: skip
+                    log.error("%s still fails, %s in %.0f min: %s; restarting it in %.0fs",
+                              what, count(since, "more time"), minutes, text, delay)  # fmt: skip
                     said_at, since = now, 0
                 else:
                     log.debug("%s failed again: %s; restarting it in %.0fs", what, text, delay)

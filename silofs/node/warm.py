@@ -33,7 +33,7 @@ from silofs.errors import BackendError, UsageError
 from silofs.node.fill_budget import FillBudget
 from silofs.node.state import DatasetState
 from silofs.records import ObjectInfo
-from silofs.units import format_size
+from silofs.units import count, format_size
 
 log = logging.getLogger(__name__)
 
@@ -127,10 +127,10 @@ def readable(
     denied = [o.key for o in objects if o.key in bad]
     if denied:
         log.warning(
-            "warm of %s by uid %d skips %d objects it may not read (e.g. %s)",
+            "warm of %s by uid %d skips %s it may not read (e.g. %s)",
             ds.uri.canonical,
             uid,
-            len(denied),
+            count(len(denied), "object"),
             denied[0],
         )
     return ok, denied
@@ -345,7 +345,7 @@ async def _walk_cluster(
     w.failed_chunks = len(waiting)
     if waiting:
         log.warning(
-            "warm of %s: %d chunks could not be placed at their homes",
+            "warm of %s: %s could not be placed at their homes",
             ds.uri.canonical,
-            len(waiting),
+            count(len(waiting), "chunk"),
         )

@@ -35,6 +35,7 @@ from silofs.node.lru_index import LruIndex
 from silofs.node.quota import QuotaPolicy
 from silofs.node.store_write import AdmitResult, PendingChunk, WritableStore
 from silofs.node.supervise import describe
+from silofs.units import count
 
 log = logging.getLogger(__name__)
 
@@ -419,7 +420,7 @@ class Writer:
         freed: int = await self._with_usage(evict, dsid, target)
         self.stats.evicted_bytes += freed
         if freed:
-            log.info("evicted %d bytes of dataset %d to fit %d", freed, dsid, target)
+            log.info("evicted %s of dataset %d to fit %d", count(freed, "byte"), dsid, target)
         return freed
 
     async def sync_loop(self) -> None:

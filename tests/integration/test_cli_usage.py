@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from silofs import __version__
+from silofs.records import shown
 from tests.support.fixtures import needs_fuse
 from tests.support.node import Node, mounted, silofs_cmd
 
@@ -99,6 +100,27 @@ def test_mount_and_unmount_say_one_line_and_jobs_differ_by_path(
         res = node.run("unmount", str(mp), "--socket", node.socket)
         assert res.returncode == 0 and res.stderr.strip() == f"silofs: unmounted {mp}"
         assert not mounted(mp)
+
+
+def test_mount_and_unmount_lines_show_names_escaped(make_node, tmp_path: Path) -> None:
+    """The user's own directory and mountpoint may hold anything a terminal acts on (a
+    bidi override, an escape sequence): `silofs mount`'s and `silofs unmount`'s lines
+    show them escaped, as its error lines do (records.shown), and on one line."""
+    node: Node = make_node()
+    data = tmp_path / "d\u202eata"
+    data.mkdir()
+    (data / "a").write_bytes(b"1")
+    mp = tmp_path / "mnt\x1b[2J\x1b]0;title\x07"
+    mp.mkdir()
+    node.mountpoints.append(str(mp))
+    res = node.run("mount", str(data), str(mp), "--socket", node.socket)
+    assert res.returncode == 0, res.stderr
+    line = res.stderr.rstrip("\n")
+    assert res.stderr.count("\n") == 1 and line.isprintable(), repr(res.stderr)
+    assert line.startswith(f"silofs: file://{shown(str(data))}/ mounted at {shown(str(mp))} ")
+    res = node.run("unmount", str(mp), "--socket", node.socket)
+    assert res.returncode == 0 and res.stderr == f"silofs: unmounted {shown(str(mp))}\n"
+    assert not mounted(mp)
 
 
 def test_a_log_dir_that_cannot_be_written_is_one_line_and_starts_nothing(

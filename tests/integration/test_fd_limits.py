@@ -6,7 +6,8 @@ A real daemon runs under `prlimit --nofile=1024:1024` (a hard limit it cannot ra
 the test, as root (a trusted client, exempt from per-uid limits), opens 1,124 idle
 connections to its socket and keeps them open while it asks for status and reads an
 uncached file through a real mount. A cluster node gets the same on its TLS port from
-a member's certificate (handshaken) and from bare TCP connections.
+a member's certificate (handshaken) and from bare TCP connections, and one pushed a
+longer member list gives the new members' pools their room out of the control socket's.
 """
 
 from __future__ import annotations
@@ -22,10 +23,11 @@ from pathlib import Path
 import pytest
 
 from silofs.control.client import client_tls_context
+from silofs.node.peer_client import PEER_POOL
 from tests.support.cluster import write_cluster
 from tests.support.cluster_run import ClusterDaemon
 from tests.support.fixtures import needs_fuse
-from tests.support.net import free_port
+from tests.support.net import free_port, free_ports
 from tests.support.node import Node
 from tests.support.poll import wait_for
 
@@ -121,6 +123,64 @@ def test_idle_connections_of_a_member_leave_status_and_misses_working(tmp_path: 
         assert fds < NOFILE - 64, f"the daemon holds {fds} fds"
     finally:
         for s in held:
+            s.close()
+        node.cleanup()
+    assert not node.log_problems(), "\n".join(node.log_problems())
+
+
+def _connections_on(pid: int, path: str) -> int:
+    """The accepted connections to the Unix socket `path` that process `pid` holds (an
+    accepted socket carries its listener's path in /proc/net/unix; the listener is not
+    counted)."""
+    with open("/proc/net/unix") as f:
+        rows = [line.split() for line in f.read().splitlines()[1:]]
+    ours = {r[6] for r in rows if len(r) == 8 and r[7] == path and r[5] != "01"}
+    held = 0
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            link = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except FileNotFoundError:  # closed meanwhile
+            continue
+        held += link.startswith("socket:[") and link[8:-1] in ours
+    return held
+
+
+def test_a_pushed_member_list_takes_its_pools_room_from_the_control_socket(
+    tmp_path: Path,
+) -> None:
+    """A node that started as one of two members is pushed a list of 60: each member's
+    pool may hold PEER_POOL connections, and that room comes out of the control
+    socket's connections, not out of the fds kept for store fetches, the listener and
+    the pools (docs/ARCHITECTURE.md "File descriptors"). A flood of root's idle
+    connections then holds at most what is left, and status still answers. Before, the
+    limits were those of the start's 2 members: the flood held 439 connections, where
+    60 members leave 208."""
+    if os.geteuid() != 0:
+        pytest.skip("prlimit on a daemon the test cleans up as root")
+    specs = write_cluster(tmp_path, ["127.0.0.1"] * 2, [free_port(), free_port()])
+    node = ClusterDaemon(specs[0])  # n1 never started, nor the 58 others: all down
+    node.prefix = ["prlimit", f"--nofile={NOFILE}:{NOFILE}"]
+    members = [s.address for s in specs] + [f"tls://127.0.0.1:{p}" for p in free_ports(58)]
+    # What the daemon keeps for all but the control socket under NOFILE with 60 members:
+    # 256 (LMDB, logs), 2 x 64 (tcp_max_connections), 64 (thread connections'
+    # eventfds), 4 per member (PEER_POOL), 4 per fetch thread (16), 2 per sealed value
+    # (NOFILE / 32 of them).
+    kept = 256 + 2 * 64 + 64 + PEER_POOL * len(members) + 4 * 16 + 2 * (NOFILE // 32)
+    idle: list[socket.socket] = []
+    try:
+        node.start()
+        node.request("PUT", "/v1/cluster", {"name": "test-cluster", "members": members})
+        assert len(node.cluster()["members"]) == len(members)
+        for _ in range(IDLE):
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            s.settimeout(10)
+            s.connect(node.socket)
+            idle.append(s)
+        assert node.status()["cluster"]["name"] == "test-cluster"
+        held = _connections_on(node.daemon_pid, node.socket)
+        assert 0 < held <= NOFILE - kept, f"{held} connections held; {NOFILE - kept} left"
+    finally:
+        for s in idle:
             s.close()
         node.cleanup()
     assert not node.log_problems(), "\n".join(node.log_problems())

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import shutil
 import socket
 import stat
@@ -423,6 +424,80 @@ def test_connections_per_uid(users: Users, site: Site) -> None:
     assert lines[:4] == ["HTTP/1.1 200 OK"] * 4, lines
     assert all(line.startswith("HTTP/1.1 429") for line in lines[4:]), lines
     assert _hold_connections(site.sock, 6) == ["HTTP/1.1 200 OK"] * 6  # root is exempt
+
+
+def _answer(s: socket.socket) -> tuple[str, bytes]:
+    """One whole answer on `s`: (its status line, its body)."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        more = s.recv(65536)
+        assert more, "closed before an answer"
+        data += more
+    head, _, body = data.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    length = next(
+        int(v) for k, _, v in (x.partition(":") for x in lines[1:]) if k == "content-length"
+    )
+    while len(body) < length:
+        more = s.recv(1 << 20)
+        assert more, "closed mid-answer"
+        body += more
+    return lines[0], body
+
+
+def _then_held(sock_path: str, chunk_path: str, then: bytes, within: float) -> float | None:
+    """One connection asks for a chunk at `chunk_path` and reads its answer whole (from
+    then on a thread serves it), sends `then` and reads nothing more: the seconds until
+    the daemon closed it, or None if it had not within `within`."""
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(30)
+    s.connect(sock_path)
+    with s:
+        s.sendall(f"GET {chunk_path} HTTP/1.1\r\nhost: x\r\n\r\n".encode())
+        status, _ = _answer(s)
+        assert status == "HTTP/1.1 200 OK", status
+        s.sendall(then)
+        t0 = time.monotonic()
+        poller = select.poll()
+        poller.register(s, select.POLLRDHUP)  # POLLHUP comes unasked; unread bytes do not
+        if not poller.poll(int(within * 1000)):
+            return None
+        return time.monotonic() - t0
+
+
+def test_a_thread_served_connection_of_another_user_is_held_to_request_bounds(
+    users: Users, site: Site
+) -> None:
+    """After its first chunk a mount's connection is served by one of the daemon's 64
+    threads. An untrusted user's connection that then sends one byte of a request, or
+    never reads a 16 MiB chunk's answer, is closed within 5 s of the byte (plus 16 s for
+    the answer at 1 MiB/s), not held with its thread for the idle timeout (300 s); root's
+    trickled request is not cut so soon."""
+    bob = users.bob
+    big = site.base / "big"
+    big.mkdir()
+    big.chmod(0o755)
+    (big / "small.txt").write_bytes(b"s" * 1000)
+    (big / "big.bin").write_bytes(os.urandom(16 << 20))
+    for f in big.iterdir():
+        f.chmod(0o644)
+    dsid = open_ready(bob, site, str(big))["id"]
+    answer = register(bob, site, dsid, "bob-thread", chunk_size=16 << 20)
+    assert answer[0] == 201, answer
+    mount = answer[1]["id"]
+    small = f"/v1/chunks?mount={mount}&key=small.txt&index=0"
+    session = _sessions[bob.uid]
+    took = session.call(_then_held, site.sock, small, b"G", 60.0)
+    assert took is not None and took < 15, took
+    whole = f"GET /v1/chunks?mount={mount}&key=big.bin&index=0 HTTP/1.1\r\nhost: x\r\n\r\n"
+    took = session.call(_then_held, site.sock, small, whole.encode(), 90.0)
+    assert took is not None and 10 < took < 45, took
+    assert call(bob, site.sock, "GET", "/v1/status")[0] == 200
+
+    answer = register(None, site, dsid, "root-thread")
+    assert answer[0] == 201, answer
+    small = f"/v1/chunks?mount={answer[1]['id']}&key=small.txt&index=0"
+    assert _then_held(site.sock, small, b"G", 8.0) is None
 
 
 # ------------------------------------------------------------------- cache file modes

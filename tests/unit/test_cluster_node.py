@@ -267,3 +267,43 @@ def test_an_exchange_with_a_member_a_new_list_left_out_is_refused_not_a_crash(
         assert err.value.reason == "refused"
 
     trio.run(main)
+
+
+def test_the_connection_limits_are_fitted_again_to_each_member_list_put_in_force(
+    tmp_path: Path, pki: Path, made: list[Daemon], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under NOFILE 1024 the control socket's connections get what the other holders
+    leave (node/service.py fd_budget): a pushed list of 60 members takes PEER_POOL fds
+    each from them, a shorter one gives them back, and a pushed list in force at the
+    next start is the one counted there, not silofs.toml's."""
+    from silofs import sealed
+    from silofs.node import service
+
+    monkeypatch.setattr(service.resource, "getrlimit", lambda what: (1024, 1024))
+    monkeypatch.setattr(sealed, "MAX_LIVE", 1024 // 32)  # the daemon's limit_live(1024)
+    d = Daemon(settings(tmp_path, pki, members(7000, 7001, version=10)))
+    made.append(d)
+    limits = service.connection_limits(d)
+    d.cluster.applied = lambda: service.refit_connections(limits, d)
+    two = (limits.total, limits.reserve)
+    room = 1024 - service.fd_budget(d.settings, 2)
+    assert two[0] + two[1] <= room and two[0] + two[1] >= room - 2
+
+    many = [f"tls://127.0.0.1:{p}" for p in (7001, *range(8000, 8059))]
+    trio.run(d.cluster.push, {"name": "c", "members": many, "version": 20})
+    room = 1024 - service.fd_budget(d.settings, 60)
+    assert room < two[0] + two[1] - 200  # 4 fds for each of 58 more members
+    assert room - 2 <= limits.total + limits.reserve <= room
+
+    trio.run(d.cluster.push, {"name": "c", "members": many[:2], "version": 30})
+    assert (limits.total, limits.reserve) == two
+
+    trio.run(d.cluster.push, {"name": "c", "members": many, "version": 40})
+    d.cluster.close()
+    d.store.close()
+    os.close(d.lock_fd)
+    made.clear()
+    again = Daemon(settings(tmp_path, pki, members(7000, 7001, version=10)))
+    made.append(again)
+    fresh = service.connection_limits(again)
+    assert (fresh.total, fresh.reserve) == (limits.total, limits.reserve)

@@ -87,4 +87,19 @@ def test_an_unreachable_node_is_named_and_fails_the_command(tmp_path: Path) -> N
     )  # fmt: skip
     assert res.returncode == 1
     assert f"{sock}: cannot reach" in res.stderr
-    assert "1 of 1 nodes did not take the list" in res.stderr
+    assert "1 of 1 node did not take the list" in res.stderr
+
+
+@pytest.mark.parametrize(("down", "said"), [(1, "1 node did"), (2, "2 nodes did")])
+def test_status_counts_the_nodes_that_did_not_answer_in_words(
+    tmp_path: Path, down: int, said: str
+) -> None:
+    import subprocess
+
+    nodes = ",".join(str(tmp_path / f"no{i}.sock") for i in range(down))
+    res = subprocess.run(
+        [sys.executable, "-m", "silofs_ctl", "cluster", "status", "--nodes", nodes],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert res.returncode == 1
+    assert res.stderr.splitlines()[-1] == f"silofs-ctl: error: {said} not answer", res.stderr

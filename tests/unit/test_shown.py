@@ -87,3 +87,17 @@ def test_silofs_one_line_errors_are_escaped(capsys: pytest.CaptureFixture[str]) 
         fail(f"1 mount(s) still use the daemon (e.g. {HOSTILE})")
     err = capsys.readouterr().err
     assert err == f"silofs: error: 1 mount(s) still use the daemon (e.g. {shown(HOSTILE)})\n"
+
+
+def test_silofs_informational_lines_are_escaped(capsys: pytest.CaptureFixture[str]) -> None:
+    """`silofs`'s other lines name the user's URI and mountpoint, and end-job's (on
+    stdout) other users' mountpoints: escaped as the error lines are; a progress line's
+    own carriage return is kept."""
+    from silofs.cli import say
+
+    say(f"silofs: unmounted {HOSTILE}")
+    say(f"listing {HOSTILE}", back=True, nl=False)
+    say(f"unmounted {HOSTILE}", err=False)
+    out, err = capsys.readouterr()
+    assert err == f"silofs: unmounted {shown(HOSTILE)}\n\rlisting {shown(HOSTILE)}"
+    assert out == f"unmounted {shown(HOSTILE)}\n"

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from silofs.errors import UsageError
-from silofs.units import format_rate, format_size, parse_rate, parse_size
+from silofs.units import count, format_rate, format_size, parse_rate, parse_size
 
 KiB, MiB, GiB, TiB = 2**10, 2**20, 2**30, 2**40
 
@@ -257,3 +257,11 @@ def test_a_typed_rate_needs_a_unit(text: str) -> None:
 )
 def test_a_rate_with_a_unit_or_zero_is_accepted(text: str, expected: int) -> None:
     assert parse_rate(text, require_unit=True) == expected
+
+
+def test_a_count_names_one_in_the_singular_and_every_other_in_the_plural() -> None:
+    assert count(1, "node") == "1 node"
+    assert [count(n, "node") for n in (0, 2)] == ["0 nodes", "2 nodes"]
+    assert count(1, "process", "processes") == "1 process"
+    assert count(3, "serving process", "serving processes") == "3 serving processes"
+    assert count(1234, "object", grouped=True) == "1,234 objects"
