@@ -5,8 +5,9 @@ Owns what a reader sees of keys that are both a file and a prefix ("a" and "a/b"
 no POSIX path can name ("x//y", "./a", "a/../b", "/lead"), 'dir/' markers with and
 without content, 0-byte objects, case-only twins, odd bytes (\\x7f, a literal %2F, ?, #)
 and components longer than NAME_MAX: one entry per name, nothing outside the mount's
-root, every file its own bytes. And objects with the same bytes (one content id, so one
-chunk key) where one of them changes: the change is that object's EIO, never another's.
+root, every file its own bytes. And objects changing: with the same bytes as another
+(one content id, so one chunk key), the change is that object's EIO, never another's;
+a cached object rewritten reads its listed version until a refresh, then the new one.
 """
 
 from __future__ import annotations
@@ -14,12 +15,16 @@ from __future__ import annotations
 import errno
 import os
 import random
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from tests.integration.test_mount import store_env
 from tests.support.fixtures import needs_fuse
+from tests.support.node import drop_file_cache
+from tests.support.poll import wait_for
 
 pytestmark = [needs_fuse, pytest.mark.fuse]
 
@@ -123,3 +128,40 @@ def test_a_changed_object_fails_only_its_own_reads_not_those_of_its_twins(
     finally:
         os.close(fd)
     assert (mp / "twin.bin").read_bytes() == old
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_cached_object_rewritten_reads_old_until_a_refresh_then_new_whole(
+    kind, request, make_node, monkeypatch, bucket_name, tmp_path: Path
+) -> None:
+    """A file read whole (every chunk cached), then rewritten in the store with other
+    bytes of the same size: until a refresh the mount serves the version it listed,
+    whole, from the cache; after `silofs-ctl refresh --wait` every read is the new
+    version's bytes, none of the cached old ones (chunks are keyed by content id)."""
+    s, args = _mounted_store(kind, request, monkeypatch)
+    old = random.Random("old").randbytes(4 * CHUNK + 7)
+    new = random.Random("new").randbytes(4 * CHUNK + 7)
+    s.create(bucket_name, {"c.bin": old})
+    node = make_node()
+    mp = node.mount(s.uri(bucket_name), tmp_path / "mnt", *args, "--chunk-size", "256K")
+    assert (mp / "c.bin").read_bytes() == old
+    s.put(bucket_name, "c.bin", new)
+    drop_file_cache(mp / "c.bin")
+    assert (mp / "c.bin").read_bytes() == old  # the listed version, from the cache
+    res = subprocess.run(
+        [sys.executable, "-m", "silofs_ctl", "refresh", s.uri(bucket_name), "--wait"]
+        + ["--socket", node.socket],
+        capture_output=True,
+        text=True,
+        env=node.env,
+        timeout=120,
+    )
+    assert res.returncode == 0, res.stderr
+    drop_file_cache(mp / "c.bin")
+    # The kernel may hold the old attributes for the metadata TTL; the bytes are new
+    # from the first read that reaches the new listing, and never old after it.
+    wait_for(lambda: (mp / "c.bin").read_bytes() == new, what="the new version read")
+    with open(mp / "c.bin", "rb", buffering=0) as f:
+        for off in (0, CHUNK - 3, 2 * CHUNK, 4 * CHUNK):
+            f.seek(off)
+            assert f.read(4096) == new[off : off + 4096], off
