@@ -198,8 +198,13 @@ class Fetcher:
 
     async def joined(self, key: bytes) -> bytes | memoryview | None:
         """The bytes of a chunk whose GET is in flight (anyone's), once they are in;
-        None if none is (or its leader gave up). Its error, if it failed."""
-        got = await self._flights.wait(key)
+        None if none is, its leader gave up, or it failed: that GET may have been of
+        another object with these bytes, so the caller's fetch() decides (it raises a
+        failure of its own object's GET, remembered, without another GET)."""
+        try:
+            got = await self._flights.wait(key)
+        except BackendError:
+            return None
         return None if got is None else got[0]
 
     async def fetch_span(
