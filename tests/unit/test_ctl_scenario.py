@@ -272,3 +272,11 @@ def test_a_run_at_the_horizon_still_simulates(tmp_path: Path) -> None:
     res = CliRunner().invoke(main, ["simulate", write(tmp_path, text), "--json"])
     assert res.exit_code == 0, res.output
     assert json.loads(res.output)["makespan_s"] == pytest.approx(10 * 365 * 86400, rel=1e-6)
+
+
+def test_a_job_submitted_far_after_the_others_still_simulates(tmp_path: Path) -> None:
+    """Idle time costs the simulator no steps: only the time jobs run is bounded."""
+    text = SOLO.replace("epochs = 5", 'epochs = 5\nsubmit = "3650000d"')
+    res = CliRunner().invoke(main, ["simulate", write(tmp_path, text), "--json"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.output)["jobs"][0]["jct_s"] < 86400
