@@ -28,6 +28,10 @@ class BackendError(SilofsError):
     """A store could not do what was asked. Subclasses say whether to retry."""
 
     retryable: bool = False
+    # The object key of the GET that failed, set where a chunk fetch shares its outcome
+    # (node/fetch.py): objects with the same bytes share chunk keys, and one object's
+    # failure (changed, deleted, denied) says nothing of another's.
+    object_key: str | None = None
 
 
 class NotFoundError(BackendError):
@@ -48,6 +52,10 @@ class TransientError(BackendError):
     """Throttling, 5xx, timeouts: worth retrying with backoff."""
 
     retryable = True
+
+
+class NoRemoteIOError(BackendError):
+    """The job's remote IO allocation is 0 and was not raised in time: a miss fails."""
 
 
 class ObjectChangedError(BackendError):

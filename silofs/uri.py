@@ -56,8 +56,26 @@ def _norm_prefix(path: str) -> str:
     return path + "/" if path else ""
 
 
+# The longest canonical URI: it keys the daemon's rows in LMDB ("names", and "cache:" or
+# "mode:" + URI in "meta"), whose keys stop at 511 bytes. A longer one (an S3 prefix or
+# a local path of 600 bytes: legal) failed the mount, or an allocation, with "internal
+# error: BadValsizeError"; now it is refused in one line before anything is sent.
+MAX_URI_BYTES = 500
+
+
 def parse_uri(uri: str) -> DatasetURI:
     """Parse file:///dir, a bare local path, s3://b/p, az://acct/c/p, https://acct.blob..., gs://b/p."""
+    parsed = _parse(uri)
+    size = len(parsed.canonical.encode("utf-8", "surrogateescape"))
+    if size > MAX_URI_BYTES:
+        raise UsageError(
+            f"dataset URI {parsed.canonical[:60]!r}... is {size} bytes: silofs names a "
+            f"dataset in at most {MAX_URI_BYTES} (mount a shorter prefix or a symlink to it)"
+        )
+    return parsed
+
+
+def _parse(uri: str) -> DatasetURI:
     if not uri:
         raise UsageError("empty dataset URI")
     _no_control(uri)

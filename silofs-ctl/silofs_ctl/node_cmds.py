@@ -309,7 +309,10 @@ def allocate_io(job: str, rate: str | None, create: bool, clear: bool, socket: s
     if not create:
         _require_known_job(socket, job)
     ans = shown_all(_call(socket, "PUT", path, {"bytes_per_s": rate_bps}))
-    click.echo(f"{ans['job']}: remote IO allocation {format_rate(ans['bytes_per_s'])}")
+    note = ""
+    if ans["bytes_per_s"] == 0:  # what a reader of an uncached chunk now meets
+        note = " (no remote IO: a miss waits 10 s for a raise, then fails with EIO)"
+    click.echo(f"{ans['job']}: remote IO allocation {format_rate(ans['bytes_per_s'])}{note}")
 
 
 def _require_known_job(socket: str | None, job: str) -> None:

@@ -43,6 +43,16 @@ CLUSTER_KEYS = {"remote_io", "nodes", "cache"}
 NODE_CACHES = ("cluster", "per-node")
 NODE_KEYS = {"name", "gpus", "cache", "count"}
 JOB_KEYS = {"name", "submit", "gpus", "dataset", "dataset_size", "ideal_io", "epochs"}
+# What a scenario may ask of the simulator. Nodes: `count = 30000000` built a node list
+# for minutes (each name checked against all before it). Years: the simulator steps at
+# least every --interval (600 s) while caches fill, ~50 us a step, and gives up after
+# 5,000,000 steps; a job that cannot finish in fewer (1 PB at 1 B/s) ran for minutes and
+# ended in "gave up". A run that cannot end within HORIZON_YEARS at its best (see
+# _check_horizon) is refused at load, naming the job or key that makes it so: ten
+# simulated years take ~3 s, and real traces (Philly, Helios) span months.
+MAX_NODES = 10_000
+HORIZON_YEARS = 10
+_YEAR = 365 * 86400.0
 __all__ = ["JobSpec", "NodeSpec", "Scenario", "ScenarioError", "load_scenario", "parse_duration"]
 
 
@@ -122,13 +132,58 @@ def parse_scenario(text: str, path: str = "<scenario>") -> Scenario:
         raise ld.fail(("cluster", "cache"), 'cache must be "cluster" or "per-node"')
     nodes = _nodes(ld, cluster.get("nodes"))
     jobs = _jobs(ld, data.get("jobs"), sum(n.gpus for n in nodes))
+    _check_horizon(ld, remote_io, sum(n.gpus for n in nodes), jobs)
     return Scenario(Path(path).stem, description, remote_io, nodes, jobs, node_caches)
+
+
+def _check_horizon(ld: Checker, remote_io: float, gpus: int, jobs: tuple[JobSpec, ...]) -> None:
+    """Refuse a scenario whose shortest possible run (the time jobs run, not the idle
+    time between submissions) is longer than HORIZON_YEARS.
+
+    Three lower bounds on the makespan, each exact for some scenario: a job reads its
+    epochs at ideal_io at most (every byte a hit, the whole cluster's GPUs its own); the
+    jobs' GPU time cannot run on more GPUs than the cluster has; and every dataset's bytes
+    that some job reads come from the store at least once (caches start empty), through
+    one link of remote_io."""
+    limit = HORIZON_YEARS * _YEAR
+
+    def years(seconds: float) -> str:
+        return f"{seconds / _YEAR:.3g} years"
+
+    work = 0.0
+    for i, j in enumerate(jobs):
+        # Not the submit times: the simulator jumps over time when nothing runs, so a
+        # job submitted 10,000 years after the others costs no steps.
+        alone = j.epochs * j.dataset_size / j.ideal_io
+        work += alone * j.gpus
+        if alone > limit:
+            raise ld.fail(
+                ("jobs", i, "epochs"),
+                f"job {j.name!r} needs {years(alone)} at least (epochs x dataset_size / "
+                f"ideal_io), past the simulator's horizon of {HORIZON_YEARS} years",
+            )
+    if work / gpus > limit:
+        raise ld.fail(
+            ("cluster", "nodes", 0),
+            f"the jobs need {years(work / gpus)} of all {gpus} GPUs at least, past the "
+            f"simulator's horizon of {HORIZON_YEARS} years",
+        )
+    once: dict[str, float] = {}  # dataset -> bytes fetched at least
+    for j in jobs:
+        once[j.dataset] = max(once.get(j.dataset, 0.0), min(j.epochs, 1.0) * j.dataset_size)
+    if sum(once.values()) / remote_io > limit:
+        raise ld.fail(
+            ("cluster", "remote_io"),
+            f"remote_io fetches the datasets once in {years(sum(once.values()) / remote_io)} "
+            f"at least, past the simulator's horizon of {HORIZON_YEARS} years",
+        )
 
 
 def _nodes(ld: Checker, raw: Any) -> tuple[NodeSpec, ...]:
     if not isinstance(raw, list) or not raw:
         raise ld.fail(("cluster",), "the cluster needs at least one [[cluster.nodes]] table")
     nodes: list[NodeSpec] = []
+    names: set[str] = set()
     for i, table in enumerate(raw):
         where = ("cluster", "nodes", i)
         ld.check_keys(table, NODE_KEYS, where)
@@ -136,11 +191,14 @@ def _nodes(ld: Checker, raw: Any) -> tuple[NodeSpec, ...]:
         gpus = int(ld.number(raw_gpus, where + ("gpus",), "gpus", integer=True))
         cache = ld.size(ld.need(table, "cache", where), where + ("cache",), "cache")
         count = int(ld.number(table.get("count", 1), where + ("count",), "count", integer=True))
+        if len(nodes) + count > MAX_NODES:
+            raise ld.fail(where + ("count",), f"more than {MAX_NODES} nodes in all")
         base = str(table.get("name", f"node{i}"))
         for k in range(count):
             name = base if count == 1 else f"{base}-{k}"
-            if any(n.name == name for n in nodes):
+            if name in names:
                 raise ld.fail(where + ("name",), f"node name {name!r} used twice")
+            names.add(name)
             nodes.append(NodeSpec(name, gpus, cache))
     return tuple(nodes)
 

@@ -41,7 +41,9 @@ def parse_duration(value: Any) -> float:
     if isinstance(value, bool):
         raise UsageError(f"not a duration: {value!r}")
     if isinstance(value, int | float):
-        if value < 0 or not math.isfinite(value):
+        if not math.isfinite(value):
+            raise UsageError(f"duration must be a finite number: {value}")
+        if value < 0:
             raise UsageError(f"duration must not be negative: {value}")
         return float(value)
     text = str(value)
@@ -50,7 +52,10 @@ def parse_duration(value: Any) -> float:
     m = _DURATION_RE.match(text)
     if not m:
         raise UsageError(f"not a duration: {text!r} (try 90s, 5m, 1.5h, 2d)")
-    return float(m.group(1)) * _DURATION_UNITS[m.group(2)]
+    seconds = float(m.group(1)) * _DURATION_UNITS[m.group(2)]
+    if not math.isfinite(seconds):  # 400 digits are float infinity
+        raise UsageError(f"duration too large: {text[:40]!r}")
+    return seconds
 
 
 class Lines:
@@ -119,6 +124,9 @@ class Checker:
     def size(self, value: Any, where: tuple, what: str) -> int:
         if isinstance(value, bool) or not isinstance(value, int | float | str):
             raise self.fail(where, f"{what}: not a size: {value!r}")
+        if isinstance(value, float) and not math.isfinite(value):
+            # TOML's nan and inf: int() of them raised ValueError/OverflowError, a traceback.
+            raise self.fail(where, f"{what} must be a finite number, not {value!r}")
         if isinstance(value, int | float) and value < 0 or str(value).strip().startswith("-"):
             raise self.fail(where, f"{what} must not be negative: {value!r}")
         try:
@@ -129,6 +137,10 @@ class Checker:
     def rate(self, value: Any, where: tuple, what: str) -> float:
         if isinstance(value, bool) or not isinstance(value, int | float | str):
             raise self.fail(where, f"{what}: not a rate: {value!r}")
+        if isinstance(value, float) and math.isnan(value):
+            raise self.fail(where, f"{what} must be a number, not {value!r}")
+        if value == math.inf:
+            return math.inf  # TOML's inf: unlimited, as "unlimited" (int() of it raised)
         if isinstance(value, int | float) and value < 0 or str(value).strip().startswith("-"):
             raise self.fail(where, f"{what} must not be negative: {value!r}")
         try:

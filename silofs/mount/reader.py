@@ -171,6 +171,9 @@ class MissError(Exception):
         super().__init__(message)
         self.errno = errno_
         self.logged = False
+        # The object whose ask failed: chunk keys name content, so a reader of another
+        # object with the same bytes that joined the ask asks for its own (_miss).
+        self.object_key: str | None = None
 
 
 @dataclass(slots=True)
@@ -772,17 +775,25 @@ class ChunkReader:
         ahead: bool = False,
     ) -> tuple[bytes, bool]:
         async def ask() -> tuple[bytes, bool]:
-            data, from_cache = await self._ask_daemon(ref, refetch, span, ahead)
+            try:
+                data, from_cache = await self._ask_daemon(ref, refetch, span, ahead)
+            except MissError as exc:
+                exc.object_key = ref.obj.key
+                raise
             self.buffer.put(ref.key, data, from_cache, ref)
             return data, from_cache
 
-        try:
-            result = (await self._flights.run(ref.key, ask))[0]
-        except MissError as exc:
-            if not ahead and not exc.logged:  # this reader joined a read-ahead's ask
-                _log_failure(logging.ERROR, ref, exc)
-                exc.logged = True
-            raise
+        while True:
+            try:
+                result = (await self._flights.run(ref.key, ask))[0]
+                break
+            except MissError as exc:
+                if exc.object_key not in (None, ref.obj.key):
+                    continue  # another file with these bytes failed (changed): ask for ours
+                if not ahead and not exc.logged:  # this reader joined a read-ahead's ask
+                    _log_failure(logging.ERROR, ref, exc)
+                    exc.logged = True
+                raise
         self._stale = True  # the chunk may be admitted (or replaced) now: see begin_read
         return result
 

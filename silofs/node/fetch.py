@@ -63,8 +63,25 @@ MAX_PARKED = 8
 # for the chunk itself), which doubled the store's load during an outage. Seconds, so a
 # transient error stays one: the first fetch after them asks the store again. At most
 # FAILED_KEYS chunks are remembered (the oldest forgotten: one more GET).
+# Chunk keys name content (the store's content id), so objects with the same bytes
+# share them: a failure is remembered, and a failed GET's waiters get its error, only
+# for the object that GET read (BackendError.object_key); a reader of another object
+# with those bytes fetches its own (the GET of a changed copy made an unchanged file
+# EIO for 3 s).
 FAILED_SECONDS = 3.0
 FAILED_KEYS = 4096
+
+
+def _of_object(exc: BackendError, ref: ChunkRef) -> BackendError:
+    """exc, marked as the failure of ref's object's GET (the first mark stays)."""
+    if exc.object_key is None:
+        exc.object_key = ref.obj.key
+    return exc
+
+
+def _foreign(exc: BaseException, ref: ChunkRef) -> bool:
+    """Whether exc is the failed GET of another object than ref's (same bytes)."""
+    return isinstance(exc, BackendError) and exc.object_key not in (None, ref.obj.key)
 
 
 @dataclass
@@ -107,16 +124,16 @@ class Fetcher:
         # error). Per dataset: two datasets may list one object with other credentials.
         self._failed: OrderedDict[tuple[int, bytes], tuple[float, BackendError]] = OrderedDict()
 
-    def _failed_lately(self, dsid: int, key: bytes) -> BackendError | None:
-        """The error a fetch of `key` for `dsid` failed with less than FAILED_SECONDS ago,
-        if any."""
-        got = self._failed.get((dsid, key))
+    def _failed_lately(self, dsid: int, ref: ChunkRef) -> BackendError | None:
+        """The error a fetch of `ref` for `dsid` failed with less than FAILED_SECONDS ago,
+        if any, and if it was a GET of ref's own object."""
+        got = self._failed.get((dsid, ref.key))
         if got is None:
             return None
         if got[0] <= trio.current_time():
-            del self._failed[dsid, key]
+            del self._failed[dsid, ref.key]
             return None
-        return got[1]
+        return None if _foreign(got[1], ref) else got[1]
 
     def _note_failed(self, dsid: int, keys: list[bytes] | set[bytes], exc: BaseException) -> None:
         if not isinstance(exc, BackendError):
@@ -167,20 +184,28 @@ class Fetcher:
             data = checked_chunk(value, ref, FetchCounters())  # we encoded it: never bad
             if data is not None:
                 return data, False
-        if ref.key not in self._flights and (failed := self._failed_lately(dsid, ref.key)):
+        if ref.key not in self._flights and (failed := self._failed_lately(dsid, ref)):
             raise failed.with_traceback(None)  # failed a moment ago: no second round of GETs
-        try:
-            return await self._flights.run(
-                ref.key, lambda: self._fetch_once(dsid, backend, limiter, ref, replace, admit)
-            )
-        except BackendError as exc:
-            self._note_failed(dsid, [ref.key], exc)
-            raise
+        while True:
+            try:
+                return await self._flights.run(
+                    ref.key, lambda: self._fetch_once(dsid, backend, limiter, ref, replace, admit)
+                )
+            except BackendError as exc:
+                if _foreign(exc, ref):
+                    continue  # another object's GET (same bytes) failed: ours may not
+                self._note_failed(dsid, [ref.key], exc)
+                raise
 
     async def joined(self, key: bytes) -> bytes | memoryview | None:
         """The bytes of a chunk whose GET is in flight (anyone's), once they are in;
-        None if none is (or its leader gave up). Its error, if it failed."""
-        got = await self._flights.wait(key)
+        None if none is, its leader gave up, or it failed: that GET may have been of
+        another object with these bytes, so the caller's fetch() decides (it raises a
+        failure of its own object's GET, remembered, without another GET)."""
+        try:
+            got = await self._flights.wait(key)
+        except BackendError:
+            return None
         return None if got is None else got[0]
 
     async def fetch_span(
@@ -213,12 +238,17 @@ class Fetcher:
                 data = checked_chunk(value, ref, FetchCounters())  # we encoded it
                 if data is not None:
                     return data, Fetched()
-            got = await self._flights.wait(ref.key)
+            try:
+                got = await self._flights.wait(ref.key)
+            except BackendError as exc:
+                if _foreign(exc, ref):
+                    continue  # another object's GET (same bytes) failed: ours may not
+                raise
             if got is not None:
                 return got[0], Fetched()
             if ref.key in self._flights:
                 continue  # its leader gave up and another began since: wait for that one
-            if (failed := self._failed_lately(dsid, ref.key)) is not None:
+            if (failed := self._failed_lately(dsid, ref)) is not None:
                 raise failed.with_traceback(None)  # failed a moment ago: no second round of GETs
             # No await from here to claim(): what is free is claimed as it was seen.
             run = self._run_around(dsid, limiter, ref, span)
@@ -243,6 +273,8 @@ class Fetcher:
         try:
             requests = await self._get_run(dsid, backend, limiter, run, deliver, readahead)
         except Exception as exc:
+            if isinstance(exc, BackendError):
+                _of_object(exc, ref)  # a run is of one object
             for key in pending:
                 self._flights.settle(key, error=exc)
             self._note_failed(dsid, pending, exc)
@@ -280,7 +312,7 @@ class Fetcher:
                     return False
                 if r.key in self._flights or r.key in self._loose:
                     return False
-                if self._failed_lately(dsid, r.key) is not None:
+                if self._failed_lately(dsid, r) is not None:
                     return False  # its own request answers the error, no GET
                 if self.writer.pending(r.key) is not None:
                     return False  # fetched, waiting for admission
@@ -479,7 +511,11 @@ class Fetcher:
                 dsid, ref.index, ref.chunk_size, obj.key, obj.content_id, data
             )
 
-        data, value = await trio.to_thread.run_sync(get_and_encode, limiter=self.threads)
+        try:
+            data, value = await trio.to_thread.run_sync(get_and_encode, limiter=self.threads)
+        except BackendError as exc:
+            _of_object(exc, ref)
+            raise
         if admit:
             self.writer.offer(PendingChunk(dsid, ref.key, value, ref.length, replace=replace))
         return data

@@ -70,3 +70,26 @@ def test_metrics_parse_and_scrape_over_tcp(
     with pytest.raises(urllib.error.HTTPError) as err:
         urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/status", timeout=10)
     assert err.value.code == 404
+
+
+def test_label_values_with_quotes_backslashes_and_braces_parse_back_exactly(
+    make_node, local_store, tmp_path: Path, monkeypatch
+) -> None:
+    """A dataset whose path holds a quote, a backslash, braces, '=' and ',' and a job
+    named with the punctuation a job may hold: prometheus_client's parser reads the
+    labels back exactly (a newline cannot get there: dataset URIs and job names refuse
+    control characters)."""
+    local_store.apply_env(monkeypatch)
+    name = 'we"ird\\na,me={x}'
+    local_store.create(name, {"f.bin": b"x" * 1000})
+    node: Node = make_node()
+    uri = local_store.uri(name)
+    job = "j'o{b}=1,x"
+    mp = node.mount(uri, tmp_path / "mnt", "--job", job)
+    assert (mp / "f.bin").read_bytes() == b"x" * 1000
+    with ControlClient(node.socket) as c:
+        status, _, body = c.request_raw("GET", "/metrics")
+    assert status == 200
+    fams = families(body.decode())
+    assert {s.labels["dataset"] for s in fams["silofs_dataset_read_bytes"].samples} == {uri}
+    assert {s.labels["job"] for s in fams["silofs_job_limiter_wait_seconds"].samples} == {job}

@@ -7,6 +7,7 @@ import hashlib
 import mmap
 import os
 import random
+import stat
 import subprocess
 import threading
 from pathlib import Path
@@ -345,3 +346,85 @@ def test_an_aborted_connection_ends_the_mount_quietly(
     assert err.value.errno == errno.ENOTCONN
     wait_for(lambda: not node.status()["mounts"], what="the mount's goodbye")
     subprocess.run(["fusermount3", "-u", "-z", str(mp)], capture_output=True)
+
+
+def test_every_mutating_call_is_erofs_and_the_read_only_calls_work(
+    make_node, local_store, monkeypatch, bucket_name, tmp_path: Path
+) -> None:
+    """The POSIX surface as a user's tools hit it: every call that would write is EROFS
+    at once (never a hang), fsync of a read handle succeeds as on any read-only mount,
+    and the read-side calls around the edges (pread past EOF and of 0 bytes, SEEK_DATA
+    and SEEK_HOLE, mmap MAP_SHARED, O_DIRECT, a directory opened as a file and a file
+    as a directory, statfs, xattrs) answer what a local read-only filesystem does."""
+    local_store.apply_env(monkeypatch)
+    big = random.Random("posix").randbytes(5 << 20)
+    local_store.create(bucket_name, {"f.bin": big, "e.txt": b"", "d/x": b"x"})
+    node = make_node()
+    mp = node.mount(local_store.uri(bucket_name), tmp_path / "mnt")
+    f = mp / "f.bin"
+    with open(f, "rb") as handle:
+        fd = handle.fileno()
+        writes = {
+            "O_CREAT": lambda: os.open(mp / "new", os.O_CREAT | os.O_WRONLY, 0o644),
+            "O_TRUNC": lambda: os.open(mp / "e.txt", os.O_RDONLY | os.O_TRUNC),
+            "O_APPEND": lambda: os.open(f, os.O_WRONLY | os.O_APPEND),
+            "truncate": lambda: os.truncate(f, 0),
+            "unlink": lambda: os.unlink(f),
+            "rename": lambda: os.rename(f, mp / "g"),
+            "mkdir": lambda: os.mkdir(mp / "nd"),
+            "rmdir": lambda: os.rmdir(mp / "d"),
+            "chmod": lambda: os.chmod(f, 0o777),
+            "chown": lambda: os.chown(f, 1, 1),
+            "utime": lambda: os.utime(f, (1, 1)),
+            "utime now": lambda: os.utime(f),
+            "setxattr": lambda: os.setxattr(f, "user.x", b"1"),
+            "removexattr": lambda: os.removexattr(f, "user.x"),
+            "link": lambda: os.link(f, mp / "h"),
+            "symlink": lambda: os.symlink("f.bin", mp / "s"),
+            "mknod": lambda: os.mknod(mp / "fifo", 0o600 | stat.S_IFIFO),
+        }
+        for what, call in writes.items():
+            with pytest.raises(OSError) as exc:
+                call()
+            assert exc.value.errno == errno.EROFS, what
+        # Only a writable handle could allocate or write; this one is read-only.
+        for call in (lambda: os.posix_fallocate(fd, 0, 10), lambda: os.write(fd, b"x")):
+            with pytest.raises(OSError) as exc:
+                call()
+            assert exc.value.errno == errno.EBADF
+        os.fsync(fd)  # nothing unwritten: succeeds (it was EROFS)
+        os.fdatasync(fd)
+        assert subprocess.run(["sync", str(f)], capture_output=True).returncode == 0
+        assert os.pread(fd, 10, len(big) + 100) == b""
+        assert os.pread(fd, 0, 5) == b""
+        assert os.pread(fd, 1 << 20, len(big) - 10) == big[-10:]
+        assert os.lseek(fd, 0, os.SEEK_DATA) == 0
+        assert os.lseek(fd, 0, os.SEEK_HOLE) == len(big)
+        with pytest.raises(OSError) as exc:
+            os.lseek(fd, len(big) + 1, os.SEEK_DATA)
+        assert exc.value.errno == errno.ENXIO
+        with mmap.mmap(fd, 0, mmap.MAP_SHARED, mmap.PROT_READ) as m:
+            assert m[:] == big
+        with pytest.raises(OSError) as exc:
+            mmap.mmap(fd, 0, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        assert exc.value.errno == errno.EACCES
+    direct = os.open(f, os.O_RDONLY | os.O_DIRECT)
+    try:
+        buf = mmap.mmap(-1, 1 << 20)
+        n = os.preadv(direct, [buf], 4096)
+        assert n == 1 << 20 and buf[:n] == big[4096 : 4096 + n]
+    finally:
+        os.close(direct)
+    with pytest.raises(IsADirectoryError):
+        (mp / "d").read_bytes()
+    with pytest.raises(NotADirectoryError):
+        os.open(f, os.O_RDONLY | os.O_DIRECTORY)
+    with pytest.raises(NotADirectoryError):
+        os.stat(f / "x")
+    for call in (lambda: os.getxattr(f, "user.x"), lambda: os.listxattr(f)):
+        with pytest.raises(OSError) as exc:
+            call()
+        assert exc.value.errno in (errno.ENOTSUP, errno.ENODATA)
+    vfs = os.statvfs(mp)
+    assert vfs.f_flag & os.ST_RDONLY and vfs.f_namemax == 1024
+    assert vfs.f_files >= 4 and vfs.f_blocks * vfs.f_frsize >= len(big)

@@ -303,6 +303,36 @@ def test_odd_local_names_are_served_and_a_non_utf8_one_skipped(
     assert "not UTF-8" in (node.logs / "daemon.log").read_text()
 
 
+def test_a_local_tree_nested_past_path_max_is_skipped_not_a_failed_mount(
+    make_node, local_store, monkeypatch, bucket_name, tmp_path: Path
+) -> None:
+    """A directory chain made with mkdirat past PATH_MAX (4096 bytes from the root): no
+    path names it, so stat by path is ENAMETOOLONG, and that failed the whole listing
+    (the mount refused: "cannot open file://...: File name too long"). Now the part past
+    PATH_MAX is skipped with a warning and the rest is served."""
+    local_store.apply_env(monkeypatch)
+    local_store.create(bucket_name, {"ok.bin": b"ok", "deep/near.bin": b"near"})
+    root = Path(local_store.uri(bucket_name).removeprefix("file://"))
+    fd = os.open(root / "deep", os.O_RDONLY)
+    try:
+        for _ in range(18):  # 18 x 251 bytes: past 4096 with the root's own path
+            os.mkdir("D" * 250, dir_fd=fd)
+            nfd = os.open("D" * 250, os.O_RDONLY, dir_fd=fd)
+            os.close(fd)
+            fd = nfd
+        leaf = os.open("leaf", os.O_CREAT | os.O_WRONLY, 0o644, dir_fd=fd)
+        os.write(leaf, b"leaf")
+        os.close(leaf)
+    finally:
+        os.close(fd)
+    node = make_node()
+    mp = node.mount(local_store.uri(bucket_name), tmp_path / "mnt")
+    assert (mp / "ok.bin").read_bytes() == b"ok"
+    assert (mp / "deep" / "near.bin").read_bytes() == b"near"
+    assert os.listdir(mp / "deep") == ["near.bin"]  # the chain holds no file it can name
+    assert "longer than PATH_MAX" in (node.logs / "daemon.log").read_text()
+
+
 def test_a_directory_of_100k_entries_reads_whole_once_each(
     make_node, local_store, monkeypatch, bucket_name, tmp_path: Path
 ) -> None:

@@ -197,3 +197,86 @@ def test_cli_refuses_a_bad_scenario_in_one_line(tmp_path: Path) -> None:
 def test_load_scenario_missing_file(tmp_path: Path) -> None:
     with pytest.raises(ScenarioError, match="cannot read"):
         load_scenario(tmp_path / "nope.toml")
+
+
+@pytest.mark.parametrize(
+    "old,new,expect",
+    [
+        ('cache = "1TiB"', "cache = nan", "cache must be a finite number, not nan"),
+        ('cache = "1TiB"', "cache = inf", "cache must be a finite number, not inf"),
+        ('remote_io = "200MB/s"', "remote_io = nan", "remote_io must be a number, not nan"),
+        ('dataset_size = "1.3TiB"', "dataset_size = nan", "dataset_size must be a finite"),
+        ('ideal_io = "114MB/s"', "ideal_io = inf", "positive, finite"),
+        ("epochs = 13", "epochs = nan", "epochs must be positive: nan"),
+        ('submit = "0s"', "submit = inf", "duration must be a finite number"),
+        ('submit = "0s"', f'submit = "{"9" * 400}s"', "duration too large"),
+        ("gpus = 4\n", "gpus = 4\ncount = 20000\n", "more than 10000 nodes"),
+    ],
+)
+def test_nan_inf_and_huge_values_are_one_line_naming_the_line(
+    old: str, new: str, expect: str
+) -> None:
+    """TOML's nan and inf reached int() (ValueError, OverflowError: a traceback), and a
+    node count of 30 million built its node list for minutes."""
+    text = GOOD.replace(old, new, 1)
+    message = refused(text)
+    assert expect in message, message
+    assert message.split(":")[1].isdigit()
+
+
+def test_remote_io_inf_is_unlimited() -> None:
+    assert parse_scenario(GOOD.replace('"200MB/s"', "inf"), "s.toml").remote_io == float("inf")
+
+
+SOLO = """\
+[cluster]
+remote_io = "100MB/s"
+[[cluster.nodes]]
+gpus = 1
+cache = "500GB"
+[[jobs]]
+name = "solo"
+gpus = 1
+dataset = "d"
+dataset_size = "1TB"
+ideal_io = "200MB/s"
+epochs = 5
+"""
+
+
+def test_a_run_past_the_horizon_is_refused_at_load() -> None:
+    # 1 PB read 10^9 times at 1 B/s: the simulator stepped for minutes, then gave up.
+    text = SOLO.replace('"1TB"', '"1PB"').replace('ideal_io = "200MB/s"', 'ideal_io = "1B/s"')
+    text = text.replace("epochs = 5", "epochs = 1e9")
+    message = refused(text)
+    assert message.startswith(f"s.toml:{line_of(text, 'epochs')}: job 'solo' needs 3.17e+16 ")
+    # Fast enough at f*, but every byte comes through a link of 1 B/s once at least.
+    text = SOLO.replace('remote_io = "100MB/s"', 'remote_io = "1B/s"')
+    message = refused(text)
+    assert message.startswith(f"s.toml:{line_of(text, 'remote_io')}: remote_io fetches")
+    # Each job fits alone (6 years), not both on the cluster's one GPU.
+    one = SOLO.replace('"1TB"', '"1GB"').replace('"200MB/s"', '"1MB/s"')
+    one = one.replace("epochs = 5", "epochs = 189216")
+    text = one + one[one.index("[[jobs]]") :].replace('"solo"', '"duo"').replace(
+        'dataset_size = "1GB"\n', ""
+    )
+    message = refused(text)
+    assert message.startswith(f"s.toml:{line_of(text, '[[cluster.nodes]]')}: the jobs need 12 ")
+    assert "of all 1 GPUs" in message
+
+
+def test_a_run_at_the_horizon_still_simulates(tmp_path: Path) -> None:
+    # 1 GB at 1 MB/s is 1,000 s an epoch: 315,360 epochs are ten years exactly.
+    text = SOLO.replace('"1TB"', '"1GB"').replace('"200MB/s"', '"1MB/s"')
+    text = text.replace("epochs = 5", "epochs = 315360")
+    res = CliRunner().invoke(main, ["simulate", write(tmp_path, text), "--json"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.output)["makespan_s"] == pytest.approx(10 * 365 * 86400, rel=1e-6)
+
+
+def test_a_job_submitted_far_after_the_others_still_simulates(tmp_path: Path) -> None:
+    """Idle time costs the simulator no steps: only the time jobs run is bounded."""
+    text = SOLO.replace("epochs = 5", 'epochs = 5\nsubmit = "3650000d"')
+    res = CliRunner().invoke(main, ["simulate", write(tmp_path, text), "--json"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.output)["jobs"][0]["jct_s"] < 86400

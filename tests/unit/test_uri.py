@@ -13,7 +13,7 @@ import pytest
 
 from silofs.errors import UsageError
 from silofs.node.backends import BackendOptions, open_backend
-from silofs.uri import DatasetURI, parse_uri
+from silofs.uri import MAX_URI_BYTES, DatasetURI, parse_uri
 
 
 @pytest.mark.parametrize(
@@ -153,3 +153,15 @@ def test_sovereign_cloud_url_keeps_its_endpoint_suffix(monkeypatch) -> None:
     assert uri.canonical == "az://acct/data/train/"
     auth = resolve_auth(uri, BackendOptions())
     assert auth.account_url == "https://acct.blob.core.chinacloudapi.cn"
+
+
+def test_a_uri_longer_than_an_lmdb_key_holds_is_refused_in_one_line() -> None:
+    """A dataset's canonical URI keys LMDB rows (511 bytes at most): a 600-byte S3 prefix
+    or local path failed the mount with "internal error: BadValsizeError"."""
+    ok = "s3://b/" + "p" * (MAX_URI_BYTES - len("s3://b/") - 1)
+    assert len(parse_uri(ok).canonical) == MAX_URI_BYTES
+    for uri in ("s3://b/" + "p" * 600, "/data/" + "d" * 600, "az://acct/c/" + "日" * 200):
+        with pytest.raises(
+            UsageError, match=f"bytes: silofs names a dataset in at most {MAX_URI_BYTES}"
+        ):
+            parse_uri(uri)

@@ -30,6 +30,10 @@ from silofs.uri import DatasetURI
 
 log = logging.getLogger(__name__)
 
+# Linux's PATH_MAX, the NUL included: a longer path cannot be stat'ed or opened by name
+# (ENAMETOOLONG), and the daemon names every file by its path from the root.
+_PATH_MAX = 4096
+
 
 def _utf8(name: str) -> bool:
     try:
@@ -100,6 +104,16 @@ class LocalBackend:
                         "skipping %r in %s: the name is not UTF-8, as object keys must be",
                         rel,
                         self.root,
+                    )
+                    continue
+                if len(os.fsencode(entry.path)) >= _PATH_MAX:
+                    # A tree nested past PATH_MAX (made with mkdirat): its entry.stat and
+                    # scandir failed with ENAMETOOLONG, which failed the whole listing.
+                    log.warning(
+                        "skipping %r in %s: its path is longer than PATH_MAX (%d bytes)",
+                        rel[:200] + "...",
+                        self.root,
+                        _PATH_MAX,
                     )
                     continue
                 try:
