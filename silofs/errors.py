@@ -54,10 +54,6 @@ class TransientError(BackendError):
     retryable = True
 
 
-class NoRemoteIOError(BackendError):
-    """The job's remote IO allocation is 0 and was not raised in time: a miss fails."""
-
-
 class ObjectChangedError(BackendError):
     """The object's content identity differs from the listing: never mix bytes."""
 

@@ -311,7 +311,7 @@ def allocate_io(job: str, rate: str | None, create: bool, clear: bool, socket: s
     ans = shown_all(_call(socket, "PUT", path, {"bytes_per_s": rate_bps}))
     note = ""
     if ans["bytes_per_s"] == 0:  # what a reader of an uncached chunk now meets
-        note = " (no remote IO: a miss waits 10 s for a raise, then fails with EIO)"
+        note = " (no remote IO: misses wait for a raise, hits are served)"
     click.echo(f"{ans['job']}: remote IO allocation {format_rate(ans['bytes_per_s'])}{note}")
 
 

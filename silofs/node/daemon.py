@@ -26,7 +26,6 @@ from silofs.cache.store import CacheDamagedError, Usage
 from silofs.config import NodeSettings, credential_fingerprint
 from silofs.errors import (
     BackendError,
-    NoRemoteIOError,
     UsageError,
     VersionMismatchError,
 )
@@ -55,13 +54,6 @@ from silofs.records import MountCounters
 from silofs.units import count
 
 log = logging.getLogger(__name__)
-
-# A reader's miss under a job's remote IO allocation of 0 waits for a raise until the
-# allocation has been 0 this long, then fails (EIO): it waited forever, and a reader
-# blocked on FUSE cannot be interrupted (Ctrl-C, or kill -9 of an O_DIRECT reader).
-# Long enough for a controller's push that replaces a 0 at once; warm and prefetch
-# keep waiting (they stop with their dataset or job).
-ZERO_RATE_SECONDS = 10.0
 
 
 class Daemon:
@@ -408,13 +400,6 @@ class Daemon:
                 ds.fetch.cache_served += 1
                 return data, "cache"
             refetch = bad  # replace the bad value rather than keep missing on it
-        if not await job.limiter.until_nonzero(ZERO_RATE_SECONDS):
-            for c in (ds.fetch, job.fetch, m.fetch):
-                c.errors += 1
-            raise NoRemoteIOError(
-                f"job {m.job!r} has a remote IO allocation of 0: chunk {index} of {key} "
-                "is not cached, and misses are refused (raise it: silofs-ctl allocate-io)"
-            )
         peer = await self.cluster.read(ds, job.limiter, m.job, ref, refetch)
         if peer is not None:  # homed at another member (node/cluster.py)
             self.count_fetch(ds, job, m, 1 if peer.charged else 0, peer.charged, 0)

@@ -22,7 +22,6 @@ class TokenBucket:
 
     def __init__(self, rate: float | None, burst_seconds: float = 0.05) -> None:
         self._rate = rate  # bytes/s; None = unlimited, 0 = no remote IO at all
-        self._zero_since = trio.current_time()  # when the rate last became 0
         self._burst_seconds = burst_seconds
         self._tokens = 0.0
         self._last = trio.current_time()
@@ -46,27 +45,11 @@ class TokenBucket:
 
     def set_rate(self, rate: float | None) -> None:
         self._refill()  # bytes earned so far are earned at the old rate
-        if rate == 0 and self._rate != 0:
-            self._zero_since = trio.current_time()
         self._rate = rate
         if rate is None:
             self._tokens = 0.0
         self._changed.set()
         self._changed = trio.Event()
-
-    async def until_nonzero(self, seconds: float) -> bool:
-        """Whether the rate is other than 0, waiting for a raise until `seconds` after it
-        became 0: a reader's miss under a rate of 0 waited in charge() until a raise,
-        forever, and a reader waiting on FUSE cannot be interrupted (Ctrl-C did
-        nothing, and kill -9 nothing to an O_DIRECT reader: the kernel waits for the
-        answer of a request it sent)."""
-        while self._rate == 0:
-            left = self._zero_since + seconds - trio.current_time()
-            if left <= 0:
-                return False
-            with trio.move_on_after(left):
-                await self._changed.wait()
-        return True
 
     async def charge(self, n: int) -> None:
         if n <= 0:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 import random
@@ -165,48 +164,34 @@ def test_limiter_holds_the_allocation_and_follows_changes(
     assert job_status(node, "j")["limiter_wait_s"] > 1
 
 
-def test_an_allocation_of_0_refuses_misses_within_a_bound_and_a_raise_frees_them(
+def test_an_allocation_of_0_pauses_misses_until_a_raise_and_serves_hits(
     make_node, local_store, monkeypatch, bucket_name, tmp_path: Path
 ) -> None:
-    """`allocate-io JOB 0`: a reader's miss waited for a raise forever, in D state, deaf
-    to Ctrl-C (and to kill -9 with O_DIRECT: the kernel waits for the answer to a request
-    it sent). Now a miss waits for a raise until the allocation has been 0 for
-    ZERO_RATE_SECONDS (10 s), then is EIO; hits are served; a raise serves misses again."""
+    """`allocate-io JOB 0` is how a controller pauses a job whose turn on the link has
+    not come (SJF gives the jobs after the link is spent 0): a miss waits for the raise,
+    however long, and is then served right; hits are served meanwhile."""
     local_store.apply_env(monkeypatch)
-    files = {f"{n}.bin": random.Random(n).randbytes(300_000) for n in "abcd"}
+    files = {f"{n}.bin": random.Random(n).randbytes(300_000) for n in "ab"}
     local_store.create(bucket_name, files)
     node = make_node()
-    node.expect_errors(r"remote IO allocation of 0")
     mp = node.mount(local_store.uri(bucket_name), tmp_path / "mnt", "--job", "j")
     assert (mp / "a.bin").read_bytes() == files["a.bin"]  # cached before the 0
     put_io(node, "j", 0)
-    # A raise within the bound frees a waiting reader: the read succeeds.
     got: list[bytes] = []
     reader = threading.Thread(target=lambda: got.append((mp / "b.bin").read_bytes()))
     reader.start()
     # Blocked in read(2) (syscall 0 on x86_64, the reader's only one that waits).
     syscall = Path(f"/proc/self/task/{reader.native_id}/syscall")
-    wait_for(lambda: syscall.read_text().split()[0] == "0", 5, what="the reader waits")
+    wait_for(lambda: syscall.read_text().split()[0] == "0", 10, what="the reader waits")
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < 15:  # past any bound a 0 once had: still waiting
+        assert reader.is_alive() and not got
+        reader.join(0.5)  # a deadline-bounded wait on the thread, not a sleep
+    drop_file_cache(mp / "a.bin")
+    assert (mp / "a.bin").read_bytes() == files["a.bin"]  # hits are served
     put_io(node, "j", None)
     reader.join(30)
     assert got == [files["b.bin"]]
-    put_io(node, "j", 0)
-    t0 = time.monotonic()
-    with pytest.raises(OSError) as exc:
-        (mp / "c.bin").read_bytes()
-    took = time.monotonic() - t0
-    assert exc.value.errno == errno.EIO
-    assert took < 40, f"a miss under 0 took {took:.1f} s"  # 10 s, and a kernel retry
-    t0 = time.monotonic()
-    with pytest.raises(OSError):
-        drop_file_cache(mp / "d.bin")
-        (mp / "d.bin").read_bytes()  # the 0 is older than the bound: at once
-    assert time.monotonic() - t0 < 5
-    drop_file_cache(mp / "a.bin")
-    assert (mp / "a.bin").read_bytes() == files["a.bin"]  # hits are served
-    put_io(node, "j", 10 * MB)
-    drop_file_cache(mp / "c.bin")
-    assert (mp / "c.bin").read_bytes() == files["c.bin"]
 
 
 def test_two_jobs_share_cache_but_not_remote_io(

@@ -137,38 +137,6 @@ def test_rate_zero_blocks_until_raised() -> None:
     run(main)
 
 
-def test_until_nonzero_waits_for_a_raise_until_the_zero_is_old_enough() -> None:
-    """A reader's miss (node/daemon.py) asks until_nonzero before it charges: it waits
-    for a raise until the 0 is `seconds` old, then hears False at once."""
-
-    async def main() -> None:
-        bucket = TokenBucket(1000)
-        assert await bucket.until_nonzero(10)  # not 0: at once
-        bucket.set_rate(0)
-        t0 = trio.current_time()
-        assert not await bucket.until_nonzero(10)
-        assert trio.current_time() - t0 == pytest.approx(10)
-        t1 = trio.current_time()
-        assert not await bucket.until_nonzero(10)  # the 0 is 10 s old: at once
-        assert trio.current_time() == t1
-        bucket.set_rate(0)  # still 0: the 0 is as old as before
-        assert not await bucket.until_nonzero(10)
-        bucket.set_rate(None)
-        bucket.set_rate(0)  # a new 0: its own 10 s
-        t2 = trio.current_time()
-
-        async def raise_later() -> None:
-            await trio.sleep(3)
-            bucket.set_rate(5000)
-
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(raise_later)
-            assert await bucket.until_nonzero(10)
-        assert trio.current_time() - t2 == pytest.approx(3)
-
-    run(main)
-
-
 def test_rate_zero_set_mid_run_holds_queued_waiters() -> None:
     async def main() -> None:
         bucket = TokenBucket(1000.0)
