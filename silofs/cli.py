@@ -993,7 +993,8 @@ def warm(
     if w.get("failed_chunks"):
         say(
             f"silofs: warning: {count(w['failed_chunks'], 'chunk')} could not be placed at their "
-            "homes (members slow or down: see `silofs status`); run the warm again to fill them"
+            "homes (members slow, down or refusing them: `silofs-ctl cluster status --nodes "
+            "SOCKET` shows each member's errors); run the warm again to fill them"
         )
 
 
