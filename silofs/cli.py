@@ -432,7 +432,8 @@ def _check_daemon_fits(wish: DaemonWish, node: dict) -> None:
         )
     say(
         f"silofs: note: the daemon ({node.get('started_by', 'manual')}) uses its own "
-        f"store credentials; {names} in your environment is not used"
+        f"store credentials, which differ from your environment's in {names}: yours are "
+        "not used"
     )
 
 
