@@ -36,12 +36,13 @@ from silofs.config import (
 from silofs.control.client import ControlClient, ControlError, DaemonNotTrusted
 from silofs.errors import SilofsError, UsageError, first_leaf
 from silofs.logsetup import LOG_FORMATS, setup_logging
-from silofs.mountinfo import silofs_mounts
+from silofs.mountinfo import fuse_device_refusal, silofs_mounts
 from silofs.pids import pid_alive
 from silofs.records import shown
 from silofs.units import count, format_rate, format_size, parse_rate, parse_size
 
 log = logging.getLogger(__name__)
+FUSE_DEVICE = "/dev/fuse"  # what libfuse opens (a test points it at a stand-in)
 
 DAEMON_START_TIMEOUT = 30.0
 
@@ -657,6 +658,11 @@ def mount(
     if debug:
         log_level = "debug"
     own = bool({"profile", "anonymous", "credential"} & store_options.keys())
+    # Before a daemon is started and the bucket listed for a mount that cannot happen:
+    # a user the FUSE device refuses (a 0600 /dev/fuse) is told so at once, and no idle
+    # daemon of its own is left behind.
+    if (refusal := fuse_device_refusal(mountpoint, FUSE_DEVICE)) is not None:
+        raise SilofsError(refusal)
     _ensure_daemon(
         DaemonWish(socket, cache_dir, cache_size, endpoint_url, idle_exit, own, not no_start_daemon)
     )
