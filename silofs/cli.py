@@ -42,7 +42,6 @@ from silofs.records import shown
 from silofs.units import count, format_rate, format_size, parse_rate, parse_size
 
 log = logging.getLogger(__name__)
-FUSE_DEVICE = "/dev/fuse"  # what libfuse opens (a test points it at a stand-in)
 
 DAEMON_START_TIMEOUT = 30.0
 
@@ -661,7 +660,7 @@ def mount(
     # Before a daemon is started and the bucket listed for a mount that cannot happen:
     # a user the FUSE device refuses (a 0600 /dev/fuse) is told so at once, and no idle
     # daemon of its own is left behind.
-    if (refusal := fuse_device_refusal(mountpoint, FUSE_DEVICE)) is not None:
+    if (refusal := fuse_device_refusal(mountpoint)) is not None:
         raise SilofsError(refusal)
     _ensure_daemon(
         DaemonWish(socket, cache_dir, cache_size, endpoint_url, idle_exit, own, not no_start_daemon)

@@ -16,6 +16,7 @@ import stat
 from dataclasses import dataclass
 
 _ESCAPE = re.compile(rb"\\([0-7]{3})")
+FUSE_DEVICE = "/dev/fuse"  # what libfuse opens (a test points it at a stand-in)
 
 
 @dataclass(frozen=True)
@@ -78,11 +79,12 @@ def is_mounted(path: str) -> bool:
     return any(e.mountpoint == path for e in mounts())
 
 
-def fuse_device_refusal(mountpoint: str, device: str = "/dev/fuse") -> str | None:
+def fuse_device_refusal(mountpoint: str, device: str | None = None) -> str | None:
     """Why this user cannot mount at `mountpoint` because of the FUSE device, in one line
     that says what to do; None when it may open it. libfuse opens the device itself
     before it would ask fusermount3 (setuid) to mount: a device only root may open (some
     hosts make it 0600) stops every other user."""
+    device = device or FUSE_DEVICE
     if os.access(device, os.R_OK | os.W_OK):
         return None
     try:

@@ -14,10 +14,12 @@ import os
 import shutil
 import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 
+import click
 import pytest
 
-from silofs import cli
+from silofs import cli, demo, mountinfo
 from silofs.mount import process
 from tests.support.asuser import Identity, as_user
 
@@ -33,7 +35,7 @@ def device(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
         pass
     os.chmod(path, 0o600)
     monkeypatch.setattr(process, "FUSE_DEVICE", path)
-    monkeypatch.setattr(cli, "FUSE_DEVICE", path)
+    monkeypatch.setattr(mountinfo, "FUSE_DEVICE", path)
     yield path
     shutil.rmtree(where)
 
@@ -89,5 +91,27 @@ def test_silofs_mount_refuses_before_starting_a_daemon(device: str) -> None:
             "default; fusermount3 still decides who may mount where), or mount as root\n"
         )
         assert not os.path.exists(socket)  # no daemon was started for it
+    finally:
+        shutil.rmtree(where)
+
+
+def _demo(root: str) -> str:
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        try:
+            demo.run_demo(Path(root), 1)
+        except click.ClickException as exc:
+            return exc.format_message()
+    return "ran"
+
+
+def test_the_demo_refuses_before_writing_its_sample(device: str) -> None:
+    where = tempfile.mkdtemp(dir="/var/tmp")
+    try:
+        os.chmod(where, 0o777)
+        root = os.path.join(where, "demo")
+        got = as_user(Identity.nobody(), _demo, root)
+        assert got.startswith(f"cannot mount at {root}/mnt: {device} is mode -rw-------"), got
+        assert not os.path.exists(os.path.join(root, "bucket"))
     finally:
         shutil.rmtree(where)
