@@ -36,7 +36,7 @@ from silofs.config import (
 from silofs.control.client import ControlClient, ControlError, DaemonNotTrusted
 from silofs.errors import SilofsError, UsageError, first_leaf
 from silofs.logsetup import LOG_FORMATS, setup_logging
-from silofs.mountinfo import silofs_mounts
+from silofs.mountinfo import fuse_device_refusal, silofs_mounts
 from silofs.pids import pid_alive
 from silofs.records import shown
 from silofs.units import count, format_rate, format_size, parse_rate, parse_size
@@ -432,7 +432,8 @@ def _check_daemon_fits(wish: DaemonWish, node: dict) -> None:
         )
     say(
         f"silofs: note: the daemon ({node.get('started_by', 'manual')}) uses its own "
-        f"store credentials; {names} in your environment is not used"
+        f"store credentials, which differ from your environment's in {names}: yours are "
+        "not used"
     )
 
 
@@ -656,6 +657,11 @@ def mount(
     if debug:
         log_level = "debug"
     own = bool({"profile", "anonymous", "credential"} & store_options.keys())
+    # Before a daemon is started and the bucket listed for a mount that cannot happen:
+    # a user the FUSE device refuses (a 0600 /dev/fuse) is told so at once, and no idle
+    # daemon of its own is left behind.
+    if (refusal := fuse_device_refusal(mountpoint)) is not None:
+        raise SilofsError(refusal)
     _ensure_daemon(
         DaemonWish(socket, cache_dir, cache_size, endpoint_url, idle_exit, own, not no_start_daemon)
     )
@@ -993,7 +999,8 @@ def warm(
     if w.get("failed_chunks"):
         say(
             f"silofs: warning: {count(w['failed_chunks'], 'chunk')} could not be placed at their "
-            "homes (members slow or down: see `silofs status`); run the warm again to fill them"
+            "homes (members slow, down or refusing them: `silofs-ctl cluster status --nodes "
+            "SOCKET` shows each member's errors); run the warm again to fill them"
         )
 
 

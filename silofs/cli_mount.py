@@ -53,6 +53,8 @@ FLAG_OPTIONS = {
     "no_sign_request",
     "azure_identity",
     "debug",
+    "list_in_background",
+    "no_start_daemon",
 }
 # Options for mount(8), systemd or the kernel that mean nothing more to silofs, which is
 # always read-only, nosuid and nodev. _netdev orders the mount after the network (systemd's

@@ -22,6 +22,7 @@ from pathlib import Path
 import click
 
 from silofs.control.client import ControlClient, ControlError
+from silofs.mountinfo import fuse_device_refusal
 from silofs.pids import pid_alive
 from silofs.records import shown
 from silofs.units import count
@@ -110,6 +111,10 @@ def run_demo(root: Path, epochs: int, files: int = SMALL_FILES, big: int = BIG_S
     if why is not None:
         raise click.ClickException(f"{why}: choose another --dir")
     data, mnt, socket = root / "bucket", root / "mnt", str(root / "control.sock")
+    # Before the sample dataset is written: a user the FUSE device refuses cannot run
+    # the demo at all.
+    if (refusal := fuse_device_refusal(str(mnt))) is not None:
+        raise click.ClickException(refusal)
     click.echo(
         shown(f"sample dataset: {data} ({files} x 110KiB files and one {big >> 20}MiB shard)")
     )

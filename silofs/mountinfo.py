@@ -2,17 +2,21 @@
 
 Owns reading mountinfo lines into records: the mountpoint with the kernel's octal
 escapes (\\040 space, \\011 tab, \\012 newline, \\134 backslash) undone on bytes and
-decoded as the filesystem encoding, so /mnt/données stays /mnt/données. Never stats a
-mountpoint: the process serving a FUSE mount would deadlock on its own.
+decoded as the filesystem encoding, so /mnt/données stays /mnt/données; and the one
+line that tells a user the FUSE device refuses it (fuse_device_refusal), shared by the
+CLI (before it starts a daemon) and the mount process. Never stats a mountpoint: the
+process serving a FUSE mount would deadlock on its own.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import stat
 from dataclasses import dataclass
 
 _ESCAPE = re.compile(rb"\\([0-7]{3})")
+FUSE_DEVICE = "/dev/fuse"  # what libfuse opens (a test points it at a stand-in)
 
 
 @dataclass(frozen=True)
@@ -73,3 +77,23 @@ def silofs_mounts() -> dict[str, MountEntry]:
 
 def is_mounted(path: str) -> bool:
     return any(e.mountpoint == path for e in mounts())
+
+
+def fuse_device_refusal(mountpoint: str, device: str | None = None) -> str | None:
+    """Why this user cannot mount at `mountpoint` because of the FUSE device, in one line
+    that says what to do; None when it may open it. libfuse opens the device itself
+    before it would ask fusermount3 (setuid) to mount: a device only root may open (some
+    hosts make it 0600) stops every other user."""
+    device = device or FUSE_DEVICE
+    if os.access(device, os.R_OK | os.W_OK):
+        return None
+    try:
+        st = os.stat(device)
+    except OSError as exc:
+        return f"cannot mount at {mountpoint}: {device}: {exc.strerror} (modprobe fuse)"
+    return (
+        f"cannot mount at {mountpoint}: {device} is mode "
+        f"{stat.filemode(st.st_mode)}, which this user may not open: an administrator "
+        f"can make it 0666 (Debian's default; fusermount3 still decides who may mount "
+        "where), or mount as root"
+    )

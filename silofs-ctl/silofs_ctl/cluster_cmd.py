@@ -184,14 +184,21 @@ def _canonical(members: list[str], weights: dict[str, float]) -> tuple[list[str]
 
 
 def _current_name(targets: list[str]) -> str:
+    """The name the first node that answers is in. When none answers, the first
+    node's error is the message (a missing $SILOFS_CTL_TLS, a node down): "no node is
+    in a cluster yet" would send the user after a --name that changes nothing."""
+    unreached: list[str] = []
     for target in targets:
         try:
             with one_node_client(target) as client:
                 view = client.request("GET", "/v1/cluster")
-        except ControlError:
+        except ControlError as exc:
+            unreached.append(shown(str(exc)))  # names its node
             continue
         if isinstance(view, dict) and view.get("name"):
             return str(view["name"])
+    if unreached and len(unreached) == len(targets):
+        raise click.ClickException(f"no node answered: {unreached[0]}")
     raise click.UsageError("no node is in a cluster yet: give the cluster's --name")
 
 

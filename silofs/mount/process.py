@@ -29,7 +29,6 @@ import os
 import secrets
 import select
 import signal
-import stat
 import time
 from collections import deque
 from collections.abc import Callable
@@ -52,7 +51,7 @@ from silofs.mount.listing_view import ListingView, changed_entries
 from silofs.mount.reader import ChunkReader, MissError
 from silofs.mount.shared import SharedTables
 from silofs.mount.survive import unforeseen
-from silofs.mountinfo import mounts
+from silofs.mountinfo import fuse_device_refusal, mounts
 from silofs.records import MountCounters
 from silofs.units import count
 
@@ -751,28 +750,14 @@ def _invalidate_attrs(inodes: list[int]) -> None:
 
 def _mount_error(exc: BaseException, mountpoint: str) -> str:
     if isinstance(exc, RuntimeError) and "fuse" in str(exc).lower():
-        if not os.access(FUSE_DEVICE, os.R_OK | os.W_OK):
-            return _device_error(mountpoint)
+        refusal = fuse_device_refusal(mountpoint, FUSE_DEVICE)
+        if refusal is not None:
+            return refusal
         return (
             f"cannot mount at {mountpoint}: {exc} (is /dev/fuse available and the "
             "mountpoint an empty, unmounted directory?)"
         )
     return str(exc)
-
-
-def _device_error(mountpoint: str) -> str:
-    """libfuse opens /dev/fuse itself before it would ask fusermount3 (setuid) to mount:
-    a device only root may open (some hosts make it 0600) stops every other user."""
-    try:
-        st = os.stat(FUSE_DEVICE)
-    except OSError as exc:
-        return f"cannot mount at {mountpoint}: {FUSE_DEVICE}: {exc.strerror} (modprobe fuse)"
-    return (
-        f"cannot mount at {mountpoint}: {FUSE_DEVICE} is mode "
-        f"{stat.filemode(st.st_mode)}, which this user may not open: an administrator "
-        f"can make it 0666 (Debian's default; fusermount3 still decides who may mount "
-        "where), or mount as root"
-    )
 
 
 def run_mount(

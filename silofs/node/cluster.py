@@ -22,6 +22,7 @@ import functools
 import ipaddress
 import json
 import logging
+import os
 import socket
 import ssl
 import time
@@ -277,11 +278,15 @@ class Cluster:
     def shareable(self, ds: DatasetState) -> bool:
         """Whether a dataset is read through the cluster: its store options are ones a
         member takes (peer_wire.PEER_OPTIONS) and its endpoint is this node's default
-        (members send their own credentials to their own endpoint only)."""
-        return set(ds.options) <= PEER_OPTIONS and ds.endpoint_url in (
-            None,
-            self.settings.endpoint_url,
-        )
+        (members send their own credentials to their own endpoint only). For s3:// the
+        default is what the S3 backend falls back to without [backend] endpoint_url:
+        AWS_ENDPOINT_URL in the daemon's environment, which `silofs mount` also sends as
+        the mount's endpoint (a MinIO cluster set up by the variable alone was read by
+        each node alone, silently)."""
+        default = self.settings.endpoint_url
+        if default is None and ds.uri.scheme == "s3":
+            default = os.environ.get("AWS_ENDPOINT_URL") or None
+        return set(ds.options) <= PEER_OPTIONS and ds.endpoint_url in (None, default)
 
     def is_home(self, key: bytes) -> bool:
         return self.membership is None or self.membership.is_home(key)

@@ -72,7 +72,7 @@ def test_daemon_stop(auto, tmp_path: Path) -> None:
     mp = node.mount(uri, tmp_path / "mnt", "--cache-dir", node.cache_dir, "--cache-size", "32M")
     pid = node.status()["node"]["pid"]
     res = node.run("daemon", "stop")
-    assert_one_line_error(res, "still use the daemon", str(mp))
+    assert_one_line_error(res, "still serves 1 mount", str(mp))
     assert pid_alive(pid)
     assert node.run("unmount", str(mp)).returncode == 0
     res = node.run("daemon", "stop")

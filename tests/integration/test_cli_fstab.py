@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from silofs.cli_mount import options_to_flags, parse_argv
+from silofs.cli_mount import FLAG_OPTIONS, IGNORED, VALUE_OPTIONS, options_to_flags, parse_argv
 from silofs.errors import UsageError
 from tests.support.fixtures import needs_fuse
 from tests.support.node import Node, mounted
@@ -33,6 +33,20 @@ def test_helper_options_become_flags() -> None:
     assert parse_argv(["s3://b/", "/mnt", "-sfnv", "-o", "job=a", "-oallow_other"]) == (
         "s3://b/", "/mnt", "job=a,allow_other", True, True, True,
     )  # fmt: skip
+
+
+def test_every_mount_flag_is_an_option() -> None:
+    """README: "`-o` takes the `silofs mount` flags with `_` for `-`": all of them, but
+    --foreground (the helper's own business) and --help."""
+    from silofs.cli import mount
+
+    names = {p.name for p in mount.params if p.name and p.param_type_name == "option"}
+    names -= {"foreground", "help"}
+    missing = sorted(names - VALUE_OPTIONS - FLAG_OPTIONS - IGNORED)
+    assert not missing, f"silofs mount flags mount.silofs does not take: {missing}"
+    assert options_to_flags("list_in_background,no_start_daemon,read_only") == [
+        "--list-in-background", "--no-start-daemon",
+    ]  # fmt: skip
 
 
 @pytest.fixture

@@ -8,13 +8,18 @@ device file of root's with mode 0600.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import shutil
 import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 
+import click
 import pytest
 
+from silofs import cli, demo, mountinfo
 from silofs.mount import process
 from tests.support.asuser import Identity, as_user
 
@@ -30,6 +35,7 @@ def device(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
         pass
     os.chmod(path, 0o600)
     monkeypatch.setattr(process, "FUSE_DEVICE", path)
+    monkeypatch.setattr(mountinfo, "FUSE_DEVICE", path)
     yield path
     shutil.rmtree(where)
 
@@ -54,3 +60,58 @@ def test_a_device_this_user_may_open_keeps_the_general_hint(device: str) -> None
     os.chmod(device, 0o666)
     got = as_user(Identity.nobody(), _message)
     assert "is /dev/fuse available and the mountpoint an empty" in got
+
+
+def _mount(source: str, mountpoint: str, socket: str) -> tuple[object, str]:
+    """`silofs mount SOURCE MOUNTPOINT --socket SOCKET` in this process: (exit code,
+    stderr)."""
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        try:
+            cli.main(["mount", source, mountpoint, "--socket", socket])
+        except SystemExit as exc:
+            return exc.code, err.getvalue()
+    return 0, err.getvalue()
+
+
+def test_silofs_mount_refuses_before_starting_a_daemon(device: str) -> None:
+    """The refusal comes first: no daemon is started (and left idle) and no bucket is
+    listed for a mount the device makes impossible."""
+    where = tempfile.mkdtemp(dir="/var/tmp")
+    try:
+        os.chmod(where, 0o777)
+        mp = os.path.join(where, "mnt")
+        os.mkdir(mp)
+        os.chmod(mp, 0o777)
+        socket = os.path.join(where, "ctl.sock")
+        code, err = as_user(Identity.nobody(), _mount, where, mp, socket)
+        assert code == 1, err
+        assert err == f"silofs: error: cannot mount at {mp}: {device} is mode -rw-------, " + (
+            "which this user may not open: an administrator can make it 0666 (Debian's "
+            "default; fusermount3 still decides who may mount where), or mount as root\n"
+        )
+        assert not os.path.exists(socket)  # no daemon was started for it
+    finally:
+        shutil.rmtree(where)
+
+
+def _demo(root: str) -> str:
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        try:
+            demo.run_demo(Path(root), 1)
+        except click.ClickException as exc:
+            return exc.format_message()
+    return "ran"
+
+
+def test_the_demo_refuses_before_writing_its_sample(device: str) -> None:
+    where = tempfile.mkdtemp(dir="/var/tmp")
+    try:
+        os.chmod(where, 0o777)
+        root = os.path.join(where, "demo")
+        got = as_user(Identity.nobody(), _demo, root)
+        assert got.startswith(f"cannot mount at {root}/mnt: {device} is mode -rw-------"), got
+        assert not os.path.exists(os.path.join(root, "bucket"))
+    finally:
+        shutil.rmtree(where)
