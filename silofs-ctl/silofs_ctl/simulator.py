@@ -647,6 +647,7 @@ class Simulation:
         unit_t, growing = units.unit_t, self.pool.growing
         log_rates = recorder.job_rates is not None
         inflow: dict[str, float] = {}
+        moved: list[SimJob] = []  # running jobs whose event moved
         total_rate = total_remote = 0.0
         worst, total = math.inf, 0.0
         for job in active:
@@ -674,7 +675,7 @@ class Simulation:
                     if log_rates:
                         recorder.rate(job.name, now, rate)
                     job.rate, job.remote = rate, remote
-                    clock.schedule(job)
+                    moved.append(job)  # (its event: Clock.schedule_all below)
             # the sums and the fairness point
             rate = job.rate
             equal_rate = job.equal_rate
@@ -689,6 +690,8 @@ class Simulation:
             total_remote += remote
             if remote > 0:
                 inflow[job.unit] = inflow.get(job.unit, 0.0) + remote
+        # (nothing above reads an event: they are written in the order they were made)
+        clock.schedule_all(moved)
         if log_rates:  # (after every running job's, as the pass after the rates did)
             for job in active:
                 if job.share <= 0:
