@@ -209,7 +209,7 @@ class Units:
         """The places whose full moment is at most `late`."""
         t_full = self.t_full
         if self.arrays:
-            if t_full.min() > late:  # type: ignore[union-attr]
+            if np.minimum.reduce(t_full) > late:  # (.min(), without its Python layer)
                 return []
             return np.flatnonzero(t_full <= late).tolist()  # type: ignore[operator]
         if min(t_full, default=math.inf) > late:
