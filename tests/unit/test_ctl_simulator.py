@@ -654,3 +654,34 @@ def test_scheduling_a_plans_jobs_at_once_gives_each_the_events_one_by_one_would(
         assert one.times[a.slot] == all_.times[b.slot]
     assert list(one.times) == list(all_.times)
     assert one.times[singles[1].slot] == math.inf and one.times[singles[3].slot] == 12345.678
+
+
+def test_a_plan_takes_its_views_hit_ratios_as_finding_them_again_would() -> None:
+    """Gavel with SiloD's views carry each job's hit ratio at the plan, and _apply takes
+    those (finding again only the readers of units the plan shrank below what they
+    held): the same run to the bit as finding every one again, on a trace where plans
+    do evict."""
+    scenario = load_scenario(SCENARIOS / "trace-300.toml")
+    scenario = replace(scenario, jobs=scenario.jobs[:120])
+    taken = Simulation(scenario, "gavel", "silod")
+    evictions = [0]
+    allocate = taken.units.allocate
+
+    def counted(cache, readers):  # type: ignore[no-untyped-def]
+        allocate(cache, readers)
+        evictions[0] += len(taken.units.evicted)
+
+    taken.units.allocate = counted  # type: ignore[method-assign]
+    fast = taken.run()
+    found = Simulation(scenario, "gavel", "silod")
+    plan_views = found._plan_views
+
+    def without_hits(active):  # type: ignore[no-untyped-def]
+        views = plan_views(active)
+        found.view_hits = False  # (_apply finds every running job's hit again)
+        return views
+
+    found._plan_views = without_hits  # type: ignore[method-assign]
+    slow = found.run()
+    assert taken.plans > 100 and evictions[0] > 0
+    assert json.dumps(fast.to_dict()) == json.dumps(slow.to_dict())
