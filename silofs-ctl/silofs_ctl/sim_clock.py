@@ -118,6 +118,23 @@ class Clock:
         else:
             self.times[job.slot] = _INF
 
+    def schedule_all(self, jobs: list[SimJob]) -> None:
+        """schedule of each of `jobs` in turn (a re-plan re-rates every running job), the
+        event times written into the array at once: the same times and seqs."""
+        now, seq = self.now, self.seq
+        slots: list[int] = []
+        times: list[float] = []
+        for job in jobs:
+            seq += 1
+            job.seq = seq
+            job.event_boundary = boundary = job.boundary
+            rate = job.rate
+            times.append(now + job.until(boundary) / rate if rate > 0 else _INF)
+            slots.append(job.slot)
+        self.seq = seq
+        if slots:
+            self.times[slots] = times
+
     def soonest(self) -> float:
         """The time of the next job event (math.inf: none)."""
         times = self.times

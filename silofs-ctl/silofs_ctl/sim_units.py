@@ -106,6 +106,9 @@ class Units:
         self.seq = 0  # the last fill event's sequence number
         self.shared: set[str] = set()  # units at least two active jobs read
         self.moved: set[str] = set()  # units whose cap or fill a plan moved (allocate)
+        # Units the last allocation shrank below what they held: their readers' H (and
+        # so hit ratios) moved; every other unit's readers kept theirs.
+        self.evicted: set[str] = set()
         self.full = False  # a unit became full since the flag was last cleared
 
     def _cap(self, key: str) -> None:
@@ -209,7 +212,7 @@ class Units:
         """The places whose full moment is at most `late`."""
         t_full = self.t_full
         if self.arrays:
-            if t_full.min() > late:  # type: ignore[union-attr]
+            if np.minimum.reduce(t_full) > late:  # (.min(), without its Python layer)
                 return []
             return np.flatnonzero(t_full <= late).tolist()  # type: ignore[operator]
         if min(t_full, default=math.inf) > late:
@@ -357,6 +360,7 @@ class Units:
         # arrival shrinks every CoorDL job's slice, so half of them evict)
         in_use: set[str] = set()
         roomy: set[str] = set()
+        self.evicted = set()
         self._allocate(cache.items(), readers, in_use, roomy)
         self._allocate(zip(self.in_use - cache.keys(), repeat(0.0)), readers, in_use, roomy)
         self.in_use, self.roomy = in_use, roomy
@@ -392,6 +396,7 @@ class Units:
                     job.effective *= scale
                 filled[key] = held = want
                 moved_add(key)
+                self.evicted.add(key)
             if want > 0 or held > 0:
                 in_use_add(key)
                 if held < full:

@@ -158,6 +158,9 @@ class Simulation:
         # Jobs the link holds at its level that are not on the level clock (it would not
         # take them): a move of the level re-rates them one by one.
         self.held_off: set[str] = set()
+        # The last plan's views hold every active job's uniform hit ratio at the plan
+        # (_hit_views): _apply takes them instead of finding them again.
+        self.view_hits = False
 
     def request_stop(self) -> None:
         self.stop_requested = True
@@ -249,6 +252,7 @@ class Simulation:
         # remaining work does not move).
         with_hits = HITS in reads and not self.units.lru
         with_remaining = REMAINING in reads
+        self.view_hits = with_hits
         if with_hits:
             return self._hit_views(active, with_remaining)
         views = []
@@ -387,6 +391,14 @@ class Simulation:
             self.pool.retarget(running.values(), lambda: units.sync_all(now))
             for job in running.values():
                 job.hit = self._hit(job)
+        elif self.view_hits:
+            # Each view was made (or kept, being equal) with the job's hit ratio at this
+            # plan, brought to now, by _hit's arithmetic; only an eviction since (above)
+            # moved some: those units' readers are found again.
+            evicted = units.evicted
+            for job in running.values():
+                hit = job.view.hit_now  # type: ignore[union-attr]
+                job.hit = self._hit(job) if hit is None or job.unit in evicted else hit
         else:
             self._uniform_hits(running.values())
         for job in running.values():
@@ -647,6 +659,7 @@ class Simulation:
         unit_t, growing = units.unit_t, self.pool.growing
         log_rates = recorder.job_rates is not None
         inflow: dict[str, float] = {}
+        moved: list[SimJob] = []  # running jobs whose event moved
         total_rate = total_remote = 0.0
         worst, total = math.inf, 0.0
         for job in active:
@@ -674,7 +687,7 @@ class Simulation:
                     if log_rates:
                         recorder.rate(job.name, now, rate)
                     job.rate, job.remote = rate, remote
-                    clock.schedule(job)
+                    moved.append(job)  # (its event: Clock.schedule_all below)
             # the sums and the fairness point
             rate = job.rate
             equal_rate = job.equal_rate
@@ -689,6 +702,8 @@ class Simulation:
             total_remote += remote
             if remote > 0:
                 inflow[job.unit] = inflow.get(job.unit, 0.0) + remote
+        # (nothing above reads an event: they are written in the order they were made)
+        clock.schedule_all(moved)
         if log_rates:  # (after every running job's, as the pass after the rates did)
             for job in active:
                 if job.share <= 0:

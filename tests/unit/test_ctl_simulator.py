@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import random
 import re
@@ -617,3 +618,70 @@ def test_a_remainder_shorter_than_the_clocks_step_ends_the_epoch(
     assert not armed[0]
     (job,) = result.jobs
     assert job.jct is not None and len(job.epoch_hit_ratios) == 3
+
+
+def test_scheduling_a_plans_jobs_at_once_gives_each_the_events_one_by_one_would() -> None:
+    """A re-plan writes every running job's event with Clock.schedule_all: the same
+    times (an LRU boundary, a job that does not read, one past its epoch's end) and the
+    same sequence numbers, in the same order, as Clock.schedule job by job."""
+    from silofs_ctl.sim_clock import Clock
+
+    def jobs() -> list[SimJob]:
+        made = []
+        for i, (rate, pos, boundary) in enumerate(
+            [(3e8, 1e9, math.inf), (0.0, 0.0, math.inf), (1e9, 5e9, 0.75), (7e7, 9e9, 0.2)]
+        ):
+            spec = JobSpec(f"j{i}", 0.0, 1, "d", int(8e9), 114e6, 3.0)
+            job = SimJob.of(spec, private=False)
+            job.rate, job.pos, job.read, job.boundary = rate, pos, pos + 8e9, boundary
+            made.append(job)
+        return made
+
+    one, all_ = Clock(), Clock()
+    for clock in (one, all_):
+        clock.now, clock.seq = 12345.678, 41
+    singles, together = jobs(), jobs()
+    for job in singles:
+        one.add(job)
+    for job in together:
+        all_.add(job)
+    for job in singles:
+        one.schedule(job)
+    all_.schedule_all(together)
+    assert one.seq == all_.seq == 45
+    for a, b in zip(singles, together, strict=True):
+        assert (a.seq, a.event_boundary) == (b.seq, b.event_boundary)
+        assert one.times[a.slot] == all_.times[b.slot]
+    assert list(one.times) == list(all_.times)
+    assert one.times[singles[1].slot] == math.inf and one.times[singles[3].slot] == 12345.678
+
+
+def test_a_plan_takes_its_views_hit_ratios_as_finding_them_again_would() -> None:
+    """Gavel with SiloD's views carry each job's hit ratio at the plan, and _apply takes
+    those (finding again only the readers of units the plan shrank below what they
+    held): the same run to the bit as finding every one again, on a trace where plans
+    do evict."""
+    scenario = load_scenario(SCENARIOS / "trace-300.toml")
+    scenario = replace(scenario, jobs=scenario.jobs[:120])
+    taken = Simulation(scenario, "gavel", "silod")
+    evictions = [0]
+    allocate = taken.units.allocate
+
+    def counted(cache, readers):  # type: ignore[no-untyped-def]
+        allocate(cache, readers)
+        evictions[0] += len(taken.units.evicted)
+
+    taken.units.allocate = counted  # type: ignore[method-assign]
+    fast = taken.run()
+    found = Simulation(scenario, "gavel", "silod")
+    plan_views = found._plan_views
+
+    def without_hits(active):  # type: ignore[no-untyped-def]
+        views = plan_views(active)
+        found.view_hits = False  # (_apply finds every running job's hit again)
+        return views
+
+    found._plan_views = without_hits  # type: ignore[method-assign]
+    slow = found.run()
+    assert taken.plans > 100 and evictions[0] > 0
+    assert json.dumps(fast.to_dict()) == json.dumps(slow.to_dict())

@@ -10,12 +10,13 @@ the loops for few jobs and several pools), or reads a Job (gavel.py hands it col
 
 Exactness. Elementwise +, -, *, /, min and max of float64 arrays are the IEEE operations
 Python's floats make. Sums are not: np.sum adds pairwise. Every sum here that the Python
-form makes with `sum(..., 0.0)` or `+=` in a loop is made with np.cumsum, which adds left
-to right, over the same terms in the same order (the terms are >= 0, so the Python form's
-leading 0.0 + x is x). A running subtraction p - s0 - s1 ... is the cumsum of p, -s0,
--s1, ... (IEEE defines a - b as a + (-b)). np.bincount adds each bin's weights in the
-order given, as a loop over the reads adds to a dictionary. Python's min(a, b) and
-max(a, b) keep a on ties, which for non-NaN floats other than -0.0 is the same value.
+form makes with `sum(..., 0.0)` or `+=` in a loop is made with np.add.accumulate (what
+np.cumsum calls, without its Python layer), which adds left to right, over the same
+terms in the same order (the terms are >= 0, so the Python form's leading 0.0 + x is
+x). A running subtraction p - s0 - s1 ... is the cumsum of p, -s0, -s1, ... (IEEE
+defines a - b as a + (-b)). np.bincount adds each bin's weights in the order given, as
+a loop over the reads adds to a dictionary. Python's min(a, b) and max(a, b) keep a on
+ties, which for non-NaN floats other than -0.0 is the same value.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ def seqsum(terms: FloatArray) -> float:
     """sum(terms, 0.0) as Python adds them, left to right (terms >= 0)."""
     if not len(terms):
         return 0.0
-    return float(np.cumsum(terms)[-1])
+    return float(np.add.accumulate(terms)[-1])
 
 
 @dataclass
@@ -170,7 +171,7 @@ def _first_seen(units: IndexArray, m: int) -> IndexArray:
     first = np.full(m, n)
     np.minimum.at(first, units, np.arange(n))  # each value's first place (n: none)
     found = np.flatnonzero(first < n)
-    return found[np.argsort(first[found])]  # (the places differ: no ties to order)
+    return found[first[found].argsort()]  # (the places differ: no ties to order)
 
 
 @dataclass
@@ -195,7 +196,7 @@ class KnapsackLoads:
         if not io.pool > 0.0:
             return ranked[:0], size[:0]
         sizes = io.sizes[ranked]
-        lefts = np.cumsum(np.concatenate(([io.pool], -sizes)))
+        lefts = np.add.accumulate(np.concatenate(([io.pool], -sizes)))
         last = np.flatnonzero(sizes >= lefts[:-1])
         if not len(last):
             return ranked, sizes
@@ -268,9 +269,9 @@ def _gpu_rounds(
         return 0
     e, f, g = arrays.e[free], arrays.f_star[free], arrays.gpus[free]
     counts = np.diff(ends, prepend=0)
-    level_of = np.repeat(levels, counts)
-    used = np.cumsum(np.concatenate(([base[0]], g * np.minimum(f, level_of * e) / f)))
-    per_lam = np.cumsum(np.concatenate(([base[1]], -(g * e / f))))
+    level_of = levels.repeat(counts)
+    used = np.add.accumulate(np.concatenate(([base[0]], g * np.minimum(f, level_of * e) / f)))
+    per_lam = np.add.accumulate(np.concatenate(([base[1]], -(g * e / f))))
     begins = ends - counts
     near = levels * (1 + limits.tol) * (1 + limits.margin)
     ok = used[begins] + per_lam[begins] * near < limits.total_gpus * (1 - limits.margin)
@@ -313,7 +314,7 @@ def fill(arrays: JobArrays, io: IOModel, limits: Limits) -> Filled:
             first = float(group_lam[0]) if math.isnan(first) else first
             lam = float(group_lam[-1])
             moved = free[:taken]
-            level_of = np.repeat(group_lam, np.diff(ends[:top], prepend=0))
+            level_of = group_lam.repeat(np.diff(ends[:top], prepend=0))
             rate[moved] = np.minimum(f_star[moved], level_of * e[moved])
             frozen[moved] = True
             free, caps = free[taken:], caps[taken:]
@@ -396,9 +397,9 @@ def _io_rounds(
     counts = np.diff(ends, prepend=0)
     # per job (jobs' order): the round it is frozen in (-1: before), its rate from then
     first = np.where(frozen, -1, len(levels))
-    first[free[: int(ends[-1])]] = np.repeat(np.arange(len(levels)), counts)
+    first[free[: int(ends[-1])]] = np.arange(len(levels)).repeat(counts)
     at = rate.copy()
-    at[free] = np.minimum(f_star[free], np.repeat(levels, counts) * e[free])
+    at[free] = np.minimum(f_star[free], levels.repeat(counts) * e[free])
 
     def io_ok(g: int) -> bool:
         start = max(lam, float(levels[g - 1])) if g > 0 else lam
@@ -417,9 +418,9 @@ def water_fill(capacity: float, demands: FloatArray) -> FloatArray:
     if math.isinf(capacity):
         return demands.copy()
     n = len(demands)
-    order = np.argsort(demands, kind="stable")
+    order = demands.argsort(kind="stable")
     values = demands[order]
-    lefts = np.cumsum(np.concatenate(([capacity], -values)))
+    lefts = np.add.accumulate(np.concatenate(([capacity], -values)))
     over = np.flatnonzero(values > lefts[:n] / np.arange(n, 0, -1))
     if not len(over):
         return demands.copy()
@@ -530,7 +531,7 @@ def job_arrays(reads: Reads, e: FloatArray, limits: Limits) -> JobArrays:
     f_star = reads.f_star
     live = np.flatnonzero((e > 0) & (f_star > 0))
     caps = f_star[live] / e[live]
-    order = np.argsort(caps, kind="stable")
+    order = caps.argsort(kind="stable")
     if (caps[order][1:] == caps[order][:-1]).any():
         # equal ceilings go by name (numpy orders str as Python does, by code point)
         order = np.lexsort((np.array(reads.names)[live], caps))
