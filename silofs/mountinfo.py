@@ -79,12 +79,12 @@ def is_mounted(path: str) -> bool:
     return any(e.mountpoint == path for e in mounts())
 
 
-def fuse_device_refusal(mountpoint: str, device: str | None = None) -> str | None:
+def fuse_device_refusal(mountpoint: str) -> str | None:
     """Why this user cannot mount at `mountpoint` because of the FUSE device, in one line
     that says what to do; None when it may open it. libfuse opens the device itself
     before it would ask fusermount3 (setuid) to mount: a device only root may open (some
     hosts make it 0600) stops every other user."""
-    device = device or FUSE_DEVICE
+    device = FUSE_DEVICE
     if os.access(device, os.R_OK | os.W_OK):
         return None
     try:

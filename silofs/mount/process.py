@@ -70,7 +70,6 @@ GC_YOUNG = 10_000
 FORGET_BATCH = 10_000
 CHILD_TERM_SECONDS = 0.5  # after the unmount, then SIGTERM (still connected: detached)
 CHILD_EXIT_SECONDS = 10.0  # after the unmount, then SIGKILL
-FUSE_DEVICE = "/dev/fuse"
 # The last report after an unmount: a daemon slow to answer must not keep the ended
 # mount's process (and `silofs unmount`'s wait for it) for the client's whole timeout;
 # the daemon forgets a mount whose process is gone anyway (reap_mounts).
@@ -750,7 +749,7 @@ def _invalidate_attrs(inodes: list[int]) -> None:
 
 def _mount_error(exc: BaseException, mountpoint: str) -> str:
     if isinstance(exc, RuntimeError) and "fuse" in str(exc).lower():
-        refusal = fuse_device_refusal(mountpoint, FUSE_DEVICE)
+        refusal = fuse_device_refusal(mountpoint)
         if refusal is not None:
             return refusal
         return (

@@ -34,7 +34,6 @@ def device(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     with open(path, "w"):
         pass
     os.chmod(path, 0o600)
-    monkeypatch.setattr(process, "FUSE_DEVICE", path)
     monkeypatch.setattr(mountinfo, "FUSE_DEVICE", path)
     yield path
     shutil.rmtree(where)
