@@ -637,15 +637,12 @@ def mount(
     URI: file:///abs/dir (or a local path), s3://bucket/prefix, az://account/container/prefix,
     gs://bucket/prefix. Returns once the mount is ready.
     """
-    from silofs.uri import parse_uri
+    from silofs.uri import parse_uri, store_endpoint
 
     socket = socket or default_socket()
     parsed = parse_uri(_check_source(uri))
     canonical = parsed.canonical
-    if endpoint_url is None and parsed.scheme == "s3":
-        # The AWS variable names an S3 endpoint: applied to gs:// or az:// it sends
-        # their requests to the wrong service.
-        endpoint_url = os.environ.get("AWS_ENDPOINT_URL") or None
+    endpoint_url = store_endpoint(parsed, endpoint_url)
     mountpoint = _check_mountpoint(mountpoint)
     if chunk_size is not None and not (64 << 10) <= chunk_size <= (64 << 20):
         raise UsageError("--chunk-size must be between 64KiB and 64MiB")

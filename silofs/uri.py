@@ -46,6 +46,16 @@ class DatasetURI:
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
+def store_endpoint(uri: DatasetURI, given: str | None) -> str | None:
+    """The endpoint a dataset's store is reached at: `given` (a flag or [backend]
+    endpoint_url), else for s3:// AWS_ENDPOINT_URL (an S3 endpoint: applied to gs:// or
+    az:// it would send their requests to the wrong service). One rule for the CLI, the
+    S3 backend and the cluster's check that members reach the same store."""
+    if given is None and uri.scheme == "s3":
+        return os.environ.get("AWS_ENDPOINT_URL") or None
+    return given
+
+
 def _no_control(uri: str, *parts: str) -> None:
     if any(_CONTROL.search(p) for p in (uri, *parts)):
         raise UsageError(f"dataset URI {uri!r} holds a control character (%00-%1F or %7F)")

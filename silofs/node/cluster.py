@@ -22,7 +22,6 @@ import functools
 import ipaddress
 import json
 import logging
-import os
 import socket
 import ssl
 import time
@@ -70,6 +69,7 @@ from silofs.node.standins import homed_live_by, sweep_standins
 from silofs.node.state import DatasetState, MountState
 from silofs.node.supervise import describe
 from silofs.units import count
+from silofs.uri import store_endpoint
 
 log = logging.getLogger(__name__)
 
@@ -283,9 +283,7 @@ class Cluster:
         AWS_ENDPOINT_URL in the daemon's environment, which `silofs mount` also sends as
         the mount's endpoint (a MinIO cluster set up by the variable alone was read by
         each node alone, silently)."""
-        default = self.settings.endpoint_url
-        if default is None and ds.uri.scheme == "s3":
-            default = os.environ.get("AWS_ENDPOINT_URL") or None
+        default = store_endpoint(ds.uri, self.settings.endpoint_url)
         return set(ds.options) <= PEER_OPTIONS and ds.endpoint_url in (None, default)
 
     def is_home(self, key: bytes) -> bool:

@@ -13,7 +13,7 @@ import pytest
 
 from silofs.errors import UsageError
 from silofs.node.backends import BackendOptions, open_backend
-from silofs.uri import MAX_URI_BYTES, DatasetURI, parse_uri
+from silofs.uri import MAX_URI_BYTES, DatasetURI, parse_uri, store_endpoint
 
 
 @pytest.mark.parametrize(
@@ -165,3 +165,17 @@ def test_a_uri_longer_than_an_lmdb_key_holds_is_refused_in_one_line() -> None:
             UsageError, match=f"bytes: silofs names a dataset in at most {MAX_URI_BYTES}"
         ):
             parse_uri(uri)
+
+
+def test_aws_endpoint_url_is_the_default_endpoint_of_s3_datasets_only(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """One rule for the CLI, the S3 backend and the cluster's shareable(): a given
+    endpoint wins; AWS_ENDPOINT_URL names an S3 endpoint, never gs:// or az://'s."""
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9000")
+    s3, gs = parse_uri("s3://b/p/"), parse_uri("gs://b/p/")
+    assert store_endpoint(s3, None) == "http://127.0.0.1:9000"
+    assert store_endpoint(s3, "http://minio:9000") == "http://minio:9000"
+    assert store_endpoint(gs, None) is None
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "")
+    assert store_endpoint(s3, None) is None

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
 import re
 import threading
 import xml.etree.ElementTree as ET
@@ -54,7 +53,7 @@ from silofs.node.backends.s3lean import Item as _Item
 from silofs.node.backends.s3lean import ListPage as _ListPage
 from silofs.node.backends.s3lean import etag as _etag
 from silofs.records import ObjectInfo
-from silofs.uri import DatasetURI
+from silofs.uri import DatasetURI, store_endpoint
 
 log = logging.getLogger(__name__)
 
@@ -178,7 +177,7 @@ class S3Backend(RetryingBackend):
         self.uri = uri.canonical
         self.opts = opts
         self.where = f"bucket {self.bucket}"
-        self.endpoint_url = opts.endpoint_url or os.environ.get("AWS_ENDPOINT_URL") or None
+        self.endpoint_url = store_endpoint(uri, opts.endpoint_url or None)
         self._client: Any = None
         self._cred_source = "none found"
         # Check a whole single-part object's MD5 ETag (off for stores whose ETags are not
