@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import replace
 
 from .estimator import ComputeEstimator, Estimator, SiloDEstimator
@@ -300,12 +300,8 @@ class Simulation:
                 or view.placement != placement
                 or view.remaining != remaining
             ):
-                # _view, with the hit ratio found above (it finds the same)
-                spec = job.spec
-                view = job.view = Job(
-                    job.name, spec.dataset, spec.gpus, spec.ideal_io, job.reads,
-                    remaining, spec.submit, placement, hit,
-                )  # fmt: skip
+                # as _view makes it, with the hit ratio found above (it finds the same)
+                view = job.view = _new_view(job, remaining, placement, hit)
             views.append(view)
         return views
 
@@ -327,16 +323,12 @@ class Simulation:
         left out: remaining work and the hit ratio now are found only for a plan that
         reads them. The last view is kept and given again while it is equal (a waiting
         job's stays so), or made once when the plan reads neither: views are frozen."""
-        spec = job.spec
         reads = self.plan_reads
         placement = job.placement if job.share > 0 else None
         view = job.view
         if not reads:
             if view is None or view.placement != placement:
-                view = job.view = Job(
-                    job.name, spec.dataset, spec.gpus, spec.ideal_io, job.reads,
-                    submit=spec.submit, placement=placement,
-                )  # fmt: skip
+                view = job.view = _new_view(job, math.inf, placement, None)
             return view
         remaining = max(0.0, job.work - job.read) if REMAINING in reads else math.inf
         hit_now = None if self.units.lru or HITS not in reads else self._hit(job)
@@ -347,17 +339,7 @@ class Simulation:
             and view.placement == placement
         ):
             return view
-        view = job.view = Job(
-            job.name,
-            spec.dataset,
-            spec.gpus,
-            spec.ideal_io,
-            job.reads,
-            remaining,
-            spec.submit,
-            placement,
-            hit_now,
-        )
+        view = job.view = _new_view(job, remaining, placement, hit_now)
         return view
 
     def _apply(self, alloc: Allocation) -> None:
@@ -914,6 +896,17 @@ def _cluster(scenario: Scenario, *, private: bool, per_node: bool = False) -> Cl
         units[key] = CacheUnit(key, pool, j.dataset, float(j.dataset_size))
         pools[pool] = per_gpu * j.gpus if per_node else total
     return Cluster(node_gpus, node_cache, scenario.remote_io, pools, units)
+
+
+def _new_view(
+    job: SimJob, remaining: float, placement: Mapping[str, int] | None, hit_now: float | None
+) -> Job:
+    """The job as a policy sees it, with what the plan reads (math.inf, None: not read)."""
+    spec = job.spec
+    return Job(
+        job.name, spec.dataset, spec.gpus, spec.ideal_io, job.reads, remaining, spec.submit,
+        placement, hit_now,
+    )  # fmt: skip
 
 
 def _at_end(job: SimJob, left: float, now: float, vclock: float) -> bool:
