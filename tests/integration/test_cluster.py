@@ -128,6 +128,11 @@ def test_a_killed_home_never_fails_a_read_and_serves_again_once_back(three: dict
     first = {k: v for k, v in tree.items() if int(k[-5]) < FILES // 2}
     second = {k: v for k, v in tree.items() if k not in first}
     total = sum(len(v) for v in tree.values())
+    # The homes admit what they fetched for the victim after answering it: wait for
+    # their commits, then every chunk is cached once, at its home.
+    for n in nodes:
+        wait_for(lambda n=n: n.status()["node"]["writer"]["pending_chunks"] == 0, what="commits")
+    wait_for(lambda: _cached(nodes) >= total, what="every chunk admitted at its home")
     assert _cached(nodes) == total  # each chunk once, at its home
     victim.kill9()
     address = victim.spec.address
