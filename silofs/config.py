@@ -324,7 +324,9 @@ def _access(table: dict) -> dict[str, list[str]]:
 
 
 _CLUSTER_KEYS = {f.name for f in dataclasses.fields(ClusterSettings)} - {"version"}
-# A cluster's name travels in a header and names it in status: short, printable, no space.
+# A cluster's name travels in a header (x-silofs-cluster, on every peer request: HTTP
+# header values are ASCII, a request with another character cannot be sent) and names it
+# in status: short, printable ASCII, no space.
 _CLUSTER_NAME_MAX = 64
 # What a read may wait on a member that does not answer (docs/SEMANTICS.md "No read
 # waits on a dead member"): its first byte at most this long, its body at least this
@@ -361,11 +363,12 @@ def _cluster_value(key: str, value: object) -> object:
             not isinstance(value, str)
             or not value
             or len(value) > _CLUSTER_NAME_MAX
+            or not value.isascii()
             or not value.isprintable()
             or any(c.isspace() for c in value)
         ):
             raise UsageError(
-                f"name must be 1-{_CLUSTER_NAME_MAX} printable characters without spaces"
+                f"name must be 1-{_CLUSTER_NAME_MAX} printable ASCII characters without spaces"
             )
         return value
     if key == "members":

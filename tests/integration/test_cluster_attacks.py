@@ -251,6 +251,7 @@ def test_cluster_set_mistakes_are_one_line_and_no_node_changes(pair: dict) -> No
         (addresses, ["--weight", f"{addresses[0]}x=2"]),  # a weight of no member
         (addresses, ["--weight", f"{addresses[0]}=0"]),
         (addresses, ["--name", "two words"]),
+        (addresses, ["--name", "\u96c6\u7fa4"]),  # not ASCII: no peer request could carry it
     ]:
         res = _ctl("cluster", "set", "--nodes", sockets, "--members", ",".join(members), *extra)
         assert res.returncode == 2, (members, extra, res.stdout, res.stderr)

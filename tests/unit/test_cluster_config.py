@@ -66,6 +66,9 @@ def test_no_section_no_cluster(tmp_path: Path) -> None:
         ('name = "c"', "'members' is missing"),
         ('name = "c"\nmembers = []', "non-empty list"),
         ('name = "has space"\nmembers = ["tls://a:1"]', "without spaces"),
+        # It travels in a header: a member could not send one ask.
+        ('name = "\u96c6\u7fa4"\nmembers = ["tls://a:1"]', "ASCII"),
+        ('name = "caf\u00e9"\nmembers = ["tls://a:1"]', "ASCII"),
         ('name = "c"\nmembers = ["a:1"]', "tls://HOST:PORT"),
         ('name = "c"\nmembers = ["tls://a:99999"]', "bad node address"),
         ('name = "c"\nmembers = ["tls://a b:1"]', "bad node address"),  # not a host name
