@@ -7,6 +7,7 @@ validation into one-line UsageErrors. Never starts anything and never touches th
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import math
 import os
 import tomllib
@@ -405,9 +406,23 @@ def canonical_member(text: str) -> str:
     if not text.startswith("tls://"):
         raise UsageError(f"member {text!r} must be written tls://HOST:PORT")
     try:
-        return tls_url(*parse_tls_url(text))
+        host, port = parse_tls_url(text)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
+    # 0.0.0.0 and :: are tcp_listen's "every interface", never a node another reaches:
+    # connected to, they are the asker's own host, so on every node such a member was
+    # that node itself under another name (refused 403 by its own listener, down, yet
+    # holding its weight's part of every share, so the cluster cached less).
+    try:
+        unspecified = ipaddress.ip_address(host).is_unspecified
+    except ValueError:
+        unspecified = False
+    if unspecified:
+        raise UsageError(
+            f"member {text!r}: {host} is every interface of a listener, not a node's address "
+            "(name the node as the others reach it)"
+        )
+    return tls_url(host, port)
 
 
 def _members(value: object) -> tuple[MemberSpec, ...]:

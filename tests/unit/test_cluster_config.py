@@ -76,6 +76,9 @@ def test_no_section_no_cluster(tmp_path: Path) -> None:
         ('name = "c"\nmembers = ["tls://a..b:1"]', "bad node address"),
         ('name = "c"\nmembers = ["tls://[a.b]:1"]', "bad node address"),  # brackets: IPv6
         ('name = "c"\nmembers = ["tls://[10.0.0.1]:1"]', "bad node address"),
+        # tcp_listen's "every interface" copied into the list: each node itself.
+        ('name = "c"\nmembers = ["tls://0.0.0.0:7470"]', "every interface"),
+        ('name = "c"\nmembers = ["tls://[::]:7470"]', "every interface"),
         ('name = "c"\nmembers = ["tls://a:1", "tls://A:1"]', "listed twice"),
         ('name = "c"\nmembers = [{ address = "tls://a:1", weight = 0 }]', "weight"),
         ('name = "c"\nmembers = [{ address = "tls://a:1", weight = true }]', "weight"),
