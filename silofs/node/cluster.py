@@ -180,7 +180,7 @@ class Cluster:
                                                  cluster_name)  # fmt: skip
                 self.slots[m.address] = MemberSlots(self.thread_asks.token)
         self.threads.total_tokens = max(PEER_POOL, PEER_POOL * len(self.pools))
-        self.home.set_serve_rate(config.peer_serve_rate)
+        self.home.set_serve_rate(config.peer_serve_rate, config.peer_timeout_seconds)
         # Every other member may hold PEER_POOL connections to this node's listener.
         wanted = PEER_POOL * len(self.pools) + 8
         if self.settings.tcp_max_connections < wanted:
@@ -474,8 +474,10 @@ class Cluster:
                 introduced = True
                 continue
             if reply.status != 200:
+                # 429: the home's serve cap is full; it is up, the store serves this one.
+                reason = "busy" if reply.status == 429 else "http"
                 raise PeerError(
-                    "http", f"{member.address}: {reply.status} {_error(reply)}", reply.status
+                    reason, f"{member.address}: {reply.status} {_error(reply)}", reply.status
                 )
             if limiter.rate is None and reply.headers.get(SOURCE_HEADER) == "remote":
                 paid = ref.length

@@ -75,7 +75,7 @@ _WRITE_SLICE = 1 << 20
 _LOOKUPS = concurrent.futures.ThreadPoolExecutor(8, thread_name_prefix="silofs-peer-dns")
 
 # Why an exchange or its answer failed, as counted in status and /metrics.
-REASONS = ("refused", "timeout", "short", "http", "corrupt", "foreign")
+REASONS = ("refused", "timeout", "short", "http", "corrupt", "foreign", "busy")
 
 
 class PeerError(Exception):

@@ -400,6 +400,28 @@ def test_member_lists_pushed_while_reads_are_in_flight_serve_no_wrong_byte(pair:
     _serves_right(pair)
 
 
+def test_a_home_whose_serve_cap_is_full_says_so_at_once_and_stays_up(pair: dict) -> None:
+    """A peer_serve_rate far below what members ask (1 KiB/s, 256 KiB chunks): a home
+    whose cap would hold an answer past peer_timeout_seconds answers busy (429) at once,
+    and the asker reads the chunk from the store; the home stays up. Before, each ask
+    waited 60 s of 102s on the cap, then the member was taken for dead (a file's read
+    took 94 s)."""
+    nodes, mps, tree = pair["nodes"], pair["mps"], pair["tree"]
+    both = [n.spec.address for n in nodes]
+    body = {"name": CLUSTER, "members": both, "peer_serve_rate": "1KiB/s",
+            "peer_timeout_seconds": 1.0, "peer_backoff_seconds": 0.5}  # fmt: skip
+    for n in nodes:
+        n.request("PUT", "/v1/cluster", body)
+    t0 = time.monotonic()
+    assert _wrong_bytes(mps[0], tree) == 0
+    assert time.monotonic() - t0 < 20
+    other = nodes[0].member(both[1])
+    assert other["state"] == "up" and other["failures"] == 0, other
+    assert other["errors"].get("busy", 0) >= 1 and "timeout" not in other["errors"], other
+    assert other["store_fallbacks"] >= 1, other
+    _serves_right(pair)
+
+
 def test_a_store_down_while_the_homes_are_up_serves_every_cached_chunk(pair: dict) -> None:
     nodes, mps, tree, proxy = pair["nodes"], pair["mps"], pair["tree"], pair["proxy"]
     # Every chunk cached at its home (node 0 reads all: its own chunks admitted here,
