@@ -325,6 +325,15 @@ def _access(table: dict) -> dict[str, list[str]]:
 
 
 _CLUSTER_KEYS = {f.name for f in dataclasses.fields(ClusterSettings)} - {"version"}
+# A node's peer settings: a member list pushed without one of them keeps the node's
+# value in force (a push names the members; a node's serve cap is its own).
+PEER_KEYS = (
+    "peer_timeout_seconds",
+    "peer_backoff_seconds",
+    "peer_serve_rate",
+    "peer_floor_rate",
+    "keep_peer_copies",
+)
 # A cluster's name travels in a header (x-silofs-cluster, on every peer request: HTTP
 # header values are ASCII, a request with another character cannot be sent) and names it
 # in status: short, printable ASCII, no space.

@@ -18,6 +18,7 @@ never trusts a member's bytes without the check.
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import functools
 import ipaddress
 import json
@@ -36,7 +37,7 @@ from silofs.cache.format import (
     decode_header,
     verify_chunk,
 )
-from silofs.config import ClusterSettings, NodeSettings, parse_cluster
+from silofs.config import PEER_KEYS, ClusterSettings, NodeSettings, parse_cluster
 from silofs.control.tls import parse_tcp_address, parse_tls_url, tls_url
 from silofs.errors import UsageError
 from silofs.flight import SingleFlight
@@ -216,6 +217,14 @@ class Cluster:
         if isinstance(version, bool) or not isinstance(version, int) or version < 0:
             raise UsageError("version must be a whole number")
         config = parse_cluster(fields, version=version)
+        # The peer settings a push leaves out stay as they are in force (silofs.toml's,
+        # or an earlier push's): `cluster set` names members only, and reset every
+        # node's serve cap, timeout and keep_peer_copies to the defaults.
+        kept = self.config or self.settings.cluster
+        if kept is not None:
+            config = dataclasses.replace(
+                config, **{k: getattr(kept, k) for k in PEER_KEYS if k not in fields}
+            )
         if self.config is not None and config.version <= self.config.version:
             if config == self.config:
                 return config
@@ -953,8 +962,7 @@ def _row(config: ClusterSettings) -> dict:
         "members": [{"address": m.address, "weight": m.weight} for m in config.members],
         "version": config.version,
     }
-    for key in ("peer_timeout_seconds", "peer_backoff_seconds", "peer_serve_rate",
-                "peer_floor_rate", "keep_peer_copies"):  # fmt: skip
+    for key in PEER_KEYS:
         row[key] = getattr(config, key)
     return row
 

@@ -266,8 +266,11 @@ def test_cluster_set_mistakes_are_one_line_and_no_node_changes(pair: dict) -> No
                "--weight", f"{addresses[1].upper().replace('TLS://', 'tls://')}=3")  # fmt: skip
     assert res.returncode == 0, res.stderr
     for n in nodes:
-        weights = {m["address"]: m["weight"] for m in n.cluster()["members"]}
+        view = n.cluster()
+        weights = {m["address"]: m["weight"] for m in view["members"]}
         assert weights == {addresses[0]: 1.0, addresses[1]: 3.0}
+        # silofs.toml's peer settings stay: the list named members only.
+        assert view["peer_timeout_seconds"] == 1.0, view["peer_timeout_seconds"]
     _serves_right(pair)
 
 
