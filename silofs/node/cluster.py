@@ -69,7 +69,7 @@ from silofs.node.peer_wire import (
 from silofs.node.standins import homed_live_by, sweep_standins
 from silofs.node.state import DatasetState, MountState
 from silofs.node.supervise import describe
-from silofs.units import count
+from silofs.units import count, is_digits
 from silofs.uri import store_endpoint
 
 log = logging.getLogger(__name__)
@@ -937,7 +937,7 @@ def _is_local(ip: str) -> bool:
 
 def _charge(reply: PeerReply, ref: ChunkRef) -> int:
     text = reply.headers.get(CHARGE_HEADER, "")
-    if not text.isdigit() or int(text) > ref.length:
+    if not is_digits(text) or int(text) > ref.length:
         raise PeerError("http", f"428 with a charge of {text[:40]!r} for a {ref.length}-byte chunk")
     return int(text)
 

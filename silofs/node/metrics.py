@@ -20,6 +20,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from silofs.errors import UsageError
+from silofs.units import is_digits
 
 log = logging.getLogger(__name__)
 
@@ -283,7 +284,7 @@ def parse_address(text: str) -> tuple[str, int]:
     if not sep:
         host, port = "", text
     host = host.strip("[]") or "127.0.0.1"
-    number = int(port) if port.isdigit() else -1
+    number = int(port) if is_digits(port) else -1
     if not 0 < number < 65536:
         raise UsageError(f"metrics_address must be HOST:PORT, like 127.0.0.1:9464, not {text!r}")
     return host, number
