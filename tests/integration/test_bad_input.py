@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -52,6 +53,12 @@ def test_missing_local_directory(node: Node, tmp_path: Path) -> None:
 def test_unknown_scheme_and_bad_uri(node: Node, tmp_path: Path) -> None:
     assert_one_line_error(try_mount(node, "ftp://host/x", tmp_path / "m1"), "unknown uri scheme")
     assert_one_line_error(try_mount(node, "s3:///prefix", tmp_path / "m2"), "bucket")
+    # Credentials in the URI: refused, and the secret is in no message nor in status
+    # (every local user reads it).
+    for uri in ("s3://AKIA:s3cr3t@bucket/", "az://s3cr3t@account/container/"):
+        line = assert_one_line_error(try_mount(node, uri, tmp_path / "m3"), "no credentials")
+        assert "s3cr3t" not in line
+    assert "s3cr3t" not in json.dumps(node.status())
 
 
 def test_missing_and_busy_mountpoint(node: Node, local_store, bucket_name, tmp_path: Path) -> None:
