@@ -62,7 +62,10 @@ def parse_tls_url(address: str) -> tuple[str, int]:
         )
     if not is_digits(port) or not 0 < int(port) < 65536:
         raise ValueError(f"bad node address {address!r}: want tls://HOST:PORT")
-    return host.lower(), int(port)
+    try:  # one spelling per address: [0:0::1] is [::1] (a member listed twice, else)
+        return ipaddress.ip_address(host).compressed, int(port)
+    except ValueError:
+        return host.lower(), int(port)
 
 
 # A host name as certificates name nodes (silofs-ctl certs): letters, digits, '.' and '-'.
@@ -75,7 +78,16 @@ def _is_host(host: str, bracketed: bool) -> bool:
     try:
         addr = ipaddress.ip_address(host)
     except ValueError:
-        return not bracketed and bool(_HOST_NAME.fullmatch(host)) and ".." not in host
+        # A name whose last label is all digits is no host name (RFC 1123) but an IPv4
+        # address the resolver reads its own way: 010.0.0.1 is 8.0.0.1 (octal), 127.1
+        # is 127.0.0.1. Written so, a member was another host than the one meant.
+        last = host.rsplit(".", 1)[-1]
+        return (
+            not bracketed
+            and bool(_HOST_NAME.fullmatch(host))
+            and ".." not in host
+            and not is_digits(last)
+        )
     return not bracketed or addr.version == 6
 
 

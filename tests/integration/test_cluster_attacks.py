@@ -295,6 +295,8 @@ def test_cluster_set_mistakes_are_one_line_and_no_node_changes(pair: dict) -> No
         ([*addresses, addresses[0].replace("tls://", "")], []),  # no scheme
         ([*addresses, addresses[1].upper()], []),  # the same member twice
         ([*addresses, "tls://0.0.0.0:7470"], []),  # tcp_listen's wildcard: each node itself
+        ([*addresses, "tls://010.0.0.1:7470"], []),  # 8.0.0.1 to the resolver (octal)
+        ([*addresses, "tls://[::1]:7470", "tls://[0:0::1]:7470"], []),  # one address twice
         (addresses, ["--weight", f"{addresses[0]}x=2"]),  # a weight of no member
         (addresses, ["--weight", f"{addresses[0]}=0"]),
         (addresses, ["--name", "two words"]),

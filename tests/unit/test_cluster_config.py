@@ -80,6 +80,11 @@ def test_no_section_no_cluster(tmp_path: Path) -> None:
         ('name = "c"\nmembers = ["tls://0.0.0.0:7470"]', "every interface"),
         ('name = "c"\nmembers = ["tls://[::]:7470"]', "every interface"),
         ('name = "c"\nmembers = ["tls://a:1", "tls://A:1"]', "listed twice"),
+        # One address, two spellings; a dotted number the resolver reads its own way
+        # (010.0.0.1 is 8.0.0.1 to inet_aton, 127.1 is 127.0.0.1).
+        ('name = "c"\nmembers = ["tls://[::1]:1", "tls://[0:0::1]:1"]', "listed twice"),
+        ('name = "c"\nmembers = ["tls://010.0.0.1:1"]', "bad node address"),
+        ('name = "c"\nmembers = ["tls://127.1:1"]', "bad node address"),
         ('name = "c"\nmembers = [{ address = "tls://a:1", weight = 0 }]', "weight"),
         ('name = "c"\nmembers = [{ address = "tls://a:1", weight = true }]', "weight"),
         ('name = "c"\nmembers = [{ addr = "tls://a:1" }]', "member table"),
