@@ -659,7 +659,7 @@ class Cluster:
         counters = (member.counters, self.dataset_counters(ds.uri.canonical))
         try:
             reply, _, _ = await self._chunk_exchange(member, ds, limiter, job, ref, warm=True)
-            outcome = json.loads(reply.body).get("chunk")
+            outcome = _peer_json(reply).get("chunk")
         except PeerError as exc:
             self._count_failure(member, counters, exc)
             return "failed"
@@ -753,7 +753,7 @@ class Cluster:
                 raise PeerError(
                     "http", f"{member.address}: ping {reply.status} {_error(reply)}", reply.status
                 )
-            pong = json.loads(reply.body)
+            pong = _peer_json(reply)
             if pong.get("name") != self.membership.name:
                 raise PeerError("http", f"{member.address} is of cluster {pong.get('name')!r}")
         except (PeerError, ValueError, AttributeError) as exc:
@@ -776,7 +776,7 @@ class Cluster:
             reply, _ = await self._exchange(member, "GET", ALLOCATIONS_PATH)
             if reply.status != 200:
                 return
-            parsed = check_shares(json.loads(reply.body), now=now_version())
+            parsed = check_shares(_peer_json(reply), now=now_version())
         except (PeerError, ValueError) as exc:
             log.debug("pulling cache shares from %s failed: %s", member.address, exc)
             return
@@ -942,9 +942,20 @@ def _charge(reply: PeerReply, ref: ChunkRef) -> int:
     return int(text)
 
 
+def _peer_json(reply: PeerReply) -> Any:
+    """A member's JSON answer; ValueError for anything else. json.loads raises
+    RecursionError on deep nesting ("[[[[..."), which the callers' ValueError did not
+    catch: a member answering so failed the read it was asked for (EIO), or ended a
+    ping's task."""
+    try:
+        return json.loads(reply.body)
+    except RecursionError:
+        raise ValueError("a JSON answer nested too deeply") from None
+
+
 def _error(reply: PeerReply) -> str:
     try:
-        return str(json.loads(reply.body)["error"])[:300]
+        return str(_peer_json(reply)["error"])[:300]
     except (ValueError, KeyError, TypeError):
         return bytes(reply.body[:100]).decode("latin-1")
 

@@ -339,3 +339,19 @@ def test_the_connection_limits_are_fitted_again_to_each_member_list_put_in_force
     made.append(again)
     fresh = service.connection_limits(again)
     assert (fresh.total, fresh.reserve) == (limits.total, limits.reserve)
+
+
+@pytest.mark.parametrize("status", [200, 403, 500])
+def test_a_members_json_nested_too_deeply_is_a_value_error_never_a_recursion_error(
+    status: int,
+) -> None:
+    """json.loads raises RecursionError on "[[[[...": a member answering its ping or a
+    failed chunk ask so ended the ping's task or failed the read (EIO), where any other
+    garbage is counted and read from the store."""
+    from silofs.node.cluster import _error, _peer_json
+    from silofs.node.peer_client import PeerReply
+
+    reply = PeerReply(status, {}, bytearray(b"[" * 200_000))
+    with pytest.raises(ValueError):
+        _peer_json(reply)
+    assert _error(reply) == "[" * 100
