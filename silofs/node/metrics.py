@@ -370,6 +370,8 @@ async def serve_tcp(
             await handle(stream)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass  # the scraper left
+        except Exception:  # one scrape never ends the listener, nor the daemon
+            log.exception("bug: unexpected error answering a scrape")
         finally:
             active -= 1
             await trio.aclose_forcefully(stream)
