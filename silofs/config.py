@@ -7,6 +7,7 @@ validation into one-line UsageErrors. Never starts anything and never touches th
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import math
 import os
 import tomllib
@@ -324,7 +325,18 @@ def _access(table: dict) -> dict[str, list[str]]:
 
 
 _CLUSTER_KEYS = {f.name for f in dataclasses.fields(ClusterSettings)} - {"version"}
-# A cluster's name travels in a header and names it in status: short, printable, no space.
+# A node's peer settings: a member list pushed without one of them keeps the node's
+# value in force (a push names the members; a node's serve cap is its own).
+PEER_KEYS = (
+    "peer_timeout_seconds",
+    "peer_backoff_seconds",
+    "peer_serve_rate",
+    "peer_floor_rate",
+    "keep_peer_copies",
+)
+# A cluster's name travels in a header (x-silofs-cluster, on every peer request: HTTP
+# header values are ASCII, a request with another character cannot be sent) and names it
+# in status: short, printable ASCII, no space.
 _CLUSTER_NAME_MAX = 64
 # What a read may wait on a member that does not answer (docs/SEMANTICS.md "No read
 # waits on a dead member"): its first byte at most this long, its body at least this
@@ -361,11 +373,12 @@ def _cluster_value(key: str, value: object) -> object:
             not isinstance(value, str)
             or not value
             or len(value) > _CLUSTER_NAME_MAX
+            or not value.isascii()
             or not value.isprintable()
             or any(c.isspace() for c in value)
         ):
             raise UsageError(
-                f"name must be 1-{_CLUSTER_NAME_MAX} printable characters without spaces"
+                f"name must be 1-{_CLUSTER_NAME_MAX} printable ASCII characters without spaces"
             )
         return value
     if key == "members":
@@ -402,9 +415,23 @@ def canonical_member(text: str) -> str:
     if not text.startswith("tls://"):
         raise UsageError(f"member {text!r} must be written tls://HOST:PORT")
     try:
-        return tls_url(*parse_tls_url(text))
+        host, port = parse_tls_url(text)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
+    # 0.0.0.0 and :: are tcp_listen's "every interface", never a node another reaches:
+    # connected to, they are the asker's own host, so on every node such a member was
+    # that node itself under another name (refused 403 by its own listener, down, yet
+    # holding its weight's part of every share, so the cluster cached less).
+    try:
+        unspecified = ipaddress.ip_address(host).is_unspecified
+    except ValueError:
+        unspecified = False
+    if unspecified:
+        raise UsageError(
+            f"member {text!r}: {host} is every interface of a listener, not a node's address "
+            "(name the node as the others reach it)"
+        )
+    return tls_url(host, port)
 
 
 def _members(value: object) -> tuple[MemberSpec, ...]:

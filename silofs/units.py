@@ -1,4 +1,5 @@
-"""Parsing and printing of sizes and rates, and printing of counts.
+"""Parsing and printing of sizes and rates, printing of counts, and the one test of a
+whole number written in ASCII digits (is_digits: a header, a query, a port).
 
 Owns the one grammar users type for sizes (500M, 1.5GiB, 2T, 4096) and rates
 (200MB/s, 1.5Gbps, unlimited). Never touches settings or I/O.
@@ -24,6 +25,14 @@ _SIZE_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*([kmgtp]?)(i?)(b?)\
 _RATE_RE = re.compile(
     r"^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*([kKmMgGtTpP]?)(i?)(B|b|bit)?(ps|/s)?\s*$"
 )
+
+
+def is_digits(text: str) -> bool:
+    """Whether `text` is one or more ASCII digits 0-9. str.isdigit() also says yes to
+    "²" (which int() refuses: a ValueError where a one-line 400 was meant) and to "٣"
+    (which int() reads as 3): text a client, a member or a config file sends is tested
+    with this one before int()."""
+    return text.isascii() and text.isdigit()
 
 
 def _multiplier(prefix: str, binary_marker: str, unit: str) -> int:

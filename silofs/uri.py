@@ -99,6 +99,16 @@ def _parse(uri: str) -> DatasetURI:
     scheme = parts.scheme.lower()
     path = unquote(parts.path)
     _no_control(uri, path)
+    if "@" in parts.netloc:
+        # s3://KEY:SECRET@bucket/ was taken as a bucket named so: the dataset's row, its
+        # status (every local user reads it), /metrics and the logs then showed the
+        # secret. No bucket, container or account name holds "@"; the message does not
+        # repeat the URI.
+        raise UsageError(
+            f"a {scheme or 'dataset'} URI holds no credentials (USER@ or USER:SECRET@ "
+            "before the bucket or account): give them as the store's own settings "
+            "(environment, profile, key file)"
+        )
     if scheme == "file":
         if parts.netloc not in ("", "localhost"):
             raise UsageError(f"file URI must be file:///absolute/path, not {uri!r}")

@@ -113,7 +113,8 @@ def set_cmd(
     weights: tuple[str, ...],
     version: int | None,
 ) -> None:
-    """Push a member list to every node; each puts it in force without a restart."""
+    """Push a member list to every node; each puts it in force without a restart
+    (keeping its own peer_* settings)."""
     listed = _split(members)
     if from_slurm == bool(listed):
         raise click.UsageError("give the members with --members or --from-slurm (one of them)")

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from silofs.errors import UsageError
-from silofs.units import count, parse_rate
+from silofs.units import count, is_digits, parse_rate
 
 log = logging.getLogger(__name__)
 
@@ -146,7 +146,7 @@ def gpu_count(tres: str) -> int | None:
         parts = re.split("[:=]", item)
         if parts[0] != "gpu":
             continue
-        n = int(parts[-1]) if len(parts) > 1 and parts[-1].isdigit() else 1
+        n = int(parts[-1]) if len(parts) > 1 and is_digits(parts[-1]) else 1
         if len(parts) == 2 and "=" in item:
             return n  # "gres/gpu=N": the untyped total of a TRES string
         typed = (typed or 0) + n  # typed entries of a gres string add up
@@ -203,7 +203,7 @@ def _expand_one(part: str) -> Iterable[str]:
     head, ranges, tail = part[:open_at], part[open_at + 1 : close], part[close + 1 :]
     for item in ranges.split(","):
         lo, _, hi = item.partition("-")
-        if not lo.isdigit() or (hi and not hi.isdigit()):
+        if not is_digits(lo) or (hi and not is_digits(hi)):
             raise SlurmError(f"bad host list {part[:MAX_ERROR]!r}")
         width = len(lo)
         first, last = int(lo), int(hi) if hi else int(lo)
@@ -318,7 +318,7 @@ def parse_text(text: str, delim: str) -> list[SlurmJob]:
         (job_id, state, nnodes, ntasks, nodelist, prio, alloc, per_job, per_node, per_task,
          user, comment) = f  # fmt: skip
         job_id, state = job_id.strip(), state.strip()
-        if not job_id.isdigit():
+        if not is_digits(job_id):
             continue  # an array task (123_4) or het component (123+0): not ours to move
         if state not in PENDING and state not in RUNNING:
             continue
@@ -346,7 +346,7 @@ def parse_text(text: str, delim: str) -> list[SlurmJob]:
 
 def _int(text: str, default: int) -> int:
     text = text.strip()
-    return int(text) if text.isdigit() else default
+    return int(text) if is_digits(text) else default
 
 
 class SlurmSource:
@@ -391,7 +391,7 @@ class SlurmSource:
 
     def set_priority(self, job_id: str, priority: int) -> None:
         """`scontrol update JobId=N Priority=P`; SlurmError (one line) if refused."""
-        if not job_id.isdigit() or priority < 1:
+        if not is_digits(job_id) or priority < 1:
             raise ValueError(f"job {job_id!r} priority {priority}")
         self._run([self.config.scontrol, "update", f"JobId={job_id}", f"Priority={priority}"],
                   1 << 16)  # fmt: skip

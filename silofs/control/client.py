@@ -32,7 +32,7 @@ from urllib.parse import quote
 from silofs.control.peer import UntrustedDaemonError, check_daemon_peer
 from silofs.control.tls import TLS_PREFIX, parse_tls_url, socket_path_too_long
 from silofs.sealed import FD_HEADER, REGION_HEADER, map_received, map_region
-from silofs.units import count
+from silofs.units import count, is_digits
 
 if TYPE_CHECKING:
     import trio
@@ -524,7 +524,7 @@ class _AsyncConnection:
             return status, headers, self._mapped(where, length), reusable and not self.buf
         if length is None:
             return status, headers, await self._until_close(), False
-        if not length.isdigit() or len(length) > 19:
+        if not is_digits(length) or len(length) > 19:
             raise _Dropped(f"a bad content-length from the daemon: {length[:40]!r}")
         body = await self._body(int(length))
         return status, headers, body, reusable and not self.buf
@@ -558,7 +558,7 @@ class _AsyncConnection:
                 raise _Dropped(f"the daemon's hand-off region: {exc}") from None
         offset_text, _, length_text = at.partition(" ")
         region = self.region
-        if region is None or not (offset_text.isdigit() and length_text.isdigit()):
+        if region is None or not (is_digits(offset_text) and is_digits(length_text)):
             raise _Dropped(f"an answer naming {REGION_HEADER} {at[:40]!r} without a region")
         offset, n = int(offset_text), int(length_text)
         if n == 0 or offset + n > len(region):

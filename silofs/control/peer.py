@@ -18,6 +18,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from silofs.units import is_digits
+
 _UCRED = struct.Struct("iII")  # struct ucred {pid_t pid; uid_t uid; gid_t gid;}
 # NSS lookups can be slow (LDAP) and misses ask for groups on every request: remember
 # them a little while. A group change takes effect within _GROUPS_TTL seconds.
@@ -123,7 +125,7 @@ def trusted_daemon_uids() -> frozenset[int]:
     uids = {0, os.geteuid()}
     name = os.environ.get(DAEMON_USER_ENV, "").strip()
     if name:
-        if name.isdigit():
+        if is_digits(name):
             uids.add(int(name))
         else:
             try:

@@ -55,6 +55,7 @@ from silofs.control.router import (
     parse_query,
     parse_target,
 )
+from silofs.units import is_digits
 
 log = logging.getLogger(__name__)
 
@@ -442,7 +443,7 @@ class ThreadConnection:
         if "transfer-encoding" in headers:
             raise _Reject(501, "a chunked request body is not accepted here")
         length_text = headers.get("content-length", "0")
-        if not length_text.isdigit() or len(length_text) > 19:
+        if not is_digits(length_text) or len(length_text) > 19:
             raise _Reject(400, "malformed HTTP request: bad content-length")
         limit = match.body_limit(self.max_body)
         length = int(length_text)

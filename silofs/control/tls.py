@@ -18,6 +18,7 @@ import ssl
 from typing import Any
 
 from silofs.errors import UsageError
+from silofs.units import is_digits
 
 log = logging.getLogger(__name__)
 
@@ -28,7 +29,7 @@ def parse_tcp_address(text: str) -> tuple[str, int]:
     """(host, port) of "HOST:PORT", "[V6]:PORT" or ":PORT" (all interfaces: "0.0.0.0");
     UsageError naming the value otherwise."""
     host, sep, port_text = text.rpartition(":")
-    if not sep or not port_text.isdigit() or not 0 < int(port_text) < 65536:
+    if not sep or not is_digits(port_text) or not 0 < int(port_text) < 65536:
         raise UsageError(f"tcp_listen must be HOST:PORT, like 0.0.0.0:7470, not {text!r}")
     if host.startswith("[") and host.endswith("]"):
         host = host[1:-1]
@@ -59,9 +60,12 @@ def parse_tls_url(address: str) -> tuple[str, int]:
             f"bad node address {address!r}: want tls://HOST:PORT, HOST a host name "
             "(letters, digits, '.' and '-') or an IP address"
         )
-    if not port.isdigit() or not 0 < int(port) < 65536:
+    if not is_digits(port) or not 0 < int(port) < 65536:
         raise ValueError(f"bad node address {address!r}: want tls://HOST:PORT")
-    return host.lower(), int(port)
+    try:  # one spelling per address: [0:0::1] is [::1] (a member listed twice, else)
+        return ipaddress.ip_address(host).compressed, int(port)
+    except ValueError:
+        return host.lower(), int(port)
 
 
 # A host name as certificates name nodes (silofs-ctl certs): letters, digits, '.' and '-'.
@@ -74,7 +78,16 @@ def _is_host(host: str, bracketed: bool) -> bool:
     try:
         addr = ipaddress.ip_address(host)
     except ValueError:
-        return not bracketed and bool(_HOST_NAME.fullmatch(host)) and ".." not in host
+        # A name whose last label is all digits is no host name (RFC 1123) but an IPv4
+        # address the resolver reads its own way: 010.0.0.1 is 8.0.0.1 (octal), 127.1
+        # is 127.0.0.1. Written so, a member was another host than the one meant.
+        last = host.rsplit(".", 1)[-1]
+        return (
+            not bracketed
+            and bool(_HOST_NAME.fullmatch(host))
+            and ".." not in host
+            and not is_digits(last)
+        )
     return not bracketed or addr.version == 6
 
 

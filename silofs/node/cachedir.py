@@ -9,6 +9,7 @@ and the modes of the directory and the LMDB files (docs/SECURITY.md). Never open
 from __future__ import annotations
 
 import fcntl
+import logging
 import os
 import stat
 import time
@@ -17,13 +18,31 @@ from silofs.config import NodeSettings
 from silofs.errors import UsageError
 from silofs.units import format_size
 
+log = logging.getLogger(__name__)
+
 DEFAULT_CACHE_SIZE = 10 << 30
+# The least free space a new cache is made in. LMDB writes a new env's lock.mdb (its
+# reader table, 64 KiB) through a shared map: where the disk has no block for a page,
+# the first touch of it ends the process with SIGBUS ("Fatal Python error: Bus error"
+# at start, on a full disk with the default cache size, which no size check stopped).
+NEW_CACHE_ROOM = 1 << 20
 
 
 def resolve_cache_size(settings: NodeSettings) -> int:
-    """The cache budget: the setting, checked against the disk, or a safe default."""
+    """The cache budget: the setting, checked against the disk, or a safe default.
+    UsageError (one line) where the disk has no room for a new cache, or for the size
+    asked (the default: for one chunk)."""
     os.makedirs(settings.cache_dir, exist_ok=True)
-    free = disk_free(settings.cache_dir) + _existing_env_bytes(settings.cache_dir)
+    room = disk_free(settings.cache_dir)
+    free = room + _existing_env_bytes(settings.cache_dir)
+    new = not os.path.exists(os.path.join(settings.cache_dir, "lock.mdb"))
+    if (new and room < NEW_CACHE_ROOM) or (
+        settings.cache_size is None and free < settings.chunk_size
+    ):
+        raise UsageError(
+            f"cache dir {settings.cache_dir} has {format_size(room)} free, no room for a "
+            f"cache: free some space on its disk or choose another --cache-dir"
+        )
     if settings.cache_size is None:
         return max(settings.chunk_size, min(DEFAULT_CACHE_SIZE, free // 2))
     if settings.cache_size > free:
@@ -99,7 +118,12 @@ def lock_cache_dir(path: str) -> int:
     daemons writing one env would each keep their own usage rows in memory and write
     them back: the second refuses to start instead. Mount processes never take it."""
     lock_path = os.path.join(path, LOCK_FILE)
-    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    except OSError as exc:  # a full disk or file system out of inodes, read-only
+        raise UsageError(
+            f"cache dir {path}: cannot create its lock file {LOCK_FILE}: {exc.strerror or exc}"
+        ) from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -112,8 +136,16 @@ def lock_cache_dir(path: str) -> int:
             f"another silofs daemon{who} is using cache dir {path}: "
             "stop it or choose another --cache-dir"
         ) from None
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    except OSError as exc:
+        # A full disk (ENOSPC: a traceback at start, before). The flock holds without
+        # it: the pid only names the holder to a second daemon. Whether the cache fits
+        # is the size check's to say, in one line (so no second line here); a cache
+        # that fits serves its hits on a full disk (docs/SEMANTICS.md).
+        log.debug("cache dir %s: cannot write this daemon's pid into %s: %s", path,
+                    LOCK_FILE, exc.strerror or exc)  # fmt: skip
     return fd
 
 

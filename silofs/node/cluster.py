@@ -18,6 +18,7 @@ never trusts a member's bytes without the check.
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import functools
 import ipaddress
 import json
@@ -36,7 +37,7 @@ from silofs.cache.format import (
     decode_header,
     verify_chunk,
 )
-from silofs.config import ClusterSettings, NodeSettings, parse_cluster
+from silofs.config import PEER_KEYS, ClusterSettings, NodeSettings, parse_cluster
 from silofs.control.tls import parse_tcp_address, parse_tls_url, tls_url
 from silofs.errors import UsageError
 from silofs.flight import SingleFlight
@@ -68,7 +69,7 @@ from silofs.node.peer_wire import (
 from silofs.node.standins import homed_live_by, sweep_standins
 from silofs.node.state import DatasetState, MountState
 from silofs.node.supervise import describe
-from silofs.units import count
+from silofs.units import count, is_digits
 from silofs.uri import store_endpoint
 
 log = logging.getLogger(__name__)
@@ -180,7 +181,7 @@ class Cluster:
                                                  cluster_name)  # fmt: skip
                 self.slots[m.address] = MemberSlots(self.thread_asks.token)
         self.threads.total_tokens = max(PEER_POOL, PEER_POOL * len(self.pools))
-        self.home.set_serve_rate(config.peer_serve_rate)
+        self.home.set_serve_rate(config.peer_serve_rate, config.peer_timeout_seconds)
         # Every other member may hold PEER_POOL connections to this node's listener.
         wanted = PEER_POOL * len(self.pools) + 8
         if self.settings.tcp_max_connections < wanted:
@@ -216,6 +217,14 @@ class Cluster:
         if isinstance(version, bool) or not isinstance(version, int) or version < 0:
             raise UsageError("version must be a whole number")
         config = parse_cluster(fields, version=version)
+        # The peer settings a push leaves out stay as they are in force (silofs.toml's,
+        # or an earlier push's): `cluster set` names members only, and reset every
+        # node's serve cap, timeout and keep_peer_copies to the defaults.
+        kept = self.config or self.settings.cluster
+        if kept is not None:
+            config = dataclasses.replace(
+                config, **{k: getattr(kept, k) for k in PEER_KEYS if k not in fields}
+            )
         if self.config is not None and config.version <= self.config.version:
             if config == self.config:
                 return config
@@ -474,8 +483,10 @@ class Cluster:
                 introduced = True
                 continue
             if reply.status != 200:
+                # 429: the home's serve cap is full; it is up, the store serves this one.
+                reason = "busy" if reply.status == 429 else "http"
                 raise PeerError(
-                    "http", f"{member.address}: {reply.status} {_error(reply)}", reply.status
+                    reason, f"{member.address}: {reply.status} {_error(reply)}", reply.status
                 )
             if limiter.rate is None and reply.headers.get(SOURCE_HEADER) == "remote":
                 paid = ref.length
@@ -648,7 +659,7 @@ class Cluster:
         counters = (member.counters, self.dataset_counters(ds.uri.canonical))
         try:
             reply, _, _ = await self._chunk_exchange(member, ds, limiter, job, ref, warm=True)
-            outcome = json.loads(reply.body).get("chunk")
+            outcome = _peer_json(reply).get("chunk")
         except PeerError as exc:
             self._count_failure(member, counters, exc)
             return "failed"
@@ -742,7 +753,7 @@ class Cluster:
                 raise PeerError(
                     "http", f"{member.address}: ping {reply.status} {_error(reply)}", reply.status
                 )
-            pong = json.loads(reply.body)
+            pong = _peer_json(reply)
             if pong.get("name") != self.membership.name:
                 raise PeerError("http", f"{member.address} is of cluster {pong.get('name')!r}")
         except (PeerError, ValueError, AttributeError) as exc:
@@ -765,7 +776,7 @@ class Cluster:
             reply, _ = await self._exchange(member, "GET", ALLOCATIONS_PATH)
             if reply.status != 200:
                 return
-            parsed = check_shares(json.loads(reply.body), now=now_version())
+            parsed = check_shares(_peer_json(reply), now=now_version())
         except (PeerError, ValueError) as exc:
             log.debug("pulling cache shares from %s failed: %s", member.address, exc)
             return
@@ -926,14 +937,25 @@ def _is_local(ip: str) -> bool:
 
 def _charge(reply: PeerReply, ref: ChunkRef) -> int:
     text = reply.headers.get(CHARGE_HEADER, "")
-    if not text.isdigit() or int(text) > ref.length:
+    if not is_digits(text) or int(text) > ref.length:
         raise PeerError("http", f"428 with a charge of {text[:40]!r} for a {ref.length}-byte chunk")
     return int(text)
 
 
+def _peer_json(reply: PeerReply) -> Any:
+    """A member's JSON answer; ValueError for anything else. json.loads raises
+    RecursionError on deep nesting ("[[[[..."), which the callers' ValueError did not
+    catch: a member answering so failed the read it was asked for (EIO), or ended a
+    ping's task."""
+    try:
+        return json.loads(reply.body)
+    except RecursionError:
+        raise ValueError("a JSON answer nested too deeply") from None
+
+
 def _error(reply: PeerReply) -> str:
     try:
-        return str(json.loads(reply.body)["error"])[:300]
+        return str(_peer_json(reply)["error"])[:300]
     except (ValueError, KeyError, TypeError):
         return bytes(reply.body[:100]).decode("latin-1")
 
@@ -951,8 +973,7 @@ def _row(config: ClusterSettings) -> dict:
         "members": [{"address": m.address, "weight": m.weight} for m in config.members],
         "version": config.version,
     }
-    for key in ("peer_timeout_seconds", "peer_backoff_seconds", "peer_serve_rate",
-                "peer_floor_rate", "keep_peer_copies"):  # fmt: skip
+    for key in PEER_KEYS:
         row[key] = getattr(config, key)
     return row
 

@@ -51,7 +51,7 @@ from silofs.node.warm import WarmState, run_warm
 from silofs.node.writer import Writer
 from silofs.pids import pid_alive
 from silofs.records import MountCounters
-from silofs.units import count
+from silofs.units import count, is_digits
 
 log = logging.getLogger(__name__)
 
@@ -561,7 +561,7 @@ def _group_id(group: str | None) -> int | None:
     import grp
 
     try:
-        return int(group) if group.isdigit() else grp.getgrnam(group).gr_gid
+        return int(group) if is_digits(group) else grp.getgrnam(group).gr_gid
     except KeyError:
         raise UsageError(f"group {group!r} does not exist") from None
 

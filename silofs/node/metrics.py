@@ -10,7 +10,9 @@ GET /metrics on the TCP listener (the control API stays on the Unix socket).
 
 from __future__ import annotations
 
+import errno
 import logging
+import os
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -20,6 +22,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from silofs.errors import UsageError
+from silofs.units import is_digits
 
 log = logging.getLogger(__name__)
 
@@ -283,7 +286,7 @@ def parse_address(text: str) -> tuple[str, int]:
     if not sep:
         host, port = "", text
     host = host.strip("[]") or "127.0.0.1"
-    number = int(port) if port.isdigit() else -1
+    number = int(port) if is_digits(port) else -1
     if not 0 < number < 65536:
         raise UsageError(f"metrics_address must be HOST:PORT, like 127.0.0.1:9464, not {text!r}")
     return host, number
@@ -305,50 +308,96 @@ async def open_metrics(address: str) -> list[trio.SocketListener]:
         ) from None
 
 
+# Scrapes served at once: Prometheus scrapes a target one at a time, so a few are plenty.
+# A connection beyond is closed as soon as it is accepted: an unauthenticated flood of
+# idle or never-reading connections to metrics_address took every fd the daemon had
+# (at NOFILE 1024: 1,024 fds held, accept failing with EMFILE every 0.1 s), where the
+# mounts' fetches and the control socket need them. node/service.py's fd headroom
+# keeps room for these.
+METRICS_CONNECTIONS = 16
+# A scrape's request must arrive within this, and its answer leave within it again: a
+# client that sends nothing, or never reads, holds its connection no longer.
+METRICS_SECONDS = 10.0
+# Out of fds, accept is tried again this often (the connection waits in the backlog).
+_ACCEPT_RETRY = 0.1
+_ACCEPT_CAPACITY = {errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS}
+_WARN_EVERY = 60.0
+
+
 async def serve_tcp(
     listeners: list[trio.SocketListener],
     render: Callable[[], bytes],
     task_status: trio.TaskStatus = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """GET /metrics over TCP for Prometheus on `listeners` (open_metrics); anything else
-    is 404. One request per connection; rendering runs in the trio loop, where the state
-    it reads lives."""
+    is 404. One request per connection, METRICS_CONNECTIONS at once; rendering runs in
+    the trio loop, where the state it reads lives."""
+    active = 0
+    warned = -_WARN_EVERY
+
+    def warn(message: str) -> None:
+        nonlocal warned
+        now = trio.current_time()
+        if now - warned >= _WARN_EVERY:
+            warned = now
+            log.warning("metrics listener: %s", message)
 
     async def handle(stream: trio.SocketStream) -> None:
-        async with stream:
-            data = b""
-            with trio.move_on_after(10):
-                while b"\r\n\r\n" not in data and len(data) < _MAX_REQUEST:
-                    chunk = await stream.receive_some(4096)
-                    if not chunk:
-                        return
-                    data += chunk
-            line = data.split(b"\r\n", 1)[0].split()
-            if (
-                len(line) >= 2
-                and line[0] in (b"GET", b"HEAD")
-                and line[1]
-                in (
-                    b"/metrics",
-                    b"/",
-                )
-            ):
-                body, status = render(), b"200 OK"
-                ctype = CONTENT_TYPE.encode()
-            else:
-                body, status, ctype = b"not found: try /metrics\n", b"404 Not Found", b"text/plain"
-            head = (
-                b"HTTP/1.1 " + status + b"\r\nContent-Type: " + ctype
-                + b"\r\nContent-Length: " + str(len(body)).encode()
-                + b"\r\nConnection: close\r\n\r\n"
-            )  # fmt: skip
+        data = b""
+        with trio.move_on_after(METRICS_SECONDS):
+            while b"\r\n\r\n" not in data and len(data) < _MAX_REQUEST:
+                chunk = await stream.receive_some(4096)
+                if not chunk:
+                    return
+                data += chunk
+        line = data.split(b"\r\n", 1)[0].split()
+        if len(line) >= 2 and line[0] in (b"GET", b"HEAD") and line[1] in (b"/metrics", b"/"):
+            body, status = render(), b"200 OK"
+            ctype = CONTENT_TYPE.encode()
+        else:
+            body, status, ctype = b"not found: try /metrics\n", b"404 Not Found", b"text/plain"
+        head = (
+            b"HTTP/1.1 " + status + b"\r\nContent-Type: " + ctype
+            + b"\r\nContent-Length: " + str(len(body)).encode()
+            + b"\r\nConnection: close\r\n\r\n"
+        )  # fmt: skip
+        with trio.move_on_after(METRICS_SECONDS):
+            await stream.send_all(head + (body if line[:1] != [b"HEAD"] else b""))
+
+    async def serve(stream: trio.SocketStream) -> None:
+        nonlocal active
+        try:
+            await handle(stream)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass  # the scraper left
+        except Exception:  # one scrape never ends the listener, nor the daemon
+            log.exception("bug: unexpected error answering a scrape")
+        finally:
+            active -= 1
+            await trio.aclose_forcefully(stream)
+
+    async def accept_forever(listener: trio.SocketListener, nursery: trio.Nursery) -> None:
+        nonlocal active
+        while True:
             try:
-                await stream.send_all(head + (body if line[:1] != [b"HEAD"] else b""))
-            except trio.BrokenResourceError:
-                pass
+                stream = await listener.accept()
+            except OSError as exc:
+                if exc.errno not in _ACCEPT_CAPACITY:
+                    raise
+                warn(f"accept: {os.strerror(exc.errno)}; waiting for connections to close")
+                await trio.sleep(_ACCEPT_RETRY)
+                continue
+            if active >= METRICS_CONNECTIONS:
+                await trio.aclose_forcefully(stream)
+                warn(f"{METRICS_CONNECTIONS} scrapes open; closing the connections beyond")
+                continue
+            active += 1
+            nursery.start_soon(serve, stream)
 
     for listener in listeners:
         host, port = listener.socket.getsockname()[:2]
         log.info("metrics on http://%s:%d/metrics", host, port)
-    task_status.started()
-    await trio.serve_listeners(handle, listeners)
+    async with trio.open_nursery() as nursery:
+        for listener in listeners:
+            nursery.start_soon(accept_forever, listener, nursery)
+        task_status.started()

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 
 from silofs.control.thread_conn import wait_until
 from silofs.control.tls import certificate_identity
+from silofs.units import is_digits
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +76,7 @@ _WRITE_SLICE = 1 << 20
 _LOOKUPS = concurrent.futures.ThreadPoolExecutor(8, thread_name_prefix="silofs-peer-dns")
 
 # Why an exchange or its answer failed, as counted in status and /metrics.
-REASONS = ("refused", "timeout", "short", "http", "corrupt", "foreign")
+REASONS = ("refused", "timeout", "short", "http", "corrupt", "foreign", "busy")
 
 
 class PeerError(Exception):
@@ -545,7 +546,7 @@ def _exchange(
             raise Abandoned(f"{address}: the asker left while the member worked")
         sock.deadline = min(time.monotonic() + bounds.timeout, progress_end)
     length = headers.get("content-length", "")
-    if not length.isdigit() or int(length) > MAX_BODY:
+    if not is_digits(length) or int(length) > MAX_BODY:
         raise PeerError("http", f"{address}: an answer without a usable content-length")
     n = int(length)
     if most is not None and status == 200 and n > most:
@@ -600,7 +601,7 @@ def _read_head(
 def _parse_head(raw: bytes, address: str) -> tuple[int, dict[str, str]]:
     lines = raw.decode("latin-1").split("\r\n")
     parts = lines[0].split(" ", 2)
-    if len(parts) < 2 or not parts[0].startswith("HTTP/1.") or not parts[1].isdigit():
+    if len(parts) < 2 or not parts[0].startswith("HTTP/1.") or not is_digits(parts[1]):
         raise PeerError("http", f"{address}: not an HTTP answer: {lines[0][:80]!r}")
     headers: dict[str, str] = {}
     for line in lines[1:]:

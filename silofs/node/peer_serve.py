@@ -12,10 +12,12 @@ many members ask (the Fetcher's single-flight), admission under this node's part
 the dataset's share (the Writer, with the quota policy), a warm's "held / admitted /
 full" (the room a FillBudget sees; "admitted" once committed), and the cap on bytes
 served to peers (peer_serve_rate, waited for before the answer: the asker hears 102
-meanwhile). A chunk held here is answered from the member connection's thread (held(): its value
-checked and sent from the LMDB map, in one read txn kept open until the answer is
-sent), the rest on the trio loop (serve()). Never judges who asks (the route table and
-node/authz.py do) and never writes LMDB itself.
+meanwhile; an ask that would wait on it longer than peer_timeout_seconds is answered
+busy at once, ServeBusy, 429, and read from the store by the asker). A chunk held here
+is answered from the member connection's thread (held(): its value checked and sent
+from the LMDB map, in one read txn kept open until the answer is sent), the rest on
+the trio loop (serve()). Never judges who asks (the route table and node/authz.py do)
+and never writes LMDB itself.
 """
 
 from __future__ import annotations
@@ -76,6 +78,11 @@ class UnknownDataset(Exception):
     """The request names a dataset this node has neither open nor been introduced to."""
 
 
+class ServeBusy(Exception):
+    """The serve cap (peer_serve_rate) would hold this answer longer than askers wait
+    for a first byte (429): the asker reads the chunk from the store at once."""
+
+
 @dataclass
 class Held:
     """A held chunk's checked value, lent from the LMDB map: valid until close(), which
@@ -105,6 +112,12 @@ class Home:
         self.d = d
         self.serve_rate = serve_rate
         self._serve_cap: TokenBucket | None = None  # made in the trio loop, on first use
+        # When the serve cap will have paid for every answer charged to it (trio clock):
+        # its backlog, which a new answer waits behind. Past `serve_wait` of it a member's
+        # ask is answered busy at once rather than after minutes of 102s (a cap of
+        # 1 KiB/s held every ask for 60 s, then the member was taken for dead).
+        self._cap_free_at = 0.0
+        self.serve_wait = 2.0  # seconds: the cluster's peer_timeout_seconds
         self.datasets: dict[str, DatasetState] = {}  # introduced by members, not open here
         self._live: dict[str, DatasetState] = {}  # of those, the LIVE_CLIENTS last fetched for
         self.lookups = trio.CapacityLimiter(LOOKUP_THREADS)
@@ -179,6 +192,7 @@ class Home:
             self._check_listed(ds, ask)
         if ask.warm:
             return await self._warm(ds, ask, ref)
+        self._check_busy()  # before a lookup or a GET: neither is wasted on a busy answer
         value, bad = await self._lookup(ds, ref)
         if value is not None:
             return await self._answer(ask, value, "cache")
@@ -349,15 +363,34 @@ class Home:
         return encode_chunk(ds.id, ref.index, ref.chunk_size, o.key, o.content_id, data)
 
     async def _answer(self, ask: ChunkAsk, value: bytes | bytearray, source: str) -> Served:
+        if self.serve_rate is not None:
+            now = trio.current_time()
+            self._cap_free_at = max(now, self._cap_free_at) + len(value) / self.serve_rate
         await self.serve_cap().charge(len(value))
         return Served(value, source)
+
+    def _check_busy(self) -> None:
+        """ServeBusy if an answer would wait on the serve cap longer than serve_wait: a
+        member waits for it (102s) up to a minute and then takes this node for dead,
+        where the store would have answered in a fraction of that."""
+        if self.serve_rate is None:
+            return
+        backlog = self._cap_free_at - trio.current_time()
+        if backlog > self.serve_wait:
+            raise ServeBusy(
+                f"serving members at peer_serve_rate, the next answer would wait "
+                f"{backlog:.1f}s (more than {self.serve_wait:g}s): read it from the store"
+            )
 
     def serve_waited(self) -> float:
         """Seconds answers to members waited on the serve cap, in all."""
         return self._serve_cap.waited_seconds if self._serve_cap is not None else 0.0
 
-    def set_serve_rate(self, rate: int | None) -> None:
+    def set_serve_rate(self, rate: int | None, wait: float = 2.0) -> None:
+        """peer_serve_rate, and how long an answer may wait on it (peer_timeout_seconds)."""
         self.serve_rate = rate
+        self.serve_wait = wait
+        self._cap_free_at = 0.0  # the bucket starts over at its new rate
         if self._serve_cap is not None:
             self._serve_cap.set_rate(rate)
 

@@ -17,6 +17,7 @@ from urllib.parse import quote
 
 from silofs.cache.format import ChunkRef, header_bytes
 from silofs.records import ObjectInfo, job_name_error
+from silofs.units import is_digits
 
 CHUNK_PATH = "/v1/peer/chunk"
 DATASETS_PATH = "/v1/peer/datasets"
@@ -141,7 +142,7 @@ def _quote(text: str) -> str:
 
 def _int(q: dict[str, str], name: str) -> int:
     text = q[name]
-    if not text.isdigit() or len(text) > 19:
+    if not is_digits(text) or len(text) > 19:
         raise ValueError(f"{name} must be a whole number")
     return int(text)
 

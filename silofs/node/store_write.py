@@ -14,6 +14,7 @@ what to admit or evict: callers pass the quota and the target.
 from __future__ import annotations
 
 import ctypes
+import errno
 import json
 import logging
 import os
@@ -28,7 +29,7 @@ from silofs.cache.bounds import DamagedValueError, FirstTime, ValueCursor
 from silofs.cache.format import KEY_SIZE, Buffer, chunk_key
 from silofs.cache.listing import GEN, LISTING_FORMAT, gen_prefix
 from silofs.cache.store import DSID, USAGE_ROW, CacheStore, Usage
-from silofs.errors import SilofsError
+from silofs.errors import SilofsError, UsageError
 from silofs.node.listing_builder import ListingBuilder
 from silofs.records import ObjectInfo, PrefixListed
 
@@ -101,6 +102,7 @@ class WritableStore(CacheStore):
         self._headroom_db = self.env.open_db(_HEADROOM_DB)
         self._check_version()
         self._back_the_map()
+        self._back_the_lock_file()
 
     # -- opening: the version check, the map backed by the file --------------------
     def _back_the_map(self) -> None:
@@ -133,6 +135,33 @@ class WritableStore(CacheStore):
                 os.close(fd)
         except OSError as exc:
             log.warning("cannot grow %s/data.mdb to the map size: %s", self.path, exc)
+
+    def _back_the_lock_file(self) -> None:
+        """Give every page of lock.mdb a block of the disk, at start, while there is
+        room (cachedir.py checks for it). LMDB keeps its reader table there, written
+        through a shared map, and makes the file sparse: the first reader slot on a page
+        without a block, touched while the disk is full, ends that process (the daemon
+        or a mount) with SIGBUS. A 4 KiB page holds 64 slots, so the 64th read txn open
+        at once among the daemon's and its mounts' threads was enough. UsageError (one
+        line) if the disk has no room for it."""
+        path = os.path.join(self.path, "lock.mdb")
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            return  # no lock file (an env opened without locking)
+        try:
+            size = os.fstat(fd).st_size
+            if size:
+                os.posix_fallocate(fd, 0, size)  # blocks only: the bytes stay as they are
+        except OSError as exc:
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise UsageError(
+                    f"cache dir {self.path}: no room on its disk for LMDB's lock file "
+                    f"({size} bytes): free some space on it"
+                ) from None
+            log.warning("cannot allocate the blocks of %s: %s", path, exc)
+        finally:
+            os.close(fd)
 
     def _check_version(self) -> None:
         with self.env.begin(write=True) as txn:

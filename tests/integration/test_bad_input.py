@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -52,6 +53,12 @@ def test_missing_local_directory(node: Node, tmp_path: Path) -> None:
 def test_unknown_scheme_and_bad_uri(node: Node, tmp_path: Path) -> None:
     assert_one_line_error(try_mount(node, "ftp://host/x", tmp_path / "m1"), "unknown uri scheme")
     assert_one_line_error(try_mount(node, "s3:///prefix", tmp_path / "m2"), "bucket")
+    # Credentials in the URI: refused, and the secret is in no message nor in status
+    # (every local user reads it).
+    for uri in ("s3://AKIA:s3cr3t@bucket/", "az://s3cr3t@account/container/"):
+        line = assert_one_line_error(try_mount(node, uri, tmp_path / "m3"), "no credentials")
+        assert "s3cr3t" not in line
+    assert "s3cr3t" not in json.dumps(node.status())
 
 
 def test_missing_and_busy_mountpoint(node: Node, local_store, bucket_name, tmp_path: Path) -> None:
@@ -133,6 +140,34 @@ def test_cache_dir_not_writable_and_cache_too_large(make_node, tmp_path: Path) -
     )
     assert_one_line_error(res, "larger than the space")
     assert not os.path.exists(node.socket)
+
+
+def test_a_cache_dir_on_a_full_disk_is_one_line(make_node, tmp_path: Path) -> None:
+    """Not one free block under the cache dir: the daemon's lock file could not take
+    its pid (a traceback at start), and with the default cache size LMDB then made its
+    lock.mdb through a map the disk could not back (SIGBUS: "Fatal Python error: Bus
+    error"). Now one line, with the default size and with one given."""
+    if os.geteuid() != 0:
+        pytest.skip("mounts a tmpfs for the cache dir")
+    node = make_node(start=False)
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1M", "tmpfs", str(disk)], check=True)
+    try:
+        with open(disk / "filler", "wb") as filler:
+            try:
+                while True:
+                    filler.write(b"\0" * 65536)
+                    filler.flush()
+            except OSError:
+                pass  # full
+        for size in ([], ["--cache-size", "8M"]):
+            args = ["daemon", "--socket", node.socket, "--cache-dir", str(disk / "cache")]
+            res = subprocess.run(silofs_cmd(*args, *size), capture_output=True, text=True)
+            assert_one_line_error(res, "no room for a cache")
+            assert not os.path.exists(node.socket)
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=False)
 
 
 def test_mount_reports_a_daemon_that_cannot_start(

@@ -17,10 +17,12 @@ Each test ends by checking that every node still serves right bytes.
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import os
 import random
+import re
 import shutil
 import socket
 import ssl
@@ -233,6 +235,50 @@ def test_malformed_peer_requests_are_one_line_4xx_and_leave_nothing_behind(pair:
     _serves_right(pair)
 
 
+def _exchange(sock: socket.socket, requests: list[bytes]) -> list[bytes]:
+    """Send `requests` one after another on one connection (each waits for the one
+    before to be answered); the status line of every answer until the close."""
+    sock.settimeout(10)
+    got = b""
+    for req in requests:
+        sock.sendall(req)
+        while got.count(b"HTTP/1.1 ") < requests.index(req) + 1:
+            more = sock.recv(1 << 20)
+            if not more:
+                break
+            got += more
+    with contextlib.suppress(OSError):
+        while more := sock.recv(1 << 20):
+            got += more
+    # An answer's head may follow the body before it with no line break between.
+    return re.findall(rb"HTTP/1\.1 \d{3}", got)
+
+
+def test_digits_int_refuses_are_a_one_line_400_on_every_path(pair: dict) -> None:
+    """ "²" ("\xb2" in latin-1, %C2%B2 in a query) passes str.isdigit() and fails int():
+    a member's or a local client's request holding it was a traceback in the daemon's
+    log and a connection dropped without an answer. Now a 400 (the teardown checks the
+    log), on the loop and on connections served by threads, and everyone serves on."""
+    home = pair["nodes"][0]
+    mount = home.status()["mounts"][0]["id"]
+    chunk = f"GET /v1/chunks?mount={mount}&key=d%2Ff0.bin&index="
+    good = f"{chunk}0 HTTP/1.1\r\nhost: x\r\n\r\n".encode()  # makes the connection threaded
+    bad_index = f"{chunk}%C2%B2 HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n".encode()
+    bad_length = b"GET /v1/status HTTP/1.1\r\nhost: x\r\ncontent-length: \xb2\r\n\r\n"
+    for requests in ([bad_index], [good, bad_index], [good, bad_length]):
+        with socket.socket(socket.AF_UNIX) as s:
+            s.connect(home.socket)
+            got = _exchange(s, requests)
+        assert got[-1].startswith(b"HTTP/1.1 400"), (requests[-1][:60], got)
+    ping = f"GET /v1/peer/ping HTTP/1.1\r\nhost: x\r\nx-silofs-cluster: {CLUSTER}\r\n"
+    bad_ping = (ping + "content-length: \xb2\r\n\r\n").encode("latin-1")
+    raw = socket.create_connection(("127.0.0.1", home.spec.port), 10)
+    with _ctx(pair["pki"], "n1").wrap_socket(raw, server_hostname="127.0.0.1") as s:
+        got = _exchange(s, [ping.encode() + b"\r\n", bad_ping])  # a member's thread
+    assert got == [b"HTTP/1.1 200", b"HTTP/1.1 400"], got
+    _serves_right(pair)
+
+
 def _ctl(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "silofs_ctl", *args], capture_output=True, text=True, timeout=60
@@ -248,9 +294,13 @@ def test_cluster_set_mistakes_are_one_line_and_no_node_changes(pair: dict) -> No
         ([*addresses, "tls://127.0.0.1:99999"], []),  # a typo'd port
         ([*addresses, addresses[0].replace("tls://", "")], []),  # no scheme
         ([*addresses, addresses[1].upper()], []),  # the same member twice
+        ([*addresses, "tls://0.0.0.0:7470"], []),  # tcp_listen's wildcard: each node itself
+        ([*addresses, "tls://010.0.0.1:7470"], []),  # 8.0.0.1 to the resolver (octal)
+        ([*addresses, "tls://[::1]:7470", "tls://[0:0::1]:7470"], []),  # one address twice
         (addresses, ["--weight", f"{addresses[0]}x=2"]),  # a weight of no member
         (addresses, ["--weight", f"{addresses[0]}=0"]),
         (addresses, ["--name", "two words"]),
+        (addresses, ["--name", "\u96c6\u7fa4"]),  # not ASCII: no peer request could carry it
     ]:
         res = _ctl("cluster", "set", "--nodes", sockets, "--members", ",".join(members), *extra)
         assert res.returncode == 2, (members, extra, res.stdout, res.stderr)
@@ -264,8 +314,11 @@ def test_cluster_set_mistakes_are_one_line_and_no_node_changes(pair: dict) -> No
                "--weight", f"{addresses[1].upper().replace('TLS://', 'tls://')}=3")  # fmt: skip
     assert res.returncode == 0, res.stderr
     for n in nodes:
-        weights = {m["address"]: m["weight"] for m in n.cluster()["members"]}
+        view = n.cluster()
+        weights = {m["address"]: m["weight"] for m in view["members"]}
         assert weights == {addresses[0]: 1.0, addresses[1]: 3.0}
+        # silofs.toml's peer settings stay: the list named members only.
+        assert view["peer_timeout_seconds"] == 1.0, view["peer_timeout_seconds"]
     _serves_right(pair)
 
 
@@ -395,6 +448,28 @@ def test_member_lists_pushed_while_reads_are_in_flight_serve_no_wrong_byte(pair:
     assert wrong == [0, 0]
     peer = [n.status()["datasets"][0]["peer"] for n in nodes]
     assert pushed >= 3 and sum(p["requests_out"] for p in peer) > 0, (pushed, peer)
+    _serves_right(pair)
+
+
+def test_a_home_whose_serve_cap_is_full_says_so_at_once_and_stays_up(pair: dict) -> None:
+    """A peer_serve_rate far below what members ask (1 KiB/s, 256 KiB chunks): a home
+    whose cap would hold an answer past peer_timeout_seconds answers busy (429) at once,
+    and the asker reads the chunk from the store; the home stays up. Before, each ask
+    waited 60 s of 102s on the cap, then the member was taken for dead (a file's read
+    took 94 s)."""
+    nodes, mps, tree = pair["nodes"], pair["mps"], pair["tree"]
+    both = [n.spec.address for n in nodes]
+    body = {"name": CLUSTER, "members": both, "peer_serve_rate": "1KiB/s",
+            "peer_timeout_seconds": 1.0, "peer_backoff_seconds": 0.5}  # fmt: skip
+    for n in nodes:
+        n.request("PUT", "/v1/cluster", body)
+    t0 = time.monotonic()
+    assert _wrong_bytes(mps[0], tree) == 0
+    assert time.monotonic() - t0 < 20
+    other = nodes[0].member(both[1])
+    assert other["state"] == "up" and other["failures"] == 0, other
+    assert other["errors"].get("busy", 0) >= 1 and "timeout" not in other["errors"], other
+    assert other["store_fallbacks"] >= 1, other
     _serves_right(pair)
 
 

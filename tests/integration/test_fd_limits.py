@@ -8,6 +8,7 @@ connections to its socket and keeps them open while it asks for status and reads
 uncached file through a real mount. A cluster node gets the same on its TLS port from
 a member's certificate (handshaken) and from bare TCP connections, and one pushed a
 longer member list gives the new members' pools their room out of the control socket's.
+The metrics port (metrics_address, plain TCP) gets the same flood.
 """
 
 from __future__ import annotations
@@ -121,6 +122,49 @@ def test_idle_connections_of_a_member_leave_status_and_misses_working(tmp_path: 
             assert (mp / key).read_bytes() == (data / key).read_bytes()
         fds = len(os.listdir(f"/proc/{node.proc.pid}/fd"))  # type: ignore[union-attr]
         assert fds < NOFILE - 64, f"the daemon holds {fds} fds"
+    finally:
+        for s in held:
+            s.close()
+        node.cleanup()
+    assert not node.log_problems(), "\n".join(node.log_problems())
+
+
+def test_idle_connections_to_the_metrics_port_leave_status_and_misses_working(
+    tmp_path: Path,
+) -> None:
+    """The same flood on metrics_address (plain TCP, no authentication: anyone who
+    reaches the port): more than NOFILE connections that never send a request. Before,
+    the daemon took every one, held NOFILE fds and logged an EMFILE traceback every
+    0.1 s; now it keeps a few scrapes open and closes the rest at accept."""
+    if os.geteuid() != 0:
+        pytest.skip("prlimit on a daemon the test cleans up as root")
+    port = free_port()
+    node = Node(tmp_path / "node", "64M", prefix=["prlimit", f"--nofile={NOFILE}:{NOFILE}"])
+    held: list[socket.socket] = []
+    try:
+        node.start("--metrics-address", f"127.0.0.1:{port}")
+        data, mp = _mounted_data(node, tmp_path)
+        for _ in range(IDLE):
+            try:
+                held.append(socket.create_connection(("127.0.0.1", port), timeout=5))
+            except OSError:  # refused or reset: the listener's limit
+                continue
+        assert node.status()["node"]["cache_size"] > 0
+        for key in ("f2.bin", "f3.bin"):
+            assert (mp / key).read_bytes() == (data / key).read_bytes()
+        fds = len(os.listdir(f"/proc/{node.proc.pid}/fd"))  # type: ignore[union-attr]
+        assert fds < NOFILE - 64, f"the daemon holds {fds} fds"
+        # A scrape still gets its answer once the flood is gone.
+        for s in held:
+            s.close()
+        held.clear()
+
+        def scraped() -> bool:
+            with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+                s.sendall(b"GET /metrics HTTP/1.1\r\nhost: x\r\n\r\n")
+                return s.recv(4096).startswith(b"HTTP/1.1 200")
+
+        wait_for(scraped, what="a scrape answered after the flood")
     finally:
         for s in held:
             s.close()

@@ -66,6 +66,9 @@ def test_no_section_no_cluster(tmp_path: Path) -> None:
         ('name = "c"', "'members' is missing"),
         ('name = "c"\nmembers = []', "non-empty list"),
         ('name = "has space"\nmembers = ["tls://a:1"]', "without spaces"),
+        # It travels in a header: a member could not send one ask.
+        ('name = "\u96c6\u7fa4"\nmembers = ["tls://a:1"]', "ASCII"),
+        ('name = "caf\u00e9"\nmembers = ["tls://a:1"]', "ASCII"),
         ('name = "c"\nmembers = ["a:1"]', "tls://HOST:PORT"),
         ('name = "c"\nmembers = ["tls://a:99999"]', "bad node address"),
         ('name = "c"\nmembers = ["tls://a b:1"]', "bad node address"),  # not a host name
@@ -73,7 +76,15 @@ def test_no_section_no_cluster(tmp_path: Path) -> None:
         ('name = "c"\nmembers = ["tls://a..b:1"]', "bad node address"),
         ('name = "c"\nmembers = ["tls://[a.b]:1"]', "bad node address"),  # brackets: IPv6
         ('name = "c"\nmembers = ["tls://[10.0.0.1]:1"]', "bad node address"),
+        # tcp_listen's "every interface" copied into the list: each node itself.
+        ('name = "c"\nmembers = ["tls://0.0.0.0:7470"]', "every interface"),
+        ('name = "c"\nmembers = ["tls://[::]:7470"]', "every interface"),
         ('name = "c"\nmembers = ["tls://a:1", "tls://A:1"]', "listed twice"),
+        # One address, two spellings; a dotted number the resolver reads its own way
+        # (010.0.0.1 is 8.0.0.1 to inet_aton, 127.1 is 127.0.0.1).
+        ('name = "c"\nmembers = ["tls://[::1]:1", "tls://[0:0::1]:1"]', "listed twice"),
+        ('name = "c"\nmembers = ["tls://010.0.0.1:1"]', "bad node address"),
+        ('name = "c"\nmembers = ["tls://127.1:1"]', "bad node address"),
         ('name = "c"\nmembers = [{ address = "tls://a:1", weight = 0 }]', "weight"),
         ('name = "c"\nmembers = [{ address = "tls://a:1", weight = true }]', "weight"),
         ('name = "c"\nmembers = [{ addr = "tls://a:1" }]', "member table"),

@@ -3,6 +3,8 @@ needs, the list that wins at start, and its peer figures in status and /metrics.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import os
 import threading
 import time
@@ -98,6 +100,36 @@ def test_a_pushed_list_newer_than_the_files_wins_at_start(
     edited = Daemon(settings(tmp_path, pki, members(7000, 7001, 7002, version=30)))
     made.append(edited)
     assert edited.cluster.config is not None and len(edited.cluster.config.members) == 3
+
+
+def test_a_push_that_names_no_peer_setting_keeps_the_ones_in_force(
+    tmp_path: Path, pki: Path, made: list[Daemon]
+) -> None:
+    """`silofs-ctl cluster set` names members only: silofs.toml's serve cap, timeout and
+    keep_peer_copies stay (before, each push put the defaults in force, and persisted
+    them); one a push names changes, and stays through the next push that names none."""
+    own = dataclasses.replace(
+        members(7000, 7001),
+        peer_timeout_seconds=5.0,
+        peer_serve_rate=100 << 20,
+        keep_peer_copies=True,
+    )
+    d = Daemon(settings(tmp_path, pki, own))
+    made.append(d)
+
+    async def push(version: int, **more: object) -> None:
+        body = {"name": "c", "members": ["tls://127.0.0.1:7001"], "version": version, **more}
+        await d.cluster.push(body)
+
+    trio.run(push, 20)
+    c = d.cluster.config
+    assert c is not None and [m.address for m in c.members] == ["tls://127.0.0.1:7001"]
+    assert (c.peer_timeout_seconds, c.peer_serve_rate, c.keep_peer_copies) == (5.0, 100 << 20, True)
+    trio.run(functools.partial(push, 30, peer_serve_rate="unlimited", peer_timeout_seconds=3))
+    trio.run(push, 40)
+    c = d.cluster.config
+    assert c is not None and c.version == 40
+    assert (c.peer_timeout_seconds, c.peer_serve_rate, c.keep_peer_copies) == (3.0, None, True)
 
 
 def test_peer_figures_in_status_and_metrics(tmp_path: Path, pki: Path, made: list[Daemon]) -> None:
@@ -307,3 +339,19 @@ def test_the_connection_limits_are_fitted_again_to_each_member_list_put_in_force
     made.append(again)
     fresh = service.connection_limits(again)
     assert (fresh.total, fresh.reserve) == (limits.total, limits.reserve)
+
+
+@pytest.mark.parametrize("status", [200, 403, 500])
+def test_a_members_json_nested_too_deeply_is_a_value_error_never_a_recursion_error(
+    status: int,
+) -> None:
+    """json.loads raises RecursionError on "[[[[...": a member answering its ping or a
+    failed chunk ask so ended the ping's task or failed the read (EIO), where any other
+    garbage is counted and read from the store."""
+    from silofs.node.cluster import _error, _peer_json
+    from silofs.node.peer_client import PeerReply
+
+    reply = PeerReply(status, {}, bytearray(b"[" * 200_000))
+    with pytest.raises(ValueError):
+        _peer_json(reply)
+    assert _error(reply) == "[" * 100

@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from silofs.node.peer_client import Bounds, PeerPool, client_context
+from silofs.node.peer_client import Bounds, PeerError, PeerPool, client_context
 
 BODY = 300_000  # ~19 records of 16 KiB
 PIECE = 3000  # bytes of ciphertext per send: a record's bytes come in ~6 pieces
@@ -31,10 +31,11 @@ PAUSE = 0.002
 
 
 class TricklingMember:
-    """Answers every request with BODY random bytes, its ciphertext sent PIECE bytes at a
-    time with a pause after each piece."""
+    """Answers every request with BODY random bytes (or `answer`, whole), its ciphertext
+    sent PIECE bytes at a time with a pause after each piece."""
 
-    def __init__(self, pki: Path) -> None:
+    def __init__(self, pki: Path, answer: bytes | None = None) -> None:
+        self.answer = answer
         self.ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         self.ctx.load_cert_chain(pki / "n1.pem", pki / "n1.key")
         self.ctx.load_verify_locations(pki / "ca.pem")
@@ -66,8 +67,11 @@ class TricklingMember:
                         buf += obj.read(65536)
                         continue
                     head, _, buf = buf.partition(b"\r\n\r\n")
-                    obj.write(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n" % BODY)
-                    obj.write(self.body)
+                    if self.answer is not None:
+                        obj.write(self.answer)
+                    else:
+                        obj.write(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n" % BODY)
+                        obj.write(self.body)
                     self._trickle(raw, outgoing.read())
                 except ssl.SSLWantReadError:
                     self._trickle(raw, outgoing.read())  # the handshake's answers
@@ -107,6 +111,29 @@ def test_a_body_cut_into_pieces_is_read_whole_as_soon_as_it_is_there(
             assert took < 4.0, f"the exchange took {took:.1f} s: it waited for bytes never sent"
     finally:
         pool.close()
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        b"HTTP/1.1 2\xb2\xb2 OK\r\ncontent-length: 0\r\n\r\n",  # "\xb2": "²" in latin-1
+        b"HTTP/1.1 200 OK\r\ncontent-length: \xb2\r\n\r\n",
+    ],
+)
+def test_a_member_answering_digits_int_refuses_is_a_peer_error(pki: Path, answer: bytes) -> None:
+    """Garbage from a member is a PeerError (counted, the chunk read from the store),
+    never another exception: str.isdigit() said yes to "²" and int() then raised
+    ValueError, which failed the mount's read with EIO."""
+    m = TricklingMember(pki, answer=answer)
+    ctx = client_context(str(pki / "n0.pem"), str(pki / "n0.key"), str(pki / "ca.pem"))
+    pool = PeerPool(f"tls://127.0.0.1:{m.port}", "127.0.0.1", m.port, ctx, "c")
+    try:
+        with pytest.raises(PeerError) as err:
+            pool.request("GET", "/v1/peer/chunk", Bounds(timeout=5.0, floor_rate=1 << 20))
+        assert err.value.reason == "http"
+    finally:
+        pool.close()
+        m.close()
 
 
 def _thread_asks(tmp_path: Path) -> tuple[Any, int, Any]:

@@ -17,7 +17,7 @@ from silofs.cache.format import ChunkRef
 from silofs.config import ClusterSettings, MemberSpec
 from silofs.errors import UsageError
 from silofs.node.daemon import Daemon
-from silofs.node.peer_serve import ChargeFirst, UnknownDataset
+from silofs.node.peer_serve import ChargeFirst, ServeBusy, UnknownDataset
 from silofs.node.peer_wire import ChunkAsk
 from tests.unit.inprocess import member_daemon, mounted, running
 
@@ -262,6 +262,34 @@ def test_the_serve_cap_paces_answers_to_members(home: Daemon, bucket: Path) -> N
     # the serving itself took (tokens accrue meanwhile: a loaded host waits less), so
     # only that it waited is asserted of it.
     assert elapsed >= 0.3 and waited > 0, (elapsed, waited)
+
+
+def test_an_answer_the_serve_cap_would_hold_past_the_wait_bound_is_busy_at_once(
+    home: Daemon, bucket: Path
+) -> None:
+    """A cap far below what members ask: the answer that puts it in debt goes, the next
+    one that would wait longer than the bound (peer_timeout_seconds) is ServeBusy at
+    once, not after the wait (the asker would hear 102s for a minute, then take this
+    node for dead)."""
+
+    async def main() -> float:
+        async with running(home) as d:
+            ds, _ = await mounted(d, bucket)
+            h = d.cluster.home
+            for i in range(2):  # cached here first (no cap on this node's own reads)
+                await h.serve(ask(d, ds, f"f{i}.bin", 0, charged=True))
+            await d.writer.flush()
+            h.set_serve_rate(64 << 10, wait=1.0)  # a chunk of ~256 KiB: ~4 s of the cap
+            await h.serve(ask(d, ds, "f0.bin", 0))
+            t0 = trio.current_time()
+            with pytest.raises(ServeBusy):
+                await h.serve(ask(d, ds, "f1.bin", 0))
+            busy_after = trio.current_time() - t0
+            h.set_serve_rate(None)  # unlimited: never busy
+            await h.serve(ask(d, ds, "f1.bin", 0))
+            return busy_after
+
+    assert trio.run(main) < 0.5
 
 
 def test_a_held_chunk_is_answered_off_the_loop_only_as_serve_would_answer_it(

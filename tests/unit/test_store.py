@@ -113,6 +113,15 @@ def owned(store: CacheStore, dsid: int) -> set[bytes]:
 
 
 # -- admission ----------------------------------------------------------------------------
+def test_every_page_of_the_reader_table_has_a_block(store: WritableStore) -> None:
+    """lock.mdb is written through a shared map: a page of it without a block of the
+    disk, touched while the disk is full (the 64th read txn open at once), is SIGBUS.
+    LMDB makes it sparse (4 KiB of its 64 KiB for 1,024 readers); the daemon allocates
+    it all at start."""
+    st = os.stat(os.path.join(store.path, "lock.mdb"))
+    assert st.st_size > 4096 and st.st_blocks * 512 >= st.st_size, (st.st_size, st.st_blocks)
+
+
 def test_admission_never_exceeds_the_quota(store: WritableStore) -> None:
     usage: dict[int, Usage] = {}
     res = store.admit([chunk(1, i) for i in range(25)], usage, fixed({1: 1000}))

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from silofs.errors import UsageError
-from silofs.units import count, format_rate, format_size, parse_rate, parse_size
+from silofs.units import count, format_rate, format_size, is_digits, parse_rate, parse_size
 
 KiB, MiB, GiB, TiB = 2**10, 2**20, 2**30, 2**40
 
@@ -265,3 +265,10 @@ def test_a_count_names_one_in_the_singular_and_every_other_in_the_plural() -> No
     assert count(1, "process", "processes") == "1 process"
     assert count(3, "serving process", "serving processes") == "3 serving processes"
     assert count(1234, "object", grouped=True) == "1,234 objects"
+
+
+def test_is_digits_is_ascii_digits_only() -> None:
+    assert is_digits("0") and is_digits("0123456789")
+    # str.isdigit() says yes to each of these; int() refuses the first, reads the second.
+    for text in ("", "\u00b2", "\u0663", "1\u00b2", " 1", "1 ", "+1", "-1", "1.0", "0x1"):
+        assert not is_digits(text), text

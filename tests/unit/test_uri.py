@@ -98,13 +98,18 @@ def test_canonical_forms() -> None:
         ("s3://b/train\nforged", ["control character"]),
         ("gs://b\r/x", ["control character"]),
         ("az://acct/c/p%7f", ["control character"]),
+        # Credentials before the bucket or account: refused, never repeated.
+        ("s3://AKIA:secret@bucket/", ["holds no credentials"]),
+        ("gs://user@bucket/p", ["holds no credentials"]),
+        ("az://key@acct/c/", ["holds no credentials"]),
+        ("https://u:secret@acct.blob.core.windows.net/c/", ["holds no credentials"]),
     ],
 )
 def test_bad_uris_are_usage_errors_that_say_what_is_wrong(uri: str, words: list[str]) -> None:
     with pytest.raises(UsageError) as err:
         parse_uri(uri)
     message = str(err.value)
-    assert "\n" not in message
+    assert "\n" not in message and "secret" not in message
     for word in words:
         assert word in message, (word, message)
 

@@ -29,6 +29,7 @@ from silofs.errors import (
 from silofs.node.api.fields import query_int, usage_error_as
 from silofs.node.authz import check_object_access, own_mount, trusted
 from silofs.node.daemon import Daemon
+from silofs.units import is_digits
 
 
 async def get_chunk(d: Daemon, req: Request) -> Response:
@@ -67,7 +68,7 @@ def peer_chunk(d: Daemon, req: Request) -> Response | None:
         return None
     ds = d.datasets.get(m.dsid)
     index_text = q.get("index", "")
-    if ds is None or ds.uri.scheme == "file" or not index_text.isdigit() or len(index_text) > 19:
+    if ds is None or ds.uri.scheme == "file" or not is_digits(index_text) or len(index_text) > 19:
         return None  # a local directory's reader is checked on the loop (authz)
     index = int(index_text)
     try:

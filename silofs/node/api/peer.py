@@ -18,7 +18,7 @@ from silofs.errors import BackendError, UsageError
 from silofs.node.api.chunks import backend_status
 from silofs.node.api.fields import field
 from silofs.node.daemon import Daemon
-from silofs.node.peer_serve import ChargeFirst, UnknownDataset
+from silofs.node.peer_serve import ChargeFirst, ServeBusy, UnknownDataset
 from silofs.node.peer_wire import (
     CHARGE_HEADER,
     CLUSTER_HEADER,
@@ -113,6 +113,8 @@ async def get_chunk(d: Daemon, req: Request) -> Response:
         resp = json_response({"error": f"no dataset {ask.uri} here: introduce it"}, 404)
         resp.headers[UNKNOWN_DATASET_HEADER] = "1"
         return resp
+    except ServeBusy as exc:
+        raise HTTPError(429, str(exc)) from None
     except UsageError as exc:
         raise HTTPError(409, str(exc)) from None
     except BackendError as exc:
