@@ -1,6 +1,6 @@
 """A chunk another member served, asked for by another local user: two real node daemons
 of one cluster on 127.0.0.1 reading one moto bucket, their sockets reachable by every
-user, and `newcomer` (uid 1001, no admin group) as the asking user.
+user, and a local user made for the test (useradd, no admin group) as the asking user.
 
 A trusted mount's connection may be answered a peer-served chunk by its place in the
 connection's hand-off region (silofs/sealed.py Region: a memory file of the daemon's,
@@ -34,10 +34,10 @@ from tests.support.cluster_run import ClusterDaemon
 from tests.support.fixtures import needs_fuse
 from tests.support.net import free_ports
 from tests.support.poll import wait_for
+from tests.support.slurm import job_user
 
 pytestmark = [needs_fuse, pytest.mark.fuse]
 
-USER = "newcomer"
 FILES = 16
 
 
@@ -113,15 +113,22 @@ def _open_and_register(sock_path: str, uri: str, job: str) -> str:
 
 
 @pytest.fixture
-def pair(s3_server, monkeypatch, bucket_name: str, tmp_path: Path) -> Iterator[dict]:
+def asking_user() -> Iterator[Identity]:
+    """A real local user made for the test and removed after it (a clean CI machine has
+    no second user to borrow)."""
+    with job_user() as user:
+        yield Identity.of(user.pw_name)
+
+
+@pytest.fixture
+def pair(
+    s3_server, monkeypatch, bucket_name: str, tmp_path: Path, asking_user: Identity
+) -> Iterator[dict]:
     """Two daemons of one cluster, sockets in a directory every user may reach, the
     bucket's prefix open to every user ([access] "*")."""
     if os.geteuid() != 0:
         pytest.skip("needs root to run a daemon other users reach, and to become them")
-    try:
-        who = Identity.of(USER)
-    except KeyError:
-        pytest.skip(f"no user {USER} on this host")
+    who = asking_user
     s3_server.apply_env(monkeypatch)
     rnd = random.Random(5)
     tree = {f"f{i:02d}.bin": rnd.randbytes(200_000 + i) for i in range(FILES)}
