@@ -61,6 +61,21 @@ def _no_control(uri: str, *parts: str) -> None:
         raise UsageError(f"dataset URI {uri!r} holds a control character (%00-%1F or %7F)")
 
 
+def _path_of(uri: str, netloc: str, scheme: str) -> str:
+    """Everything after the bucket (or account) as written: "#" and "?" are characters
+    of an object key or a file name (aws s3, gsutil and a shell take them so), not a
+    fragment and a query. Read as URL delimiters, s3://b/data#1/ mounted s3://b/data/,
+    a wider tree than asked for, without a word. An https:// Azure URL's query is a SAS
+    token: refused, as credentials in any URI are."""
+    rest = uri[uri.index("://") + 3 + len(netloc) :]
+    if scheme == "https" and "?" in rest:
+        raise UsageError(
+            "an Azure URL holds no credentials (a SAS token after '?'): give the token "
+            "as AZURE_STORAGE_SAS_TOKEN or the sas_token option"
+        )
+    return rest
+
+
 def _norm_prefix(path: str) -> str:
     path = path.strip("/")
     return path + "/" if path else ""
@@ -92,12 +107,12 @@ def _parse(uri: str) -> DatasetURI:
     if "://" not in uri:
         return DatasetURI("file", os.path.abspath(os.path.expanduser(uri)), "")
     try:
-        parts = urlsplit(uri)
+        parts = urlsplit(uri, allow_fragments=False)
         parts.port  # noqa: B018 - a bad port or IPv6 host raises here, not later
     except ValueError as exc:
         raise UsageError(f"bad dataset URI {uri!r}: {exc}") from None
     scheme = parts.scheme.lower()
-    path = unquote(parts.path)
+    path = unquote(_path_of(uri, parts.netloc, scheme))
     _no_control(uri, path)
     if "@" in parts.netloc:
         # s3://KEY:SECRET@bucket/ was taken as a bucket named so: the dataset's row, its

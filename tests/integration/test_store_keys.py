@@ -165,3 +165,21 @@ def test_a_cached_object_rewritten_reads_old_until_a_refresh_then_new_whole(
         for off in (0, CHUNK - 3, 2 * CHUNK, 4 * CHUNK):
             f.seek(off)
             assert f.read(4096) == new[off : off + 4096], off
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_prefix_with_hash_or_question_mark_mounts_that_prefix_only(
+    kind, request, make_node, monkeypatch, bucket_name, tmp_path: Path
+) -> None:
+    """'#' and '?' in a dataset URI's prefix are key characters, as aws s3 and gsutil
+    take them: read as a URL's fragment and query, s3://b/data#1/ mounted s3://b/data/,
+    a wider tree than asked for."""
+    s, args = _mounted_store(kind, request, monkeypatch)
+    s.create(bucket_name, {"data/outside": b"not in data#1/"})
+    s.put(bucket_name, "data#1/in", b"in data#1/")
+    s.put(bucket_name, "run?2/x", b"in run?2/")
+    node = make_node()
+    mp = node.mount(s.uri(bucket_name, "data#1/"), tmp_path / "hash", *args)
+    assert _tree(mp) == {"in": b"in data#1/"}
+    mq = node.mount(s.uri(bucket_name, "run?2/"), tmp_path / "query", *args)
+    assert _tree(mq) == {"x": b"in run?2/"}

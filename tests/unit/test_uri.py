@@ -184,3 +184,22 @@ def test_aws_endpoint_url_is_the_default_endpoint_of_s3_datasets_only(
     assert store_endpoint(gs, None) is None
     monkeypatch.setenv("AWS_ENDPOINT_URL", "")
     assert store_endpoint(s3, None) is None
+
+
+@pytest.mark.parametrize(
+    ("uri", "canonical"),
+    [
+        ("s3://b/data#1/x", "s3://b/data#1/x/"),
+        ("gs://b/a?b/c", "gs://b/a?b/c/"),
+        ("az://acct/cont/p#q?r", "az://acct/cont/p#q?r/"),
+        ("file:///tmp/a#b", "file:///tmp/a#b/"),
+    ],
+)
+def test_hash_and_question_mark_are_key_characters_not_url_parts(uri: str, canonical: str) -> None:
+    assert parse_uri(uri).canonical == canonical
+
+
+def test_an_azure_url_with_a_sas_token_is_refused_without_repeating_it() -> None:
+    with pytest.raises(UsageError) as exc:
+        parse_uri("https://acct.blob.core.windows.net/c/p?sv=2024&sig=SECRET")
+    assert "SECRET" not in str(exc.value) and "AZURE_STORAGE_SAS_TOKEN" in str(exc.value)
