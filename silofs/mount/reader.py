@@ -189,6 +189,9 @@ class OpenFile:
     run_start: int = 0  # where the current run of sequential reads began
     asked_until: int = 0  # the end (bytes) of what read-ahead asked for in this run
     advised: int = 0  # the first chunk whose cached value was not read ahead yet
+    # The thread that opened it (FUSE's pid of the OPEN; read() gets none): a miss that
+    # waits long ends once that process is gone or told to stop (mount/waits.py).
+    opener: int = 0
 
     def chunk_ref(self, chunk_size: int, index: int) -> ChunkRef:
         ref = self.ref

@@ -267,6 +267,8 @@ def mount_view(d: Daemon, m: MountState) -> dict[str, Any]:
         "remote_gets": m.fetch.remote_gets,
         "remote_requests": m.fetch.remote_requests,
         "corrupt_chunks": r.corrupt_chunks,
+        # Reads that waited and ended with EINTR: their process was gone or told to stop.
+        "interrupted_reads": r.interrupted_reads,
         "memory": process_memory(m.pid),
         "prefetch": d.prefetch.hints[m.id].view() if m.id in d.prefetch.hints else None,
     }
