@@ -31,7 +31,7 @@ from silofs.mount.listing_view import Entry, ListingView
 from silofs.mount.reader import ChunkReader, MissError, OpenFile
 from silofs.mount.shared import SharedTables, TableFull, version_hash
 from silofs.mount.survive import answer_eio, catches_own, eio
-from silofs.mount.waits import Interrupted, Waits
+from silofs.mount.waits import Interrupted
 from silofs.records import ObjectInfo
 
 log = logging.getLogger(__name__)
@@ -99,7 +99,6 @@ class SilofsFS(pyfuse3.Operations):
         self._open_versions: dict[int, dict[str, int]] = {}  # inode -> version -> handles
         self.stale_inodes: list[int] = []  # attributes the kernel must fetch again
         self._next_fh = 1
-        self.waits = Waits()  # misses that wait, ended when their process stops (run by process.py)
         self.initialized = trio.Event()  # set once the kernel's INIT is being answered
 
     def init(self) -> None:
@@ -478,19 +477,15 @@ class SilofsFS(pyfuse3.Operations):
                 streams = off == 0 and size >= STREAM_FROM_HEAD and obj_size > cs
                 span = (0, 0) if streams else None
                 # Replied with before this task yields: a hit may be the reader's buffer.
-                data, hit, source = await self.waits.wait(
-                    f.opener, lambda: r.chunk(f, first, lo, hi, span, kept=False)
-                )
+                data, hit, source = await r.chunk(f, first, lo, hi, span, kept=False)
                 self._count(end - off, hit, source)
                 if sequential and obj_size > cs:
                     r.prefetch(f, first)
                 return data
-            return await self.waits.wait(
-                f.opener, lambda: self._read_span(f, off, end, first, last, sequential)
-            )
+            return await self._read_span(f, off, end, first, last, sequential)
         except MissError as exc:  # EIO, or EACCES when the daemon refused this reader
             raise pyfuse3.FUSEError(exc.errno) from None
-        except Interrupted:  # its process is gone or told to stop (mount/waits.py)
+        except Interrupted:  # a miss whose process is gone or told to stop (mount/waits.py)
             self.reader.counters.interrupted_reads += 1
             raise pyfuse3.FUSEError(errno.EINTR) from None
         except pyfuse3.FUSEError:

@@ -406,8 +406,6 @@ class MountProcess:
                 assert self.reader is not None
                 self._nursery = nursery
                 self.reader.start(nursery)
-                assert self.fs is not None
-                nursery.start_soon(self.fs.waits.run)  # ends misses whose reader stopped
                 if ready is not None:
                     nursery.start_soon(self._ready_after_init, ready)
                 nursery.start_soon(self._report_loop)
