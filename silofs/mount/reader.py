@@ -6,8 +6,9 @@ txn that found the value is open, then verified on that copy and served from it:
 that lands while a file is open is caught too, and bytes that change after the check
 never reach a reader), a bounded buffer of chunks fetched by this mount (so a 4 MiB
 chunk read in 1 MiB requests is fetched once even when its dataset is full),
-single-flight and read-ahead of misses, and the counters the daemon reports. Never
-talks to a store and never writes LMDB.
+single-flight and read-ahead of misses (a reader's miss watched by mount/waits.py: it
+ends once the process that opened the file is gone or told to stop), and the counters
+the daemon reports. Never talks to a store and never writes LMDB.
 
 Read-ahead is per open file and adaptive: once a run of sequential reads covers more
 than half a chunk (and, from a file's start, more than the kernel reads of a file whose
