@@ -5,8 +5,9 @@ Requests queue FIFO; a rate change wakes the head of the queue, which recomputes
 wait under the new rate, so queued requests are neither lost nor reordered. A wait is
 never cut: 0 is a pause (promise 2) and a tiny rate is as slow as it says. What a user
 sees instead: the charges waiting now and the age of the oldest (status, metrics), and
-one WARNING per job and rate once a charge has waited STALL_SECONDS (then an INFO line
-when that charge goes through). A cancelled charge (its reader went away) leaves the
+one line per job and rate once a charge has waited STALL_SECONDS (INFO for 0: a pause is
+how a controller works; WARNING for a rate > 0, too small for what is asked), then an
+INFO line when that charge goes through. A cancelled charge (its reader went away) leaves the
 queue and is not charged. Never performs I/O and never decides rates (the control API
 does).
 """
@@ -138,7 +139,8 @@ class TokenBucket:
                 f"its remote IO allocation is {format_rate(rate)}: "
                 f"this fetch waits about {format_duration(need)} more"
             )
-        log.warning(
+        log.log(
+            logging.INFO if rate == 0 else logging.WARNING,
             "job %s: a fetch of %s has waited %s; %s (silofs-ctl allocate-io %s RATE, "
             "or --clear; a waiting reader can be interrupted or killed)",
             self.job,

@@ -319,17 +319,18 @@ def test_a_stall_is_logged_once_per_job_and_rate(caplog: pytest.LogCaptureFixtur
             await trio.sleep(STALL_SECONDS - 0.5)
             assert not caplog.records  # a short pause is not news
             await trio.sleep(3600)
-            warned = [r for r in caplog.records if r.levelname == "WARNING"]
-            assert len(warned) == 1, warned  # one line for three waiting fetches, an hour
-            text = warned[0].getMessage()
-            assert "job train" in text and "is 0 (paused)" in text
-            assert "silofs-ctl allocate-io train" in text
+            told = [r.getMessage() for r in caplog.records]
+            assert len(told) == 1, told  # one line for three waiting fetches, an hour
+            assert "job train" in told[0] and "is 0 (paused)" in told[0]
+            assert "silofs-ctl allocate-io train" in told[0]
+            # INFO: a pause is how a controller runs jobs in turn, not a problem.
+            assert caplog.records[0].levelname == "INFO"
             bucket.set_rate(0)  # the same pause set again: told again, once
             await trio.sleep(STALL_SECONDS + 1)
-            assert len([r for r in caplog.records if r.levelname == "WARNING"]) == 2
+            assert len(caplog.records) == 2
             bucket.set_rate(None)
-        went = [r.getMessage() for r in caplog.records if r.levelname == "INFO"]
-        assert len(went) == 1 and "job train" in went[0], went
+        went = [r.getMessage() for r in caplog.records[2:]]
+        assert len(went) == 1 and "job train: a fetch went through" in went[0], went
 
     with caplog.at_level("INFO", logger="silofs.node.limiter"):
         run(main)
@@ -348,8 +349,9 @@ def test_a_tiny_rate_says_how_long_a_fetch_waits(caplog: pytest.LogCaptureFixtur
 
     with caplog.at_level("WARNING", logger="silofs.node.limiter"):
         run(main)
-    (line,) = [r.getMessage() for r in caplog.records]
-    assert "is 1B/s" in line and "about 48d" in line, line
+    (record,) = caplog.records  # a rate too small for what is asked: a WARNING
+    line = record.getMessage()
+    assert record.levelname == "WARNING" and "is 1B/s" in line and "about 48d" in line, line
 
 
 def test_an_unnamed_bucket_never_logs(caplog: pytest.LogCaptureFixture) -> None:
