@@ -10,6 +10,7 @@ the job still waiting and served at the raise (docs/SEMANTICS.md, promise 2).
 from __future__ import annotations
 
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -18,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from silofs.control.client import quote_segment
+from silofs.control.client import ControlClient, quote_segment
 from tests.support.fixtures import needs_fuse
 from tests.support.node import Node
 from tests.support.poll import wait_for
@@ -136,3 +137,32 @@ def test_a_reader_signalled_while_paused_ends_and_leaves_nothing_behind(
         10,
         what="the mount to count the ended read",
     )
+
+
+def test_a_paused_jobs_waiting_reader_shows_in_status(paused) -> None:
+    """Not silent: `silofs-ctl status` shows the job's waiting fetch and its age, and
+    /metrics the gauge; the raise serves it."""
+    node, mp, files = paused
+    got: list[bytes] = []
+    reader = threading.Thread(target=lambda: got.append((mp / "b.bin").read_bytes()))
+    reader.start()
+    wait_for(lambda: waiting(node, "j") == 1, 10, what="the reader to wait")
+    res = subprocess.run(
+        [sys.executable, "-m", "silofs_ctl", "status", "--socket", node.socket],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=node.env,
+    )
+    assert res.returncode == 0, res.stderr
+    header = next(line for line in res.stdout.splitlines() if "limiter wait" in line)
+    row = next(line for line in res.stdout.splitlines() if line.split()[:1] == ["j"])
+    assert "waiting" in header.split("limiter wait", 1)[1], header
+    assert re.search(r"\s1 \(\d+(\.\d)?s\)\s", row), row  # one fetch waiting, and its age
+    with ControlClient(node.socket) as c:
+        _, _, body = c.request_raw("GET", "/metrics")
+    assert re.search(r'^silofs_job_limiter_waiting\{job="j"\} 1(\.0)?$', body.decode(), re.M)
+    assert 'silofs_job_limiter_oldest_wait_seconds{job="j"}' in body.decode()
+    put_io(node, "j", None)
+    reader.join(30)
+    assert got == [files["b.bin"]]
