@@ -3,13 +3,13 @@
 A miss can wait a long time: its job's remote IO allocation is 0 (a pause, promise 2)
 or tiny, or the store is slow. The kernel does not end such a read for its process:
 pyfuse3 never passes FUSE_INTERRUPT on, and a buffered read's process waits on the
-page (killable), not on the request, so for a read the kernel gets no INTERRUPT at all.
+page (killable), not on the request, so for such a read the kernel sends none at all.
 Left alone, Ctrl-C (a caught SIGINT, Python's KeyboardInterrupt) waits for the raise,
 a reader with O_DIRECT stays in D state even after SIGKILL, and the read of a reader
 that did die keeps its ask in the daemon: a waiter in the job's limiter, charged and
 fetched at the raise.
 
-Owns: the reads of this serving process that wait, the look at the process behind
+Owns: the misses of this serving process's readers that wait, the look at the process behind
 each one (the thread that opened its file: pyfuse3 gives read() no context, so the
 opener stands for the reader) once the read has waited FIRST_LOOK, every LOOK_EVERY
 after that, and ending the read (its cancel scope: its ask to the daemon goes, and
