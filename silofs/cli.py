@@ -1005,26 +1005,40 @@ _progress_shown = False
 
 
 def _follow_warm(client: ControlClient, dsid: int, w: dict) -> dict:
-    """Poll the warm until it ends; a progress bar (bytes, rate, ETA) on a terminal."""
+    """Poll the warm until it ends; a progress bar (bytes, rate, ETA) on a terminal. A
+    pause (the job's allocation set to 0: promise 2) is said once, on a line of its own
+    whether or not on a terminal, and so is the resume: a warm never hangs silently."""
     global _progress_shown
     tty = sys.stderr.isatty()
+    paused = False
     while w["state"] == "running":
+        if (w.get("io_allocation") == 0) != paused:
+            paused = not paused
+            _progress_end()
+            job = w["job"]
+            say(
+                f"silofs: warm paused: job {job}'s remote IO allocation is 0; it goes on "
+                f"once raised (silofs-ctl allocate-io {job} RATE); Ctrl-C stops it"
+                if paused
+                else f"silofs: warm resumed: job {job}'s remote IO allocation is "
+                f"{format_rate(w.get('io_allocation'))}",
+                err=True,
+            )
         if tty:
-            click.echo("\r" + _progress_line(w), nl=False, err=True)
+            click.echo("\r" + _progress_line(w, paused), nl=False, err=True)
             _progress_shown = True
-        time.sleep(0.2)
+        time.sleep(0.2)  # the poll's period
         w = client.request("GET", f"/v1/datasets/{dsid}/warm")
     return w
 
 
-def _progress_line(w: dict) -> str:
+def _progress_line(w: dict, paused: bool = False) -> str:
     total, done, rate = w["target_bytes"], w["done_bytes"], w["bytes_per_s"]
     frac = done / total if total else 0.0
     bar = "#" * int(frac * 24)
     eta = f"{(total - done) / rate:.0f}s" if rate > 0 and total > done else "--"
-    return (
-        f"warm [{bar:<24}] {frac:4.0%} {format_size(done)}/{format_size(total)} "
-        f"{format_rate(rate)} ETA {eta}   "
+    return f"warm [{bar:<24}] {frac:4.0%} {format_size(done)}/{format_size(total)} " + (
+        "paused   " if paused else f"{format_rate(rate)} ETA {eta}   "
     )
 
 

@@ -63,6 +63,9 @@ class MountCounters:
     # the store for this read. Served from the cache = bytes_read - buffer - store.
     buffer_bytes: int = 0
     store_bytes: int = 0
+    # Reads ended with EINTR while they waited: their process was gone or told to stop
+    # (mount/waits.py).
+    interrupted_reads: int = 0
 
     def minus(self, other: MountCounters) -> MountCounters:
         return MountCounters(

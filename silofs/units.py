@@ -152,3 +152,17 @@ def format_rate(n: float | None) -> str:
             return number + suffix
         value /= 1000
     raise AssertionError("unreachable")
+
+
+def format_duration(seconds: float) -> str:
+    """Human-readable duration, two significant units at most: 0.5 -> '0.5s', 90 ->
+    '1m30s', 4_194_304 -> '48d13h'; inf -> 'forever'."""
+    if seconds == float("inf"):
+        return "forever"
+    if seconds < 60:
+        return f"{seconds:.1f}s" if seconds < 10 else f"{seconds:.0f}s"
+    total = int(seconds)
+    for unit, size, sub, subsize in (("d", 86400, "h", 3600), ("h", 3600, "m", 60)):
+        if total >= size:
+            return f"{total // size}{unit}{(total % size) // subsize}{sub}"
+    return f"{total // 60}m{total % 60}s"

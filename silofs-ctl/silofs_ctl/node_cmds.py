@@ -21,9 +21,18 @@ from silofs.config import default_socket
 from silofs.control.client import ControlError, quote_segment
 from silofs.errors import UsageError
 from silofs.records import job_name_error, shown_all
-from silofs.units import count, format_rate, format_size, parse_rate, parse_size
+from silofs.units import (
+    count,
+    format_duration,
+    format_rate,
+    format_size,
+    parse_rate,
+    parse_size,
+)
 
 from .nodes import SOCKET_HELP, one_node_client
+
+SLOW_CHUNK_SECONDS = 60  # allocate-io says so when one chunk's miss waits longer
 
 log = logging.getLogger(__name__)
 
@@ -139,6 +148,7 @@ def render_status(answer: dict) -> str:
             format_rate(j["remote_bytes_per_s"]),
             _pct(j["hit_ratio"]),
             f"{j['limiter_wait_s']:.1f}s",
+            _waiting(j),
             format_size(j["effective_cache"]),
             str(j["epoch"]),
         ]
@@ -156,6 +166,7 @@ def render_status(answer: dict) -> str:
                 "remote",
                 "hit ratio",
                 "limiter wait",
+                "waiting",
                 "effective cache",
                 "epoch",
             ],
@@ -312,7 +323,28 @@ def allocate_io(job: str, rate: str | None, create: bool, clear: bool, socket: s
     note = ""
     if ans["bytes_per_s"] == 0:  # what a reader of an uncached chunk now meets
         note = " (no remote IO: misses wait for a raise, hits are served)"
+    elif ans["bytes_per_s"] is not None:
+        note = _slow_note(socket, ans["bytes_per_s"])
     click.echo(f"{ans['job']}: remote IO allocation {format_rate(ans['bytes_per_s'])}{note}")
+
+
+def _waiting(j: dict[str, Any]) -> str:
+    """Fetches waiting on the job's allocation now, and for how long the oldest has (a
+    pause, or a rate too small for its readers, shows here: 2 (1m30s))."""
+    n = j.get("limiter_waiting", 0)  # a daemon before it: no such field
+    return f"{n} ({format_duration(j.get('limiter_oldest_wait_s', 0))})" if n else "0"
+
+
+def _slow_note(socket: str | None, rate: int) -> str:
+    """A rate so small that a miss of one chunk waits over a minute is allowed (a rate is
+    a rate), and said: a typo for a larger unit is found here, not from a silent hang."""
+    chunk = _call(socket, "GET", "/v1/status")["node"]["chunk_size"]
+    if rate <= 0 or chunk / rate <= SLOW_CHUNK_SECONDS:
+        return ""
+    return (
+        f" (slow: a miss of one {format_size(chunk)} chunk waits about "
+        f"{format_duration(chunk / rate)})"
+    )
 
 
 def _require_known_job(socket: str | None, job: str) -> None:

@@ -31,6 +31,7 @@ from silofs.mount.listing_view import Entry, ListingView
 from silofs.mount.reader import ChunkReader, MissError, OpenFile
 from silofs.mount.shared import SharedTables, TableFull, version_hash
 from silofs.mount.survive import answer_eio, catches_own, eio
+from silofs.mount.waits import Interrupted
 from silofs.records import ObjectInfo
 
 log = logging.getLogger(__name__)
@@ -334,11 +335,12 @@ class SilofsFS(pyfuse3.Operations):
                 raise pyfuse3.FUSEError(errno.EROFS)
             obj = node.obj  # decoded once per cached entry, not per open
             assert obj is not None
+            opener = ctx.pid if ctx is not None else 0  # unit tests open with no context
             if self.shared is not None:
-                return self._open_shared(node, obj)
+                return self._open_shared(node, obj, opener)
             fh = self._next_fh
             self._next_fh += 1
-            self._files[fh] = OpenFile(obj, inode=inode, gen=m.gen)
+            self._files[fh] = OpenFile(obj, inode=inode, gen=m.gen, opener=opener)
             versions = self._open_versions.get(inode)
             if versions is None:  # the common case: no other handle of the inode is open
                 self._open_versions[inode] = {node.version: 1}
@@ -358,7 +360,7 @@ class SilofsFS(pyfuse3.Operations):
         except Exception as exc:  # noqa: BLE001 - this request's EIO, not the mount's end
             raise eio("FUSE open", exc) from None
 
-    def _open_shared(self, node: Entry, obj: ObjectInfo) -> pyfuse3.FileInfo:
+    def _open_shared(self, node: Entry, obj: ObjectInfo, opener: int) -> pyfuse3.FileInfo:
         """open() with several serving processes: the handle is a slot of the shared
         table. The kernel's pages of an inode are shared by every process's handles, so
         the page decisions use what every process can see: a version listed when the
@@ -369,11 +371,11 @@ class SilofsFS(pyfuse3.Operations):
         assert self.shared is not None
         vhash = version_hash(obj.version, obj.content_id)
         try:
-            fh = self.shared.open_file(node.inode, self.listing.gen, vhash)
+            fh = self.shared.open_file(node.inode, self.listing.gen, vhash, opener)
         except TableFull:
             raise pyfuse3.FUSEError(errno.ENFILE) from None
         # Kept with the adopted ones, bounded: its RELEASE may land in another process.
-        self._adopted[fh] = OpenFile(obj, inode=node.inode, gen=self.listing.gen)
+        self._adopted[fh] = OpenFile(obj, inode=node.inode, gen=self.listing.gen, opener=opener)
         if len(self._adopted) > ADOPTED:
             self._adopted.popitem(last=False)
         if node.since <= self.listing.first_gen:
@@ -410,7 +412,7 @@ class SilofsFS(pyfuse3.Operations):
         if obj is None or version_hash(obj.version, obj.content_id) != slot.value:
             log.info("handle %d: the version it opened is no longer listed", fh)
             raise pyfuse3.FUSEError(errno.EIO)
-        f = self._adopted[fh] = OpenFile(obj, inode=slot.inode, gen=slot.gen)
+        f = self._adopted[fh] = OpenFile(obj, inode=slot.inode, gen=slot.gen, opener=slot.opener)
         if len(self._adopted) > ADOPTED:
             self._adopted.popitem(last=False)
         return f
@@ -483,6 +485,9 @@ class SilofsFS(pyfuse3.Operations):
             return await self._read_span(f, off, end, first, last, sequential)
         except MissError as exc:  # EIO, or EACCES when the daemon refused this reader
             raise pyfuse3.FUSEError(exc.errno) from None
+        except Interrupted:  # a miss whose process is gone or told to stop (mount/waits.py)
+            self.reader.counters.interrupted_reads += 1
+            raise pyfuse3.FUSEError(errno.EINTR) from None
         except pyfuse3.FUSEError:
             raise
         except Exception as exc:  # noqa: BLE001 - this read's EIO, never the mount's end

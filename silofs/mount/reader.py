@@ -6,8 +6,9 @@ txn that found the value is open, then verified on that copy and served from it:
 that lands while a file is open is caught too, and bytes that change after the check
 never reach a reader), a bounded buffer of chunks fetched by this mount (so a 4 MiB
 chunk read in 1 MiB requests is fetched once even when its dataset is full),
-single-flight and read-ahead of misses, and the counters the daemon reports. Never
-talks to a store and never writes LMDB.
+single-flight and read-ahead of misses (a reader's miss watched by mount/waits.py: it
+ends once the process that opened the file is gone or told to stop), and the counters
+the daemon reports. Never talks to a store and never writes LMDB.
 
 Read-ahead is per open file and adaptive: once a run of sequential reads covers more
 than half a chunk (and, from a file's start, more than the kernel reads of a file whose
@@ -86,6 +87,7 @@ from silofs.flight import SingleFlight
 from silofs.mount.ahead import ValuesAhead
 from silofs.mount.pages import DirectFile, ValuePages
 from silofs.mount.survive import unforeseen
+from silofs.mount.waits import Waits
 from silofs.records import MountCounters, ObjectInfo
 
 log = logging.getLogger(__name__)
@@ -189,6 +191,9 @@ class OpenFile:
     run_start: int = 0  # where the current run of sequential reads began
     asked_until: int = 0  # the end (bytes) of what read-ahead asked for in this run
     advised: int = 0  # the first chunk whose cached value was not read ahead yet
+    # The thread that opened it (FUSE's pid of the OPEN; read() gets none): a miss that
+    # waits long ends once that process is gone or told to stop (mount/waits.py).
+    opener: int = 0
 
     def chunk_ref(self, chunk_size: int, index: int) -> ChunkRef:
         ref = self.ref
@@ -313,6 +318,8 @@ class ChunkReader:
         self._buf = bytearray(0)
         self._short = b""  # the chunk hit() found not all in the page cache, last
         self._flights: SingleFlight[bytes, tuple[bytes, bool]] = SingleFlight()
+        # A reader's misses that wait, ended once the opener's process stops (EINTR).
+        self.waits = Waits()
         # Chunk keys whose last ask the daemon left unanswered for the client's timeout,
         # and when that ask failed (trio's clock): _silence_for.
         self._silent: dict[bytes, float] = {}
@@ -344,6 +351,7 @@ class ChunkReader:
         self._nursery = nursery
         self.renew()
         nursery.start_soon(self._release_when_idle)
+        nursery.start_soon(self.waits.run)
 
     async def _release_when_idle(self) -> None:
         """Drop the read snapshot after SNAPSHOT_IDLE_SECONDS without a read.
@@ -743,11 +751,11 @@ class ChunkReader:
         try:
             view = await self._cached(ref, lo, hi, kept)
         except (StaleFormatError, _Refetch):  # of an older format, or counted already
-            data, from_cache = await self._miss(ref, refetch=True)
+            data, from_cache = await self._miss(ref, refetch=True, opener=f.opener)
             return memoryview(data)[lo:hi], from_cache, "cache" if from_cache else "store"
         except ChunkFormatError as exc:
             count_damage(ref, self.counters, exc)
-            data, from_cache = await self._miss(ref, refetch=True)
+            data, from_cache = await self._miss(ref, refetch=True, opener=f.opener)
             return memoryview(data)[lo:hi], from_cache, "cache" if from_cache else "store"
         except lmdb.Error as exc:
             # LMDB has no checksums of its own pages: a damaged B-tree page can make a
@@ -756,7 +764,7 @@ class ChunkReader:
             if self._damaged(ref.key):
                 self.counters.corrupt_chunks += 1
                 log.warning("cache lookup of chunk %d of %s failed: %s", index, f.obj.key, exc)
-            data, from_cache = await self._miss(ref, refetch=True)
+            data, from_cache = await self._miss(ref, refetch=True, opener=f.opener)
             return memoryview(data)[lo:hi], from_cache, "cache" if from_cache else "store"
         if view is not None:
             if self.track_hits and len(self.touched) < 65536:
@@ -764,7 +772,7 @@ class ChunkReader:
             return view, True, "cache"
         if (item := self.buffer.get(ref.key)) is not None:
             return memoryview(item[0])[lo:hi], item[1], "buffer"
-        data, from_cache = await self._miss(ref, refetch=False, span=span)
+        data, from_cache = await self._miss(ref, refetch=False, span=span, opener=f.opener)
         return memoryview(data)[lo:hi], from_cache, "cache" if from_cache else "store"
 
     async def _miss(
@@ -773,7 +781,12 @@ class ChunkReader:
         refetch: bool,
         span: tuple[int, int] | None = None,
         ahead: bool = False,
+        opener: int = 0,
     ) -> tuple[bytes, bool]:
+        """The chunk from the daemon, single-flight. A reader's miss (`opener`: the pid
+        of its file's OPEN) ends with Interrupted once that process is gone or told to
+        stop (mount/waits.py); a read-ahead's (no opener) waits on."""
+
         async def ask() -> tuple[bytes, bool]:
             try:
                 data, from_cache = await self._ask_daemon(ref, refetch, span, ahead)
@@ -783,17 +796,19 @@ class ChunkReader:
             self.buffer.put(ref.key, data, from_cache, ref)
             return data, from_cache
 
-        while True:
-            try:
-                result = (await self._flights.run(ref.key, ask))[0]
-                break
-            except MissError as exc:
-                if exc.object_key not in (None, ref.obj.key):
-                    continue  # another file with these bytes failed (changed): ask for ours
-                if not ahead and not exc.logged:  # this reader joined a read-ahead's ask
-                    _log_failure(logging.ERROR, ref, exc)
-                    exc.logged = True
-                raise
+        async def flown() -> tuple[bytes, bool]:
+            while True:
+                try:
+                    return (await self._flights.run(ref.key, ask))[0]
+                except MissError as exc:
+                    if exc.object_key not in (None, ref.obj.key):
+                        continue  # another file with these bytes failed (changed): ours
+                    if not ahead and not exc.logged:  # this reader joined a read-ahead's ask
+                        _log_failure(logging.ERROR, ref, exc)
+                        exc.logged = True
+                    raise
+
+        result = await self.waits.wait(opener, flown)
         self._stale = True  # the chunk may be admitted (or replaced) now: see begin_read
         return result
 

@@ -9,7 +9,8 @@ it forks and so the same pages in every child:
   was opened in and a hash of the version it opened (a file), or where the last readdir
   stopped (a directory: offset and position key). The file handle the kernel gets names
   the slot and the slot's use count, so a handle is self-describing: any process derives
-  the same open file from it (promise 3: one version per open), and a slot reused after
+  the same open file from it (promise 3: one version per open; and the thread that
+  opened it, which mount/waits.py looks at), and a slot reused after
   a RELEASE gives a new handle, never an old one's cached state. Each process allocates
   only in its own part of the table (no two processes write a free slot), any process
   frees a slot (the kernel sends RELEASE once, after the last request on the handle).
@@ -37,8 +38,9 @@ FILE_SLOTS = 32768  # open files of the mount at once, all processes together
 DIR_SLOTS = 2048  # open directories
 KEY_BYTES = 512  # a position key is a dirents key: at most LMDB's 511 bytes
 
-# state, inode, gen, use count, version hash (files) or readdir offset (dirs), key length
-_SLOT = struct.Struct("<IQIIQI")
+# state, inode, gen, use count, version hash (files) or readdir offset (dirs), key length,
+# the opener's pid (files: FUSE's pid of the OPEN, for mount/waits.py)
+_SLOT = struct.Struct("<IQIIQII")
 _FILE = 1
 _DIR = 2
 _SLOT_BITS = 20  # fh = use count << 20 | slot + 1
@@ -61,6 +63,7 @@ class Slot:
     gen: int
     value: int  # a file: its version hash; a directory: the readdir offset of `key`
     key: bytes | None = None
+    opener: int = 0
 
 
 class SharedTables:
@@ -68,7 +71,7 @@ class SharedTables:
         assert FILE_SLOTS + DIR_SLOTS < (1 << _SLOT_BITS)
         self.processes = processes
         self.slots = FILE_SLOTS + DIR_SLOTS
-        # File slots hold no key (1 MiB for all); directory slots hold a position key.
+        # File slots hold no key (1.1 MiB for all); directory slots hold a position key.
         self._dirs_at = FILE_SLOTS * _SLOT.size
         self._rows_at = self._dirs_at + DIR_SLOTS * (_SLOT.size + KEY_BYTES)
         size = self._rows_at + processes * _ROW.size
@@ -87,22 +90,32 @@ class SharedTables:
         per = n // self.processes
         return range(lo + self.index * per, lo + (self.index + 1) * per)
 
-    def _alloc(self, kind: int, inode: int, gen: int, value: int, key: bytes | None) -> int:
+    def _alloc(
+        self, kind: int, inode: int, gen: int, value: int, key: bytes | None, opener: int = 0
+    ) -> int:
         part = self._range(kind)
         start = self._cursor.get(kind, part.start)
         mem = self.mem
         for i in range(len(part)):
             slot = part.start + (start - part.start + i) % len(part)
-            state, _, _, count, _, _ = _SLOT.unpack_from(mem, self._at(slot))
+            state, _, _, count, _, _, _ = _SLOT.unpack_from(mem, self._at(slot))
             if state == 0:
                 count = (count + 1) & 0xFFFFFFFF
-                self._write(slot, kind, inode, gen, count, value, key)
+                self._write(slot, kind, inode, gen, count, value, key, opener)
                 self._cursor[kind] = slot + 1 if slot + 1 < part.stop else part.start
                 return (count << _SLOT_BITS) | (slot + 1)
         raise TableFull
 
     def _write(
-        self, slot: int, kind: int, inode: int, gen: int, count: int, value: int, key: bytes | None
+        self,
+        slot: int,
+        kind: int,
+        inode: int,
+        gen: int,
+        count: int,
+        value: int,
+        key: bytes | None,
+        opener: int = 0,
     ) -> None:
         at = self._at(slot)
         key = key or b""
@@ -110,11 +123,11 @@ class SharedTables:
             self.mem[at + _SLOT.size : at + _SLOT.size + len(key)] = key
         # The state last: a process reading the slot sees it whole. It reads it only for a
         # handle the kernel got from the OPEN reply, sent after this write.
-        _SLOT.pack_into(self.mem, at, 0, inode, gen, count, value, len(key))
+        _SLOT.pack_into(self.mem, at, 0, inode, gen, count, value, len(key), opener)
         struct.pack_into("<I", self.mem, at, kind)
 
-    def open_file(self, inode: int, gen: int, vhash: int) -> int:
-        return self._alloc(_FILE, inode, gen, vhash, None)
+    def open_file(self, inode: int, gen: int, vhash: int, opener: int = 0) -> int:
+        return self._alloc(_FILE, inode, gen, vhash, None, opener)
 
     def open_dir(self, inode: int, gen: int) -> int:
         return self._alloc(_DIR, inode, gen, 0, None)
@@ -125,11 +138,11 @@ class SharedTables:
         if not 0 <= slot < self.slots:
             return None
         at = self._at(slot)
-        state, inode, gen, count, value, klen = _SLOT.unpack_from(self.mem, at)
+        state, inode, gen, count, value, klen, opener = _SLOT.unpack_from(self.mem, at)
         if state == 0 or count != fh >> _SLOT_BITS:
             return None
         key = bytes(self.mem[at + _SLOT.size : at + _SLOT.size + klen]) if klen else None
-        return Slot(state, inode, gen, value, key)
+        return Slot(state, inode, gen, value, key, opener)
 
     def set_position(self, fh: int, pos: int, key: bytes | None) -> None:
         """Where a readdir of directory handle `fh` stopped, for whichever process gets
@@ -140,7 +153,7 @@ class SharedTables:
         if not FILE_SLOTS <= slot < self.slots:
             return
         at = self._at(slot)
-        state, inode, gen, count, _, _ = _SLOT.unpack_from(self.mem, at)
+        state, inode, gen, count, _, _, _ = _SLOT.unpack_from(self.mem, at)
         if state != _DIR or count != fh >> _SLOT_BITS:
             return
         self._write(slot, _DIR, inode, gen, count, pos, key)
@@ -168,7 +181,7 @@ class SharedTables:
         while pos != -1:
             at = pos - 4  # the inode follows the 4-byte state
             if at >= 0 and at % _SLOT.size == 0:
-                state, ino, _, _, value, _ = _SLOT.unpack_from(mem, at)
+                state, ino, _, _, value, _, _ = _SLOT.unpack_from(mem, at)
                 if state == _FILE and ino == inode and value != vhash:
                     return True
             pos = mem.find(pattern, pos + 1, end)

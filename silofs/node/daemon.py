@@ -283,7 +283,7 @@ class Daemon:
     def job(self, name: str) -> JobState:
         job = self.jobs.get(name)
         if job is None:
-            job = self.jobs[name] = JobState(name, TokenBucket(self.allocs.io.get(name)))
+            job = self.jobs[name] = JobState(name, TokenBucket(self.allocs.io.get(name), job=name))
             job.sample(time.monotonic())  # the zero point of its rates
         return job
 

@@ -106,6 +106,16 @@ _JOB = {
         "counter",
         "Time the job's fetches waited on its IO allocation",
     ),
+    "limiter_waiting": (
+        "silofs_job_limiter_waiting",
+        "gauge",
+        "Fetches of the job waiting on its IO allocation now (0 pauses them)",
+    ),
+    "limiter_oldest_wait_s": (
+        "silofs_job_limiter_oldest_wait_seconds",
+        "gauge",
+        "How long the job's oldest fetch waiting on its IO allocation has waited",
+    ),
     "prefetched_bytes": (
         "silofs_job_prefetched_bytes",
         "counter",

@@ -192,6 +192,10 @@ def job_view(d: Daemon, j: JobState) -> dict[str, Any]:
         "remote_requests": j.fetch.remote_requests,
         "limiter_wait_s": round(j.limiter.waited_seconds, 3),
         "limiter_charged_bytes": j.limiter.charged_bytes,
+        # Fetches waiting on the allocation now (readers, read-ahead, warm, prefetch) and
+        # how long the oldest has: a pause (0) or a tiny rate shows here, not as silence.
+        "limiter_waiting": j.limiter.waiting,
+        "limiter_oldest_wait_s": round(j.limiter.oldest_wait(), 3),
         # What the job's scheduler said of it (PUT /v1/jobs/{job}), or null.
         "registration": d.allocs.registrations.get(j.name),
         # Prefetch by hint: bytes fetched ahead of the job's readers, and how many of
@@ -263,6 +267,8 @@ def mount_view(d: Daemon, m: MountState) -> dict[str, Any]:
         "remote_gets": m.fetch.remote_gets,
         "remote_requests": m.fetch.remote_requests,
         "corrupt_chunks": r.corrupt_chunks,
+        # Reads that waited and ended with EINTR: their process was gone or told to stop.
+        "interrupted_reads": r.interrupted_reads,
         "memory": process_memory(m.pid),
         "prefetch": d.prefetch.hints[m.id].view() if m.id in d.prefetch.hints else None,
     }

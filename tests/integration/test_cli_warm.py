@@ -8,6 +8,7 @@ import pty
 import random
 import signal
 import subprocess
+import threading
 from pathlib import Path
 from urllib.parse import quote
 
@@ -130,3 +131,38 @@ def test_warm_shows_progress_stops_on_ctrl_c_and_resumes(dataset, tmp_path: Path
     done = ds_view(node, uri)["warm"]
     assert done["state"] == "done" and done["skipped_bytes"] >= stopped["fetched_bytes"] // 2
     assert done["done_bytes"] == done["target_bytes"] == done["matched_bytes"]
+
+
+def test_a_warm_of_a_paused_job_says_so_and_goes_on_at_the_raise(dataset) -> None:
+    """allocate-io JOB 0 pauses a warm charged to JOB (promise 2): the CLI says it is
+    paused, on a line of its own (not a terminal here), instead of hanging silently."""
+    node, uri, size = dataset
+    node.request("PUT", "/v1/jobs/prep/io", {"bytes_per_s": 0})
+    proc = subprocess.Popen(
+        silofs_cmd("warm", uri, "--job", "prep"),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=node.env,
+        cwd=node.root,
+    )
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(proc.stderr or []), daemon=True)
+    reader.start()
+    try:
+        wait_for(lambda: any("warm paused" in line for line in lines), 30, what="the pause")
+        (said,) = [line for line in lines if "warm paused" in line]
+        assert "job prep's remote IO allocation is 0" in said, said
+        assert "silofs-ctl allocate-io prep RATE" in said, said
+        assert proc.poll() is None
+        assert ds_view(node, uri)["warm"]["fetched_bytes"] == 0
+        node.request("PUT", "/v1/jobs/prep/io", {"bytes_per_s": None})
+        assert proc.wait(60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    reader.join(10)
+    # "warm resumed" comes too unless the warm ended before the CLI's next look (0.2 s).
+    assert lines[-1].startswith(f"silofs: warmed {uri}: "), lines
+    assert ds_view(node, uri)["warm"]["fetched_bytes"] == size  # a 64M cache holds it all

@@ -93,6 +93,14 @@ def test_allocate_io_refuses_unknown_jobs_and_clears(make_node, tmp_path: Path) 
     assert allocations() == {"train": 0}
     assert ctl("allocate-io", "train", "1.5Gbps", socket=sock).returncode == 0
     assert allocations() == {"train": 187_500_000}
+    # A rate so small that one chunk's miss waits days is a rate (set), and said.
+    res = ctl("allocate-io", "train", "1B/s", socket=sock)
+    assert res.returncode == 0 and allocations() == {"train": 1}, res
+    assert res.stdout.strip() == (
+        "train: remote IO allocation 1B/s (slow: a miss of one 4.0MiB chunk waits about 48d13h)"
+    ), res
+    res = ctl("allocate-io", "train", "100KB/s", socket=sock)  # 42 s a chunk: not slow
+    assert res.stdout.strip() == "train: remote IO allocation 100.0KB/s", res
 
     # --clear removes the allocation (unlimited again), persistently; the row stays.
     res = ctl("allocate-io", "train", "--clear", socket=sock)

@@ -15,7 +15,7 @@ import pytest
 import trio
 import trio.testing
 
-from silofs.node.limiter import TokenBucket
+from silofs.node.limiter import STALL_SECONDS, TokenBucket
 
 MiB = 1 << 20
 
@@ -279,3 +279,87 @@ def test_a_cancelled_waiter_leaves_the_queue_intact() -> None:
         assert bucket.charged_bytes == 2000
 
     run(main)
+
+
+def test_charges_under_way_and_the_oldest_wait_are_shown() -> None:
+    # What status and metrics show of a pause: how many fetches wait, and since when.
+    async def main() -> None:
+        bucket = TokenBucket(0, job="j")
+        assert bucket.waiting == 0 and bucket.oldest_wait() == 0.0
+        first = trio.CancelScope()
+
+        async def fetch(n: int, scope: trio.CancelScope | None = None) -> None:
+            with scope or trio.CancelScope():
+                await bucket.charge(n)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(fetch, 1000, first)
+            await trio.sleep(5)
+            nursery.start_soon(fetch, 500)
+            await trio.sleep(2)
+            assert bucket.waiting == 2
+            assert bucket.oldest_wait() == pytest.approx(7.0)
+            first.cancel()  # its reader went away: out of the queue, never charged
+            await trio.testing.wait_all_tasks_blocked()
+            assert bucket.waiting == 1
+            assert bucket.oldest_wait() == pytest.approx(2.0)
+            bucket.set_rate(None)
+        assert bucket.waiting == 0 and bucket.oldest_wait() == 0.0
+        assert bucket.charged_bytes == 500
+
+    run(main)
+
+
+def test_a_stall_is_logged_once_per_job_and_rate(caplog: pytest.LogCaptureFixture) -> None:
+    async def main() -> None:
+        bucket = TokenBucket(0, job="train")
+        async with trio.open_nursery() as nursery:
+            for _ in range(3):
+                nursery.start_soon(bucket.charge, 1000)
+            await trio.sleep(STALL_SECONDS - 0.5)
+            assert not caplog.records  # a short pause is not news
+            await trio.sleep(3600)
+            told = [r.getMessage() for r in caplog.records]
+            assert len(told) == 1, told  # one line for three waiting fetches, an hour
+            assert "job train" in told[0] and "is 0 (paused)" in told[0]
+            assert "silofs-ctl allocate-io train" in told[0]
+            # INFO: a pause is how a controller runs jobs in turn, not a problem.
+            assert caplog.records[0].levelname == "INFO"
+            bucket.set_rate(0)  # the same pause set again: told again, once
+            await trio.sleep(STALL_SECONDS + 1)
+            assert len(caplog.records) == 2
+            bucket.set_rate(None)
+        went = [r.getMessage() for r in caplog.records[2:]]
+        assert len(went) == 1 and "job train: a fetch went through" in went[0], went
+
+    with caplog.at_level("INFO", logger="silofs.node.limiter"):
+        run(main)
+
+
+def test_a_tiny_rate_says_how_long_a_fetch_waits(caplog: pytest.LogCaptureFixture) -> None:
+    # 1 B/s is a rate, not an error: the fetch after a 4 MiB one waits 48 days, and the
+    # log says so (a typo for 1GB/s is found from that line, not from a silent hang).
+    async def main() -> None:
+        bucket = TokenBucket(1.0, job="j")
+        await bucket.charge(4 * MiB)  # on credit: the bucket's debt is now 4 MiB
+        with trio.move_on_after(60):
+            await bucket.charge(4 * MiB)
+        assert bucket.charged_bytes == 4 * MiB  # the second never went through
+        assert bucket.waiting == 0
+
+    with caplog.at_level("WARNING", logger="silofs.node.limiter"):
+        run(main)
+    (record,) = caplog.records  # a rate too small for what is asked: a WARNING
+    line = record.getMessage()
+    assert record.levelname == "WARNING" and "is 1B/s" in line and "about 48d" in line, line
+
+
+def test_an_unnamed_bucket_never_logs(caplog: pytest.LogCaptureFixture) -> None:
+    async def main() -> None:  # a member's serve cap (peer_serve.py), not a job
+        bucket = TokenBucket(0)
+        with trio.move_on_after(3 * STALL_SECONDS):
+            await bucket.charge(1)
+
+    with caplog.at_level("INFO", logger="silofs.node.limiter"):
+        run(main)
+    assert not caplog.records

@@ -1,7 +1,7 @@
 """mount/shared.py: the tables several serving processes of one mount share.
 
-Owns: a file handle names its slot's inode, generation and version from any process
-(forked here, as the serving processes are); a slot reused after RELEASE gives a new
+Owns: a file handle names its slot's inode, generation, version and opener from any
+process (forked here, as the serving processes are); a slot reused after RELEASE gives a new
 handle and the old one names nothing; each process allocates only in its own part; the
 reported counters are the sum of the processes' rows; a readdir position is shared.
 """
@@ -16,14 +16,16 @@ from silofs.records import MountCounters
 
 def test_a_handle_is_self_describing_across_a_fork() -> None:
     t = SharedTables(2)
-    fh = t.open_file(123, 7, version_hash("v1", "c1"))
+    fh = t.open_file(123, 7, version_hash("v1", "c1"), opener=4242)
     pid = os.fork()
     if pid == 0:  # another serving process: reads the slot, frees it (its RELEASE)
         slot = t.get(fh)
-        ok = slot is not None and (slot.inode, slot.gen, slot.value) == (
+        # The opener's pid too: a waiting read served here watches that process.
+        ok = slot is not None and (slot.inode, slot.gen, slot.value, slot.opener) == (
             123,
             7,
             version_hash("v1", "c1"),
+            4242,
         )
         t.free(fh)
         os._exit(0 if ok else 1)

@@ -121,12 +121,12 @@ async def start_warm(d: Daemon, req: Request, name: str) -> Response:
     reader = None if trusted(d, req) else (req.peer.uid, peer_groups(req.peer))
     with usage_error_as(409):
         w = d.start_warm(ds, job, paths, size, req.peer.uid, reader=reader)
-    return _warm_response(ds, w, status=202)
+    return _warm_response(d, ds, w, status=202)
 
 
 async def get_warm(d: Daemon, req: Request, name: str) -> Response:
     ds, w = _warm_of(d, name)
-    return _warm_response(ds, w)
+    return _warm_response(d, ds, w)
 
 
 async def cancel_warm(d: Daemon, req: Request, name: str) -> Response:
@@ -134,7 +134,7 @@ async def cancel_warm(d: Daemon, req: Request, name: str) -> Response:
     if req.peer.uid != w.uid and not trusted(d, req):
         raise refuse(req, 403, f"this warm was started by uid {w.uid}")
     w.scope.cancel()
-    return _warm_response(ds, w)
+    return _warm_response(d, ds, w)
 
 
 def _warm_of(d: Daemon, name: str) -> tuple[DatasetState, WarmState]:
@@ -145,5 +145,10 @@ def _warm_of(d: Daemon, name: str) -> tuple[DatasetState, WarmState]:
     return ds, w
 
 
-def _warm_response(ds: DatasetState, w: WarmState, status: int = 200) -> Response:
-    return json_response({"dataset": ds.uri.canonical, "id": ds.id, **w.view()}, status=status)
+def _warm_response(d: Daemon, ds: DatasetState, w: WarmState, status: int = 200) -> Response:
+    job = d.jobs.get(w.job)
+    # The paying job's allocation as it is now: 0 pauses the warm (promise 2), and the
+    # CLI says so rather than showing a bar that does not move.
+    rate = job.limiter.rate if job is not None else None
+    body = {"dataset": ds.uri.canonical, "id": ds.id, **w.view(), "io_allocation": rate}
+    return json_response(body, status=status)

@@ -38,7 +38,7 @@ _MOUNT_ID = re.compile(r"[0-9a-f]{8,32}")  # a mount process chooses its own id
 _IDLE_JOBS_KEPT = 1024
 # Counters newer than the rest: a mount started before the daemon was upgraded does
 # not send them.
-_NEWER_COUNTERS = {"buffer_bytes", "store_bytes"}
+_NEWER_COUNTERS = {"buffer_bytes", "store_bytes", "interrupted_reads"}
 _MAX_TOUCHED = 65536  # chunk keys one report may name (lru datasets)
 
 

@@ -1,0 +1,179 @@
+"""Reads that wait for a process told to stop: found, and ended with EINTR.
+
+A miss can wait a long time: its job's remote IO allocation is 0 (a pause, promise 2)
+or tiny, or the store is slow. The kernel does not end such a read for its process:
+pyfuse3 never passes FUSE_INTERRUPT on, and a buffered read's process waits on the
+page (killable), not on the request, so for such a read the kernel sends none at all.
+Left alone, Ctrl-C (a caught SIGINT, Python's KeyboardInterrupt) waits for the raise,
+a reader with O_DIRECT stays in D state even after SIGKILL, and the read of a reader
+that did die keeps its ask in the daemon: a waiter in the job's limiter, charged and
+fetched at the raise.
+
+Owns: the misses of this serving process's readers that wait, the look at the process behind
+each one (the thread that opened its file: pyfuse3 gives read() no context, so the
+opener stands for the reader) once the read has waited FIRST_LOOK, every LOOK_EVERY
+after that, and ending the read (its cancel scope: its ask to the daemon goes, and
+with it the daemon's wait and charge) when that process
+
+- is gone, or a zombie, since the first look (one gone already then is not taken for
+  the reader: a file read through a descriptor its opener left behind reads on), or
+- has SIGKILL pending (a kill, or any signal it does not catch that ends it: the
+  kernel turns those into SIGKILL for every thread), or
+- has SIGINT, SIGTERM, SIGHUP or SIGQUIT pending, caught and not blocked, at two
+  looks in a row (one look could catch a signal on its way to a running thread).
+
+Other signals (SIGCHLD, timers, SIGUSR1...) never end a read: a C program that
+restarts its reads (SA_RESTART) does not expect EINTR from a regular file. Never
+signals a process, never answers a request itself (fs.py turns Interrupted into EINTR).
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+import trio
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+FIRST_LOOK = 0.25  # seconds a read waits before its process is looked at
+LOOK_EVERY = 0.25  # seconds between looks (a caught signal takes two)
+
+_KILL = 1 << (signal.SIGKILL - 1)
+_STOPPING = sum(
+    1 << (s - 1) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+)
+
+
+class Interrupted(Exception):
+    """The process behind a waiting read is gone or told to stop: answer EINTR."""
+
+
+@dataclass(eq=False, slots=True)
+class _Wait:
+    tid: int  # the opener's thread (FUSE's pid of the OPEN request)
+    since: float
+    scope: trio.CancelScope = field(default_factory=trio.CancelScope)
+    tgid: int = 0  # its process, from the first look; 0 before
+    watched: bool = True  # False: nothing to look at (no pid, or gone at the first look)
+    stopping: bool = False  # a caught stopping signal was pending at the last look
+    why: str = ""
+
+
+@dataclass(slots=True)
+class ProcLook:
+    """What /proc/PID/status says of a thread, as far as a waiting read cares."""
+
+    tgid: int
+    state: str
+    threads: int
+    pending: int  # its own pending signals and its process's (SigPnd | ShdPnd)
+    blocked: int
+    caught: int
+
+    @classmethod
+    def read(cls, proc: str, pid: int) -> ProcLook | None:
+        try:
+            with open(f"{proc}/{pid}/status", "rb") as f:
+                text = f.read()
+        except OSError:  # gone (or hidden by hidepid: then never watched)
+            return None
+        fields: dict[bytes, bytes] = {}
+        for line in text.splitlines():
+            name, _, value = line.partition(b":")
+            fields[name] = value.strip()
+        try:
+            return cls(
+                tgid=int(fields[b"Tgid"]),
+                state=fields[b"State"][:1].decode(),
+                threads=int(fields.get(b"Threads", b"1")),
+                pending=int(fields[b"SigPnd"], 16) | int(fields[b"ShdPnd"], 16),
+                blocked=int(fields[b"SigBlk"], 16),
+                caught=int(fields[b"SigCgt"], 16),
+            )
+        except (KeyError, ValueError):
+            return None
+
+    @property
+    def gone(self) -> bool:
+        # A zombie leader whose other threads still run is a live process.
+        return self.state in ("Z", "X") and self.threads <= 1
+
+
+class Waits:
+    """The waiting reads of one serving process, and the task that looks at them."""
+
+    def __init__(self, proc: str = "/proc") -> None:
+        self.proc = proc
+        self._waits: dict[_Wait, None] = {}
+        self._wake: trio.Event | None = None  # set while run() waits for a first read
+        self.interrupted = 0  # reads ended (the mount also counts them per mount)
+
+    def __len__(self) -> int:
+        return len(self._waits)
+
+    async def wait(self, opener: int, call: Callable[[], Awaitable[T]]) -> T:
+        """call()'s result; Interrupted if the opener's process is gone or told to stop
+        before it returns (call() is then cancelled). Costs a cancel scope and a dict
+        entry when call() returns at once: misses only, hits never get here."""
+        if opener <= 0:  # no pid (a handle another serving process opened): as before
+            return await call()
+        w = _Wait(opener, trio.current_time())
+        self._waits[w] = None
+        if self._wake is not None:
+            self._wake.set()
+        try:
+            with w.scope:
+                return await call()
+        finally:
+            del self._waits[w]
+        # Only a cancel of ours gets here (any other cancel re-raises out of the scope).
+        self.interrupted += 1
+        raise Interrupted(w.why)
+
+    async def run(self) -> None:
+        """Look at the waiting reads every LOOK_EVERY while there are any."""
+        while True:
+            if not self._waits:
+                self._wake = trio.Event()
+                await self._wake.wait()
+                self._wake = None
+            await trio.sleep(LOOK_EVERY)
+            self.look_all(trio.current_time())
+
+    def look_all(self, now: float) -> None:
+        for w in list(self._waits):
+            if w.watched and now - w.since >= FIRST_LOOK:
+                why = self._look(w)
+                if why:
+                    w.why = why
+                    log.info("a read waiting %.1fs ends with EINTR: %s", now - w.since, why)
+                    w.scope.cancel()
+
+    def _look(self, w: _Wait) -> str:
+        """Why w's read should end now, or ""."""
+        seen = ProcLook.read(self.proc, w.tid)
+        if w.tgid == 0:  # the first look
+            if seen is None or seen.gone:
+                w.watched = False  # gone before: not the reader (an inherited descriptor)
+                return ""
+            w.tgid = seen.tgid
+        elif seen is None and w.tid != w.tgid:
+            # The opening thread ended; its process may read on in another thread.
+            w.tid = w.tgid
+            seen = ProcLook.read(self.proc, w.tgid)
+        if seen is None or seen.gone:
+            return f"process {w.tgid} is gone"
+        if seen.pending & _KILL:
+            return f"process {w.tgid} is being killed"
+        stopping = seen.pending & ~seen.blocked & seen.caught & _STOPPING
+        if stopping and w.stopping:
+            names = [signal.Signals(s).name for s in range(1, 32) if stopping & (1 << (s - 1))]
+            return f"process {w.tgid} has {', '.join(names)} pending"
+        w.stopping = bool(stopping)
+        return ""
