@@ -354,12 +354,18 @@ class Simulation:
         now = self.clock.now
         self.running = running = {}
         demand: dict[str, float] = {}
+        # Each view was made (or kept, being equal) with the job's hit ratio at this
+        # plan, brought to now, by _hit's arithmetic; only an eviction since (above)
+        # moved some: those units' readers are found again. Their hit ratios and
+        # demands are then found in the same pass (each job's alone, so in any order).
+        view_hits = self.view_hits and not lru
+        evicted = units.evicted if view_hits else ()
         for job in self.active.values():
             name = job.name
             share = gpu_share.get(name, 0.0)
             job.share = share = share if share < 1.0 else 1.0  # min(1, share)
             job.placement = placement.get(name)
-            job.io_cap = io.get(name)
+            job.io_cap = cap = io.get(name)
             if share <= 0:  # waiting or preempted: no rate, fetches nothing
                 job.rate = job.remote = 0.0
                 if job.seq >= 0:  # (-1: it has no event already)
@@ -368,25 +374,25 @@ class Simulation:
             if job.start is None:
                 job.start = now
             running[name] = job
+            if view_hits:
+                hit = job.view.hit_now  # type: ignore[union-attr]
+                if hit is None or job.unit in evicted:
+                    hit = self._hit(job)
+                job.hit = hit
+                need = share * job.spec.ideal_io * (1.0 - hit)
+                demand[name] = need if cap is None or not cap < need else cap
         if lru:
             # (the holdings move with the running readers; a reader's hit with them)
             self.pool.retarget(running.values(), lambda: units.sync_all(now))
             for job in running.values():
                 job.hit = self._hit(job)
-        elif self.view_hits:
-            # Each view was made (or kept, being equal) with the job's hit ratio at this
-            # plan, brought to now, by _hit's arithmetic; only an eviction since (above)
-            # moved some: those units' readers are found again.
-            evicted = units.evicted
-            for job in running.values():
-                hit = job.view.hit_now  # type: ignore[union-attr]
-                job.hit = self._hit(job) if hit is None or job.unit in evicted else hit
-        else:
+        elif not view_hits:
             self._uniform_hits(running.values())
-        for job in running.values():
-            need = job.share * job.spec.ideal_io * (1.0 - job.hit)
-            cap = job.io_cap
-            demand[job.name] = need if cap is None or not cap < need else cap
+        if not view_hits:
+            for job in running.values():
+                need = job.share * job.spec.ideal_io * (1.0 - job.hit)
+                cap = job.io_cap
+                demand[job.name] = need if cap is None or not cap < need else cap
         self.link.reset(demand)
 
     def _lru_grow(self) -> None:
