@@ -456,15 +456,24 @@ class Simulation:
             job.advance(now, vclock)
             if job.held:
                 clock.exit(job)  # its hit ratio may move: re-rated as any other
-        lru = self.units.lru
-        if not lru:
-            self._uniform_hits(jobs)
+        units = self.units
+        lru = units.lru
         for job in jobs:
             if job.share <= 0:
                 continue
             if lru:
-                job.hit = self._hit(job)
-            need = job.share * job.spec.ideal_io * (1.0 - job.hit)
+                job.hit = hit = self._hit(job)
+            else:  # _hit under uniform caching, written out (_uniform_hits)
+                job.boundary = math.inf
+                unread = job.size - job.pos
+                if unread > job.eps:
+                    hit = job.effective / unread
+                else:  # at an epoch's end: what the next one will find
+                    hit = units.filled_now(job.unit, now) / job.size
+                if not hit < 1.0:
+                    hit = 1.0
+                job.hit = hit
+            need = job.share * job.spec.ideal_io * (1.0 - hit)
             cap = job.io_cap
             if cap is not None and cap < need:
                 need = cap  # min(need, cap)
