@@ -452,13 +452,16 @@ class Simulation:
         level = link.level
         # Stays True while every demand that moved was and is at or above the water level.
         held = link.contended
-        for job in jobs:
-            job.advance(now, vclock)
-            if job.held:
-                clock.exit(job)  # its hit ratio may move: re-rated as any other
         units = self.units
         lru = units.lru
+        # One pass: each job brought to now (most are already: a shared fill did it)
+        # and off the level clock, then its hit ratio and demand, which read only the
+        # job and its unit (no other job's progress or event; exit moves no inflow).
         for job in jobs:
+            if job.held:
+                clock.exit(job)  # its hit ratio may move: re-rated as any other
+            elif job.t < now:  # (advance does nothing otherwise)
+                job.advance(now, vclock)
             if job.share <= 0:
                 continue
             if lru:
