@@ -20,9 +20,8 @@ from __future__ import annotations
 import logging
 import math
 from bisect import bisect_left, bisect_right
-from operator import itemgetter
-
-import numpy as np
+from itertools import accumulate, compress, count
+from operator import gt, itemgetter, sub, truediv
 
 log = logging.getLogger(__name__)
 
@@ -41,10 +40,9 @@ class Link:
         self.order: list[tuple[float, int, str]] | None = None
         self.values: list[float] = []  # the demands of self.order, in its order
         # The last division's running remainders (lefts[i]: the link less the demands
-        # before position i, subtracted one by one; the first `valid` found, an array of
-        # len(order) + 1 once made), its first held position, and the first position
-        # whose demand moved since (len(order): none).
-        self.lefts = np.empty(0)
+        # before position i; the first `valid` found), its first held position, and the
+        # first position whose demand moved since (len(order): none).
+        self.lefts: list[float] = []
         self.valid = 0
         self.first = 0
         self.stale = 0
@@ -84,14 +82,13 @@ class Link:
         if names != self.names:  # (a re-plan of the same running jobs keeps their order)
             self.names = names
             self.pos = dict(zip(names, range(n), strict=True))
-        # A stable sort by the demand alone: ties stay in position order, as sorting
-        # the whole (demand, position, name) tuples gives (numpy's stable argsort, in C).
-        demands = np.fromiter(self.demand.values(), float, n)
-        at = demands.argsort(kind="stable")
-        self.values = values = demands[at].tolist()
-        positions = at.tolist()
-        self.order = list(zip(values, positions, map(names.__getitem__, positions), strict=True))
-        self.lefts = np.empty(n + 1)
+        # Keyed by the demand alone (float keys compare fastest) and stable: ties stay in
+        # position order, as sorting the whole (demand, position, name) tuples gives.
+        self.order = order = sorted(
+            zip(self.demand.values(), range(n), names, strict=True), key=itemgetter(0)
+        )
+        self.values = list(map(itemgetter(0), order))
+        self.lefts = []
         self.valid = 0
         self.stale = 0
 
@@ -148,9 +145,9 @@ class Link:
         # search for the first held demand needs it: the demands held at the level get
         # the level whatever they are.
         lefts, stale = self.lefts, self.stale
-        if not self.valid or lefts[0] != link:  # (new demands, or a new capacity)
+        if not lefts or lefts[0] != link:  # (new demands, or a new capacity)
             stale = 0
-            lefts[0] = link
+            lefts[:] = [link]
             self.valid = 1
         if self.valid > stale + 1:
             self.valid = stale + 1  # (lefts[stale] is of the demands before it alone)
@@ -160,33 +157,29 @@ class Link:
         self.first, self.stale = first, n
         if first == n:
             return n, None, values[-1] if n else 0.0
-        fair = float(lefts[first]) / (n - first)
+        fair = lefts[first] / (n - first)
         top = values[first - 1] if first > 0 and values[first - 1] > fair else fair
         return first, fair, top
 
     def _first_from(self, start: int) -> int:
         """The first place from `start` on whose demand exceeds an equal split of what is
         left for it and the larger ones (len(order): none), what is left found on the
-        way in chunks (`valid`: how many of `lefts` are found). Each chunk is a few
-        passes in C: np.subtract.accumulate subtracts one by one, in order, as the
-        loop `left -= demand` does, and float / int and > are IEEE's in numpy as in
-        Python, so the remainders, shares and comparisons are the same bits."""
+        way in chunks (`valid`: how many of `lefts` are found)."""
         values, lefts = self.values, self.lefts
         n = len(values)
-        at, chunk = start, 128
+        at, chunk = start, 32
         while at < n:
             end = min(n, at + chunk)
             valid = self.valid
             if valid < end:  # lefts[valid:end], on from lefts[valid - 1]
-                part = lefts[valid - 1 : end]
-                part[1:] = values[valid - 1 : end - 1]
-                np.subtract.accumulate(part, out=part)
+                lefts[valid - 1 :] = accumulate(
+                    values[valid - 1 : end - 1], sub, initial=lefts[valid - 1]
+                )
                 self.valid = end
-            over = np.flatnonzero(
-                np.array(values[at:end]) > lefts[at:end] / np.arange(n - at, n - end, -1)
-            )
-            if len(over):
-                return at + int(over[0])
+            shares = map(truediv, lefts[at:end], range(n - at, n - end, -1))
+            found = next(compress(count(at), map(gt, values[at:end], shares)), None)
+            if found is not None:
+                return found
             at, chunk = end, chunk * 2
         return n
 
