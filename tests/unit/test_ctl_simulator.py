@@ -713,3 +713,25 @@ def test_a_plan_takes_its_views_hit_ratios_as_finding_them_again_would() -> None
     slow = found.run()
     assert taken.plans > 100 and evictions[0] > 0
     assert json.dumps(fast.to_dict()) == json.dumps(slow.to_dict())
+
+
+def test_a_view_made_through_the_slots_is_the_job_the_constructor_makes() -> None:
+    """simulator._new_view sets model.Job's slots directly (its frozen __init__ is twice
+    as slow); the view must be the Job the constructor makes, field for field, equal
+    to it with the same repr, and stay frozen."""
+    from dataclasses import FrozenInstanceError, fields
+
+    from silofs_ctl.model import Job
+    from silofs_ctl.simulator import _new_view
+
+    job = SimJob.of(JobSpec("j", 12.5, 4, "d", int(8e9), 114e6, 3.0), private=False)
+    for remaining, placement, hit in [(math.inf, None, None), (2e9, {"n0": 4}, 0.25)]:
+        view = _new_view(job, remaining, placement, hit)
+        want = Job("j", "d", 4, 114e6, {"d": 1.0}, remaining, 12.5, placement, hit)
+        assert type(view) is Job
+        assert [getattr(view, f.name) for f in fields(Job)] == [
+            getattr(want, f.name) for f in fields(Job)
+        ]
+        assert view == want and repr(view) == repr(want)
+        with pytest.raises(FrozenInstanceError):
+            view.hit_now = 0.5  # type: ignore[misc]
