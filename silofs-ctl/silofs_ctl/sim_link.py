@@ -27,7 +27,6 @@ import numpy as np
 
 log = logging.getLogger(__name__)
 
-_U = 2.0**-53  # the unit roundoff of a float
 # From how many demands a division from scratch (new demands: a re-plan, an arrival or
 # a departure) is one numpy pass (Link._first_whole).
 _WHOLE_FROM = 256
@@ -63,22 +62,16 @@ class Link:
         # Jobs whose demand moved since that division without a new one, with their pair
         # at it: only they and the jobs between two divisions' bounds can change sides.
         self.drift: dict[str, tuple[float, int]] = {}
-        # The demands' sum kept by differences as they move (over), and a bound on how
-        # far it is from their real sum (math.inf: not kept; found again by sum()).
-        self.total = 0.0
-        self.total_err = math.inf
 
     def reset(self, demand: dict[str, float]) -> None:
         """New demands for every running job (a re-plan); the order is made again."""
         self.demand = demand
         self.order = None
-        self.total_err = math.inf
 
     def drop(self, name: str) -> None:
         """A job left."""
         self.demand.pop(name, None)
         self.order = None
-        self.total_err = math.inf
 
     def build(self) -> None:
         """self.order made from self.demand: sorted by demand, ties in the dict's order."""
@@ -98,17 +91,7 @@ class Link:
         self.stale = 0
 
     def move(self, name: str, old: float | None, new: float) -> None:
-        """Keep self.order, and the sum kept for over, in step with one demand moving
-        from `old` (None: new)."""
-        err = self.total_err
-        if err < math.inf:
-            if old is None or not 0.0 <= new < math.inf:
-                self.total_err = math.inf  # (over's bound is for finite demands >= 0)
-            else:
-                # each of the two roundings is at most _U of its result
-                step = new - old
-                self.total = total = self.total + step
-                self.total_err = err + 2.0 * _U * (abs(step) + abs(total))
+        """Keep self.order in step with one demand moving from `old` (None: new)."""
         order = self.order
         if order is None:
             return
@@ -261,21 +244,5 @@ class Link:
         }
 
     def over(self) -> bool:
-        """Do the demands exceed the link? The answer of sum() (the demands added one by
-        one, in order) > capacity, found without the sum where the sum kept by
-        differences settles it: sum() of n finite terms >= 0 is within
-        (n - 1) * _U / (1 - (n - 1) * _U) of their real sum (at most 2 * n * _U of it
-        below a billion terms), which is within total_err of `total`."""
-        capacity, total, err = self.capacity, self.total, self.total_err
-        n = len(self.demand)
-        if err < math.inf:
-            slack = err + 2.0 * n * _U * (total + err)
-            if total - slack > capacity:
-                return True
-            if total + slack < capacity:
-                return False
-        total = sum(self.demand.values())
-        self.total = total
-        exact = 0.0 <= total < math.inf and min(self.demand.values(), default=0.0) >= 0.0
-        self.total_err = 2.0 * n * _U * total if exact and n < 2**50 else math.inf
-        return total > capacity
+        """Do the demands exceed the link?"""
+        return sum(self.demand.values()) > self.capacity
