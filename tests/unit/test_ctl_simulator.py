@@ -501,6 +501,26 @@ def test_a_division_that_finds_what_is_left_only_up_to_the_first_held_is_water_f
             assert top == max(shares.values(), default=0.0)
 
 
+def test_a_division_from_scratch_over_many_demands_is_water_fill_at_exact_ties() -> None:
+    """A division of new demands (a re-plan's) over hundreds of them is one numpy pass
+    (Link._first_whole); where a demand equals its equal split to the bit it is met,
+    not held (water_fill_capped's strict >), and every split is the loops' to the
+    bit."""
+    for n, capacity, values in [
+        (300, 300.0, [1.0] * 300),  # each exactly its split: nobody held
+        (300, 299.0, [1.0] * 300),  # each just over: all held
+        (400, 1000.0, [0.5] * 200 + [2.0] * 200),  # all met: 2.0 < 900 / 200
+        (400, 500.0, [0.5] * 200 + [4.0] * 200),  # 4.0 > 400 / 200: held from 200
+    ]:
+        link = Link(capacity)
+        link.reset({f"j{i}": v for i, v in enumerate(values)})
+        first, fair, _ = link.divide()
+        shares, capped, want_fair = water_fill_capped(link.capacity, link.demand)
+        assert len(link.demand) == n
+        assert link.held_from(first) == capped
+        assert fair == want_fair
+
+
 def test_the_jobs_a_division_says_changed_sides_are_exactly_those_that_did() -> None:
     """Link.flips looks only between two divisions' bounds and at drifted demands; it
     must name every job (but the moved ones) that one division held and the other did
