@@ -129,7 +129,19 @@ class Clock:
             job.seq = seq
             job.event_boundary = boundary = job.boundary
             rate = job.rate
-            times.append(now + job.until(boundary) / rate if rate > 0 else _INF)
+            if rate > 0:
+                # SimJob.until, written out (as in schedule)
+                until = job.work - job.read
+                left = job.size - job.pos
+                if left < until:
+                    until = left
+                if boundary < _INF:
+                    left = boundary * job.size - job.pos
+                    if left < until:
+                        until = left
+                times.append(now + (until if until > 0.0 else 0.0) / rate)
+            else:
+                times.append(_INF)
             slots.append(job.slot)
         self.seq = seq
         if slots:

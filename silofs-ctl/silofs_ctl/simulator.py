@@ -42,7 +42,8 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import replace
+from dataclasses import fields, replace
+from operator import attrgetter
 
 from .estimator import ComputeEstimator, Estimator, SiloDEstimator
 from .model import POOL, Allocation, CacheUnit, Cluster, Job
@@ -354,12 +355,18 @@ class Simulation:
         now = self.clock.now
         self.running = running = {}
         demand: dict[str, float] = {}
+        # Each view was made (or kept, being equal) with the job's hit ratio at this
+        # plan, brought to now, by _hit's arithmetic; only an eviction since (above)
+        # moved some: those units' readers are found again. Their hit ratios and
+        # demands are then found in the same pass (each job's alone, so in any order).
+        view_hits = self.view_hits and not lru
+        evicted = units.evicted if view_hits else ()
         for job in self.active.values():
             name = job.name
             share = gpu_share.get(name, 0.0)
             job.share = share = share if share < 1.0 else 1.0  # min(1, share)
             job.placement = placement.get(name)
-            job.io_cap = io.get(name)
+            job.io_cap = cap = io.get(name)
             if share <= 0:  # waiting or preempted: no rate, fetches nothing
                 job.rate = job.remote = 0.0
                 if job.seq >= 0:  # (-1: it has no event already)
@@ -368,25 +375,25 @@ class Simulation:
             if job.start is None:
                 job.start = now
             running[name] = job
+            if view_hits:
+                hit = job.view.hit_now  # type: ignore[union-attr]
+                if hit is None or job.unit in evicted:
+                    hit = self._hit(job)
+                job.hit = hit
+                need = share * job.spec.ideal_io * (1.0 - hit)
+                demand[name] = need if cap is None or not cap < need else cap
         if lru:
             # (the holdings move with the running readers; a reader's hit with them)
             self.pool.retarget(running.values(), lambda: units.sync_all(now))
             for job in running.values():
                 job.hit = self._hit(job)
-        elif self.view_hits:
-            # Each view was made (or kept, being equal) with the job's hit ratio at this
-            # plan, brought to now, by _hit's arithmetic; only an eviction since (above)
-            # moved some: those units' readers are found again.
-            evicted = units.evicted
-            for job in running.values():
-                hit = job.view.hit_now  # type: ignore[union-attr]
-                job.hit = self._hit(job) if hit is None or job.unit in evicted else hit
-        else:
+        elif not view_hits:
             self._uniform_hits(running.values())
-        for job in running.values():
-            need = job.share * job.spec.ideal_io * (1.0 - job.hit)
-            cap = job.io_cap
-            demand[job.name] = need if cap is None or not cap < need else cap
+        if not view_hits:
+            for job in running.values():
+                need = job.share * job.spec.ideal_io * (1.0 - job.hit)
+                cap = job.io_cap
+                demand[job.name] = need if cap is None or not cap < need else cap
         self.link.reset(demand)
 
     def _lru_grow(self) -> None:
@@ -446,19 +453,31 @@ class Simulation:
         level = link.level
         # Stays True while every demand that moved was and is at or above the water level.
         held = link.contended
+        units = self.units
+        lru = units.lru
+        # One pass: each job brought to now (most are already: a shared fill did it)
+        # and off the level clock, then its hit ratio and demand, which read only the
+        # job and its unit (no other job's progress or event; exit moves no inflow).
         for job in jobs:
-            job.advance(now, vclock)
             if job.held:
                 clock.exit(job)  # its hit ratio may move: re-rated as any other
-        lru = self.units.lru
-        if not lru:
-            self._uniform_hits(jobs)
-        for job in jobs:
+            elif job.t < now:  # (advance does nothing otherwise)
+                job.advance(now, vclock)
             if job.share <= 0:
                 continue
             if lru:
-                job.hit = self._hit(job)
-            need = job.share * job.spec.ideal_io * (1.0 - job.hit)
+                job.hit = hit = self._hit(job)
+            else:  # _hit under uniform caching, written out (_uniform_hits)
+                job.boundary = math.inf
+                unread = job.size - job.pos
+                if unread > job.eps:
+                    hit = job.effective / unread
+                else:  # at an epoch's end: what the next one will find
+                    hit = units.filled_now(job.unit, now) / job.size
+                if not hit < 1.0:
+                    hit = 1.0
+                job.hit = hit
+            need = job.share * job.spec.ideal_io * (1.0 - hit)
             cap = job.io_cap
             if cap is not None and cap < need:
                 need = cap  # min(need, cap)
@@ -898,15 +917,40 @@ def _cluster(scenario: Scenario, *, private: bool, per_node: bool = False) -> Cl
     return Cluster(node_gpus, node_cache, scenario.remote_io, pools, units)
 
 
+# A plan makes a view anew for every job whose hit ratio moved (some 200 a plan on the
+# 4-week traces). Job is a frozen dataclass, whose __init__ sets each field through
+# object.__setattr__; setting its slots through their descriptors makes the same object
+# (every field set, nothing else run) in half the time. Each setter is taken by its
+# field's name; the check below fails at import if Job gains or loses a field.
+_VIEW_FIELDS = (
+    "name", "dataset", "gpus", "f_star", "reads", "remaining", "submit", "placement", "hit_now"
+)  # fmt: skip
+if {f.name for f in fields(Job)} != set(_VIEW_FIELDS):
+    raise ImportError(f"model.Job's fields are not {_VIEW_FIELDS}: _new_view must set them")
+(
+    _set_name, _set_dataset, _set_gpus, _set_f_star, _set_reads, _set_remaining,
+    _set_submit, _set_placement, _set_hit_now,
+) = (slot.__set__ for slot in attrgetter(*_VIEW_FIELDS)(Job))  # fmt: skip
+_new_object = object.__new__
+
+
 def _new_view(
     job: SimJob, remaining: float, placement: Mapping[str, int] | None, hit_now: float | None
 ) -> Job:
-    """The job as a policy sees it, with what the plan reads (math.inf, None: not read)."""
+    """The job as a policy sees it, with what the plan reads (math.inf, None: not read):
+    Job(name, dataset, gpus, f*, reads, remaining, submit, placement, hit_now)."""
     spec = job.spec
-    return Job(
-        job.name, spec.dataset, spec.gpus, spec.ideal_io, job.reads, remaining, spec.submit,
-        placement, hit_now,
-    )  # fmt: skip
+    view = _new_object(Job)
+    _set_name(view, job.name)
+    _set_dataset(view, spec.dataset)
+    _set_gpus(view, spec.gpus)
+    _set_f_star(view, spec.ideal_io)
+    _set_reads(view, job.reads)
+    _set_remaining(view, remaining)
+    _set_submit(view, spec.submit)
+    _set_placement(view, placement)
+    _set_hit_now(view, hit_now)
+    return view
 
 
 def _at_end(job: SimJob, left: float, now: float, vclock: float) -> bool:

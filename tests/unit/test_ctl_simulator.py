@@ -501,6 +501,26 @@ def test_a_division_that_finds_what_is_left_only_up_to_the_first_held_is_water_f
             assert top == max(shares.values(), default=0.0)
 
 
+def test_a_division_from_scratch_over_many_demands_is_water_fill_at_exact_ties() -> None:
+    """A division of new demands (a re-plan's) over hundreds of them is one numpy pass
+    (Link._first_whole); where a demand equals its equal split to the bit it is met,
+    not held (water_fill_capped's strict >), and every split is the loops' to the
+    bit."""
+    for n, capacity, values in [
+        (300, 300.0, [1.0] * 300),  # each exactly its split: nobody held
+        (300, 299.0, [1.0] * 300),  # each just over: all held
+        (400, 1000.0, [0.5] * 200 + [2.0] * 200),  # all met: 2.0 < 900 / 200
+        (400, 500.0, [0.5] * 200 + [4.0] * 200),  # 4.0 > 400 / 200: held from 200
+    ]:
+        link = Link(capacity)
+        link.reset({f"j{i}": v for i, v in enumerate(values)})
+        first, fair, _ = link.divide()
+        shares, capped, want_fair = water_fill_capped(link.capacity, link.demand)
+        assert len(link.demand) == n
+        assert link.held_from(first) == capped
+        assert fair == want_fair
+
+
 def test_the_jobs_a_division_says_changed_sides_are_exactly_those_that_did() -> None:
     """Link.flips looks only between two divisions' bounds and at drifted demands; it
     must name every job (but the moved ones) that one division held and the other did
@@ -685,3 +705,25 @@ def test_a_plan_takes_its_views_hit_ratios_as_finding_them_again_would() -> None
     slow = found.run()
     assert taken.plans > 100 and evictions[0] > 0
     assert json.dumps(fast.to_dict()) == json.dumps(slow.to_dict())
+
+
+def test_a_view_made_through_the_slots_is_the_job_the_constructor_makes() -> None:
+    """simulator._new_view sets model.Job's slots directly (its frozen __init__ is twice
+    as slow); the view must be the Job the constructor makes, field for field, equal
+    to it with the same repr, and stay frozen."""
+    from dataclasses import FrozenInstanceError, fields
+
+    from silofs_ctl.model import Job
+    from silofs_ctl.simulator import _new_view
+
+    job = SimJob.of(JobSpec("j", 12.5, 4, "d", int(8e9), 114e6, 3.0), private=False)
+    for remaining, placement, hit in [(math.inf, None, None), (2e9, {"n0": 4}, 0.25)]:
+        view = _new_view(job, remaining, placement, hit)
+        want = Job("j", "d", 4, 114e6, {"d": 1.0}, remaining, 12.5, placement, hit)
+        assert type(view) is Job
+        assert [getattr(view, f.name) for f in fields(Job)] == [
+            getattr(want, f.name) for f in fields(Job)
+        ]
+        assert view == want and repr(view) == repr(want)
+        with pytest.raises(FrozenInstanceError):
+            view.hit_now = 0.5  # type: ignore[misc]
