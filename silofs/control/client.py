@@ -98,6 +98,12 @@ def quote_segment(s: str) -> str:
 
 
 def unreachable(socket_path: str) -> str:
+    scheme = socket_path.partition("://")[0]
+    if scheme != socket_path and "/" not in scheme:  # http://x, unix:///run/..., TLS://
+        return (
+            f"{socket_path!r} is no daemon address: --socket (or SILOFS_SOCKET) takes a "
+            "Unix socket's path or tls://HOST:PORT"
+        )
     kind = _not_a_socket(socket_path)
     if kind is not None:  # no daemon can listen there: starting one would not help
         return (

@@ -426,6 +426,16 @@ def test_a_socket_path_that_is_no_socket_is_named_as_what_it_is(tmp_path: Path) 
         )
 
 
+def test_an_address_of_another_scheme_is_named_as_no_daemon_address() -> None:
+    """http://HOST or unix:///PATH was taken as a relative socket path, and the user told
+    to start a daemon that was not the problem."""
+    for address in ("http://x", "unix:///run/silofs.sock"):
+        with pytest.raises(ControlError) as err:
+            ControlClient(address).request("GET", "/v1/status")
+        assert str(err.value).startswith(f"{address!r} is no daemon address"), err.value
+        assert "tls://HOST:PORT" in str(err.value)
+
+
 # ----------------------------------------------------------------- async client
 
 
