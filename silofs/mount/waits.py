@@ -23,7 +23,8 @@ with it the daemon's wait and charge) when that process
 and in both cases no other process holds the file open under this mount (/proc/*/fd
 and fdinfo, looked at once the opener is found dying, trusted for HOLDERS_EVERY after
 that): the opener may have handed it on (subprocess's stdin=f, a fork after open), and
-the reader is then that other process, whom the opener's death does not stop. A holder
+the reader is then that other process, whom the opener's death does not stop (and the
+opener's pid, which any new process may take, is not looked at again). A holder
 this process may not look at (another user's, another mount namespace's) is not seen:
 such a read ends as before. Or when that process
 
@@ -81,6 +82,9 @@ class _Wait:
     tgid: int = 0  # its process, from the first look; 0 before
     watched: bool = True  # False: nothing to look at (no pid, or gone at the first look)
     stopping: bool = False  # a caught stopping signal was pending at the last look
+    # Found gone while another process held the file: never looked at again (its pid
+    # may be reused by any process meanwhile), only the file's holders are.
+    gone: bool = False
     why: str = ""
 
 
@@ -181,6 +185,8 @@ class Waits:
 
     def _look(self, w: _Wait, now: float) -> str:
         """Why w's read should end now, or ""."""
+        if w.gone:
+            return "" if self._held_elsewhere(w, now) else f"process {w.tgid} is gone"
         seen = ProcLook.read(self.proc, w.tid)
         if w.tgid == 0:  # the first look
             if seen is None or seen.gone:
@@ -192,6 +198,7 @@ class Waits:
             w.tid = w.tgid
             seen = ProcLook.read(self.proc, w.tgid)
         if seen is None or seen.gone:
+            w.gone = True
             return "" if self._held_elsewhere(w, now) else f"process {w.tgid} is gone"
         if seen.pending & _KILL:
             return "" if self._held_elsewhere(w, now) else f"process {w.tgid} is being killed"

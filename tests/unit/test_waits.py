@@ -288,6 +288,10 @@ def test_a_dying_openers_file_held_by_another_process_reads_on(tmp_path: Path) -
         gone(tmp_path, 100)
         await trio.sleep(2 * HOLDERS_EVERY)
         assert list(reads.outcome) == ["killed"]  # the child still holds it: reads on
+        # Pid 100 reused by another process, one told to stop: nothing to the child.
+        write_status(tmp_path, 100, shdpnd=bit(9, 2), caught=bit(2))
+        await trio.sleep(2 * HOLDERS_EVERY)
+        assert list(reads.outcome) == ["killed"]
         gone(tmp_path, 200)  # the child goes too: nobody holds the file
         await trio.sleep(HOLDERS_EVERY + LOOK_EVERY)
         assert reads.outcome["child"] == "EINTR: process 100 is gone"
