@@ -638,3 +638,12 @@ def test_tls_nodes_need_a_tls_table_and_bad_files_are_one_line(tmp_path: Path) -
     both = CONFIG.replace('socket = "{sock2}"', 'socket = "/a"\naddress = "tls://h:1"')
     with pytest.raises(ConfigError, match="one of socket"):
         load_controller_config(write_config(tmp_path, both))
+
+
+@pytest.mark.parametrize("value", ["100", "fast", "-1MB/s"])
+def test_job_register_refuses_an_ideal_io_without_a_unit(tmp_path: Path, value: str) -> None:
+    # Refused before any request (no daemon here): one line, exit 2, naming the flag.
+    args = ["job", "register", "j", "--gpus", "1", "--ideal-io", value]
+    res = CliRunner().invoke(main, [*args, "--socket", str(tmp_path / "none.sock")])
+    assert res.exit_code == 2, res.output
+    assert "--ideal-io" in res.output and res.output.strip().count("\n") == 0, res.output
