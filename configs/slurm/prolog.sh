@@ -185,8 +185,11 @@ for uri in "${DATASETS[@]}"; do reg+=(--dataset "$uri"); done
 for node in "${NODES[@]}"; do reg+=(--node "$node"); done
 [ -n "$IDEAL_IO" ] && reg+=(--ideal-io "$IDEAL_IO")
 [ -n "$EPOCHS" ] && reg+=(--epochs "$EPOCHS")
+# Refused while the daemon answers: the comment's silofs.ideal_io or silofs.epochs
+# (the job owner's text: `fast`, `-1`, a rate without a unit) is the job's fault, and
+# cancels it; it must not drain the node.
 if ! out=$("$SILOFS_CTL" "${reg[@]}" 2>&1); then
-    fail "register: $out"
+    refuse "register: $out"
 fi
 say "registered $JOB: gpus=$GPUS ideal_io=${IDEAL_IO:-measured} epochs=${EPOCHS:-unknown} datasets=${DATASETS[*]}"
 exit 0

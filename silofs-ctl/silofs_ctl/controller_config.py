@@ -94,7 +94,9 @@ def load_controller_config(path: str) -> ControllerConfig:
     policy = data.get("policy", "gavel")
     if policy not in POLICIES:
         raise ck.fail(("policy",), f"unknown policy {policy!r} (try {', '.join(POLICIES)})")
-    remote_io = ck.rate(ck.need(data, "remote_io", ()), ("remote_io",), "remote_io")
+    remote_io = ck.rate(
+        ck.need(data, "remote_io", ()), ("remote_io",), "remote_io", require_unit=True
+    )
     nodes = _config_nodes(ck, data.get("nodes"))
     jobs_file = data.get("jobs_file")
     if jobs_file is not None and not isinstance(jobs_file, str):
@@ -246,7 +248,7 @@ def _job_entry(ck: Checker, table: dict, where: tuple) -> JobEntry:
         raise ck.fail(where + ("nodes",), "nodes must be a list of node names")
     ideal = None
     if "ideal_io" in table:
-        ideal = ck.rate(table["ideal_io"], where + ("ideal_io",), "ideal_io")
+        ideal = ck.rate(table["ideal_io"], where + ("ideal_io",), "ideal_io", require_unit=True)
         if ideal <= 0 or math.isinf(ideal):
             raise ck.fail(where + ("ideal_io",), "ideal_io must be a positive, finite rate")
     return JobEntry(

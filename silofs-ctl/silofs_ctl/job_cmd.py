@@ -16,7 +16,9 @@ import click
 
 from silofs.config import default_socket
 from silofs.control.client import ControlError, quote_segment
+from silofs.errors import UsageError
 from silofs.records import shown
+from silofs.units import parse_rate
 
 from .node_cmds import job_arg
 from .nodes import SOCKET_HELP, one_node_client
@@ -50,6 +52,13 @@ def register(
 ) -> None:
     """Tell the node daemon JOB's GPUs, datasets and (optionally) f* and epochs."""
     job_arg(name)
+    if ideal_io is not None:
+        # As allocate-io: a bare 100 is a typo for a unit (the daemon's API takes it as
+        # 100 B/s, an f* that makes the job look like it needs no IO at all).
+        try:
+            parse_rate(ideal_io, require_unit=True)
+        except UsageError as exc:
+            raise click.BadParameter(str(exc), param_hint="--ideal-io") from None
     body: dict = {"gpus": gpus, "datasets": list(datasets), "nodes": list(nodes)}
     for key, value in (
         ("ideal_io", ideal_io),

@@ -120,7 +120,7 @@ def parse_comment(comment: str) -> tuple[tuple[str, ...], float | None, float | 
             datasets.append(value)  # as written; plan.py matches it to a daemon's URI
         elif key == "silofs.ideal_io":
             try:
-                rate = parse_rate(value)
+                rate = parse_rate(value, require_unit=True)  # as the prolog's register
             except UsageError:
                 rate = None
             ideal = float(rate) if rate and rate > 0 else None

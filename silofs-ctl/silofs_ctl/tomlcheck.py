@@ -134,7 +134,10 @@ class Checker:
         except UsageError as exc:
             raise self.fail(where, f"{what}: {exc}") from None
 
-    def rate(self, value: Any, where: tuple, what: str) -> float:
+    def rate(self, value: Any, where: tuple, what: str, *, require_unit: bool = False) -> float:
+        """Bytes per second (inf: unlimited). require_unit: a bare number other than 0,
+        "100" or 100, is an error, as on the command line (units.parse_rate): in a file
+        an operator writes, 100 B/s for a link or a job is a typo for a unit, not a plan."""
         if isinstance(value, bool) or not isinstance(value, int | float | str):
             raise self.fail(where, f"{what}: not a rate: {value!r}")
         if isinstance(value, float) and math.isnan(value):
@@ -144,7 +147,11 @@ class Checker:
         if isinstance(value, int | float) and value < 0 or str(value).strip().startswith("-"):
             raise self.fail(where, f"{what} must not be negative: {value!r}")
         try:
-            parsed = parse_rate(value if isinstance(value, str) else int(value))
+            if require_unit and not isinstance(value, str) and value != 0:
+                parse_rate(str(value), require_unit=True)  # the one message for it
+            parsed = parse_rate(
+                value if isinstance(value, str) else int(value), require_unit=require_unit
+            )
         except UsageError as exc:
             raise self.fail(where, f"{what}: {exc}") from None
         return math.inf if parsed is None else float(parsed)

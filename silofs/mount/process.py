@@ -322,6 +322,8 @@ class MountProcess:
         # A cold read's chunks come in a fresh buffer each and leave the chunk buffer in
         # turn: as much freed heap as it holds is kept for the next ones (silofs/heap.py).
         heap.keep_freed(self.reader.buffer.max_bytes)
+        # Where a dying opener's file may be held by another process (mount/waits.py).
+        self.reader.waits.mountpoint = self.realpath
         self.reader.registered(self.mount_id, self.lru)
         look = Presentation(
             self.s.uid,

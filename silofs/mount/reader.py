@@ -751,11 +751,11 @@ class ChunkReader:
         try:
             view = await self._cached(ref, lo, hi, kept)
         except (StaleFormatError, _Refetch):  # of an older format, or counted already
-            data, from_cache = await self._miss(ref, refetch=True, opener=f.opener)
+            data, from_cache = await self._miss(ref, refetch=True, opener=f.opener, inode=f.inode)
             return memoryview(data)[lo:hi], from_cache, "cache" if from_cache else "store"
         except ChunkFormatError as exc:
             count_damage(ref, self.counters, exc)
-            data, from_cache = await self._miss(ref, refetch=True, opener=f.opener)
+            data, from_cache = await self._miss(ref, refetch=True, opener=f.opener, inode=f.inode)
             return memoryview(data)[lo:hi], from_cache, "cache" if from_cache else "store"
         except lmdb.Error as exc:
             # LMDB has no checksums of its own pages: a damaged B-tree page can make a
@@ -764,7 +764,7 @@ class ChunkReader:
             if self._damaged(ref.key):
                 self.counters.corrupt_chunks += 1
                 log.warning("cache lookup of chunk %d of %s failed: %s", index, f.obj.key, exc)
-            data, from_cache = await self._miss(ref, refetch=True, opener=f.opener)
+            data, from_cache = await self._miss(ref, refetch=True, opener=f.opener, inode=f.inode)
             return memoryview(data)[lo:hi], from_cache, "cache" if from_cache else "store"
         if view is not None:
             if self.track_hits and len(self.touched) < 65536:
@@ -772,7 +772,9 @@ class ChunkReader:
             return view, True, "cache"
         if (item := self.buffer.get(ref.key)) is not None:
             return memoryview(item[0])[lo:hi], item[1], "buffer"
-        data, from_cache = await self._miss(ref, refetch=False, span=span, opener=f.opener)
+        data, from_cache = await self._miss(
+            ref, refetch=False, span=span, opener=f.opener, inode=f.inode
+        )
         return memoryview(data)[lo:hi], from_cache, "cache" if from_cache else "store"
 
     async def _miss(
@@ -782,10 +784,11 @@ class ChunkReader:
         span: tuple[int, int] | None = None,
         ahead: bool = False,
         opener: int = 0,
+        inode: int = 0,
     ) -> tuple[bytes, bool]:
         """The chunk from the daemon, single-flight. A reader's miss (`opener`: the pid
-        of its file's OPEN) ends with Interrupted once that process is gone or told to
-        stop (mount/waits.py); a read-ahead's (no opener) waits on."""
+        of its file's OPEN, `inode` the file's) ends with Interrupted once that process
+        is gone or told to stop (mount/waits.py); a read-ahead's (no opener) waits on."""
 
         async def ask() -> tuple[bytes, bool]:
             try:
@@ -808,7 +811,7 @@ class ChunkReader:
                         exc.logged = True
                     raise
 
-        result = await self.waits.wait(opener, flown)
+        result = await self.waits.wait(opener, flown, inode)
         self._stale = True  # the chunk may be admitted (or replaced) now: see begin_read
         return result
 

@@ -18,9 +18,22 @@ with it the daemon's wait and charge) when that process
 - is gone, or a zombie, since the first look (one gone already then is not taken for
   the reader: a file read through a descriptor its opener left behind reads on), or
 - has SIGKILL pending (a kill, or any signal it does not catch that ends it: the
-  kernel turns those into SIGKILL for every thread), or
+  kernel turns those into SIGKILL for every thread),
+
+and in both cases no other process holds the file open under this mount (/proc/*/fd
+and fdinfo, looked at once the opener is found dying, trusted for HOLDERS_EVERY after
+that): the opener may have handed it on (subprocess's stdin=f, a fork after open), and
+the reader is then that other process, whom the opener's death does not stop (and the
+opener's pid, which any new process may take, is not looked at again). A holder
+this process may not look at (another user's, another mount namespace's) is not seen:
+such a read ends as before. Or when that process
+
 - has SIGINT, SIGTERM, SIGHUP or SIGQUIT pending, caught and not blocked, at two
-  looks in a row (one look could catch a signal on its way to a running thread).
+  looks in a row (one look could catch a signal on its way to a running thread), in
+  disk sleep (D) both times: the only state where a reader waiting on us keeps a
+  caught signal pending. A stopped opener (Ctrl-Z, SIGSTOP, a debugger's stop) keeps
+  one pending too, till it goes on; it is not the reader, whose read would hold it in
+  D, but a parent whose child reads the file it handed on.
 
 Other signals (SIGCHLD, timers, SIGUSR1...) never end a read: a C program that
 restarts its reads (SA_RESTART) does not expect EINTR from a regular file. Never
@@ -30,6 +43,8 @@ signals a process, never answers a request itself (fs.py turns Interrupted into 
 from __future__ import annotations
 
 import logging
+import math
+import os
 import signal
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -43,6 +58,10 @@ T = TypeVar("T")
 
 FIRST_LOOK = 0.25  # seconds a read waits before its process is looked at
 LOOK_EVERY = 0.25  # seconds between looks (a caught signal takes two)
+# Seconds a look at who holds files open (a walk of /proc/*/fd) is trusted, at most:
+# a dying opener whose file another process holds is looked at again this often, the
+# walk costing a readlink per descriptor of every process this one may look at.
+HOLDERS_EVERY = 5.0
 
 _KILL = 1 << (signal.SIGKILL - 1)
 _STOPPING = sum(
@@ -58,10 +77,14 @@ class Interrupted(Exception):
 class _Wait:
     tid: int  # the opener's thread (FUSE's pid of the OPEN request)
     since: float
+    inode: int = 0  # the file's (its st_ino); 0: unknown, no holder is looked for
     scope: trio.CancelScope = field(default_factory=trio.CancelScope)
     tgid: int = 0  # its process, from the first look; 0 before
     watched: bool = True  # False: nothing to look at (no pid, or gone at the first look)
     stopping: bool = False  # a caught stopping signal was pending at the last look
+    # Found gone while another process held the file: never looked at again (its pid
+    # may be reused by any process meanwhile), only the file's holders are.
+    gone: bool = False
     why: str = ""
 
 
@@ -108,8 +131,12 @@ class ProcLook:
 class Waits:
     """The waiting reads of one serving process, and the task that looks at them."""
 
-    def __init__(self, proc: str = "/proc") -> None:
+    def __init__(self, proc: str = "/proc", mountpoint: str = "") -> None:
         self.proc = proc
+        # Resolved (never stat()ed: this process serves it); "": no holder is looked for.
+        self.mountpoint = mountpoint
+        self._holders: dict[int, set[int]] = {}  # inode -> processes holding it open
+        self._holders_at = -math.inf  # when _holders was looked at (trio's clock)
         self._waits: dict[_Wait, None] = {}
         self._wake: trio.Event | None = None  # set while run() waits for a first read
         self.interrupted = 0  # reads ended (the mount also counts them per mount)
@@ -117,13 +144,14 @@ class Waits:
     def __len__(self) -> int:
         return len(self._waits)
 
-    async def wait(self, opener: int, call: Callable[[], Awaitable[T]]) -> T:
+    async def wait(self, opener: int, call: Callable[[], Awaitable[T]], inode: int = 0) -> T:
         """call()'s result; Interrupted if the opener's process is gone or told to stop
-        before it returns (call() is then cancelled). Costs a cancel scope and a dict
+        before it returns (call() is then cancelled). `inode`: the file's, whose other
+        holders keep a dying opener's read going. Costs a cancel scope and a dict
         entry when call() returns at once: misses only, hits never get here."""
         if opener <= 0:  # no pid (a handle another serving process opened): as before
             return await call()
-        w = _Wait(opener, trio.current_time())
+        w = _Wait(opener, trio.current_time(), inode)
         self._waits[w] = None
         if self._wake is not None:
             self._wake.set()
@@ -149,14 +177,16 @@ class Waits:
     def look_all(self, now: float) -> None:
         for w in list(self._waits):
             if w.watched and now - w.since >= FIRST_LOOK:
-                why = self._look(w)
+                why = self._look(w, now)
                 if why:
                     w.why = why
                     log.info("a read waiting %.1fs ends with EINTR: %s", now - w.since, why)
                     w.scope.cancel()
 
-    def _look(self, w: _Wait) -> str:
+    def _look(self, w: _Wait, now: float) -> str:
         """Why w's read should end now, or ""."""
+        if w.gone:
+            return "" if self._held_elsewhere(w, now) else f"process {w.tgid} is gone"
         seen = ProcLook.read(self.proc, w.tid)
         if w.tgid == 0:  # the first look
             if seen is None or seen.gone:
@@ -168,12 +198,60 @@ class Waits:
             w.tid = w.tgid
             seen = ProcLook.read(self.proc, w.tgid)
         if seen is None or seen.gone:
-            return f"process {w.tgid} is gone"
+            w.gone = True
+            return "" if self._held_elsewhere(w, now) else f"process {w.tgid} is gone"
         if seen.pending & _KILL:
-            return f"process {w.tgid} is being killed"
+            return "" if self._held_elsewhere(w, now) else f"process {w.tgid} is being killed"
         stopping = seen.pending & ~seen.blocked & seen.caught & _STOPPING
+        if seen.state not in ("D", "Z"):  # Z: a leader whose other threads live (gone)
+            stopping = 0  # not waiting in the kernel: it is not the reader (a parent)
         if stopping and w.stopping:
             names = [signal.Signals(s).name for s in range(1, 32) if stopping & (1 << (s - 1))]
             return f"process {w.tgid} has {', '.join(names)} pending"
         w.stopping = bool(stopping)
         return ""
+
+    def _held_elsewhere(self, w: _Wait, now: float) -> bool:
+        """Whether a process other than w's opener holds w's file open under this
+        mount, by a look at /proc taken after w's read began and at most HOLDERS_EVERY
+        ago (one walk serves every dying opener of a look)."""
+        if not self.mountpoint or not w.inode:
+            return False
+        if self._holders_at < w.since or now - self._holders_at >= HOLDERS_EVERY:
+            self._holders = holders(self.proc, self.mountpoint)
+            self._holders_at = now
+        return bool(self._holders.get(w.inode, set()) - {w.tgid})
+
+
+def holders(proc: str, mountpoint: str) -> dict[int, set[int]]:
+    """The processes holding each file under `mountpoint` open, by inode: of those
+    whose descriptors this process may look at (its user's; every one for root), a
+    readlink of each and, for one under the mount, its fdinfo's ino. Never stat()s
+    through a descriptor: that would ask this mount, from the thread serving it."""
+    prefix = mountpoint.rstrip("/") + "/"
+    found: dict[int, set[int]] = {}
+    try:
+        pids = [int(p) for p in os.listdir(proc) if p.isascii() and p.isdigit()]
+    except OSError:
+        return found
+    for pid in pids:
+        try:
+            fds = os.listdir(f"{proc}/{pid}/fd")
+        except OSError:  # gone, or another user's
+            continue
+        for fd in fds:
+            try:
+                if not os.readlink(f"{proc}/{pid}/fd/{fd}").startswith(prefix):
+                    continue
+                with open(f"{proc}/{pid}/fdinfo/{fd}", "rb") as f:
+                    info = f.read()
+            except OSError:  # closed meanwhile
+                continue
+            for line in info.splitlines():
+                if line.startswith(b"ino:"):
+                    try:
+                        found.setdefault(int(line[4:]), set()).add(pid)
+                    except ValueError:
+                        pass
+                    break
+    return found

@@ -166,3 +166,91 @@ def test_a_paused_jobs_waiting_reader_shows_in_status(paused) -> None:
     put_io(node, "j", None)
     reader.join(30)
     assert got == [files["b.bin"]]
+
+
+# A parent that opens the file and hands it to a child as its stdin (subprocess's
+# stdin=f, a fork after open): the child is the reader; the parent, the file's opener,
+# only waits. The child calls read(2) itself, as C programs do: Python would retry a
+# read that ended with EINTR (PEP 475), and coreutils' cat too; a reader that does not
+# fails, as the child here does (exit 1, errno on stderr).
+CHILD_READER = """
+import ctypes, fcntl, mmap, os, sys
+if sys.argv[1] == "O_DIRECT":  # its read is then the FUSE request: an EINTR reaches it
+    fcntl.fcntl(0, fcntl.F_SETFL, fcntl.fcntl(0, fcntl.F_GETFL) | os.O_DIRECT)
+libc = ctypes.CDLL(None, use_errno=True)
+buf = mmap.mmap(-1, 1 << 20)  # page-aligned
+addr = ctypes.addressof(ctypes.c_char.from_buffer(buf))
+while (n := libc.read(0, ctypes.c_void_p(addr), len(buf))) != 0:
+    if n < 0:
+        sys.exit(f"read: {os.strerror(ctypes.get_errno())}")
+    sys.stdout.buffer.write(buf[:n])
+"""
+PARENT_OF_READER = """
+import signal, subprocess, sys, time
+signal.signal(signal.SIGINT, lambda *a: None)  # it catches SIGINT, as many programs do
+with open(sys.argv[1], "rb") as f, open(sys.argv[2], "wb") as out:
+    child = subprocess.Popen([sys.executable, "-c", *sys.argv[3:]], stdin=f, stdout=out)
+print(child.pid, file=sys.stderr, flush=True)
+sys.exit(child.wait())
+"""
+
+
+def gone_or_zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in "ZX"
+    except OSError:
+        return True
+
+
+@pytest.mark.parametrize("direct", [False, True], ids=["buffered", "O_DIRECT"])
+@pytest.mark.parametrize("befalls", ["killed", "stopped-then-SIGINT"])
+def test_a_reader_of_a_file_its_parent_opened_reads_on_whatever_befalls_the_parent(
+    paused, befalls: str, direct: bool, tmp_path: Path
+) -> None:
+    """The opener stands for the reader (read() has no pid), but the opener's fate is
+    not the reader's when they differ: a parent killed, or stopped with a caught SIGINT
+    pending, must not end its child's read with EINTR (mount/waits.py)."""
+    node, mp, files = paused
+    parent = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            PARENT_OF_READER,
+            str(mp / "b.bin"),
+            str(tmp_path / "out"),
+            CHILD_READER,
+            "O_DIRECT" if direct else "buffered",
+        ],
+        stderr=subprocess.PIPE,
+    )
+    try:
+        assert parent.stderr is not None
+        child = int(parent.stderr.readline())
+        wait_for(lambda: in_read(child), 10, what="the child to block in read()")
+        wait_for(
+            lambda: node.job_status("j")["limiter_oldest_wait_s"] >= 1,
+            10,
+            what="the child's read to wait a second",
+        )
+        if befalls == "killed":
+            parent.kill()
+            wait_for(lambda: parent.poll() is not None, 10, what="the parent to die")
+        else:
+            parent.send_signal(signal.SIGSTOP)
+            parent.send_signal(signal.SIGINT)  # stays pending while it is stopped
+        # Two seconds more (eight looks): the child still waits, its read never ended
+        # (an ended one starts again: the oldest wait's age would start from 0).
+        deadline = node.job_status("j")["limiter_oldest_wait_s"] + 2
+        wait_for(
+            lambda: node.job_status("j")["limiter_oldest_wait_s"] >= deadline,
+            10,
+            what="two more seconds of waiting",
+        )
+        assert not gone_or_zombie(child) and waiting(node, "j") == 1
+        put_io(node, "j", None)
+        wait_for(lambda: gone_or_zombie(child), 30, what="the child to finish")
+    finally:
+        parent.kill()
+        _, err = parent.communicate(timeout=30)
+    assert (tmp_path / "out").read_bytes() == files["b.bin"], err.decode(errors="replace")
+    assert node.mount_status(mp)["interrupted_reads"] == 0

@@ -483,6 +483,31 @@ def test_cli_bad_config_is_one_line(tmp_path: Path) -> None:
     assert "controller.toml:2: remote_io must not be negative" in res.output
 
 
+@pytest.mark.parametrize("value", ['"100"', "100", "1e9", '" 5 "'])
+def test_a_rate_without_a_unit_in_the_config_is_refused(tmp_path: Path, value: str) -> None:
+    """As on the command line (`allocate-io`, `--io-limit`): remote_io = 100 was 100 B/s
+    for the whole link, every job paused in effect, without a word."""
+    text = CONFIG.replace('remote_io = "1GB/s"', f"remote_io = {value}")
+    args = ["controller", "run", "--once", "--config", write_config(tmp_path, text)]
+    res = CliRunner().invoke(main, args)
+    assert res.exit_code == 1 and res.output.strip().count("\n") == 0, res.output
+    assert "controller.toml:2: remote_io: the rate" in res.output
+    assert "needs a unit" in res.output
+
+
+@pytest.mark.parametrize(("value", "expected"), [("0", 0.0), ('"0"', 0.0), ("inf", math.inf)])
+def test_a_rate_of_zero_or_inf_needs_no_unit(tmp_path: Path, value: str, expected: float) -> None:
+    text = CONFIG.replace('remote_io = "1GB/s"', f"remote_io = {value}")
+    assert load_controller_config(write_config(tmp_path, text)).remote_io == expected
+
+
+def test_a_jobs_ideal_io_without_a_unit_is_refused(tmp_path: Path) -> None:
+    path = write_config(tmp_path)
+    (tmp_path / "jobs.toml").write_text(JOBS.replace('"912MB/s"', "912"))
+    with pytest.raises(ConfigError, match="ideal_io: the rate '912' needs a unit"):
+        load_jobs_file(load_controller_config(path).jobs_file)
+
+
 def test_status_with_the_contract_field_names_parses() -> None:
     seen = parse_status(
         "n1",
@@ -613,3 +638,12 @@ def test_tls_nodes_need_a_tls_table_and_bad_files_are_one_line(tmp_path: Path) -
     both = CONFIG.replace('socket = "{sock2}"', 'socket = "/a"\naddress = "tls://h:1"')
     with pytest.raises(ConfigError, match="one of socket"):
         load_controller_config(write_config(tmp_path, both))
+
+
+@pytest.mark.parametrize("value", ["100", "fast", "-1MB/s"])
+def test_job_register_refuses_an_ideal_io_without_a_unit(tmp_path: Path, value: str) -> None:
+    # Refused before any request (no daemon here): one line, exit 2, naming the flag.
+    args = ["job", "register", "j", "--gpus", "1", "--ideal-io", value]
+    res = CliRunner().invoke(main, [*args, "--socket", str(tmp_path / "none.sock")])
+    assert res.exit_code == 2, res.output
+    assert "--ideal-io" in res.output and res.output.strip().count("\n") == 0, res.output

@@ -43,6 +43,9 @@ def test_comment_tokens_are_the_prologs_and_bad_values_count_as_not_given() -> N
         None,
     )
     assert parse_comment("") == ((), None, None)
+    # A rate without a unit is not one, as for `job register --ideal-io` (the prolog
+    # cancels such a job): not 100 B/s, which would rank it as needing no IO.
+    assert parse_comment("silofs=/d silofs.ideal_io=100") == (("/d",), None, None)
 
 
 @pytest.mark.parametrize(

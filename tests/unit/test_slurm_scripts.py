@@ -173,3 +173,42 @@ def test_a_dataset_that_will_not_mount_cancels_the_job_unless_the_node_is_at_fau
     else:
         assert res.returncode == 1
         assert not any(ln.startswith(("scancel", "scontrol update")) for ln in lines)
+
+
+@pytest.mark.parametrize("daemon_answers", [True, False])
+def test_a_registration_refused_for_the_comments_values_cancels_the_job_not_the_node(
+    site: dict[str, Path], daemon_answers: bool
+) -> None:
+    """silofs.epochs=-1 or silofs.ideal_io=fast is the job owner's text: the daemon
+    refuses the registration, and the job is cancelled (its mounts undone) while the
+    node stays in service; it drained the node (exit 1). The daemon down: exit 1."""
+    for name in ("scancel", "scontrol"):
+        _stand_in(site, name, "exit 0")
+    ctl = site["tmp"] / "silofs-ctl"
+    ctl.write_text(
+        f'#!/bin/sh\necho "silofs-ctl $*" >> {site["record"]}\n'
+        'case "$1" in job) echo "silofs-ctl: error: field \'epochs\' must be more than 0" >&2;'
+        " exit 1 ;; esac\n"
+        f"exit {0 if daemon_answers else 1}\n"
+    )
+    res = _with_bin(
+        site,
+        SLURM_JOB_ID="8",
+        SLURM_JOB_UID="0",
+        SLURM_JOB_COMMENT="silofs=ds1 silofs.epochs=-1",
+    )
+    lines = site["record"].read_text().splitlines()
+    (failed,) = [
+        ln for ln in site["tmp"].joinpath("log").read_text().splitlines() if "FAILED" in ln
+    ]
+    assert "register: silofs-ctl: error: field 'epochs' must be more than 0" in failed
+    assert any(ln.startswith("silofs unmount") and ln.endswith("/8/ds1") for ln in lines)
+    assert not (site["root"] / "8").exists()
+    if daemon_answers:
+        assert res.returncode == 0, res.stderr
+        assert "scancel 8" in lines
+        (comment,) = [ln for ln in lines if ln.startswith("scontrol update JobId=8")]
+        assert "AdminComment=silofs: register: " in comment and "epochs" in comment
+    else:
+        assert res.returncode == 1
+        assert not any(ln.startswith(("scancel", "scontrol update")) for ln in lines)

@@ -16,7 +16,15 @@ import pytest
 import trio
 import trio.testing
 
-from silofs.mount.waits import FIRST_LOOK, LOOK_EVERY, Interrupted, ProcLook, Waits
+from silofs.mount.waits import (
+    FIRST_LOOK,
+    HOLDERS_EVERY,
+    LOOK_EVERY,
+    Interrupted,
+    ProcLook,
+    Waits,
+    holders,
+)
 
 
 def bit(*sigs: int) -> int:
@@ -44,28 +52,48 @@ def write_status(
     )
 
 
+MOUNTPOINT = "/mnt/silofs/7/ds"
+
+
 def gone(proc: Path, pid: int) -> None:
-    (proc / str(pid) / "status").unlink()
-    (proc / str(pid)).rmdir()
+    d = proc / str(pid)
+    for sub in ("fd", "fdinfo"):
+        for f in (d / sub).glob("*") if (d / sub).exists() else ():
+            f.unlink()
+        if (d / sub).exists():
+            (d / sub).rmdir()
+    (d / "status").unlink()
+    d.rmdir()
+
+
+def hold(proc: Path, pid: int, fd: int, path: str, ino: int) -> None:
+    """Process `pid` holds `path` (inode `ino`) open as descriptor `fd`."""
+    d = proc / str(pid)
+    (d / "fd").mkdir(parents=True, exist_ok=True)
+    (d / "fdinfo").mkdir(exist_ok=True)
+    (d / "fd" / str(fd)).symlink_to(path)
+    (d / "fdinfo" / str(fd)).write_text(f"pos:\t0\nflags:\t0100000\nmnt_id:\t99\nino:\t{ino}\n")
 
 
 class Reads:
     """Reads waiting in a Waits over a fake /proc, each until the test ends it."""
 
     def __init__(self, proc: Path) -> None:
-        self.waits = Waits(str(proc))
+        self.waits = Waits(str(proc), MOUNTPOINT)
         self.outcome: dict[str, str] = {}
 
-    async def start(self, nursery: trio.Nursery, name: str, opener: int) -> None:
+    async def start(self, nursery: trio.Nursery, name: str, opener: int, inode: int = 0) -> None:
         """A read begins; the test goes on half a look later, so that what it writes
         next is seen at a look of its own (never at the same virtual instant)."""
-        nursery.start_soon(self.read, name, opener)
+        nursery.start_soon(self.read, name, opener, None, inode)
         await trio.sleep(LOOK_EVERY / 2)
 
-    async def read(self, name: str, opener: int, scope: trio.CancelScope | None = None) -> None:
+    async def read(
+        self, name: str, opener: int, scope: trio.CancelScope | None = None, inode: int = 0
+    ) -> None:
         with scope or trio.CancelScope():
             try:
-                await self.waits.wait(opener, trio.sleep_forever)
+                await self.waits.wait(opener, trio.sleep_forever, inode)
             except Interrupted as exc:
                 self.outcome[name] = f"EINTR: {exc}"
                 return
@@ -237,3 +265,73 @@ def test_procfs_of_this_process_parses() -> None:
     seen = ProcLook.read("/proc", os.getpid())
     assert seen is not None and seen.tgid == os.getpid() and not seen.gone
     assert ProcLook.read("/proc", 0) is None
+
+
+def test_a_dying_openers_file_held_by_another_process_reads_on(tmp_path: Path) -> None:
+    """A parent opened the file and handed it to a child (stdin=f): the parent's death
+    is not the child's, whose read goes on; once no other process holds the file, the
+    read ends (within HOLDERS_EVERY)."""
+    write_status(tmp_path, 100, state="S (sleeping)")
+    write_status(tmp_path, 200)
+    hold(tmp_path, 100, 3, f"{MOUNTPOINT}/train/a.bin", 42)
+    hold(tmp_path, 200, 0, f"{MOUNTPOINT}/train/a.bin", 42)  # the child's stdin
+    hold(tmp_path, 300 - 1, 5, "/other/mount/train/a.bin", 42)  # elsewhere: not a holder
+    write_status(tmp_path, 299)
+
+    async def test(reads: Reads, nursery: trio.Nursery) -> None:
+        await reads.start(nursery, "child", 100, inode=42)
+        await reads.start(nursery, "killed", 100, inode=43)  # a file nobody else holds
+        await trio.sleep(FIRST_LOOK + LOOK_EVERY)
+        write_status(tmp_path, 100, shdpnd=bit(9))  # the parent is being killed
+        await trio.sleep(LOOK_EVERY + 0.01)
+        assert reads.outcome == {"killed": "EINTR: process 100 is being killed"}
+        gone(tmp_path, 100)
+        await trio.sleep(2 * HOLDERS_EVERY)
+        assert list(reads.outcome) == ["killed"]  # the child still holds it: reads on
+        # Pid 100 reused by another process, one told to stop: nothing to the child.
+        write_status(tmp_path, 100, shdpnd=bit(9, 2), caught=bit(2))
+        await trio.sleep(2 * HOLDERS_EVERY)
+        assert list(reads.outcome) == ["killed"]
+        gone(tmp_path, 200)  # the child goes too: nobody holds the file
+        await trio.sleep(HOLDERS_EVERY + LOOK_EVERY)
+        assert reads.outcome["child"] == "EINTR: process 100 is gone"
+
+    run(test, tmp_path)
+
+
+def test_a_stopped_opener_with_a_caught_signal_pending_is_not_the_reader(tmp_path: Path) -> None:
+    """Stopped (SIGSTOP, Ctrl-Z, a debugger), a process keeps a caught SIGINT pending
+    till it goes on; a reader waiting on us would be in D. Its child reads on."""
+    write_status(tmp_path, 100, state="S (sleeping)")
+
+    async def test(reads: Reads, nursery: trio.Nursery) -> None:
+        await reads.start(nursery, "r", 100)
+        await trio.sleep(FIRST_LOOK)
+        for state in ("T (stopped)", "t (tracing stop)"):
+            write_status(tmp_path, 100, state=state, shdpnd=bit(2), caught=bit(2))
+            await trio.sleep(10 * LOOK_EVERY)
+            assert not reads.outcome
+        write_status(tmp_path, 100, shdpnd=bit(2), caught=bit(2))  # D: waiting on us
+        await trio.sleep(2 * LOOK_EVERY + 0.01)
+        assert reads.outcome == {"r": "EINTR: process 100 has SIGINT pending"}
+
+    run(test, tmp_path)
+
+
+def test_holders_of_files_under_a_mount(tmp_path: Path) -> None:
+    hold(tmp_path, 10, 3, f"{MOUNTPOINT}/a", 5)
+    hold(tmp_path, 10, 4, f"{MOUNTPOINT}/b (deleted)", 6)
+    hold(tmp_path, 11, 0, f"{MOUNTPOINT}/a", 5)
+    hold(tmp_path, 12, 0, f"{MOUNTPOINT}x/a", 5)  # another mount whose path begins alike
+    hold(tmp_path, 12, 1, "pipe:[1234]", 5)
+    (tmp_path / "13").mkdir()  # a process whose fds this one may not read
+    (tmp_path / "self").mkdir()
+    assert holders(str(tmp_path), MOUNTPOINT) == {5: {10, 11}, 6: {10}}
+    assert holders(str(tmp_path / "nothing"), MOUNTPOINT) == {}
+
+
+def test_holders_of_this_process_are_found(tmp_path: Path) -> None:
+    # Real /proc: this process holds a file under tmp_path (as if it were the mount).
+    with open(tmp_path / "f", "wb") as f:
+        found = holders("/proc", str(tmp_path))
+        assert found.get(os.fstat(f.fileno()).st_ino) == {os.getpid()}
