@@ -20,13 +20,16 @@ with it the daemon's wait and charge) when that process
 - has SIGKILL pending (a kill, or any signal it does not catch that ends it: the
   kernel turns those into SIGKILL for every thread),
 
-and in both cases no other process holds the file open under this mount (/proc/*/fd
-and fdinfo, looked at once the opener is found dying, trusted for HOLDERS_EVERY after
-that): the opener may have handed it on (subprocess's stdin=f, a fork after open), and
-the reader is then that other process, whom the opener's death does not stop (and the
-opener's pid, which any new process may take, is not looked at again). A holder
-this process may not look at (another user's, another mount namespace's) is not seen:
-such a read ends as before. Or when that process
+and in both cases no other process holds the file open under this mount (/proc/*/fd and
+fdinfo, walked in a worker thread once the opener is found dying, the verdict taken at
+the next look, and trusted for HOLDERS_EVERY after that: the walk reads every process's
+descriptors, milliseconds here and a good part of a second on a host with tens of
+thousands, and on the loop it would stall every read this process serves): the opener
+may have handed it on (subprocess's stdin=f, a fork after open), and the reader is then
+that other process, whom the opener's death does not stop (and the opener's pid, which
+any new process may take, is not looked at again). A holder this process may not look at
+(another user's, another mount namespace's) is not seen: such a read ends as before. Or
+when that process
 
 - has SIGINT, SIGTERM, SIGHUP or SIGQUIT pending, caught and not blocked, at two
   looks in a row (one look could catch a signal on its way to a running thread), in
@@ -131,12 +134,19 @@ class ProcLook:
 class Waits:
     """The waiting reads of one serving process, and the task that looks at them."""
 
-    def __init__(self, proc: str = "/proc", mountpoint: str = "") -> None:
+    def __init__(
+        self,
+        proc: str = "/proc",
+        mountpoint: str = "",
+        run_sync: Callable[..., Awaitable[dict[int, set[int]]]] = trio.to_thread.run_sync,
+    ) -> None:
         self.proc = proc
+        self._run_sync = run_sync  # how run() walks /proc: a worker thread
         # Resolved (never stat()ed: this process serves it); "": no holder is looked for.
         self.mountpoint = mountpoint
         self._holders: dict[int, set[int]] = {}  # inode -> processes holding it open
         self._holders_at = -math.inf  # when _holders was looked at (trio's clock)
+        self._want_holders = False  # a look found a dying opener with no fresh walk
         self._waits: dict[_Wait, None] = {}
         self._wake: trio.Event | None = None  # set while run() waits for a first read
         self.interrupted = 0  # reads ended (the mount also counts them per mount)
@@ -172,6 +182,11 @@ class Waits:
                 await self._wake.wait()
                 self._wake = None
             await trio.sleep(LOOK_EVERY)
+            if self._want_holders:
+                self._want_holders = False
+                at = trio.current_time()
+                self._holders = await self._run_sync(holders, self.proc, self.mountpoint)
+                self._holders_at = at
             self.look_all(trio.current_time())
 
     def look_all(self, now: float) -> None:
@@ -213,13 +228,14 @@ class Waits:
 
     def _held_elsewhere(self, w: _Wait, now: float) -> bool:
         """Whether a process other than w's opener holds w's file open under this
-        mount, by a look at /proc taken after w's read began and at most HOLDERS_EVERY
-        ago (one walk serves every dying opener of a look)."""
+        mount, by a walk of /proc begun after w's read began and at most HOLDERS_EVERY
+        ago (one walk serves every dying opener of a look). With no such walk yet, the
+        read is taken as held until run() has walked (the next look decides)."""
         if not self.mountpoint or not w.inode:
             return False
         if self._holders_at < w.since or now - self._holders_at >= HOLDERS_EVERY:
-            self._holders = holders(self.proc, self.mountpoint)
-            self._holders_at = now
+            self._want_holders = True
+            return True
         return bool(self._holders.get(w.inode, set()) - {w.tgid})
 
 
