@@ -158,7 +158,7 @@ def run_demo(root: Path, epochs: int, files: int = SMALL_FILES, big: int = BIG_S
         _stop_daemon(socket)
     if unmounted.returncode != 0:
         # The last part of "cannot unmount M: fusermount3: failed to unmount M: REASON".
-        why = unmounted.stderr.strip().rpartition(": ")[2] or "no reason given"
+        why = unmounted.stderr.strip().rpartition(": ")[2].partition(" (")[0] or "no reason given"
         raise click.ClickException(
             f"could not unmount {mnt}: {why} (close what uses it, then `fusermount3 -u {mnt}`)"
         )

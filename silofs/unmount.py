@@ -84,6 +84,11 @@ def unmount(mountpoint: str, socket: str, lazy: bool) -> Outcome:
         raise SilofsError(f"cannot unmount {path}: fusermount3 did not finish") from None
     if res.returncode != 0:
         reason = (res.stderr.strip().splitlines() or ["fusermount3 failed"])[-1]
+        if not lazy and "busy" in reason.lower():
+            # What umount(8) users reach for next: say it, and what it does.
+            reason += (
+                " (files are open in it; close them, or `silofs unmount --lazy` to detach now)"
+            )
         raise SilofsError(f"cannot unmount {path}: {reason}")
     deadline = time.monotonic() + EXIT_WAIT
     while pid and time.monotonic() < deadline and pid_alive(pid):

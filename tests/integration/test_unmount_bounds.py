@@ -139,6 +139,7 @@ def test_unmount_with_a_cold_read_in_flight_says_busy_then_detaches_in_bounded_t
         code, err, elapsed = _silofs_unmount(node, mp)
         assert code == 1 and err.startswith(f"silofs: error: cannot unmount {mp}: "), err
         assert "busy" in err and len(err.splitlines()) == 1
+        assert err.endswith("or `silofs unmount --lazy` to detach now)"), err  # what next
         assert elapsed < EXIT_BOUND and mounted(mp) and not reader.done.is_set()
         code, err, elapsed = _silofs_unmount(node, mp, "--lazy")
         assert code == 0 and elapsed < EXIT_BOUND + 5, (err, elapsed)
