@@ -688,7 +688,7 @@ _THREAD_REQUEST_SECONDS = _EVICT_SLOW_REQUEST_SECONDS
 _THREAD_FLOOR_RATE = float(1 << 20)
 
 
-class _Throttled:
+class Throttled:
     """A warning at most once a minute, saying how many were held back since the last
     one (those go to DEBUG): a port scan or a shortage of fds must not flood the log."""
 
@@ -708,14 +708,15 @@ class _Throttled:
         self.last, self.held = now, 0
 
 
-async def _accept_forever(
+async def accept_forever(
     sock: trio.socket.SocketType,
     accepted: Callable[[trio.socket.SocketType, Any], None],
     warn: Callable[[str], None],
 ) -> None:
     """Hand each accepted connection (and its address) to `accepted` until cancelled.
     Out of fds or memory, the pending connection waits in the backlog and accept is
-    tried again every 0.1 s: `warn` hears of it, never a traceback."""
+    tried again every 0.1 s: `warn` hears of it, never a traceback. Every listener of
+    the daemon accepts this way (the control socket, the TLS listener, /metrics)."""
     while True:
         try:
             conn, addr = await sock.accept()
@@ -743,13 +744,13 @@ class _Acceptor:
         self.untrusted = 0
         self.everyone = 0
         self.refusing = 0
-        self.warn = _Throttled()
+        self.warn = Throttled()
         # Connections served from a thread hold one each: their own limiter, never the
         # one of trio's other worker threads (a full one leaves them on the loop).
         self.threads = trio.CapacityLimiter(conns.threads) if conns.threads else None
 
     async def run(self, sock: trio.socket.SocketType, nursery: trio.Nursery) -> None:
-        await _accept_forever(sock, functools.partial(self._accepted, nursery), self.warn)
+        await accept_forever(sock, functools.partial(self._accepted, nursery), self.warn)
 
     def _accepted(self, nursery: trio.Nursery, conn: trio.socket.SocketType, _addr: Any) -> None:
         try:
@@ -951,7 +952,7 @@ class _TLSAcceptor:
         self.open = 0
         self.refused = 0  # connections closed without being served (tests, logs)
         self.served = 0
-        self.warn = _Throttled()
+        self.warn = Throttled()
         self.tokens = tls_limits.handshakes_per_second
         self.refilled = time.monotonic()
         # Per source address: its handshakes in progress and its own bucket, so that one
@@ -988,7 +989,7 @@ class _TLSAcceptor:
         return src
 
     async def run(self, sock: trio.socket.SocketType, nursery: trio.Nursery) -> None:
-        await _accept_forever(sock, functools.partial(self._accepted, nursery), self._refusal)
+        await accept_forever(sock, functools.partial(self._accepted, nursery), self._refusal)
 
     def _accepted(self, nursery: trio.Nursery, conn: trio.socket.SocketType, addr: Any) -> None:
         limit = self.tls_limits.max_connections

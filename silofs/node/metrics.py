@@ -10,9 +10,8 @@ GET /metrics on the TCP listener (the control API stays on the Unix socket).
 
 from __future__ import annotations
 
-import errno
+import functools
 import logging
-import os
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -21,6 +20,7 @@ from prometheus_client import CollectorRegistry, Histogram, ProcessCollector, ge
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from silofs.control.server import Throttled, accept_forever
 from silofs.errors import UsageError
 from silofs.units import is_digits
 
@@ -328,10 +328,6 @@ METRICS_CONNECTIONS = 16
 # A scrape's request must arrive within this, and its answer leave within it again: a
 # client that sends nothing, or never reads, holds its connection no longer.
 METRICS_SECONDS = 10.0
-# Out of fds, accept is tried again this often (the connection waits in the backlog).
-_ACCEPT_RETRY = 0.1
-_ACCEPT_CAPACITY = {errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS}
-_WARN_EVERY = 60.0
 
 
 async def serve_tcp(
@@ -343,14 +339,10 @@ async def serve_tcp(
     is 404. One request per connection, METRICS_CONNECTIONS at once; rendering runs in
     the trio loop, where the state it reads lives."""
     active = 0
-    warned = -_WARN_EVERY
+    throttled = Throttled()
 
     def warn(message: str) -> None:
-        nonlocal warned
-        now = trio.current_time()
-        if now - warned >= _WARN_EVERY:
-            warned = now
-            log.warning("metrics listener: %s", message)
+        throttled(f"metrics listener: {message}")
 
     async def handle(stream: trio.SocketStream) -> None:
         data = b""
@@ -386,28 +378,20 @@ async def serve_tcp(
             active -= 1
             await trio.aclose_forcefully(stream)
 
-    async def accept_forever(listener: trio.SocketListener, nursery: trio.Nursery) -> None:
+    def accepted(nursery: trio.Nursery, conn: trio.socket.SocketType, _addr: Any) -> None:
         nonlocal active
-        while True:
-            try:
-                stream = await listener.accept()
-            except OSError as exc:
-                if exc.errno not in _ACCEPT_CAPACITY:
-                    raise
-                warn(f"accept: {os.strerror(exc.errno)}; waiting for connections to close")
-                await trio.sleep(_ACCEPT_RETRY)
-                continue
-            if active >= METRICS_CONNECTIONS:
-                await trio.aclose_forcefully(stream)
-                warn(f"{METRICS_CONNECTIONS} scrapes open; closing the connections beyond")
-                continue
-            active += 1
-            nursery.start_soon(serve, stream)
+        if active >= METRICS_CONNECTIONS:
+            conn.close()
+            warn(f"{METRICS_CONNECTIONS} scrapes open; closing the connections beyond")
+            return
+        active += 1
+        nursery.start_soon(serve, trio.SocketStream(conn))
 
     for listener in listeners:
         host, port = listener.socket.getsockname()[:2]
         log.info("metrics on http://%s:%d/metrics", host, port)
     async with trio.open_nursery() as nursery:
         for listener in listeners:
-            nursery.start_soon(accept_forever, listener, nursery)
+            on_accept = functools.partial(accepted, nursery)
+            nursery.start_soon(accept_forever, listener.socket, on_accept, warn)
         task_status.started()
