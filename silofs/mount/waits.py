@@ -55,6 +55,8 @@ from typing import TypeVar
 
 import trio
 
+from silofs.units import is_digits
+
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
@@ -247,7 +249,7 @@ def holders(proc: str, mountpoint: str) -> dict[int, set[int]]:
     prefix = mountpoint.rstrip("/") + "/"
     found: dict[int, set[int]] = {}
     try:
-        pids = [int(p) for p in os.listdir(proc) if p.isascii() and p.isdigit()]
+        pids = [int(p) for p in os.listdir(proc) if is_digits(p)]
     except OSError:
         return found
     for pid in pids:
