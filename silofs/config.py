@@ -345,9 +345,11 @@ MAX_PEER_TIMEOUT = 30
 MIN_PEER_FLOOR_RATE = 64 << 10
 
 
-def parse_cluster(table: dict, version: int = 0) -> ClusterSettings:
+def parse_cluster(table: dict, version: int = 0, *, typed: bool = False) -> ClusterSettings:
     """[cluster] (or the body of a member list pushed at runtime) as ClusterSettings;
-    UsageError naming the key otherwise."""
+    UsageError naming the key otherwise. `typed`: written by a person (silofs.toml), whose
+    rates need a unit as everywhere people type them ("100" is 100 B/s to us, 100 Mbit/s
+    to a JuiceFS user); a pushed body's JSON may carry plain integers (bytes/s)."""
     unknown = sorted(set(table) - _CLUSTER_KEYS)
     if unknown:
         raise UsageError(f"unknown key {unknown[0]!r}")
@@ -356,7 +358,7 @@ def parse_cluster(table: dict, version: int = 0) -> ClusterSettings:
             raise UsageError(f"{key!r} is missing")
     out: dict[str, object] = {"version": version}
     for key, value in table.items():
-        out[key] = _cluster_value(key, value)
+        out[key] = _cluster_value(key, value, typed)
     settings = ClusterSettings(**out)  # type: ignore[arg-type]
     if settings.address is not None and settings.address not in member_addresses(settings):
         raise UsageError(f"address {settings.address!r} is not one of the members")
@@ -367,7 +369,7 @@ def member_addresses(c: ClusterSettings) -> list[str]:
     return [m.address for m in c.members]
 
 
-def _cluster_value(key: str, value: object) -> object:
+def _cluster_value(key: str, value: object, typed: bool = False) -> object:
     if key == "name":
         if (
             not isinstance(value, str)
@@ -393,7 +395,7 @@ def _cluster_value(key: str, value: object) -> object:
         return value
     if key in ("peer_serve_rate", "peer_floor_rate"):
         try:
-            rate = parse_rate(value)  # type: ignore[arg-type]
+            rate = parse_rate(value, require_unit=typed)  # type: ignore[arg-type]
         except UsageError as exc:
             raise UsageError(f"{key}: {exc}") from None
         if key == "peer_floor_rate" and (not rate or rate < MIN_PEER_FLOOR_RATE):
@@ -523,7 +525,7 @@ def load_node_settings(path: str | None, **overrides: object) -> NodeSettings:
                 continue
             if section == "cluster":
                 try:
-                    values["cluster"] = parse_cluster(table, version=_mtime_us(path))
+                    values["cluster"] = parse_cluster(table, version=_mtime_us(path), typed=True)
                 except UsageError as exc:
                     raise UsageError(f"config file {path}: [cluster] {exc}") from None
                 continue

@@ -95,7 +95,10 @@ def parse_rate(text: str | int | None, *, require_unit: bool = False) -> int | N
     if isinstance(text, float) and text == math.inf:
         return None
     if not isinstance(text, str):
-        return _rate(_number(text, "rate"), text)
+        number = _number(text, "rate")
+        if require_unit and number != 0:  # a TOML integer or float: as unit-less as "100"
+            raise UsageError(f"the rate {_short(text)} needs a unit: write one of {RATE_FORMS}")
+        return _rate(number, text)
     raw = text.strip()
     if raw.lower() in ("unlimited", "inf", "none"):
         return None

@@ -21,6 +21,16 @@ from .tomlcheck import Checker, ConfigError, load_toml
 
 log = logging.getLogger(__name__)
 
+# Floors of the controller's periods: below them a typo (poll = "0.000001s") is a busy
+# loop asking every node's daemon (and slurmctld, which Slurm asks sites to poll sparingly)
+# thousands of times a second, and a timeout under a network's round trip fails every
+# node. Each is well under what a cluster needs (re-planning faster than jobs change
+# rates plans nothing new).
+MIN_POLL = 0.1
+MIN_INTERVAL = 1.0
+MIN_TIMEOUT = 0.1
+MIN_SLURM_POLL = 1.0
+
 # The policies a controller config may name.
 POLICIES: dict[str, type[Policy]] = {
     "gavel": GavelPolicy,
@@ -116,9 +126,9 @@ def load_controller_config(path: str) -> ControllerConfig:
         remote_io=remote_io,
         nodes=nodes,
         jobs_file=jobs_file,
-        interval=_positive(ck, data, "interval", 30.0),
-        poll=_positive(ck, data, "poll", 2.0),
-        timeout=_positive(ck, data, "timeout", 5.0),
+        interval=_positive(ck, data, "interval", 30.0, least=MIN_INTERVAL),
+        poll=_positive(ck, data, "poll", 2.0, least=MIN_POLL),
+        timeout=_positive(ck, data, "timeout", 5.0, least=MIN_TIMEOUT),
         tls=tls,
         slurm=_slurm(ck, data.get("slurm")),
     )
@@ -139,8 +149,8 @@ def _slurm(ck: Checker, raw: Any) -> SlurmConfig | None:
     for key, allowed in (("format", SLURM_FORMATS), ("priority", SLURM_PRIORITY)):
         if key in raw and raw[key] not in allowed:
             raise ck.fail(where + (key,), f"{key} must be one of {', '.join(allowed)}")
-    timeout = _positive(ck, raw, "timeout", d.timeout, where)
-    poll = _positive(ck, raw, "poll", d.poll, where)
+    timeout = _positive(ck, raw, "timeout", d.timeout, where, least=MIN_TIMEOUT)
+    poll = _positive(ck, raw, "poll", d.poll, where, least=MIN_SLURM_POLL)
     max_output = ck.size(raw["max_output"], where + ("max_output",), "max_output") if (
         "max_output" in raw) else d.max_output  # fmt: skip
     if max_output <= 0:
@@ -179,11 +189,19 @@ def _tls(ck: Checker, raw: Any, base: Path) -> TLSConfig | None:
 
 
 def _positive(
-    ck: Checker, data: Mapping[str, Any], key: str, default: float, where: tuple = ()
+    ck: Checker,
+    data: Mapping[str, Any],
+    key: str,
+    default: float,
+    where: tuple = (),
+    *,
+    least: float = 0.0,
 ) -> float:
     value = ck.duration(data.get(key, default), where + (key,), key)
     if value <= 0:
         raise ck.fail(where + (key,), f"{key} must be positive")
+    if value < least:
+        raise ck.fail(where + (key,), f"{key} must be at least {least:g}s ({value:g}s given)")
     return value
 
 

@@ -910,9 +910,12 @@ class TLSLimits:
     # clients costs bounded CPU. A controller keeps one keep-alive connection per node.
     handshakes_per_second: float = 20.0
     # A cluster member's request and answer are held to the peer bounds (ConnLimits);
-    # None: the idle timeout, as for a controller.
+    # None: the idle timeout, as for a controller. `member_bounds`, when given, is asked
+    # at each member's connection instead: the bounds of the member list in force, which
+    # a push may change (or bring, to a node started without [cluster]).
     member_request_seconds: float | None = None
     member_floor_rate: float | None = None
+    member_bounds: Callable[[], tuple[float, float]] | None = None
     # How long a member's connection may wait for its next request (None: the idle
     # timeout). Its pool closes connections idle 30 s (node/peer_client.py); one the
     # member never closes (it died, or the network between went away) must not hold a
@@ -1040,10 +1043,9 @@ class _TLSAcceptor:
             own = self.limits
             if peer.node and self.tls_limits.member_idle_seconds is not None:
                 own = dataclasses.replace(own, idle_timeout=self.tls_limits.member_idle_seconds)
+            request_seconds, floor_rate = self._member_bounds()
             limits = dataclasses.replace(
-                _thread_limits(own),
-                request_seconds=self.tls_limits.member_request_seconds,
-                floor_rate=self.tls_limits.member_floor_rate,
+                _thread_limits(own), request_seconds=request_seconds, floor_rate=floor_rate
             )
             if peer.node and await serve_member(
                 tls, conn, self.router, peer, self.member_threads, limits
@@ -1055,6 +1057,12 @@ class _TLSAcceptor:
         finally:
             self.open -= 1
             await trio.aclose_forcefully(stream)
+
+    def _member_bounds(self) -> tuple[float | None, float | None]:
+        live = self.tls_limits.member_bounds
+        if live is not None:
+            return live()
+        return self.tls_limits.member_request_seconds, self.tls_limits.member_floor_rate
 
     async def _handshake(self, tls: trio.SSLStream, addr: Any) -> Peer | None:
         """The peer its verified certificate proves, or None (logged, counted) if

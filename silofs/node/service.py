@@ -25,7 +25,7 @@ import lmdb
 import trio
 
 from silofs import __version__, heap, sealed
-from silofs.config import NodeSettings
+from silofs.config import ClusterSettings, NodeSettings
 from silofs.control.peer import peer_may_change
 from silofs.control.server import (
     ConnectionLimits,
@@ -109,6 +109,7 @@ async def serve(daemon: Daemon, task_status: trio.TaskStatus = trio.TASK_STATUS_
                             handshakes_per_second=settings.tls_handshakes_per_second,
                             allowed_names=frozenset(settings.tls_client_names),
                             **member_bounds(settings),
+                            member_bounds=functools.partial(member_bounds_in_force, daemon),
                         ),
                         task_status=task_status,
                     )
@@ -225,6 +226,15 @@ def member_bounds(s: NodeSettings) -> dict[str, float]:
         "member_floor_rate": float(s.cluster.peer_floor_rate),
         **idle,
     }
+
+
+def member_bounds_in_force(daemon: Daemon) -> tuple[float, float]:
+    """The peer bounds of the member list in force (a pushed list's peer_timeout_seconds
+    and peer_floor_rate, or silofs.toml's; the defaults before any list): what members'
+    requests and answers on this node's listener are held to, as each asking member
+    holds its own asks (peer_client.Bounds)."""
+    config = daemon.cluster.config or daemon.settings.cluster or ClusterSettings("", ())
+    return config.peer_timeout_seconds, float(config.peer_floor_rate)
 
 
 def members_in_force(daemon: Daemon) -> int:

@@ -95,6 +95,11 @@ def test_no_section_no_cluster(tmp_path: Path) -> None:
         ('name = "c"\nmembers = ["tls://a:1"]\npeer_floor_rate = "1B/s"', "at least 64KiB/s"),
         ('name = "c"\nmembers = ["tls://a:1"]\npeer_serve_rate = 0', "above 0"),
         ('name = "c"\nmembers = ["tls://a:1"]\npeer_floor_rate = "fast"', "peer_floor_rate"),
+        # As every rate people type: 100000000 was 100 MB/s here, 100 Mbit/s to a JuiceFS
+        # user, 100 KiB/s to an rclone one.
+        ('name = "c"\nmembers = ["tls://a:1"]\npeer_serve_rate = 100000000', "needs a unit"),
+        ('name = "c"\nmembers = ["tls://a:1"]\npeer_serve_rate = 1e8', "needs a unit"),
+        ('name = "c"\nmembers = ["tls://a:1"]\npeer_floor_rate = "1048576"', "needs a unit"),
         ('name = "c"\nmembers = ["tls://a:1"]\nkeep_peer_copies = "yes"', "true or false"),
         ('name = "c"\nmembers = ["tls://a:1"]\nport = 1', "unknown key 'port'"),
     ],
@@ -113,6 +118,9 @@ def test_a_cluster_needs_the_mutual_tls_listener(tmp_path: Path) -> None:
 
 def test_a_pushed_list_is_parsed_by_the_same_rules() -> None:
     c = parse_cluster({"name": "c", "members": ["tls://[FD00::1]:7470"]}, version=5)
+    # ...but its JSON may carry a rate as plain bytes/s, as every control API body may.
+    pushed = parse_cluster({"name": "c", "members": ["tls://a:1"], "peer_serve_rate": 10**8})
+    assert pushed.peer_serve_rate == 10**8
     assert c.members == (MemberSpec("tls://[fd00::1]:7470"),) and c.version == 5
     with pytest.raises(UsageError, match="unknown key"):
         parse_cluster({"name": "c", "members": ["tls://a:1"], "versoin": 2})

@@ -483,6 +483,36 @@ def test_cli_bad_config_is_one_line(tmp_path: Path) -> None:
     assert "controller.toml:2: remote_io must not be negative" in res.output
 
 
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ('poll = "0.000001s"', "poll must be at least 0.1s (1e-06s given)"),
+        ('poll = "10ms"', "poll must be at least 0.1s"),
+        ('interval = "0.5s"', "interval must be at least 1s"),
+        ('timeout = "1ms"', "timeout must be at least 0.1s"),
+    ],
+)
+def test_a_period_that_would_be_a_busy_loop_is_refused(
+    tmp_path: Path, line: str, message: str
+) -> None:
+    """poll = "0.000001s" asked every node's daemon for its status about a million times a
+    second, without a word: the controller was a busy loop, every daemon's socket with it."""
+    key = line.split(" ")[0]
+    text = "\n".join(x for x in CONFIG.splitlines() if not x.startswith(f"{key} ="))
+    text = text.replace('remote_io = "1GB/s"', f'remote_io = "1GB/s"\n{line}')
+    res = CliRunner().invoke(
+        main, ["controller", "run", "--once", "--config", write_config(tmp_path, text)]
+    )
+    assert res.exit_code == 1 and res.output.strip().count("\n") == 0, res.output
+    assert message in res.output
+
+
+def test_the_floors_of_the_periods_themselves_are_accepted(tmp_path: Path) -> None:
+    text = CONFIG.replace('interval = "30s"', 'interval = "1s"\npoll = "0.1s"\ntimeout = "100ms"')
+    cfg = load_controller_config(write_config(tmp_path, text))
+    assert (cfg.poll, cfg.timeout, cfg.interval) == (0.1, 0.1, 1.0)
+
+
 @pytest.mark.parametrize("value", ['"100"', "100", "1e9", '" 5 "'])
 def test_a_rate_without_a_unit_in_the_config_is_refused(tmp_path: Path, value: str) -> None:
     """As on the command line (`allocate-io`, `--io-limit`): remote_io = 100 was 100 B/s

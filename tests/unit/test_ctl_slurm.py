@@ -251,6 +251,7 @@ def test_slurm_settings_and_their_defaults(tmp_path: Path) -> None:
     [
         ('priority = "on"', "priority must be one of off, log, set"),
         ('poll = "-1s"', "poll: duration must not be negative"),
+        ('poll = "0.2s"', "poll must be at least 1s"),
         ('format = "xml"', "format must be one of auto, json, text"),
         ("timeout = 0", "timeout must be positive"),
         ("max_priority_updates = 0", "max_priority_updates must be positive"),

@@ -8,6 +8,7 @@ test's to write and read. No sleeps: waits poll with a deadline.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import select
 import socket
@@ -263,6 +264,48 @@ def test_a_members_trickled_request_is_cut_at_the_peer_bound(pki: Path) -> None:
         assert _trickle_until_closed(s, get("/v1/peer/big") * 50)
         assert time.monotonic() - start < 5
         wait_for(lambda: acc.member_threads.borrowed_tokens == 0, DEADLINE, "its thread to end")
+
+
+def test_the_bounds_in_force_at_a_members_connection_are_the_ones_it_is_held_to(
+    pki: Path,
+) -> None:
+    """A member list pushed at runtime brings its peer_timeout_seconds to the listener:
+    before, members' requests were held to silofs.toml's bounds of the daemon's start
+    (none at all on a node started without [cluster]: the controller's 300 s)."""
+    probe = Probe()
+    in_force: list[tuple[float, float]] = [(300.0, 1.0)]
+    with server(pki, probe, member_bounds=lambda: in_force[0]) as (port, acc):
+        with connect(pki, port) as s:  # held to 300 s: a trickled request goes on
+            start = time.monotonic()
+            s.sendall(get("/v1/peer/big")[:10])
+            for byte in b"x" * 10:
+                s.sendall(bytes([byte]))
+                assert not select.select([s], [], [], 0.1)[0]
+            assert time.monotonic() - start > 1.0
+        in_force[0] = (0.5, 16e6)  # a push: the next connection is held to 0.5 s
+        with connect(pki, port) as s:
+            start = time.monotonic()
+            assert _trickle_until_closed(s, get("/v1/peer/big") * 50)
+            assert time.monotonic() - start < 5
+        wait_for(lambda: acc.member_threads.borrowed_tokens == 0, DEADLINE, "its thread to end")
+
+
+def test_member_bounds_in_force_follow_a_pushed_list(tmp_path: Path) -> None:
+    from types import SimpleNamespace
+
+    from silofs.config import ClusterSettings, MemberSpec
+    from silofs.node.service import member_bounds_in_force
+
+    config = ClusterSettings("c", (MemberSpec("tls://a:1"),))
+    daemon = SimpleNamespace(cluster=SimpleNamespace(config=None), settings=SimpleNamespace(
+        cluster=None))  # fmt: skip
+    assert member_bounds_in_force(daemon) == (2.0, float(1 << 20))  # before any list
+    daemon.settings.cluster = dataclasses.replace(config, peer_timeout_seconds=5.0)
+    assert member_bounds_in_force(daemon) == (5.0, float(1 << 20))  # silofs.toml's
+    daemon.cluster.config = dataclasses.replace(
+        config, peer_timeout_seconds=1.0, peer_floor_rate=4 << 20
+    )
+    assert member_bounds_in_force(daemon) == (1.0, float(4 << 20))  # the pushed list's
 
 
 def test_a_member_that_never_reads_its_answer_is_cut_at_the_peer_bound(pki: Path) -> None:
