@@ -13,6 +13,7 @@ import functools
 import json
 import socket
 import threading
+import types
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -344,3 +345,49 @@ def test_a_moved_connection_is_judged_by_the_roles_its_peer_holds_now(
         admin[0] = True
         assert c.get("/v1/chunks?key=a")[0] == 200
         c.close()
+
+
+class _CountingSocket(socket.socket):
+    """A socket that counts the wait limits set on it, by kind."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        super().__init__(sock.family, sock.type, fileno=sock.detach())
+        self.sets: list[int] = []
+
+    def setsockopt(self, level: int, option: int, value: Any) -> None:  # type: ignore[override]
+        self.sets.append(option)
+        super().setsockopt(level, option, value)
+
+
+def test_receive_and_send_limits_are_kept_apart_across_requests(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The idle wait between requests sets only the receives' limit, and answers with the
+    same bound as the last one set nothing: a member's chunk asks cost no setsockopt each
+    (four before). A wait still ends by its deadline. (The clock thread_conn reads is
+    the test's, so each request's bound is counted from the same point of its cycle.)"""
+    now = [1000.0]
+    monkeypatch.setattr(thread_conn, "time", types.SimpleNamespace(monotonic=lambda: now[0]))
+    a, b = socket.socketpair()
+    sock = _CountingSocket(a)
+    ch = thread_conn.PlainChannel(sock)
+    try:
+        for _ in range(3):  # a request's cycle: idle wait, its read, its answer
+            ch.deadline = float("inf")
+            ch.wait_at_most(300.0, sends=False)
+            b.sendall(b"ask")
+            assert ch.recv() == b"ask"
+            now[0] += 0.5
+            ch.deadline = now[0] + 2.0
+            ch.send(b"answer")
+            assert b.recv(16) == b"answer"
+        assert sock.sets == [socket.SO_RCVTIMEO, socket.SO_SNDTIMEO]  # once each, ever
+        # A receive whose deadline is sooner than the kept limit gets its own (the
+        # kernel's clock counts it), and ends by it.
+        ch.deadline = now[0] + 0.05
+        with pytest.raises(thread_conn._Closed):
+            ch.recv()
+        assert sock.sets[-1] == socket.SO_RCVTIMEO
+    finally:
+        sock.close()
+        b.close()
