@@ -334,6 +334,10 @@ class ThreadConnection:
         self.buf = b""
         # Routes this connection's requests found: _route.
         self._routes: dict[tuple[str, bytes, int], tuple[str, Match]] = {}
+        # The last header block parsed and its headers (_request): a member's chunk asks,
+        # and a mount's misses, send the same header lines every time.
+        self._last_block: bytes | None = None
+        self._last_headers: dict[str, str] = {}
         self.token = trio.lowlevel.current_trio_token()
         # The handler's end, signalled from the loop; polled with the socket (its close).
         self.wake = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
@@ -463,11 +467,15 @@ class ThreadConnection:
 
     def _request(self, head: bytes) -> tuple[Request, Match, bool]:
         """(the request, its route's decision, whether to close after the answer)."""
-        lines = head.split(b"\r\n")
-        parts = lines[0].split(b" ")
+        line, _, block = head.partition(b"\r\n")
+        parts = line.split(b" ")
         if len(parts) != 3 or parts[2] != b"HTTP/1.1" or not parts[0].isalpha():
             raise _Reject(400, "malformed HTTP request: want METHOD TARGET HTTP/1.1")
-        headers = _headers(lines[1:])
+        if block == self._last_block:  # checked and parsed before: a copy of its headers
+            headers = self._last_headers.copy()
+        else:
+            headers = _headers(block.split(b"\r\n") if block else [])
+            self._last_block, self._last_headers = block, headers.copy()
         method = parts[0].decode("ascii")
         path, query, match = self._route(method, parts[1])
         if "transfer-encoding" in headers:

@@ -69,9 +69,16 @@ def make_router(probe: Probe) -> Router:
     async def echo(req: Request) -> Response:
         return Response(200, req.body, "application/octet-stream")
 
+    async def headers(req: Request) -> Response:
+        # Its own copy: what a handler did to an earlier request's is not here.
+        seen = dict(req.headers)
+        req.headers["x-changed-by-handler"] = "1"
+        return json_response(seen)
+
     router.add("GET", "/v1/chunks", chunk, threaded=True)
     router.add("GET", "/v1/slow", slow)
     router.add("GET", "/v1/plain", plain)
+    router.add("GET", "/v1/headers", headers)
     router.add("PUT", "/v1/echo", echo, body_limit=1024)
     router.add("PUT", "/v1/offer", echo, body_limit=64 << 20)
     return router
@@ -143,6 +150,26 @@ def test_a_chunk_request_moves_the_connection_and_it_keeps_answering(
         c.send("GET", "/v1/chunks")
         assert json.loads(c.answer()[2])["query"] == {"n": "1"}
         assert c.answer()[2] == BIG
+        c.close()
+
+
+def test_each_request_on_a_moved_connection_has_its_own_headers(
+    tmp_path: Path, moved: list[Any]
+) -> None:
+    """A header block the connection parsed before is not parsed again (a mount sends the
+    same lines with every miss), but each request gets its own copy, and another block
+    is parsed and checked as any."""
+    with server(tmp_path, Probe()) as path:
+        c = Client(path)
+        assert c.get("/v1/chunks")[0] == 200
+        wait_for(lambda: len(moved) == 1, DEADLINE, "the connection's thread")
+        for extra in ("x-a: 1\r\n",) * 3 + ("x-b: 2\r\n", "", "x-a: 1\r\n"):
+            status, _, body = c.get("/v1/headers", extra)
+            got = json.loads(body)
+            assert status == 200
+            want = {"host": "x"} | dict([extra.strip().split(": ")] if extra else [])
+            assert got == want
+        assert c.get("/v1/headers", "bad header\r\n")[0] == 400
         c.close()
 
 
