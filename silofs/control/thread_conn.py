@@ -163,11 +163,12 @@ class _Bounded:
         """Each wait while there is no deadline ends after `seconds`: the receives' (the
         idle timeout between requests), and with `sends` the sends' too (while a handler
         runs: its 102s). Between requests nothing is sent but a TLS session's own
-        message, which the limit of the last answer's sends bounds."""
+        message, which the limit of the last answer's sends bounds (this one, before
+        the first answer: no send ever waits without a limit)."""
         if self.recv_limit != seconds:
             wait_limit(self.sock, seconds, RECV_LIMIT)
             self.recv_limit = seconds
-        if sends and self.send_limit != seconds:
+        if (sends or self.send_limit is None) and self.send_limit != seconds:
             wait_limit(self.sock, seconds, SEND_LIMIT)
             self.send_limit = seconds
 
