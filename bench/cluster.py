@@ -5,7 +5,7 @@ from one store behind a limited link, two epochs, each node in its own random or
     python bench/cluster.py [--nodes 4] [--quick] [--json] [--only shared|alone]
         [--files N] [--file-size 256K] [--readers 4] [--store s3rver|moto]
         [--store-rate 50MB/s] [--store-latency-ms 20] [--node-rate 25Gbit/s]
-        [--cache-slack 0.1] [--keep DIR] [--profile PREFIX]
+        [--cache-slack 0.1] [--keep DIR] [--profile PREFIX] [--syscalls]
 
 Each node's link to the others is shaped to --node-rate, 25 Gbit/s by default: the NICs
 of GPU cluster nodes carry 25-400 Gbit/s, and a 1 Gbit/s link (~119 MiB/s) would cap
@@ -30,7 +30,9 @@ reads' latency; and, labelled as a projection beside the goal's figure, what the
 node alone (its daemon and mount) spends per peer-served chunk and the rate its cores
 would allow with the homes on other hosts. --profile PREFIX runs py-spy on the asking daemon, its
 mount and one home's daemon during more peer rounds (their figures are not comparable)
-and prints where their busy time goes.
+and prints where their busy time goes. --syscalls runs more peer rounds under `perf stat`
+(tracepoints) and adds `syscalls_per_peer_chunk`: each process's system calls, context
+switches (voluntary and not) and CPU per peer-served chunk, steadier than the rounds'.
 
 Prints one JSON object with --json (the figures below otherwise), with the host's load.
 Goals on the bench host: shared store_bytes <= 1.1 D; shared epoch 2 >= 2x faster than
@@ -46,7 +48,9 @@ import math
 import os
 import random
 import resource
+import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -262,6 +266,7 @@ def peer_vs_local(
     local_rate, peer_rate = statistics.median(rates["local"]), statistics.median(rates["peer"])
     if args.profile:
         _profile_peer_round(args, c, mp, peer, files)
+    calls = _syscalls_peer_round(args, c, mp, peer, files) if args.syscalls else None
     return {
         "node": role,
         "files": {"local": len(local), "peer": len(peer)},
@@ -309,6 +314,7 @@ def peer_vs_local(
         "runs_per_local_chunk": round(
             (slices["local"]["daemon"] + slices["local"]["mount"]) / (len(local) * args.rounds), 2
         ),
+        **({"syscalls_per_peer_chunk": calls} if calls is not None else {}),
     }
 
 
@@ -413,6 +419,78 @@ def _profile_peer_round(
         log(args, f"\n{out}:\n{profile_summary(out)}")
 
 
+# What --syscalls counts (perf stat, tracepoints): the calls a peer-served chunk makes
+# on each side, its context switches (voluntary: a wait; involuntary: a preemption) and
+# its CPU (task-clock, ms).
+_SYSCALLS = ("futex", "recvfrom", "sendto", "recvmsg", "sendmsg", "setsockopt", "read",
+             "writev", "poll", "epoll_wait", "epoll_ctl")  # fmt: skip
+_PERF_EVENTS = ",".join([*(f"syscalls:sys_enter_{n}" for n in _SYSCALLS), "context-switches",
+                         "task-clock"])  # fmt: skip
+
+
+def _syscalls_peer_round(
+    args: argparse.Namespace, c: Cluster, mp: Path, keys: list[str], files: dict[str, bytes]
+) -> dict[str, Any]:
+    """More peer rounds (6 x the peer files, page cache dropped before each read) under
+    `perf stat` on the asking daemon, its mount and all the homes: each one's system
+    calls, context switches and CPU per peer-served chunk. The homes' figures are per
+    chunk the asker read, all homes together (each answers about 1/(N-1) of them)."""
+    asker = c.nodes[c.spec.roles[0]]
+    homes = [x.pid for r, x in c.nodes.items() if r != c.spec.roles[0]]
+    pids = {"daemon": [asker.pid], "mount": [asker.node.mount_pid(mp)], "homes": homes}
+    with tempfile.TemporaryDirectory(prefix="silofs-perf-") as tmp:
+        procs = {}
+        for name, ps in pids.items():
+            argv = ["perf", "stat", "-x", ",", "-e", _PERF_EVENTS,
+                    "-p", ",".join(map(str, ps)), "-o", f"{tmp}/{name}"]  # fmt: skip
+            try:
+                procs[name] = subprocess.Popen(argv, stderr=subprocess.DEVNULL)
+            except FileNotFoundError:
+                sys.exit("--syscalls needs perf (linux-perf)")
+        time.sleep(1.0)  # perf attaches
+        before = {name: _switches(ps) for name, ps in pids.items()}
+        n = len(keys) * 6
+        _read_keys(mp, keys * 6, files, args.readers, drop=True)
+        after = {name: _switches(ps) for name, ps in pids.items()}
+        for proc in procs.values():
+            proc.send_signal(signal.SIGINT)
+            proc.wait(30)
+        out: dict[str, Any] = {"chunks": n}
+        for name in pids:
+            counts: dict[str, float] = {}
+            for line in Path(f"{tmp}/{name}").read_text().splitlines():
+                fields = line.split(",")
+                if len(fields) > 2 and fields[2]:
+                    try:
+                        counts[fields[2].removeprefix("syscalls:sys_enter_")] = float(fields[0])
+                    except ValueError:  # <not counted>, <not supported>
+                        pass
+            per = {k: round(v / n, 2) for k, v in counts.items() if k != "task-clock"}
+            per["cpu_us"] = round(1000 * counts.get("task-clock", 0.0) / n)
+            per["voluntary_switches"] = round((after[name][0] - before[name][0]) / n, 2)
+            per["involuntary_switches"] = round((after[name][1] - before[name][1]) / n, 2)
+            out[name] = per
+            log(args, f"  syscalls per peer-served chunk, {name}: {per}")
+    return out
+
+
+def _switches(pids: list[int]) -> tuple[int, int]:
+    """(voluntary, involuntary) context switches of the processes' live threads."""
+    vol = invol = 0
+    for pid in pids:
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            try:
+                with open(f"/proc/{pid}/task/{tid}/status") as f:
+                    for line in f:
+                        if line.startswith("voluntary_ctxt_switches:"):
+                            vol += int(line.split()[1])
+                        elif line.startswith("nonvoluntary_ctxt_switches:"):
+                            invol += int(line.split()[1])
+            except (OSError, ValueError, IndexError):
+                pass  # ended meanwhile
+    return vol, invol
+
+
 def _read_keys(
     mp: Path, keys: list[str], files: dict[str, bytes], readers: int, drop: bool = False
 ) -> list[FileRead]:
@@ -488,6 +566,8 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--keep", default=None, help="work under this directory and keep it")
     ap.add_argument("--profile", default=None, help="py-spy the peer path: PREFIX-*.txt")
+    ap.add_argument("--syscalls", action="store_true",
+                    help="perf stat the peer path: system calls, switches per chunk")  # fmt: skip
     args = ap.parse_args()
     shape = QUICK if args.quick else FULL
     args.files = args.files or shape["files"]

@@ -104,28 +104,42 @@ def handoff(tls: trio.SSLStream) -> tuple[ssl.SSLObject, ssl.MemoryBIO, ssl.Memo
     return parts  # type: ignore[return-value]
 
 
-def wait_limit(sock: socket.socket, seconds: float) -> None:
-    """Each recv and send on the blocking `sock` waits at most `seconds`, counted by the
-    kernel (SO_RCVTIMEO, SO_SNDTIMEO; a wait that runs out raises BlockingIOError): one
-    system call per read or write, where a Python socket timeout polls before each."""
+# The kernel's limits on one blocking wait (a recv's, a send's): each kind is set on its
+# own, so that a limit a connection's receives keep (the idle timeout between requests)
+# is not set again because its sends needed another (an answer's deadline), and back.
+RECV_LIMIT = socket.SO_RCVTIMEO
+SEND_LIMIT = socket.SO_SNDTIMEO
+
+
+def wait_limit(sock: socket.socket, seconds: float, kind: int | None = None) -> None:
+    """Each recv (kind RECV_LIMIT) or send (SEND_LIMIT), or both (None), on the blocking
+    `sock` waits at most `seconds`, counted by the kernel (SO_RCVTIMEO, SO_SNDTIMEO; a
+    wait that runs out raises BlockingIOError): one system call per read or write, where
+    a Python socket timeout polls before each."""
     whole = int(seconds)
     micros = max(int((seconds - whole) * 1_000_000), 0 if whole else 1)  # 0 0: forever
     value = struct.pack("@ll", whole, micros)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, value)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, value)
+    for option in (RECV_LIMIT, SEND_LIMIT) if kind is None else (kind,):
+        sock.setsockopt(socket.SOL_SOCKET, option, value)
 
 
-def wait_until(sock: socket.socket, deadline: float, limit: float | None) -> float | None:
-    """Make each wait on `sock` end by `deadline` (at most _TIMEOUT_SLACK after it), where
-    `limit` is the wait limit set on it last: the limit in force after this call, or None
-    if the deadline has passed. The limit is set again only when the one in force would
-    not end a wait in time, so the reads and sends of one request cost no call each."""
+def wait_until(
+    sock: socket.socket, deadline: float, limit: float | None, kind: int
+) -> float | None:
+    """Make each wait of `kind` (RECV_LIMIT, SEND_LIMIT) on `sock` end by `deadline` (at
+    most _TIMEOUT_SLACK after it), where `limit` is the one of that kind set on it last:
+    the limit in force after this call, or None if the deadline has passed. The limit is
+    set again only when the one in force would not end a wait in time, so the reads and
+    sends of one request, and of the next ones with the same bound, cost no call each:
+    it is set half the slack past the deadline, so that the next request's (its bound
+    counted from a moment a few microseconds later or sooner in its cycle) finds it
+    within the slack too."""
     left = deadline - time.monotonic()
     if left <= 0:
         return None
     if limit is None or not left <= limit <= left + _TIMEOUT_SLACK:
-        wait_limit(sock, left)
-        return left
+        limit = left + _TIMEOUT_SLACK / 2
+        wait_limit(sock, limit, kind)
     return limit
 
 
@@ -137,28 +151,45 @@ class _Bounded:
         # When the current request must be read, or its answer sent, by (monotonic):
         # a client that trickles bytes is cut there, as on the loop (fail_after).
         self.deadline = math.inf
-        self.limit: float | None = None  # each wait's, as last set (wait_limit)
+        # Each wait's limit, receives' and sends' apart, as last set (wait_limit).
+        self.recv_limit: float | None = None
+        self.send_limit: float | None = None
         # What a read lands in (then copied out at its length): a recv of _RECV bytes
         # into a new object maps and unmaps that much memory on every call (~20 us,
         # more than the rest of a small request's read).
         self.landing = memoryview(bytearray(_RECV))
 
-    def wait_at_most(self, seconds: float) -> None:
-        """Each wait while there is no deadline (between requests, while a handler
-        runs) ends after `seconds` (the idle timeout)."""
-        if self.limit != seconds:
-            wait_limit(self.sock, seconds)
-            self.limit = seconds
+    def wait_at_most(self, seconds: float, *, sends: bool = True) -> None:
+        """Each wait while there is no deadline ends after `seconds`: the receives' (the
+        idle timeout between requests), and with `sends` the sends' too (while a handler
+        runs: its 102s). Between requests nothing is sent but a TLS session's own
+        message, which the limit of the last answer's sends bounds (this one, before
+        the first answer: no send ever waits without a limit)."""
+        if self.recv_limit != seconds:
+            wait_limit(self.sock, seconds, RECV_LIMIT)
+            self.recv_limit = seconds
+        if (sends or self.send_limit is None) and self.send_limit != seconds:
+            wait_limit(self.sock, seconds, SEND_LIMIT)
+            self.send_limit = seconds
 
-    def _bound(self) -> None:
-        """Each wait ends by the deadline (wait_until), or the connection closes once
-        it has passed."""
+    def _bound_recv(self) -> None:
+        """The next receive ends by the deadline (wait_until), or the connection closes
+        once it has passed."""
         if self.deadline == math.inf:
             return
-        limit = wait_until(self.sock, self.deadline, self.limit)
+        limit = wait_until(self.sock, self.deadline, self.recv_limit, RECV_LIMIT)
         if limit is None:
             raise _Closed("timed out")
-        self.limit = limit
+        self.recv_limit = limit
+
+    def _bound_send(self) -> None:
+        """The next send ends by the deadline, as _bound_recv."""
+        if self.deadline == math.inf:
+            return
+        limit = wait_until(self.sock, self.deadline, self.send_limit, SEND_LIMIT)
+        if limit is None:
+            raise _Closed("timed out")
+        self.send_limit = limit
 
     def _sendall(self, data: bytes | memoryview) -> None:
         """sendall, bounded by the deadline as a whole (a client reading a byte at a
@@ -166,7 +197,7 @@ class _Bounded:
         view = memoryview(data).cast("B")
         try:
             while view:
-                self._bound()
+                self._bound_send()
                 view = view[self.sock.send(view) :]
         except BlockingIOError:
             raise _Closed("timed out") from None
@@ -180,7 +211,7 @@ class PlainChannel(_Bounded):
     def recv(self) -> bytes:
         """Some bytes; b"" at the client's close."""
         try:
-            self._bound()
+            self._bound_recv()
             n = self.sock.recv_into(self.landing)
             return bytes(self.landing[:n])
         except BlockingIOError:
@@ -193,7 +224,7 @@ class PlainChannel(_Bounded):
         views = [memoryview(p).cast("B") for p in parts if len(p)]
         try:
             while views:
-                self._bound()
+                self._bound_send()
                 sent = self.sock.sendmsg(views)
                 while views and sent >= len(views[0]):
                     sent -= len(views.pop(0))
@@ -209,7 +240,7 @@ class PlainChannel(_Bounded):
         client's receive of that byte takes the descriptor too."""
         rights = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [fd]))]
         try:
-            self._bound()
+            self._bound_send()
             sent = self.sock.sendmsg([head], rights)
         except BlockingIOError:
             raise _Closed("timed out") from None
@@ -246,7 +277,7 @@ class TLSChannel(_Bounded):
             if self.outgoing.pending:
                 self._flush()  # a post-handshake message wants an answer
             try:
-                self._bound()
+                self._bound_recv()
                 n = self.sock.recv_into(self.landing)
             except BlockingIOError:
                 raise _Closed("timed out") from None
@@ -304,6 +335,10 @@ class ThreadConnection:
         self.buf = b""
         # Routes this connection's requests found: _route.
         self._routes: dict[tuple[str, bytes, int], tuple[str, Match]] = {}
+        # The last header block parsed and its headers (_request): a member's chunk asks,
+        # and a mount's misses, send the same header lines every time.
+        self._last_block: bytes | None = None
+        self._last_headers: dict[str, str] = {}
         self.token = trio.lowlevel.current_trio_token()
         # The handler's end, signalled from the loop; polled with the socket (its close).
         self.wake = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
@@ -351,7 +386,7 @@ class ThreadConnection:
     def _serve_one(self) -> bool:
         """One request and its answer; False if the connection is to be closed."""
         self.ch.deadline = math.inf  # waiting for a request: the idle timeout
-        self.ch.wait_at_most(self.idle_timeout)
+        self.ch.wait_at_most(self.idle_timeout, sends=False)
         with self.state_lock:
             self.idle_since = None if self.buf else time.monotonic()
         try:
@@ -433,11 +468,15 @@ class ThreadConnection:
 
     def _request(self, head: bytes) -> tuple[Request, Match, bool]:
         """(the request, its route's decision, whether to close after the answer)."""
-        lines = head.split(b"\r\n")
-        parts = lines[0].split(b" ")
+        line, _, block = head.partition(b"\r\n")
+        parts = line.split(b" ")
         if len(parts) != 3 or parts[2] != b"HTTP/1.1" or not parts[0].isalpha():
             raise _Reject(400, "malformed HTTP request: want METHOD TARGET HTTP/1.1")
-        headers = _headers(lines[1:])
+        if block == self._last_block:  # checked and parsed before: a copy of its headers
+            headers = self._last_headers.copy()
+        else:
+            headers = _headers(block.split(b"\r\n") if block else [])
+            self._last_block, self._last_headers = block, headers.copy()
         method = parts[0].decode("ascii")
         path, query, match = self._route(method, parts[1])
         if "transfer-encoding" in headers:

@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from silofs.control.thread_conn import wait_until
+from silofs.control.thread_conn import RECV_LIMIT, SEND_LIMIT, wait_until
 from silofs.control.tls import certificate_identity
 from silofs.units import is_digits
 
@@ -147,9 +147,11 @@ class TLSPipe:
         self.raw, self.obj, self.incoming, self.outgoing = raw, obj, incoming, outgoing
         self.deadline = math.inf  # monotonic: reads and sends past it raise TimeoutError
         self._ciphertext = memoryview(bytearray(_RECV))  # what _fill receives into
-        # The socket blocks, each wait limited by the kernel (wait_limit), as last set.
+        # The socket blocks, each wait limited by the kernel (wait_limit), as last set:
+        # the receives' and the sends' apart.
         raw.settimeout(None)
-        self.limit: float | None = None
+        self.recv_limit: float | None = None
+        self.send_limit: float | None = None
 
     @classmethod
     def connect(
@@ -232,15 +234,25 @@ class TLSPipe:
             return have, exc
         return have, None
 
-    def _bound(self) -> None:
-        """Each wait ends by the deadline (wait_until), or TimeoutError if it has
-        passed: a chunk's few reads cost no system call each beyond the read."""
+    def _bound_recv(self) -> None:
+        """The next receive ends by the deadline (wait_until), or TimeoutError if it has
+        passed: a chunk's few reads cost no system call each beyond the read, and the
+        sends' limit (an exchange's timeout, the same every time) is not set again."""
         if self.deadline == math.inf:
             return
-        limit = wait_until(self.raw, self.deadline, self.limit)
+        limit = wait_until(self.raw, self.deadline, self.recv_limit, RECV_LIMIT)
         if limit is None:
             raise TimeoutError("timed out")
-        self.limit = limit
+        self.recv_limit = limit
+
+    def _bound_send(self) -> None:
+        """The next send ends by the deadline, as _bound_recv."""
+        if self.deadline == math.inf:
+            return
+        limit = wait_until(self.raw, self.deadline, self.send_limit, SEND_LIMIT)
+        if limit is None:
+            raise TimeoutError("timed out")
+        self.send_limit = limit
 
     def _fill(self, plaintext: int = 0) -> bool:
         """More ciphertext, waited for until the deadline (TimeoutError after it). With
@@ -250,7 +262,7 @@ class TLSPipe:
         (a record is longer than its plaintext), so the recv waits for all of it at once
         (MSG_WAITALL; less at the deadline or the close): one wake-up for most of a
         chunk's body, not one per burst of segments."""
-        self._bound()
+        self._bound_recv()
         need = plaintext - self.incoming.pending - _MAX_RECORD
         need = min(need, len(self._ciphertext))
         try:
@@ -269,7 +281,7 @@ class TLSPipe:
         view = memoryview(data)
         try:
             while view:
-                self._bound()
+                self._bound_send()
                 view = view[self.raw.send(view) :]
         except BlockingIOError:
             raise TimeoutError("timed out") from None

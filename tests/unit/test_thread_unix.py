@@ -13,6 +13,7 @@ import functools
 import json
 import socket
 import threading
+import types
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -68,9 +69,16 @@ def make_router(probe: Probe) -> Router:
     async def echo(req: Request) -> Response:
         return Response(200, req.body, "application/octet-stream")
 
+    async def headers(req: Request) -> Response:
+        # Its own copy: what a handler did to an earlier request's is not here.
+        seen = dict(req.headers)
+        req.headers["x-changed-by-handler"] = "1"
+        return json_response(seen)
+
     router.add("GET", "/v1/chunks", chunk, threaded=True)
     router.add("GET", "/v1/slow", slow)
     router.add("GET", "/v1/plain", plain)
+    router.add("GET", "/v1/headers", headers)
     router.add("PUT", "/v1/echo", echo, body_limit=1024)
     router.add("PUT", "/v1/offer", echo, body_limit=64 << 20)
     return router
@@ -142,6 +150,26 @@ def test_a_chunk_request_moves_the_connection_and_it_keeps_answering(
         c.send("GET", "/v1/chunks")
         assert json.loads(c.answer()[2])["query"] == {"n": "1"}
         assert c.answer()[2] == BIG
+        c.close()
+
+
+def test_each_request_on_a_moved_connection_has_its_own_headers(
+    tmp_path: Path, moved: list[Any]
+) -> None:
+    """A header block the connection parsed before is not parsed again (a mount sends the
+    same lines with every miss), but each request gets its own copy, and another block
+    is parsed and checked as any."""
+    with server(tmp_path, Probe()) as path:
+        c = Client(path)
+        assert c.get("/v1/chunks")[0] == 200
+        wait_for(lambda: len(moved) == 1, DEADLINE, "the connection's thread")
+        for extra in ("x-a: 1\r\n",) * 3 + ("x-b: 2\r\n", "", "x-a: 1\r\n"):
+            status, _, body = c.get("/v1/headers", extra)
+            got = json.loads(body)
+            assert status == 200
+            want = {"host": "x"} | dict([extra.strip().split(": ")] if extra else [])
+            assert got == want
+        assert c.get("/v1/headers", "bad header\r\n")[0] == 400
         c.close()
 
 
@@ -344,3 +372,51 @@ def test_a_moved_connection_is_judged_by_the_roles_its_peer_holds_now(
         admin[0] = True
         assert c.get("/v1/chunks?key=a")[0] == 200
         c.close()
+
+
+class _CountingSocket(socket.socket):
+    """A socket that counts the wait limits set on it, by kind."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        super().__init__(sock.family, sock.type, fileno=sock.detach())
+        self.sets: list[int] = []
+
+    def setsockopt(self, level: int, option: int, value: Any) -> None:  # type: ignore[override]
+        self.sets.append(option)
+        super().setsockopt(level, option, value)
+
+
+def test_receive_and_send_limits_are_kept_apart_across_requests(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The idle wait between requests sets only the receives' limit, and answers with the
+    same bound as the last one set nothing: a member's chunk asks cost no setsockopt each
+    (four before). A wait still ends by its deadline. (The clock thread_conn reads is
+    the test's, so each request's bound is counted from the same point of its cycle.)"""
+    now = [1000.0]
+    monkeypatch.setattr(thread_conn, "time", types.SimpleNamespace(monotonic=lambda: now[0]))
+    a, b = socket.socketpair()
+    sock = _CountingSocket(a)
+    ch = thread_conn.PlainChannel(sock)
+    try:
+        for _ in range(3):  # a request's cycle: idle wait, its read, its answer
+            ch.deadline = float("inf")
+            ch.wait_at_most(300.0, sends=False)
+            b.sendall(b"ask")
+            assert ch.recv() == b"ask"
+            now[0] += 0.5
+            ch.deadline = now[0] + 2.0
+            ch.send(b"answer")
+            assert b.recv(16) == b"answer"
+        # The first idle wait bounds sends too (none waits without a limit), the first
+        # answer sets its own; nothing after that.
+        assert sock.sets == [socket.SO_RCVTIMEO, socket.SO_SNDTIMEO, socket.SO_SNDTIMEO]
+        # A receive whose deadline is sooner than the kept limit gets its own (the
+        # kernel's clock counts it), and ends by it.
+        ch.deadline = now[0] + 0.05
+        with pytest.raises(thread_conn._Closed):
+            ch.recv()
+        assert sock.sets[-1] == socket.SO_RCVTIMEO
+    finally:
+        sock.close()
+        b.close()
