@@ -9,11 +9,14 @@ the same mount (its counters are not counted twice); dead mounts are reaped.
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import fcntl
+import grp
 import logging
 import os
 import re
+import stat
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -230,6 +233,24 @@ def test_the_enforcer_survives_a_failed_shrink(
 def test_a_second_daemon_on_the_same_cache_dir_refuses(daemon: Daemon, tmp_path: Path) -> None:
     with pytest.raises(UsageError, match=f"another silofs daemon \\(pid {os.getpid()}\\)"):
         Daemon(settings(tmp_path))
+
+
+def test_a_second_daemon_refused_leaves_the_first_ones_cache_modes(
+    daemon: Daemon, tmp_path: Path
+) -> None:
+    """A second daemon on a running daemon's cache dir, with another socket_group (or
+    none), refuses before it touches the directory: it set its own modes first, so
+    socket_group = "root" against a private cache (0700) opened the cached bytes to that
+    group (0750, 0640) while the first ran, and the reverse shut the first daemon's
+    socket_group mounts out of its env."""
+    cache = tmp_path / "cache"
+    paths = (cache, cache / "data.mdb", cache / "lock.mdb")
+    before = [(os.stat(p).st_mode, os.stat(p).st_gid) for p in paths]
+    assert stat.S_IMODE(before[0][0]) == 0o700
+    other = dataclasses.replace(settings(tmp_path), socket_group=grp.getgrgid(0).gr_name)
+    with pytest.raises(UsageError, match="another silofs daemon"):
+        Daemon(other)
+    assert [(os.stat(p).st_mode, os.stat(p).st_gid) for p in paths] == before
 
 
 def _lock_is_free(tmp_path: Path) -> bool:
