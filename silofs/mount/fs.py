@@ -20,6 +20,7 @@ import logging
 import os
 import stat
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import lmdb
@@ -98,6 +99,11 @@ class SilofsFS(pyfuse3.Operations):
         self._page_versions: OrderedDict[int, str] = OrderedDict()
         self._open_versions: dict[int, dict[str, int]] = {}  # inode -> version -> handles
         self.stale_inodes: list[int] = []  # attributes the kernel must fetch again
+        # Set by the mount (process.py): forgets an inode's attributes in the kernel at
+        # once (an attr-only notification: no page or lock of a request in flight is
+        # touched, and a read-only mount has no writeback to wait for). None (unit
+        # tests): stale_inodes waits for the report loop.
+        self.forget_attrs: Callable[[list[int]], None] | None = None
         self._next_fh = 1
         self.initialized = trio.Event()  # set once the kernel's INIT is being answered
 
@@ -552,7 +558,7 @@ class SilofsFS(pyfuse3.Operations):
                 # kernel must ask again (process.py invalidates these between requests).
                 node = self.listing.get(f.inode)
                 if node is None or node.version != f.obj.version:
-                    self.stale_inodes.append(f.inode)
+                    self._stale_size(f.inode)
         except pyfuse3.FUSEError:
             raise
         except Exception as exc:  # noqa: BLE001 - this request's EIO, not the mount's end
@@ -567,7 +573,20 @@ class SilofsFS(pyfuse3.Operations):
         if gen != self.listing.gen and slot is not None:
             node = self.listing.get(slot.inode)
             if node is None or version_hash(node.version, node.content_id) != slot.value:
-                self.stale_inodes.append(slot.inode)
+                self._stale_size(slot.inode)
+
+    def _stale_size(self, inode: int) -> None:
+        """A handle of an older version of `inode` was released: the kernel may hold the
+        size its last short read cut the inode to. Forgotten here, before this handler
+        returns (and so before a request read after this RELEASE is answered): left to
+        the report loop, an open or stat in the next 0.25 s saw the new version cut at
+        the old size, and a stat kept it for the attribute timeout (an hour with an
+        indefinite metadata TTL). Not earlier, at the short read: with the size not cut,
+        the old handle's reads past its end would be pages of zeros, not EOF."""
+        self.stale_inodes.append(inode)
+        if self.forget_attrs is not None:
+            inodes, self.stale_inodes = self.stale_inodes, []
+            self.forget_attrs(inodes)
 
     async def flush(self, fh: int) -> None:
         # ENOSYS once makes the kernel stop sending FLUSH: +55% small-file reads.

@@ -5,18 +5,24 @@ it reads the old version or gets EIO, never bytes of the new version mixed in (t
 mount's chunk requests carry the version it listed; the daemon answers 409 for another
 one, or serves the version the handle opened, from the previous listing generation, which
 the store then refuses as changed); the refreshing mount reads the new version whole.
+And a handle of the old version read to its end (the kernel cuts the inode's size to
+it) leaves no cut size behind: an open right after its close reads the new one whole.
 """
 
 from __future__ import annotations
 
 import errno
+import itertools
 import os
 import random
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from tests.support.fixtures import needs_fuse
+from tests.support.poll import wait_for
 
 pytestmark = [needs_fuse, pytest.mark.fuse]
 
@@ -64,3 +70,52 @@ def test_an_open_file_never_mixes_versions_after_a_refresh(
         assert os.pread(fd, 4096, 0) == old[:4096]  # the cached chunk 0 is still served
     finally:
         os.close(fd)
+
+
+def _refresh(node, uri: str) -> None:
+    res = subprocess.run(
+        [sys.executable, "-m", "silofs_ctl", "refresh", uri, "--wait", "--socket", node.socket],
+        capture_output=True,
+        text=True,
+        env=node.env,
+        timeout=120,
+    )
+    assert res.returncode == 0, res.stderr
+
+
+@pytest.mark.parametrize("procs", [1, 2])
+def test_a_file_grown_by_a_refresh_opens_whole_right_after_an_old_handle_closes(
+    procs, make_node, local_store, monkeypatch, bucket_name, tmp_path: Path
+) -> None:
+    """A handle opened before a refresh that listed the file larger reads its own
+    version to its end: that short read makes the kernel cut the inode's size to the
+    old one (the handle sees EOF there, not zeros). Once it is closed, a new open must
+    see the new size and read the new version whole: the inode's attributes are
+    forgotten as the handle is released. They were forgotten only at the report loop's
+    next round (up to 0.25 s later), and an open in between read the new version cut
+    at the old size, silently, and fstat showed that size."""
+    versions = [random.Random(n).randbytes(4 * CHUNK + 7 + n * 100_003) for n in range(4)]
+    local_store.apply_env(monkeypatch)
+    local_store.create(bucket_name, {"f.bin": versions[0]})
+    uri = local_store.uri(bucket_name)
+    node = make_node()
+    mp = node.mount(uri, tmp_path / "a", "--chunk-size", "256K", "--serve-processes", str(procs))
+    for before, after in itertools.pairwise(versions):  # a race shows in some rounds
+        assert (mp / "f.bin").read_bytes() == before  # cached whole
+        fd = os.open(mp / "f.bin", os.O_RDONLY)
+        try:
+            assert os.pread(fd, 100, 0) == before[:100]
+            local_store.put(bucket_name, "f.bin", after)
+            _refresh(node, uri)
+            wait_for(lambda a=after: os.stat(mp / "f.bin").st_size == len(a), what="the refresh")
+            got = b""
+            while chunk := os.pread(fd, 1 << 20, len(got)):
+                got += chunk
+            assert got == before  # its own version, to its own end
+        finally:
+            os.close(fd)
+        # Opened right after the close: its RELEASE reached the mount before this OPEN.
+        with open(mp / "f.bin", "rb") as f:
+            assert os.fstat(f.fileno()).st_size == len(after)
+            assert f.read() == after
+        assert os.stat(mp / "f.bin").st_size == len(after)
