@@ -20,6 +20,7 @@ import logging
 import os
 import stat
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import lmdb
@@ -97,7 +98,28 @@ class SilofsFS(pyfuse3.Operations):
         # changed since the mount started (_keep_cache); bounded.
         self._page_versions: OrderedDict[int, str] = OrderedDict()
         self._open_versions: dict[int, dict[str, int]] = {}  # inode -> version -> handles
+        # inode -> {size: handles} of the handles that read through the kernel's page
+        # cache (not direct_io) a version other than the listing's, and fh -> (inode,
+        # size) of each; made at each switch() from the handles open then (no handle
+        # opened later reads another version than the listing's), kept by release().
+        # The size this process gives the kernel for such an inode is the least of
+        # those and the listing's (_build_attr): the kernel zero-fills a page past a
+        # short read's end, and with its size of the inode larger than the handle's
+        # version (a refresh listed the object larger; the kernel asked for its
+        # attributes while the read was in flight, so it did not cut its size at the
+        # short read) the reader got those zeros after its version's bytes. A new open
+        # meanwhile reads with direct_io, never cut by that size; the handle's release
+        # forgets the size (_stale_size).
+        self._paged_sizes: dict[int, dict[int, int]] = {}
+        self._paged: dict[int, tuple[int, int]] = {}
+        self._clamped: set[int] = set()  # inodes whose kept attributes a handle cut
+        self._direct: set[int] = set()  # handles opened with direct_io (this process's)
         self.stale_inodes: list[int] = []  # attributes the kernel must fetch again
+        # Set by the mount (process.py): forgets an inode's attributes in the kernel at
+        # once (an attr-only notification: no page or lock of a request in flight is
+        # touched, and a read-only mount has no writeback to wait for). None (unit
+        # tests): stale_inodes waits for the report loop.
+        self.forget_attrs: Callable[[list[int]], None] | None = None
         self._next_fh = 1
         self.initialized = trio.Event()  # set once the kernel's INIT is being answered
 
@@ -110,6 +132,16 @@ class SilofsFS(pyfuse3.Operations):
         recently used entries that changed, for the caller to invalidate in the kernel."""
         stale = self.listing.switch(record)
         self._attrs.clear()
+        self._clamped.clear()
+        self._paged_sizes, self._paged = {}, {}
+        for fh, f in self._files.items():
+            if fh in self._direct:
+                continue
+            node = self.listing.get(f.inode)
+            if node is None or node.size != f.obj.size:
+                self._paged[fh] = (f.inode, f.obj.size)
+                sizes = self._paged_sizes.setdefault(f.inode, {})
+                sizes[f.obj.size] = sizes.get(f.obj.size, 0) + 1
         return stale
 
     # -- attributes ------------------------------------------------------------------
@@ -149,6 +181,10 @@ class SilofsFS(pyfuse3.Operations):
         else:
             a.st_mode = stat.S_IFREG | look.file_mode
             size = node.size
+            paged = self._paged_sizes.get(node.inode)
+            if paged and min(paged) < size:  # never past a page-cache handle's version
+                size = min(paged)
+                self._clamped.add(node.inode)
         a.st_size = size
         if look.uid:  # zero already (root's mounts): one setter call fewer per lookup
             a.st_uid = look.uid
@@ -352,13 +388,36 @@ class SilofsFS(pyfuse3.Operations):
                     # the kernel's pages of the inode are shared by all its handles, so this
                     # one reads around them (direct_io) and leaves them to the other version.
                     self._page_versions.pop(inode, None)
+                    self._direct.add(fh)
                     return pyfuse3.FileInfo(fh=fh, keep_cache=False, direct_io=True)
             keep = node.since <= m.first_gen or self._keep_cache(node)
+            if node.since > m.first_gen and self.forget_attrs is not None:
+                # The kernel may still hold the size of a version listed before (a
+                # refresh's invalidation marks attributes stale, it does not change the
+                # size): forgotten before the reply, so this handle's first read asks
+                # (auto_inval_data) and is cut at this version's end, never past it.
+                self.forget_attrs([inode])
             return pyfuse3.FileInfo(fh=fh, keep_cache=keep)
         except pyfuse3.FUSEError:
             raise
         except Exception as exc:  # noqa: BLE001 - this request's EIO, not the mount's end
             raise eio("FUSE open", exc) from None
+
+    def _paged_close(self, fh: int) -> None:
+        item = self._paged.pop(fh, None)
+        if item is None:
+            return
+        inode, size = item
+        sizes = self._paged_sizes[inode]
+        if sizes[size] > 1:
+            sizes[size] -= 1
+            return
+        del sizes[size]
+        if not sizes:
+            del self._paged_sizes[inode]
+        if inode in self._clamped:  # its kept attributes may be cut at this size
+            self._clamped.discard(inode)
+            self._attrs.pop(inode, None)
 
     def _open_shared(self, node: Entry, obj: ObjectInfo, opener: int) -> pyfuse3.FileInfo:
         """open() with several serving processes: the handle is a slot of the shared
@@ -535,6 +594,10 @@ class SilofsFS(pyfuse3.Operations):
             f = self._files.pop(fh, None)
             if f is None:
                 return
+            if self._direct:
+                self._direct.discard(fh)
+            if self._paged:
+                self._paged_close(fh)
             versions = self._open_versions.get(f.inode)
             if versions is not None:
                 version = f.obj.version
@@ -552,7 +615,7 @@ class SilofsFS(pyfuse3.Operations):
                 # kernel must ask again (process.py invalidates these between requests).
                 node = self.listing.get(f.inode)
                 if node is None or node.version != f.obj.version:
-                    self.stale_inodes.append(f.inode)
+                    self._stale_size(f.inode)
         except pyfuse3.FUSEError:
             raise
         except Exception as exc:  # noqa: BLE001 - this request's EIO, not the mount's end
@@ -567,7 +630,20 @@ class SilofsFS(pyfuse3.Operations):
         if gen != self.listing.gen and slot is not None:
             node = self.listing.get(slot.inode)
             if node is None or version_hash(node.version, node.content_id) != slot.value:
-                self.stale_inodes.append(slot.inode)
+                self._stale_size(slot.inode)
+
+    def _stale_size(self, inode: int) -> None:
+        """A handle of an older version of `inode` was released: the kernel may hold the
+        size its last short read cut the inode to. Forgotten here, before this handler
+        returns (and so before a request read after this RELEASE is answered): left to
+        the report loop, an open or stat in the next 0.25 s saw the new version cut at
+        the old size, and a stat kept it for the attribute timeout (an hour with an
+        indefinite metadata TTL). Not earlier, at the short read: with the size not cut,
+        the old handle's reads past its end would be pages of zeros, not EOF."""
+        self.stale_inodes.append(inode)
+        if self.forget_attrs is not None:
+            inodes, self.stale_inodes = self.stale_inodes, []
+            self.forget_attrs(inodes)
 
     async def flush(self, fh: int) -> None:
         # ENOSYS once makes the kernel stop sending FLUSH: +55% small-file reads.

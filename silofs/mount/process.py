@@ -340,6 +340,7 @@ class MountProcess:
             # set up again, with nothing left of the one the supervisor closed.
             self._ops.__init__(view, self.reader, look, shared)  # type: ignore[misc]
             self.fs = self._ops
+        self.fs.forget_attrs = _invalidate_attrs
 
     def _close(self) -> None:
         if self.fs is not None:

@@ -105,6 +105,31 @@ def check_cache_dir(path: str) -> None:
             f"cache dir {path} is not owned by uid {os.geteuid()} (the daemon's): "
             "choose another --cache-dir"
         )
+    _check_ancestors(path)
+
+
+def _check_ancestors(path: str) -> None:
+    """UsageError unless no one but the daemon's uid and root controls a directory on the
+    way to the cache dir: each from "/" to its parent owned by one of them, and one that
+    others may write sticky (like /tmp), as the socket's (control/server.py). Else whoever
+    may rename in one could move the cache dir away and put one of their own in its
+    place: every mount started after reads its env (listings and chunk values) by path."""
+    euid = os.geteuid()
+    parent = os.path.dirname(os.path.realpath(path))
+    where = "/"
+    for name in [n for n in parent.split("/") if n] + [""]:
+        st = os.lstat(where)
+        if st.st_uid not in (0, euid):
+            raise UsageError(
+                f"cache dir {path}: {where} is owned by uid {st.st_uid}, not by uid {euid} "
+                "or root: choose another --cache-dir"
+            )
+        if st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
+            raise UsageError(
+                f"cache dir {path}: {where} is writable by others (mode "
+                f"{stat.S_IMODE(st.st_mode):04o}, not sticky): choose another --cache-dir"
+            )
+        where = os.path.join(where, name)
 
 
 LOCK_FILE = "daemon.lock"

@@ -63,9 +63,11 @@ class Daemon:
         self.admin_gid = _group_id(settings.admin_group)
         self.socket_gid = _group_id(settings.socket_group)
         check_cache_dir(settings.cache_dir)
-        secure_cache_dir(settings.cache_dir, self.socket_gid)  # before LMDB opens a file
-        # Held until the process ends: a second daemon on this cache dir refuses to start.
+        # Held until the process ends: a second daemon on this cache dir refuses to start,
+        # and refuses before it sets a mode: with another socket_group it would open the
+        # running daemon's cached bytes to that group, or shut that daemon's mounts out.
         self.lock_fd = lock_cache_dir(settings.cache_dir)
+        secure_cache_dir(settings.cache_dir, self.socket_gid)  # before LMDB opens a file
         self.cache_size = resolve_cache_size(settings)
         self.map_size = env_map_size(self.cache_size)
         self.store = _open_store(settings.cache_dir, self.map_size)

@@ -9,11 +9,14 @@ the same mount (its counters are not counted twice); dead mounts are reaped.
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import fcntl
+import grp
 import logging
 import os
 import re
+import stat
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -24,7 +27,7 @@ import trio.testing
 
 from silofs.cache.store import meta_pages_damaged
 from silofs.errors import UsageError
-from silofs.node.cachedir import LOCK_FILE
+from silofs.node.cachedir import LOCK_FILE, check_cache_dir
 from silofs.node.daemon import Daemon
 from silofs.node.supervise import REPEAT_SUMMARY, RESTART_MAX, run_forever
 from silofs.records import MountCounters
@@ -230,6 +233,44 @@ def test_the_enforcer_survives_a_failed_shrink(
 def test_a_second_daemon_on_the_same_cache_dir_refuses(daemon: Daemon, tmp_path: Path) -> None:
     with pytest.raises(UsageError, match=f"another silofs daemon \\(pid {os.getpid()}\\)"):
         Daemon(settings(tmp_path))
+
+
+def test_a_second_daemon_refused_leaves_the_first_ones_cache_modes(
+    daemon: Daemon, tmp_path: Path
+) -> None:
+    """A second daemon on a running daemon's cache dir, with another socket_group (or
+    none), refuses before it touches the directory: it set its own modes first, so
+    socket_group = "root" against a private cache (0700) opened the cached bytes to that
+    group (0750, 0640) while the first ran, and the reverse shut the first daemon's
+    socket_group mounts out of its env."""
+    cache = tmp_path / "cache"
+    paths = (cache, cache / "data.mdb", cache / "lock.mdb")
+    before = [(os.stat(p).st_mode, os.stat(p).st_gid) for p in paths]
+    assert stat.S_IMODE(before[0][0]) == 0o700
+    other = dataclasses.replace(settings(tmp_path), socket_group=grp.getgrgid(0).gr_name)
+    with pytest.raises(UsageError, match="another silofs daemon"):
+        Daemon(other)
+    assert [(os.stat(p).st_mode, os.stat(p).st_gid) for p in paths] == before
+
+
+def test_a_cache_dir_others_could_swap_is_refused(tmp_path: Path) -> None:
+    """A directory on the way to the cache dir that others may write (not sticky) or
+    that another uid owns lets them move the cache dir away and put their own in its
+    place, whose env every later mount reads (listings and chunk values): refused in
+    one line, as the socket's directory is. A sticky one (like /tmp) is fine."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    with pytest.raises(UsageError, match=r"writable by others \(mode 0777, not sticky\)"):
+        check_cache_dir(str(shared / "cache"))
+    shared.chmod(0o1777)
+    check_cache_dir(str(shared / "cache"))  # a sticky /tmp-like parent
+    if os.geteuid() == 0:
+        theirs = tmp_path / "theirs"
+        theirs.mkdir()
+        os.chown(theirs, 65534, 65534)
+        with pytest.raises(UsageError, match="owned by uid 65534"):
+            check_cache_dir(str(theirs / "cache"))
 
 
 def _lock_is_free(tmp_path: Path) -> bool:

@@ -434,6 +434,29 @@ def test_a_file_is_one_version_from_open_to_close(run: Callable[..., None]) -> N
     run(test, buffer_bytes=CS)
 
 
+def test_the_size_given_never_passes_a_page_cache_handles_version(
+    run: Callable[..., None],
+) -> None:
+    """While a handle reads a version through the page cache, lookup and getattr give
+    at most that version's size (the kernel zero-fills past a short read's end, and
+    would serve those zeros below a larger size); once it is released, the listing's."""
+
+    async def test(m: Mount) -> None:
+        big = OBJECTS[1]
+        fh = await m.open(big.key)
+        inode = (await m.path(big.key)).st_ino
+        m.relist(
+            [o if o.key != big.key else obj(big.key, big.size + 3 * CS, "v2") for o in OBJECTS]
+        )
+        assert (await m.path(big.key)).st_size == big.size
+        assert (await m.fs.getattr(inode, None)).st_size == big.size  # type: ignore[arg-type]
+        await m.fs.release(fh)
+        assert (await m.fs.getattr(inode, None)).st_size == big.size + 3 * CS  # type: ignore[arg-type]
+        assert (await m.path(big.key)).st_size == big.size + 3 * CS
+
+    run(test)
+
+
 def test_statfs_shows_the_dataset_and_what_is_cached(run: Callable[..., None]) -> None:
     async def test(m: Mount) -> None:
         s = await m.fs.statfs(None)  # type: ignore[arg-type]
