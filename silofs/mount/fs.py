@@ -5,7 +5,9 @@ read (which chunks cover [off, off+size)), and every errno a reader sees: EROFS 
 anything that would write, ENOENT for unknown names, EIO when a miss cannot be served
 (EACCES when the daemon refuses the reader the object).
 lookup/getattr/readdir are served from the dataset's directory index in the shared LMDB
-env (mount/listing_view.py), through a read txn at most 0.5 s old; never the network.
+env (mount/listing_view.py), through a read txn at most 0.5 s old, or from what this
+mount kept of the generation it serves (a file's LOOKUP reply by name, attribute
+replies by inode: bounded, emptied when the generation changes); never the network.
 Never fetches or verifies bytes itself (reader.py does).
 
 With several serving processes (`shared` set: mount/shared.py), a handle the kernel got
