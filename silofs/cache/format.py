@@ -103,10 +103,17 @@ def chunk_length(obj: ObjectInfo, chunk_size: int, index: int) -> int:
 MAX_SPAN_CHUNKS = 64
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True, unsafe_hash=True)
 class ChunkRef:
     """Chunk `index` of a listed object cut into `chunk_size` pieces, with its key and
-    length computed once: every step of a read or a miss passes this along."""
+    length computed once: every step of a read or a miss passes this along. Nothing
+    changes a ref once made (hashed and compared by its fields, as a frozen one).
+
+    Slots set by plain assignments, not a frozen dataclass: a frozen one sets each field
+    through object.__setattr__ (~0.8 k instructions a field), and one whose __init__
+    writes its __dict__ instead (as this was) pays ~3.7x per attribute load after it
+    (CPython 3.11); a hit reads a dozen of them per request (bench/README.md, "the
+    kept-mount round")."""
 
     obj: ObjectInfo
     chunk_size: int
@@ -136,17 +143,14 @@ class ChunkRef:
         header: int = 0,
         expect: tuple[bytes, bytes, int] | None = None,
     ) -> None:
-        # Written out, as ObjectInfo's: a hit makes one per file opened, and the
-        # generated frozen __init__ sets each field through object.__setattr__.
-        d = self.__dict__
-        d["obj"] = obj
-        d["chunk_size"] = chunk_size
-        d["index"] = index
-        d["key"] = key
-        d["length"] = length
-        d["content_bytes"] = content_bytes
-        d["header"] = header
-        d["expect"] = expect
+        self.obj = obj
+        self.chunk_size = chunk_size
+        self.index = index
+        self.key = key
+        self.length = length
+        self.content_bytes = content_bytes
+        self.header = header
+        self.expect = expect
 
     @classmethod
     def of(cls, obj: ObjectInfo, chunk_size: int, index: int) -> ChunkRef:
