@@ -4,17 +4,22 @@ Prints, per file, the instructions of LOOKUP, OPEN + RELEASE and READ (silofs.mo
 called in a loop, as bench/fs_ops.py does, over a real LMDB env whose values are in the
 page cache), each a fresh mount's: every pass builds a new ListingView, ChunkReader and
 SilofsFS, so each file is looked up, decoded and its attributes built once per pass, as
-after a mount starts. Each figure is the difference between a run of 3 passes and one of
-1 (startup cancels out), over --files files. Needs valgrind; no root, no FUSE. It leaves
-out what FUSE itself costs (bench/throughput.py measures that). --git-rev REV counts
-REV's handlers first, in a process of their own (tests/support/baseline.py):
+after a mount starts. With --kept one mount serves every pass, as in bench/throughput.py's
+warm passes (the kernel forgot the names, the page cache was dropped, the mount kept
+what it had learnt): the passes after the first find what the mount keeps per name and
+per inode. Each figure is the difference between a run of 3 passes and one of 1
+(startup, and with --kept the first pass, cancel out), over --files files. Needs
+valgrind; no root, no FUSE. It leaves out what FUSE itself costs (bench/throughput.py
+measures that). --git-rev REV counts REV's handlers first, in a process of their own
+(tests/support/baseline.py):
 
-    python bench/handler_ir.py [--files 300] [--git-rev main]
+    python bench/handler_ir.py [--files 300] [--kept] [--git-rev main]
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import pickle
 import re
@@ -40,15 +45,21 @@ def build(d: str, files: int) -> None:
         pickle.dump(cached_files(d, files), f)
 
 
-def passes(d: str, count: int, mode: str) -> None:
-    """`count` fresh mounts' handlers over every file (run under callgrind)."""
+def passes(d: str, count: int, mode: str, kept: bool = False) -> None:
+    """`count` passes of the handlers over every file (run under callgrind), each a fresh
+    mount's, or with `kept` all one mount's."""
     with open(os.path.join(d, "record"), "rb") as f:
         record, names = pickle.load(f)
     store = CacheStore(os.path.join(d, "env"), 1 << 30)
+    # Without the cyclic collector: when its full passes fall depends on every allocation
+    # since start, so one more or less in a run moved it by 10-20 M instructions (a
+    # negative LOOKUP figure once). The handlers make no cycles: refcounting frees all.
+    gc.disable()
 
     async def run() -> None:
+        mount = fresh_mount(store, record) if kept else None
         for _ in range(count):
-            view, reader, fs = fresh_mount(store, record)
+            view, reader, fs = mount or fresh_mount(store, record)
             small = view.lookup(ROOT_INODE, b"small")
             assert small is not None
             for name in names:
@@ -59,18 +70,23 @@ def passes(d: str, count: int, mode: str) -> None:
                 if mode == "LOR":
                     assert len(await fs.read(fi.fh, 0, 112 << 10)) == SMALL
                 await fs.release(fi.fh)
-            view.close()
-            retire(reader)  # its snapshot ends; the env stays open for the next
+            if mount is None:
+                view.close()
+                retire(reader)  # its snapshot ends; the env stays open for the next
+        if mount is not None:
+            mount[0].close()
+            retire(mount[1])
 
     trio.run(run)
 
 
-def counted(d: str, count: int, mode: str) -> int:
+def counted(d: str, count: int, mode: str, kept: bool) -> int:
     """Instructions of a whole run of `count` passes under callgrind."""
     out = os.path.join(d, f"cg.{mode}.{count}")
     subprocess.run(
         ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", sys.executable]
-        + [__file__, "--passes", str(count), "--mode", mode, "--dir", d],
+        + [__file__, "--passes", str(count), "--mode", mode, "--dir", d]
+        + (["--kept"] if kept else []),
         check=True,
         capture_output=True,
     )
@@ -83,13 +99,16 @@ def counted(d: str, count: int, mode: str) -> int:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--files", type=int, default=300)
+    ap.add_argument(
+        "--kept", action="store_true", help="one mount serves every pass (throughput.py's case)"
+    )
     ap.add_argument("--passes", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--mode", choices=MODES, help=argparse.SUPPRESS)
     ap.add_argument("--dir", help=argparse.SUPPRESS)
     baseline.add_argument(ap, "handlers (counted first, in a process of their own)")
     args = ap.parse_args()
     if args.passes is not None:  # one run under callgrind
-        passes(args.dir, args.passes, args.mode)
+        passes(args.dir, args.passes, args.mode, args.kept)
         return
     if shutil.which("valgrind") is None:
         raise SystemExit("handler_ir.py needs valgrind")
@@ -97,10 +116,14 @@ def main() -> None:
         baseline.run_self_first(args.git_rev, __file__)
     with tempfile.TemporaryDirectory(prefix="silofs-handler-ir-") as d:
         build(d, args.files)
-        per = {m: (counted(d, 3, m) - counted(d, 1, m)) / 2 / args.files for m in MODES}
+        per = {
+            m: (counted(d, 3, m, args.kept) - counted(d, 1, m, args.kept)) / 2 / args.files
+            for m in MODES
+        }
     lookup, open_release, read = per["L"], per["LO"] - per["L"], per["LOR"] - per["LO"]
     print(
-        f"instructions per warm 110 KiB file ({args.files} files, 3 passes minus 1): "
+        f"instructions per warm 110 KiB file ({args.files} files, 3 passes minus 1"
+        f"{', one mount kept' if args.kept else ', a fresh mount each'}): "
         f"LOOKUP {lookup / 1e3:.1f} k, OPEN + RELEASE {open_release / 1e3:.1f} k, "
         f"READ {read / 1e3:.1f} k, all four {per['LOR'] / 1e3:.1f} k"
     )

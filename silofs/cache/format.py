@@ -55,6 +55,11 @@ FORMAT_VERSION = 2
 BLOCK_SHIFT = 16
 BLOCK_SIZE = 1 << BLOCK_SHIFT
 _FIXED = struct.Struct("<4sHBBIQQQI")
+# _FIXED cut around the dataset id (bytes 12-20): magic to hdr_len; index, csize, length
+# and the key's length (ChunkRef.expect).
+_LEAD = struct.Struct("<4sHBBI")
+_IDENT = struct.Struct("<QQIH")
+_DATASET_AT, _INDEX_AT = _LEAD.size, _LEAD.size + 8
 _LEN16 = struct.Struct("<H")
 _SUM = struct.Struct("<Q")
 _V1_PREFIX = struct.Struct("<4sH")
@@ -98,10 +103,17 @@ def chunk_length(obj: ObjectInfo, chunk_size: int, index: int) -> int:
 MAX_SPAN_CHUNKS = 64
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True, unsafe_hash=True)
 class ChunkRef:
     """Chunk `index` of a listed object cut into `chunk_size` pieces, with its key and
-    length computed once: every step of a read or a miss passes this along."""
+    length computed once: every step of a read or a miss passes this along. Nothing
+    changes a ref once made (hashed and compared by its fields, as a frozen one).
+
+    Slots set by plain assignments, not a frozen dataclass: a frozen one sets each field
+    through object.__setattr__ (~0.8 k instructions a field), and one whose __init__
+    writes its __dict__ instead (as this was) pays ~3.7x per attribute load after it
+    (CPython 3.11); a hit reads a dozen of them per request (bench/README.md, "the
+    kept-mount round")."""
 
     obj: ObjectInfo
     chunk_size: int
@@ -113,6 +125,12 @@ class ChunkRef:
     # hit copies along with the data, in the same read (0: not known, as for a ref
     # built by hand). Derived from the fields above: not compared.
     header: int = field(default=0, compare=False)
+    # Its value's header as written under obj.key, but for the dataset id, the block
+    # sums and the header sum: (bytes [0, 12), bytes [20, the sums), the header's
+    # length), what check_copy compares a copy's header with instead of parsing it
+    # (None: parse, as for a ref built by hand). Derived from the fields above: not
+    # compared.
+    expect: tuple[bytes, bytes, int] | None = field(default=None, compare=False)
 
     def __init__(
         self,
@@ -123,32 +141,43 @@ class ChunkRef:
         length: int,
         content_bytes: bytes,
         header: int = 0,
+        expect: tuple[bytes, bytes, int] | None = None,
     ) -> None:
-        # Written out, as ObjectInfo's: a hit makes one per file opened, and the
-        # generated frozen __init__ sets each field through object.__setattr__.
-        d = self.__dict__
-        d["obj"] = obj
-        d["chunk_size"] = chunk_size
-        d["index"] = index
-        d["key"] = key
-        d["length"] = length
-        d["content_bytes"] = content_bytes
-        d["header"] = header
+        self.obj = obj
+        self.chunk_size = chunk_size
+        self.index = index
+        self.key = key
+        self.length = length
+        self.content_bytes = content_bytes
+        self.header = header
+        self.expect = expect
 
     @classmethod
     def of(cls, obj: ObjectInfo, chunk_size: int, index: int) -> ChunkRef:
         length = chunk_length(obj, chunk_size, index)
         cid = obj.content_id
         cid_bytes = cid.encode()
+        key_bytes = obj.key.encode()
         # header_bytes() written out: one call fewer on every file a mount opens.
         header = (
             _MIN_HDR
-            + len(obj.key.encode())
+            + len(key_bytes)
             + len(cid_bytes)
             + 8 * ((length + BLOCK_SIZE - 1) >> BLOCK_SHIFT)
         )
+        # The header's bytes as _header() writes them, up to the sums (the dataset id
+        # left out: any dataset may have admitted the chunk).
+        lead = _LEAD.pack(MAGIC, FORMAT_VERSION, BLOCK_SHIFT, 0, header)
+        ident = b"".join(
+            (
+                _IDENT.pack(index, chunk_size, length, len(key_bytes)),
+                key_bytes,
+                _LEN16.pack(len(cid_bytes)),
+                cid_bytes,
+            )
+        )
         key = chunk_key(cid, chunk_size, index)
-        return cls(obj, chunk_size, index, key, length, cid_bytes, header)
+        return cls(obj, chunk_size, index, key, length, cid_bytes, header, (lead, ident, header))
 
     @property
     def start(self) -> int:
@@ -306,51 +335,6 @@ def _check_kind(magic: bytes, version: int) -> None:
         raise ChunkFormatError(f"unknown chunk format version {version}")
 
 
-def _checked_header(
-    mv: memoryview, n: int, cid: bytes, chunk_size: int, index: int, length: int, lo: int, hi: int
-) -> tuple[int, int, int]:
-    """(hdr_len, block shift, offset of the block sums) of a value of `n` bytes whose
-    header (`mv`: the value, or at least its first hdr_len bytes) is sound and names
-    exactly this chunk, else ChunkFormatError; [lo, hi) must lie in its data."""
-    if len(mv) < _FIXED.size:
-        _short(mv)
-    magic, version, shift, _, hdr_len, _, idx, csize, dlen = _FIXED.unpack_from(mv)
-    if magic != MAGIC or version != FORMAT_VERSION:  # every hit passes here: no call
-        _check_kind(magic, version)
-    if hdr_len + dlen != n or hdr_len < _MIN_HDR or len(mv) < hdr_len:
-        raise ChunkFormatError("header length does not match the value")
-    if not 12 <= shift <= 26:
-        raise ChunkFormatError(f"bad block size 2**{shift}")
-    if _hash(mv[: hdr_len - 8]) != _SUM.unpack_from(mv, hdr_len - 8)[0]:
-        raise ChunkFormatError("header checksum mismatch")
-    cid_at = _FIXED.size + 4 + _LEN16.unpack_from(mv, _FIXED.size)[0]
-    if cid_at > hdr_len - 8:
-        raise ChunkFormatError("bad variable header: key runs past the header")
-    sums_at = cid_at + _LEN16.unpack_from(mv, cid_at - 2)[0]
-    if sums_at + 8 * ((dlen + (1 << shift) - 1) >> shift) + 8 != hdr_len:
-        raise ChunkFormatError("variable header length mismatch")
-    if idx != index or csize != chunk_size or mv[cid_at:sums_at] != cid:
-        raise ChunkFormatError("chunk header names another object or chunk")
-    if dlen != length:
-        raise ChunkFormatError(f"chunk length {dlen} != expected {length}")
-    if not 0 <= lo <= hi <= length:
-        raise ValueError(f"range [{lo}, {hi}) outside a chunk of {length} bytes")
-    return hdr_len, shift, sums_at
-
-
-def _check_blocks(
-    value: memoryview, sums_at: int, data: memoryview, first: int, shift: int
-) -> None:
-    """Compare `data`, the chunk's blocks from block `first` on (the last may be short),
-    with their sums in the header of `value` (which begin at `sums_at`)."""
-    size = 1 << shift
-    at = sums_at + 8 * first
-    for off in range(0, len(data), size):
-        if _hash(data[off : off + size]) != _SUM.unpack_from(value, at)[0]:
-            raise ChunkFormatError(f"checksum mismatch in block {first + (off >> shift)}")
-        at += 8
-
-
 def verify_chunk(
     value: bytes | memoryview,
     content_id: str | bytes,
@@ -369,17 +353,16 @@ def verify_chunk(
     value in the LMDB map (which a writer, or anything that writes data.mdb, may change
     under a reader) use copy_verified."""
     mv = value if type(value) is memoryview else memoryview(value)
-    cid = content_id.encode() if type(content_id) is str else content_id
     if hi is None:
         hi = expected_length
-    hdr_len, shift, sums_at = _checked_header(
-        mv, len(mv), cid, chunk_size, index, expected_length, lo, hi
+    # The value is its own header and its own blocks: check_copy checks them in place.
+    # The layout is unchecked here (check_copy refuses a wrong one before it looks at
+    # the blocks), only used to find the block covering `lo`.
+    hdr_len, shift = layout(mv)
+    start = (lo >> shift) << shift if 12 <= shift <= 26 and lo > 0 else 0
+    check_copy(
+        mv, len(mv), mv[hdr_len + start :], content_id, chunk_size, index, expected_length, lo, hi
     )
-    if hi > lo:
-        b, last = lo >> shift, (hi - 1) >> shift
-        _check_blocks(
-            mv, sums_at, mv[hdr_len + (b << shift) : hdr_len + ((last + 1) << shift)], b, shift
-        )
     return mv[hdr_len:]
 
 
@@ -422,25 +405,76 @@ def check_copy(
     expected_length: int,
     lo: int,
     hi: int,
+    expect: tuple[bytes, bytes, int] | None = None,
 ) -> memoryview:
     """Exactly the data [lo, hi) of a value of `size` bytes if it is the expected chunk,
     else ChunkFormatError, checked on copies the caller made and nobody else can change:
     `header`, at least the value's first hdr_len bytes (layout()), and `blocks`, its
     data from the block covering `lo` on, through the one covering hi - 1 (or more). The
-    result is a view of `blocks`."""
-    cid = content_id.encode() if type(content_id) is str else content_id
-    hdr_len, shift, sums_at = _checked_header(
-        header, size, cid, chunk_size, index, expected_length, lo, hi
-    )
+    result is a view of `blocks`.
+
+    The header must be sound (its own checksum) and name exactly this chunk; then each
+    block covering [lo, hi) must match its sum. With `expect` (ChunkRef.expect: the
+    header's bytes but for the dataset id and the sums, as written under the reader's
+    own object key), a header holding exactly those bytes is that chunk's, laid out as
+    expected: only its checksum is left to check, no field parsed. Any other header is
+    parsed and checked field by field (a value admitted under another dataset's key for
+    the same content passes there). Every hit passes here, so all of it is one frame."""
+    hdr_len = 0
+    if expect is not None:
+        lead, ident, hdr_len = expect
+        sums_at = _INDEX_AT + len(ident)
+        if not (
+            hdr_len + expected_length == size
+            and len(header) >= hdr_len
+            and header[:_DATASET_AT] == lead
+            and header[_INDEX_AT:sums_at] == ident
+        ):
+            hdr_len = 0
+    if hdr_len:
+        shift = BLOCK_SHIFT  # in `lead`
+        if _hash(header[: hdr_len - 8]) != _SUM.unpack_from(header, hdr_len - 8)[0]:
+            raise ChunkFormatError("header checksum mismatch")
+    else:
+        cid = content_id.encode() if type(content_id) is str else content_id
+        if len(header) < _FIXED.size:
+            _short(header)
+        magic, version, shift, _, hdr_len, _, idx, csize, dlen = _FIXED.unpack_from(header)
+        if magic != MAGIC or version != FORMAT_VERSION:
+            _check_kind(magic, version)
+        if hdr_len + dlen != size or hdr_len < _MIN_HDR or len(header) < hdr_len:
+            raise ChunkFormatError("header length does not match the value")
+        if not 12 <= shift <= 26:
+            raise ChunkFormatError(f"bad block size 2**{shift}")
+        if _hash(header[: hdr_len - 8]) != _SUM.unpack_from(header, hdr_len - 8)[0]:
+            raise ChunkFormatError("header checksum mismatch")
+        cid_at = _FIXED.size + 4 + _LEN16.unpack_from(header, _FIXED.size)[0]
+        if cid_at > hdr_len - 8:
+            raise ChunkFormatError("bad variable header: key runs past the header")
+        sums_at = cid_at + _LEN16.unpack_from(header, cid_at - 2)[0]
+        if sums_at + 8 * ((dlen + (1 << shift) - 1) >> shift) + 8 != hdr_len:
+            raise ChunkFormatError("variable header length mismatch")
+        if idx != index or csize != chunk_size or header[cid_at:sums_at] != cid:
+            raise ChunkFormatError("chunk header names another object or chunk")
+        if dlen != expected_length:
+            raise ChunkFormatError(f"chunk length {dlen} != expected {expected_length}")
+    step = 1 << shift
+    if not 0 <= lo <= hi <= expected_length:
+        raise ValueError(f"range [{lo}, {hi}) outside a chunk of {expected_length} bytes")
     if hi <= lo:
         return memoryview(b"")
     b = lo >> shift
     start = b << shift
-    end = min(((hi - 1) >> shift) + 1 << shift, expected_length)
-    if len(blocks) < end - start:
+    n = min(((hi - 1) >> shift) + 1 << shift, expected_length) - start
+    if len(blocks) < n:
         raise ChunkFormatError("short copy of the value")
-    _check_blocks(header, sums_at, blocks[: end - start], b, shift)
-    return blocks[lo - start : hi - start]
+    data = blocks[:n]
+    at = sums_at + 8 * b
+    for off in range(0, n, step):
+        if _hash(data[off : off + step]) != _SUM.unpack_from(header, at)[0]:
+            raise ChunkFormatError(f"checksum mismatch in block {b + (off >> shift)}")
+        at += 8
+    return data[lo - start : hi - start]
 
 
 def checked_chunk(

@@ -46,6 +46,7 @@ import logging
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import lmdb
 import xxhash
@@ -104,6 +105,9 @@ class Entry:
     # The file's ObjectInfo, decoded on first use: a mount opens a cached entry many
     # times, and the same entry gives the same object.
     _obj: ObjectInfo | None = field(default=None, compare=False, repr=False)
+    # What a mount derives from the file once and keeps with its entry (the reference to
+    # its first chunk: mount/fs.py open()), opaque here.
+    first_chunk: Any = field(default=None, compare=False, repr=False)
 
     @property
     def name(self) -> bytes:

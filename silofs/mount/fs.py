@@ -5,7 +5,9 @@ read (which chunks cover [off, off+size)), and every errno a reader sees: EROFS 
 anything that would write, ENOENT for unknown names, EIO when a miss cannot be served
 (EACCES when the daemon refuses the reader the object).
 lookup/getattr/readdir are served from the dataset's directory index in the shared LMDB
-env (mount/listing_view.py), through a read txn at most 0.5 s old; never the network.
+env (mount/listing_view.py), through a read txn at most 0.5 s old, or from what this
+mount kept of the generation it serves (a file's LOOKUP reply by name, attribute
+replies by inode: bounded, emptied when the generation changes); never the network.
 Never fetches or verifies bytes itself (reader.py does).
 
 With several serving processes (`shared` set: mount/shared.py), a handle the kernel got
@@ -27,6 +29,7 @@ import lmdb
 import pyfuse3
 import trio
 
+from silofs.cache.format import ChunkRef
 from silofs.cache.listing import ListingReader
 from silofs.mount.listing_view import Entry, ListingView
 from silofs.mount.reader import ChunkReader, MissError, OpenFile
@@ -38,6 +41,10 @@ from silofs.records import ObjectInfo
 log = logging.getLogger(__name__)
 
 ATTR_CACHE = 8192  # attribute replies kept per mount
+# Files' LOOKUP replies kept by (parent, name), at most this many (then all forgotten:
+# a bound, not a cache): a name the kernel forgot (memory pressure, drop_caches, the
+# entry timeout) and asks again is one dict get, not a B-tree walk and a decode.
+NAME_CACHE = 8192
 ADOPTED = 4096  # handles opened by another serving process, kept derived per process
 # A first read at offset 0 of at least this many bytes opens one GET of the whole object
 # (read()): the kernel's first read-ahead request of a sequential reader is 256 KiB to
@@ -94,6 +101,9 @@ class SilofsFS(pyfuse3.Operations):
         self._files: dict[int, OpenFile] = {}
         self._dirs: dict[int, _DirHandle] = {}
         self._attrs: OrderedDict[int, pyfuse3.EntryAttributes] = OrderedDict()
+        # (parent inode, name) -> the LOOKUP reply of a file of the generation served
+        # (lookup()); emptied when the listing changes, as _attrs.
+        self._names: dict[tuple[int, bytes], pyfuse3.EntryAttributes] = {}
         # inode -> the version the kernel's pages of it hold, for inodes whose version
         # changed since the mount started (_keep_cache); bounded.
         self._page_versions: OrderedDict[int, str] = OrderedDict()
@@ -121,6 +131,12 @@ class SilofsFS(pyfuse3.Operations):
         # tests): stale_inodes waits for the report loop.
         self.forget_attrs: Callable[[list[int]], None] | None = None
         self._next_fh = 1
+        # The two answers of open() (the pages kept or not), one object each with the
+        # handle set per OPEN: pyfuse3 copies a FileInfo into its reply as soon as open()
+        # returns, before any other task runs (fuse_open_async), so none is answered
+        # with another's handle; a FileInfo built per OPEN cost its keyword parsing.
+        self._keep = pyfuse3.FileInfo(keep_cache=True)
+        self._drop = pyfuse3.FileInfo(keep_cache=False)
         self.initialized = trio.Event()  # set once the kernel's INIT is being answered
 
     def init(self) -> None:
@@ -132,6 +148,7 @@ class SilofsFS(pyfuse3.Operations):
         recently used entries that changed, for the caller to invalidate in the kernel."""
         stale = self.listing.switch(record)
         self._attrs.clear()
+        self._names.clear()
         self._clamped.clear()
         self._paged_sizes, self._paged = {}, {}
         for fh, f in self._files.items():
@@ -201,6 +218,12 @@ class SilofsFS(pyfuse3.Operations):
         self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext
     ) -> pyfuse3.EntryAttributes:
         try:
+            # A file of this generation looked up before: its rows never change once
+            # the generation's record is written, so the same reply (_names: files only,
+            # of a complete listing; emptied by switch()).
+            a = self._names.get((parent_inode, name))
+            if a is not None:
+                return a
             m = self.listing
             m.renew()
             node = m.lookup(parent_inode, name)
@@ -215,7 +238,18 @@ class SilofsFS(pyfuse3.Operations):
                 node = m.lookup(parent_inode, name)
             if node is None:
                 raise pyfuse3.FUSEError(errno.ENOENT)
-            return self._attr(node)
+            a = self._attr(node)
+            # Not a directory (a tentative one may go, its nlink follows its listing) and
+            # not while the generation is written (a file's name may turn out to be a
+            # directory's: the directory is kept).
+            # Nor a size cut to a page-cache handle's version (_build_attr): that cut
+            # ends with the handle's release, which forgets only _attrs.
+            if not node.is_dir and not m.building and node.inode not in self._clamped:
+                names = self._names
+                if len(names) >= NAME_CACHE:
+                    names.clear()
+                names[parent_inode, name] = a
+            return a
         except pyfuse3.FUSEError:
             raise
         except Exception as exc:  # noqa: BLE001 - this request's EIO, not the mount's end
@@ -361,8 +395,9 @@ class SilofsFS(pyfuse3.Operations):
     async def open(self, inode: int, flags: int, ctx: pyfuse3.RequestContext) -> pyfuse3.FileInfo:
         try:
             m = self.listing
-            m.renew()
-            node = m.get(inode)  # the current listing only: a deleted object cannot be opened
+            # The current listing only: a deleted object cannot be opened. get() renews
+            # the snapshot if it must read one.
+            node = m.get(inode)
             if node is None:
                 raise pyfuse3.FUSEError(errno.ENOENT)
             if node.is_dir:
@@ -376,7 +411,12 @@ class SilofsFS(pyfuse3.Operations):
                 return self._open_shared(node, obj, opener)
             fh = self._next_fh
             self._next_fh += 1
-            self._files[fh] = OpenFile(obj, inode=inode, gen=m.gen, opener=opener)
+            # Its first chunk's key and header length, made once per entry kept (a file
+            # opened again reads the same chunk first): the hit path's ChunkRef.
+            ref = node.first_chunk
+            if ref is None:
+                ref = node.first_chunk = ChunkRef.of(obj, self.reader.chunk_size, 0)
+            self._files[fh] = OpenFile(obj, inode=inode, gen=m.gen, opener=opener, ref=ref)
             versions = self._open_versions.get(inode)
             if versions is None:  # the common case: no other handle of the inode is open
                 self._open_versions[inode] = {node.version: 1}
@@ -397,7 +437,9 @@ class SilofsFS(pyfuse3.Operations):
                 # size): forgotten before the reply, so this handle's first read asks
                 # (auto_inval_data) and is cut at this version's end, never past it.
                 self.forget_attrs([inode])
-            return pyfuse3.FileInfo(fh=fh, keep_cache=keep)
+            fi = self._keep if keep else self._drop
+            fi.fh = fh
+            return fi
         except pyfuse3.FUSEError:
             raise
         except Exception as exc:  # noqa: BLE001 - this request's EIO, not the mount's end

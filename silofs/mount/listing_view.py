@@ -221,10 +221,14 @@ class ListingView:
 
     # -- lookups -------------------------------------------------------------------
     def get(self, inode: int) -> Entry | None:
+        """The inode in the current generation: a recently used entry, else read in a
+        snapshot at most RENEW_SECONDS old (renewed here: a caller that finds the entry
+        kept pays no clock read)."""
         e = self._cache.get(inode)
         if e is not None:
             self._cache.move_to_end(inode)
             return e
+        self.renew()
         e = self.reader.get(self.txn, inode)
         if e is None:
             return None

@@ -313,9 +313,8 @@ class ChunkReader:
         self._direct_lead = max(1, DIRECT_AHEAD_BYTES // chunk_size)
         if self.pages.enabled and chunk_size >= DIRECT_MIN_CHUNK:
             self._open_direct(os.path.join(store.path, "data.mdb"))
-        # The scratch buffers of hits answered without an await (_copy_out).
-        self._head = bytearray(4096)
-        self._buf = bytearray(0)
+        # The scratch buffer of hits answered without an await (_copy_out).
+        self._scratch = memoryview(bytearray(0))  # a header and the blocks after it
         self._short = b""  # the chunk hit() found not all in the page cache, last
         self._flights: SingleFlight[bytes, tuple[bytes, bool]] = SingleFlight()
         # A reader's misses that wait, ended once the opener's process stops (EINTR).
@@ -511,13 +510,13 @@ class ChunkReader:
             # a handler's reply to /dev/fuse before its task yields (fuse_reply_buf, GIL
             # held), and no other thread ever touches them, so the next request may reuse
             # them. Never for bytes kept across an await (chunk(), a span's parts).
-            if len(self._head) < hdr:
-                self._head = bytearray(hdr)
-            if len(self._buf) < end - start:
-                self._buf = bytearray(end - start)  # a new one: the old may still be exported
-            head, data = memoryview(self._head)[:hdr], memoryview(self._buf)[: end - start]
-            if start == 0 and end:  # header and data are one run of the file
-                got = pages.read(base, [head, data], nowait)
+            need = hdr + end - start
+            mv = self._scratch
+            if len(mv) < need:
+                mv = self._scratch = memoryview(bytearray(need))  # the old may be exported
+            head, data = mv[:hdr], mv[hdr:need]
+            if start == 0 and end:  # header and data are one run of the file: one read
+                got = pages.read(base, [mv[:need]], nowait)
             else:
                 got = pages.read(base, [head], nowait)
                 if got == hdr and end:
@@ -526,7 +525,9 @@ class ChunkReader:
                 return None
         cid = ref.content_bytes
         try:
-            return check_copy(head, size, data, cid, ref.chunk_size, ref.index, ref.length, lo, hi)
+            return check_copy(
+                head, size, data, cid, ref.chunk_size, ref.index, ref.length, lo, hi, ref.expect
+            )
         except StaleFormatError:
             raise
         except ChunkFormatError:

@@ -17,6 +17,7 @@ import xxhash
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from silofs.cache import format as chunk_format
 from silofs.cache.format import (
     BLOCK_SIZE,
     FORMAT_VERSION,
@@ -26,6 +27,7 @@ from silofs.cache.format import (
     ChunkRef,
     ChunkValue,
     StaleFormatError,
+    check_copy,
     checked_chunk,
     chunk_key,
     copy_verified,
@@ -405,3 +407,73 @@ def test_a_refs_header_length_is_its_encoded_values(key: str, size: int, index: 
     ref = ChunkRef.of(obj, 4 << 20, index)
     value = encode_chunk(7, index, 4 << 20, key, obj.content_id, bytes(ref.length))
     assert ref.header == layout(value)[0] == len(value) - ref.length
+
+
+@pytest.mark.parametrize(
+    ("key", "size", "index"),
+    [
+        ("a/b.jpg", (4 << 20) + 11, 1),
+        ("dïr/ñame-€.bin", (4 << 20) + 5, 1),
+        ("x", 0, 0),
+        ("k", 9 << 20, 2),
+    ],
+)
+def test_a_refs_expected_header_is_its_encoded_values(
+    key: str, size: int, index: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ChunkRef.expect holds exactly the bytes a value written for the chunk has around
+    the dataset id, up to the block sums, so a hit's header compares equal to it and is
+    not parsed (the parse is broken here: the copy passes all the same)."""
+    obj = ObjectInfo(key, size, 1.0, "v1", "etag-ü")
+    ref = ChunkRef.of(obj, 4 << 20, index)
+    value = encode_chunk(7, index, 4 << 20, key, obj.content_id, b"\7" * ref.length)
+    assert ref.expect is not None
+    lead, ident, hdr = ref.expect
+    assert hdr == ref.header
+    assert value[:12] == lead and value[20 : 20 + len(ident)] == ident
+    head, data = memoryview(value[:hdr]), memoryview(value[hdr:])
+    args = (ref.content_bytes, ref.chunk_size, ref.index, ref.length, 0, ref.length)
+    monkeypatch.setattr(chunk_format, "_FIXED", None)
+    assert bytes(check_copy(head, len(value), data, *args, ref.expect)) == value[hdr:]
+
+
+def test_a_header_compared_whole_still_catches_every_flipped_bit() -> None:
+    """check_copy with the ref's expected header (the hit path) refuses every single-bit
+    flip of the value, the dataset id and the sums included, as the parse does."""
+    obj = ObjectInfo("a/b.jpg", 1035, 1.0, "v", CID)
+    ref = ChunkRef.of(obj, 1024, 1)
+    args = (ref.content_bytes, ref.chunk_size, ref.index, ref.length, 0, ref.length)
+    value = golden()
+    assert (
+        bytes(
+            check_copy(
+                memoryview(value[:HDR]), len(value), memoryview(value[HDR:]), *args, ref.expect
+            )
+        )
+        == b"hello world"
+    )
+    for pos in range(len(value)):
+        for bit in range(8):
+            damaged = bytearray(value)
+            damaged[pos] ^= 1 << bit
+            head, data = memoryview(bytes(damaged[:HDR])), memoryview(bytes(damaged[HDR:]))
+            with pytest.raises(ChunkFormatError):
+                check_copy(head, len(value), data, *args, ref.expect)
+
+
+def test_a_value_admitted_under_another_key_passes_the_parse() -> None:
+    """A header that differs from the ref's expected one only where a value of the same
+    content admitted by another dataset may (its key) is parsed and passes; one of
+    another chunk does not."""
+    obj = ObjectInfo("a/b.jpg", 1035, 1.0, "v", CID)
+    ref = ChunkRef.of(obj, 1024, 1)
+    args = (ref.content_bytes, ref.chunk_size, ref.index, ref.length, 0, ref.length)
+    other = encode_chunk(9, 1, 1024, "another/name.jpg", CID, b"hello world")
+    hdr = layout(other)[0]
+    got = check_copy(
+        memoryview(other[:hdr]), len(other), memoryview(other[hdr:]), *args, ref.expect
+    )
+    assert bytes(got) == b"hello world"
+    wrong = encode_chunk(3, 2, 1024, "a/b.jpg", CID, b"hello world")
+    with pytest.raises(ChunkFormatError, match="another object or chunk"):
+        check_copy(memoryview(wrong[:HDR]), len(wrong), memoryview(wrong[HDR:]), *args, ref.expect)

@@ -207,6 +207,36 @@ def test_lookup_and_getattr(run: Callable[..., None]) -> None:
     run(test)
 
 
+def test_a_name_looked_up_while_its_listing_is_written_is_looked_up_again(
+    store: WritableStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A file's LOOKUP reply is kept by name only once its generation is complete: while
+    the daemon still writes it, a name found as a file may turn out to be a directory's
+    (the directory is kept), and the next LOOKUP must say so. Once complete and
+    switched to, the same names answer as the listing does."""
+    from silofs.mount import listing_view
+
+    monkeypatch.setattr(listing_view, "RENEW_SECONDS", 0.0)  # a fresh snapshot per request
+    dsid = DSID + 1
+    b = store.begin_listing(dsid)
+    store.add_to_listing(b, [obj("f", 5)])
+    view = ListingView(store, dsid, {"gen": b.gen}, building=True)
+    fs = SilofsFS(view, None, LOOK)  # type: ignore[arg-type]  # names only: no reads
+
+    async def main() -> None:
+        a = await fs.lookup(ROOT_INODE, b"f", None)  # type: ignore[arg-type]
+        assert stat.S_ISREG(a.st_mode) and a.st_size == 5
+        store.add_to_listing(b, [obj("f/x", 7)])  # "f" is a directory's name now
+        a = await fs.lookup(ROOT_INODE, b"f", None)  # type: ignore[arg-type]
+        assert stat.S_ISDIR(a.st_mode)
+        fs.switch(store.finish_listing(b, {"uri": "file:///d/"}))
+        x = await fs.lookup(a.st_ino, b"x", None)  # type: ignore[arg-type]
+        assert (await fs.lookup(a.st_ino, b"x", None)).st_size == x.st_size == 7  # type: ignore[arg-type]
+
+    trio.run(main)
+    view.close()
+
+
 def test_readdir_lists_resumes_and_refuses_files(
     run: Callable[..., None], monkeypatch: pytest.MonkeyPatch
 ) -> None:
