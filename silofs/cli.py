@@ -33,7 +33,14 @@ from silofs.config import (
     default_socket,
     load_node_settings,
 )
-from silofs.control.client import ControlClient, ControlError, DaemonNotTrusted
+from silofs.control.client import (
+    ANSWER_ERRORS,
+    ANSWERED,
+    ControlClient,
+    ControlError,
+    DaemonNotTrusted,
+    unreadable_answer,
+)
 from silofs.errors import SilofsError, UsageError, first_leaf
 from silofs.logsetup import LOG_FORMATS, setup_logging
 from silofs.mountinfo import fuse_device_refusal, silofs_mounts
@@ -65,12 +72,21 @@ def one_line_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        ANSWERED.set(None)
         try:
             return fn(*args, **kwargs)
         except UsageError as exc:  # what was typed is wrong: 2, as for click's own
             fail(str(exc), 2)
         except (SilofsError, ControlError) as exc:
             fail(str(exc))
+        except ANSWER_ERRORS as exc:
+            # A daemon's answer this version cannot read: one line naming the daemon;
+            # with no answer behind it, a traceback (a bug).
+            line = unreadable_answer(exc, "silofs")
+            if line is None:
+                raise
+            log.debug("reading the answer failed", exc_info=True)
+            fail(line)
         except KeyboardInterrupt:
             fail("interrupted", 130)
         except BaseExceptionGroup as group:

@@ -17,6 +17,7 @@ this module and should not pay ~100 ms for a trio it never uses).
 from __future__ import annotations
 
 import array
+import contextvars
 import http.client
 import json
 import logging
@@ -305,11 +306,21 @@ class ControlClient:
         self._conn: _UnixHTTPConnection | None = None
 
     def request(self, method: str, path: str, body: dict | None = None) -> Any:
-        """Parsed JSON (or bytes for other content types); ControlError on failure."""
+        """Parsed JSON (or bytes for other content types); ControlError on failure,
+        including an answer labelled JSON that is not (something else on the socket, or
+        a broken daemon: one line, never a traceback)."""
         status, headers, data = self.request_raw(method, path, body)
         if status >= 400:
             raise ControlError(_error_text(status, data), status)
-        return _decode(headers, data)
+        try:
+            answer = _decode(headers, data)
+        except ValueError as exc:  # json's errors, and bytes that are not UTF-8
+            raise ControlError(
+                f"the silofs daemon at {self.socket_path} answered {method.upper()} {path} "
+                f"with bad JSON ({exc}): is a silofs daemon of this version listening there?"
+            ) from None
+        ANSWERED.set(f"{self.socket_path} ({method.upper()} {path})")
+        return answer
 
     def request_raw(
         self, method: str, path: str, body: dict | None = None
@@ -373,6 +384,29 @@ class ControlClient:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+# The last daemon answer a request() decoded in this context, "ADDRESS (METHOD PATH)":
+# the CLIs' one-line handlers name it when reading an answer fails (a field missing or
+# of another type: a daemon of another version, or not a silofs daemon), where a
+# KeyError or TypeError with no request behind it stays a traceback (a bug).
+ANSWERED: contextvars.ContextVar[str | None] = contextvars.ContextVar("answered", default=None)
+
+# What reading a decoded answer raises when it is not what this client expects.
+ANSWER_ERRORS = (KeyError, TypeError, IndexError, AttributeError, ValueError)
+
+
+def unreadable_answer(exc: BaseException, program: str) -> str | None:
+    """The one line for `exc` raised while reading a daemon's answer (None if no answer
+    was decoded in this context, or `exc` is no such error): the daemon and the request,
+    and what was wrong."""
+    answered = ANSWERED.get()
+    if answered is None or not isinstance(exc, ANSWER_ERRORS):
+        return None
+    return (
+        f"the silofs daemon at {answered} answered something this {program} cannot read "
+        f"({type(exc).__name__}: {exc}): is it a silofs daemon of this version?"
+    )
 
 
 # ---------------------------------------------------------------------- trio
