@@ -372,7 +372,17 @@ class ControlClient:
         )
 
     def _failed(self, exc: BaseException) -> str:
-        return f"connection to the silofs daemon at {self.socket_path} failed: {_describe(exc)}"
+        line = f"connection to the silofs daemon at {self.socket_path} failed: {_describe(exc)}"
+        if self.socket_path.startswith(TLS_PREFIX) and isinstance(
+            exc, http.client.RemoteDisconnected
+        ):
+            # A daemon that refuses a client's certificate (expired, another CA, a name
+            # not allowed) closes after the handshake without an alert the client sees.
+            line += (
+                " (after the TLS handshake: does the daemon refuse this certificate? "
+                "Its log names why)"
+            )
+        return line
 
     def close(self) -> None:
         if self._conn is not None:

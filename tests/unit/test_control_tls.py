@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import socket
 import ssl
 from collections.abc import Iterator
@@ -28,7 +29,7 @@ from silofs.control.router import Caller, Request, Response, Router, json_respon
 from silofs.control.server import TLSLimits, bind_tcp, serve_tls
 from silofs.control.tls import parse_tcp_address, server_context
 from silofs.errors import UsageError
-from tests.support.cluster import legacy_node_cert
+from tests.support.cluster import legacy_node_cert, odd_node_cert
 from tests.support.poll import wait_for
 from tests.unit.serving import serving
 
@@ -314,3 +315,80 @@ def test_new_connections_beyond_the_handshake_rate_are_closed_before_tls(
                 return False  # still over the rate: the bucket refills at 2 a second
 
         wait_for(served, DEADLINE, "the listener to serve again")
+
+
+@pytest.mark.parametrize(
+    ("when", "said"), [("expired", "expired on"), ("future", "not valid before")]
+)
+def test_the_daemons_own_certificate_out_of_its_dates_is_said_at_start(
+    pki: dict[str, Path], when: str, said: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A node started with an expired (or not yet valid) certificate: every client
+    refuses it and the daemon saw only closed connections. Now its start says so in
+    one ERROR line naming the file, and it starts (the mounts do not need the
+    listener)."""
+    good = pki["good"]
+    odd_node_cert(good, f"node-{when}", "127.0.0.1", **{when: True})
+    cert = str(good / f"node-{when}.pem")
+    with caplog.at_level(logging.ERROR, logger="silofs.control.tls"):
+        ctx = server_context(cert, str(good / f"node-{when}.key"), str(good / "ca.pem"))
+    assert isinstance(ctx, ssl.SSLContext)
+    lines = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(lines) == 1 and cert in lines[0] and said in lines[0], lines
+    caplog.clear()
+    with caplog.at_level(logging.ERROR, logger="silofs.control.tls"):
+        server_context(str(good / "node-a.pem"), str(good / "node-a.key"), str(good / "ca.pem"))
+    assert not caplog.records
+
+
+def test_a_key_other_users_may_read_stops_the_start_in_one_line(
+    pki: dict[str, Path], tmp_path: Path
+) -> None:
+    good = pki["good"]
+    key = tmp_path / "node-a.key"
+    key.write_bytes((good / "node-a.key").read_bytes())
+    for mode in (0o644, 0o604, 0o660):
+        key.chmod(mode)
+        with pytest.raises(UsageError) as err:
+            server_context(str(good / "node-a.pem"), str(key), str(good / "ca.pem"))
+        assert f"chmod 600 {key}" in str(err.value) and "\n" not in str(err.value)
+    key.chmod(0o640)  # a group that may read it (ssl-cert): as the operator chose
+    server_context(str(good / "node-a.pem"), str(key), str(good / "ca.pem"))
+
+
+@pytest.mark.parametrize("problem", ["expired", "future", "open-key"])
+def test_the_controllers_own_certificate_problems_are_one_line_before_any_node(
+    pki: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, problem: str
+) -> None:
+    """A controller whose certificate expired saw every node close its connections
+    "without response"; one whose key others may read gave an admin of every node
+    away. Both are said before it asks any node, naming the file."""
+    from silofs_ctl.nodes import TLS_DIR_ENV, one_node_client
+
+    good = pki["good"]
+    source = "controller"
+    if problem != "open-key":
+        source = f"ctl-{problem}"
+        odd_node_cert(good, source, "127.0.0.1", **{problem: True})
+    for ext in ("pem", "key"):
+        (tmp_path / f"controller.{ext}").write_bytes((good / f"{source}.{ext}").read_bytes())
+    (tmp_path / "controller.key").chmod(0o644 if problem == "open-key" else 0o600)
+    (tmp_path / "ca.pem").write_bytes((good / "ca.pem").read_bytes())
+    monkeypatch.setenv(TLS_DIR_ENV, str(tmp_path))
+    with pytest.raises(ControlError) as err:
+        one_node_client("tls://127.0.0.1:7470")
+    said = {"expired": "expired on", "future": "not valid before", "open-key": "chmod 600"}
+    assert said[problem] in str(err.value) and str(tmp_path) in str(err.value)
+
+
+def test_a_certificate_the_daemon_refuses_is_named_as_the_likely_cause(
+    pki: dict[str, Path],
+) -> None:
+    """The daemon closes a refused client's connection without an alert the client
+    reads: the client's line says where to look."""
+    with tls_server(pki) as (port, _acc):
+        ctx = controller(pki, ca="foreign")
+        with ControlClient(f"tls://127.0.0.1:{port}", timeout=DEADLINE, tls=ctx) as c:
+            with pytest.raises(ControlError) as err:
+                c.request("GET", "/v1/peer")
+    assert "does the daemon refuse this certificate" in str(err.value), err.value
