@@ -66,8 +66,10 @@ def mount_pid(socket: str, path: str) -> int | None:
             for m in client.request("GET", "/v1/status")["mounts"]:
                 if _resolved_parent(m["mountpoint"]) == path:
                     return int(m["pid"])
-    except ControlError as exc:
-        log.debug("the daemon did not name the mount's process: %s", exc)
+    except (ControlError, KeyError, TypeError, ValueError) as exc:
+        # An answer that is no status (another version, another program on the socket)
+        # names no process either: the unmount goes on without the daemon.
+        log.debug("the daemon did not name the mount's process: %r", exc)
     claims = [pid for pid, said in mount_process_claims() if _resolved_parent(said) == path]
     return claims[0] if len(claims) == 1 else None
 

@@ -130,3 +130,12 @@ def test_a_key_error_with_no_answer_behind_it_stays_a_bug() -> None:
         assert unreadable_answer(RuntimeError("x"), "silofs-ctl") is None
     finally:
         ANSWERED.reset(token)
+
+
+def test_unmount_asks_an_odd_daemon_for_the_process_and_goes_on_without(odd_node: str) -> None:
+    """`silofs unmount` names the mount's process through the daemon before it unmounts;
+    an answer that is no status stopped the unmount (a traceback). Now it is no name:
+    the process is looked for in /proc, and the unmount goes on."""
+    from silofs.unmount import mount_pid
+
+    assert mount_pid(odd_node, "/nonexistent/mnt") is None
