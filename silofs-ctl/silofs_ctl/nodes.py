@@ -94,6 +94,7 @@ def one_node_client(address: str, timeout: float = 10.0) -> Any:
         ControlClient,
         ControlError,
         client_tls_context,
+        own_certificate_problem,
     )
 
     context = None
@@ -110,26 +111,9 @@ def one_node_client(address: str, timeout: float = 10.0) -> Any:
         except (OSError, ssl.SSLError) as exc:
             reason = getattr(exc, "strerror", None) or getattr(exc, "reason", None) or exc
             raise ControlError(f"{TLS_DIR_ENV}: cannot load {', '.join(files)}: {reason}") from None
-        if problem := own_tls_problem(files[0], files[1]):
+        if problem := own_certificate_problem(files[0], files[1]):
             raise ControlError(f"{TLS_DIR_ENV}: {problem}")
     return ControlClient(address, timeout=timeout, tls=context)
-
-
-def own_tls_problem(cert: str, key: str) -> str | None:
-    """What keeps the controller's own certificate from working, in one line, else None:
-    a key other users may read (an admin of every node to whoever reads it), or dates
-    that do not hold (every node refuses it, and a node closes such a connection
-    without a word: the controller would only see "closed without response")."""
-    from silofs.control.tls import certificate_dates_problem, key_file_problem
-
-    if problem := key_file_problem(key):
-        return problem
-    if dates := certificate_dates_problem(cert):
-        return (
-            f"{cert} {dates}: every node refuses it; a new one comes with a new CA "
-            "(`silofs-ctl certs init --force`, then every node's `certs node`)"
-        )
-    return None
 
 
 def socket_clients(config: ControllerConfig) -> ClientFactory:
@@ -139,7 +123,7 @@ def socket_clients(config: ControllerConfig) -> ClientFactory:
     if config.tls is not None:
         import ssl
 
-        from silofs.control.client import client_tls_context
+        from silofs.control.client import client_tls_context, own_certificate_problem
 
         try:
             context = client_tls_context(config.tls.cert, config.tls.key, config.tls.ca)
@@ -149,6 +133,6 @@ def socket_clients(config: ControllerConfig) -> ClientFactory:
                 f"[tls]: cannot load {config.tls.cert}, {config.tls.key} or {config.tls.ca}: "
                 f"{reason}"
             ) from None
-        if problem := own_tls_problem(config.tls.cert, config.tls.key):
+        if problem := own_certificate_problem(config.tls.cert, config.tls.key):
             raise ConfigError(f"[tls]: {problem}")
     return lambda node: SocketNode(node.socket, config.timeout, context)

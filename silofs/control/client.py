@@ -3,7 +3,7 @@ controllers, its optional mutual-TLS TCP listener: an address "tls://HOST:PORT")
 
 Owns: ControlClient (blocking, stdlib only, for the CLI and the controller's
 agents; Unix socket or tls://), client_tls_context (the controller's certificate, the
-CA that issued the nodes'), and AsyncControlClient (trio, a keep-alive connection pool, for mount
+CA that issued the nodes') and own_certificate_problem (its dates, its key's mode), and AsyncControlClient (trio, a keep-alive connection pool, for mount
 processes fetching chunk bytes), plus turning transport failures and error
 answers into ControlError with a one-line message, and refusing a Unix socket served
 by a uid the client does not trust (DaemonNotTrusted, checked on every new connection
@@ -31,7 +31,13 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 from silofs.control.peer import UntrustedDaemonError, check_daemon_peer
-from silofs.control.tls import TLS_PREFIX, parse_tls_url, socket_path_too_long
+from silofs.control.tls import (
+    TLS_PREFIX,
+    certificate_dates_problem,
+    key_file_problem,
+    parse_tls_url,
+    socket_path_too_long,
+)
 from silofs.sealed import FD_HEADER, REGION_HEADER, map_received, map_region
 from silofs.units import count, is_digits
 
@@ -234,6 +240,21 @@ def client_tls_context(cert: str, key: str, ca: str) -> ssl.SSLContext:
     ctx.load_cert_chain(cert, key)
     ctx.load_verify_locations(cafile=ca)
     return ctx
+
+
+def own_certificate_problem(cert: str, key: str) -> str | None:
+    """What keeps a controller's own certificate from working, in one line, else None:
+    a key other users may read (an admin of every node to whoever reads it), or dates
+    that do not hold (every node refuses it, and a node closes such a connection
+    without a word: the controller would only see "closed without response")."""
+    if problem := key_file_problem(key):
+        return problem
+    if dates := certificate_dates_problem(cert):
+        return (
+            f"{cert} {dates}: every node refuses it; a new one comes with a new CA "
+            "(`silofs-ctl certs init --force`, then every node's `certs node`)"
+        )
+    return None
 
 
 class _UnixHTTPConnection(http.client.HTTPConnection):
