@@ -293,7 +293,24 @@ def _check_mountpoint(path: str) -> str:
         )
     if os.path.ismount(path):
         raise UsageError(f"mountpoint {path} is busy: something is already mounted there")
+    if (entry := _first_entry(path)) is not None:
+        # FUSE 3 mounts over a non-empty directory (fuse 2 refused without -o nonempty):
+        # allowed, as mount(8) allows it, but said, since its files vanish from view
+        # (a job's output directory mounted over by mistake looked emptied).
+        say(
+            f"silofs: note: mountpoint {path} is not empty: what is in it ({entry!r}, ...) "
+            "is hidden while the mount is there"
+        )
     return path
+
+
+def _first_entry(path: str) -> str | None:
+    """One name in the directory `path`, or None if it is empty or cannot be listed."""
+    try:
+        with os.scandir(path) as it:
+            return next((e.name for e in it), None)
+    except OSError:
+        return None
 
 
 AUTO_IDLE_EXIT = 300.0  # seconds a daemon `silofs mount` started outlives its last mount

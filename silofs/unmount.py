@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from silofs.control.client import ControlClient, ControlError
 from silofs.errors import SilofsError, UsageError
 from silofs.jobend import mount_process_claims
-from silofs.mountinfo import silofs_mounts
+from silofs.mountinfo import mounts, silofs_mounts
 from silofs.pids import pid_alive
 
 log = logging.getLogger(__name__)
@@ -86,7 +86,14 @@ def unmount(mountpoint: str, socket: str, lazy: bool) -> Outcome:
         raise SilofsError(f"cannot unmount {path}: fusermount3 did not finish") from None
     if res.returncode != 0:
         reason = (res.stderr.strip().splitlines() or ["fusermount3 failed"])[-1]
-        if not lazy and "busy" in reason.lower():
+        inner = _mounts_inside(path)
+        if not lazy and "busy" in reason.lower() and inner:
+            # A mount inside it holds it, not open files: closing files would not help.
+            reason += (
+                f" ({inner[0]} is mounted inside it: unmount that first, or "
+                "`silofs unmount --lazy` to detach both now)"
+            )
+        elif not lazy and "busy" in reason.lower():
             # What umount(8) users reach for next: say it, and what it does.
             reason += (
                 " (files are open in it; close them, or `silofs unmount --lazy` to detach now)"
@@ -96,6 +103,13 @@ def unmount(mountpoint: str, socket: str, lazy: bool) -> Outcome:
     while pid and time.monotonic() < deadline and pid_alive(pid):
         time.sleep(0.05)
     return Outcome(path, pid, ended=not (pid and pid_alive(pid)))
+
+
+def _mounts_inside(path: str) -> list[str]:
+    """Mountpoints below `path` in this namespace's mount table (any file system), the
+    deepest first."""
+    inner = [e.mountpoint for e in mounts() if e.mountpoint.startswith(path.rstrip("/") + "/")]
+    return sorted(inner, key=lambda p: p.count("/"), reverse=True)
 
 
 def outcome_line(outcome: Outcome, lazy: bool) -> str:
