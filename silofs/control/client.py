@@ -3,8 +3,9 @@ controllers, its optional mutual-TLS TCP listener: an address "tls://HOST:PORT")
 
 Owns: ControlClient (blocking, stdlib only, for the CLI and the controller's
 agents; Unix socket or tls://), client_tls_context (the controller's certificate, the
-CA that issued the nodes') and own_certificate_problem (its dates, its key's mode), and AsyncControlClient (trio, a keep-alive connection pool, for mount
-processes fetching chunk bytes), plus turning transport failures and error
+CA that issued the nodes') and own_certificate_problem (its dates, its key's mode),
+and AsyncControlClient (trio, a keep-alive connection pool, for mount processes
+fetching chunk bytes), plus turning transport failures and error
 answers into ControlError with a one-line message, and refusing a Unix socket served
 by a uid the client does not trust (DaemonNotTrusted, checked on every new connection
 before a byte is sent: control/peer.py ``check_daemon_peer``).
