@@ -434,3 +434,38 @@ def test_a_mountpoint_that_is_not_empty_or_holds_a_mount(
         res = node.run("unmount", str(mp), "--socket", node.socket)
         assert res.returncode == 0, res.stderr
     assert (full / "keep").read_text() == "mine"
+
+
+def test_two_mounts_at_one_mountpoint_at_once_make_one_mount(
+    node: Node, local_store, bucket_name, tmp_path: Path
+) -> None:
+    """Two `silofs mount` of one dataset at one mountpoint started together (a prolog
+    run twice, fstab and a hand): both passed the checks and stacked two mounts, each
+    saying "mounted". The second now waits for the first and finds it busy."""
+    local_store.create(bucket_name, {"a": b"1"})
+    uri = local_store.uri(bucket_name)
+    mp = tmp_path / "mnt"
+    mp.mkdir()
+    node.mountpoints.append(str(mp))
+    args = silofs_cmd("mount", uri, str(mp), "--socket", node.socket)
+    procs = [
+        subprocess.Popen(
+            args,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=node.env,
+            cwd=node.root,
+        )
+        for _ in range(2)
+    ]
+    results = [p.communicate(timeout=120) for p in procs]
+    codes = sorted(p.returncode for p in procs)
+    assert codes == [0, 2], results
+    loser = results[[p.returncode for p in procs].index(2)][1]
+    assert loser.strip().splitlines()[-1].startswith("silofs: error: mountpoint"), loser
+    assert "busy" in loser
+    stacked = [line for line in Path("/proc/self/mountinfo").read_text().splitlines()
+               if f" {mp} " in line]  # fmt: skip
+    assert len(stacked) == 1, stacked
+    assert (mp / "a").read_bytes() == b"1"
