@@ -95,6 +95,7 @@ def one_node_client(address: str, timeout: float = 10.0) -> Any:
         ControlError,
         client_tls_context,
         own_certificate_problem,
+        tls_files_problem,
     )
 
     context = None
@@ -109,7 +110,7 @@ def one_node_client(address: str, timeout: float = 10.0) -> Any:
         try:
             context = client_tls_context(*files)
         except (OSError, ssl.SSLError) as exc:
-            reason = getattr(exc, "strerror", None) or getattr(exc, "reason", None) or exc
+            reason = tls_files_problem(*files, exc)
             raise ControlError(f"{TLS_DIR_ENV}: cannot load {', '.join(files)}: {reason}") from None
         if problem := own_certificate_problem(files[0], files[1]):
             raise ControlError(f"{TLS_DIR_ENV}: {problem}")
@@ -123,12 +124,16 @@ def socket_clients(config: ControllerConfig) -> ClientFactory:
     if config.tls is not None:
         import ssl
 
-        from silofs.control.client import client_tls_context, own_certificate_problem
+        from silofs.control.client import (
+            client_tls_context,
+            own_certificate_problem,
+            tls_files_problem,
+        )
 
         try:
             context = client_tls_context(config.tls.cert, config.tls.key, config.tls.ca)
         except (OSError, ssl.SSLError) as exc:
-            reason = getattr(exc, "strerror", None) or getattr(exc, "reason", None) or exc
+            reason = tls_files_problem(config.tls.cert, config.tls.key, config.tls.ca, exc)
             raise ConfigError(
                 f"[tls]: cannot load {config.tls.cert}, {config.tls.key} or {config.tls.ca}: "
                 f"{reason}"

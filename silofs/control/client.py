@@ -34,7 +34,9 @@ from urllib.parse import quote
 from silofs.control.peer import UntrustedDaemonError, check_daemon_peer
 from silofs.control.tls import (
     TLS_PREFIX,
+    ca_load_problem,
     certificate_dates_problem,
+    chain_load_problem,
     key_file_problem,
     parse_tls_url,
     socket_path_too_long,
@@ -241,6 +243,15 @@ def client_tls_context(cert: str, key: str, ca: str) -> ssl.SSLContext:
     ctx.load_cert_chain(cert, key)
     ctx.load_verify_locations(cafile=ca)
     return ctx
+
+
+def tls_files_problem(cert: str, key: str, ca: str, exc: BaseException) -> str:
+    """Why client_tls_context(cert, key, ca) raised `exc`, naming the file at fault."""
+    try:
+        ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_cert_chain(cert, key)
+    except (OSError, ssl.SSLError) as err:
+        return chain_load_problem(cert, key, err)
+    return ca_load_problem(ca, exc)
 
 
 def own_certificate_problem(cert: str, key: str) -> str | None:

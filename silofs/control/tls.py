@@ -136,11 +136,13 @@ def server_context(cert: str, key: str, client_ca: str) -> ssl.SSLContext:
     try:
         ctx.load_cert_chain(cert, key)
     except (OSError, ssl.SSLError) as exc:
-        raise UsageError(f"tls_cert/tls_key: cannot load {cert} / {key}: {_reason(exc)}") from None
+        why = chain_load_problem(cert, key, exc)
+        raise UsageError(f"tls_cert/tls_key: cannot load {cert} / {key}: {why}") from None
     try:
         ctx.load_verify_locations(cafile=client_ca)
     except (OSError, ssl.SSLError) as exc:
-        raise UsageError(f"tls_client_ca: cannot load {client_ca}: {_reason(exc)}") from None
+        why = ca_load_problem(client_ca, exc)
+        raise UsageError(f"tls_client_ca: cannot load {client_ca}: {why}") from None
     if dates := certificate_dates_problem(cert):
         # Not a refusal to start: the mounts and the local socket do not need it, and a
         # certificate that expires while the daemon runs is served the same way. Said
@@ -227,6 +229,44 @@ def certificate_name(tls: Any) -> str | None:
             if key == "commonName":
                 return str(value)
     return None
+
+
+def chain_load_problem(cert: str, key: str, exc: BaseException) -> str:
+    """Why SSLContext.load_cert_chain(cert, key) failed, in words an operator acts on:
+    OpenSSL says only "PEM lib" for a certificate or a key that is not PEM, and for an
+    encrypted key."""
+    if not isinstance(exc, ssl.SSLError):
+        return _reason(exc)
+    from cryptography import x509
+    from cryptography.exceptions import UnsupportedAlgorithm
+    from cryptography.hazmat.primitives import serialization
+
+    try:
+        with open(cert, "rb") as f:
+            x509.load_pem_x509_certificate(f.read())
+    except OSError as err:
+        return f"{cert}: {_reason(err)}"
+    except ValueError:
+        return f"{cert} is not a PEM certificate"
+    try:
+        with open(key, "rb") as f:
+            serialization.load_pem_private_key(f.read(), None)
+    except OSError as err:
+        return f"{key}: {_reason(err)}"
+    except TypeError:
+        return f"{key} is encrypted: silofs needs a key without a passphrase"
+    except (ValueError, UnsupportedAlgorithm):
+        return f"{key} is not a PEM private key"
+    if getattr(exc, "reason", None) == "KEY_VALUES_MISMATCH":
+        return f"{key} is not the key of {cert} (a pair from two runs of `silofs-ctl certs`?)"
+    return _reason(exc)
+
+
+def ca_load_problem(ca: str, exc: BaseException) -> str:
+    """Why SSLContext.load_verify_locations(ca) failed, in words an operator acts on."""
+    if getattr(exc, "reason", None) == "NO_CERTIFICATE_OR_CRL_FOUND":
+        return f"no PEM certificate in {ca} (a DER file, a key, an empty file?)"
+    return _reason(exc)
 
 
 def _reason(exc: BaseException) -> str:

@@ -392,3 +392,48 @@ def test_a_certificate_the_daemon_refuses_is_named_as_the_likely_cause(
             with pytest.raises(ControlError) as err:
                 c.request("GET", "/v1/peer")
     assert "does the daemon refuse this certificate" in str(err.value), err.value
+
+
+def _bad_tls_files(good: Path, tmp_path: Path) -> dict[str, tuple[str, str, str, str]]:
+    """(cert, key, ca, what the line must say) for each file an operator gets wrong."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives.serialization import Encoding
+
+    garbage = tmp_path / "garbage.pem"
+    garbage.write_text("hello\n")
+    garbage.chmod(0o600)
+    empty = tmp_path / "empty.pem"
+    empty.write_text("")
+    der = tmp_path / "ca.der"
+    ca = x509.load_pem_x509_certificate((good / "ca.pem").read_bytes())
+    der.write_bytes(ca.public_bytes(Encoding.DER))
+    cert, key, ca_pem = str(good / "node-a.pem"), str(good / "node-a.key"), str(good / "ca.pem")
+    other_key = str(good / "other-client.key")
+    return {
+        "cert-not-pem": (str(garbage), key, ca_pem, f"{garbage} is not a PEM certificate"),
+        "key-not-pem": (cert, str(garbage), ca_pem, f"{garbage} is not a PEM private key"),
+        "pair-mismatch": (cert, other_key, ca_pem, f"{other_key} is not the key of {cert}"),
+        "ca-der": (cert, key, str(der), f"no PEM certificate in {der}"),
+        "ca-empty": (cert, key, str(empty), f"no PEM certificate in {empty}"),
+        "ca-is-a-key": (cert, key, key, f"no PEM certificate in {key}"),
+    }
+
+
+@pytest.mark.parametrize(
+    "case", ["cert-not-pem", "key-not-pem", "pair-mismatch", "ca-der", "ca-empty", "ca-is-a-key"]
+)
+def test_tls_files_an_operator_gets_wrong_are_named_in_plain_words(
+    pki: dict[str, Path], tmp_path: Path, case: str
+) -> None:
+    """OpenSSL says "[SSL] PEM lib" for a certificate or key that is not PEM and "no
+    certificate or crl found" for a CA that is DER: the node's start and the
+    controller's name the file and what is wrong with it, in one line."""
+    from silofs.control.client import client_tls_context, tls_files_problem
+
+    cert, key, ca, said = _bad_tls_files(pki["good"], tmp_path)[case]
+    with pytest.raises(UsageError) as err:
+        server_context(cert, key, ca)
+    assert said in str(err.value) and "\n" not in str(err.value), err.value
+    with pytest.raises((OSError, ssl.SSLError)) as exc:
+        client_tls_context(cert, key, ca)
+    assert said in tls_files_problem(cert, key, ca, exc.value)
