@@ -33,6 +33,7 @@ from urllib.parse import quote
 
 from silofs.control.peer import UntrustedDaemonError, check_daemon_peer
 from silofs.control.tls import (
+    NO_PASSPHRASE,
     TLS_PREFIX,
     ca_load_problem,
     certificate_dates_problem,
@@ -240,7 +241,7 @@ def client_tls_context(cert: str, key: str, ca: str) -> ssl.SSLContext:
     tls:// URI (hostname checking stays on). OSError/ssl.SSLError if a file is bad."""
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
-    ctx.load_cert_chain(cert, key)
+    ctx.load_cert_chain(cert, key, password=NO_PASSPHRASE)
     ctx.load_verify_locations(cafile=ca)
     return ctx
 
@@ -248,7 +249,7 @@ def client_tls_context(cert: str, key: str, ca: str) -> ssl.SSLContext:
 def tls_files_problem(cert: str, key: str, ca: str, exc: BaseException) -> str:
     """Why client_tls_context(cert, key, ca) raised `exc`, naming the file at fault."""
     try:
-        ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_cert_chain(cert, key)
+        ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_cert_chain(cert, key, password=NO_PASSPHRASE)
     except (OSError, ssl.SSLError) as err:
         return chain_load_problem(cert, key, err)
     return ca_load_problem(ca, exc)

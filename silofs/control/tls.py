@@ -134,7 +134,7 @@ def server_context(cert: str, key: str, client_ca: str) -> ssl.SSLContext:
     if problem := key_file_problem(key):
         raise UsageError(f"tls_key: {problem}")
     try:
-        ctx.load_cert_chain(cert, key)
+        ctx.load_cert_chain(cert, key, password=NO_PASSPHRASE)
     except (OSError, ssl.SSLError) as exc:
         why = chain_load_problem(cert, key, exc)
         raise UsageError(f"tls_cert/tls_key: cannot load {cert} / {key}: {why}") from None
@@ -229,6 +229,17 @@ def certificate_name(tls: Any) -> str | None:
             if key == "commonName":
                 return str(value)
     return None
+
+
+def _no_passphrase() -> bytes:
+    # An empty passphrase, never a prompt: without a password OpenSSL asks for an
+    # encrypted key's passphrase on the terminal, and a daemon's start waited for it.
+    # Such a key then fails to load, and chain_load_problem says it is encrypted.
+    return b""
+
+
+# load_cert_chain's password for every key silofs loads (daemon, members, controller).
+NO_PASSPHRASE = _no_passphrase
 
 
 def chain_load_problem(cert: str, key: str, exc: BaseException) -> str:

@@ -437,3 +437,60 @@ def test_tls_files_an_operator_gets_wrong_are_named_in_plain_words(
     with pytest.raises((OSError, ssl.SSLError)) as exc:
         client_tls_context(cert, key, ca)
     assert said in tls_files_problem(cert, key, ca, exc.value)
+
+
+def test_an_encrypted_key_is_refused_without_a_prompt(pki: dict[str, Path], tmp_path: Path) -> None:
+    """OpenSSL asked for an encrypted key's passphrase on the terminal: a daemon started
+    by hand waited at "Enter PEM pass phrase:". Now it is one line saying the key is
+    encrypted, at once, on a terminal too (the child's controlling terminal is a pty)."""
+    import os
+    import pty
+    import select
+    import time
+
+    from cryptography.hazmat.primitives import serialization
+
+    good = pki["good"]
+    key = serialization.load_pem_private_key((good / "node-a.key").read_bytes(), None)
+    enc = tmp_path / "enc.key"
+    enc.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.BestAvailableEncryption(b"secret"),
+        )
+    )
+    enc.chmod(0o600)
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: its controlling terminal is the pty
+        try:
+            server_context(str(good / "node-a.pem"), str(enc), str(good / "ca.pem"))
+            os.write(1, b"LOADED\n")
+        except UsageError as exc:
+            os.write(1, f"REFUSED {exc}\n".encode())
+        finally:
+            os._exit(0)
+    out = b""
+    deadline = time.monotonic() + DEADLINE
+    try:
+        while b"\n" not in out or b"REFUSED" not in out and b"LOADED" not in out:
+            left = deadline - time.monotonic()
+            if left <= 0 or b"pass phrase" in out:
+                break
+            if select.select([fd], [], [], left)[0]:
+                try:
+                    data = os.read(fd, 4096)
+                except OSError:  # the child is gone (EIO)
+                    break
+                if not data:
+                    break
+                out += data
+    finally:
+        try:
+            os.kill(pid, 9)
+        except ProcessLookupError:
+            pass
+        os.waitpid(pid, 0)
+        os.close(fd)
+    assert b"pass phrase" not in out, out
+    assert b"REFUSED" in out and b"is encrypted" in out, out
