@@ -319,6 +319,15 @@ class _UnixHTTPConnection(http.client.HTTPConnection):
         try:
             # The handshake runs under the same timeout as the request.
             return self.tls.wrap_socket(raw, server_hostname=host)
+        except TimeoutError:
+            raw.close()
+            # Accepted and silent: Python says only "_ssl.c:989: The handshake operation
+            # timed out".
+            silent = TimeoutError(
+                f"it accepted the connection and finished no TLS handshake within "
+                f"{self.timeout:g}s (a silofs TLS listener on that port? overloaded?)"
+            )
+            raise _ConnectFailed(silent) from None
         except OSError as exc:
             raw.close()
             raise _ConnectFailed(exc) from exc

@@ -494,3 +494,18 @@ def test_an_encrypted_key_is_refused_without_a_prompt(pki: dict[str, Path], tmp_
         os.close(fd)
     assert b"pass phrase" not in out, out
     assert b"REFUSED" in out and b"is encrypted" in out, out
+
+
+def test_a_listener_that_never_handshakes_is_named_so(pki: dict[str, Path]) -> None:
+    """A port that accepts and says nothing (another program, a frozen daemon): the line
+    said "_ssl.c:989: The handshake operation timed out"; now what happened and how
+    long it was waited for."""
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(4)  # the kernel accepts; nobody ever speaks TLS
+        port = silent.getsockname()[1]
+        with ControlClient(f"tls://127.0.0.1:{port}", timeout=0.5, tls=controller(pki)) as c:
+            with pytest.raises(ControlError) as err:
+                c.request("GET", "/v1/peer")
+    line = str(err.value)
+    assert "finished no TLS handshake within 0.5s" in line and "_ssl.c" not in line, line
