@@ -33,7 +33,14 @@ from silofs.config import (
     default_socket,
     load_node_settings,
 )
-from silofs.control.client import ControlClient, ControlError, DaemonNotTrusted
+from silofs.control.client import (
+    ANSWER_ERRORS,
+    ANSWERED,
+    ControlClient,
+    ControlError,
+    DaemonNotTrusted,
+    unreadable_answer,
+)
 from silofs.errors import SilofsError, UsageError, first_leaf
 from silofs.logsetup import LOG_FORMATS, setup_logging
 from silofs.mountinfo import fuse_device_refusal, silofs_mounts
@@ -65,12 +72,21 @@ def one_line_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        ANSWERED.set(None)
         try:
             return fn(*args, **kwargs)
         except UsageError as exc:  # what was typed is wrong: 2, as for click's own
             fail(str(exc), 2)
         except (SilofsError, ControlError) as exc:
             fail(str(exc))
+        except ANSWER_ERRORS as exc:
+            # A daemon's answer this version cannot read: one line naming the daemon;
+            # with no answer behind it, a traceback (a bug).
+            line = unreadable_answer(exc, "silofs")
+            if line is None:
+                raise
+            log.debug("reading the answer failed", exc_info=True)
+            fail(line)
         except KeyboardInterrupt:
             fail("interrupted", 130)
         except BaseExceptionGroup as group:
@@ -277,7 +293,46 @@ def _check_mountpoint(path: str) -> str:
         )
     if os.path.ismount(path):
         raise UsageError(f"mountpoint {path} is busy: something is already mounted there")
+    if (entry := _first_entry(path)) is not None:
+        # FUSE 3 mounts over a non-empty directory (fuse 2 refused without -o nonempty):
+        # allowed, as mount(8) allows it, but said, since its files vanish from view
+        # (a job's output directory mounted over by mistake looked emptied).
+        say(
+            f"silofs: note: mountpoint {path} is not empty: what is in it ({entry!r}, ...) "
+            "is hidden while the mount is there"
+        )
     return path
+
+
+def _lock_mountpoint(path: str) -> int | None:
+    """An exclusive flock on the directory `path`, waited for: two `silofs mount` at one
+    mountpoint at once both passed the checks and stacked two mounts, each "mounted".
+    The descriptor (close-on-exec: no mount process inherits it) keeps the directory
+    that was there, so a second mount waits for the first, then its checks find the
+    first's mount. None when `path` cannot be opened: the checks say why."""
+    import fcntl
+
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        say(f"silofs: another silofs mount at {path} is under way: waiting for it")
+        fcntl.flock(fd, fcntl.LOCK_EX)  # Ctrl-C ends the wait
+    except OSError:  # a file system without flock: no lock, as before
+        pass
+    return fd
+
+
+def _first_entry(path: str) -> str | None:
+    """One name in the directory `path`, or None if it is empty or cannot be listed."""
+    try:
+        with os.scandir(path) as it:
+            return next((e.name for e in it), None)
+    except OSError:
+        return None
 
 
 AUTO_IDLE_EXIT = 300.0  # seconds a daemon `silofs mount` started outlives its last mount
@@ -643,6 +698,9 @@ def mount(
     parsed = parse_uri(_check_source(uri))
     canonical = parsed.canonical
     endpoint_url = store_endpoint(parsed, endpoint_url)
+    # Held until the mount is ready (this process's exit, or the foreground mount's
+    # ready): a second `silofs mount` at this mountpoint waits, then finds it busy.
+    lock = _lock_mountpoint(os.path.abspath(mountpoint))
     mountpoint = _check_mountpoint(mountpoint)
     if chunk_size is not None and not (64 << 10) <= chunk_size <= (64 << 20):
         raise UsageError("--chunk-size must be between 64KiB and 64MiB")
@@ -685,7 +743,7 @@ def mount(
         serve_processes=serve_processes,
     )
     if foreground:
-        _mount_foreground(settings, socket, log_level, log_file, log_format)
+        _mount_foreground(settings, socket, log_level, log_file, log_format, lock)
     else:
         _mount_background(settings, socket, log_level, log_file, log_format)
         say(f"silofs: {canonical} mounted at {mountpoint} (job {settings.job})")
@@ -762,7 +820,12 @@ def default_job(mountpoint: str) -> str:
 
 
 def _mount_foreground(
-    settings: MountSettings, socket: str, log_level: str, log_file: str | None, log_format: str
+    settings: MountSettings,
+    socket: str,
+    log_level: str,
+    log_file: str | None,
+    log_format: str,
+    lock: int | None = None,
 ) -> None:
     from silofs.mount.process import run_mount
 
@@ -771,6 +834,8 @@ def _mount_foreground(
     errors: list[str] = []
 
     def ready(error: str | None) -> None:
+        if lock is not None:  # this process serves on: another mount may now try
+            os.close(lock)
         if error:
             errors.append(error)
         else:

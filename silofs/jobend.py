@@ -161,11 +161,21 @@ class JobEnd:
         asked again)."""
         try:
             status = self.client.request("GET", "/v1/status")
+            rows = status.get("mounts", []) if isinstance(status, dict) else None
+            if not isinstance(rows, list) or not all(
+                isinstance(m, dict) and isinstance(m.get("pid"), int) for m in rows
+            ):
+                # Not a silofs daemon's status (another version, something else on the
+                # socket): the job's mounts still end, by the mount table.
+                raise ControlError(
+                    f"the silofs daemon at {self.client.socket_path} answered GET "
+                    "/v1/status with something that is no status"
+                )
         except ControlError as exc:
             self.daemon_error = str(exc)
             self.say(f"daemon: {exc}: ending the job's mounts by the mount table alone")
             return []
-        return [m for m in status.get("mounts", []) if m.get("job") == self.job]
+        return [m for m in rows if m.get("job") == self.job]
 
     def _targets(self, rows: list[dict]) -> list[MountEntry]:
         """The job's mounts, newest first (a mount inside another goes before it)."""

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from silofs.control.client import ControlClient, ControlError
 from silofs.errors import SilofsError, UsageError
 from silofs.jobend import mount_process_claims
-from silofs.mountinfo import silofs_mounts
+from silofs.mountinfo import mounts, silofs_mounts
 from silofs.pids import pid_alive
 
 log = logging.getLogger(__name__)
@@ -66,8 +66,10 @@ def mount_pid(socket: str, path: str) -> int | None:
             for m in client.request("GET", "/v1/status")["mounts"]:
                 if _resolved_parent(m["mountpoint"]) == path:
                     return int(m["pid"])
-    except ControlError as exc:
-        log.debug("the daemon did not name the mount's process: %s", exc)
+    except (ControlError, KeyError, TypeError, ValueError) as exc:
+        # An answer that is no status (another version, another program on the socket)
+        # names no process either: the unmount goes on without the daemon.
+        log.debug("the daemon did not name the mount's process: %r", exc)
     claims = [pid for pid, said in mount_process_claims() if _resolved_parent(said) == path]
     return claims[0] if len(claims) == 1 else None
 
@@ -84,7 +86,14 @@ def unmount(mountpoint: str, socket: str, lazy: bool) -> Outcome:
         raise SilofsError(f"cannot unmount {path}: fusermount3 did not finish") from None
     if res.returncode != 0:
         reason = (res.stderr.strip().splitlines() or ["fusermount3 failed"])[-1]
-        if not lazy and "busy" in reason.lower():
+        inner = _mounts_inside(path)
+        if not lazy and "busy" in reason.lower() and inner:
+            # A mount inside it holds it, not open files: closing files would not help.
+            reason += (
+                f" ({inner[0]} is mounted inside it: unmount that first, or "
+                "`silofs unmount --lazy` to detach both now)"
+            )
+        elif not lazy and "busy" in reason.lower():
             # What umount(8) users reach for next: say it, and what it does.
             reason += (
                 " (files are open in it; close them, or `silofs unmount --lazy` to detach now)"
@@ -94,6 +103,13 @@ def unmount(mountpoint: str, socket: str, lazy: bool) -> Outcome:
     while pid and time.monotonic() < deadline and pid_alive(pid):
         time.sleep(0.05)
     return Outcome(path, pid, ended=not (pid and pid_alive(pid)))
+
+
+def _mounts_inside(path: str) -> list[str]:
+    """Mountpoints below `path` in this namespace's mount table (any file system), the
+    deepest first."""
+    inner = [e.mountpoint for e in mounts() if e.mountpoint.startswith(path.rstrip("/") + "/")]
+    return sorted(inner, key=lambda p: p.count("/"), reverse=True)
 
 
 def outcome_line(outcome: Outcome, lazy: bool) -> str:

@@ -11,7 +11,12 @@ files on nodes, or reads a key it did not write.
 
 Keys are ECDSA P-256. Certificates last `--days` (default 825); renew by running
 `certs node` again (and `certs init --force` for a new CA, which every node must then
-trust).
+trust). Each CA's name is its own (a creation date and a random tag after "silofs
+control CA"), and every certificate names its issuer's key (subject and authority key
+identifiers): a rotation trusts the old and the new ca.pem in one bundle, and OpenSSL,
+which looks an issuer up by name, finds the CA that signed each certificate. Two CAs of
+one name in a bundle made every certificate of the second fail ("certificate signature
+failure").
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import ipaddress
 import logging
 import os
 import re
+import secrets
 
 import click
 
@@ -142,6 +148,9 @@ def _sign(
 
     ca_cert, ca_key = _load_ca(directory)
     key = ec.generate_private_key(ec.SECP256R1())
+    issuer_key = x509.AuthorityKeyIdentifier.from_issuer_public_key(
+        ca_cert.public_key()  # type: ignore[attr-defined]
+    )
     now = datetime.datetime.now(datetime.UTC)
     alt: list[x509.GeneralName] = []
     for san in sans:
@@ -165,6 +174,7 @@ def _sign(
         .not_valid_after(now + datetime.timedelta(days=days))
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .add_extension(x509.ExtendedKeyUsage(usages), critical=True)
+        .add_extension(issuer_key, critical=False)
     )
     if alt:
         builder = builder.add_extension(x509.SubjectAlternativeName(alt), critical=False)
@@ -187,8 +197,11 @@ def init_ca(directory: str, *, controller: str = CONTROLLER, days: int = 825) ->
 
     os.makedirs(directory, mode=0o700, exist_ok=True)
     key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "silofs control CA")])
     now = datetime.datetime.now(datetime.UTC)
+    # A name of its own: a bundle of the old and the new CA (a rotation) then holds two
+    # issuers OpenSSL tells apart by name (module docstring).
+    label = f"silofs control CA {now:%Y-%m-%d} {secrets.token_hex(4)}"
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, label)])
     cert = (
         x509.CertificateBuilder()
         .subject_name(name)
@@ -198,6 +211,7 @@ def init_ca(directory: str, *, controller: str = CONTROLLER, days: int = 825) ->
         .not_valid_before(now - datetime.timedelta(minutes=5))
         .not_valid_after(now + datetime.timedelta(days=days))
         .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
         .add_extension(
             x509.KeyUsage(
                 digital_signature=False,

@@ -14,7 +14,7 @@ from typing import Any, NoReturn
 
 import click
 
-from silofs.control.client import ControlError
+from silofs.control.client import ANSWER_ERRORS, ANSWERED, ControlError, unreadable_answer
 from silofs.errors import SilofsError, UsageError
 from silofs.logsetup import TextFormatter
 from silofs.records import shown
@@ -59,6 +59,7 @@ class OneLineGroup(click.Group):
 
     def main(self, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
         kwargs["standalone_mode"] = False
+        ANSWERED.set(None)
         try:
             rc = super().main(*args, **kwargs)
         except (click.exceptions.Abort, KeyboardInterrupt):
@@ -77,6 +78,14 @@ class OneLineGroup(click.Group):
             fail(str(exc), 2)
         except (SilofsError, ControlError) as exc:
             fail(str(exc))
+        except ANSWER_ERRORS as exc:
+            # A node's answer this version cannot read (a field missing, another type):
+            # one line naming the node; anything else stays a traceback (a bug).
+            line = unreadable_answer(exc, PROG)
+            if line is None:
+                raise
+            log.debug("reading the answer failed", exc_info=True)
+            fail(line)
         sys.exit(rc if isinstance(rc, int) else 0)
 
 

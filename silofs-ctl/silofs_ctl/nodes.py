@@ -94,6 +94,8 @@ def one_node_client(address: str, timeout: float = 10.0) -> Any:
         ControlClient,
         ControlError,
         client_tls_context,
+        own_certificate_problem,
+        tls_files_problem,
     )
 
     context = None
@@ -108,8 +110,10 @@ def one_node_client(address: str, timeout: float = 10.0) -> Any:
         try:
             context = client_tls_context(*files)
         except (OSError, ssl.SSLError) as exc:
-            reason = getattr(exc, "strerror", None) or getattr(exc, "reason", None) or exc
+            reason = tls_files_problem(*files, exc)
             raise ControlError(f"{TLS_DIR_ENV}: cannot load {', '.join(files)}: {reason}") from None
+        if problem := own_certificate_problem(files[0], files[1]):
+            raise ControlError(f"{TLS_DIR_ENV}: {problem}")
     return ControlClient(address, timeout=timeout, tls=context)
 
 
@@ -120,14 +124,20 @@ def socket_clients(config: ControllerConfig) -> ClientFactory:
     if config.tls is not None:
         import ssl
 
-        from silofs.control.client import client_tls_context
+        from silofs.control.client import (
+            client_tls_context,
+            own_certificate_problem,
+            tls_files_problem,
+        )
 
         try:
             context = client_tls_context(config.tls.cert, config.tls.key, config.tls.ca)
         except (OSError, ssl.SSLError) as exc:
-            reason = getattr(exc, "strerror", None) or getattr(exc, "reason", None) or exc
+            reason = tls_files_problem(config.tls.cert, config.tls.key, config.tls.ca, exc)
             raise ConfigError(
                 f"[tls]: cannot load {config.tls.cert}, {config.tls.key} or {config.tls.ca}: "
                 f"{reason}"
             ) from None
+        if problem := own_certificate_problem(config.tls.cert, config.tls.key):
+            raise ConfigError(f"[tls]: {problem}")
     return lambda node: SocketNode(node.socket, config.timeout, context)

@@ -3,8 +3,9 @@ controllers, its optional mutual-TLS TCP listener: an address "tls://HOST:PORT")
 
 Owns: ControlClient (blocking, stdlib only, for the CLI and the controller's
 agents; Unix socket or tls://), client_tls_context (the controller's certificate, the
-CA that issued the nodes'), and AsyncControlClient (trio, a keep-alive connection pool, for mount
-processes fetching chunk bytes), plus turning transport failures and error
+CA that issued the nodes') and own_certificate_problem (its dates, its key's mode),
+and AsyncControlClient (trio, a keep-alive connection pool, for mount processes
+fetching chunk bytes), plus turning transport failures and error
 answers into ControlError with a one-line message, and refusing a Unix socket served
 by a uid the client does not trust (DaemonNotTrusted, checked on every new connection
 before a byte is sent: control/peer.py ``check_daemon_peer``).
@@ -17,6 +18,7 @@ this module and should not pay ~100 ms for a trio it never uses).
 from __future__ import annotations
 
 import array
+import contextvars
 import http.client
 import json
 import logging
@@ -30,7 +32,16 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 from silofs.control.peer import UntrustedDaemonError, check_daemon_peer
-from silofs.control.tls import TLS_PREFIX, parse_tls_url, socket_path_too_long
+from silofs.control.tls import (
+    NO_PASSPHRASE,
+    TLS_PREFIX,
+    ca_load_problem,
+    certificate_dates_problem,
+    chain_load_problem,
+    key_file_problem,
+    parse_tls_url,
+    socket_path_too_long,
+)
 from silofs.sealed import FD_HEADER, REGION_HEADER, map_received, map_region
 from silofs.units import count, is_digits
 
@@ -230,9 +241,33 @@ def client_tls_context(cert: str, key: str, ca: str) -> ssl.SSLContext:
     tls:// URI (hostname checking stays on). OSError/ssl.SSLError if a file is bad."""
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
-    ctx.load_cert_chain(cert, key)
+    ctx.load_cert_chain(cert, key, password=NO_PASSPHRASE)
     ctx.load_verify_locations(cafile=ca)
     return ctx
+
+
+def tls_files_problem(cert: str, key: str, ca: str, exc: BaseException) -> str:
+    """Why client_tls_context(cert, key, ca) raised `exc`, naming the file at fault."""
+    try:
+        ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_cert_chain(cert, key, password=NO_PASSPHRASE)
+    except (OSError, ssl.SSLError) as err:
+        return chain_load_problem(cert, key, err)
+    return ca_load_problem(ca, exc)
+
+
+def own_certificate_problem(cert: str, key: str) -> str | None:
+    """What keeps a controller's own certificate from working, in one line, else None:
+    a key other users may read (an admin of every node to whoever reads it), or dates
+    that do not hold (every node refuses it, and a node closes such a connection
+    without a word: the controller would only see "closed without response")."""
+    if problem := key_file_problem(key):
+        return problem
+    if dates := certificate_dates_problem(cert):
+        return (
+            f"{cert} {dates}: every node refuses it; a new one comes with a new CA "
+            "(`silofs-ctl certs init --force`, then every node's `certs node`)"
+        )
+    return None
 
 
 class _UnixHTTPConnection(http.client.HTTPConnection):
@@ -284,6 +319,15 @@ class _UnixHTTPConnection(http.client.HTTPConnection):
         try:
             # The handshake runs under the same timeout as the request.
             return self.tls.wrap_socket(raw, server_hostname=host)
+        except TimeoutError:
+            raw.close()
+            # Accepted and silent: Python says only "_ssl.c:989: The handshake operation
+            # timed out".
+            silent = TimeoutError(
+                f"it accepted the connection and finished no TLS handshake within "
+                f"{self.timeout:g}s (a silofs TLS listener on that port? overloaded?)"
+            )
+            raise _ConnectFailed(silent) from None
         except OSError as exc:
             raw.close()
             raise _ConnectFailed(exc) from exc
@@ -305,11 +349,21 @@ class ControlClient:
         self._conn: _UnixHTTPConnection | None = None
 
     def request(self, method: str, path: str, body: dict | None = None) -> Any:
-        """Parsed JSON (or bytes for other content types); ControlError on failure."""
+        """Parsed JSON (or bytes for other content types); ControlError on failure,
+        including an answer labelled JSON that is not (something else on the socket, or
+        a broken daemon: one line, never a traceback)."""
         status, headers, data = self.request_raw(method, path, body)
         if status >= 400:
             raise ControlError(_error_text(status, data), status)
-        return _decode(headers, data)
+        try:
+            answer = _decode(headers, data)
+        except ValueError as exc:  # json's errors, and bytes that are not UTF-8
+            raise ControlError(
+                f"the silofs daemon at {self.socket_path} answered {method.upper()} {path} "
+                f"with bad JSON ({exc}): is a silofs daemon of this version listening there?"
+            ) from None
+        ANSWERED.set(f"{self.socket_path} ({method.upper()} {path})")
+        return answer
 
     def request_raw(
         self, method: str, path: str, body: dict | None = None
@@ -361,7 +415,17 @@ class ControlClient:
         )
 
     def _failed(self, exc: BaseException) -> str:
-        return f"connection to the silofs daemon at {self.socket_path} failed: {_describe(exc)}"
+        line = f"connection to the silofs daemon at {self.socket_path} failed: {_describe(exc)}"
+        if self.socket_path.startswith(TLS_PREFIX) and isinstance(
+            exc, http.client.RemoteDisconnected
+        ):
+            # A daemon that refuses a client's certificate (expired, another CA, a name
+            # not allowed) closes after the handshake without an alert the client sees.
+            line += (
+                " (after the TLS handshake: does the daemon refuse this certificate? "
+                "Its log names why)"
+            )
+        return line
 
     def close(self) -> None:
         if self._conn is not None:
@@ -373,6 +437,29 @@ class ControlClient:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+# The last daemon answer a request() decoded in this context, "ADDRESS (METHOD PATH)":
+# the CLIs' one-line handlers name it when reading an answer fails (a field missing or
+# of another type: a daemon of another version, or not a silofs daemon), where a
+# KeyError or TypeError with no request behind it stays a traceback (a bug).
+ANSWERED: contextvars.ContextVar[str | None] = contextvars.ContextVar("answered", default=None)
+
+# What reading a decoded answer raises when it is not what this client expects.
+ANSWER_ERRORS = (KeyError, TypeError, IndexError, AttributeError, ValueError)
+
+
+def unreadable_answer(exc: BaseException, program: str) -> str | None:
+    """The one line for `exc` raised while reading a daemon's answer (None if no answer
+    was decoded in this context, or `exc` is no such error): the daemon and the request,
+    and what was wrong."""
+    answered = ANSWERED.get()
+    if answered is None or not isinstance(exc, ANSWER_ERRORS):
+        return None
+    return (
+        f"the silofs daemon at {answered} answered something this {program} cannot read "
+        f"({type(exc).__name__}: {exc}): is it a silofs daemon of this version?"
+    )
 
 
 # ---------------------------------------------------------------------- trio

@@ -2,7 +2,8 @@
 
 Owns: the server's SSLContext (TLS 1.2 at least, a client certificate required and
 checked against the configured CA, for client authentication), the name a verified
-client certificate proves (its subject CN), and the TCP address grammar
+client certificate proves (its subject CN), the checks of a process's own
+certificate (its dates) and key (no other user may read it), and the TCP address grammar
 ("HOST:PORT", "[V6]:PORT", ":PORT"). Never: accepts a connection, maps a certificate
 to a local uid (a remote peer only ever has the admin role: control/peer.py), or
 creates keys and certificates (`silofs-ctl certs` does).
@@ -10,11 +11,13 @@ creates keys and certificates (`silofs-ctl certs` does).
 
 from __future__ import annotations
 
+import datetime
 import ipaddress
 import logging
 import os
 import re
 import ssl
+import stat
 from typing import Any
 
 from silofs.errors import UsageError
@@ -128,15 +131,72 @@ def server_context(cert: str, key: str, client_ca: str) -> ssl.SSLContext:
     # idle keep-alive connection is never readable on the client's side either.)
     ctx.options |= ssl.OP_NO_TICKET
     ctx.num_tickets = 0
+    if problem := key_file_problem(key):
+        raise UsageError(f"tls_key: {problem}")
     try:
-        ctx.load_cert_chain(cert, key)
+        ctx.load_cert_chain(cert, key, password=NO_PASSPHRASE)
     except (OSError, ssl.SSLError) as exc:
-        raise UsageError(f"tls_cert/tls_key: cannot load {cert} / {key}: {_reason(exc)}") from None
+        why = chain_load_problem(cert, key, exc)
+        raise UsageError(f"tls_cert/tls_key: cannot load {cert} / {key}: {why}") from None
     try:
         ctx.load_verify_locations(cafile=client_ca)
     except (OSError, ssl.SSLError) as exc:
-        raise UsageError(f"tls_client_ca: cannot load {client_ca}: {_reason(exc)}") from None
+        why = ca_load_problem(client_ca, exc)
+        raise UsageError(f"tls_client_ca: cannot load {client_ca}: {why}") from None
+    if dates := certificate_dates_problem(cert):
+        # Not a refusal to start: the mounts and the local socket do not need it, and a
+        # certificate that expires while the daemon runs is served the same way. Said
+        # here because nothing else would: the clients refuse it, the daemon only sees
+        # connections closed.
+        log.error(
+            "tls_cert %s %s: controllers and cluster members refuse this node until it "
+            "has a new one (`silofs-ctl certs node`, then a restart); the mounts are "
+            "served as ever",
+            cert,
+            dates,
+        )
     return ctx
+
+
+def certificate_dates_problem(path: str, now: datetime.datetime | None = None) -> str | None:
+    """What is wrong with the validity dates of the certificate in `path`, this
+    process's own: "expired on ..." or "is not valid before ..." (UTC); None when they
+    hold, or when the file cannot be read as PEM (loading it says why)."""
+    from cryptography import x509
+
+    try:
+        with open(path, "rb") as f:
+            cert = x509.load_pem_x509_certificate(f.read())
+    except (OSError, ValueError):
+        return None
+    now = now or datetime.datetime.now(datetime.UTC)
+    if now > cert.not_valid_after_utc:
+        return f"expired on {cert.not_valid_after_utc:%Y-%m-%d %H:%M} UTC"
+    if now < cert.not_valid_before_utc:
+        return (
+            f"is not valid before {cert.not_valid_before_utc:%Y-%m-%d %H:%M} UTC "
+            "(is this host's clock right?)"
+        )
+    return None
+
+
+# Bits of a private key's mode that let other users read or change it (the group may
+# read it: a deployment's ssl-cert group, say).
+_KEY_OPEN_BITS = 0o027
+
+
+def key_file_problem(path: str) -> str | None:
+    """One line when the private key in `path` may be read or written by other users
+    (as ssh and PostgreSQL refuse such keys: a local user who reads a node's key is a
+    cluster member to every other node, one who reads the controller's an admin of
+    every node); None otherwise, or when it cannot be stat'ed (loading it says why)."""
+    try:
+        mode = stat.S_IMODE(os.stat(path).st_mode)
+    except OSError:
+        return None
+    if not mode & _KEY_OPEN_BITS:
+        return None
+    return f"{path} may be read or written by other users (mode {mode:04o}): chmod 600 {path}"
 
 
 # The role marker of a node daemon's certificate (a URI subjectAltName that `silofs-ctl
@@ -169,6 +229,55 @@ def certificate_name(tls: Any) -> str | None:
             if key == "commonName":
                 return str(value)
     return None
+
+
+def _no_passphrase() -> bytes:
+    # An empty passphrase, never a prompt: without a password OpenSSL asks for an
+    # encrypted key's passphrase on the terminal, and a daemon's start waited for it.
+    # Such a key then fails to load, and chain_load_problem says it is encrypted.
+    return b""
+
+
+# load_cert_chain's password for every key silofs loads (daemon, members, controller).
+NO_PASSPHRASE = _no_passphrase
+
+
+def chain_load_problem(cert: str, key: str, exc: BaseException) -> str:
+    """Why SSLContext.load_cert_chain(cert, key) failed, in words an operator acts on:
+    OpenSSL says only "PEM lib" for a certificate or a key that is not PEM, and for an
+    encrypted key."""
+    if not isinstance(exc, ssl.SSLError):
+        return _reason(exc)
+    from cryptography import x509
+    from cryptography.exceptions import UnsupportedAlgorithm
+    from cryptography.hazmat.primitives import serialization
+
+    try:
+        with open(cert, "rb") as f:
+            x509.load_pem_x509_certificate(f.read())
+    except OSError as err:
+        return f"{cert}: {_reason(err)}"
+    except ValueError:
+        return f"{cert} is not a PEM certificate"
+    try:
+        with open(key, "rb") as f:
+            serialization.load_pem_private_key(f.read(), None)
+    except OSError as err:
+        return f"{key}: {_reason(err)}"
+    except TypeError:
+        return f"{key} is encrypted: silofs needs a key without a passphrase"
+    except (ValueError, UnsupportedAlgorithm):
+        return f"{key} is not a PEM private key"
+    if getattr(exc, "reason", None) == "KEY_VALUES_MISMATCH":
+        return f"{key} is not the key of {cert} (a pair from two runs of `silofs-ctl certs`?)"
+    return _reason(exc)
+
+
+def ca_load_problem(ca: str, exc: BaseException) -> str:
+    """Why SSLContext.load_verify_locations(ca) failed, in words an operator acts on."""
+    if getattr(exc, "reason", None) == "NO_CERTIFICATE_OR_CRL_FOUND":
+        return f"no PEM certificate in {ca} (a DER file, a key, an empty file?)"
+    return _reason(exc)
 
 
 def _reason(exc: BaseException) -> str:

@@ -30,7 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from silofs.control.thread_conn import RECV_LIMIT, SEND_LIMIT, wait_until
-from silofs.control.tls import certificate_identity
+from silofs.control.tls import NO_PASSPHRASE, certificate_identity
 from silofs.units import is_digits
 
 log = logging.getLogger(__name__)
@@ -120,7 +120,7 @@ def client_context(cert: str, key: str, ca: str) -> ssl.SSLContext:
     which must have issued the member's certificate for the host of its address."""
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
-    ctx.load_cert_chain(cert, key)
+    ctx.load_cert_chain(cert, key, password=NO_PASSPHRASE)
     ctx.load_verify_locations(cafile=ca)
     return ctx
 

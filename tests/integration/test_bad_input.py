@@ -406,3 +406,66 @@ def test_a_busy_metrics_port_is_one_line(tmp_path: Path) -> None:
         busy.close()
     assert_one_line_error(res, "metrics_address", f"127.0.0.1:{port}", "in use")
     assert not (tmp_path / "m.sock").exists()
+
+
+def test_a_mountpoint_that_is_not_empty_or_holds_a_mount(
+    node: Node, local_store, bucket_name, tmp_path: Path
+) -> None:
+    """Mounting over a directory with files in it works, as FUSE 3 and mount(8) allow,
+    and says that they are hidden; unmounting a mount with another mount inside it names
+    that mount as what holds it (it used to blame open files)."""
+    local_store.create(bucket_name, {"sub/x": b"x", "y": b"y"})
+    uri = local_store.uri(bucket_name)
+    full = tmp_path / "full"
+    full.mkdir()
+    (full / "keep").write_text("mine")
+    node.mountpoints.append(str(full))
+    res = node.run("mount", uri, str(full), "--socket", node.socket)
+    assert res.returncode == 0, res.stderr
+    assert f"mountpoint {full} is not empty" in res.stderr and "'keep'" in res.stderr
+    assert (full / "y").read_bytes() == b"y" and not (full / "keep").exists()
+    inner = node.mount(uri, full / "sub")  # inside the first mount
+    assert (inner / "y").read_bytes() == b"y"
+    res = node.run("unmount", str(full), "--socket", node.socket)
+    line = assert_one_line_error(res, "busy")
+    assert f"{inner} is mounted inside it" in line and "files are open" not in line
+    assert mounted(full) and mounted(inner)
+    for mp in (inner, full):
+        res = node.run("unmount", str(mp), "--socket", node.socket)
+        assert res.returncode == 0, res.stderr
+    assert (full / "keep").read_text() == "mine"
+
+
+def test_two_mounts_at_one_mountpoint_at_once_make_one_mount(
+    node: Node, local_store, bucket_name, tmp_path: Path
+) -> None:
+    """Two `silofs mount` of one dataset at one mountpoint started together (a prolog
+    run twice, fstab and a hand): both passed the checks and stacked two mounts, each
+    saying "mounted". The second now waits for the first and finds it busy."""
+    local_store.create(bucket_name, {"a": b"1"})
+    uri = local_store.uri(bucket_name)
+    mp = tmp_path / "mnt"
+    mp.mkdir()
+    node.mountpoints.append(str(mp))
+    args = silofs_cmd("mount", uri, str(mp), "--socket", node.socket)
+    procs = [
+        subprocess.Popen(
+            args,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=node.env,
+            cwd=node.root,
+        )
+        for _ in range(2)
+    ]
+    results = [p.communicate(timeout=120) for p in procs]
+    codes = sorted(p.returncode for p in procs)
+    assert codes == [0, 2], results
+    loser = results[[p.returncode for p in procs].index(2)][1]
+    assert loser.strip().splitlines()[-1].startswith("silofs: error: mountpoint"), loser
+    assert "busy" in loser
+    stacked = [line for line in Path("/proc/self/mountinfo").read_text().splitlines()
+               if f" {mp} " in line]  # fmt: skip
+    assert len(stacked) == 1, stacked
+    assert (mp / "a").read_bytes() == b"1"

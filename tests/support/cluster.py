@@ -123,12 +123,18 @@ def legacy_node_cert(directory: Path, name: str, host: str) -> None:
 
 
 def odd_node_cert(
-    directory: Path, name: str, host: str, *, legacy: bool = False, expired: bool = False
+    directory: Path,
+    name: str,
+    host: str,
+    *,
+    legacy: bool = False,
+    expired: bool = False,
+    future: bool = False,
 ) -> None:
     """A certificate of the CA in `directory` for `host`, as `silofs-ctl certs node`
     never makes one now: `legacy`, serverAuth only and no node role (as it made them
     before clusters); `expired`, a node certificate (both usages, the role) that expired
-    yesterday."""
+    yesterday; `future`, one valid only from tomorrow on."""
     import ipaddress
 
     from cryptography import x509
@@ -151,6 +157,8 @@ def odd_node_cert(
     start, end = now - datetime.timedelta(minutes=5), now + datetime.timedelta(days=30)
     if expired:
         start, end = now - datetime.timedelta(days=10), now - datetime.timedelta(days=1)
+    if future:
+        start, end = now + datetime.timedelta(days=1), now + datetime.timedelta(days=10)
     cert = (
         x509.CertificateBuilder()
         .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)]))

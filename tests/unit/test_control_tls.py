@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import socket
 import ssl
 from collections.abc import Iterator
@@ -28,7 +29,7 @@ from silofs.control.router import Caller, Request, Response, Router, json_respon
 from silofs.control.server import TLSLimits, bind_tcp, serve_tls
 from silofs.control.tls import parse_tcp_address, server_context
 from silofs.errors import UsageError
-from tests.support.cluster import legacy_node_cert
+from tests.support.cluster import legacy_node_cert, odd_node_cert
 from tests.support.poll import wait_for
 from tests.unit.serving import serving
 
@@ -314,3 +315,197 @@ def test_new_connections_beyond_the_handshake_rate_are_closed_before_tls(
                 return False  # still over the rate: the bucket refills at 2 a second
 
         wait_for(served, DEADLINE, "the listener to serve again")
+
+
+@pytest.mark.parametrize(
+    ("when", "said"), [("expired", "expired on"), ("future", "not valid before")]
+)
+def test_the_daemons_own_certificate_out_of_its_dates_is_said_at_start(
+    pki: dict[str, Path], when: str, said: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A node started with an expired (or not yet valid) certificate: every client
+    refuses it and the daemon saw only closed connections. Now its start says so in
+    one ERROR line naming the file, and it starts (the mounts do not need the
+    listener)."""
+    good = pki["good"]
+    odd_node_cert(good, f"node-{when}", "127.0.0.1", **{when: True})
+    cert = str(good / f"node-{when}.pem")
+    with caplog.at_level(logging.ERROR, logger="silofs.control.tls"):
+        ctx = server_context(cert, str(good / f"node-{when}.key"), str(good / "ca.pem"))
+    assert isinstance(ctx, ssl.SSLContext)
+    lines = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(lines) == 1 and cert in lines[0] and said in lines[0], lines
+    caplog.clear()
+    with caplog.at_level(logging.ERROR, logger="silofs.control.tls"):
+        server_context(str(good / "node-a.pem"), str(good / "node-a.key"), str(good / "ca.pem"))
+    assert not caplog.records
+
+
+def test_a_key_other_users_may_read_stops_the_start_in_one_line(
+    pki: dict[str, Path], tmp_path: Path
+) -> None:
+    good = pki["good"]
+    key = tmp_path / "node-a.key"
+    key.write_bytes((good / "node-a.key").read_bytes())
+    for mode in (0o644, 0o604, 0o660):
+        key.chmod(mode)
+        with pytest.raises(UsageError) as err:
+            server_context(str(good / "node-a.pem"), str(key), str(good / "ca.pem"))
+        assert f"chmod 600 {key}" in str(err.value) and "\n" not in str(err.value)
+    key.chmod(0o640)  # a group that may read it (ssl-cert): as the operator chose
+    server_context(str(good / "node-a.pem"), str(key), str(good / "ca.pem"))
+
+
+@pytest.mark.parametrize("problem", ["expired", "future", "open-key"])
+def test_the_controllers_own_certificate_problems_are_one_line_before_any_node(
+    pki: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, problem: str
+) -> None:
+    """A controller whose certificate expired saw every node close its connections
+    "without response"; one whose key others may read gave an admin of every node
+    away. Both are said before it asks any node, naming the file."""
+    from silofs_ctl.nodes import TLS_DIR_ENV, one_node_client
+
+    good = pki["good"]
+    source = "controller"
+    if problem != "open-key":
+        source = f"ctl-{problem}"
+        odd_node_cert(good, source, "127.0.0.1", **{problem: True})
+    for ext in ("pem", "key"):
+        (tmp_path / f"controller.{ext}").write_bytes((good / f"{source}.{ext}").read_bytes())
+    (tmp_path / "controller.key").chmod(0o644 if problem == "open-key" else 0o600)
+    (tmp_path / "ca.pem").write_bytes((good / "ca.pem").read_bytes())
+    monkeypatch.setenv(TLS_DIR_ENV, str(tmp_path))
+    with pytest.raises(ControlError) as err:
+        one_node_client("tls://127.0.0.1:7470")
+    said = {"expired": "expired on", "future": "not valid before", "open-key": "chmod 600"}
+    assert said[problem] in str(err.value) and str(tmp_path) in str(err.value)
+
+
+def test_a_certificate_the_daemon_refuses_is_named_as_the_likely_cause(
+    pki: dict[str, Path],
+) -> None:
+    """The daemon closes a refused client's connection without an alert the client
+    reads: the client's line says where to look."""
+    with tls_server(pki) as (port, _acc):
+        ctx = controller(pki, ca="foreign")
+        with ControlClient(f"tls://127.0.0.1:{port}", timeout=DEADLINE, tls=ctx) as c:
+            with pytest.raises(ControlError) as err:
+                c.request("GET", "/v1/peer")
+    assert "does the daemon refuse this certificate" in str(err.value), err.value
+
+
+def _bad_tls_files(good: Path, tmp_path: Path) -> dict[str, tuple[str, str, str, str]]:
+    """(cert, key, ca, what the line must say) for each file an operator gets wrong."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives.serialization import Encoding
+
+    garbage = tmp_path / "garbage.pem"
+    garbage.write_text("hello\n")
+    garbage.chmod(0o600)
+    empty = tmp_path / "empty.pem"
+    empty.write_text("")
+    der = tmp_path / "ca.der"
+    ca = x509.load_pem_x509_certificate((good / "ca.pem").read_bytes())
+    der.write_bytes(ca.public_bytes(Encoding.DER))
+    cert, key, ca_pem = str(good / "node-a.pem"), str(good / "node-a.key"), str(good / "ca.pem")
+    other_key = str(good / "other-client.key")
+    return {
+        "cert-not-pem": (str(garbage), key, ca_pem, f"{garbage} is not a PEM certificate"),
+        "key-not-pem": (cert, str(garbage), ca_pem, f"{garbage} is not a PEM private key"),
+        "pair-mismatch": (cert, other_key, ca_pem, f"{other_key} is not the key of {cert}"),
+        "ca-der": (cert, key, str(der), f"no PEM certificate in {der}"),
+        "ca-empty": (cert, key, str(empty), f"no PEM certificate in {empty}"),
+        "ca-is-a-key": (cert, key, key, f"no PEM certificate in {key}"),
+    }
+
+
+@pytest.mark.parametrize(
+    "case", ["cert-not-pem", "key-not-pem", "pair-mismatch", "ca-der", "ca-empty", "ca-is-a-key"]
+)
+def test_tls_files_an_operator_gets_wrong_are_named_in_plain_words(
+    pki: dict[str, Path], tmp_path: Path, case: str
+) -> None:
+    """OpenSSL says "[SSL] PEM lib" for a certificate or key that is not PEM and "no
+    certificate or crl found" for a CA that is DER: the node's start and the
+    controller's name the file and what is wrong with it, in one line."""
+    from silofs.control.client import client_tls_context, tls_files_problem
+
+    cert, key, ca, said = _bad_tls_files(pki["good"], tmp_path)[case]
+    with pytest.raises(UsageError) as err:
+        server_context(cert, key, ca)
+    assert said in str(err.value) and "\n" not in str(err.value), err.value
+    with pytest.raises((OSError, ssl.SSLError)) as exc:
+        client_tls_context(cert, key, ca)
+    assert said in tls_files_problem(cert, key, ca, exc.value)
+
+
+def test_an_encrypted_key_is_refused_without_a_prompt(pki: dict[str, Path], tmp_path: Path) -> None:
+    """OpenSSL asked for an encrypted key's passphrase on the terminal: a daemon started
+    by hand waited at "Enter PEM pass phrase:". Now it is one line saying the key is
+    encrypted, at once, on a terminal too (the child's controlling terminal is a pty)."""
+    import os
+    import pty
+    import select
+    import time
+
+    from cryptography.hazmat.primitives import serialization
+
+    good = pki["good"]
+    key = serialization.load_pem_private_key((good / "node-a.key").read_bytes(), None)
+    enc = tmp_path / "enc.key"
+    enc.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.BestAvailableEncryption(b"secret"),
+        )
+    )
+    enc.chmod(0o600)
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: its controlling terminal is the pty
+        try:
+            server_context(str(good / "node-a.pem"), str(enc), str(good / "ca.pem"))
+            os.write(1, b"LOADED\n")
+        except UsageError as exc:
+            os.write(1, f"REFUSED {exc}\n".encode())
+        finally:
+            os._exit(0)
+    out = b""
+    deadline = time.monotonic() + DEADLINE
+    try:
+        while b"\n" not in out or b"REFUSED" not in out and b"LOADED" not in out:
+            left = deadline - time.monotonic()
+            if left <= 0 or b"pass phrase" in out:
+                break
+            if select.select([fd], [], [], left)[0]:
+                try:
+                    data = os.read(fd, 4096)
+                except OSError:  # the child is gone (EIO)
+                    break
+                if not data:
+                    break
+                out += data
+    finally:
+        try:
+            os.kill(pid, 9)
+        except ProcessLookupError:
+            pass
+        os.waitpid(pid, 0)
+        os.close(fd)
+    assert b"pass phrase" not in out, out
+    assert b"REFUSED" in out and b"is encrypted" in out, out
+
+
+def test_a_listener_that_never_handshakes_is_named_so(pki: dict[str, Path]) -> None:
+    """A port that accepts and says nothing (another program, a frozen daemon): the line
+    said "_ssl.c:989: The handshake operation timed out"; now what happened and how
+    long it was waited for."""
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(4)  # the kernel accepts; nobody ever speaks TLS
+        port = silent.getsockname()[1]
+        with ControlClient(f"tls://127.0.0.1:{port}", timeout=0.5, tls=controller(pki)) as c:
+            with pytest.raises(ControlError) as err:
+                c.request("GET", "/v1/peer")
+    line = str(err.value)
+    assert "finished no TLS handshake within 0.5s" in line and "_ssl.c" not in line, line
