@@ -573,29 +573,34 @@ def _check_existing(path: str) -> None:
     raise AddressInUseError(f"another silofs daemon is already listening on {path}")
 
 
-def check_socket_dir(parent: str) -> None:
-    """SocketDirError unless no one but us and root controls the socket's directory.
+def untrusted_ancestor(directory: str) -> str | None:
+    """Why someone else controls `directory` or a directory on its way from "/", or None.
 
-    Every directory from "/" down to ``parent`` must be owned by root or by us, and one
-    that others may write must be sticky (like /tmp). Otherwise its owner, or anyone who
-    can write it, could replace our socket (clients would talk to them) or swap it for
-    a link between bind() and chmod() (a root daemon would chmod the link's target).
-    """
+    Each must be owned by root or by our uid, and one that others may write must be
+    sticky (like /tmp). Otherwise its owner, or anyone who may write it, could rename
+    what we keep there away and put their own in its place between our checks and our
+    use (a socket clients then talk to, a cache env every mount then reads)."""
     euid = os.geteuid()
-    path = "/"
-    for name in [n for n in os.path.realpath(parent).split("/") if n] + [""]:
-        st = os.lstat(path)
+    where = "/"
+    for name in [n for n in os.path.realpath(directory).split("/") if n] + [""]:
+        st = os.lstat(where)
         if st.st_uid not in (0, euid):
-            raise SocketDirError(
-                f"socket directory {path} is owned by uid {st.st_uid}, not by uid {euid} "
-                "or root: choose another --socket"
-            )
+            return f"{where} is owned by uid {st.st_uid}, not by uid {euid} or root"
         if st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
-            raise SocketDirError(
-                f"socket directory {path} is writable by others (mode "
-                f"{stat.S_IMODE(st.st_mode):04o}, not sticky): choose another --socket"
-            )
-        path = os.path.join(path, name)
+            mode = stat.S_IMODE(st.st_mode)
+            return f"{where} is writable by others (mode {mode:04o}, not sticky)"
+        where = os.path.join(where, name)
+    return None
+
+
+def check_socket_dir(parent: str) -> None:
+    """SocketDirError unless no one but us and root controls the socket's directory
+    (untrusted_ancestor): its owner, or anyone who can write it, could otherwise replace our
+    socket (clients would talk to them) or swap it for a link between bind() and chmod()
+    (a root daemon would chmod the link's target)."""
+    reason = untrusted_ancestor(parent)
+    if reason is not None:
+        raise SocketDirError(f"socket directory {reason}: choose another --socket")
 
 
 def bind_unix(

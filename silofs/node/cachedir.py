@@ -15,6 +15,7 @@ import stat
 import time
 
 from silofs.config import NodeSettings
+from silofs.control.server import untrusted_ancestor
 from silofs.errors import UsageError
 from silofs.units import format_size
 
@@ -110,26 +111,12 @@ def check_cache_dir(path: str) -> None:
 
 def _check_ancestors(path: str) -> None:
     """UsageError unless no one but the daemon's uid and root controls a directory on the
-    way to the cache dir: each from "/" to its parent owned by one of them, and one that
-    others may write sticky (like /tmp), as the socket's (control/server.py). Else whoever
+    way to the cache dir (untrusted_ancestor, the socket directory's rule): else whoever
     may rename in one could move the cache dir away and put one of their own in its
-    place: every mount started after reads its env (listings and chunk values) by path."""
-    euid = os.geteuid()
-    parent = os.path.dirname(os.path.realpath(path))
-    where = "/"
-    for name in [n for n in parent.split("/") if n] + [""]:
-        st = os.lstat(where)
-        if st.st_uid not in (0, euid):
-            raise UsageError(
-                f"cache dir {path}: {where} is owned by uid {st.st_uid}, not by uid {euid} "
-                "or root: choose another --cache-dir"
-            )
-        if st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
-            raise UsageError(
-                f"cache dir {path}: {where} is writable by others (mode "
-                f"{stat.S_IMODE(st.st_mode):04o}, not sticky): choose another --cache-dir"
-            )
-        where = os.path.join(where, name)
+    place, and every mount started after reads its env (listings and chunks) by path."""
+    reason = untrusted_ancestor(os.path.dirname(os.path.realpath(path)))
+    if reason is not None:
+        raise UsageError(f"cache dir {path}: {reason}: choose another --cache-dir")
 
 
 LOCK_FILE = "daemon.lock"
