@@ -29,8 +29,11 @@ import numpy as np
 log = logging.getLogger(__name__)
 
 # From how many demands a division from scratch (new demands: a re-plan, an arrival or
-# a departure) is one numpy pass (Link._first_whole).
+# a departure) is one numpy pass (Link._first_numpy).
 _WHOLE_FROM = 256
+# From how far the last division's first held place lies past the lowest moved demand
+# a step's division is one numpy pass too (Link._first_numpy).
+_NUMPY_FROM = 96
 
 
 class Link:
@@ -144,9 +147,16 @@ class Link:
             self.valid = stale + 1  # (lefts[stale] is of the demands before it alone)
         first = self.first
         if whole:
-            first = self._first_whole()
+            first = self._first_numpy(0)
         elif first >= stale:
-            first = self._first_from(stale)
+            # The last first held place is where this search most likely ends: far
+            # from the lowest moved demand (Alluxio's thrashing readers, ~150 places
+            # of ~900), one numpy pass; near it, itertools' chunks (numpy's calls cost
+            # more than a few dozen places).
+            if first - stale >= _NUMPY_FROM:
+                first = self._first_numpy(stale)
+            else:
+                first = self._first_from(stale)
         self.first, self.stale = first, n
         if first == n:
             return n, None, values[-1] if n else 0.0
@@ -176,23 +186,26 @@ class Link:
             at, chunk = end, chunk * 2
         return n
 
-    def _first_whole(self) -> int:
-        """_first_from(0) over every demand in a few numpy passes, for a division from
-        scratch (a re-plan's walks most of ~1,000 demands, 2-3x the time in itertools'
-        chunks). np.subtract.accumulate subtracts one by one in order, as accumulate(sub)
-        does, and float / int and > are IEEE's in numpy as in Python: the remainders
-        and the place found are the same bits. (A step's division starts where a demand
-        moved and mostly stops within a few dozen, where numpy's calls cost more.)"""
-        values = self.values
+    def _first_numpy(self, start: int) -> int:
+        """_first_from(start) in a few numpy passes over every demand from the first
+        remainder not yet found: for a division from scratch (start 0: a re-plan's
+        walks most of ~1,000 demands, 2-3x the time in itertools' chunks) and for a
+        step's that will likely walk far. np.subtract.accumulate subtracts one by one
+        in order, as accumulate(sub) does, and float / int and > are IEEE's in numpy as
+        in Python: the remainders and the place found are the same bits."""
+        values, lefts = self.values, self.lefts
         n = len(values)
-        part = np.empty(n)
-        part[0] = self.lefts[0]
-        part[1:] = values[:-1]
-        lefts = np.subtract.accumulate(part)
-        over = np.flatnonzero(np.array(values) > lefts / np.arange(n, 0, -1))
-        first = int(over[0]) if len(over) else n
+        valid = self.valid  # lefts[valid - 1] is found, valid - 1 <= start
+        tail = np.array(values[valid - 1 :])  # the demands from valid - 1 on
+        part = np.empty(n - valid + 1)
+        part[0] = lefts[valid - 1]
+        part[1:] = tail[:-1]
+        found = np.subtract.accumulate(part)  # lefts[valid - 1:]
+        at = start - valid + 1
+        over = np.flatnonzero(tail[at:] > found[at:] / np.arange(n - start, 0, -1))
+        first = start + int(over[0]) if len(over) else n
         end = first + 1 if first < n else n
-        self.lefts[:] = lefts[:end].tolist()
+        lefts[valid - 1 :] = found[: end - valid + 1].tolist()
         self.valid = end
         return first
 

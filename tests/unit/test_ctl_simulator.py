@@ -503,7 +503,7 @@ def test_a_division_that_finds_what_is_left_only_up_to_the_first_held_is_water_f
 
 def test_a_division_from_scratch_over_many_demands_is_water_fill_at_exact_ties() -> None:
     """A division of new demands (a re-plan's) over hundreds of them is one numpy pass
-    (Link._first_whole); where a demand equals its equal split to the bit it is met,
+    (Link._first_numpy); where a demand equals its equal split to the bit it is met,
     not held (water_fill_capped's strict >), and every split is the loops' to the
     bit."""
     for n, capacity, values in [
@@ -519,6 +519,49 @@ def test_a_division_from_scratch_over_many_demands_is_water_fill_at_exact_ties()
         assert len(link.demand) == n
         assert link.held_from(first) == capped
         assert fair == want_fair
+
+
+def test_a_step_division_far_below_the_first_held_is_water_fill(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A step's division that starts far below the last first held demand (Alluxio's
+    thrashing readers: ~150 places) is one numpy pass from the first remainder not yet
+    found (Link._first_numpy), one near it itertools' chunks; both, over hundreds of
+    demands with moves on either side of the level, must be water_fill_capped to the
+    bit, and the case must have run both ways."""
+    paths = {"numpy": 0, "chunks": 0}
+    numpy_pass, chunks = Link._first_numpy, Link._first_from
+
+    def counted_numpy(self: Link, start: int) -> int:
+        paths["numpy"] += start > 0  # (start 0: a division from scratch)
+        return numpy_pass(self, start)
+
+    def counted_chunks(self: Link, start: int) -> int:
+        paths["chunks"] += 1
+        return chunks(self, start)
+
+    monkeypatch.setattr(Link, "_first_numpy", counted_numpy)
+    monkeypatch.setattr(Link, "_first_from", counted_chunks)
+    rnd = random.Random(23)
+    for _ in range(40):
+        n = rnd.randint(150, 900)
+        link = Link(rnd.uniform(2e9, 6e9))
+        low = [rnd.uniform(0, 5e6) for _ in range(6)]  # met demands, some tied
+        high = [rnd.uniform(5e7, 2e8) for _ in range(4)]  # held ones
+        link.reset({f"j{i}": rnd.choice(low + high) for i in range(n)})
+        for _ in range(rnd.randint(1, 20)):
+            for _ in range(rnd.randint(0, 3)):
+                name = rnd.choice(list(link.demand))
+                new = rnd.choice(low + high + [rnd.uniform(0, 2e8), 0.0])
+                old, link.demand[name] = link.demand[name], new
+                if old != new:
+                    link.move(name, old, new)
+            first, fair, top = link.divide()
+            shares, capped, want_fair = water_fill_capped(link.capacity, link.demand)
+            assert link.held_from(first) == capped
+            assert fair == want_fair
+            assert top == max(shares.values(), default=0.0)
+    assert paths["numpy"] > 20 and paths["chunks"] > 20, paths
 
 
 def test_the_jobs_a_division_says_changed_sides_are_exactly_those_that_did() -> None:
