@@ -574,13 +574,9 @@ class Simulation:
     def _enter(self, names: list[str]) -> None:
         """The running jobs `names`, held at the level, on the level clock in the
         division's order where they may go; the others are kept in `held_off`."""
-        running, enter = self.running, self.clock.enter
-        held_off = self.held_off = set()
-        for name in sorted(names, key=self.link.key):
-            job = running[name]
-            enter(job)
-            if not job.held:
-                held_off.add(name)
+        running = self.running
+        names = sorted(names, key=self.link.key)
+        self.held_off = set(self.clock.enter_all([running[name] for name in names]))
 
     def _relevel(self, fair: float | None, leaving: list[SimJob]) -> None:
         """The level clock follows a new division (`leaving`: the held jobs it does not
@@ -716,14 +712,10 @@ class Simulation:
         # (the held jobs were let go before the plan: _reschedule)
         clock.on = (lru or self.uniform_clock) and not log_rates
         clock.level = fair if fair is not None else 0.0
-        self.held_off = held_off = set()
+        self.held_off = set()
         if clock.on:
-            running, enter = self.running, clock.enter
-            for name in capped:
-                job = running[name]
-                enter(job)
-                if not job.held:
-                    held_off.add(name)
+            running = self.running
+            self.held_off.update(clock.enter_all([running[name] for name in capped]))
         return worst, total
 
     def _set_rate(self, job: SimJob, share: float) -> None:

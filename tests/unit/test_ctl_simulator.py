@@ -719,6 +719,71 @@ def test_scheduling_a_plans_jobs_at_once_gives_each_the_events_one_by_one_would(
     assert one.times[singles[1].slot] == math.inf and one.times[singles[3].slot] == 12345.678
 
 
+def test_the_level_clock_taken_and_let_go_at_once_is_enter_and_exit_one_by_one() -> None:
+    """A re-plan lets every held job off the level clock (Clock.dissolve) and puts the
+    division's held ones back (Clock.enter_all), each in one pass with the arrays
+    written at once: the same marks, events, seqs, held sums and progress as
+    Clock.exit and Clock.enter job by job, and the same jobs refused (one held back
+    by its GPU share, one hitting everything, one below the level)."""
+    from silofs_ctl.sim_clock import Clock
+
+    level = 2e8
+
+    def jobs() -> list[SimJob]:
+        made = []
+        for i, (hit, remote, gpu_held, boundary) in enumerate(
+            [
+                (0.3, level, False, math.inf),
+                (0.0, level, False, 0.5),
+                (0.9, level, True, math.inf),  # its rate is its GPU share's
+                (1.0, 0.0, False, math.inf),  # hits everything
+                (0.5, level / 2, False, math.inf),  # below the level
+                (0.7, level, False, 0.9),
+            ]
+        ):
+            spec = JobSpec(f"j{i}", 0.0, 1, f"d{i % 2}", int(8e9), 114e6, 3.0)
+            job = SimJob.of(spec, private=False)
+            job.hit, job.remote, job.boundary = hit, remote, boundary
+            job.rate = 1e8 if gpu_held else (remote / (1.0 - hit) if hit < 1.0 else 1e8)
+            job.pos, job.read, job.t = 1e9 + i, 2e9 + i, 100.0
+            made.append(job)
+        return made
+
+    def run(batched: bool) -> tuple[Clock, list[SimJob], list[str]]:
+        clock = Clock()
+        clock.now, clock.seq, clock.level, clock.vclock = 100.0, 7, level, 5e10
+        made = jobs()
+        for job in made:
+            clock.add(job)
+        if batched:
+            off = clock.enter_all(made)
+        else:
+            off = []
+            for job in made:
+                clock.enter(job)
+                if not job.held:
+                    off.append(job.name)
+        clock.tick(30.0)
+        if batched:
+            clock.dissolve()
+        else:
+            for job in list(clock.held.values()):
+                clock.exit(job)
+            clock.held_k = 0.0
+        return clock, made, off
+
+    (one, singles, off_one), (all_, together, off_all) = run(False), run(True)
+    assert off_one == off_all == ["j2", "j3", "j4"]
+    assert together[0].read > 2e9 and together[5].read > 2e9 + 5  # (read while held)
+    assert one.entries == all_.entries == 3 and one.seq == all_.seq
+    assert not one.held and not all_.held and one.held_units == all_.held_units == {}
+    assert list(one.times) == list(all_.times) and list(one.vtimes) == list(all_.vtimes)
+    for a, b in zip(singles, together, strict=True):
+        assert (a.seq, a.joined, a.held, a.rate, a.remote, a.read, a.pos, a.t) == (
+            b.seq, b.joined, b.held, b.rate, b.remote, b.read, b.pos, b.t
+        )  # fmt: skip
+
+
 def test_a_plan_takes_its_views_hit_ratios_as_finding_them_again_would() -> None:
     """Gavel with SiloD's views carry each job's hit ratio at the plan, and _apply takes
     those (finding again only the readers of units the plan shrank below what they
