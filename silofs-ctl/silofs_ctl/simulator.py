@@ -384,12 +384,21 @@ class Simulation:
                 demand[name] = need if cap is None or not cap < need else cap
         if lru:
             # (the holdings move with the running readers; a reader's hit with them)
-            self.pool.retarget(running.values(), lambda: units.sync_all(now))
+            pool = self.pool
+            pool.retarget(running.values(), lambda: units.sync_all(now))
+            # _hit under LRU, written out, and the demand in the same pass (a sync moves
+            # only its dataset's holding, which no demand reads)
+            growing, pool_hit = pool.growing, pool.hit
             for job in running.values():
-                job.hit = self._hit(job)
+                if job.epochs_done and job.unit in growing:
+                    units.sync(job.unit, now)
+                job.hit = hit = pool_hit(job)
+                need = job.share * job.spec.ideal_io * (1.0 - hit)
+                cap = job.io_cap
+                demand[job.name] = need if cap is None or not cap < need else cap
         elif not view_hits:
             self._uniform_hits(running.values())
-        if not view_hits:
+        if not view_hits and not lru:
             for job in running.values():
                 need = job.share * job.spec.ideal_io * (1.0 - job.hit)
                 cap = job.io_cap
