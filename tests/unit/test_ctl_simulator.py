@@ -526,15 +526,18 @@ def test_a_step_division_far_below_the_first_held_is_water_fill(
 ) -> None:
     """A step's division that starts far below the last first held demand (Alluxio's
     thrashing readers: ~150 places) is one numpy pass from the first remainder not yet
-    found (Link._first_numpy), one near it itertools' chunks; both, over hundreds of
-    demands with moves on either side of the level, must be water_fill_capped to the
-    bit, and the case must have run both ways."""
-    paths = {"numpy": 0, "chunks": 0}
+    found to a little past that place (Link._first_numpy; on from there in chunks if
+    the first held moved further), one near it itertools' chunks; each, over hundreds
+    of demands with moves on either side of the level, must be water_fill_capped to
+    the bit, and the case must have run every way."""
+    paths = {"numpy": 0, "numpy then chunks": 0, "chunks": 0}
     numpy_pass, chunks = Link._first_numpy, Link._first_from
 
-    def counted_numpy(self: Link, start: int) -> int:
-        paths["numpy"] += start > 0  # (start 0: a division from scratch)
-        return numpy_pass(self, start)
+    def counted_numpy(self: Link, start: int, stop: int) -> int:
+        first = numpy_pass(self, start, stop)
+        paths["numpy"] += start > 0  # (start 0: mostly a division from scratch)
+        paths["numpy then chunks"] += first >= stop and stop < len(self.values)
+        return first
 
     def counted_chunks(self: Link, start: int) -> int:
         paths["chunks"] += 1
@@ -561,7 +564,21 @@ def test_a_step_division_far_below_the_first_held_is_water_fill(
             assert link.held_from(first) == capped
             assert fair == want_fair
             assert top == max(shares.values(), default=0.0)
+    # Demands a step apart, and the hundred largest dropping to nothing: the first held
+    # place moves up far past where the numpy pass stops, and the chunks go on.
+    for shift in range(5):
+        link = Link(8e9 + shift * 1e9)
+        link.reset({f"j{i}": (i + 1) * 1e5 for i in range(600)})
+        before, _, _ = link.divide()
+        for i in range(500, 600):
+            old, link.demand[f"j{i}"] = link.demand[f"j{i}"], 0.0
+            link.move(f"j{i}", old, 0.0)
+        first, fair, top = link.divide()
+        shares, capped, want_fair = water_fill_capped(link.capacity, link.demand)
+        assert first > before + 64 and link.held_from(first) == capped
+        assert fair == want_fair and top == max(shares.values())
     assert paths["numpy"] > 20 and paths["chunks"] > 20, paths
+    assert paths["numpy then chunks"] >= 5, paths
 
 
 def test_the_jobs_a_division_says_changed_sides_are_exactly_those_that_did() -> None:
