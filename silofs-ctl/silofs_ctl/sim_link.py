@@ -12,7 +12,8 @@ every larger one, get that split (the fair level). Sorting every demand at every
 would cost O(n log n); the order is kept instead, each demand moved by bisection when it
 changes, so a division is at most one pass in C over it, from the first demand that
 moved to the first held one (a division from scratch, after the demands were made
-anew, one numpy pass over them all): the same arithmetic, the same shares, level and
+anew, one numpy pass over them all; a step's that will walk far, one numpy pass to a
+little past the last first held one): the same arithmetic, the same shares, level and
 held jobs to the bit (tests/unit/test_ctl_simulator.py checks this).
 """
 
