@@ -214,6 +214,58 @@ class Clock:
         self.vtimes[job.slot] = self.vclock + job.until(boundary) * (1.0 - hit)
         self.times[job.slot] = _INF
 
+    def enter_all(self, jobs: Iterable[SimJob]) -> list[str]:
+        """enter of each of `jobs` in turn (a division's held jobs), their marks written
+        into the arrays at once: the same marks, seqs and sums (no enter reads another
+        job). Returns the names of those it would not take (not held after)."""
+        level, vclock = self.level, self.vclock
+        held, held_units = self.held, self.held_units
+        entries, seq, held_k = self.entries, self.seq, self.held_k
+        slots: list[int] = []
+        marks: list[float] = []
+        off: list[str] = []
+        for job in jobs:
+            if job.held:
+                continue
+            hit = job.hit
+            remote = job.remote
+            if (
+                not hit < 1.0 - 1e-12
+                or remote != level
+                or not remote > 0.0
+                or job.rate != remote / (1.0 - hit)  # (not held back by its GPU share)
+            ):
+                off.append(job.name)
+                continue
+            job.held = True
+            job.v = vclock
+            held[job.name] = job
+            entries += 1
+            job.joined = entries
+            job.held_k = k = 1.0 / (1.0 - hit)
+            held_k += k
+            unit = job.unit
+            held_units[unit] = held_units.get(unit, 0) + 1
+            seq += 1
+            job.seq = seq
+            job.event_boundary = boundary = job.boundary
+            # SimJob.until, written out (as in schedule)
+            until = job.work - job.read
+            left = job.size - job.pos
+            if left < until:
+                until = left
+            if boundary < _INF:
+                left = boundary * job.size - job.pos
+                if left < until:
+                    until = left
+            marks.append(vclock + (until if until > 0.0 else 0.0) * (1.0 - hit))
+            slots.append(job.slot)
+        self.entries, self.seq, self.held_k = entries, seq, held_k
+        if slots:
+            self.vtimes[slots] = marks
+            self.times[slots] = _INF
+        return off
+
     def exit(self, job: SimJob) -> None:
         """Take a job off the level clock: brought to now, its rate and remote written out
         (the inflows and totals held it at them already), its next event in time."""
@@ -253,9 +305,23 @@ class Clock:
         return step
 
     def dissolve(self) -> None:
-        """Every held job off the level clock (a re-plan re-rates them all)."""
-        for job in list(self.held.values()):
-            self.exit(job)
+        """Every held job off the level clock (a re-plan re-rates them all): exit of each
+        in the order they joined, the bookkeeping of the held set dropped at once and
+        their events written by schedule_all (the same times and seqs: no exit reads
+        another job's fields or event)."""
+        held = self.held
+        if held:
+            jobs = list(held.values())
+            now, vclock, level = self.now, self.vclock, self.level
+            for job in jobs:
+                job.advance(now, vclock)
+                job.held = False
+                job.remote = level
+                job.rate = level / (1.0 - job.hit)
+            held.clear()
+            self.held_units.clear()
+            self.vtimes.fill(_INF)  # (only a held job has a mark on the level clock)
+            self.schedule_all(jobs)
         self.held_k = 0.0
 
 

@@ -12,7 +12,8 @@ every larger one, get that split (the fair level). Sorting every demand at every
 would cost O(n log n); the order is kept instead, each demand moved by bisection when it
 changes, so a division is at most one pass in C over it, from the first demand that
 moved to the first held one (a division from scratch, after the demands were made
-anew, one numpy pass over them all): the same arithmetic, the same shares, level and
+anew, one numpy pass over them all; a step's that will walk far, one numpy pass to a
+little past the last first held one): the same arithmetic, the same shares, level and
 held jobs to the bit (tests/unit/test_ctl_simulator.py checks this).
 """
 
@@ -29,8 +30,12 @@ import numpy as np
 log = logging.getLogger(__name__)
 
 # From how many demands a division from scratch (new demands: a re-plan, an arrival or
-# a departure) is one numpy pass (Link._first_whole).
+# a departure) is one numpy pass (Link._first_numpy).
 _WHOLE_FROM = 256
+# From how many places a step's division is one numpy pass too (Link._first_numpy): from
+# the lowest moved demand to a little past the last division's first held place.
+_NUMPY_FROM = 160
+_NUMPY_PAST = 64  # how far past that place the numpy pass goes (then itertools' chunks)
 
 
 class Link:
@@ -144,9 +149,17 @@ class Link:
             self.valid = stale + 1  # (lefts[stale] is of the demands before it alone)
         first = self.first
         if whole:
-            first = self._first_whole()
+            first = self._first_numpy(0, n)
         elif first >= stale:
-            first = self._first_from(stale)
+            # The last first held place is where this search most likely ends: far
+            # from the lowest moved demand (Alluxio's thrashing readers, ~150 places
+            # of ~900), one numpy pass to a little past it; near it, itertools' chunks
+            # (numpy's calls cost more than a few dozen places).
+            stop = min(n, first + _NUMPY_PAST)
+            if stop - stale >= _NUMPY_FROM:
+                first = self._first_numpy(stale, stop)
+            else:
+                first = self._first_from(stale)
         self.first, self.stale = first, n
         if first == n:
             return n, None, values[-1] if n else 0.0
@@ -176,25 +189,30 @@ class Link:
             at, chunk = end, chunk * 2
         return n
 
-    def _first_whole(self) -> int:
-        """_first_from(0) over every demand in a few numpy passes, for a division from
-        scratch (a re-plan's walks most of ~1,000 demands, 2-3x the time in itertools'
-        chunks). np.subtract.accumulate subtracts one by one in order, as accumulate(sub)
-        does, and float / int and > are IEEE's in numpy as in Python: the remainders
-        and the place found are the same bits. (A step's division starts where a demand
-        moved and mostly stops within a few dozen, where numpy's calls cost more.)"""
-        values = self.values
+    def _first_numpy(self, start: int, stop: int) -> int:
+        """_first_from(start) in a few numpy passes up to `stop` (then on in chunks):
+        for a division from scratch (start 0, stop n: a re-plan's walks most of ~1,000
+        demands, 2-3x the time in itertools' chunks) and for a step's that will likely
+        walk far (stop a little past the last first held place: the demands are
+        copied into an array only as far as that). np.subtract.accumulate subtracts one
+        by one in order, as accumulate(sub) does, and float / int and > are IEEE's in
+        numpy as in Python: the remainders and the place found are the same bits."""
+        values, lefts = self.values, self.lefts
         n = len(values)
-        part = np.empty(n)
-        part[0] = self.lefts[0]
-        part[1:] = values[:-1]
-        lefts = np.subtract.accumulate(part)
-        over = np.flatnonzero(np.array(values) > lefts / np.arange(n, 0, -1))
-        first = int(over[0]) if len(over) else n
-        end = first + 1 if first < n else n
-        self.lefts[:] = lefts[:end].tolist()
+        valid = self.valid  # lefts[valid - 1] is found, valid - 1 <= start < stop
+        tail = np.array(values[valid - 1 : stop])  # the demands from valid - 1 on
+        part = np.empty(stop - valid + 1)
+        part[0] = lefts[valid - 1]
+        part[1:] = tail[:-1]
+        found = np.subtract.accumulate(part)  # lefts[valid - 1 : stop]
+        at = start - valid + 1
+        over = np.flatnonzero(tail[at:] > found[at:] / np.arange(n - start, n - stop, -1))
+        end = start + int(over[0]) + 1 if len(over) else stop  # (lefts found up to it)
+        lefts[valid - 1 :] = found[: end - valid + 1].tolist()
         self.valid = end
-        return first
+        if len(over):
+            return end - 1
+        return self._first_from(stop) if stop < n else n
 
     def held_from(self, first: int) -> list[str]:
         """The names a division held at the level: those from position `first` on."""

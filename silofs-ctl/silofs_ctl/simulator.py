@@ -384,12 +384,21 @@ class Simulation:
                 demand[name] = need if cap is None or not cap < need else cap
         if lru:
             # (the holdings move with the running readers; a reader's hit with them)
-            self.pool.retarget(running.values(), lambda: units.sync_all(now))
+            pool = self.pool
+            pool.retarget(running.values(), lambda: units.sync_all(now))
+            # _hit under LRU, written out, and the demand in the same pass (a sync moves
+            # only its dataset's holding, which no demand reads)
+            growing, pool_hit = pool.growing, pool.hit
             for job in running.values():
-                job.hit = self._hit(job)
+                if job.epochs_done and job.unit in growing:
+                    units.sync(job.unit, now)
+                job.hit = hit = pool_hit(job)
+                need = job.share * job.spec.ideal_io * (1.0 - hit)
+                cap = job.io_cap
+                demand[job.name] = need if cap is None or not cap < need else cap
         elif not view_hits:
             self._uniform_hits(running.values())
-        if not view_hits:
+        if not view_hits and not lru:
             for job in running.values():
                 need = job.share * job.spec.ideal_io * (1.0 - job.hit)
                 cap = job.io_cap
@@ -574,13 +583,9 @@ class Simulation:
     def _enter(self, names: list[str]) -> None:
         """The running jobs `names`, held at the level, on the level clock in the
         division's order where they may go; the others are kept in `held_off`."""
-        running, enter = self.running, self.clock.enter
-        held_off = self.held_off = set()
-        for name in sorted(names, key=self.link.key):
-            job = running[name]
-            enter(job)
-            if not job.held:
-                held_off.add(name)
+        running = self.running
+        names = sorted(names, key=self.link.key)
+        self.held_off = set(self.clock.enter_all([running[name] for name in names]))
 
     def _relevel(self, fair: float | None, leaving: list[SimJob]) -> None:
         """The level clock follows a new division (`leaving`: the held jobs it does not
@@ -716,14 +721,10 @@ class Simulation:
         # (the held jobs were let go before the plan: _reschedule)
         clock.on = (lru or self.uniform_clock) and not log_rates
         clock.level = fair if fair is not None else 0.0
-        self.held_off = held_off = set()
+        self.held_off = set()
         if clock.on:
-            running, enter = self.running, clock.enter
-            for name in capped:
-                job = running[name]
-                enter(job)
-                if not job.held:
-                    held_off.add(name)
+            running = self.running
+            self.held_off.update(clock.enter_all([running[name] for name in capped]))
         return worst, total
 
     def _set_rate(self, job: SimJob, share: float) -> None:

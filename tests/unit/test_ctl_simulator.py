@@ -503,7 +503,7 @@ def test_a_division_that_finds_what_is_left_only_up_to_the_first_held_is_water_f
 
 def test_a_division_from_scratch_over_many_demands_is_water_fill_at_exact_ties() -> None:
     """A division of new demands (a re-plan's) over hundreds of them is one numpy pass
-    (Link._first_whole); where a demand equals its equal split to the bit it is met,
+    (Link._first_numpy); where a demand equals its equal split to the bit it is met,
     not held (water_fill_capped's strict >), and every split is the loops' to the
     bit."""
     for n, capacity, values in [
@@ -519,6 +519,66 @@ def test_a_division_from_scratch_over_many_demands_is_water_fill_at_exact_ties()
         assert len(link.demand) == n
         assert link.held_from(first) == capped
         assert fair == want_fair
+
+
+def test_a_step_division_far_below_the_first_held_is_water_fill(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A step's division that starts far below the last first held demand (Alluxio's
+    thrashing readers: ~150 places) is one numpy pass from the first remainder not yet
+    found to a little past that place (Link._first_numpy; on from there in chunks if
+    the first held moved further), one near it itertools' chunks; each, over hundreds
+    of demands with moves on either side of the level, must be water_fill_capped to
+    the bit, and the case must have run every way."""
+    paths = {"numpy": 0, "numpy then chunks": 0, "chunks": 0}
+    numpy_pass, chunks = Link._first_numpy, Link._first_from
+
+    def counted_numpy(self: Link, start: int, stop: int) -> int:
+        first = numpy_pass(self, start, stop)
+        paths["numpy"] += start > 0  # (start 0: mostly a division from scratch)
+        paths["numpy then chunks"] += first >= stop and stop < len(self.values)
+        return first
+
+    def counted_chunks(self: Link, start: int) -> int:
+        paths["chunks"] += 1
+        return chunks(self, start)
+
+    monkeypatch.setattr(Link, "_first_numpy", counted_numpy)
+    monkeypatch.setattr(Link, "_first_from", counted_chunks)
+    rnd = random.Random(23)
+    for _ in range(40):
+        n = rnd.randint(150, 900)
+        link = Link(rnd.uniform(2e9, 6e9))
+        low = [rnd.uniform(0, 5e6) for _ in range(6)]  # met demands, some tied
+        high = [rnd.uniform(5e7, 2e8) for _ in range(4)]  # held ones
+        link.reset({f"j{i}": rnd.choice(low + high) for i in range(n)})
+        for _ in range(rnd.randint(1, 20)):
+            for _ in range(rnd.randint(0, 3)):
+                name = rnd.choice(list(link.demand))
+                new = rnd.choice(low + high + [rnd.uniform(0, 2e8), 0.0])
+                old, link.demand[name] = link.demand[name], new
+                if old != new:
+                    link.move(name, old, new)
+            first, fair, top = link.divide()
+            shares, capped, want_fair = water_fill_capped(link.capacity, link.demand)
+            assert link.held_from(first) == capped
+            assert fair == want_fair
+            assert top == max(shares.values(), default=0.0)
+    # Demands a step apart, and the hundred largest dropping to nothing: the first held
+    # place moves up far past where the numpy pass stops, and the chunks go on.
+    for shift in range(5):
+        link = Link(8e9 + shift * 1e9)
+        link.reset({f"j{i}": (i + 1) * 1e5 for i in range(600)})
+        before, _, _ = link.divide()
+        for i in range(500, 600):
+            old, link.demand[f"j{i}"] = link.demand[f"j{i}"], 0.0
+            link.move(f"j{i}", old, 0.0)
+        first, fair, top = link.divide()
+        shares, capped, want_fair = water_fill_capped(link.capacity, link.demand)
+        assert first > before + 64 and link.held_from(first) == capped
+        assert fair == want_fair and top == max(shares.values())
+    assert paths["numpy"] > 20 and paths["chunks"] > 20, paths
+    assert paths["numpy then chunks"] >= 5, paths
 
 
 def test_the_jobs_a_division_says_changed_sides_are_exactly_those_that_did() -> None:
@@ -674,6 +734,71 @@ def test_scheduling_a_plans_jobs_at_once_gives_each_the_events_one_by_one_would(
         assert one.times[a.slot] == all_.times[b.slot]
     assert list(one.times) == list(all_.times)
     assert one.times[singles[1].slot] == math.inf and one.times[singles[3].slot] == 12345.678
+
+
+def test_the_level_clock_taken_and_let_go_at_once_is_enter_and_exit_one_by_one() -> None:
+    """A re-plan lets every held job off the level clock (Clock.dissolve) and puts the
+    division's held ones back (Clock.enter_all), each in one pass with the arrays
+    written at once: the same marks, events, seqs, held sums and progress as
+    Clock.exit and Clock.enter job by job, and the same jobs refused (one held back
+    by its GPU share, one hitting everything, one below the level)."""
+    from silofs_ctl.sim_clock import Clock
+
+    level = 2e8
+
+    def jobs() -> list[SimJob]:
+        made = []
+        for i, (hit, remote, gpu_held, boundary) in enumerate(
+            [
+                (0.3, level, False, math.inf),
+                (0.0, level, False, 0.5),
+                (0.9, level, True, math.inf),  # its rate is its GPU share's
+                (1.0, 0.0, False, math.inf),  # hits everything
+                (0.5, level / 2, False, math.inf),  # below the level
+                (0.7, level, False, 0.9),
+            ]
+        ):
+            spec = JobSpec(f"j{i}", 0.0, 1, f"d{i % 2}", int(8e9), 114e6, 3.0)
+            job = SimJob.of(spec, private=False)
+            job.hit, job.remote, job.boundary = hit, remote, boundary
+            job.rate = 1e8 if gpu_held else (remote / (1.0 - hit) if hit < 1.0 else 1e8)
+            job.pos, job.read, job.t = 1e9 + i, 2e9 + i, 100.0
+            made.append(job)
+        return made
+
+    def run(batched: bool) -> tuple[Clock, list[SimJob], list[str]]:
+        clock = Clock()
+        clock.now, clock.seq, clock.level, clock.vclock = 100.0, 7, level, 5e10
+        made = jobs()
+        for job in made:
+            clock.add(job)
+        if batched:
+            off = clock.enter_all(made)
+        else:
+            off = []
+            for job in made:
+                clock.enter(job)
+                if not job.held:
+                    off.append(job.name)
+        clock.tick(30.0)
+        if batched:
+            clock.dissolve()
+        else:
+            for job in list(clock.held.values()):
+                clock.exit(job)
+            clock.held_k = 0.0
+        return clock, made, off
+
+    (one, singles, off_one), (all_, together, off_all) = run(False), run(True)
+    assert off_one == off_all == ["j2", "j3", "j4"]
+    assert together[0].read > 2e9 and together[5].read > 2e9 + 5  # (read while held)
+    assert one.entries == all_.entries == 3 and one.seq == all_.seq
+    assert not one.held and not all_.held and one.held_units == all_.held_units == {}
+    assert list(one.times) == list(all_.times) and list(one.vtimes) == list(all_.vtimes)
+    for a, b in zip(singles, together, strict=True):
+        assert (a.seq, a.joined, a.held, a.rate, a.remote, a.read, a.pos, a.t) == (
+            b.seq, b.joined, b.held, b.rate, b.remote, b.read, b.pos, b.t
+        )  # fmt: skip
 
 
 def test_a_plan_takes_its_views_hit_ratios_as_finding_them_again_would() -> None:
