@@ -1,5 +1,6 @@
-"""bench/throughput.py: the ceilings are placed as a mount process is, and the serving
-thread's sleeps are counted from the right thread and fields."""
+"""bench/throughput.py: the ceilings are placed as a mount process is, the serving
+thread's sleeps are counted from the right thread and fields, and which mounts a
+pass keeps (--no-remount) or restarts."""
 
 from __future__ import annotations
 
@@ -115,3 +116,72 @@ def test_a_gone_process_has_no_switches(throughput: Any) -> None:
     proc = subprocess.Popen([sys.executable, "-c", "pass"])
     proc.wait(10)
     assert throughput.thread_switches(proc.pid) == (0, 0)
+
+
+class _Mount:
+    """What ready() sees of a Mount: its pid (0 when unmounted), open and close."""
+
+    def __init__(self, name: str, log: list[str], pid: int = 0) -> None:
+        self.name, self.log, self.pid = name, log, pid
+        self.starts = 0
+
+    def open(self) -> None:
+        self.starts += 1
+        self.pid = 100 + self.starts
+        self.log.append(f"open {self.name}")
+
+    def close(self) -> None:
+        if self.pid:
+            self.log.append(f"close {self.name}")
+        self.pid = 0
+
+    def fresh(self) -> None:
+        self.close()
+        self.open()
+
+
+def _alternate(throughput: Any, keep: bool, passes: int) -> tuple[list[str], _Mount, _Mount]:
+    log: list[str] = []
+    ours, theirs = _Mount("ours", log, pid=7), _Mount("theirs", log, pid=9)
+    for i in range(passes):
+        this, other = (ours, theirs) if i % 2 == 0 else (theirs, ours)
+        throughput.ready(this, other, keep)
+        assert this.pid, "the pass's mount is mounted"
+        log.append(f"pass {this.name} pid {this.pid}")
+    return log, ours, theirs
+
+
+def test_kept_mounts_serve_every_pass_side_by_side(throughput: Any) -> None:
+    # --no-remount --git-rev: one mount of each tree for all its passes, both mounted.
+    log, ours, theirs = _alternate(throughput, keep=True, passes=6)
+    assert log == ["pass ours pid 7", "pass theirs pid 9"] * 3
+    assert (ours.pid, theirs.pid) == (7, 9)
+
+
+def test_without_keep_each_pass_is_a_fresh_mount_alone(throughput: Any) -> None:
+    # The SSD-warm default: the other tree's mount is gone and this one restarted, so no
+    # process holds the LMDB pages mapped across drop_caches.
+    log, ours, theirs = _alternate(throughput, keep=False, passes=4)
+    assert log == [
+        "close theirs",
+        "close ours",
+        "open ours",
+        "pass ours pid 101",
+        "close ours",
+        "open theirs",
+        "pass theirs pid 101",
+        "close theirs",
+        "open ours",
+        "pass ours pid 102",
+        "close ours",
+        "open theirs",
+        "pass theirs pid 102",
+    ]
+
+
+def test_a_kept_mount_that_is_down_is_opened_once(throughput: Any) -> None:
+    log: list[str] = []
+    ours = _Mount("ours", log)
+    for _ in range(3):
+        throughput.ready(ours, None, True)
+    assert log == ["open ours"] and ours.pid == 101
