@@ -142,3 +142,17 @@ def test_the_window_survives_a_daemon_restart(tmp_path: Path, world: Path) -> No
 
     run_routes(tmp_path, first, min_refresh_seconds=600)
     run_routes(tmp_path, second, min_refresh_seconds=600)
+
+
+def test_a_mount_asks_a_refused_refresh_again_only_when_the_daemon_says() -> None:
+    """A user's mount whose metadata TTL is below min_refresh_seconds asked at every
+    report tick (4 a second), each refusal a WARNING line in its log: it now waits the
+    seconds the daemon's 429 names (or a few, if the line says none)."""
+    from silofs.mount.process import RELIST_RETRY_SECONDS, relist_wait
+
+    line = (
+        "file:///d/ was listed 3 s ago; refreshes by users other than root are at least "
+        "30 s apart (min_refresh_seconds): try again in 27 s"
+    )
+    assert relist_wait(line) == 27.0
+    assert relist_wait("too many requests") == RELIST_RETRY_SECONDS
