@@ -507,7 +507,16 @@ def _wait_listing(
     if options:
         body["options"] = options
     with ControlClient(socket, timeout=30) as client:
-        ds = client.request("POST", "/v1/datasets", body)
+        try:
+            ds = client.request("POST", "/v1/datasets", body)
+        except ControlError as exc:
+            # A refresh the daemon refuses (429: the dataset was listed less than its
+            # min_refresh_seconds ago) does not fail the mount: it mounts the current
+            # listing and says so. Any other refusal stands (asked again, it recurs).
+            if not refresh or exc.status != 429:
+                raise
+            ds = client.request("POST", "/v1/datasets", {**body, "refresh": False})
+            say(f"silofs: note: {uri} not refreshed, mounting its current listing: {exc}")
         # No time limit: the listing of a huge prefix takes what it takes; the daemon
         # reports its progress, shown here on a terminal.
         while ds["state"] in ("checking", "listing"):

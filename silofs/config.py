@@ -121,6 +121,12 @@ class NodeSettings:
     max_jobs_per_uid: int = 256
     max_connections_per_uid: int = 128  # a mount process keeps up to 32
     max_connections: int = 1024
+    # A refresh (a new listing of the whole prefix: LIST requests, and the generation
+    # before it dropped under other users' open files) asked by a caller other than
+    # root or the daemon's uid, of a dataset whose last listing finished less than this
+    # many seconds ago, is refused (429); a mount asking it mounts the current listing.
+    # 0: no interval.
+    min_refresh_seconds: float = 30.0
     # [access]: cloud URI prefix -> groups whose members may open datasets under it
     # ("*": every local user). Root and the admin group may open any dataset.
     access: dict[str, list[str]] = field(default_factory=dict)
@@ -222,6 +228,7 @@ _LIMIT_KEYS = {
     "max_jobs_per_uid",
     "max_connections_per_uid",
     "max_connections",
+    "min_refresh_seconds",
 }
 _BACKEND_KEYS = {
     "endpoint_url",
@@ -584,9 +591,11 @@ def _validate(s: NodeSettings) -> None:
     for name in ("connect_timeout", "read_timeout"):
         if getattr(s, name) <= 0:
             raise UsageError(f"{name} must be more than 0 seconds")
-    for name in sorted(_LIMIT_KEYS):
+    for name in sorted(_LIMIT_KEYS - {"min_refresh_seconds"}):
         if getattr(s, name) < 1:
             raise UsageError(f"{name} must be at least 1")
+    if not 0 <= s.min_refresh_seconds <= 86400:
+        raise UsageError("min_refresh_seconds must be between 0 (no interval) and 86400")
     _validate_control(s)
     _validate_cluster(s)
 

@@ -24,6 +24,15 @@ class UsageError(SilofsError):
     """Bad input from a user: a malformed URI, size, flag or config value."""
 
 
+class RefreshTooSoonError(SilofsError):
+    """A refresh asked of a dataset listed less than min_refresh_seconds ago, by a caller
+    the interval applies to. `wait`: seconds until a refresh would be accepted."""
+
+    def __init__(self, message: str, wait: float) -> None:
+        super().__init__(message)
+        self.wait = wait
+
+
 class BackendError(SilofsError):
     """A store could not do what was asked. Subclasses say whether to retry."""
 

@@ -26,6 +26,7 @@ import errno
 import gc
 import logging
 import os
+import re
 import secrets
 import select
 import signal
@@ -146,6 +147,16 @@ def fsname(uri: str) -> str:
     return "".join(c if " " <= c <= "~" else quote(c, safe="") for c in uri.replace(",", "_"))
 
 
+# A refused refresh's answer ends "try again in N s" (node/datasets.py); without it, this.
+RELIST_RETRY_SECONDS = 5.0
+
+
+def relist_wait(message: str) -> float:
+    """Seconds to wait before asking a refresh again, from the daemon's 429 line."""
+    m = re.search(r"try again in ([0-9]{1,6}) s", message)
+    return float(m.group(1)) if m else RELIST_RETRY_SECONDS
+
+
 class MountProcess:
     def __init__(self, settings: MountSettings, socket_path: str) -> None:
         self.s = settings
@@ -165,6 +176,10 @@ class MountProcess:
         self._nursery: trio.Nursery | None = None
         self._offering = False
         self._relisting = False
+        # A refresh the daemon refused (429, its min_refresh_seconds): not asked again
+        # before this monotonic time; said once in the log.
+        self._relist_after = 0.0
+        self._relist_limited = False
         self._forgetting: trio.CancelScope | None = None  # the walk of _forget_changed
         self.store: CacheStore | None = None
         self.shared: SharedTables | None = None
@@ -584,7 +599,7 @@ class MountProcess:
                 log.error("listing failed: %s", ds.get("error"))
                 m.listing_failed()
         ttl = self.s.metadata_ttl
-        if ttl is not None and not self._relisting:
+        if ttl is not None and not self._relisting and time.monotonic() >= self._relist_after:
             age = time.time() - float(record.get("listed_at", 0))
             if age > ttl:
                 assert self._nursery is not None
@@ -643,7 +658,16 @@ class MountProcess:
                 await trio.sleep(0.25)
                 ds = await self.client.json("GET", f"/v1/datasets/{ds['id']}")
         except ControlError as exc:
-            log.warning("could not refresh the listing: %s", exc)
+            if exc.status != 429:
+                log.warning("could not refresh the listing: %s", exc)
+                return
+            # The daemon's minimum interval between users' refreshes (min_refresh_seconds):
+            # asked again only when it has passed, not at every report tick, and said once.
+            self._relist_after = time.monotonic() + relist_wait(exc.message)
+            if not self._relist_limited:
+                self._relist_limited = True
+                log.info("metadata TTL %gs is below the daemon's limit: %s", self.s.metadata_ttl,
+                         exc)  # fmt: skip
         except Exception as exc:  # noqa: BLE001 - the next expiry asks again
             unforeseen("asking the daemon to refresh the listing", exc)
         finally:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import logging
+import math
 import time
 from collections.abc import Callable
 
@@ -25,6 +26,7 @@ from silofs.cache.store import CacheStore
 from silofs.config import NodeSettings
 from silofs.errors import (
     BackendError,
+    RefreshTooSoonError,
     UnreachableError,
     UsageError,
     VersionMismatchError,
@@ -106,6 +108,17 @@ def named_object(
     return None
 
 
+def refresh_wait(listed_at: float | None, now: float, interval: float) -> float:
+    """Seconds until a refresh of a dataset last listed at `listed_at` (wall clock, the
+    record's "listed_at") may start a new listing under a minimum `interval`; 0: now.
+    Never listed (None), or no interval: 0. A clock set back since the listing counts
+    as a listing just now, never as a longer wait than `interval`."""
+    if listed_at is None or interval <= 0:
+        return 0.0
+    age = max(now - listed_at, 0.0)
+    return max(interval - age, 0.0)
+
+
 class Catalog:
     """The node's datasets by id, and what happens to them between an open and a forget."""
 
@@ -139,6 +152,9 @@ class Catalog:
         # dataset passed the directory-tree check since its last listing.
         self.opened_by: dict[int, int] = {}
         self.tree_checked: dict[int, set[int]] = {}
+        # Refreshes refused by the minimum interval, per dataset id (status, metrics):
+        # kept when a dataset is forgotten, so a counter never goes back.
+        self.refreshes_refused: dict[int, int] = {}
 
     def find_dataset(self, name: str) -> DatasetState | None:
         for ds in self.datasets.values():
@@ -163,17 +179,27 @@ class Catalog:
         refresh: bool,
         endpoint_url: str | None = None,
         options: dict[str, str] | None = None,
+        *,
+        refresh_limited: bool = False,
     ) -> DatasetState:
         """Register a dataset (idempotent) and start checking/listing it if needed.
         `options` are per-dataset store options (config.STORE_OPTIONS): they apply when
         the dataset is opened, or re-opened while nothing uses it; a different set while
-        mounts use it is a UsageError (one backend per dataset)."""
+        mounts use it is a UsageError (one backend per dataset). A `refresh_limited`
+        caller's refresh of a dataset listed less than min_refresh_seconds ago is
+        RefreshTooSoonError, counted, and changes nothing; one asked while a check or
+        listing runs joins it, as any open does."""
         uri = parse_uri(uri_text)
         options = dict(options or {})
         self.used()
         dsid = await self.writer.call(lambda: self.store.dataset_id(uri.canonical, create=True))
         assert dsid is not None
         ds = self.datasets.get(dsid)
+        # Before anything changes (a refused refresh leaves the dataset as it was); a
+        # refresh asked while a check or listing runs joins it below, never refused.
+        joins = ds is not None and ds.state in ("checking", "listing")
+        if refresh and refresh_limited and not joins:
+            self._check_refresh_interval(dsid, uri, ds)
         if ds is not None and options and options != ds.options:
             in_use = any(m.dsid == dsid for m in self.mounts.values()) or (
                 dsid in self.warms and self.warms[dsid].state == "running"
@@ -208,6 +234,27 @@ class Catalog:
                 on_failure=failed,
             )
         return ds
+
+    def _check_refresh_interval(self, dsid: int, uri: DatasetURI, ds: DatasetState | None) -> None:
+        """RefreshTooSoonError if the dataset's last listing finished less than
+        min_refresh_seconds ago. The listing's time is its record's, persisted with the
+        listing: a daemon restart does not reopen the window."""
+        record = ds.record if ds is not None and ds.record else self.store.dataset_record(dsid)
+        listed_at = record.get("listed_at")
+        interval = self.settings.min_refresh_seconds
+        now = time.time()
+        wait = refresh_wait(float(listed_at) if listed_at is not None else None, now, interval)
+        if wait <= 0:
+            return
+        self.refreshes_refused[dsid] = self.refreshes_refused.get(dsid, 0) + 1
+        age = max(now - float(listed_at), 0.0)
+        wait_s = max(math.ceil(wait), 1)
+        raise RefreshTooSoonError(
+            f"{uri.canonical} was listed {age:.0f} s ago; refreshes by users other than "
+            f"root are at least {interval:g} s apart (min_refresh_seconds): "
+            f"try again in {wait_s} s",
+            wait,
+        )
 
     def _backend_options(self, endpoint_url: str | None, options: dict[str, str]) -> BackendOptions:
         opts = self.backend_opts

@@ -76,6 +76,11 @@ _DATASET = {
         "counter",
         "Chunk requests refused: the mount listed another version of the object",
     ),
+    "refreshes_refused": (
+        "silofs_dataset_refreshes_refused_total",
+        "counter",
+        "Refreshes refused: asked less than min_refresh_seconds after the last listing",
+    ),
 }
 _JOB = {
     "bytes_read": ("silofs_job_read_bytes", "counter", "Bytes read by the job"),

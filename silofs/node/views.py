@@ -91,6 +91,8 @@ def dataset_view(d: Daemon, ds: DatasetState) -> dict[str, Any]:
         # Requests the S3 lean path handed to botocore (error answers, transport errors).
         "store_lean_fallbacks": _store_count(ds, "lean_fallbacks"),
         "version_mismatches": ds.fetch.version_mismatches,
+        # Refreshes refused: asked less than min_refresh_seconds after the last listing.
+        "refreshes_refused": d.catalog.refreshes_refused.get(ds.id, 0),
         "stale_chunks": ds.stale_chunks,  # the first eviction victims marked after a refresh
         "mounts": sum(1 for m in d.mounts.values() if m.dsid == ds.id),
         "warm": d.warms[ds.id].view() if ds.id in d.warms else None,

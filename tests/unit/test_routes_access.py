@@ -304,6 +304,7 @@ def run_routes(tmp_path: Path, test: Callable[[Daemon, Call], Awaitable[None]], 
         trio.run(main)
     finally:
         daemon.store.close()
+        os.close(daemon.lock_fd)  # a later Daemon of the same cache dir may start
 
 
 async def _ready(call: Call, peer: Peer, uri: str) -> dict:

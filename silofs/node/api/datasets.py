@@ -9,9 +9,13 @@ charges). The listing lifecycle itself is the Daemon's.
 
 from __future__ import annotations
 
+import logging
+import os
+
 from silofs.config import STORE_OPTIONS
 from silofs.control.peer import peer_groups
 from silofs.control.router import HTTPError, Request, Response, json_response
+from silofs.errors import RefreshTooSoonError
 from silofs.node.api.fields import (
     MAX_NAME,
     chunk_size,
@@ -34,6 +38,8 @@ from silofs.node.views import dataset_view
 from silofs.node.warm import WarmState
 from silofs.uri import DatasetURI, parse_uri
 
+log = logging.getLogger(__name__)
+
 MAX_GLOBS = 64  # globs one warm may name
 
 
@@ -51,8 +57,18 @@ async def open_dataset(d: Daemon, req: Request) -> Response:
         if held >= d.settings.max_datasets_per_uid and d.catalog.forget_idle_dataset(req.peer.uid):
             held -= 1
         check_limit(req, "datasets", held, d.settings.max_datasets_per_uid)
-    with usage_error_as(400):
-        ds = await d.catalog.open_dataset(uri, refresh, endpoint_url, options)
+    # Root and the daemon's own uid may refresh at any time; anyone else a dataset its
+    # last listing has not refreshed for min_refresh_seconds (a listing costs LIST
+    # requests, and each drops the generation before it under other users' handles).
+    limited = req.peer.uid not in (0, os.getuid())
+    try:
+        with usage_error_as(400):
+            ds = await d.catalog.open_dataset(
+                uri, refresh, endpoint_url, options, refresh_limited=limited
+            )
+    except RefreshTooSoonError as exc:
+        log.info("refresh of %s by uid %d refused: %s", uri, req.peer.uid, exc)
+        raise HTTPError(429, str(exc)) from None
     d.catalog.opened_by.setdefault(ds.id, req.peer.uid)
     return json_response(dataset_view(d, ds))
 
