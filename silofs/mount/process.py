@@ -661,13 +661,14 @@ class MountProcess:
             if exc.status != 429:
                 log.warning("could not refresh the listing: %s", exc)
                 return
-            # The daemon's minimum interval between users' refreshes (min_refresh_seconds):
-            # asked again only when it has passed, not at every report tick, and said once.
-            self._relist_after = time.monotonic() + relist_wait(exc.message)
+            # Refused for now (min_refresh_seconds between users' refreshes, or a per-user
+            # limit): asked again when the answer says, not at every report tick; said once.
+            wait = relist_wait(exc.message)
+            self._relist_after = time.monotonic() + wait
             if not self._relist_limited:
                 self._relist_limited = True
-                log.info("metadata TTL %gs is below the daemon's limit: %s", self.s.metadata_ttl,
-                         exc)  # fmt: skip
+                log.info("the daemon refused a refresh for now (asked again in %gs): %s",
+                         wait, exc)  # fmt: skip
         except Exception as exc:  # noqa: BLE001 - the next expiry asks again
             unforeseen("asking the daemon to refresh the listing", exc)
         finally:
