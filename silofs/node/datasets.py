@@ -236,10 +236,15 @@ class Catalog:
         return ds
 
     def _check_refresh_interval(self, dsid: int, uri: DatasetURI, ds: DatasetState | None) -> None:
-        """RefreshTooSoonError if the dataset's last listing finished less than
-        min_refresh_seconds ago. The listing's time is its record's, persisted with the
-        listing: a daemon restart does not reopen the window."""
+        """RefreshTooSoonError if the dataset's last listing was a refresh (anyone's, a
+        metadata-TTL relist's) that finished less than min_refresh_seconds ago. Its time
+        is the record's, persisted with the listing: a daemon restart does not reopen the
+        window."""
         record = ds.record if ds is not None and ds.record else self.store.dataset_record(dsid)
+        if not record.get("refreshed"):
+            # A dataset's first listing (a mount's, an open's) starts no window: "I added
+            # files, refresh" right after mounting lists them. Refreshes are apart.
+            return
         listed_at = record.get("listed_at")
         interval = self.settings.min_refresh_seconds
         now = time.time()
@@ -250,7 +255,7 @@ class Catalog:
         age = max(now - float(listed_at), 0.0)
         wait_s = max(math.ceil(wait), 1)
         raise RefreshTooSoonError(
-            f"{uri.canonical} was listed {age:.0f} s ago; refreshes by users other than "
+            f"{uri.canonical} was refreshed {age:.0f} s ago; refreshes by users other than "
             f"root are at least {interval:g} s apart (min_refresh_seconds): "
             f"try again in {wait_s} s",
             wait,
@@ -281,7 +286,7 @@ class Catalog:
             old_gen = self.store.current_generation(ds.id)
             if refresh or not have_listing:
                 self.tree_checked.pop(ds.id, None)  # a new listing: check mounts again
-                record = await self._list(ds)
+                record = await self._list(ds, refreshed=refresh and have_listing)
             ds.record = record
             ds.state = "ready"
             self.used()
@@ -296,7 +301,7 @@ class Catalog:
             ds.error = f"cannot save the listing of {ds.uri.canonical} in the cache: {exc}"
             log.error("%s", ds.error)
 
-    async def _list(self, ds: DatasetState) -> dict:
+    async def _list(self, ds: DatasetState, refreshed: bool = False) -> dict:
         """List the store into a new generation of the dataset's directory index.
 
         Pages stream from the backend thread into the writer in batches of LISTING_BATCH
@@ -317,11 +322,11 @@ class Catalog:
         builder = await self.writer.call(self.store.begin_listing, ds.id)
         ds.building_gen = builder.gen  # mounts that asked to may serve it while it grows
         try:
-            return await self._fill(ds, builder)
+            return await self._fill(ds, builder, refreshed)
         finally:
             ds.building_gen = None
 
-    async def _fill(self, ds: DatasetState, builder: ListingBuilder) -> dict:
+    async def _fill(self, ds: DatasetState, builder: ListingBuilder, refreshed: bool) -> dict:
         send, recv = trio.open_memory_channel[list[ObjectInfo | PrefixListed]](2)
         # A fanned-out listing also says when a prefix is complete (PrefixListed, in
         # order with its objects): the builder marks that directory complete for mounts
@@ -369,7 +374,7 @@ class Catalog:
         record = await self.writer.call(
             self.store.finish_listing,
             builder,
-            {"uri": ds.uri.canonical, "listed_at": time.time()},
+            {"uri": ds.uri.canonical, "listed_at": time.time(), "refreshed": refreshed},
         )
         t = builder.totals
         if t.shadowed:

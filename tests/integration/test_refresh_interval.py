@@ -88,8 +88,15 @@ def test_a_user_refresh_too_soon_is_refused_and_a_mount_uses_the_listing(
     uri = f"file://{bucket}/"
     ds = node.request("POST", "/v1/datasets", {"uri": uri})
     ds = _ready(node, ds["id"])
+    # A first listing starts no window: the user's refresh after files were added lists.
+    (bucket / "b.bin").write_bytes(b"b" * 1000)
+    (bucket / "b.bin").chmod(0o644)
+    code, out = as_user(user, _ctl_refresh, node.socket, uri)
+    assert code == 0, out
+    ds = _ready(node, ds["id"])
     gen = ds["generation"]
-    (bucket / "b.bin").write_bytes(b"b" * 1000)  # what a refresh would list
+    assert ds["objects"] == 2
+    (bucket / "c.bin").write_bytes(b"c" * 1000)  # what a refresh would list
 
     code, out = as_user(user, _ctl_refresh, node.socket, uri)
     assert code != 0, out
@@ -102,7 +109,7 @@ def test_a_user_refresh_too_soon_is_refused_and_a_mount_uses_the_listing(
     assert "not refreshed" in said and "try again in" in said, said
 
     view = _ready(node, ds["id"])
-    assert view["generation"] == gen and view["objects"] == 1
+    assert view["generation"] == gen and view["objects"] == 2
     assert view["refreshes_refused"] == 2
     metrics = node.request("GET", "/metrics")
     text = metrics.decode() if isinstance(metrics, bytes) else str(metrics)
@@ -112,4 +119,4 @@ def test_a_user_refresh_too_soon_is_refused_and_a_mount_uses_the_listing(
     code, out = _ctl_refresh(node.socket, uri)
     assert code == 0, out
     view = _ready(node, ds["id"])
-    assert view["generation"] == gen + 1 and view["objects"] == 2
+    assert view["generation"] == gen + 1 and view["objects"] == 3

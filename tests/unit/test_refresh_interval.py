@@ -59,8 +59,14 @@ def test_a_user_refresh_right_after_a_listing_is_refused_and_counted(
 
     async def test(d: Daemon, call: Call) -> None:
         ds = await _ready(call, ALICE, uri)
+        # A first listing (a mount's) starts no window: files added, then a refresh, lists.
+        (world / "data" / "b").write_bytes(b"b")
+        s, body = await _refresh(call, ALICE, uri)
+        assert s == 200, body
+        ds = await _ready(call, ALICE, uri)
         gen = ds["generation"]
-        (world / "data" / "b").write_bytes(b"b")  # a refresh would list it
+        assert ds["objects"] == 2
+        (world / "data" / "c").write_bytes(b"c")  # a refresh would list it
         for peer in (ALICE, BOB):
             s, body = await _refresh(call, peer, uri)
             assert s == 429, body
@@ -70,7 +76,7 @@ def test_a_user_refresh_right_after_a_listing_is_refused_and_counted(
             assert 1 <= wait <= 600
         view = (await call(ROOT, "GET", f"/v1/datasets/{ds['id']}"))[1]
         assert view["state"] == "ready" and view["generation"] == gen
-        assert view["objects"] == 1 and view["refreshes_refused"] == 2
+        assert view["objects"] == 2 and view["refreshes_refused"] == 2
         text = render(status_view(d))
         canonical = view["uri"]
         assert f'silofs_dataset_refreshes_refused_total{{dataset="{canonical}"}} 2' in text
@@ -81,7 +87,7 @@ def test_a_user_refresh_right_after_a_listing_is_refused_and_counted(
         s, body = await _refresh(call, ROOT, uri)
         assert s == 200, body
         view = await _ready(call, ROOT, uri)
-        assert view["generation"] == gen + 1 and view["objects"] == 2
+        assert view["generation"] == gen + 1 and view["objects"] == 3
         assert (await _refresh(call, ALICE, uri))[0] == 429
         assert d.catalog.refreshes_refused[ds["id"]] == 3
 
@@ -94,6 +100,8 @@ def test_a_user_refresh_after_the_interval_lists(tmp_path: Path, world: Path) ->
     uri = str(world / "data")
 
     async def test(d: Daemon, call: Call) -> None:
+        await _ready(call, ALICE, uri)
+        assert (await _refresh(call, ALICE, uri))[0] == 200
         ds = await _ready(call, ALICE, uri)
         s, body = await _refresh(call, ALICE, uri)
         assert s == 429, body
@@ -131,6 +139,8 @@ def test_the_window_survives_a_daemon_restart(tmp_path: Path, world: Path) -> No
     gens: list[int] = []
 
     async def first(d: Daemon, call: Call) -> None:
+        await _ready(call, ROOT, uri)
+        assert (await _refresh(call, ROOT, uri))[0] == 200
         gens.append((await _ready(call, ROOT, uri))["generation"])
 
     async def second(d: Daemon, call: Call) -> None:
@@ -151,7 +161,7 @@ def test_a_mount_asks_a_refused_refresh_again_only_when_the_daemon_says() -> Non
     from silofs.mount.process import RELIST_RETRY_SECONDS, relist_wait
 
     line = (
-        "file:///d/ was listed 3 s ago; refreshes by users other than root are at least "
+        "file:///d/ was refreshed 3 s ago; refreshes by users other than root are at least "
         "30 s apart (min_refresh_seconds): try again in 27 s"
     )
     assert relist_wait(line) == 27.0
