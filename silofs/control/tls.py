@@ -231,15 +231,11 @@ def certificate_name(tls: Any) -> str | None:
     return None
 
 
-def _no_passphrase() -> bytes:
-    # An empty passphrase, never a prompt: without a password OpenSSL asks for an
-    # encrypted key's passphrase on the terminal, and a daemon's start waited for it.
-    # Such a key then fails to load, and chain_load_problem says it is encrypted.
-    return b""
-
-
-# load_cert_chain's password for every key silofs loads (daemon, members, controller).
-NO_PASSPHRASE = _no_passphrase
+# load_cert_chain's password for every key silofs loads (daemon, members, controller):
+# an empty passphrase, never a prompt. Without a password OpenSSL asks for an encrypted
+# key's passphrase on the terminal, and a daemon's start waited for it; such a key then
+# fails to load, and chain_load_problem says it is encrypted.
+NO_PASSPHRASE = b""
 
 
 def chain_load_problem(cert: str, key: str, exc: BaseException) -> str:
