@@ -230,3 +230,74 @@ def test_a_row_naming_another_users_mount_does_not_get_it_unmounted(
         assert f"{roots} still uses it" in res.stderr  # the row is still there, and said
     finally:
         liar.close()
+
+
+def _tmpfs(path: Path) -> None:
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "a9", str(path)], check=True)
+
+
+def _table_has(path: Path) -> bool:
+    return any(e.mountpoint == str(path) for e in mounts())
+
+
+def test_a_directory_swapped_for_a_symlink_after_the_scan_leads_to_no_other_mount(
+    site: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The directories on the way to a job's mount are its user's (the mountpoint the
+    prolog chowned to them): once end-job has read the mount table, the user renames
+    one and puts a symlink to another job's directory in its place. Root's unmount must
+    not follow it and detach the other job's mount (or /run, or any mount the link
+    leads to); the job's own mount is named as left, for a person to look at."""
+    from silofs import jobend
+
+    job = site / "mnt" / "42"
+    (job / "ds" / "a" / "run").mkdir(parents=True)
+    victim = site / "mnt" / "43" / "ds" / "run"  # another user's job, the same shape
+    victim.mkdir(parents=True)
+    done: list[Path] = []
+    try:
+        for path in (job / "ds" / "a" / "run", victim):
+            _tmpfs(path)
+            done.append(path)
+        read_table = jobend.mounts
+
+        def table_then_swap() -> list:
+            table = read_table()
+            if not (job / "ds" / "b").exists():  # the user's move, after the scan
+                (job / "ds" / "a").rename(job / "ds" / "b")
+                (job / "ds" / "a").symlink_to(victim.parent)
+                done[0] = job / "ds" / "b" / "run"
+            return table
+
+        monkeypatch.setattr(jobend, "mounts", table_then_swap)
+        said: list[str] = []
+        left = jobend.end_job("slurm-42", str(job), str(site / "no-daemon.sock"), said.append)
+        print("\n".join(said))
+        assert _table_has(victim), "the other job's mount was unmounted through the symlink"
+        assert f"mount {job}/ds/b/run" in left  # the job's mount is left and said so
+        assert any("not following it as root" in line for line in said)
+    finally:
+        for path in reversed(done):
+            subprocess.run(["umount", "-l", str(path)], capture_output=True)
+
+
+def test_a_mount_nested_in_the_jobs_directory_is_still_unmounted(
+    site: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The unmount opens each directory on the way without following symlinks: a
+    plain nested mount (the user's own, inside its mountpoint) still ends."""
+    from silofs import jobend
+
+    job = site / "mnt" / "44"
+    inner = job / "ds" / "sub dir" / "m"  # a space: the mount table escapes it
+    inner.mkdir(parents=True)
+    _tmpfs(inner)
+    try:
+        said: list[str] = []
+        left = jobend.end_job("slurm-44", str(job), str(site / "no-daemon.sock"), said.append)
+        print("\n".join(said))
+        assert not _table_has(inner)
+        assert f"unmounted {inner}" in said
+        assert not [x for x in left if x.startswith("mount ")]
+    finally:
+        subprocess.run(["umount", "-l", str(inner)], capture_output=True)
