@@ -7,8 +7,9 @@ the job elsewhere, when the mount table says the process that registered one is 
 owner. Each is unmounted, lazily when a reader still holds files open in it; its mount
 processes (found in /proc by their command line, and through the daemon) get a few
 seconds to exit, then SIGTERM (which ends a lazily detached mount: the kernel drops the
-connection when its server goes), then SIGKILL. Then the job's directory goes and the
-daemon forgets the job (its registration and IO allocation).
+connection when its server goes), then SIGKILL. Then the daemon forgets the job (its
+registration and IO allocation) and, when nothing of the job is left, its directory
+goes: kept, it lets the epilog run again end what the first run could not.
 
 Never stats a mountpoint (root may not stat another user's FUSE mount, and a dead one
 hangs the caller); never follows a symlink on the way to a mount it unmounts (the
@@ -183,8 +184,8 @@ class JobEnd:
                 self._unmount(entry)
             self._wait(procs)
             self._check(targets, procs)
-            self._remove_dir()
             self._forget()
+            self._remove_dir()
         return self.left
 
     # -- finding -----------------------------------------------------------------------
@@ -315,8 +316,14 @@ class JobEnd:
                 self.left.append(f"mount process {p.pid} ({p.mountpoint})")
 
     def _remove_dir(self) -> None:
-        """rmdir the job's mountpoints and its directory (never their contents)."""
+        """rmdir the job's mountpoints and its directory (never their contents), once
+        nothing else of the job is left. While something is (a mount, a process, the
+        job on a daemon that did not answer), the directory stays: it is what tells the
+        epilog, run again when the node is fixed, that this job is silofs's to end."""
         if self.dir is None or not os.path.isdir(self.dir):
+            return
+        if self.left:
+            self.say(f"kept {self.dir}: the job is not ended yet (run the epilog again)")
             return
         with os.scandir(self.dir) as entries:
             for entry in entries:

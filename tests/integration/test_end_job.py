@@ -143,7 +143,7 @@ def test_a_dead_daemon_costs_no_time_and_is_named_in_what_is_left(site: Path, ma
     node.kill9()
     res, elapsed = end_job(node, job_dir)
     assert res.returncode == 1
-    assert f"unmounted {mp}" in res.stdout and f"removed {job_dir}" in res.stdout
+    assert f"unmounted {mp}" in res.stdout and f"kept {job_dir}" in res.stdout  # for a rerun
     (error,) = res.stderr.splitlines()
     assert error.startswith(f"silofs: error: left of job {JOB}: job {JOB} on the daemon")
     assert "cannot reach the silofs daemon" in error
@@ -165,7 +165,7 @@ def test_a_frozen_daemon_is_waited_for_seconds_and_the_mounts_end_anyway(
         node.proc.send_signal(signal.SIGCONT)
     assert res.returncode == 1
     assert "did not answer GET /v1/status within 2s" in res.stdout
-    assert f"unmounted {mp}" in res.stdout and f"removed {job_dir}" in res.stdout
+    assert f"unmounted {mp}" in res.stdout and f"kept {job_dir}" in res.stdout  # for a rerun
     assert "did not answer" in res.stderr and f"left of job {JOB}" in res.stderr
     assert not mounted(mp) and not mount_processes(node)
     assert elapsed < 15  # one 2 s request, and the mount process's few seconds
@@ -301,3 +301,28 @@ def test_a_mount_nested_in_the_jobs_directory_is_still_unmounted(
         assert not [x for x in left if x.startswith("mount ")]
     finally:
         subprocess.run(["umount", "-l", str(inner)], capture_output=True)
+
+
+def test_run_again_once_the_daemon_is_back_it_forgets_the_job(site: Path, make_node) -> None:  # type: ignore[no-untyped-def]
+    """The epilog ran while the node daemon was down (exit 1, the node drained); the
+    operator starts the daemon and runs the epilog again, as Slurm's docs say to. The
+    job's directory is what tells the epilog a job is silofs's: had the first run
+    removed it, the second would exit 0 at once and the job's registration and its IO
+    allocation (persisted) would stay on the daemon for good."""
+    node = make_node()
+    job_dir = site / "jobs" / "7"
+    mp = node.mount(str(site / "data"), job_dir / "data", "--job", JOB)
+    node.request("PUT", f"/v1/jobs/{JOB}", {"gpus": 1, "datasets": [f"file://{site}/data/"]})
+    node.request("PUT", f"/v1/jobs/{JOB}/io", {"bytes_per_s": 100_000_000})
+    node.kill9()
+    res, _ = end_job(node, job_dir)
+    assert res.returncode == 1 and not mounted(mp)
+    assert job_dir.is_dir(), "the job's directory went while the job is still on the daemon"
+    assert f"kept {job_dir}" in res.stdout
+    node.start()
+    assert JOB in {j["name"] for j in node.status()["jobs"]}  # persisted: still there
+    res, _ = end_job(node, job_dir)
+    assert res.returncode == 0, res.stderr
+    assert f"forgot job {JOB}" in res.stdout and f"removed {job_dir}" in res.stdout
+    assert not job_dir.exists()
+    assert JOB not in {j["name"] for j in node.status()["jobs"]}
