@@ -7,14 +7,17 @@ the job elsewhere, when the mount table says the process that registered one is 
 owner. Each is unmounted, lazily when a reader still holds files open in it; its mount
 processes (found in /proc by their command line, and through the daemon) get a few
 seconds to exit, then SIGTERM (which ends a lazily detached mount: the kernel drops the
-connection when its server goes), then SIGKILL. Then the job's directory goes and the
-daemon forgets the job (its registration and IO allocation).
+connection when its server goes), then SIGKILL. Then the daemon forgets the job (its
+registration and IO allocation) and, when nothing of the job is left, its directory
+goes: kept, it lets the epilog run again end what the first run could not.
 
 Never stats a mountpoint (root may not stat another user's FUSE mount, and a dead one
-hangs the caller); never signals a process unless it is a mount process of that mount,
-run wholly by the mount's owner, and still the process it was when found; never waits
-more than DAEMON_TIMEOUT for one answer of the daemon, or at all once it has not
-answered: the job's mounts end the same without it.
+hangs the caller); never follows a symlink on the way to a mount it unmounts (the
+directories there are the job user's, who may swap one for a link); never signals a
+process unless it is a mount process of that mount, run wholly by the mount's owner,
+and still the process it was when found; never waits more than DAEMON_TIMEOUT for one
+answer of the daemon, or at all once it has not answered: the job's mounts end the
+same without it.
 """
 
 from __future__ import annotations
@@ -56,11 +59,52 @@ class MountProcess:
     mountpoint: str
 
 
+def _open_dir_nofollow(path: str) -> int:
+    """An O_PATH fd of the directory `path` (absolute), reached one component at a
+    time without following a symlink anywhere: OSError (ENOTDIR, ELOOP) where a
+    component is not a real directory."""
+    flags = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open("/", flags)
+    try:
+        for part in path.split("/"):
+            if part in ("", "."):
+                continue
+            if part == "..":  # the mount table's paths are canonical; this one is not
+                raise OSError(errno.EINVAL, os.strerror(errno.EINVAL))
+            next_fd = os.open(part, flags, dir_fd=fd)
+            os.close(fd)
+            fd = next_fd
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
 def umount(path: str, flags: int) -> int:
-    """umount2(2) on a path whose last part is never followed; 0 or the errno."""
-    if _libc.umount2(os.fsencode(path), flags | UMOUNT_NOFOLLOW) == 0:
-        return 0
-    return ctypes.get_errno()
+    """umount2(2) on `path` with no symlink followed in any part of it; 0 or the errno.
+
+    The paths come from the mount table, but the directories on the way to a job's
+    mount are its user's (the mountpoint the prolog chowned, a home): between the
+    table's read and this call the user may rename one and put a symlink in its place,
+    and umount2 on the path as written would then follow it and detach, as root, any
+    mount the link leads to (another user's job, /run). So the parent is opened one
+    component at a time without following symlinks, and the last part is unmounted
+    relative to that fd (through /proc/self/fd, a link umount2 follows to the very
+    directory opened, never by name again)."""
+    parent, name = os.path.split(path)
+    if not os.path.isabs(path) or name in ("", ".", ".."):
+        return errno.EINVAL
+    try:
+        fd = _open_dir_nofollow(parent)
+    except OSError as exc:
+        return exc.errno or errno.EINVAL
+    try:
+        target = os.fsencode(f"/proc/self/fd/{fd}/") + os.fsencode(name)
+        if _libc.umount2(target, flags | UMOUNT_NOFOLLOW) == 0:
+            return 0
+        return ctypes.get_errno()
+    finally:
+        os.close(fd)
 
 
 def proc_stat(pid: int) -> tuple[str, int, int] | None:
@@ -140,8 +184,8 @@ class JobEnd:
                 self._unmount(entry)
             self._wait(procs)
             self._check(targets, procs)
-            self._remove_dir()
             self._forget()
+            self._remove_dir()
         return self.left
 
     # -- finding -----------------------------------------------------------------------
@@ -227,6 +271,11 @@ class JobEnd:
                 return
         if err in (0, errno.EINVAL, errno.ENOENT):  # EINVAL: no longer a mount
             self.say(f"unmounted {path}")
+        elif err in (errno.ENOTDIR, errno.ELOOP):
+            self.say(
+                f"cannot unmount {path}: a directory on its path is no longer one (a "
+                "symlink put in its place?); not following it as root"
+            )
         else:
             self.say(f"cannot unmount {path}: {os.strerror(err)}")
 
@@ -267,8 +316,14 @@ class JobEnd:
                 self.left.append(f"mount process {p.pid} ({p.mountpoint})")
 
     def _remove_dir(self) -> None:
-        """rmdir the job's mountpoints and its directory (never their contents)."""
+        """rmdir the job's mountpoints and its directory (never their contents), once
+        nothing else of the job is left. While something is (a mount, a process, the
+        job on a daemon that did not answer), the directory stays: it is what tells the
+        epilog, run again when the node is fixed, that this job is silofs's to end."""
         if self.dir is None or not os.path.isdir(self.dir):
+            return
+        if self.left:
+            self.say(f"kept {self.dir}: the job is not ended yet (run the epilog again)")
             return
         with os.scandir(self.dir) as entries:
             for entry in entries:

@@ -6,13 +6,15 @@
 # `silofs end-job` finds the job's mounts in the kernel's mount table (every mount under
 # $SILOFS_MOUNT_ROOT/$SLURM_JOB_ID, whoever made it) and through the daemon (the job's
 # mounts elsewhere), unmounts them (lazily where a reader still holds files open), gives
-# their mount processes a few seconds (then SIGTERM, then SIGKILL), removes the job's
-# directory and forgets the job on the daemon (registration and IO allocation), never
+# their mount processes a few seconds (then SIGTERM, then SIGKILL), forgets the job on
+# the daemon (registration and IO allocation) and removes the job's directory, never
 # waiting more than 2 s for the daemon. Each step is one log line.
 #
 # Exit status 0 when nothing of the job is left; 1 otherwise, after a line saying what
 # (Slurm drains the node: a mount, a mount process or a job row that will not go away
-# needs a person). A job the prolog made no directory for exits 0 at once.
+# needs a person), and the job's directory is kept: run this again once the node is
+# fixed (e.g. the daemon back) and it ends the rest. A job the prolog made no directory
+# for exits 0 at once.
 set -u -o pipefail
 
 ENV_FILE=${SILOFS_SLURM_ENV:-/etc/silofs/slurm.env}

@@ -143,7 +143,7 @@ def test_a_dead_daemon_costs_no_time_and_is_named_in_what_is_left(site: Path, ma
     node.kill9()
     res, elapsed = end_job(node, job_dir)
     assert res.returncode == 1
-    assert f"unmounted {mp}" in res.stdout and f"removed {job_dir}" in res.stdout
+    assert f"unmounted {mp}" in res.stdout and f"kept {job_dir}" in res.stdout  # for a rerun
     (error,) = res.stderr.splitlines()
     assert error.startswith(f"silofs: error: left of job {JOB}: job {JOB} on the daemon")
     assert "cannot reach the silofs daemon" in error
@@ -165,7 +165,7 @@ def test_a_frozen_daemon_is_waited_for_seconds_and_the_mounts_end_anyway(
         node.proc.send_signal(signal.SIGCONT)
     assert res.returncode == 1
     assert "did not answer GET /v1/status within 2s" in res.stdout
-    assert f"unmounted {mp}" in res.stdout and f"removed {job_dir}" in res.stdout
+    assert f"unmounted {mp}" in res.stdout and f"kept {job_dir}" in res.stdout  # for a rerun
     assert "did not answer" in res.stderr and f"left of job {JOB}" in res.stderr
     assert not mounted(mp) and not mount_processes(node)
     assert elapsed < 15  # one 2 s request, and the mount process's few seconds
@@ -230,3 +230,99 @@ def test_a_row_naming_another_users_mount_does_not_get_it_unmounted(
         assert f"{roots} still uses it" in res.stderr  # the row is still there, and said
     finally:
         liar.close()
+
+
+def _tmpfs(path: Path) -> None:
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "a9", str(path)], check=True)
+
+
+def _table_has(path: Path) -> bool:
+    return any(e.mountpoint == str(path) for e in mounts())
+
+
+def test_a_directory_swapped_for_a_symlink_after_the_scan_leads_to_no_other_mount(
+    site: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The directories on the way to a job's mount are its user's (the mountpoint the
+    prolog chowned to them): once end-job has read the mount table, the user renames
+    one and puts a symlink to another job's directory in its place. Root's unmount must
+    not follow it and detach the other job's mount (or /run, or any mount the link
+    leads to); the job's own mount is named as left, for a person to look at."""
+    from silofs import jobend
+
+    job = site / "mnt" / "42"
+    (job / "ds" / "a" / "run").mkdir(parents=True)
+    victim = site / "mnt" / "43" / "ds" / "run"  # another user's job, the same shape
+    victim.mkdir(parents=True)
+    done: list[Path] = []
+    try:
+        for path in (job / "ds" / "a" / "run", victim):
+            _tmpfs(path)
+            done.append(path)
+        read_table = jobend.mounts
+
+        def table_then_swap() -> list:
+            table = read_table()
+            if not (job / "ds" / "b").exists():  # the user's move, after the scan
+                (job / "ds" / "a").rename(job / "ds" / "b")
+                (job / "ds" / "a").symlink_to(victim.parent)
+                done[0] = job / "ds" / "b" / "run"
+            return table
+
+        monkeypatch.setattr(jobend, "mounts", table_then_swap)
+        said: list[str] = []
+        left = jobend.end_job("slurm-42", str(job), str(site / "no-daemon.sock"), said.append)
+        print("\n".join(said))
+        assert _table_has(victim), "the other job's mount was unmounted through the symlink"
+        assert f"mount {job}/ds/b/run" in left  # the job's mount is left and said so
+        assert any("not following it as root" in line for line in said)
+    finally:
+        for path in reversed(done):
+            subprocess.run(["umount", "-l", str(path)], capture_output=True)
+
+
+def test_a_mount_nested_in_the_jobs_directory_is_still_unmounted(
+    site: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The unmount opens each directory on the way without following symlinks: a
+    plain nested mount (the user's own, inside its mountpoint) still ends."""
+    from silofs import jobend
+
+    job = site / "mnt" / "44"
+    inner = job / "ds" / "sub dir" / "m"  # a space: the mount table escapes it
+    inner.mkdir(parents=True)
+    _tmpfs(inner)
+    try:
+        said: list[str] = []
+        left = jobend.end_job("slurm-44", str(job), str(site / "no-daemon.sock"), said.append)
+        print("\n".join(said))
+        assert not _table_has(inner)
+        assert f"unmounted {inner}" in said
+        assert not [x for x in left if x.startswith("mount ")]
+    finally:
+        subprocess.run(["umount", "-l", str(inner)], capture_output=True)
+
+
+def test_run_again_once_the_daemon_is_back_it_forgets_the_job(site: Path, make_node) -> None:  # type: ignore[no-untyped-def]
+    """The epilog ran while the node daemon was down (exit 1, the node drained); the
+    operator starts the daemon and runs the epilog again, as Slurm's docs say to. The
+    job's directory is what tells the epilog a job is silofs's: had the first run
+    removed it, the second would exit 0 at once and the job's registration and its IO
+    allocation (persisted) would stay on the daemon for good."""
+    node = make_node()
+    job_dir = site / "jobs" / "7"
+    mp = node.mount(str(site / "data"), job_dir / "data", "--job", JOB)
+    node.request("PUT", f"/v1/jobs/{JOB}", {"gpus": 1, "datasets": [f"file://{site}/data/"]})
+    node.request("PUT", f"/v1/jobs/{JOB}/io", {"bytes_per_s": 100_000_000})
+    node.kill9()
+    res, _ = end_job(node, job_dir)
+    assert res.returncode == 1 and not mounted(mp)
+    assert job_dir.is_dir(), "the job's directory went while the job is still on the daemon"
+    assert f"kept {job_dir}" in res.stdout
+    node.start()
+    assert JOB in {j["name"] for j in node.status()["jobs"]}  # persisted: still there
+    res, _ = end_job(node, job_dir)
+    assert res.returncode == 0, res.stderr
+    assert f"forgot job {JOB}" in res.stdout and f"removed {job_dir}" in res.stdout
+    assert not job_dir.exists()
+    assert JOB not in {j["name"] for j in node.status()["jobs"]}

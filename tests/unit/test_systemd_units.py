@@ -50,3 +50,66 @@ def test_a_mount_units_commands_are_ones_silofs_takes() -> None:
     start = shlex.split(service["ExecStart"])
     # With silofs.service down, fail and retry: never a daemon of this unit's own.
     assert "--no-start-daemon" in start and "--foreground" in start
+
+
+REPO = UNITS.parent
+
+
+def _readme_install_block() -> list[str]:
+    """The commands of the first ```sh block under README's "As services"."""
+    text = (REPO / "README.md").read_text()
+    section = text[text.index("### As services") :]
+    section = section[: section.index("\n### ", 1)]
+    block = section[section.index("```sh\n") + 6 :]
+    block = block[: block.index("```")]
+    lines = [line.split(" #", 1)[0].strip() for line in block.splitlines()]
+    return [part.strip() for line in lines if line and not line.startswith("#")
+            for part in line.split("&&")]  # fmt: skip
+
+
+def _installed(commands: list[str]) -> set[str]:
+    """The absolute paths the block's `install` and `ln -s` commands make (every source
+    of an `install` must exist in the checkout, globs expanded as the shell would)."""
+    made: set[str] = set()
+    for command in commands:
+        argv = shlex.split(command)
+        if argv[:2] == ["ln", "-s"]:
+            *sources, target = argv[2:]
+            made.update(target.rstrip("/") + "/" + Path(s).name for s in sources)
+        elif argv[0] == "install" and "-d" not in argv:
+            args = [a for i, a in enumerate(argv[1:], 1) if not a.startswith("-")
+                    and argv[i - 1] not in ("-m", "-t")]  # fmt: skip
+            target = argv[argv.index("-t") + 1] if "-t" in argv else args.pop()
+            sources = [p for a in args for p in sorted(REPO.glob(a))]
+            assert sources and all(p.is_file() for p in sources), command
+            if "-t" in argv or target.endswith("/"):
+                made.update(target.rstrip("/") + "/" + p.name for p in sources)
+            else:
+                made.add(target)
+    return made
+
+
+def test_the_documented_install_makes_every_path_the_units_name() -> None:
+    """What a unit runs, the config it reads and its Documentation= are all made by the
+    README's "As services" commands: a unit that names /usr/local/bin/silofs while the
+    README installs it nowhere fails with 203/EXEC on the first start."""
+    commands = _readme_install_block()
+    made = _installed(commands)
+    assert any("-m venv /opt/silofs" in c for c in commands), commands
+    for name in ("silofs.service", "silofs-mount@.service", "silofs-controller.service"):
+        u = unit(name)
+        needed: list[str] = []
+        for key in ("ExecStart", "ExecStop", "ExecStartPre"):
+            if key in u["Service"]:
+                argv = shlex.split(u["Service"][key].lstrip("-@+!"))
+                if not argv[0].startswith(("/bin/", "/usr/bin/")):  # the system's own
+                    needed.append(argv[0])
+                if "--config" in argv:
+                    needed.append(argv[argv.index("--config") + 1])
+        needed += [
+            d.removeprefix("file://")
+            for d in u["Unit"].get("Documentation", "").split()
+            if d.startswith("file://")
+        ]
+        missing = [p for p in needed if p not in made]
+        assert not missing, f"{name} names {missing}, which README's install never makes"
