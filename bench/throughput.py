@@ -680,7 +680,7 @@ def run(
         )
         # A kept mount's pass is RAM-warm only if data.mdb is in the page cache: the
         # values a mount copies out by preadv are mapped by no process, so drop_caches
-        # takes them (a quarter of them in a 2000-file run, bench/README.md). Unless
+        # takes them (a third of them in a 2000-file run, bench/README.md). Unless
         # --no-rewarm, data.mdb is read back in, untimed, after each drop before a kept
         # pass, as the ceiling has every file in memory; either way what the drop left
         # is measured (fincore) and printed.
