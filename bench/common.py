@@ -43,6 +43,52 @@ def drop_caches() -> None:
         f.write("3\n")
 
 
+def rewarm(path: Path | str) -> int:
+    """Read every allocated extent of `path` (SEEK_DATA to SEEK_HOLE: data.mdb is as large
+    as the LMDB map, mostly holes) so that all of it is in the page cache again; returns
+    the bytes read. drop_caches keeps only the pages some process has mapped, and a
+    silofs mount copies values out of data.mdb by preadv without mapping them: after a
+    drop a kept mount's values are partly on the SSD again (bench/README.md, "What a kept
+    mount's pass read from the SSD")."""
+    fd = os.open(path, os.O_RDONLY)
+    buf = bytearray(READ_BUF)
+    done = 0
+    try:
+        size = os.fstat(fd).st_size
+        off = 0
+        while off < size:
+            try:
+                off = os.lseek(fd, off, os.SEEK_DATA)
+            except OSError:  # ENXIO: no data past off
+                break
+            end = os.lseek(fd, off, os.SEEK_HOLE)
+            while off < end:
+                n = os.preadv(fd, [memoryview(buf)[: min(READ_BUF, end - off)]], off)
+                if n <= 0:
+                    break
+                off += n
+                done += n
+    finally:
+        os.close(fd)
+    return done
+
+
+def resident_bytes(path: Path | str) -> int | None:
+    """Bytes of `path` in the page cache (util-linux fincore), None without fincore."""
+    exe = shutil.which("fincore")
+    if exe is None:
+        return None
+    out = subprocess.run(
+        [exe, "--bytes", "--noheadings", "--raw", "--output", "RES", str(path)],
+        capture_output=True,
+        text=True,
+    )
+    try:
+        return int(out.stdout.split()[0])
+    except (IndexError, ValueError):
+        return None
+
+
 def check_root() -> None:
     if os.geteuid() != 0:
         sys.exit("this benchmark drops the page cache: run it as root")

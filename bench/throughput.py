@@ -11,8 +11,9 @@ and a byte-for-byte check of what the mount served. The ceilings start in the re
 session, their best placement (--own-session-ceiling adds one placed as a mount process
 is, in a session of its own). With --git-rev, another revision's mount process is
 measured in the same rounds, through the same daemon and cache; with --no-remount too,
-one mount of each tree is kept for all its passes (RAM-warm, a long-lived mount's hit
-path side by side). Never runs in CI (it drops the page cache of the whole machine)
+one mount of each tree is kept for all its passes (RAM-warm: data.mdb is read back
+into the page cache after each drop, untimed, unless --no-rewarm; a long-lived mount's
+hit path side by side). Never runs in CI (it drops the page cache of the whole machine)
 and never changes silofs.
 
     sudo python bench/throughput.py                      # 512 MiB + 2000 x 110 KiB
@@ -49,6 +50,8 @@ from common import (
     profile_summary,
     ratio,
     read_files,
+    resident_bytes,
+    rewarm,
 )
 from cpu_split import PerfRecord, split
 
@@ -57,6 +60,7 @@ from tests.support.node import Node, force_unmount
 from tests.support.poll import wait_for
 
 SMALL_BYTES = 110 << 10
+MIB = 1 << 20
 EXIT_SECONDS = 90.0  # a mount process's exit after `silofs unmount` (Mount.close)
 
 # The goals: warm big file >= 1.0x local disk at mount CPU <= 2x the pyfuse3 ceiling's;
@@ -260,11 +264,18 @@ def thread_switches(pid: int) -> tuple[int, int]:
     return counts.get("voluntary_ctxt_switches", 0), counts.get("nonvoluntary_ctxt_switches", 0)
 
 
-def timed_read(paths: list[str], readers: int, watch: dict[str, int] | None) -> Pass:
-    """Drop the page cache, then read `paths` once; rate = bytes/s. CPU counts the
-    watched processes' children too; RSS and switches are of the first serving process
-    if any."""
+def timed_read(
+    paths: list[str],
+    readers: int,
+    watch: dict[str, int] | None,
+    warm: Callable[[], None] | None = None,
+) -> Pass:
+    """Drop the page cache (then run `warm`, untimed), then read `paths` once; rate =
+    bytes/s. CPU counts the watched processes' children too; RSS and switches are of the
+    first serving process if any."""
     drop_caches()
+    if warm is not None:
+        warm()
     watch = watch or {}
     t0 = {who: tree_times(pid) for who, pid in watch.items()}
     s0 = {who: thread_switches(pid) for who, pid in watch.items()}
@@ -279,16 +290,25 @@ def timed_read(paths: list[str], readers: int, watch: dict[str, int] | None) -> 
     return Pass(n / secs, secs, cost, rss, len(paths), switches)
 
 
-def big_pass(root: Path | str, watch: dict[str, int] | None = None) -> Pass:
+def big_pass(
+    root: Path | str,
+    watch: dict[str, int] | None = None,
+    warm: Callable[[], None] | None = None,
+) -> Pass:
     """The big file once, after dropping the page cache; rate in GB/s (10**9)."""
-    p = timed_read([os.path.join(root, "big.bin")], 1, watch)
+    p = timed_read([os.path.join(root, "big.bin")], 1, watch, warm)
     p.rate /= 1e9
     return p
 
 
-def small_pass(paths: list[str], readers: int, watch: dict[str, int] | None = None) -> Pass:
+def small_pass(
+    paths: list[str],
+    readers: int,
+    watch: dict[str, int] | None = None,
+    warm: Callable[[], None] | None = None,
+) -> Pass:
     """`paths` once with `readers` threads, after dropping the page cache; files/s."""
-    p = timed_read(paths, readers, watch)
+    p = timed_read(paths, readers, watch, warm)
     p.rate = len(paths) / p.secs
     return p
 
@@ -358,11 +378,19 @@ def main() -> int:
         "--no-remount",
         action="store_true",
         help="keep one mount process for all warm passes, with --git-rev one of each tree, "
-        "both mounted side by side (their mapped LMDB pages then survive drop_caches: a "
-        "RAM-warm figure, not an SSD-warm one); with --git-rev each kept mount reads the "
-        "files once, unmeasured, before the warm rounds, so every pass is a kept mount's",
+        "both mounted side by side, data.mdb read back into the page cache (untimed) after "
+        "each drop_caches: a RAM-warm figure, not an SSD-warm one; with --git-rev each kept "
+        "mount reads the files once, unmeasured, before the warm rounds, so every pass is "
+        "a kept mount's",
     )
     ap.add_argument("--no-verify", action="store_true", help="skip the byte-for-byte check")
+    ap.add_argument(
+        "--no-rewarm",
+        action="store_true",
+        help="with --no-remount: do not read data.mdb back into the page cache after each "
+        "drop_caches (its values, copied out by preadv and mapped by no process, are then "
+        "partly read from the SSD in every kept pass, while the ceiling serves from memory)",
+    )
     baseline.add_argument(ap, "mount process (through the same daemon and cache, interleaved)")
     ap.add_argument(
         "--small-only",
@@ -508,7 +536,8 @@ def ready(this: Mount, other: Mount | None, keep: bool) -> None:
     a fresh `this` is mounted: `other` is closed and `this` restarted, since a process
     that has mapped LMDB pages keeps them through drop_caches. With `keep` (RAM-warm,
     --no-remount) both stay mounted for all their passes, `this` opened only if it is
-    not: the cache's pages either has mapped are RAM-warm for both, alike."""
+    not: data.mdb, which both read, is read back into the page cache before each pass
+    (run()'s kept_mdb), for both alike."""
     if other is not None and not keep:
         other.close()
     if not keep or not this.pid:
@@ -637,16 +666,34 @@ def run(
         if not args.no_remount:
             how = "a fresh mount process per pass"
         elif tree is None:
-            how = "one mount process kept: RAM-warm, its mapped LMDB pages survive drop_caches"
+            how = "one mount process kept: RAM-warm, data.mdb read back after each drop"
         else:
             how = (
-                "one mount process of each tree kept, side by side: RAM-warm, the LMDB "
-                "pages they mapped survive drop_caches"
+                "one mount process of each tree kept, side by side: RAM-warm, data.mdb "
+                "read back after each drop"
             )
+        if args.no_remount and args.no_rewarm:
+            how = how.replace("read back after each drop", "NOT read back (--no-rewarm)")
         print(
             f"\n== warm passes ({args.repeat} each, {how}; page cache dropped before each "
             "read; median (min-max)) =="
         )
+        # A kept mount's pass is RAM-warm only if data.mdb is in the page cache: the
+        # values a mount copies out by preadv are mapped by no process, so drop_caches
+        # takes them (a third of them in a 2000-file run, bench/README.md). Unless
+        # --no-rewarm, data.mdb is read back in, untimed, after each drop before a kept
+        # pass, as the ceiling has every file in memory; either way what the drop left
+        # is measured (fincore) and printed.
+        mdb = Path(node.cache_dir) / "data.mdb"
+        mdb_left: list[tuple[int, int]] = []  # (resident after the drop, data bytes)
+
+        def kept_mdb() -> None:
+            left = resident_bytes(mdb)
+            size = rewarm(mdb) if not args.no_rewarm else 0
+            if left is not None:
+                mdb_left.append((left, size))
+
+        kept_warm: Callable[[], None] | None = kept_mdb if args.no_remount else None
         big_s, big_l = Samples([]), Samples([])
         small_s = {r: Samples([]) for r in readers}
         small_l = {r: Samples([]) for r in readers}
@@ -735,12 +782,14 @@ def run(
                 # Every kind of pass in a fixed order would favour whoever goes first or
                 # last on a busy machine: the rounds alternate the order.
                 def ours_big() -> None:
-                    big_s.values.append(timed("big", big_bytes, lambda w: big_pass(mp, w)))
+                    big_s.values.append(
+                        timed("big", big_bytes, lambda w: big_pass(mp, w, kept_warm))
+                    )
 
                 def base_big() -> None:
                     if base:
                         big_b.values.append(
-                            timed_base("big", big_bytes, lambda w: big_pass(base_mp, w))
+                            timed_base("big", big_bytes, lambda w: big_pass(base_mp, w, kept_warm))
                         )
 
                 def local_big() -> None:
@@ -755,7 +804,7 @@ def run(
                         timed(
                             f"x{r}",
                             args.files * SMALL_BYTES,
-                            lambda w: small_pass(fuse_small, r, w),
+                            lambda w: small_pass(fuse_small, r, w, kept_warm),
                         )
                     )
 
@@ -764,7 +813,9 @@ def run(
                         paths = small_paths(base_mp, args.files)
                         small_b[r].values.append(
                             timed_base(
-                                f"x{r}", args.files * SMALL_BYTES, lambda w: small_pass(paths, r, w)
+                                f"x{r}",
+                                args.files * SMALL_BYTES,
+                                lambda w: small_pass(paths, r, w, kept_warm),
                             )
                         )
 
@@ -878,6 +929,18 @@ def run(
                     f"file-backed {mapped:.0f} MiB; serving thread slept {slept.text('{:.2f}')} "
                     f"times per {'pass' if kind == 'big' else 'file'}"
                 )
+        if mdb_left:
+            lefts = Samples([left / MIB for left, _ in mdb_left])
+            sizes = [size for _, size in mdb_left if size]
+            print(
+                f"kept mounts: data.mdb after each drop_caches {lefts.text('{:.0f}')} MiB in the "
+                "page cache"
+                + (
+                    f", read back to {max(sizes) / MIB:.0f} MiB (all its data) before each pass"
+                    if sizes
+                    else " (--no-rewarm: the rest of each pass's values read from the SSD)"
+                )
+            )
         d = {k: after[k] - before[k] for k in COUNTERS}
         print(
             f"status (warm passes): bytes_read {d['bytes_read']} hits {d['hits']} "
