@@ -5,7 +5,7 @@ from one store behind a limited link, two epochs, each node in its own random or
     python bench/cluster.py [--nodes 4] [--quick] [--json] [--only shared|alone]
         [--files N] [--file-size 256K] [--readers 4] [--store s3rver|moto]
         [--store-rate 50MB/s] [--store-latency-ms 20] [--node-rate 25Gbit/s]
-        [--cache-slack 0.1] [--keep DIR] [--profile PREFIX] [--syscalls]
+        [--cache-slack 0.1] [--keep DIR] [--profile PREFIX] [--syscalls] [--timeline]
 
 Each node's link to the others is shaped to --node-rate, 25 Gbit/s by default: the NICs
 of GPU cluster nodes carry 25-400 Gbit/s, and a 1 Gbit/s link (~119 MiB/s) would cap
@@ -33,6 +33,10 @@ mount and one home's daemon during more peer rounds (their figures are not compa
 and prints where their busy time goes. --syscalls runs more peer rounds under `perf stat`
 (tracepoints) and adds `syscalls_per_peer_chunk`: each process's system calls, context
 switches (voluntary and not) and CPU per peer-served chunk, steadier than the rounds'.
+--timeline has every daemon and mount of the run mark each stage of a chunk's way
+(silofs/trace.py) and adds `timeline_us`: over 3 more peer rounds, the wall time of each
+stage (the hand-offs between the mount, the asking daemon and the home, and each one's
+work) at p50 and p90.
 
 Prints one JSON object with --json (the figures below otherwise), with the host's load.
 Goals on the bench host: shared store_bytes <= 1.1 D; shared epoch 2 >= 2x faster than
@@ -267,6 +271,7 @@ def peer_vs_local(
     if args.profile:
         _profile_peer_round(args, c, mp, peer, files)
     calls = _syscalls_peer_round(args, c, mp, peer, files) if args.syscalls else None
+    timeline = _timeline_peer_round(args, c, mp, peer, files) if args.timeline else None
     return {
         "node": role,
         "files": {"local": len(local), "peer": len(peer)},
@@ -315,6 +320,7 @@ def peer_vs_local(
             (slices["local"]["daemon"] + slices["local"]["mount"]) / (len(local) * args.rounds), 2
         ),
         **({"syscalls_per_peer_chunk": calls} if calls is not None else {}),
+        **({"timeline_us": timeline} if timeline is not None else {}),
     }
 
 
@@ -491,6 +497,75 @@ def _switches(pids: list[int]) -> tuple[int, int]:
     return vol, invol
 
 
+# The marks of a peer-served chunk (silofs/trace.py), in the order they are made: the
+# mount's ask and its answer, the asking daemon's mount connection thread (the request's
+# head read, its answer sent), its exchange with the home (begun; answered and checked)
+# and the home's member thread (head read, answer sent).
+_MARKS = ("mount:ask", "head:/v1/chunks", "ask:begin", "head:/v1/peer/chunk",
+          "sent:/v1/peer/chunk", "ask:checked", "sent:/v1/chunks", "mount:answered")  # fmt: skip
+_STAGES = (
+    ("mount_to_daemon", "the mount's request sent -> the daemon thread has read and parsed it"),
+    ("daemon_before_ask", "the daemon: route, listing row, placement, claim, ask's head"),
+    ("asker_to_home", "the ask sent -> the home's thread has read and parsed it"),
+    ("home_serves", "the home: look-up, check, the answer encrypted and sent"),
+    ("home_to_asker", "the answer sent -> the asker has received it and checked every block"),
+    ("daemon_answers", "the daemon: counters, the answer to the mount sent"),
+    ("daemon_to_mount", "the answer sent -> the mount's request has returned with it"),
+)
+
+
+def _timeline_peer_round(
+    args: argparse.Namespace, c: Cluster, mp: Path, keys: list[str], files: dict[str, bytes]
+) -> dict[str, Any]:
+    """More peer rounds (3 x the peer files, page cache dropped before each read) with
+    the processes' marks (silofs/trace.py, on for this run: --timeline), joined by chunk:
+    the wall time of each stage of a peer-served chunk's way, p50 and p90 in us, and the
+    mount's whole ask. Measured under tracing (a write(2) per mark, 8 a chunk): beside
+    the goal's figures, not one of them."""
+    trace_dir = Path(os.environ["SILOFS_TRACE_DIR"])
+    t0 = time.monotonic()
+    _read_keys(mp, keys * 3, files, args.readers, drop=True)
+    t1 = time.monotonic()
+    marks: dict[str, list[tuple[float, str]]] = {}
+    for path in trace_dir.glob("*.trace"):
+        for line in path.read_text().splitlines():
+            at, stage, chunk = line.split(" ", 2)
+            if t0 <= float(at) <= t1 + 1.0:
+                marks.setdefault(chunk, []).append((float(at), stage))
+    chains = []
+    for seq in marks.values():
+        seq.sort()
+        i = 0
+        while i < len(seq):  # one chain per ask of the mount: its marks in order
+            if seq[i][1] != _MARKS[0]:
+                i += 1
+                continue
+            chain, j = [seq[i][0]], i + 1
+            for stage in _MARKS[1:]:
+                while j < len(seq) and seq[j][1] != stage and seq[j][1] != _MARKS[0]:
+                    j += 1
+                if j == len(seq) or seq[j][1] != stage:
+                    break
+                chain.append(seq[j][0])
+            if len(chain) == len(_MARKS):
+                chains.append(chain)
+            i = j if j > i else i + 1
+    # Chains whole, of the reads: one its mount's buffer served asked nothing, and one
+    # the asking daemon's loop served (not its connection thread) has no ask marks.
+    out: dict[str, Any] = {"chunks": len(chains), "reads": len(keys) * 3}
+    if not chains:
+        return out
+
+    def pcts(values: list[float]) -> dict[str, int]:
+        values = sorted(values)
+        return {f"p{q}": round(values[len(values) * q // 100] * 1e6) for q in (50, 90)}
+
+    for k, (name, _) in enumerate(_STAGES):
+        out[name] = pcts([ch[k + 1] - ch[k] for ch in chains])
+    out["mount_ask"] = pcts([ch[-1] - ch[0] for ch in chains])
+    return out
+
+
 def _read_keys(
     mp: Path, keys: list[str], files: dict[str, bytes], readers: int, drop: bool = False
 ) -> list[FileRead]:
@@ -566,6 +641,8 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--keep", default=None, help="work under this directory and keep it")
     ap.add_argument("--profile", default=None, help="py-spy the peer path: PREFIX-*.txt")
+    ap.add_argument("--timeline", action="store_true",
+                    help="more peer rounds, traced: each stage's wall time")  # fmt: skip
     ap.add_argument("--syscalls", action="store_true",
                     help="perf stat the peer path: system calls, switches per chunk")  # fmt: skip
     args = ap.parse_args()
@@ -604,6 +681,9 @@ def main() -> int:
                 },
                 "node_link_rate": args.node_rate,
             }
+            if args.timeline:  # the processes of the cluster started next inherit it
+                os.environ["SILOFS_TRACE_DIR"] = str(tmp / "trace")
+                (tmp / "trace").mkdir(exist_ok=True)
             for mode in ("alone", "shared"):
                 if args.only in (None, mode):
                     log(args, f"{mode}: {args.nodes} nodes, dataset {size / MIB:.0f} MiB")

@@ -43,7 +43,7 @@ from typing import Any
 
 import trio
 
-from silofs import sealed
+from silofs import sealed, trace
 from silofs.control.peer import Peer
 from silofs.control.router import (
     HTTPError,
@@ -394,6 +394,11 @@ class ThreadConnection:
             if head is None:
                 return False
             req, match, close = self._request(head)
+            if trace.ON:  # a chunk route names its chunk by key and index ("i": a member's)
+                chunk = trace.chunk_id(
+                    req.query.get("key", ""), req.query.get("i", req.query.get("index"))
+                )
+                trace.mark(f"head:{req.path}", chunk)
         except _Reject as exc:
             self.ch.deadline = time.monotonic() + self.request_seconds
             self._answer(error_response(exc.status, exc.message), close=True)
@@ -408,6 +413,8 @@ class ThreadConnection:
             self.ch.deadline = self._answer_deadline(resp)
             close = close or self.evicted  # evicted as its request came: answered, closed
             self._answer(resp, close=close, with_body=req.method != "HEAD")
+            if trace.ON:
+                trace.mark(f"sent:{req.path}", chunk)
         finally:
             if resp.release is not None:
                 resp.release()

@@ -66,6 +66,7 @@ from dataclasses import dataclass
 import lmdb
 import trio
 
+from silofs import trace
 from silofs.cache.bounds import FirstTime, ValueCursor
 from silofs.cache.format import (
     BLOCK_SHIFT,
@@ -836,11 +837,15 @@ class ChunkReader:
                 + (f"&span={span[0]}-{span[1]}" if span is not None else "")
             )
             frozen = False
+            if trace.ON:
+                trace.mark("mount:ask", trace.chunk_id(ref.obj.key, ref.index))
             try:
                 if silence is None:
                     status, headers, body = await self.client.request("GET", path)
                 else:
                     status, headers, body = await self.client.request("GET", path, timeout=silence)
+                if trace.ON:
+                    trace.mark("mount:answered", trace.chunk_id(ref.obj.key, ref.index))
             except ControlError as exc:
                 status, headers, body = None, {}, str(exc).encode()
                 frozen = exc.timed_out  # silent for client.timeout s: EIO, no re-register

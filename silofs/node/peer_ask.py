@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 import lmdb
 import trio
 
+from silofs import trace
 from silofs.cache.format import ChunkRef
 from silofs.errors import VersionMismatchError
 from silofs.node.datasets import Purpose, named_object
@@ -302,9 +303,13 @@ class ThreadAsks:
             if region is not None:  # one region for the mount's chunks, its short ones too
                 least = most_value_bytes(ref) - ref.length + m.chunk_size + _SUMS_ROOM
                 into = functools.partial(region.view, least=least)
+            if trace.ON:
+                trace.mark("ask:begin", trace.chunk_id(ask.key, ask.index))
             reply, data = pool.request_checked(
                 "GET", ask.target(), bounds, b"", check, gone, most_value_bytes(ref), into
             )
+            if trace.ON:  # the answer received and every block checked
+                trace.mark("ask:checked", trace.chunk_id(ask.key, ask.index))
         finally:
             slots.release(on_loop=False)
             waited = time.monotonic() - t0

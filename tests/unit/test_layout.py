@@ -55,6 +55,7 @@ FLOOR = frozenset(
         "silofs.logsetup",
         "silofs.records",
         "silofs.sealed",
+        "silofs.trace",
         "silofs.units",
         "silofs.uri",
     }
@@ -371,6 +372,7 @@ def test_the_controller_imports_only_the_shared_client_side() -> None:
         "silofs.control.client",
         "silofs.records",
         "silofs.sealed",
+        "silofs.trace",
     )
     bad = [
         f"{m} imports {d}"
