@@ -63,6 +63,7 @@ from silofs.node.peer_wire import (
     SOURCE_HEADER,
     UNKNOWN_DATASET_HEADER,
     ChunkAsk,
+    answer_source,
     dataset_body,
     most_value_bytes,
 )
@@ -440,8 +441,7 @@ class Cluster:
         with COUNTS:
             for c in counters:
                 c.bytes_in += len(reply.body)  # the value, header and data, as the home sent it
-        source = reply.headers.get(SOURCE_HEADER, "cache")
-        source = "remote" if source == "remote" else "cache"
+        source = answer_source(reply.headers.get(SOURCE_HEADER))
         if refetch or self.config_keep_copies():
             # This node's own value was bad (replace it), or copies are kept here.
             self.d.offer_value(ds, ref, bytes(data), replace=refetch)
