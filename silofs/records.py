@@ -59,8 +59,10 @@ class MountCounters:
     misses: int = 0
     corrupt_chunks: int = 0
     # Where the bytes came from, apart from LMDB: the mount's own chunk buffer (a chunk
-    # it fetched for an earlier kernel request), and chunks the daemon had to GET from
-    # the store for this read. Served from the cache = bytes_read - buffer - store.
+    # it fetched for an earlier kernel request), and chunks the daemon had from the
+    # store for this read (a GET made for it, or one made a moment before for another
+    # reader's miss, here or at a member: "shared"). Served from the cache = bytes_read
+    # - buffer - store.
     buffer_bytes: int = 0
     store_bytes: int = 0
     # Reads ended with EINTR while they waited: their process was gone or told to stop

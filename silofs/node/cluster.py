@@ -63,6 +63,7 @@ from silofs.node.peer_wire import (
     SOURCE_HEADER,
     UNKNOWN_DATASET_HEADER,
     ChunkAsk,
+    answer_source,
     dataset_body,
     most_value_bytes,
 )
@@ -440,8 +441,7 @@ class Cluster:
         with COUNTS:
             for c in counters:
                 c.bytes_in += len(reply.body)  # the value, header and data, as the home sent it
-        source = reply.headers.get(SOURCE_HEADER, "cache")
-        source = "remote" if source == "remote" else "cache"
+        source = answer_source(reply.headers.get(SOURCE_HEADER))
         if refetch or self.config_keep_copies():
             # This node's own value was bad (replace it), or copies are kept here.
             self.d.offer_value(ds, ref, bytes(data), replace=refetch)
@@ -702,8 +702,16 @@ class Cluster:
         if self.config_keep_copies():  # copies of members' chunks are kept by choice
             self._swept, self._sweeping = came_up, False
             return
-        homed_live = homed_live_by(self.membership.placed_by(), self.membership.answering())
         try:
+            # Whose copies go is decided only after the copies offered so far are
+            # committed, by pings sent after that: a member found up earlier may have
+            # died since unnoticed here (this node has not asked it since), while the
+            # others, knowing it down, had this node fetch and admit its chunks; the
+            # sweep a third member's return started deleted those, the only copies.
+            await self.d.writer.flush()
+            since = self.membership.clock()
+            answering = await self._answering_since(since)
+            homed_live = homed_live_by(self.membership.placed_by(), answering)
             await sweep_standins(self.d.writer, self.d.store, homed_live)
         except Exception as exc:  # a full map, an I/O error: tried again when the next
             # member comes up (not on every tick: one warning, not one per half second)
@@ -711,6 +719,26 @@ class Cluster:
         finally:
             self._swept = came_up
             self._sweeping = False
+
+    async def _answering_since(self, since: float) -> frozenset[str]:
+        """The other members that answer a ping sent at `since` or later: each member up
+        is pinged now (a probe in flight is waited for; its answer counts only if it was
+        sent at `since` or later, else the member is pinged again)."""
+        assert self.membership is not None
+
+        async def confirm(m: MemberState) -> None:
+            while m.up and m.last_ok < since:
+                flying = self._probes.get(m.address)
+                if flying is not None:
+                    await flying.wait()
+                else:
+                    async with trio.open_nursery() as nursery:
+                        self._start_probe(nursery, m)
+
+        async with trio.open_nursery() as nursery:
+            for m in self.membership.peers():
+                nursery.start_soon(confirm, m)
+        return self.membership.answering(since)
 
     async def recheck(self, addresses: set[str]) -> None:
         """Ping now those of these members that are down, rather than when their backoff
@@ -747,6 +775,7 @@ class Cluster:
         """Ping a member (`probing` set: a down member's exchange needs it): up, or down
         for its backoff, by its answer; pull its shares if they differ from ours."""
         assert self.membership is not None
+        asked = self.membership.clock()
         try:
             reply, _ = await self._exchange(member, "GET", PING_PATH)
             if reply.status != 200:
@@ -763,7 +792,8 @@ class Cluster:
             return
         finally:
             member.probing = False
-        self.membership.mark_up(member.address)
+        if not self.membership.mark_up(member.address, asked_at=asked):
+            return  # it failed since this ping was sent: down, for its next probe
         # Tables merge entry by entry: one that differs may hold a change we missed.
         version, digest = pong.get("allocations_version"), pong.get("allocations_digest")
         if (isinstance(version, int) and version > self.shares.version) or (

@@ -375,8 +375,10 @@ class Daemon:
         version: str | None = None,
         span: tuple[int, int] | None = None,
     ) -> tuple[bytes, str]:
-        """(bytes, 'cache'|'remote') for a mount's miss. Only objects in the mount's own
-        dataset listing are served (promise 6). `version` is the one the reader's handle
+        """(bytes, 'cache'|'shared'|'remote') for a mount's miss ('shared': a member
+        answered with the bytes of a GET made for another asker: no GET charged here, and
+        a miss to the mount, as all but 'cache'). Only objects in the mount's own dataset
+        listing are served (promise 6). `version` is the one the reader's handle
         opened: after a refresh an open file keeps reading it (the previous generation
         is kept until the next listing), never the new version's bytes: if neither
         listing has that version, VersionMismatchError (409; EIO in the mount).

@@ -5,10 +5,10 @@ which members are due for a probe, and a new list replacing the old one at runti
 Owns the truth about who is live, which placement (node/placement.py) is computed
 over: this node is always live; a member that refused, failed or was too slow is down
 for peer_backoff_seconds, doubling with each failure in a row up to MAX_BACKOFF, and
-comes back up on its first good probe. Pure state on the trio loop, with the clock
-injectable (tests), but for the peer counters, which connection threads add to as
-well (under COUNTS): never does I/O (node/cluster.py probes) and never decides what a
-failure is (the peer client does).
+comes back up on its first good probe sent after its last failure. Pure state on the
+trio loop, with the clock injectable (tests), but for the peer counters, which
+connection threads add to as well (under COUNTS): never does I/O (node/cluster.py
+probes) and never decides what a failure is (the peer client does).
 """
 
 from __future__ import annotations
@@ -88,7 +88,10 @@ class MemberState:
     down_until: float = 0.0  # monotonic; while down, the next probe is due then
     failures: int = 0  # in a row, since it was last up
     last_error: str = ""
-    last_ok: float = 0.0  # monotonic time of its last good answer
+    # Monotonic time the last good answer was asked for (a ping's sending: the member
+    # was alive after then), and of its last failure.
+    last_ok: float = 0.0
+    failed_at: float = 0.0
     probing: bool = False  # a probe of it is in flight
     counters: PeerCounters = field(default_factory=PeerCounters)
 
@@ -202,6 +205,7 @@ class Membership:
         m = self.members.get(address)
         if m is None or m.is_self:
             return
+        m.failed_at = self.clock()  # a ping sent before this says nothing of it now
         if not m.up and not probe:
             return
         backoff = min(MAX_BACKOFF, self.config.peer_backoff_seconds * (2**m.failures))
@@ -213,25 +217,39 @@ class Membership:
             m.up = False
             self._relive()
 
-    def mark_up(self, address: str) -> None:
-        """A member answered well: up again (its backoff starts over)."""
+    def mark_up(self, address: str, asked_at: float | None = None) -> bool:
+        """A member answered well a ping sent at `asked_at` (default: now): up again (its
+        backoff starts over). Not if it failed since that ping was sent: the answer may
+        be from before it died (a ping answered just before a kill -9 and read by the
+        loop after a failed ask marked it down brought a dead member back up, and with
+        it the stand-in sweep's deletion of the only copies of its chunks). Whether it
+        counted."""
         m = self.members.get(address)
         if m is None or m.is_self:
-            return
+            return False
+        if asked_at is None:
+            asked_at = self.clock()
+        if asked_at < m.failed_at:
+            log.debug("cluster member %s: a ping answered from before its last failure", address)
+            return False
         if not m.up or m.last_ok == 0.0:
             self.came_up += 1  # its first answer, or back from down (node/standins.py)
-        m.last_ok = self.clock()
+        m.last_ok = max(m.last_ok, asked_at)
         m.failures = 0
         if not m.up:
             log.info("cluster member %s is up again", address)
             m.up = True
             m.down_until = 0.0
             self._relive()
+        return True
 
-    def answering(self) -> frozenset[str]:
-        """The other members up that have answered since this node started (one not
-        yet pinged is presumed up, but nothing is known of it)."""
-        return frozenset(m.address for m in self.peers() if m.up and m.last_ok > 0.0)
+    def answering(self, since: float = 0.0) -> frozenset[str]:
+        """The other members up that answered a ping sent at `since` or later (default:
+        any since this node started; one not yet pinged is presumed up, but nothing is
+        known of it)."""
+        return frozenset(
+            m.address for m in self.peers() if m.up and m.last_ok > 0.0 and m.last_ok >= since
+        )
 
     def due(self) -> list[MemberState]:
         """Members to probe now: down ones whose backoff ended, up ones not heard from

@@ -39,7 +39,7 @@ from silofs.errors import VersionMismatchError
 from silofs.node.datasets import Purpose, named_object
 from silofs.node.membership import COUNTS, MemberState
 from silofs.node.peer_client import PEER_POOL, Abandoned, Bounds, PeerError
-from silofs.node.peer_wire import SOURCE_HEADER, ChunkAsk, most_value_bytes
+from silofs.node.peer_wire import SOURCE_HEADER, ChunkAsk, answer_source, most_value_bytes
 from silofs.records import ObjectInfo
 from silofs.sealed import Region
 
@@ -57,9 +57,10 @@ _SUMS_ROOM = 16 << 10
 @dataclass
 class PeerRead:
     """A miss served through the cluster: the bytes (verified), where they came from
-    ("cache": a member's cache, no store GET for it; "remote": a store GET made for it,
-    by its home or, after a failure, by this node), and the bytes of that GET charged
-    to the job (0 if none)."""
+    ("cache": a member's cache, no store GET for it; "shared": a store GET the home
+    made a moment before for another asker, no hit; "remote": a store GET made for it,
+    by its home or, after a failure, by this node: peer_wire.answer_source), and the
+    bytes of that GET charged to the job (0 if none)."""
 
     data: bytes | bytearray | memoryview
     source: str
@@ -319,7 +320,7 @@ class ThreadAsks:
         if reply.status != 200 or data is None:
             self._hand_over(flight, member, ds, ref, None)  # the loop asks again
             return None
-        source = "remote" if reply.headers.get(SOURCE_HEADER) == "remote" else "cache"
+        source = answer_source(reply.headers.get(SOURCE_HEADER))
         with COUNTS:
             for counters in (member.counters, dsc):
                 counters.requests_out += 1

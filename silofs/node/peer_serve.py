@@ -100,7 +100,10 @@ class Held:
 @dataclass
 class Served:
     value: bytes | bytearray | None  # the encoded chunk (header + data); None for a warm
-    source: str  # "cache": no store GET for this ask; "remote": this ask's GET
+    # "cache": from this node's cache; "shared": no store GET for this ask, nor a hit:
+    # the bytes of a GET made a moment before for another asker (in flight, or in the
+    # Writer's queue); "remote": this ask's GET (peer_wire.answer_source)
+    source: str
     outcome: str = "served"  # a warm: held | admitted | full | dropped (ask again)
 
 
@@ -197,18 +200,21 @@ class Home:
         if value is not None:
             return await self._answer(ask, value, "cache")
         if not bad:
+            # Fetched a moment ago for another asker: no GET for this one, but no hit of
+            # the cache either (a chunk its part will not admit waits in the queue too):
+            # "shared", so hit ratios stay the share's (promise 7).
             pending = self.d.writer.pending(ref.key)
             if pending is not None:
-                return await self._answer(ask, pending, "cache")
+                return await self._answer(ask, pending, "shared")
             data = await self.d.fetcher.joined(ref.key)  # another's GET: wait for it
             if data is not None:
-                return await self._answer(ask, self._encoded(ds, ref, data), "cache")
+                return await self._answer(ask, self._encoded(ds, ref, data), "shared")
         self._check_identity(ds, ask, ref)
         if not ask.charged:
             raise ChargeFirst(ref.length)
         self._fetching(ds)
         data, did = await self.d.fetcher.fetch(ds.id, ds.backend, self._free(), ref, replace=bad)
-        return await self._answer(ask, self._encoded(ds, ref, data), "remote" if did else "cache")
+        return await self._answer(ask, self._encoded(ds, ref, data), "remote" if did else "shared")
 
     def held(self, ask: ChunkAsk) -> Held | None:
         """From a member connection's thread, not the loop: the verified value of a chunk

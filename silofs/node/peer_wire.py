@@ -26,7 +26,8 @@ ALLOCATIONS_PATH = "/v1/peer/allocations"
 
 CLUSTER_HEADER = "x-silofs-cluster"  # the cluster the asker believes it talks to
 CHARGE_HEADER = "x-silofs-charge"  # 428: bytes the asker charges its job before asking again
-SOURCE_HEADER = "x-silofs-source"  # "cache" (no store GET for this ask) or "remote"
+# Where a chunk answer came from (answer_source): "cache", "shared" or "remote".
+SOURCE_HEADER = "x-silofs-source"
 UNKNOWN_DATASET_HEADER = "x-silofs-unknown-dataset"  # 404: introduce the dataset first
 
 # Store options a member passes on with a dataset (a home opens it with them). Never
@@ -164,6 +165,16 @@ def dataset_body(uri: str, options: dict[str, str]) -> dict[str, object]:
 # Room for the object key in most_value_bytes: more than any store's key or local path
 # (S3 1,024 bytes, PATH_MAX 4,096) as any dataset holding the chunk lists it.
 _KEY_ROOM = 64 << 10
+
+
+def answer_source(header: str | None) -> str:
+    """A chunk answer's source header read: "cache" (the home's cache held it: a cluster
+    hit), "shared" (no store GET for this ask, and no hit either: the chunk was in flight,
+    or waiting in the home's admission queue, from a GET another asker's miss made a
+    moment before: its bytes came from the store, charged to that asker's job) or
+    "remote" (the home's GET for this ask, charged to the asker's job). A home older
+    than "shared" says "cache" for it; anything unknown reads as "cache" too."""
+    return header if header in ("shared", "remote") else "cache"
 
 
 def most_value_bytes(ref: ChunkRef) -> int:

@@ -10,9 +10,12 @@ prober (node/cluster.py) starts a sweep each time a member answers for the first
 or again after being down: it walks the first-eviction-victim rows in batches of one
 small write txn each, serialised with admissions by the writer's lock, and deletes the
 chunks whose configured home (placed(), from the member list in force when the sweep
-began) is another member answering now. Never: deletes a chunk placed at this node
-(membership may have changed since the copy was made: it is this node's own now), or a
-chunk whose home has not answered since this node started, or runs on a read's path.
+began) is another member answering now: one that answered a ping sent after the offers
+queued before the sweep were committed (node/cluster.py pings them; a member up there
+may have died unnoticed, and copies of its chunks made since are the only ones). Never:
+deletes a chunk placed at this node (membership may have changed since the copy was
+made: it is this node's own now), or a chunk whose home has not answered since, or runs
+on a read's path.
 """
 
 from __future__ import annotations

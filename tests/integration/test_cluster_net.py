@@ -121,25 +121,37 @@ def _mount_all(c: Cluster, bucket: str, roles: list[str], name: str) -> dict[str
 
 def _counters(c: Cluster, role: str, mp: Path) -> dict[str, int]:
     m = c.nodes[role].node.mount_status(mp)
-    # remote_bytes: the store GETs its misses caused, here or at their home.
-    return {"read": m["bytes_read"], "store": m["remote_bytes"]}
+    # hit_bytes: the bytes it read that a cache held (here, or at their home), as its
+    # status' hit ratio counts them; remote_bytes: the store GETs its misses caused,
+    # here or at their home.
+    return {"read": m["bytes_read"], "hit": m["hit_bytes"], "store": m["remote_bytes"]}
 
 
 def _run_epoch(
-    c: Cluster, mounts: dict[str, Path], files: dict[str, bytes], seed: int, done: int
+    c: Cluster,
+    mounts: dict[str, Path],
+    files: dict[str, bytes],
+    seed: int,
+    done: int,
+    gets: dict[str, float] | None = None,
 ) -> tuple[dict[str, EpochReads], dict[str, float], int]:
     """One epoch on every mount: (reads, each node's hit ratio, store bytes sent).
-    `done` epochs were read on these mounts before (their counters are cumulative)."""
+    `done` epochs were read on these mounts before (their counters are cumulative).
+    `gets`, if given, gets each node's share of its reads that caused no store GET
+    charged to it: its hits, and the misses a GET made for another node's miss of
+    the same chunk at the same moment served (the home's single flight, or its
+    admission queue)."""
     before = {r: _counters(c, r, mp) for r, mp in mounts.items()}
     sent = c.store_bytes()
     reads = epoch(mounts, files, seed=seed, readers=4)
     size = sum(map(len, files.values()))
-    for role, mp in mounts.items():
-        c.nodes[role].node.settle(mp, (done + 1) * size)
     ratios = {}
     for role, mp in mounts.items():
+        c.nodes[role].node.settle(mp, (done + 1) * size)
         after = _counters(c, role, mp)
-        ratios[role] = 1 - (after["store"] - before[role]["store"]) / size
+        ratios[role] = (after["hit"] - before[role]["hit"]) / (after["read"] - before[role]["read"])
+        if gets is not None:
+            gets[role] = 1 - (after["store"] - before[role]["store"]) / size
     return reads, ratios, c.store_bytes() - sent
 
 
@@ -255,19 +267,21 @@ def test_a_cluster_share_of_half_the_dataset_is_half_the_hits_everywhere(four: C
     try:
         reads1, _, _ = _run_epoch(c, mounts, files, seed=21, done=0)
         _assert_right(reads1, files)
-        reads2, ratios2, _ = _run_epoch(c, mounts, files, seed=22, done=1)
+        gets: dict[str, float] = {}
+        reads2, ratios2, _ = _run_epoch(c, mounts, files, seed=22, done=1, gets=gets)
         _assert_right(reads2, files)
-        print(f"epoch-2 hit ratios with a share of half: {ratios2}")
+        print(f"epoch-2 hit ratios with a share of half: {ratios2}; reads without a "
+              f"store GET of their own: {gets}")  # fmt: skip
         # The share is what the homes may hold: each its part (equal weights: a quarter).
         for role in c.spec.roles:
             held = _held(c, role, bucket) * CHUNK
             assert held <= DATASET // 2 // NODES, f"{role} holds {held} of a share of half"
-        # At least the share's hits everywhere. A chunk another node has just missed may
-        # still wait in its home's admission queue and be served from there, with no
-        # store GET, so a node can count a few more hits than the share holds (more when
-        # admission runs behind, as on a loaded host); what the homes hold is checked
-        # above.
-        assert all(0.45 <= h <= 0.6 for h in ratios2.values()), ratios2
+        # The share's hits everywhere (issue 22: 0.5 +- 0.05). A chunk another node
+        # missed a moment before, still in flight or waiting in its home's admission
+        # queue, is served from there with no store GET, but as a miss ("shared"), not a
+        # hit: it saves GETs beyond the hits (4 nodes reading at once: ~5%), never hits.
+        assert all(0.45 <= h <= 0.55 for h in ratios2.values()), ratios2
+        assert all(gets[r] >= ratios2[r] for r in ratios2), (gets, ratios2)
     finally:
         _release(c, bucket)  # the module's cluster: the next test needs the room
 
@@ -350,8 +364,15 @@ def test_a_home_killed_mid_epoch_fails_no_read_and_serves_again_once_back(
     # Connection refused at once; a chunk's store GET on this host takes well under
     # a second (load included): a read never waited on the dead home.
     assert slowest < PEER_TIMEOUT + 3.0, slowest
+    # Each reader finds it down: by a refused ask, or, one that needed none of its chunks
+    # after the kill (done with its epoch first: n1, in one run under load), by its
+    # next ping (every 5 s).
     for role in readers:
-        assert _member(c, role, victim)["state"] == "down"
+        wait_for(
+            lambda role=role: _member(c, role, victim)["state"] == "down",
+            DEADLINE,
+            f"{victim} down, seen by {role}",
+        )
     c.start(victim)
     for role in readers:
         wait_for(

@@ -355,3 +355,65 @@ def test_a_members_json_nested_too_deeply_is_a_value_error_never_a_recursion_err
     with pytest.raises(ValueError):
         _peer_json(reply)
     assert _error(reply) == "[" * 100
+
+
+def test_a_sweep_keeps_the_copies_of_a_member_that_died_unnoticed(
+    tmp_path: Path, pki: Path, made: list[Daemon]
+) -> None:
+    """Member A answered its last ping, then was killed; the others, finding it down,
+    had this node fetch and admit A's chunks (first eviction victims). Before this node
+    asks A again, member B comes back up and starts a stand-in sweep: A, still up here,
+    must not count as answering (its copies here are the cluster's only ones). The
+    sweep pings the members up first: A refuses, is down, and its copies stay; B's
+    go (B answers, and holds them)."""
+    import hashlib
+
+    from silofs.cache.format import KEY_SIZE
+    from silofs.node.peer_client import PeerError, PeerReply
+    from silofs.node.store_write import PendingChunk
+
+    d = Daemon(settings(tmp_path, pki, members(7000, 7001, 7002)))
+    made.append(d)
+    ms = d.cluster.membership
+    assert ms is not None
+    dead, live = "tls://127.0.0.1:7000", "tls://127.0.0.1:7002"
+    placed = ms.placed_by()
+    keys: dict[str, bytes] = {}
+    for i in range(1000):
+        key = hashlib.sha256(str(i).encode()).digest()[:KEY_SIZE]
+        keys.setdefault(placed(key), key)
+        if dead in keys and live in keys:
+            break
+    pings: list[str] = []
+
+    async def exchange(member, method, target, body=b"", check=None, most=None):  # noqa: ANN001, ANN202
+        pings.append(member.address)
+        if member.address == dead:
+            raise PeerError("refused", f"{member.address}: connection refused")
+        return PeerReply(200, {}, bytearray(b'{"name": "c"}')), None
+
+    d.cluster._exchange = exchange  # type: ignore[method-assign]
+    dsid = d.store.dataset_id("s3://b/", create=True)
+    assert dsid is not None
+
+    def owns(key: bytes) -> bool:
+        with d.store.read_txn() as txn:
+            return bool(d.store.owns(txn, dsid, key))
+
+    async def main() -> None:
+        ms.mark_up(dead)  # both answered at start
+        ms.mark_up(live)
+        ms.mark_down(live, "timeout")  # B timed out once
+        for addr in (dead, live):  # stand-in copies, admitted as first eviction victims
+            key = keys[addr]
+            assert d.writer.offer(PendingChunk(dsid, key, b"x" * 100, 100))
+        await d.writer.flush()
+        assert owns(keys[dead]) and owns(keys[live])
+        # A is killed; B answers its probe again: came_up, and the prober's sweep.
+        ms.mark_up(live)
+        await d.cluster._sweep_standins(ms.came_up)
+
+    trio.run(main)
+    assert dead in pings and not ms.members[dead].up
+    assert owns(keys[dead])  # the only copy of A's chunk: kept
+    assert not owns(keys[live])  # B holds its own: the copy here is dropped

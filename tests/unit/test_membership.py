@@ -118,3 +118,38 @@ def test_member_certificates_are_recognised_by_their_host_names(clock: Clock) ->
     assert ms.names_a_member(["FD00:0:0:0:0:0:0:4\n"])  # as getpeercert writes IPv6
     assert not ms.names_a_member(["a"])  # this node's own name is no peer
     assert not ms.names_a_member(["10.0.0.33", "gpu02"])
+
+
+def test_a_ping_answered_from_before_a_failure_does_not_bring_a_member_back_up(
+    clock: Clock,
+) -> None:
+    """A ping sent, then the member killed: an ask fails and marks it down, and only then
+    does the loop read the ping's answer (given before the kill). The member stays down
+    (it once came back up, a dead member taken for live, and the stand-in sweep this
+    started deleted the only copies of its chunks); a ping sent after the failure
+    brings it up."""
+    ms = Membership(config("a", "b"), SELF, clock=clock)
+    b = ms.members["tls://b:7470"]
+    assert ms.mark_up(b.address)
+    came_up = ms.came_up
+    sent = clock.now + 5.0  # its next ping
+    clock.now = sent + 0.1
+    ms.mark_down(b.address, "refused")  # an ask, after the ping was sent
+    clock.now += 0.1
+    assert not ms.mark_up(b.address, asked_at=sent)  # the ping's answer, read late
+    assert not b.up and ms.came_up == came_up and b.address not in ms.answering()
+    clock.now = b.down_until
+    assert ms.mark_up(b.address, asked_at=clock.now)
+    assert b.up and ms.came_up == came_up + 1
+
+
+def test_answering_since_counts_only_pings_sent_since(clock: Clock) -> None:
+    ms = Membership(config("a", "b", "c"), SELF, clock=clock)
+    b, c = ms.members["tls://b:7470"], ms.members["tls://c:7470"]
+    assert ms.answering() == frozenset()  # presumed up, never heard from
+    ms.mark_up(b.address)
+    clock.now += 1.0
+    since = clock.now
+    ms.mark_up(c.address, asked_at=since)
+    assert ms.answering() == {b.address, c.address}
+    assert ms.answering(since) == {c.address}
