@@ -340,7 +340,9 @@ class Cluster:
                 got = await self.thread_asks.wait(flight)
             elif asked:
                 joined = await self.asks.wait(ref.key)
-                got = joined[0] if joined is not None else None
+                # The leader's store GET is the leader's to count (Daemon.get_chunk):
+                # a reader that joined its ask made none.
+                got = dataclasses.replace(joined[0], charged=0) if joined is not None else None
             elif not lead:
                 return None  # this node is its home
             else:

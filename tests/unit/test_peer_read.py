@@ -156,7 +156,8 @@ class FakeMember:
             for _ in range(int(3 * TIMEOUT / 0.2)):  # 102s for 3 timeouts, then the value
                 tls.sendall(b"HTTP/1.1 102 Processing\r\n\r\n")
                 time.sleep(0.2)
-        tls.sendall(_head(200, len(value), extra="x-silofs-source: cache\r\n") + bytes(value))
+        source = "remote" if mode == "remote" else "cache"  # "remote": a GET made for it
+        tls.sendall(_head(200, len(value), extra=f"x-silofs-source: {source}\r\n") + bytes(value))
         return True
 
 
@@ -248,6 +249,36 @@ def test_a_good_member_serves_the_chunks_it_is_home_of(
     assert got["remote_gets"] == 0  # no store GET here
     # A job without an IO allocation is charged up front: one round trip per chunk.
     assert [a["charged"] for a in member.asks] == ["1", "1", "1"]
+
+
+def test_readers_joining_one_ask_count_its_store_get_once(
+    tmp_path: Path, pki: Path, bucket: Path, member: FakeMember
+) -> None:
+    """Three readers of one chunk homed at the member: one ask, whose store GET (made by
+    the home for this node's job) is counted once, not once per reader that joined it."""
+
+    async def main() -> tuple[int, int, int]:
+        async with running(d):
+            ds, m = await mounted(d, bucket)
+            member.mode = "remote"
+            key, index = remote_chunks(d, ds, bucket)[0]
+            got: list[bytes] = []
+
+            async def read() -> None:
+                data, _ = await d.get_chunk(m, key, index, False)
+                got.append(bytes(data))
+
+            async with trio.open_nursery() as nursery:
+                for _ in range(3):
+                    nursery.start_soon(read)
+            want = (bucket / key).read_bytes()[index * CHUNK : (index + 1) * CHUNK]
+            assert got == [want] * 3
+            return ds.fetch.remote_gets, ds.fetch.remote_bytes, len(member.asks)
+
+    with daemon_of(tmp_path, pki, member.port) as d:
+        gets, nbytes, asks = trio.run(main)
+    assert asks == 1
+    assert (gets, nbytes) == (1, CHUNK)
 
 
 def test_a_buffered_chunk_offered_after_a_restart_is_kept_only_where_it_is_homed(
