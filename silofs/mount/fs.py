@@ -552,10 +552,21 @@ class SilofsFS(pyfuse3.Operations):
                 # the next open must not keep them (_keep_cache).
                 self._page_versions.pop(f.inode, None)
             obj_size = f.obj.size
+            r = self.reader
+            if not off and obj_size <= size and 0 < obj_size <= r.whole_max:
+                # A one-chunk file read whole (a warm small file: one request). No
+                # read-ahead state to keep: a file of one chunk never reads ahead
+                # (prefetch() and _read_span() are its only readers).
+                data = r.whole(f)
+                if data is not None:
+                    c = r.counters
+                    c.bytes_read += obj_size
+                    c.hits += 1
+                    c.hit_bytes += obj_size
+                    return data
             end = off + size if off + size < obj_size else obj_size
             if off >= end:
                 return b""
-            r = self.reader
             cs = r.chunk_size
             first, last = off // cs, (end - 1) // cs
             sequential = f.advance(off, end)  # a seek resets the file's read-ahead window

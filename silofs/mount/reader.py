@@ -57,6 +57,7 @@ import json
 import logging
 import mmap
 import os
+import struct
 import threading
 import time
 from collections import OrderedDict
@@ -65,10 +66,12 @@ from dataclasses import dataclass
 
 import lmdb
 import trio
+import xxhash
 
 from silofs.cache.bounds import FirstTime, ValueCursor
 from silofs.cache.format import (
     BLOCK_SHIFT,
+    BLOCK_SIZE,
     MAX_SPAN_CHUNKS,
     ChunkFormatError,
     ChunkRef,
@@ -139,6 +142,10 @@ DIRECT_READS = 2
 SILENT_KEYS = 1024
 SILENT_RECHECK = 0.1
 SILENT_RECHECK_MIN = 1.0
+# Value sizes whose views whole() keeps at once (ChunkReader._whole_plan): a bound, not
+# a cache (small files of one dataset share a few sizes).
+WHOLE_LAYOUTS = 256
+_xxh3 = xxhash.xxh3_64_intdigest  # the block and header sums (cache/format.py)
 
 
 def window_chunks(chunk_size: int, readahead_bytes: int) -> int:
@@ -316,6 +323,13 @@ class ChunkReader:
         # The scratch buffer of hits answered without an await (_copy_out).
         self._scratch = memoryview(bytearray(0))  # a header and the blocks after it
         self._short = b""  # the chunk hit() found not all in the page cache, last
+        # whole(): value size -> its views of _scratch (_whole_plan), and whether that
+        # path can serve at all (values copied by preadv with RWF_NOWAIT).
+        self._wholes: dict[int, tuple] = {}
+        self._whole_ok = self.pages.enabled and self.pages.nowait
+        # The largest one-chunk file whole() serves: hit() copies a longer range out of
+        # the map instead (PROBE_BYTES).
+        self.whole_max = min(chunk_size, PROBE_BYTES)
         self._flights: SingleFlight[bytes, tuple[bytes, bool]] = SingleFlight()
         # A reader's misses that wait, ended once the opener's process stops (EINTR).
         self.waits = Waits()
@@ -514,6 +528,7 @@ class ChunkReader:
             mv = self._scratch
             if len(mv) < need:
                 mv = self._scratch = memoryview(bytearray(need))  # the old may be exported
+                self._wholes.clear()  # whole()'s views are of the old buffer
             head, data = mv[:hdr], mv[hdr:need]
             if start == 0 and end:  # header and data are one run of the file: one read
                 got = pages.read(base, [mv[:need]], nowait)
@@ -577,6 +592,78 @@ class ChunkReader:
             return await trio.to_thread.run_sync(copy, limiter=self._fault_limiter)
         finally:
             txn.abort()  # ended by now, unless no thread took it (cancelled)
+
+    def whole(self, f: OpenFile) -> memoryview | None:
+        """All of a one-chunk file of at most whole_max bytes (f.ref: its chunk 0, made
+        by ChunkRef.of), read through the page cache and verified, as hit(f, 0, 0,
+        length) serves it, and with begin_read() done; None where the general path must
+        serve it (the caller then calls begin_read() and hit(), which look again).
+
+        The same work as hit() with every decision that does not change per read made
+        once per value layout (_whole_plan: the reused buffer's views), so a warm small
+        file costs one B-tree walk, one preadv and one pass over its bytes. The check
+        is check_copy's with `expect`: the header as this dataset writes it but for the
+        dataset id (lead and ident), the value exactly a header and the data long, the
+        header's own sum and each block's sum; all sums are compared at once (the block
+        sums and the header sum are adjacent in the header, so one packed run of xxh3
+        digests compared with those bytes). Anything else (another layout, a value
+        read ahead, a page not in the page cache, a failed check) goes to hit()."""
+        ref = f.ref
+        expect = ref.expect if ref is not None else None
+        ahead = self.ahead
+        if (
+            expect is None
+            or not self._whole_ok
+            or (ahead is not None and (ahead.values or ahead.flights))
+        ):
+            return None
+        # begin_read(), written out.
+        self._reads += 1
+        if (
+            self._txn is None
+            or self._stale
+            or time.monotonic() - self._txn_at >= SNAPSHOT_REUSE_SECONDS
+        ):
+            self.renew()
+        try:
+            cur = self._cursor or self._value_cursor()
+            where = cur.find(ref.key)  # type: ignore[union-attr]  # pages.enabled: a cursor
+        except lmdb.Error:
+            return None  # hit() looks again, chunk() counts it
+        if where is None:
+            return None  # admitted since the snapshot began? hit() looks in a fresh one
+        addr, size = where
+        lead, ident, hdr = expect
+        length = ref.length
+        if size != hdr + length:
+            return None  # laid out otherwise (another dataset's key): check_copy parses it
+        plan = self._wholes.get(size)
+        if plan is None or plan[0] != hdr:
+            plan = self._whole_plan(hdr, length, len(lead), len(ident))
+        _, iov, lead_v, ident_v, sums_v, blocks, pack, data = plan
+        if self.pages.copy_nowait(addr, iov) != size:
+            return None  # not all in the page cache (hit() hands it to a worker), or moved
+        if lead_v != lead or ident_v != ident or sums_v != pack(*map(_xxh3, blocks)):
+            return None  # hit() checks it again and chunk() counts the damage
+        if self.track_hits and len(self.touched) < 65536:
+            self.touched.append(ref.key)
+        return data
+
+    def _whole_plan(self, hdr: int, length: int, lead_len: int, ident_len: int) -> tuple:
+        """What whole() reads and checks a value of a `hdr`-byte header and `length` data
+        bytes with: (hdr, the preadv's list of buffers, then _whole_views's views),
+        all views of the reader's scratch buffer (the one hit() copies into: one such
+        copy is served at a time, _copy_out). Kept per value size, bounded."""
+        size = hdr + length
+        mv = self._scratch
+        if len(mv) < size:
+            mv = self._scratch = memoryview(bytearray(size))  # the old may be exported
+            self._wholes.clear()  # their views are of the old buffer
+        plan = (hdr, [mv[:size]], *_whole_views(mv, hdr, length, lead_len, ident_len))
+        if len(self._wholes) >= WHOLE_LAYOUTS:
+            self._wholes.clear()  # a bound, not a cache: one more plan made per size
+        self._wholes[size] = plan
+        return plan
 
     # -- one chunk, any source -------------------------------------------------------
     def hit(self, f: OpenFile, index: int, lo: int, hi: int) -> memoryview | None:
@@ -1094,6 +1181,38 @@ class ChunkReader:
             unforeseen(f"reading chunk {ref.index} of {ref.obj.key} ahead", exc)
         finally:
             self.ahead_bytes -= ref.length
+
+
+def _whole_views(buf: memoryview, hdr: int, length: int, lead_len: int, ident_len: int) -> tuple:
+    """How whole() checks, with the fewest Python-level steps, a whole value of a
+    `hdr`-byte header and `length` data bytes copied to the start of `buf`, laid out as
+    ChunkRef.of expects (its `expect`: lead, ident, hdr; cache/format.py's layout: the
+    lead, the dataset id (u64), the ident, a sum per block, the header's sum): views of
+    `buf` (lead_v, ident_v, sums_v, parts, pack, data) such that
+
+        lead_v == lead and ident_v == ident and sums_v == pack(*map(xxh3_64, parts))
+
+    is exactly check_copy(..., 0, length, expect) passing on that copy of a value of
+    hdr + length bytes: the header as expected but for the dataset id, each block's sum
+    and the header's own sum. The block sums and the header sum are adjacent, [sums_at,
+    hdr), so `parts` is each block, then the header before its sum, and one comparison
+    of packed digests checks them all; `data` is then the data. The views read whatever
+    `buf` holds when used: made once per layout (tests/unit/test_whole_read.py)."""
+    index_at = lead_len + 8  # past the dataset id, which any dataset's admission sets
+    sums_at = index_at + ident_len
+    size = hdr + length
+    parts = [
+        buf[hdr + at : hdr + min(at + BLOCK_SIZE, length)] for at in range(0, length, BLOCK_SIZE)
+    ]
+    parts.append(buf[: hdr - 8])
+    return (
+        buf[:lead_len],
+        buf[index_at:sums_at],
+        buf[sums_at:hdr],
+        parts,
+        struct.Struct(f"<{len(parts)}Q").pack,
+        buf[hdr:size],
+    )
 
 
 def _log_failure(level: int, ref: ChunkRef, exc: MissError) -> None:
