@@ -146,6 +146,9 @@ SILENT_RECHECK_MIN = 1.0
 # a cache (small files of one dataset share a few sizes).
 WHOLE_LAYOUTS = 256
 _xxh3 = xxhash.xxh3_64_intdigest  # the block and header sums (cache/format.py)
+_SUM1 = struct.Struct("<Q").pack
+# Headers whole() keeps as checked, by their ident (ChunkReader._verified): a bound.
+WHOLE_HEADERS = 8192
 
 
 def window_chunks(chunk_size: int, readahead_bytes: int) -> int:
@@ -326,6 +329,11 @@ class ChunkReader:
         # whole(): value size -> its views of _scratch (_whole_plan), and whether that
         # path can serve at all (values copied by preadv with RWF_NOWAIT).
         self._wholes: dict[int, tuple] = {}
+        # ChunkRef.expect's ident (the object key, content id, chunk index, size and
+        # length a header names) -> the whole header whole() last checked in full for
+        # it: a copy holding exactly those bytes needs no second look at the header
+        # (its fields and its own sum passed), only at the block sums it holds.
+        self._verified: dict[bytes, bytes] = {}
         self._whole_ok = self.pages.enabled and self.pages.nowait
         # The largest one-chunk file whole() serves: hit() copies a longer range out of
         # the map instead (PROBE_BYTES).
@@ -600,14 +608,17 @@ class ChunkReader:
         serve it (the caller then calls begin_read() and hit(), which look again).
 
         The same work as hit() with every decision that does not change per read made
-        once per value layout (_whole_plan: the reused buffer's views), so a warm small
-        file costs one B-tree walk, one preadv and one pass over its bytes. The check
-        is check_copy's with `expect`: the header as this dataset writes it but for the
-        dataset id (lead and ident), the value exactly a header and the data long, the
-        header's own sum and each block's sum; all sums are compared at once (the block
-        sums and the header sum are adjacent in the header, so one packed run of xxh3
-        digests compared with those bytes). Anything else (another layout, a value
-        read ahead, a page not in the page cache, a failed check) goes to hit()."""
+        once per value layout (_whole_plan: the buffers and views), so a warm small file
+        costs one B-tree walk, one preadv and one xxh3 pass over its bytes. The check is
+        check_copy's with `expect`, on this copy: every block's sum on every read,
+        compared with the header's block sums at once (one packed run of digests); and
+        the header as this object's chunk is written but for the dataset id (lead and
+        ident), the value exactly a header and the data long, and the header's own sum
+        - or, for a header byte for byte the one last checked so for this chunk of this
+        object (_verified), that identity instead of a second look. Anything else
+        (another layout, a value read ahead, a page not in the page cache, a failed
+        check) returns None: hit() looks again and chunk() counts the damage.
+        """
         ref = f.ref
         expect = ref.expect if ref is not None else None
         ahead = self.ahead
@@ -639,27 +650,50 @@ class ChunkReader:
             return None  # laid out otherwise (another dataset's key): check_copy parses it
         plan = self._wholes.get(size)
         if plan is None or plan[0] != hdr:
-            plan = self._whole_plan(hdr, length, len(lead), len(ident))
-        _, iov, lead_v, ident_v, sums_v, blocks, pack, data = plan
+            plan = self._whole_plan(hdr, length)
+        _, iov, head, blocks, pack, head_part, data = plan
         if self.pages.copy_nowait(addr, iov) != size:
             return None  # not all in the page cache (hit() hands it to a worker), or moved
-        if lead_v != lead or ident_v != ident or sums_v != pack(*map(_xxh3, blocks)):
-            return None  # hit() checks it again and chunk() counts the damage
+        sums = pack(*map(_xxh3, blocks))  # every block, on every read
+        if head != self._verified.get(ident):
+            # Not the header checked last for this chunk of this object: check_copy's
+            # `expect` path (as written under this key but for the dataset id, and its
+            # own sum), then kept as checked.
+            if not (
+                head.startswith(lead)
+                and head.startswith(ident, len(lead) + 8)  # past the dataset id (u64)
+                and head.endswith(_SUM1(_xxh3(head_part)))
+                and head.endswith(sums, 0, hdr - 8)
+            ):
+                return None  # hit() checks it again and chunk() counts the damage
+            verified = self._verified
+            if len(verified) >= WHOLE_HEADERS:
+                verified.clear()  # a bound, not a cache: one more header checked in full
+            verified[ident] = bytes(head)
+        elif not head.endswith(sums, 0, hdr - 8):  # the block sums end before hdr_sum
+            return None
         if self.track_hits and len(self.touched) < 65536:
             self.touched.append(ref.key)
         return data
 
-    def _whole_plan(self, hdr: int, length: int, lead_len: int, ident_len: int) -> tuple:
+    def _whole_plan(self, hdr: int, length: int) -> tuple:
         """What whole() reads and checks a value of a `hdr`-byte header and `length` data
-        bytes with: (hdr, the preadv's list of buffers, then _whole_views's views),
-        all views of the reader's scratch buffer (the one hit() copies into: one such
-        copy is served at a time, _copy_out). Kept per value size, bounded."""
+        bytes with: (hdr, the preadv's buffers, the header's buffer (a bytearray of its
+        own: compared by memcmp, where a view compares byte by byte), the views of the
+        data's blocks (the last may be short), the struct packing their sums, the view
+        of the header before its own sum, the data's view). The data goes to the
+        reader's scratch buffer (the one hit() copies into: one such copy is served at
+        a time, _copy_out). Kept per value size, bounded."""
         size = hdr + length
         mv = self._scratch
-        if len(mv) < size:
-            mv = self._scratch = memoryview(bytearray(size))  # the old may be exported
+        if len(mv) < length:
+            mv = self._scratch = memoryview(bytearray(length))  # the old may be exported
             self._wholes.clear()  # their views are of the old buffer
-        plan = (hdr, [mv[:size]], *_whole_views(mv, hdr, length, lead_len, ident_len))
+        head = bytearray(hdr)
+        data = mv[:length]
+        blocks = [data[at : at + BLOCK_SIZE] for at in range(0, length, BLOCK_SIZE)]
+        pack = struct.Struct(f"<{len(blocks)}Q").pack
+        plan = (hdr, [head, data], head, blocks, pack, memoryview(head)[: hdr - 8], data)
         if len(self._wholes) >= WHOLE_LAYOUTS:
             self._wholes.clear()  # a bound, not a cache: one more plan made per size
         self._wholes[size] = plan
@@ -1181,38 +1215,6 @@ class ChunkReader:
             unforeseen(f"reading chunk {ref.index} of {ref.obj.key} ahead", exc)
         finally:
             self.ahead_bytes -= ref.length
-
-
-def _whole_views(buf: memoryview, hdr: int, length: int, lead_len: int, ident_len: int) -> tuple:
-    """How whole() checks, with the fewest Python-level steps, a whole value of a
-    `hdr`-byte header and `length` data bytes copied to the start of `buf`, laid out as
-    ChunkRef.of expects (its `expect`: lead, ident, hdr; cache/format.py's layout: the
-    lead, the dataset id (u64), the ident, a sum per block, the header's sum): views of
-    `buf` (lead_v, ident_v, sums_v, parts, pack, data) such that
-
-        lead_v == lead and ident_v == ident and sums_v == pack(*map(xxh3_64, parts))
-
-    is exactly check_copy(..., 0, length, expect) passing on that copy of a value of
-    hdr + length bytes: the header as expected but for the dataset id, each block's sum
-    and the header's own sum. The block sums and the header sum are adjacent, [sums_at,
-    hdr), so `parts` is each block, then the header before its sum, and one comparison
-    of packed digests checks them all; `data` is then the data. The views read whatever
-    `buf` holds when used: made once per layout (tests/unit/test_whole_read.py)."""
-    index_at = lead_len + 8  # past the dataset id, which any dataset's admission sets
-    sums_at = index_at + ident_len
-    size = hdr + length
-    parts = [
-        buf[hdr + at : hdr + min(at + BLOCK_SIZE, length)] for at in range(0, length, BLOCK_SIZE)
-    ]
-    parts.append(buf[: hdr - 8])
-    return (
-        buf[:lead_len],
-        buf[index_at:sums_at],
-        buf[sums_at:hdr],
-        parts,
-        struct.Struct(f"<{len(parts)}Q").pack,
-        buf[hdr:size],
-    )
 
 
 def _log_failure(level: int, ref: ChunkRef, exc: MissError) -> None:

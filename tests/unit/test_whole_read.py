@@ -159,3 +159,33 @@ def test_a_value_not_in_the_page_cache_is_not_whole_s(store: WritableStore) -> N
             os.close(fd)
     finally:
         r.close()
+
+
+@pytest.mark.parametrize("kind", sorted(DAMAGES))
+def test_a_value_damaged_after_it_was_served_is_never_served_again(
+    store: WritableStore, kind: str
+) -> None:
+    """whole() keeps the header it checked in full, and takes a copy holding exactly
+    those bytes as checked: damage that lands after a read, in the header or the data,
+    is refused on the next read all the same."""
+    o = _obj("small/file.bin", 110 << 10)
+    good = encode_chunk(DSID, 0, CS, o.key, o.content_id, _body(o))
+    _admit(store, o, good)
+    r = _reader(store)
+    try:
+        f = _open(o)
+        for _ in range(2):
+            view = r.whole(f)
+            assert view is not None and bytes(view) == _body(o)
+        key = ChunkRef.of(o, CS, 0).key
+        with store.env.begin(write=True) as txn:
+            txn.put(key, DAMAGES[kind](good, f.ref.header), db=store.db(b"chunks"))
+        r.renew()  # a snapshot that sees the write
+        assert r.whole(f) is None
+        with store.env.begin(write=True) as txn:
+            txn.put(key, good, db=store.db(b"chunks"))
+        r.renew()
+        view = r.whole(f)
+        assert view is not None and bytes(view) == _body(o)
+    finally:
+        r.close()
