@@ -190,20 +190,22 @@ class MissError(Exception):
 
 @dataclass(slots=True)
 class OpenFile:
+    # The first five in the order open() passes them, positionally (no keyword parsing
+    # per OPEN).
     obj: ObjectInfo
-    next_offset: int = -1  # where a sequential reader reads next
     inode: int = 0
     gen: int = 0  # the listing generation it was opened in
     ref: ChunkRef | None = None  # the chunk read last: its key is hashed once, not per read
+    # The thread that opened it (FUSE's pid of the OPEN; read() gets none): a miss that
+    # waits long ends once that process is gone or told to stop (mount/waits.py).
+    opener: int = 0
+    next_offset: int = -1  # where a sequential reader reads next
     window: int = 0  # chunks the next read-ahead span covers; 0: no run yet
     ahead: int = 0  # the first chunk read-ahead has not asked for yet
     asked_at: int = -1  # the chunk the reader was in when read-ahead last asked
     run_start: int = 0  # where the current run of sequential reads began
     asked_until: int = 0  # the end (bytes) of what read-ahead asked for in this run
     advised: int = 0  # the first chunk whose cached value was not read ahead yet
-    # The thread that opened it (FUSE's pid of the OPEN; read() gets none): a miss that
-    # waits long ends once that process is gone or told to stop (mount/waits.py).
-    opener: int = 0
 
     def chunk_ref(self, chunk_size: int, index: int) -> ChunkRef:
         ref = self.ref
