@@ -193,8 +193,10 @@ class ValueCursor:
             return None
         val = self._val
         size, addr = val[0], val[1]
-        in_file = self.start <= addr and addr + size <= self._end
-        if not in_file and self._refresh is not None and self.start <= addr:
+        if self.start <= addr and addr + size <= self._end:
+            return addr, size  # the common case: a value inside the file as last seen
+        in_file = False
+        if self._refresh is not None and self.start <= addr:
             if addr + size <= self.map_end:  # past the end found before: look again
                 self._end = self._refresh((self.start, self._end, self.map_end))
                 in_file = addr + size <= self._end

@@ -400,23 +400,25 @@ class SilofsFS(pyfuse3.Operations):
             node = m.get(inode)
             if node is None:
                 raise pyfuse3.FUSEError(errno.ENOENT)
-            if node.is_dir:
-                raise pyfuse3.FUSEError(errno.EISDIR)
+            # Its first chunk's key and header length, made once per entry kept (a file
+            # opened again reads the same chunk first): the hit path's ChunkRef, which
+            # holds the entry's ObjectInfo too. Only a file's entry has one.
+            ref = node.first_chunk
+            if ref is None:
+                if node.is_dir:
+                    raise pyfuse3.FUSEError(errno.EISDIR)
+                obj = node.obj  # decoded once per cached entry, not per open
+                assert obj is not None
+                ref = node.first_chunk = ChunkRef.of(obj, self.reader.chunk_size, 0)
             if flags & _WRITE_FLAGS:
                 raise pyfuse3.FUSEError(errno.EROFS)
-            obj = node.obj  # decoded once per cached entry, not per open
-            assert obj is not None
+            obj = ref.obj
             opener = ctx.pid if ctx is not None else 0  # unit tests open with no context
             if self.shared is not None:
                 return self._open_shared(node, obj, opener)
             fh = self._next_fh
-            self._next_fh += 1
-            # Its first chunk's key and header length, made once per entry kept (a file
-            # opened again reads the same chunk first): the hit path's ChunkRef.
-            ref = node.first_chunk
-            if ref is None:
-                ref = node.first_chunk = ChunkRef.of(obj, self.reader.chunk_size, 0)
-            self._files[fh] = OpenFile(obj, inode=inode, gen=m.gen, opener=opener, ref=ref)
+            self._next_fh = fh + 1
+            self._files[fh] = OpenFile(obj, inode, m.gen, ref, opener)
             versions = self._open_versions.get(inode)
             if versions is None:  # the common case: no other handle of the inode is open
                 self._open_versions[inode] = {node.version: 1}
@@ -430,14 +432,16 @@ class SilofsFS(pyfuse3.Operations):
                     self._page_versions.pop(inode, None)
                     self._direct.add(fh)
                     return pyfuse3.FileInfo(fh=fh, keep_cache=False, direct_io=True)
-            keep = node.since <= m.first_gen or self._keep_cache(node)
-            if node.since > m.first_gen and self.forget_attrs is not None:
-                # The kernel may still hold the size of a version listed before (a
-                # refresh's invalidation marks attributes stale, it does not change the
-                # size): forgotten before the reply, so this handle's first read asks
-                # (auto_inval_data) and is cut at this version's end, never past it.
-                self.forget_attrs([inode])
-            fi = self._keep if keep else self._drop
+            if node.since <= m.first_gen:  # listed when the mount started (_keep_cache)
+                fi = self._keep
+            else:
+                fi = self._keep if self._keep_cache(node) else self._drop
+                if self.forget_attrs is not None:
+                    # The kernel may still hold the size of a version listed before (a
+                    # refresh's invalidation marks attributes stale, it does not change
+                    # the size): forgotten before the reply, so this handle's first read
+                    # asks (auto_inval_data) and is cut at this version's end, never past.
+                    self.forget_attrs([inode])
             fi.fh = fh
             return fi
         except pyfuse3.FUSEError:
@@ -552,10 +556,21 @@ class SilofsFS(pyfuse3.Operations):
                 # the next open must not keep them (_keep_cache).
                 self._page_versions.pop(f.inode, None)
             obj_size = f.obj.size
+            r = self.reader
+            if not off and obj_size <= size and 0 < obj_size <= r.whole_max:
+                # A one-chunk file read whole (a warm small file: one request). No
+                # read-ahead state to keep: a file of one chunk never reads ahead
+                # (prefetch() and _read_span() are its only readers).
+                data = r.whole(f)
+                if data is not None:
+                    c = r.counters
+                    c.bytes_read += obj_size
+                    c.hits += 1
+                    c.hit_bytes += obj_size
+                    return data
             end = off + size if off + size < obj_size else obj_size
             if off >= end:
                 return b""
-            r = self.reader
             cs = r.chunk_size
             first, last = off // cs, (end - 1) // cs
             sequential = f.advance(off, end)  # a seek resets the file's read-ahead window

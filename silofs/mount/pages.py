@@ -126,6 +126,22 @@ class ValuePages:
         except OSError:
             return 0
 
+    def copy_nowait(self, addr: int, buffers: list[Any]) -> int:
+        """read(offset(addr), buffers, True) in one call, for a reader that waits for
+        no disk (`nowait`): the bytes copied, 0 if none (a page not cached, an I/O
+        error), -1 if the mapping does not hold `addr`. The hit path of a one-chunk
+        file read whole (ChunkReader.whole) calls only this."""
+        start, end = self._map
+        if not start <= addr < end:
+            base = self._offset(addr)
+            if base is None:
+                return -1
+            start = addr - base
+        try:
+            return os.preadv(self._fd, buffers, addr - start, os.RWF_NOWAIT)
+        except OSError:
+            return 0
+
     def cached(self, offset: int) -> bool:
         """Whether the page of data.mdb at `offset` is in the page cache (a 1-byte
         RWF_NOWAIT read); for `nowait` readers only."""

@@ -57,6 +57,7 @@ import json
 import logging
 import mmap
 import os
+import struct
 import threading
 import time
 from collections import OrderedDict
@@ -65,11 +66,13 @@ from dataclasses import dataclass
 
 import lmdb
 import trio
+import xxhash
 
 from silofs import trace
 from silofs.cache.bounds import FirstTime, ValueCursor
 from silofs.cache.format import (
     BLOCK_SHIFT,
+    BLOCK_SIZE,
     MAX_SPAN_CHUNKS,
     ChunkFormatError,
     ChunkRef,
@@ -140,6 +143,13 @@ DIRECT_READS = 2
 SILENT_KEYS = 1024
 SILENT_RECHECK = 0.1
 SILENT_RECHECK_MIN = 1.0
+# Value sizes whose views whole() keeps at once (ChunkReader._whole_plan): a bound, not
+# a cache (small files of one dataset share a few sizes).
+WHOLE_LAYOUTS = 256
+_xxh3 = xxhash.xxh3_64_intdigest  # the block and header sums (cache/format.py)
+_SUM1 = struct.Struct("<Q").pack
+# Headers whole() keeps as checked, by their ident (ChunkReader._verified): a bound.
+WHOLE_HEADERS = 8192
 
 
 def window_chunks(chunk_size: int, readahead_bytes: int) -> int:
@@ -181,20 +191,22 @@ class MissError(Exception):
 
 @dataclass(slots=True)
 class OpenFile:
+    # The first five in the order open() passes them, positionally (no keyword parsing
+    # per OPEN).
     obj: ObjectInfo
-    next_offset: int = -1  # where a sequential reader reads next
     inode: int = 0
     gen: int = 0  # the listing generation it was opened in
     ref: ChunkRef | None = None  # the chunk read last: its key is hashed once, not per read
+    # The thread that opened it (FUSE's pid of the OPEN; read() gets none): a miss that
+    # waits long ends once that process is gone or told to stop (mount/waits.py).
+    opener: int = 0
+    next_offset: int = -1  # where a sequential reader reads next
     window: int = 0  # chunks the next read-ahead span covers; 0: no run yet
     ahead: int = 0  # the first chunk read-ahead has not asked for yet
     asked_at: int = -1  # the chunk the reader was in when read-ahead last asked
     run_start: int = 0  # where the current run of sequential reads began
     asked_until: int = 0  # the end (bytes) of what read-ahead asked for in this run
     advised: int = 0  # the first chunk whose cached value was not read ahead yet
-    # The thread that opened it (FUSE's pid of the OPEN; read() gets none): a miss that
-    # waits long ends once that process is gone or told to stop (mount/waits.py).
-    opener: int = 0
 
     def chunk_ref(self, chunk_size: int, index: int) -> ChunkRef:
         ref = self.ref
@@ -317,6 +329,18 @@ class ChunkReader:
         # The scratch buffer of hits answered without an await (_copy_out).
         self._scratch = memoryview(bytearray(0))  # a header and the blocks after it
         self._short = b""  # the chunk hit() found not all in the page cache, last
+        # whole(): value size -> its views of _scratch (_whole_plan), and whether that
+        # path can serve at all (values copied by preadv with RWF_NOWAIT).
+        self._wholes: dict[int, tuple] = {}
+        # ChunkRef.expect's ident (the object key, content id, chunk index, size and
+        # length a header names) -> the whole header whole() last checked in full for
+        # it: a copy holding exactly those bytes needs no second look at the header
+        # (its fields and its own sum passed), only at the block sums it holds.
+        self._verified: dict[bytes, bytes] = {}
+        self._whole_ok = self.pages.enabled and self.pages.nowait
+        # The largest one-chunk file whole() serves: hit() copies a longer range out of
+        # the map instead (PROBE_BYTES).
+        self.whole_max = min(chunk_size, PROBE_BYTES)
         self._flights: SingleFlight[bytes, tuple[bytes, bool]] = SingleFlight()
         # A reader's misses that wait, ended once the opener's process stops (EINTR).
         self.waits = Waits()
@@ -515,6 +539,7 @@ class ChunkReader:
             mv = self._scratch
             if len(mv) < need:
                 mv = self._scratch = memoryview(bytearray(need))  # the old may be exported
+                self._wholes.clear()  # whole()'s views are of the old buffer
             head, data = mv[:hdr], mv[hdr:need]
             if start == 0 and end:  # header and data are one run of the file: one read
                 got = pages.read(base, [mv[:need]], nowait)
@@ -578,6 +603,104 @@ class ChunkReader:
             return await trio.to_thread.run_sync(copy, limiter=self._fault_limiter)
         finally:
             txn.abort()  # ended by now, unless no thread took it (cancelled)
+
+    def whole(self, f: OpenFile) -> memoryview | None:
+        """All of a one-chunk file of at most whole_max bytes (f.ref: its chunk 0, made
+        by ChunkRef.of), read through the page cache and verified, as hit(f, 0, 0,
+        length) serves it, and with begin_read() done; None where the general path must
+        serve it (the caller then calls begin_read() and hit(), which look again).
+
+        The same work as hit() with every decision that does not change per read made
+        once per value layout (_whole_plan: the buffers and views), so a warm small file
+        costs one B-tree walk, one preadv and one xxh3 pass over its bytes. The check is
+        check_copy's with `expect`, on this copy: every block's sum on every read,
+        compared with the header's block sums at once (one packed run of digests); and
+        the header as this object's chunk is written but for the dataset id (lead and
+        ident), the value exactly a header and the data long, and the header's own sum
+        - or, for a header byte for byte the one last checked so for this chunk of this
+        object (_verified), that identity instead of a second look. Anything else
+        (another layout, a value read ahead, a page not in the page cache, a failed
+        check) returns None: hit() looks again and chunk() counts the damage.
+        """
+        ref = f.ref
+        expect = ref.expect if ref is not None else None
+        ahead = self.ahead
+        if (
+            expect is None
+            or not self._whole_ok
+            or (ahead is not None and (ahead.values or ahead.flights))
+        ):
+            return None
+        # begin_read(), written out.
+        self._reads += 1
+        if (
+            self._txn is None
+            or self._stale
+            or time.monotonic() - self._txn_at >= SNAPSHOT_REUSE_SECONDS
+        ):
+            self.renew()
+        try:
+            cur = self._cursor or self._value_cursor()
+            where = cur.find(ref.key)  # type: ignore[union-attr]  # pages.enabled: a cursor
+        except lmdb.Error:
+            return None  # hit() looks again, chunk() counts it
+        if where is None:
+            return None  # admitted since the snapshot began? hit() looks in a fresh one
+        addr, size = where
+        lead, ident, hdr = expect
+        length = ref.length
+        if size != hdr + length:
+            return None  # laid out otherwise (another dataset's key): check_copy parses it
+        plan = self._wholes.get(size)
+        if plan is None or plan[0] != hdr:
+            plan = self._whole_plan(hdr, length)
+        _, iov, head, blocks, pack, head_part, data = plan
+        if self.pages.copy_nowait(addr, iov) != size:
+            return None  # not all in the page cache (hit() hands it to a worker), or moved
+        sums = pack(*map(_xxh3, blocks))  # every block, on every read
+        if head != self._verified.get(ident):
+            # Not the header checked last for this chunk of this object: check_copy's
+            # `expect` path (as written under this key but for the dataset id, and its
+            # own sum), then kept as checked.
+            if not (
+                head.startswith(lead)
+                and head.startswith(ident, len(lead) + 8)  # past the dataset id (u64)
+                and head.endswith(_SUM1(_xxh3(head_part)))
+                and head.endswith(sums, 0, hdr - 8)
+            ):
+                return None  # hit() checks it again and chunk() counts the damage
+            verified = self._verified
+            if len(verified) >= WHOLE_HEADERS:
+                verified.clear()  # a bound, not a cache: one more header checked in full
+            verified[ident] = bytes(head)
+        elif not head.endswith(sums, 0, hdr - 8):  # the block sums end before hdr_sum
+            return None
+        if self.track_hits and len(self.touched) < 65536:
+            self.touched.append(ref.key)
+        return data
+
+    def _whole_plan(self, hdr: int, length: int) -> tuple:
+        """What whole() reads and checks a value of a `hdr`-byte header and `length` data
+        bytes with: (hdr, the preadv's buffers, the header's buffer (a bytearray of its
+        own: compared by memcmp, where a view compares byte by byte), the views of the
+        data's blocks (the last may be short), the struct packing their sums, the view
+        of the header before its own sum, the data's view). The data goes to the
+        reader's scratch buffer (the one hit() copies into: one such copy is served at
+        a time, _copy_out). Kept per value size, bounded."""
+        size = hdr + length
+        mv = self._scratch
+        if len(mv) < length:
+            mv = self._scratch = memoryview(bytearray(length))  # the old may be exported
+            self._wholes.clear()  # their views are of the old buffer
+        head = bytearray(hdr)
+        data = mv[:length]
+        blocks = [data[at : at + BLOCK_SIZE] for at in range(0, length, BLOCK_SIZE)]
+        pack = struct.Struct(f"<{len(blocks)}Q").pack
+        plan = (hdr, [head, data], head, blocks, pack, memoryview(head)[: hdr - 8], data)
+        if len(self._wholes) >= WHOLE_LAYOUTS:
+            self._wholes.clear()  # a bound, not a cache: one more plan made per size
+        self._wholes[size] = plan
+        return plan
 
     # -- one chunk, any source -------------------------------------------------------
     def hit(self, f: OpenFile, index: int, lo: int, hi: int) -> memoryview | None:

@@ -1,0 +1,191 @@
+"""ChunkReader.whole (mount/reader.py): a one-chunk file read whole, the warm small
+file's hit path, checked as every hit is (promise 3, docs/SEMANTICS.md).
+
+Over a real LMDB env: whole() serves exactly what hit() serves for files of one to four
+checksum blocks, and refuses (None: the general path takes it, which counts the damage
+and refetches) any value whose header, block sums, header sum or data differ from what
+was written for this object, whichever byte it is."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+
+import pytest
+
+from silofs.cache.format import BLOCK_SIZE, ChunkRef, encode_chunk
+from silofs.mount.reader import ChunkReader, OpenFile
+from silofs.node.store_write import PendingChunk, WritableStore
+from silofs.records import ObjectInfo
+
+CS = 4 << 20
+DSID = 3
+SIZES = [1000, BLOCK_SIZE, 110 << 10, 2 * BLOCK_SIZE, 200 << 10]
+
+
+async def _never() -> None:
+    raise AssertionError("a hit never re-registers")
+
+
+def _obj(name: str, size: int) -> ObjectInfo:
+    return ObjectInfo(name, size, 1.0, "v1", f"cid-{name}")
+
+
+def _body(o: ObjectInfo) -> bytes:
+    seed = o.key.encode() + b"|"
+    return (seed * (o.size // len(seed) + 1))[: o.size]
+
+
+def _admit(store: WritableStore, o: ObjectInfo, value: bytes) -> None:
+    ref = ChunkRef.of(o, CS, 0)
+    store.admit([PendingChunk(DSID, ref.key, value, ref.length)], {}, lambda *_: 1 << 40)
+
+
+def _reader(store: WritableStore) -> ChunkReader:
+    r = ChunkReader(
+        store,
+        None,  # type: ignore[arg-type]  # hits never ask the daemon
+        dataset_id=DSID,
+        chunk_size=CS,
+        buffer_bytes=CS,
+        readahead_bytes=0,
+        reregister=_never,
+    )
+    if not r._whole_ok:
+        pytest.skip("no RWF_NOWAIT read of data.mdb here: whole() never serves")
+    return r
+
+
+def _open(o: ObjectInfo) -> OpenFile:
+    return OpenFile(o, ref=ChunkRef.of(o, CS, 0))
+
+
+def test_whole_serves_what_hit_serves_for_every_size(store: WritableStore) -> None:
+    objs = [_obj(f"f{size}.bin", size) for size in SIZES]
+    for o in objs:
+        _admit(store, o, encode_chunk(DSID, 0, CS, o.key, o.content_id, _body(o)))
+    r = _reader(store)
+    try:
+        for _ in range(2):  # the second round reuses each size's views
+            for o in objs:
+                f = _open(o)
+                view = r.whole(f)
+                assert view is not None and bytes(view) == _body(o), o.size
+                r.begin_read()
+                assert bytes(r.hit(f, 0, 0, o.size) or b"") == _body(o)
+    finally:
+        r.close()
+
+
+def _flip(at: Callable[[int, int], int]) -> Callable[[bytes, int], bytes]:
+    """A damage: one bit of the byte at at(hdr_len, data_len) flipped."""
+
+    def damage(value: bytes, hdr: int) -> bytes:
+        i = at(hdr, len(value) - hdr)
+        return value[:i] + bytes([value[i] ^ 1]) + value[i + 1 :]
+
+    return damage
+
+
+DAMAGES = {
+    "magic": _flip(lambda h, n: 0),
+    "hdr_len": _flip(lambda h, n: 8),
+    "index": _flip(lambda h, n: 20),
+    "object key": _flip(lambda h, n: 45),
+    "first block sum": _flip(lambda h, n: h - 8 - 8 * -(-n // BLOCK_SIZE)),
+    "last block sum": _flip(lambda h, n: h - 9),
+    "header sum": _flip(lambda h, n: h - 1),
+    "first data byte": _flip(lambda h, n: h),
+    "last byte of the first block": _flip(lambda h, n: h + BLOCK_SIZE - 1),
+    "last data byte": _flip(lambda h, n: h + n - 1),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(DAMAGES))
+def test_whole_never_serves_a_damaged_value(store: WritableStore, kind: str) -> None:
+    o = _obj("small/file.bin", 110 << 10)
+    good = encode_chunk(DSID, 0, CS, o.key, o.content_id, _body(o))
+    hdr = ChunkRef.of(o, CS, 0).header
+    bad = DAMAGES[kind](good, hdr)
+    assert bad != good and len(bad) == len(good)
+    _admit(store, o, bad)
+    r = _reader(store)
+    try:
+        assert r.whole(_open(o)) is None
+        r.begin_read()
+        assert r.hit(_open(o), 0, 0, o.size) is None  # the general path refuses it too
+    finally:
+        r.close()
+
+
+def test_whole_leaves_a_value_written_otherwise_to_the_general_path(
+    store: WritableStore,
+) -> None:
+    """The same content admitted by another dataset under another key (a header laid out
+    otherwise): not whole()'s to judge, and hit() parses and serves it; one admitted by
+    another dataset under the same key is whole()'s (the dataset id is not compared)."""
+    o = _obj("small/a.bin", 110 << 10)
+    other = ObjectInfo("elsewhere/with/a/longer/name.bin", o.size, 1.0, "v1", o.content_id)
+    _admit(store, o, encode_chunk(DSID + 1, 0, CS, other.key, o.content_id, _body(o)))
+    p = _obj("small/b.bin", 1000)
+    _admit(store, p, encode_chunk(DSID + 1, 0, CS, p.key, p.content_id, _body(p)))
+    r = _reader(store)
+    try:
+        assert r.whole(_open(o)) is None
+        r.begin_read()
+        assert bytes(r.hit(_open(o), 0, 0, o.size) or b"") == _body(o)
+        view = r.whole(_open(p))
+        assert view is not None and bytes(view) == _body(p)
+    finally:
+        r.close()
+
+
+def test_a_value_not_in_the_page_cache_is_not_whole_s(store: WritableStore) -> None:
+    """whole() copies with RWF_NOWAIT: a value whose pages the page cache lacks is left
+    to the general path (a worker thread reads it), never waited for here."""
+    o = _obj("cold.bin", 200 << 10)
+    _admit(store, o, encode_chunk(DSID, 0, CS, o.key, o.content_id, _body(o)))
+    r = _reader(store)
+    try:
+        data = os.path.join(store.path, "data.mdb")
+        fd = os.open(data, os.O_RDONLY)
+        try:
+            os.fsync(fd)  # dirty pages are not evicted
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            view = r.whole(_open(o))
+            # The lookup's fault may read around into the value: a hit then is right.
+            assert view is None or bytes(view) == _body(o)
+        finally:
+            os.close(fd)
+    finally:
+        r.close()
+
+
+@pytest.mark.parametrize("kind", sorted(DAMAGES))
+def test_a_value_damaged_after_it_was_served_is_never_served_again(
+    store: WritableStore, kind: str
+) -> None:
+    """whole() keeps the header it checked in full, and takes a copy holding exactly
+    those bytes as checked: damage that lands after a read, in the header or the data,
+    is refused on the next read all the same."""
+    o = _obj("small/file.bin", 110 << 10)
+    good = encode_chunk(DSID, 0, CS, o.key, o.content_id, _body(o))
+    _admit(store, o, good)
+    r = _reader(store)
+    try:
+        f = _open(o)
+        for _ in range(2):
+            view = r.whole(f)
+            assert view is not None and bytes(view) == _body(o)
+        key = ChunkRef.of(o, CS, 0).key
+        with store.env.begin(write=True) as txn:
+            txn.put(key, DAMAGES[kind](good, f.ref.header), db=store.db(b"chunks"))
+        r.renew()  # a snapshot that sees the write
+        assert r.whole(f) is None
+        with store.env.begin(write=True) as txn:
+            txn.put(key, good, db=store.db(b"chunks"))
+        r.renew()
+        view = r.whole(f)
+        assert view is not None and bytes(view) == _body(o)
+    finally:
+        r.close()
