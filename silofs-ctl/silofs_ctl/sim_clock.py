@@ -147,6 +147,13 @@ class Clock:
         if slots:
             self.times[slots] = times
 
+    def put_events(self, seq: int, slots: list[int], times: list[float]) -> None:
+        """The events a caller found in its own pass as schedule_all finds them (the
+        seqs up to `seq` given in order, the times of `slots`), written at once."""
+        self.seq = seq
+        if slots:
+            self.times[slots] = times
+
     def soonest(self) -> float:
         """The time of the next job event (math.inf: none)."""
         times = self.times
