@@ -768,10 +768,26 @@ class Simulation:
             self.units.move_inflow(job.unit, remote, old_remote, self.clock.now)
         self.total_rate += rate - job.rate
         self.total_remote += remote - old_remote
+        clock = self.clock
         if self.recorder.job_rates is not None:
-            self.recorder.rate(job.name, self.clock.now, rate)
+            self.recorder.rate(job.name, clock.now, rate)
         job.rate, job.remote = rate, remote
-        self.clock.schedule(job)
+        # Clock.schedule, written out (a step re-rates ~90 jobs under Gavel with SiloD)
+        clock.seq = seq = clock.seq + 1
+        job.seq = seq
+        job.event_boundary = boundary = job.boundary
+        if rate > 0:
+            until = job.work - job.read
+            left = job.size - job.pos
+            if left < until:
+                until = left
+            if boundary < _INF:
+                left = boundary * job.size - job.pos
+                if left < until:
+                    until = left
+            clock.times[job.slot] = clock.now + (until if until > 0.0 else 0.0) / rate
+        else:
+            clock.times[job.slot] = _INF
 
     # ------------------------------------------------------------------- events
 
