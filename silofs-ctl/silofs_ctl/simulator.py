@@ -284,8 +284,32 @@ class Simulation:
         now, vclock, units = self.clock.now, self.clock.vclock, self.units
         views = []
         for job in active:
-            job.advance(now, vclock)
-            job.boundary = math.inf
+            dt = now - job.t
+            if dt > 0:
+                if job.held:  # (dissolved before a plan: never, but advance knows how)
+                    job.advance(now, vclock)
+                else:
+                    # SimJob.advance written out (every active job, every plan): the
+                    # same operations in the same order
+                    job.t = now
+                    job.equal_integral += job.equal_rate * dt
+                    rate = job.rate
+                    if rate > 0:
+                        read = rate * dt
+                        effective = job.effective
+                        if effective > 0.0:
+                            unread = job.size - job.pos
+                            if unread > 0:
+                                left = unread - read
+                                left = left if left > 0.0 else 0.0
+                                job.effective = effective * (left / unread)
+                        job.read += read
+                        job.pos += read
+                        hits = read * job.hit
+                        job.hit_bytes += hits
+                        job.epoch_hits += hits
+                        job.remote_bytes += job.remote * dt
+            job.boundary = _INF
             unread = job.size - job.pos
             if unread > job.eps:
                 hit = job.effective / unread
@@ -809,7 +833,30 @@ class Simulation:
                     got = vclock - job.v if job.held else job.remote * (now - job.t)
                     total += got
                 fetched.append(got)
-                job.advance(now, vclock)
+                if job.held or job.rate <= 0.0:
+                    job.advance(now, vclock)
+                    continue
+                # SimJob.advance at a written-out rate, written out (a step brings
+                # every reader of every shared filling unit to now): the same
+                # operations in the same order
+                dt = now - job.t
+                if dt <= 0:
+                    continue
+                job.t = now
+                job.equal_integral += job.equal_rate * dt
+                read = job.rate * dt
+                effective = job.effective
+                if effective > 0.0:
+                    unread = job.size - job.pos
+                    if unread > 0:
+                        left = unread - read
+                        job.effective = effective * ((left if left > 0.0 else 0.0) / unread)
+                job.read += read
+                job.pos += read
+                hits = read * job.hit
+                job.hit_bytes += hits
+                job.epoch_hits += hits
+                job.remote_bytes += job.remote * dt
             before = filled[key]
             units.sync(key, now)
             admit = filled[key] - before
