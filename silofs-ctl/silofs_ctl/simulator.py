@@ -225,7 +225,7 @@ class Simulation:
             return
         self.plans += 1
         self.jobs_moved = False
-        clock.dissolve()
+        clock.dissolve(defer=True)  # (their event times: _rerate_plan)
         units.sync_all(clock.now)
         active = list(self.active.values())
         views = self._plan_views(active)
@@ -693,9 +693,15 @@ class Simulation:
         # The events of the running jobs whose rate or remote moved, found in this pass
         # (Clock.schedule_all's arithmetic and seqs, in the same order) and written into
         # the clock's array at once after it: a second pass over ~600 jobs cost more.
+        # A job the level clock will take (Clock.enter_all below: the same test) gets
+        # its event there, a mark and a seq that replace any made here, so none is
+        # made here (the seqs skipped leave every other event's order as it was); one
+        # the plan's Clock.dissolve left unwritten whose rate did not move gets the
+        # time of the event dissolve gave it.
         seq = clock.seq
         slots: list[int] = []
         times: list[float] = []
+        on = (lru or self.uniform_clock) and not log_rates  # (clock.on below)
         total_rate = total_remote = 0.0
         worst, total = math.inf, 0.0
         for job in active:
@@ -703,14 +709,21 @@ class Simulation:
                 # _set_rate, but for the sums (below)
                 hit = job.hit
                 gpu_rate = job.share * job.spec.ideal_io
+                enters = False
                 if hit >= 1.0 - 1e-12:
                     rate, remote = gpu_rate, 0.0
                 else:
                     name = job.name
-                    remote = fair if name in held else demand[name]
+                    if name in held:
+                        remote = fair
+                        enters = on
+                    else:
+                        remote = demand[name]
                     rate = remote / (1.0 - hit)
                     if not rate < gpu_rate:
                         rate = gpu_rate
+                    if enters:  # Clock.enter_all's test (level: fair, hit below 1)
+                        enters = remote > 0.0 and rate == remote / (1.0 - hit)
                 if (
                     rate != job.rate
                     or remote != job.remote
@@ -723,11 +736,12 @@ class Simulation:
                     if log_rates:
                         recorder.rate(job.name, now, rate)
                     job.rate, job.remote = rate, remote
-                    # Clock.schedule, written out (SimJob.until in it)
-                    seq += 1
-                    job.seq = seq
-                    job.event_boundary = boundary = job.boundary
-                    if rate > 0:
+                    job.unwritten = False
+                    if not enters:  # (else its event is enter_all's)
+                        # Clock.schedule, written out (SimJob.until in it)
+                        seq += 1
+                        job.seq = seq
+                        job.event_boundary = boundary = job.boundary
                         until = job.work - job.read
                         left = job.size - job.pos
                         if left < until:
@@ -736,10 +750,29 @@ class Simulation:
                             left = boundary * job.size - job.pos
                             if left < until:
                                 until = left
-                        times.append(now + (until if until > 0.0 else 0.0) / rate)
-                    else:
-                        times.append(_INF)
-                    slots.append(job.slot)
+                        if rate > 0:
+                            times.append(now + (until if until > 0.0 else 0.0) / rate)
+                        else:
+                            times.append(_INF)
+                        slots.append(job.slot)
+                elif job.unwritten:
+                    job.unwritten = False
+                    if not enters:
+                        # the event dissolve gave it (its seq and boundary), timed
+                        boundary = job.event_boundary
+                        until = job.work - job.read
+                        left = job.size - job.pos
+                        if left < until:
+                            until = left
+                        if boundary < _INF:
+                            left = boundary * job.size - job.pos
+                            if left < until:
+                                until = left
+                        if rate > 0:
+                            times.append(now + (until if until > 0.0 else 0.0) / rate)
+                        else:
+                            times.append(_INF)
+                        slots.append(job.slot)
             # the sums and the fairness point
             rate = job.rate
             equal_rate = job.equal_rate
