@@ -87,6 +87,7 @@ class Clock:
     def cancel(self, job: SimJob) -> None:
         """The job has no pending event (it waits, or its event was consumed)."""
         job.seq = -1
+        job.unwritten = False
         self.times[job.slot] = _INF
         self.vtimes[job.slot] = _INF
 
@@ -143,6 +144,13 @@ class Clock:
             else:
                 times.append(_INF)
             slots.append(job.slot)
+        self.seq = seq
+        if slots:
+            self.times[slots] = times
+
+    def put_events(self, seq: int, slots: list[int], times: list[float]) -> None:
+        """The events a caller found in its own pass as schedule_all finds them (the
+        seqs up to `seq` given in order, the times of `slots`), written at once."""
         self.seq = seq
         if slots:
             self.times[slots] = times
@@ -304,24 +312,44 @@ class Clock:
         self.level = new
         return step
 
-    def dissolve(self) -> None:
+    def dissolve(self, defer: bool = False) -> None:
         """Every held job off the level clock (a re-plan re-rates them all): exit of each
         in the order they joined, the bookkeeping of the held set dropped at once and
         their events written by schedule_all (the same times and seqs: no exit reads
-        another job's fields or event)."""
+        another job's fields or event).
+
+        defer: each event gets its seq and boundary here, in the same order, but its
+        time is left to the caller (SimJob.unwritten; `times` keeps inf there, as a held
+        job's slot has): a re-plan re-rates most of them at once or puts them back on
+        the level clock, which replaces the event, and writes the time of the others
+        from the same fields, which nothing moves before it (no time passes)."""
         held = self.held
         if held:
             jobs = list(held.values())
             now, vclock, level = self.now, self.vclock, self.level
-            for job in jobs:
-                job.advance(now, vclock)
-                job.held = False
-                job.remote = level
-                job.rate = level / (1.0 - job.hit)
+            if defer:
+                seq = self.seq
+                for job in jobs:
+                    job.advance(now, vclock)
+                    job.held = False
+                    job.remote = level
+                    job.rate = level / (1.0 - job.hit)
+                    seq += 1
+                    job.seq = seq
+                    job.event_boundary = job.boundary
+                    job.unwritten = True
+                self.seq = seq
+            else:
+                for job in jobs:
+                    job.advance(now, vclock)
+                    job.held = False
+                    job.remote = level
+                    job.rate = level / (1.0 - job.hit)
             held.clear()
             self.held_units.clear()
             self.vtimes.fill(_INF)  # (only a held job has a mark on the level clock)
-            self.schedule_all(jobs)
+            if not defer:
+                self.schedule_all(jobs)
         self.held_k = 0.0
 
 

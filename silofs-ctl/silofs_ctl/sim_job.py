@@ -67,6 +67,10 @@ class SimJob:
     v: float = 0.0
     held_k: float = 0.0  # 1 / (1 - hit) when it joined (what Clock.held_k sums)
     joined: int = 0  # when it last joined the level clock (Clock.entries then)
+    # Its latest event has its seq and boundary but its time is not yet in the clock's
+    # array (Clock.dissolve with defer: the re-plan that follows writes it, or replaces
+    # the event, or cancels it).
+    unwritten: bool = False
     # Fixed for the job's life; plain attributes because the event loop reads them for
     # every active job at every step.
     name: str = field(init=False)

@@ -832,6 +832,46 @@ def test_a_plan_takes_its_views_hit_ratios_as_finding_them_again_would() -> None
     assert json.dumps(fast.to_dict()) == json.dumps(slow.to_dict())
 
 
+@pytest.mark.parametrize(
+    ("cache", "toggle"), [("alluxio", False), ("quiver", False), ("quiver", True)]
+)
+def test_a_plan_timing_the_events_dissolve_left_unwritten_is_the_same_run(
+    cache: str, toggle: bool
+) -> None:
+    """A re-plan lets the level clock's jobs go with their events' seqs but not their
+    times (Clock.dissolve(defer=True)); _rerate_plan times the ones whose rate did not
+    move and that the clock does not take back: the same run to the bit as writing
+    every event at dissolve (the LRU pool's readers, and Gavel's vanilla plans with a
+    shared uniform cache), and no event is left unwritten after a plan. toggle: the
+    level clock runs at every other plan only, so jobs it let go at their rate stay
+    off it (the branch that times them)."""
+    from silofs_ctl.sim_clock import Clock
+
+    class Writing(Clock):
+        def dissolve(self, defer: bool = False) -> None:
+            super().dissolve(defer=False)
+
+    def run(clock: Clock | None) -> tuple[Simulation, str]:
+        scenario = load_scenario(SCENARIOS / "trace-300.toml")
+        sim = Simulation(replace(scenario, jobs=scenario.jobs[:150]), "gavel", cache)
+        if clock is not None:
+            sim.clock = clock
+        reschedule = sim._reschedule
+
+        def checked() -> None:
+            if toggle:
+                sim.uniform_clock = not sim.uniform_clock
+            reschedule()
+            assert not any(job.unwritten for job in sim.active.values())
+
+        sim._reschedule = checked  # type: ignore[method-assign]
+        return sim, json.dumps(sim.run().to_dict())
+
+    (deferred, fast), (_, slow) = run(None), run(Writing())
+    assert deferred.plans > 50 and deferred.clock.entries > 100
+    assert fast == slow
+
+
 def test_a_view_made_through_the_slots_is_the_job_the_constructor_makes() -> None:
     """simulator._new_view sets model.Job's slots directly (its frozen __init__ is twice
     as slow); the view must be the Job the constructor makes, field for field, equal
