@@ -17,7 +17,7 @@ from typing import Any
 
 from .policies import FifoPolicy, GavelPolicy, GreedyPolicy, Policy, SjfPolicy
 from .slurm import SlurmConfig
-from .tomlcheck import Checker, ConfigError, load_toml
+from .tomlcheck import Checker, load_toml, read_text
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +97,7 @@ class JobEntry:
 
 
 def load_controller_config(path: str) -> ControllerConfig:
-    text = _read(path)
+    text = read_text(path)
     data = load_toml(text, path)
     ck = Checker(path, text)
     ck.check_keys(data, CONFIG_KEYS, ())
@@ -239,7 +239,7 @@ def _config_nodes(ck: Checker, raw: Any) -> tuple[NodeConfig, ...]:
 
 
 def load_jobs_file(path: str) -> list[JobEntry]:
-    text = _read(path)
+    text = read_text(path)
     data = load_toml(text, path)
     ck = Checker(path, text)
     ck.check_keys(data, {"jobs"}, ())
@@ -286,10 +286,3 @@ def _job_entry(ck: Checker, table: dict, where: tuple) -> JobEntry:
             else None
         ),
     )
-
-
-def _read(path: str) -> str:
-    try:
-        return Path(path).read_text()
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from None

@@ -32,7 +32,7 @@ from typing import Any
 
 from silofs.units import count
 
-from .tomlcheck import Checker, ConfigError, load_toml, parse_duration
+from .tomlcheck import Checker, ConfigError, load_toml, parse_duration, read_text
 
 log = logging.getLogger(__name__)
 
@@ -103,12 +103,7 @@ class Scenario:
 
 def load_scenario(path: str | Path) -> Scenario:
     """Read and validate a scenario file; ScenarioError names the line at fault."""
-    path = Path(path)
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise ScenarioError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    return parse_scenario(text, str(path))
+    return parse_scenario(read_text(path, ScenarioError), str(path))
 
 
 def parse_scenario(text: str, path: str = "<scenario>") -> Scenario:

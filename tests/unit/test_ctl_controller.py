@@ -446,6 +446,47 @@ def test_a_broken_jobs_file_keeps_the_previous_jobs(tmp_path: Path) -> None:
     assert [e.name for e in ctl.entries] == ["dist"]
 
 
+def test_a_jobs_file_of_values_or_not_utf8_keeps_the_previous_jobs(tmp_path: Path) -> None:
+    """`jobs = [1]` (TypeError) and a non-UTF-8 file (UnicodeDecodeError) escaped
+    load_jobs_file: every poll of a running controller logged a traceback."""
+    cfg = load_controller_config(write_config(tmp_path))
+    ctl = Controller(cfg, factory=lambda node: FakeNode(node.name, TB))
+    assert ctl.reload_jobs() and [e.name for e in ctl.entries] == ["dist"]
+    jobs = tmp_path / "jobs.toml"
+    jobs.write_text("jobs = [1]\n")
+    with pytest.raises(ConfigError, match=r"jobs.toml:1: jobs must be a table, not 1$"):
+        load_jobs_file(str(jobs))
+    assert not ctl.reload_jobs() and [e.name for e in ctl.entries] == ["dist"]
+    jobs.write_bytes(JOBS.replace("dist", "d\xefst").encode("latin-1"))
+    with pytest.raises(ConfigError, match=r"jobs.toml: not UTF-8 text"):
+        load_jobs_file(str(jobs))
+    assert not ctl.reload_jobs() and [e.name for e in ctl.entries] == ["dist"]
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        (
+            b'policy = "gavel"\nremote_io = "1GB/s"\nnodes = [1]\n',
+            "controller.toml:3: nodes must be a table, not 1",
+        ),
+        (
+            b'policy = "g\xe2vel"\n',
+            "controller.toml: not UTF-8 text (byte 11: invalid continuation byte); "
+            "TOML files are UTF-8",
+        ),
+    ],
+)
+def test_cli_config_of_values_or_not_utf8_is_one_line(
+    tmp_path: Path, raw: bytes, message: str
+) -> None:
+    path = tmp_path / "controller.toml"
+    path.write_bytes(raw)
+    res = CliRunner().invoke(main, ["controller", "run", "--config", str(path), "--dry-run"])
+    assert res.exit_code == 1
+    assert res.output.strip().splitlines() == [f"silofs-ctl: error: {tmp_path}/{message}"]
+
+
 def test_a_missing_jobs_file_is_reported_once_and_picked_up_when_it_appears(
     tmp_path: Path,
 ) -> None:

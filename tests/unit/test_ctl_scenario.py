@@ -280,3 +280,44 @@ def test_a_job_submitted_far_after_the_others_still_simulates(tmp_path: Path) ->
     res = CliRunner().invoke(main, ["simulate", write(tmp_path, text), "--json"])
     assert res.exit_code == 0, res.output
     assert json.loads(res.output)["jobs"][0]["jct_s"] < 86400
+
+
+@pytest.mark.parametrize(
+    "text,expect",
+    [
+        # [[jobs]] written as an array of values, [[cluster.nodes]] as a list of names.
+        (
+            GOOD[: GOOD.index("[[jobs]]")].replace("description", "jobs = [1, 2]\ndescription"),
+            "s.toml:1: jobs must be a table, not 1",
+        ),
+        (
+            GOOD.replace(
+                'remote_io = "200MB/s"', 'remote_io = "200MB/s"\nnodes = ["a"]', 1
+            ).replace(
+                '[[cluster.nodes]]\ngpus = 4\ncache = "1TiB"\n\n'
+                '[[cluster.nodes]]\ngpus = 4\ncache = "1TB"\n',
+                "",
+            ),
+            "s.toml:4: cluster.nodes must be a table, not 'a'",
+        ),
+    ],
+)
+def test_a_list_of_values_where_tables_belong_is_one_line(
+    tmp_path: Path, text: str, expect: str
+) -> None:
+    """`jobs = [1, 2]` reached `for key in table` with an int: TypeError, a traceback."""
+    res = CliRunner().invoke(main, ["simulate", write(tmp_path, text)])
+    assert res.exit_code == 1
+    assert res.output.strip().splitlines() == [f"silofs-ctl: error: {tmp_path}/{expect}"]
+
+
+def test_a_scenario_that_is_not_utf8_is_one_line(tmp_path: Path) -> None:
+    """A binary or Latin-1 file raised UnicodeDecodeError out of read_text: a traceback."""
+    path = tmp_path / "s.toml"
+    path.write_bytes(GOOD.replace("two jobs", "deux t\xe2ches").encode("latin-1"))
+    res = CliRunner().invoke(main, ["simulate", str(path)])
+    assert res.exit_code == 1
+    assert res.output.strip().splitlines() == [
+        f"silofs-ctl: error: {path}: not UTF-8 text (byte 21: invalid continuation byte); "
+        "TOML files are UTF-8"
+    ]
