@@ -321,3 +321,12 @@ def test_a_scenario_that_is_not_utf8_is_one_line(tmp_path: Path) -> None:
         f"silofs-ctl: error: {path}: not UTF-8 text (byte 21: invalid continuation byte); "
         "TOML files are UTF-8"
     ]
+
+
+def test_interval_nan_is_refused_at_once(tmp_path: Path) -> None:
+    """FloatRange(min=1) passed nan: 30 s of stepping at t=0, then "gave up after
+    5000000 steps"."""
+    res = CliRunner().invoke(main, ["simulate", write(tmp_path, SOLO), "--interval", "nan"])
+    assert res.exit_code == 2
+    assert "Invalid value for --interval: must be a number of seconds, not nan" in res.output
+    assert "Traceback" not in res.output and "gave up" not in res.output
