@@ -52,6 +52,11 @@ JOB_KEYS = {"name", "submit", "gpus", "dataset", "dataset_size", "ideal_io", "ep
 # simulated years take ~3 s, and real traces (Philly, Helios) span months.
 MAX_NODES = 10_000
 HORIZON_YEARS = 10
+# Submit times: the simulator's clock is a float of seconds, whose step at time t is
+# t x 2.2e-16. Past 100,000 years (3.2e12 s) it is over 0.5 ms and grows: a 200 s job
+# submitted at 1e17 s reported a JCT of 192 s, at 1e308 s of 0 s (it "ran" in no time),
+# without a word. Idle time costs no steps, so the bound is about precision only.
+MAX_SUBMIT_YEARS = 100_000
 _YEAR = 365 * 86400.0
 __all__ = ["JobSpec", "NodeSpec", "Scenario", "ScenarioError", "load_scenario", "parse_duration"]
 
@@ -241,9 +246,16 @@ def _job(ld: Checker, table: dict, where: tuple, sizes: dict[str, int]) -> JobSp
     ideal = ld.rate(ld.need(table, "ideal_io", where), where + ("ideal_io",), "ideal_io")
     if ideal <= 0 or math.isinf(ideal):
         raise ld.fail(where + ("ideal_io",), "ideal_io must be a positive, finite rate")
+    submit = ld.duration(table.get("submit", 0), where + ("submit",), "submit")
+    if submit > MAX_SUBMIT_YEARS * _YEAR:
+        raise ld.fail(
+            where + ("submit",),
+            f"submit is {submit / _YEAR:.3g} years, past the simulator's {MAX_SUBMIT_YEARS:,} "
+            "(its clock would lose the job's milliseconds)",
+        )
     return JobSpec(
         name=name,
-        submit=ld.duration(table.get("submit", 0), where + ("submit",), "submit"),
+        submit=submit,
         gpus=int(ld.number(ld.need(table, "gpus", where), where + ("gpus",), "gpus", integer=True)),
         dataset=dataset,
         dataset_size=sizes[dataset],

@@ -330,3 +330,22 @@ def test_interval_nan_is_refused_at_once(tmp_path: Path) -> None:
     assert res.exit_code == 2
     assert "Invalid value for --interval: must be a number of seconds, not nan" in res.output
     assert "Traceback" not in res.output and "gave up" not in res.output
+
+
+@pytest.mark.parametrize("submit", ["1e17", "1e308", '"3650001000d"'])
+def test_a_submit_time_past_the_clocks_precision_is_refused(submit: str) -> None:
+    """A 200 s job submitted at 1e17 s reported a JCT of 192 s, at 1e308 s one of 0 s:
+    the float clock's step there is longer than the job, and nothing said so."""
+    text = SOLO.replace("epochs = 5", f"epochs = 5\nsubmit = {submit}")
+    message = refused(text)
+    assert message.startswith(f"s.toml:{line_of(text, 'submit')}: submit is ")
+    assert "past the simulator's 100,000 (its clock would lose" in message
+
+
+def test_a_submit_time_at_the_bound_still_simulates_to_the_millisecond(tmp_path: Path) -> None:
+    # 1 GB at 200 MB/s (f*) over a 100 MB/s link: 5 epochs, the first at 100 MB/s (10 s),
+    # the other four from the 500 GB cache at f* (5 s each): 30 s.
+    text = SOLO.replace('"1TB"', '"1GB"').replace("epochs = 5", 'epochs = 5\nsubmit = "36500000d"')
+    res = CliRunner().invoke(main, ["simulate", write(tmp_path, text), "--json"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.output)["jobs"][0]["jct_s"] == pytest.approx(30.0, abs=1e-3)
