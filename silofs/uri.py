@@ -33,11 +33,20 @@ class DatasetURI:
 
     @property
     def canonical(self) -> str:
+        """The name parse_uri maps back to this dataset: parse_uri(canonical) == self.
+        A "%" in a path is written "%25" (parsing percent-decodes the path): the CLI
+        sends the canonical URI to the daemon, which parses it again, and a local
+        directory /data/%41 written as file:///data/%41/ mounted /data/A, an S3 prefix
+        x%2541 (the key x%41) the prefix xA, whatever those held, without a word."""
         if self.scheme == "file":
-            return "file://" + self.bucket.rstrip("/") + "/"
+            return "file://" + _pct(self.bucket.rstrip("/")) + "/"
         if self.scheme == "az":
-            return f"az://{self.account}/{self.bucket}/{self.prefix}"
-        return f"{self.scheme}://{self.bucket}/{self.prefix}"
+            return f"az://{self.account}/{self.bucket}/{_pct(self.prefix)}"
+        return f"{self.scheme}://{self.bucket}/{_pct(self.prefix)}"
+
+
+def _pct(path: str) -> str:
+    return path.replace("%", "%25")
 
 
 # C0 controls and DEL, raw or percent-encoded: no store takes them in every name (a

@@ -203,3 +203,25 @@ def test_an_azure_url_with_a_sas_token_is_refused_without_repeating_it() -> None
     with pytest.raises(UsageError) as exc:
         parse_uri("https://acct.blob.core.windows.net/c/p?sv=2024&sig=SECRET")
     assert "SECRET" not in str(exc.value) and "AZURE_STORAGE_SAS_TOKEN" in str(exc.value)
+
+
+@pytest.mark.parametrize(
+    ("uri", "scheme", "where", "canonical"),
+    [
+        ("/data/%41", "file", "/data/%41", "file:///data/%2541/"),
+        ("file:///data/100%25", "file", "/data/100%", "file:///data/100%25/"),
+        ("s3://b/x%2541", "s3", "x%41/", "s3://b/x%2541/"),
+        ("gs://b/50%25/off", "gs", "50%/off/", "gs://b/50%25/off/"),
+        ("az://acct/c/p%2525", "az", "p%25/", "az://acct/c/p%2525/"),
+    ],
+)
+def test_a_percent_in_a_name_survives_the_daemons_parse_of_the_canonical_uri(
+    uri: str, scheme: str, where: str, canonical: str
+) -> None:
+    """The CLI sends the canonical URI and the daemon parses it again: a "%" written as
+    is in the canonical was decoded a second time, and /data/%41 mounted /data/A."""
+    parsed = parse_uri(uri)
+    assert parsed.scheme == scheme
+    assert (parsed.bucket if scheme == "file" else parsed.prefix) == where
+    assert parsed.canonical == canonical
+    assert parse_uri(parsed.canonical) == parsed
