@@ -469,3 +469,20 @@ def test_two_mounts_at_one_mountpoint_at_once_make_one_mount(
                if f" {mp} " in line]  # fmt: skip
     assert len(stacked) == 1, stacked
     assert (mp / "a").read_bytes() == b"1"
+
+
+def test_a_local_directory_with_a_percent_in_its_name_mounts_itself(
+    node: Node, tmp_path: Path
+) -> None:
+    """The CLI sent the canonical URI file:///.../%41/ and the daemon decoded it again:
+    the mount served the sibling directory A, without a word."""
+    (tmp_path / "%41").mkdir()
+    (tmp_path / "%41" / "mine").write_bytes(b"percent")
+    (tmp_path / "A").mkdir()
+    (tmp_path / "A" / "other").write_bytes(b"not mine")
+    mp = node.mount(str(tmp_path / "%41"), tmp_path / "mnt")
+    assert sorted(os.listdir(mp)) == ["mine"]
+    assert (mp / "mine").read_bytes() == b"percent"
+    (row,) = node.status()["datasets"]
+    assert row["uri"] == f"file://{tmp_path}/%2541/"
+
