@@ -486,3 +486,13 @@ def test_a_local_directory_with_a_percent_in_its_name_mounts_itself(
     (row,) = node.status()["datasets"]
     assert row["uri"] == f"file://{tmp_path}/%2541/"
 
+
+def test_a_job_name_of_255_bytes_mounts(node: Node, local_store, bucket_name, tmp_path) -> None:
+    """Job names may be 255 bytes; "mount-JOB.log" of one is 265, past NAME_MAX: the
+    mount failed with "cannot write logs ...: File name too long; set SILOFS_LOG_DIR"."""
+    local_store.create(bucket_name, {"a": b"1"})
+    job = "j" + "é" * 127  # 255 bytes of UTF-8
+    assert len(job.encode()) == 255
+    mp = node.mount(local_store.uri(bucket_name), tmp_path / "mnt", "--job", job)
+    assert (mp / "a").read_bytes() == b"1"
+    assert [j["name"] for j in node.status()["jobs"]] == [job]
