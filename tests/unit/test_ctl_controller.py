@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import math
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -485,6 +486,28 @@ def test_cli_config_of_values_or_not_utf8_is_one_line(
     res = CliRunner().invoke(main, ["controller", "run", "--config", str(path), "--dry-run"])
     assert res.exit_code == 1
     assert res.output.strip().splitlines() == [f"silofs-ctl: error: {tmp_path}/{message}"]
+
+
+def test_a_jobs_file_naming_a_node_not_in_the_config_says_so(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A typo in a job's nodes (n3, gpu-1 for gpu-01) left the job out of every plan
+    without a word: plan.py plans only the config's nodes."""
+    cfg = load_controller_config(write_config(tmp_path))
+    (tmp_path / "jobs.toml").write_text(JOBS.replace('["n1", "n2"]', '["n1", "n3", "n\\u001b4"]'))
+    ctl = Controller(cfg, factory=lambda node: FakeNode(node.name, TB))
+    with caplog.at_level(logging.WARNING):
+        assert ctl.reload_jobs()
+    (record,) = [r for r in caplog.records if "not a node of the config" in r.getMessage()]
+    assert record.getMessage() == (
+        f"jobs file {tmp_path / 'jobs.toml'}: job dist names n3, n\\x1b4, not a node of the "
+        "config's [[nodes]]: not planned there"
+    )
+    caplog.clear()
+    (tmp_path / "jobs.toml").write_text(JOBS)
+    with caplog.at_level(logging.WARNING):
+        assert ctl.reload_jobs()
+    assert "not a node of the config" not in caplog.text
 
 
 def test_a_missing_jobs_file_is_reported_once_and_picked_up_when_it_appears(
