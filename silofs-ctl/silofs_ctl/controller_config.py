@@ -219,6 +219,7 @@ def _config_nodes(ck: Checker, raw: Any) -> tuple[NodeConfig, ...]:
         for k, value in (("name", name), (key, socket)):
             if not isinstance(value, str) or not value:
                 raise ck.fail(where + (k,), f"{k} must be a non-empty string")
+        ck.name(name, where + ("name",), "name")
         if socket.startswith("tls://"):
             from silofs.control.client import parse_tls_address
 
@@ -257,13 +258,13 @@ def load_jobs_file(path: str) -> list[JobEntry]:
 
 def _job_entry(ck: Checker, table: dict, where: tuple) -> JobEntry:
     ck.check_keys(table, JOB_KEYS, where)
-    name, dataset = ck.need(table, "name", where), ck.need(table, "dataset", where)
-    for key, value in (("name", name), ("dataset", dataset)):
-        if not isinstance(value, str) or not value:
-            raise ck.fail(where + (key,), f"{key} must be a non-empty string")
+    name = ck.name(ck.need(table, "name", where), where + ("name",), "name")
+    dataset = ck.name(ck.need(table, "dataset", where), where + ("dataset",), "dataset")
     nodes = table.get("nodes", [])
     if not isinstance(nodes, list) or not all(isinstance(n, str) for n in nodes):
         raise ck.fail(where + ("nodes",), "nodes must be a list of node names")
+    for node in nodes:
+        ck.name(node, where + ("nodes",), "node")
     ideal = None
     if "ideal_io" in table:
         ideal = ck.rate(table["ideal_io"], where + ("ideal_io",), "ideal_io", require_unit=True)

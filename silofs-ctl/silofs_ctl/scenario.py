@@ -193,7 +193,7 @@ def _nodes(ld: Checker, raw: Any) -> tuple[NodeSpec, ...]:
         count = int(ld.number(table.get("count", 1), where + ("count",), "count", integer=True))
         if len(nodes) + count > MAX_NODES:
             raise ld.fail(where + ("count",), f"more than {MAX_NODES} nodes in all")
-        base = str(table.get("name", f"node{i}"))
+        base = ld.name(table.get("name", f"node{i}"), where + ("name",), "name")
         for k in range(count):
             name = base if count == 1 else f"{base}-{k}"
             if name in names:
@@ -226,11 +226,8 @@ def _jobs(ld: Checker, raw: Any, total_gpus: int) -> tuple[JobSpec, ...]:
 
 def _job(ld: Checker, table: dict, where: tuple, sizes: dict[str, int]) -> JobSpec:
     ld.check_keys(table, JOB_KEYS, where)
-    name = ld.need(table, "name", where)
-    dataset = ld.need(table, "dataset", where)
-    for key, value in (("name", name), ("dataset", dataset)):
-        if not isinstance(value, str) or not value:
-            raise ld.fail(where + (key,), f"{key} must be a non-empty string")
+    name = ld.name(ld.need(table, "name", where), where + ("name",), "name")
+    dataset = ld.name(ld.need(table, "dataset", where), where + ("dataset",), "dataset")
     if "dataset_size" in table:
         size = ld.size(table["dataset_size"], where + ("dataset_size",), "dataset_size")
         if size == 0:

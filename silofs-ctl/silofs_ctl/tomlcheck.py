@@ -135,6 +135,18 @@ class Checker:
                 hint = ", ".join(sorted(allowed))
                 raise self.fail(where + (key,), f"unknown key {key!r} (known: {hint})")
 
+    def name(self, value: Any, where: tuple, what: str) -> str:
+        """A non-empty string of printable characters: names reach tables printed to a
+        terminal and log lines, where an ESC sequence in a trace's job name recoloured
+        or retitled the terminal and a newline broke the table's rows."""
+        if not isinstance(value, str) or not value:
+            raise self.fail(where, f"{what} must be a non-empty string")
+        if not value.isprintable():
+            raise self.fail(
+                where, f"{what} {value!r} holds a control character (a newline, ESC, ...)"
+            )
+        return value
+
     def need(self, table: Mapping[str, Any], key: str, where: tuple) -> Any:
         if key not in table:
             raise self.fail(where, f"missing key {key!r}")

@@ -494,13 +494,13 @@ def test_a_jobs_file_naming_a_node_not_in_the_config_says_so(
     """A typo in a job's nodes (n3, gpu-1 for gpu-01) left the job out of every plan
     without a word: plan.py plans only the config's nodes."""
     cfg = load_controller_config(write_config(tmp_path))
-    (tmp_path / "jobs.toml").write_text(JOBS.replace('["n1", "n2"]', '["n1", "n3", "n\\u001b4"]'))
+    (tmp_path / "jobs.toml").write_text(JOBS.replace('["n1", "n2"]', '["n1", "n3", "gpu-4"]'))
     ctl = Controller(cfg, factory=lambda node: FakeNode(node.name, TB))
     with caplog.at_level(logging.WARNING):
         assert ctl.reload_jobs()
     (record,) = [r for r in caplog.records if "not a node of the config" in r.getMessage()]
     assert record.getMessage() == (
-        f"jobs file {tmp_path / 'jobs.toml'}: job dist names n3, n\\x1b4, not a node of the "
+        f"jobs file {tmp_path / 'jobs.toml'}: job dist names n3, gpu-4, not a node of the "
         "config's [[nodes]]: not planned there"
     )
     caplog.clear()
@@ -508,6 +508,26 @@ def test_a_jobs_file_naming_a_node_not_in_the_config_says_so(
     with caplog.at_level(logging.WARNING):
         assert ctl.reload_jobs()
     assert "not a node of the config" not in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "message"),
+    [
+        ('name = "dist"', 'name = "d\\u001b[2Jist"', "name 'd\\x1b[2Jist' holds a control"),
+        ('"s3://data/imagenet/"', '"s3://data/\\nimagenet/"', "dataset 's3://data/\\nimagenet/'"),
+        ('["n1", "n2"]', '["n1", "n\\u001b]0;x\\u0007"]', "node 'n\\x1b]0;x\\x07' holds"),
+    ],
+)
+def test_a_jobs_file_name_with_a_control_character_is_refused(
+    tmp_path: Path, old: str, new: str, message: str
+) -> None:
+    """The dry run's table printed a job name's ESC sequences to the terminal (recolour,
+    clear, retitle) and its newlines as rows of their own."""
+    jobs = tmp_path / "jobs.toml"
+    jobs.write_text(JOBS.replace(old, new))
+    with pytest.raises(ConfigError) as info:
+        load_jobs_file(str(jobs))
+    assert message in str(info.value) and "holds a control character" in str(info.value)
 
 
 def test_a_missing_jobs_file_is_reported_once_and_picked_up_when_it_appears(

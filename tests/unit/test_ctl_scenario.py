@@ -349,3 +349,25 @@ def test_a_submit_time_at_the_bound_still_simulates_to_the_millisecond(tmp_path:
     res = CliRunner().invoke(main, ["simulate", write(tmp_path, text), "--json"])
     assert res.exit_code == 0, res.output
     assert json.loads(res.output)["jobs"][0]["jct_s"] == pytest.approx(30.0, abs=1e-3)
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "key"),
+    [
+        ('name = "resnet50-a"', 'name = "a\\u001b[31mRED\\nrow"', "name = "),
+        ('dataset = "imagenet-a"', 'dataset = "i\\u001b]0;t\\u0007"', "dataset = "),
+        ("gpus = 4\n", 'gpus = 4\nname = "n\\r"\n', 'name = "n'),
+    ],
+)
+def test_a_name_with_a_control_character_is_refused_naming_the_line(
+    tmp_path: Path, old: str, new: str, key: str
+) -> None:
+    """simulate's table printed a trace's job names as they were: ESC sequences reached
+    the terminal (click strips them only when stdout is not one) and a newline made a
+    row of its own."""
+    text = GOOD.replace(old, new, 1)
+    res = CliRunner().invoke(main, ["simulate", write(tmp_path, text)])
+    assert res.exit_code == 1
+    (line,) = res.output.strip().splitlines()
+    assert line.startswith(f"silofs-ctl: error: {tmp_path}/s.toml:{line_of(text, key)}: ")
+    assert line.endswith("holds a control character (a newline, ESC, ...)")
