@@ -349,6 +349,31 @@ def test_plan_without_any_node_reachable_uses_the_jobs_file() -> None:
     assert plan.io["n1"]["a"] == pytest.approx(100 * MB, abs=1)
 
 
+@pytest.mark.parametrize(
+    ("daemons", "written"),
+    [
+        ("s3://data/my data/", "s3://data/my%20data"),  # the daemon decodes %20
+        ("file:///srv/%2541/", "/srv/%41"),  # a directory named %41, written as a path
+        ("file:///srv/%2541/", "file:///srv/%2541"),
+        ("s3://data/imagenet/", "S3://data/imagenet"),  # the daemon lowers the scheme
+    ],
+)
+def test_a_jobs_file_dataset_matches_the_daemons_uri_as_the_daemon_parses_it(
+    daemons: str, written: str
+) -> None:
+    """The jobs file's dataset was compared to the daemons' canonical URIs as written:
+    s3://data/my%20data is the daemon's s3://data/my data/, and found no size (the job
+    was out of the plan: "dataset size not known") and no cached bytes."""
+    node = FakeNode("n1", 1 * TB)
+    node.add_dataset(daemons, 500 * GB)  # mounted by a job that is not running yet
+    seen = {"n1": parse_status("n1", node.status())}
+    entries = [JobEntry("a", written, gpus=1, ideal_io=114 * MB, nodes=("n1",))]
+    plan = plan_allocations(config(), entries, seen, {})
+    (job,) = plan.jobs
+    assert (job.dataset, job.note) == (daemons, "")
+    assert plan.cache["n1"] == {daemons: 500 * GB}
+
+
 def test_idle_datasets_keep_their_cache_while_there_is_room() -> None:
     nodes = two_nodes()
     nodes["n2"].add_dataset("s3://data/old/", 500 * GB, cached=300 * GB)
