@@ -100,7 +100,18 @@ MAX_URI_BYTES = 500
 def parse_uri(uri: str) -> DatasetURI:
     """Parse file:///dir, a bare local path, s3://b/p, az://acct/c/p, https://acct.blob..., gs://b/p."""
     parsed = _parse(uri)
-    size = len(parsed.canonical.encode("utf-8", "surrogateescape"))
+    try:
+        parsed.canonical.encode()
+    except UnicodeEncodeError:
+        # A local directory whose name holds bytes that are not UTF-8 (the CLI receives
+        # them surrogate-escaped): the daemon's API, its LMDB rows and /metrics take UTF-8
+        # only, and the mount failed with "request body holds text that is not UTF-8".
+        shown = uri.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+        raise UsageError(
+            f"dataset URI '{shown}' is not UTF-8 text: silofs names datasets in UTF-8 "
+            "(rename the directory, or link to it from a UTF-8 name)"
+        ) from None
+    size = len(parsed.canonical.encode())
     if size > MAX_URI_BYTES:
         raise UsageError(
             f"dataset URI {parsed.canonical[:60]!r}... is {size} bytes: silofs names a "

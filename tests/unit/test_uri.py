@@ -225,3 +225,33 @@ def test_a_percent_in_a_name_survives_the_daemons_parse_of_the_canonical_uri(
     assert (parsed.bucket if scheme == "file" else parsed.prefix) == where
     assert parsed.canonical == canonical
     assert parse_uri(parsed.canonical) == parsed
+
+
+def test_a_dataset_name_that_is_not_utf8_is_one_line() -> None:
+    """A directory named with a byte that is not UTF-8 reaches Python surrogate-escaped:
+    `silofs mount` and `warm` failed with the daemon's "request body holds text that is
+    not UTF-8 (a lone surrogate?)", and silofs-ctl's allocate-cache, refresh, forget
+    and admission with a UnicodeEncodeError traceback (quoting it for the URL)."""
+    from click.testing import CliRunner
+    from silofs_ctl.cli import main
+
+    with pytest.raises(UsageError) as info:
+        parse_uri("/data/bad\udcff")
+    assert str(info.value) == (
+        "dataset URI '/data/bad\\xff' is not UTF-8 text: silofs names datasets in UTF-8 "
+        "(rename the directory, or link to it from a UTF-8 name)"
+    )
+    with pytest.raises(UsageError, match="not UTF-8 text"):
+        parse_uri("s3://bucket/p\udcff/")
+    for args in (
+        ["allocate-cache", "/data/bad\udcff", "1GB"],
+        ["refresh", "/data/bad\udcff"],
+        ["forget", "s3://b/\udcff"],
+        ["admission", "/data/bad\udcff", "lru"],
+    ):
+        res = CliRunner().invoke(main, [*args, "--socket", "/nonexistent/silofs.sock"])
+        assert res.exit_code == 2, (args, res.output)  # a usage error
+        (line,) = res.output.strip().splitlines()
+        assert line.startswith("silofs-ctl: error: DATASET '") and line.endswith(
+            "' is not UTF-8 text: silofs names datasets in UTF-8"
+        ), line
