@@ -276,6 +276,15 @@ def daemon_stop(socket: str | None, force: bool, timeout: float) -> None:
 def _check_mountpoint(path: str) -> str:
     path = os.path.abspath(path)
     try:
+        path.encode()
+    except UnicodeEncodeError:
+        # Bytes that are not UTF-8 (surrogate-escaped here): the daemon's API takes UTF-8
+        # only, and the mount failed with its "request body holds text that is not UTF-8".
+        shown_path = path.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+        raise UsageError(
+            f"mountpoint {shown_path} is not UTF-8 text: silofs mounts at UTF-8 paths only"
+        ) from None
+    try:
         st = os.stat(path)  # isdir() would hide ENOTCONN, the sign of a dead mount
     except FileNotFoundError:
         raise UsageError(f"mountpoint {path} does not exist: create it first") from None

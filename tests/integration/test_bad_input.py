@@ -496,3 +496,21 @@ def test_a_job_name_of_255_bytes_mounts(node: Node, local_store, bucket_name, tm
     mp = node.mount(local_store.uri(bucket_name), tmp_path / "mnt", "--job", job)
     assert (mp / "a").read_bytes() == b"1"
     assert [j["name"] for j in node.status()["jobs"]] == [job]
+
+
+def test_a_dataset_or_mountpoint_not_utf8_is_one_line(node: Node, tmp_path: Path) -> None:
+    """Both failed with the daemon's "request body holds text that is not UTF-8 (a lone
+    surrogate?)", which names neither."""
+    raw = os.fsencode(tmp_path)
+    source, mountpoint = raw + b"/data\xff", raw + b"/mnt\xff"
+    os.mkdir(source)
+    os.mkdir(mountpoint)
+    (tmp_path / "data").mkdir()
+    res = node.run("mount", os.fsdecode(source), str(tmp_path / "mnt2"), "--socket", node.socket)
+    line = assert_one_line_error(res, "is not UTF-8 text: silofs names datasets in UTF-8")
+    assert f"'{tmp_path}/data\\xff'" in line
+    res = node.run(
+        "mount", str(tmp_path / "data"), os.fsdecode(mountpoint), "--socket", node.socket
+    )
+    assert_one_line_error(res, f"mountpoint {tmp_path}/mnt\\xff is not UTF-8 text")
+    assert node.status()["mounts"] == []
