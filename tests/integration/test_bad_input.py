@@ -506,6 +506,7 @@ def test_a_dataset_or_mountpoint_not_utf8_is_one_line(node: Node, tmp_path: Path
     os.mkdir(source)
     os.mkdir(mountpoint)
     (tmp_path / "data").mkdir()
+    (tmp_path / "mnt2").mkdir()
     res = node.run("mount", os.fsdecode(source), str(tmp_path / "mnt2"), "--socket", node.socket)
     line = assert_one_line_error(res, "is not UTF-8 text: silofs names datasets in UTF-8")
     assert f"'{tmp_path}/data\\xff'" in line
