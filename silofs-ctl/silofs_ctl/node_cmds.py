@@ -53,6 +53,9 @@ def dataset_arg(name: str) -> str:
     UsageError for a name that is not UTF-8 (a path with bytes a shell passed as they
     are): quoting it for the URL raised UnicodeEncodeError, a traceback; no dataset is
     named so (the daemon takes UTF-8 names only)."""
+    if not name:
+        # refresh '' asked GET /v1/datasets/ and said "no such endpoint".
+        raise UsageError("DATASET is empty: give a dataset's URI, local path or short name")
     try:
         name.encode()
     except UnicodeEncodeError:

@@ -255,3 +255,17 @@ def test_a_dataset_name_that_is_not_utf8_is_one_line() -> None:
         assert line.startswith("silofs-ctl: error: DATASET '") and line.endswith(
             "' is not UTF-8 text: silofs names datasets in UTF-8"
         ), line
+
+
+@pytest.mark.parametrize("command", ["allocate-cache", "refresh", "forget", "admission"])
+def test_an_empty_dataset_name_is_one_line(command: str) -> None:
+    """`refresh ''` asked GET /v1/datasets/ and answered "no such endpoint"."""
+    from click.testing import CliRunner
+    from silofs_ctl.cli import main
+
+    extra = {"allocate-cache": ["1GB"], "admission": ["lru"]}.get(command, [])
+    res = CliRunner().invoke(main, [command, "", *extra, "--socket", "/nonexistent/s.sock"])
+    assert res.exit_code == 2, res.output
+    assert res.output.strip().splitlines() == [
+        "silofs-ctl: error: DATASET is empty: give a dataset's URI, local path or short name"
+    ]
