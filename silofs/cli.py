@@ -276,6 +276,15 @@ def daemon_stop(socket: str | None, force: bool, timeout: float) -> None:
 def _check_mountpoint(path: str) -> str:
     path = os.path.abspath(path)
     try:
+        path.encode()
+    except UnicodeEncodeError:
+        # Bytes that are not UTF-8 (surrogate-escaped here): the daemon's API takes UTF-8
+        # only, and the mount failed with its "request body holds text that is not UTF-8".
+        shown_path = path.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+        raise UsageError(
+            f"mountpoint {shown_path} is not UTF-8 text: silofs mounts at UTF-8 paths only"
+        ) from None
+    try:
         st = os.stat(path)  # isdir() would hide ENOTCONN, the sign of a dead mount
     except FileNotFoundError:
         raise UsageError(f"mountpoint {path} does not exist: create it first") from None
@@ -419,6 +428,20 @@ def _log_file(name: str) -> str:
             "(or XDG_STATE_HOME) to a directory you can write"
         ) from None
     return path
+
+
+def mount_log_name(job: str) -> str:
+    """The file name of a background mount's stderr log: "mount-JOB.log" where that fits
+    NAME_MAX (255 bytes), else the job name cut short plus a hash of all of it. A job name
+    may be 255 bytes (records.job_name_error): "mount-" and ".log" around one made the
+    mount fail with "cannot write logs ...: File name too long; set SILOFS_LOG_DIR", which
+    no log dir fixes."""
+    name = f"mount-{job}.log"
+    if len(name.encode()) <= 255:
+        return name
+    digest = hashlib.sha256(job.encode()).hexdigest()[:12]
+    head = job.encode()[:200].decode(errors="ignore")  # whole characters only
+    return f"mount-{head}-{digest}.log"
 
 
 def _spawn(args: list[str], **kwargs: Any) -> subprocess.Popen:
@@ -860,7 +883,7 @@ def _mount_background(
 ) -> None:
     # Records go to --log-file, else to syslog (the journal) when there is one; stderr
     # (a crash, or records when there is no syslog) to a file in the state dir.
-    err_path = _log_file(f"mount-{settings.job}.log")
+    err_path = _log_file(mount_log_name(settings.job))
     log_path = os.path.abspath(log_file) if log_file else err_path
     if log_file:
         try:  # here, where the error reaches the user: the mount process's goes to a file

@@ -41,9 +41,18 @@ class HintError(Exception):
         self.status = status
 
 
-def mount_key(mountpoint: str, path: str) -> str:
+def mount_key(mountpoint: str, path: str | os.PathLike[str]) -> str:
     """`path` as the object key the mount shows it under: relative to the mountpoint
-    (an absolute path must be inside it), '/'-separated, normalised."""
+    (an absolute path must be inside it), '/'-separated, normalised. A pathlib path is
+    a path too; bytes or a non-path are a HintError (a relative pathlib.Path reached
+    str.replace as Path.replace and raised TypeError, which stopped a PrefetchSampler's
+    epoch instead of its hints)."""
+    try:
+        path = os.fspath(path)
+    except TypeError:
+        raise HintError(f"{path!r} is not a file path") from None
+    if not isinstance(path, str):
+        raise HintError(f"{path!r} is not a file path (bytes: decode it with os.fsdecode)")
     if os.path.isabs(path):
         rel = os.path.relpath(path, mountpoint)
         if rel == os.curdir or rel.startswith(os.pardir + os.sep) or rel == os.pardir:
@@ -106,7 +115,9 @@ class Hinter:
             self._mount_id = ids[-1]
         return self._mount_id
 
-    def send(self, paths: Iterable[str], *, append: bool = False) -> dict[str, Any]:
+    def send(
+        self, paths: Iterable[str | os.PathLike[str]], *, append: bool = False
+    ) -> dict[str, Any]:
         """Send paths in reading order (file paths, absolute or relative to the mount):
         the mount's new hint, or with `append` more of the current one. The daemon's
         view of the hint after the last request."""

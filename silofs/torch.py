@@ -21,6 +21,7 @@ the daemon). The daemon's memory per hint stays small.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -41,7 +42,7 @@ class PrefetchSampler:
     def __init__(
         self,
         sampler: Iterable[Any],
-        paths: Sequence[str] | Callable[[int], str],
+        paths: Sequence[str | os.PathLike[str]] | Callable[[int], str | os.PathLike[str]],
         mountpoint: str,
         *,
         window: int | str | None = None,
@@ -122,7 +123,7 @@ class PrefetchSampler:
             self._sender = ThreadPoolExecutor(1, thread_name_prefix="silofs-hints")
         self._sender.submit(self._send, paths, first, self._epoch)
 
-    def _send(self, paths: list[str], first: bool, epoch: int) -> None:
+    def _send(self, paths: list[str | os.PathLike[str]], first: bool, epoch: int) -> None:
         if epoch != self._epoch or self.failed is not None:
             return  # a newer epoch began, or this one gave up
         try:

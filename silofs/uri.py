@@ -33,11 +33,20 @@ class DatasetURI:
 
     @property
     def canonical(self) -> str:
+        """The name parse_uri maps back to this dataset: parse_uri(canonical) == self.
+        A "%" in a path is written "%25" (parsing percent-decodes the path): the CLI
+        sends the canonical URI to the daemon, which parses it again, and a local
+        directory /data/%41 written as file:///data/%41/ mounted /data/A, an S3 prefix
+        x%2541 (the key x%41) the prefix xA, whatever those held, without a word."""
         if self.scheme == "file":
-            return "file://" + self.bucket.rstrip("/") + "/"
+            return "file://" + _pct(self.bucket.rstrip("/")) + "/"
         if self.scheme == "az":
-            return f"az://{self.account}/{self.bucket}/{self.prefix}"
-        return f"{self.scheme}://{self.bucket}/{self.prefix}"
+            return f"az://{self.account}/{self.bucket}/{_pct(self.prefix)}"
+        return f"{self.scheme}://{self.bucket}/{_pct(self.prefix)}"
+
+
+def _pct(path: str) -> str:
+    return path.replace("%", "%25")
 
 
 # C0 controls and DEL, raw or percent-encoded: no store takes them in every name (a
@@ -91,7 +100,18 @@ MAX_URI_BYTES = 500
 def parse_uri(uri: str) -> DatasetURI:
     """Parse file:///dir, a bare local path, s3://b/p, az://acct/c/p, https://acct.blob..., gs://b/p."""
     parsed = _parse(uri)
-    size = len(parsed.canonical.encode("utf-8", "surrogateescape"))
+    try:
+        parsed.canonical.encode()
+    except UnicodeEncodeError:
+        # A local directory whose name holds bytes that are not UTF-8 (the CLI receives
+        # them surrogate-escaped): the daemon's API, its LMDB rows and /metrics take UTF-8
+        # only, and the mount failed with "request body holds text that is not UTF-8".
+        shown = uri.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+        raise UsageError(
+            f"dataset URI '{shown}' is not UTF-8 text: silofs names datasets in UTF-8 "
+            "(rename the directory, or link to it from a UTF-8 name)"
+        ) from None
+    size = len(parsed.canonical.encode())
     if size > MAX_URI_BYTES:
         raise UsageError(
             f"dataset URI {parsed.canonical[:60]!r}... is {size} bytes: silofs names a "

@@ -23,6 +23,7 @@ from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from silofs.records import shown
 from silofs.units import count
 
 from .controller_config import ControllerConfig, JobEntry, load_jobs_file
@@ -112,6 +113,20 @@ class Controller:
             log.error("%s (keeping the previous jobs)", exc)
             return False
         log.info("jobs file: %s", count(len(self.entries), "job"))
+        # A node the config does not name is never planned for (plan.py plans only
+        # configured nodes): a typo (gpu-1 for gpu-01) left the job out of the plan
+        # without a word. Said once per change of the file.
+        configured = {n.name for n in self.config.nodes}
+        for entry in self.entries:
+            unknown = [n for n in entry.nodes if n not in configured]
+            if unknown:
+                log.warning(
+                    "jobs file %s: job %s names %s, not a node of the config's [[nodes]]: "
+                    "not planned there",
+                    path,
+                    shown(entry.name),
+                    ", ".join(shown(n) for n in unknown),
+                )
         return True
 
     def round(self, *, dry_run: bool = False, force: bool = False) -> Plan | None:

@@ -17,7 +17,7 @@ from typing import Any
 
 from .policies import FifoPolicy, GavelPolicy, GreedyPolicy, Policy, SjfPolicy
 from .slurm import SlurmConfig
-from .tomlcheck import Checker, ConfigError, load_toml
+from .tomlcheck import Checker, load_toml, read_text
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +97,7 @@ class JobEntry:
 
 
 def load_controller_config(path: str) -> ControllerConfig:
-    text = _read(path)
+    text = read_text(path)
     data = load_toml(text, path)
     ck = Checker(path, text)
     ck.check_keys(data, CONFIG_KEYS, ())
@@ -219,6 +219,7 @@ def _config_nodes(ck: Checker, raw: Any) -> tuple[NodeConfig, ...]:
         for k, value in (("name", name), (key, socket)):
             if not isinstance(value, str) or not value:
                 raise ck.fail(where + (k,), f"{k} must be a non-empty string")
+        ck.name(name, where + ("name",), "name")
         if socket.startswith("tls://"):
             from silofs.control.client import parse_tls_address
 
@@ -239,7 +240,7 @@ def _config_nodes(ck: Checker, raw: Any) -> tuple[NodeConfig, ...]:
 
 
 def load_jobs_file(path: str) -> list[JobEntry]:
-    text = _read(path)
+    text = read_text(path)
     data = load_toml(text, path)
     ck = Checker(path, text)
     ck.check_keys(data, {"jobs"}, ())
@@ -257,13 +258,13 @@ def load_jobs_file(path: str) -> list[JobEntry]:
 
 def _job_entry(ck: Checker, table: dict, where: tuple) -> JobEntry:
     ck.check_keys(table, JOB_KEYS, where)
-    name, dataset = ck.need(table, "name", where), ck.need(table, "dataset", where)
-    for key, value in (("name", name), ("dataset", dataset)):
-        if not isinstance(value, str) or not value:
-            raise ck.fail(where + (key,), f"{key} must be a non-empty string")
+    name = ck.name(ck.need(table, "name", where), where + ("name",), "name")
+    dataset = ck.name(ck.need(table, "dataset", where), where + ("dataset",), "dataset")
     nodes = table.get("nodes", [])
     if not isinstance(nodes, list) or not all(isinstance(n, str) for n in nodes):
         raise ck.fail(where + ("nodes",), "nodes must be a list of node names")
+    for node in nodes:
+        ck.name(node, where + ("nodes",), "node")
     ideal = None
     if "ideal_io" in table:
         ideal = ck.rate(table["ideal_io"], where + ("ideal_io",), "ideal_io", require_unit=True)
@@ -286,10 +287,3 @@ def _job_entry(ck: Checker, table: dict, where: tuple) -> JobEntry:
             else None
         ),
     )
-
-
-def _read(path: str) -> str:
-    try:
-        return Path(path).read_text()
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from None

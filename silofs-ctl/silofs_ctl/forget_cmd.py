@@ -31,7 +31,7 @@ def forget(name: str, socket: str | None, kind: str) -> None:
     """Remove NAME's row and allocation: a dataset (URI or short name) or a job.
 
     Cached chunks and the saved listing of a dataset stay (a later mount reuses them)."""
-    dataset = dataset_arg(name)
+    dataset = name if kind == "job" else dataset_arg(name)  # a job's name is checked below
     # A name that breaks the job grammar (`data/`, `a b`) can only be a dataset: asking
     # the daemon for such a job answers the grammar, not "no such dataset".
     not_job = job_name_error(name)

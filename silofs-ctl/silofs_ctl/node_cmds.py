@@ -49,7 +49,20 @@ def _call(socket: str | None, method: str, path: str, body: dict | None = None) 
 
 def dataset_arg(name: str) -> str:
     """A DATASET argument as the daemon should see it: a URI or short name as typed, a
-    local path made absolute here (the daemon does not know our working directory)."""
+    local path made absolute here (the daemon does not know our working directory).
+    UsageError for a name that is not UTF-8 (a path with bytes a shell passed as they
+    are): quoting it for the URL raised UnicodeEncodeError, a traceback; no dataset is
+    named so (the daemon takes UTF-8 names only)."""
+    if not name:
+        # refresh '' asked GET /v1/datasets/ and said "no such endpoint".
+        raise UsageError("DATASET is empty: give a dataset's URI, local path or short name")
+    try:
+        name.encode()
+    except UnicodeEncodeError:
+        typed = name.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+        raise UsageError(
+            f"DATASET '{typed}' is not UTF-8 text: silofs names datasets in UTF-8"
+        ) from None
     if "://" in name or not (name.startswith((".", "~")) or "/" in name):
         return name
     return os.path.abspath(os.path.expanduser(name))

@@ -25,6 +25,7 @@ import math
 import posixpath
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from urllib.parse import unquote
 
 from .controller_config import POLICIES, ControllerConfig, JobEntry, NodeConfig
 from .estimator import SiloDEstimator, hit_ratio
@@ -451,10 +452,15 @@ def _loose(uri: str) -> str:
     doubled or trailing slashes. (The daemon's parsing, silofs/uri.py, is on the other
     side of the layout rule; this only has to match what it made canonical.)"""
     if uri.startswith("/"):
-        uri = "file://" + uri
+        uri = "file://" + uri.replace("%", "%25")  # a path is literal, a URI's is encoded
     scheme, sep, rest = uri.partition("://")
     if not sep:
         return uri
+    scheme = scheme.lower()
+    # Percent-decoded as the daemon decodes a URI's path, and "%" written back as the
+    # canonical URI writes it: s3://b/my%20data is the daemon's s3://b/my data/, and the
+    # directory /x/%41 its file:///x/%2541/ (compared as written, neither matched).
+    rest = unquote(rest).replace("%", "%25")
     if scheme == "file":
         rest = posixpath.normpath(rest)
     return f"{scheme}://{rest.rstrip('/')}"

@@ -32,7 +32,7 @@ from typing import Any
 
 from silofs.units import count
 
-from .tomlcheck import Checker, ConfigError, load_toml, parse_duration
+from .tomlcheck import Checker, ConfigError, load_toml, parse_duration, read_text
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +52,11 @@ JOB_KEYS = {"name", "submit", "gpus", "dataset", "dataset_size", "ideal_io", "ep
 # simulated years take ~3 s, and real traces (Philly, Helios) span months.
 MAX_NODES = 10_000
 HORIZON_YEARS = 10
+# Submit times: the simulator's clock is a float of seconds, whose step at time t is
+# t x 2.2e-16. Past 100,000 years (3.2e12 s) it is over 0.5 ms and grows: a 200 s job
+# submitted at 1e17 s reported a JCT of 192 s, at 1e308 s of 0 s (it "ran" in no time),
+# without a word. Idle time costs no steps, so the bound is about precision only.
+MAX_SUBMIT_YEARS = 100_000
 _YEAR = 365 * 86400.0
 __all__ = ["JobSpec", "NodeSpec", "Scenario", "ScenarioError", "load_scenario", "parse_duration"]
 
@@ -103,12 +108,7 @@ class Scenario:
 
 def load_scenario(path: str | Path) -> Scenario:
     """Read and validate a scenario file; ScenarioError names the line at fault."""
-    path = Path(path)
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise ScenarioError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    return parse_scenario(text, str(path))
+    return parse_scenario(read_text(path, ScenarioError), str(path))
 
 
 def parse_scenario(text: str, path: str = "<scenario>") -> Scenario:
@@ -193,7 +193,7 @@ def _nodes(ld: Checker, raw: Any) -> tuple[NodeSpec, ...]:
         count = int(ld.number(table.get("count", 1), where + ("count",), "count", integer=True))
         if len(nodes) + count > MAX_NODES:
             raise ld.fail(where + ("count",), f"more than {MAX_NODES} nodes in all")
-        base = str(table.get("name", f"node{i}"))
+        base = ld.name(table.get("name", f"node{i}"), where + ("name",), "name")
         for k in range(count):
             name = base if count == 1 else f"{base}-{k}"
             if name in names:
@@ -226,11 +226,8 @@ def _jobs(ld: Checker, raw: Any, total_gpus: int) -> tuple[JobSpec, ...]:
 
 def _job(ld: Checker, table: dict, where: tuple, sizes: dict[str, int]) -> JobSpec:
     ld.check_keys(table, JOB_KEYS, where)
-    name = ld.need(table, "name", where)
-    dataset = ld.need(table, "dataset", where)
-    for key, value in (("name", name), ("dataset", dataset)):
-        if not isinstance(value, str) or not value:
-            raise ld.fail(where + (key,), f"{key} must be a non-empty string")
+    name = ld.name(ld.need(table, "name", where), where + ("name",), "name")
+    dataset = ld.name(ld.need(table, "dataset", where), where + ("dataset",), "dataset")
     if "dataset_size" in table:
         size = ld.size(table["dataset_size"], where + ("dataset_size",), "dataset_size")
         if size == 0:
@@ -246,9 +243,16 @@ def _job(ld: Checker, table: dict, where: tuple, sizes: dict[str, int]) -> JobSp
     ideal = ld.rate(ld.need(table, "ideal_io", where), where + ("ideal_io",), "ideal_io")
     if ideal <= 0 or math.isinf(ideal):
         raise ld.fail(where + ("ideal_io",), "ideal_io must be a positive, finite rate")
+    submit = ld.duration(table.get("submit", 0), where + ("submit",), "submit")
+    if submit > MAX_SUBMIT_YEARS * _YEAR:
+        raise ld.fail(
+            where + ("submit",),
+            f"submit is {submit / _YEAR:.3g} years, past the simulator's {MAX_SUBMIT_YEARS:,} "
+            "(its clock would lose the job's milliseconds)",
+        )
     return JobSpec(
         name=name,
-        submit=ld.duration(table.get("submit", 0), where + ("submit",), "submit"),
+        submit=submit,
         gpus=int(ld.number(ld.need(table, "gpus", where), where + ("gpus",), "gpus", integer=True)),
         dataset=dataset,
         dataset_size=sizes[dataset],

@@ -101,6 +101,10 @@ def simulate_cmd(
     what the equal share of the cluster would have done in its lifetime), the average
     JCT, the makespan and the average fairness.
     """
+    if math.isnan(interval):
+        # FloatRange(min=1) lets nan through (every comparison with it is false): the
+        # run then stepped 5,000,000 times at t=0 for half a minute and "gave up".
+        raise click.BadParameter("must be a number of seconds, not nan", param_hint="--interval")
     try:
         spec = load_scenario(scenario)
         if plot:

@@ -13,6 +13,7 @@ import math
 import re
 import tomllib
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from silofs.errors import UsageError
@@ -27,6 +28,19 @@ _DURATION_UNITS["d"] = 86400.0
 
 class ConfigError(Exception):
     """A file that cannot be used; the message names the file and, if known, the line."""
+
+
+def read_text(path: str | Path, error: type[ConfigError] = ConfigError) -> str:
+    """The file's text; one line for a file that cannot be read or is not UTF-8 (a
+    binary or Latin-1 file raised UnicodeDecodeError: a traceback)."""
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise error(f"{path}: cannot read: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise error(
+            f"{path}: not UTF-8 text (byte {exc.start}: {exc.reason}); TOML files are UTF-8"
+        ) from None
 
 
 def load_toml(text: str, path: str, error: type[ConfigError] = ConfigError) -> dict[str, Any]:
@@ -110,11 +124,28 @@ class Checker:
         prefix = f"{self.path}:{line}" if line else self.path
         return self.error(f"{prefix}: {message}")
 
-    def check_keys(self, table: Mapping[str, Any], allowed: set[str], where: tuple) -> None:
+    def check_keys(self, table: Any, allowed: set[str], where: tuple) -> None:
+        """Refuses a key not in `allowed`, and a value that is no table at all (`jobs =
+        [1]`, `nodes = ["a"]`: iterating an int raised TypeError, a traceback)."""
+        if not isinstance(table, Mapping):
+            what = ".".join(str(p) for p in where if isinstance(p, str)) or "the file"
+            raise self.fail(where, f"{what} must be a table, not {table!r}"[:200])
         for key in table:
             if key not in allowed:
                 hint = ", ".join(sorted(allowed))
                 raise self.fail(where + (key,), f"unknown key {key!r} (known: {hint})")
+
+    def name(self, value: Any, where: tuple, what: str) -> str:
+        """A non-empty string of printable characters: names reach tables printed to a
+        terminal and log lines, where an ESC sequence in a trace's job name recoloured
+        or retitled the terminal and a newline broke the table's rows."""
+        if not isinstance(value, str) or not value:
+            raise self.fail(where, f"{what} must be a non-empty string")
+        if not value.isprintable():
+            raise self.fail(
+                where, f"{what} {value!r} holds a control character (a newline, ESC, ...)"
+            )
+        return value
 
     def need(self, table: Mapping[str, Any], key: str, where: tuple) -> Any:
         if key not in table:

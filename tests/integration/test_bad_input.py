@@ -469,3 +469,49 @@ def test_two_mounts_at_one_mountpoint_at_once_make_one_mount(
                if f" {mp} " in line]  # fmt: skip
     assert len(stacked) == 1, stacked
     assert (mp / "a").read_bytes() == b"1"
+
+
+def test_a_local_directory_with_a_percent_in_its_name_mounts_itself(
+    node: Node, tmp_path: Path
+) -> None:
+    """The CLI sent the canonical URI file:///.../%41/ and the daemon decoded it again:
+    the mount served the sibling directory A, without a word."""
+    (tmp_path / "%41").mkdir()
+    (tmp_path / "%41" / "mine").write_bytes(b"percent")
+    (tmp_path / "A").mkdir()
+    (tmp_path / "A" / "other").write_bytes(b"not mine")
+    mp = node.mount(str(tmp_path / "%41"), tmp_path / "mnt")
+    assert sorted(os.listdir(mp)) == ["mine"]
+    assert (mp / "mine").read_bytes() == b"percent"
+    (row,) = node.status()["datasets"]
+    assert row["uri"] == f"file://{tmp_path}/%2541/"
+
+
+def test_a_job_name_of_255_bytes_mounts(node: Node, local_store, bucket_name, tmp_path) -> None:
+    """Job names may be 255 bytes; "mount-JOB.log" of one is 265, past NAME_MAX: the
+    mount failed with "cannot write logs ...: File name too long; set SILOFS_LOG_DIR"."""
+    local_store.create(bucket_name, {"a": b"1"})
+    job = "j" + "é" * 127  # 255 bytes of UTF-8
+    assert len(job.encode()) == 255
+    mp = node.mount(local_store.uri(bucket_name), tmp_path / "mnt", "--job", job)
+    assert (mp / "a").read_bytes() == b"1"
+    assert [j["name"] for j in node.status()["jobs"]] == [job]
+
+
+def test_a_dataset_or_mountpoint_not_utf8_is_one_line(node: Node, tmp_path: Path) -> None:
+    """Both failed with the daemon's "request body holds text that is not UTF-8 (a lone
+    surrogate?)", which names neither."""
+    raw = os.fsencode(tmp_path)
+    source, mountpoint = raw + b"/data\xff", raw + b"/mnt\xff"
+    os.mkdir(source)
+    os.mkdir(mountpoint)
+    (tmp_path / "data").mkdir()
+    (tmp_path / "mnt2").mkdir()
+    res = node.run("mount", os.fsdecode(source), str(tmp_path / "mnt2"), "--socket", node.socket)
+    line = assert_one_line_error(res, "is not UTF-8 text: silofs names datasets in UTF-8")
+    assert f"'{tmp_path}/data\\xff'" in line
+    res = node.run(
+        "mount", str(tmp_path / "data"), os.fsdecode(mountpoint), "--socket", node.socket
+    )
+    assert_one_line_error(res, f"mountpoint {tmp_path}/mnt\\xff is not UTF-8 text")
+    assert node.status()["mounts"] == []

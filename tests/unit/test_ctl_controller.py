@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import math
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -348,6 +349,31 @@ def test_plan_without_any_node_reachable_uses_the_jobs_file() -> None:
     assert plan.io["n1"]["a"] == pytest.approx(100 * MB, abs=1)
 
 
+@pytest.mark.parametrize(
+    ("daemons", "written"),
+    [
+        ("s3://data/my data/", "s3://data/my%20data"),  # the daemon decodes %20
+        ("file:///srv/%2541/", "/srv/%41"),  # a directory named %41, written as a path
+        ("file:///srv/%2541/", "file:///srv/%2541"),
+        ("s3://data/imagenet/", "S3://data/imagenet"),  # the daemon lowers the scheme
+    ],
+)
+def test_a_jobs_file_dataset_matches_the_daemons_uri_as_the_daemon_parses_it(
+    daemons: str, written: str
+) -> None:
+    """The jobs file's dataset was compared to the daemons' canonical URIs as written:
+    s3://data/my%20data is the daemon's s3://data/my data/, and found no size (the job
+    was out of the plan: "dataset size not known") and no cached bytes."""
+    node = FakeNode("n1", 1 * TB)
+    node.add_dataset(daemons, 500 * GB)  # mounted by a job that is not running yet
+    seen = {"n1": parse_status("n1", node.status())}
+    entries = [JobEntry("a", written, gpus=1, ideal_io=114 * MB, nodes=("n1",))]
+    plan = plan_allocations(config(), entries, seen, {})
+    (job,) = plan.jobs
+    assert (job.dataset, job.note) == (daemons, "")
+    assert plan.cache["n1"] == {daemons: 500 * GB}
+
+
 def test_idle_datasets_keep_their_cache_while_there_is_room() -> None:
     nodes = two_nodes()
     nodes["n2"].add_dataset("s3://data/old/", 500 * GB, cached=300 * GB)
@@ -444,6 +470,89 @@ def test_a_broken_jobs_file_keeps_the_previous_jobs(tmp_path: Path) -> None:
     (tmp_path / "jobs.toml").write_text(JOBS + "\nnodez = 1\n")
     assert not ctl.reload_jobs()
     assert [e.name for e in ctl.entries] == ["dist"]
+
+
+def test_a_jobs_file_of_values_or_not_utf8_keeps_the_previous_jobs(tmp_path: Path) -> None:
+    """`jobs = [1]` (TypeError) and a non-UTF-8 file (UnicodeDecodeError) escaped
+    load_jobs_file: every poll of a running controller logged a traceback."""
+    cfg = load_controller_config(write_config(tmp_path))
+    ctl = Controller(cfg, factory=lambda node: FakeNode(node.name, TB))
+    assert ctl.reload_jobs() and [e.name for e in ctl.entries] == ["dist"]
+    jobs = tmp_path / "jobs.toml"
+    jobs.write_text("jobs = [1]\n")
+    with pytest.raises(ConfigError, match=r"jobs.toml:1: jobs must be a table, not 1$"):
+        load_jobs_file(str(jobs))
+    assert not ctl.reload_jobs() and [e.name for e in ctl.entries] == ["dist"]
+    jobs.write_bytes(JOBS.replace("dist", "d\xefst").encode("latin-1"))
+    with pytest.raises(ConfigError, match=r"jobs.toml: not UTF-8 text"):
+        load_jobs_file(str(jobs))
+    assert not ctl.reload_jobs() and [e.name for e in ctl.entries] == ["dist"]
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        (
+            b'policy = "gavel"\nremote_io = "1GB/s"\nnodes = [1]\n',
+            "controller.toml:3: nodes must be a table, not 1",
+        ),
+        (
+            b'policy = "g\xe2vel"\n',
+            "controller.toml: not UTF-8 text (byte 11: invalid continuation byte); "
+            "TOML files are UTF-8",
+        ),
+    ],
+)
+def test_cli_config_of_values_or_not_utf8_is_one_line(
+    tmp_path: Path, raw: bytes, message: str
+) -> None:
+    path = tmp_path / "controller.toml"
+    path.write_bytes(raw)
+    res = CliRunner().invoke(main, ["controller", "run", "--config", str(path), "--dry-run"])
+    assert res.exit_code == 1
+    assert res.output.strip().splitlines() == [f"silofs-ctl: error: {tmp_path}/{message}"]
+
+
+def test_a_jobs_file_naming_a_node_not_in_the_config_says_so(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A typo in a job's nodes (n3, gpu-1 for gpu-01) left the job out of every plan
+    without a word: plan.py plans only the config's nodes."""
+    cfg = load_controller_config(write_config(tmp_path))
+    (tmp_path / "jobs.toml").write_text(JOBS.replace('["n1", "n2"]', '["n1", "n3", "gpu-4"]'))
+    ctl = Controller(cfg, factory=lambda node: FakeNode(node.name, TB))
+    with caplog.at_level(logging.WARNING):
+        assert ctl.reload_jobs()
+    (record,) = [r for r in caplog.records if "not a node of the config" in r.getMessage()]
+    assert record.getMessage() == (
+        f"jobs file {tmp_path / 'jobs.toml'}: job dist names n3, gpu-4, not a node of the "
+        "config's [[nodes]]: not planned there"
+    )
+    caplog.clear()
+    (tmp_path / "jobs.toml").write_text(JOBS)
+    with caplog.at_level(logging.WARNING):
+        assert ctl.reload_jobs()
+    assert "not a node of the config" not in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "message"),
+    [
+        ('name = "dist"', 'name = "d\\u001b[2Jist"', "name 'd\\x1b[2Jist' holds a control"),
+        ('"s3://data/imagenet/"', '"s3://data/\\nimagenet/"', "dataset 's3://data/\\nimagenet/'"),
+        ('["n1", "n2"]', '["n1", "n\\u001b]0;x\\u0007"]', "node 'n\\x1b]0;x\\x07' holds"),
+    ],
+)
+def test_a_jobs_file_name_with_a_control_character_is_refused(
+    tmp_path: Path, old: str, new: str, message: str
+) -> None:
+    """The dry run's table printed a job name's ESC sequences to the terminal (recolour,
+    clear, retitle) and its newlines as rows of their own."""
+    jobs = tmp_path / "jobs.toml"
+    jobs.write_text(JOBS.replace(old, new))
+    with pytest.raises(ConfigError) as info:
+        load_jobs_file(str(jobs))
+    assert message in str(info.value) and "holds a control character" in str(info.value)
 
 
 def test_a_missing_jobs_file_is_reported_once_and_picked_up_when_it_appears(

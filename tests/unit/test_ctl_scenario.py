@@ -280,3 +280,94 @@ def test_a_job_submitted_far_after_the_others_still_simulates(tmp_path: Path) ->
     res = CliRunner().invoke(main, ["simulate", write(tmp_path, text), "--json"])
     assert res.exit_code == 0, res.output
     assert json.loads(res.output)["jobs"][0]["jct_s"] < 86400
+
+
+@pytest.mark.parametrize(
+    "text,expect",
+    [
+        # [[jobs]] written as an array of values, [[cluster.nodes]] as a list of names.
+        (
+            GOOD[: GOOD.index("[[jobs]]")].replace("description", "jobs = [1, 2]\ndescription"),
+            "s.toml:1: jobs must be a table, not 1",
+        ),
+        (
+            GOOD.replace(
+                'remote_io = "200MB/s"', 'remote_io = "200MB/s"\nnodes = ["a"]', 1
+            ).replace(
+                '[[cluster.nodes]]\ngpus = 4\ncache = "1TiB"\n\n'
+                '[[cluster.nodes]]\ngpus = 4\ncache = "1TB"\n',
+                "",
+            ),
+            "s.toml:4: cluster.nodes must be a table, not 'a'",
+        ),
+    ],
+)
+def test_a_list_of_values_where_tables_belong_is_one_line(
+    tmp_path: Path, text: str, expect: str
+) -> None:
+    """`jobs = [1, 2]` reached `for key in table` with an int: TypeError, a traceback."""
+    res = CliRunner().invoke(main, ["simulate", write(tmp_path, text)])
+    assert res.exit_code == 1
+    assert res.output.strip().splitlines() == [f"silofs-ctl: error: {tmp_path}/{expect}"]
+
+
+def test_a_scenario_that_is_not_utf8_is_one_line(tmp_path: Path) -> None:
+    """A binary or Latin-1 file raised UnicodeDecodeError out of read_text: a traceback."""
+    path = tmp_path / "s.toml"
+    path.write_bytes(GOOD.replace("two jobs", "deux t\xe2ches").encode("latin-1"))
+    res = CliRunner().invoke(main, ["simulate", str(path)])
+    assert res.exit_code == 1
+    assert res.output.strip().splitlines() == [
+        f"silofs-ctl: error: {path}: not UTF-8 text (byte 21: invalid continuation byte); "
+        "TOML files are UTF-8"
+    ]
+
+
+def test_interval_nan_is_refused_at_once(tmp_path: Path) -> None:
+    """FloatRange(min=1) passed nan: 30 s of stepping at t=0, then "gave up after
+    5000000 steps"."""
+    res = CliRunner().invoke(main, ["simulate", write(tmp_path, SOLO), "--interval", "nan"])
+    assert res.exit_code == 2
+    assert "Invalid value for --interval: must be a number of seconds, not nan" in res.output
+    assert "Traceback" not in res.output and "gave up" not in res.output
+
+
+@pytest.mark.parametrize("submit", ["1e17", "1e308", '"3650001000d"'])
+def test_a_submit_time_past_the_clocks_precision_is_refused(submit: str) -> None:
+    """A 200 s job submitted at 1e17 s reported a JCT of 192 s, at 1e308 s one of 0 s:
+    the float clock's step there is longer than the job, and nothing said so."""
+    text = SOLO.replace("epochs = 5", f"epochs = 5\nsubmit = {submit}")
+    message = refused(text)
+    assert message.startswith(f"s.toml:{line_of(text, 'submit')}: submit is ")
+    assert "past the simulator's 100,000 (its clock would lose" in message
+
+
+def test_a_submit_time_at_the_bound_still_simulates_to_the_millisecond(tmp_path: Path) -> None:
+    # 1 GB at 200 MB/s (f*) over a 100 MB/s link: 5 epochs, the first at 100 MB/s (10 s),
+    # the other four from the 500 GB cache at f* (5 s each): 30 s.
+    text = SOLO.replace('"1TB"', '"1GB"').replace("epochs = 5", 'epochs = 5\nsubmit = "36500000d"')
+    res = CliRunner().invoke(main, ["simulate", write(tmp_path, text), "--json"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.output)["jobs"][0]["jct_s"] == pytest.approx(30.0, abs=1e-3)
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "key"),
+    [
+        ('name = "resnet50-a"', 'name = "a\\u001b[31mRED\\nrow"', "name = "),
+        ('dataset = "imagenet-a"', 'dataset = "i\\u001b]0;t\\u0007"', "dataset = "),
+        ("gpus = 4\n", 'gpus = 4\nname = "n\\r"\n', 'name = "n'),
+    ],
+)
+def test_a_name_with_a_control_character_is_refused_naming_the_line(
+    tmp_path: Path, old: str, new: str, key: str
+) -> None:
+    """simulate's table printed a trace's job names as they were: ESC sequences reached
+    the terminal (click strips them only when stdout is not one) and a newline made a
+    row of its own."""
+    text = GOOD.replace(old, new, 1)
+    res = CliRunner().invoke(main, ["simulate", write(tmp_path, text)])
+    assert res.exit_code == 1
+    (line,) = res.output.strip().splitlines()
+    assert line.startswith(f"silofs-ctl: error: {tmp_path}/s.toml:{line_of(text, key)}: ")
+    assert line.endswith("holds a control character (a newline, ESC, ...)")

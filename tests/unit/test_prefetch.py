@@ -14,14 +14,14 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import pytest
 import trio
 
 from silofs.control.peer import Peer
-from silofs.hints import HintError, mount_key, pieces
+from silofs.hints import Hinter, HintError, mount_key, pieces
 from silofs.node import prefetch as prefetch_mod
 from silofs.node.daemon import Daemon
 from silofs.node.routes import build_router
@@ -415,6 +415,46 @@ def test_hint_paths_and_pieces() -> None:
     keys = [f"k{i:05d}" for i in range(10)]
     assert [len(p) for p in pieces(keys, max_paths=4)] == [4, 4, 2]
     assert [len(p) for p in pieces(keys, max_body=30)] == [3, 3, 3, 1]
+
+
+class BodyRecorder(Hinter):
+    """A real Hinter (paths to keys, pieces) whose requests are recorded, not sent."""
+
+    def __init__(self) -> None:
+        super().__init__("/m", socket="/nonexistent.sock")
+        self.bodies: list[dict] = []
+
+    def _post(self, body: dict) -> dict:
+        self.bodies.append(body)
+        return {}
+
+
+def test_pathlib_paths_are_hinted_and_bytes_only_stop_the_hints(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A relative pathlib.Path reached path.replace(os.sep, "/"), Path.replace: TypeError,
+    which PrefetchSampler did not catch: with background=False it ended the epoch, in the
+    background thread it vanished without a warning."""
+    assert mount_key("/m", PurePosixPath("d/a.jpg")) == "d/a.jpg"  # type: ignore[arg-type]
+    assert mount_key("/m", Path("/m/d/b.jpg")) == "d/b.jpg"
+    rec = BodyRecorder()
+    paths = [Path("d") / f"{i}.jpg" for i in range(3)]
+    sampler = PrefetchSampler([2, 0, 1], paths, "/m", background=False, hinter=rec)
+    assert list(sampler) == [2, 0, 1]
+    assert sampler.failed is None
+    assert rec.bodies == [{"paths": ["d/2.jpg", "d/0.jpg", "d/1.jpg"], "append": False}]
+    for background in (False, True):
+        bad = PrefetchSampler(
+            range(3),
+            [b"d/0.jpg", b"d/1.jpg", b"d/2.jpg"],
+            "/m",
+            background=background,
+            hinter=BodyRecorder(),
+        )  # type: ignore[arg-type]
+        assert list(bad) == [0, 1, 2]
+        bad.flush(10)
+        assert bad.failed is not None and "is not a file path" in bad.failed
+    assert "no prefetch hints this epoch: b'd/0.jpg' is not a file path" in caplog.text
 
 
 def test_a_chunk_offered_and_not_committed_is_served_without_a_second_get(

@@ -203,3 +203,69 @@ def test_an_azure_url_with_a_sas_token_is_refused_without_repeating_it() -> None
     with pytest.raises(UsageError) as exc:
         parse_uri("https://acct.blob.core.windows.net/c/p?sv=2024&sig=SECRET")
     assert "SECRET" not in str(exc.value) and "AZURE_STORAGE_SAS_TOKEN" in str(exc.value)
+
+
+@pytest.mark.parametrize(
+    ("uri", "scheme", "where", "canonical"),
+    [
+        ("/data/%41", "file", "/data/%41", "file:///data/%2541/"),
+        ("file:///data/100%25", "file", "/data/100%", "file:///data/100%25/"),
+        ("s3://b/x%2541", "s3", "x%41/", "s3://b/x%2541/"),
+        ("gs://b/50%25/off", "gs", "50%/off/", "gs://b/50%25/off/"),
+        ("az://acct/c/p%2525", "az", "p%25/", "az://acct/c/p%2525/"),
+    ],
+)
+def test_a_percent_in_a_name_survives_the_daemons_parse_of_the_canonical_uri(
+    uri: str, scheme: str, where: str, canonical: str
+) -> None:
+    """The CLI sends the canonical URI and the daemon parses it again: a "%" written as
+    is in the canonical was decoded a second time, and /data/%41 mounted /data/A."""
+    parsed = parse_uri(uri)
+    assert parsed.scheme == scheme
+    assert (parsed.bucket if scheme == "file" else parsed.prefix) == where
+    assert parsed.canonical == canonical
+    assert parse_uri(parsed.canonical) == parsed
+
+
+def test_a_dataset_name_that_is_not_utf8_is_one_line() -> None:
+    """A directory named with a byte that is not UTF-8 reaches Python surrogate-escaped:
+    `silofs mount` and `warm` failed with the daemon's "request body holds text that is
+    not UTF-8 (a lone surrogate?)", and silofs-ctl's allocate-cache, refresh, forget
+    and admission with a UnicodeEncodeError traceback (quoting it for the URL)."""
+    from click.testing import CliRunner
+    from silofs_ctl.cli import main
+
+    with pytest.raises(UsageError) as info:
+        parse_uri("/data/bad\udcff")
+    assert str(info.value) == (
+        "dataset URI '/data/bad\\xff' is not UTF-8 text: silofs names datasets in UTF-8 "
+        "(rename the directory, or link to it from a UTF-8 name)"
+    )
+    with pytest.raises(UsageError, match="not UTF-8 text"):
+        parse_uri("s3://bucket/p\udcff/")
+    for args in (
+        ["allocate-cache", "/data/bad\udcff", "1GB"],
+        ["refresh", "/data/bad\udcff"],
+        ["forget", "s3://b/\udcff"],
+        ["admission", "/data/bad\udcff", "lru"],
+    ):
+        res = CliRunner().invoke(main, [*args, "--socket", "/nonexistent/silofs.sock"])
+        assert res.exit_code == 2, (args, res.output)  # a usage error
+        (line,) = res.output.strip().splitlines()
+        assert line.startswith("silofs-ctl: error: DATASET '") and line.endswith(
+            "' is not UTF-8 text: silofs names datasets in UTF-8"
+        ), line
+
+
+@pytest.mark.parametrize("command", ["allocate-cache", "refresh", "forget", "admission"])
+def test_an_empty_dataset_name_is_one_line(command: str) -> None:
+    """`refresh ''` asked GET /v1/datasets/ and answered "no such endpoint"."""
+    from click.testing import CliRunner
+    from silofs_ctl.cli import main
+
+    extra = {"allocate-cache": ["1GB"], "admission": ["lru"]}.get(command, [])
+    res = CliRunner().invoke(main, [command, "", *extra, "--socket", "/nonexistent/s.sock"])
+    assert res.exit_code == 2, res.output
+    assert res.output.strip().splitlines() == [
+        "silofs-ctl: error: DATASET is empty: give a dataset's URI, local path or short name"
+    ]
