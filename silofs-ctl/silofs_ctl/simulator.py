@@ -704,6 +704,8 @@ class Simulation:
         on = (lru or self.uniform_clock) and not log_rates  # (clock.on below)
         total_rate = total_remote = 0.0
         worst, total = math.inf, 0.0
+        timed = False  # the job in hand needs its event's time (below)
+        boundary = _INF
         for job in active:
             if job.share > 0:
                 # _set_rate, but for the sums (below)
@@ -737,42 +739,32 @@ class Simulation:
                         recorder.rate(job.name, now, rate)
                     job.rate, job.remote = rate, remote
                     job.unwritten = False
-                    if not enters:  # (else its event is enter_all's)
-                        # Clock.schedule, written out (SimJob.until in it)
+                    if not enters:  # (else its event is enter_all's): a new event
                         seq += 1
                         job.seq = seq
                         job.event_boundary = boundary = job.boundary
-                        until = job.work - job.read
-                        left = job.size - job.pos
-                        if left < until:
-                            until = left
-                        if boundary < _INF:
-                            left = boundary * job.size - job.pos
-                            if left < until:
-                                until = left
-                        if rate > 0:
-                            times.append(now + (until if until > 0.0 else 0.0) / rate)
-                        else:
-                            times.append(_INF)
-                        slots.append(job.slot)
+                        timed = True
                 elif job.unwritten:
                     job.unwritten = False
+                    # the event dissolve gave it (its seq and boundary), timed here
                     if not enters:
-                        # the event dissolve gave it (its seq and boundary), timed
                         boundary = job.event_boundary
-                        until = job.work - job.read
-                        left = job.size - job.pos
+                        timed = True
+                if timed:  # Clock.schedule's time, written out (SimJob.until in it)
+                    timed = False
+                    until = job.work - job.read
+                    left = job.size - job.pos
+                    if left < until:
+                        until = left
+                    if boundary < _INF:
+                        left = boundary * job.size - job.pos
                         if left < until:
                             until = left
-                        if boundary < _INF:
-                            left = boundary * job.size - job.pos
-                            if left < until:
-                                until = left
-                        if rate > 0:
-                            times.append(now + (until if until > 0.0 else 0.0) / rate)
-                        else:
-                            times.append(_INF)
-                        slots.append(job.slot)
+                    if rate > 0:
+                        times.append(now + (until if until > 0.0 else 0.0) / rate)
+                    else:
+                        times.append(_INF)
+                    slots.append(job.slot)
             # the sums and the fairness point
             rate = job.rate
             equal_rate = job.equal_rate
