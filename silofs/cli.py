@@ -45,7 +45,7 @@ from silofs.errors import SilofsError, UsageError, first_leaf
 from silofs.logsetup import LOG_FORMATS, setup_logging
 from silofs.mountinfo import fuse_device_refusal, silofs_mounts
 from silofs.pids import pid_alive
-from silofs.records import shown
+from silofs.records import not_utf8, shown
 from silofs.units import count, format_rate, format_size, parse_rate, parse_size
 
 log = logging.getLogger(__name__)
@@ -275,15 +275,12 @@ def daemon_stop(socket: str | None, force: bool, timeout: float) -> None:
 # -- mount -----------------------------------------------------------------------------
 def _check_mountpoint(path: str) -> str:
     path = os.path.abspath(path)
-    try:
-        path.encode()
-    except UnicodeEncodeError:
-        # Bytes that are not UTF-8 (surrogate-escaped here): the daemon's API takes UTF-8
-        # only, and the mount failed with its "request body holds text that is not UTF-8".
-        shown_path = path.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    # The daemon's API takes UTF-8 only: the mount failed with its "request body holds
+    # text that is not UTF-8".
+    if (shown_path := not_utf8(path)) is not None:
         raise UsageError(
             f"mountpoint {shown_path} is not UTF-8 text: silofs mounts at UTF-8 paths only"
-        ) from None
+        )
     try:
         st = os.stat(path)  # isdir() would hide ENOTCONN, the sign of a dead mount
     except FileNotFoundError:

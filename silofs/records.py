@@ -115,6 +115,17 @@ def shown(text: str) -> str:
     return "".join(c if c.isprintable() else c.encode("unicode_escape").decode() for c in text)
 
 
+def not_utf8(text: str) -> str | None:
+    """None if `text` is UTF-8 text; else it shown with its undecodable bytes as \\xNN
+    (a path or name the CLI received surrogate-escaped: the daemon's API, its LMDB rows
+    and /metrics take UTF-8 only), for a one-line refusal that names it."""
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    return None
+
+
 def shown_all(value: Any) -> Any:
     """A JSON answer with every string in it, keys included, shown() (for text output;
     JSON output keeps the strings as they are, json.dumps escapes them itself)."""

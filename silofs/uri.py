@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from urllib.parse import unquote, urlsplit
 
 from silofs.errors import UsageError
+from silofs.records import not_utf8
 
 _AZURE_HOST = re.compile(
     r"^([a-z0-9]{3,24})\.blob\.core\.(windows\.net|chinacloudapi\.cn|usgovcloudapi\.net)$"
@@ -100,17 +101,13 @@ MAX_URI_BYTES = 500
 def parse_uri(uri: str) -> DatasetURI:
     """Parse file:///dir, a bare local path, s3://b/p, az://acct/c/p, https://acct.blob..., gs://b/p."""
     parsed = _parse(uri)
-    try:
-        parsed.canonical.encode()
-    except UnicodeEncodeError:
-        # A local directory whose name holds bytes that are not UTF-8 (the CLI receives
-        # them surrogate-escaped): the daemon's API, its LMDB rows and /metrics take UTF-8
-        # only, and the mount failed with "request body holds text that is not UTF-8".
-        shown = uri.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    # A local directory whose name holds bytes that are not UTF-8: the mount failed with
+    # the daemon's "request body holds text that is not UTF-8".
+    if not_utf8(parsed.canonical) is not None:
         raise UsageError(
-            f"dataset URI '{shown}' is not UTF-8 text: silofs names datasets in UTF-8 "
-            "(rename the directory, or link to it from a UTF-8 name)"
-        ) from None
+            f"dataset URI '{not_utf8(uri) or uri}' is not UTF-8 text: silofs names datasets in "
+            "UTF-8 (rename the directory, or link to it from a UTF-8 name)"
+        )
     size = len(parsed.canonical.encode())
     if size > MAX_URI_BYTES:
         raise UsageError(

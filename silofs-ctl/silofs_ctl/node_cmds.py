@@ -20,7 +20,7 @@ import click
 from silofs.config import default_socket
 from silofs.control.client import ControlError, quote_segment
 from silofs.errors import UsageError
-from silofs.records import job_name_error, shown_all
+from silofs.records import job_name_error, not_utf8, shown_all
 from silofs.units import (
     count,
     format_duration,
@@ -56,13 +56,8 @@ def dataset_arg(name: str) -> str:
     if not name:
         # refresh '' asked GET /v1/datasets/ and said "no such endpoint".
         raise UsageError("DATASET is empty: give a dataset's URI, local path or short name")
-    try:
-        name.encode()
-    except UnicodeEncodeError:
-        typed = name.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
-        raise UsageError(
-            f"DATASET '{typed}' is not UTF-8 text: silofs names datasets in UTF-8"
-        ) from None
+    if (typed := not_utf8(name)) is not None:
+        raise UsageError(f"DATASET '{typed}' is not UTF-8 text: silofs names datasets in UTF-8")
     if "://" in name or not (name.startswith((".", "~")) or "/" in name):
         return name
     return os.path.abspath(os.path.expanduser(name))
