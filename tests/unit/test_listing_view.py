@@ -73,7 +73,10 @@ def walk_paths(m: ListingView) -> dict[str, Entry]:
     while stack:
         node, path = stack.pop()
         assert node is not None
-        for _, name, ino in m.children(node.inode):
+        # Listed first: lookup() renews a snapshot older than RENEW_SECONDS (a loaded
+        # host), which would close the one children() iterates (as readdir, which holds
+        # one txn for its whole reply, never does).
+        for _, name, ino in list(m.children(node.inode)):
             child = m.lookup(node.inode, name)
             assert child is not None and child.inode == ino
             assert child.inode not in {n.inode for n in out.values()}, f"{name!r} loops"
