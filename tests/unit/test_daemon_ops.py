@@ -17,6 +17,8 @@ import logging
 import os
 import re
 import stat
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -31,6 +33,7 @@ from silofs.node.cachedir import LOCK_FILE, check_cache_dir
 from silofs.node.daemon import Daemon
 from silofs.node.supervise import REPEAT_SUMMARY, RESTART_MAX, run_forever
 from silofs.records import MountCounters
+from tests.support.node import REPO
 from tests.unit.inprocess import listed, mounted, ready, running, settings
 
 MiB = 1 << 20
@@ -536,3 +539,40 @@ def test_a_job_registration_survives_a_restart_and_goes_when_the_job_is_forgotte
     finally:
         d.store.close()
         os.close(d.lock_fd)
+
+
+@pytest.mark.parametrize("pages", [2, 12, 16])
+def test_a_truncated_cache_is_moved_aside(tmp_path: Path, pages: int) -> None:
+    """data.mdb cut short while no daemon ran (a copy that ran out of room, a truncate):
+    its meta pages name pages past its end, which LMDB maps anyway. The first read of
+    one was a SIGBUS (or an LMDB assertion: abort) that ended the daemon with no error
+    to catch, and a cut that left the trees' pages in the file made the daemon grow it
+    back with zeros (its sparse map) and end in a traceback from load_usage. Now moved
+    aside, one ERROR line. Run in a child, so that a crash fails the test, not the run."""
+    d = Daemon(settings(tmp_path))
+    for i in range(300):  # enough txns that the dbs' pages reach past the cuts
+        trio.run(d.writer.call, d.store.put_meta, f"cache:file:///x{i}/", 1 << 20)
+    d.store.close()
+    os.close(d.lock_fd)
+    data = tmp_path / "cache" / "data.mdb"
+    with open(data, "r+b") as f:
+        f.truncate(pages * os.sysconf("SC_PAGE_SIZE") + 100)
+    code = (
+        "import logging\n"
+        "logging.basicConfig(format='%(levelname)s %(message)s')\n"
+        "from pathlib import Path\n"
+        "from silofs.node.daemon import Daemon\n"
+        "from tests.unit.inprocess import settings\n"
+        f"d = Daemon(settings(Path({str(tmp_path)!r})))\n"
+        "assert d.allocs.cache == {}, d.allocs.cache\n"
+        "print('started')\n"
+    )
+    res = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=60
+    )
+    assert res.returncode == 0 and "started" in res.stdout, (res.returncode, res.stderr[-3000:])
+    assert "Traceback" not in res.stderr, res.stderr
+    errors = [line for line in res.stderr.splitlines() if line.startswith("ERROR ")]
+    assert len(errors) == 1 and "not a whole LMDB file" in errors[0], res.stderr
+    broken = [p for p in (tmp_path / "cache").iterdir() if p.name.startswith("broken-")]
+    assert len(broken) == 1 and (broken[0] / "data.mdb").exists()
