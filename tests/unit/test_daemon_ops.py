@@ -351,6 +351,54 @@ def test_concurrent_allocations_cannot_exceed_the_cache(daemon: Daemon) -> None:
     assert sum(daemon.allocs.cache.values()) <= daemon.cache_size
 
 
+def test_allocations_set_under_a_larger_cache_are_scaled_to_a_smaller_one(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Allocations persist; a restart with a smaller cache_size left them as set, so the
+    allocated datasets were let hold (and kept) more than the whole cache, with no word
+    of it, and none of them could be lowered (each PUT was refused while the others
+    still exceeded the cache). Now one WARNING at start, each applied in proportion
+    (evicted down to it), and lowering one is let through."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir()
+    b.mkdir()
+    ua, ub = f"file://{a}/", f"file://{b}/"
+    d = Daemon(settings(tmp_path, cache_size=100 * MiB))
+
+    async def allocate() -> None:
+        async with running(d):
+            await d.set_cache_allocation(ua, 60 * MiB)
+            await d.set_cache_allocation(ub, 20 * MiB)
+
+    trio.run(allocate)
+    d.store.close()
+    os.close(d.lock_fd)
+    caplog.clear()
+    small = Daemon(settings(tmp_path, cache_size=40 * MiB))
+    try:
+        warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+        assert len(warnings) == 1 and "more than the cache (40.0MiB)" in warnings[0], warnings
+
+        async def check() -> None:
+            async with running(small) as sd:
+                da, db = await ready(sd, ua), await ready(sd, ub)
+                policy = sd.quota_policy()
+                assert policy.quota(da.id, sd.usage) == 30 * MiB
+                assert policy.quota(db.id, sd.usage) == 10 * MiB
+                assert policy.quota(da.id, sd.usage) + policy.quota(db.id, sd.usage) <= 40 * MiB
+                with pytest.raises(UsageError, match="more than the cache"):
+                    await sd.set_cache_allocation(ub, 30 * MiB)  # raising one: refused
+                await sd.set_cache_allocation(ua, 40 * MiB)  # lowering one: let through
+                await sd.set_cache_allocation(ub, 0)
+                assert sd.allocs.cache == {ua: 40 * MiB, ub: 0}
+                assert sd.quota_policy().quota(da.id, sd.usage) == 40 * MiB  # fits again
+
+        trio.run(check)
+    finally:
+        small.store.close()
+        os.close(small.lock_fd)
+
+
 # -- mounts --------------------------------------------------------------------------------
 def test_a_dead_mount_is_reaped(daemon: Daemon, bucket: Path) -> None:
     async def main() -> None:
