@@ -237,7 +237,8 @@ class SilofsFS(pyfuse3.Operations):
                 m.renew()
                 node = m.lookup(parent_inode, name)
             if node is None:
-                raise pyfuse3.FUSEError(errno.ENOENT)
+                # A listing that failed part way: not listed is not missing.
+                raise pyfuse3.FUSEError(errno.EIO if m.unfinished(parent_inode) else errno.ENOENT)
             a = self._attr(node)
             # Not a directory (a tentative one may go, its nlink follows its listing) and
             # not while the generation is written (a file's name may turn out to be a
@@ -346,6 +347,8 @@ class SilofsFS(pyfuse3.Operations):
             # the whole listing; the handle moves to the generation the mount serves
             # now, which has the same inode numbers.
             h.listing = m.reader
+        if m.unfinished(h.inode, settled=True):
+            raise pyfuse3.FUSEError(errno.EIO)  # a listing that failed part way: partial
         m.renew()
         txn = m.txn
         if start_id == h.pos:

@@ -60,6 +60,9 @@ class ListingView:
         # True while serving a generation the daemon is still writing: a miss may be a
         # name not listed yet, so the FUSE side waits (wait_listed) instead of ENOENT.
         self.building = building
+        # The generation being written when its listing failed (listing_failed): what
+        # it holds is served, but a directory it never completed is partial.
+        self.failed = False
         self.completed = trio.Event()
         if not building:
             self.completed.set()
@@ -100,6 +103,7 @@ class ListingView:
         Returns the recently used entries that changed or went away: the kernel may
         cache them, and the caller invalidates them."""
         recent = list(self._cache.values())
+        self.failed = False  # a whole listing from now on
         if self.building and int(record["gen"]) == self.gen:
             self.building = False  # the generation we served is complete: same inodes
             self._use(record)
@@ -124,9 +128,21 @@ class ListingView:
         return stale
 
     def listing_failed(self) -> None:
-        """The listing being served will not complete: misses answer ENOENT again."""
+        """The listing being served will not complete: waits end, and a directory it did
+        not complete is unfinished() (EIO), never passed off as whole (a store failing on
+        page 3 showed the first pages as the whole bucket: ENOENT for every name after,
+        an empty or partial readdir) until a listing that completes is switched to."""
         self.building = False
+        self.failed = True
         self.completed.set()
+
+    def unfinished(self, directory: int, *, settled: bool = False) -> bool:
+        """Whether `directory` is one the failed listing being served did not complete
+        (with `settled`, or left a subdirectory of tentative): a missing name or a
+        readdir there cannot be answered. False whenever the listing is whole."""
+        if not self.failed:
+            return False
+        return not self._ready(directory, settled)
 
     async def wait_listed(
         self, directory: int | None = None, *, name: bytes | None = None, settled: bool = False

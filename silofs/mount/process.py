@@ -571,7 +571,9 @@ class MountProcess:
         m = self.fs.listing
         record = self.store.dataset_record(m.dsid)
         gen = record.get("gen")
-        if gen is not None and (gen != m.gen or m.building):
+        # After a failed listing (m.failed) the next one may write the same generation
+        # number again (none was recorded): a record naming it is that listing, whole.
+        if gen is not None and (gen != m.gen or m.building or m.failed):
             if gen == m.gen or not m.building:
                 before = m.reader
                 stale = self.fs.switch(record)  # a newer listing, or ours is complete now

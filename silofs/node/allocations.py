@@ -38,6 +38,16 @@ class Allocations:
         self.writer = writer
         self.cache_size = cache_size
         self.cache: dict[str, int] = {k: int(v) for k, v in _rows(store, "cache:")}
+        total = sum(self.cache.values())
+        if total > cache_size:  # persisted under a larger --cache-size / cache_size
+            log.warning(
+                "cache allocations total %s, more than the cache (%s): each is scaled down "
+                "to %.0f%% of it (and its dataset evicted down to that) until they are "
+                "lowered (silofs-ctl allocate-cache)",
+                format_size(total),
+                format_size(cache_size),
+                100 * cache_size / total,
+            )
         self.io: dict[str, int | None] = {
             k: v["bytes_per_s"] for k, v in _rows(store, "io:") if _valid_persisted_job(k)
         }
@@ -69,12 +79,22 @@ class Allocations:
         the allocations table's: in a cluster, this node's part of a dataset's share
         (None: the shared pool)."""
         datasets = list(datasets)
-        table: dict[str, int | None] = {**self.cache, **(overrides or {})}
+        table: dict[str, int | None] = {**self.scaled(), **(overrides or {})}
         by_id = {
             ds.id: size for ds in datasets if (size := table.get(ds.uri.canonical)) is not None
         }
         lru = frozenset(ds.id for ds in datasets if self.modes.get(ds.uri.canonical) == "lru")
         return QuotaPolicy(self.cache_size, by_id, lru)
+
+    def scaled(self) -> dict[str, int]:
+        """The cache allocations as the quota applies them: as set, unless together they
+        exceed the cache (set under a larger one, before a restart with a smaller
+        cache_size), then each in proportion, so the datasets together hold no more than
+        the cache: kept as set, they held the old, larger cache on its disk."""
+        total = sum(self.cache.values())
+        if total <= self.cache_size:
+            return self.cache
+        return {k: v * self.cache_size // total for k, v in self.cache.items()}
 
     def notify(self) -> None:
         """Something the quota policy reads changed elsewhere (a cluster's shares): the
@@ -92,7 +112,10 @@ class Allocations:
         UsageError if all allocations would then exceed the cache."""
         async with self._lock:
             others = sum(v for k, v in self.cache.items() if k != uri)
-            if size is not None and others + size > self.cache_size:
+            # Lowering one is let through while they still exceed a cache made smaller
+            # since they were set: that is how they are brought back within it.
+            lower = size is not None and size <= self.cache.get(uri, 0)
+            if size is not None and others + size > self.cache_size and not lower:
                 over = others + size - self.cache_size
                 raise UsageError(
                     f"allocations would total {format_size(others + size)}, "

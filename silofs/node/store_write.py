@@ -28,7 +28,7 @@ import lmdb
 from silofs.cache.bounds import DamagedValueError, FirstTime, ValueCursor
 from silofs.cache.format import KEY_SIZE, Buffer, chunk_key
 from silofs.cache.listing import GEN, LISTING_FORMAT, gen_prefix
-from silofs.cache.store import DSID, USAGE_ROW, CacheStore, Usage
+from silofs.cache.store import DSID, USAGE_ROW, CacheStore, Usage, meta_pages_damaged
 from silofs.errors import SilofsError, UsageError
 from silofs.node.listing_builder import ListingBuilder
 from silofs.records import ObjectInfo, PrefixListed
@@ -92,6 +92,7 @@ class WritableStore(CacheStore):
     elsewhere: Callable[[bytes], bool] | None = None
 
     def _open(self, map_size: int) -> None:
+        self._check_file()
         super()._open(map_size)
         self._damaged = FirstTime()  # chunk keys whose damaged node was reported
         self._headroom_pages = max(
@@ -105,6 +106,25 @@ class WritableStore(CacheStore):
         self._back_the_lock_file()
 
     # -- opening: the version check, the map backed by the file --------------------
+    def _check_file(self) -> None:
+        """Refuse a data.mdb whose meta pages name pages past its end (a file truncated
+        or copied short while no daemon ran): LMDB opens it, then the first read of such
+        a page through the map is a SIGBUS that ends the daemon ("Fatal Python error:
+        Bus error"), no error to catch. Raised as SilofsError: CacheStore.__init__ finds
+        the meta pages damaged and makes it a CacheDamagedError (the env is moved aside).
+        An empty file is a new env to LMDB. Only here, where the daemon's lock rules out
+        a writer meanwhile: a mount could read a meta page while the daemon rewrites it."""
+        data = os.path.join(self.path, "data.mdb")
+        try:
+            size = os.stat(data).st_size
+        except OSError:
+            return  # none yet (LMDB makes it), or unreadable: LMDB says so
+        if size and meta_pages_damaged(data):
+            raise SilofsError(
+                f"data.mdb ({size} bytes) is not a whole LMDB file: its meta pages are "
+                "damaged or name pages past its end"
+            )
+
     def _back_the_map(self) -> None:
         """Grow data.mdb (sparse: no blocks) to the map's size, so every page of the map
         is backed by the file in every process that maps it.

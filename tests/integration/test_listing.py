@@ -24,7 +24,7 @@ from urllib.parse import urlsplit
 import pytest
 
 from silofs.cache.store import CacheStore
-from tests.support.faultproxy import FaultPlan, FaultProxy
+from tests.support.faultproxy import Fault, FaultPlan, FaultProxy
 from tests.support.fixtures import needs_fuse
 from tests.support.node import Node, force_unmount
 from tests.support.poll import wait_for
@@ -360,3 +360,59 @@ def test_daemon_killed_mid_listing_of_an_object_store(
         assert current is not None and gens <= {current, current - 1}
     finally:
         cache.close()
+
+
+def _errno(fn) -> int | None:
+    try:
+        fn()
+    except OSError as exc:
+        return exc.errno
+    return None
+
+
+def test_list_in_background_never_shows_a_failed_listing_as_the_whole_bucket(
+    make_node, s3_server, monkeypatch, bucket_name, tmp_path: Path
+) -> None:
+    """The store fails every listing page after the second (HTTP 500, past the retries)
+    while a --list-in-background mount serves the listing being written. The mount used
+    to go on answering from the pages it got as if they were the bucket: an empty or
+    partial readdir of the root, ENOENT for names never listed. Now a directory the
+    failed listing did not complete answers EIO (readdir, and a name not in it), until
+    a refresh that completes: then the whole bucket, in the same mount."""
+    s3_server.apply_env(monkeypatch)
+    keys = {f"a/f{i}": b"a" for i in range(8)} | {f"b/f{i:02d}": b"bb" for i in range(30)}
+    s3_server.create(bucket_name, keys)
+    up = urlsplit(s3_server.endpoint_url)
+    with FaultProxy((up.hostname or "127.0.0.1", up.port or 80), FaultPlan()) as proxy:
+        config = tmp_path / "silofs.toml"
+        config.write_text("[backend]\npage_size = 5\nlist_workers = 1\n")
+        node: Node = make_node(args=("--config", str(config)))
+        node.expect_errors("S3 busy or failing", "listing failed")
+        uri = s3_server.uri(bucket_name)
+        proxy.set_plan(FaultPlan(first_byte_delay=0.2))
+        mp = node.mount(uri, tmp_path / "mnt", "--list-in-background", "--endpoint-url", proxy.url)
+        try:
+
+            def pages() -> int:
+                return sum(1 for r in proxy.settled_history() if "list-type" in r.target)
+
+            wait_for(lambda: pages() >= 2, what="two listing pages")
+            fail = Fault("http_500", path="continuation-token")
+            proxy.set_plan(FaultPlan(faults=[fail]))
+            wait_for(
+                lambda: node.status()["datasets"][0]["state"] == "error", what="the listing to fail"
+            )
+            # The mount learns it within a report period; until then it waits, then EIO.
+            wait_for(lambda: _errno(lambda: os.listdir(mp)) == errno.EIO, what="EIO at the root")
+            assert _errno(lambda: (mp / "b" / "f29").stat()) == errno.EIO
+            assert _errno(lambda: (mp / "c").stat()) == errno.EIO  # not ENOENT: not known
+            proxy.set_plan(FaultPlan())
+            res = _ctl(node, "refresh", uri)
+            assert res.returncode == 0, res.stderr
+            wait_for(lambda: _errno(lambda: os.listdir(mp)) is None, what="the refreshed listing")
+            assert sorted(os.listdir(mp)) == ["a", "b"]
+            assert len(os.listdir(mp / "b")) == 30
+            assert (mp / "b" / "f29").read_bytes() == b"bb"
+            assert not (mp / "c").exists()
+        finally:
+            force_unmount(str(mp))

@@ -17,6 +17,8 @@ import logging
 import os
 import re
 import stat
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -31,6 +33,7 @@ from silofs.node.cachedir import LOCK_FILE, check_cache_dir
 from silofs.node.daemon import Daemon
 from silofs.node.supervise import REPEAT_SUMMARY, RESTART_MAX, run_forever
 from silofs.records import MountCounters
+from tests.support.node import REPO
 from tests.unit.inprocess import listed, mounted, ready, running, settings
 
 MiB = 1 << 20
@@ -348,6 +351,54 @@ def test_concurrent_allocations_cannot_exceed_the_cache(daemon: Daemon) -> None:
     assert sum(daemon.allocs.cache.values()) <= daemon.cache_size
 
 
+def test_allocations_set_under_a_larger_cache_are_scaled_to_a_smaller_one(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Allocations persist; a restart with a smaller cache_size left them as set, so the
+    allocated datasets were let hold (and kept) more than the whole cache, with no word
+    of it, and none of them could be lowered (each PUT was refused while the others
+    still exceeded the cache). Now one WARNING at start, each applied in proportion
+    (evicted down to it), and lowering one is let through."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir()
+    b.mkdir()
+    ua, ub = f"file://{a}/", f"file://{b}/"
+    d = Daemon(settings(tmp_path, cache_size=100 * MiB))
+
+    async def allocate() -> None:
+        async with running(d):
+            await d.set_cache_allocation(ua, 60 * MiB)
+            await d.set_cache_allocation(ub, 20 * MiB)
+
+    trio.run(allocate)
+    d.store.close()
+    os.close(d.lock_fd)
+    caplog.clear()
+    small = Daemon(settings(tmp_path, cache_size=40 * MiB))
+    try:
+        warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+        assert len(warnings) == 1 and "more than the cache (40.0MiB)" in warnings[0], warnings
+
+        async def check() -> None:
+            async with running(small) as sd:
+                da, db = await ready(sd, ua), await ready(sd, ub)
+                policy = sd.quota_policy()
+                assert policy.quota(da.id, sd.usage) == 30 * MiB
+                assert policy.quota(db.id, sd.usage) == 10 * MiB
+                assert policy.quota(da.id, sd.usage) + policy.quota(db.id, sd.usage) <= 40 * MiB
+                with pytest.raises(UsageError, match="more than the cache"):
+                    await sd.set_cache_allocation(ub, 30 * MiB)  # raising one: refused
+                await sd.set_cache_allocation(ua, 40 * MiB)  # lowering one: let through
+                await sd.set_cache_allocation(ub, 0)
+                assert sd.allocs.cache == {ua: 40 * MiB, ub: 0}
+                assert sd.quota_policy().quota(da.id, sd.usage) == 40 * MiB  # fits again
+
+        trio.run(check)
+    finally:
+        small.store.close()
+        os.close(small.lock_fd)
+
+
 # -- mounts --------------------------------------------------------------------------------
 def test_a_dead_mount_is_reaped(daemon: Daemon, bucket: Path) -> None:
     async def main() -> None:
@@ -536,3 +587,40 @@ def test_a_job_registration_survives_a_restart_and_goes_when_the_job_is_forgotte
     finally:
         d.store.close()
         os.close(d.lock_fd)
+
+
+@pytest.mark.parametrize("pages", [2, 12, 16])
+def test_a_truncated_cache_is_moved_aside(tmp_path: Path, pages: int) -> None:
+    """data.mdb cut short while no daemon ran (a copy that ran out of room, a truncate):
+    its meta pages name pages past its end, which LMDB maps anyway. The first read of
+    one was a SIGBUS (or an LMDB assertion: abort) that ended the daemon with no error
+    to catch, and a cut that left the trees' pages in the file made the daemon grow it
+    back with zeros (its sparse map) and end in a traceback from load_usage. Now moved
+    aside, one ERROR line. Run in a child, so that a crash fails the test, not the run."""
+    d = Daemon(settings(tmp_path))
+    for i in range(300):  # enough txns that the dbs' pages reach past the cuts
+        trio.run(d.writer.call, d.store.put_meta, f"cache:file:///x{i}/", 1 << 20)
+    d.store.close()
+    os.close(d.lock_fd)
+    data = tmp_path / "cache" / "data.mdb"
+    with open(data, "r+b") as f:
+        f.truncate(pages * os.sysconf("SC_PAGE_SIZE") + 100)
+    code = (
+        "import logging\n"
+        "logging.basicConfig(format='%(levelname)s %(message)s')\n"
+        "from pathlib import Path\n"
+        "from silofs.node.daemon import Daemon\n"
+        "from tests.unit.inprocess import settings\n"
+        f"d = Daemon(settings(Path({str(tmp_path)!r})))\n"
+        "assert d.allocs.cache == {}, d.allocs.cache\n"
+        "print('started')\n"
+    )
+    res = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=60
+    )
+    assert res.returncode == 0 and "started" in res.stdout, (res.returncode, res.stderr[-3000:])
+    assert "Traceback" not in res.stderr, res.stderr
+    errors = [line for line in res.stderr.splitlines() if line.startswith("ERROR ")]
+    assert len(errors) == 1 and "not a whole LMDB file" in errors[0], res.stderr
+    broken = [p for p in (tmp_path / "cache").iterdir() if p.name.startswith("broken-")]
+    assert len(broken) == 1 and (broken[0] / "data.mdb").exists()
