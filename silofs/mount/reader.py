@@ -631,14 +631,7 @@ class ChunkReader:
             or (ahead is not None and (ahead.values or ahead.flights))
         ):
             return None
-        # begin_read(), written out.
-        self._reads += 1
-        if (
-            self._txn is None
-            or self._stale
-            or time.monotonic() - self._txn_at >= SNAPSHOT_REUSE_SECONDS
-        ):
-            self.renew()
+        self.begin_read()
         try:
             cur = self._cursor or self._value_cursor()
             where = cur.find(ref.key)  # type: ignore[union-attr]  # pages.enabled: a cursor
