@@ -487,18 +487,26 @@ def test_a_division_that_finds_what_is_left_only_up_to_the_first_held_is_water_f
         link = Link(rnd.uniform(1e8, 2e10))
         pool = [rnd.uniform(0, 2e8) for _ in range(8)]  # some ties
         link.reset({f"j{i}": rnd.choice(pool + [rnd.uniform(0, 2e8)]) for i in range(n)})
-        for _ in range(rnd.randint(1, 25)):
-            for _ in range(rnd.randint(0, 3)):
-                name = rnd.choice(list(link.demand))
-                new = rnd.choice(pool + [rnd.uniform(0, 2e8), 0.0])
-                old, link.demand[name] = link.demand[name], new
-                if old != new:
-                    link.move(name, old, new)
-            first, fair, top = link.divide()
-            shares, capped, want_fair = water_fill_capped(link.capacity, link.demand)
-            assert link.held_from(first) == capped
-            assert fair == want_fair
-            assert top == max(shares.values(), default=0.0)
+        _moves_divide_as_water_fill(link, rnd, rnd.randint(1, 25), pool)
+
+
+def _moves_divide_as_water_fill(
+    link: Link, rnd: random.Random, rounds: int, values: list[float]
+) -> None:
+    """`rounds` times: up to three demands moved to one of `values`, a new value or 0,
+    then the link's division must be water_fill_capped's to the bit."""
+    for _ in range(rounds):
+        for _ in range(rnd.randint(0, 3)):
+            name = rnd.choice(list(link.demand))
+            new = rnd.choice(values + [rnd.uniform(0, 2e8), 0.0])
+            old, link.demand[name] = link.demand[name], new
+            if old != new:
+                link.move(name, old, new)
+        first, fair, top = link.divide()
+        shares, capped, want_fair = water_fill_capped(link.capacity, link.demand)
+        assert link.held_from(first) == capped
+        assert fair == want_fair
+        assert top == max(shares.values(), default=0.0)
 
 
 def test_a_division_from_scratch_over_many_demands_is_water_fill_at_exact_ties() -> None:
@@ -552,18 +560,7 @@ def test_a_step_division_far_below_the_first_held_is_water_fill(
         low = [rnd.uniform(0, 5e6) for _ in range(6)]  # met demands, some tied
         high = [rnd.uniform(5e7, 2e8) for _ in range(4)]  # held ones
         link.reset({f"j{i}": rnd.choice(low + high) for i in range(n)})
-        for _ in range(rnd.randint(1, 20)):
-            for _ in range(rnd.randint(0, 3)):
-                name = rnd.choice(list(link.demand))
-                new = rnd.choice(low + high + [rnd.uniform(0, 2e8), 0.0])
-                old, link.demand[name] = link.demand[name], new
-                if old != new:
-                    link.move(name, old, new)
-            first, fair, top = link.divide()
-            shares, capped, want_fair = water_fill_capped(link.capacity, link.demand)
-            assert link.held_from(first) == capped
-            assert fair == want_fair
-            assert top == max(shares.values(), default=0.0)
+        _moves_divide_as_water_fill(link, rnd, rnd.randint(1, 20), low + high)
     # Demands a step apart, and the hundred largest dropping to nothing: the first held
     # place moves up far past where the numpy pass stops, and the chunks go on.
     for shift in range(5):
