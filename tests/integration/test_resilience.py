@@ -149,7 +149,10 @@ def test_kill_9_of_the_daemon_during_admission(
         assert (mp / k).read_bytes() == v
     store = open_env(node)
     assert committed <= chunk_keys(store)
-    ds = node.status()["datasets"][0]
+    # Reads that all hit send the new daemon no miss: the mount then introduces itself at
+    # its next counter report (a 404 there re-registers it, mount/process.py), within
+    # about IDLE_REPORT_SECONDS of the restart, not before these reads end.
+    ds = wait_for(lambda: node.status()["datasets"], what="the mount to re-register")[0]
     wait_for(
         lambda: (
             check_accounting(store).get(ds["id"]) == node.status()["datasets"][0]["cached_bytes"]
