@@ -335,7 +335,8 @@ class SilofsFS(pyfuse3.Operations):
 
     async def readdir(self, fh: int, start_id: int, token: pyfuse3.ReaddirToken) -> None:
         """Offsets are positions in the directory's index order (1 = after the first
-        entry), stable for the generation the handle opened. pyfuse3 answers READDIRPLUS,
+        entry) in the generation the mount serves (a handle opened before a refresh
+        resumes after its last name in the new one). pyfuse3 answers READDIRPLUS,
         so each entry carries its attributes and `ls -l`/`find` need no lookups."""
         h = self._dir_handle(fh)
         if h is None:
@@ -351,6 +352,21 @@ class SilofsFS(pyfuse3.Operations):
             raise pyfuse3.FUSEError(errno.EIO)  # a listing that failed part way: partial
         m.renew()
         txn = m.txn
+        if h.listing.gen != m.gen:
+            # The listing changed since the handle opened: it reads on in the generation
+            # the mount serves, after the same name, as a directory changed during a
+            # read does on a local disk: a name in both listings comes once, and each
+            # entry has the attributes a lookup gives. Its own generation's rows go when
+            # the next listing starts (the rest of the directory was silently missing),
+            # and until then they hold the old sizes, which READDIRPLUS would put back
+            # into the kernel right after the refresh told it to forget them.
+            h.listing = m.reader
+        prefix = h.listing.rows.prefix
+        if h.key is not None and not h.key.startswith(prefix):
+            # A row key differs between generations only in its (dataset, generation)
+            # prefix, of one length. (Moved on above, or with serving processes, by
+            # another process from a position it saved.)
+            h.key = prefix + h.key[len(prefix) :]
         if start_id == h.pos:
             after = h.key
         elif start_id == 0:
