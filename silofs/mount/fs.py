@@ -24,6 +24,7 @@ import stat
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
+from itertools import chain
 
 import lmdb
 import pyfuse3
@@ -162,13 +163,21 @@ class SilofsFS(pyfuse3.Operations):
         return stale
 
     # -- attributes ------------------------------------------------------------------
-    def _node(self, inode: int) -> Entry:
-        m = self.listing
-        m.renew()
-        node = m.get_any(inode)
-        if node is None:
-            raise pyfuse3.FUSEError(errno.ENOENT)
-        return node
+    def _held(self, inode: int) -> pyfuse3.EntryAttributes | None:
+        """The attributes of a file no listing the mount reads has any more (deleted in
+        the store, then listed twice) that a handle of this process still has open: its
+        version's size and mtime, no links, as fstat of a deleted file open on a local
+        disk (Python's read() fstats first: it was ENOENT). None if no handle here has
+        it: with serving processes, one that never served the handle. A scan of the
+        open handles, only where the listings have no such inode."""
+        for f in chain(self._files.values(), self._adopted.values()):
+            if f.inode == inode:
+                o = f.obj
+                e = Entry(inode, False, 0, o.size, o.mtime, 0, f.gen, b"", o.version)
+                a = self._build_attr(e)  # not kept: the handle's, while it is open
+                a.st_nlink = 0
+                return a
+        return None
 
     def _attr(self, node: Entry) -> pyfuse3.EntryAttributes:
         # Building EntryAttributes costs ~12 us of Cython setters, more than the LMDB
@@ -259,7 +268,15 @@ class SilofsFS(pyfuse3.Operations):
     @catches_own  # a hot handler: no wrapper frame (survive.py)
     async def getattr(self, inode: int, ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
         try:
-            return self._attr(self._node(inode))
+            m = self.listing
+            m.renew()
+            node = m.get_any(inode)
+            if node is not None:
+                return self._attr(node)
+            held = self._held(inode)
+            if held is None:
+                raise pyfuse3.FUSEError(errno.ENOENT)
+            return held
         except pyfuse3.FUSEError:
             raise
         except Exception as exc:  # noqa: BLE001 - this request's EIO, not the mount's end

@@ -146,6 +146,40 @@ def test_a_directory_read_across_refreshes_lists_every_name_once_with_new_attrib
     assert sorted(seen) == [*names, "zz-added"]
 
 
+def test_a_file_open_while_it_is_deleted_and_listed_twice_still_stats_and_reads(
+    make_node, local_store, monkeypatch, bucket_name, tmp_path: Path
+) -> None:
+    """An open file whose object was deleted, then the dataset listed twice (no listing
+    the mount can read has it any more): fstat answers its version's size and mtime
+    with no links, as for a deleted file open on a local disk, and the handle reads
+    its cached bytes. fstat was ENOENT, and so was Python's read() (it fstats first)."""
+    local_store.apply_env(monkeypatch)
+    data = os.urandom(100_000)
+    local_store.create(bucket_name, {"a.bin": data, "b.bin": b"b"})
+    node: Node = make_node()
+    mp = node.mount(local_store.uri(bucket_name), tmp_path / "mnt")
+    before = os.stat(mp / "a.bin")
+    assert (mp / "a.bin").read_bytes() == data  # cached
+    with open(mp / "a.bin", "rb") as held:
+        os.unlink(Path(local_store.root) / bucket_name / "a.bin")
+        for gen in (2, 3):
+            local_store.put(bucket_name, f"top{gen}", b"t")
+            res = _ctl(node, "refresh", "--wait", bucket_name)
+            assert res.returncode == 0, res.stderr
+            assert f"generation {gen}" in res.stdout
+            wait_for(lambda g=gen: (mp / f"top{g}").exists(), what="the new listing")
+        st = os.fstat(held.fileno())
+        assert (st.st_size, st.st_mtime, st.st_ino) == (
+            len(data),
+            before.st_mtime,
+            before.st_ino,
+        )
+        assert st.st_nlink == 0
+        assert held.read() == data
+    assert not (mp / "a.bin").exists()
+    assert (mp / "b.bin").read_bytes() == b"b"
+
+
 def test_a_refresh_reaches_names_the_kernel_holds_beyond_the_mounts_recent_ones(
     make_node, local_store, monkeypatch, bucket_name, tmp_path: Path
 ) -> None:
