@@ -24,6 +24,7 @@ import stat
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
+from itertools import chain
 
 import lmdb
 import pyfuse3
@@ -162,13 +163,21 @@ class SilofsFS(pyfuse3.Operations):
         return stale
 
     # -- attributes ------------------------------------------------------------------
-    def _node(self, inode: int) -> Entry:
-        m = self.listing
-        m.renew()
-        node = m.get_any(inode)
-        if node is None:
-            raise pyfuse3.FUSEError(errno.ENOENT)
-        return node
+    def _held(self, inode: int) -> pyfuse3.EntryAttributes | None:
+        """The attributes of a file no listing the mount reads has any more (deleted in
+        the store, then listed twice) that a handle of this process still has open: its
+        version's size and mtime, no links, as fstat of a deleted file open on a local
+        disk (Python's read() fstats first: it was ENOENT). None if no handle here has
+        it: with serving processes, one that never served the handle. A scan of the
+        open handles, only where the listings have no such inode."""
+        for f in chain(self._files.values(), self._adopted.values()):
+            if f.inode == inode:
+                o = f.obj
+                e = Entry(inode, False, 0, o.size, o.mtime, 0, f.gen, b"", o.version)
+                a = self._build_attr(e)  # not kept: the handle's, while it is open
+                a.st_nlink = 0
+                return a
+        return None
 
     def _attr(self, node: Entry) -> pyfuse3.EntryAttributes:
         # Building EntryAttributes costs ~12 us of Cython setters, more than the LMDB
@@ -259,7 +268,15 @@ class SilofsFS(pyfuse3.Operations):
     @catches_own  # a hot handler: no wrapper frame (survive.py)
     async def getattr(self, inode: int, ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
         try:
-            return self._attr(self._node(inode))
+            m = self.listing
+            m.renew()
+            node = m.get_any(inode)
+            if node is not None:
+                return self._attr(node)
+            held = self._held(inode)
+            if held is None:
+                raise pyfuse3.FUSEError(errno.ENOENT)
+            return held
         except pyfuse3.FUSEError:
             raise
         except Exception as exc:  # noqa: BLE001 - this request's EIO, not the mount's end
@@ -335,7 +352,8 @@ class SilofsFS(pyfuse3.Operations):
 
     async def readdir(self, fh: int, start_id: int, token: pyfuse3.ReaddirToken) -> None:
         """Offsets are positions in the directory's index order (1 = after the first
-        entry), stable for the generation the handle opened. pyfuse3 answers READDIRPLUS,
+        entry) in the generation the mount serves (a handle opened before a refresh
+        resumes after its last name in the new one). pyfuse3 answers READDIRPLUS,
         so each entry carries its attributes and `ls -l`/`find` need no lookups."""
         h = self._dir_handle(fh)
         if h is None:
@@ -351,6 +369,21 @@ class SilofsFS(pyfuse3.Operations):
             raise pyfuse3.FUSEError(errno.EIO)  # a listing that failed part way: partial
         m.renew()
         txn = m.txn
+        if h.listing.gen != m.gen:
+            # The listing changed since the handle opened: it reads on in the generation
+            # the mount serves, after the same name, as a directory changed during a
+            # read does on a local disk: a name in both listings comes once, and each
+            # entry has the attributes a lookup gives. Its own generation's rows go when
+            # the next listing starts (the rest of the directory was silently missing),
+            # and until then they hold the old sizes, which READDIRPLUS would put back
+            # into the kernel right after the refresh told it to forget them.
+            h.listing = m.reader
+        prefix = h.listing.rows.prefix
+        if h.key is not None and not h.key.startswith(prefix):
+            # A row key differs between generations only in its (dataset, generation)
+            # prefix, of one length. (Moved on above, or with serving processes, by
+            # another process from a position it saved.)
+            h.key = prefix + h.key[len(prefix) :]
         if start_id == h.pos:
             after = h.key
         elif start_id == 0:

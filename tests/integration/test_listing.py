@@ -109,6 +109,77 @@ def test_refresh_while_a_file_is_open(
     assert ds["generation"] == 2 and ds["objects"] == 3
 
 
+@pytest.mark.parametrize("processes", [1, 2])
+@pytest.mark.parametrize("refreshes", [1, 2])
+def test_a_directory_read_across_refreshes_lists_every_name_once_with_new_attributes(
+    make_node, local_store, monkeypatch, bucket_name, tmp_path: Path, processes: int, refreshes: int
+) -> None:
+    """A directory read slowly (an indexer's os.scandir over a large directory) while the
+    dataset is listed again. Every name in both listings comes once, a name added past
+    where the reader was comes too, and the entries carry the new listing's attributes.
+    With two listings (the second deletes the rows of the generation the handle opened)
+    the read stopped at the kernel's first batches, silently: 6,553 of 20,000 names
+    (`ls | wc -l` short, files missing to an indexer). With one, the rest came with the
+    old sizes, READDIRPLUS putting them back into the kernel the refresh had told to
+    forget them: `stat` showed the old size for the attribute timeout (an hour)."""
+    local_store.apply_env(monkeypatch)
+    names = [f"f{i:05d}" for i in range(20_000)]
+    local_store.create(bucket_name, {f"many/{n}": b"x" for n in names})
+    node: Node = make_node()
+    args = ["--serve-processes", "2"] if processes > 1 else []
+    mp = node.mount(local_store.uri(bucket_name), tmp_path / "mnt", *args)
+    seen = []
+    with os.scandir(mp / "many") as it:
+        for entry in it:
+            seen.append(entry.name)
+            if len(seen) == 10:
+                local_store.put(bucket_name, "many/zz-added", b"new")
+                local_store.put(bucket_name, "many/f19990", b"grown")
+                for gen in range(2, 2 + refreshes):
+                    local_store.put(bucket_name, f"top{gen}", b"t")
+                    res = _ctl(node, "refresh", "--wait", bucket_name)
+                    assert res.returncode == 0, res.stderr
+                    assert f"generation {gen}" in res.stdout
+                    wait_for(lambda g=gen: (mp / f"top{g}").exists(), what="the new listing")
+    assert os.stat(mp / "many" / "f19990").st_size == len(b"grown")
+    assert len(seen) == len(set(seen))
+    assert sorted(seen) == [*names, "zz-added"]
+
+
+def test_a_file_open_while_it_is_deleted_and_listed_twice_still_stats_and_reads(
+    make_node, local_store, monkeypatch, bucket_name, tmp_path: Path
+) -> None:
+    """An open file whose object was deleted, then the dataset listed twice (no listing
+    the mount can read has it any more): fstat answers its version's size and mtime
+    with no links, as for a deleted file open on a local disk, and the handle reads
+    its cached bytes. fstat was ENOENT, and so was Python's read() (it fstats first)."""
+    local_store.apply_env(monkeypatch)
+    data = os.urandom(100_000)
+    local_store.create(bucket_name, {"a.bin": data, "b.bin": b"b"})
+    node: Node = make_node()
+    mp = node.mount(local_store.uri(bucket_name), tmp_path / "mnt")
+    before = os.stat(mp / "a.bin")
+    assert (mp / "a.bin").read_bytes() == data  # cached
+    with open(mp / "a.bin", "rb") as held:
+        os.unlink(Path(local_store.root) / bucket_name / "a.bin")
+        for gen in (2, 3):
+            local_store.put(bucket_name, f"top{gen}", b"t")
+            res = _ctl(node, "refresh", "--wait", bucket_name)
+            assert res.returncode == 0, res.stderr
+            assert f"generation {gen}" in res.stdout
+            wait_for(lambda g=gen: (mp / f"top{g}").exists(), what="the new listing")
+        st = os.fstat(held.fileno())
+        assert (st.st_size, st.st_mtime, st.st_ino) == (
+            len(data),
+            before.st_mtime,
+            before.st_ino,
+        )
+        assert st.st_nlink == 0
+        assert held.read() == data
+    assert not (mp / "a.bin").exists()
+    assert (mp / "b.bin").read_bytes() == b"b"
+
+
 def test_a_refresh_reaches_names_the_kernel_holds_beyond_the_mounts_recent_ones(
     make_node, local_store, monkeypatch, bucket_name, tmp_path: Path
 ) -> None:

@@ -285,6 +285,67 @@ def test_readdir_lists_resumes_and_refuses_files(
     run(test)
 
 
+@pytest.mark.parametrize("relists", [1, 2])
+def test_a_directory_read_across_listings_goes_on_after_its_last_name_in_the_new_one(
+    run: Callable[..., None], monkeypatch: pytest.MonkeyPatch, relists: int
+) -> None:
+    """A handle opened before a refresh reads on in the listing the mount serves, after
+    its last name, with the new attributes: two listings on, its own generation's rows
+    were gone (the rest of the directory silently missing), and one on, its entries
+    carried the old sizes."""
+    replies: list[tuple[bytes, int, int]] = []
+    room = [1]
+
+    def reply(token: Any, name: bytes, attr: pyfuse3.EntryAttributes, next_id: int) -> bool:
+        if room[0] == 0:
+            return False
+        room[0] -= 1
+        replies.append((name, attr.st_size, next_id))
+        return True
+
+    monkeypatch.setattr(pyfuse3, "readdir_reply", reply)
+
+    async def test(m: Mount) -> None:
+        d = await m.path("dir")
+        fh = await m.fs.opendir(d.st_ino, None)  # type: ignore[arg-type]
+        await m.fs.readdir(fh, 0, None)  # type: ignore[arg-type]
+        assert replies == [(b"big.bin", 2 * CS + 500, 1)]
+        now = [o for o in OBJECTS if o.key != "dir/secret.bin"]
+        now = [obj(o.key, 77, "v2") if o.key == "dir/flaky.bin" else o for o in now]
+        for _ in range(relists):
+            m.relist([*now, obj("dir/c-new.bin", 5)])
+        room[0] = 10**6
+        await m.fs.readdir(fh, 1, None)  # type: ignore[arg-type]
+        assert replies[1:] == [(b"c-new.bin", 5, 2), (b"flaky.bin", 77, 3)]
+        await m.fs.releasedir(fh)
+
+    run(test)
+
+
+def test_getattr_of_an_open_file_no_listing_has_is_its_handle_s_version(
+    run: Callable[..., None],
+) -> None:
+    """Deleted in the store and listed twice, an open file's inode is in neither listing
+    the mount reads: getattr answers the handle's version, no links (fstat, and Python's
+    read(), were ENOENT); closed, it is ENOENT."""
+
+    async def test(m: Mount) -> None:
+        a = await m.path("a.txt")
+        fh = await m.fs.open(a.st_ino, os.O_RDONLY, None)  # type: ignore[arg-type]
+        rest = [o for o in OBJECTS if o.key != "a.txt"]
+        m.relist(rest)
+        m.relist(rest)
+        got = await m.fs.getattr(a.st_ino, None)  # type: ignore[arg-type]
+        assert (got.st_size, got.st_nlink, got.st_mtime_ns) == (1000, 0, a.st_mtime_ns)
+        assert stat.S_ISREG(got.st_mode)
+        await m.fs.release(fh.fh)
+        with pytest.raises(pyfuse3.FUSEError) as exc:
+            await m.fs.getattr(a.st_ino, None)  # type: ignore[arg-type]
+        assert errno_of(exc) == errno.ENOENT
+
+    run(test)
+
+
 # -- open, read, release ----------------------------------------------------------------
 
 
