@@ -48,6 +48,8 @@ from silofs.sealed import FD_HEADER, REGION_HEADER, map_received, map_region
 from silofs.units import count, is_digits
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     import trio
 
 log = logging.getLogger(__name__)
@@ -102,6 +104,22 @@ class ControlError(Exception):
 
     def __str__(self) -> str:
         return self.message
+
+
+class Aborted(BaseException):
+    """A request its caller ended through ABORT_HOOK: its connection was closed, as a
+    cancellation closes it. A BaseException, as trio.Cancelled is, so that it passes
+    every `except Exception` on its way out as a cancellation would (a single flight
+    it led ends with no outcome: its waiters lead a new call)."""
+
+
+# Set by a caller around requests it may have to end while they wait, without a cancel
+# scope per request (mount/waits.py Waits.watch): called with the request's abort (which
+# closes its connection: the request raises Aborted) while it waits for its answer, and
+# with None once it no longer does.
+ABORT_HOOK: contextvars.ContextVar[Callable[[Callable[[], None] | None], None] | None] = (
+    contextvars.ContextVar("silofs_client_abort_hook", default=None)
+)
 
 
 class DaemonNotTrusted(ControlError):
@@ -508,6 +526,7 @@ class _AsyncConnection:
         self.heard_at = 0.0
         self.silence = math.inf
         self.silenced = False
+        self.aborted = False  # ended by its caller (abort(), ABORT_HOOK)
         self.closed = False
         # When this connection last finished an answer (time.perf_counter()): a
         # keep-alive connection used this recently is reused without a poll (looks_dead).
@@ -540,6 +559,11 @@ class _AsyncConnection:
         self.sock.close()
         self._close_fds()
         self._drop_region()
+
+    def abort(self) -> None:
+        """End the request waiting on this connection: it raises Aborted."""
+        self.aborted = True
+        self.close()
 
     def _drop_region(self) -> None:
         region, self.region = self.region, None
@@ -890,10 +914,15 @@ class AsyncControlClient:
         inflight[conn] = None
         if now + silence < self._watch_at:  # sooner than the watchdog looks (or parked)
             self._wake_watch(now + silence)
+        hook = ABORT_HOOK.get()
+        if hook is not None:
+            hook(conn.abort)  # may abort at once: the send below then fails
         try:
             status, rheaders, data, reusable = await conn.roundtrip(method, path, headers, payload)
         except BaseException as exc:  # the connection's state is unknown: never reused
             conn.close()
+            if conn.aborted:
+                raise Aborted(f"{method} {path} ended by its caller") from None
             if conn.silenced:  # the watchdog closed it (_watch)
                 raise ControlError(
                     f"the silofs daemon at {self.socket_path} said nothing for "
@@ -905,6 +934,8 @@ class AsyncControlClient:
             raise  # _Dropped, ControlError, cancellation
         finally:
             inflight.pop(conn, None)
+            if hook is not None:
+                hook(None)
         self.answered_at = trio.current_time()
         if reusable and not self._closed:
             conn.used_at = _perf_counter()

@@ -940,7 +940,10 @@ class ChunkReader:
                         exc.logged = True
                     raise
 
-        result = await self.waits.wait(opener, flown, inode)
+        if ref.key in self._flights:  # joins another's ask: a flight's wait, in a scope
+            result = await self.waits.wait(opener, flown, inode)
+        else:  # leads it: its waits are the client's requests, ended by their abort
+            result = await self.waits.watch(opener, flown, inode)
         self._stale = True  # the chunk may be admitted (or replaced) now: see begin_read
         return result
 
