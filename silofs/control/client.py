@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import array
 import contextvars
+import functools
 import http.client
 import json
 import logging
@@ -28,6 +29,7 @@ import select
 import socket
 import ssl
 import stat
+from time import perf_counter as _perf_counter
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
@@ -46,6 +48,8 @@ from silofs.sealed import FD_HEADER, REGION_HEADER, map_received, map_region
 from silofs.units import count, is_digits
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     import trio
 
 log = logging.getLogger(__name__)
@@ -75,11 +79,16 @@ _HEAD_READ = 4096
 # A keep-alive connection that finished an answer this recently is reused without
 # looking whether the daemon closed it (a poll per request otherwise).
 REUSE_UNPOLLED = 1.0
-# A request's timeout measures silence to within this factor (_AsyncConnection._heard).
+# A request's timeout measures silence to within this factor: the connect's scope, and
+# the watchdog's lateness (AsyncControlClient._watch wakes at the first deadline).
 SILENCE_SLACK = 1.1
 # Room for the ancillary data of four descriptors where an answer takes one, so that
 # more than it takes are seen (and closed) rather than silently cut (MSG_CTRUNC).
 _FD_SPACE = socket.CMSG_SPACE(4 * 4)
+# As plain ints: `flags & socket.MSG_CTRUNC` runs enum.Flag's Python __and__ per answer.
+_MSG_CTRUNC = int(socket.MSG_CTRUNC)
+_SOL_SOCKET = int(socket.SOL_SOCKET)
+_SCM_RIGHTS = int(socket.SCM_RIGHTS)
 
 
 class ControlError(Exception):
@@ -97,14 +106,33 @@ class ControlError(Exception):
         return self.message
 
 
+class Aborted(BaseException):
+    """A request its caller ended through ABORT_HOOK: its connection was closed, as a
+    cancellation closes it. A BaseException, as trio.Cancelled is, so that it passes
+    every `except Exception` on its way out as a cancellation would (a single flight
+    it led ends with no outcome: its waiters lead a new call)."""
+
+
+# Set by a caller around requests it may have to end while they wait, without a cancel
+# scope per request (mount/waits.py Waits.watch): called with the request's abort (which
+# closes its connection: the request raises Aborted) while it waits for its answer, and
+# with None once it no longer does.
+ABORT_HOOK: contextvars.ContextVar[Callable[[Callable[[], None] | None], None] | None] = (
+    contextvars.ContextVar("silofs_client_abort_hook", default=None)
+)
+
+
 class DaemonNotTrusted(ControlError):
     """The control socket is served by a process of a uid this client does not trust
     (control/peer.py ``check_daemon_peer``): nothing was sent, and starting another
     daemon or retrying would not help."""
 
 
+@functools.lru_cache(maxsize=4096)
 def quote_segment(s: str) -> str:
-    """Percent-encode ``s`` as one path segment ("/" included), e.g. a dataset URI."""
+    """Percent-encode ``s`` as one path segment ("/" included), e.g. a dataset URI.
+    Memoized: a mount quotes its object's key and version for every miss of it (a
+    chunk at a time), ~300 bytecodes in urllib's quote against one look-up."""
     return quote(s, safe="")
 
 
@@ -490,13 +518,18 @@ class _AsyncConnection:
         self.sock = socket.socket(fileno=stream.socket.detach())
         self.sock.setblocking(False)
         self.buf = bytearray()  # received and not yet consumed (a head's tail)
-        # The request's timeout measures silence: every received byte (a 102 Processing
-        # heartbeat included) keeps this scope's deadline at least `silence` seconds on
-        # (_heard).
-        self.scope: trio.CancelScope | None = None
-        self.silence = 0.0
-        # When this connection last finished an answer (trio's clock): a keep-alive
-        # connection used this recently is reused without a poll (looks_dead).
+        # The request's timeout measures silence: a request in flight whose connection
+        # heard nothing (not even a 102 Processing heartbeat) for `silence` seconds since
+        # `heard_at` (time.perf_counter()) is failed by its client's watchdog, which
+        # closes the connection (`silenced`): no cancel scope per request (~750 Python
+        # bytecodes each, a third of a mount's miss: bench/miss_ir.py).
+        self.heard_at = 0.0
+        self.silence = math.inf
+        self.silenced = False
+        self.aborted = False  # ended by its caller (abort(), ABORT_HOOK)
+        self.closed = False
+        # When this connection last finished an answer (time.perf_counter()): a
+        # keep-alive connection used this recently is reused without a poll (looks_dead).
         self.used_at = -math.inf
         # Descriptors that came with a head (SCM_RIGHTS) and no answer has taken yet.
         self.fds: list[int] = []
@@ -505,9 +538,18 @@ class _AsyncConnection:
         # copied out of it before their request ends, so before this connection's next
         # request lets the daemon write the region again.
         self.region: Any = None
+        # The last head parsed, as received and as parsed: a mount's misses are
+        # answered with the same head over and over (a region answer names the same
+        # place for every chunk of one size), parsed once (_head).
+        self._last_head = b""
+        self._last_parsed: tuple[bytes, int, dict[str, str]] = (b"", 0, {})
 
     def close(self) -> None:
-        # Synchronous on purpose: safe to call while being cancelled.
+        # Synchronous on purpose: safe to call while being cancelled; a second call
+        # (the watchdog's, then the request's) does nothing.
+        if self.closed:
+            return
+        self.closed = True
         import trio
 
         try:  # a task waiting on it (none, normally) hears of it first
@@ -517,6 +559,11 @@ class _AsyncConnection:
         self.sock.close()
         self._close_fds()
         self._drop_region()
+
+    def abort(self) -> None:
+        """End the request waiting on this connection: it raises Aborted."""
+        self.aborted = True
+        self.close()
 
     def _drop_region(self) -> None:
         region, self.region = self.region, None
@@ -545,6 +592,14 @@ class _AsyncConnection:
     async def _send(self, head: bytes, body: bytes | None) -> None:
         import trio
 
+        if not body:  # a request's head alone (a mount's miss): one send, nearly always
+            try:
+                sent = self.sock.send(head)
+            except BlockingIOError:
+                sent = 0
+            if sent == len(head):
+                return
+            head = head[sent:]
         parts = [head + body] if body and len(body) <= _COALESCE_LIMIT else [head, body]
         for part in parts:
             view = memoryview(part or b"")
@@ -573,32 +628,22 @@ class _AsyncConnection:
         if not data:
             raise _Dropped("the daemon closed the connection")
         for level, kind, payload in ancillary:
-            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            if level == _SOL_SOCKET and kind == _SCM_RIGHTS:
                 got = array.array("i")
                 got.frombytes(payload[: len(payload) - len(payload) % got.itemsize])
                 self.fds.extend(got)
-        if flags & socket.MSG_CTRUNC:
+        if flags & _MSG_CTRUNC:
             raise _Dropped("the daemon sent more descriptors than an answer takes")
-        self._heard()
+        self.heard_at = _perf_counter()
         self.buf += data
         return len(data)
-
-    def _heard(self) -> None:
-        # Moving a scope's deadline re-registers it with trio (a chunk's answer is heard
-        # two or three times): it is moved only once it is less than `silence` away, and
-        # then to SILENCE_SLACK times that, so a request fails after `silence` seconds
-        # of silence at the earliest and after SILENCE_SLACK times that at the latest.
-        if self.scope is not None:
-            import trio
-
-            now = trio.current_time()
-            if self.scope.deadline < now + self.silence:
-                self.scope.deadline = now + SILENCE_SLACK * self.silence
 
     async def _receive_response(
         self, bodiless: bool = False
     ) -> tuple[int, dict[str, str], bytes, bool]:
-        await self._readable()  # the answer cannot be there yet: wait first
+        import trio
+
+        await trio.lowlevel.wait_readable(self.sock)  # the answer cannot be there yet
         while True:
             version, status, headers = await self._head()
             if status >= 200:
@@ -665,8 +710,12 @@ class _AsyncConnection:
             if len(self.buf) > _MAX_HEAD:
                 raise _Dropped("the daemon's answer head is too large")
             await self._receive()
-        lines = bytes(self.buf[:end]).split(b"\r\n")
+        raw = bytes(self.buf[:end])
         del self.buf[: end + 4]
+        if raw == self._last_head:
+            version, status, headers = self._last_parsed
+            return version, status, headers.copy()  # the caller's to keep
+        lines = raw.split(b"\r\n")
         parts = lines[0].split(b" ", 2)
         if len(parts) < 2 or not parts[0].startswith(b"HTTP/1.") or not parts[1].isdigit():
             raise _Dropped(f"a malformed answer from the daemon: {lines[0][:80]!r}")
@@ -678,6 +727,7 @@ class _AsyncConnection:
             key = name.strip().decode("latin-1").lower()
             text = value.strip(b" \t").decode("latin-1")
             headers[key] = f"{headers[key]}, {text}" if key in headers else text
+        self._last_head, self._last_parsed = raw, (parts[0], int(parts[1]), headers.copy())
         return parts[0], int(parts[1]), headers
 
     async def _body(self, length: int) -> bytes:
@@ -706,7 +756,7 @@ class _AsyncConnection:
             if n == 0:
                 raise _Dropped(f"the daemon closed the connection after {got} of {length} bytes")
             got += n
-            self._heard()
+            self.heard_at = _perf_counter()
         return out if length >= _LARGE_BODY else bytes(out)  # type: ignore[return-value]
 
     async def _until_close(self) -> bytes:
@@ -745,7 +795,13 @@ class AsyncControlClient:
     handler waits, so a request that the
     daemon is slowing down on purpose (a limiter) waits as long as it takes, and a frozen
     daemon (SIGSTOP, a stuck loop) fails the request after ``timeout`` seconds (at most a
-    tenth more: SILENCE_SLACK)."""
+    tenth more: SILENCE_SLACK).
+
+    The silence is watched by one task per client and trio run (_watch, a system task
+    started with the first request), not by a cancel scope per request: each request's
+    connection is in `_inflight` while it waits, with the time it last heard something,
+    and the watchdog, asleep until the first such deadline, closes a connection that
+    reached its own; the request then fails as timed out."""
 
     def __init__(self, socket_path: str, max_connections: int = 16, timeout: float = 30.0) -> None:
         import trio
@@ -759,6 +815,14 @@ class AsyncControlClient:
         self._idle: list[_AsyncConnection] = []
         self._slots = trio.Semaphore(max_connections)
         self._closed = False
+        # The connections whose requests wait for an answer, and the watchdog that fails
+        # the silent ones: when it looks next (time.perf_counter(); inf while parked, or
+        # not started in this run), the scope of its sleep (cancelled to wake it
+        # earlier) and the run it belongs to.
+        self._inflight: dict[_AsyncConnection, None] = {}
+        self._watch_at = math.inf
+        self._watch_sleep: trio.CancelScope | None = None
+        self._watch_run: object = None
         # The header lines of a request with no body and no headers of the caller's (a
         # mount's miss), joined once.
         self._plain = _header_lines(
@@ -843,60 +907,109 @@ class AsyncControlClient:
     ) -> tuple[int, dict[str, str], bytes]:
         import trio
 
-        conn: _AsyncConnection | None = None
-        # A bare scope, not fail_after (a generator context manager per request); its
-        # deadline as _heard keeps it, so a prompt answer moves it no more.
-        scope = trio.CancelScope(deadline=trio.current_time() + SILENCE_SLACK * silence)
+        conn = await self._checkout(fresh, method, silence)
+        now = conn.heard_at = _perf_counter()
+        conn.silence = silence
+        inflight = self._inflight
+        inflight[conn] = None
+        if now + silence < self._watch_at:  # sooner than the watchdog looks (or parked)
+            self._wake_watch(now + silence)
+        hook = ABORT_HOOK.get()
+        if hook is not None:
+            hook(conn.abort)  # may abort at once: the send below then fails
         try:
-            with scope:
-                conn = await self._checkout(fresh, method)
-                conn.scope, conn.silence = scope, silence
-                status, rheaders, data, reusable = await conn.roundtrip(
-                    method, path, headers, payload
-                )
-                conn.scope = None
-            if scope.cancelled_caught:
-                raise trio.TooSlowError
-        except trio.TooSlowError:
-            if conn is not None:
-                conn.close()
-            raise ControlError(
-                f"the silofs daemon at {self.socket_path} said nothing for "
-                f"{silence:g}s after {method} {path} (frozen or overloaded?)",
-                timed_out=True,
-            ) from None
-        except (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-            assert conn is not None  # connect failures are ControlError already
+            status, rheaders, data, reusable = await conn.roundtrip(method, path, headers, payload)
+        except BaseException as exc:  # the connection's state is unknown: never reused
             conn.close()
-            raise _Dropped(_describe(exc)) from None
-        except BaseException:  # _Dropped, ControlError, cancellation: state unknown
-            if conn is not None:
-                conn.close()
-            raise
+            if conn.aborted:
+                raise Aborted(f"{method} {path} ended by its caller") from None
+            if conn.silenced:  # the watchdog closed it (_watch)
+                raise ControlError(
+                    f"the silofs daemon at {self.socket_path} said nothing for "
+                    f"{silence:g}s after {method} {path} (frozen or overloaded?)",
+                    timed_out=True,
+                ) from None
+            if isinstance(exc, (OSError, trio.BrokenResourceError, trio.ClosedResourceError)):
+                raise _Dropped(_describe(exc)) from None
+            raise  # _Dropped, ControlError, cancellation
+        finally:
+            inflight.pop(conn, None)
+            if hook is not None:
+                hook(None)
         self.answered_at = trio.current_time()
         if reusable and not self._closed:
-            conn.used_at = self.answered_at
+            conn.used_at = _perf_counter()
             self._idle.append(conn)
         else:
             conn.close()
         return status, rheaders, data
 
-    async def _checkout(self, fresh: bool, method: str) -> _AsyncConnection:
-        """An idle connection (unless ``fresh``) or a new one; ControlError if unreachable."""
+    def _wake_watch(self, at: float) -> None:
+        """Have the watchdog look at `at` (time.perf_counter()) at the latest: started
+        in this run if it is not yet, else woken from a longer sleep."""
+        import trio
+
+        run = trio.lowlevel.current_root_task()
+        if self._watch_run is not run:  # first request in this trio run
+            self._watch_run = run
+            self._watch_at = at
+            trio.lowlevel.spawn_system_task(self._watch, run, name="silofs client watchdog")
+        elif self._watch_sleep is not None:
+            self._watch_at = at
+            self._watch_sleep.cancel()
+
+    async def _watch(self, run: object) -> None:
+        """Fail the requests whose connection heard nothing for their silence: close it
+        (a wait on it raises, _attempt sees `silenced`). Asleep until the first deadline
+        of the connections in flight; parked (woken by _wake_watch) while none is."""
+        import trio
+
+        while self._watch_run is run:
+            now = _perf_counter()
+            first = math.inf
+            for conn in list(self._inflight):
+                at = conn.heard_at + conn.silence
+                if at <= now:
+                    del self._inflight[conn]
+                    conn.silenced = True
+                    conn.close()
+                elif at < first:
+                    first = at
+            self._watch_at = first
+            # A bare scope: its deadline on trio's clock, from perf_counter's
+            # (SystemClock is perf_counter plus an offset; an autojump clock in a test
+            # runs no faster than this, and a later wake only looks again).
+            deadline = trio.current_time() + (first - _perf_counter())
+            with trio.CancelScope(deadline=deadline) as self._watch_sleep:
+                await trio.sleep_forever()
+            self._watch_sleep = None
+
+    async def _checkout(self, fresh: bool, method: str, silence: float) -> _AsyncConnection:
+        """An idle connection (unless ``fresh``) or a new one; ControlError if unreachable
+        (or if connecting takes longer than `silence`)."""
         import trio
 
         # Only a request that may be repeated on a new connection (_Dropped) takes a
         # recently used connection unpolled.
-        now = trio.current_time() if method in IDEMPOTENT else math.inf
+        now = _perf_counter() if method in IDEMPOTENT else math.inf
         while self._idle and not fresh:
             conn = self._idle.pop()  # LIFO: the warmest connection, least likely timed out
             if not conn.looks_dead(now):
                 return conn
             conn.close()
-        try:
-            stream = await trio.open_unix_socket(self.socket_path)
-        except OSError as exc:
-            raise _connect_error(self.socket_path, exc) from None
+        # A new connection is rare (the pool keeps them): the silence of its connect is
+        # watched by a scope of its own, the requests' by the watchdog.
+        with trio.move_on_after(SILENCE_SLACK * silence) as scope:
+            try:
+                stream = await trio.open_unix_socket(self.socket_path)
+            except OSError as exc:
+                raise _connect_error(self.socket_path, exc) from None
+        if scope.cancelled_caught:
+            raise ControlError(
+                f"the silofs daemon at {self.socket_path} said nothing for {silence:g}s "
+                "while connecting (frozen or overloaded?)",
+                timed_out=True,
+            )
         try:
             check_daemon_peer(stream.socket, self.socket_path)
         except UntrustedDaemonError as exc:

@@ -593,10 +593,12 @@ class SilofsFS(pyfuse3.Operations):
                 self._page_versions.pop(f.inode, None)
             obj_size = f.obj.size
             r = self.reader
-            if not off and obj_size <= size and 0 < obj_size <= r.whole_max:
+            whole = not off and obj_size <= size and 0 < obj_size <= r.whole_max
+            if whole:
                 # A one-chunk file read whole (a warm small file: one request). No
                 # read-ahead state to keep: a file of one chunk never reads ahead
-                # (prefetch() and _read_span() are its only readers).
+                # (prefetch() and _read_span() are its only readers). whole() begins
+                # the read (begin_read) whatever it answers.
                 data = r.whole(f)
                 if data is not None:
                     c = r.counters
@@ -610,7 +612,8 @@ class SilofsFS(pyfuse3.Operations):
             cs = r.chunk_size
             first, last = off // cs, (end - 1) // cs
             sequential = f.advance(off, end)  # a seek resets the file's read-ahead window
-            r.begin_read()
+            if not whole:
+                r.begin_read()
             if first == last:
                 lo, hi = off - first * cs, end - first * cs
                 data = r.hit(f, first, lo, hi)  # [lo, hi), a verified copy

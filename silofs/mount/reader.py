@@ -329,6 +329,9 @@ class ChunkReader:
         # The scratch buffer of hits answered without an await (_copy_out).
         self._scratch = memoryview(bytearray(0))  # a header and the blocks after it
         self._short = b""  # the chunk hit() found not all in the page cache, last
+        # The chunk hit() found absent, and in which read (self._reads): chunk() of it
+        # in that read goes to the daemon without a second look.
+        self._absent: tuple[bytes, int] = (b"", 0)
         # whole(): value size -> its views of _scratch (_whole_plan), and whether that
         # path can serve at all (values copied by preadv with RWF_NOWAIT).
         self._wholes: dict[int, tuple] = {}
@@ -607,8 +610,10 @@ class ChunkReader:
     def whole(self, f: OpenFile) -> memoryview | None:
         """All of a one-chunk file of at most whole_max bytes (f.ref: its chunk 0, made
         by ChunkRef.of), read through the page cache and verified, as hit(f, 0, 0,
-        length) serves it, and with begin_read() done; None where the general path must
-        serve it (the caller then calls begin_read() and hit(), which look again).
+        length) serves it, with begin_read() done either way; None where the general
+        path must serve it (the caller then calls hit(), which looks again, not
+        begin_read(): a second for one FUSE read would have hit() look once more in a
+        snapshot of its own for nothing, as a daemon-answered miss did).
 
         The same work as hit() with every decision that does not change per read made
         once per value layout (_whole_plan: the buffers and views), so a warm small file
@@ -622,6 +627,7 @@ class ChunkReader:
         (another layout, a value read ahead, a page not in the page cache, a failed
         check) returns None: hit() looks again and chunk() counts the damage.
         """
+        self.begin_read()  # this FUSE read's, whatever path serves it
         ref = f.ref
         expect = ref.expect if ref is not None else None
         ahead = self.ahead
@@ -631,7 +637,6 @@ class ChunkReader:
             or (ahead is not None and (ahead.values or ahead.flights))
         ):
             return None
-        self.begin_read()
         try:
             cur = self._cursor or self._value_cursor()
             where = cur.find(ref.key)  # type: ignore[union-attr]  # pages.enabled: a cursor
@@ -729,6 +734,9 @@ class ChunkReader:
                     if where is None:
                         where = self._find_fresh(ref)
                 if where is None:
+                    # Absent in this read's snapshot: chunk() asks the daemon without
+                    # looking again (a daemon-answered miss looked three times).
+                    self._absent = (ref.key, self._reads)
                     return None
                 addr, size = where
                 base = pages.offset(addr)
@@ -867,7 +875,10 @@ class ChunkReader:
         if hi is None:
             hi = ref.length
         try:
-            view = await self._cached(ref, lo, hi, kept)
+            if self._absent == (ref.key, self._reads):  # hit() just looked: not there
+                view = None
+            else:
+                view = await self._cached(ref, lo, hi, kept)
         except (StaleFormatError, _Refetch):  # of an older format, or counted already
             data, from_cache = await self._miss(ref, refetch=True, opener=f.opener, inode=f.inode)
             return memoryview(data)[lo:hi], from_cache, "cache" if from_cache else "store"
@@ -929,7 +940,10 @@ class ChunkReader:
                         exc.logged = True
                     raise
 
-        result = await self.waits.wait(opener, flown, inode)
+        if ref.key in self._flights:  # joins another's ask: a flight's wait, in a scope
+            result = await self.waits.wait(opener, flown, inode)
+        else:  # leads it: its waits are the client's requests, ended by their abort
+            result = await self.waits.watch(opener, flown, inode)
         self._stale = True  # the chunk may be admitted (or replaced) now: see begin_read
         return result
 

@@ -12,8 +12,9 @@ fetched at the raise.
 Owns: the misses of this serving process's readers that wait, the look at the process behind
 each one (the thread that opened its file: pyfuse3 gives read() no context, so the
 opener stands for the reader) once the read has waited FIRST_LOOK, every LOOK_EVERY
-after that, and ending the read (its cancel scope: its ask to the daemon goes, and
-with it the daemon's wait and charge) when that process
+after that, and ending the read (its cancel scope, or for a read that leads its chunk's
+ask the abort of that request, watch(): either way its connection to the daemon closes,
+and with it go the daemon's wait and charge) when that process
 
 - is gone, or a zombie, since the first look (one gone already then is not taken for
   the reader: a file read through a descriptor its opener left behind reads on), or
@@ -50,11 +51,12 @@ import math
 import os
 import signal
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TypeVar
 
 import trio
 
+from silofs.control.client import ABORT_HOOK, Aborted
 from silofs.units import is_digits
 
 log = logging.getLogger(__name__)
@@ -83,7 +85,11 @@ class _Wait:
     tid: int  # the opener's thread (FUSE's pid of the OPEN request)
     since: float
     inode: int = 0  # the file's (its st_ino); 0: unknown, no holder is looked for
-    scope: trio.CancelScope = field(default_factory=trio.CancelScope)
+    # How the read is ended: its cancel scope (wait()), or the abort of the request it
+    # waits on (watch(): None while it waits on nothing that can be aborted).
+    scope: trio.CancelScope | None = None
+    abort: Callable[[], None] | None = None
+    over: bool = False  # watch() returned: a task that inherited the hook attaches nothing
     tgid: int = 0  # its process, from the first look; 0 before
     watched: bool = True  # False: nothing to look at (no pid, or gone at the first look)
     stopping: bool = False  # a caught stopping signal was pending at the last look
@@ -91,6 +97,20 @@ class _Wait:
     # may be reused by any process meanwhile), only the file's holders are.
     gone: bool = False
     why: str = ""
+
+    def attach(self, abort: Callable[[], None] | None) -> None:
+        """ABORT_HOOK's callback: the request this read now waits on (None: none)."""
+        if self.over:
+            return
+        self.abort = abort
+        if abort is not None and self.why:  # found dying while it waited elsewhere
+            abort()
+
+    def end(self) -> None:
+        if self.scope is not None:
+            self.scope.cancel()
+        elif self.abort is not None:
+            self.abort()  # else when it next waits on a request (attach)
 
 
 @dataclass(slots=True)
@@ -163,16 +183,42 @@ class Waits:
         entry when call() returns at once: misses only, hits never get here."""
         if opener <= 0:  # no pid (a handle another serving process opened): as before
             return await call()
-        w = _Wait(opener, trio.current_time(), inode)
+        w = _Wait(opener, trio.current_time(), inode, trio.CancelScope())
         self._waits[w] = None
         if self._wake is not None:
             self._wake.set()
         try:
-            with w.scope:
+            with w.scope:  # type: ignore[union-attr]
                 return await call()
         finally:
             del self._waits[w]
         # Only a cancel of ours gets here (any other cancel re-raises out of the scope).
+        self.interrupted += 1
+        raise Interrupted(w.why)
+
+    async def watch(self, opener: int, call: Callable[[], Awaitable[T]], inode: int = 0) -> T:
+        """wait() for a call whose waits are the daemon client's requests (a miss that
+        leads its chunk's ask), without a cancel scope (~50 k instructions a miss,
+        bench/miss_ir.py): the read is ended by aborting the request it waits on
+        (control/client.py ABORT_HOOK: its connection closed, as the scope's cancel
+        closed it). A read found dying while it waits on nothing abortable (a free
+        connection slot) ends when it next asks."""
+        if opener <= 0:
+            return await call()
+        w = _Wait(opener, trio.current_time(), inode)
+        self._waits[w] = None
+        if self._wake is not None:
+            self._wake.set()
+        token = ABORT_HOOK.set(w.attach)
+        try:
+            return await call()
+        except Aborted:
+            if not w.why:
+                raise  # not ours (an outer caller's hook)
+        finally:
+            ABORT_HOOK.reset(token)
+            w.over, w.abort = True, None
+            del self._waits[w]
         self.interrupted += 1
         raise Interrupted(w.why)
 
@@ -193,12 +239,12 @@ class Waits:
 
     def look_all(self, now: float) -> None:
         for w in list(self._waits):
-            if w.watched and now - w.since >= FIRST_LOOK:
+            if w.watched and not w.why and now - w.since >= FIRST_LOOK:
                 why = self._look(w, now)
                 if why:
                     w.why = why
                     log.info("a read waiting %.1fs ends with EINTR: %s", now - w.since, why)
-                    w.scope.cancel()
+                    w.end()
 
     def _look(self, w: _Wait, now: float) -> str:
         """Why w's read should end now, or ""."""

@@ -19,7 +19,7 @@ import pytest
 import trio
 
 from silofs.control import server as server_mod
-from silofs.control.client import AsyncControlClient, ControlError
+from silofs.control.client import ABORT_HOOK, Aborted, AsyncControlClient, ControlError
 from silofs.control.router import Request, Response, Router, json_response
 from silofs.control.server import serve_unix
 
@@ -80,6 +80,72 @@ def test_a_silent_daemon_fails_the_request_after_the_timeout(sock_path: str) -> 
             assert err.value.timed_out and err.value.status is None
             assert "said nothing for 0.3s" in str(err.value)
             assert trio.current_time() - t0 < 5
+
+    try:
+        trio.run(main)
+    finally:
+        frozen.close()
+
+
+def test_a_silence_shorter_than_the_one_watched_is_failed_on_time(sock_path: str) -> None:
+    # The watchdog sleeps until the first deadline in flight: a request with a shorter
+    # silence than the one it sleeps for wakes it earlier.
+    frozen = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    frozen.bind(sock_path)
+    frozen.listen(8)
+
+    async def main() -> None:
+        async with AsyncControlClient(sock_path, timeout=30) as client:
+            failed: list[float] = []
+
+            async def ask(silence: float) -> None:
+                t0 = trio.current_time()
+                with pytest.raises(ControlError) as err:
+                    await client.request("GET", "/v1/chunks?x=1", timeout=silence)
+                assert err.value.timed_out
+                failed.append(trio.current_time() - t0)
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(ask, 20.0)  # the watchdog then sleeps ~20 s
+                await trio.sleep(0.05)
+                await ask(0.3)
+                nursery.cancel_scope.cancel()
+            assert len(failed) == 1 and 0.3 <= failed[0] < 5
+
+    try:
+        trio.run(main)
+    finally:
+        frozen.close()
+
+
+def test_a_request_its_callers_hook_aborts_ends_and_leaves_no_connection(
+    sock_path: str,
+) -> None:
+    frozen = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)  # accepts, never answers
+    frozen.bind(sock_path)
+    frozen.listen(8)
+    attached: list[object] = []
+
+    async def main() -> None:
+        async with AsyncControlClient(sock_path, timeout=30) as client:
+            token = ABORT_HOOK.set(attached.append)
+            try:
+                async with trio.open_nursery() as nursery:
+
+                    async def ask() -> None:
+                        with pytest.raises(Aborted):
+                            await client.request("GET", "/v1/chunks?x=1")
+
+                    nursery.start_soon(ask)
+                    while not attached:
+                        await trio.sleep(0.01)
+                    abort = attached[0]
+                    assert callable(abort)
+                    abort()  # type: ignore[operator]
+            finally:
+                ABORT_HOOK.reset(token)
+            assert attached[-1] is None  # detached once the request ended
+            assert not client._idle and not client._inflight  # its connection closed
 
     try:
         trio.run(main)

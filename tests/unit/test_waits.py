@@ -16,6 +16,7 @@ import pytest
 import trio
 import trio.testing
 
+from silofs.control.client import ABORT_HOOK, Aborted
 from silofs.mount.waits import (
     FIRST_LOOK,
     HOLDERS_EVERY,
@@ -339,3 +340,69 @@ def test_holders_of_this_process_are_found(tmp_path: Path) -> None:
     with open(tmp_path / "f", "wb") as f:
         found = holders("/proc", str(tmp_path))
         assert found.get(os.fstat(f.fileno()).st_ino) == {os.getpid()}
+
+
+def test_a_watched_read_is_ended_by_aborting_the_request_it_waits_on(tmp_path: Path) -> None:
+    """Waits.watch, a leading miss's wait without a cancel scope: the read's request
+    (here a stand-in for the client's, control/client.py) is handed to the read through
+    ABORT_HOOK while it waits, and the watcher's verdict aborts it: Interrupted. One
+    found dying while it waits on nothing abortable is aborted when it next asks."""
+    write_status(tmp_path, 100)
+    write_status(tmp_path, 200)
+    outcome: dict[str, str] = {}
+
+    async def request(wait_first: trio.Event | None = None) -> None:
+        if wait_first is not None:
+            await wait_first.wait()  # e.g. for a free connection slot: nothing to abort
+        aborted = trio.Event()
+        hook = ABORT_HOOK.get()
+        assert hook is not None
+        hook(aborted.set)
+        try:
+            await aborted.wait()
+        finally:
+            hook(None)
+        raise Aborted("ended by its caller")
+
+    async def read(waits: Waits, name: str, opener: int, call) -> None:
+        try:
+            await waits.watch(opener, call)
+        except Interrupted as exc:
+            outcome[name] = f"EINTR: {exc}"
+
+    async def main() -> None:
+        waits = Waits(str(tmp_path), MOUNTPOINT, inline)
+        slot = trio.Event()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(waits.run)
+            nursery.start_soon(read, waits, "asking", 100, request)
+            nursery.start_soon(read, waits, "queued", 200, lambda: request(slot))
+            await trio.sleep(FIRST_LOOK + LOOK_EVERY / 2)
+            assert not outcome and len(waits) == 2
+            gone(tmp_path, 100)
+            gone(tmp_path, 200)
+            await trio.sleep(LOOK_EVERY)
+            assert outcome == {"asking": "EINTR: process 100 is gone"}
+            slot.set()  # the queued read asks now: aborted at once
+            await trio.sleep(0.01)
+            assert outcome["queued"] == "EINTR: process 200 is gone"
+            assert len(waits) == 0 and waits.interrupted == 2
+            assert ABORT_HOOK.get() is None  # the hook is the read's only
+            nursery.cancel_scope.cancel()
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+
+
+def test_an_abort_not_of_a_watched_read_is_not_taken_for_one(tmp_path: Path) -> None:
+    write_status(tmp_path, 100)
+
+    async def call() -> None:
+        raise Aborted("another caller's")
+
+    async def main() -> None:
+        waits = Waits(str(tmp_path), MOUNTPOINT, inline)
+        with pytest.raises(Aborted):
+            await waits.watch(100, call)
+        assert waits.interrupted == 0 and len(waits) == 0
+
+    trio.run(main)
