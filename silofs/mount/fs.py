@@ -696,15 +696,14 @@ class SilofsFS(pyfuse3.Operations):
                 self._paged_close(fh)
             versions = self._open_versions.get(f.inode)
             if versions is not None:
+                # Taken out, put back if other handles of the version remain; the inode's
+                # entry goes with its last version (never left empty).
                 version = f.obj.version
-                left = versions.get(version, 0) - 1
+                left = versions.pop(version, 0) - 1
                 if left > 0:
                     versions[version] = left
-                elif version in versions:
-                    if len(versions) == 1:
-                        del self._open_versions[f.inode]
-                    else:
-                        del versions[version]
+                elif not versions:
+                    del self._open_versions[f.inode]
             if f.gen != self.listing.gen:
                 # A handle of an older listing: its reads stopped at the old size, and a short
                 # read makes the kernel shrink the file's size to it. Once it is closed, the

@@ -189,10 +189,13 @@ class MissError(Exception):
         self.object_key: str | None = None
 
 
-@dataclass(slots=True)
+@dataclass(init=False)
 class OpenFile:
     # The first five in the order open() passes them, positionally (no keyword parsing
-    # per OPEN).
+    # per OPEN). The read-ahead state after them is read from the class's defaults until
+    # a read first sets it (no slots: a slot must be stored before it is read), so an
+    # OPEN stores five attributes, not twelve: a warm small file (read whole, in one
+    # request) never sets any of it.
     obj: ObjectInfo
     inode: int = 0
     gen: int = 0  # the listing generation it was opened in
@@ -207,6 +210,20 @@ class OpenFile:
     run_start: int = 0  # where the current run of sequential reads began
     asked_until: int = 0  # the end (bytes) of what read-ahead asked for in this run
     advised: int = 0  # the first chunk whose cached value was not read ahead yet
+
+    def __init__(
+        self,
+        obj: ObjectInfo,
+        inode: int = 0,
+        gen: int = 0,
+        ref: ChunkRef | None = None,
+        opener: int = 0,
+    ) -> None:
+        self.obj = obj
+        self.inode = inode
+        self.gen = gen
+        self.ref = ref
+        self.opener = opener
 
     def chunk_ref(self, chunk_size: int, index: int) -> ChunkRef:
         ref = self.ref
