@@ -8,8 +8,9 @@ the store's GETs.
   the store) within the bound, with right bytes; restarted, it is found up again and
   serves its chunks; the others drop the copies they made standing in for it, so the
   nodes' cached bytes add up to the dataset once again.
-- A warm on one node fills every member's part of the share to within one chunk, a
-  member the warm node still counts down after a restart (its backoff) too. The share
+- A warm on one node fills every member's part of the share to within one chunk (or
+  with every chunk placed at it, where those come to less), a member the warm node
+  still counts down after a restart (its backoff) too. The share
   is on every member when allocate-cache answers; one set while a member is down names
   that member, which takes it once back.
 - A member killed with kill -9 as a warm on another node starts: the warm ends, and
