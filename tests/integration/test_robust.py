@@ -312,7 +312,10 @@ def test_a_request_withdrawn_by_a_killed_caller_never_freezes_the_mount(
     local_store.apply_env(monkeypatch)
     files = {f"f{n}": os.urandom(300 << 10) for n in range(2)}
     local_store.create("data", files)
-    node = make_node()
+    # The daemon stays stopped until the withdrawals below leave the mount in read(),
+    # up to their 120 s deadline: the mount must wait for it longer than that. With the
+    # default 30 s the reader's miss timed out (EIO) at load ~20, the loop still running.
+    node = make_node(env={"SILOFS_DAEMON_TIMEOUT": "300"})
     mp = node.mount(local_store.uri("data"), tmp_path / "mnt")
     pid = node.mount_pid(mp)
     assert node.proc is not None
