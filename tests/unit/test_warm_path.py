@@ -377,7 +377,7 @@ async def _then_served_from_memory(
             break
     else:
         raise AssertionError("a value in memory was never served on the serving thread")
-    assert bytes(view) == _big_body(1)[5:-7]
+    assert view is not None and bytes(view) == _big_body(1)[5:-7]
     assert daemon.requests == []
 
 
