@@ -379,7 +379,9 @@ def cluster(
                 # they were still starting, was refused, and counts them down for the
                 # backoff (doubling with each refusal) until its next probe. Tests begin
                 # with every member up everywhere (their reads' homes, their parts).
-                for role in roles:
+                # Not a node outside the starting list: the members refuse its pings
+                # until a test puts it on theirs.
+                for role in spec.members or roles:
                     wait_for(
                         lambda role=role: _all_up(nodes[role].node),
                         timeout=60,
