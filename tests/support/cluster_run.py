@@ -19,6 +19,7 @@ from tests.support.cluster import ClusterNode, write_cluster
 from tests.support.faultproxy import FaultPlan, FaultProxy
 from tests.support.net import free_ports
 from tests.support.node import Node
+from tests.support.poll import wait_for
 
 
 class ClusterDaemon(Node):
@@ -48,9 +49,10 @@ class RunningCluster:
 def running_cluster(
     store: Any, bucket: str, tree: dict[str, bytes], tmp_path: Path, n: int, chunk_size: str
 ) -> Iterator[RunningCluster]:
-    """`n` daemons on 127.0.0.1 (a dead-peer bound of 1 s, a backoff of 0.5 s), the
-    bucket (made of `tree`) read through one fault proxy and mounted on each with
-    `--chunk-size chunk_size`. The caller applies the store's environment first."""
+    """`n` daemons on 127.0.0.1 (a dead-peer bound of 1 s, a backoff of 0.5 s), each
+    counting every member up, the bucket (made of `tree`) read through one fault proxy
+    and mounted on each with `--chunk-size chunk_size`. The caller applies the store's
+    environment first."""
     store.create(bucket, tree)
     up = urlsplit(store.endpoint_url)
     with FaultProxy(upstream=(up.hostname or "127.0.0.1", up.port or 80), faults=FaultPlan()) as p:
@@ -65,6 +67,16 @@ def running_cluster(
         try:
             for node in nodes:
                 node.start()
+            # The nodes start one after the other: each pinged the later ones while they
+            # were still starting, was refused, and counts them down for the backoff
+            # (doubling with each refusal while they start) until its next probe. Tests
+            # begin with every member up everywhere (their reads' homes, their parts).
+            for node in nodes:
+                wait_for(
+                    lambda node=node: all(m["state"] == "up" for m in node.cluster()["members"]),
+                    timeout=60,
+                    what=f"{node.spec.name} to find every member up",
+                )
             uri = store.uri(bucket)
             mps = [
                 node.mount(uri, tmp_path / f"mnt{i}", "--chunk-size", chunk_size)

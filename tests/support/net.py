@@ -18,6 +18,7 @@ from __future__ import annotations
 import ctypes
 import itertools
 import os
+import random
 import shutil
 import socket
 import subprocess
@@ -35,13 +36,40 @@ def free_port() -> int:
 def free_ports(n: int) -> list[int]:
     """`n` distinct TCP ports on 127.0.0.1 that nothing listens on right now: bound all at
     once while they are picked, since free_port() called twice may give one port twice
-    (a run of the cluster tests listed a member twice, and its daemons would not start)."""
+    (a run of the cluster tests listed a member twice, and its daemons would not start).
+    Picked below the kernel's ephemeral range where it leaves room: a port bound to 0 is
+    one of those, which any connection this host opens meanwhile (a client of the store,
+    of a daemon) may take before the test's server listens on it (a cluster daemon
+    failed to start, "Address already in use", in 1 of 5 loaded runs of test_cluster)."""
+    low = _ephemeral_low()
     with ExitStack() as stack:
-        socks = [stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
-                 for _ in range(n)]  # fmt: skip
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
+        ports: list[int] = []
+        tries = 10 * n + 100
+        while len(ports) < n:
+            tries -= 1
+            if tries < 0:
+                raise RuntimeError(f"no {n} free ports found below {low}")
+            s = stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
+            port = _PICK.randrange(PICK_FROM, low) if low > PICK_FROM + 1000 else 0
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:  # listened on, in use by a connection, or picked already
+                continue
+            ports.append(s.getsockname()[1])
+        return ports
+
+
+PICK_FROM = 10_000  # free_ports' range starts here (below: well-known and registered)
+_PICK = random.SystemRandom()  # two test processes picking at once rarely meet
+
+
+def _ephemeral_low() -> int:
+    """The first port of the kernel's range for outgoing connections (32768 by default)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
 
 
 class NetnsUnavailable(RuntimeError):

@@ -13,7 +13,8 @@ Owns making and unmaking such a cluster for tests and benchmarks:
 - each node: a `silofs daemon` inside its namespace, with its own root (cache dir,
   socket, logs) and a silofs.toml naming the store's endpoint, its mutual-TLS listener
   and, when clustered, its [cluster] (the members as the others reach them: through a
-  fault proxy in front of its peer port if asked for);
+  fault proxy in front of its peer port if asked for); started one after the other,
+  the cluster handed over once every node counts every member up;
 - mounts: FUSE mounts live in this host's mount namespace (a mount process reaches its
   daemon by the Unix socket, which needs no network);
 - reading: one epoch on every node at once, each in its own order with its own reader
@@ -45,6 +46,7 @@ from typing import Any
 from tests.support.faultproxy import FaultPlan, FaultProxy
 from tests.support.net import Bridge, Link, bridge
 from tests.support.node import Node, drop_file_cache
+from tests.support.poll import wait_for
 from tests.support.servers import S3Server
 
 PEER_PORT = 7470  # each node's mutual-TLS listener
@@ -372,7 +374,25 @@ def cluster(
         if start:
             for role in roles:
                 c.start(role)
+            if spec.clustered:
+                # Started one after the other: each node pinged the later ones while
+                # they were still starting, was refused, and counts them down for the
+                # backoff (doubling with each refusal) until its next probe. Tests begin
+                # with every member up everywhere (their reads' homes, their parts).
+                # Not a node outside the starting list: the members refuse its pings
+                # until a test puts it on theirs.
+                for role in spec.members or roles:
+                    wait_for(
+                        lambda role=role: _all_up(nodes[role].node),
+                        timeout=60,
+                        what=f"{role} to find every member up",
+                    )
         yield c
+
+
+def _all_up(node: Node) -> bool:
+    view = node.request("GET", "/v1/cluster")
+    return all(m["state"] == "up" for m in view["members"])
 
 
 # ---------------------------------------------------------------------------------------

@@ -343,6 +343,12 @@ def test_chunks_held_for_a_member_that_was_down_give_way_to_this_node_s_own(
     """While OTHER is down this node is home of its chunks too and admits them where its
     part has room; once OTHER is back they are its again (reads go there), so here they
     must not keep this node's own chunks out of its part: the first to make room."""
+    # Where a chunk is placed follows its key, made of the file's content id (its inode
+    # and mtime here: new each run). OTHER weighs 1 of 4: of the fixture's 16 chunks none
+    # was placed there once in ~90 runs (0.75**16); of 64, once in ~10**8.
+    files = 32
+    for i in range(8, files):
+        (bucket / f"f{i}.bin").write_bytes(os.urandom(2 * CHUNK))
 
     async def main() -> None:
         async with running(home) as d:
@@ -352,7 +358,7 @@ def test_chunks_held_for_a_member_that_was_down_give_way_to_this_node_s_own(
             await d.set_cache_allocation(ds.uri.canonical, 4 * CHUNK)  # part: 3 chunks
             refs = [
                 ChunkRef.of(d.store.get_object(ds.id, f"f{i}.bin"), CHUNK, c)
-                for i in range(8)
+                for i in range(files)
                 for c in range(2)
             ]
             theirs = [r for r in refs if membership.placed(r.key).address == OTHER][:1]

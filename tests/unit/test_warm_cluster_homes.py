@@ -151,12 +151,17 @@ def test_a_member_down_when_the_warm_starts_is_filled_once_it_answers(
     part = share // 3
     ds, homes, w, here = _warm(d, bucket, part, _c_down, share=share)
     assert w.state == "done" and w.failed_chunks == 0 and pinged == [{C}]
-    placed = {ref.key: membership.placed(ref.key).address for ref in _refs(d, ds)}
-    # Every member within one chunk of its part, the one that was down too.
-    assert part - CHUNK < here <= part
+    refs = _refs(d, ds)
+    placed = {ref.key: membership.placed(ref.key).address for ref in refs}
+    # Every member within one chunk of its part, the one that was down too; or holding
+    # every chunk placed at it, where those come to less: placement follows the content
+    # ids (inode and mtime here, new each run), and a member of three is placed less
+    # than its part less a chunk in ~0.1% of runs (a share of half the dataset).
+    want = {a: min(part, sum(r.length for r in refs if placed[r.key] == a)) for a in (ME, B, C)}
+    assert want[ME] - CHUNK < here <= part, (here, want[ME], part)
     for a in (B, C):
         got = sum(homes.held[a].values())
-        assert part - CHUNK < got <= part, (a, got, part)
+        assert want[a] - CHUNK < got <= part, (a, got, want[a], part)
         # Only its own chunks: none of another's, none stood in for.
         assert all(placed[k] == a for k in homes.held[a]), a
     # Nothing placed at C was asked of B meanwhile, nor held here.
