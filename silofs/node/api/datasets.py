@@ -20,6 +20,7 @@ from silofs.node.api.fields import (
     MAX_NAME,
     chunk_size,
     dataset,
+    dataset_uri,
     field,
     job_name,
     usage_error_as,
@@ -108,10 +109,28 @@ async def get_dataset(d: Daemon, req: Request, name: str) -> Response:
 
 
 async def forget_dataset(d: Daemon, req: Request, name: str) -> Response:
+    if d.catalog.find_dataset(name) is None:
+        # No row, but maybe an allocation kept for the dataset (`allocate-cache --create`
+        # of a mistyped URI): forgetting it is the undo README promises.
+        uri = _allocated_uri(d, name)
+        if uri is not None:
+            await d.allocs.forget_dataset(uri)
+            log.info("forgot the allocation of dataset %s (not opened on this node)", uri)
+            return json_response({"forgot": "dataset", "dataset": uri})
     ds = dataset(d, name)
     with usage_error_as(409):  # still in use
         await d.forget_dataset(ds)
     return json_response({"forgot": "dataset", "dataset": ds.uri.canonical})
+
+
+def _allocated_uri(d: Daemon, name: str) -> str | None:
+    """The canonical URI `name` gives if it holds a cache allocation or an admission
+    mode but no row on this node; None otherwise (not a URI, or nothing set for it)."""
+    try:
+        uri = dataset_uri(d, name)
+    except HTTPError:
+        return None
+    return uri if uri in d.allocs.cache or uri in d.allocs.modes else None
 
 
 # -- warm (silofs warm) -----------------------------------------------------------------
