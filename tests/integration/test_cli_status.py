@@ -192,3 +192,28 @@ def test_an_allocation_for_a_dataset_not_opened_shows_and_forget_drops_it(make_n
     assert ctl(node, "allocate-cache", "s3://nob/big", str(cache), "--create").returncode == 0
     res = ctl(node, "forget", "s3://nob/typo")
     assert res.returncode == 1 and "no dataset 's3://nob/typo'" in res.stderr
+
+
+def test_an_endpoint_with_credentials_is_refused_and_never_shown(
+    make_node, tmp_path: Path, monkeypatch
+) -> None:
+    """`silofs mount --endpoint-url http://KEY:SECRET@host` (or AWS_ENDPOINT_URL so) was
+    taken: the store's error repeated the URL in the dataset's status (every local user
+    reads it), every retry's log line and the mount's error. Now the CLI and the daemon
+    (a client's open request) refuse it in one line that does not repeat it."""
+    from silofs.control.client import ControlError
+
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "x")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "y")
+    node: Node = make_node()
+    secret = "http://AKIAKEY:SUPERSECRET@127.0.0.1:1"
+    mp = tmp_path / "mnt"
+    mp.mkdir()
+    res = node.run("mount", "s3://bkt/x", str(mp), "--endpoint-url", secret)
+    assert res.returncode == 2 and "holds no credentials" in res.stderr, res.stderr
+    assert "SUPERSECRET" not in res.stderr + res.stdout
+    with pytest.raises(ControlError) as exc:
+        node.request("POST", "/v1/datasets", {"uri": "s3://bkt/y", "endpoint_url": secret})
+    assert exc.value.status == 400 and "SUPERSECRET" not in str(exc.value)
+    assert "SUPERSECRET" not in json.dumps(node.status())
+    assert all("SUPERSECRET" not in p.read_text() for p in node.logs.iterdir())

@@ -37,7 +37,7 @@ from silofs.node.daemon import Daemon
 from silofs.node.state import DatasetState
 from silofs.node.views import dataset_view
 from silofs.node.warm import WarmState
-from silofs.uri import DatasetURI, parse_uri
+from silofs.uri import DatasetURI, check_endpoint, parse_uri
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +49,9 @@ async def open_dataset(d: Daemon, req: Request) -> Response:
     uri = field(body, "uri", str)
     refresh = field(body, "refresh", bool, required=False) or False
     endpoint_url = field(body, "endpoint_url", str, required=False)
+    if endpoint_url:
+        with usage_error_as(400):  # credentials in it: they would be in status and logs
+            check_endpoint(endpoint_url, "endpoint_url")
     check_store_options(d, req, body)
     options = store_options(body)
     parsed = _absolute_uri(uri)
