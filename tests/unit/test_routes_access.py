@@ -244,6 +244,28 @@ def test_socket_dir_must_be_ours(world: Path) -> None:
     check_socket_dir(str(loose))
 
 
+def test_a_socket_the_daemon_cannot_bind_is_one_line(tmp_path: Path) -> None:
+    """A socket path in a directory the daemon may not write (a read-only file system:
+    under systemd's ProtectSystem=strict, anything outside ReadWritePaths; /proc here)
+    was a FileNotFoundError/OSError traceback from bind(), in the journal."""
+    import subprocess
+    import sys
+
+    from silofs.control.server import bind_unix
+
+    with pytest.raises(SocketDirError, match="cannot listen on /proc/silofs-test.sock: "):
+        bind_unix("/proc/silofs-test.sock", mode=0o666, uid=None, gid=None)
+    res = subprocess.run(
+        [sys.executable, "-m", "silofs", "daemon", "--socket", "/proc/silofs-test.sock"]
+        + ["--cache-dir", str(tmp_path / "cache"), "--cache-size", "1G"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert res.returncode == 1 and "Traceback" not in res.stderr, res.stderr
+    assert res.stderr.startswith("silofs: error: cannot listen on /proc/silofs-test.sock: ")
+
+
 def test_cache_modes(tmp_path: Path) -> None:
     cache = tmp_path / "c"
     cache.mkdir(mode=0o755)
