@@ -260,8 +260,22 @@ def allocate_cache(dataset: str, size: str, create: bool, socket: str | None) ->
     ans = shown_all(_call(socket, "PUT", f"/v1/datasets/{name}/cache", {"bytes": nbytes}))
     shown = "the shared pool" if ans["bytes"] is None else format_size(ans["bytes"])
     click.echo(f"{ans['dataset']}: cache allocation {shown}")
+    if create and ans["bytes"] is not None and not _has_row(socket, name):
+        click.echo(
+            "  not opened on this node yet: kept for it, and counted in the cache's sum "
+            "now (status lists it; `silofs-ctl forget` drops it)"
+        )
     for member, why in sorted((ans.get("members_not_reached") or {}).items()):
         click.echo(f"  not yet on member {member} ({why}): it takes the share once reachable")
+
+
+def _has_row(socket: str | None, quoted: str) -> bool:
+    """Whether the node has a row (opened) for the dataset `quoted` names."""
+    try:
+        _call(socket, "GET", f"/v1/datasets/{quoted}")
+    except click.ClickException:
+        return False
+    return True
 
 
 def _require_known_dataset(socket: str | None, quoted: str, typed: str) -> None:

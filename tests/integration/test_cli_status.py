@@ -169,6 +169,11 @@ def test_an_allocation_for_a_dataset_not_opened_shows_and_forget_drops_it(make_n
     assert ctl(node, "allocate-cache", "s3://nob/typo", "1M").returncode == 2
     res = ctl(node, "allocate-cache", "s3://nob/typo", "1M", "--create")
     assert res.returncode == 0, res.stderr
+    assert res.stdout.splitlines() == [
+        "s3://nob/typo/: cache allocation 1.0MiB",
+        "  not opened on this node yet: kept for it, and counted in the cache's sum now "
+        "(status lists it; `silofs-ctl forget` drops it)",
+    ]
     assert ctl(node, "admission", "s3://nob/later", "lru").returncode == 0
     assert ctl(node, "allocate-cache", "s3://nob/big", str(cache), "--create").returncode == 1
 
