@@ -44,6 +44,7 @@ from silofs.control.client import (
 from silofs.errors import SilofsError, UsageError, first_leaf
 from silofs.logsetup import LOG_FORMATS, setup_logging
 from silofs.mountinfo import fuse_device_refusal, silofs_mounts
+from silofs.output import end_on_output_error, output_error
 from silofs.pids import pid_alive
 from silofs.records import not_utf8, shown
 from silofs.units import count, format_rate, format_size, parse_rate, parse_size
@@ -147,6 +148,12 @@ class OneLineGroup(click.Group):
             if isinstance(exc, click.UsageError) and ctx is not None:
                 message += f" (see `{ctx.command_path} --help`)"
             fail(message.replace("\n", " "), exc.exit_code)
+        except OSError as exc:
+            # stdout to a full disk, or a pipe whose reader left: one line, not a
+            # traceback; any other OSError is a bug and stays one.
+            if (failed := output_error(exc)) is None:
+                raise
+            end_on_output_error(failed, "silofs")
         sys.exit(rc if isinstance(rc, int) else 0)
 
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from silofs.errors import UsageError
 from silofs.units import parse_rate, parse_size
+from silofs.uri import check_endpoint
 
 
 def default_socket() -> str:
@@ -558,6 +559,8 @@ def load_node_settings(path: str | None, **overrides: object) -> NodeSettings:
 
 
 def _validate(s: NodeSettings) -> None:
+    if s.endpoint_url:
+        check_endpoint(s.endpoint_url, "endpoint_url")
     if s.chunk_size < 64 << 10 or s.chunk_size > 64 << 20:
         raise UsageError("chunk_size must be between 64KiB and 64MiB")
     if s.cache_size is not None and s.cache_size < s.chunk_size:

@@ -69,14 +69,23 @@ class MountCounters:
     # (mount/waits.py).
     interrupted_reads: int = 0
 
-    def minus(self, other: MountCounters) -> MountCounters:
-        return MountCounters(
-            *(a - b for a, b in zip(vars(self).values(), vars(other).values(), strict=True))
-        )
-
     def add(self, other: MountCounters) -> None:
         for k, v in vars(other).items():
             setattr(self, k, getattr(self, k) + v)
+
+    def advance(self, report: MountCounters) -> MountCounters:
+        """Take a mount's new cumulative `report` into these, the highest values it has
+        reported; the change to add to its dataset's and job's counters. A counter
+        that went down has not moved: the change is never negative (the dataset's
+        counters are every user's mounts' and Prometheus counters), and the highest
+        value stays the base, so a report going down and up again counts nothing twice."""
+        delta = MountCounters()
+        for k, v in vars(report).items():
+            last = getattr(self, k)
+            if v > last:
+                setattr(delta, k, v - last)
+                setattr(self, k, v)
+        return delta
 
 
 JOB_NAME_MAX_BYTES = 255

@@ -60,10 +60,31 @@ def store_endpoint(uri: DatasetURI, given: str | None) -> str | None:
     """The endpoint a dataset's store is reached at: `given` (a flag or [backend]
     endpoint_url), else for s3:// AWS_ENDPOINT_URL (an S3 endpoint: applied to gs:// or
     az:// it would send their requests to the wrong service). One rule for the CLI, the
-    S3 backend and the cluster's check that members reach the same store."""
+    S3 backend and the cluster's check that members reach the same store. UsageError
+    for one holding credentials (check_endpoint)."""
     if given is None and uri.scheme == "s3":
-        return os.environ.get("AWS_ENDPOINT_URL") or None
-    return given
+        env = os.environ.get("AWS_ENDPOINT_URL") or None
+        return check_endpoint(env, "AWS_ENDPOINT_URL") if env else None
+    return check_endpoint(given, "the endpoint URL") if given else given
+
+
+def check_endpoint(url: str, what: str = "endpoint_url") -> str:
+    """`url` unless it holds credentials: USER:SECRET@ before its host, or a query (an
+    Azure SAS token). The endpoint is repeated in the store's errors (the dataset's
+    status, which every local user reads, the logs, the clients' error lines): an
+    http://KEY:SECRET@minio:9000 put the secret in all of them. The message does not
+    repeat the URL."""
+    try:
+        parts = urlsplit(url)
+    except ValueError as exc:
+        raise UsageError(f"{what} is not a URL: {exc}") from None
+    if "@" in parts.netloc or parts.query:
+        raise UsageError(
+            f"{what} holds no credentials (USER:SECRET@ before the host, or a query such "
+            "as a SAS token): give them as the store's own settings (environment, "
+            "profile, key file)"
+        )
+    return url
 
 
 def _no_control(uri: str, *parts: str) -> None:

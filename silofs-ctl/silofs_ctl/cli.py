@@ -17,6 +17,7 @@ import click
 from silofs.control.client import ANSWER_ERRORS, ANSWERED, ControlError, unreadable_answer
 from silofs.errors import SilofsError, UsageError
 from silofs.logsetup import TextFormatter
+from silofs.output import end_on_output_error, output_error
 from silofs.records import shown
 
 from .certs_cmd import certs
@@ -78,6 +79,12 @@ class OneLineGroup(click.Group):
             fail(str(exc), 2)
         except (SilofsError, ControlError) as exc:
             fail(str(exc))
+        except OSError as exc:
+            # stdout to a full disk, or a pipe whose reader left: one line, not a
+            # traceback; any other OSError is a bug and stays one.
+            if (failed := output_error(exc)) is None:
+                raise
+            end_on_output_error(failed, PROG)
         except ANSWER_ERRORS as exc:
             # A node's answer this version cannot read (a field missing, another type):
             # one line naming the node; anything else stays a traceback (a bug).

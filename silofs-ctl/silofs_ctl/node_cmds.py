@@ -148,6 +148,7 @@ def render_status(answer: dict) -> str:
                 f"  {d['name']}: warm {w['state']}, {format_size(w['done_bytes'])} of "
                 f"{format_size(w['target_bytes'])} (job {w['job']})"
             )
+    out += _waiting_allocations(s.get("waiting_allocations") or {})
     job_rows = [
         [
             j["name"],
@@ -259,8 +260,22 @@ def allocate_cache(dataset: str, size: str, create: bool, socket: str | None) ->
     ans = shown_all(_call(socket, "PUT", f"/v1/datasets/{name}/cache", {"bytes": nbytes}))
     shown = "the shared pool" if ans["bytes"] is None else format_size(ans["bytes"])
     click.echo(f"{ans['dataset']}: cache allocation {shown}")
+    if create and ans["bytes"] is not None and not _has_row(socket, name):
+        click.echo(
+            "  not opened on this node yet: kept for it, and counted in the cache's sum "
+            "now (status lists it; `silofs-ctl forget` drops it)"
+        )
     for member, why in sorted((ans.get("members_not_reached") or {}).items()):
         click.echo(f"  not yet on member {member} ({why}): it takes the share once reachable")
+
+
+def _has_row(socket: str | None, quoted: str) -> bool:
+    """Whether the node has a row (opened) for the dataset `quoted` names."""
+    try:
+        _call(socket, "GET", f"/v1/datasets/{quoted}")
+    except click.ClickException:
+        return False
+    return True
 
 
 def _require_known_dataset(socket: str | None, quoted: str, typed: str) -> None:
@@ -334,6 +349,18 @@ def allocate_io(job: str, rate: str | None, create: bool, clear: bool, socket: s
     elif ans["bytes_per_s"] is not None:
         note = _slow_note(socket, ans["bytes_per_s"])
     click.echo(f"{ans['job']}: remote IO allocation {format_rate(ans['bytes_per_s'])}{note}")
+
+
+def _waiting_allocations(waiting: dict[str, dict[str, Any]]) -> list[str]:
+    """Lines for the allocations kept for datasets with no row here (they count in the
+    cache's sum: a refused allocate-cache is explained by them; `forget URI` drops one)."""
+    cache, modes = waiting.get("cache") or {}, waiting.get("admission") or {}
+    out = []
+    for uri in sorted({*cache, *modes}):
+        what = [f"cache allocation {format_size(cache[uri])}"] if uri in cache else []
+        what += [f"admission {modes[uri]}"] if uri in modes else []
+        out.append(f"  {uri}: not opened on this node; kept for it: {', '.join(what)}")
+    return out
 
 
 def _waiting(j: dict[str, Any]) -> str:

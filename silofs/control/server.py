@@ -620,7 +620,10 @@ def bind_unix(
     # Locking the parent directory makes check-unlink-bind atomic between two
     # daemons starting at once (else both could see a stale file and one would
     # unlink the other's fresh socket), without leaving a lock file behind.
-    lock_fd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        lock_fd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError as exc:
+        raise SocketDirError(f"cannot open socket directory {parent}: {exc.strerror}") from None
     try:
         fcntl.flock(lock_fd, fcntl.LOCK_EX)
         _check_existing(path)
@@ -638,6 +641,11 @@ def bind_unix(
             sock.close()
             raise
         return sock, ino
+    except OSError as exc:
+        # A directory the daemon may not write (a read-only file system: under systemd's
+        # ProtectSystem=strict, anything outside ReadWritePaths), /proc, a stale socket
+        # it may not remove: one line naming the socket, not a traceback in the journal.
+        raise SocketDirError(f"cannot listen on {path}: {exc.strerror or exc}") from None
     finally:
         os.close(lock_fd)
 

@@ -293,7 +293,10 @@ class Cluster:
         AWS_ENDPOINT_URL in the daemon's environment, which `silofs mount` also sends as
         the mount's endpoint (a MinIO cluster set up by the variable alone was read by
         each node alone, silently)."""
-        default = store_endpoint(ds.uri, self.settings.endpoint_url)
+        try:
+            default = store_endpoint(ds.uri, self.settings.endpoint_url)
+        except UsageError:  # AWS_ENDPOINT_URL with credentials: nothing opens through it
+            default = None
         return set(ds.options) <= PEER_OPTIONS and ds.endpoint_url in (None, default)
 
     def is_home(self, key: bytes) -> bool:

@@ -334,8 +334,7 @@ class Daemon:
             log.info("mount %s at %s is gone", m.id, m.mountpoint)
 
     async def report(self, m: MountState, counters: MountCounters, touched: list[bytes]) -> None:
-        delta = counters.minus(m.reported)
-        m.reported = counters
+        delta = m.reported.advance(counters)
         ds = self.datasets[m.dsid]
         ds.reads.add(delta)
         job = self.job(m.job)

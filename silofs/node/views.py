@@ -302,4 +302,18 @@ def status_view(d: Daemon) -> dict[str, Any]:
         "jobs": [job_view(d, j) for j in d.jobs.values()],
         "mounts": [mount_view(d, m) for m in d.mounts.values()],
         "cluster": cluster_view(d),
+        "waiting_allocations": waiting_allocations(d),
+    }
+
+
+def waiting_allocations(d: Daemon) -> dict[str, dict[str, Any]]:
+    """Cache allocations and admission modes set for datasets this node has no row of
+    (`allocate-cache --create`, a controller's push before the mount, a row forgotten or
+    never opened since a restart): kept for when the dataset is opened, and counted in
+    the sum a later allocate-cache is checked against, so status shows them (without
+    them a refusal named a total no row added up to)."""
+    rows = {ds.uri.canonical for ds in d.datasets.values()}
+    return {
+        "cache": {u: n for u, n in sorted(d.allocs.cache.items()) if u not in rows},
+        "admission": {u: m for u, m in sorted(d.allocs.modes.items()) if u not in rows},
     }

@@ -157,3 +157,68 @@ def test_names_with_control_characters_print_as_escapes(make_node, tmp_path: Pat
     assert "\u202e" not in log and "\x1b" not in log and "\x9b" not in log
     assert "\\u202e" in log  # the dataset was logged (opened, listed), escaped
     node.unmount(mp)
+
+
+def test_an_allocation_for_a_dataset_not_opened_shows_and_forget_drops_it(make_node) -> None:
+    """`allocate-cache --create` (or a controller's push) for a dataset no mount opened
+    yet is kept and counts in the cache's sum: status shows it (a refused allocation
+    named a total no row added up to), and `forget URI` drops it (it answered "no
+    dataset", so only `allocate-cache URI none` undid a mistyped URI)."""
+    node: Node = make_node()
+    cache = node.status()["node"]["cache_size"]
+    assert ctl(node, "allocate-cache", "s3://nob/typo", "1M").returncode == 2
+    res = ctl(node, "allocate-cache", "s3://nob/typo", "1M", "--create")
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.splitlines() == [
+        "s3://nob/typo/: cache allocation 1.0MiB",
+        "  not opened on this node yet: kept for it, and counted in the cache's sum now "
+        "(status lists it; `silofs-ctl forget` drops it)",
+    ]
+    assert ctl(node, "admission", "s3://nob/later", "lru").returncode == 0
+    assert ctl(node, "allocate-cache", "s3://nob/big", str(cache), "--create").returncode == 1
+
+    waiting = node.status()["waiting_allocations"]
+    assert waiting == {
+        "cache": {"s3://nob/typo/": 1 << 20},
+        "admission": {"s3://nob/later/": "lru"},
+    }
+    text = ctl(node, "status").stdout
+    assert "s3://nob/typo/: not opened on this node; kept for it: cache allocation 1.0MiB" in text
+    assert "s3://nob/later/: not opened on this node; kept for it: admission lru" in text
+    as_json = json.loads(ctl(node, "status", "--json").stdout)
+    assert as_json["waiting_allocations"] == waiting
+
+    res = ctl(node, "forget", "s3://nob/typo")
+    assert res.returncode == 0 and res.stdout.strip() == "forgot dataset s3://nob/typo/", res
+    assert ctl(node, "forget", "s3://nob/later").returncode == 0
+    assert node.request("GET", "/v1/allocations")["cache"] == {}
+    assert node.status()["waiting_allocations"] == {"cache": {}, "admission": {}}
+    # The whole cache is free for one dataset again; a second forget finds nothing.
+    assert ctl(node, "allocate-cache", "s3://nob/big", str(cache), "--create").returncode == 0
+    res = ctl(node, "forget", "s3://nob/typo")
+    assert res.returncode == 1 and "no dataset 's3://nob/typo'" in res.stderr
+
+
+def test_an_endpoint_with_credentials_is_refused_and_never_shown(
+    make_node, tmp_path: Path, monkeypatch
+) -> None:
+    """`silofs mount --endpoint-url http://KEY:SECRET@host` (or AWS_ENDPOINT_URL so) was
+    taken: the store's error repeated the URL in the dataset's status (every local user
+    reads it), every retry's log line and the mount's error. Now the CLI and the daemon
+    (a client's open request) refuse it in one line that does not repeat it."""
+    from silofs.control.client import ControlError
+
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "x")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "y")
+    node: Node = make_node()
+    secret = "http://AKIAKEY:SUPERSECRET@127.0.0.1:1"
+    mp = tmp_path / "mnt"
+    mp.mkdir()
+    res = node.run("mount", "s3://bkt/x", str(mp), "--endpoint-url", secret)
+    assert res.returncode == 2 and "holds no credentials" in res.stderr, res.stderr
+    assert "SUPERSECRET" not in res.stderr + res.stdout
+    with pytest.raises(ControlError) as exc:
+        node.request("POST", "/v1/datasets", {"uri": "s3://bkt/y", "endpoint_url": secret})
+    assert exc.value.status == 400 and "SUPERSECRET" not in str(exc.value)
+    assert "SUPERSECRET" not in json.dumps(node.status())
+    assert all("SUPERSECRET" not in p.read_text() for p in node.logs.iterdir())

@@ -364,7 +364,9 @@ def test_the_controller_imports_only_the_shared_client_side() -> None:
     # silofs.records: the job name grammar (one place, stdlib only), so silofs-ctl can
     # name a bad JOB argument before any request, and `shown` for what it prints.
     # silofs.logsetup: the log formatter that escapes a message as the daemon's does.
+    # silofs.output: output that cannot be written ended as `silofs` ends it (stdlib only).
     allowed = (
+        "silofs.output",
         "silofs.logsetup",
         "silofs.units",
         "silofs.errors",

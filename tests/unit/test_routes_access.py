@@ -244,6 +244,28 @@ def test_socket_dir_must_be_ours(world: Path) -> None:
     check_socket_dir(str(loose))
 
 
+def test_a_socket_the_daemon_cannot_bind_is_one_line(tmp_path: Path) -> None:
+    """A socket path in a directory the daemon may not write (a read-only file system:
+    under systemd's ProtectSystem=strict, anything outside ReadWritePaths; /proc here)
+    was a FileNotFoundError/OSError traceback from bind(), in the journal."""
+    import subprocess
+    import sys
+
+    from silofs.control.server import bind_unix
+
+    with pytest.raises(SocketDirError, match="cannot listen on /proc/silofs-test.sock: "):
+        bind_unix("/proc/silofs-test.sock", mode=0o666, uid=None, gid=None)
+    res = subprocess.run(
+        [sys.executable, "-m", "silofs", "daemon", "--socket", "/proc/silofs-test.sock"]
+        + ["--cache-dir", str(tmp_path / "cache"), "--cache-size", "1G"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert res.returncode == 1 and "Traceback" not in res.stderr, res.stderr
+    assert res.stderr.startswith("silofs: error: cannot listen on /proc/silofs-test.sock: ")
+
+
 def test_cache_modes(tmp_path: Path) -> None:
     cache = tmp_path / "c"
     cache.mkdir(mode=0o755)
@@ -699,5 +721,41 @@ def test_a_sealed_chunk_file_goes_only_to_trusted_peers_on_a_unix_connection(
                 assert resp.headers[sealed.FD_HEADER] == f"{len(value) - len(data)} {len(data)}"
             else:
                 assert resp.fd is None and bytes(resp.body) == data
+
+    run_routes(tmp_path, test)
+
+
+def test_a_mounts_reports_never_run_shared_counters_backwards(tmp_path: Path, world: Path) -> None:
+    """A mount reports cumulative counters; the daemon adds each report's change to the
+    dataset's and the job's. A report lower than the last (any user's own mount process
+    sends them) was a negative change: the dataset's counters, which every user's
+    mounts share and /metrics exports as Prometheus counters, ran backwards, below 0.
+    A counter that went down is taken as not moved (and the highest value seen stays
+    the base: a report going down and up again counts nothing twice); a negative or
+    unrepresentable one is a 400."""
+    (world / "data").mkdir()
+    (world / "data" / "pub").write_bytes(b"public")
+
+    async def test(d: Daemon, call: Call) -> None:
+        ds = await _ready(call, ALICE, str(world / "data"))
+        reg = {"dataset": ds["id"], "job": "j", "mountpoint": "/m"}
+        s, m = await call(ALICE, "POST", "/v1/mounts", reg)
+        assert s == 201, m
+        path = f"/v1/mounts/{m['id']}/stats"
+        zero = {k: 0 for k in ("hit_bytes", "miss_bytes", "hits", "misses", "corrupt_chunks")}
+
+        async def report(n: int) -> int:
+            s, body = await call(ALICE, "PUT", path, {**zero, "bytes_read": n})
+            return s
+
+        def read() -> tuple[int, int]:
+            view = d.datasets[ds["id"]].reads.bytes_read, d.jobs["j"].reads.bytes_read
+            return view
+
+        assert await report(1000) == 200 and read() == (1000, 1000)
+        assert await report(0) == 200 and read() == (1000, 1000)
+        assert await report(1500) == 200 and read() == (1500, 1500)
+        assert await report(-5) == 400 and await report(1 << 63) == 400
+        assert read() == (1500, 1500)
 
     run_routes(tmp_path, test)

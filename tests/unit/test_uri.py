@@ -269,3 +269,52 @@ def test_an_empty_dataset_name_is_one_line(command: str) -> None:
     assert res.output.strip().splitlines() == [
         "silofs-ctl: error: DATASET is empty: give a dataset's URI, local path or short name"
     ]
+
+
+SECRET_ENDPOINTS = [
+    "http://AKIAKEY:SUPERSECRET@127.0.0.1:9000",
+    "https://SUPERSECRET@minio.example",
+    "https://acct.blob.core.windows.net/?sv=2024&sig=SUPERSECRET",
+]
+
+
+@pytest.mark.parametrize("endpoint", SECRET_ENDPOINTS)
+def test_an_endpoint_holding_credentials_is_refused_without_repeating_it(
+    endpoint: str, monkeypatch: pytest.MonkeyPatch, tmp_path
+) -> None:
+    """An endpoint is repeated in the store's errors: the dataset's status (every local
+    user reads it), the daemon's log, the clients' error lines. One with USER:SECRET@
+    (or a SAS query) put the secret in all of them; it is refused wherever it comes
+    from (a flag or [backend] endpoint_url, AWS_ENDPOINT_URL, the open request's
+    endpoint_url, AZURE_STORAGE_BLOB_ENDPOINT, STORAGE_EMULATOR_HOST), the message
+    naming where and not the URL."""
+    from silofs.config import load_node_settings
+
+    def refused(call, where: str) -> None:
+        with pytest.raises(UsageError) as exc:
+            call()
+        assert "SUPERSECRET" not in str(exc.value) and where in str(exc.value)
+        assert "holds no credentials" in str(exc.value)
+
+    s3 = parse_uri("s3://bucket/p/")
+    refused(lambda: store_endpoint(s3, endpoint), "endpoint URL")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)
+    refused(lambda: store_endpoint(s3, None), "AWS_ENDPOINT_URL")
+    refused(lambda: open_backend(s3, BackendOptions()), "AWS_ENDPOINT_URL")
+    monkeypatch.delenv("AWS_ENDPOINT_URL")
+    refused(lambda: open_backend(s3, BackendOptions(endpoint_url=endpoint)), "endpoint URL")
+    refused(
+        lambda: load_node_settings(None, cache_dir=str(tmp_path), endpoint_url=endpoint),
+        "endpoint_url",
+    )
+    monkeypatch.setenv("AZURE_STORAGE_BLOB_ENDPOINT", endpoint)
+    monkeypatch.setenv("AZURE_STORAGE_KEY", "a2V5")
+    refused(lambda: open_backend(parse_uri("az://acct/c/p"), BackendOptions()), "Azure")
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", endpoint)
+    refused(lambda: open_backend(parse_uri("gs://b/p"), BackendOptions()), "GCS")
+
+
+def test_a_plain_endpoint_is_kept() -> None:
+    s3 = parse_uri("s3://bucket/p/")
+    for url in ("http://127.0.0.1:9000", "https://s3.example/path", "http://[::1]:9000/"):
+        assert store_endpoint(s3, url) == url

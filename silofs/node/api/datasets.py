@@ -20,6 +20,7 @@ from silofs.node.api.fields import (
     MAX_NAME,
     chunk_size,
     dataset,
+    dataset_uri,
     field,
     job_name,
     usage_error_as,
@@ -36,7 +37,7 @@ from silofs.node.daemon import Daemon
 from silofs.node.state import DatasetState
 from silofs.node.views import dataset_view
 from silofs.node.warm import WarmState
-from silofs.uri import DatasetURI, parse_uri
+from silofs.uri import DatasetURI, check_endpoint, parse_uri
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +49,9 @@ async def open_dataset(d: Daemon, req: Request) -> Response:
     uri = field(body, "uri", str)
     refresh = field(body, "refresh", bool, required=False) or False
     endpoint_url = field(body, "endpoint_url", str, required=False)
+    if endpoint_url:
+        with usage_error_as(400):  # credentials in it: they would be in status and logs
+            check_endpoint(endpoint_url, "endpoint_url")
     check_store_options(d, req, body)
     options = store_options(body)
     parsed = _absolute_uri(uri)
@@ -108,10 +112,28 @@ async def get_dataset(d: Daemon, req: Request, name: str) -> Response:
 
 
 async def forget_dataset(d: Daemon, req: Request, name: str) -> Response:
+    if d.catalog.find_dataset(name) is None:
+        # No row, but maybe an allocation kept for the dataset (`allocate-cache --create`
+        # of a mistyped URI): forgetting it is the undo README promises.
+        uri = _allocated_uri(d, name)
+        if uri is not None:
+            await d.allocs.forget_dataset(uri)
+            log.info("forgot the allocation of dataset %s (not opened on this node)", uri)
+            return json_response({"forgot": "dataset", "dataset": uri})
     ds = dataset(d, name)
     with usage_error_as(409):  # still in use
         await d.forget_dataset(ds)
     return json_response({"forgot": "dataset", "dataset": ds.uri.canonical})
+
+
+def _allocated_uri(d: Daemon, name: str) -> str | None:
+    """The canonical URI `name` gives if it holds a cache allocation or an admission
+    mode but no row on this node; None otherwise (not a URI, or nothing set for it)."""
+    try:
+        uri = dataset_uri(d, name)
+    except HTTPError:
+        return None
+    return uri if uri in d.allocs.cache or uri in d.allocs.modes else None
 
 
 # -- warm (silofs warm) -----------------------------------------------------------------

@@ -28,7 +28,7 @@ from silofs.node.daemon import Daemon
 from silofs.node.prefetch import MAX_HINT_PATH_LEN, MAX_HINT_PATHS
 from silofs.node.state import DatasetState, MountState
 from silofs.records import MountCounters
-from silofs.units import parse_rate, parse_size
+from silofs.units import MAX_VALUE, parse_rate, parse_size
 
 log = logging.getLogger(__name__)
 
@@ -132,6 +132,8 @@ async def mount_stats(d: Daemon, req: Request, mount_id: str) -> Response:
             for k in vars(MountCounters())
         }
     )
+    if any(not 0 <= v <= MAX_VALUE for v in vars(counters).values()):
+        raise HTTPError(400, f"counters must be 0 to {MAX_VALUE}")
     field(body, "epoch", int, required=False)  # sent by older mounts; the daemon counts
     touched = body.get("touched") or []
     if not isinstance(touched, list) or len(touched) > _MAX_TOUCHED:

@@ -53,7 +53,7 @@ from silofs.node.backends.base import (
     truthy,
 )
 from silofs.records import ObjectInfo
-from silofs.uri import DatasetURI
+from silofs.uri import DatasetURI, check_endpoint
 
 log = logging.getLogger(__name__)
 
@@ -117,6 +117,7 @@ def _is_path_style_host(host: str) -> bool:
 
 
 def _normalise_endpoint(endpoint: str, account: str) -> str:
+    check_endpoint(endpoint, "the Azure blob endpoint")  # a SAS after '?' goes elsewhere
     endpoint = endpoint.rstrip("/")
     parts = urlsplit(endpoint)
     if not parts.scheme or not parts.hostname:

@@ -54,7 +54,7 @@ from silofs.node.backends.base import (
     truthy,
 )
 from silofs.records import ObjectInfo
-from silofs.uri import DatasetURI
+from silofs.uri import DatasetURI, check_endpoint
 
 log = logging.getLogger(__name__)
 
@@ -263,6 +263,8 @@ class GCSBackend(DelimitedListing):
         self.opts = opts
         self.where = f"bucket {self.bucket_name}"
         self.endpoint_url = opts.endpoint_url or _emulator_endpoint()
+        if self.endpoint_url:
+            check_endpoint(self.endpoint_url, "the GCS endpoint")
         self.cred_source = "not resolved yet"
         self._client: Any = None
         self._lock = threading.Lock()
