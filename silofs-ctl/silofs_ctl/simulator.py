@@ -386,12 +386,24 @@ class Simulation:
         # demands are then found in the same pass (each job's alone, so in any order).
         view_hits = self.view_hits and not lru
         evicted = units.evicted if view_hits else ()
-        for job in self.active.values():
+        # A policy that plans every active job gives its shares (and IO) in the views'
+        # order, the active jobs' (gavel): then each job's is the next value, not a
+        # lookup by name (two of ~1,100 per plan); else looked up as before.
+        active = self.active
+        names = list(active)
+        if len(gpu_share) == len(names) and list(gpu_share) == names:
+            shares: Iterable[float] = gpu_share.values()
+        else:
+            shares = [gpu_share.get(name, 0.0) for name in names]
+        if len(io) == len(names) and list(io) == names:
+            caps: Iterable[float | None] = io.values()
+        else:
+            caps = [io.get(name) for name in names]
+        for job, share, cap in zip(active.values(), shares, caps, strict=True):
             name = job.name
-            share = gpu_share.get(name, 0.0)
             job.share = share = share if share < 1.0 else 1.0  # min(1, share)
-            job.placement = placement.get(name)
-            job.io_cap = cap = io.get(name)
+            job.placement = placement.get(name) if placement else None
+            job.io_cap = cap
             if share <= 0:  # waiting or preempted: no rate, fetches nothing
                 job.rate = job.remote = 0.0
                 if job.seq >= 0:  # (-1: it has no event already)
