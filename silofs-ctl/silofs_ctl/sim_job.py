@@ -76,11 +76,13 @@ class SimJob:
     name: str = field(init=False)
     eps: float = field(init=False)  # bytes that count as nothing left (rounding)
     reads: dict[str, float] = field(init=False)  # its views' Job.reads (never changed)
+    ideal_io: float = field(init=False)  # spec.ideal_io, f* (every re-rate reads it)
 
     def __post_init__(self) -> None:
         self.name = self.spec.name
         self.eps = max(1.0, self.size * 1e-12)
         self.reads = {self.unit: 1.0}
+        self.ideal_io = self.spec.ideal_io
 
     @classmethod
     def of(cls, spec: JobSpec, *, private: bool) -> SimJob:

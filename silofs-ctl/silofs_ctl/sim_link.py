@@ -206,7 +206,7 @@ class Link:
         part[1:] = tail[:-1]
         found = np.subtract.accumulate(part)  # lefts[valid - 1 : stop]
         at = start - valid + 1
-        over = np.flatnonzero(tail[at:] > found[at:] / np.arange(n - start, n - stop, -1))
+        over = (tail[at:] > found[at:] / np.arange(n - start, n - stop, -1)).nonzero()[0]
         end = start + int(over[0]) + 1 if len(over) else stop  # (lefts found up to it)
         lefts[valid - 1 :] = found[: end - valid + 1].tolist()
         self.valid = end

@@ -319,7 +319,7 @@ class Simulation:
                 hit = 1.0
             view = job.view
             placement = job.placement if job.share > 0 else None
-            remaining = max(0.0, job.work - job.read) if with_remaining else math.inf
+            remaining = max(0.0, job.work - job.read) if with_remaining else _INF
             if (
                 view is None
                 or view.hit_now != hit
@@ -386,12 +386,24 @@ class Simulation:
         # demands are then found in the same pass (each job's alone, so in any order).
         view_hits = self.view_hits and not lru
         evicted = units.evicted if view_hits else ()
-        for job in self.active.values():
+        # A policy that plans every active job gives its shares (and IO) in the views'
+        # order, the active jobs' (gavel): then each job's is the next value, not a
+        # lookup by name (two of ~1,100 per plan); else looked up as before.
+        active = self.active
+        names = list(active)
+        if len(gpu_share) == len(names) and list(gpu_share) == names:
+            shares: Iterable[float] = gpu_share.values()
+        else:
+            shares = [gpu_share.get(name, 0.0) for name in names]
+        if len(io) == len(names) and list(io) == names:
+            caps: Iterable[float | None] = io.values()
+        else:
+            caps = [io.get(name) for name in names]
+        for job, share, cap in zip(active.values(), shares, caps, strict=True):
             name = job.name
-            share = gpu_share.get(name, 0.0)
             job.share = share = share if share < 1.0 else 1.0  # min(1, share)
-            job.placement = placement.get(name)
-            job.io_cap = cap = io.get(name)
+            job.placement = placement.get(name) if placement else None
+            job.io_cap = cap
             if share <= 0:  # waiting or preempted: no rate, fetches nothing
                 job.rate = job.remote = 0.0
                 if job.seq >= 0:  # (-1: it has no event already)
@@ -405,7 +417,7 @@ class Simulation:
                 if hit is None or job.unit in evicted:
                     hit = self._hit(job)
                 job.hit = hit
-                need = share * job.spec.ideal_io * (1.0 - hit)
+                need = share * job.ideal_io * (1.0 - hit)
                 demand[name] = need if cap is None or not cap < need else cap
         if lru:
             # (the holdings move with the running readers; a reader's hit with them)
@@ -418,14 +430,14 @@ class Simulation:
                 if job.epochs_done and job.unit in growing:
                     units.sync(job.unit, now)
                 job.hit = hit = pool_hit(job)
-                need = job.share * job.spec.ideal_io * (1.0 - hit)
+                need = job.share * job.ideal_io * (1.0 - hit)
                 cap = job.io_cap
                 demand[job.name] = need if cap is None or not cap < need else cap
         elif not view_hits:
             self._uniform_hits(running.values())
         if not view_hits and not lru:
             for job in running.values():
-                need = job.share * job.spec.ideal_io * (1.0 - job.hit)
+                need = job.share * job.ideal_io * (1.0 - job.hit)
                 cap = job.io_cap
                 demand[job.name] = need if cap is None or not cap < need else cap
         self.link.reset(demand)
@@ -511,7 +523,7 @@ class Simulation:
                 if not hit < 1.0:
                     hit = 1.0
                 job.hit = hit
-            need = job.share * job.spec.ideal_io * (1.0 - hit)
+            need = job.share * job.ideal_io * (1.0 - hit)
             cap = job.io_cap
             if cap is not None and cap < need:
                 need = cap  # min(need, cap)
@@ -710,7 +722,7 @@ class Simulation:
             if job.share > 0:
                 # _set_rate, but for the sums (below)
                 hit = job.hit
-                gpu_rate = job.share * job.spec.ideal_io
+                gpu_rate = job.share * job.ideal_io
                 enters = False
                 if hit >= 1.0 - 1e-12:
                     rate, remote = gpu_rate, 0.0
@@ -800,7 +812,7 @@ class Simulation:
     def _set_rate(self, job: SimJob, share: float) -> None:
         """Give a running job (up to date) its link share; its rate and next event follow.
         (min and max written out, as in _rerate_plan.)"""
-        gpu_rate = job.share * job.spec.ideal_io
+        gpu_rate = job.share * job.ideal_io
         hit = job.hit
         if hit >= 1.0 - 1e-12:
             rate, remote = gpu_rate, 0.0

@@ -873,17 +873,20 @@ class GavelPolicy:
     def allocate(self, jobs: Sequence[Job], cluster: Cluster, estimator: Estimator) -> Allocation:
         if self.closed_form and type(estimator) is ComputeEstimator:
             return Allocation(cache={}, gpu_share=vanilla_shares(jobs, cluster.total_gpus))
-        steady = self._steady_plan(jobs, cluster, estimator)
+        # (the jobs' names, taken once: the steady plan's check and the array forms
+        # read them; a list of ~1,100 made per use cost ~1% of a run)
+        names = list(map(_NAME, jobs))
+        steady = self._steady_plan(jobs, names, cluster, estimator)
         e, plan, start = steady.e, steady.plan, steady.start
         alloc = Allocation(cache=dict(plan.cache) if estimator.io_aware else {})
         if estimator.io_aware and steady.arrays is not None:
             hit_now = list(map(_HIT_NOW, jobs))
             if None not in hit_now:  # (what current_hits gives when every job says)
-                _fixed_hits_tail(alloc, jobs, cluster, hit_now, steady.arrays)
+                _fixed_hits_tail(alloc, names, cluster, hit_now, steady.arrays)
                 return alloc
         hits = current_hits(jobs, cluster, plan.cache) if estimator.io_aware else None
         if hits is not None and steady.arrays is not None:
-            _fixed_hits_tail(alloc, jobs, cluster, list(map(hits.__getitem__, map(_NAME, jobs))),
+            _fixed_hits_tail(alloc, names, cluster, list(map(hits.__getitem__, names)),
                              steady.arrays)  # fmt: skip
             return alloc
         if hits is not None:
@@ -903,7 +906,6 @@ class GavelPolicy:
         if hits is None:
             hits = {j.name: hit_ratio(j, plan.cache, cluster) for j in jobs}
         # io: rate * (1 - hit now); ceiling: share * f* (each pass in C, in the jobs' order)
-        names = list(map(_NAME, jobs))
         misses = map(sub, repeat(1.0), map(hits.__getitem__, names))
         io = map(mul, map(plan.rates.get, names, repeat(0.0)), misses)
         alloc.io.update(zip(names, io, strict=True))
@@ -912,12 +914,14 @@ class GavelPolicy:
         spread_leftover_io(alloc, jobs, cluster, ceiling)
         return alloc
 
-    def _steady_plan(self, jobs: Sequence[Job], cluster: Cluster, estimator: Estimator) -> _Steady:
+    def _steady_plan(
+        self, jobs: Sequence[Job], names: list[str], cluster: Cluster, estimator: Estimator
+    ) -> _Steady:
         """equal_share_perf and maxmin of the jobs as they are (what they read, f*,
         GPUs) on the cluster's resources, and where that filling started, kept while
         those stay the same."""
         last = self._steady
-        if last is not None and _same_jobs(last.jobs, jobs):
+        if last is not None and _same_jobs(last.jobs, jobs, names):
             seen = last.cluster
             if (
                 last.estimator is type(estimator)
@@ -929,13 +933,14 @@ class GavelPolicy:
                 return last
         start: _Start | None = None
         arrays: ga.JobArrays | None = None
+        seen_jobs = _JobsSeen.of(jobs, names)
         if type(estimator) is SiloDEstimator and len(jobs) >= ARRAYS_FROM:
-            e, plan, arrays = _steady_arrays(jobs, cluster)
+            e, plan, arrays = _steady_arrays(jobs, seen_jobs, cluster)
         else:
             e = equal_share_perf(jobs, cluster, estimator)
             start = _start(jobs, cluster, e)
             plan = maxmin(jobs, cluster, e, io_aware=estimator.io_aware, start=start)
-        self._steady = _Steady(_JobsSeen.of(jobs), type(estimator), cluster, e, plan, start, arrays)
+        self._steady = _Steady(seen_jobs, type(estimator), cluster, e, plan, start, arrays)
         return self._steady
 
 
@@ -948,7 +953,7 @@ ARRAYS_FROM = 80
 
 def _fixed_hits_tail(
     alloc: Allocation,
-    jobs: Sequence[Job],
+    names: list[str],
     cluster: Cluster,
     hit_now: list[float],
     arrays: ga.JobArrays,
@@ -958,7 +963,6 @@ def _fixed_hits_tail(
     as array operations: the same floats in the same order (gavel_arrays says how)."""
     from . import gavel_arrays as ga
 
-    names = list(map(_NAME, jobs))
     shares, io = ga.solve_hits_now(arrays, hit_now, _limits(cluster))
     alloc.gpu_share.update(zip(names, shares, strict=True))
     alloc.io.update(zip(names, io, strict=True))
@@ -971,19 +975,17 @@ def _limits(cluster: Cluster) -> ga.Limits:
 
 
 def _steady_arrays(
-    jobs: Sequence[Job], cluster: Cluster
+    jobs: Sequence[Job], seen: _JobsSeen, cluster: Cluster
 ) -> tuple[dict[str, float], MaxMin, ga.JobArrays]:
     """equal_share_perf (SiloD's estimator), _start and maxmin as array operations
     (gavel_arrays): the same e, the same rates (in the jobs' order) and level, and the
     same cache in the same order; and the jobs as the plans for the hits now read them.
-    With several pools the knapsack is _Loads' (gavel_arrays fills one pool)."""
+    With several pools the knapsack is _Loads' (gavel_arrays fills one pool). `seen`:
+    the jobs' columns (what the plan is kept by), read here rather than taken again."""
     from . import gavel_arrays as ga
 
-    names = list(map(_NAME, jobs))
-    reads = ga.reads_of(
-        names, list(map(_F_STAR, jobs)), list(map(_GPUS, jobs)), list(map(_READS, jobs)),
-        cluster.units,
-    )  # fmt: skip
+    names = seen.names
+    reads = ga.reads_of(names, seen.f_stars, seen.gpus, seen.reads, cluster.units)
     equal = _equal_cache(jobs, cluster)
     pool = _one_pool(reads.keys, cluster)
     steady = ga.steady_state(
@@ -1020,19 +1022,21 @@ class _JobsSeen:
     reads: list[Mapping[str, float]]
 
     @classmethod
-    def of(cls, jobs: Sequence[Job]) -> _JobsSeen:
+    def of(cls, jobs: Sequence[Job], names: list[str]) -> _JobsSeen:
+        """`names`: the jobs' names, in their order (the caller has them)."""
         return cls(
-            list(map(_NAME, jobs)),
+            names,
             list(map(_F_STAR, jobs)),
             list(map(_GPUS, jobs)),
             list(map(_READS, jobs)),
         )
 
 
-def _same_jobs(seen: _JobsSeen, jobs: Sequence[Job]) -> bool:
-    """Are `jobs` the jobs `seen` was taken of, as far as the steady plan reads them? (It
-    is compared at every re-plan: one attribute at a time, each pass in C.)"""
-    if len(jobs) != len(seen.names) or list(map(_NAME, jobs)) != seen.names:
+def _same_jobs(seen: _JobsSeen, jobs: Sequence[Job], names: list[str]) -> bool:
+    """Are `jobs` (named `names`) the jobs `seen` was taken of, as far as the steady plan
+    reads them? (It is compared at every re-plan: one attribute at a time, each pass in
+    C.)"""
+    if len(jobs) != len(seen.names) or names != seen.names:
         return False
     if list(map(_F_STAR, jobs)) != seen.f_stars or list(map(_GPUS, jobs)) != seen.gpus:
         return False

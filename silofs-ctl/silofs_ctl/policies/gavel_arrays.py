@@ -46,6 +46,14 @@ def seqsum(terms: FloatArray) -> float:
     return float(np.add.accumulate(terms)[-1])
 
 
+def _counts(ends: IndexArray) -> IndexArray:
+    """np.diff(ends, prepend=0) (each group's size from its end index) without numpy's
+    Python layer, which cost more than the subtraction: integers, so the same values."""
+    counts = ends.copy()
+    counts[1:] -= ends[:-1]
+    return counts
+
+
 @dataclass
 class JobArrays:
     """What the filling reads per job, fixed while the jobs are (gavel._Steady keeps it).
@@ -168,9 +176,10 @@ class KnapsackIO:
 def _first_seen(units: IndexArray, m: int) -> IndexArray:
     """The distinct values of `units` (each below `m`) in the order they first occur."""
     n = len(units)
-    first = np.full(m, n)
+    first = np.empty(m, dtype=np.intp)
+    first.fill(n)
     np.minimum.at(first, units, np.arange(n))  # each value's first place (n: none)
-    found = np.flatnonzero(first < n)
+    found = (first < n).nonzero()[0]
     return found[first[found].argsort()]  # (the places differ: no ties to order)
 
 
@@ -197,7 +206,7 @@ class KnapsackLoads:
             return ranked[:0], size[:0]
         sizes = io.sizes[ranked]
         lefts = np.add.accumulate(np.concatenate(([io.pool], -sizes)))
-        last = np.flatnonzero(sizes >= lefts[:-1])
+        last = (sizes >= lefts[:-1]).nonzero()[0]
         if not len(last):
             return ranked, sizes
         k = int(last[0])
@@ -238,11 +247,11 @@ def _groups(caps: FloatArray, tol: float) -> tuple[FloatArray, IndexArray]:
     n = len(caps)
     if not n:
         return caps, np.zeros(0, dtype=np.intp)
-    moved = np.flatnonzero(caps[1:] != caps[:-1]) + 1  # where a larger ceiling starts
+    moved = (caps[1:] != caps[:-1]).nonzero()[0] + 1  # where a larger ceiling starts
     if not (caps[moved] <= caps[moved - 1] * (1 + tol)).any():
         # No ceiling lies within tol above a smaller one: each group is a run of equal
         # ceilings (what the search from its first member finds).
-        return caps[np.append(0, moved)], np.append(moved, n)
+        return caps[np.concatenate(([0], moved))], np.concatenate((moved, [n]))
     nxt = np.searchsorted(caps, caps * (1 + tol), side="right").tolist()
     found: list[int] = []
     i = 0
@@ -268,14 +277,14 @@ def _gpu_rounds(
     if not len(levels):
         return 0
     e, f, g = arrays.e[free], arrays.f_star[free], arrays.gpus[free]
-    counts = np.diff(ends, prepend=0)
+    counts = _counts(ends)
     level_of = levels.repeat(counts)
     used = np.add.accumulate(np.concatenate(([base[0]], g * np.minimum(f, level_of * e) / f)))
     per_lam = np.add.accumulate(np.concatenate(([base[1]], -(g * e / f))))
     begins = ends - counts
     near = levels * (1 + limits.tol) * (1 + limits.margin)
     ok = used[begins] + per_lam[begins] * near < limits.total_gpus * (1 - limits.margin)
-    bad = np.flatnonzero(~ok)
+    bad = (~ok).nonzero()[0]
     return int(bad[0]) if len(bad) else len(levels)
 
 
@@ -314,7 +323,7 @@ def fill(arrays: JobArrays, io: IOModel, limits: Limits) -> Filled:
             first = float(group_lam[0]) if math.isnan(first) else first
             lam = float(group_lam[-1])
             moved = free[:taken]
-            level_of = group_lam.repeat(np.diff(ends[:top], prepend=0))
+            level_of = group_lam.repeat(_counts(ends[:top]))
             rate[moved] = np.minimum(f_star[moved], level_of * e[moved])
             frozen[moved] = True
             free, caps = free[taken:], caps[taken:]
@@ -394,7 +403,7 @@ def _io_rounds(
     """gavel._cap_rounds' search for the leading rounds IO allows, among the `top` the
     GPUs allow; each round's loads and limit go into `tried`."""
     e, f_star = arrays.e, arrays.f_star
-    counts = np.diff(ends, prepend=0)
+    counts = _counts(ends)
     # per job (jobs' order): the round it is frozen in (-1: before), its rate from then
     first = np.where(frozen, -1, len(levels))
     first[free[: int(ends[-1])]] = np.arange(len(levels)).repeat(counts)
@@ -421,11 +430,12 @@ def water_fill(capacity: float, demands: FloatArray) -> FloatArray:
     order = demands.argsort(kind="stable")
     values = demands[order]
     lefts = np.add.accumulate(np.concatenate(([capacity], -values)))
-    over = np.flatnonzero(values > lefts[:n] / np.arange(n, 0, -1))
+    over = (values > lefts[:n] / np.arange(n, 0, -1)).nonzero()[0]
     if not len(over):
         return demands.copy()
     k = int(over[0])
-    out = np.full(n, lefts[k] / (n - k))
+    out = np.empty(n)
+    out.fill(lefts[k] / (n - k))
     out[order[:k]] = values[:k]
     return out
 
@@ -529,7 +539,7 @@ def job_arrays(reads: Reads, e: FloatArray, limits: Limits) -> JobArrays:
     """gavel._start as arrays: the jobs that never run, the others in ascending ceiling
     (ties by name), the first round's ceiling groups and how many the GPUs allow."""
     f_star = reads.f_star
-    live = np.flatnonzero((e > 0) & (f_star > 0))
+    live = ((e > 0) & (f_star > 0)).nonzero()[0]
     caps = f_star[live] / e[live]
     order = caps.argsort(kind="stable")
     if (caps[order][1:] == caps[order][:-1]).any():
