@@ -29,6 +29,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from typing import Any
 
 import common  # noqa: F401 - this checkout (or a baseline) first on sys.path
 import trio
@@ -49,6 +50,20 @@ def build(d: str, files: int) -> None:
         pickle.dump(cached_files(d, files, with_tree=True), f)
 
 
+async def one_pass(fs: Any, parent: int, names: list[bytes], mode: str) -> None:
+    """One pass of the handlers `mode` names over every file, the same for silofs and
+    the ceiling: LOOKUP, then OPEN and RELEASE ("LO"), with a whole READ between ("LOR").
+    One call a pass, not a file: nothing is added to the per-file figures."""
+    for name in names:
+        attr = await fs.lookup(parent, name, None)
+        if mode == "L":
+            continue
+        fi = await fs.open(attr.st_ino, os.O_RDONLY, None)
+        if mode == "LOR":
+            assert len(await fs.read(fi.fh, 0, 112 << 10)) == SMALL
+        await fs.release(fi.fh)
+
+
 def ceiling_passes(d: str, count: int, mode: str) -> None:
     """`count` passes of the ceiling's handlers (bench/rawfuse.py MemFS, the files read
     into memory at start) over every file, as passes() does silofs's."""
@@ -60,14 +75,7 @@ def ceiling_passes(d: str, count: int, mode: str) -> None:
 
     async def run() -> None:
         for _ in range(count):
-            for name in names:
-                attr = await fs.lookup(small, name, None)  # type: ignore[arg-type]
-                if mode == "L":
-                    continue
-                fi = await fs.open(attr.st_ino, os.O_RDONLY, None)  # type: ignore[arg-type]
-                if mode == "LOR":
-                    assert len(await fs.read(fi.fh, 0, 112 << 10)) == SMALL
-                await fs.release(fi.fh)
+            await one_pass(fs, small, names, mode)
 
     trio.run(run)
 
@@ -89,14 +97,7 @@ def passes(d: str, count: int, mode: str, kept: bool = False) -> None:
             view, reader, fs = mount or fresh_mount(store, record)
             small = view.lookup(ROOT_INODE, b"small")
             assert small is not None
-            for name in names:
-                attr = await fs.lookup(small.inode, name, None)  # type: ignore[arg-type]
-                if mode == "L":
-                    continue
-                fi = await fs.open(attr.st_ino, os.O_RDONLY, None)  # type: ignore[arg-type]
-                if mode == "LOR":
-                    assert len(await fs.read(fi.fh, 0, 112 << 10)) == SMALL
-                await fs.release(fi.fh)
+            await one_pass(fs, small.inode, names, mode)
             if mount is None:
                 view.close()
                 retire(reader)  # its snapshot ends; the env stays open for the next
