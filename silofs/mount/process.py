@@ -216,6 +216,8 @@ class MountProcess:
             "io_limit": self.s.io_limit,
             "admission": self.s.admission,
             "background": self.s.list_in_background,
+            # A restarted daemon takes this mount's next report as a base, not as reads.
+            "again": self._registering,
         }
         reg = await self.client.json("POST", "/v1/mounts", body)
         self.mount_id = reg["id"]  # ours, unless the daemon is older than this mount

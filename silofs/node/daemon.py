@@ -299,12 +299,15 @@ class Daemon:
         chunk_size: int | None,
         mount_id: str | None = None,
         background: bool = False,
+        again: bool = False,
     ) -> MountState:
         """Register a mount process. A mount that registers again with its own id (it
         gave up on a slow answer, or the daemon restarted) is the same mount: one entry,
         and its cumulative counters keep their baseline, so nothing is counted twice.
         A mount that asked for it (`background`) may serve a listing still being
-        written: its lookups of names not listed yet wait for the listing (mount/fs.py)."""
+        written: its lookups of names not listed yet wait for the listing (mount/fs.py).
+        A mount this daemon does not know that says it registers `again` served before
+        a restart: its first report is a base (report())."""
         listing = background and ds.state == "listing" and ds.building_gen is not None
         if ds.state != "ready" and not listing:
             raise UsageError(f"dataset {ds.uri.canonical} is not ready ({ds.state})")
@@ -318,6 +321,7 @@ class Daemon:
             log.info("mount %s registered again (pid %d)", known.id, pid)
             return known
         m = MountState(mount_id or uuid.uuid4().hex[:12], job, ds.id, mountpoint, pid, uid, cs)
+        m.rejoined = again
         self.mounts[m.id] = m
         j = self.job(job)
         j.epoch_cached.setdefault(ds.id, self.usage.get(ds.id, Usage()).bytes)
@@ -336,9 +340,17 @@ class Daemon:
     async def report(self, m: MountState, counters: MountCounters, touched: list[bytes]) -> None:
         delta = m.reported.advance(counters)
         ds = self.datasets[m.dsid]
-        ds.reads.add(delta)
         job = self.job(m.job)
-        job.reads.add(delta)
+        if m.rejoined:
+            # The first report of a mount that served before this daemon started: its
+            # counts since it started, exported by the daemon before. Added again, the
+            # dataset's and job's counters (Prometheus counters: a restart is a reset to
+            # 0) would count them twice in increase()/rate(). They are the base; the
+            # job's epochs still follow every byte its mounts read (_advance_epoch).
+            m.rejoined = False
+        else:
+            ds.reads.add(delta)
+            job.reads.add(delta)
         job.sample(time.monotonic())
         self._advance_epoch(job, ds, delta.bytes_read)
         self.prefetch.reported(m)

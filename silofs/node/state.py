@@ -100,4 +100,7 @@ class MountState:
     uid: int
     chunk_size: int
     reported: MountCounters = field(default_factory=MountCounters)
+    # Registered again after a daemon restart: its first report is its counts since it
+    # started, most of them counted by the daemon before (Daemon.report).
+    rejoined: bool = False
     fetch: FetchCounters = field(default_factory=FetchCounters)

@@ -280,6 +280,39 @@ def test_an_idle_mount_is_known_again_soon_after_a_daemon_restart(
     assert [(x["pid"], x["job"]) for x in m] == [(pid, "quiet")]
 
 
+def test_a_restarted_daemon_counts_a_mounts_earlier_reads_once(
+    make_node, local_store, monkeypatch, tmp_path: Path
+) -> None:
+    """The restarted daemon's counters start at 0 (to Prometheus, a reset). The mount's
+    first report to it, its counts since it started, is a base, not reads: added, the
+    dataset's and job's counters jumped by every byte read before the restart, counted
+    twice by increase()/rate(). Reads after it count, and the job's epoch count goes on."""
+    data = os.urandom(100 << 10)
+    local_store.apply_env(monkeypatch)
+    local_store.create("data", {"f": data})
+    node = make_node()
+    mp = node.mount(local_store.uri("data"), tmp_path / "mnt", "--job", "twice")
+    assert (mp / "f").read_bytes() == data
+    wait_for(lambda: node.status()["datasets"][0]["bytes_read"] >= len(data), what="a report")
+    node.stop()
+    node.start()
+
+    def rejoined() -> dict | None:
+        m = node.status()["mounts"]
+        return m[0] if m and m[0]["bytes_read"] >= len(data) else None
+
+    wait_for(rejoined, timeout=10, what="the mount's first report to the new daemon")
+    st = node.status()
+    assert st["datasets"][0]["bytes_read"] == 0
+    assert [(j["name"], j["bytes_read"], j["epoch"]) for j in st["jobs"]] == [("twice", 0, 1)]
+    drop_file_cache(mp / "f")
+    assert (mp / "f").read_bytes() == data
+    wait_for(
+        lambda: node.status()["datasets"][0]["bytes_read"] == len(data),
+        what="the read after the restart counted",
+    )
+
+
 def _still(pred: Callable[[], bool], seconds: float) -> bool:
     """`pred` is true again `seconds` later (a state that lasts, not an instant)."""
     time.sleep(seconds)  # the interval between two looks, not a synchronisation

@@ -759,3 +759,46 @@ def test_a_mounts_reports_never_run_shared_counters_backwards(tmp_path: Path, wo
         assert read() == (1500, 1500)
 
     run_routes(tmp_path, test)
+
+
+def test_a_mount_registered_again_after_a_restart_counts_its_earlier_reads_once(
+    tmp_path: Path, world: Path
+) -> None:
+    """After a daemon restart a mount registers again (`again`) and reports its counts
+    since it started, most of them exported by the daemon before. Added, they made the
+    dataset's and job's Prometheus counters jump by the mount's lifetime after the reset
+    (counted twice by increase()/rate()). That first report is the base; the job's epoch
+    count still follows every byte read. A mount registering for the first time has its
+    first report counted."""
+    (world / "data").mkdir()
+    (world / "data" / "pub").write_bytes(b"x" * 1000)
+
+    async def test(d: Daemon, call: Call) -> None:
+        ds = await _ready(call, ALICE, str(world / "data"))
+        zero = {k: 0 for k in ("hit_bytes", "miss_bytes", "hits", "misses", "corrupt_chunks")}
+
+        async def mount(job: str, again: bool) -> str:
+            reg = {"dataset": ds["id"], "job": job, "mountpoint": "/m", "again": again}
+            s, m = await call(ALICE, "POST", "/v1/mounts", reg)
+            assert s == 201, m
+            return m["id"]
+
+        async def report(mid: str, n: int) -> None:
+            s, body = await call(ALICE, "PUT", f"/v1/mounts/{mid}/stats", {**zero, "bytes_read": n})
+            assert s == 200, body
+
+        back = await mount("back", again=True)
+        await report(back, 2500)
+        assert d.datasets[ds["id"]].reads.bytes_read == 0
+        assert d.jobs["back"].reads.bytes_read == 0
+        assert d.jobs["back"].epoch == 2  # 2,500 bytes of a 1,000-byte dataset
+        await report(back, 2600)
+        assert d.datasets[ds["id"]].reads.bytes_read == 100
+        assert d.jobs["back"].reads.bytes_read == 100
+
+        new = await mount("new", again=False)
+        await report(new, 700)
+        assert d.datasets[ds["id"]].reads.bytes_read == 800
+        assert d.jobs["new"].reads.bytes_read == 700
+
+    run_routes(tmp_path, test)

@@ -69,6 +69,7 @@ async def add_mount(d: Daemon, req: Request) -> Response:
             size,
             mount_id=mount_id,
             background=body.get("background") is True,
+            again=body.get("again") is True,
         )
     d.forget_idle_jobs(keep=_IDLE_JOBS_KEPT)
     return json_response(
