@@ -244,8 +244,8 @@ def status(socket: str | None, as_json: bool) -> None:
 )
 @socket_option
 def allocate_cache(dataset: str, size: str, create: bool, socket: str | None) -> None:
-    """Give DATASET (its URI or short name) SIZE bytes of cache (e.g. 200G, or 'none' to
-    return it to the shared pool).
+    """Give DATASET (its URI or short name) SIZE bytes of cache (e.g. 200G, 1.5GiB, or
+    'none' to return it to the shared pool; a bare number is whole bytes).
 
     DATASET must be one the node knows (opened, or holding an allocation) unless
     --create says it will be mounted, so a mistyped URI is an error rather than an

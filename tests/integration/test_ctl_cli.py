@@ -45,6 +45,8 @@ def one_line_error(res: subprocess.CompletedProcess, code: int, *needles: str) -
         (("allocate-io",), "missing argument"),
         (("allocate-io", "job", "1MB/s", "--no-such-flag"), "no such option"),
         (("allocate-cache", "ds", "12Q"), "not a size"),
+        # Rounded to 0 B, and allocated so, silently; bytes are whole (1.5GiB is).
+        (("allocate-cache", "ds", "0.5"), "not a whole number of bytes"),
         (("admission", "ds", "fifo"), "invalid value"),
         # JuiceFS users mean Mbps, rclone users KiB/s: a bare number is refused, as
         # `silofs mount --io-limit 100` refuses it.
@@ -137,6 +139,12 @@ def test_a_relative_dataset_path_is_resolved_by_the_client(make_node, tmp_path: 
     line = one_line_error(ctl("allocate-cache", f"{here}/dta", "2M", socket=node.socket), 2)
     assert f"did you mean {want}?" in line
     assert node.request("GET", "/v1/allocations")["cache"] == {want: 2 << 20}
+    res = ctl("allocate-cache", f"{here}/data/", "1.5MiB", socket=node.socket)  # whole bytes
+    assert res.returncode == 0 and res.stdout.strip() == f"{want}: cache allocation 1.5MiB", res
+    assert node.request("GET", "/v1/allocations")["cache"] == {want: 3 << 19}
+    res = ctl("allocate-cache", f"{here}/data/", "0.5", socket=node.socket)
+    one_line_error(res, 2, "SIZE", "not a whole number of bytes")
+    assert node.request("GET", "/v1/allocations")["cache"] == {want: 3 << 19}
     with pytest.raises(ControlError, match="relative") as exc:  # the API itself
         node.request("POST", "/v1/datasets", {"uri": "here/data"})
     assert exc.value.status == 400
