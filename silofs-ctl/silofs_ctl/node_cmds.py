@@ -17,7 +17,7 @@ from typing import Any
 
 import click
 
-from silofs.config import default_socket
+from silofs.config import default_socket, socket_arg
 from silofs.control.client import ControlError, quote_segment
 from silofs.errors import UsageError
 from silofs.records import job_name_error, not_utf8, shown_all
@@ -36,7 +36,22 @@ SLOW_CHUNK_SECONDS = 60  # allocate-io says so when one chunk's miss waits longe
 
 log = logging.getLogger(__name__)
 
-socket_option = click.option("--socket", default=None, envvar="SILOFS_SOCKET", help=SOCKET_HELP)
+
+def _socket(ctx: click.Context, _param: click.Parameter, value: str | None) -> str | None:
+    try:
+        return socket_arg(value)
+    except UsageError as exc:  # at parse time: click's kind, exit 2 in one line
+        raise click.UsageError(str(exc), ctx) from None
+
+
+# Every command's --socket: an empty one is a usage error (socket_arg), not the default.
+socket_option = click.option(
+    "--socket",
+    default=None,
+    envvar="SILOFS_SOCKET",
+    help=SOCKET_HELP,
+    callback=_socket,
+)
 
 
 def _call(socket: str | None, method: str, path: str, body: dict | None = None) -> Any:

@@ -53,6 +53,10 @@ def one_line_error(res: subprocess.CompletedProcess, code: int, *needles: str) -
         (("allocate-io", "job", "100"), "needs a unit"),
         (("allocate-io", "job"), "missing argument 'rate'"),
         (("allocate-io", "job", "1MB/s", "--clear"), "--clear takes no rate"),
+        # An empty --socket (a variable that was not set) asked the default daemon.
+        (("status", "--socket", ""), "--socket is empty"),
+        (("forget", "x", "--socket", ""), "--socket is empty"),
+        (("job", "show", "x", "--socket", ""), "--socket is empty"),
     ],
 )
 def test_usage_errors_are_one_line_with_our_prefix_and_exit_2(
