@@ -294,8 +294,10 @@ def _has_row(socket: str | None, quoted: str) -> bool:
 
 
 def _require_known_dataset(socket: str | None, quoted: str, typed: str) -> None:
-    """A UsageError unless the node has the dataset open or an allocation for it (the
-    daemon canonicalizes the name: a URI typed another way still matches)."""
+    """A ClickException (exit 1) unless the node has the dataset open or an allocation
+    for it (the daemon canonicalizes the name: a URI typed another way still matches).
+    What the node knows is the daemon's answer, not what was typed: exit 1 as `forget`,
+    `refresh` and `job show` of a name the node does not know (it was 2 here only)."""
     try:
         with one_node_client(socket or default_socket()) as client:
             try:
@@ -318,7 +320,7 @@ def _require_known_dataset(socket: str | None, quoted: str, typed: str) -> None:
         return
     close = difflib.get_close_matches(canonical or typed, sorted({*known, *datasets}), n=1)
     hint = f"did you mean {close[0]}? " if close else ""
-    raise UsageError(
+    raise click.ClickException(
         f"no dataset {typed!r} on this node: {hint}check the name, or pass --create if "
         "it will be mounted"
     )
@@ -398,14 +400,15 @@ def _slow_note(socket: str | None, rate: int) -> str:
 
 
 def _require_known_job(socket: str | None, job: str) -> None:
-    """A UsageError unless the node knows `job` (status lists every job with a mount, a
-    warm or an allocation, and recently idle ones)."""
+    """A ClickException (exit 1, as _require_known_dataset) unless the node knows `job`
+    (status lists every job with a mount, a warm or an allocation, and recently idle
+    ones)."""
     known = {j["name"] for j in _call(socket, "GET", "/v1/status")["jobs"]}
     if job in known:
         return
     close = difflib.get_close_matches(job, sorted(known), n=1)
     hint = f"did you mean {close[0]!r}? " if close else ""
-    raise UsageError(
+    raise click.ClickException(
         f"no job {job!r} on this node ({len(known)} known): {hint}check the name, or pass "
         "--create if its mounts are coming"
     )

@@ -105,7 +105,7 @@ def test_dataset_errors_show_and_forget_removes_rows(
     assert all(d["uri"] != f"file://{broken}/" for d in node.status()["datasets"])
 
     # A mistyped job allocation is refused; one forced through, then forgotten.
-    assert ctl(node, "allocate-io", "trian", "10MB/s").returncode == 2
+    assert ctl(node, "allocate-io", "trian", "10MB/s").returncode == 1
     assert ctl(node, "allocate-io", "trian", "10MB/s", "--create").returncode == 0
     assert "trian" in node.request("GET", "/v1/allocations")["io"]
     res = ctl(node, "forget", "trian")
@@ -166,7 +166,7 @@ def test_an_allocation_for_a_dataset_not_opened_shows_and_forget_drops_it(make_n
     dataset", so only `allocate-cache URI none` undid a mistyped URI)."""
     node: Node = make_node()
     cache = node.status()["node"]["cache_size"]
-    assert ctl(node, "allocate-cache", "s3://nob/typo", "1M").returncode == 2
+    assert ctl(node, "allocate-cache", "s3://nob/typo", "1M").returncode == 1
     res = ctl(node, "allocate-cache", "s3://nob/typo", "1M", "--create")
     assert res.returncode == 0, res.stderr
     assert res.stdout.splitlines() == [

@@ -77,7 +77,9 @@ def test_allocate_io_refuses_unknown_jobs_and_clears(make_node, tmp_path: Path) 
         return node.request("GET", "/v1/allocations")["io"]
 
     # Nothing knows "train" yet: refused, nothing stored.
-    one_line_error(ctl("allocate-io", "train", "10MB/s", socket=sock), 2, "no job 'train'")
+    # Exit 1: what the node knows is its answer, as for `forget` and `refresh` of an
+    # unknown name (this was 2, a usage error's code, while those were 1).
+    one_line_error(ctl("allocate-io", "train", "10MB/s", socket=sock), 1, "no job 'train'")
     assert allocations() == {} and node.status()["jobs"] == []
     # --create says its mounts are coming.
     res = ctl("allocate-io", "train", "10MB/s", "--create", socket=sock)
@@ -85,7 +87,7 @@ def test_allocate_io_refuses_unknown_jobs_and_clears(make_node, tmp_path: Path) 
     assert allocations() == {"train": 10_000_000}
 
     # A typo of a known job: refused with a suggestion; the known one is allocated as is.
-    line = one_line_error(ctl("allocate-io", "trian", "5MB/s", socket=sock), 2, "no job 'trian'")
+    line = one_line_error(ctl("allocate-io", "trian", "5MB/s", socket=sock), 1, "no job 'trian'")
     assert "did you mean 'train'" in line
     assert "trian" not in allocations()
     assert all(j["name"] != "trian" for j in node.status()["jobs"])
@@ -130,7 +132,7 @@ def test_a_relative_dataset_path_is_resolved_by_the_client(make_node, tmp_path: 
     want = f"file://{tmp_path}/here/data/"
     # Not on the node yet: refused, with the absolute path in the daemon's words.
     res = ctl("allocate-cache", "./data", "1M", socket=node.socket, cwd=here)
-    one_line_error(res, 2, "no dataset './data' on this node", "--create")
+    one_line_error(res, 1, "no dataset './data' on this node", "--create")
     assert node.request("GET", "/v1/allocations")["cache"] == {}
     res = ctl("allocate-cache", "./data", "1M", "--create", socket=node.socket, cwd=here)
     assert res.returncode == 0, res
@@ -140,7 +142,7 @@ def test_a_relative_dataset_path_is_resolved_by_the_client(make_node, tmp_path: 
     # Known now (it holds an allocation), by any spelling; a typo of it is not.
     res = ctl("allocate-cache", f"{here}/data/", "2M", socket=node.socket)
     assert res.returncode == 0, res
-    line = one_line_error(ctl("allocate-cache", f"{here}/dta", "2M", socket=node.socket), 2)
+    line = one_line_error(ctl("allocate-cache", f"{here}/dta", "2M", socket=node.socket), 1)
     assert f"did you mean {want}?" in line
     assert node.request("GET", "/v1/allocations")["cache"] == {want: 2 << 20}
     res = ctl("allocate-cache", f"{here}/data/", "1.5MiB", socket=node.socket)  # whole bytes
