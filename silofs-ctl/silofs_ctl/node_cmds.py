@@ -294,10 +294,11 @@ def _has_row(socket: str | None, quoted: str) -> bool:
 
 
 def _require_known_dataset(socket: str | None, quoted: str, typed: str) -> None:
-    """A ClickException (exit 1) unless the node has the dataset open or an allocation
-    for it (the daemon canonicalizes the name: a URI typed another way still matches).
-    What the node knows is the daemon's answer, not what was typed: exit 1 as `forget`,
-    `refresh` and `job show` of a name the node does not know (it was 2 here only)."""
+    """A ClickException (exit 1) unless the node has the dataset open, or an allocation
+    or an admission kept for it (the daemon canonicalizes the name: a URI typed another
+    way still matches). What the node knows is the daemon's answer, not what was
+    typed: exit 1 as `forget`, `refresh` and `job show` of a name the node does not
+    know (it was 2 here only)."""
     try:
         with one_node_client(socket or default_socket()) as client:
             try:
@@ -312,7 +313,9 @@ def _require_known_dataset(socket: str | None, quoted: str, typed: str) -> None:
                 if exc.status not in (400, 404):
                     raise
                 canonical = None
-            known = client.request("GET", "/v1/allocations")["cache"]
+            allocs = client.request("GET", "/v1/allocations")
+            # A setting kept for a dataset not opened yet (--create) names it too.
+            known = {*allocs["cache"], *(allocs.get("admission") or {})}
             datasets = [d["uri"] for d in client.request("GET", "/v1/status")["datasets"]]
     except ControlError as exc:
         raise click.ClickException(str(exc)) from None
@@ -417,12 +420,28 @@ def _require_known_job(socket: str | None, job: str) -> None:
 @click.command()
 @click.argument("dataset")
 @click.argument("mode", type=click.Choice(["uniform", "lru"]))
+@click.option(
+    "--create",
+    is_flag=True,
+    help="DATASET is not on this node yet (it will be mounted): set it anyway.",
+)
 @socket_option
-def admission(dataset: str, mode: str, socket: str | None) -> None:
-    """Set DATASET's cache admission: uniform (epochs) or lru (irregular access)."""
-    path = f"/v1/datasets/{quote_segment(dataset_arg(dataset))}/admission"
-    ans = shown_all(_call(socket, "PUT", path, {"mode": mode}))
+def admission(dataset: str, mode: str, create: bool, socket: str | None) -> None:
+    """Set DATASET's cache admission: uniform (epochs) or lru (irregular access).
+
+    DATASET must be one the node knows (opened, or holding an allocation) unless
+    --create says it will be mounted, as for allocate-cache: a mistyped URI is an error
+    rather than a setting kept for a dataset that never comes."""
+    name = quote_segment(dataset_arg(dataset))
+    if not create:
+        _require_known_dataset(socket, name, dataset)
+    ans = shown_all(_call(socket, "PUT", f"/v1/datasets/{name}/admission", {"mode": mode}))
     click.echo(f"{ans['dataset']}: admission {ans['mode']}")
+    if create and not _has_row(socket, name):
+        click.echo(
+            "  not opened on this node yet: kept for it (status lists it; "
+            "`silofs-ctl forget` drops it)"
+        )
 
 
 @click.command()
