@@ -171,17 +171,25 @@ class SilofsFS(pyfuse3.Operations):
 
     # -- attributes ------------------------------------------------------------------
     def _held(self, inode: int) -> pyfuse3.EntryAttributes | None:
-        """The attributes of a file no listing the mount reads has any more (deleted in
-        the store, then listed twice) that a handle of this process still has open: its
-        version's size and mtime, no links, as fstat of a deleted file open on a local
-        disk (Python's read() fstats first: it was ENOENT). None if no handle here has
-        it: with serving processes, one that never served the handle. A scan of the
-        open handles, only where the listings have no such inode."""
+        """The attributes of a file or directory no listing the mount reads has any more
+        (deleted in the store, then listed twice) that a handle of this process still
+        has open: a file's version's size and mtime, a directory's as opendir found it,
+        no links, as fstat of a deleted file or directory open on a local disk (Python's
+        read() fstats first, `cd` into a directory since deleted, then `pwd -P` or
+        find's fchdir: it was ENOENT). None if no handle here has it: with serving
+        processes, one that never served the handle (a directory handle another process
+        opened knows no attributes). A scan of the open handles, only where the
+        listings have no such inode."""
         for f in chain(self._files.values(), self._adopted.values()):
             if f.inode == inode:
                 o = f.obj
                 e = Entry(inode, False, 0, o.size, o.mtime, 0, f.gen, b"", o.version)
                 a = self._build_attr(e)  # not kept: the handle's, while it is open
+                a.st_nlink = 0
+                return a
+        for h in self._dirs.values():
+            if h.inode == inode and h.entry is not None:
+                a = self._build_attr(h.entry)  # not kept, as a file's
                 a.st_nlink = 0
                 return a
         return None

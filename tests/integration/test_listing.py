@@ -16,6 +16,7 @@ import errno
 import os
 import re
 import shutil
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -231,6 +232,37 @@ def test_a_file_open_while_it_is_deleted_and_listed_twice_still_stats_and_reads(
         assert held.read() == data
     assert not (mp / "a.bin").exists()
     assert (mp / "b.bin").read_bytes() == b"b"
+
+
+def test_an_open_directory_deleted_and_listed_twice_still_stats(
+    make_node, local_store, monkeypatch, bucket_name, tmp_path: Path
+) -> None:
+    """A directory open (an fd; a shell's cwd, find's fchdir) whose objects were deleted,
+    then the dataset listed twice: fstat answers it as it was opened, with no links, as
+    for a directory removed on a local disk, and reading it lists nothing. fstat was
+    ENOENT (as it was for an open file, until attack12)."""
+    local_store.apply_env(monkeypatch)
+    local_store.create(bucket_name, {"d/x.bin": b"x", "d/sub/y.bin": b"y", "keep.txt": b"k"})
+    node: Node = make_node()
+    mp = node.mount(local_store.uri(bucket_name), tmp_path / "mnt")
+    before = os.stat(mp / "d")
+    fd = os.open(mp / "d", os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        shutil.rmtree(Path(local_store.root) / bucket_name / "d")
+        for gen in (2, 3):
+            local_store.put(bucket_name, f"top{gen}", b"t")
+            res = _ctl(node, "refresh", "--wait", bucket_name)
+            assert res.returncode == 0, res.stderr
+            assert f"generation {gen}" in res.stdout
+            wait_for(lambda g=gen: (mp / f"top{g}").exists(), what="the new listing")
+        wait_for(lambda: not (mp / "d").exists(), what="d/ to go")
+        st = os.fstat(fd)
+        assert (st.st_ino, st.st_mtime, st.st_nlink) == (before.st_ino, before.st_mtime, 0)
+        assert stat.S_ISDIR(st.st_mode)
+        assert os.listdir(fd) == []
+    finally:
+        os.close(fd)
+    assert (mp / "keep.txt").read_bytes() == b"k"
 
 
 def test_a_refresh_reaches_names_the_kernel_holds_beyond_the_mounts_recent_ones(

@@ -393,6 +393,30 @@ def test_getattr_of_an_open_file_no_listing_has_is_its_handle_s_version(
     run(test)
 
 
+def test_getattr_of_an_open_directory_no_listing_has_is_its_handle_s(
+    run: Callable[..., None],
+) -> None:
+    """As for a file: a directory open (an fd, a shell's cwd) whose objects were deleted
+    and the dataset listed twice answers getattr as opendir found it, no links (it was
+    ENOENT); released, ENOENT."""
+
+    async def test(m: Mount) -> None:
+        d = await m.path("dir")
+        fh = await m.fs.opendir(d.st_ino, None)  # type: ignore[arg-type]
+        rest = [o for o in OBJECTS if not o.key.startswith("dir/")]
+        m.relist(rest)
+        m.relist(rest)
+        got = await m.fs.getattr(d.st_ino, None)  # type: ignore[arg-type]
+        assert (got.st_ino, got.st_nlink, got.st_mtime_ns) == (d.st_ino, 0, d.st_mtime_ns)
+        assert stat.S_ISDIR(got.st_mode)
+        await m.fs.releasedir(fh)
+        with pytest.raises(pyfuse3.FUSEError) as exc:
+            await m.fs.getattr(d.st_ino, None)  # type: ignore[arg-type]
+        assert errno_of(exc) == errno.ENOENT
+
+    run(test)
+
+
 # -- open, read, release ----------------------------------------------------------------
 
 
