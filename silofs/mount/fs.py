@@ -445,7 +445,8 @@ class SilofsFS(pyfuse3.Operations):
     ) -> bool:
         """'.' and '..' from offset `start_id` (< DOTS); False if the kernel's buffer
         filled. '..' of the root is the root itself (the mount point's parent is the
-        kernel's: it never asks us), as libfuse's high-level API answers. The kernel
+        kernel's: it never asks the mount about it; `cd ..` and stat of '..' resolve
+        in the kernel, not from this number), as other FUSE file systems list it. The kernel
         takes only a dot entry's inode number and type (it links no dentry for them),
         so a directory no listing has any more answers with its own number for '..'."""
         node = h.listing.get(txn, h.inode)  # h.listing: the generation served (readdir)
