@@ -32,6 +32,7 @@ from silofs.config import (
     default_log_dir,
     default_socket,
     load_node_settings,
+    socket_arg,
 )
 from silofs.control.client import (
     ANSWER_ERRORS,
@@ -163,8 +164,20 @@ def main() -> None:
     """silofs: mount a bucket read-only, served from a local-SSD cache."""
 
 
+def _socket(ctx: click.Context, _param: click.Parameter, value: str | None) -> str | None:
+    try:
+        return socket_arg(value)
+    except UsageError as exc:  # at parse time: click's kind, exit 2 in one line
+        raise click.UsageError(str(exc), ctx) from None
+
+
+# An empty --socket is a usage error (socket_arg), not the default daemon's socket.
 socket_option = click.option(
-    "--socket", default=None, envvar="SILOFS_SOCKET", help="Control socket of the node daemon."
+    "--socket",
+    default=None,
+    envvar="SILOFS_SOCKET",
+    help="Control socket of the node daemon.",
+    callback=_socket,
 )
 
 

@@ -27,6 +27,19 @@ def default_socket() -> str:
     return os.path.join(runtime, "silofs", "control.sock")
 
 
+def socket_arg(value: str | None) -> str | None:
+    """A --socket as typed: None (not given: default_socket()), else the address. An
+    empty one is a UsageError: `--socket ""` (a variable that was not set) was taken as
+    not given, and the command talked to the default daemon, which may be another one.
+    An empty SILOFS_SOCKET is not given, as for any unset variable."""
+    if value is not None and not value.strip():
+        raise UsageError(
+            f"--socket is empty: give the daemon's control socket, or leave --socket out "
+            f"for the default ({default_socket()})"
+        )
+    return value
+
+
 def default_cache_dir() -> str:
     return _per_user_dir("SILOFS_CACHE_DIR", "/var/cache/silofs", "XDG_CACHE_HOME", "~/.cache")
 

@@ -66,9 +66,16 @@ def _short(text: object) -> str:
 
 
 def parse_size(text: str | int) -> int:
-    """Bytes in `text`: 4096, 500M (MiB), 1.5GiB, 2T (TiB), 10GB (10**10)."""
+    """Bytes in `text`: 4096, 500M (MiB), 1.5GiB, 2T (TiB), 10GB (10**10).
+
+    A number without a prefix counts bytes and must be whole: "0.5" is refused, as GNU
+    truncate and head refuse it (it was rounded to 0 B: `allocate-cache ds 0.5` gave the
+    dataset nothing, silently). With a prefix the fraction of a byte is rounded to the
+    nearest (1.3TiB is 1429365116108.8 B), but never a positive size to 0 B."""
     if not isinstance(text, str):
-        return _checked(_number(text, "size"), text, "size")
+        value = _number(text, "size")
+        _whole_bytes(value, text)
+        return _checked(value, text, "size")
     m = _SIZE_RE.match(text)
     if not m:
         raise UsageError(f"not a size: {_short(text)} (try 4096, 500M, 1.5GiB, 2T, 10GB)")
@@ -78,7 +85,17 @@ def parse_size(text: str | int) -> int:
     # Fraction, not float: "11111111111111111111" is that many bytes, and a huge number
     # is a "too large" UsageError rather than an OverflowError from float infinity.
     value = Fraction(number) * _multiplier(prefix, binary, unit.lower())
+    if not prefix or 0 < value < 1:
+        _whole_bytes(value, text)
     return _checked(value, text, "size")
+
+
+def _whole_bytes(value: Fraction, text: object) -> None:
+    if value.denominator != 1:
+        raise UsageError(
+            f"not a whole number of bytes: {_short(text)} (a size without K, M, G or T "
+            "counts bytes: try 4096, 500M, 1.5GiB)"
+        )
 
 
 RATE_FORMS = "200MB/s, 100MiB/s, 1.5Gbps, 800Mbps, 0 (no remote IO) or unlimited"

@@ -96,7 +96,14 @@ class OneLineGroup(click.Group):
         sys.exit(rc if isinstance(rc, int) else 0)
 
 
-@click.group(cls=OneLineGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(
+    cls=OneLineGroup,
+    context_settings={"help_option_names": ["-h", "--help"]},
+    epilog="Exit status: 0 done; 1 the node or the work failed, or refused (a daemon "
+    "not answering, a name the node does not know, an allocation over the cache); 2 what "
+    "was typed is wrong (an option, a size, a rate, a name's form: nothing was asked); "
+    "130 interrupted.",
+)
 @click.version_option(package_name="silofs", message="silofs-ctl %(version)s")
 @click.option("-v", "--verbose", count=True, help="More log output (-vv for debug).")
 def main(verbose: int) -> None:

@@ -13,13 +13,13 @@ from silofs.config import default_socket
 from silofs.control.client import ControlError, quote_segment
 from silofs.records import job_name_error, shown_all
 
-from .node_cmds import dataset_arg, job_arg
-from .nodes import SOCKET_HELP, one_node_client
+from .node_cmds import dataset_arg, job_arg, socket_option
+from .nodes import one_node_client
 
 
 @click.command()
 @click.argument("name")
-@click.option("--socket", default=None, envvar="SILOFS_SOCKET", help=SOCKET_HELP)
+@socket_option
 @click.option(
     "--kind",
     type=click.Choice(["any", "dataset", "job"]),

@@ -20,8 +20,8 @@ from silofs.errors import UsageError
 from silofs.records import shown
 from silofs.units import parse_rate
 
-from .node_cmds import job_arg
-from .nodes import SOCKET_HELP, one_node_client
+from .node_cmds import job_arg, socket_option
+from .nodes import one_node_client
 
 
 @click.group("job")
@@ -38,7 +38,7 @@ def job() -> None:
 @click.option("--scheduler", default=None, help="Who scheduled it, e.g. slurm.")
 @click.option("--scheduler-id", default=None, help="The scheduler's id for it.")
 @click.option("--node", "nodes", multiple=True, help="A node of the job (repeat).")
-@click.option("--socket", default=None, envvar="SILOFS_SOCKET", help=SOCKET_HELP)
+@socket_option
 def register(
     name: str,
     gpus: int,
@@ -78,7 +78,7 @@ def register(
 
 @job.command("show")
 @click.argument("name")
-@click.option("--socket", default=None, envvar="SILOFS_SOCKET", help=SOCKET_HELP)
+@socket_option
 def show(name: str, socket: str | None) -> None:
     """Print the node's view of JOB (registration, IO allocation, rates) as JSON."""
     job_arg(name)

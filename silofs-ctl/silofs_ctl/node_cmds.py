@@ -17,7 +17,7 @@ from typing import Any
 
 import click
 
-from silofs.config import default_socket
+from silofs.config import default_socket, socket_arg
 from silofs.control.client import ControlError, quote_segment
 from silofs.errors import UsageError
 from silofs.records import job_name_error, not_utf8, shown_all
@@ -36,7 +36,22 @@ SLOW_CHUNK_SECONDS = 60  # allocate-io says so when one chunk's miss waits longe
 
 log = logging.getLogger(__name__)
 
-socket_option = click.option("--socket", default=None, envvar="SILOFS_SOCKET", help=SOCKET_HELP)
+
+def _socket(ctx: click.Context, _param: click.Parameter, value: str | None) -> str | None:
+    try:
+        return socket_arg(value)
+    except UsageError as exc:  # at parse time: click's kind, exit 2 in one line
+        raise click.UsageError(str(exc), ctx) from None
+
+
+# Every command's --socket: an empty one is a usage error (socket_arg), not the default.
+socket_option = click.option(
+    "--socket",
+    default=None,
+    envvar="SILOFS_SOCKET",
+    help=SOCKET_HELP,
+    callback=_socket,
+)
 
 
 def _call(socket: str | None, method: str, path: str, body: dict | None = None) -> Any:
@@ -244,8 +259,8 @@ def status(socket: str | None, as_json: bool) -> None:
 )
 @socket_option
 def allocate_cache(dataset: str, size: str, create: bool, socket: str | None) -> None:
-    """Give DATASET (its URI or short name) SIZE bytes of cache (e.g. 200G, or 'none' to
-    return it to the shared pool).
+    """Give DATASET (its URI or short name) SIZE bytes of cache (e.g. 200G, 1.5GiB, or
+    'none' to return it to the shared pool; a bare number is whole bytes).
 
     DATASET must be one the node knows (opened, or holding an allocation) unless
     --create says it will be mounted, so a mistyped URI is an error rather than an
@@ -279,8 +294,11 @@ def _has_row(socket: str | None, quoted: str) -> bool:
 
 
 def _require_known_dataset(socket: str | None, quoted: str, typed: str) -> None:
-    """A UsageError unless the node has the dataset open or an allocation for it (the
-    daemon canonicalizes the name: a URI typed another way still matches)."""
+    """A ClickException (exit 1) unless the node has the dataset open, or an allocation
+    or an admission kept for it (the daemon canonicalizes the name: a URI typed another
+    way still matches). What the node knows is the daemon's answer, not what was
+    typed: exit 1 as `forget`, `refresh` and `job show` of a name the node does not
+    know (it was 2 here only)."""
     try:
         with one_node_client(socket or default_socket()) as client:
             try:
@@ -295,7 +313,9 @@ def _require_known_dataset(socket: str | None, quoted: str, typed: str) -> None:
                 if exc.status not in (400, 404):
                     raise
                 canonical = None
-            known = client.request("GET", "/v1/allocations")["cache"]
+            allocs = client.request("GET", "/v1/allocations")
+            # A setting kept for a dataset not opened yet (--create) names it too.
+            known = {*allocs["cache"], *(allocs.get("admission") or {})}
             datasets = [d["uri"] for d in client.request("GET", "/v1/status")["datasets"]]
     except ControlError as exc:
         raise click.ClickException(str(exc)) from None
@@ -303,7 +323,7 @@ def _require_known_dataset(socket: str | None, quoted: str, typed: str) -> None:
         return
     close = difflib.get_close_matches(canonical or typed, sorted({*known, *datasets}), n=1)
     hint = f"did you mean {close[0]}? " if close else ""
-    raise UsageError(
+    raise click.ClickException(
         f"no dataset {typed!r} on this node: {hint}check the name, or pass --create if "
         "it will be mounted"
     )
@@ -383,14 +403,15 @@ def _slow_note(socket: str | None, rate: int) -> str:
 
 
 def _require_known_job(socket: str | None, job: str) -> None:
-    """A UsageError unless the node knows `job` (status lists every job with a mount, a
-    warm or an allocation, and recently idle ones)."""
+    """A ClickException (exit 1, as _require_known_dataset) unless the node knows `job`
+    (status lists every job with a mount, a warm or an allocation, and recently idle
+    ones)."""
     known = {j["name"] for j in _call(socket, "GET", "/v1/status")["jobs"]}
     if job in known:
         return
     close = difflib.get_close_matches(job, sorted(known), n=1)
     hint = f"did you mean {close[0]!r}? " if close else ""
-    raise UsageError(
+    raise click.ClickException(
         f"no job {job!r} on this node ({len(known)} known): {hint}check the name, or pass "
         "--create if its mounts are coming"
     )
@@ -399,12 +420,28 @@ def _require_known_job(socket: str | None, job: str) -> None:
 @click.command()
 @click.argument("dataset")
 @click.argument("mode", type=click.Choice(["uniform", "lru"]))
+@click.option(
+    "--create",
+    is_flag=True,
+    help="DATASET is not on this node yet (it will be mounted): set it anyway.",
+)
 @socket_option
-def admission(dataset: str, mode: str, socket: str | None) -> None:
-    """Set DATASET's cache admission: uniform (epochs) or lru (irregular access)."""
-    path = f"/v1/datasets/{quote_segment(dataset_arg(dataset))}/admission"
-    ans = shown_all(_call(socket, "PUT", path, {"mode": mode}))
+def admission(dataset: str, mode: str, create: bool, socket: str | None) -> None:
+    """Set DATASET's cache admission: uniform (epochs) or lru (irregular access).
+
+    DATASET must be one the node knows (opened, or holding an allocation) unless
+    --create says it will be mounted, as for allocate-cache: a mistyped URI is an error
+    rather than a setting kept for a dataset that never comes."""
+    name = quote_segment(dataset_arg(dataset))
+    if not create:
+        _require_known_dataset(socket, name, dataset)
+    ans = shown_all(_call(socket, "PUT", f"/v1/datasets/{name}/admission", {"mode": mode}))
     click.echo(f"{ans['dataset']}: admission {ans['mode']}")
+    if create and not _has_row(socket, name):
+        click.echo(
+            "  not opened on this node yet: kept for it (status lists it; "
+            "`silofs-ctl forget` drops it)"
+        )
 
 
 @click.command()

@@ -76,6 +76,13 @@ class _DirHandle:
     listing: ListingReader
     pos: int = 0  # readdir offset of `key`
     key: bytes | None = None  # position key (cache/listing.py) of the entry at `pos`
+    # The directory as opendir found it (None: a handle another serving process opened):
+    # what getattr answers while it is open and no listing has it any more (_held).
+    entry: Entry | None = None
+
+
+# readdir's offsets: '.' is 0 -> 1, '..' is 1 -> 2, the directory's first name 2 -> 3.
+DOTS = 2
 
 
 @answer_eio  # an exception other than FUSEError is that request's EIO (survive.py)
@@ -164,17 +171,25 @@ class SilofsFS(pyfuse3.Operations):
 
     # -- attributes ------------------------------------------------------------------
     def _held(self, inode: int) -> pyfuse3.EntryAttributes | None:
-        """The attributes of a file no listing the mount reads has any more (deleted in
-        the store, then listed twice) that a handle of this process still has open: its
-        version's size and mtime, no links, as fstat of a deleted file open on a local
-        disk (Python's read() fstats first: it was ENOENT). None if no handle here has
-        it: with serving processes, one that never served the handle. A scan of the
-        open handles, only where the listings have no such inode."""
+        """The attributes of a file or directory no listing the mount reads has any more
+        (deleted in the store, then listed twice) that a handle of this process still
+        has open: a file's version's size and mtime, a directory's as opendir found it,
+        no links, as fstat of a deleted file or directory open on a local disk (Python's
+        read() fstats first, `cd` into a directory since deleted, then `pwd -P` or
+        find's fchdir: it was ENOENT). None if no handle here has it: with serving
+        processes, one that never served the handle (a directory handle another process
+        opened knows no attributes). A scan of the open handles, only where the
+        listings have no such inode."""
         for f in chain(self._files.values(), self._adopted.values()):
             if f.inode == inode:
                 o = f.obj
                 e = Entry(inode, False, 0, o.size, o.mtime, 0, f.gen, b"", o.version)
                 a = self._build_attr(e)  # not kept: the handle's, while it is open
+                a.st_nlink = 0
+                return a
+        for h in self._dirs.values():
+            if h.inode == inode and h.entry is not None:
+                a = self._build_attr(h.entry)  # not kept, as a file's
                 a.st_nlink = 0
                 return a
         return None
@@ -321,7 +336,7 @@ class SilofsFS(pyfuse3.Operations):
         else:
             fh = self._next_fh
             self._next_fh += 1
-        self._dirs[fh] = _DirHandle(inode, m.reader)
+        self._dirs[fh] = _DirHandle(inode, m.reader, entry=node)
         if self.shared is not None and len(self._dirs) > ADOPTED:
             self._dirs.pop(next(iter(self._dirs)))  # its RELEASEDIR may land elsewhere
         return fh
@@ -351,10 +366,12 @@ class SilofsFS(pyfuse3.Operations):
         return h
 
     async def readdir(self, fh: int, start_id: int, token: pyfuse3.ReaddirToken) -> None:
-        """Offsets are positions in the directory's index order (1 = after the first
-        entry) in the generation the mount serves (a handle opened before a refresh
-        resumes after its last name in the new one). pyfuse3 answers READDIRPLUS,
-        so each entry carries its attributes and `ls -l`/`find` need no lookups."""
+        """'.' and '..' first (as a local disk, mountpoint-s3, gcsfuse and rclone list
+        them: `ls -a`, and tools that count them, expect them), then the directory's
+        names. Offsets are positions in that order (DOTS + 1 = after the first name) in
+        the generation the mount serves (a handle opened before a refresh resumes after
+        its last name in the new one). pyfuse3 answers READDIRPLUS, so each entry
+        carries its attributes and `ls -l`/`find` need no lookups."""
         h = self._dir_handle(fh)
         if h is None:
             raise pyfuse3.FUSEError(errno.EBADF)
@@ -384,19 +401,25 @@ class SilofsFS(pyfuse3.Operations):
             # prefix, of one length. (Moved on above, or with serving processes, by
             # another process from a position it saved.)
             h.key = prefix + h.key[len(prefix) :]
-        if start_id == h.pos:
+        pos = start_id
+        if start_id < DOTS:
+            if not self._reply_dots(h, txn, start_id, token):
+                if self.shared is not None:
+                    self.shared.set_position(fh, h.pos, h.key)
+                return
+            pos, after = DOTS, None
+        elif start_id == h.pos and (h.key is not None or start_id == DOTS):
             after = h.key
-        elif start_id == 0:
+        elif start_id == DOTS:
             after = None
         else:  # a seekdir() elsewhere: count from the start (rare)
             after = None
             for i, (key, _, _) in enumerate(h.listing.children(txn, h.inode)):
-                if i + 1 == start_id:
+                if i + DOTS + 1 == start_id:
                     after = key
                     break
             else:
                 return
-        pos = start_id
         attrs = self._attrs
         # A walk (find, ls -R) touches each entry once: reading rows past the caches keeps
         # them for what is looked up again, and saves their upkeep per entry.
@@ -416,6 +439,31 @@ class SilofsFS(pyfuse3.Operations):
             h.pos, h.key = pos, key
         if self.shared is not None:
             self.shared.set_position(fh, h.pos, h.key)
+
+    def _reply_dots(
+        self, h: _DirHandle, txn: lmdb.Transaction, start_id: int, token: pyfuse3.ReaddirToken
+    ) -> bool:
+        """'.' and '..' from offset `start_id` (< DOTS); False if the kernel's buffer
+        filled. '..' of the root is the root itself (the mount point's parent is the
+        kernel's: it never asks the mount about it; `cd ..` and stat of '..' resolve
+        in the kernel, not from this number), as other FUSE file systems list it. The kernel
+        takes only a dot entry's inode number and type (it links no dentry for them),
+        so a directory no listing has any more answers with its own number for '..'."""
+        node = h.listing.get(txn, h.inode)  # h.listing: the generation served (readdir)
+        held = node or h.entry
+        parent = held.parent if held is not None and held.parent else h.inode
+        for i in range(start_id, DOTS):
+            ino = h.inode if i == 0 else parent
+            e = node if ino == h.inode else h.listing.get(txn, ino)
+            if e is not None:
+                attr = self._attr(e)
+            else:  # gone: its number and its type are what the kernel reads (not kept)
+                attr = self._build_attr(held or Entry(ino, True, 0, 0, 0.0, 0, 0, b""))
+                attr.st_ino = ino
+            if not pyfuse3.readdir_reply(token, b"." * (i + 1), attr, i + 1):
+                return False
+            h.pos, h.key = i + 1, None
+        return True
 
     def open_handles(self) -> int:
         """Files and directories this process has open (a detached mount ends at 0)."""

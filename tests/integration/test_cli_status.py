@@ -105,7 +105,7 @@ def test_dataset_errors_show_and_forget_removes_rows(
     assert all(d["uri"] != f"file://{broken}/" for d in node.status()["datasets"])
 
     # A mistyped job allocation is refused; one forced through, then forgotten.
-    assert ctl(node, "allocate-io", "trian", "10MB/s").returncode == 2
+    assert ctl(node, "allocate-io", "trian", "10MB/s").returncode == 1
     assert ctl(node, "allocate-io", "trian", "10MB/s", "--create").returncode == 0
     assert "trian" in node.request("GET", "/v1/allocations")["io"]
     res = ctl(node, "forget", "trian")
@@ -166,7 +166,7 @@ def test_an_allocation_for_a_dataset_not_opened_shows_and_forget_drops_it(make_n
     dataset", so only `allocate-cache URI none` undid a mistyped URI)."""
     node: Node = make_node()
     cache = node.status()["node"]["cache_size"]
-    assert ctl(node, "allocate-cache", "s3://nob/typo", "1M").returncode == 2
+    assert ctl(node, "allocate-cache", "s3://nob/typo", "1M").returncode == 1
     res = ctl(node, "allocate-cache", "s3://nob/typo", "1M", "--create")
     assert res.returncode == 0, res.stderr
     assert res.stdout.splitlines() == [
@@ -174,7 +174,21 @@ def test_an_allocation_for_a_dataset_not_opened_shows_and_forget_drops_it(make_n
         "  not opened on this node yet: kept for it, and counted in the cache's sum now "
         "(status lists it; `silofs-ctl forget` drops it)",
     ]
+    # admission too: an unknown URI is refused (it was kept, for a dataset that may
+    # never come), unless --create; then the URI is known, as an allocation makes it.
+    res = ctl(node, "admission", "s3://nob/later", "lru")
+    assert res.returncode == 1 and "no dataset 's3://nob/later' on this node" in res.stderr
+    assert "--create" in res.stderr and res.stderr.count("\n") == 1, res.stderr
+    assert node.request("GET", "/v1/allocations")["admission"] == {}
+    res = ctl(node, "admission", "s3://nob/later", "uniform", "--create")
+    assert res.returncode == 0 and res.stdout.splitlines() == [
+        "s3://nob/later/: admission uniform",
+        "  not opened on this node yet: kept for it (status lists it; `silofs-ctl forget` "
+        "drops it)",
+    ], res
     assert ctl(node, "admission", "s3://nob/later", "lru").returncode == 0
+    res = ctl(node, "admission", "s3://nob/latr", "lru")
+    assert res.returncode == 1 and "did you mean s3://nob/later/?" in res.stderr, res.stderr
     assert ctl(node, "allocate-cache", "s3://nob/big", str(cache), "--create").returncode == 1
 
     waiting = node.status()["waiting_allocations"]

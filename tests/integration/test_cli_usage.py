@@ -42,6 +42,10 @@ def test_usage_errors_have_our_prefix_and_exit_2(tmp_path: Path) -> None:
         (("frobnicate",), "no such command"),
         # JuiceFS users mean Mbps, rclone users KiB/s: a bare number is refused.
         (("mount", "--io-limit", "100", str(tmp_path), str(tmp_path)), "needs a unit"),
+        # An empty --socket (a variable that was not set) was the default daemon's.
+        (("mount", "--socket", "", str(tmp_path), str(tmp_path)), "--socket is empty"),
+        (("unmount", "--socket", "", str(tmp_path)), "--socket is empty"),
+        (("daemon", "--socket", ""), "--socket is empty"),
     ):
         res = run(*args)
         line = assert_one_line_error(res, needle)

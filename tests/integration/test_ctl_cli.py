@@ -45,12 +45,18 @@ def one_line_error(res: subprocess.CompletedProcess, code: int, *needles: str) -
         (("allocate-io",), "missing argument"),
         (("allocate-io", "job", "1MB/s", "--no-such-flag"), "no such option"),
         (("allocate-cache", "ds", "12Q"), "not a size"),
+        # Rounded to 0 B, and allocated so, silently; bytes are whole (1.5GiB is).
+        (("allocate-cache", "ds", "0.5"), "not a whole number of bytes"),
         (("admission", "ds", "fifo"), "invalid value"),
         # JuiceFS users mean Mbps, rclone users KiB/s: a bare number is refused, as
         # `silofs mount --io-limit 100` refuses it.
         (("allocate-io", "job", "100"), "needs a unit"),
         (("allocate-io", "job"), "missing argument 'rate'"),
         (("allocate-io", "job", "1MB/s", "--clear"), "--clear takes no rate"),
+        # An empty --socket (a variable that was not set) asked the default daemon.
+        (("status", "--socket", ""), "--socket is empty"),
+        (("forget", "x", "--socket", ""), "--socket is empty"),
+        (("job", "show", "x", "--socket", ""), "--socket is empty"),
     ],
 )
 def test_usage_errors_are_one_line_with_our_prefix_and_exit_2(
@@ -71,7 +77,9 @@ def test_allocate_io_refuses_unknown_jobs_and_clears(make_node, tmp_path: Path) 
         return node.request("GET", "/v1/allocations")["io"]
 
     # Nothing knows "train" yet: refused, nothing stored.
-    one_line_error(ctl("allocate-io", "train", "10MB/s", socket=sock), 2, "no job 'train'")
+    # Exit 1: what the node knows is its answer, as for `forget` and `refresh` of an
+    # unknown name (this was 2, a usage error's code, while those were 1).
+    one_line_error(ctl("allocate-io", "train", "10MB/s", socket=sock), 1, "no job 'train'")
     assert allocations() == {} and node.status()["jobs"] == []
     # --create says its mounts are coming.
     res = ctl("allocate-io", "train", "10MB/s", "--create", socket=sock)
@@ -79,7 +87,7 @@ def test_allocate_io_refuses_unknown_jobs_and_clears(make_node, tmp_path: Path) 
     assert allocations() == {"train": 10_000_000}
 
     # A typo of a known job: refused with a suggestion; the known one is allocated as is.
-    line = one_line_error(ctl("allocate-io", "trian", "5MB/s", socket=sock), 2, "no job 'trian'")
+    line = one_line_error(ctl("allocate-io", "trian", "5MB/s", socket=sock), 1, "no job 'trian'")
     assert "did you mean 'train'" in line
     assert "trian" not in allocations()
     assert all(j["name"] != "trian" for j in node.status()["jobs"])
@@ -124,7 +132,7 @@ def test_a_relative_dataset_path_is_resolved_by_the_client(make_node, tmp_path: 
     want = f"file://{tmp_path}/here/data/"
     # Not on the node yet: refused, with the absolute path in the daemon's words.
     res = ctl("allocate-cache", "./data", "1M", socket=node.socket, cwd=here)
-    one_line_error(res, 2, "no dataset './data' on this node", "--create")
+    one_line_error(res, 1, "no dataset './data' on this node", "--create")
     assert node.request("GET", "/v1/allocations")["cache"] == {}
     res = ctl("allocate-cache", "./data", "1M", "--create", socket=node.socket, cwd=here)
     assert res.returncode == 0, res
@@ -134,9 +142,15 @@ def test_a_relative_dataset_path_is_resolved_by_the_client(make_node, tmp_path: 
     # Known now (it holds an allocation), by any spelling; a typo of it is not.
     res = ctl("allocate-cache", f"{here}/data/", "2M", socket=node.socket)
     assert res.returncode == 0, res
-    line = one_line_error(ctl("allocate-cache", f"{here}/dta", "2M", socket=node.socket), 2)
+    line = one_line_error(ctl("allocate-cache", f"{here}/dta", "2M", socket=node.socket), 1)
     assert f"did you mean {want}?" in line
     assert node.request("GET", "/v1/allocations")["cache"] == {want: 2 << 20}
+    res = ctl("allocate-cache", f"{here}/data/", "1.5MiB", socket=node.socket)  # whole bytes
+    assert res.returncode == 0 and res.stdout.strip() == f"{want}: cache allocation 1.5MiB", res
+    assert node.request("GET", "/v1/allocations")["cache"] == {want: 3 << 19}
+    res = ctl("allocate-cache", f"{here}/data/", "0.5", socket=node.socket)
+    one_line_error(res, 2, "SIZE", "not a whole number of bytes")
+    assert node.request("GET", "/v1/allocations")["cache"] == {want: 3 << 19}
     with pytest.raises(ControlError, match="relative") as exc:  # the API itself
         node.request("POST", "/v1/datasets", {"uri": "here/data"})
     assert exc.value.status == 400

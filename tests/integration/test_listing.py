@@ -16,6 +16,7 @@ import errno
 import os
 import re
 import shutil
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -24,6 +25,7 @@ from urllib.parse import urlsplit
 import pytest
 
 from silofs.cache.store import CacheStore
+from tests.support.dirstream import DirStream, read_all
 from tests.support.faultproxy import Fault, FaultPlan, FaultProxy
 from tests.support.fixtures import needs_fuse
 from tests.support.node import Node, force_unmount
@@ -73,6 +75,58 @@ def test_readdir_of_a_large_directory_and_hard_names(
     st = os.stat(mp / "big")
     assert st.st_nlink == 2
     assert os.stat(mp).st_nlink == 2 + 3  # a, big, 日本
+
+
+@pytest.mark.parametrize("processes", [1, 2])
+def test_readdir_lists_dot_and_dotdot_and_seekdir_returns_to_a_telldir(
+    make_node, local_store, monkeypatch, bucket_name, tmp_path: Path, processes: int
+) -> None:
+    """A directory lists '.' (itself) and '..' (its parent; the mount's root: itself, the
+    mount point's parent being the kernel's) first, as a local disk and mountpoint-s3,
+    gcsfuse and rclone list them (`ls -a` showed neither). A position telldir() gave,
+    anywhere in 20,000 names, is where seekdir() comes back to, with one or two
+    serving processes."""
+    local_store.apply_env(monkeypatch)
+    names = [f"f{i:05d}" for i in range(20_000)]
+    tree = {f"many/{n}": b"x" for n in names} | {"a/b/c.txt": b"c", "top.txt": b"t"}
+    local_store.create(bucket_name, tree)
+    node: Node = make_node()
+    args = ["--serve-processes", "2"] if processes > 1 else []
+    mp = node.mount(local_store.uri(bucket_name), tmp_path / "mnt", *args)
+
+    def ino(*parts: str) -> int:
+        return os.stat(mp.joinpath(*parts)).st_ino
+
+    for path, parent in ((mp, mp), (mp / "a", mp), (mp / "a" / "b", mp / "a")):
+        got = read_all(path)
+        assert [(e.name, e.ino, e.is_dir) for e in got[:2]] == [
+            (".", os.stat(path).st_ino, True),
+            ("..", os.stat(parent).st_ino, True),
+        ], path
+        assert all(e.name not in (".", "..") for e in got[2:])
+    assert [e.name for e in read_all(mp)] == [".", "..", "a", "many", "top.txt"]
+    assert ino("a", "b") != ino("a") != ino()
+    ls = subprocess.run(["ls", "-a", str(mp / "a")], capture_output=True, text=True, check=True)
+    assert ls.stdout.split() == [".", "..", "b"]
+    assert os.listdir(mp / "a") == ["b"]  # Python hides them, as on any disk
+
+    # telldir() after each entry, then seekdir() back to some of them, out of order.
+    order, marks = [], []
+    with DirStream(mp / "many") as d:
+        while (e := d.next()) is not None:
+            order.append(e.name)
+            marks.append(d.tell())
+        assert order == [".", "..", *names]
+        for i in (15_000, 1, 0, 19_990, 7, 10_000, len(order) - 1):
+            d.seek(marks[i])
+            e = d.next()
+            want = order[i + 1] if i + 1 < len(order) else None
+            assert (e.name if e else None) == want, (i, e)
+        d.seek(marks[500])
+        rest = []
+        while (e := d.next()) is not None:
+            rest.append(e.name)
+        assert rest == order[501:]
 
 
 def test_refresh_while_a_file_is_open(
@@ -178,6 +232,37 @@ def test_a_file_open_while_it_is_deleted_and_listed_twice_still_stats_and_reads(
         assert held.read() == data
     assert not (mp / "a.bin").exists()
     assert (mp / "b.bin").read_bytes() == b"b"
+
+
+def test_an_open_directory_deleted_and_listed_twice_still_stats(
+    make_node, local_store, monkeypatch, bucket_name, tmp_path: Path
+) -> None:
+    """A directory open (an fd; a shell's cwd, find's fchdir) whose objects were deleted,
+    then the dataset listed twice: fstat answers it as it was opened, with no links, as
+    for a directory removed on a local disk, and reading it lists nothing. fstat was
+    ENOENT (as it was for an open file, until attack12)."""
+    local_store.apply_env(monkeypatch)
+    local_store.create(bucket_name, {"d/x.bin": b"x", "d/sub/y.bin": b"y", "keep.txt": b"k"})
+    node: Node = make_node()
+    mp = node.mount(local_store.uri(bucket_name), tmp_path / "mnt")
+    before = os.stat(mp / "d")
+    fd = os.open(mp / "d", os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        shutil.rmtree(Path(local_store.root) / bucket_name / "d")
+        for gen in (2, 3):
+            local_store.put(bucket_name, f"top{gen}", b"t")
+            res = _ctl(node, "refresh", "--wait", bucket_name)
+            assert res.returncode == 0, res.stderr
+            assert f"generation {gen}" in res.stdout
+            wait_for(lambda g=gen: (mp / f"top{g}").exists(), what="the new listing")
+        wait_for(lambda: not (mp / "d").exists(), what="d/ to go")
+        st = os.fstat(fd)
+        assert (st.st_ino, st.st_mtime, st.st_nlink) == (before.st_ino, before.st_mtime, 0)
+        assert stat.S_ISDIR(st.st_mode)
+        assert os.listdir(fd) == []
+    finally:
+        os.close(fd)
+    assert (mp / "keep.txt").read_bytes() == b"k"
 
 
 def test_a_refresh_reaches_names_the_kernel_holds_beyond_the_mounts_recent_ones(

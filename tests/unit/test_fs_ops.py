@@ -255,21 +255,25 @@ def test_readdir_lists_resumes_and_refuses_files(
     async def test(m: Mount) -> None:
         fh = await m.fs.opendir(ROOT_INODE, None)  # type: ignore[arg-type]
         await m.fs.readdir(fh, 0, None)  # type: ignore[arg-type]
-        assert [n for n, _ in replies] == [b"a.txt", b"dir", b"empty"]
-        assert [i for _, i in replies] == [1, 2, 3]
+        assert [n for n, _ in replies] == [b".", b"..", b"a.txt", b"dir", b"empty"]
+        assert [i for _, i in replies] == [1, 2, 3, 4, 5]
         await m.fs.releasedir(fh)
 
-        # A full buffer: the kernel asks again from the last offset it got.
+        # A full buffer: the kernel asks again from the last offset it got (inside the
+        # dots, and past them).
         d = await m.path("dir")
         fh = await m.fs.opendir(d.st_ino, None)  # type: ignore[arg-type]
+        for first in (1, 4):
+            replies.clear()
+            room[0] = first
+            await m.fs.readdir(fh, 0, None)  # type: ignore[arg-type]
+            room[0] = 10**6
+            await m.fs.readdir(fh, replies[-1][1], None)  # type: ignore[arg-type]
+            names = [b".", b"..", b"big.bin", b"flaky.bin", b"secret.bin"]
+            assert [n for n, _ in replies] == names
+            assert [i for _, i in replies] == [1, 2, 3, 4, 5]
         replies.clear()
-        room[0] = 2
-        await m.fs.readdir(fh, 0, None)  # type: ignore[arg-type]
-        room[0] = 10**6
-        await m.fs.readdir(fh, replies[-1][1], None)  # type: ignore[arg-type]
-        assert [n for n, _ in replies] == [b"big.bin", b"flaky.bin", b"secret.bin"]
-        replies.clear()
-        await m.fs.readdir(fh, 3, None)  # type: ignore[arg-type]  # at the end
+        await m.fs.readdir(fh, 5, None)  # type: ignore[arg-type]  # at the end
         assert replies == []
         await m.fs.releasedir(fh)
 
@@ -285,6 +289,49 @@ def test_readdir_lists_resumes_and_refuses_files(
     run(test)
 
 
+def test_readdir_lists_dot_and_dotdot_with_their_inode_numbers(
+    run: Callable[..., None], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """'.' is the directory, '..' its parent, and the root's '..' the root itself (the
+    mount point's parent is the kernel's), as a local disk, mountpoint-s3 and rclone
+    list them; there were none (`ls -a` showed neither)."""
+    replies: list[tuple[bytes, int, int, int]] = []
+
+    def reply(token: Any, name: bytes, attr: pyfuse3.EntryAttributes, next_id: int) -> bool:
+        replies.append((name, attr.st_ino, stat.S_IFMT(attr.st_mode), next_id))
+        return True
+
+    monkeypatch.setattr(pyfuse3, "readdir_reply", reply)
+
+    async def listed(inode: int) -> list[tuple[bytes, int, int, int]]:
+        replies.clear()
+        fh = await m.fs.opendir(inode, None)  # type: ignore[arg-type]
+        await m.fs.readdir(fh, 0, None)  # type: ignore[arg-type]
+        await m.fs.releasedir(fh)
+        return replies[:2]
+
+    async def test(mount: Mount) -> None:
+        nonlocal m
+        m = mount
+        m.relist([*OBJECTS, obj("dir/sub/deeper/x", 1)])
+        d, sub = await m.path("dir"), await m.path("dir/sub")
+        deeper = await m.path("dir/sub/deeper")
+        assert len({ROOT_INODE, d.st_ino, sub.st_ino, deeper.st_ino}) == 4
+        for inode, parent in (
+            (ROOT_INODE, ROOT_INODE),
+            (d.st_ino, ROOT_INODE),
+            (sub.st_ino, d.st_ino),
+            (deeper.st_ino, sub.st_ino),
+        ):
+            assert await listed(inode) == [
+                (b".", inode, stat.S_IFDIR, 1),
+                (b"..", parent, stat.S_IFDIR, 2),
+            ]
+
+    m: Mount
+    run(test)
+
+
 @pytest.mark.parametrize("relists", [1, 2])
 def test_a_directory_read_across_listings_goes_on_after_its_last_name_in_the_new_one(
     run: Callable[..., None], monkeypatch: pytest.MonkeyPatch, relists: int
@@ -294,7 +341,7 @@ def test_a_directory_read_across_listings_goes_on_after_its_last_name_in_the_new
     were gone (the rest of the directory silently missing), and one on, its entries
     carried the old sizes."""
     replies: list[tuple[bytes, int, int]] = []
-    room = [1]
+    room = [3]  # '.', '..' and one name
 
     def reply(token: Any, name: bytes, attr: pyfuse3.EntryAttributes, next_id: int) -> bool:
         if room[0] == 0:
@@ -309,14 +356,14 @@ def test_a_directory_read_across_listings_goes_on_after_its_last_name_in_the_new
         d = await m.path("dir")
         fh = await m.fs.opendir(d.st_ino, None)  # type: ignore[arg-type]
         await m.fs.readdir(fh, 0, None)  # type: ignore[arg-type]
-        assert replies == [(b"big.bin", 2 * CS + 500, 1)]
+        assert replies[2:] == [(b"big.bin", 2 * CS + 500, 3)]
         now = [o for o in OBJECTS if o.key != "dir/secret.bin"]
         now = [obj(o.key, 77, "v2") if o.key == "dir/flaky.bin" else o for o in now]
         for _ in range(relists):
             m.relist([*now, obj("dir/c-new.bin", 5)])
         room[0] = 10**6
-        await m.fs.readdir(fh, 1, None)  # type: ignore[arg-type]
-        assert replies[1:] == [(b"c-new.bin", 5, 2), (b"flaky.bin", 77, 3)]
+        await m.fs.readdir(fh, 3, None)  # type: ignore[arg-type]
+        assert replies[3:] == [(b"c-new.bin", 5, 4), (b"flaky.bin", 77, 5)]
         await m.fs.releasedir(fh)
 
     run(test)
@@ -341,6 +388,30 @@ def test_getattr_of_an_open_file_no_listing_has_is_its_handle_s_version(
         await m.fs.release(fh.fh)
         with pytest.raises(pyfuse3.FUSEError) as exc:
             await m.fs.getattr(a.st_ino, None)  # type: ignore[arg-type]
+        assert errno_of(exc) == errno.ENOENT
+
+    run(test)
+
+
+def test_getattr_of_an_open_directory_no_listing_has_is_its_handle_s(
+    run: Callable[..., None],
+) -> None:
+    """As for a file: a directory open (an fd, a shell's cwd) whose objects were deleted
+    and the dataset listed twice answers getattr as opendir found it, no links (it was
+    ENOENT); released, ENOENT."""
+
+    async def test(m: Mount) -> None:
+        d = await m.path("dir")
+        fh = await m.fs.opendir(d.st_ino, None)  # type: ignore[arg-type]
+        rest = [o for o in OBJECTS if not o.key.startswith("dir/")]
+        m.relist(rest)
+        m.relist(rest)
+        got = await m.fs.getattr(d.st_ino, None)  # type: ignore[arg-type]
+        assert (got.st_ino, got.st_nlink, got.st_mtime_ns) == (d.st_ino, 0, d.st_mtime_ns)
+        assert stat.S_ISDIR(got.st_mode)
+        await m.fs.releasedir(fh)
+        with pytest.raises(pyfuse3.FUSEError) as exc:
+            await m.fs.getattr(d.st_ino, None)  # type: ignore[arg-type]
         assert errno_of(exc) == errno.ENOENT
 
     run(test)

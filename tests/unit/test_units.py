@@ -93,6 +93,23 @@ def test_a_positive_rate_never_rounds_to_zero() -> None:
     assert parse_rate(0.0) == 0
 
 
+@pytest.mark.parametrize("text", ["0.5", "1.5", "0.5B", "4096.5", ".5", "0.0001K", 0.5, 4096.25])
+def test_a_size_that_is_not_whole_bytes_is_refused(text: str | float) -> None:
+    # "0.5" was rounded to 0 B (`allocate-cache ds 0.5` gave the dataset nothing); a
+    # size under a byte with a prefix too.
+    with pytest.raises(UsageError, match="not a whole number of bytes") as exc:
+        parse_size(text)  # type: ignore[arg-type]
+    assert "\n" not in str(exc.value)
+
+
+def test_a_fraction_with_a_prefix_is_rounded_to_a_byte() -> None:
+    # What scenarios and configs write (1.3TiB is 1429365116108.8 B): the nearest byte.
+    assert parse_size("1.3TiB") == 1429365116109
+    assert parse_size("1.2TiB") == 1319413953331
+    assert parse_size("0.3K") == 307
+    assert parse_size("4096.0") == parse_size(4096.0) == 4096
+
+
 def test_exact_integers() -> None:
     # Bare byte counts are exact, however large (no float rounding).
     assert parse_size("9223372036854775807") == 2**63 - 1
@@ -159,7 +176,8 @@ def test_infinity() -> None:
 
 def test_floats_from_toml() -> None:
     assert parse_size(1e12) == 10**12
-    assert parse_size(1.5) == 2
+    with pytest.raises(UsageError, match="not a whole number of bytes"):
+        parse_size(1.5)  # bytes, as "1.5" is (it was 2)
     assert parse_rate(2e8) == 200 * 10**6
 
 
