@@ -46,6 +46,7 @@ from silofs.node.limiter import TokenBucket
 from silofs.node.membership import COUNTS, Membership, MemberState, PeerCounters
 from silofs.node.peer_ask import MemberSlots, PeerRead, ThreadAsks, ThreadFlight
 from silofs.node.peer_client import (
+    MAX_SMALL_ANSWER,
     PEER_POOL,
     Bounds,
     PeerError,
@@ -474,7 +475,7 @@ class Cluster:
         paid = 0
         introduced = False
         check = None if warm else functools.partial(self._verified, member, ref=ref)
-        most = None if warm else most_value_bytes(ref)
+        most = MAX_SMALL_ANSWER if warm else most_value_bytes(ref)
         for _ in range(4):
             ask = ChunkAsk.of(ds.uri.canonical, ref, job, charged=charged, warm=warm)
             reply, data = await self._exchange(member, "GET", ask.target(), check=check, most=most)
@@ -501,7 +502,7 @@ class Cluster:
 
     async def _introduce(self, member: MemberState, ds: DatasetState) -> None:
         body = json.dumps(dataset_body(ds.uri.canonical, ds.options)).encode()
-        reply, _ = await self._exchange(member, "PUT", DATASETS_PATH, body)
+        reply, _ = await self._exchange(member, "PUT", DATASETS_PATH, body, most=MAX_SMALL_ANSWER)
         if reply.status != 200:
             raise PeerError("http", f"{member.address} refused {ds.uri.canonical}: "
                             f"{reply.status} {_error(reply)}")  # fmt: skip
@@ -782,7 +783,7 @@ class Cluster:
         assert self.membership is not None
         asked = self.membership.clock()
         try:
-            reply, _ = await self._exchange(member, "GET", PING_PATH)
+            reply, _ = await self._exchange(member, "GET", PING_PATH, most=MAX_SMALL_ANSWER)
             if reply.status != 200:
                 raise PeerError(
                     "http", f"{member.address}: ping {reply.status} {_error(reply)}", reply.status
@@ -862,7 +863,9 @@ class Cluster:
 
     async def _push_shares(self, member: MemberState, body: bytes, missed: dict[str, str]) -> None:
         try:
-            reply, _ = await self._exchange(member, "PUT", ALLOCATIONS_PATH, body)
+            reply, _ = await self._exchange(
+                member, "PUT", ALLOCATIONS_PATH, body, most=MAX_SMALL_ANSWER
+            )
             if reply.status != 200:
                 raise PeerError("http", f"{reply.status} {_error(reply)}")
         except PeerError as exc:

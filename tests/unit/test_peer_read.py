@@ -92,6 +92,10 @@ class FakeMember:
                     body = b'{"name":"c","allocations_version":0}'
                     tls.sendall(_head(200, len(body), "application/json") + body)
                     continue
+                if urlsplit(target).path == "/v1/peer/datasets":  # "introduce": then stall
+                    tls.sendall(_head(200, 64 << 20, "application/json"))
+                    self.stop.wait(30)
+                    return
                 self.asks.append(query)
                 if not self._answer(tls, query):
                     return
@@ -140,6 +144,17 @@ class FakeMember:
         elif mode == "redirect":  # elsewhere: a member that points at another host
             tls.sendall(b"HTTP/1.1 302 Found\r\nlocation: https://127.0.0.2/x\r\n"
                         b"content-length: 0\r\n\r\n")  # fmt: skip
+            return True
+        elif mode in ("error_stall", "charge_stall"):  # a 4xx claiming 64 MiB, then nothing
+            status = 428 if mode == "charge_stall" else 409
+            extra = f"x-silofs-charge: {ref.length}\r\n" if status == 428 else ""
+            tls.sendall(_head(status, 64 << 20, "application/json", extra))
+            self.stop.wait(30)
+            return False
+        elif mode == "introduce":  # this dataset is new to me: introduce it (see _serve)
+            body = b'{"error":"introduce it"}'
+            extra = "x-silofs-unknown-dataset: 1\r\n"
+            tls.sendall(_head(404, len(body), "application/json", extra) + body)
             return True
         elif mode == "huge":  # a length past any chunk value, then nothing
             tls.sendall(_head(200, 10**15))
@@ -357,6 +372,27 @@ def test_an_answer_no_member_sends_is_an_http_failure_and_the_store_serves(
     assert got["dataset"]["store_fallbacks"] == got["member"]["errors"]["http"] >= 1
     assert got["remote_gets"] == 3
     assert time.monotonic() - t0 < 10
+
+
+@pytest.mark.parametrize(
+    ("mode", "reason"),
+    [("error_stall", "http"), ("charge_stall", "http"), ("introduce", "foreign")],
+)
+def test_an_answer_that_is_no_chunk_claiming_a_long_body_is_not_waited_for(
+    tmp_path: Path, pki: Path, bucket: Path, member: FakeMember, mode: str, reason: str
+) -> None:
+    """An error answer (409), a charge (428) or the answer to an introduction, each
+    claiming a 64 MiB body and then sending nothing: none is the chunk's value, whose
+    length alone bounds what a member may make a read wait (the timeout plus the value
+    at the floor rate). Each read is right, from the store, without waiting for the
+    body (at 1 MiB/s the bound of 64 MiB is a minute)."""
+    t0 = time.monotonic()
+    with daemon_of(tmp_path, pki, member.port) as d:
+        got = read_all(d, bucket, mode, member)
+    assert time.monotonic() - t0 < 10
+    assert set(got["member"]["errors"]) == {reason}, got
+    assert got["dataset"]["store_fallbacks"] == got["member"]["errors"][reason] >= 1
+    assert got["remote_gets"] == 3
 
 
 def test_a_refused_connection_is_a_failure_too(tmp_path: Path, pki: Path, bucket: Path) -> None:
