@@ -476,16 +476,25 @@ class Cluster:
         introduced = False
         check = None if warm else functools.partial(self._verified, member, ref=ref)
         most = MAX_SMALL_ANSWER if warm else most_value_bytes(ref)
+        assert self.config is not None
+        # A read waits for one of the member's exchanges at most the peer bound (a warm
+        # takes turns): else reads queue behind slow ones, PEER_POOL at a time, and a
+        # member answering right just inside its bounds made the 9th read wait 3 times
+        # as long as one exchange (a minute of 102s each: minutes), never counted as a
+        # failure. Busy as the home's serve cap is: the store serves the read.
+        slot_wait = None if warm else self.config.peer_timeout_seconds
         for _ in range(4):
             ask = ChunkAsk.of(ds.uri.canonical, ref, job, charged=charged, warm=warm)
-            reply, data = await self._exchange(member, "GET", ask.target(), check=check, most=most)
+            reply, data = await self._exchange(
+                member, "GET", ask.target(), check=check, most=most, slot_wait=slot_wait
+            )
             if reply.status == 428 and not charged:
                 n = _charge(reply, ref)
                 await limiter.charge(n)  # promise 2: before the home's GET, to this job
                 charged, paid = True, n
                 continue
             if reply.status == 404 and UNKNOWN_DATASET_HEADER in reply.headers and not introduced:
-                await self._introduce(member, ds)
+                await self._introduce(member, ds, slot_wait)
                 introduced = True
                 continue
             if reply.status != 200:
@@ -500,9 +509,13 @@ class Cluster:
             return reply, paid, data
         raise PeerError("http", f"{member.address}: no answer after its charge round trips")
 
-    async def _introduce(self, member: MemberState, ds: DatasetState) -> None:
+    async def _introduce(
+        self, member: MemberState, ds: DatasetState, slot_wait: float | None
+    ) -> None:
         body = json.dumps(dataset_body(ds.uri.canonical, ds.options)).encode()
-        reply, _ = await self._exchange(member, "PUT", DATASETS_PATH, body, most=MAX_SMALL_ANSWER)
+        reply, _ = await self._exchange(
+            member, "PUT", DATASETS_PATH, body, most=MAX_SMALL_ANSWER, slot_wait=slot_wait
+        )
         if reply.status != 200:
             raise PeerError("http", f"{member.address} refused {ds.uri.canonical}: "
                             f"{reply.status} {_error(reply)}")  # fmt: skip
@@ -515,18 +528,27 @@ class Cluster:
         body: bytes = b"",
         check: Callable[[PeerReply], memoryview] | None = None,
         most: int | None = None,
+        slot_wait: float | None = None,
     ) -> tuple[PeerReply, memoryview | None]:
         """One exchange with a member, in a worker thread, at most PEER_POOL at once per
         member: (the answer, `check` of a 200 answer, run in the same thread: a chunk's
         blocks are checked off the loop). The time it took is counted as waiting on
-        peers."""
+        peers. PeerError "busy" (the member left up) if no exchange with it frees within
+        `slot_wait` seconds."""
         config = self.config
         assert config is not None
         pool, slots = self.pools.get(member.address), self.slots.get(member.address)
         if pool is None or slots is None:  # a list put in force since left it out
             raise PeerError("refused", f"{member.address} is no longer a member")
         bounds = Bounds(config.peer_timeout_seconds, float(config.peer_floor_rate))
-        await slots.acquire()
+        if slot_wait is None:
+            await slots.acquire()
+        else:
+            with trio.move_on_after(slot_wait) as waited:
+                await slots.acquire()
+            if waited.cancelled_caught:
+                raise PeerError("busy", f"{member.address}: its {PEER_POOL} exchanges "
+                                f"all busy for {slot_wait:g}s")  # fmt: skip
         try:
             if not member.up and not member.probing:
                 raise PeerError("refused", f"{member.address} is down: {member.last_error}")

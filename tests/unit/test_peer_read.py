@@ -40,6 +40,7 @@ from tests.unit.serving import next_head
 
 CHUNK = 256 << 10
 TIMEOUT = 0.5
+SLOW_SECONDS = 4.0  # "slow_right": how long each answer takes (102s meanwhile)
 
 
 class FakeMember:
@@ -167,6 +168,10 @@ class FakeMember:
             except OSError:
                 self.left.set()
             return False
+        elif mode == "slow_right":  # right, every time, just inside the bounds: 102s first
+            for _ in range(int(SLOW_SECONDS / 0.2)):
+                tls.sendall(b"HTTP/1.1 102 Processing\r\n\r\n")
+                time.sleep(0.2)
         elif mode == "processing" and len(self.asks) == 1:
             for _ in range(int(3 * TIMEOUT / 0.2)):  # 102s for 3 timeouts, then the value
                 tls.sendall(b"HTTP/1.1 102 Processing\r\n\r\n")
@@ -393,6 +398,47 @@ def test_an_answer_that_is_no_chunk_claiming_a_long_body_is_not_waited_for(
     assert set(got["member"]["errors"]) == {reason}, got
     assert got["dataset"]["store_fallbacks"] == got["member"]["errors"][reason] >= 1
     assert got["remote_gets"] == 3
+
+
+def test_reads_queued_behind_a_slow_members_exchanges_wait_at_most_the_bound_for_one(
+    tmp_path: Path, pki: Path, bucket: Path, member: FakeMember
+) -> None:
+    """A member answering every chunk right but only after 4 s of 102s (a compromised
+    one, just inside its bounds; or one whose store is slow), asked for ~11 chunks at
+    once: PEER_POOL (4) exchanges at a time, the others wait for one to free. Each
+    waits at most the peer bound (0.5 s) before the store serves it ("busy", the member
+    left up); before, they queued, the 9th read waiting 12 s (with a minute of 102s
+    each: minutes), and nothing was counted."""
+
+    async def main() -> tuple[list[float], dict, bool]:
+        async with running(d):
+            ds, m = await mounted(d, bucket)
+            member.mode = "slow_right"
+            chunks = remote_chunks(d, ds, bucket)
+            assert len(chunks) > 2 * peer_client.PEER_POOL, chunks
+            waits: list[float] = []
+
+            async def read(key: str, index: int) -> None:
+                t0 = time.monotonic()
+                data, _ = await d.get_chunk(m, key, index, False)
+                want = (bucket / key).read_bytes()[index * CHUNK : (index + 1) * CHUNK]
+                assert bytes(data) == want, (key, index)
+                waits.append(time.monotonic() - t0)
+
+            async with trio.open_nursery() as nursery:
+                for key, index in chunks:
+                    nursery.start_soon(read, key, index)
+            peer = next(p for p in d.cluster.membership.peers())  # type: ignore[union-attr]
+            return waits, peer.counters.view(), peer.up
+
+    with daemon_of(tmp_path, pki, member.port) as d:
+        waits, counters, up = trio.run(main)
+    assert len(waits) > 2 * peer_client.PEER_POOL
+    # One exchange (4 s) and the slot's bound, not three exchanges one after another.
+    assert max(waits) < 2 * SLOW_SECONDS, sorted(waits)
+    busy = counters["errors"].get("busy", 0)
+    assert busy >= len(waits) - 2 * peer_client.PEER_POOL and set(counters["errors"]) == {"busy"}
+    assert counters["store_fallbacks"] == busy and up, counters
 
 
 def test_a_refused_connection_is_a_failure_too(tmp_path: Path, pki: Path, bucket: Path) -> None:
