@@ -23,6 +23,7 @@ import functools
 import ipaddress
 import json
 import logging
+import math
 import socket
 import ssl
 import time
@@ -95,6 +96,16 @@ RESOLVE_SECONDS = 10.0
 MEMBER_FAILURES = frozenset({"refused", "timeout", "short", "corrupt", "foreign"})
 # A warning per member and reason at most this often; the others at DEBUG.
 WARN_EVERY = 10.0
+# A member's share table, pulled when its ping says it differs (_pull_shares): at most
+# this long (4,096 datasets, each URI and its stamp with room to spare: a table that
+# big cannot even be pushed, the peer route taking 1 MiB); after a pull that brings
+# nothing new (failed, refused, or older entries), none from that member for
+# PULL_BACKOFF seconds (its own pull of this node's table settles the difference
+# meanwhile). A ping may say the table differs every time: a compromised member
+# answered each pull with 64 MiB of JSON, which json.loads took ~6 s of the loop (every
+# mount's miss here waiting) to read before check_shares refused it, every 5 s.
+MAX_SHARES_ANSWER = 8 << 20
+PULL_BACKOFF = 60.0
 
 
 class Cluster:
@@ -122,6 +133,7 @@ class Cluster:
         # Probes in flight, by member address: a recheck waits for one rather than
         # pinging again (two failed pings of one outage would be two failures).
         self._probes: dict[str, trio.Event] = {}
+        self._no_pull_until: dict[str, float] = {}  # a member's failed pull: PULL_BACKOFF
         # Membership.came_up as of the last stand-in sweep, and whether one runs.
         self._swept = 0
         self._sweeping = False
@@ -830,8 +842,12 @@ class Cluster:
             await self._pull_shares(member)
 
     async def _pull_shares(self, member: MemberState) -> None:
+        if trio.current_time() < self._no_pull_until.get(member.address, -math.inf):
+            return
+        # Unless it brings news (a failed, refused or useless pull, or one cancelled).
+        self._no_pull_until[member.address] = trio.current_time() + PULL_BACKOFF
         try:
-            reply, _ = await self._exchange(member, "GET", ALLOCATIONS_PATH)
+            reply, _ = await self._exchange(member, "GET", ALLOCATIONS_PATH, most=MAX_SHARES_ANSWER)
             if reply.status != 200:
                 return
             parsed = check_shares(_peer_json(reply), now=now_version())
@@ -843,7 +859,8 @@ class Cluster:
         except UsageError as exc:
             log.warning("cache shares of %s refused: %s", member.address, exc)
             return
-        if accepted:
+        if accepted:  # it had news: the next difference is pulled at once
+            self._no_pull_until.pop(member.address, None)
             self.d.allocs.notify()
 
     async def set_share(self, uri: str, size: int | None) -> dict[str, str]:

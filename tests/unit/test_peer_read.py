@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
 import os
 import socket
 import ssl
@@ -31,7 +32,7 @@ import trio
 from silofs import sealed
 from silofs.cache.format import ChunkRef, encode_chunk
 from silofs.config import ClusterSettings, MemberSpec
-from silofs.node import peer_client
+from silofs.node import membership, peer_client
 from silofs.node.daemon import Daemon
 from silofs.node.peer_ask import PeerRead
 from silofs.node.peer_wire import ChunkAsk
@@ -59,6 +60,10 @@ class FakeMember:
         self.port = self.sock.getsockname()[1]
         self.stop = threading.Event()
         self.left = threading.Event()  # an asker closed a connection mid-answer
+        # table_bytes: each ping says this member's share table differs (a new digest),
+        # and a pull of it is answered with that many bytes of JSON junk.
+        self.table_bytes = 0
+        self.pings = self.pulls = self.tables_sent = 0
         self.thread = threading.Thread(target=self._accept, daemon=True)
         self.thread.start()
 
@@ -90,8 +95,17 @@ class FakeMember:
                 target = head.split(b"\r\n")[0].split()[1].decode()
                 query = dict(parse_qsl(urlsplit(target).query))
                 if urlsplit(target).path == "/v1/peer/ping":
+                    self.pings += 1
                     body = b'{"name":"c","allocations_version":0}'
+                    if self.table_bytes:
+                        body = b'{"name":"c","allocations_digest":"d%d"}' % self.pings
                     tls.sendall(_head(200, len(body), "application/json") + body)
+                    continue
+                if urlsplit(target).path == "/v1/peer/allocations":
+                    self.pulls += 1
+                    tls.sendall(_head(200, self.table_bytes, "application/json"))
+                    tls.sendall(_junk_table(self.table_bytes))
+                    self.tables_sent += 1
                     continue
                 if urlsplit(target).path == "/v1/peer/datasets":  # "introduce": then stall
                     tls.sendall(_head(200, 64 << 20, "application/json"))
@@ -179,6 +193,15 @@ class FakeMember:
         source = "remote" if mode == "remote" else "cache"  # "remote": a GET made for it
         tls.sendall(_head(200, len(value), extra=f"x-silofs-source: {source}\r\n") + bytes(value))
         return True
+
+
+def _junk_table(n: int) -> bytes:
+    """n bytes of JSON as a share table a member never has: its shares valid (none), and
+    a key beside them holding a dict of tiny entries, the slowest JSON to read."""
+    head, tail = b'{"version":1,"shares":{},"stamps":{},"x":{', b"}}"
+    entries = b",".join(b'"%x":0' % i for i in range(n // 8))
+    body = head + entries
+    return body[: n - len(tail)].rsplit(b",", 1)[0].ljust(n - len(tail)) + tail
 
 
 def _head(
@@ -439,6 +462,31 @@ def test_reads_queued_behind_a_slow_members_exchanges_wait_at_most_the_bound_for
     busy = counters["errors"].get("busy", 0)
     assert busy >= len(waits) - 2 * peer_client.PEER_POOL and set(counters["errors"]) == {"busy"}
     assert counters["store_fallbacks"] == busy and up, counters
+
+
+def test_a_member_whose_table_always_differs_is_pulled_from_rarely_and_never_at_length(
+    tmp_path: Path, pki: Path, bucket: Path, member: FakeMember, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A member whose every ping says its share table differs, and whose table is 20 MiB
+    of JSON that reads as no news (a compromised member: the ping is all it takes). The
+    pull is refused at its head (more than MAX_SHARES_ANSWER), and the member is pulled
+    from once per PULL_BACKOFF. Before, each ping (every 5 s) was a pull read whole and
+    parsed on the loop: 64 MiB of it held every mount's misses for seconds."""
+    monkeypatch.setattr(membership, "PING_SECONDS", 0.2)
+    member.table_bytes = 20 << 20
+    assert json.loads(_junk_table(1 << 20))["shares"] == {}
+
+    async def main() -> None:
+        async with running(d), trio.open_nursery() as nursery:
+            nursery.start_soon(d.cluster.probe_loop)
+            with trio.fail_after(60):
+                while member.pings < 6:
+                    await trio.sleep(0.05)
+            nursery.cancel_scope.cancel()
+
+    with daemon_of(tmp_path, pki, member.port) as d:
+        trio.run(main)
+    assert member.pulls == 1 and member.tables_sent == 0, vars(member)
 
 
 def test_a_refused_connection_is_a_failure_too(tmp_path: Path, pki: Path, bucket: Path) -> None:
