@@ -159,9 +159,23 @@ def test_a_member_cannot_cache_one_objects_bytes_under_anothers_content_id(pair:
         assert _wrong_bytes(mp, tree, [b]) == 0
 
 
-def test_outsiders_get_no_answer_and_a_member_reaches_only_the_peer_routes(pair: dict) -> None:
+def test_outsiders_get_no_answer_and_a_member_reaches_only_the_peer_routes(
+    pair: dict, tmp_path: Path
+) -> None:
     nodes, pki = pair["nodes"], pair["pki"]
     home = nodes[0]
+    # A node certificate of another CA naming a member (its name and host), and one of
+    # the cluster's CA not valid before tomorrow: no handshake, no answer.
+    foreign = tmp_path / "foreign"
+    for args in (["init", str(foreign)], ["node", str(foreign), "n1", "--address", "127.0.0.1"]):
+        res = _ctl("certs", *args)
+        assert res.returncode == 0, res.stderr
+    other_ca = client_tls_context(
+        str(foreign / "n1.pem"), str(foreign / "n1.key"), str(pki / "ca.pem")
+    )
+    assert _status(home, other_ca, "GET", "/v1/peer/ping") is None
+    odd_node_cert(pki, "future", "127.0.0.1", future=True)
+    assert _status(home, _ctx(pki, "future"), "GET", "/v1/peer/ping") is None
     # Plain HTTP on the TLS port: closed, not a byte of HTTP back.
     with socket.create_connection(("127.0.0.1", home.spec.port), timeout=10) as s:
         s.sendall(f"GET /v1/peer/ping HTTP/1.1\r\nx-silofs-cluster: {CLUSTER}\r\n\r\n".encode())
