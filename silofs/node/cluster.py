@@ -664,6 +664,11 @@ class Cluster:
                 c = self.datasets.setdefault(uri, PeerCounters())
         return c
 
+    def forget_counters(self, uri: str) -> None:
+        """A dataset's peer counters, dropped (one members introduced, forgotten)."""
+        with COUNTS:
+            self.datasets.pop(uri, None)
+
     def incoming_counters(self, name: str) -> PeerCounters:
         c = self.incoming.get(name)
         if c is None:

@@ -194,6 +194,10 @@ class Home:
             if lock is None or not lock.locked():  # a warm filling it keeps its budget
                 self.budgets.pop(ds.id, None)
                 self._budget_locks.pop(ds.id, None)
+            # Its peer counters go with it (a row in status and /metrics each), unless
+            # this node has it open itself.
+            if self.d.catalog.find_dataset(uri) is None:
+                self.d.cluster.forget_counters(uri)
             log.debug("forgot %s, introduced by the cluster's members", uri)
 
     def _fetching(self, ds: DatasetState) -> None:

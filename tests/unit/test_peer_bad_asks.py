@@ -64,6 +64,7 @@ def test_introductions_of_made_up_datasets_keep_the_last_few_and_those_with_shar
             await introduce(d, "s3://made-up-0/")
             for i in range(1, 60):
                 await introduce(d, f"s3://made-up-{i}/")
+                assert await named(d, f"s3://made-up-{i}/") == 428  # a peer counters row
                 if i % 10 == 0:
                     # made-up-0 served: among the last used, so kept
                     assert await named(d, "s3://made-up-0/") != 404
@@ -71,6 +72,7 @@ def test_introductions_of_made_up_datasets_keep_the_last_few_and_those_with_shar
             assert len(kept) == 20, sorted(kept)  # the cap, the one with a share among them
             assert {"s3://shared-0/", "s3://made-up-0/", "s3://made-up-59/"} <= kept
             assert "s3://made-up-1/" not in kept
+            assert set(d.cluster.datasets) <= kept  # the counters of those it asked, only
             assert await named(d, "s3://made-up-1/") == 404  # forgotten: introduce it again
             await introduce(d, "s3://made-up-1/")
             assert "s3://made-up-1/" in d.cluster.home.datasets
