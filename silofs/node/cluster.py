@@ -23,6 +23,7 @@ import functools
 import ipaddress
 import json
 import logging
+import math
 import socket
 import ssl
 import time
@@ -46,6 +47,7 @@ from silofs.node.limiter import TokenBucket
 from silofs.node.membership import COUNTS, Membership, MemberState, PeerCounters
 from silofs.node.peer_ask import MemberSlots, PeerRead, ThreadAsks, ThreadFlight
 from silofs.node.peer_client import (
+    MAX_SMALL_ANSWER,
     PEER_POOL,
     Bounds,
     PeerError,
@@ -94,6 +96,16 @@ RESOLVE_SECONDS = 10.0
 MEMBER_FAILURES = frozenset({"refused", "timeout", "short", "corrupt", "foreign"})
 # A warning per member and reason at most this often; the others at DEBUG.
 WARN_EVERY = 10.0
+# A member's share table, pulled when its ping says it differs (_pull_shares): at most
+# this long (4,096 datasets, each URI and its stamp with room to spare: a table that
+# big cannot even be pushed, the peer route taking 1 MiB); after a pull that brings
+# nothing new (failed, refused, or older entries), none from that member for
+# PULL_BACKOFF seconds (its own pull of this node's table settles the difference
+# meanwhile). A ping may say the table differs every time: a compromised member
+# answered each pull with 64 MiB of JSON, which json.loads took ~6 s of the loop (every
+# mount's miss here waiting) to read before check_shares refused it, every 5 s.
+MAX_SHARES_ANSWER = 8 << 20
+PULL_BACKOFF = 60.0
 
 
 class Cluster:
@@ -121,6 +133,7 @@ class Cluster:
         # Probes in flight, by member address: a recheck waits for one rather than
         # pinging again (two failed pings of one outage would be two failures).
         self._probes: dict[str, trio.Event] = {}
+        self._no_pull_until: dict[str, float] = {}  # a member's failed pull: PULL_BACKOFF
         # Membership.came_up as of the last stand-in sweep, and whether one runs.
         self._swept = 0
         self._sweeping = False
@@ -474,17 +487,26 @@ class Cluster:
         paid = 0
         introduced = False
         check = None if warm else functools.partial(self._verified, member, ref=ref)
-        most = None if warm else most_value_bytes(ref)
+        most = MAX_SMALL_ANSWER if warm else most_value_bytes(ref)
+        assert self.config is not None
+        # A read waits for one of the member's exchanges at most the peer bound (a warm
+        # takes turns): else reads queue behind slow ones, PEER_POOL at a time, and a
+        # member answering right just inside its bounds made the 9th read wait 3 times
+        # as long as one exchange (a minute of 102s each: minutes), never counted as a
+        # failure. Busy as the home's serve cap is: the store serves the read.
+        slot_wait = None if warm else self.config.peer_timeout_seconds
         for _ in range(4):
             ask = ChunkAsk.of(ds.uri.canonical, ref, job, charged=charged, warm=warm)
-            reply, data = await self._exchange(member, "GET", ask.target(), check=check, most=most)
+            reply, data = await self._exchange(
+                member, "GET", ask.target(), check=check, most=most, slot_wait=slot_wait
+            )
             if reply.status == 428 and not charged:
                 n = _charge(reply, ref)
                 await limiter.charge(n)  # promise 2: before the home's GET, to this job
                 charged, paid = True, n
                 continue
             if reply.status == 404 and UNKNOWN_DATASET_HEADER in reply.headers and not introduced:
-                await self._introduce(member, ds)
+                await self._introduce(member, ds, slot_wait)
                 introduced = True
                 continue
             if reply.status != 200:
@@ -499,9 +521,13 @@ class Cluster:
             return reply, paid, data
         raise PeerError("http", f"{member.address}: no answer after its charge round trips")
 
-    async def _introduce(self, member: MemberState, ds: DatasetState) -> None:
+    async def _introduce(
+        self, member: MemberState, ds: DatasetState, slot_wait: float | None
+    ) -> None:
         body = json.dumps(dataset_body(ds.uri.canonical, ds.options)).encode()
-        reply, _ = await self._exchange(member, "PUT", DATASETS_PATH, body)
+        reply, _ = await self._exchange(
+            member, "PUT", DATASETS_PATH, body, most=MAX_SMALL_ANSWER, slot_wait=slot_wait
+        )
         if reply.status != 200:
             raise PeerError("http", f"{member.address} refused {ds.uri.canonical}: "
                             f"{reply.status} {_error(reply)}")  # fmt: skip
@@ -514,18 +540,27 @@ class Cluster:
         body: bytes = b"",
         check: Callable[[PeerReply], memoryview] | None = None,
         most: int | None = None,
+        slot_wait: float | None = None,
     ) -> tuple[PeerReply, memoryview | None]:
         """One exchange with a member, in a worker thread, at most PEER_POOL at once per
         member: (the answer, `check` of a 200 answer, run in the same thread: a chunk's
         blocks are checked off the loop). The time it took is counted as waiting on
-        peers."""
+        peers. PeerError "busy" (the member left up) if no exchange with it frees within
+        `slot_wait` seconds."""
         config = self.config
         assert config is not None
         pool, slots = self.pools.get(member.address), self.slots.get(member.address)
         if pool is None or slots is None:  # a list put in force since left it out
             raise PeerError("refused", f"{member.address} is no longer a member")
         bounds = Bounds(config.peer_timeout_seconds, float(config.peer_floor_rate))
-        await slots.acquire()
+        if slot_wait is None:
+            await slots.acquire()
+        else:
+            with trio.move_on_after(slot_wait) as waited:
+                await slots.acquire()
+            if waited.cancelled_caught:
+                raise PeerError("busy", f"{member.address}: its {PEER_POOL} exchanges "
+                                f"all busy for {slot_wait:g}s")  # fmt: skip
         try:
             if not member.up and not member.probing:
                 raise PeerError("refused", f"{member.address} is down: {member.last_error}")
@@ -628,6 +663,11 @@ class Cluster:
             with COUNTS:  # a connection's thread may make it too
                 c = self.datasets.setdefault(uri, PeerCounters())
         return c
+
+    def forget_counters(self, uri: str) -> None:
+        """A dataset's peer counters, dropped (one members introduced, forgotten)."""
+        with COUNTS:
+            self.datasets.pop(uri, None)
 
     def incoming_counters(self, name: str) -> PeerCounters:
         c = self.incoming.get(name)
@@ -782,7 +822,7 @@ class Cluster:
         assert self.membership is not None
         asked = self.membership.clock()
         try:
-            reply, _ = await self._exchange(member, "GET", PING_PATH)
+            reply, _ = await self._exchange(member, "GET", PING_PATH, most=MAX_SMALL_ANSWER)
             if reply.status != 200:
                 raise PeerError(
                     "http", f"{member.address}: ping {reply.status} {_error(reply)}", reply.status
@@ -807,8 +847,12 @@ class Cluster:
             await self._pull_shares(member)
 
     async def _pull_shares(self, member: MemberState) -> None:
+        if trio.current_time() < self._no_pull_until.get(member.address, -math.inf):
+            return
+        # Unless it brings news (a failed, refused or useless pull, or one cancelled).
+        self._no_pull_until[member.address] = trio.current_time() + PULL_BACKOFF
         try:
-            reply, _ = await self._exchange(member, "GET", ALLOCATIONS_PATH)
+            reply, _ = await self._exchange(member, "GET", ALLOCATIONS_PATH, most=MAX_SHARES_ANSWER)
             if reply.status != 200:
                 return
             parsed = check_shares(_peer_json(reply), now=now_version())
@@ -820,7 +864,8 @@ class Cluster:
         except UsageError as exc:
             log.warning("cache shares of %s refused: %s", member.address, exc)
             return
-        if accepted:
+        if accepted:  # it had news: the next difference is pulled at once
+            self._no_pull_until.pop(member.address, None)
             self.d.allocs.notify()
 
     async def set_share(self, uri: str, size: int | None) -> dict[str, str]:
@@ -862,7 +907,9 @@ class Cluster:
 
     async def _push_shares(self, member: MemberState, body: bytes, missed: dict[str, str]) -> None:
         try:
-            reply, _ = await self._exchange(member, "PUT", ALLOCATIONS_PATH, body)
+            reply, _ = await self._exchange(
+                member, "PUT", ALLOCATIONS_PATH, body, most=MAX_SMALL_ANSWER
+            )
             if reply.status != 200:
                 raise PeerError("http", f"{reply.status} {_error(reply)}")
         except PeerError as exc:

@@ -63,6 +63,11 @@ MAX_HEAD = 16 << 10  # a peer's answer head (status line and headers)
 MAX_PROGRESS_SECONDS = 60.0
 # The largest body a member may answer: a chunk value (64 MiB chunk and its header).
 MAX_BODY = (64 << 20) + (1 << 20)
+# The largest answer that is no chunk's value and no share table: an error or a charge
+# (any status but 200: one line of JSON), a ping's or an introduction's. A body's length
+# sets how long it may take (at the floor rate): a member claiming 64 MiB for a 409 held
+# the read it was asked for a minute, where a chunk's own answer is held to its length.
+MAX_SMALL_ANSWER = 64 << 10
 _RECV = 256 << 10
 # The most ciphertext of one TLS record (header, 2**14 bytes, TLS 1.2's largest
 # expansion): what the SSL object may hold of a record it has not decrypted yet.
@@ -524,8 +529,9 @@ def _exchange(
 ) -> tuple[PeerReply, bool]:
     """Send one request and read its answer: (reply, whether the connection may be
     reused). Between 102s, Abandoned once `gone()` says the asker's client left. A 200
-    answer longer than `most` is refused before its body is read: its length sets how
-    long the body may take (at the floor rate), and no right answer is that long."""
+    answer longer than `most`, or any other longer than MAX_SMALL_ANSWER, is refused
+    before its body is read: its length sets how long the body may take (at the floor
+    rate), and no right answer is that long."""
     sock = conn.sock
     sock.deadline = time.monotonic() + bounds.timeout
     try:
@@ -561,6 +567,9 @@ def _exchange(
     if not is_digits(length) or int(length) > MAX_BODY:
         raise PeerError("http", f"{address}: an answer without a usable content-length")
     n = int(length)
+    if status != 200 and n > MAX_SMALL_ANSWER:  # refused before its body is waited for
+        raise PeerError("http", f"{address}: a {status} answer of {n} bytes (at most "
+                        f"{MAX_SMALL_ANSWER})", status)  # fmt: skip
     if most is not None and status == 200 and n > most:
         raise PeerError("foreign", f"{address}: an answer of {n} bytes for a value of at "
                         f"most {most}")  # fmt: skip

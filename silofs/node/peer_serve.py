@@ -63,6 +63,13 @@ PEER_STATE = "peer"
 # dataset read anywhere in the cluster (300 with a GET each took a daemon from 76 MB to
 # 3.9 GB). The others' clients are closed, and built again at their next GET.
 LIVE_CLIENTS = 16
+# Datasets members introduced, kept at most this many: the least recently introduced or
+# served is forgotten first (its store client closed; named again, it is a 404 asking
+# to introduce it anew), never one the cluster's share table names (at most 4,096:
+# cluster_shares.MAX_SHARES), whose part this node admits under. Each costs ~3.4 KB and
+# a row of every quota pass: a member introducing made-up URIs (s3://made-up-N/) grew a
+# home without bound (5,000 of them: +17 MB).
+MAX_INTRODUCED = 1024
 
 
 class ChargeFirst(Exception):
@@ -162,7 +169,36 @@ class Home:
         ds = DatasetState(dsid, uri, f"peer-{dsid}", backend, state=PEER_STATE, options=options)
         self.datasets[uri.canonical] = ds
         log.info("opened %s for the cluster's members (backend only)", uri.canonical)
+        self._forget_least_used()
         return ds
+
+    def _used(self, ds: DatasetState) -> None:
+        """An introduced dataset was served: the last to be forgotten (a connection
+        thread's held() meanwhile may miss it for an instant: the loop serves it then)."""
+        uri = ds.uri.canonical
+        if ds.state == PEER_STATE and self.datasets.get(uri) is ds:
+            del self.datasets[uri]
+            self.datasets[uri] = ds
+
+    def _forget_least_used(self) -> None:
+        """Keep at most MAX_INTRODUCED introduced datasets, the share table's apart."""
+        over = len(self.datasets) - MAX_INTRODUCED
+        if over <= 0:
+            return
+        shared = self.d.cluster.shares.shares
+        for uri in [u for u in self.datasets if u not in shared][:over]:
+            ds = self.datasets.pop(uri)
+            self._live.pop(uri, None)
+            ds.backend.close()
+            lock = self._budget_locks.get(ds.id)
+            if lock is None or not lock.locked():  # a warm filling it keeps its budget
+                self.budgets.pop(ds.id, None)
+                self._budget_locks.pop(ds.id, None)
+            # Its peer counters go with it (a row in status and /metrics each), unless
+            # this node has it open itself.
+            if self.d.catalog.find_dataset(uri) is None:
+                self.d.cluster.forget_counters(uri)
+            log.debug("forgot %s, introduced by the cluster's members", uri)
 
     def _fetching(self, ds: DatasetState) -> None:
         """An introduced dataset's client is about to be used: kept, and the least
@@ -170,6 +206,7 @@ class Home:
         the connection it holds, or fails and is retried on a new client)."""
         if ds.state != PEER_STATE:
             return
+        self._used(ds)
         uri = ds.uri.canonical
         self._live.pop(uri, None)
         self._live[uri] = ds
@@ -190,6 +227,7 @@ class Home:
         ds = self.dataset(ask.uri)
         if ds is None:
             raise UnknownDataset(ask.uri)
+        self._used(ds)
         ref = ask.ref()
         if ds.uri.scheme == "file":
             self._check_listed(ds, ask)

@@ -20,6 +20,11 @@ from dataclasses import dataclass, field
 import xxhash
 
 _TWO_64 = float(1 << 64)
+# The largest float below 1: a hash within 1,024 of 2**64 is 2**64 as a float, so its u
+# was 1.0 and ln(u) 0, a ZeroDivisionError on every node for that (member, key), a
+# chunk none could place (its reads failed, a stand-in sweep over it failed whole).
+# Clamped to this, such a member scores highest; every other u is unchanged.
+_BELOW_ONE = 1.0 - 2.0**-53
 _hash = xxhash.xxh3_64_intdigest
 
 
@@ -37,7 +42,7 @@ class Candidate:
 
 def score(salt: bytes, weight: float, key: bytes) -> float:
     """The member's score for `key` (higher wins); `salt` is its address, encoded."""
-    u = (_hash(salt + key) + 0.5) / _TWO_64
+    u = min((_hash(salt + key) + 0.5) / _TWO_64, _BELOW_ONE)
     return -weight / math.log(u)
 
 

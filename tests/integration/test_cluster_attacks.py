@@ -11,6 +11,9 @@ mount) reading one moto bucket through a proxy that counts the store's GETs.
   leave status, uncached reads and the members' asks working.
 - `silofs-ctl cluster set` with a bad list is one line and exit 2, and no node changes;
   a list naming a dead address never holds a read.
+- A lying member (a compromised one, its certificate the cluster CA's) answering 409s
+  that claim 64 MiB, or right values after seconds of 102s, holds no read past the
+  bound of one exchange.
 
 Each test ends by checking that every node still serves right bytes.
 """
@@ -32,6 +35,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from pathlib import Path
 from urllib.parse import quote
@@ -155,9 +159,23 @@ def test_a_member_cannot_cache_one_objects_bytes_under_anothers_content_id(pair:
         assert _wrong_bytes(mp, tree, [b]) == 0
 
 
-def test_outsiders_get_no_answer_and_a_member_reaches_only_the_peer_routes(pair: dict) -> None:
+def test_outsiders_get_no_answer_and_a_member_reaches_only_the_peer_routes(
+    pair: dict, tmp_path: Path
+) -> None:
     nodes, pki = pair["nodes"], pair["pki"]
     home = nodes[0]
+    # A node certificate of another CA naming a member (its name and host), and one of
+    # the cluster's CA not valid before tomorrow: no handshake, no answer.
+    foreign = tmp_path / "foreign"
+    for args in (["init", str(foreign)], ["node", str(foreign), "n1", "--address", "127.0.0.1"]):
+        res = _ctl("certs", *args)
+        assert res.returncode == 0, res.stderr
+    other_ca = client_tls_context(
+        str(foreign / "n1.pem"), str(foreign / "n1.key"), str(pki / "ca.pem")
+    )
+    assert _status(home, other_ca, "GET", "/v1/peer/ping") is None
+    odd_node_cert(pki, "future", "127.0.0.1", future=True)
+    assert _status(home, _ctx(pki, "future"), "GET", "/v1/peer/ping") is None
     # Plain HTTP on the TLS port: closed, not a byte of HTTP back.
     with socket.create_connection(("127.0.0.1", home.spec.port), timeout=10) as s:
         s.sendall(f"GET /v1/peer/ping HTTP/1.1\r\nx-silofs-cluster: {CLUSTER}\r\n\r\n".encode())
@@ -533,4 +551,132 @@ def test_a_list_of_a_thousand_members_mostly_dead_leaves_reads_and_status_workin
         time.sleep(0.1)  # sampling, not synchronisation
     for b, p in zip(before, peak, strict=True):  # 400 threads before pings were capped
         assert p[0] < b[0] + 100 and p[1] < b[1] + 200, (before, peak)
+    _serves_right(pair)
+
+
+class LyingMember:
+    """A compromised member on 127.0.0.1: a TLS listener with a node certificate of the
+    cluster's CA for 127.0.0.1 (so the nodes take it for the member they pushed), which
+    answers pings as a member does and every chunk ask as `mode` says:
+    "error_stall", a 409 whose head claims a 64 MiB body, then nothing; "slow_right",
+    102s for SLOW_SECONDS, then the chunk's right value."""
+
+    SLOW_SECONDS = 4.0
+
+    def __init__(self, pki: Path, tree: dict[str, bytes], mode: str) -> None:
+        odd_node_cert(pki, "liar", "127.0.0.1")
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.load_cert_chain(pki / "liar.pem", pki / "liar.key")
+        ctx.load_verify_locations(pki / "ca.pem")
+        ctx.verify_mode = ssl.CERT_REQUIRED
+        self.ctx, self.tree, self.mode = ctx, tree, mode
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.address = f"tls://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.asks = 0
+        self.stop = threading.Event()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def close(self) -> None:
+        self.stop.set()
+        with contextlib.suppress(OSError):
+            self.sock.shutdown(socket.SHUT_RDWR)
+        self.sock.close()
+
+    def _accept(self) -> None:
+        while not self.stop.is_set():
+            try:
+                raw, _ = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(raw,), daemon=True).start()
+
+    def _serve(self, raw: socket.socket) -> None:
+        with (
+            contextlib.suppress(OSError, ssl.SSLError),
+            self.ctx.wrap_socket(raw, server_side=True) as tls,
+        ):
+            buf = b""
+            while True:
+                while b"\r\n\r\n" not in buf:
+                    more = tls.recv(65536)
+                    if not more:
+                        return
+                    buf += more
+                head, _, buf = buf.partition(b"\r\n\r\n")
+                target = head.split(b"\r\n")[0].split()[1].decode()
+                if target.startswith("/v1/peer/ping"):
+                    self._send(tls, 200, json.dumps({"name": CLUSTER}).encode())
+                elif not target.startswith("/v1/peer/chunk?") or not self._chunk(tls, target):
+                    return
+
+    @staticmethod
+    def _send(tls: ssl.SSLSocket, status: int, body: bytes, length: int | None = None) -> None:
+        n = len(body) if length is None else length
+        tls.sendall(f"HTTP/1.1 {status} X\r\ncontent-length: {n}\r\n\r\n".encode() + body)
+
+    def _chunk(self, tls: ssl.SSLSocket, target: str) -> bool:
+        """Answer one chunk ask; False to close the connection."""
+        from urllib.parse import parse_qsl, urlsplit
+
+        from silofs.cache.format import encode_chunk
+
+        self.asks += 1
+        q = dict(parse_qsl(urlsplit(target).query))
+        if self.mode == "error_stall":
+            self._send(tls, 409, b"", length=64 << 20)
+            self.stop.wait(120)
+            return False
+        for _ in range(int(self.SLOW_SECONDS / 0.25)):
+            tls.sendall(b"HTTP/1.1 102 Processing\r\n\r\n")
+            if self.stop.wait(0.25):
+                return False
+        cs, i = int(q["cs"]), int(q["i"])
+        data = self.tree[q["key"]][i * cs : (i + 1) * cs]
+        self._send(tls, 200, encode_chunk(1, i, cs, q["key"], q["cid"], data))
+        return True
+
+
+def _read_chunk(mp: Path, key: str, index: int, want: bytes) -> tuple[float, int]:
+    """One chunk of a file read on its own (one miss): (seconds it took, wrong bytes)."""
+    t0 = time.monotonic()
+    fd = os.open(mp / key, os.O_RDONLY)
+    try:
+        got = os.pread(fd, CHUNK, index * CHUNK)
+    finally:
+        os.close(fd)
+    part = want[index * CHUNK : (index + 1) * CHUNK]
+    wrong = sum(a != b for a, b in zip(got, part, strict=False)) + abs(len(got) - len(part))
+    return time.monotonic() - t0, wrong
+
+
+@pytest.mark.parametrize("pair", [24], indirect=True)
+@pytest.mark.parametrize("mode", ["error_stall", "slow_right"])
+def test_a_lying_member_holds_no_read_past_the_bound(pair: dict, mode: str) -> None:
+    """A compromised member pushed into the list (its certificate the cluster CA's) and
+    home of a third of the chunks, answering each ask with a 409 claiming a 64 MiB body
+    and then nothing, or right but only after 4 s of 102s. Every chunk of 24 files read
+    at once on a node, each on its own: each read ends within the bound of one
+    exchange (plus the store), right. Before, a 409 held each of its chunks' reads a
+    minute (its body waited for at the floor rate), and the slow member's reads queued
+    4 at a time behind each other (the last of ~24 waiting 6 answers)."""
+    nodes, mps, tree = pair["nodes"], pair["mps"], pair["tree"]
+    liar = LyingMember(pair["pki"], tree, mode)
+    try:
+        members = [*(n.spec.address for n in nodes), liar.address]
+        for n in nodes:
+            n.request("PUT", "/v1/cluster", {"name": CLUSTER, "members": members})
+        for n in nodes:
+            wait_for(lambda n=n: n.member(liar.address)["state"] == "up", what="the liar up")
+        chunks = [(k, i) for k in sorted(tree) for i in range(-(-len(tree[k]) // CHUNK))]
+        for key in tree:
+            drop_file_cache(mps[0] / key)
+        with ThreadPoolExecutor(len(chunks)) as pool:
+            reads = list(pool.map(lambda c: _read_chunk(mps[0], *c, tree[c[0]]), chunks))
+        assert [wrong for _, wrong in reads] == [0] * len(chunks)
+        seen = nodes[0].member(liar.address)
+        assert liar.asks >= 4 and seen["store_fallbacks"] >= 1, (liar.asks, seen)
+        slowest = max(took for took, _ in reads)
+        assert slowest < 3 * LyingMember.SLOW_SECONDS, (slowest, seen)  # before: ~6 answers
+    finally:
+        liar.close()
     _serves_right(pair)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
 import os
 import socket
 import ssl
@@ -31,7 +32,7 @@ import trio
 from silofs import sealed
 from silofs.cache.format import ChunkRef, encode_chunk
 from silofs.config import ClusterSettings, MemberSpec
-from silofs.node import peer_client
+from silofs.node import membership, peer_client
 from silofs.node.daemon import Daemon
 from silofs.node.peer_ask import PeerRead
 from silofs.node.peer_wire import ChunkAsk
@@ -40,6 +41,7 @@ from tests.unit.serving import next_head
 
 CHUNK = 256 << 10
 TIMEOUT = 0.5
+SLOW_SECONDS = 4.0  # "slow_right": how long each answer takes (102s meanwhile)
 
 
 class FakeMember:
@@ -58,6 +60,10 @@ class FakeMember:
         self.port = self.sock.getsockname()[1]
         self.stop = threading.Event()
         self.left = threading.Event()  # an asker closed a connection mid-answer
+        # table_bytes: each ping says this member's share table differs (a new digest),
+        # and a pull of it is answered with that many bytes of JSON junk.
+        self.table_bytes = 0
+        self.pings = self.pulls = self.tables_sent = 0
         self.thread = threading.Thread(target=self._accept, daemon=True)
         self.thread.start()
 
@@ -89,9 +95,22 @@ class FakeMember:
                 target = head.split(b"\r\n")[0].split()[1].decode()
                 query = dict(parse_qsl(urlsplit(target).query))
                 if urlsplit(target).path == "/v1/peer/ping":
+                    self.pings += 1
                     body = b'{"name":"c","allocations_version":0}'
+                    if self.table_bytes:
+                        body = b'{"name":"c","allocations_digest":"d%d"}' % self.pings
                     tls.sendall(_head(200, len(body), "application/json") + body)
                     continue
+                if urlsplit(target).path == "/v1/peer/allocations":
+                    self.pulls += 1
+                    tls.sendall(_head(200, self.table_bytes, "application/json"))
+                    tls.sendall(_junk_table(self.table_bytes))
+                    self.tables_sent += 1
+                    continue
+                if urlsplit(target).path == "/v1/peer/datasets":  # "introduce": then stall
+                    tls.sendall(_head(200, 64 << 20, "application/json"))
+                    self.stop.wait(30)
+                    return
                 self.asks.append(query)
                 if not self._answer(tls, query):
                     return
@@ -141,6 +160,17 @@ class FakeMember:
             tls.sendall(b"HTTP/1.1 302 Found\r\nlocation: https://127.0.0.2/x\r\n"
                         b"content-length: 0\r\n\r\n")  # fmt: skip
             return True
+        elif mode in ("error_stall", "charge_stall"):  # a 4xx claiming 64 MiB, then nothing
+            status = 428 if mode == "charge_stall" else 409
+            extra = f"x-silofs-charge: {ref.length}\r\n" if status == 428 else ""
+            tls.sendall(_head(status, 64 << 20, "application/json", extra))
+            self.stop.wait(30)
+            return False
+        elif mode == "introduce":  # this dataset is new to me: introduce it (see _serve)
+            body = b'{"error":"introduce it"}'
+            extra = "x-silofs-unknown-dataset: 1\r\n"
+            tls.sendall(_head(404, len(body), "application/json", extra) + body)
+            return True
         elif mode == "huge":  # a length past any chunk value, then nothing
             tls.sendall(_head(200, 10**15))
             self.stop.wait(10)
@@ -152,6 +182,10 @@ class FakeMember:
             except OSError:
                 self.left.set()
             return False
+        elif mode == "slow_right":  # right, every time, just inside the bounds: 102s first
+            for _ in range(int(SLOW_SECONDS / 0.2)):
+                tls.sendall(b"HTTP/1.1 102 Processing\r\n\r\n")
+                time.sleep(0.2)
         elif mode == "processing" and len(self.asks) == 1:
             for _ in range(int(3 * TIMEOUT / 0.2)):  # 102s for 3 timeouts, then the value
                 tls.sendall(b"HTTP/1.1 102 Processing\r\n\r\n")
@@ -159,6 +193,15 @@ class FakeMember:
         source = "remote" if mode == "remote" else "cache"  # "remote": a GET made for it
         tls.sendall(_head(200, len(value), extra=f"x-silofs-source: {source}\r\n") + bytes(value))
         return True
+
+
+def _junk_table(n: int) -> bytes:
+    """n bytes of JSON as a share table a member never has: its shares valid (none), and
+    a key beside them holding a dict of tiny entries, the slowest JSON to read."""
+    head, tail = b'{"version":1,"shares":{},"stamps":{},"x":{', b"}}"
+    entries = b",".join(b'"%x":0' % i for i in range(n // 8))
+    body = head + entries
+    return body[: n - len(tail)].rsplit(b",", 1)[0].ljust(n - len(tail)) + tail
 
 
 def _head(
@@ -357,6 +400,93 @@ def test_an_answer_no_member_sends_is_an_http_failure_and_the_store_serves(
     assert got["dataset"]["store_fallbacks"] == got["member"]["errors"]["http"] >= 1
     assert got["remote_gets"] == 3
     assert time.monotonic() - t0 < 10
+
+
+@pytest.mark.parametrize(
+    ("mode", "reason"),
+    [("error_stall", "http"), ("charge_stall", "http"), ("introduce", "foreign")],
+)
+def test_an_answer_that_is_no_chunk_claiming_a_long_body_is_not_waited_for(
+    tmp_path: Path, pki: Path, bucket: Path, member: FakeMember, mode: str, reason: str
+) -> None:
+    """An error answer (409), a charge (428) or the answer to an introduction, each
+    claiming a 64 MiB body and then sending nothing: none is the chunk's value, whose
+    length alone bounds what a member may make a read wait (the timeout plus the value
+    at the floor rate). Each read is right, from the store, without waiting for the
+    body (at 1 MiB/s the bound of 64 MiB is a minute)."""
+    t0 = time.monotonic()
+    with daemon_of(tmp_path, pki, member.port) as d:
+        got = read_all(d, bucket, mode, member)
+    assert time.monotonic() - t0 < 10
+    assert set(got["member"]["errors"]) == {reason}, got
+    assert got["dataset"]["store_fallbacks"] == got["member"]["errors"][reason] >= 1
+    assert got["remote_gets"] == 3
+
+
+def test_reads_queued_behind_a_slow_members_exchanges_wait_at_most_the_bound_for_one(
+    tmp_path: Path, pki: Path, bucket: Path, member: FakeMember
+) -> None:
+    """A member answering every chunk right but only after 4 s of 102s (a compromised
+    one, just inside its bounds; or one whose store is slow), asked for ~11 chunks at
+    once: PEER_POOL (4) exchanges at a time, the others wait for one to free. Each
+    waits at most the peer bound (0.5 s) before the store serves it ("busy", the member
+    left up); before, they queued, the 9th read waiting 12 s (with a minute of 102s
+    each: minutes), and nothing was counted."""
+
+    async def main() -> tuple[list[float], dict, bool]:
+        async with running(d):
+            ds, m = await mounted(d, bucket)
+            member.mode = "slow_right"
+            chunks = remote_chunks(d, ds, bucket)
+            assert len(chunks) > 2 * peer_client.PEER_POOL, chunks
+            waits: list[float] = []
+
+            async def read(key: str, index: int) -> None:
+                t0 = time.monotonic()
+                data, _ = await d.get_chunk(m, key, index, False)
+                want = (bucket / key).read_bytes()[index * CHUNK : (index + 1) * CHUNK]
+                assert bytes(data) == want, (key, index)
+                waits.append(time.monotonic() - t0)
+
+            async with trio.open_nursery() as nursery:
+                for key, index in chunks:
+                    nursery.start_soon(read, key, index)
+            peer = next(p for p in d.cluster.membership.peers())  # type: ignore[union-attr]
+            return waits, peer.counters.view(), peer.up
+
+    with daemon_of(tmp_path, pki, member.port) as d:
+        waits, counters, up = trio.run(main)
+    assert len(waits) > 2 * peer_client.PEER_POOL
+    # One exchange (4 s) and the slot's bound, not three exchanges one after another.
+    assert max(waits) < 2 * SLOW_SECONDS, sorted(waits)
+    busy = counters["errors"].get("busy", 0)
+    assert busy >= len(waits) - 2 * peer_client.PEER_POOL and set(counters["errors"]) == {"busy"}
+    assert counters["store_fallbacks"] == busy and up, counters
+
+
+def test_a_member_whose_table_always_differs_is_pulled_from_rarely_and_never_at_length(
+    tmp_path: Path, pki: Path, bucket: Path, member: FakeMember, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A member whose every ping says its share table differs, and whose table is 20 MiB
+    of JSON that reads as no news (a compromised member: the ping is all it takes). The
+    pull is refused at its head (more than MAX_SHARES_ANSWER), and the member is pulled
+    from once per PULL_BACKOFF. Before, each ping (every 5 s) was a pull read whole and
+    parsed on the loop: 64 MiB of it held every mount's misses for seconds."""
+    monkeypatch.setattr(membership, "PING_SECONDS", 0.2)
+    member.table_bytes = 20 << 20
+    assert json.loads(_junk_table(1 << 20))["shares"] == {}
+
+    async def main() -> None:
+        async with running(d), trio.open_nursery() as nursery:
+            nursery.start_soon(d.cluster.probe_loop)
+            with trio.fail_after(60):
+                while member.pings < 6:
+                    await trio.sleep(0.05)
+            nursery.cancel_scope.cancel()
+
+    with daemon_of(tmp_path, pki, member.port) as d:
+        trio.run(main)
+    assert member.pulls == 1 and member.tables_sent == 0, vars(member)
 
 
 def test_a_refused_connection_is_a_failure_too(tmp_path: Path, pki: Path, bucket: Path) -> None:

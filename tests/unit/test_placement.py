@@ -5,11 +5,13 @@ keys whose home it is or becomes (about 1/N of them)."""
 from __future__ import annotations
 
 import collections
+import math
 import random
 
 import pytest
 import xxhash
 
+from silofs.node import placement
 from silofs.node.placement import Candidate, home, ranked, score
 
 KEYS = [xxhash.xxh3_128_digest(str(i).encode()) for i in range(40_000)]
@@ -71,3 +73,17 @@ def test_scores_are_positive_and_grow_with_weight() -> None:
     key = KEYS[0]
     salt = b"tls://10.0.0.1:7470"
     assert 0 < score(salt, 1.0, key) < score(salt, 2.0, key)
+
+
+@pytest.mark.parametrize("h", [2**64 - 1, 2**64 - 1024, 2**64 - 1025, 0])
+def test_a_hash_at_either_end_of_its_range_scores_a_finite_number(
+    h: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A hash within 1,024 of 2**64 is 2**64 as a float: u was 1.0, ln(u) 0 and the
+    score a ZeroDivisionError (about one (member, key) pair in 2**54: a chunk no node
+    could place). Now it scores highest, and every other hash as before."""
+    monkeypatch.setattr(placement, "_hash", lambda data: h)
+    s = score(b"tls://10.0.0.1:7470", 1.0, b"k")
+    assert 0 < s < float("inf")
+    monkeypatch.setattr(placement, "_hash", lambda data: 2**63)
+    assert score(b"tls://10.0.0.1:7470", 1.0, b"k") == -1.0 / math.log((2**63 + 0.5) / 2**64)
