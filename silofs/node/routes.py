@@ -125,9 +125,12 @@ def _roles(d: Daemon, who: Peer) -> Caller:
     that calls is probed now). Every request asks it, from its connection's thread or
     the loop."""
     roles = authz.roles(d, who)
-    if roles is Caller.PEER:
+    if roles is _PEER and d.cluster.membership.down_hosts:  # else nothing to probe
         d.cluster.contacted(who.names)
     return roles
+
+
+_PEER = Caller.PEER  # a module global: the enum's attribute look-up costs more
 
 
 def build_router(d: Daemon) -> Router:
