@@ -5,7 +5,8 @@ from one store behind a limited link, two epochs, each node in its own random or
     python bench/cluster.py [--nodes 4] [--quick] [--json] [--only shared|alone]
         [--files N] [--file-size 256K] [--readers 4] [--store s3rver|moto]
         [--store-rate 50MB/s] [--store-latency-ms 20] [--node-rate 25Gbit/s]
-        [--cache-slack 0.1] [--keep DIR] [--profile PREFIX] [--syscalls] [--timeline]
+        [--cache-slack 0.1] [--keep DIR] [--profile PREFIX] [--perf PREFIX] [--syscalls]
+        [--timeline]
 
 Each node's link to the others is shaped to --node-rate, 25 Gbit/s by default: the NICs
 of GPU cluster nodes carry 25-400 Gbit/s, and a 1 Gbit/s link (~119 MiB/s) would cap
@@ -270,6 +271,8 @@ def peer_vs_local(
     local_rate, peer_rate = statistics.median(rates["local"]), statistics.median(rates["peer"])
     if args.profile:
         _profile_peer_round(args, c, mp, peer, files)
+    if args.perf:
+        _perf_peer_round(args, c, mp, peer, files)
     calls = _syscalls_peer_round(args, c, mp, peer, files) if args.syscalls else None
     timeline = _timeline_peer_round(args, c, mp, peer, files) if args.timeline else None
     return {
@@ -425,11 +428,48 @@ def _profile_peer_round(
         log(args, f"\n{out}:\n{profile_summary(out)}")
 
 
+def _perf_peer_round(
+    args: argparse.Namespace, c: Cluster, mp: Path, keys: list[str], files: dict[str, bytes]
+) -> None:
+    """More peer rounds (30 x the peer files, page cache dropped before each read) under
+    `perf record -g` (cpu-clock, 4 kHz) of the asking daemon, its mount and one home's
+    daemon: PREFIX-{asker,mount,home}.data, with each one's samples by shared object
+    and its top symbols in PREFIX-*.txt (`perf report --no-children`). Native code only:
+    Python 3.11 has no perf trampoline, so the interpreter's samples are libpython's
+    (_PyEval_EvalFrameDefault and its helpers), not the Python functions."""
+    asker = c.nodes[c.spec.roles[0]]
+    home = c.nodes[c.spec.roles[1]]
+    pids = {"asker": asker.pid, "mount": asker.node.mount_pid(mp), "home": home.pid}
+    procs = {}
+    for name, pid in pids.items():
+        argv = ["perf", "record", "-q", "-g", "-e", "cpu-clock", "-F", "4000", "-p", str(pid),
+                "-o", f"{args.perf}-{name}.data"]  # fmt: skip
+        try:
+            procs[name] = subprocess.Popen(argv, stdout=subprocess.DEVNULL,
+                                           stderr=subprocess.DEVNULL)  # fmt: skip
+        except FileNotFoundError:
+            sys.exit("--perf needs perf (linux-perf)")
+    time.sleep(1.0)  # perf attaches
+    _read_keys(mp, keys * 30, files, args.readers, drop=True)
+    for proc in procs.values():
+        proc.send_signal(signal.SIGINT)
+        proc.wait(60)
+    for name in pids:
+        data, txt = f"{args.perf}-{name}.data", f"{args.perf}-{name}.txt"
+        with open(txt, "w") as out:
+            for sort in ("dso", "dso,sym"):
+                out.write(subprocess.run(
+                    ["perf", "report", "-i", data, "--no-children", "--stdio", "-g", "none",
+                     "--sort", sort, "--percent-limit", "0.3"],
+                    capture_output=True, text=True).stdout)  # fmt: skip
+        log(args, f"  perf: {data}, {txt}")
+
+
 # What --syscalls counts (perf stat, tracepoints): the calls a peer-served chunk makes
 # on each side, its context switches (voluntary: a wait; involuntary: a preemption) and
 # its CPU (task-clock, ms).
 _SYSCALLS = ("futex", "recvfrom", "sendto", "recvmsg", "sendmsg", "setsockopt", "read",
-             "writev", "poll", "epoll_wait", "epoll_ctl")  # fmt: skip
+             "writev", "poll", "epoll_wait", "epoll_ctl", "brk", "mmap", "munmap")  # fmt: skip
 _PERF_EVENTS = ",".join([*(f"syscalls:sys_enter_{n}" for n in _SYSCALLS), "context-switches",
                          "task-clock"])  # fmt: skip
 
@@ -643,6 +683,8 @@ def main() -> int:
     ap.add_argument("--profile", default=None, help="py-spy the peer path: PREFIX-*.txt")
     ap.add_argument("--timeline", action="store_true",
                     help="more peer rounds, traced: each stage's wall time")  # fmt: skip
+    ap.add_argument("--perf", default=None,
+                    help="perf record the peer path: PREFIX-*.data and .txt")  # fmt: skip
     ap.add_argument("--syscalls", action="store_true",
                     help="perf stat the peer path: system calls, switches per chunk")  # fmt: skip
     args = ap.parse_args()

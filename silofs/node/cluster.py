@@ -27,7 +27,7 @@ import math
 import socket
 import ssl
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 import trio
@@ -44,7 +44,13 @@ from silofs.errors import UsageError
 from silofs.flight import SingleFlight
 from silofs.node.cluster_shares import ClusterShares, check_shares, now_version
 from silofs.node.limiter import TokenBucket
-from silofs.node.membership import COUNTS, Membership, MemberState, PeerCounters
+from silofs.node.membership import (
+    COUNTS,
+    PING_SECONDS,
+    Membership,
+    MemberState,
+    PeerCounters,
+)
 from silofs.node.peer_ask import MemberSlots, PeerRead, ThreadAsks, ThreadFlight
 from silofs.node.peer_client import (
     MAX_SMALL_ANSWER,
@@ -138,6 +144,8 @@ class Cluster:
         self._swept = 0
         self._sweeping = False
         self._probing = trio.CapacityLimiter(PROBES_AT_ONCE)
+        # By member host: no probe for a call from it (contacted) before this time.
+        self._contact_quiet: dict[str, float] = {}
         # Called after each member list is put in force (the node's service refits the
         # control socket's connection limits to the fds the new list's pools may take).
         self.applied: Callable[[], None] = lambda: None
@@ -800,6 +808,40 @@ class Cluster:
                     nursery.start_soon(flying.wait)
                 else:
                     self._start_probe(nursery, m)
+
+    def contacted(self, names: Iterable[str]) -> None:
+        """A member's certificate (`names`) called a peer route, from a connection's
+        thread or the loop: the members of its hosts that are down here are probed now
+        (Membership.contact_due), on the loop, rather than when their backoff ends. At
+        most once per host per PING_SECONDS: a member this node cannot reach but that
+        reaches it (a one-way fault) is probed no more often than an up member is
+        pinged, however often it calls. Costs an attribute test while every member is
+        up (every member request calls it); never waits."""
+        membership = self.membership
+        if membership is None or not membership.down_hosts:
+            return
+        token = self.thread_asks.token  # the loop's, once the prober runs
+        hosts = membership.down_of(names)
+        if token is None or not hosts:
+            return
+        now = membership.clock()
+        if all(self._contact_quiet.get(h, 0.0) > now for h in hosts):
+            return
+        for h in hosts:  # two threads may both pass: the loop starts one probe a member
+            self._contact_quiet[h] = now + PING_SECONDS
+        try:
+            token.run_sync_soon(self._probe_contacted, hosts)
+        except trio.RunFinishedError:
+            pass  # the daemon is stopping
+
+    def _probe_contacted(self, hosts: frozenset[str]) -> None:
+        """On the loop: contacted()'s probes (the state asked again: a probe may have
+        started meanwhile, or another list be in force)."""
+        if self.membership is None or self._nursery is None:
+            return
+        for m in self.membership.contact_due(hosts):
+            log.debug("cluster member %s, down here, called this node: probed now", m.address)
+            self._start_probe(self._nursery, m)
 
     def _start_probe(self, nursery: trio.Nursery, member: MemberState) -> None:
         member.probing = True

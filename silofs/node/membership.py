@@ -5,7 +5,9 @@ which members are due for a probe, and a new list replacing the old one at runti
 Owns the truth about who is live, which placement (node/placement.py) is computed
 over: this node is always live; a member that refused, failed or was too slow is down
 for peer_backoff_seconds, doubling with each failure in a row up to MAX_BACKOFF, and
-comes back up on its first good probe sent after its last failure. Pure state on the
+comes back up on its first good probe sent after its last failure; a member down
+that calls this node (its ping, a chunk ask) is probed then, not at its backoff's end
+(contact_due). Pure state on the
 trio loop, with the clock injectable (tests), but for the peer counters, which
 connection threads add to as well (under COUNTS): never does I/O (node/cluster.py
 probes) and never decides what a failure is (the peer client does).
@@ -120,6 +122,7 @@ class Membership:
         self.config = config
         self._live: list[Candidate] = []
         self._configured: list[Candidate] = []
+        self.down_hosts: frozenset[str] = frozenset()  # set by _relive
         # Members that answered for the first time, or again after being down: the
         # stand-in sweep (node/standins.py) runs when this changed since its last pass.
         self.came_up = 0
@@ -195,6 +198,9 @@ class Membership:
 
     def _relive(self) -> None:
         self._live = [m.candidate for m in self.members.values() if m.is_self or m.up]
+        # The hosts of the members down: empty (and so falsy) while every member is up,
+        # which is all a peer request's contacted() asks then.
+        self.down_hosts = frozenset(_normal_host(m.host) for m in self.peers() if not m.up)
 
     # -- up and down ---------------------------------------------------------------
     def mark_down(self, address: str, reason: str, *, probe: bool = False) -> None:
@@ -253,13 +259,31 @@ class Membership:
 
     def due(self) -> list[MemberState]:
         """Members to probe now: down ones whose backoff ended, up ones not heard from
-        for PING_SECONDS; none with a probe in flight."""
+        for PING_SECONDS; none with a probe in flight (and see contact_due)."""
         now = self.clock()
         return [
             m
             for m in self.peers()
             if not m.probing
             and ((not m.up and now >= m.down_until) or (m.up and now - m.last_ok >= PING_SECONDS))
+        ]
+
+    def down_of(self, names: Iterable[str]) -> frozenset[str]:
+        """Of a certificate's names, the hosts of members down (normalised); safe from
+        any thread: it reads only down_hosts, a frozenset the loop replaces whole."""
+        down = self.down_hosts
+        if not down:
+            return frozenset()
+        return down.intersection(_normal_host(n) for n in names)
+
+    def contact_due(self, hosts: frozenset[str]) -> list[MemberState]:
+        """On the loop: the members of these hosts to probe now because a member's
+        certificate naming them called a peer route (Cluster.contacted): down, with no
+        probe in flight. A member refused while it was starting would otherwise stay
+        down for the rest of a backoff grown by its refusals (up to MAX_BACKOFF) after
+        it starts listening, though its first ping reaches this node at once."""
+        return [
+            m for m in self.peers() if not m.up and not m.probing and _normal_host(m.host) in hosts
         ]
 
     # -- who may call the peer routes ----------------------------------------------

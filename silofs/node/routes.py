@@ -8,8 +8,10 @@ controller never finds a mount, chunk, offer, warm or dataset-open route: those 
 local processes, serve cached bytes, or would send the node's store credentials where
 a body says) and refuses it (403) to local peers whose roles it does not name. What a
 handler checks beyond its entry (a mount's owner, a file the peer could read, per-uid
-limits: docs/SECURITY.md) is in node/authz.py; the handlers are in node/api/. Never
-holds state and never handles a request itself.
+limits: docs/SECURITY.md) is in node/authz.py; the handlers are in node/api/. A
+member's request is told to the cluster as its roles are judged (a member down here
+that calls is probed then: Cluster.contacted). Never holds state and never handles a
+request itself.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 
+from silofs.control.peer import Peer
 from silofs.control.router import Caller, Route, Router
 from silofs.node import authz
 from silofs.node.api import allocations, chunks, datasets, jobs, mounts, peer, status
@@ -117,6 +120,19 @@ REMOTE_ROUTES = frozenset((r.method, r.path) for r in ROUTES if r.who & Caller.C
 PEER_ROUTES = frozenset((r.method, r.path) for r in ROUTES if r.who & Caller.PEER)
 
 
+def _roles(d: Daemon, who: Peer) -> Caller:
+    """authz.roles, and a member's call noted (Cluster.contacted: a member down here
+    that calls is probed now). Every request asks it, from its connection's thread or
+    the loop."""
+    roles = authz.roles(d, who)
+    if roles is _PEER and d.cluster.membership.down_hosts:  # else nothing to probe
+        d.cluster.contacted(who.names)
+    return roles
+
+
+_PEER = Caller.PEER  # a module global: the enum's attribute look-up costs more
+
+
 def build_router(d: Daemon) -> Router:
     """The table with each handler bound to `d`, judging peers by `d`'s settings."""
     return Router(
@@ -128,6 +144,6 @@ def build_router(d: Daemon) -> Router:
             )
             for r in ROUTES
         ),
-        roles=functools.partial(authz.roles, d),
+        roles=functools.partial(_roles, d),
         refusal=functools.partial(authz.refusal, d),
     )

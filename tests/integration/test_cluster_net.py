@@ -12,6 +12,8 @@ that limits the store's link and counts what it sends.
   proxy in front of its peer port): detected, counted by reason, served from the store.
 - kill -9 of a home mid-epoch: every read elsewhere completes within the peer bound plus
   the store's time with right bytes; restarted, the home is found up and serves again.
+- A member down for a backoff its refusals grew, restarted: its first ping has it
+  probed and up again at once, not when that backoff ends.
 - A home cut off the network (no reset): one read waits the bound, the next skip it.
 - A store slower than the peer bound is not a dead home (102 Processing), and three
   nodes asking one chunk at once cause one store GET.
@@ -35,6 +37,7 @@ import ssl
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -395,6 +398,38 @@ def test_a_home_killed_mid_epoch_fails_no_read_and_serves_again_once_back(
     assert after["errors"] == before["errors"]
     assert c.store_bytes() - sent < CHUNK * len(ours) // 10  # hits at the home
     _release(c, bucket)
+
+
+def test_a_member_down_that_calls_is_probed_then_not_at_its_backoffs_end(
+    four: Cluster,
+) -> None:
+    """A member refused while it was gone stays down here for a backoff its refusals
+    doubled (to 16 s here); back, its first ping reaches this node at once: it is
+    probed then and up again well before that backoff ends."""
+    c = four
+    victim, asker = "n3", "n1"
+    c.nodes[victim].node.kill9()
+    # Refused probes in a row double its backoff (0.5, 1, 2, 4, 8 s): the next is 16 s
+    # after the fifth.
+    wait_for(
+        lambda: _member(c, asker, victim)["down_for_s"] > 12.0,
+        DEADLINE,
+        f"{asker}'s probes of {victim} refused until its backoff is long",
+    )
+    left = _member(c, asker, victim)["down_for_s"]
+    assert _member(c, asker, victim)["errors"].get("refused", 0) >= 5
+    t0 = time.monotonic()
+    c.start(victim)
+    wait_for(lambda: _member(c, asker, victim)["state"] == "up", DEADLINE, f"{victim} up")
+    back = time.monotonic() - t0
+    print(f"{victim} up at {asker} {back:.1f} s after its start, its backoff had {left:.1f} s")
+    assert back < left - 3.0, (back, left)
+    for role in ("n2", "n4"):
+        wait_for(
+            lambda role=role: _member(c, role, victim)["state"] == "up",
+            DEADLINE,
+            f"{victim} up again, seen by {role}",
+        )
 
 
 def test_a_home_cut_off_the_network_never_holds_a_read_longer_than_the_bound(

@@ -417,3 +417,52 @@ def test_a_sweep_keeps_the_copies_of_a_member_that_died_unnoticed(
     assert dead in pings and not ms.members[dead].up
     assert owns(keys[dead])  # the only copy of A's chunk: kept
     assert not owns(keys[live])  # B holds its own: the copy here is dropped
+
+
+def test_a_member_down_that_calls_is_probed_at_once_and_at_most_once_a_ping_period(
+    tmp_path: Path, pki: Path, made: list[Daemon]
+) -> None:
+    """A member down for a long backoff calls this node (from a connection's thread, as
+    the routes' roles tell it): it is pinged at once and up; down again and calling
+    again within PING_SECONDS, it is not pinged again before its backoff ends."""
+    from silofs.node.membership import PING_SECONDS
+    from silofs.node.peer_client import PeerReply
+
+    d = Daemon(settings(tmp_path, pki, members(7000, 7001)))
+    made.append(d)
+    ms = d.cluster.membership
+    assert ms is not None
+    other = "tls://127.0.0.1:7000"
+    pings: list[str] = []
+
+    async def exchange(member, method, target, body=b"", check=None, most=None):  # noqa: ANN001, ANN202
+        pings.append(member.address)
+        return PeerReply(200, {}, bytearray(b'{"name": "c"}')), None
+
+    d.cluster._exchange = exchange  # type: ignore[method-assign]
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(d.cluster.probe_loop)
+            with trio.fail_after(10):
+                while ms.members[other].last_ok == 0.0:  # the prober's first ping
+                    await trio.sleep(0.01)
+            for _ in range(6):  # refused while it was starting: 32 s down
+                ms.mark_down(other, "refused", probe=True)
+            seen = len(pings)
+            await trio.to_thread.run_sync(d.cluster.contacted, ("127.0.0.1",))
+            with trio.fail_after(5):
+                while not ms.members[other].up:
+                    await trio.sleep(0.01)
+            assert pings[seen:] == [other]
+            for _ in range(6):
+                ms.mark_down(other, "refused", probe=True)
+            await trio.to_thread.run_sync(d.cluster.contacted, ("127.0.0.1",))
+            # Past two prober ticks: no ping was started (the first call's quiet time
+            # runs PING_SECONDS, and the backoff ends later still).
+            await trio.sleep(1.2)
+            assert pings[seen + 1 :] == [] and not ms.members[other].up
+            assert ms.members[other].down_until - ms.clock() > PING_SECONDS
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)

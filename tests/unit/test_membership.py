@@ -153,3 +153,23 @@ def test_answering_since_counts_only_pings_sent_since(clock: Clock) -> None:
     ms.mark_up(c.address, asked_at=since)
     assert ms.answering() == {b.address, c.address}
     assert ms.answering(since) == {c.address}
+
+
+def test_a_member_down_that_calls_is_due_a_probe_at_once(clock: Clock) -> None:
+    ms = Membership(config("a", "gpu02.example", "10.0.0.3"), SELF, clock=clock)
+    b, c = ms.members["tls://gpu02.example:7470"], ms.members["tls://10.0.0.3:7470"]
+    assert not ms.down_hosts and not ms.down_of(["gpu02.example"])  # all up: nothing
+    for _ in range(6):  # refused while it was starting: a backoff of 32 s
+        ms.mark_down(b.address, "refused", probe=True)
+    assert b not in ms.due()
+    assert ms.down_of(["GPU02.example", "10.0.0.3"]) == {"gpu02.example"}
+    assert ms.contact_due(ms.down_of(["GPU02.example"])) == [b]  # it calls: probe it now
+    assert ms.contact_due(ms.down_of(["10.0.0.3"])) == []  # another member's call
+    b.probing = True
+    assert ms.contact_due(frozenset({"gpu02.example"})) == []  # one probe at a time
+    b.probing = False
+    ms.mark_down(c.address, "refused")
+    assert ms.down_hosts == {"gpu02.example", "10.0.0.3"}
+    ms.mark_up(b.address)
+    ms.mark_up(c.address)
+    assert not ms.down_hosts and ms.contact_due(frozenset({"gpu02.example"})) == []

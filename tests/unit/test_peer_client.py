@@ -206,3 +206,35 @@ def test_a_remembered_row_keeps_no_forgotten_dataset_alive(tmp_path: Path) -> No
     gc.collect()
     assert gone() is None  # the backend and its store client go with it
     store.close()
+
+
+class _Heads:
+    """A pipe with nothing more to receive (the head is in the buffer already)."""
+
+    def recv_into(self, view: memoryview) -> int:
+        return 0
+
+
+def _head(raw: bytes) -> tuple[int, dict[str, str]]:
+    from silofs.node.peer_client import _read_head
+
+    buf = bytearray(4096)
+    view = memoryview(buf)
+    view[: len(raw)] = raw
+    status, headers, end, got = _read_head(_Heads(), view, len(raw), "tls://m:1", False)
+    assert (end, got) == (raw.index(b"\r\n\r\n") + 4, len(raw))
+    return status, headers
+
+
+def test_an_answer_head_seen_before_reads_as_parsed_and_a_bad_one_fails_every_time() -> None:
+    good = b"HTTP/1.1 200 OK\r\ncontent-length: 7\r\nx-silofs-source: cache\r\n\r\nbody..."
+    first = _head(good)
+    assert first == (200, {"content-length": "7", "x-silofs-source": "cache"})
+    assert _head(good) == first  # from the parsed heads, the same
+    other = good.replace(b"cache", b"remote")
+    assert _head(other)[1]["x-silofs-source"] == "remote"  # its own bytes, its own parse
+    bad = b"HTTP/1.1 200 OK\r\nno colon here\r\n\r\n"
+    for _ in range(2):  # a refused head is never kept as parsed
+        with pytest.raises(PeerError) as err:
+            _head(bad)
+        assert err.value.reason == "http"
