@@ -445,7 +445,8 @@ def main() -> int:
         "--perf",
         metavar="PREFIX",
         default=None,
-        help="after the warm rounds, one more warm pass of each kind through silofs and "
+        help="after the warm rounds, one more warm pass of each kind through silofs (with "
+        "--no-remount the kept mount, data.mdb read back first; else a fresh mount) and "
         "through the ceiling from memory under `perf record` (PREFIX-*.data), and their "
         "CPU split by part: the reply, the verification, the page-cache fill, ... "
         "(bench/cpu_split.py)",
