@@ -36,6 +36,7 @@ import trio
 from fs_ops import SMALL, cached_files, fresh_mount, retire
 from rawfuse import MemFS
 
+import silofs.mount.reader as reader_mod
 from silofs.cache.store import CacheStore
 from silofs.mount.listing_view import ROOT_INODE
 from tests.support import baseline
@@ -90,6 +91,12 @@ def passes(d: str, count: int, mode: str, kept: bool = False) -> None:
     # since start, so one more or less in a run moved it by 10-20 M instructions (a
     # negative LOOKUP figure once). The handlers make no cycles: refcounting frees all.
     gc.disable()
+    # No snapshot renewal by the clock: a reader renews its LMDB snapshot once it is
+    # SNAPSHOT_REUSE_SECONDS old (0.25 s), at most 4 times a second: one per 250-2,500
+    # files at this host's FUSE rates, but under callgrind (~50x slower) one every few
+    # dozen files, and how many fell in the measured passes followed the host's load.
+    # Set on the module the handlers read it from, so a --git-rev tree's run takes it too.
+    reader_mod.SNAPSHOT_REUSE_SECONDS = float("inf")
 
     async def run() -> None:
         mount = fresh_mount(store, record) if kept else None
@@ -151,7 +158,12 @@ def main() -> None:
             ceiling_passes(args.dir, args.passes, args.mode)
         else:
             passes(args.dir, args.passes, args.mode, args.kept)
-        return
+        # No interpreter finalization: what it frees and collects at exit differed by
+        # ~1 M instructions between runs (gc_collect_main, the frees of module teardown),
+        # which the 3-minus-1 difference spread over the files: READ moved by 2-4 k per
+        # file from one run to the next.
+        sys.stdout.flush()
+        os._exit(0)
     if shutil.which("valgrind") is None:
         raise SystemExit("handler_ir.py needs valgrind")
     if args.git_rev:

@@ -314,11 +314,21 @@ def small_pass(
 
 
 def perf_passes(
-    prefix: str, m: Mount, data: Path | None, tmp: Path, files: int, kinds: list[int]
+    prefix: str,
+    m: Mount,
+    data: Path | None,
+    tmp: Path,
+    files: int,
+    kinds: list[int],
+    kept_warm: Callable[[], None] | None = None,
 ) -> None:
     """One more warm pass of each kind (0: the big file, else that many small-file
     readers) through a fresh silofs mount process and, given `data`, through the ceiling
-    from memory, each under perf; prints where each one's CPU went (cpu_split.py)."""
+    from memory, each under perf; prints where each one's CPU went (cpu_split.py).
+    With `kept_warm` (--no-remount) silofs's passes are the kept mount's, as the warm
+    rounds' are, `kept_warm` run (untimed) after each drop: a fresh mount's first pass
+    decodes every entry and reads its values from the SSD, which is not what a kept
+    pass measures."""
     print("\n== where the CPU goes (perf record -e cpu-clock; figures under perf) ==")
     servers: list[tuple[str, str, Callable[[], int]]] = [("silofs", m.mp, lambda: m.pid)]
     with contextlib.ExitStack() as stack:
@@ -327,16 +337,19 @@ def perf_passes(
             servers.append(("ceiling", raw.mp, lambda: raw.pid))
         for kind in kinds:
             for who, root, pid in servers:
+                warm = None
                 if who == "silofs":
-                    m.fresh()
+                    if kept_warm is None or not m.pid:
+                        m.fresh()
+                    warm = kept_warm
                 out = f"{prefix}-{who}-{'big' if not kind else f'x{kind}'}.data"
                 watch = {who: pid()}
                 with PerfRecord(pid(), out):
                     if kind:
-                        p = small_pass(small_paths(root, files), kind, watch)
+                        p = small_pass(small_paths(root, files), kind, watch, warm)
                         rate = f"{p.rate:.0f} files/s"
                     else:
-                        p = big_pass(root, watch)
+                        p = big_pass(root, watch, warm)
                         rate = f"{p.rate:.2f} GB/s"
                 c = p.cost[who]
                 print(
@@ -432,7 +445,8 @@ def main() -> int:
         "--perf",
         metavar="PREFIX",
         default=None,
-        help="after the warm rounds, one more warm pass of each kind through silofs and "
+        help="after the warm rounds, one more warm pass of each kind through silofs (with "
+        "--no-remount the kept mount, data.mdb read back first; else a fresh mount) and "
         "through the ceiling from memory under `perf record` (PREFIX-*.data), and their "
         "CPU split by part: the reply, the verification, the page-cache fill, ... "
         "(bench/cpu_split.py)",
@@ -965,7 +979,9 @@ def run(
 
         if args.perf:
             kinds = ([] if args.small_only else [0]) + warm_readers  # 0: the big file
-            perf_passes(args.perf, m, None if args.no_ceiling else data, tmp, args.files, kinds)
+            perf_passes(
+                args.perf, m, None if args.no_ceiling else data, tmp, args.files, kinds, kept_warm
+            )
             m.expected = 0
         if not m.pid:
             m.open()

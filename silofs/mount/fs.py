@@ -115,7 +115,9 @@ class SilofsFS(pyfuse3.Operations):
         # inode -> the version the kernel's pages of it hold, for inodes whose version
         # changed since the mount started (_keep_cache); bounded.
         self._page_versions: OrderedDict[int, str] = OrderedDict()
-        self._open_versions: dict[int, dict[str, int]] = {}  # inode -> version -> handles
+        # inode -> version -> handles open, of the inodes a switch() or the OPEN of a
+        # version listed since the mount started counted (open(), _count_versions).
+        self._open_versions: dict[int, dict[str, int]] = {}
         # inode -> {size: handles} of the handles that read through the kernel's page
         # cache (not direct_io) a version other than the listing's, and fh -> (inode,
         # size) of each; made at each switch() from the handles open then (no handle
@@ -155,6 +157,7 @@ class SilofsFS(pyfuse3.Operations):
         """Serve the listing generation `record` names (the daemon listed again); returns
         recently used entries that changed, for the caller to invalidate in the kernel."""
         stale = self.listing.switch(record)
+        self._count_versions()
         self._attrs.clear()
         self._names.clear()
         self._clamped.clear()
@@ -168,6 +171,18 @@ class SilofsFS(pyfuse3.Operations):
                 sizes = self._paged_sizes.setdefault(f.inode, {})
                 sizes[f.obj.size] = sizes.get(f.obj.size, 0) + 1
         return stale
+
+    def _count_versions(self) -> None:
+        """Count every open handle by inode and version (_open_versions), as a switch()
+        must: open() leaves uncounted the handles of versions listed when the mount
+        started, and this listing may have changed their inodes. From then on open() and
+        release() keep the counts of the inodes counted here, so an OPEN of another
+        version sees every handle of the old one."""
+        counts: dict[int, dict[str, int]] = {}
+        for f in self._files.values():
+            versions = counts.setdefault(f.inode, {})
+            versions[f.obj.version] = versions.get(f.obj.version, 0) + 1
+        self._open_versions = counts
 
     # -- attributes ------------------------------------------------------------------
     def _held(self, inode: int) -> pyfuse3.EntryAttributes | None:
@@ -504,8 +519,14 @@ class SilofsFS(pyfuse3.Operations):
             self._next_fh = fh + 1
             self._files[fh] = OpenFile(obj, inode, m.gen, ref, opener)
             versions = self._open_versions.get(inode)
-            if versions is None:  # the common case: no other handle of the inode is open
-                self._open_versions[inode] = {node.version: 1}
+            if versions is None:  # no handle of the inode counted
+                # A version listed when the mount started is the only one this mount ever
+                # served under its inode: no handle of another can be open, and its own
+                # need no count until a switch() changes the inode, which counts every
+                # open handle (_count_versions). The common case: no dict per OPEN, and
+                # RELEASE finds nothing to take out.
+                if node.since > m.first_gen:
+                    self._open_versions[inode] = {node.version: 1}
             else:
                 others = len(versions) - (node.version in versions)
                 versions[node.version] = versions.get(node.version, 0) + 1

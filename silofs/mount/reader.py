@@ -146,6 +146,7 @@ SILENT_RECHECK_MIN = 1.0
 # Value sizes whose views whole() keeps at once (ChunkReader._whole_plan): a bound, not
 # a cache (small files of one dataset share a few sizes).
 WHOLE_LAYOUTS = 256
+_monotonic = time.monotonic  # the hit path's clock, one global lookup
 _xxh3 = xxhash.xxh3_64_intdigest  # the block and header sums (cache/format.py)
 _SUM1 = struct.Struct("<Q").pack
 # Headers whole() keeps as checked, by their ident (ChunkReader._verified): a bound.
@@ -446,9 +447,9 @@ class ChunkReader:
         if (
             self._txn is None
             or self._stale
-            or time.monotonic() - self._txn_at >= SNAPSHOT_REUSE_SECONDS
+            or _monotonic() - self._txn_at >= SNAPSHOT_REUSE_SECONDS
         ):
-            self.renew()
+            self.renew()  # whole() runs these lines inline: keep the two the same
 
     def renew(self) -> None:
         """Start a fresh read snapshot. Safe only where no LMDB view is still in use."""
@@ -644,7 +645,15 @@ class ChunkReader:
         (another layout, a value read ahead, a page not in the page cache, a failed
         check) returns None: hit() looks again and chunk() counts the damage.
         """
-        self.begin_read()  # this FUSE read's, whatever path serves it
+        # begin_read(), inline (this FUSE read's, whatever path serves it): the one call
+        # per warm small file it cost is gone; keep the two the same.
+        self._reads += 1
+        if (
+            self._txn is None
+            or self._stale
+            or _monotonic() - self._txn_at >= SNAPSHOT_REUSE_SECONDS
+        ):
+            self.renew()
         ref = f.ref
         expect = ref.expect if ref is not None else None
         ahead = self.ahead

@@ -596,6 +596,43 @@ def test_a_file_is_one_version_from_open_to_close(run: Callable[..., None]) -> N
     run(test, buffer_bytes=CS)
 
 
+def test_an_open_reads_around_the_pages_of_another_version_still_open(
+    run: Callable[..., None],
+) -> None:
+    """OPEN answers direct_io while a handle of another version of the inode is open
+    (the kernel's pages of an inode serve all its handles), though open() does not count
+    the handles of a version listed when the mount started until a switch(): one opened
+    at the start, one after a relist that changed nothing, then the file rewritten."""
+
+    async def test(m: Mount) -> None:
+        big = OBJECTS[1]
+        ino = (await m.path(big.key)).st_ino
+        first = await m.fs.open(ino, os.O_RDONLY, None)  # type: ignore[arg-type]
+        assert not first.direct_io
+        first_fh = first.fh
+        m.relist(OBJECTS)  # nothing changed: `big` is still listed since the start
+        second = await m.fs.open(ino, os.O_RDONLY, None)  # type: ignore[arg-type]
+        assert not second.direct_io and second.keep_cache
+        second_fh = second.fh
+        await m.fs.release(first_fh)
+
+        new_obj = obj(big.key, CS + 7, "v2")
+        m.daemon.objects[(big.key, "v2")] = payload(big.key, new_obj.size, "v2")
+        m.relist([o if o.key != big.key else new_obj for o in OBJECTS])
+        ino = (await m.path(big.key)).st_ino
+        fi = await m.fs.open(ino, os.O_RDONLY, None)  # type: ignore[arg-type]
+        assert fi.direct_io and not fi.keep_cache  # `second` (v1) is still open
+        assert bytes(await m.fs.read(fi.fh, 0, CS + 7)) == payload(big.key, CS + 7, "v2")
+        assert await m.read(second_fh, 0, 10) == payload(big.key, big.size)[:10]
+        await m.fs.release(fi.fh)
+        await m.fs.release(second_fh)
+        again = await m.fs.open(ino, os.O_RDONLY, None)  # type: ignore[arg-type]
+        assert not again.direct_io  # no v1 handle open any more
+        await m.fs.release(again.fh)
+
+    run(test)
+
+
 def test_the_size_given_never_passes_a_page_cache_handles_version(
     run: Callable[..., None],
 ) -> None:
