@@ -283,38 +283,42 @@ class Simulation:
         made anew (_view) only where it moved."""
         now, vclock, units = self.clock.now, self.clock.vclock, self.units
         views = []
+        append = views.append
         for job in active:
+            pos, size = job.pos, job.size
+            effective = job.effective
             dt = now - job.t
             if dt > 0:
                 if job.held:  # (dissolved before a plan: never, but advance knows how)
                     job.advance(now, vclock)
+                    pos, effective = job.pos, job.effective
                 else:
                     # SimJob.advance written out (every active job, every plan): the
-                    # same operations in the same order
+                    # same operations in the same order, the fields it writes that are
+                    # read below kept in locals (pos, effective)
                     job.t = now
                     job.equal_integral += job.equal_rate * dt
                     rate = job.rate
                     if rate > 0:
                         read = rate * dt
-                        effective = job.effective
                         if effective > 0.0:
-                            unread = job.size - job.pos
+                            unread = size - pos
                             if unread > 0:
                                 left = unread - read
                                 left = left if left > 0.0 else 0.0
-                                job.effective = effective * (left / unread)
+                                job.effective = effective = effective * (left / unread)
                         job.read += read
-                        job.pos += read
+                        job.pos = pos = pos + read
                         hits = read * job.hit
                         job.hit_bytes += hits
                         job.epoch_hits += hits
                         job.remote_bytes += job.remote * dt
             job.boundary = _INF
-            unread = job.size - job.pos
+            unread = size - pos
             if unread > job.eps:
-                hit = job.effective / unread
+                hit = effective / unread
             else:
-                hit = units.filled_now(job.unit, now) / job.size
+                hit = units.filled_now(job.unit, now) / size
             if not hit < 1.0:
                 hit = 1.0
             view = job.view
@@ -328,7 +332,7 @@ class Simulation:
             ):
                 # as _view makes it, with the hit ratio found above (it finds the same)
                 view = job.view = _new_view(job, remaining, placement, hit)
-            views.append(view)
+            append(view)
         return views
 
     def _filling(self) -> bool:
