@@ -923,23 +923,31 @@ class Simulation:
             fetched = []  # per reader, what it fetched since it was last brought to now
             total = 0.0
             for job in group:
+                rate, remote = job.rate, job.remote
+                if job.held:
+                    got = vclock - job.v if remote > 0 and rate > 0 else 0.0
+                    if remote > 0 and rate > 0:
+                        total += got
+                    fetched.append(got)
+                    job.advance(now, vclock)
+                    continue
+                dt = now - job.t
                 got = 0.0
-                if job.remote > 0 and job.rate > 0:
-                    got = vclock - job.v if job.held else job.remote * (now - job.t)
+                if remote > 0 and rate > 0:
+                    got = remote * dt
                     total += got
                 fetched.append(got)
-                if job.held or job.rate <= 0.0:
+                if rate <= 0.0:
                     job.advance(now, vclock)
                     continue
                 # SimJob.advance at a written-out rate, written out (a step brings
                 # every reader of every shared filling unit to now): the same
-                # operations in the same order
-                dt = now - job.t
+                # operations in the same order (rate, remote and dt read once)
                 if dt <= 0:
                     continue
                 job.t = now
                 job.equal_integral += job.equal_rate * dt
-                read = job.rate * dt
+                read = rate * dt
                 effective = job.effective
                 if effective > 0.0:
                     unread = job.size - job.pos
@@ -951,7 +959,7 @@ class Simulation:
                 hits = read * job.hit
                 job.hit_bytes += hits
                 job.epoch_hits += hits
-                job.remote_bytes += job.remote * dt
+                job.remote_bytes += remote * dt
             before = filled[key]
             units.sync(key, now)
             admit = filled[key] - before
