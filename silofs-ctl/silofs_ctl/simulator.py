@@ -513,31 +513,34 @@ class Simulation:
                 clock.exit(job)  # its hit ratio may move: re-rated as any other
             elif job.t < now:  # (advance does nothing otherwise)
                 job.advance(now, vclock)
-            if job.share <= 0:
+            share = job.share
+            if share <= 0:
                 continue
             if lru:
                 job.hit = hit = self._hit(job)
             else:  # _hit under uniform caching, written out (_uniform_hits)
-                job.boundary = math.inf
-                unread = job.size - job.pos
+                job.boundary = _INF
+                size = job.size
+                unread = size - job.pos
                 if unread > job.eps:
                     hit = job.effective / unread
                 else:  # at an epoch's end: what the next one will find
-                    hit = units.filled_now(job.unit, now) / job.size
+                    hit = units.filled_now(job.unit, now) / size
                 if not hit < 1.0:
                     hit = 1.0
                 job.hit = hit
-            need = job.share * job.ideal_io * (1.0 - hit)
+            need = share * job.ideal_io * (1.0 - hit)
             cap = job.io_cap
             if cap is not None and cap < need:
                 need = cap  # min(need, cap)
-            old = demand.get(job.name)
+            name = job.name
+            old = demand.get(name)
             if held:
                 was = -1.0 if old is None else old
                 held = was == need or (need >= level and was >= level)
-            demand[job.name] = need
+            demand[name] = need
             if old != need:
-                link.move(job.name, old, need)
+                link.move(name, old, need)
         if held:
             # Demands above the level get the level whatever they are, and the ones below
             # it did not move: a division would give the same level and the same shares
