@@ -588,13 +588,9 @@ class Simulation:
         leaving = [name for name in flips if name in was_capped]
         if clock.on:
             self._relevel(fair, [running[name] for name in leaving if running[name].held])
-        demand, pos, key = link.demand, link.pos, link.key
-        for job in jobs:
-            if job.share > 0:
-                share = demand[job.name]
-                if bound is not None and (share, pos[job.name]) >= bound:
-                    share = fair  # held at the level
-                self._set_rate(job, share)
+        demand, key = link.demand, link.key
+        # each running one of `jobs` its demand, or fair where held at the level
+        self._set_rates(jobs, _INF, bound, fair if fair is not None else 0.0)
         # Any other job's demand did not move, so unless it is held below its demand now
         # or was at the last division, its share is that same demand; and one held at
         # both, at the same fair level, keeps that level.
@@ -860,19 +856,31 @@ class Simulation:
         else:
             clock.times[job.slot] = _INF
 
-    def _set_rates(self, jobs: list[SimJob], level: float) -> None:
-        """_set_rate(job, min(level, its demand)) of each running one of `jobs` in turn,
-        written out (a step's re-rate under SiloD gives ~150 jobs their share this
-        way): the same operations in the same order, the totals added to one by one."""
-        clock, units, demand = self.clock, self.units, self.link.demand
+    def _set_rates(
+        self,
+        jobs: list[SimJob],
+        level: float,
+        bound: tuple[float, int] | None = None,
+        fair: float = 0.0,
+    ) -> None:
+        """_set_rate(job, share) of each running one of `jobs` in turn, written out (a
+        step's re-rate under SiloD gives ~150 jobs their share): the same operations in
+        the same order, the totals added to one by one. Its share is min(level, its
+        demand), or with `bound` its demand, or `fair` where (demand, position) is at
+        least `bound` (held at the level of a division)."""
+        clock, units, demand, pos = self.clock, self.units, self.link.demand, self.link.pos
         now, times = clock.now, clock.times
         log_rates = self.recorder.job_rates is not None
         total_rate, total_remote, seq = self.total_rate, self.total_remote, clock.seq
         for job in jobs:
             if job.share <= 0:
                 continue
-            share = demand[job.name]
-            if not share < level:  # min(level, share)
+            name = job.name
+            share = demand[name]
+            if bound is not None:
+                if (share, pos[name]) >= bound:
+                    share = fair  # held at the level
+            elif not share < level:  # min(level, share)
                 share = level
             gpu_rate = job.share * job.ideal_io
             hit = job.hit
@@ -892,7 +900,7 @@ class Simulation:
             total_rate += rate - job.rate
             total_remote += remote - old_remote
             if log_rates:
-                self.recorder.rate(job.name, now, rate)
+                self.recorder.rate(name, now, rate)
             job.rate, job.remote = rate, remote
             seq += 1
             job.seq = seq
