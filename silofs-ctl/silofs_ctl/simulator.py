@@ -725,78 +725,88 @@ class Simulation:
         timed = False  # the job in hand needs its event's time (below)
         boundary = _INF
         for job in active:
-            if job.share > 0:
-                # _set_rate, but for the sums (below)
-                hit = job.hit
-                gpu_rate = job.share * job.ideal_io
-                enters = False
-                if hit >= 1.0 - 1e-12:
-                    rate, remote = gpu_rate, 0.0
+            share = job.share
+            if not share > 0:  # waiting: no rate (the fairness point only)
+                rate = job.rate
+                equal_rate = job.equal_rate
+                ratio = rate / equal_rate if equal_rate > 0 else 1.0
+                if ratio < worst:
+                    worst = ratio
+                total += ratio
+                continue
+            # _set_rate, but for the sums (below)
+            hit = job.hit
+            gpu_rate = share * job.ideal_io
+            enters = False
+            if hit >= 1.0 - 1e-12:
+                rate, remote = gpu_rate, 0.0
+            else:
+                name = job.name
+                if name in held:
+                    remote = fair
+                    enters = on
                 else:
-                    name = job.name
-                    if name in held:
-                        remote = fair
-                        enters = on
-                    else:
-                        remote = demand[name]
-                    rate = remote / (1.0 - hit)
-                    if not rate < gpu_rate:
-                        rate = gpu_rate
-                    if enters:  # Clock.enter_all's test (level: fair, hit below 1)
-                        enters = remote > 0.0 and rate == remote / (1.0 - hit)
-                if (
-                    rate != job.rate
-                    or remote != job.remote
-                    or job.seq < 0
-                    or job.boundary != job.event_boundary
-                ):  # else progress is linear: its pending event is still right
-                    if remote != job.remote and (not lru or job.unit in growing):
-                        # Units.sync of a unit already brought to now: only its clock
-                        unit_t[job.unit] = now
-                    if log_rates:
-                        recorder.rate(job.name, now, rate)
-                    job.rate, job.remote = rate, remote
-                    job.unwritten = False
-                    if not enters:  # (else its event is enter_all's): a new event
-                        seq += 1
-                        job.seq = seq
-                        job.event_boundary = boundary = job.boundary
-                        timed = True
-                elif job.unwritten:
+                    remote = demand[name]
+                rate = remote / (1.0 - hit)
+                if not rate < gpu_rate:
+                    rate = gpu_rate
+                if enters:  # Clock.enter_all's test (level: fair, hit below 1)
+                    enters = remote > 0.0 and rate == remote / (1.0 - hit)
+            old_rate, old_remote = job.rate, job.remote
+            if (
+                rate != old_rate
+                or remote != old_remote
+                or job.seq < 0
+                or job.boundary != job.event_boundary
+            ):  # else progress is linear: its pending event is still right
+                if remote != old_remote and (not lru or job.unit in growing):
+                    # Units.sync of a unit already brought to now: only its clock
+                    unit_t[job.unit] = now
+                if log_rates:
+                    recorder.rate(job.name, now, rate)
+                job.rate, job.remote = rate, remote
+                job.unwritten = False
+                if not enters:  # (else its event is enter_all's): a new event
+                    seq += 1
+                    job.seq = seq
+                    job.event_boundary = boundary = job.boundary
+                    timed = True
+            else:
+                rate, remote = old_rate, old_remote  # (equal: the fields' own)
+                if job.unwritten:
                     job.unwritten = False
                     # the event dissolve gave it (its seq and boundary), timed here
                     if not enters:
                         boundary = job.event_boundary
                         timed = True
-                if timed:  # Clock.schedule's time, written out (SimJob.until in it)
-                    timed = False
-                    until = job.work - job.read
-                    left = job.size - job.pos
+            if timed:  # Clock.schedule's time, written out (SimJob.until in it)
+                timed = False
+                size, pos = job.size, job.pos
+                until = job.work - job.read
+                left = size - pos
+                if left < until:
+                    until = left
+                if boundary < _INF:
+                    left = boundary * size - pos
                     if left < until:
                         until = left
-                    if boundary < _INF:
-                        left = boundary * job.size - job.pos
-                        if left < until:
-                            until = left
-                    if rate > 0:
-                        times.append(now + (until if until > 0.0 else 0.0) / rate)
-                    else:
-                        times.append(_INF)
-                    slots.append(job.slot)
-            # the sums and the fairness point
-            rate = job.rate
+                if rate > 0:
+                    times.append(now + (until if until > 0.0 else 0.0) / rate)
+                else:
+                    times.append(_INF)
+                slots.append(job.slot)
+            # the sums and the fairness point (job.rate and job.remote are rate and
+            # remote now)
             equal_rate = job.equal_rate
             ratio = rate / equal_rate if equal_rate > 0 else 1.0
             if ratio < worst:
                 worst = ratio
             total += ratio
-            if job.share <= 0:
-                continue
             total_rate += rate
-            remote = job.remote
             total_remote += remote
             if remote > 0:
-                inflow[job.unit] = inflow.get(job.unit, 0.0) + remote
+                unit = job.unit
+                inflow[unit] = inflow.get(unit, 0.0) + remote
         clock.put_events(seq, slots, times)
         if log_rates:  # (after every running job's, as the pass after the rates did)
             for job in active:
