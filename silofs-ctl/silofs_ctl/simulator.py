@@ -565,9 +565,7 @@ class Simulation:
             link.level = math.inf
             if clock.on:
                 self._relevel(None, [])
-            for job in jobs:
-                if job.share > 0:
-                    self._set_rate(job, demand[job.name])
+            self._set_rates(jobs, _INF)  # (each its demand)
             link.record(len(demand), None, set())
             self.held_off = set()
         link.contended = contended
