@@ -535,6 +535,22 @@ def equal_share_perf(
     return np.where(value > 0, value, full)
 
 
+def equal_unit_cache(reads: Reads, capacity: float) -> FloatArray:
+    """estimator._equal_cache (EqualShare.cache) per unit (keys' order) when every job
+    reads one unit and every unit draws from one pool of `capacity`: each of a unit's
+    m readers adds capacity / n (n: the jobs) up to the unit's size, one by one. The
+    partial sums only grow (a share is >= 0), so the loop's min(size, held) at each
+    addition is min(size, the m-th sum); the sums are an np.add.accumulate of the
+    share, the same additions in the same order."""
+    n = len(reads.names)
+    counts = np.bincount(reads.r_unit, minlength=len(reads.keys))
+    share = capacity / n
+    sums = np.add.accumulate(np.full(int(counts.max()), share))
+    held = sums[counts - 1]
+    size = reads.unit_size
+    return np.where(held < size, held, size)
+
+
 def job_arrays(reads: Reads, e: FloatArray, limits: Limits) -> JobArrays:
     """gavel._start as arrays: the jobs that never run, the others in ascending ceiling
     (ties by name), the first round's ceiling groups and how many the GPUs allow."""
@@ -585,11 +601,11 @@ class Steady:
 
 
 def steady_state(
-    reads: Reads, unit_cache: list[float], pool: float | None, limits: Limits
+    reads: Reads, unit_cache: list[float] | FloatArray, pool: float | None, limits: Limits
 ) -> Steady:
     """equal_share_perf, _start and (with `pool`, the capacity of the one pool every
     unit draws from) gavel.maxmin; unit_cache: each unit's equal cache (keys' order)."""
-    e = equal_share_perf(reads, limits.total_gpus, limits.remote_io, np.array(unit_cache))
+    e = equal_share_perf(reads, limits.total_gpus, limits.remote_io, np.asarray(unit_cache))
     arrays = job_arrays(reads, e, limits)
     if pool is None:
         return Steady(e.tolist(), arrays)
