@@ -330,8 +330,20 @@ class Simulation:
                 or view.placement != placement
                 or view.remaining != remaining
             ):
-                # as _view makes it, with the hit ratio found above (it finds the same)
-                view = job.view = _new_view(job, remaining, placement, hit)
+                # as _view makes it, with the hit ratio found above (it finds the same):
+                # _new_view written out (some 200 jobs a plan)
+                spec = job.spec
+                view = _new_object(Job)
+                _set_name(view, job.name)
+                _set_dataset(view, spec.dataset)
+                _set_gpus(view, spec.gpus)
+                _set_f_star(view, spec.ideal_io)
+                _set_reads(view, job.reads)
+                _set_remaining(view, remaining)
+                _set_submit(view, spec.submit)
+                _set_placement(view, placement)
+                _set_hit_now(view, hit)
+                job.view = view
             append(view)
         return views
 
