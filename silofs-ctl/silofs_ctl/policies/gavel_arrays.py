@@ -26,7 +26,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from itertools import chain, count
-from operator import methodcaller
+from operator import getitem, methodcaller
 
 import numpy as np
 
@@ -492,20 +492,30 @@ def reads_of(
     """Reads of the jobs given by their columns; units: the cluster's, by key."""
     counts = list(map(len, reads))
     keys = list(chain.from_iterable(reads))
-    weights = list(chain.from_iterable(map(methodcaller("values"), reads)))
+    n = len(names)
+    if len(keys) == n and counts.count(1) == n:
+        # every job reads one unit (the simulator's jobs): its weight is the value at
+        # its key, each job is its own read and the first of its reads
+        weights = list(map(getitem, reads, keys))
+        r_job = np.arange(n)
+        first_read = np.arange(n)
+    else:
+        weights = list(chain.from_iterable(map(methodcaller("values"), reads)))
+        lens = np.array(counts, dtype=np.intp)
+        r_job = np.repeat(np.arange(n), lens)
+        first_read = np.cumsum(lens) - lens
     keys_seen = list(dict.fromkeys(keys))
     where = dict(zip(keys_seen, count()))
-    lens = np.array(counts, dtype=np.intp)
     return Reads(
         names=names,
         f_star=np.array(f_star, dtype=float),
         gpus=np.array(gpus, dtype=float),
-        r_job=np.repeat(np.arange(len(names)), lens),
+        r_job=r_job,
         r_unit=np.array(list(map(where.__getitem__, keys)), dtype=np.intp),
         r_w=np.array(weights, dtype=float),
         keys=keys_seen,
         unit_size=np.array([units[key].size for key in keys_seen], dtype=float),
-        first_read=np.cumsum(lens) - lens,
+        first_read=first_read,
     )
 
 
