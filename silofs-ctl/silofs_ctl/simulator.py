@@ -283,38 +283,42 @@ class Simulation:
         made anew (_view) only where it moved."""
         now, vclock, units = self.clock.now, self.clock.vclock, self.units
         views = []
+        append = views.append
         for job in active:
+            pos, size = job.pos, job.size
+            effective = job.effective
             dt = now - job.t
             if dt > 0:
                 if job.held:  # (dissolved before a plan: never, but advance knows how)
                     job.advance(now, vclock)
+                    pos, effective = job.pos, job.effective
                 else:
                     # SimJob.advance written out (every active job, every plan): the
-                    # same operations in the same order
+                    # same operations in the same order, the fields it writes that are
+                    # read below kept in locals (pos, effective)
                     job.t = now
                     job.equal_integral += job.equal_rate * dt
                     rate = job.rate
                     if rate > 0:
                         read = rate * dt
-                        effective = job.effective
                         if effective > 0.0:
-                            unread = job.size - job.pos
+                            unread = size - pos
                             if unread > 0:
                                 left = unread - read
                                 left = left if left > 0.0 else 0.0
-                                job.effective = effective * (left / unread)
+                                job.effective = effective = effective * (left / unread)
                         job.read += read
-                        job.pos += read
+                        job.pos = pos = pos + read
                         hits = read * job.hit
                         job.hit_bytes += hits
                         job.epoch_hits += hits
                         job.remote_bytes += job.remote * dt
             job.boundary = _INF
-            unread = job.size - job.pos
+            unread = size - pos
             if unread > job.eps:
-                hit = job.effective / unread
+                hit = effective / unread
             else:
-                hit = units.filled_now(job.unit, now) / job.size
+                hit = units.filled_now(job.unit, now) / size
             if not hit < 1.0:
                 hit = 1.0
             view = job.view
@@ -326,9 +330,21 @@ class Simulation:
                 or view.placement != placement
                 or view.remaining != remaining
             ):
-                # as _view makes it, with the hit ratio found above (it finds the same)
-                view = job.view = _new_view(job, remaining, placement, hit)
-            views.append(view)
+                # as _view makes it, with the hit ratio found above (it finds the same):
+                # _new_view written out (some 200 jobs a plan)
+                spec = job.spec
+                view = _new_object(Job)
+                _set_name(view, job.name)
+                _set_dataset(view, spec.dataset)
+                _set_gpus(view, spec.gpus)
+                _set_f_star(view, spec.ideal_io)
+                _set_reads(view, job.reads)
+                _set_remaining(view, remaining)
+                _set_submit(view, spec.submit)
+                _set_placement(view, placement)
+                _set_hit_now(view, hit)
+                job.view = view
+            append(view)
         return views
 
     def _filling(self) -> bool:
@@ -509,43 +525,49 @@ class Simulation:
                 clock.exit(job)  # its hit ratio may move: re-rated as any other
             elif job.t < now:  # (advance does nothing otherwise)
                 job.advance(now, vclock)
-            if job.share <= 0:
+            share = job.share
+            if share <= 0:
                 continue
             if lru:
                 job.hit = hit = self._hit(job)
             else:  # _hit under uniform caching, written out (_uniform_hits)
-                job.boundary = math.inf
-                unread = job.size - job.pos
+                job.boundary = _INF
+                size = job.size
+                unread = size - job.pos
                 if unread > job.eps:
                     hit = job.effective / unread
                 else:  # at an epoch's end: what the next one will find
-                    hit = units.filled_now(job.unit, now) / job.size
+                    hit = units.filled_now(job.unit, now) / size
                 if not hit < 1.0:
                     hit = 1.0
                 job.hit = hit
-            need = job.share * job.ideal_io * (1.0 - hit)
+            need = share * job.ideal_io * (1.0 - hit)
             cap = job.io_cap
             if cap is not None and cap < need:
                 need = cap  # min(need, cap)
-            old = demand.get(job.name)
+            name = job.name
+            old = demand.get(name)
             if held:
                 was = -1.0 if old is None else old
                 held = was == need or (need >= level and was >= level)
-            demand[job.name] = need
+            demand[name] = need
             if old != need:
-                link.move(job.name, old, need)
+                link.move(name, old, need)
         if held:
             # Demands above the level get the level whatever they are, and the ones below
             # it did not move: a division would give the same level and the same shares
             # (thrashing LRU readers held at the level, and the epoch ends of readers that
             # hit everything, change this way).
-            for job in jobs:
-                if job.share > 0:
-                    self._set_rate(job, min(level, demand[job.name]))
-                    if clock.on and job.name in link.capped:
-                        clock.enter(job)
-                        if not job.held:
-                            self.held_off.add(job.name)
+            if clock.on:
+                for job in jobs:
+                    if job.share > 0:
+                        self._set_rate(job, min(level, demand[job.name]))
+                        if job.name in link.capped:
+                            clock.enter(job)
+                            if not job.held:
+                                self.held_off.add(job.name)
+            else:
+                self._set_rates(jobs, level)
             return
         contended = link.over()
         if contended or link.contended:
@@ -555,9 +577,7 @@ class Simulation:
             link.level = math.inf
             if clock.on:
                 self._relevel(None, [])
-            for job in jobs:
-                if job.share > 0:
-                    self._set_rate(job, demand[job.name])
+            self._set_rates(jobs, _INF)  # (each its demand)
             link.record(len(demand), None, set())
             self.held_off = set()
         link.contended = contended
@@ -578,13 +598,9 @@ class Simulation:
         leaving = [name for name in flips if name in was_capped]
         if clock.on:
             self._relevel(fair, [running[name] for name in leaving if running[name].held])
-        demand, pos, key = link.demand, link.pos, link.key
-        for job in jobs:
-            if job.share > 0:
-                share = demand[job.name]
-                if bound is not None and (share, pos[job.name]) >= bound:
-                    share = fair  # held at the level
-                self._set_rate(job, share)
+        demand, key = link.demand, link.key
+        # each running one of `jobs` its demand, or fair where held at the level
+        self._set_rates(jobs, _INF, bound, fair if fair is not None else 0.0)
         # Any other job's demand did not move, so unless it is held below its demand now
         # or was at the last division, its share is that same demand; and one held at
         # both, at the same fair level, keeps that level.
@@ -719,78 +735,88 @@ class Simulation:
         timed = False  # the job in hand needs its event's time (below)
         boundary = _INF
         for job in active:
-            if job.share > 0:
-                # _set_rate, but for the sums (below)
-                hit = job.hit
-                gpu_rate = job.share * job.ideal_io
-                enters = False
-                if hit >= 1.0 - 1e-12:
-                    rate, remote = gpu_rate, 0.0
+            share = job.share
+            if not share > 0:  # waiting: no rate (the fairness point only)
+                rate = job.rate
+                equal_rate = job.equal_rate
+                ratio = rate / equal_rate if equal_rate > 0 else 1.0
+                if ratio < worst:
+                    worst = ratio
+                total += ratio
+                continue
+            # _set_rate, but for the sums (below)
+            hit = job.hit
+            gpu_rate = share * job.ideal_io
+            enters = False
+            if hit >= 1.0 - 1e-12:
+                rate, remote = gpu_rate, 0.0
+            else:
+                name = job.name
+                if name in held:
+                    remote = fair
+                    enters = on
                 else:
-                    name = job.name
-                    if name in held:
-                        remote = fair
-                        enters = on
-                    else:
-                        remote = demand[name]
-                    rate = remote / (1.0 - hit)
-                    if not rate < gpu_rate:
-                        rate = gpu_rate
-                    if enters:  # Clock.enter_all's test (level: fair, hit below 1)
-                        enters = remote > 0.0 and rate == remote / (1.0 - hit)
-                if (
-                    rate != job.rate
-                    or remote != job.remote
-                    or job.seq < 0
-                    or job.boundary != job.event_boundary
-                ):  # else progress is linear: its pending event is still right
-                    if remote != job.remote and (not lru or job.unit in growing):
-                        # Units.sync of a unit already brought to now: only its clock
-                        unit_t[job.unit] = now
-                    if log_rates:
-                        recorder.rate(job.name, now, rate)
-                    job.rate, job.remote = rate, remote
-                    job.unwritten = False
-                    if not enters:  # (else its event is enter_all's): a new event
-                        seq += 1
-                        job.seq = seq
-                        job.event_boundary = boundary = job.boundary
-                        timed = True
-                elif job.unwritten:
+                    remote = demand[name]
+                rate = remote / (1.0 - hit)
+                if not rate < gpu_rate:
+                    rate = gpu_rate
+                if enters:  # Clock.enter_all's test (level: fair, hit below 1)
+                    enters = remote > 0.0 and rate == remote / (1.0 - hit)
+            old_rate, old_remote = job.rate, job.remote
+            if (
+                rate != old_rate
+                or remote != old_remote
+                or job.seq < 0
+                or job.boundary != job.event_boundary
+            ):  # else progress is linear: its pending event is still right
+                if remote != old_remote and (not lru or job.unit in growing):
+                    # Units.sync of a unit already brought to now: only its clock
+                    unit_t[job.unit] = now
+                if log_rates:
+                    recorder.rate(job.name, now, rate)
+                job.rate, job.remote = rate, remote
+                job.unwritten = False
+                if not enters:  # (else its event is enter_all's): a new event
+                    seq += 1
+                    job.seq = seq
+                    job.event_boundary = boundary = job.boundary
+                    timed = True
+            else:
+                rate, remote = old_rate, old_remote  # (equal: the fields' own)
+                if job.unwritten:
                     job.unwritten = False
                     # the event dissolve gave it (its seq and boundary), timed here
                     if not enters:
                         boundary = job.event_boundary
                         timed = True
-                if timed:  # Clock.schedule's time, written out (SimJob.until in it)
-                    timed = False
-                    until = job.work - job.read
-                    left = job.size - job.pos
+            if timed:  # Clock.schedule's time, written out (SimJob.until in it)
+                timed = False
+                size, pos = job.size, job.pos
+                until = job.work - job.read
+                left = size - pos
+                if left < until:
+                    until = left
+                if boundary < _INF:
+                    left = boundary * size - pos
                     if left < until:
                         until = left
-                    if boundary < _INF:
-                        left = boundary * job.size - job.pos
-                        if left < until:
-                            until = left
-                    if rate > 0:
-                        times.append(now + (until if until > 0.0 else 0.0) / rate)
-                    else:
-                        times.append(_INF)
-                    slots.append(job.slot)
-            # the sums and the fairness point
-            rate = job.rate
+                if rate > 0:
+                    times.append(now + (until if until > 0.0 else 0.0) / rate)
+                else:
+                    times.append(_INF)
+                slots.append(job.slot)
+            # the sums and the fairness point (job.rate and job.remote are rate and
+            # remote now)
             equal_rate = job.equal_rate
             ratio = rate / equal_rate if equal_rate > 0 else 1.0
             if ratio < worst:
                 worst = ratio
             total += ratio
-            if job.share <= 0:
-                continue
             total_rate += rate
-            remote = job.remote
             total_remote += remote
             if remote > 0:
-                inflow[job.unit] = inflow.get(job.unit, 0.0) + remote
+                unit = job.unit
+                inflow[unit] = inflow.get(unit, 0.0) + remote
         clock.put_events(seq, slots, times)
         if log_rates:  # (after every running job's, as the pass after the rates did)
             for job in active:
@@ -850,6 +876,69 @@ class Simulation:
         else:
             clock.times[job.slot] = _INF
 
+    def _set_rates(
+        self,
+        jobs: list[SimJob],
+        level: float,
+        bound: tuple[float, int] | None = None,
+        fair: float = 0.0,
+    ) -> None:
+        """_set_rate(job, share) of each running one of `jobs` in turn, written out (a
+        step's re-rate under SiloD gives ~150 jobs their share): the same operations in
+        the same order, the totals added to one by one. Its share is min(level, its
+        demand), or with `bound` its demand, or `fair` where (demand, position) is at
+        least `bound` (held at the level of a division)."""
+        clock, units, demand, pos = self.clock, self.units, self.link.demand, self.link.pos
+        now, times = clock.now, clock.times
+        log_rates = self.recorder.job_rates is not None
+        total_rate, total_remote, seq = self.total_rate, self.total_remote, clock.seq
+        for job in jobs:
+            if job.share <= 0:
+                continue
+            name = job.name
+            share = demand[name]
+            if bound is not None:
+                if (share, pos[name]) >= bound:
+                    share = fair  # held at the level
+            elif not share < level:  # min(level, share)
+                share = level
+            gpu_rate = job.share * job.ideal_io
+            hit = job.hit
+            if hit >= 1.0 - 1e-12:
+                rate, remote = gpu_rate, 0.0
+            else:
+                remote = share
+                rate = remote / (1.0 - hit)
+                if not rate < gpu_rate:
+                    rate = gpu_rate
+            old_remote = job.remote
+            if rate == job.rate and remote == old_remote and job.seq >= 0:
+                if job.boundary == job.event_boundary:
+                    continue  # progress is linear: its pending event is still right
+            if remote != old_remote:
+                units.move_inflow(job.unit, remote, old_remote, now)
+            total_rate += rate - job.rate
+            total_remote += remote - old_remote
+            if log_rates:
+                self.recorder.rate(name, now, rate)
+            job.rate, job.remote = rate, remote
+            seq += 1
+            job.seq = seq
+            job.event_boundary = boundary = job.boundary
+            if rate > 0:
+                until = job.work - job.read
+                left = job.size - job.pos
+                if left < until:
+                    until = left
+                if boundary < _INF:
+                    left = boundary * job.size - job.pos
+                    if left < until:
+                        until = left
+                times[job.slot] = now + (until if until > 0.0 else 0.0) / rate
+            else:
+                times[job.slot] = _INF
+        self.total_rate, self.total_remote, clock.seq = total_rate, total_remote, seq
+
     # ------------------------------------------------------------------- events
 
     def _shared_fill(self) -> None:
@@ -865,23 +954,31 @@ class Simulation:
             fetched = []  # per reader, what it fetched since it was last brought to now
             total = 0.0
             for job in group:
+                rate, remote = job.rate, job.remote
+                if job.held:
+                    got = vclock - job.v if remote > 0 and rate > 0 else 0.0
+                    if remote > 0 and rate > 0:
+                        total += got
+                    fetched.append(got)
+                    job.advance(now, vclock)
+                    continue
+                dt = now - job.t
                 got = 0.0
-                if job.remote > 0 and job.rate > 0:
-                    got = vclock - job.v if job.held else job.remote * (now - job.t)
+                if remote > 0 and rate > 0:
+                    got = remote * dt
                     total += got
                 fetched.append(got)
-                if job.held or job.rate <= 0.0:
+                if rate <= 0.0:
                     job.advance(now, vclock)
                     continue
                 # SimJob.advance at a written-out rate, written out (a step brings
                 # every reader of every shared filling unit to now): the same
-                # operations in the same order
-                dt = now - job.t
+                # operations in the same order (rate, remote and dt read once)
                 if dt <= 0:
                     continue
                 job.t = now
                 job.equal_integral += job.equal_rate * dt
-                read = job.rate * dt
+                read = rate * dt
                 effective = job.effective
                 if effective > 0.0:
                     unread = job.size - job.pos
@@ -893,7 +990,7 @@ class Simulation:
                 hits = read * job.hit
                 job.hit_bytes += hits
                 job.epoch_hits += hits
-                job.remote_bytes += job.remote * dt
+                job.remote_bytes += remote * dt
             before = filled[key]
             units.sync(key, now)
             admit = filled[key] - before

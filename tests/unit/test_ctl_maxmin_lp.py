@@ -347,3 +347,41 @@ def test_the_array_form_groups_ceilings_as_the_search_does() -> None:
         expected = gavel._groups(jobs, {job.name: cap for job, cap in zip(jobs, caps, strict=True)})
         levels, ends = gavel_arrays._groups(np.array(caps, dtype=float), gavel._TOL)
         assert list(zip(levels.tolist(), ends.tolist(), strict=True)) == expected
+
+
+def test_the_array_form_of_the_equal_cache_is_the_loops_to_the_bit() -> None:
+    """gavel_arrays.equal_unit_cache (every job reads one unit, one pool: the
+    simulator's cluster) must give each unit the floats estimator._equal_cache adds up
+    one reader at a time: units a few readers fill past their size, units they do not,
+    a pool that fills nothing and one that fills everything; and reads_of's arrays of
+    such jobs (each its own read) must be their reads."""
+    from silofs_ctl.estimator import _equal_cache
+    from silofs_ctl.policies import gavel, gavel_arrays
+
+    rng = random.Random(11)
+    checked = capped = 0
+    for trial in range(200):
+        n_units = rng.randint(1, 30)
+        sizes = {f"u{i}": rng.choice([rng.uniform(1, 3000), 140.0, 1e-3]) for i in range(n_units)}
+        units = {key: CacheUnit(key, "all", key, size) for key, size in sizes.items()}
+        jobs = [
+            Job(f"j{i}", "d", 1, 10.0, {rng.choice(list(units)): rng.choice([1.0, rng.random()])})
+            for i in range(rng.randint(1, 300))
+        ]
+        capacity = rng.choice([0.0, rng.uniform(1, 50_000), 1e9]) if trial % 5 else 0.1 * trial
+        cluster = Cluster({"all": 8}, {"all": capacity}, 100.0, {"all": capacity}, units)
+        names = [job.name for job in jobs]
+        reads = gavel_arrays.reads_of(
+            names, [j.f_star for j in jobs], [j.gpus for j in jobs], [j.reads for j in jobs], units
+        )
+        assert gavel._one_pool(reads.keys, cluster) == capacity
+        # (reads_of's one-read-a-job form: each job its own read, its weight its value)
+        assert reads.r_job.tolist() == reads.first_read.tolist() == list(range(len(jobs)))
+        assert reads.r_w.tolist() == [next(iter(job.reads.values())) for job in jobs]
+        assert [reads.keys[u] for u in reads.r_unit.tolist()] == [next(iter(j.reads)) for j in jobs]
+        equal = _equal_cache(jobs, cluster)
+        got = gavel_arrays.equal_unit_cache(reads, capacity).tolist()
+        assert got == [equal[key] for key in reads.keys]
+        checked += len(got)
+        capped += sum(held == units[key].size for key, held in zip(reads.keys, got, strict=True))
+    assert capped and capped < checked  # (both sides of the cap were exercised)

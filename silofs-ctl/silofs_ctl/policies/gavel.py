@@ -986,11 +986,13 @@ def _steady_arrays(
 
     names = seen.names
     reads = ga.reads_of(names, seen.f_stars, seen.gpus, seen.reads, cluster.units)
-    equal = _equal_cache(jobs, cluster)
     pool = _one_pool(reads.keys, cluster)
-    steady = ga.steady_state(
-        reads, [equal.get(key, 0.0) for key in reads.keys], pool, _limits(cluster)
-    )
+    if pool is not None and len(reads.r_job) == len(names):  # (one read a job)
+        unit_cache: list[float] | ga.FloatArray = ga.equal_unit_cache(reads, pool)
+    else:
+        equal = _equal_cache(jobs, cluster)
+        unit_cache = [equal.get(key, 0.0) for key in reads.keys]
+    steady = ga.steady_state(reads, unit_cache, pool, _limits(cluster))
     e = dict(zip(names, steady.e, strict=True))
     if steady.rates is None:
         return e, maxmin(jobs, cluster, e), steady.arrays

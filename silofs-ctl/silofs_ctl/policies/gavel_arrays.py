@@ -26,7 +26,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from itertools import chain, count
-from operator import methodcaller
+from operator import getitem, methodcaller
 
 import numpy as np
 
@@ -492,20 +492,30 @@ def reads_of(
     """Reads of the jobs given by their columns; units: the cluster's, by key."""
     counts = list(map(len, reads))
     keys = list(chain.from_iterable(reads))
-    weights = list(chain.from_iterable(map(methodcaller("values"), reads)))
+    n = len(names)
+    if len(keys) == n and counts.count(1) == n:
+        # every job reads one unit (the simulator's jobs): its weight is the value at
+        # its key, each job is its own read and the first of its reads
+        weights = list(map(getitem, reads, keys))
+        r_job = np.arange(n)
+        first_read = np.arange(n)
+    else:
+        weights = list(chain.from_iterable(map(methodcaller("values"), reads)))
+        lens = np.array(counts, dtype=np.intp)
+        r_job = np.repeat(np.arange(n), lens)
+        first_read = np.cumsum(lens) - lens
     keys_seen = list(dict.fromkeys(keys))
     where = dict(zip(keys_seen, count()))
-    lens = np.array(counts, dtype=np.intp)
     return Reads(
         names=names,
         f_star=np.array(f_star, dtype=float),
         gpus=np.array(gpus, dtype=float),
-        r_job=np.repeat(np.arange(len(names)), lens),
+        r_job=r_job,
         r_unit=np.array(list(map(where.__getitem__, keys)), dtype=np.intp),
         r_w=np.array(weights, dtype=float),
         keys=keys_seen,
         unit_size=np.array([units[key].size for key in keys_seen], dtype=float),
-        first_read=np.cumsum(lens) - lens,
+        first_read=first_read,
     )
 
 
@@ -533,6 +543,22 @@ def equal_share_perf(
             fed = io / miss
         value = np.where(miss <= 0.0, full, np.where(fed < full, fed, full))
     return np.where(value > 0, value, full)
+
+
+def equal_unit_cache(reads: Reads, capacity: float) -> FloatArray:
+    """estimator._equal_cache (EqualShare.cache) per unit (keys' order) when every job
+    reads one unit and every unit draws from one pool of `capacity`: each of a unit's
+    m readers adds capacity / n (n: the jobs) up to the unit's size, one by one. The
+    partial sums only grow (a share is >= 0), so the loop's min(size, held) at each
+    addition is min(size, the m-th sum); the sums are an np.add.accumulate of the
+    share, the same additions in the same order."""
+    n = len(reads.names)
+    counts = np.bincount(reads.r_unit, minlength=len(reads.keys))
+    share = capacity / n
+    sums = np.add.accumulate(np.full(int(counts.max()), share))
+    held = sums[counts - 1]
+    size = reads.unit_size
+    return np.where(held < size, held, size)
 
 
 def job_arrays(reads: Reads, e: FloatArray, limits: Limits) -> JobArrays:
@@ -585,11 +611,11 @@ class Steady:
 
 
 def steady_state(
-    reads: Reads, unit_cache: list[float], pool: float | None, limits: Limits
+    reads: Reads, unit_cache: list[float] | FloatArray, pool: float | None, limits: Limits
 ) -> Steady:
     """equal_share_perf, _start and (with `pool`, the capacity of the one pool every
     unit draws from) gavel.maxmin; unit_cache: each unit's equal cache (keys' order)."""
-    e = equal_share_perf(reads, limits.total_gpus, limits.remote_io, np.array(unit_cache))
+    e = equal_share_perf(reads, limits.total_gpus, limits.remote_io, np.asarray(unit_cache))
     arrays = job_arrays(reads, e, limits)
     if pool is None:
         return Steady(e.tolist(), arrays)
