@@ -79,7 +79,11 @@ ClientFactory = Callable[[NodeConfig], NodeClient]
 # controller.pem, controller.key and ca.pem (`silofs-ctl certs init`), used when
 # --socket is a tls:// address.
 TLS_DIR_ENV = "SILOFS_CTL_TLS"
-SOCKET_HELP = "The node daemon's control socket, or tls://HOST:PORT (certs: $SILOFS_CTL_TLS)."
+SOCKET_HELP = (
+    "The node daemon's control socket, or tls://HOST:PORT (certs: $SILOFS_CTL_TLS); default: "
+    "$SILOFS_SOCKET, else root's /run/silofs/control.sock, a user's "
+    "$XDG_RUNTIME_DIR/silofs/control.sock or /tmp/silofs-UID/silofs/control.sock."
+)
 
 
 def one_node_client(address: str, timeout: float = 10.0) -> Any:
