@@ -62,3 +62,13 @@ def test_socket_help_names_the_defaults() -> None:
 def test_silofs_help_states_exit_status() -> None:
     out = CliRunner().invoke(silofs_main, ["--help"])
     assert "Exit status" in out.output and "130" in out.output
+
+
+def test_simulate_help_example_names_a_shipped_scenario() -> None:
+    """The example a newcomer copies from `silofs-ctl simulate --help` exists."""
+    import re
+    from pathlib import Path
+
+    out = CliRunner().invoke(ctl_main, ["simulate", "--help"]).output
+    (example,) = re.findall(r"configs/scenarios/[\w.-]+\.toml", out)
+    assert (Path(__file__).resolve().parents[2] / example).is_file(), example
