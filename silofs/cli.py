@@ -158,7 +158,12 @@ class OneLineGroup(click.Group):
         sys.exit(rc if isinstance(rc, int) else 0)
 
 
-@click.group(cls=OneLineGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(
+    cls=OneLineGroup,
+    context_settings={"help_option_names": ["-h", "--help"]},
+    epilog="Exit status: 0 done; 1 what was asked failed; 2 what was typed is wrong (an "
+    "option, a size, a rate, a URI's form); 130 interrupted.",
+)
 @click.version_option(package_name="silofs", message="silofs %(version)s")
 def main() -> None:
     """silofs: mount a bucket read-only, served from a local-SSD cache."""
@@ -176,27 +181,55 @@ socket_option = click.option(
     "--socket",
     default=None,
     envvar="SILOFS_SOCKET",
-    help="Control socket of the node daemon.",
+    help="Control socket of the node daemon (default: $SILOFS_SOCKET, else root's "
+    "/run/silofs/control.sock, a user's $XDG_RUNTIME_DIR/silofs/control.sock or "
+    "/tmp/silofs-UID/silofs/control.sock).",
     callback=_socket,
 )
 
 
 # -- daemon ----------------------------------------------------------------------------
 @main.group(invoke_without_command=True)
-@click.option("--config", "config_file", type=click.Path(), help="TOML settings (configs/).")
-@socket_option
-@click.option("--cache-dir", default=None, help="Directory of the LMDB cache.")
-@click.option("--cache-size", default=None, callback=_size, help="Cache budget, e.g. 500G.")
-@click.option("--chunk-size", default=None, callback=_size, help="Default chunk size.")
-@click.option("--endpoint-url", default=None, help="Default store endpoint.")
-@click.option("--log-level", default=None, help="debug, info, warning, error.")
-@click.option("--debug", is_flag=True, help="Same as --log-level debug.")
-@click.option("--log-file", default=None, help="Log here (reopened after logrotate/SIGHUP).")
-@click.option("--log-format", type=click.Choice(LOG_FORMATS), default=None, help="text or json.")
 @click.option(
-    "--idle-exit", type=float, help="Exit SECONDS after the last mount (not under systemd)."
+    "--config",
+    "config_file",
+    type=click.Path(),
+    help="TOML settings (configs/silofs.toml; default: none, built-in settings).",
 )
-@click.option("--metrics-address", help="Also serve GET /metrics over TCP, e.g. 127.0.0.1:9464.")
+@socket_option
+@click.option(
+    "--cache-dir",
+    default=None,
+    help="Directory of the LMDB cache (default: /var/cache/silofs for root, else ~/.cache/silofs).",
+)
+@click.option(
+    "--cache-size",
+    default=None,
+    callback=_size,
+    help="Cache budget, e.g. 500G (default: 10G, or half the free disk if less).",
+)
+@click.option("--chunk-size", default=None, callback=_size, help="Default chunk size (default 4M).")
+@click.option("--endpoint-url", default=None, help="Default store endpoint.")
+@click.option("--log-level", default=None, help="debug, info, warning, error (default: info).")
+@click.option("--debug", is_flag=True, help="Same as --log-level debug.")
+@click.option(
+    "--log-file",
+    default=None,
+    help="Log here, reopened after logrotate/SIGHUP (default: stderr; a daemon `silofs "
+    "mount` started: syslog, else ~/.local/state/silofs, root's /var/log/silofs).",
+)
+@click.option(
+    "--log-format", type=click.Choice(LOG_FORMATS), default=None, help="text (default) or json."
+)
+@click.option(
+    "--idle-exit",
+    type=float,
+    help="Exit SECONDS after the last mount (not under systemd; default: never).",
+)
+@click.option(
+    "--metrics-address",
+    help="Also serve GET /metrics over TCP, e.g. 127.0.0.1:9464 (default: off).",
+)
 @click.option("--started-by", type=click.Choice(["manual", "auto"]), default="manual", hidden=True)
 @click.pass_context
 @one_line_errors
@@ -606,12 +639,18 @@ def _ttl(_ctx: click.Context, _param: click.Parameter, value: str) -> float | No
     "and a short hash of its absolute path, e.g. data-1a2b3c.",
 )
 @socket_option
-@click.option("--cache-dir", default=None, help="Cache dir, if this starts the daemon.")
+@click.option(
+    "--cache-dir",
+    default=None,
+    help="Cache dir, if this starts the daemon (default: /var/cache/silofs for root, "
+    "else ~/.cache/silofs).",
+)
 @click.option(
     "--cache-size",
     default=None,
     callback=_size,
-    help="Cache budget, if this starts the daemon (e.g. 100G).",
+    help="Cache budget, if this starts the daemon, e.g. 100G (default: 10G, or half the "
+    "free disk if less).",
 )
 @click.option("--chunk-size", default=None, callback=_size, help="Chunk size (default 4M).")
 @click.option(
@@ -623,7 +662,8 @@ def _ttl(_ctx: click.Context, _param: click.Parameter, value: str) -> float | No
     "--io-limit",
     default=None,
     callback=_rate,
-    help="Initial remote IO allocation of the job, e.g. 200MB/s.",
+    help="Initial remote IO allocation of the job, e.g. 200MB/s (default: the job's "
+    "allocation, unlimited when it has none).",
 )
 @click.option(
     "--admission",
@@ -694,12 +734,17 @@ def _ttl(_ctx: click.Context, _param: click.Parameter, value: str) -> float | No
     default=None,
     help="Log file of the mount process (default: syslog/the journal when there is one).",
 )
-@click.option("--log-format", type=click.Choice(LOG_FORMATS), default="text", help="text or json.")
+@click.option("--log-format", type=click.Choice(LOG_FORMATS), default="text", show_default=True,
+              help="text or json.")  # fmt: skip
 @click.option("--uid", type=_ID, default=None, help="Owner of files (default: you).")
 @click.option("--gid", type=_ID, default=None, help="Group of files (default: yours).")
-@click.option("--file-mode", default="0444", callback=_octal, help="Mode of files.")
-@click.option("--dir-mode", default="0555", callback=_octal, help="Mode of directories.")
-@click.option("--log-level", default="info")
+@click.option(
+    "--file-mode", default="0444", show_default=True, callback=_octal, help="Mode of files."
+)
+@click.option(
+    "--dir-mode", default="0555", show_default=True, callback=_octal, help="Mode of directories."
+)
+@click.option("--log-level", default="info", show_default=True, help="debug, info, warning, error.")
 @one_line_errors
 def mount(
     uri: str,
@@ -1015,7 +1060,8 @@ def unmount(mountpoint: str, socket: str | None, lazy: bool) -> None:
     "--dir",
     "directory",
     default=None,
-    help="The job's mount directory: every mount at or under it is the job's.",
+    help="The job's mount directory: every mount at or under it is the job's (default: "
+    "none; only the daemon's mounts of JOB).",
 )
 @socket_option
 @one_line_errors
@@ -1045,14 +1091,17 @@ def end_job(job: str, directory: str | None, socket: str | None) -> None:
 @click.option(
     "--paths",
     multiple=True,
-    help="Only objects whose key matches this glob (repeatable; `*` also matches /).",
+    help="Only objects whose key matches this glob (repeatable; `*` also matches /; "
+    "default: every object).",
 )
 @click.option(
     "--job",
     default=None,
     help="Job whose remote IO allocation pays (default: the mount's job; for a URI: warm).",
 )
-@click.option("--chunk-size", default=None, callback=_size, help="For a URI: chunk size.")
+@click.option(
+    "--chunk-size", default=None, callback=_size, help="For a URI: chunk size (default 4M)."
+)
 @socket_option
 @one_line_errors
 def warm(

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
+import pwd
 import subprocess
 import time
 from dataclasses import dataclass
@@ -87,7 +88,12 @@ def unmount(mountpoint: str, socket: str, lazy: bool) -> Outcome:
     if res.returncode != 0:
         reason = (res.stderr.strip().splitlines() or ["fusermount3 failed"])[-1]
         inner = _mounts_inside(path)
-        if not lazy and "busy" in reason.lower() and inner:
+        owner = entry.owner if (entry := silofs_mounts().get(path)) else None
+        if owner is not None and os.geteuid() not in (0, owner):
+            # fusermount3 says "entry ... not found in /etc/mtab" (its own table of a
+            # user's mounts), which a user who sees the mount in `mount` cannot act on.
+            reason = f"it is {_user(owner)}'s mount: only that user or root may unmount it"
+        elif not lazy and "busy" in reason.lower() and inner:
             # A mount inside it holds it, not open files: closing files would not help.
             reason += (
                 f" ({inner[0]} is mounted inside it: unmount that first, or "
@@ -103,6 +109,14 @@ def unmount(mountpoint: str, socket: str, lazy: bool) -> Outcome:
     while pid and time.monotonic() < deadline and pid_alive(pid):
         time.sleep(0.05)
     return Outcome(path, pid, ended=not (pid and pid_alive(pid)))
+
+
+def _user(uid: int) -> str:
+    """`uid 1008 (alice)`, or `uid 1008` when it has no name here."""
+    try:
+        return f"uid {uid} ({pwd.getpwuid(uid).pw_name})"
+    except KeyError:
+        return f"uid {uid}"
 
 
 def _mounts_inside(path: str) -> list[str]:

@@ -39,8 +39,9 @@
 # store that refuses): the prolog unmounts what it mounted, cancels the job with the
 # reason (scancel, the reason in the job's AdminComment and the log) and exits 0, so one
 # user's comment can never drain a node. Anything else (the daemon does not answer, the
-# mount root cannot be made, registration fails) is the node's: 1 after unmounting what
-# it mounted, and Slurm requeues the job held and drains the node, for a person to look.
+# mount root cannot be made, the job's user cannot run $SILOFS, registration fails) is
+# the node's: 1 after unmounting what it mounted, and Slurm requeues the job held and
+# drains the node, for a person to look.
 set -u -o pipefail
 
 ENV_FILE=${SILOFS_SLURM_ENV:-/etc/silofs/slurm.env}
@@ -174,6 +175,13 @@ for uri in "${DATASETS[@]}"; do
     fi
     if ! out=$(cd / && "${cmd[@]}" 2>&1); then
         rmdir "$mp" 2>/dev/null
+        # A silofs the job's user cannot run at all (a venv of a python under /root,
+        # a venv not readable by all) fails every job: the node's, not this job's.
+        # Asked only after a failure, so a job that mounts pays nothing for it.
+        if [ "$AS_USER" = 1 ] &&
+            ! (cd / && runuser -u "$JOB_USER" -- "$SILOFS" --version >/dev/null 2>&1); then
+            fail "the job's user $JOB_USER cannot run $SILOFS ($out): install silofs readable by every user, from a python outside /root (README \"Under Slurm\", step 1)"
+        fi
         refuse "mount $uri at $mp: $out"
     fi
     MOUNTED+=("$mp")

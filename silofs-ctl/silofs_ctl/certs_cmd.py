@@ -254,7 +254,8 @@ def certs() -> None:
 @certs.command("init")
 @click.argument("directory")
 @click.option("--controller", default=CONTROLLER, show_default=True, help="The client name.")
-@click.option("--days", default=825, show_default=True, type=click.IntRange(1, 3650))
+@click.option("--days", default=825, show_default=True, type=click.IntRange(1, 3650),
+              help="Days the certificates are valid.")  # fmt: skip
 @click.option("--force", is_flag=True, help="Replace an existing CA (every node must be redone).")
 def init_cmd(directory: str, controller: str, days: int, force: bool) -> None:
     """Create DIRECTORY/ca.pem + ca.key and the controller's client certificate."""
@@ -280,9 +281,11 @@ def init_cmd(directory: str, controller: str, days: int, force: bool) -> None:
     "addresses",
     multiple=True,
     help="Another host name or IP address the controller and the other members reach the "
-    "node at (repeatable): the host of its tls:// member address must be among them.",
+    "node at (repeatable): the host of its tls:// member address must be among them "
+    "(default: none; NAME alone).",
 )
-@click.option("--days", default=825, show_default=True, type=click.IntRange(1, 3650))
+@click.option("--days", default=825, show_default=True, type=click.IntRange(1, 3650),
+              help="Days the certificate is valid.")  # fmt: skip
 def node_cmd(directory: str, name: str, addresses: tuple[str, ...], days: int) -> None:
     """Create DIRECTORY/NAME.pem + NAME.key: a node daemon's certificate (its TLS
     listener's, and its own when it asks the other members of its cluster)."""

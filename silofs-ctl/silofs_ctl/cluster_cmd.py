@@ -96,12 +96,15 @@ def cluster() -> None:
               "comma-separated). Default: every member, over TLS with the controller's "
               "certificate in $SILOFS_CTL_TLS.")  # fmt: skip
 @click.option("--members", "members", multiple=True,
-              help="A member, tls://HOST:PORT (repeatable or comma-separated).")  # fmt: skip
+              help="A member, tls://HOST:PORT (repeatable or comma-separated; "
+                   "default: none, give it or --from-slurm).")  # fmt: skip
 @click.option("--from-slurm", is_flag=True, help="The members are the nodes Slurm reports.")
 @click.option("--port", default=DEFAULT_PORT, show_default=True, type=click.IntRange(1, 65535),
               help="With --from-slurm: the members' TLS port.")  # fmt: skip
 @click.option("--name", default=None, help="The cluster's name (default: the nodes' current).")
-@click.option("--weight", "weights", multiple=True, help="ADDRESS=WEIGHT (repeatable).")
+@click.option(
+    "--weight", "weights", multiple=True, help="ADDRESS=WEIGHT (repeatable; default: 1 each)."
+)
 @click.option("--version", "version", type=click.IntRange(0), default=None,
               help="The list's version (default: now, in microseconds).")  # fmt: skip
 def set_cmd(

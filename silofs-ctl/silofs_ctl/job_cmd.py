@@ -32,12 +32,20 @@ def job() -> None:
 @job.command("register")
 @click.argument("name")
 @click.option("--gpus", type=click.IntRange(0, 1 << 16), required=True, help="GPUs of the job.")
-@click.option("--dataset", "datasets", multiple=True, help="A dataset URI it reads (repeat).")
-@click.option("--ideal-io", default=None, help="f*: bytes/s when IO is no bottleneck (1GB/s).")
-@click.option("--epochs", type=float, default=None, help="Epochs it will run in total.")
-@click.option("--scheduler", default=None, help="Who scheduled it, e.g. slurm.")
-@click.option("--scheduler-id", default=None, help="The scheduler's id for it.")
-@click.option("--node", "nodes", multiple=True, help="A node of the job (repeat).")
+@click.option(
+    "--dataset", "datasets", multiple=True, help="A dataset URI it reads (repeat; default: none)."
+)
+@click.option(
+    "--ideal-io",
+    default=None,
+    help="f*: bytes/s when IO is no bottleneck (1GB/s; default: the controller measures it).",
+)
+@click.option(
+    "--epochs", type=float, default=None, help="Epochs it will run in total (default: unknown)."
+)
+@click.option("--scheduler", default=None, help="Who scheduled it, e.g. slurm (default: none).")
+@click.option("--scheduler-id", default=None, help="The scheduler's id for it (default: none).")
+@click.option("--node", "nodes", multiple=True, help="A node of the job (repeat; default: none).")
 @socket_option
 def register(
     name: str,

@@ -446,7 +446,12 @@ def admission(dataset: str, mode: str, create: bool, socket: str | None) -> None
 
 @click.command()
 @click.argument("dataset")
-@click.option("--wait/--no-wait", default=True, help="Wait until the new listing is served.")
+@click.option(
+    "--wait/--no-wait",
+    default=True,
+    show_default=True,
+    help="Wait until the new listing is served.",
+)
 @socket_option
 def refresh(dataset: str, wait: bool, socket: str | None) -> None:
     """List DATASET again and swap the listing under its mounts, without remounting.

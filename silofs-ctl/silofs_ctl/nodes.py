@@ -10,6 +10,7 @@ decides what to ask for, retries, or lets a failure escape as anything but NodeE
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -79,7 +80,11 @@ ClientFactory = Callable[[NodeConfig], NodeClient]
 # controller.pem, controller.key and ca.pem (`silofs-ctl certs init`), used when
 # --socket is a tls:// address.
 TLS_DIR_ENV = "SILOFS_CTL_TLS"
-SOCKET_HELP = "The node daemon's control socket, or tls://HOST:PORT (certs: $SILOFS_CTL_TLS)."
+SOCKET_HELP = (
+    "The node daemon's control socket, or tls://HOST:PORT (certs: $SILOFS_CTL_TLS); default: "
+    "$SILOFS_SOCKET, else root's /run/silofs/control.sock, a user's "
+    "$XDG_RUNTIME_DIR/silofs/control.sock or /tmp/silofs-UID/silofs/control.sock."
+)
 
 
 def one_node_client(address: str, timeout: float = 10.0) -> Any:
@@ -134,6 +139,10 @@ def socket_clients(config: ControllerConfig) -> ClientFactory:
             context = client_tls_context(config.tls.cert, config.tls.key, config.tls.ca)
         except (OSError, ssl.SSLError) as exc:
             reason = tls_files_problem(config.tls.cert, config.tls.key, config.tls.ca, exc)
+            if isinstance(exc, FileNotFoundError):
+                # Not made yet (the shipped controller.toml names pki/ files): say how.
+                made_by = os.path.dirname(config.tls.cert) or "."
+                reason += f" (make them with `silofs-ctl certs init {made_by}`)"
             raise ConfigError(
                 f"[tls]: cannot load {config.tls.cert}, {config.tls.key} or {config.tls.ca}: "
                 f"{reason}"

@@ -99,7 +99,8 @@ def simulate_cmd(
 
     Prints each job's completion time (JCT), hit ratio and fairness ratio (its work over
     what the equal share of the cluster would have done in its lifetime), the average
-    JCT, the makespan and the average fairness.
+    JCT, the makespan and the average fairness. The checkout's configs/scenarios/ has
+    examples: `silofs-ctl simulate configs/scenarios/single-job.toml`.
     """
     if math.isnan(interval):
         # FloatRange(min=1) lets nan through (every comparison with it is false): the

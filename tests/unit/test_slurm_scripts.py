@@ -212,3 +212,42 @@ def test_a_registration_refused_for_the_comments_values_cancels_the_job_not_the_
     else:
         assert res.returncode == 1
         assert not any(ln.startswith(("scancel", "scontrol update")) for ln in lines)
+
+
+@pytest.mark.parametrize("user_runs_silofs", [True, False])
+def test_a_silofs_the_jobs_user_cannot_run_is_the_nodes_failure(
+    site: dict[str, Path], user_runs_silofs: bool
+) -> None:
+    """A venv made with a python3 under /root (pyenv: root's PATH on some hosts; the
+    README once said `python3 -m venv`) runs for root but for no job user: every mount
+    as the user failed with "env: '/opt/silofs/bin/silofs': Permission denied", and the
+    prolog took it for the job's dataset and cancelled every job, keeping the broken
+    node in service. A silofs the job's user cannot run is the node's: exit 1 (Slurm
+    drains it) with a line naming the fix, no scancel. A user who can run it and whose
+    mount is refused is still the job's (cancelled, exit 0)."""
+    for name in ("scancel", "scontrol"):
+        _stand_in(site, name, "exit 0")
+    # runuser -u USER -- [env VAR=..] CMD ...: the user's own run of silofs.
+    denied = "echo \"env: '/opt/silofs/bin/silofs': Permission denied\" >&2; exit 126"
+    refused = 'case "$*" in *--version*) exit 0 ;; esac\n'
+    refused += 'echo "silofs: error: a15 may not read /secret" >&2; exit 1'
+    _stand_in(site, "runuser", refused if user_runs_silofs else denied)
+    res = _with_bin(
+        site,
+        SLURM_JOB_ID="9",
+        SLURM_JOB_UID=str(os.getuid() or 4242),
+        SLURM_JOB_USER="a15",
+        SLURM_JOB_COMMENT="silofs=/secret",
+    )
+    lines = site["record"].read_text().splitlines()
+    log = site["tmp"].joinpath("log").read_text()
+    (failed,) = [ln for ln in log.splitlines() if "FAILED" in ln]
+    assert not (site["root"] / "9").exists()
+    if user_runs_silofs:
+        assert res.returncode == 0, res.stderr
+        assert "scancel 9" in lines and "may not read /secret" in failed
+    else:
+        assert res.returncode == 1, res.stderr
+        assert not any(ln.startswith(("scancel", "scontrol update")) for ln in lines)
+        assert "user a15 cannot run" in failed and "readable by every user" in failed
+        assert res.stderr.count("\n") == 1 and "cannot run" in res.stderr

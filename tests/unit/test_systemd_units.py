@@ -8,6 +8,7 @@ import shlex
 from pathlib import Path
 
 import click
+import pytest
 
 from silofs.cli import main
 
@@ -55,10 +56,10 @@ def test_a_mount_units_commands_are_ones_silofs_takes() -> None:
 REPO = UNITS.parent
 
 
-def _readme_install_block() -> list[str]:
-    """The commands of the first ```sh block under README's "As services"."""
+def _readme_install_block(heading: str = "### As services") -> list[str]:
+    """The commands of the first ```sh block under README's `heading`."""
     text = (REPO / "README.md").read_text()
-    section = text[text.index("### As services") :]
+    section = text[text.index(heading) :]
     section = section[: section.index("\n### ", 1)]
     block = section[section.index("```sh\n") + 6 :]
     block = block[: block.index("```")]
@@ -113,3 +114,13 @@ def test_the_documented_install_makes_every_path_the_units_name() -> None:
         ]
         missing = [p for p in needed if p not in made]
         assert not missing, f"{name} names {missing}, which README's install never makes"
+
+
+@pytest.mark.parametrize("heading", ["### As services", "### Under Slurm"])
+def test_the_system_venv_is_made_from_the_systems_python(heading: str) -> None:
+    """The venv every user's mounts run (the units', the Slurm prolog's) is made from
+    Debian's /usr/bin/python3, the one the block's apt-get line gives python3-venv to:
+    `python3` is whatever root's PATH names first, e.g. a pyenv under /root, which no
+    job user may run; a venv of it failed every job's mount with "Permission denied"."""
+    venvs = [c for c in _readme_install_block(heading) if "-m venv /opt/silofs" in c]
+    assert venvs and all(c.split()[0] == "/usr/bin/python3" for c in venvs), venvs
