@@ -1,12 +1,15 @@
-"""Gavel's SiloD plan (gavel.py) as array operations, for the many jobs of a large cluster.
+"""Gavel's SiloD plan (gavel.py) as array operations, for the many jobs of a large cluster;
+and its vanilla plan where the closed form is not taken (the simulator's LRU).
 
 Owns: the jobs and their reads as arrays; the equal share (estimator.equal_share_perf
-with SiloD's estimator); where progressive filling starts (gavel._start); the filling
-(gavel._fill) with either IO model, the steady state's knapsack over one pool
-(gavel._Loads) or the hits now (gavel._FixedHits); and what GavelPolicy.allocate makes
-of the rates (shares, leftover GPUs, IO, leftover link): the same float arithmetic as
-those, to the bit. Never: decides when the array form is used (gavel.py does, and keeps
-the loops for few jobs and several pools), or reads a Job (gavel.py hands it columns).
+with SiloD's estimator, and with ComputeEstimator for the vanilla plan); where
+progressive filling starts (gavel._start); the filling (gavel._fill) with either IO
+model, the steady state's knapsack over one pool (gavel._Loads) or the hits now
+(gavel._FixedHits), or with IO not planned (the vanilla plan); and what
+GavelPolicy.allocate makes of the rates (shares, leftover GPUs, IO, leftover link):
+the same float arithmetic as those, to the bit. Never: decides when the array form is
+used (gavel.py does, and keeps the loops for few jobs and several pools), or reads a Job
+(gavel.py hands it columns).
 
 Exactness. Elementwise +, -, *, /, min and max of float64 arrays are the IEEE operations
 Python's floats make. Sums are not: np.sum adds pairwise. Every sum here that the Python
