@@ -462,17 +462,18 @@ class Simulation:
         """Datasets whose holding still grows towards its target: their readers' hit
         ratios moved since they were last rated (an epoch end looks; a reader also looks
         at each of its own events)."""
-        units, pool, now = self.units, self.pool, self.clock.now
+        units, pool, now, touched = self.units, self.pool, self.clock.now, self.touched
         for dataset in list(pool.growing):
             if units.inflow.get(dataset, 0.0) <= 0:
                 continue  # nothing fetched into it now: its holding stays
             units.sync(dataset, now)
             if pool.resident.get(dataset, 0.0) >= pool.target.get(dataset, 0.0):
                 pool.growing.pop(dataset, None)
+            # (under LRU a job's unit is its dataset: its readers all find this holding)
+            held = pool.held(dataset)
             for other in self.readers.get(dataset, ()):
-                if other.share > 0 and other.epochs_done > 0:
-                    if other.lru_held != pool.held(other.spec.dataset):
-                        self.touched[other.name] = other
+                if other.share > 0 and other.epochs_done > 0 and other.lru_held != held:
+                    touched[other.name] = other
 
     # ------------------------------------------------------------------ rates
 

@@ -333,6 +333,51 @@ def test_the_array_form_of_a_plan_for_the_hits_now_is_the_loops_to_the_bit(
         assert out[0] == out[1]
 
 
+@pytest.mark.parametrize("n_jobs", [8, 40, 300])
+def test_the_array_form_of_the_vanilla_plan_is_the_loops_to_the_bit(
+    n_jobs: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Gavel's vanilla form without its closed form (the simulator's Alluxio runs) is
+    solved with array operations from ARRAYS_FROM jobs on: every share, rate and e, and
+    the level, must be the same floats in the same order as the loops give, whether the
+    GPUs or the jobs' ceilings bind, with jobs without f*, without GPUs, and many equal
+    ceilings (a job's ceiling is a function of its GPU count: ties go by name)."""
+    from dataclasses import replace
+
+    from silofs_ctl.estimator import ComputeEstimator
+    from silofs_ctl.policies import gavel
+
+    rng = random.Random(n_jobs + 11)
+    for trial in range(24):
+        jobs, cluster = large_instance(max(n_jobs, 10), rng.randrange(10**6))
+        views = []
+        for job in jobs[:n_jobs]:
+            f_star = 0.0 if rng.random() < 0.05 else job.f_star
+            gpus = 0 if rng.random() < 0.03 else job.gpus
+            views.append(replace(job, f_star=f_star, gpus=gpus))
+        total = max(1, int(sum(j.gpus for j in views) * rng.choice([0.05, 0.4, 0.9, 1.0, 3.0])))
+        cluster = replace(cluster, node_gpus={"all": total}, remote_io=[1e3, math.inf][trial % 2])
+        out = []
+        for first in (10**9, 0):
+            monkeypatch.setattr(gavel, "ARRAYS_FROM", first)
+            policy = gavel.GavelPolicy(closed_form=False)
+            alloc = policy.allocate(views, cluster, ComputeEstimator())
+            assert policy._steady is not None
+            steady = policy._steady
+            out.append(
+                (
+                    list(alloc.gpu_share.items()),
+                    alloc.cache,
+                    alloc.io,
+                    list(steady.e.items()),
+                    sorted(steady.plan.rates.items()),
+                    steady.plan.level,
+                )
+            )
+        assert out[0] == out[1]
+        assert 0 < sum(share > 0 for _, share in out[0][0])
+
+
 def test_the_array_form_groups_ceilings_as_the_search_does() -> None:
     """gavel_arrays._groups takes runs of equal ceilings as the groups unless some
     ceiling lies within the tolerance above a smaller one; either way its groups must

@@ -877,6 +877,8 @@ class GavelPolicy:
         # read them; a list of ~1,100 made per use cost ~1% of a run)
         names = list(map(_NAME, jobs))
         steady = self._steady_plan(jobs, names, cluster, estimator)
+        if steady.shares is not None:  # (the vanilla form, solved as arrays)
+            return Allocation(cache={}, gpu_share=dict(zip(names, steady.shares, strict=True)))
         e, plan, start = steady.e, steady.plan, steady.start
         alloc = Allocation(cache=dict(plan.cache) if estimator.io_aware else {})
         if estimator.io_aware and steady.arrays is not None:
@@ -933,14 +935,18 @@ class GavelPolicy:
                 return last
         start: _Start | None = None
         arrays: ga.JobArrays | None = None
+        shares: list[float] | None = None
         seen_jobs = _JobsSeen.of(jobs, names)
         if type(estimator) is SiloDEstimator and len(jobs) >= ARRAYS_FROM:
             e, plan, arrays = _steady_arrays(jobs, seen_jobs, cluster)
+        elif type(estimator) is ComputeEstimator and len(jobs) >= ARRAYS_FROM:
+            e, plan, shares = _vanilla_arrays(seen_jobs, cluster)
         else:
             e = equal_share_perf(jobs, cluster, estimator)
             start = _start(jobs, cluster, e)
             plan = maxmin(jobs, cluster, e, io_aware=estimator.io_aware, start=start)
-        self._steady = _Steady(seen_jobs, type(estimator), cluster, e, plan, start, arrays)
+        self._steady = _Steady(seen_jobs, type(estimator), cluster, e, plan, start, arrays,
+                               shares)  # fmt: skip
         return self._steady
 
 
@@ -948,6 +954,7 @@ class GavelPolicy:
 # plan then pays some 250 us of numpy calls whatever its size; the loops cost about 6 us
 # a job. On instances like tests/unit/test_ctl_maxmin_lp.py's large_instance (one pool,
 # a third of the plans of new jobs) the two cross at about 70 jobs: below, the loops.
+# The vanilla form without its closed form (the simulator's LRU) takes the same bar.
 ARRAYS_FROM = 80
 
 
@@ -998,6 +1005,20 @@ def _steady_arrays(
         return e, maxmin(jobs, cluster, e), steady.arrays
     rates = dict(zip(names, steady.rates, strict=True))
     return e, MaxMin(steady.level, rates, dict(steady.cache)), steady.arrays
+
+
+def _vanilla_arrays(
+    seen: _JobsSeen, cluster: Cluster
+) -> tuple[dict[str, float], MaxMin, list[float]]:
+    """equal_share_perf (ComputeEstimator), _start and maxmin with io_aware False as
+    array operations (gavel_arrays.vanilla): the same e, rates and level, and the GPU
+    shares allocate makes of the rates (min(1, rate / f*)), in the jobs' order."""
+    from . import gavel_arrays as ga
+
+    names = seen.names
+    plan = ga.vanilla(names, seen.f_stars, seen.gpus, _limits(cluster))
+    rates = dict(zip(names, plan.rates, strict=True))
+    return dict(zip(names, plan.e, strict=True)), MaxMin(plan.level, rates, {}), plan.shares
 
 
 def _one_pool(keys: Sequence[str], cluster: Cluster) -> float | None:
@@ -1062,6 +1083,9 @@ class _Steady:
     plan: MaxMin
     start: _Start | None  # (None: solved as array operations, which start from arrays)
     arrays: ga.JobArrays | None = None  # the jobs as gavel_arrays reads them, when it does
+    # The vanilla form's GPU shares in the jobs' order, when solved as arrays (they
+    # depend on the steady plan's rates alone)
+    shares: list[float] | None = None
 
 
 def vanilla_shares(jobs: Sequence[Job], total_gpus: float) -> dict[str, float]:

@@ -1,12 +1,15 @@
-"""Gavel's SiloD plan (gavel.py) as array operations, for the many jobs of a large cluster.
+"""Gavel's SiloD plan (gavel.py) as array operations, for the many jobs of a large cluster;
+and its vanilla plan where the closed form is not taken (the simulator's LRU).
 
 Owns: the jobs and their reads as arrays; the equal share (estimator.equal_share_perf
-with SiloD's estimator); where progressive filling starts (gavel._start); the filling
-(gavel._fill) with either IO model, the steady state's knapsack over one pool
-(gavel._Loads) or the hits now (gavel._FixedHits); and what GavelPolicy.allocate makes
-of the rates (shares, leftover GPUs, IO, leftover link): the same float arithmetic as
-those, to the bit. Never: decides when the array form is used (gavel.py does, and keeps
-the loops for few jobs and several pools), or reads a Job (gavel.py hands it columns).
+with SiloD's estimator, and with ComputeEstimator for the vanilla plan); where
+progressive filling starts (gavel._start); the filling (gavel._fill) with either IO
+model, the steady state's knapsack over one pool (gavel._Loads) or the hits now
+(gavel._FixedHits), or with IO not planned (the vanilla plan); and what
+GavelPolicy.allocate makes of the rates (shares, leftover GPUs, IO, leftover link):
+the same float arithmetic as those, to the bit. Never: decides when the array form is
+used (gavel.py does, and keeps the loops for few jobs and several pools), or reads a Job
+(gavel.py hands it columns).
 
 Exactness. Elementwise +, -, *, /, min and max of float64 arrays are the IEEE operations
 Python's floats make. Sums are not: np.sum adds pairwise. Every sum here that the Python
@@ -288,8 +291,24 @@ def _gpu_rounds(
     return int(bad[0]) if len(bad) else len(levels)
 
 
-IOModel = FixedHitsIO | KnapsackIO
-Loads = FixedHitsLoads | KnapsackLoads
+class UnplannedIO:
+    """The vanilla form's IO (gavel._fill with no IO model): not planned, so it never
+    binds. fill() is then given limits with an infinite link, which skips the IO
+    search as gavel._cap_rounds does without a model."""
+
+    def loads(self, rate: FloatArray, done: FloatArray) -> UnplannedIO:
+        return self
+
+    def limit(self, start: float, limits: Limits) -> float:
+        return math.inf
+
+    def hits(self, lam: float) -> FloatArray:
+        # (_binding reads hits only when IO binds, which it never does here)
+        raise AssertionError("unplanned IO has no hit ratios")
+
+
+IOModel = FixedHitsIO | KnapsackIO | UnplannedIO
+Loads = FixedHitsLoads | KnapsackLoads | UnplannedIO
 
 
 @dataclass
@@ -564,19 +583,28 @@ def equal_unit_cache(reads: Reads, capacity: float) -> FloatArray:
 def job_arrays(reads: Reads, e: FloatArray, limits: Limits) -> JobArrays:
     """gavel._start as arrays: the jobs that never run, the others in ascending ceiling
     (ties by name), the first round's ceiling groups and how many the GPUs allow."""
-    f_star = reads.f_star
+    sizes = reads.unit_size[reads.r_unit[reads.first_read]]
+    return _start(reads.names, reads.f_star, reads.gpus, sizes, e, limits)
+
+
+def _start(
+    names: list[str], f_star: FloatArray, gpus: FloatArray, sizes: FloatArray, e: FloatArray,
+    limits: Limits,
+) -> JobArrays:  # fmt: skip
+    """job_arrays of the jobs' columns; sizes: each job's first read's unit size (read
+    only by the plan for the hits now)."""
     live = ((e > 0) & (f_star > 0)).nonzero()[0]
     caps = f_star[live] / e[live]
     order = caps.argsort(kind="stable")
     if (caps[order][1:] == caps[order][:-1]).any():
         # equal ceilings go by name (numpy orders str as Python does, by code point)
-        order = np.lexsort((np.array(reads.names)[live], caps))
+        order = np.lexsort((np.array(names)[live], caps))
     free, caps = live[order], caps[order]
     zero = np.ones(len(e), dtype=bool)
     zero[live] = False
     levels, ends = _groups(caps, limits.tol)
     arrays = JobArrays(
-        e=e, f_star=f_star, gpus=reads.gpus, sizes=reads.unit_size[reads.r_unit[reads.first_read]],
+        e=e, f_star=f_star, gpus=gpus, sizes=sizes,
         zero=zero, free=free, caps=caps, levels=levels, ends=ends, gpu_top=0, gpu_base=(0.0, 0.0),
     )  # fmt: skip
     arrays.gpu_base = _gpu_base(arrays, free, np.zeros(len(e)), zero)
@@ -627,3 +655,39 @@ def steady_state(
     units, takes = io.loads(filled.rate, np.ones(len(e), dtype=bool)).cache(0.0)
     cache = list(zip(map(keys.__getitem__, units.tolist()), takes.tolist(), strict=True))
     return Steady(e.tolist(), arrays, filled.rate.tolist(), filled.level, cache)
+
+
+@dataclass
+class Vanilla:
+    """The vanilla form's plan (maxmin with no IO model, from e = equal_share_perf with
+    ComputeEstimator): e, each job's rate and GPU share (min(1, rate / f*), 0.0 without
+    f*), in the jobs' order, and the level of its first round."""
+
+    e: list[float]
+    rates: list[float]
+    shares: list[float]
+    level: float
+
+
+def vanilla(
+    names: list[str], f_star: list[float], gpus: list[int], limits: Limits
+) -> Vanilla:  # fmt: skip
+    """estimator.equal_share_perf (ComputeEstimator), gavel._start, gavel.maxmin with
+    io_aware False and GavelPolicy.allocate's shares from its rates, to the bit. The
+    link in `limits` is not read (IO is not planned)."""
+    n = len(names)
+    f = np.array(f_star, dtype=float)
+    g = np.array(gpus, dtype=float)
+    # e: min(1, (G / n) / gpus) * f* (1.0 * f* without GPUs)
+    per_job = limits.total_gpus / n if n else 0.0
+    with np.errstate(divide="ignore", invalid="ignore"):
+        share = per_job / g
+    e = np.where(g > 0, np.where(share < 1.0, share, 1.0), 1.0) * f
+    unplanned = Limits(limits.total_gpus, math.inf, limits.tol, limits.margin)
+    arrays = _start(names, f, g, np.zeros(0), e, unplanned)
+    filled = fill(arrays, UnplannedIO(), unplanned)
+    rate = filled.rate
+    with np.errstate(divide="ignore", invalid="ignore"):
+        share = rate / f
+    share = np.where(f > 0, np.where(share < 1.0, share, 1.0), 0.0)
+    return Vanilla(e.tolist(), rate.tolist(), share.tolist(), filled.level)
