@@ -37,7 +37,8 @@ switches (voluntary and not) and CPU per peer-served chunk, steadier than the ro
 --timeline has every daemon and mount of the run mark each stage of a chunk's way
 (silofs/trace.py) and adds `timeline_us`: over 3 more peer rounds, the wall time of each
 stage (the hand-offs between the mount, the asking daemon and the home, and each one's
-work) at p50 and p90.
+work) at p50 and p90, and `batchable`: how many asks of one home, and misses of the
+mount, were in flight or began together (what several chunks per exchange could carry).
 
 Prints one JSON object with --json (the figures below otherwise), with the host's load.
 Goals on the bench host: shared store_bytes <= 1.1 D; shared epoch 2 >= 2x faster than
@@ -567,11 +568,13 @@ def _timeline_peer_round(
     _read_keys(mp, keys * 3, files, args.readers, drop=True)
     t1 = time.monotonic()
     marks: dict[str, list[tuple[float, str]]] = {}
+    by_process: dict[str, list[tuple[float, str, str]]] = {}
     for path in trace_dir.glob("*.trace"):
         for line in path.read_text().splitlines():
             at, stage, chunk = line.split(" ", 2)
             if t0 <= float(at) <= t1 + 1.0:
                 marks.setdefault(chunk, []).append((float(at), stage))
+                by_process.setdefault(path.stem, []).append((float(at), stage, chunk))
     chains = []
     for seq in marks.values():
         seq.sort()
@@ -593,6 +596,7 @@ def _timeline_peer_round(
     # Chains whole, of the reads: one its mount's buffer served asked nothing, and one
     # the asking daemon's loop served (not its connection thread) has no ask marks.
     out: dict[str, Any] = {"chunks": len(chains), "reads": len(keys) * 3}
+    out["batchable"] = _batchable(by_process)
     if not chains:
         return out
 
@@ -604,6 +608,73 @@ def _timeline_peer_round(
         out[name] = pcts([ch[k + 1] - ch[k] for ch in chains])
     out["mount_ask"] = pcts([ch[-1] - ch[0] for ch in chains])
     return out
+
+
+def _batchable(by_process: dict[str, list[tuple[float, str, str]]]) -> dict[str, Any]:
+    """What several chunks per exchange could carry on the peer-served path, from the
+    timeline's marks (each process's own file: PID.trace): for the asking daemon's asks
+    of a home (ask:begin -> ask:checked in its mount connection threads; the home is the
+    process that read the chunk's ask in between) and for the mount's misses to its
+    daemon (mount:ask -> mount:answered), per exchange: how many others of the same pair
+    were in flight as it began, and how many began within 50 and 200 us after it (what
+    one message could carry had the first waited that long: 0 is a batch of one); and
+    the chunks per exchange had each pair made one exchange at a time, the asks that
+    came meanwhile riding the next one together (each batch as long as its longest)."""
+    homes: dict[str, list[tuple[float, str]]] = {}
+    for pid, seq in by_process.items():
+        for at, stage, chunk in seq:
+            if stage == "head:/v1/peer/chunk":
+                homes.setdefault(chunk, []).append((at, pid))
+    pairs: dict[tuple[str, str], list[tuple[float, float]]] = {}
+    for pid, seq in by_process.items():
+        begun: dict[tuple[str, str], list[float]] = {}
+        for at, stage, chunk in sorted(seq):
+            for first, last, kind in (("ask:begin", "ask:checked", "peer"),
+                                      ("mount:ask", "mount:answered", "mount")):  # fmt: skip
+                if stage == first:
+                    begun.setdefault((kind, chunk), []).append(at)
+                elif stage == last and begun.get((kind, chunk)):
+                    b = begun[(kind, chunk)].pop(0)
+                    if kind == "mount":
+                        pairs.setdefault((f"mount {pid}", pid), []).append((b, at))
+                        continue
+                    home = [h for t, h in homes.get(chunk, []) if b <= t <= at]
+                    if home:
+                        pairs.setdefault((f"peer {pid}", home[0]), []).append((b, at))
+
+    def figures(kind: str) -> dict[str, Any]:
+        in_flight, w50, w200, batches, n = [], [], [], 0, 0
+        for (name, _), spans in pairs.items():
+            if not name.startswith(kind):
+                continue
+            spans.sort()
+            n += len(spans)
+            for i, (b, _) in enumerate(spans):
+                in_flight.append(sum(1 for ob, oe in spans if ob <= b < oe) - 1)
+                later = [ob - b for ob, _ in spans[i + 1 :] if ob - b <= 200e-6]
+                w200.append(len(later))
+                w50.append(sum(1 for d in later if d <= 50e-6))
+            j, free_at = 0, -math.inf
+            while j < len(spans):  # one exchange at a time: who has come rides along
+                start = max(spans[j][0], free_at)
+                batch = [s for s in spans[j:] if s[0] <= start]
+                free_at = start + max(e - b for b, e in batch)
+                j, batches = j + len(batch), batches + 1
+
+        def share(values: list[int]) -> dict[str, float]:
+            return {str(k): round(values.count(k) / len(values), 3) for k in sorted(set(values))}
+
+        if not n:
+            return {"exchanges": 0}
+        return {
+            "exchanges": n,
+            "others_in_flight": share(in_flight),
+            "others_begun_within_50us": share(w50),
+            "others_begun_within_200us": share(w200),
+            "chunks_per_exchange_one_at_a_time": round(n / batches, 2),
+        }
+
+    return {"asker_to_home": figures("peer"), "mount_to_daemon": figures("mount")}
 
 
 def _read_keys(
