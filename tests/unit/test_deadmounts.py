@@ -85,3 +85,18 @@ def test_only_a_mount_the_kernel_says_is_dead_is_detached(monkeypatch: pytest.Mo
     ]
     assert left == ["/o/dead-stuck", "/o/dead-swapped"]
     assert deadmounts.end_dead_mounts(1, said.append) == [] and len(said) == 6
+
+
+def test_the_command_is_roots_and_says_so_in_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    from click.testing import CliRunner
+
+    from silofs.cli import main
+
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    res = CliRunner().invoke(main, ["end-dead-mounts", "--uid", "1000"])
+    assert res.exit_code == 2
+    assert res.output.strip() == (
+        "silofs: error: end-dead-mounts probes as another user and unmounts: run it as root"
+    )
+    res = CliRunner().invoke(main, ["end-dead-mounts", "--uid", "-1"])
+    assert res.exit_code == 2 and "-1" in res.output
