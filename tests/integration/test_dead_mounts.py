@@ -1,7 +1,8 @@
-"""Mounts a job makes in a mount namespace of its own are no dead mounts of the node:
-why the epilog's `silofs end-dead-mounts` looks at the node's mount table only.
-(The dead mounts it does end, of real users' jobs under Slurm: tests/integration/
-test_slurm.py.)
+"""`silofs end-dead-mounts` (silofs/deadmounts.py) on real FUSE mounts, without Slurm:
+a path the user swaps after the probes leads root's detach to no other mount; and
+mounts a job makes in a mount namespace of its own are no dead mounts of the node, why
+it looks at the node's mount table only. (The dead mounts it ends, of real users' jobs
+under Slurm: tests/integration/test_slurm.py.)
 
 A job's mount namespace (`unshare -m`, a container runtime) is freed with its last
 process, and its mounts with it: a mount process killed with the job leaves nothing.
@@ -123,3 +124,68 @@ def test_an_unprivileged_users_namespace_mounts_nothing_into_the_nodes_table(
     assert res.returncode == 0, res.stderr
     assert " master:" in res.stdout  # a slave of the node's shared mount: nothing back
     assert not _in_table(site)
+
+
+def test_a_path_swapped_after_the_probe_leads_the_detach_to_no_other_mount(
+    site: Path, make_node, monkeypatch: pytest.MonkeyPatch
+) -> None:  # type: ignore[no-untyped-def]
+    """The directories on the way to a user's mount are the user's: after the probes
+    said two mounts are dead, the user renames the way to one and puts another mount at
+    its path, and swaps the way to the other for a symlink to a directory holding
+    another mount. Root detaches neither other mount (the mount at the path is not the
+    one probed; a symlink is not followed) and says so; a dead mount whose path stayed
+    is detached, a live one is not. (Root's own mounts here, the candidates limited to
+    this test's: other tests on this host have root's mounts too.)"""
+    from silofs import deadmounts
+
+    node = make_node()
+    data = str(site / "data")
+    moved, linked, plain, live = (node.mount(data, site / d / "m") for d in "acef")
+    for mp in (moved, linked, plain):
+        for pid in [p for p, claimed in mount_process_claims() if claimed == str(mp)]:
+            os.kill(pid, signal.SIGKILL)
+    wait_for(lambda: not [c for c in mount_process_claims() if c[1] in {str(moved), str(linked),
+             str(plain)}], what="the mount processes to die")  # fmt: skip
+    ours = {str(moved), str(linked), str(plain), str(live)}
+    real_candidates = deadmounts.candidates
+    monkeypatch.setattr(
+        deadmounts,
+        "candidates",
+        lambda uid: [e for e in real_candidates(uid) if e.mountpoint in ours],
+    )
+    others = [site / "a" / "m", site / "v" / "m"]  # the mounts the swaps lead to
+    real_answers = deadmounts._answers
+
+    def answers_then_swap(children: dict, timeout: float) -> dict:
+        got = real_answers(children, timeout)
+        if not (site / "b").exists():  # the user's moves, once the probes have answered
+            (site / "a").rename(site / "b")
+            (site / "c").rename(site / "d")
+            for path in others:
+                path.mkdir(parents=True)
+                subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "a9", str(path)],
+                               check=True)  # fmt: skip
+            (site / "c").symlink_to(site / "v")
+        return got
+
+    monkeypatch.setattr(deadmounts, "_answers", answers_then_swap)
+    try:
+        said: list[str] = []
+        left = deadmounts.end_dead_mounts(0, said.append)
+        print("\n".join(said))
+        assert said == [
+            f"cannot detach {moved}, a dead silofs mount of uid 0: the path leads to another "
+            "mount now",
+            f"cannot detach {linked}, a dead silofs mount of uid 0: a directory on its path is "
+            "no longer one (a symlink?); not following it",
+            f"detached {plain}, a dead silofs mount of uid 0 (its mount process is gone)",
+        ]
+        assert left == [str(moved), str(linked)]
+        assert all(_in_table(p) for p in others)  # the mounts the swaps led to
+        assert _in_table(site / "b" / "m") and _in_table(site / "d" / "m")  # moved, kept
+        assert not _in_table(plain) and _in_table(live)
+        assert (live / "f.bin").read_bytes() == (site / "data" / "f.bin").read_bytes()
+    finally:
+        for path in (*others, site / "b" / "m", site / "d" / "m", plain):
+            if _in_table(path):
+                subprocess.run(["umount", "-l", str(path)], capture_output=True)
