@@ -108,15 +108,20 @@ def _detach(entry: MountEntry) -> int:
     return 0
 
 
-def _start(fn: Callable[[], int]) -> _Child:
+def _start(fn: Callable[[], int], alone: bool = False) -> _Child:
     """fn() in a forked child; its answer (an int) comes on a pipe. The child never
-    returns into the caller: it leaves with os._exit, whatever happens."""
+    returns into the caller: it leaves with os._exit, whatever happens. `alone`: it
+    closes every fd but its answer's first (a probe becomes the user: it keeps none of
+    root's files, not even stdout)."""
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:
         answer = BROKEN
         try:
             os.close(r)
+            if alone:
+                os.closerange(0, w)
+                os.closerange(w + 1, os.sysconf("SC_OPEN_MAX"))
             answer = fn()
         except OSError as exc:
             answer = exc.errno or BROKEN
@@ -178,7 +183,7 @@ def end_dead_mounts(uid: int, say: Callable[[str], None]) -> list[str]:
     found = candidates(uid)
     if not found:
         return []
-    probes = {i: _start(lambda e=e: _probe(e)) for i, e in enumerate(found)}
+    probes = {i: _start(lambda e=e: _probe(e), alone=True) for i, e in enumerate(found)}
     answers = _answers(probes, PROBE_TIMEOUT)
     left = []
     for i, entry in enumerate(found):

@@ -100,3 +100,20 @@ def test_the_command_is_roots_and_says_so_in_one_line(monkeypatch: pytest.Monkey
     )
     res = CliRunner().invoke(main, ["end-dead-mounts", "--uid", "-1"])
     assert res.exit_code == 2 and "-1" in res.output
+
+
+def test_a_probe_child_keeps_no_fd_but_its_answers() -> None:
+    """A probe becomes the user: it must hold none of root's files."""
+    kept = os.open("/dev/null", os.O_RDONLY)  # an fd of the parent, inheritable or not
+    os.set_inheritable(kept, True)
+    try:
+
+        def open_fds() -> int:
+            return len(os.listdir("/proc/self/fd")) - 1  # the listing's own fd
+
+        got = deadmounts._answers({0: deadmounts._start(open_fds, alone=True)}, 10)
+        assert got == {0: 1}  # the answer's pipe alone
+        got = deadmounts._answers({0: deadmounts._start(open_fds)}, 10)
+        assert got[0] is not None and got[0] > 2
+    finally:
+        os.close(kept)
