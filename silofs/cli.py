@@ -1,4 +1,4 @@
-"""`silofs daemon|mount|unmount|end-job`: the node-side command line.
+"""`silofs daemon|mount|unmount|end-job|end-dead-mounts`: the node-side command line.
 
 Owns flags, their translation into settings, starting a default daemon when none runs,
 the readiness handshake with a background mount process, and turning every error into
@@ -1083,6 +1083,26 @@ def end_job(job: str, directory: str | None, socket: str | None) -> None:
     left = end(job, directory, socket or default_socket(), functools.partial(say, err=False))
     if left:
         fail(f"left of job {job}: {'; '.join(left)}")
+
+
+@main.command("end-dead-mounts")
+@click.option("--uid", type=click.IntRange(min=0), required=True, help="The job's user.")
+@one_line_errors
+def end_dead_mounts(uid: int) -> None:
+    """Detach the dead silofs mounts of a user (a scheduler's epilog, as root).
+
+    A mount is dead when its mount process is gone (a job killed with the mount its
+    script made): the kernel answers ENOTCONN. Live mounts (other jobs of the user),
+    mounts that do not answer within 2 s (a stopped process) and other users' mounts
+    are left. One line per mount detached or left on stdout; exit 1, naming it, if a
+    dead mount could not be detached."""
+    from silofs.deadmounts import end_dead_mounts as end
+
+    if os.geteuid() != 0:
+        raise UsageError("end-dead-mounts probes as another user and unmounts: run it as root")
+    left = end(uid, functools.partial(say, err=False))
+    if left:
+        fail(f"dead mounts of uid {uid} left: {'; '.join(left)}")
 
 
 # -- warm ------------------------------------------------------------------------------

@@ -59,7 +59,7 @@ class MountProcess:
     mountpoint: str
 
 
-def _open_dir_nofollow(path: str) -> int:
+def open_dir_nofollow(path: str) -> int:
     """An O_PATH fd of the directory `path` (absolute), reached one component at a
     time without following a symlink anywhere: OSError (ENOTDIR, ELOOP) where a
     component is not a real directory."""
@@ -95,7 +95,7 @@ def umount(path: str, flags: int) -> int:
     if not os.path.isabs(path) or name in ("", ".", ".."):
         return errno.EINVAL
     try:
-        fd = _open_dir_nofollow(parent)
+        fd = open_dir_nofollow(parent)
     except OSError as exc:
         return exc.errno or errno.EINVAL
     try:

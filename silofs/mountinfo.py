@@ -26,15 +26,31 @@ class MountEntry:
     fstype: str  # e.g. "fuse.silofs"
     source: str  # e.g. "silofs:s3://bucket/prefix/"
     options: str = ""  # the superblock's, e.g. "ro,user_id=1000,group_id=1000"
+    mount_id: int = 0  # unique while mounted; /proc/PID/fdinfo's mnt_id of a file in it
 
     @property
     def owner(self) -> int | None:
         """The uid that made a FUSE mount (its user_id option); None for other kinds."""
+        return self._fuse_option("user_id")
+
+    @property
+    def group(self) -> int | None:
+        """The gid a FUSE mount was made with (group_id): with `owner`, who the kernel
+        lets use a mount made without allow_other; None for other kinds."""
+        return self._fuse_option("group_id")
+
+    @property
+    def is_silofs(self) -> bool:
+        return self.fstype.startswith("fuse") and (
+            self.fstype == "fuse.silofs" or self.source.startswith("silofs:")
+        )
+
+    def _fuse_option(self, name: str) -> int | None:
         if not self.fstype.startswith("fuse"):
             return None
         for option in self.options.split(","):
             key, _, value = option.partition("=")
-            if key == "user_id" and value.isdigit():
+            if key == name and value.isdigit():
                 return int(value)
         return None
 
@@ -54,6 +70,7 @@ def parse_line(line: bytes) -> MountEntry | None:
             fstype=fields[sep + 1].decode(),
             source=unescape(fields[sep + 2]),
             options=fields[sep + 3].decode() if len(fields) > sep + 3 else "",
+            mount_id=int(fields[0]),
         )
     except (ValueError, IndexError):
         return None
@@ -67,12 +84,7 @@ def mounts(path: str = "/proc/self/mountinfo") -> list[MountEntry]:
 
 def silofs_mounts() -> dict[str, MountEntry]:
     """Mountpoint -> entry of the silofs FUSE mounts in this namespace."""
-    return {
-        e.mountpoint: e
-        for e in mounts()
-        if e.fstype.startswith("fuse")
-        and (e.fstype == "fuse.silofs" or e.source.startswith("silofs:"))
-    }
+    return {e.mountpoint: e for e in mounts() if e.is_silofs}
 
 
 def is_mounted(path: str) -> bool:

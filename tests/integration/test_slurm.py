@@ -42,6 +42,7 @@ from pathlib import Path
 
 import pytest
 
+from silofs.jobend import mount_process_claims
 from silofs.mountinfo import mounts
 from tests.support import slurm as slurm_cluster
 from tests.support.asuser import Identity, Session
@@ -799,3 +800,155 @@ def _read_error(path: str) -> str:
         return "ok"
     except OSError as exc:
         return errno.errorcode.get(exc.errno or 0, str(exc.errno))
+
+
+# -- a job script's own mounts: the dead ones end with any job of their user ------------
+OWN_MOUNT_SCRIPT = """\
+#!/bin/sh
+# Mounts silofs itself, as the README lets a user, reads through it, then waits.
+mp={own}/$SLURM_JOB_ID
+mkdir -p "$mp"
+SILOFS_LOG_DIR={logs} {silofs} mount --no-start-daemon --socket {socket} -- {ds}/ "$mp" || exit 1
+cat "$mp"/*.bin | sha256sum > {out}/$SLURM_JOB_ID.tmp
+mv {out}/$SLURM_JOB_ID.tmp {out}/$SLURM_JOB_ID.sum
+i=0
+while [ ! -e {out}/release-$SLURM_JOB_ID ] && [ $i -lt 1200 ]; do sleep 0.1; i=$((i+1)); done
+"""
+
+
+def _serving(mountpoint: Path) -> list[int]:
+    """The live mount processes that serve `mountpoint`, by their command lines."""
+    out = []
+    for pid, claimed in mount_process_claims():
+        try:
+            state = Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if claimed == str(mountpoint) and state != b"Z":
+            out.append(pid)
+    return out
+
+
+def _in_table(path: Path) -> bool:
+    return any(e.mountpoint == str(path) for e in mounts())
+
+
+def _user_mount(slurm: Slurm, venv_bin: Path, user: str, ds: Path, mp: Path) -> None:
+    """`silofs mount` as `user`, as that user types it (mp: a directory it made)."""
+    as_user = ["runuser", "-u", user, "--", "env", f"SILOFS_LOG_DIR={slurm.node.logs}"]
+    res = subprocess.run([*as_user, "mkdir", "-p", str(mp)], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    res = subprocess.run(
+        [*as_user, f"{venv_bin}/silofs", "mount", "--no-start-daemon", "--socket",
+         slurm.node.socket, "--", f"{ds}/", str(mp)],
+        capture_output=True, text=True, timeout=120, cwd="/",
+    )  # fmt: skip
+    assert res.returncode == 0 and _in_table(mp), res.stderr
+
+
+def test_a_killed_jobs_own_mount_is_detached_and_no_live_or_other_users_mount_is(
+    operator: Slurm, job_user: pwd.struct_passwd, venv_bin: Path
+) -> None:
+    """A job script mounts silofs itself (no silofs comment: the prolog makes nothing);
+    the job is killed, its mount process with it (kill -9, as a job's cgroup is), and
+    the kernel keeps the dead mount. The job's epilog detaches it, and leaves alone the
+    same user's live mount of another job (which reads on), the user's mount whose
+    process is stopped (its probe does not answer: the epilog is not held by it), and
+    another user's dead mount. The user can then mount there again."""
+    slurm = operator
+    ds = _public_dataset(slurm, "ds")
+    out = slurm.public / "out"
+    own = slurm.public / "own"
+    own.mkdir(mode=0o777)
+    own.chmod(0o1777)
+    script = slurm.public / "own-mount.sh"
+    script.write_text(OWN_MOUNT_SCRIPT.format(
+        own=own, logs=slurm.node.logs, silofs=f"{venv_bin}/silofs", socket=slurm.node.socket,
+        ds=ds, out=out,
+    ))  # fmt: skip
+    script.chmod(0o755)
+    user = job_user.pw_name
+    stopped: list[int] = []
+    try:
+        with slurm_cluster.job_user() as other:
+            # The daemon's socket_group (the first user's group) holds every job user.
+            res = subprocess.run(["usermod", "-aG", user, other.pw_name],
+                                 capture_output=True, text=True)  # fmt: skip
+            assert res.returncode == 0, res.stderr
+            killed, live = (
+                slurm.sbatch(f"--output={out}/%j.out", f"--chdir={out}", str(script), user=user)
+                for _ in range(2)
+            )
+            for job in (killed, live):
+                wait_for(lambda j=job: (out / f"{j}.sum").exists(), timeout=120, what=f"job {job}")
+            dead_mp, live_mp = own / killed, own / live
+            # Another user's mount, dead; and a mount of the job's user whose process is
+            # stopped (a stat of it hangs).
+            theirs = own / "theirs"
+            _user_mount(slurm, venv_bin, other.pw_name, ds, theirs)
+            for pid in _serving(theirs):
+                os.kill(pid, signal.SIGKILL)
+            wait_for(lambda: not _serving(theirs), what="the other user's mount process to die")
+            frozen = own / "frozen"
+            _user_mount(slurm, venv_bin, user, ds, frozen)
+            stopped = _serving(frozen)
+            assert stopped
+            for pid in stopped:
+                os.kill(pid, signal.SIGSTOP)
+
+            # The job is killed with its mount process; the kernel keeps the mount.
+            for pid in _serving(dead_mp):
+                os.kill(pid, signal.SIGKILL)
+            wait_for(lambda: not _serving(dead_mp), what="the job's mount process to die")
+            assert _in_table(dead_mp)
+            res = slurm.run("scancel", "--full", "--signal=KILL", killed)
+            assert res.returncode == 0, res.stderr
+            assert _ended(slurm, killed) in ("CANCELLED", "FAILED")
+            lines = slurm.log_lines("epilog", killed)
+            print("\n".join(lines))
+            uid = job_user.pw_uid
+            assert lines[0] == (
+                f"detached {dead_mp}, a dead silofs mount of uid {uid} (its mount process is gone)"
+            ), lines
+            assert lines[1].startswith(f"left {frozen} of uid {uid}: it did not answer within")
+            assert len(lines) == 2, lines  # nothing about the live mount or the other user's
+            assert not _in_table(dead_mp)
+            assert _in_table(frozen) and _in_table(theirs)
+            assert _in_table(live_mp) and slurm.state(live) == "RUNNING"
+            reader = Session(Identity.of(user))
+            try:
+                got = reader.call(_read_file, str(live_mp / "f2.bin"))
+                assert got == (ds / "f2.bin").read_bytes()
+                assert reader.call(_read_error, str(theirs / "f1.bin")) == "EACCES"
+            finally:
+                reader.close()
+            assert "drain" not in slurm.node_state().lower(), slurm.node_state()
+
+            # Run by hand while the stopped mount still hangs: bounded by the probe's 2 s.
+            started = time.monotonic()
+            res = subprocess.run([f"{venv_bin}/silofs", "end-dead-mounts", "--uid", str(uid)],
+                                 capture_output=True, text=True, timeout=60)  # fmt: skip
+            elapsed = time.monotonic() - started
+            print(res.stdout, res.stderr, f"{elapsed:.1f}s")
+            assert res.returncode == 0 and res.stdout.startswith(f"left {frozen} "), res.stdout
+            assert elapsed < 10  # the probe's 2 s, the interpreter's start, a loaded host
+
+            # The user's next job can mount where the dead mount was.
+            _user_mount(slurm, venv_bin, user, ds, dead_mp)
+            reader = Session(Identity.of(user))
+            try:
+                got = reader.call(_read_file, str(dead_mp / "f0.bin"))
+                assert got == (ds / "f0.bin").read_bytes()
+            finally:
+                reader.close()
+            (out / f"release-{live}").touch()
+            _ended(slurm, live)
+            for pid in stopped:
+                os.kill(pid, signal.SIGCONT)
+            stopped = []
+    finally:
+        for pid in stopped:
+            os.kill(pid, signal.SIGCONT)
+        for mp in own.iterdir():
+            if _in_table(mp):
+                subprocess.run(["umount", "-l", str(mp)], capture_output=True)

@@ -69,3 +69,20 @@ def test_only_mount_process_command_lines_with_a_mountpoint_are_claims() -> None
         for p in procs:
             p.kill()
             p.wait()
+
+
+def test_a_mounts_id_group_and_whether_it_is_silofs() -> None:
+    """What `silofs end-dead-mounts` picks its mounts by: the uid and gid to probe as,
+    the id the probe and the detach check the path still leads to, silofs or not."""
+    line = (
+        rb"96 27 0:41 / /o/1 ro shared:3 - fuse.silofs silofs:file:///d/ ro,user_id=7,group_id=11"
+    )
+    entry = parse_line(line)
+    assert entry is not None
+    assert (entry.mount_id, entry.owner, entry.group, entry.is_silofs) == (96, 7, 11, True)
+    bare = parse_line(b"97 27 0:42 / /o/2 ro - fuse silofs:x ro,user_id=7,group_id=11")
+    assert bare is not None and bare.is_silofs  # a fuse type without the subtype
+    sshfs = parse_line(b"98 27 0:43 / /o/3 ro - fuse.sshfs h:/ ro,user_id=7,group_id=11")
+    assert sshfs is not None and not sshfs.is_silofs
+    ext4 = parse_line(b"22 1 8:1 / / rw - ext4 silofs:x rw,group_id=5")
+    assert ext4 is not None and ext4.group is None and not ext4.is_silofs

@@ -248,6 +248,7 @@ def test_the_floor_imports_neither_side() -> None:
         "silofs.cli_mount",
         "silofs.demo",
         "silofs.jobend",
+        "silofs.deadmounts",
         "silofs.unmount",
     )
     shared = [

@@ -251,3 +251,60 @@ def test_a_silofs_the_jobs_user_cannot_run_is_the_nodes_failure(
         assert not any(ln.startswith(("scancel", "scontrol update")) for ln in lines)
         assert "user a15 cannot run" in failed and "readable by every user" in failed
         assert res.stderr.count("\n") == 1 and "cannot run" in res.stderr
+
+
+def test_the_epilog_ends_the_dead_mounts_of_the_jobs_user_and_never_fails_for_them(
+    site: dict[str, Path],
+) -> None:
+    """After end-job (for every job, a silofs one or not: its script may have mounted
+    silofs itself) the epilog runs `silofs end-dead-mounts --uid UID` when the mount
+    table has a silofs mount of the job's user; its lines are logged, and its failure
+    too, but the epilog's status is end-job's alone: a dead mount of the user never
+    drains the node. Never for root's jobs (root's mounts are the node's own)."""
+    silofs = site["tmp"] / "silofs"
+    silofs.write_text(
+        f'#!/bin/sh\necho "silofs $*" >> {site["record"]}\n'
+        'case "$1" in end-job) echo "unmounted x"; exit "${END_JOB_STATUS:-0}" ;; esac\n'
+        'echo "cannot detach /o/1, a dead silofs mount of uid 1007: Device or resource busy"\n'
+        'echo "silofs: error: dead mounts of uid 1007 left: /o/1" >&2\nexit 1\n'
+    )
+    path = f"{site['tmp'] / 'bin'}:{os.environ.get('PATH', '/usr/bin:/bin')}"
+    (site["tmp"] / "bin").mkdir()
+    (site["tmp"] / "bin" / "awk").write_text("#!/bin/sh\nexit 0\n")  # a mount of the user
+    (site["tmp"] / "bin" / "awk").chmod(0o755)
+
+    def epilog(job: str, uid: str, **env: str) -> tuple[int, list[str], list[str]]:
+        log, record = site["tmp"] / "log", site["record"]
+        log.unlink(missing_ok=True)
+        record.unlink(missing_ok=True)
+        res = run(site, "epilog.sh", PATH=path, SLURM_JOB_ID=job, SLURM_JOB_UID=uid, **env)
+        said = [ln.split(": ", 1)[1] for ln in log.read_text().splitlines()] if log.exists() else []
+        calls = record.read_text().splitlines() if record.exists() else []
+        return res.returncode, calls, said
+
+    # Not a silofs job (no directory): the dead mounts still end, the node stays up.
+    status, calls, said = epilog("10", "1007")
+    assert status == 0 and calls == ["silofs end-dead-mounts --uid 1007"]
+    assert said == [
+        "cannot detach /o/1, a dead silofs mount of uid 1007: Device or resource busy",
+        "silofs: error: dead mounts of uid 1007 left: /o/1",
+        "silofs end-dead-mounts exited 1 (the node stays in service)",
+    ]
+    # A silofs job: end-job first; its failure alone is the epilog's.
+    (site["root"] / "11").mkdir()
+    status, calls, said = epilog("11", "1007", END_JOB_STATUS="1")
+    assert status == 1
+    assert calls == [f"silofs end-job --dir {site['root']}/11 -- slurm-11",
+                     "silofs end-dead-mounts --uid 1007"]  # fmt: skip
+    assert said[:2] == ["unmounted x", "FAILED: silofs end-job exited 1"]
+    status, _, _ = epilog("11", "1007", END_JOB_STATUS="0")
+    assert status == 0
+    # Root's job, or a uid that is no number: nothing is probed.
+    for uid in ("0", "", "12; rm -rf /"):
+        status, calls, said = epilog("12", uid)
+        assert status == 0 and calls == [], (uid, calls)
+    assert said == ["odd SLURM_JOB_UID 12; rm -rf /: its dead mounts are left"]
+    # The real awk, and a user with no mount on this host: no python starts.
+    (site["tmp"] / "bin" / "awk").unlink()
+    status, calls, said = epilog("13", "4242421")
+    assert status == 0 and calls == [] and said == []
