@@ -26,19 +26,23 @@ from typing import Any
 
 import pytest
 
+from silofs.cache.format import chunk_key
 from silofs.control.client import ControlClient
+from silofs.node.placement import Candidate, home
 from silofs.sealed import FD_HEADER, REGION_HEADER
 from tests.support.asuser import Identity, Session
 from tests.support.cluster import write_cluster
 from tests.support.cluster_run import ClusterDaemon
 from tests.support.fixtures import needs_fuse
 from tests.support.net import free_ports
+from tests.support.netcluster import list_objects
 from tests.support.poll import wait_for
 from tests.support.slurm import job_user
 
 pytestmark = [needs_fuse, pytest.mark.fuse]
 
 FILES = 16
+CHUNK = 1 << 20  # each file one chunk
 
 
 @dataclass
@@ -108,7 +112,8 @@ def _open_and_register(sock_path: str, uri: str, job: str) -> str:
         dsid = c.request("POST", "/v1/datasets", {"uri": uri})["id"]
         wait_for(lambda: c.request("GET", f"/v1/datasets/{dsid}")["state"] == "ready",
                  what=f"{uri} listed")  # fmt: skip
-        body = {"dataset": dsid, "job": job, "mountpoint": f"/nonexistent/{job}"}
+        body = {"dataset": dsid, "job": job, "mountpoint": f"/nonexistent/{job}",
+                "chunk_size": CHUNK}  # fmt: skip
         return c.request("POST", "/v1/mounts", body)["id"]
 
 
@@ -153,7 +158,13 @@ def pair(
             wait_for(lambda n=n: all(m["state"] == "up" for m in n.cluster()["members"]),
                      what="the members up")  # fmt: skip
         session = Session(who)
-        yield {"nodes": nodes, "tree": tree, "uri": uri, "session": session}
+        members = [Candidate(m["address"], m["weight"]) for m in nodes[0].cluster()["members"]]
+        homes = {
+            key: home(chunk_key(f"s3:{etag}:{size}", CHUNK, 0), members).address
+            for key, size, etag in list_objects(s3_server, bucket_name)
+        }
+        assert sorted(homes) == sorted(tree)
+        yield {"nodes": nodes, "tree": tree, "uri": uri, "session": session, "homes": homes}
     finally:
         if session is not None:
             session.close()
@@ -166,9 +177,20 @@ def pair(
 
 def test_an_untrusted_user_gets_a_peer_served_chunk_as_bytes_never_a_region(pair: dict) -> None:
     nodes, tree, uri, session = pair["nodes"], pair["tree"], pair["uri"], pair["session"]
-    asker = nodes[0]
+    # Each half of the keys must hold some homed at the other member (peer-served: the
+    # untrusted user's 'requests_out > 0', root's region). Placement hashes the members'
+    # ports, new each run: with keys[:8] and keys[8:] and node 0 asking, either half had
+    # none of the member's in 2 * 2**-8 of runs (1 in 128). The node whose member is
+    # home of more keys (8 or more of 16) asks, and those keys go alternately to each half.
+    homes = pair["homes"]
+    theirs_of = [sum(homes[k] != n.spec.address for k in tree) for n in nodes]
+    asker = nodes[theirs_of.index(max(theirs_of))]
     keys = sorted(tree)
-    theirs, ours = keys[: FILES // 2], keys[FILES // 2 :]
+    peer_served = [k for k in keys if homes[k] != asker.spec.address]
+    local = [k for k in keys if homes[k] == asker.spec.address]
+    theirs = sorted(peer_served[::2] + local[::2])
+    ours = sorted(peer_served[1::2] + local[1::2])
+    assert len(peer_served) >= 2
 
     mount = session.call(_open_and_register, asker.socket, uri, "untrusted-job")
     answers = session.call(_ask_chunks, asker.socket, mount, theirs)

@@ -14,9 +14,9 @@ twice: the second pass is served from what was admitted while faults were inject
 damaged body that got cached shows up as wrong bytes there.
 
 Counted per store: faults injected (by kind), chunk GETs, reads, wrong bytes (asserted 0),
-EIO and other errors (asserted 0: five attempts per GET make an EIO at these rates a
-one-in-thousands event, so an EIO means a fault was not retried), reads slower than 60 s
-(asserted 0), the slowest read. Short form 2 rounds, SILOFS_LONG=1: 12 rounds.
+EIO and other errors (asserted 0: the daemon here makes MAX_ATTEMPTS attempts per GET, so
+an EIO means a fault was not retried), reads slower than 60 s (asserted 0), the slowest
+read. Short form 2 rounds, SILOFS_LONG=1: 12 rounds.
 """
 
 from __future__ import annotations
@@ -52,6 +52,14 @@ READ = 1 << 20  # one pread; the unit "a read over 60 s" is measured on
 SLOW = 60.0
 READERS = 4
 DELAY = (5.0, 30.0) if LONG else 2.0
+# Attempts per GET (the daemon's default is 5). What is asserted is that every fault is
+# retried, not that five attempts outlast these fault rates: 8-14% of attempts are
+# retried here (store_retries / proxied requests of the long run in docs/RESULTS.md:
+# S3 174/1,211, Azure 75/894, GCS 105/867), so a GET drew five faults in a row in up to
+# 0.144**5 = 6e-5 of GETs, and the short form's ~600 GETs over the three stores gave
+# one its reader may see as EIO in ~2% of runs. With 12 attempts: 0.144**12 = 8e-11
+# a GET, ~5e-8 a run; a fault kind never retried still fails 2-3% of GETs (a dozen a run).
+MAX_ATTEMPTS = 12
 
 _SERVER = {"s3": "s3_server", "azure": "azurite_server", "gcs": "gcs_server"}
 
@@ -235,7 +243,10 @@ def test_store_faults_never_give_wrong_bytes(
             }
         else:
             env = {"STORAGE_EMULATOR_HOST": proxy.url}
-        node = make_node(cache_size="128M", env=env, args=("--chunk-size", "256K"))
+        node = make_node(cache_size="128M", env=env, start=False)
+        node.config = tmp_path / "silofs.toml"
+        node.config.write_text(f"[backend]\nmax_attempts = {MAX_ATTEMPTS}\n")
+        node.start("--chunk-size", "256K")
         # When the faults outlast the daemon's retries, a READ fails and the mount logs
         # it: one the kernel made for its own read-ahead is dropped, and the reader's
         # read asks again. What the programs saw is asserted below (no read error).

@@ -212,11 +212,19 @@ def _head(
     ).encode()
 
 
+# Placement hashes content ids (inode and mtime, new each run) and the member's port:
+# each full-size chunk is homed at the fake member with probability 1/2. Most tests read
+# three of them (read_all, read_from_threads): with 8 files (24 chunks) fewer than three
+# were the member's in 1.8e-5 of runs (about 25 tests each run: ~4e-4 a suite run);
+# 16 files (48 chunks) make it 4e-12.
+FILES = 16
+
+
 @pytest.fixture
 def bucket(tmp_path: Path) -> Path:
     root = tmp_path / "bucket"
     root.mkdir()
-    for i in range(8):
+    for i in range(FILES):
         (root / f"f{i}.bin").write_bytes(os.urandom(3 * CHUNK + 1000 * i + 1))
     return root
 
@@ -340,7 +348,7 @@ def test_a_buffered_chunk_offered_after_a_restart_is_kept_only_where_it_is_homed
             assert d.offer_chunk(m, key, index, obj.content_id, data) == "elsewhere"
             own = next(
                 (f"f{i}.bin", j)
-                for i in range(8)
+                for i in range(FILES)
                 for j in range(3)
                 if d.cluster.is_home(
                     ChunkRef.of(d.store.get_object(ds.id, f"f{i}.bin"), CHUNK, j).key
@@ -432,9 +440,9 @@ def test_reads_queued_behind_a_slow_members_exchanges_wait_at_most_the_bound_for
     waits at most the peer bound (0.5 s) before the store serves it ("busy", the member
     left up); before, they queued, the 9th read waiting 12 s (with a minute of 102s
     each: minutes), and nothing was counted."""
-    # Placement hashes keys of random content: 24 chunks put <= 8 at the member about
-    # one run in 13; 48 make that about one in a million.
-    for i in range(8, 16):
+    # Placement hashes content ids (new each run): 24 chunks put <= 8 at the member
+    # about one run in 13, 48 (the fixture's) 1.7e-6 of runs; 72 make it 3e-12.
+    for i in range(FILES, FILES + 8):
         (bucket / f"f{i}.bin").write_bytes(os.urandom(3 * CHUNK + 1000 * i + 1))
 
     async def main() -> tuple[list[float], dict, bool]:

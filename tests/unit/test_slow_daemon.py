@@ -50,15 +50,18 @@ def slow_router(state: dict) -> Router:
 def test_a_wait_longer_than_the_timeout_is_not_cut(
     sock_path: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # A 102 every 0.1 s against a 1 s silence bound (10x): the server and the client
+    # share this loop, and a stall of it (a collection, a busy host) past 0.4 s would
+    # have failed the 0.5 s bound this test had (5x), the read cut at a 102 not yet sent.
     monkeypatch.setattr(server_mod, "PROGRESS_SECONDS", 0.1)
     state: dict = {}
 
     async def main() -> None:
         async with trio.open_nursery() as nursery:
             await nursery.start(functools.partial(serve_unix, sock_path, slow_router(state)))
-            async with AsyncControlClient(sock_path, timeout=0.5) as client:
-                answer = await client.json("GET", "/v1/slow/1.5")  # 3x the timeout
-                assert answer == {"slept": 1.5}
+            async with AsyncControlClient(sock_path, timeout=1.0) as client:
+                answer = await client.json("GET", "/v1/slow/3")  # 3x the timeout
+                assert answer == {"slept": 3.0}
                 # the connection is still usable after the 102s
                 assert await client.json("GET", "/v1/slow/0") == {"slept": 0.0}
                 assert client.connections_opened == 1

@@ -226,6 +226,11 @@ def test_a_down_members_chunk_held_here_is_not_fetched_again_for_its_stand_in(
     membership = d.cluster.membership
     assert membership is not None
     _pings(d, answered=False)
+    # Placement follows content ids (inode and mtime, new each run): a chunk is C's with
+    # this node its stand-in for 1 in 6, so none of the fixture's 72 chunks was in
+    # (5/6)**72 = 1.9e-6 of runs ('assert held'); 108 chunks make it 2.8e-9.
+    for i in range(12, 18):
+        (bucket / f"f{i}.bin").write_bytes(os.urandom(5 * CHUNK + 1000 * i + 1))
     size = sum(p.stat().st_size for p in bucket.iterdir())
     gets: list[tuple[str, int]] = []
     held: list[ChunkRef] = []
