@@ -47,7 +47,7 @@ from silofs.logsetup import LOG_FORMATS, setup_logging
 from silofs.mountinfo import fuse_device_refusal, silofs_mounts
 from silofs.output import end_on_output_error, output_error
 from silofs.pids import pid_alive
-from silofs.records import not_utf8, shown
+from silofs.records import JOB_NAME_MAX_BYTES, job_name_char, not_utf8, shown
 from silofs.units import count, format_rate, format_size, parse_rate, parse_size
 
 log = logging.getLogger(__name__)
@@ -909,7 +909,13 @@ def default_job(mountpoint: str) -> str:
     path = os.path.abspath(mountpoint)
     digest = hashlib.sha256(path.encode("utf-8", "surrogateescape")).hexdigest()[:6]
     base = os.path.basename(path.rstrip("/")) or "root"
-    base = re.sub(r"[\x00-\x20/]", "_", base)[:200]
+    # Whatever the directory's name, the default is a job name (records.job_name_error):
+    # a character a job name may not hold becomes '_', and the name is cut to 200
+    # characters and 248 bytes (255 with "-" and the digest). Only whitespace and '/'
+    # were replaced: a mountpoint named with a '\\', a '"', DEL or 85 three-byte
+    # characters failed to mount, refused for a job name nobody had given.
+    base = "".join(c if job_name_char(c) else "_" for c in base[:200])
+    base = base.encode()[: JOB_NAME_MAX_BYTES - 7].decode(errors="ignore")
     return f"{base}-{digest}"
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from silofs.records import job_name_error
 from tests.support.fixtures import needs_fuse
 from tests.support.node import REPO, Node, mounted, pids_with, silofs_cmd
 
@@ -496,6 +497,26 @@ def test_a_job_name_of_255_bytes_mounts(node: Node, local_store, bucket_name, tm
     mp = node.mount(local_store.uri(bucket_name), tmp_path / "mnt", "--job", job)
     assert (mp / "a").read_bytes() == b"1"
     assert [j["name"] for j in node.status()["jobs"]] == [job]
+
+
+def test_a_mountpoint_of_any_utf8_name_mounts_under_a_default_job(
+    node: Node, local_store, bucket_name, tmp_path: Path
+) -> None:
+    """Without --job, the job is named after the mountpoint: its name with only
+    whitespace and '/' replaced kept '\\', '"', DEL and format characters, and 85
+    three-byte characters made a job name of 262 bytes, so `silofs mount` at such a
+    directory failed with "a job name is 1-255 bytes ...", a job nobody had named."""
+    local_store.create(bucket_name, {"a": b"1"})
+    names = ["back\\slash", 'quote"d', "del\x7f", "nbsp\u00a0x", "zw\u200bx", "\u65e5" * 85]
+    jobs = []
+    for i, name in enumerate(names):
+        mp = node.mount(local_store.uri(bucket_name), tmp_path / str(i) / name)
+        assert (mp / "a").read_bytes() == b"1"
+        (m,) = node.status()["mounts"]
+        assert job_name_error(m["job"]) is None, m["job"]
+        jobs.append(m["job"])
+        node.unmount(mp)
+    assert len(set(jobs)) == len(names), jobs
 
 
 def test_a_dataset_or_mountpoint_not_utf8_is_one_line(node: Node, tmp_path: Path) -> None:
