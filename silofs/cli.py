@@ -710,7 +710,12 @@ def _ttl(_ctx: click.Context, _param: click.Parameter, value: str) -> float | No
     "sequential cold reads lose read-ahead; see docs/ARCHITECTURE.md).",
 )
 @click.option("--foreground", "-f", is_flag=True, help="Serve in this process.")
-@click.option("--allow-other", is_flag=True, help="Let other users read the mount.")
+@click.option(
+    "--allow-other",
+    is_flag=True,
+    help="Let other users read the mount: every file, by --file-mode, whatever its mode in "
+    "a local directory (docs/SECURITY.md).",
+)
 @click.option("--allow-root", is_flag=True, help="Let root read the mount (FUSE allow_root).")
 @click.option("--read-only", is_flag=True, help="Accepted: silofs mounts are always read-only.")
 @click.option("--region", default=None, help="S3 region of the bucket (this dataset only).")
