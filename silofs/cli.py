@@ -121,10 +121,16 @@ _ID = click.IntRange(0, 2**32 - 2)
 
 
 def _octal(_ctx: click.Context, _param: click.Parameter, value: str) -> int:
+    """Permission bits, 0 to 7777 in octal. A mode outside them mounted and failed every
+    lookup: -1 cannot be a mode_t (EIO, a traceback per name), and 17777 set a bit of
+    the file type (S_IFREG | 010000 is no type: EIO)."""
     try:
-        return int(value, 8)
+        mode = int(value, 8)
     except ValueError:
         raise click.BadParameter(f"{value!r} is not an octal mode like 0444") from None
+    if not 0 <= mode <= 0o7777:
+        raise click.BadParameter(f"{value!r} is not a mode: modes are 0 to 7777 (octal)")
+    return mode
 
 
 class OneLineGroup(click.Group):
@@ -744,10 +750,18 @@ def _ttl(_ctx: click.Context, _param: click.Parameter, value: str) -> float | No
 @click.option("--uid", type=_ID, default=None, help="Owner of files (default: you).")
 @click.option("--gid", type=_ID, default=None, help="Group of files (default: yours).")
 @click.option(
-    "--file-mode", default="0444", show_default=True, callback=_octal, help="Mode of files."
+    "--file-mode",
+    default="0444",
+    show_default=True,
+    callback=_octal,
+    help="Mode of files (octal, 0-7777).",
 )
 @click.option(
-    "--dir-mode", default="0555", show_default=True, callback=_octal, help="Mode of directories."
+    "--dir-mode",
+    default="0555",
+    show_default=True,
+    callback=_octal,
+    help="Mode of directories (octal, 0-7777).",
 )
 @click.option("--log-level", default="info", show_default=True, help="debug, info, warning, error.")
 @one_line_errors

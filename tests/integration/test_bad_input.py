@@ -519,6 +519,22 @@ def test_a_mountpoint_of_any_utf8_name_mounts_under_a_default_job(
     assert len(set(jobs)) == len(names), jobs
 
 
+def test_a_mode_that_is_no_permission_bits_is_refused(
+    node: Node, local_store, bucket_name, tmp_path: Path
+) -> None:
+    """--file-mode -1 mounted, and every lookup then failed (EIO, a traceback per name
+    in the mount's log: "can't convert negative value to mode_t"); 17777 set a bit of
+    the file type, and every file was EIO too. Modes are 0 to 7777."""
+    local_store.create(bucket_name, {"a": b"1"})
+    for i, flags in enumerate(
+        (["--file-mode", "-1"], ["--file-mode", "17777"], ["--dir-mode", "100555"])
+    ):
+        res = try_mount(node, local_store.uri(bucket_name), tmp_path / f"m{i}", *flags)
+        assert_one_line_error(res, flags[0], "0 to 7777")
+    mp = node.mount(local_store.uri(bucket_name), tmp_path / "ok", "--file-mode", "7777")
+    assert os.stat(mp / "a").st_mode == 0o107777 and (mp / "a").read_bytes() == b"1"
+
+
 def test_a_dataset_or_mountpoint_not_utf8_is_one_line(node: Node, tmp_path: Path) -> None:
     """Both failed with the daemon's "request body holds text that is not UTF-8 (a lone
     surrogate?)", which names neither."""
