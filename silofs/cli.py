@@ -1171,6 +1171,14 @@ def warm(
         raise SilofsError(f"warm of {w['dataset']} stopped: {w['error']}")
     if w["state"] != "done":
         raise SilofsError(f"warm of {w['dataset']} was {w['state']}")
+    if paths and w.get("matched_objects") == 0:
+        # A typo or a directory's name: "warmed ...: 0B cached of 0B", exit 0, and the
+        # epoch it was for read cold.
+        raise SilofsError(
+            f"no object of {w['dataset']} matches --paths {' '.join(map(repr, paths))}: a "
+            "glob matches whole keys from the dataset's root (`*` also matches /; "
+            "'train/*' for the objects under train/)"
+        )
     say(
         f"silofs: warmed {w['dataset']}: {format_size(w['done_bytes'])} cached of "
         f"{format_size(w['matched_bytes'])} ({format_size(w['fetched_bytes'])} fetched, "
