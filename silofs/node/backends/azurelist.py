@@ -156,7 +156,8 @@ def blob_scope(account: str, container: str, name: str) -> str:
     are its own (two datasets of nested prefixes still share them); identical copies in
     two blobs are cached twice."""
     text = f"{account}/{container}/{name}".encode("utf-8", "surrogateescape")
-    # ~1 us a blob on the bench host, against ~25 us of CPU a blob listed.
+    # 1-2 us a blob on the 2-core test host (timeit), against 24-26 us of CPU a blob
+    # listed (bench/README.md, listing.py).
     return blake2b(text, digest_size=12, person=b"silofs-az-blob").hexdigest()
 
 
