@@ -47,7 +47,7 @@ from silofs.logsetup import LOG_FORMATS, setup_logging
 from silofs.mountinfo import fuse_device_refusal, silofs_mounts
 from silofs.output import end_on_output_error, output_error
 from silofs.pids import pid_alive
-from silofs.records import not_utf8, shown
+from silofs.records import JOB_NAME_MAX_BYTES, job_name_char, not_utf8, shown
 from silofs.units import count, format_rate, format_size, parse_rate, parse_size
 
 log = logging.getLogger(__name__)
@@ -121,10 +121,16 @@ _ID = click.IntRange(0, 2**32 - 2)
 
 
 def _octal(_ctx: click.Context, _param: click.Parameter, value: str) -> int:
+    """Permission bits, 0 to 7777 in octal. A mode outside them mounted and failed every
+    lookup: -1 cannot be a mode_t (EIO, a traceback per name), and 17777 set a bit of
+    the file type (S_IFREG | 010000 is no type: EIO)."""
     try:
-        return int(value, 8)
+        mode = int(value, 8)
     except ValueError:
         raise click.BadParameter(f"{value!r} is not an octal mode like 0444") from None
+    if not 0 <= mode <= 0o7777:
+        raise click.BadParameter(f"{value!r} is not a mode: modes are 0 to 7777 (octal)")
+    return mode
 
 
 class OneLineGroup(click.Group):
@@ -710,7 +716,12 @@ def _ttl(_ctx: click.Context, _param: click.Parameter, value: str) -> float | No
     "sequential cold reads lose read-ahead; see docs/ARCHITECTURE.md).",
 )
 @click.option("--foreground", "-f", is_flag=True, help="Serve in this process.")
-@click.option("--allow-other", is_flag=True, help="Let other users read the mount.")
+@click.option(
+    "--allow-other",
+    is_flag=True,
+    help="Let other users read the mount: every file, by --file-mode, whatever its mode in "
+    "a local directory (docs/SECURITY.md).",
+)
 @click.option("--allow-root", is_flag=True, help="Let root read the mount (FUSE allow_root).")
 @click.option("--read-only", is_flag=True, help="Accepted: silofs mounts are always read-only.")
 @click.option("--region", default=None, help="S3 region of the bucket (this dataset only).")
@@ -739,10 +750,18 @@ def _ttl(_ctx: click.Context, _param: click.Parameter, value: str) -> float | No
 @click.option("--uid", type=_ID, default=None, help="Owner of files (default: you).")
 @click.option("--gid", type=_ID, default=None, help="Group of files (default: yours).")
 @click.option(
-    "--file-mode", default="0444", show_default=True, callback=_octal, help="Mode of files."
+    "--file-mode",
+    default="0444",
+    show_default=True,
+    callback=_octal,
+    help="Mode of files (octal, 0-7777).",
 )
 @click.option(
-    "--dir-mode", default="0555", show_default=True, callback=_octal, help="Mode of directories."
+    "--dir-mode",
+    default="0555",
+    show_default=True,
+    callback=_octal,
+    help="Mode of directories (octal, 0-7777).",
 )
 @click.option("--log-level", default="info", show_default=True, help="debug, info, warning, error.")
 @one_line_errors
@@ -909,7 +928,13 @@ def default_job(mountpoint: str) -> str:
     path = os.path.abspath(mountpoint)
     digest = hashlib.sha256(path.encode("utf-8", "surrogateescape")).hexdigest()[:6]
     base = os.path.basename(path.rstrip("/")) or "root"
-    base = re.sub(r"[\x00-\x20/]", "_", base)[:200]
+    # Whatever the directory's name, the default is a job name (records.job_name_error):
+    # a character a job name may not hold becomes '_', and the name is cut to 200
+    # characters and 248 bytes (255 with "-" and the digest). Only whitespace and '/'
+    # were replaced: a mountpoint named with a '\\', a '"', DEL or 85 three-byte
+    # characters failed to mount, refused for a job name nobody had given.
+    base = "".join(c if job_name_char(c) else "_" for c in base[:200])
+    base = base.encode()[: JOB_NAME_MAX_BYTES - 7].decode(errors="ignore")
     return f"{base}-{digest}"
 
 
@@ -1166,6 +1191,14 @@ def warm(
         raise SilofsError(f"warm of {w['dataset']} stopped: {w['error']}")
     if w["state"] != "done":
         raise SilofsError(f"warm of {w['dataset']} was {w['state']}")
+    if paths and w.get("matched_objects") == 0:
+        # A typo or a directory's name: "warmed ...: 0B cached of 0B", exit 0, and the
+        # epoch it was for read cold.
+        raise SilofsError(
+            f"no object of {w['dataset']} matches --paths {' '.join(map(repr, paths))}: a "
+            "glob matches whole keys from the dataset's root (`*` also matches /; "
+            "'train/*' for the objects under train/)"
+        )
     say(
         f"silofs: warmed {w['dataset']}: {format_size(w['done_bytes'])} cached of "
         f"{format_size(w['matched_bytes'])} ({format_size(w['fetched_bytes'])} fetched, "

@@ -107,9 +107,15 @@ def job_name_error(name: object) -> str | None:
         return f"{JOB_NAME_RULE}; this one is not encodable as UTF-8"
     if size > JOB_NAME_MAX_BYTES:
         return f"{JOB_NAME_RULE}; this one is {size} bytes"
-    if not name.isprintable() or any(c.isspace() or c in '/"\\' for c in name):
+    if not all(job_name_char(c) for c in name):
         return JOB_NAME_RULE
     return None
+
+
+def job_name_char(c: str) -> bool:
+    """Whether a job name may hold the character `c` (job_name_error's rule per
+    character; a lone surrogate is not printable, so it is refused here too)."""
+    return c.isprintable() and not c.isspace() and c not in '/"\\'
 
 
 def shown(text: str) -> str:

@@ -274,6 +274,12 @@ class Catalog:
         # A listing saved before generations (no "gen"), or with rows of another shape
         # (LISTING_FORMAT), cannot be served: list again.
         have_listing = self.store.current_generation(ds.id) is not None
+        # A listing whose content ids the backend no longer makes (Azure's before they
+        # named their blob: backends/azurelist.py blob_scope) is listed again, once.
+        ids = getattr(ds.backend, "content_ids", 1)
+        relist = refresh or (have_listing and record.get("content_ids", 1) != ids)
+        if relist and not refresh:
+            log.info("%s: listing again: its content ids are of an older form", ds.uri.canonical)
         try:
             try:
                 await trio.to_thread.run_sync(ds.backend.check, limiter=self.fetcher.threads)
@@ -283,8 +289,9 @@ class Catalog:
                 log.warning(
                     "%s: %s; serving the persisted listing and cached chunks", ds.uri.canonical, exc
                 )
+                relist = False
             old_gen = self.store.current_generation(ds.id)
-            if refresh or not have_listing:
+            if relist or not have_listing:
                 self.tree_checked.pop(ds.id, None)  # a new listing: check mounts again
                 record = await self._list(ds, refreshed=refresh and have_listing)
             ds.record = record
@@ -374,7 +381,12 @@ class Catalog:
         record = await self.writer.call(
             self.store.finish_listing,
             builder,
-            {"uri": ds.uri.canonical, "listed_at": time.time(), "refreshed": refreshed},
+            {
+                "uri": ds.uri.canonical,
+                "listed_at": time.time(),
+                "refreshed": refreshed,
+                "content_ids": getattr(ds.backend, "content_ids", 1),
+            },
         )
         t = builder.totals
         if t.shadowed:

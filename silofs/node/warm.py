@@ -58,6 +58,7 @@ class WarmState:
     reader: tuple[int, frozenset[int]] | None = None
     state: str = "running"  # running | done | cancelled | error
     matched_bytes: int = 0  # bytes of the objects the globs match
+    matched_objects: int = 0  # objects the globs match (0: --paths named nothing)
     target_bytes: int = 0  # min(quota when it started, matched_bytes)
     skipped_bytes: int = 0  # matching bytes the dataset already held when it started
     fetched_bytes: int = 0
@@ -81,6 +82,7 @@ class WarmState:
             "paths": self.paths,
             "chunk_size": self.chunk_size,
             "matched_bytes": self.matched_bytes,
+            "matched_objects": self.matched_objects,
             "target_bytes": self.target_bytes,
             "done_bytes": done,
             "skipped_bytes": self.skipped_bytes,
@@ -171,6 +173,7 @@ async def _warm(d: Any, ds: DatasetState, w: WarmState) -> None:
         """(matched bytes, chunks to walk, bytes held), in one read txn; the owners rows
         answer without faulting in chunk values."""
         objects = [o for o in d.store.iter_listing(ds.id) if matches(o.key, w.paths)]
+        w.matched_objects = len(objects)
         if w.reader is not None:
             objects, denied = readable(ds, objects, *w.reader)
             w.denied_objects = len(denied)

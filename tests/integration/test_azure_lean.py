@@ -118,8 +118,10 @@ def test_a_blob_without_an_md5_is_not_read_under_a_digests_name(
     nomd5, plain = listed["nomd5.bin"], listed["plain.bin"]
     assert not nomd5.content_id.startswith("az-md5:")
     assert backend.get_range(nomd5, 0, 5) == b"y" * 5
-    for forged_id in (azurelist.md5_content_id("AAAAAAAAAAAAAAAAAAAAAA==", nomd5.size),
-                      plain.content_id.rsplit(":", 1)[0] + f":{nomd5.size}"):  # fmt: skip
+    scope = nomd5.content_id.rsplit(":", 1)[1]  # nomd5.bin's own
+    plain_md5 = plain.content_id.split(":")[1]
+    for forged_id in (azurelist.md5_content_id("AAAAAAAAAAAAAAAAAAAAAA==", nomd5.size, scope),
+                      azurelist.md5_content_id(plain_md5, nomd5.size, scope)):  # fmt: skip
         forged = dataclasses.replace(nomd5, content_id=forged_id)
         assert backend.identifies(forged)
         with pytest.raises(ObjectChangedError):

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from silofs.records import job_name_error
 from tests.support.fixtures import needs_fuse
 from tests.support.node import REPO, Node, mounted, pids_with, silofs_cmd
 
@@ -496,6 +497,42 @@ def test_a_job_name_of_255_bytes_mounts(node: Node, local_store, bucket_name, tm
     mp = node.mount(local_store.uri(bucket_name), tmp_path / "mnt", "--job", job)
     assert (mp / "a").read_bytes() == b"1"
     assert [j["name"] for j in node.status()["jobs"]] == [job]
+
+
+def test_a_mountpoint_of_any_utf8_name_mounts_under_a_default_job(
+    node: Node, local_store, bucket_name, tmp_path: Path
+) -> None:
+    """Without --job, the job is named after the mountpoint: its name with only
+    whitespace and '/' replaced kept '\\', '"', DEL and format characters, and 85
+    three-byte characters made a job name of 262 bytes, so `silofs mount` at such a
+    directory failed with "a job name is 1-255 bytes ...", a job nobody had named."""
+    local_store.create(bucket_name, {"a": b"1"})
+    names = ["back\\slash", 'quote"d', "del\x7f", "nbsp\u00a0x", "zw\u200bx", "\u65e5" * 85]
+    jobs = []
+    for i, name in enumerate(names):
+        mp = node.mount(local_store.uri(bucket_name), tmp_path / str(i) / name)
+        assert (mp / "a").read_bytes() == b"1"
+        (m,) = node.status()["mounts"]
+        assert job_name_error(m["job"]) is None, m["job"]
+        jobs.append(m["job"])
+        node.unmount(mp)
+    assert len(set(jobs)) == len(names), jobs
+
+
+def test_a_mode_that_is_no_permission_bits_is_refused(
+    node: Node, local_store, bucket_name, tmp_path: Path
+) -> None:
+    """--file-mode -1 mounted, and every lookup then failed (EIO, a traceback per name
+    in the mount's log: "can't convert negative value to mode_t"); 17777 set a bit of
+    the file type, and every file was EIO too. Modes are 0 to 7777."""
+    local_store.create(bucket_name, {"a": b"1"})
+    for i, flags in enumerate(
+        (["--file-mode", "-1"], ["--file-mode", "17777"], ["--dir-mode", "100555"])
+    ):
+        res = try_mount(node, local_store.uri(bucket_name), tmp_path / f"m{i}", *flags)
+        assert_one_line_error(res, flags[0], "0 to 7777")
+    mp = node.mount(local_store.uri(bucket_name), tmp_path / "ok", "--file-mode", "7777")
+    assert os.stat(mp / "a").st_mode == 0o107777 and (mp / "a").read_bytes() == b"1"
 
 
 def test_a_dataset_or_mountpoint_not_utf8_is_one_line(node: Node, tmp_path: Path) -> None:

@@ -78,6 +78,22 @@ def test_warm_half_the_dataset_then_read_it_all(dataset, tmp_path: Path) -> None
     assert 0.4 <= ratio <= 0.52, m
 
 
+def test_a_warm_whose_paths_match_nothing_says_so(dataset) -> None:
+    """--paths of a directory's name ('train/c0', not 'train/c0/*') or a typo warmed
+    nothing and said "warmed ...: 0B cached of 0B", exit 0: the epoch read cold."""
+    node, uri, _ = dataset
+    for paths in (["train/c0/"], ["train/c0"], ["trian/*", "nope"]):
+        res = node.run("warm", uri, "--job", "prep", *(a for p in paths for a in ("--paths", p)))
+        assert res.returncode == 1, res
+        lines = res.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("silofs: error: no object of "), lines
+        assert all(repr(p) in lines[0] for p in paths) and "'train/*'" in lines[0], lines
+    assert ds_view(node, uri)["cached_bytes"] == 0
+    res = node.run("warm", uri, "--job", "prep", "--paths", "train/c0/*")
+    assert res.returncode == 0 and "warmed" in res.stderr, res.stderr
+    assert ds_view(node, uri)["warm"]["matched_objects"] == 15
+
+
 def test_warm_shows_progress_stops_on_ctrl_c_and_resumes(dataset, tmp_path: Path) -> None:
     node, uri, size = dataset
     # ~6 MB matched: at 512 kB/s the warm runs ~12 s, so the Ctrl-C below lands while it

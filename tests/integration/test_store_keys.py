@@ -7,7 +7,8 @@ without content, 0-byte objects, case-only twins, odd bytes (\\x7f, a literal %2
 and components longer than NAME_MAX: one entry per name, nothing outside the mount's
 root, every file its own bytes. And objects changing: with the same bytes as another
 (one content id, so one chunk key), the change is that object's EIO, never another's;
-a cached object rewritten reads its listed version until a refresh, then the new one.
+a cached object rewritten reads its listed version until a refresh, then the new one;
+an Azure blob whose writer gave it another blob's Content-MD5 never stands for that blob.
 """
 
 from __future__ import annotations
@@ -183,3 +184,44 @@ def test_a_prefix_with_hash_or_question_mark_mounts_that_prefix_only(
     assert _tree(mp) == {"in": b"in data#1/"}
     mq = node.mount(s.uri(bucket_name, "run?2/"), tmp_path / "query", *args)
     assert _tree(mq) == {"x": b"in run?2/"}
+
+
+def test_a_blob_whose_content_md5_names_another_blobs_bytes_never_stands_for_them(
+    request, make_node, monkeypatch, tmp_path: Path
+) -> None:
+    """An Azure blob's Content-MD5 is a property its writer sets (Set Blob Properties,
+    Put Block List: the service checks neither against the bytes). Content ids were that
+    digest and the size alone, and chunks are keyed by content id across datasets: a
+    writer of one container (bob) who gave his blob the MD5 and size of a blob in
+    another (alice's, a file whose digest is published) had his bytes cached under her
+    blob's chunk keys, and her reads served them. A blob's content id now names the
+    blob too; the digest still lets a refresh keep the chunks of a blob whose bytes did
+    not change."""
+    import hashlib
+
+    from azure.storage.blob import ContentSettings
+
+    s, args = _mounted_store("azure", request, monkeypatch)
+    real = random.Random("alice").randbytes(8 * CHUNK)
+    evil = random.Random("bob").randbytes(8 * CHUNK)
+    alice, bob = f"alice{os.getpid()}", f"bob{os.getpid()}"
+    s.create(alice, {"model.bin": real})
+    s.create(bob, {"scratch.bin": evil})
+    forged = bytearray(hashlib.md5(real).digest())
+    s.service().get_blob_client(bob, "scratch.bin").set_http_headers(
+        ContentSettings(content_md5=forged)
+    )
+    node = make_node()
+    flags = (*args, "--chunk-size", "256K")
+    mb = node.mount(s.uri(bob), tmp_path / "bob", *flags)
+    ma = node.mount(s.uri(alice), tmp_path / "alice", *flags)
+
+    def read_ranges(path: Path) -> bytes:
+        # Chunk by chunk, each GET a range of the blob (whose MD5 Azure computes), not
+        # the whole blob (whose answer carries the property, checked against the body).
+        with open(path, "rb", buffering=0) as f:
+            os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_RANDOM)
+            return b"".join(os.pread(f.fileno(), CHUNK, i * CHUNK) for i in range(8))
+
+    assert read_ranges(mb / "scratch.bin") == evil
+    assert read_ranges(ma / "model.bin") == real

@@ -58,8 +58,15 @@ def test_names_entities_md5_folders_and_the_marker() -> None:
     assert first.mtime == 1770114030.0  # Tue, 03 Feb 2026 10:20:30 GMT
     assert second.md5 is None and not second.folder
     assert third.folder
-    assert azurelist.content_id(first) == f"az-md5:{b64encode(MD5).decode()}:42"
-    assert azurelist.content_id(second) == "az-etag:0x8DC0FFEE:42"
+    scope = azurelist.blob_scope("acct", "c", first.name)
+    assert azurelist.content_id(first, scope) == f"az-md5:{b64encode(MD5).decode()}:42:{scope}"
+    assert azurelist.content_id(second, "s") == "az-etag:0x8DC0FFEE:42:s"
+    # A blob's scope is its own: another name, container or account is another scope.
+    others = {
+        azurelist.blob_scope(*where)
+        for where in (("acct", "c", "ds/x"), ("acct", "d", first.name), ("b", "c", first.name))
+    }
+    assert scope not in others and len(others) == 3 and len(scope) == 24
     assert azurelist.parse_page(_page(""))[2] is None  # <NextMarker />: the last page
 
 

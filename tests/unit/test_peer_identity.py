@@ -13,7 +13,7 @@ import pytest
 import trio
 
 from silofs.errors import UsageError
-from silofs.node.backends import open_backend
+from silofs.node.backends import azurelist, open_backend
 from silofs.node.backends.base import BackendOptions
 from silofs.node.daemon import Daemon
 from silofs.node.peer_serve import ChargeFirst
@@ -22,6 +22,8 @@ from silofs.records import ObjectInfo
 from silofs.uri import parse_uri
 from tests.unit.inprocess import running
 from tests.unit.test_peer_serve import CHUNK, home  # noqa: F401 (a fixture)
+
+_AZ_K = azurelist.blob_scope("a", "c", "k")  # blob k of container c, account a
 
 
 def _info(version: str, size: int, cid: str) -> ObjectInfo:
@@ -33,7 +35,11 @@ def _info(version: str, size: int, cid: str) -> ObjectInfo:
     [
         ("s3://b/", _info("e1", 10, "s3:e1:10"), _info("e1", 10, "s3:e2:10")),
         ("gs://b/", _info("7", 10, "gs-md5:abc==:10:7"), _info("7", 10, "gs-md5:abc==:10:8")),
-        ("az://a/c/", _info("0x1", 10, "az-etag:0x1:10"), _info("0x1", 10, "az-etag:0x2:10")),
+        (
+            "az://a/c/",
+            _info("0x1", 10, f"az-etag:0x1:10:{_AZ_K}"),
+            _info("0x1", 10, f"az-etag:0x2:10:{_AZ_K}"),
+        ),
     ],
 )
 def test_a_store_vouches_only_for_the_content_id_of_the_version(
@@ -45,8 +51,12 @@ def test_a_store_vouches_only_for_the_content_id_of_the_version(
         assert not backend.identifies(forged)
         assert not backend.identifies(dataclasses.replace(good, size=good.size + 1))
         if uri.startswith("az"):  # a digest, which the GET's answer names (and is checked)
-            assert backend.identifies(_info("0x1", 10, "az-md5:abc==:10"))
-            assert not backend.identifies(_info("0x1", 10, "az-md5:abc==:11"))
+            assert backend.identifies(_info("0x1", 10, f"az-md5:abc==:10:{_AZ_K}"))
+            assert not backend.identifies(_info("0x1", 10, f"az-md5:abc==:11:{_AZ_K}"))
+            # Another blob's id, or one of the form before ids named their blob.
+            other = azurelist.blob_scope("a", "c", "other")
+            for cid in (f"az-md5:abc==:10:{other}", "az-md5:abc==:10", "az-etag:0x1:10"):
+                assert not backend.identifies(_info("0x1", 10, cid)), cid
     finally:
         backend.close()
 

@@ -234,6 +234,9 @@ class AzureBackend(DelimitedListing):
     """A read-only view of az://account/container/prefix/; safe to share between threads."""
 
     item_noun = "blobs"
+    # The form of the content ids it lists: 2, each names its blob (azurelist.blob_scope).
+    # A dataset listed with another form is listed again (node/datasets.py).
+    content_ids = 2
 
     def __init__(self, uri: DatasetURI, opts: BackendOptions) -> None:
         self.account = uri.account
@@ -317,14 +320,21 @@ class AzureBackend(DelimitedListing):
         key = relative_key(self.prefix, blob.name)
         if key is None or blob.folder:  # a folder: a directory in a hierarchical namespace
             return None
-        return ObjectInfo(key, blob.size, blob.mtime, blob.etag, azurelist.content_id(blob))
+        scope = self._scope(blob.name)
+        return ObjectInfo(key, blob.size, blob.mtime, blob.etag, azurelist.content_id(blob, scope))
+
+    def _scope(self, name: str) -> str:
+        return azurelist.blob_scope(self.account, self.container_name, name)
 
     def identifies(self, info: ObjectInfo) -> bool:
         # A blob without an MD5 is named by its ETag (the GET's condition); one with an
-        # MD5 by that digest, which every GET's answer names and _get_part checks.
+        # MD5 by that digest, which every GET's answer names and _get_part checks. Both
+        # end with the blob's own scope (a content id of another blob, or one listed
+        # before ids had a scope, is refused).
         cid = info.content_id
-        return cid == azurelist.etag_content_id(info.version, info.size) or (
-            cid.startswith("az-md5:") and cid.endswith(f":{info.size}")
+        scope = self._scope(join_prefix(self.prefix, info.key))
+        return cid == azurelist.etag_content_id(info.version, info.size, scope) or (
+            cid.startswith("az-md5:") and cid.endswith(f":{info.size}:{scope}")
         )
 
     # Each GET is counted as its response arrives (keep_md5): a long range is several.
@@ -390,7 +400,8 @@ class AzureBackend(DelimitedListing):
         # could name a blob without one by another blob's digest and size.
         blob_md5 = blob_md5s[-1] if blob_md5s else ""
         if info.content_id.startswith("az-md5:"):
-            if azurelist.md5_content_id(blob_md5, info.size) != info.content_id:
+            scope = self._scope(store_key)
+            if azurelist.md5_content_id(blob_md5, info.size, scope) != info.content_id:
                 raise ObjectChangedError(f"{what}: its MD5 is not the one listed")
         return data
 
