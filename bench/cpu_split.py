@@ -4,7 +4,8 @@ Owns PerfRecord (`perf record -e cpu-clock -g` of one process, all its threads, 
 block runs) and split(), which sorts the recorded stacks into the parts of serving a
 read: the reply (the kernel copying it into the reader's pages), the verification
 (xxh3, and the page faults that map the value it reads), filling the page cache from
-the SSD (LMDB lookups' faults, read-ahead hints, residency probes), receiving requests,
+the SSD (LMDB lookups' faults, read-ahead hints, residency probes), the private copy a
+hit is checked on (preadv, or a memcpy out of the map), receiving requests,
 and the interpreter (the handlers, trio, pyfuse3's glue; perf sees no Python frames).
 py-spy sees the Python side and only wall time; this sees CPU, and the kernel. The
 event is cpu-clock, a software timer: VMs often lack the hardware counters. Never
@@ -28,7 +29,15 @@ PARTS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("verification (xxh3 of the served blocks)", ("XXH",)),
     (
         "page-cache fill (LMDB lookups' faults, read-ahead, residency probes)",
-        ("mdb_page_get", "mdb_cursor", "mdb_node", "madvise", "preadv", "page_cache_ra"),
+        ("mdb_page_get", "mdb_cursor", "mdb_node", "madvise", "page_cache_ra"),
+    ),
+    # The private copy a hit is checked and served from (mount/reader.py): preadv of
+    # data.mdb, or a memcpy out of LMDB's map after a mincore (libc's __memmove_*: perf
+    # finds no caller above it; the kernel's own copies are __pi_memcpy, under the
+    # reply or the receive). A preadv that starts read-ahead is the fill's, above.
+    (
+        "the private copy (preadv of data.mdb, or memcpy out of the map and its mincore)",
+        ("preadv", "__memmove_", "mincore"),
     ),
     (
         "request receive (read of /dev/fuse, poll, epoll)",

@@ -162,7 +162,7 @@ class ValueCursor:
     (The daemon's deletes check an overflow value's first page header as well.)
     """
 
-    __slots__ = ("cursor", "_val", "start", "_end", "map_end", "_write", "_map", "_refresh")
+    __slots__ = ("cursor", "_val", "start", "_end", "map_end", "_write", "map", "_refresh")
 
     def __init__(
         self,
@@ -183,8 +183,10 @@ class ValueCursor:
         # for a value that lies in the map past the old end before it is refused.
         self._refresh = refresh
         # The map as bytes from `start` (map_view()), for a read txn's values: they lie
-        # in data.mdb, never in a write txn's heap pages.
-        self._map = None if write else map_view
+        # in data.mdb, never in a write txn's heap pages. A value find() placed is
+        # map[addr - start : addr - start + size] (value(); the hit path of a small file
+        # slices it itself, mount/reader.py ChunkReader.whole).
+        self.map = None if write else map_view
 
     def find(self, key: bytes) -> tuple[int, int] | None:
         """(address, size) of the value of `key`, or None if absent; DamagedValueError
@@ -214,10 +216,10 @@ class ValueCursor:
         there is one (find() placed it inside data.mdb), else py-lmdb's value(), which
         reads a byte of every page of it (a 4 MiB value: 1024 pages, ~0.1 ms, on each
         1 MiB request of it)."""
-        if self._map is None:
+        if self.map is None:
             return self.cursor.value()
         at = self._val[1] - self.start
-        return self._map[at : at + self._val[0]]
+        return self.map[at : at + self._val[0]]
 
 
 class FirstTime:

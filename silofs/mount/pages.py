@@ -6,10 +6,11 @@ waiting for the disk on the serving thread (RWF_NOWAIT: a short read says the re
 not in the page cache, and a worker thread reads it), whether a value is in memory where
 that flag is refused (mincore), and asking the kernel to read a range ahead
 (MADV_WILLNEED), so a mount's serving thread never waits on the disk for a hit
-(mount/reader.py). Owns DirectFile too: data.mdb opened with O_DIRECT, a value read by
-the disk's DMA into a page-aligned buffer of the caller's own, bypassing the page cache.
-Never writes the env, and never checks what it copies (the caller does, on its copy:
-cache/format.py check_copy).
+(mount/reader.py); and whether a value is all in the page cache (in_memory) before a
+warm small file is copied out of the map instead. Owns DirectFile too: data.mdb opened
+with O_DIRECT, a value read by the disk's DMA into a page-aligned buffer of the caller's
+own, bypassing the page cache. Never writes the env, and never checks what it copies
+(the caller does, on its copy: cache/format.py check_copy).
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ _MADV_RANDOM = 1
 _MADV_WILLNEED = 3
 _MADV_POPULATE_READ = 22  # Linux 5.14+
 _PAGE = mmap.PAGESIZE
+_PAGE_MASK = ~(_PAGE - 1)
+_PAGE_SHIFT = _PAGE.bit_length() - 1
 # statx(2): STATX_DIOALIGN (Linux 6.1+) and where struct statx keeps its answer.
 _STATX_DIOALIGN = 0x2000
 _STATX_SIZE = 256
@@ -187,6 +190,29 @@ class ValuePages:
             if not start <= addr < end:
                 return None
         return addr - start
+
+    def in_memory(self, addr: int, size: int) -> bool:
+        """Whether every page of the value at `addr` (found by a ValueCursor in a
+        snapshot still open) is in the page cache and up to date, by mincore, on the
+        serving thread's vector; False where the range is not mapped as we think (a
+        remap). Only where mincore is `truthful` (the caller asks that once). A copy of
+        such a value out of the map (mount/reader.py ChunkReader.whole) then waits for
+        no disk and raises no SIGBUS, but for a page evicted in the microseconds between
+        this call and the copy. The hit path of every warm small file, kept short: the
+        caller has reserve()d the vector for values of this size."""
+        start = addr & _PAGE_MASK
+        span = addr + size - start
+        pages = (span + _PAGE - 1) >> _PAGE_SHIFT
+        return not self._mincore(start, span, self._vec_addr) and (
+            self._vec.count(1, 0, pages) == pages
+        )
+
+    def reserve(self, size: int) -> None:
+        """Make the serving thread's vector long enough for in_memory() of a value of
+        `size` bytes at any address (once per value size, not per read)."""
+        pages = (size + 2 * _PAGE - 2) >> _PAGE_SHIFT
+        if pages > len(self._vec):
+            self._grow(pages)
 
     def value_resident(self, addr: int, size: int) -> bool:
         """Whether every page of the value at `addr`, found by a ValueCursor, is in

@@ -41,7 +41,14 @@ def _admit(store: WritableStore, o: ObjectInfo, value: bytes) -> None:
     store.admit([PendingChunk(DSID, ref.key, value, ref.length)], {}, lambda *_: 1 << 40)
 
 
-def _reader(store: WritableStore) -> ChunkReader:
+@pytest.fixture(params=["map", "preadv"])
+def copy_by(request: pytest.FixtureRequest) -> str:
+    """How whole() takes its private copy: out of LMDB's map once mincore says the value
+    is in the page cache (where mincore can tell), or by preadv with RWF_NOWAIT."""
+    return str(request.param)
+
+
+def _reader(store: WritableStore, copy_by: str = "preadv") -> ChunkReader:
     r = ChunkReader(
         store,
         None,  # type: ignore[arg-type]  # hits never ask the daemon
@@ -53,6 +60,10 @@ def _reader(store: WritableStore) -> ChunkReader:
     )
     if not r._whole_ok:
         pytest.skip("no RWF_NOWAIT read of data.mdb here: whole() never serves")
+    if copy_by == "map" and not r.pages.truthful:
+        r.close()
+        pytest.skip("mincore cannot tell this process what data.mdb has in memory")
+    r._whole_map = copy_by == "map"
     return r
 
 
@@ -60,11 +71,11 @@ def _open(o: ObjectInfo) -> OpenFile:
     return OpenFile(o, ref=ChunkRef.of(o, CS, 0))
 
 
-def test_whole_serves_what_hit_serves_for_every_size(store: WritableStore) -> None:
+def test_whole_serves_what_hit_serves_for_every_size(store: WritableStore, copy_by: str) -> None:
     objs = [_obj(f"f{size}.bin", size) for size in SIZES]
     for o in objs:
         _admit(store, o, encode_chunk(DSID, 0, CS, o.key, o.content_id, _body(o)))
-    r = _reader(store)
+    r = _reader(store, copy_by)
     try:
         for _ in range(2):  # the second round reuses each size's views
             for o in objs:
@@ -102,14 +113,14 @@ DAMAGES = {
 
 
 @pytest.mark.parametrize("kind", sorted(DAMAGES))
-def test_whole_never_serves_a_damaged_value(store: WritableStore, kind: str) -> None:
+def test_whole_never_serves_a_damaged_value(store: WritableStore, kind: str, copy_by: str) -> None:
     o = _obj("small/file.bin", 110 << 10)
     good = encode_chunk(DSID, 0, CS, o.key, o.content_id, _body(o))
     hdr = ChunkRef.of(o, CS, 0).header
     bad = DAMAGES[kind](good, hdr)
     assert bad != good and len(bad) == len(good)
     _admit(store, o, bad)
-    r = _reader(store)
+    r = _reader(store, copy_by)
     try:
         assert r.whole(_open(o)) is None
         r.begin_read()
@@ -140,12 +151,13 @@ def test_whole_leaves_a_value_written_otherwise_to_the_general_path(
         r.close()
 
 
-def test_a_value_not_in_the_page_cache_is_not_whole_s(store: WritableStore) -> None:
-    """whole() copies with RWF_NOWAIT: a value whose pages the page cache lacks is left
-    to the general path (a worker thread reads it), never waited for here."""
+def test_a_value_not_in_the_page_cache_is_not_whole_s(store: WritableStore, copy_by: str) -> None:
+    """whole() copies with RWF_NOWAIT, or out of the map once mincore says every page is
+    in memory: a value whose pages the page cache lacks is left to the general path (a
+    worker thread reads it), never waited for here."""
     o = _obj("cold.bin", 200 << 10)
     _admit(store, o, encode_chunk(DSID, 0, CS, o.key, o.content_id, _body(o)))
-    r = _reader(store)
+    r = _reader(store, copy_by)
     try:
         data = os.path.join(store.path, "data.mdb")
         fd = os.open(data, os.O_RDONLY)
@@ -163,7 +175,7 @@ def test_a_value_not_in_the_page_cache_is_not_whole_s(store: WritableStore) -> N
 
 @pytest.mark.parametrize("kind", sorted(DAMAGES))
 def test_a_value_damaged_after_it_was_served_is_never_served_again(
-    store: WritableStore, kind: str
+    store: WritableStore, kind: str, copy_by: str
 ) -> None:
     """whole() keeps the header it checked in full, and takes a copy holding exactly
     those bytes as checked: damage that lands after a read, in the header or the data,
@@ -171,7 +183,7 @@ def test_a_value_damaged_after_it_was_served_is_never_served_again(
     o = _obj("small/file.bin", 110 << 10)
     good = encode_chunk(DSID, 0, CS, o.key, o.content_id, _body(o))
     _admit(store, o, good)
-    r = _reader(store)
+    r = _reader(store, copy_by)
     try:
         f = _open(o)
         for _ in range(2):
@@ -187,5 +199,39 @@ def test_a_value_damaged_after_it_was_served_is_never_served_again(
         r.renew()
         view = r.whole(f)
         assert view is not None and bytes(view) == _body(o)
+    finally:
+        r.close()
+
+
+def test_in_memory_tells_a_value_the_page_cache_dropped(store: WritableStore) -> None:
+    """The check before whole()'s copy out of the map (ValuePages.in_memory): False once
+    the value's pages left the page cache (the copy would wait for the disk on the
+    serving thread, or raise SIGBUS on a read error), True once they are back; False
+    for a range the map does not hold. The value is found before the drop, in the
+    snapshot that stays open, so no lookup of this test reads it back."""
+    o = _obj("cold.bin", 200 << 10)
+    _admit(store, o, encode_chunk(DSID, 0, CS, o.key, o.content_id, _body(o)))
+    r = _reader(store, "map")
+    try:
+        r.begin_read()
+        cur = r._value_cursor()
+        assert cur is not None
+        where = cur.find(ChunkRef.of(o, CS, 0).key)
+        assert where is not None
+        addr, size = where
+        data = os.path.join(store.path, "data.mdb")
+        fd = os.open(data, os.O_RDONLY)
+        try:
+            os.pread(fd, os.fstat(fd).st_size, 0)
+            assert r.pages.in_memory(addr, size)
+            os.fsync(fd)  # dirty pages are not evicted
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            assert not r.pages.in_memory(addr, size)
+            assert r.whole(_open(o)) is None
+            os.pread(fd, os.fstat(fd).st_size, 0)
+            assert r.pages.in_memory(addr, size)
+        finally:
+            os.close(fd)
+        assert not r.pages.in_memory(8 << 20, size)  # nothing is mapped there
     finally:
         r.close()
