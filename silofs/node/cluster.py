@@ -1128,6 +1128,32 @@ def _certificate_names(path: str) -> set[str]:
     }
 
 
+def _issued_by_ca(cert_path: str, ca_path: str) -> bool | None:
+    """Whether the certificate in `cert_path` (or an intermediate in the same file) is
+    issued by a CA of the bundle `ca_path`; None when either cannot be read as PEM
+    (loading them says why)."""
+    from cryptography import x509
+    from cryptography.exceptions import InvalidSignature
+
+    try:
+        with open(cert_path, "rb") as f:
+            chain = x509.load_pem_x509_certificates(f.read())
+        with open(ca_path, "rb") as f:
+            cas = x509.load_pem_x509_certificates(f.read())
+    except (OSError, ValueError):
+        return None
+    for cert in chain:
+        for ca in cas:
+            if cert.issuer != ca.subject:
+                continue
+            try:
+                cert.verify_directly_issued_by(ca)
+                return True
+            except (InvalidSignature, ValueError, TypeError):  # TypeError: a key type
+                continue
+    return False
+
+
 def _load_certificate(path: str) -> Any:
     from cryptography import x509
 
@@ -1163,6 +1189,16 @@ def _member_context(settings: NodeSettings) -> ssl.SSLContext:
             f"{settings.tls_cert} is not a cluster member's certificate (no node role or "
             "clientAuth): a node needs a new certificate to join a cluster: "
             "`silofs-ctl certs node DIR NAME --address HOST`"
+        )
+    # The members check each other's certificates against their tls_client_ca: one of
+    # another CA (another cluster's directory) started as if all were well, every member
+    # refusing it and it them, each side's log saying only that handshakes failed.
+    if _issued_by_ca(settings.tls_cert, settings.tls_client_ca) is False:
+        raise UsageError(
+            f"tls_cert {settings.tls_cert} is not issued by the CA in tls_client_ca "
+            f"{settings.tls_client_ca} (another cluster's CA?): the members would refuse "
+            "it; make this node's certificate with `silofs-ctl certs node DIR NAME "
+            "--address HOST`, DIR the directory of that ca.pem"
         )
     try:
         return client_context(settings.tls_cert, settings.tls_key, settings.tls_client_ca)
