@@ -296,12 +296,31 @@ class Cluster:
                     f"port {port} and its certificate's names): set [cluster] address"
                 )
             own = mine[0]
+        if self.settings.tls_cert is not None:
+            # The members connect to `own` and check that its host is a name of the
+            # certificate this node answers with: one for another host (a copy of
+            # another node's files, a --address left out) had every member count this
+            # node down while it started as if all were well, and its own asks served
+            # under the other host's name.
+            host, _ = parse_tls_url(own)
+            names = _certificate_names(self.settings.tls_cert)
+            if not _names_host(names, host):
+                raise conflict(
+                    f"this node is member {own}, but its certificate {self.settings.tls_cert} "
+                    f"is not for {host} (it names {', '.join(sorted(names)) or 'no host'}): "
+                    "the members would refuse it; make this node's certificate with "
+                    f"`silofs-ctl certs node DIR NAME --address {host}`"
+                )
         if self.settings.tcp_listen is not None:
             twice = _aliases(own, members, parse_tcp_address(self.settings.tcp_listen))
             if twice:
+                by_names = "" if self.settings.cluster and self.settings.cluster.address else (
+                    f" (this node took itself for {own} by its certificate's names: if that "
+                    "is another node's certificate, give this node its own)"
+                )  # fmt: skip
                 raise conflict(
                     f"{twice[0]} is this node ({own}) again: it reaches this node's own "
-                    "listener, and a node may be one member only"
+                    f"listener, and a node may be one member only{by_names}"
                 )
         return own
 
@@ -1126,6 +1145,20 @@ def _certificate_names(path: str) -> set[str]:
     return {n.lower() for n in san.get_values_for_type(x509.DNSName)} | {
         str(ip) for ip in san.get_values_for_type(x509.IPAddress)
     }
+
+
+def _names_host(names: set[str], host: str) -> bool:
+    """Whether a certificate with these DNS/IP names is one for `host` as a TLS client
+    checks it: the name itself, or a wildcard's one leftmost label."""
+    if host in names:
+        return True
+    try:
+        ipaddress.ip_address(host)
+        return False  # an address is never a wildcard's
+    except ValueError:
+        pass
+    _, dot, parent = host.partition(".")
+    return bool(dot) and f"*.{parent}" in names
 
 
 def _issued_by_ca(cert_path: str, ca_path: str) -> bool | None:

@@ -5,6 +5,8 @@ cluster that starts as if all were well while its members refuse each other.
 
 - a node certificate of another cluster's CA (tls_cert from another `certs init`
   directory than tls_client_ca);
+- a node certificate for another host than the member this node is ([cluster]
+  address set, the certificate copied from another node);
 """
 
 from __future__ import annotations
@@ -74,3 +76,19 @@ def test_a_node_certificate_of_another_clusters_ca_stops_the_start_in_one_line(
     assert status == 2, f"the daemon started with another CA's certificate: {out[-2000:]}"
     line = _one_error_line(out)
     assert "not issued by the CA in tls_client_ca" in line and "certs node" in line, line
+
+
+def test_a_node_certificate_for_another_host_stops_the_start_in_one_line(
+    tmp_path: Path,
+) -> None:
+    ports = free_ports(3)
+    # Node n2's certificate names 127.0.0.9 (another node's), its member address is
+    # 127.0.0.1: every member checking the host it connects to refuses it.
+    nodes = write_cluster(tmp_path, ["127.0.0.1", "127.0.0.1", "127.0.0.9"], ports)
+    text = nodes[1].config.read_text()
+    text = text.replace(str(tmp_path / "pki" / "n1."), str(tmp_path / "pki" / "n2."))
+    nodes[1].config.write_text(text)
+    status, out = _start(nodes[1].root, nodes[1].config)
+    assert status == 2, f"the daemon started with another host's certificate: {out[-2000:]}"
+    line = _one_error_line(out)
+    assert "is not for 127.0.0.1" in line and "--address 127.0.0.1" in line, line
