@@ -154,6 +154,15 @@ def set_cmd(
         raise click.ClickException(
             f"{failed} of {count(len(targets), 'node')} did not take the list"
         )
+    if nodes and len(targets) < len(listed):
+        # The members it did not reach place chunks by their old list until it reaches
+        # them (each node warns of members whose list differs, and status shows it).
+        click.echo(
+            f"note: pushed to {count(len(targets), 'node')} of {count(len(listed), 'member')}: "
+            "the others keep their list until it is pushed to them (leave out --nodes "
+            "to push to every member)",
+            err=True,
+        )
 
 
 def _refusals(targets: list[str], body: dict) -> int:
@@ -240,6 +249,12 @@ def render(target: str, answer: dict) -> str:
         state = "self" if m["self"] else m["state"]
         if m["state"] == "down":
             state += f" ({m['down_for_s']:g}s: {m['last_error']})"
+        other = m.get("other_list")
+        if isinstance(other, dict):  # it places chunks by another list than this node
+            state += (
+                f" (another member list: version {other.get('version')}, "
+                f"{other.get('members')} members)"
+            )
         out.append(
             f"  {m['address']} weight {m['weight']:g} {state}: asked {m['requests_out']}, "
             f"received {format_size(m['bytes_in'])}, fallbacks {m['store_fallbacks']}, "

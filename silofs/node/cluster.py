@@ -140,6 +140,8 @@ class Cluster:
         # pinging again (two failed pings of one outage would be two failures).
         self._probes: dict[str, trio.Event] = {}
         self._no_pull_until: dict[str, float] = {}  # a member's failed pull: PULL_BACKOFF
+        # (member, its list's digest, ours) warned of by _compare_lists.
+        self._lists_warned: set[tuple[str, str, str]] = set()
         # Membership.came_up as of the last stand-in sweep, and whether one runs.
         self._swept = 0
         self._sweeping = False
@@ -900,12 +902,53 @@ class Cluster:
             member.probing = False
         if not self.membership.mark_up(member.address, asked_at=asked):
             return  # it failed since this ping was sent: down, for its next probe
+        self._compare_lists(member, pong)
         # Tables merge entry by entry: one that differs may hold a change we missed.
         version, digest = pong.get("allocations_version"), pong.get("allocations_digest")
         if (isinstance(version, int) and version > self.shares.version) or (
             isinstance(digest, str) and digest != self.shares.digest
         ):
             await self._pull_shares(member)
+
+    def _compare_lists(self, member: MemberState, pong: dict) -> None:
+        """Note a member that places chunks by another list than this node's (a list
+        pushed to some nodes only, silofs.toml files edited apart): every miss asked
+        of a home the other side does not count one, read from the store twice, the
+        shares' parts summing to more or less than the share, and nothing said. Warned
+        once per pair of lists, when a second ping PING_SECONDS later still finds them
+        apart: a `cluster set` reaches the nodes one after the other, and a ping may
+        fall between two of its pushes. A member that does not say (an older one) is
+        taken as agreeing."""
+        assert self.membership is not None
+        digest, version = pong.get("members_digest"), pong.get("members_version")
+        n = pong.get("members_count")
+        if not (isinstance(digest, str) and _is_int(version) and _is_int(n)):
+            return
+        member.their_list = (version, n, digest[:64])
+        if digest == self.membership.digest:
+            member.list_differs_since = None
+            return
+        now = self.membership.clock()
+        if member.list_differs_since is None:
+            member.list_differs_since = now
+            return
+        key = (member.address, digest[:64], self.membership.digest)
+        if now - member.list_differs_since < PING_SECONDS or key in self._lists_warned:
+            return
+        if len(self._lists_warned) >= 4096:  # a member saying a new list every ping
+            self._lists_warned.clear()
+        self._lists_warned.add(key)
+        log.warning(
+            "cluster member %s places chunks by another member list (version %d, %s) "
+            "than this node (version %d, %s): each asks homes the other does not count, "
+            "and reads their chunks from the store; push one list to every node "
+            "(`silofs-ctl cluster set --members ...`, without --nodes)",
+            member.address,
+            version,
+            count(n, "member"),
+            self.membership.version,
+            count(len(self.membership.members), "member"),
+        )
 
     async def _pull_shares(self, member: MemberState) -> None:
         if trio.current_time() < self._no_pull_until.get(member.address, -math.inf):
@@ -1237,6 +1280,10 @@ def _member_context(settings: NodeSettings) -> ssl.SSLContext:
         return client_context(settings.tls_cert, settings.tls_key, settings.tls_client_ca)
     except (OSError, ssl.SSLError) as exc:
         raise UsageError(f"tls_cert/tls_key/tls_client_ca: {exc}") from None
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 __all__ = ["Cluster", "PeerRead"]

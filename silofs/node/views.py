@@ -137,6 +137,13 @@ def cluster_view(d: Daemon) -> dict[str, Any] | None:
                 "down_for_s": round(max(0.0, m.down_until - now), 2) if not m.up else 0.0,
                 "failures": m.failures,
                 "last_error": m.last_error or None,
+                # Its member list as its last ping said, when it differs from this
+                # node's (a list pushed to some nodes only); None: the same, or unsaid.
+                "other_list": (
+                    None
+                    if m.list_differs_since is None or m.their_list is None
+                    else {"version": m.their_list[0], "members": m.their_list[1]}
+                ),
                 "connections_opened": c.pools[m.address].opened if m.address in c.pools else 0,
                 **m.counters.view(),
             }

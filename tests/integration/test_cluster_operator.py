@@ -7,16 +7,25 @@ cluster that starts as if all were well while its members refuse each other.
   directory than tls_client_ca);
 - a node certificate for another host than the member this node is ([cluster]
   address set, the certificate copied from another node);
+- `silofs-ctl cluster set --nodes` naming one node only: the nodes place chunks by two
+  lists; `cluster set` says it reached 1 of 3 members, and each node's status and log
+  name the members whose list differs until the same list reaches them.
 """
 
 from __future__ import annotations
 
 import subprocess
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
+
 from tests.support.cluster import make_pki, write_cluster
+from tests.support.cluster_run import ClusterDaemon
 from tests.support.net import free_ports
 from tests.support.node import silofs_cmd
+from tests.support.poll import wait_for
 
 START_BOUND = 60.0  # a daemon that refuses its config exits long before this
 
@@ -92,3 +101,85 @@ def test_a_node_certificate_for_another_host_stops_the_start_in_one_line(
     assert status == 2, f"the daemon started with another host's certificate: {out[-2000:]}"
     line = _one_error_line(out)
     assert "is not for 127.0.0.1" in line and "--address 127.0.0.1" in line, line
+
+
+@pytest.fixture
+def three(tmp_path: Path) -> Iterator[list[ClusterDaemon]]:
+    """Three daemons of one cluster on 127.0.0.1 (no store: member lists only), each
+    counting every member up."""
+    specs = write_cluster(
+        tmp_path, ["127.0.0.1"] * 3, free_ports(3),
+        cluster={"peer_timeout_seconds": 1.0, "peer_backoff_seconds": 0.5},
+    )  # fmt: skip
+    nodes = [ClusterDaemon(spec) for spec in specs]
+    try:
+        for node in nodes:
+            node.start()
+        for node in nodes:
+            wait_for(
+                lambda n=node: all(m["state"] == "up" for m in n.cluster()["members"]),
+                timeout=60,
+                what="every member up",
+            )
+        yield nodes
+    finally:
+        for node in nodes:
+            node.cleanup()
+
+
+def _ctl(node: ClusterDaemon, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "silofs_ctl", *args],
+        capture_output=True, text=True, env=node.env, timeout=60,
+    )  # fmt: skip
+
+
+def _other_lists(node: ClusterDaemon) -> dict[str, dict | None]:
+    return {m["address"]: m.get("other_list") for m in node.cluster()["members"] if not m["self"]}
+
+
+def test_a_member_list_pushed_to_one_node_only_is_said_by_the_push_and_the_nodes(
+    three: list[ClusterDaemon],
+) -> None:
+    a = [n.spec.address for n in three]
+    assert all(v is None for n in three for v in _other_lists(n).values())
+    # The operator runs `cluster set` on gpu01 against its own socket: the list (gpu03
+    # weighted 2, its cache being twice the others') reaches that node only.
+    res = _ctl(three[0], "cluster", "set", "--nodes", three[0].socket,
+               "--members", ",".join(a), "--weight", f"{a[2]}=2")  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    assert "pushed to 1 node of 3 members" in res.stderr, res.stderr
+    assert "leave out --nodes" in res.stderr, res.stderr
+    # Both sides see it at their next ping of the other (every PING_SECONDS, 5 s).
+    wait_for(
+        lambda: (
+            all(_other_lists(three[0]).values())
+            and _other_lists(three[1])[a[0]] is not None
+            and _other_lists(three[2])[a[0]] is not None
+        ),
+        timeout=30,
+        what="the nodes to find their member lists differ",
+    )
+    assert _other_lists(three[1])[a[2]] is None  # those two still agree
+    assert _other_lists(three[0])[a[1]]["members"] == 3, _other_lists(three[0])
+    res = _ctl(three[0], "cluster", "status", "--nodes", three[0].socket)
+    assert res.returncode == 0 and res.stdout.count("another member list") == 2, res.stdout
+    # ... and each log says it once, with what to do, when a second ping finds it still.
+    log = three[0].logs / "daemon.log"
+    wait_for(
+        lambda: log.read_text().count("places chunks by another member list") == 2,
+        timeout=30,
+        what="node 0's warnings",
+    )
+    assert "without --nodes" in log.read_text()
+    # The list pushed to every member: they agree again, and say so.
+    res = _ctl(three[0], "cluster", "set", "--nodes", ",".join(n.socket for n in three),
+               "--members", ",".join(a), "--weight", f"{a[2]}=2")  # fmt: skip
+    assert res.returncode == 0 and "note:" not in res.stderr, res.stderr
+    wait_for(
+        lambda: all(v is None for n in three for v in _other_lists(n).values()),
+        timeout=30,
+        what="the nodes to agree again",
+    )
+    res = _ctl(three[0], "cluster", "status", "--nodes", three[0].socket)
+    assert "another member list" not in res.stdout, res.stdout
