@@ -7,6 +7,7 @@ cluster that starts as if all were well while its members refuse each other.
   directory than tls_client_ca);
 - a node certificate for another host than the member this node is ([cluster]
   address set, the certificate copied from another node);
+- an IPv6 member written without brackets (its last group read as the port);
 - `silofs-ctl cluster set --nodes` naming one node only: the nodes place chunks by two
   lists; `cluster set` says it reached 1 of 3 members, and each node's status and log
   name the members whose list differs until the same list reaches them.
@@ -101,6 +102,22 @@ def test_a_node_certificate_for_another_host_stops_the_start_in_one_line(
     assert status == 2, f"the daemon started with another host's certificate: {out[-2000:]}"
     line = _one_error_line(out)
     assert "is not for 127.0.0.1" in line and "--address 127.0.0.1" in line, line
+
+
+def test_an_ipv6_member_without_brackets_stops_the_start_in_one_line(tmp_path: Path) -> None:
+    ports = free_ports(2)
+    nodes = write_cluster(tmp_path, ["127.0.0.1"] * 2, ports)
+    # fd00::1:2 meant with the default port: it was taken as [fd00::1] port 2, a member
+    # no one runs, down for ever and holding its part of every share.
+    text = nodes[0].config.read_text()
+    member = f'{{ address = "tls://127.0.0.1:{ports[1]}", weight = 1.0 }}'
+    text = text.replace(member, '"tls://fd00::1:2"')
+    assert "fd00::1:2" in text, text
+    nodes[0].config.write_text(text)
+    status, out = _start(nodes[0].root, nodes[0].config)
+    assert status == 2, f"the daemon started: {out[-2000:]}"
+    line = _one_error_line(out)
+    assert "in brackets" in line and "tls://[fd00::1]:7470" in line, line
 
 
 @pytest.fixture
