@@ -78,7 +78,7 @@ from silofs.node.peer_wire import (
 from silofs.node.standins import homed_live_by, sweep_standins
 from silofs.node.state import DatasetState, MountState
 from silofs.node.supervise import describe
-from silofs.units import count, is_digits
+from silofs.units import count, format_size, is_digits
 from silofs.uri import store_endpoint
 
 log = logging.getLogger(__name__)
@@ -987,9 +987,16 @@ class Cluster:
                 if k != uri and k not in self.shares.shares
             )
             if others + part > self.d.cache_size:
+                # Said in sizes, with the most this share can be: "357913941 bytes"
+                # left the operator to work out what the cluster holds.
+                room = max(0, self.d.cache_size - others)
+                most = int(room * self.membership.total_weight() / self.membership.self_weight())
                 raise UsageError(
-                    f"this node's part of {uri} ({part} bytes) and its other allocations "
-                    f"({others} bytes) would exceed its cache ({self.d.cache_size} bytes)"
+                    f"a share of {format_size(size or 0)} puts {format_size(part)} of {uri} "
+                    f"on this node (its weight's part), which with its other allocations "
+                    f"({format_size(others)}) exceeds its cache "
+                    f"({format_size(self.d.cache_size)}): the cluster's caches give it at "
+                    f"most {format_size(most)} (or free this node's other allocations)"
                 )
         await self.shares.set(uri, size)
         self.d.allocs.notify()

@@ -162,6 +162,9 @@ def cluster_view(d: Daemon) -> dict[str, Any] | None:
         # counter tables are copied first (list(): one C call, no thread runs in it):
         # member connections' threads add to them.
         "peers_in": {name: pc.view() for name, pc in list(c.incoming.items())},
+        # Every dataset with peer traffic here or a share: a share set on another
+        # member (allocate-cache there) is this node's to hold before it reads a byte,
+        # and `cluster status` here showed nothing of it.
         "datasets": [
             {
                 "uri": uri,
@@ -170,7 +173,9 @@ def cluster_view(d: Daemon) -> dict[str, Any] | None:
                 "cached_bytes": _cached(d, uri),
                 **pc.view(),
             }
-            for uri, pc in sorted(list(c.datasets.items()))
+            for uri, pc in sorted(
+                {**{u: PeerCounters() for u in shares.shares}, **dict(c.datasets)}.items()
+            )
         ],
         "allocations_version": shares.version,
         "shares": dict(shares.shares),

@@ -11,6 +11,8 @@ cluster that starts as if all were well while its members refuse each other.
 - `silofs-ctl cluster set --nodes` naming one node only: the nodes place chunks by two
   lists; `cluster set` says it reached 1 of 3 members, and each node's status and log
   name the members whose list differs until the same list reaches them.
+- `allocate-cache` of a share larger than the cluster's caches: one line with the most
+  it can be; a share set on one node is shown by `cluster status` on every other.
 """
 
 from __future__ import annotations
@@ -200,3 +202,27 @@ def test_a_member_list_pushed_to_one_node_only_is_said_by_the_push_and_the_nodes
     )
     res = _ctl(three[0], "cluster", "status", "--nodes", three[0].socket)
     assert "another member list" not in res.stdout, res.stdout
+
+
+def test_a_share_beyond_the_clusters_caches_says_the_most_and_shows_on_every_node(
+    three: list[ClusterDaemon],
+) -> None:
+    uri = "s3://bkt/train/"
+    # 3 members of 64 MiB, weight 1 each: a share holds 192 MiB at most.
+    res = _ctl(three[0], "allocate-cache", "--create", uri, "1G")
+    assert res.returncode == 1 and res.stderr.count("\n") == 1, res.stderr
+    assert "at most 192.0MiB" in res.stderr and "341.3MiB" in res.stderr, res.stderr
+    assert all(not n.cluster()["datasets"] for n in three)  # nothing set anywhere
+    res = _ctl(three[0], "allocate-cache", "--create", uri, "150M")
+    assert res.returncode == 0, res.stderr
+    # Read on another node, which has not opened the dataset: the share and its part.
+    for n in three[1:]:
+        wait_for(
+            lambda n=n: (
+                (r := _ctl(n, "cluster", "status", "--nodes", n.socket)).returncode == 0
+                and f"{uri}: share 150.0MiB, part 50.0MiB" in r.stdout
+                and r
+            ),
+            timeout=30,
+            what="the share in cluster status",
+        )
