@@ -1283,10 +1283,35 @@ def _member_context(settings: NodeSettings) -> ssl.SSLContext:
             "it; make this node's certificate with `silofs-ctl certs node DIR NAME "
             "--address HOST`, DIR the directory of that ca.pem"
         )
+    return _client_context(settings.tls_cert, settings.tls_key, settings.tls_client_ca)
+
+
+def _client_context(cert: str, key: str, ca: str) -> ssl.SSLContext:
+    """client_context, or UsageError in the words the listener's start uses (which runs
+    after this one with [cluster]): the file and what is wrong with it. OpenSSL's own
+    were "[X509: KEY_VALUES_MISMATCH] key values mismatch" or "[Errno 2] No such file
+    or directory", naming none of the three files."""
+    from silofs.control.tls import (
+        NO_PASSPHRASE,
+        ca_load_problem,
+        chain_load_problem,
+        key_file_problem,
+    )
+
+    if problem := key_file_problem(key):
+        raise UsageError(f"tls_key: {problem}")
+    probe = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
     try:
-        return client_context(settings.tls_cert, settings.tls_key, settings.tls_client_ca)
+        probe.load_cert_chain(cert, key, password=NO_PASSPHRASE)
     except (OSError, ssl.SSLError) as exc:
-        raise UsageError(f"tls_cert/tls_key/tls_client_ca: {exc}") from None
+        why = chain_load_problem(cert, key, exc)
+        if not isinstance(exc, ssl.SSLError):  # which of the two: the cert was read
+            why = f"{key}: {why}"
+        raise UsageError(f"tls_cert/tls_key: cannot load {cert} / {key}: {why}") from None
+    try:
+        return client_context(cert, key, ca)
+    except (OSError, ssl.SSLError) as exc:
+        raise UsageError(f"tls_client_ca: cannot load {ca}: {ca_load_problem(ca, exc)}") from None
 
 
 def _is_int(value: object) -> bool:

@@ -7,6 +7,8 @@ cluster that starts as if all were well while its members refuse each other.
   directory than tls_client_ca);
 - a node certificate for another host than the member this node is ([cluster]
   address set, the certificate copied from another node);
+- a key of another node's certificate, a key or CA file missing: the same line as a
+  node without [cluster] gives, naming the file (OpenSSL's words named none);
 - an IPv6 member written without brackets (its last group read as the port);
 - `silofs-ctl cluster set --nodes` naming one node only: the nodes place chunks by two
   lists; `cluster set` says it reached 1 of 3 members, and each node's status and log
@@ -104,6 +106,27 @@ def test_a_node_certificate_for_another_host_stops_the_start_in_one_line(
     assert status == 2, f"the daemon started with another host's certificate: {out[-2000:]}"
     line = _one_error_line(out)
     assert "is not for 127.0.0.1" in line and "--address 127.0.0.1" in line, line
+
+
+@pytest.mark.parametrize("mistake", ["other-key", "no-key", "no-ca"])
+def test_a_node_key_or_ca_file_wrong_names_it_in_one_line(tmp_path: Path, mistake: str) -> None:
+    nodes = write_cluster(tmp_path, ["127.0.0.1"] * 2, free_ports(2))
+    pki = tmp_path / "pki"
+    text = nodes[0].config.read_text()
+    if mistake == "other-key":  # gpu02's key copied beside gpu01's certificate
+        text = text.replace(f'"{pki}/n0.key"', f'"{pki}/n1.key"')
+        want = f"{pki}/n1.key is not the key of {pki}/n0.pem"
+    elif mistake == "no-key":
+        text = text.replace(f'"{pki}/n0.key"', f'"{pki}/gpu01.key"')
+        want = f"{pki}/gpu01.key: No such file or directory"
+    else:
+        text = text.replace(f'"{pki}/ca.pem"', f'"{pki}/cluster-ca.pem"')
+        want = f"tls_client_ca: cannot load {pki}/cluster-ca.pem: No such file or directory"
+    nodes[0].config.write_text(text)
+    status, out = _start(nodes[0].root, nodes[0].config)
+    assert status == 2, f"the daemon started: {out[-2000:]}"
+    line = _one_error_line(out)
+    assert want in line, line
 
 
 def test_an_ipv6_member_without_brackets_stops_the_start_in_one_line(tmp_path: Path) -> None:
