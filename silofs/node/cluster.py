@@ -39,7 +39,7 @@ from silofs.cache.format import (
     verify_chunk,
 )
 from silofs.config import PEER_KEYS, ClusterSettings, NodeSettings, parse_cluster
-from silofs.control.tls import parse_tcp_address, parse_tls_url, tls_url
+from silofs.control.tls import DEFAULT_PORT, parse_tcp_address, parse_tls_url, tls_url
 from silofs.errors import UsageError
 from silofs.flight import SingleFlight
 from silofs.node.cluster_shares import ClusterShares, check_shares, now_version
@@ -293,9 +293,20 @@ class Cluster:
                 a for a in members if any(a == tls_url(n, port) for n in names if n != "0.0.0.0")
             ]
             if len(mine) != 1:
+                # A member written without a port is on DEFAULT_PORT: with tcp_listen on
+                # another, "set [cluster] address" sent the operator the wrong way.
+                unported = not mine and any(
+                    a == tls_url(n, DEFAULT_PORT) for a in members for n in names
+                )
+                hint = (
+                    f" (a member written without a port is on {DEFAULT_PORT}: write "
+                    f"tls://HOST:{port})"
+                    if unported
+                    else ""
+                )
                 raise conflict(
                     f"cannot tell which member this node is ({len(mine)} of the members match "
-                    f"port {port} and its certificate's names): set [cluster] address"
+                    f"port {port} and its certificate's names): set [cluster] address{hint}"
                 )
             own = mine[0]
         if self.settings.tls_cert is not None:

@@ -9,6 +9,7 @@ cluster that starts as if all were well while its members refuse each other.
   address set, the certificate copied from another node);
 - a key of another node's certificate, a key or CA file missing: the same line as a
   node without [cluster] gives, naming the file (OpenSSL's words named none);
+- members written without a port while tcp_listen is on another than 7470;
 - an IPv6 member written without brackets (its last group read as the port);
 - `silofs-ctl cluster set --nodes` naming one node only: the nodes place chunks by two
   lists; `cluster set` says it reached 1 of 3 members, and each node's status and log
@@ -127,6 +128,21 @@ def test_a_node_key_or_ca_file_wrong_names_it_in_one_line(tmp_path: Path, mistak
     assert status == 2, f"the daemon started: {out[-2000:]}"
     line = _one_error_line(out)
     assert want in line, line
+
+
+def test_members_without_a_port_say_theirs_is_7470(tmp_path: Path) -> None:
+    ports = free_ports(2)
+    nodes = write_cluster(tmp_path, ["127.0.0.1", "127.0.0.2"], ports)
+    text = nodes[0].config.read_text()
+    for host, port in (("127.0.0.1", ports[0]), ("127.0.0.2", ports[1])):
+        text = text.replace(f'"tls://{host}:{port}", weight', f'"tls://{host}", weight')
+    text = text.replace(f'address = "tls://127.0.0.1:{ports[0]}"\n', "")
+    assert f"tls://127.0.0.1:{ports[0]}" not in text.split("[cluster]")[1], text
+    nodes[0].config.write_text(text)
+    status, out = _start(nodes[0].root, nodes[0].config)
+    assert status == 2, f"the daemon started: {out[-2000:]}"
+    line = _one_error_line(out)
+    assert f"without a port is on 7470: write tls://HOST:{ports[0]}" in line, line
 
 
 def test_an_ipv6_member_without_brackets_stops_the_start_in_one_line(tmp_path: Path) -> None:
