@@ -38,25 +38,45 @@ def _split(values: Sequence[str]) -> list[str]:
     return [v.strip() for value in values for v in value.split(",") if v.strip()]
 
 
-def slurm_nodes(scontrol: str = "scontrol", sinfo: str = "sinfo") -> list[str]:
+def slurm_nodes(
+    scontrol: str = "scontrol", sinfo: str = "sinfo", partitions: Sequence[str] = ()
+) -> list[str]:
     """The node names Slurm reports: `scontrol show nodes --json` (Slurm 21.08+), else
-    `sinfo -N -h -o %N`. SlurmError (one line) if neither answers."""
+    `sinfo -N -h -o %N`; with `partitions`, only the nodes of those (every node of a
+    Slurm cluster, its CPU and login partitions too, made members that run no silofs:
+    down for ever, each holding its part of every share). SlurmError (one line) if
+    neither answers, or no node is in the partitions."""
+    wanted = set(partitions)
+    nodes: list[dict] = []
     try:
         doc = json.loads(
             run_bounded([scontrol, "show", "nodes", "--json"], _SLURM_TIMEOUT, _SLURM_LIMIT)
         )
-        names = [
-            str(n["name"]) for n in doc.get("nodes", []) if isinstance(n, dict) and n.get("name")
-        ]
-        if names:
-            return sorted(set(names))
+        nodes = [n for n in doc.get("nodes", []) if isinstance(n, dict) and n.get("name")]
     except (SlurmError, ValueError, KeyError, TypeError, AttributeError):
         pass
-    text = run_bounded([sinfo, "-N", "-h", "-o", "%N"], _SLURM_TIMEOUT, _SLURM_LIMIT)
+    if nodes:
+        names = sorted(
+            str(n["name"])
+            for n in nodes
+            if not wanted or wanted & {str(p) for p in _listed(n.get("partitions"))}
+        )
+        if not names:
+            raise SlurmError(f"scontrol: no node in partition {', '.join(sorted(wanted))}")
+        return sorted(set(names))
+    argv = [sinfo, "-N", "-h", "-o", "%N"]
+    if wanted:
+        argv += ["-p", ",".join(sorted(wanted))]
+    text = run_bounded(argv, _SLURM_TIMEOUT, _SLURM_LIMIT)
     names = sorted({h for line in text.splitlines() for h in expand_hostlist(line)})
     if not names:
-        raise SlurmError("sinfo: no nodes")
+        where = f" in partition {', '.join(sorted(wanted))}" if wanted else ""
+        raise SlurmError(f"sinfo: no nodes{where}")
     return names
+
+
+def _listed(value: object) -> list:
+    return value if isinstance(value, list) else []
 
 
 def members_body(
@@ -101,6 +121,9 @@ def cluster() -> None:
 @click.option("--from-slurm", is_flag=True, help="The members are the nodes Slurm reports.")
 @click.option("--port", default=DEFAULT_PORT, show_default=True, type=click.IntRange(1, 65535),
               help="With --from-slurm: the members' TLS port.")  # fmt: skip
+@click.option("--partition", "partitions", multiple=True,
+              help="With --from-slurm: only the nodes of this Slurm partition (repeatable "
+              "or comma-separated; default: every node Slurm reports).")  # fmt: skip
 @click.option("--name", default=None, help="The cluster's name (default: the nodes' current).")
 @click.option(
     "--weight", "weights", multiple=True, help="ADDRESS=WEIGHT (repeatable; default: 1 each)."
@@ -112,6 +135,7 @@ def set_cmd(
     members: tuple[str, ...],
     from_slurm: bool,
     port: int,
+    partitions: tuple[str, ...],
     name: str | None,
     weights: tuple[str, ...],
     version: int | None,
@@ -121,9 +145,11 @@ def set_cmd(
     listed = _split(members)
     if from_slurm == bool(listed):
         raise click.UsageError("give the members with --members or --from-slurm (one of them)")
+    if partitions and not from_slurm:
+        raise click.UsageError("--partition goes with --from-slurm")
     if from_slurm:
         try:
-            listed = [f"tls://{host}:{port}" for host in slurm_nodes()]
+            listed = [f"tls://{host}:{port}" for host in slurm_nodes(partitions=_split(partitions))]
         except SlurmError as exc:
             raise click.ClickException(str(exc)) from None
     listed, weighted = _canonical(listed, _weights(weights))
@@ -153,6 +179,15 @@ def set_cmd(
     if failed:
         raise click.ClickException(
             f"{failed} of {count(len(targets), 'node')} did not take the list"
+        )
+    if nodes and len(targets) < len(listed):
+        # The members it did not reach place chunks by their old list until it reaches
+        # them (each node warns of members whose list differs, and status shows it).
+        click.echo(
+            f"note: pushed to {count(len(targets), 'node')} of {count(len(listed), 'member')}: "
+            "the others keep their list until it is pushed to them (leave out --nodes "
+            "to push to every member)",
+            err=True,
         )
 
 
@@ -240,6 +275,12 @@ def render(target: str, answer: dict) -> str:
         state = "self" if m["self"] else m["state"]
         if m["state"] == "down":
             state += f" ({m['down_for_s']:g}s: {m['last_error']})"
+        other = m.get("other_list")
+        if isinstance(other, dict):  # it places chunks by another list than this node
+            state += (
+                f" (another member list: version {other.get('version')}, "
+                f"{other.get('members')} members)"
+            )
         out.append(
             f"  {m['address']} weight {m['weight']:g} {state}: asked {m['requests_out']}, "
             f"received {format_size(m['bytes_in'])}, fallbacks {m['store_fallbacks']}, "

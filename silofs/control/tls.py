@@ -56,6 +56,14 @@ def parse_tls_url(address: str) -> tuple[str, int]:
             if not tail.startswith(":"):
                 raise ValueError(f"bad node address {address!r}: want tls://HOST:PORT")
             port = tail[1:]
+    elif rest.count(":") > 1:
+        # An IPv6 address without brackets: its last group reads as a port, or not
+        # (tls://fd00::1:2 was [fd00::1] port 2 to us, fd00::1:2 port 7470 to whoever
+        # wrote it). tcp_listen refuses it so too.
+        raise ValueError(
+            f"bad node address {address!r}: write an IPv6 address in brackets, like "
+            "tls://[fd00::1]:7470"
+        )
     elif ":" in rest:
         host, _, port = rest.rpartition(":")
     if not _is_host(host, bracketed=rest.startswith("[")):

@@ -39,7 +39,7 @@ from silofs.cache.format import (
     verify_chunk,
 )
 from silofs.config import PEER_KEYS, ClusterSettings, NodeSettings, parse_cluster
-from silofs.control.tls import parse_tcp_address, parse_tls_url, tls_url
+from silofs.control.tls import DEFAULT_PORT, parse_tcp_address, parse_tls_url, tls_url
 from silofs.errors import UsageError
 from silofs.flight import SingleFlight
 from silofs.node.cluster_shares import ClusterShares, check_shares, now_version
@@ -78,7 +78,7 @@ from silofs.node.peer_wire import (
 from silofs.node.standins import homed_live_by, sweep_standins
 from silofs.node.state import DatasetState, MountState
 from silofs.node.supervise import describe
-from silofs.units import count, is_digits
+from silofs.units import count, format_size, is_digits
 from silofs.uri import store_endpoint
 
 log = logging.getLogger(__name__)
@@ -140,6 +140,8 @@ class Cluster:
         # pinging again (two failed pings of one outage would be two failures).
         self._probes: dict[str, trio.Event] = {}
         self._no_pull_until: dict[str, float] = {}  # a member's failed pull: PULL_BACKOFF
+        # (member, its list's digest, ours) warned of by _compare_lists.
+        self._lists_warned: set[tuple[str, str, str]] = set()
         # Membership.came_up as of the last stand-in sweep, and whether one runs.
         self._swept = 0
         self._sweeping = False
@@ -291,17 +293,47 @@ class Cluster:
                 a for a in members if any(a == tls_url(n, port) for n in names if n != "0.0.0.0")
             ]
             if len(mine) != 1:
+                # A member written without a port is on DEFAULT_PORT: with tcp_listen on
+                # another, "set [cluster] address" sent the operator the wrong way.
+                unported = not mine and any(
+                    a == tls_url(n, DEFAULT_PORT) for a in members for n in names
+                )
+                hint = (
+                    f" (a member written without a port is on {DEFAULT_PORT}: write "
+                    f"tls://HOST:{port})"
+                    if unported
+                    else ""
+                )
                 raise conflict(
                     f"cannot tell which member this node is ({len(mine)} of the members match "
-                    f"port {port} and its certificate's names): set [cluster] address"
+                    f"port {port} and its certificate's names): set [cluster] address{hint}"
                 )
             own = mine[0]
+        if self.settings.tls_cert is not None:
+            # The members connect to `own` and check that its host is a name of the
+            # certificate this node answers with: one for another host (a copy of
+            # another node's files, a --address left out) had every member count this
+            # node down while it started as if all were well, and its own asks served
+            # under the other host's name.
+            host, _ = parse_tls_url(own)
+            names = _certificate_names(self.settings.tls_cert)
+            if not _names_host(names, host):
+                raise conflict(
+                    f"this node is member {own}, but its certificate {self.settings.tls_cert} "
+                    f"is not for {host} (it names {', '.join(sorted(names)) or 'no host'}): "
+                    "the members would refuse it; make this node's certificate with "
+                    f"`silofs-ctl certs node DIR NAME --address {host}`"
+                )
         if self.settings.tcp_listen is not None:
             twice = _aliases(own, members, parse_tcp_address(self.settings.tcp_listen))
             if twice:
+                by_names = "" if self.settings.cluster and self.settings.cluster.address else (
+                    f" (this node took itself for {own} by its certificate's names: if that "
+                    "is another node's certificate, give this node its own)"
+                )  # fmt: skip
                 raise conflict(
                     f"{twice[0]} is this node ({own}) again: it reaches this node's own "
-                    "listener, and a node may be one member only"
+                    f"listener, and a node may be one member only{by_names}"
                 )
         return own
 
@@ -881,12 +913,53 @@ class Cluster:
             member.probing = False
         if not self.membership.mark_up(member.address, asked_at=asked):
             return  # it failed since this ping was sent: down, for its next probe
+        self._compare_lists(member, pong)
         # Tables merge entry by entry: one that differs may hold a change we missed.
         version, digest = pong.get("allocations_version"), pong.get("allocations_digest")
         if (isinstance(version, int) and version > self.shares.version) or (
             isinstance(digest, str) and digest != self.shares.digest
         ):
             await self._pull_shares(member)
+
+    def _compare_lists(self, member: MemberState, pong: dict) -> None:
+        """Note a member that places chunks by another list than this node's (a list
+        pushed to some nodes only, silofs.toml files edited apart): every miss asked
+        of a home the other side does not count one, read from the store twice, the
+        shares' parts summing to more or less than the share, and nothing said. Warned
+        once per pair of lists, when a second ping PING_SECONDS later still finds them
+        apart: a `cluster set` reaches the nodes one after the other, and a ping may
+        fall between two of its pushes. A member that does not say (an older one) is
+        taken as agreeing."""
+        assert self.membership is not None
+        digest, version = pong.get("members_digest"), pong.get("members_version")
+        n = pong.get("members_count")
+        if not (isinstance(digest, str) and _is_int(version) and _is_int(n)):
+            return
+        member.their_list = (version, n, digest[:64])
+        if digest == self.membership.digest:
+            member.list_differs_since = None
+            return
+        now = self.membership.clock()
+        if member.list_differs_since is None:
+            member.list_differs_since = now
+            return
+        key = (member.address, digest[:64], self.membership.digest)
+        if now - member.list_differs_since < PING_SECONDS or key in self._lists_warned:
+            return
+        if len(self._lists_warned) >= 4096:  # a member saying a new list every ping
+            self._lists_warned.clear()
+        self._lists_warned.add(key)
+        log.warning(
+            "cluster member %s places chunks by another member list (version %d, %s) "
+            "than this node (version %d, %s): each asks homes the other does not count, "
+            "and reads their chunks from the store; push one list to every node "
+            "(`silofs-ctl cluster set --members ...`, without --nodes)",
+            member.address,
+            version,
+            count(n, "member"),
+            self.membership.version,
+            count(len(self.membership.members), "member"),
+        )
 
     async def _pull_shares(self, member: MemberState) -> None:
         if trio.current_time() < self._no_pull_until.get(member.address, -math.inf):
@@ -925,9 +998,16 @@ class Cluster:
                 if k != uri and k not in self.shares.shares
             )
             if others + part > self.d.cache_size:
+                # Said in sizes, with the most this share can be: "357913941 bytes"
+                # left the operator to work out what the cluster holds.
+                room = max(0, self.d.cache_size - others)
+                most = int(room * self.membership.total_weight() / self.membership.self_weight())
                 raise UsageError(
-                    f"this node's part of {uri} ({part} bytes) and its other allocations "
-                    f"({others} bytes) would exceed its cache ({self.d.cache_size} bytes)"
+                    f"a share of {format_size(size or 0)} puts {format_size(part)} of {uri} "
+                    f"on this node (its weight's part), which with its other allocations "
+                    f"({format_size(others)}) exceeds its cache "
+                    f"({format_size(self.d.cache_size)}): the cluster's caches give it at "
+                    f"most {format_size(most)} (or free this node's other allocations)"
                 )
         await self.shares.set(uri, size)
         self.d.allocs.notify()
@@ -1128,6 +1208,46 @@ def _certificate_names(path: str) -> set[str]:
     }
 
 
+def _names_host(names: set[str], host: str) -> bool:
+    """Whether a certificate with these DNS/IP names is one for `host` as a TLS client
+    checks it: the name itself, or a wildcard's one leftmost label."""
+    if host in names:
+        return True
+    try:
+        ipaddress.ip_address(host)
+        return False  # an address is never a wildcard's
+    except ValueError:
+        pass
+    _, dot, parent = host.partition(".")
+    return bool(dot) and f"*.{parent}" in names
+
+
+def _issued_by_ca(cert_path: str, ca_path: str) -> bool | None:
+    """Whether the certificate in `cert_path` (or an intermediate in the same file) is
+    issued by a CA of the bundle `ca_path`; None when either cannot be read as PEM
+    (loading them says why)."""
+    from cryptography import x509
+    from cryptography.exceptions import InvalidSignature
+
+    try:
+        with open(cert_path, "rb") as f:
+            chain = x509.load_pem_x509_certificates(f.read())
+        with open(ca_path, "rb") as f:
+            cas = x509.load_pem_x509_certificates(f.read())
+    except (OSError, ValueError):
+        return None
+    for cert in chain:
+        for ca in cas:
+            if cert.issuer != ca.subject:
+                continue
+            try:
+                cert.verify_directly_issued_by(ca)
+                return True
+            except (InvalidSignature, ValueError, TypeError):  # TypeError: a key type
+                continue
+    return False
+
+
 def _load_certificate(path: str) -> Any:
     from cryptography import x509
 
@@ -1164,10 +1284,49 @@ def _member_context(settings: NodeSettings) -> ssl.SSLContext:
             "clientAuth): a node needs a new certificate to join a cluster: "
             "`silofs-ctl certs node DIR NAME --address HOST`"
         )
+    # The members check each other's certificates against their tls_client_ca: one of
+    # another CA (another cluster's directory) started as if all were well, every member
+    # refusing it and it them, each side's log saying only that handshakes failed.
+    if _issued_by_ca(settings.tls_cert, settings.tls_client_ca) is False:
+        raise UsageError(
+            f"tls_cert {settings.tls_cert} is not issued by the CA in tls_client_ca "
+            f"{settings.tls_client_ca} (another cluster's CA?): the members would refuse "
+            "it; make this node's certificate with `silofs-ctl certs node DIR NAME "
+            "--address HOST`, DIR the directory of that ca.pem"
+        )
+    return _client_context(settings.tls_cert, settings.tls_key, settings.tls_client_ca)
+
+
+def _client_context(cert: str, key: str, ca: str) -> ssl.SSLContext:
+    """client_context, or UsageError in the words the listener's start uses (which runs
+    after this one with [cluster]): the file and what is wrong with it. OpenSSL's own
+    were "[X509: KEY_VALUES_MISMATCH] key values mismatch" or "[Errno 2] No such file
+    or directory", naming none of the three files."""
+    from silofs.control.tls import (
+        NO_PASSPHRASE,
+        ca_load_problem,
+        chain_load_problem,
+        key_file_problem,
+    )
+
+    if problem := key_file_problem(key):
+        raise UsageError(f"tls_key: {problem}")
+    probe = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
     try:
-        return client_context(settings.tls_cert, settings.tls_key, settings.tls_client_ca)
+        probe.load_cert_chain(cert, key, password=NO_PASSPHRASE)
     except (OSError, ssl.SSLError) as exc:
-        raise UsageError(f"tls_cert/tls_key/tls_client_ca: {exc}") from None
+        why = chain_load_problem(cert, key, exc)
+        if not isinstance(exc, ssl.SSLError):  # which of the two: the cert was read
+            why = f"{key}: {why}"
+        raise UsageError(f"tls_cert/tls_key: cannot load {cert} / {key}: {why}") from None
+    try:
+        return client_context(cert, key, ca)
+    except (OSError, ssl.SSLError) as exc:
+        raise UsageError(f"tls_client_ca: cannot load {ca}: {ca_load_problem(ca, exc)}") from None
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 __all__ = ["Cluster", "PeerRead"]

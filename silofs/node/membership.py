@@ -96,6 +96,10 @@ class MemberState:
     failed_at: float = 0.0
     probing: bool = False  # a probe of it is in flight
     counters: PeerCounters = field(default_factory=PeerCounters)
+    # Its member list as its last ping said (members_list), and since when (monotonic)
+    # it has differed from this node's: None while they agree or it has not said.
+    their_list: tuple[int, int, str] | None = None  # (version, members, digest)
+    list_differs_since: float | None = None
 
     @property
     def address(self) -> str:
@@ -137,6 +141,12 @@ class Membership:
     def version(self) -> int:
         return self.config.version
 
+    @functools.cached_property
+    def digest(self) -> str:
+        """members_digest of the list in force (a list put in force is a new Membership
+        or replace(), which drops this)."""
+        return members_digest(self.config)
+
     def replace(self, config: ClusterSettings) -> None:
         """Put a new member list in force; members in both keep their state (and
         counters), a member whose weight changed keeps them too."""
@@ -153,6 +163,7 @@ class Membership:
             state.candidate = candidate
             self.members[spec.address] = state
         self.config = config
+        self.__dict__.pop("digest", None)  # the cached_property of the old list
         self._configured = [m.candidate for m in self.members.values()]
         self._relive()
         # The hosts of the other members, as names_a_member compares them: asked on
@@ -306,3 +317,16 @@ def _normal_host(name: str) -> str:
         return ipaddress.ip_address(name.strip().strip("[]")).compressed
     except ValueError:
         return name.strip().lower().rstrip(".")
+
+
+def members_digest(config: ClusterSettings) -> str:
+    """What placement depends on in a member list (its name, each member's address and
+    weight; not their order, nor the version or peer settings), hashed: two nodes with
+    equal digests place every chunk alike. A ping answers it (members_list), so nodes
+    given lists that differ (one pushed to some nodes only) say so."""
+    import hashlib
+    import json
+
+    members = sorted((m.address, m.weight) for m in config.members)
+    text = json.dumps([config.name, members], separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]

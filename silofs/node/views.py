@@ -137,6 +137,13 @@ def cluster_view(d: Daemon) -> dict[str, Any] | None:
                 "down_for_s": round(max(0.0, m.down_until - now), 2) if not m.up else 0.0,
                 "failures": m.failures,
                 "last_error": m.last_error or None,
+                # Its member list as its last ping said, when it differs from this
+                # node's (a list pushed to some nodes only); None: the same, or unsaid.
+                "other_list": (
+                    None
+                    if m.list_differs_since is None or m.their_list is None
+                    else {"version": m.their_list[0], "members": m.their_list[1]}
+                ),
                 "connections_opened": c.pools[m.address].opened if m.address in c.pools else 0,
                 **m.counters.view(),
             }
@@ -155,6 +162,9 @@ def cluster_view(d: Daemon) -> dict[str, Any] | None:
         # counter tables are copied first (list(): one C call, no thread runs in it):
         # member connections' threads add to them.
         "peers_in": {name: pc.view() for name, pc in list(c.incoming.items())},
+        # Every dataset with peer traffic here or a share: a share set on another
+        # member (allocate-cache there) is this node's to hold before it reads a byte,
+        # and `cluster status` here showed nothing of it.
         "datasets": [
             {
                 "uri": uri,
@@ -163,7 +173,9 @@ def cluster_view(d: Daemon) -> dict[str, Any] | None:
                 "cached_bytes": _cached(d, uri),
                 **pc.view(),
             }
-            for uri, pc in sorted(list(c.datasets.items()))
+            for uri, pc in sorted(
+                {**{u: PeerCounters() for u in shares.shares}, **dict(c.datasets)}.items()
+            )
         ],
         "allocations_version": shares.version,
         "shares": dict(shares.shares),

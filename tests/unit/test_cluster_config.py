@@ -83,6 +83,11 @@ def test_no_section_no_cluster(tmp_path: Path) -> None:
         # One address, two spellings; a dotted number the resolver reads its own way
         # (010.0.0.1 is 8.0.0.1 to inet_aton, 127.1 is 127.0.0.1).
         ('name = "c"\nmembers = ["tls://[::1]:1", "tls://[0:0::1]:1"]', "listed twice"),
+        # An IPv6 address without brackets: fd00::1:2 is one address (port 7470) to
+        # whoever wrote it, [fd00::1] port 2 when its last group is taken as the port.
+        ('name = "c"\nmembers = ["tls://fd00::1:2"]', "in brackets"),
+        ('name = "c"\nmembers = ["tls://::1"]', "in brackets"),
+        ('name = "c"\nmembers = ["tls://[::1]:1"]\naddress = "tls://::1:1"', "in brackets"),
         ('name = "c"\nmembers = ["tls://010.0.0.1:1"]', "bad node address"),
         ('name = "c"\nmembers = ["tls://127.1:1"]', "bad node address"),
         ('name = "c"\nmembers = [{ address = "tls://a:1", weight = 0 }]', "weight"),

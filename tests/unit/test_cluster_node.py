@@ -466,3 +466,15 @@ def test_a_member_down_that_calls_is_probed_at_once_and_at_most_once_a_ping_peri
             nursery.cancel_scope.cancel()
 
     trio.run(main)
+
+
+def test_a_certificate_is_for_a_host_as_a_tls_client_checks_it() -> None:
+    from silofs.node.cluster import _names_host
+
+    names = {"gpu01", "10.0.0.1", "*.rack2.example", "::1"}
+    assert _names_host(names, "gpu01") and _names_host(names, "10.0.0.1")
+    assert _names_host(names, "::1")
+    assert _names_host(names, "gpu07.rack2.example")  # a wildcard's one leftmost label
+    assert not _names_host(names, "a.gpu07.rack2.example")
+    assert not _names_host(names, "rack2.example")
+    assert not _names_host(names, "gpu02") and not _names_host(names, "10.0.0.2")

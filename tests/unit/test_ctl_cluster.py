@@ -34,6 +34,33 @@ def test_members_from_sinfo_when_scontrol_has_no_json(tmp_path: Path) -> None:
         slurm_nodes(scontrol, empty)
 
 
+def test_members_of_a_partition_only(tmp_path: Path) -> None:
+    # A Slurm cluster's GPU nodes run silofs, its CPU and login nodes do not: every
+    # node made a member left those down for ever, each holding its part of a share.
+    doc = {
+        "nodes": [
+            {"name": "gpu01", "partitions": ["gpu", "all"]},
+            {"name": "gpu02", "partitions": ["gpu"]},
+            {"name": "cpu7", "partitions": ["cpu", "all"]},
+            {"name": "login1", "partitions": None},
+        ]
+    }
+    scontrol = script(tmp_path, "scontrol", f"echo '{json.dumps(doc)}'")
+    assert slurm_nodes(scontrol, "/nonexistent", ["gpu"]) == ["gpu01", "gpu02"]
+    assert slurm_nodes(scontrol, "/nonexistent", ["gpu", "cpu"]) == ["cpu7", "gpu01", "gpu02"]
+    assert len(slurm_nodes(scontrol, "/nonexistent")) == 4
+    with pytest.raises(SlurmError, match="no node in partition gpus"):
+        slurm_nodes(scontrol, "/nonexistent", ["gpus"])  # a typo: one line, no empty list
+    # sinfo (no --json) is asked for the partition's nodes.
+    old = script(tmp_path, "scontrol-old", "exit 1")
+    sinfo = script(
+        tmp_path, "sinfo", 'if [ "$5" = -p ] && [ "$6" = gpu ]; then echo "gpu[01-02]"; fi'
+    )
+    assert slurm_nodes(old, sinfo, ["gpu"]) == ["gpu01", "gpu02"]
+    with pytest.raises(SlurmError, match="no nodes in partition cpu"):
+        slurm_nodes(old, sinfo, ["cpu"])
+
+
 def test_the_pushed_body_names_every_member_with_one_version() -> None:
     body = members_body("c", ["tls://a:1", "tls://b:1"], {"tls://b:1": 2.0}, 42)
     assert body == {
@@ -48,6 +75,7 @@ def test_the_pushed_body_names_every_member_with_one_version() -> None:
     [
         (["cluster", "set", "--name", "c"], "--members or --from-slurm"),
         (["cluster", "set", "--members", "tls://a:1", "--from-slurm"], "one of them"),
+        (["cluster", "set", "--members", "tls://a:1", "--partition", "gpu"], "--from-slurm"),
         (["cluster", "set", "--members", "tls://a:1", "--weight", "x"], "ADDRESS=WEIGHT"),
         # Judged here as every node would, before any is sent.
         (

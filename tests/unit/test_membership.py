@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from silofs.config import ClusterSettings, MemberSpec
-from silofs.node.membership import MAX_BACKOFF, PING_SECONDS, Membership
+from silofs.node.membership import MAX_BACKOFF, PING_SECONDS, Membership, members_digest
 
 
 class Clock:
@@ -173,3 +173,17 @@ def test_a_member_down_that_calls_is_due_a_probe_at_once(clock: Clock) -> None:
     ms.mark_up(b.address)
     ms.mark_up(c.address)
     assert not ms.down_hosts and ms.contact_due(frozenset({"gpu02.example"})) == []
+
+
+def test_the_members_digest_is_what_placement_follows() -> None:
+    a, b = MemberSpec("tls://a:7470"), MemberSpec("tls://b:7470", 2.0)
+    base = ClusterSettings("c", (a, b), version=1)
+    # Not the order, the version nor a peer setting: every chunk is placed alike.
+    same = ClusterSettings("c", (b, a), version=99, peer_timeout_seconds=5.0)
+    assert members_digest(base) == members_digest(same)
+    for other in (
+        ClusterSettings("c", (a, MemberSpec("tls://b:7470", 3.0))),  # a weight
+        ClusterSettings("c", (a,)),  # a member fewer
+        ClusterSettings("d", (a, b)),  # the name
+    ):
+        assert members_digest(other) != members_digest(base), other

@@ -68,6 +68,9 @@ async def ping(d: Daemon, req: Request) -> Response:
             "name": config.name,
             "address": d.cluster.membership.self_address,
             "members_version": config.version,
+            # What placement follows: a member whose list differs says so (Cluster).
+            "members_digest": d.cluster.membership.digest,
+            "members_count": len(config.members),
             "allocations_version": d.cluster.shares.version,
             "allocations_digest": d.cluster.shares.digest,
         }
