@@ -678,3 +678,56 @@ def test_another_users_warms_leave_a_mounts_misses_a_thread(
         finally:
             node.cleanup()
             shutil.rmtree(base, ignore_errors=True)
+
+
+def test_a_dataset_with_a_running_warm_is_not_forgotten_for_another_users_room(
+    users: Users, s3_server, monkeypatch: pytest.MonkeyPatch, bucket_name: str
+) -> None:
+    """bob opened a dataset first; alice warms it (no mount). bob, at his dataset limit,
+    opens more: the oldest dataset he opened that nothing uses is forgotten to make
+    room. Before, a running warm did not count as a use: alice's warm's dataset was
+    forgotten under it (its record and store client dropped while its GETs ran, her
+    `silofs warm` polling it answered 404 and failed), so any user who opened a dataset
+    first could end another's warm of it by opening others. Now his idle dataset is
+    forgotten instead and alice's warm ends done."""
+    s3_server.apply_env(monkeypatch)
+    objects = {f"d/f{i}.bin": os.urandom(64 << 10) for i in range(24)}
+    objects.update({f"{p}/x.bin": b"x" * 100 for p in ("e", "f")})
+    s3_server.create(bucket_name, objects)
+    up = urlsplit(s3_server.endpoint_url)
+    base = Path(tempfile.mkdtemp(prefix="silofs-sec-", dir="/tmp"))
+    base.chmod(0o755)
+    with FaultProxy(upstream=(up.hostname or "127.0.0.1", up.port or 80)) as proxy:
+        cfg = base / "silofs.toml"
+        cfg.write_text(
+            f'[backend]\nendpoint_url = "{proxy.url}"\n[limits]\nmax_datasets_per_uid = 2\n'
+            f'[access]\n"s3://{bucket_name}/" = ["*"]\n'
+        )
+        node = Node(base / "node", "64M", dict(os.environ))
+        try:
+            node.start("--config", str(cfg))
+            site = Site(node, base, base, base, base, cfg)  # only its socket is used
+            shared = open_ready(users.bob, site, s3_server.uri(bucket_name, "d/"))
+            proxy.set_plan(
+                FaultPlan(faults=[Fault("delay", methods="GET", path=r"/d/f", seconds=2.0)])
+            )
+            warm = f"/v1/datasets/{shared['id']}/warm"
+            answer = call(users.alice, node.socket, "POST", warm, {"job": "alice-warm"})
+            assert answer[0] == 202, answer
+            proxy.wait_stats(lambda s: s["delay"] >= 1, timeout=30)  # the warm's GETs wait
+            open_ready(users.bob, site, s3_server.uri(bucket_name, "e/"))
+            open_ready(users.bob, site, s3_server.uri(bucket_name, "f/"))  # e/ forgotten
+            names = {ds["name"] for ds in node.status()["datasets"]}
+            assert {"d", "f"} <= names and "e" not in names, names
+            proxy.set_plan(FaultPlan())
+            done = wait_for(
+                lambda: (
+                    (v := call(users.alice, node.socket, "GET", warm))[1]["state"] != "running"
+                    and v
+                ),
+                what="alice's warm",
+            )
+            assert done[0] == 200 and done[1]["state"] == "done", done
+        finally:
+            node.cleanup()
+            shutil.rmtree(base, ignore_errors=True)
