@@ -159,7 +159,16 @@ class CacheStore:
         except _DAMAGE:
             raise
         except lmdb.Error as exc:
-            raise SilofsError(f"cannot open cache at {path}: {exc}") from None
+            gone = ""
+            if readonly and not os.path.exists(os.path.join(path, "data.mdb")):
+                # A mount opens the env its daemon made at start: gone means it was
+                # removed under the running daemon, which goes on serving its mounts
+                # from the unlinked files but can make no new one until restarted.
+                gone = (
+                    " (the daemon's cache was removed under it: its mounts go on, new "
+                    "ones need the daemon restarted, which starts an empty cache)"
+                )
+            raise SilofsError(f"cannot open cache at {path}: {exc}{gone}") from None
         self.dbs = {}
         for name in _DBS:
             try:

@@ -888,21 +888,109 @@ async def serve_unix(
 
     ``bound`` is a socket already bound by bind_unix() (a daemon binds before it starts
     any task, so a busy socket is one plain AddressInUseError); otherwise this binds,
-    raising AddressInUseError if another process is listening on ``path``.
+    raising AddressInUseError if another process is listening on ``path``. ``mode``,
+    ``uid`` and ``gid`` are the socket file's, for binding again (_SocketKeeper).
     Removes the socket file on the way out (only if it is still ours).
     """
     sock, ino = bound or bind_unix(path, mode=mode, uid=uid, gid=gid)
     limits = Limits(max_body=max_body, max_header=max_header, idle_timeout=idle_timeout)
     acceptor = _Acceptor(router, limits, connections or ConnectionLimits())
-    tsock = trio.socket.from_stdlib_socket(sock)
+    keeper = _SocketKeeper(path, mode, uid, gid, ino)
     try:
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(acceptor.run, tsock, nursery)
+            await nursery.start(keeper.run, sock, acceptor, nursery)
             log.info("control API listening on %s", path)
             task_status.started()
     finally:
-        _remove_if_ours(path, ino)
-        tsock.close()
+        _remove_if_ours(path, keeper.ino)
+
+
+# How often the socket file is looked at: a cheap lstat.
+SOCKET_CHECK_SECONDS = 2.0
+
+
+class _SocketKeeper:
+    """Keeps the daemon reachable at its socket path. The listening socket is reached
+    only through its file: once that is unlinked (systemd-tmpfiles ageing a socket under
+    /tmp after 10 days, logind removing $XDG_RUNTIME_DIR at a user's last logout, an
+    operator's `rm -rf /run/silofs`), no client could connect again, mounts could not
+    reconnect, and `silofs mount` started a second daemon at the path while this one went
+    on serving its mounts. So the path is checked every SOCKET_CHECK_SECONDS; a path
+    with nothing at it is bound again (bind_unix: the same checks, mode and group as at
+    start; its directory made again), one WARNING line, and the old listener is closed.
+    A path holding something else (another daemon's socket, a file) is left alone: one
+    WARNING line, repeated only when what is there changes; it is not ours to remove."""
+
+    def __init__(self, path: str, mode: int, uid: int | None, gid: int | None, ino: int) -> None:
+        self.path = path
+        self.mode, self.uid, self.gid = mode, uid, gid
+        self.ino = ino  # the inode of our socket file (removed on the way out if still ours)
+        self.said: str | None = None  # the last problem warned of (each said once)
+
+    async def run(
+        self,
+        sock: socket.socket,
+        acceptor: _Acceptor,
+        nursery: trio.Nursery,
+        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        listener = self._listen(sock, acceptor, nursery)
+        task_status.started()
+        while True:
+            await trio.sleep(SOCKET_CHECK_SECONDS)
+            fresh = await trio.to_thread.run_sync(self._check)
+            if fresh is not None:
+                listener.cancel()
+                listener = self._listen(fresh, acceptor, nursery)
+
+    def _listen(
+        self, sock: socket.socket, acceptor: _Acceptor, nursery: trio.Nursery
+    ) -> trio.CancelScope:
+        scope = trio.CancelScope()
+        tsock = trio.socket.from_stdlib_socket(sock)
+
+        async def accept() -> None:
+            try:
+                with scope:
+                    await acceptor.run(tsock, nursery)
+            finally:
+                tsock.close()
+
+        nursery.start_soon(accept)
+        return scope
+
+    def _check(self) -> socket.socket | None:
+        """A new listening socket if ours was gone from the path and is bound again."""
+        try:
+            st = os.lstat(self.path)
+        except FileNotFoundError:
+            st = None
+        except OSError as exc:  # its directory made unreadable, say: keep listening
+            self._say(f"control socket {self.path}: {exc.strerror}; still listening on it")
+            return None
+        if st is not None:
+            if st.st_ino == self.ino and stat.S_ISSOCK(st.st_mode):
+                self.said = None
+                return None
+            self._say(
+                f"control socket {self.path} was replaced by another file (inode {st.st_ino}); "
+                f"clients reach that, not this daemon: remove it and this daemon listens "
+                f"there again"
+            )
+            return None
+        try:
+            sock, ino = bind_unix(self.path, mode=self.mode, uid=self.uid, gid=self.gid)
+        except (SocketDirError, AddressInUseError) as exc:
+            self._say(f"control socket {self.path} was removed and cannot be made again: {exc}")
+            return None
+        self.ino, self.said = ino, None
+        log.warning("control socket %s was removed; listening on it again", self.path)
+        return sock
+
+    def _say(self, message: str) -> None:
+        if message != self.said:
+            log.warning("%s", message)
+            self.said = message
 
 
 # ------------------------------------------------------------ the TLS listener

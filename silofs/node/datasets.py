@@ -452,10 +452,13 @@ class Catalog:
             )
 
     def forget_idle_dataset(self, uid: int) -> bool:
-        """Forget the oldest dataset `uid` opened that no mount uses and that is not being
-        listed, to make room under its limit. Its listing and chunks stay in the cache;
-        opening it again reuses them. False if there is none."""
+        """Forget the oldest dataset `uid` opened that no mount or running warm uses and
+        that is not being listed, to make room under its limit. Its listing and chunks
+        stay in the cache; opening it again reuses them. False if there is none. A warm
+        is a use: the dataset may be another user's warm (whoever opened it first counts
+        it), which forgetting it cut off from its progress (404 to `silofs warm`)."""
         used = {m.dsid for m in self.mounts.values()}
+        used |= {dsid for dsid, w in self.warms.items() if w.state == "running"}
         for dsid, ds in self.datasets.items():
             if (
                 self.opened_by.get(dsid) == uid

@@ -12,10 +12,12 @@ requests and never writes LMDB itself (the Writer does).
 
 from __future__ import annotations
 
+import contextvars
 import logging
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import lmdb
 import trio
@@ -39,7 +41,25 @@ from silofs.node.store_write import PendingChunk
 from silofs.node.writer import Writer
 from silofs.units import count
 
+# Set in the tasks of warms and hint walks: their GETs are background work. They may
+# hold at most background_threads() of the Fetcher's threads, so a mount's miss always
+# finds one free of them. The threads are taken first come first served (trio's
+# CapacityLimiter is FIFO): before, one user's warms (8 GETs each, one per dataset, up
+# to its 64 datasets) or hints (12 each, one per mount) queued hundreds of GETs ahead of
+# every other user's misses, and 30 warms made another mount's misses 6x slower
+# (docs/SECURITY.md "Store requests"; tests/integration/test_security.py).
+BACKGROUND: contextvars.ContextVar[bool] = contextvars.ContextVar("fetch_background", default=False)
+
+
+def background_threads(threads: int) -> int:
+    """The Fetcher's threads warms and hints may hold together: all but a quarter
+    (at least one kept for misses, when there are two or more)."""
+    return max(1, threads - max(1, threads // 4))
+
+
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 # The most one range GET covers. Its bytes stay in the daemon until every chunk of the
 # span is handed to the mount that asked (or given up), so this bounds the memory one
@@ -111,6 +131,7 @@ class Fetcher:
         self.store = store
         self.writer = writer
         self.threads = trio.CapacityLimiter(threads)
+        self.background = trio.CapacityLimiter(background_threads(threads))
         # A chunk's bytes: bytes, or a read-only view of the data in its encoded value.
         self._flights: SingleFlight[bytes, bytes | memoryview] = SingleFlight()
         self._loose: OrderedDict[bytes, bytes | memoryview] = OrderedDict()
@@ -123,6 +144,14 @@ class Fetcher:
         # (dataset id, chunk key) whose fetch failed: (until when, on trio's clock; the
         # error). Per dataset: two datasets may list one object with other credentials.
         self._failed: OrderedDict[tuple[int, bytes], tuple[float, BackendError]] = OrderedDict()
+
+    async def _in_thread(self, fn: Callable[[], T]) -> T:
+        """fn() (a store GET) in one of the threads; a background task's (BACKGROUND)
+        holds a background slot first, so misses keep a quarter of them."""
+        if not BACKGROUND.get():
+            return await trio.to_thread.run_sync(fn, limiter=self.threads)
+        async with self.background:
+            return await trio.to_thread.run_sync(fn, limiter=self.threads)
 
     def _failed_lately(self, dsid: int, ref: ChunkRef) -> BackendError | None:
         """The error a fetch of `ref` for `dsid` failed with less than FAILED_SECONDS ago,
@@ -456,7 +485,7 @@ class Fetcher:
                     await before.wait()  # the run before ours is reading the stream we want
             self.sweep_parked(trio.current_time())
             parked = self._parked.pop(at, None)
-            left = await trio.to_thread.run_sync(fetch, limiter=self.threads)
+            left = await self._in_thread(fetch)
             if left is not None:
                 self._park((obj.key, obj.content_id, left.pos), left, trio.current_time())
         finally:
@@ -512,7 +541,7 @@ class Fetcher:
             )
 
         try:
-            data, value = await trio.to_thread.run_sync(get_and_encode, limiter=self.threads)
+            data, value = await self._in_thread(get_and_encode)
         except BackendError as exc:
             _of_object(exc, ref)
             raise

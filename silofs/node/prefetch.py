@@ -39,6 +39,7 @@ import trio
 
 from silofs.cache.format import ChunkRef
 from silofs.errors import AccessDeniedError, BackendError, first_leaf
+from silofs.node.fetch import BACKGROUND
 from silofs.node.fill_budget import FillBudget
 from silofs.node.state import DatasetState, MountState, PrefetchCounters
 from silofs.records import ObjectInfo
@@ -284,6 +285,7 @@ class Prefetcher:
 
     # -- the walk -------------------------------------------------------------------------
     async def _run(self, h: Hint) -> None:
+        BACKGROUND.set(True)  # this task's and its children's GETs leave misses a share
         with h.scope:
             try:
                 await self._walk(h)

@@ -90,6 +90,8 @@ async def serve(daemon: Daemon, task_status: trio.TaskStatus = trio.TASK_STATUS_
                 lambda task_status: serve_unix(
                     settings.socket,
                     router,
+                    mode=settings.socket_mode,
+                    gid=daemon.socket_gid,
                     max_body=1 << 20,
                     connections=connections,
                     bound=bound,

@@ -30,6 +30,7 @@ import trio
 
 from silofs.cache.format import ChunkRef
 from silofs.errors import BackendError, UsageError
+from silofs.node.fetch import BACKGROUND
 from silofs.node.fill_budget import FillBudget
 from silofs.node.state import DatasetState
 from silofs.records import ObjectInfo
@@ -141,6 +142,7 @@ def readable(
 async def run_warm(d: Any, ds: DatasetState, w: WarmState) -> None:
     """The warm task; ends done, cancelled or in error, never raising. `d` is the
     Daemon (node/daemon.py imports this module, so it is not imported back)."""
+    BACKGROUND.set(True)  # this task's and its children's GETs leave misses a share
     with w.scope:
         try:
             await _warm(d, ds, w)

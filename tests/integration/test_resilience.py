@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import shutil
 import threading
 from pathlib import Path
 
@@ -209,3 +210,30 @@ def test_a_mount_serving_only_hits_reappears_after_a_daemon_restart(
         assert (mp / k).read_bytes() == v
     m = wait_for(lambda: node.status()["mounts"], what="the mount to register again")[0]
     assert m["job"] == "hits" and m["mountpoint"] == str(mp)
+
+
+def test_a_cache_dir_removed_under_the_daemon_keeps_its_mounts_and_says_so(
+    make_node, tmp_path: Path
+) -> None:
+    """`rm -rf` of the cache dir under a running daemon: its mounts go on reading (hits
+    and misses: the daemon and mounts hold the unlinked files), and a new mount fails
+    with one line saying the cache was removed under the daemon and what to do (before:
+    only "cannot open cache at DIR: DIR: No such file or directory")."""
+    data = tmp_path / "data"
+    data.mkdir()
+    blobs = {f"f{i}": random.randbytes(256 << 10) for i in range(4)}
+    for name, blob in blobs.items():
+        (data / name).write_bytes(blob)
+    node = make_node()
+    mp = node.mount(str(data), tmp_path / "mnt", "--no-start-daemon")
+    assert (mp / "f0").read_bytes() == blobs["f0"]
+    shutil.rmtree(node.cache_dir)
+    for name, blob in blobs.items():  # f0 cached before, the others misses after
+        assert (mp / name).read_bytes() == blob
+    second = tmp_path / "mnt2"
+    second.mkdir()
+    res = node.run("mount", str(data), str(second), "--socket", node.socket, "--no-start-daemon")
+    assert res.returncode == 1 and not mounted(second), res
+    err = res.stderr.strip()
+    assert "\n" not in err and "Traceback" not in err, err
+    assert "removed under it" in err and "restarted" in err, err

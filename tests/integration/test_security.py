@@ -24,13 +24,14 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 
 import pytest
 
 from silofs.control.client import ControlClient
 from tests.support.asuser import Identity as User
 from tests.support.asuser import Session, as_user
+from tests.support.faultproxy import Fault, FaultPlan, FaultProxy
 from tests.support.fixtures import needs_fuse
 from tests.support.node import Node, silofs_cmd
 from tests.support.poll import wait_for
@@ -630,3 +631,103 @@ def test_bad_input_is_a_one_line_400_and_metrics_survive(users: Users, site: Sit
     assert status == 200 and b"silofs_" in text
     jobs = {j["name"] for j in call(None, site.sock, "GET", "/v1/status")[1]["jobs"]}
     assert not jobs & {"big", "neg", "x\ud800"}
+
+
+def test_another_users_warms_leave_a_mounts_misses_a_thread(
+    users: Users, s3_server, monkeypatch: pytest.MonkeyPatch, bucket_name: str
+) -> None:
+    """bob warms four datasets whose GETs the store holds for 6 s (32 GETs at once, 8
+    per warm, against the daemon's 16 fetch threads); a mount's miss on another dataset
+    meanwhile answers at once. Before, threads were taken first come first served: the
+    miss queued behind bob's GETs for two rounds of them (12 s), and 30 warms of a store
+    answering in 50 ms made another mount's misses 6x slower. Warms and hint walks now
+    hold at most 3/4 of the threads (node/fetch.py BACKGROUND)."""
+    s3_server.apply_env(monkeypatch)
+    objects = {"a/x.bin": os.urandom(64 << 10)}
+    for k in range(4):
+        objects.update({f"b{k}/f{i}.bin": os.urandom(64 << 10) for i in range(40)})
+    s3_server.create(bucket_name, objects)
+    up = urlsplit(s3_server.endpoint_url)
+    base = Path(tempfile.mkdtemp(prefix="silofs-sec-", dir="/tmp"))
+    base.chmod(0o755)
+    with FaultProxy(upstream=(up.hostname or "127.0.0.1", up.port or 80)) as proxy:
+        cfg = base / "silofs.toml"
+        cfg.write_text(
+            f'[backend]\nendpoint_url = "{proxy.url}"\n[access]\n"s3://{bucket_name}/" = ["*"]\n'
+        )
+        node = Node(base / "node", "256M", dict(os.environ))
+        try:
+            node.start("--config", str(cfg))
+            mp = node.mount(s3_server.uri(bucket_name, "a/"), base / "mnt", "--no-start-daemon")
+            uris = [s3_server.uri(bucket_name, f"b{k}/") for k in range(4)]
+            site = Site(node, base, base, base, base, cfg)  # only its socket is used
+            sets = [open_ready(users.bob, site, u) for u in uris]
+            assert all(ds["state"] == "ready" for ds in sets), sets
+            held = Fault("delay", methods="GET", path=r"/b\d/f", seconds=6.0)
+            proxy.set_plan(FaultPlan(faults=[held]))
+            for k, ds in enumerate(sets):
+                warm = f"/v1/datasets/{ds['id']}/warm"
+                answer = call(users.bob, node.socket, "POST", warm, {"job": f"bob-{k}"})
+                assert answer[0] == 202, answer
+            proxy.wait_stats(lambda s: s["delay"] >= 16, timeout=30)  # every thread held
+            started = time.monotonic()
+            assert (mp / "x.bin").read_bytes() == objects["a/x.bin"]
+            took = time.monotonic() - started
+            assert took < 4.0, f"the miss waited {took:.1f} s behind bob's warms"
+            proxy.set_plan(FaultPlan())
+        finally:
+            node.cleanup()
+            shutil.rmtree(base, ignore_errors=True)
+
+
+def test_a_dataset_with_a_running_warm_is_not_forgotten_for_another_users_room(
+    users: Users, s3_server, monkeypatch: pytest.MonkeyPatch, bucket_name: str
+) -> None:
+    """bob opened a dataset first; alice warms it (no mount). bob, at his dataset limit,
+    opens more: the oldest dataset he opened that nothing uses is forgotten to make
+    room. Before, a running warm did not count as a use: alice's warm's dataset was
+    forgotten under it (its record and store client dropped while its GETs ran, her
+    `silofs warm` polling it answered 404 and failed), so any user who opened a dataset
+    first could end another's warm of it by opening others. Now his idle dataset is
+    forgotten instead and alice's warm ends done."""
+    s3_server.apply_env(monkeypatch)
+    objects = {f"d/f{i}.bin": os.urandom(64 << 10) for i in range(24)}
+    objects.update({f"{p}/x.bin": b"x" * 100 for p in ("e", "f")})
+    s3_server.create(bucket_name, objects)
+    up = urlsplit(s3_server.endpoint_url)
+    base = Path(tempfile.mkdtemp(prefix="silofs-sec-", dir="/tmp"))
+    base.chmod(0o755)
+    with FaultProxy(upstream=(up.hostname or "127.0.0.1", up.port or 80)) as proxy:
+        cfg = base / "silofs.toml"
+        cfg.write_text(
+            f'[backend]\nendpoint_url = "{proxy.url}"\n[limits]\nmax_datasets_per_uid = 2\n'
+            f'[access]\n"s3://{bucket_name}/" = ["*"]\n'
+        )
+        node = Node(base / "node", "64M", dict(os.environ))
+        try:
+            node.start("--config", str(cfg))
+            site = Site(node, base, base, base, base, cfg)  # only its socket is used
+            shared = open_ready(users.bob, site, s3_server.uri(bucket_name, "d/"))
+            proxy.set_plan(
+                FaultPlan(faults=[Fault("delay", methods="GET", path=r"/d/f", seconds=2.0)])
+            )
+            warm = f"/v1/datasets/{shared['id']}/warm"
+            answer = call(users.alice, node.socket, "POST", warm, {"job": "alice-warm"})
+            assert answer[0] == 202, answer
+            proxy.wait_stats(lambda s: s["delay"] >= 1, timeout=30)  # the warm's GETs wait
+            open_ready(users.bob, site, s3_server.uri(bucket_name, "e/"))
+            open_ready(users.bob, site, s3_server.uri(bucket_name, "f/"))  # e/ forgotten
+            names = {ds["name"] for ds in node.status()["datasets"]}
+            assert {"d", "f"} <= names and "e" not in names, names
+            proxy.set_plan(FaultPlan())
+            done = wait_for(
+                lambda: (
+                    (v := call(users.alice, node.socket, "GET", warm))[1]["state"] != "running"
+                    and v
+                ),
+                what="alice's warm",
+            )
+            assert done[0] == 200 and done[1]["state"] == "done", done
+        finally:
+            node.cleanup()
+            shutil.rmtree(base, ignore_errors=True)
