@@ -68,23 +68,16 @@ class Link:
         # Jobs whose demand moved since that division without a new one, with their pair
         # at it: only they and the jobs between two divisions' bounds can change sides.
         self.drift: dict[str, tuple[float, int]] = {}
-        # The demands' sum kept by differences (over()), None: to be summed again; how
-        # many moves it took since it was summed, and the largest it was since.
-        self.total: float | None = None
-        self.moves = 0
-        self.top = 0.0
 
     def reset(self, demand: dict[str, float]) -> None:
         """New demands for every running job (a re-plan); the order is made again."""
         self.demand = demand
         self.order = None
-        self.total = None
 
     def drop(self, name: str) -> None:
         """A job left."""
         self.demand.pop(name, None)
         self.order = None
-        self.total = None
 
     def build(self) -> None:
         """self.order made from self.demand: sorted by demand, ties in the dict's order."""
@@ -104,17 +97,7 @@ class Link:
         self.stale = 0
 
     def move(self, name: str, old: float | None, new: float) -> None:
-        """Keep self.order (and the sum over() keeps) in step with one demand moving
-        from `old` (None: new)."""
-        total = self.total
-        if total is not None:
-            if old is None or not new >= 0.0:  # (over()'s bound holds for demands >= 0)
-                self.total = None
-            else:
-                self.total = total = total + (new - old)
-                self.moves += 1
-                if total > self.top:
-                    self.top = total
+        """Keep self.order in step with one demand moving from `old` (None: new)."""
         order = self.order
         if order is None:
             return
@@ -280,23 +263,5 @@ class Link:
         }
 
     def over(self) -> bool:
-        """Do the demands exceed the link? sum() of them (added one by one in the dict's
-        order) > capacity, answered from the sum kept by differences (move) when that
-        is further from the link than the two can be apart: a step asks this with ~1,000
-        demands of which a few moved.
-
-        The bound (u = 2**-53, demands >= 0, so each is at most the sum, and top is at
-        least every sum since the last one summed): sum() of n is within (n - 1)u of
-        the exact sum, the kept one was, and each of `moves` moves adds at most
-        u|new - old| + u|sum| <= 2u top; the margin is over twice that."""
-        total = self.total
-        capacity = self.capacity
-        if total is not None:
-            margin = (2 * self.moves + len(self.demand) + 8) * 4.5e-16 * self.top
-            if total - capacity > margin:
-                return True
-            if capacity - total > margin:
-                return False
-        self.total = self.top = total = sum(self.demand.values())
-        self.moves = 0
-        return total > capacity
+        """Do the demands exceed the link?"""
+        return sum(self.demand.values()) > self.capacity

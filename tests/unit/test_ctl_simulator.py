@@ -476,46 +476,6 @@ def test_the_kept_water_fill_order_divides_the_link_as_water_fill_capped() -> No
                     link.move(name, old, new)
 
 
-def test_over_from_the_kept_sum_is_sum_of_the_demands_over_the_link() -> None:
-    """Link.over answers from a sum kept by differences where it is far enough from the
-    link, else sums the demands: it must be sum(demands) > capacity every time, with
-    the sum hovering within a few ulps of the link (where only the summed one can tell),
-    after many moves, new names, drops and resets."""
-    rnd = random.Random(5)
-    for _ in range(40):
-        n = rnd.randint(1, 300)
-        values = [rnd.uniform(0, 2e8) for _ in range(n)]
-        link = Link(1.0)
-        link.reset({f"j{i}": v for i, v in enumerate(values)})
-        for _ in range(200):
-            name = rnd.choice(list(link.demand))
-            roll = rnd.random()
-            if roll < 0.02:
-                link.drop(name)
-                if not link.demand:
-                    break
-                continue
-            if roll < 0.04:
-                new_name = f"n{rnd.randrange(10**9)}"
-                link.demand[new_name] = rnd.uniform(0, 2e8)
-                link.move(new_name, None, link.demand[new_name])
-                continue
-            new = rnd.choice([0.0, rnd.uniform(0, 2e8), link.demand[name] * (1 + 1e-15)])
-            old, link.demand[name] = link.demand[name], new
-            if old != new:
-                link.move(name, old, new)
-            exact = sum(link.demand.values())
-            # the link at, or an ulp or a few either side of, the sum, or far from it
-            link.capacity = rnd.choice(
-                [exact, math.nextafter(exact, 0.0), math.nextafter(exact, math.inf),
-                 exact * (1 + 4e-16), exact * (1 - 4e-16), exact * 1.01, exact * 0.99,
-                 math.inf]
-            )  # fmt: skip
-            assert link.over() == (exact > link.capacity)
-            if rnd.random() < 0.3:  # (a division between, as a step makes)
-                link.divide()
-
-
 def test_a_division_that_finds_what_is_left_only_up_to_the_first_held_is_water_fill() -> None:
     """Link.divide finds what is left of the link lazily, in chunks, only as far as the
     first held demand; over hundreds of demands (many chunks) and several moves between
