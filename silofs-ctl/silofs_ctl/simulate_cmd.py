@@ -6,7 +6,6 @@ logic, or shows a traceback for a bad scenario (one line naming the file and lin
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
@@ -16,6 +15,7 @@ from types import FrameType
 
 import click
 
+from . import json_indent
 from .plot import PlotError, plot_timeline, pyplot
 from .policies import SCHEDULERS
 from .scenario import ScenarioError, load_scenario
@@ -125,7 +125,7 @@ def simulate_cmd(
     except (ScenarioError, SimulationError, PlotError) as exc:
         raise click.ClickException(str(exc)) from None
     if as_json:
-        click.echo(json.dumps(result.to_dict(), indent=2))
+        click.echo(json_indent.dumps(result.to_dict()))  # json.dumps(indent=2)'s text
     else:
         click.echo(render(result))
     if result.interrupted:
