@@ -52,7 +52,11 @@ def _start(root: Path, config: Path) -> tuple[int | None, str]:
         return proc.returncode, out
     except subprocess.TimeoutExpired:
         proc.terminate()
-        out, _ = proc.communicate(timeout=30)
+        try:
+            out, _ = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:  # no daemon outlives the test, stuck or not
+            proc.kill()
+            out, _ = proc.communicate()
         return None, out
 
 

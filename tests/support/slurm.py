@@ -291,14 +291,19 @@ def job_user() -> Iterator[pwd.struct_passwd]:
         yield pwd.getpwnam(name)
     finally:
         uid = pwd.getpwnam(name).pw_uid
-        for pid in _pids_of(uid):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        wait_for(lambda: not _pids_of(uid), timeout=10, what=f"{name}'s processes to end")
-        subprocess.run(["userdel", "--remove", name], capture_output=True)
-        shutil.rmtree(home, ignore_errors=True)
+        try:
+            for pid in _pids_of(uid):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            wait_for(lambda: not _pids_of(uid), what=f"{name}'s processes to end")
+        finally:
+            # The user goes even when a process of it outlived the wait (userdel removes
+            # the account of a user still running something): a run that failed here
+            # left a silofs-XXXX user on the host.
+            subprocess.run(["userdel", "--force", "--remove", name], capture_output=True)
+            shutil.rmtree(home, ignore_errors=True)
 
 
 def _pids_of(uid: int) -> list[int]:
