@@ -76,8 +76,10 @@ def users() -> Iterator[Users]:
             admin_group=groups["admin"],
         )
     finally:
+        # --force: a process of the user still ending (a session killed a moment ago)
+        # must not leave the user on the host for every later run to find.
         for name in made_users:
-            subprocess.run(["userdel", name], capture_output=True)
+            subprocess.run(["userdel", "--force", name], capture_output=True)
         for g in made_groups:
             subprocess.run(["groupdel", g], capture_output=True)
 
