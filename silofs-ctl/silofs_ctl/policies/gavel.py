@@ -864,6 +864,9 @@ class GavelPolicy:
         # With it, where filling starts (_Start): the fixed-hits solve of every plan of
         # those jobs starts there too (the views differ, not their names, GPUs, f*).
         self._steady: _Steady | None = None
+        # The jobs' names ranked in order, for the array forms' ceiling ties (made on
+        # the first plan solved as arrays: gavel_arrays imports numpy)
+        self._ranks: ga.NameRanks | None = None
 
     def reads(self, estimator: Estimator) -> frozenset[str]:
         """The vanilla form divides GPUs among the jobs by their equal shares alone; the
@@ -937,10 +940,14 @@ class GavelPolicy:
         arrays: ga.JobArrays | None = None
         shares: list[float] | None = None
         seen_jobs = _JobsSeen.of(jobs, names)
+        if len(jobs) >= ARRAYS_FROM and self._ranks is None:
+            from . import gavel_arrays as ga
+
+            self._ranks = ga.NameRanks()
         if type(estimator) is SiloDEstimator and len(jobs) >= ARRAYS_FROM:
-            e, plan, arrays = _steady_arrays(jobs, seen_jobs, cluster)
+            e, plan, arrays = _steady_arrays(jobs, seen_jobs, cluster, self._ranks)
         elif type(estimator) is ComputeEstimator and len(jobs) >= ARRAYS_FROM:
-            e, plan, shares = _vanilla_arrays(seen_jobs, cluster)
+            e, plan, shares = _vanilla_arrays(seen_jobs, cluster, self._ranks)
         else:
             e = equal_share_perf(jobs, cluster, estimator)
             start = _start(jobs, cluster, e)
@@ -982,7 +989,7 @@ def _limits(cluster: Cluster) -> ga.Limits:
 
 
 def _steady_arrays(
-    jobs: Sequence[Job], seen: _JobsSeen, cluster: Cluster
+    jobs: Sequence[Job], seen: _JobsSeen, cluster: Cluster, ranks: ga.NameRanks | None = None
 ) -> tuple[dict[str, float], MaxMin, ga.JobArrays]:
     """equal_share_perf (SiloD's estimator), _start and maxmin as array operations
     (gavel_arrays): the same e, the same rates (in the jobs' order) and level, and the
@@ -999,7 +1006,7 @@ def _steady_arrays(
     else:
         equal = _equal_cache(jobs, cluster)
         unit_cache = [equal.get(key, 0.0) for key in reads.keys]
-    steady = ga.steady_state(reads, unit_cache, pool, _limits(cluster))
+    steady = ga.steady_state(reads, unit_cache, pool, _limits(cluster), ranks)
     e = dict(zip(names, steady.e, strict=True))
     if steady.rates is None:
         return e, maxmin(jobs, cluster, e), steady.arrays
@@ -1008,7 +1015,7 @@ def _steady_arrays(
 
 
 def _vanilla_arrays(
-    seen: _JobsSeen, cluster: Cluster
+    seen: _JobsSeen, cluster: Cluster, ranks: ga.NameRanks | None = None
 ) -> tuple[dict[str, float], MaxMin, list[float]]:
     """equal_share_perf (ComputeEstimator), _start and maxmin with io_aware False as
     array operations (gavel_arrays.vanilla): the same e, rates and level, and the GPU
@@ -1016,7 +1023,7 @@ def _vanilla_arrays(
     from . import gavel_arrays as ga
 
     names = seen.names
-    plan = ga.vanilla(names, seen.f_stars, seen.gpus, _limits(cluster))
+    plan = ga.vanilla(names, seen.f_stars, seen.gpus, _limits(cluster), ranks)
     rates = dict(zip(names, plan.rates, strict=True))
     return dict(zip(names, plan.e, strict=True)), MaxMin(plan.level, rates, {}), plan.shares
 
