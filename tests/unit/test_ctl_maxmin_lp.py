@@ -419,6 +419,19 @@ def test_ceiling_ties_ranked_by_kept_name_ranks_sort_as_by_the_names() -> None:
     assert all(a < b for a, b in zip(in_order, in_order[1:], strict=False))
 
 
+def test_hits_now_take_the_array_path_only_when_every_one_is_a_float() -> None:
+    """gavel_arrays.floats decides whether a plan's hits now are all given (the array
+    path) or some job says nothing (None: the general path): a None, or any value the
+    array would not hold as a float, must send it to the general path."""
+    from silofs_ctl.policies import gavel_arrays
+
+    got = gavel_arrays.floats([0.25, 1, 0.0])
+    assert got is not None and got.tolist() == [0.25, 1.0, 0.0]
+    assert gavel_arrays.floats([0.25, None, 0.5]) is None
+    assert gavel_arrays.floats([None]) is None
+    assert gavel_arrays.floats([1, 0]) is None  # (ints alone: the general path, same result)
+
+
 def test_the_array_form_of_the_equal_cache_is_the_loops_to_the_bit() -> None:
     """gavel_arrays.equal_unit_cache (every job reads one unit, one pool: the
     simulator's cluster) must give each unit the floats estimator._equal_cache adds up

@@ -660,8 +660,16 @@ def _start(
     return arrays
 
 
+def floats(values: list[float | None]) -> FloatArray | None:
+    """`values` as a float array, or None if some value is not a number (None gives
+    an array of objects; so do other objects, and ints alone give ints: the caller
+    then takes its general path)."""
+    out = np.array(values)
+    return out if out.dtype == np.float64 else None
+
+
 def solve_hits_now(
-    arrays: JobArrays, hit_now: list[float], limits: Limits
+    arrays: JobArrays, hit_now: list[float] | FloatArray, limits: Limits
 ) -> tuple[list[float], list[float]]:
     """Each job's GPU share and IO (jobs' order) as GavelPolicy.allocate makes them from
     the hits now: maxmin_fixed_hits' rates, min(1, rate / f*) with the idle GPUs
@@ -679,9 +687,9 @@ class Steady:
     """The steady-state solve: e per job, the jobs' arrays, and (when the knapsack is
     solved here) each job's rate, the level and the cache as (key, bytes) in order."""
 
-    e: list[float]
+    e: FloatArray
     arrays: JobArrays
-    rates: list[float] | None = None
+    rates: FloatArray | None = None
     level: float = 0.0
     cache: list[tuple[str, float]] | None = None
 
@@ -695,7 +703,7 @@ def steady_state(
     e = equal_share_perf(reads, limits.total_gpus, limits.remote_io, np.asarray(unit_cache))
     arrays = job_arrays(reads, e, limits, ranks)
     if pool is None:
-        return Steady(e.tolist(), arrays)
+        return Steady(e, arrays)
     keys = reads.keys
     rank = np.empty(len(keys), dtype=np.intp)
     rank[sorted(range(len(keys)), key=keys.__getitem__)] = np.arange(len(keys))
@@ -703,7 +711,7 @@ def steady_state(
     filled = fill(arrays, io, limits)
     units, takes = io.loads(filled.rate, np.ones(len(e), dtype=bool)).cache(0.0)
     cache = list(zip(map(keys.__getitem__, units.tolist()), takes.tolist(), strict=True))
-    return Steady(e.tolist(), arrays, filled.rate.tolist(), filled.level, cache)
+    return Steady(e, arrays, filled.rate, filled.level, cache)
 
 
 @dataclass
@@ -712,8 +720,8 @@ class Vanilla:
     ComputeEstimator): e, each job's rate and GPU share (min(1, rate / f*), 0.0 without
     f*), in the jobs' order, and the level of its first round."""
 
-    e: list[float]
-    rates: list[float]
+    e: FloatArray
+    rates: FloatArray
     shares: list[float]
     level: float
 
@@ -740,4 +748,4 @@ def vanilla(
     with np.errstate(divide="ignore", invalid="ignore"):
         share = rate / f
     share = np.where(f > 0, np.where(share < 1.0, share, 1.0), 0.0)
-    return Vanilla(e.tolist(), rate.tolist(), share.tolist(), filled.level)
+    return Vanilla(e, rate, share.tolist(), filled.level)
