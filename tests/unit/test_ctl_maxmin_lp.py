@@ -394,6 +394,44 @@ def test_the_array_form_groups_ceilings_as_the_search_does() -> None:
         assert list(zip(levels.tolist(), ends.tolist(), strict=True)) == expected
 
 
+def test_ceiling_ties_ranked_by_kept_name_ranks_sort_as_by_the_names() -> None:
+    """gavel_arrays.NameRanks, kept over plans whose jobs come and go (new names landing
+    between old ones until a gap is used up and every name is numbered again), must
+    order ceiling ties exactly as a lexsort of the names themselves does."""
+    from silofs_ctl.policies import gavel_arrays
+
+    rng = random.Random(5)
+    ranks = gavel_arrays.NameRanks()
+    ranks.SPACING = 4  # (gaps run out after two halvings: renumbering is exercised)
+    pool = [f"{rng.choice(['resnet50', 'bert', 'vlad', 'b'])}-{rng.randint(0, 999):03d}"
+            for _ in range(400)]  # fmt: skip
+    active: list[str] = []
+    for _ in range(300):
+        active = [n for n in active if rng.random() > 0.1] + rng.sample(pool, rng.randint(0, 6))
+        if not active:
+            continue
+        caps = np.array([rng.choice([1.0, 2.0, rng.uniform(1, 3)]) for _ in active])
+        live = np.arange(len(active))[rng.random() < 0.5 :]  # (all, or from the second)
+        by_name = np.lexsort((np.array(active)[live], caps[live]))
+        by_rank = np.lexsort((ranks.of(active)[live], caps[live]))
+        assert by_rank.tolist() == by_name.tolist()
+    in_order = ranks.of(sorted(set(pool))).tolist()
+    assert all(a < b for a, b in zip(in_order, in_order[1:], strict=False))
+
+
+def test_hits_now_take_the_array_path_only_when_every_one_is_a_float() -> None:
+    """gavel_arrays.floats decides whether a plan's hits now are all given (the array
+    path) or some job says nothing (None: the general path): a None, or any value the
+    array would not hold as a float, must send it to the general path."""
+    from silofs_ctl.policies import gavel_arrays
+
+    got = gavel_arrays.floats([0.25, 1, 0.0])
+    assert got is not None and got.tolist() == [0.25, 1.0, 0.0]
+    assert gavel_arrays.floats([0.25, None, 0.5]) is None
+    assert gavel_arrays.floats([None]) is None
+    assert gavel_arrays.floats([1, 0]) is None  # (ints alone: the general path, same result)
+
+
 def test_the_array_form_of_the_equal_cache_is_the_loops_to_the_bit() -> None:
     """gavel_arrays.equal_unit_cache (every job reads one unit, one pool: the
     simulator's cluster) must give each unit the floats estimator._equal_cache adds up

@@ -29,7 +29,7 @@ from __future__ import annotations
 import logging
 import math
 from bisect import bisect_right
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
 from heapq import heapify, heappop
@@ -62,8 +62,42 @@ class MaxMin:
     """Rates (bytes/s) per job and the cache per unit that feeds them with least IO."""
 
     level: float
-    rates: dict[str, float]
+    rates: Mapping[str, float]
     cache: dict[str, float]
+
+
+class _ByName(Mapping[str, float]):
+    """name -> value over columns in the jobs' order (a list or a float array), made a
+    dict when first read: Gavel's array forms keep e and the steady rates only for the
+    loops' path and the tests, and made two dicts of ~1,000 jobs (and two lists of
+    their floats) at every arrival and completion that a run never read."""
+
+    __slots__ = ("_names", "_values", "_dict")
+
+    def __init__(self, names: list[str], values: Sequence[float]) -> None:
+        self._names, self._values = names, values
+        self._dict: dict[str, float] | None = None
+
+    def _made(self) -> dict[str, float]:
+        made = self._dict
+        if made is None:
+            values = self._values
+            if not isinstance(values, list):  # (an array: its floats, as tolist gives)
+                values = values.tolist()  # type: ignore[attr-defined]
+            made = self._dict = dict(zip(self._names, values, strict=True))
+        return made
+
+    def __getitem__(self, name: str) -> float:
+        return self._made()[name]
+
+    def get(self, name: str, default: float | None = None) -> float | None:  # type: ignore[override]
+        return self._made().get(name, default)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._made())
+
+    def __len__(self) -> int:
+        return len(self._names)
 
 
 class _Loads:
@@ -864,6 +898,9 @@ class GavelPolicy:
         # With it, where filling starts (_Start): the fixed-hits solve of every plan of
         # those jobs starts there too (the views differ, not their names, GPUs, f*).
         self._steady: _Steady | None = None
+        # The jobs' names ranked in order, for the array forms' ceiling ties (made on
+        # the first plan solved as arrays: gavel_arrays imports numpy)
+        self._ranks: ga.NameRanks | None = None
 
     def reads(self, estimator: Estimator) -> frozenset[str]:
         """The vanilla form divides GPUs among the jobs by their equal shares alone; the
@@ -882,8 +919,13 @@ class GavelPolicy:
         e, plan, start = steady.e, steady.plan, steady.start
         alloc = Allocation(cache=dict(plan.cache) if estimator.io_aware else {})
         if estimator.io_aware and steady.arrays is not None:
-            hit_now = list(map(_HIT_NOW, jobs))
-            if None not in hit_now:  # (what current_hits gives when every job says)
+            from . import gavel_arrays as ga
+
+            # (what current_hits gives when every job says: no None among them, which
+            # would make the array one of objects; a check in C, where `None in` a
+            # list of ~1,000 floats compared each of them)
+            hit_now = ga.floats(list(map(_HIT_NOW, jobs)))
+            if hit_now is not None:
                 _fixed_hits_tail(alloc, names, cluster, hit_now, steady.arrays)
                 return alloc
         hits = current_hits(jobs, cluster, plan.cache) if estimator.io_aware else None
@@ -937,10 +979,14 @@ class GavelPolicy:
         arrays: ga.JobArrays | None = None
         shares: list[float] | None = None
         seen_jobs = _JobsSeen.of(jobs, names)
+        if len(jobs) >= ARRAYS_FROM and self._ranks is None:
+            from . import gavel_arrays as ga
+
+            self._ranks = ga.NameRanks()
         if type(estimator) is SiloDEstimator and len(jobs) >= ARRAYS_FROM:
-            e, plan, arrays = _steady_arrays(jobs, seen_jobs, cluster)
+            e, plan, arrays = _steady_arrays(jobs, seen_jobs, cluster, self._ranks)
         elif type(estimator) is ComputeEstimator and len(jobs) >= ARRAYS_FROM:
-            e, plan, shares = _vanilla_arrays(seen_jobs, cluster)
+            e, plan, shares = _vanilla_arrays(seen_jobs, cluster, self._ranks)
         else:
             e = equal_share_perf(jobs, cluster, estimator)
             start = _start(jobs, cluster, e)
@@ -962,10 +1008,11 @@ def _fixed_hits_tail(
     alloc: Allocation,
     names: list[str],
     cluster: Cluster,
-    hit_now: list[float],
+    hit_now: list[float] | ga.FloatArray,
     arrays: ga.JobArrays,
 ) -> None:
-    """What GavelPolicy.allocate does with the hits now (`hit_now`, in the jobs' order:
+    """What GavelPolicy.allocate does with the hits now (`hit_now`, in the jobs' order
+    as floats:
     maxmin_fixed_hits, the shares, spread_leftover_gpus, the IO and spread_leftover_io),
     as array operations: the same floats in the same order (gavel_arrays says how)."""
     from . import gavel_arrays as ga
@@ -982,8 +1029,8 @@ def _limits(cluster: Cluster) -> ga.Limits:
 
 
 def _steady_arrays(
-    jobs: Sequence[Job], seen: _JobsSeen, cluster: Cluster
-) -> tuple[dict[str, float], MaxMin, ga.JobArrays]:
+    jobs: Sequence[Job], seen: _JobsSeen, cluster: Cluster, ranks: ga.NameRanks | None = None
+) -> tuple[Mapping[str, float], MaxMin, ga.JobArrays]:
     """equal_share_perf (SiloD's estimator), _start and maxmin as array operations
     (gavel_arrays): the same e, the same rates (in the jobs' order) and level, and the
     same cache in the same order; and the jobs as the plans for the hits now read them.
@@ -999,26 +1046,26 @@ def _steady_arrays(
     else:
         equal = _equal_cache(jobs, cluster)
         unit_cache = [equal.get(key, 0.0) for key in reads.keys]
-    steady = ga.steady_state(reads, unit_cache, pool, _limits(cluster))
-    e = dict(zip(names, steady.e, strict=True))
+    steady = ga.steady_state(reads, unit_cache, pool, _limits(cluster), ranks)
+    e = _ByName(names, steady.e)
     if steady.rates is None:
         return e, maxmin(jobs, cluster, e), steady.arrays
-    rates = dict(zip(names, steady.rates, strict=True))
+    rates = _ByName(names, steady.rates)
     return e, MaxMin(steady.level, rates, dict(steady.cache)), steady.arrays
 
 
 def _vanilla_arrays(
-    seen: _JobsSeen, cluster: Cluster
-) -> tuple[dict[str, float], MaxMin, list[float]]:
+    seen: _JobsSeen, cluster: Cluster, ranks: ga.NameRanks | None = None
+) -> tuple[Mapping[str, float], MaxMin, list[float]]:
     """equal_share_perf (ComputeEstimator), _start and maxmin with io_aware False as
     array operations (gavel_arrays.vanilla): the same e, rates and level, and the GPU
     shares allocate makes of the rates (min(1, rate / f*)), in the jobs' order."""
     from . import gavel_arrays as ga
 
     names = seen.names
-    plan = ga.vanilla(names, seen.f_stars, seen.gpus, _limits(cluster))
-    rates = dict(zip(names, plan.rates, strict=True))
-    return dict(zip(names, plan.e, strict=True)), MaxMin(plan.level, rates, {}), plan.shares
+    plan = ga.vanilla(names, seen.f_stars, seen.gpus, _limits(cluster), ranks)
+    rates = _ByName(names, plan.rates)
+    return _ByName(names, plan.e), MaxMin(plan.level, rates, {}), plan.shares
 
 
 def _one_pool(keys: Sequence[str], cluster: Cluster) -> float | None:
@@ -1079,7 +1126,7 @@ class _Steady:
     jobs: _JobsSeen
     estimator: type
     cluster: Cluster
-    e: dict[str, float]
+    e: Mapping[str, float]
     plan: MaxMin
     start: _Start | None  # (None: solved as array operations, which start from arrays)
     arrays: ga.JobArrays | None = None  # the jobs as gavel_arrays reads them, when it does

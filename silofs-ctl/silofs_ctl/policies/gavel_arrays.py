@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import math
+from bisect import bisect_left
 from collections.abc import Mapping
 from dataclasses import dataclass
 from itertools import chain, count
@@ -580,25 +581,72 @@ def equal_unit_cache(reads: Reads, capacity: float) -> FloatArray:
     return np.where(held < size, held, size)
 
 
-def job_arrays(reads: Reads, e: FloatArray, limits: Limits) -> JobArrays:
+def job_arrays(
+    reads: Reads, e: FloatArray, limits: Limits, ranks: NameRanks | None = None
+) -> JobArrays:
     """gavel._start as arrays: the jobs that never run, the others in ascending ceiling
     (ties by name), the first round's ceiling groups and how many the GPUs allow."""
     sizes = reads.unit_size[reads.r_unit[reads.first_read]]
-    return _start(reads.names, reads.f_star, reads.gpus, sizes, e, limits)
+    return _start(reads.names, reads.f_star, reads.gpus, sizes, e, limits, ranks)
+
+
+class NameRanks:
+    """An integer per job name, ordered as the names are (str's <, by code point), kept
+    over a policy's plans: a plan's ceiling ties go by name, and a str array of ~1,000
+    names and numpy's sort of it cost ~200 us at every arrival and completion, where
+    looking the ranks up costs ~30. Ranks are spaced out so that a new name (one per
+    arrival) usually takes the middle of its neighbours' gap; when a gap is used up,
+    every name is numbered again. Equal names have one rank, so a lexsort by rank is
+    the lexsort by name, to the permutation."""
+
+    SPACING = 1 << 32
+
+    def __init__(self) -> None:
+        self._sorted: list[str] = []  # every name seen, in order
+        self._rank: dict[str, int] = {}
+
+    def of(self, names: list[str]) -> IndexArray:
+        """Each name's rank, in the order of `names`."""
+        rank = self._rank
+        ranks = np.array(list(map(rank.get, names)))
+        if ranks.dtype.kind != "i":  # (None for a name not seen: an array of objects)
+            for name in names:
+                if name not in rank:
+                    self._add(name)
+            ranks = np.array(list(map(rank.__getitem__, names)), dtype=np.int64)
+        return ranks
+
+    def _add(self, name: str) -> None:
+        known, rank = self._sorted, self._rank
+        i = bisect_left(known, name)
+        lo = rank[known[i - 1]] if i else 0
+        hi = rank[known[i]] if i < len(known) else lo + 2 * self.SPACING
+        known.insert(i, name)
+        if hi - lo < 2:  # no integer between: number every name again (in place)
+            rank.clear()
+            spaced = range(self.SPACING, (len(known) + 1) * self.SPACING, self.SPACING)
+            rank.update(zip(known, spaced, strict=True))
+            return
+        rank[name] = (lo + hi) // 2
 
 
 def _start(
     names: list[str], f_star: FloatArray, gpus: FloatArray, sizes: FloatArray, e: FloatArray,
-    limits: Limits,
+    limits: Limits, ranks: NameRanks | None = None,
 ) -> JobArrays:  # fmt: skip
     """job_arrays of the jobs' columns; sizes: each job's first read's unit size (read
-    only by the plan for the hits now)."""
+    only by the plan for the hits now); ranks: kept by the caller over its plans."""
     live = ((e > 0) & (f_star > 0)).nonzero()[0]
     caps = f_star[live] / e[live]
     order = caps.argsort(kind="stable")
     if (caps[order][1:] == caps[order][:-1]).any():
-        # equal ceilings go by name (numpy orders str as Python does, by code point)
-        order = np.lexsort((np.array(names)[live], caps))
+        # equal ceilings go by name (numpy orders str as Python does, by code point);
+        # with `ranks`, by integers in the names' order (the same permutation: lexsort
+        # is stable, and equal names get equal ranks), without a str array of them
+        if ranks is not None:
+            order = np.lexsort((ranks.of(names)[live], caps))
+        else:
+            order = np.lexsort((np.array(names)[live], caps))
     free, caps = live[order], caps[order]
     zero = np.ones(len(e), dtype=bool)
     zero[live] = False
@@ -612,8 +660,16 @@ def _start(
     return arrays
 
 
+def floats(values: list[float | None]) -> FloatArray | None:
+    """`values` as a float array, or None if some value is not a number (None gives
+    an array of objects; so do other objects, and ints alone give ints: the caller
+    then takes its general path)."""
+    out = np.array(values)
+    return out if out.dtype == np.float64 else None
+
+
 def solve_hits_now(
-    arrays: JobArrays, hit_now: list[float], limits: Limits
+    arrays: JobArrays, hit_now: list[float] | FloatArray, limits: Limits
 ) -> tuple[list[float], list[float]]:
     """Each job's GPU share and IO (jobs' order) as GavelPolicy.allocate makes them from
     the hits now: maxmin_fixed_hits' rates, min(1, rate / f*) with the idle GPUs
@@ -631,22 +687,23 @@ class Steady:
     """The steady-state solve: e per job, the jobs' arrays, and (when the knapsack is
     solved here) each job's rate, the level and the cache as (key, bytes) in order."""
 
-    e: list[float]
+    e: FloatArray
     arrays: JobArrays
-    rates: list[float] | None = None
+    rates: FloatArray | None = None
     level: float = 0.0
     cache: list[tuple[str, float]] | None = None
 
 
 def steady_state(
-    reads: Reads, unit_cache: list[float] | FloatArray, pool: float | None, limits: Limits
-) -> Steady:
+    reads: Reads, unit_cache: list[float] | FloatArray, pool: float | None, limits: Limits,
+    ranks: NameRanks | None = None,
+) -> Steady:  # fmt: skip
     """equal_share_perf, _start and (with `pool`, the capacity of the one pool every
     unit draws from) gavel.maxmin; unit_cache: each unit's equal cache (keys' order)."""
     e = equal_share_perf(reads, limits.total_gpus, limits.remote_io, np.asarray(unit_cache))
-    arrays = job_arrays(reads, e, limits)
+    arrays = job_arrays(reads, e, limits, ranks)
     if pool is None:
-        return Steady(e.tolist(), arrays)
+        return Steady(e, arrays)
     keys = reads.keys
     rank = np.empty(len(keys), dtype=np.intp)
     rank[sorted(range(len(keys)), key=keys.__getitem__)] = np.arange(len(keys))
@@ -654,7 +711,7 @@ def steady_state(
     filled = fill(arrays, io, limits)
     units, takes = io.loads(filled.rate, np.ones(len(e), dtype=bool)).cache(0.0)
     cache = list(zip(map(keys.__getitem__, units.tolist()), takes.tolist(), strict=True))
-    return Steady(e.tolist(), arrays, filled.rate.tolist(), filled.level, cache)
+    return Steady(e, arrays, filled.rate, filled.level, cache)
 
 
 @dataclass
@@ -663,14 +720,15 @@ class Vanilla:
     ComputeEstimator): e, each job's rate and GPU share (min(1, rate / f*), 0.0 without
     f*), in the jobs' order, and the level of its first round."""
 
-    e: list[float]
-    rates: list[float]
+    e: FloatArray
+    rates: FloatArray
     shares: list[float]
     level: float
 
 
 def vanilla(
-    names: list[str], f_star: list[float], gpus: list[int], limits: Limits
+    names: list[str], f_star: list[float], gpus: list[int], limits: Limits,
+    ranks: NameRanks | None = None,
 ) -> Vanilla:  # fmt: skip
     """estimator.equal_share_perf (ComputeEstimator), gavel._start, gavel.maxmin with
     io_aware False and GavelPolicy.allocate's shares from its rates, to the bit. The
@@ -684,10 +742,10 @@ def vanilla(
         share = per_job / g
     e = np.where(g > 0, np.where(share < 1.0, share, 1.0), 1.0) * f
     unplanned = Limits(limits.total_gpus, math.inf, limits.tol, limits.margin)
-    arrays = _start(names, f, g, np.zeros(0), e, unplanned)
+    arrays = _start(names, f, g, np.zeros(0), e, unplanned, ranks)
     filled = fill(arrays, UnplannedIO(), unplanned)
     rate = filled.rate
     with np.errstate(divide="ignore", invalid="ignore"):
         share = rate / f
     share = np.where(f > 0, np.where(share < 1.0, share, 1.0), 0.0)
-    return Vanilla(e.tolist(), rate.tolist(), share.tolist(), filled.level)
+    return Vanilla(e, rate, share.tolist(), filled.level)
