@@ -75,7 +75,8 @@ def slurm(public: Path, tmp_path: Path, make_node) -> Iterator[Slurm]:  # type: 
     """The cluster as a developer runs it: silofs from this checkout and interpreter."""
     node = make_node(cache_size="64M", socket=str(public / "ctl.sock"))
     cluster = Slurm(tmp_path / "slurm", node, public)
-    # silofs and silofs-ctl as the prolog finds them: this interpreter, this checkout.
+    # silofs and silofs-ctl as the prolog finds them: this interpreter, this checkout
+    # (silofs_ctl from its silofs-ctl/, not whatever the interpreter has installed).
     (tmp_path / "bin").mkdir()
     for name, module in (("silofs", "silofs"), ("silofs-ctl", "silofs_ctl")):
         path = tmp_path / "bin" / name
@@ -84,7 +85,8 @@ def slurm(public: Path, tmp_path: Path, make_node) -> Iterator[Slurm]:  # type: 
     settings = (
         f"SILOFS={tmp_path}/bin/silofs\nSILOFS_CTL={tmp_path}/bin/silofs-ctl\n"
         f"SILOFS_SOCKET={node.socket}\nSILOFS_MOUNT_ROOT={cluster.mount_root}\n"
-        f"export PYTHONPATH={REPO}\nexport PATH={os.environ.get('PATH', '/usr/bin:/bin')}\n"
+        f"export PYTHONPATH={REPO}:{REPO}/silofs-ctl\n"
+        f"export PATH={os.environ.get('PATH', '/usr/bin:/bin')}\n"
     )
     try:
         slurm_cluster.start(cluster, settings)
