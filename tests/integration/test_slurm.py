@@ -300,11 +300,13 @@ def test_a_job_of_another_user_is_mounted_by_that_user(slurm: Slurm) -> None:
     job = slurm.sbatch(
         "--uid=nobody", f"--comment=silofs={secret}", "--output=/dev/null", "--wrap=true"
     )
-    wait_for(lambda: f"prolog job {job}" in (slurm.log.read_text() if slurm.log.exists() else ""),
-             timeout=120, what="the prolog to run")  # fmt: skip
+    # The prolog logs its registration first (before mounting): wait for its failure.
+    wait_for(lambda: any(ln.startswith("FAILED") for ln in slurm.log_lines("prolog", job)),
+             timeout=120, what="the prolog's mount to fail")  # fmt: skip
     log = slurm.log.read_text()
     print(log)
     assert "FAILED" in log and "may not search" in log, log
+    assert f"registered slurm-{job}: uid={pwd.getpwnam('nobody').pw_uid} " in log
     uid, *args = record.read_text().split("\n")[0].split()
     assert int(uid) == pwd.getpwnam("nobody").pw_uid
     assert args[0] == "mount" and args[args.index("--") + 1] == str(secret)
