@@ -47,7 +47,13 @@ from silofs.logsetup import LOG_FORMATS, setup_logging
 from silofs.mountinfo import fuse_device_refusal, silofs_mounts
 from silofs.output import end_on_output_error, output_error
 from silofs.pids import pid_alive
-from silofs.records import JOB_NAME_MAX_BYTES, job_name_char, not_utf8, shown
+from silofs.records import (
+    JOB_NAME_MAX_BYTES,
+    is_slurm_job_name,
+    job_name_char,
+    not_utf8,
+    shown,
+)
 from silofs.units import count, format_rate, format_size, parse_rate, parse_size
 
 log = logging.getLogger(__name__)
@@ -935,6 +941,11 @@ def default_job(mountpoint: str) -> str:
     # characters failed to mount, refused for a job name nobody had given.
     base = "".join(c if job_name_char(c) else "_" for c in base[:200])
     base = base.encode()[: JOB_NAME_MAX_BYTES - 7].decode(errors="ignore")
+    if is_slurm_job_name(f"{base}-{digest}"):
+        # A mountpoint named "slurm" whose digest is all digits: "slurm-123456" is a
+        # name of the Slurm prolog's, refused to a user it is not registered for
+        # (docs/SECURITY.md "Jobs").
+        return f"{base}_{digest}"
     return f"{base}-{digest}"
 
 

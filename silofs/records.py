@@ -9,6 +9,7 @@ on a terminal or in a log line (shown). Never does I/O.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -110,6 +111,16 @@ def job_name_error(name: object) -> str | None:
     if not all(job_name_char(c) for c in name):
         return JOB_NAME_RULE
     return None
+
+
+# The names configs/slurm/prolog.sh gives its jobs ("slurm-$SLURM_JOB_ID"): an untrusted
+# peer may use one only once a registration names its uid (authz.check_job).
+_SLURM_JOB_NAME = re.compile(r"slurm-[0-9]+")
+
+
+def is_slurm_job_name(name: str) -> bool:
+    """Whether `name` is of the form the Slurm prolog gives its jobs: slurm-DIGITS."""
+    return _SLURM_JOB_NAME.fullmatch(name) is not None
 
 
 def job_name_char(c: str) -> bool:

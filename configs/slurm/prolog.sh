@@ -1,7 +1,7 @@
 #!/bin/bash
-# silofs Slurm prolog: mount the job's datasets on this node, then register the job
-# (GPUs, f*, epochs, datasets) with the node daemon, so `silofs-ctl controller` plans
-# with them (docs/CONTROLLER.md "Slurm").
+# silofs Slurm prolog: register the job (GPUs, f*, epochs, datasets, its user) with the
+# node daemon, so `silofs-ctl controller` plans with them (docs/CONTROLLER.md "Slurm"),
+# then mount the job's datasets on this node.
 #
 # slurm.conf on every node:
 #   Prolog=/etc/silofs/slurm/prolog.sh
@@ -15,7 +15,12 @@
 #   silofs.ideal_io=RATE  f*: the job's read rate when IO is no bottleneck (optional;
 #                         else the controller measures it)
 #   silofs.epochs=N       epochs in total (optional; SJF uses the remaining work)
-# The job runs as silofs job "slurm-$SLURM_JOB_ID".
+# The job runs as silofs job "slurm-$SLURM_JOB_ID". The registration comes FIRST and
+# names the job's user (--uid $SLURM_JOB_UID): a name slurm-N is usable by an ordinary
+# user only once it is registered for that user's uid, and a registered uid owns the
+# job (docs/SECURITY.md "Jobs"). Mounting first let any user take the next job ids'
+# names with `silofs mount --job slurm-N`, and the real owner's prolog mount was then
+# refused and the job cancelled.
 #
 # Who mounts (SILOFS_MOUNT_AS): the comment is the job owner's text and this script runs
 # as root, so by default ("user") each dataset is mounted BY THE JOB'S USER (runuser):
@@ -33,15 +38,15 @@
 #   SILOFS_SLURM_LOG=/var/log/silofs/slurm.log (else syslog via logger)
 #   SILOFS_MOUNT_AS=user (default) or root: see "Who mounts" above
 #
-# Exit status: 0 with no silofs token in the comment (nothing to do) or all mounted and
-# registered. A dataset that will not mount while the node daemon answers is the job's
-# own problem (a path its user may not read, a typo, a bucket that does not exist, a
-# store that refuses): the prolog unmounts what it mounted, cancels the job with the
-# reason (scancel, the reason in the job's AdminComment and the log) and exits 0, so one
-# user's comment can never drain a node. Anything else (the daemon does not answer, the
-# mount root cannot be made, the job's user cannot run $SILOFS, registration fails) is
-# the node's: 1 after unmounting what it mounted, and Slurm requeues the job held and
-# drains the node, for a person to look.
+# Exit status: 0 with no silofs token in the comment (nothing to do) or registered and
+# all mounted. A registration refused or a dataset that will not mount while the node
+# daemon answers is the job's own problem (silofs.epochs=-1, a path its user may not
+# read, a typo, a bucket that does not exist, a store that refuses): the prolog unmounts
+# what it mounted, forgets the registration, cancels the job with the reason (scancel,
+# the reason in the job's AdminComment and the log) and exits 0, so one user's comment
+# can never drain a node. Anything else (the daemon does not answer, the mount root
+# cannot be made, the job's user cannot run $SILOFS) is the node's: 1 after the same
+# undoing, and Slurm requeues the job held and drains the node, for a person to look.
 set -u -o pipefail
 
 ENV_FILE=${SILOFS_SLURM_ENV:-/etc/silofs/slurm.env}
@@ -95,13 +100,21 @@ if [ -n "${SLURM_JOB_NODELIST:-}" ]; then
 fi
 
 MOUNTED=()
-undo() {  # unmount what this prolog mounted, and remove the job's directory
+REGISTERED=0
+# Unmount what this prolog mounted, remove the job's directory, and forget the job's
+# registration (a cancelled job leaves none; errors ignored: the epilog's end-job
+# forgets it too).
+undo() {
     for mp in "${MOUNTED[@]}"; do
         "$SILOFS" unmount "$mp" >/dev/null 2>&1 || fusermount3 -u -z "$mp" 2>/dev/null
         rmdir "$mp" 2>/dev/null
     done
     MOUNTED=()
     rmdir "$ROOT/$JOB_ID" 2>/dev/null
+    if [ "$REGISTERED" = 1 ]; then
+        "$SILOFS_CTL" forget --kind job "$JOB" >/dev/null 2>&1
+        REGISTERED=0
+    fi
 }
 
 fail() {
@@ -138,6 +151,23 @@ if [ "${SILOFS_MOUNT_AS:-user}" = user ] && [ "${SLURM_JOB_UID:-0}" != 0 ]; then
 elif [ "${SILOFS_MOUNT_AS:-user}" != user ] && [ "${SILOFS_MOUNT_AS}" != root ]; then
     fail "SILOFS_MOUNT_AS must be user or root, not ${SILOFS_MOUNT_AS}"
 fi
+
+# Register before mounting: the job's user owns slurm-N from here on (also in "root"
+# mode: its own job script may then mount under the job's name), and no one else may
+# mount under it. Refused while the daemon answers: the comment's silofs.ideal_io or
+# silofs.epochs (the job owner's text: `fast`, `-1`, a rate without a unit) is the
+# job's fault, and cancels it (nothing is mounted yet); it must not drain the node.
+reg=(job register "$JOB" --gpus "$GPUS" --scheduler slurm --scheduler-id "$JOB_ID")
+for uri in "${DATASETS[@]}"; do reg+=(--dataset "$uri"); done
+for node in "${NODES[@]}"; do reg+=(--node "$node"); done
+[ -n "$IDEAL_IO" ] && reg+=(--ideal-io "$IDEAL_IO")
+[ -n "$EPOCHS" ] && reg+=(--epochs "$EPOCHS")
+[ -n "${SLURM_JOB_UID:-}" ] && reg+=(--uid "$SLURM_JOB_UID")
+if ! out=$("$SILOFS_CTL" "${reg[@]}" 2>&1); then
+    refuse "register: $out"
+fi
+REGISTERED=1
+say "registered $JOB: uid=${SLURM_JOB_UID:-none} gpus=$GPUS ideal_io=${IDEAL_IO:-measured} epochs=${EPOCHS:-unknown} datasets=${DATASETS[*]}"
 
 mkdir -p "$ROOT/$JOB_ID" || fail "cannot create $ROOT/$JOB_ID"
 chmod 0755 "$ROOT/$JOB_ID"
@@ -188,16 +218,4 @@ for uri in "${DATASETS[@]}"; do
     say "mounted $uri at $mp"
 done
 
-reg=(job register "$JOB" --gpus "$GPUS" --scheduler slurm --scheduler-id "$JOB_ID")
-for uri in "${DATASETS[@]}"; do reg+=(--dataset "$uri"); done
-for node in "${NODES[@]}"; do reg+=(--node "$node"); done
-[ -n "$IDEAL_IO" ] && reg+=(--ideal-io "$IDEAL_IO")
-[ -n "$EPOCHS" ] && reg+=(--epochs "$EPOCHS")
-# Refused while the daemon answers: the comment's silofs.ideal_io or silofs.epochs
-# (the job owner's text: `fast`, `-1`, a rate without a unit) is the job's fault, and
-# cancels it; it must not drain the node.
-if ! out=$("$SILOFS_CTL" "${reg[@]}" 2>&1); then
-    refuse "register: $out"
-fi
-say "registered $JOB: gpus=$GPUS ideal_io=${IDEAL_IO:-measured} epochs=${EPOCHS:-unknown} datasets=${DATASETS[*]}"
 exit 0

@@ -3,9 +3,10 @@ node daemon about a job.
 
 Owns the command a Slurm prolog (configs/slurm/) runs on each node of a job: PUT
 /v1/jobs/JOB with the job's GPUs, f* (ideal_io), epochs, datasets, the scheduler's id
-for it and its nodes, so the controller plans with them instead of a hand-written
-jobs.toml. The epilog undoes it with `silofs-ctl forget --kind job JOB` after the
-unmounts. Never mounts anything, and never decides allocations.
+for it, its nodes and its user (--uid: the job's owner), so the controller plans with
+them instead of a hand-written jobs.toml. The epilog's `silofs end-job` forgets it after
+the unmounts (a prolog that gives up: `silofs-ctl forget --kind job JOB`). Never mounts
+anything, and never decides allocations.
 """
 
 from __future__ import annotations
@@ -46,6 +47,13 @@ def job() -> None:
 @click.option("--scheduler", default=None, help="Who scheduled it, e.g. slurm (default: none).")
 @click.option("--scheduler-id", default=None, help="The scheduler's id for it (default: none).")
 @click.option("--node", "nodes", multiple=True, help="A node of the job (repeat; default: none).")
+@click.option(
+    "--uid",
+    type=click.IntRange(0, (1 << 32) - 2),
+    default=None,
+    help="The job's user: it owns the job from now on, and a user may mount a slurm-N "
+    "job only once it is registered for that user's uid (default: none).",
+)
 @socket_option
 def register(
     name: str,
@@ -56,9 +64,11 @@ def register(
     scheduler: str | None,
     scheduler_id: str | None,
     nodes: tuple[str, ...],
+    uid: int | None,
     socket: str | None,
 ) -> None:
-    """Tell the node daemon JOB's GPUs, datasets and (optionally) f* and epochs."""
+    """Tell the node daemon JOB's GPUs, datasets, (optionally) f* and epochs, and whose
+    job it is (--uid; the Slurm prolog registers before it mounts, docs/SECURITY.md)."""
     job_arg(name)
     if ideal_io is not None:
         # As allocate-io: a bare 100 is a typo for a unit (the daemon's API takes it as
@@ -73,6 +83,7 @@ def register(
         ("epochs", epochs),
         ("scheduler", scheduler),
         ("scheduler_id", scheduler_id),
+        ("uid", uid),
     ):
         if value is not None:
             body[key] = value

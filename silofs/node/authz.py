@@ -29,6 +29,7 @@ from silofs.node.backends.local import LocalBackend
 from silofs.node.daemon import Daemon
 from silofs.node.datasets import Purpose, named_object
 from silofs.node.state import DatasetState, MountState
+from silofs.records import is_slurm_job_name
 from silofs.units import count
 from silofs.uri import DatasetURI
 
@@ -206,12 +207,24 @@ def check_limit(req: Request, what: str, held: int, limit: int) -> None:
 def check_job(
     d: Daemon, req: Request, job: str, *, again: bool = False, mount: bool = True
 ) -> None:
-    """A job belongs to the uid that registered its oldest live mount (or started its
-    running warm): no one else may register under it or warm with it (spend its IO, push
-    its stats), except root and admins. A mount registering `again` under its own id
-    holds nothing new: no limit applies. A warm (`mount=False`) holds no mount."""
+    """A job belongs to the uid its registration names, else to the one that registered
+    its oldest live mount (or started its running warm): no one else may register under
+    it or warm with it (spend its IO, push its stats), except root and admins. A name
+    `slurm-N` is the Slurm prolog's, made for job N's user: an untrusted caller may use
+    one only once a registration names its uid (else another user could take the name
+    first and the prolog's mount for the real owner would be refused, cancelling the
+    job). A mount registering `again` under its own id holds nothing new: no limit
+    applies. A warm (`mount=False`) holds no mount."""
     if trusted(d, req):
         return
+    if is_slurm_job_name(job) and d.registered_owner(job) != req.peer.uid:
+        raise refuse(
+            req,
+            403,
+            f"job names slurm-N are made by the Slurm prolog for the job's user: {job!r} "
+            f"is not registered for uid {req.peer.uid} (an admin registers it first: "
+            "silofs-ctl job register --uid)",
+        )
     owner = d.job_owner(job)
     if owner is not None and owner != req.peer.uid:
         raise refuse(req, 403, f"job {job!r} belongs to uid {owner}, not to uid {req.peer.uid}")

@@ -522,13 +522,23 @@ class Daemon:
 
     # -- ownership and per-uid limits (docs/SECURITY.md) ----------------------------
     def job_owner(self, job: str) -> int | None:
-        """The uid a job belongs to: the one that registered its oldest live mount. Kept
-        in memory only, with the mounts: a job with no mount left belongs to no one,
-        and after a daemon restart the first mount to re-register claims it."""
-        owner = next((m.uid for m in self.mounts.values() if m.job == job), None)
+        """The uid a job belongs to: the one its registration names (an admin's, e.g. the
+        Slurm prolog's `job register --uid`; persisted, so it outlives mounts and
+        restarts), else the one that registered its oldest live mount (or started its
+        running warm). Mounts are in memory only: a job with neither a registered uid
+        nor a mount belongs to no one, and after a daemon restart the first mount to
+        re-register claims it."""
+        owner = self.registered_owner(job)
+        if owner is None:
+            owner = next((m.uid for m in self.mounts.values() if m.job == job), None)
         if owner is None:  # a running warm charges the job too
             owner = next((w.uid for w in self._running_warms() if w.job == job), None)
         return owner
+
+    def registered_owner(self, job: str) -> int | None:
+        """The uid the job's registration names, if any."""
+        uid = self.allocs.registrations.get(job, {}).get("uid")
+        return uid if isinstance(uid, int) and not isinstance(uid, bool) else None
 
     def _running_warms(self) -> list[WarmState]:
         return [w for w in self.warms.values() if w.state == "running"]

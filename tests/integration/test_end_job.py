@@ -221,6 +221,9 @@ def test_a_row_naming_another_users_mount_does_not_get_it_unmounted(
     node = make_node(socket=str(public / "ctl.sock"))
     roots = node.mount(str(data), public / "roots", "--job", "root-job")
     liar = Session(Identity.nobody())
+    # The job is the liar's own, as its prolog registers it (a slurm-N name is usable
+    # only by the uid its registration names).
+    node.request("PUT", f"/v1/jobs/{JOB}", {"gpus": 0, "uid": liar.who.uid})
     try:
         liar.call(_open_and_register, node.socket, str(data), JOB, str(roots))
         res, _ = end_job(node, public / "jobs" / "7")

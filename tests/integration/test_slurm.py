@@ -75,7 +75,8 @@ def slurm(public: Path, tmp_path: Path, make_node) -> Iterator[Slurm]:  # type: 
     """The cluster as a developer runs it: silofs from this checkout and interpreter."""
     node = make_node(cache_size="64M", socket=str(public / "ctl.sock"))
     cluster = Slurm(tmp_path / "slurm", node, public)
-    # silofs and silofs-ctl as the prolog finds them: this interpreter, this checkout.
+    # silofs and silofs-ctl as the prolog finds them: this interpreter, this checkout
+    # (silofs_ctl from its silofs-ctl/, not whatever the interpreter has installed).
     (tmp_path / "bin").mkdir()
     for name, module in (("silofs", "silofs"), ("silofs-ctl", "silofs_ctl")):
         path = tmp_path / "bin" / name
@@ -84,7 +85,8 @@ def slurm(public: Path, tmp_path: Path, make_node) -> Iterator[Slurm]:  # type: 
     settings = (
         f"SILOFS={tmp_path}/bin/silofs\nSILOFS_CTL={tmp_path}/bin/silofs-ctl\n"
         f"SILOFS_SOCKET={node.socket}\nSILOFS_MOUNT_ROOT={cluster.mount_root}\n"
-        f"export PYTHONPATH={REPO}\nexport PATH={os.environ.get('PATH', '/usr/bin:/bin')}\n"
+        f"export PYTHONPATH={REPO}:{REPO}/silofs-ctl\n"
+        f"export PATH={os.environ.get('PATH', '/usr/bin:/bin')}\n"
     )
     try:
         slurm_cluster.start(cluster, settings)
@@ -298,11 +300,13 @@ def test_a_job_of_another_user_is_mounted_by_that_user(slurm: Slurm) -> None:
     job = slurm.sbatch(
         "--uid=nobody", f"--comment=silofs={secret}", "--output=/dev/null", "--wrap=true"
     )
-    wait_for(lambda: f"prolog job {job}" in (slurm.log.read_text() if slurm.log.exists() else ""),
-             timeout=120, what="the prolog to run")  # fmt: skip
+    # The prolog logs its registration first (before mounting): wait for its failure.
+    wait_for(lambda: any(ln.startswith("FAILED") for ln in slurm.log_lines("prolog", job)),
+             timeout=120, what="the prolog's mount to fail")  # fmt: skip
     log = slurm.log.read_text()
     print(log)
     assert "FAILED" in log and "may not search" in log, log
+    assert f"registered slurm-{job}: uid={pwd.getpwnam('nobody').pw_uid} " in log
     uid, *args = record.read_text().split("\n")[0].split()
     assert int(uid) == pwd.getpwnam("nobody").pw_uid
     assert args[0] == "mount" and args[args.index("--") + 1] == str(secret)

@@ -284,13 +284,21 @@ def test_registration_body_is_checked() -> None:
         {"gpus": 1, "datasets": "s3://b/"},
         {"gpus": 1, "datasets": ["\x07"]},
         {"gpus": 1, "nodes": ["n"] * 5000},
-        {"gpus": 1, "uid": 0},
+        {"gpus": 1, "owner": 0},
+        {"gpus": 1, "uid": -1},
+        {"gpus": 1, "uid": True},
+        {"gpus": 1, "uid": "1000"},
+        {"gpus": 1, "uid": 1 << 32},
         {"gpus": 1, "ideal_io": -5},
     ):
         with pytest.raises(HTTPError) as err:
             _registration(bad)
         assert err.value.status == 400, bad
     assert json.dumps(info)  # persisted as JSON
+    # The job's user (a Slurm prolog's --uid): its owner; uid 0 is a uid like another.
+    for uid in (0, 1000):
+        assert _registration({"gpus": 1, "uid": uid})["uid"] == uid
+    assert "uid" not in _registration({"gpus": 1, "uid": None})
 
 
 def test_new_connections_beyond_the_handshake_rate_are_closed_before_tls(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 from concurrent.futures import ThreadPoolExecutor
@@ -9,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from silofs_ctl import job_cmd
 from silofs_ctl.cli import main
 from silofs_ctl.controller import Controller
 from silofs_ctl.controller_cmd import render_plan
@@ -790,3 +792,27 @@ def test_job_register_refuses_an_ideal_io_without_a_unit(tmp_path: Path, value: 
     res = CliRunner().invoke(main, [*args, "--socket", str(tmp_path / "none.sock")])
     assert res.exit_code == 2, res.output
     assert "--ideal-io" in res.output and res.output.strip().count("\n") == 0, res.output
+
+
+def test_job_register_sends_the_jobs_uid(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """--uid names the job's user (its owner, docs/SECURITY.md "Jobs"); absent, the body
+    has no uid; a uid that cannot be one is refused before any request."""
+    sent: list[dict] = []
+
+    class Client:
+        def request(self, method: str, path: str, body: dict) -> dict:
+            assert (method, path) == ("PUT", "/v1/jobs/slurm-5")
+            sent.append(body)
+            return {"job": "slurm-5", "registration": body}
+
+    monkeypatch.setattr(job_cmd, "one_node_client", lambda _: contextlib.nullcontext(Client()))
+    args = ["job", "register", "slurm-5", "--gpus", "2", "--socket", str(tmp_path / "s")]
+    res = CliRunner().invoke(main, [*args, "--uid", "1000"])
+    assert res.exit_code == 0 and '"uid": 1000' in res.output, res.output
+    res = CliRunner().invoke(main, args)
+    assert res.exit_code == 0, res.output
+    assert [b.get("uid") for b in sent] == [1000, None]
+    for bad in ("-1", "alice", str(1 << 32)):
+        res = CliRunner().invoke(main, [*args, "--uid", bad])
+        assert res.exit_code == 2 and "--uid" in res.output, res.output
+    assert len(sent) == 2

@@ -7,7 +7,7 @@ from __future__ import annotations
 import random
 
 from silofs.cli import default_job
-from silofs.records import job_name_error
+from silofs.records import is_slurm_job_name, job_name_error
 
 
 def test_every_mountpoint_name_gives_a_valid_job_name() -> None:
@@ -28,3 +28,14 @@ def test_names_that_were_valid_keep_their_job() -> None:
     assert default_job(f"/d/{long}") == f"{'x' * 200}-{default_job(f'/d/{long}')[-6:]}"
     two = default_job("/a/train"), default_job("/b/train")
     assert two[0] != two[1] and two[0][:6] == two[1][:6] == "train-"
+
+
+def test_a_mountpoint_named_slurm_never_gets_a_slurm_prolog_job_name() -> None:
+    """slurm-N names are the Slurm prolog's (docs/SECURITY.md "Jobs"); one mountpoint in
+    16 named "slurm" has an all-digit digest and would be refused."""
+    jobs = [default_job(f"/home/u{i}/slurm") for i in range(200)]
+    assert not any(is_slurm_job_name(j) for j in jobs)
+    assert sum(j.startswith("slurm_") for j in jobs) > 0  # the case occurred
+    assert all(job_name_error(j) is None for j in jobs)
+    assert is_slurm_job_name("slurm-12") and not is_slurm_job_name("slurm-12a")
+    assert not is_slurm_job_name("slurm-") and not is_slurm_job_name("my-slurm-1")

@@ -380,6 +380,61 @@ def test_routes_matrix(tmp_path: Path, world: Path) -> None:
     run_routes(tmp_path, test, max_jobs_per_uid=1)
 
 
+def test_slurm_job_names_are_for_the_user_the_prolog_registered(
+    tmp_path: Path, world: Path
+) -> None:
+    """attack18: bob took `slurm-N` for the next job ids, so the prolog's mount for
+    alice's job N was refused and her job cancelled. A slurm-N name is usable by an
+    untrusted peer only once an admin's registration names its uid; a registered uid
+    owns a job, before any earlier mount's."""
+    (world / "data").mkdir()
+    (world / "data" / "pub").write_bytes(b"public")
+
+    async def test(d: Daemon, call: Call) -> None:
+        ds = await _ready(call, ALICE, str(world / "data"))
+        reg = {"dataset": ds["id"], "mountpoint": "/m"}
+        warm = f"/v1/datasets/{ds['id']}/warm"
+        # The squat: refused for a name no one registered, to mount and to warm.
+        s, body = await call(BOB, "POST", "/v1/mounts", {**reg, "job": "slurm-7"})
+        assert s == 403 and "Slurm prolog" in body["error"], body
+        assert "job register --uid" in body["error"] and "\n" not in body["error"]
+        s, body = await call(BOB, "POST", warm, {"job": "slurm-7"})
+        assert s == 403 and "Slurm prolog" in body["error"], body
+        assert d.mounts == {} and d.warms == {}
+        # Only an admin registers, and a registration naming alice admits only alice.
+        s, body = await call(BOB, "PUT", "/v1/jobs/slurm-7", {"gpus": 1, "uid": BOB.uid})
+        assert s == 403 and "slurm-7" not in d.allocs.registrations
+        s, body = await call(ROOT, "PUT", "/v1/jobs/slurm-7", {"gpus": 1, "uid": ALICE.uid})
+        assert s == 200 and body["registration"]["uid"] == ALICE.uid, body
+        assert d.job_owner("slurm-7") == ALICE.uid  # before any mount
+        s, body = await call(BOB, "POST", "/v1/mounts", {**reg, "job": "slurm-7"})
+        assert s == 403 and f"not registered for uid {BOB.uid}" in body["error"], body
+        s, m = await call(ALICE, "POST", "/v1/mounts", {**reg, "job": "slurm-7"})
+        assert s == 201, m
+        # A registration without a uid (an older prolog's) admits no untrusted peer.
+        assert (await call(ROOT, "PUT", "/v1/jobs/slurm-8", {"gpus": 1}))[0] == 200
+        s, body = await call(ALICE, "POST", "/v1/mounts", {**reg, "job": "slurm-8"})
+        assert s == 403 and "Slurm prolog" in body["error"], body
+        # Root (SILOFS_MOUNT_AS=root) mounts slurm-N unregistered, as before.
+        assert (await call(ROOT, "POST", "/v1/mounts", {**reg, "job": "slurm-9"}))[0] == 201
+
+        # Other names as before: the first mount's uid owns one...
+        for name in ("slurm-x", "slurm-7b", "my-slurm-7", "train"):
+            s, body = await call(BOB, "POST", "/v1/mounts", {**reg, "job": name})
+            assert s == 201, (name, body)
+            assert d.job_owner(name) == BOB.uid
+        s, body = await call(ALICE, "POST", "/v1/mounts", {**reg, "job": "train"})
+        assert s == 403 and f"belongs to uid {BOB.uid}" in body["error"], body
+        # ...unless a registration names another: bob's earlier mount does not own it.
+        s, _ = await call(ROOT, "PUT", "/v1/jobs/train", {"gpus": 1, "uid": ALICE.uid})
+        assert s == 200 and d.job_owner("train") == ALICE.uid
+        assert (await call(ALICE, "POST", "/v1/mounts", {**reg, "job": "train"}))[0] == 201
+        s, body = await call(BOB, "POST", "/v1/mounts", {**reg, "job": "train"})
+        assert s == 403 and f"belongs to uid {ALICE.uid}" in body["error"], body
+
+    run_routes(tmp_path, test)
+
+
 def test_an_untrusted_peer_gets_no_bytes_of_a_file_a_refresh_no_longer_lists(
     tmp_path: Path, world: Path
 ) -> None:

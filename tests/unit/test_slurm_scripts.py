@@ -78,6 +78,11 @@ def test_the_comment_cannot_steer_paths_or_options(site: dict[str, Path]) -> Non
     assert register[3] == "slurm-42"
     opts = dict(zip(register[4::2], register[5::2], strict=False))
     assert opts["--gpus"] == "2" and opts["--ideal-io"] == "500MB/s" and opts["--epochs"] == "2"
+    assert opts["--uid"] == "0"
+    # Registered before the first mount (docs/SECURITY.md "Jobs"), and never forgotten
+    # by a prolog that succeeds.
+    assert lines[0].startswith("silofs-ctl job register") and len(mounts) == 4
+    assert not any(ln.startswith("silofs-ctl forget") for ln in lines)
 
     res = run(site, "epilog.sh", SLURM_JOB_ID="42")
     assert res.returncode == 0, res.stderr
@@ -151,9 +156,13 @@ def test_a_dataset_that_will_not_mount_cancels_the_job_unless_the_node_is_at_fau
         f'case "$*" in *"-- {ok} "*|unmount*) exit 0 ;; esac\n'
         'echo "silofs: error: uid 0 may not read /secret" >&2\nexit 1\n'
     )
+    # The registration (before any mount) is accepted; `status` says whether the daemon
+    # still answers when the mount fails.
     ctl = site["tmp"] / "silofs-ctl"
     ctl.write_text(
-        f'#!/bin/sh\necho "silofs-ctl $*" >> {site["record"]}\nexit {0 if daemon_answers else 1}\n'
+        f'#!/bin/sh\necho "silofs-ctl $*" >> {site["record"]}\n'
+        'case "$1" in job) exit 0 ;; esac\n'
+        f"exit {0 if daemon_answers else 1}\n"
     )
     res = _with_bin(
         site, SLURM_JOB_ID="7", SLURM_JOB_UID="0", SLURM_JOB_COMMENT=f"silofs={ok} silofs=/secret"
@@ -162,9 +171,14 @@ def test_a_dataset_that_will_not_mount_cancels_the_job_unless_the_node_is_at_fau
     log = site["tmp"].joinpath("log").read_text()
     (failed,) = [ln for ln in log.splitlines() if "FAILED" in ln]
     assert "may not read /secret" in failed
-    assert any(ln.startswith("silofs unmount") and ln.endswith("/7/ds1") for ln in lines)
+    unmount = next(
+        i for i, ln in enumerate(lines) if ln.startswith("silofs unmount") and ln.endswith("/7/ds1")
+    )
     assert not (site["root"] / "7").exists()
-    assert not any(ln.startswith("silofs-ctl job register") for ln in lines)
+    # Registered first; undone last: a cancelled (or drained) job leaves no registration.
+    ours = [ln for ln in lines if ln.startswith("silofs")]  # not scontrol's
+    assert ours[0].startswith("silofs-ctl job register slurm-7 ")
+    assert lines.index("silofs-ctl forget --kind job slurm-7") > unmount
     if daemon_answers:
         assert res.returncode == 0, res.stderr
         assert "scancel 7" in lines
@@ -180,8 +194,8 @@ def test_a_registration_refused_for_the_comments_values_cancels_the_job_not_the_
     site: dict[str, Path], daemon_answers: bool
 ) -> None:
     """silofs.epochs=-1 or silofs.ideal_io=fast is the job owner's text: the daemon
-    refuses the registration, and the job is cancelled (its mounts undone) while the
-    node stays in service; it drained the node (exit 1). The daemon down: exit 1."""
+    refuses the registration (made before any mount), and the job is cancelled while
+    the node stays in service; it drained the node (exit 1). The daemon down: exit 1."""
     for name in ("scancel", "scontrol"):
         _stand_in(site, name, "exit 0")
     ctl = site["tmp"] / "silofs-ctl"
@@ -202,7 +216,9 @@ def test_a_registration_refused_for_the_comments_values_cancels_the_job_not_the_
         ln for ln in site["tmp"].joinpath("log").read_text().splitlines() if "FAILED" in ln
     ]
     assert "register: silofs-ctl: error: field 'epochs' must be more than 0" in failed
-    assert any(ln.startswith("silofs unmount") and ln.endswith("/8/ds1") for ln in lines)
+    # Refused before anything was mounted; nothing registered, so nothing to forget.
+    assert not any(ln.startswith(("silofs mount", "silofs unmount")) for ln in lines)
+    assert not any(ln.startswith("silofs-ctl forget") for ln in lines)
     assert not (site["root"] / "8").exists()
     if daemon_answers:
         assert res.returncode == 0, res.stderr
@@ -243,6 +259,12 @@ def test_a_silofs_the_jobs_user_cannot_run_is_the_nodes_failure(
     log = site["tmp"].joinpath("log").read_text()
     (failed,) = [ln for ln in log.splitlines() if "FAILED" in ln]
     assert not (site["root"] / "9").exists()
+    # The job's user is registered as its owner before the mount, and forgotten after.
+    ours = [ln for ln in lines if ln.startswith(("silofs", "runuser"))]  # not scontrol's
+    assert ours[0].startswith("silofs-ctl job register slurm-9 ")
+    assert ours[0].endswith(f" --uid {os.getuid() or 4242}")
+    assert "runuser" in ours[1] and " mount " in ours[1]
+    assert "silofs-ctl forget --kind job slurm-9" in ours
     if user_runs_silofs:
         assert res.returncode == 0, res.stderr
         assert "scancel 9" in lines and "may not read /secret" in failed

@@ -26,11 +26,13 @@ _REGISTRATION_KEYS = {
     "scheduler",
     "scheduler_id",
     "nodes",
+    "uid",
 }
 _MAX_GPUS = 1 << 16
 _MAX_DATASETS = 64
 _MAX_NODES = 4096
 _MAX_EPOCHS = 1e9
+_MAX_UID = (1 << 32) - 2  # (uid_t)-1 is "no uid"
 
 
 async def register_job(d: Daemon, req: Request, job: str) -> Response:
@@ -60,7 +62,9 @@ async def forget_job(d: Daemon, req: Request, job: str) -> Response:
 def parse_registration(body: dict) -> dict[str, Any]:
     """A job registration, checked: what the controller may plan with (GPUs, f*,
     epochs, datasets as canonical URIs) and where it comes from (scheduler, its job id,
-    the job's nodes). HTTPError(400) naming the first bad field."""
+    the job's nodes), and whose job it is ("uid": a Slurm prolog's $SLURM_JOB_UID; the
+    job's owner from then on, docs/SECURITY.md "Jobs"). HTTPError(400) naming the first
+    bad field."""
     unknown = sorted(set(body) - _REGISTRATION_KEYS)
     if unknown:
         raise HTTPError(400, f"unknown field {unknown[0]!r} in a job registration")
@@ -91,4 +95,9 @@ def parse_registration(body: dict) -> dict[str, Any]:
             if len(value) > 255 or not value.isprintable():
                 raise HTTPError(400, f"field {name!r} must be printable, at most 255 characters")
             info[name] = value
+    uid = field(body, "uid", int, required=False)
+    if uid is not None:
+        if not 0 <= uid <= _MAX_UID:
+            raise HTTPError(400, f"field 'uid' must be between 0 and {_MAX_UID}")
+        info["uid"] = uid
     return info
