@@ -857,3 +857,27 @@ def test_a_mount_registered_again_after_a_restart_counts_its_earlier_reads_once(
         assert d.jobs["new"].reads.bytes_read == 700
 
     run_routes(tmp_path, test)
+
+
+def test_a_warms_bad_paths_are_named_for_the_rule_they_break(tmp_path: Path, world: Path) -> None:
+    """An empty glob or one past MAX_NAME was told "must be a list of up to 64 globs",
+    which it was: each rule now says itself, in one line, and no warm starts."""
+    (world / "data").mkdir()
+    (world / "data" / "pub").write_bytes(b"public")
+
+    async def test(d: Daemon, call: Call) -> None:
+        ds = await _ready(call, ALICE, str(world / "data"))
+        warm = f"/v1/datasets/{ds['id']}/warm"
+        cases = {
+            "": "a glob is 1 to",
+            "x" * 5000: "not 5000",
+            7: "must hold strings",
+        }
+        for glob, says in cases.items():
+            s, body = await call(ALICE, "POST", warm, {"job": "w", "paths": [glob]})
+            assert s == 400 and says in body["error"] and "\n" not in body["error"], body
+        s, body = await call(ALICE, "POST", warm, {"job": "w", "paths": ["*"] * 65})
+        assert s == 400 and "up to 64 globs" in body["error"], body
+        assert d.warms == {}
+
+    run_routes(tmp_path, test)

@@ -141,13 +141,7 @@ async def start_warm(d: Daemon, req: Request, name: str) -> Response:
     ds = dataset(d, name)
     body = req.json()
     job = job_name(field(body, "job", str))
-    paths = body.get("paths") or []
-    if (
-        not isinstance(paths, list)
-        or len(paths) > MAX_GLOBS
-        or not all(isinstance(p, str) and 0 < len(p) <= MAX_NAME for p in paths)
-    ):
-        raise HTTPError(400, f"field 'paths' must be a list of up to {MAX_GLOBS} globs")
+    paths = _warm_globs(body.get("paths") or [])
     size = chunk_size(body)
     # A warm spends the job's remote IO and fills the cache with the dataset's bytes: an
     # untrusted peer may charge only a job it may hold (as for a mount) and warm only a
@@ -160,6 +154,21 @@ async def start_warm(d: Daemon, req: Request, name: str) -> Response:
     with usage_error_as(409):
         w = d.start_warm(ds, job, paths, size, req.peer.uid, reader=reader)
     return _warm_response(d, ds, w, status=202)
+
+
+def _warm_globs(paths: object) -> list[str]:
+    """A warm's --paths, checked; HTTPError(400) saying which rule one breaks (an empty
+    or a too-long glob was told "a list of up to 64 globs", which it was)."""
+    if not isinstance(paths, list) or len(paths) > MAX_GLOBS:
+        raise HTTPError(400, f"field 'paths' must be a list of up to {MAX_GLOBS} globs")
+    for p in paths:
+        if not isinstance(p, str):
+            raise HTTPError(400, "field 'paths' must hold strings (globs)")
+        if not 0 < len(p) <= MAX_NAME:
+            raise HTTPError(
+                400, f"field 'paths': a glob is 1 to {MAX_NAME} characters, not {len(p)}"
+            )
+    return paths
 
 
 async def get_warm(d: Daemon, req: Request, name: str) -> Response:
