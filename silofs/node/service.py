@@ -278,14 +278,21 @@ def refit_connections(limits: ConnectionLimits, daemon: Daemon) -> None:
         total = max(16, room * 3 // 4)
         reserve = max(4, room // 4)
         if (total, reserve) != (limits.total, limits.reserve):
+            # Below the floor of 64 the connections it sets do not fit either: say that
+            # the limit is too low, not that they fit (accept absorbs EMFILE meanwhile).
+            short = soft - headroom < 64
             log.warning(
                 "max_connections %d does not fit the fd limit %d (%s in the cluster): "
-                "using %d (+%d for admins)",
+                "using %d (+%d for admins)%s",
                 s.max_connections,
                 soft,
                 count(members, "member"),
                 total,
                 reserve,
+                f", more than the limit leaves ({max(0, soft - headroom)}): raise it "
+                "(LimitNOFILE=, ulimit -n)"
+                if short
+                else "",
             )
     elif (total, reserve) != (limits.total, limits.reserve):
         log.info("max_connections %d (+%d for admins) fits the fd limit %d again", total,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import logging
 import os
 import threading
 import time
@@ -339,6 +340,34 @@ def test_the_connection_limits_are_fitted_again_to_each_member_list_put_in_force
     made.append(again)
     fresh = service.connection_limits(again)
     assert (fresh.total, fresh.reserve) == (limits.total, limits.reserve)
+
+
+def test_an_fd_limit_below_the_connections_floor_says_to_raise_it(
+    tmp_path: Path,
+    pki: Path,
+    made: list[Daemon],
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Under `prlimit --nofile=20` the daemon said "using 48 (+16 for admins)": more
+    than the limit, as if they fit. Below the floor it now says the limit is too low and
+    how to raise it; at a limit that fits them after lowering, nothing of the kind."""
+    from silofs import sealed
+    from silofs.node import service
+
+    monkeypatch.setattr(sealed, "MAX_LIVE", 1024 // 32)
+    d = Daemon(settings(tmp_path, pki, members(7000, 7001)))
+    made.append(d)
+    budget = service.fd_budget(d.settings, 2)
+    for soft, short in ((budget + 20, True), (budget + 600, False)):
+        monkeypatch.setattr(service.resource, "getrlimit", lambda what, n=soft: (n, n))
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger=service.__name__):
+            service.connection_limits(d)
+        lines = [r.getMessage() for r in caplog.records if "fd limit" in r.getMessage()]
+        assert len(lines) == 1, lines
+        assert ("raise it (LimitNOFILE=, ulimit -n)" in lines[0]) is short, lines
+        assert ("leaves (20)" in lines[0]) is short, lines
 
 
 @pytest.mark.parametrize("status", [200, 403, 500])
