@@ -37,6 +37,19 @@ log = logging.getLogger(__name__)
 
 STORE_VERSION = 1
 _OWNED_LEN = struct.Struct("<I")  # an owners row's value: the chunk's data length
+
+
+def _owned_len(raw: bytes | None) -> int:
+    """An owners row's length; 0 for a row that is not 4 bytes. LMDB checksums none of
+    its pages: a flipped byte in a leaf can change a value's size, and a struct.error
+    there failed every admission batch holding that chunk, and the daemon's last flush
+    at shutdown with a traceback (found by tests/reliability/test_byteflips.py's long
+    form). Uncharging 0 leaves usage a little high, never negative (_uncharge)."""
+    if raw is None or len(raw) != _OWNED_LEN.size:
+        return 0
+    return _OWNED_LEN.unpack(raw)[0]
+
+
 LISTING_BATCH = 10_000  # objects per listing write txn: bounds the writer's hold and memory
 _EVICT_BATCH = 512
 # LMDB needs free pages even to delete (copy-on-write). Admission therefore leaves this
@@ -374,7 +387,7 @@ class WritableStore(CacheStore):
             row = DSID.pack(owner) + key
             length_raw = txn.get(row, db=self.db(b"owners"))
             if length_raw is not None:
-                self._uncharge(txn, owner, row, _OWNED_LEN.unpack(length_raw)[0], usage)
+                self._uncharge(txn, owner, row, _owned_len(length_raw), usage)
                 break
         return deleted
 
@@ -635,7 +648,7 @@ class WritableStore(CacheStore):
     ) -> int:
         """Delete a chunk `dsid` owns and uncharge it, in the caller's write txn."""
         row = DSID.pack(dsid) + key
-        length = _OWNED_LEN.unpack(txn.get(row, db=self.db(b"owners")))[0]
+        length = _owned_len(txn.get(row, db=self.db(b"owners")))
         self._delete_chunk(txn, key)
         return self._uncharge(txn, dsid, row, length, work)
 

@@ -305,6 +305,21 @@ def test_evict_random_reaches_the_target_and_touches_only_its_dataset(store: Wri
     check(store, usage)
 
 
+def test_an_owners_row_of_the_wrong_size_is_uncharged_as_nothing(store: WritableStore) -> None:
+    """LMDB checksums no page: a flipped byte in a leaf gave an owners row 3 bytes, and
+    its struct.error failed every eviction or admission batch reaching that chunk, and
+    the daemon's last flush with a traceback (test_byteflips.py's long form). It is
+    uncharged as 0 bytes (usage at most that much high, never negative) and removed."""
+    usage: dict[int, Usage] = {}
+    fill(store, usage, 1, 10)
+    victim = sorted(owned(store, 1))[0]
+    with store.env.begin(write=True) as txn:
+        txn.put(DSID.pack(1) + victim, b"\x01\x02\x03", db=store.db(b"owners"))
+    assert store.evict_random(1, 0, usage) == 9 * 100  # the damaged row's 100 not counted
+    u = usage.get(1, Usage())
+    assert owned(store, 1) == set() and u.chunks == 0 and 0 <= u.bytes <= 100, u
+
+
 def test_evict_random_with_a_negative_target_empties_the_dataset(store: WritableStore) -> None:
     usage: dict[int, Usage] = {}
     fill(store, usage, 1, 10)
