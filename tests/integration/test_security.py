@@ -11,6 +11,7 @@ second user cannot mount at all: the tests send the requests a mount process sen
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import select
@@ -635,6 +636,30 @@ def test_bad_input_is_a_one_line_400_and_metrics_survive(users: Users, site: Sit
     assert not jobs & {"big", "neg", "x\ud800"}
 
 
+@contextlib.contextmanager
+def _node_behind_a_proxy(
+    s3_server, bucket_name: str, cache: str, extra_toml: str = ""
+) -> Iterator[tuple[Node, FaultProxy, Site]]:
+    """A node daemon whose store is moto behind a FaultProxy, the bucket open to every
+    user; its Site (only the socket and base are used). Removed afterwards."""
+    up = urlsplit(s3_server.endpoint_url)
+    base = Path(tempfile.mkdtemp(prefix="silofs-sec-", dir="/tmp"))
+    base.chmod(0o755)
+    with FaultProxy(upstream=(up.hostname or "127.0.0.1", up.port or 80)) as proxy:
+        cfg = base / "silofs.toml"
+        cfg.write_text(
+            f'[backend]\nendpoint_url = "{proxy.url}"\n{extra_toml}'
+            f'[access]\n"s3://{bucket_name}/" = ["*"]\n'
+        )
+        node = Node(base / "node", cache, dict(os.environ))
+        try:
+            node.start("--config", str(cfg))
+            yield node, proxy, Site(node, base, base, base, base, cfg)
+        finally:
+            node.cleanup()
+            shutil.rmtree(base, ignore_errors=True)
+
+
 def test_another_users_warms_leave_a_mounts_misses_a_thread(
     users: Users, s3_server, monkeypatch: pytest.MonkeyPatch, bucket_name: str
 ) -> None:
@@ -649,37 +674,23 @@ def test_another_users_warms_leave_a_mounts_misses_a_thread(
     for k in range(4):
         objects.update({f"b{k}/f{i}.bin": os.urandom(64 << 10) for i in range(40)})
     s3_server.create(bucket_name, objects)
-    up = urlsplit(s3_server.endpoint_url)
-    base = Path(tempfile.mkdtemp(prefix="silofs-sec-", dir="/tmp"))
-    base.chmod(0o755)
-    with FaultProxy(upstream=(up.hostname or "127.0.0.1", up.port or 80)) as proxy:
-        cfg = base / "silofs.toml"
-        cfg.write_text(
-            f'[backend]\nendpoint_url = "{proxy.url}"\n[access]\n"s3://{bucket_name}/" = ["*"]\n'
-        )
-        node = Node(base / "node", "256M", dict(os.environ))
-        try:
-            node.start("--config", str(cfg))
-            mp = node.mount(s3_server.uri(bucket_name, "a/"), base / "mnt", "--no-start-daemon")
-            uris = [s3_server.uri(bucket_name, f"b{k}/") for k in range(4)]
-            site = Site(node, base, base, base, base, cfg)  # only its socket is used
-            sets = [open_ready(users.bob, site, u) for u in uris]
-            assert all(ds["state"] == "ready" for ds in sets), sets
-            held = Fault("delay", methods="GET", path=r"/b\d/f", seconds=6.0)
-            proxy.set_plan(FaultPlan(faults=[held]))
-            for k, ds in enumerate(sets):
-                warm = f"/v1/datasets/{ds['id']}/warm"
-                answer = call(users.bob, node.socket, "POST", warm, {"job": f"bob-{k}"})
-                assert answer[0] == 202, answer
-            proxy.wait_stats(lambda s: s["delay"] >= 16, timeout=30)  # every thread held
-            started = time.monotonic()
-            assert (mp / "x.bin").read_bytes() == objects["a/x.bin"]
-            took = time.monotonic() - started
-            assert took < 4.0, f"the miss waited {took:.1f} s behind bob's warms"
-            proxy.set_plan(FaultPlan())
-        finally:
-            node.cleanup()
-            shutil.rmtree(base, ignore_errors=True)
+    with _node_behind_a_proxy(s3_server, bucket_name, "256M") as (node, proxy, site):
+        mp = node.mount(s3_server.uri(bucket_name, "a/"), site.base / "mnt", "--no-start-daemon")
+        uris = [s3_server.uri(bucket_name, f"b{k}/") for k in range(4)]
+        sets = [open_ready(users.bob, site, u) for u in uris]
+        assert all(ds["state"] == "ready" for ds in sets), sets
+        held = Fault("delay", methods="GET", path=r"/b\d/f", seconds=6.0)
+        proxy.set_plan(FaultPlan(faults=[held]))
+        for k, ds in enumerate(sets):
+            warm = f"/v1/datasets/{ds['id']}/warm"
+            answer = call(users.bob, node.socket, "POST", warm, {"job": f"bob-{k}"})
+            assert answer[0] == 202, answer
+        proxy.wait_stats(lambda s: s["delay"] >= 16, timeout=30)  # every thread held
+        started = time.monotonic()
+        assert (mp / "x.bin").read_bytes() == objects["a/x.bin"]
+        took = time.monotonic() - started
+        assert took < 4.0, f"the miss waited {took:.1f} s behind bob's warms"
+        proxy.set_plan(FaultPlan())
 
 
 def test_a_dataset_with_a_running_warm_is_not_forgotten_for_another_users_room(
@@ -696,40 +707,23 @@ def test_a_dataset_with_a_running_warm_is_not_forgotten_for_another_users_room(
     objects = {f"d/f{i}.bin": os.urandom(64 << 10) for i in range(24)}
     objects.update({f"{p}/x.bin": b"x" * 100 for p in ("e", "f")})
     s3_server.create(bucket_name, objects)
-    up = urlsplit(s3_server.endpoint_url)
-    base = Path(tempfile.mkdtemp(prefix="silofs-sec-", dir="/tmp"))
-    base.chmod(0o755)
-    with FaultProxy(upstream=(up.hostname or "127.0.0.1", up.port or 80)) as proxy:
-        cfg = base / "silofs.toml"
-        cfg.write_text(
-            f'[backend]\nendpoint_url = "{proxy.url}"\n[limits]\nmax_datasets_per_uid = 2\n'
-            f'[access]\n"s3://{bucket_name}/" = ["*"]\n'
+    limits = "[limits]\nmax_datasets_per_uid = 2\n"
+    with _node_behind_a_proxy(s3_server, bucket_name, "64M", limits) as (node, proxy, site):
+        shared = open_ready(users.bob, site, s3_server.uri(bucket_name, "d/"))
+        proxy.set_plan(FaultPlan(faults=[Fault("delay", methods="GET", path=r"/d/f", seconds=2.0)]))
+        warm = f"/v1/datasets/{shared['id']}/warm"
+        answer = call(users.alice, node.socket, "POST", warm, {"job": "alice-warm"})
+        assert answer[0] == 202, answer
+        proxy.wait_stats(lambda s: s["delay"] >= 1, timeout=30)  # the warm's GETs wait
+        open_ready(users.bob, site, s3_server.uri(bucket_name, "e/"))
+        open_ready(users.bob, site, s3_server.uri(bucket_name, "f/"))  # e/ forgotten
+        names = {ds["name"] for ds in node.status()["datasets"]}
+        assert {"d", "f"} <= names and "e" not in names, names
+        proxy.set_plan(FaultPlan())
+        done = wait_for(
+            lambda: (
+                (v := call(users.alice, node.socket, "GET", warm))[1]["state"] != "running" and v
+            ),
+            what="alice's warm",
         )
-        node = Node(base / "node", "64M", dict(os.environ))
-        try:
-            node.start("--config", str(cfg))
-            site = Site(node, base, base, base, base, cfg)  # only its socket is used
-            shared = open_ready(users.bob, site, s3_server.uri(bucket_name, "d/"))
-            proxy.set_plan(
-                FaultPlan(faults=[Fault("delay", methods="GET", path=r"/d/f", seconds=2.0)])
-            )
-            warm = f"/v1/datasets/{shared['id']}/warm"
-            answer = call(users.alice, node.socket, "POST", warm, {"job": "alice-warm"})
-            assert answer[0] == 202, answer
-            proxy.wait_stats(lambda s: s["delay"] >= 1, timeout=30)  # the warm's GETs wait
-            open_ready(users.bob, site, s3_server.uri(bucket_name, "e/"))
-            open_ready(users.bob, site, s3_server.uri(bucket_name, "f/"))  # e/ forgotten
-            names = {ds["name"] for ds in node.status()["datasets"]}
-            assert {"d", "f"} <= names and "e" not in names, names
-            proxy.set_plan(FaultPlan())
-            done = wait_for(
-                lambda: (
-                    (v := call(users.alice, node.socket, "GET", warm))[1]["state"] != "running"
-                    and v
-                ),
-                what="alice's warm",
-            )
-            assert done[0] == 200 and done[1]["state"] == "done", done
-        finally:
-            node.cleanup()
-            shutil.rmtree(base, ignore_errors=True)
+        assert done[0] == 200 and done[1]["state"] == "done", done
