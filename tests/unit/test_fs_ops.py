@@ -29,7 +29,7 @@ import trio
 from silofs.cache.format import ChunkRef, encode_chunk
 from silofs.cache.store import CacheStore, Usage
 from silofs.control.client import ControlError
-from silofs.mount.fs import Presentation, SilofsFS
+from silofs.mount.fs import Presentation, SilofsFS, fuse_name_max
 from silofs.mount.listing_view import ROOT_INODE, ListingView
 from silofs.mount.reader import ChunkReader
 from silofs.node.store_write import PendingChunk, WritableStore
@@ -287,6 +287,54 @@ def test_readdir_lists_resumes_and_refuses_files(
         assert errno_of(exc) == errno.EBADF
 
     run(test)
+
+
+def test_a_name_longer_than_the_kernel_takes_is_left_out_of_readdir_once_logged(
+    run: Callable[..., None], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Before Linux 6.15 FUSE takes names up to 1024 bytes, and one longer in a readdir
+    reply fails the kernel's whole batch (EIO: the directory unreadable). Such a name is
+    left out, with one line per directory; the others keep their offsets."""
+    replies: list[tuple[bytes, int]] = []
+
+    def reply(token: Any, name: bytes, attr: pyfuse3.EntryAttributes, next_id: int) -> bool:
+        replies.append((name, next_id))
+        return True
+
+    monkeypatch.setattr(pyfuse3, "readdir_reply", reply)
+
+    async def test(m: Mount) -> None:
+        m.fs.name_max = len(b"big.bin")  # as if: flaky.bin and secret.bin are too long
+        d = await m.path("dir")
+        for _ in range(2):
+            replies.clear()
+            fh = await m.fs.opendir(d.st_ino, None)  # type: ignore[arg-type]
+            await m.fs.readdir(fh, 0, None)  # type: ignore[arg-type]
+            assert replies == [(b".", 1), (b"..", 2), (b"big.bin", 3)]
+            replies.clear()
+            await m.fs.readdir(fh, 3, None)  # type: ignore[arg-type]
+            assert replies == []
+            await m.fs.releasedir(fh)
+        m.fs.name_max = len(b"flaky.bin")
+        fh = await m.fs.opendir(d.st_ino, None)  # type: ignore[arg-type]
+        replies.clear()
+        await m.fs.readdir(fh, 3, None)  # type: ignore[arg-type]  # after big.bin
+        assert replies == [(b"flaky.bin", 4)]
+        await m.fs.releasedir(fh)
+        assert (await m.fs.statfs(None)).f_namemax == len(b"flaky.bin")  # type: ignore[arg-type]
+
+    run(test)
+    said = [r.getMessage() for r in caplog.records if "left out of its readdir" in r.getMessage()]
+    assert len(said) == 1, said
+
+
+@pytest.mark.parametrize(
+    ("release", "most"),
+    [("6.18.44-fc-v857", 4095), ("6.15.0", 4095), ("7.0", 4095), ("6.14.11-300.fc41", 1024)]
+    + [("5.15.0-105-generic", 1024), ("4.18.0-553.el8_10.x86_64", 1024), ("weird", 1024)],
+)
+def test_the_kernels_fuse_name_limit(release: str, most: int) -> None:
+    assert fuse_name_max(release) == most
 
 
 def test_readdir_lists_dot_and_dotdot_with_their_inode_numbers(
