@@ -29,7 +29,7 @@ import trio
 from silofs.cache.format import ChunkRef, encode_chunk
 from silofs.cache.store import CacheStore, Usage
 from silofs.control.client import ControlError
-from silofs.mount.fs import Presentation, SilofsFS, fuse_name_max
+from silofs.mount.fs import Presentation, SilofsFS, fuse_name_max, mtime_ns
 from silofs.mount.listing_view import ROOT_INODE, ListingView
 from silofs.mount.reader import ChunkReader
 from silofs.node.store_write import PendingChunk, WritableStore
@@ -726,3 +726,18 @@ def test_every_request_handler_answers_eio_for_an_unforeseen_exception() -> None
         fn = getattr(SilofsFS, name)
         guarded = getattr(fn, "_answers_eio", False) or getattr(fn, "_catches_own", False)
         assert guarded, f"SilofsFS.{name} may end the mount"
+
+
+@pytest.mark.parametrize(
+    ("mtime", "ns"),
+    [
+        (1_700_000_000.123, 1_700_000_000_123_000_000),  # int(x * 1e9): ...122999808
+        (1_700_000_000.999, 1_700_000_000_999_000_000),
+        (1_700_000_000.654321, 1_700_000_000_654_321_000),
+        (100.0, 100_000_000_000),
+        (0.0, 0),
+        (4_102_444_800.001, 4_102_444_800_001_000_000),  # 2100
+    ],
+)
+def test_st_mtime_ns_is_the_stores_stamp_to_the_microsecond(mtime: float, ns: int) -> None:
+    assert mtime_ns(mtime) == ns
