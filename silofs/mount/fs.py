@@ -108,6 +108,7 @@ def mtime_ns(mtime: float) -> int:
 
 
 NAME_MAX = fuse_name_max(os.uname().release)
+FREE_INODES = 1 << 50  # statfs's free inodes (statfs): a read-only fs that never runs out
 _LONG_LOGGED_MAX = 1024  # directories whose names past NAME_MAX were logged (once each)
 
 
@@ -357,8 +358,11 @@ class SilofsFS(pyfuse3.Operations):
             used = 0
         s.f_blocks = blocks
         s.f_bfree = s.f_bavail = blocks - used
-        s.f_files = m.inode_count
-        s.f_ffree = s.f_favail = 0
+        # df -i: IUsed is the listing's inodes, and plenty free (IUse% 0), as
+        # mountpoint-s3 (2^64/1024 free) and gcsfuse (2^50) report: 0 free read as 100%
+        # used, and tools that check for free inodes before they run refused to.
+        s.f_files = m.inode_count + FREE_INODES
+        s.f_ffree = s.f_favail = FREE_INODES
         s.f_namemax = self.name_max
         return s
 

@@ -710,6 +710,10 @@ def test_statfs_shows_the_dataset_and_what_is_cached(run: Callable[..., None]) -
         total = sum(o.size for o in OBJECTS)
         assert s.f_frsize == 4096 and s.f_blocks >= -(-total // 4096)
         assert s.f_bfree == s.f_blocks  # nothing cached
+        # df -i: the listing's inodes used, and free ones (0 free was 100% IUse: tools
+        # checking for free inodes refused to run)
+        assert s.f_files - s.f_ffree == m.fs.listing.inode_count >= len(OBJECTS) + 1
+        assert s.f_ffree == s.f_favail > 1000 * s.f_files // 1001
         m.admit(OBJECTS[1], 0)
         s = await m.fs.statfs(None)  # type: ignore[arg-type]
         assert s.f_blocks - s.f_bfree == CS // 4096
