@@ -303,6 +303,19 @@ class CacheStore:
         cur = self.value_cursor(txn, db)
         return txn.get(key, db=db) if cur is None else cur.get(key)
 
+    def removed(self) -> bool:
+        """Whether data.mdb at the cache dir is no longer the file this process opened:
+        removed (`rm -rf` of the cache dir) or replaced. The env goes on in the unlinked
+        file; nothing else at the path is this cache any more."""
+        if self._data_fd < 0:
+            return False
+        try:
+            held = os.fstat(self._data_fd)
+            now = os.stat(os.path.join(self.path, "data.mdb"))
+        except FileNotFoundError:
+            return True
+        return held.st_nlink == 0 or (held.st_dev, held.st_ino) != (now.st_dev, now.st_ino)
+
     def read_txn(self) -> lmdb.Transaction:
         # buffers=True: get() returns memoryviews into the map, valid while the txn is.
         return self.env.begin(buffers=True)
