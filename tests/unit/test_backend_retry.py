@@ -10,6 +10,7 @@ HTTP server answering from a script; no emulator, no sleeps longer than microsec
 from __future__ import annotations
 
 import json
+import logging
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -119,6 +120,31 @@ def test_max_attempts_one_means_no_retry(sleeps: list[float]) -> None:
     with pytest.raises(TransientError):
         base.retry_call(fn, BackendOptions(max_attempts=1), "t")
     assert calls == [1] and sleeps == []
+
+
+def test_a_store_s_retries_are_one_warning_a_window_then_one_naming_those_left_to_debug(
+    sleeps: list[float], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    now = [1000.0]
+    monkeypatch.setattr(base.time, "monotonic", lambda: now[0])
+    notes = base.RetryLog()
+    caplog.set_level(logging.DEBUG, logger=base.log.name)
+
+    def fail_then_succeed() -> None:
+        calls, fn = _flaky([TransientError("503 SlowDown"), TransientError("503 SlowDown")])
+        assert base.retry_call(fn, OPTS, "read s3://b/k", None, notes) == "ok"
+
+    for _ in range(3):  # 6 retries inside one window: one WARNING, 5 DEBUG lines
+        fail_then_succeed()
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "retry 1/3" in warnings[0].getMessage()
+    assert sum(r.levelno == logging.DEBUG for r in caplog.records) == 5
+    now[0] += base.RETRY_LOG_SECONDS
+    fail_then_succeed()
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 2
+    assert "5 more retries of this store since the last such line" in warnings[1].getMessage()
+    assert len(sleeps) == 8  # every retry still waits its backoff
 
 
 # ---------------------------------------------------------------------------------------

@@ -187,8 +187,21 @@ class RetryingBackend:
                 counters = self.__dict__.setdefault("_counters", StoreCounters())
         return counters
 
+    @property
+    def retry_log(self) -> RetryLog:
+        """How this backend's retries are logged (one per dataset), created on first use."""
+        notes = self.__dict__.get("_retry_log")
+        if notes is None:
+            with _COUNTERS_LOCK:
+                notes = self.__dict__.setdefault("_retry_log", RetryLog())
+        return notes
+
+    def _retry(self, fn: Callable[[], T], what: str) -> T:
+        """retry_call with this backend's options, counters and RetryLog."""
+        return retry_call(fn, self.opts, what, self.counters, self.retry_log)
+
     def check(self) -> None:
-        retry_call(self._check_once, self.opts, f"check {self.uri}", self.counters)
+        self._retry(self._check_once, f"check {self.uri}")
 
     def _check_once(self) -> None:
         if not self._any_object():
@@ -226,7 +239,7 @@ class RetryingBackend:
         token: str | None = None
         while True:
             fetch = functools.partial(self._list_page, token)
-            items, token = retry_call(fetch, self.opts, f"list {self.uri}", self.counters)
+            items, token = self._retry(fetch, f"list {self.uri}")
             for item in items:
                 info = self._info(item)
                 if info is not None:
@@ -251,7 +264,7 @@ class RetryingBackend:
         if length <= 0 or start >= end:
             return b""
         fetch = functools.partial(self._get_exact, info, start, end)
-        return retry_call(fetch, self.opts, f"read {self.uri}{info.key}", self.counters)
+        return self._retry(fetch, f"read {self.uri}{info.key}")
 
     def open_range(
         self, info: ObjectInfo, start: int, length: int, whole: bool = False
@@ -271,7 +284,7 @@ class RetryingBackend:
             note_requests()  # each attempt is a request
             return self._open_once(info, start, end)
 
-        body = retry_call(opener, self.opts, f"read {self.uri}{info.key}", self.counters)
+        body = self._retry(opener, f"read {self.uri}{info.key}")
         return RangeStream(body, start, end, f"{self.uri}{info.key}", self.counters)
 
     def _streams_ranges(self) -> bool:
@@ -318,7 +331,7 @@ class RetryingBackend:
         token: str | None = None
         while True:
             fetch = functools.partial(self._list_dir_page, prefix, token)
-            items, subs, token = retry_call(fetch, self.opts, f"list {self.uri}", self.counters)
+            items, subs, token = self._retry(fetch, f"list {self.uri}")
             yield [i for i in map(self._info, items) if i is not None], subs, not token
             if not token:
                 return
@@ -583,11 +596,54 @@ def md5_b64(data: bytes) -> str:
     return base64.b64encode(hashlib.md5(data, usedforsecurity=False).digest()).decode()
 
 
+# A store that throttles or fails for minutes is retried by every fetch and listing
+# thread at once: one WARNING per retry was a line every few milliseconds. The first
+# retry of a quiet store is a WARNING; the others within RETRY_LOG_SECONDS are DEBUG,
+# and the next WARNING (a retry past that window) says how many there were.
+RETRY_LOG_SECONDS = 60.0
+
+
+class RetryLog:
+    """How one store's retries reach the log: one WARNING per RETRY_LOG_SECONDS at most,
+    naming the retries it left to DEBUG since the last one (all are counted in the
+    dataset's `store_retries` whatever the log says). Thread-safe."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._quiet_until = float("-inf")  # monotonic; before it, retries are DEBUG
+        self._unsaid = 0  # retries logged at DEBUG since the last WARNING
+
+    def retry(self, what: str, exc: BackendError, attempt: int, most: int, delay: float) -> None:
+        now = time.monotonic()
+        with self._lock:
+            loud = now >= self._quiet_until
+            unsaid = self._unsaid
+            if loud:
+                self._quiet_until, self._unsaid = now + RETRY_LOG_SECONDS, 0
+            else:
+                self._unsaid += 1
+        line = "%s: %s; retry %d/%d in %.2fs"
+        if not loud:
+            log.debug(line, what, exc, attempt, most, delay)
+            return
+        more = f" ({unsaid} more retries of this store since the last such line)" if unsaid else ""
+        log.warning(
+            line + "%s; its other retries in the next %.0fs are logged at DEBUG",
+            what, exc, attempt, most, delay, more, RETRY_LOG_SECONDS,
+        )  # fmt: skip
+
+
 def retry_call(
-    fn: Callable[[], T], opts: BackendOptions, what: str, counters: StoreCounters | None = None
+    fn: Callable[[], T],
+    opts: BackendOptions,
+    what: str,
+    counters: StoreCounters | None = None,
+    notes: RetryLog | None = None,
 ) -> T:
     """Call `fn`, retrying retryable BackendErrors with capped exponential backoff; each
-    retry is counted in `counters` (the dataset's, shown in status and /metrics)."""
+    retry is counted in `counters` (the dataset's, shown in status and /metrics) and told
+    to `notes` (the store's RetryLog; without one, the call's first retry is a WARNING)."""
+    notes = notes if notes is not None else RetryLog()
     attempt = 1
     while True:
         try:
@@ -596,9 +652,7 @@ def retry_call(
             if not exc.retryable or attempt >= opts.max_attempts:
                 raise
             delay = random.uniform(0, min(opts.backoff_max, opts.backoff_base * 2**attempt))
-            log.warning(
-                "%s: %s; retry %d/%d in %.2fs", what, exc, attempt, opts.max_attempts - 1, delay
-            )
+            notes.retry(what, exc, attempt, opts.max_attempts - 1, delay)
             if counters is not None:
                 counters.retries += 1
             time.sleep(delay)
