@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import errno
 import os
+import subprocess
+import sys
 import threading
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -81,3 +83,55 @@ def test_a_throttling_store_is_one_warning_not_one_per_retry(
             return True
 
         wait_for(reads, timeout=20, what="every file read once the store is back")
+
+
+def _credentials_file(path: Path, key_id: str) -> None:
+    path.write_text(
+        f"[default]\naws_access_key_id = {key_id}\naws_secret_access_key = secret-of-{key_id}\n"
+    )
+
+
+def test_a_rotated_credentials_file_is_read_again_when_the_store_refuses_the_old_key(
+    make_node, s3_server, monkeypatch, bucket_name, tmp_path: Path
+) -> None:
+    """The daemon's key comes from ~/.aws/credentials; the file is rewritten with a new
+    key and the old one revoked (a key rotation; a tool renewing session credentials in
+    the file). Cached chunks are served throughout, and the next uncached read and the
+    next listing sign with the new key: before, the daemon kept the key it read first
+    and every miss was EIO until it was restarted."""
+    s3_server.apply_env(monkeypatch)
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    creds = tmp_path / "credentials"
+    _credentials_file(creds, "AKIASILOFSOLDKEY0000")
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(creds))
+    files = {"a.bin": os.urandom(64 << 10), "b.bin": os.urandom(64 << 10)}
+    s3_server.create(bucket_name, files)
+    up = urlsplit(s3_server.endpoint_url)
+    with FaultProxy(upstream=(up.hostname or "127.0.0.1", up.port or 80), faults=FaultPlan()) as p:
+        node = make_node()
+        mp = node.mount(s3_server.uri(bucket_name), tmp_path / "mnt", "--endpoint-url", p.url)
+        assert (mp / "a.bin").read_bytes() == files["a.bin"]
+        wait_for(lambda: node.status()["datasets"][0]["cached_chunks"] == 1, what="admitted")
+        _credentials_file(creds, "AKIASILOFSNEWKEY0000")
+        old_key = ("authorization", "Credential=AKIASILOFSOLDKEY0000/")
+        p.set_plan(FaultPlan(faults=[Fault("http_403", header=old_key)]))
+        drop_file_cache(mp / "a.bin")
+        assert (mp / "a.bin").read_bytes() == files["a.bin"]  # a hit: no request
+        assert (mp / "b.bin").read_bytes() == files["b.bin"]
+        s3_server.put(bucket_name, "c.bin", b"listed with the new key")
+        res = subprocess.run(
+            [sys.executable, "-m", "silofs_ctl", "refresh", "--wait", s3_server.uri(bucket_name)]
+            + ["--socket", node.socket],
+            capture_output=True,
+            text=True,
+            env=node.env,
+            timeout=120,
+        )
+        assert res.returncode == 0, res.stdout + res.stderr
+        wait_for(lambda: (mp / "c.bin").exists(), timeout=10, what="c.bin listed")
+        assert (mp / "c.bin").read_bytes() == b"listed with the new key"
+        refused = [r for r in p.settled_history() if r.fault == "http_403"]
+        assert len(refused) <= 2, refused  # the GET and the page signed with the old key
+        log = (node.logs / "daemon.log").read_text()
+        assert log.count("AWS credentials changed") == 1, log[-3000:]

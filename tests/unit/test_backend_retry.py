@@ -147,6 +147,23 @@ def test_a_store_s_retries_are_one_warning_a_window_then_one_naming_those_left_t
     assert len(sleeps) == 8  # every retry still waits its backoff
 
 
+@pytest.mark.parametrize("changed", [True, False])
+def test_a_denial_is_tried_again_once_only_when_the_credentials_changed(
+    sleeps: list[float], changed: bool
+) -> None:
+    renewals = [0]
+
+    def renew() -> bool:
+        renewals[0] += 1
+        return changed
+
+    calls, fn = _flaky([AccessDeniedError("old key"), AccessDeniedError("new key refused")])
+    with pytest.raises(AccessDeniedError, match="new key refused" if changed else "old key"):
+        base.retry_call(fn, OPTS, "t", None, None, renew)
+    # At once (no backoff), and never a second renewal for one call.
+    assert calls == [2 if changed else 1] and renewals == [1] and sleeps == []
+
+
 # ---------------------------------------------------------------------------------------
 # A scripted fake store
 

@@ -22,7 +22,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
-from silofs.errors import BackendError, ChecksumMismatchError, NotFoundError, TransientError
+from silofs.errors import (
+    AccessDeniedError,
+    BackendError,
+    ChecksumMismatchError,
+    NotFoundError,
+    TransientError,
+)
 from silofs.records import ObjectInfo, PrefixListed
 
 log = logging.getLogger(__name__)
@@ -197,8 +203,14 @@ class RetryingBackend:
         return notes
 
     def _retry(self, fn: Callable[[], T], what: str) -> T:
-        """retry_call with this backend's options, counters and RetryLog."""
-        return retry_call(fn, self.opts, what, self.counters, self.retry_log)
+        """retry_call with this backend's options, counters, RetryLog and renewal."""
+        return retry_call(fn, self.opts, what, self.counters, self.retry_log, self._renew)
+
+    def _renew(self) -> bool:
+        """After a denial: whether the store's credentials were found changed since its
+        client was made (a credentials file rewritten), and the client dropped so the
+        next request signs with the new ones. None here; stores that can say override."""
+        return False
 
     def check(self) -> None:
         self._retry(self._check_once, f"check {self.uri}")
@@ -639,16 +651,24 @@ def retry_call(
     what: str,
     counters: StoreCounters | None = None,
     notes: RetryLog | None = None,
+    renew: Callable[[], bool] | None = None,
 ) -> T:
     """Call `fn`, retrying retryable BackendErrors with capped exponential backoff; each
     retry is counted in `counters` (the dataset's, shown in status and /metrics) and told
-    to `notes` (the store's RetryLog; without one, the call's first retry is a WARNING)."""
+    to `notes` (the store's RetryLog; without one, the call's first retry is a WARNING).
+    An AccessDeniedError is tried once more, at once, if `renew()` says the credentials
+    changed (a key rotated in a credentials file the daemon read at its first request)."""
     notes = notes if notes is not None else RetryLog()
     attempt = 1
+    renewed = False
     while True:
         try:
             return fn()
         except BackendError as exc:
+            if isinstance(exc, AccessDeniedError) and renew is not None and not renewed:
+                renewed = True
+                if renew():
+                    continue
             if not exc.retryable or attempt >= opts.max_attempts:
                 raise
             delay = random.uniform(0, min(opts.backoff_max, opts.backoff_base * 2**attempt))

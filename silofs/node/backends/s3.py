@@ -21,10 +21,12 @@ import hashlib
 import logging
 import re
 import threading
+import time
 import xml.etree.ElementTree as ET
 from typing import Any
 
 import boto3
+import botocore.credentials
 import botocore.exceptions as bx
 import botocore.loaders
 import botocore.session
@@ -62,6 +64,9 @@ log = logging.getLogger(__name__)
 # against 24 with the loader shared). Each dataset keeps its own session, so credentials
 # are still resolved per dataset (a profile, a fixed credentials file, a rebuilt client).
 _LOADER = botocore.loaders.create_loader()
+# After a denial, the credential chain is asked again at most this often per dataset
+# (S3Backend._renew): a bucket policy refusing some objects costs one look a while.
+RENEW_SECONDS = 10.0
 _SESSION_LOCK = threading.Lock()  # sessions, the loader and client creation are not thread-safe
 
 
@@ -196,6 +201,8 @@ class S3Backend(RetryingBackend):
         )
         self._lean: LeanS3 | None = None
         self._relearn = False  # set by a fallback: resolve the lean endpoint again
+        self._creds: Any = None  # what the client signs with (botocore Credentials)
+        self._renew_after = 0.0  # monotonic: no credentials renewal before (_renew)
 
     # -- client ---------------------------------------------------------------------
 
@@ -238,6 +245,7 @@ class S3Backend(RetryingBackend):
                             f"before-parameter-build.s3.{op}", _request_payer
                         )
                 creds = session.get_credentials()
+                self._creds = creds
                 self._cred_source = getattr(creds, "method", None) or "none found"
                 anonymous = truthy(self.opts.extra.get("anonymous"))
                 if anonymous:
@@ -265,6 +273,49 @@ class S3Backend(RetryingBackend):
         with self._lock:
             self._lean = None  # it holds the client: drop both (built again on next use)
         super().close()
+
+    def _renew(self) -> bool:
+        """After a denial, the credentials the chain finds now (at most once per
+        RENEW_SECONDS): if they are not the ones the client signs with, the client is
+        dropped (in-flight requests finish on it) and the next request builds one with
+        them. A client is made once per dataset, and boto3 reads a credentials file or
+        config only when a client is made: a key rotated in ~/.aws/credentials (the old
+        one revoked), or session credentials a tool renews there, were refused until the
+        daemon was restarted. Credentials botocore refreshes itself (roles, SSO,
+        credential_process, the instance's) and anonymous requests are left alone."""
+        if truthy(self.opts.extra.get("anonymous")):
+            return False
+        now = time.monotonic()
+        with self._lock:
+            used = self._creds
+            if self._client is None or now < self._renew_after:
+                return False
+            if isinstance(used, botocore.credentials.RefreshableCredentials):
+                return False
+            self._renew_after = now + RENEW_SECONDS
+        try:
+            with _SESSION_LOCK:
+                session = _session(self.opts.extra.get("profile"), self.opts.extra.get("region"))
+            found = session.get_credentials()
+            current = None if found is None else found.get_frozen_credentials()
+        except (bx.BotoCoreError, bx.ClientError) as exc:
+            log.debug("S3 %s: credentials not resolved again: %s", self.uri, exc)
+            return False
+        before = None if used is None else used.get_frozen_credentials()
+        if current is None or current == before:
+            return False
+        with self._lock:
+            if self._creds is not used:
+                return True  # another thread renewed them meanwhile
+            self._client, self._lean = None, None
+        log.info(
+            "S3 %s: the store refused the AWS credentials the daemon had and the AWS "
+            "credentials changed since (%s, key %s): signing with the new ones",
+            self.uri,
+            getattr(found, "method", None) or "unknown source",
+            current.access_key[:8] + "...",
+        )
+        return True
 
     def _lean_path(self) -> LeanS3 | None:
         self._client_or_raise()
