@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -135,3 +136,44 @@ def test_a_rotated_credentials_file_is_read_again_when_the_store_refuses_the_old
         assert len(refused) <= 2, refused  # the GET and the page signed with the old key
         log = (node.logs / "daemon.log").read_text()
         assert log.count("AWS credentials changed") == 1, log[-3000:]
+
+
+def test_a_hung_store_leaves_other_datasets_misses_a_fetch_thread(
+    make_node, s3_server, monkeypatch, bucket_name, tmp_path: Path
+) -> None:
+    """One dataset's store accepts GETs and never answers (read_timeout, 30 s, each
+    attempt): its misses hold at most 3/4 of the daemon's fetch_threads (16), so a miss
+    of another dataset, on a store that answers, is served at once, as are status and
+    hits. Before, 16 readers of the hung store held every fetch thread and any other
+    dataset's miss waited behind them for the first timeout (30 s, then the next)."""
+    s3_server.apply_env(monkeypatch)
+    hung = {f"s{i}.bin": os.urandom(64 << 10) for i in range(16)}
+    s3_server.create(bucket_name, {**hung, "cached.bin": b"cached before the hang"})
+    s3_server.create(bucket_name + "-fine", {"x.bin": b"a store that answers"})
+    up = urlsplit(s3_server.endpoint_url)
+    node = make_node()
+    node.expect_errors(r"reading s\d+\.bin chunk 0")
+    readers: list[threading.Thread] = []
+    with FaultProxy(upstream=(up.hostname or "127.0.0.1", up.port or 80), faults=FaultPlan()) as p:
+        mp = node.mount(s3_server.uri(bucket_name), tmp_path / "hung", "--endpoint-url", p.url)
+        fine = s3_server.uri(bucket_name + "-fine")
+        other = node.mount(fine, tmp_path / "fine", "--endpoint-url", s3_server.endpoint_url)
+        assert (mp / "cached.bin").read_bytes() == b"cached before the hang"
+        p.set_plan(FaultPlan(faults=[Fault("delay", seconds=120.0, path=r"s\d+\.bin")]))
+        readers = [
+            threading.Thread(target=_read_all, args=([mp / name],), daemon=True) for name in hung
+        ]
+        for t in readers:
+            t.start()
+        p.wait_stats(lambda s: s["delay"] >= 12, timeout=20)
+        t0 = time.monotonic()
+        assert (other / "x.bin").read_bytes() == b"a store that answers"
+        took = time.monotonic() - t0
+        assert node.status()["datasets"]  # the daemon answers
+        drop_file_cache(mp / "cached.bin")
+        assert (mp / "cached.bin").read_bytes() == b"cached before the hang"
+        assert took < 5, f"a miss of another dataset waited {took:.1f}s behind the hung store"
+        assert p.stats["delay"] == 12  # 3/4 of fetch_threads; the others wait their turn
+    for t in readers:  # the proxy closed: the hung GETs fail, their reads end
+        t.join(timeout=120)
+    assert not any(t.is_alive() for t in readers)
