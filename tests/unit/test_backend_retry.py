@@ -456,3 +456,39 @@ def test_a_short_body_is_retried_then_served_whole() -> None:
     assert b.get_range(info, 10, 50) == b"x" * 50
     assert b.calls == 2
     assert b.get_range(info, 90, 50) == b"x" * 10  # clamped to the listed size
+
+
+def test_a_gcs_token_refresh_the_token_endpoint_may_yet_grant_is_retried(
+    fake_store: FakeStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The token endpoint failing in a way google-auth calls retryable (a 5xx, a 429,
+    after its own tries) is a TransientError, retried: it was an AccessDeniedError, one
+    EIO per read while the metadata server or the token endpoint hiccuped. A refresh the
+    endpoint refuses (invalid_grant: a revoked key) stays a denial, not retried."""
+    import google.auth.credentials
+    import google.auth.exceptions as gax
+
+    from silofs.node.backends import gcs
+
+    class Flaky(google.auth.credentials.Credentials):
+        def __init__(self, failures: list[Exception]) -> None:
+            super().__init__()
+            self.failures = failures
+
+        def refresh(self, request: object) -> None:
+            if self.failures:
+                raise self.failures.pop(0)
+            self.token = "a token"
+
+    busy = gax.RefreshError("503 from the token endpoint", retryable=True)
+    refused = gax.RefreshError("invalid_grant: the key was revoked")
+    for failures, outcome in (([busy], None), ([refused], AccessDeniedError)):
+        fake_store.script = [KINDS["gcs"].list_ok()]
+        creds = Flaky(list(failures))
+        monkeypatch.setattr(gcs, "resolve_credentials", lambda _o, c=creds: (c, None, "a test"))
+        backend = _backend("gcs", fake_store, monkeypatch, attempts=3)
+        if outcome is None:
+            assert [i.key for i in backend.list()] == ["a.txt"]
+        else:
+            with pytest.raises(outcome, match="invalid_grant"):
+                list(backend.list())

@@ -409,6 +409,13 @@ class GCSBackend(DelimitedListing):
         ep = self._endpoint_name()
         if isinstance(exc, gx.GoogleAPICallError):
             return self._classify_http(exc, what)
+        if isinstance(exc, gax.RefreshError) and exc.retryable:
+            # google-auth's own word: the token endpoint (or the metadata server) failed
+            # in a way that may pass (5xx, 429, after its own tries). A denial here made
+            # every read of the hiccup EIO without a second try.
+            return TransientError(
+                f"cannot get a Google access token using {self.cred_source} for now: {exc}"
+            )
         if isinstance(exc, gax.RefreshError):
             return AccessDeniedError(
                 f"cannot get a Google access token using {self.cred_source}: {exc}"
