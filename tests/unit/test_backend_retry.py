@@ -492,3 +492,24 @@ def test_a_gcs_token_refresh_the_token_endpoint_may_yet_grant_is_retried(
         else:
             with pytest.raises(outcome, match="invalid_grant"):
                 list(backend.list())
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+@pytest.mark.parametrize("header", ["3", "Sun, 06 Nov 2094 08:49:37 GMT"])
+def test_a_busy_answer_s_retry_after_is_waited_for_up_to_backoff_max(
+    kind: str, header: str, fake_store: FakeStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A 503/429 with Retry-After (MinIO sends one with SlowDown, Azure and GCS front
+    ends may) is retried no sooner than it says, up to backoff_max (10 s: a date decades
+    away, or MinIO's 120 s, would hold a read for minutes): the jitter alone (here under
+    2 ms) asked again at once, and a throttling store saw every attempt of a read inside
+    the time it had asked for, then the read failed."""
+    delays: list[float] = []
+    monkeypatch.setattr(base.time, "sleep", delays.append)
+    k = KINDS[kind]
+    busy = k.error(*k.transient[0])
+    busy.headers["Retry-After"] = header
+    fake_store.script = [busy, k.list_ok()]
+    backend = _backend(kind, fake_store, monkeypatch, attempts=2)
+    assert [(i.key, i.size) for i in backend.list()] == [("a.txt", 3)]
+    assert delays == [3.0 if header == "3" else 10.0]

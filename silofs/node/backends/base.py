@@ -9,6 +9,8 @@ CapacityLimiter. A backend never caches, never rate-limits and never touches LMD
 from __future__ import annotations
 
 import base64
+import datetime
+import email.utils
 import functools
 import hashlib
 import logging
@@ -672,11 +674,40 @@ def retry_call(
             if not exc.retryable or attempt >= opts.max_attempts:
                 raise
             delay = random.uniform(0, min(opts.backoff_max, opts.backoff_base * 2**attempt))
+            asked = exc.retry_after if isinstance(exc, TransientError) else None
+            if asked is not None:  # the store said when: no sooner, and at most backoff_max
+                delay = max(delay, min(asked, opts.backoff_max))
             notes.retry(what, exc, attempt, opts.max_attempts - 1, delay)
             if counters is not None:
                 counters.retries += 1
             time.sleep(delay)
             attempt += 1
+
+
+def retry_after(value: str | None) -> float | None:
+    """A Retry-After header's wait in seconds (delta-seconds or an HTTP date), or None
+    for none or one that does not parse."""
+    if not value:
+        return None
+    value = value.strip()
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    if when.tzinfo is None:  # "-0000": UTC, as HTTP dates are
+        when = when.replace(tzinfo=datetime.UTC)
+    return max(0.0, when.timestamp() - time.time())
+
+
+def busy(message: str, header: str | None) -> TransientError:
+    """A TransientError for a throttling or failing answer, carrying its Retry-After."""
+    exc = TransientError(message)
+    exc.retry_after = retry_after(header)
+    return exc
 
 
 def join_prefix(prefix: str, key: str) -> str:

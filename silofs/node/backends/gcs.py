@@ -47,6 +47,7 @@ from silofs.errors import (
 from silofs.node.backends.base import (
     BackendOptions,
     DelimitedListing,
+    busy,
     connection_reason,
     join_prefix,
     pooled_session,
@@ -446,5 +447,9 @@ class GCSBackend(DelimitedListing):
                 f"the identity needs storage.objects.list and storage.objects.get; {_CREDS_HINT}"
             )
         if status in (408, 429) or status >= 500:
-            return TransientError(f"GCS busy or failing for {what} (HTTP {status})")
+            response = getattr(exc, "response", None)
+            headers = getattr(response, "headers", None) or {}
+            return busy(
+                f"GCS busy or failing for {what} (HTTP {status})", headers.get("retry-after")
+            )
         return BackendError(f"GCS refused a request for {what} (HTTP {status}): {exc.message}")

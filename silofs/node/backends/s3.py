@@ -45,6 +45,7 @@ from silofs.errors import (
 from silofs.node.backends.base import (
     BackendOptions,
     RetryingBackend,
+    busy,
     join_prefix,
     pool_size,
     relative_key,
@@ -567,7 +568,11 @@ class S3Backend(RetryingBackend):
                 f"{_CREDS_HINT}, and need s3:ListBucket and s3:GetObject"
             )
         if code in _TRANSIENT or status == 429 or status >= 500:
-            return TransientError(f"S3 busy or failing for {what} ({code}, HTTP {status})")
+            headers = exc.response.get("ResponseMetadata", {}).get("HTTPHeaders", {})
+            return busy(
+                f"S3 busy or failing for {what} ({code}, HTTP {status})",
+                headers.get("retry-after"),
+            )
         if code == "InvalidObjectState":
             return BackendError(f"{what} is archived (e.g. Glacier); restore it before reading")
         return BackendError(f"S3 refused a request for {what} ({code}, HTTP {status})")
