@@ -15,6 +15,7 @@ import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 import pytest
 
@@ -513,3 +514,66 @@ def test_a_busy_answer_s_retry_after_is_waited_for_up_to_backoff_max(
     backend = _backend(kind, fake_store, monkeypatch, attempts=2)
     assert [(i.key, i.size) for i in backend.list()] == [("a.txt", 3)]
     assert delays == [3.0 if header == "3" else 10.0]
+
+
+def _service_account_key(path: Path, key_id: str, token_uri: str) -> None:
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import rsa
+
+    pem = (
+        rsa.generate_private_key(public_exponent=65537, key_size=2048)
+        .private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+        .decode()
+    )
+    info = {
+        "type": "service_account",
+        "project_id": "p",
+        "private_key_id": key_id,
+        "private_key": pem,
+        "client_email": "reader@p.iam.gserviceaccount.com",
+        "client_id": "1",
+        "token_uri": token_uri,
+    }
+    path.write_text(json.dumps(info))
+
+
+def test_a_rewritten_gcs_key_file_is_read_again_when_its_old_key_is_refused(
+    fake_store: FakeStore, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The daemon's service-account key file (key_file, GOOGLE_APPLICATION_CREDENTIALS,
+    or the gcloud ADC file) is rewritten with a new key and the old one deleted: the
+    token endpoint refuses the old one (invalid_grant), and the next request is made
+    with the new file's. Before, the key read when the client was made was used until
+    the daemon restarted, every miss and listing a denial."""
+    from silofs.node.backends import gcs
+
+    clean_env(monkeypatch)
+    monkeypatch.setattr(gcs, "RENEW_SECONDS", 0.0)
+    key = tmp_path / "key.json"
+    _service_account_key(key, "old", f"{fake_store.url}/token")
+    refused = Reply(400, json.dumps({"error": "invalid_grant"}).encode())
+    refused.headers["Content-Type"] = "application/json"
+    granted = Reply(200, json.dumps({"access_token": "t", "expires_in": 3600}).encode())
+    granted.headers["Content-Type"] = "application/json"
+    opts = BackendOptions(
+        endpoint_url=fake_store.url,
+        max_attempts=2,
+        backoff_base=0.001,
+        extra={"key_file": str(key)},
+    )
+    backend = open_backend(parse_uri(KINDS["gcs"].uri), opts)
+    fake_store.script = [refused, refused]
+    with pytest.raises(AccessDeniedError, match="invalid_grant"):  # the file is as it was
+        list(backend.list())
+    _service_account_key(key, "new", f"{fake_store.url}/token")
+    fake_store.script = [refused, granted, KINDS["gcs"].list_ok()]
+    assert [i.key for i in backend.list()] == ["a.txt"]
+    assert [s.split("?")[0] for s in fake_store.seen[-3:]] == [
+        "POST /token",
+        "POST /token",
+        "GET /storage/v1/b/bkt/o",
+    ]

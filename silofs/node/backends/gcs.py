@@ -15,10 +15,12 @@ are a fast AccessDeniedError instead), never transcodes (ranges address stored b
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
 import threading
+import time
 import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -62,6 +64,9 @@ log = logging.getLogger(__name__)
 READ_ONLY_SCOPE = "https://www.googleapis.com/auth/devstorage.read_only"
 _LIST_FIELDS = "items(name,size,updated,generation,md5Hash,crc32c),nextPageToken"
 # What the library raises for a failed request (HTTP status, auth, transport).
+# After a denial, the key file is looked at again at most this often per dataset
+# (GCSBackend._renew): a bucket refusing some objects costs one read of it a while.
+RENEW_SECONDS = 10.0
 _SDK_ERRORS = (gx.GoogleAPICallError, gax.GoogleAuthError, requests.exceptions.RequestException)
 _CREDS_HINT = (
     "set GOOGLE_APPLICATION_CREDENTIALS to a key file, run "
@@ -138,6 +143,31 @@ def _credentials_from_info(info: dict[str, Any]) -> tuple[Credentials, str | Non
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
         return google.auth.load_credentials_from_dict(info, scopes=[READ_ONLY_SCOPE])
+
+
+def credentials_file(opts: BackendOptions) -> str | None:
+    """The key file resolve_credentials reads for `opts` (same order), if it reads one."""
+    if truthy(opts.extra.get("anonymous")):
+        return None
+    if key_file := opts.extra.get("key_file"):
+        return key_file
+    if _emulator_endpoint():
+        return None
+    if key_file := os.environ.get("GOOGLE_APPLICATION_CREDENTIALS"):
+        return key_file
+    adc = _adc_file()
+    return str(adc) if adc.is_file() else None
+
+
+def _digest(path: str | None) -> bytes | None:
+    """What a key file holds now, as a digest (None: no file, or unreadable)."""
+    if path is None:
+        return None
+    try:
+        with open(path, "rb") as f:
+            return hashlib.sha256(f.read(1 << 20)).digest()
+    except OSError:
+        return None
 
 
 def resolve_credentials(opts: BackendOptions) -> tuple[Credentials, str | None, str]:
@@ -269,6 +299,36 @@ class GCSBackend(DelimitedListing):
         self.cred_source = "not resolved yet"
         self._client: Any = None
         self._lock = threading.Lock()
+        self._key_file: str | None = None  # the key file the client's credentials came from
+        self._key_digest: bytes | None = None  # what it held then
+        self._renew_after = 0.0  # monotonic: no look at the key file before (_renew)
+
+    def _renew(self) -> bool:
+        """After a denial, whether the key file the client's credentials came from holds
+        other bytes now (at most one look per RENEW_SECONDS): then the client is dropped
+        and the next request loads the file again. A key is read once, when the client
+        is made: a service-account key rotated in its file (the old key deleted), or an
+        ADC file written again by `gcloud auth application-default login`, was refused
+        until the daemon restarted. The metadata server's credentials renew themselves."""
+        now = time.monotonic()
+        with self._lock:
+            path, before = self._key_file, self._key_digest
+            if self._client is None or path is None or now < self._renew_after:
+                return False
+            self._renew_after = now + RENEW_SECONDS
+        current = _digest(path)
+        if current is None or current == before:
+            return False
+        with self._lock:
+            if self._key_digest is before:
+                self._client = None
+        log.info(
+            "GCS %s: the store refused the Google credentials the daemon had and %s "
+            "changed since: using it again",
+            self.uri,
+            path,
+        )
+        return True
 
     # -- client ---------------------------------------------------------------------
 
@@ -281,6 +341,8 @@ class GCSBackend(DelimitedListing):
             if self._client is None:
                 from google.cloud import storage
 
+                self._key_file = credentials_file(self.opts)
+                self._key_digest = _digest(self._key_file)
                 creds, project, self.cred_source = resolve_credentials(self.opts)
                 session = AuthorizedSession(
                     creds, refresh_timeout=self.opts.connect_timeout + self.opts.read_timeout
