@@ -57,19 +57,21 @@ def background_threads(threads: int) -> int:
     return max(1, threads - max(1, threads // 4))
 
 
-# One dataset's GETs may hold at most dataset_threads() of the Fetcher's threads too, so
-# a miss of another dataset always finds one: a store that accepts a GET and never
-# answers holds its thread for every attempt (max_attempts x read_timeout: 150 s by
-# default), and 16 readers of one hung bucket made every other dataset's miss on the
-# node wait 151 s for a thread (tests/integration/test_store_over_time.py).
-# Within a dataset's share, its warms and hint walks hold at most 3/4 again, so its
-# own misses find one of its slots free of them as well.
-dataset_threads = background_threads
+def spare_threads(threads: int) -> int:
+    """Threads the Fetcher keeps beyond `fetch_threads` (a quarter, at least one): one
+    dataset's GETs hold at most `fetch_threads`, so another dataset's miss always finds
+    one of these. A store that accepts a GET and never answers holds its thread through
+    every attempt (max_attempts x read_timeout: 150 s by default), and 16 readers of one
+    hung bucket made every other dataset's miss on the node wait 151 s for a thread
+    (tests/integration/test_store_over_time.py). Spares, not a smaller share: a node
+    reading one dataset keeps all `fetch_threads` GETs at once for its misses."""
+    return max(1, threads // 4)
 
 
 class _DatasetShare:
-    """The Fetcher's slots one dataset may hold: `all` (dataset_threads of them) and,
-    of those, what its background tasks may hold (background_threads of that)."""
+    """The Fetcher's threads one dataset may hold: `all` (fetch_threads of them) and, of
+    those, what its warms and hint walks may hold (background_threads of that), so its
+    own misses find one free of them as well."""
 
     def __init__(self, threads: int) -> None:
         self.all = trio.CapacityLimiter(threads)
@@ -155,9 +157,9 @@ class Fetcher:
     def __init__(self, store: CacheStore, writer: Writer, threads: int) -> None:
         self.store = store
         self.writer = writer
-        self.threads = trio.CapacityLimiter(threads)
+        self.threads = trio.CapacityLimiter(threads + spare_threads(threads))
         self.background = trio.CapacityLimiter(background_threads(threads))
-        self._dataset_threads = dataset_threads(threads)
+        self._dataset_threads = threads
         self._per_dataset: dict[int, _DatasetShare] = {}  # by dataset id, while in use
         # A chunk's bytes: bytes, or a read-only view of the data in its encoded value.
         self._flights: SingleFlight[bytes, bytes | memoryview] = SingleFlight()
@@ -174,9 +176,9 @@ class Fetcher:
 
     async def _in_thread(self, dsid: int, fn: Callable[[], T]) -> T:
         """fn() (a store GET of dataset `dsid`) in one of the threads, holding a slot of
-        the dataset's share first (dataset_threads), so other datasets keep a quarter of
-        them; a background task's (BACKGROUND) holds a background slot too, so misses
-        keep a quarter of them."""
+        the dataset's share first (fetch_threads: the spares are other datasets'); a
+        background task's (BACKGROUND) holds a background slot of its dataset's and of
+        all, so misses keep a quarter of the threads from warms and hint walks."""
         share = self._per_dataset.get(dsid)
         if share is None:
             share = self._per_dataset[dsid] = _DatasetShare(self._dataset_threads)
