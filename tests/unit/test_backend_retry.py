@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -577,3 +578,31 @@ def test_a_rewritten_gcs_key_file_is_read_again_when_its_old_key_is_refused(
         "POST /token",
         "GET /storage/v1/b/bkt/o",
     ]
+
+
+def test_requests_refused_together_all_sign_with_renewed_s3_credentials(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A listing's 32 workers, or 16 fetches, are refused at once after a key rotation:
+    the first to ask renews the client, and every other asking within RENEW_SECONDS is
+    told to try again too (with the new client), not only the first: the others' pages
+    and reads failed, and with them the listing."""
+    clean_env(monkeypatch)
+    creds = tmp_path / "credentials"
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(creds))
+    monkeypatch.setenv("AWS_CONFIG_FILE", os.devnull)
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+
+    def key(name: str) -> None:
+        creds.write_text(f"[default]\naws_access_key_id = {name}\naws_secret_access_key = s\n")
+
+    key("AKIAOLD")
+    opts = BackendOptions(endpoint_url="http://127.0.0.1:9")
+    unchanged, rotated = (open_backend(parse_uri("s3://bkt/p/"), opts) for _ in range(2))
+    unchanged.client()
+    rotated.client()
+    assert unchanged._renew() is False  # the file as the client read it: a real denial
+    key("AKIANEW")
+    assert [rotated._renew() for _ in range(3)] == [True, True, True]
+    assert rotated.client()._request_signer._credentials.access_key == "AKIANEW"

@@ -67,6 +67,10 @@ _LIST_FIELDS = "items(name,size,updated,generation,md5Hash,crc32c),nextPageToken
 # After a denial, the key file is looked at again at most this often per dataset
 # (GCSBackend._renew): a bucket refusing some objects costs one read of it a while.
 RENEW_SECONDS = 10.0
+# A denial this soon after the file was found changed is tried again (once) without a
+# look: requests refused together (a listing's workers, the fetch threads) asked with
+# the old key too, and only the first to ask used to retry.
+RENEWED_SECONDS = 10.0
 _SDK_ERRORS = (gx.GoogleAPICallError, gax.GoogleAuthError, requests.exceptions.RequestException)
 _CREDS_HINT = (
     "set GOOGLE_APPLICATION_CREDENTIALS to a key file, run "
@@ -302,6 +306,7 @@ class GCSBackend(DelimitedListing):
         self._key_file: str | None = None  # the key file the client's credentials came from
         self._key_digest: bytes | None = None  # what it held then
         self._renew_after = 0.0  # monotonic: no look at the key file before (_renew)
+        self._renewed_at = float("-inf")  # monotonic: when _renew last found it changed
 
     def _renew(self) -> bool:
         """After a denial, whether the key file the client's credentials came from holds
@@ -313,6 +318,8 @@ class GCSBackend(DelimitedListing):
         now = time.monotonic()
         with self._lock:
             path, before = self._key_file, self._key_digest
+            if now - self._renewed_at < RENEWED_SECONDS:
+                return True  # found changed a moment ago: its request used the old key
             if self._client is None or path is None or now < self._renew_after:
                 return False
             self._renew_after = now + RENEW_SECONDS
@@ -320,6 +327,7 @@ class GCSBackend(DelimitedListing):
         if current is None or current == before:
             return False
         with self._lock:
+            self._renewed_at = now
             if self._key_digest is before:
                 self._client = None
         log.info(

@@ -68,6 +68,10 @@ _LOADER = botocore.loaders.create_loader()
 # After a denial, the credential chain is asked again at most this often per dataset
 # (S3Backend._renew): a bucket policy refusing some objects costs one look a while.
 RENEW_SECONDS = 10.0
+# A denial this soon after a renewal is tried again (once) without a look: requests
+# refused together (a listing's workers, the fetch threads) were signed with the old
+# credentials too, and only the first to ask used to retry: the others failed.
+RENEWED_SECONDS = 10.0
 _SESSION_LOCK = threading.Lock()  # sessions, the loader and client creation are not thread-safe
 
 
@@ -204,6 +208,7 @@ class S3Backend(RetryingBackend):
         self._relearn = False  # set by a fallback: resolve the lean endpoint again
         self._creds: Any = None  # what the client signs with (botocore Credentials)
         self._renew_after = 0.0  # monotonic: no credentials renewal before (_renew)
+        self._renewed_at = float("-inf")  # monotonic: when _renew last found new ones
 
     # -- client ---------------------------------------------------------------------
 
@@ -289,6 +294,8 @@ class S3Backend(RetryingBackend):
         now = time.monotonic()
         with self._lock:
             used = self._creds
+            if now - self._renewed_at < RENEWED_SECONDS:
+                return True  # renewed a moment ago: its request was signed with the old
             if self._client is None or now < self._renew_after:
                 return False
             if isinstance(used, botocore.credentials.RefreshableCredentials):
@@ -306,6 +313,7 @@ class S3Backend(RetryingBackend):
         if current is None or current == before:
             return False
         with self._lock:
+            self._renewed_at = now
             if self._creds is not used:
                 return True  # another thread renewed them meanwhile
             self._client, self._lean = None, None
