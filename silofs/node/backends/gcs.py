@@ -63,7 +63,6 @@ log = logging.getLogger(__name__)
 
 READ_ONLY_SCOPE = "https://www.googleapis.com/auth/devstorage.read_only"
 _LIST_FIELDS = "items(name,size,updated,generation,md5Hash,crc32c),nextPageToken"
-# What the library raises for a failed request (HTTP status, auth, transport).
 # After a denial, the key file is looked at again at most this often per dataset
 # (GCSBackend._renew): a bucket refusing some objects costs one read of it a while.
 RENEW_SECONDS = 10.0
@@ -71,6 +70,7 @@ RENEW_SECONDS = 10.0
 # look: requests refused together (a listing's workers, the fetch threads) asked with
 # the old key too, and only the first to ask used to retry.
 RENEWED_SECONDS = 10.0
+# What the library raises for a failed request (HTTP status, auth, transport).
 _SDK_ERRORS = (gx.GoogleAPICallError, gax.GoogleAuthError, requests.exceptions.RequestException)
 _CREDS_HINT = (
     "set GOOGLE_APPLICATION_CREDENTIALS to a key file, run "
