@@ -99,7 +99,10 @@ class NodeSettings:
     cache_dir: str = field(default_factory=default_cache_dir)
     cache_size: int | None = None  # None: 10 GiB, or half the free disk if less
     chunk_size: int = 4 << 20
-    fetch_threads: int = 16  # concurrent remote GETs and listings, all jobs together
+    # Concurrent remote GETs of one dataset (all its jobs together); the Fetcher keeps a
+    # quarter more for the other datasets (node/fetch.py spare_threads). Listings and
+    # checks take their threads from the same pool.
+    fetch_threads: int = 16
     # Prefetch by hint (node/prefetch.py): bytes fetched ahead of a mount's reader, at
     # most; a hint may ask for less.
     prefetch_window: int = 256 << 20

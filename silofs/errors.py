@@ -58,9 +58,11 @@ class UnreachableError(BackendError):
 
 
 class TransientError(BackendError):
-    """Throttling, 5xx, timeouts: worth retrying with backoff."""
+    """Throttling, 5xx, timeouts: worth retrying with backoff. `retry_after`: seconds
+    the store asked to wait before the next request (its Retry-After header), if any."""
 
     retryable = True
+    retry_after: float | None = None
 
 
 class ObjectChangedError(BackendError):

@@ -57,6 +57,33 @@ def background_threads(threads: int) -> int:
     return max(1, threads - max(1, threads // 4))
 
 
+def spare_threads(threads: int) -> int:
+    """Threads the Fetcher keeps beyond `fetch_threads` (a quarter, at least one): one
+    dataset's GETs hold at most `fetch_threads`, so another dataset's miss always finds
+    one of these. A store that accepts a GET and never answers holds its thread through
+    every attempt (max_attempts x read_timeout: 150 s by default), and 16 readers of one
+    hung bucket made every other dataset's miss on the node wait 151 s for a thread
+    (tests/integration/test_store_over_time.py). Spares, not a smaller share: a node
+    reading one dataset keeps all `fetch_threads` GETs at once for its misses."""
+    return max(1, threads // 4)
+
+
+class _DatasetShare:
+    """The Fetcher's threads one dataset may hold: `all` (fetch_threads of them) and, of
+    those, what its warms and hint walks may hold (background_threads of that), so its
+    own misses find one free of them as well."""
+
+    def __init__(self, threads: int) -> None:
+        self.all = trio.CapacityLimiter(threads)
+        self.background = trio.CapacityLimiter(background_threads(threads))
+
+    def idle(self) -> bool:
+        return not any(
+            lim.borrowed_tokens or lim.statistics().tasks_waiting
+            for lim in (self.all, self.background)
+        )
+
+
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
@@ -130,8 +157,10 @@ class Fetcher:
     def __init__(self, store: CacheStore, writer: Writer, threads: int) -> None:
         self.store = store
         self.writer = writer
-        self.threads = trio.CapacityLimiter(threads)
+        self.threads = trio.CapacityLimiter(threads + spare_threads(threads))
         self.background = trio.CapacityLimiter(background_threads(threads))
+        self._dataset_threads = threads
+        self._per_dataset: dict[int, _DatasetShare] = {}  # by dataset id, while in use
         # A chunk's bytes: bytes, or a read-only view of the data in its encoded value.
         self._flights: SingleFlight[bytes, bytes | memoryview] = SingleFlight()
         self._loose: OrderedDict[bytes, bytes | memoryview] = OrderedDict()
@@ -145,13 +174,23 @@ class Fetcher:
         # error). Per dataset: two datasets may list one object with other credentials.
         self._failed: OrderedDict[tuple[int, bytes], tuple[float, BackendError]] = OrderedDict()
 
-    async def _in_thread(self, fn: Callable[[], T]) -> T:
-        """fn() (a store GET) in one of the threads; a background task's (BACKGROUND)
-        holds a background slot first, so misses keep a quarter of them."""
-        if not BACKGROUND.get():
-            return await trio.to_thread.run_sync(fn, limiter=self.threads)
-        async with self.background:
-            return await trio.to_thread.run_sync(fn, limiter=self.threads)
+    async def _in_thread(self, dsid: int, fn: Callable[[], T]) -> T:
+        """fn() (a store GET of dataset `dsid`) in one of the threads, holding a slot of
+        the dataset's share first (fetch_threads: the spares are other datasets'); a
+        background task's (BACKGROUND) holds a background slot of its dataset's and of
+        all, so misses keep a quarter of the threads from warms and hint walks."""
+        share = self._per_dataset.get(dsid)
+        if share is None:
+            share = self._per_dataset[dsid] = _DatasetShare(self._dataset_threads)
+        try:
+            if not BACKGROUND.get():
+                async with share.all:
+                    return await trio.to_thread.run_sync(fn, limiter=self.threads)
+            async with share.background, share.all, self.background:
+                return await trio.to_thread.run_sync(fn, limiter=self.threads)
+        finally:
+            if share.idle():
+                self._per_dataset.pop(dsid, None)  # a forgotten dataset leaves no entry
 
     def _failed_lately(self, dsid: int, ref: ChunkRef) -> BackendError | None:
         """The error a fetch of `ref` for `dsid` failed with less than FAILED_SECONDS ago,
@@ -485,7 +524,7 @@ class Fetcher:
                     await before.wait()  # the run before ours is reading the stream we want
             self.sweep_parked(trio.current_time())
             parked = self._parked.pop(at, None)
-            left = await self._in_thread(fetch)
+            left = await self._in_thread(dsid, fetch)
             if left is not None:
                 self._park((obj.key, obj.content_id, left.pos), left, trio.current_time())
         finally:
@@ -541,7 +580,7 @@ class Fetcher:
             )
 
         try:
-            data, value = await self._in_thread(get_and_encode)
+            data, value = await self._in_thread(dsid, get_and_encode)
         except BackendError as exc:
             _of_object(exc, ref)
             raise

@@ -203,6 +203,7 @@ def fd_budget(s: NodeSettings, members: int) -> int:
     """File descriptors kept for everything but the control socket's connections: the
     TLS listener's connections, peer clients (`members`: the member list in force),
     store clients, LMDB, logs, metrics."""
+    from silofs.node.fetch import spare_threads  # the Fetcher's threads past fetch_threads
     from silofs.node.peer_client import PEER_POOL  # what each member's pool may open
 
     return (
@@ -213,7 +214,7 @@ def fd_budget(s: NodeSettings, members: int) -> int:
         + 2 * s.tcp_max_connections
         + ConnectionLimits.threads
         + members * PEER_POOL
-        + s.fetch_threads * _FDS_PER_FETCH_THREAD
+        + (s.fetch_threads + spare_threads(s.fetch_threads)) * _FDS_PER_FETCH_THREAD
         + sealed.fds_held()
     )
 

@@ -157,6 +157,8 @@ class Fault:
     methods      only these request methods (a string or a sequence), None = any
     path         only request targets (path and query) where this regex `re.search`es
     has_range    True = only requests with a Range header, False = only without, None = any
+    header       (name, regex): only requests with that header (case-insensitive name) whose
+                 value the regex `re.search`es, e.g. ("authorization", "Credential=AKIAOLD")
     times        inject at most this many times (per set_plan), None = unlimited
     seconds      for "delay": seconds, or (lo, hi) drawn uniformly
     at           for body faults: the fraction of the body sent (reset_mid_body, truncate)
@@ -168,6 +170,7 @@ class Fault:
     methods: tuple[str, ...] | str | None = None
     path: str | None = None
     has_range: bool | None = None
+    header: tuple[str, str] | None = None
     times: int | None = None
     seconds: float | tuple[float, float] = 5.0
     at: float = 0.5
@@ -194,6 +197,10 @@ class Fault:
             raise ValueError("seconds must be >= 0")
         if self.path is not None:
             re.compile(self.path)
+        if self.header is not None:
+            name, pattern = self.header
+            object.__setattr__(self, "header", (name.lower(), pattern))
+            re.compile(pattern)
 
     def matches(self, method: str, target: str, headers: Iterable[tuple[str, str]]) -> bool:
         if self.methods is not None and method.upper() not in self.methods:
@@ -203,6 +210,10 @@ class Fault:
         if self.has_range is not None:
             ranged = any(name.lower() == "range" for name, _ in headers)
             if ranged != self.has_range:
+                return False
+        if self.header is not None:
+            name, pattern = self.header
+            if not any(n.lower() == name and re.search(pattern, v) for n, v in headers):
                 return False
         return True
 

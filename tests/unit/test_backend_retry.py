@@ -10,10 +10,13 @@ HTTP server answering from a script; no emulator, no sleeps longer than microsec
 from __future__ import annotations
 
 import json
+import logging
+import os
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 import pytest
 
@@ -119,6 +122,48 @@ def test_max_attempts_one_means_no_retry(sleeps: list[float]) -> None:
     with pytest.raises(TransientError):
         base.retry_call(fn, BackendOptions(max_attempts=1), "t")
     assert calls == [1] and sleeps == []
+
+
+def test_a_store_s_retries_are_one_warning_a_window_then_one_naming_those_left_to_debug(
+    sleeps: list[float], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    now = [1000.0]
+    monkeypatch.setattr(base.time, "monotonic", lambda: now[0])
+    notes = base.RetryLog()
+    caplog.set_level(logging.DEBUG, logger=base.log.name)
+
+    def fail_then_succeed() -> None:
+        calls, fn = _flaky([TransientError("503 SlowDown"), TransientError("503 SlowDown")])
+        assert base.retry_call(fn, OPTS, "read s3://b/k", None, notes) == "ok"
+
+    for _ in range(3):  # 6 retries inside one window: one WARNING, 5 DEBUG lines
+        fail_then_succeed()
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "retry 1/3" in warnings[0].getMessage()
+    assert sum(r.levelno == logging.DEBUG for r in caplog.records) == 5
+    now[0] += base.RETRY_LOG_SECONDS
+    fail_then_succeed()
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 2
+    assert "5 more retries of this store since the last such line" in warnings[1].getMessage()
+    assert len(sleeps) == 8  # every retry still waits its backoff
+
+
+@pytest.mark.parametrize("changed", [True, False])
+def test_a_denial_is_tried_again_once_only_when_the_credentials_changed(
+    sleeps: list[float], changed: bool
+) -> None:
+    renewals = [0]
+
+    def renew() -> bool:
+        renewals[0] += 1
+        return changed
+
+    calls, fn = _flaky([AccessDeniedError("old key"), AccessDeniedError("new key refused")])
+    with pytest.raises(AccessDeniedError, match="new key refused" if changed else "old key"):
+        base.retry_call(fn, OPTS, "t", None, None, renew)
+    # At once (no backoff), and never a second renewal for one call.
+    assert calls == [2 if changed else 1] and renewals == [1] and sleeps == []
 
 
 # ---------------------------------------------------------------------------------------
@@ -413,3 +458,151 @@ def test_a_short_body_is_retried_then_served_whole() -> None:
     assert b.get_range(info, 10, 50) == b"x" * 50
     assert b.calls == 2
     assert b.get_range(info, 90, 50) == b"x" * 10  # clamped to the listed size
+
+
+def test_a_gcs_token_refresh_the_token_endpoint_may_yet_grant_is_retried(
+    fake_store: FakeStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The token endpoint failing in a way google-auth calls retryable (a 5xx, a 429,
+    after its own tries) is a TransientError, retried: it was an AccessDeniedError, one
+    EIO per read while the metadata server or the token endpoint hiccuped. A refresh the
+    endpoint refuses (invalid_grant: a revoked key) stays a denial, not retried."""
+    import google.auth.credentials
+    import google.auth.exceptions as gax
+
+    from silofs.node.backends import gcs
+
+    class Flaky(google.auth.credentials.Credentials):
+        def __init__(self, failures: list[Exception]) -> None:
+            super().__init__()
+            self.failures = failures
+
+        def refresh(self, request: object) -> None:
+            if self.failures:
+                raise self.failures.pop(0)
+            self.token = "a token"
+
+    busy = gax.RefreshError("503 from the token endpoint", retryable=True)
+    refused = gax.RefreshError("invalid_grant: the key was revoked")
+    for failures, outcome in (([busy], None), ([refused], AccessDeniedError)):
+        fake_store.script = [KINDS["gcs"].list_ok()]
+        creds = Flaky(list(failures))
+        monkeypatch.setattr(gcs, "resolve_credentials", lambda _o, c=creds: (c, None, "a test"))
+        backend = _backend("gcs", fake_store, monkeypatch, attempts=3)
+        if outcome is None:
+            assert [i.key for i in backend.list()] == ["a.txt"]
+        else:
+            with pytest.raises(outcome, match="invalid_grant"):
+                list(backend.list())
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+@pytest.mark.parametrize("header", ["3", "Sun, 06 Nov 2094 08:49:37 GMT"])
+def test_a_busy_answer_s_retry_after_is_waited_for_up_to_backoff_max(
+    kind: str, header: str, fake_store: FakeStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A 503/429 with Retry-After (MinIO sends one with SlowDown, Azure and GCS front
+    ends may) is retried no sooner than it says, up to backoff_max (10 s: a date decades
+    away, or MinIO's 120 s, would hold a read for minutes): the jitter alone (here under
+    2 ms) asked again at once, and a throttling store saw every attempt of a read inside
+    the time it had asked for, then the read failed."""
+    delays: list[float] = []
+    monkeypatch.setattr(base.time, "sleep", delays.append)
+    k = KINDS[kind]
+    busy = k.error(*k.transient[0])
+    busy.headers["Retry-After"] = header
+    fake_store.script = [busy, k.list_ok()]
+    backend = _backend(kind, fake_store, monkeypatch, attempts=2)
+    assert [(i.key, i.size) for i in backend.list()] == [("a.txt", 3)]
+    assert delays == [3.0 if header == "3" else 10.0]
+
+
+def _service_account_key(path: Path, key_id: str, token_uri: str) -> None:
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import rsa
+
+    pem = (
+        rsa.generate_private_key(public_exponent=65537, key_size=2048)
+        .private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+        .decode()
+    )
+    info = {
+        "type": "service_account",
+        "project_id": "p",
+        "private_key_id": key_id,
+        "private_key": pem,
+        "client_email": "reader@p.iam.gserviceaccount.com",
+        "client_id": "1",
+        "token_uri": token_uri,
+    }
+    path.write_text(json.dumps(info))
+
+
+def test_a_rewritten_gcs_key_file_is_read_again_when_its_old_key_is_refused(
+    fake_store: FakeStore, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The daemon's service-account key file (key_file, GOOGLE_APPLICATION_CREDENTIALS,
+    or the gcloud ADC file) is rewritten with a new key and the old one deleted: the
+    token endpoint refuses the old one (invalid_grant), and the next request is made
+    with the new file's. Before, the key read when the client was made was used until
+    the daemon restarted, every miss and listing a denial."""
+    from silofs.node.backends import gcs
+
+    clean_env(monkeypatch)
+    monkeypatch.setattr(gcs, "RENEW_SECONDS", 0.0)
+    key = tmp_path / "key.json"
+    _service_account_key(key, "old", f"{fake_store.url}/token")
+    refused = Reply(400, json.dumps({"error": "invalid_grant"}).encode())
+    refused.headers["Content-Type"] = "application/json"
+    granted = Reply(200, json.dumps({"access_token": "t", "expires_in": 3600}).encode())
+    granted.headers["Content-Type"] = "application/json"
+    opts = BackendOptions(
+        endpoint_url=fake_store.url,
+        max_attempts=2,
+        backoff_base=0.001,
+        extra={"key_file": str(key)},
+    )
+    backend = open_backend(parse_uri(KINDS["gcs"].uri), opts)
+    fake_store.script = [refused, refused]
+    with pytest.raises(AccessDeniedError, match="invalid_grant"):  # the file is as it was
+        list(backend.list())
+    _service_account_key(key, "new", f"{fake_store.url}/token")
+    fake_store.script = [refused, granted, KINDS["gcs"].list_ok()]
+    assert [i.key for i in backend.list()] == ["a.txt"]
+    assert [s.split("?")[0] for s in fake_store.seen[-3:]] == [
+        "POST /token",
+        "POST /token",
+        "GET /storage/v1/b/bkt/o",
+    ]
+
+
+def test_requests_refused_together_all_sign_with_renewed_s3_credentials(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A listing's 32 workers, or 16 fetches, are refused at once after a key rotation:
+    the first to ask renews the client, and every other asking within RENEW_SECONDS is
+    told to try again too (with the new client), not only the first: the others' pages
+    and reads failed, and with them the listing."""
+    clean_env(monkeypatch)
+    creds = tmp_path / "credentials"
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(creds))
+    monkeypatch.setenv("AWS_CONFIG_FILE", os.devnull)
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+
+    def key(name: str) -> None:
+        creds.write_text(f"[default]\naws_access_key_id = {name}\naws_secret_access_key = s\n")
+
+    key("AKIAOLD")
+    opts = BackendOptions(endpoint_url="http://127.0.0.1:9")
+    unchanged, rotated = (open_backend(parse_uri("s3://bkt/p/"), opts) for _ in range(2))
+    unchanged.client()
+    rotated.client()
+    assert unchanged._renew() is False  # the file as the client read it: a real denial
+    key("AKIANEW")
+    assert [rotated._renew() for _ in range(3)] == [True, True, True]
+    assert rotated.client()._request_signer._credentials.access_key == "AKIANEW"

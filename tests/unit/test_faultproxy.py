@@ -404,6 +404,22 @@ def test_filters_method_and_range(upstream: tuple[str, int]) -> None:
             assert resp.status == want, (method, path, headers)
 
 
+def test_filters_by_a_header_s_value(upstream: tuple[str, int]) -> None:
+    plan = FaultPlan([Fault("http_403", header=("Authorization", r"Credential=OLD/"))])
+    with FaultProxy(upstream, plan) as proxy:
+        conn = http.client.HTTPConnection(*proxy.address, timeout=10)
+        cases = [
+            ({"authorization": "AWS4-HMAC-SHA256 Credential=OLD/20260101/..."}, 403),
+            ({"Authorization": "AWS4-HMAC-SHA256 Credential=NEW/20260101/..."}, 200),
+            ({}, 200),
+        ]
+        for headers, want in cases:
+            conn.request("GET", "/obj/64", headers=headers)
+            resp = conn.getresponse()
+            resp.read()
+            assert resp.status == want, headers
+
+
 def test_probability_is_seeded(upstream: tuple[str, int]) -> None:
     def outcomes(seed: int) -> list[int]:
         with FaultProxy(upstream, FaultPlan([Fault("http_500", 0.5)]), seed=seed) as proxy:

@@ -11,7 +11,7 @@ import trio.testing
 
 from silofs.cache.format import ChunkRef
 from silofs.errors import TransientError
-from silofs.node.fetch import FAILED_SECONDS, Fetcher
+from silofs.node.fetch import BACKGROUND, FAILED_SECONDS, Fetcher
 from silofs.node.limiter import TokenBucket
 from silofs.records import ObjectInfo
 
@@ -137,3 +137,56 @@ def test_a_failed_fetch_is_remembered_for_seconds_not_for_good(
         assert bytes(data) == b"x" * 1000 and backend.calls == 3
 
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+
+
+def _running_in_threads(
+    fetcher: Fetcher, holders: list[tuple[int, bool]], probe: int, probe_background: bool
+) -> tuple[int, bool]:
+    """`holders` (dataset id, background) each run a store call that blocks until the
+    end; then `probe`'s call: how many holders got a thread, and whether the probe ran
+    while they all still blocked."""
+    release = threading.Event()
+    started: list[int] = []
+    probed = [False]
+    held = [0]
+
+    def hold(dsid: int) -> None:
+        started.append(dsid)
+        release.wait(10)
+
+    async def one(dsid: int, background: bool, fn: Callable[[], None]) -> None:
+        BACKGROUND.set(background)
+        await fetcher._in_thread(dsid, fn)
+
+    async def main() -> None:
+        async with trio.open_nursery() as n:
+            for dsid, background in holders:
+                n.start_soon(one, dsid, background, lambda d=dsid: hold(d))
+            with trio.fail_after(5):
+                while not started:
+                    await trio.sleep(0.01)
+            await trio.sleep(0.3)  # every holder that could start has started
+            held[0] = len(started)
+            with trio.move_on_after(2):
+                await one(probe, probe_background, lambda: probed.__setitem__(0, True))
+            release.set()
+
+    trio.run(main)
+    return held[0], probed[0]
+
+
+def test_a_hung_dataset_leaves_other_datasets_the_spare_fetch_threads() -> None:
+    """fetch_threads 8: one dataset's 10 blocked GETs hold 8, and another dataset's GET
+    runs at once in one of the 2 spares (a store that never answered held every thread,
+    and every dataset's misses waited for its timeouts:
+    tests/integration/test_store_over_time.py)."""
+    fetcher = Fetcher(None, None, 8)  # type: ignore[arg-type]  # _in_thread uses neither
+    held, probed = _running_in_threads(fetcher, [(1, False)] * 10, 2, False)
+    assert held == 8 and probed  # a node reading one dataset keeps all 8
+    assert fetcher._per_dataset == {}  # idle shares are dropped
+
+
+def test_a_dataset_s_warm_leaves_its_own_misses_a_thread() -> None:
+    fetcher = Fetcher(None, None, 8)  # type: ignore[arg-type]
+    held, probed = _running_in_threads(fetcher, [(1, True)] * 10, 1, False)
+    assert held == 6 and probed  # warms and hints: 3/4 of the dataset's 8

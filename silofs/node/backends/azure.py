@@ -44,6 +44,7 @@ from silofs.node.backends.azurelist import ListedBlob
 from silofs.node.backends.base import (
     BackendOptions,
     DelimitedListing,
+    busy,
     connection_reason,
     join_prefix,
     md5_b64,
@@ -434,5 +435,9 @@ class AzureBackend(DelimitedListing):
                 f"check the key or SAS (expiry, permissions r+l); {_CREDS_HINT}"
             )
         if code in _TRANSIENT or status in (408, 429) or status >= 500:
-            return TransientError(f"Azure busy or failing for {what} ({code}, HTTP {status})")
+            headers = exc.response.headers if exc.response is not None else {}
+            return busy(
+                f"Azure busy or failing for {what} ({code}, HTTP {status})",
+                headers.get("retry-after"),
+            )
         return BackendError(f"Azure refused a request for {what} ({code}, HTTP {status})")

@@ -9,6 +9,8 @@ CapacityLimiter. A backend never caches, never rate-limits and never touches LMD
 from __future__ import annotations
 
 import base64
+import datetime
+import email.utils
 import functools
 import hashlib
 import logging
@@ -22,7 +24,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
-from silofs.errors import BackendError, ChecksumMismatchError, NotFoundError, TransientError
+from silofs.errors import (
+    AccessDeniedError,
+    BackendError,
+    ChecksumMismatchError,
+    NotFoundError,
+    TransientError,
+)
 from silofs.records import ObjectInfo, PrefixListed
 
 log = logging.getLogger(__name__)
@@ -187,8 +195,27 @@ class RetryingBackend:
                 counters = self.__dict__.setdefault("_counters", StoreCounters())
         return counters
 
+    @property
+    def retry_log(self) -> RetryLog:
+        """How this backend's retries are logged (one per dataset), created on first use."""
+        notes = self.__dict__.get("_retry_log")
+        if notes is None:
+            with _COUNTERS_LOCK:
+                notes = self.__dict__.setdefault("_retry_log", RetryLog())
+        return notes
+
+    def _retry(self, fn: Callable[[], T], what: str) -> T:
+        """retry_call with this backend's options, counters, RetryLog and renewal."""
+        return retry_call(fn, self.opts, what, self.counters, self.retry_log, self._renew)
+
+    def _renew(self) -> bool:
+        """After a denial: whether the store's credentials were found changed since its
+        client was made (a credentials file rewritten), and the client dropped so the
+        next request signs with the new ones. None here; stores that can say override."""
+        return False
+
     def check(self) -> None:
-        retry_call(self._check_once, self.opts, f"check {self.uri}", self.counters)
+        self._retry(self._check_once, f"check {self.uri}")
 
     def _check_once(self) -> None:
         if not self._any_object():
@@ -226,7 +253,7 @@ class RetryingBackend:
         token: str | None = None
         while True:
             fetch = functools.partial(self._list_page, token)
-            items, token = retry_call(fetch, self.opts, f"list {self.uri}", self.counters)
+            items, token = self._retry(fetch, f"list {self.uri}")
             for item in items:
                 info = self._info(item)
                 if info is not None:
@@ -251,7 +278,7 @@ class RetryingBackend:
         if length <= 0 or start >= end:
             return b""
         fetch = functools.partial(self._get_exact, info, start, end)
-        return retry_call(fetch, self.opts, f"read {self.uri}{info.key}", self.counters)
+        return self._retry(fetch, f"read {self.uri}{info.key}")
 
     def open_range(
         self, info: ObjectInfo, start: int, length: int, whole: bool = False
@@ -271,7 +298,7 @@ class RetryingBackend:
             note_requests()  # each attempt is a request
             return self._open_once(info, start, end)
 
-        body = retry_call(opener, self.opts, f"read {self.uri}{info.key}", self.counters)
+        body = self._retry(opener, f"read {self.uri}{info.key}")
         return RangeStream(body, start, end, f"{self.uri}{info.key}", self.counters)
 
     def _streams_ranges(self) -> bool:
@@ -318,7 +345,7 @@ class RetryingBackend:
         token: str | None = None
         while True:
             fetch = functools.partial(self._list_dir_page, prefix, token)
-            items, subs, token = retry_call(fetch, self.opts, f"list {self.uri}", self.counters)
+            items, subs, token = self._retry(fetch, f"list {self.uri}")
             yield [i for i in map(self._info, items) if i is not None], subs, not token
             if not token:
                 return
@@ -583,26 +610,104 @@ def md5_b64(data: bytes) -> str:
     return base64.b64encode(hashlib.md5(data, usedforsecurity=False).digest()).decode()
 
 
+# A store that throttles or fails for minutes is retried by every fetch and listing
+# thread at once: one WARNING per retry was a line every few milliseconds. The first
+# retry of a quiet store is a WARNING; the others within RETRY_LOG_SECONDS are DEBUG,
+# and the next WARNING (a retry past that window) says how many there were.
+RETRY_LOG_SECONDS = 60.0
+
+
+class RetryLog:
+    """How one store's retries reach the log: one WARNING per RETRY_LOG_SECONDS at most,
+    naming the retries it left to DEBUG since the last one (all are counted in the
+    dataset's `store_retries` whatever the log says). Thread-safe."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._quiet_until = float("-inf")  # monotonic; before it, retries are DEBUG
+        self._unsaid = 0  # retries logged at DEBUG since the last WARNING
+
+    def retry(self, what: str, exc: BackendError, attempt: int, most: int, delay: float) -> None:
+        now = time.monotonic()
+        with self._lock:
+            loud = now >= self._quiet_until
+            unsaid = self._unsaid
+            if loud:
+                self._quiet_until, self._unsaid = now + RETRY_LOG_SECONDS, 0
+            else:
+                self._unsaid += 1
+        line = "%s: %s; retry %d/%d in %.2fs"
+        if not loud:
+            log.debug(line, what, exc, attempt, most, delay)
+            return
+        more = f" ({unsaid} more retries of this store since the last such line)" if unsaid else ""
+        log.warning(
+            line + "%s; its other retries in the next %.0fs are logged at DEBUG",
+            what, exc, attempt, most, delay, more, RETRY_LOG_SECONDS,
+        )  # fmt: skip
+
+
 def retry_call(
-    fn: Callable[[], T], opts: BackendOptions, what: str, counters: StoreCounters | None = None
+    fn: Callable[[], T],
+    opts: BackendOptions,
+    what: str,
+    counters: StoreCounters | None = None,
+    notes: RetryLog | None = None,
+    renew: Callable[[], bool] | None = None,
 ) -> T:
     """Call `fn`, retrying retryable BackendErrors with capped exponential backoff; each
-    retry is counted in `counters` (the dataset's, shown in status and /metrics)."""
+    retry is counted in `counters` (the dataset's, shown in status and /metrics) and told
+    to `notes` (the store's RetryLog; without one, the call's first retry is a WARNING).
+    An AccessDeniedError is tried once more, at once, if `renew()` says the credentials
+    changed (a key rotated in a credentials file the daemon read at its first request)."""
+    notes = notes if notes is not None else RetryLog()
     attempt = 1
+    renewed = False
     while True:
         try:
             return fn()
         except BackendError as exc:
+            if isinstance(exc, AccessDeniedError) and renew is not None and not renewed:
+                renewed = True
+                if renew():
+                    continue
             if not exc.retryable or attempt >= opts.max_attempts:
                 raise
             delay = random.uniform(0, min(opts.backoff_max, opts.backoff_base * 2**attempt))
-            log.warning(
-                "%s: %s; retry %d/%d in %.2fs", what, exc, attempt, opts.max_attempts - 1, delay
-            )
+            asked = exc.retry_after if isinstance(exc, TransientError) else None
+            if asked is not None:  # the store said when: no sooner, and at most backoff_max
+                delay = max(delay, min(asked, opts.backoff_max))
+            notes.retry(what, exc, attempt, opts.max_attempts - 1, delay)
             if counters is not None:
                 counters.retries += 1
             time.sleep(delay)
             attempt += 1
+
+
+def retry_after(value: str | None) -> float | None:
+    """A Retry-After header's wait in seconds (delta-seconds or an HTTP date), or None
+    for none or one that does not parse."""
+    if not value:
+        return None
+    value = value.strip()
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    if when.tzinfo is None:  # "-0000": UTC, as HTTP dates are
+        when = when.replace(tzinfo=datetime.UTC)
+    return max(0.0, when.timestamp() - time.time())
+
+
+def busy(message: str, header: str | None) -> TransientError:
+    """A TransientError for a throttling or failing answer, carrying its Retry-After."""
+    exc = TransientError(message)
+    exc.retry_after = retry_after(header)
+    return exc
 
 
 def join_prefix(prefix: str, key: str) -> str:

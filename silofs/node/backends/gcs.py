@@ -15,10 +15,12 @@ are a fast AccessDeniedError instead), never transcodes (ranges address stored b
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
 import threading
+import time
 import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -47,6 +49,7 @@ from silofs.errors import (
 from silofs.node.backends.base import (
     BackendOptions,
     DelimitedListing,
+    busy,
     connection_reason,
     join_prefix,
     pooled_session,
@@ -60,6 +63,13 @@ log = logging.getLogger(__name__)
 
 READ_ONLY_SCOPE = "https://www.googleapis.com/auth/devstorage.read_only"
 _LIST_FIELDS = "items(name,size,updated,generation,md5Hash,crc32c),nextPageToken"
+# After a denial, the key file is looked at again at most this often per dataset
+# (GCSBackend._renew): a bucket refusing some objects costs one read of it a while.
+RENEW_SECONDS = 10.0
+# A denial this soon after the file was found changed is tried again (once) without a
+# look: requests refused together (a listing's workers, the fetch threads) asked with
+# the old key too, and only the first to ask used to retry.
+RENEWED_SECONDS = 10.0
 # What the library raises for a failed request (HTTP status, auth, transport).
 _SDK_ERRORS = (gx.GoogleAPICallError, gax.GoogleAuthError, requests.exceptions.RequestException)
 _CREDS_HINT = (
@@ -137,6 +147,31 @@ def _credentials_from_info(info: dict[str, Any]) -> tuple[Credentials, str | Non
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
         return google.auth.load_credentials_from_dict(info, scopes=[READ_ONLY_SCOPE])
+
+
+def credentials_file(opts: BackendOptions) -> str | None:
+    """The key file resolve_credentials reads for `opts` (same order), if it reads one."""
+    if truthy(opts.extra.get("anonymous")):
+        return None
+    if key_file := opts.extra.get("key_file"):
+        return key_file
+    if _emulator_endpoint():
+        return None
+    if key_file := os.environ.get("GOOGLE_APPLICATION_CREDENTIALS"):
+        return key_file
+    adc = _adc_file()
+    return str(adc) if adc.is_file() else None
+
+
+def _digest(path: str | None) -> bytes | None:
+    """What a key file holds now, as a digest (None: no file, or unreadable)."""
+    if path is None:
+        return None
+    try:
+        with open(path, "rb") as f:
+            return hashlib.sha256(f.read(1 << 20)).digest()
+    except OSError:
+        return None
 
 
 def resolve_credentials(opts: BackendOptions) -> tuple[Credentials, str | None, str]:
@@ -268,6 +303,40 @@ class GCSBackend(DelimitedListing):
         self.cred_source = "not resolved yet"
         self._client: Any = None
         self._lock = threading.Lock()
+        self._key_file: str | None = None  # the key file the client's credentials came from
+        self._key_digest: bytes | None = None  # what it held then
+        self._renew_after = 0.0  # monotonic: no look at the key file before (_renew)
+        self._renewed_at = float("-inf")  # monotonic: when _renew last found it changed
+
+    def _renew(self) -> bool:
+        """After a denial, whether the key file the client's credentials came from holds
+        other bytes now (at most one look per RENEW_SECONDS): then the client is dropped
+        and the next request loads the file again. A key is read once, when the client
+        is made: a service-account key rotated in its file (the old key deleted), or an
+        ADC file written again by `gcloud auth application-default login`, was refused
+        until the daemon restarted. The metadata server's credentials renew themselves."""
+        now = time.monotonic()
+        with self._lock:
+            path, before = self._key_file, self._key_digest
+            if now - self._renewed_at < RENEWED_SECONDS:
+                return True  # found changed a moment ago: its request used the old key
+            if self._client is None or path is None or now < self._renew_after:
+                return False
+            self._renew_after = now + RENEW_SECONDS
+        current = _digest(path)
+        if current is None or current == before:
+            return False
+        with self._lock:
+            self._renewed_at = now
+            if self._key_digest is before:
+                self._client = None
+        log.info(
+            "GCS %s: the store refused the Google credentials the daemon had and %s "
+            "changed since: using it again",
+            self.uri,
+            path,
+        )
+        return True
 
     # -- client ---------------------------------------------------------------------
 
@@ -280,6 +349,8 @@ class GCSBackend(DelimitedListing):
             if self._client is None:
                 from google.cloud import storage
 
+                self._key_file = credentials_file(self.opts)
+                self._key_digest = _digest(self._key_file)
                 creds, project, self.cred_source = resolve_credentials(self.opts)
                 session = AuthorizedSession(
                     creds, refresh_timeout=self.opts.connect_timeout + self.opts.read_timeout
@@ -409,6 +480,13 @@ class GCSBackend(DelimitedListing):
         ep = self._endpoint_name()
         if isinstance(exc, gx.GoogleAPICallError):
             return self._classify_http(exc, what)
+        if isinstance(exc, gax.RefreshError) and exc.retryable:
+            # google-auth's own word: the token endpoint (or the metadata server) failed
+            # in a way that may pass (5xx, 429, after its own tries). A denial here made
+            # every read of the hiccup EIO without a second try.
+            return TransientError(
+                f"cannot get a Google access token using {self.cred_source} for now: {exc}"
+            )
         if isinstance(exc, gax.RefreshError):
             return AccessDeniedError(
                 f"cannot get a Google access token using {self.cred_source}: {exc}"
@@ -439,5 +517,9 @@ class GCSBackend(DelimitedListing):
                 f"the identity needs storage.objects.list and storage.objects.get; {_CREDS_HINT}"
             )
         if status in (408, 429) or status >= 500:
-            return TransientError(f"GCS busy or failing for {what} (HTTP {status})")
+            response = getattr(exc, "response", None)
+            headers = getattr(response, "headers", None) or {}
+            return busy(
+                f"GCS busy or failing for {what} (HTTP {status})", headers.get("retry-after")
+            )
         return BackendError(f"GCS refused a request for {what} (HTTP {status}): {exc.message}")

@@ -21,10 +21,12 @@ import hashlib
 import logging
 import re
 import threading
+import time
 import xml.etree.ElementTree as ET
 from typing import Any
 
 import boto3
+import botocore.credentials
 import botocore.exceptions as bx
 import botocore.loaders
 import botocore.session
@@ -43,6 +45,7 @@ from silofs.errors import (
 from silofs.node.backends.base import (
     BackendOptions,
     RetryingBackend,
+    busy,
     join_prefix,
     pool_size,
     relative_key,
@@ -62,6 +65,13 @@ log = logging.getLogger(__name__)
 # against 24 with the loader shared). Each dataset keeps its own session, so credentials
 # are still resolved per dataset (a profile, a fixed credentials file, a rebuilt client).
 _LOADER = botocore.loaders.create_loader()
+# After a denial, the credential chain is asked again at most this often per dataset
+# (S3Backend._renew): a bucket policy refusing some objects costs one look a while.
+RENEW_SECONDS = 10.0
+# A denial this soon after a renewal is tried again (once) without a look: requests
+# refused together (a listing's workers, the fetch threads) were signed with the old
+# credentials too, and only the first to ask used to retry: the others failed.
+RENEWED_SECONDS = 10.0
 _SESSION_LOCK = threading.Lock()  # sessions, the loader and client creation are not thread-safe
 
 
@@ -196,6 +206,9 @@ class S3Backend(RetryingBackend):
         )
         self._lean: LeanS3 | None = None
         self._relearn = False  # set by a fallback: resolve the lean endpoint again
+        self._creds: Any = None  # what the client signs with (botocore Credentials)
+        self._renew_after = 0.0  # monotonic: no credentials renewal before (_renew)
+        self._renewed_at = float("-inf")  # monotonic: when _renew last found new ones
 
     # -- client ---------------------------------------------------------------------
 
@@ -238,6 +251,7 @@ class S3Backend(RetryingBackend):
                             f"before-parameter-build.s3.{op}", _request_payer
                         )
                 creds = session.get_credentials()
+                self._creds = creds
                 self._cred_source = getattr(creds, "method", None) or "none found"
                 anonymous = truthy(self.opts.extra.get("anonymous"))
                 if anonymous:
@@ -265,6 +279,52 @@ class S3Backend(RetryingBackend):
         with self._lock:
             self._lean = None  # it holds the client: drop both (built again on next use)
         super().close()
+
+    def _renew(self) -> bool:
+        """After a denial, the credentials the chain finds now (at most once per
+        RENEW_SECONDS): if they are not the ones the client signs with, the client is
+        dropped (in-flight requests finish on it) and the next request builds one with
+        them. A client is made once per dataset, and boto3 reads a credentials file or
+        config only when a client is made: a key rotated in ~/.aws/credentials (the old
+        one revoked), or session credentials a tool renews there, were refused until the
+        daemon was restarted. Credentials botocore refreshes itself (roles, SSO,
+        credential_process, the instance's) and anonymous requests are left alone."""
+        if truthy(self.opts.extra.get("anonymous")):
+            return False
+        now = time.monotonic()
+        with self._lock:
+            used = self._creds
+            if now - self._renewed_at < RENEWED_SECONDS:
+                return True  # renewed a moment ago: its request was signed with the old
+            if self._client is None or now < self._renew_after:
+                return False
+            if isinstance(used, botocore.credentials.RefreshableCredentials):
+                return False
+            self._renew_after = now + RENEW_SECONDS
+        try:
+            with _SESSION_LOCK:
+                session = _session(self.opts.extra.get("profile"), self.opts.extra.get("region"))
+            found = session.get_credentials()
+            current = None if found is None else found.get_frozen_credentials()
+        except (bx.BotoCoreError, bx.ClientError) as exc:
+            log.debug("S3 %s: credentials not resolved again: %s", self.uri, exc)
+            return False
+        before = None if used is None else used.get_frozen_credentials()
+        if current is None or current == before:
+            return False
+        with self._lock:
+            self._renewed_at = now
+            if self._creds is not used:
+                return True  # another thread renewed them meanwhile
+            self._client, self._lean = None, None
+        log.info(
+            "S3 %s: the store refused the AWS credentials the daemon had and the AWS "
+            "credentials changed since (%s, key %s): signing with the new ones",
+            self.uri,
+            getattr(found, "method", None) or "unknown source",
+            current.access_key[:8] + "...",
+        )
+        return True
 
     def _lean_path(self) -> LeanS3 | None:
         self._client_or_raise()
@@ -516,7 +576,11 @@ class S3Backend(RetryingBackend):
                 f"{_CREDS_HINT}, and need s3:ListBucket and s3:GetObject"
             )
         if code in _TRANSIENT or status == 429 or status >= 500:
-            return TransientError(f"S3 busy or failing for {what} ({code}, HTTP {status})")
+            headers = exc.response.get("ResponseMetadata", {}).get("HTTPHeaders", {})
+            return busy(
+                f"S3 busy or failing for {what} ({code}, HTTP {status})",
+                headers.get("retry-after"),
+            )
         if code == "InvalidObjectState":
             return BackendError(f"{what} is archived (e.g. Glacier); restore it before reading")
         return BackendError(f"S3 refused a request for {what} ({code}, HTTP {status})")

@@ -104,7 +104,9 @@ def _busy(resp: AWSResponse, op: str) -> bx.ClientError:
         "Code": code.group(1).decode(errors="replace") if code else str(resp.status_code),
         "Message": message.group(1).decode(errors="replace") if message else "",
     }
-    meta = {"HTTPStatusCode": resp.status_code}
+    meta: dict[str, Any] = {"HTTPStatusCode": resp.status_code}
+    if (wait := resp.headers.get("retry-after")) is not None:
+        meta["HTTPHeaders"] = {"retry-after": wait}  # as botocore's lowercased headers
     return bx.ClientError({"Error": error, "ResponseMetadata": meta}, op)
 
 
