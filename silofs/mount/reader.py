@@ -91,6 +91,7 @@ from silofs.cache.store import CacheStore
 from silofs.control.client import AsyncControlClient, ControlError, quote_segment
 from silofs.flight import SingleFlight
 from silofs.mount.ahead import ValuesAhead
+from silofs.mount.hot import HotFile
 from silofs.mount.pages import DirectFile, ValuePages
 from silofs.mount.survive import unforeseen
 from silofs.mount.waits import Waits
@@ -213,6 +214,9 @@ class OpenFile:
     run_start: int = 0  # where the current run of sequential reads began
     asked_until: int = 0  # the end (bytes) of what read-ahead asked for in this run
     advised: int = 0  # the first chunk whose cached value was not read ahead yet
+    # The kept file's record it was opened from (mount/hot.py), or None: then OPEN,
+    # READ and RELEASE of it are the record's few loads (fs.py) while its guards hold.
+    hot: HotFile | None = None
 
     def __init__(
         self,
@@ -221,12 +225,14 @@ class OpenFile:
         gen: int = 0,
         ref: ChunkRef | None = None,
         opener: int = 0,
+        hot: HotFile | None = None,
     ) -> None:
         self.obj = obj
         self.inode = inode
         self.gen = gen
         self.ref = ref
         self.opener = opener
+        self.hot = hot
 
     def chunk_ref(self, chunk_size: int, index: int) -> ChunkRef:
         ref = self.ref
@@ -364,6 +370,10 @@ class ChunkReader:
         # whole() copies out of the map where mincore tells what is in the page cache
         # (ValuePages.in_memory), else by preadv with RWF_NOWAIT.
         self._whole_map = self.pages.truthful
+        # Hot records' locations (mount/hot.py) hold while this is their `placed`: one
+        # more for each cursor on a snapshot of another txn id or map (_value_cursor).
+        self._placed = 1
+        self._placed_in: tuple[int, int] = (-1, -1)
         # The largest one-chunk file whole() serves: hit() copies a longer range out of
         # the map instead (PROBE_BYTES).
         self.whole_max = min(chunk_size, PROBE_BYTES)
@@ -512,9 +522,16 @@ class ChunkReader:
 
     def _value_cursor(self) -> ValueCursor | None:
         """The current snapshot's cursor on the chunks db (None: values cannot be
-        bounds-checked here, cache/bounds.py)."""
+        bounds-checked here, cache/bounds.py). A snapshot of another txn id than the
+        last cursor's, or a map that moved, makes every hot record's location stale
+        (_placed, mount/hot.py)."""
         if self._cursor is None:
-            self._cursor = self.store.value_cursor(self._snapshot(), self._chunks_db)
+            txn = self._snapshot()
+            cur = self._cursor = self.store.value_cursor(txn, self._chunks_db)
+            placed = (txn.id(), cur.start if cur is not None else -1)
+            if placed != self._placed_in:
+                self._placed_in = placed
+                self._placed += 1
         return self._cursor
 
     def _header_guess(self, ref: ChunkRef, size: int) -> int:
@@ -664,7 +681,48 @@ class ChunkReader:
             or _monotonic() - self._txn_at >= SNAPSHOT_REUSE_SECONDS
         ):
             self.renew()
-        ref = f.ref
+        return self._whole(f.ref, None)
+
+    def whole_hot(self, h: HotFile) -> memoryview | None:
+        """whole() of a file opened from its hot record `h` (mount/hot.py): the same
+        read, copy and check, with what whole() finds per read (the value's place, its
+        layout's buffers, the header as checked) taken from the record while its
+        `placed` holds (no committed write and no remap since whole() filled it in);
+        else whole() proper, which fills it in again. begin_read() done either way.
+
+        Every read still copies the header and the data out of the map (once mincore
+        says every page is in the page cache) into the mount's own buffers and serves
+        that copy only if the header is byte for byte the one checked in full and every
+        block's xxh3 is the sum that header holds: a page rewritten, damaged or reused
+        since fails it, and the caller's general path (hit(), chunk()) takes the read."""
+        self._reads += 1  # begin_read(), inline, as in whole()
+        if (
+            self._txn is None
+            or self._stale
+            or _monotonic() - self._txn_at >= SNAPSHOT_REUSE_SECONDS
+        ):
+            self.renew()
+        # No look at the values read ahead, as whole() has: only a sequential reader's
+        # chunks after the one it reads are (_direct_ahead), never a one-chunk file's.
+        cur = self._cursor or self._value_cursor()
+        if h.placed != self._placed:
+            return self._whole(h.ref, h)  # placed again (or never yet)
+        pages = h.pages
+        if not self.pages.in_memory_pages(h.page, h.span, pages):
+            return None  # hit() copies what is cached and hands the rest to a worker
+        view = cur.map  # type: ignore[union-attr]  # _placed: a read txn's cursor
+        head = h.head
+        head[:] = view[h.at : h.mid]
+        h.data[:] = view[h.mid : h.end]
+        if h.pack(*map(_xxh3, h.blocks)) != h.sums or head != h.header:  # type: ignore[misc]
+            return None  # every block, on every read; hit() counts the damage
+        if self.track_hits and len(self.touched) < 65536:
+            self.touched.append(h.ref.key)
+        return h.data
+
+    def _whole(self, ref: ChunkRef | None, hot: HotFile | None) -> memoryview | None:
+        """whole() once the read is begun; fills in `hot`'s location where it serves
+        the value out of the map (whole_hot())."""
         expect = ref.expect if ref is not None else None
         ahead = self.ahead
         if (
@@ -721,6 +779,16 @@ class ChunkReader:
             verified[ident] = bytes(head)
         elif not head.endswith(sums, 0, hdr - 8):  # the block sums end before hdr_sum
             return None
+        if hot is not None and self._whole_map:
+            # Checked in full or as the header checked so for this chunk: what whole_hot()
+            # compares each later copy with while this snapshot's `placed` holds.
+            hot.at, hot.mid, hot.end = at, at + hdr, at + size
+            hot.page = page = addr & ~(mmap.PAGESIZE - 1)
+            hot.span = addr + size - page
+            hot.pages = (hot.span + mmap.PAGESIZE - 1) // mmap.PAGESIZE
+            hot.head, hot.data, hot.blocks, hot.pack = head, data, blocks, pack
+            hot.header, hot.sums = bytes(head), sums
+            hot.placed = self._placed
         if self.track_hits and len(self.touched) < 65536:
             self.touched.append(ref.key)
         return data
