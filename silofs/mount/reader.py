@@ -40,8 +40,9 @@ page of it is (whole()): a hit whose pages are not all in the page cache (the en
 every other reader would wait for that disk read. That read takes the
 snapshot for itself (the next read begins another), a worker thread reads the value's
 range (at most FAULT_THREADS at once) and the snapshot ends once it has; the copy is
-verified as every hit is. A hit answered without an await is copied into the reader's
-one scratch buffer, which pyfuse3 writes to /dev/fuse before any other task runs; bytes
+verified as every hit is. A hit answered without an await is copied into one of the
+reader's two scratch buffers (whole()'s, hit()'s), which pyfuse3 writes to /dev/fuse
+before any other task runs; bytes
 kept across an await (a span's parts, a worker's read) have buffers of their own.
 
 A sequential reader's next DIRECT_AHEAD_BYTES of cached values are read by O_DIRECT into
@@ -358,8 +359,8 @@ class ChunkReader:
         # The chunk hit() found absent, and in which read (self._reads): chunk() of it
         # in that read goes to the daemon without a second look.
         self._absent: tuple[bytes, int] = (b"", 0)
-        # whole(): value size -> its views of _scratch (_whole_plan), and whether that
-        # path can serve at all (values copied by preadv with RWF_NOWAIT).
+        # whole(): value size -> its views of _whole_scratch (_whole_plan), and whether
+        # that path can serve at all (values copied by preadv with RWF_NOWAIT).
         self._wholes: dict[int, tuple] = {}
         # ChunkRef.expect's ident (the object key, content id, chunk index, size and
         # length a header names) -> the whole header whole() last checked in full for
@@ -377,6 +378,10 @@ class ChunkReader:
         # The largest one-chunk file whole() serves: hit() copies a longer range out of
         # the map instead (PROBE_BYTES).
         self.whole_max = min(chunk_size, PROBE_BYTES)
+        # whole()'s own scratch buffer, of whole_max bytes (at most 256 KiB), made once
+        # (_whole_plan): hit()'s grows with what it copies, and views of a replaced one
+        # kept by hot records (mount/hot.py) would keep each old buffer alive.
+        self._whole_scratch = memoryview(bytearray(self.whole_max))
         self._flights: SingleFlight[bytes, tuple[bytes, bool]] = SingleFlight()
         # A reader's misses that wait, ended once the opener's process stops (EINTR).
         self.waits = Waits()
@@ -582,7 +587,6 @@ class ChunkReader:
             mv = self._scratch
             if len(mv) < need:
                 mv = self._scratch = memoryview(bytearray(need))  # the old may be exported
-                self._wholes.clear()  # whole()'s views are of the old buffer
             head, data = mv[:hdr], mv[hdr:need]
             if start == 0 and end:  # header and data are one run of the file: one read
                 got = pages.read(base, [mv[:need]], nowait)
@@ -798,14 +802,15 @@ class ChunkReader:
         bytes with: (hdr, the preadv's buffers, the header's buffer (a bytearray of its
         own: compared by memcmp, where a view compares byte by byte), the views of the
         data's blocks (the last may be short), the struct packing their sums, the view
-        of the header before its own sum, the data's view). The data goes to the
-        reader's scratch buffer (the one hit() copies into: one such copy is served at
-        a time, _copy_out). Kept per value size, bounded."""
+        of the header before its own sum, the data's view). The data goes to whole()'s
+        scratch buffer (one such copy is served at a time, as hit()'s, _copy_out), made
+        once at whole_max bytes: never replaced, so the views the plans and the hot
+        records (mount/hot.py) hold stay this reader's one buffer. Kept per value
+        size, bounded."""
         size = hdr + length
-        mv = self._scratch
-        if len(mv) < length:
-            mv = self._scratch = memoryview(bytearray(length))  # the old may be exported
-            self._wholes.clear()  # their views are of the old buffer
+        mv = self._whole_scratch
+        if len(mv) < length:  # never: whole() serves at most whole_max bytes
+            mv = memoryview(bytearray(length))
         head = bytearray(hdr)
         data = mv[:length]
         blocks = [data[at : at + BLOCK_SIZE] for at in range(0, length, BLOCK_SIZE)]

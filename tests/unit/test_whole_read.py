@@ -354,3 +354,24 @@ def test_a_hot_record_never_serves_bytes_changed_under_it(store: WritableStore, 
             os.close(fd)
     finally:
         r.close()
+
+
+def test_hot_records_keep_to_one_buffer_while_hit_s_grows(store: WritableStore) -> None:
+    """hit() replaces its scratch buffer with a longer one when it copies more: the
+    records' views stay on whole()'s own, so no record keeps an old buffer alive."""
+    small, big = _obj("small/a.bin", 1000), _obj("small/b.bin", 200 << 10)
+    for o in (small, big):
+        _admit(store, o, encode_chunk(DSID, 0, CS, o.key, o.content_id, _body(o)))
+    r = _map_reader(store)
+    try:
+        h = _hot(small)
+        assert bytes(r.whole_hot(h) or b"") == _body(small)
+        before = r._scratch
+        r.begin_read()
+        assert bytes(r.hit(_open(big), 0, 0, big.size) or b"") == _body(big)
+        assert r._scratch is not before  # grown
+        assert bytes(r.whole_hot(_hot(big)) or b"") == _body(big)
+        assert bytes(r.whole_hot(h) or b"") == _body(small)
+        assert h.data.obj is r._whole_scratch.obj
+    finally:
+        r.close()
