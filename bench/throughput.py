@@ -142,10 +142,26 @@ def dataset_dir(base: Path, size_mb: int, files: int) -> Path:
     return base / f"d-{size_mb}M-{files}x110K"
 
 
+@contextlib.contextmanager
+def dataset(base: Path, size_mb: int, files: int, keep: bool) -> Iterator[Path]:
+    """The dataset under --data-dir `base` for the run; afterwards, without --keep, what
+    the run wrote is removed and nothing else (remove_data)."""
+    made_base = not base.exists()
+    base.mkdir(parents=True, exist_ok=True)
+    d = dataset_dir(base, size_mb, files)
+    # Decided before the writing starts, so that an interrupted write is removed too.
+    written = None if complete_marker(d).exists() else d
+    try:
+        yield ensure_data(base, size_mb, files)
+    finally:
+        if not keep:
+            remove_data(base, made_base, written)
+
+
 def ensure_data(base: Path, size_mb: int, files: int) -> Path:
     """The dataset directory, written once with random bytes; reused when complete."""
     d = dataset_dir(base, size_mb, files)
-    done = d.with_name(d.name + ".complete")  # outside d: not part of the dataset
+    done = complete_marker(d)
     if done.exists():
         print(f"data: reusing {d}")
         return d
@@ -162,6 +178,24 @@ def ensure_data(base: Path, size_mb: int, files: int) -> Path:
     os.sync()
     done.touch()
     return d
+
+
+def complete_marker(d: Path) -> Path:
+    """Written last, outside d (not part of the dataset): d is whole."""
+    return d.with_name(d.name + ".complete")
+
+
+def remove_data(base: Path, made_base: bool, data: Path | None) -> None:
+    """Without --keep, remove what this run wrote and nothing else: `data` (None when the
+    run reused a dataset some earlier run left, or wrote none) with its marker, and
+    `base` only if this run made it and it is empty. --data-dir may be a directory the
+    user shares with other runs or keeps other things in."""
+    if data is not None:
+        shutil.rmtree(data, ignore_errors=True)
+        complete_marker(data).unlink(missing_ok=True)
+    if made_base:
+        with contextlib.suppress(OSError):
+            base.rmdir()  # only if nothing else is in it
 
 
 def small_paths(root: Path | str, files: int) -> list[str]:
@@ -463,24 +497,15 @@ def main() -> int:
     readers = [int(r) for r in args.readers.split(",")]
     check_root()
 
-    base = Path(args.data_dir)
-    base.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix="silofs-bench-", dir="/var/tmp"))
     try:
-        data = ensure_data(base, args.size_mb, args.files)
-        if args.git_rev is None:
-            return run(args, data, readers, tmp, None)
-        with baseline.baseline_tree(args.git_rev) as tree:
-            return run(args, data, readers, tmp, tree)
+        with dataset(Path(args.data_dir), args.size_mb, args.files, args.keep) as data:
+            if args.git_rev is None:
+                return run(args, data, readers, tmp, None)
+            with baseline.baseline_tree(args.git_rev) as tree:
+                return run(args, data, readers, tmp, tree)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-        if not args.keep:
-            shutil.rmtree(dataset_dir(base, args.size_mb, args.files), ignore_errors=True)
-            dataset_dir(base, args.size_mb, args.files).with_name(
-                f"d-{args.size_mb}M-{args.files}x110K.complete"
-            ).unlink(missing_ok=True)
-            with contextlib.suppress(OSError):
-                base.rmdir()  # only if nothing else is in it
 
 
 COUNTERS = ("bytes_read", "hits", "misses", "hit_bytes", "remote_bytes", "remote_gets")

@@ -1148,7 +1148,7 @@ def end_dead_mounts(uid: int) -> None:
     "--paths",
     multiple=True,
     help="Only objects whose key matches this glob (repeatable; `*` also matches /; "
-    "default: every object).",
+    "`[...]` is a set, `[[]` a literal '['; default: every object).",
 )
 @click.option(
     "--job",
@@ -1208,7 +1208,13 @@ def warm(
         raise SilofsError(
             f"no object of {w['dataset']} matches --paths {' '.join(map(repr, paths))}: a "
             "glob matches whole keys from the dataset's root (`*` also matches /; "
-            "'train/*' for the objects under train/)"
+            "'train/*' for the objects under train/"
+            + (
+                "; `[...]` is a set: `[[]` matches a literal '['"
+                if any("[" in p for p in paths)
+                else ""
+            )
+            + ")"
         )
     say(
         f"silofs: warmed {w['dataset']}: {format_size(w['done_bytes'])} cached of "

@@ -51,6 +51,7 @@ from typing import Any
 import lmdb
 import xxhash
 
+from silofs.cache.rows import DECODE_ERRORS, DamagedRowError, damaged
 from silofs.records import ObjectInfo
 
 log = logging.getLogger(__name__)
@@ -128,7 +129,10 @@ def _dec(raw: bytes) -> str:
 
 def decode_dir(ino: int, raw: bytes | memoryview) -> Entry:
     """A directory's inodes row."""
-    kind, parent, size, mtime, aux, since = DIR_HEAD.unpack_from(raw)
+    try:
+        kind, parent, size, mtime, aux, since = DIR_HEAD.unpack_from(raw)
+    except DECODE_ERRORS:
+        raise DamagedRowError(f"inodes row of directory {ino} ({len(raw)} bytes)") from None
     assert kind == DIR
     return Entry(ino, True, parent, size, mtime, aux, since, bytes(raw[DIR_HEAD.size :]))
 
@@ -168,8 +172,11 @@ def encode_file(ino: int, obj: ObjectInfo, since: int, ordinal: int, long_name: 
 
 def decode_file(parent: int, parent_path: bytes, name: bytes, v: bytes | memoryview) -> Entry:
     """A file's Entry from its dirents value."""
-    ino, _, size, mtime, since, ordinal = FILE_HEAD.unpack_from(v)
-    version, stored, _ = bytes(v[FILE_HEAD.size :]).split(b"\0", 2)
+    try:
+        ino, _, size, mtime, since, ordinal = FILE_HEAD.unpack_from(v)
+        version, stored, _ = bytes(v[FILE_HEAD.size :]).split(b"\0", 2)
+    except DECODE_ERRORS:
+        raise DamagedRowError(f"dirents row of {name!r} in {parent} ({len(v)} bytes)") from None
     path = parent_path + b"/" + name if parent != ROOT_INODE else name
     cid = unpack_cid(version, stored) if stored[:1] in _MARKS else stored
     # Written out (no _dec): every lookup of a file the kernel does not know decodes one.
@@ -250,9 +257,12 @@ class ListingReader:
         raw = txn.get(self.rows.inode(ino), db=self.inodes)
         if raw is None:
             return None
-        if raw[0] == DIR:
-            return decode_dir(ino, raw)
-        _, parent = FILE_REF.unpack_from(raw)
+        try:
+            if raw[0] == DIR:
+                return decode_dir(ino, raw)
+            _, parent = FILE_REF.unpack_from(raw)
+        except DECODE_ERRORS:
+            raise DamagedRowError(f"inodes row of {ino} ({len(raw)} bytes)") from None
         name = bytes(raw[FILE_REF.size :])
         v = txn.get(self.rows.dirent(parent, name)[0], db=self.dirents)
         if v is None:
@@ -269,9 +279,12 @@ class ListingReader:
         raw = txn.get(row, db=self.dirents)
         if raw is None:
             return None
-        if long and dirent_name(row, 0, raw) != name:
-            return None  # another long name with the same first bytes and hash
-        return DIRENT.unpack_from(raw)[0]
+        try:
+            if long and dirent_name(row, 0, raw) != name:
+                return None  # another long name with the same first bytes and hash
+            return int(DIRENT.unpack_from(raw)[0])
+        except DECODE_ERRORS:
+            raise DamagedRowError(f"dirents row of {name!r} in {parent}") from None
 
     def complete(self, txn: lmdb.Transaction, ino: int) -> bool:
         """Whether directory `ino` has all its entries in a generation still being
@@ -305,10 +318,16 @@ class ListingReader:
         else:
             row, _ = rows.dirent(parent, name)
             v = txn.get(row, db=self.dirents)
-            if v is None or dirent_name(row, 0, v) != name:
-                return None
-        if v[8] == DIR:
-            return self.get(txn, DIRENT.unpack_from(v)[0])
+            try:
+                if v is None or dirent_name(row, 0, v) != name:
+                    return None
+            except DECODE_ERRORS:
+                raise DamagedRowError(f"dirents row of {name!r} in {parent}") from None
+        try:
+            if v[8] == DIR:
+                return self.get(txn, DIRENT.unpack_from(v)[0])
+        except DECODE_ERRORS:
+            raise DamagedRowError(f"dirents row of {name!r} in {parent}") from None
         if parent_path is None:
             parent_path = self._path(txn, parent)
         return decode_file(parent, parent_path, name, v)
@@ -339,12 +358,23 @@ class ListingReader:
             if not k.startswith(prefix):
                 return
             key = bytes(k)
-            name = dirent_name(key, n, v)
-            if not attrs or v[8] == DIR:
-                yield key, name, DIRENT.unpack_from(v)[0], None
-            else:
-                e = decode_file(parent, b"", name, v)
-                yield key, name, e.inode, e
+            try:
+                name = dirent_name(key, n, v)
+                if not attrs or v[8] == DIR:
+                    found: tuple[bytes, bytes, int, Entry | None] = (
+                        key,
+                        name,
+                        DIRENT.unpack_from(v)[0],
+                        None,
+                    )
+                else:
+                    e = decode_file(parent, b"", name, v)
+                    found = (key, name, e.inode, e)
+            except (*DECODE_ERRORS, DamagedRowError):
+                # One entry left out, not the whole directory's EIO: the others are whole.
+                damaged(f"dirents row {key.hex()}", v, "left out of its directory")
+                continue
+            yield found
 
     def resolve(self, txn: lmdb.Transaction, key: str) -> Entry | None:
         """The file listed under object key `key`, or None."""
@@ -381,17 +411,26 @@ class ListingReader:
         for k, v in cur:
             if not k.startswith(prefix):
                 return
-            if v[8] != FILE:
+            try:
+                if v[8] != FILE:
+                    continue
+                parent = INO.unpack_from(k, len(prefix))[0]
+                if parent != last:
+                    last, path = parent, self._path(txn, parent)
+                e = decode_file(parent, path, dirent_name(k, n, v), v)
+            except (*DECODE_ERRORS, DamagedRowError):
+                damaged(f"dirents row {bytes(k).hex()}", v, "left out of the files")
                 continue
-            parent = INO.unpack_from(k, len(prefix))[0]
-            if parent != last:
-                last, path = parent, self._path(txn, parent)
-            yield bytes(k[len(prefix) :]), decode_file(parent, path, dirent_name(k, n, v), v)
+            yield bytes(k[len(prefix) :]), e
 
     def file_at(self, txn: lmdb.Transaction, row: bytes) -> Entry | None:
         """The file at `row` (iter_file_rows) in this generation (its path not set)."""
         v = txn.get(self.rows.prefix + row, db=self.dirents)
-        if v is None or v[8] != FILE:
-            return None
-        parent = INO.unpack_from(row)[0]
-        return decode_file(parent, b"", dirent_name(row, INO.size, v), v)
+        try:
+            if v is None or v[8] != FILE:
+                return None
+            parent = INO.unpack_from(row)[0]
+            name = dirent_name(row, INO.size, v)
+        except DECODE_ERRORS:
+            raise DamagedRowError(f"dirents row {row.hex()}") from None
+        return decode_file(parent, b"", name, v)

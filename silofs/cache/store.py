@@ -25,7 +25,6 @@ reason the daemon keeps data.mdb as large as the map (sparse).
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import struct
@@ -34,6 +33,7 @@ from dataclasses import dataclass
 
 import lmdb
 
+from silofs.cache import rows
 from silofs.cache.bounds import ValueCursor, data_mapping, map_view, mdb_val_offset
 from silofs.cache.listing import ListingReader
 from silofs.errors import SilofsError
@@ -303,6 +303,19 @@ class CacheStore:
         cur = self.value_cursor(txn, db)
         return txn.get(key, db=db) if cur is None else cur.get(key)
 
+    def removed(self) -> bool:
+        """Whether data.mdb at the cache dir is no longer the file this process opened:
+        removed (`rm -rf` of the cache dir) or replaced. The env goes on in the unlinked
+        file; nothing else at the path is this cache any more."""
+        if self._data_fd < 0:
+            return False
+        try:
+            held = os.fstat(self._data_fd)
+            now = os.stat(os.path.join(self.path, "data.mdb"))
+        except FileNotFoundError:
+            return True
+        return held.st_nlink == 0 or (held.st_dev, held.st_ino) != (now.st_dev, now.st_ino)
+
     def read_txn(self) -> lmdb.Transaction:
         # buffers=True: get() returns memoryviews into the map, valid while the txn is.
         return self.env.begin(buffers=True)
@@ -321,7 +334,11 @@ class CacheStore:
     def dataset_record(self, dsid: int) -> dict:
         with self.env.begin() as txn:
             raw = txn.get(DSID.pack(dsid), db=self.db(b"datasets"))
-        return json.loads(raw) if raw else {}
+        if not raw:
+            return {}
+        # {} for a damaged record: never listed, so the dataset is listed again.
+        record = rows.loads(raw, f"record of dataset {dsid}", "listing it again", dict)
+        return {} if record is None else record
 
     def listing(self, dsid: int, gen: int) -> ListingReader:
         return ListingReader(dsid, gen, self.db(b"dirents"), self.db(b"inodes"), self._max_key)
@@ -329,7 +346,12 @@ class CacheStore:
     def usage_of(self, txn: lmdb.Transaction, dsid: int) -> Usage:
         """One dataset's usage row, in the caller's txn (a mount's statfs)."""
         row = txn.get(DSID.pack(dsid), db=self.db(b"usage"))
-        return Usage(*USAGE_ROW.unpack(row)) if row is not None else Usage()
+        if row is None:
+            return Usage()
+        # Only a mount's statfs reads it here (nothing cached is a safe answer); the
+        # daemon recounts a damaged row (WritableStore.load_usage).
+        got = rows.unpack(USAGE_ROW, row, f"usage row of dataset {dsid}", "counted as 0")
+        return Usage() if got is None else Usage(*got)
 
     def owns(self, txn: lmdb.Transaction, dsid: int, key: bytes) -> bool:
         """Whether `dsid` holds chunk `key`, read from its owners row: cheap, and it never

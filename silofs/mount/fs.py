@@ -20,6 +20,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import re
 import stat
 from collections import OrderedDict
 from collections.abc import Callable
@@ -87,6 +88,32 @@ class _DirHandle:
 DOTS = 2
 
 
+def fuse_name_max(release: str) -> int:
+    """The longest name the kernel's FUSE takes (FUSE_NAME_MAX) on kernel `release`:
+    1024 bytes before Linux 6.15, PATH_MAX - 1 since ("fuse: Increase FUSE_NAME_MAX to
+    PATH_MAX", 27992ef80770). A longer name in a readdir reply fails the kernel's whole
+    batch with EIO (the directory unreadable for its other names); a lookup of one the
+    kernel refuses itself with ENAMETOOLONG. An unknown release: the older limit (a
+    name left out that it could have served, never a directory lost)."""
+    m = re.match(r"(\d+)\.(\d+)", release)
+    return 4095 if m and (int(m[1]), int(m[2])) >= (6, 15) else 1024
+
+
+def mtime_ns(mtime: float) -> int:
+    """st_mtime_ns of a listed mtime (epoch seconds in a double), to the microsecond.
+    Stores stamp to the ms (S3), the us (GCS) or the second (Azure): those are exact.
+    A double of today's seconds holds ~0.24 us, so int(mtime * 1e9) served S3's
+    ...:20.123 as ...:20.122999808 (3 ms stamps in 4: `ls --full-time`, rsync and make
+    saw another time than the store's). A local file's digits below the us are lost
+    (the listing keeps seconds in a double)."""
+    return round(mtime * 1_000_000) * 1000
+
+
+NAME_MAX = fuse_name_max(os.uname().release)
+FREE_INODES = 1 << 50  # statfs's free inodes (statfs): a read-only fs that never runs out
+_LONG_LOGGED_MAX = 1024  # directories whose names past NAME_MAX were logged (once each)
+
+
 @answer_eio  # an exception other than FUSEError is that request's EIO (survive.py)
 class SilofsFS(pyfuse3.Operations):
     supports_dot_lookup = True
@@ -102,6 +129,8 @@ class SilofsFS(pyfuse3.Operations):
     ) -> None:
         super().__init__()
         self.shared = shared
+        self.name_max = NAME_MAX
+        self._long_logged: set[int] = set()
         # Handles another serving process opened, derived here once (bounded: the
         # RELEASE of such a handle may land in yet another process).
         self._adopted: OrderedDict[int, OpenFile] = OrderedDict()
@@ -261,7 +290,7 @@ class SilofsFS(pyfuse3.Operations):
         a.st_blksize = 1 << 20
         # As a 4 KiB-block disk would allocate it, so `du` agrees with a local copy.
         a.st_blocks = -(-size // 4096) * 8
-        a.st_atime_ns = a.st_mtime_ns = a.st_ctime_ns = int(node.mtime * 1e9)
+        a.st_atime_ns = a.st_mtime_ns = a.st_ctime_ns = mtime_ns(node.mtime)
         return a
 
     @catches_own  # a hot handler: no wrapper frame (survive.py)
@@ -341,9 +370,12 @@ class SilofsFS(pyfuse3.Operations):
             used = 0
         s.f_blocks = blocks
         s.f_bfree = s.f_bavail = blocks - used
-        s.f_files = m.inode_count
-        s.f_ffree = s.f_favail = 0
-        s.f_namemax = 1024
+        # df -i: IUsed is the listing's inodes, and plenty free (IUse% 0), as
+        # mountpoint-s3 (2^64/1024 free) and gcsfuse (2^50) report: 0 free read as 100%
+        # used, and tools that check for free inodes before they run refused to.
+        s.f_files = m.inode_count + FREE_INODES
+        s.f_ffree = s.f_favail = FREE_INODES
+        s.f_namemax = self.name_max
         return s
 
     # -- directories -----------------------------------------------------------------
@@ -453,6 +485,12 @@ class SilofsFS(pyfuse3.Operations):
         # A file's attributes come with its row in the directory (entries()): a walk
         # reads the directory in key order, never a hash-keyed inodes row per file.
         for key, name, ino, child in h.listing.entries(txn, h.inode, after):
+            if len(name) > self.name_max:
+                # Left out, its position kept (offsets count every row: seekdir).
+                self._too_long(h.inode, name)
+                pos += 1
+                h.pos, h.key = pos, key
+                continue
             attr = attrs.get(ino)
             if attr is None:
                 if child is None:  # a directory: its subdirectory count is in its row
@@ -466,6 +504,20 @@ class SilofsFS(pyfuse3.Operations):
             h.pos, h.key = pos, key
         if self.shared is not None:
             self.shared.set_position(fh, h.pos, h.key)
+
+    def _too_long(self, directory: int, name: bytes) -> None:
+        if directory in self._long_logged:
+            return
+        if len(self._long_logged) < _LONG_LOGGED_MAX:
+            self._long_logged.add(directory)
+        log.warning(
+            "directory inode %d: a name of %d bytes (%r...) is longer than this kernel's "
+            "FUSE takes (%d): left out of its readdir (Linux 6.15 takes up to 4095)",
+            directory,
+            len(name),
+            name[:40],
+            self.name_max,
+        )
 
     def _reply_dots(
         self, h: _DirHandle, txn: lmdb.Transaction, start_id: int, token: pyfuse3.ReaddirToken

@@ -31,6 +31,7 @@ from silofs.cache.listing import (
     ListingReader,
     dirent_name,
 )
+from silofs.cache.rows import DECODE_ERRORS
 from silofs.cache.store import CacheStore
 from silofs.errors import SilofsError
 from silofs.units import count
@@ -334,6 +335,8 @@ def changed_entries(
         if seen >= limit:
             return out, k[n:]
         seen += 1
+        if len(v) < DIRENT.size or len(k) < n + INO.size:
+            continue  # a damaged row (cache/rows.py): no entry the kernel was given
         now = txn.get(other + k[n:], db=new.dirents)
         gone = True  # the name no longer leads to this entry
         # Still a file, or still a directory, and the same inode: a name that leads to
@@ -347,6 +350,9 @@ def changed_entries(
             if now[:_SAME_HEAD] == v[:_SAME_HEAD] and now[FILE_HEAD.size :] == v[FILE_HEAD.size :]:
                 continue
             gone = False  # the same name, other attributes
-        name = dirent_name(k, n + INO.size, v) if gone else None
+        try:
+            name = dirent_name(k, n + INO.size, v) if gone else None
+        except DECODE_ERRORS:
+            name = k[n + INO.size :]  # a damaged file row: the key's own name part
         out.append((DIRENT.unpack_from(v)[0], INO.unpack_from(k, n)[0], name))
     return out, None

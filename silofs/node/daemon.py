@@ -55,6 +55,8 @@ from silofs.units import count, is_digits
 
 log = logging.getLogger(__name__)
 
+CACHE_WATCH_S = 2.0  # how often watch_cache_dir looks (a stat of data.mdb and an fstat)
+
 
 class Daemon:
     def __init__(self, settings: NodeSettings) -> None:
@@ -73,6 +75,7 @@ class Daemon:
         self.store = _open_store(settings.cache_dir, self.map_size)
         secure_cache_dir(settings.cache_dir, self.socket_gid)
         self.usage: dict[int, Usage] = self.store.load_usage()
+        self.cache_removed = False  # watch_cache_dir: the env's files unlinked under us
         self.jobs: dict[str, JobState] = {}
         self.mounts: dict[str, MountState] = {}
         self.writer = Writer(
@@ -224,6 +227,23 @@ class Daemon:
                 raise UsageError("a warm is running for it: stop it first")
         if ds is not None and ds.state in ("checking", "listing"):
             raise UsageError(f"{ds.uri.canonical} is being listed: try again when it is done")
+
+    async def watch_cache_dir(self) -> None:
+        """Say once, within CACHE_WATCH_S, that the cache dir was removed (or its env
+        replaced) under the daemon: it goes on serving from the unlinked files, but a
+        new mount cannot open the env, and before this nothing in the log or status said
+        why (a new mount's error did, with only the next request)."""
+        while not self.cache_removed:
+            await trio.sleep(CACHE_WATCH_S)
+            if self.store.removed():
+                self.cache_removed = True
+                log.warning(
+                    "the cache at %s was removed under the running daemon: its mounts go "
+                    "on (from the unlinked files, whose space is freed when the daemon "
+                    "ends); a new mount fails until the daemon is restarted, which "
+                    "starts an empty cache there",
+                    self.settings.cache_dir,
+                )
 
     async def enforce_loop(self) -> None:
         """Shrink datasets that hold more than their quota (promise 1). Eviction runs in

@@ -57,6 +57,7 @@ from silofs.cache.listing import (
     encode_file,
     encode_name,
 )
+from silofs.cache.rows import DECODE_ERRORS, DamagedRowError
 from silofs.records import ObjectInfo, PrefixListed
 
 # A file's inode number: its directory's path hash in the top 23 bits, its own path's in
@@ -290,7 +291,7 @@ class ListingBuilder:
             if raw is None:
                 chain.append(self._new_dir(txn, parent, part, row, long))
                 continue
-            ino, kind = DIRENT.unpack_from(raw)
+            ino, kind = _dirent(raw)
             if kind == FILE:
                 # A file "a" and a key "a/b": the directory wins or "a/b" is unreachable.
                 self._shadow_file(txn, parent, part, bytes(raw))
@@ -309,7 +310,7 @@ class ListingBuilder:
             d = self._new_dir(txn, parent, name, row, long)
             txn.put(self.rows.tentative(parent.inode, d.inode), b"", db=self.dirents)
             return d
-        ino, kind = DIRENT.unpack_from(raw)
+        ino, kind = _dirent(raw)
         return None if kind == FILE else self._dir(txn, ino)
 
     def _prefix(self, txn: lmdb.Transaction, p: PrefixListed) -> None:
@@ -382,6 +383,8 @@ class ListingBuilder:
             for k, _ in cur:
                 if not k.startswith(start):
                     break
+                if len(k) < len(start) + INO.size:  # a damaged key: no directory named
+                    raise DamagedRowError(f"tentative row {bytes(k).hex()}")
                 tentative.append(INO.unpack(k[-INO.size :])[0])
         entries = [e for e in (self._get(txn, ino) for ino in tentative) if e is not None]
         for e in sorted(entries, key=lambda e: -e.path.count(b"/")):
@@ -413,3 +416,14 @@ class ListingBuilder:
             "skipped_keys": t.skipped_keys,
             "listing_format": LISTING_FORMAT,
         }
+
+
+def _dirent(raw: bytes | memoryview) -> tuple[int, int]:
+    """A dirents row's inode and kind; DamagedRowError (an lmdb.Error: the listing fails
+    in one line, datasets.py, and the next one writes a new generation) for a row too
+    short (cache/rows.py)."""
+    try:
+        ino, kind = DIRENT.unpack_from(raw)
+    except DECODE_ERRORS:
+        raise DamagedRowError(f"dirents row of {len(raw)} bytes") from None
+    return int(ino), int(kind)

@@ -15,6 +15,7 @@ import heapq
 import logging
 import struct
 
+from silofs.cache import rows
 from silofs.cache.store import Usage
 from silofs.node.store_write import WritableStore
 
@@ -22,6 +23,15 @@ log = logging.getLogger(__name__)
 
 _ID = struct.Struct(">Q")
 _SEQ = struct.Struct(">Q")
+
+
+def _seq_of(key: bytes) -> int:
+    """An lru row's sequence number; 0 (oldest: the row goes first, and with it a chunk
+    it may name) for a key that is not 16 bytes (a damaged leaf, rows.py)."""
+    if len(key) != _ID.size + _SEQ.size:
+        rows.damaged("lru row key", key, "taken as the oldest")
+        return 0
+    return int(_SEQ.unpack_from(key, _ID.size)[0])
 
 
 class LruIndex:
@@ -36,7 +46,7 @@ class LruIndex:
             cur = txn.cursor(db=self.order)
             best = 0
             for key, _ in cur:  # one row per dataset would do, but this runs once at start
-                best = max(best, _SEQ.unpack(key[8:16])[0])
+                best = max(best, _seq_of(key))
             return best
 
     def touch(self, dsid: int, keys: list[bytes]) -> None:
@@ -82,7 +92,7 @@ class LruIndex:
             for d, cur in cursors.items():
                 prefix = _ID.pack(d)
                 if cur.set_range(prefix) and cur.key().startswith(prefix):
-                    heads.append((_SEQ.unpack(cur.key()[8:16])[0], d))
+                    heads.append((_seq_of(cur.key()), d))
             heapq.heapify(heads)
             while heads and freed < free_bytes:
                 _, d = heapq.heappop(heads)
@@ -94,7 +104,7 @@ class LruIndex:
                 if self.store.owns(txn, d, key):
                     freed += self.store.remove_owned(txn, d, key, usage)
                 if cur.key() and cur.key().startswith(prefix):
-                    heapq.heappush(heads, (_SEQ.unpack(cur.key()[8:16])[0], d))
+                    heapq.heappush(heads, (_seq_of(cur.key()), d))
         return freed
 
     def forget(self, dsid: int) -> None:

@@ -79,6 +79,7 @@ async def serve(daemon: Daemon, task_status: trio.TaskStatus = trio.TASK_STATUS_
                 ("the writer's sync loop", daemon.writer.sync_loop),
                 ("the mount reaper", daemon.reap_mounts),
                 ("the enforcer", daemon.enforce_loop),
+                ("the cache dir's watch", daemon.watch_cache_dir),
                 ("the cluster's prober", daemon.cluster.probe_loop),
             ):
                 nursery.start_soon(run_forever, what, loop)

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import lmdb
 
+from silofs.cache import rows
 from silofs.cache.bounds import DamagedValueError, FirstTime, ValueCursor
 from silofs.cache.format import KEY_SIZE, Buffer, chunk_key
 from silofs.cache.listing import GEN, LISTING_FORMAT, gen_prefix
@@ -201,9 +202,11 @@ class WritableStore(CacheStore):
             raw = txn.get(b"store_version", db=self.db(b"meta"))
             if raw is None:
                 txn.put(b"store_version", json.dumps(STORE_VERSION).encode(), db=self.db(b"meta"))
-            elif json.loads(raw) != STORE_VERSION:
+            elif (version := rows.loads(raw, "store version row", "refusing")) != STORE_VERSION:
+                # One line for the CLI either way (a damaged row is not a traceback).
+                said = raw.decode(errors="replace") if version is not None else "unreadable"
                 raise SilofsError(
-                    f"cache at {self.path} has store version {raw.decode()}, this "
+                    f"cache at {self.path} has store version {said}, this "
                     f"silofs reads {STORE_VERSION}: use another --cache-dir"
                 )
 
@@ -229,7 +232,8 @@ class WritableStore(CacheStore):
     def get_meta(self, name: str) -> object | None:
         with self.env.begin() as txn:
             raw = txn.get(name.encode(), db=self.db(b"meta"))
-        return None if raw is None else json.loads(raw)
+        # None for a damaged row: as if never set (callers also check the type they get).
+        return None if raw is None else rows.loads(raw, f"meta row {name!r}", "ignored")
 
     def put_meta(self, name: str, value: object | None) -> None:
         with self.env.begin(write=True) as txn:
@@ -246,28 +250,63 @@ class WritableStore(CacheStore):
                 for k, v in cur:
                     if not k.startswith(p):
                         break
-                    yield k.decode(), json.loads(v)
+                    name = k.decode(errors="replace")
+                    value = rows.loads(v, f"meta row {name!r}", "skipped")
+                    if value is not None and "\ufffd" not in name:
+                        yield name, value
 
     # -- datasets and listings (node/listing_builder.py) ---------------------------
     def dataset_id(self, uri: str, *, create: bool) -> int | None:
         with self.env.begin(write=create) as txn:
             raw = txn.get(uri.encode(), db=self.db(b"names"))
             if raw is not None:
-                return DSID.unpack(raw)[0]
+                # A damaged names row: the dataset is taken as new, under a fresh id
+                # (listed again, its chunks fetched again; the old id's rows are left
+                # for eviction). Never another dataset's id: that would serve its bytes.
+                got = rows.unpack(DSID, raw, f"names row of {uri}", "listing it under a new id")
+                if got is not None:
+                    return int(got[0])
             if not create:
                 return None
-            next_raw = txn.get(b"next_dataset_id", db=self.db(b"meta"))
-            dsid = json.loads(next_raw) if next_raw else 1
+            dsid = self._next_dataset_id(txn)
             txn.put(b"next_dataset_id", json.dumps(dsid + 1).encode(), db=self.db(b"meta"))
             txn.put(uri.encode(), DSID.pack(dsid), db=self.db(b"names"))
             txn.put(DSID.pack(dsid), json.dumps({"uri": uri}).encode(), db=self.db(b"datasets"))
             return dsid
 
+    def _next_dataset_id(self, txn: lmdb.Transaction) -> int:
+        """The id for a new dataset. A damaged next_dataset_id row is rebuilt from the ids
+        in use (past every datasets and names row): reusing one would mix two datasets."""
+        raw = txn.get(b"next_dataset_id", db=self.db(b"meta"))
+        if not raw:
+            return 1
+        instead = "rebuilt from the ids in use"
+        dsid = rows.loads(raw, "next_dataset_id row", instead, int)
+        if dsid is not None:
+            if dsid > 0 and txn.get(DSID.pack(dsid), db=self.db(b"datasets")) is None:
+                return int(dsid)
+            rows.damaged(f"next_dataset_id row ({dsid}: in use or not an id)", raw, instead)
+        used = [1]
+        for k in txn.cursor(db=self.db(b"datasets")).iternext(values=False):
+            if len(k) == DSID.size:
+                used.append(DSID.unpack(k)[0] + 1)
+        for v in txn.cursor(db=self.db(b"names")).iternext(keys=False, values=True):
+            if len(v) == DSID.size:
+                used.append(DSID.unpack(v)[0] + 1)
+        return max(used)
+
     def all_datasets(self) -> dict[int, dict]:
+        """Every dataset record; a damaged row (key or value) is left out, logged."""
+        out: dict[int, dict] = {}
         with self.env.begin() as txn:
-            return {
-                DSID.unpack(k)[0]: json.loads(v) for k, v in txn.cursor(db=self.db(b"datasets"))
-            }
+            for k, v in txn.cursor(db=self.db(b"datasets")):
+                got = rows.unpack(DSID, k, "datasets row key", "skipped")
+                if got is None:
+                    continue
+                record = rows.loads(v, f"record of dataset {got[0]}", "skipped", dict)
+                if record is not None:
+                    out[got[0]] = record
+        return out
 
     def current_generation(self, dsid: int) -> int | None:
         """The generation the dataset record names, None if never listed (or listed by a
@@ -367,10 +406,31 @@ class WritableStore(CacheStore):
     def load_usage(self) -> dict[int, Usage]:
         """Bytes and chunks per dataset, read from the usage rows (no cache walk)."""
         with self.env.begin() as txn:
-            return {
-                DSID.unpack(k)[0]: Usage(*USAGE_ROW.unpack(v))
-                for k, v in txn.cursor(db=self.db(b"usage"))
-            }
+            out: dict[int, Usage] = {}
+            for k, v in txn.cursor(db=self.db(b"usage")):
+                key = rows.unpack(DSID, k, "usage row key", "skipped")
+                if key is None:
+                    continue
+                dsid = key[0]
+                got = rows.unpack(
+                    USAGE_ROW, v, f"usage row of dataset {dsid}", "recounted from its owners rows"
+                )
+                out[dsid] = self._count_usage(txn, dsid) if got is None else Usage(*got)
+            return out
+
+    def _count_usage(self, txn: lmdb.Transaction, dsid: int) -> Usage:
+        """A dataset's usage from its owners rows (what each chunk charged): the usage
+        row's truth, for a usage row that does not decode. Written back at its next
+        change (_put_usage)."""
+        prefix = DSID.pack(dsid)
+        u = Usage()
+        cur = txn.cursor(db=self.db(b"owners"))
+        if cur.set_range(prefix):
+            for k, v in cur:
+                if not k.startswith(prefix):
+                    break
+                u = Usage(u.bytes + _owned_len(v), u.chunks + 1)
+        return u
 
     def _put_usage(self, txn: lmdb.Transaction, dsid: int, u: Usage) -> None:
         txn.put(DSID.pack(dsid), USAGE_ROW.pack(u.bytes, u.chunks), db=self.db(b"usage"))
@@ -624,15 +684,19 @@ class WritableStore(CacheStore):
         freed = removed = 0
         with self.env.begin(write=True) as txn:
             cur = txn.cursor(db=self.db(b"stale"))
-            rows: list[bytes] = []
+            batch: list[bytes] = []
             if cur.set_range(after) if after else cur.first():
                 for row in cur.iternext(values=False):
                     if row == after:
                         continue
-                    rows.append(bytes(row))
-                    if len(rows) >= _EVICT_BATCH:
+                    batch.append(bytes(row))
+                    if len(batch) >= _EVICT_BATCH:
                         break
-            for row in rows:
+            for row in batch:
+                if len(row) <= DSID.size:  # a damaged key: no chunk to evict, only the row
+                    rows.damaged("stale row key", row, "deleted")
+                    txn.delete(row, db=self.db(b"stale"))
+                    continue
                 dsid, key = DSID.unpack(row[: DSID.size])[0], row[DSID.size :]
                 if not homed_live(key):
                     continue
@@ -641,7 +705,7 @@ class WritableStore(CacheStore):
                     removed += 1
                 else:
                     txn.delete(row, db=self.db(b"stale"))
-        return freed, removed, (rows[-1] if len(rows) >= _EVICT_BATCH else None)
+        return freed, removed, (batch[-1] if len(batch) >= _EVICT_BATCH else None)
 
     def remove_owned(
         self, txn: lmdb.Transaction, dsid: int, key: bytes, work: dict[int, Usage]
@@ -697,8 +761,11 @@ def _delete_generations(
             k = cur.key()
             if not k.startswith(ds):
                 break
-            gen = GEN.unpack_from(k, DSID.size)[0]
-            if gen in keep:
+            # A key too short for a generation (damaged) is in none that is kept: deleted.
+            gen = GEN.unpack_from(k, DSID.size)[0] if len(k) >= DSID.size + GEN.size else None
+            if gen is None:
+                rows.damaged(f"listing row key of dataset {dsid}", k, "deleted")
+            elif gen in keep:
                 if not cur.set_range(gen_prefix(dsid, gen + 1)):
                     break
                 continue

@@ -295,6 +295,8 @@ def status_view(d: Daemon) -> dict[str, Any]:
             "pid": os.getpid(),
             "socket": d.settings.socket,
             "cache_dir": d.settings.cache_dir,
+            # true once the cache dir was removed under the daemon (watch_cache_dir)
+            "cache_removed": d.cache_removed,
             "cache_size": d.cache_size,
             "cached_bytes": sum(u.bytes for u in d.usage.values()),
             "chunk_size": d.settings.chunk_size,

@@ -99,8 +99,36 @@ class WarmState:
 
 
 def matches(key: str, globs: list[str]) -> bool:
-    """fnmatch on the object key (its path in the mount); `*` also matches '/'."""
+    """fnmatch on the object key (its path in the mount); `*` also matches '/'. `[...]`
+    is a set: a literal '[' is `[[]` (checked by glob_error first)."""
     return not globs or any(fnmatch.fnmatchcase(key, g) for g in globs)
+
+
+def glob_error(glob: str) -> str | None:
+    """Why `glob` is refused, or None. A '[' whose set no ']' closes: fnmatch would take
+    it as a literal '[' and every later '[' too, silently unlike what was meant (a set
+    missing its end is a typo far more often than a key with '['), so it is named, with
+    the way to a literal '['. Scans as fnmatch.translate does: after '[' an optional '!'
+    and a first ']' are members, and the set ends at the next ']'."""
+    i, n = 0, len(glob)
+    while i < n:
+        if glob[i] != "[":
+            i += 1
+            continue
+        j = i + 1
+        if j < n and glob[j] == "!":
+            j += 1
+        if j < n and glob[j] == "]":
+            j += 1
+        while j < n and glob[j] != "]":
+            j += 1
+        if j >= n:
+            return (
+                f"glob {glob!r}: the '[' at {i} starts a set no ']' closes "
+                "(a literal '[' is written '[[]')"
+            )
+        i = j + 1
+    return None
 
 
 def readable(

@@ -88,6 +88,12 @@ def test_a_warm_whose_paths_match_nothing_says_so(dataset) -> None:
         lines = res.stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("silofs: error: no object of "), lines
         assert all(repr(p) in lines[0] for p in paths) and "'train/*'" in lines[0], lines
+    # A '[' is a set's start: one no ']' closes is refused by name, and a match of
+    # nothing with a '[' in a glob says how to write a literal one.
+    for glob, says in (("train/c0[", "starts a set no ']' closes"), ("train/[c]0[/]", "[[]")):
+        res = node.run("warm", uri, "--job", "prep", "--paths", glob)
+        lines = res.stderr.strip().splitlines()
+        assert res.returncode == 1 and len(lines) == 1 and says in lines[0], res
     assert ds_view(node, uri)["cached_bytes"] == 0
     res = node.run("warm", uri, "--job", "prep", "--paths", "train/c0/*")
     assert res.returncode == 0 and "warmed" in res.stderr, res.stderr

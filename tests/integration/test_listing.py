@@ -572,3 +572,31 @@ def test_list_in_background_never_shows_a_failed_listing_as_the_whole_bucket(
             assert not (mp / "c").exists()
         finally:
             force_unmount(str(mp))
+
+
+def test_st_mtime_ns_is_the_stores_timestamp_exactly(
+    make_node, local_store, monkeypatch, bucket_name, tmp_path: Path
+) -> None:
+    """Stores stamp to the ms (S3), the us (GCS) or the second (Azure; moto's listing
+    too): stat's st_mtime_ns is that stamp, exactly. It was int(seconds * 1e9) of a
+    double: ...20.122999808 for S3's ...20.123 (3 ms stamps in 4). Local files stamped
+    to the ms and the us stand for them (a local file's digits below the us are not
+    kept: docs/SEMANTICS.md)."""
+    local_store.apply_env(monkeypatch)
+    base = 1_700_000_000 * 10**9
+    want = {
+        "ms-123": base + 123_000_000,
+        "ms-999": base + 999_000_000,
+        "us-654321": base + 654_321_000,
+        "us-000001": base + 1_000,
+        "s": base,
+        "old": 86_400 * 10**9 + 500_000_000,
+    }
+    local_store.create(bucket_name, {k: b"x" for k in want})
+    root = Path(local_store.uri(bucket_name).removeprefix("file://"))
+    for k, ns in want.items():
+        os.utime(root / k, ns=(ns, ns))
+    node: Node = make_node()
+    mp = node.mount(local_store.uri(bucket_name), tmp_path / "mnt")
+    assert {k: os.stat(mp / k).st_mtime_ns for k in want} == want
+    assert {e.name: e.stat().st_mtime_ns for e in os.scandir(mp)} == want  # READDIRPLUS

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from silofs.mount.fs import NAME_MAX
 from silofs.mountinfo import mounts
 from tests.support.fixtures import needs_fuse
 from tests.support.node import Node, drop_file_cache, mounted
@@ -426,5 +427,9 @@ def test_every_mutating_call_is_erofs_and_the_read_only_calls_work(
             call()
         assert exc.value.errno in (errno.ENOTSUP, errno.ENODATA)
     vfs = os.statvfs(mp)
-    assert vfs.f_flag & os.ST_RDONLY and vfs.f_namemax == 1024
+    assert vfs.f_flag & os.ST_RDONLY and vfs.f_namemax == NAME_MAX  # 1024 before Linux 6.15
     assert vfs.f_files >= 4 and vfs.f_blocks * vfs.f_frsize >= len(big)
+    # df -i: the listing's inodes used and room for more (IUse% 0, not 100%)
+    assert vfs.f_ffree == vfs.f_favail > 0 and 4 <= vfs.f_files - vfs.f_ffree < 100
+    df = subprocess.run(["df", "--output=ipcent", str(mp)], capture_output=True, text=True)
+    assert df.returncode == 0 and df.stdout.split()[-1] == "1%", df

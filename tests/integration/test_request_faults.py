@@ -22,6 +22,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
+from silofs.mount.fs import NAME_MAX
 from tests.support.faultproxy import Fault, FaultPlan, FaultProxy
 from tests.support.fixtures import needs_fuse
 from tests.support.inject import fault_env
@@ -284,6 +285,48 @@ def test_keys_no_posix_name_can_hold(
     assert (mp / "ok.bin").read_bytes() == b"ok"
     assert (mp / "d" / "y.bin").read_bytes() == b"y"
     assert (mp / "e" / ("M" * 255)).read_bytes() == b"max"
+    assert mounted(mp)
+
+
+def test_a_component_past_fuses_1024_bytes_is_served_or_left_out_by_the_kernels_limit(
+    make_node, s3_server, monkeypatch, bucket_name, tmp_path: Path
+) -> None:
+    """A key component longer than 1024 bytes (an Azure name of 1024 characters, most of
+    them not ASCII; moto takes such keys from S3 clients too). Linux takes FUSE names up
+    to PATH_MAX - 1 since 6.15: it is served as any other. Before, FUSE_NAME_MAX was 1024
+    and such a name in a readdir reply failed the whole directory with EIO: it is left out
+    (one log line), a lookup of it is ENAMETOOLONG (the kernel's own answer), and its
+    neighbours are served either way."""
+    s3_server.apply_env(monkeypatch)
+    over = "é" * 513  # 1026 bytes, 513 characters
+    files = {
+        "ok.bin": b"ok",
+        f"{over}.bin": b"over",
+        f"d/{over}/x.bin": b"deep",
+        "d/y.bin": b"y",
+        "e/" + "M" * 1024: b"max",
+    }
+    s3_server.create(bucket_name, files)
+    node = make_node()
+    mp = node.mount(
+        s3_server.uri(bucket_name), tmp_path / "mnt", "--endpoint-url", s3_server.endpoint_url
+    )
+    assert os.statvfs(mp).f_namemax == NAME_MAX
+    assert (mp / "e" / ("M" * 1024)).read_bytes() == b"max"
+    assert (mp / "d" / "y.bin").read_bytes() == b"y"
+    if NAME_MAX >= 1026:
+        assert sorted(os.listdir(mp)) == ["d", "e", "ok.bin", f"{over}.bin"]
+        assert sorted(os.listdir(mp / "d")) == sorted([over, "y.bin"])
+        assert (mp / f"{over}.bin").read_bytes() == b"over"
+        assert (mp / "d" / over / "x.bin").read_bytes() == b"deep"
+    else:
+        assert sorted(os.listdir(mp)) == ["d", "e", "ok.bin"]
+        assert sorted(os.listdir(mp / "d")) == ["y.bin"]
+        with pytest.raises(OSError) as err:
+            (mp / f"{over}.bin").stat()
+        assert err.value.errno == errno.ENAMETOOLONG
+        logs = "".join(p.read_text() for p in node.logs.glob("*.log"))
+        assert "left out of its readdir" in logs
     assert mounted(mp)
 
 

@@ -218,7 +218,8 @@ def test_a_cache_dir_removed_under_the_daemon_keeps_its_mounts_and_says_so(
     """`rm -rf` of the cache dir under a running daemon: its mounts go on reading (hits
     and misses: the daemon and mounts hold the unlinked files), and a new mount fails
     with one line saying the cache was removed under the daemon and what to do (before:
-    only "cannot open cache at DIR: DIR: No such file or directory")."""
+    only "cannot open cache at DIR: DIR: No such file or directory"); the daemon logs one
+    line and its status says so (it did not notice at all before)."""
     data = tmp_path / "data"
     data.mkdir()
     blobs = {f"f{i}": random.randbytes(256 << 10) for i in range(4)}
@@ -227,9 +228,15 @@ def test_a_cache_dir_removed_under_the_daemon_keeps_its_mounts_and_says_so(
     node = make_node()
     mp = node.mount(str(data), tmp_path / "mnt", "--no-start-daemon")
     assert (mp / "f0").read_bytes() == blobs["f0"]
+    assert node.status()["node"]["cache_removed"] is False
     shutil.rmtree(node.cache_dir)
     for name, blob in blobs.items():  # f0 cached before, the others misses after
         assert (mp / name).read_bytes() == blob
+    # The daemon says so itself within seconds, once (it did not notice before).
+    wait_for(lambda: node.status()["node"]["cache_removed"], what="the daemon to notice")
+    log = (node.logs / "daemon.log").read_text()
+    assert log.count("removed under the running daemon") == 1, log
+    assert "Traceback" not in log
     second = tmp_path / "mnt2"
     second.mkdir()
     res = node.run("mount", str(data), str(second), "--socket", node.socket, "--no-start-daemon")

@@ -29,7 +29,7 @@ import trio
 from silofs.cache.format import ChunkRef, encode_chunk
 from silofs.cache.store import CacheStore, Usage
 from silofs.control.client import ControlError
-from silofs.mount.fs import Presentation, SilofsFS
+from silofs.mount.fs import Presentation, SilofsFS, fuse_name_max, mtime_ns
 from silofs.mount.listing_view import ROOT_INODE, ListingView
 from silofs.mount.reader import ChunkReader
 from silofs.node.store_write import PendingChunk, WritableStore
@@ -287,6 +287,54 @@ def test_readdir_lists_resumes_and_refuses_files(
         assert errno_of(exc) == errno.EBADF
 
     run(test)
+
+
+def test_a_name_longer_than_the_kernel_takes_is_left_out_of_readdir_once_logged(
+    run: Callable[..., None], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Before Linux 6.15 FUSE takes names up to 1024 bytes, and one longer in a readdir
+    reply fails the kernel's whole batch (EIO: the directory unreadable). Such a name is
+    left out, with one line per directory; the others keep their offsets."""
+    replies: list[tuple[bytes, int]] = []
+
+    def reply(token: Any, name: bytes, attr: pyfuse3.EntryAttributes, next_id: int) -> bool:
+        replies.append((name, next_id))
+        return True
+
+    monkeypatch.setattr(pyfuse3, "readdir_reply", reply)
+
+    async def test(m: Mount) -> None:
+        m.fs.name_max = len(b"big.bin")  # as if: flaky.bin and secret.bin are too long
+        d = await m.path("dir")
+        for _ in range(2):
+            replies.clear()
+            fh = await m.fs.opendir(d.st_ino, None)  # type: ignore[arg-type]
+            await m.fs.readdir(fh, 0, None)  # type: ignore[arg-type]
+            assert replies == [(b".", 1), (b"..", 2), (b"big.bin", 3)]
+            replies.clear()
+            await m.fs.readdir(fh, 3, None)  # type: ignore[arg-type]
+            assert replies == []
+            await m.fs.releasedir(fh)
+        m.fs.name_max = len(b"flaky.bin")
+        fh = await m.fs.opendir(d.st_ino, None)  # type: ignore[arg-type]
+        replies.clear()
+        await m.fs.readdir(fh, 3, None)  # type: ignore[arg-type]  # after big.bin
+        assert replies == [(b"flaky.bin", 4)]
+        await m.fs.releasedir(fh)
+        assert (await m.fs.statfs(None)).f_namemax == len(b"flaky.bin")  # type: ignore[arg-type]
+
+    run(test)
+    said = [r.getMessage() for r in caplog.records if "left out of its readdir" in r.getMessage()]
+    assert len(said) == 1, said
+
+
+@pytest.mark.parametrize(
+    ("release", "most"),
+    [("6.18.44-fc-v857", 4095), ("6.15.0", 4095), ("7.0", 4095), ("6.14.11-300.fc41", 1024)]
+    + [("5.15.0-105-generic", 1024), ("4.18.0-553.el8_10.x86_64", 1024), ("weird", 1024)],
+)
+def test_the_kernels_fuse_name_limit(release: str, most: int) -> None:
+    assert fuse_name_max(release) == most
 
 
 def test_readdir_lists_dot_and_dotdot_with_their_inode_numbers(
@@ -662,6 +710,10 @@ def test_statfs_shows_the_dataset_and_what_is_cached(run: Callable[..., None]) -
         total = sum(o.size for o in OBJECTS)
         assert s.f_frsize == 4096 and s.f_blocks >= -(-total // 4096)
         assert s.f_bfree == s.f_blocks  # nothing cached
+        # df -i: the listing's inodes used, and free ones (0 free was 100% IUse: tools
+        # checking for free inodes refused to run)
+        assert s.f_files - s.f_ffree == m.fs.listing.inode_count >= len(OBJECTS) + 1
+        assert s.f_ffree == s.f_favail > 1000 * s.f_files // 1001
         m.admit(OBJECTS[1], 0)
         s = await m.fs.statfs(None)  # type: ignore[arg-type]
         assert s.f_blocks - s.f_bfree == CS // 4096
@@ -678,6 +730,21 @@ def test_every_request_handler_answers_eio_for_an_unforeseen_exception() -> None
         fn = getattr(SilofsFS, name)
         guarded = getattr(fn, "_answers_eio", False) or getattr(fn, "_catches_own", False)
         assert guarded, f"SilofsFS.{name} may end the mount"
+
+
+@pytest.mark.parametrize(
+    ("mtime", "ns"),
+    [
+        (1_700_000_000.123, 1_700_000_000_123_000_000),  # int(x * 1e9): ...122999808
+        (1_700_000_000.999, 1_700_000_000_999_000_000),
+        (1_700_000_000.654321, 1_700_000_000_654_321_000),
+        (100.0, 100_000_000_000),
+        (0.0, 0),
+        (4_102_444_800.001, 4_102_444_800_001_000_000),  # 2100
+    ],
+)
+def test_st_mtime_ns_is_the_stores_stamp_to_the_microsecond(mtime: float, ns: int) -> None:
+    assert mtime_ns(mtime) == ns
 
 
 # -- a kept small file's hot record (mount/hot.py) -------------------------------------

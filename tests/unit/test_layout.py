@@ -45,6 +45,7 @@ FLOOR = frozenset(
         "silofs.cache.bounds",
         "silofs.cache.format",
         "silofs.cache.listing",
+        "silofs.cache.rows",
         "silofs.cache.store",
         "silofs.config",
         "silofs.control.peer",

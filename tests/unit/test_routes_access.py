@@ -861,7 +861,8 @@ def test_a_mount_registered_again_after_a_restart_counts_its_earlier_reads_once(
 
 def test_a_warms_bad_paths_are_named_for_the_rule_they_break(tmp_path: Path, world: Path) -> None:
     """An empty glob or one past MAX_NAME was told "must be a list of up to 64 globs",
-    which it was: each rule now says itself, in one line, and no warm starts."""
+    which it was: each rule now says itself, in one line, and no warm starts. A '[' no
+    ']' closes was taken as a literal '[' by fnmatch: it is refused, naming `[[]`."""
     (world / "data").mkdir()
     (world / "data" / "pub").write_bytes(b"public")
 
@@ -872,6 +873,8 @@ def test_a_warms_bad_paths_are_named_for_the_rule_they_break(tmp_path: Path, wor
             "": "a glob is 1 to",
             "x" * 5000: "not 5000",
             7: "must hold strings",
+            "train/img[1.bin": "the '[' at 9 starts a set no ']' closes",
+            "a[]b": "(a literal '[' is written '[[]')",
         }
         for glob, says in cases.items():
             s, body = await call(ALICE, "POST", warm, {"job": "w", "paths": [glob]})

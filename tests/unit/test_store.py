@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import random
+import shutil
 import struct
 import tempfile
 from collections.abc import Callable, Mapping
@@ -833,3 +834,22 @@ def test_a_mount_opens_an_env_an_older_daemon_made(tmp_path: Path) -> None:
     rw = WritableStore(str(tmp_path), MAP)
     assert b"stale" in rw.dbs
     rw.close()
+
+
+def test_an_env_removed_or_replaced_under_the_store_is_noticed(tmp_path: Path) -> None:
+    """The daemon's watch (Daemon.watch_cache_dir) asks this every 2 s."""
+    path = tmp_path / "cache"
+    s = WritableStore(str(path), 16 << 20)
+    try:
+        assert not s.removed()
+        os.rename(path / "data.mdb", tmp_path / "moved.mdb")
+        assert s.removed()  # nothing at the path
+        (path / "data.mdb").write_bytes(b"")
+        assert s.removed()  # another file at the path
+        os.unlink(path / "data.mdb")
+        os.rename(tmp_path / "moved.mdb", path / "data.mdb")
+        assert not s.removed()  # its own file back
+        shutil.rmtree(path)
+        assert s.removed()
+    finally:
+        s.close()

@@ -1,6 +1,7 @@
 """bench/throughput.py: the ceilings are placed as a mount process is, the serving
 thread's sleeps are counted from the right thread and fields, and which mounts a
-pass keeps (--no-remount) or restarts."""
+pass keeps (--no-remount) or restarts, and that without --keep a run removes only the
+data it wrote."""
 
 from __future__ import annotations
 
@@ -236,3 +237,69 @@ def test_rewarm_of_an_empty_file_reads_nothing(tmp_path: Path) -> None:
     path = tmp_path / "empty"
     path.write_bytes(b"")
     assert common.rewarm(path) == 0
+
+
+def _files_under(d: Path) -> set[str]:
+    return {str(p.relative_to(d)) for p in d.rglob("*")}
+
+
+def test_without_keep_a_reused_dataset_and_the_users_dir_are_left(
+    throughput: Any, tmp_path: Path
+) -> None:
+    """--data-dir may be shared: a dataset an earlier run left (with its marker) and the
+    user's own files in it are not this run's to remove."""
+    base = tmp_path / "mine"
+    base.mkdir()
+    (base / "notes.txt").write_text("the user's")
+    with throughput.dataset(base, 0, 2, keep=True) as d:
+        assert len(list((d / "small").iterdir())) == 2
+    before = _files_under(base)
+    with throughput.dataset(base, 0, 2, keep=False) as again:
+        assert again == d
+    assert _files_under(base) == before
+
+
+def test_without_keep_a_dataset_this_run_wrote_is_removed_with_its_marker(
+    throughput: Any, tmp_path: Path
+) -> None:
+    base = tmp_path / "shared"
+    base.mkdir()
+    (base / "notes.txt").write_text("the user's")
+    with throughput.dataset(base, 0, 1, keep=True) as other:  # another size, kept
+        pass
+    with throughput.dataset(base, 0, 2, keep=False) as d:
+        assert d.is_dir() and d != other
+    assert sorted(_files_under(base)) == sorted(
+        ["notes.txt", other.name, f"{other.name}.complete", f"{other.name}/small"]
+        + [f"{other.name}/big.bin", f"{other.name}/small/000000.bin"]
+    )
+
+
+def test_an_empty_data_dir_is_removed_only_if_the_run_made_it(
+    throughput: Any, tmp_path: Path
+) -> None:
+    existing = tmp_path / "existing"
+    existing.mkdir()
+    with throughput.dataset(existing, 0, 1, keep=False):
+        pass
+    assert existing.is_dir() and not any(existing.iterdir())
+    made = tmp_path / "made" / "here"
+    with throughput.dataset(made, 0, 1, keep=False):
+        pass
+    assert not made.exists()
+
+
+def test_an_interrupted_write_is_removed_without_keep(
+    throughput: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def interrupted(base: Path, size_mb: int, files: int) -> Path:
+        d = throughput.dataset_dir(base, size_mb, files)
+        (d / "small").mkdir(parents=True)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(throughput, "ensure_data", interrupted)
+    base = tmp_path / "d"
+    base.mkdir()
+    with pytest.raises(KeyboardInterrupt), throughput.dataset(base, 0, 1, keep=False):
+        pass
+    assert not any(base.iterdir())

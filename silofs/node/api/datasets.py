@@ -36,7 +36,7 @@ from silofs.node.authz import (
 from silofs.node.daemon import Daemon
 from silofs.node.state import DatasetState
 from silofs.node.views import dataset_view
-from silofs.node.warm import WarmState
+from silofs.node.warm import WarmState, glob_error
 from silofs.uri import DatasetURI, check_endpoint, parse_uri
 
 log = logging.getLogger(__name__)
@@ -168,6 +168,8 @@ def _warm_globs(paths: object) -> list[str]:
             raise HTTPError(
                 400, f"field 'paths': a glob is 1 to {MAX_NAME} characters, not {len(p)}"
             )
+        if (why := glob_error(p)) is not None:
+            raise HTTPError(400, f"field 'paths': {why}")
     return paths
 
 
