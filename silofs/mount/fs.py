@@ -33,6 +33,7 @@ import trio
 
 from silofs.cache.format import ChunkRef
 from silofs.cache.listing import ListingReader
+from silofs.mount.hot import HotFile
 from silofs.mount.listing_view import Entry, ListingView
 from silofs.mount.reader import ChunkReader, MissError, OpenFile
 from silofs.mount.shared import SharedTables, TableFull, version_hash
@@ -48,6 +49,7 @@ ATTR_CACHE = 8192  # attribute replies kept per mount
 # entry timeout) and asks again is one dict get, not a B-tree walk and a decode.
 NAME_CACHE = 8192
 ADOPTED = 4096  # handles opened by another serving process, kept derived per process
+HOT_FILES = 8192  # kept files' hot records (mount/hot.py) per mount: a bound, as NAME_CACHE
 # A first read at offset 0 of at least this many bytes opens one GET of the whole object
 # (read()): the kernel's first read-ahead request of a sequential reader is 256 KiB to
 # 1 MiB; a reader that asked for random access sends only the pages it reads.
@@ -170,6 +172,11 @@ class SilofsFS(pyfuse3.Operations):
         # tests): stale_inodes waits for the report loop.
         self.forget_attrs: Callable[[list[int]], None] | None = None
         self._next_fh = 1
+        # inode -> the hot record of a kept small file (mount/hot.py), made by open();
+        # valid while its epoch is _epoch, which every switch() moves on (and empties
+        # this). Bounded: emptied when full, as _names.
+        self._hot: dict[int, HotFile] = {}
+        self._epoch = 1
         # The two answers of open() (the pages kept or not), one object each with the
         # handle set per OPEN: pyfuse3 copies a FileInfo into its reply as soon as open()
         # returns, before any other task runs (fuse_open_async), so none is answered
@@ -185,7 +192,12 @@ class SilofsFS(pyfuse3.Operations):
     def switch(self, record: dict) -> list[Entry]:
         """Serve the listing generation `record` names (the daemon listed again); returns
         recently used entries that changed, for the caller to invalidate in the kernel."""
-        stale = self.listing.switch(record)
+        # Hot records end with the generation they were made in (mount/hot.py). Their
+        # entries are recently used ones too, though no OPEN of them touched the
+        # listing's entries since: the kernel forgets them as it does those.
+        self._epoch += 1
+        hot, self._hot = self._hot, {}
+        stale = self.listing.switch(record, [h.node for h in hot.values()])
         self._count_versions()
         self._attrs.clear()
         self._names.clear()
@@ -545,6 +557,19 @@ class SilofsFS(pyfuse3.Operations):
     @catches_own  # a hot handler: no wrapper frame (survive.py)
     async def open(self, inode: int, flags: int, ctx: pyfuse3.RequestContext) -> pyfuse3.FileInfo:
         try:
+            h = self._hot.get(inode)
+            if h is not None and h.epoch == self._epoch and not flags & _WRITE_FLAGS:
+                # A kept small file opened before in this listing generation (its hot
+                # record, mount/hot.py): what the general path below decided then holds
+                # until the next switch() (listed when the mount started, no version of
+                # it counted: its pages kept, no count to keep).
+                fh = self._next_fh
+                self._next_fh = fh + 1
+                opener = ctx.pid if ctx is not None else 0  # unit tests: no context
+                self._files[fh] = OpenFile(h.obj, inode, h.gen, h.ref, opener, h)
+                fi = self._keep
+                fi.fh = fh
+                return fi
             m = self.listing
             # The current listing only: a deleted object cannot be opened. get() renews
             # the snapshot if it must read one.
@@ -591,6 +616,14 @@ class SilofsFS(pyfuse3.Operations):
                     return pyfuse3.FileInfo(fh=fh, keep_cache=False, direct_io=True)
             if node.since <= m.first_gen:  # listed when the mount started (_keep_cache)
                 fi = self._keep
+                if versions is None and 0 < obj.size <= self.reader.whole_max and not m.building:
+                    # The next OPEN of it is its hot record's (mount/hot.py): nothing
+                    # decided here for it changes before the next switch().
+                    hot = self._hot
+                    if len(hot) >= HOT_FILES:
+                        hot.clear()  # a bound, not a cache
+                    h = hot[inode] = HotFile(self._epoch, node, ref, m.gen)
+                    self._files[fh].hot = h
             else:
                 fi = self._keep if self._keep_cache(node) else self._drop
                 if self.forget_attrs is not None:
@@ -708,13 +741,29 @@ class SilofsFS(pyfuse3.Operations):
                 f = self._adopt(fh)
             if f is None:
                 raise pyfuse3.FUSEError(errno.EBADF)
-            if f.gen != self.listing.gen:
-                # A handle of an older listing fills the inode's pages with its own version:
-                # the next open must not keep them (_keep_cache).
-                self._page_versions.pop(f.inode, None)
+            h = f.hot
+            if h is not None and h.epoch == self._epoch and not off and size >= h.size:
+                # A kept small file read whole, opened from its hot record in this
+                # listing generation (mount/hot.py): of the listing's generation, one
+                # chunk, no read-ahead state. whole_hot() begins the read whatever it
+                # answers; None: the general path below serves it.
+                data = self.reader.whole_hot(h)
+                if data is not None:
+                    c = self.reader.counters
+                    c.bytes_read += h.size
+                    c.hits += 1
+                    c.hit_bytes += h.size
+                    return data
+                begun = True
+            else:
+                begun = False
+                if f.gen != self.listing.gen:
+                    # A handle of an older listing fills the inode's pages with its own
+                    # version: the next open must not keep them (_keep_cache).
+                    self._page_versions.pop(f.inode, None)
             obj_size = f.obj.size
             r = self.reader
-            whole = not off and obj_size <= size and 0 < obj_size <= r.whole_max
+            whole = not begun and not off and obj_size <= size and 0 < obj_size <= r.whole_max
             if whole:
                 # A one-chunk file read whole (a warm small file: one request). No
                 # read-ahead state to keep: a file of one chunk never reads ahead
@@ -733,7 +782,7 @@ class SilofsFS(pyfuse3.Operations):
             cs = r.chunk_size
             first, last = off // cs, (end - 1) // cs
             sequential = f.advance(off, end)  # a seek resets the file's read-ahead window
-            if not whole:
+            if not (whole or begun):
                 r.begin_read()
             if first == last:
                 lo, hi = off - first * cs, end - first * cs
@@ -810,6 +859,11 @@ class SilofsFS(pyfuse3.Operations):
                 return
             f = self._files.pop(fh, None)
             if f is None:
+                return
+            h = f.hot
+            if h is not None and h.epoch == self._epoch:
+                # Opened from its hot record in this listing generation (mount/hot.py):
+                # never direct_io, paged or counted, and of the listing served.
                 return
             if self._direct:
                 self._direct.discard(fh)

@@ -15,7 +15,7 @@ import logging
 import struct
 import time
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 import lmdb
 import trio
@@ -97,13 +97,15 @@ class ListingView:
         self._cache.clear()
         return self.store.listing(self.dsid, self.gen)
 
-    def switch(self, record: dict) -> list[Entry]:
+    def switch(self, record: dict, used: Iterable[Entry] = ()) -> list[Entry]:
         """Serve the newer generation `record` names from now on. Handles already open
         keep their ObjectInfo (their version); the previous generation stays readable
         for getattr of inodes the kernel still holds until the daemon deletes it.
         Returns the recently used entries that changed or went away: the kernel may
-        cache them, and the caller invalidates them."""
+        cache them, and the caller invalidates them. `used`: entries used recently that
+        this view may not keep (the mount's hot records, fs.py), compared as well."""
         recent = list(self._cache.values())
+        recent += [e for e in used if e.inode not in self._cache]
         self.failed = False  # a whole listing from now on
         if self.building and int(record["gen"]) == self.gen:
             self.building = False  # the generation we served is complete: same inodes

@@ -207,6 +207,13 @@ class ValuePages:
             self._vec.count(1, 0, pages) == pages
         )
 
+    def in_memory_pages(self, start: int, span: int, pages: int) -> bool:
+        """in_memory() of a value whose page range a hot record holds (mount/hot.py):
+        `span` bytes from the page-aligned `start`, `pages` pages, reserve()d already."""
+        return not self._mincore(start, span, self._vec_addr) and (
+            self._vec.count(1, 0, pages) == pages
+        )
+
     def reserve(self, size: int) -> None:
         """Make the serving thread's vector long enough for in_memory() of a value of
         `size` bytes at any address (once per value size, not per read)."""

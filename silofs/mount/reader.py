@@ -40,8 +40,9 @@ page of it is (whole()): a hit whose pages are not all in the page cache (the en
 every other reader would wait for that disk read. That read takes the
 snapshot for itself (the next read begins another), a worker thread reads the value's
 range (at most FAULT_THREADS at once) and the snapshot ends once it has; the copy is
-verified as every hit is. A hit answered without an await is copied into the reader's
-one scratch buffer, which pyfuse3 writes to /dev/fuse before any other task runs; bytes
+verified as every hit is. A hit answered without an await is copied into one of the
+reader's two scratch buffers (whole()'s, hit()'s), which pyfuse3 writes to /dev/fuse
+before any other task runs; bytes
 kept across an await (a span's parts, a worker's read) have buffers of their own.
 
 A sequential reader's next DIRECT_AHEAD_BYTES of cached values are read by O_DIRECT into
@@ -91,6 +92,7 @@ from silofs.cache.store import CacheStore
 from silofs.control.client import AsyncControlClient, ControlError, quote_segment
 from silofs.flight import SingleFlight
 from silofs.mount.ahead import ValuesAhead
+from silofs.mount.hot import HotFile
 from silofs.mount.pages import DirectFile, ValuePages
 from silofs.mount.survive import unforeseen
 from silofs.mount.waits import Waits
@@ -213,6 +215,9 @@ class OpenFile:
     run_start: int = 0  # where the current run of sequential reads began
     asked_until: int = 0  # the end (bytes) of what read-ahead asked for in this run
     advised: int = 0  # the first chunk whose cached value was not read ahead yet
+    # The kept file's record it was opened from (mount/hot.py), or None: then OPEN,
+    # READ and RELEASE of it are the record's few loads (fs.py) while its guards hold.
+    hot: HotFile | None = None
 
     def __init__(
         self,
@@ -221,12 +226,14 @@ class OpenFile:
         gen: int = 0,
         ref: ChunkRef | None = None,
         opener: int = 0,
+        hot: HotFile | None = None,
     ) -> None:
         self.obj = obj
         self.inode = inode
         self.gen = gen
         self.ref = ref
         self.opener = opener
+        self.hot = hot
 
     def chunk_ref(self, chunk_size: int, index: int) -> ChunkRef:
         ref = self.ref
@@ -352,8 +359,8 @@ class ChunkReader:
         # The chunk hit() found absent, and in which read (self._reads): chunk() of it
         # in that read goes to the daemon without a second look.
         self._absent: tuple[bytes, int] = (b"", 0)
-        # whole(): value size -> its views of _scratch (_whole_plan), and whether that
-        # path can serve at all (values copied by preadv with RWF_NOWAIT).
+        # whole(): value size -> its views of _whole_scratch (_whole_plan), and whether
+        # that path can serve at all (values copied by preadv with RWF_NOWAIT).
         self._wholes: dict[int, tuple] = {}
         # ChunkRef.expect's ident (the object key, content id, chunk index, size and
         # length a header names) -> the whole header whole() last checked in full for
@@ -364,9 +371,17 @@ class ChunkReader:
         # whole() copies out of the map where mincore tells what is in the page cache
         # (ValuePages.in_memory), else by preadv with RWF_NOWAIT.
         self._whole_map = self.pages.truthful
+        # Hot records' locations (mount/hot.py) hold while this is their `placed`: one
+        # more for each cursor on a snapshot of another txn id or map (_value_cursor).
+        self._placed = 1
+        self._placed_in: tuple[int, int] = (-1, -1)
         # The largest one-chunk file whole() serves: hit() copies a longer range out of
         # the map instead (PROBE_BYTES).
         self.whole_max = min(chunk_size, PROBE_BYTES)
+        # whole()'s own scratch buffer, of whole_max bytes (at most 256 KiB), made once
+        # (_whole_plan): hit()'s grows with what it copies, and views of a replaced one
+        # kept by hot records (mount/hot.py) would keep each old buffer alive.
+        self._whole_scratch = memoryview(bytearray(self.whole_max))
         self._flights: SingleFlight[bytes, tuple[bytes, bool]] = SingleFlight()
         # A reader's misses that wait, ended once the opener's process stops (EINTR).
         self.waits = Waits()
@@ -512,9 +527,16 @@ class ChunkReader:
 
     def _value_cursor(self) -> ValueCursor | None:
         """The current snapshot's cursor on the chunks db (None: values cannot be
-        bounds-checked here, cache/bounds.py)."""
+        bounds-checked here, cache/bounds.py). A snapshot of another txn id than the
+        last cursor's, or a map that moved, makes every hot record's location stale
+        (_placed, mount/hot.py)."""
         if self._cursor is None:
-            self._cursor = self.store.value_cursor(self._snapshot(), self._chunks_db)
+            txn = self._snapshot()
+            cur = self._cursor = self.store.value_cursor(txn, self._chunks_db)
+            placed = (txn.id(), cur.start if cur is not None else -1)
+            if placed != self._placed_in:
+                self._placed_in = placed
+                self._placed += 1
         return self._cursor
 
     def _header_guess(self, ref: ChunkRef, size: int) -> int:
@@ -565,7 +587,6 @@ class ChunkReader:
             mv = self._scratch
             if len(mv) < need:
                 mv = self._scratch = memoryview(bytearray(need))  # the old may be exported
-                self._wholes.clear()  # whole()'s views are of the old buffer
             head, data = mv[:hdr], mv[hdr:need]
             if start == 0 and end:  # header and data are one run of the file: one read
                 got = pages.read(base, [mv[:need]], nowait)
@@ -664,7 +685,48 @@ class ChunkReader:
             or _monotonic() - self._txn_at >= SNAPSHOT_REUSE_SECONDS
         ):
             self.renew()
-        ref = f.ref
+        return self._whole(f.ref, None)
+
+    def whole_hot(self, h: HotFile) -> memoryview | None:
+        """whole() of a file opened from its hot record `h` (mount/hot.py): the same
+        read, copy and check, with what whole() finds per read (the value's place, its
+        layout's buffers, the header as checked) taken from the record while its
+        `placed` holds (no committed write and no remap since whole() filled it in);
+        else whole() proper, which fills it in again. begin_read() done either way.
+
+        Every read still copies the header and the data out of the map (once mincore
+        says every page is in the page cache) into the mount's own buffers and serves
+        that copy only if the header is byte for byte the one checked in full and every
+        block's xxh3 is the sum that header holds: a page rewritten, damaged or reused
+        since fails it, and the caller's general path (hit(), chunk()) takes the read."""
+        self._reads += 1  # begin_read(), inline, as in whole()
+        if (
+            self._txn is None
+            or self._stale
+            or _monotonic() - self._txn_at >= SNAPSHOT_REUSE_SECONDS
+        ):
+            self.renew()
+        # No look at the values read ahead, as whole() has: only a sequential reader's
+        # chunks after the one it reads are (_direct_ahead), never a one-chunk file's.
+        cur = self._cursor or self._value_cursor()
+        if h.placed != self._placed:
+            return self._whole(h.ref, h)  # placed again (or never yet)
+        pages = h.pages
+        if not self.pages.in_memory_pages(h.page, h.span, pages):
+            return None  # hit() copies what is cached and hands the rest to a worker
+        view = cur.map  # type: ignore[union-attr]  # _placed: a read txn's cursor
+        head = h.head
+        head[:] = view[h.at : h.mid]
+        h.data[:] = view[h.mid : h.end]
+        if h.pack(*map(_xxh3, h.blocks)) != h.sums or head != h.header:  # type: ignore[misc]
+            return None  # every block, on every read; hit() counts the damage
+        if self.track_hits and len(self.touched) < 65536:
+            self.touched.append(h.ref.key)
+        return h.data
+
+    def _whole(self, ref: ChunkRef | None, hot: HotFile | None) -> memoryview | None:
+        """whole() once the read is begun; fills in `hot`'s location where it serves
+        the value out of the map (whole_hot())."""
         expect = ref.expect if ref is not None else None
         ahead = self.ahead
         if (
@@ -721,6 +783,16 @@ class ChunkReader:
             verified[ident] = bytes(head)
         elif not head.endswith(sums, 0, hdr - 8):  # the block sums end before hdr_sum
             return None
+        if hot is not None and self._whole_map:
+            # Checked in full or as the header checked so for this chunk: what whole_hot()
+            # compares each later copy with while this snapshot's `placed` holds.
+            hot.at, hot.mid, hot.end = at, at + hdr, at + size
+            hot.page = page = addr & ~(mmap.PAGESIZE - 1)
+            hot.span = addr + size - page
+            hot.pages = (hot.span + mmap.PAGESIZE - 1) // mmap.PAGESIZE
+            hot.head, hot.data, hot.blocks, hot.pack = head, data, blocks, pack
+            hot.header, hot.sums = bytes(head), sums
+            hot.placed = self._placed
         if self.track_hits and len(self.touched) < 65536:
             self.touched.append(ref.key)
         return data
@@ -730,14 +802,15 @@ class ChunkReader:
         bytes with: (hdr, the preadv's buffers, the header's buffer (a bytearray of its
         own: compared by memcmp, where a view compares byte by byte), the views of the
         data's blocks (the last may be short), the struct packing their sums, the view
-        of the header before its own sum, the data's view). The data goes to the
-        reader's scratch buffer (the one hit() copies into: one such copy is served at
-        a time, _copy_out). Kept per value size, bounded."""
+        of the header before its own sum, the data's view). The data goes to whole()'s
+        scratch buffer (one such copy is served at a time, as hit()'s, _copy_out), made
+        once at whole_max bytes: never replaced, so the views the plans and the hot
+        records (mount/hot.py) hold stay this reader's one buffer. Kept per value
+        size, bounded."""
         size = hdr + length
-        mv = self._scratch
-        if len(mv) < length:
-            mv = self._scratch = memoryview(bytearray(length))  # the old may be exported
-            self._wholes.clear()  # their views are of the old buffer
+        mv = self._whole_scratch
+        if len(mv) < length:  # never: whole() serves at most whole_max bytes
+            mv = memoryview(bytearray(length))
         head = bytearray(hdr)
         data = mv[:length]
         blocks = [data[at : at + BLOCK_SIZE] for at in range(0, length, BLOCK_SIZE)]

@@ -745,3 +745,92 @@ def test_every_request_handler_answers_eio_for_an_unforeseen_exception() -> None
 )
 def test_st_mtime_ns_is_the_stores_stamp_to_the_microsecond(mtime: float, ns: int) -> None:
     assert mtime_ns(mtime) == ns
+
+
+# -- a kept small file's hot record (mount/hot.py) -------------------------------------
+
+
+def test_a_hot_record_ends_with_its_listing_generation(run: Callable[..., None]) -> None:
+    """A small file opened again is opened from its hot record; after a relist that
+    changed it, a handle opened before reads on in its version and a new open reads the
+    new version, never the record's place or answers of the old generation."""
+
+    async def test(m: Mount) -> None:
+        a = OBJECTS[0]
+        m.admit(a, 0)
+        v1 = payload(a.key, a.size)
+        first = await m.open(a.key)
+        assert await m.read(first, 0, 4096) == v1
+        second = await m.open(a.key)
+        assert m.fs._files[second].hot is m.fs._files[first].hot is not None  # hot
+        assert await m.read(second, 0, 4096) == v1
+        assert m.daemon.asked == []
+
+        new = obj(a.key, 1500, "v2")
+        m.daemon.objects[(a.key, "v2")] = payload(a.key, new.size, "v2")
+        m.relist([o if o.key != a.key else new for o in OBJECTS])
+        assert await m.read(second, 0, 4096) == v1  # its version, from the cache
+        assert m.daemon.asked == []
+        third = await m.open(a.key)
+        assert m.fs._files[third].hot is not m.fs._files[first].hot
+        assert await m.read(third, 0, 4096) == payload(a.key, 1500, "v2")
+        assert [q["version"] for q in m.daemon.asked] == ["v2"]
+        for fh in (first, second, third):
+            await m.fs.release(fh)
+        attr = await m.path(a.key)
+        assert attr.st_size == 1500  # no longer cut at the v1 handles' size
+        assert attr.st_ino in m.fs.stale_inodes  # which the kernel forgets
+
+    run(test)
+
+
+def test_a_hot_file_s_open_reads_around_the_pages_of_another_version_still_open(
+    run: Callable[..., None],
+) -> None:
+    """As for a file of several chunks (above): a handle opened from the hot record
+    before a relist that changed nothing is counted by that switch, and an OPEN of the
+    version a later relist brought answers direct_io while it is open."""
+
+    async def test(m: Mount) -> None:
+        a = OBJECTS[0]
+        m.admit(a, 0)
+        ino = (await m.path(a.key)).st_ino
+        await m.fs.release((await m.fs.open(ino, os.O_RDONLY, None)).fh)  # type: ignore[arg-type]
+        kept = (await m.fs.open(ino, os.O_RDONLY, None)).fh  # type: ignore[arg-type]
+        assert m.fs._files[kept].hot is not None
+        m.relist(OBJECTS)  # nothing changed
+        new = obj(a.key, 1500, "v2")
+        m.daemon.objects[(a.key, "v2")] = payload(a.key, new.size, "v2")
+        m.relist([o if o.key != a.key else new for o in OBJECTS])
+        ino = (await m.path(a.key)).st_ino
+        fi = await m.fs.open(ino, os.O_RDONLY, None)  # type: ignore[arg-type]
+        assert fi.direct_io and not fi.keep_cache  # `kept` (v1) is still open
+        assert m.fs._files[fi.fh].hot is None
+        assert await m.read(fi.fh, 0, 4096) == payload(a.key, 1500, "v2")
+        assert await m.read(kept, 0, 4096) == payload(a.key, a.size)
+        await m.fs.release(fi.fh)
+        await m.fs.release(kept)
+        again = await m.fs.open(ino, os.O_RDONLY, None)  # type: ignore[arg-type]
+        assert not again.direct_io  # no v1 handle open any more
+        await m.fs.release(again.fh)
+
+    run(test)
+
+
+def test_a_switch_tells_the_kernel_of_a_changed_hot_file(run: Callable[..., None]) -> None:
+    """A file opened from its hot record no longer touches the listing's recently used
+    entries: switch() compares the hot records' entries too, so the kernel forgets a
+    changed one at once (not only when the walk of the whole listing reaches it)."""
+
+    async def test(m: Mount) -> None:
+        a = OBJECTS[0]
+        ino = (await m.path(a.key)).st_ino
+        await m.fs.release((await m.fs.open(ino, os.O_RDONLY, None)).fh)  # type: ignore[arg-type]
+        m.fs.listing._cache.clear()  # forgotten there (it is bounded)
+        new = obj(a.key, 1500, "v2")
+        record = m.store.replace_listing(
+            DSID, [o if o.key != a.key else new for o in OBJECTS], {"uri": "file:///d/"}
+        )
+        assert ino in {e.inode for e in m.fs.switch(record)}
+
+    run(test)

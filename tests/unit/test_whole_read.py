@@ -14,6 +14,8 @@ from collections.abc import Callable
 import pytest
 
 from silofs.cache.format import BLOCK_SIZE, ChunkRef, encode_chunk
+from silofs.mount.hot import HotFile
+from silofs.mount.listing_view import Entry
 from silofs.mount.reader import ChunkReader, OpenFile
 from silofs.node.store_write import PendingChunk, WritableStore
 from silofs.records import ObjectInfo
@@ -233,5 +235,147 @@ def test_in_memory_tells_a_value_the_page_cache_dropped(store: WritableStore) ->
         finally:
             os.close(fd)
         assert not r.pages.in_memory(8 << 20, size)  # nothing is mapped there
+    finally:
+        r.close()
+
+
+# -- a kept file's hot record (mount/hot.py): ChunkReader.whole_hot ------------------
+
+
+def _hot(o: ObjectInfo) -> HotFile:
+    node = Entry(2, False, 1, o.size, o.mtime, 0, 1, o.key.encode(), o.version, o.content_id)
+    return HotFile(1, node, ChunkRef.of(o, CS, 0), 1)
+
+
+def _map_reader(store: WritableStore) -> ChunkReader:
+    """A reader that copies out of the map: where hot records hold a location."""
+    return _reader(store, "map")
+
+
+def _next_snapshot(r: ChunkReader) -> None:
+    """The next read begins a snapshot of its own, as one SNAPSHOT_REUSE_SECONDS later."""
+    r._txn_at = float("-inf")
+
+
+def test_a_hot_record_is_placed_once_and_serves_what_whole_serves(
+    store: WritableStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    o = _obj("small/hot.bin", 110 << 10)
+    _admit(store, o, encode_chunk(DSID, 0, CS, o.key, o.content_id, _body(o)))
+    r = _map_reader(store)
+    try:
+        h = _hot(o)
+        assert h.placed == 0
+        assert bytes(r.whole_hot(h) or b"") == _body(o)  # placed by whole() proper
+        assert h.placed == r._placed
+        # From then on no lookup: the record's place, copied and checked again.
+        monkeypatch.setattr(r, "_whole", None)
+        for _ in range(3):
+            assert bytes(r.whole_hot(h) or b"") == _body(o)
+        # A snapshot of the same txn id (nothing committed since) keeps the place.
+        _next_snapshot(r)
+        assert bytes(r.whole_hot(h) or b"") == _body(o)
+    finally:
+        r.close()
+
+
+def test_a_hot_record_is_placed_again_after_any_commit(store: WritableStore) -> None:
+    """Another write txn committed (an admission, an eviction): the place may be stale,
+    so the record is placed again in the next snapshot, where the value has moved."""
+    o = _obj("small/moves.bin", 110 << 10)
+    value = encode_chunk(DSID, 0, CS, o.key, o.content_id, _body(o))
+    _admit(store, o, value)
+    r = _map_reader(store)
+    try:
+        h = _hot(o)
+        assert bytes(r.whole_hot(h) or b"") == _body(o)
+        placed, at = h.placed, h.at
+        key = ChunkRef.of(o, CS, 0).key
+        with store.env.begin(write=True) as txn:  # rewritten elsewhere in the file
+            txn.delete(key, db=store.db(b"chunks"))
+            txn.put(b"\0filler", b"x" * (300 << 10), db=store.db(b"chunks"))
+            txn.put(key, value, db=store.db(b"chunks"))
+        # The snapshot the reads began still holds the old place (LMDB frees its pages
+        # only once no snapshot holds them): the record serves on until it ends.
+        assert bytes(r.whole_hot(h) or b"") == _body(o) and h.placed == placed
+        _next_snapshot(r)
+        assert bytes(r.whole_hot(h) or b"") == _body(o)
+        assert h.placed == r._placed != placed
+        assert h.at != at  # it was found where it is now, not read where it was
+    finally:
+        r.close()
+
+
+def test_a_hot_record_of_an_evicted_chunk_is_never_used(
+    store: WritableStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An allocation shrunk (or any eviction): the record's place is never read again,
+    though its pages may hold another value by then."""
+    o = _obj("small/evicted.bin", 110 << 10)
+    _admit(store, o, encode_chunk(DSID, 0, CS, o.key, o.content_id, _body(o)))
+    r = _map_reader(store)
+    try:
+        h = _hot(o)
+        assert bytes(r.whole_hot(h) or b"") == _body(o)
+        # The dataset's allocation shrunk to nothing: evicted as the enforcer evicts.
+        usage = store.load_usage()
+        assert store.evict_random(DSID, 0, usage) > 0
+        with store.env.begin(write=True) as txn:
+            # Its pages reused by another value (no snapshot other than ours holds them).
+            txn.put(b"\0other", b"y" * (200 << 10), db=store.db(b"chunks"))
+        _next_snapshot(r)
+
+        def used(*_: object) -> bool:
+            raise AssertionError("the record's place was used after the commit")
+
+        monkeypatch.setattr(r.pages, "in_memory_pages", used)
+        assert r.whole_hot(h) is None  # not cached: the general path asks the daemon
+        assert r.whole_hot(h) is None  # and again: the record is never placed
+    finally:
+        r.close()
+
+
+@pytest.mark.parametrize("where", ["header", "first data byte", "last data byte"])
+def test_a_hot_record_never_serves_bytes_changed_under_it(store: WritableStore, where: str) -> None:
+    """A page of the value rewritten with no commit (a damaged disk, a writer of
+    data.mdb other than LMDB): the record's guards hold, its check does not."""
+    o = _obj("small/flipped.bin", 110 << 10)
+    _admit(store, o, encode_chunk(DSID, 0, CS, o.key, o.content_id, _body(o)))
+    r = _map_reader(store)
+    try:
+        h = _hot(o)
+        assert bytes(r.whole_hot(h) or b"") == _body(o)
+        at = {"header": h.at + 30, "first data byte": h.mid, "last data byte": h.end - 1}[where]
+        fd = os.open(os.path.join(store.path, "data.mdb"), os.O_RDWR)
+        try:
+            byte = os.pread(fd, 1, at)
+            os.pwrite(fd, bytes([byte[0] ^ 1]), at)
+            assert h.placed == r._placed  # the guards cannot see it
+            assert r.whole_hot(h) is None  # the check does: the general path takes it
+            os.pwrite(fd, byte, at)
+            assert bytes(r.whole_hot(h) or b"") == _body(o)
+        finally:
+            os.close(fd)
+    finally:
+        r.close()
+
+
+def test_hot_records_keep_to_one_buffer_while_hit_s_grows(store: WritableStore) -> None:
+    """hit() replaces its scratch buffer with a longer one when it copies more: the
+    records' views stay on whole()'s own, so no record keeps an old buffer alive."""
+    small, big = _obj("small/a.bin", 1000), _obj("small/b.bin", 200 << 10)
+    for o in (small, big):
+        _admit(store, o, encode_chunk(DSID, 0, CS, o.key, o.content_id, _body(o)))
+    r = _map_reader(store)
+    try:
+        h = _hot(small)
+        assert bytes(r.whole_hot(h) or b"") == _body(small)
+        before = r._scratch
+        r.begin_read()
+        assert bytes(r.hit(_open(big), 0, 0, big.size) or b"") == _body(big)
+        assert r._scratch is not before  # grown
+        assert bytes(r.whole_hot(_hot(big)) or b"") == _body(big)
+        assert bytes(r.whole_hot(h) or b"") == _body(small)
+        assert h.data.obj is r._whole_scratch.obj
     finally:
         r.close()
