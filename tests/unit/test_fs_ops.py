@@ -380,6 +380,59 @@ def test_readdir_lists_dot_and_dotdot_with_their_inode_numbers(
     run(test)
 
 
+def test_readdir_resumes_inside_its_last_reply_and_at_any_offset_a_seek_names(
+    run: Callable[..., None], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The kernel takes fewer names than a reply held (a reader's small getdents64
+    buffer) and asks at the offset after the last it took; a seekdir() asks at any
+    offset, before or past the names read so far, and after a rewind. Each answer goes
+    on with the name after that offset's, in a directory of several marks' worth of
+    names (the mount counted from the first name at each such offset)."""
+    replies: list[tuple[bytes, int]] = []
+    room = [0]
+
+    def reply(token: Any, name: bytes, attr: pyfuse3.EntryAttributes, next_id: int) -> bool:
+        if room[0] == 0:
+            return False
+        room[0] -= 1
+        replies.append((name, next_id))
+        return True
+
+    monkeypatch.setattr(pyfuse3, "readdir_reply", reply)
+    names = [f"n{i:04d}".encode() for i in range(1500)]
+
+    async def test(m: Mount) -> None:
+        m.relist([*OBJECTS, *(obj(f"many/{n.decode()}", 1) for n in names)])
+        order = [b".", b"..", *names]  # order[k] ends at offset k + 1
+        d = await m.path("many")
+        fh = await m.fs.opendir(d.st_ino, None)  # type: ignore[arg-type]
+
+        async def ask(offset: int, take: int) -> list[tuple[bytes, int]]:
+            replies.clear()
+            room[0] = take
+            await m.fs.readdir(fh, offset, None)  # type: ignore[arg-type]
+            return list(replies)
+
+        # Small buffers: a reply of 9 names of which the kernel took 2, over and over.
+        got, offset = [], 0
+        while True:
+            part = await ask(offset, 9)
+            if not part:
+                break
+            got += part[:2]
+            offset = part[1][1] if len(part) > 1 else part[0][1]
+        assert [n for n, _ in got] == order
+        assert [i for _, i in got] == list(range(1, len(order) + 1))
+        # Seeks anywhere, in a fresh order, and a rewind between them.
+        for offset in (1200, 3, 700, 2, 1501, 256 + 2, 0, 1490, 40, len(order), 999):
+            part = await ask(offset, 3)
+            want = [(order[k], k + 1) for k in range(offset, min(offset + 3, len(order)))]
+            assert part == want, offset
+        await m.fs.releasedir(fh)
+
+    run(test)
+
+
 @pytest.mark.parametrize("relists", [1, 2])
 def test_a_directory_read_across_listings_goes_on_after_its_last_name_in_the_new_one(
     run: Callable[..., None], monkeypatch: pytest.MonkeyPatch, relists: int
