@@ -52,7 +52,10 @@ ADOPTED = 4096  # handles opened by another serving process, kept derived per pr
 # (read()): the kernel's first read-ahead request of a sequential reader is 256 KiB to
 # 1 MiB; a reader that asked for random access sends only the pages it reads.
 STREAM_FROM_HEAD = 128 << 10
-_WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
+# An open that could write (the kernel refuses these on the read-only mount first). Not
+# O_APPEND: with O_RDONLY it writes nothing (a write through it is EBADF), and a
+# read-only local disk opens it (it was EROFS).
+_WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC
 
 
 @dataclass(frozen=True)

@@ -524,10 +524,13 @@ def test_getattr_of_an_open_directory_no_listing_has_is_its_handle_s(
 def test_open_refuses_writes_directories_and_unknown_inodes(run: Callable[..., None]) -> None:
     async def test(m: Mount) -> None:
         a = await m.path("a.txt")
-        for flags in (os.O_WRONLY, os.O_RDWR, os.O_RDONLY | os.O_TRUNC, os.O_APPEND):
+        for flags in (os.O_WRONLY, os.O_RDWR, os.O_RDONLY | os.O_TRUNC, os.O_RDWR | os.O_APPEND):
             with pytest.raises(pyfuse3.FUSEError) as exc:
                 await m.fs.open(a.st_ino, flags, None)  # type: ignore[arg-type]
             assert errno_of(exc) == errno.EROFS
+        # O_APPEND of a read-only handle writes nothing: it opens, as on a read-only disk.
+        fi = await m.fs.open(a.st_ino, os.O_RDONLY | os.O_APPEND, None)  # type: ignore[arg-type]
+        await m.fs.release(fi.fh)
         d = await m.path("dir")
         for inode, want in ((d.st_ino, errno.EISDIR), (10**9, errno.ENOENT)):
             with pytest.raises(pyfuse3.FUSEError) as exc:
