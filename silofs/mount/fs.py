@@ -100,8 +100,10 @@ class _DirHandle:
 
 # readdir's offsets: '.' is 0 -> 1, '..' is 1 -> 2, the directory's first name 2 -> 3.
 DOTS = 2
-# A directory handle keeps the position key of every MARK-th name it passes (_seek).
+# A directory handle keeps the position key of every MARK-th name it passes (_seek), up
+# to MARKS of them (a million names; a seek past them counts from the last).
 MARK = 256
+MARKS = 4096
 
 
 def fuse_name_max(release: str) -> int:
@@ -510,7 +512,7 @@ class SilofsFS(pyfuse3.Operations):
                 pos += 1
                 h.pos, h.key = pos, key
                 recent.append(key)  # recent[i] ends at offset recent_base + i
-                if marks is not None and pos - DOTS == (len(marks) + 1) * MARK:
+                if marks is not None and pos - DOTS == (len(marks) + 1) * MARK < MARK * MARKS:
                     marks.append(key)
                 continue
             attr = attrs.get(ino)
@@ -525,7 +527,7 @@ class SilofsFS(pyfuse3.Operations):
             pos += 1
             h.pos, h.key = pos, key
             recent.append(key)
-            if marks is not None and pos - DOTS == (len(marks) + 1) * MARK:
+            if marks is not None and pos - DOTS == (len(marks) + 1) * MARK < MARK * MARKS:
                 marks.append(key)
         if self.shared is not None:
             self.shared.set_position(fh, h.pos, h.key)
@@ -569,7 +571,7 @@ class SilofsFS(pyfuse3.Operations):
             return after
         for key, _, _ in h.listing.children(txn, h.inode, after):
             pos += 1
-            if pos - DOTS == (len(marks) + 1) * MARK:
+            if pos - DOTS == (len(marks) + 1) * MARK < MARK * MARKS:
                 marks.append(key)
             if pos == start_id:
                 return key

@@ -29,6 +29,7 @@ import trio
 from silofs.cache.format import ChunkRef, encode_chunk
 from silofs.cache.store import CacheStore, Usage
 from silofs.control.client import ControlError
+from silofs.mount import fs as fs_module
 from silofs.mount.fs import Presentation, SilofsFS, fuse_name_max, mtime_ns
 from silofs.mount.listing_view import ROOT_INODE, ListingView
 from silofs.mount.reader import ChunkReader
@@ -380,14 +381,18 @@ def test_readdir_lists_dot_and_dotdot_with_their_inode_numbers(
     run(test)
 
 
+@pytest.mark.parametrize("marks", [None, 2])
 def test_readdir_resumes_inside_its_last_reply_and_at_any_offset_a_seek_names(
-    run: Callable[..., None], monkeypatch: pytest.MonkeyPatch
+    run: Callable[..., None], monkeypatch: pytest.MonkeyPatch, marks: int | None
 ) -> None:
     """The kernel takes fewer names than a reply held (a reader's small getdents64
     buffer) and asks at the offset after the last it took; a seekdir() asks at any
     offset, before or past the names read so far, and after a rewind. Each answer goes
     on with the name after that offset's, in a directory of several marks' worth of
-    names (the mount counted from the first name at each such offset)."""
+    names (the mount counted from the first name at each such offset), and past the
+    marks a handle keeps."""
+    if marks is not None:
+        monkeypatch.setattr(fs_module, "MARKS", marks)
     replies: list[tuple[bytes, int]] = []
     room = [0]
 
