@@ -24,7 +24,7 @@ import re
 import stat
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import chain
 
 import lmdb
@@ -54,7 +54,10 @@ HOT_FILES = 8192  # kept files' hot records (mount/hot.py) per mount: a bound, a
 # (read()): the kernel's first read-ahead request of a sequential reader is 256 KiB to
 # 1 MiB; a reader that asked for random access sends only the pages it reads.
 STREAM_FROM_HEAD = 128 << 10
-_WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
+# An open that could write (the kernel refuses these on the read-only mount first). Not
+# O_APPEND: with O_RDONLY it writes nothing (a write through it is EBADF), and a
+# read-only local disk opens it (it was EROFS).
+_WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC
 
 
 @dataclass(frozen=True)
@@ -82,10 +85,27 @@ class _DirHandle:
     # The directory as opendir found it (None: a handle another serving process opened):
     # what getattr answers while it is open and no listing has it any more (_held).
     entry: Entry | None = None
+    # The position keys of the last reply's entries, the first ending at offset
+    # `recent_base`: the kernel asks next at the offset after the last entry it took,
+    # which is inside that reply when the reader's buffer was smaller than it (a
+    # getdents64 of one entry took one of a page's): one seek, not a count.
+    recent: list[bytes] = field(default_factory=list)
+    recent_base: int = 0
+    # Offsets are positions in `listing` (no move to another generation since the last
+    # rewind or seek): only then do `marks` learn from the names replied.
+    counted: bool = True
+    # marks[i]: the position key of the entry ending at offset DOTS + (i + 1) * MARK in
+    # generation `marks_gen`, so a seekdir() anywhere counts at most MARK names.
+    marks: list[bytes] = field(default_factory=list)
+    marks_gen: int = -1
 
 
 # readdir's offsets: '.' is 0 -> 1, '..' is 1 -> 2, the directory's first name 2 -> 3.
 DOTS = 2
+# A directory handle keeps the position key of every MARK-th name it passes (_seek), up
+# to MARKS of them (a million names; a seek past them counts from the last).
+MARK = 256
+MARKS = 4096
 
 
 def fuse_name_max(release: str) -> int:
@@ -422,6 +442,9 @@ class SilofsFS(pyfuse3.Operations):
                 self._dirs.pop(next(iter(self._dirs)))
         if (h.pos, h.key) != (slot.value, slot.key):  # another process read on
             h.pos, h.key = slot.value, slot.key
+            # Its replies are not this process's, nor may its offsets be positions (it
+            # may have moved the handle to another generation).
+            h.recent, h.counted = [], False
         return h
 
     async def readdir(self, fh: int, start_id: int, token: pyfuse3.ReaddirToken) -> None:
@@ -440,7 +463,7 @@ class SilofsFS(pyfuse3.Operations):
             # its subdirectories is tentative (it may hold only markers and go), or with
             # the whole listing; the handle moves to the generation the mount serves
             # now, which has the same inode numbers.
-            h.listing = m.reader
+            self._move(h, m.reader)
         if m.unfinished(h.inode, settled=True):
             raise pyfuse3.FUSEError(errno.EIO)  # a listing that failed part way: partial
         m.renew()
@@ -453,7 +476,7 @@ class SilofsFS(pyfuse3.Operations):
             # the next listing starts (the rest of the directory was silently missing),
             # and until then they hold the old sizes, which READDIRPLUS would put back
             # into the kernel right after the refresh told it to forget them.
-            h.listing = m.reader
+            self._move(h, m.reader)
         prefix = h.listing.rows.prefix
         if h.key is not None and not h.key.startswith(prefix):
             # A row key differs between generations only in its (dataset, generation)
@@ -461,7 +484,9 @@ class SilofsFS(pyfuse3.Operations):
             # another process from a position it saved.)
             h.key = prefix + h.key[len(prefix) :]
         pos = start_id
+        recent = h.recent
         if start_id < DOTS:
+            h.recent, h.counted = [], True  # a rewind: offsets are positions again
             if not self._reply_dots(h, txn, start_id, token):
                 if self.shared is not None:
                     self.shared.set_position(fh, h.pos, h.key)
@@ -469,17 +494,25 @@ class SilofsFS(pyfuse3.Operations):
             pos, after = DOTS, None
         elif start_id == h.pos and (h.key is not None or start_id == DOTS):
             after = h.key
-        elif start_id == DOTS:
-            after = None
-        else:  # a seekdir() elsewhere: count from the start (rare)
-            after = None
-            for i, (key, _, _) in enumerate(h.listing.children(txn, h.inode)):
-                if i + DOTS + 1 == start_id:
-                    after = key
-                    break
-            else:
-                return
+        elif 0 <= start_id - h.recent_base < len(recent):
+            # Inside the last reply: the reader took fewer names than it was given.
+            after = recent[start_id - h.recent_base]
+            if not after.startswith(prefix):  # given in the generation before (as h.key)
+                after = prefix + after[len(prefix) :]
+        else:  # a seekdir() elsewhere: count, from the nearest mark before it
+            found = self._seek(h, txn, start_id)
+            if found is False:
+                return  # past the end
+            after = found
+            h.counted = True
         attrs = self._attrs
+        h.recent = recent = []
+        h.recent_base = pos + 1
+        marks = None
+        if h.counted:  # offsets are positions in h.listing: every MARK-th name is a mark
+            if h.marks_gen != h.listing.gen:
+                h.marks, h.marks_gen = [], h.listing.gen
+            marks = h.marks
         # A walk (find, ls -R) touches each entry once: reading rows past the caches keeps
         # them for what is looked up again, and saves their upkeep per entry.
         # A file's attributes come with its row in the directory (entries()): a walk
@@ -490,6 +523,9 @@ class SilofsFS(pyfuse3.Operations):
                 self._too_long(h.inode, name)
                 pos += 1
                 h.pos, h.key = pos, key
+                recent.append(key)  # recent[i] ends at offset recent_base + i
+                if marks is not None and pos - DOTS == (len(marks) + 1) * MARK < MARK * MARKS:
+                    marks.append(key)
                 continue
             attr = attrs.get(ino)
             if attr is None:
@@ -502,6 +538,9 @@ class SilofsFS(pyfuse3.Operations):
                 break
             pos += 1
             h.pos, h.key = pos, key
+            recent.append(key)
+            if marks is not None and pos - DOTS == (len(marks) + 1) * MARK < MARK * MARKS:
+                marks.append(key)
         if self.shared is not None:
             self.shared.set_position(fh, h.pos, h.key)
 
@@ -518,6 +557,37 @@ class SilofsFS(pyfuse3.Operations):
             name[:40],
             self.name_max,
         )
+
+    @staticmethod
+    def _move(h: _DirHandle, listing: ListingReader) -> None:
+        """The handle reads on in `listing` after the same name: its offsets from here
+        on are not positions in that generation (a seekdir counts them there anew)."""
+        if listing.gen != h.listing.gen:
+            h.counted = False
+        h.listing = listing
+
+    @staticmethod
+    def _seek(h: _DirHandle, txn: lmdb.Transaction, start_id: int) -> bytes | None | bool:
+        """The position key of the name ending at offset `start_id` (> DOTS: None for
+        DOTS itself), counting names in h.listing from the nearest mark before it and
+        marking every MARK-th name passed; False past the directory's end. A count from
+        the first name per seek made a reader seeking all over a large directory
+        quadratic (tests/integration/test_listing.py)."""
+        if h.marks_gen != h.listing.gen:
+            h.marks, h.marks_gen = [], h.listing.gen
+        marks = h.marks
+        i = min((start_id - DOTS) // MARK, len(marks))
+        pos = DOTS + i * MARK
+        after = marks[i - 1] if i else None
+        if pos == start_id:
+            return after
+        for key, _, _ in h.listing.children(txn, h.inode, after):
+            pos += 1
+            if pos - DOTS == (len(marks) + 1) * MARK < MARK * MARKS:
+                marks.append(key)
+            if pos == start_id:
+                return key
+        return False
 
     def _reply_dots(
         self, h: _DirHandle, txn: lmdb.Transaction, start_id: int, token: pyfuse3.ReaddirToken

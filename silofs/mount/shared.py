@@ -12,8 +12,12 @@ it forks and so the same pages in every child:
   the same open file from it (promise 3: one version per open; and the thread that
   opened it, which mount/waits.py looks at), and a slot reused after
   a RELEASE gives a new handle, never an old one's cached state. Each process allocates
-  only in its own part of the table (no two processes write a free slot), any process
-  frees a slot (the kernel sends RELEASE once, after the last request on the handle).
+  in its own part of the table without a lock (no two processes write a free slot), and
+  once that part is full in an overflow part as large as all of them, one process at a
+  time (a POSIX record lock, which a killed holder's end releases): the kernel hands
+  OPENs to whichever process reads them, so one process's part fills while the others'
+  are free, and that was ENFILE (a quarter of the table with four processes). Any
+  process frees a slot (the kernel sends RELEASE once, after the last request on it).
 - counters: one row of MountCounters per process; the counters reported to the daemon
   are their sum (status counts each byte once, whoever served it), and a restarted
   process continues its row.
@@ -24,8 +28,10 @@ Never holds LMDB or sockets, never decides what a handle reads.
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import logging
 import mmap
+import os
 import struct
 
 import xxhash
@@ -34,8 +40,13 @@ from silofs.records import MountCounters
 
 log = logging.getLogger(__name__)
 
-FILE_SLOTS = 32768  # open files of the mount at once, all processes together
-DIR_SLOTS = 2048  # open directories
+# Open files and directories of the mount at once, all processes together, however the
+# kernel spread their OPENs (each kind's own parts hold as many again, split between the
+# processes, and an overflow part this many; ENFILE past it).
+FILE_SLOTS = 32768
+DIR_SLOTS = 2048
+_FILES = 2 * FILE_SLOTS  # slot numbers below are files': own parts, then the overflow
+_LOOK = 64  # slots an OPEN looks at in a part before it tries the next (_alloc)
 KEY_BYTES = 512  # a position key is a dirents key: at most LMDB's 511 bytes
 
 # state, inode, gen, use count, version hash (files) or readdir offset (dirs), key length,
@@ -68,43 +79,79 @@ class Slot:
 
 class SharedTables:
     def __init__(self, processes: int) -> None:
-        assert FILE_SLOTS + DIR_SLOTS < (1 << _SLOT_BITS)
         self.processes = processes
-        self.slots = FILE_SLOTS + DIR_SLOTS
-        # File slots hold no key (1.1 MiB for all); directory slots hold a position key.
-        self._dirs_at = FILE_SLOTS * _SLOT.size
-        self._rows_at = self._dirs_at + DIR_SLOTS * (_SLOT.size + KEY_BYTES)
+        self.slots = _FILES + 2 * DIR_SLOTS
+        assert self.slots < (1 << _SLOT_BITS)
+        # File slots hold no key (2.4 MiB for all); directory slots hold a position key.
+        self._dirs_at = _FILES * _SLOT.size
+        self._rows_at = self._dirs_at + 2 * DIR_SLOTS * (_SLOT.size + KEY_BYTES)
         size = self._rows_at + processes * _ROW.size
         self.mem = mmap.mmap(-1, size, flags=mmap.MAP_SHARED)
         self.index = 0  # this process's part of the table and counter row (set after fork)
-        self._cursor: dict[int, int] = {}
+        self._cursor: dict[tuple[int, bool], int] = {}
+        # Locked (lockf: per process, so one descriptor made before the fork serves all)
+        # while a process allocates in the overflow parts.
+        self._overflow_lock = os.memfd_create("silofs-handles", os.MFD_CLOEXEC)
 
     # -- handles -----------------------------------------------------------------------
     def _at(self, slot: int) -> int:
-        if slot < FILE_SLOTS:
+        if slot < _FILES:
             return slot * _SLOT.size
-        return self._dirs_at + (slot - FILE_SLOTS) * (_SLOT.size + KEY_BYTES)
+        return self._dirs_at + (slot - _FILES) * (_SLOT.size + KEY_BYTES)
 
-    def _range(self, kind: int) -> range:
-        lo, n = (0, FILE_SLOTS) if kind == _FILE else (FILE_SLOTS, DIR_SLOTS)
+    def _range(self, kind: int, overflow: bool = False) -> range:
+        """This process's own part of a kind's slots, or the overflow part of it."""
+        lo, n = (0, FILE_SLOTS) if kind == _FILE else (_FILES, DIR_SLOTS)
+        if overflow:
+            return range(lo + n, lo + 2 * n)
         per = n // self.processes
         return range(lo + self.index * per, lo + (self.index + 1) * per)
 
     def _alloc(
         self, kind: int, inode: int, gen: int, value: int, key: bytes | None, opener: int = 0
     ) -> int:
-        part = self._range(kind)
-        start = self._cursor.get(kind, part.start)
+        # A look at the next few slots of its own part, then of the overflow, then the
+        # whole of each: a full part is not scanned whole at every OPEN (16,384 slots,
+        # ~5 ms), only before the answer is ENFILE.
+        for look in (_LOOK, None):
+            fh = self._take(kind, False, look, inode, gen, value, key, opener)
+            if fh is not None:
+                return fh
+            # Its own part is full: the overflow, which every process allocates in, so
+            # one at a time (the scan and the write under the lock).
+            fcntl.lockf(self._overflow_lock, fcntl.LOCK_EX)
+            try:
+                fh = self._take(kind, True, look, inode, gen, value, key, opener)
+            finally:
+                fcntl.lockf(self._overflow_lock, fcntl.LOCK_UN)
+            if fh is not None:
+                return fh
+        raise TableFull
+
+    def _take(
+        self,
+        kind: int,
+        overflow: bool,
+        look: int | None,
+        inode: int,
+        gen: int,
+        value: int,
+        key: bytes | None,
+        opener: int,
+    ) -> int | None:
+        part = self._range(kind, overflow)
+        start = self._cursor.get((kind, overflow), part.start)
         mem = self.mem
-        for i in range(len(part)):
+        for i in range(len(part) if look is None else min(look, len(part))):
             slot = part.start + (start - part.start + i) % len(part)
             state, _, _, count, _, _, _ = _SLOT.unpack_from(mem, self._at(slot))
             if state == 0:
                 count = (count + 1) & 0xFFFFFFFF
                 self._write(slot, kind, inode, gen, count, value, key, opener)
-                self._cursor[kind] = slot + 1 if slot + 1 < part.stop else part.start
+                nxt = slot + 1 if slot + 1 < part.stop else part.start
+                self._cursor[kind, overflow] = nxt
                 return (count << _SLOT_BITS) | (slot + 1)
-        raise TableFull
+        return None
 
     def _write(
         self,
@@ -150,7 +197,7 @@ class SharedTables:
         slot = (fh & ((1 << _SLOT_BITS) - 1)) - 1
         if key is not None and len(key) > KEY_BYTES:
             key, pos = None, 0
-        if not FILE_SLOTS <= slot < self.slots:
+        if not _FILES <= slot < self.slots:
             return
         at = self._at(slot)
         state, inode, gen, count, _, _, _ = _SLOT.unpack_from(self.mem, at)
@@ -173,7 +220,7 @@ class SharedTables:
 
     def other_versions_open(self, inode: int, vhash: int) -> bool:
         """Whether a handle of `inode` with another version is open in any process. A
-        search of the file slots (1 MiB, at C speed) for the inode's bytes: done only for
+        search of the file slots (2.4 MiB, at C speed) for the inode's bytes: done only for
         inodes whose version changed since the mount started (fs.py)."""
         mem, end = self.mem, self._dirs_at
         pattern = struct.pack("<Q", inode)

@@ -13,6 +13,7 @@ the listing fans out (a slow S3 store: moto behind tests/support/faultproxy.py).
 from __future__ import annotations
 
 import errno
+import json
 import os
 import re
 import shutil
@@ -127,6 +128,61 @@ def test_readdir_lists_dot_and_dotdot_and_seekdir_returns_to_a_telldir(
         while (e := d.next()) is not None:
             rest.append(e.name)
         assert rest == order[501:]
+
+
+_SMALL_BUFFER_READER = """
+import json, random, sys
+from tests.support.dirstream import DirStream, getdents
+path = sys.argv[1]
+tiny = getdents(path, 40)  # one entry per call (glibc reads 32 KiB at a time)
+marks, order = [], []
+with DirStream(path) as d:
+    while (e := d.next()) is not None:
+        order.append(e.name)
+        marks.append(d.tell())
+    seeks = []
+    for i in random.Random(7).sample(range(len(order)), 300):
+        d.seek(marks[i])
+        e = d.next()
+        seeks.append([i, e.name if e else None])
+print(json.dumps({"tiny": [n for n, _ in tiny], "order": order, "seeks": seeks}))
+"""
+
+
+@pytest.mark.parametrize("processes", [1, 2])
+def test_a_directory_read_one_entry_per_getdents_call_and_seeked_at_random(
+    make_node, local_store, monkeypatch, bucket_name, tmp_path: Path, processes: int
+) -> None:
+    """A program reading a large directory with its own small getdents64 buffer (one
+    entry per call) and one seekdir()ing to saved telldir() positions at random. The
+    kernel asks FUSE for a page of entries per call, takes those that fit and asks
+    next at the offset after the last one it took, inside the reply the mount gave: the
+    mount counted from the directory's first name on every such call, quadratic: 8,000
+    of 100,000 names took 55 s, all of them would take over two hours (a seekdir
+    anywhere counted too: 30 ms each in 20,000 names). Each name comes once, in order;
+    the subprocess's timeout is the bound (every call answered with a seek)."""
+    local_store.apply_env(monkeypatch)
+    names = [f"f{i:05d}" for i in range(20_000)]
+    local_store.create(bucket_name, {f"many/{n}": b"" for n in names})
+    node: Node = make_node()
+    args = ["--serve-processes", "2"] if processes > 1 else []
+    mp = node.mount(local_store.uri(bucket_name), tmp_path / "mnt", *args)
+    repo = Path(__file__).resolve().parents[2]
+    res = subprocess.run(
+        [sys.executable, "-c", _SMALL_BUFFER_READER, str(mp / "many")],
+        capture_output=True,
+        text=True,
+        cwd=repo,
+        env={**os.environ, "PYTHONPATH": str(repo)},
+        timeout=120,
+    )
+    assert res.returncode == 0, res.stderr
+    got = json.loads(res.stdout)
+    assert got["tiny"] == [".", "..", *names]
+    assert got["order"] == [".", "..", *names]
+    order = got["order"]
+    for i, name in got["seeks"]:
+        assert name == (order[i + 1] if i + 1 < len(order) else None), i
 
 
 def test_refresh_while_a_file_is_open(

@@ -394,6 +394,16 @@ def test_every_mutating_call_is_erofs_and_the_read_only_calls_work(
                 call()
             assert exc.value.errno == errno.EBADF
         os.fsync(fd)  # nothing unwritten: succeeds (it was EROFS)
+        # O_APPEND asks nothing of a read-only handle (a write through it is EBADF): it
+        # opens and reads, as on a read-only local disk (it was EROFS).
+        appending = os.open(f, os.O_RDONLY | os.O_APPEND)
+        try:
+            assert os.pread(appending, 10, 5) == big[5:15]
+            with pytest.raises(OSError) as exc:
+                os.write(appending, b"x")
+            assert exc.value.errno == errno.EBADF
+        finally:
+            os.close(appending)
         os.fdatasync(fd)
         assert subprocess.run(["sync", str(f)], capture_output=True).returncode == 0
         assert os.pread(fd, 10, len(big) + 100) == b""

@@ -4,7 +4,9 @@ Owns, on real FUSE mounts: every file reads correctly whichever process serves w
 request (handles opened in one process and read or released in another), status counts
 each byte once, a refresh while files are open keeps each open file at its version, an
 unmount (SIGTERM or fusermount3 -u) ends every process, and a killed serving process is
-replaced while the mount keeps serving (its readers get an error, never a hang).
+replaced while the mount keeps serving (its readers get an error, never a hang), and
+the shared table holds its count of open files and directories however the kernel
+spread their OPENs.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import errno
 import os
 import random
+import resource
 import signal
 import subprocess
 import threading
@@ -19,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from silofs.mount.shared import DIR_SLOTS, FILE_SLOTS
 from tests.support.fixtures import needs_fuse
 from tests.support.node import force_unmount, mounted
 from tests.support.poll import wait_for
@@ -224,3 +228,36 @@ def test_a_killed_serving_process_is_replaced(
     assert not [o for o in outcomes if o.startswith("wrong")]
     assert (mp / "d0/f000.bin").read_bytes() == files["d0/f000.bin"]
     force_unmount(str(mp))
+
+
+def test_open_files_and_directories_up_to_the_table_whichever_process_opened_them(
+    make_node, local_store, monkeypatch, bucket_name, tmp_path: Path
+) -> None:
+    """A program holding many directories and files open (a walker keeping directory
+    fds, a DataLoader's workers) on a mount with four serving processes. Each process
+    allocated handles only in its quarter of the shared table, and the kernel hands
+    OPENs to whichever process reads them: one process's quarter full was ENFILE with
+    three quarters free (2,048 directories with two processes failed at 1,849). Now the
+    whole table's count holds: DIR_SLOTS directories and, as far as this process's
+    RLIMIT_NOFILE lets it, FILE_SLOTS files, all readable."""
+    local_store.apply_env(monkeypatch)
+    local_store.create(bucket_name, {"d/x.bin": b"x", "f.bin": b"file bytes"})
+    node = make_node()
+    mp = node.mount(local_store.uri(bucket_name), tmp_path / "m", "--serve-processes", "4")
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    files = min(FILE_SLOTS, hard - DIR_SLOTS - 200)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    held: list[int] = []
+    try:
+        for _ in range(DIR_SLOTS):
+            held.append(os.open(mp / "d", os.O_RDONLY | os.O_DIRECTORY))
+        for _ in range(files):
+            held.append(os.open(mp / "f.bin", os.O_RDONLY))
+        assert os.listdir(held[DIR_SLOTS - 1]) == ["x.bin"]
+        assert os.pread(held[-1], 100, 0) == b"file bytes"
+    finally:
+        for fd in held:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    assert len(held) == DIR_SLOTS + files
+    assert (mp / "f.bin").read_bytes() == b"file bytes"

@@ -86,3 +86,33 @@ def read_all(path: str | Path) -> list[Dirent]:
         while (e := d.next()) is not None:
             out.append(e)
     return out
+
+
+_SYS_GETDENTS64 = 217  # x86_64
+
+
+def getdents(path: str | Path, buffer_size: int) -> list[tuple[str, int]]:
+    """Every (name, d_off) of `path` read with getdents64 into a buffer of `buffer_size`
+    bytes, as a program with its own small buffer reads a directory (glibc's readdir
+    uses 32 KiB). Test support only; x86_64."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    buf = ctypes.create_string_buffer(buffer_size)
+    out = []
+    try:
+        while True:
+            n = _libc.syscall(_SYS_GETDENTS64, fd, buf, ctypes.c_size_t(buffer_size))
+            if n < 0:
+                err = ctypes.get_errno()
+                raise OSError(err, os.strerror(err), str(path))
+            if n == 0:
+                return out
+            raw, p = buf.raw, 0
+            while p < n:
+                # struct linux_dirent64: u64 ino, s64 off, u16 reclen, u8 type, name
+                off = int.from_bytes(raw[p + 8 : p + 16], "little", signed=True)
+                reclen = int.from_bytes(raw[p + 16 : p + 18], "little")
+                name = raw[p + 19 : p + reclen].split(b"\0", 1)[0]
+                out.append((os.fsdecode(name), off))
+                p += reclen
+    finally:
+        os.close(fd)

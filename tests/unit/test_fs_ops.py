@@ -29,6 +29,7 @@ import trio
 from silofs.cache.format import ChunkRef, encode_chunk
 from silofs.cache.store import CacheStore, Usage
 from silofs.control.client import ControlError
+from silofs.mount import fs as fs_module
 from silofs.mount.fs import Presentation, SilofsFS, fuse_name_max, mtime_ns
 from silofs.mount.listing_view import ROOT_INODE, ListingView
 from silofs.mount.reader import ChunkReader
@@ -380,6 +381,63 @@ def test_readdir_lists_dot_and_dotdot_with_their_inode_numbers(
     run(test)
 
 
+@pytest.mark.parametrize(("marks", "long"), [(None, False), (2, False), (None, True)])
+def test_readdir_resumes_inside_its_last_reply_and_at_any_offset_a_seek_names(
+    run: Callable[..., None], monkeypatch: pytest.MonkeyPatch, marks: int | None, long: bool
+) -> None:
+    """The kernel takes fewer names than a reply held (a reader's small getdents64
+    buffer) and asks at the offset after the last it took; a seekdir() asks at any
+    offset, before or past the names read so far, and after a rewind. Each answer goes
+    on with the name after that offset's, in a directory of several marks' worth of
+    names (the mount counted from the first name at each such offset), past the marks a
+    handle keeps, and with names too long for the kernel left out (their offsets kept)."""
+    if marks is not None:
+        monkeypatch.setattr(fs_module, "MARKS", marks)
+    replies: list[tuple[bytes, int]] = []
+    room = [0]
+
+    def reply(token: Any, name: bytes, attr: pyfuse3.EntryAttributes, next_id: int) -> bool:
+        if room[0] == 0:
+            return False
+        room[0] -= 1
+        replies.append((name, next_id))
+        return True
+
+    monkeypatch.setattr(pyfuse3, "readdir_reply", reply)
+    names = [f"n{i:04d}".encode() + (b"-long" if long and i % 5 == 0 else b"") for i in range(1500)]
+
+    async def test(m: Mount) -> None:
+        m.relist([*OBJECTS, *(obj(f"many/{n.decode()}", 1) for n in names)])
+        m.fs.name_max = len(b"n0000")
+        order = [b".", b"..", *names]  # order[k] ends at offset k + 1
+        listed = [(n, k + 1) for k, n in enumerate(order) if len(n) <= m.fs.name_max]
+        d = await m.path("many")
+        fh = await m.fs.opendir(d.st_ino, None)  # type: ignore[arg-type]
+
+        async def ask(offset: int, take: int) -> list[tuple[bytes, int]]:
+            replies.clear()
+            room[0] = take
+            await m.fs.readdir(fh, offset, None)  # type: ignore[arg-type]
+            return list(replies)
+
+        # Small buffers: a reply of 9 names of which the kernel took 2, over and over.
+        got, offset = [], 0
+        while True:
+            part = await ask(offset, 9)
+            if not part:
+                break
+            got += part[:2]
+            offset = part[1][1] if len(part) > 1 else part[0][1]
+        assert got == listed
+        # Seeks anywhere, in a fresh order, and a rewind between them.
+        for offset in (1200, 3, 700, 2, 1501, 256 + 2, 0, 1490, 40, len(order), 999):
+            part = await ask(offset, 3)
+            assert part == [e for e in listed if e[1] > offset][:3], offset
+        await m.fs.releasedir(fh)
+
+    run(test)
+
+
 @pytest.mark.parametrize("relists", [1, 2])
 def test_a_directory_read_across_listings_goes_on_after_its_last_name_in_the_new_one(
     run: Callable[..., None], monkeypatch: pytest.MonkeyPatch, relists: int
@@ -471,10 +529,13 @@ def test_getattr_of_an_open_directory_no_listing_has_is_its_handle_s(
 def test_open_refuses_writes_directories_and_unknown_inodes(run: Callable[..., None]) -> None:
     async def test(m: Mount) -> None:
         a = await m.path("a.txt")
-        for flags in (os.O_WRONLY, os.O_RDWR, os.O_RDONLY | os.O_TRUNC, os.O_APPEND):
+        for flags in (os.O_WRONLY, os.O_RDWR, os.O_RDONLY | os.O_TRUNC, os.O_RDWR | os.O_APPEND):
             with pytest.raises(pyfuse3.FUSEError) as exc:
                 await m.fs.open(a.st_ino, flags, None)  # type: ignore[arg-type]
             assert errno_of(exc) == errno.EROFS
+        # O_APPEND of a read-only handle writes nothing: it opens, as on a read-only disk.
+        fi = await m.fs.open(a.st_ino, os.O_RDONLY | os.O_APPEND, None)  # type: ignore[arg-type]
+        await m.fs.release(fi.fh)
         d = await m.path("dir")
         for inode, want in ((d.st_ino, errno.EISDIR), (10**9, errno.ENOENT)):
             with pytest.raises(pyfuse3.FUSEError) as exc:

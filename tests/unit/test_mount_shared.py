@@ -2,7 +2,8 @@
 
 Owns: a file handle names its slot's inode, generation, version and opener from any
 process (forked here, as the serving processes are); a slot reused after RELEASE gives a new
-handle and the old one names nothing; each process allocates only in its own part; the
+handle and the old one names nothing; each process allocates in its own part, then in
+the overflow part, one process at a time; the
 reported counters are the sum of the processes' rows; a readdir position is shared.
 """
 
@@ -10,7 +11,9 @@ from __future__ import annotations
 
 import os
 
-from silofs.mount.shared import FILE_SLOTS, SharedTables, TableFull, version_hash
+import pytest
+
+from silofs.mount.shared import DIR_SLOTS, FILE_SLOTS, SharedTables, TableFull, version_hash
 from silofs.records import MountCounters
 
 
@@ -37,21 +40,65 @@ def test_a_handle_is_self_describing_across_a_fork() -> None:
     assert t.get(again).inode == 456
 
 
-def test_each_process_allocates_in_its_own_part_until_it_is_full() -> None:
+def test_each_process_allocates_in_its_own_part_then_in_the_overflow() -> None:
+    """Its own part full (the kernel gave it more OPENs than the others), a process
+    takes slots of the overflow part, every process's: the table holds FILE_SLOTS files
+    and DIR_SLOTS directories however they were spread. It was TableFull (ENFILE) with
+    the other parts free."""
     a, per = SharedTables(2), FILE_SLOTS // 2
     b = SharedTables.__new__(SharedTables)
     b.__dict__.update(a.__dict__)
     b._cursor = {}
     b.index = 1
     mine = {a.open_file(1, 1, 1) for _ in range(per)}
-    try:
+    spilled = {a.open_file(1, 1, 1) for _ in range(FILE_SLOTS)}  # the overflow, whole
+    assert len(mine | spilled) == per + FILE_SLOTS
+    with pytest.raises(TableFull):
         a.open_file(1, 1, 1)
-        raise AssertionError("the part should be full")
-    except TableFull:
-        pass
     theirs = b.open_file(2, 1, 1)  # the other process's part is untouched
-    assert theirs not in mine and b.get(theirs).inode == 2
+    assert theirs not in mine | spilled and b.get(theirs).inode == 2
+    with pytest.raises(TableFull):  # and the overflow is full for it too
+        for _ in range(per):
+            b.open_file(2, 1, 1)
     assert a.other_versions_open(1, 2) and not a.other_versions_open(1, 1)
+    a.free(next(iter(spilled)))
+    again = b.open_file(3, 1, 1)  # a freed overflow slot serves any process
+    assert b.get(again).inode == 3 and a.get(again).inode == 3
+    dirs = [a.open_dir(7, 1) for _ in range(DIR_SLOTS)]  # past its part of DIR_SLOTS
+    a.set_position(dirs[-1], 5, b"k")
+    assert (b.get(dirs[-1]).value, b.get(dirs[-1]).key) == (5, b"k")
+
+
+def test_the_overflow_is_taken_by_one_process_at_a_time(tmp_path) -> None:
+    """Two processes filling the overflow part at once never take one slot twice (two
+    handles in one slot would read one file's bytes for another's)."""
+    t, per = SharedTables(2), FILE_SLOTS // 2
+    for _ in range(per):
+        t.open_file(1, 1, 1)  # process 0's part full
+    ready_r, ready_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # process 1: its part full too, then half the overflow
+        code = 1
+        try:
+            t.index = 1
+            t._cursor = {}
+            for _ in range(per):
+                t.open_file(2, 1, 1)
+            os.write(ready_w, b"go")  # both fill the overflow from here, at once
+            got = [t.open_file(2, 1, 2) for _ in range(FILE_SLOTS // 2)]
+            (tmp_path / "child").write_text("\n".join(map(str, got)))
+            code = 0
+        finally:
+            os._exit(code)
+    assert os.read(ready_r, 2) == b"go"
+    got = [t.open_file(1, 1, 3) for _ in range(FILE_SLOTS // 2)]
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    theirs = [int(x) for x in (tmp_path / "child").read_text().split()]
+    slots = {fh & ((1 << 20) - 1) for fh in got + theirs}
+    assert len(slots) == FILE_SLOTS  # every overflow slot once
+    assert all(t.get(fh) is not None and t.get(fh).value == 2 for fh in theirs)
+    assert all(t.get(fh) is not None and t.get(fh).value == 3 for fh in got)
 
 
 def test_directory_positions_and_counters_are_shared() -> None:
