@@ -27,6 +27,7 @@ import pytest
 import trio
 
 from silofs.cache.format import ChunkRef, encode_chunk
+from silofs.cache.listing import ListingReader
 from silofs.cache.store import CacheStore, Usage
 from silofs.control.client import ControlError
 from silofs.mount import fs as fs_module
@@ -390,11 +391,23 @@ def test_readdir_resumes_inside_its_last_reply_and_at_any_offset_a_seek_names(
     offset, before or past the names read so far, and after a rewind. Each answer goes
     on with the name after that offset's, in a directory of several marks' worth of
     names (the mount counted from the first name at each such offset), past the marks a
-    handle keeps, and with names too long for the kernel left out (their offsets kept)."""
+    handle keeps, and with names too long for the kernel left out (their offsets kept).
+    The rows each answer reads are counted, so the quadratic count is caught here by a
+    count, on any host (tests/integration/test_listing.py reads with the kernel's real
+    small-buffer READDIRs; its timeout catches it only by wall clock, at 20,000 names)."""
     if marks is not None:
         monkeypatch.setattr(fs_module, "MARKS", marks)
     replies: list[tuple[bytes, int]] = []
     room = [0]
+    rows = [0]  # listing rows read (children() reads through entries())
+    real_entries = ListingReader.entries
+
+    def entries(self: ListingReader, *args: Any, **kwargs: Any) -> Any:
+        for row in real_entries(self, *args, **kwargs):
+            rows[0] += 1
+            yield row
+
+    monkeypatch.setattr(ListingReader, "entries", entries)
 
     def reply(token: Any, name: bytes, attr: pyfuse3.EntryAttributes, next_id: int) -> bool:
         if room[0] == 0:
@@ -417,22 +430,31 @@ def test_readdir_resumes_inside_its_last_reply_and_at_any_offset_a_seek_names(
         async def ask(offset: int, take: int) -> list[tuple[bytes, int]]:
             replies.clear()
             room[0] = take
+            rows[0] = 0
             await m.fs.readdir(fh, offset, None)  # type: ignore[arg-type]
             return list(replies)
 
         # Small buffers: a reply of 9 names of which the kernel took 2, over and over.
+        # Each answer reads its reply's rows, the long names left out between them (one
+        # in five) and the row that did not fit: at most 9 + 3 + 1 (a count from the
+        # first name read up to 1,500 rows per answer).
         got, offset = [], 0
         while True:
             part = await ask(offset, 9)
+            assert rows[0] <= 13, offset
             if not part:
                 break
             got += part[:2]
             offset = part[1][1] if len(part) > 1 else part[0][1]
         assert got == listed
-        # Seeks anywhere, in a fresh order, and a rewind between them.
+        # Seeks anywhere, in a fresh order, and a rewind between them: each counts from
+        # the nearest mark before it (less than MARK rows while the handle keeps marks
+        # for the whole directory, as here but for marks=2), then its reply's rows.
+        bound = fs_module.MARK + 3 + 1 + 1 if marks is None else len(order)
         for offset in (1200, 3, 700, 2, 1501, 256 + 2, 0, 1490, 40, len(order), 999):
             part = await ask(offset, 3)
             assert part == [e for e in listed if e[1] > offset][:3], offset
+            assert rows[0] <= bound, (offset, rows[0])
         await m.fs.releasedir(fh)
 
     run(test)

@@ -80,6 +80,7 @@ def test_the_overflow_is_taken_by_one_process_at_a_time(tmp_path) -> None:
     if pid == 0:  # process 1: its part full too, then half the overflow
         code = 1
         try:
+            os.close(ready_r)
             t.index = 1
             t._cursor = {}
             for _ in range(per):
@@ -90,7 +91,16 @@ def test_the_overflow_is_taken_by_one_process_at_a_time(tmp_path) -> None:
             code = 0
         finally:
             os._exit(code)
-    assert os.read(ready_r, 2) == b"go"
+    # Only the child holds the write end: if it fails before "go", the read ends (b"")
+    # and the test fails, where it waited for ever.
+    os.close(ready_w)
+    try:
+        go = os.read(ready_r, 2)
+    finally:
+        os.close(ready_r)
+    if go != b"go":
+        os.waitpid(pid, 0)
+    assert go == b"go", "the child failed before filling the overflow"
     got = [t.open_file(1, 1, 3) for _ in range(FILE_SLOTS // 2)]
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0

@@ -14,6 +14,7 @@ from collections.abc import Callable
 import pytest
 
 from silofs.cache.format import BLOCK_SIZE, ChunkRef, encode_chunk
+from silofs.mount import reader as reader_module
 from silofs.mount.hot import HotFile
 from silofs.mount.listing_view import Entry
 from silofs.mount.reader import ChunkReader, OpenFile
@@ -279,12 +280,19 @@ def test_a_hot_record_is_placed_once_and_serves_what_whole_serves(
         r.close()
 
 
-def test_a_hot_record_is_placed_again_after_any_commit(store: WritableStore) -> None:
+def test_a_hot_record_is_placed_again_after_any_commit(
+    store: WritableStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Another write txn committed (an admission, an eviction): the place may be stale,
     so the record is placed again in the next snapshot, where the value has moved."""
     o = _obj("small/moves.bin", 110 << 10)
     value = encode_chunk(DSID, 0, CS, o.key, o.content_id, _body(o))
     _admit(store, o, value)
+    # The reads' clock stands still: the snapshot is renewed only where the test says
+    # (_next_snapshot), never because the commit below (an fsync) or the host took
+    # SNAPSHOT_REUSE_SECONDS, which would place the record anew before it is asserted
+    # to still serve from the old place.
+    monkeypatch.setattr(reader_module, "_monotonic", lambda: 0.0)
     r = _map_reader(store)
     try:
         h = _hot(o)
