@@ -144,15 +144,27 @@ def _running_in_threads(
 ) -> tuple[int, bool]:
     """`holders` (dataset id, background) each run a store call that blocks until the
     end; then `probe`'s call: how many holders got a thread, and whether the probe ran
-    while they all still blocked."""
+    while they all still blocked. Each wait is for the Fetcher to settle (every task in
+    its thread or queued on a limiter), not for a time: a busy host starts threads late."""
     release = threading.Event()
     started: list[int] = []
     probed = [False]
     held = [0]
+    ran = [False]  # probed[0] before the holders were released
 
     def hold(dsid: int) -> None:
         started.append(dsid)
-        release.wait(10)
+        release.wait(60)
+
+    def settled(tasks: int) -> bool:
+        """Every one of `tasks` calls is running in its thread or queued on a limiter
+        (a task between two limiters, or holding a thread not started yet, is neither)."""
+        limiters = [fetcher.threads, fetcher.background]
+        for share in fetcher._per_dataset.values():
+            limiters += [share.all, share.background]
+        queued = sum(lim.statistics().tasks_waiting for lim in limiters)
+        running = len(started) + probed[0]
+        return running == fetcher.threads.borrowed_tokens and running + queued == tasks
 
     async def one(dsid: int, background: bool, fn: Callable[[], None]) -> None:
         BACKGROUND.set(background)
@@ -160,19 +172,23 @@ def _running_in_threads(
 
     async def main() -> None:
         async with trio.open_nursery() as n:
-            for dsid, background in holders:
-                n.start_soon(one, dsid, background, lambda d=dsid: hold(d))
-            with trio.fail_after(5):
-                while not started:
-                    await trio.sleep(0.01)
-            await trio.sleep(0.3)  # every holder that could start has started
-            held[0] = len(started)
-            with trio.move_on_after(2):
-                await one(probe, probe_background, lambda: probed.__setitem__(0, True))
-            release.set()
+            try:
+                for dsid, background in holders:
+                    n.start_soon(one, dsid, background, lambda d=dsid: hold(d))
+                with trio.fail_after(30):
+                    while not settled(len(holders)):
+                        await trio.sleep(0.01)
+                held[0] = len(started)
+                n.start_soon(one, probe, probe_background, lambda: probed.__setitem__(0, True))
+                with trio.fail_after(30):  # the probe ran, or it queues behind the holders
+                    while not (probed[0] or settled(len(holders) + 1)):
+                        await trio.sleep(0.01)
+                ran[0] = probed[0]
+            finally:
+                release.set()
 
     trio.run(main)
-    return held[0], probed[0]
+    return held[0], ran[0]
 
 
 def test_a_hung_dataset_leaves_other_datasets_the_spare_fetch_threads() -> None:
