@@ -20,6 +20,7 @@ from silofs_ctl.cli import main
 from silofs_ctl.policies.base import PLAN_INPUTS, water_fill_capped
 from silofs_ctl.scenario import JobSpec, load_scenario, parse_scenario
 from silofs_ctl.sim_job import SimJob
+from silofs_ctl import sim_link
 from silofs_ctl.sim_link import Link
 from silofs_ctl.sim_lru import LruPool, distinct_fraction, hit_between, steady_hit_ratio
 from silofs_ctl.simulator import CACHE_CHOICES, Simulation, SimulationError, simulate
@@ -533,26 +534,23 @@ def test_a_step_division_far_below_the_first_held_is_water_fill(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A step's division that starts far below the last first held demand (Alluxio's
-    thrashing readers: ~150 places) is one numpy pass from the first remainder not yet
-    found to a little past that place (Link._first_numpy; on from there in chunks if
-    the first held moved further), one near it itertools' chunks; each, over hundreds
-    of demands with moves on either side of the level, must be water_fill_capped to
-    the bit, and the case must have run every way."""
-    paths = {"numpy": 0, "numpy then chunks": 0, "chunks": 0}
-    numpy_pass, chunks = Link._first_numpy, Link._first_from
+    thrashing readers: ~150 places) is one numpy pass from the lowest moved demand to a
+    little past that place (Link._first_from; on to the end in a second pass if the
+    first held moved further); each, over hundreds of demands with moves on either
+    side of the level, must be water_fill_capped to the bit, and the case must have
+    run both ways, and from far below the last first held place."""
+    paths = {"one pass": 0, "two passes": 0, "far below": 0}
+    search = Link._first_from
 
-    def counted_numpy(self: Link, start: int, stop: int) -> int:
-        first = numpy_pass(self, start, stop)
-        paths["numpy"] += start > 0  # (start 0: mostly a division from scratch)
-        paths["numpy then chunks"] += first >= stop and stop < len(self.values)
+    def counted(self: Link, start: int) -> int:
+        stop = max(self.first, start) + sim_link._PAST
+        first = search(self, start)
+        if first < len(self.values):
+            paths["two passes" if first >= stop else "one pass"] += 1
+        paths["far below"] += self.first - start >= 150
         return first
 
-    def counted_chunks(self: Link, start: int) -> int:
-        paths["chunks"] += 1
-        return chunks(self, start)
-
-    monkeypatch.setattr(Link, "_first_numpy", counted_numpy)
-    monkeypatch.setattr(Link, "_first_from", counted_chunks)
+    monkeypatch.setattr(Link, "_first_from", counted)
     rnd = random.Random(23)
     for _ in range(40):
         n = rnd.randint(150, 900)
@@ -574,8 +572,8 @@ def test_a_step_division_far_below_the_first_held_is_water_fill(
         shares, capped, want_fair = water_fill_capped(link.capacity, link.demand)
         assert first > before + 64 and link.held_from(first) == capped
         assert fair == want_fair and top == max(shares.values())
-    assert paths["numpy"] > 20 and paths["chunks"] > 20, paths
-    assert paths["numpy then chunks"] >= 5, paths
+    assert paths["one pass"] > 20 and paths["far below"] > 20, paths
+    assert paths["two passes"] >= 5, paths
 
 
 def test_the_jobs_a_division_says_changed_sides_are_exactly_those_that_did() -> None:
