@@ -16,11 +16,12 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from silofs_ctl import sim_link
 from silofs_ctl.cli import main
 from silofs_ctl.policies.base import PLAN_INPUTS, water_fill_capped
 from silofs_ctl.scenario import JobSpec, load_scenario, parse_scenario
+from silofs_ctl.sim_clock import Clock
 from silofs_ctl.sim_job import SimJob
-from silofs_ctl import sim_link
 from silofs_ctl.sim_link import Link
 from silofs_ctl.sim_lru import LruPool, distinct_fraction, hit_between, steady_hit_ratio
 from silofs_ctl.simulator import CACHE_CHOICES, Simulation, SimulationError, simulate
@@ -433,6 +434,34 @@ def test_the_level_clock_gives_the_same_run_to_rounding(pair: str) -> None:
         assert a.hit_ratio == pytest.approx(b.hit_ratio, rel=1e-9, abs=1e-12)
         assert a.remote_bytes == pytest.approx(b.remote_bytes, rel=1e-9)
     assert fast.avg_fairness == pytest.approx(slow.avg_fairness, rel=1e-9)
+
+
+@pytest.mark.parametrize("pair", ["gavel:alluxio", "gavel:silod", "fifo:quiver"])
+def test_the_slots_soonest_found_are_still_the_first_when_a_step_takes_its_due_jobs(
+    pair: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The simulator's step hands due() the slots soonest() found (Clock.argmins): no
+    event may be written between the two, or due would take a job that is not the
+    soonest, or miss one. Each hint must be each array's argmin when due runs, on
+    runs with the level clock (LRU), shared fills (uniform caching) and neither."""
+    due, checked = Clock.due, [0, 0]
+
+    def checked_due(self: Clock, argmins: tuple[int, int] = (-1, -1)) -> list:
+        slot, vslot = argmins
+        assert slot == -1 or slot == int(self.times.argmin())
+        assert vslot == -1 or vslot == int(self.vtimes.argmin())
+        checked[0] += slot >= 0
+        checked[1] += vslot >= 0
+        return due(self, argmins)
+
+    monkeypatch.setattr(Clock, "due", checked_due)
+    scheduler, cache = pair.split(":")
+    scenario = load_scenario(SCENARIOS / "trace-300.toml")
+    scenario = replace(scenario, jobs=scenario.jobs[:80])
+    Simulation(scenario, scheduler, cache).run()
+    assert checked[0] > 100
+    if cache == "alluxio":
+        assert checked[1] > 100
 
 
 @pytest.mark.parametrize("pair", ["fifo:quiver", "sjf:silod", "gavel:silod", "gavel:coordl"])
