@@ -61,6 +61,7 @@ class Clock:
         self.held_units: dict[str, int] = {}  # held jobs per unit
         self.held_k = 0.0  # sum of the held jobs' 1 / (1 - hit)
         self.entries = 0  # jobs put on the level clock (for tests and profiles)
+        self.argmins = (-1, -1)  # the slots the last soonest() found (due's hint)
 
     # ------------------------------------------------------------ slots
 
@@ -156,37 +157,51 @@ class Clock:
             self.times[slots] = times
 
     def soonest(self) -> float:
-        """The time of the next job event (math.inf: none)."""
+        """The time of the next job event (math.inf: none). The slots found are kept in
+        `argmins` (of times, of vtimes; -1: not looked for), for due()."""
         times = self.times
-        soonest = float(times[times.argmin()]) if len(times) else _INF
+        if not len(times):
+            self.argmins = (-1, -1)
+            return _INF
+        slot = int(times.argmin())
+        soonest = float(times[slot])
+        vslot = -1
         if self.held and self.level > 0:
             vtimes = self.vtimes
-            mark = float(vtimes[vtimes.argmin()])
+            vslot = int(vtimes.argmin())
+            mark = float(vtimes[vslot])
             if mark < _INF:
                 soonest = min(soonest, self.now + (mark - self.vclock) / self.level)
+        self.argmins = (slot, vslot)
         return soonest
 
-    def due(self) -> list[SimJob]:
+    def due(self, argmins: tuple[int, int] = (-1, -1)) -> list[SimJob]:
         """The jobs whose event is now (to rounding), their events consumed: events in
-        time first, then those on the level clock, each in (time, seq) order."""
+        time first, then those on the level clock, each in (time, seq) order.
+        argmins: soonest()'s `argmins`, when no event was written since (the
+        simulator's step: only time moved), so the first pass over each array is
+        not made again (-1: make it)."""
         due_jobs: list[SimJob] = []
         if not len(self.times):
             return due_jobs
         tol = 1e-9 * max(1.0, self.now)
         jobs = self.jobs
-        for marks, at in (
-            (self.times, self.now + tol),
-            (self.vtimes, self.vclock + self.level * tol),  # (the same tolerance in time)
+        for marks, at, slot in (
+            (self.times, self.now + tol, argmins[0]),
+            # (the same tolerance in time)
+            (self.vtimes, self.vclock + self.level * tol, argmins[1]),
         ):
             found: list[tuple[float, int, SimJob]] = []
             while True:
-                slot = int(marks.argmin())
+                if slot < 0:
+                    slot = int(marks.argmin())
                 mark = float(marks[slot])
                 if not mark <= at:
                     break
                 job = jobs[slot]
                 found.append((mark, job.seq, job))  # type: ignore[union-attr]
                 marks[slot] = _INF
+                slot = -1
             if len(found) > 1:
                 found.sort(key=_time_seq)
             due_jobs.extend(job for _, _, job in found)

@@ -10,11 +10,12 @@ A division is policies.base.water_fill_capped: smallest demand first, each gets 
 while that is at most an equal split of what is left, and the first that is not, and
 every larger one, get that split (the fair level). Sorting every demand at every step
 would cost O(n log n); the order is kept instead, each demand moved by bisection when it
-changes, so a division is at most one pass in C over it, from the first demand that
-moved to the first held one (a division from scratch, after the demands were made
-anew, one numpy pass over them all; a step's that will walk far, one numpy pass to a
-little past the last first held one): the same arithmetic, the same shares, level and
-held jobs to the bit (tests/unit/test_ctl_simulator.py checks this).
+changes, and the demands in that order are kept in a numpy array (the link's only copy
+of them as a division reads them), so a division is one or two numpy passes over a
+stretch of it, from the first demand that moved to a little past the last first held
+one (then on to the end if need be), what is left of the link kept in a second array:
+the same arithmetic, the same shares, level and held jobs to the bit
+(tests/unit/test_ctl_simulator.py checks this).
 """
 
 from __future__ import annotations
@@ -22,20 +23,15 @@ from __future__ import annotations
 import logging
 import math
 from bisect import bisect_left, bisect_right
-from itertools import accumulate, compress, count
-from operator import gt, itemgetter, sub, truediv
+from operator import itemgetter
 
 import numpy as np
 
 log = logging.getLogger(__name__)
 
-# From how many demands a division from scratch (new demands: a re-plan, an arrival or
-# a departure) is one numpy pass (Link._first_numpy).
-_WHOLE_FROM = 256
-# From how many places a step's division is one numpy pass too (Link._first_numpy): from
-# the lowest moved demand to a little past the last division's first held place.
-_NUMPY_FROM = 160
-_NUMPY_PAST = 64  # how far past that place the numpy pass goes (then itertools' chunks)
+# How far past the last division's first held place (or the lowest moved demand) a
+# division's first numpy pass goes (Link._first_from; then a second to the end).
+_PAST = 64
 
 
 class Link:
@@ -48,12 +44,16 @@ class Link:
         # self.demand, name) ascending (a stable sort by demand); None: to be made again
         # from self.demand (a job came or left).
         self.order: list[tuple[float, int, str]] | None = None
-        self.values: list[float] = []  # the demands of self.order, in its order
+        # The demands of self.order, in its order: the link's one copy of them as the
+        # division reads them (numpy: a division is a pass in C over a stretch of it,
+        # not a list copied into an array each time).
+        self.values = np.empty(0)
         # The last division's running remainders (lefts[i]: the link less the demands
         # before position i; the first `valid` found), its first held position, and the
         # first position whose demand moved since (len(order): none).
-        self.lefts: list[float] = []
+        self.lefts = np.empty(1)
         self.valid = 0
+        self.splits = np.empty(0)  # splits[i]: n - i, how many share what is left at i
         self.first = 0
         self.stale = 0
         self.pos: dict[str, int] = {}  # name -> position in self.demand
@@ -91,8 +91,10 @@ class Link:
         self.order = order = sorted(
             zip(self.demand.values(), range(n), names, strict=True), key=itemgetter(0)
         )
-        self.values = list(map(itemgetter(0), order))
-        self.lefts = []
+        self.values = np.fromiter(map(itemgetter(0), order), float, n)
+        if len(self.splits) != n:
+            self.splits = np.arange(n, 0, -1, dtype=float)
+            self.lefts = np.empty(n + 1)
         self.valid = 0
         self.stale = 0
 
@@ -109,13 +111,18 @@ class Link:
             self.drift[name] = (old, pos)
         values = self.values
         at = bisect_left(order, (old, pos))
-        del order[at], values[at]
+        del order[at]
         item = (new, pos, name)
         to = bisect_right(order, item)  # (insort's place)
         order.insert(to, item)
-        values.insert(to, new)
-        if to < at:
+        # values as order: the one at `at` out, `new` in at `to` (numpy copies
+        # overlapping slices as if through a buffer)
+        if to > at:
+            values[at:to] = values[at + 1 : to + 1]
+        elif to < at:
+            values[to + 1 : at + 1] = values[to:at]
             at = to
+        values[to] = new
         if at < self.stale:
             self.stale = at
 
@@ -126,93 +133,69 @@ class Link:
         before that position get themselves, the others the fair level."""
         if self.order is None:
             self.build()
-        order = self.order
-        assert order is not None
-        n = len(order)
+        n = len(self.order)  # type: ignore[arg-type]
         values = self.values
         link = self.capacity
         if math.isinf(link):
-            return n, None, values[-1] if n else 0.0
+            return n, None, float(values[-1]) if n else 0.0
         # Only the demands from `stale` on moved since the last division: what is left
         # before them, and whether they were held, stand (the same subtractions, in the
         # same order, give the same bits). What is left is found only as far as the
         # search for the first held demand needs it: the demands held at the level get
         # the level whatever they are.
         lefts, stale = self.lefts, self.stale
-        whole = False
-        if not lefts or lefts[0] != link:  # (new demands, or a new capacity)
+        if not self.valid or lefts[0] != link:  # (new demands, or a new capacity)
             stale = 0
-            lefts[:] = [link]
+            lefts[0] = link
             self.valid = 1
-            whole = n >= _WHOLE_FROM
         if self.valid > stale + 1:
             self.valid = stale + 1  # (lefts[stale] is of the demands before it alone)
         first = self.first
-        if whole:
-            first = self._first_numpy(0, n)
-        elif first >= stale:
-            # The last first held place is where this search most likely ends: far
-            # from the lowest moved demand (Alluxio's thrashing readers, ~150 places
-            # of ~900), one numpy pass to a little past it; near it, itertools' chunks
-            # (numpy's calls cost more than a few dozen places).
-            stop = min(n, first + _NUMPY_PAST)
-            if stop - stale >= _NUMPY_FROM:
-                first = self._first_numpy(stale, stop)
-            else:
-                first = self._first_from(stale)
+        if first >= stale:
+            first = self._first_from(stale)
+        # (else the first held is before every moved demand: it stands)
         self.first, self.stale = first, n
         if first == n:
-            return n, None, values[-1] if n else 0.0
-        fair = lefts[first] / (n - first)
-        top = values[first - 1] if first > 0 and values[first - 1] > fair else fair
-        return first, fair, top
+            return n, None, float(values[-1]) if n else 0.0
+        fair = float(lefts[first]) / (n - first)
+        if first > 0:
+            below = float(values[first - 1])
+            return first, fair, below if below > fair else fair
+        return first, fair, fair
 
     def _first_from(self, start: int) -> int:
         """The first place from `start` on whose demand exceeds an equal split of what is
-        left for it and the larger ones (len(order): none), what is left found on the
-        way in chunks (`valid`: how many of `lefts` are found)."""
-        values, lefts = self.values, self.lefts
+        left for it and the larger ones (len(order): none), in at most two numpy passes:
+        to a little past the last division's first held place (where this search most
+        likely ends: Alluxio's thrashing readers move demands ~150 places below it),
+        then to the end. What is left is found on the way (`valid`: how many of
+        `lefts` are). np.subtract.accumulate subtracts one by one in order, as the
+        loop `left -= demand` does, and float / float (n - i is exact) and > are
+        IEEE's in numpy as in Python: the remainders and the place found are the same
+        bits as water_fill_capped's."""
+        values, lefts, splits = self.values, self.lefts, self.splits
         n = len(values)
-        at, chunk = start, 32
-        while at < n:
-            end = min(n, at + chunk)
-            valid = self.valid
-            if valid < end:  # lefts[valid:end], on from lefts[valid - 1]
-                lefts[valid - 1 :] = accumulate(
-                    values[valid - 1 : end - 1], sub, initial=lefts[valid - 1]
-                )
-                self.valid = end
-            shares = map(truediv, lefts[at:end], range(n - at, n - end, -1))
-            found = next(compress(count(at), map(gt, values[at:end], shares)), None)
-            if found is not None:
-                return found
-            at, chunk = end, chunk * 2
-        return n
-
-    def _first_numpy(self, start: int, stop: int) -> int:
-        """_first_from(start) in a few numpy passes up to `stop` (then on in chunks):
-        for a division from scratch (start 0, stop n: a re-plan's walks most of ~1,000
-        demands, 2-3x the time in itertools' chunks) and for a step's that will likely
-        walk far (stop a little past the last first held place: the demands are
-        copied into an array only as far as that). np.subtract.accumulate subtracts one
-        by one in order, as accumulate(sub) does, and float / int and > are IEEE's in
-        numpy as in Python: the remainders and the place found are the same bits."""
-        values, lefts = self.values, self.lefts
-        n = len(values)
-        valid = self.valid  # lefts[valid - 1] is found, valid - 1 <= start < stop
-        tail = np.array(values[valid - 1 : stop])  # the demands from valid - 1 on
-        part = np.empty(stop - valid + 1)
-        part[0] = lefts[valid - 1]
-        part[1:] = tail[:-1]
-        found = np.subtract.accumulate(part)  # lefts[valid - 1 : stop]
-        at = start - valid + 1
-        over = (tail[at:] > found[at:] / np.arange(n - start, n - stop, -1)).nonzero()[0]
-        end = start + int(over[0]) + 1 if len(over) else stop  # (lefts found up to it)
-        lefts[valid - 1 :] = found[: end - valid + 1].tolist()
-        self.valid = end
-        if len(over):
-            return end - 1
-        return self._first_from(stop) if stop < n else n
+        if start >= n:
+            return n
+        stop = self.first + _PAST
+        if stop < start + _PAST:
+            stop = start + _PAST
+        while True:
+            if stop > n:
+                stop = n
+            valid = self.valid  # lefts[valid - 1] is found, valid - 1 <= start
+            if valid < stop:  # lefts[valid:stop], on from lefts[valid - 1]
+                found = lefts[valid - 1 : stop]
+                found[1:] = values[valid - 1 : stop - 1]
+                np.subtract.accumulate(found, out=found)
+                self.valid = stop
+            over = values[start:stop] > lefts[start:stop] / splits[start:stop]
+            at = int(over.argmax())
+            if over[at]:
+                return start + at
+            if stop == n:
+                return n
+            start, stop = stop, n
 
     def held_from(self, first: int) -> list[str]:
         """The names a division held at the level: those from position `first` on."""

@@ -1020,7 +1020,9 @@ class Simulation:
         that became full, the re-plan timer, and the arrivals."""
         clock, units = self.clock, self.units
         now = clock.now
-        for job in clock.due():
+        # Nothing wrote an event since _step's soonest() (a shared fill only brings
+        # jobs to now): the slots it found are still each array's first.
+        for job in clock.due(clock.argmins):
             job.seq = -1  # consumed (Clock.due): the next rate sets the next one
             job.advance(now, clock.vclock)
             self.touched[job.name] = job

@@ -16,9 +16,11 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from silofs_ctl import sim_link
 from silofs_ctl.cli import main
 from silofs_ctl.policies.base import PLAN_INPUTS, water_fill_capped
 from silofs_ctl.scenario import JobSpec, load_scenario, parse_scenario
+from silofs_ctl.sim_clock import Clock
 from silofs_ctl.sim_job import SimJob
 from silofs_ctl.sim_link import Link
 from silofs_ctl.sim_lru import LruPool, distinct_fraction, hit_between, steady_hit_ratio
@@ -434,6 +436,34 @@ def test_the_level_clock_gives_the_same_run_to_rounding(pair: str) -> None:
     assert fast.avg_fairness == pytest.approx(slow.avg_fairness, rel=1e-9)
 
 
+@pytest.mark.parametrize("pair", ["gavel:alluxio", "gavel:silod", "fifo:quiver"])
+def test_the_slots_soonest_found_are_still_the_first_when_a_step_takes_its_due_jobs(
+    pair: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The simulator's step hands due() the slots soonest() found (Clock.argmins): no
+    event may be written between the two, or due would take a job that is not the
+    soonest, or miss one. Each hint must be each array's argmin when due runs, on
+    runs with the level clock (LRU), shared fills (uniform caching) and neither."""
+    due, checked = Clock.due, [0, 0]
+
+    def checked_due(self: Clock, argmins: tuple[int, int] = (-1, -1)) -> list:
+        slot, vslot = argmins
+        assert slot == -1 or slot == int(self.times.argmin())
+        assert vslot == -1 or vslot == int(self.vtimes.argmin())
+        checked[0] += slot >= 0
+        checked[1] += vslot >= 0
+        return due(self, argmins)
+
+    monkeypatch.setattr(Clock, "due", checked_due)
+    scheduler, cache = pair.split(":")
+    scenario = load_scenario(SCENARIOS / "trace-300.toml")
+    scenario = replace(scenario, jobs=scenario.jobs[:80])
+    Simulation(scenario, scheduler, cache).run()
+    assert checked[0] > 100
+    if cache == "alluxio":
+        assert checked[1] > 100
+
+
 @pytest.mark.parametrize("pair", ["fifo:quiver", "sjf:silod", "gavel:silod", "gavel:coordl"])
 def test_uniform_caches_write_every_rate_out_outside_gavels_vanilla_plans(pair: str) -> None:
     """The level clock sums held jobs' progress in another order than writing each rate
@@ -533,26 +563,23 @@ def test_a_step_division_far_below_the_first_held_is_water_fill(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A step's division that starts far below the last first held demand (Alluxio's
-    thrashing readers: ~150 places) is one numpy pass from the first remainder not yet
-    found to a little past that place (Link._first_numpy; on from there in chunks if
-    the first held moved further), one near it itertools' chunks; each, over hundreds
-    of demands with moves on either side of the level, must be water_fill_capped to
-    the bit, and the case must have run every way."""
-    paths = {"numpy": 0, "numpy then chunks": 0, "chunks": 0}
-    numpy_pass, chunks = Link._first_numpy, Link._first_from
+    thrashing readers: ~150 places) is one numpy pass from the lowest moved demand to a
+    little past that place (Link._first_from; on to the end in a second pass if the
+    first held moved further); each, over hundreds of demands with moves on either
+    side of the level, must be water_fill_capped to the bit, and the case must have
+    run both ways, and from far below the last first held place."""
+    paths = {"one pass": 0, "two passes": 0, "far below": 0}
+    search = Link._first_from
 
-    def counted_numpy(self: Link, start: int, stop: int) -> int:
-        first = numpy_pass(self, start, stop)
-        paths["numpy"] += start > 0  # (start 0: mostly a division from scratch)
-        paths["numpy then chunks"] += first >= stop and stop < len(self.values)
+    def counted(self: Link, start: int) -> int:
+        stop = max(self.first, start) + sim_link._PAST
+        first = search(self, start)
+        if first < len(self.values):
+            paths["two passes" if first >= stop else "one pass"] += 1
+        paths["far below"] += self.first - start >= 150
         return first
 
-    def counted_chunks(self: Link, start: int) -> int:
-        paths["chunks"] += 1
-        return chunks(self, start)
-
-    monkeypatch.setattr(Link, "_first_numpy", counted_numpy)
-    monkeypatch.setattr(Link, "_first_from", counted_chunks)
+    monkeypatch.setattr(Link, "_first_from", counted)
     rnd = random.Random(23)
     for _ in range(40):
         n = rnd.randint(150, 900)
@@ -574,8 +601,8 @@ def test_a_step_division_far_below_the_first_held_is_water_fill(
         shares, capped, want_fair = water_fill_capped(link.capacity, link.demand)
         assert first > before + 64 and link.held_from(first) == capped
         assert fair == want_fair and top == max(shares.values())
-    assert paths["numpy"] > 20 and paths["chunks"] > 20, paths
-    assert paths["numpy then chunks"] >= 5, paths
+    assert paths["one pass"] > 20 and paths["far below"] > 20, paths
+    assert paths["two passes"] >= 5, paths
 
 
 def test_the_jobs_a_division_says_changed_sides_are_exactly_those_that_did() -> None:
