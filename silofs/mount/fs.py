@@ -24,7 +24,7 @@ import re
 import stat
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import chain
 
 import lmdb
@@ -130,8 +130,33 @@ def mtime_ns(mtime: float) -> int:
 
 
 NAME_MAX = fuse_name_max(os.uname().release)
+# Fresh inode numbers of a path's new version (_retire) count up from here; a listing's
+# (hashed, 63 bits) rarely lands there, and _retire probes past any the listing has.
+ALIAS_BASE = 0x7FF0_0000_0000_0000
 FREE_INODES = 1 << 50  # statfs's free inodes (statfs): a read-only fs that never runs out
 _LONG_LOGGED_MAX = 1024  # directories whose names past NAME_MAX were logged (once each)
+
+
+@dataclass
+class _Versions:
+    """An inode per version: the kernel's page cache is per inode, so a path whose
+    version a switch() changed while handles of the old one are open gets a fresh
+    number for the new version (SilofsFS._retire), and the old number lives on for
+    those handles until the kernel FORGETs it (SilofsFS.forget). All empty unless a
+    refresh met an open old version."""
+
+    # listing inode -> the number the kernel knows the path's version by now
+    alias: dict[int, int] = field(default_factory=dict)
+    # that number -> its listing inode
+    real: dict[int, int] = field(default_factory=dict)
+    # a number the kernel may still hold for an older version (getattr answers its
+    # handles' version) -> the listing inode of its path
+    retired: dict[int, int] = field(default_factory=dict)
+    # A fresh number's lookups the kernel counts (LOOKUP and READDIRPLUS replies), less
+    # those its FORGETs gave back: it goes back to the listing inode only at 0 (a LOOKUP
+    # answered while its FORGET was queued made the kernel a new inode).
+    lookups: dict[int, int] = field(default_factory=dict)
+    next: int = ALIAS_BASE
 
 
 @answer_eio  # an exception other than FUSEError is that request's EIO (survive.py)
@@ -185,6 +210,10 @@ class SilofsFS(pyfuse3.Operations):
         self._paged: dict[int, tuple[int, int]] = {}
         self._clamped: set[int] = set()  # inodes whose kept attributes a handle cut
         self._direct: set[int] = set()  # handles opened with direct_io (this process's)
+        # An inode per version (one serving process only): _Versions. One attribute, not
+        # five: with five, every handler ran more instructions (bench/handler_ir.py),
+        # likely as past 30 instance attributes CPython shares no keys of the dict.
+        self._iv = _Versions()
         self.stale_inodes: list[int] = []  # attributes the kernel must fetch again
         # Set by the mount (process.py): forgets an inode's attributes in the kernel at
         # once (an attr-only notification: no page or lock of a request in flight is
@@ -219,19 +248,112 @@ class SilofsFS(pyfuse3.Operations):
         hot, self._hot = self._hot, {}
         stale = self.listing.switch(record, [h.node for h in hot.values()])
         self._count_versions()
+        if self.shared is None and self._open_versions:
+            stale = self._retire(stale)
+        elif self._iv.alias:
+            stale = [self._as_known(e) for e in stale]
         self._attrs.clear()
         self._names.clear()
         self._clamped.clear()
         self._paged_sizes, self._paged = {}, {}
         for fh, f in self._files.items():
-            if fh in self._direct:
+            if fh in self._direct or f.inode in self._iv.retired:
+                # A retired inode's attributes are its handles' version's (getattr):
+                # nothing for the kernel to cut.
                 continue
-            node = self.listing.get(f.inode)
+            ino = self._iv.real.get(f.inode, f.inode)  # keyed as _attrs: by listing inode
+            node = self.listing.get(ino)
             if node is None or node.size != f.obj.size:
-                self._paged[fh] = (f.inode, f.obj.size)
-                sizes = self._paged_sizes.setdefault(f.inode, {})
+                self._paged[fh] = (ino, f.obj.size)
+                sizes = self._paged_sizes.setdefault(ino, {})
                 sizes[f.obj.size] = sizes.get(f.obj.size, 0) + 1
         return stale
+
+    def _retire(self, stale: list[Entry]) -> list[Entry]:
+        """Give a fresh inode number to every path whose listed version is not that of
+        a handle open on the number the kernel knows it by (an inode per version: the
+        kernel's pages are per inode, and a handle's fadvise, readahead or mmap fills
+        them whatever its direct_io). The old number stays for those handles (_iv.retired)
+        until the kernel forgets it; its name goes from the kernel's entries (returned
+        with `stale`, which process.py invalidates), so the next lookup gets the new one."""
+        m = self.listing
+        out = [self._as_known(e) for e in stale] if self._iv.alias else list(stale)
+        named = {(e.parent, e.path) for e in out}
+        for kino, versions in self._open_versions.items():
+            if kino in self._iv.retired:
+                continue
+            ino = self._iv.real.get(kino, kino)
+            node = m.get(ino)
+            if node is None or node.is_dir or set(versions) == {node.version}:
+                continue  # deleted (held), or no other version open on it
+            fresh = self._iv.next
+            while m.get_any(fresh) is not None:
+                fresh += 1
+            self._iv.next = fresh + 1
+            self._iv.retired[kino] = ino
+            self._iv.real.pop(kino, None)
+            self._iv.lookups.pop(kino, None)
+            self._iv.alias[ino] = fresh
+            self._iv.real[fresh] = ino
+            self._page_versions.pop(kino, None)
+            log.info("inode %d: a new version with the old one open: it is %d now", kino, fresh)
+            if (node.parent, node.path) not in named:
+                out.append(replace(node, inode=kino))
+                named.add((node.parent, node.path))
+        return out
+
+    def _as_known(self, e: Entry) -> Entry:
+        """`e` under the number the kernel knows its path by now (_iv.alias)."""
+        kino = self._iv.alias.get(e.inode)
+        if kino is None:
+            return e
+        return replace(e, inode=kino)
+
+    def _looked_up(self, kino: int) -> None:
+        if kino in self._iv.real:
+            self._iv.lookups[kino] = self._iv.lookups.get(kino, 0) + 1
+
+    def _listing_ino(self, kino: int) -> int:
+        """The listing inode of a number the kernel knows or knew a path by."""
+        return self._iv.real.get(kino) or self._iv.retired.get(kino) or kino
+
+    def kernel_inode(self, ino: int) -> int:
+        """The number the kernel knows listing inode `ino`'s path by now."""
+        return self._iv.alias.get(ino, ino) if self._iv.alias else ino
+
+    async def forget(self, inode_list: list[tuple[int, int]]) -> None:
+        """The kernel dropped these inodes (a FORGET carries all its lookups of one).
+        A retired number is done with; a path's fresh number goes back to its listing
+        inode once the kernel holds neither, so numbers follow the path again."""
+        if not (self._iv.retired or self._iv.real):
+            return
+        for kino, n in inode_list:
+            ino = self._iv.retired.pop(kino, None)
+            if ino is not None:
+                self._page_versions.pop(kino, None)
+                fresh = self._iv.alias.get(ino)
+                if ino == kino and fresh is not None and not self._iv.lookups.get(fresh):
+                    self._unalias(ino, fresh)  # the kernel holds neither number now
+                continue
+            ino = self._iv.real.get(kino)
+            if ino is None:
+                continue
+            left = self._iv.lookups.pop(kino, 0) - n
+            if left > 0:
+                self._iv.lookups[kino] = left
+            elif ino not in self._iv.retired:
+                self._unalias(ino, kino)
+
+    def _unalias(self, ino: int, kino: int) -> None:
+        """Listing inode `ino`'s path goes back to its own number (the kernel holds
+        neither it nor `kino`: a fresh inode, no pages)."""
+        del self._iv.real[kino]
+        del self._iv.alias[ino]
+        self._iv.lookups.pop(kino, None)
+        self._page_versions.pop(kino, None)
+        self._page_versions.pop(ino, None)
+        self._attrs.pop(ino, None)
+        self._names.clear()  # replies naming `kino` (rare: one per version change)
 
     def _count_versions(self) -> None:
         """Count every open handle by inode and version (_open_versions), as a switch()
@@ -261,6 +383,7 @@ class SilofsFS(pyfuse3.Operations):
                 o = f.obj
                 e = Entry(inode, False, 0, o.size, o.mtime, 0, f.gen, b"", o.version)
                 a = self._build_attr(e)  # not kept: the handle's, while it is open
+                a.st_ino = inode  # the number it was opened by (a path's is _iv.alias's)
                 a.st_nlink = 0
                 return a
         for h in self._dirs.values():
@@ -287,7 +410,7 @@ class SilofsFS(pyfuse3.Operations):
         # what differs is set, each setter being a call into pyfuse3.
         a = pyfuse3.EntryAttributes()
         look = self.look
-        a.st_ino = node.inode
+        a.st_ino = self._iv.alias.get(node.inode, node.inode) if self._iv.alias else node.inode
         # The kernel keeps names and attributes exactly as long as the metadata TTL says:
         # a refresh is seen by the kernel no later than that.
         a.entry_timeout = a.attr_timeout = look.timeout
@@ -323,6 +446,8 @@ class SilofsFS(pyfuse3.Operations):
             # of a complete listing; emptied by switch()).
             a = self._names.get((parent_inode, name))
             if a is not None:
+                if self._iv.real:
+                    self._looked_up(a.st_ino)
                 return a
             m = self.listing
             m.renew()
@@ -350,6 +475,8 @@ class SilofsFS(pyfuse3.Operations):
                 if len(names) >= NAME_CACHE:
                     names.clear()
                 names[parent_inode, name] = a
+            if self._iv.real:
+                self._looked_up(a.st_ino)
             return a
         except pyfuse3.FUSEError:
             raise
@@ -361,6 +488,8 @@ class SilofsFS(pyfuse3.Operations):
         try:
             m = self.listing
             m.renew()
+            if self._iv.real or self._iv.retired:
+                return self._aliased_attr(inode)
             node = m.get_any(inode)
             if node is not None:
                 return self._attr(node)
@@ -372,6 +501,29 @@ class SilofsFS(pyfuse3.Operations):
             raise
         except Exception as exc:  # noqa: BLE001 - this request's EIO, not the mount's end
             raise eio("FUSE getattr", exc) from None
+
+    def _aliased_attr(self, kino: int) -> pyfuse3.EntryAttributes:
+        """getattr while some path has a fresh inode number (_retire): a retired number
+        answers its open handles' version (as fstat of a file replaced by a rename on
+        a local disk); a fresh one its listing inode's entry."""
+        if kino in self._iv.retired:
+            held = self._held(kino)
+            if held is not None:
+                return held
+            node = self.listing.get_any(self._iv.retired[kino])
+            if node is None:
+                raise pyfuse3.FUSEError(errno.ENOENT)
+            a = self._build_attr(node)  # not kept: under another number
+            a.st_ino = kino
+            return a
+        ino = self._iv.real.get(kino, kino)
+        node = self.listing.get_any(ino)
+        if node is not None:
+            return self._attr(node)
+        held = self._held(kino)
+        if held is None:
+            raise pyfuse3.FUSEError(errno.ENOENT)
+        return held
 
     async def access(self, inode: int, mode: int, ctx: pyfuse3.RequestContext) -> bool:
         return not (mode & os.W_OK)
@@ -536,6 +688,8 @@ class SilofsFS(pyfuse3.Operations):
                 attr = self._build_attr(child)
             if not pyfuse3.readdir_reply(token, name, attr, pos + 1):
                 break
+            if self._iv.real:
+                self._looked_up(attr.st_ino)
             pos += 1
             h.pos, h.key = pos, key
             recent.append(key)
@@ -642,8 +796,11 @@ class SilofsFS(pyfuse3.Operations):
                 return fi
             m = self.listing
             # The current listing only: a deleted object cannot be opened. get() renews
-            # the snapshot if it must read one.
-            node = m.get(inode)
+            # the snapshot if it must read one. A number the kernel knows a path by
+            # (_iv.alias) or knew it by (_iv.retired: opened through an entry the kernel had
+            # not dropped yet, it reads the listed version, direct_io below) is its
+            # listing inode's.
+            node = m.get(self._listing_ino(inode) if self._iv.real or self._iv.retired else inode)
             if node is None:
                 raise pyfuse3.FUSEError(errno.ENOENT)
             # Its first chunk's key and header length, made once per entry kept (a file
@@ -695,7 +852,7 @@ class SilofsFS(pyfuse3.Operations):
                     h = hot[inode] = HotFile(self._epoch, node, ref, m.gen)
                     self._files[fh].hot = h
             else:
-                fi = self._keep if self._keep_cache(node) else self._drop
+                fi = self._keep if self._keep_cache(node, inode) else self._drop
                 if self.forget_attrs is not None:
                     # The kernel may still hold the size of a version listed before (a
                     # refresh's invalidation marks attributes stale, it does not change
@@ -782,7 +939,7 @@ class SilofsFS(pyfuse3.Operations):
             self._adopted.popitem(last=False)
         return f
 
-    def _keep_cache(self, node: Entry) -> bool:
+    def _keep_cache(self, node: Entry, ino: int) -> bool:
         """Whether the kernel may keep the pages it holds of this inode: only if they can
         only be of the version this open reads (promise 3: one version per open).
 
@@ -795,7 +952,7 @@ class SilofsFS(pyfuse3.Operations):
         a read through a handle of an older listing forgets it (read())."""
         if node.since <= self.listing.first_gen:
             return True
-        ino = node.inode
+        # `ino`: the number the kernel knows the inode by (_iv.alias), whose pages these are.
         seen = self._page_versions.get(ino)
         self._page_versions[ino] = node.version
         self._page_versions.move_to_end(ino)
@@ -953,7 +1110,7 @@ class SilofsFS(pyfuse3.Operations):
                 # A handle of an older listing: its reads stopped at the old size, and a short
                 # read makes the kernel shrink the file's size to it. Once it is closed, the
                 # kernel must ask again (process.py invalidates these between requests).
-                node = self.listing.get(f.inode)
+                node = self.listing.get(self._listing_ino(f.inode))
                 if node is None or node.version != f.obj.version:
                     self._stale_size(f.inode)
         except pyfuse3.FUSEError:

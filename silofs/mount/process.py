@@ -643,6 +643,9 @@ class MountProcess:
                 while True:
                     changed, row = await trio.to_thread.run_sync(batch, row)
                     if changed:
+                        if self.fs is not None:  # under the numbers the kernel knows
+                            k = self.fs.kernel_inode
+                            changed = [(k(ino), parent, name) for ino, parent, name in changed]
                         await trio.to_thread.run_sync(_invalidate, changed)
                         forgotten += len(changed)
                     if row is None:

@@ -695,6 +695,7 @@ def test_a_file_is_one_version_from_open_to_close(run: Callable[..., None]) -> N
     async def test(m: Mount) -> None:
         big = OBJECTS[1]
         old = payload(big.key, big.size, "v1")
+        old_ino = (await m.path(big.key)).st_ino
         fh = await m.open(big.key)
         assert await m.read(fh, 0, 10) == old[:10]
 
@@ -719,10 +720,11 @@ def test_a_file_is_one_version_from_open_to_close(run: Callable[..., None]) -> N
         assert (await m.path(big.key)).st_size == CS + 7
         assert await m.read_all(big.key) == payload(big.key, CS + 7, "v2")
         assert m.daemon.asked[-1]["version"] == "v2"
-        # The old handle, closed, marks its inode for the kernel to look up again.
-        inode = (await m.path(big.key)).st_ino
+        # The new version has an inode of its own (the old one is still open); the old
+        # handle, closed, marks its inode for the kernel to look up again.
+        assert (await m.path(big.key)).st_ino != old_ino
         await m.fs.release(fh)
-        assert inode in m.fs.stale_inodes
+        assert old_ino in m.fs.stale_inodes
 
     run(test, buffer_bytes=CS)
 
@@ -730,10 +732,11 @@ def test_a_file_is_one_version_from_open_to_close(run: Callable[..., None]) -> N
 def test_an_open_reads_around_the_pages_of_another_version_still_open(
     run: Callable[..., None],
 ) -> None:
-    """OPEN answers direct_io while a handle of another version of the inode is open
-    (the kernel's pages of an inode serve all its handles), though open() does not count
-    the handles of a version listed when the mount started until a switch(): one opened
-    at the start, one after a relist that changed nothing, then the file rewritten."""
+    """A version listed while a handle of another is open gets an inode of its own (the
+    kernel's pages of an inode serve all its handles), though open() does not count the
+    handles of a version listed when the mount started until a switch(): one opened at
+    the start, one after a relist that changed nothing, then the file rewritten. An OPEN
+    through the old number (a kernel entry not dropped yet) reads around its pages."""
 
     async def test(m: Mount) -> None:
         big = OBJECTS[1]
@@ -750,13 +753,18 @@ def test_an_open_reads_around_the_pages_of_another_version_still_open(
         new_obj = obj(big.key, CS + 7, "v2")
         m.daemon.objects[(big.key, "v2")] = payload(big.key, new_obj.size, "v2")
         m.relist([o if o.key != big.key else new_obj for o in OBJECTS])
-        ino = (await m.path(big.key)).st_ino
+        old_ino, ino = ino, (await m.path(big.key)).st_ino
+        assert ino != old_ino  # `second` (v1) is still open on the old number
         fi = await m.fs.open(ino, os.O_RDONLY, None)  # type: ignore[arg-type]
-        assert fi.direct_io and not fi.keep_cache  # `second` (v1) is still open
+        assert not fi.direct_io  # its own inode, its own pages
         assert bytes(await m.fs.read(fi.fh, 0, CS + 7)) == payload(big.key, CS + 7, "v2")
+        late = await m.fs.open(old_ino, os.O_RDONLY, None)  # type: ignore[arg-type]
+        assert late.direct_io and not late.keep_cache  # v2 under v1's number: around
+        assert bytes(await m.fs.read(late.fh, 0, CS + 7)) == payload(big.key, CS + 7, "v2")
         assert await m.read(second_fh, 0, 10) == payload(big.key, big.size)[:10]
-        await m.fs.release(fi.fh)
-        await m.fs.release(second_fh)
+        assert (await m.fs.getattr(old_ino, None)).st_size == big.size  # type: ignore[arg-type]
+        for fh in (fi.fh, late.fh, second_fh):
+            await m.fs.release(fh)
         again = await m.fs.open(ino, os.O_RDONLY, None)  # type: ignore[arg-type]
         assert not again.direct_io  # no v1 handle open any more
         await m.fs.release(again.fh)
@@ -767,9 +775,9 @@ def test_an_open_reads_around_the_pages_of_another_version_still_open(
 def test_the_size_given_never_passes_a_page_cache_handles_version(
     run: Callable[..., None],
 ) -> None:
-    """While a handle reads a version through the page cache, lookup and getattr give
-    at most that version's size (the kernel zero-fills past a short read's end, and
-    would serve those zeros below a larger size); once it is released, the listing's."""
+    """While a handle reads a version through the page cache, getattr of its inode gives
+    that version's size (the kernel zero-fills past a short read's end, and would serve
+    those zeros below a larger size); the path, a new inode, the listing's."""
 
     async def test(m: Mount) -> None:
         big = OBJECTS[1]
@@ -778,11 +786,43 @@ def test_the_size_given_never_passes_a_page_cache_handles_version(
         m.relist(
             [o if o.key != big.key else obj(big.key, big.size + 3 * CS, "v2") for o in OBJECTS]
         )
-        assert (await m.path(big.key)).st_size == big.size
+        assert (await m.path(big.key)).st_size == big.size + 3 * CS
         assert (await m.fs.getattr(inode, None)).st_size == big.size  # type: ignore[arg-type]
         await m.fs.release(fh)
-        assert (await m.fs.getattr(inode, None)).st_size == big.size + 3 * CS  # type: ignore[arg-type]
         assert (await m.path(big.key)).st_size == big.size + 3 * CS
+
+    run(test)
+
+
+def test_an_old_versions_inode_lives_until_the_kernel_forgets_it(
+    run: Callable[..., None],
+) -> None:
+    """The old version's number answers its handle's version until the kernel FORGETs
+    it; the path's fresh number goes back to the listing inode only once the kernel
+    has forgotten both (every lookup of the fresh one given back), never earlier."""
+
+    async def test(m: Mount) -> None:
+        big = OBJECTS[1]
+        old_ino = (await m.path(big.key)).st_ino
+        fh = await m.open(big.key)
+        m.relist([o if o.key != big.key else obj(big.key, CS + 7, "v2") for o in OBJECTS])
+        fresh = (await m.path(big.key)).st_ino  # a lookup: the kernel counts 1
+        assert fresh != old_ino
+        assert (await m.path(big.key)).st_ino == fresh  # 2 (from the name cache)
+        await m.fs.release(fh)
+        # Released but not forgotten: still the old number, the path still the fresh one.
+        assert (await m.fs.getattr(old_ino, None)).st_ino == old_ino  # type: ignore[arg-type]
+        await m.fs.forget([(old_ino, 1)])
+        assert (await m.path(big.key)).st_ino == fresh  # 3: the kernel still holds it
+        await m.fs.forget([(fresh, 2)])  # one lookup not given back yet
+        assert (await m.fs.getattr(fresh, None)).st_size == CS + 7  # type: ignore[arg-type]
+        await m.fs.forget([(fresh, 1)])
+        # Neither number held by the kernel: the path has its listing inode again.
+        a = await m.path(big.key)
+        assert a.st_ino == old_ino and a.st_size == CS + 7
+        with pytest.raises(pyfuse3.FUSEError) as exc:
+            await m.fs.getattr(fresh, None)  # type: ignore[arg-type]
+        assert errno_of(exc) == errno.ENOENT
 
     run(test)
 
@@ -842,6 +882,7 @@ def test_a_hot_record_ends_with_its_listing_generation(run: Callable[..., None])
         a = OBJECTS[0]
         m.admit(a, 0)
         v1 = payload(a.key, a.size)
+        old_ino = (await m.path(a.key)).st_ino
         first = await m.open(a.key)
         assert await m.read(first, 0, 4096) == v1
         second = await m.open(a.key)
@@ -861,8 +902,8 @@ def test_a_hot_record_ends_with_its_listing_generation(run: Callable[..., None])
         for fh in (first, second, third):
             await m.fs.release(fh)
         attr = await m.path(a.key)
-        assert attr.st_size == 1500  # no longer cut at the v1 handles' size
-        assert attr.st_ino in m.fs.stale_inodes  # which the kernel forgets
+        assert attr.st_size == 1500  # an inode of its own (v1 was open at the relist)
+        assert old_ino in m.fs.stale_inodes  # v1's: the kernel forgets its size
 
     run(test)
 
@@ -871,8 +912,8 @@ def test_a_hot_file_s_open_reads_around_the_pages_of_another_version_still_open(
     run: Callable[..., None],
 ) -> None:
     """As for a file of several chunks (above): a handle opened from the hot record
-    before a relist that changed nothing is counted by that switch, and an OPEN of the
-    version a later relist brought answers direct_io while it is open."""
+    before a relist that changed nothing is counted by that switch, and the version a
+    later relist brought gets an inode of its own while it is open."""
 
     async def test(m: Mount) -> None:
         a = OBJECTS[0]
@@ -885,9 +926,10 @@ def test_a_hot_file_s_open_reads_around_the_pages_of_another_version_still_open(
         new = obj(a.key, 1500, "v2")
         m.daemon.objects[(a.key, "v2")] = payload(a.key, new.size, "v2")
         m.relist([o if o.key != a.key else new for o in OBJECTS])
-        ino = (await m.path(a.key)).st_ino
+        old_ino, ino = ino, (await m.path(a.key)).st_ino
+        assert ino != old_ino  # `kept` (v1) is still open
         fi = await m.fs.open(ino, os.O_RDONLY, None)  # type: ignore[arg-type]
-        assert fi.direct_io and not fi.keep_cache  # `kept` (v1) is still open
+        assert not fi.direct_io and not fi.keep_cache  # its own inode, no pages yet
         assert m.fs._files[fi.fh].hot is None
         assert await m.read(fi.fh, 0, 4096) == payload(a.key, 1500, "v2")
         assert await m.read(kept, 0, 4096) == payload(a.key, a.size)
