@@ -488,9 +488,10 @@ class SilofsFS(pyfuse3.Operations):
         try:
             m = self.listing
             m.renew()
-            if self._iv.real or self._iv.retired:
-                return self._aliased_attr(inode)
-            node = m.get_any(inode)
+            if self._iv.retired and inode in self._iv.retired:
+                return self._retired_attr(inode)
+            # A path's fresh number (_retire) answers its listing inode's entry.
+            node = m.get_any(self._iv.real.get(inode, inode) if self._iv.real else inode)
             if node is not None:
                 return self._attr(node)
             held = self._held(inode)
@@ -502,28 +503,19 @@ class SilofsFS(pyfuse3.Operations):
         except Exception as exc:  # noqa: BLE001 - this request's EIO, not the mount's end
             raise eio("FUSE getattr", exc) from None
 
-    def _aliased_attr(self, kino: int) -> pyfuse3.EntryAttributes:
-        """getattr while some path has a fresh inode number (_retire): a retired number
-        answers its open handles' version (as fstat of a file replaced by a rename on
-        a local disk); a fresh one its listing inode's entry."""
-        if kino in self._iv.retired:
-            held = self._held(kino)
-            if held is not None:
-                return held
-            node = self.listing.get_any(self._iv.retired[kino])
-            if node is None:
-                raise pyfuse3.FUSEError(errno.ENOENT)
-            a = self._build_attr(node)  # not kept: under another number
-            a.st_ino = kino
-            return a
-        ino = self._iv.real.get(kino, kino)
-        node = self.listing.get_any(ino)
-        if node is not None:
-            return self._attr(node)
+    def _retired_attr(self, kino: int) -> pyfuse3.EntryAttributes:
+        """getattr of a number a path had before a switch() gave it a fresh one (_retire):
+        its open handles' version (as fstat of a file replaced by a rename on a local
+        disk), else its path's entry under this number."""
         held = self._held(kino)
-        if held is None:
+        if held is not None:
+            return held
+        node = self.listing.get_any(self._iv.retired[kino])
+        if node is None:
             raise pyfuse3.FUSEError(errno.ENOENT)
-        return held
+        a = self._build_attr(node)  # not kept: under another number
+        a.st_ino = kino
+        return a
 
     async def access(self, inode: int, mode: int, ctx: pyfuse3.RequestContext) -> bool:
         return not (mode & os.W_OK)
