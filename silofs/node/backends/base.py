@@ -189,20 +189,21 @@ class RetryingBackend:
     @property
     def counters(self) -> StoreCounters:
         """Retries of this backend (one per dataset), created on first use."""
-        counters = self.__dict__.get("_counters")
-        if counters is None:
-            with _COUNTERS_LOCK:
-                counters = self.__dict__.setdefault("_counters", StoreCounters())
-        return counters
+        return self._once("_counters", StoreCounters)
 
     @property
     def retry_log(self) -> RetryLog:
         """How this backend's retries are logged (one per dataset), created on first use."""
-        notes = self.__dict__.get("_retry_log")
-        if notes is None:
+        return self._once("_retry_log", RetryLog)
+
+    def _once(self, name: str, make: Callable[[], T]) -> T:
+        """The backend's `name` attribute, made by make() on first use (one per backend,
+        whichever fetch thread asks first)."""
+        value = self.__dict__.get(name)
+        if value is None:
             with _COUNTERS_LOCK:
-                notes = self.__dict__.setdefault("_retry_log", RetryLog())
-        return notes
+                value = self.__dict__.setdefault(name, make())
+        return value
 
     def _retry(self, fn: Callable[[], T], what: str) -> T:
         """retry_call with this backend's options, counters, RetryLog and renewal."""
