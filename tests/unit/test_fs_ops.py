@@ -239,20 +239,29 @@ def test_a_name_looked_up_while_its_listing_is_written_is_looked_up_again(
     view.close()
 
 
-def test_readdir_lists_resumes_and_refuses_files(
-    run: Callable[..., None], monkeypatch: pytest.MonkeyPatch
-) -> None:
+def _kernel_buffer(
+    monkeypatch: pytest.MonkeyPatch, room: int
+) -> tuple[list[tuple[bytes, int]], list[int]]:
+    """pyfuse3.readdir_reply as the kernel's buffer: it takes `room[0]` more entries (a
+    test may refill it) and records each as (name, next offset) in `replies`."""
     replies: list[tuple[bytes, int]] = []
-    room = [10**6]  # entries the kernel's buffer takes before it is full
+    left = [room]
 
     def reply(token: Any, name: bytes, attr: pyfuse3.EntryAttributes, next_id: int) -> bool:
-        if room[0] == 0:
+        if left[0] == 0:
             return False
-        room[0] -= 1
+        left[0] -= 1
         replies.append((name, next_id))
         return True
 
     monkeypatch.setattr(pyfuse3, "readdir_reply", reply)
+    return replies, left
+
+
+def test_readdir_lists_resumes_and_refuses_files(
+    run: Callable[..., None], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    replies, room = _kernel_buffer(monkeypatch, 10**6)
 
     async def test(m: Mount) -> None:
         fh = await m.fs.opendir(ROOT_INODE, None)  # type: ignore[arg-type]
@@ -397,8 +406,7 @@ def test_readdir_resumes_inside_its_last_reply_and_at_any_offset_a_seek_names(
     small-buffer READDIRs; its timeout catches it only by wall clock, at 20,000 names)."""
     if marks is not None:
         monkeypatch.setattr(fs_module, "MARKS", marks)
-    replies: list[tuple[bytes, int]] = []
-    room = [0]
+    replies, room = _kernel_buffer(monkeypatch, 0)
     rows = [0]  # listing rows read (children() reads through entries())
     real_entries = ListingReader.entries
 
@@ -409,14 +417,6 @@ def test_readdir_resumes_inside_its_last_reply_and_at_any_offset_a_seek_names(
 
     monkeypatch.setattr(ListingReader, "entries", entries)
 
-    def reply(token: Any, name: bytes, attr: pyfuse3.EntryAttributes, next_id: int) -> bool:
-        if room[0] == 0:
-            return False
-        room[0] -= 1
-        replies.append((name, next_id))
-        return True
-
-    monkeypatch.setattr(pyfuse3, "readdir_reply", reply)
     names = [f"n{i:04d}".encode() + (b"-long" if long and i % 5 == 0 else b"") for i in range(1500)]
 
     async def test(m: Mount) -> None:
