@@ -279,7 +279,8 @@ class SilofsFS(pyfuse3.Operations):
                 stale = self._retire(stale, opened, lambda node: node.version)
             elif self._iv.alias:
                 stale = [self._as_known(e) for e in stale]
-
+            if self._iv.real or self._iv.retired:
+                self._renumber_collisions()
         self._attrs.clear()
         self._names.clear()
         self._clamped.clear()
@@ -353,6 +354,28 @@ class SilofsFS(pyfuse3.Operations):
         iv.next = fresh + 1
         return fresh
 
+    def _renumber_collisions(self, room: int | None = None) -> None:
+        """A listing numbers each path by a hash of it, probed past collisions
+        (cache/listing.py), blind to the numbers _retire gave: one that numbers a path
+        with a fresh or retired number in use for another path (the kernel may hold it,
+        and its pages of that version) gives this path a fresh number too, never that
+        one (its lookups would answer the other path's inode). Rare: the hash must land
+        on one of a few numbers counted up from ALIAS_BASE."""
+        iv, m = self._iv, self.listing
+        for number in [*iv.real, *iv.retired]:
+            if number in iv.alias or (iv.real.get(number) or iv.retired.get(number)) == number:
+                continue  # renumbered already, or its own path's listing inode
+            node = m.get_any(number)
+            if node is None or node.inode != number:
+                continue
+            if room is not None and len(iv.real) + len(iv.retired) + 1 > room:
+                log.error("inode %d: listed for a path while in use for another", number)
+                continue
+            fresh = self._fresh_number()
+            iv.alias[number] = fresh
+            iv.real[fresh] = number
+            log.warning("inode %d: listed for a path while in use for another: %d", number, fresh)
+
     def _retire_shared(self, stale: list[Entry]) -> list[Entry]:
         """_retire with serving processes: of the handles every process has open, under
         the versions table's lock. The first process to switch to a listing makes the
@@ -366,6 +389,8 @@ class SilofsFS(pyfuse3.Operations):
             sh.note_gen(self.listing.gen)
             known = (dict(self._iv.real), dict(self._iv.retired), self._iv.next)
             out = self._retire(stale, sh.open_versions(), _vhash, VERSION_ROWS)
+            if self._iv.real or self._iv.retired:
+                self._renumber_collisions(VERSION_ROWS)
             if (dict(self._iv.real), dict(self._iv.retired), self._iv.next) != known:
                 self._store_versions()
         finally:
@@ -502,7 +527,8 @@ class SilofsFS(pyfuse3.Operations):
             left = self._iv.lookups.pop(kino, 0) - n
             if left > 0:
                 self._iv.lookups[kino] = left
-            elif ino not in self._iv.retired:
+            elif ino not in self._iv.retired and ino not in self._iv.real:
+                # (In real: a path listed on a number in use: _renumber_collisions.)
                 self._unalias(ino, kino)
 
     def _unalias(self, ino: int, kino: int) -> None:

@@ -1119,3 +1119,36 @@ def test_a_reply_cached_in_one_process_follows_a_number_another_gave_back(
         assert (await p.two.path(big.key)).st_ino == ino
 
     run_processes(test)
+
+
+def test_a_path_listed_on_a_number_in_use_for_another_version_gets_its_own(
+    run: Callable[..., None],
+) -> None:
+    """A later listing numbers a new path (a hash of it) with the fresh number another
+    path's new version has: the new path is given a number of its own, so its lookup
+    never names the other's inode (whose pages the kernel may hold)."""
+    extra = obj("dir/new.txt", 300)
+
+    async def test(m: Mount) -> None:
+        m.daemon.objects[(extra.key, "v1")] = payload(extra.key, extra.size)
+        m.relist([*OBJECTS, extra])
+        target = (await m.path(extra.key)).st_ino  # the number a listing gives new.txt
+        m.relist(OBJECTS)
+        big = OBJECTS[1]
+        fh = await m.open(big.key)
+        m.fs._iv.next = target  # the next fresh number is new.txt's listing inode
+        v2 = obj(big.key, CS + 7, "v2")
+        m.daemon.objects[(big.key, "v2")] = payload(big.key, v2.size, "v2")
+        relisted = [o if o.key != big.key else v2 for o in OBJECTS]
+        m.relist(relisted)
+        assert (await m.path(big.key)).st_ino == target  # big's v2 has that number
+        m.relist([*relisted, extra])  # and a listing gives it to new.txt too
+        a = await m.path(extra.key)
+        assert a.st_ino != target and a.st_size == extra.size
+        assert (await m.fs.getattr(target, None)).st_size == v2.size  # type: ignore[arg-type]
+        assert (await m.fs.getattr(a.st_ino, None)).st_size == extra.size  # type: ignore[arg-type]
+        assert await m.read_all(extra.key) == payload(extra.key, extra.size)
+        assert await m.read_all(big.key) == payload(big.key, v2.size, "v2")
+        await m.fs.release(fh)
+
+    run(test)
