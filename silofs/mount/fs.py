@@ -20,6 +20,7 @@ switches to it before it answers (catch_up).
 from __future__ import annotations
 
 import errno
+import functools
 import logging
 import os
 import re
@@ -28,6 +29,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from itertools import chain
+from typing import Any
 
 import lmdb
 import pyfuse3
@@ -398,10 +400,10 @@ class SilofsFS(pyfuse3.Operations):
         return out
 
     def _sync_shared(self) -> None:
-        """With serving processes, before a request that names an inode is answered:
-        this process serves the newest listing any of them switched to (catch_up), and
-        its copy of the versions table (_iv) is the table's. One read of the table's
-        head when nothing changed."""
+        """With serving processes, before a request that names an inode is answered
+        (sync_first): this process serves the newest listing any of them switched to
+        (catch_up), and its copy of the versions table (_iv) is the table's. One read of
+        the table's head when nothing changed."""
         sh = self.shared
         assert sh is not None
         seq, gen = sh.versions_stamp()
@@ -495,8 +497,7 @@ class SilofsFS(pyfuse3.Operations):
         """The kernel dropped these inodes (a FORGET carries all its lookups of one).
         A retired number is done with; a path's fresh number goes back to its listing
         inode once the kernel holds neither, so numbers follow the path again."""
-        if self.shared is not None:
-            self._sync_shared()
+        if self.shared is not None:  # _iv is the table's (sync_first)
             if not any(k in self._iv.real or k in self._iv.retired for k, _ in inode_list):
                 return
             # Counts and numbers as the table has them now, changed under its lock.
@@ -639,14 +640,13 @@ class SilofsFS(pyfuse3.Operations):
         self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext
     ) -> pyfuse3.EntryAttributes:
         try:
-            if self.shared is not None:
-                self._sync_shared()
             # A file of this generation looked up before: its rows never change once
             # the generation's record is written, so the same reply (_names: files only,
             # of a complete listing; emptied by switch()).
             a = self._names.get((parent_inode, name))
-            if a is not None and (not self._iv.real or self._looked_up(a.st_ino)):
-                return a
+            if a is not None:
+                if not self._iv.real or self._looked_up(a.st_ino):
+                    return a
             m = self.listing
             m.renew()
             node = m.lookup(parent_inode, name)
@@ -686,8 +686,6 @@ class SilofsFS(pyfuse3.Operations):
     @catches_own  # a hot handler: no wrapper frame (survive.py)
     async def getattr(self, inode: int, ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
         try:
-            if self.shared is not None:
-                self._sync_shared()
             m = self.listing
             m.renew()
             if self._iv.retired and inode in self._iv.retired:
@@ -822,8 +820,6 @@ class SilofsFS(pyfuse3.Operations):
         the generation the mount serves (a handle opened before a refresh resumes after
         its last name in the new one). pyfuse3 answers READDIRPLUS, so each entry
         carries its attributes and `ls -l`/`find` need no lookups."""
-        if self.shared is not None:
-            self._sync_shared()
         h = self._dir_handle(fh)
         if h is None:
             raise pyfuse3.FUSEError(errno.EBADF)
@@ -1013,8 +1009,6 @@ class SilofsFS(pyfuse3.Operations):
                 fi.fh = fh
                 return fi
             m = self.listing
-            if self.shared is not None:
-                self._sync_shared()
             # The current listing only: a deleted object cannot be opened. get() renews
             # the snapshot if it must read one. A number the kernel knows a path by
             # (_iv.alias) or knew it by (_iv.retired: opened through an entry the kernel had
@@ -1381,3 +1375,41 @@ class SilofsFS(pyfuse3.Operations):
     # -- everything that would write -------------------------------------------------
     write = create = mkdir = mknod = symlink = link = unlink = rmdir = _erofs  # type: ignore
     rename = setattr = setxattr = removexattr = _erofs  # type: ignore
+
+
+# The handlers a serving process brings up to date first (_sync_shared): those that name
+# an inode the versions table or a newer listing may answer otherwise.
+SYNCED = ("lookup", "getattr", "open", "readdir", "forget")
+
+
+def sync_first(cls: type[SilofsFS]) -> type[SilofsFS]:
+    """Class decorator for --serve-processes (process.py, before the fork): the SYNCED
+    handlers first bring the process to the newest listing and versions table any
+    process has (SilofsFS._sync_shared). On the class, not in the handlers, so one
+    serving process's handlers run none of it (a LOOKUP answered from _names is a few
+    hundred instructions: bench/handler_ir.py). Returns the handler's own coroutine, as
+    forked.release_after_receive does: no wrapper frame per request."""
+    for name in SYNCED:
+        fn = getattr(cls, name)
+        if getattr(fn, "_syncs_first", False):
+            continue
+
+        def wrap(fn: Callable[..., Any], name: str) -> Callable[..., Any]:
+            @functools.wraps(fn)
+            def handler(self: SilofsFS, *args: Any, **kwargs: Any) -> Any:
+                if self.shared is not None:
+                    try:
+                        self._sync_shared()
+                    except Exception as exc:  # noqa: BLE001 - this request's EIO
+                        return _fail(eio(f"FUSE {name}", exc))
+                return fn(self, *args, **kwargs)
+
+            handler._syncs_first = True  # type: ignore[attr-defined]
+            return handler
+
+        setattr(cls, name, wrap(fn, name))
+    return cls
+
+
+async def _fail(exc: pyfuse3.FUSEError) -> None:
+    raise exc

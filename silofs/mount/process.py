@@ -47,7 +47,7 @@ from silofs.control.client import AsyncControlClient, ControlError, quote_segmen
 from silofs.errors import SilofsError, first_leaf
 from silofs.logsetup import reopen_log_files
 from silofs.mount import forked, turns, unstick
-from silofs.mount.fs import Presentation, SilofsFS
+from silofs.mount.fs import Presentation, SilofsFS, sync_first
 from silofs.mount.listing_view import Entry, ListingView, changed_entries
 from silofs.mount.reader import ChunkReader, MissError
 from silofs.mount.shared import SharedTables
@@ -376,8 +376,9 @@ class MountProcess:
             reg = await self.register()
             self._open(reg)
             assert self.fs is not None
-            # Each handler gives the device's read token back first (forked.py).
-            forked.release_after_receive(SilofsFS)
+            # Each handler gives the device's read token back first (forked.py), then
+            # brings the process up to the others' listing and numbers (fs.sync_first).
+            forked.release_after_receive(sync_first(SilofsFS))
             quiet_forgotten_replies()
             pyfuse3.init(self.fs, self.s.mountpoint, self._options())
             self.device = mount_device(self.realpath)

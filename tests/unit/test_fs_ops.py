@@ -979,7 +979,11 @@ class Processes:
 
 
 @pytest.fixture
-def run_processes(store: WritableStore) -> Callable[..., None]:
+def run_processes(store: WritableStore, monkeypatch: pytest.MonkeyPatch) -> Callable[..., None]:
+    for name in fs_module.SYNCED:  # as process.py does for serving processes, undone after
+        monkeypatch.setattr(SilofsFS, name, getattr(SilofsFS, name))
+    fs_module.sync_first(SilofsFS)
+
     def runner(test: Callable[[Processes], Awaitable[None]]) -> None:
         record = store.replace_listing(DSID, OBJECTS, {"uri": "file:///d/"})
         daemon = FakeDaemon({(o.key, o.version): payload(o.key, o.size) for o in OBJECTS})
