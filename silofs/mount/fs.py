@@ -12,12 +12,15 @@ Never fetches or verifies bytes itself (reader.py does).
 
 With several serving processes (`shared` set: mount/shared.py), a handle the kernel got
 from another process is derived from the shared table (its inode, generation and
-version), so any process answers any request of it the same way.
+version), so any process answers any request of it the same way; so are the numbers of
+an inode per version (_retire), and a process that sees another serve a newer listing
+switches to it before it answers (catch_up).
 """
 
 from __future__ import annotations
 
 import errno
+import functools
 import logging
 import os
 import re
@@ -26,6 +29,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from itertools import chain
+from typing import Any
 
 import lmdb
 import pyfuse3
@@ -36,7 +40,14 @@ from silofs.cache.listing import ListingReader
 from silofs.mount.hot import HotFile
 from silofs.mount.listing_view import Entry, ListingView
 from silofs.mount.reader import ChunkReader, MissError, OpenFile
-from silofs.mount.shared import SharedTables, TableFull, version_hash
+from silofs.mount.shared import (
+    FRESH,
+    RETIRED,
+    VERSION_ROWS,
+    SharedTables,
+    TableFull,
+    version_hash,
+)
 from silofs.mount.survive import answer_eio, catches_own, eio
 from silofs.mount.waits import Interrupted
 from silofs.records import ObjectInfo
@@ -157,6 +168,16 @@ class _Versions:
     # answered while its FORGET was queued made the kernel a new inode).
     lookups: dict[int, int] = field(default_factory=dict)
     next: int = ALIAS_BASE
+    # With serving processes (mount/shared.py), all of the above is this process's copy
+    # of the versions table: `seq` the table's sequence number it was read at (a
+    # process reads it again when that moves on), `rows` each number's row.
+    seq: int = -1
+    rows: dict[int, int] = field(default_factory=dict)
+
+
+def _vhash(node: Entry) -> int:
+    """The version of an entry as the shared table holds a handle's (mount/shared.py)."""
+    return version_hash(node.version, node.content_id)
 
 
 @answer_eio  # an exception other than FUSEError is that request's EIO (survive.py)
@@ -220,6 +241,10 @@ class SilofsFS(pyfuse3.Operations):
         # touched, and a read-only mount has no writeback to wait for). None (unit
         # tests): stale_inodes waits for the report loop.
         self.forget_attrs: Callable[[list[int]], None] | None = None
+        # Set by the mount with serving processes (process.py): switches this process to
+        # the newest listing now (another process switched to it), before the request
+        # that noticed is answered; the kernel's entries are told later.
+        self.catch_up: Callable[[], None] | None = None
         self._next_fh = 1
         # inode -> the hot record of a kept small file (mount/hot.py), made by open();
         # valid while its epoch is _epoch, which every switch() moves on (and empties
@@ -247,11 +272,17 @@ class SilofsFS(pyfuse3.Operations):
         self._epoch += 1
         hot, self._hot = self._hot, {}
         stale = self.listing.switch(record, [h.node for h in hot.values()])
-        self._count_versions()
-        if self.shared is None and self._open_versions:
-            stale = self._retire(stale)
-        elif self._iv.alias:
-            stale = [self._as_known(e) for e in stale]
+        if self.shared is not None:
+            stale = self._retire_shared(stale)
+        else:
+            self._count_versions()
+            if self._open_versions:
+                opened = {k: set(v) for k, v in self._open_versions.items()}
+                stale = self._retire(stale, opened, lambda node: node.version)
+            elif self._iv.alias:
+                stale = [self._as_known(e) for e in stale]
+            if self._iv.real or self._iv.retired:
+                self._renumber_collisions()
         self._attrs.clear()
         self._names.clear()
         self._clamped.clear()
@@ -269,27 +300,41 @@ class SilofsFS(pyfuse3.Operations):
                 sizes[f.obj.size] = sizes.get(f.obj.size, 0) + 1
         return stale
 
-    def _retire(self, stale: list[Entry]) -> list[Entry]:
+    def _retire(
+        self,
+        stale: list[Entry],
+        opened: dict[int, set],
+        version: Callable[[Entry], object],
+        room: int | None = None,
+    ) -> list[Entry]:
         """Give a fresh inode number to every path whose listed version is not that of
         a handle open on the number the kernel knows it by (an inode per version: the
         kernel's pages are per inode, and a handle's fadvise, readahead or mmap fills
         them whatever its direct_io). The old number stays for those handles (_iv.retired)
         until the kernel forgets it; its name goes from the kernel's entries (returned
-        with `stale`, which process.py invalidates), so the next lookup gets the new one."""
+        with `stale`, which process.py invalidates), so the next lookup gets the new one.
+        `opened`: kernel number -> the versions (as `version` gives an entry's) of the
+        handles open under it. `room`: how many numbers _iv may hold at most (the shared
+        table's rows); a path past it keeps its number (its new handles direct_io)."""
         m = self.listing
         out = [self._as_known(e) for e in stale] if self._iv.alias else list(stale)
         named = {(e.parent, e.path) for e in out}
-        for kino, versions in self._open_versions.items():
+        for kino, versions in opened.items():
             if kino in self._iv.retired:
                 continue
             ino = self._iv.real.get(kino, kino)
             node = m.get(ino)
-            if node is None or node.is_dir or set(versions) == {node.version}:
+            if node is None or node.is_dir or versions == {version(node)}:
                 continue  # deleted (held), or no other version open on it
-            fresh = self._iv.next
-            while m.get_any(fresh) is not None:
-                fresh += 1
-            self._iv.next = fresh + 1
+            if room is not None and len(self._iv.real) + len(self._iv.retired) + 2 > room:
+                log.warning(
+                    "inode %d: a new version with the old one open, and no room for a "
+                    "number of its own (%d): its new handles read with direct_io",
+                    kino,
+                    room,
+                )
+                continue
+            fresh = self._fresh_number()
             self._iv.retired[kino] = ino
             self._iv.real.pop(kino, None)
             self._iv.lookups.pop(kino, None)
@@ -302,6 +347,107 @@ class SilofsFS(pyfuse3.Operations):
                 named.add((node.parent, node.path))
         return out
 
+    def _fresh_number(self) -> int:
+        """The next number no listing path and no version has (_retire)."""
+        iv, m = self._iv, self.listing
+        fresh = iv.next
+        while m.get_any(fresh) is not None or fresh in iv.real or fresh in iv.retired:
+            fresh += 1
+        iv.next = fresh + 1
+        return fresh
+
+    def _renumber_collisions(self, room: int | None = None) -> None:
+        """A listing numbers each path by a hash of it, probed past collisions
+        (cache/listing.py), blind to the numbers _retire gave: one that numbers a path
+        with a fresh or retired number in use for another path (the kernel may hold it,
+        and its pages of that version) gives this path a fresh number too, never that
+        one (its lookups would answer the other path's inode). Rare: the hash must land
+        on one of a few numbers counted up from ALIAS_BASE."""
+        iv, m = self._iv, self.listing
+        for number in [*iv.real, *iv.retired]:
+            if number in iv.alias or (iv.real.get(number) or iv.retired.get(number)) == number:
+                continue  # renumbered already, or its own path's listing inode
+            node = m.get_any(number)
+            if node is None or node.inode != number:
+                continue
+            if room is not None and len(iv.real) + len(iv.retired) + 1 > room:
+                log.error("inode %d: listed for a path while in use for another", number)
+                continue
+            fresh = self._fresh_number()
+            iv.alias[number] = fresh
+            iv.real[fresh] = number
+            log.warning("inode %d: listed for a path while in use for another: %d", number, fresh)
+
+    def _retire_shared(self, stale: list[Entry]) -> list[Entry]:
+        """_retire with serving processes: of the handles every process has open, under
+        the versions table's lock. The first process to switch to a listing makes the
+        numbers; one switching later finds them made (its old numbers retired already,
+        its fresh ones' handles of the listed version) and changes nothing."""
+        sh = self.shared
+        assert sh is not None
+        sh.lock_versions()
+        try:
+            self._load_versions()
+            sh.note_gen(self.listing.gen)
+            known = (dict(self._iv.real), dict(self._iv.retired), self._iv.next)
+            out = self._retire(stale, sh.open_versions(), _vhash, VERSION_ROWS)
+            if self._iv.real or self._iv.retired:
+                self._renumber_collisions(VERSION_ROWS)
+            if (dict(self._iv.real), dict(self._iv.retired), self._iv.next) != known:
+                self._store_versions()
+        finally:
+            sh.unlock_versions()
+        return out
+
+    def _sync_shared(self) -> None:
+        """With serving processes, before a request that names an inode is answered
+        (sync_first): this process serves the newest listing any of them switched to
+        (catch_up), and its copy of the versions table (_iv) is the table's. One read of
+        the table's head when nothing changed."""
+        sh = self.shared
+        assert sh is not None
+        seq, gen = sh.versions_stamp()
+        if gen > self.listing.gen and self.catch_up is not None:
+            self.catch_up()  # switch(): reads the table itself
+            seq = sh.versions_stamp()[0]
+        if seq != self._iv.seq:
+            sh.lock_versions()
+            try:
+                self._load_versions()
+            finally:
+                sh.unlock_versions()
+
+    def _load_versions(self) -> None:
+        """_iv as the versions table has it (the lock held). The replies kept name
+        numbers that may have changed: forgotten."""
+        sh = self.shared
+        assert sh is not None
+        t = sh.read_versions()
+        iv = _Versions(next=max(t.next, ALIAS_BASE), seq=t.seq, rows=t.rows)
+        for number, (role, ino, lookups) in t.numbers.items():
+            if role == FRESH:
+                iv.alias[ino] = number
+                iv.real[number] = ino
+                if lookups:
+                    iv.lookups[number] = lookups
+            elif role == RETIRED:
+                iv.retired[number] = ino
+        if self._iv.seq != t.seq:
+            self._attrs.clear()
+            self._names.clear()
+        self._iv = iv
+
+    def _store_versions(self) -> None:
+        """_iv into the versions table (the lock held, _iv loaded under it)."""
+        sh = self.shared
+        assert sh is not None
+        iv = self._iv
+        numbers = {k: (FRESH, ino, iv.lookups.get(k, 0)) for k, ino in iv.real.items()}
+        numbers.update((k, (RETIRED, ino, 0)) for k, ino in iv.retired.items())
+        gen = sh.versions_stamp()[1]
+        iv.seq = sh.write_versions(numbers, iv.next, gen)
+        self._load_versions()  # the rows as written (and this process's caches emptied)
+
     def _as_known(self, e: Entry) -> Entry:
         """`e` under the number the kernel knows its path by now (_iv.alias)."""
         kino = self._iv.alias.get(e.inode)
@@ -309,9 +455,35 @@ class SilofsFS(pyfuse3.Operations):
             return e
         return replace(e, inode=kino)
 
-    def _looked_up(self, kino: int) -> None:
+    def _looked_up(self, kino: int) -> bool:
+        """A LOOKUP or READDIRPLUS reply names `kino`: count it if it is a fresh number.
+        False (with serving processes) if the number its path had when the reply was
+        made is no longer its path's (another process took it back on a FORGET
+        meanwhile): the reply must be made again."""
+        if self.shared is not None:
+            return self._looked_up_shared(kino)
         if kino in self._iv.real:
             self._iv.lookups[kino] = self._iv.lookups.get(kino, 0) + 1
+        return True
+
+    def _looked_up_shared(self, kino: int) -> bool:
+        if kino not in self._iv.real:
+            return True  # not a fresh number (as of the table this request began with)
+        sh = self.shared
+        assert sh is not None
+        ino = self._iv.real[kino]
+        sh.lock_versions()
+        try:
+            if sh.versions_stamp()[0] != self._iv.seq:
+                self._load_versions()
+            if self._iv.alias.get(ino, ino) != kino:
+                return False
+            row = self._iv.rows.get(kino)
+            if row is not None and kino in self._iv.real:
+                sh.add_lookups(row, kino, 1)
+            return True
+        finally:
+            sh.unlock_versions()
 
     def _listing_ino(self, kino: int) -> int:
         """The listing inode of a number the kernel knows or knew a path by."""
@@ -325,8 +497,23 @@ class SilofsFS(pyfuse3.Operations):
         """The kernel dropped these inodes (a FORGET carries all its lookups of one).
         A retired number is done with; a path's fresh number goes back to its listing
         inode once the kernel holds neither, so numbers follow the path again."""
+        if self.shared is not None:  # _iv is the table's (sync_first)
+            if not any(k in self._iv.real or k in self._iv.retired for k, _ in inode_list):
+                return
+            # Counts and numbers as the table has them now, changed under its lock.
+            self.shared.lock_versions()
+            try:
+                self._load_versions()
+                self._forget(inode_list)
+                self._store_versions()
+            finally:
+                self.shared.unlock_versions()
+            return
         if not (self._iv.retired or self._iv.real):
             return
+        self._forget(inode_list)
+
+    def _forget(self, inode_list: list[tuple[int, int]]) -> None:
         for kino, n in inode_list:
             ino = self._iv.retired.pop(kino, None)
             if ino is not None:
@@ -341,7 +528,8 @@ class SilofsFS(pyfuse3.Operations):
             left = self._iv.lookups.pop(kino, 0) - n
             if left > 0:
                 self._iv.lookups[kino] = left
-            elif ino not in self._iv.retired:
+            elif ino not in self._iv.retired and ino not in self._iv.real:
+                # (In real: a path listed on a number in use: _renumber_collisions.)
                 self._unalias(ino, kino)
 
     def _unalias(self, ino: int, kino: int) -> None:
@@ -378,7 +566,7 @@ class SilofsFS(pyfuse3.Operations):
         processes, one that never served the handle (a directory handle another process
         opened knows no attributes). A scan of the open handles, only where the
         listings have no such inode."""
-        for f in chain(self._files.values(), self._adopted.values()):
+        for f in chain(self._files.values(), self._live_adopted()):
             if f.inode == inode:
                 o = f.obj
                 e = Entry(inode, False, 0, o.size, o.mtime, 0, f.gen, b"", o.version)
@@ -392,6 +580,17 @@ class SilofsFS(pyfuse3.Operations):
                 a.st_nlink = 0
                 return a
         return None
+
+    def _live_adopted(self) -> list[OpenFile]:
+        """The handles another process opened that are still open (its RELEASE may have
+        reached a third process, which frees the slot: this one kept the handle)."""
+        sh = self.shared
+        if sh is None or not self._adopted:
+            return []
+        gone = [fh for fh in self._adopted if sh.get(fh) is None]
+        for fh in gone:
+            del self._adopted[fh]
+        return list(self._adopted.values())
 
     def _attr(self, node: Entry) -> pyfuse3.EntryAttributes:
         # Building EntryAttributes costs ~12 us of Cython setters, more than the LMDB
@@ -446,9 +645,8 @@ class SilofsFS(pyfuse3.Operations):
             # of a complete listing; emptied by switch()).
             a = self._names.get((parent_inode, name))
             if a is not None:
-                if self._iv.real:
-                    self._looked_up(a.st_ino)
-                return a
+                if not self._iv.real or self._looked_up(a.st_ino):
+                    return a
             m = self.listing
             m.renew()
             node = m.lookup(parent_inode, name)
@@ -475,8 +673,10 @@ class SilofsFS(pyfuse3.Operations):
                 if len(names) >= NAME_CACHE:
                     names.clear()
                 names[parent_inode, name] = a
-            if self._iv.real:
-                self._looked_up(a.st_ino)
+            while self._iv.real and not self._looked_up(a.st_ino):
+                # Another serving process gave the path its listing inode back meanwhile.
+                self._names.pop((parent_inode, name), None)
+                a = self._build_attr(node)
             return a
         except pyfuse3.FUSEError:
             raise
@@ -507,7 +707,7 @@ class SilofsFS(pyfuse3.Operations):
         """getattr of a number a path had before a switch() gave it a fresh one (_retire):
         its open handles' version (as fstat of a file replaced by a rename on a local
         disk), else its path's entry under this number."""
-        held = self._held(kino)
+        held = self._held(kino) if self.shared is None else self._held_shared(kino)
         if held is not None:
             return held
         node = self.listing.get_any(self._iv.retired[kino])
@@ -516,6 +716,28 @@ class SilofsFS(pyfuse3.Operations):
         a = self._build_attr(node)  # not kept: under another number
         a.st_ino = kino
         return a
+
+    def _held_shared(self, kino: int) -> pyfuse3.EntryAttributes | None:
+        """_held of a retired number with serving processes: a handle open under it in
+        any process (the table), one of another version than the listing's first."""
+        assert self.shared is not None
+        files = self.shared.files_of(kino)
+        node = self.listing.get(self._iv.retired.get(kino, kino))
+        listed = _vhash(node) if node is not None and not node.is_dir else None
+        files.sort(key=lambda item: item[1].value == listed)
+        for fh, _ in files:
+            try:
+                f = self._adopt(fh)
+            except pyfuse3.FUSEError:  # its version no longer listed: another's
+                continue
+            if f is not None:
+                o = f.obj
+                e = Entry(f.inode, False, 0, o.size, o.mtime, 0, f.gen, b"", o.version)
+                a = self._build_attr(e)
+                a.st_ino = kino
+                a.st_nlink = 0
+                return a
+        return None
 
     async def access(self, inode: int, mode: int, ctx: pyfuse3.RequestContext) -> bool:
         return not (mode & os.W_OK)
@@ -810,7 +1032,7 @@ class SilofsFS(pyfuse3.Operations):
             obj = ref.obj
             opener = ctx.pid if ctx is not None else 0  # unit tests open with no context
             if self.shared is not None:
-                return self._open_shared(node, obj, opener)
+                return self._open_shared(node, obj, opener, inode)
             fh = self._next_fh
             self._next_fh = fh + 1
             self._files[fh] = OpenFile(obj, inode, m.gen, ref, opener)
@@ -874,27 +1096,30 @@ class SilofsFS(pyfuse3.Operations):
             self._clamped.discard(inode)
             self._attrs.pop(inode, None)
 
-    def _open_shared(self, node: Entry, obj: ObjectInfo, opener: int) -> pyfuse3.FileInfo:
+    def _open_shared(
+        self, node: Entry, obj: ObjectInfo, opener: int, kino: int
+    ) -> pyfuse3.FileInfo:
         """open() with several serving processes: the handle is a slot of the shared
         table. The kernel's pages of an inode are shared by every process's handles, so
         the page decisions use what every process can see: a version listed when the
         mount started is the only one ever served under its inode (keep the pages); for
         an inode whose version changed since, a handle of another version open anywhere
         means direct_io, and otherwise the pages are dropped (no process remembers which
-        version filled them: _page_versions is per process)."""
+        version filled them: _page_versions is per process). The inode is the number the
+        kernel opened it by, `kino` (a path's fresh number: _retire): its pages."""
         assert self.shared is not None
         vhash = version_hash(obj.version, obj.content_id)
         try:
-            fh = self.shared.open_file(node.inode, self.listing.gen, vhash, opener)
+            fh = self.shared.open_file(node.inode, self.listing.gen, vhash, opener, kino)
         except TableFull:
             raise pyfuse3.FUSEError(errno.ENFILE) from None
         # Kept with the adopted ones, bounded: its RELEASE may land in another process.
-        self._adopted[fh] = OpenFile(obj, inode=node.inode, gen=self.listing.gen, opener=opener)
+        self._adopted[fh] = OpenFile(obj, inode=kino, gen=self.listing.gen, opener=opener)
         if len(self._adopted) > ADOPTED:
             self._adopted.popitem(last=False)
         if node.since <= self.listing.first_gen:
             return pyfuse3.FileInfo(fh=fh, keep_cache=True)
-        if self.shared.other_versions_open(node.inode, vhash):
+        if self.shared.other_versions_open(kino, vhash):
             return pyfuse3.FileInfo(fh=fh, keep_cache=False, direct_io=True)
         return pyfuse3.FileInfo(fh=fh, keep_cache=False)
 
@@ -926,7 +1151,7 @@ class SilofsFS(pyfuse3.Operations):
         if obj is None or version_hash(obj.version, obj.content_id) != slot.value:
             log.info("handle %d: the version it opened is no longer listed", fh)
             raise pyfuse3.FUSEError(errno.EIO)
-        f = self._adopted[fh] = OpenFile(obj, inode=slot.inode, gen=slot.gen, opener=slot.opener)
+        f = self._adopted[fh] = OpenFile(obj, inode=slot.kino, gen=slot.gen, opener=slot.opener)
         if len(self._adopted) > ADOPTED:
             self._adopted.popitem(last=False)
         return f
@@ -1119,7 +1344,7 @@ class SilofsFS(pyfuse3.Operations):
         if gen != self.listing.gen and slot is not None:
             node = self.listing.get(slot.inode)
             if node is None or version_hash(node.version, node.content_id) != slot.value:
-                self._stale_size(slot.inode)
+                self._stale_size(slot.kino)  # the number the kernel knows it by
 
     def _stale_size(self, inode: int) -> None:
         """A handle of an older version of `inode` was released: the kernel may hold the
@@ -1150,3 +1375,41 @@ class SilofsFS(pyfuse3.Operations):
     # -- everything that would write -------------------------------------------------
     write = create = mkdir = mknod = symlink = link = unlink = rmdir = _erofs  # type: ignore
     rename = setattr = setxattr = removexattr = _erofs  # type: ignore
+
+
+# The handlers a serving process brings up to date first (_sync_shared): those that name
+# an inode the versions table or a newer listing may answer otherwise.
+SYNCED = ("lookup", "getattr", "open", "readdir", "forget")
+
+
+def sync_first(cls: type[SilofsFS]) -> type[SilofsFS]:
+    """Class decorator for --serve-processes (process.py, before the fork): the SYNCED
+    handlers first bring the process to the newest listing and versions table any
+    process has (SilofsFS._sync_shared). On the class, not in the handlers, so one
+    serving process's handlers run none of it (a LOOKUP answered from _names is a few
+    hundred instructions: bench/handler_ir.py). Returns the handler's own coroutine, as
+    forked.release_after_receive does: no wrapper frame per request."""
+    for name in SYNCED:
+        fn = getattr(cls, name)
+        if getattr(fn, "_syncs_first", False):
+            continue
+
+        def wrap(fn: Callable[..., Any], name: str) -> Callable[..., Any]:
+            @functools.wraps(fn)
+            def handler(self: SilofsFS, *args: Any, **kwargs: Any) -> Any:
+                if self.shared is not None:
+                    try:
+                        self._sync_shared()
+                    except Exception as exc:  # noqa: BLE001 - this request's EIO
+                        return _fail(eio(f"FUSE {name}", exc))
+                return fn(self, *args, **kwargs)
+
+            handler._syncs_first = True  # type: ignore[attr-defined]
+            return handler
+
+        setattr(cls, name, wrap(fn, name))
+    return cls
+
+
+async def _fail(exc: pyfuse3.FUSEError) -> None:
+    raise exc

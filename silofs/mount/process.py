@@ -47,8 +47,8 @@ from silofs.control.client import AsyncControlClient, ControlError, quote_segmen
 from silofs.errors import SilofsError, first_leaf
 from silofs.logsetup import reopen_log_files
 from silofs.mount import forked, turns, unstick
-from silofs.mount.fs import Presentation, SilofsFS
-from silofs.mount.listing_view import ListingView, changed_entries
+from silofs.mount.fs import Presentation, SilofsFS, sync_first
+from silofs.mount.listing_view import Entry, ListingView, changed_entries
 from silofs.mount.reader import ChunkReader, MissError
 from silofs.mount.shared import SharedTables
 from silofs.mount.survive import unforeseen
@@ -358,6 +358,8 @@ class MountProcess:
             self._ops.__init__(view, self.reader, look, shared)  # type: ignore[misc]
             self.fs = self._ops
         self.fs.forget_attrs = _invalidate_attrs
+        if shared is not None:
+            self.fs.catch_up = self._catch_up
 
     def _close(self) -> None:
         if self.fs is not None:
@@ -374,8 +376,9 @@ class MountProcess:
             reg = await self.register()
             self._open(reg)
             assert self.fs is not None
-            # Each handler gives the device's read token back first (forked.py).
-            forked.release_after_receive(SilofsFS)
+            # Each handler gives the device's read token back first (forked.py), then
+            # brings the process up to the others' listing and numbers (fs.sync_first).
+            forked.release_after_receive(sync_first(SilofsFS))
             quiet_forgotten_replies()
             pyfuse3.init(self.fs, self.s.mountpoint, self._options())
             self.device = mount_device(self.realpath)
@@ -579,18 +582,7 @@ class MountProcess:
             if gen == m.gen or not m.building:
                 before = m.reader
                 stale = self.fs.switch(record)  # a newer listing, or ours is complete now
-                if stale:
-                    log.info("the new listing changed %d recently used entries", len(stale))
-                    # The root has no name to forget.
-                    names = [
-                        (e.inode, e.parent, e.name if e.inode != e.parent else None) for e in stale
-                    ]
-                    await trio.to_thread.run_sync(_invalidate, names)
-                # One walk per mount: serving processes share the kernel connection,
-                # whose entries any one of them can invalidate.
-                walker = self.shared is None or self.shared.index == 0
-                if m.reader is not before and m.previous is before and walker:
-                    self._forget_changed(before, m.reader)
+                await self._after_switch(before, stale)
         if self.fs.stale_inodes:
             inodes, self.fs.stale_inodes = self.fs.stale_inodes, []
             await trio.to_thread.run_sync(_invalidate_attrs, inodes)
@@ -609,6 +601,39 @@ class MountProcess:
                 assert self._nursery is not None
                 self._relisting = True
                 self._nursery.start_soon(self._relist)
+
+    async def _after_switch(self, before: ListingReader, stale: list[Entry]) -> None:
+        """Tell the kernel what a switch() from listing `before` changed."""
+        assert self.fs is not None
+        m = self.fs.listing
+        if stale:
+            log.info("the new listing changed %d recently used entries", len(stale))
+            # The root has no name to forget.
+            names = [(e.inode, e.parent, e.name if e.inode != e.parent else None) for e in stale]
+            await trio.to_thread.run_sync(_invalidate, names)
+        # One walk per mount: serving processes share the kernel connection,
+        # whose entries any one of them can invalidate.
+        walker = self.shared is None or self.shared.index == 0
+        if m.reader is not before and m.previous is before and walker:
+            self._forget_changed(before, m.reader)
+
+    def _catch_up(self) -> None:
+        """With serving processes: another one switched to a newer listing (the versions
+        table says so, mount/shared.py); this one switches now, inside the request that
+        noticed (fs.py _sync_shared), so no process answers a path under the listing
+        before (its old number, its old version) once any answers it under the new. The
+        kernel is told in a task of its own: an invalidation waits for the directory's
+        lock, which a LOOKUP being answered holds."""
+        assert self.fs is not None and self.store is not None and self._nursery is not None
+        m = self.fs.listing
+        record = self.store.dataset_record(m.dsid)
+        gen = record.get("gen")
+        if gen is None or gen <= m.gen or m.building:
+            return
+        before = m.reader
+        stale = self.fs.switch(record)
+        log.info("listing %d: switched to as another serving process did", gen)
+        self._nursery.start_soon(self._after_switch, before, stale)
 
     def _forget_changed(self, old: ListingReader, new: ListingReader) -> None:
         """Start telling the kernel to forget every file `new` changed or dropped, not

@@ -3,8 +3,8 @@
 Owns: a re-read of a version the kernel already holds never reaches the mount process
 (keep_cache), also for a version a refresh brought after the mount started; an open of
 another version than the kernel's pages hold reads the new bytes (the pages are dropped);
-what is not kept: pages a new version's handle fills on purpose (fadvise, readahead,
-mmap) read by a handle of the old one (xfail, strict);
+pages a new version's handle fills on purpose (fadvise, readahead, mmap) are never
+read by a handle of the old one, with one serving process or several;
 status shows each mount's resident memory split into anonymous and file-backed (mapped
 LMDB) bytes.
 """
@@ -137,15 +137,18 @@ def test_an_old_handle_never_reads_pages_a_new_version_filled(
     assert f.read_bytes() == new
 
 
+@pytest.mark.parametrize("processes", [1, 2], ids=["one-process", "serve-processes-2"])
 @pytest.mark.parametrize("fill", ["fadvise", "readahead", "mmap"])
 def test_pages_a_new_handle_fills_on_purpose_are_not_read_by_an_old_handle(
-    make_node, local_store, monkeypatch, bucket_name, tmp_path: Path, fill: str
+    make_node, local_store, monkeypatch, bucket_name, tmp_path: Path, fill: str, processes: int
 ) -> None:
     """posix_fadvise(WILLNEED), readahead(2) and mmap fill an inode's pages through a
     handle whatever its direct_io (found by attack20: with both versions under one
     inode, the old handle then read the new version's bytes). The new version opened
     while a handle of the old one is open has an inode of its own (mount/fs.py
-    _retire): its pages are never the old handle's."""
+    _retire): its pages are never the old handle's. With --serve-processes too: the
+    numbers are in the tables every serving process shares (mount/shared.py), and any
+    process may answer the old handle's, the new handle's or the path's requests."""
     rnd = random.Random(17)
     old, new = rnd.randbytes(64 << 10), rnd.randbytes(64 << 10)  # same size
     local_store.apply_env(monkeypatch)
@@ -153,7 +156,8 @@ def test_pages_a_new_handle_fills_on_purpose_are_not_read_by_an_old_handle(
     uri = local_store.uri(bucket_name)
     node = make_node()
     node.expect_errors(r"changed since (this mount listed it|listing)")
-    a = node.mount(uri, tmp_path / "a")
+    args = ["--serve-processes", str(processes)] if processes > 1 else []
+    a = node.mount(uri, tmp_path / "a", *args)
     f = a / "f.bin"
     fd = os.open(f, os.O_RDONLY)  # the old version's handle, nothing read yet
     try:

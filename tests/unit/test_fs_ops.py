@@ -34,6 +34,7 @@ from silofs.mount import fs as fs_module
 from silofs.mount.fs import Presentation, SilofsFS, fuse_name_max, mtime_ns
 from silofs.mount.listing_view import ROOT_INODE, ListingView
 from silofs.mount.reader import ChunkReader
+from silofs.mount.shared import SharedTables
 from silofs.node.store_write import PendingChunk, WritableStore
 from silofs.records import ObjectInfo
 
@@ -957,5 +958,201 @@ def test_a_switch_tells_the_kernel_of_a_changed_hot_file(run: Callable[..., None
             DSID, [o if o.key != a.key else new for o in OBJECTS], {"uri": "file:///d/"}
         )
         assert ino in {e.inode for e in m.fs.switch(record)}
+
+    run(test)
+
+
+# -- an inode per version with serving processes (mount/shared.py versions) ------------
+
+
+@dataclass
+class Processes:
+    """Two serving processes of one mount: a SilofsFS each over the same env, sharing
+    one SharedTables (each its own part of it), as forked ones do. `relist` lists again
+    and switches the first only: the second follows when a request of it notices."""
+
+    one: Mount
+    two: Mount
+
+    def relist(self, objects: list[ObjectInfo]) -> None:
+        self.one.relist(objects)
+
+
+@pytest.fixture
+def run_processes(store: WritableStore, monkeypatch: pytest.MonkeyPatch) -> Callable[..., None]:
+    for name in fs_module.SYNCED:  # as process.py does for serving processes, undone after
+        monkeypatch.setattr(SilofsFS, name, getattr(SilofsFS, name))
+    fs_module.sync_first(SilofsFS)
+
+    def runner(test: Callable[[Processes], Awaitable[None]]) -> None:
+        record = store.replace_listing(DSID, OBJECTS, {"uri": "file:///d/"})
+        daemon = FakeDaemon({(o.key, o.version): payload(o.key, o.size) for o in OBJECTS})
+        shared = SharedTables(2)
+        other = SharedTables.__new__(SharedTables)
+        other.__dict__.update(shared.__dict__)
+        other._cursor = {}
+        other.index = 1
+
+        async def reregister() -> None:
+            raise ControlError("the daemon is gone")
+
+        async def main() -> None:
+            mounts = []
+            for tables in (shared, other):
+                reader = ChunkReader(
+                    store,
+                    daemon,  # type: ignore[arg-type]
+                    dataset_id=DSID,
+                    chunk_size=CS,
+                    buffer_bytes=8 * CS,
+                    readahead_bytes=0,
+                    reregister=reregister,
+                )
+                reader.registered("m1", track_hits=False)
+                fs = SilofsFS(ListingView(store, DSID, record), reader, LOOK, tables)
+                fs.catch_up = _catching_up(fs, store)
+                mounts.append(Mount(fs, reader, daemon, store))
+            async with trio.open_nursery() as nursery:
+                for mount in mounts:
+                    mount.reader.start(nursery)
+                with trio.fail_after(20):
+                    await test(Processes(*mounts))
+                nursery.cancel_scope.cancel()
+
+        trio.run(main)
+
+    return runner
+
+
+def _catching_up(fs: SilofsFS, store: CacheStore) -> Callable[[], None]:
+    def catch_up() -> None:  # as process.py's: the dataset's record, switched to
+        fs.switch(store.dataset_record(DSID))
+
+    return catch_up
+
+
+def test_serving_processes_share_an_inode_per_version(
+    run_processes: Callable[..., None],
+) -> None:
+    """A refresh with a handle of the old version open, which another serving process
+    opened: the path's fresh number, the old number's version, and the FORGETs that end
+    them are the same in either process, whichever the kernel sends a request to."""
+
+    async def test(p: Processes) -> None:
+        big = OBJECTS[1]
+        old_ino = (await p.two.path(big.key)).st_ino
+        fh = await p.two.open(big.key)  # the old version's handle, opened in two
+        new = obj(big.key, CS + 7, "v2")
+        p.one.daemon.objects[(big.key, "v2")] = payload(big.key, new.size, "v2")
+        p.relist([o if o.key != big.key else new for o in OBJECTS])
+
+        fresh = (await p.two.path(big.key)).st_ino  # two switches first (catch_up)
+        assert fresh != old_ino and p.two.fs.listing.gen == p.one.fs.listing.gen
+        assert (await p.one.path(big.key)).st_ino == fresh  # the same number in one
+        for m in (p.one, p.two):  # the old number: its handle's version, in either
+            a = await m.fs.getattr(old_ino, None)  # type: ignore[arg-type]
+            assert (a.st_ino, a.st_size, a.st_nlink) == (old_ino, big.size, 0)
+            assert (await m.fs.getattr(fresh, None)).st_size == new.size  # type: ignore[arg-type]
+        fi = await p.one.fs.open(fresh, os.O_RDONLY, None)  # type: ignore[arg-type]
+        assert not fi.direct_io  # its own inode: its own pages
+        assert await p.two.read(fi.fh, 0, CS + 7) == payload(big.key, new.size, "v2")
+        assert await p.one.read(fh, 0, 10) == payload(big.key, big.size)[:10]
+        late = await p.two.fs.open(old_ino, os.O_RDONLY, None)  # type: ignore[arg-type]
+        assert late.direct_io  # v2 under v1's number (an entry not dropped yet): around
+        for fh_ in (fh, fi.fh, late.fh):
+            await p.one.fs.release(fh_)
+
+        # The kernel forgets the old number through one process and the fresh one (its
+        # two lookups given back) through the other: the path has its own number again.
+        await p.one.fs.forget([(old_ino, 1)])
+        await p.two.fs.forget([(fresh, 1)])
+        assert (await p.one.fs.getattr(fresh, None)).st_ino == fresh  # type: ignore[arg-type]
+        await p.two.fs.forget([(fresh, 1)])
+        for m in (p.two, p.one):
+            a = await m.path(big.key)
+            assert (a.st_ino, a.st_size) == (old_ino, new.size)
+            with pytest.raises(pyfuse3.FUSEError) as exc:
+                await m.fs.getattr(fresh, None)  # type: ignore[arg-type]
+            assert errno_of(exc) == errno.ENOENT
+
+    run_processes(test)
+
+
+def test_a_full_versions_table_keeps_the_number_and_reads_around_its_pages(
+    run_processes: Callable[..., None], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No room for a fresh number in the shared table: the path keeps its number, a new
+    open of the new version reads with direct_io (around the old one's pages) and each
+    handle reads its own version's bytes, never the other's."""
+    monkeypatch.setattr(fs_module, "VERSION_ROWS", 1)
+
+    async def test(p: Processes) -> None:
+        big = OBJECTS[1]
+        ino = (await p.one.path(big.key)).st_ino
+        fh = await p.one.open(big.key)
+        new = obj(big.key, big.size, "v2")  # the same size: only the bytes tell
+        p.one.daemon.objects[(big.key, "v2")] = payload(big.key, new.size, "v2")
+        p.relist([o if o.key != big.key else new for o in OBJECTS])
+        assert (await p.two.path(big.key)).st_ino == ino
+        fi = await p.two.fs.open(ino, os.O_RDONLY, None)  # type: ignore[arg-type]
+        assert fi.direct_io and not fi.keep_cache
+        assert await p.one.read(fi.fh, 0, big.size) == payload(big.key, big.size, "v2")
+        assert await p.two.read(fh, 0, big.size) == payload(big.key, big.size)
+        for fh_ in (fh, fi.fh):
+            await p.two.fs.release(fh_)
+
+    run_processes(test)
+
+
+def test_a_reply_cached_in_one_process_follows_a_number_another_gave_back(
+    run_processes: Callable[..., None],
+) -> None:
+    """A LOOKUP reply one process kept names the path's fresh number; another process
+    gives the path its own number back (the kernel forgot both): the first answers
+    the path's number, never the fresh one the kernel no longer holds."""
+
+    async def test(p: Processes) -> None:
+        big = OBJECTS[1]
+        ino = (await p.one.path(big.key)).st_ino
+        fh = await p.one.open(big.key)
+        p.relist([o if o.key != big.key else obj(big.key, CS + 7, "v2") for o in OBJECTS])
+        fresh = (await p.two.path(big.key)).st_ino
+        assert fresh != ino and (await p.two.path(big.key)).st_ino == fresh  # kept reply
+        await p.one.fs.release(fh)
+        await p.one.fs.forget([(ino, 1), (fresh, 2)])
+        assert (await p.two.path(big.key)).st_ino == ino
+
+    run_processes(test)
+
+
+def test_a_path_listed_on_a_number_in_use_for_another_version_gets_its_own(
+    run: Callable[..., None],
+) -> None:
+    """A later listing numbers a new path (a hash of it) with the fresh number another
+    path's new version has: the new path is given a number of its own, so its lookup
+    never names the other's inode (whose pages the kernel may hold)."""
+    extra = obj("dir/new.txt", 300)
+
+    async def test(m: Mount) -> None:
+        m.daemon.objects[(extra.key, "v1")] = payload(extra.key, extra.size)
+        m.relist([*OBJECTS, extra])
+        target = (await m.path(extra.key)).st_ino  # the number a listing gives new.txt
+        m.relist(OBJECTS)
+        big = OBJECTS[1]
+        fh = await m.open(big.key)
+        m.fs._iv.next = target  # the next fresh number is new.txt's listing inode
+        v2 = obj(big.key, CS + 7, "v2")
+        m.daemon.objects[(big.key, "v2")] = payload(big.key, v2.size, "v2")
+        relisted = [o if o.key != big.key else v2 for o in OBJECTS]
+        m.relist(relisted)
+        assert (await m.path(big.key)).st_ino == target  # big's v2 has that number
+        m.relist([*relisted, extra])  # and a listing gives it to new.txt too
+        a = await m.path(extra.key)
+        assert a.st_ino != target and a.st_size == extra.size
+        assert (await m.fs.getattr(target, None)).st_size == v2.size  # type: ignore[arg-type]
+        assert (await m.fs.getattr(a.st_ino, None)).st_size == extra.size  # type: ignore[arg-type]
+        assert await m.read_all(extra.key) == payload(extra.key, extra.size)
+        assert await m.read_all(big.key) == payload(big.key, v2.size, "v2")
+        await m.fs.release(fh)
 
     run(test)

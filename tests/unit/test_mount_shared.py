@@ -4,7 +4,9 @@ Owns: a file handle names its slot's inode, generation, version and opener from 
 process (forked here, as the serving processes are); a slot reused after RELEASE gives a new
 handle and the old one names nothing; each process allocates in its own part, then in
 the overflow part, one process at a time; the
-reported counters are the sum of the processes' rows; a readdir position is shared.
+reported counters are the sum of the processes' rows; a readdir position is shared; the
+versions table (an inode per version's numbers, mount/fs.py _retire) is one table for
+every process, changed under its lock, its sequence number moved on by each change.
 """
 
 from __future__ import annotations
@@ -13,7 +15,17 @@ import os
 
 import pytest
 
-from silofs.mount.shared import DIR_SLOTS, FILE_SLOTS, SharedTables, TableFull, version_hash
+from silofs.mount.shared import (
+    DIR_SLOTS,
+    FILE_SLOTS,
+    FRESH,
+    RETIRED,
+    VERSION_ROWS,
+    SharedTables,
+    TableFull,
+    VersionsFull,
+    version_hash,
+)
 from silofs.records import MountCounters
 
 
@@ -123,3 +135,39 @@ def test_directory_positions_and_counters_are_shared() -> None:
     assert t.total() == MountCounters(bytes_read=60, hits=3)
     t.index = 1
     assert t.own_counters() == MountCounters(bytes_read=20, hits=1)
+
+
+def test_the_versions_table_is_one_for_every_process() -> None:
+    """A number made or counted in one process is read in another (forked, as the
+    serving processes are), under the lock; each change moves the sequence number on;
+    the handles open under a number are found by it, in any process."""
+    t = SharedTables(2)
+    fh = t.open_file(10, 3, 111, kino=1 << 62)  # a handle through a path's fresh number
+    t.open_file(10, 2, 222)  # one of the old version, through the listing inode
+    seq, gen = t.versions_stamp()
+    pid = os.fork()
+    if pid == 0:  # another serving process switches, makes the numbers, counts a lookup
+        t.lock_versions()
+        try:
+            t.note_gen(3)
+            t.write_versions({1 << 62: (FRESH, 10, 0), 10: (RETIRED, 10, 0)}, (1 << 62) + 1, 3)
+            t.add_lookups(t.read_versions().rows[1 << 62], 1 << 62, 2)
+        finally:
+            t.unlock_versions()
+        os._exit(0)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert t.versions_stamp() == (seq + 1, 3)
+    t.lock_versions()
+    try:
+        rows = t.read_versions()
+    finally:
+        t.unlock_versions()
+    assert rows.numbers == {1 << 62: (FRESH, 10, 2), 10: (RETIRED, 10, 0)}
+    assert rows.next == (1 << 62) + 1
+    assert t.open_versions() == {1 << 62: {111}, 10: {222}}
+    assert [f for f, _ in t.files_of(1 << 62)] == [fh] and t.get(fh).kino == 1 << 62
+    assert t.other_versions_open(10, 111) and not t.other_versions_open(1 << 62, 111)
+    with pytest.raises(VersionsFull):
+        t.write_versions({n: (RETIRED, n, 0) for n in range(VERSION_ROWS + 1)}, 0, 3)
+    assert t.versions_stamp() == (seq + 1, 3)  # unchanged
