@@ -387,7 +387,7 @@ def _waits_and_asker(
     peer_us = {k: ns["peer"][k] / 1000 / chunks["peer"] for k in ("daemon", "mount")}
     local_us = (ns["local"]["daemon"] + ns["local"]["mount"]) / 1000 / chunks["local"]
     asker_us = peer_us["daemon"] + peer_us["mount"]
-    cores = os.cpu_count() or 1
+    cores = 1 if args.pin else os.cpu_count() or 1  # --pin: the asking node had core 0
 
     def latency(kind: str) -> dict[str, float]:
         got = sorted(seconds_of[kind])
