@@ -6,7 +6,7 @@ from one store behind a limited link, two epochs, each node in its own random or
         [--files N] [--file-size 256K] [--readers 4] [--store s3rver|moto]
         [--store-rate 50MB/s] [--store-latency-ms 20] [--node-rate 25Gbit/s]
         [--cache-slack 0.1] [--keep DIR] [--profile PREFIX] [--perf PREFIX] [--syscalls]
-        [--timeline]
+        [--timeline] [--pin]
 
 Each node's link to the others is shaped to --node-rate, 25 Gbit/s by default: the NICs
 of GPU cluster nodes carry 25-400 Gbit/s, and a 1 Gbit/s link (~119 MiB/s) would cap
@@ -27,9 +27,13 @@ Then, in the shared cluster with its caches warm, one node reads the files homed
 rounds: the rate of each, and the CPU per MiB of the asking daemon, the homes' daemons
 and the asking mount, from /proc; per chunk, each process's CPU, its threads' wait for
 a core (schedstat's run-queue time) and how often they ran, the readers' CPU and the
-reads' latency; and, labelled as a projection beside the goal's figure, what the asking
-node alone (its daemon and mount) spends per peer-served chunk and the rate its cores
-would allow with the homes on other hosts. --profile PREFIX runs py-spy on the asking daemon, its
+reads' latency; the whole host's cores busy during each kind of round (/proc/stat:
+whether the rounds wait on CPU or on wake-ups); and, labelled as a projection beside the
+goal's figure, what the asking node alone (its daemon and mount) spends per peer-served
+chunk and the rate its cores would allow with the homes on other hosts. --pin measures
+that shape instead of projecting it: for the peer/local rounds the asking node (its
+daemon, its mount and the readers) runs on core 0 and the homes on core 1, a one-core
+node whose homes are on other hosts. --profile PREFIX runs py-spy on the asking daemon, its
 mount and one home's daemon during more peer rounds (their figures are not comparable)
 and prints where their busy time goes. --syscalls runs more peer rounds under `perf stat`
 (tracepoints) and adds `syscalls_per_peer_chunk`: each process's system calls, context
@@ -241,14 +245,24 @@ def peer_vs_local(
             ProcTimes(sum(h.user_s for h in home_loops), sum(h.sys_s for h in home_loops), 0),
         )
 
+    before = {p: os.sched_getaffinity(p) for p in (cn.pid, mount_pid, os.getpid(), *homes_pids)}
+    if args.pin:
+        # The asking node (its daemon, its mount, the readers in this process) on one
+        # core, the homes on the other: a node whose homes run on other hosts.
+        for pid in (cn.pid, mount_pid, os.getpid()):
+            _pin(pid, {0})
+        for pid in homes_pids:
+            _pin(pid, {1})
     waits: dict[str, dict[str, int]] = {"local": {}, "peer": {}}
     slices: dict[str, dict[str, int]] = {"local": {}, "peer": {}}
     seconds_of: dict[str, list[float]] = {"local": [], "peer": []}
     readers_s: dict[str, float] = {"local": 0.0, "peer": 0.0}
+    host: dict[str, dict[str, int]] = {"local": {}, "peer": {}}
     for _ in range(args.rounds):
         for kind, keys in (("local", local), ("peer", peer)):
             drop_pages(mp, keys)
             n0 = {name: _sched_sum(ps) for name, ps in pids.items()}
+            h0 = _host_ticks()
             t0 = times()
             r0 = _self_cpu_s()
             start = time.monotonic()
@@ -256,6 +270,9 @@ def peer_vs_local(
             seconds = time.monotonic() - start
             readers_s[kind] += _self_cpu_s() - r0
             t1 = times()
+            h1 = _host_ticks()
+            for i, key in enumerate(("busy", "all")):
+                host[kind][key] = host[kind].get(key, 0) + h1[i] - h0[i]
             for name, ps in pids.items():
                 run, wait, runs = _sched_sum(ps)
                 ns[kind][name] = ns[kind].get(name, 0) + run - n0[name][0]
@@ -267,6 +284,9 @@ def peer_vs_local(
             for name, a, b in zip(names, t0, t1, strict=True):
                 cpu[kind][name] = cpu[kind].get(name, 0.0) + b.cpu_s - a.cpu_s
                 cpu[kind][f"{name}_sys"] = cpu[kind].get(f"{name}_sys", 0.0) + b.sys_s - a.sys_s
+    if args.pin:
+        for pid, cores in before.items():
+            _pin(pid, cores)
     peer_mib = len(peer) * args.file_size * args.rounds / MIB
     local_mib = len(local) * args.file_size * args.rounds / MIB
     local_rate, peer_rate = statistics.median(rates["local"]), statistics.median(rates["peer"])
@@ -278,6 +298,7 @@ def peer_vs_local(
     timeline = _timeline_peer_round(args, c, mp, peer, files) if args.timeline else None
     return {
         "node": role,
+        **({"pinned": "asking node on core 0, homes on core 1"} if args.pin else {}),
         "files": {"local": len(local), "peer": len(peer)},
         "rounds": args.rounds,
         "local_mib_s": round(local_rate, 1),
@@ -320,6 +341,19 @@ def peer_vs_local(
             name: round(slices["peer"][name] / (len(peer) * args.rounds), 2)
             for name in ("daemon", "mount", "homes")
         },
+        # The whole host's cores (/proc/stat, every process and the kernel's own work,
+        # other engineers' suites included) during each kind of round: busy / all, and
+        # busy per chunk against the processes counted above plus the readers. Cores
+        # far from busy with chunks waiting for a core (wait_us_per_peer_chunk) mean
+        # the rounds wait on wake-ups, not on CPU.
+        "host_busy": {
+            kind: round(host[kind]["busy"] / host[kind]["all"], 2) if host[kind]["all"] else None
+            for kind in ("peer", "local")
+        },
+        "host_cpu_us_per_chunk": {
+            kind: round(host[kind]["busy"] / _TICKS * 1e6 / (n * args.rounds))
+            for kind, n in (("peer", len(peer)), ("local", len(local)))
+        },
         "runs_per_local_chunk": round(
             (slices["local"]["daemon"] + slices["local"]["mount"]) / (len(local) * args.rounds), 2
         ),
@@ -353,7 +387,7 @@ def _waits_and_asker(
     peer_us = {k: ns["peer"][k] / 1000 / chunks["peer"] for k in ("daemon", "mount")}
     local_us = (ns["local"]["daemon"] + ns["local"]["mount"]) / 1000 / chunks["local"]
     asker_us = peer_us["daemon"] + peer_us["mount"]
-    cores = os.cpu_count() or 1
+    cores = 1 if args.pin else os.cpu_count() or 1  # --pin: the asking node had core 0
 
     def latency(kind: str) -> dict[str, float]:
         got = sorted(seconds_of[kind])
@@ -407,6 +441,28 @@ def _sched_sum(pids: list[int]) -> tuple[int, int, int]:
             except (OSError, ValueError, IndexError):
                 pass  # ended meanwhile
     return run, wait, runs
+
+
+def _pin(pid: int, cores: set[int]) -> None:
+    """Every thread of `pid` on `cores` (the threads it starts later inherit it from
+    the thread that starts them)."""
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            os.sched_setaffinity(int(tid), cores)
+        except (ProcessLookupError, FileNotFoundError):
+            pass  # ended meanwhile
+
+
+_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def _host_ticks() -> tuple[int, int]:
+    """(busy, all) clock ticks of the host's cores since boot (/proc/stat's cpu line:
+    idle and iowait are not busy; guest time is counted in user already)."""
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:9]]
+    idle = fields[3] + fields[4]
+    return sum(fields) - idle, sum(fields)
 
 
 def _loop_times(pid: int) -> ProcTimes:
@@ -742,6 +798,8 @@ def main() -> int:
     ap.add_argument("--file-size", type=parse_size, default=None)
     ap.add_argument("--chunk-size", type=parse_size, default=None, help="default: file size")
     ap.add_argument("--readers", type=int, default=4, help="reader threads per node")
+    ap.add_argument("--pin", action="store_true",
+                    help="peer/local rounds: asking node on core 0, homes on 1")  # fmt: skip
     ap.add_argument("--rounds", type=int, default=3, help="peer/local rounds")
     ap.add_argument("--store", choices=("s3rver", "moto"), default="s3rver")
     ap.add_argument("--store-rate", type=parse_rate, default=None)

@@ -168,7 +168,9 @@ class Profiler:
         self.proc: subprocess.Popen | None = None
 
     def __enter__(self) -> Profiler:
-        exe = shutil.which("py-spy")
+        # The interpreter's own environment first: a venv's python run by its path
+        # leaves the venv's bin off PATH.
+        exe = shutil.which("py-spy", path=os.path.dirname(sys.executable)) or shutil.which("py-spy")
         if exe is None:
             sys.exit("profiling needs py-spy: pip install py-spy")
         args = [exe, "record", "-p", str(self.pid), "-r", str(self.rate), "--format", "raw"]

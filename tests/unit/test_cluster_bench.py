@@ -1,10 +1,14 @@
 """bench/cluster.py: what several chunks per exchange could carry, counted from the
 timeline's marks per process (_batchable): the home an ask went to, the asks in flight
-beside it, those begun within 50 and 200 us after it, and one exchange at a time."""
+beside it, those begun within 50 and 200 us after it, and one exchange at a time; the
+host's busy ticks (_host_ticks) and --pin's affinity (_pin)."""
 
 from __future__ import annotations
 
+import os
 import sys
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -72,3 +76,39 @@ def test_mount_misses_are_counted_per_mount(bench: Any) -> None:
     # mount 50: a, then b (came while a was in flight), then a again; mount 60: c
     assert m["chunks_per_exchange_one_at_a_time"] == 1.0
     assert out["asker_to_home"] == {"exchanges": 0}
+
+
+def test_host_ticks_count_busy_time_apart_from_idle(bench: Any) -> None:
+    busy0, all0 = bench._host_ticks()
+    deadline = time.monotonic() + 5.0
+    # Spin until the host's busy ticks move (this thread's own work is busy time).
+    while bench._host_ticks()[0] == busy0:
+        assert time.monotonic() < deadline, "no busy tick in 5 s of spinning"
+    busy1, all1 = bench._host_ticks()
+    assert 0 < busy1 - busy0 <= all1 - all0
+    assert busy1 <= all1
+
+
+def test_pin_sets_every_thread_and_restores(bench: Any) -> None:
+    before = os.sched_getaffinity(0)
+    other = threading.Event()
+    seen: list[set[int]] = []
+
+    def worker() -> None:
+        other.wait(5.0)
+        seen.append(os.sched_getaffinity(0))
+
+    t = threading.Thread(target=worker)
+    t.start()
+    one = {min(before)}
+    try:
+        bench._pin(os.getpid(), one)
+        assert os.sched_getaffinity(0) == one
+        other.set()
+        t.join(5.0)
+        assert seen == [one]  # a thread started before the pin is pinned too
+    finally:
+        other.set()
+        t.join(5.0)
+        bench._pin(os.getpid(), before)
+    assert os.sched_getaffinity(0) == before
