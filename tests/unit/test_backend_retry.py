@@ -31,6 +31,7 @@ from silofs.errors import (
 from silofs.node.backends import BackendOptions, base, open_backend
 from silofs.records import ObjectInfo
 from silofs.uri import parse_uri
+from tests.support.clock import patch_time
 from tests.support.servers import clean_env
 
 # ---------------------------------------------------------------------------------------
@@ -41,8 +42,23 @@ from tests.support.servers import clean_env
 def sleeps(monkeypatch: pytest.MonkeyPatch) -> list[float]:
     """Record retry_call's backoff delays instead of sleeping."""
     delays: list[float] = []
-    monkeypatch.setattr(base.time, "sleep", delays.append)
+    patch_time(monkeypatch, base, sleep=delays.append)
     return delays
+
+
+def test_recording_retry_call_s_sleeps_leaves_other_threads_sleeps_alone(
+    sleeps: list[float],
+) -> None:
+    """The backoff is recorded through base's own `time`: patching the time module
+    itself (base.time.sleep) made every thread's time.sleep a no-op that recorded its
+    delay, the fake store's server and any pool thread of the test process included."""
+    import time
+
+    other = threading.Thread(target=time.sleep, args=(0.001,))
+    other.start()
+    other.join()
+    base.retry_call(_flaky([TransientError("x")])[1], OPTS, "t")
+    assert len(sleeps) == 1  # retry_call's backoff only
 
 
 def _flaky(errors: list[Exception], result: str = "ok") -> tuple[list[int], object]:
@@ -128,7 +144,7 @@ def test_a_store_s_retries_are_one_warning_a_window_then_one_naming_those_left_t
     sleeps: list[float], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     now = [1000.0]
-    monkeypatch.setattr(base.time, "monotonic", lambda: now[0])
+    patch_time(monkeypatch, base, monotonic=lambda: now[0])
     notes = base.RetryLog()
     caplog.set_level(logging.DEBUG, logger=base.log.name)
 
@@ -507,7 +523,7 @@ def test_a_busy_answer_s_retry_after_is_waited_for_up_to_backoff_max(
     2 ms) asked again at once, and a throttling store saw every attempt of a read inside
     the time it had asked for, then the read failed."""
     delays: list[float] = []
-    monkeypatch.setattr(base.time, "sleep", delays.append)
+    patch_time(monkeypatch, base, sleep=delays.append)
     k = KINDS[kind]
     busy = k.error(*k.transient[0])
     busy.headers["Retry-After"] = header
