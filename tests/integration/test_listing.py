@@ -26,7 +26,7 @@ from urllib.parse import urlsplit
 import pytest
 
 from silofs.cache.store import CacheStore
-from tests.support.dirstream import DirStream, read_all
+from tests.support.dirstream import DirStream, needs_getdents, read_all
 from tests.support.faultproxy import Fault, FaultPlan, FaultProxy
 from tests.support.fixtures import needs_fuse
 from tests.support.node import Node, force_unmount
@@ -149,6 +149,7 @@ print(json.dumps({"tiny": [n for n, _ in tiny], "order": order, "seeks": seeks})
 """
 
 
+@needs_getdents
 @pytest.mark.parametrize("processes", [1, 2])
 def test_a_directory_read_one_entry_per_getdents_call_and_seeked_at_random(
     make_node, local_store, monkeypatch, bucket_name, tmp_path: Path, processes: int
