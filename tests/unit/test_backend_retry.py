@@ -566,10 +566,9 @@ def test_a_rewritten_gcs_key_file_is_read_again_when_its_old_key_is_refused(
     token endpoint refuses the old one (invalid_grant), and the next request is made
     with the new file's. Before, the key read when the client was made was used until
     the daemon restarted, every miss and listing a denial."""
-    from silofs.node.backends import gcs
 
     clean_env(monkeypatch)
-    monkeypatch.setattr(gcs, "RENEW_SECONDS", 0.0)
+    monkeypatch.setattr(base, "RENEW_SECONDS", 0.0)
     key = tmp_path / "key.json"
     _service_account_key(key, "old", f"{fake_store.url}/token")
     refused = Reply(400, json.dumps({"error": "invalid_grant"}).encode())
@@ -622,3 +621,48 @@ def test_requests_refused_together_all_sign_with_renewed_s3_credentials(
     key("AKIANEW")
     assert [rotated._renew() for _ in range(3)] == [True, True, True]
     assert rotated.client()._request_signer._credentials.access_key == "AKIANEW"
+
+
+def test_one_renewal_gate_looks_once_a_while_and_retries_those_refused_together(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """RetryingBackend._renew, the gate S3 and GCS share around their own look: one look
+    per RENEW_SECONDS per dataset; a look finding them changed drops the client, and
+    every denial within RENEWED_SECONDS after is tried again without a look; a client
+    whose credentials cannot go stale (FIXED) is never looked at."""
+    from silofs.node.backends.base import RENEW_SECONDS, RENEWED_SECONDS, RetryingBackend
+
+    now = [1000.0]
+    patch_time(monkeypatch, base, monotonic=lambda: now[0])
+
+    class Rotating(RetryingBackend):
+        uri = "test://b/"
+        opts = BackendOptions()
+
+        def __init__(self, held: object) -> None:
+            self._lock = threading.Lock()
+            self._client = object()
+            self.held, self.looks, self.changed = held, 0, False
+
+        def _credentials_held(self) -> object:
+            return self.held
+
+        def _credentials_changed(self, held: object) -> str | None:
+            self.looks += 1
+            return "changed" if self.changed else None
+
+    b = Rotating(held=object())
+    assert [b._renew(), b._renew()] == [False, False] and b.looks == 1  # one look a while
+    now[0] += RENEW_SECONDS
+    b.changed = True
+    assert b._renew() is True and b._client is None and b.looks == 2
+    b._client = object()  # the next request made a new one
+    now[0] += RENEWED_SECONDS / 2
+    assert b._renew() is True and b.looks == 2  # refused with the old: again, no look
+    assert b._client is not None  # the new client kept
+    now[0] += RENEWED_SECONDS
+    b.changed = False
+    assert b._renew() is False and b.looks == 3
+    fixed = Rotating(held=base.FIXED)
+    fixed.changed = True
+    assert fixed._renew() is False and fixed.looks == 0

@@ -37,6 +37,17 @@ log = logging.getLogger(__name__)
 _COUNTERS_LOCK = threading.Lock()
 
 T = TypeVar("T")
+# After a denial, a store's credentials are looked at again (S3: the credential chain
+# resolved; GCS: the key file read) at most this often per dataset
+# (RetryingBackend._renew): a bucket refusing some objects costs one look a while.
+RENEW_SECONDS = 10.0
+# A denial this soon after a look found them changed is tried again (once) without a
+# look: requests refused together (a listing's workers, the fetch threads) were signed
+# with the old credentials too, and only the first to ask used to retry: the others failed.
+RENEWED_SECONDS = 10.0
+# RetryingBackend._credentials_held: what the client signs with cannot go stale under
+# it (none to renew: anonymous, or credentials the SDK refreshes itself).
+FIXED: Any = object()
 # One page of one prefix's listing: the objects directly under the prefix, the
 # sub-prefixes the page named (full store prefixes, ending in '/'), and whether it was the
 # prefix's last page.
@@ -162,6 +173,14 @@ def connection_reason(exc: BaseException) -> str:
     return found.group(1).strip() if found else str(exc)[:160]
 
 
+@dataclass
+class _RenewGate:
+    """When RetryingBackend._renew may look at a store's credentials again (monotonic)."""
+
+    look_after: float = 0.0  # no look before
+    renewed_at: float = float("-inf")  # when a look last found them changed
+
+
 class RetryingBackend:
     """What every object-store backend shares: one retry policy around each listing page
     and each ranged GET, reads clamped to the size the listing saw, and the life of the
@@ -210,10 +229,53 @@ class RetryingBackend:
         return retry_call(fn, self.opts, what, self.counters, self.retry_log, self._renew)
 
     def _renew(self) -> bool:
-        """After a denial: whether the store's credentials were found changed since its
-        client was made (a credentials file rewritten), and the client dropped so the
-        next request signs with the new ones. None here; stores that can say override."""
-        return False
+        """After a denial: whether to try again because the store's credentials were
+        found changed since its client was made (a credentials file rewritten, the old
+        key revoked): the client is then dropped (in-flight requests finish on it) and
+        the next request builds one that signs with the new ones. One look per
+        RENEW_SECONDS per dataset; a denial within RENEWED_SECONDS of a look that found
+        them changed is tried again without one. A client is made once per dataset and
+        reads its credentials then: a rotated key was refused until the daemon restarted.
+
+        The store says what its client holds (_credentials_held, under `_lock`) and
+        whether that changed (_credentials_changed, outside it: it may do file I/O)."""
+        gate = self._once("_renew_gate", _RenewGate)
+        now = time.monotonic()
+        with self._lock:
+            if now - gate.renewed_at < RENEWED_SECONDS:
+                return True  # renewed a moment ago: this request was signed with the old
+            if self._client is None or now < gate.look_after:
+                return False
+            held = self._credentials_held()
+            if held is FIXED:
+                return False
+            gate.look_after = now + RENEW_SECONDS
+        news = self._credentials_changed(held)
+        if news is None:
+            return False
+        with self._lock:
+            gate.renewed_at = now
+            if self._credentials_held() is not held:
+                return True  # another thread renewed them meanwhile
+            self._drop_client()
+        log.info("%s", news)
+        return True
+
+    def _credentials_held(self) -> Any:
+        """Under `_lock`, with a client made: what it signs with, one object per client
+        (compared by identity), or FIXED if that cannot go stale. FIXED here; stores
+        whose credentials can be rewritten under the client override."""
+        return FIXED
+
+    def _credentials_changed(self, held: Any) -> str | None:
+        """Whether the credentials found now differ from `held`: a line for the log
+        saying so, or None (unchanged, or none found)."""
+        return None
+
+    def _drop_client(self) -> None:
+        """Under `_lock`: forget the client (not closed: in-flight requests finish on
+        it); the next request makes one."""
+        self._client = None
 
     def check(self) -> None:
         self._retry(self._check_once, f"check {self.uri}")
