@@ -666,3 +666,45 @@ def test_one_renewal_gate_looks_once_a_while_and_retries_those_refused_together(
     fixed = Rotating(held=base.FIXED)
     fixed.changed = True
     assert fixed._renew() is False and fixed.looks == 0
+
+
+def test_a_hung_store_s_read_is_not_retried_past_read_deadline(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each try of a store that never answers ends at read_timeout (30 s) and was
+    retried max_attempts (5) times: an uncached read was EIO after ~150 s. No retry
+    begins read_deadline (60 s) after the read's first try: two tries, ~60 s. A listing
+    page is not bounded by it (a listing runs in the background)."""
+    from silofs.node.backends.base import RetryingBackend
+
+    now = [1000.0]
+    patch_time(
+        monkeypatch, base, monotonic=lambda: now[0], sleep=lambda s: now.__setitem__(0, now[0] + s)
+    )
+
+    class Hung(RetryingBackend):
+        uri = "test://b/"
+        opts = BackendOptions()  # read_timeout 30, max_attempts 5, read_deadline 60
+        tries = 0
+
+        def _get_once(self, info: ObjectInfo, start: int, end: int) -> bytes:
+            self.tries += 1
+            now[0] += self.opts.read_timeout
+            raise TransientError("Read timeout on endpoint URL")
+
+        def _list_page(self, token: str | None) -> tuple[list[object], str | None]:
+            return self._get_once(INFO_K, 0, 1), None  # type: ignore[return-value]
+
+    b = Hung()
+    t0 = now[0]
+    with pytest.raises(TransientError, match="Read timeout"):
+        b.get_range(INFO_K, 0, 1)
+    assert b.tries == 2
+    assert now[0] - t0 < b.opts.read_deadline + b.opts.read_timeout
+    b.tries = 0
+    with pytest.raises(TransientError):
+        list(b._list_flat())
+    assert b.tries == b.opts.max_attempts
+
+
+INFO_K = ObjectInfo("k", 100, 0.0, "v", "c")

@@ -62,6 +62,11 @@ class BackendOptions:
     connect_timeout: float = 10.0
     read_timeout: float = 30.0
     max_attempts: int = 5  # total tries for a retryable error, with backoff
+    # No retry of a read (a ranged GET, or opening one) begins this long after its
+    # first try did: a store that accepts requests and never answers failed a miss only
+    # after max_attempts x read_timeout (~150 s). 60 s: about what mountpoint-s3's 10
+    # attempts take and NFS's defaults give (60 s, 3 tries) before an error.
+    read_deadline: float = 60.0
     backoff_base: float = 0.2  # seconds; doubled each retry, with full jitter
     backoff_max: float = 10.0
     page_size: int = 1000
@@ -224,9 +229,13 @@ class RetryingBackend:
                 value = self.__dict__.setdefault(name, make())
         return value
 
-    def _retry(self, fn: Callable[[], T], what: str) -> T:
+    def _retry(self, fn: Callable[[], T], what: str, deadline: float | None = None) -> T:
         """retry_call with this backend's options, counters, RetryLog and renewal."""
-        return retry_call(fn, self.opts, what, self.counters, self.retry_log, self._renew)
+        return retry_call(fn, self.opts, what, self.counters, self.retry_log, self._renew, deadline)
+
+    def _read_deadline(self) -> float:
+        """The monotonic time past which a read starting now is not retried."""
+        return time.monotonic() + self.opts.read_deadline
 
     def _renew(self) -> bool:
         """After a denial: whether to try again because the store's credentials were
@@ -341,7 +350,7 @@ class RetryingBackend:
         if length <= 0 or start >= end:
             return b""
         fetch = functools.partial(self._get_exact, info, start, end)
-        return self._retry(fetch, f"read {self.uri}{info.key}")
+        return self._retry(fetch, f"read {self.uri}{info.key}", self._read_deadline())
 
     def open_range(
         self, info: ObjectInfo, start: int, length: int, whole: bool = False
@@ -361,7 +370,7 @@ class RetryingBackend:
             note_requests()  # each attempt is a request
             return self._open_once(info, start, end)
 
-        body = self._retry(opener, f"read {self.uri}{info.key}")
+        body = self._retry(opener, f"read {self.uri}{info.key}", self._read_deadline())
         return RangeStream(body, start, end, f"{self.uri}{info.key}", self.counters)
 
     def _streams_ranges(self) -> bool:
@@ -717,12 +726,16 @@ def retry_call(
     counters: StoreCounters | None = None,
     notes: RetryLog | None = None,
     renew: Callable[[], bool] | None = None,
+    deadline: float | None = None,
 ) -> T:
     """Call `fn`, retrying retryable BackendErrors with capped exponential backoff; each
     retry is counted in `counters` (the dataset's, shown in status and /metrics) and told
     to `notes` (the store's RetryLog; without one, the call's first retry is a WARNING).
     An AccessDeniedError is tried once more, at once, if `renew()` says the credentials
-    changed (a key rotated in a credentials file the daemon read at its first request)."""
+    changed (a key rotated in a credentials file the daemon read at its first request).
+    No retry begins at or past `deadline` (time.monotonic()): the last error is raised
+    then, with max_attempts not reached. A try under way is not cut short (an SDK call
+    cannot be): a read ends by `deadline` plus at most one read_timeout."""
     notes = notes if notes is not None else RetryLog()
     attempt = 1
     renewed = False
@@ -740,6 +753,9 @@ def retry_call(
             asked = exc.retry_after if isinstance(exc, TransientError) else None
             if asked is not None:  # the store said when: no sooner, and at most backoff_max
                 delay = max(delay, min(asked, opts.backoff_max))
+            if deadline is not None and time.monotonic() + delay >= deadline:
+                log.debug("%s: %s; not retried: its deadline passes first", what, exc)
+                raise
             notes.retry(what, exc, attempt, opts.max_attempts - 1, delay)
             if counters is not None:
                 counters.retries += 1
