@@ -449,6 +449,12 @@ class SilofsFS(pyfuse3.Operations):
                 if self._iv.real:
                     self._looked_up(a.st_ino)
                 return a
+            if len(name) > self.name_max:
+                # Longer than statfs's f_namemax: no such name is served (readdir leaves
+                # them out), as ext4 answers a component past its 255 bytes. The kernel
+                # refuses these itself where name_max is its FUSE limit (fuse_name_max);
+                # one that takes longer ones (a backport) asked us and had ENOENT.
+                raise pyfuse3.FUSEError(errno.ENAMETOOLONG)
             m = self.listing
             m.renew()
             node = m.lookup(parent_inode, name)

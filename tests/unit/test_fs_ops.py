@@ -339,6 +339,29 @@ def test_a_name_longer_than_the_kernel_takes_is_left_out_of_readdir_once_logged(
     assert len(said) == 1, said
 
 
+def test_a_name_longer_than_statfs_says_is_enametoolong_listed_or_not(
+    run: Callable[..., None],
+) -> None:
+    """A component past f_namemax is ENAMETOOLONG, as ext4 answers one past its 255
+    bytes, whether or not the listing has it (readdir leaves those out): a kernel that
+    passes longer names than the mount took for its limit had ENOENT from the mount
+    for a missing one, and the name served for a listed one."""
+
+    async def test(m: Mount) -> None:
+        d = await m.path("dir")
+        m.fs.name_max = len(b"big.bin")  # as if: flaky.bin is past the kernel's limit
+        for name in (b"flaky.bin", b"missing.bin"):
+            with pytest.raises(pyfuse3.FUSEError) as exc:
+                await m.fs.lookup(d.st_ino, name, None)  # type: ignore[arg-type]
+            assert errno_of(exc) == errno.ENAMETOOLONG, name
+        with pytest.raises(pyfuse3.FUSEError) as exc:
+            await m.fs.lookup(d.st_ino, b"nope", None)  # type: ignore[arg-type]
+        assert errno_of(exc) == errno.ENOENT  # within the limit: not there
+        assert (await m.path("dir/big.bin")).st_size == 2 * CS + 500
+
+    run(test)
+
+
 @pytest.mark.parametrize(
     ("release", "most"),
     [("6.18.44-fc-v857", 4095), ("6.15.0", 4095), ("7.0", 4095), ("6.14.11-300.fc41", 1024)]
