@@ -417,7 +417,11 @@ class SilofsFS(pyfuse3.Operations):
         if node.is_dir:
             a.st_mode = stat.S_IFDIR | look.dir_mode
             a.st_nlink = 2 + node.aux  # aux: its subdirectories
-            size = 4096
+            # Past its last readdir offset (DOTS + its entries: size), and 4096 as a
+            # local disk's for the small: lseek(dirfd, 0, SEEK_END) is the kernel's
+            # i_size, and a fixed 4096 was a position inside a larger directory
+            # (seekdir there read on from its 4,095th name, where ext4's end reads none).
+            size = max(4096, DOTS + node.size)
         else:
             a.st_mode = stat.S_IFREG | look.file_mode
             size = node.size
