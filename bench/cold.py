@@ -54,6 +54,7 @@ from common import (
     check_fuse,
     drain,
     load_average,
+    need_tools,
     profile_summary,
     ratio,
 )
@@ -469,6 +470,7 @@ def main() -> int:
     )
     args = ap.parse_args()
     args.mount_args = args.mount_args.split()
+    need_tools({"--profile": args.profile and "py-spy"})
     check_fuse()
     unpacked = ExitStack()  # a --git-rev revision's unpacked tree, removed on exit
     if args.other_tree:
