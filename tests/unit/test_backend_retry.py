@@ -708,3 +708,34 @@ def test_a_hung_store_s_read_is_not_retried_past_read_deadline(
 
 
 INFO_K = ObjectInfo("k", 100, 0.0, "v", "c")
+
+
+def test_a_rewritten_azure_sas_token_file_is_read_again_when_its_token_is_refused(
+    fake_store: FakeStore, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A SAS token in a file (sas_token_file) that a tool rewrites before the old token
+    expires: the store refuses the old one (403 AuthenticationFailed), the file is read
+    again and the request redone with the new token. A SAS in the environment or the
+    config stays what it was until the daemon restarts (nothing to look at)."""
+    clean_env(monkeypatch)
+    monkeypatch.setattr(base, "RENEW_SECONDS", 0.0)  # a look at every denial
+    monkeypatch.setattr(base, "RENEWED_SECONDS", 0.0)  # no retry without one
+    sas = tmp_path / "sas"
+    sas.write_text("?sv=2024-01-01&sig=old\n")
+    opts = BackendOptions(
+        endpoint_url=fake_store.url, max_attempts=2, backoff_base=0.001,
+        extra={"sas_token_file": str(sas)},
+    )  # fmt: skip
+    backend = open_backend(parse_uri(KINDS["azure"].uri), opts)
+    refused = az_error(403, "AuthenticationFailed")
+    fake_store.script = [refused]
+    with pytest.raises(AccessDeniedError):  # the file is as it was: a real denial
+        list(backend.list())
+    sas.write_text("sv=2024-01-01&sig=new\n")
+    fake_store.script = [refused, KINDS["azure"].list_ok()]
+    assert [i.key for i in backend.list()] == ["a.txt"]
+    assert ["sig=new" in s for s in fake_store.seen[-3:]] == [False, False, True]
+    sas.write_text("")
+    fake_store.script = [refused]
+    with pytest.raises(AccessDeniedError, match="is empty"):  # said, not a traceback
+        list(backend.list())

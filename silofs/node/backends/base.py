@@ -178,6 +178,42 @@ def connection_reason(exc: BaseException) -> str:
     return found.group(1).strip() if found else str(exc)[:160]
 
 
+@dataclass(frozen=True)
+class KeyFile:
+    """The file a store client's credentials came from (None: not from a file) and a
+    digest of what it held when the client was made (one object per client: compared
+    by identity in RetryingBackend._renew)."""
+
+    path: str | None
+    digest: bytes | None
+
+    @classmethod
+    def read(cls, path: str) -> tuple[bytes, KeyFile]:
+        """What `path` holds (its first MiB) and its KeyFile; OSError if unreadable."""
+        with open(path, "rb") as f:
+            raw = f.read(1 << 20)
+        return raw, cls(path, hashlib.sha256(raw).digest())
+
+    @classmethod
+    def of(cls, path: str | None) -> KeyFile:
+        """The KeyFile of `path` now (a None digest: no path, or unreadable)."""
+        return cls(path, cls.digest_of(path))
+
+    @classmethod
+    def digest_of(cls, path: str | None) -> bytes | None:
+        if path is None:
+            return None
+        try:
+            return cls.read(path)[1].digest
+        except OSError:
+            return None
+
+    def changed(self) -> bool:
+        """Whether the file holds other bytes now than when the client was made."""
+        now = self.digest_of(self.path)
+        return now is not None and now != self.digest
+
+
 @dataclass
 class _RenewGate:
     """When RetryingBackend._renew may look at a store's credentials again (monotonic)."""
@@ -209,6 +245,9 @@ class RetryingBackend:
     item_noun = "objects"  # what the store calls what it lists, for messages
     _lock: threading.Lock
     _client: Any
+    # The credentials file the client's credentials came from, set when it is made
+    # (GCS's key file, Azure's SAS token file); None: none to look at (_credentials_held).
+    _key: KeyFile | None = None
 
     @property
     def counters(self) -> StoreCounters:
@@ -272,9 +311,9 @@ class RetryingBackend:
 
     def _credentials_held(self) -> Any:
         """Under `_lock`, with a client made: what it signs with, one object per client
-        (compared by identity), or FIXED if that cannot go stale. FIXED here; stores
-        whose credentials can be rewritten under the client override."""
-        return FIXED
+        (compared by identity), or FIXED if that cannot go stale. Here: the client's
+        credentials file (`_key`), FIXED without one; S3 overrides."""
+        return FIXED if self._key is None or self._key.path is None else self._key
 
     def _credentials_changed(self, held: Any) -> str | None:
         """Whether the credentials found now differ from `held`: a line for the log

@@ -15,7 +15,6 @@ are a fast AccessDeniedError instead), never transcodes (ranges address stored b
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -46,9 +45,9 @@ from silofs.errors import (
     UnreachableError,
 )
 from silofs.node.backends.base import (
-    FIXED,
     BackendOptions,
     DelimitedListing,
+    KeyFile,
     busy,
     connection_reason,
     join_prefix,
@@ -154,26 +153,6 @@ def credentials_file(opts: BackendOptions) -> str | None:
         return key_file
     adc = _adc_file()
     return str(adc) if adc.is_file() else None
-
-
-@dataclass(frozen=True)
-class _KeyFile:
-    """The key file a client's credentials came from (None: not from a file) and a
-    digest of what it held then (_digest)."""
-
-    path: str | None
-    digest: bytes | None
-
-
-def _digest(path: str | None) -> bytes | None:
-    """What a key file holds now, as a digest (None: no file, or unreadable)."""
-    if path is None:
-        return None
-    try:
-        with open(path, "rb") as f:
-            return hashlib.sha256(f.read(1 << 20)).digest()
-    except OSError:
-        return None
 
 
 def resolve_credentials(opts: BackendOptions) -> tuple[Credentials, str | None, str]:
@@ -307,7 +286,7 @@ class GCSBackend(DelimitedListing):
         self._lock = threading.Lock()
         # The key file the client's credentials came from and what it held then (None
         # before a client is made).
-        self._key: _KeyFile | None = None
+        self._key: KeyFile | None = None
 
     # -- credentials renewal (RetryingBackend._renew) ---------------------------------
     # A key is read once, when the client is made: a service-account key rotated in its
@@ -315,13 +294,9 @@ class GCSBackend(DelimitedListing):
     # application-default login`, was refused until the daemon restarted. The metadata
     # server's credentials renew themselves.
 
-    def _credentials_held(self) -> Any:
-        return FIXED if self._key is None or self._key.path is None else self._key
-
     def _credentials_changed(self, held: Any) -> str | None:
         """Whether the key file `held` came from holds other bytes now."""
-        current = _digest(held.path)
-        if current is None or current == held.digest:
+        if not held.changed():
             return None
         return (
             f"GCS {self.uri}: the store refused the Google credentials the daemon had and "
@@ -340,7 +315,7 @@ class GCSBackend(DelimitedListing):
                 from google.cloud import storage
 
                 key_file = credentials_file(self.opts)
-                self._key = _KeyFile(key_file, _digest(key_file))
+                self._key = KeyFile.of(key_file)
                 creds, project, self.cred_source = resolve_credentials(self.opts)
                 session = AuthorizedSession(
                     creds, refresh_timeout=self.opts.connect_timeout + self.opts.read_timeout
