@@ -32,7 +32,7 @@ from silofs.node.backends import BackendOptions, base, open_backend
 from silofs.records import ObjectInfo
 from silofs.uri import parse_uri
 from tests.support.clock import patch_time
-from tests.support.servers import clean_env
+from tests.support.servers import clean_env, service_account_key
 
 # ---------------------------------------------------------------------------------------
 # retry_call
@@ -533,31 +533,6 @@ def test_a_busy_answer_s_retry_after_is_waited_for_up_to_backoff_max(
     assert delays == [3.0 if header == "3" else 10.0]
 
 
-def _service_account_key(path: Path, key_id: str, token_uri: str) -> None:
-    from cryptography.hazmat.primitives import serialization
-    from cryptography.hazmat.primitives.asymmetric import rsa
-
-    pem = (
-        rsa.generate_private_key(public_exponent=65537, key_size=2048)
-        .private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        )
-        .decode()
-    )
-    info = {
-        "type": "service_account",
-        "project_id": "p",
-        "private_key_id": key_id,
-        "private_key": pem,
-        "client_email": "reader@p.iam.gserviceaccount.com",
-        "client_id": "1",
-        "token_uri": token_uri,
-    }
-    path.write_text(json.dumps(info))
-
-
 def test_a_rewritten_gcs_key_file_is_read_again_when_its_old_key_is_refused(
     fake_store: FakeStore, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
@@ -570,7 +545,7 @@ def test_a_rewritten_gcs_key_file_is_read_again_when_its_old_key_is_refused(
     clean_env(monkeypatch)
     monkeypatch.setattr(base, "RENEW_SECONDS", 0.0)
     key = tmp_path / "key.json"
-    _service_account_key(key, "old", f"{fake_store.url}/token")
+    service_account_key(key, "old", f"{fake_store.url}/token")
     refused = Reply(400, json.dumps({"error": "invalid_grant"}).encode())
     refused.headers["Content-Type"] = "application/json"
     granted = Reply(200, json.dumps({"access_token": "t", "expires_in": 3600}).encode())
@@ -585,7 +560,7 @@ def test_a_rewritten_gcs_key_file_is_read_again_when_its_old_key_is_refused(
     fake_store.script = [refused, refused]
     with pytest.raises(AccessDeniedError, match="invalid_grant"):  # the file is as it was
         list(backend.list())
-    _service_account_key(key, "new", f"{fake_store.url}/token")
+    service_account_key(key, "new", f"{fake_store.url}/token")
     fake_store.script = [refused, granted, KINDS["gcs"].list_ok()]
     assert [i.key for i in backend.list()] == ["a.txt"]
     assert [s.split("?")[0] for s in fake_store.seen[-3:]] == [
