@@ -38,7 +38,7 @@ _COUNTERS_LOCK = threading.Lock()
 
 T = TypeVar("T")
 # After a denial, a store's credentials are looked at again (S3: the credential chain
-# resolved; GCS: the key file read) at most this often per dataset
+# resolved; GCS, Azure: the key or SAS token file read) at most this often per dataset
 # (RetryingBackend._renew): a bucket refusing some objects costs one look a while.
 RENEW_SECONDS = 10.0
 # A denial this soon after a look found them changed is tried again (once) without a
