@@ -539,6 +539,8 @@ def main() -> int:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
         unpacked.close()
+    if not table:  # every store skipped (s3rver without npm): nothing was measured
+        sys.exit(f"no store could be started of {args.stores}: nothing measured")
     print("\n| store | figure | silofs | reference | ratio |\n|---|---|---|---|---|")
     print("\n".join(table))
     print(f"load average after: {load_average()}")
