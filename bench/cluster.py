@@ -69,7 +69,14 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import ProcTimes, Profiler, check_fuse, load_average, profile_summary  # noqa: E402
+from common import (  # noqa: E402
+    ProcTimes,
+    Profiler,
+    check_fuse,
+    load_average,
+    need_tools,
+    profile_summary,
+)
 
 from silofs.units import parse_size  # noqa: E402
 from tests.support.faultproxy import parse_rate  # noqa: E402
@@ -822,6 +829,13 @@ def main() -> int:
     args.file_size = args.file_size or shape["file_size"]
     args.chunk_size = args.chunk_size or args.file_size
     args.store_rate = args.store_rate or shape["store_rate"]
+    need_tools(
+        {
+            "--profile": args.profile and "py-spy",
+            "--perf": args.perf and "perf",
+            "--syscalls": "perf" if args.syscalls else None,
+        }
+    )
     check_fuse()
     if os.geteuid() != 0:
         sys.exit("bench/cluster.py makes network namespaces: run it as root")

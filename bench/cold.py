@@ -54,6 +54,7 @@ from common import (
     check_fuse,
     drain,
     load_average,
+    need_tools,
     profile_summary,
     ratio,
 )
@@ -469,6 +470,7 @@ def main() -> int:
     )
     args = ap.parse_args()
     args.mount_args = args.mount_args.split()
+    need_tools({"--profile": args.profile and "py-spy"})
     check_fuse()
     unpacked = ExitStack()  # a --git-rev revision's unpacked tree, removed on exit
     if args.other_tree:
@@ -537,6 +539,8 @@ def main() -> int:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
         unpacked.close()
+    if not table:  # every store skipped (s3rver without npm): nothing was measured
+        sys.exit(f"no store could be started of {args.stores}: nothing measured")
     print("\n| store | figure | silofs | reference | ratio |\n|---|---|---|---|---|")
     print("\n".join(table))
     print(f"load average after: {load_average()}")

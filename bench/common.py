@@ -100,6 +100,30 @@ def check_fuse() -> None:
         sys.exit(f"FUSE is missing: {FUSE_MISSING}")
 
 
+def need_tools(wanted: dict[str, str | None]) -> None:
+    """Exit with one line, before any work, if a tool an option asked for is not on
+    PATH: {option: tool, or None where the option was not given}. Checked where it
+    was used, a missing py-spy or perf ended a run after its passes."""
+    for option, tool in wanted.items():
+        if tool is not None and shutil.which(tool) is None:
+            hint = {"py-spy": "pip install py-spy", "perf": "apt-get install linux-perf"}
+            sys.exit(f"{option} needs {tool}, not on PATH ({hint.get(tool, 'install it')})")
+
+
+def start_server(start: Callable[[], T], what: str, made: Path | None = None) -> T:
+    """start() (a tests/support/servers.py server), or exit with one line saying why
+    not: npm's s3rver or Azurite, or fake-gcs-server, missing and not installable raised
+    ServerError, a traceback. `made`: the run's directory, removed first."""
+    from tests.support.servers import ServerError
+
+    try:
+        return start()
+    except ServerError as exc:
+        if made is not None:
+            shutil.rmtree(made, ignore_errors=True)
+        sys.exit(f"cannot start {what}: {exc}")
+
+
 # -- timed reads -------------------------------------------------------------------------
 def read_whole(path: str, buf: bytearray) -> int:
     """Read a file to its end in len(buf)-sized reads; the bytes read."""

@@ -31,7 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from common import ProcTimes, busy_processes, check_fuse, load_average, ratio
+from common import ProcTimes, busy_processes, check_fuse, load_average, ratio, start_server
 
 from silofs.control.client import ControlClient, ControlError
 from silofs.units import parse_rate, parse_size
@@ -291,7 +291,7 @@ def main() -> int:
         print(f"  busy: {line}")
 
     tmp = Path(tempfile.mkdtemp(prefix="silofs-limiter-", dir="/var/tmp"))
-    s3 = start_s3rver(tmp / "s3rver", tmp / "s3rver.log")
+    s3 = start_server(lambda: start_s3rver(tmp / "s3rver", tmp / "s3rver.log"), "s3rver", tmp)
     os.environ.update(s3.env)  # its credentials, for our daemons
     summary = []
     ok = True

@@ -48,7 +48,7 @@ from typing import Any
 from urllib.parse import parse_qs, quote, unquote, urlsplit
 from xml.sax.saxutils import escape, unescape
 
-import common  # noqa: F401 - this checkout (or a baseline) first on sys.path
+import common  # this checkout (or a baseline) first on sys.path
 
 from silofs.node.backends.base import BackendOptions
 from silofs.node.backends.s3 import S3Backend
@@ -239,7 +239,7 @@ def emulator(
     if kind == "azure":
         from silofs.node.backends.azure import AzureBackend
 
-        server: Any = servers.start_azurite()
+        server: Any = common.start_server(servers.start_azurite, "Azurite")
         port = int(server.endpoint_url.rsplit(":", 1)[1].split("/")[0])
         account = server.account
         container = server.service().create_container("bench")
@@ -253,7 +253,7 @@ def emulator(
     else:
         from silofs.node.backends.gcs import GCSBackend
 
-        server = servers.start_fake_gcs()
+        server = common.start_server(servers.start_fake_gcs, "fake-gcs-server")
         port = int(server.endpoint_url.rsplit(":", 1)[1])
         bucket = server.client().create_bucket("bench")
         took = _upload(lambda k: bucket.blob(k).upload_from_string(b""), keys)

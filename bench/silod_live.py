@@ -56,7 +56,7 @@ from urllib.parse import quote, urlsplit
 
 BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
-from common import ROOT, load_average  # noqa: E402
+from common import ROOT, load_average, start_server  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "silofs-ctl"))
 from silofs.control.client import ControlClient  # noqa: E402
@@ -614,7 +614,9 @@ def compare(args: argparse.Namespace) -> int:
         client = _client(args.s3_endpoint)
         args.s3rver_pid = 0
     else:
-        s3 = start_s3rver(base / "s3rver", base / "s3rver.log")
+        s3 = start_server(
+            lambda: start_s3rver(base / "s3rver", base / "s3rver.log"), "s3rver", base
+        )
         os.environ.update(s3.env)  # its credentials, for our daemons
         upstream = ("127.0.0.1", s3.port)
         client = s3.client()

@@ -47,6 +47,7 @@ from common import (
     check_root,
     drop_caches,
     load_average,
+    need_tools,
     profile_summary,
     ratio,
     read_files,
@@ -495,6 +496,7 @@ def main() -> int:
     )
     args = ap.parse_args()
     readers = [int(r) for r in args.readers.split(",")]
+    need_tools({"--profile": args.profile and "py-spy", "--perf": args.perf and "perf"})
     check_root()
 
     tmp = Path(tempfile.mkdtemp(prefix="silofs-bench-", dir="/var/tmp"))

@@ -127,6 +127,7 @@ class NodeSettings:
     connect_timeout: float = 10.0
     read_timeout: float = 30.0
     max_attempts: int = 5
+    read_deadline: float = 60.0  # no retry of a store read past this (BackendOptions)
     page_size: int = 1000
     list_workers: int = 32  # prefixes listed at once (stores with delimiter listings)
     backend_extra: dict[str, str] = field(default_factory=dict)
@@ -252,6 +253,7 @@ _BACKEND_KEYS = {
     "connect_timeout",
     "read_timeout",
     "max_attempts",
+    "read_deadline",
     "page_size",
     "list_workers",
     "backend_extra",
@@ -607,7 +609,7 @@ def _validate(s: NodeSettings) -> None:
         raise UsageError("list_workers must be between 1 and 256")
     if s.idle_exit_seconds is not None and s.idle_exit_seconds <= 0:
         raise UsageError("idle_exit_seconds must be more than 0 (leave it out: never)")
-    for name in ("connect_timeout", "read_timeout"):
+    for name in ("connect_timeout", "read_timeout", "read_deadline"):
         if getattr(s, name) <= 0:
             raise UsageError(f"{name} must be more than 0 seconds")
     for name in sorted(_LIMIT_KEYS - {"min_refresh_seconds"}):

@@ -96,7 +96,7 @@ class Entry:
     inode: int
     is_dir: bool
     parent: int
-    size: int
+    size: int  # files: bytes; directories: entries (0 in a listing written before they were)
     mtime: float
     aux: int  # directories: number of subdirectories; files: ordinal in the listing
     since: int

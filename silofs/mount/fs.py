@@ -616,7 +616,11 @@ class SilofsFS(pyfuse3.Operations):
         if node.is_dir:
             a.st_mode = stat.S_IFDIR | look.dir_mode
             a.st_nlink = 2 + node.aux  # aux: its subdirectories
-            size = 4096
+            # Past its last readdir offset (DOTS + its entries: size), and 4096 as a
+            # local disk's for the small: lseek(dirfd, 0, SEEK_END) is the kernel's
+            # i_size, and a fixed 4096 was a position inside a larger directory
+            # (seekdir there read on from its 4,095th name, where ext4's end reads none).
+            size = max(4096, DOTS + node.size)
         else:
             a.st_mode = stat.S_IFREG | look.file_mode
             size = node.size
@@ -647,6 +651,12 @@ class SilofsFS(pyfuse3.Operations):
             if a is not None:
                 if not self._iv.real or self._looked_up(a.st_ino):
                     return a
+            if len(name) > self.name_max:
+                # Longer than statfs's f_namemax: no such name is served (readdir leaves
+                # them out), as ext4 answers a component past its 255 bytes. The kernel
+                # refuses these itself where name_max is its FUSE limit (fuse_name_max);
+                # one that takes longer ones (a backport) asked us and had ENOENT.
+                raise pyfuse3.FUSEError(errno.ENAMETOOLONG)
             m = self.listing
             m.renew()
             node = m.lookup(parent_inode, name)

@@ -61,8 +61,9 @@ def spare_threads(threads: int) -> int:
     """Threads the Fetcher keeps beyond `fetch_threads` (a quarter, at least one): one
     dataset's GETs hold at most `fetch_threads`, so another dataset's miss always finds
     one of these. A store that accepts a GET and never answers holds its thread through
-    every attempt (max_attempts x read_timeout: 150 s by default), and 16 readers of one
-    hung bucket made every other dataset's miss on the node wait 151 s for a thread
+    its attempts (read_deadline plus a read_timeout at most: ~60 s by default), and 16
+    readers of one hung bucket made every other dataset's miss on the node wait 151 s
+    (every attempt then) for a thread
     (tests/integration/test_store_over_time.py). Spares, not a smaller share: a node
     reading one dataset keeps all `fetch_threads` GETs at once for its misses."""
     return max(1, threads // 4)

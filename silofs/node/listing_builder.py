@@ -195,6 +195,7 @@ class ListingBuilder:
         d = Entry(ino, True, parent.inode, 0, 0.0, 0, self.gen, path)
         self._dirs[ino] = d
         parent.aux += 1
+        parent.size += 1  # a directory's size: its entries (its end offset: mount/fs.py)
         self.totals.inodes += 1
         txn.put(row, DIRENT.pack(ino, DIR) + (name if long else b""), db=self.dirents)
         return d
@@ -208,6 +209,7 @@ class ListingBuilder:
         caller overwrites its dirents row with the directory's)."""
         f = decode_file(parent.inode, parent.path, name, v)
         txn.delete(self.rows.inode(f.inode), db=self.inodes)
+        parent.size -= 1
         self.totals.files -= 1
         self.totals.bytes -= f.size
         self.totals.blocks -= -(-f.size // 4096)
@@ -267,6 +269,7 @@ class ListingBuilder:
             self._note(t.shadowed_keys, obj.key)
             return
         t.next_ordinal += 1
+        parent.size += 1
         t.files += 1
         t.bytes += obj.size
         t.blocks += -(-obj.size // 4096)
@@ -369,7 +372,9 @@ class ListingBuilder:
         txn.delete(self.rows.inode(e.inode), db=self.inodes)
         txn.delete(self.rows.mark(b"c", e.inode), db=self.dirents)
         self._dirs.pop(e.inode, None)
-        self._dir(txn, e.parent).aux -= 1
+        parent = self._dir(txn, e.parent)
+        parent.aux -= 1
+        parent.size -= 1
         self.totals.inodes -= 1
 
     def finish(self, txn: lmdb.Transaction) -> None:

@@ -26,7 +26,7 @@ from urllib.parse import urlsplit
 import pytest
 
 from silofs.cache.store import CacheStore
-from tests.support.dirstream import DirStream, read_all
+from tests.support.dirstream import DirStream, needs_getdents, read_all
 from tests.support.faultproxy import Fault, FaultPlan, FaultProxy
 from tests.support.fixtures import needs_fuse
 from tests.support.node import Node, force_unmount
@@ -130,6 +130,32 @@ def test_readdir_lists_dot_and_dotdot_and_seekdir_returns_to_a_telldir(
         assert rest == order[501:]
 
 
+def test_lseek_to_a_directory_s_end_is_past_its_last_name(
+    make_node, local_store, monkeypatch, bucket_name, tmp_path: Path
+) -> None:
+    """lseek(dirfd, 0, SEEK_END) answers the directory's st_size (the kernel's, not a
+    request): it is past the last name, so a seekdir() there reads nothing, as at
+    ext4's end. A fixed 4096 was the offset of a directory's 4,095th name when it had
+    more, and a readdir there read on. A small directory's size stays 4096."""
+    local_store.apply_env(monkeypatch)
+    names = [f"f{i:05d}" for i in range(5000)]
+    local_store.create(bucket_name, {**{f"big/{n}": b"" for n in names}, "small/x": b"x"})
+    node: Node = make_node()
+    mp = node.mount(local_store.uri(bucket_name), tmp_path / "mnt")
+    for d, count in ((mp / "big", len(names)), (mp / "small", 1)):
+        fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            end = os.lseek(fd, 0, os.SEEK_END)
+        finally:
+            os.close(fd)
+        assert end == max(4096, 2 + count), d
+        with DirStream(d) as stream:
+            stream.seek(end)
+            assert stream.next() is None, d
+            stream.seek(0)
+            assert sum(1 for _ in iter(stream.next, None)) == 2 + count
+
+
 _SMALL_BUFFER_READER = """
 import json, random, sys
 from tests.support.dirstream import DirStream, getdents
@@ -149,6 +175,7 @@ print(json.dumps({"tiny": [n for n, _ in tiny], "order": order, "seeks": seeks})
 """
 
 
+@needs_getdents
 @pytest.mark.parametrize("processes", [1, 2])
 def test_a_directory_read_one_entry_per_getdents_call_and_seeked_at_random(
     make_node, local_store, monkeypatch, bucket_name, tmp_path: Path, processes: int

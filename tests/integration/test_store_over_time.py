@@ -86,6 +86,47 @@ def test_a_throttling_store_is_one_warning_not_one_per_retry(
         wait_for(reads, timeout=20, what="every file read once the store is back")
 
 
+def test_a_hung_store_s_miss_is_eio_by_read_deadline_not_after_every_attempt(
+    make_node, s3_server, monkeypatch, bucket_name, tmp_path: Path
+) -> None:
+    """A store that accepts GETs and never answers: each try ends at read_timeout and no
+    retry begins past read_deadline, so the miss is EIO after about read_deadline (two
+    tries here), not max_attempts x read_timeout (5 tries, ~150 s at the defaults), and
+    reads of the file are served again once the store answers."""
+    s3_server.apply_env(monkeypatch)
+    data = os.urandom(64 << 10)
+    s3_server.create(bucket_name, {"h.bin": data})
+    config = tmp_path / "silofs.toml"
+    config.write_text("[backend]\nread_timeout = 2.0\nmax_attempts = 5\nread_deadline = 3.0\n")
+    up = urlsplit(s3_server.endpoint_url)
+    node = make_node(args=("--config", str(config)))
+    node.expect_errors(r"reading h\.bin chunk 0")
+    with FaultProxy(upstream=(up.hostname or "127.0.0.1", up.port or 80), faults=FaultPlan()) as p:
+        mp = node.mount(s3_server.uri(bucket_name), tmp_path / "mnt", "--endpoint-url", p.url)
+        p.set_plan(FaultPlan(faults=[Fault("delay", seconds=60.0, path=r"h\.bin")]))
+        t0 = time.monotonic()
+        with pytest.raises(OSError) as err:
+            with open(mp / "h.bin", "rb", buffering=0) as f:
+                f.read(4096)
+        took = time.monotonic() - t0
+        assert err.value.errno == errno.EIO
+        gets = p.stats["delay"]
+        # Two tries (the second began 2 s + backoff in, before the 3 s deadline) per
+        # time the kernel asked; 5 each before, and 10+ s.
+        assert gets in (2, 4), p.stats
+        assert took < 9.0, f"EIO after {took:.1f}s"
+        p.set_plan(FaultPlan())
+
+        def served() -> bool:
+            try:
+                return (mp / "h.bin").read_bytes() == data
+            except OSError:
+                drop_file_cache(mp / "h.bin")
+                return False
+
+        wait_for(served, timeout=20, what="h.bin read once the store answers")
+
+
 def _credentials_file(path: Path, key_id: str) -> None:
     path.write_text(
         f"[default]\naws_access_key_id = {key_id}\naws_secret_access_key = secret-of-{key_id}\n"

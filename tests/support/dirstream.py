@@ -7,8 +7,12 @@ from __future__ import annotations
 
 import ctypes
 import os
+import platform
+import sys
 from dataclasses import dataclass
 from pathlib import Path
+
+import pytest
 
 
 class _Dirent(ctypes.Structure):  # glibc's struct dirent on 64-bit Linux
@@ -88,19 +92,38 @@ def read_all(path: str | Path) -> list[Dirent]:
     return out
 
 
-_SYS_GETDENTS64 = 217  # x86_64
+# getdents64's syscall number by architecture (platform.machine()): x86_64's own
+# table, the generic one (asm-generic/unistd.h) of aarch64, riscv64 and loongarch64,
+# powerpc's and s390's. Elsewhere None: tests using getdents() skip (needs_getdents).
+GETDENTS64: int | None = {
+    "x86_64": 217,
+    "aarch64": 61,
+    "arm64": 61,
+    "riscv64": 61,
+    "loongarch64": 61,
+    "ppc64le": 202,
+    "ppc64": 202,
+    "s390x": 220,
+}.get(platform.machine())
+needs_getdents = pytest.mark.skipif(
+    GETDENTS64 is None,
+    reason=f"getdents64's syscall number on {platform.machine()} is not known to "
+    "tests/support/dirstream.py (add it to GETDENTS64)",
+)
 
 
 def getdents(path: str | Path, buffer_size: int) -> list[tuple[str, int]]:
     """Every (name, d_off) of `path` read with getdents64 into a buffer of `buffer_size`
     bytes, as a program with its own small buffer reads a directory (glibc's readdir
-    uses 32 KiB). Test support only; x86_64."""
+    uses 32 KiB). Test support only; the architectures in GETDENTS64 (needs_getdents)."""
+    if GETDENTS64 is None:
+        raise NotImplementedError(f"getdents64 on {platform.machine()}: see GETDENTS64")
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     buf = ctypes.create_string_buffer(buffer_size)
     out = []
     try:
         while True:
-            n = _libc.syscall(_SYS_GETDENTS64, fd, buf, ctypes.c_size_t(buffer_size))
+            n = _libc.syscall(GETDENTS64, fd, buf, ctypes.c_size_t(buffer_size))
             if n < 0:
                 err = ctypes.get_errno()
                 raise OSError(err, os.strerror(err), str(path))
@@ -109,8 +132,8 @@ def getdents(path: str | Path, buffer_size: int) -> list[tuple[str, int]]:
             raw, p = buf.raw, 0
             while p < n:
                 # struct linux_dirent64: u64 ino, s64 off, u16 reclen, u8 type, name
-                off = int.from_bytes(raw[p + 8 : p + 16], "little", signed=True)
-                reclen = int.from_bytes(raw[p + 16 : p + 18], "little")
+                off = int.from_bytes(raw[p + 8 : p + 16], sys.byteorder, signed=True)
+                reclen = int.from_bytes(raw[p + 16 : p + 18], sys.byteorder)
                 name = raw[p + 19 : p + reclen].split(b"\0", 1)[0]
                 out.append((os.fsdecode(name), off))
                 p += reclen

@@ -16,6 +16,7 @@ objects (apply_env, bad_credentials) are for tests only; the rest needs no pytes
 from __future__ import annotations
 
 import base64
+import json
 import logging
 import os
 import shutil
@@ -459,6 +460,33 @@ class GCSServer:
         import pytest
 
         pytest.skip("fake-gcs-server accepts every request, authenticated or not")
+
+
+def service_account_key(path: Path, key_id: str, token_uri: str) -> None:
+    """A service-account key file (a fresh RSA key, id `key_id`) whose tokens come
+    from `token_uri`: google-auth signs a JWT with it (its header names `key_id`)."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import rsa
+
+    pem = (
+        rsa.generate_private_key(public_exponent=65537, key_size=2048)
+        .private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+        .decode()
+    )
+    info = {
+        "type": "service_account",
+        "project_id": "p",
+        "private_key_id": key_id,
+        "private_key": pem,
+        "client_email": "reader@p.iam.gserviceaccount.com",
+        "client_id": "1",
+        "token_uri": token_uri,
+    }
+    path.write_text(json.dumps(info))
 
 
 # ---------------------------------------------------------------------------------------

@@ -31,7 +31,8 @@ from silofs.errors import (
 from silofs.node.backends import BackendOptions, base, open_backend
 from silofs.records import ObjectInfo
 from silofs.uri import parse_uri
-from tests.support.servers import clean_env
+from tests.support.clock import patch_time
+from tests.support.servers import clean_env, service_account_key
 
 # ---------------------------------------------------------------------------------------
 # retry_call
@@ -41,8 +42,23 @@ from tests.support.servers import clean_env
 def sleeps(monkeypatch: pytest.MonkeyPatch) -> list[float]:
     """Record retry_call's backoff delays instead of sleeping."""
     delays: list[float] = []
-    monkeypatch.setattr(base.time, "sleep", delays.append)
+    patch_time(monkeypatch, base, sleep=delays.append)
     return delays
+
+
+def test_recording_retry_call_s_sleeps_leaves_other_threads_sleeps_alone(
+    sleeps: list[float],
+) -> None:
+    """The backoff is recorded through base's own `time`: patching the time module
+    itself (base.time.sleep) made every thread's time.sleep a no-op that recorded its
+    delay, the fake store's server and any pool thread of the test process included."""
+    import time
+
+    other = threading.Thread(target=time.sleep, args=(0.001,))
+    other.start()
+    other.join()
+    base.retry_call(_flaky([TransientError("x")])[1], OPTS, "t")
+    assert len(sleeps) == 1  # retry_call's backoff only
 
 
 def _flaky(errors: list[Exception], result: str = "ok") -> tuple[list[int], object]:
@@ -128,7 +144,7 @@ def test_a_store_s_retries_are_one_warning_a_window_then_one_naming_those_left_t
     sleeps: list[float], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     now = [1000.0]
-    monkeypatch.setattr(base.time, "monotonic", lambda: now[0])
+    patch_time(monkeypatch, base, monotonic=lambda: now[0])
     notes = base.RetryLog()
     caplog.set_level(logging.DEBUG, logger=base.log.name)
 
@@ -507,7 +523,7 @@ def test_a_busy_answer_s_retry_after_is_waited_for_up_to_backoff_max(
     2 ms) asked again at once, and a throttling store saw every attempt of a read inside
     the time it had asked for, then the read failed."""
     delays: list[float] = []
-    monkeypatch.setattr(base.time, "sleep", delays.append)
+    patch_time(monkeypatch, base, sleep=delays.append)
     k = KINDS[kind]
     busy = k.error(*k.transient[0])
     busy.headers["Retry-After"] = header
@@ -515,31 +531,6 @@ def test_a_busy_answer_s_retry_after_is_waited_for_up_to_backoff_max(
     backend = _backend(kind, fake_store, monkeypatch, attempts=2)
     assert [(i.key, i.size) for i in backend.list()] == [("a.txt", 3)]
     assert delays == [3.0 if header == "3" else 10.0]
-
-
-def _service_account_key(path: Path, key_id: str, token_uri: str) -> None:
-    from cryptography.hazmat.primitives import serialization
-    from cryptography.hazmat.primitives.asymmetric import rsa
-
-    pem = (
-        rsa.generate_private_key(public_exponent=65537, key_size=2048)
-        .private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        )
-        .decode()
-    )
-    info = {
-        "type": "service_account",
-        "project_id": "p",
-        "private_key_id": key_id,
-        "private_key": pem,
-        "client_email": "reader@p.iam.gserviceaccount.com",
-        "client_id": "1",
-        "token_uri": token_uri,
-    }
-    path.write_text(json.dumps(info))
 
 
 def test_a_rewritten_gcs_key_file_is_read_again_when_its_old_key_is_refused(
@@ -550,12 +541,11 @@ def test_a_rewritten_gcs_key_file_is_read_again_when_its_old_key_is_refused(
     token endpoint refuses the old one (invalid_grant), and the next request is made
     with the new file's. Before, the key read when the client was made was used until
     the daemon restarted, every miss and listing a denial."""
-    from silofs.node.backends import gcs
 
     clean_env(monkeypatch)
-    monkeypatch.setattr(gcs, "RENEW_SECONDS", 0.0)
+    monkeypatch.setattr(base, "RENEW_SECONDS", 0.0)
     key = tmp_path / "key.json"
-    _service_account_key(key, "old", f"{fake_store.url}/token")
+    service_account_key(key, "old", f"{fake_store.url}/token")
     refused = Reply(400, json.dumps({"error": "invalid_grant"}).encode())
     refused.headers["Content-Type"] = "application/json"
     granted = Reply(200, json.dumps({"access_token": "t", "expires_in": 3600}).encode())
@@ -570,7 +560,7 @@ def test_a_rewritten_gcs_key_file_is_read_again_when_its_old_key_is_refused(
     fake_store.script = [refused, refused]
     with pytest.raises(AccessDeniedError, match="invalid_grant"):  # the file is as it was
         list(backend.list())
-    _service_account_key(key, "new", f"{fake_store.url}/token")
+    service_account_key(key, "new", f"{fake_store.url}/token")
     fake_store.script = [refused, granted, KINDS["gcs"].list_ok()]
     assert [i.key for i in backend.list()] == ["a.txt"]
     assert [s.split("?")[0] for s in fake_store.seen[-3:]] == [
@@ -606,3 +596,121 @@ def test_requests_refused_together_all_sign_with_renewed_s3_credentials(
     key("AKIANEW")
     assert [rotated._renew() for _ in range(3)] == [True, True, True]
     assert rotated.client()._request_signer._credentials.access_key == "AKIANEW"
+
+
+def test_one_renewal_gate_looks_once_a_while_and_retries_those_refused_together(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """RetryingBackend._renew, the gate S3 and GCS share around their own look: one look
+    per RENEW_SECONDS per dataset; a look finding them changed drops the client, and
+    every denial within RENEWED_SECONDS after is tried again without a look; a client
+    whose credentials cannot go stale (FIXED) is never looked at."""
+    from silofs.node.backends.base import RENEW_SECONDS, RENEWED_SECONDS, RetryingBackend
+
+    now = [1000.0]
+    patch_time(monkeypatch, base, monotonic=lambda: now[0])
+
+    class Rotating(RetryingBackend):
+        uri = "test://b/"
+        opts = BackendOptions()
+
+        def __init__(self, held: object) -> None:
+            self._lock = threading.Lock()
+            self._client = object()
+            self.held, self.looks, self.changed = held, 0, False
+
+        def _credentials_held(self) -> object:
+            return self.held
+
+        def _credentials_changed(self, held: object) -> str | None:
+            self.looks += 1
+            return "changed" if self.changed else None
+
+    b = Rotating(held=object())
+    assert [b._renew(), b._renew()] == [False, False] and b.looks == 1  # one look a while
+    now[0] += RENEW_SECONDS
+    b.changed = True
+    assert b._renew() is True and b._client is None and b.looks == 2
+    b._client = object()  # the next request made a new one
+    now[0] += RENEWED_SECONDS / 2
+    assert b._renew() is True and b.looks == 2  # refused with the old: again, no look
+    assert b._client is not None  # the new client kept
+    now[0] += RENEWED_SECONDS
+    b.changed = False
+    assert b._renew() is False and b.looks == 3
+    fixed = Rotating(held=base.FIXED)
+    fixed.changed = True
+    assert fixed._renew() is False and fixed.looks == 0
+
+
+def test_a_hung_store_s_read_is_not_retried_past_read_deadline(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each try of a store that never answers ends at read_timeout (30 s) and was
+    retried max_attempts (5) times: an uncached read was EIO after ~150 s. No retry
+    begins read_deadline (60 s) after the read's first try: two tries, ~60 s. A listing
+    page is not bounded by it (a listing runs in the background)."""
+    from silofs.node.backends.base import RetryingBackend
+
+    now = [1000.0]
+    patch_time(
+        monkeypatch, base, monotonic=lambda: now[0], sleep=lambda s: now.__setitem__(0, now[0] + s)
+    )
+
+    class Hung(RetryingBackend):
+        uri = "test://b/"
+        opts = BackendOptions()  # read_timeout 30, max_attempts 5, read_deadline 60
+        tries = 0
+
+        def _get_once(self, info: ObjectInfo, start: int, end: int) -> bytes:
+            self.tries += 1
+            now[0] += self.opts.read_timeout
+            raise TransientError("Read timeout on endpoint URL")
+
+        def _list_page(self, token: str | None) -> tuple[list[object], str | None]:
+            return self._get_once(INFO_K, 0, 1), None  # type: ignore[return-value]
+
+    b = Hung()
+    t0 = now[0]
+    with pytest.raises(TransientError, match="Read timeout"):
+        b.get_range(INFO_K, 0, 1)
+    assert b.tries == 2
+    assert now[0] - t0 < b.opts.read_deadline + b.opts.read_timeout
+    b.tries = 0
+    with pytest.raises(TransientError):
+        list(b._list_flat())
+    assert b.tries == b.opts.max_attempts
+
+
+INFO_K = ObjectInfo("k", 100, 0.0, "v", "c")
+
+
+def test_a_rewritten_azure_sas_token_file_is_read_again_when_its_token_is_refused(
+    fake_store: FakeStore, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A SAS token in a file (sas_token_file) that a tool rewrites before the old token
+    expires: the store refuses the old one (403 AuthenticationFailed), the file is read
+    again and the request redone with the new token. A SAS in the environment or the
+    config stays what it was until the daemon restarts (nothing to look at)."""
+    clean_env(monkeypatch)
+    monkeypatch.setattr(base, "RENEW_SECONDS", 0.0)  # a look at every denial
+    monkeypatch.setattr(base, "RENEWED_SECONDS", 0.0)  # no retry without one
+    sas = tmp_path / "sas"
+    sas.write_text("?sv=2024-01-01&sig=old\n")
+    opts = BackendOptions(
+        endpoint_url=fake_store.url, max_attempts=2, backoff_base=0.001,
+        extra={"sas_token_file": str(sas)},
+    )  # fmt: skip
+    backend = open_backend(parse_uri(KINDS["azure"].uri), opts)
+    refused = az_error(403, "AuthenticationFailed")
+    fake_store.script = [refused]
+    with pytest.raises(AccessDeniedError):  # the file is as it was: a real denial
+        list(backend.list())
+    sas.write_text("sv=2024-01-01&sig=new\n")
+    fake_store.script = [refused, KINDS["azure"].list_ok()]
+    assert [i.key for i in backend.list()] == ["a.txt"]
+    assert ["sig=new" in s for s in fake_store.seen[-3:]] == [False, False, True]
+    sas.write_text("")
+    fake_store.script = [refused]
+    with pytest.raises(AccessDeniedError, match="is empty"):  # said, not a traceback
+        list(backend.list())

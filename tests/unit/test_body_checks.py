@@ -16,6 +16,7 @@ from silofs.errors import ChecksumMismatchError, TransientError
 from silofs.node.backends import BackendOptions, base
 from silofs.node.backends.s3 import _check_md5_etag
 from silofs.records import ObjectInfo
+from tests.support.clock import patch_time
 
 DATA = b"the bytes the store holds" * 100
 MD5 = hashlib.md5(DATA).hexdigest()
@@ -42,7 +43,7 @@ INFO = ObjectInfo("k", len(DATA), 0.0, MD5, f"s3:{MD5}:{len(DATA)}")
 
 
 def test_checksum_mismatch_is_retried_and_counted(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(base.time, "sleep", lambda s: None)
+    patch_time(monkeypatch, base, sleep=lambda s: None)
     b = Scripted([ChecksumMismatchError("flipped"), DATA[:10], DATA])
     assert b.get_range(INFO, 0, len(DATA)) == DATA
     assert b.calls == 3
@@ -51,7 +52,7 @@ def test_checksum_mismatch_is_retried_and_counted(monkeypatch: pytest.MonkeyPatc
 
 
 def test_a_mismatch_every_time_is_an_error_never_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(base.time, "sleep", lambda s: None)
+    patch_time(monkeypatch, base, sleep=lambda s: None)
     b = Scripted([ChecksumMismatchError("flipped")] * 3, attempts=3)
     with pytest.raises(TransientError):
         b.get_range(INFO, 0, len(DATA))

@@ -89,6 +89,7 @@ endpoint_url = "http://127.0.0.1:9000"
 connect_timeout = 3
 read_timeout = 4.5
 max_attempts = 2
+read_deadline = 20
 page_size = 10
 backend_extra = { region = "eu-west-1", retries = 3 }
 """,
@@ -100,6 +101,7 @@ backend_extra = { region = "eu-west-1", retries = 3 }
     assert (s.log_level, s.log_file) == ("debug", "/tmp/log")
     assert s.endpoint_url == "http://127.0.0.1:9000"
     assert (s.connect_timeout, s.read_timeout, s.max_attempts, s.page_size) == (3.0, 4.5, 2, 10)
+    assert s.read_deadline == 20.0
     assert s.backend_extra == {"region": "eu-west-1", "retries": "3"}
 
 
@@ -162,6 +164,7 @@ def test_bad_values_name_their_key(tmp_path: Path, text: str, key: str) -> None:
         ("[backend]\npage_size = 0\n", "page_size"),
         ("[backend]\nconnect_timeout = 0\n", "connect_timeout"),
         ("[backend]\nread_timeout = -5\n", "read_timeout"),
+        ("[backend]\nread_deadline = 0\n", "read_deadline"),
         # TOML's nan and inf are floats: a sleep of nan failed the sync loop for good.
         ("[daemon]\nsync_seconds = nan\n", "sync_seconds"),
         ("[daemon]\nwriter_batch_seconds = nan\n", "writer_batch_seconds"),

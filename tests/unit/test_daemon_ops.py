@@ -33,6 +33,7 @@ from silofs.node.cachedir import LOCK_FILE, check_cache_dir
 from silofs.node.daemon import Daemon
 from silofs.node.supervise import REPEAT_SUMMARY, RESTART_MAX, run_forever
 from silofs.records import MountCounters
+from tests.support.clock import patch_time
 from tests.support.node import REPO
 from tests.unit.inprocess import listed, mounted, ready, running, settings
 
@@ -448,7 +449,7 @@ def test_retries_are_counted_per_backend(monkeypatch: pytest.MonkeyPatch) -> Non
     from silofs.errors import TransientError
     from silofs.node.backends import base
 
-    monkeypatch.setattr(base.time, "sleep", lambda _s: None)
+    patch_time(monkeypatch, base, sleep=lambda _s: None)
     counters = base.StoreCounters()
     calls = []
 

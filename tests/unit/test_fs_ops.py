@@ -340,6 +340,56 @@ def test_a_name_longer_than_the_kernel_takes_is_left_out_of_readdir_once_logged(
     assert len(said) == 1, said
 
 
+def test_a_name_longer_than_statfs_says_is_enametoolong_listed_or_not(
+    run: Callable[..., None],
+) -> None:
+    """A component past f_namemax is ENAMETOOLONG, as ext4 answers one past its 255
+    bytes, whether or not the listing has it (readdir leaves those out): a kernel that
+    passes longer names than the mount took for its limit had ENOENT from the mount
+    for a missing one, and the name served for a listed one."""
+
+    async def test(m: Mount) -> None:
+        d = await m.path("dir")
+        m.fs.name_max = len(b"big.bin")  # as if: flaky.bin is past the kernel's limit
+        for name in (b"flaky.bin", b"missing.bin"):
+            with pytest.raises(pyfuse3.FUSEError) as exc:
+                await m.fs.lookup(d.st_ino, name, None)  # type: ignore[arg-type]
+            assert errno_of(exc) == errno.ENAMETOOLONG, name
+        with pytest.raises(pyfuse3.FUSEError) as exc:
+            await m.fs.lookup(d.st_ino, b"nope", None)  # type: ignore[arg-type]
+        assert errno_of(exc) == errno.ENOENT  # within the limit: not there
+        assert (await m.path("dir/big.bin")).st_size == 2 * CS + 500
+
+    run(test)
+
+
+def test_a_directory_s_size_is_past_its_last_readdir_offset(
+    run: Callable[..., None], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """lseek(dirfd, 0, SEEK_END) is the kernel's i_size of the directory: the end of it
+    as on ext4, where a readdir reads nothing more. A fixed 4096 was an offset inside
+    a directory of more names (a readdir there went on from its 4,095th); a small
+    directory keeps 4096, a local disk's size of it."""
+    replies, room = _kernel_buffer(monkeypatch, 10**6)
+    names = [f"n{i:05d}" for i in range(5000)]
+
+    async def test(m: Mount) -> None:
+        m.relist([*OBJECTS, *(obj(f"many/{n}", 1) for n in names), obj("many/sub/x", 1)])
+        for path, entries in (("many", len(names) + 1), ("dir", 3)):
+            d = await m.path(path)
+            size = (await m.fs.getattr(d.st_ino, None)).st_size  # type: ignore[arg-type]
+            assert size == max(4096, 2 + entries), path
+            fh = await m.fs.opendir(d.st_ino, None)  # type: ignore[arg-type]
+            replies.clear()
+            await m.fs.readdir(fh, size, None)  # type: ignore[arg-type]  # seekdir(SEEK_END)
+            assert replies == [], path
+            await m.fs.readdir(fh, 2 + entries - 1, None)  # type: ignore[arg-type]
+            assert len(replies) == 1, path  # the last name is just before it
+            await m.fs.releasedir(fh)
+
+    run(test)
+
+
 @pytest.mark.parametrize(
     ("release", "most"),
     [("6.18.44-fc-v857", 4095), ("6.15.0", 4095), ("7.0", 4095), ("6.14.11-300.fc41", 1024)]

@@ -103,6 +103,7 @@ def test_directories_come_from_slashes(store: WritableStore) -> None:
     assert files == {o.key for o in LISTING}
     assert {p for p, n in paths.items() if n.is_dir} == {"train", "train/cats", "train/dogs", "val"}
     assert m.inode_count == len(paths) + 1
+    _entries_counted(m)
     # nlink of a directory counts its subdirectories
     assert train.aux == 2 and root.aux == 2
 
@@ -201,7 +202,9 @@ def _tree(m: ListingView | InMemoryListing) -> dict[str, tuple]:
                 child = m.lookup(node.inode, name)
                 assert child is not None
                 p = f"{path}/{name.decode(errors='surrogateescape')}" if path else name.decode()
-                out[p] = (child.is_dir, child.size, child.obj, node.names)
+                # A directory's size: its entries (its st_size: mount/fs.py).
+                size = len(child.names) if child.is_dir else child.size
+                out[p] = (child.is_dir, size, child.obj, node.names)
                 if child.is_dir:
                     stack.append((child, p))
         return out
@@ -304,7 +307,7 @@ def test_file_and_directory_prefix_the_directory_wins(store: WritableStore) -> N
         m = build(store, [listing[i] for i in order], batch=1)
         a = node_at(m, "a")
         assert a is not None and a.is_dir and m.names(a.inode) == [b"b"]
-        assert a.size == 0 and a.obj is None
+        assert a.size == 1 and a.obj is None  # a directory's size: its entries
         b = node_at(m, "a/b")
         assert b is not None and b.obj is not None and b.obj.key == "a/b"
         assert m.shadowed == ["a"]
@@ -321,6 +324,16 @@ def test_shadowing_is_the_same_whatever_the_order(store: WritableStore) -> None:
         assert node_at(m, "x/y/z") is not None
         assert node_at(m, "x/w") is not None
         assert m.files == 2
+        _entries_counted(m)
+
+
+def _entries_counted(m: ListingView) -> None:
+    """Every directory's size is the number of its entries (its st_size: mount/fs.py)."""
+    for path, node in walk_paths(m).items():
+        if node.is_dir:
+            assert node.size == len(list(m.children(node.inode))), path
+    root = m.get(ROOT_INODE)
+    assert root is not None and root.size == len(list(m.children(ROOT_INODE)))
 
 
 def test_duplicate_keys_are_reported_once_visible(store: WritableStore) -> None:
@@ -404,6 +417,7 @@ def test_memory_is_bounded(store: WritableStore, tmp_path: Path) -> None:
     m = build(store, [obj(f"d{i % 10}/f{i}") for i in range(3000)], batch=500)
     m.cache_entries = 100
     assert len(walk_paths(m)) == 3010
+    _entries_counted(m)  # directories written back and read again across batches
     assert len(m._cache) <= 100
 
 
@@ -608,6 +622,7 @@ def test_a_prefix_of_only_markers_is_tentative_then_gone_before_the_listing_ends
         assert reader.settled(txn, ROOT_INODE)
         assert [n for _, n, _ in reader.children(txn, ROOT_INODE)] == [b"d", b"f"]
         assert reader.get(txn, ROOT_INODE).aux == 1  # type: ignore[union-attr]
+        assert reader.get(txn, ROOT_INODE).size == 2  # type: ignore[union-attr]  # m went
     record = store.finish_listing(b, {"uri": f"file:///d{dsid}/"})
     assert record["inodes"] == 4  # root, d, d/x, f
 

@@ -1,15 +1,16 @@
 """Azure Blob Storage through azure-storage-blob.
 
 Owns: choosing credentials (connection string, account key or SAS token, from opts.extra
-or the environment) and the blob endpoint (opts.endpoint_url, AZURE_STORAGE_BLOB_ENDPOINT,
+or the environment, or a SAS token file, read again when the store refuses the token the
+client has) and the blob endpoint (opts.endpoint_url, AZURE_STORAGE_BLOB_ENDPOINT,
 the connection string's BlobEndpoint, or the public cloud), listing a container prefix
 page by page (pages parsed by azurelist.py, the SDK's deserializer only for a page that
 parser declines), ranged downloads pinned to the listed ETag (If-Match), and turning
 azure-core's exceptions into typed BackendErrors naming the container and what to do.
 
-Never retries inside the SDK (retry_total=0; base.retry_call owns retries), never does I/O
-at construction, never writes to the container, never decompresses blob content (ranges
-address the stored bytes).
+Never retries inside the SDK (retry_total=0; base.retry_call owns retries), never does
+network I/O at construction (a sas_token_file is read then), never writes to the
+container, never decompresses blob content (ranges address the stored bytes).
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from silofs.node.backends.azurelist import ListedBlob
 from silofs.node.backends.base import (
     BackendOptions,
     DelimitedListing,
+    KeyFile,
     busy,
     connection_reason,
     join_prefix,
@@ -59,10 +61,10 @@ from silofs.uri import DatasetURI, check_endpoint
 log = logging.getLogger(__name__)
 
 MD5_RANGE_MAX = 4 << 20  # the longest range Azure sends an MD5 for
-_CRED_KEYS = ("connection_string", "account_key", "sas_token")
+_CRED_KEYS = ("connection_string", "account_key", "sas_token", "sas_token_file")
 _CREDS_HINT = (
     "set AZURE_STORAGE_CONNECTION_STRING, AZURE_STORAGE_KEY or AZURE_STORAGE_SAS_TOKEN "
-    "(or the connection_string/account_key/sas_token options)"
+    "(or the connection_string/account_key/sas_token/sas_token_file options)"
 )
 _DENIED = {
     "AuthenticationFailed", "AuthorizationFailure", "AuthorizationPermissionMismatch",
@@ -87,6 +89,7 @@ class AzureAuth:
     credential: AzureNamedKeyCredential | AzureSasCredential | TokenCredential | None
     source: str  # e.g. "account key from AZURE_STORAGE_KEY", for error messages
     anonymous: bool = False
+    key: KeyFile | None = None  # the SAS token file it was read from (sas_token_file)
 
 
 def parse_connection_string(conn: str) -> dict[str, str]:
@@ -183,6 +186,17 @@ def resolve_auth(uri: DatasetURI, opts: BackendOptions) -> AzureAuth:
             if is_sas:
                 return AzureAuth(url, AzureSasCredential(secret.lstrip("?")), src)
             return AzureAuth(url, _key_credential(account, secret, src), src)
+    if path := settings.get("sas_token_file"):
+        # A file a tool rewrites with a new SAS before the old one expires: read again
+        # when the store refuses the one the client has (RetryingBackend._renew).
+        try:
+            raw, key = KeyFile.read(path)
+        except OSError as exc:
+            raise UsageError(f"Azure SAS token file {path}: {exc.strerror or exc}") from None
+        token = raw.decode("utf-8", "replace").strip().lstrip("?")
+        if not token:
+            raise UsageError(f"Azure SAS token file {path} is empty")
+        return AzureAuth(url, AzureSasCredential(token), f"SAS token file {path}", key=key)
     anonymous = truthy(opts.extra.get("anonymous"))
     if not anonymous and _wants_identity(opts):
         return AzureAuth(url, _default_credential(), _IDENTITY_SOURCE)
@@ -246,9 +260,11 @@ class AzureBackend(DelimitedListing):
         self.uri = uri.canonical
         self.opts = opts
         self.where = f"container {self.container_name}"
+        self._parsed = uri
         self.auth = resolve_auth(uri, opts)
         self._client: Any = None  # the ContainerClient
         self._lock = threading.Lock()
+        self._reread = False  # the SAS token file changed: read it again (_container)
 
     # -- client ---------------------------------------------------------------------
 
@@ -263,6 +279,14 @@ class AzureBackend(DelimitedListing):
             if self._client is None:
                 from azure.storage.blob import BlobServiceClient
 
+                if self._reread:
+                    try:
+                        self.auth = resolve_auth(self._parsed, self.opts)
+                    except UsageError as exc:  # the file gone or emptied since
+                        raise AccessDeniedError(f"{self.uri}: {exc}") from None
+                    self._reread = False
+                self._key = self.auth.key
+
                 session = pooled_session(requests.Session(), self.opts)
                 service = BlobServiceClient(
                     self.auth.account_url,
@@ -274,6 +298,22 @@ class AzureBackend(DelimitedListing):
                 )
                 self._client = service.get_container_client(self.container_name)
             return self._client
+
+    # -- credentials renewal (RetryingBackend._renew) ---------------------------------
+    # A SAS token in the environment or the config is fixed until the daemon restarts;
+    # one in a file (sas_token_file) a tool rewrites before the old one expires is read
+    # again when the store refuses the one the client has.
+
+    def _credentials_changed(self, held: Any) -> str | None:
+        if not held.changed():
+            return None
+        return (
+            f"Azure {self.uri}: the store refused the SAS token the daemon had and "
+            f"{held.path} changed since: using it again"
+        )
+
+    def _drop_client(self) -> None:
+        self._client, self._reread = None, True
 
     # -- internals --------------------------------------------------------------------
 

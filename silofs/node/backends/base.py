@@ -37,6 +37,17 @@ log = logging.getLogger(__name__)
 _COUNTERS_LOCK = threading.Lock()
 
 T = TypeVar("T")
+# After a denial, a store's credentials are looked at again (S3: the credential chain
+# resolved; GCS, Azure: the key or SAS token file read) at most this often per dataset
+# (RetryingBackend._renew): a bucket refusing some objects costs one look a while.
+RENEW_SECONDS = 10.0
+# A denial this soon after a look found them changed is tried again (once) without a
+# look: requests refused together (a listing's workers, the fetch threads) were signed
+# with the old credentials too, and only the first to ask used to retry: the others failed.
+RENEWED_SECONDS = 10.0
+# RetryingBackend._credentials_held: what the client signs with cannot go stale under
+# it (none to renew: anonymous, or credentials the SDK refreshes itself).
+FIXED: Any = object()
 # One page of one prefix's listing: the objects directly under the prefix, the
 # sub-prefixes the page named (full store prefixes, ending in '/'), and whether it was the
 # prefix's last page.
@@ -51,6 +62,11 @@ class BackendOptions:
     connect_timeout: float = 10.0
     read_timeout: float = 30.0
     max_attempts: int = 5  # total tries for a retryable error, with backoff
+    # No retry of a read (a ranged GET, or opening one) begins this long after its
+    # first try did: a store that accepts requests and never answers failed a miss only
+    # after max_attempts x read_timeout (~150 s). 60 s: about what mountpoint-s3's 10
+    # attempts take and NFS's defaults give (60 s, 3 tries) before an error.
+    read_deadline: float = 60.0
     backoff_base: float = 0.2  # seconds; doubled each retry, with full jitter
     backoff_max: float = 10.0
     page_size: int = 1000
@@ -162,6 +178,50 @@ def connection_reason(exc: BaseException) -> str:
     return found.group(1).strip() if found else str(exc)[:160]
 
 
+@dataclass(frozen=True)
+class KeyFile:
+    """The file a store client's credentials came from (None: not from a file) and a
+    digest of what it held when the client was made (one object per client: compared
+    by identity in RetryingBackend._renew)."""
+
+    path: str | None
+    digest: bytes | None
+
+    @classmethod
+    def read(cls, path: str) -> tuple[bytes, KeyFile]:
+        """What `path` holds (its first MiB) and its KeyFile; OSError if unreadable."""
+        with open(path, "rb") as f:
+            raw = f.read(1 << 20)
+        return raw, cls(path, hashlib.sha256(raw).digest())
+
+    @classmethod
+    def of(cls, path: str | None) -> KeyFile:
+        """The KeyFile of `path` now (a None digest: no path, or unreadable)."""
+        return cls(path, cls.digest_of(path))
+
+    @classmethod
+    def digest_of(cls, path: str | None) -> bytes | None:
+        if path is None:
+            return None
+        try:
+            return cls.read(path)[1].digest
+        except OSError:
+            return None
+
+    def changed(self) -> bool:
+        """Whether the file holds other bytes now than when the client was made."""
+        now = self.digest_of(self.path)
+        return now is not None and now != self.digest
+
+
+@dataclass
+class _RenewGate:
+    """When RetryingBackend._renew may look at a store's credentials again (monotonic)."""
+
+    look_after: float = 0.0  # no look before
+    renewed_at: float = float("-inf")  # when a look last found them changed
+
+
 class RetryingBackend:
     """What every object-store backend shares: one retry policy around each listing page
     and each ranged GET, reads clamped to the size the listing saw, and the life of the
@@ -185,6 +245,9 @@ class RetryingBackend:
     item_noun = "objects"  # what the store calls what it lists, for messages
     _lock: threading.Lock
     _client: Any
+    # The credentials file the client's credentials came from, set when it is made
+    # (GCS's key file, Azure's SAS token file); None: none to look at (_credentials_held).
+    _key: KeyFile | None = None
 
     @property
     def counters(self) -> StoreCounters:
@@ -205,15 +268,62 @@ class RetryingBackend:
                 value = self.__dict__.setdefault(name, make())
         return value
 
-    def _retry(self, fn: Callable[[], T], what: str) -> T:
+    def _retry(self, fn: Callable[[], T], what: str, deadline: float | None = None) -> T:
         """retry_call with this backend's options, counters, RetryLog and renewal."""
-        return retry_call(fn, self.opts, what, self.counters, self.retry_log, self._renew)
+        return retry_call(fn, self.opts, what, self.counters, self.retry_log, self._renew, deadline)
+
+    def _read_deadline(self) -> float:
+        """The monotonic time past which a read starting now is not retried."""
+        return time.monotonic() + self.opts.read_deadline
 
     def _renew(self) -> bool:
-        """After a denial: whether the store's credentials were found changed since its
-        client was made (a credentials file rewritten), and the client dropped so the
-        next request signs with the new ones. None here; stores that can say override."""
-        return False
+        """After a denial: whether to try again because the store's credentials were
+        found changed since its client was made (a credentials file rewritten, the old
+        key revoked): the client is then dropped (in-flight requests finish on it) and
+        the next request builds one that signs with the new ones. One look per
+        RENEW_SECONDS per dataset; a denial within RENEWED_SECONDS of a look that found
+        them changed is tried again without one. A client is made once per dataset and
+        reads its credentials then: a rotated key was refused until the daemon restarted.
+
+        The store says what its client holds (_credentials_held, under `_lock`) and
+        whether that changed (_credentials_changed, outside it: it may do file I/O)."""
+        gate = self._once("_renew_gate", _RenewGate)
+        now = time.monotonic()
+        with self._lock:
+            if now - gate.renewed_at < RENEWED_SECONDS:
+                return True  # renewed a moment ago: this request was signed with the old
+            if self._client is None or now < gate.look_after:
+                return False
+            held = self._credentials_held()
+            if held is FIXED:
+                return False
+            gate.look_after = now + RENEW_SECONDS
+        news = self._credentials_changed(held)
+        if news is None:
+            return False
+        with self._lock:
+            gate.renewed_at = now
+            if self._credentials_held() is not held:
+                return True  # another thread renewed them meanwhile
+            self._drop_client()
+        log.info("%s", news)
+        return True
+
+    def _credentials_held(self) -> Any:
+        """Under `_lock`, with a client made: what it signs with, one object per client
+        (compared by identity), or FIXED if that cannot go stale. Here: the client's
+        credentials file (`_key`), FIXED without one; S3 overrides."""
+        return FIXED if self._key is None or self._key.path is None else self._key
+
+    def _credentials_changed(self, held: Any) -> str | None:
+        """Whether the credentials found now differ from `held`: a line for the log
+        saying so, or None (unchanged, or none found)."""
+        return None
+
+    def _drop_client(self) -> None:
+        """Under `_lock`: forget the client (not closed: in-flight requests finish on
+        it); the next request makes one."""
+        self._client = None
 
     def check(self) -> None:
         self._retry(self._check_once, f"check {self.uri}")
@@ -279,7 +389,7 @@ class RetryingBackend:
         if length <= 0 or start >= end:
             return b""
         fetch = functools.partial(self._get_exact, info, start, end)
-        return self._retry(fetch, f"read {self.uri}{info.key}")
+        return self._retry(fetch, f"read {self.uri}{info.key}", self._read_deadline())
 
     def open_range(
         self, info: ObjectInfo, start: int, length: int, whole: bool = False
@@ -299,7 +409,7 @@ class RetryingBackend:
             note_requests()  # each attempt is a request
             return self._open_once(info, start, end)
 
-        body = self._retry(opener, f"read {self.uri}{info.key}")
+        body = self._retry(opener, f"read {self.uri}{info.key}", self._read_deadline())
         return RangeStream(body, start, end, f"{self.uri}{info.key}", self.counters)
 
     def _streams_ranges(self) -> bool:
@@ -655,12 +765,16 @@ def retry_call(
     counters: StoreCounters | None = None,
     notes: RetryLog | None = None,
     renew: Callable[[], bool] | None = None,
+    deadline: float | None = None,
 ) -> T:
     """Call `fn`, retrying retryable BackendErrors with capped exponential backoff; each
     retry is counted in `counters` (the dataset's, shown in status and /metrics) and told
     to `notes` (the store's RetryLog; without one, the call's first retry is a WARNING).
     An AccessDeniedError is tried once more, at once, if `renew()` says the credentials
-    changed (a key rotated in a credentials file the daemon read at its first request)."""
+    changed (a key rotated in a credentials file the daemon read at its first request).
+    No retry begins at or past `deadline` (time.monotonic()): the last error is raised
+    then, with max_attempts not reached. A try under way is not cut short (an SDK call
+    cannot be): a read ends by `deadline` plus at most one read_timeout."""
     notes = notes if notes is not None else RetryLog()
     attempt = 1
     renewed = False
@@ -678,6 +792,9 @@ def retry_call(
             asked = exc.retry_after if isinstance(exc, TransientError) else None
             if asked is not None:  # the store said when: no sooner, and at most backoff_max
                 delay = max(delay, min(asked, opts.backoff_max))
+            if deadline is not None and time.monotonic() + delay >= deadline:
+                log.debug("%s: %s; not retried: its deadline passes first", what, exc)
+                raise
             notes.retry(what, exc, attempt, opts.max_attempts - 1, delay)
             if counters is not None:
                 counters.retries += 1

@@ -15,12 +15,10 @@ are a fast AccessDeniedError instead), never transcodes (ranges address stored b
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
 import threading
-import time
 import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -49,6 +47,7 @@ from silofs.errors import (
 from silofs.node.backends.base import (
     BackendOptions,
     DelimitedListing,
+    KeyFile,
     busy,
     connection_reason,
     join_prefix,
@@ -63,13 +62,6 @@ log = logging.getLogger(__name__)
 
 READ_ONLY_SCOPE = "https://www.googleapis.com/auth/devstorage.read_only"
 _LIST_FIELDS = "items(name,size,updated,generation,md5Hash,crc32c),nextPageToken"
-# After a denial, the key file is looked at again at most this often per dataset
-# (GCSBackend._renew): a bucket refusing some objects costs one read of it a while.
-RENEW_SECONDS = 10.0
-# A denial this soon after the file was found changed is tried again (once) without a
-# look: requests refused together (a listing's workers, the fetch threads) asked with
-# the old key too, and only the first to ask used to retry.
-RENEWED_SECONDS = 10.0
 # What the library raises for a failed request (HTTP status, auth, transport).
 _SDK_ERRORS = (gx.GoogleAPICallError, gax.GoogleAuthError, requests.exceptions.RequestException)
 _CREDS_HINT = (
@@ -161,17 +153,6 @@ def credentials_file(opts: BackendOptions) -> str | None:
         return key_file
     adc = _adc_file()
     return str(adc) if adc.is_file() else None
-
-
-def _digest(path: str | None) -> bytes | None:
-    """What a key file holds now, as a digest (None: no file, or unreadable)."""
-    if path is None:
-        return None
-    try:
-        with open(path, "rb") as f:
-            return hashlib.sha256(f.read(1 << 20)).digest()
-    except OSError:
-        return None
 
 
 def resolve_credentials(opts: BackendOptions) -> tuple[Credentials, str | None, str]:
@@ -303,40 +284,24 @@ class GCSBackend(DelimitedListing):
         self.cred_source = "not resolved yet"
         self._client: Any = None
         self._lock = threading.Lock()
-        self._key_file: str | None = None  # the key file the client's credentials came from
-        self._key_digest: bytes | None = None  # what it held then
-        self._renew_after = 0.0  # monotonic: no look at the key file before (_renew)
-        self._renewed_at = float("-inf")  # monotonic: when _renew last found it changed
+        # The key file the client's credentials came from and what it held then (None
+        # before a client is made).
+        self._key: KeyFile | None = None
 
-    def _renew(self) -> bool:
-        """After a denial, whether the key file the client's credentials came from holds
-        other bytes now (at most one look per RENEW_SECONDS): then the client is dropped
-        and the next request loads the file again. A key is read once, when the client
-        is made: a service-account key rotated in its file (the old key deleted), or an
-        ADC file written again by `gcloud auth application-default login`, was refused
-        until the daemon restarted. The metadata server's credentials renew themselves."""
-        now = time.monotonic()
-        with self._lock:
-            path, before = self._key_file, self._key_digest
-            if now - self._renewed_at < RENEWED_SECONDS:
-                return True  # found changed a moment ago: its request used the old key
-            if self._client is None or path is None or now < self._renew_after:
-                return False
-            self._renew_after = now + RENEW_SECONDS
-        current = _digest(path)
-        if current is None or current == before:
-            return False
-        with self._lock:
-            self._renewed_at = now
-            if self._key_digest is before:
-                self._client = None
-        log.info(
-            "GCS %s: the store refused the Google credentials the daemon had and %s "
-            "changed since: using it again",
-            self.uri,
-            path,
+    # -- credentials renewal (RetryingBackend._renew) ---------------------------------
+    # A key is read once, when the client is made: a service-account key rotated in its
+    # file (the old key deleted), or an ADC file written again by `gcloud auth
+    # application-default login`, was refused until the daemon restarted. The metadata
+    # server's credentials renew themselves.
+
+    def _credentials_changed(self, held: Any) -> str | None:
+        """Whether the key file `held` came from holds other bytes now."""
+        if not held.changed():
+            return None
+        return (
+            f"GCS {self.uri}: the store refused the Google credentials the daemon had and "
+            f"{held.path} changed since: using it again"
         )
-        return True
 
     # -- client ---------------------------------------------------------------------
 
@@ -349,8 +314,8 @@ class GCSBackend(DelimitedListing):
             if self._client is None:
                 from google.cloud import storage
 
-                self._key_file = credentials_file(self.opts)
-                self._key_digest = _digest(self._key_file)
+                key_file = credentials_file(self.opts)
+                self._key = KeyFile.of(key_file)
                 creds, project, self.cred_source = resolve_credentials(self.opts)
                 session = AuthorizedSession(
                     creds, refresh_timeout=self.opts.connect_timeout + self.opts.read_timeout

@@ -21,7 +21,6 @@ import hashlib
 import logging
 import re
 import threading
-import time
 import xml.etree.ElementTree as ET
 from typing import Any
 
@@ -43,6 +42,7 @@ from silofs.errors import (
     UnreachableError,
 )
 from silofs.node.backends.base import (
+    FIXED,
     BackendOptions,
     RetryingBackend,
     busy,
@@ -65,13 +65,6 @@ log = logging.getLogger(__name__)
 # against 24 with the loader shared). Each dataset keeps its own session, so credentials
 # are still resolved per dataset (a profile, a fixed credentials file, a rebuilt client).
 _LOADER = botocore.loaders.create_loader()
-# After a denial, the credential chain is asked again at most this often per dataset
-# (S3Backend._renew): a bucket policy refusing some objects costs one look a while.
-RENEW_SECONDS = 10.0
-# A denial this soon after a renewal is tried again (once) without a look: requests
-# refused together (a listing's workers, the fetch threads) were signed with the old
-# credentials too, and only the first to ask used to retry: the others failed.
-RENEWED_SECONDS = 10.0
 _SESSION_LOCK = threading.Lock()  # sessions, the loader and client creation are not thread-safe
 
 
@@ -207,8 +200,6 @@ class S3Backend(RetryingBackend):
         self._lean: LeanS3 | None = None
         self._relearn = False  # set by a fallback: resolve the lean endpoint again
         self._creds: Any = None  # what the client signs with (botocore Credentials)
-        self._renew_after = 0.0  # monotonic: no credentials renewal before (_renew)
-        self._renewed_at = float("-inf")  # monotonic: when _renew last found new ones
 
     # -- client ---------------------------------------------------------------------
 
@@ -280,27 +271,22 @@ class S3Backend(RetryingBackend):
             self._lean = None  # it holds the client: drop both (built again on next use)
         super().close()
 
-    def _renew(self) -> bool:
-        """After a denial, the credentials the chain finds now (at most once per
-        RENEW_SECONDS): if they are not the ones the client signs with, the client is
-        dropped (in-flight requests finish on it) and the next request builds one with
-        them. A client is made once per dataset, and boto3 reads a credentials file or
-        config only when a client is made: a key rotated in ~/.aws/credentials (the old
-        one revoked), or session credentials a tool renews there, were refused until the
-        daemon was restarted. Credentials botocore refreshes itself (roles, SSO,
-        credential_process, the instance's) and anonymous requests are left alone."""
+    # -- credentials renewal (RetryingBackend._renew) ---------------------------------
+    # boto3 reads a credentials file or config only when a client is made: a key rotated
+    # in ~/.aws/credentials (the old one revoked), or session credentials a tool renews
+    # there, were refused until the daemon restarted. Credentials botocore refreshes
+    # itself (roles, SSO, credential_process, the instance's) and anonymous requests are
+    # left alone.
+
+    def _credentials_held(self) -> Any:
         if truthy(self.opts.extra.get("anonymous")):
-            return False
-        now = time.monotonic()
-        with self._lock:
-            used = self._creds
-            if now - self._renewed_at < RENEWED_SECONDS:
-                return True  # renewed a moment ago: its request was signed with the old
-            if self._client is None or now < self._renew_after:
-                return False
-            if isinstance(used, botocore.credentials.RefreshableCredentials):
-                return False
-            self._renew_after = now + RENEW_SECONDS
+            return FIXED
+        if isinstance(self._creds, botocore.credentials.RefreshableCredentials):
+            return FIXED
+        return self._creds  # None when the chain found none: any found later are new
+
+    def _credentials_changed(self, held: Any) -> str | None:
+        """The credentials the chain finds now, if they are not `held`."""
         try:
             with _SESSION_LOCK:
                 session = _session(self.opts.extra.get("profile"), self.opts.extra.get("region"))
@@ -308,23 +294,19 @@ class S3Backend(RetryingBackend):
             current = None if found is None else found.get_frozen_credentials()
         except (bx.BotoCoreError, bx.ClientError) as exc:
             log.debug("S3 %s: credentials not resolved again: %s", self.uri, exc)
-            return False
-        before = None if used is None else used.get_frozen_credentials()
+            return None
+        before = None if held is None else held.get_frozen_credentials()
         if current is None or current == before:
-            return False
-        with self._lock:
-            self._renewed_at = now
-            if self._creds is not used:
-                return True  # another thread renewed them meanwhile
-            self._client, self._lean = None, None
-        log.info(
-            "S3 %s: the store refused the AWS credentials the daemon had and the AWS "
-            "credentials changed since (%s, key %s): signing with the new ones",
-            self.uri,
-            getattr(found, "method", None) or "unknown source",
-            current.access_key[:8] + "...",
+            return None
+        source = getattr(found, "method", None) or "unknown source"
+        return (
+            f"S3 {self.uri}: the store refused the AWS credentials the daemon had and the AWS "
+            f"credentials changed since ({source}, key {current.access_key[:8]}...): "
+            "signing with the new ones"
         )
-        return True
+
+    def _drop_client(self) -> None:
+        self._client, self._lean = None, None  # the lean path holds the client too
 
     def _lean_path(self) -> LeanS3 | None:
         self._client_or_raise()
