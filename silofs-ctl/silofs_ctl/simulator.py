@@ -1026,7 +1026,12 @@ class Simulation:
             job.seq = -1  # consumed (Clock.due): the next rate sets the next one
             job.advance(now, clock.vclock)
             self.touched[job.name] = job
-            if _at_end(job, job.work - job.read, now, clock.vclock):
+            if _at_end(job, job.work - job.read, now, clock.vclock) or (
+                # its last epoch ended (each may end up to eps short: what is left of
+                # the work then is rounding, not an epoch more)
+                job.epochs_done + 1 >= job.spec.epochs
+                and _at_end(job, job.size - job.pos, now, clock.vclock)
+            ):
                 job.close_epoch()
                 job.finish = now
                 self._leave(job)

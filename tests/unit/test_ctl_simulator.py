@@ -916,3 +916,41 @@ def test_a_view_made_through_the_slots_is_the_job_the_constructor_makes() -> Non
         assert view == want and repr(view) == repr(want)
         with pytest.raises(FrozenInstanceError):
             view.hit_now = 0.5  # type: ignore[misc]
+
+
+def test_a_job_whose_epochs_each_end_a_few_bytes_short_reads_no_extra_epoch() -> None:
+    """An epoch ends with up to a byte unread (its eps: rounding), so after ten epochs a
+    job's read can fall short of epochs x size by more than a byte; its last epoch's end
+    then began an eleventh epoch to read the rest: 11 hit ratios for `epochs = 10` in
+    --json, and one more event. Found by the property checker (test_ctl_sim_properties):
+    Gavel with CoorDL, three jobs of one dataset on a cache of one byte."""
+    text = """
+[cluster]
+remote_io = "1MB/s"
+[[cluster.nodes]]
+gpus = 2
+cache = "1"
+[[jobs]]
+name = "a"
+gpus = 1
+dataset = "d"
+dataset_size = "10GB"
+ideal_io = "2000MB/s"
+epochs = 1
+[[jobs]]
+name = "b"
+gpus = 2
+dataset = "d"
+ideal_io = "2000MB/s"
+epochs = 10
+[[jobs]]
+name = "c"
+gpus = 1
+dataset = "d"
+ideal_io = "10MB/s"
+epochs = 10
+"""
+    result = simulate(parse_scenario(text), "gavel", "coordl")
+    assert {j.name: len(j.epoch_hit_ratios) for j in result.jobs} == {"a": 1, "b": 10, "c": 10}
+    (c,) = [j for j in result.jobs if j.name == "c"]
+    assert c.finish == pytest.approx(210_000.0)
