@@ -426,7 +426,10 @@ class Simulation:
                     self.clock.cancel(job)
                 continue
             if job.start is None:
-                job.start = now
+                # not before its arrival: the clock may reach `submit` an ulp short, and
+                # _arrivals admits it there (its tolerance)
+                submit = job.spec.submit
+                job.start = now if now > submit else submit
             running[name] = job
             if view_hits:
                 hit = job.view.hit_now  # type: ignore[union-attr]

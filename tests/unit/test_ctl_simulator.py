@@ -954,3 +954,44 @@ epochs = 10
     assert {j.name: len(j.epoch_hit_ratios) for j in result.jobs} == {"a": 1, "b": 10, "c": 10}
     (c,) = [j for j in result.jobs if j.name == "c"]
     assert c.finish == pytest.approx(210_000.0)
+
+
+def test_a_job_admitted_a_rounding_early_starts_when_it_arrives() -> None:
+    """The clock steps to an arrival as now + (submit - now), which can land an ulp
+    short of `submit` (1116.2199999999998 for 1116.22, after a job that ended at
+    65.000001); the job is admitted there (the arrival's tolerance, 1e-9 s), and --json
+    said it started before it was submitted. Found by the property checker
+    (test_ctl_sim_properties)."""
+    text = """
+[cluster]
+remote_io = "100MB/s"
+[[cluster.nodes]]
+gpus = 8
+cache = 0
+[[jobs]]
+name = "a"
+gpus = 1
+dataset = "d"
+dataset_size = "1GB"
+ideal_io = "2000MB/s"
+epochs = 2
+[[jobs]]
+name = "b"
+submit = 65
+gpus = 7
+dataset = "e"
+dataset_size = 1
+ideal_io = "1MB/s"
+epochs = 1
+[[jobs]]
+name = "c"
+submit = 1116.22
+gpus = 8
+dataset = "d"
+ideal_io = "1MB/s"
+epochs = 1.7
+"""
+    for cache in CACHE_CHOICES:
+        result = simulate(parse_scenario(text), "fifo", cache, interval=60.0)
+        for job in result.jobs:
+            assert job.start is not None and job.start >= job.submit, (cache, job)
