@@ -995,3 +995,26 @@ epochs = 1.7
         result = simulate(parse_scenario(text), "fifo", cache, interval=60.0)
         for job in result.jobs:
             assert job.start is not None and job.start >= job.submit, (cache, job)
+
+
+def test_re_plans_every_interval_while_a_cache_fills_are_not_a_stall(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`--interval 1` re-plans every second while caches fill, as asked: a 6 TB dataset
+    filling at 1 MB/s is 6,000,000 such steps, and the run ended in "gave up after
+    5000000 steps" (after minutes) on a scenario that is possible. The step limit is for
+    steps that do not move the clock (a stall); a re-plan timer's step moves it by up to
+    an interval. Here at a hundredth of the scale (the limit at 20,000)."""
+    import silofs_ctl.simulator as simulator
+
+    monkeypatch.setattr(simulator, "_MAX_STEPS", 20_000)
+    text = one_job("10TB", "60GB", epochs=1, io="1MB/s", ideal_io="1GB/s")
+    sim = Simulation(parse_scenario(text), "gavel", "silod", interval=1.0)
+    result = sim.run()
+    assert sim.steps > 20_000  # one per second of the 60,000 s fill
+    assert result.jobs[0].jct == pytest.approx(60_000.0)
+    # a stall (events due at one instant for ever) still ends in "gave up"
+    monkeypatch.setattr(simulator, "_at_end", lambda *args: False)
+    stuck = Simulation(parse_scenario(text), "gavel", "silod", interval=1.0)
+    with pytest.raises(SimulationError, match=r"gave up after \d+ steps at t=60000s"):
+        stuck.run()
