@@ -24,7 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from silofs.records import shown
-from silofs.units import count
+from silofs.units import count, format_size
 
 from .controller_config import ControllerConfig, JobEntry, load_jobs_file
 from .nodes import ClientFactory, NodeError, socket_clients
@@ -60,6 +60,10 @@ class Controller:
         self.checked_scheduler = False  # whether Slurm's scheduler heeds priority
         self.down: dict[str, str] = {}  # unreachable nodes, and why
         self.refused: dict[str, str] = {}  # nodes that refused an update last round
+        self.nodes = {n.name: n for n in config.nodes}
+        # nodes whose configured cache is more than the daemon's, and the daemon's size
+        # (said once per size: _check_budget)
+        self.oversized: dict[str, float] = {}
         self.pushed: Pushed = {}
         self.entries: list[JobEntry] = []
         # (mtime, size) of the jobs file as last read; None: missing; "" : never looked
@@ -81,8 +85,27 @@ class Controller:
             if name in self.down:
                 log.warning("node %s is back", name)
                 del self.down[name]
+            self._check_budget(name, seen[name])
         self.rates.update(seen, time.monotonic())
         return seen
+
+    def _check_budget(self, name: str, status: NodeSeen) -> None:
+        """Say once (per size) that a node's configured cache is more than its daemon
+        has: the plan divides the daemon's (plan._budget), not what the config says."""
+        config = self.nodes[name].cache
+        size = status.cache_size
+        if config is None or size is None or config <= size:
+            self.oversized.pop(name, None)
+            return
+        if self.oversized.get(name) != size:
+            log.warning(
+                "node %s: cache = %s in the config is more than the daemon's cache (%s): "
+                "planning with the daemon's",
+                name,
+                format_size(config),
+                format_size(size),
+            )
+        self.oversized[name] = size
 
     def _node_down(self, name: str, why: str) -> None:
         if self.down.get(name) != why:

@@ -410,12 +410,15 @@ def cached_in(nodes: Sequence[str], uri: str, seen: Mapping[str, NodeSeen]) -> f
 
 
 def _budget(node: NodeConfig, seen: Mapping[str, NodeSeen]) -> float:
-    if node.cache is not None:
-        return node.cache
+    """The cache a node's plan divides: `cache` in the config, but never more than the
+    daemon's cache size when it reports one (the daemon refuses allocations past it: a
+    config of 2 TB on a 1 TB node planned a dataset 2 TB, refused at every poll, and the
+    dataset had no allocation at all). A node that does not answer: the config's."""
     status = seen.get(node.name)
-    if status is None or status.cache_size is None:
-        return 0.0
-    return status.cache_size
+    size = status.cache_size if status is not None else None
+    if node.cache is not None:
+        return node.cache if size is None else min(node.cache, size)
+    return 0.0 if size is None else size
 
 
 class _DatasetIndex:

@@ -816,3 +816,59 @@ def test_job_register_sends_the_jobs_uid(tmp_path: Path, monkeypatch: pytest.Mon
         res = CliRunner().invoke(main, [*args, "--uid", bad])
         assert res.exit_code == 2 and "--uid" in res.output, res.output
     assert len(sent) == 2
+
+
+def test_a_config_cache_larger_than_the_nodes_is_planned_as_the_nodes() -> None:
+    """`cache = "2TB"` in controller.toml on a node whose daemon has 1 TB: the plan gave
+    one dataset 2 TB, the daemon refused it (409) at every poll, and the dataset had no
+    allocation at all, for ever. The daemon's cache size bounds the budget; the config
+    can only make it smaller."""
+    node = StrictNode("n1", 1 * TB)
+    for uri in ("s3://a/", "s3://b/"):
+        node.add_dataset(uri, 3 * TB)
+    node.add_job("j", "s3://a/")
+    node.add_job("k", "s3://b/")
+    cfg = ControllerConfig(
+        policy="gavel",
+        remote_io=100 * MB,
+        nodes=(NodeConfig("n1", "/run/n1.sock", gpus=4, cache=2 * TB),),
+    )
+    entries = [
+        JobEntry(name, uri, gpus=1, ideal_io=100 * MB)
+        for name, uri in (("j", "s3://a/"), ("k", "s3://b/"))
+    ]
+    ctl = controller({"n1": node}, cfg, entries)
+    plan = ctl.round(force=True)
+    assert plan is not None and ctl.refused == {} and ctl.not_updated == {}
+    planned = plan.cache["n1"]
+    assert sum(planned.values()) == pytest.approx(1 * TB, rel=1e-9)
+    held = {uri: d["cache_allocation"] for uri, d in node.datasets.items()}
+    assert held == planned
+    # a config budget below the daemon's stays the budget
+    small = ControllerConfig(
+        policy="gavel",
+        remote_io=100 * MB,
+        nodes=(NodeConfig("n1", "/run/n1.sock", gpus=4, cache=400 * GB),),
+    )
+    plan = controller({"n1": node}, small, entries).round(force=True)
+    assert plan is not None and sum(plan.cache["n1"].values()) == pytest.approx(400 * GB)
+
+
+def test_a_config_cache_larger_than_the_nodes_is_said_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    node = FakeNode("n1", 1 * TB)
+    cfg = ControllerConfig(
+        policy="gavel",
+        remote_io=100 * MB,
+        nodes=(NodeConfig("n1", "/run/n1.sock", gpus=4, cache=2 * TB),),
+    )
+    ctl = controller({"n1": node}, cfg, [])
+    with caplog.at_level(logging.WARNING, logger="silofs_ctl.controller"):
+        for _ in range(3):
+            ctl.round(force=True)
+    said = [r.getMessage() for r in caplog.records if "more than the daemon's" in r.getMessage()]
+    assert said == [
+        "node n1: cache = 1.8TiB in the config is more than the daemon's cache "
+        "(931.3GiB): planning with the daemon's"
+    ]

@@ -916,3 +916,105 @@ def test_a_view_made_through_the_slots_is_the_job_the_constructor_makes() -> Non
         assert view == want and repr(view) == repr(want)
         with pytest.raises(FrozenInstanceError):
             view.hit_now = 0.5  # type: ignore[misc]
+
+
+def test_a_job_whose_epochs_each_end_a_few_bytes_short_reads_no_extra_epoch() -> None:
+    """An epoch ends with up to a byte unread (its eps: rounding), so after ten epochs a
+    job's read can fall short of epochs x size by more than a byte; its last epoch's end
+    then began an eleventh epoch to read the rest: 11 hit ratios for `epochs = 10` in
+    --json, and one more event. Found by the property checker (test_ctl_sim_properties):
+    Gavel with CoorDL, three jobs of one dataset on a cache of one byte."""
+    text = """
+[cluster]
+remote_io = "1MB/s"
+[[cluster.nodes]]
+gpus = 2
+cache = "1"
+[[jobs]]
+name = "a"
+gpus = 1
+dataset = "d"
+dataset_size = "10GB"
+ideal_io = "2000MB/s"
+epochs = 1
+[[jobs]]
+name = "b"
+gpus = 2
+dataset = "d"
+ideal_io = "2000MB/s"
+epochs = 10
+[[jobs]]
+name = "c"
+gpus = 1
+dataset = "d"
+ideal_io = "10MB/s"
+epochs = 10
+"""
+    result = simulate(parse_scenario(text), "gavel", "coordl")
+    assert {j.name: len(j.epoch_hit_ratios) for j in result.jobs} == {"a": 1, "b": 10, "c": 10}
+    (c,) = [j for j in result.jobs if j.name == "c"]
+    assert c.finish == pytest.approx(210_000.0)
+
+
+def test_a_job_admitted_a_rounding_early_starts_when_it_arrives() -> None:
+    """The clock steps to an arrival as now + (submit - now), which can land an ulp
+    short of `submit` (1116.2199999999998 for 1116.22, after a job that ended at
+    65.000001); the job is admitted there (the arrival's tolerance, 1e-9 s), and --json
+    said it started before it was submitted. Found by the property checker
+    (test_ctl_sim_properties)."""
+    text = """
+[cluster]
+remote_io = "100MB/s"
+[[cluster.nodes]]
+gpus = 8
+cache = 0
+[[jobs]]
+name = "a"
+gpus = 1
+dataset = "d"
+dataset_size = "1GB"
+ideal_io = "2000MB/s"
+epochs = 2
+[[jobs]]
+name = "b"
+submit = 65
+gpus = 7
+dataset = "e"
+dataset_size = 1
+ideal_io = "1MB/s"
+epochs = 1
+[[jobs]]
+name = "c"
+submit = 1116.22
+gpus = 8
+dataset = "d"
+ideal_io = "1MB/s"
+epochs = 1.7
+"""
+    for cache in CACHE_CHOICES:
+        result = simulate(parse_scenario(text), "fifo", cache, interval=60.0)
+        for job in result.jobs:
+            assert job.start is not None and job.start >= job.submit, (cache, job)
+
+
+def test_re_plans_every_interval_while_a_cache_fills_are_not_a_stall(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`--interval 1` re-plans every second while caches fill, as asked: a 6 TB dataset
+    filling at 1 MB/s is 6,000,000 such steps, and the run ended in "gave up after
+    5000000 steps" (after minutes) on a scenario that is possible. The step limit is for
+    steps that do not move the clock (a stall); a re-plan timer's step moves it by up to
+    an interval. Here at a hundredth of the scale (the limit at 20,000)."""
+    import silofs_ctl.simulator as simulator
+
+    monkeypatch.setattr(simulator, "_MAX_STEPS", 20_000)
+    text = one_job("10TB", "60GB", epochs=1, io="1MB/s", ideal_io="1GB/s")
+    sim = Simulation(parse_scenario(text), "gavel", "silod", interval=1.0)
+    result = sim.run()
+    assert sim.steps > 20_000  # one per second of the 60,000 s fill
+    assert result.jobs[0].jct == pytest.approx(60_000.0)
+    # a stall (events due at one instant for ever) still ends in "gave up"
+    monkeypatch.setattr(simulator, "_at_end", lambda *args: False)
+    stuck = Simulation(parse_scenario(text), "gavel", "silod", interval=1.0)
+    with pytest.raises(SimulationError, match=r"gave up after \d+ steps at t=60000s"):
+        stuck.run()
