@@ -3,7 +3,7 @@ stepped back or forward while it runs (an NTP step, an operator's `date -s`) cha
 none of them: status's uptime_s, a warm's elapsed_s and bytes_per_s, a hint's
 elapsed_s. The wall clock is left to what is a date (a listing's listed_at, persisted
 across restarts; certificate expiry). The mount's metadata-TTL relist under a stepped
-clock: test_relist_clock.py."""
+clock: listing_age below, and on a real mount tests/integration/test_clock_step.py."""
 
 from __future__ import annotations
 
@@ -50,3 +50,13 @@ def test_warm_and_hint_elapsed_are_not_moved_by_a_wall_clock_step(
     assert 0 <= view["elapsed_s"] < 60, view
     assert view["bytes_per_s"] == 0 or view["bytes_per_s"] > (1 << 30) / 60, view
     assert 0 <= hint.view()["elapsed_s"] < 60
+
+
+def test_listing_age_for_the_metadata_ttl_is_never_less_than_the_time_known() -> None:
+    from silofs.mount.process import listing_age
+
+    assert listing_age(1000.0, 1010.0, 3.0) == 10.0  # the wall clock's, normally
+    # Stepped back a day after the listing: the monotonic time this mount has known it.
+    assert listing_age(1000.0, 1010.0 - DAY, 12.0) == 12.0
+    # Stepped forward: older at once (one relist early), never younger.
+    assert listing_age(1000.0, 1010.0 + DAY, 12.0) == 10.0 + DAY
