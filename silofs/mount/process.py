@@ -722,6 +722,9 @@ class MountProcess:
             **dataclasses.asdict(counters),
             "touched": [k.hex() for k in touched],
         }
+        if self.fs is not None and self.fs.listing.gen is not None:
+            # The generation this process serves: the daemon keeps it until it moves on.
+            body["gen"] = self.fs.listing.gen
         try:
             answer = await self.client.json("PUT", f"/v1/mounts/{self.mount_id}/stats", body)
             self.reader.track_hits = answer.get("admission") == "lru"

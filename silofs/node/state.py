@@ -104,3 +104,8 @@ class MountState:
     # started, most of them counted by the daemon before (Daemon.report).
     rejoined: bool = False
     fetch: FetchCounters = field(default_factory=FetchCounters)
+    # The listing generation the mount said (in its last report) it serves, and when
+    # (monotonic): a new listing keeps it (node/datasets.py served_generations). None:
+    # not said yet (or a mount from before mounts said it).
+    gen: int | None = None
+    gen_seen: float = 0.0
