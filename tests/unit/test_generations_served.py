@@ -16,7 +16,7 @@ import trio
 
 from silofs.node.daemon import Daemon
 from silofs.node.datasets import SERVED_GEN_SECONDS, served_generations
-from silofs.node.state import MountState
+from silofs.node.state import GEN_SETTLE_SECONDS, MountState
 from tests.unit.test_routes_access import ROOT, Call, _ready, run_routes
 
 
@@ -56,8 +56,11 @@ def test_a_refresh_keeps_the_generation_a_mount_still_serves(tmp_path: Path, wor
         await _refreshed(call, uri, 3)
         for gen in (1, 2, 3):
             assert d.store.get_object(ds["id"], "a", gen) is not None, gen
-        # Once it reports generation 3, the next listing deletes the older ones.
+        # Once it reports generation 3 (and no report said 1 for GEN_SETTLE_SECONDS),
+        # the next listing deletes the older ones.
+        d.mounts[m["id"]].gen_seen -= GEN_SETTLE_SECONDS + 0.1
         assert (await call(ROOT, "PUT", stats, _counters(gen=3)))[0] == 200
+        assert d.mounts[m["id"]].gen == 3
         await _refreshed(call, uri, 4)
         assert d.store.get_object(ds["id"], "a", 1) is None
         assert d.store.get_object(ds["id"], "a", 2) is None
@@ -71,7 +74,7 @@ def test_a_refresh_keeps_the_generation_a_mount_still_serves(tmp_path: Path, wor
 def test_served_generations_rule() -> None:
     def mount(dsid: int, gen: int | None, seen: float) -> MountState:
         m = MountState("m", "j", dsid, "/m", 1, 0, 1 << 20)
-        m.gen, m.gen_seen = gen, seen
+        m.gen, m.gen_seen = gen, seen  # as said_gen would leave them
         return m
 
     now = 1000.0
@@ -88,3 +91,18 @@ def test_served_generations_rule() -> None:
     # A report naming a generation newer than the current one (a daemon restarted on an
     # older env) keeps nothing extra.
     assert served_generations([mount(1, 9, now)], 1, 6, now) == {6}
+
+
+def test_the_oldest_generation_a_mounts_processes_say_is_the_one_kept() -> None:
+    """--serve-processes: each process reports under the mount's id, and each moves to
+    a new generation at its own look at the record."""
+    m = MountState("m", "j", 1, "/m", 1, 0, 1 << 20)
+    m.said_gen(4, 100.0)
+    m.said_gen(5, 100.3)  # one process moved; the other still says 4
+    m.said_gen(4, 100.6)
+    m.said_gen(5, 101.0)
+    assert m.gen == 4
+    m.said_gen(5, 100.6 + GEN_SETTLE_SECONDS + 0.1)  # no one has said 4 since
+    assert m.gen == 5
+    m.said_gen(3, 200.0)  # an older one is kept at once (a restarted process)
+    assert m.gen == 3

@@ -141,7 +141,7 @@ async def mount_stats(d: Daemon, req: Request, mount_id: str) -> Response:
     if gen is not None:
         if not 0 <= gen <= MAX_VALUE:
             raise HTTPError(400, f"field 'gen' must be 0 to {MAX_VALUE}")
-        m.gen, m.gen_seen = gen, time.monotonic()
+        m.said_gen(gen, time.monotonic())
     touched = body.get("touched") or []
     if not isinstance(touched, list) or len(touched) > _MAX_TOUCHED:
         raise HTTPError(400, "field 'touched' must be a list of chunk keys")
