@@ -154,8 +154,16 @@ def set_cmd(
             raise click.ClickException(str(exc)) from None
     listed, weighted = _canonical(listed, _weights(weights))
     targets = _split(nodes) or listed
-    name = name or _current_name(targets)
-    body = members_body(name, listed, weighted, version or time.time_ns() // 1000)
+    views = _views(targets)
+    name = name or _current_name(targets, views)
+    if version is None:
+        # The clock's, but newer than every list in force on the nodes that answered: a
+        # clock stepped back since the last push (NTP, `date -s`) must not leave every
+        # list refused as "not newer" for as long as the step.
+        answered = [v for v in views.values() if isinstance(v, dict)]
+        newest = max((int(v.get("version") or 0) for v in answered), default=-1)
+        version = max(time.time_ns() // 1000, newest + 1)
+    body = members_body(name, listed, weighted, version)
     try:  # as every node will judge it: one line here, and no node takes a list others refuse
         parse_cluster({k: v for k, v in body.items() if k != "version"})
     except UsageError as exc:
@@ -222,18 +230,27 @@ def _canonical(members: list[str], weights: dict[str, float]) -> tuple[list[str]
     return listed, weighted
 
 
-def _current_name(targets: list[str]) -> str:
-    """The name the first node that answers is in. When none answers, the first
-    node's error is the message (a missing $SILOFS_CTL_TLS, a node down): "no node is
-    in a cluster yet" would send the user after a --name that changes nothing."""
-    unreached: list[str] = []
+def _views(targets: list[str]) -> dict[str, dict | str]:
+    """Each target's GET /v1/cluster (a dict), or the one line of why it did not answer
+    (a str naming its node), in the targets' order."""
+    views: dict[str, dict | str] = {}
     for target in targets:
         try:
             with one_node_client(target) as client:
                 view = client.request("GET", "/v1/cluster")
         except ControlError as exc:
-            unreached.append(shown(str(exc)))  # names its node
+            views[target] = shown(str(exc))  # names its node
             continue
+        views[target] = view if isinstance(view, dict) else {}
+    return views
+
+
+def _current_name(targets: list[str], views: dict[str, dict | str]) -> str:
+    """The name the first node that answers is in. When none answers, the first
+    node's error is the message (a missing $SILOFS_CTL_TLS, a node down): "no node is
+    in a cluster yet" would send the user after a --name that changes nothing."""
+    unreached = [v for v in views.values() if isinstance(v, str)]
+    for view in views.values():
         if isinstance(view, dict) and view.get("name"):
             return str(view["name"])
     if unreached and len(unreached) == len(targets):

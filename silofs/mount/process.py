@@ -151,6 +151,17 @@ def fsname(uri: str) -> str:
 RELIST_RETRY_SECONDS = 5.0
 
 
+def listing_age(listed_at: float, wall_now: float, known_for: float) -> float:
+    """Seconds since a listing was made, for the metadata TTL: the wall-clock age from
+    its persisted listed_at (the daemon's clock, which outlives this process), but never
+    less than `known_for`, the monotonic seconds this mount has known that listing. A
+    wall clock stepped back since the listing (an NTP step, `date -s`) would otherwise
+    keep the listing fresh for as long as the step, a day back no relist for a day; a
+    step forward at worst relists once early, and the new listing's time is the new
+    clock's."""
+    return max(wall_now - listed_at, known_for)
+
+
 def relist_wait(message: str) -> float:
     """Seconds to wait before asking a refresh again, from the daemon's 429 line."""
     m = re.search(r"try again in ([0-9]{1,6}) s", message)
@@ -180,6 +191,9 @@ class MountProcess:
         # before this monotonic time; said once in the log.
         self._relist_after = 0.0
         self._relist_limited = False
+        # The listing (its listed_at) the metadata TTL counts from, and the monotonic
+        # time this process first saw it (listing_age).
+        self._listing_seen: tuple[object, float] = (None, 0.0)
         self._forgetting: trio.CancelScope | None = None  # the walk of _forget_changed
         self.store: CacheStore | None = None
         self.shared: SharedTables | None = None
@@ -596,7 +610,11 @@ class MountProcess:
                 m.listing_failed()
         ttl = self.s.metadata_ttl
         if ttl is not None and not self._relisting and time.monotonic() >= self._relist_after:
-            age = time.time() - float(record.get("listed_at", 0))
+            listed_at = record.get("listed_at", 0)
+            now = time.monotonic()
+            if self._listing_seen[0] != listed_at:
+                self._listing_seen = (listed_at, now)
+            age = listing_age(float(listed_at), time.time(), now - self._listing_seen[1])
             if age > ttl:
                 assert self._nursery is not None
                 self._relisting = True
@@ -729,6 +747,9 @@ class MountProcess:
             **dataclasses.asdict(counters),
             "touched": [k.hex() for k in touched],
         }
+        if self.fs is not None and self.fs.listing.gen is not None:
+            # The generation this process serves: the daemon keeps it until it moves on.
+            body["gen"] = self.fs.listing.gen
         try:
             answer = await self.client.json("PUT", f"/v1/mounts/{self.mount_id}/stats", body)
             self.reader.track_hits = answer.get("admission") == "lru"

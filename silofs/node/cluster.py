@@ -237,7 +237,11 @@ class Cluster:
         if "address" in body:
             raise UsageError("address is this node's own setting ([cluster] in silofs.toml)")
         fields = {k: v for k, v in body.items() if k != "version"}
-        version = body.get("version", time.time_ns() // 1000)
+        # No version given: the clock's, but always newer than the list in force (a
+        # wall clock stepped back since that list must not refuse every push for as
+        # long as the step, as "not newer").
+        current = self.config.version if self.config is not None else -1
+        version = body.get("version", max(time.time_ns() // 1000, current + 1))
         if isinstance(version, bool) or not isinstance(version, int) or version < 0:
             raise UsageError("version must be a whole number")
         config = parse_cluster(fields, version=version)

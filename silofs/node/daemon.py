@@ -103,7 +103,8 @@ class Daemon:
             spawn=self.spawn,
             used=self.used,
         )
-        self.started = time.time()
+        # monotonic: uptime is a duration; a wall clock stepped back would make it negative
+        self.started = time.monotonic()
         self.nursery: trio.Nursery | None = None
         self.cloud_access = _resolve_access(settings.access)  # docs/SECURITY.md
         # Who started the daemon and how (service.run_daemon fills it; status shows it).
@@ -295,7 +296,7 @@ class Daemon:
         self.job(job)
 
         def failed(reason: str) -> None:
-            w.state, w.error, w.finished = "error", reason, time.time()
+            w.state, w.error, w.finished = "error", reason, time.monotonic()
 
         self.spawn(f"warm of {ds.uri.canonical}", run_warm, self, ds, w, on_failure=failed)
         log.info("warm of %s for job %s started (paths %s)", ds.uri.canonical, job, paths or "all")

@@ -17,7 +17,7 @@ import enum
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import lmdb
 import trio
@@ -117,6 +117,30 @@ def refresh_wait(listed_at: float | None, now: float, interval: float) -> float:
         return 0.0
     age = max(now - listed_at, 0.0)
     return max(interval - age, 0.0)
+
+
+# How long a mount's word on the generation it serves holds (it reports at least once a
+# second): a mount that stopped reporting (hung, or gone without unregistering) must not
+# keep old generations, and their env space, for ever.
+SERVED_GEN_SECONDS = 60.0
+
+
+def served_generations(
+    mounts: Iterable[MountState], dsid: int, current: int | None, now: float
+) -> set[int]:
+    """The generations of dataset `dsid` a new listing must not delete: the current one,
+    and every one from the oldest a mount said within SERVED_GEN_SECONDS it serves. A
+    mount moves to a new generation only when it next reads the record (its report loop),
+    so one that said N-1 may be on N-1 or N by now: all between are kept."""
+    if current is None:
+        return set()
+    said = [
+        m.gen
+        for m in mounts
+        if m.dsid == dsid and m.gen is not None and now - m.gen_seen <= SERVED_GEN_SECONDS
+    ]
+    oldest = min((g for g in said if g <= current), default=current)
+    return set(range(oldest, current + 1))
 
 
 class Catalog:
@@ -320,7 +344,9 @@ class Catalog:
         ds.state, ds.listed = "listing", 0
         ds.list_started = time.monotonic()
         current = self.store.current_generation(ds.id)
-        keep = {current} if current is not None else set()
+        # Not the generations mounts still serve (they move at their next look at the
+        # record): deleted under them, an unchanged file was ENOENT for a moment.
+        keep = served_generations(self.mounts.values(), ds.id, current, time.monotonic())
         while (
             await self.writer.call(self.store.delete_stale_generations, ds.id, keep)
             >= LISTING_BATCH

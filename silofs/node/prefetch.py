@@ -111,7 +111,8 @@ class Hint:
     behind: int = 0  # hinted paths the reader had passed before the walk got there
     cached_bytes: int = 0  # hinted bytes the dataset already held: nothing to fetch
     errors: int = 0  # chunk GETs that failed (after the backend's retries)
-    started: float = field(default_factory=time.time)
+    # monotonic (elapsed_s is a duration: a wall clock stepped back made it negative)
+    started: float = field(default_factory=time.monotonic)
     finished: float | None = None
     moved: trio.Event = field(default_factory=trio.Event, repr=False)
     scope: trio.CancelScope = field(default_factory=trio.CancelScope, repr=False)
@@ -146,7 +147,7 @@ class Hint:
             "denied": self.denied,
             "behind": self.behind,
             "errors": self.errors,
-            "elapsed_s": round((self.finished or time.time()) - self.started, 2),
+            "elapsed_s": round((self.finished or time.monotonic()) - self.started, 2),
         }
 
     # -- the reader's position ------------------------------------------------------
@@ -261,7 +262,7 @@ class Prefetcher:
         h.running = True
 
         def failed(reason: str) -> None:
-            h.state, h.error, h.finished, h.running = "error", reason, time.time(), False
+            h.state, h.error, h.finished, h.running = "error", reason, time.monotonic(), False
 
         self.d.spawn(f"prefetch of mount {h.mount_id}", self._run, h, on_failure=failed)
 
@@ -299,7 +300,7 @@ class Prefetcher:
         h.running = False
         if h.scope.cancelled_caught and h.state == "running":
             h.state = "cancelled"
-        h.finished = time.time()
+        h.finished = time.monotonic()
         # A sampler's pieces end and restart the walk often; replacing a hint cancels it.
         log.log(
             logging.DEBUG if h.state in ("done", "cancelled") else logging.INFO,

@@ -90,6 +90,11 @@ class JobState:
         )
 
 
+# How long a mount's older generation stays the one kept after a report says a newer
+# one (MountState.said_gen): longer than the period its processes report in (1 s).
+GEN_SETTLE_SECONDS = 2.5
+
+
 @dataclass
 class MountState:
     id: str
@@ -104,3 +109,19 @@ class MountState:
     # started, most of them counted by the daemon before (Daemon.report).
     rejoined: bool = False
     fetch: FetchCounters = field(default_factory=FetchCounters)
+    # The listing generation the mount said (in its last report) it serves, and when
+    # (monotonic): a new listing keeps it (node/datasets.py served_generations). None:
+    # not said yet (or a mount from before mounts said it).
+    gen: int | None = None
+    gen_seen: float = 0.0
+
+    def said_gen(self, gen: int, now: float) -> None:
+        """A report says the mount serves listing generation `gen`. The mount's serving
+        processes (--serve-processes) each report, under one id, and move to a new
+        generation each at its own look at the record: a newer generation replaces the
+        one kept only once no report has said that one for GEN_SETTLE_SECONDS (each
+        process reports at least once a second), so the oldest any process serves is
+        the one kept."""
+        if self.gen is None or gen <= self.gen or now - self.gen_seen > GEN_SETTLE_SECONDS:
+            self.gen = gen
+            self.gen_seen = now

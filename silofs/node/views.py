@@ -300,7 +300,7 @@ def status_view(d: Daemon) -> dict[str, Any]:
             "cache_size": d.cache_size,
             "cached_bytes": sum(u.bytes for u in d.usage.values()),
             "chunk_size": d.settings.chunk_size,
-            "uptime_s": round(time.time() - d.started, 1),
+            "uptime_s": round(time.monotonic() - d.started, 1),
             "started_by": d.origin.get("started_by", "manual"),
             "started_by_uid": d.origin.get("uid", os.getuid()),
             "parent_pid": d.origin.get("parent_pid"),

@@ -69,14 +69,15 @@ class WarmState:
     # Chunks a peer's warm ask failed for, after the retries (the walk goes on without
     # them): the share is that much short of full, and the CLI says so.
     failed_chunks: int = 0
-    started: float = field(default_factory=time.time)
+    # monotonic (elapsed_s is a duration: a wall clock stepped back made it negative)
+    started: float = field(default_factory=time.monotonic)
     finished: float | None = None
     error: str = ""
     scope: trio.CancelScope = field(default_factory=trio.CancelScope, repr=False)
 
     def view(self) -> dict[str, Any]:
         done = min(self.skipped_bytes + self.fetched_bytes, self.target_bytes)
-        elapsed = (self.finished or time.time()) - self.started
+        elapsed = (self.finished or time.monotonic()) - self.started
         return {
             "state": self.state,
             "job": self.job,
@@ -180,7 +181,7 @@ async def run_warm(d: Any, ds: DatasetState, w: WarmState) -> None:
             log.error("warm of %s stopped: %s", ds.uri.canonical, exc)
     if w.scope.cancelled_caught:
         w.state = "cancelled"
-    w.finished = time.time()
+    w.finished = time.monotonic()
     log.info(
         "warm of %s for job %s %s: %s skipped (cached), %s fetched",
         ds.uri.canonical,

@@ -22,6 +22,7 @@ the store's GETs.
 
 from __future__ import annotations
 
+import os
 import random
 import ssl
 import subprocess
@@ -38,6 +39,7 @@ from silofs.control.client import ControlClient, ControlError, client_tls_contex
 from silofs.node.placement import Candidate, home
 from silofs.node.store_write import WritableStore, env_map_size
 from silofs.units import parse_size
+from tests.support.clockstep import clock_step_dir
 from tests.support.cluster_run import running_cluster
 from tests.support.faultproxy import FaultProxy
 from tests.support.fixtures import needs_fuse
@@ -376,13 +378,19 @@ def test_a_warm_while_a_member_dies_ends_and_every_read_is_right(three: dict) ->
     assert nodes[0].member(victim.spec.address)["state"] == "down"
 
 
-def _ctl(*args: str) -> subprocess.CompletedProcess:
+def _ctl(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "silofs_ctl", *args], capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "silofs_ctl", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, **env} if env else None,
     )
 
 
-def test_a_member_list_pushed_at_runtime_takes_effect_and_survives_a_restart(three: dict) -> None:
+def test_a_member_list_pushed_at_runtime_takes_effect_and_survives_a_restart(
+    three: dict, tmp_path: Path
+) -> None:
     nodes, mps, tree = three["nodes"], three["mps"], three["tree"]
     kept = nodes[:2]
     res = _ctl("cluster", "set", "--nodes", ",".join(n.socket for n in kept),
@@ -419,3 +427,15 @@ def test_a_member_list_pushed_at_runtime_takes_effect_and_survives_a_restart(thr
     res = _ctl("cluster", "status", "--nodes", nodes[0].socket)
     assert res.returncode == 0 and "cluster test-cluster" in res.stdout, res.stderr
     assert res.stdout.count("weight 1") == 2, res.stdout
+    # The operator's clock stepped back a day since (NTP, `date -s`): a list pushed
+    # without --version is still newer than the one in force, not refused for a day.
+    step = tmp_path / "clock-step"
+    step.write_text(str(-86400))
+    pythonpath = os.pathsep.join(
+        [str(clock_step_dir(tmp_path / "clock")), os.environ.get("PYTHONPATH", "")]
+    )
+    res = _ctl("cluster", "set", "--nodes", ",".join(n.socket for n in kept),
+               "--members", ",".join(n.spec.address for n in kept),
+               env={"SILOFS_TEST_CLOCK_STEP": str(step), "PYTHONPATH": pythonpath})  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    assert nodes[0].cluster()["version"] == nodes[1].cluster()["version"] == version + 1

@@ -97,8 +97,9 @@ def local_store(tmp_path: Path) -> LocalStore:
 @pytest.fixture
 def make_node(tmp_path: Path) -> Iterator[Callable[..., Node]]:
     """make_node(cache_size="64M", env=None, start=True, name="node", args=(),
-    socket=None, root=None) -> a running Node (its daemon started with `args`; root: its
-    directory, for one other users must reach; default under tmp_path)."""
+    socket=None, root=None, pythonpath=()) -> a running Node (its daemon started with
+    `args`; root: its directory, for one other users must reach; default under tmp_path;
+    pythonpath: directories first on its processes' PYTHONPATH)."""
     if FUSE_MISSING:
         pytest.skip(FUSE_MISSING)
     nodes: list[Node] = []
@@ -111,10 +112,11 @@ def make_node(tmp_path: Path) -> Iterator[Callable[..., Node]]:
         args: tuple[str, ...] = (),
         socket: str | None = None,
         root: Path | None = None,
+        pythonpath: tuple[str, ...] = (),
     ) -> Node:
         root = root or tmp_path / f"{name}{len(nodes)}"
         root.mkdir()
-        node = Node(root, cache_size, env, socket)
+        node = Node(root, cache_size, env, socket, pythonpath=pythonpath)
         nodes.append(node)
         if start:
             node.start(*args)

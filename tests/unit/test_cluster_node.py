@@ -133,6 +133,25 @@ def test_a_push_that_names_no_peer_setting_keeps_the_ones_in_force(
     assert (c.peer_timeout_seconds, c.peer_serve_rate, c.keep_peer_copies) == (3.0, None, True)
 
 
+def test_a_push_without_a_version_is_newer_than_the_list_in_force_after_a_clock_step_back(
+    tmp_path: Path, pki: Path, made: list[Daemon]
+) -> None:
+    """A body without "version" takes the clock's; a clock stepped back a day since the
+    list in force was pushed (NTP, `date -s`) made every such push "not newer" (409)
+    for a day. It is now one past the list in force."""
+    d = Daemon(settings(tmp_path, pki, members(7000, 7001)))
+    made.append(d)
+    ahead = time.time_ns() // 1000 + 86400 * 10**6  # pushed under tomorrow's clock
+
+    async def push(body: dict) -> None:
+        await d.cluster.push({"name": "c", **body})
+
+    trio.run(push, {"members": ["tls://127.0.0.1:7001"], "version": ahead})
+    trio.run(push, {"members": ["tls://127.0.0.1:7000", "tls://127.0.0.1:7001"]})
+    c = d.cluster.config
+    assert c is not None and c.version == ahead + 1 and len(c.members) == 2
+
+
 def test_peer_figures_in_status_and_metrics(tmp_path: Path, pki: Path, made: list[Daemon]) -> None:
     d = Daemon(settings(tmp_path, pki, members(7000, 7001)))
     made.append(d)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import re
+import time
 
 from silofs.control.peer import peer_groups
 from silofs.control.router import HTTPError, Request, Response, json_response
@@ -136,6 +137,11 @@ async def mount_stats(d: Daemon, req: Request, mount_id: str) -> Response:
     if any(not 0 <= v <= MAX_VALUE for v in vars(counters).values()):
         raise HTTPError(400, f"counters must be 0 to {MAX_VALUE}")
     field(body, "epoch", int, required=False)  # sent by older mounts; the daemon counts
+    gen = field(body, "gen", int, required=False)  # the listing generation it serves
+    if gen is not None:
+        if not 0 <= gen <= MAX_VALUE:
+            raise HTTPError(400, f"field 'gen' must be 0 to {MAX_VALUE}")
+        m.said_gen(gen, time.monotonic())
     touched = body.get("touched") or []
     if not isinstance(touched, list) or len(touched) > _MAX_TOUCHED:
         raise HTTPError(400, "field 'touched' must be a list of chunk keys")
