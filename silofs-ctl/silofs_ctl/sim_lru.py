@@ -30,7 +30,7 @@ import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import accumulate, compress, count, repeat
-from operator import add, attrgetter, gt, le, mul, sub, truediv
+from operator import add, gt, le, mul, sub, truediv
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -388,10 +388,9 @@ class _Groups:
     (`starts`), its name and size, and each reader's dataset size."""
 
     def __init__(self, sizes: Mapping[str, float], datasets: Sequence[str]) -> None:
-        # datasets in order of their first reader, and each reader's (passes in C)
-        self.names = list(dict.fromkeys(datasets))
-        place = dict(zip(self.names, range(len(self.names)), strict=True))
-        of_reader = list(map(place.__getitem__, datasets))
+        place: dict[str, int] = {}  # datasets in order of their first reader
+        of_reader = [place.setdefault(d, len(place)) for d in datasets]
+        self.names = list(place)
         self.of_reader = np.array(of_reader, np.intp)  # each reader's dataset
         self.perm = np.argsort(self.of_reader, kind="stable")
         counts = np.bincount(self.of_reader)
@@ -475,12 +474,6 @@ def _total(values: np.ndarray) -> float:
     return sum(values.tolist())
 
 
-# SimJob's and its spec's fields, read by the re-target's passes
-_SPEC, _DATASET, _SHARE, _IDEAL_IO, _IO_CAP, _SIZE, _NAME = map(
-    attrgetter, ("spec", "dataset", "share", "ideal_io", "io_cap", "size", "name")
-)
-
-
 class LruPool:
     """One LRU over the whole cluster cache, as the simulator runs it (Alluxio).
 
@@ -528,22 +521,25 @@ class LruPool:
         on moved; `sync` first brings every dataset's holding to now (what was fetched
         so far counts against the old targets)."""
         # Parallel lists, one place per reader (not a reader object each: this runs for
-        # every running job at every plan), each made by a pass in C. A reader's ceiling
-        # is its rate when IO does not hold it back: share x f* (SimJob.ideal_io is its
-        # spec's). `sizes` as the loop that set sizes[dataset] = job.size made it: in
-        # the order of each dataset's first reader, the last reader's size.
+        # every running job at every plan).
+        datasets: list[str] = []
+        ceilings: list[float] = []
+        io_caps: list[float | None] = []
         jobs = list(running)
-        datasets: list[str] = list(map(_DATASET, map(_SPEC, jobs)))
-        ceilings: list[float] = list(map(mul, map(_SHARE, jobs), map(_IDEAL_IO, jobs)))
-        io_caps: list[float | None] = list(map(_IO_CAP, jobs))
-        sizes: dict[str, float] = dict(zip(datasets, map(_SIZE, jobs), strict=True))
+        sizes: dict[str, float] = {}
+        for job in jobs:
+            spec = job.spec
+            datasets.append(spec.dataset)
+            ceilings.append(job.share * spec.ideal_io)  # its rate when IO does not hold it back
+            io_caps.append(job.io_cap)
+            sizes[spec.dataset] = job.size
         key = (datasets, ceilings, io_caps)
         if key == self.key:
             return
         self.key = key
         sync()
         old = self.rates
-        names = list(map(_NAME, jobs))
+        names = [job.name for job in jobs]
         start = [
             old.get(name) or (job.rate if job.rate > 0 else ceiling)
             for name, job, ceiling in zip(names, jobs, ceilings, strict=True)
