@@ -185,7 +185,7 @@ class Units:
                 return None
             if tied:
                 if self.arrays:
-                    ties = np.flatnonzero(t_cap == when).tolist()  # type: ignore[operator]
+                    ties = (t_cap == when).nonzero()[0].tolist()  # type: ignore[operator]
                 else:
                     ties = [j for j, t in enumerate(t_cap) if t == when]
                 for j in ties:
@@ -214,7 +214,7 @@ class Units:
         if self.arrays:
             if np.minimum.reduce(t_full) > late:  # (.min(), without its Python layer)
                 return []
-            return np.flatnonzero(t_full <= late).tolist()  # type: ignore[operator]
+            return (t_full <= late).nonzero()[0].tolist()  # type: ignore[operator]
         if min(t_full, default=math.inf) > late:
             return []
         return [i for i, t in enumerate(t_full) if t <= late]
