@@ -278,6 +278,33 @@ class Samples:
         return f"{fmt.format(self.median)} ({fmt.format(lo)}-{fmt.format(hi)})"
 
 
+def child_cpu(pid: int) -> float:
+    """CPU seconds (user + system) a child process has used so far."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def start_tls_home(pki: Path, cmd: list[str], port_file: Path) -> tuple[subprocess.Popen, int]:
+    """A CA in `pki` with node certificates "home" and "asker" (127.0.0.1), then `cmd`
+    started (a bench's home, writing its listening port to `port_file`) and its port.
+    The caller kills the child; one that dies or never says its port ends the bench."""
+    from silofs_ctl.certs_cmd import init_ca, node_cert
+
+    init_ca(str(pki))
+    node_cert(str(pki), "home", ["127.0.0.1"])
+    node_cert(str(pki), "asker", ["127.0.0.1"])
+    child = subprocess.Popen(cmd)
+    deadline = time.monotonic() + 30
+    while not port_file.exists() or not port_file.read_text():
+        if time.monotonic() > deadline or child.poll() is not None:
+            child.kill()
+            child.wait()
+            raise SystemExit("the home's listener did not start")
+        time.sleep(0.05)
+    return child, int(port_file.read_text())
+
+
 def load_average() -> str:
     with open("/proc/loadavg") as f:
         return " ".join(f.read().split()[:3])

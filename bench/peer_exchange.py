@@ -23,14 +23,17 @@ import argparse
 import os
 import resource
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
 
-from common import load_average  # also puts this checkout first on sys.path
+from common import (  # also puts this checkout first on sys.path
+    child_cpu,
+    load_average,
+    start_tls_home,
+)
 
 TARGET = (
     "/v1/peer/chunk?ds=s3%3A%2F%2Fbucket%2F&key=train%2F00001.bin&cid=%22abcdef0123456789%22"
@@ -65,12 +68,6 @@ def serve(pki: Path, size: int, port_file: Path) -> None:
         await serve_tls(sock, router, ctx, tls_limits=TLSLimits())
 
     trio.run(main)
-
-
-def child_cpu(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def run_once(pool: object, threads: int, per_thread: int, size: int) -> tuple[float, ...]:
@@ -118,29 +115,18 @@ def main() -> int:
     if args.serve:
         serve(Path(args.serve[0]), int(args.serve[1]), Path(args.serve[2]))
         return 0
-    from silofs_ctl.certs_cmd import init_ca, node_cert
-
     import silofs
     from silofs.node.peer_client import PeerPool, client_context
 
     print(f"load average {load_average()}; silofs from {Path(silofs.__file__).parent.parent}")
     with tempfile.TemporaryDirectory(prefix="silofs-bench-") as tmp:
         pki = Path(tmp)
-        init_ca(str(pki))
-        node_cert(str(pki), "home", ["127.0.0.1"])
-        node_cert(str(pki), "asker", ["127.0.0.1"])
         port_file = pki / "port"
         cmd = [sys.executable, __file__, "--serve", str(pki), str(args.size), str(port_file)]
         if args.tree:
             cmd += ["--tree", args.tree]
-        child = subprocess.Popen(cmd)
+        child, port = start_tls_home(pki, cmd, port_file)
         try:
-            deadline = time.monotonic() + 30
-            while not port_file.exists() or not port_file.read_text():
-                if time.monotonic() > deadline or child.poll() is not None:
-                    raise SystemExit("the home's listener did not start")
-                time.sleep(0.05)
-            port = int(port_file.read_text())
             pem, key, ca = (str(pki / n) for n in ("asker.pem", "asker.key", "ca.pem"))
             ctx = client_context(pem, key, ca)
             pool = PeerPool(f"tls://127.0.0.1:{port}", "127.0.0.1", port, ctx, "bench")

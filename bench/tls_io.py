@@ -34,14 +34,17 @@ import os
 import socket
 import ssl
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
 
-from common import load_average  # also puts this checkout first on sys.path
+from common import (  # also puts this checkout first on sys.path
+    child_cpu,
+    load_average,
+    start_tls_home,
+)
 
 from silofs.units import parse_size
 
@@ -109,12 +112,6 @@ def serve(pki: Path, size: int, port_file: Path, slice_bytes: int) -> None:
         threading.Thread(target=one, args=(conn,), daemon=True).start()
 
 
-def child_cpu(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--size", type=parse_size, default=128 << 10, help="answer body bytes")
@@ -128,27 +125,16 @@ def main() -> int:
     if args.serve:
         serve(Path(args.serve[0]), int(args.serve[1]), Path(args.serve[2]), int(args.serve[3]))
         return 0
-    from silofs_ctl.certs_cmd import init_ca, node_cert
-
     from silofs.node.peer_client import TLSPipe, client_context
 
     size = args.size
     print(f"load average {load_average()}; {size} bytes an answer")
     with tempfile.TemporaryDirectory(prefix="silofs-bench-") as tmp:
         pki = Path(tmp)
-        init_ca(str(pki))
-        node_cert(str(pki), "home", ["127.0.0.1"])
-        node_cert(str(pki), "asker", ["127.0.0.1"])
         port_file = pki / "port"
-        child = subprocess.Popen([sys.executable, __file__, "--serve", tmp, str(size),
-                                  str(port_file), str(args.slice)])  # fmt: skip
+        cmd = [sys.executable, __file__, "--serve", tmp, str(size), str(port_file), str(args.slice)]
+        child, port = start_tls_home(pki, cmd, port_file)
         try:
-            deadline = time.monotonic() + 30
-            while not port_file.exists() or not port_file.read_text():
-                if time.monotonic() > deadline or child.poll() is not None:
-                    raise SystemExit("the home did not start")
-                time.sleep(0.05)
-            port = int(port_file.read_text())
             ctx = client_context(*(str(pki / n) for n in ("asker.pem", "asker.key", "ca.pem")))
             view = memoryview(bytearray(size))
 
