@@ -3,10 +3,11 @@
 Owns: the round (reload the jobs file, observe every node and ask slurmctld in
 parallel, plan when the set of jobs changed or the interval passed, push, feed the
 queue's SJF order back to Slurm), which nodes are down or refused, what each node last
-accepted, and the long-running loop. The pieces live next to it: controller_config.py
-(settings, jobs file), nodes.py (the node client), observe.py (statuses, rates),
-slurm.py (squeue, scontrol), plan.py (policy -> per-node allocations, queue order),
-push.py (sending them).
+accepted, the link a silent node may still be using (its last allocations, reserved
+until it answers again), and the long-running loop. The pieces live next to it:
+controller_config.py (settings, jobs file), nodes.py (the node client), observe.py
+(statuses, rates), slurm.py (squeue, scontrol), plan.py (policy -> per-node
+allocations, queue order), push.py (sending them).
 Never: schedules GPUs (jobs are started by whatever runs them; their GPUs and nodes are
 facts here; Slurm's priority is a hint Slurm weighs), talks to a daemon except through a
 NodeClient, or lets one node's failure, slurmctld being down or one bad round stop the
@@ -21,10 +22,11 @@ import threading
 import time
 from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 
 from silofs.records import shown
-from silofs.units import count, format_size
+from silofs.units import count, format_rate, format_size
 
 from .controller_config import ControllerConfig, JobEntry, load_jobs_file
 from .nodes import ClientFactory, NodeError, socket_clients
@@ -65,6 +67,14 @@ class Controller:
         # (said once per size: _check_budget)
         self.oversized: dict[str, float] = {}
         self.pushed: Pushed = {}
+        # Each node's status as last seen, and the IO last planned for it: what a node
+        # that stops answering may go on enforcing (_hold).
+        self.last_seen: dict[str, NodeSeen] = {}
+        self.last_io: dict[str, dict[str, int | None]] = {}
+        # Silent nodes -> {job: bytes/s}: the IO allocations a node held when it stopped
+        # answering. It may still serve and enforce them (only the control connection
+        # may be down), so the plan divides the link minus these until it answers again.
+        self.reserved: dict[str, dict[str, float]] = {}
         self.entries: list[JobEntry] = []
         # (mtime, size) of the jobs file as last read; None: missing; "" : never looked
         self.jobs_stamp: tuple | str | None = ""
@@ -83,8 +93,11 @@ class Controller:
                 self._node_down(name, str(exc))
                 continue
             if name in self.down:
-                log.warning("node %s is back", name)
+                freed = self.reserved.pop(name, None)
+                ends = f" (its reserved {format_rate(sum(freed.values()))} ends)" if freed else ""
+                log.warning("node %s is back%s", name, ends)
                 del self.down[name]
+            self.last_seen[name] = seen[name]
             self._check_budget(name, seen[name])
         self.rates.update(seen, time.monotonic())
         return seen
@@ -110,8 +123,36 @@ class Controller:
     def _node_down(self, name: str, why: str) -> None:
         if self.down.get(name) != why:
             log.warning("node %s: %s (will retry)", name, why)
+        if name not in self.down:
+            self._hold(name)
         self.down[name] = why
         self.pushed.pop(name, None)  # it may come back without them: push all again
+
+    def _hold(self, name: str) -> None:
+        """Reserve what a node that just stopped answering may go on fetching: per job
+        it ran or was planned, the larger of what it last reported and what it last
+        accepted from us. Unthrottled (null) allocations cannot be bounded and are not
+        reserved (with a finite link the controller pushes none). Said once."""
+        status = self.last_seen.get(name)
+        memory = self.pushed.get(name, {})
+        jobs = set(status.jobs if status else ()) | set(self.last_io.get(name, {}))
+        held: dict[str, float] = {}
+        for job in sorted(jobs):
+            seen_job = status.jobs.get(job) if status else None
+            known = [seen_job.allocation if seen_job else None, memory.get(("io", job))]
+            rates = [float(r) for r in known if r is not None and r >= 0]
+            if rates:
+                held[job] = max(rates)
+        if not held:
+            return
+        self.reserved[name] = held
+        log.warning(
+            "node %s: not answering; the %s of IO it was last allocated (%s) stays reserved "
+            "on the link until it answers again or is removed from the config",
+            name,
+            format_rate(sum(held.values())),
+            ", ".join(f"{shown(job)} {format_rate(rate)}" for job, rate in held.items()),
+        )
 
     def reload_jobs(self) -> bool:
         """Re-read the jobs file if it changed; a broken file keeps the last good one."""
@@ -167,13 +208,14 @@ class Controller:
         now = time.monotonic()
         if not force and signature == self.signature and now < self.next_round:
             return None
-        plan = plan_allocations(self.config, entries, seen, self.rates.ideal, queue)
+        plan = plan_allocations(self._plan_config(), entries, seen, self.rates.ideal, queue)
         self.signature, self.next_round = signature, now + self.config.interval
         if self.slurm and self.slurm.config.priority != "off":
             self.feed_priorities(plan, dry_run=dry_run)
         if dry_run:
             return plan
         report = push_plan(plan, self.clients, seen, self.pool, self.pushed)
+        self.last_io.update({node: dict(plan.io.get(node, {})) for node in seen})
         self.refused = {}
         for node, why in report.failed.items():
             if node not in report.unreachable:
@@ -187,6 +229,13 @@ class Controller:
         if report.pushed:
             log.info("pushed %s", count(report.pushed, "allocation change"))
         return plan
+
+    def _plan_config(self) -> ControllerConfig:
+        """The config the plan divides: the link less what silent nodes may still use."""
+        held = sum(r for node in self.reserved.values() for r in node.values())
+        if not held:
+            return self.config
+        return replace(self.config, remote_io=max(0.0, self.config.remote_io - held))
 
     def ask_slurm(self) -> list[SlurmJob]:
         """slurmctld's pending and running jobs; none (logged once) when it does not
@@ -274,8 +323,12 @@ class Controller:
 
     @property
     def not_updated(self) -> dict[str, str]:
-        """Nodes whose allocations may not be what the last plan says."""
-        return {**self.refused, **self.down}
+        """Nodes whose allocations may not be what the last plan says (a silent node's
+        line says what of the link it keeps reserved)."""
+        down = dict(self.down)
+        for node, held in self.reserved.items():
+            down[node] += f" (its last {format_rate(sum(held.values()))} reserved on the link)"
+        return {**self.refused, **down}
 
     def run(self) -> None:
         while not self.stop.is_set():

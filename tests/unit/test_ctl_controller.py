@@ -27,6 +27,8 @@ from silofs_ctl.plan import Plan, plan_allocations
 from silofs_ctl.push import push_plan
 from silofs_ctl.tomlcheck import ConfigError
 
+from silofs.units import format_rate
+
 MB, GB, TB = 10**6, 10**9, 10**12
 IMAGENET = "s3://data/imagenet/"
 WIKI = "s3://data/wiki/"
@@ -872,3 +874,68 @@ def test_a_config_cache_larger_than_the_nodes_is_said_once(
         "node n1: cache = 1.8TiB in the config is more than the daemon's cache "
         "(931.3GiB): planning with the daemon's"
     ]
+
+
+def link_sum(nodes: dict[str, FakeNode]) -> float:
+    """What the nodes enforce now, all together: the link's load at worst."""
+    return sum(j["io_allocation"] or 0 for n in nodes.values() for j in n.jobs.values())
+
+
+def test_a_silent_node_keeps_its_last_allocations_reserved_on_the_link(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """n2 stops answering the controller but still serves, enforcing what it was last
+    pushed: the next plan divided the whole link among n1's jobs (80.2 MB/s for dist on
+    n1 + 19.8 for local, with n2's 42.8 still fetched: 143 MB/s on a 100 MB/s link)."""
+    nodes = two_nodes()
+    ctl = controller(nodes, config(), ENTRIES)
+    ctl.round(force=True)
+    assert link_sum(nodes) == pytest.approx(100 * MB, abs=3)
+    held = nodes["n2"].jobs["dist"]["io_allocation"]
+    assert held > 30 * MB
+    nodes["n2"].down = True  # to the controller only: it keeps enforcing `held`
+    with caplog.at_level(logging.WARNING, logger="silofs_ctl.controller"):
+        assert ctl.round() is not None  # n2 going silent re-plans by itself
+        ctl.round(force=True)
+    assert nodes["n2"].jobs["dist"]["io_allocation"] == held
+    assert link_sum(nodes) <= 100 * MB + 3
+    assert ctl.reserved == {"n2": {"dist": held}}
+    said = [r.getMessage() for r in caplog.records if "reserved" in r.getMessage()]
+    assert len(said) == 1 and "n2" in said[0] and format_rate(held) in said[0]
+    assert f"its last {format_rate(held)} reserved" in ctl.not_updated["n2"]
+    # the rest of the link is still divided: n1's jobs get what n2 does not hold
+    n1 = sum(j["io_allocation"] for j in nodes["n1"].jobs.values())
+    assert n1 == pytest.approx(100 * MB - held, abs=3)
+
+
+def test_a_silent_node_that_answers_again_gets_its_new_plan_and_frees_its_reservation(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    nodes = two_nodes()
+    ctl = controller(nodes, config(), ENTRIES)
+    ctl.round(force=True)
+    nodes["n2"].down = True
+    ctl.round(force=True)
+    assert "n2" in ctl.reserved
+    # while it was silent, its job moved on: it reads from cache now and needs less
+    nodes["n2"].jobs.pop("dist")
+    nodes["n2"].add_job("other", IMAGENET)
+    nodes["n2"].jobs["other"]["io_allocation"] = None
+    nodes["n2"].down = False
+    with caplog.at_level(logging.WARNING, logger="silofs_ctl.controller"):
+        assert ctl.round() is not None
+    assert ctl.reserved == {}
+    assert any("n2" in r.getMessage() and "back" in r.getMessage() for r in caplog.records)
+    # it got the new plan, and the whole link is divided again over what runs now
+    assert nodes["n2"].jobs["other"]["io_allocation"] is not None
+    assert link_sum(nodes) == pytest.approx(100 * MB, abs=3)
+
+
+def test_a_node_silent_from_the_start_reserves_nothing() -> None:
+    nodes = two_nodes()
+    nodes["n2"].down = True
+    ctl = controller(nodes, config(), ENTRIES)
+    ctl.round(force=True)
+    assert ctl.reserved == {}
+    n1 = sum(j["io_allocation"] for j in nodes["n1"].jobs.values())
+    assert n1 == pytest.approx(100 * MB, abs=3)
