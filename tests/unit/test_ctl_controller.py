@@ -24,7 +24,7 @@ from silofs_ctl.controller_config import (
 from silofs_ctl.nodes import NodeError
 from silofs_ctl.observe import NodeSeen, RateTracker, parse_status
 from silofs_ctl.plan import Plan, plan_allocations
-from silofs_ctl.push import push_plan
+from silofs_ctl.push import PushReport, push_plan
 from silofs_ctl.tomlcheck import ConfigError
 
 from silofs.units import format_rate
@@ -939,3 +939,106 @@ def test_a_node_silent_from_the_start_reserves_nothing() -> None:
     assert ctl.reserved == {}
     n1 = sum(j["io_allocation"] for j in nodes["n1"].jobs.values())
     assert n1 == pytest.approx(100 * MB, abs=3)
+
+
+def test_a_node_refusing_a_shrink_does_not_take_the_link_over_its_total(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """n1 answers but refuses lowering its job's IO: it goes on enforcing the old, larger
+    rate, so the grows the plan gave the difference to (n2's job) must give it back in
+    that very round, and in every round it goes on refusing."""
+    n1, n2 = FakeNode("n1", 1 * TB), FakeNode("n2", 1 * TB)
+    n1.add_dataset(IMAGENET, 1300 * GB)
+    n1.add_job("big", IMAGENET)
+    n2.add_dataset(WIKI, 100 * GB)
+    n2.add_job("small", WIKI)
+    nodes = {"n1": n1, "n2": n2}
+    entries = [
+        JobEntry("big", IMAGENET, gpus=4, ideal_io=912 * MB),
+        JobEntry("small", "wiki", gpus=4, ideal_io=20 * MB),
+    ]
+    ctl = controller(nodes, config(), entries)
+    ctl.round(force=True)
+    assert link_sum(nodes) == pytest.approx(100 * MB, abs=3)
+    enforced = n1.jobs["big"]["io_allocation"]
+    assert enforced > 50 * MB
+
+    def refuse(job: str, rate: int | None) -> None:
+        current = n1.jobs[job]["io_allocation"]
+        if rate is None or current is None or rate < current:
+            raise NodeError("bytes_per_s: out of range", unreachable=False)
+        n1.jobs[job]["io_allocation"] = rate
+
+    n1.put_io = refuse  # type: ignore[method-assign]
+    # the jobs swap needs: the plan moves most of big's share to small
+    ctl.entries = [
+        JobEntry("big", IMAGENET, gpus=4, ideal_io=20 * MB),
+        JobEntry("small", "wiki", gpus=4, ideal_io=912 * MB),
+    ]
+    with caplog.at_level(logging.WARNING, logger="silofs_ctl.push"):
+        for _ in range(3):
+            plan = ctl.round(force=True)
+            assert plan is not None and plan.io["n1"]["big"] < enforced
+            assert n1.jobs["big"]["io_allocation"] == enforced  # refused: still enforced
+            assert "out of range" in ctl.refused["n1"]
+            assert link_sum(nodes) <= 100 * MB + 3
+    # what the link allows still goes out: small gets the rest of it
+    assert n2.jobs["small"]["io_allocation"] == pytest.approx(100 * MB - enforced, abs=3)
+    said = [r.getMessage() for r in caplog.records if "link" in r.getMessage()]
+    assert said and "n1" in said[0]
+    # once the shrink lands, small gets its whole planned share
+    del n1.put_io
+    plan = ctl.round(force=True)
+    assert plan is not None and ctl.refused == {}
+    assert n2.jobs["small"]["io_allocation"] == int(plan.io["n2"]["small"])
+    assert link_sum(nodes) <= 100 * MB + 3
+
+
+class ShrinkRefusingNode(FakeNode):
+    """Refuses every IO update that lowers a job's allocation (or ends unthrottled)."""
+
+    def put_io(self, job: str, rate: int | None) -> None:
+        current = self.jobs[job]["io_allocation"] if job in self.jobs else -1
+        if rate is not None and (current is None or 0 <= rate < current):
+            raise NodeError("bytes_per_s: out of range", unreachable=False)
+        super().put_io(job, rate)
+
+
+def _push(plan: Plan, nodes: dict[str, FakeNode]) -> PushReport:
+    seen = {name: parse_status(name, node.status()) for name, node in nodes.items()}
+    with ThreadPoolExecutor(2) as pool:
+        return push_plan(plan, dict(nodes), seen, pool)
+
+
+def test_an_unthrottled_job_refusing_its_shrink_withholds_every_io_grow() -> None:
+    n1, n2 = ShrinkRefusingNode("n1", 1 * TB), FakeNode("n2", 1 * TB)
+    n1.add_job("wild", IMAGENET, io_allocation=None)
+    n2.add_job("tame", WIKI, io_allocation=10 * MB)
+    plan = Plan(cache={}, io={"n1": {"wild": 50 * MB}, "n2": {"tame": 50 * MB}}, jobs=[])
+    report = _push(plan, {"n1": n1, "n2": n2})
+    # nothing bounds what wild fetches: no grow can be paid for
+    assert n2.jobs["tame"]["io_allocation"] == 10 * MB and n2.puts == []
+    assert "out of range" in report.failed["n1"] and report.held_back == 40 * MB
+
+
+def test_a_node_lost_before_its_shrink_landed_holds_back_the_grows_it_paid_for() -> None:
+    n1, n2 = FakeNode("n1", 1 * TB), FakeNode("n2", 1 * TB)
+    n1.add_job("big", IMAGENET, io_allocation=80 * MB)
+    n2.add_job("small", WIKI, io_allocation=20 * MB)
+    n2.add_job("new", WIKI)
+    del n2.jobs["new"]  # planned there, no mount yet: holds no allocation
+
+    def lost(job: str, rate: int | None) -> None:
+        raise NodeError("the silofs daemon at /run/n1.sock did not answer")
+
+    n1.put_io = lost  # type: ignore[method-assign]
+    plan = Plan(
+        cache={}, io={"n1": {"big": 20 * MB}, "n2": {"small": 50 * MB, "new": 30 * MB}}, jobs=[]
+    )
+    report = _push(plan, {"n1": n1, "n2": n2})
+    assert report.unreachable == {"n1"}
+    # big may go on at 80: the grows (30 for small, 30 for new) give back its 60
+    # (small keeps its 20, so is not pushed); a job with no allocation yet still gets
+    # one, 0 here: left unset it would mount unthrottled
+    assert n2.puts == [("io", "new", 0)]
+    assert report.held_back == pytest.approx(60 * MB, abs=2)
