@@ -131,7 +131,8 @@ def served_generations(
     """The generations of dataset `dsid` a new listing must not delete: the current one,
     and every one from the oldest a mount said within SERVED_GEN_SECONDS it serves. A
     mount moves to a new generation only when it next reads the record (its report loop),
-    so one that said N-1 may be on N-1 or N by now: all between are kept."""
+    so one that said N-1 may be on N-1 or N by now: all between are kept. With serving
+    processes, also the generations a mount said its open handles were opened in."""
     if current is None:
         return set()
     said = [
@@ -140,7 +141,16 @@ def served_generations(
         if m.dsid == dsid and m.gen is not None and now - m.gen_seen <= SERVED_GEN_SECONDS
     ]
     oldest = min((g for g in said if g <= current), default=current)
-    return set(range(oldest, current + 1))
+    # The generations open handles were opened in: only those (a handle open across many
+    # refreshes keeps its own generation, not every one since).
+    held = (
+        g
+        for m in mounts
+        if m.dsid == dsid and now - m.held_seen <= SERVED_GEN_SECONDS
+        for g in m.held
+        if g <= current
+    )
+    return set(range(oldest, current + 1)).union(held)
 
 
 class Catalog:
