@@ -15,7 +15,7 @@ from pathlib import Path
 import trio
 
 from silofs.node.daemon import Daemon
-from silofs.node.datasets import SERVED_GEN_SECONDS, served_generations
+from silofs.node.datasets import KEPT_GENERATIONS, SERVED_GEN_SECONDS, served_generations
 from silofs.node.state import GEN_SETTLE_SECONDS, MountState
 from tests.unit.test_routes_access import ROOT, Call, _ready, run_routes
 
@@ -142,3 +142,22 @@ def test_a_refresh_keeps_the_generation_of_a_handle_still_open(tmp_path: Path, w
             assert s == 400, (bad, body)
 
     run_routes(tmp_path, test)
+
+
+def test_kept_generations_are_bounded_whatever_mounts_say() -> None:
+    """A mount's report is its word: one that says a generation long gone (stuck, or
+    hostile), or handles opened in many, kept every listing since, each a whole
+    listing's rows, until the env was full. At most KEPT_GENERATIONS before the current
+    one are kept (a real mount follows within a report period)."""
+    now = 1000.0
+    stuck = MountState("s", "j", 1, "/s", 1, 0, 1 << 20)
+    stuck.gen, stuck.gen_seen = 0, now
+    current = 10**6
+    keep = served_generations([stuck], 1, current, now)
+    assert keep == set(range(current - KEPT_GENERATIONS, current + 1))
+    holding = MountState("h", "j", 1, "/h", 1, 0, 1 << 20)
+    holding.gen, holding.gen_seen = current, now
+    holding.held, holding.held_seen = frozenset({1, 2, current - 3}), now
+    assert served_generations([holding], 1, current, now) == {current - 3, current}
+    holding.held_seen = now - SERVED_GEN_SECONDS - 1  # silent for too long
+    assert served_generations([holding], 1, current, now) == {current}
