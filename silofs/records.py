@@ -49,6 +49,11 @@ class PrefixListed:
     done: bool = False
 
 
+# The generations one mount report may say its open handles need (`held`: the daemon
+# keeps them, node/datasets.py served_generations); a mount sends the newest this many.
+MAX_HELD = 1024
+
+
 @dataclass
 class MountCounters:
     """Cumulative counters a mount process reports; the daemon keeps the last report."""

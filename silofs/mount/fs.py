@@ -485,6 +485,20 @@ class SilofsFS(pyfuse3.Operations):
         finally:
             sh.unlock_versions()
 
+    def _not_looked_up(self, kino: int) -> None:
+        """A reply counted (_looked_up) was not sent after all: one lookup fewer, as a
+        FORGET of it would."""
+        if self.shared is None:
+            self._forget([(kino, 1)])
+            return
+        self.shared.lock_versions()
+        try:
+            self._load_versions()
+            self._forget([(kino, 1)])
+            self._store_versions()
+        finally:
+            self.shared.unlock_versions()
+
     def _listing_ino(self, kino: int) -> int:
         """The listing inode of a number the kernel knows or knew a path by."""
         return self._iv.real.get(kino) or self._iv.retired.get(kino) or kino
@@ -910,10 +924,19 @@ class SilofsFS(pyfuse3.Operations):
                 if child is None:
                     continue  # a collision-free index never gets here
                 attr = self._build_attr(child)
+            # A fresh number is counted before the reply names it (the kernel counts a
+            # lookup once it is in the buffer): counted after, a FORGET of its earlier
+            # lookups in another serving process meanwhile gave it back, and the kernel
+            # held a number no process answered. Taken back meanwhile: the path's own.
+            while self._iv.real and not self._looked_up(attr.st_ino):
+                if child is None:
+                    child = h.listing.get(txn, ino)
+                assert child is not None
+                attr = self._build_attr(child)
             if not pyfuse3.readdir_reply(token, name, attr, pos + 1):
+                if attr.st_ino in self._iv.real:
+                    self._not_looked_up(attr.st_ino)  # not sent: the count given back
                 break
-            if self._iv.real:
-                self._looked_up(attr.st_ino)
             pos += 1
             h.pos, h.key = pos, key
             recent.append(key)

@@ -53,7 +53,7 @@ from silofs.mount.reader import ChunkReader, MissError
 from silofs.mount.shared import SharedTables
 from silofs.mount.survive import unforeseen
 from silofs.mountinfo import fuse_device_refusal, mounts
-from silofs.records import MountCounters
+from silofs.records import MAX_HELD, MountCounters
 from silofs.units import count
 
 log = logging.getLogger(__name__)
@@ -750,6 +750,12 @@ class MountProcess:
         if self.fs is not None and self.fs.listing.gen is not None:
             # The generation this process serves: the daemon keeps it until it moves on.
             body["gen"] = self.fs.listing.gen
+        if self.shared is not None:
+            # Another serving process reads a handle's entry from the generation it was
+            # opened in (fs.py _adopt): deleted, a read of it there was EIO. The newest
+            # MAX_HELD if ever more (the daemon's limit).
+            held = sorted(self.shared.open_generations() - {body.get("gen")})
+            body["held"] = held[-MAX_HELD:]
         try:
             answer = await self.client.json("PUT", f"/v1/mounts/{self.mount_id}/stats", body)
             self.reader.track_hits = answer.get("admission") == "lru"

@@ -310,6 +310,25 @@ class SharedTables:
             pos = mem.find(used, pos + _SLOT.size, end)
         return out
 
+    def open_generations(self) -> set[int]:
+        """The listing generations of the files open in any process: a process that never
+        saw a handle reads its entry from the generation it was opened in (fs.py _adopt),
+        so the mount reports these and the daemon keeps them (node/datasets.py
+        served_generations). The same scan as open_versions, once per report."""
+        out: set[int] = set()
+        mem, end = self.mem, self._dirs_at
+        used = bytes([_FILE])
+        pos = mem.find(used, 0, end)
+        while pos != -1:
+            if pos % _SLOT.size:
+                pos = mem.find(used, pos + _SLOT.size - pos % _SLOT.size, end)
+                continue
+            state, _, gen, _, _, _, _, _ = _SLOT.unpack_from(mem, pos)
+            if state == _FILE:
+                out.add(gen)
+            pos = mem.find(used, pos + _SLOT.size, end)
+        return out
+
     # -- versions ------------------------------------------------------------------------
     def versions_stamp(self) -> tuple[int, int]:
         """(sequence number, newest generation): read without the lock, as a hint that

@@ -125,13 +125,23 @@ def refresh_wait(listed_at: float | None, now: float, interval: float) -> float:
 SERVED_GEN_SECONDS = 60.0
 
 
+# At most this many generations before the current one are kept for mounts: a mount
+# that says a generation long gone (a stuck or hostile one: reports are a mount's word),
+# or handles opened in many, must not keep every listing since, each a whole listing's
+# rows, until the cache's env is full. A mount follows a new listing within a report
+# period, so a real one is never this far behind; past it the oldest go (said in the
+# log): a read needing one is EIO, never another version's bytes.
+KEPT_GENERATIONS = 16
+
+
 def served_generations(
     mounts: Iterable[MountState], dsid: int, current: int | None, now: float
 ) -> set[int]:
     """The generations of dataset `dsid` a new listing must not delete: the current one,
     and every one from the oldest a mount said within SERVED_GEN_SECONDS it serves. A
     mount moves to a new generation only when it next reads the record (its report loop),
-    so one that said N-1 may be on N-1 or N by now: all between are kept."""
+    so one that said N-1 may be on N-1 or N by now: all between are kept. With serving
+    processes, also the generations a mount said its open handles were opened in."""
     if current is None:
         return set()
     said = [
@@ -140,7 +150,28 @@ def served_generations(
         if m.dsid == dsid and m.gen is not None and now - m.gen_seen <= SERVED_GEN_SECONDS
     ]
     oldest = min((g for g in said if g <= current), default=current)
-    return set(range(oldest, current + 1))
+    # The generations open handles were opened in: only those (a handle open across many
+    # refreshes keeps its own generation, not every one since).
+    held = {
+        g
+        for m in mounts
+        if m.dsid == dsid and now - m.held_seen <= SERVED_GEN_SECONDS
+        for g in m.held
+        if g <= current
+    }
+    floor = current - KEPT_GENERATIONS
+    need = min(oldest, min(held, default=oldest))
+    if need < floor:
+        log.warning(
+            "dataset %d: mounts say they need generation %d, more than %d before the "
+            "current %d: only the last %d are kept",
+            dsid,
+            need,
+            KEPT_GENERATIONS,
+            current,
+            KEPT_GENERATIONS,
+        )
+    return set(range(max(oldest, floor), current + 1)).union(g for g in held if g >= floor)
 
 
 class Catalog:

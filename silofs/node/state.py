@@ -114,6 +114,11 @@ class MountState:
     # not said yet (or a mount from before mounts said it).
     gen: int | None = None
     gen_seen: float = 0.0
+    # With serving processes: the generations the mount's open handles were opened in
+    # (another process reads a handle's entry from its own: mount/fs.py _adopt), as its
+    # last report said them, and when; kept by a new listing as `gen` is.
+    held: frozenset[int] = frozenset()
+    held_seen: float = 0.0
 
     def said_gen(self, gen: int, now: float) -> None:
         """A report says the mount serves listing generation `gen`. The mount's serving

@@ -283,6 +283,10 @@ def mount_view(d: Daemon, m: MountState) -> dict[str, Any]:
         "corrupt_chunks": r.corrupt_chunks,
         # Reads that waited and ended with EINTR: their process was gone or told to stop.
         "interrupted_reads": r.interrupted_reads,
+        # The listing generation it said it serves and those its open handles need: a
+        # new listing keeps them (node/datasets.py served_generations).
+        "generation": m.gen,
+        "held_generations": sorted(m.held),
         "memory": process_memory(m.pid),
         "prefetch": d.prefetch.hints[m.id].view() if m.id in d.prefetch.hints else None,
     }

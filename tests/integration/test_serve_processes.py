@@ -149,6 +149,48 @@ def test_a_refresh_while_files_are_open_keeps_each_handle_at_its_version(
     assert f.read_bytes() == new
 
 
+def test_an_open_handle_reads_its_version_in_every_process_refreshes_later(
+    make_node, local_store, monkeypatch, bucket_name, tmp_path: Path
+) -> None:
+    """A handle of a file a refresh changed, read by a serving process that never saw
+    it, is served from the entry of the generation it was opened in (mount/fs.py
+    _adopt). That generation was deleted by the second listing after (the mount said
+    only the one it serves), and such a read was EIO; mounts now say the generations
+    their open handles need, which the daemon keeps while they are open."""
+    rnd = random.Random(17)
+    old, new = rnd.randbytes(CHUNK), rnd.randbytes(CHUNK)
+    local_store.apply_env(monkeypatch)
+    local_store.create(bucket_name, {"f.bin": old, "g.bin": b"0"})
+    uri = local_store.uri(bucket_name)
+    node = make_node()
+    node.expect_errors(r"changed since (this mount listed it|listing)")
+    a = node.mount(uri, tmp_path / "a", "--chunk-size", "256K", "--serve-processes", "3")
+    ds = node.request("POST", "/v1/datasets", {"uri": uri})
+    fds = [os.open(a / "f.bin", os.O_RDONLY) for _ in range(9)]  # opened in any process
+    try:
+        assert os.pread(fds[0], CHUNK, 0) == old  # the old version's chunk: in the cache
+        for i in range(1, 4):  # three refreshes: the first changes f.bin
+            if i == 1:
+                local_store.put(bucket_name, "f.bin", new)
+            local_store.put(bucket_name, "g.bin", str(i).encode())
+            node.request("POST", "/v1/datasets", {"uri": uri, "refresh": True})
+            wait_for(
+                lambda i=i: node.request("GET", f"/v1/datasets/{ds['id']}")["generation"] == i + 1,
+                what=f"listing {i + 1}",
+            )
+            # Every serving process moved (the daemon keeps the oldest any says): the
+            # next listing deletes what they left.
+            wait_for(lambda i=i: node.mount_status(a)["generation"] == i + 1, what="its report")
+        assert (a / "f.bin").read_bytes() == new
+        for _ in range(3):
+            for fd in fds:  # its pages dropped: each read reaches one of the processes
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+                assert os.pread(fd, CHUNK, 0) == old
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
 def test_unmount_ends_every_process(
     make_node, local_store, monkeypatch, bucket_name, tmp_path: Path
 ) -> None:

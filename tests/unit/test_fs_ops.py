@@ -1206,3 +1206,85 @@ def test_a_path_listed_on_a_number_in_use_for_another_version_gets_its_own(
         await m.fs.release(fh)
 
     run(test)
+
+
+def test_a_readdirplus_entry_s_number_is_counted_before_another_process_forgets_it(
+    run_processes: Callable[..., None], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """READDIRPLUS names a path's fresh number (the kernel counts a lookup of it); the
+    kernel's FORGET of its earlier lookups reaches another serving process while the
+    entry is being replied. The number was counted only after the reply: the FORGET
+    took its count to nothing and gave it back, and the kernel held a number no process
+    answered (ENOENT), which a later fresh number could be given again. Counted first,
+    it stays the path's while the kernel holds it."""
+
+    async def test(p: Processes) -> None:
+        big = OBJECTS[1]
+        ino = (await p.one.path(big.key)).st_ino
+        fh = await p.one.open(big.key)
+        new = obj(big.key, CS + 7, "v2")
+        p.one.daemon.objects[(big.key, "v2")] = payload(big.key, new.size, "v2")
+        p.relist([o if o.key != big.key else new for o in OBJECTS])
+        fresh = (await p.two.path(big.key)).st_ino  # the kernel holds one lookup of it
+        assert fresh != ino
+        await p.one.fs.release(fh)
+        await p.one.fs.forget([(ino, 1)])  # the old number: done with
+        d = (await p.two.path("dir")).st_ino
+        dfh = await p.two.fs.opendir(d, None)  # type: ignore[arg-type]
+        named: list[int] = []
+
+        def reply(token: Any, name: bytes, attr: pyfuse3.EntryAttributes, next_id: int) -> bool:
+            named.append(attr.st_ino)
+            if attr.st_ino == fresh:  # its FORGET, in the other process, meanwhile
+                one, sh = p.one.fs, p.one.fs.shared
+                assert sh is not None
+                one._sync_shared()
+                sh.lock_versions()
+                try:
+                    one._load_versions()
+                    one._forget([(fresh, 1)])
+                    one._store_versions()
+                finally:
+                    sh.unlock_versions()
+            return True
+
+        monkeypatch.setattr(pyfuse3, "readdir_reply", reply)
+        await p.two.fs.readdir(dfh, 0, None)  # type: ignore[arg-type]
+        assert fresh in named
+        for m in (p.one, p.two):  # the number the reply named: answered, in either
+            a = await m.fs.getattr(fresh, None)  # type: ignore[arg-type]
+            assert (a.st_ino, a.st_size) == (fresh, new.size)
+        await p.one.fs.forget([(fresh, 1)])  # the readdir's lookup: the path's own again
+        assert (await p.two.path(big.key)).st_ino == ino
+
+    run_processes(test)
+
+
+def test_a_readdirplus_entry_the_buffer_refused_is_not_counted(
+    run: Callable[..., None], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A fresh number is counted before its entry is replied: an entry the kernel's
+    buffer had no room for gives its count back (else the number outlived the kernel's
+    last FORGET of it, the path never getting its own number again)."""
+    replies, room = _kernel_buffer(monkeypatch, 0)
+
+    async def test(m: Mount) -> None:
+        big = OBJECTS[1]
+        ino = (await m.path(big.key)).st_ino
+        fh = await m.open(big.key)
+        v2 = obj(big.key, CS + 7, "v2")
+        m.daemon.objects[(big.key, "v2")] = payload(big.key, v2.size, "v2")
+        m.relist([o if o.key != big.key else v2 for o in OBJECTS])
+        fresh = (await m.path(big.key)).st_ino  # one lookup the kernel holds
+        assert fresh != ino
+        await m.fs.release(fh)
+        await m.fs.forget([(ino, 1)])
+        d = (await m.path("dir")).st_ino
+        dfh = await m.fs.opendir(d, None)  # type: ignore[arg-type]
+        room[0] = 2  # the dots only: dir/big.bin, the first entry, refused
+        await m.fs.readdir(dfh, 0, None)  # type: ignore[arg-type]
+        assert [n for n, _ in replies] == [b".", b".."]
+        await m.fs.forget([(fresh, 1)])  # the one lookup the kernel had
+        assert (await m.path(big.key)).st_ino == ino  # the path's own number again
+
+    run(test)

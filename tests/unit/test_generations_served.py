@@ -15,7 +15,7 @@ from pathlib import Path
 import trio
 
 from silofs.node.daemon import Daemon
-from silofs.node.datasets import SERVED_GEN_SECONDS, served_generations
+from silofs.node.datasets import KEPT_GENERATIONS, SERVED_GEN_SECONDS, served_generations
 from silofs.node.state import GEN_SETTLE_SECONDS, MountState
 from tests.unit.test_routes_access import ROOT, Call, _ready, run_routes
 
@@ -106,3 +106,58 @@ def test_the_oldest_generation_a_mounts_processes_say_is_the_one_kept() -> None:
     assert m.gen == 5
     m.said_gen(3, 200.0)  # an older one is kept at once (a restarted process)
     assert m.gen == 3
+
+
+def test_a_refresh_keeps_the_generation_of_a_handle_still_open(tmp_path: Path, world: Path) -> None:
+    """--serve-processes: a handle another process opened is read, in a process that
+    never saw it, from the generation it was opened in (mount/fs.py _adopt). A file
+    changed by a refresh, its old version open: two refreshes later that generation was
+    deleted under it, and a read served by another process was EIO. The mount says the
+    generations its open handles need (`held`); they are kept, and only they."""
+    (world / "data").mkdir()
+    (world / "data" / "a").write_bytes(b"a")
+    uri = str(world / "data")
+
+    async def test(d: Daemon, call: Call) -> None:
+        ds = await _ready(call, ROOT, uri)
+        reg = {"dataset": ds["id"], "job": "j", "mountpoint": "/m"}
+        s, m = await call(ROOT, "POST", "/v1/mounts", reg)
+        assert s == 201, m
+        stats = f"/v1/mounts/{m['id']}/stats"
+        for gen in (2, 3, 4):
+            await _refreshed(call, uri, gen)
+            d.mounts[m["id"]].gen_seen -= GEN_SETTLE_SECONDS + 0.1
+            s, body = await call(ROOT, "PUT", stats, _counters(gen=gen, held=[1]))
+            assert s == 200, body
+        await _refreshed(call, uri, 5)
+        assert d.store.get_object(ds["id"], "a", 1) is not None  # the open handle's
+        for gen in (2, 3):  # no one's: not kept (a handle open for days keeps its own)
+            assert d.store.get_object(ds["id"], "a", gen) is None, gen
+        s, body = await call(ROOT, "PUT", stats, _counters(gen=5, held=[]))  # closed
+        assert s == 200, body
+        await _refreshed(call, uri, 6)
+        assert d.store.get_object(ds["id"], "a", 1) is None
+        for bad in ([-1], "1", [1] * 1025, ["x"]):
+            s, body = await call(ROOT, "PUT", stats, _counters(gen=6, held=bad))
+            assert s == 400, (bad, body)
+
+    run_routes(tmp_path, test)
+
+
+def test_kept_generations_are_bounded_whatever_mounts_say() -> None:
+    """A mount's report is its word: one that says a generation long gone (stuck, or
+    hostile), or handles opened in many, kept every listing since, each a whole
+    listing's rows, until the env was full. At most KEPT_GENERATIONS before the current
+    one are kept (a real mount follows within a report period)."""
+    now = 1000.0
+    stuck = MountState("s", "j", 1, "/s", 1, 0, 1 << 20)
+    stuck.gen, stuck.gen_seen = 0, now
+    current = 10**6
+    keep = served_generations([stuck], 1, current, now)
+    assert keep == set(range(current - KEPT_GENERATIONS, current + 1))
+    holding = MountState("h", "j", 1, "/h", 1, 0, 1 << 20)
+    holding.gen, holding.gen_seen = current, now
+    holding.held, holding.held_seen = frozenset({1, 2, current - 3}), now
+    assert served_generations([holding], 1, current, now) == {current - 3, current}
+    holding.held_seen = now - SERVED_GEN_SECONDS - 1  # silent for too long
+    assert served_generations([holding], 1, current, now) == {current}

@@ -171,3 +171,22 @@ def test_the_versions_table_is_one_for_every_process() -> None:
     with pytest.raises(VersionsFull):
         t.write_versions({n: (RETIRED, n, 0) for n in range(VERSION_ROWS + 1)}, 0, 3)
     assert t.versions_stamp() == (seq + 1, 3)  # unchanged
+
+
+def test_the_generations_of_open_files_in_every_process() -> None:
+    """Another serving process reads a handle's entry from the generation it was opened
+    in (fs.py _adopt): the mount reports these, and the daemon keeps them."""
+    t = SharedTables(2)
+    other = SharedTables.__new__(SharedTables)
+    other.__dict__.update(t.__dict__)
+    other._cursor = {}
+    other.index = 1
+    assert t.open_generations() == set()
+    a = t.open_file(1, 3, 1)
+    other.open_file(1, 5, 2)
+    t.open_dir(2, 1)  # a directory handle reads the listing it is in: not counted
+    # A file whose fields hold the state's byte (1) at no slot's start are not slots.
+    t.open_file(0x0101, 0x0101, 0x0101, opener=1)
+    assert t.open_generations() == {3, 5, 0x0101}
+    t.free(a)
+    assert other.open_generations() == {5, 0x0101}

@@ -28,7 +28,7 @@ from silofs.node.authz import check_dataset_access, check_job, own_mount, refuse
 from silofs.node.daemon import Daemon
 from silofs.node.prefetch import MAX_HINT_PATH_LEN, MAX_HINT_PATHS
 from silofs.node.state import DatasetState, MountState
-from silofs.records import MountCounters
+from silofs.records import MAX_HELD, MountCounters
 from silofs.units import MAX_VALUE, parse_rate, parse_size
 
 log = logging.getLogger(__name__)
@@ -142,6 +142,15 @@ async def mount_stats(d: Daemon, req: Request, mount_id: str) -> Response:
         if not 0 <= gen <= MAX_VALUE:
             raise HTTPError(400, f"field 'gen' must be 0 to {MAX_VALUE}")
         m.said_gen(gen, time.monotonic())
+    held = body.get("held")  # the generations its open handles need (serving processes)
+    if held is not None:
+        if (
+            not isinstance(held, list)
+            or len(held) > MAX_HELD
+            or not all(type(g) is int and 0 <= g <= MAX_VALUE for g in held)
+        ):
+            raise HTTPError(400, f"field 'held' must be at most {MAX_HELD} generations")
+        m.held, m.held_seen = frozenset(held), time.monotonic()
     touched = body.get("touched") or []
     if not isinstance(touched, list) or len(touched) > _MAX_TOUCHED:
         raise HTTPError(400, "field 'touched' must be a list of chunk keys")
