@@ -304,13 +304,7 @@ class AzureBackend(DelimitedListing):
     # one in a file (sas_token_file) a tool rewrites before the old one expires is read
     # again when the store refuses the one the client has.
 
-    def _credentials_changed(self, held: Any) -> str | None:
-        if not held.changed():
-            return None
-        return (
-            f"Azure {self.uri}: the store refused the SAS token the daemon had and "
-            f"{held.path} changed since: using it again"
-        )
+    _key_holds = "the SAS token"
 
     def _drop_client(self) -> None:
         self._client, self._reread = None, True

@@ -315,10 +315,20 @@ class RetryingBackend:
         credentials file (`_key`), FIXED without one; S3 overrides."""
         return FIXED if self._key is None or self._key.path is None else self._key
 
+    # What a store's key file holds, for the log ("Azure ... the SAS token"): a store
+    # whose client takes credentials from `_key` sets it; S3 overrides both looks.
+    _key_holds = "the credentials"
+
     def _credentials_changed(self, held: Any) -> str | None:
         """Whether the credentials found now differ from `held`: a line for the log
-        saying so, or None (unchanged, or none found)."""
-        return None
+        saying so, or None (unchanged, or none found). Here: the key file `held` holds
+        other bytes now."""
+        if not held.changed():
+            return None
+        return (
+            f"{self.uri}: the store refused {self._key_holds} the daemon had and "
+            f"{held.path} changed since: using it again"
+        )
 
     def _drop_client(self) -> None:
         """Under `_lock`: forget the client (not closed: in-flight requests finish on

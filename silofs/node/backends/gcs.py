@@ -294,14 +294,7 @@ class GCSBackend(DelimitedListing):
     # application-default login`, was refused until the daemon restarted. The metadata
     # server's credentials renew themselves.
 
-    def _credentials_changed(self, held: Any) -> str | None:
-        """Whether the key file `held` came from holds other bytes now."""
-        if not held.changed():
-            return None
-        return (
-            f"GCS {self.uri}: the store refused the Google credentials the daemon had and "
-            f"{held.path} changed since: using it again"
-        )
+    _key_holds = "the Google credentials"
 
     # -- client ---------------------------------------------------------------------
 
