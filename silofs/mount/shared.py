@@ -41,6 +41,7 @@ import logging
 import mmap
 import os
 import struct
+from collections.abc import Iterator
 
 import xxhash
 
@@ -290,13 +291,10 @@ class SharedTables:
         (fs.py)."""
         return any(slot.value != vhash for _, slot in self.files_of(kino))
 
-    def open_versions(self) -> dict[int, set[int]]:
-        """Kernel number -> the version hashes of the files open under it, in every
-        process (a switch()'s view of the handles: fs.py _retire). A search of the file
+    def _open_files(self) -> Iterator[tuple]:
+        """The unpacked slot of every file open in any process. A search of the file
         slots for a used one's state byte (memchr: a walk of every slot in Python took
-        ~20 ms, a search for its four bytes, three of them zeros, longer), once per
-        listing generation and process."""
-        out: dict[int, set[int]] = {}
+        ~20 ms, a search for its four bytes, three of them zeros, longer)."""
         mem, end = self.mem, self._dirs_at
         used = bytes([_FILE])  # the state's low byte; its other three are zeros
         pos = mem.find(used, 0, end)
@@ -304,30 +302,26 @@ class SharedTables:
             if pos % _SLOT.size:  # the same bytes in another field: on from the next slot
                 pos = mem.find(used, pos + _SLOT.size - pos % _SLOT.size, end)
                 continue
-            state, _, _, _, value, _, _, kino = _SLOT.unpack_from(mem, pos)
-            if state == _FILE:
-                out.setdefault(kino, set()).add(value)
+            row = _SLOT.unpack_from(mem, pos)
+            if row[0] == _FILE:
+                yield row
             pos = mem.find(used, pos + _SLOT.size, end)
+
+    def open_versions(self) -> dict[int, set[int]]:
+        """Kernel number -> the version hashes of the files open under it, in every
+        process (a switch()'s view of the handles: fs.py _retire), once per listing
+        generation and process."""
+        out: dict[int, set[int]] = {}
+        for _, _, _, _, value, _, _, kino in self._open_files():
+            out.setdefault(kino, set()).add(value)
         return out
 
     def open_generations(self) -> set[int]:
         """The listing generations of the files open in any process: a process that never
         saw a handle reads its entry from the generation it was opened in (fs.py _adopt),
         so the mount reports these and the daemon keeps them (node/datasets.py
-        served_generations). The same scan as open_versions, once per report."""
-        out: set[int] = set()
-        mem, end = self.mem, self._dirs_at
-        used = bytes([_FILE])
-        pos = mem.find(used, 0, end)
-        while pos != -1:
-            if pos % _SLOT.size:
-                pos = mem.find(used, pos + _SLOT.size - pos % _SLOT.size, end)
-                continue
-            state, _, gen, _, _, _, _, _ = _SLOT.unpack_from(mem, pos)
-            if state == _FILE:
-                out.add(gen)
-            pos = mem.find(used, pos + _SLOT.size, end)
-        return out
+        served_generations); once per report."""
+        return {row[2] for row in self._open_files()}
 
     # -- versions ------------------------------------------------------------------------
     def versions_stamp(self) -> tuple[int, int]:
